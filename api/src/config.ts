@@ -1,0 +1,52 @@
+import { readFileSync } from 'node:fs';
+import { envBool, envInt, envOptional, envString, type Env, ConfigError } from '@agentplane/core';
+
+export interface ApiConfig {
+  port: number;
+  host: string;
+  redisUrl: string;
+  /** Base of the public documentation; error bodies link into it. */
+  docsUrl: string;
+  /** The URL clients use to reach this API (bootstrap file, OpenAPI servers). */
+  publicBaseUrl: string;
+  /** 32-byte key that seals secrets at rest (idempotent replays, vault material). */
+  masterKey: Buffer;
+  bodyLimitBytes: number;
+  logLevel: 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
+  /** How long Idempotency-Key records are kept. */
+  idempotencyTtlSeconds: number;
+  /** Grace period for in-flight requests on shutdown. */
+  shutdownGraceMs: number;
+  /** Host the runner WebSocket gateway in this process. */
+  gatewayEmbedded: boolean;
+  metricsEnabled: boolean;
+}
+
+function loadMasterKey(env: Env): Buffer {
+  const inline = envOptional(env, 'MASTER_KEY');
+  const file = envOptional(env, 'MASTER_KEY_FILE');
+  const text = inline ?? (file ? readFileSync(file, 'utf8').trim() : undefined);
+  if (!text) throw new ConfigError('MASTER_KEY or MASTER_KEY_FILE is required (32 bytes, hex or base64)');
+  const key = /^[0-9a-f]{64}$/i.test(text) ? Buffer.from(text, 'hex') : Buffer.from(text, 'base64');
+  if (key.length !== 32) throw new ConfigError('the master key must decode to exactly 32 bytes');
+  return key;
+}
+
+export function loadApiConfig(env: Env): ApiConfig {
+  const port = envInt(env, 'PORT', 8080, 0, 65535);
+  const host = envString(env, 'HOST', '127.0.0.1');
+  return Object.freeze({
+    port,
+    host,
+    redisUrl: envString(env, 'REDIS_URL'),
+    docsUrl: envString(env, 'DOCS_URL', 'https://docs.agentplane.dev'),
+    publicBaseUrl: envString(env, 'PUBLIC_BASE_URL', `http://${host === '0.0.0.0' ? '127.0.0.1' : host}:${port}`),
+    masterKey: loadMasterKey(env),
+    bodyLimitBytes: envInt(env, 'BODY_LIMIT_BYTES', 4 * 1024 * 1024, 1024),
+    logLevel: (envString(env, 'LOG_LEVEL', 'info') as ApiConfig['logLevel']),
+    idempotencyTtlSeconds: envInt(env, 'IDEMPOTENCY_TTL_SECONDS', 24 * 3600, 60),
+    shutdownGraceMs: envInt(env, 'SHUTDOWN_GRACE_MS', 10_000, 0),
+    gatewayEmbedded: envBool(env, 'GATEWAY_EMBEDDED', true),
+    metricsEnabled: envBool(env, 'METRICS_ENABLED', true),
+  });
+}

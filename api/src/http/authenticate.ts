@@ -1,0 +1,99 @@
+import { ApiError } from '@agentplane/core';
+import { tags } from '@agentplane/store';
+import type { ApiDeps } from '../deps.js';
+import type { Organization, Principal, Workspace } from '../identity/model.js';
+import type { Caller } from './caller.js';
+import type { AuthPolicy } from './operation.js';
+
+/** Request header an organization-scoped key uses to pick a workspace. */
+export const WORKSPACE_SELECTOR_HEADER = 'service-workspace-id';
+
+const invalidKey = () => new ApiError('auth.invalid_key', 'missing, unknown or revoked credential');
+
+export function bearerToken(authorization: string | undefined): string | null {
+  if (!authorization) return null;
+  const m = /^Bearer ([\x21-\x7e]{8,512})$/i.exec(authorization.trim());
+  return m?.[1] ?? null;
+}
+
+/**
+ * Resolve a bearer to a Caller: credential digest → auth record, then the live tenancy
+ * (Organization and Workspace not disabled) and, for Principal-bound bearers, the Principal.
+ */
+export async function authenticate(
+  headers: Readonly<Record<string, string | undefined>>,
+  deps: ApiDeps,
+): Promise<Caller> {
+  const token = bearerToken(headers.authorization);
+  if (!token) throw invalidKey();
+  const record = await deps.credentials.resolve(token);
+  if (!record) throw invalidKey();
+
+  const selector = headers[WORKSPACE_SELECTOR_HEADER];
+  if (record.workspace_id !== null && selector !== undefined) {
+    throw new ApiError('validation.malformed', 'workspace selector headers are rejected for workspace-bound credentials');
+  }
+  const workspaceId = record.workspace_id ?? selector ?? null;
+
+  const [org, ws, principal] = await Promise.all([
+    deps.docs.get<Organization>(tags.org(record.organization_id), record.organization_id),
+    workspaceId ? deps.docs.get<Workspace>(tags.workspace(workspaceId), workspaceId) : Promise.resolve(null),
+    record.principal_id && record.workspace_id
+      ? deps.docs.get<Principal>(tags.workspace(record.workspace_id), record.principal_id)
+      : Promise.resolve(null),
+  ]);
+  if (!org) throw invalidKey();
+  if (org.status === 'disabled') throw new ApiError('auth.disabled_tenancy', 'the organization is disabled');
+
+  let resolvedWorkspace: string | null = workspaceId;
+  if (workspaceId !== null) {
+    if (!ws || ws.organization_id !== org.id) {
+      if (record.workspace_id !== null) throw invalidKey();
+      throw new ApiError('validation.not_found', 'workspace not found');
+    }
+    if (ws.status === 'disabled') throw new ApiError('auth.disabled_tenancy', 'the workspace is disabled');
+  } else {
+    resolvedWorkspace = org.default_workspace_id;
+  }
+
+  if (record.principal_id && record.kind !== 'api_key') {
+    // Principal-bound bearers die with their Principal: suspended or deleted denies the next request.
+    if (!principal || principal.status !== 'active') throw invalidKey();
+  }
+
+  return {
+    kind: record.kind,
+    credentialId: record.credential_id,
+    organizationId: record.organization_id,
+    workspaceId: resolvedWorkspace,
+    scope: record.workspace_id === null ? 'organization' : 'workspace',
+    role: record.role,
+    principalId: record.principal_id,
+    audience: record.audience,
+    rateLimitPerMinute: record.rate_limit_per_minute,
+  };
+}
+
+/** Does the caller's kind and role satisfy the operation's policy? */
+export function authorize(caller: Caller, policy: Extract<AuthPolicy, { kind: 'bearer' }>): void {
+  switch (caller.kind) {
+    case 'api_key':
+      if (!caller.role || !policy.roles.includes(caller.role)) {
+        throw new ApiError('auth.permission_denied', `the '${caller.role ?? 'none'}' role may not call this operation`);
+      }
+      if (policy.organizationScope && caller.scope !== 'organization') {
+        throw new ApiError('auth.permission_denied', 'this operation needs an organization-scoped key');
+      }
+      return;
+    case 'principal_credential':
+      if (caller.audience !== 'api_mcp' || !policy.principal) {
+        throw new ApiError('auth.permission_denied', 'a principal credential may not call this operation');
+      }
+      return;
+    case 'runner_credential':
+      if (!policy.runner) throw new ApiError('auth.permission_denied', 'a runner credential may not call this operation');
+      return;
+    default:
+      throw invalidKey();
+  }
+}

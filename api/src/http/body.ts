@@ -1,0 +1,40 @@
+import type { IncomingMessage } from 'node:http';
+import getRawBody from 'raw-body';
+import { ApiError } from '@agentplane/core';
+
+const tooLarge = (limit: number) =>
+  new ApiError('validation.payload_too_large', `the request body exceeds the limit of ${limit} bytes`);
+
+/**
+ * Read a JSON body while it streams in, never buffering past `limit` bytes.
+ * Returns undefined when no body was sent.
+ */
+export async function readJsonBody(req: IncomingMessage, limit: number): Promise<unknown> {
+  const declared = req.headers['content-length'];
+  if (declared !== undefined && Number(declared) > limit) {
+    req.resume(); // drain without keeping it
+    throw tooLarge(limit);
+  }
+  const chunked = req.headers['transfer-encoding'] !== undefined;
+  if (!chunked && (declared === undefined || Number(declared) === 0)) return undefined;
+  const type = req.headers['content-type'] ?? '';
+  if (!/^application\/([a-z0-9.+-]*\+)?json\b/i.test(type)) {
+    req.resume();
+    throw new ApiError('validation.unsupported_media_type', 'request bodies must be application/json');
+  }
+  let text: string;
+  try {
+    text = await getRawBody(req, { limit, encoding: 'utf8', length: declared });
+  } catch (err) {
+    const e = err as { type?: string };
+    if (e.type === 'entity.too.large') throw tooLarge(limit);
+    if (e.type === 'request.aborted') throw new ApiError('validation.malformed', 'the request body was cut short');
+    throw new ApiError('validation.malformed', 'the request body could not be read');
+  }
+  if (text.length === 0) return undefined;
+  try {
+    return JSON.parse(text) as unknown;
+  } catch {
+    throw new ApiError('validation.malformed', 'the request body is not valid JSON');
+  }
+}

@@ -1,0 +1,106 @@
+import { randomBytes } from 'node:crypto';
+import { ApiError, canonicalJson, sha256Hex, type SecretBox } from '@agentplane/core';
+import { keys, LuaScript, type Redis, type Tag } from '@agentplane/store';
+import type { JsonResult } from './operation.js';
+
+/** `Idempotency-Key`: 1 to 255 printable, non-space ASCII characters. */
+export const IDEMPOTENCY_KEY_RE = /^[\x21-\x7e]{1,255}$/;
+
+/** A pending record that outlives its owner (a crashed process) frees the key after this long. */
+const PENDING_TTL_MS = 60_000;
+
+const BEGIN = new LuaScript(
+  'idem_begin',
+  `
+local cur = redis.call('GET', KEYS[1])
+if not cur then
+  redis.call('SET', KEYS[1], cjson.encode({state = 'pending', fp = ARGV[1], owner = ARGV[2]}), 'PX', ARGV[3])
+  return {'new'}
+end
+local rec = cjson.decode(cur)
+if rec.fp ~= ARGV[1] then return {'mismatch'} end
+if rec.state == 'pending' then return {'in_flight'} end
+return {'done', cur}`,
+);
+
+const FINISH = new LuaScript(
+  'idem_finish',
+  `
+local cur = redis.call('GET', KEYS[1])
+if not cur then return 0 end
+local rec = cjson.decode(cur)
+if rec.state ~= 'pending' or rec.owner ~= ARGV[1] then return 0 end
+if ARGV[2] == '' then redis.call('DEL', KEYS[1]) else redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) end
+return 1`,
+);
+
+interface DoneRecord {
+  state: 'done';
+  fp: string;
+  status: number;
+  headers: Record<string, string>;
+  /** JSON text of the body, or a sealed envelope for sensitive operations. */
+  body: string;
+  sealed: boolean;
+}
+
+export type IdempotencyBegin =
+  | { kind: 'new'; owner: string; recordKey: string; fingerprint: string }
+  | { kind: 'replay'; result: JsonResult };
+
+export function fingerprint(operationId: string, parts: unknown): string {
+  return sha256Hex(`${operationId}\0${canonicalJson(parts)}`);
+}
+
+/**
+ * Stripe-style idempotency: the first response is stored and replayed for the same key and
+ * request; another request under that key, or one while the first is in flight, is a 409.
+ * Errors raised before the handler (auth, validation) never reach here, so they are not stored.
+ */
+export class IdempotencyStore {
+  constructor(
+    private readonly redis: Redis,
+    private readonly box: SecretBox,
+    private readonly ttlSeconds: number,
+  ) {}
+
+  async begin(tag: Tag, idemKey: string, fp: string): Promise<IdempotencyBegin> {
+    const recordKey = keys.idempotency(tag, sha256Hex(idemKey));
+    const owner = randomBytes(8).toString('hex');
+    const r = (await BEGIN.run(this.redis, [recordKey], [fp, owner, PENDING_TTL_MS])) as [string, string?];
+    switch (r[0]) {
+      case 'new':
+        return { kind: 'new', owner, recordKey, fingerprint: fp };
+      case 'mismatch':
+        throw new ApiError('idempotency.conflict', 'this Idempotency-Key was already used with a different request');
+      case 'in_flight':
+        throw new ApiError('idempotency.conflict', 'a request with this Idempotency-Key is still in progress');
+      default: {
+        const rec = JSON.parse(r[1] as string) as DoneRecord;
+        const text = rec.sealed ? this.box.open(rec.body, recordKey) : rec.body;
+        return {
+          kind: 'replay',
+          result: { status: rec.status, body: JSON.parse(text) as unknown, headers: { ...rec.headers, 'Idempotent-Replayed': 'true' } },
+        };
+      }
+    }
+  }
+
+  async complete(begin: Extract<IdempotencyBegin, { kind: 'new' }>, result: JsonResult, sensitive: boolean): Promise<void> {
+    const text = JSON.stringify(result.body ?? null);
+    const rec: DoneRecord = {
+      state: 'done',
+      fp: begin.fingerprint,
+      status: result.status,
+      headers: result.headers ?? {},
+      body: sensitive ? this.box.seal(text, begin.recordKey) : text,
+      sealed: sensitive,
+    };
+    await FINISH.run(this.redis, [begin.recordKey], [begin.owner, JSON.stringify(rec), this.ttlSeconds * 1000]);
+  }
+
+  /** The handler failed unexpectedly: free the key so the client can retry. */
+  async abandon(begin: Extract<IdempotencyBegin, { kind: 'new' }>): Promise<void> {
+    await FINISH.run(this.redis, [begin.recordKey], [begin.owner, '', 0]);
+  }
+}

@@ -1,0 +1,91 @@
+import type { ServerResponse } from 'node:http';
+import type { Static, TSchema } from '@agentplane/core';
+import type { Caller, Role } from './caller.js';
+import type { ApiDeps } from '../deps.js';
+import type { Logger } from '@agentplane/core';
+
+export type HttpMethod = 'GET' | 'POST' | 'PATCH' | 'PUT' | 'DELETE';
+
+export const CURRENT_VERSION = '2026-08-27';
+
+/** Who may call an operation. */
+export type AuthPolicy =
+  | { kind: 'none' }
+  | {
+      kind: 'bearer';
+      /** API-key roles admitted. */
+      roles: readonly Role[];
+      /** Only organization-scoped keys (of those roles). */
+      organizationScope?: boolean;
+      /** Principal access credentials (audience api_mcp) are admitted. */
+      principal?: boolean;
+      /** Runner credentials are admitted. */
+      runner?: boolean;
+    };
+
+export type IdempotencyMode = 'none' | 'optional' | 'required';
+
+/** Where an operation shows up on the MCP edge. */
+export type McpExposure = 'compact' | 'full' | 'never';
+
+export interface JsonResult {
+  kind?: 'json';
+  status: number;
+  body: unknown;
+  headers?: Record<string, string>;
+}
+
+export interface StreamResult {
+  kind: 'stream';
+  /** Writes the whole response (status, headers, body) and resolves when it ends. */
+  write(res: ServerResponse, signal: AbortSignal): Promise<void>;
+}
+
+export type OperationResult = JsonResult | StreamResult;
+
+export interface OperationRequest<P, Q, B> {
+  caller: Caller;
+  params: P;
+  query: Q;
+  body: B;
+  headers: Readonly<Record<string, string | undefined>>;
+  idempotencyKey: string | undefined;
+  deps: ApiDeps;
+  log: Logger;
+}
+
+export interface Operation<P extends TSchema = TSchema, Q extends TSchema = TSchema, B extends TSchema = TSchema> {
+  /** `group.camelName`; MCP tool name flattens the dot. */
+  operationId: string;
+  method: HttpMethod;
+  /** OpenAPI-style path: `/v1/sessions/{session_id}`. */
+  path: string;
+  summary: string;
+  auth: AuthPolicy;
+  /** Accepted `Service-Version` values; `null` = the header is not required (unversioned routes). */
+  versions?: readonly string[] | null;
+  params?: P;
+  query?: Q;
+  body?: B;
+  /** JSON schema of the success body, for OpenAPI. */
+  response?: TSchema;
+  successStatus?: number;
+  idempotency?: IdempotencyMode;
+  /** The response carries a secret: replays are sealed at rest and the operation is REST-only. */
+  sensitive?: boolean;
+  mcp?: McpExposure;
+  /**
+   * For sensitive operations: may a stored response still be replayed? Called with the stored body;
+   * returning false makes the retry fail closed with `idempotency.conflict`.
+   */
+  replayable?: (storedBody: unknown, deps: ApiDeps) => Promise<boolean>;
+  handler(req: OperationRequest<Static<P>, Static<Q>, Static<B>>): Promise<OperationResult>;
+}
+
+/** Identity function that keeps the schema generics for the handler's types. */
+export function defineOperation<P extends TSchema, Q extends TSchema, B extends TSchema>(op: Operation<P, Q, B>): Operation {
+  return op as unknown as Operation;
+}
+
+export const json = (status: number, body: unknown, headers?: Record<string, string>): JsonResult =>
+  headers ? { status, body, headers } : { status, body };

@@ -1,0 +1,124 @@
+import { randomBytes } from 'node:crypto';
+import type Koa from 'koa';
+import Router from '@koa/router';
+import { ApiError } from '@agentplane/core';
+import type { ApiDeps } from '../deps.js';
+import { readJsonBody } from './body.js';
+import { execute, prepare, type PreparedOperation, type RawRequest } from './pipeline.js';
+import type { HttpMethod, Operation } from './operation.js';
+
+/** `/v1/sessions/{session_id}` → `/v1/sessions/:session_id` */
+export const koaPath = (path: string): string => path.replace(/\{([a-z_]+)\}/g, ':$1');
+
+const METHODS_WITH_BODY = new Set(['POST', 'PATCH', 'PUT', 'DELETE']);
+
+function flattenHeaders(headers: Koa.Context['headers']): Record<string, string | undefined> {
+  const out: Record<string, string | undefined> = {};
+  for (const [k, v] of Object.entries(headers)) out[k] = Array.isArray(v) ? v.join(', ') : v;
+  return out;
+}
+
+export function sendError(ctx: Koa.Context, err: ApiError, deps: ApiDeps): void {
+  ctx.status = err.status;
+  for (const [k, v] of Object.entries(err.headers)) ctx.set(k, v);
+  ctx.body = err.toWire(deps.config.docsUrl);
+}
+
+/**
+ * Maps unexpected failures to 500 `runtime.internal` with an opaque incident reference
+ * (the stack goes to the log, never to the client). Client mistakes are ApiErrors.
+ */
+export function errorBoundary(deps: ApiDeps): Koa.Middleware {
+  return async (ctx, next) => {
+    const started = process.hrtime.bigint();
+    try {
+      await next();
+    } catch (err) {
+      if (err instanceof ApiError) {
+        sendError(ctx, err, deps);
+      } else {
+        const incident = `inc_${randomBytes(8).toString('hex')}`;
+        deps.log.error({ err, incident, method: ctx.method, path: ctx.path }, 'unhandled error');
+        sendError(ctx, new ApiError('runtime.internal', `internal error; incident reference ${incident}`), deps);
+      }
+    } finally {
+      const ms = Number(process.hrtime.bigint() - started) / 1e6;
+      if (ctx.respond !== false) {
+        deps.log.debug({ method: ctx.method, path: ctx.path, status: ctx.status, ms }, 'request');
+      }
+    }
+  };
+}
+
+export interface OperationRouter {
+  router: Router;
+  prepared: Map<string, PreparedOperation>;
+}
+
+export function buildRouter(operations: readonly Operation[], deps: ApiDeps): OperationRouter {
+  const router = new Router();
+  const prepared = new Map<string, PreparedOperation>();
+  const byPath = new Map<string, Set<string>>();
+  const requests = deps.metrics.counter('agentplane_http_requests_total', 'HTTP requests by operation and status');
+  const latency = deps.metrics.histogram('agentplane_http_request_seconds', 'HTTP request latency by operation');
+
+  for (const op of operations) {
+    if (prepared.has(op.operationId)) throw new Error(`duplicate operationId ${op.operationId}`);
+    const p = prepare(op);
+    prepared.set(op.operationId, p);
+    const path = koaPath(op.path);
+    if (!byPath.has(path)) byPath.set(path, new Set());
+    byPath.get(path)?.add(op.method);
+    const method = op.method.toLowerCase() as 'get' | 'post' | 'patch' | 'put' | 'delete';
+    router[method](path, async (ctx) => {
+      const started = process.hrtime.bigint();
+      let status = 500;
+      try {
+        const body = METHODS_WITH_BODY.has(ctx.method) ? await readJsonBody(ctx.req, deps.config.bodyLimitBytes) : undefined;
+        const raw: RawRequest = {
+          method: op.method as HttpMethod,
+          headers: flattenHeaders(ctx.headers),
+          params: { ...(ctx.params as Record<string, string>) },
+          query: { ...ctx.query },
+          body,
+        };
+        const { caller, result } = await execute(p, raw, deps);
+        if (caller.workspaceId) ctx.set('Service-Workspace-Id', caller.workspaceId);
+        if (result.kind === 'stream') {
+          ctx.respond = false;
+          const ac = new AbortController();
+          ctx.req.on('close', () => ac.abort());
+          ctx.res.on('close', () => ac.abort());
+          status = 200;
+          await result.write(ctx.res, ac.signal);
+          return;
+        }
+        ctx.status = result.status;
+        status = result.status;
+        for (const [k, v] of Object.entries(result.headers ?? {})) ctx.set(k, v);
+        if (result.status !== 204) ctx.body = result.body ?? null;
+      } catch (err) {
+        status = err instanceof ApiError ? err.status : 500;
+        throw err;
+      } finally {
+        requests.inc({ operation: op.operationId, status: String(status) });
+        latency.observe({ operation: op.operationId }, Number(process.hrtime.bigint() - started) / 1e9);
+      }
+    });
+  }
+
+  return { router, prepared };
+}
+
+/** After the router: a known path with another method → 405; an unknown path → 404. */
+export function unmatchedRoute(router: Router): Koa.Middleware {
+  return (ctx) => {
+    const match = router.match(ctx.path, ctx.method);
+    const methods = new Set(match.path.flatMap((layer) => layer.methods));
+    if (methods.size > 0) {
+      ctx.set('Allow', [...methods].join(', '));
+      throw new ApiError('validation.method_not_allowed', `${ctx.method} is not allowed on ${ctx.path}`);
+    }
+    throw new ApiError('validation.not_found', `no operation at ${ctx.method} ${ctx.path}`);
+  };
+}

@@ -1,0 +1,64 @@
+import { newSecret, secretDigest } from '@agentplane/core';
+import { keys, type Redis } from '@agentplane/store';
+import type { AuthRecord } from './model.js';
+
+/** Bearer secret prefixes; a leaked secret says what it is. */
+export const SECRET_PREFIX = {
+  api_key: 'ap_key',
+  principal_credential: 'ap_pcred',
+  runner_credential: 'ap_runner',
+} as const;
+
+export interface IssuedSecret {
+  secret: string;
+  digest: string;
+  hint: string;
+}
+
+export function issueSecret(kind: keyof typeof SECRET_PREFIX): IssuedSecret {
+  const secret = newSecret(SECRET_PREFIX[kind]);
+  return { secret, digest: secretDigest(secret), hint: secret.slice(-4) };
+}
+
+/** Bearer digests live in their own keys; revoking a bearer deletes its digest key. */
+export class CredentialIndex {
+  constructor(private readonly redis: Redis) {}
+
+  async put(digest: string, record: AuthRecord): Promise<void> {
+    await this.redis.set(keys.auth(digest), JSON.stringify(record));
+  }
+
+  async resolve(secret: string): Promise<AuthRecord | null> {
+    const raw = await this.redis.get(keys.auth(secretDigest(secret)));
+    return raw ? (JSON.parse(raw) as AuthRecord) : null;
+  }
+
+  async revoke(digest: string): Promise<void> {
+    await this.redis.del(keys.auth(digest));
+  }
+
+  /** The digest of a credential's live secret, kept per credential so it can be revoked by id. */
+  static digestKey(credentialId: string): string {
+    return keys.global(`digest:${credentialId}`);
+  }
+
+  async rememberDigest(credentialId: string, digest: string): Promise<void> {
+    await this.redis.set(CredentialIndex.digestKey(credentialId), digest);
+  }
+
+  async liveDigest(credentialId: string): Promise<string | null> {
+    return this.redis.get(CredentialIndex.digestKey(credentialId));
+  }
+
+  /** Replace a credential's live secret atomically enough: new digest first, then the old one goes. */
+  async swap(credentialId: string, next: { digest: string; record: AuthRecord } | null): Promise<void> {
+    const old = await this.liveDigest(credentialId);
+    if (next) {
+      await this.put(next.digest, next.record);
+      await this.rememberDigest(credentialId, next.digest);
+    } else {
+      await this.redis.del(CredentialIndex.digestKey(credentialId));
+    }
+    if (old && old !== next?.digest) await this.revoke(old);
+  }
+}

@@ -1,0 +1,276 @@
+import { ApiError, newId, nowIso } from '@agentplane/core';
+import { keys, tags, type DocumentStore, type Redis } from '@agentplane/store';
+import type { Role } from '../http/caller.js';
+import { CredentialIndex, issueSecret } from './credentials.js';
+import type { ApiKey, AuthRecord, KeyScope, Organization, Principal, PrincipalAccessCredential, Workspace } from './model.js';
+
+export interface CreateApiKeyInput {
+  display_name: string;
+  role: Role;
+  scope: KeyScope;
+  rate_limit_per_minute?: number | null | undefined;
+}
+
+/** Organizations, workspaces, API keys, Principals and their access credentials. */
+export class IdentityService {
+  constructor(
+    private readonly docs: DocumentStore,
+    private readonly redis: Redis,
+    private readonly credentials: CredentialIndex,
+  ) {}
+
+  // ---- tenancy -------------------------------------------------------------------------------
+
+  async createOrganization(name: string, workspaceName: string): Promise<{ org: Organization; workspace: Workspace }> {
+    const now = nowIso();
+    const orgId = newId('organization');
+    const workspace = await this.newWorkspaceDoc(orgId, workspaceName, now);
+    const org: Organization = {
+      id: orgId, type: 'organization', name, status: 'active', default_workspace_id: workspace.id,
+      version: 1, created_at: now, updated_at: now,
+    };
+    await this.docs.create(tags.org(orgId), org);
+    await this.docs.create(tags.workspace(workspace.id), workspace);
+    await this.redis.zadd(keys.index(tags.org(orgId), 'workspaces'), Date.parse(now), workspace.id);
+    return { org, workspace };
+  }
+
+  private async newWorkspaceDoc(orgId: string, name: string, now: string): Promise<Workspace> {
+    return { id: newId('workspace'), type: 'workspace', organization_id: orgId, name, status: 'active', version: 1, created_at: now, updated_at: now };
+  }
+
+  async createWorkspace(orgId: string, name: string): Promise<Workspace> {
+    const ws = await this.newWorkspaceDoc(orgId, name, nowIso());
+    await this.docs.create(tags.workspace(ws.id), ws);
+    await this.redis.zadd(keys.index(tags.org(orgId), 'workspaces'), Date.parse(ws.created_at), ws.id);
+    return ws;
+  }
+
+  getOrganization(orgId: string): Promise<Organization | null> {
+    return this.docs.get<Organization>(tags.org(orgId), orgId);
+  }
+
+  // ---- API keys ------------------------------------------------------------------------------
+
+  private apiKeyRecord(k: ApiKey): AuthRecord {
+    return {
+      kind: 'api_key',
+      credential_id: k.id,
+      organization_id: k.organization_id,
+      workspace_id: k.scope.type === 'workspace' ? k.scope.workspace_id : null,
+      role: k.role,
+      principal_id: null,
+      audience: null,
+      rate_limit_per_minute: k.rate_limit_per_minute,
+      generation_number: k.generation_number,
+    };
+  }
+
+  async createApiKey(orgId: string, input: CreateApiKeyInput): Promise<{ key: ApiKey; secret: string }> {
+    if (input.scope.type === 'workspace') {
+      const ws = await this.docs.get<Workspace>(tags.workspace(input.scope.workspace_id), input.scope.workspace_id);
+      if (!ws || ws.organization_id !== orgId) throw new ApiError('validation.not_found', 'workspace not found');
+    }
+    const now = nowIso();
+    const issued = issueSecret('api_key');
+    const key: ApiKey = {
+      id: newId('apiKey'), type: 'api_key', organization_id: orgId, display_name: input.display_name,
+      role: input.role, scope: input.scope, rate_limit_per_minute: input.rate_limit_per_minute ?? null,
+      status: 'active', generation_number: 1, secret_hint: issued.hint, revoked_at: null,
+      version: 1, created_at: now, updated_at: now,
+    };
+    await this.docs.create(tags.org(orgId), key, ['api_keys']);
+    await this.credentials.swap(key.id, { digest: issued.digest, record: this.apiKeyRecord(key) });
+    return { key, secret: issued.secret };
+  }
+
+  async getApiKey(orgId: string, id: string): Promise<ApiKey> {
+    const k = await this.docs.get<ApiKey>(tags.org(orgId), id);
+    if (!k) throw new ApiError('validation.not_found', 'API key not found');
+    return k;
+  }
+
+  async patchApiKey(
+    orgId: string,
+    id: string,
+    patch: { display_name?: string | undefined; role?: Role | undefined; rate_limit_per_minute?: number | null | undefined },
+    expectedVersion?: number,
+  ): Promise<ApiKey> {
+    const next = await this.docs.update<ApiKey>(
+      tags.org(orgId),
+      id,
+      (k) => {
+        if (k.status === 'revoked') throw new ApiError('runtime.invalid_transition', 'a revoked key cannot be changed');
+        return {
+          ...k,
+          ...(patch.display_name !== undefined ? { display_name: patch.display_name } : {}),
+          ...(patch.role !== undefined ? { role: patch.role } : {}),
+          ...(patch.rate_limit_per_minute !== undefined ? { rate_limit_per_minute: patch.rate_limit_per_minute } : {}),
+        };
+      },
+      { expectedVersion, notFound: 'API key' },
+    );
+    const digest = await this.credentials.liveDigest(id);
+    if (digest) await this.credentials.put(digest, this.apiKeyRecord(next));
+    return next;
+  }
+
+  async rotateApiKey(orgId: string, id: string, expectedVersion?: number): Promise<{ key: ApiKey; secret: string }> {
+    const issued = issueSecret('api_key');
+    const next = await this.docs.update<ApiKey>(
+      tags.org(orgId),
+      id,
+      (k) => {
+        if (k.status === 'revoked') throw new ApiError('runtime.invalid_transition', 'a revoked key cannot be rotated');
+        return { ...k, generation_number: k.generation_number + 1, secret_hint: issued.hint };
+      },
+      { expectedVersion, notFound: 'API key' },
+    );
+    await this.credentials.swap(id, { digest: issued.digest, record: this.apiKeyRecord(next) });
+    return { key: next, secret: issued.secret };
+  }
+
+  async revokeApiKey(orgId: string, id: string, expectedVersion?: number): Promise<ApiKey> {
+    const next = await this.docs.update<ApiKey>(
+      tags.org(orgId),
+      id,
+      (k) => (k.status === 'revoked' ? null : { ...k, status: 'revoked', revoked_at: nowIso() }),
+      { expectedVersion, notFound: 'API key' },
+    );
+    await this.credentials.swap(id, null);
+    return next;
+  }
+
+  // ---- Principals ----------------------------------------------------------------------------
+
+  async createPrincipal(
+    workspaceId: string,
+    input: { external_subject_id: string; principal_type: 'person' | 'service'; display_name: string },
+  ): Promise<Principal> {
+    const tag = tags.workspace(workspaceId);
+    const now = nowIso();
+    const p: Principal = {
+      id: newId('principal'), type: 'principal', workspace_id: workspaceId, external_subject_id: input.external_subject_id,
+      principal_type: input.principal_type, display_name: input.display_name, status: 'active',
+      suspended_at: null, deleted_at: null, version: 1, created_at: now, updated_at: now,
+    };
+    const claimed = await this.redis.hsetnx(keys.unique(tag, 'principal_subjects'), input.external_subject_id, p.id);
+    if (claimed === 0) throw new ApiError('validation.conflict', `a Principal with external_subject_id '${input.external_subject_id}' already exists`);
+    await this.docs.create(tag, p, ['principals']);
+    return p;
+  }
+
+  async getPrincipal(workspaceId: string, id: string): Promise<Principal> {
+    const p = await this.docs.get<Principal>(tags.workspace(workspaceId), id);
+    if (!p || p.status === 'deleted') throw new ApiError('validation.not_found', 'principal not found');
+    return p;
+  }
+
+  /** An active Principal of this workspace, or 404 (absent, suspended and deleted look alike to callers). */
+  async activePrincipal(workspaceId: string, id: string, what = 'principal'): Promise<Principal> {
+    const p = await this.docs.get<Principal>(tags.workspace(workspaceId), id);
+    if (!p || p.status !== 'active') throw new ApiError('validation.not_found', `${what} ${id} is not an active Principal of this workspace`);
+    return p;
+  }
+
+  async setPrincipalStatus(workspaceId: string, id: string, status: 'active' | 'suspended' | 'deleted', expectedVersion?: number): Promise<Principal> {
+    const tag = tags.workspace(workspaceId);
+    const next = await this.docs.update<Principal>(
+      tag,
+      id,
+      (p) => {
+        if (p.status === 'deleted') {
+          if (status === 'deleted') return null;
+          throw new ApiError('validation.not_found', 'principal not found');
+        }
+        if (p.status === status) return null;
+        const now = nowIso();
+        return {
+          ...p,
+          status,
+          suspended_at: status === 'suspended' ? now : null,
+          deleted_at: status === 'deleted' ? now : p.deleted_at,
+        };
+      },
+      { expectedVersion, notFound: 'principal' },
+    );
+    if (status === 'deleted') {
+      await this.redis.hdel(keys.unique(tag, 'principal_subjects'), next.external_subject_id);
+      await this.redis.publish(PRINCIPAL_CHANGES_CHANNEL, JSON.stringify({ workspace_id: workspaceId, principal_id: id, status }));
+    } else if (status === 'suspended') {
+      await this.redis.publish(PRINCIPAL_CHANGES_CHANNEL, JSON.stringify({ workspace_id: workspaceId, principal_id: id, status }));
+    }
+    return next;
+  }
+
+  // ---- Principal access credentials ----------------------------------------------------------
+
+  private credentialRecord(c: PrincipalAccessCredential, orgId: string): AuthRecord {
+    return {
+      kind: 'principal_credential', credential_id: c.id, organization_id: orgId, workspace_id: c.workspace_id,
+      role: null, principal_id: c.principal_id, audience: c.audience, rate_limit_per_minute: null,
+      generation_number: c.generation_number,
+    };
+  }
+
+  async createPrincipalCredential(orgId: string, workspaceId: string, principalId: string, audience: 'api_mcp' | 'a2a') {
+    await this.activePrincipal(workspaceId, principalId);
+    const now = nowIso();
+    const issued = issueSecret('principal_credential');
+    const c: PrincipalAccessCredential = {
+      id: newId('principalCredential'), type: 'principal_access_credential', workspace_id: workspaceId,
+      principal_id: principalId, audience, status: 'active', generation_number: 1, secret_hint: issued.hint,
+      rotated_at: null, revoked_at: null, version: 1, created_at: now, updated_at: now,
+    };
+    const tag = tags.workspace(workspaceId);
+    await this.docs.create(tag, c, [`principal_credentials:${principalId}`]);
+    await this.credentials.swap(c.id, { digest: issued.digest, record: this.credentialRecord(c, orgId) });
+    return { credential: c, secret: issued.secret };
+  }
+
+  async getPrincipalCredential(workspaceId: string, id: string): Promise<PrincipalAccessCredential> {
+    const c = await this.docs.get<PrincipalAccessCredential>(tags.workspace(workspaceId), id);
+    if (!c) throw new ApiError('validation.not_found', 'principal access credential not found');
+    return c;
+  }
+
+  private async updateCredential(
+    workspaceId: string,
+    id: string,
+    expectedGeneration: number,
+    change: (c: PrincipalAccessCredential) => PrincipalAccessCredential | null,
+  ): Promise<PrincipalAccessCredential> {
+    return this.docs.update<PrincipalAccessCredential>(
+      tags.workspace(workspaceId),
+      id,
+      (c) => {
+        if (c.generation_number !== expectedGeneration) {
+          throw new ApiError('validation.conflict', `expected_generation_number ${expectedGeneration} is stale; the current generation is ${c.generation_number}`);
+        }
+        return change(c);
+      },
+      { notFound: 'principal access credential' },
+    );
+  }
+
+  async rotatePrincipalCredential(orgId: string, workspaceId: string, id: string, expectedGeneration: number) {
+    const issued = issueSecret('principal_credential');
+    const next = await this.updateCredential(workspaceId, id, expectedGeneration, (c) => {
+      if (c.status === 'revoked') throw new ApiError('runtime.invalid_transition', 'a revoked credential cannot be rotated');
+      return { ...c, generation_number: c.generation_number + 1, secret_hint: issued.hint, rotated_at: nowIso() };
+    });
+    await this.credentials.swap(id, { digest: issued.digest, record: this.credentialRecord(next, orgId) });
+    return { credential: next, secret: issued.secret };
+  }
+
+  async revokePrincipalCredential(workspaceId: string, id: string, expectedGeneration: number) {
+    const next = await this.updateCredential(workspaceId, id, expectedGeneration, (c) =>
+      c.status === 'revoked' ? null : { ...c, status: 'revoked', revoked_at: nowIso() },
+    );
+    await this.credentials.swap(id, null);
+    return next;
+  }
+}
+
+/** Pub/sub channel on which Principal suspensions and deletions are announced (gateways close sockets). */
+export const PRINCIPAL_CHANGES_CHANNEL = 'ap:principal-changes';

@@ -1,0 +1,47 @@
+import { createLogger } from '@agentplane/core';
+import { createApi } from './app.js';
+import { loadApiConfig } from './config.js';
+
+/** `node api/dist/main.js`: one API process (REST, SSE, MCP, and by default the runner gateway). */
+async function main(): Promise<void> {
+  if (process.argv.includes('--help') || process.argv.includes('-h')) {
+    process.stdout.write(`agentplane API server
+
+Usage: node api/dist/main.js
+
+Environment:
+  REDIS_URL          Redis to use (required)
+  PORT, HOST         listen address (default 8080, 127.0.0.1)
+  MASTER_KEY[_FILE]  32-byte key that seals secrets at rest (required)
+  DOCS_URL           documentation base used in error bodies
+  PUBLIC_BASE_URL    URL clients use to reach this API
+  LOG_LEVEL          fatal|error|warn|info|debug|trace|silent (default info)
+`);
+    return;
+  }
+  const config = loadApiConfig(process.env);
+  const log = createLogger({ name: 'api', level: config.logLevel });
+  const api = createApi(config, log);
+  const { port } = await api.listen();
+  log.info({ port, host: config.host }, 'api listening');
+  let stopping = false;
+  const stop = (signal: string) => {
+    if (stopping) return;
+    stopping = true;
+    log.info({ signal }, 'api shutting down');
+    api.close().then(
+      () => process.exit(0),
+      (err: unknown) => {
+        log.error({ err }, 'api shutdown failed');
+        process.exit(1);
+      },
+    );
+  };
+  process.on('SIGINT', () => stop('SIGINT'));
+  process.on('SIGTERM', () => stop('SIGTERM'));
+}
+
+main().catch((err: unknown) => {
+  process.stderr.write(`api failed to start: ${err instanceof Error ? err.message : String(err)}\n`);
+  process.exit(1);
+});

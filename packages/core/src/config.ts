@@ -1,0 +1,53 @@
+import { ApiError } from './errors.js';
+
+/**
+ * Helpers for each process's config module: the only code that reads the environment.
+ * Each process parses its environment once at its edge into a typed, frozen object.
+ */
+export type Env = Readonly<Record<string, string | undefined>>;
+
+export class ConfigError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'ConfigError';
+  }
+}
+
+export function envString(env: Env, name: string, fallback?: string): string {
+  const v = env[name];
+  if (v === undefined || v === '') {
+    if (fallback === undefined) throw new ConfigError(`${name} is required`);
+    return fallback;
+  }
+  return v;
+}
+
+export function envOptional(env: Env, name: string): string | undefined {
+  const v = env[name];
+  return v === undefined || v === '' ? undefined : v;
+}
+
+export function envInt(env: Env, name: string, fallback: number, min = 0, max = Number.MAX_SAFE_INTEGER): number {
+  const raw = env[name];
+  if (raw === undefined || raw === '') return fallback;
+  const n = Number(raw);
+  if (!Number.isInteger(n) || n < min || n > max) throw new ConfigError(`${name} must be an integer in [${min}, ${max}], got '${raw}'`);
+  return n;
+}
+
+export function envBool(env: Env, name: string, fallback: boolean): boolean {
+  const raw = env[name];
+  if (raw === undefined || raw === '') return fallback;
+  if (/^(1|true|yes|on)$/i.test(raw)) return true;
+  if (/^(0|false|no|off)$/i.test(raw)) return false;
+  throw new ConfigError(`${name} must be a boolean, got '${raw}'`);
+}
+
+export function envEnum<T extends string>(env: Env, name: string, values: readonly T[], fallback: T): T {
+  const raw = env[name];
+  if (raw === undefined || raw === '') return fallback;
+  if ((values as readonly string[]).includes(raw)) return raw as T;
+  throw new ConfigError(`${name} must be one of ${values.join(', ')}, got '${raw}'`);
+}
+
+export { ApiError };

@@ -1,0 +1,69 @@
+import { randomBytes } from 'node:crypto';
+
+/** Every resource prefix of the contract (see docs/API.md, "Identifiers"). */
+export const ID_PREFIXES = {
+  workspace: 'wrkspc',
+  organization: 'org',
+  agent: 'agent',
+  principal: 'prin',
+  session: 'sess',
+  thread: 'sthr',
+  run: 'run',
+  event: 'evt',
+  approval: 'approval',
+  connection: 'conn',
+  memoryStore: 'memstore',
+  environment: 'env',
+  vault: 'vlt',
+  skillProposal: 'skp',
+  agentDeployment: 'adep',
+  agentDeploymentRevision: 'adrev',
+  modelRoutingProfile: 'mrp',
+  harnessProfile: 'hprof',
+  sandboxProfile: 'sprof',
+  automationFiring: 'afire',
+  webhookEndpoint: 'whe',
+  externalInstallation: 'exti',
+  agentInstallation: 'aini',
+  surfaceScope: 'surf',
+  toolUse: 'toolu',
+  // Resources the contract names without a prefix; designed here (docs/API.md).
+  apiKey: 'key',
+  principalCredential: 'pcred',
+  runnerPool: 'rpool',
+  runner: 'runner',
+  runnerPairing: 'rpair',
+  runnerCredential: 'rcred',
+  modelCredential: 'mcred',
+  resource: 'sres',
+  file: 'file',
+} as const;
+
+export type IdKind = keyof typeof ID_PREFIXES;
+export type IdPrefix = (typeof ID_PREFIXES)[IdKind];
+
+/** A new identifier: the prefix, `_`, then 32 lowercase hex characters. */
+export function newId(kind: IdKind): string {
+  return `${ID_PREFIXES[kind]}_${randomBytes(16).toString('hex')}`;
+}
+
+/** The JSON-schema pattern that accepts exactly one kind of identifier. */
+export function idPattern(kind: IdKind): string {
+  return `^${ID_PREFIXES[kind]}_[0-9a-f]{32}$`;
+}
+
+const RE_CACHE = new Map<IdKind, RegExp>();
+export function isId(kind: IdKind, value: unknown): value is string {
+  if (typeof value !== 'string') return false;
+  let re = RE_CACHE.get(kind);
+  if (!re) {
+    re = new RegExp(idPattern(kind));
+    RE_CACHE.set(kind, re);
+  }
+  return re.test(value);
+}
+
+/** Logical key pattern (model routing profile key, credential key, skill name). */
+export const LOGICAL_KEY_PATTERN = '^[a-z0-9](?:[a-z0-9._-]{0,93})$';
+export const CURSOR_PATTERN = '^c1_[0-9a-z]+$';
+export const DIGEST_PATTERN = '^sha256:[0-9a-f]{64}$';

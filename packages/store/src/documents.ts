@@ -1,0 +1,164 @@
+import { ApiError } from '@agentplane/core';
+import type { Redis } from 'ioredis';
+import { keys, type Tag } from './keys.js';
+import { decodeCursor, encodeCursor } from './cursor.js';
+import { LuaScript } from './script.js';
+
+/** Fields every stored resource has. `version` is the compare-and-swap counter. */
+export interface StoredDoc {
+  id: string;
+  version: number;
+  created_at: string;
+  updated_at: string;
+}
+
+const CREATE_LUA = `
+if redis.call('SET', KEYS[1], ARGV[1], 'NX') then
+  for i = 2, #KEYS do redis.call('ZADD', KEYS[i], ARGV[2], ARGV[3]) end
+  return 1
+end
+return 0`;
+
+const CAS_LUA = `
+local cur = redis.call('GET', KEYS[1])
+if not cur then return -1 end
+local v = cjson.decode(cur)['version']
+if tostring(v) ~= ARGV[1] then return -2 end
+redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL')
+return 1`;
+
+const createScript = new LuaScript('doc_create', CREATE_LUA);
+const casScript = new LuaScript('doc_cas', CAS_LUA);
+
+export interface ListOptions {
+  limit: number;
+  page?: string | undefined;
+  order: 'asc' | 'desc';
+}
+
+export interface ListPage<T> {
+  data: T[];
+  next_page: string | null;
+}
+
+/**
+ * JSON documents in Redis strings, listed through per-tag sorted-set indexes.
+ * Writes are atomic Lua scripts; updates are compare-and-swap on `version`.
+ */
+export class DocumentStore {
+  constructor(private readonly redis: Redis) {}
+
+  async get<T extends StoredDoc>(tag: Tag, id: string): Promise<T | null> {
+    const raw = await this.redis.get(keys.doc(tag, id));
+    return raw === null ? null : (JSON.parse(raw) as T);
+  }
+
+  async getMany<T extends StoredDoc>(tag: Tag, ids: readonly string[]): Promise<T[]> {
+    if (ids.length === 0) return [];
+    const raws = await this.redis.mget(ids.map((id) => keys.doc(tag, id)));
+    return raws.filter((r): r is string => r !== null).map((r) => JSON.parse(r) as T);
+  }
+
+  /** Store a new document and add it to `indexes` (scored by creation time). False if the id exists. */
+  async create(tag: Tag, doc: StoredDoc, indexes: readonly string[] = []): Promise<boolean> {
+    const score = Date.parse(doc.created_at);
+    const keyList = [keys.doc(tag, doc.id), ...indexes.map((c) => keys.index(tag, c))];
+    const ok = await createScript.run(this.redis, keyList, [JSON.stringify(doc), score, doc.id]);
+    return ok === 1;
+  }
+
+  /**
+   * Read-modify-write under compare-and-swap. With `expectedVersion`, a stale version is a
+   * 409 `validation.conflict`; without it, lost races are retried.
+   */
+  async update<T extends StoredDoc>(
+    tag: Tag,
+    id: string,
+    mutate: (current: T) => T | null,
+    options: { expectedVersion?: number; notFound?: string } = {},
+  ): Promise<T> {
+    for (let attempt = 0; attempt < 16; attempt++) {
+      const current = await this.get<T>(tag, id);
+      if (!current) throw new ApiError('validation.not_found', `${options.notFound ?? 'resource'} not found`);
+      if (options.expectedVersion !== undefined && current.version !== options.expectedVersion) {
+        throw new ApiError(
+          'validation.conflict',
+          `version ${options.expectedVersion} is stale; the current version is ${current.version}`,
+        );
+      }
+      const next = mutate(current);
+      if (next === null) return current;
+      next.version = current.version + 1;
+      next.updated_at = new Date().toISOString();
+      const r = await casScript.run(this.redis, [keys.doc(tag, id)], [String(current.version), JSON.stringify(next)]);
+      if (r === 1) return next;
+      if (r === -1) throw new ApiError('validation.not_found', `${options.notFound ?? 'resource'} not found`);
+      if (options.expectedVersion !== undefined) {
+        throw new ApiError('validation.conflict', `version ${options.expectedVersion} is stale`);
+      }
+    }
+    throw new ApiError('runtime.unavailable', 'too much contention on this resource; retry');
+  }
+
+  async remove(tag: Tag, id: string, indexes: readonly string[] = []): Promise<void> {
+    const multi = this.redis.multi().del(keys.doc(tag, id));
+    for (const c of indexes) multi.zrem(keys.index(tag, c), id);
+    await multi.exec();
+  }
+
+  /** Keyset pagination over an index; cursors are stable under concurrent inserts. */
+  async listIds(tag: Tag, collection: string, options: ListOptions): Promise<{ ids: string[]; next_page: string | null }> {
+    const key = keys.index(tag, collection);
+    const after = options.page ? decodeCursor(options.page) : null;
+    const want = options.limit + 1;
+    let fetch = want + 16;
+    for (;;) {
+      const min = after ? String(after.score) : '-inf';
+      const max = '+inf';
+      const raw =
+        options.order === 'asc'
+          ? await this.redis.zrangebyscore(key, min, max, 'WITHSCORES', 'LIMIT', 0, fetch)
+          : await this.redis.zrevrangebyscore(key, after ? String(after.score) : '+inf', '-inf', 'WITHSCORES', 'LIMIT', 0, fetch);
+      const rows: { member: string; score: number }[] = [];
+      for (let i = 0; i + 1 < raw.length; i += 2) rows.push({ member: raw[i] as string, score: Number(raw[i + 1]) });
+      // Within one score, zrangebyscore orders members lexically asc; zrevrangebyscore desc.
+      const fresh = after
+        ? rows.filter((r) =>
+            r.score !== after.score ? true : options.order === 'asc' ? r.member > after.member : r.member < after.member,
+          )
+        : rows;
+      if (fresh.length >= want || raw.length / 2 < fetch) {
+        const page = fresh.slice(0, options.limit);
+        const last = page[page.length - 1];
+        const more = fresh.length > options.limit;
+        return { ids: page.map((r) => r.member), next_page: more && last ? encodeCursor(last) : null };
+      }
+      fetch *= 4;
+    }
+  }
+
+  async list<T extends StoredDoc>(tag: Tag, collection: string, options: ListOptions, filter?: (doc: T) => boolean): Promise<ListPage<T>> {
+    if (!filter) {
+      const { ids, next_page } = await this.listIds(tag, collection, options);
+      return { data: await this.getMany<T>(tag, ids), next_page };
+    }
+    // Filtered listing: walk pages until `limit` matches are found or the index ends.
+    const data: T[] = [];
+    let page = options.page;
+    for (;;) {
+      const { ids, next_page } = await this.listIds(tag, collection, { ...options, page, limit: Math.max(options.limit, 50) });
+      const docs = await this.getMany<T>(tag, ids);
+      for (let i = 0; i < docs.length; i++) {
+        const doc = docs[i] as T;
+        if (!filter(doc)) continue;
+        data.push(doc);
+        if (data.length === options.limit) {
+          const hasMore = i < docs.length - 1 || next_page !== null;
+          return { data, next_page: hasMore ? encodeCursor({ score: Date.parse(doc.created_at), member: doc.id }) : null };
+        }
+      }
+      if (!next_page) return { data, next_page: null };
+      page = next_page;
+    }
+  }
+}

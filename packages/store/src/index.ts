@@ -1,0 +1,6 @@
+export * from './redis.js';
+export * from './keys.js';
+export * from './cursor.js';
+export * from './documents.js';
+export * from './script.js';
+export * from './embedded-redis.js';

@@ -1,0 +1,32 @@
+import { resolve } from 'node:path';
+import { envBool, envEnum, envInt, envOptional, envString, type Env } from '@agentplane/core';
+
+export interface PlatformConfig {
+  dataDir: string;
+  port: number;
+  host: string;
+  /** An external Redis; when absent a private redis-server is started under dataDir/redis. */
+  redisUrl: string | undefined;
+  redisHz: number;
+  logLevel: 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
+  docsUrl: string | undefined;
+  startScheduler: boolean;
+  startRunner: boolean;
+  /** Restart a child process that dies unexpectedly. */
+  restartChildren: boolean;
+}
+
+export function loadPlatformConfig(env: Env): PlatformConfig {
+  return Object.freeze({
+    dataDir: resolve(envString(env, 'DATA_DIR', './.data')),
+    port: envInt(env, 'PORT', 8080, 0, 65535),
+    host: envString(env, 'HOST', '127.0.0.1'),
+    redisUrl: envOptional(env, 'REDIS_URL'),
+    redisHz: envInt(env, 'REDIS_HZ', 100, 1, 500),
+    logLevel: envEnum(env, 'LOG_LEVEL', ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const, 'info'),
+    docsUrl: envOptional(env, 'DOCS_URL'),
+    startScheduler: envBool(env, 'START_SCHEDULER', true),
+    startRunner: envBool(env, 'START_RUNNER', true),
+    restartChildren: envBool(env, 'RESTART_CHILDREN', true),
+  });
+}

@@ -1,0 +1,120 @@
+import { randomBytes } from 'node:crypto';
+import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { join } from 'node:path';
+import { createLogger } from '@agentplane/core';
+import { connectRedis, DocumentStore, startEmbeddedRedis, RedisServerMissingError, waitForRedis, type EmbeddedRedis } from '@agentplane/store';
+import { bootstrapPlatform, CredentialIndex, IdentityService } from '@agentplane/api';
+import { loadPlatformConfig } from './config.js';
+import { Supervisor } from './supervisor.js';
+
+const HELP = `agentplane: start the whole platform on this machine
+
+Usage: npm start            (or: node platform/dist/main.js)
+
+Starts a private redis-server (AOF on, under $DATA_DIR/redis) unless REDIS_URL is set,
+bootstraps an Organization, a Workspace and a root API key on first boot, then runs the
+API (with the runner gateway), the scheduler and one local runner.
+
+Environment:
+  DATA_DIR          where state lives (default ./.data)
+  PORT, HOST        API listen address (default 8080, 127.0.0.1)
+  REDIS_URL         use this Redis instead of the embedded one
+  REDIS_HZ          embedded Redis hz (default 100: delayed retries late by at most ~10 ms)
+  LOG_LEVEL         fatal|error|warn|info|debug|trace|silent (default info)
+  START_SCHEDULER   start the scheduler process (default true)
+  START_RUNNER      start a local runner paired to the default workspace (default true)
+`;
+
+const require = createRequire(import.meta.url);
+const entry = (pkg: string, file: string): string => join(require.resolve(`${pkg}/package.json`), '..', 'dist', file);
+
+async function main(): Promise<void> {
+  if (process.argv.includes('--help') || process.argv.includes('-h')) {
+    process.stdout.write(HELP);
+    return;
+  }
+  const config = loadPlatformConfig(process.env);
+  const log = createLogger({ name: 'platform', level: config.logLevel });
+  mkdirSync(config.dataDir, { recursive: true, mode: 0o700 });
+
+  const masterKeyFile = join(config.dataDir, 'master.key');
+  if (!existsSync(masterKeyFile)) writeFileSync(masterKeyFile, randomBytes(32).toString('hex'), { mode: 0o600 });
+
+  let embedded: EmbeddedRedis | undefined;
+  let redisUrl = config.redisUrl;
+  if (!redisUrl) {
+    log.info({ dir: join(config.dataDir, 'redis') }, 'starting embedded redis-server');
+    embedded = await startEmbeddedRedis({
+      dir: join(config.dataDir, 'redis'),
+      hz: config.redisHz,
+      onLog: (line) => log.debug({ redis: line }, 'redis'),
+    });
+    redisUrl = embedded.url;
+    embedded.process.on('exit', (code) => {
+      if (!stopping) {
+        log.fatal({ code }, 'embedded redis-server exited; stopping the platform');
+        void shutdown(1);
+      }
+    });
+  }
+
+  const redis = connectRedis(redisUrl, { name: 'platform' });
+  await waitForRedis(redis);
+  const docs = new DocumentStore(redis);
+  const identity = new IdentityService(docs, redis, new CredentialIndex(redis));
+  const boot = await bootstrapPlatform(redis, identity);
+  const baseUrl = `http://${config.host === '0.0.0.0' ? '127.0.0.1' : config.host}:${config.port}`;
+  const bootstrapFile = join(config.dataDir, 'bootstrap.json');
+  if (boot.root_key) {
+    writeFileSync(
+      bootstrapFile,
+      `${JSON.stringify({ organization_id: boot.organization_id, workspace_id: boot.workspace_id, root_key: boot.root_key, base_url: baseUrl }, null, 2)}\n`,
+      { mode: 0o600 },
+    );
+    process.stdout.write(
+      `\n  agentplane first boot\n  organization  ${boot.organization_id}\n  workspace     ${boot.workspace_id}\n` +
+        `  root API key  ${boot.root_key}\n  (shown once; also saved to ${bootstrapFile}, mode 0600)\n\n`,
+    );
+  }
+  await redis.quit();
+
+  const common: Record<string, string> = {
+    REDIS_URL: redisUrl,
+    MASTER_KEY_FILE: masterKeyFile,
+    LOG_LEVEL: config.logLevel,
+    DATA_DIR: config.dataDir,
+    ...(config.docsUrl ? { DOCS_URL: config.docsUrl } : {}),
+  };
+  const processesFile = join(config.dataDir, 'processes.json');
+  const supervisor = new Supervisor(log, config.restartChildren, () => {
+    writeFileSync(processesFile, `${JSON.stringify({ platform: process.pid, redis: embedded?.process.pid, ...supervisor.pids() })}\n`);
+  });
+  supervisor.start({
+    name: 'api',
+    script: entry('@agentplane/api', 'main.js'),
+    env: { ...common, PORT: String(config.port), HOST: config.host, PUBLIC_BASE_URL: baseUrl },
+  });
+
+  let stopping = false;
+  const shutdown = async (code: number) => {
+    if (stopping) return;
+    stopping = true;
+    log.info('stopping the platform');
+    await supervisor.stop();
+    await embedded?.stop();
+    process.exit(code);
+  };
+  process.on('SIGINT', () => void shutdown(0));
+  process.on('SIGTERM', () => void shutdown(0));
+  log.info({ url: baseUrl, dataDir: config.dataDir }, 'agentplane is starting');
+}
+
+main().catch((err: unknown) => {
+  if (err instanceof RedisServerMissingError) {
+    process.stderr.write(`${err.message}\n`);
+    process.exit(2);
+  }
+  process.stderr.write(`agentplane failed to start: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
+  process.exit(1);
+});

@@ -1,0 +1,114 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { HttpClient } from '@agentplane/client';
+import { startPlatform, type Platform } from './harness/platform.js';
+
+let p: Platform;
+beforeAll(async () => {
+  p = await startPlatform();
+});
+afterAll(async () => {
+  await p?.stop();
+});
+
+const errType = (r: { body: unknown }) => (r.body as { error?: { type?: string } }).error?.type;
+
+describe('wire conventions', () => {
+  it('serves /healthz without auth or version header', async () => {
+    const r = await fetch(`${p.baseUrl}/healthz`);
+    expect(r.status).toBe(200);
+  });
+
+  it('401 auth.invalid_key without a bearer, with an unknown one', async () => {
+    const r1 = await p.anon.request('GET', '/v1/support/capabilities');
+    expect(r1.status).toBe(401);
+    expect(errType(r1)).toBe('auth.invalid_key');
+    const r2 = await p.anon.with({ token: 'ap_key_nope-nope-nope' }).request('GET', '/v1/support/capabilities');
+    expect(r2.status).toBe(401);
+    expect(r2.body).toMatchObject({ error: { more: expect.stringMatching(/\/reference\/errors#auth-invalid-key$/) } });
+  });
+
+  it('400 validation.malformed for a missing or unsupported Service-Version', async () => {
+    const r1 = await p.root.with({ version: null }).request('GET', '/v1/support/capabilities');
+    expect(r1.status).toBe(400);
+    expect(errType(r1)).toBe('validation.malformed');
+    const r2 = await p.root.with({ version: '2020-01-01' }).request('GET', '/v1/support/capabilities');
+    expect(r2.status).toBe(400);
+  });
+
+  it('names the workspace in Service-Workspace-Id', async () => {
+    const r = await p.root.request('GET', '/v1/support/capabilities');
+    expect(r.status).toBe(200);
+    expect(r.headers.get('service-workspace-id')).toBe(p.bootstrap.workspace_id);
+  });
+
+  it('413 validation.payload_too_large over 4 MiB', async () => {
+    const big = JSON.stringify({ display_name: 'x'.repeat(4 * 1024 * 1024 + 10) });
+    const r = await p.root.request('POST', `/v1/organizations/workspaces/${p.bootstrap.workspace_id}/principals`, { rawBody: big });
+    expect(r.status).toBe(413);
+    expect(errType(r)).toBe('validation.payload_too_large');
+  });
+
+  it('rejects unknown fields and wrong id prefixes', async () => {
+    const ws = p.bootstrap.workspace_id;
+    const r1 = await p.root.request('POST', `/v1/organizations/workspaces/${ws}/principals`, {
+      body: { external_subject_id: 'u1', principal_type: 'person', display_name: 'U', surprise: 1 },
+    });
+    expect(r1.status).toBe(400);
+    expect((r1.body as { error: { message: string } }).error.message).toContain('surprise');
+    const r2 = await p.root.request('GET', `/v1/principals/sess_${'0'.repeat(32)}`);
+    expect(r2.status).toBe(400);
+  });
+
+  it('idempotency: replay, conflict on another body', async () => {
+    const ws = p.bootstrap.workspace_id;
+    const path = `/v1/organizations/workspaces/${ws}/principals`;
+    const body = { external_subject_id: 'idem-1', principal_type: 'service', display_name: 'Idem' };
+    const a = await p.root.request('POST', path, { body, idempotencyKey: 'k-1' });
+    expect(a.status).toBe(201);
+    const b = await p.root.request('POST', path, { body, idempotencyKey: 'k-1' });
+    expect(b.status).toBe(201);
+    expect(b.body).toEqual(a.body);
+    const c = await p.root.request('POST', path, { body: { ...body, display_name: 'Other' }, idempotencyKey: 'k-1' });
+    expect(c.status).toBe(409);
+    expect(errType(c)).toBe('idempotency.conflict');
+  });
+
+  it('API key lifecycle: create (secret once), use, rotate, revoke', async () => {
+    const org = p.bootstrap.organization_id;
+    const ws = p.bootstrap.workspace_id;
+    const missing = await p.root.request('POST', `/v1/organizations/${org}/api-keys`, {
+      body: { display_name: 'dev', role: 'developer', scope: { type: 'workspace', workspace_id: ws } },
+    });
+    expect(missing.status).toBe(400);
+    const created = await p.root.request<{ id: string; secret: string }>('POST', `/v1/organizations/${org}/api-keys`, {
+      body: { display_name: 'dev', role: 'viewer', scope: { type: 'workspace', workspace_id: ws } },
+      idempotencyKey: 'key-create-1',
+    });
+    expect(created.status).toBe(201);
+    const viewer = new HttpClient({ baseUrl: p.baseUrl, token: created.body.secret });
+    expect((await viewer.request('GET', '/v1/support/capabilities')).status).toBe(200);
+    const denied = await viewer.request('POST', `/v1/organizations/workspaces/${ws}/principals`, {
+      body: { external_subject_id: 'v', principal_type: 'person', display_name: 'V' },
+    });
+    expect(denied.status).toBe(403);
+    const sel = await viewer.request('GET', '/v1/support/capabilities', { headers: { 'service-workspace-id': ws } });
+    expect(sel.status).toBe(400);
+    const meta = await p.root.request<Record<string, unknown>>('GET', `/v1/api-keys/${created.body.id}`);
+    expect(meta.body.secret).toBeUndefined();
+
+    const rotated = await p.root.request<{ secret: string }>('POST', `/v1/api-keys/${created.body.id}/rotate`, { body: {}, idempotencyKey: 'rot-1' });
+    expect(rotated.status).toBe(200);
+    expect((await viewer.request('GET', '/v1/support/capabilities')).status).toBe(401);
+    // The create replay now fails closed: that generation is no longer live.
+    const replay = await p.root.request('POST', `/v1/organizations/${org}/api-keys`, {
+      body: { display_name: 'dev', role: 'viewer', scope: { type: 'workspace', workspace_id: ws } },
+      idempotencyKey: 'key-create-1',
+    });
+    expect(replay.status).toBe(409);
+    expect(JSON.stringify(replay.body)).not.toContain('ap_key_');
+    const v2 = new HttpClient({ baseUrl: p.baseUrl, token: rotated.body.secret });
+    expect((await v2.request('GET', '/v1/support/capabilities')).status).toBe(200);
+    await p.root.post(`/v1/api-keys/${created.body.id}/revoke`, {});
+    expect((await v2.request('GET', '/v1/support/capabilities')).status).toBe(401);
+  });
+});

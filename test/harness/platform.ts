@@ -1,0 +1,118 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { mkdtempSync, readFileSync, existsSync, createWriteStream, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { HttpClient } from '@agentplane/client';
+import { freePort } from '@agentplane/store';
+
+export const ROOT_DIR = resolve(import.meta.dirname, '..', '..');
+
+export interface Bootstrap {
+  organization_id: string;
+  workspace_id: string;
+  root_key: string;
+  base_url: string;
+}
+
+export interface StartOptions {
+  env?: Record<string, string>;
+  runner?: boolean;
+  scheduler?: boolean;
+  /** Reuse a data dir (restart tests). */
+  dataDir?: string;
+  port?: number;
+}
+
+export interface Platform {
+  baseUrl: string;
+  port: number;
+  dataDir: string;
+  bootstrap: Bootstrap;
+  /** Root-key client (organization scope, default workspace). */
+  root: HttpClient;
+  /** A client with no credential. */
+  anon: HttpClient;
+  proc: ChildProcess;
+  logFile: string;
+  pids(): Record<string, number | undefined>;
+  /** Redis URL of the embedded server. */
+  redisUrl(): string;
+  stop(): Promise<void>;
+}
+
+async function waitFor<T>(what: string, fn: () => Promise<T | undefined> | T | undefined, timeoutMs = 30_000): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const v = await fn();
+    if (v !== undefined) return v;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+export { waitFor };
+
+/** Start the platform exactly as the README does (`node platform/dist/main.js`), on its own port, data dir and Redis. */
+export async function startPlatform(options: StartOptions = {}): Promise<Platform> {
+  const dataDir = options.dataDir ?? mkdtempSync(join(tmpdir(), 'agentplane-test-'));
+  const port = options.port ?? (await freePort());
+  const logFile = join(dataDir, `platform-${Date.now()}.log`);
+  const log = createWriteStream(logFile);
+  const proc = spawn(process.execPath, [join(ROOT_DIR, 'platform/dist/main.js')], {
+    env: {
+      PATH: process.env.PATH ?? '/usr/bin:/bin',
+      HOME: process.env.HOME ?? '/tmp',
+      DATA_DIR: dataDir,
+      PORT: String(port),
+      LOG_LEVEL: process.env.TEST_LOG_LEVEL ?? 'info',
+      START_RUNNER: String(options.runner ?? false),
+      START_SCHEDULER: String(options.scheduler ?? false),
+      ...options.env,
+    },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  proc.stdout?.pipe(log);
+  proc.stderr?.pipe(log);
+  const exited = new Promise<void>((r) => proc.once('exit', () => r()));
+  const bootstrapFile = join(dataDir, 'bootstrap.json');
+  const baseUrl = `http://127.0.0.1:${port}`;
+  await waitFor('the platform to start', async () => {
+    if (proc.exitCode !== null) throw new Error(`platform exited with ${proc.exitCode}; log: ${readFileSync(logFile, 'utf8').slice(-2000)}`);
+    if (!existsSync(bootstrapFile)) return undefined;
+    try {
+      const r = await fetch(`${baseUrl}/healthz`);
+      return r.status === 200 ? true : undefined;
+    } catch {
+      return undefined;
+    }
+  });
+  const bootstrap = JSON.parse(readFileSync(bootstrapFile, 'utf8')) as Bootstrap;
+  return {
+    baseUrl,
+    port,
+    dataDir,
+    bootstrap,
+    root: new HttpClient({ baseUrl, token: bootstrap.root_key }),
+    anon: new HttpClient({ baseUrl }),
+    proc,
+    logFile,
+    pids: () => JSON.parse(readFileSync(join(dataDir, 'processes.json'), 'utf8')) as Record<string, number | undefined>,
+    redisUrl: () => {
+      const password = readFileSync(join(dataDir, 'redis', 'password'), 'utf8').trim();
+      const pid = JSON.parse(readFileSync(join(dataDir, 'processes.json'), 'utf8')) as { redis?: number };
+      void pid;
+      const port = readFileSync(join(dataDir, 'redis', 'port'), 'utf8').trim();
+      return `redis://:${password}@127.0.0.1:${port}`;
+    },
+    async stop() {
+      if (proc.exitCode === null && proc.signalCode === null) {
+        proc.kill('SIGTERM');
+        const timer = setTimeout(() => proc.kill('SIGKILL'), 20_000);
+        await exited;
+        clearTimeout(timer);
+      }
+      log.end();
+      if (!options.dataDir && !process.env.KEEP_TEST_DATA) rmSync(dataDir, { recursive: true, force: true });
+    },
+  };
+}
