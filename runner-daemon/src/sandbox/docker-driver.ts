@@ -213,6 +213,9 @@ export class DockerDriver implements SandboxDriver {
           ReadonlyRootfs: true,
           Init: true,
           IpcMode: 'private',
+          Privileged: false,
+          // Under host memory pressure the kernel picks sandbox processes before the daemon.
+          OomScoreAdj: 500,
           Memory: memory,
           MemorySwap: memory,
           NanoCpus: Math.round((environment.cpu_millis ?? SANDBOX_DEFAULTS.cpu_millis) * 1e6),

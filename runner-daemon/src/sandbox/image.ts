@@ -254,3 +254,18 @@ export async function ensureSandboxImage(options: EnsureSandboxImageOptions = {}
   progress(`sandbox image: built ${tag} (and ${latest}) in ${res.durationMs} ms`);
   return res;
 }
+
+/**
+ * For the platform start command: builds the default image when dockerd answers and the image for
+ * the current content is missing; returns undefined (and does nothing) when Docker is absent.
+ */
+export async function ensureSandboxImageIfDocker(options: EnsureSandboxImageOptions & { pingTimeoutMs?: number } = {}): Promise<SandboxImage | undefined> {
+  const docker = options.docker ?? new Docker();
+  const ping = docker.ping();
+  const answered = await Promise.race([
+    ping.then(() => true, () => false),
+    new Promise<boolean>((resolve) => setTimeout(() => resolve(false), options.pingTimeoutMs ?? 2_000).unref()),
+  ]);
+  if (!answered) return undefined;
+  return ensureSandboxImage({ ...options, docker });
+}
