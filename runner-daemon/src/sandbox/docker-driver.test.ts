@@ -152,6 +152,32 @@ describe('docker sandbox driver', () => {
     await other.reapOrphans(`${runnerId}-reap`, []);
   });
 
+  it('bounds start: a start past the bound fails typed and leaves no container behind', async () => {
+    const hasty = new DockerDriver({ runnerId, docker, startTimeoutMs: 1 });
+    const session = { id: sid() };
+    await expect(hasty.ensure(session, {})).rejects.toMatchObject({ name: 'SandboxError', reason: 'start_timeout' });
+    // The creation that was still in flight is removed once it settles.
+    const filters = JSON.stringify({ label: [`${SANDBOX_LABELS.session}=${session.id}`] });
+    let left = await docker.listContainers({ all: true, filters });
+    for (let i = 0; i < 50 && left.length > 0; i++) {
+      await new Promise((r) => setTimeout(r, 100));
+      left = await docker.listContainers({ all: true, filters });
+    }
+    await new Promise((r) => setTimeout(r, 500));
+    expect(await docker.listContainers({ all: true, filters })).toEqual([]);
+    await hasty.destroy(session.id);
+  });
+
+  it('accounts compute per sandbox', async () => {
+    const session = { id: sid() };
+    const sb = await driver.ensure(session, {});
+    await driver.exec(sb, { script: 'i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done' });
+    const usage = await driver.usage(sb);
+    expect(usage?.cpu_nanos).toBeGreaterThan(1_000_000);
+    expect(usage?.memory_peak_bytes).toBeGreaterThan(0);
+    await driver.destroy(session.id);
+  });
+
   it('reports only assurances it implements and satisfies container Environments', () => {
     expect(driver.capabilities()).toMatchObject({ tiers: ['container'], network_modes: ['none'], session_sandbox: true });
     expect(driverSatisfies(driver, { tier: 'container', network_mode: 'none' })).toBe(true);

@@ -139,11 +139,17 @@ export class DockerDriver implements SandboxDriver {
     }
     const pending = this.starting.get(session.id);
     if (pending) return pending;
-    const start = withTimeout(this.start(session, environment), this.startTimeoutMs, () =>
+    const inner = this.start(session, environment);
+    const start = withTimeout(inner, this.startTimeoutMs, () =>
       new SandboxError('start_timeout', `sandbox for ${session.id} did not start within ${this.startTimeoutMs} ms`),
     ).catch(async (err: unknown) => {
       if (err instanceof SandboxError && err.reason === 'start_timeout') {
-        await this.removeContainer(this.containerName(session.id)).catch(() => {});
+        // The late creation is removed once it settles; the workspace volume stays for a retry.
+        const cleanup = (): Promise<void> => {
+          this.live.delete(session.id);
+          return this.removeContainer(this.containerName(session.id)).catch(() => {});
+        };
+        void inner.then(cleanup, cleanup);
       }
       throw err;
     });
