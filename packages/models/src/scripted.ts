@@ -24,7 +24,7 @@ import { ProviderError, type ProviderErrorKind } from './errors.js';
 export interface ScriptCondition {
   /** What the last message is: new user text, or a tool result. */
   on?: 'user' | 'tool_result';
-  /** Substring of the last user text (case-sensitive). */
+  /** Substring of the last user text (case-sensitive). Implies `on: "user"` unless `on` is given. */
   user_contains?: string;
   /** JavaScript regular expression tested against the last user text. */
   user_matches?: string;
@@ -104,6 +104,8 @@ function situation(messages: ModelMessage[]): Situation {
 function matches(when: ScriptCondition | undefined, s: Situation): boolean {
   if (!when) return true;
   if (when.on !== undefined && when.on !== s.on) return false;
+  // Conditions on the user's text answer new user text unless `on: "tool_result"` says otherwise.
+  if (when.on === undefined && (when.user_contains !== undefined || when.user_matches !== undefined) && s.on !== 'user') return false;
   if (when.user_contains !== undefined && !s.user.includes(when.user_contains)) return false;
   if (when.user_matches !== undefined && !new RegExp(when.user_matches).test(s.user)) return false;
   if (when.tool_result_contains !== undefined && (s.on !== 'tool_result' || !s.toolResult.includes(when.tool_result_contains))) return false;
