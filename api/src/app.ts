@@ -9,6 +9,7 @@ import { buildRouter, errorBoundary, unmatchedRoute } from './http/router.js';
 import { CredentialIndex } from './identity/credentials.js';
 import { IdentityService } from './identity/service.js';
 import { allOperations } from './routes.js';
+import { createModelsModule } from './models/module.js';
 
 export interface ApiServer {
   server: Server;
@@ -23,6 +24,10 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis): ApiDeps
   const docs = new DocumentStore(redis);
   const credentials = new CredentialIndex(redis);
   const secretBox = new SecretBox(config.masterKey);
+  const models = createModelsModule({
+    redis, docs, secretBox, log,
+    config: { pricesFile: config.modelPricesFile, providerTimeoutMs: config.modelProviderTimeoutMs },
+  });
   return {
     config,
     redis,
@@ -31,6 +36,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis): ApiDeps
     secretBox,
     idempotency: new IdempotencyStore(redis, secretBox, config.idempotencyTtlSeconds),
     identity: new IdentityService(docs, redis, credentials),
+    models,
     metrics: new Metrics(),
     log,
   };

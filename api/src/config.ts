@@ -20,6 +20,10 @@ export interface ApiConfig {
   /** Host the runner WebSocket gateway in this process. */
   gatewayEmbedded: boolean;
   metricsEnabled: boolean;
+  /** JSON price table laid over the shipped one (USD per million tokens per provider and model). */
+  modelPricesFile: string | undefined;
+  /** Per provider request: time allowed to response headers and between stream chunks. */
+  modelProviderTimeoutMs: number;
 }
 
 function loadMasterKey(env: Env): Buffer {
@@ -48,5 +52,7 @@ export function loadApiConfig(env: Env): ApiConfig {
     shutdownGraceMs: envInt(env, 'SHUTDOWN_GRACE_MS', 10_000, 0),
     gatewayEmbedded: envBool(env, 'GATEWAY_EMBEDDED', true),
     metricsEnabled: envBool(env, 'METRICS_ENABLED', true),
+    modelPricesFile: envOptional(env, 'MODEL_PRICES_FILE'),
+    modelProviderTimeoutMs: envInt(env, 'MODEL_PROVIDER_TIMEOUT_MS', 60_000, 100),
   });
 }

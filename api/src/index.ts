@@ -6,3 +6,4 @@ export { IdentityService } from './identity/service.js';
 export { CredentialIndex } from './identity/credentials.js';
 export type { ApiDeps } from './deps.js';
 export type { Operation } from './http/operation.js';
+export * from './models/index.js';

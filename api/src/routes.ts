@@ -1,6 +1,7 @@
 import type { Operation } from './http/operation.js';
 import { identityOperations } from './identity/operations.js';
 import { metaOperations } from './meta/operations.js';
+import { modelOperations } from './models/operations.js';
 
 /**
  * The operation table: every REST operation of the API, once. The router, the OpenAPI
@@ -9,6 +10,6 @@ import { metaOperations } from './meta/operations.js';
  */
 export function allOperations(): Operation[] {
   const table: Operation[] = [];
-  table.push(...metaOperations(() => table), ...identityOperations);
+  table.push(...metaOperations(() => table), ...identityOperations, ...modelOperations);
   return table;
 }

@@ -14,6 +14,8 @@ export interface PlatformConfig {
   startRunner: boolean;
   /** Restart a child process that dies unexpectedly. */
   restartChildren: boolean;
+  /** Model settings handed to the api process unchanged (MODEL_PRICES_FILE, MODEL_PROVIDER_TIMEOUT_MS). */
+  modelEnv: Record<string, string>;
 }
 
 export function loadPlatformConfig(env: Env): PlatformConfig {
@@ -28,5 +30,11 @@ export function loadPlatformConfig(env: Env): PlatformConfig {
     startScheduler: envBool(env, 'START_SCHEDULER', true),
     startRunner: envBool(env, 'START_RUNNER', true),
     restartChildren: envBool(env, 'RESTART_CHILDREN', true),
+    modelEnv: Object.fromEntries(
+      ['MODEL_PRICES_FILE', 'MODEL_PROVIDER_TIMEOUT_MS'].flatMap((name) => {
+        const v = envOptional(env, name);
+        return v === undefined ? [] : [[name, v]];
+      }),
+    ),
   });
 }

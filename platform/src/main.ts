@@ -93,7 +93,7 @@ async function main(): Promise<void> {
   supervisor.start({
     name: 'api',
     script: entry('@agentplane/api', 'main.js'),
-    env: { ...common, PORT: String(config.port), HOST: config.host, PUBLIC_BASE_URL: baseUrl },
+    env: { ...common, ...config.modelEnv, PORT: String(config.port), HOST: config.host, PUBLIC_BASE_URL: baseUrl },
   });
 
   let stopping = false;
