@@ -17,6 +17,7 @@ import { IdentityService } from './identity/service.js';
 import { allOperations } from './routes.js';
 import { RunnerService } from './runners/service.js';
 import { attachGateway, PresenceStore, type Gateway } from '@agentplane/gateway';
+import { createModelsModule } from './models/module.js';
 
 export interface ApiServer {
   server: Server;
@@ -33,6 +34,10 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
   const docs = new DocumentStore(redis);
   const credentials = new CredentialIndex(redis);
   const secretBox = new SecretBox(config.masterKey);
+  const models = createModelsModule({
+    redis, docs, secretBox, log,
+    config: { pricesFile: config.modelPricesFile, providerTimeoutMs: config.modelProviderTimeoutMs },
+  });
   const identity = new IdentityService(docs, redis, credentials);
   const turns: { scheduler: TurnScheduler } = { scheduler: recordOnlyTurnScheduler };
   const sessionStore = new SessionStore(redis);
@@ -58,6 +63,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
     identity,
     runners: new RunnerService(docs, redis, credentials, identity),
     gatewayPresence: new PresenceStore(redis),
+    models,
     metrics: new Metrics(),
     log,
   };

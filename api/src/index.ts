@@ -6,6 +6,7 @@ export { IdentityService } from './identity/service.js';
 export { CredentialIndex } from './identity/credentials.js';
 export type { ApiDeps } from './deps.js';
 export type { Operation } from './http/operation.js';
+export * from './models/index.js';
 export { SessionStore } from './sessions/store.js';
 export { SessionService } from './sessions/service.js';
 export { ThreadRuntime, recordOnlyTurnScheduler, type TurnScheduler, type StopReason } from './sessions/turns.js';
