@@ -6,6 +6,7 @@ import type { ApiConfig } from './config.js';
 import type { ApiDeps } from './deps.js';
 import { IdempotencyStore } from './http/idempotency.js';
 import { buildRouter, errorBoundary, unmatchedRoute } from './http/router.js';
+import { mcpEdge } from './mcp/edge.js';
 import { CredentialIndex } from './identity/credentials.js';
 import { IdentityService } from './identity/service.js';
 import { allOperations } from './routes.js';
@@ -42,7 +43,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
   const deps = buildDeps(config, log, redis);
   const shutdown = new AbortController();
   const operations = allOperations();
-  const { router } = buildRouter(operations, deps);
+  const { router, prepared } = buildRouter(operations, deps);
 
   const app = new Koa({ proxy: false });
   app.silent = true;
@@ -60,6 +61,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
     }
     await next();
   });
+  app.use(mcpEdge(operations, prepared, deps).middleware);
   app.use(router.routes());
   app.use(unmatchedRoute(router));
 
