@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
+import { Client as ModernClient, StreamableHTTPClientTransport as ModernTransport } from '@modelcontextprotocol/client';
 import { startPlatform, type Platform } from './harness/platform.js';
 
 let p: Platform;
@@ -164,6 +165,28 @@ describe('legacy shape, raw', () => {
     expect((await rpc({ jsonrpc: '2.0', id: 5, method: 'resources/list' }, h)).body.error.code).toBe(-32601);
     expect((await rpc([{ jsonrpc: '2.0', id: 6, method: 'ping' }], h)).body.error.code).toBe(-32600);
     expect((await rpc('{not json', h)).body.error.code).toBe(-32700);
+  });
+});
+
+describe('stateless shape 2026-07-28 through the SDK v2 client', () => {
+  it.each([{ pin: MODERN }, 'auto'] as const)('negotiates the modern era (%s), lists and calls', async (mode) => {
+    const client = new ModernClient({ name: 'mcp-test-v2', version: '1.0.0' }, { versionNegotiation: { mode } });
+    const transport = new ModernTransport(new URL(`${p.baseUrl}/v1/mcp`), { requestInit: { headers: { Authorization: `Bearer ${p.bootstrap.root_key}` } } });
+    await client.connect(transport);
+    try {
+      expect(client.getProtocolEra()).toBe('modern');
+      expect(client.getServerVersion()?.name).toBe('agentplane');
+      expect((await client.listTools()).tools.map((t) => t.name)).toContain('agentplane_search_operations');
+      const read = await client.callTool({ name: 'organizations_getWorkspace', arguments: { path: { workspace_id: ws() } } });
+      expect(read.isError).toBe(false);
+      const key = `v2-${typeof mode === 'string' ? mode : 'pin'}`;
+      const args = { path: { workspace_id: ws() }, body: { external_subject_id: key, principal_type: 'person', display_name: 'V2' }, idempotency_key: key };
+      const created = await client.callTool({ name: 'principals_createPrincipal', arguments: args });
+      expect(created.isError).toBe(false);
+      expect((parsed(created) as { external_subject_id: string }).external_subject_id).toBe(key);
+    } finally {
+      await client.close();
+    }
   });
 });
 

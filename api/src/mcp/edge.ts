@@ -161,8 +161,11 @@ export function mcpEdge(operations: readonly Operation[], prepared: ReadonlyMap<
           cacheScope: 'private',
           _meta: { [META_SERVER_INFO]: SERVER_INFO },
         });
-      case 'tools/list':
-        return stamp({ tools: catalog.list(caller, catalogChoice) });
+      case 'tools/list': {
+        const tools = catalog.list(caller, catalogChoice);
+        // 2026-07-28 list results are cacheable results: the catalog depends on the bearer.
+        return modern ? stamp({ tools, ttlMs: 0, cacheScope: 'private' }) : { tools };
+      }
       case 'tools/call': {
         if (typeof params.name !== 'string' || params.name.length === 0) throw new McpProtocolError(ErrorCode.InvalidParams, 'tools/call: name must be a string');
         const result = await dispatcher.call(params.name, params.arguments, { caller, headers });
