@@ -12,7 +12,6 @@ import { ErrorCode, isPlainObject, MAX_RESULT_CONTRIBUTION_BYTES, McpProtocolErr
 export interface ToolResult {
   content: { type: 'text'; text: string }[];
   isError: boolean;
-  structuredContent?: Record<string, unknown>;
   _meta?: Record<string, unknown>;
 }
 
@@ -29,7 +28,7 @@ export function latestVersion(op: Operation): string | null {
 }
 
 function errorResult(wire: WireError, status: number): ToolResult {
-  return { content: [{ type: 'text', text: JSON.stringify(wire) }], isError: true, structuredContent: wire as unknown as Record<string, unknown>, _meta: { [META_HTTP_STATUS]: status } };
+  return { content: [{ type: 'text', text: JSON.stringify(wire) }], isError: true, _meta: { [META_HTTP_STATUS]: status } };
 }
 
 function apiErrorResult(err: ApiError, deps: ApiDeps): ToolResult {
@@ -89,8 +88,7 @@ export class ToolDispatcher {
       listed_in_compact_catalog: p.compact,
       inputSchema: p.tool.inputSchema,
     }));
-    const body = { data };
-    return { content: [{ type: 'text', text: JSON.stringify(body) }], isError: false, structuredContent: body };
+    return { content: [{ type: 'text', text: JSON.stringify({ data }) }], isError: false };
   }
 
   private async dispatch(p: ProjectedTool, args: unknown, ctx: CallContext): Promise<ToolResult> {
@@ -128,6 +126,7 @@ export class ToolDispatcher {
       params,
       query: { ...((a.query as Record<string, unknown> | undefined) ?? {}) },
       body: a.body,
+      authenticated: ctx.caller,
     };
     const prepared = this.prepared.get(p.op.operationId);
     if (!prepared) throw new Error(`operation ${p.op.operationId} is not prepared`);
@@ -142,9 +141,8 @@ export class ToolDispatcher {
         return apiErrorResult(new ApiError('validation.payload_too_large',
           `the REST result is ${bytes} bytes, over the ${MAX_RESULT_CONTRIBUTION_BYTES}-byte MCP result limit; narrow the call (for example a smaller limit)`), this.deps);
       }
-      const out: ToolResult = { content: [{ type: 'text', text }], isError: false, _meta: { [META_HTTP_STATUS]: result.status } };
-      if (isPlainObject(result.body)) out.structuredContent = result.body;
-      return out;
+      // Text only: the REST body is the tool's whole contribution, counted once against the 1 MiB limit.
+      return { content: [{ type: 'text', text }], isError: false, _meta: { [META_HTTP_STATUS]: result.status } };
     } catch (err) {
       if (err instanceof ApiError) return apiErrorResult(err, this.deps);
       const incident = `inc_${randomBytes(8).toString('hex')}`;
