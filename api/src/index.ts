@@ -6,3 +6,6 @@ export { IdentityService } from './identity/service.js';
 export { CredentialIndex } from './identity/credentials.js';
 export type { ApiDeps } from './deps.js';
 export type { Operation } from './http/operation.js';
+export { RedisRuntimeBearers, RUNTIME_BEARER_PREFIX, permissionOf } from './mcp/runtime-bearer.js';
+export type { RuntimeBearerVerifier, RuntimeGrant, ConnectionGrant, ToolPermission } from './mcp/runtime-bearer.js';
+export type { ToolCallObserver, ToolCallEvent } from './mcp/runtime.js';

@@ -1,4 +1,5 @@
 import type { Operation } from './http/operation.js';
+import { connectionOperations } from './connections/operations.js';
 import { identityOperations } from './identity/operations.js';
 import { metaOperations } from './meta/operations.js';
 
@@ -10,5 +11,6 @@ import { metaOperations } from './meta/operations.js';
 export function allOperations(): Operation[] {
   const table: Operation[] = [];
   table.push(...metaOperations(() => table), ...identityOperations);
+  table.push(...connectionOperations);
   return table;
 }
