@@ -41,6 +41,19 @@ async function sdkClient(version: '2025-06-18' | '2025-11-25', token = p.bootstr
   return { client, transport, seen };
 }
 
+/** The parts of a JSON-RPC response these tests read. */
+interface RpcBody {
+  result: {
+    protocolVersion?: string;
+    resultType?: string;
+    isError?: boolean;
+    tools: { name: string; inputSchema: { required?: string[] } }[];
+    content: { type: string; text: string }[];
+    [k: string]: unknown;
+  };
+  error: { code: number; message: string; data: { supported: string[] } };
+}
+
 /** One raw JSON-RPC POST. */
 async function rpc(body: unknown, headers: Record<string, string> = {}, opts: { token?: string | null; query?: string } = {}) {
   const token = opts.token === undefined ? p.bootstrap.root_key : opts.token;
@@ -55,7 +68,7 @@ async function rpc(body: unknown, headers: Record<string, string> = {}, opts: { 
     body: typeof body === 'string' ? body : JSON.stringify(body),
   });
   const text = await r.text();
-  return { status: r.status, headers: r.headers, body: (text ? JSON.parse(text) : null) as Record<string, any> };
+  return { status: r.status, headers: r.headers, body: (text ? JSON.parse(text) : null) as RpcBody };
 }
 
 /** A 2026-07-28 request with every header set consistently (overridable). */
@@ -200,7 +213,7 @@ describe('stateless shape 2026-07-28, raw JSON-RPC', () => {
     expect((l.body.result.tools as { name: string }[]).map((t) => t.name)).toContain('agentplane_search_operations');
     const c = await modern('tools/call', { name: 'organizations_getWorkspace', arguments: { path: { workspace_id: ws() } } });
     expect(c.body.result).toMatchObject({ resultType: 'complete', isError: false });
-    expect(JSON.parse(c.body.result.content[0].text).id).toBe(ws());
+    expect((JSON.parse(c.body.result.content[0]?.text ?? '{}') as { id: string }).id).toBe(ws());
   });
 
   it('no ping or initialize on this shape', async () => {
@@ -325,6 +338,6 @@ describe('callers', () => {
     const call = await rpc({ jsonrpc: '2.0', id: 2, method: 'tools/call', params: { name: 'principals_createPrincipal', arguments: {
       path: { workspace_id: ws() }, body: { external_subject_id: 'v', principal_type: 'person', display_name: 'V' }, idempotency_key: 'v-1' } } }, h);
     expect(call.body.result.isError).toBe(true);
-    expect(JSON.parse(call.body.result.content[0].text).error.type).toBe('auth.permission_denied');
+    expect((JSON.parse(call.body.result.content[0]?.text ?? '{}') as { error: { type: string } }).error.type).toBe('auth.permission_denied');
   });
 });
