@@ -126,6 +126,17 @@ describe.each(['2025-06-18', '2025-11-25'] as const)('legacy shape %s through th
       expect(principal.id).toMatch(/^prin_[0-9a-f]{32}$/);
       const replay = await client.callTool({ name: 'principals_createPrincipal', arguments: { ...args, idempotency_key: `mcp-create-${version}` } });
       expect((parsed(replay) as { id: string }).id).toBe(principal.id);
+      expect(replay._meta?.['dev.agentplane/idempotent_replayed']).toBe(true);
+      // The same key with other arguments is the REST idempotency conflict, as an isError result.
+      const other = await client.callTool({ name: 'principals_createPrincipal', arguments: { ...args, body: { ...args.body, display_name: 'Other' }, idempotency_key: `mcp-create-${version}` } });
+      expect(other.isError).toBe(true);
+      expect(errType(other)).toBe('idempotency.conflict');
+      // A handler's client error is stored under its key; its replay is still an isError result.
+      for (let i = 0; i < 2; i++) {
+        const dup = await client.callTool({ name: 'principals_createPrincipal', arguments: { ...args, idempotency_key: `mcp-dup-${version}` } });
+        expect(dup.isError).toBe(true);
+        expect(errType(dup)).toBe('validation.conflict');
+      }
       // The REST side sees the same resource.
       const rest = await p.root.request<{ id: string }>('GET', `/v1/principals/${principal.id}`);
       expect(rest.status).toBe(200);

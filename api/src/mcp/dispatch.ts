@@ -17,6 +17,8 @@ export interface ToolResult {
 
 /** The HTTP status of the synthesized REST call, for clients that want it. */
 export const META_HTTP_STATUS = 'dev.agentplane/http_status';
+/** Set when the REST call was an Idempotency-Key replay of an earlier call. */
+export const META_REPLAYED = 'dev.agentplane/idempotent_replayed';
 
 const ARGUMENT_KEYS = new Set(['path', 'query', 'body', 'idempotency_key']);
 
@@ -141,8 +143,11 @@ export class ToolDispatcher {
         return apiErrorResult(new ApiError('validation.payload_too_large',
           `the REST result is ${bytes} bytes, over the ${MAX_RESULT_CONTRIBUTION_BYTES}-byte MCP result limit; narrow the call (for example a smaller limit)`), this.deps);
       }
+      const meta: Record<string, unknown> = { [META_HTTP_STATUS]: result.status };
+      if (result.headers?.['Idempotent-Replayed'] === 'true') meta[META_REPLAYED] = true;
       // Text only: the REST body is the tool's whole contribution, counted once against the 1 MiB limit.
-      return { content: [{ type: 'text', text }], isError: false, _meta: { [META_HTTP_STATUS]: result.status } };
+      // A replayed stored failure comes back as a result with its 4xx status: still an error.
+      return { content: [{ type: 'text', text }], isError: result.status >= 400, _meta: meta };
     } catch (err) {
       if (err instanceof ApiError) return apiErrorResult(err, this.deps);
       const incident = `inc_${randomBytes(8).toString('hex')}`;
