@@ -3,3 +3,4 @@ export * from './requirements.js';
 export * from './fence.js';
 export * from './queues.js';
 export * from './keeper.js';
+export * from './offers.js';
