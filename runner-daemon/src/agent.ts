@@ -292,7 +292,6 @@ export class RunnerAgent {
 
   /** A ModelClient whose steps travel as model.request frames fenced by this lease. */
   private modelClientFor(ref: LeaseRef): ModelClient {
-    // eslint-disable-next-line @typescript-eslint/no-this-alias
     const agent = this;
     return {
       async *stream(request: ModelRequest, signal: AbortSignal): AsyncIterable<ModelStreamEvent> {
