@@ -15,10 +15,14 @@ import { buildRouter, errorBoundary, unmatchedRoute } from './http/router.js';
 import { CredentialIndex } from './identity/credentials.js';
 import { IdentityService } from './identity/service.js';
 import { allOperations } from './routes.js';
+import { RunnerService } from './runners/service.js';
+import { attachGateway, PresenceStore, type Gateway } from '@agentplane/gateway';
 
 export interface ApiServer {
   server: Server;
   deps: ApiDeps;
+  /** The embedded runner gateway (null when GATEWAY_EMBEDDED=false). */
+  gateway: Gateway | null;
   /** Abort signal that fires when shutdown begins (long-lived streams end on it). */
   shutdownSignal: AbortSignal;
   listen(): Promise<{ port: number }>;
@@ -52,6 +56,8 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
     secretBox,
     idempotency: new IdempotencyStore(redis, secretBox, config.idempotencyTtlSeconds),
     identity,
+    runners: new RunnerService(docs, redis, credentials, identity),
+    gatewayPresence: new PresenceStore(redis),
     metrics: new Metrics(),
     log,
   };
@@ -85,10 +91,17 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
   app.use(unmatchedRoute(router));
 
   const server = createServer({ keepAliveTimeout: 65_000, requestTimeout: 0, headersTimeout: 30_000 }, app.callback());
+  const gateway: Gateway | null = config.gatewayEmbedded
+    ? attachGateway(server, {
+        redis, log, metrics: deps.metrics,
+        options: { heartbeatIntervalMs: config.runnerHeartbeatIntervalMs, presenceTtlMs: config.runnerPresenceTtlMs, maxFrameBytes: config.runnerMaxFrameBytes },
+      })
+    : null;
 
   return {
     server,
     deps,
+    gateway,
     shutdownSignal: shutdown.signal,
     listen: () =>
       new Promise((resolve, reject) => {
@@ -100,6 +113,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
       }),
     async close() {
       shutdown.abort();
+      await gateway?.close();
       await new Promise<void>((resolve) => {
         const timer = setTimeout(() => {
           server.closeAllConnections();

@@ -10,3 +10,4 @@ export { SessionStore } from './sessions/store.js';
 export { SessionService } from './sessions/service.js';
 export { ThreadRuntime, recordOnlyTurnScheduler, type TurnScheduler, type StopReason } from './sessions/turns.js';
 export type { SessionDoc, ThreadDoc, RunDoc } from './sessions/model.js';
+export { RunnerService } from './runners/service.js';

@@ -5,6 +5,7 @@ import { agentOperations } from './agents/operations.js';
 import { environmentOperations } from './environments/operations.js';
 import { sessionOperations } from './sessions/operations.js';
 import { threadOperations } from './sessions/thread-operations.js';
+import { runnerOperations } from './runners/operations.js';
 
 /**
  * The operation table: every REST operation of the API, once. The router, the OpenAPI
@@ -13,7 +14,7 @@ import { threadOperations } from './sessions/thread-operations.js';
  */
 export function allOperations(): Operation[] {
   const table: Operation[] = [];
-  table.push(...metaOperations(() => table), ...identityOperations);
+  table.push(...metaOperations(() => table), ...identityOperations, ...runnerOperations);
   table.push(...agentOperations, ...environmentOperations, ...sessionOperations, ...threadOperations);
   return table;
 }
