@@ -1,6 +1,6 @@
 import { ApiError, newId } from '@agentplane/core';
 import type { RunDoc, SessionDoc, ThreadDoc, WaitKind } from './model.js';
-import type { SessionStore } from './store.js';
+import { sessionTag, type SessionStore } from './store.js';
 
 /**
  * Where turns leave the API. The default implementation only records: a Run stays `queued`
@@ -94,7 +94,9 @@ export class ThreadRuntime {
       return { ...base, _active_run_id: null };
     });
     await this.store.log.append(session.id, [{ type: 'session.status_idle', payload: { stop_reason: stop }, session_thread_id: threadId }]);
-    if (stop.type !== 'requires_action' && next._queued_inputs.length > 0) {
+    // An archived Session takes no new work: queued messages stay in the log but start no turn.
+    const live = await this.store.docs.get<SessionDoc>(sessionTag(session.id), session.id);
+    if (stop.type !== 'requires_action' && next._queued_inputs.length > 0 && live?.type === 'session' && live.archived_at === null) {
       const [first, ...rest] = next._queued_inputs;
       await this.store.updateThread(session.id, threadId, (t) => ({ ...t, _queued_inputs: rest.concat(t._queued_inputs.filter((x) => x !== first && !rest.includes(x))) }));
       await this.submitUserMessage(session, threadId, first as string);
