@@ -566,3 +566,59 @@ describe('SSE', () => {
     expect(caps.data.find((a) => a.area === 'sessions')?.readiness).toBe('alpha');
   });
 });
+
+describe('fan-out and shutdown', () => {
+  it('many viewers share one subscriber connection and one subscription per session', async () => {
+    const s1 = await newSession();
+    const s2 = await newSession();
+    const acs: AbortController[] = [];
+    const its: AsyncGenerator<SseFrame>[] = [];
+    its.push(...(await Promise.all(Array.from({ length: 30 }, (_, i) => {
+      const ac = new AbortController();
+      acs.push(ac);
+      return open(`/v1/sessions/${i % 3 === 0 ? s2.id : s1.id}/events/stream`, { signal: ac.signal });
+    }))));
+    await store.log.append(s1.id, [{ type: 'agent.message', payload: {} }]);
+    await store.log.append(s2.id, [{ type: 'agent.message', payload: {} }]);
+    const got = await Promise.all(its.map((it) => collect(it, 1)));
+    expect(got.every((f) => f.length === 1 && f[0]?.id === '1')).toBe(true);
+    const clients = (await redis.client('LIST')) as string;
+    const hubConnections = clients.split('\n').filter((l) => l.includes('name=agentplane:api:events'));
+    expect(hubConnections).toHaveLength(1);
+    const numsub = (await redis.pubsub('NUMSUB', `ap:{s:${s1.id}}:live`, `ap:{s:${s2.id}}:live`)) as (string | number)[];
+    expect(numsub.map(String)).toEqual([`ap:{s:${s1.id}}:live`, '1', `ap:{s:${s2.id}}:live`, '1']);
+    for (const ac of acs) ac.abort();
+    // The last viewer leaving drops the subscription.
+    await waitUntil(async () => Number(((await redis.pubsub('NUMSUB', `ap:{s:${s1.id}}:live`)) as (string | number)[])[1]) === 0);
+  });
+
+  it('open streams end cleanly when the API shuts down', async () => {
+    const q = await startPlatform();
+    try {
+      const env = await q.root.post<{ id: string }>('/v1/environments', { name: 'e', image: 'img:1' });
+      const s = await q.root.post<{ id: string }>('/v1/sessions', { agent: { name: 'a', model: 'default' }, environment_id: env.id });
+      const it = streamEvents(q.root, `/v1/sessions/${s.id}/events/stream`);
+      const first = it.next();
+      await new Promise((r) => setTimeout(r, 300));
+      const started = Date.now();
+      const stopped = q.stop();
+      const r = await Promise.race([first.then(() => 'ended', () => 'ended'), new Promise((res) => setTimeout(() => res('hung'), 8000))]);
+      expect(r).toBe('ended');
+      const streamEndedMs = Date.now() - started;
+      await stopped;
+      expect(streamEndedMs).toBeLessThan(3000);
+      // Well inside the 10 s grace period: the stream did not hold the shutdown open.
+      expect(Date.now() - started).toBeLessThan(8000);
+    } finally {
+      await q.stop();
+    }
+  });
+});
+
+async function waitUntil(pred: () => Promise<boolean>, ms = 5000): Promise<void> {
+  const end = Date.now() + ms;
+  while (!(await pred())) {
+    if (Date.now() > end) throw new Error('condition not reached');
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
