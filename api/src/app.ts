@@ -12,11 +12,15 @@ import type { ApiConfig } from './config.js';
 import type { ApiDeps } from './deps.js';
 import { IdempotencyStore } from './http/idempotency.js';
 import { buildRouter, errorBoundary, unmatchedRoute } from './http/router.js';
+import { mcpEdge } from './mcp/edge.js';
+import { runtimeMcp } from './mcp/runtime.js';
+import { RedisRuntimeBearers } from './mcp/runtime-bearer.js';
 import { CredentialIndex } from './identity/credentials.js';
 import { IdentityService } from './identity/service.js';
 import { allOperations } from './routes.js';
 import { RunnerService } from './runners/service.js';
 import { attachGateway, PresenceStore, type Gateway } from '@agentplane/gateway';
+import { createModelsModule } from './models/module.js';
 
 export interface ApiServer {
   server: Server;
@@ -33,6 +37,10 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
   const docs = new DocumentStore(redis);
   const credentials = new CredentialIndex(redis);
   const secretBox = new SecretBox(config.masterKey);
+  const models = createModelsModule({
+    redis, docs, secretBox, log,
+    config: { pricesFile: config.modelPricesFile, providerTimeoutMs: config.modelProviderTimeoutMs },
+  });
   const identity = new IdentityService(docs, redis, credentials);
   const turns: { scheduler: TurnScheduler } = { scheduler: recordOnlyTurnScheduler };
   const sessionStore = new SessionStore(redis);
@@ -58,6 +66,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
     identity,
     runners: new RunnerService(docs, redis, credentials, identity),
     gatewayPresence: new PresenceStore(redis),
+    models,
     metrics: new Metrics(),
     log,
   };
@@ -69,7 +78,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
   const shutdown = new AbortController();
   const deps = buildDeps(config, log, redis, shutdown.signal);
   const operations = allOperations();
-  const { router } = buildRouter(operations, deps);
+  const { router, prepared } = buildRouter(operations, deps);
 
   const app = new Koa({ proxy: false });
   app.silent = true;
@@ -87,6 +96,8 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
     }
     await next();
   });
+  app.use(mcpEdge(operations, prepared, deps).middleware);
+  app.use(runtimeMcp(deps, { verifier: new RedisRuntimeBearers(redis) }));
   app.use(router.routes());
   app.use(unmatchedRoute(router));
 

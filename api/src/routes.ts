@@ -1,6 +1,8 @@
 import type { Operation } from './http/operation.js';
+import { connectionOperations } from './connections/operations.js';
 import { identityOperations } from './identity/operations.js';
 import { metaOperations } from './meta/operations.js';
+import { modelOperations } from './models/operations.js';
 import { agentOperations } from './agents/operations.js';
 import { environmentOperations } from './environments/operations.js';
 import { sessionOperations } from './sessions/operations.js';
@@ -14,7 +16,8 @@ import { runnerOperations } from './runners/operations.js';
  */
 export function allOperations(): Operation[] {
   const table: Operation[] = [];
-  table.push(...metaOperations(() => table), ...identityOperations, ...runnerOperations);
+  table.push(...metaOperations(() => table), ...identityOperations, ...runnerOperations, ...modelOperations);
   table.push(...agentOperations, ...environmentOperations, ...sessionOperations, ...threadOperations);
+  table.push(...connectionOperations);
   return table;
 }
