@@ -254,12 +254,17 @@ describe('drive events', () => {
     const run = await store.run(s.id, t._active_run_id ?? '');
     expect(run).toMatchObject({ status: 'queued', input_event_ids: [e1.body.id], agent: { id: agentId } });
     const e2 = await api.post<Json & { id: string }>(`/v1/sessions/${s.id}/events`, msg('second'));
-    expect((await store.thread(s.id, t.id))._queued_inputs).toEqual([e2.id]);
-    // The turn ends: the queued message starts the next Run.
+    const e3 = await api.post<Json & { id: string }>(`/v1/sessions/${s.id}/events`, msg('third'));
+    expect((await store.thread(s.id, t.id))._queued_inputs).toEqual([e2.id, e3.id]);
+    // The turn ends: the queued messages, in arrival order, start the next Run together.
     await runtime.endTurn(doc, t.id, { type: 'end_turn' });
     const t2 = await store.thread(s.id, t.id);
     expect(t2.status).toBe('running');
-    expect((await store.run(s.id, t2._active_run_id ?? ''))?.input_event_ids).toEqual([e2.id]);
+    expect(t2._active_run_id).not.toBe(t._active_run_id);
+    expect((await store.run(s.id, t2._active_run_id ?? ''))?.input_event_ids).toEqual([e2.id, e3.id]);
+    // A turn that ends with nothing queued leaves the thread idle; an archived session starts nothing.
+    await runtime.endTurn(doc, t.id, { type: 'end_turn' });
+    expect((await store.thread(s.id, t.id)).status).toBe('idle');
   });
 
   it('requires authored_by of a live Principal of this workspace and caused_by', async () => {
