@@ -569,6 +569,10 @@ describe('SSE', () => {
   it('capabilities report the sessions area as served', async () => {
     const caps = await p.root.get<{ data: { area: string; readiness: string }[] }>('/v1/support/capabilities');
     expect(caps.data.find((a) => a.area === 'sessions')?.readiness).toBe('alpha');
+    const doc = await (await fetch(`${p.baseUrl}/v1/openapi.json`)).json() as { paths: Record<string, Record<string, unknown>> };
+    for (const path of ['/v1/sessions', '/v1/sessions/{session_id}/events', '/v1/sessions/{session_id}/events/stream', '/v1/sessions/{session_id}/threads/{thread_id}/archive', '/v1/agents/{agent_id}/versions/{version}', '/v1/environments']) {
+      expect(doc.paths[path], path).toBeDefined();
+    }
   });
 });
 
