@@ -134,8 +134,8 @@ export class SessionService {
     const c = counters ?? (await this.d.store.log.counters(t.session_id));
     const usage = usageFrom(c, `t.${t.id}.`);
     const any = Object.values(usage).some((v) => v > 0);
-    const { workspace_id: _ws, ...rest } = publicDoc(t);
-    return { ...rest, stats: threadStats(t), usage: any ? usage : null };
+    const { workspace_id: ws, ...rest } = publicDoc(t);
+    return { ...rest, agent: { ...t.agent, workspace_id: ws }, stats: threadStats(t), usage: any ? usage : null };
   }
 
   // ---- list ----------------------------------------------------------------------------------

@@ -10,6 +10,10 @@ const READ_PAGE = 500;
 /** A viewer that stops reading is cut off past this much unsent data; it resumes with Last-Event-ID. */
 const MAX_BUFFERED_BYTES = 8 * 1024 * 1024;
 
+let openStreams = 0;
+/** SSE streams currently open in this process (metrics). */
+export const activeStreams = (): number => openStreams;
+
 /** One serialised frame per event, shared by every viewer of the process (fan-out writes one string). */
 const frames = new WeakMap<LogEvent, string>();
 function frameOf(e: LogEvent): string {
@@ -67,6 +71,7 @@ export function sseStream(spec: StreamSpec): StreamResult {
         'x-accel-buffering': 'no',
       });
       res.flushHeaders();
+      openStreams++;
       let last = spec.cursor;
       let ended = false;
       let finish: () => void = () => undefined;
@@ -171,6 +176,7 @@ export function sseStream(spec: StreamSpec): StreamResult {
         watch?.close();
         signal.removeEventListener('abort', onAbort);
         spec.shutdown.removeEventListener('abort', onAbort);
+        openStreams--;
         end();
       }
     },
