@@ -500,6 +500,20 @@ describe('SSE', () => {
     }
   });
 
+  it('a long replay to a slow reader is paced, not cut off', async () => {
+    const s = await newSession();
+    const big = 'x'.repeat(4096);
+    for (let i = 0; i < 3000; i += 250) {
+      await store.log.append(s.id, Array.from({ length: 250 }, (_, k) => ({ type: 'agent.message', payload: { i: i + k, big } })));
+    }
+    const it = streamEvents(api, `/v1/sessions/${s.id}/events/stream`);
+    const first = await it.next();
+    await new Promise((r) => setTimeout(r, 1500)); // ~12 MiB of replay waits for this reader
+    const rest = await collect(it, 2999, 30_000);
+    expect(first.value?.id).toBe('1');
+    expect(rest.map((f) => Number(f.id))).toEqual(Array.from({ length: 2999 }, (_, i) => i + 2));
+  });
+
   it('Last-Event-ID header and last_event_id query; malformed cursor is 400', async () => {
     const s = await newSession();
     await store.log.append(s.id, Array.from({ length: 5 }, () => ({ type: 'agent.message', payload: {} })));

@@ -9,6 +9,8 @@ export const KEEPALIVE_MS = 15_000;
 const READ_PAGE = 500;
 /** A viewer that stops reading is cut off past this much unsent data; it resumes with Last-Event-ID. */
 const MAX_BUFFERED_BYTES = 8 * 1024 * 1024;
+/** Replay stops reading the log while this much is waiting for the socket. */
+const REPLAY_HIGH_WATER_BYTES = 1024 * 1024;
 
 let openStreams = 0;
 /** SSE streams currently open in this process (metrics). */
@@ -82,8 +84,23 @@ export function sseStream(spec: StreamSpec): StreamResult {
         if (ended) return;
         ended = true;
         if (!res.writableEnded) res.end();
+        for (const w of [...waiters]) w();
         finish();
       };
+      const waiters = new Set<() => void>();
+      const drained = () =>
+        new Promise<void>((resolve) => {
+          const done = () => {
+            res.off('drain', done);
+            res.off('close', done);
+            waiters.delete(done);
+            resolve();
+          };
+          res.on('drain', done);
+          res.on('close', done);
+          waiters.add(done);
+          if (ended) done();
+        });
       const write = (chunk: string) => {
         if (ended) return;
         res.write(chunk);
@@ -112,6 +129,8 @@ export function sseStream(spec: StreamSpec): StreamResult {
             return;
           }
           deliver(batch);
+          // Replay paces itself to the client: wait for the socket to drain before reading more.
+          if (res.writableLength > REPLAY_HIGH_WATER_BYTES) await drained();
           if (batch.length < READ_PAGE && to === undefined) return;
         }
       };
