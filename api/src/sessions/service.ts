@@ -262,6 +262,7 @@ export class SessionService {
       thread = found;
     }
     const wait = thread._waits[toolUseId];
+    if (thread.status === 'terminated' && wait?.answered_event_id === null) throw new ApiError('runtime.invalid_transition', 'the thread is terminated');
     if (!wait) throw new ApiError('runtime.invalid_transition', `the thread does not wait on ${toolUseId}`);
     if (wait.kind !== kind) throw new ApiError('runtime.invalid_transition', `${toolUseId} waits for a ${wait.kind === 'custom_tool' ? 'user.custom_tool_result' : 'user.tool_confirmation'}`);
     const { caused_by: _c, ...exact } = p;
