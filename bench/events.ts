@@ -215,10 +215,23 @@ async function main(): Promise<void> {
       { metric: 'append, 100 events/call (8 in flight)', ours: oursBatch, floor: floorBatch, unit: 'ev/s', higherIsBetter: true },
     );
 
-    // ---- 2. delivery latency ----
     const env = await p.root.post<{ id: string }>('/v1/environments', { name: 'bench', image: 'bench:1' });
     const ag = await p.root.post<{ id: string }>('/v1/agents', { name: 'bench', model: 'default' });
     const mk = async () => (await p.root.post<{ id: string }>('/v1/sessions', { agent: ag.id, environment_id: env.id })).id;
+
+    // The same append through the whole HTTP stack (auth, validation, Principal check, script).
+    const principal = await p.root.post<{ id: string }>(`/v1/organizations/workspaces/${p.bootstrap.workspace_id}/principals`, {
+      external_subject_id: 'bench', principal_type: 'service', display_name: 'Bench',
+    });
+    const driveSession = await mk();
+    const driveBody = JSON.stringify({ type: 'user.define_outcome', payload: { description: 'x'.repeat(200), authored_by: principal.id, caused_by: { kind: 'api' } } });
+    const driveUrl = `${p.baseUrl}/v1/sessions/${driveSession}/events`;
+    const driveHeaders = { authorization: `Bearer ${p.bootstrap.root_key}`, 'service-version': '2026-08-27', 'content-type': 'application/json' };
+    out('drive events over HTTP …');
+    const oursHttp = await throughput(16, async () => ((await fetch(driveUrl, { method: 'POST', headers: driveHeaders, body: driveBody })).status === 201 ? 1 : 0));
+    rows.push({ metric: 'POST /events over HTTP (16 in flight)', ours: oursHttp, floor: floorOne, unit: 'ev/s', higherIsBetter: true });
+
+    // ---- 2. delivery latency ----
     const one = [await mk()];
     const many: string[] = [];
     for (let i = 0; i < 1000; i += 50) many.push(...(await Promise.all(Array.from({ length: 50 }, mk))));
