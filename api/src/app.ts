@@ -8,6 +8,7 @@ import type { Environment } from './environments/operations.js';
 import { SessionService } from './sessions/service.js';
 import { SessionStore } from './sessions/store.js';
 import { recordOnlyTurnScheduler, ThreadRuntime, type TurnScheduler } from './sessions/turns.js';
+import { activeStreams } from './sessions/stream.js';
 import type { ApiConfig } from './config.js';
 import type { ApiDeps } from './deps.js';
 import { IdempotencyStore } from './http/idempotency.js';
@@ -54,13 +55,17 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
   const runners = new RunnerService(docs, redis, credentials, identity);
   const runs = createRunsModule({ config, redis, log, store: sessionStore, runtime: threadRuntime, environments, runners });
   turns.scheduler = runs.engine;
+  const eventHub = new EventHub(subscriber);
+  const metrics = new Metrics();
+  metrics.gauge('agentplane_sse_streams', 'Session SSE streams open in this process').set({}, activeStreams);
+  metrics.gauge('agentplane_event_hub_channels', 'Session channels this process is subscribed to').set({}, () => eventHub.channelCount);
   return {
     runs,
     agents,
     environments,
     turns,
     threadRuntime,
-    eventHub: new EventHub(subscriber),
+    eventHub,
     shutdownSignal,
     sessions: new SessionService({ store: sessionStore, agents, environments, identity, runtime: threadRuntime, scheduler: () => turns.scheduler }),
     config,
@@ -73,7 +78,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
     runners,
     gatewayPresence: new PresenceStore(redis),
     models,
-    metrics: new Metrics(),
+    metrics,
     log,
   };
 }
