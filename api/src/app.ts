@@ -1,7 +1,13 @@
 import { createServer, type Server } from 'node:http';
 import Koa from 'koa';
 import { createLogger, Metrics, SecretBox, type Logger } from '@agentplane/core';
-import { connectRedis, DocumentStore, type Redis } from '@agentplane/store';
+import { connectRedis, DocumentStore, EventHub, type Redis } from '@agentplane/store';
+import type { Agent } from './agents/model.js';
+import { VersionedStore } from './agents/versioned.js';
+import type { Environment } from './environments/operations.js';
+import { SessionService } from './sessions/service.js';
+import { SessionStore } from './sessions/store.js';
+import { recordOnlyTurnScheduler, ThreadRuntime, type TurnScheduler } from './sessions/turns.js';
 import type { ApiConfig } from './config.js';
 import type { ApiDeps } from './deps.js';
 import { IdempotencyStore } from './http/idempotency.js';
@@ -23,12 +29,26 @@ export interface ApiServer {
   close(): Promise<void>;
 }
 
-export function buildDeps(config: ApiConfig, log: Logger, redis: Redis): ApiDeps {
+export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdownSignal: AbortSignal = new AbortController().signal): ApiDeps {
   const docs = new DocumentStore(redis);
   const credentials = new CredentialIndex(redis);
   const secretBox = new SecretBox(config.masterKey);
   const identity = new IdentityService(docs, redis, credentials);
+  const turns: { scheduler: TurnScheduler } = { scheduler: recordOnlyTurnScheduler };
+  const sessionStore = new SessionStore(redis);
+  const threadRuntime = new ThreadRuntime(sessionStore, () => turns.scheduler);
+  const agents = new VersionedStore<Agent>(redis, 'agents', 'agent');
+  const environments = new VersionedStore<Environment>(redis, 'environments', 'environment');
+  const subscriber = redis.duplicate({ connectionName: 'agentplane:api:events', maxRetriesPerRequest: null });
+  subscriber.on('error', (err: Error) => log.warn({ err: err.message }, 'event hub connection error'));
   return {
+    agents,
+    environments,
+    turns,
+    threadRuntime,
+    eventHub: new EventHub(subscriber),
+    shutdownSignal,
+    sessions: new SessionService({ store: sessionStore, agents, environments, identity, runtime: threadRuntime, scheduler: () => turns.scheduler }),
     config,
     redis,
     docs,
@@ -46,8 +66,8 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis): ApiDeps
 export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 'api', level: config.logLevel })): ApiServer {
   const redis = connectRedis(config.redisUrl, { name: 'api' });
   redis.on('error', (err) => log.warn({ err: err.message }, 'redis connection error'));
-  const deps = buildDeps(config, log, redis);
   const shutdown = new AbortController();
+  const deps = buildDeps(config, log, redis, shutdown.signal);
   const operations = allOperations();
   const { router } = buildRouter(operations, deps);
 
@@ -106,6 +126,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
         });
         server.closeIdleConnections();
       });
+      await deps.eventHub.close();
       await redis.quit().catch(() => redis.disconnect());
     },
   };

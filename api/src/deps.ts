@@ -1,5 +1,10 @@
 import type { Logger, SecretBox, Metrics } from '@agentplane/core';
-import type { DocumentStore, Redis } from '@agentplane/store';
+import type { DocumentStore, EventHub, Redis } from '@agentplane/store';
+import type { Agent } from './agents/model.js';
+import type { VersionedStore } from './agents/versioned.js';
+import type { Environment } from './environments/operations.js';
+import type { SessionService } from './sessions/service.js';
+import type { ThreadRuntime, TurnScheduler } from './sessions/turns.js';
 import type { ApiConfig } from './config.js';
 import type { CredentialIndex } from './identity/credentials.js';
 import type { IdempotencyStore } from './http/idempotency.js';
@@ -21,4 +26,15 @@ export interface ApiDeps {
   secretBox: SecretBox;
   metrics: Metrics;
   log: Logger;
+  agents: VersionedStore<Agent>;
+  environments: VersionedStore<Environment>;
+  sessions: SessionService;
+  /** The SessionThread state machine (drive events here; the runtime side reports turn boundaries). */
+  threadRuntime: ThreadRuntime;
+  /** Where started turns go; replace `turns.scheduler` to plug a scheduler in. */
+  turns: { scheduler: TurnScheduler };
+  /** The process's one fan-out of live session events (one subscriber connection). */
+  eventHub: EventHub;
+  /** Fires when shutdown begins: long-lived streams end on it. */
+  shutdownSignal: AbortSignal;
 }

@@ -6,4 +6,8 @@ export { IdentityService } from './identity/service.js';
 export { CredentialIndex } from './identity/credentials.js';
 export type { ApiDeps } from './deps.js';
 export type { Operation } from './http/operation.js';
+export { SessionStore } from './sessions/store.js';
+export { SessionService } from './sessions/service.js';
+export { ThreadRuntime, recordOnlyTurnScheduler, type TurnScheduler, type StopReason } from './sessions/turns.js';
+export type { SessionDoc, ThreadDoc, RunDoc } from './sessions/model.js';
 export { RunnerService } from './runners/service.js';

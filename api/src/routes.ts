@@ -1,6 +1,10 @@
 import type { Operation } from './http/operation.js';
 import { identityOperations } from './identity/operations.js';
 import { metaOperations } from './meta/operations.js';
+import { agentOperations } from './agents/operations.js';
+import { environmentOperations } from './environments/operations.js';
+import { sessionOperations } from './sessions/operations.js';
+import { threadOperations } from './sessions/thread-operations.js';
 import { runnerOperations } from './runners/operations.js';
 
 /**
@@ -11,5 +15,6 @@ import { runnerOperations } from './runners/operations.js';
 export function allOperations(): Operation[] {
   const table: Operation[] = [];
   table.push(...metaOperations(() => table), ...identityOperations, ...runnerOperations);
+  table.push(...agentOperations, ...environmentOperations, ...sessionOperations, ...threadOperations);
   return table;
 }

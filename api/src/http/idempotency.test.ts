@@ -1,0 +1,69 @@
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { randomBytes } from 'node:crypto';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { ApiError, SecretBox } from '@agentplane/core';
+import { connectRedis, startEmbeddedRedis, type EmbeddedRedis, type Redis } from '@agentplane/store';
+import { IdempotencyStore } from './idempotency.js';
+
+let server: EmbeddedRedis;
+let redis: Redis;
+let dir: string;
+let store: IdempotencyStore;
+
+beforeAll(async () => {
+  dir = mkdtempSync(join(tmpdir(), 'idem-'));
+  server = await startEmbeddedRedis({ dir });
+  redis = connectRedis(server.url, { name: 'test' });
+  store = new IdempotencyStore(redis, new SecretBox(randomBytes(32)), 3600);
+});
+afterAll(async () => {
+  redis.disconnect();
+  await server.stop();
+  rmSync(dir, { recursive: true, force: true });
+});
+
+const typeOf = async (p: Promise<unknown>) => {
+  try {
+    await p;
+    return 'ok';
+  } catch (e) {
+    return e instanceof ApiError ? e.type : 'other';
+  }
+};
+
+describe('IdempotencyStore', () => {
+  it('a second begin while the first is in flight is an idempotency conflict', async () => {
+    const first = await store.begin('w:x', 'k1', 'fp-a');
+    expect(first.kind).toBe('new');
+    expect(await typeOf(store.begin('w:x', 'k1', 'fp-a'))).toBe('idempotency.conflict');
+  });
+
+  it('replays the stored response for the same fingerprint and rejects another', async () => {
+    const b = await store.begin('w:x', 'k2', 'fp-a');
+    if (b.kind !== 'new') throw new Error('expected new');
+    await store.complete(b, { status: 201, body: { id: 'x1' } }, false);
+    const again = await store.begin('w:x', 'k2', 'fp-a');
+    expect(again).toMatchObject({ kind: 'replay', result: { status: 201, body: { id: 'x1' } } });
+    expect(await typeOf(store.begin('w:x', 'k2', 'fp-b'))).toBe('idempotency.conflict');
+  });
+
+  it('seals sensitive bodies at rest and still replays them', async () => {
+    const b = await store.begin('w:x', 'k3', 'fp');
+    if (b.kind !== 'new') throw new Error('expected new');
+    await store.complete(b, { status: 201, body: { secret: 'ap_key_topsecret' } }, true);
+    const raw = await redis.get(b.recordKey);
+    expect(raw).not.toContain('topsecret');
+    const again = await store.begin('w:x', 'k3', 'fp');
+    expect(again).toMatchObject({ kind: 'replay', result: { body: { secret: 'ap_key_topsecret' } } });
+  });
+
+  it('an abandoned request frees the key; keys are scoped per workspace', async () => {
+    const b = await store.begin('w:x', 'k4', 'fp');
+    if (b.kind !== 'new') throw new Error('expected new');
+    await store.abandon(b);
+    expect((await store.begin('w:x', 'k4', 'fp')).kind).toBe('new');
+    expect((await store.begin('w:y', 'k4', 'other')).kind).toBe('new');
+  });
+});

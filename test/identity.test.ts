@@ -1,0 +1,289 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { HttpClient } from '@agentplane/client';
+import { startPlatform, type Platform } from './harness/platform.js';
+
+let p: Platform;
+let org: string;
+let wsA: string;
+let wsB: string;
+let keyB: HttpClient;
+
+type Err = { error: { type: string; message: string; more: string } };
+const errType = (r: { body: unknown }) => (r.body as Err).error?.type;
+
+async function newKey(role: string, workspaceId: string | null, extra: Record<string, unknown> = {}): Promise<{ id: string; client: HttpClient }> {
+  const scope = workspaceId ? { type: 'workspace', workspace_id: workspaceId } : { type: 'organization' };
+  const r = await p.root.request<{ id: string; secret: string }>('POST', `/v1/organizations/${org}/api-keys`, {
+    body: { display_name: `${role} key`, role, scope, ...extra },
+    idempotencyKey: `k-${Math.random()}`,
+  });
+  expect(r.status).toBe(201);
+  return { id: r.body.id, client: new HttpClient({ baseUrl: p.baseUrl, token: r.body.secret }) };
+}
+
+async function newPrincipal(client: HttpClient, ws: string, subject: string): Promise<string> {
+  const r = await client.request<{ id: string }>('POST', `/v1/organizations/workspaces/${ws}/principals`, {
+    body: { external_subject_id: subject, principal_type: 'person', display_name: subject },
+  });
+  expect(r.status).toBe(201);
+  return r.body.id;
+}
+
+beforeAll(async () => {
+  p = await startPlatform();
+  org = p.bootstrap.organization_id;
+  wsA = p.bootstrap.workspace_id;
+  const ws = await p.root.post<{ id: string }>(`/v1/organizations/${org}/workspaces`, { name: 'second' });
+  wsB = ws.id;
+  keyB = (await newKey('admin', wsB)).client;
+});
+afterAll(async () => {
+  await p?.stop();
+});
+
+describe('tenancy', () => {
+  it('a key of workspace B gets 404 for workspace A resources', async () => {
+    const prinA = await newPrincipal(p.root, wsA, 'alice');
+    const r = await keyB.request('GET', `/v1/principals/${prinA}`);
+    expect(r.status).toBe(404);
+    expect(errType(r)).toBe('validation.not_found');
+    const list = await keyB.request('GET', `/v1/organizations/workspaces/${wsA}/principals`);
+    expect(list.status).toBe(404);
+  });
+
+  it('an organization key selects a workspace with Service-Workspace-Id', async () => {
+    const prinB = await newPrincipal(keyB, wsB, 'bob');
+    const inB = await p.root.with({ workspaceId: wsB }).request('GET', `/v1/principals/${prinB}`);
+    expect(inB.status).toBe(200);
+    expect(inB.headers.get('service-workspace-id')).toBe(wsB);
+    const inA = await p.root.request('GET', `/v1/principals/${prinB}`);
+    expect(inA.status).toBe(404);
+    const unknown = await p.root.with({ workspaceId: `wrkspc_${'0'.repeat(32)}` }).request('GET', '/v1/support/capabilities');
+    expect(unknown.status).toBe(404);
+  });
+
+  it('403 auth.disabled_tenancy while the workspace is disabled', async () => {
+    const ws = await p.root.post<{ id: string }>(`/v1/organizations/${org}/workspaces`, { name: 'to-disable' });
+    const { client } = await newKey('developer', ws.id);
+    expect((await client.request('GET', '/v1/support/capabilities')).status).toBe(200);
+    await p.root.patch(`/v1/organizations/workspaces/${ws.id}`, { status: 'disabled' });
+    const r = await client.request('GET', '/v1/support/capabilities');
+    expect(r.status).toBe(403);
+    expect(errType(r)).toBe('auth.disabled_tenancy');
+    await p.root.patch(`/v1/organizations/workspaces/${ws.id}`, { status: 'active' });
+    expect((await client.request('GET', '/v1/support/capabilities')).status).toBe(200);
+  });
+
+  it('only an organization-scoped root key manages keys', async () => {
+    const { client: wsRoot } = await newKey('root', wsA);
+    const r = await wsRoot.request('GET', `/v1/organizations/${org}/api-keys`);
+    expect(r.status).toBe(403);
+    expect(errType(r)).toBe('auth.permission_denied');
+    const { client: orgAdmin } = await newKey('admin', null);
+    expect((await orgAdmin.request('GET', `/v1/organizations/${org}/api-keys`)).status).toBe(403);
+    const other = await p.root.request('GET', `/v1/organizations/org_${'1'.repeat(32)}/api-keys`);
+    expect(other.status).toBe(404);
+  });
+
+  it('a runner-role key cannot manage principals; a viewer cannot write', async () => {
+    const { client: runner } = await newKey('runner', wsA);
+    const r = await runner.request('GET', `/v1/organizations/workspaces/${wsA}/principals`);
+    expect(r.status).toBe(403);
+    const { client: viewer } = await newKey('viewer', wsA);
+    expect((await viewer.request('GET', `/v1/organizations/workspaces/${wsA}/principals`)).status).toBe(200);
+    const w = await viewer.request('POST', `/v1/organizations/workspaces/${wsA}/principals`, {
+      body: { external_subject_id: 'nope', principal_type: 'person', display_name: 'n' },
+    });
+    expect(w.status).toBe(403);
+  });
+});
+
+describe('API keys', () => {
+  it('re-roling takes effect on the next request; stale expected_version is 409', async () => {
+    const { id, client } = await newKey('viewer', wsA);
+    const meta = await p.root.get<{ version: number }>(`/v1/api-keys/${id}`);
+    const stale = await p.root.request('PATCH', `/v1/api-keys/${id}`, { body: { role: 'admin', expected_version: meta.version + 5 } });
+    expect(stale.status).toBe(409);
+    expect(errType(stale)).toBe('validation.conflict');
+    await p.root.patch(`/v1/api-keys/${id}`, { role: 'admin', expected_version: meta.version });
+    const w = await client.request('POST', `/v1/organizations/workspaces/${wsA}/principals`, {
+      body: { external_subject_id: `promoted-${id}`, principal_type: 'service', display_name: 'p' },
+    });
+    expect(w.status).toBe(201);
+  });
+
+  it('a keyed retry of create replays the secret while the generation is live, and fails closed after a patch', async () => {
+    const body = { display_name: 'replayable', role: 'viewer', scope: { type: 'workspace', workspace_id: wsA } };
+    const a = await p.root.request<{ id: string; secret: string }>('POST', `/v1/organizations/${org}/api-keys`, { body, idempotencyKey: 'replay-me' });
+    const b = await p.root.request<{ id: string; secret: string }>('POST', `/v1/organizations/${org}/api-keys`, { body, idempotencyKey: 'replay-me' });
+    expect(b.status).toBe(201);
+    expect(b.body.secret).toBe(a.body.secret);
+    expect(b.headers.get('idempotent-replayed')).toBe('true');
+    await p.root.patch(`/v1/api-keys/${a.body.id}`, { display_name: 'renamed' });
+    const c = await p.root.request('POST', `/v1/organizations/${org}/api-keys`, { body, idempotencyKey: 'replay-me' });
+    expect(c.status).toBe(409);
+    expect(errType(c)).toBe('idempotency.conflict');
+    expect(JSON.stringify(c.body)).not.toContain(a.body.secret);
+  });
+
+  it('revocation is irreversible and retry-safe', async () => {
+    const { id, client } = await newKey('developer', wsA);
+    const r1 = await p.root.request<{ status: string }>('POST', `/v1/api-keys/${id}/revoke`, { body: {} });
+    const r2 = await p.root.request<{ status: string }>('POST', `/v1/api-keys/${id}/revoke`, { body: {} });
+    expect(r1.body.status).toBe('revoked');
+    expect(r2.status).toBe(200);
+    expect((await client.request('GET', '/v1/support/capabilities')).status).toBe(401);
+    const rot = await p.root.request('POST', `/v1/api-keys/${id}/rotate`, { body: {}, idempotencyKey: 'rot-revoked' });
+    expect(rot.status).toBe(409);
+    expect(errType(rot)).toBe('runtime.invalid_transition');
+  });
+
+  it('lists metadata with cursor pagination and never a secret', async () => {
+    const first = await p.root.get<{ data: Record<string, unknown>[]; next_page: string | null }>(`/v1/organizations/${org}/api-keys`, { limit: 2 });
+    expect(first.data).toHaveLength(2);
+    expect(first.next_page).toMatch(/^c1_[0-9a-z]+$/);
+    const second = await p.root.get<{ data: { id: string }[] }>(`/v1/organizations/${org}/api-keys`, { limit: 2, page: first.next_page ?? '' });
+    expect(second.data[0]?.id).not.toBe(first.data[0]?.id);
+    for (const k of [...first.data, ...second.data]) expect(k).not.toHaveProperty('secret');
+    const bad = await p.root.request('GET', `/v1/organizations/${org}/api-keys`, { query: { page: 'c1_zz' } });
+    expect(bad.status).toBe(400);
+    const zero = await p.root.request('GET', `/v1/organizations/${org}/api-keys`, { query: { limit: 0 } });
+    expect(zero.status).toBe(400);
+  });
+
+  it('429 budget.exceeded with Retry-After past the per-minute rate limit', async () => {
+    const { client } = await newKey('viewer', wsA, { rate_limit_per_minute: 3 });
+    for (let i = 0; i < 3; i++) expect((await client.request('GET', '/v1/support/capabilities')).status).toBe(200);
+    const r = await client.request('GET', '/v1/support/capabilities');
+    expect(r.status).toBe(429);
+    expect(errType(r)).toBe('budget.exceeded');
+    const retry = Number(r.headers.get('retry-after'));
+    expect(Number.isInteger(retry)).toBe(true);
+    expect(retry).toBeGreaterThanOrEqual(1);
+    expect(retry).toBeLessThanOrEqual(60);
+  });
+});
+
+describe('Principals and access credentials', () => {
+  it('external_subject_id is unique per workspace', async () => {
+    await newPrincipal(p.root, wsA, 'dup-subject');
+    const r = await p.root.request('POST', `/v1/organizations/workspaces/${wsA}/principals`, {
+      body: { external_subject_id: 'dup-subject', principal_type: 'person', display_name: 'x' },
+    });
+    expect(r.status).toBe(409);
+    expect(errType(r)).toBe('validation.conflict');
+  });
+
+  it('credential: secret once, rotation kills the old bearer, stale generation 409, revoke', async () => {
+    const prin = await newPrincipal(p.root, wsA, 'cred-owner');
+    const noKey = await p.root.request('POST', `/v1/principals/${prin}/access-credentials`, { body: {} });
+    expect(noKey.status).toBe(400);
+    const c = await p.root.request<{ id: string; secret: string; audience: string; generation_number: number }>(
+      'POST', `/v1/principals/${prin}/access-credentials`, { body: {}, idempotencyKey: 'cred-1' });
+    expect(c.status).toBe(201);
+    expect(c.body.audience).toBe('api_mcp');
+    const bearer = new HttpClient({ baseUrl: p.baseUrl, token: c.body.secret });
+    expect((await bearer.request('GET', '/v1/support/capabilities')).status).toBe(200);
+    // A principal bearer is read-only and closed: no principal management.
+    expect((await bearer.request('GET', `/v1/organizations/workspaces/${wsA}/principals`)).status).toBe(403);
+    const meta = await p.root.get<Record<string, unknown>>(`/v1/principal-access-credentials/${c.body.id}`);
+    expect(meta.secret).toBeUndefined();
+
+    const stale = await p.root.request('POST', `/v1/principal-access-credentials/${c.body.id}/rotate`, {
+      body: { expected_generation_number: 7 }, idempotencyKey: 'rot-stale' });
+    expect(stale.status).toBe(409);
+    expect(errType(stale)).toBe('validation.conflict');
+    const rot = await p.root.request<{ secret: string; generation_number: number }>('POST', `/v1/principal-access-credentials/${c.body.id}/rotate`, {
+      body: { expected_generation_number: 1 }, idempotencyKey: 'rot-1' });
+    expect(rot.status).toBe(200);
+    expect(rot.body.generation_number).toBe(2);
+    expect((await bearer.request('GET', '/v1/support/capabilities')).status).toBe(401);
+    const bearer2 = new HttpClient({ baseUrl: p.baseUrl, token: rot.body.secret });
+    expect((await bearer2.request('GET', '/v1/support/capabilities')).status).toBe(200);
+
+    const rev = await p.root.request('POST', `/v1/principal-access-credentials/${c.body.id}/revoke`, {
+      body: { expected_generation_number: 2 }, idempotencyKey: 'rev-1' });
+    expect(rev.status).toBe(200);
+    expect((await bearer2.request('GET', '/v1/support/capabilities')).status).toBe(401);
+  });
+
+  it('suspending or deleting the Principal denies its bearer on the next request', async () => {
+    const prin = await newPrincipal(p.root, wsA, 'to-suspend');
+    const c = await p.root.post<{ secret: string }>(`/v1/principals/${prin}/access-credentials`, {}, { idempotencyKey: 'cred-s' });
+    const bearer = new HttpClient({ baseUrl: p.baseUrl, token: c.secret });
+    expect((await bearer.request('GET', '/v1/support/capabilities')).status).toBe(200);
+    await p.root.post(`/v1/principals/${prin}/suspend`, {});
+    expect((await bearer.request('GET', '/v1/support/capabilities')).status).toBe(401);
+    await p.root.post(`/v1/principals/${prin}/resume`, {});
+    expect((await bearer.request('GET', '/v1/support/capabilities')).status).toBe(200);
+    const del = await p.root.request<{ type: string }>('DELETE', `/v1/principals/${prin}`);
+    expect(del.body.type).toBe('principal_deleted');
+    expect((await bearer.request('GET', '/v1/support/capabilities')).status).toBe(401);
+    expect((await p.root.request('GET', `/v1/principals/${prin}`)).status).toBe(404);
+  });
+
+  it('an a2a bearer is refused on REST', async () => {
+    const prin = await newPrincipal(p.root, wsA, 'a2a-user');
+    const c = await p.root.post<{ secret: string; audience: string }>(`/v1/principals/${prin}/access-credentials`, { audience: 'a2a' }, { idempotencyKey: 'cred-a2a' });
+    expect(c.audience).toBe('a2a');
+    const bearer = new HttpClient({ baseUrl: p.baseUrl, token: c.secret });
+    const r = await bearer.request('GET', '/v1/support/capabilities');
+    expect(r.status).toBe(403);
+  });
+});
+
+describe('the wire edge', () => {
+  it('404 for unknown routes and 405 for a known path with another method, in the wire error shape', async () => {
+    const r = await p.root.request('GET', '/v1/nope');
+    expect(r.status).toBe(404);
+    expect(errType(r)).toBe('validation.not_found');
+    const m = await p.root.request('PUT', '/v1/support/capabilities', { body: {} });
+    expect(m.status).toBe(405);
+    expect(m.headers.get('allow')).toContain('GET');
+  });
+
+  it('415 for a non-JSON body, 400 for invalid JSON', async () => {
+    const r = await p.root.request('POST', `/v1/organizations/workspaces/${wsA}/principals`, {
+      rawBody: 'a=b', headers: { 'content-type': 'application/x-www-form-urlencoded' } });
+    expect(r.status).toBe(415);
+    const j = await p.root.request('POST', `/v1/organizations/workspaces/${wsA}/principals`, { rawBody: '{"a":' });
+    expect(j.status).toBe(400);
+    expect(errType(j)).toBe('validation.malformed');
+  });
+
+  it('rejects malformed Idempotency-Keys', async () => {
+    const r = await p.root.request('POST', `/v1/organizations/workspaces/${wsA}/principals`, {
+      body: { external_subject_id: 'ik', principal_type: 'person', display_name: 'x' }, headers: { 'idempotency-key': 'has space' } });
+    expect(r.status).toBe(400);
+    const long = await p.root.request('POST', `/v1/organizations/workspaces/${wsA}/principals`, {
+      body: { external_subject_id: 'ik', principal_type: 'person', display_name: 'x' }, idempotencyKey: 'x'.repeat(256) });
+    expect(long.status).toBe(400);
+  });
+
+  it('concurrent requests under one Idempotency-Key create exactly one resource', async () => {
+    const body = { external_subject_id: 'race-subject', principal_type: 'person', display_name: 'race' };
+    const rs = await Promise.all(
+      Array.from({ length: 12 }, () => p.root.request<{ id?: string }>('POST', `/v1/organizations/workspaces/${wsA}/principals`, { body, idempotencyKey: 'race' })),
+    );
+    const created = rs.filter((r) => r.status === 201);
+    expect(created.length).toBeGreaterThanOrEqual(1);
+    expect(new Set(created.map((r) => r.body.id)).size).toBe(1);
+    for (const r of rs.filter((x) => x.status !== 201)) {
+      expect(r.status).toBe(409);
+      expect(errType(r)).toBe('idempotency.conflict');
+    }
+  });
+
+  it('serves the OpenAPI document generated from the operation table', async () => {
+    const r = await p.anon.request<{ openapi: string; paths: Record<string, Record<string, { operationId: string }>> }>('GET', '/v1/openapi.json');
+    expect(r.status).toBe(200);
+    expect(r.body.openapi).toBe('3.1.0');
+    expect(r.body.paths['/v1/principals/{principal_id}']?.get?.operationId).toBe('principals.getPrincipal');
+  });
+
+  it('serves Prometheus metrics', async () => {
+    const r = await fetch(`${p.baseUrl}/metrics`);
+    expect(r.status).toBe(200);
+    expect(await r.text()).toContain('agentplane_http_requests_total');
+  });
+});
