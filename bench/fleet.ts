@@ -26,7 +26,7 @@ const CLK_TCK = 100;
 
 const hard = setTimeout(() => {
   process.stderr.write('bench:fleet exceeded its time bound; stopping\n');
-  cleanup().finally(() => process.exit(2));
+  void cleanup().finally(() => process.exit(2));
 }, HARD_LIMIT_MS);
 hard.unref();
 
