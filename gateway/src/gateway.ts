@@ -323,7 +323,6 @@ export class Gateway {
     conn.capabilities = p.capabilities;
     conn.availableSlots = p.capabilities.available_slots;
     conn.status = p.status;
-    if (p.placement) conn.placement = p.placement;
     conn.generationValue = await this.presence.nextGeneration(id.workspaceId, id.runnerId);
     if (conn.state === 'closed') return;
     // One live socket per runner: an older one (here or on another node) is closed.
@@ -331,7 +330,8 @@ export class Gateway {
     if (prior && prior !== conn) this.closeConn(prior, CLOSE.SUPERSEDED);
     this.byRunner.set(id.runnerId, conn);
     conn.state = 'live';
-    await this.deps.redis.publish(
+    // Generation 1 is the runner's first connection ever: nothing anywhere to supersede.
+    if (conn.generationValue > 1) await this.deps.redis.publish(
       GATEWAY_CONTROL_CHANNEL,
       JSON.stringify({ kind: 'supersede', workspace_id: id.workspaceId, runner_id: id.runnerId, generation: conn.generationValue, node_id: this.options.nodeId } satisfies GatewayControlMessage),
     );
@@ -436,11 +436,16 @@ export class Gateway {
     }
     if (channel === GATEWAY_CONTROL_CHANNEL) {
       const m = msg as GatewayControlMessage;
+      // Per-runner messages are O(1) lookups (a connect storm must not cost O(N) per connect).
+      if (m.kind === 'supersede') {
+        const c = this.byRunner.get(m.runner_id);
+        if (c && c.identity.workspaceId === m.workspace_id && c.generationValue < m.generation && c.state === 'live') this.closeConn(c, CLOSE.SUPERSEDED);
+        return;
+      }
       for (const c of [...this.conns.values()]) {
         const id = c.identity;
         if (id.workspaceId !== m.workspace_id) continue;
         if (m.kind === 'credential_revoked' && id.credentialId === m.credential_id) this.closeConn(c, CLOSE.UNAUTHORIZED, 'runner credential revoked');
-        else if (m.kind === 'supersede' && id.runnerId === m.runner_id && c.generationValue < m.generation && c.state === 'live') this.closeConn(c, CLOSE.SUPERSEDED);
         else if (m.kind === 'drain' && (m.runner_id === id.runnerId || m.runner_pool_id === id.runnerPoolId) && c.state === 'live') {
           c.send('drain', { deadline: m.deadline, reason: m.reason });
         }

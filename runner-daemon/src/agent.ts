@@ -156,7 +156,6 @@ export class RunnerAgent {
           daemon_version: DAEMON_VERSION,
           status: this.status,
           capabilities: caps,
-          placement: 'local',
           held_leases: this.heldRefs(),
         });
       });
