@@ -92,14 +92,16 @@ export async function authenticateRunner(redis: Redis, token: string | null): Pr
   };
 }
 
-/** Is this identity still allowed (backstop for a missed revocation message)? */
+/** Is this identity still allowed (backstop for a missed revocation message, and for a disabled Workspace)? */
 export async function stillAuthorized(redis: Redis, id: RunnerIdentity): Promise<'ok' | 401 | 403> {
-  const [credRaw, principalRaw] = await redis.mget(
+  const [credRaw, principalRaw, wsRaw] = await redis.mget(
     keys.doc(tags.workspace(id.workspaceId), id.credentialId),
     id.owner ? keys.doc(tags.workspace(id.workspaceId), id.owner.principal) : keys.doc(tags.workspace(id.workspaceId), 'none'),
+    keys.doc(tags.workspace(id.workspaceId), id.workspaceId),
   );
   if (!credRaw || (JSON.parse(credRaw) as StatusView).status !== 'active') return 401;
   if (id.owner && (!principalRaw || (JSON.parse(principalRaw) as StatusView).status !== 'active')) return 403;
+  if (!wsRaw || (JSON.parse(wsRaw) as StatusView).status !== 'active') return 403;
   return 'ok';
 }
 
