@@ -6,6 +6,7 @@ import { RunnerAgent } from './agent.js';
 import { dockerClient } from './capabilities.js';
 import { credentialPath, loadCredential, loadDaemonConfig, loadState, saveCredential, type RunnerCredentialFile } from './config.js';
 import { runDoctor } from './doctor.js';
+import { noopExecutor } from './executors.js';
 
 const COMMON = `
 Common options:
@@ -160,6 +161,7 @@ async function start(flags: Flags): Promise<number> {
   }
   const log = createLogger({ name: 'runner', level: config.logLevel }).child({ runner: cred.runner_id });
   const agent = new RunnerAgent(cred, config, log, dockerClient(config.dockerSocket));
+  agent.executor = noopExecutor;
   let signals = 0;
   const onSignal = (sig: string) => {
     signals += 1;
