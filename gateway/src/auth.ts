@@ -105,9 +105,10 @@ export async function stillAuthorized(redis: Redis, id: RunnerIdentity): Promise
   return 'ok';
 }
 
-/** The pool's drain state, if it is draining. */
-export async function poolDrain(redis: Redis, ws: string, poolId: string): Promise<{ deadline: string; reason: string } | null> {
-  const raw = await redis.get(keys.doc(tags.workspace(ws), poolId));
+export const poolDocKey = (ws: string, poolId: string): string => keys.doc(tags.workspace(ws), poolId);
+
+/** The pool's drain state, if it is draining (from the pool document's JSON). */
+export function poolDrainOf(raw: string | null): { deadline: string; reason: string } | null {
   if (!raw) return null;
   const p = JSON.parse(raw) as { status: string; drain: { deadline: string; reason: string } | null };
   return p.status === 'draining' && p.drain ? { deadline: p.drain.deadline, reason: p.drain.reason } : null;

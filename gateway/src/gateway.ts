@@ -9,7 +9,7 @@ import {
   parseFrame, type GatewayToRunnerType, type LeaseRef, type Payload, type RunnerMessage, type RunnerPresence,
   type RunnerStatus, type RunnerToGatewayType, type Envelope,
 } from '@agentplane/protocol';
-import { AuthFailure, authenticateRunner, bearerFrom, poolDrain, stillAuthorized, type RunnerIdentity } from './auth.js';
+import { AuthFailure, authenticateRunner, bearerFrom, poolDocKey, poolDrainOf, stillAuthorized, type RunnerIdentity } from './auth.js';
 import { GATEWAY_CONTROL_CHANNEL, gatewayNodeChannel, PresenceStore } from './presence.js';
 
 /** Principal suspensions and deletions, published by the identity service. */
@@ -323,7 +323,8 @@ export class Gateway {
     conn.capabilities = p.capabilities;
     conn.availableSlots = p.capabilities.available_slots;
     conn.status = p.status;
-    conn.generationValue = await this.presence.nextGeneration(id.workspaceId, id.runnerId);
+    const { generation, doc: poolDoc } = await this.presence.nextGenerationWithDoc(id.workspaceId, id.runnerId, poolDocKey(id.workspaceId, id.runnerPoolId));
+    conn.generationValue = generation;
     if (conn.state === 'closed') return;
     // One live socket per runner: an older one (here or on another node) is closed.
     const prior = this.byRunner.get(id.runnerId);
@@ -335,7 +336,7 @@ export class Gateway {
       GATEWAY_CONTROL_CHANNEL,
       JSON.stringify({ kind: 'supersede', workspace_id: id.workspaceId, runner_id: id.runnerId, generation: conn.generationValue, node_id: this.options.nodeId } satisfies GatewayControlMessage),
     );
-    const drain = id.drain ?? (await poolDrain(this.deps.redis, id.workspaceId, id.runnerPoolId));
+    const drain = id.drain ?? poolDrainOf(poolDoc);
     await this.writePresence(conn);
     conn.send(
       'welcome',
