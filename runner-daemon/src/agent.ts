@@ -28,8 +28,12 @@ export interface LeaseHandle {
   readonly model: ModelClient;
 }
 
-/** Runs the work of a lease; resolve = lease.complete, reject = lease.fail. Installed by the scheduler/sandbox work. */
-export type LeaseExecutor = (handle: LeaseHandle) => Promise<Record<string, unknown> | undefined>;
+/** Runs the work of a lease; resolve = lease.complete, reject = lease.fail. Sandbox drivers plug in here. */
+export interface LeaseExecutor {
+  /** A reason to reject the offer (e.g. an unknown driver), or null to accept it. */
+  refuse(offer: Payload<'lease.offer'>): string | null;
+  run(handle: LeaseHandle): Promise<Record<string, unknown> | undefined>;
+}
 
 interface HeldLease {
   ref: LeaseRef;
@@ -171,7 +175,6 @@ export class RunnerAgent {
           daemon_version: DAEMON_VERSION,
           status: this.status,
           capabilities: caps,
-          placement: 'local',
           held_leases: this.heldRefs(),
         });
       });
@@ -338,6 +341,8 @@ export class RunnerAgent {
     const ref = { lease_id: offer.lease_id, attempt: offer.attempt };
     if (this.status === 'draining') return void this.send('lease.reject', { ...ref, reason: 'runner is draining' });
     if (!this.executor) return void this.send('lease.reject', { ...ref, reason: 'no executor is installed on this runner' });
+    const refusal = this.executor.refuse(offer);
+    if (refusal) return void this.send('lease.reject', { ...ref, reason: refusal });
     if (this.facts && buildCapabilities(this.facts, this.policy, this.held.size).available_slots <= 0) {
       return void this.send('lease.reject', { ...ref, reason: 'no free slot' });
     }
@@ -352,7 +357,7 @@ export class RunnerAgent {
       deliverEvents: (sessionId, events, giveUpMs = 120_000) => this.deliverEvents(key, ref, sessionId, events, giveUpMs),
     };
     const executor = this.executor;
-    const done = executor(handle).then(
+    const done = executor.run(handle).then(
       (result) => void this.send('lease.complete', { ...ref, ...(result ? { result } : {}) }),
       (err: unknown) => void this.send('lease.fail', { ...ref, failure_class: abort.signal.aborted ? 'infrastructure' : 'work', reason: String(err instanceof Error ? err.message : err).slice(0, 2000) || 'failed' }),
     ).finally(() => {
