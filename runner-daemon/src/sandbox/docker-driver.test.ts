@@ -5,7 +5,7 @@ import { DockerDriver } from './docker-driver.js';
 import { ensureSandboxImage } from './image.js';
 import { materializeResources } from './resources.js';
 import { createTar } from './tar.js';
-import { driverSatisfies, SANDBOX_LABELS } from './types.js';
+import { assuranceFlags, driverSatisfies, SANDBOX_LABELS } from './types.js';
 
 const runnerId = `rtest-${randomBytes(4).toString('hex')}`;
 const docker = new Docker();
@@ -181,5 +181,9 @@ describe('docker sandbox driver', () => {
   it('reports only assurances it implements and satisfies container Environments', () => {
     expect(driver.capabilities()).toMatchObject({ tiers: ['container'], network_modes: ['none'], session_sandbox: true });
     expect(driverSatisfies(driver, { tier: 'container', network_mode: 'none' })).toBe(true);
+    expect(driverSatisfies(driver, { tier: 'container', network_mode: 'host' })).toBe(false);
+    expect(assuranceFlags(driver.assurances())).toEqual({
+      network_isolation: true, bounded_start: true, bounded_cancel: true, teardown: true, compute_accounting: true,
+    });
   });
 });

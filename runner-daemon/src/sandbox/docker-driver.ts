@@ -108,7 +108,7 @@ export class DockerDriver implements SandboxDriver {
   capabilities(): DriverCapabilities {
     return {
       drivers: ['docker'],
-      launch_kinds: ['trusted'],
+      launch_kinds: ['sandboxed'],
       tiers: ['container'],
       network_modes: ['none'],
       retention_modes: ['durable'],

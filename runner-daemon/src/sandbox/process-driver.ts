@@ -56,7 +56,7 @@ export class ProcessDriver implements SandboxDriver {
       drivers: ['process'],
       launch_kinds: ['trusted'],
       tiers: ['process'],
-      network_modes: [],
+      network_modes: ['host'],
       retention_modes: ['durable'],
       session_sandbox: true,
       mount_kinds: ['uploaded_project'],
