@@ -20,6 +20,7 @@ import {
   type DriverCapabilities,
   type ExecOptions,
   type ExecResult,
+  type ReapOptions,
   type RuntimeAssurance,
   type Sandbox,
   type SandboxDriver,
@@ -471,27 +472,37 @@ export class DockerDriver implements SandboxDriver {
     await this.removeVolume(this.volumeName(sessionId));
   }
 
-  async reapOrphans(runnerId: string, keepSessionIds: Iterable<string>): Promise<string[]> {
+  async suspend(sessionId: string): Promise<void> {
+    this.live.delete(sessionId);
+    try {
+      await this.docker.getContainer(this.containerName(sessionId)).kill({ signal: 'SIGKILL' });
+    } catch (err) {
+      if (statusCode(err) !== 404 && statusCode(err) !== 409) throw err;
+    }
+  }
+
+  async reapOrphans(runnerId: string, keepSessionIds: Iterable<string>, options: ReapOptions = {}): Promise<string[]> {
     const keep = new Set(keepSessionIds);
+    const keepWorkspaces = new Set(options.keepWorkspacesOf ?? []);
     const filters = { label: [`${SANDBOX_LABELS.managed}=true`, `${SANDBOX_LABELS.runner}=${runnerId}`] };
-    const reaped: string[] = [];
+    const reaped = new Set<string>();
     const containers = await this.docker.listContainers({ all: true, filters: JSON.stringify(filters) });
     for (const c of containers) {
       const session = c.Labels[SANDBOX_LABELS.session] ?? '';
       if (keep.has(session)) continue;
       await this.removeContainer(c.Id);
       if (runnerId === this.runnerId) this.live.delete(session);
-      reaped.push(session);
+      reaped.add(session);
     }
     const { Volumes } = await this.docker.listVolumes({ filters: JSON.stringify(filters) });
     for (const v of Volumes ?? []) {
       const session = v.Labels?.[SANDBOX_LABELS.session] ?? '';
-      if (keep.has(session)) continue;
+      if (keep.has(session) || keepWorkspaces.has(session)) continue;
       await this.removeVolume(v.Name).catch((err: unknown) => this.log.warn({ volume: v.Name, err: (err as Error).message }, 'volume not reaped'));
-      if (!reaped.includes(session)) reaped.push(session);
+      reaped.add(session);
     }
-    if (reaped.length > 0) this.log.info({ runner: runnerId, sessions: reaped }, 'reaped orphan sandboxes');
-    return reaped;
+    if (reaped.size > 0) this.log.info({ runner: runnerId, sessions: [...reaped] }, 'reaped orphan sandboxes');
+    return [...reaped];
   }
 }
 

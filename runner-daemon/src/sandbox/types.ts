@@ -103,11 +103,21 @@ export interface SandboxDriver {
   writeFiles(sandbox: Sandbox, files: Array<{ path: string; data: Buffer; mode?: number }>): Promise<void>;
   /** Removes the Session's sandbox and its workspace. Idempotent. */
   destroy(sessionId: string): Promise<void>;
-  /** Removes every sandbox of this runner whose Session is not in `keepSessionIds`. */
-  reapOrphans(runnerId: string, keepSessionIds: Iterable<string>): Promise<string[]>;
+  /**
+   * Removes every sandbox of this runner whose Session is not in `keepSessionIds` (its processes,
+   * container and workspace). Sessions in `keepWorkspacesOf` lose their processes and container
+   * but keep the workspace, for a Run that will be rescheduled. Returns the reaped Session ids.
+   */
+  reapOrphans(runnerId: string, keepSessionIds: Iterable<string>, options?: ReapOptions): Promise<string[]>;
+  /** Stops the sandbox's processes to free resources; the workspace stays and `ensure` resumes it. */
+  suspend(sessionId: string): Promise<void>;
   usage(sandbox: Sandbox): Promise<ComputeUsage | undefined>;
   assurances(): RuntimeAssurance[];
   capabilities(): DriverCapabilities;
+}
+
+export interface ReapOptions {
+  keepWorkspacesOf?: Iterable<string>;
 }
 
 export type SandboxErrorReason =
