@@ -39,6 +39,9 @@ describe('docker sandbox driver', () => {
     await docker.getContainer(sb.ref).kill();
     const revived = await driver.ensure(session, {});
     expect((await driver.exec(revived, ['cat', 'notes.txt'])).stdout).toBe('turn-one\n');
+    // Killed under a live handle (as when a cancel had to kill the container): the next command restarts it.
+    await docker.getContainer(revived.ref).kill();
+    expect((await driver.exec(revived, ['cat', 'notes.txt'])).stdout).toBe('turn-one\n');
     await driver.destroy(session.id);
     await expect(docker.getContainer(sb.ref).inspect()).rejects.toMatchObject({ statusCode: 404 });
   });
@@ -158,13 +161,18 @@ describe('docker sandbox driver', () => {
     await expect(hasty.ensure(session, {})).rejects.toMatchObject({ name: 'SandboxError', reason: 'start_timeout' });
     // The creation that was still in flight is removed once it settles.
     const filters = JSON.stringify({ label: [`${SANDBOX_LABELS.session}=${session.id}`] });
-    let left = await docker.listContainers({ all: true, filters });
-    for (let i = 0; i < 50 && left.length > 0; i++) {
-      await new Promise((r) => setTimeout(r, 100));
-      left = await docker.listContainers({ all: true, filters });
+    const list = (): Promise<Docker.ContainerInfo[]> => docker.listContainers({ all: true, filters });
+    let seen = false;
+    for (let i = 0; i < 30 && !seen; i++) {
+      seen = (await list()).length > 0;
+      if (!seen) await new Promise((r) => setTimeout(r, 100));
     }
-    await new Promise((r) => setTimeout(r, 500));
-    expect(await docker.listContainers({ all: true, filters })).toEqual([]);
+    let left = await list();
+    for (let i = 0; i < 100 && left.length > 0; i++) {
+      await new Promise((r) => setTimeout(r, 100));
+      left = await list();
+    }
+    expect(left).toEqual([]);
     await hasty.destroy(session.id);
   });
 

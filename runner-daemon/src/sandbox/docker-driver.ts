@@ -278,16 +278,25 @@ export class DockerDriver implements SandboxDriver {
       return { exitCode: 137, stdout: '', stderr: '', truncated: false, timedOut: false, killed: true, oomKilled: false, durationMs: 0 };
     }
 
-    let exec: Docker.Exec;
-    let stream: NodeJS.ReadWriteStream;
-    try {
-      exec = await tracked.container.exec({
+    const createExec = (): Promise<Docker.Exec> =>
+      tracked.container.exec({
         Cmd: ['setsid', '-w', 'bash', '-c', WRAPPER, 'agentplane-exec', execId, ...argv],
         AttachStdout: true,
         AttachStderr: true,
         AttachStdin: hasStdin,
         WorkingDir: options.cwd ?? sandbox.workspace,
         Env: Object.entries(options.env ?? {}).map(([k, v]) => `${k}=${v}`),
+      });
+    let exec: Docker.Exec;
+    let stream: NodeJS.ReadWriteStream;
+    try {
+      exec = await createExec().catch(async (err: unknown) => {
+        // 409: the container is not running (killed to bound a cancel, died): restart it once.
+        if (statusCode(err) !== 409) throw err;
+        this.log.warn({ session: sandbox.sessionId }, 'sandbox container was not running: restarting it');
+        await withTimeout(tracked.container.start(), this.startTimeoutMs, () => new Error('restart timeout'));
+        tracked.oomKills = -1;
+        return createExec();
       });
       stream = (await exec.start({ hijack: true, stdin: hasStdin })) as NodeJS.ReadWriteStream;
     } catch (err) {
@@ -380,7 +389,7 @@ export class DockerDriver implements SandboxDriver {
       this.log.warn({ session: tracked.sandbox.sessionId, err: (err as Error).message }, 'killing the sandbox container to bound a cancel');
       await tracked.container.kill({ signal: 'SIGKILL' }).catch(() => {});
       (stream as unknown as { destroy?: () => void }).destroy?.();
-      this.live.delete(tracked.sandbox.sessionId);
+      // The next exec (or ensure) restarts the container; the workspace volume is intact.
     }
   }
 
