@@ -12,6 +12,9 @@ import type { ApiConfig } from './config.js';
 import type { ApiDeps } from './deps.js';
 import { IdempotencyStore } from './http/idempotency.js';
 import { buildRouter, errorBoundary, unmatchedRoute } from './http/router.js';
+import { mcpEdge } from './mcp/edge.js';
+import { runtimeMcp } from './mcp/runtime.js';
+import { RedisRuntimeBearers } from './mcp/runtime-bearer.js';
 import { CredentialIndex } from './identity/credentials.js';
 import { IdentityService } from './identity/service.js';
 import { allOperations } from './routes.js';
@@ -75,7 +78,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
   const shutdown = new AbortController();
   const deps = buildDeps(config, log, redis, shutdown.signal);
   const operations = allOperations();
-  const { router } = buildRouter(operations, deps);
+  const { router, prepared } = buildRouter(operations, deps);
 
   const app = new Koa({ proxy: false });
   app.silent = true;
@@ -93,6 +96,8 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
     }
     await next();
   });
+  app.use(mcpEdge(operations, prepared, deps).middleware);
+  app.use(runtimeMcp(deps, { verifier: new RedisRuntimeBearers(redis) }));
   app.use(router.routes());
   app.use(unmatchedRoute(router));
 

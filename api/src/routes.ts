@@ -1,4 +1,5 @@
 import type { Operation } from './http/operation.js';
+import { connectionOperations } from './connections/operations.js';
 import { identityOperations } from './identity/operations.js';
 import { metaOperations } from './meta/operations.js';
 import { modelOperations } from './models/operations.js';
@@ -17,5 +18,6 @@ export function allOperations(): Operation[] {
   const table: Operation[] = [];
   table.push(...metaOperations(() => table), ...identityOperations, ...runnerOperations, ...modelOperations);
   table.push(...agentOperations, ...environmentOperations, ...sessionOperations, ...threadOperations);
+  table.push(...connectionOperations);
   return table;
 }

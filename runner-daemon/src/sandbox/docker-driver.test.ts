@@ -162,13 +162,11 @@ describe('docker sandbox driver', () => {
     // The creation that was still in flight is removed once it settles.
     const filters = JSON.stringify({ label: [`${SANDBOX_LABELS.session}=${session.id}`] });
     const list = (): Promise<Docker.ContainerInfo[]> => docker.listContainers({ all: true, filters });
+    // Under load the late creation can take seconds: wait until it has appeared and gone again.
     let seen = false;
-    for (let i = 0; i < 30 && !seen; i++) {
-      seen = (await list()).length > 0;
-      if (!seen) await new Promise((r) => setTimeout(r, 100));
-    }
     let left = await list();
-    for (let i = 0; i < 100 && left.length > 0; i++) {
+    for (let i = 0; i < 300 && !(seen && left.length === 0); i++) {
+      seen ||= left.length > 0;
       await new Promise((r) => setTimeout(r, 100));
       left = await list();
     }
