@@ -81,15 +81,18 @@ export class ModelGatewayService {
   /** Budget check and candidate selection. Throws ApiError 422 / 429 / 400. */
   async plan(workspaceId: string, request: ModelRequest, context: ModelStepContext = {}): Promise<StepPlan> {
     if (!KEY_RE.test(request.routing_key)) throw new ApiError('validation.malformed', 'routing_key is not a logical key');
-    await this.budgets.check({ workspace_id: workspaceId, session_id: context.session_id, session_budget: context.session_budget });
-    await this.profiles.ensureDefaults(workspaceId);
-    const resolved = await this.profiles.resolve(workspaceId, request.routing_key);
+    // The budget check and the profile lookup are independent reads: one round trip less.
+    const [, resolved] = await Promise.all([
+      this.budgets.check({ workspace_id: workspaceId, session_id: context.session_id, session_budget: context.session_budget }),
+      this.profiles.ensureDefaults(workspaceId).then(() => this.profiles.resolve(workspaceId, request.routing_key)),
+    ]);
     if (!resolved) throw new ApiError('model.no_eligible_model', `no model routing profile has the key '${request.routing_key}'`);
     const reasons: string[] = [];
     const eligible: Eligible[] = [];
     const inputEstimate = estimateRequestTokens(request);
+    const verdicts = await Promise.all(resolved.revision.candidates.map((c) => this.ineligible(workspaceId, c, request, inputEstimate)));
     for (const [i, c] of resolved.revision.candidates.entries()) {
-      const why = await this.ineligible(workspaceId, c, request, inputEstimate);
+      const why = verdicts[i] as string | ModelCredentialDoc;
       if (typeof why === 'string') reasons.push(`#${i + 1} ${c.credential_key}/${c.provider_model}: ${why}`);
       else eligible.push({ candidate: c, credential: why });
     }
