@@ -361,6 +361,34 @@ describe('the gateway service (the entry point of the runner gateway), usage and
     await expect(models.budgets.check({ workspace_id: ws, session_id: session, session_budget: { max_list_cost: { amount: 100 } } })).resolves.toBeUndefined();
   });
 
+  it('a real Session: its budget is read from the Session document, usage readable at once', async () => {
+    const agent = await req('POST', '/v1/agents', { name: 'priced agent', model: 'priced' });
+    expect(agent.status).toBe(201);
+    const env = await req('POST', '/v1/environments', { name: 'env', image: 'debian:bookworm' });
+    expect(env.status).toBe(201);
+    const sess = await req('POST', '/v1/sessions', {
+      agent: (agent.body as { id: string }).id, environment_id: (env.body as { id: string }).id, budget: { max_list_cost: { amount: 0.01 } },
+    });
+    expect(sess.status).toBe(201);
+    const sessionId = (sess.body as { id: string }).id;
+    const empty = await req('GET', `/v1/sessions/${sessionId}/usage`);
+    expect(empty.status).toBe(200);
+    expect(empty.body).toMatchObject({ summary: { steps: 0, usage: { total_tokens: 0 } } });
+    const first = await run({ routing_key: 'priced', messages: user('a fairly long message to spend the whole budget at once'), tools: [] }, { session_id: sessionId });
+    expect(endOf(first).stop_reason).toBe('end_turn');
+    const second = await run({ routing_key: 'priced', messages: user('more'), tools: [] }, { session_id: sessionId });
+    expect(second[0]).toMatchObject({ type: 'error', error: { type: 'budget.exceeded' } });
+    // Another workspace's step cannot bill this Session.
+    const foreign = await p.root.request('POST', `/v1/organizations/${p.bootstrap.organization_id}/workspaces`, { body: { name: 'other' } });
+    const out: ModelStreamEvent[] = [];
+    for await (const e of models.gateway.runModelStep((foreign.body as { id: string }).id, { routing_key: 'default', messages: user('x'), tools: [] }, new AbortController().signal, { session_id: sessionId })) out.push(e);
+    expect(out).toEqual([{ type: 'error', error: expect.objectContaining({ type: 'validation.not_found' }) }]);
+    // A runner frame carries the request as untyped JSON: it is validated.
+    const bad: ModelStreamEvent[] = [];
+    for await (const e of models.gateway.runModelStep(ws, { routing_key: 'default', messages: 'nope' }, new AbortController().signal)) bad.push(e);
+    expect(bad).toEqual([{ type: 'error', error: expect.objectContaining({ type: 'validation.malformed', retryable: false }) }]);
+  });
+
   it('cancellation propagates from the service to the provider request', async () => {
     oai.behavior = { ...oai.behavior, mode: 'text', text: 'a b c d e f g h i j k l m n', chunkDelayMs: 100 };
     const before = oai.aborted;
