@@ -5,7 +5,7 @@ import type { HttpClient } from '@agentplane/client';
 import { createLogger, newId, SecretBox } from '@agentplane/core';
 import { connectRedis, DocumentStore, type Redis } from '@agentplane/store';
 import type { ModelRequest, ModelStreamEvent, TokenUsage } from '@agentplane/protocol';
-import { createModelsModule, type ModelsModule } from '@agentplane/api';
+import { createModelsModule, ModelStreams, type ModelFrame, type ModelsModule } from '@agentplane/api';
 import { startPlatform, type Platform } from './harness/platform.js';
 import { startAnthropicServer, startOpenAiServer, type ProviderServer } from './fixtures/provider-servers.js';
 
@@ -218,6 +218,23 @@ describe('routing, fallback and eligibility', () => {
     expect(JSON.stringify(r.events)).toContain('[redacted]');
   });
 
+  it('REST model-steps: a slow stream is delivered whole; a client that leaves cancels the provider request', async () => {
+    oai.behavior = { ...oai.behavior, mode: 'text', text: 'one two three four five six seven eight', chunkDelayMs: 60 };
+    const whole = await step({ routing_key: 'fast', messages: user('slow please') });
+    expect(textOf(whole.events)).toBe('one two three four five six seven eight');
+    const before = oai.aborted;
+    const ctl = new AbortController();
+    const res = await fetch(`${p.baseUrl}/v1/organizations/workspaces/${ws}/model-steps`, {
+      method: 'POST', headers: c.headers({ accept: 'text/event-stream' }, true), body: JSON.stringify({ routing_key: 'fast', messages: user('slow please') }), signal: ctl.signal,
+    });
+    expect(res.status).toBe(200);
+    const reader = res.body?.getReader();
+    await reader?.read();
+    ctl.abort();
+    await expect.poll(() => oai.aborted, { timeout: 5000 }).toBe(before + 1);
+    oai.behavior = { ...oai.behavior, chunkDelayMs: 0 };
+  });
+
   it('422 model.no_eligible_model when nothing fits', async () => {
     await profile('constrained', [
       { credential_key: 'local-openai', provider_model: 'local-model', constraints: { tool_use: false } },
@@ -401,6 +418,39 @@ describe('the gateway service (the entry point of the runner gateway), usage and
     expect(out.at(-1)).toMatchObject({ type: 'end', stop_reason: 'canceled' });
     await expect.poll(() => oai.aborted, { timeout: 3000 }).toBe(before + 1);
     oai.behavior = { ...oai.behavior, chunkDelayMs: 0 };
+  });
+
+  it('runner frames (ModelStreams): deltas then one model.end, cancel and close abort the provider, no secret in any frame', async () => {
+    const frames: ModelFrame[] = [];
+    const streams = new ModelStreams(models.gateway, (f) => { frames.push(f); }, createLogger({ name: 'x', level: 'silent' }), { maxStreams: 2 });
+    oai.behavior = { ...oai.behavior, mode: 'tool', chunkDelayMs: 0 };
+    await streams.open(ws, 'ms-1', { routing_key: 'fast', messages: user('weather'), tools: [{ name: 'get_weather', description: 'w', input_schema: {} }] }, { run_id: newId('run') });
+    const mine = frames.filter((f) => f.stream_id === 'ms-1');
+    expect(mine.at(-1)).toMatchObject({ type: 'model.end', event: { type: 'end', stop_reason: 'tool_use' } });
+    expect(mine.slice(0, -1).every((f) => f.type === 'model.delta')).toBe(true);
+    expect(mine.filter((f) => f.event.type === 'tool_use')).toHaveLength(2);
+
+    oai.behavior = { ...oai.behavior, mode: 'text', text: 'a b c d e f g h i j', chunkDelayMs: 80 };
+    const before = oai.aborted;
+    const slow1 = streams.open(ws, 'ms-2', { routing_key: 'fast', messages: user('x') });
+    const slow2 = streams.open(ws, 'ms-3', { routing_key: 'fast', messages: user('y') });
+    await streams.open(ws, 'ms-4', { routing_key: 'fast', messages: user('z') });
+    expect(frames.find((f) => f.stream_id === 'ms-4')).toMatchObject({ type: 'model.end', event: { type: 'error', error: { type: 'model.platform_capacity_reached' } } });
+    await expect.poll(() => frames.some((f) => f.stream_id === 'ms-2' && f.event.type === 'text_delta'), { timeout: 3000 }).toBe(true);
+    expect(streams.cancel('ms-2')).toBe(true);
+    streams.closeAll();
+    await Promise.all([slow1, slow2]);
+    for (const id of ['ms-2', 'ms-3']) {
+      expect(frames.filter((f) => f.stream_id === id && f.type === 'model.end')).toEqual([
+        expect.objectContaining({ event: expect.objectContaining({ type: 'end', stop_reason: 'canceled' }) }),
+      ]);
+    }
+    await expect.poll(() => oai.aborted, { timeout: 3000 }).toBe(before + 2);
+    expect(streams.size).toBe(0);
+    oai.behavior = { ...oai.behavior, chunkDelayMs: 0 };
+    const text = JSON.stringify(frames);
+    seenBodies.push(text);
+    for (const secret of SECRETS) expect(text).not.toContain(secret);
   });
 
   it('workspace budget: 429 budget.exceeded, with Retry-After only for a periodic budget', async () => {
