@@ -103,6 +103,17 @@ describe('defaults: a new workspace works with no external model', () => {
     ]);
   });
 
+  it('capabilities and OpenAPI list the model access operations', async () => {
+    const caps = await req('GET', '/v1/support/capabilities');
+    const area = (caps.body as { data: { area: string; readiness: string; operations: string[] }[] }).data.find((a) => a.area === 'model_access');
+    expect(area?.readiness).toBe('alpha');
+    expect(area?.operations).toEqual(expect.arrayContaining(['models.listModelCredentials', 'models.runModelStepStream', 'models.getWorkspaceUsage']));
+    const doc = await fetch(`${p.baseUrl}/v1/openapi.json`).then((r) => r.json() as Promise<{ paths: Record<string, unknown> }>);
+    expect(Object.keys(doc.paths)).toEqual(expect.arrayContaining([
+      '/v1/organizations/workspaces/{workspace_id}/model-credentials', '/v1/model-routing-profiles/{model_routing_profile_id}/revisions',
+    ]));
+  });
+
   it('runs a step on the default profile and streams text in several deltas', async () => {
     const r = await step({ routing_key: 'default', messages: user('hello platform') });
     expect(r.status).toBe(200);
