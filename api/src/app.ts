@@ -12,14 +12,21 @@ import type { ApiConfig } from './config.js';
 import type { ApiDeps } from './deps.js';
 import { IdempotencyStore } from './http/idempotency.js';
 import { buildRouter, errorBoundary, unmatchedRoute } from './http/router.js';
+import { mcpEdge } from './mcp/edge.js';
+import { runtimeMcp } from './mcp/runtime.js';
+import { RedisRuntimeBearers } from './mcp/runtime-bearer.js';
 import { CredentialIndex } from './identity/credentials.js';
 import { IdentityService } from './identity/service.js';
 import { allOperations } from './routes.js';
+import { RunnerService } from './runners/service.js';
+import { attachGateway, PresenceStore, type Gateway } from '@agentplane/gateway';
 import { createModelsModule } from './models/module.js';
 
 export interface ApiServer {
   server: Server;
   deps: ApiDeps;
+  /** The embedded runner gateway (null when GATEWAY_EMBEDDED=false). */
+  gateway: Gateway | null;
   /** Abort signal that fires when shutdown begins (long-lived streams end on it). */
   shutdownSignal: AbortSignal;
   listen(): Promise<{ port: number }>;
@@ -57,6 +64,8 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
     secretBox,
     idempotency: new IdempotencyStore(redis, secretBox, config.idempotencyTtlSeconds),
     identity,
+    runners: new RunnerService(docs, redis, credentials, identity),
+    gatewayPresence: new PresenceStore(redis),
     models,
     metrics: new Metrics(),
     log,
@@ -69,7 +78,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
   const shutdown = new AbortController();
   const deps = buildDeps(config, log, redis, shutdown.signal);
   const operations = allOperations();
-  const { router } = buildRouter(operations, deps);
+  const { router, prepared } = buildRouter(operations, deps);
 
   const app = new Koa({ proxy: false });
   app.silent = true;
@@ -87,14 +96,23 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
     }
     await next();
   });
+  app.use(mcpEdge(operations, prepared, deps).middleware);
+  app.use(runtimeMcp(deps, { verifier: new RedisRuntimeBearers(redis) }));
   app.use(router.routes());
   app.use(unmatchedRoute(router));
 
   const server = createServer({ keepAliveTimeout: 65_000, requestTimeout: 0, headersTimeout: 30_000 }, app.callback());
+  const gateway: Gateway | null = config.gatewayEmbedded
+    ? attachGateway(server, {
+        redis, log, metrics: deps.metrics,
+        options: { heartbeatIntervalMs: config.runnerHeartbeatIntervalMs, presenceTtlMs: config.runnerPresenceTtlMs, maxFrameBytes: config.runnerMaxFrameBytes },
+      })
+    : null;
 
   return {
     server,
     deps,
+    gateway,
     shutdownSignal: shutdown.signal,
     listen: () =>
       new Promise((resolve, reject) => {
@@ -106,6 +124,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
       }),
     async close() {
       shutdown.abort();
+      await gateway?.close();
       await new Promise<void>((resolve) => {
         const timer = setTimeout(() => {
           server.closeAllConnections();

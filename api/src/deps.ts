@@ -9,6 +9,8 @@ import type { ApiConfig } from './config.js';
 import type { CredentialIndex } from './identity/credentials.js';
 import type { IdempotencyStore } from './http/idempotency.js';
 import type { IdentityService } from './identity/service.js';
+import type { RunnerService } from './runners/service.js';
+import type { PresenceStore } from '@agentplane/gateway';
 import type { ModelsModule } from './models/module.js';
 
 /** Everything an operation handler may use. Built once per process in app.ts. */
@@ -19,6 +21,9 @@ export interface ApiDeps {
   credentials: CredentialIndex;
   idempotency: IdempotencyStore;
   identity: IdentityService;
+  runners: RunnerService;
+  /** Runner presence projection (read side; the gateway writes it). */
+  gatewayPresence: PresenceStore;
   /** Model credentials, routing profiles, the model gateway service, usage and budgets. */
   models: ModelsModule;
   secretBox: SecretBox;

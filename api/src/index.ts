@@ -11,3 +11,7 @@ export { SessionStore } from './sessions/store.js';
 export { SessionService } from './sessions/service.js';
 export { ThreadRuntime, recordOnlyTurnScheduler, type TurnScheduler, type StopReason } from './sessions/turns.js';
 export type { SessionDoc, ThreadDoc, RunDoc } from './sessions/model.js';
+export { RunnerService } from './runners/service.js';
+export { RedisRuntimeBearers, RUNTIME_BEARER_PREFIX, permissionOf } from './mcp/runtime-bearer.js';
+export type { RuntimeBearerVerifier, RuntimeGrant, ConnectionGrant, ToolPermission } from './mcp/runtime-bearer.js';
+export type { ToolCallObserver, ToolCallEvent } from './mcp/runtime.js';
