@@ -21,6 +21,7 @@ import { allOperations } from './routes.js';
 import { RunnerService } from './runners/service.js';
 import { attachGateway, PresenceStore, type Gateway } from '@agentplane/gateway';
 import { createModelsModule } from './models/module.js';
+import { registerModelFrames } from './models/runner-frames.js';
 
 export interface ApiServer {
   server: Server;
@@ -108,6 +109,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
         options: { heartbeatIntervalMs: config.runnerHeartbeatIntervalMs, presenceTtlMs: config.runnerPresenceTtlMs, maxFrameBytes: config.runnerMaxFrameBytes },
       })
     : null;
+  if (gateway) registerModelFrames(gateway, deps.models, log);
 
   return {
     server,

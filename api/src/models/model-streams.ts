@@ -22,9 +22,9 @@ export interface ModelStreamsOptions {
  *   on 'model.cancel'  → streams.cancel(frame.stream_id);
  *   on socket close    → streams.closeAll();
  *
- * `send` may return a promise (socket backpressure); the next event waits for it. Every
- * stream ends with exactly one `model.end` frame (an `end` or `error` event), also when
- * canceled. Frames carry only model-gateway-v1 events: never a credential or secret.
+ * `send` may return a promise (socket backpressure); the next event waits for it. `send`
+ * returning false means the socket is gone: the provider request is aborted. Every stream
+ * ends with exactly one `model.end` frame (an `end` or `error` event), also when canceled. Frames carry only model-gateway-v1 events: never a credential or secret.
  */
 export class ModelStreams {
   private readonly open_ = new Map<string, AbortController>();
@@ -32,7 +32,7 @@ export class ModelStreams {
 
   constructor(
     private readonly gateway: ModelGatewayService,
-    private readonly send: (frame: ModelFrame) => void | Promise<void>,
+    private readonly send: (frame: ModelFrame) => boolean | void | Promise<boolean | void>,
     private readonly log: Logger,
     options: ModelStreamsOptions = {},
   ) {
@@ -58,7 +58,7 @@ export class ModelStreams {
     try {
       let pending: ModelStreamEvent | null = null;
       for await (const ev of this.gateway.runModelStep(workspaceId, request, ctl.signal, context)) {
-        if (pending) await this.send({ type: 'model.delta', stream_id: streamId, event: pending });
+        if (pending && (await this.send({ type: 'model.delta', stream_id: streamId, event: pending })) === false) ctl.abort();
         pending = ev;
       }
       await this.send({
