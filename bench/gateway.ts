@@ -4,17 +4,19 @@
 //   floor      : fetch + SSE parse straight against the local provider server (what any client pays)
 //   service    : ModelGatewayService.runModelStep in-process (budget check, routing profile,
 //                eligibility, credential unseal, adapter, usage recording) → local server
-//   platform   : POST /v1/organizations/workspaces/{id}/model-steps on the running platform
+//   REST       : POST /v1/organizations/workspaces/{id}/model-steps on the running platform
 //                (HTTP pipeline + auth + the service, streamed back as SSE)
 //
-// The runner WebSocket path (runner → control plane) is not merged yet; when it is, its
-// `model.request` handler calls the same service, and a row for it belongs here.
+//   runner     : a runner's WebSocket (model.request → model.delta … model.end), the path a
+//                harness in a sandbox uses: gateway frame handling + the service
 import { spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { createLogger, SecretBox } from '@agentplane/core';
 import { connectRedis, DocumentStore } from '@agentplane/store';
 import { sseMessages } from '@agentplane/models';
+import { frame } from '@agentplane/protocol';
+import { WebSocket } from 'ws';
 import { createModelsModule } from '@agentplane/api';
 import type { ModelRequest } from '@agentplane/protocol';
 import { ROOT_DIR, startPlatform } from '../test/harness/platform.js';
@@ -72,6 +74,7 @@ async function main(): Promise<void> {
       body: { key: 'bench', candidates: [{ credential_key: 'bench', provider_model: 'local-model' }] },
     });
     const request: ModelRequest = { routing_key: 'bench', messages: [{ role: 'user', content: [{ type: 'text', text: 'go' }] }], tools: [] };
+    const runner = await connectRunner(p.baseUrl, await enrollRunner(p));
     const key = readFileSync(join(p.dataDir, 'master.key'), 'utf8').trim();
     const models = createModelsModule({
       redis, docs: new DocumentStore(redis), secretBox: new SecretBox(Buffer.from(key, 'hex')),
@@ -113,7 +116,14 @@ async function main(): Promise<void> {
       },
       isToken: (e) => e === 'text_delta',
     };
-    const paths = [floor, service, platform];
+    let streamSeq = 0;
+    const viaRunner: Path = {
+      name: 'runner WebSocket (model.request → model.delta/model.end)',
+      samples: [],
+      once: () => runner.step(`s${++streamSeq}`, request),
+      isToken: (e) => (e as { type: string }).type === 'text_delta',
+    };
+    const paths = [floor, service, platform, viaRunner];
     for (let i = 0; i < WARMUP + STEPS; i++) {
       for (let j = 0; j < paths.length; j++) {
         const path = paths[(i + j) % paths.length] as Path;
@@ -130,7 +140,7 @@ async function main(): Promise<void> {
       return { ttft, ttlt, perToken };
     };
     const f = stats(floor);
-    for (const path of [service, platform]) {
+    for (const path of [viaRunner, service, platform]) {
       const o = stats(path);
       printTable(`${path.name} vs ${floor.name}`, [
         { metric: 'time to first token p50', ours: o.ttft.p50, floor: f.ttft.p50, unit: 'ms' },
@@ -140,12 +150,80 @@ async function main(): Promise<void> {
       ]);
       process.stdout.write(`added: TTFT p50 ${(o.ttft.p50 - f.ttft.p50).toFixed(2)} ms, per token p50 ${(o.perToken.p50 - f.perToken.p50).toFixed(1)} µs\n`);
     }
+    runner.close();
   } finally {
     await redis.quit();
     await p.stop();
     server.kill('SIGTERM');
   }
 }
+/** A managed-pool runner credential (the enrollment flow an operator uses for a fleet). */
+async function enrollRunner(p: Awaited<ReturnType<typeof startPlatform>>): Promise<string> {
+  const ws = p.bootstrap.workspace_id;
+  const pool = await p.root.request('POST', '/v1/runner-pools', { body: { name: 'bench', placement: 'managed' } });
+  const key = await p.root.request('POST', `/v1/organizations/${p.bootstrap.organization_id}/api-keys`, {
+    idempotencyKey: 'bench-runner-key', body: { display_name: 'bench runner', role: 'runner', scope: { type: 'workspace', workspace_id: ws } },
+  });
+  const enr = await p.anon.with({ token: (key.body as { secret: string }).secret }).request('POST', `/v1/runner-pools/${(pool.body as { id: string }).id}/enrollments`, {
+    idempotencyKey: 'bench-enrollment', body: { machine_label: 'bench-1' },
+  });
+  if (enr.status !== 201) throw new Error(`enrollment: ${enr.status} ${JSON.stringify(enr.body)}`);
+  return (enr.body as { secret: string }).secret;
+}
+
+interface RunnerClient {
+  step(streamId: string, request: ModelRequest): AsyncIterable<unknown>;
+  close(): void;
+}
+
+/** A raw runner protocol client: hello, then model.request frames; events are yielded as they arrive. */
+async function connectRunner(baseUrl: string, secret: string): Promise<RunnerClient> {
+  const sock = new WebSocket(`${baseUrl.replace('http', 'ws')}/v1/runners/connect`, { headers: { authorization: `Bearer ${secret}` }, perMessageDeflate: false });
+  const waiting = new Map<string, (f: { type: string; payload: { stream_id: string; event: unknown } }) => void>();
+  let welcomed: () => void = () => undefined;
+  const welcome = new Promise<void>((r) => { welcomed = r; });
+  sock.on('message', (d) => {
+    const f = JSON.parse(d.toString()) as { type: string; payload: { stream_id: string; event: unknown } };
+    if (f.type === 'welcome') welcomed();
+    else if (f.type === 'model.delta' || f.type === 'model.end') waiting.get(f.payload.stream_id)?.(f);
+  });
+  await new Promise<void>((resolve, reject) => {
+    sock.once('open', () => resolve());
+    sock.once('error', reject);
+  });
+  sock.send(frame('hello', 'h1', {
+    protocol_versions: [1], daemon_version: 'bench', status: 'ready', held_leases: [],
+    capabilities: { protocol_versions: [1], available_slots: 1, drivers: ['process'], plane_protocols: ['model-gateway-v1'], providers: [] },
+  }));
+  await welcome;
+  return {
+    async *step(streamId, request) {
+      const queue: { type: string; event: unknown }[] = [];
+      let wake: (() => void) | null = null;
+      waiting.set(streamId, (f) => {
+        queue.push({ type: f.type, event: f.payload.event });
+        wake?.();
+      });
+      sock.send(frame('model.request', streamId, { lease_id: 'bench-lease', attempt: 1, stream_id: streamId, request }));
+      try {
+        for (;;) {
+          const next = queue.shift();
+          if (!next) {
+            await new Promise<void>((r) => { wake = r; });
+            wake = null;
+            continue;
+          }
+          yield next.event;
+          if (next.type === 'model.end') return;
+        }
+      } finally {
+        waiting.delete(streamId);
+      }
+    },
+    close: () => sock.close(),
+  };
+}
+
 main().catch((err: unknown) => {
   process.stderr.write(`${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
   process.exit(1);
