@@ -2,6 +2,7 @@ import { readFileSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { WebSocket } from 'ws';
 import { frame, type ModelStreamEvent } from '@agentplane/protocol';
+import { FrameModelClient } from '@agentplane/models';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
 import { startOpenAiServer, type ProviderServer } from './fixtures/provider-servers.js';
 
@@ -104,5 +105,57 @@ describe('model-gateway-v1 over the runner WebSocket', () => {
     sock.terminate();
     await expect.poll(() => oai.aborted, { timeout: 5000 }).toBe(before + 2);
     oai.behavior = { ...oai.behavior, chunkDelayMs: 0 };
+  });
+
+  it('FrameModelClient (the runner side): a harness drives the scripted default over the socket, and aborts cancel', async () => {
+    const { sock, raw } = await connect();
+    const client = new FrameModelClient((type, payload) => {
+      if (sock.readyState !== WebSocket.OPEN) return false;
+      sock.send(frame(type, `f-${Math.random()}`, payload as never));
+      return true;
+    }, { lease_id: 'lease-3', attempt: 1 });
+    sock.on('message', (d) => {
+      const f = JSON.parse(d.toString()) as Frame;
+      client.deliver(f.type, f.payload as { stream_id: string; event: unknown });
+    });
+    const system = 'Test agent.\n```scripted\n{"rules": [{"when": {"user_contains": "weather"}, "then": [{"tool": "get_weather", "input": {"city": "Paris"}}]}, {"when": {"after_tool": "get_weather"}, "then": [{"reply": "It is {{tool_result}}."}]}]}\n```';
+    const collect = async (req: Parameters<FrameModelClient['stream']>[0], signal = new AbortController().signal) => {
+      const out: ModelStreamEvent[] = [];
+      for await (const e of client.stream(req, signal)) out.push(e);
+      return out;
+    };
+    const first = await collect({ routing_key: 'default', system, messages: [{ role: 'user', content: [{ type: 'text', text: 'weather?' }] }], tools: [{ name: 'get_weather', description: 'w', input_schema: {} }] });
+    const tool = first.find((e) => e.type === 'tool_use');
+    if (tool?.type !== 'tool_use') throw new Error('no tool call');
+    expect(first.at(-1)).toMatchObject({ type: 'end', stop_reason: 'tool_use', provider: 'scripted' });
+    const second = await collect({
+      routing_key: 'default', system, tools: [],
+      messages: [
+        { role: 'user', content: [{ type: 'text', text: 'weather?' }] },
+        { role: 'assistant', content: [{ type: 'tool_use', id: tool.id, name: tool.name, input: tool.input }] },
+        { role: 'user', content: [{ type: 'tool_result', tool_use_id: tool.id, content: 'sunny' }] },
+      ],
+    });
+    expect(second.flatMap((e) => (e.type === 'text_delta' ? [e.text] : [])).join('')).toBe('It is sunny.');
+
+    oai.behavior = { ...oai.behavior, mode: 'text', text: 'a b c d e f g h i j k l', chunkDelayMs: 80 };
+    const before = oai.aborted;
+    const ctl = new AbortController();
+    const slow: ModelStreamEvent[] = [];
+    for await (const e of client.stream({ routing_key: 'local', messages: [{ role: 'user', content: [{ type: 'text', text: 'x' }] }], tools: [] }, ctl.signal)) {
+      slow.push(e);
+      if (slow.length === 1) ctl.abort();
+    }
+    expect(slow.at(-1)).toMatchObject({ type: 'end', stop_reason: 'canceled' });
+    await expect.poll(() => oai.aborted, { timeout: 5000 }).toBe(before + 1);
+    oai.behavior = { ...oai.behavior, chunkDelayMs: 0 };
+    expect(raw.join('\n')).not.toContain(SECRET);
+
+    // A dropped socket ends open steps with a retryable error.
+    const pending = collect({ routing_key: 'default', system: '```scripted\n{"rules": [{"then": [{"sleep_ms": 5000}, {"reply": "late"}]}]}\n```', messages: [{ role: 'user', content: [{ type: 'text', text: 'x' }] }], tools: [] });
+    await new Promise((r) => setTimeout(r, 100));
+    sock.terminate();
+    client.disconnect();
+    expect(await pending).toEqual([{ type: 'error', error: expect.objectContaining({ type: 'runtime.unavailable', retryable: true }) }]);
   });
 });
