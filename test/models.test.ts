@@ -162,6 +162,8 @@ describe('ModelCredentials', () => {
     expect(scripted.status).toBe(400);
     const missing = await req('POST', path, { key: 'x5', provider_key: 'anthropic' });
     expect(missing.status).toBe(400);
+    const publicKeyless = await req('POST', path, { key: 'x6', provider_key: 'openai' });
+    expect(publicKeyless.status).toBe(400);
     const other = await req('GET', `/v1/organizations/workspaces/wrkspc_${'0'.repeat(32)}/model-credentials`);
     expect([other.status, errType(other)]).toEqual([404, 'validation.not_found']);
     const none = await req('GET', `/v1/model-credentials/mcred_${'0'.repeat(32)}`);
@@ -296,6 +298,24 @@ describe('rotation and revocation', () => {
     expect(oai.requests.at(-1)?.headers.authorization).toBe(`Bearer ${OPENAI_SECRET_2}`);
     const stale = await req('POST', `/v1/model-credentials/${cred.id}/rotate`, { secret: 'sk-another-secret', expected_generation_number: 1 });
     expect([stale.status, errType(stale)]).toEqual([409, 'validation.conflict']);
+  });
+
+  it('concurrent rotations: losers get 409 and a winning secret is the one used', async () => {
+    const created = await credential('race', { provider_key: 'openai', base_url: oaiFlaky.url, secret: OPENAI_SECRET });
+    await profile('race', [{ credential_key: 'race', provider_model: 'local-model' }]);
+    const secrets = ['sk-race-AAAAAAAAAAAAAAAAAAAA', 'sk-race-BBBBBBBBBBBBBBBBBBBB', 'sk-race-CCCCCCCCCCCCCCCCCCCC'];
+    SECRETS.push(...secrets);
+    const results = await Promise.all(secrets.map((secret) => req('POST', `/v1/model-credentials/${created.id}/rotate`, { secret })));
+    const won = results.flatMap((r, i) => (r.status === 200 ? [secrets[i]] : []));
+    expect(won.length).toBeGreaterThanOrEqual(1);
+    for (const r of results) expect([200, 409]).toContain(r.status);
+    const head = (await req('GET', `/v1/model-credentials/${created.id}`)).body as { active_generation_number: number };
+    expect(head.active_generation_number).toBe(1 + won.length);
+    oaiFlaky.behavior = { ...oaiFlaky.behavior, mode: 'text', apiKey: null };
+    const r = await step({ routing_key: 'race', messages: user('who won?') });
+    expect(endOf(r.events).provider).toBe('openai');
+    expect(secrets.map((x) => `Bearer ${x}`)).toContain(oaiFlaky.requests.at(-1)?.headers.authorization);
+    oaiFlaky.behavior = { ...oaiFlaky.behavior, apiKey: OPENAI_SECRET };
   });
 
   it('revoke: the credential stops serving; the key can be reused', async () => {
