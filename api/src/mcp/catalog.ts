@@ -16,11 +16,16 @@ export const COMPACT_GROUPS: ReadonlySet<string> = new Set([
 ]);
 
 /**
- * REST-only by nature, whatever an operation declares: credentials, pairing material,
- * single-use proofs, capability URLs, uploads and archives, runtime/runner channels.
- * Owners should still mark such operations `mcp: 'never'`; this is the safety net.
+ * REST-only whatever an operation declares: credentials, API keys, pairing material and
+ * runtime channels (the contract's credential, single-use proof and pairing rule).
  */
-const REST_ONLY_PATH = /(credential|api-keys|pairing|\/files\b|\/uploads?\b|\/import\b|\/export\b|\/archive\b|\/tar\b|\/runtime\/|capability-url|\/stream\b|\/events\/stream)/i;
+const CREDENTIAL_PATH = /(credential|api-keys|pairing|\/runtime\/|capability-url)/i;
+/**
+ * REST-only unless the owner marks the operation `mcp: 'compact' | 'full'` explicitly:
+ * uploads (multipart) and archive imports or exports (tar) by their usual paths. Owners of
+ * such operations should mark them `mcp: 'never'`; this is the safety net.
+ */
+const UPLOAD_OR_ARCHIVE_PATH = /(\/files\b|\/uploads?\b|\/import\b|\/export\b|\.tar\b)/i;
 
 export interface McpTool {
   name: string;
@@ -55,8 +60,9 @@ const hasRequired = (s: TSchema | undefined): boolean => ((s as { required?: unk
 export function isProjectable(op: Operation): boolean {
   if (op.mcp === 'never' || op.sensitive) return false;
   if (op.auth.kind !== 'bearer') return false;
-  if (op.operationId.endsWith('Stream')) return false;
-  return !REST_ONLY_PATH.test(op.path);
+  if (op.operationId.endsWith('Stream') || /\/stream$/.test(op.path)) return false;
+  if (CREDENTIAL_PATH.test(op.path)) return false;
+  return op.mcp !== undefined || !UPLOAD_OR_ARCHIVE_PATH.test(op.path);
 }
 
 function project(op: Operation): ProjectedTool {
