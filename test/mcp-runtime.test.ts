@@ -4,6 +4,7 @@ import { z } from 'zod';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
+import { Client as ModernClient, StreamableHTTPClientTransport as ModernTransport } from '@modelcontextprotocol/client';
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
 import { RedisRuntimeBearers, type RuntimeGrant } from '@agentplane/api';
 import { connectRedis, type Redis } from '@agentplane/store';
@@ -136,6 +137,22 @@ describe('/v1/runtime/mcp/{connection_id}', () => {
       expect(JSON.parse((denied.content as { text: string }[])[0]?.text ?? '{}').error.type).toBe('policy.denied');
       const ask = await client.callTool({ name: 'deploy', arguments: {} });
       expect(ask.isError).toBe(true);
+    } finally {
+      await client.close();
+    }
+  });
+
+  it('serves the 2026-07-28 shape too (SDK v2 client)', async () => {
+    const bearer = await bearers.mint(grant({ [connectionId]: { default: 'deny', tools: { echo: 'allow' } } }));
+    const client = new ModernClient({ name: 'modern-harness', version: '1.0.0' }, { versionNegotiation: { mode: { pin: '2026-07-28' } } });
+    await client.connect(new ModernTransport(new URL(`${p.baseUrl}/v1/runtime/mcp/${connectionId}`), {
+      requestInit: { headers: { Authorization: `Bearer ${bearer}` } },
+    }));
+    try {
+      expect(client.getProtocolEra()).toBe('modern');
+      expect((await client.listTools()).tools.map((t) => t.name)).toEqual(['echo']);
+      const r = await client.callTool({ name: 'echo', arguments: { text: 'modern' } });
+      expect((r.content as { text: string }[])[0]?.text).toBe('echo: modern');
     } finally {
       await client.close();
     }
