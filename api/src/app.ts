@@ -1,7 +1,13 @@
 import { createServer, type Server } from 'node:http';
 import Koa from 'koa';
 import { createLogger, Metrics, SecretBox, type Logger } from '@agentplane/core';
-import { connectRedis, DocumentStore, type Redis } from '@agentplane/store';
+import { connectRedis, DocumentStore, EventHub, type Redis } from '@agentplane/store';
+import type { Agent } from './agents/model.js';
+import { VersionedStore } from './agents/versioned.js';
+import type { Environment } from './environments/operations.js';
+import { SessionService } from './sessions/service.js';
+import { SessionStore } from './sessions/store.js';
+import { recordOnlyTurnScheduler, ThreadRuntime, type TurnScheduler } from './sessions/turns.js';
 import type { ApiConfig } from './config.js';
 import type { ApiDeps } from './deps.js';
 import { IdempotencyStore } from './http/idempotency.js';
@@ -12,28 +18,55 @@ import { RedisRuntimeBearers } from './mcp/runtime-bearer.js';
 import { CredentialIndex } from './identity/credentials.js';
 import { IdentityService } from './identity/service.js';
 import { allOperations } from './routes.js';
+import { RunnerService } from './runners/service.js';
+import { attachGateway, PresenceStore, type Gateway } from '@agentplane/gateway';
+import { createModelsModule } from './models/module.js';
 
 export interface ApiServer {
   server: Server;
   deps: ApiDeps;
+  /** The embedded runner gateway (null when GATEWAY_EMBEDDED=false). */
+  gateway: Gateway | null;
   /** Abort signal that fires when shutdown begins (long-lived streams end on it). */
   shutdownSignal: AbortSignal;
   listen(): Promise<{ port: number }>;
   close(): Promise<void>;
 }
 
-export function buildDeps(config: ApiConfig, log: Logger, redis: Redis): ApiDeps {
+export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdownSignal: AbortSignal = new AbortController().signal): ApiDeps {
   const docs = new DocumentStore(redis);
   const credentials = new CredentialIndex(redis);
   const secretBox = new SecretBox(config.masterKey);
+  const models = createModelsModule({
+    redis, docs, secretBox, log,
+    config: { pricesFile: config.modelPricesFile, providerTimeoutMs: config.modelProviderTimeoutMs },
+  });
+  const identity = new IdentityService(docs, redis, credentials);
+  const turns: { scheduler: TurnScheduler } = { scheduler: recordOnlyTurnScheduler };
+  const sessionStore = new SessionStore(redis);
+  const threadRuntime = new ThreadRuntime(sessionStore, () => turns.scheduler);
+  const agents = new VersionedStore<Agent>(redis, 'agents', 'agent');
+  const environments = new VersionedStore<Environment>(redis, 'environments', 'environment');
+  const subscriber = redis.duplicate({ connectionName: 'agentplane:api:events', maxRetriesPerRequest: null });
+  subscriber.on('error', (err: Error) => log.warn({ err: err.message }, 'event hub connection error'));
   return {
+    agents,
+    environments,
+    turns,
+    threadRuntime,
+    eventHub: new EventHub(subscriber),
+    shutdownSignal,
+    sessions: new SessionService({ store: sessionStore, agents, environments, identity, runtime: threadRuntime, scheduler: () => turns.scheduler }),
     config,
     redis,
     docs,
     credentials,
     secretBox,
     idempotency: new IdempotencyStore(redis, secretBox, config.idempotencyTtlSeconds),
-    identity: new IdentityService(docs, redis, credentials),
+    identity,
+    runners: new RunnerService(docs, redis, credentials, identity),
+    gatewayPresence: new PresenceStore(redis),
+    models,
     metrics: new Metrics(),
     log,
   };
@@ -42,8 +75,8 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis): ApiDeps
 export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 'api', level: config.logLevel })): ApiServer {
   const redis = connectRedis(config.redisUrl, { name: 'api' });
   redis.on('error', (err) => log.warn({ err: err.message }, 'redis connection error'));
-  const deps = buildDeps(config, log, redis);
   const shutdown = new AbortController();
+  const deps = buildDeps(config, log, redis, shutdown.signal);
   const operations = allOperations();
   const { router, prepared } = buildRouter(operations, deps);
 
@@ -69,10 +102,17 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
   app.use(unmatchedRoute(router));
 
   const server = createServer({ keepAliveTimeout: 65_000, requestTimeout: 0, headersTimeout: 30_000 }, app.callback());
+  const gateway: Gateway | null = config.gatewayEmbedded
+    ? attachGateway(server, {
+        redis, log, metrics: deps.metrics,
+        options: { heartbeatIntervalMs: config.runnerHeartbeatIntervalMs, presenceTtlMs: config.runnerPresenceTtlMs, maxFrameBytes: config.runnerMaxFrameBytes },
+      })
+    : null;
 
   return {
     server,
     deps,
+    gateway,
     shutdownSignal: shutdown.signal,
     listen: () =>
       new Promise((resolve, reject) => {
@@ -84,6 +124,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
       }),
     async close() {
       shutdown.abort();
+      await gateway?.close();
       await new Promise<void>((resolve) => {
         const timer = setTimeout(() => {
           server.closeAllConnections();
@@ -96,6 +137,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
         });
         server.closeIdleConnections();
       });
+      await deps.eventHub.close();
       await redis.quit().catch(() => redis.disconnect());
     },
   };

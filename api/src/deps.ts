@@ -1,9 +1,17 @@
 import type { Logger, SecretBox, Metrics } from '@agentplane/core';
-import type { DocumentStore, Redis } from '@agentplane/store';
+import type { DocumentStore, EventHub, Redis } from '@agentplane/store';
+import type { Agent } from './agents/model.js';
+import type { VersionedStore } from './agents/versioned.js';
+import type { Environment } from './environments/operations.js';
+import type { SessionService } from './sessions/service.js';
+import type { ThreadRuntime, TurnScheduler } from './sessions/turns.js';
 import type { ApiConfig } from './config.js';
 import type { CredentialIndex } from './identity/credentials.js';
 import type { IdempotencyStore } from './http/idempotency.js';
 import type { IdentityService } from './identity/service.js';
+import type { RunnerService } from './runners/service.js';
+import type { PresenceStore } from '@agentplane/gateway';
+import type { ModelsModule } from './models/module.js';
 
 /** Everything an operation handler may use. Built once per process in app.ts. */
 export interface ApiDeps {
@@ -13,7 +21,23 @@ export interface ApiDeps {
   credentials: CredentialIndex;
   idempotency: IdempotencyStore;
   identity: IdentityService;
+  runners: RunnerService;
+  /** Runner presence projection (read side; the gateway writes it). */
+  gatewayPresence: PresenceStore;
+  /** Model credentials, routing profiles, the model gateway service, usage and budgets. */
+  models: ModelsModule;
   secretBox: SecretBox;
   metrics: Metrics;
   log: Logger;
+  agents: VersionedStore<Agent>;
+  environments: VersionedStore<Environment>;
+  sessions: SessionService;
+  /** The SessionThread state machine (drive events here; the runtime side reports turn boundaries). */
+  threadRuntime: ThreadRuntime;
+  /** Where started turns go; replace `turns.scheduler` to plug a scheduler in. */
+  turns: { scheduler: TurnScheduler };
+  /** The process's one fan-out of live session events (one subscriber connection). */
+  eventHub: EventHub;
+  /** Fires when shutdown begins: long-lived streams end on it. */
+  shutdownSignal: AbortSignal;
 }

@@ -14,7 +14,13 @@ export interface PlatformConfig {
   startRunner: boolean;
   /** Restart a child process that dies unexpectedly. */
   restartChildren: boolean;
+  /** Runner gateway settings passed through to the API (RUNNER_HEARTBEAT_INTERVAL_MS, RUNNER_PRESENCE_TTL_MS, RUNNER_MAX_FRAME_BYTES, PAIRING_REDEEM_PER_MINUTE). */
+  runnerEnv: Readonly<Record<string, string>>;
+  /** Model settings handed to the api process unchanged (MODEL_PRICES_FILE, MODEL_PROVIDER_TIMEOUT_MS). */
+  modelEnv: Record<string, string>;
 }
+
+const RUNNER_ENV = ['RUNNER_HEARTBEAT_INTERVAL_MS', 'RUNNER_PRESENCE_TTL_MS', 'RUNNER_MAX_FRAME_BYTES', 'PAIRING_REDEEM_PER_MINUTE'] as const;
 
 export function loadPlatformConfig(env: Env): PlatformConfig {
   return Object.freeze({
@@ -28,5 +34,12 @@ export function loadPlatformConfig(env: Env): PlatformConfig {
     startScheduler: envBool(env, 'START_SCHEDULER', true),
     startRunner: envBool(env, 'START_RUNNER', true),
     restartChildren: envBool(env, 'RESTART_CHILDREN', true),
+    runnerEnv: Object.freeze(Object.fromEntries(RUNNER_ENV.flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : [])))),
+    modelEnv: Object.fromEntries(
+      ['MODEL_PRICES_FILE', 'MODEL_PROVIDER_TIMEOUT_MS'].flatMap((name) => {
+        const v = envOptional(env, name);
+        return v === undefined ? [] : [[name, v]];
+      }),
+    ),
   });
 }

@@ -4,7 +4,8 @@ import { createRequire } from 'node:module';
 import { join } from 'node:path';
 import { createLogger } from '@agentplane/core';
 import { connectRedis, DocumentStore, startEmbeddedRedis, RedisServerMissingError, waitForRedis, type EmbeddedRedis } from '@agentplane/store';
-import { bootstrapPlatform, CredentialIndex, IdentityService } from '@agentplane/api';
+import { bootstrapPlatform, CredentialIndex, IdentityService, RunnerService } from '@agentplane/api';
+import { ensureLocalRunner } from './local-runner.js';
 import { loadPlatformConfig } from './config.js';
 import { Supervisor } from './supervisor.js';
 
@@ -77,6 +78,11 @@ async function main(): Promise<void> {
         `  root API key  ${boot.root_key}\n  (shown once; also saved to ${bootstrapFile}, mode 0600)\n\n`,
     );
   }
+  const runnerDir = join(config.dataDir, 'runner');
+  if (config.startRunner) {
+    const credentials = new CredentialIndex(redis);
+    await ensureLocalRunner(redis, new RunnerService(docs, redis, credentials, identity), boot.workspace_id, runnerDir, baseUrl, log);
+  }
   await redis.quit();
 
   const common: Record<string, string> = {
@@ -93,8 +99,17 @@ async function main(): Promise<void> {
   supervisor.start({
     name: 'api',
     script: entry('@agentplane/api', 'main.js'),
-    env: { ...common, PORT: String(config.port), HOST: config.host, PUBLIC_BASE_URL: baseUrl },
+    env: { ...common, ...config.runnerEnv, ...config.modelEnv, PORT: String(config.port), HOST: config.host, PUBLIC_BASE_URL: baseUrl },
   });
+
+  if (config.startRunner) {
+    supervisor.start({
+      name: 'runner',
+      script: entry('@agentplane/runner-daemon', 'cli.js'),
+      args: ['start', '--config-dir', runnerDir],
+      env: { ...common },
+    });
+  }
 
   let stopping = false;
   const shutdown = async (code: number) => {

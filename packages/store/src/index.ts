@@ -4,3 +4,5 @@ export * from './cursor.js';
 export * from './documents.js';
 export * from './script.js';
 export * from './embedded-redis.js';
+export * from './event-log.js';
+export * from './event-hub.js';

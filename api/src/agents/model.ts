@@ -1,0 +1,60 @@
+import { newId, nowIso } from '@agentplane/core';
+import type { McpServerT, ToolT } from './schemas.js';
+import type { VersionedDoc } from './versioned.js';
+
+export interface Agent extends VersionedDoc {
+  type: 'agent';
+  workspace_id: string;
+  name: string;
+  description: string | null;
+  /** Model routing profile key (logical key). */
+  model: string;
+  system: string | null;
+  tools: ToolT[];
+  mcp_servers: McpServerT[];
+  metadata: Record<string, string>;
+}
+
+/** The resolved Agent Version a Session (and each Run) carries. */
+export interface AgentSnapshot {
+  id: string;
+  type: 'agent';
+  name: string;
+  version: number;
+  model: string;
+  system: string | null;
+  tools: ToolT[];
+  mcp_servers: McpServerT[];
+}
+
+export interface AgentConfigInput {
+  name: string;
+  description?: string | null | undefined;
+  model: string;
+  system?: string | null | undefined;
+  tools?: ToolT[] | undefined;
+  mcp_servers?: McpServerT[] | undefined;
+  metadata?: Record<string, string> | undefined;
+}
+
+/** Defaults: built-in tools always_allow, custom tools always_allow (the caller answers them), MCP tools always_ask. */
+export function normaliseTools(tools: ToolT[]): ToolT[] {
+  return tools.map((t) => ({ ...t, permission: t.permission ?? 'always_allow' }));
+}
+export function normaliseMcp(servers: McpServerT[]): McpServerT[] {
+  return servers.map((s) => ({ ...s, permission: s.permission ?? 'always_ask' }));
+}
+
+export function newAgent(workspaceId: string, input: AgentConfigInput): Agent {
+  const now = nowIso();
+  return {
+    id: newId('agent'), type: 'agent', workspace_id: workspaceId, name: input.name, description: input.description ?? null,
+    model: input.model, system: input.system ?? null, tools: normaliseTools(input.tools ?? []),
+    mcp_servers: normaliseMcp(input.mcp_servers ?? []), metadata: input.metadata ?? {}, version: 1, archived_at: null,
+    created_at: now, updated_at: now,
+  };
+}
+
+export function snapshotOf(a: Agent): AgentSnapshot {
+  return { id: a.id, type: 'agent', name: a.name, version: a.version, model: a.model, system: a.system, tools: a.tools, mcp_servers: a.mcp_servers };
+}

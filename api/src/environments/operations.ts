@@ -1,0 +1,152 @@
+import { Id, Metadata, newId, nowIso, Nullable, Obj, Page, PageQuery, Timestamp, Type, type Static } from '@agentplane/core';
+import { READERS, WRITERS } from '../http/caller.js';
+import { defineOperation, json, type Operation } from '../http/operation.js';
+import { requireWorkspace } from '../http/workspace-scope.js';
+import type { VersionedDoc } from '../agents/versioned.js';
+
+const Resources = Obj({
+  cpu_millis: Type.Integer({ minimum: 100, maximum: 256_000 }),
+  memory_mib: Type.Integer({ minimum: 64, maximum: 1_048_576 }),
+  disk_mib: Type.Integer({ minimum: 64, maximum: 10_485_760 }),
+  max_duration_seconds: Type.Integer({ minimum: 10, maximum: 7 * 24 * 3600 }),
+});
+const Host = Type.String({ pattern: '^(\\*\\.)?[a-z0-9]([a-z0-9-]{0,62}\\.)*[a-z0-9-]{1,63}(:[0-9]{1,5})?$', maxLength: 260 });
+const Network = Type.Union([
+  Obj({ mode: Type.Literal('none') }),
+  Obj({ mode: Type.Literal('allowlist'), allowed_hosts: Type.Array(Host, { minItems: 1, maxItems: 64, uniqueItems: true }) }),
+]);
+const PackageList = Type.Array(Type.String({ pattern: '^[A-Za-z0-9@][A-Za-z0-9@/._+:=<>~^-]{0,213}$' }), { maxItems: 256, uniqueItems: true });
+const Packages = Obj({ apt: Type.Optional(PackageList), npm: Type.Optional(PackageList), pip: Type.Optional(PackageList) });
+const Driver = Type.Literal('docker');
+const Tier = Type.Literal('container');
+const Retention = Type.Union([Type.Literal('durable'), Type.Literal('ephemeral')]);
+
+export const DEFAULT_RESOURCES = { cpu_millis: 1000, memory_mib: 1024, disk_mib: 4096, max_duration_seconds: 3600 };
+
+const ConfigFields = {
+  name: Type.String({ minLength: 1, maxLength: 200 }),
+  description: Type.Optional(Nullable(Type.String({ maxLength: 2048 }))),
+  image: Type.String({ minLength: 1, maxLength: 512, pattern: '^[a-z0-9][a-z0-9._/:@-]*$' }),
+  driver: Type.Optional(Driver),
+  tier: Type.Optional(Tier),
+  resources: Type.Optional(Resources),
+  network: Type.Optional(Network),
+  retention_mode: Type.Optional(Retention),
+  packages: Type.Optional(Packages),
+  metadata: Type.Optional(Metadata()),
+};
+
+const CreateBody = Obj(ConfigFields);
+const UpdateBody = Obj(
+  {
+    expected_version: Type.Integer({ minimum: 1 }),
+    name: Type.Optional(ConfigFields.name),
+    description: ConfigFields.description,
+    image: Type.Optional(ConfigFields.image),
+    driver: ConfigFields.driver,
+    tier: ConfigFields.tier,
+    resources: ConfigFields.resources,
+    network: ConfigFields.network,
+    retention_mode: ConfigFields.retention_mode,
+    packages: ConfigFields.packages,
+    metadata: ConfigFields.metadata,
+  },
+  { minProperties: 2 },
+);
+
+export const EnvironmentSchema = Obj({
+  id: Id('environment'), type: Type.Literal('environment'), workspace_id: Id('workspace'), name: Type.String(),
+  description: Nullable(Type.String()), image: Type.String(), driver: Driver, tier: Tier, resources: Resources, network: Network,
+  retention_mode: Retention, packages: Packages, metadata: Metadata(), version: Type.Integer({ minimum: 1 }),
+  archived_at: Nullable(Timestamp()), created_at: Timestamp(), updated_at: Timestamp(),
+});
+
+export interface Environment extends VersionedDoc {
+  type: 'environment';
+  workspace_id: string;
+  name: string;
+  description: string | null;
+  image: string;
+  driver: 'docker';
+  tier: 'container';
+  resources: Static<typeof Resources>;
+  network: Static<typeof Network>;
+  retention_mode: 'durable' | 'ephemeral';
+  packages: Static<typeof Packages>;
+  metadata: Record<string, string>;
+}
+
+const EnvPath = Obj({ environment_id: Id('environment') });
+const EnvVersionPath = Obj({ environment_id: Id('environment'), version: Type.Integer({ minimum: 1 }) });
+const readers = { kind: 'bearer', roles: READERS } as const;
+const writers = { kind: 'bearer', roles: WRITERS } as const;
+
+export const environmentOperations: Operation[] = [
+  defineOperation({
+    operationId: 'environments.createEnvironment', method: 'POST', path: '/v1/environments',
+    summary: 'Create an execution Environment (version 1)', auth: writers, body: CreateBody, response: EnvironmentSchema,
+    successStatus: 201, idempotency: 'optional', mcp: 'full',
+    async handler({ caller, body, deps }) {
+      const ws = requireWorkspace(caller);
+      const now = nowIso();
+      const env: Environment = {
+        id: newId('environment'), type: 'environment', workspace_id: ws, name: body.name, description: body.description ?? null,
+        image: body.image, driver: 'docker', tier: 'container', resources: body.resources ?? DEFAULT_RESOURCES,
+        network: body.network ?? { mode: 'none' }, retention_mode: body.retention_mode ?? 'durable', packages: body.packages ?? {},
+        metadata: body.metadata ?? {}, version: 1, archived_at: null, created_at: now, updated_at: now,
+      };
+      return json(201, await deps.environments.create(ws, env));
+    },
+  }),
+  defineOperation({
+    operationId: 'environments.listEnvironments', method: 'GET', path: '/v1/environments', summary: 'List Environments (latest versions)',
+    auth: readers, query: PageQuery({ include_archived: Type.Optional(Type.Boolean()) }), response: Page(EnvironmentSchema), mcp: 'full',
+    async handler({ caller, query, deps }) {
+      return json(200, await deps.environments.list(requireWorkspace(caller), { limit: query.limit ?? 20, page: query.page, includeArchived: query.include_archived ?? false }));
+    },
+  }),
+  defineOperation({
+    operationId: 'environments.getEnvironment', method: 'GET', path: '/v1/environments/{environment_id}',
+    summary: 'Read the latest version of an Environment', auth: readers, params: EnvPath, response: EnvironmentSchema, mcp: 'full',
+    async handler({ caller, params, deps }) {
+      return json(200, await deps.environments.get(requireWorkspace(caller), params.environment_id));
+    },
+  }),
+  defineOperation({
+    operationId: 'environments.updateEnvironment', method: 'POST', path: '/v1/environments/{environment_id}',
+    summary: 'Publish a new version of an Environment; Sessions already created keep theirs', auth: writers, params: EnvPath,
+    body: UpdateBody, response: EnvironmentSchema, idempotency: 'optional', mcp: 'full',
+    async handler({ caller, params, body, deps }) {
+      const { expected_version, ...patch } = body;
+      return json(200, await deps.environments.newVersion(requireWorkspace(caller), params.environment_id, expected_version, (cur) => {
+        const next: Environment = { ...cur };
+        for (const [k, v] of Object.entries(patch)) if (v !== undefined) (next as unknown as Record<string, unknown>)[k] = v;
+        next.description = patch.description !== undefined ? patch.description : cur.description;
+        return next;
+      }));
+    },
+  }),
+  defineOperation({
+    operationId: 'environments.archiveEnvironment', method: 'POST', path: '/v1/environments/{environment_id}/archive',
+    summary: 'Archive an Environment: no new Sessions or versions', auth: writers, params: EnvPath, response: EnvironmentSchema,
+    idempotency: 'optional', mcp: 'full',
+    async handler({ caller, params, deps }) {
+      return json(200, await deps.environments.archive(requireWorkspace(caller), params.environment_id));
+    },
+  }),
+  defineOperation({
+    operationId: 'environments.listEnvironmentVersions', method: 'GET', path: '/v1/environments/{environment_id}/versions',
+    summary: 'List the versions of an Environment, oldest first', auth: readers, params: EnvPath, query: PageQuery({}),
+    response: Page(EnvironmentSchema), mcp: 'full',
+    async handler({ caller, params, query, deps }) {
+      return json(200, await deps.environments.listVersions(requireWorkspace(caller), params.environment_id, { limit: query.limit ?? 20, page: query.page }));
+    },
+  }),
+  defineOperation({
+    operationId: 'environments.getEnvironmentVersion', method: 'GET', path: '/v1/environments/{environment_id}/versions/{version}',
+    summary: 'Read one immutable Environment version', auth: readers, params: EnvVersionPath, response: EnvironmentSchema, mcp: 'full',
+    async handler({ caller, params, deps }) {
+      return json(200, await deps.environments.getVersion(requireWorkspace(caller), params.environment_id, params.version));
+    },
+  }),
+];

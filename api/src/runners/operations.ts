@@ -1,0 +1,215 @@
+import { Id, Nullable, Obj, Page, PageQuery, Timestamp, Type } from '@agentplane/core';
+import { tags } from '@agentplane/store';
+import { ADMINS, READERS } from '../http/caller.js';
+import { defineOperation, json, type Operation } from '../http/operation.js';
+import { enforceRateLimit } from '../http/rate-limit.js';
+import { requireWorkspace } from '../http/workspace-scope.js';
+import type { ApiDeps } from '../deps.js';
+import type { RunnerCredential, RunnerPool } from './model.js';
+
+const Label = () => Type.String({ minLength: 1, maxLength: 200, pattern: '^[^\\x00-\\x1f]+$' });
+const DrainBody = Obj({
+  deadline_seconds: Type.Optional(Type.Integer({ minimum: 0, maximum: 7 * 24 * 3600, default: 3600 })),
+  reason: Type.Optional(Type.String({ minLength: 1, maxLength: 512 })),
+});
+const DrainSchema = Nullable(Obj({ requested_at: Timestamp(), deadline: Timestamp(), reason: Type.String() }));
+
+export const RunnerPoolSchema = Obj({
+  id: Id('runnerPool'), type: Type.Literal('runner_pool'), workspace_id: Id('workspace'), name: Type.String(),
+  placement: Type.Union([Type.Literal('byoc'), Type.Literal('managed')]), is_default: Type.Boolean(),
+  status: Type.Union([Type.Literal('active'), Type.Literal('draining')]), drain: DrainSchema,
+  version: Type.Integer(), created_at: Timestamp(), updated_at: Timestamp(),
+});
+
+export const RunnerCredentialSchema = Obj({
+  id: Id('runnerCredential'), type: Type.Literal('runner_credential'), workspace_id: Id('workspace'), runner_pool_id: Id('runnerPool'),
+  runner_id: Id('runner'), placement: Type.Union([Type.Literal('byoc'), Type.Literal('managed')]),
+  owner: Nullable(Obj({ principal: Id('principal'), machine_label: Type.String() })), display_name: Type.String(),
+  issued_via: Type.Union([Type.Literal('pairing'), Type.Literal('enrollment'), Type.Literal('local')]),
+  pairing_id: Nullable(Id('runnerPairing')), status: Type.Union([Type.Literal('active'), Type.Literal('revoked')]),
+  secret_hint: Type.String(), revoked_at: Nullable(Timestamp()), drain: DrainSchema,
+  version: Type.Integer(), created_at: Timestamp(), updated_at: Timestamp(),
+});
+
+const IssuedSchema = Obj({
+  runner_credential: RunnerCredentialSchema,
+  secret: Type.String({ description: 'ap_runner_… bearer, returned once' }),
+  connect_path: Type.String(),
+});
+
+export const PresenceSchema = Type.Object({
+  runner: Id('runner'), runner_pool: Id('runnerPool'), generation: Type.Integer(), placement: Type.String(),
+  status: Type.Union([Type.Literal('starting'), Type.Literal('ready'), Type.Literal('draining')]),
+  capabilities: Type.Object({}, { additionalProperties: true }), placement_conformance_digests: Type.Array(Type.String()),
+  last_seen_at: Timestamp(), expires_at: Timestamp(),
+  owner: Type.Optional(Obj({ principal: Id('principal'), machine_label: Type.String() })),
+});
+
+const PoolPath = Obj({ runner_pool_id: Id('runnerPool') });
+const CredPath = Obj({ runner_credential_id: Id('runnerCredential') });
+const RunnerPath = Obj({ runner_id: Id('runner') });
+const connectPath = '/v1/runners/connect';
+
+/** A keyed retry of pairing creation replays the code only while that pairing is still pending and unexpired. */
+async function pairingReplayable(stored: unknown, deps: ApiDeps): Promise<boolean> {
+  const s = stored as { code?: string; expires_at?: string };
+  if (!s.code || !s.expires_at || Date.parse(s.expires_at) <= Date.now()) return false;
+  return deps.runners.codePending(s.code);
+}
+
+async function issuedReplayable(stored: unknown, deps: ApiDeps): Promise<boolean> {
+  const s = (stored as { runner_credential: RunnerCredential }).runner_credential;
+  const live = await deps.docs.get<RunnerCredential>(tags.workspace(s.workspace_id), s.id);
+  return !!live && live.status === 'active';
+}
+
+export const runnerOperations: Operation[] = [
+  // ---- Presence (listed before /{runner_pool_id} so the literal segment wins) ----
+  defineOperation({
+    operationId: 'runnerPools.listPresences', method: 'GET', path: '/v1/runner-pools/presences',
+    summary: 'List live runner presences (short-TTL readiness projection; never lease authority)',
+    auth: { kind: 'bearer', roles: READERS }, query: PageQuery({ owner: Type.Optional(Id('principal')) }, 1000),
+    response: Page(PresenceSchema), mcp: 'full',
+    async handler({ caller, query, deps }) {
+      const ws = requireWorkspace(caller);
+      const owner = query.owner;
+      return json(200, await deps.gatewayPresence.list(ws, {
+        limit: query.limit ?? 20,
+        page: query.page,
+        ...(owner ? { filter: (p) => p.owner?.principal === owner } : {}),
+      }));
+    },
+  }),
+
+  // ---- Pools ----
+  defineOperation({
+    operationId: 'runnerPools.createRunnerPool', method: 'POST', path: '/v1/runner-pools',
+    summary: 'Create a runner pool in the Workspace', auth: { kind: 'bearer', roles: ADMINS },
+    body: Obj({ name: Type.String({ minLength: 1, maxLength: 100, pattern: '^[a-z0-9](?:[a-z0-9._-]{0,99})$' }), placement: Type.Union([Type.Literal('byoc'), Type.Literal('managed')]) }),
+    response: RunnerPoolSchema, successStatus: 201, idempotency: 'optional', mcp: 'full',
+    async handler({ caller, body, deps }) {
+      return json(201, await deps.runners.createPool(requireWorkspace(caller), body));
+    },
+  }),
+  defineOperation({
+    operationId: 'runnerPools.listRunnerPools', method: 'GET', path: '/v1/runner-pools',
+    summary: 'List the runner pools of the Workspace (the default pool included)', auth: { kind: 'bearer', roles: READERS },
+    query: PageQuery({}), response: Page(RunnerPoolSchema), mcp: 'full',
+    async handler({ caller, query, deps }) {
+      const ws = requireWorkspace(caller);
+      await deps.runners.defaultPool(ws);
+      return json(200, await deps.docs.list<RunnerPool>(tags.workspace(ws), 'runner_pools', { limit: query.limit ?? 20, page: query.page, order: 'asc' }));
+    },
+  }),
+  defineOperation({
+    operationId: 'runnerPools.getRunnerPool', method: 'GET', path: '/v1/runner-pools/{runner_pool_id}',
+    summary: 'Read a runner pool', auth: { kind: 'bearer', roles: READERS }, params: PoolPath, response: RunnerPoolSchema, mcp: 'full',
+    async handler({ caller, params, deps }) {
+      return json(200, await deps.runners.getPool(requireWorkspace(caller), params.runner_pool_id));
+    },
+  }),
+  defineOperation({
+    operationId: 'runnerPools.drainRunnerPool', method: 'POST', path: '/v1/runner-pools/{runner_pool_id}/drain',
+    summary: 'Drain a pool: its runners take no new leases and finish held work until the deadline',
+    auth: { kind: 'bearer', roles: ADMINS }, params: PoolPath, body: DrainBody, response: RunnerPoolSchema, idempotency: 'optional', mcp: 'full',
+    async handler({ caller, params, body, deps }) {
+      return json(200, await deps.runners.drainPool(requireWorkspace(caller), params.runner_pool_id, body.deadline_seconds ?? 3600, body.reason ?? 'drain requested'));
+    },
+  }),
+  defineOperation({
+    operationId: 'runnerPools.resumeRunnerPool', method: 'POST', path: '/v1/runner-pools/{runner_pool_id}/resume',
+    summary: 'End a pool drain (runners that reconnect are ready again)', auth: { kind: 'bearer', roles: ADMINS }, params: PoolPath,
+    response: RunnerPoolSchema, idempotency: 'optional', mcp: 'full',
+    async handler({ caller, params, deps }) {
+      return json(200, await deps.runners.undrainPool(requireWorkspace(caller), params.runner_pool_id));
+    },
+  }),
+  defineOperation({
+    operationId: 'runnerPools.enrollRunner', method: 'POST', path: '/v1/runner-pools/{runner_pool_id}/enrollments',
+    summary: 'Enroll a managed-pool runner with a runner-role API key; the credential is returned once (no owner)',
+    auth: { kind: 'bearer', roles: ['root', 'admin', 'runner'] }, params: PoolPath, body: Obj({ machine_label: Label() }),
+    response: IssuedSchema, successStatus: 201, idempotency: 'required', sensitive: true, mcp: 'never', replayable: issuedReplayable,
+    async handler({ caller, params, body, deps }) {
+      const issued = await deps.runners.enroll(caller.organizationId, requireWorkspace(caller), params.runner_pool_id, body.machine_label);
+      return json(201, { ...issued, connect_path: connectPath });
+    },
+  }),
+
+  // ---- Pairing ----
+  defineOperation({
+    operationId: 'runnerPairings.createRunnerPairing', method: 'POST', path: '/v1/runner-pairings',
+    summary: 'Start pairing a machine for a Principal; the single-use code is returned once',
+    auth: { kind: 'bearer', roles: ['root', 'admin', 'developer'] },
+    body: Obj({
+      principal_id: Id('principal'),
+      machine_label: Label(),
+      expires_in_seconds: Type.Optional(Type.Integer({ minimum: 120, maximum: 600, default: 600 })),
+    }),
+    response: Obj({ id: Id('runnerPairing'), code: Type.String(), expires_at: Timestamp() }),
+    successStatus: 201, idempotency: 'required', sensitive: true, mcp: 'never',
+    replayable: pairingReplayable,
+    async handler({ caller, body, deps }) {
+      const ws = requireWorkspace(caller);
+      const { pairing, code } = await deps.runners.createPairing(caller.organizationId, ws, {
+        principal_id: body.principal_id, machine_label: body.machine_label, expires_in_seconds: body.expires_in_seconds ?? 600,
+      });
+      return json(201, { id: pairing.id, code, expires_at: pairing.expires_at });
+    },
+  }),
+  defineOperation({
+    operationId: 'runnerPairings.redeemRunnerPairing', method: 'POST', path: '/v1/runner-pairings/redeem',
+    summary: 'Redeem a pairing code (credential-free): mints a Workspace-scoped runner credential with the pairing owner',
+    auth: { kind: 'none' },
+    body: Obj({
+      code: Type.String({ minLength: 1, maxLength: 64 }),
+      runner_enrollment: Type.Optional(Obj({
+        placement: Type.String({ minLength: 1, maxLength: 32 }),
+        runner_pool_id: Type.Optional(Id('runnerPool')),
+        display_name: Type.Optional(Label()),
+        owner: Type.Optional(Type.Unknown()),
+      })),
+    }),
+    response: IssuedSchema, successStatus: 201, mcp: 'never',
+    async handler({ body, deps }) {
+      await enforceRateLimit(deps.redis, 'runner-pairing-redeem', deps.config.pairingRedeemPerMinute);
+      const issued = await deps.runners.redeem(body);
+      return json(201, { ...issued, connect_path: connectPath });
+    },
+  }),
+
+  // ---- Runner credentials and runners ----
+  defineOperation({
+    operationId: 'runnerCredentials.listRunnerCredentials', method: 'GET', path: '/v1/runner-credentials',
+    summary: 'List runner credentials (never secrets)', auth: { kind: 'bearer', roles: READERS },
+    query: PageQuery({ runner_pool_id: Type.Optional(Id('runnerPool')) }), response: Page(RunnerCredentialSchema), mcp: 'full',
+    async handler({ caller, query, deps }) {
+      const ws = requireWorkspace(caller);
+      const index = query.runner_pool_id ? `runner_credentials:${query.runner_pool_id}` : 'runner_credentials';
+      return json(200, await deps.docs.list<RunnerCredential>(tags.workspace(ws), index, { limit: query.limit ?? 20, page: query.page, order: 'asc' }));
+    },
+  }),
+  defineOperation({
+    operationId: 'runnerCredentials.getRunnerCredential', method: 'GET', path: '/v1/runner-credentials/{runner_credential_id}',
+    summary: 'Read a runner credential', auth: { kind: 'bearer', roles: READERS }, params: CredPath, response: RunnerCredentialSchema, mcp: 'full',
+    async handler({ caller, params, deps }) {
+      return json(200, await deps.runners.getCredential(requireWorkspace(caller), params.runner_credential_id));
+    },
+  }),
+  defineOperation({
+    operationId: 'runnerCredentials.revokeRunnerCredential', method: 'POST', path: '/v1/runner-credentials/{runner_credential_id}/revoke',
+    summary: 'Revoke a runner credential; its live socket closes within seconds', auth: { kind: 'bearer', roles: ADMINS },
+    params: CredPath, response: RunnerCredentialSchema, idempotency: 'optional', mcp: 'full',
+    async handler({ caller, params, deps }) {
+      return json(200, await deps.runners.revokeCredential(requireWorkspace(caller), params.runner_credential_id));
+    },
+  }),
+  defineOperation({
+    operationId: 'runners.drainRunner', method: 'POST', path: '/v1/runners/{runner_id}/drain',
+    summary: 'Drain one runner: no new leases; held work finishes until the deadline, then is canceled',
+    auth: { kind: 'bearer', roles: ADMINS }, params: RunnerPath, body: DrainBody, response: RunnerCredentialSchema, idempotency: 'optional', mcp: 'full',
+    async handler({ caller, params, body, deps }) {
+      return json(200, await deps.runners.drainRunner(requireWorkspace(caller), params.runner_id, body.deadline_seconds ?? 3600, body.reason ?? 'drain requested'));
+    },
+  }),
+];
+

@@ -1,0 +1,309 @@
+import { randomInt } from 'node:crypto';
+import { ApiError, constantTimeEqual, newId, nowIso, secretDigest, sleep } from '@agentplane/core';
+import { keys, tags, type DocumentStore, type Redis, type Tag } from '@agentplane/store';
+import { GATEWAY_CONTROL_CHANNEL, type GatewayControlMessage } from '@agentplane/gateway';
+import { CredentialIndex, issueSecret } from '../identity/credentials.js';
+import type { AuthRecord, Principal, Workspace } from '../identity/model.js';
+import type { IdentityService } from '../identity/service.js';
+import type { DrainState, PoolPlacement, RunnerCredential, RunnerOwner, RunnerPairing, RunnerPool } from './model.js';
+
+/** Crockford base32 without I, L, O, U: readable, typable, unambiguous. */
+const CODE_ALPHABET = '0123456789ABCDEFGHJKMNPQRSTVWXYZ';
+const CODE_CHARS = 16; // 80 bits
+
+/** `XXXX-XXXX-XXXX-XXXX`. */
+export function newPairingCode(): string {
+  let s = '';
+  for (let i = 0; i < CODE_CHARS; i++) s += CODE_ALPHABET[randomInt(CODE_ALPHABET.length)];
+  return s.match(/.{4}/g)!.join('-');
+}
+
+/** Case, separators and look-alikes (O→0, I/L→1) do not matter when a person types the code. */
+export function normalizePairingCode(code: string): string | null {
+  const s = code.toUpperCase().replace(/[\s-]/g, '').replace(/O/g, '0').replace(/[IL]/g, '1');
+  if (s.length !== CODE_CHARS) return null;
+  for (const c of s) if (!CODE_ALPHABET.includes(c)) return null;
+  return s;
+}
+
+const codeDigest = (normalized: string): string => secretDigest(`runner-pairing\0${normalized}`);
+
+const invalidCode = () => new ApiError('auth.invalid_key', 'the pairing code is unknown, expired or already used');
+
+export interface RedeemInput {
+  code: string;
+  runner_enrollment?: { placement: string; runner_pool_id?: string; display_name?: string; owner?: unknown };
+}
+
+export interface IssuedRunnerCredential {
+  runner_credential: RunnerCredential;
+  secret: string;
+}
+
+/** Runner pools, pairings, runner credentials and drains. */
+export class RunnerService {
+  constructor(
+    private readonly docs: DocumentStore,
+    private readonly redis: Redis,
+    private readonly credentials: CredentialIndex,
+    private readonly identity: IdentityService,
+  ) {}
+
+  // ---- pools -----------------------------------------------------------------------------------
+
+  /** Every Workspace has a default BYOC pool, created on first use. */
+  async defaultPool(workspaceId: string): Promise<RunnerPool> {
+    const tag = tags.workspace(workspaceId);
+    const uniq = keys.unique(tag, 'runner_pool_names');
+    for (let i = 0; i < 50; i++) {
+      const existing = await this.redis.hget(uniq, 'default');
+      if (existing) {
+        const pool = await this.docs.get<RunnerPool>(tag, existing);
+        if (pool) return pool;
+        await sleep(20); // another request is creating it
+        continue;
+      }
+      const id = newId('runnerPool');
+      if ((await this.redis.hsetnx(uniq, 'default', id)) === 1) {
+        const now = nowIso();
+        const pool: RunnerPool = {
+          id, type: 'runner_pool', workspace_id: workspaceId, name: 'default', placement: 'byoc', is_default: true,
+          status: 'active', drain: null, version: 1, created_at: now, updated_at: now,
+        };
+        await this.docs.create(tag, pool, ['runner_pools']);
+        return pool;
+      }
+    }
+    throw new ApiError('runtime.unavailable', 'the default runner pool is being created; retry');
+  }
+
+  async createPool(workspaceId: string, input: { name: string; placement: PoolPlacement }): Promise<RunnerPool> {
+    await this.defaultPool(workspaceId);
+    const tag = tags.workspace(workspaceId);
+    const now = nowIso();
+    const pool: RunnerPool = {
+      id: newId('runnerPool'), type: 'runner_pool', workspace_id: workspaceId, name: input.name, placement: input.placement,
+      is_default: false, status: 'active', drain: null, version: 1, created_at: now, updated_at: now,
+    };
+    if ((await this.redis.hsetnx(keys.unique(tag, 'runner_pool_names'), input.name, pool.id)) === 0) {
+      throw new ApiError('validation.conflict', `a runner pool named '${input.name}' already exists`);
+    }
+    await this.docs.create(tag, pool, ['runner_pools']);
+    return pool;
+  }
+
+  async getPool(workspaceId: string, id: string): Promise<RunnerPool> {
+    const pool = await this.docs.get<RunnerPool>(tags.workspace(workspaceId), id);
+    if (!pool || pool.workspace_id !== workspaceId) throw new ApiError('validation.not_found', 'runner pool not found');
+    return pool;
+  }
+
+  async drainPool(workspaceId: string, id: string, deadlineSeconds: number, reason: string): Promise<RunnerPool> {
+    const drain = drainState(deadlineSeconds, reason);
+    const next = await this.docs.update<RunnerPool>(
+      tags.workspace(workspaceId),
+      id,
+      (p) => (p.workspace_id !== workspaceId ? null : { ...p, status: 'draining', drain }),
+      { notFound: 'runner pool' },
+    );
+    if (next.workspace_id !== workspaceId) throw new ApiError('validation.not_found', 'runner pool not found');
+    await this.publish({ kind: 'drain', workspace_id: workspaceId, runner_pool_id: id, deadline: drain.deadline, reason });
+    return next;
+  }
+
+  async undrainPool(workspaceId: string, id: string): Promise<RunnerPool> {
+    const next = await this.docs.update<RunnerPool>(
+      tags.workspace(workspaceId),
+      id,
+      (p) => (p.workspace_id !== workspaceId || p.status === 'active' ? null : { ...p, status: 'active', drain: null }),
+      { notFound: 'runner pool' },
+    );
+    if (next.workspace_id !== workspaceId) throw new ApiError('validation.not_found', 'runner pool not found');
+    return next;
+  }
+
+  // ---- pairing ---------------------------------------------------------------------------------
+
+  private pendingClaimKey(tag: Tag, principalId: string, label: string): string {
+    return keys.scoped(tag, `runner_pairing_claim:${secretDigest(`${principalId}\0${label}`)}`);
+  }
+
+  private static codeKey(digest: string): string {
+    return keys.scoped(tags.global(`rpcode:${digest}`), 'runner_pairing_code');
+  }
+
+  async createPairing(
+    organizationId: string,
+    workspaceId: string,
+    input: { principal_id: string; machine_label: string; expires_in_seconds: number },
+  ): Promise<{ pairing: RunnerPairing; code: string }> {
+    const tag = tags.workspace(workspaceId);
+    await this.identity.activePrincipal(workspaceId, input.principal_id);
+    const pool = await this.defaultPool(workspaceId);
+    const ownerClaim = await this.redis.hget(keys.unique(tag, 'runner_owner_labels'), `${input.principal_id}\0${input.machine_label}`);
+    if (ownerClaim) {
+      throw new ApiError('validation.conflict', `machine '${input.machine_label}' is already paired for this Principal (runner credential ${ownerClaim}); revoke it first`);
+    }
+    const ttlMs = input.expires_in_seconds * 1000;
+    const id = newId('runnerPairing');
+    const claimed = await this.redis.set(this.pendingClaimKey(tag, input.principal_id, input.machine_label), id, 'PX', ttlMs, 'NX');
+    if (claimed !== 'OK') {
+      throw new ApiError('validation.conflict', `a pairing for machine '${input.machine_label}' of this Principal is already pending`);
+    }
+    const code = newPairingCode();
+    const digest = codeDigest(normalizePairingCode(code)!);
+    const now = nowIso();
+    const pairing: RunnerPairing = {
+      id, type: 'runner_pairing', workspace_id: workspaceId, organization_id: organizationId, runner_pool_id: pool.id,
+      principal_id: input.principal_id, machine_label: input.machine_label, code_digest: digest, status: 'pending',
+      expires_at: new Date(Date.now() + ttlMs).toISOString(), redeemed_at: null, runner_credential_id: null,
+      version: 1, created_at: now, updated_at: now,
+    };
+    await this.docs.create(tag, pairing, ['runner_pairings']);
+    await this.redis.set(RunnerService.codeKey(digest), JSON.stringify({ workspace_id: workspaceId, pairing_id: id }), 'PX', ttlMs);
+    return { pairing, code };
+  }
+
+  /** Is the pairing behind this code still redeemable (pending, unexpired)? */
+  async codePending(code: string): Promise<boolean> {
+    const normalized = normalizePairingCode(code);
+    return normalized !== null && (await this.redis.exists(RunnerService.codeKey(codeDigest(normalized)))) === 1;
+  }
+
+  async getPairing(workspaceId: string, id: string): Promise<RunnerPairing | null> {
+    return this.docs.get<RunnerPairing>(tags.workspace(workspaceId), id);
+  }
+
+  /**
+   * Credential-free redemption: the code alone names the Workspace, pool and owner. Single use
+   * (GETDEL), expiry checked against the stored `expires_at`, digests compared in constant time.
+   */
+  async redeem(input: RedeemInput): Promise<IssuedRunnerCredential> {
+    const enrollment = input.runner_enrollment;
+    if (enrollment) {
+      if (enrollment.owner !== undefined) throw new ApiError('validation.malformed', 'runner_enrollment.owner: a redeemer never asserts the owner; it comes from the pairing');
+      if (enrollment.placement !== 'byoc') throw new ApiError('validation.malformed', "runner_enrollment.placement: pairing codes enroll BYOC runners only ('byoc')");
+    }
+    const normalized = normalizePairingCode(input.code);
+    if (!normalized) throw invalidCode();
+    const digest = codeDigest(normalized);
+    const key = RunnerService.codeKey(digest);
+    const peek = await this.redis.get(key);
+    if (!peek) throw invalidCode();
+    const ref = JSON.parse(peek) as { workspace_id: string; pairing_id: string };
+    const pairing = await this.getPairing(ref.workspace_id, ref.pairing_id);
+    if (!pairing || !constantTimeEqual(pairing.code_digest, digest) || pairing.status !== 'pending') throw invalidCode();
+    if (Date.parse(pairing.expires_at) <= Date.now()) {
+      await this.redis.del(key);
+      throw invalidCode();
+    }
+    let pool = await this.getPool(pairing.workspace_id, pairing.runner_pool_id);
+    if (enrollment?.runner_pool_id !== undefined) {
+      pool = await this.getPool(pairing.workspace_id, enrollment.runner_pool_id).catch(() => {
+        throw new ApiError('validation.not_found', 'runner_enrollment.runner_pool_id: runner pool not found in the pairing workspace');
+      });
+      if (pool.placement !== 'byoc') throw new ApiError('validation.malformed', 'runner_enrollment.runner_pool_id: a pairing code can only join a BYOC pool');
+    }
+    const principal = await this.docs.get<Principal>(tags.workspace(pairing.workspace_id), pairing.principal_id);
+    if (!principal || principal.status !== 'active') throw new ApiError('auth.permission_denied', 'the Principal that created this pairing is no longer active');
+    // Single use: only the caller whose GETDEL returns the value goes on.
+    const taken = await this.redis.getdel(key);
+    if (taken !== peek) throw invalidCode();
+
+    const owner: RunnerOwner = { principal: pairing.principal_id, machine_label: pairing.machine_label };
+    const issued = await this.mint(pairing.organization_id, pairing.workspace_id, pool, {
+      owner, display_name: enrollment?.display_name ?? pairing.machine_label, issued_via: 'pairing', pairing_id: pairing.id,
+    });
+    const tag = tags.workspace(pairing.workspace_id);
+    await this.docs.update<RunnerPairing>(tag, pairing.id, (p) => ({ ...p, status: 'redeemed', redeemed_at: nowIso(), runner_credential_id: issued.runner_credential.id }));
+    await this.redis.del(this.pendingClaimKey(tag, pairing.principal_id, pairing.machine_label));
+    return issued;
+  }
+
+  // ---- credentials -------------------------------------------------------------------------------
+
+  private async mint(
+    organizationId: string,
+    workspaceId: string,
+    pool: RunnerPool,
+    input: { owner: RunnerOwner | null; display_name: string; issued_via: RunnerCredential['issued_via']; pairing_id: string | null },
+  ): Promise<IssuedRunnerCredential> {
+    const tag = tags.workspace(workspaceId);
+    const issued = issueSecret('runner_credential');
+    const now = nowIso();
+    const cred: RunnerCredential = {
+      id: newId('runnerCredential'), type: 'runner_credential', workspace_id: workspaceId, runner_pool_id: pool.id,
+      runner_id: newId('runner'), placement: pool.placement, owner: input.owner, display_name: input.display_name,
+      issued_via: input.issued_via, pairing_id: input.pairing_id, status: 'active', secret_hint: issued.hint,
+      revoked_at: null, drain: null, version: 1, created_at: now, updated_at: now,
+    };
+    if (input.owner) {
+      const ok = await this.redis.hsetnx(keys.unique(tag, 'runner_owner_labels'), `${input.owner.principal}\0${input.owner.machine_label}`, cred.id);
+      if (ok === 0) throw new ApiError('validation.conflict', `machine '${input.owner.machine_label}' is already paired for this Principal`);
+    }
+    await this.docs.create(tag, cred, ['runner_credentials', `runner_credentials:${pool.id}`]);
+    await this.redis.hset(keys.unique(tag, 'runners'), cred.runner_id, cred.id);
+    const record: AuthRecord = {
+      kind: 'runner_credential', credential_id: cred.id, organization_id: organizationId, workspace_id: workspaceId,
+      role: null, principal_id: input.owner?.principal ?? null, audience: null, rate_limit_per_minute: null, generation_number: 1,
+    };
+    await this.credentials.swap(cred.id, { digest: issued.digest, record });
+    return { runner_credential: cred, secret: issued.secret };
+  }
+
+  /** Managed pools: an operator's runner-role key enrolls a runner with no owner. */
+  async enroll(organizationId: string, workspaceId: string, poolId: string, machineLabel: string): Promise<IssuedRunnerCredential> {
+    const pool = await this.getPool(workspaceId, poolId);
+    if (pool.placement !== 'managed') throw new ApiError('validation.conflict', 'enrollment by API key is for managed pools; pair BYOC machines with a pairing code');
+    return this.mint(organizationId, workspaceId, pool, { owner: null, display_name: machineLabel, issued_via: 'enrollment', pairing_id: null });
+  }
+
+  /** The platform launcher's own local runner: Workspace-scoped, default pool, no owner. */
+  async mintLocal(workspaceId: string, label: string): Promise<IssuedRunnerCredential> {
+    const ws = await this.docs.get<Workspace>(tags.workspace(workspaceId), workspaceId);
+    if (!ws) throw new ApiError('validation.not_found', 'workspace not found');
+    const pool = await this.defaultPool(workspaceId);
+    return this.mint(ws.organization_id, workspaceId, pool, { owner: null, display_name: label, issued_via: 'local', pairing_id: null });
+  }
+
+  async getCredential(workspaceId: string, id: string): Promise<RunnerCredential> {
+    const c = await this.docs.get<RunnerCredential>(tags.workspace(workspaceId), id);
+    if (!c || c.workspace_id !== workspaceId) throw new ApiError('validation.not_found', 'runner credential not found');
+    return c;
+  }
+
+  async credentialOfRunner(workspaceId: string, runnerId: string): Promise<RunnerCredential> {
+    const id = await this.redis.hget(keys.unique(tags.workspace(workspaceId), 'runners'), runnerId);
+    if (!id) throw new ApiError('validation.not_found', 'runner not found');
+    return this.getCredential(workspaceId, id);
+  }
+
+  async revokeCredential(workspaceId: string, id: string): Promise<RunnerCredential> {
+    await this.getCredential(workspaceId, id);
+    const tag = tags.workspace(workspaceId);
+    const next = await this.docs.update<RunnerCredential>(tag, id, (c) => (c.status === 'revoked' ? null : { ...c, status: 'revoked', revoked_at: nowIso() }), {
+      notFound: 'runner credential',
+    });
+    await this.credentials.swap(id, null);
+    if (next.owner) await this.redis.hdel(keys.unique(tag, 'runner_owner_labels'), `${next.owner.principal}\0${next.owner.machine_label}`);
+    await this.publish({ kind: 'credential_revoked', workspace_id: workspaceId, credential_id: id });
+    return next;
+  }
+
+  async drainRunner(workspaceId: string, runnerId: string, deadlineSeconds: number, reason: string): Promise<RunnerCredential> {
+    const cred = await this.credentialOfRunner(workspaceId, runnerId);
+    const drain = drainState(deadlineSeconds, reason);
+    const next = await this.docs.update<RunnerCredential>(tags.workspace(workspaceId), cred.id, (c) => ({ ...c, drain }), { notFound: 'runner' });
+    await this.publish({ kind: 'drain', workspace_id: workspaceId, runner_id: runnerId, deadline: drain.deadline, reason });
+    return next;
+  }
+
+  private async publish(msg: GatewayControlMessage): Promise<void> {
+    await this.redis.publish(GATEWAY_CONTROL_CHANNEL, JSON.stringify(msg));
+  }
+}
+
+function drainState(deadlineSeconds: number, reason: string): DrainState {
+  const now = Date.now();
+  return { requested_at: new Date(now).toISOString(), deadline: new Date(now + deadlineSeconds * 1000).toISOString(), reason };
+}

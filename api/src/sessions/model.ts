@@ -1,0 +1,147 @@
+import type { StoredDoc } from '@agentplane/store';
+import type { AgentSnapshot } from '../agents/model.js';
+
+export type ThreadStatus = 'running' | 'idle' | 'rescheduling' | 'terminated';
+
+export interface SessionResource extends StoredDoc {
+  type: 'repository' | 'file' | 'memory';
+  /** repository */
+  url?: string;
+  ref?: string | null;
+  /** file */
+  file_id?: string;
+  /** memory */
+  memory_store_id?: string;
+  access?: 'read_only' | 'read_write';
+  mount_path?: string | null;
+}
+
+export interface Budget {
+  max_list_cost: { amount: number; currency: 'USD' };
+}
+
+/** Stored Session document (`ap:{s:<sess>}:doc:<sess>`). Internal fields start with `_`. */
+export interface SessionDoc extends StoredDoc {
+  type: 'session';
+  workspace_id: string;
+  agent: AgentSnapshot;
+  environment_id: string;
+  environment_version: number;
+  title: string | null;
+  budget: Budget | null;
+  metadata: Record<string, string>;
+  resources: SessionResource[];
+  vault_ids: string[];
+  outcome_evaluations: unknown[];
+  archived_at: string | null;
+  automation_id?: string;
+  _primary_thread_id: string;
+}
+
+/** What is left after DELETE: enough to answer `session_deleted` again and report the gap. */
+export interface SessionTombstone extends StoredDoc {
+  type: 'session_tombstone';
+  workspace_id: string;
+  erased_at: string;
+}
+
+export type WaitKind = 'custom_tool' | 'confirmation';
+
+export interface PendingWait {
+  generation: number;
+  kind: WaitKind;
+  /** The drive event that answered it (null while pending). */
+  answered_event_id: string | null;
+  answered_seq?: number;
+  /** Canonical JSON of the answering payload, for exact-replay detection. */
+  answer_fingerprint: string | null;
+}
+
+/** Stored SessionThread document (`ap:{s:<sess>}:doc:<sthr>`). */
+export interface ThreadDoc extends StoredDoc {
+  type: 'session_thread';
+  session_id: string;
+  workspace_id: string;
+  agent: AgentSnapshot;
+  parent_thread_id: string | null;
+  status: ThreadStatus;
+  archived_at: string | null;
+  /** Order of spawn: 0 for the primary thread. */
+  _spawn: number;
+  _active_run_id: string | null;
+  /** user.message events waiting for the next turn (queued while a turn runs). */
+  _queued_inputs: string[];
+  _wait_generation: number;
+  _waits: Record<string, PendingWait>;
+  _running_since_ms: number | null;
+  _running_ms_total: number;
+  _startup_ms: number | null;
+  /** Set by archive: stats are reported from these frozen values. */
+  _frozen_stats: ThreadStats | null;
+  _stop_reason: unknown;
+}
+
+export interface ThreadStats {
+  running_seconds: number | null;
+  elapsed_seconds: number | null;
+  startup_seconds: number | null;
+}
+
+export type RunStatus = 'queued' | 'running' | 'succeeded' | 'failed' | 'canceled';
+
+/** One turn: an immutable Run derived from the Session's configuration at turn start. */
+export interface RunDoc extends StoredDoc {
+  type: 'run';
+  session_id: string;
+  workspace_id: string;
+  session_thread_id: string;
+  status: RunStatus;
+  agent: AgentSnapshot;
+  environment_id: string;
+  environment_version: number;
+  input_event_ids: string[];
+}
+
+const sec = (ms: number) => Math.round(ms) / 1000;
+
+export function threadStats(t: ThreadDoc, now = Date.now()): ThreadStats {
+  if (t._frozen_stats) return t._frozen_stats;
+  const live = t._running_since_ms !== null ? now - t._running_since_ms : 0;
+  return {
+    running_seconds: t._running_ms_total + live > 0 || t._running_since_ms !== null ? sec(t._running_ms_total + live) : null,
+    elapsed_seconds: t._running_since_ms !== null ? sec(live) : null,
+    startup_seconds: t._startup_ms !== null ? sec(t._startup_ms) : null,
+  };
+}
+
+export interface Usage {
+  input_tokens: number;
+  output_tokens: number;
+  cache_read_input_tokens: number;
+  cache_creation_input_tokens: number;
+}
+
+export const USAGE_FIELDS: readonly (keyof Usage)[] = ['input_tokens', 'output_tokens', 'cache_read_input_tokens', 'cache_creation_input_tokens'];
+
+export function usageFrom(counters: Record<string, string>, prefix: string): Usage {
+  const out = {} as Usage;
+  for (const f of USAGE_FIELDS) out[f] = Number(counters[`${prefix}usage.${f}`] ?? 0);
+  return out;
+}
+
+export function sessionStats(counters: Record<string, string>): Record<string, number | string | null> {
+  const n = (k: string) => Number(counters[`s.${k}`] ?? 0);
+  return {
+    events: n('events'),
+    user_messages: n('events.user.message'),
+    agent_messages: n('events.agent.message'),
+    tool_uses: n('events.agent.tool_use'),
+    last_event_at: counters.last_event_at ?? null,
+  };
+}
+
+export function publicDoc<T extends object>(doc: T): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  for (const [k, v] of Object.entries(doc)) if (!k.startsWith('_')) out[k] = v;
+  return out;
+}

@@ -1,0 +1,194 @@
+import { ApiError, Cursor, Id, Nullable, Obj, Type } from '@agentplane/core';
+import type { LogEvent } from '@agentplane/store';
+import { READERS, WRITERS } from '../http/caller.js';
+import { defineOperation, json, type Operation } from '../http/operation.js';
+import { requireWorkspace } from '../http/workspace-scope.js';
+import { normaliseMcp, normaliseTools } from '../agents/model.js';
+import type { ApiDeps } from '../deps.js';
+import type { SessionDoc } from './model.js';
+import {
+  checkDrivePayload, CreateSessionBody, DriveEventBody, ListSessionsQuery, ResourceInput, ResourcePath, ResourceUpdate,
+  SessionPath, StreamQuery, UpdateSessionBody,
+} from './schemas.js';
+import { resumeCursor, sseStream } from './stream.js';
+
+const readers = { kind: 'bearer', roles: READERS, principal: true } as const;
+const writers = { kind: 'bearer', roles: WRITERS, principal: true } as const;
+
+const SessionSchema = Type.Unsafe<Record<string, unknown>>({ type: 'object', description: 'Session (docs/API.md)' });
+const EventSchema = Obj({
+  id: Id('event'), seq: Type.Integer({ minimum: 1 }), created_at: Type.String(), session_id: Id('session'),
+  session_thread_id: Nullable(Id('thread')), type: Type.String(), payload: Type.Unsafe<unknown>({}),
+});
+const ResourceSchema = Type.Unsafe<Record<string, unknown>>({ type: 'object', description: 'Session Resource (docs/API.md)' });
+
+export function deltaFilter(param: string | undefined): ((d: { type: string }) => boolean) | null {
+  if (!param) return null;
+  const kinds = new Set(param.split(','));
+  return (d) => kinds.has(d.type);
+}
+
+async function liveSession(deps: ApiDeps, ws: string, id: string): Promise<SessionDoc> {
+  return deps.sessions.store.get(ws, id);
+}
+
+export const sessionOperations: Operation[] = [
+  defineOperation({
+    operationId: 'sessions.createSession', method: 'POST', path: '/v1/sessions', summary: 'Create a Session',
+    auth: writers, body: CreateSessionBody, response: SessionSchema, successStatus: 201, idempotency: 'optional', mcp: 'compact',
+    async handler({ caller, body, idempotencyKey, deps }) {
+      return json(201, await deps.sessions.create(requireWorkspace(caller), body, idempotencyKey));
+    },
+  }),
+  defineOperation({
+    operationId: 'sessions.listSessions', method: 'GET', path: '/v1/sessions',
+    summary: 'List Sessions, newest first; archived ones only when asked', auth: readers, query: ListSessionsQuery,
+    response: Obj({ data: Type.Array(SessionSchema), next_page: Nullable(Cursor()), prev_page: Nullable(Cursor()) }), mcp: 'compact',
+    async handler({ caller, query, deps }) {
+      if (query.created_after && query.created_before && Date.parse(query.created_after) > Date.parse(query.created_before)) {
+        throw new ApiError('validation.malformed', 'query.created_after is later than query.created_before');
+      }
+      return json(200, await deps.sessions.list(requireWorkspace(caller), query));
+    },
+  }),
+  defineOperation({
+    operationId: 'sessions.getSession', method: 'GET', path: '/v1/sessions/{session_id}', summary: 'Read a Session',
+    auth: readers, params: SessionPath, response: SessionSchema, mcp: 'compact',
+    async handler({ caller, params, deps }) {
+      return json(200, await deps.sessions.view(await liveSession(deps, requireWorkspace(caller), params.session_id)));
+    },
+  }),
+  defineOperation({
+    operationId: 'sessions.updateSession', method: 'POST', path: '/v1/sessions/{session_id}',
+    summary: 'Update a Session; supplied collections fully replace; agent changes govern later Runs only', auth: writers,
+    params: SessionPath, body: UpdateSessionBody, response: SessionSchema, idempotency: 'optional', mcp: 'compact',
+    async handler({ caller, params, body, deps }) {
+      const ws = requireWorkspace(caller);
+      const s = await deps.sessions.store.update(ws, params.session_id, (cur) => {
+        if (cur.archived_at !== null) throw new ApiError('runtime.invalid_transition', 'an archived session cannot be changed');
+        return {
+          ...cur,
+          ...(body.agent ? {
+            agent: {
+              ...cur.agent,
+              ...(body.agent.tools !== undefined ? { tools: normaliseTools(body.agent.tools) } : {}),
+              ...(body.agent.mcp_servers !== undefined ? { mcp_servers: normaliseMcp(body.agent.mcp_servers) } : {}),
+            },
+          } : {}),
+          ...(body.budget !== undefined ? { budget: body.budget ? { max_list_cost: { amount: body.budget.max_list_cost.amount, currency: 'USD' as const } } : null } : {}),
+          ...(body.metadata !== undefined ? { metadata: body.metadata } : {}),
+          ...(body.title !== undefined ? { title: body.title } : {}),
+          ...(body.vault_ids !== undefined ? { vault_ids: body.vault_ids } : {}),
+        };
+      });
+      return json(200, await deps.sessions.view(s));
+    },
+  }),
+  defineOperation({
+    operationId: 'sessions.archiveSession', method: 'POST', path: '/v1/sessions/{session_id}/archive',
+    summary: 'Archive a Session (one-way, retry-safe): no new work, reads stay', auth: writers, params: SessionPath,
+    response: SessionSchema, idempotency: 'optional', mcp: 'compact',
+    async handler({ caller, params, deps }) {
+      return json(200, await deps.sessions.view(await deps.sessions.store.archive(requireWorkspace(caller), params.session_id)));
+    },
+  }),
+  defineOperation({
+    operationId: 'sessions.deleteSession', method: 'DELETE', path: '/v1/sessions/{session_id}',
+    summary: 'Delete a Session and erase its event log (retry-safe)', auth: writers, params: SessionPath,
+    response: Obj({ id: Id('session'), type: Type.Literal('session_deleted') }), mcp: 'full',
+    async handler({ caller, params, deps }) {
+      await deps.sessions.store.erase(requireWorkspace(caller), params.session_id);
+      return json(200, { id: params.session_id, type: 'session_deleted' });
+    },
+  }),
+
+  // ---- resources ----
+  defineOperation({
+    operationId: 'sessions.listResources', method: 'GET', path: '/v1/sessions/{session_id}/resources', summary: 'List the Resources of a Session',
+    auth: readers, params: SessionPath, response: Obj({ data: Type.Array(ResourceSchema), next_page: Nullable(Cursor()) }), mcp: 'full',
+    async handler({ caller, params, deps }) {
+      const s = await liveSession(deps, requireWorkspace(caller), params.session_id);
+      return json(200, { data: s.resources, next_page: null });
+    },
+  }),
+  defineOperation({
+    operationId: 'sessions.addResource', method: 'POST', path: '/v1/sessions/{session_id}/resources', summary: 'Add a Resource to a Session',
+    auth: writers, params: SessionPath, body: ResourceInput, response: ResourceSchema, successStatus: 201, idempotency: 'optional', mcp: 'full',
+    async handler({ caller, params, body, deps }) {
+      const r = deps.sessions.newResource(body as Record<string, unknown>);
+      await deps.sessions.store.update(requireWorkspace(caller), params.session_id, (cur) => {
+        if (cur.archived_at !== null) throw new ApiError('runtime.invalid_transition', 'an archived session cannot be changed');
+        if (cur.resources.length >= 64) throw new ApiError('validation.malformed', 'a session holds at most 64 resources');
+        return { ...cur, resources: [...cur.resources, r] };
+      });
+      return json(201, r);
+    },
+  }),
+  defineOperation({
+    operationId: 'sessions.getResource', method: 'GET', path: '/v1/sessions/{session_id}/resources/{resource_id}', summary: 'Read a Session Resource',
+    auth: readers, params: ResourcePath, response: ResourceSchema, mcp: 'full',
+    async handler({ caller, params, deps }) {
+      const s = await liveSession(deps, requireWorkspace(caller), params.session_id);
+      const r = s.resources.find((x) => x.id === params.resource_id);
+      if (!r) throw new ApiError('validation.not_found', 'resource not found');
+      return json(200, r);
+    },
+  }),
+  defineOperation({
+    operationId: 'sessions.updateResource', method: 'POST', path: '/v1/sessions/{session_id}/resources/{resource_id}', summary: 'Update a Session Resource',
+    auth: writers, params: ResourcePath, body: ResourceUpdate, response: ResourceSchema, idempotency: 'optional', mcp: 'full',
+    async handler({ caller, params, body, deps }) {
+      let out: unknown = null;
+      await deps.sessions.store.update(requireWorkspace(caller), params.session_id, (cur) => {
+        if (cur.archived_at !== null) throw new ApiError('runtime.invalid_transition', 'an archived session cannot be changed');
+        const r = cur.resources.find((x) => x.id === params.resource_id);
+        if (!r) throw new ApiError('validation.not_found', 'resource not found');
+        if (body.ref !== undefined && r.type !== 'repository') throw new ApiError('validation.malformed', 'body.ref: only repository resources have a ref');
+        if (body.access !== undefined && r.type !== 'memory') throw new ApiError('validation.malformed', 'body.access: only memory resources have an access mode');
+        if (body.mount_path !== undefined && r.type === 'memory') throw new ApiError('validation.malformed', 'body.mount_path: memory resources are not mounted');
+        const next = { ...r, ...body, version: r.version + 1, updated_at: new Date().toISOString() };
+        out = next;
+        return { ...cur, resources: cur.resources.map((x) => (x.id === r.id ? next : x)) };
+      });
+      return json(200, out);
+    },
+  }),
+  defineOperation({
+    operationId: 'sessions.deleteResource', method: 'DELETE', path: '/v1/sessions/{session_id}/resources/{resource_id}', summary: 'Remove a Resource from a Session',
+    auth: writers, params: ResourcePath, response: Obj({ id: Id('resource'), type: Type.Literal('session_resource_deleted') }), mcp: 'full',
+    async handler({ caller, params, deps }) {
+      await deps.sessions.store.update(requireWorkspace(caller), params.session_id, (cur) => {
+        if (cur.archived_at !== null) throw new ApiError('runtime.invalid_transition', 'an archived session cannot be changed');
+        if (!cur.resources.some((x) => x.id === params.resource_id)) throw new ApiError('validation.not_found', 'resource not found');
+        return { ...cur, resources: cur.resources.filter((x) => x.id !== params.resource_id) };
+      });
+      return json(200, { id: params.resource_id, type: 'session_resource_deleted' });
+    },
+  }),
+
+  // ---- events ----
+  defineOperation({
+    operationId: 'sessions.sendEvent', method: 'POST', path: '/v1/sessions/{session_id}/events', summary: 'Send one drive event to a Session',
+    auth: writers, params: SessionPath, body: DriveEventBody, response: EventSchema, successStatus: 201, idempotency: 'optional', mcp: 'compact',
+    async handler({ caller, params, body, idempotencyKey, deps }) {
+      const payload = checkDrivePayload(body.type, body.payload);
+      const s = await deps.sessions.store.get(requireWorkspace(caller), params.session_id);
+      const { status, event } = await deps.sessions.drive(s, { type: body.type, payload }, idempotencyKey);
+      return json(status, event);
+    },
+  }),
+  defineOperation({
+    operationId: 'sessions.streamEvents', method: 'GET', path: '/v1/sessions/{session_id}/events/stream',
+    summary: 'SSE: replay after Last-Event-ID, then live', auth: readers, params: SessionPath, query: StreamQuery, mcp: 'never',
+    async handler({ caller, params, query, headers, deps }) {
+      const doc = await deps.sessions.store.getOrTombstone(requireWorkspace(caller), params.session_id);
+      return sseStream({
+        sessionId: params.session_id, cursor: resumeCursor(headers['last-event-id'], query.last_event_id), filter: () => true,
+        deltas: deltaFilter(query.event_deltas), erased: doc.type === 'session_tombstone', log: deps.sessions.store.log, hub: deps.eventHub,
+        shutdown: deps.shutdownSignal,
+      });
+    },
+  }),
+];
+
+export type { LogEvent };

@@ -1,0 +1,294 @@
+import { ApiError, canonicalJson, newId, nowIso, sha256Hex } from '@agentplane/core';
+import { keys, tags, type LogEvent } from '@agentplane/store';
+import { newAgent, snapshotOf, type Agent, type AgentSnapshot } from '../agents/model.js';
+import type { VersionedStore } from '../agents/versioned.js';
+import type { Environment } from '../environments/operations.js';
+import type { IdentityService } from '../identity/service.js';
+import {
+  publicDoc, sessionStats, threadStats, usageFrom, type SessionDoc, type SessionResource, type ThreadDoc,
+} from './model.js';
+import { checkDrivePayload, type CreateSessionInput, type DriveEventType, type DrivePayload } from './schemas.js';
+import { newThreadDoc, SessionStore } from './store.js';
+import type { ThreadRuntime, TurnScheduler } from './turns.js';
+
+export interface SessionServiceDeps {
+  store: SessionStore;
+  agents: VersionedStore<Agent>;
+  environments: VersionedStore<Environment>;
+  identity: IdentityService;
+  runtime: ThreadRuntime;
+  scheduler: () => TurnScheduler;
+}
+
+export interface DriveInput {
+  type: DriveEventType;
+  payload: DrivePayload;
+}
+
+export interface DriveOutcome {
+  status: 200 | 201;
+  event: LogEvent;
+}
+
+interface Position {
+  score: number;
+  member: string;
+}
+
+function encodePos(dir: 'n' | 'p', pos: Position): string {
+  return `c1_${Buffer.from(`${dir}|${pos.score}|${pos.member}`, 'utf8').toString('hex')}`;
+}
+function decodePos(cursor: string): { dir: 'n' | 'p'; pos: Position } {
+  const m = /^c1_([0-9a-f]+)$/.exec(cursor);
+  const parts = m?.[1] && m[1].length % 2 === 0 ? Buffer.from(m[1], 'hex').toString('utf8').split('|') : [];
+  const [dir, score, member] = parts;
+  if ((dir === 'n' || dir === 'p') && score !== undefined && Number.isFinite(Number(score)) && member) return { dir, pos: { score: Number(score), member } };
+  throw new ApiError('validation.malformed', 'query.page: not a cursor issued by this list');
+}
+
+export class SessionService {
+  constructor(private readonly d: SessionServiceDeps) {}
+
+  get store(): SessionStore {
+    return this.d.store;
+  }
+
+  // ---- create --------------------------------------------------------------------------------
+
+  private async resolveAgent(ws: string, input: CreateSessionInput['agent']): Promise<AgentSnapshot> {
+    if (typeof input === 'string' || 'id' in input) {
+      const id = typeof input === 'string' ? input : input.id;
+      const version = typeof input === 'string' ? undefined : input.version;
+      const agent = version !== undefined ? await this.d.agents.getVersion(ws, id, version) : await this.d.agents.get(ws, id);
+      if (version === undefined && agent.archived_at !== null) throw new ApiError('runtime.invalid_transition', 'the agent is archived');
+      return snapshotOf(agent);
+    }
+    // Inline configuration: recorded as a new Agent (version 1) so the snapshot is addressable.
+    return snapshotOf(await this.d.agents.create(ws, newAgent(ws, input)));
+  }
+
+  async create(ws: string, body: CreateSessionInput, idemKey: string | undefined): Promise<Record<string, unknown>> {
+    const initial = (body.initial_events ?? []).map((e, i) => ({ type: e.type, payload: checkDrivePayload(e.type, e.payload, `body.initial_events.${i}`) }));
+    for (const e of initial) {
+      if (e.type !== 'user.message' && e.type !== 'user.define_outcome') {
+        throw new ApiError('validation.malformed', `initial_events: '${e.type}' needs a running Session; only user.message and user.define_outcome are accepted`);
+      }
+      if (e.payload.session_thread_id !== undefined) throw new ApiError('validation.malformed', 'initial_events: session_thread_id is not accepted (the primary thread does not exist yet)');
+    }
+    await Promise.all([...new Set(initial.map((e) => e.payload.authored_by))].map((p) => this.d.identity.activePrincipal(ws, p, 'authored_by')));
+    const env = await this.d.environments.get(ws, body.environment_id);
+    if (env.archived_at !== null) throw new ApiError('runtime.invalid_transition', 'the environment is archived');
+    const agent = await this.resolveAgent(ws, body.agent);
+    const now = nowIso();
+    const id = newId('session');
+    const primary = newThreadDoc({ id, workspace_id: ws, created_at: now }, agent, null);
+    const session: SessionDoc = {
+      id, type: 'session', workspace_id: ws, agent, environment_id: env.id, environment_version: env.version,
+      title: body.title ?? null, budget: body.budget ? { max_list_cost: { amount: body.budget.max_list_cost.amount, currency: 'USD' } } : null,
+      metadata: body.metadata ?? {}, resources: (body.resources ?? []).map((r) => this.newResource(r)), vault_ids: body.vault_ids ?? [],
+      outcome_evaluations: [], archived_at: null, _primary_thread_id: primary.id, version: 1, created_at: now, updated_at: now,
+    };
+    await this.d.store.create(session, primary);
+    if (initial.length > 0) {
+      const r = await this.d.store.log.append(session.id, initial.map((e) => ({ type: e.type, payload: e.payload, session_thread_id: primary.id })), {
+        producerKey: idemKey ? `create:${sha256Hex(idemKey)}` : undefined,
+      });
+      if (r.ok) {
+        for (const ev of r.events) if (ev.type === 'user.message') await this.d.runtime.submitUserMessage(session, primary.id, ev.id);
+      }
+    }
+    return this.view(session);
+  }
+
+  newResource(r: Record<string, unknown>): SessionResource {
+    const now = nowIso();
+    const base = { id: newId('resource'), version: 1, created_at: now, updated_at: now };
+    switch (r.type) {
+      case 'repository':
+        return { ...base, type: 'repository', url: r.url as string, ref: (r.ref as string | null | undefined) ?? null, mount_path: (r.mount_path as string | null | undefined) ?? null };
+      case 'file':
+        return { ...base, type: 'file', file_id: r.file_id as string, mount_path: (r.mount_path as string | null | undefined) ?? null };
+      default:
+        return { ...base, type: 'memory', memory_store_id: r.memory_store_id as string, access: (r.access as 'read_only' | 'read_write' | undefined) ?? 'read_only' };
+    }
+  }
+
+  // ---- views ---------------------------------------------------------------------------------
+
+  async view(s: SessionDoc): Promise<Record<string, unknown>> {
+    const [primary, counters] = await Promise.all([
+      this.d.store.docs.get<ThreadDoc>(tags.session(s.id), s._primary_thread_id),
+      this.d.store.log.counters(s.id),
+    ]);
+    return {
+      ...publicDoc(s),
+      status: primary?.status ?? 'idle',
+      stats: sessionStats(counters),
+      usage: usageFrom(counters, 's.'),
+    };
+  }
+
+  async threadView(t: ThreadDoc, counters?: Record<string, string>): Promise<Record<string, unknown>> {
+    const c = counters ?? (await this.d.store.log.counters(t.session_id));
+    const usage = usageFrom(c, `t.${t.id}.`);
+    const any = Object.values(usage).some((v) => v > 0);
+    const { workspace_id: _ws, ...rest } = publicDoc(t);
+    return { ...rest, stats: threadStats(t), usage: any ? usage : null };
+  }
+
+  // ---- list ----------------------------------------------------------------------------------
+
+  async list(ws: string, q: {
+    limit?: number | undefined; page?: string | undefined; order?: 'asc' | 'desc' | undefined; agent_id?: string | undefined;
+    automation_id?: string | undefined; created_after?: string | undefined; created_before?: string | undefined; include_archived?: boolean | undefined;
+  }): Promise<{ data: Record<string, unknown>[]; next_page: string | null; prev_page: string | null }> {
+    const limit = q.limit ?? 20;
+    const suffix = q.include_archived ? 'all' : 'live';
+    const index = q.agent_id ? `sessions:agent:${q.agent_id}:${suffix}` : q.automation_id ? `sessions:automation:${q.automation_id}:${suffix}` : `sessions:${suffix}`;
+    const key = keys.index(tags.workspace(ws), index);
+    const min = q.created_after ? Date.parse(q.created_after) : -Infinity;
+    const max = q.created_before ? Date.parse(q.created_before) : Infinity;
+    const desc = (q.order ?? 'desc') === 'desc';
+    const residual = q.agent_id && q.automation_id ? (s: SessionDoc) => s.automation_id === q.automation_id : null;
+    const cursor = q.page ? decodePos(q.page) : null;
+
+    // A `p` cursor walks backwards from the first item of the page the client saw.
+    const forward = cursor?.dir !== 'p';
+    const walkDesc = forward ? desc : !desc;
+    const { docs, more } = await this.scan(key, walkDesc, cursor?.pos ?? null, min, max, limit, residual);
+    const page = forward ? docs : [...docs].reverse();
+    const first = page[0];
+    const last = page[page.length - 1];
+    const pos = (s: SessionDoc): Position => ({ score: Date.parse(s.created_at), member: s.id });
+    let next_page: string | null = null;
+    let prev_page: string | null = null;
+    if (forward) {
+      if (more && last) next_page = encodePos('n', pos(last));
+      if (cursor && first) prev_page = (await this.scan(key, !desc, pos(first), min, max, 1, residual)).docs.length ? encodePos('p', pos(first)) : null;
+    } else {
+      if (more && first) prev_page = encodePos('p', pos(first));
+      if (last) next_page = (await this.scan(key, desc, pos(last), min, max, 1, residual)).docs.length ? encodePos('n', pos(last)) : null;
+    }
+    return { data: await Promise.all(page.map((s) => this.view(s))), next_page, prev_page };
+  }
+
+  private async scan(key: string, desc: boolean, from: Position | null, min: number, max: number, want: number, residual: ((s: SessionDoc) => boolean) | null): Promise<{ docs: SessionDoc[]; more: boolean }> {
+    const out: SessionDoc[] = [];
+    let pos = from;
+    const chunk = Math.min(Math.max(want * 2, 50), 500);
+    const fmt = (n: number) => (n === Infinity ? '+inf' : n === -Infinity ? '-inf' : String(n));
+    for (;;) {
+      const raw = desc
+        ? await this.d.store.redis.zrevrangebyscore(key, pos ? String(Math.min(pos.score, max)) : fmt(max), fmt(min), 'WITHSCORES', 'LIMIT', 0, chunk)
+        : await this.d.store.redis.zrangebyscore(key, pos ? String(Math.max(pos.score, min)) : fmt(min), fmt(max), 'WITHSCORES', 'LIMIT', 0, chunk);
+      const rows: Position[] = [];
+      for (let i = 0; i + 1 < raw.length; i += 2) rows.push({ member: raw[i] as string, score: Number(raw[i + 1]) });
+      const p = pos;
+      const fresh = p ? rows.filter((r) => r.score !== p.score || (desc ? r.member < p.member : r.member > p.member)) : rows;
+      const docs = fresh.length ? await this.getMany(fresh.map((r) => r.member)) : [];
+      for (let i = 0; i < fresh.length; i++) {
+        const row = fresh[i] as Position;
+        pos = row;
+        const doc = docs[i];
+        if (!doc || (residual && !residual(doc))) continue;
+        if (out.length === want) return { docs: out, more: true };
+        out.push(doc);
+      }
+      if (raw.length / 2 < chunk || (fresh.length === 0 && rows.length > 0)) return { docs: out, more: false };
+    }
+  }
+
+  private async getMany(ids: string[]): Promise<(SessionDoc | null)[]> {
+    const pipe = this.d.store.redis.pipeline();
+    for (const id of ids) pipe.get(keys.doc(tags.session(id), id));
+    const res = (await pipe.exec()) ?? [];
+    return res.map(([, v]) => {
+      if (typeof v !== 'string') return null;
+      const doc = JSON.parse(v) as SessionDoc;
+      return doc.type === 'session' ? doc : null;
+    });
+  }
+
+  // ---- drive events --------------------------------------------------------------------------
+
+  async drive(session: SessionDoc, input: DriveInput, idemKey: string | undefined): Promise<DriveOutcome> {
+    if (session.archived_at !== null) throw new ApiError('runtime.invalid_transition', 'the session is archived: it keeps its reads but takes no new work');
+    const p = input.payload;
+    await this.d.identity.activePrincipal(session.workspace_id, p.authored_by, 'authored_by');
+    if (input.type === 'user.custom_tool_result' || input.type === 'user.tool_confirmation') return this.answer(session, input);
+
+    const threadId = p.session_thread_id ?? session._primary_thread_id;
+    const thread = await this.d.store.thread(session.id, threadId);
+    if (thread.status === 'terminated' && (input.type === 'user.message' || input.type === 'user.interrupt')) {
+      throw new ApiError('runtime.invalid_transition', 'the thread is terminated');
+    }
+    const event = await this.appendOne(session.id, input, threadId, idemKey ? `drive:${sha256Hex(idemKey)}` : undefined);
+    if (input.type === 'user.message') await this.d.runtime.submitUserMessage(session, threadId, event.id);
+    if (input.type === 'user.interrupt') await this.d.runtime.interrupt(session, threadId);
+    return { status: 201, event };
+  }
+
+  private async appendOne(sessionId: string, input: DriveInput, threadId: string, producerKey: string | undefined): Promise<LogEvent> {
+    const r = await this.d.store.log.append(sessionId, [{ type: input.type, payload: input.payload, session_thread_id: threadId, ...(producerKey ? { producer_key: producerKey } : {}) }]);
+    if (!r.ok) {
+      if (r.reason === 'erased') throw new ApiError('validation.gone', 'the session was deleted and its event log erased');
+      throw new ApiError('runtime.invalid_transition', 'the event log refused the append');
+    }
+    const ev = r.events[0];
+    if (!ev) throw new ApiError('validation.gone', 'the original event is no longer retained');
+    return ev;
+  }
+
+  /** `user.custom_tool_result` / `user.tool_confirmation`: only for the exact current wait generation. */
+  private async answer(session: SessionDoc, input: DriveInput): Promise<DriveOutcome> {
+    const p = input.payload;
+    const toolUseId = p.tool_use_id as string;
+    const kind = input.type === 'user.custom_tool_result' ? 'custom_tool' : 'confirmation';
+    let thread: ThreadDoc;
+    if (p.session_thread_id) {
+      thread = await this.d.store.thread(session.id, p.session_thread_id);
+    } else {
+      const { ids } = await this.d.store.threadIds(session.id, -1, 1000);
+      const all = (await this.d.store.threads(session.id, ids)).filter((t) => t._waits[toolUseId]);
+      const pending = all.filter((t) => {
+        const w = t._waits[toolUseId];
+        return w && w.answered_event_id === null && w.generation === t._wait_generation;
+      });
+      if (pending.length > 1) throw new ApiError('validation.malformed', `body.payload.session_thread_id is required: ${pending.length} threads wait on ${toolUseId}`);
+      const found = pending[0] ?? all[0];
+      if (!found) throw new ApiError('runtime.invalid_transition', `no thread waits on ${toolUseId}`);
+      thread = found;
+    }
+    const wait = thread._waits[toolUseId];
+    if (!wait) throw new ApiError('runtime.invalid_transition', `the thread does not wait on ${toolUseId}`);
+    if (wait.kind !== kind) throw new ApiError('runtime.invalid_transition', `${toolUseId} waits for a ${wait.kind === 'custom_tool' ? 'user.custom_tool_result' : 'user.tool_confirmation'}`);
+    const { caused_by: _c, ...exact } = p;
+    const fp = sha256Hex(canonicalJson({ type: input.type, payload: exact }));
+    if (wait.answered_event_id !== null) return this.replayAnswer(session.id, wait, fp);
+    if (wait.generation !== thread._wait_generation) throw new ApiError('runtime.invalid_transition', `the wait on ${toolUseId} is no longer current`);
+
+    const event = await this.appendOne(session.id, input, thread.id, `answer:${thread.id}:${toolUseId}:${wait.generation}`);
+    const { caused_by: _c2, ...stored } = event.payload as DrivePayload;
+    if (sha256Hex(canonicalJson({ type: event.type, payload: stored })) !== fp) {
+      throw new ApiError('validation.conflict', `${toolUseId} was already answered with another result`);
+    }
+    let resolved = false;
+    const next = await this.d.store.updateThread(session.id, thread.id, (t) => {
+      const w = t._waits[toolUseId];
+      if (!w || w.answered_event_id !== null) return null;
+      const waits = { ...t._waits, [toolUseId]: { ...w, answered_event_id: event.id, answered_seq: event.seq, answer_fingerprint: fp } };
+      resolved = Object.values(waits).every((x) => x.generation !== t._wait_generation || x.answered_event_id !== null);
+      return { ...t, _waits: waits };
+    });
+    if (resolved) await this.d.scheduler().waitsResolved(session.id, thread.id, next._active_run_id);
+    return { status: 201, event };
+  }
+
+  private async replayAnswer(sessionId: string, wait: { answer_fingerprint: string | null; answered_seq?: number }, fp: string): Promise<DriveOutcome> {
+    if (wait.answer_fingerprint !== fp) throw new ApiError('validation.conflict', 'this tool use was already answered with another result');
+    const seq = wait.answered_seq ?? 0;
+    const [event] = await this.d.store.log.range(sessionId, seq - 1, 1, seq);
+    if (!event) throw new ApiError('validation.gone', 'the original answer is no longer retained');
+    return { status: 200, event };
+  }
+}

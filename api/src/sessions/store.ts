@@ -1,0 +1,165 @@
+import { ApiError, newId, nowIso } from '@agentplane/core';
+import { DocumentStore, EventLog, keys, tags, type Redis } from '@agentplane/store';
+import type { AgentSnapshot } from '../agents/model.js';
+import type { RunDoc, SessionDoc, SessionTombstone, ThreadDoc } from './model.js';
+
+/**
+ * Session, thread and run documents. Everything of one Session lives in its `{s:<sess>}`
+ * slot; the workspace keeps only listing indexes (`{w:<ws>}` zsets scored by created ms):
+ *
+ *   sessions:all, sessions:live (not archived),
+ *   sessions:agent:<agent>:all|live, sessions:automation:<id>:all|live
+ *
+ * Index writes follow the document write (a crash in between leaves a Session reachable by
+ * id but missing from lists; never the reverse, so a list never shows a dangling id).
+ */
+export const sessionTag = tags.session;
+
+export function listIndexes(s: Pick<SessionDoc, 'agent' | 'automation_id'>, live: boolean): string[] {
+  const suffixes = live ? ['all', 'live'] : ['all'];
+  const out = suffixes.map((x) => `sessions:${x}`);
+  for (const x of suffixes) out.push(`sessions:agent:${s.agent.id}:${x}`);
+  if (s.automation_id) for (const x of suffixes) out.push(`sessions:automation:${s.automation_id}:${x}`);
+  return out;
+}
+
+export class SessionStore {
+  readonly docs: DocumentStore;
+  readonly log: EventLog;
+
+  constructor(readonly redis: Redis) {
+    this.docs = new DocumentStore(redis);
+    this.log = new EventLog(redis);
+  }
+
+  async create(session: SessionDoc, primary: ThreadDoc): Promise<void> {
+    const tag = sessionTag(session.id);
+    await this.docs.create(tag, primary);
+    // Spawn order, not creation time, orders threads: primary first.
+    await this.redis.zadd(keys.index(tag, 'threads'), 0, primary.id);
+    await this.docs.create(tag, session);
+    const ws = tags.workspace(session.workspace_id);
+    const score = Date.parse(session.created_at);
+    const multi = this.redis.multi();
+    for (const idx of listIndexes(session, true)) multi.zadd(keys.index(ws, idx), score, session.id);
+    await multi.exec();
+  }
+
+  /** The live Session of this workspace, or 404 (another workspace's Session looks absent); 410 once erased. */
+  async get(workspaceId: string, id: string): Promise<SessionDoc> {
+    const doc = await this.docs.get<SessionDoc | SessionTombstone>(sessionTag(id), id);
+    if (!doc || doc.workspace_id !== workspaceId) throw new ApiError('validation.not_found', 'session not found');
+    if (doc.type === 'session_tombstone') throw new ApiError('validation.gone', 'the session was deleted and its event log erased');
+    return doc;
+  }
+
+  /** Like get, but an erased Session returns its tombstone (streams report the gap). */
+  async getOrTombstone(workspaceId: string, id: string): Promise<SessionDoc | SessionTombstone> {
+    const doc = await this.docs.get<SessionDoc | SessionTombstone>(sessionTag(id), id);
+    if (!doc || doc.workspace_id !== workspaceId) throw new ApiError('validation.not_found', 'session not found');
+    return doc;
+  }
+
+  update(workspaceId: string, id: string, mutate: (s: SessionDoc) => SessionDoc | null): Promise<SessionDoc> {
+    return this.docs.update<SessionDoc>(sessionTag(id), id, (cur) => {
+      if ((cur as unknown as SessionTombstone).type === 'session_tombstone') throw new ApiError('validation.gone', 'the session was deleted');
+      if (cur.workspace_id !== workspaceId) throw new ApiError('validation.not_found', 'session not found');
+      return mutate(cur);
+    }, { notFound: 'session' });
+  }
+
+  async archive(workspaceId: string, id: string): Promise<SessionDoc> {
+    const s = await this.update(workspaceId, id, (cur) => (cur.archived_at !== null ? null : { ...cur, archived_at: nowIso() }));
+    const ws = tags.workspace(workspaceId);
+    const multi = this.redis.multi();
+    for (const idx of listIndexes(s, true)) if (idx.endsWith(':live')) multi.zrem(keys.index(ws, idx), id);
+    await multi.exec();
+    return s;
+  }
+
+  /** Erase: lists first, then the log (with its erased marker), then the documents; retry-safe. */
+  async erase(workspaceId: string, id: string): Promise<void> {
+    const doc = await this.getOrTombstone(workspaceId, id);
+    if (doc.type === 'session_tombstone') return;
+    const ws = tags.workspace(workspaceId);
+    const multi = this.redis.multi();
+    for (const idx of listIndexes(doc, true)) multi.zrem(keys.index(ws, idx), id);
+    await multi.exec();
+    await this.log.erase(id);
+    const tag = sessionTag(id);
+    const threadIds = await this.redis.zrange(keys.index(tag, 'threads'), 0, -1);
+    const runIds = await this.redis.zrange(keys.index(tag, 'runs'), 0, -1);
+    const now = nowIso();
+    const tomb: SessionTombstone = { id, type: 'session_tombstone', workspace_id: workspaceId, erased_at: now, version: doc.version + 1, created_at: doc.created_at, updated_at: now };
+    const m = this.redis.multi();
+    for (const t of [...threadIds, ...runIds]) m.del(keys.doc(tag, t));
+    m.del(keys.index(tag, 'threads'), keys.index(tag, 'runs'), keys.scoped(tag, 'spawn'));
+    m.set(keys.doc(tag, id), JSON.stringify(tomb));
+    await m.exec();
+  }
+
+  // ---- threads ---------------------------------------------------------------------------
+
+  async thread(sessionId: string, threadId: string): Promise<ThreadDoc> {
+    const t = await this.docs.get<ThreadDoc>(sessionTag(sessionId), threadId);
+    if (!t || t.type !== 'session_thread' || t.session_id !== sessionId) throw new ApiError('validation.not_found', 'thread not found');
+    return t;
+  }
+
+  updateThread(sessionId: string, threadId: string, mutate: (t: ThreadDoc) => ThreadDoc | null): Promise<ThreadDoc> {
+    return this.docs.update<ThreadDoc>(sessionTag(sessionId), threadId, mutate, { notFound: 'thread' });
+  }
+
+  async threadIds(sessionId: string, afterSpawn: number, limit: number): Promise<{ ids: string[]; scores: number[] }> {
+    const raw = await this.redis.zrangebyscore(keys.index(sessionTag(sessionId), 'threads'), `(${afterSpawn}`, '+inf', 'WITHSCORES', 'LIMIT', 0, limit);
+    const ids: string[] = [];
+    const scores: number[] = [];
+    for (let i = 0; i + 1 < raw.length; i += 2) {
+      ids.push(raw[i] as string);
+      scores.push(Number(raw[i + 1]));
+    }
+    return { ids, scores };
+  }
+
+  async threads(sessionId: string, ids: string[]): Promise<ThreadDoc[]> {
+    return this.docs.getMany<ThreadDoc>(sessionTag(sessionId), ids);
+  }
+
+  /** Child threads are spawned by the runtime (a coordinator's roster), never by API callers. */
+  async spawnChild(session: SessionDoc, agent: AgentSnapshot = session.agent): Promise<ThreadDoc> {
+    const tag = sessionTag(session.id);
+    const spawn = await this.redis.incr(keys.scoped(tag, 'spawn'));
+    const t = newThreadDoc(session, agent, session._primary_thread_id);
+    t._spawn = spawn;
+    await this.docs.create(tag, t);
+    await this.redis.zadd(keys.index(tag, 'threads'), spawn, t.id);
+    return t;
+  }
+
+  // ---- runs ------------------------------------------------------------------------------
+
+  async createRun(session: SessionDoc, threadId: string, runId: string, inputs: string[]): Promise<RunDoc> {
+    const now = nowIso();
+    const run: RunDoc = {
+      id: runId, type: 'run', session_id: session.id, workspace_id: session.workspace_id, session_thread_id: threadId,
+      status: 'queued', agent: session.agent, environment_id: session.environment_id, environment_version: session.environment_version,
+      input_event_ids: inputs, version: 1, created_at: now, updated_at: now,
+    };
+    await this.docs.create(sessionTag(session.id), run, ['runs']);
+    return run;
+  }
+
+  async run(sessionId: string, runId: string): Promise<RunDoc | null> {
+    return this.docs.get<RunDoc>(sessionTag(sessionId), runId);
+  }
+}
+
+export function newThreadDoc(session: Pick<SessionDoc, 'id' | 'workspace_id' | 'created_at'>, agent: AgentSnapshot, parent: string | null): ThreadDoc {
+  const now = nowIso();
+  return {
+    id: newId('thread'), type: 'session_thread', session_id: session.id, workspace_id: session.workspace_id, agent,
+    parent_thread_id: parent, status: 'idle', archived_at: null, _spawn: 0, _active_run_id: null, _queued_inputs: [],
+    _wait_generation: 0, _waits: {}, _running_since_ms: null, _running_ms_total: 0, _startup_ms: null, _frozen_stats: null,
+    _stop_reason: null, version: 1, created_at: now, updated_at: now,
+  };
+}

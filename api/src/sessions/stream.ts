@@ -1,0 +1,178 @@
+import type { ServerResponse } from 'node:http';
+import { ApiError } from '@agentplane/core';
+import type { DeltaMessage, EventHub, EventLog, HubMessage, LogEvent } from '@agentplane/store';
+import type { StreamResult } from '../http/operation.js';
+
+/** Keep-alive comment period; proxies commonly cut idle streams after 30-60 s. */
+export const KEEPALIVE_MS = 15_000;
+/** Replay and backfill read the log in pages of this many events. */
+const READ_PAGE = 500;
+/** A viewer that stops reading is cut off past this much unsent data; it resumes with Last-Event-ID. */
+const MAX_BUFFERED_BYTES = 8 * 1024 * 1024;
+
+/** One serialised frame per event, shared by every viewer of the process (fan-out writes one string). */
+const frames = new WeakMap<LogEvent, string>();
+function frameOf(e: LogEvent): string {
+  let f = frames.get(e);
+  if (f === undefined) {
+    f = `id: ${e.seq}\nevent: ${e.type}\ndata: ${JSON.stringify(e)}\n\n`;
+    frames.set(e, f);
+  }
+  return f;
+}
+
+export interface StreamSpec {
+  sessionId: string;
+  /** Deliver events with seq > cursor. */
+  cursor: number;
+  /** Which events this stream shows (a thread's view); hidden events still advance the cursor. */
+  filter: (e: LogEvent) => boolean;
+  /** Which preview fragments this stream shows (`event_deltas`), or null for none. */
+  deltas: ((d: DeltaMessage) => boolean) | null;
+  /** The Session was erased: report the gap and end. */
+  erased: boolean;
+  log: EventLog;
+  hub: EventHub;
+  shutdown: AbortSignal;
+}
+
+/** Parse `Last-Event-ID` (header) or `last_event_id` (query): a non-negative sequence number. */
+export function resumeCursor(header: string | undefined, query: number | undefined): number {
+  if (header !== undefined && header.trim() !== '') {
+    const v = header.trim();
+    if (!/^\d{1,15}$/.test(v)) throw new ApiError('validation.malformed', 'Last-Event-ID must be a sequence number issued by this stream');
+    if (query !== undefined && query !== Number(v)) throw new ApiError('validation.malformed', 'Last-Event-ID and last_event_id disagree');
+    return Number(v);
+  }
+  return query ?? 0;
+}
+
+/**
+ * Replay-then-live SSE with no gap and no duplicate at the switch:
+ *  1. register with the process hub (subscription confirmed) BEFORE reading the log;
+ *  2. replay stored events after the cursor, buffering live messages meanwhile;
+ *  3. drain the buffer, dropping what replay already delivered (seq <= last), backfilling
+ *     with XRANGE when a live message jumps ahead; then stay live.
+ * A discontinuity in what the log returns (retention, erasure) becomes a `gap` frame whose id
+ * is the end of the unreadable range, so a reconnect resumes after it.
+ */
+export function sseStream(spec: StreamSpec): StreamResult {
+  return {
+    kind: 'stream',
+    async write(res: ServerResponse, signal: AbortSignal): Promise<void> {
+      res.writeHead(200, {
+        'content-type': 'text/event-stream; charset=utf-8',
+        'cache-control': 'no-cache, no-transform',
+        connection: 'keep-alive',
+        'x-accel-buffering': 'no',
+      });
+      res.flushHeaders();
+      let last = spec.cursor;
+      let ended = false;
+      let finish: () => void = () => undefined;
+      const done = new Promise<void>((resolve) => {
+        finish = resolve;
+      });
+      const end = () => {
+        if (ended) return;
+        ended = true;
+        if (!res.writableEnded) res.end();
+        finish();
+      };
+      const write = (chunk: string) => {
+        if (ended) return;
+        res.write(chunk);
+        if (res.writableLength > MAX_BUFFERED_BYTES) end();
+      };
+      const gap = (from: number, to: number, reason: string) => {
+        if (to < from) return;
+        write(`id: ${to}\nevent: gap\ndata: ${JSON.stringify({ type: 'gap', from_seq: from, to_seq: to, reason })}\n\n`);
+        last = to;
+      };
+      const deliver = (events: readonly LogEvent[]) => {
+        for (const e of events) {
+          if (e.seq <= last) continue;
+          if (e.seq > last + 1) gap(last + 1, e.seq - 1, 'retention');
+          if (spec.filter(e)) write(frameOf(e));
+          last = e.seq;
+        }
+      };
+      /** Read the log from `last` until `to` (or its end). */
+      const backfill = async (to?: number) => {
+        for (;;) {
+          if (ended || (to !== undefined && last >= to)) return;
+          const batch = await spec.log.range(spec.sessionId, last, READ_PAGE, to);
+          if (batch.length === 0) {
+            if (to !== undefined && last < to) gap(last + 1, to, 'retention');
+            return;
+          }
+          deliver(batch);
+          if (batch.length < READ_PAGE && to === undefined) return;
+        }
+      };
+      const handle = async (m: HubMessage) => {
+        if (ended) return;
+        switch (m.kind) {
+          case 'events':
+            if (m.to <= last) return;
+            if (m.events && m.from <= last + 1) deliver(m.events);
+            else await backfill(m.to);
+            return;
+          case 'erased':
+            gap(last + 1, m.through, 'erased');
+            end();
+            return;
+          case 'delta':
+            if (spec.deltas?.(m.delta)) write(`event: ${m.delta.type}.delta\ndata: ${JSON.stringify(m.delta)}\n\n`);
+            return;
+          case 'resync':
+            await backfill();
+            return;
+        }
+      };
+
+      const onAbort = () => end();
+      signal.addEventListener('abort', onAbort);
+      spec.shutdown.addEventListener('abort', onAbort);
+      const keepalive = setInterval(() => write(': keep-alive\n\n'), KEEPALIVE_MS);
+      keepalive.unref();
+
+      let live = false;
+      const buffered: HubMessage[] = [];
+      let chain: Promise<void> = Promise.resolve();
+      const enqueue = (m: HubMessage) => {
+        chain = chain.then(() => handle(m)).catch(() => end());
+      };
+      let watch: { close(): void } | null = null;
+      try {
+        if (spec.erased) {
+          const st = await spec.log.state(spec.sessionId);
+          gap(last + 1, st.seq, 'erased');
+          end();
+        } else if (!signal.aborted && !spec.shutdown.aborted) {
+          watch = await spec.hub.watch(spec.sessionId, (m) => (live ? enqueue(m) : buffered.push(m)), { deltas: spec.deltas !== null });
+          const st = await spec.log.state(spec.sessionId);
+          if (st.erased) {
+            gap(last + 1, st.seq, 'erased');
+            end();
+          } else {
+            if (last + 1 < st.low) gap(last + 1, st.low - 1, 'retention');
+            await backfill();
+            live = true;
+            for (const m of buffered.splice(0)) enqueue(m);
+          }
+        } else {
+          end();
+        }
+        if (signal.aborted || spec.shutdown.aborted) end();
+        await done;
+      } finally {
+        clearInterval(keepalive);
+        watch?.close();
+        signal.removeEventListener('abort', onAbort);
+        spec.shutdown.removeEventListener('abort', onAbort);
+        end();
+      }
+    },
+  };
+}

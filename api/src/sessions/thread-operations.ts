@@ -1,0 +1,134 @@
+import { ApiError, Cursor, Nullable, Obj, Type } from '@agentplane/core';
+import type { LogEvent } from '@agentplane/store';
+import { READERS, WRITERS } from '../http/caller.js';
+import { defineOperation, json, type Operation } from '../http/operation.js';
+import { requireWorkspace } from '../http/workspace-scope.js';
+import type { ApiDeps } from '../deps.js';
+import { threadStats, type SessionDoc, type ThreadDoc } from './model.js';
+import { deltaFilter } from './operations.js';
+import { StreamQuery, ThreadEventsQuery, ThreadListQuery, ThreadPath, SessionPath } from './schemas.js';
+import { resumeCursor, sseStream } from './stream.js';
+
+const readers = { kind: 'bearer', roles: READERS, principal: true } as const;
+const writers = { kind: 'bearer', roles: WRITERS, principal: true } as const;
+const ThreadSchema = Type.Unsafe<Record<string, unknown>>({ type: 'object', description: 'SessionThread (docs/API.md)' });
+
+/**
+ * What a thread shows of the Session log. A child: its complete history. The primary: the
+ * condensed Session history — its own events, Session-level events, and the status events
+ * (`session.*`) of child threads, without the children's inner work.
+ */
+export function threadFilter(session: Pick<SessionDoc, '_primary_thread_id'>, threadId: string): (e: LogEvent) => boolean {
+  if (threadId !== session._primary_thread_id) return (e) => e.session_thread_id === threadId;
+  return (e) => e.session_thread_id === threadId || e.session_thread_id === null || e.type.startsWith('session.');
+}
+
+const encodeSeq = (seq: number) => `c1_${Buffer.from(`e|${seq}`, 'utf8').toString('hex')}`;
+function decodeSeq(cursor: string): number {
+  const hex = cursor.slice(3);
+  const text = /^[0-9a-f]+$/.test(hex) && hex.length % 2 === 0 ? Buffer.from(hex, 'hex').toString('utf8') : '';
+  const m = /^e\|(\d{1,15})$/.exec(text);
+  if (!m?.[1]) throw new ApiError('validation.malformed', 'query.page: not a cursor issued by this list');
+  return Number(m[1]);
+}
+const encodeSpawn = (n: number) => `c1_${Buffer.from(`t|${n}`, 'utf8').toString('hex')}`;
+function decodeSpawn(cursor: string): number {
+  const hex = cursor.slice(3);
+  const text = /^[0-9a-f]+$/.test(hex) && hex.length % 2 === 0 ? Buffer.from(hex, 'hex').toString('utf8') : '';
+  const m = /^t\|(\d{1,15})$/.exec(text);
+  if (!m?.[1]) throw new ApiError('validation.malformed', 'query.page: not a cursor issued by this list');
+  return Number(m[1]);
+}
+
+async function sessionAndThread(deps: ApiDeps, ws: string, sessionId: string, threadId: string): Promise<{ session: SessionDoc; thread: ThreadDoc }> {
+  const session = await deps.sessions.store.get(ws, sessionId);
+  const thread = await deps.sessions.store.thread(sessionId, threadId);
+  return { session, thread };
+}
+
+export const threadOperations: Operation[] = [
+  defineOperation({
+    operationId: 'threads.listThreads', method: 'GET', path: '/v1/sessions/{session_id}/threads',
+    summary: 'List the threads of a Session: primary first, then by spawn', auth: readers, params: SessionPath, query: ThreadListQuery,
+    response: Obj({ data: Type.Array(ThreadSchema), next_page: Nullable(Cursor()) }), mcp: 'full',
+    async handler({ caller, params, query, deps }) {
+      await deps.sessions.store.get(requireWorkspace(caller), params.session_id);
+      const limit = query.limit ?? 1000;
+      const after = query.page ? decodeSpawn(query.page) : -1;
+      const { ids, scores } = await deps.sessions.store.threadIds(params.session_id, after, limit + 1);
+      const page = ids.slice(0, limit);
+      const [docs, counters] = await Promise.all([deps.sessions.store.threads(params.session_id, page), deps.sessions.store.log.counters(params.session_id)]);
+      const data = await Promise.all(docs.map((t) => deps.sessions.threadView(t, counters)));
+      const lastScore = scores[page.length - 1];
+      return json(200, { data, next_page: ids.length > limit && lastScore !== undefined ? encodeSpawn(lastScore) : null });
+    },
+  }),
+  defineOperation({
+    operationId: 'threads.getThread', method: 'GET', path: '/v1/sessions/{session_id}/threads/{thread_id}', summary: 'Read a SessionThread',
+    auth: readers, params: ThreadPath, response: ThreadSchema, mcp: 'full',
+    async handler({ caller, params, deps }) {
+      const { thread } = await sessionAndThread(deps, requireWorkspace(caller), params.session_id, params.thread_id);
+      return json(200, await deps.sessions.threadView(thread));
+    },
+  }),
+  defineOperation({
+    operationId: 'threads.archiveThread', method: 'POST', path: '/v1/sessions/{session_id}/threads/{thread_id}/archive',
+    summary: 'Archive an idle child thread (terminates it, freezes its stats)', auth: writers, params: ThreadPath, response: ThreadSchema,
+    idempotency: 'optional', mcp: 'full',
+    async handler({ caller, params, deps }) {
+      const { session } = await sessionAndThread(deps, requireWorkspace(caller), params.session_id, params.thread_id);
+      const now = new Date().toISOString();
+      const t = await deps.sessions.store.updateThread(params.session_id, params.thread_id, (cur) => {
+        if (cur.parent_thread_id === null || cur.id === session._primary_thread_id) {
+          throw new ApiError('runtime.primary_thread', 'the primary thread cannot be archived; archive the Session instead');
+        }
+        if (cur.status === 'terminated') return cur.archived_at !== null ? null : { ...cur, archived_at: now, _frozen_stats: threadStats(cur) };
+        if (cur.status !== 'idle') throw new ApiError('runtime.invalid_transition', `the thread is ${cur.status}; interrupt it with user.interrupt first`);
+        const waiting = Object.values(cur._waits).some((w) => w.generation === cur._wait_generation && w.answered_event_id === null);
+        if (waiting) throw new ApiError('runtime.invalid_transition', 'the thread waits on an action; answer or interrupt it first');
+        return { ...cur, status: 'terminated', archived_at: now, _frozen_stats: threadStats(cur), _active_run_id: null };
+      });
+      return json(200, await deps.sessions.threadView(t));
+    },
+  }),
+  defineOperation({
+    operationId: 'threads.listThreadEvents', method: 'GET', path: '/v1/sessions/{session_id}/threads/{thread_id}/events',
+    summary: "A thread's events, oldest first: the primary's condensed Session history, a child's full history", auth: readers,
+    params: ThreadPath, query: ThreadEventsQuery,
+    response: Obj({ data: Type.Array(Type.Unsafe<Record<string, unknown>>({ type: 'object' })), next_page: Nullable(Cursor()) }), mcp: 'full',
+    async handler({ caller, params, query, deps }) {
+      if (query.after !== undefined && query.page !== undefined) throw new ApiError('validation.malformed', 'query: send either after or page, never both');
+      const { session } = await sessionAndThread(deps, requireWorkspace(caller), params.session_id, params.thread_id);
+      const limit = query.limit ?? 100;
+      const filter = threadFilter(session, params.thread_id);
+      let cursor = query.page !== undefined ? decodeSeq(query.page) : (query.after ?? 0);
+      const data: LogEvent[] = [];
+      const log = deps.sessions.store.log;
+      for (;;) {
+        const batch = await log.range(params.session_id, cursor, 500);
+        for (const e of batch) {
+          if (filter(e)) {
+            if (data.length === limit) return json(200, { data, next_page: encodeSeq(cursor) });
+            data.push(e);
+          }
+          cursor = e.seq;
+        }
+        if (batch.length < 500) return json(200, { data, next_page: null });
+      }
+    },
+  }),
+  defineOperation({
+    operationId: 'threads.streamThread', method: 'GET', path: '/v1/sessions/{session_id}/threads/{thread_id}/stream',
+    summary: "SSE of a thread's events: replay after Last-Event-ID, then live", auth: readers, params: ThreadPath, query: StreamQuery, mcp: 'never',
+    async handler({ caller, params, query, headers, deps }) {
+      const { session } = await sessionAndThread(deps, requireWorkspace(caller), params.session_id, params.thread_id);
+      const deltas = deltaFilter(query.event_deltas);
+      return sseStream({
+        sessionId: params.session_id, cursor: resumeCursor(headers['last-event-id'], query.last_event_id),
+        filter: threadFilter(session, params.thread_id),
+        deltas: deltas ? (d) => deltas(d) && d.session_thread_id === params.thread_id : null,
+        erased: false, log: deps.sessions.store.log, hub: deps.eventHub, shutdown: deps.shutdownSignal,
+      });
+    },
+  }),
+];

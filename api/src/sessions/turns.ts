@@ -1,0 +1,130 @@
+import { ApiError, newId } from '@agentplane/core';
+import type { RunDoc, SessionDoc, ThreadDoc, WaitKind } from './model.js';
+import type { SessionStore } from './store.js';
+
+/**
+ * Where turns leave the API. The default implementation only records: a Run stays `queued`
+ * until a scheduler is plugged in (the BullMQ lease engine implements this interface).
+ * Implementations must be idempotent: a hook may be called again for the same Run after a
+ * crash-and-retry of the request that triggered it.
+ */
+export interface TurnScheduler {
+  /** A turn started: `run` was recorded as `queued` in the Session slot. */
+  runQueued(run: RunDoc): Promise<void>;
+  /** `user.interrupt` on a thread whose turn is active. */
+  interruptRequested(sessionId: string, threadId: string, runId: string): Promise<void>;
+  /** Every wait of the thread's current generation is answered: the waiting Run may continue. */
+  waitsResolved(sessionId: string, threadId: string, runId: string | null): Promise<void>;
+}
+
+export const recordOnlyTurnScheduler: TurnScheduler = {
+  runQueued: async () => undefined,
+  interruptRequested: async () => undefined,
+  waitsResolved: async () => undefined,
+};
+
+export type StopReason = { type: 'end_turn' } | { type: 'requires_action'; tool_use_ids: string[] } | { type: 'retries_exhausted' } | { type: 'interrupted' } | { type: string };
+
+/**
+ * The SessionThread state machine, shared by the API (drive events, archive) and the runtime
+ * side (runner/scheduler report turn boundaries through these methods). Each transition is a
+ * compare-and-swap on the thread document, then the status event is appended to the log.
+ *
+ * Steer-vs-queue policy: a `user.message` that arrives while a turn runs (or waits on an action)
+ * is appended to the log at once and queued as input of the NEXT turn, which starts as soon as
+ * the current turn ends with a stop reason other than `requires_action`. Interrupt first to steer.
+ */
+export class ThreadRuntime {
+  constructor(
+    private readonly store: SessionStore,
+    private readonly scheduler: () => TurnScheduler,
+  ) {}
+
+  /** A user.message was appended: start a turn on an idle thread, else queue it for the next one. */
+  async submitUserMessage(session: SessionDoc, threadId: string, eventId: string): Promise<{ run: RunDoc | null }> {
+    const runId = newId('run');
+    let started = false;
+    let inputs: string[] = [];
+    await this.store.updateThread(session.id, threadId, (t) => {
+      started = false;
+      if (t.status === 'terminated') throw new ApiError('runtime.invalid_transition', 'the thread is terminated');
+      if (t._queued_inputs.includes(eventId)) return null;
+      const waiting = Object.values(t._waits).some((w) => w.generation === t._wait_generation && w.answered_event_id === null);
+      if (t.status === 'idle' && t._active_run_id === null && !waiting) {
+        started = true;
+        inputs = [...t._queued_inputs, eventId];
+        return { ...t, status: 'running', _active_run_id: runId, _queued_inputs: [], _running_since_ms: Date.now(), _stop_reason: null };
+      }
+      return { ...t, _queued_inputs: [...t._queued_inputs, eventId] };
+    });
+    if (!started) return { run: null };
+    const run = await this.store.createRun(session, threadId, runId, inputs);
+    await this.store.log.append(session.id, [{ type: 'session.status_running', payload: { run_id: run.id }, session_thread_id: threadId, producer_key: `status:${run.id}:running` }]);
+    await this.scheduler().runQueued(run);
+    return { run };
+  }
+
+  async interrupt(session: SessionDoc, threadId: string): Promise<void> {
+    const t = await this.store.thread(session.id, threadId);
+    if (t._active_run_id) await this.scheduler().interruptRequested(session.id, threadId, t._active_run_id);
+  }
+
+  /** Runtime side: the Run's sandbox came up (startup time is measured from turn start). */
+  async markStarted(sessionId: string, threadId: string): Promise<ThreadDoc> {
+    return this.store.updateThread(sessionId, threadId, (t) =>
+      t._running_since_ms === null || t._startup_ms !== null ? null : { ...t, _startup_ms: Date.now() - t._running_since_ms });
+  }
+
+  /**
+   * Runtime side: the turn ended. `requires_action` registers the waits of a new generation;
+   * any other stop reason frees the thread and starts the next turn if messages were queued.
+   */
+  async endTurn(session: SessionDoc, threadId: string, stop: StopReason, waits: { tool_use_id: string; kind: WaitKind }[] = []): Promise<ThreadDoc> {
+    const now = Date.now();
+    const next = await this.store.updateThread(session.id, threadId, (t) => {
+      if (t.status === 'terminated') return null;
+      const ranMs = t._running_since_ms !== null ? now - t._running_since_ms : 0;
+      const base = { ...t, status: 'idle' as const, _running_since_ms: null, _running_ms_total: t._running_ms_total + ranMs, _stop_reason: stop };
+      if (stop.type === 'requires_action') {
+        const gen = t._wait_generation + 1;
+        const w = { ...t._waits };
+        for (const x of waits) w[x.tool_use_id] = { generation: gen, kind: x.kind, answered_event_id: null, answer_fingerprint: null };
+        return { ...base, _wait_generation: gen, _waits: w };
+      }
+      return { ...base, _active_run_id: null };
+    });
+    await this.store.log.append(session.id, [{ type: 'session.status_idle', payload: { stop_reason: stop }, session_thread_id: threadId }]);
+    if (stop.type !== 'requires_action' && next._queued_inputs.length > 0) {
+      const [first, ...rest] = next._queued_inputs;
+      await this.store.updateThread(session.id, threadId, (t) => ({ ...t, _queued_inputs: rest.concat(t._queued_inputs.filter((x) => x !== first && !rest.includes(x))) }));
+      await this.submitUserMessage(session, threadId, first as string);
+    }
+    return this.store.thread(session.id, threadId);
+  }
+
+  /** Runtime side: a transient runner failure with retries left. */
+  async reschedule(session: SessionDoc, threadId: string): Promise<ThreadDoc> {
+    const t = await this.store.updateThread(session.id, threadId, (cur) => {
+      if (cur.status !== 'running') throw new ApiError('runtime.invalid_transition', `a ${cur.status} thread cannot be rescheduled`);
+      return { ...cur, status: 'rescheduling' };
+    });
+    await this.store.log.append(session.id, [{ type: 'session.thread_status_rescheduled', payload: {}, session_thread_id: threadId }]);
+    return t;
+  }
+
+  /** Runtime side: rescheduling gave up; the thread stays addressable. */
+  async retriesExhausted(session: SessionDoc, threadId: string): Promise<ThreadDoc> {
+    return this.endTurn(session, threadId, { type: 'retries_exhausted' });
+  }
+
+  /** Runtime side: unrecoverable terminal error. */
+  async terminate(session: SessionDoc, threadId: string, reason = 'error'): Promise<ThreadDoc> {
+    const now = Date.now();
+    const t = await this.store.updateThread(session.id, threadId, (cur) => cur.status === 'terminated' ? null : ({
+      ...cur, status: 'terminated', _active_run_id: null,
+      _running_ms_total: cur._running_ms_total + (cur._running_since_ms !== null ? now - cur._running_since_ms : 0), _running_since_ms: null,
+    }));
+    await this.store.log.append(session.id, [{ type: 'session.thread_status_terminated', payload: { reason }, session_thread_id: threadId }]);
+    return t;
+  }
+}

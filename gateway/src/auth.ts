@@ -1,0 +1,112 @@
+import { secretDigest } from '@agentplane/core';
+import { keys, tags, type Redis } from '@agentplane/store';
+
+/**
+ * Who is on the other end of a runner socket, resolved on upgrade from the bearer. Reads the
+ * same records the API writes (bearer digest → auth record, credential and tenancy documents),
+ * so a standalone gateway needs nothing but Redis.
+ */
+export interface RunnerIdentity {
+  credentialId: string;
+  organizationId: string;
+  workspaceId: string;
+  runnerId: string;
+  runnerPoolId: string;
+  placement: 'byoc' | 'managed';
+  owner: { principal: string; machine_label: string } | null;
+  /** Drain requested for this runner before it connected. */
+  drain: { deadline: string; reason: string } | null;
+}
+
+export class AuthFailure extends Error {
+  constructor(
+    readonly status: 401 | 403,
+    message: string,
+  ) {
+    super(message);
+    this.name = 'AuthFailure';
+  }
+}
+
+interface AuthRecordView {
+  kind: string;
+  credential_id: string;
+  organization_id: string;
+  workspace_id: string | null;
+  principal_id: string | null;
+}
+interface CredView {
+  status: string;
+  workspace_id: string;
+  runner_id: string;
+  runner_pool_id: string;
+  placement: 'byoc' | 'managed';
+  owner: { principal: string; machine_label: string } | null;
+  drain: { deadline: string; reason: string } | null;
+}
+interface StatusView {
+  status: string;
+}
+
+export function bearerFrom(header: string | undefined): string | null {
+  if (!header) return null;
+  const m = /^Bearer ([\x21-\x7e]{8,512})$/i.exec(header.trim());
+  return m?.[1] ?? null;
+}
+
+export async function authenticateRunner(redis: Redis, token: string | null): Promise<RunnerIdentity> {
+  if (!token) throw new AuthFailure(401, 'missing bearer credential');
+  const digest = secretDigest(token);
+  const raw = await redis.get(keys.auth(digest));
+  if (!raw) throw new AuthFailure(401, 'unknown or revoked credential');
+  const rec = JSON.parse(raw) as AuthRecordView;
+  if (rec.kind !== 'runner_credential' || !rec.workspace_id) throw new AuthFailure(403, 'only runner credentials may connect');
+  const ws = rec.workspace_id;
+  const [credRaw, wsRaw, orgRaw, principalRaw] = await redis.mget(
+    keys.doc(tags.workspace(ws), rec.credential_id),
+    keys.doc(tags.workspace(ws), ws),
+    keys.doc(tags.org(rec.organization_id), rec.organization_id),
+    rec.principal_id ? keys.doc(tags.workspace(ws), rec.principal_id) : keys.doc(tags.workspace(ws), 'none'),
+  );
+  if (!credRaw) throw new AuthFailure(401, 'unknown or revoked credential');
+  const cred = JSON.parse(credRaw) as CredView;
+  if (cred.status !== 'active') throw new AuthFailure(401, 'the runner credential is revoked');
+  if (!wsRaw || !orgRaw) throw new AuthFailure(401, 'unknown tenancy');
+  if ((JSON.parse(wsRaw) as StatusView).status !== 'active' || (JSON.parse(orgRaw) as StatusView).status !== 'active') {
+    throw new AuthFailure(403, 'the workspace or organization is disabled');
+  }
+  if (rec.principal_id) {
+    if (!principalRaw || (JSON.parse(principalRaw) as StatusView).status !== 'active') {
+      throw new AuthFailure(403, 'the owner Principal of this runner is not active');
+    }
+  }
+  return {
+    credentialId: rec.credential_id,
+    organizationId: rec.organization_id,
+    workspaceId: ws,
+    runnerId: cred.runner_id,
+    runnerPoolId: cred.runner_pool_id,
+    placement: cred.placement,
+    owner: cred.owner,
+    drain: cred.drain,
+  };
+}
+
+/** Is this identity still allowed (backstop for a missed revocation message)? */
+export async function stillAuthorized(redis: Redis, id: RunnerIdentity): Promise<'ok' | 401 | 403> {
+  const [credRaw, principalRaw] = await redis.mget(
+    keys.doc(tags.workspace(id.workspaceId), id.credentialId),
+    id.owner ? keys.doc(tags.workspace(id.workspaceId), id.owner.principal) : keys.doc(tags.workspace(id.workspaceId), 'none'),
+  );
+  if (!credRaw || (JSON.parse(credRaw) as StatusView).status !== 'active') return 401;
+  if (id.owner && (!principalRaw || (JSON.parse(principalRaw) as StatusView).status !== 'active')) return 403;
+  return 'ok';
+}
+
+/** The pool's drain state, if it is draining. */
+export async function poolDrain(redis: Redis, ws: string, poolId: string): Promise<{ deadline: string; reason: string } | null> {
+  const raw = await redis.get(keys.doc(tags.workspace(ws), poolId));
+  if (!raw) return null;
+  const p = JSON.parse(raw) as { status: string; drain: { deadline: string; reason: string } | null };
+  return p.status === 'draining' && p.drain ? { deadline: p.drain.deadline, reason: p.drain.reason } : null;
+}

@@ -1,0 +1,489 @@
+import { randomBytes } from 'node:crypto';
+import type { IncomingMessage, Server } from 'node:http';
+import type { Duplex } from 'node:stream';
+import { WebSocketServer, type WebSocket } from 'ws';
+import type { Logger, Metrics } from '@agentplane/core';
+import type { Redis } from '@agentplane/store';
+import {
+  CLOSE, CLOSE_REASON, FrameError, RUNNER_CONNECT_PATH, RUNNER_DEFAULTS, RUNNER_PROTOCOL_VERSIONS, frame, negotiateVersion,
+  parseFrame, type GatewayToRunnerType, type LeaseRef, type Payload, type RunnerMessage, type RunnerPresence,
+  type RunnerStatus, type RunnerToGatewayType, type Envelope,
+} from '@agentplane/protocol';
+import { AuthFailure, authenticateRunner, bearerFrom, poolDrain, stillAuthorized, type RunnerIdentity } from './auth.js';
+import { GATEWAY_CONTROL_CHANNEL, gatewayNodeChannel, PresenceStore } from './presence.js';
+
+/** Principal suspensions and deletions, published by the identity service. */
+export const PRINCIPAL_CHANGES_CHANNEL = 'ap:principal-changes';
+
+/** Broadcast control messages (GATEWAY_CONTROL_CHANNEL). */
+export type GatewayControlMessage =
+  | { kind: 'credential_revoked'; workspace_id: string; credential_id: string }
+  | { kind: 'drain'; workspace_id: string; runner_id?: string; runner_pool_id?: string; deadline: string; reason: string }
+  | { kind: 'supersede'; workspace_id: string; runner_id: string; generation: number; node_id: string };
+
+/** A frame for one runner, published on the channel of the node that holds its socket. */
+export interface NodeDelivery {
+  runner_id: string;
+  /** Deliver only to this connection generation (omit: whichever is live). */
+  generation?: number;
+  /** A complete frame built with `frame()`. */
+  frame: string;
+}
+
+export interface GatewayOptions {
+  path: string;
+  heartbeatIntervalMs: number;
+  presenceTtlMs: number;
+  helloTimeoutMs: number;
+  maxFrameBytes: number;
+  /** Frames per second per connection (token bucket, burst 2×). */
+  maxFramesPerSecond: number;
+  /** Re-check the credential and owner every this often (backstop to pub/sub). */
+  revalidateMs: number;
+  nodeId: string;
+}
+
+export const DEFAULT_GATEWAY_OPTIONS: Omit<GatewayOptions, 'nodeId'> = {
+  path: RUNNER_CONNECT_PATH,
+  heartbeatIntervalMs: RUNNER_DEFAULTS.heartbeatIntervalMs,
+  presenceTtlMs: RUNNER_DEFAULTS.presenceTtlMs,
+  helloTimeoutMs: RUNNER_DEFAULTS.helloTimeoutMs,
+  maxFrameBytes: RUNNER_DEFAULTS.maxFrameBytes,
+  maxFramesPerSecond: 200,
+  revalidateMs: 30_000,
+};
+
+/** One live runner socket as handlers see it. */
+export interface RunnerConnection {
+  readonly id: string;
+  readonly identity: RunnerIdentity;
+  readonly generation: number;
+  readonly protocolVersion: number;
+  status: RunnerStatus;
+  /** Send a validated frame; false when the socket is gone. */
+  send<T extends GatewayToRunnerType>(type: T, payload: Payload<T>, re?: string): boolean;
+  /** Queue a cancellation: sent now as lease.cancel and repeated in every heartbeat.ack until the runner drops the lease. */
+  cancelLease(lease: LeaseRef, reason: string, graceMs: number): void;
+  close(code: number, reason?: string): void;
+}
+
+export type FrameHandler<T extends RunnerToGatewayType = RunnerToGatewayType> = (conn: RunnerConnection, msg: Envelope<T>) => Promise<void> | void;
+export type HandlerTable = { [T in RunnerToGatewayType]?: FrameHandler<T> };
+
+export interface GatewayDeps {
+  redis: Redis;
+  log: Logger;
+  metrics: Metrics;
+  options?: Partial<GatewayOptions>;
+  /** Handlers for lease, event and model frames (the scheduler and model gateway register theirs). */
+  handlers?: HandlerTable;
+}
+
+interface Conn extends RunnerConnection {
+  ws: WebSocket;
+  state: 'hello' | 'live' | 'closed';
+  capabilities: Payload<'hello'>['capabilities'] | null;
+  availableSlots: number;
+  placement: 'local' | 'managed';
+  cancellations: Map<string, Payload<'lease.cancel'>>;
+  tokens: number;
+  lastRefill: number;
+  lastRevalidate: number;
+  generationValue: number;
+  versionValue: number;
+  graceful: boolean;
+}
+
+const truncate = (s: string): string => (Buffer.byteLength(s) <= 120 ? s : `${Buffer.from(s).subarray(0, 117).toString('utf8')}...`);
+
+export class Gateway {
+  readonly options: GatewayOptions;
+  readonly presence: PresenceStore;
+  private readonly wss: WebSocketServer;
+  private readonly conns = new Map<string, Conn>();
+  private readonly byRunner = new Map<string, Conn>();
+  private readonly handlers: HandlerTable;
+  private readonly sub: Redis;
+  private readonly log: Logger;
+  private readonly metricFrames;
+  private readonly metricCloses;
+  private readonly metricRejects;
+  private closing = false;
+  private msgSeq = 0;
+
+  constructor(private readonly deps: GatewayDeps) {
+    this.options = { ...DEFAULT_GATEWAY_OPTIONS, nodeId: `gw_${randomBytes(8).toString('hex')}`, ...deps.options };
+    this.log = deps.log.child({ component: 'gateway', node: this.options.nodeId });
+    this.presence = new PresenceStore(deps.redis);
+    this.handlers = { ...deps.handlers };
+    this.wss = new WebSocketServer({ noServer: true, maxPayload: this.options.maxFrameBytes, perMessageDeflate: false, clientTracking: false });
+    deps.metrics.gauge('agentplane_gateway_connected_runners', 'Runner sockets open on this gateway node').set({}, () => this.conns.size);
+    this.metricFrames = deps.metrics.counter('agentplane_gateway_frames_total', 'Runner protocol frames by direction and type');
+    this.metricCloses = deps.metrics.counter('agentplane_gateway_closes_total', 'Runner sockets closed, by close code');
+    this.metricRejects = deps.metrics.counter('agentplane_gateway_upgrade_rejections_total', 'Refused runner upgrades by HTTP status');
+    this.sub = deps.redis.duplicate();
+    this.sub.on('error', (err: Error) => this.log.warn({ err: err.message }, 'gateway subscriber error'));
+    void this.sub.subscribe(GATEWAY_CONTROL_CHANNEL, PRINCIPAL_CHANGES_CHANNEL, gatewayNodeChannel(this.options.nodeId));
+    this.sub.on('message', (channel: string, message: string) => this.onBroadcast(channel, message));
+  }
+
+  /** Add or replace the handler of one runner→gateway frame type. */
+  on<T extends RunnerToGatewayType>(type: T, handler: FrameHandler<T>): void {
+    (this.handlers as Record<string, unknown>)[type] = handler;
+  }
+
+  get size(): number {
+    return this.conns.size;
+  }
+
+  /** The live local connection of a runner, if this node holds it. */
+  connection(runnerId: string): RunnerConnection | undefined {
+    return this.byRunner.get(runnerId);
+  }
+
+  /** Handle an HTTP upgrade on our path; returns false for other paths (the caller may handle them). */
+  handleUpgrade(req: IncomingMessage, socket: Duplex, head: Buffer): boolean {
+    const url = new URL(req.url ?? '/', 'http://gateway');
+    if (url.pathname !== this.options.path) return false;
+    if (this.closing) {
+      this.reject(socket, 503, 'runtime.unavailable', 'the gateway is shutting down');
+      return true;
+    }
+    authenticateRunner(this.deps.redis, bearerFrom(req.headers.authorization)).then(
+      (identity) => {
+        this.wss.handleUpgrade(req, socket, head, (ws) => this.accept(ws, identity));
+      },
+      (err: unknown) => {
+        if (err instanceof AuthFailure) {
+          this.reject(socket, err.status, err.status === 401 ? 'auth.invalid_key' : 'auth.permission_denied', err.message);
+        } else {
+          this.log.error({ err }, 'runner upgrade failed');
+          this.reject(socket, 503, 'runtime.unavailable', 'the gateway cannot authenticate right now; retry');
+        }
+      },
+    );
+    return true;
+  }
+
+  private reject(socket: Duplex, status: number, type: string, message: string): void {
+    this.metricRejects.inc({ status: String(status) });
+    const body = JSON.stringify({ error: { type, message } });
+    const text = status === 401 ? 'Unauthorized' : status === 403 ? 'Forbidden' : 'Service Unavailable';
+    socket.end(`HTTP/1.1 ${status} ${text}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`);
+  }
+
+  private nextId(): string {
+    return `g${(++this.msgSeq).toString(36)}`;
+  }
+
+  private accept(ws: WebSocket, identity: RunnerIdentity): void {
+    const gw = this;
+    const now = Date.now();
+    const conn: Conn = {
+      id: `c_${randomBytes(8).toString('hex')}`,
+      identity,
+      ws,
+      state: 'hello',
+      status: 'starting',
+      capabilities: null,
+      availableSlots: 0,
+      placement: identity.placement === 'managed' ? 'managed' : 'local',
+      cancellations: new Map(),
+      tokens: this.options.maxFramesPerSecond * 2,
+      lastRefill: now,
+      lastRevalidate: now,
+      generationValue: 0,
+      versionValue: 0,
+      graceful: false,
+      get generation() {
+        return this.generationValue;
+      },
+      get protocolVersion() {
+        return this.versionValue;
+      },
+      send(type, payload, re) {
+        if (ws.readyState !== ws.OPEN) return false;
+        ws.send(frame(type, gw.nextId(), payload, re));
+        gw.metricFrames.inc({ direction: 'out', type });
+        return true;
+      },
+      cancelLease(lease, reason, graceMs) {
+        const p = { lease_id: lease.lease_id, attempt: lease.attempt, reason, grace_ms: graceMs };
+        this.cancellations.set(`${lease.lease_id}#${lease.attempt}`, p);
+        this.send('lease.cancel', p);
+      },
+      close(code, reason) {
+        gw.closeConn(conn, code, reason);
+      },
+    };
+    this.conns.set(conn.id, conn);
+    const helloTimer = setTimeout(() => {
+      if (conn.state === 'hello') this.closeConn(conn, CLOSE.HELLO_TIMEOUT);
+    }, this.options.helloTimeoutMs);
+    helloTimer.unref();
+
+    ws.on('message', (data, isBinary) => {
+      if (conn.state === 'closed') return;
+      if (!this.takeToken(conn)) return this.closeConn(conn, CLOSE.RATE_LIMITED);
+      if (isBinary) return this.closeConn(conn, CLOSE.MALFORMED, 'binary frames are not accepted');
+      let msg: RunnerMessage;
+      try {
+        msg = parseFrame(Buffer.isBuffer(data) ? data.toString('utf8') : Buffer.concat(data as Buffer[]).toString('utf8'), 'runner');
+      } catch (err) {
+        this.metricFrames.inc({ direction: 'in', type: 'invalid' });
+        return this.closeConn(conn, CLOSE.MALFORMED, err instanceof FrameError ? err.message : 'malformed frame');
+      }
+      this.metricFrames.inc({ direction: 'in', type: msg.type });
+      this.dispatch(conn, msg).catch((err: unknown) => {
+        this.log.error({ err, runner: identity.runnerId, type: msg.type }, 'runner frame handler failed');
+        conn.send('error', { code: 'internal', message: 'the gateway failed to handle this frame', retryable: true }, msg.id);
+      });
+    });
+    ws.on('error', (err) => this.log.debug({ err: err.message, runner: identity.runnerId }, 'runner socket error'));
+    ws.on('close', (code) => {
+      clearTimeout(helloTimer);
+      this.onClosed(conn, code);
+    });
+  }
+
+  private takeToken(conn: Conn): boolean {
+    const now = Date.now();
+    const rate = this.options.maxFramesPerSecond;
+    conn.tokens = Math.min(rate * 2, conn.tokens + ((now - conn.lastRefill) / 1000) * rate);
+    conn.lastRefill = now;
+    if (conn.tokens < 1) return false;
+    conn.tokens -= 1;
+    return true;
+  }
+
+  private async dispatch(conn: Conn, msg: RunnerMessage): Promise<void> {
+    if (msg.type === 'hello') {
+      if (conn.state !== 'hello') return this.closeConn(conn, CLOSE.PROTOCOL_VIOLATION, 'hello sent twice');
+      return this.onHello(conn, msg);
+    }
+    if (conn.state !== 'live') return this.closeConn(conn, CLOSE.PROTOCOL_VIOLATION, `'${msg.type}' before hello`);
+    switch (msg.type) {
+      case 'heartbeat':
+        return this.onHeartbeat(conn, msg);
+      case 'drained':
+        conn.graceful = true;
+        conn.send('ack', {}, msg.id);
+        return this.closeConn(conn, CLOSE.DRAINED);
+      case 'ack':
+      case 'error':
+        if (!this.handlers[msg.type]) return;
+        break;
+      default:
+        break;
+    }
+    const handler = this.handlers[msg.type] as FrameHandler | undefined;
+    if (!handler) {
+      conn.send('error', { code: 'unsupported', message: `no handler for '${msg.type}' on this control plane yet`, retryable: false }, msg.id);
+      return;
+    }
+    await handler(conn, msg);
+  }
+
+  private presenceOf(conn: Conn, now: number): RunnerPresence {
+    const id = conn.identity;
+    return {
+      runner: id.runnerId,
+      runner_pool: id.runnerPoolId,
+      generation: conn.generationValue,
+      placement: conn.placement,
+      status: conn.status,
+      capabilities: { ...conn.capabilities!, available_slots: conn.availableSlots },
+      placement_conformance_digests: [],
+      last_seen_at: new Date(now).toISOString(),
+      expires_at: new Date(now + this.options.presenceTtlMs).toISOString(),
+      ...(id.owner ? { owner: { principal: id.owner.principal, machine_label: id.owner.machine_label } } : {}),
+    };
+  }
+
+  private async writePresence(conn: Conn): Promise<RunnerPresence> {
+    const p = this.presenceOf(conn, Date.now());
+    const ok = await this.presence.write(
+      conn.identity.workspaceId,
+      { presence: p, route: { node_id: this.options.nodeId, connection_id: conn.id, credential_id: conn.identity.credentialId } },
+      this.options.presenceTtlMs,
+    );
+    if (!ok) this.closeConn(conn, CLOSE.SUPERSEDED);
+    return p;
+  }
+
+  private async onHello(conn: Conn, msg: Envelope<'hello'>): Promise<void> {
+    const p = msg.payload;
+    const version = negotiateVersion(p.protocol_versions);
+    if (version === null) {
+      conn.send('error', { code: 'unsupported_version', message: `this gateway speaks protocol versions ${RUNNER_PROTOCOL_VERSIONS.join(', ')}`, retryable: false }, msg.id);
+      return this.closeConn(conn, CLOSE.UNSUPPORTED_VERSION);
+    }
+    const id = conn.identity;
+    conn.versionValue = version;
+    conn.capabilities = p.capabilities;
+    conn.availableSlots = p.capabilities.available_slots;
+    conn.status = p.status;
+    if (p.placement) conn.placement = p.placement;
+    conn.generationValue = await this.presence.nextGeneration(id.workspaceId, id.runnerId);
+    if (conn.state === 'closed') return;
+    // One live socket per runner: an older one (here or on another node) is closed.
+    const prior = this.byRunner.get(id.runnerId);
+    if (prior && prior !== conn) this.closeConn(prior, CLOSE.SUPERSEDED);
+    this.byRunner.set(id.runnerId, conn);
+    conn.state = 'live';
+    await this.deps.redis.publish(
+      GATEWAY_CONTROL_CHANNEL,
+      JSON.stringify({ kind: 'supersede', workspace_id: id.workspaceId, runner_id: id.runnerId, generation: conn.generationValue, node_id: this.options.nodeId } satisfies GatewayControlMessage),
+    );
+    const drain = id.drain ?? (await poolDrain(this.deps.redis, id.workspaceId, id.runnerPoolId));
+    await this.writePresence(conn);
+    conn.send(
+      'welcome',
+      {
+        protocol_version: version,
+        runner_id: id.runnerId,
+        runner_pool_id: id.runnerPoolId,
+        workspace_id: id.workspaceId,
+        generation: conn.generationValue,
+        heartbeat_interval_ms: this.options.heartbeatIntervalMs,
+        presence_ttl_ms: this.options.presenceTtlMs,
+        max_frame_bytes: this.options.maxFrameBytes,
+        server_time: new Date().toISOString(),
+        // Lease authority lives with the scheduler; until it claims them, held leases are echoed back.
+        resumed_leases: p.held_leases,
+        ...(drain ? { drain } : {}),
+      },
+      msg.id,
+    );
+    this.log.info({ runner: id.runnerId, generation: conn.generationValue, version }, 'runner connected');
+  }
+
+  private async onHeartbeat(conn: Conn, msg: Envelope<'heartbeat'>): Promise<void> {
+    const p = msg.payload;
+    conn.status = p.status;
+    conn.availableSlots = p.available_slots;
+    if (p.capabilities) conn.capabilities = p.capabilities;
+    const held = new Set(p.held_leases.map((l) => `${l.lease_id}#${l.attempt}`));
+    for (const k of conn.cancellations.keys()) if (!held.has(k)) conn.cancellations.delete(k);
+    const now = Date.now();
+    if (now - conn.lastRevalidate >= this.options.revalidateMs) {
+      conn.lastRevalidate = now;
+      const verdict = await stillAuthorized(this.deps.redis, conn.identity);
+      if (verdict !== 'ok') return this.closeConn(conn, verdict === 401 ? CLOSE.UNAUTHORIZED : CLOSE.FORBIDDEN);
+    }
+    const presence = await this.writePresence(conn);
+    conn.send(
+      'heartbeat.ack',
+      {
+        server_time: new Date().toISOString(),
+        presence_expires_at: presence.expires_at,
+        cancellations: [...conn.cancellations.values()].map(({ lease_id, attempt, reason }) => ({ lease_id, attempt, reason })),
+      },
+      msg.id,
+    );
+  }
+
+  private closeConn(conn: Conn, code: number, reason?: string): void {
+    if (conn.state === 'closed') return;
+    conn.state = 'closed';
+    this.metricCloses.inc({ code: String(code) });
+    const text = truncate(reason ?? CLOSE_REASON[code] ?? 'closed');
+    if (code === CLOSE.DRAINED || code === CLOSE.UNAUTHORIZED || code === CLOSE.FORBIDDEN || code === CLOSE.NORMAL) conn.graceful = true;
+    try {
+      conn.ws.close(code, text);
+    } catch {
+      conn.ws.terminate();
+    }
+    // A peer that never answers the close handshake is cut off.
+    setTimeout(() => conn.ws.terminate(), 2_000).unref();
+    this.forget(conn);
+  }
+
+  private onClosed(conn: Conn, code: number): void {
+    if (conn.state !== 'closed') {
+      conn.state = 'closed';
+      this.metricCloses.inc({ code: String(code) });
+      if (code === CLOSE.NORMAL || code === CLOSE.DRAINED) conn.graceful = true;
+    }
+    this.forget(conn);
+  }
+
+  private forget(conn: Conn): void {
+    if (!this.conns.delete(conn.id)) return;
+    const id = conn.identity;
+    if (this.byRunner.get(id.runnerId) === conn) this.byRunner.delete(id.runnerId);
+    // A graceful goodbye removes the presence at once; a lost socket leaves it to expire (the
+    // runner may be reconnecting inside the TTL).
+    if (conn.graceful && conn.generationValue > 0) {
+      this.presence.remove(id.workspaceId, id.runnerId, conn.generationValue).catch((err: unknown) => this.log.warn({ err }, 'presence remove failed'));
+    }
+  }
+
+  private onBroadcast(channel: string, message: string): void {
+    let msg: unknown;
+    try {
+      msg = JSON.parse(message);
+    } catch {
+      return;
+    }
+    if (channel === PRINCIPAL_CHANGES_CHANNEL) {
+      const m = msg as { workspace_id?: string; principal_id?: string; status?: string };
+      if (m.status !== 'suspended' && m.status !== 'deleted') return;
+      for (const c of [...this.conns.values()]) {
+        if (c.identity.owner?.principal === m.principal_id && c.identity.workspaceId === m.workspace_id) this.closeConn(c, CLOSE.FORBIDDEN, `owner Principal ${m.status}`);
+      }
+      return;
+    }
+    if (channel === GATEWAY_CONTROL_CHANNEL) {
+      const m = msg as GatewayControlMessage;
+      for (const c of [...this.conns.values()]) {
+        const id = c.identity;
+        if (id.workspaceId !== m.workspace_id) continue;
+        if (m.kind === 'credential_revoked' && id.credentialId === m.credential_id) this.closeConn(c, CLOSE.UNAUTHORIZED, 'runner credential revoked');
+        else if (m.kind === 'supersede' && id.runnerId === m.runner_id && c.generationValue < m.generation && c.state === 'live') this.closeConn(c, CLOSE.SUPERSEDED);
+        else if (m.kind === 'drain' && (m.runner_id === id.runnerId || m.runner_pool_id === id.runnerPoolId) && c.state === 'live') {
+          c.send('drain', { deadline: m.deadline, reason: m.reason });
+        }
+      }
+      return;
+    }
+    // Our node channel: a frame for one of our runners.
+    const d = msg as NodeDelivery;
+    const c = this.byRunner.get(d.runner_id);
+    if (!c || c.state !== 'live' || (d.generation !== undefined && d.generation !== c.generationValue)) {
+      this.log.debug({ runner: d.runner_id }, 'delivery for a runner not connected here; dropped');
+      return;
+    }
+    c.ws.send(d.frame);
+    this.metricFrames.inc({ direction: 'out', type: 'delivered' });
+  }
+
+  /** Stop accepting, close every socket with 1001 (runners reconnect elsewhere), unsubscribe. */
+  async close(): Promise<void> {
+    this.closing = true;
+    for (const c of [...this.conns.values()]) this.closeConn(c, CLOSE.GOING_AWAY, 'gateway restarting');
+    await this.sub.quit().catch(() => this.sub.disconnect());
+    await new Promise<void>((r) => this.wss.close(() => r()));
+  }
+}
+
+/**
+ * Route a frame to a runner wherever its socket is: read its presence route and publish on
+ * that gateway node's channel. False when the runner has no live presence.
+ */
+export async function deliverToRunner(redis: Redis, workspaceId: string, runnerId: string, frameText: string, generation?: number): Promise<boolean> {
+  const stored = await new PresenceStore(redis).get(workspaceId, runnerId);
+  if (!stored) return false;
+  const d: NodeDelivery = { runner_id: runnerId, frame: frameText, ...(generation !== undefined ? { generation } : {}) };
+  const receivers = await redis.publish(gatewayNodeChannel(stored.route.node_id), JSON.stringify(d));
+  return receivers > 0;
+}
+
+/** Attach the runner gateway to an HTTP server: upgrades on the runner path go to it. */
+export function attachGateway(server: Server, deps: GatewayDeps): Gateway {
+  const gw = new Gateway(deps);
+  server.on('upgrade', (req: IncomingMessage, socket: Duplex, head: Buffer) => {
+    if (!gw.handleUpgrade(req, socket, head)) socket.destroy();
+  });
+  return gw;
+}

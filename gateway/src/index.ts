@@ -1,0 +1,3 @@
+export * from './gateway.js';
+export * from './presence.js';
+export * from './auth.js';

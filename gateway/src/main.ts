@@ -1,0 +1,64 @@
+import { createServer } from 'node:http';
+import { createLogger, envInt, envString, Metrics } from '@agentplane/core';
+import { connectRedis } from '@agentplane/store';
+import { RUNNER_DEFAULTS } from '@agentplane/protocol';
+import { attachGateway } from './gateway.js';
+
+/** `node gateway/dist/main.js`: the runner gateway on its own (when the API does not embed it). */
+async function main(): Promise<void> {
+  if (process.argv.includes('--help') || process.argv.includes('-h')) {
+    process.stdout.write(`agentplane runner gateway (standalone)
+
+Usage: node gateway/dist/main.js
+
+Environment:
+  REDIS_URL                        Redis shared with the API (required)
+  PORT, HOST                       listen address (default 8081, 127.0.0.1)
+  RUNNER_HEARTBEAT_INTERVAL_MS     heartbeat interval told to runners (default ${RUNNER_DEFAULTS.heartbeatIntervalMs})
+  RUNNER_PRESENCE_TTL_MS           presence TTL (default ${RUNNER_DEFAULTS.presenceTtlMs})
+  RUNNER_MAX_FRAME_BYTES           largest accepted frame (default ${RUNNER_DEFAULTS.maxFrameBytes})
+  LOG_LEVEL                        pino level (default info)
+`);
+    return;
+  }
+  const env = process.env;
+  const log = createLogger({ name: 'gateway', level: envString(env, 'LOG_LEVEL', 'info') as 'info' });
+  const redis = connectRedis(envString(env, 'REDIS_URL'), { name: 'gateway' });
+  redis.on('error', (err: Error) => log.warn({ err: err.message }, 'redis connection error'));
+  const metrics = new Metrics();
+  const server = createServer((req, res) => {
+    if (req.url === '/healthz') {
+      res.writeHead(200, { 'content-type': 'application/json' }).end('{"status":"ok"}');
+    } else if (req.url === '/metrics') {
+      res.writeHead(200, { 'content-type': 'text/plain; version=0.0.4' }).end(metrics.render());
+    } else {
+      res.writeHead(404, { 'content-type': 'application/json' }).end('{"error":{"type":"validation.not_found","message":"not found"}}');
+    }
+  });
+  const gw = attachGateway(server, {
+    redis, log, metrics,
+    options: {
+      heartbeatIntervalMs: envInt(env, 'RUNNER_HEARTBEAT_INTERVAL_MS', RUNNER_DEFAULTS.heartbeatIntervalMs, 100),
+      presenceTtlMs: envInt(env, 'RUNNER_PRESENCE_TTL_MS', RUNNER_DEFAULTS.presenceTtlMs, 300),
+      maxFrameBytes: envInt(env, 'RUNNER_MAX_FRAME_BYTES', RUNNER_DEFAULTS.maxFrameBytes, 1024),
+    },
+  });
+  const port = envInt(env, 'PORT', 8081, 0, 65535);
+  await new Promise<void>((r) => server.listen(port, envString(env, 'HOST', '127.0.0.1'), () => r()));
+  const addr = server.address();
+  log.info({ port: typeof addr === 'object' && addr ? addr.port : port }, 'gateway listening');
+  if (process.send) process.send({ ready: true, port: typeof addr === 'object' && addr ? addr.port : port });
+  const stop = async () => {
+    await gw.close();
+    server.close();
+    await redis.quit().catch(() => redis.disconnect());
+    process.exit(0);
+  };
+  process.on('SIGTERM', () => void stop());
+  process.on('SIGINT', () => void stop());
+}
+
+main().catch((err: unknown) => {
+  process.stderr.write(`gateway failed to start: ${err instanceof Error ? err.message : String(err)}\n`);
+  process.exit(1);
+});

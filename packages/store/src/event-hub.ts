@@ -1,0 +1,104 @@
+import type { Redis } from 'ioredis';
+import { eventLogKeys, type DeltaMessage, type LiveMessage } from './event-log.js';
+
+/** What a viewer receives: committed appends, erasure, previews, or "you may have missed something". */
+export type HubMessage = LiveMessage | { kind: 'delta'; delta: DeltaMessage } | { kind: 'resync' };
+
+export type HubListener = (msg: HubMessage) => void;
+
+export interface HubWatch {
+  /** Stop receiving; the channel is unsubscribed when its last viewer leaves. */
+  close(): void;
+}
+
+interface ChannelEntry {
+  listeners: Set<HubListener>;
+  ready: Promise<void>;
+}
+
+/**
+ * The per-process fan-out of live session events: ONE subscriber connection for the whole
+ * process, channel subscriptions ref-counted by viewers. A thousand SSE viewers on a thousand
+ * sessions cost one Redis connection and one SUBSCRIBE per watched session, never a blocking
+ * read per stream. Each message is parsed once and handed to every viewer of its channel.
+ *
+ * After the subscriber reconnects, every viewer gets `{kind: 'resync'}`: messages published
+ * while it was away are lost, so viewers re-read the log from their last delivered seq.
+ */
+export class EventHub {
+  private readonly channels = new Map<string, ChannelEntry>();
+  private closed = false;
+  private everReady = false;
+
+  constructor(private readonly sub: Redis) {
+    sub.on('message', (channel: string, text: string) => this.dispatch(channel, text));
+    sub.on('ready', () => {
+      if (this.everReady) for (const entry of this.channels.values()) for (const l of entry.listeners) l({ kind: 'resync' });
+      this.everReady = true;
+    });
+  }
+
+  /** Number of channels this process is subscribed to (metrics, tests). */
+  get channelCount(): number {
+    return this.channels.size;
+  }
+
+  /**
+   * Start receiving a session's live appends (and previews when `deltas`). Resolves once the
+   * subscription is confirmed by Redis: anything appended after that point reaches `listener`,
+   * so a reader that subscribes first and reads the log second can never miss an event.
+   */
+  async watch(sessionId: string, listener: HubListener, options: { deltas?: boolean } = {}): Promise<HubWatch> {
+    if (this.closed) throw new Error('the event hub is closed');
+    const channels = [eventLogKeys.liveChannel(sessionId)];
+    if (options.deltas) channels.push(eventLogKeys.deltaChannel(sessionId));
+    await Promise.all(channels.map((c) => this.add(c, listener)));
+    let done = false;
+    return {
+      close: () => {
+        if (done) return;
+        done = true;
+        for (const c of channels) this.remove(c, listener);
+      },
+    };
+  }
+
+  private add(channel: string, listener: HubListener): Promise<void> {
+    let entry = this.channels.get(channel);
+    if (!entry) {
+      entry = { listeners: new Set(), ready: this.sub.subscribe(channel).then(() => undefined) };
+      this.channels.set(channel, entry);
+    }
+    entry.listeners.add(listener);
+    return entry.ready;
+  }
+
+  private remove(channel: string, listener: HubListener): void {
+    const entry = this.channels.get(channel);
+    if (!entry) return;
+    entry.listeners.delete(listener);
+    if (entry.listeners.size === 0) {
+      this.channels.delete(channel);
+      // Commands on one connection run in order: a later SUBSCRIBE of the same channel wins.
+      if (!this.closed) this.sub.unsubscribe(channel).catch(() => undefined);
+    }
+  }
+
+  private dispatch(channel: string, text: string): void {
+    const entry = this.channels.get(channel);
+    if (!entry || entry.listeners.size === 0) return;
+    let msg: HubMessage;
+    try {
+      msg = channel.endsWith(':deltas') ? { kind: 'delta', delta: JSON.parse(text) as DeltaMessage } : (JSON.parse(text) as LiveMessage);
+    } catch {
+      return;
+    }
+    for (const l of [...entry.listeners]) l(msg);
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+    this.channels.clear();
+    await this.sub.quit().catch(() => this.sub.disconnect());
+  }
+}

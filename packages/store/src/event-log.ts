@@ -1,0 +1,341 @@
+import { randomBytes } from 'node:crypto';
+import type { Redis } from 'ioredis';
+import { keys, tags } from './keys.js';
+import { LuaScript } from './script.js';
+
+/**
+ * The durable, append-only, totally ordered event log of one Session.
+ *
+ * Layout (every key in the `{s:<sess>}` slot, so each script is Redis Cluster-safe):
+ *
+ *   ap:{s:<sess>}:events     stream; entry id `<seq>-0`, one field `e` = the event JSON
+ *   ap:{s:<sess>}:log        hash: `seq` (last assigned), `low` (first readable seq after
+ *                            retention), `erased` (ms, set by erase), `last_event_ms`
+ *   ap:{s:<sess>}:producers  hash: producer key -> seq it was assigned
+ *   ap:{s:<sess>}:producers:ts  zset: producer key -> ms it was recorded (pruning)
+ *   ap:{s:<sess>}:stats      hash of integer counters kept current by the append script
+ *   ap:{s:<sess>}:lease      hash: `token`, `expires_at_ms` — the fencing token of the Run
+ *                            currently leased for this Session (written by the scheduler)
+ *
+ * Channels: `ap:{s:<sess>}:live` carries every committed append (see LiveMessage);
+ * `ap:{s:<sess>}:deltas` carries uncursored previews (see DeltaMessage).
+ *
+ * The stream is never trimmed by MAXLEN. Retention is explicit (`trimThrough`) and moves the
+ * `low` mark, so readers report the unreadable range as a gap, never silently skip it.
+ */
+
+/** How long a producer key is remembered: a retry within this window never duplicates. */
+export const PRODUCER_KEY_TTL_MS = 7 * 24 * 3600 * 1000;
+/** Live messages carry the events inline up to this many bytes; past it, only the range. */
+export const LIVE_INLINE_MAX_BYTES = 64 * 1024;
+/** Most events one append call may carry. */
+export const MAX_APPEND_BATCH = 500;
+
+export interface LogEvent {
+  id: string;
+  seq: number;
+  created_at: string;
+  session_id: string;
+  session_thread_id: string | null;
+  type: string;
+  payload: unknown;
+}
+
+export interface AppendEvent {
+  type: string;
+  payload: unknown;
+  session_thread_id?: string | null;
+  /** Retrying an append with the same producer key returns the originally assigned event. */
+  producer_key?: string;
+  /**
+   * Integer counters added to the stats hash in the same script (e.g. `usage.input_tokens`).
+   * Every event also counts `events` and `events.<type>`, for the session and its thread.
+   */
+  counters?: Record<string, number>;
+}
+
+export interface AppendOptions {
+  /** Lease token of the Run writing these events; a stale or expired token is rejected. */
+  fence?: string;
+  /** Batch producer key: event i gets `<producerKey>#<i>` unless it carries its own key. */
+  producerKey?: string;
+}
+
+export type AppendResult =
+  | { ok: true; events: LogEvent[]; /** per event: true when it was a replay of an earlier append */ duplicate: boolean[]; last_seq: number }
+  | { ok: false; reason: 'erased' }
+  | { ok: false; reason: 'fenced'; detail: 'mismatch' | 'expired' };
+
+export interface LogState {
+  /** Last assigned sequence number (0 when empty). */
+  seq: number;
+  /** First readable sequence number (1 unless retention trimmed the head). */
+  low: number;
+  erased: boolean;
+}
+
+/** Published on `ap:{s:<sess>}:live` after every append that added events, and on erase. */
+export type LiveMessage =
+  | { kind: 'events'; from: number; to: number; events?: LogEvent[] }
+  | { kind: 'erased'; through: number };
+
+/** Uncursored preview fragment published on `ap:{s:<sess>}:deltas` by the runner side. */
+export interface DeltaMessage {
+  session_thread_id: string | null;
+  /** `agent.message` or `agent.thinking`. */
+  type: 'agent.message' | 'agent.thinking';
+  /** Stable id of the message being previewed (the final event may carry it as `payload.message_id`). */
+  message_id: string;
+  /** Order of this fragment within the message. */
+  index: number;
+  text: string;
+}
+
+export const eventLogKeys = {
+  stream: (sessionId: string) => keys.scoped(tags.session(sessionId), 'events'),
+  meta: (sessionId: string) => keys.scoped(tags.session(sessionId), 'log'),
+  producers: (sessionId: string) => keys.scoped(tags.session(sessionId), 'producers'),
+  producersTs: (sessionId: string) => keys.scoped(tags.session(sessionId), 'producers:ts'),
+  stats: (sessionId: string) => keys.scoped(tags.session(sessionId), 'stats'),
+  lease: (sessionId: string) => keys.scoped(tags.session(sessionId), 'lease'),
+  liveChannel: (sessionId: string) => keys.scoped(tags.session(sessionId), 'live'),
+  deltaChannel: (sessionId: string) => keys.scoped(tags.session(sessionId), 'deltas'),
+};
+
+const ISO_LUA = `
+local function iso(ms)
+  local secs = math.floor(ms / 1000)
+  local days = math.floor(secs / 86400)
+  local rem = secs - days * 86400
+  local z = days + 719468
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524) - math.floor(doe / 146096)) / 365)
+  local y = yoe + era * 400
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local d = doy - math.floor((153 * mp + 2) / 5) + 1
+  local m = mp + 3
+  if mp >= 10 then m = mp - 9 end
+  if m <= 2 then y = y + 1 end
+  return string.format('%04d-%02d-%02dT%02d:%02d:%02d.%03dZ', y, m, d, math.floor(rem / 3600),
+    math.floor((rem % 3600) / 60), rem % 60, ms % 1000)
+end`;
+
+/*
+ * KEYS: stream, meta, producers, producers:ts, lease, stats
+ * ARGV: fence | producer ttl ms | live channel | n | inline max | then per event:
+ *       producer key | event id | JSON tail (after the opening brace) | counters "f=n;f=n"
+ */
+const APPEND = new LuaScript(
+  'event_log_append',
+  `${ISO_LUA}
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if redis.call('HEXISTS', KEYS[2], 'erased') == 1 then return {'erased'} end
+if ARGV[1] ~= '' then
+  local lease = redis.call('HMGET', KEYS[5], 'token', 'expires_at_ms')
+  if not lease[1] or lease[1] ~= ARGV[1] then return {'fenced', 'mismatch'} end
+  if tonumber(lease[2] or '0') <= now_ms then return {'fenced', 'expired'} end
+end
+local created = iso(now_ms)
+local seq = tonumber(redis.call('HGET', KEYS[2], 'seq') or '0')
+local ttl = tonumber(ARGV[2])
+local n = tonumber(ARGV[4])
+local out = {'ok', ''}
+local fresh = {}
+local first = nil
+local size = 0
+for i = 0, n - 1 do
+  local b = 6 + i * 4
+  local pk = ARGV[b]
+  local existing = false
+  if pk ~= '' then existing = redis.call('HGET', KEYS[3], pk) end
+  if existing then
+    local rows = redis.call('XRANGE', KEYS[1], existing .. '-0', existing .. '-0')
+    local body = ''
+    if rows[1] then body = rows[1][2][2] end
+    out[#out + 1] = body
+    out[#out + 1] = 'dup'
+  else
+    seq = seq + 1
+    local body = '{"id":"' .. ARGV[b + 1] .. '","seq":' .. seq .. ',"created_at":"' .. created .. '",' .. ARGV[b + 2]
+    redis.call('XADD', KEYS[1], seq .. '-0', 'e', body)
+    if pk ~= '' then
+      redis.call('HSET', KEYS[3], pk, seq)
+      redis.call('ZADD', KEYS[4], now_ms, pk)
+    end
+    for f, v in string.gmatch(ARGV[b + 3], '([^=;]+)=(-?%d+)') do redis.call('HINCRBY', KEYS[6], f, v) end
+    fresh[#fresh + 1] = body
+    size = size + #body
+    if not first then first = seq end
+    out[#out + 1] = body
+    out[#out + 1] = 'new'
+  end
+end
+out[2] = tostring(seq)
+if first then
+  redis.call('HSET', KEYS[2], 'seq', seq, 'last_event_ms', now_ms)
+  redis.call('HSET', KEYS[6], 'last_event_at', created)
+  local msg
+  if size <= tonumber(ARGV[5]) then
+    msg = '{"kind":"events","from":' .. first .. ',"to":' .. seq .. ',"events":[' .. table.concat(fresh, ',') .. ']}'
+  else
+    msg = '{"kind":"events","from":' .. first .. ',"to":' .. seq .. '}'
+  end
+  redis.call('PUBLISH', ARGV[3], msg)
+end
+local old = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now_ms - ttl, 'LIMIT', 0, 64)
+if #old > 0 then
+  redis.call('HDEL', KEYS[3], unpack(old))
+  redis.call('ZREM', KEYS[4], unpack(old))
+end
+return out`,
+);
+
+/* KEYS: stream, meta, producers, producers:ts, stats, lease. ARGV: live channel. */
+const ERASE = new LuaScript(
+  'event_log_erase',
+  `
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local seq = redis.call('HGET', KEYS[2], 'seq') or '0'
+redis.call('DEL', KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6])
+if redis.call('HEXISTS', KEYS[2], 'erased') == 0 then redis.call('HSET', KEYS[2], 'erased', now_ms) end
+redis.call('HSET', KEYS[2], 'seq', seq, 'low', tonumber(seq) + 1)
+redis.call('PUBLISH', ARGV[1], '{"kind":"erased","through":' .. seq .. '}')
+return tonumber(seq)`,
+);
+
+/* KEYS: stream, meta. ARGV: through seq. Retention: drop entries <= through, move `low`. */
+const TRIM = new LuaScript(
+  'event_log_trim',
+  `
+local low = tonumber(redis.call('HGET', KEYS[2], 'low') or '1')
+local want = tonumber(ARGV[1]) + 1
+if want <= low then return low end
+redis.call('XTRIM', KEYS[1], 'MINID', want .. '-0')
+redis.call('HSET', KEYS[2], 'low', want)
+return want`,
+);
+
+function encodeCounters(ev: AppendEvent): string {
+  const threadId = ev.session_thread_id ?? null;
+  const parts = ['s.events=1', `s.events.${ev.type}=1`];
+  if (threadId) parts.push(`t.${threadId}.events=1`, `t.${threadId}.events.${ev.type}=1`);
+  for (const [name, value] of Object.entries(ev.counters ?? {})) {
+    if (!Number.isInteger(value) || value === 0 || /[=;]/.test(name)) continue;
+    parts.push(`s.${name}=${value}`);
+    if (threadId) parts.push(`t.${threadId}.${name}=${value}`);
+  }
+  return parts.join(';');
+}
+
+function parseEntries(rows: [string, string[]][]): LogEvent[] {
+  const out: LogEvent[] = [];
+  for (const [, fields] of rows) {
+    const i = fields.indexOf('e');
+    const body = i >= 0 ? fields[i + 1] : undefined;
+    if (body !== undefined) out.push(JSON.parse(body) as LogEvent);
+  }
+  return out;
+}
+
+export class EventLog {
+  constructor(private readonly redis: Redis) {}
+
+  /**
+   * Append events atomically: producer-key dedupe, optional lease fence, sequence numbers,
+   * `evt_` ids, `created_at` from the Redis clock, counters, and the live PUBLISH — one script.
+   */
+  async append(sessionId: string, events: readonly AppendEvent[], options: AppendOptions = {}): Promise<AppendResult> {
+    if (events.length === 0) {
+      const st = await this.state(sessionId);
+      if (st.erased) return { ok: false, reason: 'erased' };
+      return { ok: true, events: [], duplicate: [], last_seq: st.seq };
+    }
+    if (events.length > MAX_APPEND_BATCH) throw new RangeError(`at most ${MAX_APPEND_BATCH} events per append`);
+    const args: (string | number)[] = [
+      options.fence ?? '', PRODUCER_KEY_TTL_MS, eventLogKeys.liveChannel(sessionId), events.length, LIVE_INLINE_MAX_BYTES,
+    ];
+    events.forEach((ev, i) => {
+      const pk = ev.producer_key ?? (options.producerKey !== undefined ? `${options.producerKey}#${i}` : '');
+      const tail = JSON.stringify({
+        session_id: sessionId,
+        session_thread_id: ev.session_thread_id ?? null,
+        type: ev.type,
+        payload: ev.payload ?? {},
+      }).slice(1);
+      args.push(pk, `evt_${randomBytes(16).toString('hex')}`, tail, encodeCounters(ev));
+    });
+    const k = eventLogKeys;
+    const r = (await APPEND.run(
+      this.redis,
+      [k.stream(sessionId), k.meta(sessionId), k.producers(sessionId), k.producersTs(sessionId), k.lease(sessionId), k.stats(sessionId)],
+      args,
+    )) as string[];
+    if (r[0] === 'erased') return { ok: false, reason: 'erased' };
+    if (r[0] === 'fenced') return { ok: false, reason: 'fenced', detail: r[1] === 'expired' ? 'expired' : 'mismatch' };
+    const out: LogEvent[] = [];
+    const duplicate: boolean[] = [];
+    for (let i = 2; i + 1 < r.length; i += 2) {
+      const body = r[i] as string;
+      // A replayed producer key whose event fell out of retention has no body left to return.
+      if (body === '') continue;
+      out.push(JSON.parse(body) as LogEvent);
+      duplicate.push(r[i + 1] === 'dup');
+    }
+    return { ok: true, events: out, duplicate, last_seq: Number(r[1]) };
+  }
+
+  async state(sessionId: string): Promise<LogState> {
+    const [seq, low, erased] = await this.redis.hmget(eventLogKeys.meta(sessionId), 'seq', 'low', 'erased');
+    return { seq: Number(seq ?? 0), low: Number(low ?? 1), erased: erased !== null };
+  }
+
+  /** Events with `afterSeq < seq <= toSeq`, oldest first, at most `limit`. */
+  async range(sessionId: string, afterSeq: number, limit: number, toSeq?: number): Promise<LogEvent[]> {
+    const rows = (await this.redis.xrange(
+      eventLogKeys.stream(sessionId), `${afterSeq + 1}-0`, toSeq === undefined ? '+' : `${toSeq}-0`, 'COUNT', limit,
+    )) as [string, string[]][];
+    return parseEntries(rows);
+  }
+
+  /** Events with `seq < beforeSeq`, newest first, at most `limit`. */
+  async rangeBackward(sessionId: string, beforeSeq: number | null, limit: number): Promise<LogEvent[]> {
+    const end = beforeSeq === null ? '+' : `${beforeSeq - 1}-0`;
+    if (beforeSeq !== null && beforeSeq <= 1) return [];
+    const rows = (await this.redis.xrevrange(eventLogKeys.stream(sessionId), end, '-', 'COUNT', limit)) as [string, string[]][];
+    return parseEntries(rows);
+  }
+
+  /** Session delete: the stream and its side keys go; the `erased` marker stays so readers see a gap. */
+  async erase(sessionId: string): Promise<number> {
+    const k = eventLogKeys;
+    return Number(await ERASE.run(
+      this.redis,
+      [k.stream(sessionId), k.meta(sessionId), k.producers(sessionId), k.producersTs(sessionId), k.stats(sessionId), k.lease(sessionId)],
+      [k.liveChannel(sessionId)],
+    ));
+  }
+
+  /** Retention: drop events with seq <= `throughSeq`. Readers get a gap frame for the range. Returns the new `low`. */
+  async trimThrough(sessionId: string, throughSeq: number): Promise<number> {
+    return Number(await TRIM.run(this.redis, [eventLogKeys.stream(sessionId), eventLogKeys.meta(sessionId)], [throughSeq]));
+  }
+
+  /** Counters of the stats hash: `s.<name>` for the Session, `t.<thread>.<name>` per thread. */
+  async counters(sessionId: string): Promise<Record<string, string>> {
+    return this.redis.hgetall(eventLogKeys.stats(sessionId));
+  }
+
+  /** Set the lease fence (the scheduler's side; here for completeness and tests). */
+  async setLease(sessionId: string, token: string, expiresAtMs: number): Promise<void> {
+    await this.redis.hset(eventLogKeys.lease(sessionId), 'token', token, 'expires_at_ms', String(expiresAtMs));
+  }
+
+  /** Publish an uncursored preview fragment; viewers that asked for `event_deltas` receive it. */
+  async publishDelta(sessionId: string, delta: DeltaMessage): Promise<void> {
+    await this.redis.publish(eventLogKeys.deltaChannel(sessionId), JSON.stringify(delta));
+  }
+}

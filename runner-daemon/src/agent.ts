@@ -1,0 +1,364 @@
+import { WebSocket } from 'ws';
+import { backoffDelay, nowIso, type Logger } from '@agentplane/core';
+import {
+  CLOSE, FrameError, RUNNER_CONNECT_PATH, RUNNER_DEFAULTS, RUNNER_PROTOCOL_VERSIONS, frame, parseFrame,
+  type GatewayMessage, type GatewayToRunnerType, type LeaseRef, type Payload, type RunnerCapabilities, type RunnerStatus,
+  type RunnerToGatewayType,
+} from '@agentplane/protocol';
+import type Docker from 'dockerode';
+import { buildCapabilities, hostFacts, memoryAvailableMib, type HostFacts, type SlotPolicy } from './capabilities.js';
+import { saveState, type DaemonConfig, type RunnerCredentialFile, type RunnerStateFile } from './config.js';
+
+export const DAEMON_VERSION = '0.1.0';
+
+/** What an executor gets for one accepted lease. Every write carries the lease's fencing token. */
+export interface LeaseHandle {
+  readonly lease: LeaseRef;
+  readonly offer: Payload<'lease.offer'>;
+  /** Aborted on lease.cancel, lease.revoked, or the drain deadline. */
+  readonly signal: AbortSignal;
+  sendEvents(sessionId: string, events: Payload<'events.batch'>['events']): void;
+}
+
+/** Runs the work of a lease; resolve = lease.complete, reject = lease.fail. Installed by the scheduler/sandbox work. */
+export type LeaseExecutor = (handle: LeaseHandle) => Promise<Record<string, unknown> | undefined>;
+
+interface HeldLease {
+  ref: LeaseRef;
+  abort: AbortController;
+  done: Promise<void>;
+}
+
+/**
+ * One runner daemon's connection to the control plane: hello with capabilities, heartbeats,
+ * reconnect with capped exponential backoff and jitter, drain on request or SIGTERM.
+ */
+export class RunnerAgent {
+  status: RunnerStatus = 'starting';
+  generation: number | null = null;
+  private ws: WebSocket | null = null;
+  private stopped = false;
+  private attempt = 0;
+  private msgSeq = 0;
+  private heartbeatTimer: NodeJS.Timeout | null = null;
+  private heartbeatMs: number;
+  private lastAckAt = 0;
+  private lastAckIso: string | null = null;
+  private facts: HostFacts | null = null;
+  private factsAt = 0;
+  private lastCapsJson = '';
+  private readonly held = new Map<string, HeldLease>();
+  private drainDeadline: number | null = null;
+  private wakeSleep: (() => void) | null = null;
+  private finished!: () => void;
+  private readonly finishedPromise = new Promise<void>((r) => (this.finished = r));
+  executor: LeaseExecutor | null = null;
+
+  constructor(
+    private readonly cred: RunnerCredentialFile,
+    private readonly config: DaemonConfig,
+    private readonly log: Logger,
+    private readonly docker: Docker,
+    private readonly policy: SlotPolicy = { maxSlots: config.maxSlots, slotMemoryMib: config.slotMemoryMib, maxDurationSeconds: 86_400 },
+  ) {
+    this.heartbeatMs = config.heartbeatIntervalMs ?? RUNNER_DEFAULTS.heartbeatIntervalMs;
+  }
+
+  get url(): string {
+    const u = new URL(RUNNER_CONNECT_PATH, this.cred.base_url);
+    u.protocol = u.protocol === 'https:' ? 'wss:' : 'ws:';
+    return u.toString();
+  }
+
+  /** Connect and stay connected until stopped or drained. Resolves when the daemon is done. */
+  async run(): Promise<void> {
+    this.writeState(false);
+    void this.loop();
+    return this.finishedPromise;
+  }
+
+  private async loop(): Promise<void> {
+    while (!this.stopped) {
+      const welcomed = await this.connectOnce();
+      if (this.stopped) break;
+      if (welcomed) this.attempt = 0;
+      const delay = backoffDelay(this.attempt++, this.config.reconnectBaseMs, this.config.reconnectCapMs);
+      this.log.info({ delay_ms: delay, attempt: this.attempt }, 'reconnecting');
+      this.writeState(false);
+      await new Promise<void>((r) => {
+        const t = setTimeout(r, delay);
+        this.wakeSleep = () => {
+          clearTimeout(t);
+          r();
+        };
+      });
+      this.wakeSleep = null;
+      if (this.drainDeadline !== null && this.held.size === 0) break;
+    }
+    this.finish();
+  }
+
+  private finish(): void {
+    this.stopped = true;
+    this.stopHeartbeat();
+    this.status = 'draining';
+    const state = this.stateFile(false);
+    state.status = 'stopped';
+    saveState(this.config.configDir, state);
+    this.finished();
+  }
+
+  private async refreshFacts(force = false): Promise<HostFacts> {
+    if (!this.facts || force || Date.now() - this.factsAt > 60_000) {
+      this.facts = await hostFacts(this.docker);
+      this.factsAt = Date.now();
+    }
+    return this.facts;
+  }
+
+  async capabilities(): Promise<RunnerCapabilities> {
+    const facts = await this.refreshFacts();
+    return buildCapabilities(facts, this.policy, this.held.size);
+  }
+
+  /** One connection, from upgrade to close. True when the gateway welcomed us. */
+  private async connectOnce(): Promise<boolean> {
+    let caps: RunnerCapabilities;
+    try {
+      caps = await this.capabilities();
+    } catch (err) {
+      this.log.warn({ err }, 'capability detection failed');
+      return false;
+    }
+    return new Promise<boolean>((resolve) => {
+      let welcomed = false;
+      const ws = new WebSocket(this.url, {
+        headers: { authorization: `Bearer ${this.cred.secret}` },
+        maxPayload: RUNNER_DEFAULTS.maxFrameBytes,
+        handshakeTimeout: 10_000,
+        perMessageDeflate: false,
+      });
+      this.ws = ws;
+      ws.on('unexpected-response', (_req, res) => {
+        const status = res.statusCode ?? 0;
+        if (status === 401 || status === 403) {
+          this.log.error({ status }, 'the control plane refused this runner credential; pair the machine again');
+          this.attempt = Math.max(this.attempt, 16); // back off at the cap
+        } else {
+          this.log.warn({ status }, 'runner upgrade refused');
+        }
+        ws.terminate();
+      });
+      ws.on('open', () => {
+        this.lastCaps(caps);
+        this.send('hello', {
+          protocol_versions: [...RUNNER_PROTOCOL_VERSIONS],
+          daemon_version: DAEMON_VERSION,
+          status: this.status,
+          capabilities: caps,
+          placement: 'local',
+          held_leases: this.heldRefs(),
+        });
+      });
+      ws.on('message', (data, isBinary) => {
+        if (isBinary) return ws.close(CLOSE.MALFORMED, 'binary frames are not accepted');
+        let msg: GatewayMessage;
+        try {
+          msg = parseFrame(data.toString(), 'gateway');
+        } catch (err) {
+          this.log.error({ err: err instanceof FrameError ? err.message : String(err) }, 'malformed frame from the gateway');
+          return ws.close(CLOSE.MALFORMED, 'malformed frame');
+        }
+        if (msg.type === 'welcome') welcomed = true;
+        this.onMessage(msg).catch((err: unknown) => this.log.error({ err, type: msg.type }, 'frame handling failed'));
+      });
+      ws.on('error', (err) => this.log.warn({ err: err.message }, 'runner socket error'));
+      ws.on('close', (code, reason) => {
+        this.stopHeartbeat();
+        if (this.ws === ws) this.ws = null;
+        this.generation = welcomed ? this.generation : null;
+        const level = code === CLOSE.NORMAL || code === CLOSE.DRAINED ? 'info' : 'warn';
+        this.log[level]({ close_code: code, reason: reason.toString() }, 'disconnected from the control plane');
+        if (code === CLOSE.SUPERSEDED) this.attempt = Math.max(this.attempt, 3);
+        resolve(welcomed);
+      });
+    });
+  }
+
+  private lastCaps(caps: RunnerCapabilities): void {
+    const { available_slots: _slots, ...rest } = caps;
+    void _slots;
+    this.lastCapsJson = JSON.stringify(rest);
+  }
+
+  private send<T extends RunnerToGatewayType>(type: T, payload: Payload<T>, re?: string): boolean {
+    const ws = this.ws;
+    if (!ws || ws.readyState !== ws.OPEN) return false;
+    ws.send(frame(type, `r${(++this.msgSeq).toString(36)}`, payload, re));
+    return true;
+  }
+
+  private heldRefs(): LeaseRef[] {
+    return [...this.held.values()].map((h) => h.ref);
+  }
+
+  private async onMessage(msg: GatewayMessage): Promise<void> {
+    switch (msg.type) {
+      case 'welcome': {
+        const p = msg.payload;
+        this.generation = p.generation;
+        this.heartbeatMs = this.config.heartbeatIntervalMs ?? p.heartbeat_interval_ms;
+        if (this.status === 'starting') this.status = 'ready';
+        this.lastAckAt = Date.now();
+        this.log.info({ generation: p.generation, protocol: p.protocol_version }, 'connected to the control plane');
+        const resumed = new Set(p.resumed_leases.map((l) => `${l.lease_id}#${l.attempt}`));
+        for (const [k, h] of this.held) if (!resumed.has(k)) h.abort.abort(new Error('lease not resumed after reconnect'));
+        if (p.drain) this.beginDrain(Date.parse(p.drain.deadline), p.drain.reason);
+        this.startHeartbeat();
+        this.writeState(true);
+        return;
+      }
+      case 'heartbeat.ack': {
+        this.lastAckAt = Date.now();
+        this.lastAckIso = nowIso();
+        for (const c of msg.payload.cancellations) this.held.get(`${c.lease_id}#${c.attempt}`)?.abort.abort(new Error(c.reason));
+        this.writeState(true);
+        return;
+      }
+      case 'drain':
+        this.beginDrain(Date.parse(msg.payload.deadline), msg.payload.reason);
+        return;
+      case 'lease.offer':
+        return this.onOffer(msg.payload);
+      case 'lease.cancel':
+      case 'lease.revoked':
+        this.held.get(`${msg.payload.lease_id}#${msg.payload.attempt}`)?.abort.abort(new Error(msg.payload.reason));
+        return;
+      case 'error':
+        this.log.warn({ error_code: msg.payload.code, message: msg.payload.message, re: msg.re }, 'gateway reported an error');
+        return;
+      default:
+        this.log.debug({ type: msg.type as GatewayToRunnerType }, 'frame not used by this daemon yet');
+    }
+  }
+
+  private onOffer(offer: Payload<'lease.offer'>): void {
+    const ref = { lease_id: offer.lease_id, attempt: offer.attempt };
+    if (this.status === 'draining') return void this.send('lease.reject', { ...ref, reason: 'runner is draining' });
+    if (!this.executor) return void this.send('lease.reject', { ...ref, reason: 'no executor is installed on this runner' });
+    if (this.facts && buildCapabilities(this.facts, this.policy, this.held.size).available_slots <= 0) {
+      return void this.send('lease.reject', { ...ref, reason: 'no free slot' });
+    }
+    const abort = new AbortController();
+    const key = `${ref.lease_id}#${ref.attempt}`;
+    this.send('lease.accept', ref);
+    const renew = setInterval(() => this.send('lease.heartbeat', ref), Math.max(500, Math.floor(offer.lease_ttl_ms / 3)));
+    const handle: LeaseHandle = {
+      lease: ref, offer, signal: abort.signal,
+      sendEvents: (sessionId, events) => void this.send('events.batch', { ...ref, session_id: sessionId, events }),
+    };
+    const executor = this.executor;
+    const done = executor(handle).then(
+      (result) => void this.send('lease.complete', { ...ref, ...(result ? { result } : {}) }),
+      (err: unknown) => void this.send('lease.fail', { ...ref, failure_class: abort.signal.aborted ? 'infrastructure' : 'work', reason: String(err instanceof Error ? err.message : err).slice(0, 2000) || 'failed' }),
+    ).finally(() => {
+      clearInterval(renew);
+      this.held.delete(key);
+      this.maybeFinishDrain();
+    });
+    this.held.set(key, { ref, abort, done });
+  }
+
+  private startHeartbeat(): void {
+    this.stopHeartbeat();
+    const beat = async () => {
+      // A silent gateway (no ack for 3 intervals) is a dead connection: cut it and reconnect.
+      if (Date.now() - this.lastAckAt > this.heartbeatMs * 3 + 1000) {
+        this.log.warn('no heartbeat acknowledgement; reconnecting');
+        this.ws?.terminate();
+        return;
+      }
+      let caps: RunnerCapabilities | undefined;
+      try {
+        const facts = await this.refreshFacts();
+        facts.memAvailableMib = await memoryAvailableMib();
+        caps = buildCapabilities(facts, this.policy, this.held.size);
+      } catch (err) {
+        this.log.debug({ err }, 'capability refresh failed');
+      }
+      const { available_slots: _s, ...rest } = caps ?? { available_slots: 0 };
+      void _s;
+      const changed = caps !== undefined && JSON.stringify(rest) !== this.lastCapsJson;
+      if (changed && caps) this.lastCaps(caps);
+      this.send('heartbeat', {
+        status: this.status,
+        available_slots: this.status === 'draining' ? 0 : (caps?.available_slots ?? 0),
+        held_leases: this.heldRefs(),
+        ...(changed && caps ? { capabilities: caps } : {}),
+      });
+    };
+    void beat();
+    this.heartbeatTimer = setInterval(() => void beat(), this.heartbeatMs);
+  }
+
+  private stopHeartbeat(): void {
+    if (this.heartbeatTimer) clearInterval(this.heartbeatTimer);
+    this.heartbeatTimer = null;
+  }
+
+  /** Stop taking work; finish held leases until the deadline, then cancel them; then say drained and leave. */
+  beginDrain(deadline: number, reason: string): void {
+    const first = this.drainDeadline === null;
+    this.drainDeadline = first ? deadline : Math.min(this.drainDeadline!, deadline);
+    this.status = 'draining';
+    if (first) this.log.info({ deadline: new Date(deadline).toISOString(), reason, held: this.held.size }, 'draining');
+    this.writeState(this.ws !== null);
+    if (this.heartbeatTimer) this.startHeartbeat(); // tell the gateway now
+    const wait = Math.max(0, this.drainDeadline - Date.now());
+    setTimeout(() => this.cancelAll('drain deadline reached'), wait).unref();
+    this.maybeFinishDrain();
+  }
+
+  /** Second SIGTERM: cancel held work now. */
+  cancelAll(reason: string): void {
+    for (const h of this.held.values()) h.abort.abort(new Error(reason));
+    this.maybeFinishDrain();
+  }
+
+  private maybeFinishDrain(): void {
+    if (this.drainDeadline === null || this.held.size > 0) return;
+    const ws = this.ws;
+    this.stopped = true;
+    this.wakeSleep?.();
+    if (ws && ws.readyState === ws.OPEN) {
+      this.send('drained', { held_leases: [] });
+      const t = setTimeout(() => ws.terminate(), 2_000);
+      ws.once('close', () => clearTimeout(t));
+      ws.close(CLOSE.DRAINED, 'drained');
+    } else if (!ws) {
+      this.wakeSleep?.();
+    }
+  }
+
+  private stateFile(connected: boolean): RunnerStateFile {
+    return {
+      pid: process.pid,
+      status: connected ? this.status : this.stopped ? 'stopped' : 'disconnected',
+      connected,
+      generation: this.generation,
+      base_url: this.cred.base_url,
+      runner_id: this.cred.runner_id,
+      last_heartbeat_ack_at: this.lastAckIso,
+      reconnect_attempt: this.attempt,
+      updated_at: nowIso(),
+    };
+  }
+
+  private writeState(connected: boolean): void {
+    try {
+      saveState(this.config.configDir, this.stateFile(connected));
+    } catch (err) {
+      this.log.debug({ err }, 'state file write failed');
+    }
+  }
+}

@@ -1,0 +1,169 @@
+import { accessSync, constants } from 'node:fs';
+import { arch, cpus, platform } from 'node:os';
+import { delimiter, join } from 'node:path';
+import Docker from 'dockerode';
+import * as si from 'systeminformation';
+import { MODEL_GATEWAY_PROTOCOL, RUNNER_PROTOCOL_VERSIONS, type ProviderCapability, type RunnerCapabilities } from '@agentplane/protocol';
+
+/**
+ * Honest capabilities: every field comes from the host (systeminformation) or the Docker
+ * engine (ping/info). What cannot be established is left out, never invented.
+ */
+export interface HostFacts {
+  cpus: number;
+  memTotalMib: number;
+  memAvailableMib: number;
+  diskFreeMib: number | null;
+  os: string;
+  architecture: string;
+  docker: DockerFacts | null;
+  chromium: string | null;
+}
+
+export interface DockerFacts {
+  version: string;
+  os: string;
+  architecture: string;
+  ncpu: number;
+  memTotalMib: number;
+  networkDrivers: string[];
+  rootDir: string;
+}
+
+const MIB = 1024 * 1024;
+
+/** Docker reports `x86_64`/`aarch64`; Node and OCI say `x64`→`amd64`, `arm64`. */
+export function normalizeArch(a: string): string {
+  const m: Record<string, string> = { x86_64: 'amd64', x64: 'amd64', amd64: 'amd64', aarch64: 'arm64', arm64: 'arm64', armv7l: 'arm', arm: 'arm' };
+  return m[a] ?? a;
+}
+
+export function dockerClient(socketPath?: string): Docker {
+  return socketPath ? new Docker({ socketPath }) : new Docker();
+}
+
+export async function dockerFacts(docker: Docker, timeoutMs = 3000): Promise<DockerFacts | null> {
+  const withTimeout = <T>(p: Promise<T>) =>
+    Promise.race([p, new Promise<never>((_, rej) => setTimeout(() => rej(new Error('docker timeout')), timeoutMs).unref())]);
+  try {
+    await withTimeout(docker.ping());
+    const info = (await withTimeout(docker.info())) as {
+      ServerVersion?: string; OSType?: string; Architecture?: string; NCPU?: number; MemTotal?: number;
+      Plugins?: { Network?: string[] }; DockerRootDir?: string;
+    };
+    return {
+      version: info.ServerVersion ?? 'unknown',
+      os: info.OSType ?? 'linux',
+      architecture: normalizeArch(info.Architecture ?? arch()),
+      ncpu: info.NCPU ?? cpus().length,
+      memTotalMib: Math.floor((info.MemTotal ?? 0) / MIB),
+      networkDrivers: info.Plugins?.Network ?? [],
+      rootDir: info.DockerRootDir ?? '/var/lib/docker',
+    };
+  } catch {
+    return null;
+  }
+}
+
+export function findExecutable(names: readonly string[], pathEnv = process.env.PATH ?? ''): string | null {
+  for (const dir of pathEnv.split(delimiter)) {
+    if (!dir) continue;
+    for (const n of names) {
+      const p = join(dir, n);
+      try {
+        accessSync(p, constants.X_OK);
+        return p;
+      } catch {
+        /* not here */
+      }
+    }
+  }
+  return null;
+}
+
+export async function memoryAvailableMib(): Promise<number> {
+  return Math.floor((await si.mem()).available / MIB);
+}
+
+export async function hostFacts(docker: Docker): Promise<HostFacts> {
+  const [mem, fs, d] = await Promise.all([si.mem(), si.fsSize().catch(() => []), dockerFacts(docker)]);
+  // The filesystem that holds the Docker root (or /) is where sandboxes write.
+  const target = d?.rootDir ?? '/';
+  const mount = [...fs].filter((f) => target.startsWith(f.mount)).sort((a, b) => b.mount.length - a.mount.length)[0];
+  return {
+    cpus: cpus().length,
+    memTotalMib: Math.floor(mem.total / MIB),
+    memAvailableMib: Math.floor(mem.available / MIB),
+    diskFreeMib: mount ? Math.floor(mount.available / MIB) : null,
+    os: platform(),
+    architecture: normalizeArch(arch()),
+    docker: d,
+    chromium: findExecutable(['chromium', 'chromium-browser', 'google-chrome', 'google-chrome-stable', 'chrome']),
+  };
+}
+
+export interface SlotPolicy {
+  maxSlots: number | undefined;
+  slotMemoryMib: number;
+  maxDurationSeconds: number;
+}
+
+/** Slots really free now: bounded by CPUs (or the configured cap) and by available memory, minus held work. */
+export function availableSlots(facts: HostFacts, policy: SlotPolicy, held: number): number {
+  const cap = policy.maxSlots ?? facts.cpus;
+  const byMemory = Math.floor(facts.memAvailableMib / policy.slotMemoryMib);
+  return Math.max(0, Math.min(cap, byMemory) - held);
+}
+
+export function buildCapabilities(facts: HostFacts, policy: SlotPolicy, held: number): RunnerCapabilities {
+  const providers: ProviderCapability[] = [];
+  const d = facts.docker;
+  if (d) {
+    const networkModes = [
+      ...(d.networkDrivers.includes('null') ? ['none'] : []),
+      ...(d.networkDrivers.includes('bridge') ? ['bridge'] : []),
+    ];
+    providers.push({
+      id: 'docker',
+      provider_revision: `docker-${d.version}`,
+      drivers: ['docker'],
+      launch_kinds: ['sandboxed'],
+      tiers: ['container'],
+      platforms: [{ os: d.os, architecture: d.architecture }],
+      network_modes: networkModes,
+      minimum_resources: { cpu_millis: 100, memory_mib: 64 },
+      maximum_resources: {
+        cpu_millis: d.ncpu * 1000,
+        memory_mib: d.memTotalMib,
+        ...(facts.diskFreeMib !== null ? { disk_mib: facts.diskFreeMib } : {}),
+        max_duration_seconds: policy.maxDurationSeconds,
+      },
+      runtime_assurances: { network_isolation: networkModes.includes('none'), bounded_cancel: true, teardown: true },
+      acp_transport: 'stdio',
+      mount_kinds: ['uploaded_project'],
+    });
+  }
+  providers.push({
+    id: 'process',
+    drivers: ['process'],
+    launch_kinds: ['trusted'],
+    tiers: ['process'],
+    platforms: [{ os: facts.os, architecture: facts.architecture }],
+    network_modes: ['host'],
+    maximum_resources: {
+      cpu_millis: facts.cpus * 1000,
+      memory_mib: facts.memTotalMib,
+      ...(facts.diskFreeMib !== null ? { disk_mib: facts.diskFreeMib } : {}),
+      max_duration_seconds: policy.maxDurationSeconds,
+    },
+    ...(facts.chromium ? { browser_observation: { accessibility_tree: true, screenshot: true } } : {}),
+    acp_transport: 'stdio',
+  });
+  return {
+    protocol_versions: [...RUNNER_PROTOCOL_VERSIONS],
+    available_slots: availableSlots(facts, policy, held),
+    drivers: [...new Set(providers.flatMap((p) => p.drivers))],
+    plane_protocols: [MODEL_GATEWAY_PROTOCOL],
+    providers,
+  };
+}

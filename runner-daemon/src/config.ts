@@ -1,0 +1,108 @@
+import { chmodSync, existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
+import { homedir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { envInt, envOptional, envString, type Env } from '@agentplane/core';
+
+/** Process-level settings of the daemon (flags win over environment, environment over defaults). */
+export interface DaemonConfig {
+  /** Holds runner.json (credential, 0600) and state.json (status of the running daemon). */
+  configDir: string;
+  /** Heartbeat interval override; default: what the gateway says in welcome. */
+  heartbeatIntervalMs: number | undefined;
+  /** Upper bound on slots offered (default: CPU count). */
+  maxSlots: number | undefined;
+  /** Memory reserved per slot when computing available_slots. */
+  slotMemoryMib: number;
+  sandboxImage: string;
+  dockerSocket: string | undefined;
+  /** Drain deadline on SIGTERM: held work is canceled after it. */
+  drainDeadlineMs: number;
+  reconnectBaseMs: number;
+  reconnectCapMs: number;
+  logLevel: 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
+}
+
+export function loadDaemonConfig(env: Env, flags: Record<string, string | boolean>): DaemonConfig {
+  const flag = (name: string): string | undefined => (typeof flags[name] === 'string' ? (flags[name] as string) : undefined);
+  const int = (name: string, envName: string, fallback: number, min = 0): number => {
+    const f = flag(name);
+    return f !== undefined ? envInt({ v: f }, 'v', fallback, min) : envInt(env, envName, fallback, min);
+  };
+  const hb = flag('heartbeat-ms') ?? envOptional(env, 'RUNNER_HEARTBEAT_INTERVAL_MS');
+  const slots = flag('slots') ?? envOptional(env, 'RUNNER_MAX_SLOTS');
+  return Object.freeze({
+    configDir: resolve(flag('config-dir') ?? envString(env, 'AGENTPLANE_RUNNER_HOME', join(homedir(), '.agentplane', 'runner'))),
+    heartbeatIntervalMs: hb === undefined ? undefined : envInt({ v: hb }, 'v', 5000, 100),
+    maxSlots: slots === undefined ? undefined : envInt({ v: slots }, 'v', 1, 0, 1024),
+    slotMemoryMib: int('slot-memory-mib', 'RUNNER_SLOT_MEMORY_MIB', 512, 64),
+    sandboxImage: flag('image') ?? envString(env, 'SANDBOX_IMAGE', 'agentplane/sandbox:latest'),
+    dockerSocket: envOptional(env, 'DOCKER_SOCKET'),
+    drainDeadlineMs: int('drain-deadline-ms', 'RUNNER_DRAIN_DEADLINE_MS', 3_600_000, 0),
+    reconnectBaseMs: int('reconnect-base-ms', 'RUNNER_RECONNECT_BASE_MS', 1_000, 10),
+    reconnectCapMs: int('reconnect-cap-ms', 'RUNNER_RECONNECT_CAP_MS', 64_000, 10),
+    logLevel: (flag('log-level') ?? envString(env, 'LOG_LEVEL', 'info')) as DaemonConfig['logLevel'],
+  });
+}
+
+/** What `pair` stores: enough to connect. Mode 0600 in a 0700 directory. */
+export interface RunnerCredentialFile {
+  base_url: string;
+  secret: string;
+  runner_id: string;
+  runner_credential_id: string;
+  runner_pool_id: string;
+  workspace_id: string;
+  machine_label: string;
+  paired_at: string;
+}
+
+/** What a running daemon publishes about itself (read by `status` and `drain`). */
+export interface RunnerStateFile {
+  pid: number;
+  status: 'starting' | 'ready' | 'draining' | 'disconnected' | 'stopped';
+  connected: boolean;
+  generation: number | null;
+  base_url: string;
+  runner_id: string;
+  last_heartbeat_ack_at: string | null;
+  reconnect_attempt: number;
+  updated_at: string;
+}
+
+export const credentialPath = (dir: string): string => join(dir, 'runner.json');
+export const statePath = (dir: string): string => join(dir, 'state.json');
+
+function writePrivate(path: string, text: string): void {
+  const tmp = `${path}.${process.pid}.tmp`;
+  writeFileSync(tmp, text, { mode: 0o600 });
+  chmodSync(tmp, 0o600);
+  renameSync(tmp, path);
+}
+
+export function saveCredential(dir: string, cred: RunnerCredentialFile): string {
+  mkdirSync(dir, { recursive: true, mode: 0o700 });
+  const path = credentialPath(dir);
+  writePrivate(path, `${JSON.stringify(cred, null, 2)}\n`);
+  return path;
+}
+
+export function loadCredential(dir: string): RunnerCredentialFile | null {
+  const path = credentialPath(dir);
+  if (!existsSync(path)) return null;
+  return JSON.parse(readFileSync(path, 'utf8')) as RunnerCredentialFile;
+}
+
+export function saveState(dir: string, state: RunnerStateFile): void {
+  mkdirSync(dir, { recursive: true, mode: 0o700 });
+  writePrivate(statePath(dir), `${JSON.stringify(state)}\n`);
+}
+
+export function loadState(dir: string): RunnerStateFile | null {
+  const path = statePath(dir);
+  if (!existsSync(path)) return null;
+  try {
+    return JSON.parse(readFileSync(path, 'utf8')) as RunnerStateFile;
+  } catch {
+    return null;
+  }
+}

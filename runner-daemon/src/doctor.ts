@@ -1,0 +1,96 @@
+import { WebSocket } from 'ws';
+import type Docker from 'dockerode';
+import { CLOSE, RUNNER_CONNECT_PATH } from '@agentplane/protocol';
+import { dockerFacts } from './capabilities.js';
+import type { DaemonConfig, RunnerCredentialFile } from './config.js';
+
+export interface Check {
+  name: string;
+  ok: boolean;
+  detail: string;
+  /** What to do when it fails. */
+  fix?: string;
+}
+
+const timeout = <T>(p: Promise<T>, ms: number, what: string): Promise<T> =>
+  Promise.race([p, new Promise<never>((_, rej) => setTimeout(() => rej(new Error(`${what} timed out after ${ms} ms`)), ms).unref())]);
+
+async function checkControlPlane(cred: RunnerCredentialFile | null): Promise<Check[]> {
+  if (!cred) {
+    return [{ name: 'paired', ok: false, detail: 'no runner credential in the config directory', fix: 'run `agentplane-runner pair --code <code> --url <base url>`' }];
+  }
+  const out: Check[] = [{ name: 'paired', ok: true, detail: `runner ${cred.runner_id} (pool ${cred.runner_pool_id})` }];
+  try {
+    const r = await timeout(fetch(new URL('/healthz', cred.base_url)), 5000, 'health check');
+    out.push(r.ok
+      ? { name: 'control plane reachable', ok: true, detail: `${cred.base_url} answered ${r.status}` }
+      : { name: 'control plane reachable', ok: false, detail: `${cred.base_url}/healthz answered ${r.status}`, fix: 'check that the API is running and healthy' });
+  } catch (err) {
+    out.push({ name: 'control plane reachable', ok: false, detail: `${cred.base_url}: ${err instanceof Error ? err.message : String(err)}`, fix: 'check the URL, DNS, proxy and firewall between this machine and the API' });
+    return out;
+  }
+  // Upgrade only (no hello): proves the credential without disturbing a running daemon.
+  const url = new URL(RUNNER_CONNECT_PATH, cred.base_url);
+  url.protocol = url.protocol === 'https:' ? 'wss:' : 'ws:';
+  const verdict = await new Promise<Check>((resolve) => {
+    const ws = new WebSocket(url, { headers: { authorization: `Bearer ${cred.secret}` }, handshakeTimeout: 5000 });
+    ws.on('unexpected-response', (_req, res) => {
+      const s = res.statusCode ?? 0;
+      resolve({ name: 'runner credential accepted', ok: false, detail: `gateway answered HTTP ${s}`, fix: s === 401 || s === 403 ? 'the credential is revoked or its owner is inactive: pair this machine again' : 'check that the API hosts the runner gateway (GATEWAY_EMBEDDED)' });
+      ws.terminate();
+    });
+    ws.on('open', () => {
+      resolve({ name: 'runner credential accepted', ok: true, detail: `WebSocket upgrade to ${url.pathname} succeeded` });
+      ws.close(CLOSE.NORMAL, 'doctor');
+    });
+    ws.on('error', (err) => resolve({ name: 'runner credential accepted', ok: false, detail: err.message, fix: 'check proxies: WebSocket upgrades must pass through' }));
+  });
+  out.push(verdict);
+  return out;
+}
+
+async function checkDocker(docker: Docker, image: string): Promise<Check[]> {
+  const facts = await dockerFacts(docker);
+  if (!facts) {
+    return [{ name: 'docker engine answers', ok: false, detail: 'no answer from the Docker engine', fix: 'start dockerd and make its socket readable by this user (e.g. add the user to the docker group), or set DOCKER_SOCKET' }];
+  }
+  const out: Check[] = [{ name: 'docker engine answers', ok: true, detail: `Docker ${facts.version} on ${facts.os}/${facts.architecture}, ${facts.ncpu} CPUs` }];
+  try {
+    await timeout(docker.getImage(image).inspect(), 5000, 'image inspect');
+    out.push({ name: 'sandbox image present', ok: true, detail: image });
+  } catch {
+    out.push({ name: 'sandbox image present', ok: false, detail: `${image} is not in the local image store`, fix: `build or pull it: docker pull ${image} (or set SANDBOX_IMAGE)` });
+    return out;
+  }
+  const started = Date.now();
+  let container: Docker.Container | undefined;
+  try {
+    container = await timeout(
+      docker.createContainer({
+        Image: image,
+        Cmd: ['/bin/sh', '-c', 'exit 0'],
+        Labels: { 'dev.agentplane.canary': 'true' },
+        NetworkDisabled: true,
+        HostConfig: { NetworkMode: 'none', ReadonlyRootfs: true, CapDrop: ['ALL'], SecurityOpt: ['no-new-privileges'], PidsLimit: 64, Memory: 64 * 1024 * 1024, AutoRemove: false },
+      }),
+      15000,
+      'canary create',
+    );
+    await timeout(container.start(), 15000, 'canary start');
+    const res = (await timeout(container.wait(), 15000, 'canary wait')) as { StatusCode?: number };
+    if (res.StatusCode !== 0) throw new Error(`canary exited with ${res.StatusCode}`);
+    await container.remove({ force: true });
+    container = undefined;
+    out.push({ name: 'canary container starts and is torn down', ok: true, detail: `no network, read-only root, all capabilities dropped; ${Date.now() - started} ms` });
+  } catch (err) {
+    out.push({ name: 'canary container starts and is torn down', ok: false, detail: err instanceof Error ? err.message : String(err), fix: 'check `docker run --rm --network none ' + image + " /bin/sh -c 'exit 0'` by hand; look at dockerd logs and the storage driver" });
+  } finally {
+    if (container) await container.remove({ force: true }).catch(() => undefined);
+  }
+  return out;
+}
+
+export async function runDoctor(config: DaemonConfig, cred: RunnerCredentialFile | null, docker: Docker): Promise<Check[]> {
+  const [cp, dk] = await Promise.all([checkControlPlane(cred), checkDocker(docker, config.sandboxImage)]);
+  return [...cp, ...dk];
+}

@@ -1,0 +1,358 @@
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { mkdtempSync, readFileSync, statSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { WebSocket } from 'ws';
+import { connectRedis, keys, tags, type Redis } from '@agentplane/store';
+import { frame, type RunnerPresence } from '@agentplane/protocol';
+import { ROOT_DIR, startPlatform, waitFor, type Platform } from './harness/platform.js';
+
+const CLI = join(ROOT_DIR, 'runner-daemon/dist/cli.js');
+const HEARTBEAT_MS = 400;
+const TTL_MS = 2000;
+
+let p: Platform;
+let redis: Redis;
+let ws: string;
+const children: ChildProcess[] = [];
+const sockets: WebSocket[] = [];
+
+const errType = (r: { body: unknown }) => (r.body as { error?: { type?: string } }).error?.type;
+
+beforeAll(async () => {
+  p = await startPlatform({
+    env: { RUNNER_HEARTBEAT_INTERVAL_MS: String(HEARTBEAT_MS), RUNNER_PRESENCE_TTL_MS: String(TTL_MS), RUNNER_MAX_FRAME_BYTES: '65536' },
+  });
+  redis = connectRedis(p.redisUrl(), { name: 'test' });
+  ws = p.bootstrap.workspace_id;
+});
+afterAll(async () => {
+  for (const s of sockets) s.terminate();
+  for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
+  await redis?.quit();
+  await p?.stop();
+});
+
+let principalSeq = 0;
+async function newPrincipal(): Promise<string> {
+  const r = await p.root.request('POST', `/v1/organizations/workspaces/${ws}/principals`, {
+    body: { external_subject_id: `runner-owner-${Date.now()}-${++principalSeq}`, principal_type: 'person', display_name: 'Owner' },
+  });
+  expect(r.status).toBe(201);
+  return (r.body as { id: string }).id;
+}
+
+async function createPairing(principal: string, label: string, key = `k-${Math.random()}`, expires = 300) {
+  return p.root.request('POST', '/v1/runner-pairings', { idempotencyKey: key, body: { principal_id: principal, machine_label: label, expires_in_seconds: expires } });
+}
+
+interface Issued {
+  secret: string;
+  runner_credential: { id: string; runner_id: string; runner_pool_id: string; owner: { principal: string; machine_label: string } | null };
+}
+
+async function redeem(code: string, extra: Record<string, unknown> = {}) {
+  return p.anon.request('POST', '/v1/runner-pairings/redeem', { body: { code, ...extra } });
+}
+
+async function presences(query: Record<string, string> = {}): Promise<RunnerPresence[]> {
+  const r = await p.root.request('GET', '/v1/runner-pools/presences', { query: { limit: 1000, ...query } });
+  expect(r.status).toBe(200);
+  return (r.body as { data: RunnerPresence[] }).data;
+}
+
+const presenceOf = async (runner: string) => (await presences()).find((x) => x.runner === runner);
+
+function startDaemon(configDir: string): ChildProcess {
+  const c = spawn(process.execPath, [CLI, 'start', '--config-dir', configDir, '--reconnect-base-ms', '200', '--reconnect-cap-ms', '1000', '--log-level', 'warn'], {
+    stdio: ['ignore', 'ignore', 'inherit'],
+  });
+  children.push(c);
+  return c;
+}
+
+async function pairedDaemonDir(principal: string, label: string): Promise<{ dir: string; runnerId: string }> {
+  const r = await createPairing(principal, label);
+  expect(r.status).toBe(201);
+  const dir = mkdtempSync(join(tmpdir(), 'runner-test-'));
+  const out = spawnSync(process.execPath, [CLI, 'pair', '--code', (r.body as { code: string }).code, '--url', p.baseUrl, '--config-dir', dir, '--label', label, '--json'], { encoding: 'utf8' });
+  expect(out.status, out.stdout + out.stderr).toBe(0);
+  const res = JSON.parse(out.stdout) as { runner_id: string };
+  return { dir, runnerId: res.runner_id };
+}
+
+/** A raw protocol client: hello, then heartbeats on demand. */
+async function rawRunner(secret: string): Promise<{ sock: WebSocket; frames: { type: string; payload: unknown }[]; closed: Promise<number> }> {
+  const url = `${p.baseUrl.replace('http', 'ws')}/v1/runners/connect`;
+  const sock = new WebSocket(url, { headers: { authorization: `Bearer ${secret}` } });
+  sockets.push(sock);
+  const frames: { type: string; payload: unknown }[] = [];
+  sock.on('message', (d) => frames.push(JSON.parse(d.toString()) as { type: string; payload: unknown }));
+  const closed = new Promise<number>((r) => sock.on('close', (code) => r(code)));
+  await new Promise<void>((resolve, reject) => {
+    sock.once('open', () => resolve());
+    sock.once('error', reject);
+  });
+  sock.send(frame('hello', 'h1', {
+    protocol_versions: [1], daemon_version: 'test', status: 'ready', held_leases: [],
+    capabilities: { protocol_versions: [1], available_slots: 1, drivers: ['process'], plane_protocols: ['model-gateway-v1'], providers: [] },
+  }));
+  await waitFor('welcome', () => (frames.some((f) => f.type === 'welcome') ? true : undefined), 5000);
+  return { sock, frames, closed };
+}
+
+async function managedCredential(): Promise<Issued> {
+  const pool = await p.root.request('POST', '/v1/runner-pools', { body: { name: `managed-${Date.now()}`, placement: 'managed' } });
+  expect(pool.status).toBe(201);
+  const key = await p.root.request('POST', `/v1/organizations/${p.bootstrap.organization_id}/api-keys`, {
+    idempotencyKey: `rk-${Math.random()}`, body: { display_name: 'ops runner key', role: 'runner', scope: { type: 'workspace', workspace_id: ws } },
+  });
+  expect(key.status).toBe(201);
+  const runnerKey = p.anon.with({ token: (key.body as { secret: string }).secret });
+  const r = await runnerKey.request('POST', `/v1/runner-pools/${(pool.body as { id: string }).id}/enrollments`, { idempotencyKey: `e-${Math.random()}`, body: { machine_label: 'ci-1' } });
+  expect(r.status).toBe(201);
+  const issued = r.body as Issued;
+  expect(issued.runner_credential.owner).toBeNull();
+  return issued;
+}
+
+describe('runner pairing', () => {
+  it('validates the request exactly', async () => {
+    const principal = await newPrincipal();
+    const noKey = await p.root.request('POST', '/v1/runner-pairings', { body: { principal_id: principal, machine_label: 'm', expires_in_seconds: 300 } });
+    expect(noKey.status).toBe(400);
+    expect(errType(noKey)).toBe('validation.malformed');
+    for (const bad of [119, 601]) {
+      const r = await createPairing(principal, 'm', `bad-${bad}`, bad);
+      expect(r.status).toBe(400);
+      expect(errType(r)).toBe('validation.malformed');
+    }
+    const unknown = await createPairing(`prin_${'0'.repeat(32)}`, 'm');
+    expect(unknown.status).toBe(404);
+    const extra = await p.root.request('POST', '/v1/runner-pairings', { idempotencyKey: 'x1', body: { principal_id: principal, machine_label: 'm', surprise: 1 } });
+    expect(extra.status).toBe(400);
+  });
+
+  it('creates a single-use code, replays it for the same key, and conflicts on a second pending pairing', async () => {
+    const principal = await newPrincipal();
+    const before = Date.now();
+    const r1 = await createPairing(principal, 'laptop', 'same-key', 180);
+    expect(r1.status).toBe(201);
+    const body = r1.body as { id: string; code: string; expires_at: string };
+    expect(body.id).toMatch(/^rpair_[0-9a-f]{32}$/);
+    expect(body.code).toMatch(/^[0-9A-Z]{4}-[0-9A-Z]{4}-[0-9A-Z]{4}-[0-9A-Z]{4}$/);
+    const exp = Date.parse(body.expires_at);
+    expect(exp).toBeGreaterThanOrEqual(before + 180_000 - 1000);
+    expect(exp).toBeLessThanOrEqual(Date.now() + 180_000 + 1000);
+    const replay = await createPairing(principal, 'laptop', 'same-key', 180);
+    expect(replay.status).toBe(201);
+    expect(replay.body).toEqual(body);
+    const conflict = await createPairing(principal, 'laptop', 'other-key', 180);
+    expect(conflict.status).toBe(409);
+    expect(errType(conflict)).toBe('validation.conflict');
+    // Only the digest is stored.
+    const stored = await redis.get(keys.doc(tags.workspace(ws), body.id));
+    expect(stored).not.toContain(body.code);
+
+    // runner_enrollment must be BYOC and must not carry an owner; refused before the code is consumed.
+    const withOwner = await redeem(body.code, { runner_enrollment: { placement: 'byoc', owner: { principal } } });
+    expect(withOwner.status).toBe(400);
+    const managed = await redeem(body.code, { runner_enrollment: { placement: 'managed' } });
+    expect(managed.status).toBe(400);
+
+    const ok = await redeem(body.code.toLowerCase(), { runner_enrollment: { placement: 'byoc' } });
+    expect(ok.status).toBe(201);
+    const issued = ok.body as Issued;
+    expect(issued.secret).toMatch(/^ap_runner_/);
+    expect(issued.runner_credential.owner).toEqual({ principal, machine_label: 'laptop' });
+    const again = await redeem(body.code);
+    expect(again.status).toBe(401);
+    expect(errType(again)).toBe('auth.invalid_key');
+    // After redemption the keyed retry no longer replays the code.
+    const late = await createPairing(principal, 'laptop', 'same-key', 180);
+    expect(late.status).toBe(409);
+    // The machine is paired: a new pairing for the same label conflicts until the credential is revoked.
+    const dup = await createPairing(principal, 'laptop', 'k-dup', 180);
+    expect(dup.status).toBe(409);
+    expect(errType(dup)).toBe('validation.conflict');
+    // The runner credential cannot call ordinary REST operations.
+    const asRunner = await p.anon.with({ token: issued.secret }).request('GET', '/v1/runner-pools');
+    expect(asRunner.status).toBe(403);
+  });
+
+  it('refuses an expired code (server checks expires_at, not only the key TTL)', async () => {
+    const principal = await newPrincipal();
+    const r = await createPairing(principal, 'old-box', `k-exp`, 120);
+    const { id, code } = r.body as { id: string; code: string };
+    const docKey = keys.doc(tags.workspace(ws), id);
+    const doc = JSON.parse((await redis.get(docKey))!) as { expires_at: string };
+    doc.expires_at = new Date(Date.now() - 1000).toISOString();
+    await redis.set(docKey, JSON.stringify(doc));
+    const res = await redeem(code);
+    expect(res.status).toBe(401);
+    expect(errType(res)).toBe('auth.invalid_key');
+    const garbage = await redeem('not-a-code');
+    expect(garbage.status).toBe(401);
+  });
+});
+
+describe('runner daemon, gateway and presence', () => {
+  it('pair → start → presence with real capabilities; owner filter; kill -9 → presence expires after the TTL', async () => {
+    const principal = await newPrincipal();
+    const { dir, runnerId } = await pairedDaemonDir(principal, 'workstation');
+    expect(statSync(join(dir, 'runner.json')).mode & 0o777).toBe(0o600);
+    const daemon = startDaemon(dir);
+    const pres = await waitFor('presence', async () => {
+      const x = await presenceOf(runnerId);
+      return x?.status === 'ready' ? x : undefined;
+    }, 15_000);
+    expect(pres.generation).toBeGreaterThanOrEqual(1);
+    expect(pres.owner).toEqual({ principal, machine_label: 'workstation' });
+    expect(pres.capabilities.protocol_versions).toEqual([1]);
+    expect(pres.capabilities.plane_protocols).toEqual(['model-gateway-v1']);
+    expect(pres.capabilities.drivers).toContain('docker'); // dockerd answers on this machine
+    expect(pres.capabilities.drivers).toContain('process');
+    const docker = pres.capabilities.providers.find((x) => x.id === 'docker')!;
+    expect(docker.tiers).toEqual(['container']);
+    expect(docker.network_modes).toContain('none');
+    expect(docker.acp_transport).toBe('stdio');
+    expect(pres.capabilities.available_slots).toBeGreaterThan(0);
+    expect(Date.parse(pres.expires_at) - Date.parse(pres.last_seen_at)).toBe(TTL_MS);
+
+    // The owner filter: only presences owner-scoped to exactly that Principal.
+    const managed = await managedCredential();
+    const raw = await rawRunner(managed.secret);
+    await waitFor('managed presence', async () => ((await presenceOf(managed.runner_credential.runner_id)) ? true : undefined));
+    const mine = await presences({ owner: principal });
+    expect(mine.map((x) => x.runner)).toEqual([runnerId]);
+    expect(await presences({ owner: await newPrincipal() })).toEqual([]);
+    const all = (await presences()).map((x) => x.runner);
+    expect(all).toContain(runnerId);
+    expect(all).toContain(managed.runner_credential.runner_id);
+    // Paging: limit 1 walks every presence once.
+    const seen: string[] = [];
+    let page: string | null = null;
+    do {
+      const r = await p.root.request('GET', '/v1/runner-pools/presences', { query: { limit: 1, ...(page ? { page } : {}) } });
+      const b = r.body as { data: RunnerPresence[]; next_page: string | null };
+      seen.push(...b.data.map((x) => x.runner));
+      page = b.next_page;
+    } while (page);
+    expect(seen.sort()).toEqual([...all].sort());
+    raw.sock.close(1000);
+
+    // Status command reads the daemon's state.
+    const st = spawnSync(process.execPath, [CLI, 'status', '--config-dir', dir, '--json'], { encoding: 'utf8' });
+    expect(JSON.parse(st.stdout)).toMatchObject({ connected: true, status: 'ready', runner_id: runnerId });
+
+    daemon.kill('SIGKILL');
+    const killedAt = Date.now();
+    // Still listed right after (it may be reconnecting), gone once the TTL passes.
+    expect(await presenceOf(runnerId)).toBeDefined();
+    await waitFor('presence to expire', async () => ((await presenceOf(runnerId)) ? undefined : true), 10_000);
+    expect(Date.now() - killedAt).toBeGreaterThanOrEqual(TTL_MS - HEARTBEAT_MS - 200);
+  });
+
+  it('survives an API restart: the daemon reconnects with a new generation', async () => {
+    const { dir, runnerId } = await pairedDaemonDir(await newPrincipal(), 'restart-box');
+    startDaemon(dir);
+    const first = await waitFor('presence', async () => ((await presenceOf(runnerId))?.status === 'ready' ? (await presenceOf(runnerId))! : undefined), 15_000);
+    const apiPid = p.pids().api!;
+    process.kill(apiPid, 'SIGKILL');
+    const next = await waitFor('reconnect', async () => {
+      const pids = p.pids();
+      if (!pids.api || pids.api === apiPid) return undefined;
+      try {
+        const x = await presenceOf(runnerId);
+        return x && x.generation > first.generation ? x : undefined;
+      } catch {
+        return undefined;
+      }
+    }, 30_000);
+    expect(next.generation).toBe(first.generation + 1);
+    expect(next.status).toBe('ready');
+  });
+
+  it('closes the socket within seconds when the credential is revoked or the owner Principal suspended', async () => {
+    const principal = await newPrincipal();
+    const r1 = await createPairing(principal, 'revoke-me');
+    const issued = (await redeem((r1.body as { code: string }).code)).body as Issued;
+    const a = await rawRunner(issued.secret);
+    const t0 = Date.now();
+    const rev = await p.root.request('POST', `/v1/runner-credentials/${issued.runner_credential.id}/revoke`);
+    expect(rev.status).toBe(200);
+    expect(await a.closed).toBe(4401);
+    expect(Date.now() - t0).toBeLessThan(3000);
+    // Reconnecting with the revoked secret is refused at the upgrade.
+    const refused = await new Promise<number>((resolve) => {
+      const s = new WebSocket(`${p.baseUrl.replace('http', 'ws')}/v1/runners/connect`, { headers: { authorization: `Bearer ${issued.secret}` } });
+      s.on('unexpected-response', (_q, res) => resolve(res.statusCode ?? 0));
+      s.on('open', () => resolve(101));
+    });
+    expect(refused).toBe(401);
+
+    const r2 = await createPairing(principal, 'owner-suspended');
+    const issued2 = (await redeem((r2.body as { code: string }).code)).body as Issued;
+    const b = await rawRunner(issued2.secret);
+    const sus = await p.root.request('POST', `/v1/principals/${principal}/suspend`, { body: {} });
+    expect(sus.status).toBe(200);
+    expect(await b.closed).toBe(4403);
+  });
+
+  it('closes malformed and oversized frames with clear codes while other runners stay connected', async () => {
+    const steady = await rawRunner((await managedCredential()).secret);
+    const bad = await rawRunner((await managedCredential()).secret);
+    bad.sock.send('this is not json');
+    expect(await bad.closed).toBe(4400);
+    const wrongType = await rawRunner((await managedCredential()).secret);
+    wrongType.sock.send(JSON.stringify({ v: 1, type: 'lease.offer', id: 'x', payload: {} }));
+    expect(await wrongType.closed).toBe(4400);
+    const badPayload = await rawRunner((await managedCredential()).secret);
+    badPayload.sock.send(JSON.stringify({ v: 1, type: 'heartbeat', id: 'x', payload: { status: 'ready', available_slots: -1, held_leases: [] } }));
+    expect(await badPayload.closed).toBe(4400);
+    const big = await rawRunner((await managedCredential()).secret);
+    big.sock.send('x'.repeat(70_000));
+    expect(await big.closed).toBe(1009);
+    // The steady runner still gets heartbeat acknowledgements.
+    steady.sock.send(frame('heartbeat', 'hb1', { status: 'ready', available_slots: 1, held_leases: [] }));
+    await waitFor('heartbeat.ack', () => (steady.frames.some((f) => f.type === 'heartbeat.ack') ? true : undefined), 5000);
+    expect(steady.sock.readyState).toBe(WebSocket.OPEN);
+    const metrics = await (await fetch(`${p.baseUrl}/metrics`)).text();
+    expect(metrics).toMatch(/agentplane_gateway_closes_total\{code="4400"\} [1-9]/);
+    expect(metrics).toMatch(/agentplane_gateway_connected_runners [1-9]/);
+  });
+
+  it('drains a runner through the API: status draining, then the idle daemon leaves and its presence goes', async () => {
+    const { dir, runnerId } = await pairedDaemonDir(await newPrincipal(), 'drain-box');
+    const daemon = startDaemon(dir);
+    await waitFor('presence', async () => ((await presenceOf(runnerId))?.status === 'ready' ? true : undefined), 15_000);
+    const exited = new Promise<number | null>((r) => daemon.once('exit', (code) => r(code)));
+    const r = await p.root.request('POST', `/v1/runners/${runnerId}/drain`, { body: { deadline_seconds: 60 } });
+    expect(r.status).toBe(200);
+    expect(await exited).toBe(0);
+    await waitFor('presence removed', async () => ((await presenceOf(runnerId)) ? undefined : true), 5000);
+  });
+});
+
+describe('npm start', () => {
+  it('runs one local runner paired to the bootstrap workspace default pool', async () => {
+    const q = await startPlatform({ runner: true });
+    try {
+      const pres = await waitFor('local runner presence', async () => {
+        const r = await q.root.request('GET', '/v1/runner-pools/presences');
+        const d = (r.body as { data: RunnerPresence[] }).data;
+        return d[0]?.status === 'ready' ? d : undefined;
+      }, 20_000);
+      expect(pres).toHaveLength(1);
+      const pools = await q.root.request('GET', '/v1/runner-pools');
+      const def = (pools.body as { data: { id: string; is_default: boolean }[] }).data.find((x) => x.is_default)!;
+      expect(pres[0]!.runner_pool).toBe(def.id);
+      expect(pres[0]!.owner).toBeUndefined();
+      expect(statSync(join(q.dataDir, 'runner', 'runner.json')).mode & 0o777).toBe(0o600);
+      expect(readFileSync(join(q.dataDir, 'runner', 'runner.json'), 'utf8')).toContain('ap_runner_');
+    } finally {
+      await q.stop();
+    }
+  });
+});
