@@ -16,13 +16,15 @@ const table: Operation[] = [
   op({ operationId: 'sessions.getSession', method: 'GET', path: '/v1/sessions/{session_id}', params: Obj({ session_id: Id('session') }) }),
   op({ operationId: 'sessions.streamEventsStream', method: 'GET', path: '/v1/sessions/{session_id}/events/stream' }),
   op({ operationId: 'sessions.archiveSession', method: 'POST', path: '/v1/sessions/{session_id}/archive', mcp: 'full' }),
-  op({ operationId: 'agents.getAgent', method: 'GET', path: '/v1/agents/{agent_id}', auth: { kind: 'bearer', roles: READERS, principal: true } }),
+  op({ operationId: 'agents.getAgent', method: 'GET', path: '/v1/agents/{agent_id}', auth: { kind: 'bearer', roles: READERS, principal: true }, mcpPrincipal: true }),
+  op({ operationId: 'agents.listAgents', method: 'GET', path: '/v1/agents', auth: { kind: 'bearer', roles: READERS, principal: true } }),
   op({ operationId: 'principals.updateThing', method: 'PATCH', path: '/v1/things/{id}', auth: { kind: 'bearer', roles: ADMINS, principal: true } }),
   op({ operationId: 'widgets.deleteWidget', method: 'DELETE', path: '/v1/widgets/{id}' }),
   op({ operationId: 'support.ping', method: 'GET', path: '/v1/ping', mcp: 'compact' }),
   op({ operationId: 'keys.rotate', method: 'POST', path: '/v1/keys/rotate', sensitive: true, idempotency: 'required' }),
   op({ operationId: 'runners.redeemPairing', method: 'POST', path: '/v1/runner-pairings/redeem' }),
   op({ operationId: 'models.createModelCredential', method: 'POST', path: '/v1/model-credentials' }),
+  op({ operationId: 'models.getModelCredential', method: 'GET', path: '/v1/model-credentials/{id}', mcp: 'full' }),
   op({ operationId: 'files.upload', method: 'POST', path: '/v1/files' }),
   op({ operationId: 'skills.importSkill', method: 'POST', path: '/v1/skills/import' }),
   op({ operationId: 'audit.exportAudit', method: 'POST', path: '/v1/audit/export', mcp: 'full' }),
@@ -40,13 +42,13 @@ describe('ToolCatalog', () => {
 
   it('projects only what may be exposed', () => {
     expect([...catalog.tools.keys()].sort()).toEqual([
-      'agents_getAgent', 'audit_exportAudit', 'principals_updateThing', 'sessions_archiveSession', 'sessions_createSession', 'sessions_getSession', 'support_ping', 'widgets_deleteWidget',
+      'agents_getAgent', 'agents_listAgents', 'audit_exportAudit', 'models_getModelCredential', 'principals_updateThing', 'sessions_archiveSession', 'sessions_createSession', 'sessions_getSession', 'support_ping', 'widgets_deleteWidget',
     ]);
   });
 
   it('compact = compact-marked operations plus unmarked operations of the journey groups, plus search', () => {
     const names = catalog.list(caller({}), 'compact').map((t) => t.name).sort();
-    expect(names).toEqual([SEARCH_TOOL, 'agents_getAgent', 'sessions_createSession', 'sessions_getSession', 'support_ping']);
+    expect(names).toEqual([SEARCH_TOOL, 'agents_getAgent', 'agents_listAgents', 'sessions_createSession', 'sessions_getSession', 'support_ping']);
     expect(catalog.list(caller({}), 'full').map((t) => t.name)).toContain('widgets_deleteWidget');
   });
 
@@ -65,7 +67,13 @@ describe('ToolCatalog', () => {
     const viewer = catalog.list(caller({ role: 'viewer' }), 'full').map((t) => t.name);
     expect(viewer).not.toContain('sessions_createSession');
     const principal = catalog.list(caller({ kind: 'principal_credential', role: null, audience: 'api_mcp' }), 'compact').map((t) => t.name);
+    // Only reads marked mcpPrincipal: a REST read that admits Principals is not enough.
     expect(principal).toEqual(['agents_getAgent']);
+  });
+
+  it('refuses mcpPrincipal on anything but a Principal-admitting GET', () => {
+    expect(() => new ToolCatalog([op({ operationId: 'x.y', method: 'POST', path: '/v1/x', auth: { kind: 'bearer', roles: READERS, principal: true }, mcpPrincipal: true })])).toThrow(/mcpPrincipal/);
+    expect(() => new ToolCatalog([op({ operationId: 'x.y', method: 'GET', path: '/v1/x', mcpPrincipal: true })])).toThrow(/mcpPrincipal/);
   });
 
   it('search ranks by words, tolerates plurals and finds unlisted operations', () => {
