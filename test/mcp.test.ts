@@ -153,6 +153,33 @@ describe.each(['2025-06-18', '2025-11-25'] as const)('legacy shape %s through th
   });
 });
 
+describe('the Session journey over MCP (tools projected from other modules)', () => {
+  it('creates an agent, an environment and a session, then reads it back', async () => {
+    const { client } = await sdkClient('2025-11-25', p.bootstrap.root_key, '?catalog=full');
+    try {
+      const tools = new Map((await client.listTools()).tools.map((t) => [t.name, t]));
+      const call = async (name: string, args: Record<string, unknown>) => {
+        const needsKey = (tools.get(name)?.inputSchema.required ?? []).includes('idempotency_key');
+        const r = await client.callTool({ name, arguments: needsKey ? { ...args, idempotency_key: `journey-${name}` } : args });
+        expect(r.isError, `${name}: ${JSON.stringify(r.content)}`).toBe(false);
+        return parsed(r) as { id: string } & Record<string, unknown>;
+      };
+      const agent = await call('agents_createAgent', { body: { name: 'mcp-agent', model: 'test-model' } });
+      expect(agent.id).toMatch(/^agent_/);
+      const env = await call('environments_createEnvironment', { body: { name: 'mcp-env', image: 'agentplane/sandbox:test' } });
+      expect(env.id).toMatch(/^env_/);
+      const session = await call('sessions_createSession', { body: { agent: agent.id, environment_id: env.id, title: 'over mcp' } });
+      expect(session.id).toMatch(/^sess_/);
+      const read = await call('sessions_getSession', { path: { session_id: session.id } });
+      expect(read.title).toBe('over mcp');
+      const list = await call('sessions_listSessions', { query: { limit: 5 } });
+      expect((list.data as { id: string }[]).map((x) => x.id)).toContain(session.id);
+    } finally {
+      await client.close();
+    }
+  });
+});
+
 describe('legacy shape, raw', () => {
   it('answers an unsupported initialize version with 2025-06-18 and echoes a supported one', async () => {
     const init = (v: string) => rpc({ jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: v, capabilities: {}, clientInfo: { name: 'raw', version: '1' } } });
