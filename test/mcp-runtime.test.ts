@@ -6,8 +6,10 @@ import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/
 import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
 import { Client as ModernClient, StreamableHTTPClientTransport as ModernTransport } from '@modelcontextprotocol/client';
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
-import { RedisRuntimeBearers, type RuntimeGrant } from '@agentplane/api';
-import { connectRedis, type Redis } from '@agentplane/store';
+import { randomBytes } from 'node:crypto';
+import { ConnectionService, RedisRuntimeBearers, type RuntimeGrant } from '@agentplane/api';
+import { SecretBox } from '@agentplane/core';
+import { connectRedis, DocumentStore, type Redis } from '@agentplane/store';
 import { startPlatform, type Platform } from './harness/platform.js';
 
 const UPSTREAM_TOKEN = 'upstream-secret-token-0123456789';
@@ -137,6 +139,26 @@ describe('/v1/runtime/mcp/{connection_id}', () => {
       expect(JSON.parse((denied.content as { text: string }[])[0]?.text ?? '{}').error.type).toBe('policy.denied');
       const ask = await client.callTool({ name: 'deploy', arguments: {} });
       expect(ask.isError).toBe(true);
+    } finally {
+      await client.close();
+    }
+  });
+
+  it("resolves an agent version's mcp_servers to Connections for the grant, by URL", async () => {
+    const service = new ConnectionService(new DocumentStore(redis), new SecretBox(randomBytes(32)));
+    const resolved = await service.resolveAgentServers(ws(), [
+      { name: 'tools', url: `${upstreamUrl}/`, permission: 'always_ask' },
+      { name: 'elsewhere', url: 'https://mcp.example.invalid/mcp' },
+    ]);
+    expect(resolved.unresolved).toEqual(['elsewhere']);
+    expect(resolved.servers.map((s) => s.name)).toEqual(['tools']);
+    const id = resolved.servers[0]?.connection_id ?? '';
+    expect(resolved.grants[id]).toEqual({ default: 'ask' });
+    const bearer = await bearers.mint(grant(resolved.grants));
+    const client = await runtimeClient(id, bearer);
+    try {
+      const tools = (await client.listTools()).tools;
+      expect(tools.every((t) => t._meta?.['dev.agentplane/permission'] === 'ask')).toBe(true);
     } finally {
       await client.close();
     }

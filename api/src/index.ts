@@ -15,3 +15,4 @@ export { RunnerService } from './runners/service.js';
 export { RedisRuntimeBearers, RUNTIME_BEARER_PREFIX, permissionOf } from './mcp/runtime-bearer.js';
 export type { RuntimeBearerVerifier, RuntimeGrant, ConnectionGrant, ToolPermission } from './mcp/runtime-bearer.js';
 export type { ToolCallObserver, ToolCallEvent } from './mcp/runtime.js';
+export { ConnectionService, type AgentMcpServer, type ResolvedMcpServers } from './connections/service.js';
