@@ -317,6 +317,20 @@ describe('stateless shape 2026-07-28, raw JSON-RPC', () => {
     expect(r.body.error.code).toBe(-32600);
   });
 
+  it('a REST result over 1 MiB is an isError result, not a truncated one', async () => {
+    const system = 'x'.repeat(190_000);
+    for (let i = 0; i < 6; i++) {
+      const r = await p.root.request('POST', '/v1/agents', { body: { name: `big-${i}`, model: 'test-model', system } });
+      expect(r.status).toBe(201);
+    }
+    const big = await modern('tools/call', { name: 'agents_listAgents', arguments: { query: { limit: 100 } } });
+    expect(big.status).toBe(200);
+    expect(big.body.result.isError).toBe(true);
+    expect(JSON.parse(big.body.result.content[0]?.text ?? '{}').error.type).toBe('validation.payload_too_large');
+    const small = await modern('tools/call', { name: 'agents_listAgents', arguments: { query: { limit: 2 } } });
+    expect(small.body.result.isError).toBe(false);
+  });
+
   it('GET and DELETE are 405 (stateless: no stream, no session)', async () => {
     const r = await fetch(`${p.baseUrl}/v1/mcp`, { headers: { authorization: `Bearer ${p.bootstrap.root_key}` } });
     expect(r.status).toBe(405);
