@@ -374,6 +374,19 @@ describe('callers', () => {
     }
   });
 
+  it('suspending the Principal denies its next MCP request', async () => {
+    const prin = await p.root.request<{ id: string; version: number }>('POST', `/v1/organizations/workspaces/${ws()}/principals`, {
+      body: { external_subject_id: 'to-suspend', principal_type: 'person', display_name: 'S' },
+    });
+    const cred = await p.root.request<{ secret: string }>('POST', `/v1/principals/${prin.body.id}/access-credentials`, { body: {}, idempotencyKey: 'to-suspend' });
+    const list = () => rpc({ jsonrpc: '2.0', id: 1, method: 'tools/list' }, { 'mcp-protocol-version': '2025-06-18' }, { token: cred.body.secret });
+    expect((await list()).status).toBe(200);
+    expect((await p.root.request('POST', `/v1/principals/${prin.body.id}/suspend`, { body: {} })).status).toBe(200);
+    const denied = await list();
+    expect(denied.status).toBe(401);
+    expect(denied.headers.get('www-authenticate')).toContain('resource_metadata=');
+  });
+
   it('an a2a bearer is refused', async () => {
     const secret = await principalCredential('a2a');
     const r = await modern('tools/list', {}, { authorization: `Bearer ${secret}` });
