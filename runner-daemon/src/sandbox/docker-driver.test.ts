@@ -159,7 +159,7 @@ describe('docker sandbox driver', () => {
     // The creation that was still in flight is removed once it settles.
     const filters = JSON.stringify({ label: [`${SANDBOX_LABELS.session}=${session.id}`] });
     let left = await docker.listContainers({ all: true, filters });
-    for (let i = 0; i < 50 && left.length > 0; i++) {
+    for (let i = 0; i < 300 && left.length > 0; i++) {
       await new Promise((r) => setTimeout(r, 100));
       left = await docker.listContainers({ all: true, filters });
     }
