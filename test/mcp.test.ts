@@ -210,6 +210,16 @@ describe('legacy shape, raw', () => {
     expect(bad.status).toBe(400);
   });
 
+  it('notifications are acknowledged with 202 and no body', async () => {
+    const r = await fetch(`${p.baseUrl}/v1/mcp`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${p.bootstrap.root_key}`, 'content-type': 'application/json', 'mcp-protocol-version': '2025-11-25' },
+      body: JSON.stringify({ jsonrpc: '2.0', method: 'notifications/initialized' }),
+    });
+    expect(r.status).toBe(202);
+    expect(await r.text()).toBe('');
+  });
+
   it('unknown tool is -32602; unknown method -32601; batches refused', async () => {
     const h = { 'mcp-protocol-version': '2025-11-25' };
     expect((await rpc({ jsonrpc: '2.0', id: 4, method: 'tools/call', params: { name: 'nope_nope' } }, h)).body.error.code).toBe(-32602);
