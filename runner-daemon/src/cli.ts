@@ -7,7 +7,8 @@ import { RunnerAgent } from './agent.js';
 import { dockerClient } from './capabilities.js';
 import { credentialPath, loadCredential, loadDaemonConfig, loadState, saveCredential, type RunnerCredentialFile } from './config.js';
 import { runDoctor } from './doctor.js';
-import { turnExecutor } from './executor.js';
+import { firstWilling, turnExecutor } from './executor.js';
+import { noopExecutor } from './executors.js';
 import { ensureSandboxImageIfDocker, selectDriver } from './sandbox/index.js';
 
 const COMMON = `
@@ -174,8 +175,10 @@ async function start(flags: Flags): Promise<number> {
   if (driver) {
     const reaped = await driver.reapOrphans(cred.runner_id, []).catch(() => [] as string[]);
     if (reaped.length > 0) log.info({ reaped: reaped.length }, 'removed sandboxes left by an earlier run of this runner');
-    agent.executor = turnExecutor({ driver, log });
+    agent.executor = firstWilling(turnExecutor({ driver, log }), noopExecutor);
     log.info({ driver: driver.name, tier: driver.tier, image: image?.latest }, 'sandbox driver ready');
+  } else {
+    agent.executor = noopExecutor;
   }
   let signals = 0;
   const onSignal = (sig: string) => {

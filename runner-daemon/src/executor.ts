@@ -81,7 +81,34 @@ export interface TurnExecutorOptions {
 
 /** Runs one turn per lease: sandbox for the Session, the harness loop, events back on the lease. */
 export function turnExecutor(o: TurnExecutorOptions): LeaseExecutor {
-  return async (handle) => {
+  return {
+    refuse(offer) {
+      try {
+        asSpec(offer.spec);
+        return null;
+      } catch (err) {
+        return err instanceof Error ? err.message : 'not a turn spec';
+      }
+    },
+    run: (handle) => runTurn(o, handle),
+  };
+}
+
+/** The first executor that takes the offer runs it (e.g. the turn executor, then the noop driver). */
+export function firstWilling(...executors: LeaseExecutor[]): LeaseExecutor {
+  const pick = (offer: LeaseHandle['offer']) => executors.find((e) => e.refuse(offer) === null);
+  return {
+    refuse: (offer) => (pick(offer) ? null : (executors[0]?.refuse(offer) ?? 'no executor is installed')),
+    run: (handle) => {
+      const e = pick(handle.offer);
+      if (!e) return Promise.reject(new Error('no executor takes this offer'));
+      return e.run(handle);
+    },
+  };
+}
+
+async function runTurn(o: TurnExecutorOptions, handle: LeaseHandle): Promise<Record<string, unknown>> {
+  {
     const spec = asSpec(handle.offer.spec);
     const log = o.log.child({ run: spec.run_id, lease: handle.lease.lease_id });
     const env: SandboxEnvironment = {
@@ -114,5 +141,5 @@ export function turnExecutor(o: TurnExecutorOptions): LeaseExecutor {
       };
     }
     return { stop_reason: stop, usage: outcome.usage };
-  };
+  }
 }
