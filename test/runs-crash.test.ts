@@ -120,4 +120,26 @@ describe('crash paths', () => {
     expect(evs.some((e) => e.type === 'agent.message')).toBe(false);
     expect((await runsOf(id))[0]?.status).toBe('canceled');
   });
+
+  it('kill -9 the embedded Redis: it comes back on its AOF and turns run again', async () => {
+    const marker = await api.post<{ id: string }>(`/v1/organizations/workspaces/${p.bootstrap.workspace_id}/principals`, {
+      external_subject_id: 'before-redis-crash', principal_type: 'service', display_name: 'Survivor',
+    });
+    await new Promise((r) => setTimeout(r, 1500)); // appendfsync everysec
+    const before = p.pids().redis as number;
+    process.kill(before, 'SIGKILL');
+    await waitFor('redis back and the API answering', async () => {
+      try {
+        const r = await api.request('GET', `/v1/principals/${marker.id}`);
+        return r.status === 200 ? true : undefined;
+      } catch {
+        return undefined;
+      }
+    }, 30_000);
+    expect(p.pids().redis).not.toBe(before);
+    await daemon('after-redis');
+    const id = await turn([{ then: [{ reply: 'redis came back' }] }]);
+    const evs = await waitEvents(id, (e) => e.some((x) => x.type === 'session.status_idle'), 40_000);
+    expect(JSON.stringify(evs.filter((e) => e.type === 'agent.message'))).toContain('redis came back');
+  });
 });
