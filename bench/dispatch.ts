@@ -1,0 +1,139 @@
+// bench:dispatch — user.message accepted → lease offer received by a runner, and → first runner
+// event visible on the Session's SSE stream, at fixed arrival rates across 100 simulated runners
+// (real WebSocket clients in a separate process), beside the floor measured in the same run:
+// raw BullMQ add() → Worker processing on the same Redis.
+import { fork } from 'node:child_process';
+import { join } from 'node:path';
+import { Queue, Worker } from 'bullmq';
+import { Redis } from 'ioredis';
+import { streamEvents, type HttpClient } from '@agentplane/client';
+import { startPlatform, ROOT_DIR, type Platform } from '../test/harness/platform.js';
+import { printTable, summarize } from './lib/report.js';
+
+const RUNNERS = Number(process.env.BENCH_RUNNERS ?? 100);
+const RATES = (process.env.BENCH_RATES ?? '50,200,500').split(',').map(Number);
+const SECONDS = Number(process.env.BENCH_SECONDS ?? 4);
+
+async function setup(p: Platform): Promise<{ api: HttpClient; principal: string; envId: string; secrets: string[] }> {
+  const ws = p.bootstrap.workspace_id;
+  const api = p.root;
+  const principal = (await api.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/principals`, { external_subject_id: 'bench', principal_type: 'service', display_name: 'Bench' })).id;
+  const envId = (await api.post<{ id: string }>('/v1/environments', { name: 'bench', image: 'agentplane/sandbox:latest' })).id;
+  // Runs go to the workspace's default (BYOC) pool: pair the simulated machines into it.
+  const secrets: string[] = [];
+  for (let i = 0; i < RUNNERS; i++) {
+    const pairing = await api.post<{ code: string }>('/v1/runner-pairings', { principal_id: principal, machine_label: `sim-${i}`, expires_in_seconds: 600 }, { idempotencyKey: `pair-${i}` });
+    const r = await p.anon.post<{ secret: string }>('/v1/runner-pairings/redeem', { code: pairing.code });
+    secrets.push(r.secret);
+  }
+  return { api, principal, envId, secrets };
+}
+
+interface Level { rate: number; lease: ReturnType<typeof summarize>; visible: ReturnType<typeof summarize>; done: number; sent: number }
+
+async function level(api: HttpClient, principal: string, envId: string, rate: number, leased: Map<string, number>): Promise<Level> {
+  const total = Math.max(1, Math.round(rate * SECONDS));
+  // Sessions first (not measured).
+  const sessions: string[] = [];
+  for (let i = 0; i < total; i += 50) {
+    const batch = await Promise.all(Array.from({ length: Math.min(50, total - i) }, () => api.post<{ id: string }>('/v1/sessions', { agent: { name: 'b', model: 'default' }, environment_id: envId })));
+    sessions.push(...batch.map((s) => s.id));
+  }
+  const t0 = new Map<string, number>();
+  const visible: number[] = [];
+  const waits: Promise<void>[] = [];
+  const started = Date.now();
+  for (let i = 0; i < total; i++) {
+    const due = started + (i * 1000) / rate;
+    const delay = due - Date.now();
+    if (delay > 0) await new Promise((r) => setTimeout(r, delay));
+    const id = sessions[i] as string;
+    waits.push((async () => {
+      const ac = new AbortController();
+      const timer = setTimeout(() => ac.abort(), 30_000);
+      const stream = streamEvents(api, `/v1/sessions/${id}/events/stream`, { signal: ac.signal });
+      const first = stream.next();
+      const sentAt = Date.now();
+      t0.set(id, sentAt);
+      await api.post(`/v1/sessions/${id}/events`, { type: 'user.message', payload: { content: 'go', authored_by: principal, caused_by: { kind: 'api' } } });
+      try {
+        let f = await first;
+        while (!f.done) {
+          if (f.value.id && (JSON.parse(f.value.data) as { type: string }).type === 'agent.message') {
+            visible.push(Date.now() - sentAt);
+            break;
+          }
+          f = await stream.next();
+        }
+      } catch {
+        // timed out: counted as not done
+      } finally {
+        clearTimeout(timer);
+        ac.abort();
+      }
+    })());
+  }
+  await Promise.all(waits);
+  const leaseLat = sessions.filter((s) => leased.has(s) && t0.has(s)).map((s) => (leased.get(s) as number) - (t0.get(s) as number));
+  return { rate, lease: summarize(leaseLat), visible: summarize(visible), done: visible.length, sent: total };
+}
+
+async function floor(redisUrl: string, rate: number): Promise<ReturnType<typeof summarize>> {
+  const conn = new Redis(redisUrl, { maxRetriesPerRequest: null });
+  const q = new Queue('bench-floor', { connection: conn, prefix: '{bench}' });
+  const lat: number[] = [];
+  const worker = new Worker('bench-floor', async (job) => void lat.push(Date.now() - (job.data as { at: number }).at), { connection: new Redis(redisUrl, { maxRetriesPerRequest: null }), prefix: '{bench}', concurrency: 50 });
+  const total = Math.round(rate * SECONDS);
+  const started = Date.now();
+  for (let i = 0; i < total; i++) {
+    const delay = started + (i * 1000) / rate - Date.now();
+    if (delay > 0) await new Promise((r) => setTimeout(r, delay));
+    await q.add('j', { at: Date.now() }, { removeOnComplete: true });
+  }
+  while (lat.length < total && Date.now() - started < SECONDS * 1000 + 10_000) await new Promise((r) => setTimeout(r, 20));
+  await worker.close();
+  await q.obliterate({ force: true }).catch(() => undefined);
+  await q.close();
+  conn.disconnect();
+  return summarize(lat);
+}
+
+async function main(): Promise<void> {
+  process.stdout.write(`bench:dispatch  ${RUNNERS} simulated runners, rates ${RATES.join('/')} Runs/s, ${SECONDS}s each\n`);
+  const p = await startPlatform({ scheduler: true, runner: false, env: { LOG_LEVEL: 'warn', RUNNER_HEARTBEAT_INTERVAL_MS: '5000', PAIRING_REDEEM_PER_MINUTE: '100000' } });
+  try {
+    const { api, principal, envId, secrets } = await setup(p);
+    const runners = fork(join(ROOT_DIR, 'bench/sim/runners.ts'), [p.baseUrl, JSON.stringify(secrets)], { execArgv: ['--import', 'tsx'], stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
+    const leased = new Map<string, number>();
+    await new Promise<void>((resolve) => runners.on('message', (m: { kind: string; session_id?: string; at?: number }) => {
+      if (m.kind === 'ready') resolve();
+      else if (m.kind === 'leased' && m.session_id && m.at && !leased.has(m.session_id)) leased.set(m.session_id, m.at);
+    }));
+    await new Promise((r) => setTimeout(r, 1500)); // presences written
+    const rows = [];
+    let sustainable = 0;
+    for (const rate of RATES) {
+      process.stdout.write(`rate ${rate}/s …\n`);
+      const ours = await level(api, principal, envId, rate, leased);
+      const fl = await floor(p.redisUrl(), rate);
+      process.stdout.write(`  completed ${ours.done}/${ours.sent}\n`);
+      if (ours.done === ours.sent && ours.lease.p99 < 1000) sustainable = rate;
+      rows.push(
+        { metric: `${rate}/s message→lease p50`, ours: ours.lease.p50, floor: fl.p50, unit: 'ms' },
+        { metric: `${rate}/s message→lease p99`, ours: ours.lease.p99, floor: fl.p99, unit: 'ms' },
+        { metric: `${rate}/s message→first event p50`, ours: ours.visible.p50, floor: fl.p50, unit: 'ms' },
+        { metric: `${rate}/s message→first event p99`, ours: ours.visible.p99, floor: fl.p99, unit: 'ms' },
+      );
+    }
+    printTable('dispatch latency (floor: raw BullMQ add → Worker processing at the same rate)', rows);
+    process.stdout.write(`highest sustained rate tried with every Run done and lease p99 < 1 s: ${sustainable || 'none'} Runs/s\n`);
+    runners.kill();
+  } finally {
+    await p.stop();
+  }
+}
+
+main().catch((err: unknown) => {
+  process.stderr.write(`${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
+  process.exit(1);
+});

@@ -1,0 +1,58 @@
+// Simulated runners for bench:dispatch: N real WebSocket clients speaking the runner protocol.
+// Each accepts every offer at once, appends one agent.message event, then completes the lease.
+// Reports to the parent over IPC: {kind: 'leased', session_id, at} when an offer arrives.
+import { WebSocket } from 'ws';
+import { frame } from '@agentplane/protocol';
+
+const [baseUrl, secretsJson] = [process.argv[2] as string, process.argv[3] as string];
+const secrets = JSON.parse(secretsJson) as string[];
+const SLOTS = 16;
+let seq = 0;
+const id = () => `s${(++seq).toString(36)}`;
+
+interface Offer { lease_id: string; attempt: number; session_id: string; run_id: string }
+
+function runner(secret: string): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const ws = new WebSocket(`${baseUrl.replace('http', 'ws')}/v1/runners/connect`, { headers: { authorization: `Bearer ${secret}` } });
+    let held = 0;
+    let heartbeat: NodeJS.Timeout | undefined;
+    const caps = () => ({
+      protocol_versions: [1], available_slots: Math.max(0, SLOTS - held), drivers: ['docker'], plane_protocols: ['model-gateway-v1'],
+      providers: [{ id: 'docker', drivers: ['docker'], tiers: ['container'], network_modes: ['none'], retention_modes: ['durable'],
+        maximum_resources: { cpu_millis: 64_000, memory_mib: 65_536, disk_mib: 1_000_000, max_duration_seconds: 86_400 } }],
+    });
+    ws.on('open', () => ws.send(frame('hello', id(), { protocol_versions: [1], daemon_version: 'bench', status: 'ready', capabilities: caps(), held_leases: [] })));
+    ws.on('error', reject);
+    ws.on('message', (d) => {
+      const m = JSON.parse(d.toString()) as { type: string; payload: Record<string, unknown> };
+      if (m.type === 'welcome') {
+        const every = Number(m.payload.heartbeat_interval_ms);
+        heartbeat = setInterval(() => ws.send(frame('heartbeat', id(), { status: 'ready', available_slots: Math.max(0, SLOTS - held), held_leases: [] })), every);
+        resolve();
+      } else if (m.type === 'lease.offer') {
+        const o = m.payload as unknown as Offer;
+        process.send?.({ kind: 'leased', session_id: o.session_id, at: Date.now() });
+        held++;
+        const ref = { lease_id: o.lease_id, attempt: o.attempt };
+        ws.send(frame('lease.accept', id(), ref));
+        ws.send(frame('events.batch', id(), { ...ref, session_id: o.session_id, events: [{ producer_key: `${o.lease_id}:0`, type: 'agent.message', payload: { content: [{ type: 'text', text: 'hi' }] } }] }));
+      } else if (m.type === 'events.ack') {
+        const ref = { lease_id: String(m.payload.lease_id), attempt: Number(m.payload.attempt) };
+        ws.send(frame('lease.complete', id(), { ...ref, result: { stop_reason: { type: 'end_turn' } } }));
+        held = Math.max(0, held - 1);
+      } else if (m.type === 'lease.revoked') {
+        held = Math.max(0, held - 1);
+      }
+    });
+    ws.on('close', () => clearInterval(heartbeat));
+  });
+}
+
+Promise.all(secrets.map(runner)).then(
+  () => process.send?.({ kind: 'ready' }),
+  (err: unknown) => {
+    process.stderr.write(`simulated runners failed: ${String(err)}\n`);
+    process.exit(1);
+  },
+);
