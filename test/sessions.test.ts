@@ -523,6 +523,9 @@ describe('SSE', () => {
     expect(b.map((f) => f.id)).toEqual(['5']);
     const bad = await fetch(api.url(`/v1/sessions/${s.id}/events/stream`), { headers: api.headers({ 'last-event-id': 'abc' }) });
     expect(bad.status).toBe(400);
+    const beyond = await fetch(api.url(`/v1/sessions/${s.id}/events/stream`), { headers: api.headers({ 'last-event-id': '6' }) });
+    expect(beyond.status).toBe(400);
+    await beyond.text();
   });
 
   it('event_deltas adds uncursored preview frames local to that stream', async () => {

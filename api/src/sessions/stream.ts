@@ -43,6 +43,13 @@ export interface StreamSpec {
 }
 
 /** Parse `Last-Event-ID` (header) or `last_event_id` (query): a non-negative sequence number. */
+export async function checkedCursor(log: EventLog, sessionId: string, header: string | undefined, query: number | undefined): Promise<number> {
+  const cursor = resumeCursor(header, query);
+  const st = await log.state(sessionId);
+  if (cursor > st.seq) throw new ApiError('validation.malformed', `Last-Event-ID ${cursor} is beyond the end of this log (${st.seq})`);
+  return cursor;
+}
+
 export function resumeCursor(header: string | undefined, query: number | undefined): number {
   if (header !== undefined && header.trim() !== '') {
     const v = header.trim();
