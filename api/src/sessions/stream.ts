@@ -163,6 +163,7 @@ export function sseStream(spec: StreamSpec): StreamResult {
       };
 
       const onAbort = () => end();
+      res.on('error', onAbort);
       signal.addEventListener('abort', onAbort);
       spec.shutdown.addEventListener('abort', onAbort);
       const keepalive = setInterval(() => write(': keep-alive\n\n'), KEEPALIVE_MS);
