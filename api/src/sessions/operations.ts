@@ -185,7 +185,7 @@ export const sessionOperations: Operation[] = [
       return sseStream({
         sessionId: params.session_id, cursor: await checkedCursor(deps.sessions.store.log, params.session_id, headers['last-event-id'], query.last_event_id), filter: () => true,
         deltas: deltaFilter(query.event_deltas), erased: doc.type === 'session_tombstone', log: deps.sessions.store.log, hub: deps.eventHub,
-        shutdown: deps.shutdownSignal,
+        shutdown: deps.shutdownSignal, keepaliveMs: deps.config.sseKeepaliveMs,
       });
     },
   }),

@@ -3,7 +3,7 @@ import { ApiError } from '@agentplane/core';
 import type { DeltaMessage, EventHub, EventLog, HubMessage, LogEvent } from '@agentplane/store';
 import type { StreamResult } from '../http/operation.js';
 
-/** Keep-alive comment period; proxies commonly cut idle streams after 30-60 s. */
+/** Default keep-alive comment period; proxies commonly cut idle streams after 30-60 s. */
 export const KEEPALIVE_MS = 15_000;
 /** Replay and backfill read the log in pages of this many events. */
 const READ_PAGE = 500;
@@ -40,6 +40,7 @@ export interface StreamSpec {
   log: EventLog;
   hub: EventHub;
   shutdown: AbortSignal;
+  keepaliveMs?: number;
 }
 
 /** Parse `Last-Event-ID` (header) or `last_event_id` (query): a non-negative sequence number. */
@@ -166,7 +167,7 @@ export function sseStream(spec: StreamSpec): StreamResult {
       res.on('error', onAbort);
       signal.addEventListener('abort', onAbort);
       spec.shutdown.addEventListener('abort', onAbort);
-      const keepalive = setInterval(() => write(': keep-alive\n\n'), KEEPALIVE_MS);
+      const keepalive = setInterval(() => write(': keep-alive\n\n'), spec.keepaliveMs ?? KEEPALIVE_MS);
       keepalive.unref();
 
       let live = false;

@@ -129,7 +129,7 @@ export const threadOperations: Operation[] = [
         deltas: deltas
           ? (d) => deltas(d) && (d.session_thread_id === params.thread_id || (d.session_thread_id === null && params.thread_id === session._primary_thread_id))
           : null,
-        erased: false, log: deps.sessions.store.log, hub: deps.eventHub, shutdown: deps.shutdownSignal,
+        erased: false, log: deps.sessions.store.log, hub: deps.eventHub, shutdown: deps.shutdownSignal, keepaliveMs: deps.config.sseKeepaliveMs,
       });
     },
   }),
