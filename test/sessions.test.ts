@@ -523,6 +523,9 @@ describe('SSE', () => {
     expect(b.map((f) => f.id)).toEqual(['5']);
     const bad = await fetch(api.url(`/v1/sessions/${s.id}/events/stream`), { headers: api.headers({ 'last-event-id': 'abc' }) });
     expect(bad.status).toBe(400);
+    const beyond = await fetch(api.url(`/v1/sessions/${s.id}/events/stream`), { headers: api.headers({ 'last-event-id': '6' }) });
+    expect(beyond.status).toBe(400);
+    await beyond.text();
   });
 
   it('event_deltas adds uncursored preview frames local to that stream', async () => {
@@ -615,11 +618,24 @@ describe('fan-out and shutdown', () => {
     await waitUntil(async () => Number(((await redis.pubsub('NUMSUB', `ap:{s:${s1.id}}:live`)) as (string | number)[])[1]) === 0);
   });
 
-  it('open streams end cleanly when the API shuts down', async () => {
-    const q = await startPlatform();
+  it('open streams end cleanly when the API shuts down; idle streams get keep-alive comments', async () => {
+    const q = await startPlatform({ env: { SSE_KEEPALIVE_MS: '200' } });
     try {
       const env = await q.root.post<{ id: string }>('/v1/environments', { name: 'e', image: 'img:1' });
       const s = await q.root.post<{ id: string }>('/v1/sessions', { agent: { name: 'a', model: 'default' }, environment_id: env.id });
+      // Raw read: the client library hides comments.
+      const raw = await fetch(q.root.url(`/v1/sessions/${s.id}/events/stream`), { headers: q.root.headers() });
+      expect(raw.headers.get('content-type')).toContain('text/event-stream');
+      const reader = raw.body?.getReader();
+      let text = '';
+      const until = Date.now() + 3000;
+      while (!text.includes(': keep-alive') && Date.now() < until) {
+        const chunk = await reader?.read();
+        if (!chunk || chunk.done) break;
+        text += new TextDecoder().decode(chunk.value);
+      }
+      expect(text).toContain(': keep-alive\n\n');
+      await reader?.cancel();
       const it = streamEvents(q.root, `/v1/sessions/${s.id}/events/stream`);
       const first = it.next();
       await new Promise((r) => setTimeout(r, 300));

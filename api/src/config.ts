@@ -21,6 +21,8 @@ export interface ApiConfig {
   /** Host the runner WebSocket gateway in this process. */
   gatewayEmbedded: boolean;
   metricsEnabled: boolean;
+  /** Period of the SSE keep-alive comment on session streams. */
+  sseKeepaliveMs: number;
   /** Lease timing shared with the scheduler (LEASE_MS, OFFER_TIMEOUT_MS, …). */
   lease: LeaseConfig;
   /** How long a running Run gets to stop after user.interrupt. */
@@ -63,6 +65,7 @@ export function loadApiConfig(env: Env): ApiConfig {
     shutdownGraceMs: envInt(env, 'SHUTDOWN_GRACE_MS', 10_000, 0),
     gatewayEmbedded: envBool(env, 'GATEWAY_EMBEDDED', true),
     metricsEnabled: envBool(env, 'METRICS_ENABLED', true),
+    sseKeepaliveMs: envInt(env, 'SSE_KEEPALIVE_MS', 15_000, 100, 300_000),
     lease: leaseConfigFrom(env),
     interruptGraceMs: envInt(env, 'INTERRUPT_GRACE_MS', 10_000, 0),
     runnerHeartbeatIntervalMs: envInt(env, 'RUNNER_HEARTBEAT_INTERVAL_MS', 5_000, 100, 600_000),

@@ -21,6 +21,8 @@ export interface PlatformConfig {
   leaseEnv: Readonly<Record<string, string>>;
   /** Model settings handed to the api process unchanged (MODEL_PRICES_FILE, MODEL_PROVIDER_TIMEOUT_MS). */
   modelEnv: Record<string, string>;
+  /** Session stream settings handed to the api process unchanged (SSE_KEEPALIVE_MS). */
+  sessionEnv: Record<string, string>;
 }
 
 const RUNNER_ENV = ['RUNNER_HEARTBEAT_INTERVAL_MS', 'RUNNER_PRESENCE_TTL_MS', 'RUNNER_MAX_FRAME_BYTES', 'PAIRING_REDEEM_PER_MINUTE'] as const;
@@ -39,6 +41,7 @@ export function loadPlatformConfig(env: Env): PlatformConfig {
     restartChildren: envBool(env, 'RESTART_CHILDREN', true),
     leaseEnv: Object.freeze(Object.fromEntries([...LEASE_ENV, 'CAPACITY_RETRY_MS', 'INTERRUPT_GRACE_MS', 'POOL_SCAN_MS'].flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : [])))),
     runnerEnv: Object.freeze(Object.fromEntries(RUNNER_ENV.flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : [])))),
+    sessionEnv: Object.fromEntries(['SSE_KEEPALIVE_MS'].flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : []))),
     modelEnv: Object.fromEntries(
       ['MODEL_PRICES_FILE', 'MODEL_PROVIDER_TIMEOUT_MS'].flatMap((name) => {
         const v = envOptional(env, name);

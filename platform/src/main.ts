@@ -113,7 +113,7 @@ async function main(): Promise<void> {
   supervisor.start({
     name: 'api',
     script: entry('@agentplane/api', 'main.js'),
-    env: { ...common, ...config.runnerEnv, ...config.modelEnv, ...config.leaseEnv, PORT: String(config.port), HOST: config.host, PUBLIC_BASE_URL: baseUrl },
+    env: { ...common, ...config.runnerEnv, ...config.modelEnv, ...config.leaseEnv, ...config.sessionEnv, PORT: String(config.port), HOST: config.host, PUBLIC_BASE_URL: baseUrl },
   });
 
   if (config.startScheduler) {

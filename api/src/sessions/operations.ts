@@ -10,7 +10,7 @@ import {
   checkDrivePayload, CreateSessionBody, DriveEventBody, ListSessionsQuery, ResourceInput, ResourcePath, ResourceUpdate,
   SessionPath, StreamQuery, UpdateSessionBody,
 } from './schemas.js';
-import { resumeCursor, sseStream } from './stream.js';
+import { checkedCursor, sseStream } from './stream.js';
 
 const readers = { kind: 'bearer', roles: READERS } as const;
 const writers = { kind: 'bearer', roles: WRITERS } as const;
@@ -183,9 +183,9 @@ export const sessionOperations: Operation[] = [
     async handler({ caller, params, query, headers, deps }) {
       const doc = await deps.sessions.store.getOrTombstone(requireWorkspace(caller), params.session_id);
       return sseStream({
-        sessionId: params.session_id, cursor: resumeCursor(headers['last-event-id'], query.last_event_id), filter: () => true,
+        sessionId: params.session_id, cursor: await checkedCursor(deps.sessions.store.log, params.session_id, headers['last-event-id'], query.last_event_id), filter: () => true,
         deltas: deltaFilter(query.event_deltas), erased: doc.type === 'session_tombstone', log: deps.sessions.store.log, hub: deps.eventHub,
-        shutdown: deps.shutdownSignal,
+        shutdown: deps.shutdownSignal, keepaliveMs: deps.config.sseKeepaliveMs,
       });
     },
   }),

@@ -3,7 +3,7 @@ import { ApiError } from '@agentplane/core';
 import type { DeltaMessage, EventHub, EventLog, HubMessage, LogEvent } from '@agentplane/store';
 import type { StreamResult } from '../http/operation.js';
 
-/** Keep-alive comment period; proxies commonly cut idle streams after 30-60 s. */
+/** Default keep-alive comment period; proxies commonly cut idle streams after 30-60 s. */
 export const KEEPALIVE_MS = 15_000;
 /** Replay and backfill read the log in pages of this many events. */
 const READ_PAGE = 500;
@@ -40,9 +40,17 @@ export interface StreamSpec {
   log: EventLog;
   hub: EventHub;
   shutdown: AbortSignal;
+  keepaliveMs?: number;
 }
 
 /** Parse `Last-Event-ID` (header) or `last_event_id` (query): a non-negative sequence number. */
+export async function checkedCursor(log: EventLog, sessionId: string, header: string | undefined, query: number | undefined): Promise<number> {
+  const cursor = resumeCursor(header, query);
+  const st = await log.state(sessionId);
+  if (cursor > st.seq) throw new ApiError('validation.malformed', `Last-Event-ID ${cursor} is beyond the end of this log (${st.seq})`);
+  return cursor;
+}
+
 export function resumeCursor(header: string | undefined, query: number | undefined): number {
   if (header !== undefined && header.trim() !== '') {
     const v = header.trim();
@@ -156,9 +164,10 @@ export function sseStream(spec: StreamSpec): StreamResult {
       };
 
       const onAbort = () => end();
+      res.on('error', onAbort);
       signal.addEventListener('abort', onAbort);
       spec.shutdown.addEventListener('abort', onAbort);
-      const keepalive = setInterval(() => write(': keep-alive\n\n'), KEEPALIVE_MS);
+      const keepalive = setInterval(() => write(': keep-alive\n\n'), spec.keepaliveMs ?? KEEPALIVE_MS);
       keepalive.unref();
 
       let live = false;

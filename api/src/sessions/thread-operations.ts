@@ -7,7 +7,7 @@ import type { ApiDeps } from '../deps.js';
 import { threadStats, type SessionDoc, type ThreadDoc } from './model.js';
 import { deltaFilter } from './operations.js';
 import { StreamQuery, ThreadEventsQuery, ThreadListQuery, ThreadPath, SessionPath } from './schemas.js';
-import { resumeCursor, sseStream } from './stream.js';
+import { checkedCursor, sseStream } from './stream.js';
 
 const readers = { kind: 'bearer', roles: READERS } as const;
 const writers = { kind: 'bearer', roles: WRITERS } as const;
@@ -124,12 +124,12 @@ export const threadOperations: Operation[] = [
       const { session } = await sessionAndThread(deps, requireWorkspace(caller), params.session_id, params.thread_id);
       const deltas = deltaFilter(query.event_deltas);
       return sseStream({
-        sessionId: params.session_id, cursor: resumeCursor(headers['last-event-id'], query.last_event_id),
+        sessionId: params.session_id, cursor: await checkedCursor(deps.sessions.store.log, params.session_id, headers['last-event-id'], query.last_event_id),
         filter: threadFilter(session, params.thread_id),
         deltas: deltas
           ? (d) => deltas(d) && (d.session_thread_id === params.thread_id || (d.session_thread_id === null && params.thread_id === session._primary_thread_id))
           : null,
-        erased: false, log: deps.sessions.store.log, hub: deps.eventHub, shutdown: deps.shutdownSignal,
+        erased: false, log: deps.sessions.store.log, hub: deps.eventHub, shutdown: deps.shutdownSignal, keepaliveMs: deps.config.sseKeepaliveMs,
       });
     },
   }),

@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Redis } from 'ioredis';
 import { startEmbeddedRedis, type EmbeddedRedis } from './embedded-redis.js';
-import { EventLog, eventLogKeys, type LiveMessage } from './event-log.js';
+import { EventLog, eventLogKeys, ISO_LUA, type LiveMessage } from './event-log.js';
 import { EventHub, type HubMessage } from './event-hub.js';
 
 let server: EmbeddedRedis;
@@ -42,6 +42,14 @@ describe('event log', () => {
     expect(again.ok && again.events[0]?.seq).toBe(3);
     expect((await log.range(s, 1, 10)).map((e) => e.seq)).toEqual([2, 3]);
     expect((await log.rangeBackward(s, null, 2)).map((e) => e.seq)).toEqual([3, 2]);
+  });
+
+  it('the Lua timestamp formatter agrees with Date#toISOString (epoch, leap days, year ends)', async () => {
+    const samples = [0, 951_782_400_000, 951_868_799_999, 1_709_164_800_123, 4_107_542_399_999, 1_798_761_599_999, 1_798_761_600_000, Date.now()];
+    for (const ms of samples) {
+      const got = await redis.eval(`${ISO_LUA}\nreturn iso(tonumber(ARGV[1]))`, 0, String(ms));
+      expect(got, String(ms)).toBe(new Date(ms).toISOString());
+    }
   });
 
   it('is idempotent by producer key, per event and per batch', async () => {

@@ -102,7 +102,8 @@ export const eventLogKeys = {
   deltaChannel: (sessionId: string) => keys.scoped(tags.session(sessionId), 'deltas'),
 };
 
-const ISO_LUA = `
+/** Lua `iso(ms)`: epoch milliseconds to RFC 3339 UTC with milliseconds (days-from-civil inverse). */
+export const ISO_LUA = `
 local function iso(ms)
   local secs = math.floor(ms / 1000)
   local days = math.floor(secs / 86400)
