@@ -312,6 +312,12 @@ describe('runner daemon, gateway and presence', () => {
     const badPayload = await rawRunner((await managedCredential()).secret);
     badPayload.sock.send(JSON.stringify({ v: 1, type: 'heartbeat', id: 'x', payload: { status: 'ready', available_slots: -1, held_leases: [] } }));
     expect(await badPayload.closed).toBe(4400);
+    // Work before hello is a protocol violation.
+    const early = new WebSocket(`${p.baseUrl.replace('http', 'ws')}/v1/runners/connect`, { headers: { authorization: `Bearer ${(await managedCredential()).secret}` } });
+    sockets.push(early);
+    const earlyClosed = new Promise<number>((r) => early.on('close', (code) => r(code)));
+    early.on('open', () => early.send(frame('heartbeat', 'x', { status: 'ready', available_slots: 1, held_leases: [] })));
+    expect(await earlyClosed).toBe(4422);
     const big = await rawRunner((await managedCredential()).secret);
     big.sock.send('x'.repeat(70_000));
     expect(await big.closed).toBe(1009);
