@@ -11,6 +11,8 @@ import type { IdempotencyStore } from './http/idempotency.js';
 import type { IdentityService } from './identity/service.js';
 import type { RunnerService } from './runners/service.js';
 import type { PresenceStore } from '@agentplane/gateway';
+import type { ModelsModule } from './models/module.js';
+import type { RunsModule } from './runs/module.js';
 
 /** Everything an operation handler may use. Built once per process in app.ts. */
 export interface ApiDeps {
@@ -23,6 +25,10 @@ export interface ApiDeps {
   runners: RunnerService;
   /** Runner presence projection (read side; the gateway writes it). */
   gatewayPresence: PresenceStore;
+  /** Model credentials, routing profiles, the model gateway service, usage and budgets. */
+  models: ModelsModule;
+  /** Runs: the BullMQ queues, lease keeper and life cycle (the API side of scheduling). */
+  runs: RunsModule;
   secretBox: SecretBox;
   metrics: Metrics;
   log: Logger;

@@ -1,11 +1,14 @@
 import type { Operation } from './http/operation.js';
+import { connectionOperations } from './connections/operations.js';
 import { identityOperations } from './identity/operations.js';
 import { metaOperations } from './meta/operations.js';
+import { modelOperations } from './models/operations.js';
 import { agentOperations } from './agents/operations.js';
 import { environmentOperations } from './environments/operations.js';
 import { sessionOperations } from './sessions/operations.js';
 import { threadOperations } from './sessions/thread-operations.js';
 import { runnerOperations } from './runners/operations.js';
+import { runOperations } from './runs/operations.js';
 
 /**
  * The operation table: every REST operation of the API, once. The router, the OpenAPI
@@ -14,7 +17,8 @@ import { runnerOperations } from './runners/operations.js';
  */
 export function allOperations(): Operation[] {
   const table: Operation[] = [];
-  table.push(...metaOperations(() => table), ...identityOperations, ...runnerOperations);
+  table.push(...metaOperations(() => table), ...identityOperations, ...runnerOperations, ...modelOperations);
   table.push(...agentOperations, ...environmentOperations, ...sessionOperations, ...threadOperations);
+  table.push(...connectionOperations, ...runOperations);
   return table;
 }

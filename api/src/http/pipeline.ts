@@ -16,6 +16,12 @@ export interface RawRequest {
   query: Record<string, unknown>;
   /** Parsed JSON body, or undefined when none was sent. */
   body: unknown;
+  /**
+   * Set only by an edge that has just authenticated this same HTTP request with these same
+   * headers (the MCP edge, which must answer 401 before reading the body): the bearer is not
+   * resolved twice. Authorisation, version, limits, validation and idempotency still run.
+   */
+  authenticated?: Caller;
 }
 
 export const VERSION_HEADER = 'service-version';
@@ -62,7 +68,7 @@ export async function execute(prepared: PreparedOperation, raw: RawRequest, deps
   const { op } = prepared;
   let caller: Caller = ANONYMOUS;
   if (op.auth.kind === 'bearer') {
-    caller = await authenticate(raw.headers, deps);
+    caller = raw.authenticated ?? (await authenticate(raw.headers, deps));
     authorize(caller, op.auth);
   }
   checkVersion(op, raw.headers);

@@ -20,7 +20,7 @@ export const CAPABILITY_AREAS: CapabilityArea[] = [
   { area: 'runs', readiness: 'unavailable', description: 'Runs leased to runners', groups: ['runs'] },
   { area: 'runners', readiness: 'unavailable', description: 'Runner pools, pairing, presence', groups: ['runners', 'runnerPools', 'runnerPairings'] },
   { area: 'model_access', readiness: 'unavailable', description: 'Model credentials, routing profiles, usage, budgets', groups: ['models', 'modelCredentials', 'modelRoutingProfiles', 'usage'] },
-  { area: 'mcp', readiness: 'unavailable', description: 'POST /v1/mcp and the runtime MCP endpoint', groups: ['mcp'] },
+  { area: 'mcp', readiness: 'alpha', description: 'POST /v1/mcp, Connections (external MCP servers) and the runtime MCP endpoint', groups: ['mcp', 'connections'] },
   { area: 'skill_proposals', readiness: 'unavailable', description: 'Model-curated skill authoring', groups: ['skillProposals'] },
   { area: 'automations', readiness: 'unavailable', description: 'Schedules, webhooks, firings', groups: ['automations'] },
   { area: 'governance', readiness: 'unavailable', description: 'Permission assignments, action policies, approvals', groups: ['approvals', 'policies'] },

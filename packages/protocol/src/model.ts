@@ -72,6 +72,8 @@ export interface ModelError {
   message: string;
   /** Whether the step may be retried (the gateway already tried every fallback candidate). */
   retryable: boolean;
+  /** Seconds until a retry may succeed, when known (provider Retry-After, budget reset). */
+  retry_after_seconds?: number;
 }
 
 export type ModelStreamEvent =

@@ -1,0 +1,53 @@
+import { Id, Nullable, Obj, Timestamp, Type, type Static } from '@agentplane/core';
+
+/**
+ * A Connection: one configured external MCP server of a Workspace (Streamable HTTP URL and,
+ * optionally, a bearer secret sealed at rest). Agent versions attach Connections with a tool
+ * permission policy; a Run reaches them through `/v1/runtime/mcp/{connection_id}`.
+ */
+export interface Connection {
+  id: string;
+  type: 'connection';
+  workspace_id: string;
+  name: string;
+  kind: 'mcp_server';
+  transport: 'streamable_http';
+  url: string;
+  /** `secret` is sealed (AES-256-GCM, associated data = the connection id); never returned. */
+  auth: { type: 'none' } | { type: 'bearer'; sealed_secret: string; secret_hint: string };
+  status: 'active' | 'archived';
+  archived_at: string | null;
+  version: number;
+  created_at: string;
+  updated_at: string;
+}
+
+export const ConnectionUrl = Type.String({ minLength: 8, maxLength: 2048, pattern: '^https?://[^\\s]+$', description: 'Streamable HTTP endpoint of the MCP server' });
+export const ConnectionName = Type.String({ minLength: 1, maxLength: 200 });
+export const ConnectionAuthInput = Type.Union([
+  Obj({ type: Type.Literal('none') }),
+  Obj({ type: Type.Literal('bearer'), token: Type.String({ minLength: 1, maxLength: 8192, description: 'Sent upstream as Authorization: Bearer; stored sealed, never returned' }) }),
+]);
+
+export const ConnectionSchema = Obj({
+  id: Id('connection'),
+  type: Type.Literal('connection'),
+  workspace_id: Id('workspace'),
+  name: Type.String(),
+  kind: Type.Literal('mcp_server'),
+  transport: Type.Literal('streamable_http'),
+  url: Type.String(),
+  auth: Type.Union([Obj({ type: Type.Literal('none') }), Obj({ type: Type.Literal('bearer'), secret_hint: Type.String() })]),
+  status: Type.Union([Type.Literal('active'), Type.Literal('archived')]),
+  archived_at: Nullable(Timestamp()),
+  version: Type.Integer(),
+  created_at: Timestamp(),
+  updated_at: Timestamp(),
+});
+export type ConnectionView = Static<typeof ConnectionSchema>;
+
+/** The wire form: the sealed secret never leaves the service. */
+export function view(c: Connection): ConnectionView {
+  const auth = c.auth.type === 'bearer' ? { type: 'bearer' as const, secret_hint: c.auth.secret_hint } : { type: 'none' as const };
+  return { ...c, auth };
+}

@@ -1,0 +1,67 @@
+import { Id, Obj, Page, PageQuery, Type } from '@agentplane/core';
+import { tags } from '@agentplane/store';
+import { ADMINS, READERS } from '../http/caller.js';
+import { defineOperation, json, type Operation } from '../http/operation.js';
+import { requireWorkspace } from '../http/workspace-scope.js';
+import type { ApiDeps } from '../deps.js';
+import { ConnectionAuthInput, ConnectionName, ConnectionSchema, ConnectionUrl, view, type Connection } from './model.js';
+import { ConnectionService } from './service.js';
+
+const ConnPath = Obj({ connection_id: Id('connection') });
+const service = (deps: ApiDeps) => new ConnectionService(deps.docs, deps.secretBox);
+
+export const connectionOperations: Operation[] = [
+  defineOperation({
+    operationId: 'connections.createConnection', method: 'POST', path: '/v1/connections',
+    summary: 'Configure an external MCP server (Streamable HTTP) for the Workspace; an upstream bearer is stored sealed',
+    auth: { kind: 'bearer', roles: ADMINS },
+    body: Obj({ name: ConnectionName, url: ConnectionUrl, auth: Type.Optional(ConnectionAuthInput) }),
+    response: ConnectionSchema, successStatus: 201, idempotency: 'optional',
+    // Accepts a credential: REST-only.
+    mcp: 'never',
+    async handler({ caller, body, deps }) {
+      return json(201, view(await service(deps).create(requireWorkspace(caller), body)));
+    },
+  }),
+  defineOperation({
+    operationId: 'connections.listConnections', method: 'GET', path: '/v1/connections',
+    summary: 'List the Connections of the Workspace', auth: { kind: 'bearer', roles: READERS },
+    query: PageQuery({ status: Type.Optional(Type.Union([Type.Literal('active'), Type.Literal('archived')])) }),
+    response: Page(ConnectionSchema), mcp: 'full',
+    async handler({ caller, query, deps }) {
+      const ws = requireWorkspace(caller);
+      const page = await deps.docs.list<Connection>(tags.workspace(ws), 'connections', { limit: query.limit ?? 20, page: query.page, order: 'asc' },
+        (c) => query.status === undefined || c.status === query.status);
+      return json(200, { data: page.data.map(view), next_page: page.next_page });
+    },
+  }),
+  defineOperation({
+    operationId: 'connections.getConnection', method: 'GET', path: '/v1/connections/{connection_id}',
+    summary: 'Read a Connection (never its secret)', auth: { kind: 'bearer', roles: READERS }, params: ConnPath,
+    response: ConnectionSchema, mcp: 'full',
+    async handler({ caller, params, deps }) {
+      return json(200, view(await service(deps).get(requireWorkspace(caller), params.connection_id)));
+    },
+  }),
+  defineOperation({
+    operationId: 'connections.updateConnection', method: 'PATCH', path: '/v1/connections/{connection_id}',
+    summary: 'Rename, re-point, re-key, archive or restore a Connection', auth: { kind: 'bearer', roles: ADMINS }, params: ConnPath,
+    body: Obj(
+      {
+        expected_version: Type.Optional(Type.Integer({ minimum: 1 })),
+        name: Type.Optional(ConnectionName),
+        url: Type.Optional(ConnectionUrl),
+        auth: Type.Optional(ConnectionAuthInput),
+        status: Type.Optional(Type.Union([Type.Literal('active'), Type.Literal('archived')])),
+      },
+      { minProperties: 1 },
+    ),
+    response: ConnectionSchema,
+    // May accept a credential: REST-only.
+    mcp: 'never',
+    async handler({ caller, params, body, deps }) {
+      const { expected_version, ...patch } = body;
+      return json(200, view(await service(deps).update(requireWorkspace(caller), params.connection_id, patch, expected_version)));
+    },
+  }),
+];

@@ -1,0 +1,60 @@
+import { ApiError, newId, type SecretBox } from '@agentplane/core';
+import { tags, type DocumentStore } from '@agentplane/store';
+import type { Connection } from './model.js';
+
+export type ConnectionAuthInput = { type: 'none' } | { type: 'bearer'; token: string };
+
+const nowIso = () => new Date().toISOString();
+const hint = (token: string) => (token.length <= 8 ? '…' : `…${token.slice(-4)}`);
+
+/** Workspace-owned Connection documents; the upstream secret is sealed with the service's SecretBox. */
+export class ConnectionService {
+  constructor(
+    private readonly docs: DocumentStore,
+    private readonly box: SecretBox,
+  ) {}
+
+  private seal(id: string, auth: ConnectionAuthInput): Connection['auth'] {
+    if (auth.type === 'none') return { type: 'none' };
+    return { type: 'bearer', sealed_secret: this.box.seal(auth.token, `connection:${id}`), secret_hint: hint(auth.token) };
+  }
+
+  async create(workspaceId: string, input: { name: string; url: string; auth?: ConnectionAuthInput | undefined }): Promise<Connection> {
+    const id = newId('connection');
+    const now = nowIso();
+    const c: Connection = {
+      id, type: 'connection', workspace_id: workspaceId, name: input.name, kind: 'mcp_server', transport: 'streamable_http',
+      url: input.url, auth: this.seal(id, input.auth ?? { type: 'none' }), status: 'active', archived_at: null,
+      version: 1, created_at: now, updated_at: now,
+    };
+    await this.docs.create(tags.workspace(workspaceId), c, ['connections']);
+    return c;
+  }
+
+  async get(workspaceId: string, id: string): Promise<Connection> {
+    const c = await this.docs.get<Connection>(tags.workspace(workspaceId), id);
+    if (!c || c.workspace_id !== workspaceId) throw new ApiError('validation.not_found', 'connection not found');
+    return c;
+  }
+
+  async update(
+    workspaceId: string,
+    id: string,
+    patch: { name?: string | undefined; url?: string | undefined; auth?: ConnectionAuthInput | undefined; status?: 'active' | 'archived' | undefined },
+    expectedVersion?: number,
+  ): Promise<Connection> {
+    await this.get(workspaceId, id);
+    return this.docs.update<Connection>(tags.workspace(workspaceId), id, (c) => ({
+      ...c,
+      ...(patch.name !== undefined ? { name: patch.name } : {}),
+      ...(patch.url !== undefined ? { url: patch.url } : {}),
+      ...(patch.auth !== undefined ? { auth: this.seal(id, patch.auth) } : {}),
+      ...(patch.status !== undefined ? { status: patch.status, archived_at: patch.status === 'archived' ? (c.archived_at ?? nowIso()) : null } : {}),
+    }), { expectedVersion, notFound: 'connection' });
+  }
+
+  /** The upstream bearer, unsealed for one outbound request; never logged, never returned. */
+  upstreamToken(c: Connection): string | null {
+    return c.auth.type === 'bearer' ? this.box.open(c.auth.sealed_secret, `connection:${c.id}`) : null;
+  }
+}

@@ -1,0 +1,158 @@
+import { randomBytes } from 'node:crypto';
+import { ApiError, type WireError } from '@agentplane/core';
+import type { ApiDeps } from '../deps.js';
+import type { Caller } from '../http/caller.js';
+import { WORKSPACE_SELECTOR_HEADER } from '../http/authenticate.js';
+import { CURRENT_VERSION, type Operation } from '../http/operation.js';
+import { execute, VERSION_HEADER, type PreparedOperation, type RawRequest } from '../http/pipeline.js';
+import { SEARCH_TOOL, ToolCatalog, type ProjectedTool } from './catalog.js';
+import { ErrorCode, isPlainObject, MAX_RESULT_CONTRIBUTION_BYTES, McpProtocolError } from './protocol.js';
+
+/** A `tools/call` result (the MCP CallToolResult). */
+export interface ToolResult {
+  content: { type: 'text'; text: string }[];
+  isError: boolean;
+  _meta?: Record<string, unknown>;
+}
+
+/** The HTTP status of the synthesized REST call, for clients that want it. */
+export const META_HTTP_STATUS = 'dev.agentplane/http_status';
+/** Set when the REST call was an Idempotency-Key replay of an earlier call. */
+export const META_REPLAYED = 'dev.agentplane/idempotent_replayed';
+
+const ARGUMENT_KEYS = new Set(['path', 'query', 'body', 'idempotency_key']);
+
+/** The newest dated version an operation accepts: internally dispatched calls use the latest. */
+export function latestVersion(op: Operation): string | null {
+  if (op.versions === null) return null;
+  const accepted = op.versions ?? [CURRENT_VERSION];
+  return [...accepted].sort().at(-1) ?? CURRENT_VERSION;
+}
+
+function errorResult(wire: WireError, status: number): ToolResult {
+  return { content: [{ type: 'text', text: JSON.stringify(wire) }], isError: true, _meta: { [META_HTTP_STATUS]: status } };
+}
+
+function apiErrorResult(err: ApiError, deps: ApiDeps): ToolResult {
+  return errorResult(err.toWire(deps.config.docsUrl), err.status);
+}
+
+/** The calling context of one MCP HTTP request, reused by every tool it calls. */
+export interface CallContext {
+  caller: Caller;
+  /** The original request's lower-cased headers (bearer, workspace selector). */
+  headers: Readonly<Record<string, string | undefined>>;
+}
+
+/**
+ * Runs tools: the search tool, or one REST operation in-process through the shared pipeline
+ * (`execute`: authentication, authorisation, rate limit, validation, idempotency, handler),
+ * never over loopback HTTP.
+ */
+export class ToolDispatcher {
+  constructor(
+    private readonly catalog: ToolCatalog,
+    private readonly prepared: ReadonlyMap<string, PreparedOperation>,
+    private readonly deps: ApiDeps,
+  ) {}
+
+  async call(name: string, args: unknown, ctx: CallContext): Promise<ToolResult> {
+    const principal = ctx.caller.kind === 'principal_credential';
+    if (name === SEARCH_TOOL && !principal) return this.search(args, ctx.caller);
+    const p = this.catalog.tools.get(name);
+    if (!p) {
+      if (principal || name === SEARCH_TOOL) return apiErrorResult(new ApiError('auth.permission_denied', `the principal catalog does not include '${name}'`), this.deps);
+      throw new McpProtocolError(ErrorCode.InvalidParams, `unknown tool '${name}'`);
+    }
+    if (principal && !ToolCatalog.principalAdmits(p)) {
+      return apiErrorResult(new ApiError('auth.permission_denied', `the principal catalog does not include '${name}'`), this.deps);
+    }
+    return this.dispatch(p, args, ctx);
+  }
+
+  private search(args: unknown, caller: Caller): ToolResult {
+    if (!isPlainObject(args) || typeof args.query !== 'string' || args.query.length === 0 || args.query.length > 200) {
+      return apiErrorResult(new ApiError('validation.malformed', 'arguments: query must be a string of 1 to 200 characters'), this.deps);
+    }
+    const limit = args.limit === undefined ? 10 : args.limit;
+    if (typeof limit !== 'number' || !Number.isInteger(limit) || limit < 1 || limit > 50) {
+      return apiErrorResult(new ApiError('validation.malformed', 'arguments: limit must be an integer from 1 to 50'), this.deps);
+    }
+    const unknown = Object.keys(args).find((k) => k !== 'query' && k !== 'limit');
+    if (unknown) return apiErrorResult(new ApiError('validation.malformed', `arguments: unknown field '${unknown}'`), this.deps);
+    const data = this.catalog.search(caller, args.query, limit).map((p) => ({
+      name: p.tool.name,
+      operation_id: p.op.operationId,
+      method: p.op.method,
+      path: p.op.path,
+      summary: p.op.summary,
+      requires_idempotency_key: p.requiresKey,
+      listed_in_compact_catalog: p.compact,
+      inputSchema: p.tool.inputSchema,
+    }));
+    return { content: [{ type: 'text', text: JSON.stringify({ data }) }], isError: false };
+  }
+
+  private async dispatch(p: ProjectedTool, args: unknown, ctx: CallContext): Promise<ToolResult> {
+    const a = args === undefined ? {} : args;
+    if (!isPlainObject(a)) return apiErrorResult(new ApiError('validation.malformed', 'arguments must be an object {path, query, body}'), this.deps);
+    const unknown = Object.keys(a).find((k) => !ARGUMENT_KEYS.has(k) || (k === 'idempotency_key' && !p.requiresKey));
+    if (unknown) return apiErrorResult(new ApiError('validation.malformed', `arguments: unknown field '${unknown}'`), this.deps);
+    for (const part of ['path', 'query'] as const) {
+      if (a[part] !== undefined && !isPlainObject(a[part])) {
+        return apiErrorResult(new ApiError('validation.malformed', `arguments: ${part} must be an object`), this.deps);
+      }
+    }
+    const key = a.idempotency_key;
+    if (p.requiresKey && key === undefined) {
+      return apiErrorResult(new ApiError('validation.malformed', `${p.tool.name} requires idempotency_key (the Idempotency-Key of ${p.op.method} ${p.op.path})`), this.deps);
+    }
+    if (key !== undefined && typeof key !== 'string') {
+      return apiErrorResult(new ApiError('validation.malformed', 'arguments: idempotency_key must be a string'), this.deps);
+    }
+
+    const headers: Record<string, string | undefined> = { authorization: ctx.headers.authorization };
+    const selector = ctx.headers[WORKSPACE_SELECTOR_HEADER];
+    if (selector !== undefined) headers[WORKSPACE_SELECTOR_HEADER] = selector;
+    const version = latestVersion(p.op);
+    if (version) headers[VERSION_HEADER] = version;
+    if (key !== undefined) headers['idempotency-key'] = key;
+
+    const params: Record<string, string> = {};
+    for (const [k, v] of Object.entries((a.path as Record<string, unknown> | undefined) ?? {})) {
+      params[k] = typeof v === 'string' ? v : JSON.stringify(v);
+    }
+    const raw: RawRequest = {
+      method: p.op.method,
+      headers,
+      params,
+      query: { ...((a.query as Record<string, unknown> | undefined) ?? {}) },
+      body: a.body,
+      authenticated: ctx.caller,
+    };
+    const prepared = this.prepared.get(p.op.operationId);
+    if (!prepared) throw new Error(`operation ${p.op.operationId} is not prepared`);
+    try {
+      const { result } = await execute(prepared, raw, this.deps);
+      if (result.kind === 'stream') {
+        return apiErrorResult(new ApiError('validation.malformed', `${p.tool.name} streams its response; streams are served over REST only`), this.deps);
+      }
+      const text = result.status === 204 ? '' : JSON.stringify(result.body ?? null);
+      const bytes = Buffer.byteLength(text);
+      if (bytes > MAX_RESULT_CONTRIBUTION_BYTES) {
+        return apiErrorResult(new ApiError('validation.payload_too_large',
+          `the REST result is ${bytes} bytes, over the ${MAX_RESULT_CONTRIBUTION_BYTES}-byte MCP result limit; narrow the call (for example a smaller limit)`), this.deps);
+      }
+      const meta: Record<string, unknown> = { [META_HTTP_STATUS]: result.status };
+      if (result.headers?.['Idempotent-Replayed'] === 'true') meta[META_REPLAYED] = true;
+      // Text only: the REST body is the tool's whole contribution, counted once against the 1 MiB limit.
+      // A replayed stored failure comes back as a result with its 4xx status: still an error.
+      return { content: [{ type: 'text', text }], isError: result.status >= 400, _meta: meta };
+    } catch (err) {
+      if (err instanceof ApiError) return apiErrorResult(err, this.deps);
+      const incident = `inc_${randomBytes(8).toString('hex')}`;
+      this.deps.log.error({ err, incident, tool: p.tool.name }, 'unhandled error in an MCP tool call');
+      return apiErrorResult(new ApiError('runtime.internal', `internal error; incident reference ${incident}`), this.deps);
+    }
+  }
+}

@@ -1,0 +1,83 @@
+import { newSecret, secretDigest } from '@agentplane/core';
+import { keys, tags, type Redis } from '@agentplane/store';
+
+/** What a Run's agent version allows on one attached Connection. */
+export type ToolPermission = 'allow' | 'ask' | 'deny';
+
+export interface ConnectionGrant {
+  /** Permission of tools not named in `tools`. */
+  default: ToolPermission;
+  /** Per-tool overrides, by the upstream tool name. */
+  tools?: Record<string, ToolPermission>;
+}
+
+/**
+ * What a runtime bearer proves: one Run of one Session, holding the current lease, until the
+ * lease expires. Minted by the lease work when a lease is granted; the Connections come from
+ * the Run's resolved agent version (its `mcp_servers` with their permission policies).
+ */
+export interface RuntimeGrant {
+  run_id: string;
+  session_id: string;
+  workspace_id: string;
+  organization_id: string;
+  /** Fencing token of the lease the bearer was minted for. */
+  lease_epoch: number;
+  /** ISO timestamp; the bearer is dead from this instant (the Redis record also expires then). */
+  expires_at: string;
+  connections: Record<string, ConnectionGrant>;
+}
+
+/**
+ * The one question the runtime MCP endpoint asks about a bearer. The scheduler (lease) work
+ * backs it; `RedisRuntimeBearers` is the default, sharing Redis with the lease engine.
+ * Returns null for an unknown, revoked or expired bearer.
+ */
+export interface RuntimeBearerVerifier {
+  verify(bearer: string): Promise<RuntimeGrant | null>;
+}
+
+/** Runtime bearers start with this prefix: recognisable in logs and secret scanners, never an API key. */
+export const RUNTIME_BEARER_PREFIX = 'ap_rt';
+
+/**
+ * Runtime bearers in Redis: `ap:{a:<digest>}:runtime` → the grant (JSON), with a TTL equal to
+ * the lease's remaining life. A different key than API credentials (`:cred`), so a runtime
+ * bearer never authenticates anywhere else (in particular not on /v1/mcp), and an API key is
+ * never a runtime bearer. The secret itself is never stored.
+ */
+export class RedisRuntimeBearers implements RuntimeBearerVerifier {
+  constructor(private readonly redis: Redis) {}
+
+  private static key(bearer: string): string {
+    const digest = secretDigest(bearer);
+    return keys.scoped(tags.auth(digest), 'runtime');
+  }
+
+  /** Mint a bearer for one lease. Called by the lease work when it grants a lease; returned once. */
+  async mint(grant: RuntimeGrant): Promise<string> {
+    const ttlMs = Date.parse(grant.expires_at) - Date.now();
+    if (!(ttlMs > 0)) throw new Error('a runtime bearer must expire in the future');
+    const bearer = newSecret(RUNTIME_BEARER_PREFIX);
+    await this.redis.set(RedisRuntimeBearers.key(bearer), JSON.stringify(grant), 'PX', Math.ceil(ttlMs));
+    return bearer;
+  }
+
+  /** Revoke at once (lease released, lost or fenced by a newer epoch). */
+  async revoke(bearer: string): Promise<void> {
+    await this.redis.del(RedisRuntimeBearers.key(bearer));
+  }
+
+  async verify(bearer: string): Promise<RuntimeGrant | null> {
+    if (!bearer.startsWith(`${RUNTIME_BEARER_PREFIX}_`)) return null;
+    const raw = await this.redis.get(RedisRuntimeBearers.key(bearer));
+    if (raw === null) return null;
+    const grant = JSON.parse(raw) as RuntimeGrant;
+    return Date.parse(grant.expires_at) > Date.now() ? grant : null;
+  }
+}
+
+/** The permission a grant gives one upstream tool. */
+export function permissionOf(grant: ConnectionGrant, tool: string): ToolPermission {
+  return grant.tools?.[tool] ?? grant.default;
+}

@@ -1,0 +1,189 @@
+import type Koa from 'koa';
+import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
+import { Server } from '@modelcontextprotocol/sdk/server/index.js';
+import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
+import { CallToolRequestSchema, ErrorCode as SdkErrorCode, ListToolsRequestSchema, McpError, type CallToolResult, type Tool } from '@modelcontextprotocol/sdk/types.js';
+import { ApiError, isId, newId } from '@agentplane/core';
+import { tags } from '@agentplane/store';
+import type { ApiDeps } from '../deps.js';
+import { bearerToken } from '../http/authenticate.js';
+import { readJsonBody } from '../http/body.js';
+import type { Connection } from '../connections/model.js';
+import { ConnectionService } from '../connections/service.js';
+import { ErrorCode, MAX_MESSAGE_BYTES, rpcError } from './protocol.js';
+import { permissionOf, type ConnectionGrant, type RuntimeBearerVerifier, type RuntimeGrant } from './runtime-bearer.js';
+
+export const RUNTIME_PATH = /^\/v1\/runtime\/mcp\/([^/]+)$/;
+
+/** One proxied tool call, for the session event log (the sessions work backs this). */
+export interface ToolCallEvent {
+  phase: 'started' | 'finished';
+  tool_use_id: string;
+  run_id: string;
+  session_id: string;
+  workspace_id: string;
+  connection_id: string;
+  tool: string;
+  is_error?: boolean;
+  duration_ms?: number;
+}
+
+/** Where the runtime endpoint reports tool calls. The default only logs (no payloads). */
+export interface ToolCallObserver {
+  toolCall(event: ToolCallEvent): Promise<void> | void;
+}
+
+export interface RuntimeMcpOptions {
+  verifier: RuntimeBearerVerifier;
+  observer?: ToolCallObserver;
+  /** Per upstream request (connect, list page, call). */
+  upstreamTimeoutMs?: number;
+}
+
+const SERVER_INFO = { name: 'agentplane-runtime', version: '0.1.0' };
+
+/** An MCP client to the Connection's server, opened lazily once per inbound request. */
+class Upstream {
+  private client: Client | null = null;
+  constructor(
+    private readonly connection: Connection,
+    private readonly token: string | null,
+    private readonly timeoutMs: number,
+  ) {}
+
+  async get(): Promise<Client> {
+    if (this.client) return this.client;
+    const client = new Client(SERVER_INFO, { capabilities: {} });
+    const transport = new StreamableHTTPClientTransport(new URL(this.connection.url), {
+      requestInit: { headers: this.token ? { Authorization: `Bearer ${this.token}` } : {} },
+    });
+    try {
+      await client.connect(transport, { timeout: this.timeoutMs });
+    } catch (err) {
+      throw new McpError(SdkErrorCode.InternalError, `the MCP server of connection ${this.connection.id} is unreachable: ${(err as Error).message}`);
+    }
+    this.client = client;
+    return client;
+  }
+
+  async close(): Promise<void> {
+    const c = this.client;
+    this.client = null;
+    await c?.close().catch(() => undefined);
+  }
+}
+
+function deniedResult(message: string, deps: ApiDeps): CallToolResult {
+  const wire = new ApiError('policy.denied', message).toWire(deps.config.docsUrl);
+  return { content: [{ type: 'text', text: JSON.stringify(wire) }], isError: true };
+}
+
+/** The upstream catalog, filtered and annotated by the grant's permission policy. */
+async function listTools(up: Upstream, grant: ConnectionGrant, timeoutMs: number): Promise<Tool[]> {
+  const client = await up.get();
+  const out: Tool[] = [];
+  let cursor: string | undefined;
+  for (let page = 0; page < 50; page++) {
+    const r = await client.listTools(cursor ? { cursor } : {}, { timeout: timeoutMs });
+    for (const t of r.tools) {
+      const permission = permissionOf(grant, t.name);
+      if (permission === 'deny') continue;
+      out.push({ ...t, _meta: { ...(t._meta ?? {}), 'dev.agentplane/permission': permission } });
+    }
+    cursor = r.nextCursor;
+    if (!cursor) break;
+  }
+  return out;
+}
+
+/**
+ * `POST /v1/runtime/mcp/{connection_id}`: a Run's view of one attached Connection, for the
+ * harness executing that Run. Authenticated by a runtime bearer only (minted per lease);
+ * lists the upstream tools the agent version's policy admits and proxies calls through an
+ * MCP client to the external server. Stateless: one SDK server and transport per request.
+ */
+export function runtimeMcp(deps: ApiDeps, options: RuntimeMcpOptions): Koa.Middleware {
+  const connections = new ConnectionService(deps.docs, deps.secretBox);
+  const timeoutMs = options.upstreamTimeoutMs ?? 60_000;
+  const observer: ToolCallObserver = options.observer ?? {
+    toolCall: (e) => deps.log.info({ ...e }, 'runtime MCP tool call'),
+  };
+  const calls = deps.metrics.counter('agentplane_runtime_mcp_tool_calls_total', 'Proxied runtime MCP tool calls by outcome');
+
+  const fail = (ctx: Koa.Context, status: number, code: number, message: string, extra: Record<string, string> = {}) => {
+    for (const [k, v] of Object.entries(extra)) ctx.set(k, v);
+    ctx.status = status;
+    ctx.type = 'application/json';
+    ctx.body = JSON.stringify(rpcError(null, { code, message }));
+  };
+
+  return async (ctx, next) => {
+    const m = RUNTIME_PATH.exec(ctx.path);
+    if (!m) return next();
+    if (ctx.method !== 'POST') {
+      ctx.set('Allow', 'POST');
+      return fail(ctx, 405, ErrorCode.InvalidRequest, `${ctx.method} is not served here; use POST`);
+    }
+    if (ctx.headers.origin !== undefined) return fail(ctx, 403, ErrorCode.InvalidRequest, 'requests carrying an Origin header are refused');
+    const token = bearerToken(ctx.headers.authorization);
+    const grant: RuntimeGrant | null = token ? await options.verifier.verify(token) : null;
+    if (!grant) {
+      return fail(ctx, 401, ErrorCode.Unauthorized, 'missing, unknown or expired runtime bearer', { 'WWW-Authenticate': 'Bearer error="invalid_token"' });
+    }
+    const connectionId = m[1] ?? '';
+    const cg = isId('connection', connectionId) ? grant.connections[connectionId] : undefined;
+    if (!cg) return fail(ctx, 403, ErrorCode.Unauthorized, `run ${grant.run_id} has no connection ${connectionId}`);
+    const connection = await deps.docs.get<Connection>(tags.workspace(grant.workspace_id), connectionId);
+    if (!connection || connection.workspace_id !== grant.workspace_id || connection.status !== 'active') {
+      return fail(ctx, 404, ErrorCode.InvalidRequest, `connection ${connectionId} not found`);
+    }
+    let body: unknown;
+    try {
+      body = await readJsonBody(ctx.req, MAX_MESSAGE_BYTES);
+    } catch (err) {
+      if (!(err instanceof ApiError)) throw err;
+      return fail(ctx, err.status, /JSON/.test(err.message) ? ErrorCode.ParseError : ErrorCode.InvalidRequest, err.message);
+    }
+
+    const up = new Upstream(connection, connections.upstreamToken(connection), timeoutMs);
+    const server = new Server(SERVER_INFO, { capabilities: { tools: { listChanged: false } } });
+    server.setRequestHandler(ListToolsRequestSchema, async () => ({ tools: await listTools(up, cg, timeoutMs) }));
+    server.setRequestHandler(CallToolRequestSchema, async (req): Promise<CallToolResult> => {
+      const tool = req.params.name;
+      const permission = permissionOf(cg, tool);
+      if (permission === 'deny') {
+        calls.inc({ outcome: 'denied' });
+        return deniedResult(`the agent's policy does not allow tool '${tool}' on connection ${connectionId}`, deps);
+      }
+      if (permission === 'ask') {
+        calls.inc({ outcome: 'needs_approval' });
+        return deniedResult(`tool '${tool}' needs an approval before each call; approvals are not served on this endpoint yet`, deps);
+      }
+      const base = { tool_use_id: newId('toolUse'), run_id: grant.run_id, session_id: grant.session_id, workspace_id: grant.workspace_id, connection_id: connectionId, tool };
+      const started = Date.now();
+      await observer.toolCall({ ...base, phase: 'started' });
+      let result: CallToolResult;
+      try {
+        const client = await up.get();
+        result = (await client.callTool({ name: tool, arguments: req.params.arguments ?? {} }, undefined, { timeout: timeoutMs })) as CallToolResult;
+      } catch (err) {
+        const message = err instanceof McpError ? err.message : `the upstream call failed: ${(err as Error).message}`;
+        result = { content: [{ type: 'text', text: message }], isError: true };
+      }
+      calls.inc({ outcome: result.isError ? 'error' : 'ok' });
+      await observer.toolCall({ ...base, phase: 'finished', is_error: result.isError === true, duration_ms: Date.now() - started });
+      return result;
+    });
+
+    const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
+    await server.connect(transport);
+    ctx.respond = false;
+    ctx.res.on('close', () => {
+      void up.close();
+      void transport.close();
+      void server.close();
+    });
+    await transport.handleRequest(ctx.req, ctx.res, body);
+  };
+}

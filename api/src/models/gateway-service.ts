@@ -1,0 +1,237 @@
+import { randomUUID } from 'node:crypto';
+import { ApiError, check, LOGICAL_KEY_PATTERN, type Logger } from '@agentplane/core';
+import { tags, type DocumentStore, type StoredDoc } from '@agentplane/store';
+import { ZERO_USAGE, type ModelError, type ModelRequest, type ModelStreamEvent } from '@agentplane/protocol';
+import {
+  estimateRequestTokens, findPrice, listCostNanoUsd, ProviderError, type PriceTable, type ProviderAdapter, type ProviderKey,
+} from '@agentplane/models';
+import type { BudgetGuard, SessionBudget } from './budget.js';
+import type { ModelCredentialService } from './credentials.js';
+import type { ModelCredentialDoc, RoutingCandidate } from './model.js';
+import type { RoutingProfileService } from './profiles.js';
+import type { UsageAccumulator } from './usage.js';
+import { ModelRequestBody } from './schemas.js';
+
+/** Who the step works for; usage is recorded against these and budgets are checked for them. */
+export interface ModelStepContext {
+  session_id?: string | undefined;
+  thread_id?: string | undefined;
+  run_id?: string | undefined;
+  /** Unique per step (idempotent usage recording). Generated when absent. */
+  step_id?: string | undefined;
+  /**
+   * The Session's `budget`, so a spent budget stops the turn at its next step. When absent and
+   * `session_id` is given, it is read from the Session document.
+   */
+  session_budget?: SessionBudget | null | undefined;
+}
+
+/** A candidate that passed the constraints, with its credential. */
+interface Eligible {
+  candidate: RoutingCandidate;
+  credential: ModelCredentialDoc;
+}
+
+export interface StepPlan {
+  workspaceId: string;
+  request: ModelRequest;
+  context: ModelStepContext;
+  candidates: Eligible[];
+}
+
+export interface GatewayServiceOptions {
+  prices: PriceTable;
+  /** Per provider request: time to headers, and between chunks. */
+  providerTimeoutMs: number;
+}
+
+const KEY_RE = new RegExp(LOGICAL_KEY_PATTERN);
+
+/**
+ * The model gateway: one model step = resolve the routing profile, pick the first eligible
+ * candidate, decrypt its credential in memory, stream the provider through its adapter, fall
+ * back to the next candidate on 429/5xx/timeout (only while nothing was streamed yet), record
+ * usage, and end with `end` or `error`. The runner gateway's `model.request` handler calls
+ * `runModelStep`; REST's `model-steps` calls `plan` then `execute` so that 422/429 become HTTP
+ * statuses before the stream starts.
+ */
+export class ModelGatewayService {
+  constructor(
+    private readonly credentials: ModelCredentialService,
+    private readonly profiles: RoutingProfileService,
+    private readonly usage: UsageAccumulator,
+    private readonly budgets: BudgetGuard,
+    private readonly adapters: Record<ProviderKey, ProviderAdapter>,
+    private readonly options: GatewayServiceOptions,
+    private readonly log: Logger,
+    private readonly docs?: DocumentStore,
+  ) {}
+
+  /** Validate a model-gateway-v1 request that arrived as untyped JSON (a runner frame). */
+  static parseRequest(value: unknown): ModelRequest {
+    const body = check(ModelRequestBody, value, 'message');
+    return { ...body, tools: body.tools ?? [] } as ModelRequest;
+  }
+
+  /**
+   * The entry point for the runner gateway. Never throws: every failure is an `error` event
+   * (`model.no_eligible_model`, `budget.exceeded`, `model.provider_unavailable`,
+   * `model.provider_rejected`, `validation.malformed`, `runtime.internal`). Aborting `signal`
+   * aborts the provider request and ends the stream with `end` / stop_reason `canceled`.
+   */
+  async *runModelStep(workspaceId: string, request: ModelRequest | unknown, signal: AbortSignal, context: ModelStepContext = {}): AsyncGenerator<ModelStreamEvent> {
+    let plan: StepPlan;
+    try {
+      plan = await this.plan(workspaceId, ModelGatewayService.parseRequest(request), context);
+    } catch (err) {
+      yield { type: 'error', error: toModelError(err) };
+      return;
+    }
+    yield* this.execute(plan, signal);
+  }
+
+  /** Budget check and candidate selection. Throws ApiError 422 / 429 / 400. */
+  async plan(workspaceId: string, request: ModelRequest, context: ModelStepContext = {}): Promise<StepPlan> {
+    if (!KEY_RE.test(request.routing_key)) throw new ApiError('validation.malformed', 'routing_key is not a logical key');
+    if (context.session_id && context.session_budget === undefined && this.docs) {
+      const session = await this.docs.get<StoredDoc & { workspace_id?: string; budget?: SessionBudget | null }>(tags.session(context.session_id), context.session_id);
+      if (session && session.workspace_id !== workspaceId) throw new ApiError('validation.not_found', 'session not found');
+      context = { ...context, session_budget: session?.budget ?? null };
+    }
+    // The budget check and the profile lookup are independent reads: one round trip less.
+    const [, resolved] = await Promise.all([
+      this.budgets.check({ workspace_id: workspaceId, session_id: context.session_id, session_budget: context.session_budget }),
+      this.profiles.ensureDefaults(workspaceId).then(() => this.profiles.resolve(workspaceId, request.routing_key)),
+    ]);
+    if (!resolved) throw new ApiError('model.no_eligible_model', `no model routing profile has the key '${request.routing_key}'`);
+    const reasons: string[] = [];
+    const eligible: Eligible[] = [];
+    const inputEstimate = estimateRequestTokens(request);
+    const verdicts = await Promise.all(resolved.revision.candidates.map((c) => this.ineligible(workspaceId, c, request, inputEstimate)));
+    for (const [i, c] of resolved.revision.candidates.entries()) {
+      const why = verdicts[i] as string | ModelCredentialDoc;
+      if (typeof why === 'string') reasons.push(`#${i + 1} ${c.credential_key}/${c.provider_model}: ${why}`);
+      else eligible.push({ candidate: c, credential: why });
+    }
+    if (eligible.length === 0) {
+      throw new ApiError('model.no_eligible_model', `no candidate of routing profile '${request.routing_key}' (revision ${resolved.revision.revision_number}) fits: ${reasons.join('; ')}`);
+    }
+    return { workspaceId, request, context, candidates: eligible };
+  }
+
+  /** Why a candidate cannot serve the request, or its credential when it can. */
+  private async ineligible(ws: string, c: RoutingCandidate, request: ModelRequest, inputEstimate: number): Promise<string | ModelCredentialDoc> {
+    const cred = await this.credentials.byKey(ws, c.credential_key);
+    if (!cred) return 'no active credential with that key';
+    const k = c.constraints ?? {};
+    if (request.tools.length > 0 && k.tool_use === false) return 'no tool use';
+    if (k.context_window_tokens !== undefined && inputEstimate + (request.max_output_tokens ?? 0) > k.context_window_tokens) {
+      return `request of about ${inputEstimate} tokens exceeds the context window of ${k.context_window_tokens}`;
+    }
+    if (k.max_input_usd_per_mtok !== undefined || k.max_output_usd_per_mtok !== undefined) {
+      const price = findPrice(this.options.prices, cred.provider_key, c.provider_model);
+      if (!price) return 'the model has no list price and the candidate sets a price ceiling';
+      if (k.max_input_usd_per_mtok !== undefined && price.input > k.max_input_usd_per_mtok) return `input price ${price.input} USD/MTok is over the ceiling`;
+      if (k.max_output_usd_per_mtok !== undefined && price.output > k.max_output_usd_per_mtok) return `output price ${price.output} USD/MTok is over the ceiling`;
+    }
+    return cred;
+  }
+
+  /** Stream the plan's candidates in order until one serves the step. Never throws. */
+  async *execute(plan: StepPlan, signal: AbortSignal): AsyncGenerator<ModelStreamEvent> {
+    const { request, context, workspaceId } = plan;
+    const stepId = context.step_id ?? randomUUID();
+    const failures: ProviderError[] = [];
+    for (const { candidate, credential } of plan.candidates) {
+      let emitted = false;
+      let secret: string | null = null;
+      // Providers echo (parts of) a rejected key in their messages; none of it leaves the gateway.
+      const scrub = (text: string) => scrubSecret(text, secret);
+      try {
+        const adapter = this.adapters[credential.provider_key];
+        const started = performance.now();
+        // The secret lives in this scope for the duration of one provider call only.
+        secret = (await this.credentials.unseal(credential)).secret;
+        const stream = adapter.stream({
+          request, model: candidate.provider_model, baseUrl: credential.base_url, apiKey: secret, timeoutMs: this.options.providerTimeoutMs,
+        }, signal);
+        for await (const ev of stream) {
+          if (ev.type !== 'end') {
+            emitted = true;
+            yield ev;
+            continue;
+          }
+          const price = findPrice(this.options.prices, credential.provider_key, ev.model);
+          const cost = price ? listCostNanoUsd(price, ev.usage) : null;
+          try {
+            await this.usage.record({ workspace_id: workspaceId, session_id: context.session_id, thread_id: context.thread_id, run_id: context.run_id, step_id: stepId }, ev.usage, cost);
+          } catch (err) {
+            this.log.error({ err: (err as Error).message, step_id: stepId }, 'model usage was not recorded');
+          }
+          this.log.debug({ step_id: stepId, model_credential_id: credential.id, provider: credential.provider_key, model: ev.model, ms: Math.round(performance.now() - started) }, 'model step served');
+          yield { ...ev, provider: credential.provider_key };
+          return;
+        }
+        throw new ProviderError('server', `${credential.provider_key} ended without an end event`);
+      } catch (err) {
+        if (!ProviderError.is(err)) {
+          if (signal.aborted) {
+            yield { type: 'end', stop_reason: 'canceled', usage: { ...ZERO_USAGE }, provider: credential.provider_key, model: candidate.provider_model };
+            return;
+          }
+          this.log.error({ err: (err as Error).message, step_id: stepId, model_credential_id: credential.id }, 'model step failed');
+          yield { type: 'error', error: toModelError(err) };
+          return;
+        }
+        if (err.kind === 'canceled') {
+          yield { type: 'end', stop_reason: 'canceled', usage: { ...ZERO_USAGE }, provider: credential.provider_key, model: candidate.provider_model };
+          return;
+        }
+        this.log.warn({
+          step_id: stepId, model_credential_id: credential.id, credential_key: credential.key, provider: credential.provider_key,
+          model: candidate.provider_model, failure: err.kind, status: err.status, retry_after_seconds: err.retryAfterSeconds, after_output: emitted,
+        }, 'model provider call failed');
+        if (err.kind === 'auth') await this.credentials.markHealth(credential, 'unhealthy');
+        if (!err.retryable) {
+          yield { type: 'error', error: { type: 'model.provider_rejected', message: scrub(`${credential.key}/${candidate.provider_model}: ${err.message}`), retryable: false } };
+          return;
+        }
+        failures.push(new ProviderError(err.kind, scrub(err.message), { status: err.status, retryAfterSeconds: err.retryAfterSeconds }));
+        if (emitted) {
+          // Output already reached the harness; falling back would splice two answers together.
+          yield { type: 'error', error: { type: 'model.provider_unavailable', message: scrub(`${credential.key}/${candidate.provider_model} failed mid-stream: ${err.message}`), retryable: true } };
+          return;
+        }
+      }
+    }
+    const hints = failures.map((f) => f.retryAfterSeconds).filter((s): s is number => s !== null);
+    const error: ModelError = {
+      type: 'model.provider_unavailable',
+      message: `every eligible candidate failed: ${failures.map((f) => f.message).join('; ')}`,
+      retryable: true,
+    };
+    if (hints.length > 0) error.retry_after_seconds = Math.max(1, Math.ceil(Math.min(...hints)));
+    yield { type: 'error', error };
+  }
+}
+
+/** Remove a secret, and any 8+ character run of it, from a provider message. */
+export function scrubSecret(text: string, secret: string | null): string {
+  if (!secret) return text;
+  let out = text.split(secret).join('[redacted]');
+  if (secret.length >= 16) {
+    // Masked echoes such as `sk-abc1****wxyz` keep a prefix or suffix of the key.
+    for (let len = Math.min(secret.length - 1, 24); len >= 8; len--) {
+      out = out.split(secret.slice(0, len)).join('[redacted]').split(secret.slice(-len)).join('[redacted]');
+    }
+  }
+  return out;
+}
+
+export function toModelError(err: unknown): ModelError {
+  if (err instanceof ApiError) {
+    const retryAfter = err.headers['Retry-After'];
+    return { type: err.type, message: err.message, retryable: err.status >= 500 || (err.status === 429 && retryAfter !== undefined), ...(retryAfter ? { retry_after_seconds: Number(retryAfter) } : {}) };
+  }
+  return { type: 'runtime.internal', message: 'the model step failed unexpectedly', retryable: true };
+}

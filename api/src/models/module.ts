@@ -1,0 +1,53 @@
+import { readFileSync } from 'node:fs';
+import type { Logger, SecretBox } from '@agentplane/core';
+import type { DocumentStore, Redis } from '@agentplane/store';
+import { defaultAdapters, mergePriceTables, parsePriceTable, SHIPPED_PRICES, type PriceTable, type ProviderAdapter, type ProviderKey } from '@agentplane/models';
+import { BudgetGuard } from './budget.js';
+import { ModelCredentialService } from './credentials.js';
+import { ModelGatewayService } from './gateway-service.js';
+import { RoutingProfileService } from './profiles.js';
+import { UsageAccumulator } from './usage.js';
+
+export interface ModelsConfig {
+  /** JSON price table laid over the shipped one (MODEL_PRICES_FILE). */
+  pricesFile?: string | undefined;
+  /** Per provider request: time to response headers and between stream chunks (MODEL_PROVIDER_TIMEOUT_MS). */
+  providerTimeoutMs: number;
+}
+
+export interface ModelsModuleDeps {
+  redis: Redis;
+  docs: DocumentStore;
+  secretBox: SecretBox;
+  log: Logger;
+  config: ModelsConfig;
+  /** Replace adapters (tests of our own code only; production uses the defaults). */
+  adapters?: Record<ProviderKey, ProviderAdapter>;
+}
+
+/** Everything model access needs, built once per process. */
+export interface ModelsModule {
+  credentials: ModelCredentialService;
+  profiles: RoutingProfileService;
+  usage: UsageAccumulator;
+  budgets: BudgetGuard;
+  gateway: ModelGatewayService;
+  prices: PriceTable;
+}
+
+export function loadPrices(file: string | undefined): PriceTable {
+  if (!file) return SHIPPED_PRICES;
+  return mergePriceTables(SHIPPED_PRICES, parsePriceTable(JSON.parse(readFileSync(file, 'utf8')) as unknown));
+}
+
+export function createModelsModule(deps: ModelsModuleDeps): ModelsModule {
+  const adapters = deps.adapters ?? defaultAdapters();
+  const prices = loadPrices(deps.config.pricesFile);
+  const log = deps.log.child({ module: 'models' });
+  const credentials = new ModelCredentialService(deps.docs, deps.redis, deps.secretBox, adapters, log);
+  const profiles = new RoutingProfileService(deps.docs, deps.redis, credentials);
+  const usage = new UsageAccumulator(deps.redis);
+  const budgets = new BudgetGuard(deps.redis, usage);
+  const gateway = new ModelGatewayService(credentials, profiles, usage, budgets, adapters, { prices, providerTimeoutMs: deps.config.providerTimeoutMs }, log, deps.docs);
+  return { credentials, profiles, usage, budgets, gateway, prices };
+}

@@ -1,0 +1,130 @@
+import { ApiError, newId, nowIso } from '@agentplane/core';
+import { keys, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
+import { SCRIPTED_DEFAULT_MODEL } from '@agentplane/models';
+import type { ModelCredentialService } from './credentials.js';
+import { profileView, type RoutingCandidate, type RoutingProfileDoc, type RoutingProfileView, type RoutingRevision } from './model.js';
+
+const COLLECTION = 'model_routing_profiles';
+/** The logical key of the routing profile (and credential) every workspace starts with. */
+export const DEFAULT_MODEL_KEY = 'default';
+
+/**
+ * Model routing profiles (`mrp_`), addressed by logical key. Every change is a new immutable
+ * revision (an ordered candidate list); the head points at the latest.
+ */
+export class RoutingProfileService {
+  private readonly seeded = new Set<string>();
+
+  constructor(
+    private readonly docs: DocumentStore,
+    private readonly redis: Redis,
+    private readonly credentials: ModelCredentialService,
+  ) {}
+
+  private revKey(ws: string, id: string, n: number): string {
+    return keys.scoped(tags.workspace(ws), `mrp_rev:${id}:${n}`);
+  }
+
+  async create(ws: string, input: { key: string; display_name?: string | undefined; candidates: RoutingCandidate[] }): Promise<RoutingProfileView> {
+    const tag = tags.workspace(ws);
+    const now = nowIso();
+    const doc: RoutingProfileDoc = {
+      id: newId('modelRoutingProfile'), type: 'model_routing_profile', workspace_id: ws, key: input.key,
+      display_name: input.display_name ?? input.key, latest_revision_number: 1, version: 1, created_at: now, updated_at: now,
+    };
+    const rev: RoutingRevision = {
+      type: 'model_routing_profile_revision', model_routing_profile_id: doc.id, workspace_id: ws, revision_number: 1,
+      candidates: input.candidates, created_at: now,
+    };
+    if ((await this.redis.hsetnx(keys.unique(tag, COLLECTION), doc.key, doc.id)) !== 1) {
+      throw new ApiError('validation.conflict', `a model routing profile with key '${doc.key}' exists in this workspace`);
+    }
+    await this.redis.set(this.revKey(ws, doc.id, 1), JSON.stringify(rev));
+    await this.docs.create(tag, doc, [COLLECTION]);
+    return profileView(doc, rev);
+  }
+
+  async getDoc(ws: string, id: string): Promise<RoutingProfileDoc> {
+    const d = await this.docs.get<RoutingProfileDoc>(tags.workspace(ws), id);
+    if (!d || d.workspace_id !== ws) throw new ApiError('validation.not_found', 'model routing profile not found');
+    return d;
+  }
+
+  async revision(ws: string, id: string, n: number): Promise<RoutingRevision> {
+    const raw = await this.redis.get(this.revKey(ws, id, n));
+    if (raw === null) throw new ApiError('validation.not_found', `revision ${n} not found`);
+    return JSON.parse(raw) as RoutingRevision;
+  }
+
+  async get(ws: string, id: string): Promise<RoutingProfileView> {
+    const d = await this.getDoc(ws, id);
+    return profileView(d, await this.revision(ws, id, d.latest_revision_number));
+  }
+
+  /** The latest revision of the profile holding `key`, or null. */
+  async resolve(ws: string, key: string): Promise<{ profile: RoutingProfileDoc; revision: RoutingRevision } | null> {
+    const id = await this.redis.hget(keys.unique(tags.workspace(ws), COLLECTION), key);
+    if (!id) return null;
+    const profile = await this.docs.get<RoutingProfileDoc>(tags.workspace(ws), id);
+    if (!profile) return null;
+    return { profile, revision: await this.revision(ws, id, profile.latest_revision_number) };
+  }
+
+  async list(ws: string, opts: { limit: number; page?: string | undefined; key?: string | undefined }): Promise<ListPage<RoutingProfileView>> {
+    const want = opts.key;
+    const page = await this.docs.list<RoutingProfileDoc>(tags.workspace(ws), COLLECTION, { limit: opts.limit, page: opts.page, order: 'asc' },
+      want === undefined ? undefined : (d) => d.key === want);
+    const data = await Promise.all(page.data.map(async (d) => profileView(d, await this.revision(ws, d.id, d.latest_revision_number))));
+    return { data, next_page: page.next_page };
+  }
+
+  /** Publish a new revision; `expected_revision_number` fences concurrent editors (409 when stale). */
+  async addRevision(ws: string, id: string, candidates: RoutingCandidate[], expected?: number): Promise<RoutingProfileView> {
+    const cur = await this.getDoc(ws, id);
+    if (expected !== undefined && cur.latest_revision_number !== expected) {
+      throw new ApiError('validation.conflict', `revision ${expected} is stale; the latest revision is ${cur.latest_revision_number}`);
+    }
+    const n = cur.latest_revision_number + 1;
+    const rev: RoutingRevision = {
+      type: 'model_routing_profile_revision', model_routing_profile_id: id, workspace_id: ws, revision_number: n, candidates, created_at: nowIso(),
+    };
+    // The revision is written only if its number is free, so two racing publishers cannot both win.
+    const ok = await this.redis.set(this.revKey(ws, id, n), JSON.stringify(rev), 'NX');
+    if (ok !== 'OK') throw new ApiError('validation.conflict', `revision ${n} was published concurrently`);
+    const next = await this.docs.update<RoutingProfileDoc>(tags.workspace(ws), id, (d) => ({ ...d, latest_revision_number: Math.max(d.latest_revision_number, n) }), { notFound: 'model routing profile' });
+    return profileView(next, rev);
+  }
+
+  /**
+   * Seed the workspace defaults once: credential `default` (provider `scripted`) and profile
+   * `default` routing to it, so a new workspace runs Sessions with no external model.
+   * Idempotent under races (unique-key claims); a marker skips the work afterwards, so a
+   * revoked default is not re-created.
+   */
+  async ensureDefaults(ws: string): Promise<void> {
+    if (this.seeded.has(ws)) return;
+    const marker = keys.scoped(tags.workspace(ws), 'model_defaults_seeded');
+    if ((await this.redis.exists(marker)) === 1) {
+      this.remember(ws);
+      return;
+    }
+    await this.credentials.create(ws, { key: DEFAULT_MODEL_KEY, display_name: 'Built-in scripted model', provider_key: 'scripted' }).catch(ignoreConflict);
+    await this.create(ws, {
+      key: DEFAULT_MODEL_KEY, display_name: 'Default (built-in scripted model)',
+      candidates: [{ credential_key: DEFAULT_MODEL_KEY, provider_model: SCRIPTED_DEFAULT_MODEL }],
+    }).catch(ignoreConflict);
+    await this.redis.set(marker, '1');
+    this.remember(ws);
+  }
+
+  /** The marker is never removed, so a process may remember seeded workspaces (bounded). */
+  private remember(ws: string): void {
+    if (this.seeded.size >= 10_000) this.seeded.clear();
+    this.seeded.add(ws);
+  }
+}
+
+function ignoreConflict(err: unknown): void {
+  if (err instanceof ApiError && err.type === 'validation.conflict') return;
+  throw err;
+}

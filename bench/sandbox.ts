@@ -1,0 +1,107 @@
+/**
+ * `npm run bench:sandbox`: sandbox latency beside the Docker floor, measured in the same run.
+ *
+ * - cold: new Session sandbox (volume + hardened container start) → first command completed
+ *   floor: `docker run --rm <same image> true` through dockerode (create, start, wait, auto-remove)
+ * - warm: command in the existing Session sandbox (wrapper with process-group tracking, output caps)
+ *   floor: a bare `docker exec <container> true` through dockerode
+ */
+import { randomBytes } from 'node:crypto';
+import { mkdirSync, writeFileSync } from 'node:fs';
+import Docker from 'dockerode';
+import { DockerDriver } from '../runner-daemon/src/sandbox/docker-driver.js';
+import { ensureSandboxImage } from '../runner-daemon/src/sandbox/image.js';
+
+const RUNS = Number(process.env.BENCH_RUNS ?? 50);
+const docker = new Docker();
+const runnerId = `bench-${randomBytes(4).toString('hex')}`;
+const driver = new DockerDriver({ runnerId, docker });
+
+function percentile(sorted: number[], p: number): number {
+  const idx = Math.min(sorted.length - 1, Math.max(0, Math.ceil((p / 100) * sorted.length) - 1));
+  return sorted[idx] ?? NaN;
+}
+function summary(samples: number[]): { p50: number; p99: number; mean: number } {
+  const sorted = [...samples].sort((a, b) => a - b);
+  return { p50: percentile(sorted, 50), p99: percentile(sorted, 99), mean: samples.reduce((a, b) => a + b, 0) / samples.length };
+}
+const ms = (n: number): string => `${n.toFixed(1)} ms`.padStart(10);
+
+async function floorRun(image: string): Promise<number> {
+  const t = performance.now();
+  const c = await docker.createContainer({ Image: image, Cmd: ['true'], HostConfig: { AutoRemove: true, NetworkMode: 'none' } });
+  const exited = c.wait({ condition: 'next-exit' });
+  await c.start();
+  // Measured to the command's exit, like ours; the daemon removes the container afterwards.
+  await exited;
+  return performance.now() - t;
+}
+
+async function floorExec(container: Docker.Container): Promise<number> {
+  const t = performance.now();
+  const exec = await container.exec({ Cmd: ['true'], AttachStdout: true, AttachStderr: true });
+  const stream = (await exec.start({ hijack: true, stdin: false })) as NodeJS.ReadableStream;
+  stream.resume();
+  await new Promise<void>((resolve) => {
+    stream.on('end', resolve);
+    stream.on('close', resolve);
+  });
+  await exec.inspect();
+  return performance.now() - t;
+}
+
+async function main(): Promise<void> {
+  const image = await ensureSandboxImage({ docker, onProgress: (l) => console.log(l) });
+  console.log(`\nsandbox bench: ${RUNS} runs each, image ${image.tag}\n`);
+  await floorRun(image.tag); // warm the image cache for both sides
+
+  const cold: number[] = [];
+  const coldFloor: number[] = [];
+  for (let i = 0; i < RUNS; i++) {
+    coldFloor.push(await floorRun(image.tag));
+    const session = { id: `sess_${randomBytes(8).toString('hex')}` };
+    const t = performance.now();
+    const sandbox = await driver.ensure(session, {});
+    const res = await driver.exec(sandbox, ['true']);
+    cold.push(performance.now() - t);
+    if (res.exitCode !== 0) throw new Error(`cold exec failed: ${res.stderr}`);
+    await driver.destroy(session.id);
+    process.stdout.write(`\rcold ${i + 1}/${RUNS}`);
+  }
+
+  const session = { id: `sess_${randomBytes(8).toString('hex')}` };
+  const sandbox = await driver.ensure(session, {});
+  const container = docker.getContainer(sandbox.ref);
+  const warm: number[] = [];
+  const warmFloor: number[] = [];
+  for (let i = 0; i < RUNS; i++) {
+    warmFloor.push(await floorExec(container));
+    const t = performance.now();
+    const again = await driver.ensure(session, {});
+    const res = await driver.exec(again, ['true']);
+    warm.push(performance.now() - t);
+    if (res.exitCode !== 0) throw new Error(`warm exec failed: ${res.stderr}`);
+    process.stdout.write(`\rwarm ${i + 1}/${RUNS}`);
+  }
+  await driver.destroy(session.id);
+  await driver.reapOrphans(runnerId, []);
+
+  const rows = [
+    { name: 'cold: new sandbox → first command done', ours: summary(cold), floorName: 'docker run --rm true', floor: summary(coldFloor) },
+    { name: 'warm: ensure + command in session sandbox', ours: summary(warm), floorName: 'bare docker exec true', floor: summary(warmFloor) },
+  ];
+  console.log('\n');
+  console.log(`${'measure'.padEnd(44)}${'ours p50'.padStart(10)}${'ours p99'.padStart(10)}  ${'floor'.padEnd(22)}${'p50'.padStart(10)}${'p99'.padStart(10)}  ratio p50  ratio p99`);
+  for (const r of rows) {
+    console.log(
+      `${r.name.padEnd(44)}${ms(r.ours.p50)}${ms(r.ours.p99)}  ${r.floorName.padEnd(22)}${ms(r.floor.p50)}${ms(r.floor.p99)}  ${(r.ours.p50 / r.floor.p50).toFixed(2).padStart(8)}x ${(r.ours.p99 / r.floor.p99).toFixed(2).padStart(8)}x`,
+    );
+  }
+  mkdirSync('bench/results', { recursive: true });
+  writeFileSync(`bench/results/sandbox-${Date.now()}.json`, JSON.stringify({ runs: RUNS, image: image.tag, rows }, null, 2));
+}
+
+main().catch((err: unknown) => {
+  console.error(err);
+  void driver.reapOrphans(runnerId, []).finally(() => process.exit(1));
+});

@@ -1,0 +1,162 @@
+import { ZERO_USAGE, type ModelRequest, type ModelStreamEvent, type StopReason, type TokenUsage } from '@agentplane/protocol';
+import type { ProviderAdapter, ProviderCall } from './adapter.js';
+import { ProviderError } from './errors.js';
+import { getJson, joinUrl, parseToolInput, postSse } from './http.js';
+
+export const ANTHROPIC_DEFAULT_BASE_URL = 'https://api.anthropic.com';
+export const ANTHROPIC_VERSION = '2023-06-01';
+const DEFAULT_MAX_TOKENS = 4096;
+
+type Block =
+  | { type: 'text'; text: string }
+  | { type: 'tool_use'; id: string; name: string; input: unknown }
+  | { type: 'tool_result'; tool_use_id: string; content: string; is_error?: boolean };
+
+/** The Messages API request body for a neutral request. */
+export function toMessagesBody(request: ModelRequest, model: string): Record<string, unknown> {
+  const messages = request.messages
+    .map((m) => ({
+      role: m.role,
+      // Earlier thinking is dropped: replaying it needs the provider's signature, which is not kept.
+      content: m.content.flatMap((b): Block[] => {
+        if (b.type === 'thinking') return [];
+        if (b.type === 'tool_result') {
+          return [{ type: 'tool_result', tool_use_id: b.tool_use_id, content: b.content, ...(b.is_error ? { is_error: true } : {}) }];
+        }
+        return [b];
+      }),
+    }))
+    .filter((m) => m.content.length > 0);
+  const body: Record<string, unknown> = {
+    model,
+    max_tokens: request.max_output_tokens ?? DEFAULT_MAX_TOKENS,
+    messages,
+    stream: true,
+  };
+  if (request.system) body.system = request.system;
+  if (request.tools.length > 0) body.tools = request.tools.map((t) => ({ name: t.name, description: t.description, input_schema: t.input_schema }));
+  if (request.temperature !== undefined) body.temperature = request.temperature;
+  return body;
+}
+
+interface AnthropicUsage {
+  input_tokens?: number | null;
+  output_tokens?: number | null;
+  cache_creation_input_tokens?: number | null;
+  cache_read_input_tokens?: number | null;
+}
+interface StreamEvent {
+  type: string;
+  index?: number;
+  message?: { model?: string; usage?: AnthropicUsage };
+  content_block?: { type: string; id?: string; name?: string; text?: string; thinking?: string };
+  delta?: { type?: string; text?: string; thinking?: string; partial_json?: string; stop_reason?: string | null };
+  usage?: AnthropicUsage;
+  error?: { type?: string; message?: string };
+}
+
+const STOP: Record<string, StopReason> = {
+  end_turn: 'end_turn',
+  stop_sequence: 'end_turn',
+  tool_use: 'tool_use',
+  max_tokens: 'max_tokens',
+  refusal: 'refusal',
+  pause_turn: 'end_turn',
+};
+
+/**
+ * Normalise Anthropic counters: its `input_tokens` excludes cache reads and writes, ours
+ * (like OpenAI's) include them, so cached and cache-write tokens are subsets of input.
+ */
+export function anthropicUsage(u: AnthropicUsage): TokenUsage {
+  const cacheRead = u.cache_read_input_tokens ?? 0;
+  const cacheWrite = u.cache_creation_input_tokens ?? 0;
+  const input = (u.input_tokens ?? 0) + cacheRead + cacheWrite;
+  const output = u.output_tokens ?? 0;
+  return {
+    input_tokens: input,
+    cached_input_tokens: cacheRead,
+    cache_write_input_tokens: cacheWrite,
+    output_tokens: output,
+    reasoning_output_tokens: 0,
+    total_tokens: input + output,
+  };
+}
+
+/** Anthropic Messages (`POST {base_url}/v1/messages`, `stream: true`). */
+export class AnthropicMessagesAdapter implements ProviderAdapter {
+  readonly provider = 'anthropic';
+
+  private headers(apiKey: string | null): Record<string, string> {
+    return { 'anthropic-version': ANTHROPIC_VERSION, ...(apiKey ? { 'x-api-key': apiKey } : {}) };
+  }
+
+  async *stream(call: ProviderCall, signal: AbortSignal): AsyncGenerator<ModelStreamEvent> {
+    const url = joinUrl(call.baseUrl ?? ANTHROPIC_DEFAULT_BASE_URL, 'v1/messages');
+    const blocks = new Map<number, { type: string; id: string; name: string; json: string }>();
+    let raw: AnthropicUsage = {};
+    let stop: string | null = null;
+    let model = call.model;
+    let stopped = false;
+    for await (const m of postSse(this.provider, url, this.headers(call.apiKey), toMessagesBody(call.request, call.model), signal, call.timeoutMs)) {
+      let ev: StreamEvent;
+      try {
+        ev = JSON.parse(m.data) as StreamEvent;
+      } catch {
+        throw new ProviderError('bad_request', `${this.provider} sent a stream event that is not JSON`);
+      }
+      switch (ev.type) {
+        case 'message_start':
+          if (ev.message?.model) model = ev.message.model;
+          raw = { ...raw, ...ev.message?.usage };
+          break;
+        case 'content_block_start': {
+          const b = ev.content_block;
+          if (!b) break;
+          blocks.set(ev.index ?? 0, { type: b.type, id: b.id ?? '', name: b.name ?? '', json: '' });
+          if (b.type === 'text' && b.text) yield { type: 'text_delta', text: b.text };
+          if (b.type === 'thinking' && b.thinking) yield { type: 'thinking_delta', text: b.thinking };
+          break;
+        }
+        case 'content_block_delta': {
+          const d = ev.delta ?? {};
+          if (d.type === 'text_delta' && d.text) yield { type: 'text_delta', text: d.text };
+          else if (d.type === 'thinking_delta' && d.thinking) yield { type: 'thinking_delta', text: d.thinking };
+          else if (d.type === 'input_json_delta' && d.partial_json) {
+            const b = blocks.get(ev.index ?? 0);
+            if (b) b.json += d.partial_json;
+          }
+          break;
+        }
+        case 'content_block_stop': {
+          const b = blocks.get(ev.index ?? 0);
+          if (b?.type === 'tool_use') yield { type: 'tool_use', id: b.id, name: b.name, input: parseToolInput(b.json) };
+          break;
+        }
+        case 'message_delta':
+          if (ev.delta?.stop_reason) stop = ev.delta.stop_reason;
+          // message_delta usage is cumulative; non-null fields replace the message_start values.
+          for (const [k, v] of Object.entries(ev.usage ?? {})) if (typeof v === 'number') (raw as Record<string, number>)[k] = v;
+          break;
+        case 'message_stop':
+          stopped = true;
+          break;
+        case 'error': {
+          const t = ev.error?.type ?? 'error';
+          const kind = t === 'rate_limit_error' ? 'rate_limited' : t === 'invalid_request_error' ? 'bad_request' : t === 'authentication_error' ? 'auth' : 'server';
+          throw new ProviderError(kind, `${this.provider} stream error ${t}: ${ev.error?.message ?? ''}`.trim());
+        }
+        default:
+          break; // ping and future event types
+      }
+      if (stopped) break;
+    }
+    if (signal.aborted) throw new ProviderError('canceled', 'the model step was canceled');
+    if (!stopped) throw new ProviderError('server', `${this.provider} ended the stream before message_stop`);
+    yield { type: 'end', stop_reason: STOP[stop ?? 'end_turn'] ?? 'end_turn', usage: raw ? anthropicUsage(raw) : { ...ZERO_USAGE }, provider: this.provider, model };
+  }
+
+  async probe(call: Omit<ProviderCall, 'request' | 'model'>, signal: AbortSignal): Promise<void> {
+    await getJson(this.provider, joinUrl(call.baseUrl ?? ANTHROPIC_DEFAULT_BASE_URL, 'v1/models'), this.headers(call.apiKey), signal);
+  }
+}

@@ -1,0 +1,147 @@
+import { ZERO_USAGE, type ModelRequest, type ModelStreamEvent, type StopReason, type TokenUsage } from '@agentplane/protocol';
+import type { ProviderAdapter, ProviderCall } from './adapter.js';
+import { ProviderError } from './errors.js';
+import { getJson, joinUrl, parseToolInput, postSse } from './http.js';
+
+export const OPENAI_DEFAULT_BASE_URL = 'https://api.openai.com/v1';
+
+type ChatMessage =
+  | { role: 'system'; content: string }
+  | { role: 'user'; content: string }
+  | { role: 'assistant'; content: string | null; tool_calls?: { id: string; type: 'function'; function: { name: string; arguments: string } }[] }
+  | { role: 'tool'; tool_call_id: string; content: string };
+
+/** The Chat Completions request body for a neutral request. */
+export function toChatCompletionsBody(request: ModelRequest, model: string): Record<string, unknown> {
+  const messages: ChatMessage[] = [];
+  if (request.system) messages.push({ role: 'system', content: request.system });
+  for (const m of request.messages) {
+    if (m.role === 'assistant') {
+      const text = m.content.filter((b) => b.type === 'text').map((b) => b.text).join('');
+      const calls = m.content.flatMap((b) =>
+        b.type === 'tool_use' ? [{ id: b.id, type: 'function' as const, function: { name: b.name, arguments: JSON.stringify(b.input ?? {}) } }] : [],
+      );
+      messages.push({ role: 'assistant', content: text === '' && calls.length > 0 ? null : text, ...(calls.length > 0 ? { tool_calls: calls } : {}) });
+      continue;
+    }
+    // Tool results answer the previous assistant turn, so they come before any new user text.
+    for (const b of m.content) {
+      if (b.type === 'tool_result') {
+        messages.push({ role: 'tool', tool_call_id: b.tool_use_id, content: b.is_error ? `ERROR: ${b.content}` : b.content });
+      }
+    }
+    const text = m.content.filter((b) => b.type === 'text').map((b) => b.text).join('\n');
+    if (text !== '') messages.push({ role: 'user', content: text });
+  }
+  const body: Record<string, unknown> = { model, messages, stream: true, stream_options: { include_usage: true } };
+  if (request.tools.length > 0) {
+    body.tools = request.tools.map((t) => ({ type: 'function', function: { name: t.name, description: t.description, parameters: t.input_schema } }));
+  }
+  if (request.max_output_tokens !== undefined) body.max_tokens = request.max_output_tokens;
+  if (request.temperature !== undefined) body.temperature = request.temperature;
+  return body;
+}
+
+interface ChunkToolCall {
+  index?: number;
+  id?: string;
+  function?: { name?: string; arguments?: string };
+}
+interface Chunk {
+  model?: string;
+  choices?: {
+    delta?: { content?: string | null; reasoning_content?: string | null; reasoning?: string | null; tool_calls?: ChunkToolCall[] };
+    finish_reason?: string | null;
+  }[];
+  usage?: {
+    prompt_tokens?: number;
+    completion_tokens?: number;
+    total_tokens?: number;
+    prompt_tokens_details?: { cached_tokens?: number } | null;
+    completion_tokens_details?: { reasoning_tokens?: number } | null;
+  } | null;
+  error?: { message?: string; code?: string | number; type?: string };
+}
+
+const FINISH: Record<string, StopReason> = {
+  stop: 'end_turn',
+  tool_calls: 'tool_use',
+  function_call: 'tool_use',
+  length: 'max_tokens',
+  content_filter: 'refusal',
+};
+
+/** Token counters of a Chat Completions `usage` object (cached and reasoning tokens are subsets). */
+export function openAiUsage(u: NonNullable<Chunk['usage']>): TokenUsage {
+  const input = u.prompt_tokens ?? 0;
+  const output = u.completion_tokens ?? 0;
+  return {
+    input_tokens: input,
+    cached_input_tokens: u.prompt_tokens_details?.cached_tokens ?? 0,
+    cache_write_input_tokens: 0,
+    output_tokens: output,
+    reasoning_output_tokens: u.completion_tokens_details?.reasoning_tokens ?? 0,
+    total_tokens: u.total_tokens ?? input + output,
+  };
+}
+
+/**
+ * OpenAI-compatible Chat Completions (`POST {base_url}/chat/completions`, `stream: true`).
+ * Serves OpenAI, vLLM, Ollama (`/v1`), llama.cpp server, LM Studio and hosted compatibles.
+ */
+export class OpenAiChatAdapter implements ProviderAdapter {
+  readonly provider = 'openai';
+
+  private headers(apiKey: string | null): Record<string, string> {
+    return apiKey ? { authorization: `Bearer ${apiKey}` } : {};
+  }
+
+  async *stream(call: ProviderCall, signal: AbortSignal): AsyncGenerator<ModelStreamEvent> {
+    const url = joinUrl(call.baseUrl ?? OPENAI_DEFAULT_BASE_URL, 'chat/completions');
+    const tools = new Map<number, { id: string; name: string; args: string }>();
+    let finish: string | null = null;
+    let usage: TokenUsage | null = null;
+    let model = call.model;
+    for await (const m of postSse(this.provider, url, this.headers(call.apiKey), toChatCompletionsBody(call.request, call.model), signal, call.timeoutMs)) {
+      if (m.data === '[DONE]') break;
+      let chunk: Chunk;
+      try {
+        chunk = JSON.parse(m.data) as Chunk;
+      } catch {
+        throw new ProviderError('bad_request', `${this.provider} sent a stream chunk that is not JSON`);
+      }
+      if (chunk.error) throw new ProviderError('server', `${this.provider} stream error: ${chunk.error.message ?? 'unknown'}`);
+      if (chunk.model) model = chunk.model;
+      if (chunk.usage) usage = openAiUsage(chunk.usage);
+      const choice = chunk.choices?.[0];
+      if (!choice) continue;
+      const d = choice.delta ?? {};
+      const thinking = d.reasoning_content ?? d.reasoning;
+      if (thinking) yield { type: 'thinking_delta', text: thinking };
+      if (d.content) yield { type: 'text_delta', text: d.content };
+      for (const tc of d.tool_calls ?? []) {
+        const index = tc.index ?? 0;
+        const cur = tools.get(index) ?? { id: '', name: '', args: '' };
+        if (tc.id) cur.id = tc.id;
+        if (tc.function?.name) cur.name += tc.function.name;
+        if (tc.function?.arguments) cur.args += tc.function.arguments;
+        tools.set(index, cur);
+      }
+      if (choice.finish_reason) finish = choice.finish_reason;
+    }
+    if (signal.aborted) throw new ProviderError('canceled', 'the model step was canceled');
+    if (finish === null && tools.size === 0 && usage === null) {
+      throw new ProviderError('server', `${this.provider} ended the stream without a finish reason`);
+    }
+    const ordered = [...tools.entries()].sort((a, b) => a[0] - b[0]);
+    for (const [i, t] of ordered) {
+      yield { type: 'tool_use', id: t.id || `call_${i}`, name: t.name, input: parseToolInput(t.args) };
+    }
+    const stop: StopReason = ordered.length > 0 ? 'tool_use' : FINISH[finish ?? 'stop'] ?? 'end_turn';
+    yield { type: 'end', stop_reason: stop, usage: usage ?? { ...ZERO_USAGE }, provider: this.provider, model };
+  }
+
+  async probe(call: Omit<ProviderCall, 'request' | 'model'>, signal: AbortSignal): Promise<void> {
+    await getJson(this.provider, joinUrl(call.baseUrl ?? OPENAI_DEFAULT_BASE_URL, 'models'), this.headers(call.apiKey), signal);
+  }
+}

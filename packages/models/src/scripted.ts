@@ -1,0 +1,213 @@
+import { createHash } from 'node:crypto';
+import type { ModelMessage, ModelRequest, ModelStreamEvent, TokenUsage } from '@agentplane/protocol';
+import type { ProviderAdapter, ProviderCall } from './adapter.js';
+import { ProviderError, type ProviderErrorKind } from './errors.js';
+
+/**
+ * The `scripted` provider: a deterministic model for the embedded default and for tests.
+ *
+ * It reads a script from a fenced block in the system prompt (so it lives in the Agent's
+ * config like any other instruction):
+ *
+ *     ```scripted
+ *     {"rules": [
+ *       {"when": {"user_contains": "weather"}, "then": [{"think": "I need the tool"}, {"tool": "get_weather", "input": {"city": "Paris"}}]},
+ *       {"when": {"after_tool": "get_weather"}, "then": [{"reply": "It is {{tool_result}}."}]},
+ *       {"then": [{"reply": "You said: {{user}}"}]}
+ *     ]}
+ *     ```
+ *
+ * The first rule whose `when` holds (every given condition must) runs its `then` steps in
+ * order. Without a script, or when no rule matches, it echoes: `You said: <last user text>`
+ * (or `Tool result: <content>` after a tool result). docs/MODELS.md has the full format.
+ */
+export interface ScriptCondition {
+  /** What the last message is: new user text, or a tool result. */
+  on?: 'user' | 'tool_result';
+  /** Substring of the last user text (case-sensitive). Implies `on: "user"` unless `on` is given. */
+  user_contains?: string;
+  /** JavaScript regular expression tested against the last user text. */
+  user_matches?: string;
+  /** Substring of the last tool result's content. */
+  tool_result_contains?: string;
+  /** Name of the tool whose result is the last message. */
+  after_tool?: string;
+  /** The step number: how many assistant turns precede this request (0 for the first). */
+  turn?: number;
+}
+
+export type ScriptStep =
+  | { think: string }
+  | { reply: string }
+  | { tool: string; input?: unknown }
+  | { sleep_ms: number }
+  | { fail: Extract<ProviderErrorKind, 'rate_limited' | 'server' | 'bad_request' | 'auth'>; retry_after?: number };
+
+export interface ScriptRule {
+  when?: ScriptCondition;
+  then: ScriptStep[];
+}
+
+export interface Script {
+  rules: ScriptRule[];
+}
+
+const FENCE = /```scripted[^\n]*\n([\s\S]*?)```/;
+
+/** The script carried in a system prompt, or null. A malformed script is a non-retryable error. */
+export function parseScript(system: string | undefined): Script | null {
+  const m = system ? FENCE.exec(system) : null;
+  if (!m) return null;
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(m[1] ?? '');
+  } catch (err) {
+    throw new ProviderError('bad_request', `the scripted block is not valid JSON: ${(err as Error).message}`);
+  }
+  const rules = Array.isArray(parsed) ? parsed : (parsed as { rules?: unknown } | null)?.rules;
+  if (!Array.isArray(rules) || !rules.every((r) => r && typeof r === 'object' && Array.isArray((r as ScriptRule).then))) {
+    throw new ProviderError('bad_request', 'the scripted block must be {"rules": [{"when": {...}, "then": [...]}]}');
+  }
+  return { rules: rules as ScriptRule[] };
+}
+
+interface Situation {
+  on: 'user' | 'tool_result';
+  user: string;
+  toolResult: string;
+  toolName: string | null;
+  turn: number;
+}
+
+function situation(messages: ModelMessage[]): Situation {
+  let user = '';
+  for (let i = messages.length - 1; i >= 0 && user === ''; i--) {
+    const m = messages[i] as ModelMessage;
+    if (m.role === 'user') user = m.content.filter((b) => b.type === 'text').map((b) => b.text).join('\n');
+  }
+  const last = messages[messages.length - 1];
+  const result = last?.role === 'user' ? [...last.content].reverse().find((b) => b.type === 'tool_result') : undefined;
+  let toolName: string | null = null;
+  if (result && result.type === 'tool_result') {
+    for (const m of messages) for (const b of m.content) if (b.type === 'tool_use' && b.id === result.tool_use_id) toolName = b.name;
+  }
+  const lastHasText = last?.content.some((b) => b.type === 'text') ?? false;
+  return {
+    on: result && !lastHasText ? 'tool_result' : 'user',
+    user,
+    toolResult: result && result.type === 'tool_result' ? result.content : '',
+    toolName,
+    turn: messages.filter((m) => m.role === 'assistant').length,
+  };
+}
+
+function matches(when: ScriptCondition | undefined, s: Situation): boolean {
+  if (!when) return true;
+  if (when.on !== undefined && when.on !== s.on) return false;
+  // Conditions on the user's text answer new user text unless `on: "tool_result"` says otherwise.
+  if (when.on === undefined && (when.user_contains !== undefined || when.user_matches !== undefined) && s.on !== 'user') return false;
+  if (when.user_contains !== undefined && !s.user.includes(when.user_contains)) return false;
+  if (when.user_matches !== undefined && !new RegExp(when.user_matches).test(s.user)) return false;
+  if (when.tool_result_contains !== undefined && (s.on !== 'tool_result' || !s.toolResult.includes(when.tool_result_contains))) return false;
+  if (when.after_tool !== undefined && (s.on !== 'tool_result' || s.toolName !== when.after_tool)) return false;
+  if (when.turn !== undefined && when.turn !== s.turn) return false;
+  return true;
+}
+
+function fill(template: string, s: Situation): string {
+  return template.replaceAll('{{user}}', s.user).replaceAll('{{tool_result}}', s.toolResult);
+}
+
+function fillValue(v: unknown, s: Situation): unknown {
+  if (typeof v === 'string') return fill(v, s);
+  if (Array.isArray(v)) return v.map((x) => fillValue(x, s));
+  if (v && typeof v === 'object') return Object.fromEntries(Object.entries(v).map(([k, x]) => [k, fillValue(x, s)]));
+  return v;
+}
+
+/** Words with their trailing whitespace: the text arrives in several deltas, as from a real model. */
+export function splitDeltas(text: string): string[] {
+  return text.match(/\S+\s*|\s+/g) ?? [];
+}
+
+/** Deterministic token estimate: one token per 4 characters, rounded up. */
+export const estimateTokens = (text: string): number => Math.ceil(text.length / 4);
+
+export function estimateRequestTokens(request: ModelRequest): number {
+  return estimateTokens((request.system ?? '') + JSON.stringify(request.messages) + (request.tools.length ? JSON.stringify(request.tools) : ''));
+}
+
+function sleep(ms: number, signal: AbortSignal): Promise<void> {
+  return new Promise((resolve, reject) => {
+    if (signal.aborted) return reject(new ProviderError('canceled', 'the model step was canceled'));
+    const t = setTimeout(() => {
+      signal.removeEventListener('abort', onAbort);
+      resolve();
+    }, ms);
+    const onAbort = () => {
+      clearTimeout(t);
+      reject(new ProviderError('canceled', 'the model step was canceled'));
+    };
+    signal.addEventListener('abort', onAbort, { once: true });
+  });
+}
+
+export const SCRIPTED_DEFAULT_MODEL = 'scripted-1';
+
+export class ScriptedAdapter implements ProviderAdapter {
+  readonly provider = 'scripted';
+
+  async *stream(call: ProviderCall, signal: AbortSignal): AsyncGenerator<ModelStreamEvent> {
+    const { request } = call;
+    const script = parseScript(request.system);
+    const s = situation(request.messages);
+    const rule = script?.rules.find((r) => matches(r.when, s));
+    const steps: ScriptStep[] = rule?.then ?? [{ reply: s.on === 'tool_result' ? 'Tool result: {{tool_result}}' : 'You said: {{user}}' }];
+    let text = '';
+    let thinking = '';
+    let toolCalls = 0;
+    let emitted = false;
+    for (const step of steps) {
+      if (signal.aborted) throw new ProviderError('canceled', 'the model step was canceled');
+      if ('sleep_ms' in step) {
+        await sleep(step.sleep_ms, signal);
+      } else if ('fail' in step) {
+        if (emitted) throw new ProviderError('server', 'scripted failure after output');
+        throw new ProviderError(step.fail, `scripted ${step.fail} failure`, { status: step.fail === 'rate_limited' ? 429 : null, retryAfterSeconds: step.retry_after ?? null });
+      } else if ('think' in step) {
+        const t = fill(step.think, s);
+        thinking += t;
+        for (const d of splitDeltas(t)) yield { type: 'thinking_delta', text: d };
+        emitted = true;
+      } else if ('reply' in step) {
+        const t = fill(step.reply, s);
+        text += t;
+        for (const d of splitDeltas(t)) yield { type: 'text_delta', text: d };
+        emitted = true;
+      } else if ('tool' in step) {
+        const input = fillValue(step.input ?? {}, s);
+        const id = `toolu_${createHash('sha256').update(`${request.messages.length}:${toolCalls}:${step.tool}:${JSON.stringify(input)}`).digest('hex').slice(0, 32)}`;
+        toolCalls += 1;
+        text += JSON.stringify(input) + step.tool;
+        yield { type: 'tool_use', id, name: step.tool, input };
+        emitted = true;
+      }
+    }
+    const input = estimateRequestTokens(request);
+    const reasoning = estimateTokens(thinking);
+    const output = estimateTokens(text) + reasoning;
+    const usage: TokenUsage = {
+      input_tokens: input,
+      cached_input_tokens: 0,
+      cache_write_input_tokens: 0,
+      output_tokens: output,
+      reasoning_output_tokens: reasoning,
+      total_tokens: input + output,
+    };
+    yield { type: 'end', stop_reason: toolCalls > 0 ? 'tool_use' : 'end_turn', usage, provider: this.provider, model: call.model || SCRIPTED_DEFAULT_MODEL };
+  }
+
+  async probe(): Promise<void> {
+    // Always healthy: it runs in-process.
+  }
+}

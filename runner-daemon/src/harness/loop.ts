@@ -1,0 +1,315 @@
+/**
+ * The agent loop of one Run (split topology: the loop runs in the runner, tools run in the
+ * sandbox). Model step → agent.thinking / agent.message / agent.tool_use → built-in tools in the
+ * sandbox → tool_results back to the model → … until the model ends the turn, then
+ * `session.status_idle` with the stop reason. Custom tools and `always_ask` tools end the Run
+ * with `requires_action`; the next Run resolves them from the drive events' responses.
+ */
+import { addUsage, ZERO_USAGE, type ContentBlock, type ModelClient, type ModelMessage, type ModelRequest, type TokenUsage, type ToolSpec } from '@agentplane/protocol';
+import { createLogger, type Logger } from '@agentplane/core';
+import type { Sandbox, SandboxDriver } from '../sandbox/types.js';
+import { SandboxError } from '../sandbox/types.js';
+import { builtinTool, runTool } from './tools/builtin.js';
+import type { BuiltinTool, ToolOutcome } from './tools/types.js';
+import {
+  HarnessError,
+  type AgentConfig,
+  type HarnessEvent,
+  type IdleStopReason,
+  type SessionEventSink,
+  type StepRecord,
+  type ToolUsePayload,
+} from './events.js';
+
+export interface HarnessDeps {
+  model: ModelClient;
+  driver: SandboxDriver;
+  sandbox: Sandbox;
+  sink: SessionEventSink;
+  logger?: Logger;
+}
+
+/** Answers to the blocking tool uses of the previous Run, from drive events. */
+export interface PendingResponses {
+  /** `user.custom_tool_result`: tool_use_id → result. */
+  custom_tool_results?: Record<string, { content: string; is_error?: boolean }>;
+  /** `user.tool_confirmation`: tool_use_id → allow | deny. */
+  confirmations?: Record<string, 'allow' | 'deny'>;
+}
+
+export interface RunInput {
+  agent: AgentConfig;
+  /** The thread so far, ending with the new user message or with the previous Run's blocking tool uses. */
+  history: ModelMessage[];
+  responses?: PendingResponses;
+  session_thread_id?: string;
+  /** `user.interrupt`: stops the model step and kills running tools. */
+  signal?: AbortSignal;
+  /** Wall-time bound of this Run (the Environment's `max_duration_seconds`). */
+  max_duration_seconds?: number;
+}
+
+export interface RunOutcome {
+  stop_reason: IdleStopReason;
+  /** The whole thread after this Run (the caller persists it). */
+  history: ModelMessage[];
+  usage: TokenUsage;
+  steps: StepRecord[];
+}
+
+const DENIED = 'The user denied this tool call; it was not executed.';
+const INTERRUPTED = 'Interrupted before the tool finished.';
+
+interface Classified {
+  block: Extract<ContentBlock, { type: 'tool_use' }>;
+  builtin?: BuiltinTool;
+  awaiting?: ToolUsePayload['awaiting'];
+}
+
+export class HarnessLoop {
+  private readonly log: Logger;
+
+  constructor(private readonly deps: HarnessDeps) {
+    this.log = deps.logger ?? createLogger({ name: 'harness', level: 'warn' });
+  }
+
+  /** The tools the model sees: enabled built-ins (their schemas) and the agent's custom tools. */
+  static toolSpecs(agent: AgentConfig): ToolSpec[] {
+    const specs: ToolSpec[] = [];
+    for (const tool of agent.tools) {
+      if (tool.type === 'custom') specs.push(tool.spec);
+      else {
+        const builtin = builtinTool(tool.name);
+        if (builtin) specs.push(builtin.spec);
+      }
+    }
+    return specs;
+  }
+
+  private classify(agent: AgentConfig, block: Extract<ContentBlock, { type: 'tool_use' }>): Classified {
+    for (const tool of agent.tools) {
+      if (tool.type === 'custom' && tool.spec.name === block.name) return { block, awaiting: 'custom_tool_result' };
+      if (tool.type === 'builtin' && tool.name === block.name) {
+        const builtin = builtinTool(tool.name);
+        if (!builtin) break;
+        return { block, builtin, awaiting: tool.permission === 'always_ask' ? 'tool_confirmation' : undefined };
+      }
+    }
+    return { block };
+  }
+
+  async run(input: RunInput): Promise<RunOutcome> {
+    const { sink } = this.deps;
+    const history = input.history.map((m) => ({ role: m.role, content: [...m.content] }));
+    const steps: StepRecord[] = [];
+    let usage: TokenUsage = { ...ZERO_USAGE };
+    const thread = input.session_thread_id;
+    const emit = (event: HarnessEvent): Promise<void> => sink.emit(thread ? { ...event, session_thread_id: thread } : event);
+
+    const deadline = new AbortController();
+    const timer = input.max_duration_seconds ? setTimeout(() => deadline.abort(), input.max_duration_seconds * 1000) : undefined;
+    const signal = AbortSignal.any([deadline.signal, ...(input.signal ? [input.signal] : [])]);
+    const runEnds = input.max_duration_seconds ? Date.now() + input.max_duration_seconds * 1000 : undefined;
+    const stopped = (): IdleStopReason | undefined =>
+      input.signal?.aborted ? { type: 'interrupted' } : deadline.signal.aborted ? { type: 'max_duration' } : undefined;
+    const idle = async (stop_reason: IdleStopReason): Promise<RunOutcome> => {
+      await emit({ type: 'session.status_idle', payload: { stop_reason, usage } });
+      return { stop_reason, history, usage, steps };
+    };
+
+    try {
+      // 1. Resolve the previous Run's blocking tool uses, if the thread ends with them.
+      const waiting = this.unresolved(history);
+      if (waiting.length > 0) {
+        const responses = input.responses ?? {};
+        const unanswered = waiting
+          .map((b) => this.classify(input.agent, b))
+          .filter((c) => (c.awaiting === 'custom_tool_result' && !responses.custom_tool_results?.[c.block.id]) || (c.awaiting === 'tool_confirmation' && !responses.confirmations?.[c.block.id]));
+        if (unanswered.length > 0) return await idle({ type: 'requires_action', tool_use_ids: unanswered.map((c) => c.block.id) });
+        const results: ContentBlock[] = [];
+        for (const block of waiting) {
+          const c = this.classify(input.agent, block);
+          if (signal.aborted) {
+            results.push({ type: 'tool_result', tool_use_id: block.id, content: INTERRUPTED, is_error: true });
+            continue;
+          }
+          if (c.awaiting === 'custom_tool_result') {
+            const r = responses.custom_tool_results?.[block.id];
+            results.push({ type: 'tool_result', tool_use_id: block.id, content: r?.content ?? '', ...(r?.is_error ? { is_error: true } : {}) });
+          } else if (c.awaiting === 'tool_confirmation' && responses.confirmations?.[block.id] === 'deny') {
+            await emit({ type: 'agent.tool_result', payload: { tool_use_id: block.id, content: DENIED, is_error: true, denied: true } });
+            results.push({ type: 'tool_result', tool_use_id: block.id, content: DENIED, is_error: true });
+          } else {
+            results.push(await this.execute(c, signal, runEnds, emit));
+          }
+        }
+        this.appendResults(history, results);
+      }
+
+      // 2. Model steps until the turn ends.
+      const maxSteps = input.agent.max_steps ?? 100;
+      const tools = HarnessLoop.toolSpecs(input.agent);
+      for (let index = 0; ; index++) {
+        const early = stopped();
+        if (early) return await idle(early);
+        if (index >= maxSteps) return await idle({ type: 'max_steps' });
+
+        const request: ModelRequest = {
+          routing_key: input.agent.routing_key,
+          messages: history,
+          tools,
+          ...(input.agent.system !== undefined ? { system: input.agent.system } : {}),
+          ...(input.agent.max_output_tokens !== undefined ? { max_output_tokens: input.agent.max_output_tokens } : {}),
+          ...(input.agent.temperature !== undefined ? { temperature: input.agent.temperature } : {}),
+        };
+        const step = await this.modelStep(request, signal, index);
+        if (!step) return await idle(stopped() ?? { type: 'interrupted' });
+        steps.push(step.record);
+        usage = addUsage(usage, step.record.usage);
+        sink.step?.(step.record);
+        history.push({ role: 'assistant', content: step.content });
+
+        const thinking = step.content.filter((b): b is { type: 'thinking'; text: string } => b.type === 'thinking');
+        if (thinking.length > 0) await emit({ type: 'agent.thinking', payload: { content: thinking } });
+        const text = step.content.filter((b): b is { type: 'text'; text: string } => b.type === 'text');
+        if (text.length > 0) await emit({ type: 'agent.message', payload: { content: text } });
+
+        const uses = step.content.filter((b): b is Extract<ContentBlock, { type: 'tool_use' }> => b.type === 'tool_use');
+        const classified = uses.map((b) => this.classify(input.agent, b));
+        for (const c of classified) {
+          await emit({
+            type: 'agent.tool_use',
+            payload: { id: c.block.id, name: c.block.name, input: c.block.input, blocking: c.awaiting !== undefined, ...(c.awaiting ? { awaiting: c.awaiting } : {}) },
+          });
+        }
+        if (uses.length === 0) {
+          const reason = step.record.stop_reason;
+          if (reason === 'max_tokens') return await idle({ type: 'max_tokens' });
+          if (reason === 'refusal') return await idle({ type: 'refusal' });
+          if (reason === 'canceled') return await idle(stopped() ?? { type: 'interrupted' });
+          return await idle({ type: 'end_turn' });
+        }
+
+        const results: ContentBlock[] = [];
+        for (const c of classified) {
+          if (c.awaiting) continue;
+          if (signal.aborted) {
+            results.push({ type: 'tool_result', tool_use_id: c.block.id, content: INTERRUPTED, is_error: true });
+            continue;
+          }
+          results.push(await this.execute(c, signal, runEnds, emit));
+        }
+        const blocking = classified.filter((c) => c.awaiting);
+        if (results.length > 0) this.appendResults(history, results);
+        if (blocking.length > 0) {
+          if (stopped()) {
+            // Interrupted: blocking uses are answered as not run, so the thread stays well formed.
+            this.appendResults(history, blocking.map((c) => ({ type: 'tool_result', tool_use_id: c.block.id, content: INTERRUPTED, is_error: true })));
+            return await idle(stopped()!);
+          }
+          return await idle({ type: 'requires_action', tool_use_ids: blocking.map((c) => c.block.id) });
+        }
+      }
+    } finally {
+      if (timer) clearTimeout(timer);
+    }
+  }
+
+  /** Tool uses of the last assistant message that have no tool_result yet. */
+  private unresolved(history: ModelMessage[]): Array<Extract<ContentBlock, { type: 'tool_use' }>> {
+    let i = history.length - 1;
+    if (i >= 0 && history[i]!.role === 'user') {
+      // A trailing user message counts only when it carries tool results (partial answers).
+      if (!history[i]!.content.every((b) => b.type === 'tool_result')) return [];
+      i -= 1;
+    }
+    const assistant = history[i];
+    if (!assistant || assistant.role !== 'assistant') return [];
+    const answered = new Set(history.slice(i + 1).flatMap((m) => m.content.flatMap((b) => (b.type === 'tool_result' ? [b.tool_use_id] : []))));
+    return assistant.content.filter((b): b is Extract<ContentBlock, { type: 'tool_use' }> => b.type === 'tool_use' && !answered.has(b.id));
+  }
+
+  /** Adds tool results to the trailing user message of results, or starts one. */
+  private appendResults(history: ModelMessage[], results: ContentBlock[]): void {
+    const last = history[history.length - 1];
+    if (last && last.role === 'user' && last.content.every((b) => b.type === 'tool_result')) (last.content as ContentBlock[]).push(...results);
+    else history.push({ role: 'user', content: results });
+  }
+
+  private async execute(c: Classified, signal: AbortSignal, runEnds: number | undefined, emit: (e: HarnessEvent) => Promise<void>): Promise<ContentBlock> {
+    let outcome: ToolOutcome;
+    if (!c.builtin) {
+      outcome = { content: `Unknown tool '${c.block.name}'.`, is_error: true };
+    } else {
+      try {
+        outcome = await runTool(c.builtin, {
+          driver: this.deps.driver,
+          sandbox: this.deps.sandbox,
+          signal,
+          ...(runEnds !== undefined ? { maxTimeoutMs: Math.max(1, runEnds - Date.now()) } : {}),
+        }, c.block.input);
+      } catch (err) {
+        if (err instanceof SandboxError) {
+          throw new HarnessError('sandbox_error', `tool ${c.block.name} could not run: ${err.message}`, undefined, { cause: err });
+        }
+        throw err;
+      }
+    }
+    const m = outcome.meta;
+    await emit({
+      type: 'agent.tool_result',
+      payload: {
+        tool_use_id: c.block.id,
+        content: outcome.content,
+        is_error: outcome.is_error,
+        ...(m?.exitCode !== undefined ? { exit_code: m.exitCode } : {}),
+        ...(m?.timedOut ? { timed_out: true } : {}),
+        ...(m?.oomKilled ? { oom_killed: true } : {}),
+        ...(m?.killed ? { interrupted: true } : {}),
+        ...(m?.durationMs !== undefined ? { duration_ms: m.durationMs } : {}),
+      },
+    });
+    return { type: 'tool_result', tool_use_id: c.block.id, content: outcome.content, ...(outcome.is_error ? { is_error: true } : {}) };
+  }
+
+  /** One model step; undefined when the signal stopped it. Model errors throw HarnessError. */
+  private async modelStep(request: ModelRequest, signal: AbortSignal, index: number): Promise<{ content: ContentBlock[]; record: StepRecord } | undefined> {
+    const started = Date.now();
+    const content: ContentBlock[] = [];
+    const appendText = (type: 'text' | 'thinking', text: string): void => {
+      const last = content[content.length - 1];
+      if (last && last.type === type) last.text += text;
+      else content.push({ type, text });
+    };
+    try {
+      for await (const event of this.deps.model.stream(request, signal)) {
+        if (signal.aborted) return undefined;
+        switch (event.type) {
+          case 'text_delta':
+            appendText('text', event.text);
+            this.deps.sink.delta?.('agent.message', event.text);
+            break;
+          case 'thinking_delta':
+            appendText('thinking', event.text);
+            this.deps.sink.delta?.('agent.thinking', event.text);
+            break;
+          case 'tool_use':
+            content.push({ type: 'tool_use', id: event.id, name: event.name, input: event.input });
+            break;
+          case 'error':
+            throw new HarnessError('model_error', `model step failed: ${event.error.type}: ${event.error.message}`, event.error);
+          case 'end':
+            return {
+              content,
+              record: { index, usage: event.usage, provider: event.provider, model: event.model, stop_reason: event.stop_reason, duration_ms: Date.now() - started },
+            };
+        }
+      }
+    } catch (err) {
+      if (signal.aborted && !(err instanceof HarnessError)) return undefined;
+      throw err;
+    }
+    if (signal.aborted) return undefined;
+    throw new HarnessError('model_error', 'the model stream ended without an end event', { type: 'runtime.internal', message: 'stream ended early', retryable: true });
+  }
+}

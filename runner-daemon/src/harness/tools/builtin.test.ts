@@ -1,0 +1,99 @@
+import { randomBytes } from 'node:crypto';
+import Docker from 'dockerode';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { DockerDriver } from '../../sandbox/docker-driver.js';
+import { ensureSandboxImage } from '../../sandbox/image.js';
+import type { Sandbox } from '../../sandbox/types.js';
+import { bashTool, editTool, globTool, globToRegExp, grepTool, listTool, readTool, runTool, writeTool } from './builtin.js';
+import type { ToolContext } from './types.js';
+
+const runnerId = `ttest-${randomBytes(4).toString('hex')}`;
+const docker = new Docker();
+const driver = new DockerDriver({ runnerId, docker });
+let sandbox: Sandbox;
+let ctx: ToolContext;
+
+beforeAll(async () => {
+  await ensureSandboxImage({ docker });
+  sandbox = await driver.ensure({ id: `sess_${randomBytes(8).toString('hex')}` }, {});
+  ctx = { driver, sandbox };
+}, 120_000);
+
+afterAll(async () => {
+  await driver.reapOrphans(runnerId, []);
+});
+
+describe('built-in tools inside a docker sandbox', () => {
+  it('write, read, edit', async () => {
+    expect(await runTool(writeTool, ctx, { path: 'src/app.ts', content: 'const a = 1;\nconst b = 1;\n' })).toMatchObject({ is_error: false });
+    const read = await runTool(readTool, ctx, { path: 'src/app.ts' });
+    expect(read.content).toBe('     1\tconst a = 1;\n     2\tconst b = 1;\n');
+    const partial = await runTool(readTool, ctx, { path: 'src/app.ts', offset: 2, limit: 1 });
+    expect(partial.content).toBe('     2\tconst b = 1;\n');
+
+    const ambiguous = await runTool(editTool, ctx, { path: 'src/app.ts', old_string: ' = 1;', new_string: ' = 2;' });
+    expect(ambiguous.is_error).toBe(true);
+    expect(ambiguous.content).toContain('matches 2 times');
+    const missing = await runTool(editTool, ctx, { path: 'src/app.ts', old_string: 'nope', new_string: 'x' });
+    expect(missing).toMatchObject({ is_error: true });
+    const ok = await runTool(editTool, ctx, { path: 'src/app.ts', old_string: 'const b = 1;', new_string: 'const b = 2; // $& kept' });
+    expect(ok.is_error).toBe(false);
+    const all = await runTool(editTool, ctx, { path: 'src/app.ts', old_string: 'const', new_string: 'let', replace_all: true });
+    expect(all.content).toContain('replaced 2');
+    expect((await driver.exec(sandbox, ['cat', 'src/app.ts'])).stdout).toBe('let a = 1;\nlet b = 2; // $& kept\n');
+
+    const absent = await runTool(readTool, ctx, { path: 'nope.txt' });
+    expect(absent).toMatchObject({ is_error: true });
+    expect(absent.content).toContain('no such file');
+    // Writes happen in the sandbox as the sandbox user.
+    expect((await driver.exec(sandbox, ['stat', '-c', '%u', 'src/app.ts'])).stdout.trim()).toBe('10001');
+  });
+
+  it('bash reports output, exit codes and timeouts', async () => {
+    const ok = await runTool(bashTool, ctx, { command: 'echo out; echo err >&2; exit 3' });
+    expect(ok.is_error).toBe(true);
+    expect(ok.content).toBe('out\n[stderr]\nerr\n[exit code 3]');
+    const slow = await runTool(bashTool, ctx, { command: 'sleep 30', timeout_ms: 200 });
+    expect(slow.content).toContain('timed out after 200 ms');
+    expect(slow.meta?.timedOut).toBe(true);
+    const big = await runTool(bashTool, ctx, { command: 'seq 1 100000' });
+    expect(big.content.length).toBeLessThan(31_000);
+    expect(big.meta?.truncated).toBe(true);
+    await driver.exec(sandbox, ['mkdir', '-p', "it's here"]);
+    const inDir = await runTool(bashTool, ctx, { command: 'pwd', cwd: "it's here" });
+    expect(inDir.content).toBe("/workspace/it's here\n[exit code 0]");
+    const noDir = await runTool(bashTool, ctx, { command: 'pwd', cwd: 'missing' });
+    expect(noDir).toMatchObject({ is_error: true });
+    expect(noDir.content).toContain('No such file or directory');
+    const bad = await runTool(bashTool, ctx, { cmd: 'ls' });
+    expect(bad).toMatchObject({ is_error: true });
+    expect(bad.content).toContain("unknown field 'cmd'");
+  });
+
+  it('list, glob, grep', async () => {
+    await driver.writeFiles(sandbox, [
+      { path: 'proj/a.ts', data: Buffer.from('export const needle = 1;\n') },
+      { path: 'proj/lib/b.ts', data: Buffer.from('// Needle here\n') },
+      { path: 'proj/lib/c.json', data: Buffer.from('{"needle": true}\n') },
+    ]);
+    const list = await runTool(listTool, ctx, { path: 'proj', depth: 2 });
+    expect(list.content).toBe('a.ts\nlib/\nlib/b.ts\nlib/c.json');
+    const glob = await runTool(globTool, ctx, { pattern: '**/*.ts', path: 'proj' });
+    expect(glob.content).toBe('a.ts\nlib/b.ts');
+    const glob2 = await runTool(globTool, ctx, { pattern: 'proj/lib/*.{json,ts}' });
+    expect(glob2.content).toBe('proj/lib/b.ts\nproj/lib/c.json');
+    const grep = await runTool(grepTool, ctx, { pattern: 'needle', path: 'proj', ignore_case: true, glob: '*.ts' });
+    expect(grep.content.trim().split('\n').sort()).toEqual(['proj/a.ts:1:export const needle = 1;', 'proj/lib/b.ts:1:// Needle here']);
+    const none = await runTool(grepTool, ctx, { pattern: 'haystack', path: 'proj' });
+    expect(none).toMatchObject({ is_error: false, content: 'no matches' });
+    const limited = await runTool(grepTool, ctx, { pattern: 'needle', path: 'proj', ignore_case: true, max_results: 1 });
+    expect(limited.content.trim().split('\n')).toHaveLength(1);
+  });
+
+  it('globToRegExp', () => {
+    expect(globToRegExp('**/*.ts').test('a/b/c.ts')).toBe(true);
+    expect(globToRegExp('**/*.ts').test('c.ts')).toBe(true);
+    expect(globToRegExp('*.ts').test('a/c.ts')).toBe(false);
+    expect(globToRegExp('src/?.{js,ts}').test('src/a.js')).toBe(true);
+  });
+});

@@ -1,0 +1,340 @@
+/**
+ * Built-in tools. Every one executes inside the Session's sandbox through the driver — for the
+ * docker driver nothing touches the host filesystem. Paths are relative to the workspace.
+ */
+import {
+  capText,
+  clampTimeout,
+  failureNote,
+  fields,
+  metaOf,
+  TOOL_LIMITS,
+  ToolInputError,
+  type BuiltinTool,
+  type ToolContext,
+  type ToolOutcome,
+} from './types.js';
+
+function error(content: string, meta?: ToolOutcome['meta']): ToolOutcome {
+  return { content, is_error: true, meta };
+}
+
+export const bashTool: BuiltinTool = {
+  spec: {
+    name: 'bash',
+    description:
+      'Run a bash command in the sandbox (working directory: the workspace). No network. Returns stdout, stderr and the exit code; long output is truncated.',
+    input_schema: {
+      type: 'object',
+      properties: {
+        command: { type: 'string', description: 'The command line, run with bash -c.' },
+        timeout_ms: { type: 'number', description: `Kill the command after this many milliseconds (default ${TOOL_LIMITS.defaultTimeoutMs}, max ${TOOL_LIMITS.maxTimeoutMs}).` },
+        cwd: { type: 'string', description: 'Working directory, relative to the workspace.' },
+      },
+      required: ['command'],
+      additionalProperties: false,
+    },
+  },
+  async run(ctx, input) {
+    const { command, timeout_ms, cwd } = fields<{ command: string; timeout_ms?: number; cwd?: string }>('bash', input, {
+      command: { kind: 'string', required: true },
+      timeout_ms: { kind: 'number' },
+      cwd: { kind: 'string' },
+    });
+    const timeoutMs = clampTimeout(ctx, timeout_ms);
+    // A wrong cwd is the model's mistake: it becomes a failed command, never a failed Run.
+    const script = cwd ? `cd -- ${shellQuote(resolvePath(ctx, cwd))} || exit 1\n${command}` : command;
+    const res = await ctx.driver.exec(ctx.sandbox, { script }, {
+      timeoutMs,
+      signal: ctx.signal,
+      maxOutputBytes: TOOL_LIMITS.maxResultChars * 4,
+    });
+    const parts: string[] = [];
+    const note = failureNote(res, timeoutMs);
+    if (note) parts.push(note);
+    if (res.stdout) parts.push(res.stdout.replace(/\n$/, ''));
+    if (res.stderr) parts.push(`[stderr]\n${res.stderr.replace(/\n$/, '')}`);
+    parts.push(`[exit code ${res.exitCode}]`);
+    const out = capText(parts.join('\n'));
+    return { content: out.text, is_error: res.exitCode !== 0 || note !== undefined, meta: { ...metaOf(res), truncated: res.truncated || out.truncated } };
+  },
+};
+
+export function shellQuote(value: string): string {
+  return `'${value.replace(/'/g, `'\\''`)}'`;
+}
+
+/** Workspace-relative or absolute path as the sandbox sees it. */
+export function resolvePath(ctx: ToolContext, path: string): string {
+  if (path.startsWith('/')) return path;
+  const base = ctx.sandbox.workspace.replace(/\/$/, '');
+  return path === '' || path === '.' ? base : `${base}/${path}`;
+}
+
+export const readTool: BuiltinTool = {
+  spec: {
+    name: 'read',
+    description: 'Read a text file from the workspace, with line numbers. Use offset and limit for long files.',
+    input_schema: {
+      type: 'object',
+      properties: {
+        path: { type: 'string' },
+        offset: { type: 'number', description: 'First line to return (1-based, default 1).' },
+        limit: { type: 'number', description: 'Number of lines to return (default 2000).' },
+      },
+      required: ['path'],
+      additionalProperties: false,
+    },
+  },
+  async run(ctx, input) {
+    const { path, offset, limit } = fields<{ path: string; offset?: number; limit?: number }>('read', input, {
+      path: { kind: 'string', required: true },
+      offset: { kind: 'number' },
+      limit: { kind: 'number' },
+    });
+    const start = Math.max(1, Math.floor(offset ?? 1));
+    const count = Math.max(1, Math.floor(limit ?? 2000));
+    const script =
+      '[ -f "$1" ] || { echo "no such file: $1" >&2; exit 2; }; ' +
+      'awk -v s="$2" -v n="$3" \'NR>=s && NR<s+n { printf "%6d\\t%s\\n", NR, $0 } NR>=s+n { exit }\' < "$1"';
+    const res = await ctx.driver.exec(ctx.sandbox, ['bash', '-c', script, 'read', resolvePath(ctx, path), String(start), String(count)], {
+      timeoutMs: clampTimeout(ctx, 30_000),
+      signal: ctx.signal,
+      maxOutputBytes: TOOL_LIMITS.maxResultChars * 4,
+    });
+    if (res.exitCode !== 0) return error(res.stderr.trim() || `read failed (exit ${res.exitCode})`, metaOf(res));
+    const out = capText(res.stdout);
+    return { content: out.text || '(empty)', is_error: false, meta: { ...metaOf(res), truncated: res.truncated || out.truncated } };
+  },
+};
+
+async function writeFile(ctx: ToolContext, path: string, content: string): Promise<ToolOutcome | undefined> {
+  const res = await ctx.driver.exec(ctx.sandbox, ['bash', '-c', 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"', 'write', resolvePath(ctx, path)], {
+    stdin: content,
+    timeoutMs: clampTimeout(ctx, 60_000),
+    signal: ctx.signal,
+    maxOutputBytes: 64 * 1024,
+  });
+  if (res.exitCode !== 0) return error(res.stderr.trim() || `write failed (exit ${res.exitCode})`, metaOf(res));
+  return undefined;
+}
+
+export const writeTool: BuiltinTool = {
+  spec: {
+    name: 'write',
+    description: 'Create or overwrite a file in the workspace with the given content (parent directories are created).',
+    input_schema: {
+      type: 'object',
+      properties: { path: { type: 'string' }, content: { type: 'string' } },
+      required: ['path', 'content'],
+      additionalProperties: false,
+    },
+  },
+  async run(ctx, input) {
+    const { path, content } = fields<{ path: string; content: string }>('write', input, {
+      path: { kind: 'string', required: true },
+      content: { kind: 'string', required: true },
+    });
+    const failed = await writeFile(ctx, path, content);
+    return failed ?? { content: `wrote ${Buffer.byteLength(content)} bytes to ${path}`, is_error: false };
+  },
+};
+
+function occurrences(haystack: string, needle: string): number {
+  let count = 0;
+  for (let i = haystack.indexOf(needle); i !== -1; i = haystack.indexOf(needle, i + needle.length)) count++;
+  return count;
+}
+
+export const editTool: BuiltinTool = {
+  spec: {
+    name: 'edit',
+    description:
+      'Replace an exact string in a file. old_string must match exactly once (include surrounding lines to make it unique) unless replace_all is true.',
+    input_schema: {
+      type: 'object',
+      properties: {
+        path: { type: 'string' },
+        old_string: { type: 'string' },
+        new_string: { type: 'string' },
+        replace_all: { type: 'boolean' },
+      },
+      required: ['path', 'old_string', 'new_string'],
+      additionalProperties: false,
+    },
+  },
+  async run(ctx, input) {
+    const args = fields<{ path: string; old_string: string; new_string: string; replace_all?: boolean }>('edit', input, {
+      path: { kind: 'string', required: true },
+      old_string: { kind: 'string', required: true },
+      new_string: { kind: 'string', required: true },
+      replace_all: { kind: 'boolean' },
+    });
+    if (args.old_string === '') throw new ToolInputError('edit', "'old_string' must not be empty");
+    if (args.old_string === args.new_string) throw new ToolInputError('edit', "'new_string' must differ from 'old_string'");
+    const res = await ctx.driver.exec(ctx.sandbox, ['cat', '--', resolvePath(ctx, args.path)], {
+      timeoutMs: clampTimeout(ctx, 30_000),
+      signal: ctx.signal,
+      maxOutputBytes: TOOL_LIMITS.maxFileBytes,
+    });
+    if (res.exitCode !== 0) return error(res.stderr.trim() || `cannot read ${args.path}`, metaOf(res));
+    if (res.truncated) return error(`${args.path} is larger than ${TOOL_LIMITS.maxFileBytes} bytes; edit it with bash instead`);
+    const found = occurrences(res.stdout, args.old_string);
+    if (found === 0) return error(`old_string was not found in ${args.path}`);
+    if (found > 1 && !args.replace_all) {
+      return error(`old_string matches ${found} times in ${args.path}; include more surrounding context to make it unique, or set replace_all`);
+    }
+    const updated = args.replace_all ? res.stdout.split(args.old_string).join(args.new_string) : res.stdout.replace(args.old_string, () => args.new_string);
+    const failed = await writeFile(ctx, args.path, updated);
+    return failed ?? { content: `replaced ${args.replace_all ? found : 1} occurrence(s) in ${args.path}`, is_error: false };
+  },
+};
+
+/** Converts a glob (`*`, `**`, `?`, `{a,b}`) to a regular expression over `/`-separated paths. */
+export function globToRegExp(glob: string): RegExp {
+  let re = '';
+  for (let i = 0; i < glob.length; i++) {
+    const c = glob[i]!;
+    if (c === '*') {
+      if (glob[i + 1] === '*') {
+        const slash = glob[i + 2] === '/';
+        re += slash ? '(?:.*/)?' : '.*';
+        i += slash ? 2 : 1;
+      } else re += '[^/]*';
+    } else if (c === '?') re += '[^/]';
+    else if (c === '{') {
+      const end = glob.indexOf('}', i);
+      if (end === -1) re += '\\{';
+      else {
+        re += `(?:${glob.slice(i + 1, end).split(',').map((s) => s.replace(/[.+^$()|[\]\\]/g, '\\$&').replace(/\*/g, '[^/]*')).join('|')})`;
+        i = end;
+      }
+    } else re += c.replace(/[.+^$()|[\]\\]/g, '\\$&');
+  }
+  return new RegExp(`^${re}$`);
+}
+
+export const globTool: BuiltinTool = {
+  spec: {
+    name: 'glob',
+    description: 'Find files whose workspace-relative path matches a glob such as "**/*.ts" or "src/*.{js,json}". Returns up to 1000 paths.',
+    input_schema: {
+      type: 'object',
+      properties: { pattern: { type: 'string' }, path: { type: 'string', description: 'Directory to search (default: the workspace).' } },
+      required: ['pattern'],
+      additionalProperties: false,
+    },
+  },
+  async run(ctx, input) {
+    const { pattern, path } = fields<{ pattern: string; path?: string }>('glob', input, {
+      pattern: { kind: 'string', required: true },
+      path: { kind: 'string' },
+    });
+    const root = resolvePath(ctx, path ?? '.');
+    const res = await ctx.driver.exec(ctx.sandbox, ['bash', '-c', 'cd -- "$1" && find . -name .git -prune -o -type f -print', 'glob', root], {
+      timeoutMs: clampTimeout(ctx, 60_000),
+      signal: ctx.signal,
+      maxOutputBytes: 8 * 1024 * 1024,
+    });
+    if (res.exitCode !== 0 && !res.stdout) return error(res.stderr.trim() || `glob failed (exit ${res.exitCode})`, metaOf(res));
+    const matcher = globToRegExp(pattern.replace(/^\.\//, ''));
+    const matches = res.stdout
+      .split('\n')
+      .filter(Boolean)
+      .map((p) => p.replace(/^\.\//, ''))
+      .filter((p) => matcher.test(p))
+      .sort();
+    const shown = matches.slice(0, 1000);
+    const more = matches.length > shown.length ? `\n… and ${matches.length - shown.length} more` : '';
+    return { content: shown.length ? shown.join('\n') + more : 'no files matched', is_error: false, meta: metaOf(res) };
+  },
+};
+
+export const listTool: BuiltinTool = {
+  spec: {
+    name: 'list',
+    description: 'List a directory of the workspace (directories end with "/"), recursing up to depth levels (default 1, max 5).',
+    input_schema: {
+      type: 'object',
+      properties: { path: { type: 'string' }, depth: { type: 'number' } },
+      additionalProperties: false,
+    },
+  },
+  async run(ctx, input) {
+    const { path, depth } = fields<{ path?: string; depth?: number }>('list', input ?? {}, {
+      path: { kind: 'string' },
+      depth: { kind: 'number' },
+    });
+    const levels = Math.min(5, Math.max(1, Math.floor(depth ?? 1)));
+    const res = await ctx.driver.exec(
+      ctx.sandbox,
+      ['bash', '-c', 'cd -- "$1" && find . -mindepth 1 -maxdepth "$2" -name .git -prune -o -printf "%y %P\\n" | head -n 5000', 'list', resolvePath(ctx, path ?? '.'), String(levels)],
+      { timeoutMs: clampTimeout(ctx, 30_000), signal: ctx.signal, maxOutputBytes: 4 * 1024 * 1024 },
+    );
+    if (res.exitCode !== 0) return error(res.stderr.trim() || `list failed (exit ${res.exitCode})`, metaOf(res));
+    const lines = res.stdout
+      .split('\n')
+      .filter(Boolean)
+      .map((l) => (l.startsWith('d ') ? `${l.slice(2)}/` : l.slice(2)))
+      .sort();
+    const out = capText(lines.join('\n'));
+    return { content: out.text || '(empty directory)', is_error: false, meta: { ...metaOf(res), truncated: out.truncated } };
+  },
+};
+
+export const grepTool: BuiltinTool = {
+  spec: {
+    name: 'grep',
+    description: 'Search file contents with an extended regular expression. Returns path:line:text matches (binary files and .git skipped).',
+    input_schema: {
+      type: 'object',
+      properties: {
+        pattern: { type: 'string' },
+        path: { type: 'string', description: 'File or directory (default: the workspace).' },
+        glob: { type: 'string', description: 'Only files whose name matches, e.g. "*.ts".' },
+        ignore_case: { type: 'boolean' },
+        max_results: { type: 'number', description: 'Default 200.' },
+      },
+      required: ['pattern'],
+      additionalProperties: false,
+    },
+  },
+  async run(ctx, input) {
+    const args = fields<{ pattern: string; path?: string; glob?: string; ignore_case?: boolean; max_results?: number }>('grep', input, {
+      pattern: { kind: 'string', required: true },
+      path: { kind: 'string' },
+      glob: { kind: 'string' },
+      ignore_case: { kind: 'boolean' },
+      max_results: { kind: 'number' },
+    });
+    const max = Math.min(5000, Math.max(1, Math.floor(args.max_results ?? 200)));
+    const flags = ['-rnIE', '--exclude-dir=.git', ...(args.ignore_case ? ['-i'] : []), ...(args.glob ? [`--include=${args.glob}`] : [])];
+    const script = 'cd -- "$1" && shift && n="$1" && shift && { grep "$@" | head -n "$n"; exit "${PIPESTATUS[0]}"; }';
+    const res = await ctx.driver.exec(ctx.sandbox, ['bash', '-c', script, 'grep', ctx.sandbox.workspace, String(max), ...flags, '-e', args.pattern, '--', args.path ?? '.'], {
+      timeoutMs: clampTimeout(ctx, 60_000),
+      signal: ctx.signal,
+      maxOutputBytes: TOOL_LIMITS.maxResultChars * 4,
+    });
+    // grep: 0 = matches, 1 = none, 2 = error; 141 = head closed the pipe after max results.
+    if (res.exitCode === 1) return { content: 'no matches', is_error: false, meta: metaOf(res) };
+    if (res.exitCode !== 0 && res.exitCode !== 141) return error(res.stderr.trim() || `grep failed (exit ${res.exitCode})`, metaOf(res));
+    const out = capText(res.stdout.replace(/^\.\//gm, ''));
+    return { content: out.text, is_error: false, meta: { ...metaOf(res), truncated: res.truncated || out.truncated } };
+  },
+};
+
+export const BUILTIN_TOOLS: readonly BuiltinTool[] = [bashTool, readTool, writeTool, editTool, listTool, globTool, grepTool];
+
+export function builtinTool(name: string): BuiltinTool | undefined {
+  return BUILTIN_TOOLS.find((t) => t.spec.name === name);
+}
+
+/** Runs a tool, turning input errors into error results for the model. */
+export async function runTool(tool: BuiltinTool, ctx: ToolContext, input: unknown): Promise<ToolOutcome> {
+  try {
+    return await tool.run(ctx, input);
+  } catch (err) {
+    if (err instanceof ToolInputError) return error(`invalid input for ${err.tool}: ${err.message}`);
+    throw err;
+  }
+}

@@ -1,0 +1,195 @@
+import { randomBytes } from 'node:crypto';
+import Docker from 'dockerode';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { DockerDriver } from './docker-driver.js';
+import { ensureSandboxImage } from './image.js';
+import { materializeResources } from './resources.js';
+import { createTar } from './tar.js';
+import { assuranceFlags, driverSatisfies, SANDBOX_LABELS } from './types.js';
+
+const runnerId = `rtest-${randomBytes(4).toString('hex')}`;
+const docker = new Docker();
+const driver = new DockerDriver({ runnerId, docker });
+const sid = (): string => `sess_${randomBytes(8).toString('hex')}`;
+
+beforeAll(async () => {
+  await ensureSandboxImage({ docker });
+}, 120_000);
+
+afterAll(async () => {
+  await driver.reapOrphans(runnerId, []);
+});
+
+describe('docker sandbox driver', () => {
+  it('keeps workspace files between commands, Runs and a container restart', async () => {
+    const session = { id: sid() };
+    const sb = await driver.ensure(session, {});
+    expect(sb.reused).toBe(false);
+    const w = await driver.exec(sb, { script: 'echo turn-one > notes.txt' });
+    expect(w.exitCode).toBe(0);
+    const r = await driver.exec(sb, ['cat', 'notes.txt']);
+    expect(r.stdout).toBe('turn-one\n');
+
+    const again = await driver.ensure(session, {});
+    expect(again.reused).toBe(true);
+    expect(again.ref).toBe(sb.ref);
+    expect((await driver.exec(again, ['cat', '/workspace/notes.txt'])).stdout).toBe('turn-one\n');
+
+    // The container dies (e.g. the daemon restarted it away): the workspace volume survives.
+    await docker.getContainer(sb.ref).kill();
+    const revived = await driver.ensure(session, {});
+    expect((await driver.exec(revived, ['cat', 'notes.txt'])).stdout).toBe('turn-one\n');
+    // Killed under a live handle (as when a cancel had to kill the container): the next command restarts it.
+    await docker.getContainer(revived.ref).kill();
+    expect((await driver.exec(revived, ['cat', 'notes.txt'])).stdout).toBe('turn-one\n');
+    await driver.destroy(session.id);
+    await expect(docker.getContainer(sb.ref).inspect()).rejects.toMatchObject({ statusCode: 404 });
+  });
+
+  it('has no network, a read-only root, a non-root user and no capabilities', async () => {
+    const session = { id: sid() };
+    const sb = await driver.ensure(session, {});
+    const net = await driver.exec(sb, { script: 'exec 3<>/dev/tcp/1.1.1.1/80 && echo connected' }, { timeoutMs: 10_000 });
+    expect(net.exitCode).not.toBe(0);
+    expect(net.stdout).not.toContain('connected');
+    const ifaces = await driver.exec(sb, ['ls', '/sys/class/net']);
+    expect(ifaces.stdout.trim()).toBe('lo');
+
+    const ro = await driver.exec(sb, { script: 'touch /usr/bin/evil' });
+    expect(ro.exitCode).not.toBe(0);
+    expect(ro.stderr).toContain('Read-only file system');
+    expect((await driver.exec(sb, { script: 'echo ok > /tmp/t && cat /tmp/t' })).stdout).toBe('ok\n');
+
+    const who = await driver.exec(sb, { script: 'id -u; grep CapEff /proc/self/status; grep NoNewPrivs /proc/self/status' });
+    expect(who.stdout).toMatch(/^10001\n/);
+    expect(who.stdout).toMatch(/CapEff:\s+0000000000000000/);
+    expect(who.stdout).toMatch(/NoNewPrivs:\s+1/);
+    await driver.destroy(session.id);
+  });
+
+  it('kills a process over the memory limit and reports it', async () => {
+    const session = { id: sid() };
+    const sb = await driver.ensure(session, { memory_mib: 64 });
+    const res = await driver.exec(sb, { script: 'x=$(head -c 300000000 /dev/zero | tr "\\0" a); echo survived' }, { timeoutMs: 30_000 });
+    expect(res.stdout).not.toContain('survived');
+    expect(res.oomKilled).toBe(true);
+    // The sandbox is still usable afterwards.
+    expect((await driver.exec(sb, ['echo', 'alive'])).stdout).toBe('alive\n');
+    await driver.destroy(session.id);
+  });
+
+  it('enforces the pids limit', async () => {
+    const session = { id: sid() };
+    const sb = await driver.ensure(session, { pids_limit: 20 });
+    const res = await driver.exec(sb, { script: 'for i in $(seq 1 40); do sleep 1 & done 2>&1; echo spawned' }, { timeoutMs: 20_000 });
+    expect(res.stdout + res.stderr).toMatch(/Resource temporarily unavailable|retry: No child processes|fork/);
+    const count = await driver.exec(sb, { script: 'ls /proc | grep -c "^[0-9]"' });
+    expect(Number(count.stdout.trim())).toBeLessThanOrEqual(20);
+    await driver.destroy(session.id);
+  });
+
+  it('interrupt kills a sleep 600 and its whole process group within bounded time', async () => {
+    const session = { id: sid() };
+    const sb = await driver.ensure(session, {});
+    const controller = new AbortController();
+    const started = Date.now();
+    setTimeout(() => controller.abort(), 300);
+    const res = await driver.exec(sb, { script: 'sleep 600 & sleep 600' }, { signal: controller.signal });
+    expect(res.killed).toBe(true);
+    expect(res.exitCode).toBe(137);
+    expect(Date.now() - started).toBeLessThan(3_000);
+    const ps = await driver.exec(sb, ['ps', '-eo', 'args']);
+    expect(ps.stdout).not.toContain('sleep 600');
+    await driver.destroy(session.id);
+  });
+
+  it('times out and caps output', async () => {
+    const session = { id: sid() };
+    const sb = await driver.ensure(session, {});
+    const slow = await driver.exec(sb, ['sleep', '30'], { timeoutMs: 300 });
+    expect(slow.timedOut).toBe(true);
+    expect(slow.durationMs).toBeLessThan(3_000);
+    const big = await driver.exec(sb, { script: 'head -c 3000000 /dev/zero | tr "\\0" x' }, { maxOutputBytes: 1000 });
+    expect(big.truncated).toBe(true);
+    expect(big.stdout.length).toBe(1000);
+    expect(big.exitCode).toBe(0);
+    const stdin = await driver.exec(sb, ['wc', '-c'], { stdin: 'hello' });
+    expect(stdin.stdout.trim()).toBe('5');
+    await driver.destroy(session.id);
+  });
+
+  it('materialises file and repository resources once, owned by the sandbox user', async () => {
+    const session = { id: sid() };
+    const sb = await driver.ensure(session, {});
+    const tar = createTar([
+      { type: 'dir', path: 'src' },
+      { type: 'file', path: 'src/main.ts', data: Buffer.from('console.log(1)\n'), uid: 0, gid: 0 },
+      { type: 'file', path: 'README.md', data: Buffer.from('# repo\n') },
+    ]);
+    const resources = [
+      { type: 'repository' as const, id: 'res_1', mount_path: 'repo', snapshot: { kind: 'tar' as const, data: tar } },
+      { type: 'file' as const, id: 'res_2', mount_path: 'data/input.csv', content: Buffer.from('a,b\n1,2\n') },
+    ];
+    const first = await materializeResources(driver, sb, resources);
+    expect(first).toMatchObject({ skipped: false, files: 3 });
+    const ls = await driver.exec(sb, { script: 'stat -c "%U %n" repo/src/main.ts data/input.csv; cat repo/README.md' });
+    expect(ls.stdout).toBe('agent repo/src/main.ts\nagent data/input.csv\n# repo\n');
+    const second = await materializeResources(driver, sb, resources);
+    expect(second.skipped).toBe(true);
+    await driver.destroy(session.id);
+  });
+
+  it('reaps orphans labelled for this runner and keeps the rest', async () => {
+    const other = new DockerDriver({ runnerId: `${runnerId}-reap`, docker });
+    const keep = { id: sid() };
+    const orphan = { id: sid() };
+    await other.ensure(keep, {});
+    await other.ensure(orphan, {});
+    const reaped = await driver.reapOrphans(`${runnerId}-reap`, [keep.id]);
+    expect(reaped).toEqual([orphan.id]);
+    const left = await docker.listContainers({
+      all: true,
+      filters: JSON.stringify({ label: [`${SANDBOX_LABELS.runner}=${runnerId}-reap`] }),
+    });
+    expect(left.map((c) => c.Labels[SANDBOX_LABELS.session])).toEqual([keep.id]);
+    await other.reapOrphans(`${runnerId}-reap`, []);
+  });
+
+  it('bounds start: a start past the bound fails typed and leaves no container behind', async () => {
+    const hasty = new DockerDriver({ runnerId, docker, startTimeoutMs: 1 });
+    const session = { id: sid() };
+    await expect(hasty.ensure(session, {})).rejects.toMatchObject({ name: 'SandboxError', reason: 'start_timeout' });
+    // The creation that was still in flight is removed once it settles.
+    const filters = JSON.stringify({ label: [`${SANDBOX_LABELS.session}=${session.id}`] });
+    const list = (): Promise<Docker.ContainerInfo[]> => docker.listContainers({ all: true, filters });
+    // Under load the late creation can take seconds: wait until it has appeared and gone again.
+    let seen = false;
+    let left = await list();
+    for (let i = 0; i < 300 && !(seen && left.length === 0); i++) {
+      seen ||= left.length > 0;
+      await new Promise((r) => setTimeout(r, 100));
+      left = await list();
+    }
+    expect(left).toEqual([]);
+    await hasty.destroy(session.id);
+  });
+
+  it('accounts compute per sandbox', async () => {
+    const session = { id: sid() };
+    const sb = await driver.ensure(session, {});
+    await driver.exec(sb, { script: 'i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done' });
+    const usage = await driver.usage(sb);
+    expect(usage?.cpu_nanos).toBeGreaterThan(1_000_000);
+    expect(usage?.memory_peak_bytes).toBeGreaterThan(0);
+    await driver.destroy(session.id);
+  });
+
+  it('reports only assurances it implements and satisfies container Environments', () => {
+    expect(driver.capabilities()).toMatchObject({ tiers: ['container'], network_modes: ['none'], session_sandbox: true });
+    expect(driverSatisfies(driver, { tier: 'container', network_mode: 'none' })).toBe(true);
+    expect(driverSatisfies(driver, { tier: 'container', network_mode: 'host' })).toBe(false);
+    expect(assuranceFlags(driver.assurances())).toEqual({
+      network_isolation: true, bounded_start: true, bounded_cancel: true, teardown: true, compute_accounting: true,
+    });
+  });
+});

@@ -1,0 +1,528 @@
+/**
+ * The `docker` sandbox driver: one container per Session (retention `durable`), secure by
+ * default — no network, non-root, every capability dropped, no-new-privileges, read-only root,
+ * memory/cpu/pids limits — with the workspace on a labelled named volume so that it outlives a
+ * container restart. Commands run through `docker exec` under a wrapper that puts them in their
+ * own process group and records its id, so an interrupt or timeout kills the whole tree.
+ */
+import { randomBytes } from 'node:crypto';
+import Docker from 'dockerode';
+import { createLogger, type Logger } from '@agentplane/core';
+import { ensureSandboxImage, loadManifest } from './image.js';
+import { CappedBuffer, sleep, withTimeout } from './output.js';
+import { createTar, type TarEntry } from './tar.js';
+import {
+  EXEC_DEFAULTS,
+  SANDBOX_LABELS,
+  SandboxError,
+  type Command,
+  type ComputeUsage,
+  type DriverCapabilities,
+  type ExecOptions,
+  type ExecResult,
+  type ReapOptions,
+  type RuntimeAssurance,
+  type Sandbox,
+  type SandboxDriver,
+  type SandboxEnvironment,
+  type SandboxSession,
+} from './types.js';
+
+export interface DockerDriverOptions {
+  runnerId: string;
+  docker?: Docker;
+  /** Image used when the Environment names none. */
+  defaultImage?: string;
+  /** Build the default image when it is missing. Default true. */
+  buildDefaultImage?: boolean;
+  /** Bound on creating and starting a sandbox. Default 30 s. */
+  startTimeoutMs?: number;
+  /** Bound on killing a command's process tree before the container itself is killed. Default 3 s. */
+  cancelTimeoutMs?: number;
+  logger?: Logger;
+}
+
+export const SANDBOX_DEFAULTS = {
+  cpu_millis: 1000,
+  memory_mib: 1024,
+  pids_limit: 256,
+  tmp_mib: 256,
+  uid: 10001,
+  gid: 10001,
+  workspace: '/workspace',
+  home: '/home/agent',
+} as const;
+
+/** Runs `"$@"` as the leader of a new process group whose id is recorded in a pid file. */
+const WRAPPER = 'f=/tmp/.agentplane-exec-$1; shift; echo $$ > "$f"; "$@"; rc=$?; rm -f "$f"; exit $rc';
+const KILLER =
+  'f=/tmp/.agentplane-exec-$1; for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do [ -s "$f" ] && break; sleep 0.05; done; ' +
+  'pg=$(cat "$f" 2>/dev/null); [ -n "$pg" ] && kill -KILL -- "-$pg" 2>/dev/null; rm -f "$f"; exit 0';
+
+interface Tracked {
+  sandbox: Sandbox;
+  container: Docker.Container;
+  oomKills: number;
+}
+
+function statusCode(err: unknown): number | undefined {
+  return (err as { statusCode?: number } | null)?.statusCode;
+}
+
+export class DockerDriver implements SandboxDriver {
+  readonly name = 'docker' as const;
+  readonly tier = 'container' as const;
+  readonly docker: Docker;
+  private readonly runnerId: string;
+  private readonly defaultImage: string;
+  private readonly buildDefaultImage: boolean;
+  private readonly startTimeoutMs: number;
+  private readonly cancelTimeoutMs: number;
+  private readonly log: Logger;
+  private readonly live = new Map<string, Tracked>();
+  private readonly starting = new Map<string, Promise<Sandbox>>();
+
+  constructor(options: DockerDriverOptions) {
+    this.runnerId = options.runnerId;
+    this.docker = options.docker ?? new Docker();
+    this.defaultImage = options.defaultImage ?? `${loadManifest().repository}:latest`;
+    this.buildDefaultImage = options.buildDefaultImage ?? true;
+    this.startTimeoutMs = options.startTimeoutMs ?? 30_000;
+    this.cancelTimeoutMs = options.cancelTimeoutMs ?? 3_000;
+    this.log = options.logger ?? createLogger({ name: 'sandbox', level: 'warn' });
+  }
+
+  /** Whether dockerd answers; drivers are chosen from this at daemon start. */
+  static async available(docker: Docker = new Docker(), timeoutMs = 2_000): Promise<boolean> {
+    try {
+      await withTimeout(docker.ping(), timeoutMs, () => new Error('ping timeout'));
+      return true;
+    } catch {
+      return false;
+    }
+  }
+
+  assurances(): RuntimeAssurance[] {
+    return ['network_isolation', 'bounded_start', 'bounded_cancel', 'teardown', 'compute_accounting'];
+  }
+
+  capabilities(): DriverCapabilities {
+    return {
+      drivers: ['docker'],
+      launch_kinds: ['sandboxed'],
+      tiers: ['container'],
+      network_modes: ['none'],
+      retention_modes: ['durable'],
+      session_sandbox: true,
+      mount_kinds: ['uploaded_project'],
+      runtime_assurances: this.assurances(),
+    };
+  }
+
+  containerName(sessionId: string): string {
+    return `agentplane-${this.runnerId}-${sessionId}`.replace(/[^a-zA-Z0-9_.-]/g, '-');
+  }
+
+  volumeName(sessionId: string): string {
+    return `${this.containerName(sessionId)}-workspace`;
+  }
+
+  private labels(sessionId: string): Record<string, string> {
+    return { [SANDBOX_LABELS.managed]: 'true', [SANDBOX_LABELS.runner]: this.runnerId, [SANDBOX_LABELS.session]: sessionId };
+  }
+
+  async ensure(session: SandboxSession, environment: SandboxEnvironment = {}): Promise<Sandbox> {
+    const tracked = this.live.get(session.id);
+    if (tracked) {
+      const running = await tracked.container.inspect().then((i) => i.State.Running, () => false);
+      if (running) return { ...tracked.sandbox, reused: true };
+      this.live.delete(session.id);
+    }
+    const pending = this.starting.get(session.id);
+    if (pending) return pending;
+    const inner = this.start(session, environment);
+    const start = withTimeout(inner, this.startTimeoutMs, () =>
+      new SandboxError('start_timeout', `sandbox for ${session.id} did not start within ${this.startTimeoutMs} ms`),
+    ).catch(async (err: unknown) => {
+      if (err instanceof SandboxError && err.reason === 'start_timeout') {
+        // The late creation is removed once it settles; the workspace volume stays for a retry.
+        const cleanup = (): Promise<void> => {
+          this.live.delete(session.id);
+          return this.removeContainer(this.containerName(session.id)).catch(() => {});
+        };
+        void inner.then(cleanup, cleanup);
+      }
+      throw err;
+    });
+    this.starting.set(session.id, start);
+    try {
+      return await start;
+    } finally {
+      this.starting.delete(session.id);
+    }
+  }
+
+  private async resolveImage(environment: SandboxEnvironment): Promise<string> {
+    const image = environment.image ?? this.defaultImage;
+    try {
+      await this.docker.getImage(image).inspect();
+      return image;
+    } catch (err) {
+      if (statusCode(err) !== 404) throw new SandboxError('docker_unavailable', `docker: ${(err as Error).message}`, { cause: err });
+    }
+    if (image === this.defaultImage && this.buildDefaultImage) {
+      const built = await ensureSandboxImage({ docker: this.docker, onProgress: (line) => this.log.info(line) });
+      return built.tag;
+    }
+    throw new SandboxError('image_missing', `image ${image} is not present on this runner`);
+  }
+
+  private async start(session: SandboxSession, environment: SandboxEnvironment): Promise<Sandbox> {
+    const name = this.containerName(session.id);
+    const image = await this.resolveImage(environment);
+    const existing = this.docker.getContainer(name);
+    const info = await existing.inspect().catch((err: unknown) => {
+      if (statusCode(err) === 404) return undefined;
+      throw new SandboxError('docker_unavailable', `docker: ${(err as Error).message}`, { cause: err });
+    });
+    if (info) {
+      const imageId = await this.docker.getImage(image).inspect().then((i) => i.Id);
+      if (info.Image === imageId) {
+        if (!info.State.Running) await existing.start().catch(() => {});
+        const again = await existing.inspect().catch(() => undefined);
+        if (again?.State.Running) return this.track(session.id, existing, Date.parse(info.Created), true);
+      }
+      // Wrong image or unable to run: recreate; the workspace volume keeps the files.
+      await this.removeContainer(name);
+    }
+    const memory = (environment.memory_mib ?? SANDBOX_DEFAULTS.memory_mib) * 1024 * 1024;
+    const tmpMib = environment.tmp_mib ?? SANDBOX_DEFAULTS.tmp_mib;
+    const { uid, gid } = SANDBOX_DEFAULTS;
+    const volume = this.volumeName(session.id);
+    await this.docker.createVolume({ Name: volume, Labels: this.labels(session.id) });
+    const env = Object.entries(environment.env ?? {}).map(([k, v]) => `${k}=${v}`);
+    let container: Docker.Container;
+    try {
+      container = await this.docker.createContainer({
+        name,
+        Image: image,
+        Cmd: ['/usr/bin/sleep', 'infinity'],
+        User: `${uid}:${gid}`,
+        WorkingDir: SANDBOX_DEFAULTS.workspace,
+        Env: [`HOME=${SANDBOX_DEFAULTS.home}`, ...env],
+        Hostname: 'sandbox',
+        Labels: this.labels(session.id),
+        NetworkDisabled: true,
+        HostConfig: {
+          NetworkMode: 'none',
+          CapDrop: ['ALL'],
+          SecurityOpt: ['no-new-privileges'],
+          ReadonlyRootfs: true,
+          Init: true,
+          IpcMode: 'private',
+          Privileged: false,
+          // Under host memory pressure the kernel picks sandbox processes before the daemon.
+          OomScoreAdj: 500,
+          Memory: memory,
+          MemorySwap: memory,
+          NanoCpus: Math.round((environment.cpu_millis ?? SANDBOX_DEFAULTS.cpu_millis) * 1e6),
+          PidsLimit: environment.pids_limit ?? SANDBOX_DEFAULTS.pids_limit,
+          Tmpfs: {
+            '/tmp': `rw,nosuid,nodev,size=${tmpMib}m,mode=1777`,
+            [SANDBOX_DEFAULTS.home]: `rw,nosuid,nodev,size=64m,uid=${uid},gid=${gid},mode=0700`,
+          },
+          Mounts: [{ Type: 'volume', Source: volume, Target: SANDBOX_DEFAULTS.workspace }],
+          RestartPolicy: { Name: 'no' },
+          LogConfig: { Type: 'none', Config: {} },
+        },
+      });
+    } catch (err) {
+      throw new SandboxError('start_failed', `creating the sandbox failed: ${(err as Error).message}`, { cause: err });
+    }
+    try {
+      await container.start();
+    } catch (err) {
+      await container.remove({ force: true }).catch(() => {});
+      throw new SandboxError('start_failed', `starting the sandbox failed: ${(err as Error).message}`, { cause: err });
+    }
+    return this.track(session.id, container, Date.now(), false);
+  }
+
+  private track(sessionId: string, container: Docker.Container, createdAt: number, reused: boolean): Sandbox {
+    const sandbox: Sandbox = { sessionId, driver: 'docker', ref: container.id, workspace: SANDBOX_DEFAULTS.workspace, createdAt, reused };
+    // An adopted container may carry earlier OOM kills: -1 means "read the counter before trusting it".
+    this.live.set(sessionId, { sandbox, container, oomKills: reused ? -1 : 0 });
+    return sandbox;
+  }
+
+  private container(sandbox: Sandbox): Tracked {
+    const tracked = this.live.get(sandbox.sessionId);
+    if (!tracked || tracked.sandbox.ref !== sandbox.ref) {
+      throw new SandboxError('not_found', `no live sandbox for ${sandbox.sessionId}`);
+    }
+    return tracked;
+  }
+
+  async exec(sandbox: Sandbox, command: Command, options: ExecOptions = {}): Promise<ExecResult> {
+    const tracked = this.container(sandbox);
+    if (tracked.oomKills < 0) tracked.oomKills = await this.readOomKills(tracked);
+    const started = Date.now();
+    const execId = randomBytes(8).toString('hex');
+    const argv = Array.isArray(command) ? command : ['bash', '-c', command.script];
+    const timeoutMs = options.timeoutMs ?? EXEC_DEFAULTS.timeoutMs;
+    const maxOutput = options.maxOutputBytes ?? EXEC_DEFAULTS.maxOutputBytes;
+    const stdout = new CappedBuffer(maxOutput);
+    const stderr = new CappedBuffer(maxOutput);
+    const hasStdin = options.stdin !== undefined;
+    if (options.signal?.aborted) {
+      return { exitCode: 137, stdout: '', stderr: '', truncated: false, timedOut: false, killed: true, oomKilled: false, durationMs: 0 };
+    }
+
+    const createExec = (): Promise<Docker.Exec> =>
+      tracked.container.exec({
+        Cmd: ['setsid', '-w', 'bash', '-c', WRAPPER, 'agentplane-exec', execId, ...argv],
+        AttachStdout: true,
+        AttachStderr: true,
+        AttachStdin: hasStdin,
+        WorkingDir: options.cwd ?? sandbox.workspace,
+        Env: Object.entries(options.env ?? {}).map(([k, v]) => `${k}=${v}`),
+      });
+    let exec: Docker.Exec;
+    let stream: NodeJS.ReadWriteStream;
+    try {
+      exec = await createExec().catch(async (err: unknown) => {
+        // 409: the container is not running (killed to bound a cancel, died): restart it once.
+        if (statusCode(err) !== 409) throw err;
+        this.log.warn({ session: sandbox.sessionId }, 'sandbox container was not running: restarting it');
+        await withTimeout(tracked.container.start(), this.startTimeoutMs, () => new Error('restart timeout'));
+        tracked.oomKills = -1;
+        return createExec();
+      });
+      stream = (await exec.start({ hijack: true, stdin: hasStdin })) as NodeJS.ReadWriteStream;
+    } catch (err) {
+      throw new SandboxError('exec_failed', `docker exec failed: ${(err as Error).message}`, { cause: err });
+    }
+    this.docker.modem.demuxStream(stream, stdout, stderr);
+    const ended = new Promise<void>((resolve) => {
+      stream.on('end', resolve);
+      stream.on('close', resolve);
+      stream.on('error', () => resolve());
+    });
+    if (hasStdin) {
+      stream.write(typeof options.stdin === 'string' ? Buffer.from(options.stdin) : (options.stdin as Buffer));
+      stream.end();
+    }
+
+    let timedOut = false;
+    let killed = false;
+    let killing: Promise<void> | undefined;
+    const kill = (why: 'timeout' | 'abort'): void => {
+      if (killing) return;
+      if (why === 'timeout') timedOut = true;
+      else killed = true;
+      killing = this.killTree(tracked, execId, ended, stream);
+    };
+    const timer = setTimeout(() => kill('timeout'), timeoutMs);
+    const onAbort = (): void => kill('abort');
+    options.signal?.addEventListener('abort', onAbort, { once: true });
+    try {
+      await ended;
+    } finally {
+      clearTimeout(timer);
+      options.signal?.removeEventListener('abort', onAbort);
+    }
+    if (killing) await killing;
+
+    let exitCode = 137;
+    try {
+      const info = await exec.inspect();
+      if (typeof info.ExitCode === 'number' && !info.Running) exitCode = info.ExitCode;
+    } catch {
+      // The container went away (killed to bound a cancel): report the kill.
+    }
+    // setsid reports a child that died of a signal on stderr with its own status: normalise to 128+9.
+    let errText = stderr.text();
+    const setsidNote = /setsid: child \d+ did not exit normally[^\n]*\n?$/;
+    if (setsidNote.test(errText)) {
+      errText = errText.replace(setsidNote, '');
+      exitCode = 137;
+    }
+    if (timedOut || killed) exitCode = 137;
+    let oomKilled = false;
+    if (exitCode === 137 && !timedOut && !killed) {
+      const count = await this.readOomKills(tracked);
+      oomKilled = count > tracked.oomKills;
+      tracked.oomKills = Math.max(count, tracked.oomKills);
+    }
+    return {
+      exitCode,
+      stdout: stdout.text(),
+      stderr: errText,
+      truncated: stdout.truncated || stderr.truncated,
+      timedOut,
+      killed,
+      oomKilled,
+      durationMs: Date.now() - started,
+    };
+  }
+
+  /**
+   * Kills the command's process group through a second exec; when that does not end the command
+   * within the cancel bound (the pid file was removed, dockerd hangs), the container is killed.
+   */
+  private async killTree(tracked: Tracked, execId: string, ended: Promise<void>, stream: NodeJS.ReadWriteStream): Promise<void> {
+    const deadline = this.cancelTimeoutMs;
+    const attempt = (async () => {
+      const killer = await tracked.container.exec({ Cmd: ['bash', '-c', KILLER, 'agentplane-kill', execId], AttachStdout: true, AttachStderr: true });
+      const s = (await killer.start({ hijack: true, stdin: false })) as NodeJS.ReadableStream;
+      s.resume();
+      await new Promise<void>((resolve) => {
+        s.on('end', resolve);
+        s.on('close', resolve);
+        s.on('error', () => resolve());
+      });
+      await ended;
+    })();
+    try {
+      await withTimeout(attempt, deadline, () => new Error('cancel bound passed'));
+    } catch (err) {
+      this.log.warn({ session: tracked.sandbox.sessionId, err: (err as Error).message }, 'killing the sandbox container to bound a cancel');
+      await tracked.container.kill({ signal: 'SIGKILL' }).catch(() => {});
+      (stream as unknown as { destroy?: () => void }).destroy?.();
+      // The next exec (or ensure) restarts the container; the workspace volume is intact.
+    }
+  }
+
+  private async readOomKills(tracked: Tracked): Promise<number> {
+    const script = 'cat /sys/fs/cgroup/memory/memory.oom_control 2>/dev/null || cat /sys/fs/cgroup/memory.events 2>/dev/null';
+    try {
+      const exec = await tracked.container.exec({ Cmd: ['bash', '-c', script], AttachStdout: true, AttachStderr: true });
+      const stream = (await exec.start({ hijack: true, stdin: false })) as NodeJS.ReadableStream;
+      const out = new CappedBuffer(8192);
+      const err = new CappedBuffer(8192);
+      this.docker.modem.demuxStream(stream, out, err);
+      await new Promise<void>((resolve) => {
+        stream.on('end', resolve);
+        stream.on('close', resolve);
+        stream.on('error', () => resolve());
+      });
+      const match = /oom_kill\s+(\d+)/.exec(out.text());
+      return match?.[1] ? Number(match[1]) : 0;
+    } catch {
+      return 0;
+    }
+  }
+
+  async writeFiles(sandbox: Sandbox, files: Array<{ path: string; data: Buffer; mode?: number }>): Promise<void> {
+    const tracked = this.container(sandbox);
+    const { uid, gid } = SANDBOX_DEFAULTS;
+    const dirs = new Set<string>();
+    const entries: TarEntry[] = [];
+    for (const file of files) {
+      const rel = normaliseRelative(file.path);
+      const parts = rel.split('/');
+      for (let i = 1; i < parts.length; i++) {
+        const dir = parts.slice(0, i).join('/');
+        if (!dirs.has(dir)) {
+          dirs.add(dir);
+          entries.push({ type: 'dir', path: dir, mode: 0o755, uid, gid });
+        }
+      }
+      entries.push({ type: 'file', path: rel, data: file.data, mode: file.mode ?? 0o644, uid, gid });
+    }
+    try {
+      await tracked.container.putArchive(createTar(entries), { path: sandbox.workspace });
+    } catch (err) {
+      throw new SandboxError('exec_failed', `copying files into the sandbox failed: ${(err as Error).message}`, { cause: err });
+    }
+  }
+
+  async usage(sandbox: Sandbox): Promise<ComputeUsage | undefined> {
+    const tracked = this.live.get(sandbox.sessionId);
+    if (!tracked) return undefined;
+    try {
+      const stats = (await tracked.container.stats({ stream: false, 'one-shot': true } as { stream: false })) as unknown as {
+        cpu_stats?: { cpu_usage?: { total_usage?: number } };
+        memory_stats?: { max_usage?: number; usage?: number };
+      };
+      return {
+        cpu_nanos: stats.cpu_stats?.cpu_usage?.total_usage ?? 0,
+        memory_peak_bytes: stats.memory_stats?.max_usage ?? stats.memory_stats?.usage ?? 0,
+      };
+    } catch {
+      return undefined;
+    }
+  }
+
+  private async removeContainer(nameOrId: string): Promise<void> {
+    try {
+      await this.docker.getContainer(nameOrId).remove({ force: true, v: true });
+    } catch (err) {
+      if (statusCode(err) !== 404 && statusCode(err) !== 409) throw err;
+    }
+  }
+
+  private async removeVolume(name: string): Promise<void> {
+    for (let attempt = 0; attempt < 5; attempt++) {
+      try {
+        await this.docker.getVolume(name).remove({ force: true });
+        return;
+      } catch (err) {
+        if (statusCode(err) === 404) return;
+        if (statusCode(err) !== 409 || attempt === 4) throw err;
+        await sleep(100); // still in use while the container is being removed
+      }
+    }
+  }
+
+  async destroy(sessionId: string): Promise<void> {
+    this.live.delete(sessionId);
+    await this.removeContainer(this.containerName(sessionId));
+    await this.removeVolume(this.volumeName(sessionId));
+  }
+
+  async suspend(sessionId: string): Promise<void> {
+    this.live.delete(sessionId);
+    try {
+      await this.docker.getContainer(this.containerName(sessionId)).kill({ signal: 'SIGKILL' });
+    } catch (err) {
+      if (statusCode(err) !== 404 && statusCode(err) !== 409) throw err;
+    }
+  }
+
+  async reapOrphans(runnerId: string, keepSessionIds: Iterable<string>, options: ReapOptions = {}): Promise<string[]> {
+    const keep = new Set(keepSessionIds);
+    const keepWorkspaces = new Set(options.keepWorkspacesOf ?? []);
+    const filters = { label: [`${SANDBOX_LABELS.managed}=true`, `${SANDBOX_LABELS.runner}=${runnerId}`] };
+    const reaped = new Set<string>();
+    const containers = await this.docker.listContainers({ all: true, filters: JSON.stringify(filters) });
+    for (const c of containers) {
+      const session = c.Labels[SANDBOX_LABELS.session] ?? '';
+      if (keep.has(session)) continue;
+      await this.removeContainer(c.Id);
+      if (runnerId === this.runnerId) this.live.delete(session);
+      reaped.add(session);
+    }
+    const { Volumes } = await this.docker.listVolumes({ filters: JSON.stringify(filters) });
+    for (const v of Volumes ?? []) {
+      const session = v.Labels?.[SANDBOX_LABELS.session] ?? '';
+      if (keep.has(session) || keepWorkspaces.has(session)) continue;
+      await this.removeVolume(v.Name).catch((err: unknown) => this.log.warn({ volume: v.Name, err: (err as Error).message }, 'volume not reaped'));
+      reaped.add(session);
+    }
+    if (reaped.size > 0) this.log.info({ runner: runnerId, sessions: [...reaped] }, 'reaped orphan sandboxes');
+    return [...reaped];
+  }
+}
+
+/** A workspace-relative path without `..` escapes. */
+export function normaliseRelative(path: string): string {
+  const parts: string[] = [];
+  for (const part of path.replace(/^\/+/, '').split('/')) {
+    if (part === '' || part === '.') continue;
+    if (part === '..') throw new SandboxError('invalid_path', `path escapes the workspace: ${path}`);
+    parts.push(part);
+  }
+  if (parts.length === 0) throw new SandboxError('invalid_path', `empty path: ${path}`);
+  return parts.join('/');
+}

@@ -1,0 +1,67 @@
+import { Writable } from 'node:stream';
+
+/** Keeps the first `limit` bytes written to it and counts the rest. */
+export class CappedBuffer extends Writable {
+  private readonly chunks: Buffer[] = [];
+  private kept = 0;
+  truncated = false;
+  total = 0;
+
+  constructor(private readonly limit: number) {
+    super();
+  }
+
+  override _write(chunk: Buffer, _enc: BufferEncoding, callback: (error?: Error | null) => void): void {
+    this.add(chunk);
+    callback();
+  }
+
+  add(chunk: Buffer): boolean {
+    this.total += chunk.length;
+    const room = this.limit - this.kept;
+    if (room <= 0) {
+      if (chunk.length > 0) this.truncated = true;
+      return true;
+    }
+    if (chunk.length > room) {
+      this.chunks.push(chunk.subarray(0, room));
+      this.kept += room;
+      this.truncated = true;
+    } else {
+      this.chunks.push(chunk);
+      this.kept += chunk.length;
+    }
+    return true;
+  }
+
+  text(): string {
+    return Buffer.concat(this.chunks).toString('utf8');
+  }
+}
+
+/** Combines abort signals (any aborts → aborted); the reason of the first one wins. */
+export function anySignal(signals: Array<AbortSignal | undefined>): AbortSignal {
+  const present = signals.filter((s): s is AbortSignal => s !== undefined);
+  return AbortSignal.any(present);
+}
+
+export function sleep(ms: number): Promise<void> {
+  return new Promise((resolve) => {
+    setTimeout(resolve, ms);
+  });
+}
+
+/** Resolves with the promise's value, or rejects with `onTimeout()` after `ms`. */
+export async function withTimeout<T>(promise: Promise<T>, ms: number, onTimeout: () => Error): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    return await Promise.race([
+      promise,
+      new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(onTimeout()), ms);
+      }),
+    ]);
+  } finally {
+    if (timer) clearTimeout(timer);
+  }
+}

@@ -1,0 +1,70 @@
+import { randomBytes } from 'node:crypto';
+import { execFileSync } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import Docker from 'dockerode';
+import { afterAll, describe, expect, it } from 'vitest';
+import { bashTool, runTool, writeTool, readTool } from '../harness/tools/builtin.js';
+import { DockerDriver } from './docker-driver.js';
+import { ProcessDriver } from './process-driver.js';
+import { selectDriver } from './select.js';
+import { driverSatisfies } from './types.js';
+
+const dataDir = mkdtempSync(join(tmpdir(), 'agentplane-process-'));
+const bogusDocker = new Docker({ socketPath: join(dataDir, 'no-docker.sock') });
+
+afterAll(() => {
+  rmSync(dataDir, { recursive: true, force: true });
+});
+
+describe('process driver (no Docker)', () => {
+  it('is selected when Docker is unavailable and is never eligible for container Environments', async () => {
+    expect(await DockerDriver.available(bogusDocker)).toBe(false);
+    const driver = await selectDriver({ runnerId: 'r-proc', dataDir, docker: bogusDocker });
+    expect(driver).toBeInstanceOf(ProcessDriver);
+    expect(driver!.capabilities()).toMatchObject({ tiers: ['process'], launch_kinds: ['trusted'], unisolated: true, network_modes: ['host'] });
+    expect(driver!.assurances()).not.toContain('network_isolation');
+    expect(driverSatisfies(driver!, { tier: 'container' })).toBe(false);
+    expect(driverSatisfies(driver!, {})).toBe(false); // container is the default requirement
+    expect(driverSatisfies(driver!, { tier: 'process' })).toBe(true);
+    expect(driverSatisfies(driver!, { tier: 'process', network_mode: 'none' })).toBe(false);
+    expect(await selectDriver({ runnerId: 'r-proc', dataDir, docker: bogusDocker, allowProcess: false })).toBeUndefined();
+  });
+
+  it('runs tools in a per-session workspace, keeps files between Runs, and removes it on destroy', async () => {
+    const driver = new ProcessDriver({ runnerId: 'r-proc', dataDir });
+    const session = { id: `sess_${randomBytes(6).toString('hex')}` };
+    const sandbox = await driver.ensure(session, {});
+    expect(sandbox.workspace.startsWith(dataDir)).toBe(true);
+    const ctx = { driver, sandbox };
+    expect((await runTool(writeTool, ctx, { path: 'a/b.txt', content: 'hello\n' })).is_error).toBe(false);
+    const again = await driver.ensure(session, {});
+    expect(again.reused).toBe(true);
+    expect((await runTool(readTool, { driver, sandbox: again }, { path: 'a/b.txt' })).content).toBe('     1\thello\n');
+    const pwd = await runTool(bashTool, ctx, { command: 'pwd' });
+    expect(pwd.content).toBe(`${sandbox.workspace}\n[exit code 0]`);
+    await driver.destroy(session.id);
+    expect(() => execFileSync('ls', [sandbox.workspace], { stdio: 'pipe' })).toThrow();
+  });
+
+  it('interrupt and timeout kill the whole process group', async () => {
+    const driver = new ProcessDriver({ runnerId: 'r-proc', dataDir });
+    const session = { id: `sess_${randomBytes(6).toString('hex')}` };
+    const sandbox = await driver.ensure(session, {});
+    const marker = `agentplane-test-${randomBytes(4).toString('hex')}`;
+    const controller = new AbortController();
+    const started = Date.now();
+    setTimeout(() => controller.abort(), 200);
+    const res = await driver.exec(sandbox, { script: `exec -a ${marker} sleep 600 & exec -a ${marker} sleep 600` }, { signal: controller.signal });
+    expect(res.killed).toBe(true);
+    expect(Date.now() - started).toBeLessThan(2_000);
+    await new Promise((r) => setTimeout(r, 100));
+    const ps = execFileSync('ps', ['-eo', 'args'], { encoding: 'utf8' });
+    expect(ps).not.toContain(marker);
+    const slow = await driver.exec(sandbox, ['sleep', '30'], { timeoutMs: 200 });
+    expect(slow.timedOut).toBe(true);
+    expect(slow.exitCode).toBe(137);
+    expect(await driver.reapOrphans('r-proc', [])).toContain(session.id);
+  });
+});

@@ -1,0 +1,236 @@
+/**
+ * The `process` driver, for hosts without Docker: launch kind `trusted`, tier `process`.
+ * UNISOLATED — commands run as the daemon's own user on the host, with host network and
+ * filesystem. It gives a workspace directory per Session under the runner data dir, timeouts,
+ * output caps and process-group kills, and nothing more. `driverSatisfies` never selects it for
+ * an Environment that requires (or defaults to) tier `container`.
+ */
+import { spawn } from 'node:child_process';
+import { chmod, mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { dirname, join } from 'node:path';
+import { createLogger, type Logger } from '@agentplane/core';
+import { normaliseRelative } from './docker-driver.js';
+import { CappedBuffer } from './output.js';
+import {
+  EXEC_DEFAULTS,
+  SandboxError,
+  type Command,
+  type ReapOptions,
+  type ComputeUsage,
+  type DriverCapabilities,
+  type ExecOptions,
+  type ExecResult,
+  type RuntimeAssurance,
+  type Sandbox,
+  type SandboxDriver,
+  type SandboxEnvironment,
+  type SandboxSession,
+} from './types.js';
+
+export interface ProcessDriverOptions {
+  runnerId: string;
+  /** The runner data dir; workspaces live in `<dataDir>/sandboxes/<runner>/<session>/workspace`. */
+  dataDir: string;
+  logger?: Logger;
+}
+
+export class ProcessDriver implements SandboxDriver {
+  readonly name = 'process' as const;
+  readonly tier = 'process' as const;
+  private readonly root: string;
+  private readonly log: Logger;
+  private readonly live = new Map<string, Sandbox>();
+  private readonly children = new Map<string, Set<number>>();
+
+  constructor(private readonly options: ProcessDriverOptions) {
+    this.root = join(options.dataDir, 'sandboxes', options.runnerId.replace(/[^a-zA-Z0-9_.-]/g, '-'));
+    this.log = options.logger ?? createLogger({ name: 'sandbox', level: 'warn' });
+  }
+
+  /** Only what holds without isolation: process-group kills bound a cancel, removal is a directory delete. */
+  assurances(): RuntimeAssurance[] {
+    return ['bounded_start', 'bounded_cancel', 'teardown'];
+  }
+
+  capabilities(): DriverCapabilities {
+    return {
+      drivers: ['process'],
+      launch_kinds: ['trusted'],
+      tiers: ['process'],
+      network_modes: ['host'],
+      retention_modes: ['durable'],
+      session_sandbox: true,
+      mount_kinds: ['uploaded_project'],
+      runtime_assurances: this.assurances(),
+      unisolated: true,
+    };
+  }
+
+  /** Marks every process of a session (inherited by its children), so a reaper finds them after a daemon crash. */
+  private marker(sessionId: string, runnerId = this.options.runnerId): string {
+    return `${runnerId}/${sessionId}`;
+  }
+
+  private dir(sessionId: string): string {
+    return join(this.root, sessionId.replace(/[^a-zA-Z0-9_.-]/g, '-'));
+  }
+
+  async ensure(session: SandboxSession, _environment: SandboxEnvironment = {}): Promise<Sandbox> {
+    const existing = this.live.get(session.id);
+    if (existing) return { ...existing, reused: true };
+    const workspace = join(this.dir(session.id), 'workspace');
+    await mkdir(workspace, { recursive: true, mode: 0o700 });
+    const sandbox: Sandbox = { sessionId: session.id, driver: 'process', ref: workspace, workspace, createdAt: Date.now(), reused: false };
+    this.live.set(session.id, sandbox);
+    this.log.warn({ session: session.id }, 'process sandbox: commands run UNISOLATED on the host');
+    return sandbox;
+  }
+
+  async exec(sandbox: Sandbox, command: Command, options: ExecOptions = {}): Promise<ExecResult> {
+    if (!this.live.has(sandbox.sessionId)) throw new SandboxError('not_found', `no live sandbox for ${sandbox.sessionId}`);
+    const started = Date.now();
+    const argv = Array.isArray(command) ? command : ['bash', '-c', command.script];
+    const [file, ...args] = argv;
+    if (!file) throw new SandboxError('exec_failed', 'empty command');
+    const maxOutput = options.maxOutputBytes ?? EXEC_DEFAULTS.maxOutputBytes;
+    const stdout = new CappedBuffer(maxOutput);
+    const stderr = new CappedBuffer(maxOutput);
+    if (options.signal?.aborted) {
+      return { exitCode: 137, stdout: '', stderr: '', truncated: false, timedOut: false, killed: true, oomKilled: false, durationMs: 0 };
+    }
+    const cwd = options.cwd ? (options.cwd.startsWith('/') ? options.cwd : join(sandbox.workspace, options.cwd)) : sandbox.workspace;
+    const child = spawn(file, args, {
+      cwd,
+      env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: sandbox.workspace, LANG: 'C.UTF-8', ...options.env, [SESSION_MARKER]: this.marker(sandbox.sessionId) },
+      detached: true, // its own process group: kill(-pid) reaches the whole tree
+      stdio: [options.stdin === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe'],
+    });
+    const pids = this.children.get(sandbox.sessionId) ?? new Set<number>();
+    this.children.set(sandbox.sessionId, pids);
+    if (child.pid) pids.add(child.pid);
+    child.stdout?.on('data', (c: Buffer) => stdout.add(c));
+    child.stderr?.on('data', (c: Buffer) => stderr.add(c));
+    if (child.stdin) {
+      child.stdin.on('error', () => {});
+      child.stdin.end(options.stdin);
+    }
+    let timedOut = false;
+    let killed = false;
+    const killGroup = (): void => {
+      if (!child.pid) return;
+      try {
+        process.kill(-child.pid, 'SIGKILL');
+      } catch {
+        // already gone
+      }
+    };
+    const timer = setTimeout(() => {
+      timedOut = true;
+      killGroup();
+    }, options.timeoutMs ?? EXEC_DEFAULTS.timeoutMs);
+    const onAbort = (): void => {
+      killed = true;
+      killGroup();
+    };
+    options.signal?.addEventListener('abort', onAbort, { once: true });
+    const { code, signal, spawnError } = await new Promise<{ code: number | null; signal: NodeJS.Signals | null; spawnError?: Error }>((resolve) => {
+      child.on('error', (err) => resolve({ code: null, signal: null, spawnError: err }));
+      child.on('close', (code, signal) => resolve({ code, signal }));
+    });
+    clearTimeout(timer);
+    options.signal?.removeEventListener('abort', onAbort);
+    if (child.pid) pids.delete(child.pid);
+    if (spawnError) throw new SandboxError('exec_failed', `spawn ${file}: ${spawnError.message}`, { cause: spawnError });
+    // The leader may be gone while members of its group still run: finish them too.
+    if (timedOut || killed) killGroup();
+    return {
+      exitCode: code ?? 128 + (signal === 'SIGKILL' ? 9 : 15),
+      stdout: stdout.text(),
+      stderr: stderr.text(),
+      truncated: stdout.truncated || stderr.truncated,
+      timedOut,
+      killed,
+      oomKilled: false,
+      durationMs: Date.now() - started,
+    };
+  }
+
+  async writeFiles(sandbox: Sandbox, files: Array<{ path: string; data: Buffer; mode?: number }>): Promise<void> {
+    for (const file of files) {
+      const target = join(sandbox.workspace, normaliseRelative(file.path));
+      await mkdir(dirname(target), { recursive: true });
+      await writeFile(target, file.data);
+      await chmod(target, file.mode ?? 0o644);
+    }
+  }
+
+  async usage(_sandbox: Sandbox): Promise<ComputeUsage | undefined> {
+    return undefined;
+  }
+
+  async suspend(sessionId: string): Promise<void> {
+    for (const pid of this.children.get(sessionId) ?? []) killGroup(pid);
+    this.children.delete(sessionId);
+    await killMarked((m) => m === this.marker(sessionId));
+  }
+
+  async destroy(sessionId: string): Promise<void> {
+    await this.suspend(sessionId);
+    this.live.delete(sessionId);
+    await rm(this.dir(sessionId), { recursive: true, force: true });
+  }
+
+  async reapOrphans(runnerId: string, keepSessionIds: Iterable<string>, options: ReapOptions = {}): Promise<string[]> {
+    const clean = (id: string): string => id.replace(/[^a-zA-Z0-9_.-]/g, '-');
+    const keepIds = new Set(keepSessionIds);
+    const keep = new Set([...keepIds].map(clean));
+    const keepWorkspaces = new Set([...(options.keepWorkspacesOf ?? [])].map(clean));
+    const prefix = `${runnerId}/`;
+    const killed = await killMarked((m) => m.startsWith(prefix) && !keepIds.has(m.slice(prefix.length)));
+    const root = join(this.options.dataDir, 'sandboxes', clean(runnerId));
+    const entries = await readdir(root).catch(() => [] as string[]);
+    const reaped = new Set<string>(killed.map((m) => clean(m.slice(prefix.length))));
+    for (const entry of entries) {
+      if (keep.has(entry)) continue;
+      if (!keepWorkspaces.has(entry)) await rm(join(root, entry), { recursive: true, force: true });
+      reaped.add(entry);
+    }
+    if (runnerId === this.options.runnerId) {
+      for (const id of [...this.live.keys()]) if (reaped.has(clean(id))) this.live.delete(id);
+    }
+    return [...reaped];
+  }
+}
+
+/** Environment variable `<runner>/<session>` on every process a process sandbox starts. */
+const SESSION_MARKER = 'AGENTPLANE_SANDBOX';
+
+function killGroup(pid: number): void {
+  try {
+    process.kill(-pid, 'SIGKILL');
+  } catch {
+    // gone
+  }
+}
+
+/** Kills every process (and its group) whose marker matches; returns the markers it killed. */
+async function killMarked(match: (marker: string) => boolean): Promise<string[]> {
+  const entries = await readdir('/proc').catch(() => [] as string[]);
+  const killed = new Set<string>();
+  for (const name of entries) {
+    if (!/^\d+$/.test(name) || Number(name) === process.pid) continue;
+    const environ = await readFile(`/proc/${name}/environ`, 'latin1').catch(() => '');
+    const entry = environ.split('\0').find((kv) => kv.startsWith(`${SESSION_MARKER}=`));
+    if (!entry) continue;
+    const marker = entry.slice(SESSION_MARKER.length + 1);
+    if (!match(marker)) continue;
+    killGroup(Number(name));
+    try {
+      process.kill(Number(name), 'SIGKILL');
+    } catch {
+      // gone
+    }
+    killed.add(marker);
+  }
+  return [...killed];
+}

@@ -1,0 +1,28 @@
+/**
+ * Driver selection at daemon start: `docker` when dockerd answers, otherwise the unisolated
+ * `process` driver (only when the operator allows it).
+ */
+import Docker from 'dockerode';
+import type { Logger } from '@agentplane/core';
+import { DockerDriver } from './docker-driver.js';
+import { ProcessDriver } from './process-driver.js';
+import type { SandboxDriver } from './types.js';
+
+export interface SelectDriverOptions {
+  runnerId: string;
+  dataDir: string;
+  docker?: Docker;
+  /** Fall back to the unisolated process driver when Docker is unavailable. Default true. */
+  allowProcess?: boolean;
+  logger?: Logger;
+}
+
+export async function selectDriver(options: SelectDriverOptions): Promise<SandboxDriver | undefined> {
+  const docker = options.docker ?? new Docker();
+  if (await DockerDriver.available(docker)) {
+    return new DockerDriver({ runnerId: options.runnerId, docker, logger: options.logger });
+  }
+  if (options.allowProcess === false) return undefined;
+  options.logger?.warn('Docker is unavailable: using the process driver (tier process, UNISOLATED)');
+  return new ProcessDriver({ runnerId: options.runnerId, dataDir: options.dataDir, logger: options.logger });
+}

@@ -1,0 +1,174 @@
+/**
+ * The sandbox driver contract: one sandbox per Session, reused between Runs while the Session
+ * lives; commands run inside it with caps and timeouts; teardown is explicit and guaranteed by a
+ * label-driven reaper.
+ */
+
+export type SandboxTier = 'container' | 'process';
+/** `sandboxed`: isolated container; `trusted`: runs with the daemon's own rights (process driver). */
+export type LaunchKind = 'sandboxed' | 'trusted';
+/** `host` is reported by the process driver only: it shares the host network. */
+export type NetworkMode = 'none' | 'host';
+export type RetentionMode = 'durable';
+
+export type RuntimeAssurance = 'network_isolation' | 'bounded_start' | 'bounded_cancel' | 'teardown' | 'compute_accounting';
+
+/** The part of an Environment a driver needs. Resource names follow RunnerPresence `maximum_resources`. */
+export interface SandboxEnvironment {
+  /** Image reference; the default sandbox image when absent. */
+  image?: string;
+  /** Tier the Environment requires; `container` excludes the process driver. */
+  tier?: SandboxTier;
+  network_mode?: NetworkMode;
+  cpu_millis?: number;
+  memory_mib?: number;
+  /** Limit on processes/threads inside the sandbox. */
+  pids_limit?: number;
+  /** Size of the tmpfs at /tmp. */
+  tmp_mib?: number;
+  /** Upper bound of one Run's wall time; exec timeouts are capped to what remains. */
+  max_duration_seconds?: number;
+  /** Extra environment variables for every command. */
+  env?: Record<string, string>;
+}
+
+export interface SandboxSession {
+  id: string;
+}
+
+export interface Sandbox {
+  sessionId: string;
+  driver: 'docker' | 'process';
+  /** Container id for docker, workspace directory for process. */
+  ref: string;
+  /** Absolute path of the workspace as commands inside the sandbox see it. */
+  workspace: string;
+  createdAt: number;
+  /** Whether `ensure` created it now (cold) or reused an existing one (warm). */
+  reused: boolean;
+}
+
+export interface ExecOptions {
+  cwd?: string;
+  env?: Record<string, string>;
+  stdin?: string | Buffer;
+  /** Wall-clock limit; the process tree is killed when it passes. Default 120 s. */
+  timeoutMs?: number;
+  /** Per stream; output past it is discarded and `truncated` is set. Default 1 MiB. */
+  maxOutputBytes?: number;
+  signal?: AbortSignal;
+}
+
+export interface ExecResult {
+  exitCode: number;
+  stdout: string;
+  stderr: string;
+  truncated: boolean;
+  timedOut: boolean;
+  /** Killed because the caller's signal aborted. */
+  killed: boolean;
+  /** The kernel killed a process for exceeding the sandbox memory limit. */
+  oomKilled: boolean;
+  durationMs: number;
+}
+
+/** A command: an argv, or a script for `bash -c`. */
+export type Command = string[] | { script: string };
+
+export interface ComputeUsage {
+  cpu_nanos: number;
+  memory_peak_bytes: number;
+}
+
+export interface DriverCapabilities {
+  drivers: string[];
+  launch_kinds: LaunchKind[];
+  tiers: SandboxTier[];
+  network_modes: NetworkMode[];
+  retention_modes: RetentionMode[];
+  session_sandbox: boolean;
+  mount_kinds: Array<'uploaded_project'>;
+  runtime_assurances: RuntimeAssurance[];
+  /** Set on drivers that give no isolation from the host. */
+  unisolated?: boolean;
+}
+
+export interface SandboxDriver {
+  readonly name: 'docker' | 'process';
+  readonly tier: SandboxTier;
+  /** Creates the Session's sandbox, or returns the live one. Bounded in time. */
+  ensure(session: SandboxSession, environment: SandboxEnvironment): Promise<Sandbox>;
+  exec(sandbox: Sandbox, command: Command, options?: ExecOptions): Promise<ExecResult>;
+  /** Writes files (relative to the workspace) owned by the sandbox user. */
+  writeFiles(sandbox: Sandbox, files: Array<{ path: string; data: Buffer; mode?: number }>): Promise<void>;
+  /** Removes the Session's sandbox and its workspace. Idempotent. */
+  destroy(sessionId: string): Promise<void>;
+  /**
+   * Removes every sandbox of this runner whose Session is not in `keepSessionIds` (its processes,
+   * container and workspace). Sessions in `keepWorkspacesOf` lose their processes and container
+   * but keep the workspace, for a Run that will be rescheduled. Returns the reaped Session ids.
+   */
+  reapOrphans(runnerId: string, keepSessionIds: Iterable<string>, options?: ReapOptions): Promise<string[]>;
+  /** Stops the sandbox's processes to free resources; the workspace stays and `ensure` resumes it. */
+  suspend(sessionId: string): Promise<void>;
+  usage(sandbox: Sandbox): Promise<ComputeUsage | undefined>;
+  assurances(): RuntimeAssurance[];
+  capabilities(): DriverCapabilities;
+}
+
+export interface ReapOptions {
+  keepWorkspacesOf?: Iterable<string>;
+}
+
+export type SandboxErrorReason =
+  | 'docker_unavailable'
+  | 'image_missing'
+  | 'start_timeout'
+  | 'start_failed'
+  | 'not_found'
+  | 'exec_failed'
+  | 'invalid_path'
+  | 'tier_unsatisfied';
+
+export class SandboxError extends Error {
+  constructor(
+    readonly reason: SandboxErrorReason,
+    message: string,
+    options?: { cause?: unknown },
+  ) {
+    super(message, options);
+    this.name = 'SandboxError';
+  }
+}
+
+export const SANDBOX_LABELS = {
+  managed: 'agentplane.managed',
+  runner: 'agentplane.runner',
+  session: 'agentplane.session',
+} as const;
+
+export const EXEC_DEFAULTS = {
+  timeoutMs: 120_000,
+  maxOutputBytes: 1024 * 1024,
+} as const;
+
+/** The RunnerPresence `runtime_assurances` object: every assurance, true only where it holds. */
+export function assuranceFlags(held: readonly RuntimeAssurance[]): Record<RuntimeAssurance, boolean> {
+  const all: RuntimeAssurance[] = ['network_isolation', 'bounded_start', 'bounded_cancel', 'teardown', 'compute_accounting'];
+  return Object.fromEntries(all.map((a) => [a, held.includes(a)])) as Record<RuntimeAssurance, boolean>;
+}
+
+export interface EnvironmentRequirements {
+  tier?: SandboxTier;
+  network_mode?: NetworkMode;
+  required_assurances?: RuntimeAssurance[];
+}
+
+/** Whether a driver may run an Environment: the process driver never satisfies tier `container`. */
+export function driverSatisfies(driver: Pick<SandboxDriver, 'tier' | 'assurances' | 'capabilities'>, requirements: EnvironmentRequirements): boolean {
+  if ((requirements.tier ?? 'container') === 'container' && driver.tier !== 'container') return false;
+  if (requirements.network_mode === 'none' && !driver.assurances().includes('network_isolation')) return false;
+  if (requirements.network_mode && !driver.capabilities().network_modes.includes(requirements.network_mode)) return false;
+  const have = new Set(driver.assurances());
+  return (requirements.required_assurances ?? []).every((a) => have.has(a));
+}

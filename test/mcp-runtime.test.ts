@@ -1,0 +1,174 @@
+import { createServer, type Server as HttpServer } from 'node:http';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { z } from 'zod';
+import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
+import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
+import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
+import { RedisRuntimeBearers, type RuntimeGrant } from '@agentplane/api';
+import { connectRedis, type Redis } from '@agentplane/store';
+import { startPlatform, type Platform } from './harness/platform.js';
+
+const UPSTREAM_TOKEN = 'upstream-secret-token-0123456789';
+
+let p: Platform;
+let upstream: HttpServer;
+let upstreamUrl: string;
+let redis: Redis;
+let bearers: RedisRuntimeBearers;
+const upstreamCalls: { auth: string | undefined }[] = [];
+
+/** The external MCP server a Connection points at: the SDK's own server, stateless, on loopback. */
+function startUpstream(): Promise<void> {
+  upstream = createServer(async (req, res) => {
+    upstreamCalls.push({ auth: req.headers.authorization });
+    if (req.headers.authorization !== `Bearer ${UPSTREAM_TOKEN}`) {
+      res.writeHead(401).end();
+      return;
+    }
+    const server = new McpServer({ name: 'upstream', version: '1.0.0' });
+    server.registerTool('echo', { description: 'Echo text', inputSchema: { text: z.string() } }, async ({ text }) => ({
+      content: [{ type: 'text', text: `echo: ${text}` }],
+    }));
+    server.registerTool('drop_tables', { description: 'Dangerous', inputSchema: {} }, async () => ({ content: [{ type: 'text', text: 'dropped' }] }));
+    server.registerTool('deploy', { description: 'Needs a human', inputSchema: {} }, async () => ({ content: [{ type: 'text', text: 'deployed' }] }));
+    const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
+    res.on('close', () => {
+      void transport.close();
+      void server.close();
+    });
+    await server.connect(transport);
+    await transport.handleRequest(req, res);
+  });
+  return new Promise((resolve) => upstream.listen(0, '127.0.0.1', () => {
+    const a = upstream.address();
+    upstreamUrl = `http://127.0.0.1:${typeof a === 'object' && a ? a.port : 0}/mcp`;
+    resolve();
+  }));
+}
+
+beforeAll(async () => {
+  [p] = await Promise.all([startPlatform(), startUpstream()]);
+  redis = connectRedis(p.redisUrl(), { name: 'test' });
+  bearers = new RedisRuntimeBearers(redis);
+});
+afterAll(async () => {
+  await redis?.quit();
+  upstream?.close();
+  await p?.stop();
+});
+
+const ws = () => p.bootstrap.workspace_id;
+const hex = (c: string) => c.repeat(32);
+
+function grant(connections: RuntimeGrant['connections'], ms = 60_000, run = hex('a')): RuntimeGrant {
+  return {
+    run_id: `run_${run}`, session_id: `sess_${hex('b')}`, workspace_id: ws(), organization_id: p.bootstrap.organization_id,
+    lease_epoch: 1, expires_at: new Date(Date.now() + ms).toISOString(), connections,
+  };
+}
+
+async function runtimeClient(connectionId: string, bearer: string): Promise<Client> {
+  const client = new Client({ name: 'harness', version: '1.0.0' });
+  await client.connect(new StreamableHTTPClientTransport(new URL(`${p.baseUrl}/v1/runtime/mcp/${connectionId}`), {
+    requestInit: { headers: { Authorization: `Bearer ${bearer}` } },
+  }));
+  return client;
+}
+
+const post = (path: string, bearer: string, body: unknown = { jsonrpc: '2.0', id: 1, method: 'tools/list' }) =>
+  fetch(`${p.baseUrl}${path}`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${bearer}`, 'content-type': 'application/json', accept: 'application/json, text/event-stream', 'mcp-protocol-version': '2025-11-25' },
+    body: JSON.stringify(body),
+  });
+
+describe('Connections (REST)', () => {
+  it('stores the upstream secret sealed and never returns it; creating is REST-only', async () => {
+    const created = await p.root.request<{ id: string; auth: Record<string, unknown> }>('POST', '/v1/connections', {
+      body: { name: 'upstream', url: upstreamUrl, auth: { type: 'bearer', token: UPSTREAM_TOKEN } },
+    });
+    expect(created.status).toBe(201);
+    expect(created.body.id).toMatch(/^conn_[0-9a-f]{32}$/);
+    expect(created.body.auth).toEqual({ type: 'bearer', secret_hint: '…6789' });
+    expect(JSON.stringify(created.body)).not.toContain(UPSTREAM_TOKEN);
+    const stored = await redis.get(`ap:{w:${ws()}}:doc:${created.body.id}`);
+    expect(stored).not.toContain(UPSTREAM_TOKEN);
+    const read = await p.root.request('GET', `/v1/connections/${created.body.id}`);
+    expect(JSON.stringify(read.body)).not.toContain(UPSTREAM_TOKEN);
+
+    const list = await fetch(`${p.baseUrl}/v1/mcp?catalog=full`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${p.bootstrap.root_key}`, 'content-type': 'application/json', 'mcp-protocol-version': '2025-11-25' },
+      body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tools/list' }),
+    });
+    const names = ((await list.json()) as { result: { tools: { name: string }[] } }).result.tools.map((t) => t.name);
+    expect(names).toContain('connections_getConnection');
+    expect(names).not.toContain('connections_createConnection');
+    expect(names).not.toContain('connections_updateConnection');
+  });
+});
+
+describe('/v1/runtime/mcp/{connection_id}', () => {
+  let connectionId: string;
+  beforeAll(async () => {
+    const c = await p.root.request<{ id: string }>('POST', '/v1/connections', {
+      body: { name: 'runtime upstream', url: upstreamUrl, auth: { type: 'bearer', token: UPSTREAM_TOKEN } },
+    });
+    connectionId = c.body.id;
+  });
+
+  it('with a live lease: lists the tools the policy admits and proxies calls', async () => {
+    const bearer = await bearers.mint(grant({ [connectionId]: { default: 'allow', tools: { drop_tables: 'deny', deploy: 'ask' } } }));
+    expect(bearer).toMatch(/^ap_rt_/);
+    const client = await runtimeClient(connectionId, bearer);
+    try {
+      const tools = (await client.listTools()).tools;
+      expect(tools.map((t) => t.name).sort()).toEqual(['deploy', 'echo']);
+      expect(tools.find((t) => t.name === 'deploy')?._meta?.['dev.agentplane/permission']).toBe('ask');
+      const before = upstreamCalls.length;
+      const r = await client.callTool({ name: 'echo', arguments: { text: 'hi' } });
+      expect(r.isError).toBeFalsy();
+      expect((r.content as { text: string }[])[0]?.text).toBe('echo: hi');
+      expect(upstreamCalls.slice(before).every((c) => c.auth === `Bearer ${UPSTREAM_TOKEN}`)).toBe(true);
+      const denied = await client.callTool({ name: 'drop_tables', arguments: {} });
+      expect(denied.isError).toBe(true);
+      expect(JSON.parse((denied.content as { text: string }[])[0]?.text ?? '{}').error.type).toBe('policy.denied');
+      const ask = await client.callTool({ name: 'deploy', arguments: {} });
+      expect(ask.isError).toBe(true);
+    } finally {
+      await client.close();
+    }
+  });
+
+  it('an expired lease is refused', async () => {
+    await expect(bearers.mint(grant({ [connectionId]: { default: 'allow' } }, -1000))).rejects.toThrow();
+    const bearer = await bearers.mint(grant({ [connectionId]: { default: 'allow' } }, 300));
+    expect((await post(`/v1/runtime/mcp/${connectionId}`, bearer)).status).not.toBe(401);
+    await new Promise((r) => setTimeout(r, 400));
+    const r = await post(`/v1/runtime/mcp/${connectionId}`, bearer);
+    expect(r.status).toBe(401);
+    expect(r.headers.get('www-authenticate')).toContain('invalid_token');
+  });
+
+  it("another Run's bearer (without this connection) is refused; revocation is immediate", async () => {
+    const other = await bearers.mint(grant({}, 60_000, hex('c')));
+    expect((await post(`/v1/runtime/mcp/${connectionId}`, other)).status).toBe(403);
+    const mine = await bearers.mint(grant({ [connectionId]: { default: 'allow' } }));
+    await bearers.revoke(mine);
+    expect((await post(`/v1/runtime/mcp/${connectionId}`, mine)).status).toBe(401);
+  });
+
+  it('a runtime bearer never works on /v1/mcp, and an API key never works here', async () => {
+    const bearer = await bearers.mint(grant({ [connectionId]: { default: 'allow' } }));
+    expect((await post('/v1/mcp', bearer)).status).toBe(401);
+    expect((await post(`/v1/runtime/mcp/${connectionId}`, p.bootstrap.root_key)).status).toBe(401);
+  });
+
+  it('an archived connection is gone for every Run', async () => {
+    const c = await p.root.request<{ id: string }>('POST', '/v1/connections', { body: { name: 'short-lived', url: upstreamUrl } });
+    const bearer = await bearers.mint(grant({ [c.body.id]: { default: 'allow' } }));
+    await p.root.request('PATCH', `/v1/connections/${c.body.id}`, { body: { status: 'archived' } });
+    expect((await post(`/v1/runtime/mcp/${c.body.id}`, bearer)).status).toBe(404);
+  });
+});
