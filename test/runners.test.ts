@@ -1,10 +1,10 @@
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, readFileSync, statSync } from 'node:fs';
+import { mkdtempSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { WebSocket } from 'ws';
-import { connectRedis, keys, tags, type Redis } from '@agentplane/store';
+import { connectRedis, freePort, keys, tags, type Redis } from '@agentplane/store';
 import { frame, type RunnerPresence } from '@agentplane/protocol';
 import { deliverToRunner } from '@agentplane/gateway';
 import { ROOT_DIR, startPlatform, waitFor, type Platform } from './harness/platform.js';
@@ -357,8 +357,8 @@ describe('runner daemon, gateway and presence', () => {
   });
 });
 
-async function frameCount(direction: 'in' | 'out', type: string): Promise<number> {
-  const text = await (await fetch(`${p.baseUrl}/metrics`)).text();
+async function frameCount(direction: 'in' | 'out', type: string, base = gatewayUrl): Promise<number> {
+  const text = await (await fetch(`${base}/metrics`)).text();
   const m = new RegExp(`agentplane_gateway_frames_total\\{direction="${direction}",type="${type.replace('.', '\\.')}"\\} (\\d+)`).exec(text);
   return m ? Number(m[1]) : 0;
 }
@@ -369,9 +369,41 @@ const offer = (leaseId: string, durationMs: number) =>
     accept_within_ms: 5000, lease_ttl_ms: 3000, spec: { driver: 'noop', duration_ms: durationMs },
   });
 
+/**
+ * These run against a standalone gateway process on the platform's Redis (no lease handlers
+ * installed), so made-up offers are not revoked by the control plane's lease records; the
+ * presence it writes is still listed by the API, and deliverToRunner reaches it across processes.
+ */
+let gatewayUrl = '';
+let gatewayProc: ChildProcess | undefined;
+
+async function pairedToGateway(label: string): Promise<{ dir: string; runnerId: string }> {
+  const paired = await pairedDaemonDir(await newPrincipal(), label);
+  const file = join(paired.dir, 'runner.json');
+  writeFileSync(file, JSON.stringify({ ...(JSON.parse(readFileSync(file, 'utf8')) as object), base_url: gatewayUrl }));
+  return paired;
+}
+
 describe('leases through the gateway (delivery interface) and SIGTERM drain', () => {
+  beforeAll(async () => {
+    const port = await freePort();
+    gatewayProc = spawn(process.execPath, [join(ROOT_DIR, 'gateway/dist/main.js')], {
+      env: { PATH: process.env.PATH ?? '', REDIS_URL: p.redisUrl(), PORT: String(port), LOG_LEVEL: 'warn', RUNNER_HEARTBEAT_INTERVAL_MS: String(HEARTBEAT_MS), RUNNER_PRESENCE_TTL_MS: String(TTL_MS) },
+      stdio: ['ignore', 'ignore', 'inherit'],
+    });
+    children.push(gatewayProc);
+    gatewayUrl = `http://127.0.0.1:${port}`;
+    await waitFor('standalone gateway', async () => {
+      try {
+        return (await fetch(`${gatewayUrl}/healthz`)).ok ? true : undefined;
+      } catch {
+        return undefined;
+      }
+    }, 15_000);
+  });
+
   it('delivers an offer from another process via the node channel; SIGTERM finishes held work, then exits', async () => {
-    const { dir, runnerId } = await pairedDaemonDir(await newPrincipal(), 'lease-box');
+    const { dir, runnerId } = await pairedToGateway('lease-box');
     const daemon = startDaemon(dir);
     await waitFor('presence', async () => ((await presenceOf(runnerId))?.status === 'ready' ? true : undefined), 15_000);
     const accepts = await frameCount('in', 'lease.accept');
@@ -391,7 +423,7 @@ describe('leases through the gateway (delivery interface) and SIGTERM drain', ()
   });
 
   it('a second SIGTERM cancels held work (lease.fail) and the daemon exits', async () => {
-    const { dir, runnerId } = await pairedDaemonDir(await newPrincipal(), 'cancel-box');
+    const { dir, runnerId } = await pairedToGateway('cancel-box');
     const daemon = startDaemon(dir);
     await waitFor('presence', async () => ((await presenceOf(runnerId))?.status === 'ready' ? true : undefined), 15_000);
     const accepts = await frameCount('in', 'lease.accept');
