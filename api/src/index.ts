@@ -19,3 +19,4 @@ export { RunLifecycle, type TurnResult } from './runs/lifecycle.js';
 export { buildTurnSpec, requirementsOf, type TurnSpec, type SpecTool } from './runs/spec.js';
 export { VersionedStore } from './agents/versioned.js';
 export type { Environment } from './environments/operations.js';
+export { ConnectionService, type AgentMcpServer, type ResolvedMcpServers } from './connections/service.js';

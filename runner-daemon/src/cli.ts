@@ -7,8 +7,8 @@ import { RunnerAgent } from './agent.js';
 import { dockerClient } from './capabilities.js';
 import { credentialPath, loadCredential, loadDaemonConfig, loadState, saveCredential, type RunnerCredentialFile } from './config.js';
 import { runDoctor } from './doctor.js';
-import { turnExecutor } from './executor.js';
-import { firstAccepting, noopExecutor } from './executors.js';
+import { firstWilling, turnExecutor } from './executor.js';
+import { noopExecutor } from './executors.js';
 import { ensureSandboxImageIfDocker, selectDriver } from './sandbox/index.js';
 
 const COMMON = `
@@ -165,7 +165,6 @@ async function start(flags: Flags): Promise<number> {
   const log = createLogger({ name: 'runner', level: config.logLevel }).child({ runner: cred.runner_id });
   const docker = dockerClient(config.dockerSocket);
   const agent = new RunnerAgent(cred, config, log, docker);
-  agent.executor = noopExecutor;
   // The sandbox: Docker when the engine answers (image built offline if missing), else the
   // unisolated process driver. Orphans of an earlier life of this runner are reaped first.
   const image = await ensureSandboxImageIfDocker({ docker, onProgress: (line: string) => log.info(line) }).catch((err: unknown) => {
@@ -176,8 +175,10 @@ async function start(flags: Flags): Promise<number> {
   if (driver) {
     const reaped = await driver.reapOrphans(cred.runner_id, []).catch(() => [] as string[]);
     if (reaped.length > 0) log.info({ reaped: reaped.length }, 'removed sandboxes left by an earlier run of this runner');
-    agent.executor = firstAccepting(turnExecutor({ driver, log }), noopExecutor);
+    agent.executor = firstWilling(turnExecutor({ driver, log }), noopExecutor);
     log.info({ driver: driver.name, tier: driver.tier, image: image?.latest }, 'sandbox driver ready');
+  } else {
+    agent.executor = noopExecutor;
   }
   let signals = 0;
   const onSignal = (sig: string) => {

@@ -87,44 +87,59 @@ export function turnExecutor(o: TurnExecutorOptions): LeaseExecutor {
         asSpec(offer.spec);
         return null;
       } catch (err) {
-        return err instanceof Error ? err.message : String(err);
+        return err instanceof Error ? err.message : 'not a turn spec';
       }
     },
     run: (handle) => runTurn(o, handle),
   };
 }
 
-async function runTurn(o: TurnExecutorOptions, handle: LeaseHandle): Promise<Record<string, unknown>> {
-  const spec = asSpec(handle.offer.spec);
-  const log = o.log.child({ run: spec.run_id, lease: handle.lease.lease_id });
-  const env: SandboxEnvironment = {
-    image: spec.environment.image,
-    tier: 'container',
-    network_mode: 'none',
-    cpu_millis: spec.environment.resources.cpu_millis,
-    memory_mib: spec.environment.resources.memory_mib,
-    max_duration_seconds: spec.environment.resources.max_duration_seconds,
+/** The first executor that takes the offer runs it (e.g. the turn executor, then the noop driver). */
+export function firstWilling(...executors: LeaseExecutor[]): LeaseExecutor {
+  const pick = (offer: LeaseHandle['offer']) => executors.find((e) => e.refuse(offer) === null);
+  return {
+    refuse: (offer) => (pick(offer) ? null : (executors[0]?.refuse(offer) ?? 'no executor is installed')),
+    run: (handle) => {
+      const e = pick(handle.offer);
+      if (!e) return Promise.reject(new Error('no executor takes this offer'));
+      return e.run(handle);
+    },
   };
-  env.tier = o.driver.tier;
-  const sandbox = await o.driver.ensure({ id: spec.session_id }, env);
-  const sink = new LeaseSink(handle, spec);
-  const loop = new HarnessLoop({ model: handle.model, driver: o.driver, sandbox, sink, logger: log });
-  const outcome = await loop.run({
-    agent: { routing_key: spec.agent.routing_key, ...(spec.agent.system ? { system: spec.agent.system } : {}), tools: spec.agent.tools },
-    history: spec.history,
-    ...(spec.responses ? { responses: spec.responses } : {}),
-    session_thread_id: spec.thread_id,
-    signal: handle.signal,
-    max_duration_seconds: spec.environment.resources.max_duration_seconds,
-  });
-  const stop = outcome.stop_reason;
-  if (stop.type === 'requires_action') {
-    const ids = stop.tool_use_ids.map((id) => sink.toolId(id));
-    return {
-      stop_reason: { type: 'requires_action', tool_use_ids: ids },
-      waits: ids.map((id) => ({ tool_use_id: id, kind: sink.awaiting.get(id) === 'tool_confirmation' ? 'confirmation' : 'custom_tool' })),
-      usage: outcome.usage,
+}
+
+async function runTurn(o: TurnExecutorOptions, handle: LeaseHandle): Promise<Record<string, unknown>> {
+  {
+    const spec = asSpec(handle.offer.spec);
+    const log = o.log.child({ run: spec.run_id, lease: handle.lease.lease_id });
+    const env: SandboxEnvironment = {
+      image: spec.environment.image,
+      tier: 'container',
+      network_mode: 'none',
+      cpu_millis: spec.environment.resources.cpu_millis,
+      memory_mib: spec.environment.resources.memory_mib,
+      max_duration_seconds: spec.environment.resources.max_duration_seconds,
     };
+    env.tier = o.driver.tier;
+    const sandbox = await o.driver.ensure({ id: spec.session_id }, env);
+    const sink = new LeaseSink(handle, spec);
+    const loop = new HarnessLoop({ model: handle.model, driver: o.driver, sandbox, sink, logger: log });
+    const outcome = await loop.run({
+      agent: { routing_key: spec.agent.routing_key, ...(spec.agent.system ? { system: spec.agent.system } : {}), tools: spec.agent.tools },
+      history: spec.history,
+      ...(spec.responses ? { responses: spec.responses } : {}),
+      session_thread_id: spec.thread_id,
+      signal: handle.signal,
+      max_duration_seconds: spec.environment.resources.max_duration_seconds,
+    });
+    const stop = outcome.stop_reason;
+    if (stop.type === 'requires_action') {
+      const ids = stop.tool_use_ids.map((id) => sink.toolId(id));
+      return {
+        stop_reason: { type: 'requires_action', tool_use_ids: ids },
+        waits: ids.map((id) => ({ tool_use_id: id, kind: sink.awaiting.get(id) === 'tool_confirmation' ? 'confirmation' : 'custom_tool' })),
+        usage: outcome.usage,
+      };
+    }
+    return { stop_reason: stop, usage: outcome.usage };
   }
-  return { stop_reason: stop, usage: outcome.usage };
 }

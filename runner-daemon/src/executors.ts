@@ -30,27 +30,3 @@ export const noopExecutor: LeaseExecutor = {
     });
   },
 };
-
-/** Offers go to the first executor that does not refuse them; refused by all: the first reason. */
-export function firstAccepting(...executors: LeaseExecutor[]): LeaseExecutor {
-  const chosen = new WeakMap<Payload<'lease.offer'>, LeaseExecutor>();
-  return {
-    refuse(offer) {
-      let first: string | null = null;
-      for (const e of executors) {
-        const reason = e.refuse(offer);
-        if (reason === null) {
-          chosen.set(offer, e);
-          return null;
-        }
-        first ??= reason;
-      }
-      return first ?? 'no executor is installed on this runner';
-    },
-    run(handle) {
-      const e = chosen.get(handle.offer) ?? executors.find((x) => x.refuse(handle.offer) === null);
-      if (!e) return Promise.reject(new Error('no executor accepts this offer'));
-      return e.run(handle);
-    },
-  };
-}
