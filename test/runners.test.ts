@@ -6,7 +6,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { WebSocket } from 'ws';
 import { connectRedis, freePort, keys, tags, type Redis } from '@agentplane/store';
 import { frame, type RunnerPresence } from '@agentplane/protocol';
-import { deliverToRunner } from '@agentplane/gateway';
+import { deliverToRunner, PresenceStore } from '@agentplane/gateway';
 import { ROOT_DIR, startPlatform, waitFor, type Platform } from './harness/platform.js';
 
 const CLI = join(ROOT_DIR, 'runner-daemon/dist/cli.js');
@@ -241,6 +241,11 @@ describe('runner daemon, gateway and presence', () => {
       page = b.next_page;
     } while (page);
     expect(seen.sort()).toEqual([...all].sort());
+    // The per-pool index (what the scheduler reads) holds exactly the pool's runners.
+    const store = new PresenceStore(redis);
+    const managedPool = await store.listPool(ws, managed.runner_credential.runner_pool_id, { limit: 10 });
+    expect(managedPool.data.map((x) => x.runner)).toEqual([managed.runner_credential.runner_id]);
+    expect((await store.listPool(ws, pres.runner_pool, { limit: 100 })).data.map((x) => x.runner)).toContain(runnerId);
     raw.sock.close(1000);
 
     // Status command reads the daemon's state.

@@ -416,7 +416,7 @@ export class Gateway {
     // A graceful goodbye removes the presence at once; a lost socket leaves it to expire (the
     // runner may be reconnecting inside the TTL).
     if (conn.graceful && conn.generationValue > 0) {
-      this.presence.remove(id.workspaceId, id.runnerId, conn.generationValue).catch((err: unknown) => this.log.warn({ err }, 'presence remove failed'));
+      this.presence.remove(id.workspaceId, id.runnerId, conn.generationValue, id.runnerPoolId).catch((err: unknown) => this.log.warn({ err }, 'presence remove failed'));
     }
   }
 
