@@ -44,20 +44,35 @@ async function main(): Promise<void> {
 
   let embedded: EmbeddedRedis | undefined;
   let redisUrl = config.redisUrl;
+  let writePids: () => void = () => undefined;
   if (!redisUrl) {
-    log.info({ dir: join(config.dataDir, 'redis') }, 'starting embedded redis-server');
-    embedded = await startEmbeddedRedis({
-      dir: join(config.dataDir, 'redis'),
-      hz: config.redisHz,
-      onLog: (line) => log.debug({ redis: line }, 'redis'),
-    });
+    const redisDir = join(config.dataDir, 'redis');
+    log.info({ dir: redisDir }, 'starting embedded redis-server');
+    const startRedis = async (port?: number): Promise<EmbeddedRedis> => {
+      const r = await startEmbeddedRedis({ dir: redisDir, hz: config.redisHz, ...(port ? { port } : {}), onLog: (line) => log.debug({ redis: line }, 'redis') });
+      // A crashed redis-server is started again on the same port and AOF; clients reconnect.
+      r.process.on('exit', (code, signal) => {
+        if (stopping) return;
+        log.error({ code, signal }, 'embedded redis-server exited; restarting it');
+        const retry = (attempt: number): void => {
+          setTimeout(() => {
+            startRedis(r.port).then((next) => {
+              embedded = next;
+              writePids();
+              log.info({ port: next.port }, 'embedded redis-server is back');
+            }, (err: unknown) => {
+              log.error({ err: err instanceof Error ? err.message : String(err) }, 'redis-server restart failed');
+              if (attempt < 10) retry(attempt + 1);
+              else void shutdown(1);
+            });
+          }, Math.min(200 * 2 ** attempt, 5000));
+        };
+        retry(0);
+      });
+      return r;
+    };
+    embedded = await startRedis();
     redisUrl = embedded.url;
-    embedded.process.on('exit', (code) => {
-      if (!stopping) {
-        log.fatal({ code }, 'embedded redis-server exited; stopping the platform');
-        void shutdown(1);
-      }
-    });
   }
 
   const redis = connectRedis(redisUrl, { name: 'platform' });
@@ -93,9 +108,8 @@ async function main(): Promise<void> {
     ...(config.docsUrl ? { DOCS_URL: config.docsUrl } : {}),
   };
   const processesFile = join(config.dataDir, 'processes.json');
-  const supervisor = new Supervisor(log, config.restartChildren, () => {
-    writeFileSync(processesFile, `${JSON.stringify({ platform: process.pid, redis: embedded?.process.pid, ...supervisor.pids() })}\n`);
-  });
+  const supervisor: Supervisor = new Supervisor(log, config.restartChildren, () => writePids());
+  writePids = () => writeFileSync(processesFile, `${JSON.stringify({ platform: process.pid, redis: embedded?.process.pid, ...supervisor.pids() })}\n`);
   supervisor.start({
     name: 'api',
     script: entry('@agentplane/api', 'main.js'),
