@@ -76,6 +76,7 @@ interface Result {
   connectRate: number;
   connectP50: number;
   connectP99: number;
+  cpuPerConnectMs: number;
   cpuPct: number;
   cpuMsPerRunnerPerMin: number;
   rssPerRunnerKib: number;
@@ -96,6 +97,7 @@ async function runClients(target: string, url: string, serverPid: number, secret
   await Promise.all(clients.map((c) => onMessage(c, 'up')));
   await sleep(500);
   const rss0 = rssMib(serverPid);
+  const cpuConnect0 = cpuTicks(serverPid);
   const t0 = performance.now();
   const results = await Promise.all(
     clients.map((c, i) => {
@@ -106,6 +108,7 @@ async function runClients(target: string, url: string, serverPid: number, secret
     }),
   );
   const connectSeconds = (performance.now() - t0) / 1000;
+  const cpuPerConnectMs = ((cpuTicks(serverPid) - cpuConnect0) / CLK_TCK) * 1000 / Math.max(1, secrets.length);
   const latencies = results.flatMap((r) => r.latencies);
   const failed = results.reduce((a, r) => a + r.failed, 0);
   // Steady state: heartbeats flowing. Measure CPU over the window, and list latency inside it.
@@ -142,7 +145,7 @@ async function runClients(target: string, url: string, serverPid: number, secret
   const n = latencies.length;
   return {
     target, n: secrets.length, connected: n, failed, connectSeconds, connectRate: n / connectSeconds,
-    connectP50: pct(latencies, 0.5), connectP99: pct(latencies, 0.99),
+    connectP50: pct(latencies, 0.5), connectP99: pct(latencies, 0.99), cpuPerConnectMs,
     cpuPct: (cpuSeconds / windowS) * 100,
     cpuMsPerRunnerPerMin: n ? ((cpuSeconds * 1000) / windowS / n) * 60 : NaN,
     rssPerRunnerKib: n ? ((rss1 - rss0) * 1024) / n : NaN, rssMib: rss1,
@@ -218,10 +221,10 @@ async function main(): Promise<void> {
     '',
     `bench:fleet  clients=${CLIENTS} processes, heartbeat every ${HEARTBEAT_MS} ms, steady window ${STEADY_MS} ms, loopback`,
     '',
-    '| N | target | connected | connect/s | connect p50 / p99 ms | server CPU % | CPU ms per runner per min | RSS KiB per runner | RSS MiB | acks/s | presence list (limit 100) p50 / p99 ms | HTTP floor (/healthz) p50 / p99 ms |',
-    '|---|---|---|---|---|---|---|---|---|---|---|---|',
+    '| N | target | connected | connect/s | connect p50 / p99 ms | server CPU ms per connect | server CPU % (steady) | CPU ms per runner per min | RSS KiB per runner | RSS MiB | acks/s | presence list (limit 100) p50 / p99 ms | HTTP floor (/healthz) p50 / p99 ms |',
+    '|---|---|---|---|---|---|---|---|---|---|---|---|---|',
     ...results.map((r) =>
-      `| ${r.n} | ${r.target} | ${r.connected}${r.failed ? ` (${r.failed} failed)` : ''} | ${f(r.connectRate, 0)} | ${f(r.connectP50)} / ${f(r.connectP99)} | ${f(r.cpuPct)} | ${f(r.cpuMsPerRunnerPerMin, 2)} | ${f(r.rssPerRunnerKib)} | ${f(r.rssMib, 0)} | ${f(r.acksPerSec, 0)} | ${r.listP50 !== undefined ? `${f(r.listP50, 2)} / ${f(r.listP99, 2)}` : '-'} | ${r.floorHttpP50 !== undefined ? `${f(r.floorHttpP50, 2)} / ${f(r.floorHttpP99, 2)}` : '-'} |`),
+      `| ${r.n} | ${r.target} | ${r.connected}${r.failed ? ` (${r.failed} failed)` : ''} | ${f(r.connectRate, 0)} | ${f(r.connectP50)} / ${f(r.connectP99)} | ${f(r.cpuPerConnectMs, 2)} | ${f(r.cpuPct)} | ${f(r.cpuMsPerRunnerPerMin, 2)} | ${f(r.rssPerRunnerKib)} | ${f(r.rssMib, 0)} | ${f(r.acksPerSec, 0)} | ${r.listP50 !== undefined ? `${f(r.listP50, 2)} / ${f(r.listP99, 2)}` : '-'} | ${r.floorHttpP50 !== undefined ? `${f(r.floorHttpP50, 2)} / ${f(r.floorHttpP99, 2)}` : '-'} |`),
     '',
   ];
   for (const n of SIZES) {

@@ -1,12 +1,12 @@
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, readFileSync, statSync } from 'node:fs';
+import { mkdtempSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { WebSocket } from 'ws';
-import { connectRedis, keys, tags, type Redis } from '@agentplane/store';
+import { connectRedis, freePort, keys, tags, type Redis } from '@agentplane/store';
 import { frame, type RunnerPresence } from '@agentplane/protocol';
-import { deliverToRunner } from '@agentplane/gateway';
+import { deliverToRunner, PresenceStore } from '@agentplane/gateway';
 import { ROOT_DIR, startPlatform, waitFor, type Platform } from './harness/platform.js';
 
 const CLI = join(ROOT_DIR, 'runner-daemon/dist/cli.js');
@@ -241,6 +241,11 @@ describe('runner daemon, gateway and presence', () => {
       page = b.next_page;
     } while (page);
     expect(seen.sort()).toEqual([...all].sort());
+    // The per-pool index (what the scheduler reads) holds exactly the pool's runners.
+    const store = new PresenceStore(redis);
+    const managedPool = await store.listPool(ws, managed.runner_credential.runner_pool_id, { limit: 10 });
+    expect(managedPool.data.map((x) => x.runner)).toEqual([managed.runner_credential.runner_id]);
+    expect((await store.listPool(ws, pres.runner_pool, { limit: 100 })).data.map((x) => x.runner)).toContain(runnerId);
     raw.sock.close(1000);
 
     // Status command reads the daemon's state.
@@ -312,6 +317,12 @@ describe('runner daemon, gateway and presence', () => {
     const badPayload = await rawRunner((await managedCredential()).secret);
     badPayload.sock.send(JSON.stringify({ v: 1, type: 'heartbeat', id: 'x', payload: { status: 'ready', available_slots: -1, held_leases: [] } }));
     expect(await badPayload.closed).toBe(4400);
+    // Work before hello is a protocol violation.
+    const early = new WebSocket(`${p.baseUrl.replace('http', 'ws')}/v1/runners/connect`, { headers: { authorization: `Bearer ${(await managedCredential()).secret}` } });
+    sockets.push(early);
+    const earlyClosed = new Promise<number>((r) => early.on('close', (code) => r(code)));
+    early.on('open', () => early.send(frame('heartbeat', 'x', { status: 'ready', available_slots: 1, held_leases: [] })));
+    expect(await earlyClosed).toBe(4422);
     const big = await rawRunner((await managedCredential()).secret);
     big.sock.send('x'.repeat(70_000));
     expect(await big.closed).toBe(1009);
@@ -351,11 +362,89 @@ describe('runner daemon, gateway and presence', () => {
   });
 });
 
-async function frameCount(direction: 'in' | 'out', type: string): Promise<number> {
-  const text = await (await fetch(`${p.baseUrl}/metrics`)).text();
+async function frameCount(direction: 'in' | 'out', type: string, base = gatewayUrl): Promise<number> {
+  const text = await (await fetch(`${base}/metrics`)).text();
   const m = new RegExp(`agentplane_gateway_frames_total\\{direction="${direction}",type="${type.replace('.', '\\.')}"\\} (\\d+)`).exec(text);
   return m ? Number(m[1]) : 0;
 }
+
+const offer = (leaseId: string, durationMs: number) =>
+  frame('lease.offer', `o-${leaseId}`, {
+    lease_id: leaseId, attempt: 1, run_id: `run_${'1'.repeat(32)}`, session_id: `sess_${'2'.repeat(32)}`,
+    accept_within_ms: 5000, lease_ttl_ms: 3000, spec: { driver: 'noop', duration_ms: durationMs },
+  });
+
+/**
+ * These run against a standalone gateway process on the platform's Redis (no lease handlers
+ * installed), so made-up offers are not revoked by the control plane's lease records; the
+ * presence it writes is still listed by the API, and deliverToRunner reaches it across processes.
+ */
+let gatewayUrl = '';
+let gatewayProc: ChildProcess | undefined;
+
+async function pairedToGateway(label: string): Promise<{ dir: string; runnerId: string }> {
+  const paired = await pairedDaemonDir(await newPrincipal(), label);
+  const file = join(paired.dir, 'runner.json');
+  writeFileSync(file, JSON.stringify({ ...(JSON.parse(readFileSync(file, 'utf8')) as object), base_url: gatewayUrl }));
+  return paired;
+}
+
+describe('leases through the gateway (delivery interface) and SIGTERM drain', () => {
+  beforeAll(async () => {
+    const port = await freePort();
+    gatewayProc = spawn(process.execPath, [join(ROOT_DIR, 'gateway/dist/main.js')], {
+      env: { PATH: process.env.PATH ?? '', REDIS_URL: p.redisUrl(), PORT: String(port), LOG_LEVEL: 'warn', RUNNER_HEARTBEAT_INTERVAL_MS: String(HEARTBEAT_MS), RUNNER_PRESENCE_TTL_MS: String(TTL_MS) },
+      stdio: ['ignore', 'ignore', 'inherit'],
+    });
+    children.push(gatewayProc);
+    gatewayUrl = `http://127.0.0.1:${port}`;
+    await waitFor('standalone gateway', async () => {
+      try {
+        return (await fetch(`${gatewayUrl}/healthz`)).ok ? true : undefined;
+      } catch {
+        return undefined;
+      }
+    }, 15_000);
+  });
+
+  it('delivers an offer from another process via the node channel; SIGTERM finishes held work, then exits', async () => {
+    const { dir, runnerId } = await pairedToGateway('lease-box');
+    const daemon = startDaemon(dir);
+    await waitFor('presence', async () => ((await presenceOf(runnerId))?.status === 'ready' ? true : undefined), 15_000);
+    const accepts = await frameCount('in', 'lease.accept');
+    const completes = await frameCount('in', 'lease.complete');
+    const renewals = await frameCount('in', 'lease.heartbeat');
+    expect(await deliverToRunner(redis, ws, runnerId, offer('lease-a', 2500))).toBe(true);
+    await waitFor('lease.accept', async () => ((await frameCount('in', 'lease.accept')) > accepts ? true : undefined), 5000);
+    const exited = new Promise<number | null>((r) => daemon.once('exit', (code) => r(code)));
+    daemon.kill('SIGTERM');
+    await waitFor('draining presence', async () => ((await presenceOf(runnerId))?.status === 'draining' ? true : undefined), 5000);
+    expect(daemon.exitCode).toBeNull(); // still finishing the held lease
+    expect(await exited).toBe(0);
+    expect(await frameCount('in', 'lease.complete')).toBe(completes + 1);
+    expect(await frameCount('in', 'lease.heartbeat')).toBeGreaterThan(renewals); // renewed at a third of the TTL
+    // An offer for a runner nobody holds is not delivered.
+    expect(await deliverToRunner(redis, ws, `runner_${'9'.repeat(32)}`, offer('lease-x', 0))).toBe(false);
+  });
+
+  it('a second SIGTERM cancels held work (lease.fail) and the daemon exits', async () => {
+    const { dir, runnerId } = await pairedToGateway('cancel-box');
+    const daemon = startDaemon(dir);
+    await waitFor('presence', async () => ((await presenceOf(runnerId))?.status === 'ready' ? true : undefined), 15_000);
+    const accepts = await frameCount('in', 'lease.accept');
+    const fails = await frameCount('in', 'lease.fail');
+    expect(await deliverToRunner(redis, ws, runnerId, offer('lease-b', 600_000))).toBe(true);
+    await waitFor('lease.accept', async () => ((await frameCount('in', 'lease.accept')) > accepts ? true : undefined), 5000);
+    const exited = new Promise<number | null>((r) => daemon.once('exit', (code) => r(code)));
+    daemon.kill('SIGTERM');
+    await waitFor('draining presence', async () => ((await presenceOf(runnerId))?.status === 'draining' ? true : undefined), 5000);
+    const t0 = Date.now();
+    daemon.kill('SIGTERM');
+    expect(await exited).toBe(0);
+    expect(Date.now() - t0).toBeLessThan(5000);
+    expect(await frameCount('in', 'lease.fail')).toBe(fails + 1);
+  });
+});
 
 describe('npm start', () => {
   it('runs one local runner paired to the bootstrap workspace default pool', async () => {

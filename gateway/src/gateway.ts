@@ -416,7 +416,7 @@ export class Gateway {
     // A graceful goodbye removes the presence at once; a lost socket leaves it to expire (the
     // runner may be reconnecting inside the TTL).
     if (conn.graceful && conn.generationValue > 0) {
-      this.presence.remove(id.workspaceId, id.runnerId, conn.generationValue).catch((err: unknown) => this.log.warn({ err }, 'presence remove failed'));
+      this.presence.remove(id.workspaceId, id.runnerId, conn.generationValue, id.runnerPoolId).catch((err: unknown) => this.log.warn({ err }, 'presence remove failed'));
     }
   }
 
@@ -485,11 +485,16 @@ export async function deliverToRunner(redis: Redis, workspaceId: string, runnerI
   return receivers > 0;
 }
 
-/** Attach the runner gateway to an HTTP server: upgrades on the runner path go to it. */
+/**
+ * Attach the runner gateway to an HTTP server: upgrades on the runner path go to it. Upgrades on
+ * other paths are left to other listeners, or refused when there are none.
+ */
 export function attachGateway(server: Server, deps: GatewayDeps): Gateway {
   const gw = new Gateway(deps);
-  server.on('upgrade', (req: IncomingMessage, socket: Duplex, head: Buffer) => {
-    if (!gw.handleUpgrade(req, socket, head)) socket.destroy();
-  });
+  const onUpgrade = (req: IncomingMessage, socket: Duplex, head: Buffer) => {
+    if (gw.handleUpgrade(req, socket, head)) return;
+    if (server.listeners('upgrade').every((l) => l === onUpgrade)) socket.destroy();
+  };
+  server.on('upgrade', onUpgrade);
   return gw;
 }

@@ -9,6 +9,7 @@ import type { RunnerPresence } from '@agentplane/protocol';
  *   ap:{w:<ws>}:presence:<runner_id>   string JSON {presence, route}, PX = TTL
  *   ap:{w:<ws>}:presence_ids           zset, score 0, members runner ids (lexical order)
  *   ap:{w:<ws>}:presence_exp           zset, score = expiry ms
+ *   ap:{w:<ws>}:presence_ids:<pool>    zset, score 0: the runners of one pool (pruned lazily)
  *   ap:{w:<ws>}:runner_gen:<runner_id> counter, incremented per connection (generation)
  */
 export interface PresenceRoute {
@@ -26,6 +27,7 @@ export interface StoredPresence {
 export const presenceKeys = {
   doc: (ws: string, runnerId: string) => keys.scoped(tags.workspace(ws), `presence:${runnerId}`),
   ids: (ws: string) => keys.scoped(tags.workspace(ws), 'presence_ids'),
+  poolIds: (ws: string, poolId: string) => keys.scoped(tags.workspace(ws), `presence_ids:${poolId}`),
   exp: (ws: string) => keys.scoped(tags.workspace(ws), 'presence_exp'),
   generation: (ws: string, runnerId: string) => keys.scoped(tags.workspace(ws), `runner_gen:${runnerId}`),
 };
@@ -43,6 +45,7 @@ if latest and tonumber(latest) > tonumber(ARGV[3]) then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('ZADD', KEYS[2], 0, ARGV[4])
 redis.call('ZADD', KEYS[3], ARGV[5], ARGV[4])
+redis.call('ZADD', KEYS[5], 0, ARGV[4])
 return 1`;
 
 const REMOVE_LUA = `
@@ -54,6 +57,7 @@ end
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], ARGV[2])
 redis.call('ZREM', KEYS[3], ARGV[2])
+redis.call('ZREM', KEYS[4], ARGV[2])
 return 1`;
 
 // Prune expired members, then return up to ARGV[3] ids after ARGV[2] (exclusive, lexical).
@@ -91,15 +95,53 @@ export class PresenceStore {
     const p = stored.presence;
     const r = await writeScript.run(
       this.redis,
-      [presenceKeys.doc(ws, p.runner), presenceKeys.ids(ws), presenceKeys.exp(ws), presenceKeys.generation(ws, p.runner)],
+      [presenceKeys.doc(ws, p.runner), presenceKeys.ids(ws), presenceKeys.exp(ws), presenceKeys.generation(ws, p.runner), presenceKeys.poolIds(ws, p.runner_pool)],
       [JSON.stringify(stored), ttlMs, p.generation, p.runner, Date.parse(p.expires_at)],
     );
     return r === 1;
   }
 
   /** Remove a presence, only if it is still this generation's. */
-  async remove(ws: string, runnerId: string, generation: number): Promise<void> {
-    await removeScript.run(this.redis, [presenceKeys.doc(ws, runnerId), presenceKeys.ids(ws), presenceKeys.exp(ws)], [generation, runnerId]);
+  async remove(ws: string, runnerId: string, generation: number, poolId: string): Promise<void> {
+    await removeScript.run(this.redis, [presenceKeys.doc(ws, runnerId), presenceKeys.ids(ws), presenceKeys.exp(ws), presenceKeys.poolIds(ws, poolId)], [generation, runnerId]);
+  }
+
+  /**
+   * One page of the live presences of one pool, ordered by runner id, read from the pool's own
+   * index (cost grows with the pool, not the Workspace). Members whose presence expired are
+   * pruned from the pool index as they are met.
+   */
+  async listPool(
+    ws: string,
+    poolId: string,
+    options: { limit: number; page?: string | undefined },
+  ): Promise<{ data: RunnerPresence[]; next_page: string | null }> {
+    const key = presenceKeys.poolIds(ws, poolId);
+    let after = options.page ? decodeCursor(options.page).member : '';
+    const data: RunnerPresence[] = [];
+    const batch = Math.max(options.limit + 1, 100);
+    for (;;) {
+      const ids = await this.redis.zrangebylex(key, after ? `(${after}` : '-', '+', 'LIMIT', 0, batch);
+      if (ids.length === 0) return { data, next_page: null };
+      const raws = await this.redis.mget(ids.map((id) => presenceKeys.doc(ws, id)));
+      const dead: string[] = [];
+      for (let i = 0; i < ids.length; i++) {
+        const raw = raws[i];
+        const id = ids[i] as string;
+        if (!raw) {
+          dead.push(id);
+        } else {
+          if (data.length === options.limit) {
+            if (dead.length > 0) await this.redis.zrem(key, ...dead);
+            return { data, next_page: encodeCursor({ score: 0, member: after }) };
+          }
+          data.push((JSON.parse(raw) as StoredPresence).presence);
+        }
+        after = id;
+      }
+      if (dead.length > 0) await this.redis.zrem(key, ...dead);
+      if (ids.length < batch) return { data, next_page: null };
+    }
   }
 
   async get(ws: string, runnerId: string): Promise<StoredPresence | null> {
