@@ -193,7 +193,7 @@ describe('harness loop', () => {
     const interruptedAt = Date.now();
     controller.abort();
     const outcome = await running;
-    expect(Date.now() - interruptedAt).toBeLessThan(3_000);
+    expect(Date.now() - interruptedAt).toBeLessThan(5_000);
     expect(outcome.stop_reason).toEqual({ type: 'interrupted' });
     expect(sink.events.find((e) => e.type === 'agent.tool_result')?.payload).toMatchObject({ tool_use_id: 'tu_s', interrupted: true, is_error: true });
     expect(sink.last()).toMatchObject({ type: 'session.status_idle', payload: { stop_reason: { type: 'interrupted' } } });
@@ -244,7 +244,7 @@ describe('harness loop', () => {
     const started = Date.now();
     const outcome = await new HarnessLoop({ model, driver, sandbox, sink }).run({ agent, history: [user('slow')], max_duration_seconds: 1 });
     expect(outcome.stop_reason).toEqual({ type: 'max_duration' });
-    expect(Date.now() - started).toBeLessThan(4_000);
+    expect(Date.now() - started).toBeLessThan(6_000);
     await driver.destroy(session.id);
   });
 
