@@ -131,6 +131,15 @@ describe('harness loop', () => {
     expect(again.stop_reason).toEqual({ type: 'requires_action', tool_use_ids: ['tu_c'] });
     expect(model.requests).toHaveLength(1);
 
+    // A new user message instead of an answer: the waiting use is closed as abandoned (not replayed here).
+    const abandonedModel = new ScriptedModel([[{ type: 'text_delta', text: 'Ok.' }, end('end_turn')]]);
+    await new HarnessLoop({ model: abandonedModel, driver, sandbox, sink: new CollectingSink() }).run({ agent, history: [...first.history, user('never mind')] });
+    expect(abandonedModel.requests[0]!.messages.at(-1)!.content).toEqual([
+      { type: 'tool_result', tool_use_id: 'tu_b', content: '[exit code 0]' },
+      { type: 'tool_result', tool_use_id: 'tu_c', content: expect.stringContaining('Not run') as unknown, is_error: true },
+      { type: 'text', text: 'never mind' },
+    ]);
+
     const sink2 = new CollectingSink();
     const second = await new HarnessLoop({ model, driver, sandbox, sink: sink2 }).run({
       agent,
