@@ -59,6 +59,7 @@ export interface RunOutcome {
 
 const DENIED = 'The user denied this tool call; it was not executed.';
 const INTERRUPTED = 'Interrupted before the tool finished.';
+const ABANDONED = 'Not run: the user sent a new message instead of answering this tool call.';
 
 interface Classified {
   block: Extract<ContentBlock, { type: 'tool_use' }>;
@@ -101,6 +102,7 @@ export class HarnessLoop {
   async run(input: RunInput): Promise<RunOutcome> {
     const { sink } = this.deps;
     const history = input.history.map((m) => ({ role: m.role, content: [...m.content] }));
+    this.closeAbandoned(history);
     const steps: StepRecord[] = [];
     let usage: TokenUsage = { ...ZERO_USAGE };
     const thread = input.session_thread_id;
@@ -212,6 +214,32 @@ export class HarnessLoop {
       }
     } finally {
       if (timer) clearTimeout(timer);
+    }
+  }
+
+  /**
+   * A new user message arrived while tool uses still waited for an answer: those uses are
+   * answered as abandoned, ahead of the message, so the thread stays well formed for the model.
+   */
+  private closeAbandoned(history: ModelMessage[]): void {
+    const last = history[history.length - 1];
+    if (!last || last.role !== 'user' || last.content.every((b) => b.type === 'tool_result')) return;
+    let i = history.length - 2;
+    const results = history[i];
+    const hasResults = results !== undefined && results.role === 'user' && results.content.every((b) => b.type === 'tool_result');
+    if (hasResults) i -= 1;
+    const assistant = history[i];
+    if (!assistant || assistant.role !== 'assistant') return;
+    const answered = new Set([...(hasResults ? results.content : []), ...last.content].flatMap((b) => (b.type === 'tool_result' ? [b.tool_use_id] : [])));
+    const abandoned = assistant.content.flatMap((b): ContentBlock[] =>
+      b.type === 'tool_use' && !answered.has(b.id) ? [{ type: 'tool_result', tool_use_id: b.id, content: ABANDONED, is_error: true }] : [],
+    );
+    if (hasResults) {
+      // One user turn after the tool uses: the earlier results, the abandoned ones, then the message.
+      (results.content as ContentBlock[]).push(...abandoned, ...last.content);
+      history.pop();
+    } else {
+      last.content.unshift(...abandoned);
     }
   }
 

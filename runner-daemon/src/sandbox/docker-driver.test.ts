@@ -97,7 +97,8 @@ describe('docker sandbox driver', () => {
     const res = await driver.exec(sb, { script: 'sleep 600 & sleep 600' }, { signal: controller.signal });
     expect(res.killed).toBe(true);
     expect(res.exitCode).toBe(137);
-    expect(Date.now() - started).toBeLessThan(3_000);
+    // Bound: the 3 s cancel bound (then the container is killed) plus exec latency under load.
+    expect(Date.now() - started).toBeLessThan(5_000);
     const ps = await driver.exec(sb, ['ps', '-eo', 'args']);
     expect(ps.stdout).not.toContain('sleep 600');
     await driver.destroy(session.id);
@@ -108,7 +109,7 @@ describe('docker sandbox driver', () => {
     const sb = await driver.ensure(session, {});
     const slow = await driver.exec(sb, ['sleep', '30'], { timeoutMs: 300 });
     expect(slow.timedOut).toBe(true);
-    expect(slow.durationMs).toBeLessThan(3_000);
+    expect(slow.durationMs).toBeLessThan(5_000);
     const big = await driver.exec(sb, { script: 'head -c 3000000 /dev/zero | tr "\\0" x' }, { maxOutputBytes: 1000 });
     expect(big.truncated).toBe(true);
     expect(big.stdout.length).toBe(1000);

@@ -47,7 +47,7 @@ export interface SandboxImage {
 
 export class SandboxImageError extends Error {
   constructor(
-    readonly reason: 'manifest_invalid' | 'command_missing' | 'docker_unavailable' | 'import_failed',
+    readonly reason: 'manifest_invalid' | 'command_missing' | 'docker_unavailable' | 'import_failed' | 'unsupported_host',
     message: string,
   ) {
     super(message);
@@ -113,6 +113,10 @@ export interface AssembledRootfs {
 
 /** Collects binaries, their libraries, users and directories into tar entries, and hashes them. */
 export async function assembleRootfs(manifest: SandboxImageManifest): Promise<AssembledRootfs> {
+  if (process.platform !== 'linux') {
+    // The rootfs is made of this host's binaries: only a Linux host has Linux binaries to give.
+    throw new SandboxImageError('unsupported_host', `the sandbox image is assembled from host binaries and needs a Linux host (this is ${process.platform})`);
+  }
   const { uid, gid, name, home } = manifest.user;
   const binaries: Array<{ command: string; host: string }> = [];
   const missing: string[] = [];

@@ -6,3 +6,4 @@ export { materializeResources, MATERIALIZED_MARKER, type ResolvedResource, type 
 export { createTar, type TarEntry } from './tar.js';
 export { selectDriver, type SelectDriverOptions } from './select.js';
 export { SandboxManager, type SandboxManagerOptions } from './manager.js';
+export { sandboxPreflight, type PreflightCheck, type PreflightReport } from './preflight.js';
