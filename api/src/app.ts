@@ -38,8 +38,9 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
   const docs = new DocumentStore(redis);
   const credentials = new CredentialIndex(redis);
   const secretBox = new SecretBox(config.masterKey);
+  const metrics = new Metrics();
   const models = createModelsModule({
-    redis, docs, secretBox, log,
+    redis, docs, secretBox, log, metrics,
     config: { pricesFile: config.modelPricesFile, providerTimeoutMs: config.modelProviderTimeoutMs },
   });
   const identity = new IdentityService(docs, redis, credentials);
@@ -68,7 +69,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
     runners: new RunnerService(docs, redis, credentials, identity),
     gatewayPresence: new PresenceStore(redis),
     models,
-    metrics: new Metrics(),
+    metrics,
     log,
   };
 }
