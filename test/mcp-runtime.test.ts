@@ -4,9 +4,12 @@ import { z } from 'zod';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
+import { Client as ModernClient, StreamableHTTPClientTransport as ModernTransport } from '@modelcontextprotocol/client';
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
-import { RedisRuntimeBearers, type RuntimeGrant } from '@agentplane/api';
-import { connectRedis, type Redis } from '@agentplane/store';
+import { randomBytes } from 'node:crypto';
+import { ConnectionService, RedisRuntimeBearers, type RuntimeGrant } from '@agentplane/api';
+import { SecretBox } from '@agentplane/core';
+import { connectRedis, DocumentStore, type Redis } from '@agentplane/store';
 import { startPlatform, type Platform } from './harness/platform.js';
 
 const UPSTREAM_TOKEN = 'upstream-secret-token-0123456789';
@@ -136,6 +139,42 @@ describe('/v1/runtime/mcp/{connection_id}', () => {
       expect(JSON.parse((denied.content as { text: string }[])[0]?.text ?? '{}').error.type).toBe('policy.denied');
       const ask = await client.callTool({ name: 'deploy', arguments: {} });
       expect(ask.isError).toBe(true);
+    } finally {
+      await client.close();
+    }
+  });
+
+  it("resolves an agent version's mcp_servers to Connections for the grant, by URL", async () => {
+    const service = new ConnectionService(new DocumentStore(redis), new SecretBox(randomBytes(32)));
+    const resolved = await service.resolveAgentServers(ws(), [
+      { name: 'tools', url: `${upstreamUrl}/`, permission: 'always_ask' },
+      { name: 'elsewhere', url: 'https://mcp.example.invalid/mcp' },
+    ]);
+    expect(resolved.unresolved).toEqual(['elsewhere']);
+    expect(resolved.servers.map((s) => s.name)).toEqual(['tools']);
+    const id = resolved.servers[0]?.connection_id ?? '';
+    expect(resolved.grants[id]).toEqual({ default: 'ask' });
+    const bearer = await bearers.mint(grant(resolved.grants));
+    const client = await runtimeClient(id, bearer);
+    try {
+      const tools = (await client.listTools()).tools;
+      expect(tools.every((t) => t._meta?.['dev.agentplane/permission'] === 'ask')).toBe(true);
+    } finally {
+      await client.close();
+    }
+  });
+
+  it('serves the 2026-07-28 shape too (SDK v2 client)', async () => {
+    const bearer = await bearers.mint(grant({ [connectionId]: { default: 'deny', tools: { echo: 'allow' } } }));
+    const client = new ModernClient({ name: 'modern-harness', version: '1.0.0' }, { versionNegotiation: { mode: { pin: '2026-07-28' } } });
+    await client.connect(new ModernTransport(new URL(`${p.baseUrl}/v1/runtime/mcp/${connectionId}`), {
+      requestInit: { headers: { Authorization: `Bearer ${bearer}` } },
+    }));
+    try {
+      expect(client.getProtocolEra()).toBe('modern');
+      expect((await client.listTools()).tools.map((t) => t.name)).toEqual(['echo']);
+      const r = await client.callTool({ name: 'echo', arguments: { text: 'modern' } });
+      expect((r.content as { text: string }[])[0]?.text).toBe('echo: modern');
     } finally {
       await client.close();
     }

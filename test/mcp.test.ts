@@ -153,6 +153,33 @@ describe.each(['2025-06-18', '2025-11-25'] as const)('legacy shape %s through th
   });
 });
 
+describe('the Session journey over MCP (tools projected from other modules)', () => {
+  it('creates an agent, an environment and a session, then reads it back', async () => {
+    const { client } = await sdkClient('2025-11-25', p.bootstrap.root_key, '?catalog=full');
+    try {
+      const tools = new Map((await client.listTools()).tools.map((t) => [t.name, t]));
+      const call = async (name: string, args: Record<string, unknown>) => {
+        const needsKey = (tools.get(name)?.inputSchema.required ?? []).includes('idempotency_key');
+        const r = await client.callTool({ name, arguments: needsKey ? { ...args, idempotency_key: `journey-${name}` } : args });
+        expect(r.isError, `${name}: ${JSON.stringify(r.content)}`).toBe(false);
+        return parsed(r) as { id: string } & Record<string, unknown>;
+      };
+      const agent = await call('agents_createAgent', { body: { name: 'mcp-agent', model: 'test-model' } });
+      expect(agent.id).toMatch(/^agent_/);
+      const env = await call('environments_createEnvironment', { body: { name: 'mcp-env', image: 'agentplane/sandbox:test' } });
+      expect(env.id).toMatch(/^env_/);
+      const session = await call('sessions_createSession', { body: { agent: agent.id, environment_id: env.id, title: 'over mcp' } });
+      expect(session.id).toMatch(/^sess_/);
+      const read = await call('sessions_getSession', { path: { session_id: session.id } });
+      expect(read.title).toBe('over mcp');
+      const list = await call('sessions_listSessions', { query: { limit: 5 } });
+      expect((list.data as { id: string }[]).map((x) => x.id)).toContain(session.id);
+    } finally {
+      await client.close();
+    }
+  });
+});
+
 describe('legacy shape, raw', () => {
   it('answers an unsupported initialize version with 2025-06-18 and echoes a supported one', async () => {
     const init = (v: string) => rpc({ jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: v, capabilities: {}, clientInfo: { name: 'raw', version: '1' } } });
@@ -181,6 +208,16 @@ describe('legacy shape, raw', () => {
     expect(create?.inputSchema.required).toEqual(expect.arrayContaining(['path', 'body', 'idempotency_key']));
     const bad = await rpc({ jsonrpc: '2.0', id: 3, method: 'tools/list' }, { 'mcp-protocol-version': '2025-11-25' }, { query: '?catalog=huge' });
     expect(bad.status).toBe(400);
+  });
+
+  it('notifications are acknowledged with 202 and no body', async () => {
+    const r = await fetch(`${p.baseUrl}/v1/mcp`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${p.bootstrap.root_key}`, 'content-type': 'application/json', 'mcp-protocol-version': '2025-11-25' },
+      body: JSON.stringify({ jsonrpc: '2.0', method: 'notifications/initialized' }),
+    });
+    expect(r.status).toBe(202);
+    expect(await r.text()).toBe('');
   });
 
   it('unknown tool is -32602; unknown method -32601; batches refused', async () => {
@@ -290,6 +327,20 @@ describe('stateless shape 2026-07-28, raw JSON-RPC', () => {
     expect(r.body.error.code).toBe(-32600);
   });
 
+  it('a REST result over 1 MiB is an isError result, not a truncated one', async () => {
+    const system = 'x'.repeat(190_000);
+    for (let i = 0; i < 6; i++) {
+      const r = await p.root.request('POST', '/v1/agents', { body: { name: `big-${i}`, model: 'test-model', system } });
+      expect(r.status).toBe(201);
+    }
+    const big = await modern('tools/call', { name: 'agents_listAgents', arguments: { query: { limit: 100 } } });
+    expect(big.status).toBe(200);
+    expect(big.body.result.isError).toBe(true);
+    expect(JSON.parse(big.body.result.content[0]?.text ?? '{}').error.type).toBe('validation.payload_too_large');
+    const small = await modern('tools/call', { name: 'agents_listAgents', arguments: { query: { limit: 2 } } });
+    expect(small.body.result.isError).toBe(false);
+  });
+
   it('GET and DELETE are 405 (stateless: no stream, no session)', async () => {
     const r = await fetch(`${p.baseUrl}/v1/mcp`, { headers: { authorization: `Bearer ${p.bootstrap.root_key}` } });
     expect(r.status).toBe(405);
@@ -314,20 +365,36 @@ describe('callers', () => {
     const secret = await principalCredential('api_mcp');
     const { client } = await sdkClient('2025-11-25', secret, '?catalog=full');
     try {
+      // Only reads marked mcpPrincipal (AgentDefinition, MemoryStore, SurfaceScope reads with
+      // permission checks); none is served yet, so the closed catalog is empty today.
       const names = (await client.listTools()).tools.map((t) => t.name);
-      expect(names).toContain('support_getCapabilities');
       expect(names).not.toContain('agentplane_search_operations');
-      expect(names.every((n) => !/create|update|delete|suspend|resume/i.test(n))).toBe(true);
-      const ok = await client.callTool({ name: 'support_getCapabilities', arguments: {} });
-      expect(ok.isError).toBe(false);
-      const denied = await client.callTool({ name: 'principals_listPrincipals', arguments: { path: { workspace_id: ws() } } });
-      expect(denied.isError).toBe(true);
-      expect(errType(denied)).toBe('auth.permission_denied');
-      const search = await client.callTool({ name: 'agentplane_search_operations', arguments: { query: 'principal' } });
-      expect(errType(search)).toBe('auth.permission_denied');
+      expect(names.every((n) => !/create|update|delete|suspend|resume|archive|send/i.test(n))).toBe(true);
+      // A REST read that admits Principal credentials is still outside the MCP principal catalog.
+      for (const name of ['support_getCapabilities', 'principals_listPrincipals', 'agentplane_search_operations']) {
+        const denied = await client.callTool({ name, arguments: name === 'agentplane_search_operations' ? { query: 'principal' } : {} });
+        expect(denied.isError, name).toBe(true);
+        expect(errType(denied), name).toBe('auth.permission_denied');
+      }
+      // An unknown tool is denied the same way: the caller learns nothing about the full table.
+      const unknown = await client.callTool({ name: 'nope_nope', arguments: {} });
+      expect(errType(unknown)).toBe('auth.permission_denied');
     } finally {
       await client.close();
     }
+  });
+
+  it('suspending the Principal denies its next MCP request', async () => {
+    const prin = await p.root.request<{ id: string; version: number }>('POST', `/v1/organizations/workspaces/${ws()}/principals`, {
+      body: { external_subject_id: 'to-suspend', principal_type: 'person', display_name: 'S' },
+    });
+    const cred = await p.root.request<{ secret: string }>('POST', `/v1/principals/${prin.body.id}/access-credentials`, { body: {}, idempotencyKey: 'to-suspend' });
+    const list = () => rpc({ jsonrpc: '2.0', id: 1, method: 'tools/list' }, { 'mcp-protocol-version': '2025-06-18' }, { token: cred.body.secret });
+    expect((await list()).status).toBe(200);
+    expect((await p.root.request('POST', `/v1/principals/${prin.body.id}/suspend`, { body: {} })).status).toBe(200);
+    const denied = await list();
+    expect(denied.status).toBe(401);
+    expect(denied.headers.get('www-authenticate')).toContain('resource_metadata=');
   });
 
   it('an a2a bearer is refused', async () => {

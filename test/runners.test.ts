@@ -6,6 +6,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { WebSocket } from 'ws';
 import { connectRedis, keys, tags, type Redis } from '@agentplane/store';
 import { frame, type RunnerPresence } from '@agentplane/protocol';
+import { deliverToRunner } from '@agentplane/gateway';
 import { ROOT_DIR, startPlatform, waitFor, type Platform } from './harness/platform.js';
 
 const CLI = join(ROOT_DIR, 'runner-daemon/dist/cli.js');
@@ -323,6 +324,21 @@ describe('runner daemon, gateway and presence', () => {
     expect(metrics).toMatch(/agentplane_gateway_connected_runners [1-9]/);
   });
 
+  it('a second connection of the same runner supersedes the first (4409); presence follows the newer generation', async () => {
+    const cred = await managedCredential();
+    const a = await rawRunner(cred.secret);
+    const genA = (a.frames.find((f) => f.type === 'welcome')!.payload as { generation: number }).generation;
+    const b = await rawRunner(cred.secret);
+    const genB = (b.frames.find((f) => f.type === 'welcome')!.payload as { generation: number }).generation;
+    expect(genB).toBe(genA + 1);
+    expect(await a.closed).toBe(4409);
+    // The stale socket's late heartbeat cannot win back the presence.
+    const pres = await presenceOf(cred.runner_credential.runner_id);
+    expect(pres?.generation).toBe(genB);
+    b.sock.close(1000);
+    await waitFor('presence removed on a clean close', async () => ((await presenceOf(cred.runner_credential.runner_id)) ? undefined : true), 5000);
+  });
+
   it('drains a runner through the API: status draining, then the idle daemon leaves and its presence goes', async () => {
     const { dir, runnerId } = await pairedDaemonDir(await newPrincipal(), 'drain-box');
     const daemon = startDaemon(dir);
@@ -334,6 +350,12 @@ describe('runner daemon, gateway and presence', () => {
     await waitFor('presence removed', async () => ((await presenceOf(runnerId)) ? undefined : true), 5000);
   });
 });
+
+async function frameCount(direction: 'in' | 'out', type: string): Promise<number> {
+  const text = await (await fetch(`${p.baseUrl}/metrics`)).text();
+  const m = new RegExp(`agentplane_gateway_frames_total\\{direction="${direction}",type="${type.replace('.', '\\.')}"\\} (\\d+)`).exec(text);
+  return m ? Number(m[1]) : 0;
+}
 
 describe('npm start', () => {
   it('runs one local runner paired to the bootstrap workspace default pool', async () => {

@@ -1,6 +1,34 @@
 import { ApiError, newId, type SecretBox } from '@agentplane/core';
 import { tags, type DocumentStore } from '@agentplane/store';
 import type { Connection } from './model.js';
+import type { ConnectionGrant } from '../mcp/runtime-bearer.js';
+
+/** One entry of an agent version's `mcp_servers`. */
+export interface AgentMcpServer {
+  name: string;
+  url: string;
+  permission?: 'always_allow' | 'always_ask' | undefined;
+}
+
+/** What the lease work puts in a runtime grant (and tells the harness) for one agent version. */
+export interface ResolvedMcpServers {
+  /** For `RuntimeGrant.connections`. */
+  grants: Record<string, ConnectionGrant>;
+  /** For the harness: the agent's server name → the runtime endpoint's connection id. */
+  servers: { name: string; connection_id: string }[];
+  /** Names of servers no active Connection of the workspace serves (the Run gets no tools from them). */
+  unresolved: string[];
+}
+
+const normalizeUrl = (url: string): string => {
+  try {
+    const u = new URL(url);
+    u.hash = '';
+    return u.toString().replace(/\/$/, '');
+  } catch {
+    return url;
+  }
+};
 
 export type ConnectionAuthInput = { type: 'none' } | { type: 'bearer'; token: string };
 
@@ -51,6 +79,32 @@ export class ConnectionService {
       ...(patch.auth !== undefined ? { auth: this.seal(id, patch.auth) } : {}),
       ...(patch.status !== undefined ? { status: patch.status, archived_at: patch.status === 'archived' ? (c.archived_at ?? nowIso()) : null } : {}),
     }), { expectedVersion, notFound: 'connection' });
+  }
+
+  /**
+   * Resolve an agent version's `mcp_servers` to the workspace's active Connections, matched by
+   * URL (the Connection holds the credential the agent definition never carries).
+   * `always_ask` becomes `ask` for every tool of that server, anything else `allow`.
+   */
+  async resolveAgentServers(workspaceId: string, servers: readonly AgentMcpServer[]): Promise<ResolvedMcpServers> {
+    const byUrl = new Map<string, Connection>();
+    let page: string | undefined;
+    do {
+      const r = await this.docs.list<Connection>(tags.workspace(workspaceId), 'connections', { limit: 100, page, order: 'asc' }, (c) => c.status === 'active');
+      for (const c of r.data) if (!byUrl.has(normalizeUrl(c.url))) byUrl.set(normalizeUrl(c.url), c);
+      page = r.next_page ?? undefined;
+    } while (page);
+    const out: ResolvedMcpServers = { grants: {}, servers: [], unresolved: [] };
+    for (const s of servers) {
+      const c = byUrl.get(normalizeUrl(s.url));
+      if (!c) {
+        out.unresolved.push(s.name);
+        continue;
+      }
+      out.grants[c.id] = { default: s.permission === 'always_ask' ? 'ask' : 'allow' };
+      out.servers.push({ name: s.name, connection_id: c.id });
+    }
+    return out;
   }
 
   /** The upstream bearer, unsealed for one outbound request; never logged, never returned. */

@@ -75,6 +75,13 @@ export interface Operation<P extends TSchema = TSchema, Q extends TSchema = TSch
   sensitive?: boolean;
   mcp?: McpExposure;
   /**
+   * MCP: the operation belongs to the closed, read-only catalog a Principal credential gets on
+   * `/v1/mcp` (the contract's exact AgentDefinition, MemoryStore and SurfaceScope reads). Only
+   * for GET operations whose auth admits Principal credentials; the handler checks the
+   * Principal's live PermissionAssignment and ActionPolicy. Other tools are denied to them.
+   */
+  mcpPrincipal?: boolean;
+  /**
    * For sensitive operations: may a stored response still be replayed? Called with the stored body;
    * returning false makes the retry fail closed with `idempotency.conflict`.
    */

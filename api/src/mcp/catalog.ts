@@ -16,11 +16,18 @@ export const COMPACT_GROUPS: ReadonlySet<string> = new Set([
 ]);
 
 /**
- * REST-only by nature, whatever an operation declares: credentials, pairing material,
- * single-use proofs, capability URLs, uploads and archives, runtime/runner channels.
- * Owners should still mark such operations `mcp: 'never'`; this is the safety net.
+ * REST-only whatever an operation declares: pairing material (single-use proofs), capability
+ * URLs and the runtime channel.
  */
-const REST_ONLY_PATH = /(credential|api-keys|pairing|\/files\b|\/uploads?\b|\/import\b|\/export\b|\/archive\b|\/tar\b|\/runtime\/|capability-url|\/stream\b|\/events\/stream)/i;
+const NEVER_PATH = /(pairing|\/runtime\/|capability-url)/i;
+/**
+ * REST-only unless the owner marks the operation `mcp: 'compact' | 'full'` explicitly (for
+ * example a secret-free credential head): credentials and API keys, uploads (multipart) and
+ * archive imports or exports (tar), recognised by their usual paths. Owners of operations
+ * that accept or return secrets, multipart or tar mark them `mcp: 'never'` (or
+ * `sensitive: true`); this is the safety net for the ones that forget.
+ */
+const UNLESS_MARKED_PATH = /(credential|api-keys|\/files\b|\/uploads?\b|\/import\b|\/export\b|\.tar\b)/i;
 
 export interface McpTool {
   name: string;
@@ -55,8 +62,9 @@ const hasRequired = (s: TSchema | undefined): boolean => ((s as { required?: unk
 export function isProjectable(op: Operation): boolean {
   if (op.mcp === 'never' || op.sensitive) return false;
   if (op.auth.kind !== 'bearer') return false;
-  if (op.operationId.endsWith('Stream')) return false;
-  return !REST_ONLY_PATH.test(op.path);
+  if (op.operationId.endsWith('Stream') || /\/stream$/.test(op.path)) return false;
+  if (NEVER_PATH.test(op.path)) return false;
+  return op.mcp !== undefined || !UNLESS_MARKED_PATH.test(op.path);
 }
 
 function project(op: Operation): ProjectedTool {
@@ -130,6 +138,9 @@ export class ToolCatalog {
   constructor(operations: readonly Operation[]) {
     const tools = new Map<string, ProjectedTool>();
     for (const op of operations) {
+      if (op.mcpPrincipal && (op.method !== 'GET' || op.auth.kind !== 'bearer' || op.auth.principal !== true)) {
+        throw new Error(`${op.operationId}: mcpPrincipal needs a GET operation whose auth admits Principal credentials`);
+      }
       if (!isProjectable(op)) continue;
       const p = project(op);
       if (tools.has(p.tool.name) || p.tool.name === SEARCH_TOOL) throw new Error(`MCP tool name collision: ${p.tool.name}`);
@@ -138,9 +149,9 @@ export class ToolCatalog {
     this.tools = tools;
   }
 
-  /** Principal credentials: the closed, read-only catalog (reads that admit Principal credentials). */
+  /** Principal credentials: the closed, read-only catalog (GET operations marked `mcpPrincipal`). */
   static principalAdmits(p: ProjectedTool): boolean {
-    return p.op.method === 'GET' && p.op.auth.kind === 'bearer' && p.op.auth.principal === true;
+    return p.op.mcpPrincipal === true && p.op.method === 'GET' && p.op.auth.kind === 'bearer' && p.op.auth.principal === true;
   }
 
   /** May this caller call the tool at all (kind, role and audience; the REST pipeline re-checks)? */

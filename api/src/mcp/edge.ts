@@ -112,12 +112,13 @@ export function mcpEdge(operations: readonly Operation[], prepared: ReadonlyMap<
 
   const send = (ctx: Koa.Context, status: number, body: JsonRpcResponse | null, extra: Record<string, string> = {}) => {
     for (const [k, v] of Object.entries(extra)) ctx.set(k, v);
-    ctx.status = status;
     if (body === null) {
+      // Koa turns a null body into 204; set the status after it (202 Accepted, empty).
       ctx.body = null;
       ctx.status = status;
       return;
     }
+    ctx.status = status;
     let text = JSON.stringify(body);
     if (Buffer.byteLength(text) > MAX_MESSAGE_BYTES) {
       text = JSON.stringify(rpcError(body.id, { code: ErrorCode.InternalError, message: `the response exceeds the ${MAX_MESSAGE_BYTES}-byte limit` }));

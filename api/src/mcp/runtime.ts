@@ -1,14 +1,13 @@
 import type Koa from 'koa';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
-import { Server } from '@modelcontextprotocol/sdk/server/index.js';
-import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
-import { CallToolRequestSchema, ErrorCode as SdkErrorCode, ListToolsRequestSchema, McpError, type CallToolResult, type Tool } from '@modelcontextprotocol/sdk/types.js';
+import { ErrorCode as SdkErrorCode, McpError } from '@modelcontextprotocol/sdk/types.js';
+import { createMcpHandler, Server, type AuthInfo, type CallToolResult, type Tool } from '@modelcontextprotocol/server';
+import { toNodeHandler } from '@modelcontextprotocol/node';
 import { ApiError, isId, newId } from '@agentplane/core';
 import { tags } from '@agentplane/store';
 import type { ApiDeps } from '../deps.js';
 import { bearerToken } from '../http/authenticate.js';
-import { readJsonBody } from '../http/body.js';
 import type { Connection } from '../connections/model.js';
 import { ConnectionService } from '../connections/service.js';
 import { ErrorCode, MAX_MESSAGE_BYTES, rpcError } from './protocol.js';
@@ -42,6 +41,12 @@ export interface RuntimeMcpOptions {
 }
 
 const SERVER_INFO = { name: 'agentplane-runtime', version: '0.1.0' };
+
+interface RequestContext {
+  grant: RuntimeGrant;
+  connectionGrant: ConnectionGrant;
+  connection: Connection;
+}
 
 /** An MCP client to the Connection's server, opened lazily once per inbound request. */
 class Upstream {
@@ -89,7 +94,8 @@ async function listTools(up: Upstream, grant: ConnectionGrant, timeoutMs: number
     for (const t of r.tools) {
       const permission = permissionOf(grant, t.name);
       if (permission === 'deny') continue;
-      out.push({ ...t, _meta: { ...(t._meta ?? {}), 'dev.agentplane/permission': permission } });
+      // The upstream tool as received (the v1 client's and the v2 server's Tool are the same wire shape).
+      out.push({ ...(t as unknown as Tool), _meta: { ...(t._meta ?? {}), 'dev.agentplane/permission': permission } });
     }
     cursor = r.nextCursor;
     if (!cursor) break;
@@ -118,6 +124,65 @@ export function runtimeMcp(deps: ApiDeps, options: RuntimeMcpOptions): Koa.Middl
     ctx.body = JSON.stringify(rpcError(null, { code, message }));
   };
 
+  /** One SDK server per request (both eras): the grant and Connection come in through authInfo. */
+  function buildServer(context: RequestContext): Server {
+    const { grant, connectionGrant: cg, connection } = context;
+    const connectionId = connection.id;
+    const up = new Upstream(connection, connections.upstreamToken(connection), timeoutMs);
+    const server = new Server(SERVER_INFO, { capabilities: { tools: { listChanged: false } } });
+    server.onclose = () => void up.close();
+    server.setRequestHandler('tools/list', async () => {
+      try {
+        return { tools: await listTools(up, cg, timeoutMs) };
+      } finally {
+        await up.close();
+      }
+    });
+    server.setRequestHandler('tools/call', async (request): Promise<CallToolResult> => {
+      const tool = request.params.name;
+      const permission = permissionOf(cg, tool);
+      if (permission === 'deny') {
+        calls.inc({ outcome: 'denied' });
+        return deniedResult(`the agent's policy does not allow tool '${tool}' on connection ${connectionId}`, deps);
+      }
+      if (permission === 'ask') {
+        calls.inc({ outcome: 'needs_approval' });
+        return deniedResult(`tool '${tool}' needs an approval before each call; approvals are not served on this endpoint yet`, deps);
+      }
+      const base = { tool_use_id: newId('toolUse'), run_id: grant.run_id, session_id: grant.session_id, workspace_id: grant.workspace_id, connection_id: connectionId, tool };
+      const started = Date.now();
+      await observer.toolCall({ ...base, phase: 'started' });
+      let result: CallToolResult;
+      try {
+        const client = await up.get();
+        result = (await client.callTool({ name: tool, arguments: request.params.arguments ?? {} }, undefined, { timeout: timeoutMs })) as unknown as CallToolResult;
+        const bytes = Buffer.byteLength(JSON.stringify(result));
+        if (bytes > MAX_MESSAGE_BYTES) {
+          result = { content: [{ type: 'text', text: `the upstream result is ${bytes} bytes, over the ${MAX_MESSAGE_BYTES}-byte limit` }], isError: true };
+        }
+      } catch (err) {
+        const message = err instanceof McpError ? err.message : `the upstream call failed: ${(err as Error).message}`;
+        result = { content: [{ type: 'text', text: message }], isError: true };
+      } finally {
+        await up.close();
+      }
+      calls.inc({ outcome: result.isError ? 'error' : 'ok' });
+      await observer.toolCall({ ...base, phase: 'finished', is_error: result.isError === true, duration_ms: Date.now() - started });
+      return result;
+    });
+    return server;
+  }
+
+  const handler = createMcpHandler(
+    ({ authInfo }) => {
+      const context = (authInfo?.extra as { context?: RequestContext } | undefined)?.context;
+      if (!context) throw new Error('runtime MCP request without a verified grant');
+      return buildServer(context);
+    },
+    { legacy: 'stateless', responseMode: 'json', maxRequestBodySize: MAX_MESSAGE_BYTES, onerror: (err) => deps.log.debug({ err: err.message }, 'runtime MCP request rejected') },
+  );
+  const serve = toNodeHandler(handler, { maxRequestBodySize: MAX_MESSAGE_BYTES, onerror: (err) => deps.log.warn({ err: err.message }, 'runtime MCP adapter error') });
+
   return async (ctx, next) => {
     const m = RUNTIME_PATH.exec(ctx.path);
     if (!m) return next();
@@ -138,52 +203,10 @@ export function runtimeMcp(deps: ApiDeps, options: RuntimeMcpOptions): Koa.Middl
     if (!connection || connection.workspace_id !== grant.workspace_id || connection.status !== 'active') {
       return fail(ctx, 404, ErrorCode.InvalidRequest, `connection ${connectionId} not found`);
     }
-    let body: unknown;
-    try {
-      body = await readJsonBody(ctx.req, MAX_MESSAGE_BYTES);
-    } catch (err) {
-      if (!(err instanceof ApiError)) throw err;
-      return fail(ctx, err.status, /JSON/.test(err.message) ? ErrorCode.ParseError : ErrorCode.InvalidRequest, err.message);
-    }
-
-    const up = new Upstream(connection, connections.upstreamToken(connection), timeoutMs);
-    const server = new Server(SERVER_INFO, { capabilities: { tools: { listChanged: false } } });
-    server.setRequestHandler(ListToolsRequestSchema, async () => ({ tools: await listTools(up, cg, timeoutMs) }));
-    server.setRequestHandler(CallToolRequestSchema, async (req): Promise<CallToolResult> => {
-      const tool = req.params.name;
-      const permission = permissionOf(cg, tool);
-      if (permission === 'deny') {
-        calls.inc({ outcome: 'denied' });
-        return deniedResult(`the agent's policy does not allow tool '${tool}' on connection ${connectionId}`, deps);
-      }
-      if (permission === 'ask') {
-        calls.inc({ outcome: 'needs_approval' });
-        return deniedResult(`tool '${tool}' needs an approval before each call; approvals are not served on this endpoint yet`, deps);
-      }
-      const base = { tool_use_id: newId('toolUse'), run_id: grant.run_id, session_id: grant.session_id, workspace_id: grant.workspace_id, connection_id: connectionId, tool };
-      const started = Date.now();
-      await observer.toolCall({ ...base, phase: 'started' });
-      let result: CallToolResult;
-      try {
-        const client = await up.get();
-        result = (await client.callTool({ name: tool, arguments: req.params.arguments ?? {} }, undefined, { timeout: timeoutMs })) as CallToolResult;
-      } catch (err) {
-        const message = err instanceof McpError ? err.message : `the upstream call failed: ${(err as Error).message}`;
-        result = { content: [{ type: 'text', text: message }], isError: true };
-      }
-      calls.inc({ outcome: result.isError ? 'error' : 'ok' });
-      await observer.toolCall({ ...base, phase: 'finished', is_error: result.isError === true, duration_ms: Date.now() - started });
-      return result;
-    });
-
-    const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
-    await server.connect(transport);
+    const context: RequestContext = { grant, connectionGrant: cg, connection };
+    const req = ctx.req as typeof ctx.req & { auth?: AuthInfo };
+    req.auth = { token: token ?? '', clientId: grant.run_id, scopes: [], expiresAt: Math.floor(Date.parse(grant.expires_at) / 1000), extra: { context } };
     ctx.respond = false;
-    ctx.res.on('close', () => {
-      void up.close();
-      void transport.close();
-      void server.close();
-    });
-    await transport.handleRequest(ctx.req, ctx.res, body);
+    await serve(req, ctx.res);
   };
 }
