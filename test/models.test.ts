@@ -504,6 +504,14 @@ describe('the gateway service (the entry point of the runner gateway), usage and
     expect(bad.status).toBe(400);
   });
 
+  it('metrics count served steps, fallbacks and refusals', async () => {
+    const text = await fetch(`${p.baseUrl}/metrics`).then((r) => r.text());
+    expect(text).toMatch(/agentplane_model_steps_total\{outcome="served",provider="anthropic"\} \d+/);
+    expect(text).toMatch(/agentplane_model_steps_total\{outcome="fallback",provider="openai"\} [1-9]/);
+    expect(text).toMatch(/agentplane_model_steps_total\{outcome="no_eligible_model",provider="none"\} [1-9]/);
+    expect(text).toContain('agentplane_model_time_to_first_event_seconds_bucket{provider="scripted"');
+  });
+
   it('secrets appear in no response, no service event, no log line, and nowhere in Redis in the clear', async () => {
     const all = seenBodies.join('\n');
     const log = readFileSync(p.logFile, 'utf8');

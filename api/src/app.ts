@@ -40,8 +40,9 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
   const docs = new DocumentStore(redis);
   const credentials = new CredentialIndex(redis);
   const secretBox = new SecretBox(config.masterKey);
+  const metrics = new Metrics();
   const models = createModelsModule({
-    redis, docs, secretBox, log,
+    redis, docs, secretBox, log, metrics,
     config: { pricesFile: config.modelPricesFile, providerTimeoutMs: config.modelProviderTimeoutMs },
   });
   const identity = new IdentityService(docs, redis, credentials);
@@ -56,7 +57,6 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
   const runs = createRunsModule({ config, redis, log, store: sessionStore, runtime: threadRuntime, environments, runners });
   turns.scheduler = runs.engine;
   const eventHub = new EventHub(subscriber);
-  const metrics = new Metrics();
   metrics.gauge('agentplane_sse_streams', 'Session SSE streams open in this process').set({}, activeStreams);
   metrics.gauge('agentplane_event_hub_channels', 'Session channels this process is subscribed to').set({}, () => eventHub.channelCount);
   return {

@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto';
-import { ApiError, check, LOGICAL_KEY_PATTERN, type Logger } from '@agentplane/core';
+import { ApiError, check, LOGICAL_KEY_PATTERN, type Logger, type Metrics } from '@agentplane/core';
 import { tags, type DocumentStore, type StoredDoc } from '@agentplane/store';
 import { ZERO_USAGE, type ModelError, type ModelRequest, type ModelStreamEvent } from '@agentplane/protocol';
 import {
@@ -65,7 +65,14 @@ export class ModelGatewayService {
     private readonly options: GatewayServiceOptions,
     private readonly log: Logger,
     private readonly docs?: DocumentStore,
-  ) {}
+    metrics?: Metrics,
+  ) {
+    this.metricSteps = metrics?.counter('agentplane_model_steps_total', 'Model steps by provider and outcome (served, canceled, fallback, no_eligible_model, budget_exceeded, provider_unavailable, provider_rejected, failed)');
+    this.metricTtft = metrics?.histogram('agentplane_model_time_to_first_event_seconds', 'Provider call start to its first streamed event, by provider');
+  }
+
+  private readonly metricSteps: ReturnType<Metrics['counter']> | undefined;
+  private readonly metricTtft: ReturnType<Metrics['histogram']> | undefined;
 
   /** Validate a model-gateway-v1 request that arrived as untyped JSON (a runner frame). */
   static parseRequest(value: unknown): ModelRequest {
@@ -92,6 +99,15 @@ export class ModelGatewayService {
 
   /** Budget check and candidate selection. Throws ApiError 422 / 429 / 400. */
   async plan(workspaceId: string, request: ModelRequest, context: ModelStepContext = {}): Promise<StepPlan> {
+    try {
+      return await this.planInner(workspaceId, request, context);
+    } catch (err) {
+      this.metricSteps?.inc({ provider: 'none', outcome: err instanceof ApiError ? err.type.replace(/^.*\./, '') : 'failed' });
+      throw err;
+    }
+  }
+
+  private async planInner(workspaceId: string, request: ModelRequest, context: ModelStepContext): Promise<StepPlan> {
     if (!KEY_RE.test(request.routing_key)) throw new ApiError('validation.malformed', 'routing_key is not a logical key');
     if (context.session_id && context.session_budget === undefined && this.docs) {
       const session = await this.docs.get<StoredDoc & { workspace_id?: string; budget?: SessionBudget | null }>(tags.session(context.session_id), context.session_id);
@@ -156,11 +172,13 @@ export class ModelGatewayService {
           request, model: candidate.provider_model, baseUrl: credential.base_url, apiKey: secret, timeoutMs: this.options.providerTimeoutMs,
         }, signal);
         for await (const ev of stream) {
+          if (!emitted) this.metricTtft?.observe({ provider: credential.provider_key }, (performance.now() - started) / 1000);
           if (ev.type !== 'end') {
             emitted = true;
             yield ev;
             continue;
           }
+          this.metricSteps?.inc({ provider: credential.provider_key, outcome: 'served' });
           const price = findPrice(this.options.prices, credential.provider_key, ev.model);
           const cost = price ? listCostNanoUsd(price, ev.usage) : null;
           try {
@@ -179,11 +197,13 @@ export class ModelGatewayService {
             yield { type: 'end', stop_reason: 'canceled', usage: { ...ZERO_USAGE }, provider: credential.provider_key, model: candidate.provider_model };
             return;
           }
+          this.metricSteps?.inc({ provider: credential.provider_key, outcome: 'failed' });
           this.log.error({ err: (err as Error).message, step_id: stepId, model_credential_id: credential.id }, 'model step failed');
           yield { type: 'error', error: toModelError(err) };
           return;
         }
         if (err.kind === 'canceled') {
+          this.metricSteps?.inc({ provider: credential.provider_key, outcome: 'canceled' });
           yield { type: 'end', stop_reason: 'canceled', usage: { ...ZERO_USAGE }, provider: credential.provider_key, model: candidate.provider_model };
           return;
         }
@@ -193,9 +213,11 @@ export class ModelGatewayService {
         }, 'model provider call failed');
         if (err.kind === 'auth') await this.credentials.markHealth(credential, 'unhealthy');
         if (!err.retryable) {
+          this.metricSteps?.inc({ provider: credential.provider_key, outcome: 'provider_rejected' });
           yield { type: 'error', error: { type: 'model.provider_rejected', message: scrub(`${credential.key}/${candidate.provider_model}: ${err.message}`), retryable: false } };
           return;
         }
+        this.metricSteps?.inc({ provider: credential.provider_key, outcome: emitted ? 'provider_unavailable' : 'fallback' });
         failures.push(new ProviderError(err.kind, scrub(err.message), { status: err.status, retryAfterSeconds: err.retryAfterSeconds }));
         if (emitted) {
           // Output already reached the harness; falling back would splice two answers together.
@@ -211,6 +233,7 @@ export class ModelGatewayService {
       retryable: true,
     };
     if (hints.length > 0) error.retry_after_seconds = Math.max(1, Math.ceil(Math.min(...hints)));
+    this.metricSteps?.inc({ provider: 'none', outcome: 'provider_unavailable' });
     yield { type: 'error', error };
   }
 }

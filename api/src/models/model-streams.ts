@@ -43,14 +43,21 @@ export class ModelStreams {
     return this.open_.size;
   }
 
-  /** Start streaming one step; resolves when its `model.end` frame was sent. */
-  async open(workspaceId: string, streamId: string, request: unknown, context: ModelStepContext = {}): Promise<void> {
+  /**
+   * Start streaming one step; resolves when its `model.end` frame was sent. `observe` sees each
+   * frame of this stream before it is sent (e.g. to publish delta previews to its Session).
+   */
+  async open(workspaceId: string, streamId: string, request: unknown, context: ModelStepContext = {}, observe?: (frame: ModelFrame) => void): Promise<void> {
+    const send = observe ? (f: ModelFrame) => {
+      observe(f);
+      return this.send(f);
+    } : this.send;
     if (this.open_.has(streamId)) {
-      await this.send({ type: 'model.end', stream_id: streamId, event: { type: 'error', error: { type: 'validation.conflict', message: `stream ${streamId} is already open`, retryable: false } } });
+      await send({ type: 'model.end', stream_id: streamId, event: { type: 'error', error: { type: 'validation.conflict', message: `stream ${streamId} is already open`, retryable: false } } });
       return;
     }
     if (this.open_.size >= this.max) {
-      await this.send({ type: 'model.end', stream_id: streamId, event: { type: 'error', error: { type: 'model.platform_capacity_reached', message: `at most ${this.max} concurrent model streams per connection`, retryable: true, retry_after_seconds: 1 } } });
+      await send({ type: 'model.end', stream_id: streamId, event: { type: 'error', error: { type: 'model.platform_capacity_reached', message: `at most ${this.max} concurrent model streams per connection`, retryable: true, retry_after_seconds: 1 } } });
       return;
     }
     const ctl = new AbortController();
@@ -58,10 +65,10 @@ export class ModelStreams {
     try {
       let pending: ModelStreamEvent | null = null;
       for await (const ev of this.gateway.runModelStep(workspaceId, request, ctl.signal, context)) {
-        if (pending && (await this.send({ type: 'model.delta', stream_id: streamId, event: pending })) === false) ctl.abort();
+        if (pending && (await send({ type: 'model.delta', stream_id: streamId, event: pending })) === false) ctl.abort();
         pending = ev;
       }
-      await this.send({
+      await send({
         type: 'model.end', stream_id: streamId,
         event: pending ?? { type: 'error', error: { type: 'runtime.internal', message: 'the model step produced nothing', retryable: true } },
       });

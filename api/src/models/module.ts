@@ -1,5 +1,5 @@
 import { readFileSync } from 'node:fs';
-import type { Logger, SecretBox } from '@agentplane/core';
+import type { Logger, Metrics, SecretBox } from '@agentplane/core';
 import type { DocumentStore, Redis } from '@agentplane/store';
 import { defaultAdapters, mergePriceTables, parsePriceTable, SHIPPED_PRICES, type PriceTable, type ProviderAdapter, type ProviderKey } from '@agentplane/models';
 import { BudgetGuard } from './budget.js';
@@ -21,6 +21,8 @@ export interface ModelsModuleDeps {
   secretBox: SecretBox;
   log: Logger;
   config: ModelsConfig;
+  /** Model step counters and time-to-first-token histograms (optional). */
+  metrics?: Metrics;
   /** Replace adapters (tests of our own code only; production uses the defaults). */
   adapters?: Record<ProviderKey, ProviderAdapter>;
 }
@@ -48,6 +50,6 @@ export function createModelsModule(deps: ModelsModuleDeps): ModelsModule {
   const profiles = new RoutingProfileService(deps.docs, deps.redis, credentials);
   const usage = new UsageAccumulator(deps.redis);
   const budgets = new BudgetGuard(deps.redis, usage);
-  const gateway = new ModelGatewayService(credentials, profiles, usage, budgets, adapters, { prices, providerTimeoutMs: deps.config.providerTimeoutMs }, log, deps.docs);
+  const gateway = new ModelGatewayService(credentials, profiles, usage, budgets, adapters, { prices, providerTimeoutMs: deps.config.providerTimeoutMs }, log, deps.docs, deps.metrics);
   return { credentials, profiles, usage, budgets, gateway, prices };
 }

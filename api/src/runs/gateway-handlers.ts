@@ -109,22 +109,24 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
   });
 
   /** One ModelStreams per connection (validation, per-connection cap, cancel, socket loss). */
-  const streamsOf = (conn: RunnerConnection, sessionId: string, threadId: string): ModelStreams => {
+  const streamsOf = (conn: RunnerConnection): ModelStreams => {
     let s = modelStreams.get(conn.id);
     if (!s) {
-      s = new ModelStreams(d.models.gateway, (f) => {
-        const ev = f.event;
-        if (ev.type === 'text_delta' || ev.type === 'thinking_delta') {
-          // Uncursored previews for `event_deltas` SSE viewers of the Session.
-          void d.log.publishDelta(sessionId, { session_thread_id: threadId, type: ev.type === 'text_delta' ? 'agent.message' : 'agent.thinking', message_id: f.stream_id, index: deltaIndex++, text: ev.text });
-        }
-        return conn.send(f.type, { stream_id: f.stream_id, event: f.event });
-      }, d.logger);
+      s = new ModelStreams(d.models.gateway, (f) => conn.send(f.type, { stream_id: f.stream_id, event: f.event }), d.logger);
       modelStreams.set(conn.id, s);
     }
     return s;
   };
-  let deltaIndex = 0;
+  /** Uncursored previews for `event_deltas` SSE viewers of the stream's own Session and thread. */
+  const previews = (sessionId: string, threadId: string) => {
+    let index = 0;
+    return (f: { stream_id: string; event: { type: string; text?: string } }) => {
+      const ev = f.event;
+      if ((ev.type === 'text_delta' || ev.type === 'thinking_delta') && ev.text !== undefined) {
+        void d.log.publishDelta(sessionId, { session_thread_id: threadId, type: ev.type === 'text_delta' ? 'agent.message' : 'agent.thinking', message_id: f.stream_id, index: index++, text: ev.text });
+      }
+    };
+  };
 
   gw.on('model.request', async (conn, msg) => {
     const p = msg.payload;
@@ -134,10 +136,10 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
       return;
     }
     const session = await d.store.get(rec.workspace_id, rec.session_id).catch(() => null);
-    const streams = streamsOf(conn, rec.session_id, rec.thread_id);
+    const streams = streamsOf(conn);
     await streams.open(rec.workspace_id, p.stream_id, p.request, {
       session_id: rec.session_id, thread_id: rec.thread_id, run_id: rec.run_id, session_budget: session?.budget ?? null,
-    });
+    }, previews(rec.session_id, rec.thread_id));
     if (streams.size === 0 && modelStreams.get(conn.id) === streams) modelStreams.delete(conn.id);
   });
 

@@ -2,6 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { httpError, parseRetryAfter } from './errors.js';
 import { mergePriceTables, parsePriceTable, SHIPPED_PRICES, findPrice } from './prices.js';
 import { splitDeltas } from './scripted.js';
+import { toChatCompletionsBody } from './openai.js';
 
 describe('provider error classification', () => {
   it('reads retry-after-ms, seconds and HTTP dates', () => {
@@ -38,5 +39,14 @@ describe('scripted deltas', () => {
     expect(splitDeltas('a  b\nc ')).toEqual(['a  ', 'b\n', 'c ']);
     expect(splitDeltas('  lead')).toEqual(['  ', 'lead']);
     expect(splitDeltas('')).toEqual([]);
+  });
+});
+
+describe('chat completions body', () => {
+  it('names the output limit the way the server expects', () => {
+    const req = { routing_key: 'x', messages: [{ role: 'user' as const, content: [{ type: 'text' as const, text: 'hi' }] }], tools: [], max_output_tokens: 50 };
+    expect(toChatCompletionsBody(req, 'm')).toMatchObject({ max_tokens: 50 });
+    expect(toChatCompletionsBody(req, 'm', { maxTokensField: 'max_completion_tokens' })).toMatchObject({ max_completion_tokens: 50 });
+    expect(toChatCompletionsBody(req, 'm', { maxTokensField: 'max_completion_tokens' })).not.toHaveProperty('max_tokens');
   });
 });

@@ -12,7 +12,7 @@ type ChatMessage =
   | { role: 'tool'; tool_call_id: string; content: string };
 
 /** The Chat Completions request body for a neutral request. */
-export function toChatCompletionsBody(request: ModelRequest, model: string): Record<string, unknown> {
+export function toChatCompletionsBody(request: ModelRequest, model: string, options: { maxTokensField?: 'max_tokens' | 'max_completion_tokens' } = {}): Record<string, unknown> {
   const messages: ChatMessage[] = [];
   if (request.system) messages.push({ role: 'system', content: request.system });
   for (const m of request.messages) {
@@ -37,7 +37,8 @@ export function toChatCompletionsBody(request: ModelRequest, model: string): Rec
   if (request.tools.length > 0) {
     body.tools = request.tools.map((t) => ({ type: 'function', function: { name: t.name, description: t.description, parameters: t.input_schema } }));
   }
-  if (request.max_output_tokens !== undefined) body.max_tokens = request.max_output_tokens;
+  // OpenAI's own API wants max_completion_tokens (reasoning models reject max_tokens); compatible servers know max_tokens.
+  if (request.max_output_tokens !== undefined) body[options.maxTokensField ?? 'max_tokens'] = request.max_output_tokens;
   if (request.temperature !== undefined) body.temperature = request.temperature;
   return body;
 }
@@ -102,7 +103,9 @@ export class OpenAiChatAdapter implements ProviderAdapter {
     let finish: string | null = null;
     let usage: TokenUsage | null = null;
     let model = call.model;
-    for await (const m of postSse(this.provider, url, this.headers(call.apiKey), toChatCompletionsBody(call.request, call.model), signal, call.timeoutMs)) {
+    const official = new URL(url).hostname === 'api.openai.com';
+    const body = toChatCompletionsBody(call.request, call.model, { maxTokensField: official ? 'max_completion_tokens' : 'max_tokens' });
+    for await (const m of postSse(this.provider, url, this.headers(call.apiKey), body, signal, call.timeoutMs)) {
       if (m.data === '[DONE]') break;
       let chunk: Chunk;
       try {
