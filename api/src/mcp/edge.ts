@@ -7,7 +7,8 @@ import type { Caller } from '../http/caller.js';
 import type { Operation } from '../http/operation.js';
 import type { PreparedOperation } from '../http/pipeline.js';
 import { ToolCatalog } from './catalog.js';
-import { ToolDispatcher } from './dispatch.js';
+import { apiErrorResult, ToolDispatcher } from './dispatch.js';
+import { enforceRateLimit } from '../http/rate-limit.js';
 import {
   decodeHeaderValue, ErrorCode, HEADER_METHOD, HEADER_NAME, HEADER_PROTOCOL_VERSION, isPlainObject,
   LEGACY_FALLBACK_VERSION, LEGACY_VERSIONS, MAX_MESSAGE_BYTES, McpProtocolError, META_CLIENT_CAPABILITIES,
@@ -230,6 +231,22 @@ export function mcpEdge(operations: readonly Operation[], prepared: ReadonlyMap<
         // Notifications (notifications/initialized, cancellations) are acknowledged and dropped.
         requests.inc({ method: 'notification', outcome: 'accepted' });
         send(ctx, 202, null);
+        return;
+      }
+      // One POST is one request against the key's rate limit, whatever it dispatches; the
+      // dispatched REST call is not counted again. A limited tools/call is a REST failure
+      // (isError with budget.exceeded); anything else is an HTTP 429.
+      try {
+        await enforceRateLimit(deps.redis, caller.credentialId, caller.rateLimitPerMinute);
+      } catch (err) {
+        if (!(err instanceof ApiError)) throw err;
+        requests.inc({ method, outcome: 'rate_limited' });
+        if (msg.method === 'tools/call') {
+          const limited = apiErrorResult(err, deps);
+          send(ctx, 200, rpcResult(id, era.kind === 'modern' ? { ...limited, resultType: 'complete' } : { ...limited }));
+          return;
+        }
+        send(ctx, err.status, rpcError(id, { code: ErrorCode.RateLimited, message: err.message, data: err.toWire(deps.config.docsUrl) }), err.headers);
         return;
       }
       const result = await handleMessage(msg, era, caller, headers, catalogChoice);
