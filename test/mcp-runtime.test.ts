@@ -100,6 +100,8 @@ describe('Connections (REST)', () => {
     const read = await p.root.request('GET', `/v1/connections/${created.body.id}`);
     expect(JSON.stringify(read.body)).not.toContain(UPSTREAM_TOKEN);
 
+    const userinfo = await p.root.request('POST', '/v1/connections', { body: { name: 'x', url: 'https://user:pw@mcp.example.invalid/mcp' } });
+    expect(userinfo.status).toBe(400);
     const list = await fetch(`${p.baseUrl}/v1/mcp?catalog=full`, {
       method: 'POST',
       headers: { authorization: `Bearer ${p.bootstrap.root_key}`, 'content-type': 'application/json', 'mcp-protocol-version': '2025-11-25' },
