@@ -5,7 +5,7 @@ import type { HttpClient } from '@agentplane/client';
 import { createLogger, newId, SecretBox } from '@agentplane/core';
 import { connectRedis, DocumentStore, type Redis } from '@agentplane/store';
 import type { ModelRequest, ModelStreamEvent, TokenUsage } from '@agentplane/protocol';
-import { createModelsModule, type ModelsModule } from '@agentplane/api';
+import { createModelsModule, ModelStreams, type ModelFrame, type ModelsModule } from '@agentplane/api';
 import { startPlatform, type Platform } from './harness/platform.js';
 import { startAnthropicServer, startOpenAiServer, type ProviderServer } from './fixtures/provider-servers.js';
 
@@ -103,6 +103,17 @@ describe('defaults: a new workspace works with no external model', () => {
     ]);
   });
 
+  it('capabilities and OpenAPI list the model access operations', async () => {
+    const caps = await req('GET', '/v1/support/capabilities');
+    const area = (caps.body as { data: { area: string; readiness: string; operations: string[] }[] }).data.find((a) => a.area === 'model_access');
+    expect(area?.readiness).toBe('alpha');
+    expect(area?.operations).toEqual(expect.arrayContaining(['models.listModelCredentials', 'models.runModelStepStream', 'models.getWorkspaceUsage']));
+    const doc = await fetch(`${p.baseUrl}/v1/openapi.json`).then((r) => r.json() as Promise<{ paths: Record<string, unknown> }>);
+    expect(Object.keys(doc.paths)).toEqual(expect.arrayContaining([
+      '/v1/organizations/workspaces/{workspace_id}/model-credentials', '/v1/model-routing-profiles/{model_routing_profile_id}/revisions',
+    ]));
+  });
+
   it('runs a step on the default profile and streams text in several deltas', async () => {
     const r = await step({ routing_key: 'default', messages: user('hello platform') });
     expect(r.status).toBe(200);
@@ -151,6 +162,8 @@ describe('ModelCredentials', () => {
     expect(scripted.status).toBe(400);
     const missing = await req('POST', path, { key: 'x5', provider_key: 'anthropic' });
     expect(missing.status).toBe(400);
+    const publicKeyless = await req('POST', path, { key: 'x6', provider_key: 'openai' });
+    expect(publicKeyless.status).toBe(400);
     const other = await req('GET', `/v1/organizations/workspaces/wrkspc_${'0'.repeat(32)}/model-credentials`);
     expect([other.status, errType(other)]).toEqual([404, 'validation.not_found']);
     const none = await req('GET', `/v1/model-credentials/mcred_${'0'.repeat(32)}`);
@@ -218,6 +231,23 @@ describe('routing, fallback and eligibility', () => {
     expect(JSON.stringify(r.events)).toContain('[redacted]');
   });
 
+  it('REST model-steps: a slow stream is delivered whole; a client that leaves cancels the provider request', async () => {
+    oai.behavior = { ...oai.behavior, mode: 'text', text: 'one two three four five six seven eight', chunkDelayMs: 60 };
+    const whole = await step({ routing_key: 'fast', messages: user('slow please') });
+    expect(textOf(whole.events)).toBe('one two three four five six seven eight');
+    const before = oai.aborted;
+    const ctl = new AbortController();
+    const res = await fetch(`${p.baseUrl}/v1/organizations/workspaces/${ws}/model-steps`, {
+      method: 'POST', headers: c.headers({ accept: 'text/event-stream' }, true), body: JSON.stringify({ routing_key: 'fast', messages: user('slow please') }), signal: ctl.signal,
+    });
+    expect(res.status).toBe(200);
+    const reader = res.body?.getReader();
+    await reader?.read();
+    ctl.abort();
+    await expect.poll(() => oai.aborted, { timeout: 5000 }).toBe(before + 1);
+    oai.behavior = { ...oai.behavior, chunkDelayMs: 0 };
+  });
+
   it('422 model.no_eligible_model when nothing fits', async () => {
     await profile('constrained', [
       { credential_key: 'local-openai', provider_model: 'local-model', constraints: { tool_use: false } },
@@ -268,6 +298,24 @@ describe('rotation and revocation', () => {
     expect(oai.requests.at(-1)?.headers.authorization).toBe(`Bearer ${OPENAI_SECRET_2}`);
     const stale = await req('POST', `/v1/model-credentials/${cred.id}/rotate`, { secret: 'sk-another-secret', expected_generation_number: 1 });
     expect([stale.status, errType(stale)]).toEqual([409, 'validation.conflict']);
+  });
+
+  it('concurrent rotations: losers get 409 and a winning secret is the one used', async () => {
+    const created = await credential('race', { provider_key: 'openai', base_url: oaiFlaky.url, secret: OPENAI_SECRET });
+    await profile('race', [{ credential_key: 'race', provider_model: 'local-model' }]);
+    const secrets = ['sk-race-AAAAAAAAAAAAAAAAAAAA', 'sk-race-BBBBBBBBBBBBBBBBBBBB', 'sk-race-CCCCCCCCCCCCCCCCCCCC'];
+    SECRETS.push(...secrets);
+    const results = await Promise.all(secrets.map((secret) => req('POST', `/v1/model-credentials/${created.id}/rotate`, { secret })));
+    const won = results.flatMap((r, i) => (r.status === 200 ? [secrets[i]] : []));
+    expect(won.length).toBeGreaterThanOrEqual(1);
+    for (const r of results) expect([200, 409]).toContain(r.status);
+    const head = (await req('GET', `/v1/model-credentials/${created.id}`)).body as { active_generation_number: number };
+    expect(head.active_generation_number).toBe(1 + won.length);
+    oaiFlaky.behavior = { ...oaiFlaky.behavior, mode: 'text', apiKey: null };
+    const r = await step({ routing_key: 'race', messages: user('who won?') });
+    expect(endOf(r.events).provider).toBe('openai');
+    expect(secrets.map((x) => `Bearer ${x}`)).toContain(oaiFlaky.requests.at(-1)?.headers.authorization);
+    oaiFlaky.behavior = { ...oaiFlaky.behavior, apiKey: OPENAI_SECRET };
   });
 
   it('revoke: the credential stops serving; the key can be reused', async () => {
@@ -361,6 +409,34 @@ describe('the gateway service (the entry point of the runner gateway), usage and
     await expect(models.budgets.check({ workspace_id: ws, session_id: session, session_budget: { max_list_cost: { amount: 100 } } })).resolves.toBeUndefined();
   });
 
+  it('a real Session: its budget is read from the Session document, usage readable at once', async () => {
+    const agent = await req('POST', '/v1/agents', { name: 'priced agent', model: 'priced' });
+    expect(agent.status).toBe(201);
+    const env = await req('POST', '/v1/environments', { name: 'env', image: 'debian:bookworm' });
+    expect(env.status).toBe(201);
+    const sess = await req('POST', '/v1/sessions', {
+      agent: (agent.body as { id: string }).id, environment_id: (env.body as { id: string }).id, budget: { max_list_cost: { amount: 0.01 } },
+    });
+    expect(sess.status).toBe(201);
+    const sessionId = (sess.body as { id: string }).id;
+    const empty = await req('GET', `/v1/sessions/${sessionId}/usage`);
+    expect(empty.status).toBe(200);
+    expect(empty.body).toMatchObject({ summary: { steps: 0, usage: { total_tokens: 0 } } });
+    const first = await run({ routing_key: 'priced', messages: user('a fairly long message to spend the whole budget at once'), tools: [] }, { session_id: sessionId });
+    expect(endOf(first).stop_reason).toBe('end_turn');
+    const second = await run({ routing_key: 'priced', messages: user('more'), tools: [] }, { session_id: sessionId });
+    expect(second[0]).toMatchObject({ type: 'error', error: { type: 'budget.exceeded' } });
+    // Another workspace's step cannot bill this Session.
+    const foreign = await p.root.request('POST', `/v1/organizations/${p.bootstrap.organization_id}/workspaces`, { body: { name: 'other' } });
+    const out: ModelStreamEvent[] = [];
+    for await (const e of models.gateway.runModelStep((foreign.body as { id: string }).id, { routing_key: 'default', messages: user('x'), tools: [] }, new AbortController().signal, { session_id: sessionId })) out.push(e);
+    expect(out).toEqual([{ type: 'error', error: expect.objectContaining({ type: 'validation.not_found' }) }]);
+    // A runner frame carries the request as untyped JSON: it is validated.
+    const bad: ModelStreamEvent[] = [];
+    for await (const e of models.gateway.runModelStep(ws, { routing_key: 'default', messages: 'nope' }, new AbortController().signal)) bad.push(e);
+    expect(bad).toEqual([{ type: 'error', error: expect.objectContaining({ type: 'validation.malformed', retryable: false }) }]);
+  });
+
   it('cancellation propagates from the service to the provider request', async () => {
     oai.behavior = { ...oai.behavior, mode: 'text', text: 'a b c d e f g h i j k l m n', chunkDelayMs: 100 };
     const before = oai.aborted;
@@ -373,6 +449,39 @@ describe('the gateway service (the entry point of the runner gateway), usage and
     expect(out.at(-1)).toMatchObject({ type: 'end', stop_reason: 'canceled' });
     await expect.poll(() => oai.aborted, { timeout: 3000 }).toBe(before + 1);
     oai.behavior = { ...oai.behavior, chunkDelayMs: 0 };
+  });
+
+  it('runner frames (ModelStreams): deltas then one model.end, cancel and close abort the provider, no secret in any frame', async () => {
+    const frames: ModelFrame[] = [];
+    const streams = new ModelStreams(models.gateway, (f) => { frames.push(f); }, createLogger({ name: 'x', level: 'silent' }), { maxStreams: 2 });
+    oai.behavior = { ...oai.behavior, mode: 'tool', chunkDelayMs: 0 };
+    await streams.open(ws, 'ms-1', { routing_key: 'fast', messages: user('weather'), tools: [{ name: 'get_weather', description: 'w', input_schema: {} }] }, { run_id: newId('run') });
+    const mine = frames.filter((f) => f.stream_id === 'ms-1');
+    expect(mine.at(-1)).toMatchObject({ type: 'model.end', event: { type: 'end', stop_reason: 'tool_use' } });
+    expect(mine.slice(0, -1).every((f) => f.type === 'model.delta')).toBe(true);
+    expect(mine.filter((f) => f.event.type === 'tool_use')).toHaveLength(2);
+
+    oai.behavior = { ...oai.behavior, mode: 'text', text: 'a b c d e f g h i j', chunkDelayMs: 80 };
+    const before = oai.aborted;
+    const slow1 = streams.open(ws, 'ms-2', { routing_key: 'fast', messages: user('x') });
+    const slow2 = streams.open(ws, 'ms-3', { routing_key: 'fast', messages: user('y') });
+    await streams.open(ws, 'ms-4', { routing_key: 'fast', messages: user('z') });
+    expect(frames.find((f) => f.stream_id === 'ms-4')).toMatchObject({ type: 'model.end', event: { type: 'error', error: { type: 'model.platform_capacity_reached' } } });
+    await expect.poll(() => frames.some((f) => f.stream_id === 'ms-2' && f.event.type === 'text_delta'), { timeout: 3000 }).toBe(true);
+    expect(streams.cancel('ms-2')).toBe(true);
+    streams.closeAll();
+    await Promise.all([slow1, slow2]);
+    for (const id of ['ms-2', 'ms-3']) {
+      expect(frames.filter((f) => f.stream_id === id && f.type === 'model.end')).toEqual([
+        expect.objectContaining({ event: expect.objectContaining({ type: 'end', stop_reason: 'canceled' }) }),
+      ]);
+    }
+    await expect.poll(() => oai.aborted, { timeout: 3000 }).toBe(before + 2);
+    expect(streams.size).toBe(0);
+    oai.behavior = { ...oai.behavior, chunkDelayMs: 0 };
+    const text = JSON.stringify(frames);
+    seenBodies.push(text);
+    for (const secret of SECRETS) expect(text).not.toContain(secret);
   });
 
   it('workspace budget: 429 budget.exceeded, with Retry-After only for a periodic budget', async () => {

@@ -8,6 +8,7 @@ import type { Environment } from './environments/operations.js';
 import { SessionService } from './sessions/service.js';
 import { SessionStore } from './sessions/store.js';
 import { recordOnlyTurnScheduler, ThreadRuntime, type TurnScheduler } from './sessions/turns.js';
+import { activeStreams } from './sessions/stream.js';
 import type { ApiConfig } from './config.js';
 import type { ApiDeps } from './deps.js';
 import { IdempotencyStore } from './http/idempotency.js';
@@ -19,6 +20,8 @@ import { CredentialIndex } from './identity/credentials.js';
 import { IdentityService } from './identity/service.js';
 import { allOperations } from './routes.js';
 import { RunnerService } from './runners/service.js';
+import { createRunsModule } from './runs/module.js';
+import { registerRunHandlers } from './runs/gateway-handlers.js';
 import { attachGateway, PresenceStore, type Gateway } from '@agentplane/gateway';
 import { createModelsModule } from './models/module.js';
 
@@ -49,12 +52,20 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
   const environments = new VersionedStore<Environment>(redis, 'environments', 'environment');
   const subscriber = redis.duplicate({ connectionName: 'agentplane:api:events', maxRetriesPerRequest: null });
   subscriber.on('error', (err: Error) => log.warn({ err: err.message }, 'event hub connection error'));
+  const runners = new RunnerService(docs, redis, credentials, identity);
+  const runs = createRunsModule({ config, redis, log, store: sessionStore, runtime: threadRuntime, environments, runners });
+  turns.scheduler = runs.engine;
+  const eventHub = new EventHub(subscriber);
+  const metrics = new Metrics();
+  metrics.gauge('agentplane_sse_streams', 'Session SSE streams open in this process').set({}, activeStreams);
+  metrics.gauge('agentplane_event_hub_channels', 'Session channels this process is subscribed to').set({}, () => eventHub.channelCount);
   return {
+    runs,
     agents,
     environments,
     turns,
     threadRuntime,
-    eventHub: new EventHub(subscriber),
+    eventHub,
     shutdownSignal,
     sessions: new SessionService({ store: sessionStore, agents, environments, identity, runtime: threadRuntime, scheduler: () => turns.scheduler }),
     config,
@@ -64,10 +75,10 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
     secretBox,
     idempotency: new IdempotencyStore(redis, secretBox, config.idempotencyTtlSeconds),
     identity,
-    runners: new RunnerService(docs, redis, credentials, identity),
+    runners,
     gatewayPresence: new PresenceStore(redis),
     models,
-    metrics: new Metrics(),
+    metrics,
     log,
   };
 }
@@ -108,6 +119,12 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
         options: { heartbeatIntervalMs: config.runnerHeartbeatIntervalMs, presenceTtlMs: config.runnerPresenceTtlMs, maxFrameBytes: config.runnerMaxFrameBytes },
       })
     : null;
+  if (gateway) {
+    registerRunHandlers(gateway, {
+      keeper: deps.runs.keeper, records: deps.runs.records, lifecycle: deps.runs.lifecycle, log: deps.sessions.store.log,
+      store: deps.sessions.store, models: deps.models, lease: config.lease, logger: log,
+    });
+  }
 
   return {
     server,
@@ -125,6 +142,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
     async close() {
       shutdown.abort();
       await gateway?.close();
+      await deps.runs.close();
       await new Promise<void>((resolve) => {
         const timer = setTimeout(() => {
           server.closeAllConnections();

@@ -1,4 +1,5 @@
 import { readFileSync } from 'node:fs';
+import { leaseConfigFrom, type LeaseConfig } from '@agentplane/lease';
 import { envBool, envInt, envOptional, envString, type Env, ConfigError } from '@agentplane/core';
 
 export interface ApiConfig {
@@ -20,6 +21,10 @@ export interface ApiConfig {
   /** Host the runner WebSocket gateway in this process. */
   gatewayEmbedded: boolean;
   metricsEnabled: boolean;
+  /** Lease timing shared with the scheduler (LEASE_MS, OFFER_TIMEOUT_MS, …). */
+  lease: LeaseConfig;
+  /** How long a running Run gets to stop after user.interrupt. */
+  interruptGraceMs: number;
   /** Runner gateway: heartbeat interval told to runners, presence TTL, largest accepted frame. */
   runnerHeartbeatIntervalMs: number;
   runnerPresenceTtlMs: number;
@@ -58,6 +63,8 @@ export function loadApiConfig(env: Env): ApiConfig {
     shutdownGraceMs: envInt(env, 'SHUTDOWN_GRACE_MS', 10_000, 0),
     gatewayEmbedded: envBool(env, 'GATEWAY_EMBEDDED', true),
     metricsEnabled: envBool(env, 'METRICS_ENABLED', true),
+    lease: leaseConfigFrom(env),
+    interruptGraceMs: envInt(env, 'INTERRUPT_GRACE_MS', 10_000, 0),
     runnerHeartbeatIntervalMs: envInt(env, 'RUNNER_HEARTBEAT_INTERVAL_MS', 5_000, 100, 600_000),
     runnerPresenceTtlMs: envInt(env, 'RUNNER_PRESENCE_TTL_MS', 20_000, 300, 3_600_000),
     runnerMaxFrameBytes: envInt(env, 'RUNNER_MAX_FRAME_BYTES', 1024 * 1024, 1024, 64 * 1024 * 1024),

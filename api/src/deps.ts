@@ -12,6 +12,7 @@ import type { IdentityService } from './identity/service.js';
 import type { RunnerService } from './runners/service.js';
 import type { PresenceStore } from '@agentplane/gateway';
 import type { ModelsModule } from './models/module.js';
+import type { RunsModule } from './runs/module.js';
 
 /** Everything an operation handler may use. Built once per process in app.ts. */
 export interface ApiDeps {
@@ -26,6 +27,8 @@ export interface ApiDeps {
   gatewayPresence: PresenceStore;
   /** Model credentials, routing profiles, the model gateway service, usage and budgets. */
   models: ModelsModule;
+  /** Runs: the BullMQ queues, lease keeper and life cycle (the API side of scheduling). */
+  runs: RunsModule;
   secretBox: SecretBox;
   metrics: Metrics;
   log: Logger;

@@ -15,4 +15,8 @@ export { RunnerService } from './runners/service.js';
 export { RedisRuntimeBearers, RUNTIME_BEARER_PREFIX, permissionOf } from './mcp/runtime-bearer.js';
 export type { RuntimeBearerVerifier, RuntimeGrant, ConnectionGrant, ToolPermission } from './mcp/runtime-bearer.js';
 export type { ToolCallObserver, ToolCallEvent } from './mcp/runtime.js';
+export { RunLifecycle, type TurnResult } from './runs/lifecycle.js';
+export { buildTurnSpec, requirementsOf, type TurnSpec, type SpecTool } from './runs/spec.js';
+export { VersionedStore } from './agents/versioned.js';
+export type { Environment } from './environments/operations.js';
 export { ConnectionService, type AgentMcpServer, type ResolvedMcpServers } from './connections/service.js';

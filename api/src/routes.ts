@@ -8,6 +8,7 @@ import { environmentOperations } from './environments/operations.js';
 import { sessionOperations } from './sessions/operations.js';
 import { threadOperations } from './sessions/thread-operations.js';
 import { runnerOperations } from './runners/operations.js';
+import { runOperations } from './runs/operations.js';
 
 /**
  * The operation table: every REST operation of the API, once. The router, the OpenAPI
@@ -18,6 +19,6 @@ export function allOperations(): Operation[] {
   const table: Operation[] = [];
   table.push(...metaOperations(() => table), ...identityOperations, ...runnerOperations, ...modelOperations);
   table.push(...agentOperations, ...environmentOperations, ...sessionOperations, ...threadOperations);
-  table.push(...connectionOperations);
+  table.push(...connectionOperations, ...runOperations);
   return table;
 }

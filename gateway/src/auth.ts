@@ -92,20 +92,23 @@ export async function authenticateRunner(redis: Redis, token: string | null): Pr
   };
 }
 
-/** Is this identity still allowed (backstop for a missed revocation message)? */
+/** Is this identity still allowed (backstop for a missed revocation message, and for a disabled Workspace)? */
 export async function stillAuthorized(redis: Redis, id: RunnerIdentity): Promise<'ok' | 401 | 403> {
-  const [credRaw, principalRaw] = await redis.mget(
+  const [credRaw, principalRaw, wsRaw] = await redis.mget(
     keys.doc(tags.workspace(id.workspaceId), id.credentialId),
     id.owner ? keys.doc(tags.workspace(id.workspaceId), id.owner.principal) : keys.doc(tags.workspace(id.workspaceId), 'none'),
+    keys.doc(tags.workspace(id.workspaceId), id.workspaceId),
   );
   if (!credRaw || (JSON.parse(credRaw) as StatusView).status !== 'active') return 401;
   if (id.owner && (!principalRaw || (JSON.parse(principalRaw) as StatusView).status !== 'active')) return 403;
+  if (!wsRaw || (JSON.parse(wsRaw) as StatusView).status !== 'active') return 403;
   return 'ok';
 }
 
-/** The pool's drain state, if it is draining. */
-export async function poolDrain(redis: Redis, ws: string, poolId: string): Promise<{ deadline: string; reason: string } | null> {
-  const raw = await redis.get(keys.doc(tags.workspace(ws), poolId));
+export const poolDocKey = (ws: string, poolId: string): string => keys.doc(tags.workspace(ws), poolId);
+
+/** The pool's drain state, if it is draining (from the pool document's JSON). */
+export function poolDrainOf(raw: string | null): { deadline: string; reason: string } | null {
   if (!raw) return null;
   const p = JSON.parse(raw) as { status: string; drain: { deadline: string; reason: string } | null };
   return p.status === 'draining' && p.drain ? { deadline: p.drain.deadline, reason: p.drain.reason } : null;

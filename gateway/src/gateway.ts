@@ -9,7 +9,7 @@ import {
   parseFrame, type GatewayToRunnerType, type LeaseRef, type Payload, type RunnerMessage, type RunnerPresence,
   type RunnerStatus, type RunnerToGatewayType, type Envelope,
 } from '@agentplane/protocol';
-import { AuthFailure, authenticateRunner, bearerFrom, poolDrain, stillAuthorized, type RunnerIdentity } from './auth.js';
+import { AuthFailure, authenticateRunner, bearerFrom, poolDocKey, poolDrainOf, stillAuthorized, type RunnerIdentity } from './auth.js';
 import { GATEWAY_CONTROL_CHANNEL, gatewayNodeChannel, PresenceStore } from './presence.js';
 
 /** Principal suspensions and deletions, published by the identity service. */
@@ -323,19 +323,20 @@ export class Gateway {
     conn.capabilities = p.capabilities;
     conn.availableSlots = p.capabilities.available_slots;
     conn.status = p.status;
-    if (p.placement) conn.placement = p.placement;
-    conn.generationValue = await this.presence.nextGeneration(id.workspaceId, id.runnerId);
+    const { generation, doc: poolDoc } = await this.presence.nextGenerationWithDoc(id.workspaceId, id.runnerId, poolDocKey(id.workspaceId, id.runnerPoolId));
+    conn.generationValue = generation;
     if (conn.state === 'closed') return;
     // One live socket per runner: an older one (here or on another node) is closed.
     const prior = this.byRunner.get(id.runnerId);
     if (prior && prior !== conn) this.closeConn(prior, CLOSE.SUPERSEDED);
     this.byRunner.set(id.runnerId, conn);
     conn.state = 'live';
-    await this.deps.redis.publish(
+    // Generation 1 is the runner's first connection ever: nothing anywhere to supersede.
+    if (conn.generationValue > 1) await this.deps.redis.publish(
       GATEWAY_CONTROL_CHANNEL,
       JSON.stringify({ kind: 'supersede', workspace_id: id.workspaceId, runner_id: id.runnerId, generation: conn.generationValue, node_id: this.options.nodeId } satisfies GatewayControlMessage),
     );
-    const drain = id.drain ?? (await poolDrain(this.deps.redis, id.workspaceId, id.runnerPoolId));
+    const drain = id.drain ?? poolDrainOf(poolDoc);
     await this.writePresence(conn);
     conn.send(
       'welcome',
@@ -436,11 +437,16 @@ export class Gateway {
     }
     if (channel === GATEWAY_CONTROL_CHANNEL) {
       const m = msg as GatewayControlMessage;
+      // Per-runner messages are O(1) lookups (a connect storm must not cost O(N) per connect).
+      if (m.kind === 'supersede') {
+        const c = this.byRunner.get(m.runner_id);
+        if (c && c.identity.workspaceId === m.workspace_id && c.generationValue < m.generation && c.state === 'live') this.closeConn(c, CLOSE.SUPERSEDED);
+        return;
+      }
       for (const c of [...this.conns.values()]) {
         const id = c.identity;
         if (id.workspaceId !== m.workspace_id) continue;
         if (m.kind === 'credential_revoked' && id.credentialId === m.credential_id) this.closeConn(c, CLOSE.UNAUTHORIZED, 'runner credential revoked');
-        else if (m.kind === 'supersede' && id.runnerId === m.runner_id && c.generationValue < m.generation && c.state === 'live') this.closeConn(c, CLOSE.SUPERSEDED);
         else if (m.kind === 'drain' && (m.runner_id === id.runnerId || m.runner_pool_id === id.runnerPoolId) && c.state === 'live') {
           c.send('drain', { deadline: m.deadline, reason: m.reason });
         }

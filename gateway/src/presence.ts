@@ -35,14 +35,11 @@ export const gatewayNodeChannel = (nodeId: string): string => `ap:gateway:node:$
 /** Broadcast channel every gateway node listens on: revocations, drains, supersedes. */
 export const GATEWAY_CONTROL_CHANNEL = 'ap:gateway:control';
 
-// Write only if this connection's generation is not older than the stored one (a stale socket
-// on another node cannot overwrite a newer connection's presence).
+// Write only if this connection is the runner's newest (the generation counter is the fence):
+// a stale socket on any node cannot overwrite or resurrect a newer connection's presence.
 const WRITE_LUA = `
-local cur = redis.call('GET', KEYS[1])
-if cur then
-  local g = cjson.decode(cur)['presence']['generation']
-  if tonumber(g) > tonumber(ARGV[3]) then return 0 end
-end
+local latest = redis.call('GET', KEYS[4])
+if latest and tonumber(latest) > tonumber(ARGV[3]) then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('ZADD', KEYS[2], 0, ARGV[4])
 redis.call('ZADD', KEYS[3], ARGV[5], ARGV[4])
@@ -81,12 +78,20 @@ export class PresenceStore {
     return this.redis.incr(presenceKeys.generation(ws, runnerId));
   }
 
+  /** One round trip: the next generation and a document of the same Workspace (e.g. the runner's pool). */
+  async nextGenerationWithDoc(ws: string, runnerId: string, docKey: string): Promise<{ generation: number; doc: string | null }> {
+    const res = await this.redis.pipeline().incr(presenceKeys.generation(ws, runnerId)).get(docKey).exec();
+    const [incr, get] = res ?? [];
+    if (!incr || incr[0] || !get || get[0]) throw (incr?.[0] ?? get?.[0] ?? new Error('pipeline failed'));
+    return { generation: Number(incr[1]), doc: (get[1] as string | null) ?? null };
+  }
+
   /** Write (or refresh) a presence. False when a newer generation owns it. */
   async write(ws: string, stored: StoredPresence, ttlMs: number): Promise<boolean> {
     const p = stored.presence;
     const r = await writeScript.run(
       this.redis,
-      [presenceKeys.doc(ws, p.runner), presenceKeys.ids(ws), presenceKeys.exp(ws)],
+      [presenceKeys.doc(ws, p.runner), presenceKeys.ids(ws), presenceKeys.exp(ws), presenceKeys.generation(ws, p.runner)],
       [JSON.stringify(stored), ttlMs, p.generation, p.runner, Date.parse(p.expires_at)],
     );
     return r === 1;

@@ -1,3 +1,4 @@
+import { LEASE_ENV } from '@agentplane/lease';
 import { resolve } from 'node:path';
 import { envBool, envEnum, envInt, envOptional, envString, type Env } from '@agentplane/core';
 
@@ -16,6 +17,8 @@ export interface PlatformConfig {
   restartChildren: boolean;
   /** Runner gateway settings passed through to the API (RUNNER_HEARTBEAT_INTERVAL_MS, RUNNER_PRESENCE_TTL_MS, RUNNER_MAX_FRAME_BYTES, PAIRING_REDEEM_PER_MINUTE). */
   runnerEnv: Readonly<Record<string, string>>;
+  /** Lease timing handed to the api and scheduler unchanged (LEASE_MS, OFFER_TIMEOUT_MS, …). */
+  leaseEnv: Readonly<Record<string, string>>;
   /** Model settings handed to the api process unchanged (MODEL_PRICES_FILE, MODEL_PROVIDER_TIMEOUT_MS). */
   modelEnv: Record<string, string>;
 }
@@ -34,6 +37,7 @@ export function loadPlatformConfig(env: Env): PlatformConfig {
     startScheduler: envBool(env, 'START_SCHEDULER', true),
     startRunner: envBool(env, 'START_RUNNER', true),
     restartChildren: envBool(env, 'RESTART_CHILDREN', true),
+    leaseEnv: Object.freeze(Object.fromEntries([...LEASE_ENV, 'CAPACITY_RETRY_MS', 'INTERRUPT_GRACE_MS', 'POOL_SCAN_MS'].flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : [])))),
     runnerEnv: Object.freeze(Object.fromEntries(RUNNER_ENV.flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : [])))),
     modelEnv: Object.fromEntries(
       ['MODEL_PRICES_FILE', 'MODEL_PROVIDER_TIMEOUT_MS'].flatMap((name) => {

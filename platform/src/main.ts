@@ -99,8 +99,16 @@ async function main(): Promise<void> {
   supervisor.start({
     name: 'api',
     script: entry('@agentplane/api', 'main.js'),
-    env: { ...common, ...config.runnerEnv, ...config.modelEnv, PORT: String(config.port), HOST: config.host, PUBLIC_BASE_URL: baseUrl },
+    env: { ...common, ...config.runnerEnv, ...config.modelEnv, ...config.leaseEnv, PORT: String(config.port), HOST: config.host, PUBLIC_BASE_URL: baseUrl },
   });
+
+  if (config.startScheduler) {
+    supervisor.start({
+      name: 'scheduler',
+      script: entry('@agentplane/scheduler', 'main.js'),
+      env: { ...common, ...config.leaseEnv, SCHEDULER_PORT: '0' },
+    });
+  }
 
   if (config.startRunner) {
     supervisor.start({

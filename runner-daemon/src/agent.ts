@@ -3,7 +3,7 @@ import { backoffDelay, nowIso, type Logger } from '@agentplane/core';
 import {
   CLOSE, FrameError, RUNNER_CONNECT_PATH, RUNNER_DEFAULTS, RUNNER_PROTOCOL_VERSIONS, frame, parseFrame,
   type GatewayMessage, type GatewayToRunnerType, type LeaseRef, type Payload, type RunnerCapabilities, type RunnerStatus,
-  type RunnerToGatewayType,
+  type RunnerToGatewayType, type ModelClient, type ModelRequest, type ModelStreamEvent,
 } from '@agentplane/protocol';
 import type Docker from 'dockerode';
 import { buildCapabilities, hostFacts, memoryAvailableMib, type HostFacts, type SlotPolicy } from './capabilities.js';
@@ -18,15 +18,29 @@ export interface LeaseHandle {
   /** Aborted on lease.cancel, lease.revoked, or the drain deadline. */
   readonly signal: AbortSignal;
   sendEvents(sessionId: string, events: Payload<'events.batch'>['events']): void;
+  /**
+   * Deliver a batch and wait for its events.ack (the assigned sequence numbers), resending
+   * across reconnects until acknowledged; producer keys make resends idempotent. Rejects when
+   * the lease is revoked (writes are fenced) or after `giveUpMs`.
+   */
+  deliverEvents(sessionId: string, events: Payload<'events.batch'>['events'], giveUpMs?: number): Promise<number[]>;
+  /** Model steps through the control plane's model gateway (model-gateway-v1 frames on this socket). */
+  readonly model: ModelClient;
 }
 
-/** Runs the work of a lease; resolve = lease.complete, reject = lease.fail. Installed by the scheduler/sandbox work. */
-export type LeaseExecutor = (handle: LeaseHandle) => Promise<Record<string, unknown> | undefined>;
+/** Runs the work of a lease; resolve = lease.complete, reject = lease.fail. Sandbox drivers plug in here. */
+export interface LeaseExecutor {
+  /** A reason to reject the offer (e.g. an unknown driver), or null to accept it. */
+  refuse(offer: Payload<'lease.offer'>): string | null;
+  run(handle: LeaseHandle): Promise<Record<string, unknown> | undefined>;
+}
 
 interface HeldLease {
   ref: LeaseRef;
   abort: AbortController;
   done: Promise<void>;
+  /** Set by lease.revoked: the lease is gone and every write would be fenced. */
+  revoked: string | null;
 }
 
 /**
@@ -53,6 +67,11 @@ export class RunnerAgent {
   private finished!: () => void;
   private readonly finishedPromise = new Promise<void>((r) => (this.finished = r));
   executor: LeaseExecutor | null = null;
+  /** Open model streams: stream id → where their frames go. */
+  private readonly modelStreams = new Map<string, (event: ModelStreamEvent | null, end: boolean) => void>();
+  private streamSeq = 0;
+  /** Event batches waiting for their events.ack, by frame id. */
+  private readonly eventAcks = new Map<string, (seqs: number[]) => void>();
 
   constructor(
     private readonly cred: RunnerCredentialFile,
@@ -156,7 +175,6 @@ export class RunnerAgent {
           daemon_version: DAEMON_VERSION,
           status: this.status,
           capabilities: caps,
-          placement: 'local',
           held_leases: this.heldRefs(),
         });
       });
@@ -192,10 +210,31 @@ export class RunnerAgent {
   }
 
   private send<T extends RunnerToGatewayType>(type: T, payload: Payload<T>, re?: string): boolean {
+    return this.sendWithId(type, `r${(++this.msgSeq).toString(36)}`, payload, re);
+  }
+
+  private sendWithId<T extends RunnerToGatewayType>(type: T, id: string, payload: Payload<T>, re?: string): boolean {
     const ws = this.ws;
     if (!ws || ws.readyState !== ws.OPEN) return false;
-    ws.send(frame(type, `r${(++this.msgSeq).toString(36)}`, payload, re));
+    ws.send(frame(type, id, payload, re));
     return true;
+  }
+
+  private async deliverEvents(key: string, ref: LeaseRef, sessionId: string, events: Payload<'events.batch'>['events'], giveUpMs: number): Promise<number[]> {
+    const deadline = Date.now() + giveUpMs;
+    for (;;) {
+      const held = this.held.get(key);
+      if (held?.revoked) throw new Error(`lease revoked: ${held.revoked}`);
+      if (Date.now() > deadline) throw new Error('events were not acknowledged in time');
+      const id = `r${(++this.msgSeq).toString(36)}`;
+      const acked = new Promise<number[]>((resolve) => this.eventAcks.set(id, resolve));
+      const sent = this.sendWithId('events.batch', id, { ...ref, session_id: sessionId, events });
+      let timer: NodeJS.Timeout | undefined;
+      const seqs = await Promise.race([acked, new Promise<null>((r) => (timer = setTimeout(() => r(null), sent ? 3000 : 250)))]);
+      clearTimeout(timer);
+      this.eventAcks.delete(id);
+      if (seqs) return seqs;
+    }
   }
 
   private heldRefs(): LeaseRef[] {
@@ -230,9 +269,21 @@ export class RunnerAgent {
         return;
       case 'lease.offer':
         return this.onOffer(msg.payload);
+      case 'lease.revoked': {
+        const h = this.held.get(`${msg.payload.lease_id}#${msg.payload.attempt}`);
+        if (h) h.revoked = msg.payload.reason;
+        h?.abort.abort(new Error(msg.payload.reason));
+        return;
+      }
       case 'lease.cancel':
-      case 'lease.revoked':
         this.held.get(`${msg.payload.lease_id}#${msg.payload.attempt}`)?.abort.abort(new Error(msg.payload.reason));
+        return;
+      case 'events.ack':
+        if (msg.re) this.eventAcks.get(msg.re)?.(msg.payload.seqs);
+        return;
+      case 'model.delta':
+      case 'model.end':
+        this.modelStreams.get(msg.payload.stream_id)?.(msg.payload.event as ModelStreamEvent, msg.type === 'model.end');
         return;
       case 'error':
         this.log.warn({ error_code: msg.payload.code, message: msg.payload.message, re: msg.re }, 'gateway reported an error');
@@ -242,10 +293,56 @@ export class RunnerAgent {
     }
   }
 
+  /** A ModelClient whose steps travel as model.request frames fenced by this lease. */
+  private modelClientFor(ref: LeaseRef): ModelClient {
+    const agent = this;
+    return {
+      async *stream(request: ModelRequest, signal: AbortSignal): AsyncIterable<ModelStreamEvent> {
+        const streamId = `m${(++agent.streamSeq).toString(36)}`;
+        const queue: ModelStreamEvent[] = [];
+        let ended = false;
+        let wake: (() => void) | null = null;
+        agent.modelStreams.set(streamId, (event, end) => {
+          if (event) queue.push(event);
+          if (end) ended = true;
+          wake?.();
+        });
+        const onAbort = () => {
+          agent.send('model.cancel', { stream_id: streamId });
+          queue.push({ type: 'error', error: { type: 'runtime.canceled', message: 'the model step was canceled', retryable: false } });
+          ended = true;
+          wake?.();
+        };
+        signal.addEventListener('abort', onAbort, { once: true });
+        try {
+          if (!agent.send('model.request', { ...ref, stream_id: streamId, request })) {
+            yield { type: 'error', error: { type: 'runtime.unavailable', message: 'not connected to the control plane', retryable: true } };
+            return;
+          }
+          for (;;) {
+            while (queue.length > 0) {
+              const ev = queue.shift() as ModelStreamEvent;
+              yield ev;
+              if (ev.type === 'end' || ev.type === 'error') return;
+            }
+            if (ended) return;
+            await new Promise<void>((r) => (wake = r));
+            wake = null;
+          }
+        } finally {
+          signal.removeEventListener('abort', onAbort);
+          agent.modelStreams.delete(streamId);
+        }
+      },
+    };
+  }
+
   private onOffer(offer: Payload<'lease.offer'>): void {
     const ref = { lease_id: offer.lease_id, attempt: offer.attempt };
     if (this.status === 'draining') return void this.send('lease.reject', { ...ref, reason: 'runner is draining' });
     if (!this.executor) return void this.send('lease.reject', { ...ref, reason: 'no executor is installed on this runner' });
+    const refusal = this.executor.refuse(offer);
+    if (refusal) return void this.send('lease.reject', { ...ref, reason: refusal });
     if (this.facts && buildCapabilities(this.facts, this.policy, this.held.size).available_slots <= 0) {
       return void this.send('lease.reject', { ...ref, reason: 'no free slot' });
     }
@@ -256,9 +353,11 @@ export class RunnerAgent {
     const handle: LeaseHandle = {
       lease: ref, offer, signal: abort.signal,
       sendEvents: (sessionId, events) => void this.send('events.batch', { ...ref, session_id: sessionId, events }),
+      model: this.modelClientFor(ref),
+      deliverEvents: (sessionId, events, giveUpMs = 120_000) => this.deliverEvents(key, ref, sessionId, events, giveUpMs),
     };
     const executor = this.executor;
-    const done = executor(handle).then(
+    const done = executor.run(handle).then(
       (result) => void this.send('lease.complete', { ...ref, ...(result ? { result } : {}) }),
       (err: unknown) => void this.send('lease.fail', { ...ref, failure_class: abort.signal.aborted ? 'infrastructure' : 'work', reason: String(err instanceof Error ? err.message : err).slice(0, 2000) || 'failed' }),
     ).finally(() => {
@@ -266,7 +365,7 @@ export class RunnerAgent {
       this.held.delete(key);
       this.maybeFinishDrain();
     });
-    this.held.set(key, { ref, abort, done });
+    this.held.set(key, { ref, abort, done, revoked: null });
   }
 
   private startHeartbeat(): void {

@@ -1,4 +1,5 @@
 #!/usr/bin/env node
+import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { hostname } from 'node:os';
 import { createLogger } from '@agentplane/core';
@@ -6,6 +7,9 @@ import { RunnerAgent } from './agent.js';
 import { dockerClient } from './capabilities.js';
 import { credentialPath, loadCredential, loadDaemonConfig, loadState, saveCredential, type RunnerCredentialFile } from './config.js';
 import { runDoctor } from './doctor.js';
+import { firstWilling, turnExecutor } from './executor.js';
+import { noopExecutor } from './executors.js';
+import { ensureSandboxImageIfDocker, selectDriver } from './sandbox/index.js';
 
 const COMMON = `
 Common options:
@@ -159,7 +163,23 @@ async function start(flags: Flags): Promise<number> {
     return 2;
   }
   const log = createLogger({ name: 'runner', level: config.logLevel }).child({ runner: cred.runner_id });
-  const agent = new RunnerAgent(cred, config, log, dockerClient(config.dockerSocket));
+  const docker = dockerClient(config.dockerSocket);
+  const agent = new RunnerAgent(cred, config, log, docker);
+  // The sandbox: Docker when the engine answers (image built offline if missing), else the
+  // unisolated process driver. Orphans of an earlier life of this runner are reaped first.
+  const image = await ensureSandboxImageIfDocker({ docker, onProgress: (line: string) => log.info(line) }).catch((err: unknown) => {
+    log.warn({ err: err instanceof Error ? err.message : String(err) }, 'sandbox image could not be built');
+    return undefined;
+  });
+  const driver = await selectDriver({ runnerId: cred.runner_id, dataDir: join(config.configDir, 'sandboxes'), docker, logger: log });
+  if (driver) {
+    const reaped = await driver.reapOrphans(cred.runner_id, []).catch(() => [] as string[]);
+    if (reaped.length > 0) log.info({ reaped: reaped.length }, 'removed sandboxes left by an earlier run of this runner');
+    agent.executor = firstWilling(turnExecutor({ driver, log }), noopExecutor);
+    log.info({ driver: driver.name, tier: driver.tier, image: image?.latest }, 'sandbox driver ready');
+  } else {
+    agent.executor = noopExecutor;
+  }
   let signals = 0;
   const onSignal = (sig: string) => {
     signals += 1;

@@ -56,6 +56,9 @@ export class ModelCredentialService {
       throw new ApiError('validation.malformed', 'the scripted provider takes neither a secret nor a base_url');
     }
     if (provider === 'anthropic' && secret === undefined) throw new ApiError('validation.malformed', 'body.secret: the anthropic provider needs an API key');
+    if (provider === 'openai' && baseUrl === null && secret === undefined) {
+      throw new ApiError('validation.malformed', 'body.secret: the public OpenAI endpoint needs an API key (keyless servers need a base_url)');
+    }
   }
 
   async create(ws: string, input: CreateModelCredentialInput): Promise<ModelCredentialHead> {
@@ -117,7 +120,9 @@ export class ModelCredentialService {
       throw new ApiError('validation.conflict', `generation ${expectedGeneration} is stale; the active generation is ${cur.active_generation_number}`);
     }
     const gen = cur.active_generation_number + 1;
-    await this.redis.set(this.secretKey(ws, id, gen), this.box.seal(secret, this.aad(ws, id, gen)));
+    // NX: of two concurrent rotations only one may write generation `gen` (the loser must not erase it).
+    const written = await this.redis.set(this.secretKey(ws, id, gen), this.box.seal(secret, this.aad(ws, id, gen)), 'NX');
+    if (written !== 'OK') throw new ApiError('validation.conflict', 'the credential is being rotated concurrently');
     let next: ModelCredentialDoc;
     try {
       next = await this.docs.update<ModelCredentialDoc>(tags.workspace(ws), id, (d) => {
@@ -149,10 +154,17 @@ export class ModelCredentialService {
 
   /** Decrypt for one call. Callers keep the result in a local variable for the call's duration only. */
   async unseal(doc: ModelCredentialDoc): Promise<UnsealedCredential> {
-    if (!doc.has_secret) return { doc, secret: null };
-    const sealed = await this.redis.get(this.secretKey(doc.workspace_id, doc.id, doc.active_generation_number));
-    if (sealed === null) throw new ApiError('runtime.unavailable', 'the credential was rotated during the call; retry');
-    return { doc, secret: this.box.open(sealed, this.aad(doc.workspace_id, doc.id, doc.active_generation_number)) };
+    let d = doc;
+    for (let attempt = 0; attempt < 3; attempt++) {
+      if (!d.has_secret) return { doc: d, secret: null };
+      const sealed = await this.redis.get(this.secretKey(d.workspace_id, d.id, d.active_generation_number));
+      if (sealed !== null) return { doc: d, secret: this.box.open(sealed, this.aad(d.workspace_id, d.id, d.active_generation_number)) };
+      // Rotated (or revoked) since `doc` was read: use the live generation.
+      const live = await this.docs.get<ModelCredentialDoc>(tags.workspace(d.workspace_id), d.id);
+      if (!live || live.status !== 'active') throw new ApiError('runtime.unavailable', 'the credential was revoked during the call');
+      d = live;
+    }
+    throw new ApiError('runtime.unavailable', 'the credential is being rotated; retry');
   }
 
   /** Probe the provider with the credential (list models) and record `health_status`. */

@@ -1,5 +1,6 @@
 import { randomUUID } from 'node:crypto';
-import { ApiError, LOGICAL_KEY_PATTERN, type Logger } from '@agentplane/core';
+import { ApiError, check, LOGICAL_KEY_PATTERN, type Logger } from '@agentplane/core';
+import { tags, type DocumentStore, type StoredDoc } from '@agentplane/store';
 import { ZERO_USAGE, type ModelError, type ModelRequest, type ModelStreamEvent } from '@agentplane/protocol';
 import {
   estimateRequestTokens, findPrice, listCostNanoUsd, ProviderError, type PriceTable, type ProviderAdapter, type ProviderKey,
@@ -9,6 +10,7 @@ import type { ModelCredentialService } from './credentials.js';
 import type { ModelCredentialDoc, RoutingCandidate } from './model.js';
 import type { RoutingProfileService } from './profiles.js';
 import type { UsageAccumulator } from './usage.js';
+import { ModelRequestBody } from './schemas.js';
 
 /** Who the step works for; usage is recorded against these and budgets are checked for them. */
 export interface ModelStepContext {
@@ -17,7 +19,10 @@ export interface ModelStepContext {
   run_id?: string | undefined;
   /** Unique per step (idempotent usage recording). Generated when absent. */
   step_id?: string | undefined;
-  /** The Session's `budget`, so a spent budget stops the turn at its next step. */
+  /**
+   * The Session's `budget`, so a spent budget stops the turn at its next step. When absent and
+   * `session_id` is given, it is read from the Session document.
+   */
   session_budget?: SessionBudget | null | undefined;
 }
 
@@ -59,7 +64,14 @@ export class ModelGatewayService {
     private readonly adapters: Record<ProviderKey, ProviderAdapter>,
     private readonly options: GatewayServiceOptions,
     private readonly log: Logger,
+    private readonly docs?: DocumentStore,
   ) {}
+
+  /** Validate a model-gateway-v1 request that arrived as untyped JSON (a runner frame). */
+  static parseRequest(value: unknown): ModelRequest {
+    const body = check(ModelRequestBody, value, 'message');
+    return { ...body, tools: body.tools ?? [] } as ModelRequest;
+  }
 
   /**
    * The entry point for the runner gateway. Never throws: every failure is an `error` event
@@ -67,10 +79,10 @@ export class ModelGatewayService {
    * `model.provider_rejected`, `validation.malformed`, `runtime.internal`). Aborting `signal`
    * aborts the provider request and ends the stream with `end` / stop_reason `canceled`.
    */
-  async *runModelStep(workspaceId: string, request: ModelRequest, signal: AbortSignal, context: ModelStepContext = {}): AsyncGenerator<ModelStreamEvent> {
+  async *runModelStep(workspaceId: string, request: ModelRequest | unknown, signal: AbortSignal, context: ModelStepContext = {}): AsyncGenerator<ModelStreamEvent> {
     let plan: StepPlan;
     try {
-      plan = await this.plan(workspaceId, request, context);
+      plan = await this.plan(workspaceId, ModelGatewayService.parseRequest(request), context);
     } catch (err) {
       yield { type: 'error', error: toModelError(err) };
       return;
@@ -81,15 +93,23 @@ export class ModelGatewayService {
   /** Budget check and candidate selection. Throws ApiError 422 / 429 / 400. */
   async plan(workspaceId: string, request: ModelRequest, context: ModelStepContext = {}): Promise<StepPlan> {
     if (!KEY_RE.test(request.routing_key)) throw new ApiError('validation.malformed', 'routing_key is not a logical key');
-    await this.budgets.check({ workspace_id: workspaceId, session_id: context.session_id, session_budget: context.session_budget });
-    await this.profiles.ensureDefaults(workspaceId);
-    const resolved = await this.profiles.resolve(workspaceId, request.routing_key);
+    if (context.session_id && context.session_budget === undefined && this.docs) {
+      const session = await this.docs.get<StoredDoc & { workspace_id?: string; budget?: SessionBudget | null }>(tags.session(context.session_id), context.session_id);
+      if (session && session.workspace_id !== workspaceId) throw new ApiError('validation.not_found', 'session not found');
+      context = { ...context, session_budget: session?.budget ?? null };
+    }
+    // The budget check and the profile lookup are independent reads: one round trip less.
+    const [, resolved] = await Promise.all([
+      this.budgets.check({ workspace_id: workspaceId, session_id: context.session_id, session_budget: context.session_budget }),
+      this.profiles.ensureDefaults(workspaceId).then(() => this.profiles.resolve(workspaceId, request.routing_key)),
+    ]);
     if (!resolved) throw new ApiError('model.no_eligible_model', `no model routing profile has the key '${request.routing_key}'`);
     const reasons: string[] = [];
     const eligible: Eligible[] = [];
     const inputEstimate = estimateRequestTokens(request);
+    const verdicts = await Promise.all(resolved.revision.candidates.map((c) => this.ineligible(workspaceId, c, request, inputEstimate)));
     for (const [i, c] of resolved.revision.candidates.entries()) {
-      const why = await this.ineligible(workspaceId, c, request, inputEstimate);
+      const why = verdicts[i] as string | ModelCredentialDoc;
       if (typeof why === 'string') reasons.push(`#${i + 1} ${c.credential_key}/${c.provider_model}: ${why}`);
       else eligible.push({ candidate: c, credential: why });
     }

@@ -4,4 +4,6 @@ export { BudgetGuard, secondsToReset, type BudgetSubject, type SessionBudget, ty
 export { UsageAccumulator, type UsageAttribution, type UsageScope, type UsageSummary } from './usage.js';
 export { ModelCredentialService, type CreateModelCredentialInput } from './credentials.js';
 export { RoutingProfileService, DEFAULT_MODEL_KEY } from './profiles.js';
+export { ModelStreams, type ModelFrame, type ModelStreamsOptions } from './model-streams.js';
+export { registerModelFrames, type LeaseAttribution, type LeaseResolver, type ModelFramesOptions } from './runner-frames.js';
 export type * from './model.js';

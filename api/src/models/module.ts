@@ -48,6 +48,6 @@ export function createModelsModule(deps: ModelsModuleDeps): ModelsModule {
   const profiles = new RoutingProfileService(deps.docs, deps.redis, credentials);
   const usage = new UsageAccumulator(deps.redis);
   const budgets = new BudgetGuard(deps.redis, usage);
-  const gateway = new ModelGatewayService(credentials, profiles, usage, budgets, adapters, { prices, providerTimeoutMs: deps.config.providerTimeoutMs }, log);
+  const gateway = new ModelGatewayService(credentials, profiles, usage, budgets, adapters, { prices, providerTimeoutMs: deps.config.providerTimeoutMs }, log, deps.docs);
   return { credentials, profiles, usage, budgets, gateway, prices };
 }

@@ -1,6 +1,7 @@
 import type { ServerResponse } from 'node:http';
 import { ApiError, Id, Obj, Page, Type } from '@agentplane/core';
 import type { ModelRequest } from '@agentplane/protocol';
+import { tags, type StoredDoc } from '@agentplane/store';
 import { ADMINS, READERS, WRITERS } from '../http/caller.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
 import { requireWorkspace, workspaceInBoundary } from '../http/workspace-scope.js';
@@ -186,8 +187,11 @@ export const modelOperations: Operation[] = [
     async handler({ caller, params, query, deps }) {
       const ws = requireWorkspace(caller);
       if (query.thread_id && query.run_id) throw new ApiError('validation.malformed', 'query: give thread_id or run_id, not both');
-      const owner = await deps.models.usage.sessionWorkspace(params.session_id);
-      if (owner !== ws) throw new ApiError('validation.not_found', 'no model usage recorded for this Session');
+      // The Session document decides the boundary; counters recorded for a Session id with no
+      // document (a step attributed by a runner before the Session was read) carry their own.
+      const session = await deps.docs.get<StoredDoc & { workspace_id?: string }>(tags.session(params.session_id), params.session_id);
+      const owner = session ? session.workspace_id : await deps.models.usage.sessionWorkspace(params.session_id);
+      if (owner !== ws) throw new ApiError('validation.not_found', 'session not found');
       const s = params.session_id;
       const summary = await deps.models.usage.read(
         query.thread_id ? { kind: 'thread', session_id: s, thread_id: query.thread_id }

@@ -13,6 +13,8 @@ export const DEFAULT_MODEL_KEY = 'default';
  * revision (an ordered candidate list); the head points at the latest.
  */
 export class RoutingProfileService {
+  private readonly seeded = new Set<string>();
+
   constructor(
     private readonly docs: DocumentStore,
     private readonly redis: Redis,
@@ -100,14 +102,25 @@ export class RoutingProfileService {
    * revoked default is not re-created.
    */
   async ensureDefaults(ws: string): Promise<void> {
+    if (this.seeded.has(ws)) return;
     const marker = keys.scoped(tags.workspace(ws), 'model_defaults_seeded');
-    if ((await this.redis.exists(marker)) === 1) return;
+    if ((await this.redis.exists(marker)) === 1) {
+      this.remember(ws);
+      return;
+    }
     await this.credentials.create(ws, { key: DEFAULT_MODEL_KEY, display_name: 'Built-in scripted model', provider_key: 'scripted' }).catch(ignoreConflict);
     await this.create(ws, {
       key: DEFAULT_MODEL_KEY, display_name: 'Default (built-in scripted model)',
       candidates: [{ credential_key: DEFAULT_MODEL_KEY, provider_model: SCRIPTED_DEFAULT_MODEL }],
     }).catch(ignoreConflict);
     await this.redis.set(marker, '1');
+    this.remember(ws);
+  }
+
+  /** The marker is never removed, so a process may remember seeded workspaces (bounded). */
+  private remember(ws: string): void {
+    if (this.seeded.size >= 10_000) this.seeded.clear();
+    this.seeded.add(ws);
   }
 }
 

@@ -87,7 +87,33 @@ export interface ThreadStats {
   startup_seconds: number | null;
 }
 
-export type RunStatus = 'queued' | 'running' | 'succeeded' | 'failed' | 'canceled';
+/**
+ * Run status machine (docs/RUNS.md): queued → (waiting ⇄ queued) → leased → running →
+ * succeeded | failed | canceled; a lost lease or an infrastructure failure goes back to queued
+ * (a new attempt) while attempts remain.
+ */
+export type RunStatus = 'queued' | 'waiting' | 'leased' | 'running' | 'succeeded' | 'failed' | 'canceled';
+
+/** One lease of a Run: which runner held it and how it ended. */
+export interface RunAttempt {
+  attempt: number;
+  lease_id: string;
+  runner_id: string;
+  leased_at: string;
+  ended_at: string | null;
+  outcome: 'running' | 'succeeded' | 'lost' | 'infrastructure_failure' | 'work_failure' | 'canceled' | null;
+  cause: string | null;
+}
+
+/** Dispatch timestamps, so latency can be broken down from the Run itself. */
+export interface RunTimestamps {
+  accepted_at: string;
+  enqueued_at: string | null;
+  leased_at: string | null;
+  started_at: string | null;
+  first_event_at: string | null;
+  ended_at: string | null;
+}
 
 /** One turn: an immutable Run derived from the Session's configuration at turn start. */
 export interface RunDoc extends StoredDoc {
@@ -100,6 +126,16 @@ export interface RunDoc extends StoredDoc {
   environment_id: string;
   environment_version: number;
   input_event_ids: string[];
+  /** Set by the scheduler. */
+  runner_pool_id?: string | null;
+  attempts?: RunAttempt[];
+  timestamps?: RunTimestamps;
+  /** Why a queued Run is not leased yet (no runner, all busy, …). */
+  waiting_reason?: string | null;
+  stop_reason?: unknown;
+  failure?: { class: string; code: string; message: string } | null;
+  /** Answers of the previous Run's blocking tool uses (a continuation Run). */
+  continues_run_id?: string | null;
 }
 
 const sec = (ms: number) => Math.round(ms) / 1000;

@@ -12,8 +12,8 @@ import {
 } from './schemas.js';
 import { resumeCursor, sseStream } from './stream.js';
 
-const readers = { kind: 'bearer', roles: READERS, principal: true } as const;
-const writers = { kind: 'bearer', roles: WRITERS, principal: true } as const;
+const readers = { kind: 'bearer', roles: READERS } as const;
+const writers = { kind: 'bearer', roles: WRITERS } as const;
 
 const SessionSchema = Type.Unsafe<Record<string, unknown>>({ type: 'object', description: 'Session (docs/API.md)' });
 const EventSchema = Obj({

@@ -67,7 +67,8 @@ export class SessionService {
     return snapshotOf(await this.d.agents.create(ws, newAgent(ws, input)));
   }
 
-  async create(ws: string, body: CreateSessionInput, idemKey: string | undefined): Promise<Record<string, unknown>> {
+  /** `options.automationId`: set by the automations module when a firing creates the Session. */
+  async create(ws: string, body: CreateSessionInput, idemKey: string | undefined, options: { automationId?: string } = {}): Promise<Record<string, unknown>> {
     const initial = (body.initial_events ?? []).map((e, i) => ({ type: e.type, payload: checkDrivePayload(e.type, e.payload, `body.initial_events.${i}`) }));
     for (const e of initial) {
       if (e.type !== 'user.message' && e.type !== 'user.define_outcome') {
@@ -87,6 +88,7 @@ export class SessionService {
       title: body.title ?? null, budget: body.budget ? { max_list_cost: { amount: body.budget.max_list_cost.amount, currency: 'USD' } } : null,
       metadata: body.metadata ?? {}, resources: (body.resources ?? []).map((r) => this.newResource(r)), vault_ids: body.vault_ids ?? [],
       outcome_evaluations: [], archived_at: null, _primary_thread_id: primary.id, version: 1, created_at: now, updated_at: now,
+      ...(options.automationId ? { automation_id: options.automationId } : {}),
     };
     await this.d.store.create(session, primary);
     if (initial.length > 0) {
@@ -132,8 +134,8 @@ export class SessionService {
     const c = counters ?? (await this.d.store.log.counters(t.session_id));
     const usage = usageFrom(c, `t.${t.id}.`);
     const any = Object.values(usage).some((v) => v > 0);
-    const { workspace_id: _ws, ...rest } = publicDoc(t);
-    return { ...rest, stats: threadStats(t), usage: any ? usage : null };
+    const { workspace_id: ws, ...rest } = publicDoc(t);
+    return { ...rest, agent: { ...t.agent, workspace_id: ws }, stats: threadStats(t), usage: any ? usage : null };
   }
 
   // ---- list ----------------------------------------------------------------------------------
@@ -260,6 +262,7 @@ export class SessionService {
       thread = found;
     }
     const wait = thread._waits[toolUseId];
+    if (thread.status === 'terminated' && wait?.answered_event_id === null) throw new ApiError('runtime.invalid_transition', 'the thread is terminated');
     if (!wait) throw new ApiError('runtime.invalid_transition', `the thread does not wait on ${toolUseId}`);
     if (wait.kind !== kind) throw new ApiError('runtime.invalid_transition', `${toolUseId} waits for a ${wait.kind === 'custom_tool' ? 'user.custom_tool_result' : 'user.tool_confirmation'}`);
     const { caused_by: _c, ...exact } = p;

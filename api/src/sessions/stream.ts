@@ -9,6 +9,12 @@ export const KEEPALIVE_MS = 15_000;
 const READ_PAGE = 500;
 /** A viewer that stops reading is cut off past this much unsent data; it resumes with Last-Event-ID. */
 const MAX_BUFFERED_BYTES = 8 * 1024 * 1024;
+/** Replay stops reading the log while this much is waiting for the socket. */
+const REPLAY_HIGH_WATER_BYTES = 1024 * 1024;
+
+let openStreams = 0;
+/** SSE streams currently open in this process (metrics). */
+export const activeStreams = (): number => openStreams;
 
 /** One serialised frame per event, shared by every viewer of the process (fan-out writes one string). */
 const frames = new WeakMap<LogEvent, string>();
@@ -67,6 +73,7 @@ export function sseStream(spec: StreamSpec): StreamResult {
         'x-accel-buffering': 'no',
       });
       res.flushHeaders();
+      openStreams++;
       let last = spec.cursor;
       let ended = false;
       let finish: () => void = () => undefined;
@@ -77,8 +84,23 @@ export function sseStream(spec: StreamSpec): StreamResult {
         if (ended) return;
         ended = true;
         if (!res.writableEnded) res.end();
+        for (const w of [...waiters]) w();
         finish();
       };
+      const waiters = new Set<() => void>();
+      const drained = () =>
+        new Promise<void>((resolve) => {
+          const done = () => {
+            res.off('drain', done);
+            res.off('close', done);
+            waiters.delete(done);
+            resolve();
+          };
+          res.on('drain', done);
+          res.on('close', done);
+          waiters.add(done);
+          if (ended) done();
+        });
       const write = (chunk: string) => {
         if (ended) return;
         res.write(chunk);
@@ -107,6 +129,8 @@ export function sseStream(spec: StreamSpec): StreamResult {
             return;
           }
           deliver(batch);
+          // Replay paces itself to the client: wait for the socket to drain before reading more.
+          if (res.writableLength > REPLAY_HIGH_WATER_BYTES) await drained();
           if (batch.length < READ_PAGE && to === undefined) return;
         }
       };
@@ -171,6 +195,7 @@ export function sseStream(spec: StreamSpec): StreamResult {
         watch?.close();
         signal.removeEventListener('abort', onAbort);
         spec.shutdown.removeEventListener('abort', onAbort);
+        openStreams--;
         end();
       }
     },

@@ -9,8 +9,8 @@ import { deltaFilter } from './operations.js';
 import { StreamQuery, ThreadEventsQuery, ThreadListQuery, ThreadPath, SessionPath } from './schemas.js';
 import { resumeCursor, sseStream } from './stream.js';
 
-const readers = { kind: 'bearer', roles: READERS, principal: true } as const;
-const writers = { kind: 'bearer', roles: WRITERS, principal: true } as const;
+const readers = { kind: 'bearer', roles: READERS } as const;
+const writers = { kind: 'bearer', roles: WRITERS } as const;
 const ThreadSchema = Type.Unsafe<Record<string, unknown>>({ type: 'object', description: 'SessionThread (docs/API.md)' });
 
 /**
@@ -126,7 +126,9 @@ export const threadOperations: Operation[] = [
       return sseStream({
         sessionId: params.session_id, cursor: resumeCursor(headers['last-event-id'], query.last_event_id),
         filter: threadFilter(session, params.thread_id),
-        deltas: deltas ? (d) => deltas(d) && d.session_thread_id === params.thread_id : null,
+        deltas: deltas
+          ? (d) => deltas(d) && (d.session_thread_id === params.thread_id || (d.session_thread_id === null && params.thread_id === session._primary_thread_id))
+          : null,
         erased: false, log: deps.sessions.store.log, hub: deps.eventHub, shutdown: deps.shutdownSignal,
       });
     },

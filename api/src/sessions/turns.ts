@@ -1,6 +1,6 @@
 import { ApiError, newId } from '@agentplane/core';
 import type { RunDoc, SessionDoc, ThreadDoc, WaitKind } from './model.js';
-import type { SessionStore } from './store.js';
+import { sessionTag, type SessionStore } from './store.js';
 
 /**
  * Where turns leave the API. The default implementation only records: a Run stays `queued`
@@ -41,21 +41,23 @@ export class ThreadRuntime {
   ) {}
 
   /** A user.message was appended: start a turn on an idle thread, else queue it for the next one. */
-  async submitUserMessage(session: SessionDoc, threadId: string, eventId: string): Promise<{ run: RunDoc | null }> {
+  async submitUserMessage(session: SessionDoc, threadId: string, eventId: string | null): Promise<{ run: RunDoc | null }> {
     const runId = newId('run');
     let started = false;
     let inputs: string[] = [];
     await this.store.updateThread(session.id, threadId, (t) => {
       started = false;
       if (t.status === 'terminated') throw new ApiError('runtime.invalid_transition', 'the thread is terminated');
-      if (t._queued_inputs.includes(eventId)) return null;
+      if (eventId !== null && t._queued_inputs.includes(eventId)) return null;
+      const queue = eventId === null ? t._queued_inputs : [...t._queued_inputs, eventId];
+      if (queue.length === 0) return null;
       const waiting = Object.values(t._waits).some((w) => w.generation === t._wait_generation && w.answered_event_id === null);
       if (t.status === 'idle' && t._active_run_id === null && !waiting) {
         started = true;
-        inputs = [...t._queued_inputs, eventId];
+        inputs = queue;
         return { ...t, status: 'running', _active_run_id: runId, _queued_inputs: [], _running_since_ms: Date.now(), _stop_reason: null };
       }
-      return { ...t, _queued_inputs: [...t._queued_inputs, eventId] };
+      return eventId === null ? null : { ...t, _queued_inputs: queue };
     });
     if (!started) return { run: null };
     const run = await this.store.createRun(session, threadId, runId, inputs);
@@ -94,10 +96,11 @@ export class ThreadRuntime {
       return { ...base, _active_run_id: null };
     });
     await this.store.log.append(session.id, [{ type: 'session.status_idle', payload: { stop_reason: stop }, session_thread_id: threadId }]);
-    if (stop.type !== 'requires_action' && next._queued_inputs.length > 0) {
-      const [first, ...rest] = next._queued_inputs;
-      await this.store.updateThread(session.id, threadId, (t) => ({ ...t, _queued_inputs: rest.concat(t._queued_inputs.filter((x) => x !== first && !rest.includes(x))) }));
-      await this.submitUserMessage(session, threadId, first as string);
+    // An archived Session takes no new work: queued messages stay in the log but start no turn.
+    const live = await this.store.docs.get<SessionDoc>(sessionTag(session.id), session.id);
+    if (stop.type !== 'requires_action' && next._queued_inputs.length > 0 && live?.type === 'session' && live.archived_at === null) {
+      // Everything queued during the turn becomes the input of the next one, in arrival order.
+      await this.submitUserMessage(live, threadId, null);
     }
     return this.store.thread(session.id, threadId);
   }

@@ -7,3 +7,4 @@ export * from './anthropic.js';
 export * from './scripted.js';
 export * from './prices.js';
 export * from './registry.js';
+export * from './frame-client.js';

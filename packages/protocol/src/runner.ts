@@ -152,7 +152,6 @@ export const PAYLOADS = {
     daemon_version: Str(64),
     status: RunnerStatusSchema,
     capabilities: CapabilitiesSchema,
-    placement: Opt(Type.Union([Type.Literal('local'), Type.Literal('managed')])),
     /** Leases the daemon still holds from an earlier connection (resumed, not re-offered). */
     held_leases: Type.Array(LeaseRefSchema, { maxItems: 1024 }),
   }),

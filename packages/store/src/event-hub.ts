@@ -33,8 +33,21 @@ export class EventHub {
   constructor(private readonly sub: Redis) {
     sub.on('message', (channel: string, text: string) => this.dispatch(channel, text));
     sub.on('ready', () => {
-      if (this.everReady) for (const entry of this.channels.values()) for (const l of entry.listeners) l({ kind: 'resync' });
-      this.everReady = true;
+      if (!this.everReady) {
+        this.everReady = true;
+        return;
+      }
+      // Re-subscribe explicitly and wait for the confirmation (replies come in order, so the
+      // client's own automatic re-subscription is confirmed too) before viewers re-read the log:
+      // anything appended after that point arrives live.
+      const channels = [...this.channels.keys()];
+      const resubscribed = channels.length > 0 ? this.sub.subscribe(...channels) : Promise.resolve(0);
+      resubscribed.then(
+        () => {
+          for (const c of channels) for (const l of this.channels.get(c)?.listeners ?? []) l({ kind: 'resync' });
+        },
+        () => undefined,
+      );
     });
   }
 

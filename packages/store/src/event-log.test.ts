@@ -126,4 +126,22 @@ describe('event log', () => {
     expect(hub.channelCount).toBe(0);
     await hub.close();
   });
+
+  it('hub: after the subscriber reconnects, viewers are told to resync and stay subscribed', async () => {
+    const subConn = new Redis(server.url);
+    const hub = new EventHub(subConn);
+    const s = sess();
+    const got: HubMessage[] = [];
+    const w = await hub.watch(s, (m) => got.push(m));
+    await new Promise((r) => setTimeout(r, 50));
+    subConn.disconnect(true); // drop the connection; the client reconnects
+    const deadline = Date.now() + 5000;
+    while (!got.some((m) => m.kind === 'resync') && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+    expect(got.map((m) => m.kind)).toContain('resync');
+    await log.append(s, [{ type: 'after', payload: {} }]);
+    while (!got.some((m) => m.kind === 'events') && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+    expect(got.some((m) => m.kind === 'events')).toBe(true);
+    w.close();
+    await hub.close();
+  });
 });

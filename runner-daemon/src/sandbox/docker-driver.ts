@@ -20,6 +20,7 @@ import {
   type DriverCapabilities,
   type ExecOptions,
   type ExecResult,
+  type ReapOptions,
   type RuntimeAssurance,
   type Sandbox,
   type SandboxDriver,
@@ -108,7 +109,7 @@ export class DockerDriver implements SandboxDriver {
   capabilities(): DriverCapabilities {
     return {
       drivers: ['docker'],
-      launch_kinds: ['trusted'],
+      launch_kinds: ['sandboxed'],
       tiers: ['container'],
       network_modes: ['none'],
       retention_modes: ['durable'],
@@ -277,16 +278,25 @@ export class DockerDriver implements SandboxDriver {
       return { exitCode: 137, stdout: '', stderr: '', truncated: false, timedOut: false, killed: true, oomKilled: false, durationMs: 0 };
     }
 
-    let exec: Docker.Exec;
-    let stream: NodeJS.ReadWriteStream;
-    try {
-      exec = await tracked.container.exec({
+    const createExec = (): Promise<Docker.Exec> =>
+      tracked.container.exec({
         Cmd: ['setsid', '-w', 'bash', '-c', WRAPPER, 'agentplane-exec', execId, ...argv],
         AttachStdout: true,
         AttachStderr: true,
         AttachStdin: hasStdin,
         WorkingDir: options.cwd ?? sandbox.workspace,
         Env: Object.entries(options.env ?? {}).map(([k, v]) => `${k}=${v}`),
+      });
+    let exec: Docker.Exec;
+    let stream: NodeJS.ReadWriteStream;
+    try {
+      exec = await createExec().catch(async (err: unknown) => {
+        // 409: the container is not running (killed to bound a cancel, died): restart it once.
+        if (statusCode(err) !== 409) throw err;
+        this.log.warn({ session: sandbox.sessionId }, 'sandbox container was not running: restarting it');
+        await withTimeout(tracked.container.start(), this.startTimeoutMs, () => new Error('restart timeout'));
+        tracked.oomKills = -1;
+        return createExec();
       });
       stream = (await exec.start({ hijack: true, stdin: hasStdin })) as NodeJS.ReadWriteStream;
     } catch (err) {
@@ -379,7 +389,7 @@ export class DockerDriver implements SandboxDriver {
       this.log.warn({ session: tracked.sandbox.sessionId, err: (err as Error).message }, 'killing the sandbox container to bound a cancel');
       await tracked.container.kill({ signal: 'SIGKILL' }).catch(() => {});
       (stream as unknown as { destroy?: () => void }).destroy?.();
-      this.live.delete(tracked.sandbox.sessionId);
+      // The next exec (or ensure) restarts the container; the workspace volume is intact.
     }
   }
 
@@ -471,27 +481,37 @@ export class DockerDriver implements SandboxDriver {
     await this.removeVolume(this.volumeName(sessionId));
   }
 
-  async reapOrphans(runnerId: string, keepSessionIds: Iterable<string>): Promise<string[]> {
+  async suspend(sessionId: string): Promise<void> {
+    this.live.delete(sessionId);
+    try {
+      await this.docker.getContainer(this.containerName(sessionId)).kill({ signal: 'SIGKILL' });
+    } catch (err) {
+      if (statusCode(err) !== 404 && statusCode(err) !== 409) throw err;
+    }
+  }
+
+  async reapOrphans(runnerId: string, keepSessionIds: Iterable<string>, options: ReapOptions = {}): Promise<string[]> {
     const keep = new Set(keepSessionIds);
+    const keepWorkspaces = new Set(options.keepWorkspacesOf ?? []);
     const filters = { label: [`${SANDBOX_LABELS.managed}=true`, `${SANDBOX_LABELS.runner}=${runnerId}`] };
-    const reaped: string[] = [];
+    const reaped = new Set<string>();
     const containers = await this.docker.listContainers({ all: true, filters: JSON.stringify(filters) });
     for (const c of containers) {
       const session = c.Labels[SANDBOX_LABELS.session] ?? '';
       if (keep.has(session)) continue;
       await this.removeContainer(c.Id);
       if (runnerId === this.runnerId) this.live.delete(session);
-      reaped.push(session);
+      reaped.add(session);
     }
     const { Volumes } = await this.docker.listVolumes({ filters: JSON.stringify(filters) });
     for (const v of Volumes ?? []) {
       const session = v.Labels?.[SANDBOX_LABELS.session] ?? '';
-      if (keep.has(session)) continue;
+      if (keep.has(session) || keepWorkspaces.has(session)) continue;
       await this.removeVolume(v.Name).catch((err: unknown) => this.log.warn({ volume: v.Name, err: (err as Error).message }, 'volume not reaped'));
-      if (!reaped.includes(session)) reaped.push(session);
+      reaped.add(session);
     }
-    if (reaped.length > 0) this.log.info({ runner: runnerId, sessions: reaped }, 'reaped orphan sandboxes');
-    return reaped;
+    if (reaped.size > 0) this.log.info({ runner: runnerId, sessions: [...reaped] }, 'reaped orphan sandboxes');
+    return [...reaped];
   }
 }
 

@@ -5,3 +5,4 @@ export { ensureSandboxImage, ensureSandboxImageIfDocker, assembleRootfs, loadMan
 export { materializeResources, MATERIALIZED_MARKER, type ResolvedResource, type MaterializeResult } from './resources.js';
 export { createTar, type TarEntry } from './tar.js';
 export { selectDriver, type SelectDriverOptions } from './select.js';
+export { SandboxManager, type SandboxManagerOptions } from './manager.js';

@@ -23,7 +23,7 @@ describe('process driver (no Docker)', () => {
     expect(await DockerDriver.available(bogusDocker)).toBe(false);
     const driver = await selectDriver({ runnerId: 'r-proc', dataDir, docker: bogusDocker });
     expect(driver).toBeInstanceOf(ProcessDriver);
-    expect(driver!.capabilities()).toMatchObject({ tiers: ['process'], launch_kinds: ['trusted'], unisolated: true, network_modes: [] });
+    expect(driver!.capabilities()).toMatchObject({ tiers: ['process'], launch_kinds: ['trusted'], unisolated: true, network_modes: ['host'] });
     expect(driver!.assurances()).not.toContain('network_isolation');
     expect(driverSatisfies(driver!, { tier: 'container' })).toBe(false);
     expect(driverSatisfies(driver!, {})).toBe(false); // container is the default requirement

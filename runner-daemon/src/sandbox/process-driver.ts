@@ -6,15 +6,16 @@
  * an Environment that requires (or defaults to) tier `container`.
  */
 import { spawn } from 'node:child_process';
-import { mkdir, readdir, rm, writeFile, chmod } from 'node:fs/promises';
+import { chmod, mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { createLogger, type Logger } from '@agentplane/core';
 import { normaliseRelative } from './docker-driver.js';
-import { CappedBuffer, sleep } from './output.js';
+import { CappedBuffer } from './output.js';
 import {
   EXEC_DEFAULTS,
   SandboxError,
   type Command,
+  type ReapOptions,
   type ComputeUsage,
   type DriverCapabilities,
   type ExecOptions,
@@ -56,13 +57,18 @@ export class ProcessDriver implements SandboxDriver {
       drivers: ['process'],
       launch_kinds: ['trusted'],
       tiers: ['process'],
-      network_modes: [],
+      network_modes: ['host'],
       retention_modes: ['durable'],
       session_sandbox: true,
       mount_kinds: ['uploaded_project'],
       runtime_assurances: this.assurances(),
       unisolated: true,
     };
+  }
+
+  /** Marks every process of a session (inherited by its children), so a reaper finds them after a daemon crash. */
+  private marker(sessionId: string, runnerId = this.options.runnerId): string {
+    return `${runnerId}/${sessionId}`;
   }
 
   private dir(sessionId: string): string {
@@ -95,7 +101,7 @@ export class ProcessDriver implements SandboxDriver {
     const cwd = options.cwd ? (options.cwd.startsWith('/') ? options.cwd : join(sandbox.workspace, options.cwd)) : sandbox.workspace;
     const child = spawn(file, args, {
       cwd,
-      env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: sandbox.workspace, LANG: 'C.UTF-8', ...options.env },
+      env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: sandbox.workspace, LANG: 'C.UTF-8', ...options.env, [SESSION_MARKER]: this.marker(sandbox.sessionId) },
       detached: true, // its own process group: kill(-pid) reaches the whole tree
       stdio: [options.stdin === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe'],
     });
@@ -162,30 +168,69 @@ export class ProcessDriver implements SandboxDriver {
     return undefined;
   }
 
-  async destroy(sessionId: string): Promise<void> {
-    for (const pid of this.children.get(sessionId) ?? []) {
-      try {
-        process.kill(-pid, 'SIGKILL');
-      } catch {
-        // gone
-      }
-    }
+  async suspend(sessionId: string): Promise<void> {
+    for (const pid of this.children.get(sessionId) ?? []) killGroup(pid);
     this.children.delete(sessionId);
+    await killMarked((m) => m === this.marker(sessionId));
+  }
+
+  async destroy(sessionId: string): Promise<void> {
+    await this.suspend(sessionId);
     this.live.delete(sessionId);
-    await sleep(0);
     await rm(this.dir(sessionId), { recursive: true, force: true });
   }
 
-  async reapOrphans(runnerId: string, keepSessionIds: Iterable<string>): Promise<string[]> {
-    const keep = new Set([...keepSessionIds].map((id) => id.replace(/[^a-zA-Z0-9_.-]/g, '-')));
-    const root = join(this.options.dataDir, 'sandboxes', runnerId.replace(/[^a-zA-Z0-9_.-]/g, '-'));
+  async reapOrphans(runnerId: string, keepSessionIds: Iterable<string>, options: ReapOptions = {}): Promise<string[]> {
+    const clean = (id: string): string => id.replace(/[^a-zA-Z0-9_.-]/g, '-');
+    const keepIds = new Set(keepSessionIds);
+    const keep = new Set([...keepIds].map(clean));
+    const keepWorkspaces = new Set([...(options.keepWorkspacesOf ?? [])].map(clean));
+    const prefix = `${runnerId}/`;
+    const killed = await killMarked((m) => m.startsWith(prefix) && !keepIds.has(m.slice(prefix.length)));
+    const root = join(this.options.dataDir, 'sandboxes', clean(runnerId));
     const entries = await readdir(root).catch(() => [] as string[]);
-    const reaped: string[] = [];
+    const reaped = new Set<string>(killed.map((m) => clean(m.slice(prefix.length))));
     for (const entry of entries) {
       if (keep.has(entry)) continue;
-      await rm(join(root, entry), { recursive: true, force: true });
-      reaped.push(entry);
+      if (!keepWorkspaces.has(entry)) await rm(join(root, entry), { recursive: true, force: true });
+      reaped.add(entry);
     }
-    return reaped;
+    if (runnerId === this.options.runnerId) {
+      for (const id of [...this.live.keys()]) if (reaped.has(clean(id))) this.live.delete(id);
+    }
+    return [...reaped];
   }
+}
+
+/** Environment variable `<runner>/<session>` on every process a process sandbox starts. */
+const SESSION_MARKER = 'AGENTPLANE_SANDBOX';
+
+function killGroup(pid: number): void {
+  try {
+    process.kill(-pid, 'SIGKILL');
+  } catch {
+    // gone
+  }
+}
+
+/** Kills every process (and its group) whose marker matches; returns the markers it killed. */
+async function killMarked(match: (marker: string) => boolean): Promise<string[]> {
+  const entries = await readdir('/proc').catch(() => [] as string[]);
+  const killed = new Set<string>();
+  for (const name of entries) {
+    if (!/^\d+$/.test(name) || Number(name) === process.pid) continue;
+    const environ = await readFile(`/proc/${name}/environ`, 'latin1').catch(() => '');
+    const entry = environ.split('\0').find((kv) => kv.startsWith(`${SESSION_MARKER}=`));
+    if (!entry) continue;
+    const marker = entry.slice(SESSION_MARKER.length + 1);
+    if (!match(marker)) continue;
+    killGroup(Number(name));
+    try {
+      process.kill(Number(name), 'SIGKILL');
+    } catch {
+      // gone
+    }
+    killed.add(marker);
+  }
+  return [...killed];
 }

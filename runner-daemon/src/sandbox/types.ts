@@ -5,8 +5,10 @@
  */
 
 export type SandboxTier = 'container' | 'process';
-export type LaunchKind = 'trusted';
-export type NetworkMode = 'none';
+/** `sandboxed`: isolated container; `trusted`: runs with the daemon's own rights (process driver). */
+export type LaunchKind = 'sandboxed' | 'trusted';
+/** `host` is reported by the process driver only: it shares the host network. */
+export type NetworkMode = 'none' | 'host';
 export type RetentionMode = 'durable';
 
 export type RuntimeAssurance = 'network_isolation' | 'bounded_start' | 'bounded_cancel' | 'teardown' | 'compute_accounting';
@@ -101,11 +103,21 @@ export interface SandboxDriver {
   writeFiles(sandbox: Sandbox, files: Array<{ path: string; data: Buffer; mode?: number }>): Promise<void>;
   /** Removes the Session's sandbox and its workspace. Idempotent. */
   destroy(sessionId: string): Promise<void>;
-  /** Removes every sandbox of this runner whose Session is not in `keepSessionIds`. */
-  reapOrphans(runnerId: string, keepSessionIds: Iterable<string>): Promise<string[]>;
+  /**
+   * Removes every sandbox of this runner whose Session is not in `keepSessionIds` (its processes,
+   * container and workspace). Sessions in `keepWorkspacesOf` lose their processes and container
+   * but keep the workspace, for a Run that will be rescheduled. Returns the reaped Session ids.
+   */
+  reapOrphans(runnerId: string, keepSessionIds: Iterable<string>, options?: ReapOptions): Promise<string[]>;
+  /** Stops the sandbox's processes to free resources; the workspace stays and `ensure` resumes it. */
+  suspend(sessionId: string): Promise<void>;
   usage(sandbox: Sandbox): Promise<ComputeUsage | undefined>;
   assurances(): RuntimeAssurance[];
   capabilities(): DriverCapabilities;
+}
+
+export interface ReapOptions {
+  keepWorkspacesOf?: Iterable<string>;
 }
 
 export type SandboxErrorReason =
@@ -140,6 +152,12 @@ export const EXEC_DEFAULTS = {
   maxOutputBytes: 1024 * 1024,
 } as const;
 
+/** The RunnerPresence `runtime_assurances` object: every assurance, true only where it holds. */
+export function assuranceFlags(held: readonly RuntimeAssurance[]): Record<RuntimeAssurance, boolean> {
+  const all: RuntimeAssurance[] = ['network_isolation', 'bounded_start', 'bounded_cancel', 'teardown', 'compute_accounting'];
+  return Object.fromEntries(all.map((a) => [a, held.includes(a)])) as Record<RuntimeAssurance, boolean>;
+}
+
 export interface EnvironmentRequirements {
   tier?: SandboxTier;
   network_mode?: NetworkMode;
@@ -147,9 +165,10 @@ export interface EnvironmentRequirements {
 }
 
 /** Whether a driver may run an Environment: the process driver never satisfies tier `container`. */
-export function driverSatisfies(driver: Pick<SandboxDriver, 'tier' | 'assurances'>, requirements: EnvironmentRequirements): boolean {
+export function driverSatisfies(driver: Pick<SandboxDriver, 'tier' | 'assurances' | 'capabilities'>, requirements: EnvironmentRequirements): boolean {
   if ((requirements.tier ?? 'container') === 'container' && driver.tier !== 'container') return false;
   if (requirements.network_mode === 'none' && !driver.assurances().includes('network_isolation')) return false;
+  if (requirements.network_mode && !driver.capabilities().network_modes.includes(requirements.network_mode)) return false;
   const have = new Set(driver.assurances());
   return (requirements.required_assurances ?? []).every((a) => have.has(a));
 }

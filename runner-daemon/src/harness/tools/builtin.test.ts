@@ -59,6 +59,12 @@ describe('built-in tools inside a docker sandbox', () => {
     const big = await runTool(bashTool, ctx, { command: 'seq 1 100000' });
     expect(big.content.length).toBeLessThan(31_000);
     expect(big.meta?.truncated).toBe(true);
+    await driver.exec(sandbox, ['mkdir', '-p', "it's here"]);
+    const inDir = await runTool(bashTool, ctx, { command: 'pwd', cwd: "it's here" });
+    expect(inDir.content).toBe("/workspace/it's here\n[exit code 0]");
+    const noDir = await runTool(bashTool, ctx, { command: 'pwd', cwd: 'missing' });
+    expect(noDir).toMatchObject({ is_error: true });
+    expect(noDir.content).toContain('No such file or directory');
     const bad = await runTool(bashTool, ctx, { cmd: 'ls' });
     expect(bad).toMatchObject({ is_error: true });
     expect(bad.content).toContain("unknown field 'cmd'");

@@ -42,8 +42,9 @@ export const bashTool: BuiltinTool = {
       cwd: { kind: 'string' },
     });
     const timeoutMs = clampTimeout(ctx, timeout_ms);
-    const res = await ctx.driver.exec(ctx.sandbox, { script: command }, {
-      cwd: cwd ? resolvePath(ctx, cwd) : undefined,
+    // A wrong cwd is the model's mistake: it becomes a failed command, never a failed Run.
+    const script = cwd ? `cd -- ${shellQuote(resolvePath(ctx, cwd))} || exit 1\n${command}` : command;
+    const res = await ctx.driver.exec(ctx.sandbox, { script }, {
       timeoutMs,
       signal: ctx.signal,
       maxOutputBytes: TOOL_LIMITS.maxResultChars * 4,
@@ -58,6 +59,10 @@ export const bashTool: BuiltinTool = {
     return { content: out.text, is_error: res.exitCode !== 0 || note !== undefined, meta: { ...metaOf(res), truncated: res.truncated || out.truncated } };
   },
 };
+
+export function shellQuote(value: string): string {
+  return `'${value.replace(/'/g, `'\\''`)}'`;
+}
 
 /** Workspace-relative or absolute path as the sandbox sees it. */
 export function resolvePath(ctx: ToolContext, path: string): string {

@@ -1,0 +1,155 @@
+import { check, newId, type Logger } from '@agentplane/core';
+import type { Gateway, RunnerConnection } from '@agentplane/gateway';
+import type { Lease, LeaseConfig, LeaseKeeper, LeaseRecord, LeaseRecords } from '@agentplane/lease';
+import type { LeaseRef, ModelRequest, ModelStreamEvent } from '@agentplane/protocol';
+import type { EventLog } from '@agentplane/store';
+import type { ModelsModule } from '../models/module.js';
+import { ModelRequestBody } from '../models/schemas.js';
+import type { SessionStore } from '../sessions/store.js';
+import type { RunLifecycle, TurnResult } from './lifecycle.js';
+
+export interface RunHandlerDeps {
+  keeper: LeaseKeeper;
+  records: LeaseRecords;
+  lifecycle: RunLifecycle;
+  log: EventLog;
+  store: SessionStore;
+  models: ModelsModule;
+  lease: LeaseConfig;
+  logger: Logger;
+}
+
+const leaseOf = (rec: LeaseRecord): Lease => ({
+  lease_id: rec.lease_id, run_id: rec.run_id, session_id: rec.session_id, pool_id: rec.pool_id, attempt: rec.attempt, runner_id: rec.runner_id,
+});
+
+/**
+ * The control plane's answers to lease, event and model frames. Every lease-bound frame is
+ * checked against the lease record (this runner, this attempt) and then fenced by the lock token.
+ */
+export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
+  const recordTtl = d.lease.leaseMs * 3;
+  const firstEventSeen = new Set<string>();
+  const modelStreams = new Map<string, AbortController>();
+
+  const revoke = (conn: RunnerConnection, ref: LeaseRef, reason: string) => conn.send('lease.revoked', { lease_id: ref.lease_id, attempt: ref.attempt, reason });
+
+  async function recordFor(conn: RunnerConnection, ref: LeaseRef): Promise<LeaseRecord | null> {
+    const rec = await d.records.get(ref.lease_id);
+    if (!rec || rec.attempt !== ref.attempt || rec.runner_id !== conn.identity.runnerId || rec.workspace_id !== conn.identity.workspaceId) return null;
+    return rec;
+  }
+
+  gw.on('lease.accept', async (conn, msg) => {
+    const rec = await recordFor(conn, msg.payload);
+    if (!rec) return void revoke(conn, msg.payload, 'unknown or expired offer');
+    const outcome = await d.keeper.accept(leaseOf(rec));
+    await d.records.reply(rec, { lease_id: rec.lease_id, outcome: outcome === 'ok' ? 'accepted' : 'rejected', ...(outcome === 'ok' ? {} : { reason: outcome }) });
+    if (outcome !== 'ok') return void revoke(conn, msg.payload, outcome === 'taken' ? 'the lease belongs to another runner' : 'the offer expired');
+    await d.records.touch(rec.lease_id, recordTtl);
+    await d.lifecycle.leased(rec.session_id, rec.run_id, { lease_id: rec.lease_id, runner_id: rec.runner_id, attempt: rec.attempt });
+    await d.lifecycle.started(rec.session_id, rec.run_id);
+  });
+
+  gw.on('lease.reject', async (conn, msg) => {
+    const rec = await recordFor(conn, msg.payload);
+    if (rec) await d.records.reply(rec, { lease_id: rec.lease_id, outcome: 'rejected', reason: msg.payload.reason });
+  });
+
+  gw.on('lease.heartbeat', async (conn, msg) => {
+    const rec = await recordFor(conn, msg.payload);
+    if (!rec) return void revoke(conn, msg.payload, 'unknown lease');
+    if ((await d.keeper.heartbeat(leaseOf(rec))) === 'lost') return void revoke(conn, msg.payload, 'the lease was lost (it expired and the Run was rescheduled)');
+    await d.records.touch(rec.lease_id, recordTtl);
+  });
+
+  gw.on('lease.complete', async (conn, msg) => {
+    const rec = await recordFor(conn, msg.payload);
+    if (!rec) return void revoke(conn, msg.payload, 'unknown lease');
+    const result = (msg.payload.result ?? {}) as Partial<TurnResult>;
+    if ((await d.keeper.complete(leaseOf(rec), result)) === 'lost') return void revoke(conn, msg.payload, 'the lease was lost before completion');
+    firstEventSeen.delete(rec.lease_id);
+    await d.lifecycle.succeeded(rec.session_id, rec.run_id, rec.lease_id, {
+      stop_reason: (result.stop_reason ?? { type: 'end_turn' }) as TurnResult['stop_reason'],
+      ...(result.waits ? { waits: result.waits } : {}),
+    });
+    await d.records.remove(rec.lease_id);
+  });
+
+  gw.on('lease.fail', async (conn, msg) => {
+    const rec = await recordFor(conn, msg.payload);
+    if (!rec) return void revoke(conn, msg.payload, 'unknown lease');
+    const cls = msg.payload.failure_class === 'work' ? 'agent' : 'infrastructure';
+    const verdict = await d.keeper.fail(leaseOf(rec), { class: cls, code: cls === 'agent' ? 'work_failed' : 'runner_failure', message: msg.payload.reason });
+    firstEventSeen.delete(rec.lease_id);
+    if (verdict === 'retry') await d.lifecycle.rescheduled(rec.session_id, rec.run_id, rec.lease_id, msg.payload.reason);
+    else if (verdict === 'final') {
+      await d.lifecycle.failed(rec.session_id, rec.run_id, rec.lease_id, {
+        class: msg.payload.failure_class, code: cls === 'agent' ? 'work_failed' : 'retries_exhausted', message: msg.payload.reason,
+      });
+    }
+    await d.records.remove(rec.lease_id);
+  });
+
+  gw.on('events.batch', async (conn, msg) => {
+    const p = msg.payload;
+    const rec = await recordFor(conn, p);
+    if (!rec || rec.session_id !== p.session_id) return void revoke(conn, p, 'unknown lease');
+    const res = await d.log.append(
+      rec.session_id,
+      p.events.map((e) => ({ type: e.type, payload: e.payload, session_thread_id: rec.thread_id, producer_key: e.producer_key })),
+      { fence: rec.lease_id },
+    );
+    if (!res.ok) return void revoke(conn, p, res.reason === 'erased' ? 'the session was deleted' : 'the lease was lost: writes are fenced');
+    conn.send('events.ack', { lease_id: p.lease_id, attempt: p.attempt, seqs: res.events.map((e) => e.seq) }, msg.id);
+    if (!firstEventSeen.has(rec.lease_id)) {
+      firstEventSeen.add(rec.lease_id);
+      await d.lifecycle.firstEvent(rec.session_id, rec.run_id);
+    }
+  });
+
+  gw.on('model.request', async (conn, msg) => {
+    const p = msg.payload;
+    const rec = await recordFor(conn, p);
+    const key = `${conn.id}:${p.stream_id}`;
+    const end = (event: ModelStreamEvent) => conn.send('model.end', { stream_id: p.stream_id, event });
+    if (!rec) return void end({ type: 'error', error: { type: 'auth.permission_denied', message: 'no live lease for this model request', retryable: false } });
+    let request: ModelRequest;
+    try {
+      request = check(ModelRequestBody, p.request, 'message') as ModelRequest;
+    } catch (err) {
+      return void end({ type: 'error', error: { type: 'validation.malformed', message: err instanceof Error ? err.message : 'invalid request', retryable: false } });
+    }
+    const ac = new AbortController();
+    modelStreams.set(key, ac);
+    const session = await d.store.get(rec.workspace_id, rec.session_id).catch(() => null);
+    const messageId = newId('event');
+    let index = 0;
+    try {
+      for await (const ev of d.models.gateway.runModelStep(rec.workspace_id, request, ac.signal, {
+        session_id: rec.session_id, thread_id: rec.thread_id, run_id: rec.run_id, session_budget: session?.budget ?? null,
+      })) {
+        if (ev.type === 'end' || ev.type === 'error') {
+          end(ev);
+          return;
+        }
+        conn.send('model.delta', { stream_id: p.stream_id, event: ev });
+        if (ev.type === 'text_delta' || ev.type === 'thinking_delta') {
+          void d.log.publishDelta(rec.session_id, {
+            session_thread_id: rec.thread_id, type: ev.type === 'text_delta' ? 'agent.message' : 'agent.thinking', message_id: messageId, index: index++, text: ev.text,
+          });
+        }
+      }
+      end({ type: 'error', error: { type: 'runtime.internal', message: 'the model stream ended without an end event', retryable: true } });
+    } catch (err) {
+      d.logger.warn({ err: err instanceof Error ? err.message : String(err), run: rec.run_id }, 'model step failed');
+      end({ type: 'error', error: { type: 'runtime.internal', message: 'the model step failed', retryable: true } });
+    } finally {
+      modelStreams.delete(key);
+    }
+  });
+
+  gw.on('model.cancel', (conn, msg) => {
+    modelStreams.get(`${conn.id}:${msg.payload.stream_id}`)?.abort(new Error('canceled by the runner'));
+  });
+}

@@ -1,0 +1,80 @@
+import type { ContentBlock, ModelMessage } from '@agentplane/protocol';
+import type { EventLog, LogEvent } from '@agentplane/store';
+
+/** Answers to blocking tool uses, collected from drive events. */
+export interface Responses {
+  custom_tool_results: Record<string, { content: string; is_error?: boolean }>;
+  confirmations: Record<string, 'allow' | 'deny'>;
+}
+
+type Payload = Record<string, unknown>;
+
+const textOf = (content: unknown): string => {
+  if (typeof content === 'string') return content;
+  if (Array.isArray(content)) {
+    return content.map((b) => (b && typeof b === 'object' && typeof (b as Payload).text === 'string' ? ((b as Payload).text as string) : '')).join('');
+  }
+  if (content && typeof content === 'object') return JSON.stringify(content);
+  return '';
+};
+
+/**
+ * The model conversation of one thread, rebuilt from its event log: user messages, the agent's
+ * messages and tool uses, tool results. Blocking tool uses answered by drive events come back as
+ * `responses` for the harness to resolve (execute a confirmed tool, pass a custom result on).
+ */
+export function conversationOf(events: readonly LogEvent[], threadId: string, isPrimary: boolean): { history: ModelMessage[]; responses: Responses } {
+  const history: ModelMessage[] = [];
+  const responses: Responses = { custom_tool_results: {}, confirmations: {} };
+  const push = (role: 'user' | 'assistant', block: ContentBlock) => {
+    const last = history[history.length - 1];
+    if (last && last.role === role) last.content.push(block);
+    else history.push({ role, content: [block] });
+  };
+  for (const e of events) {
+    const mine = e.session_thread_id === threadId || (isPrimary && e.session_thread_id === null);
+    if (!mine) continue;
+    const p = (e.payload ?? {}) as Payload;
+    switch (e.type) {
+      case 'user.message':
+        push('user', { type: 'text', text: textOf(p.content) });
+        break;
+      case 'agent.message':
+        push('assistant', { type: 'text', text: textOf(p.content) });
+        break;
+      case 'agent.tool_use':
+        push('assistant', { type: 'tool_use', id: String(p.id), name: String(p.name), input: p.input ?? {} });
+        break;
+      case 'agent.tool_result':
+        push('user', { type: 'tool_result', tool_use_id: String(p.tool_use_id), content: textOf(p.content), ...(p.is_error ? { is_error: true } : {}) });
+        break;
+      case 'user.custom_tool_result':
+        responses.custom_tool_results[String(p.tool_use_id)] = { content: textOf(p.result), ...(p.is_error ? { is_error: true } : {}) };
+        break;
+      case 'user.tool_confirmation':
+        responses.confirmations[String(p.tool_use_id)] = p.result === 'deny' ? 'deny' : 'allow';
+        break;
+      default:
+        break;
+    }
+  }
+  // Answers already folded into the history (a tool_result exists) are not pending any more.
+  const answered = new Set(history.flatMap((m) => m.content.filter((b) => b.type === 'tool_result').map((b) => (b as { tool_use_id: string }).tool_use_id)));
+  for (const id of answered) {
+    delete responses.custom_tool_results[id];
+    delete responses.confirmations[id];
+  }
+  return { history, responses };
+}
+
+/** Read a whole log in pages. */
+export async function readAll(log: EventLog, sessionId: string, pageSize = 1000): Promise<LogEvent[]> {
+  const out: LogEvent[] = [];
+  let after = 0;
+  for (;;) {
+    const page = await log.range(sessionId, after, pageSize);
+    out.push(...page);
+    if (page.length < pageSize) return out;
+    after = (page[page.length - 1] as LogEvent).seq;
+  }
+}

@@ -1,0 +1,137 @@
+import { nowIso, type Logger } from '@agentplane/core';
+import { tags } from '@agentplane/store';
+import type { RunAttempt, RunDoc, RunStatus, WaitKind } from '../sessions/model.js';
+import type { SessionStore } from '../sessions/store.js';
+import type { StopReason, ThreadRuntime } from '../sessions/turns.js';
+
+const TERMINAL: ReadonlySet<RunStatus> = new Set(['succeeded', 'failed', 'canceled']);
+
+export interface TurnResult {
+  stop_reason: StopReason;
+  /** Blocking tool uses that end the Run with requires_action. */
+  waits?: { tool_use_id: string; kind: WaitKind }[];
+}
+
+/**
+ * Every move of a Run's status machine and its effect on the thread, in one place, used by the
+ * scheduler (leased, waiting, lost, exhausted) and the gateway (started, completed, failed).
+ * Each move is a compare-and-swap on the Run document; only the caller whose move reached a
+ * terminal status ends the turn, so a repeated report never ends it twice.
+ */
+export class RunLifecycle {
+  constructor(
+    private readonly store: SessionStore,
+    private readonly runtime: ThreadRuntime,
+    private readonly log: Logger,
+  ) {}
+
+  private async move(sessionId: string, runId: string, change: (r: RunDoc) => RunDoc | null): Promise<{ run: RunDoc; moved: boolean } | null> {
+    let moved = false;
+    try {
+      const run = await this.store.docs.update<RunDoc>(
+        tags.session(sessionId),
+        runId,
+        (r) => {
+          moved = false;
+          const next = change(r);
+          moved = next !== null;
+          return next;
+        },
+        { notFound: 'run' },
+      );
+      return { run, moved };
+    } catch (err) {
+      this.log.warn({ err: err instanceof Error ? err.message : String(err), run: runId }, 'run update skipped');
+      return null;
+    }
+  }
+
+  private ts(r: RunDoc): NonNullable<RunDoc['timestamps']> {
+    return r.timestamps ?? { accepted_at: r.created_at, enqueued_at: null, leased_at: null, started_at: null, first_event_at: null, ended_at: null };
+  }
+
+  private endAttempt(r: RunDoc, leaseId: string | null, outcome: RunAttempt['outcome'], cause: string | null): RunAttempt[] {
+    return (r.attempts ?? []).map((a) => (a.ended_at === null && (leaseId === null || a.lease_id === leaseId) ? { ...a, ended_at: nowIso(), outcome, cause } : a));
+  }
+
+  async enqueued(sessionId: string, runId: string, poolId: string): Promise<void> {
+    await this.move(sessionId, runId, (r) =>
+      r.status !== 'queued' || r.timestamps?.enqueued_at ? null : { ...r, runner_pool_id: poolId, timestamps: { ...this.ts(r), enqueued_at: nowIso() }, attempts: r.attempts ?? [] });
+  }
+
+  async waiting(sessionId: string, runId: string, reason: string): Promise<void> {
+    const res = await this.move(sessionId, runId, (r) =>
+      (r.status !== 'queued' && r.status !== 'waiting') || r.waiting_reason === reason ? null : { ...r, status: 'waiting', waiting_reason: reason });
+    if (res?.moved) {
+      await this.store.log.append(sessionId, [{
+        type: 'session.run_waiting', payload: { run_id: runId, reason }, session_thread_id: res.run.session_thread_id,
+        producer_key: `run:${runId}:waiting:${(res.run.attempts ?? []).length}:${reason}`,
+      }]);
+    }
+  }
+
+  async leased(sessionId: string, runId: string, lease: { lease_id: string; runner_id: string; attempt: number }): Promise<void> {
+    await this.move(sessionId, runId, (r) => {
+      if (TERMINAL.has(r.status) || (r.attempts ?? []).some((a) => a.lease_id === lease.lease_id)) return null;
+      const attempt: RunAttempt = { attempt: lease.attempt, lease_id: lease.lease_id, runner_id: lease.runner_id, leased_at: nowIso(), ended_at: null, outcome: 'running', cause: null };
+      const t = this.ts(r);
+      return { ...r, status: 'leased', waiting_reason: null, attempts: [...(r.attempts ?? []), attempt], timestamps: { ...t, leased_at: t.leased_at ?? nowIso() } };
+    });
+  }
+
+  async started(sessionId: string, runId: string): Promise<void> {
+    const res = await this.move(sessionId, runId, (r) => {
+      if (r.status !== 'leased') return null;
+      const t = this.ts(r);
+      return { ...r, status: 'running', timestamps: { ...t, started_at: t.started_at ?? nowIso() } };
+    });
+    if (res?.moved) await this.runtime.markStarted(sessionId, res.run.session_thread_id).catch(() => undefined);
+  }
+
+  async firstEvent(sessionId: string, runId: string): Promise<void> {
+    await this.move(sessionId, runId, (r) => (r.timestamps?.first_event_at ? null : { ...r, timestamps: { ...this.ts(r), first_event_at: nowIso() } }));
+  }
+
+  /** The runner finished the turn. */
+  async succeeded(sessionId: string, runId: string, leaseId: string, result: TurnResult): Promise<void> {
+    const res = await this.move(sessionId, runId, (r) =>
+      TERMINAL.has(r.status) ? null : {
+        ...r, status: 'succeeded', stop_reason: result.stop_reason, attempts: this.endAttempt(r, leaseId, 'succeeded', null),
+        timestamps: { ...this.ts(r), ended_at: nowIso() },
+      });
+    if (!res?.moved) return;
+    const session = await this.store.get(res.run.workspace_id, sessionId);
+    await this.runtime.endTurn(session, res.run.session_thread_id, result.stop_reason, result.waits ?? []);
+  }
+
+  /** The lease was lost or failed for an infrastructure reason and will be retried. */
+  async rescheduled(sessionId: string, runId: string, leaseId: string | null, cause: string): Promise<void> {
+    const res = await this.move(sessionId, runId, (r) =>
+      TERMINAL.has(r.status) ? null : { ...r, status: 'queued', attempts: this.endAttempt(r, leaseId, leaseId === null ? 'lost' : 'infrastructure_failure', cause) });
+    if (!res?.moved) return;
+    const session = await this.store.get(res.run.workspace_id, sessionId);
+    await this.runtime.reschedule(session, res.run.session_thread_id).catch((err: unknown) =>
+      this.log.debug({ err: err instanceof Error ? err.message : String(err), run: runId }, 'thread not running; no reschedule event'));
+  }
+
+  /** Final failure: retries exhausted, unservable, or the agent's own failure. */
+  async failed(sessionId: string, runId: string, leaseId: string | null, failure: { class: string; code: string; message: string }): Promise<void> {
+    const res = await this.move(sessionId, runId, (r) =>
+      TERMINAL.has(r.status) ? null : {
+        ...r, status: 'failed', failure, attempts: this.endAttempt(r, leaseId, failure.class === 'work' ? 'work_failure' : 'lost', failure.message),
+        timestamps: { ...this.ts(r), ended_at: nowIso() },
+      });
+    if (!res?.moved) return;
+    const session = await this.store.get(res.run.workspace_id, sessionId);
+    const stop: StopReason = failure.code === 'retries_exhausted' ? { type: 'retries_exhausted' } : { type: 'error', error: { code: failure.code, message: failure.message } } as StopReason;
+    await this.runtime.endTurn(session, res.run.session_thread_id, stop);
+  }
+
+  async canceled(sessionId: string, runId: string, reason: string): Promise<void> {
+    const res = await this.move(sessionId, runId, (r) =>
+      TERMINAL.has(r.status) ? null : { ...r, status: 'canceled', attempts: this.endAttempt(r, null, 'canceled', reason), timestamps: { ...this.ts(r), ended_at: nowIso() } });
+    if (!res?.moved) return;
+    const session = await this.store.get(res.run.workspace_id, sessionId);
+    await this.runtime.endTurn(session, res.run.session_thread_id, { type: 'interrupted' });
+  }
+}

@@ -1,0 +1,107 @@
+import type { RunRequirements } from '@agentplane/lease';
+import type { ModelMessage } from '@agentplane/protocol';
+import type { AgentSnapshot } from '../agents/model.js';
+import type { VersionedStore } from '../agents/versioned.js';
+import type { Environment } from '../environments/operations.js';
+import type { RunDoc, SessionResource } from '../sessions/model.js';
+import type { SessionStore } from '../sessions/store.js';
+import { conversationOf, readAll, type Responses } from './history.js';
+
+/** A tool as the runner's harness takes it. */
+export type SpecTool =
+  | { type: 'builtin'; name: string; permission?: 'always_allow' | 'always_ask' }
+  | { type: 'custom'; spec: { name: string; description: string; input_schema: Record<string, unknown> } };
+
+/**
+ * Everything a runner needs to execute one turn, carried by the lease offer (`spec`). Built
+ * from the Run's frozen configuration (agent version, environment version) and the thread's
+ * log at offer time.
+ */
+export interface TurnSpec {
+  run_id: string;
+  session_id: string;
+  thread_id: string;
+  workspace_id: string;
+  agent: { id: string; version: number; routing_key: string; system?: string; tools: SpecTool[] };
+  environment: {
+    id: string;
+    version: number;
+    image: string;
+    resources: { cpu_millis: number; memory_mib: number; disk_mib: number; max_duration_seconds: number };
+    network_mode: string;
+    retention_mode: string;
+  };
+  resources: SessionResource[];
+  history: ModelMessage[];
+  responses: Responses;
+}
+
+export function specTools(agent: AgentSnapshot): SpecTool[] {
+  return agent.tools.map((t): SpecTool =>
+    t.type === 'builtin'
+      ? { type: 'builtin', name: t.name, ...(t.permission ? { permission: t.permission } : {}) }
+      : { type: 'custom', spec: { name: t.name, description: t.description, input_schema: t.input_schema } },
+  );
+}
+
+export function requirementsOf(env: Environment): RunRequirements {
+  return {
+    driver: env.driver,
+    tier: env.tier,
+    network_mode: env.network.mode,
+    retention_mode: env.retention_mode,
+    resources: { ...env.resources },
+  };
+}
+
+/** Keep the newest messages under a byte budget so the offer frame stays within the protocol limit. */
+function fitHistory(history: ModelMessage[], maxBytes: number): ModelMessage[] {
+  let size = 0;
+  const kept: ModelMessage[] = [];
+  for (let i = history.length - 1; i >= 0; i--) {
+    const m = history[i] as ModelMessage;
+    size += Buffer.byteLength(JSON.stringify(m));
+    if (size > maxBytes && kept.length > 0) break;
+    kept.unshift(m);
+  }
+  // A conversation must start with a user turn.
+  while (kept.length > 1 && kept[0]?.role !== 'user') kept.shift();
+  return kept;
+}
+
+export interface SpecSources {
+  store: SessionStore;
+  environments: VersionedStore<Environment>;
+}
+
+export async function buildTurnSpec(src: SpecSources, run: RunDoc, maxHistoryBytes = 512 * 1024): Promise<TurnSpec> {
+  const session = await src.store.get(run.workspace_id, run.session_id);
+  const env = await src.environments.getVersion(run.workspace_id, run.environment_id, run.environment_version);
+  const events = await readAll(src.store.log, run.session_id);
+  const isPrimary = session._primary_thread_id === run.session_thread_id;
+  const { history, responses } = conversationOf(events, run.session_thread_id, isPrimary);
+  return {
+    run_id: run.id,
+    session_id: run.session_id,
+    thread_id: run.session_thread_id,
+    workspace_id: run.workspace_id,
+    agent: {
+      id: run.agent.id,
+      version: run.agent.version,
+      routing_key: run.agent.model,
+      ...(run.agent.system ? { system: run.agent.system } : {}),
+      tools: specTools(run.agent),
+    },
+    environment: {
+      id: env.id,
+      version: env.version,
+      image: env.image,
+      resources: { ...env.resources },
+      network_mode: env.network.mode,
+      retention_mode: env.retention_mode,
+    },
+    resources: session.resources,
+    history: fitHistory(history, maxHistoryBytes),
+    responses,
+  };
+}

@@ -1,0 +1,59 @@
+/** Lease timing. Defaults follow the field's convergence (docs/ARCHITECTURE.md, "Leases"). */
+export interface LeaseConfig {
+  /** Lease length: the BullMQ job lock of an accepted Run attempt. */
+  leaseMs: number;
+  /** The runner renews every leaseMs / 3. */
+  heartbeatMs: number;
+  /** How long a runner has to accept an offer before it goes to another runner. */
+  offerTimeoutMs: number;
+  /** Offers per dispatch before the Run waits for capacity. */
+  maxOffers: number;
+  /** BullMQ attempts = leases a Run may fail with an infrastructure error. */
+  maxAttempts: number;
+  /** First retry delay; doubles per attempt. */
+  backoffMs: number;
+  /** Lost leases (runner gone, lock expired) a Run survives before it is exhausted. */
+  maxStalledCount: number;
+  /** How often expired locks are detected. */
+  stalledIntervalMs: number;
+  /** Margin by which the Session fence expires before the BullMQ lock. */
+  fenceMarginMs: number;
+}
+
+export const DEFAULT_LEASE_CONFIG: LeaseConfig = Object.freeze({
+  leaseMs: 30_000,
+  heartbeatMs: 10_000,
+  offerTimeoutMs: 5_000,
+  maxOffers: 3,
+  maxAttempts: 5,
+  backoffMs: 1_000,
+  maxStalledCount: 3,
+  stalledIntervalMs: 5_000,
+  fenceMarginMs: 1_000,
+});
+
+/** Parse the lease settings (shared by the API/gateway and the scheduler config modules). */
+export function leaseConfigFrom(env: Readonly<Record<string, string | undefined>>): LeaseConfig {
+  const int = (name: string, fallback: number, min: number): number => {
+    const raw = env[name];
+    if (raw === undefined || raw === '') return fallback;
+    const n = Number(raw);
+    if (!Number.isInteger(n) || n < min) throw new Error(`${name} must be an integer >= ${min}, got '${raw}'`);
+    return n;
+  };
+  const leaseMs = int('LEASE_MS', DEFAULT_LEASE_CONFIG.leaseMs, 2000);
+  return Object.freeze({
+    leaseMs,
+    heartbeatMs: int('LEASE_HEARTBEAT_MS', Math.floor(leaseMs / 3), 100),
+    offerTimeoutMs: int('OFFER_TIMEOUT_MS', DEFAULT_LEASE_CONFIG.offerTimeoutMs, 100),
+    maxOffers: int('MAX_OFFERS', DEFAULT_LEASE_CONFIG.maxOffers, 1),
+    maxAttempts: int('RUN_MAX_ATTEMPTS', DEFAULT_LEASE_CONFIG.maxAttempts, 1),
+    backoffMs: int('RUN_BACKOFF_MS', DEFAULT_LEASE_CONFIG.backoffMs, 0),
+    maxStalledCount: int('RUN_MAX_LOST_LEASES', DEFAULT_LEASE_CONFIG.maxStalledCount, 0),
+    stalledIntervalMs: int('STALLED_INTERVAL_MS', Math.min(DEFAULT_LEASE_CONFIG.stalledIntervalMs, Math.floor(leaseMs / 2)), 100),
+    fenceMarginMs: int('FENCE_MARGIN_MS', Math.min(DEFAULT_LEASE_CONFIG.fenceMarginMs, Math.floor(leaseMs / 4)), 0),
+  });
+}
+
+/** Environment variables of the lease settings, for launchers that pass them through. */
+export const LEASE_ENV = ['LEASE_MS', 'LEASE_HEARTBEAT_MS', 'OFFER_TIMEOUT_MS', 'MAX_OFFERS', 'RUN_MAX_ATTEMPTS', 'RUN_BACKOFF_MS', 'RUN_MAX_LOST_LEASES', 'STALLED_INTERVAL_MS', 'FENCE_MARGIN_MS'] as const;

@@ -1,0 +1,6 @@
+export * from './config.js';
+export * from './requirements.js';
+export * from './fence.js';
+export * from './queues.js';
+export * from './keeper.js';
+export * from './offers.js';

@@ -1,0 +1,124 @@
+import { UnrecoverableError, type Job } from 'bullmq';
+import type { LeaseConfig } from './config.js';
+import { LeaseFence } from './fence.js';
+import type { RunJobData, RunQueues } from './queues.js';
+
+/** One accepted Run attempt held by one runner. `lease_id` is the BullMQ lock token. */
+export interface Lease {
+  lease_id: string;
+  run_id: string;
+  session_id: string;
+  pool_id: string;
+  attempt: number;
+  runner_id: string;
+}
+
+export type FailureClass = 'infrastructure' | 'agent';
+
+export interface LeaseFailure {
+  class: FailureClass;
+  code: string;
+  message: string;
+}
+
+/**
+ * The runner side of a lease, used by the gateway when runner frames arrive. Every operation
+ * is fenced by the lock token: BullMQ refuses a stale token, and the Session fence stops a
+ * stale runner's writes before BullMQ even notices the stall.
+ */
+export class LeaseKeeper {
+  private readonly jobs = new Map<string, Job<RunJobData>>();
+
+  constructor(
+    private readonly queues: RunQueues,
+    private readonly fence: LeaseFence,
+    private readonly config: LeaseConfig,
+  ) {}
+
+  private async jobFor(lease: Lease): Promise<Job<RunJobData> | undefined> {
+    const cached = this.jobs.get(lease.lease_id);
+    if (cached) return cached;
+    const job = await this.queues.job(lease.pool_id, lease.run_id);
+    if (job) this.jobs.set(lease.lease_id, job);
+    return job;
+  }
+
+  private forget(lease: Lease): void {
+    this.jobs.delete(lease.lease_id);
+  }
+
+  private get fenceTtl(): number {
+    return Math.max(1000, this.config.leaseMs - this.config.fenceMarginMs);
+  }
+
+  /** Accept an offer: take the lock for a full lease, then claim the Session fence. */
+  async accept(lease: Lease): Promise<'ok' | 'lost' | 'taken'> {
+    const job = await this.jobFor(lease);
+    if (!job) return 'lost';
+    const extended = await job.extendLock(lease.lease_id, this.config.leaseMs).catch(() => 0);
+    if (!extended) {
+      this.forget(lease);
+      return 'lost';
+    }
+    const claimed = await this.fence.claim(
+      { sessionId: lease.session_id, token: lease.lease_id, runnerId: lease.runner_id, attempt: lease.attempt, runId: lease.run_id },
+      this.fenceTtl,
+    );
+    return claimed;
+  }
+
+  /** Renew the lease. 'lost' means the runner must stop the Run at once. */
+  async heartbeat(lease: Lease): Promise<'ok' | 'lost'> {
+    const job = await this.jobFor(lease);
+    if (!job) return 'lost';
+    const extended = await job.extendLock(lease.lease_id, this.config.leaseMs).catch(() => 0);
+    if (!extended) {
+      await this.fence.release(lease.session_id, lease.lease_id);
+      this.forget(lease);
+      return 'lost';
+    }
+    return this.fence.extend(lease.session_id, lease.lease_id, this.fenceTtl);
+  }
+
+  async complete(lease: Lease, result: unknown): Promise<'ok' | 'lost'> {
+    const job = await this.jobFor(lease);
+    if (!job || !(await this.fence.holds(lease.session_id, lease.lease_id))) return 'lost';
+    try {
+      await job.moveToCompleted(result, lease.lease_id, false);
+    } catch {
+      return 'lost';
+    } finally {
+      await this.fence.release(lease.session_id, lease.lease_id);
+      this.forget(lease);
+    }
+    return 'ok';
+  }
+
+  /**
+   * End the attempt with a failure. Infrastructure failures are retried by BullMQ with
+   * exponential backoff while attempts remain; the agent's own failures are final.
+   */
+  async fail(lease: Lease, failure: LeaseFailure): Promise<'retry' | 'final' | 'lost'> {
+    const job = await this.jobFor(lease);
+    if (!job) return 'lost';
+    await this.fence.release(lease.session_id, lease.lease_id);
+    this.forget(lease);
+    const err = failure.class === 'agent' ? new UnrecoverableError(failure.message) : new Error(failure.message);
+    err.name = failure.class === 'agent' ? 'UnrecoverableError' : `InfrastructureError:${failure.code}`;
+    const willRetry = failure.class === 'infrastructure' && job.attemptsMade + 1 < (job.opts.attempts ?? 1);
+    try {
+      await job.moveToFailed(err, lease.lease_id, false);
+    } catch {
+      return 'lost';
+    }
+    return willRetry ? 'retry' : 'final';
+  }
+
+  /** The runner gave the offer back (declined, or cancelled before starting): requeue without using an attempt. */
+  async giveBack(lease: Lease): Promise<void> {
+    const job = await this.jobFor(lease);
+    this.forget(lease);
+    await this.fence.release(lease.session_id, lease.lease_id);
+    if (job) await job.moveToWait(lease.lease_id).catch(() => undefined);
+  }
+}

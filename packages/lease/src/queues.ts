@@ -1,0 +1,107 @@
+import { Job, Queue, type JobsOptions } from 'bullmq';
+import { LuaScript, type Redis } from '@agentplane/store';
+import type { LeaseConfig } from './config.js';
+import type { RunRequirements } from './requirements.js';
+
+/** BullMQ queue of one runner pool. Its prefix carries a hash tag: every key of the queue is in one slot. */
+export const queuePrefix = (poolId: string): string => `ap:{q:${poolId}}`;
+export const RUN_QUEUE = 'runs';
+const fairKey = (poolId: string, workspaceId: string): string => `${queuePrefix(poolId)}:fair:${workspaceId}`;
+
+/** BullMQ's highest usable priority number (lower runs first). */
+const MAX_PRIORITY = 2_097_151;
+
+/** What a Run job carries: enough to place it and to find its Session. */
+export interface RunJobData {
+  run_id: string;
+  session_id: string;
+  thread_id: string;
+  workspace_id: string;
+  pool_id: string;
+  requirements: RunRequirements;
+  /** Wall-clock ms when the Run was accepted by the API. */
+  accepted_at_ms: number;
+  enqueued_at_ms: number;
+  rank: number;
+}
+
+/**
+ * Fair share across workspaces: a Run's priority is its rank among its workspace's queued
+ * Runs in the pool (1 = next of that workspace), kept as a sorted set per workspace. Equal ranks run FIFO, so the pool serves
+ * workspaces round-robin: one workspace's backlog of 10,000 delays another's single Run by at
+ * most one dispatch per other active workspace.
+ */
+const RANK = new LuaScript(
+  'fair_rank',
+  `redis.call('ZADD', KEYS[1], 'NX', ARGV[2], ARGV[1])
+return redis.call('ZCARD', KEYS[1])`,
+);
+
+export class RunQueues {
+  private readonly queues = new Map<string, Queue>();
+
+  constructor(
+    private readonly connection: Redis,
+    readonly config: LeaseConfig,
+  ) {}
+
+  queue(poolId: string): Queue {
+    let q = this.queues.get(poolId);
+    if (!q) {
+      q = new Queue(RUN_QUEUE, { connection: this.connection, prefix: queuePrefix(poolId) });
+      this.queues.set(poolId, q);
+    }
+    return q;
+  }
+
+  async enqueue(data: Omit<RunJobData, 'rank' | 'enqueued_at_ms'>): Promise<RunJobData> {
+    const rank = Number(await RANK.run(this.connection, [fairKey(data.pool_id, data.workspace_id)], [data.run_id, Date.now()]));
+    const full: RunJobData = { ...data, rank, enqueued_at_ms: Date.now() };
+    const opts: JobsOptions = {
+      jobId: data.run_id,
+      priority: Math.min(Math.max(1, rank), MAX_PRIORITY),
+      attempts: this.config.maxAttempts,
+      backoff: { type: 'exponential', delay: this.config.backoffMs },
+      removeOnComplete: { age: 24 * 3600 },
+      removeOnFail: { age: 7 * 24 * 3600 },
+    };
+    await this.queue(data.pool_id).add('run', full, opts);
+    return full;
+  }
+
+  /** The Run left the queue for good (leased, removed, unservable, exhausted); idempotent. */
+  async dequeued(poolId: string, workspaceId: string, runId: string): Promise<void> {
+    await this.connection.zrem(fairKey(poolId, workspaceId), runId);
+  }
+
+  async job(poolId: string, runId: string): Promise<Job<RunJobData> | undefined> {
+    return (await Job.fromId<RunJobData>(this.queue(poolId), runId)) ?? undefined;
+  }
+
+  /** Remove a Run that is still waiting (queued, delayed, prioritized). False when it is leased or gone. */
+  async cancelQueued(poolId: string, runId: string): Promise<boolean> {
+    const job = await this.job(poolId, runId);
+    if (!job) return false;
+    const state = await job.getState();
+    if (state === 'active' || state === 'completed' || state === 'failed') return false;
+    try {
+      await job.remove();
+    } catch {
+      return false;
+    }
+    await this.dequeued(poolId, job.data.workspace_id, runId);
+    return true;
+  }
+
+  async depth(poolId: string): Promise<Record<string, number>> {
+    return this.queue(poolId).getJobCounts('wait', 'prioritized', 'delayed', 'active', 'failed', 'completed');
+  }
+
+  pools(): string[] {
+    return [...this.queues.keys()];
+  }
+
+  async close(): Promise<void> {
+    await Promise.all([...this.queues.values()].map((q) => q.close()));
+  }
+}

@@ -1,0 +1,48 @@
+import { describe, expect, it } from 'vitest';
+import { matchCapabilities, matchNow, type RunRequirements, type RunnerCapabilities } from './requirements.js';
+
+const req: RunRequirements = {
+  tier: 'container',
+  network_mode: 'none',
+  resources: { cpu_millis: 1000, memory_mib: 512, disk_mib: 1024, max_duration_seconds: 600 },
+};
+const docker: RunnerCapabilities = {
+  available_slots: 2,
+  providers: [
+    {
+      id: 'docker',
+      drivers: ['docker'],
+      tiers: ['container'],
+      network_modes: ['none'],
+      platforms: [{ os: 'linux', architecture: 'x64' }],
+      maximum_resources: { cpu_millis: 2000, memory_mib: 4096, disk_mib: 10240, max_duration_seconds: 3600 },
+    },
+  ],
+};
+const processOnly: RunnerCapabilities = {
+  available_slots: 4,
+  providers: [{ id: 'process', drivers: ['process'], tiers: ['process'], network_modes: ['host', 'none'] }],
+};
+
+describe('matching', () => {
+  it('serves a container Run on a docker runner', () => {
+    expect(matchCapabilities(req, docker)).toEqual({ ok: true, provider: 'docker' });
+  });
+  it('never serves a container Run on a process-only runner', () => {
+    const m = matchCapabilities(req, processOnly);
+    expect(m.ok).toBe(false);
+    if (!m.ok) expect(m.reason).toContain("tier 'container'");
+  });
+  it('refuses resources over the maximum and unknown platforms', () => {
+    expect(matchCapabilities({ ...req, resources: { ...req.resources, memory_mib: 8192 } }, docker).ok).toBe(false);
+    expect(matchCapabilities({ ...req, platform: { architecture: 'arm64' } }, docker).ok).toBe(false);
+    expect(matchCapabilities({ ...req, platform: { os: 'linux' } }, docker).ok).toBe(true);
+  });
+  it('needs a free slot now', () => {
+    expect(matchNow(req, docker, 1).ok).toBe(true);
+    expect(matchNow(req, docker, 2)).toEqual({ ok: false, reason: 'no free slot' });
+  });
+  it('a runner with no provider serves nothing', () => {
+    expect(matchCapabilities(req, {}).ok).toBe(false);
+  });
+});

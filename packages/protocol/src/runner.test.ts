@@ -1,0 +1,25 @@
+import { describe, expect, it } from 'vitest';
+import { FrameError, frame, negotiateVersion, parseFrame } from './runner.js';
+
+const caps = { protocol_versions: [1], available_slots: 1, drivers: ['process'], plane_protocols: ['model-gateway-v1'], providers: [] };
+
+describe('runner frames', () => {
+  it('round-trips a valid hello', () => {
+    const text = frame('hello', 'a', { protocol_versions: [1], daemon_version: 't', status: 'ready', capabilities: caps, held_leases: [] });
+    expect(parseFrame(text, 'runner').type).toBe('hello');
+  });
+  it('rejects non-JSON, unknown fields, wrong direction and bad payloads with FrameError', () => {
+    expect(() => parseFrame('{', 'runner')).toThrow(FrameError);
+    expect(() => parseFrame(JSON.stringify({ v: 1, type: 'ack', id: 'x', payload: {}, extra: 1 }), 'runner')).toThrow(/unknown field 'extra'/);
+    expect(() => parseFrame(JSON.stringify({ v: 1, type: 'welcome', id: 'x', payload: {} }), 'runner')).toThrow(/unknown message type 'welcome' from the runner/);
+    expect(() => parseFrame(JSON.stringify({ v: 2, type: 'ack', id: 'x', payload: {} }), 'runner')).toThrow(/unsupported envelope version/);
+    expect(() => parseFrame(JSON.stringify({ v: 1, type: 'lease.fail', id: 'x', payload: { lease_id: 'l', attempt: 0, failure_class: 'work', reason: 'r' } }), 'runner')).toThrow(FrameError);
+  });
+  it('refuses to build an invalid frame', () => {
+    expect(() => frame('heartbeat', 'x', { status: 'ready', available_slots: -1, held_leases: [] })).toThrow(FrameError);
+  });
+  it('negotiates the highest common version', () => {
+    expect(negotiateVersion([1, 2, 3], [1, 2])).toBe(2);
+    expect(negotiateVersion([3], [1])).toBeNull();
+  });
+});

@@ -1,0 +1,141 @@
+/**
+ * The sandbox lifecycle the runner drives from leases: reap on daemon start, prepare a Session's
+ * sandbox when a lease is accepted (materialising resources before the first Run), suspend it when
+ * idle, remove it on lease loss, Session end (archive, delete) or idle expiry.
+ */
+import { createLogger, type Logger } from '@agentplane/core';
+import { materializeResources, type MaterializeResult, type ResolvedResource } from './resources.js';
+import { driverSatisfies, SandboxError, type EnvironmentRequirements, type Sandbox, type SandboxDriver, type SandboxEnvironment, type SandboxSession } from './types.js';
+
+export interface SandboxManagerOptions {
+  driver: SandboxDriver;
+  runnerId: string;
+  /** Stop an idle sandbox's processes (workspace kept) after this long without a Run. Default 10 min; 0 disables. */
+  idleSuspendMs?: number;
+  /** Remove an idle sandbox and its workspace after this long without a Run. Default 24 h; 0 disables. */
+  idleExpireMs?: number;
+  /** How often idle sandboxes are checked. Default 30 s. */
+  sweepIntervalMs?: number;
+  now?: () => number;
+  logger?: Logger;
+}
+
+interface Entry {
+  activeRuns: number;
+  lastUsed: number;
+  suspended: boolean;
+}
+
+export class SandboxManager {
+  readonly driver: SandboxDriver;
+  private readonly entries = new Map<string, Entry>();
+  private readonly now: () => number;
+  private readonly log: Logger;
+  private timer: NodeJS.Timeout | undefined;
+
+  constructor(private readonly options: SandboxManagerOptions) {
+    this.driver = options.driver;
+    this.now = options.now ?? Date.now;
+    this.log = options.logger ?? createLogger({ name: 'sandbox', level: 'warn' });
+  }
+
+  /**
+   * At daemon start: removes every sandbox no held lease needs. Sessions in `liveSessionIds` (alive
+   * in the control plane, e.g. a Run about to be rescheduled here) keep their workspace.
+   */
+  async start(heldSessionIds: Iterable<string> = [], liveSessionIds: Iterable<string> = []): Promise<string[]> {
+    const reaped = await this.driver.reapOrphans(this.options.runnerId, heldSessionIds, { keepWorkspacesOf: liveSessionIds });
+    const interval = this.options.sweepIntervalMs ?? 30_000;
+    if (interval > 0 && !this.timer) {
+      this.timer = setInterval(() => {
+        this.sweep().catch((err: unknown) => this.log.warn({ err: (err as Error).message }, 'sandbox sweep failed'));
+      }, interval);
+      this.timer.unref();
+    }
+    return reaped;
+  }
+
+  stop(): void {
+    if (this.timer) clearInterval(this.timer);
+    this.timer = undefined;
+  }
+
+  /** Whether this runner's driver may run an Environment (the scheduler should not offer otherwise). */
+  eligible(requirements: EnvironmentRequirements): boolean {
+    return driverSatisfies(this.driver, requirements);
+  }
+
+  /**
+   * When a lease is accepted: the Session's sandbox (created or reused), with its resources in the
+   * workspace. Pair every call with `runEnded`.
+   */
+  async prepare(
+    session: SandboxSession,
+    environment: SandboxEnvironment & { requirements?: EnvironmentRequirements },
+    resources: readonly ResolvedResource[] = [],
+    signal?: AbortSignal,
+  ): Promise<{ sandbox: Sandbox; materialized?: MaterializeResult }> {
+    const requirements = environment.requirements ?? { tier: environment.tier, network_mode: environment.network_mode };
+    if (!driverSatisfies(this.driver, requirements)) {
+      throw new SandboxError('tier_unsatisfied', `the ${this.driver.name} driver (tier ${this.driver.tier}) cannot run this Environment`);
+    }
+    const entry = this.entries.get(session.id) ?? { activeRuns: 0, lastUsed: this.now(), suspended: false };
+    this.entries.set(session.id, entry);
+    entry.activeRuns += 1;
+    entry.lastUsed = this.now();
+    try {
+      const sandbox = await this.driver.ensure(session, environment);
+      entry.suspended = false;
+      const materialized = resources.length > 0 ? await materializeResources(this.driver, sandbox, resources, { signal }) : undefined;
+      return { sandbox, ...(materialized ? { materialized } : {}) };
+    } catch (err) {
+      entry.activeRuns -= 1;
+      throw err;
+    }
+  }
+
+  runEnded(sessionId: string): void {
+    const entry = this.entries.get(sessionId);
+    if (!entry) return;
+    entry.activeRuns = Math.max(0, entry.activeRuns - 1);
+    entry.lastUsed = this.now();
+  }
+
+  /**
+   * The lease was lost (fenced, expired): the Run must stop here. The caller aborts the harness
+   * signal; this removes the sandbox so no process keeps working for a Run another runner now owns.
+   */
+  async leaseLost(sessionId: string): Promise<void> {
+    this.entries.delete(sessionId);
+    await this.driver.destroy(sessionId);
+  }
+
+  /** Session archived or deleted. */
+  async sessionEnded(sessionId: string): Promise<void> {
+    this.entries.delete(sessionId);
+    await this.driver.destroy(sessionId);
+  }
+
+  /** Suspends and expires idle sandboxes; returns what it did. */
+  async sweep(): Promise<{ suspended: string[]; expired: string[] }> {
+    const suspendAfter = this.options.idleSuspendMs ?? 10 * 60_000;
+    const expireAfter = this.options.idleExpireMs ?? 24 * 3600_000;
+    const now = this.now();
+    const suspended: string[] = [];
+    const expired: string[] = [];
+    for (const [sessionId, entry] of [...this.entries]) {
+      if (entry.activeRuns > 0) continue;
+      const idle = now - entry.lastUsed;
+      if (expireAfter > 0 && idle >= expireAfter) {
+        this.entries.delete(sessionId);
+        await this.driver.destroy(sessionId);
+        expired.push(sessionId);
+      } else if (suspendAfter > 0 && idle >= suspendAfter && !entry.suspended) {
+        entry.suspended = true;
+        await this.driver.suspend(sessionId);
+        suspended.push(sessionId);
+      }
+    }
+    return { suspended, expired };
+  }
+}

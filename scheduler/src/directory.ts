@@ -1,0 +1,38 @@
+import type { RunnerCapabilities } from '@agentplane/lease';
+
+/** A runner as the scheduler sees it: from its presence (never lease authority, only a hint). */
+export interface RunnerView {
+  runner_id: string;
+  pool_id: string;
+  status: 'starting' | 'ready' | 'draining';
+  capabilities: RunnerCapabilities;
+}
+
+/** Where the scheduler reads which runners exist and which are ready. */
+export interface RunnerDirectory {
+  /** Runners of the pool with a live presence. */
+  live(poolId: string): Promise<RunnerView[]>;
+  /** Last known capabilities of every runner ever enrolled in the pool (for "can never be served"). */
+  enrolled(poolId: string): Promise<RunnerCapabilities[]>;
+}
+
+export interface LeaseOffer {
+  lease_id: string;
+  run_id: string;
+  session_id: string;
+  thread_id: string;
+  workspace_id: string;
+  pool_id: string;
+  attempt: number;
+  runner_id: string;
+  lease_ms: number;
+  heartbeat_ms: number;
+  offer_expires_at_ms: number;
+}
+
+export type OfferOutcome = 'accepted' | 'rejected' | 'timeout';
+
+/** Delivers an offer to a runner (through whichever gateway holds its socket) and reports the answer. */
+export interface OfferChannel {
+  offer(offer: LeaseOffer, timeoutMs: number): Promise<OfferOutcome>;
+}

@@ -1,0 +1,202 @@
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import type { Job } from 'bullmq';
+import { createLogger } from '@agentplane/core';
+import { DEFAULT_LEASE_CONFIG, LeaseFence, LeaseKeeper, RunQueues, type Lease, type LeaseConfig, type RunJobData, type RunnerCapabilities } from '@agentplane/lease';
+import { connectRedis, startEmbeddedRedis, type EmbeddedRedis, type Redis } from '@agentplane/store';
+import { PoolDispatcher, type DispatchHooks } from './dispatcher.js';
+import type { LeaseOffer, OfferChannel, RunnerDirectory, RunnerView } from './directory.js';
+
+const log = createLogger({ name: 'test', level: 'silent' });
+const config: LeaseConfig = { ...DEFAULT_LEASE_CONFIG, leaseMs: 2000, heartbeatMs: 600, offerTimeoutMs: 500, stalledIntervalMs: 500, backoffMs: 100, fenceMarginMs: 300 };
+const caps = (slots: number): RunnerCapabilities => ({
+  available_slots: slots,
+  providers: [{ id: 'docker', drivers: ['docker'], tiers: ['container'], network_modes: ['none'], maximum_resources: { memory_mib: 4096 } }],
+});
+const requirements = { tier: 'container', network_mode: 'none', resources: { cpu_millis: 500, memory_mib: 256, disk_mib: 100, max_duration_seconds: 60 } };
+
+let server: EmbeddedRedis;
+let dir: string;
+const conns: Redis[] = [];
+const conn = () => {
+  const c = connectRedis(server.url, { name: 'test', blocking: true });
+  conns.push(c);
+  return c;
+};
+
+beforeAll(async () => {
+  dir = mkdtempSync(join(tmpdir(), 'sched-'));
+  server = await startEmbeddedRedis({ dir });
+});
+afterAll(async () => {
+  for (const c of conns) c.disconnect();
+  await server.stop();
+  rmSync(dir, { recursive: true, force: true });
+});
+
+/** Test runners that answer offers through the same LeaseKeeper API the gateway uses. */
+class Fleet implements RunnerDirectory, OfferChannel {
+  runners = new Map<string, { view: RunnerView; accept: boolean; leases: Lease[] }>();
+  constructor(private readonly keeper: LeaseKeeper, private readonly pool: string) {}
+  add(id: string, slots = 1, accept = true): void {
+    this.runners.set(id, { view: { runner_id: id, pool_id: this.pool, status: 'ready', capabilities: caps(slots) }, accept, leases: [] });
+  }
+  async live(): Promise<RunnerView[]> {
+    return [...this.runners.values()].map((r) => r.view);
+  }
+  async enrolled(): Promise<RunnerCapabilities[]> {
+    return [...this.runners.values()].map((r) => r.view.capabilities);
+  }
+  async offer(o: LeaseOffer): Promise<'accepted' | 'rejected' | 'timeout'> {
+    const r = this.runners.get(o.runner_id);
+    if (!r || !r.accept) return 'rejected';
+    const lease: Lease = { lease_id: o.lease_id, run_id: o.run_id, session_id: o.session_id, pool_id: o.pool_id, attempt: o.attempt, runner_id: o.runner_id };
+    const res = await this.keeper.accept(lease);
+    if (res !== 'ok') return 'rejected';
+    r.leases.push(lease);
+    r.view.capabilities.available_slots = (r.view.capabilities.available_slots ?? 1) - 1;
+    return 'accepted';
+  }
+}
+
+const hooks = () => {
+  const events: { kind: string; run: string; detail?: string }[] = [];
+  const h: DispatchHooks = {
+    leased: async (job: Job<RunJobData>, runner: string) => void events.push({ kind: 'leased', run: job.data.run_id, detail: runner }),
+    waiting: async (job: Job<RunJobData>, reason: string) => void events.push({ kind: 'waiting', run: job.data.run_id, detail: reason }),
+    unservable: async (job: Job<RunJobData>, reason: string) => void events.push({ kind: 'unservable', run: job.data.run_id, detail: reason }),
+    stalled: async (run: string) => void events.push({ kind: 'stalled', run }),
+    exhausted: async (run: string) => void events.push({ kind: 'exhausted', run }),
+  };
+  return { events, h };
+};
+
+async function until(what: string, fn: () => boolean | Promise<boolean>, ms = 15_000): Promise<void> {
+  const end = Date.now() + ms;
+  while (!(await fn())) {
+    if (Date.now() > end) throw new Error(`timed out: ${what}`);
+    await new Promise((r) => setTimeout(r, 25));
+  }
+}
+
+let pool = 0;
+let dispatchers: PoolDispatcher[] = [];
+afterEach(async () => {
+  await Promise.all(dispatchers.map((d) => d.stop()));
+  dispatchers = [];
+});
+
+function setup(n = 1) {
+  const poolId = `rpool_${String(++pool).padStart(32, '0')}`;
+  const redis = conn();
+  const queues = new RunQueues(redis, config);
+  const fence = new LeaseFence(redis);
+  const keeper = new LeaseKeeper(queues, fence, config);
+  const fleet = new Fleet(keeper, poolId);
+  const { events, h } = hooks();
+  for (let i = 0; i < n; i++) {
+    const d = new PoolDispatcher({ poolId, queues, connection: conn(), directory: fleet, offers: fleet, hooks: h, config, log, capacityRetryMs: 100 });
+    d.start();
+    dispatchers.push(d);
+  }
+  const enqueue = (i: number, ws = 'wrkspc_a') =>
+    queues.enqueue({ run_id: `run_${String(i).padStart(32, '0')}`, session_id: `sess_${String(i).padStart(32, '0')}`, thread_id: 'sthr_x', workspace_id: ws, pool_id: poolId, requirements, accepted_at_ms: Date.now() });
+  return { poolId, queues, fence, keeper, fleet, events, enqueue };
+}
+
+describe('lease engine (BullMQ)', () => {
+  it('offers, leases, heartbeats and completes a Run', async () => {
+    const s = setup();
+    s.fleet.add('runner_a');
+    await s.enqueue(1);
+    await until('leased', () => s.events.some((e) => e.kind === 'leased'));
+    const lease = s.fleet.runners.get('runner_a')?.leases[0] as Lease;
+    expect(await s.fence.holds(lease.session_id, lease.lease_id)).toBe(true);
+    expect(await s.keeper.heartbeat(lease)).toBe('ok');
+    expect(await s.keeper.complete(lease, { ok: true })).toBe('ok');
+    expect(await (await s.queues.job(s.poolId, lease.run_id))?.getState()).toBe('completed');
+    expect(await s.fence.holds(lease.session_id, lease.lease_id)).toBe(false);
+  });
+
+  it('a runner that stops heartbeating loses the lease; the Run is leased again elsewhere and the old token is dead', async () => {
+    const s = setup();
+    s.fleet.add('runner_a');
+    await s.enqueue(2);
+    await until('first lease', () => s.events.some((e) => e.kind === 'leased'));
+    const stale = s.fleet.runners.get('runner_a')?.leases[0] as Lease;
+    s.fleet.runners.delete('runner_a');
+    s.fleet.add('runner_b');
+    // The fence dies before the lock: no write window for the silent runner.
+    await until('fence expiry', async () => !(await s.fence.holds(stale.session_id, stale.lease_id)), 5000);
+    await until('stalled and leased again', () => s.events.filter((e) => e.kind === 'leased').length === 2);
+    expect(s.events.some((e) => e.kind === 'stalled')).toBe(true);
+    const fresh = s.fleet.runners.get('runner_b')?.leases[0] as Lease;
+    expect(fresh.lease_id).not.toBe(stale.lease_id);
+    expect(await s.keeper.heartbeat(stale)).toBe('lost');
+    expect(await s.keeper.complete(stale, {})).toBe('lost');
+    expect(await s.keeper.complete(fresh, {})).toBe('ok');
+  });
+
+  it('infrastructure failures retry with backoff; the agent’s own failures are final', async () => {
+    const s = setup();
+    s.fleet.add('runner_a', 2);
+    await s.enqueue(3);
+    await until('leased', () => s.events.some((e) => e.kind === 'leased'));
+    const first = s.fleet.runners.get('runner_a')?.leases[0] as Lease;
+    expect(await s.keeper.fail(first, { class: 'infrastructure', code: 'sandbox_start', message: 'sandbox failed to start' })).toBe('retry');
+    await until('leased again', () => s.events.filter((e) => e.kind === 'leased').length === 2);
+    const second = s.fleet.runners.get('runner_a')?.leases[1] as Lease;
+    expect(second.attempt).toBeGreaterThan(first.attempt);
+    expect(await s.keeper.fail(second, { class: 'agent', code: 'tool_crash', message: 'the agent failed' })).toBe('final');
+    expect(await (await s.queues.job(s.poolId, second.run_id))?.getState()).toBe('failed');
+  });
+
+  it('fails fast when no runner can ever serve the Run, and waits visibly when all are busy', async () => {
+    const s = setup();
+    s.fleet.runners.set('tiny', { view: { runner_id: 'tiny', pool_id: s.poolId, status: 'ready', capabilities: { available_slots: 1, providers: [{ drivers: ['process'], tiers: ['process'], network_modes: ['host'] }] } }, accept: true, leases: [] });
+    await s.enqueue(4);
+    await until('unservable', () => s.events.some((e) => e.kind === 'unservable'));
+    expect(s.events.find((e) => e.kind === 'unservable')?.detail).toContain("tier 'container'");
+
+    const t = setup();
+    t.fleet.add('busy', 0);
+    await t.enqueue(5);
+    await until('waiting', () => t.events.some((e) => e.kind === 'waiting'));
+    expect(t.events.some((e) => e.kind === 'leased')).toBe(false);
+    (t.fleet.runners.get('busy') as { view: RunnerView }).view.capabilities.available_slots = 1;
+    await until('leased once a slot frees', () => t.events.some((e) => e.kind === 'leased'));
+  });
+
+  it('a workspace with a backlog does not hold back another workspace’s single Run', async () => {
+    const s = setup();
+    for (let i = 0; i < 200; i++) await s.enqueue(1000 + i, 'wrkspc_big');
+    await s.enqueue(9999, 'wrkspc_small');
+    s.fleet.add('runner_a', 1);
+    // Complete Runs as they come; record the order.
+    const order: string[] = [];
+    const runner = s.fleet.runners.get('runner_a') as { view: RunnerView; leases: Lease[] };
+    await until('the small workspace ran', async () => {
+      const l = runner.leases.shift();
+      if (l) {
+        order.push(l.run_id);
+        await s.keeper.complete(l, {});
+        runner.view.capabilities.available_slots = 1;
+      }
+      return order.includes(`run_${String(9999).padStart(32, '0')}`);
+    });
+    expect(order.length).toBeLessThanOrEqual(2);
+  });
+
+  it('two dispatchers never lease one Run twice', async () => {
+    const s = setup(2);
+    for (let i = 0; i < 10; i++) s.fleet.add(`runner_${i}`, 5);
+    for (let i = 0; i < 40; i++) await s.enqueue(2000 + i);
+    await until('all leased', () => s.events.filter((e) => e.kind === 'leased').length >= 40);
+    await new Promise((r) => setTimeout(r, 500));
+    const leased = s.events.filter((e) => e.kind === 'leased').map((e) => e.run);
+    expect(leased).toHaveLength(40);
+    expect(new Set(leased).size).toBe(40);
+  });
+});

@@ -1,0 +1,211 @@
+import { randomUUID } from 'node:crypto';
+import { UnrecoverableError, Worker, type Job } from 'bullmq';
+import type { Logger } from '@agentplane/core';
+import { matchCapabilities, matchNow, queuePrefix, RUN_QUEUE, type LeaseConfig, type RunJobData, type RunQueues } from '@agentplane/lease';
+import type { Redis } from '@agentplane/store';
+import type { OfferChannel, RunnerDirectory, RunnerView } from './directory.js';
+
+/** What the scheduler reports about a Run while placing it (Run status, session events, metrics). */
+export interface DispatchHooks {
+  leased(job: Job<RunJobData>, runnerId: string, leaseId: string, attempt: number): Promise<void>;
+  waiting(job: Job<RunJobData>, reason: string): Promise<void>;
+  unservable(job: Job<RunJobData>, reason: string): Promise<void>;
+  /** A lease was lost (lock expired): the Run goes back to the queue. */
+  stalled(runId: string): Promise<void>;
+  /** BullMQ gave up on the Run (stalled too often). */
+  exhausted(runId: string, reason: string): Promise<void>;
+}
+
+export interface DispatcherOptions {
+  poolId: string;
+  queues: RunQueues;
+  /** A dedicated connection for BullMQ's blocking reads (maxRetriesPerRequest: null). */
+  connection: Redis;
+  directory: RunnerDirectory;
+  offers: OfferChannel;
+  hooks: DispatchHooks;
+  config: LeaseConfig;
+  log: Logger;
+  /** How long a Run that no ready runner can take right now waits before it is tried again. */
+  capacityRetryMs?: number;
+}
+
+/**
+ * Places the Runs of one pool on its runners. BullMQ is the lease engine: `getNextJob` takes a
+ * Run with a fresh lock token (the lease id), the offer goes to a matching runner with a free
+ * slot, and the runner's acceptance extends that same lock to a full lease. Expired locks are
+ * found by BullMQ's stalled check and the Run is offered again; the fencing token keeps the
+ * runner that lost it from writing. Several schedulers may run the same pool at once.
+ */
+export class PoolDispatcher {
+  private readonly worker: Worker<RunJobData>;
+  private stopped = false;
+  private loopDone: Promise<void> = Promise.resolve();
+  /** Offers in flight per runner, so one runner is not offered more than its free slots. */
+  private readonly reserved = new Map<string, number>();
+  private inFlight = 0;
+  /** Runs already reported as waiting for capacity (so the report is made once per wait). */
+  private readonly markedWaiting = new Set<string>();
+  private lastWaitingScan = 0;
+  private wake: (() => void) | undefined;
+
+  constructor(private readonly o: DispatcherOptions) {
+    this.worker = new Worker<RunJobData>(RUN_QUEUE, null, {
+      connection: o.connection,
+      prefix: queuePrefix(o.poolId),
+      autorun: false,
+      lockDuration: o.config.leaseMs,
+      maxStalledCount: o.config.maxStalledCount,
+      stalledInterval: o.config.stalledIntervalMs,
+      drainDelay: 1,
+    });
+    this.worker.on('error', (err) => o.log.warn({ err: err.message, pool: o.poolId }, 'dispatcher worker error'));
+    this.worker.on('stalled', (jobId) => {
+      void o.hooks.stalled(jobId).catch((err: unknown) => o.log.error({ err, jobId }, 'stalled hook failed'));
+    });
+    this.worker.on('failed', (job, err) => {
+      if (job && /stalled more than allowable limit/.test(err.message)) {
+        void o.hooks.exhausted(job.id ?? '', err.message).catch((e: unknown) => o.log.error({ err: e }, 'exhausted hook failed'));
+      }
+    });
+  }
+
+  start(): void {
+    void this.worker.startStalledCheckTimer();
+    this.loopDone = this.loop();
+  }
+
+  /** Nudge the loop (a runner became ready or freed a slot). */
+  poke(): void {
+    this.wake?.();
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    this.poke();
+    await this.loopDone;
+    await this.worker.close();
+  }
+
+  private async freeCapacity(): Promise<{ runners: RunnerView[]; free: number }> {
+    const runners = (await this.o.directory.live(this.o.poolId)).filter((r) => r.status === 'ready');
+    let free = 0;
+    for (const r of runners) free += Math.max(0, (r.capabilities.available_slots ?? 0) - (this.reserved.get(r.runner_id) ?? 0));
+    return { runners, free };
+  }
+
+  private sleep(ms: number): Promise<void> {
+    return new Promise((resolve) => {
+      const t = setTimeout(resolve, ms);
+      this.wake = () => {
+        clearTimeout(t);
+        resolve();
+      };
+    });
+  }
+
+  private async loop(): Promise<void> {
+    while (!this.stopped) {
+      try {
+        const { runners, free } = await this.freeCapacity();
+        if (free - this.inFlight <= 0) {
+          if (Date.now() - this.lastWaitingScan > 1000) await this.reportWaiting(runners.length === 0);
+          await this.sleep(250);
+          continue;
+        }
+        const token = randomUUID();
+        const job = (await this.worker.getNextJob(token, { block: true })) as Job<RunJobData> | undefined;
+        if (!job || this.stopped) {
+          if (job) await job.moveToWait(token).catch(() => undefined);
+          continue;
+        }
+        this.inFlight++;
+        void this.place(job, token)
+          .catch((err: unknown) => this.o.log.error({ err, run: job.id }, 'placing a run failed'))
+          .finally(() => {
+            this.inFlight--;
+          });
+      } catch (err) {
+        if (this.stopped) break;
+        this.o.log.warn({ err: err instanceof Error ? err.message : String(err), pool: this.o.poolId }, 'dispatch loop error; retrying');
+        await this.sleep(500);
+      }
+    }
+  }
+
+  /** No capacity: say so on the Runs at the head of the queue instead of leaving them silently queued. */
+  private async reportWaiting(noRunner: boolean): Promise<void> {
+    this.lastWaitingScan = Date.now();
+    const head = (await this.o.queues.queue(this.o.poolId).getJobs(['prioritized', 'wait'], 0, 49)) as Job<RunJobData>[];
+    const reason = noRunner ? 'no ready runner in the pool' : 'every runner in the pool is busy';
+    for (const job of head) {
+      if (!job?.data || this.markedWaiting.has(job.data.run_id)) continue;
+      if (this.markedWaiting.size > 10_000) this.markedWaiting.clear();
+      this.markedWaiting.add(job.data.run_id);
+      await this.o.hooks.waiting(job, reason);
+    }
+  }
+
+  private async place(job: Job<RunJobData>, token: string): Promise<void> {
+    this.markedWaiting.delete(job.data.run_id);
+    const req = job.data.requirements;
+    const { runners } = await this.freeCapacity();
+    const candidates = runners
+      .filter((r) => matchNow(req, r.capabilities, this.reserved.get(r.runner_id) ?? 0).ok)
+      .sort((a, b) => (b.capabilities.available_slots ?? 0) - (a.capabilities.available_slots ?? 0));
+
+    if (candidates.length === 0) {
+      const everyone = [...runners.map((r) => r.capabilities), ...(await this.o.directory.enrolled(this.o.poolId))];
+      const verdicts = everyone.map((c) => matchCapabilities(req, c));
+      if (everyone.length > 0 && verdicts.every((v) => !v.ok)) {
+        const reason = `no runner in the pool can serve this Run: ${verdicts.map((v) => (v.ok ? '' : v.reason)).filter(Boolean)[0] ?? 'unknown'}`;
+        await job.moveToFailed(new UnrecoverableError(reason), token, false).catch(() => undefined);
+        await this.o.hooks.unservable(job, reason);
+        return;
+      }
+      const reason = everyone.length === 0 ? 'no runner is enrolled in the pool' : 'every matching runner is busy or offline';
+      await this.o.hooks.waiting(job, reason);
+      await job.moveToDelayed(Date.now() + (this.o.capacityRetryMs ?? 1000), token).catch(() => undefined);
+      return;
+    }
+
+    // Keep the lock while offers are out; the runner's acceptance replaces it with a full lease.
+    const keep = setInterval(() => void job.extendLock(token, this.o.config.leaseMs).catch(() => undefined), Math.max(500, this.o.config.offerTimeoutMs / 2));
+    try {
+      for (const runner of candidates.slice(0, this.o.config.maxOffers)) {
+        this.reserved.set(runner.runner_id, (this.reserved.get(runner.runner_id) ?? 0) + 1);
+        let outcome;
+        try {
+          outcome = await this.o.offers.offer(
+            {
+              lease_id: token,
+              run_id: job.data.run_id,
+              session_id: job.data.session_id,
+              thread_id: job.data.thread_id,
+              workspace_id: job.data.workspace_id,
+              pool_id: job.data.pool_id,
+              attempt: job.attemptsStarted,
+              runner_id: runner.runner_id,
+              lease_ms: this.o.config.leaseMs,
+              heartbeat_ms: this.o.config.heartbeatMs,
+              offer_expires_at_ms: Date.now() + this.o.config.offerTimeoutMs,
+            },
+            this.o.config.offerTimeoutMs,
+          );
+        } finally {
+          const left = (this.reserved.get(runner.runner_id) ?? 1) - 1;
+          if (left <= 0) this.reserved.delete(runner.runner_id);
+          else this.reserved.set(runner.runner_id, left);
+        }
+        if (outcome === 'accepted') {
+          await this.o.hooks.leased(job, runner.runner_id, token, job.attemptsStarted);
+          return;
+        }
+      }
+    } finally {
+      clearInterval(keep);
+    }
+    await this.o.hooks.waiting(job, 'offered runners did not accept in time');
+    await job.moveToDelayed(Date.now() + (this.o.capacityRetryMs ?? 1000), token).catch(() => undefined);
+  }
+}

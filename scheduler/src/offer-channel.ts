@@ -1,0 +1,77 @@
+import { newId, type Logger } from '@agentplane/core';
+import { deliverToRunner } from '@agentplane/gateway';
+import { LeaseFence, offerReplyChannel, type LeaseRecords, type OfferReply } from '@agentplane/lease';
+import { frame } from '@agentplane/protocol';
+import type { Redis } from '@agentplane/store';
+import type { LeaseOffer, OfferChannel, OfferOutcome } from './directory.js';
+
+/**
+ * Offers travel as `lease.offer` frames through whichever gateway node holds the runner's
+ * socket (its presence route). The gateway answers on this scheduler's reply channel once the
+ * runner accepted (and the lock was extended to a full lease) or declined. A lost answer is
+ * recovered from the Session fence: if the lease id holds it, the offer was accepted.
+ */
+export class RedisOfferChannel implements OfferChannel {
+  readonly channel: string;
+  private readonly waiters = new Map<string, (reply: OfferReply) => void>();
+  private readonly fence: LeaseFence;
+
+  constructor(
+    private readonly redis: Redis,
+    private readonly subscriber: Redis,
+    instanceId: string,
+    private readonly records: LeaseRecords,
+    private readonly buildSpec: (offer: LeaseOffer) => Promise<Record<string, unknown>>,
+    private readonly log: Logger,
+  ) {
+    this.channel = offerReplyChannel(instanceId);
+    this.fence = new LeaseFence(redis);
+    subscriber.on('message', (ch: string, message: string) => {
+      if (ch !== this.channel) return;
+      try {
+        const reply = JSON.parse(message) as OfferReply;
+        this.waiters.get(reply.lease_id)?.(reply);
+      } catch {
+        this.log.warn('unreadable offer reply');
+      }
+    });
+  }
+
+  async start(): Promise<void> {
+    await this.subscriber.subscribe(this.channel);
+  }
+
+  async offer(o: LeaseOffer, timeoutMs: number): Promise<OfferOutcome> {
+    await this.records.put({ ...o, reply_to: this.channel }, Math.max(timeoutMs * 3, o.lease_ms));
+    let spec: Record<string, unknown>;
+    try {
+      spec = await this.buildSpec(o);
+    } catch (err) {
+      this.log.warn({ err: err instanceof Error ? err.message : String(err), run: o.run_id }, 'cannot build the turn spec');
+      await this.records.remove(o.lease_id);
+      return 'rejected';
+    }
+    const answer = new Promise<OfferOutcome>((resolve) => {
+      const timer = setTimeout(() => {
+        this.waiters.delete(o.lease_id);
+        resolve('timeout');
+      }, timeoutMs);
+      this.waiters.set(o.lease_id, (reply) => {
+        clearTimeout(timer);
+        this.waiters.delete(o.lease_id);
+        resolve(reply.outcome);
+      });
+    });
+    const text = frame('lease.offer', newId('event'), {
+      lease_id: o.lease_id, attempt: o.attempt, run_id: o.run_id, session_id: o.session_id, thread_id: o.thread_id,
+      accept_within_ms: timeoutMs, lease_ttl_ms: o.lease_ms, spec,
+    });
+    if (!(await deliverToRunner(this.redis, o.workspace_id, o.runner_id, text))) {
+      this.waiters.get(o.lease_id)?.({ lease_id: o.lease_id, outcome: 'rejected', reason: 'runner not connected' });
+    }
+    const outcome = await answer;
+    if (outcome === 'timeout' && (await this.fence.holds(o.session_id, o.lease_id))) return 'accepted';
+    if (outcome !== 'accepted') await this.records.remove(o.lease_id);
+    return outcome;
+  }
+}

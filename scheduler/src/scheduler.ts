@@ -1,0 +1,94 @@
+import { randomBytes } from 'node:crypto';
+import type { Logger } from '@agentplane/core';
+import { buildTurnSpec, RunLifecycle, SessionStore, ThreadRuntime, VersionedStore, type Environment, type RunDoc, type TurnScheduler } from '@agentplane/api';
+import { activePools, LeaseRecords, RunQueues } from '@agentplane/lease';
+import { connectRedis, type Redis } from '@agentplane/store';
+import type { SchedulerConfig } from './config.js';
+import { PoolDispatcher } from './dispatcher.js';
+import type { LeaseOffer } from './directory.js';
+import { runHooks } from './hooks.js';
+import { SchedulerMetrics } from './metrics.js';
+import { RedisOfferChannel } from './offer-channel.js';
+import { PresenceDirectory } from './presence-directory.js';
+
+/** The scheduler never starts turns itself; follow-up turns are started by the API side. */
+const passiveTurns: TurnScheduler = {
+  runQueued: async () => undefined,
+  interruptRequested: async () => undefined,
+  waitsResolved: async () => undefined,
+};
+
+/**
+ * One scheduler process: finds pools with work, runs a PoolDispatcher per pool, and keeps
+ * the Run documents and threads in step with what BullMQ decides. Stateless: any number may
+ * run at once against the same Redis.
+ */
+export class Scheduler {
+  readonly instanceId = `sch_${randomBytes(6).toString('hex')}`;
+  readonly metrics = new SchedulerMetrics();
+  private readonly redis: Redis;
+  private readonly bull: Redis;
+  private readonly sub: Redis;
+  private readonly queues: RunQueues;
+  private readonly pools = new Map<string, string>();
+  private readonly dispatchers = new Map<string, PoolDispatcher>();
+  private readonly directory: PresenceDirectory;
+  private readonly offers: RedisOfferChannel;
+  private readonly lifecycle: RunLifecycle;
+  private readonly store: SessionStore;
+  private readonly environments: VersionedStore<Environment>;
+  private scanTimer: NodeJS.Timeout | undefined;
+  private stopped = false;
+
+  constructor(private readonly config: SchedulerConfig, private readonly log: Logger) {
+    this.redis = connectRedis(config.redisUrl, { name: 'scheduler' });
+    this.bull = connectRedis(config.redisUrl, { name: 'scheduler:bullmq', blocking: true });
+    this.sub = connectRedis(config.redisUrl, { name: 'scheduler:offers', blocking: true });
+    for (const c of [this.redis, this.bull, this.sub]) c.on('error', (err: Error) => log.warn({ err: err.message }, 'redis connection error'));
+    this.queues = new RunQueues(this.bull, config.lease);
+    this.store = new SessionStore(this.redis);
+    this.environments = new VersionedStore<Environment>(this.redis, 'environments', 'environment');
+    this.lifecycle = new RunLifecycle(this.store, new ThreadRuntime(this.store, () => passiveTurns), log);
+    this.directory = new PresenceDirectory(this.redis, (pool) => this.pools.get(pool));
+    this.offers = new RedisOfferChannel(this.redis, this.sub, this.instanceId, new LeaseRecords(this.redis), (o) => this.spec(o), log);
+  }
+
+  private async spec(o: LeaseOffer): Promise<Record<string, unknown>> {
+    const run = await this.store.run(o.session_id, o.run_id);
+    if (!run) throw new Error(`run ${o.run_id} not found`);
+    return (await buildTurnSpec({ store: this.store, environments: this.environments }, run as RunDoc)) as unknown as Record<string, unknown>;
+  }
+
+  async start(): Promise<void> {
+    await this.offers.start();
+    await this.scan();
+    this.scanTimer = setInterval(() => void this.scan().catch((err: unknown) => this.log.warn({ err }, 'pool scan failed')), this.config.poolScanMs);
+    this.scanTimer.unref();
+    this.log.info({ instance: this.instanceId }, 'scheduler started');
+  }
+
+  private async scan(): Promise<void> {
+    if (this.stopped) return;
+    for (const [pool, ws] of await activePools(this.redis)) {
+      this.pools.set(pool, ws);
+      if (this.dispatchers.has(pool)) continue;
+      const d = new PoolDispatcher({
+        poolId: pool, queues: this.queues, connection: this.bull, directory: this.directory, offers: this.offers,
+        hooks: runHooks({ poolId: pool, queues: this.queues, lifecycle: this.lifecycle, metrics: this.metrics, log: this.log }),
+        config: this.config.lease, log: this.log, capacityRetryMs: this.config.capacityRetryMs,
+      });
+      d.start();
+      this.dispatchers.set(pool, d);
+      this.log.info({ pool, workspace: ws }, 'dispatching pool');
+    }
+    await this.metrics.refresh(this.queues, [...this.dispatchers.keys()]);
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    if (this.scanTimer) clearInterval(this.scanTimer);
+    await Promise.all([...this.dispatchers.values()].map((d) => d.stop()));
+    await this.queues.close();
+    for (const c of [this.sub, this.bull, this.redis]) await c.quit().catch(() => c.disconnect());
+  }
+}

@@ -1,0 +1,144 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { HttpClient, streamEvents, type SseFrame } from '@agentplane/client';
+import { startPlatform, waitFor, type Platform } from './harness/platform.js';
+
+/**
+ * The whole path, started like `npm start`: user.message → Run → BullMQ lease → runner over
+ * WebSocket → Docker sandbox → scripted model through the model gateway → events on the
+ * Session log → session.status_idle.
+ */
+let p: Platform;
+let api: HttpClient;
+let principal: string;
+let envId: string;
+
+type Json = Record<string, unknown>;
+interface Ev { id: string; seq: number; type: string; payload: Json; session_thread_id: string | null }
+
+const SCRIPT = (rules: unknown[]) => `Be brief.\n\`\`\`scripted\n${JSON.stringify({ rules })}\n\`\`\``;
+
+beforeAll(async () => {
+  p = await startPlatform({
+    runner: true,
+    scheduler: true,
+    env: { LEASE_MS: '6000', OFFER_TIMEOUT_MS: '2000', STALLED_INTERVAL_MS: '1000', RUN_BACKOFF_MS: '200', RUNNER_HEARTBEAT_INTERVAL_MS: '1000', RUNNER_PRESENCE_TTL_MS: '4000' },
+  });
+  const ws = p.bootstrap.workspace_id;
+  const key = await p.root.post<{ secret: string }>(`/v1/organizations/${p.bootstrap.organization_id}/api-keys`, {
+    display_name: 'app', role: 'developer', scope: { type: 'workspace', workspace_id: ws },
+  }, { idempotencyKey: 'runs-dev-key' });
+  api = new HttpClient({ baseUrl: p.baseUrl, token: key.secret });
+  principal = (await p.root.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/principals`, {
+    external_subject_id: 'user-1', principal_type: 'person', display_name: 'User One',
+  })).id;
+  envId = (await api.post<{ id: string }>('/v1/environments', {
+    name: 'sandbox', image: 'agentplane/sandbox:latest',
+    resources: { cpu_millis: 1000, memory_mib: 256, disk_mib: 512, max_duration_seconds: 120 },
+  })).id;
+  await waitFor('a ready runner', async () => {
+    const r = await p.root.get<{ data: { status: string }[] }>('/v1/runner-pools/presences');
+    return r.data.some((x) => x.status === 'ready') ? true : undefined;
+  }, 60_000);
+}, 120_000);
+afterAll(async () => {
+  await p?.stop();
+});
+
+const msg = (content: string) => ({ type: 'user.message', payload: { content, authored_by: principal, caused_by: { kind: 'api' } } });
+
+async function session(system: string, tools: Json[] = [{ type: 'builtin', name: 'bash' }, { type: 'builtin', name: 'read' }, { type: 'builtin', name: 'write' }]): Promise<string> {
+  const s = await api.post<{ id: string }>('/v1/sessions', { agent: { name: 'scripted', model: 'default', system, tools }, environment_id: envId });
+  return s.id;
+}
+
+/** Read the stream until `stop` says so; returns every event seen. */
+async function until(sessionId: string, stop: (events: Ev[]) => boolean, timeoutMs = 60_000, lastEventId?: string): Promise<Ev[]> {
+  const ac = new AbortController();
+  const timer = setTimeout(() => ac.abort(), timeoutMs);
+  const seen: Ev[] = [];
+  try {
+    for await (const f of streamEvents(api, `/v1/sessions/${sessionId}/events/stream`, { signal: ac.signal, ...(lastEventId ? { lastEventId } : {}) }) as AsyncGenerator<SseFrame>) {
+      if (!f.id) continue;
+      seen.push(JSON.parse(f.data) as Ev);
+      if (stop(seen)) break;
+    }
+  } catch (err) {
+    if (!ac.signal.aborted) throw err;
+  } finally {
+    clearTimeout(timer);
+    ac.abort();
+  }
+  return seen;
+}
+
+const idleCount = (evs: Ev[]) => evs.filter((e) => e.type === 'session.status_idle').length;
+
+describe('turns end to end', () => {
+  it('a user.message runs a turn on the local runner and ends idle with the agent reply', async () => {
+    const id = await session(SCRIPT([{ then: [{ reply: 'Hello from the sandbox side' }] }]));
+    await api.post(`/v1/sessions/${id}/events`, msg('hi'));
+    const evs = await until(id, (e) => idleCount(e) >= 1);
+    const reply = evs.find((e) => e.type === 'agent.message');
+    expect(JSON.stringify(reply?.payload)).toContain('Hello from the sandbox side');
+    const idle = evs.find((e) => e.type === 'session.status_idle');
+    expect(idle?.payload.stop_reason).toMatchObject({ type: 'end_turn' });
+    const seqs = evs.map((e) => e.seq);
+    expect(seqs).toEqual([...seqs].sort((a, b) => a - b));
+    expect(new Set(seqs).size).toBe(seqs.length);
+
+    const runs = await api.get<{ data: Json[] }>(`/v1/sessions/${id}/runs`);
+    const run = runs.data[0] as Json & { status: string; attempts: Json[]; timestamps: Json };
+    expect(run.status).toBe('succeeded');
+    expect(run.attempts).toHaveLength(1);
+    for (const k of ['accepted_at', 'enqueued_at', 'leased_at', 'started_at', 'first_event_at', 'ended_at']) expect(run.timestamps[k]).toBeTruthy();
+  });
+
+  it('a file written in turn 1 is read back in turn 2 (the Session keeps its sandbox)', async () => {
+    const id = await session(SCRIPT([
+      { when: { user_contains: 'save' }, then: [{ tool: 'bash', input: { command: 'echo kept-between-turns > /workspace/note.txt' } }] },
+      { when: { user_contains: 'load' }, then: [{ tool: 'bash', input: { command: 'cat /workspace/note.txt' } }] },
+      { when: { on: 'tool_result' }, then: [{ reply: 'Tool said: {{tool_result}}' }] },
+    ]));
+    await api.post(`/v1/sessions/${id}/events`, msg('save it'));
+    await until(id, (e) => idleCount(e) >= 1);
+    await api.post(`/v1/sessions/${id}/events`, msg('load it'));
+    const evs = await until(id, (e) => idleCount(e) >= 2);
+    const results = evs.filter((e) => e.type === 'agent.tool_result').map((e) => JSON.stringify(e.payload));
+    expect(results.some((r) => r.includes('kept-between-turns'))).toBe(true);
+  });
+
+  it('a custom tool ends the Run with requires_action and user.custom_tool_result continues the turn', async () => {
+    const id = await session(
+      SCRIPT([
+        { when: { user_contains: 'weather' }, then: [{ tool: 'get_weather', input: { city: 'Paris' } }] },
+        { when: { after_tool: 'get_weather' }, then: [{ reply: 'Forecast: {{tool_result}}' }] },
+      ]),
+      [{ type: 'custom', name: 'get_weather', description: 'Weather for a city', input_schema: { type: 'object', properties: { city: { type: 'string' } } } }],
+    );
+    await api.post(`/v1/sessions/${id}/events`, msg('what is the weather?'));
+    const first = await until(id, (e) => idleCount(e) >= 1);
+    const idle = first.find((e) => e.type === 'session.status_idle');
+    expect(idle?.payload.stop_reason).toMatchObject({ type: 'requires_action' });
+    const use = first.find((e) => e.type === 'agent.tool_use');
+    const toolUseId = String(use?.payload.id);
+    expect(toolUseId).toMatch(/^toolu_/);
+    await api.post(`/v1/sessions/${id}/events`, {
+      type: 'user.custom_tool_result', payload: { tool_use_id: toolUseId, result: 'sunny, 21C', authored_by: principal, caused_by: { kind: 'api' } },
+    });
+    const all = await until(id, (e) => idleCount(e) >= 2);
+    const final = all.filter((e) => e.type === 'agent.message').map((e) => JSON.stringify(e.payload)).join(' ');
+    expect(final).toContain('sunny, 21C');
+    expect(all.filter((e) => e.type === 'session.status_idle')[1]?.payload.stop_reason).toMatchObject({ type: 'end_turn' });
+  });
+
+  it('user.interrupt stops a running sleep inside bounded time', async () => {
+    const id = await session(SCRIPT([{ when: { user_contains: 'sleep' }, then: [{ tool: 'bash', input: { command: 'sleep 600' } }] }]));
+    await api.post(`/v1/sessions/${id}/events`, msg('sleep please'));
+    await until(id, (e) => e.some((x) => x.type === 'agent.tool_use'));
+    const started = Date.now();
+    await api.post(`/v1/sessions/${id}/events`, { type: 'user.interrupt', payload: { authored_by: principal, caused_by: { kind: 'api' } } });
+    const evs = await until(id, (e) => idleCount(e) >= 1);
+    expect(Date.now() - started).toBeLessThan(20_000);
+    expect(evs.find((e) => e.type === 'session.status_idle')?.payload.stop_reason).toMatchObject({ type: 'interrupted' });
+  });
+});

@@ -1,0 +1,647 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Redis } from 'ioredis';
+import { HttpClient, streamEvents, type SseFrame } from '@agentplane/client';
+import { SessionStore, ThreadRuntime, recordOnlyTurnScheduler, type SessionDoc } from '@agentplane/api';
+import { startPlatform, type Platform } from './harness/platform.js';
+
+let p: Platform;
+let redis: Redis;
+let store: SessionStore;
+let runtime: ThreadRuntime;
+let api: HttpClient;
+let principal: string;
+let envId: string;
+let agentId: string;
+
+const errType = (r: { body: unknown }) => (r.body as { error?: { type?: string } }).error?.type;
+const errMsg = (r: { body: unknown }) => (r.body as { error?: { message?: string } }).error?.message ?? '';
+type Json = Record<string, unknown>;
+
+beforeAll(async () => {
+  p = await startPlatform();
+  redis = new Redis(p.redisUrl());
+  store = new SessionStore(redis);
+  runtime = new ThreadRuntime(store, () => recordOnlyTurnScheduler);
+  const ws = p.bootstrap.workspace_id;
+  // A workspace-bound developer key, as applications use.
+  const key = await p.root.post<{ secret: string }>(`/v1/organizations/${p.bootstrap.organization_id}/api-keys`, {
+    display_name: 'app', role: 'developer', scope: { type: 'workspace', workspace_id: ws },
+  }, { idempotencyKey: 'sessions-dev-key' });
+  api = new HttpClient({ baseUrl: p.baseUrl, token: key.secret });
+  principal = (await p.root.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/principals`, {
+    external_subject_id: 'user-1', principal_type: 'person', display_name: 'User One',
+  })).id;
+  envId = (await api.post<{ id: string }>('/v1/environments', { name: 'default', image: 'agentplane/sandbox:1' })).id;
+  agentId = (await api.post<{ id: string }>('/v1/agents', { name: 'helper', model: 'default', system: 'Be brief.', tools: [{ type: 'builtin', name: 'bash' }] })).id;
+});
+afterAll(async () => {
+  redis?.disconnect();
+  await p?.stop();
+});
+
+const msg = (content: string, extra: Json = {}) => ({
+  type: 'user.message', payload: { content, authored_by: principal, caused_by: { kind: 'api' }, ...extra },
+});
+async function newSession(extra: Json = {}): Promise<Json & { id: string }> {
+  return api.post<Json & { id: string }>('/v1/sessions', { agent: agentId, environment_id: envId, ...extra });
+}
+async function sessionDoc(id: string): Promise<SessionDoc> {
+  return store.get(p.bootstrap.workspace_id, id);
+}
+/** Take up to n frames (fewer if the stream ends or the time runs out) without closing the stream. */
+async function collect(it: AsyncGenerator<SseFrame>, n: number, timeoutMs = 10_000): Promise<SseFrame[]> {
+  const out: SseFrame[] = [];
+  const deadline = Date.now() + timeoutMs;
+  while (out.length < n) {
+    const left = deadline - Date.now();
+    if (left <= 0) break;
+    let timer: NodeJS.Timeout | undefined;
+    const r = await Promise.race([
+      it.next(),
+      new Promise<'timeout'>((resolve) => { timer = setTimeout(() => resolve('timeout'), left); }),
+    ]);
+    clearTimeout(timer);
+    if (r === 'timeout' || r.done) break;
+    out.push(r.value);
+  }
+  return out;
+}
+/** Open a stream now (the client generator connects on its first read) and wait until it is live. */
+async function open(path: string, opts: Parameters<typeof streamEvents>[2] = {}): Promise<AsyncGenerator<SseFrame>> {
+  const it = streamEvents(api, path, opts);
+  const first = it.next();
+  await new Promise((r) => setTimeout(r, 300));
+  async function* rest(): AsyncGenerator<SseFrame> {
+    const f = await first;
+    if (f.done) return;
+    yield f.value;
+    yield* it;
+  }
+  return rest();
+}
+
+describe('agents and environments', () => {
+  it('agent versions are immutable; a new version never changes an old one', async () => {
+    const a = await api.post<Json & { id: string; version: number }>('/v1/agents', { name: 'v', model: 'default' });
+    expect(a).toMatchObject({ type: 'agent', version: 1, tools: [], mcp_servers: [], archived_at: null });
+    const v2 = await api.post<Json>(`/v1/agents/${a.id}`, { expected_version: 1, system: 'new' });
+    expect(v2).toMatchObject({ version: 2, system: 'new' });
+    const stale = await api.request('POST', `/v1/agents/${a.id}`, { body: { expected_version: 1, system: 'x' } });
+    expect(stale.status).toBe(409);
+    expect(errType(stale)).toBe('validation.conflict');
+    expect(await api.get(`/v1/agents/${a.id}/versions/1`)).toMatchObject({ version: 1, system: null });
+    const versions = await api.get<{ data: Json[] }>(`/v1/agents/${a.id}/versions`);
+    expect(versions.data.map((v) => v.version)).toEqual([1, 2]);
+    const archived = await api.post<Json>(`/v1/agents/${a.id}/archive`);
+    expect(archived.archived_at).not.toBeNull();
+    expect(await api.post<Json>(`/v1/agents/${a.id}/archive`)).toEqual(archived);
+    const list = await api.get<{ data: Json[] }>('/v1/agents', { limit: 100 });
+    expect(list.data.some((x) => x.id === a.id)).toBe(false);
+  });
+
+  it('environments: defaults, versions, schema checks', async () => {
+    const e = await api.post<Json & { id: string }>('/v1/environments', { name: 'e', image: 'img:1' });
+    expect(e).toMatchObject({ network: { mode: 'none' }, retention_mode: 'durable', driver: 'docker', tier: 'container', version: 1 });
+    expect(await api.post(`/v1/environments/${e.id}`, { expected_version: 1, resources: { cpu_millis: 2000, memory_mib: 512, disk_mib: 1024, max_duration_seconds: 60 } })).toMatchObject({ version: 2 });
+    const bad = await api.request('POST', '/v1/environments', { body: { name: 'x', image: 'img', network: { mode: 'open' } } });
+    expect(bad.status).toBe(400);
+  });
+});
+
+describe('sessions', () => {
+  it('creates with a resolved agent snapshot and replays on Idempotency-Key', async () => {
+    const body = { agent: { id: agentId, version: 1 }, environment_id: envId, title: 'T', metadata: { a: '1' } };
+    const a = await api.request<Json>('POST', '/v1/sessions', { body, idempotencyKey: 'create-1' });
+    expect(a.status).toBe(201);
+    expect(a.body).toMatchObject({ type: 'session', title: 'T', status: 'idle', archived_at: null, environment_id: envId, agent: { id: agentId, version: 1, type: 'agent', tools: [{ name: 'bash', permission: 'always_allow' }] } });
+    expect(a.body.id).toMatch(/^sess_[0-9a-f]{32}$/);
+    const b = await api.request<Json>('POST', '/v1/sessions', { body, idempotencyKey: 'create-1' });
+    expect(b.body.id).toBe(a.body.id);
+    const inline = await api.post<Json>('/v1/sessions', { agent: { name: 'inline', model: 'default' }, environment_id: envId });
+    expect(inline).toMatchObject({ agent: { name: 'inline', version: 1 } });
+  });
+
+  it('rejects principal and unknown fields; limits: initial_events 50, metadata 16', async () => {
+    const r1 = await api.request('POST', '/v1/sessions', { body: { agent: agentId, environment_id: envId, principal: principal } });
+    expect(r1.status).toBe(400);
+    expect(errMsg(r1)).toContain('principal');
+    const meta = (n: number) => Object.fromEntries(Array.from({ length: n }, (_, i) => [`k${i}`, 'v']));
+    expect((await api.request('POST', '/v1/sessions', { body: { agent: agentId, environment_id: envId, metadata: meta(16) } })).status).toBe(201);
+    const r2 = await api.request('POST', '/v1/sessions', { body: { agent: agentId, environment_id: envId, metadata: meta(17) } });
+    expect(r2.status).toBe(400);
+    expect(errType(r2)).toBe('validation.malformed');
+    const events = (n: number) => Array.from({ length: n }, (_, i) => msg(`m${i}`));
+    const ok = await api.request<Json & { id: string }>('POST', '/v1/sessions', { body: { agent: agentId, environment_id: envId, initial_events: events(50) } });
+    expect(ok.status).toBe(201);
+    const r3 = await api.request('POST', '/v1/sessions', { body: { agent: agentId, environment_id: envId, initial_events: events(51) } });
+    expect(r3.status).toBe(400);
+    // The 50 initial messages: the first starts a turn, the rest queue for the next ones.
+    const page = await api.get<{ data: Json[] }>(`/v1/sessions/${ok.body.id}/threads`);
+    const primary = page.data[0] as Json & { id: string };
+    const evs = await api.get<{ data: Json[] }>(`/v1/sessions/${ok.body.id}/threads/${primary.id}/events`, { limit: 1000 });
+    expect(evs.data.filter((e) => e.type === 'user.message')).toHaveLength(50);
+    expect(primary.status).toBe('running');
+    const badAuthor = await api.request('POST', '/v1/sessions', { body: { agent: agentId, environment_id: envId, initial_events: [{ type: 'user.message', payload: { content: 'x', authored_by: `prin_${'0'.repeat(32)}`, caused_by: { kind: 'api' } } }] } });
+    expect(badAuthor.status).toBe(404);
+  });
+
+  it('lists newest first with next_page/prev_page and filters', async () => {
+    const agent2 = (await api.post<{ id: string }>('/v1/agents', { name: 'lister', model: 'default' })).id;
+    const made: string[] = [];
+    for (let i = 0; i < 5; i++) {
+      made.push((await api.post<{ id: string }>('/v1/sessions', { agent: agent2, environment_id: envId })).id);
+      await new Promise((r) => setTimeout(r, 3));
+    }
+    const p1 = await api.get<{ data: Json[]; next_page: string | null; prev_page: string | null }>('/v1/sessions', { agent_id: agent2, limit: 2 });
+    expect(p1.data.map((s) => s.id)).toEqual([made[4], made[3]]);
+    expect(p1.prev_page).toBeNull();
+    const p2 = await api.get<{ data: Json[]; next_page: string | null; prev_page: string | null }>('/v1/sessions', { agent_id: agent2, limit: 2, page: p1.next_page ?? '' });
+    expect(p2.data.map((s) => s.id)).toEqual([made[2], made[1]]);
+    const back = await api.get<{ data: Json[]; prev_page: string | null }>('/v1/sessions', { agent_id: agent2, limit: 2, page: p2.prev_page ?? '' });
+    expect(back.data.map((s) => s.id)).toEqual([made[4], made[3]]);
+    expect(back.prev_page).toBeNull();
+    await api.post(`/v1/sessions/${made[4]}/archive`);
+    const live = await api.get<{ data: Json[] }>('/v1/sessions', { agent_id: agent2 });
+    expect(live.data.map((s) => s.id)).not.toContain(made[4]);
+    const all = await api.get<{ data: Json[] }>('/v1/sessions', { agent_id: agent2, include_archived: true });
+    expect(all.data.map((s) => s.id)).toContain(made[4]);
+    const asc = await api.get<{ data: Json[] }>('/v1/sessions', { agent_id: agent2, order: 'asc', limit: 1 });
+    expect(asc.data[0]?.id).toBe(made[0]);
+    const after = await api.get<{ data: Json[] }>('/v1/sessions', { agent_id: agent2, created_after: new Date(Date.now() + 60_000).toISOString() });
+    expect(after.data).toEqual([]);
+  });
+
+  it('update replaces collections; agent changes govern later Runs only', async () => {
+    const s = await newSession({ metadata: { a: '1', b: '2' }, vault_ids: [`vlt_${'1'.repeat(32)}`] });
+    const u = await api.post<Json>(`/v1/sessions/${s.id}`, { metadata: { c: '3' }, agent: { tools: [] }, title: 'new' });
+    expect(u).toMatchObject({ metadata: { c: '3' }, title: 'new', agent: { tools: [] }, vault_ids: [`vlt_${'1'.repeat(32)}`] });
+    expect((await api.request('POST', `/v1/sessions/${s.id}`, { body: { agent: { name: 'x' } } })).status).toBe(400);
+  });
+
+  it('archive is one-way and retry-safe, keeps reads, refuses drive events', async () => {
+    const s = await newSession();
+    const a1 = await api.post<Json>(`/v1/sessions/${s.id}/archive`);
+    const a2 = await api.post<Json>(`/v1/sessions/${s.id}/archive`);
+    expect(a1.archived_at).toBeTruthy();
+    expect(a2.archived_at).toBe(a1.archived_at);
+    expect((await api.request('GET', `/v1/sessions/${s.id}`)).status).toBe(200);
+    const r = await api.request('POST', `/v1/sessions/${s.id}/events`, { body: msg('hi') });
+    expect(r.status).toBe(409);
+    expect(errType(r)).toBe('runtime.invalid_transition');
+  });
+
+  it('resources sub-routes', async () => {
+    const s = await newSession({ resources: [{ type: 'repository', url: 'https://example.com/r.git' }] });
+    const list = await api.get<{ data: Json[] }>(`/v1/sessions/${s.id}/resources`);
+    expect(list.data).toHaveLength(1);
+    const added = await api.post<Json & { id: string }>(`/v1/sessions/${s.id}/resources`, { type: 'memory', memory_store_id: `memstore_${'2'.repeat(32)}` });
+    expect(added).toMatchObject({ type: 'memory', access: 'read_only' });
+    expect(await api.post(`/v1/sessions/${s.id}/resources/${added.id}`, { access: 'read_write' })).toMatchObject({ access: 'read_write' });
+    expect((await api.request('POST', `/v1/sessions/${s.id}/resources/${added.id}`, { body: { ref: 'main' } })).status).toBe(400);
+    expect(await api.get(`/v1/sessions/${s.id}/resources/${added.id}`)).toMatchObject({ id: added.id });
+    expect(await api.delete(`/v1/sessions/${s.id}/resources/${added.id}`)).toEqual({ id: added.id, type: 'session_resource_deleted' });
+    expect((await api.request('GET', `/v1/sessions/${s.id}/resources/${added.id}`)).status).toBe(404);
+  });
+
+  it('two workspaces cannot see each other’s sessions', async () => {
+    const ws2 = await p.root.post<{ id: string }>(`/v1/organizations/${p.bootstrap.organization_id}/workspaces`, { name: 'other' });
+    const key2 = await p.root.post<{ secret: string }>(`/v1/organizations/${p.bootstrap.organization_id}/api-keys`, {
+      display_name: 'other', role: 'developer', scope: { type: 'workspace', workspace_id: ws2.id },
+    }, { idempotencyKey: 'sessions-other-key' });
+    const other = new HttpClient({ baseUrl: p.baseUrl, token: key2.secret });
+    const mine = await newSession();
+    for (const [m, path] of [['GET', `/v1/sessions/${mine.id}`], ['POST', `/v1/sessions/${mine.id}/archive`], ['DELETE', `/v1/sessions/${mine.id}`], ['GET', `/v1/sessions/${mine.id}/threads`]] as const) {
+      const r = await other.request(m, path);
+      expect(r.status, `${m} ${path}`).toBe(404);
+      expect(errType(r)).toBe('validation.not_found');
+    }
+    const stream = await fetch(other.url(`/v1/sessions/${mine.id}/events/stream`), { headers: other.headers() });
+    expect(stream.status).toBe(404);
+    const list = await other.get<{ data: Json[] }>('/v1/sessions');
+    expect(list.data).toEqual([]);
+    // Another workspace's environment and agent are unknown here too.
+    expect((await other.request('POST', '/v1/sessions', { body: { agent: agentId, environment_id: envId } })).status).toBe(404);
+    // And their principals cannot author here.
+    const r = await api.request('POST', `/v1/sessions/${mine.id}/events`, { body: msg('x') });
+    expect(r.status).toBe(201);
+  });
+
+  it('delete erases the log: session_deleted, retry-safe, stream reports a gap and never old content', async () => {
+    const s = await newSession({ initial_events: [msg('secret words')] });
+    expect(await api.delete(`/v1/sessions/${s.id}`)).toEqual({ id: s.id, type: 'session_deleted' });
+    expect(await api.delete(`/v1/sessions/${s.id}`)).toEqual({ id: s.id, type: 'session_deleted' });
+    expect((await api.request('GET', `/v1/sessions/${s.id}`)).status).toBe(410);
+    const r = await api.request('POST', `/v1/sessions/${s.id}/events`, { body: msg('x') });
+    expect(r.status).toBe(410);
+    expect(errType(r)).toBe('validation.gone');
+    const frames = await collect(streamEvents(api, `/v1/sessions/${s.id}/events/stream`), 10, 3000);
+    expect(frames).toHaveLength(1);
+    expect(frames[0]?.event).toBe('gap');
+    expect(JSON.parse(frames[0]?.data ?? '{}')).toMatchObject({ from_seq: 1, reason: 'erased' });
+    expect(frames.map((f) => f.data).join('')).not.toContain('secret words');
+  });
+});
+
+describe('drive events', () => {
+  it('user.message on an idle thread starts a turn (queued Run); during a turn it queues for the next', async () => {
+    const s = await newSession();
+    const e1 = await api.request<Json>('POST', `/v1/sessions/${s.id}/events`, { body: msg('first') });
+    expect(e1.status).toBe(201);
+    expect(e1.body).toMatchObject({ type: 'user.message', seq: 1, session_id: s.id, payload: { content: 'first', authored_by: principal } });
+    const doc = await sessionDoc(s.id);
+    const t = await store.thread(s.id, doc._primary_thread_id);
+    expect(t.status).toBe('running');
+    const run = await store.run(s.id, t._active_run_id ?? '');
+    expect(run).toMatchObject({ status: 'queued', input_event_ids: [e1.body.id], agent: { id: agentId } });
+    const e2 = await api.post<Json & { id: string }>(`/v1/sessions/${s.id}/events`, msg('second'));
+    const e3 = await api.post<Json & { id: string }>(`/v1/sessions/${s.id}/events`, msg('third'));
+    expect((await store.thread(s.id, t.id))._queued_inputs).toEqual([e2.id, e3.id]);
+    // The turn ends: the queued messages, in arrival order, start the next Run together.
+    await runtime.endTurn(doc, t.id, { type: 'end_turn' });
+    const t2 = await store.thread(s.id, t.id);
+    expect(t2.status).toBe('running');
+    expect(t2._active_run_id).not.toBe(t._active_run_id);
+    expect((await store.run(s.id, t2._active_run_id ?? ''))?.input_event_ids).toEqual([e2.id, e3.id]);
+    // A turn that ends with nothing queued leaves the thread idle; an archived session starts nothing.
+    await runtime.endTurn(doc, t.id, { type: 'end_turn' });
+    expect((await store.thread(s.id, t.id)).status).toBe('idle');
+  });
+
+  it('requires authored_by of a live Principal of this workspace and caused_by', async () => {
+    const s = await newSession();
+    const r1 = await api.request('POST', `/v1/sessions/${s.id}/events`, { body: { type: 'user.message', payload: { content: 'x', caused_by: { kind: 'api' } } } });
+    expect(r1.status).toBe(400);
+    expect(errMsg(r1)).toContain('authored_by');
+    const r2 = await api.request('POST', `/v1/sessions/${s.id}/events`, { body: { type: 'user.message', payload: { content: 'x', authored_by: principal } } });
+    expect(r2.status).toBe(400);
+    const r3 = await api.request('POST', `/v1/sessions/${s.id}/events`, { body: msg('x', { authored_by: `prin_${'f'.repeat(32)}` }) });
+    expect(r3.status).toBe(404);
+    const r4 = await api.request('POST', `/v1/sessions/${s.id}/events`, { body: { type: 'user.bogus', payload: {} } });
+    expect(r4.status).toBe(400);
+    const r5 = await api.request('POST', `/v1/sessions/${s.id}/events`, { body: msg('x', { extra: 1 }) });
+    expect(r5.status).toBe(400);
+  });
+
+  it('Idempotency-Key on a drive event never duplicates it', async () => {
+    const s = await newSession();
+    const a = await api.request<Json>('POST', `/v1/sessions/${s.id}/events`, { body: msg('once'), idempotencyKey: 'drive-1' });
+    const b = await api.request<Json>('POST', `/v1/sessions/${s.id}/events`, { body: msg('once'), idempotencyKey: 'drive-1' });
+    expect(b.body).toEqual(a.body);
+    const doc = await sessionDoc(s.id);
+    const evs = await api.get<{ data: Json[] }>(`/v1/sessions/${s.id}/threads/${doc._primary_thread_id}/events`);
+    expect(evs.data.filter((e) => e.type === 'user.message')).toHaveLength(1);
+  });
+
+  it('tool results only for the exact current wait generation; exact replay returns the original', async () => {
+    const s = await newSession({ initial_events: [msg('go')] });
+    const doc = await sessionDoc(s.id);
+    const primary = doc._primary_thread_id;
+    const answer = (tool: string, result: string, extra: Json = {}) => ({
+      type: 'user.tool_confirmation', payload: { tool_use_id: tool, result, authored_by: principal, caused_by: { kind: 'api' }, ...extra },
+    });
+    const none = await api.request('POST', `/v1/sessions/${s.id}/events`, { body: answer('toolu_1', 'allow') });
+    expect(none.status).toBe(409);
+    expect(errType(none)).toBe('runtime.invalid_transition');
+    await runtime.endTurn(doc, primary, { type: 'requires_action', tool_use_ids: ['toolu_1'] }, [{ tool_use_id: 'toolu_1', kind: 'confirmation' }]);
+    const wrongKind = await api.request('POST', `/v1/sessions/${s.id}/events`, { body: { type: 'user.custom_tool_result', payload: { tool_use_id: 'toolu_1', result: 'x', authored_by: principal, caused_by: { kind: 'api' } } } });
+    expect(wrongKind.status).toBe(409);
+    const ok = await api.request<Json>('POST', `/v1/sessions/${s.id}/events`, { body: answer('toolu_1', 'allow') });
+    expect(ok.status).toBe(201);
+    const replay = await api.request<Json>('POST', `/v1/sessions/${s.id}/events`, { body: answer('toolu_1', 'allow') });
+    expect(replay.status).toBe(200);
+    expect(replay.body).toEqual(ok.body);
+    const other = await api.request('POST', `/v1/sessions/${s.id}/events`, { body: answer('toolu_1', 'deny') });
+    expect(other.status).toBe(409);
+    expect(errType(other)).toBe('validation.conflict');
+    // A newer generation supersedes an unanswered older wait.
+    await runtime.endTurn(doc, primary, { type: 'requires_action', tool_use_ids: ['toolu_2'] }, [{ tool_use_id: 'toolu_2', kind: 'confirmation' }]);
+    await runtime.endTurn(doc, primary, { type: 'requires_action', tool_use_ids: ['toolu_3'] }, [{ tool_use_id: 'toolu_3', kind: 'confirmation' }]);
+    const stale = await api.request('POST', `/v1/sessions/${s.id}/events`, { body: answer('toolu_2', 'allow') });
+    expect(stale.status).toBe(409);
+    expect(errType(stale)).toBe('runtime.invalid_transition');
+  });
+
+  it('session_thread_id is required when several children wait on the same tool_use_id', async () => {
+    const s = await newSession();
+    const doc = await sessionDoc(s.id);
+    const c1 = await store.spawnChild(doc);
+    const c2 = await store.spawnChild(doc);
+    for (const c of [c1, c2]) await runtime.endTurn(doc, c.id, { type: 'requires_action', tool_use_ids: ['toolu_same'] }, [{ tool_use_id: 'toolu_same', kind: 'custom_tool' }]);
+    const body = (extra: Json = {}) => ({ type: 'user.custom_tool_result', payload: { tool_use_id: 'toolu_same', result: { ok: true }, authored_by: principal, caused_by: { kind: 'api' }, ...extra } });
+    const ambiguous = await api.request('POST', `/v1/sessions/${s.id}/events`, { body: body() });
+    expect(ambiguous.status).toBe(400);
+    expect(errMsg(ambiguous)).toContain('session_thread_id');
+    const ok = await api.request<Json>('POST', `/v1/sessions/${s.id}/events`, { body: body({ session_thread_id: c2.id }) });
+    expect(ok.status).toBe(201);
+    expect(ok.body.session_thread_id).toBe(c2.id);
+    // Only one child still waits: no thread id needed now.
+    const rest = await api.request<Json>('POST', `/v1/sessions/${s.id}/events`, { body: body() });
+    expect(rest.status).toBe(201);
+    expect(rest.body.session_thread_id).toBe(c1.id);
+  });
+});
+
+describe('threads', () => {
+  it('list: primary first then spawn order; limit cap 1,000; foreign thread is 404', async () => {
+    const s = await newSession();
+    const doc = await sessionDoc(s.id);
+    const c1 = await store.spawnChild(doc);
+    const c2 = await store.spawnChild(doc);
+    const page = await api.get<{ data: Json[]; next_page: string | null }>(`/v1/sessions/${s.id}/threads`);
+    expect(page.data.map((t) => t.id)).toEqual([doc._primary_thread_id, c1.id, c2.id]);
+    expect(page.data[0]).toMatchObject({ type: 'session_thread', parent_thread_id: null, session_id: s.id, status: 'idle' });
+    expect(page.data[1]).toMatchObject({ parent_thread_id: doc._primary_thread_id });
+    const p1 = await api.get<{ data: Json[]; next_page: string | null }>(`/v1/sessions/${s.id}/threads`, { limit: 2 });
+    const p2 = await api.get<{ data: Json[]; next_page: string | null }>(`/v1/sessions/${s.id}/threads`, { limit: 2, page: p1.next_page ?? '' });
+    expect(p2.data.map((t) => t.id)).toEqual([c2.id]);
+    expect(p2.next_page).toBeNull();
+    expect((await api.request('GET', `/v1/sessions/${s.id}/threads`, { query: { limit: 1000 } })).status).toBe(200);
+    expect((await api.request('GET', `/v1/sessions/${s.id}/threads`, { query: { limit: 1001 } })).status).toBe(400);
+    const s2 = await newSession();
+    const r = await api.request('GET', `/v1/sessions/${s2.id}/threads/${c1.id}`);
+    expect(r.status).toBe(404);
+    expect(errType(r)).toBe('validation.not_found');
+  });
+
+  it('archive follows the SessionThread state table', async () => {
+    const s = await newSession();
+    const doc = await sessionDoc(s.id);
+    const arch = (id: string) => api.request<Json>('POST', `/v1/sessions/${s.id}/threads/${id}/archive`);
+    // primary thread → 409 runtime.primary_thread
+    const prim = await arch(doc._primary_thread_id);
+    expect(prim.status).toBe(409);
+    expect(errType(prim)).toBe('runtime.primary_thread');
+    // running child → 409 invalid_transition
+    const running = await store.spawnChild(doc);
+    await store.updateThread(s.id, running.id, (t) => ({ ...t, status: 'running', _running_since_ms: Date.now() }));
+    expect(errType(await arch(running.id))).toBe('runtime.invalid_transition');
+    // running → rescheduling (transient failure) emits the rescheduled event; archive still 409
+    await runtime.reschedule(doc, running.id);
+    expect((await store.thread(s.id, running.id)).status).toBe('rescheduling');
+    expect(errType(await arch(running.id))).toBe('runtime.invalid_transition');
+    // rescheduling → retries exhausted → idle with stop_reason retries_exhausted, still addressable
+    const idle = await runtime.retriesExhausted(doc, running.id);
+    expect(idle.status).toBe('idle');
+    expect(idle._stop_reason).toEqual({ type: 'retries_exhausted' });
+    expect((await api.request('GET', `/v1/sessions/${s.id}/threads/${running.id}`)).status).toBe(200);
+    // waiting on an action → 409
+    const waiting = await store.spawnChild(doc);
+    await runtime.endTurn(doc, waiting.id, { type: 'requires_action', tool_use_ids: ['toolu_w'] }, [{ tool_use_id: 'toolu_w', kind: 'confirmation' }]);
+    expect(errType(await arch(waiting.id))).toBe('runtime.invalid_transition');
+    // idle child → terminated, archived_at set, stats frozen; repeat returns the same resource
+    await store.updateThread(s.id, running.id, (t) => ({ ...t, _running_ms_total: 1500 }));
+    const a1 = await arch(running.id);
+    expect(a1.status).toBe(200);
+    expect(a1.body).toMatchObject({ status: 'terminated', stats: { running_seconds: 1.5 } });
+    expect(a1.body.archived_at).toBeTruthy();
+    await store.updateThread(s.id, running.id, (t) => ({ ...t, _running_ms_total: 99_000 }));
+    const a2 = await arch(running.id);
+    expect(a2.status).toBe(200);
+    expect(a2.body.stats).toEqual(a1.body.stats);
+    expect(a2.body.archived_at).toBe(a1.body.archived_at);
+    expect(a2.body.status).toBe('terminated');
+    // any → terminated on an unrecoverable error; archive then just records archived_at
+    const doomed = await store.spawnChild(doc);
+    await runtime.terminate(doc, doomed.id);
+    const a3 = await arch(doomed.id);
+    expect(a3.body).toMatchObject({ status: 'terminated' });
+    // the rescheduled and terminal status events are in the log
+    const evs = await api.get<{ data: Json[] }>(`/v1/sessions/${s.id}/threads/${running.id}/events`);
+    expect(evs.data.map((e) => e.type)).toEqual(['session.thread_status_rescheduled', 'session.status_idle']);
+  });
+
+  it('events: after vs page (never both), primary condensed, child complete', async () => {
+    const s = await newSession({ initial_events: [msg('a')] });
+    const doc = await sessionDoc(s.id);
+    const child = await store.spawnChild(doc);
+    await store.log.append(s.id, [
+      { type: 'agent.message', payload: { content: 'inner' }, session_thread_id: child.id },
+      { type: 'session.status_idle', payload: { stop_reason: { type: 'end_turn' } }, session_thread_id: child.id },
+    ]);
+    const both = await api.request('GET', `/v1/sessions/${s.id}/threads/${child.id}/events`, { query: { after: 1, page: 'c1_00' } });
+    expect(both.status).toBe(400);
+    const childEvs = await api.get<{ data: Json[] }>(`/v1/sessions/${s.id}/threads/${child.id}/events`);
+    expect(childEvs.data.map((e) => e.type)).toEqual(['agent.message', 'session.status_idle']);
+    const prim = await api.get<{ data: Json[] }>(`/v1/sessions/${s.id}/threads/${doc._primary_thread_id}/events`);
+    expect(prim.data.map((e) => e.type)).toEqual(['user.message', 'session.status_running', 'session.status_idle']);
+    const p1 = await api.get<{ data: Json[]; next_page: string }>(`/v1/sessions/${s.id}/threads/${doc._primary_thread_id}/events`, { limit: 1 });
+    const p2 = await api.get<{ data: Json[] }>(`/v1/sessions/${s.id}/threads/${doc._primary_thread_id}/events`, { limit: 1, page: p1.next_page });
+    expect(p2.data[0]?.type).toBe('session.status_running');
+    const after = await api.get<{ data: Json[] }>(`/v1/sessions/${s.id}/threads/${doc._primary_thread_id}/events`, { after: 2 });
+    expect(after.data.map((e) => e.seq)).toEqual([4]);
+  });
+});
+
+describe('SSE', () => {
+  it('replays then goes live; ids are sequence numbers; keep-alive does not break parsing', async () => {
+    const s = await newSession({ initial_events: [msg('one')] });
+    const ac = new AbortController();
+    const it = streamEvents(api, `/v1/sessions/${s.id}/events/stream`, { signal: ac.signal });
+    const first = await collect(it, 2);
+    expect(first.map((f) => f.id)).toEqual(['1', '2']);
+    expect(first[0]?.event).toBe('user.message');
+    await store.log.append(s.id, [{ type: 'agent.message', payload: { content: 'hi' } }]);
+    const next = await collect(it, 1);
+    expect(next[0]).toMatchObject({ id: '3', event: 'agent.message' });
+    ac.abort();
+  });
+
+  it('reconnect with Last-Event-ID mid-stream under concurrent appends: no gap, no duplicate', async () => {
+    const s = await newSession();
+    const total = 1000;
+    let appended = 0;
+    let reconnectsWhileWriting = 0;
+    // The writer paces itself so that reconnects happen while appends are still arriving.
+    const writer = (async () => {
+      while (appended < total) {
+        const n = Math.min(5, total - appended);
+        await store.log.append(s.id, Array.from({ length: n }, (_, i) => ({ type: 'agent.message', payload: { i: appended + i } })));
+        appended += n;
+        await new Promise((r) => setTimeout(r, 2));
+      }
+    })();
+    const seen: number[] = [];
+    let last: string | undefined;
+    // Several short connections, each cut mid-stream, each resumed from the last id it saw.
+    while (seen.length < total) {
+      if (appended < total) reconnectsWhileWriting++;
+      const ac = new AbortController();
+      const it = streamEvents(api, `/v1/sessions/${s.id}/events/stream`, { signal: ac.signal, ...(last ? { lastEventId: last } : {}) });
+      const take = 37 + Math.floor(Math.random() * 60);
+      let got = 0;
+      try {
+        for await (const f of it) {
+          seen.push(Number(f.id));
+          last = f.id;
+          if (++got >= take || seen.length >= total) break;
+        }
+      } finally {
+        ac.abort();
+      }
+    }
+    await writer;
+    expect(seen).toEqual(Array.from({ length: total }, (_, i) => i + 1));
+    expect(reconnectsWhileWriting).toBeGreaterThan(2);
+  });
+
+  it('the switch from replay to live loses nothing when appends race the connect', async () => {
+    for (let round = 0; round < 5; round++) {
+      const s = await newSession();
+      await store.log.append(s.id, Array.from({ length: 50 }, () => ({ type: 'agent.message', payload: {} })));
+      const ac = new AbortController();
+      const it = streamEvents(api, `/v1/sessions/${s.id}/events/stream`, { signal: ac.signal });
+      const racing = (async () => {
+        for (let i = 0; i < 20; i++) await store.log.append(s.id, [{ type: 'agent.message', payload: { i } }]);
+      })();
+      const frames = await collect(it, 70);
+      await racing;
+      ac.abort();
+      expect(frames.map((f) => Number(f.id))).toEqual(Array.from({ length: 70 }, (_, i) => i + 1));
+    }
+  });
+
+  it('a long replay to a slow reader is paced, not cut off', async () => {
+    const s = await newSession();
+    const big = 'x'.repeat(4096);
+    for (let i = 0; i < 3000; i += 250) {
+      await store.log.append(s.id, Array.from({ length: 250 }, (_, k) => ({ type: 'agent.message', payload: { i: i + k, big } })));
+    }
+    const it = streamEvents(api, `/v1/sessions/${s.id}/events/stream`);
+    const first = await it.next();
+    await new Promise((r) => setTimeout(r, 1500)); // ~12 MiB of replay waits for this reader
+    const rest = await collect(it, 2999, 30_000);
+    expect(first.value?.id).toBe('1');
+    expect(rest.map((f) => Number(f.id))).toEqual(Array.from({ length: 2999 }, (_, i) => i + 2));
+  });
+
+  it('Last-Event-ID header and last_event_id query; malformed cursor is 400', async () => {
+    const s = await newSession();
+    await store.log.append(s.id, Array.from({ length: 5 }, () => ({ type: 'agent.message', payload: {} })));
+    const a = await collect(streamEvents(api, `/v1/sessions/${s.id}/events/stream`, { lastEventId: '3' }), 2);
+    expect(a.map((f) => f.id)).toEqual(['4', '5']);
+    const b = await collect(streamEvents(api, `/v1/sessions/${s.id}/events/stream`, { query: { last_event_id: 4 } }), 1);
+    expect(b.map((f) => f.id)).toEqual(['5']);
+    const bad = await fetch(api.url(`/v1/sessions/${s.id}/events/stream`), { headers: api.headers({ 'last-event-id': 'abc' }) });
+    expect(bad.status).toBe(400);
+  });
+
+  it('event_deltas adds uncursored preview frames local to that stream', async () => {
+    const s = await newSession();
+    const withDeltas = new AbortController();
+    const plain = new AbortController();
+    const itD = await open(`/v1/sessions/${s.id}/events/stream`, { signal: withDeltas.signal, query: { event_deltas: 'agent.message' } });
+    const itP = await open(`/v1/sessions/${s.id}/events/stream`, { signal: plain.signal });
+    await store.log.publishDelta(s.id, { session_thread_id: null, type: 'agent.message', message_id: 'm1', index: 0, text: 'Hel' });
+    await store.log.publishDelta(s.id, { session_thread_id: null, type: 'agent.thinking', message_id: 'm1', index: 0, text: 'hmm' });
+    await store.log.append(s.id, [{ type: 'agent.message', payload: { content: 'Hello' } }]);
+    const d = await collect(itD, 2);
+    expect(d[0]).toMatchObject({ id: undefined, event: 'agent.message.delta' });
+    expect(d[1]).toMatchObject({ id: '1', event: 'agent.message' });
+    const pl = await collect(itP, 1);
+    expect(pl[0]).toMatchObject({ id: '1', event: 'agent.message' });
+    withDeltas.abort();
+    plain.abort();
+    expect((await api.request('GET', `/v1/sessions/${s.id}/events/stream`, { query: { event_deltas: 'agent.tool_use' } })).status).toBe(400);
+  });
+
+  it('retention trims show up as a gap frame; a live erase ends the stream with a gap', async () => {
+    const s = await newSession();
+    await store.log.append(s.id, Array.from({ length: 6 }, () => ({ type: 'agent.message', payload: {} })));
+    await store.log.trimThrough(s.id, 4);
+    const frames = await collect(streamEvents(api, `/v1/sessions/${s.id}/events/stream`, { lastEventId: '1' }), 3);
+    expect(frames[0]).toMatchObject({ event: 'gap', id: '4' });
+    expect(JSON.parse(frames[0]?.data ?? '{}')).toEqual({ type: 'gap', from_seq: 2, to_seq: 4, reason: 'retention' });
+    expect(frames.slice(1).map((f) => f.id)).toEqual(['5', '6']);
+    const it = await open(`/v1/sessions/${s.id}/events/stream`, { lastEventId: '6' });
+    const pending = collect(it, 5, 8000);
+    const started = Date.now();
+    await api.delete(`/v1/sessions/${s.id}`);
+    // Nothing unread was lost for this viewer: the stream just ends, well before the deadline.
+    expect(await pending).toEqual([]);
+    expect(Date.now() - started).toBeLessThan(5000);
+    const behind = await collect(streamEvents(api, `/v1/sessions/${s.id}/events/stream`, { lastEventId: '2' }), 5, 5000);
+    expect(behind).toHaveLength(1);
+    expect(behind[0]).toMatchObject({ event: 'gap', id: '6' });
+    expect(JSON.parse(behind[0]?.data ?? '{}')).toMatchObject({ from_seq: 3, to_seq: 6, reason: 'erased' });
+  });
+
+  it('thread stream shows that thread only and resumes with Last-Event-ID', async () => {
+    const s = await newSession();
+    const doc = await sessionDoc(s.id);
+    const child = await store.spawnChild(doc);
+    await store.log.append(s.id, [
+      { type: 'agent.message', payload: { n: 1 }, session_thread_id: child.id },
+      { type: 'agent.message', payload: { n: 2 }, session_thread_id: doc._primary_thread_id },
+      { type: 'agent.message', payload: { n: 3 }, session_thread_id: child.id },
+    ]);
+    const f = await collect(streamEvents(api, `/v1/sessions/${s.id}/threads/${child.id}/stream`), 2);
+    expect(f.map((x) => x.id)).toEqual(['1', '3']);
+    const g = await collect(streamEvents(api, `/v1/sessions/${s.id}/threads/${child.id}/stream`, { lastEventId: '1' }), 1);
+    expect(g.map((x) => x.id)).toEqual(['3']);
+  });
+
+  it('capabilities report the sessions area as served', async () => {
+    const caps = await p.root.get<{ data: { area: string; readiness: string }[] }>('/v1/support/capabilities');
+    expect(caps.data.find((a) => a.area === 'sessions')?.readiness).toBe('alpha');
+    const doc = await (await fetch(`${p.baseUrl}/v1/openapi.json`)).json() as { paths: Record<string, Record<string, unknown>> };
+    for (const path of ['/v1/sessions', '/v1/sessions/{session_id}/events', '/v1/sessions/{session_id}/events/stream', '/v1/sessions/{session_id}/threads/{thread_id}/archive', '/v1/agents/{agent_id}/versions/{version}', '/v1/environments']) {
+      expect(doc.paths[path], path).toBeDefined();
+    }
+  });
+});
+
+describe('fan-out and shutdown', () => {
+  it('many viewers share one subscriber connection and one subscription per session', async () => {
+    const s1 = await newSession();
+    const s2 = await newSession();
+    const acs: AbortController[] = [];
+    const its: AsyncGenerator<SseFrame>[] = [];
+    its.push(...(await Promise.all(Array.from({ length: 30 }, (_, i) => {
+      const ac = new AbortController();
+      acs.push(ac);
+      return open(`/v1/sessions/${i % 3 === 0 ? s2.id : s1.id}/events/stream`, { signal: ac.signal });
+    }))));
+    await store.log.append(s1.id, [{ type: 'agent.message', payload: {} }]);
+    await store.log.append(s2.id, [{ type: 'agent.message', payload: {} }]);
+    const got = await Promise.all(its.map((it) => collect(it, 1)));
+    expect(got.every((f) => f.length === 1 && f[0]?.id === '1')).toBe(true);
+    const clients = (await redis.client('LIST')) as string;
+    const hubConnections = clients.split('\n').filter((l) => l.includes('name=agentplane:api:events'));
+    expect(hubConnections).toHaveLength(1);
+    const numsub = (await redis.pubsub('NUMSUB', `ap:{s:${s1.id}}:live`, `ap:{s:${s2.id}}:live`)) as (string | number)[];
+    expect(numsub.map(String)).toEqual([`ap:{s:${s1.id}}:live`, '1', `ap:{s:${s2.id}}:live`, '1']);
+    for (const ac of acs) ac.abort();
+    // The last viewer leaving drops the subscription.
+    await waitUntil(async () => Number(((await redis.pubsub('NUMSUB', `ap:{s:${s1.id}}:live`)) as (string | number)[])[1]) === 0);
+  });
+
+  it('open streams end cleanly when the API shuts down', async () => {
+    const q = await startPlatform();
+    try {
+      const env = await q.root.post<{ id: string }>('/v1/environments', { name: 'e', image: 'img:1' });
+      const s = await q.root.post<{ id: string }>('/v1/sessions', { agent: { name: 'a', model: 'default' }, environment_id: env.id });
+      const it = streamEvents(q.root, `/v1/sessions/${s.id}/events/stream`);
+      const first = it.next();
+      await new Promise((r) => setTimeout(r, 300));
+      const started = Date.now();
+      const stopped = q.stop();
+      const r = await Promise.race([first.then(() => 'ended', () => 'ended'), new Promise((res) => setTimeout(() => res('hung'), 8000))]);
+      expect(r).toBe('ended');
+      const streamEndedMs = Date.now() - started;
+      await stopped;
+      expect(streamEndedMs).toBeLessThan(3000);
+      // Well inside the 10 s grace period: the stream did not hold the shutdown open.
+      expect(Date.now() - started).toBeLessThan(8000);
+    } finally {
+      await q.stop();
+    }
+  });
+});
+
+async function waitUntil(pred: () => Promise<boolean>, ms = 5000): Promise<void> {
+  const end = Date.now() + ms;
+  while (!(await pred())) {
+    if (Date.now() > end) throw new Error('condition not reached');
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
