@@ -1,3 +1,4 @@
+import { randomBytes } from 'node:crypto';
 import type Koa from 'koa';
 import { ApiError } from '@agentplane/core';
 import type { ApiDeps } from '../deps.js';
@@ -269,7 +270,17 @@ export function mcpEdge(operations: readonly Operation[], prepared: ReadonlyMap<
         send(ctx, 405, rpcError(null, { code: ErrorCode.InvalidRequest, message: `${ctx.method} is not served on ${MCP_PATH}; use POST` }));
         return;
       }
-      await handlePost(ctx);
+      try {
+        await handlePost(ctx);
+      } catch (err) {
+        // Unexpected failures (Redis unreachable, a bug): a JSON-RPC internal error with an
+        // opaque incident reference; the stack goes to the log only.
+        if (ctx.headerSent || ctx.respond === false) throw err;
+        const incident = `inc_${randomBytes(8).toString('hex')}`;
+        deps.log.error({ err, incident, path: ctx.path }, 'unhandled error on the MCP edge');
+        const wire = new ApiError('runtime.internal', `internal error; incident reference ${incident}`).toWire(deps.config.docsUrl);
+        send(ctx, 500, rpcError(null, { code: ErrorCode.InternalError, message: wire.error.message, data: wire }));
+      }
       return;
     }
     if (ctx.method === 'GET' && ctx.path === PROTECTED_RESOURCE_PATH) {
