@@ -3,6 +3,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { WebSocket } from 'ws';
 import { frame, type ModelStreamEvent } from '@agentplane/protocol';
 import { FrameModelClient } from '@agentplane/models';
+import { LeaseRecords } from '@agentplane/lease';
+import { Redis } from 'ioredis';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
 import { startOpenAiServer, type ProviderServer } from './fixtures/provider-servers.js';
 
@@ -32,6 +34,18 @@ async function connect(): Promise<{ sock: WebSocket; frames: Frame[]; raw: strin
     capabilities: { protocol_versions: [1], available_slots: 1, drivers: ['process'], plane_protocols: ['model-gateway-v1'], providers: [] },
   }));
   await waitFor('welcome', () => (frames.some((f) => f.type === 'welcome') ? true : undefined), 5000);
+  // Model steps need a live lease held by this runner: record the leases these tests use, as
+  // the scheduler does when it offers a Run.
+  const runnerId = String(frames.find((f) => f.type === 'welcome')?.payload.runner_id);
+  const redis = new Redis(p.redisUrl());
+  const records = new LeaseRecords(redis);
+  for (const lease_id of ['lease-1', 'lease-2', 'lease-3']) {
+    await records.put({
+      lease_id, attempt: 1, runner_id: runnerId, workspace_id: ws, run_id: `run_${'0'.repeat(32)}`, session_id: `sess_${'0'.repeat(32)}`,
+      thread_id: `sthr_${'0'.repeat(32)}`, pool_id: 'rpool_test', reply_to: 'ap:test:offers',
+    }, 600_000);
+  }
+  redis.disconnect();
   return { sock, frames, raw };
 }
 

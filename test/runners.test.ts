@@ -357,52 +357,6 @@ async function frameCount(direction: 'in' | 'out', type: string): Promise<number
   return m ? Number(m[1]) : 0;
 }
 
-const offer = (leaseId: string, durationMs: number) =>
-  frame('lease.offer', `o-${leaseId}`, {
-    lease_id: leaseId, attempt: 1, run_id: `run_${'1'.repeat(32)}`, session_id: `sess_${'2'.repeat(32)}`,
-    accept_within_ms: 5000, lease_ttl_ms: 3000, spec: { driver: 'noop', duration_ms: durationMs },
-  });
-
-describe('leases through the gateway (delivery interface) and SIGTERM drain', () => {
-  it('delivers an offer from another process via the node channel; SIGTERM finishes held work, then exits', async () => {
-    const { dir, runnerId } = await pairedDaemonDir(await newPrincipal(), 'lease-box');
-    const daemon = startDaemon(dir);
-    await waitFor('presence', async () => ((await presenceOf(runnerId))?.status === 'ready' ? true : undefined), 15_000);
-    const accepts = await frameCount('in', 'lease.accept');
-    const completes = await frameCount('in', 'lease.complete');
-    const renewals = await frameCount('in', 'lease.heartbeat');
-    expect(await deliverToRunner(redis, ws, runnerId, offer('lease-a', 2500))).toBe(true);
-    await waitFor('lease.accept', async () => ((await frameCount('in', 'lease.accept')) > accepts ? true : undefined), 5000);
-    const exited = new Promise<number | null>((r) => daemon.once('exit', (code) => r(code)));
-    daemon.kill('SIGTERM');
-    await waitFor('draining presence', async () => ((await presenceOf(runnerId))?.status === 'draining' ? true : undefined), 5000);
-    expect(daemon.exitCode).toBeNull(); // still finishing the held lease
-    expect(await exited).toBe(0);
-    expect(await frameCount('in', 'lease.complete')).toBe(completes + 1);
-    expect(await frameCount('in', 'lease.heartbeat')).toBeGreaterThan(renewals); // renewed at a third of the TTL
-    // An offer for a runner nobody holds is not delivered.
-    expect(await deliverToRunner(redis, ws, `runner_${'9'.repeat(32)}`, offer('lease-x', 0))).toBe(false);
-  });
-
-  it('a second SIGTERM cancels held work (lease.fail) and the daemon exits', async () => {
-    const { dir, runnerId } = await pairedDaemonDir(await newPrincipal(), 'cancel-box');
-    const daemon = startDaemon(dir);
-    await waitFor('presence', async () => ((await presenceOf(runnerId))?.status === 'ready' ? true : undefined), 15_000);
-    const accepts = await frameCount('in', 'lease.accept');
-    const fails = await frameCount('in', 'lease.fail');
-    expect(await deliverToRunner(redis, ws, runnerId, offer('lease-b', 600_000))).toBe(true);
-    await waitFor('lease.accept', async () => ((await frameCount('in', 'lease.accept')) > accepts ? true : undefined), 5000);
-    const exited = new Promise<number | null>((r) => daemon.once('exit', (code) => r(code)));
-    daemon.kill('SIGTERM');
-    await waitFor('draining presence', async () => ((await presenceOf(runnerId))?.status === 'draining' ? true : undefined), 5000);
-    const t0 = Date.now();
-    daemon.kill('SIGTERM');
-    expect(await exited).toBe(0);
-    expect(Date.now() - t0).toBeLessThan(5000);
-    expect(await frameCount('in', 'lease.fail')).toBe(fails + 1);
-  });
-});
-
 describe('npm start', () => {
   it('runs one local runner paired to the bootstrap workspace default pool', async () => {
     const q = await startPlatform({ runner: true });

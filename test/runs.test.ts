@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { HttpClient, streamEvents, type SseFrame } from '@agentplane/client';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
+import { pairDaemon, startDaemon } from './harness/daemon.js';
 
 /**
  * The whole path, started like `npm start`: user.message → Run → BullMQ lease → runner over
@@ -140,5 +141,90 @@ describe('turns end to end', () => {
     const evs = await until(id, (e) => idleCount(e) >= 1);
     expect(Date.now() - started).toBeLessThan(20_000);
     expect(evs.find((e) => e.type === 'session.status_idle')?.payload.stop_reason).toMatchObject({ type: 'interrupted' });
+  });
+});
+
+describe('runner drain with held work (SIGTERM)', () => {
+  let q: Platform;
+  let qapi: HttpClient;
+  let owner: string;
+  let env2: string;
+  beforeAll(async () => {
+    q = await startPlatform({ runner: false, scheduler: true, env: { LEASE_MS: '6000', OFFER_TIMEOUT_MS: '2000', STALLED_INTERVAL_MS: '1000', RUNNER_HEARTBEAT_INTERVAL_MS: '1000' } });
+    qapi = q.root;
+    owner = (await q.root.post<{ id: string }>(`/v1/organizations/workspaces/${q.bootstrap.workspace_id}/principals`, {
+      external_subject_id: 'owner', principal_type: 'person', display_name: 'Owner',
+    })).id;
+    env2 = (await qapi.post<{ id: string }>('/v1/environments', { name: 'sb', image: 'agentplane/sandbox:latest' })).id;
+  }, 60_000);
+  afterAll(async () => {
+    await q?.stop();
+  });
+
+  async function sleepyTurn(seconds: number): Promise<string> {
+    const s = await qapi.post<{ id: string }>('/v1/sessions', {
+      agent: { name: 'sleepy', model: 'default', system: SCRIPT([
+        { when: { user_contains: 'go' }, then: [{ tool: 'bash', input: { command: `sleep ${seconds}; echo slept` } }] },
+        { when: { on: 'tool_result' }, then: [{ reply: 'done: {{tool_result}}' }] },
+      ]), tools: [{ type: 'builtin', name: 'bash' }] },
+      environment_id: env2,
+    });
+    await qapi.post(`/v1/sessions/${s.id}/events`, { type: 'user.message', payload: { content: 'go', authored_by: owner, caused_by: { kind: 'api' } } });
+    return s.id;
+  }
+
+  async function waitEvents(sessionId: string, pred: (evs: Ev[]) => boolean, ms = 30_000): Promise<Ev[]> {
+    return waitFor('events', async () => {
+      const r = await qapi.get<{ data: Ev[] }>(`/v1/sessions/${sessionId}/threads/${await primary(sessionId)}/events`, { limit: 1000 });
+      return pred(r.data) ? r.data : undefined;
+    }, ms);
+  }
+  const primaries = new Map<string, string>();
+  async function primary(sessionId: string): Promise<string> {
+    let t = primaries.get(sessionId);
+    if (!t) {
+      t = (await qapi.get<{ data: { id: string }[] }>(`/v1/sessions/${sessionId}/threads`)).data[0]?.id ?? '';
+      primaries.set(sessionId, t);
+    }
+    return t;
+  }
+
+  it('the first SIGTERM drains: held work finishes, then the daemon exits 0', async () => {
+    const { dir, runnerId } = await pairDaemon(q, owner, 'drain-box');
+    const daemon = startDaemon(dir);
+    const exited = new Promise<number | null>((r) => daemon.once('exit', (code) => r(code)));
+    try {
+      await waitFor('ready runner', async () => ((await q.root.get<{ data: { runner: string; status: string }[] }>('/v1/runner-pools/presences')).data.some((x) => x.runner === runnerId && x.status === 'ready') ? true : undefined), 30_000);
+      const id = await sleepyTurn(3);
+      await waitEvents(id, (evs) => evs.some((e) => e.type === 'agent.tool_use'));
+      daemon.kill('SIGTERM');
+      await waitFor('draining presence', async () => ((await q.root.get<{ data: { runner: string; status: string }[] }>('/v1/runner-pools/presences')).data.some((x) => x.runner === runnerId && x.status === 'draining') ? true : undefined), 5000);
+      expect(daemon.exitCode).toBeNull();
+      expect(await exited).toBe(0);
+      const evs = await waitEvents(id, (e) => e.some((x) => x.type === 'session.status_idle'));
+      expect(evs.find((e) => e.type === 'session.status_idle')?.payload.stop_reason).toMatchObject({ type: 'end_turn' });
+      expect(JSON.stringify(evs.filter((e) => e.type === 'agent.tool_result'))).toContain('slept');
+    } finally {
+      daemon.kill('SIGKILL');
+    }
+  });
+
+  it('a second SIGTERM cancels held work and the daemon exits at once', async () => {
+    const { dir, runnerId } = await pairDaemon(q, owner, 'cancel-box');
+    const daemon = startDaemon(dir);
+    const exited = new Promise<number | null>((r) => daemon.once('exit', (code) => r(code)));
+    try {
+      await waitFor('ready runner', async () => ((await q.root.get<{ data: { runner: string; status: string }[] }>('/v1/runner-pools/presences')).data.some((x) => x.runner === runnerId && x.status === 'ready') ? true : undefined), 30_000);
+      const id = await sleepyTurn(600);
+      await waitEvents(id, (evs) => evs.some((e) => e.type === 'agent.tool_use'));
+      daemon.kill('SIGTERM');
+      await new Promise((r) => setTimeout(r, 500));
+      const t0 = Date.now();
+      daemon.kill('SIGTERM');
+      expect(await exited).toBe(0);
+      expect(Date.now() - t0).toBeLessThan(5000);
+    } finally {
+      daemon.kill('SIGKILL');
+    }
   });
 });

@@ -194,6 +194,11 @@ async function start(flags: Flags): Promise<number> {
   process.on('SIGTERM', () => onSignal('SIGTERM'));
   process.on('SIGINT', () => onSignal('SIGINT'));
   await agent.run();
+  // A clean stop leaves nothing behind: this runner's sandboxes go with it.
+  if (driver) {
+    const removed = await driver.reapOrphans(cred.runner_id, []).catch(() => [] as string[]);
+    if (removed.length > 0) log.info({ removed: removed.length }, 'removed this runner\'s sandboxes');
+  }
   log.info('runner stopped');
   return 0;
 }

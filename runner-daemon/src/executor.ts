@@ -3,7 +3,7 @@ import type { Logger } from '@agentplane/core';
 import type { Payload } from '@agentplane/protocol';
 import type { LeaseExecutor, LeaseHandle } from './agent.js';
 import { HarnessLoop, type AgentTool, type HarnessEvent, type SessionEventSink } from './harness/index.js';
-import type { SandboxDriver, SandboxEnvironment } from './sandbox/types.js';
+import { driverSatisfies, type SandboxDriver, type SandboxEnvironment } from './sandbox/types.js';
 
 /** The turn spec carried by a lease offer (built by the scheduler; see docs/RUNS.md). */
 interface TurnSpec {
@@ -16,6 +16,7 @@ interface TurnSpec {
     resources: { cpu_millis: number; memory_mib: number; disk_mib: number; max_duration_seconds: number };
     network_mode: string;
     retention_mode: string;
+    tier?: string;
   };
   history: Parameters<HarnessLoop['run']>[0]['history'];
   responses: Parameters<HarnessLoop['run']>[0]['responses'];
@@ -84,7 +85,9 @@ export function turnExecutor(o: TurnExecutorOptions): LeaseExecutor {
   return {
     refuse(offer) {
       try {
-        asSpec(offer.spec);
+        const spec = asSpec(offer.spec);
+        const tier = spec.environment.tier === 'process' ? 'process' : 'container';
+        if (!driverSatisfies(o.driver, { tier, network_mode: 'none' })) return `the ${o.driver.name} driver does not offer tier '${tier}'`;
         return null;
       } catch (err) {
         return err instanceof Error ? err.message : 'not a turn spec';
@@ -113,13 +116,15 @@ async function runTurn(o: TurnExecutorOptions, handle: LeaseHandle): Promise<Rec
     const log = o.log.child({ run: spec.run_id, lease: handle.lease.lease_id });
     const env: SandboxEnvironment = {
       image: spec.environment.image,
-      tier: 'container',
+      tier: spec.environment.tier === 'process' ? 'process' : 'container',
       network_mode: 'none',
       cpu_millis: spec.environment.resources.cpu_millis,
       memory_mib: spec.environment.resources.memory_mib,
       max_duration_seconds: spec.environment.resources.max_duration_seconds,
     };
-    env.tier = o.driver.tier;
+    if (!driverSatisfies(o.driver, { tier: env.tier ?? 'container', network_mode: 'none' })) {
+      throw new Error(`the ${o.driver.name} driver cannot give this Environment the isolation it requires (tier ${env.tier ?? 'container'})`);
+    }
     const sandbox = await o.driver.ensure({ id: spec.session_id }, env);
     const sink = new LeaseSink(handle, spec);
     const loop = new HarnessLoop({ model: handle.model, driver: o.driver, sandbox, sink, logger: log });

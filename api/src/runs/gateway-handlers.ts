@@ -1,10 +1,10 @@
-import { check, newId, type Logger } from '@agentplane/core';
+import type { Logger } from '@agentplane/core';
 import type { Gateway, RunnerConnection } from '@agentplane/gateway';
 import type { Lease, LeaseConfig, LeaseKeeper, LeaseRecord, LeaseRecords } from '@agentplane/lease';
-import type { LeaseRef, ModelRequest, ModelStreamEvent } from '@agentplane/protocol';
+import type { LeaseRef } from '@agentplane/protocol';
 import type { EventLog } from '@agentplane/store';
 import type { ModelsModule } from '../models/module.js';
-import { ModelRequestBody } from '../models/schemas.js';
+import { ModelStreams } from '../models/model-streams.js';
 import type { SessionStore } from '../sessions/store.js';
 import type { RunLifecycle, TurnResult } from './lifecycle.js';
 
@@ -30,7 +30,7 @@ const leaseOf = (rec: LeaseRecord): Lease => ({
 export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
   const recordTtl = d.lease.leaseMs * 3;
   const firstEventSeen = new Set<string>();
-  const modelStreams = new Map<string, AbortController>();
+  const modelStreams = new Map<string, ModelStreams>();
 
   const revoke = (conn: RunnerConnection, ref: LeaseRef, reason: string) => conn.send('lease.revoked', { lease_id: ref.lease_id, attempt: ref.attempt, reason });
 
@@ -108,48 +108,40 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     }
   });
 
+  /** One ModelStreams per connection (validation, per-connection cap, cancel, socket loss). */
+  const streamsOf = (conn: RunnerConnection, sessionId: string, threadId: string): ModelStreams => {
+    let s = modelStreams.get(conn.id);
+    if (!s) {
+      s = new ModelStreams(d.models.gateway, (f) => {
+        const ev = f.event;
+        if (ev.type === 'text_delta' || ev.type === 'thinking_delta') {
+          // Uncursored previews for `event_deltas` SSE viewers of the Session.
+          void d.log.publishDelta(sessionId, { session_thread_id: threadId, type: ev.type === 'text_delta' ? 'agent.message' : 'agent.thinking', message_id: f.stream_id, index: deltaIndex++, text: ev.text });
+        }
+        return conn.send(f.type, { stream_id: f.stream_id, event: f.event });
+      }, d.logger);
+      modelStreams.set(conn.id, s);
+    }
+    return s;
+  };
+  let deltaIndex = 0;
+
   gw.on('model.request', async (conn, msg) => {
     const p = msg.payload;
     const rec = await recordFor(conn, p);
-    const key = `${conn.id}:${p.stream_id}`;
-    const end = (event: ModelStreamEvent) => conn.send('model.end', { stream_id: p.stream_id, event });
-    if (!rec) return void end({ type: 'error', error: { type: 'auth.permission_denied', message: 'no live lease for this model request', retryable: false } });
-    let request: ModelRequest;
-    try {
-      request = check(ModelRequestBody, p.request, 'message') as ModelRequest;
-    } catch (err) {
-      return void end({ type: 'error', error: { type: 'validation.malformed', message: err instanceof Error ? err.message : 'invalid request', retryable: false } });
+    if (!rec) {
+      conn.send('model.end', { stream_id: p.stream_id, event: { type: 'error', error: { type: 'auth.permission_denied', message: 'model steps need a live lease held by this runner', retryable: false } } });
+      return;
     }
-    const ac = new AbortController();
-    modelStreams.set(key, ac);
     const session = await d.store.get(rec.workspace_id, rec.session_id).catch(() => null);
-    const messageId = newId('event');
-    let index = 0;
-    try {
-      for await (const ev of d.models.gateway.runModelStep(rec.workspace_id, request, ac.signal, {
-        session_id: rec.session_id, thread_id: rec.thread_id, run_id: rec.run_id, session_budget: session?.budget ?? null,
-      })) {
-        if (ev.type === 'end' || ev.type === 'error') {
-          end(ev);
-          return;
-        }
-        conn.send('model.delta', { stream_id: p.stream_id, event: ev });
-        if (ev.type === 'text_delta' || ev.type === 'thinking_delta') {
-          void d.log.publishDelta(rec.session_id, {
-            session_thread_id: rec.thread_id, type: ev.type === 'text_delta' ? 'agent.message' : 'agent.thinking', message_id: messageId, index: index++, text: ev.text,
-          });
-        }
-      }
-      end({ type: 'error', error: { type: 'runtime.internal', message: 'the model stream ended without an end event', retryable: true } });
-    } catch (err) {
-      d.logger.warn({ err: err instanceof Error ? err.message : String(err), run: rec.run_id }, 'model step failed');
-      end({ type: 'error', error: { type: 'runtime.internal', message: 'the model step failed', retryable: true } });
-    } finally {
-      modelStreams.delete(key);
-    }
+    const streams = streamsOf(conn, rec.session_id, rec.thread_id);
+    await streams.open(rec.workspace_id, p.stream_id, p.request, {
+      session_id: rec.session_id, thread_id: rec.thread_id, run_id: rec.run_id, session_budget: session?.budget ?? null,
+    });
+    if (streams.size === 0 && modelStreams.get(conn.id) === streams) modelStreams.delete(conn.id);
   });
 
   gw.on('model.cancel', (conn, msg) => {
-    modelStreams.get(`${conn.id}:${msg.payload.stream_id}`)?.abort(new Error('canceled by the runner'));
+    modelStreams.get(conn.id)?.cancel(msg.payload.stream_id);
   });
 }

@@ -30,6 +30,8 @@ export interface TurnSpec {
     resources: { cpu_millis: number; memory_mib: number; disk_mib: number; max_duration_seconds: number };
     network_mode: string;
     retention_mode: string;
+    /** Isolation tier the Environment requires (`container`): a runner never runs it with less. */
+    tier: string;
   };
   resources: SessionResource[];
   history: ModelMessage[];
@@ -99,6 +101,7 @@ export async function buildTurnSpec(src: SpecSources, run: RunDoc, maxHistoryByt
       resources: { ...env.resources },
       network_mode: env.network.mode,
       retention_mode: env.retention_mode,
+      tier: env.tier,
     },
     resources: session.resources,
     history: fitHistory(history, maxHistoryBytes),

@@ -1,0 +1,26 @@
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { ROOT_DIR, type Platform } from './platform.js';
+
+export const RUNNER_CLI = join(ROOT_DIR, 'runner-daemon/dist/cli.js');
+
+/** Pair a fresh runner config dir with a single-use code for `principal`, as a person would. */
+export async function pairDaemon(p: Platform, principal: string, label: string): Promise<{ dir: string; runnerId: string }> {
+  const r = await p.root.request<{ code: string }>('POST', '/v1/runner-pairings', {
+    idempotencyKey: `pair-${label}-${Math.random()}`, body: { principal_id: principal, machine_label: label, expires_in_seconds: 300 },
+  });
+  if (r.status !== 201) throw new Error(`pairing failed: ${r.status} ${JSON.stringify(r.body)}`);
+  const dir = mkdtempSync(join(tmpdir(), 'runner-test-'));
+  const out = spawnSync(process.execPath, [RUNNER_CLI, 'pair', '--code', r.body.code, '--url', p.baseUrl, '--config-dir', dir, '--label', label, '--json'], { encoding: 'utf8' });
+  if (out.status !== 0) throw new Error(`runner pair failed: ${out.stdout}${out.stderr}`);
+  return { dir, runnerId: (JSON.parse(out.stdout) as { runner_id: string }).runner_id };
+}
+
+/** `runner-daemon start` on a paired dir, reconnecting fast (tests restart things). */
+export function startDaemon(configDir: string, extraArgs: string[] = []): ChildProcess {
+  return spawn(process.execPath, [RUNNER_CLI, 'start', '--config-dir', configDir, '--reconnect-base-ms', '200', '--reconnect-cap-ms', '1000', '--log-level', 'warn', ...extraArgs], {
+    stdio: ['ignore', 'ignore', 'inherit'],
+  });
+}

@@ -1,0 +1,123 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { ChildProcess } from 'node:child_process';
+import type { HttpClient } from '@agentplane/client';
+import { startPlatform, waitFor, type Platform } from './harness/platform.js';
+import { pairDaemon, startDaemon } from './harness/daemon.js';
+
+/**
+ * Crash paths of the lease engine, with real processes: kill -9 a runner mid-Run, kill -9 the
+ * scheduler, a Run no runner can serve, an interrupt while the Run is still queued.
+ */
+let p: Platform;
+let api: HttpClient;
+let owner: string;
+let envId: string;
+const daemons: ChildProcess[] = [];
+
+type Json = Record<string, unknown>;
+interface Ev { seq: number; type: string; payload: Json }
+const SCRIPT = (rules: unknown[]) => `\`\`\`scripted\n${JSON.stringify({ rules })}\n\`\`\``;
+
+beforeAll(async () => {
+  p = await startPlatform({
+    runner: false,
+    scheduler: true,
+    env: { LEASE_MS: '4000', OFFER_TIMEOUT_MS: '1500', STALLED_INTERVAL_MS: '500', RUN_BACKOFF_MS: '100', RUNNER_HEARTBEAT_INTERVAL_MS: '1000', RUNNER_PRESENCE_TTL_MS: '3000' },
+  });
+  api = p.root;
+  owner = (await api.post<{ id: string }>(`/v1/organizations/workspaces/${p.bootstrap.workspace_id}/principals`, {
+    external_subject_id: 'owner', principal_type: 'person', display_name: 'Owner',
+  })).id;
+  envId = (await api.post<{ id: string }>('/v1/environments', { name: 'sb', image: 'agentplane/sandbox:latest' })).id;
+}, 60_000);
+afterAll(async () => {
+  for (const d of daemons) d.kill('SIGKILL');
+  await p?.stop();
+});
+
+async function daemon(label: string): Promise<{ proc: ChildProcess; runnerId: string }> {
+  const { dir, runnerId } = await pairDaemon(p, owner, label);
+  const proc = startDaemon(dir);
+  daemons.push(proc);
+  await waitFor(`${label} ready`, async () => ((await api.get<{ data: { runner: string; status: string }[] }>('/v1/runner-pools/presences')).data.some((x) => x.runner === runnerId && x.status === 'ready') ? true : undefined), 30_000);
+  return { proc, runnerId };
+}
+
+async function turn(rules: unknown[], text = 'go', env = envId): Promise<string> {
+  const s = await api.post<{ id: string }>('/v1/sessions', { agent: { name: 'a', model: 'default', system: SCRIPT(rules), tools: [{ type: 'builtin', name: 'bash' }] }, environment_id: env });
+  await api.post(`/v1/sessions/${s.id}/events`, { type: 'user.message', payload: { content: text, authored_by: owner, caused_by: { kind: 'api' } } });
+  return s.id;
+}
+
+async function events(sessionId: string): Promise<Ev[]> {
+  const thread = (await api.get<{ data: { id: string }[] }>(`/v1/sessions/${sessionId}/threads`)).data[0]?.id ?? '';
+  return (await api.get<{ data: Ev[] }>(`/v1/sessions/${sessionId}/threads/${thread}/events`, { limit: 1000 })).data;
+}
+const waitEvents = (id: string, pred: (e: Ev[]) => boolean, ms = 40_000) => waitFor('events', async () => {
+  const e = await events(id);
+  return pred(e) ? e : undefined;
+}, ms);
+const runsOf = async (id: string) => (await api.get<{ data: (Json & { status: string; attempts: { runner_id: string; outcome: string }[]; failure: Json | null })[] }>(`/v1/sessions/${id}/runs`)).data;
+
+describe('crash paths', () => {
+  it('kill -9 a runner mid-Run: the lease expires, the thread is rescheduled and the Run completes on another runner', async () => {
+    const a = await daemon('box-a');
+    const id = await turn([
+      { when: { user_contains: 'go' }, then: [{ tool: 'bash', input: { command: 'sleep 8; echo finished' } }] },
+      { when: { on: 'tool_result' }, then: [{ reply: 'ok: {{tool_result}}' }] },
+    ]);
+    await waitEvents(id, (e) => e.some((x) => x.type === 'agent.tool_use'));
+    const b = await daemon('box-b');
+    a.proc.kill('SIGKILL');
+    const evs = await waitEvents(id, (e) => e.some((x) => x.type === 'session.status_idle'), 60_000);
+    const [dbg] = await runsOf(id);
+    expect(evs.some((e) => e.type === 'session.thread_status_rescheduled'), JSON.stringify({ types: evs.map((e) => e.type), dbg })).toBe(true);
+    expect(evs.find((e) => e.type === 'session.status_idle')?.payload.stop_reason).toMatchObject({ type: 'end_turn' });
+    const seqs = evs.map((e) => e.seq);
+    expect(new Set(seqs).size).toBe(seqs.length);
+    const [run] = await runsOf(id);
+    expect(run?.status).toBe('succeeded');
+    expect(run?.attempts.map((x) => x.runner_id)).toEqual([a.runnerId, b.runnerId]);
+    expect(run?.attempts[0]?.outcome).toBe('lost');
+  });
+
+  it('kill -9 the scheduler: queued Runs are not lost and are leased once it is back', async () => {
+    const before = p.pids().scheduler as number;
+    process.kill(before, 'SIGKILL');
+    const id = await turn([{ then: [{ reply: 'after the scheduler came back' }] }]);
+    await waitFor('a new scheduler', () => (p.pids().scheduler !== before ? true : undefined), 20_000);
+    const evs = await waitEvents(id, (e) => e.some((x) => x.type === 'session.status_idle'));
+    expect(JSON.stringify(evs.filter((e) => e.type === 'agent.message'))).toContain('after the scheduler came back');
+    const [run] = await runsOf(id);
+    expect(run?.attempts).toHaveLength(1);
+  });
+
+  it('a Run no runner can ever serve fails fast with the reason', async () => {
+    const huge = (await api.post<{ id: string }>('/v1/environments', {
+      name: 'huge', image: 'agentplane/sandbox:latest', resources: { cpu_millis: 256_000, memory_mib: 1_048_576, disk_mib: 4096, max_duration_seconds: 60 },
+    })).id;
+    const id = await turn([{ then: [{ reply: 'never' }] }], 'go', huge);
+    const evs = await waitEvents(id, (e) => e.some((x) => x.type === 'session.status_idle'), 20_000);
+    expect(evs.find((e) => e.type === 'session.status_idle')?.payload.stop_reason).toMatchObject({ type: 'error' });
+    const [run] = await runsOf(id);
+    expect(run?.status).toBe('failed');
+    expect(JSON.stringify(run?.failure)).toContain('no runner in the pool can serve');
+  });
+
+  it('interrupt while queued removes the Run: it never runs and the turn ends interrupted', async () => {
+    // Drain every runner so the Run stays queued.
+    const pres = (await api.get<{ data: { runner: string }[] }>('/v1/runner-pools/presences')).data;
+    for (const d of daemons) d.kill('SIGKILL');
+    await waitFor('no live runner', async () => ((await api.get<{ data: unknown[] }>('/v1/runner-pools/presences')).data.length === 0 ? true : undefined), 20_000);
+    expect(pres.length).toBeGreaterThan(0);
+    const id = await turn([{ then: [{ reply: 'must not run' }] }]);
+    await waitFor('waiting visibly', async () => ((await runsOf(id))[0]?.status === 'waiting' ? true : undefined), 10_000);
+    const waiting = await events(id);
+    expect(waiting.some((e) => e.type === 'session.run_waiting')).toBe(true);
+    await api.post(`/v1/sessions/${id}/events`, { type: 'user.interrupt', payload: { authored_by: owner, caused_by: { kind: 'api' } } });
+    const evs = await waitEvents(id, (e) => e.some((x) => x.type === 'session.status_idle'), 10_000);
+    expect(evs.find((e) => e.type === 'session.status_idle')?.payload.stop_reason).toMatchObject({ type: 'interrupted' });
+    expect(evs.some((e) => e.type === 'agent.message')).toBe(false);
+    expect((await runsOf(id))[0]?.status).toBe('canceled');
+  });
+});
