@@ -44,14 +44,30 @@ async function main(): Promise<void> {
         params: { name: 'organizations_getWorkspace', arguments: { path: { workspace_id: ws } } },
       }),
     };
-    // Sanity: the MCP call really is a successful tool call, not a fast error.
-    const probe = await fetch(mcp.url, { method: 'POST', headers: mcp.headers as Record<string, string>, body: mcp.body as string });
-    const probed = (await probe.json()) as { result?: { isError?: boolean } };
-    if (probe.status !== 200 || probed.result?.isError !== false) throw new Error(`the MCP probe failed: ${probe.status} ${JSON.stringify(probed)}`);
+    // The same call on the stateless 2026-07-28 shape (per-request _meta envelope, Mcp-* headers).
+    const modern: Target = {
+      url: mcp.url,
+      method: 'POST',
+      headers: { ...(mcp.headers as Record<string, string>), 'mcp-protocol-version': '2026-07-28', 'mcp-method': 'tools/call', 'mcp-name': 'organizations_getWorkspace' },
+      body: JSON.stringify({
+        jsonrpc: '2.0', id: 1, method: 'tools/call',
+        params: {
+          name: 'organizations_getWorkspace', arguments: { path: { workspace_id: ws } },
+          _meta: { 'io.modelcontextprotocol/protocolVersion': '2026-07-28', 'io.modelcontextprotocol/clientCapabilities': {} },
+        },
+      }),
+    };
+    // Sanity: each MCP call really is a successful tool call, not a fast error.
+    for (const t of [mcp, modern]) {
+      const probe = await fetch(t.url, { method: 'POST', headers: t.headers as Record<string, string>, body: t.body as string });
+      const probed = (await probe.json()) as { result?: { isError?: boolean } };
+      if (probe.status !== 200 || probed.result?.isError !== false) throw new Error(`the MCP probe failed: ${probe.status} ${JSON.stringify(probed)}`);
+    }
 
     process.stdout.write('warming both paths …\n');
     await load(rest, 2);
     await load(mcp, 2);
+    await load(modern, 1);
     // Alternate halves so that drift on a shared machine hits both targets alike.
     const half = Math.max(1, Math.round(DURATION / 2));
     process.stdout.write('loading REST (floor) and MCP tools/call, alternating …\n');
@@ -59,6 +75,8 @@ async function main(): Promise<void> {
     const m1 = await load(mcp, half);
     const r2 = await load(rest, half);
     const m2 = await load(mcp, half);
+    process.stdout.write('loading MCP tools/call on the 2026-07-28 shape …\n');
+    const n1 = await load(modern, half);
     const avg = (a: Load, b: Load): Load => ({
       p50: (a.p50 + b.p50) / 2, p99: (a.p99 + b.p99) / 2, rps: (a.rps + b.rps) / 2, errors: a.errors + b.errors, non2xx: a.non2xx + b.non2xx,
     });
@@ -70,7 +88,12 @@ async function main(): Promise<void> {
       { metric: 'latency p99', ours: mcpLoad.p99, floor: restLoad.p99, unit: 'ms' },
       { metric: 'throughput', ours: mcpLoad.rps, floor: restLoad.rps, unit: 'req/s', higherIsBetter: true },
     ]);
-    process.stdout.write(`errors: mcp ${mcpLoad.errors + mcpLoad.non2xx}, rest ${restLoad.errors + restLoad.non2xx}\n`);
+    printTable('tools/call on the 2026-07-28 shape vs the same REST GET', [
+      { metric: 'latency p50', ours: n1.p50, floor: restLoad.p50, unit: 'ms' },
+      { metric: 'latency p99', ours: n1.p99, floor: restLoad.p99, unit: 'ms' },
+      { metric: 'throughput', ours: n1.rps, floor: restLoad.rps, unit: 'req/s', higherIsBetter: true },
+    ]);
+    process.stdout.write(`errors: mcp ${mcpLoad.errors + mcpLoad.non2xx + n1.errors + n1.non2xx}, rest ${restLoad.errors + restLoad.non2xx}\n`);
   } finally {
     await p.stop();
   }

@@ -9,6 +9,7 @@ import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/
 import { randomBytes } from 'node:crypto';
 import { ConnectionService, RedisRuntimeBearers, type RuntimeGrant } from '@agentplane/api';
 import { SecretBox } from '@agentplane/core';
+import { LeaseFence } from '@agentplane/lease';
 import { connectRedis, DocumentStore, type Redis } from '@agentplane/store';
 import { startPlatform, type Platform } from './harness/platform.js';
 
@@ -19,6 +20,7 @@ let upstream: HttpServer;
 let upstreamUrl: string;
 let redis: Redis;
 let bearers: RedisRuntimeBearers;
+let fence: LeaseFence;
 const upstreamCalls: { auth: string | undefined }[] = [];
 
 /** The external MCP server a Connection points at: the SDK's own server, stateless, on loopback. */
@@ -53,6 +55,7 @@ function startUpstream(): Promise<void> {
 beforeAll(async () => {
   [p] = await Promise.all([startPlatform(), startUpstream()]);
   redis = connectRedis(p.redisUrl(), { name: 'test' });
+  fence = new LeaseFence(redis);
   bearers = new RedisRuntimeBearers(redis);
 });
 afterAll(async () => {
@@ -64,10 +67,21 @@ afterAll(async () => {
 const ws = () => p.bootstrap.workspace_id;
 const hex = (c: string) => c.repeat(32);
 
-function grant(connections: RuntimeGrant['connections'], ms = 60_000, run = hex('a')): RuntimeGrant {
+let leaseSeq = 0;
+
+/**
+ * A live lease on a fresh Session, the way the lease work holds one (the Session's fence), and
+ * the grant a runtime bearer for it carries. `leaseMs` is the fence's life; the bearer's own
+ * expiry is the attempt's later hard deadline, so the fence decides.
+ */
+async function grant(connections: RuntimeGrant['connections'], leaseMs = 60_000, run = hex('a')): Promise<RuntimeGrant> {
+  const n = ++leaseSeq;
+  const sessionId = `sess_${n.toString(16).padStart(32, '0')}`;
+  const leaseId = `lease-${n}`;
+  await fence.claim({ sessionId, token: leaseId, runnerId: 'runner_test', attempt: 1, runId: `run_${run}` }, leaseMs);
   return {
-    run_id: `run_${run}`, session_id: `sess_${hex('b')}`, workspace_id: ws(), organization_id: p.bootstrap.organization_id,
-    lease_epoch: 1, expires_at: new Date(Date.now() + ms).toISOString(), connections,
+    run_id: `run_${run}`, session_id: sessionId, workspace_id: ws(), organization_id: p.bootstrap.organization_id,
+    lease_id: leaseId, expires_at: new Date(Date.now() + Math.max(leaseMs, 0) + 60_000).toISOString(), connections,
   };
 }
 
@@ -100,6 +114,8 @@ describe('Connections (REST)', () => {
     const read = await p.root.request('GET', `/v1/connections/${created.body.id}`);
     expect(JSON.stringify(read.body)).not.toContain(UPSTREAM_TOKEN);
 
+    const userinfo = await p.root.request('POST', '/v1/connections', { body: { name: 'x', url: 'https://user:pw@mcp.example.invalid/mcp' } });
+    expect(userinfo.status).toBe(400);
     const list = await fetch(`${p.baseUrl}/v1/mcp?catalog=full`, {
       method: 'POST',
       headers: { authorization: `Bearer ${p.bootstrap.root_key}`, 'content-type': 'application/json', 'mcp-protocol-version': '2025-11-25' },
@@ -122,7 +138,7 @@ describe('/v1/runtime/mcp/{connection_id}', () => {
   });
 
   it('with a live lease: lists the tools the policy admits and proxies calls', async () => {
-    const bearer = await bearers.mint(grant({ [connectionId]: { default: 'allow', tools: { drop_tables: 'deny', deploy: 'ask' } } }));
+    const bearer = await bearers.mint(await grant({ [connectionId]: { default: 'allow', tools: { drop_tables: 'deny', deploy: 'ask' } } }));
     expect(bearer).toMatch(/^ap_rt_/);
     const client = await runtimeClient(connectionId, bearer);
     try {
@@ -154,7 +170,7 @@ describe('/v1/runtime/mcp/{connection_id}', () => {
     expect(resolved.servers.map((s) => s.name)).toEqual(['tools']);
     const id = resolved.servers[0]?.connection_id ?? '';
     expect(resolved.grants[id]).toEqual({ default: 'ask' });
-    const bearer = await bearers.mint(grant(resolved.grants));
+    const bearer = await bearers.mint(await grant(resolved.grants));
     const client = await runtimeClient(id, bearer);
     try {
       const tools = (await client.listTools()).tools;
@@ -165,7 +181,7 @@ describe('/v1/runtime/mcp/{connection_id}', () => {
   });
 
   it('serves the 2026-07-28 shape too (SDK v2 client)', async () => {
-    const bearer = await bearers.mint(grant({ [connectionId]: { default: 'deny', tools: { echo: 'allow' } } }));
+    const bearer = await bearers.mint(await grant({ [connectionId]: { default: 'deny', tools: { echo: 'allow' } } }));
     const client = new ModernClient({ name: 'modern-harness', version: '1.0.0' }, { versionNegotiation: { mode: { pin: '2026-07-28' } } });
     await client.connect(new ModernTransport(new URL(`${p.baseUrl}/v1/runtime/mcp/${connectionId}`), {
       requestInit: { headers: { Authorization: `Bearer ${bearer}` } },
@@ -180,33 +196,43 @@ describe('/v1/runtime/mcp/{connection_id}', () => {
     }
   });
 
-  it('an expired lease is refused', async () => {
-    await expect(bearers.mint(grant({ [connectionId]: { default: 'allow' } }, -1000))).rejects.toThrow();
-    const bearer = await bearers.mint(grant({ [connectionId]: { default: 'allow' } }, 300));
-    expect((await post(`/v1/runtime/mcp/${connectionId}`, bearer)).status).not.toBe(401);
-    await new Promise((r) => setTimeout(r, 400));
+  it('an expired lease is refused, and so is a lease taken over by a newer one', async () => {
+    const past = await grant({ [connectionId]: { default: 'allow' } });
+    await expect(bearers.mint({ ...past, expires_at: new Date(Date.now() - 1000).toISOString() })).rejects.toThrow();
+
+    const short = await grant({ [connectionId]: { default: 'allow' } }, 300);
+    const bearer = await bearers.mint(short);
+    expect((await post(`/v1/runtime/mcp/${connectionId}`, bearer)).status).toBe(200);
+    await new Promise((r) => setTimeout(r, 400)); // the lease was not renewed: the fence lapses
     const r = await post(`/v1/runtime/mcp/${connectionId}`, bearer);
     expect(r.status).toBe(401);
     expect(r.headers.get('www-authenticate')).toContain('invalid_token');
+
+    const first = await grant({ [connectionId]: { default: 'allow' } });
+    const firstBearer = await bearers.mint(first);
+    expect((await post(`/v1/runtime/mcp/${connectionId}`, firstBearer)).status).toBe(200);
+    // A newer lease of the same Session (a retry elsewhere) takes the fence: the old bearer dies at once.
+    await fence.claim({ sessionId: first.session_id, token: 'lease-newer', runnerId: 'runner_other', attempt: 2, runId: first.run_id }, 60_000);
+    expect((await post(`/v1/runtime/mcp/${connectionId}`, firstBearer)).status).toBe(401);
   });
 
   it("another Run's bearer (without this connection) is refused; revocation is immediate", async () => {
-    const other = await bearers.mint(grant({}, 60_000, hex('c')));
+    const other = await bearers.mint(await grant({}, 60_000, hex('c')));
     expect((await post(`/v1/runtime/mcp/${connectionId}`, other)).status).toBe(403);
-    const mine = await bearers.mint(grant({ [connectionId]: { default: 'allow' } }));
+    const mine = await bearers.mint(await grant({ [connectionId]: { default: 'allow' } }));
     await bearers.revoke(mine);
     expect((await post(`/v1/runtime/mcp/${connectionId}`, mine)).status).toBe(401);
   });
 
   it('a runtime bearer never works on /v1/mcp, and an API key never works here', async () => {
-    const bearer = await bearers.mint(grant({ [connectionId]: { default: 'allow' } }));
+    const bearer = await bearers.mint(await grant({ [connectionId]: { default: 'allow' } }));
     expect((await post('/v1/mcp', bearer)).status).toBe(401);
     expect((await post(`/v1/runtime/mcp/${connectionId}`, p.bootstrap.root_key)).status).toBe(401);
   });
 
   it('an archived connection is gone for every Run', async () => {
     const c = await p.root.request<{ id: string }>('POST', '/v1/connections', { body: { name: 'short-lived', url: upstreamUrl } });
-    const bearer = await bearers.mint(grant({ [c.body.id]: { default: 'allow' } }));
+    const bearer = await bearers.mint(await grant({ [c.body.id]: { default: 'allow' } }));
     await p.root.request('PATCH', `/v1/connections/${c.body.id}`, { body: { status: 'archived' } });
     expect((await post(`/v1/runtime/mcp/${c.body.id}`, bearer)).status).toBe(404);
   });

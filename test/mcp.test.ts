@@ -397,6 +397,31 @@ describe('callers', () => {
     expect(denied.headers.get('www-authenticate')).toContain('resource_metadata=');
   });
 
+  it("one MCP request counts once against the key's rate limit; a limited call is an isError result", async () => {
+    const second = new Date().getUTCSeconds();
+    if (second > 45) await new Promise((r) => setTimeout(r, (61 - second) * 1000));
+    const key = await p.root.request<{ secret: string }>('POST', `/v1/organizations/${p.bootstrap.organization_id}/api-keys`, {
+      body: { display_name: 'mcp limited', role: 'developer', scope: { type: 'workspace', workspace_id: ws() }, rate_limit_per_minute: 3 },
+      idempotencyKey: 'mcp-limited',
+    });
+    const h = { 'mcp-protocol-version': '2025-11-25', authorization: `Bearer ${key.body.secret}` };
+    const list = { jsonrpc: '2.0', id: 1, method: 'tools/list' };
+    const read = { jsonrpc: '2.0', id: 2, method: 'tools/call', params: { name: 'organizations_getWorkspace', arguments: { path: { workspace_id: ws() } } } };
+    expect((await rpc(list, h)).status).toBe(200); // 1
+    const call = await rpc(read, h); // 2: the dispatched REST call is not counted again
+    expect(call.body.result.isError).toBe(false);
+    expect((await rpc(list, h)).status).toBe(200); // 3
+    const limited = await rpc(list, h);
+    expect(limited.status).toBe(429);
+    expect(limited.body.error.code).toBe(-32029);
+    expect(Number(limited.headers.get('retry-after'))).toBeGreaterThanOrEqual(1);
+    const limitedCall = await rpc(read, h);
+    expect(limitedCall.status).toBe(200);
+    expect(limitedCall.body.result.isError).toBe(true);
+    expect((JSON.parse(limitedCall.body.result.content[0]?.text ?? '{}') as { error: { type: string } }).error.type).toBe('budget.exceeded');
+    expect(limitedCall.body.result._meta).toMatchObject({ 'dev.agentplane/http_status': 429, 'dev.agentplane/retry_after_seconds': expect.any(Number) });
+  });
+
   it('an a2a bearer is refused', async () => {
     const secret = await principalCredential('a2a');
     const r = await modern('tools/list', {}, { authorization: `Bearer ${secret}` });

@@ -15,6 +15,7 @@ import { IdempotencyStore } from './http/idempotency.js';
 import { buildRouter, errorBoundary, unmatchedRoute } from './http/router.js';
 import { mcpEdge } from './mcp/edge.js';
 import { runtimeMcp } from './mcp/runtime.js';
+import { LeaseFence } from '@agentplane/lease';
 import { RedisRuntimeBearers } from './mcp/runtime-bearer.js';
 import { CredentialIndex } from './identity/credentials.js';
 import { IdentityService } from './identity/service.js';
@@ -108,7 +109,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
     await next();
   });
   app.use(mcpEdge(operations, prepared, deps).middleware);
-  app.use(runtimeMcp(deps, { verifier: new RedisRuntimeBearers(redis) }));
+  app.use(runtimeMcp(deps, { verifier: new RedisRuntimeBearers(redis, new LeaseFence(redis)) }));
   app.use(router.routes());
   app.use(unmatchedRoute(router));
 

@@ -13,7 +13,7 @@ export { ThreadRuntime, recordOnlyTurnScheduler, type TurnScheduler, type StopRe
 export type { SessionDoc, ThreadDoc, RunDoc } from './sessions/model.js';
 export { RunnerService } from './runners/service.js';
 export { RedisRuntimeBearers, RUNTIME_BEARER_PREFIX, permissionOf } from './mcp/runtime-bearer.js';
-export type { RuntimeBearerVerifier, RuntimeGrant, ConnectionGrant, ToolPermission } from './mcp/runtime-bearer.js';
+export type { RuntimeBearerVerifier, RuntimeGrant, ConnectionGrant, ToolPermission, LeaseHolder } from './mcp/runtime-bearer.js';
 export type { ToolCallObserver, ToolCallEvent } from './mcp/runtime.js';
 export { RunLifecycle, type TurnResult } from './runs/lifecycle.js';
 export { buildTurnSpec, requirementsOf, type TurnSpec, type SpecTool } from './runs/spec.js';

@@ -47,7 +47,20 @@ export class ConnectionService {
     return { type: 'bearer', sealed_secret: this.box.seal(auth.token, `connection:${id}`), secret_hint: hint(auth.token) };
   }
 
+  /** A Connection URL is an address, never a credential holder: userinfo belongs in `auth`. */
+  private static checkUrl(url: string): void {
+    let u: URL;
+    try {
+      u = new URL(url);
+    } catch {
+      throw new ApiError('validation.malformed', 'body.url: not a valid URL');
+    }
+    if (u.protocol !== 'https:' && u.protocol !== 'http:') throw new ApiError('validation.malformed', 'body.url: must be http or https');
+    if (u.username || u.password) throw new ApiError('validation.malformed', 'body.url: must not carry credentials; put the token in auth');
+  }
+
   async create(workspaceId: string, input: { name: string; url: string; auth?: ConnectionAuthInput | undefined }): Promise<Connection> {
+    ConnectionService.checkUrl(input.url);
     const id = newId('connection');
     const now = nowIso();
     const c: Connection = {
@@ -71,6 +84,7 @@ export class ConnectionService {
     patch: { name?: string | undefined; url?: string | undefined; auth?: ConnectionAuthInput | undefined; status?: 'active' | 'archived' | undefined },
     expectedVersion?: number,
   ): Promise<Connection> {
+    if (patch.url !== undefined) ConnectionService.checkUrl(patch.url);
     await this.get(workspaceId, id);
     return this.docs.update<Connection>(tags.workspace(workspaceId), id, (c) => ({
       ...c,

@@ -17,11 +17,12 @@ export interface RawRequest {
   /** Parsed JSON body, or undefined when none was sent. */
   body: unknown;
   /**
-   * Set only by an edge that has just authenticated this same HTTP request with these same
-   * headers (the MCP edge, which must answer 401 before reading the body): the bearer is not
-   * resolved twice. Authorisation, version, limits, validation and idempotency still run.
+   * Set only by an edge that has already authenticated this same HTTP request with these same
+   * headers and counted it against the caller's rate limit (the MCP edge: one POST /v1/mcp is
+   * one request, whatever it dispatches). The bearer is not resolved twice and the request is
+   * not counted twice; authorisation, version, validation and idempotency still run.
    */
-  authenticated?: Caller;
+  admitted?: Caller;
 }
 
 export const VERSION_HEADER = 'service-version';
@@ -68,11 +69,11 @@ export async function execute(prepared: PreparedOperation, raw: RawRequest, deps
   const { op } = prepared;
   let caller: Caller = ANONYMOUS;
   if (op.auth.kind === 'bearer') {
-    caller = raw.authenticated ?? (await authenticate(raw.headers, deps));
+    caller = raw.admitted ?? (await authenticate(raw.headers, deps));
     authorize(caller, op.auth);
   }
   checkVersion(op, raw.headers);
-  if (caller.kind !== 'anonymous') await enforceRateLimit(deps.redis, caller.credentialId, caller.rateLimitPerMinute);
+  if (caller.kind !== 'anonymous' && !raw.admitted) await enforceRateLimit(deps.redis, caller.credentialId, caller.rateLimitPerMinute);
 
   const params = prepared.validatePath ? prepared.validatePath({ ...raw.params }) : EMPTY;
   const query = prepared.validateQuery ? prepared.validateQuery({ ...raw.query }) : rejectUnexpectedQuery(raw.query);

@@ -17,6 +17,8 @@ export interface ToolResult {
 
 /** The HTTP status of the synthesized REST call, for clients that want it. */
 export const META_HTTP_STATUS = 'dev.agentplane/http_status';
+/** Seconds until a rate limit or budget releases, when the REST error named it (Retry-After). */
+export const META_RETRY_AFTER = 'dev.agentplane/retry_after_seconds';
 /** Set when the REST call was an Idempotency-Key replay of an earlier call. */
 export const META_REPLAYED = 'dev.agentplane/idempotent_replayed';
 
@@ -33,12 +35,16 @@ function errorResult(wire: WireError, status: number): ToolResult {
   return { content: [{ type: 'text', text: JSON.stringify(wire) }], isError: true, _meta: { [META_HTTP_STATUS]: status } };
 }
 
-function apiErrorResult(err: ApiError, deps: ApiDeps): ToolResult {
-  return errorResult(err.toWire(deps.config.docsUrl), err.status);
+export function apiErrorResult(err: ApiError, deps: ApiDeps): ToolResult {
+  const result = errorResult(err.toWire(deps.config.docsUrl), err.status);
+  const retryAfter = err.headers['Retry-After'];
+  if (retryAfter !== undefined && result._meta) result._meta[META_RETRY_AFTER] = Number(retryAfter);
+  return result;
 }
 
-/** The calling context of one MCP HTTP request, reused by every tool it calls. */
+/** The calling context of one MCP HTTP request. */
 export interface CallContext {
+  /** Authenticated and already counted against its rate limit by the edge. */
   caller: Caller;
   /** The original request's lower-cased headers (bearer, workspace selector). */
   headers: Readonly<Record<string, string | undefined>>;
@@ -128,7 +134,7 @@ export class ToolDispatcher {
       params,
       query: { ...((a.query as Record<string, unknown> | undefined) ?? {}) },
       body: a.body,
-      authenticated: ctx.caller,
+      admitted: ctx.caller,
     };
     const prepared = this.prepared.get(p.op.operationId);
     if (!prepared) throw new Error(`operation ${p.op.operationId} is not prepared`);

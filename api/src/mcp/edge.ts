@@ -1,3 +1,4 @@
+import { randomBytes } from 'node:crypto';
 import type Koa from 'koa';
 import { ApiError } from '@agentplane/core';
 import type { ApiDeps } from '../deps.js';
@@ -7,7 +8,8 @@ import type { Caller } from '../http/caller.js';
 import type { Operation } from '../http/operation.js';
 import type { PreparedOperation } from '../http/pipeline.js';
 import { ToolCatalog } from './catalog.js';
-import { ToolDispatcher } from './dispatch.js';
+import { apiErrorResult, ToolDispatcher } from './dispatch.js';
+import { enforceRateLimit } from '../http/rate-limit.js';
 import {
   decodeHeaderValue, ErrorCode, HEADER_METHOD, HEADER_NAME, HEADER_PROTOCOL_VERSION, isPlainObject,
   LEGACY_FALLBACK_VERSION, LEGACY_VERSIONS, MAX_MESSAGE_BYTES, McpProtocolError, META_CLIENT_CAPABILITIES,
@@ -232,6 +234,22 @@ export function mcpEdge(operations: readonly Operation[], prepared: ReadonlyMap<
         send(ctx, 202, null);
         return;
       }
+      // One POST is one request against the key's rate limit, whatever it dispatches; the
+      // dispatched REST call is not counted again. A limited tools/call is a REST failure
+      // (isError with budget.exceeded); anything else is an HTTP 429.
+      try {
+        await enforceRateLimit(deps.redis, caller.credentialId, caller.rateLimitPerMinute);
+      } catch (err) {
+        if (!(err instanceof ApiError)) throw err;
+        requests.inc({ method, outcome: 'rate_limited' });
+        if (msg.method === 'tools/call') {
+          const limited = apiErrorResult(err, deps);
+          send(ctx, 200, rpcResult(id, era.kind === 'modern' ? { ...limited, resultType: 'complete' } : { ...limited }));
+          return;
+        }
+        send(ctx, err.status, rpcError(id, { code: ErrorCode.RateLimited, message: err.message, data: err.toWire(deps.config.docsUrl) }), err.headers);
+        return;
+      }
       const result = await handleMessage(msg, era, caller, headers, catalogChoice);
       requests.inc({ method, outcome: result.isError === true ? 'tool_error' : 'ok' });
       send(ctx, 200, rpcResult(id, result), caller.workspaceId ? { 'Service-Workspace-Id': caller.workspaceId } : {});
@@ -252,7 +270,17 @@ export function mcpEdge(operations: readonly Operation[], prepared: ReadonlyMap<
         send(ctx, 405, rpcError(null, { code: ErrorCode.InvalidRequest, message: `${ctx.method} is not served on ${MCP_PATH}; use POST` }));
         return;
       }
-      await handlePost(ctx);
+      try {
+        await handlePost(ctx);
+      } catch (err) {
+        // Unexpected failures (Redis unreachable, a bug): a JSON-RPC internal error with an
+        // opaque incident reference; the stack goes to the log only.
+        if (ctx.headerSent || ctx.respond === false) throw err;
+        const incident = `inc_${randomBytes(8).toString('hex')}`;
+        deps.log.error({ err, incident, path: ctx.path }, 'unhandled error on the MCP edge');
+        const wire = new ApiError('runtime.internal', `internal error; incident reference ${incident}`).toWire(deps.config.docsUrl);
+        send(ctx, 500, rpcError(null, { code: ErrorCode.InternalError, message: wire.error.message, data: wire }));
+      }
       return;
     }
     if (ctx.method === 'GET' && ctx.path === PROTECTED_RESOURCE_PATH) {

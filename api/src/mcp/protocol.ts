@@ -29,6 +29,8 @@ export const ErrorCode = {
   InternalError: -32603,
   /** Designed: the bearer is missing, unknown, revoked or for another audience (the body of a 401). */
   Unauthorized: -32001,
+  /** Designed: the key's rate limit is reached (HTTP 429 with Retry-After; `data` = the wire error body). */
+  RateLimited: -32029,
   /** `HeaderMismatchError`: `MCP-Protocol-Version`, `Mcp-Method` or `Mcp-Name` disagree with the body. */
   HeaderMismatch: -32020,
   /** `UnsupportedProtocolVersionError`: an unserved `_meta` protocol version. */

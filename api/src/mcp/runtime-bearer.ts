@@ -21,9 +21,12 @@ export interface RuntimeGrant {
   session_id: string;
   workspace_id: string;
   organization_id: string;
-  /** Fencing token of the lease the bearer was minted for. */
-  lease_epoch: number;
-  /** ISO timestamp; the bearer is dead from this instant (the Redis record also expires then). */
+  /** The lease the bearer was minted for: its id, which is the Session's lease-fence token. */
+  lease_id: string;
+  /**
+   * ISO timestamp; the bearer is dead from this instant (the Redis record also expires then).
+   * With a lease fence, liveness is the fence's: use the attempt's hard deadline here.
+   */
   expires_at: string;
   connections: Record<string, ConnectionGrant>;
 }
@@ -37,17 +40,30 @@ export interface RuntimeBearerVerifier {
   verify(bearer: string): Promise<RuntimeGrant | null>;
 }
 
+/** The Session lease fence, as far as runtime bearers need it (`LeaseFence` satisfies it). */
+export interface LeaseHolder {
+  holds(sessionId: string, leaseId: string): Promise<boolean>;
+}
+
 /** Runtime bearers start with this prefix: recognisable in logs and secret scanners, never an API key. */
 export const RUNTIME_BEARER_PREFIX = 'ap_rt';
 
 /**
  * Runtime bearers in Redis: `ap:{a:<digest>}:runtime` → the grant (JSON), with a TTL equal to
- * the lease's remaining life. A different key than API credentials (`:cred`), so a runtime
+ * `expires_at`, and (with a fence) valid only while the lease holds the Session's fence. A different key than API credentials (`:cred`), so a runtime
  * bearer never authenticates anywhere else (in particular not on /v1/mcp), and an API key is
  * never a runtime bearer. The secret itself is never stored.
  */
 export class RedisRuntimeBearers implements RuntimeBearerVerifier {
-  constructor(private readonly redis: Redis) {}
+  /**
+   * With `fence`, a bearer also dies the moment its lease stops holding the Session's fence
+   * (lost, expired without renewal, released, or taken over by a newer lease), before its
+   * own TTL and without anyone calling `revoke`.
+   */
+  constructor(
+    private readonly redis: Redis,
+    private readonly fence?: LeaseHolder,
+  ) {}
 
   private static key(bearer: string): string {
     const digest = secretDigest(bearer);
@@ -73,7 +89,9 @@ export class RedisRuntimeBearers implements RuntimeBearerVerifier {
     const raw = await this.redis.get(RedisRuntimeBearers.key(bearer));
     if (raw === null) return null;
     const grant = JSON.parse(raw) as RuntimeGrant;
-    return Date.parse(grant.expires_at) > Date.now() ? grant : null;
+    if (!(Date.parse(grant.expires_at) > Date.now())) return null;
+    if (this.fence && !(await this.fence.holds(grant.session_id, grant.lease_id))) return null;
+    return grant;
   }
 }
 

@@ -1,3 +1,4 @@
+import { randomBytes } from 'node:crypto';
 import type Koa from 'koa';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
@@ -186,6 +187,17 @@ export function runtimeMcp(deps: ApiDeps, options: RuntimeMcpOptions): Koa.Middl
   return async (ctx, next) => {
     const m = RUNTIME_PATH.exec(ctx.path);
     if (!m) return next();
+    try {
+      await handle(ctx, m);
+    } catch (err) {
+      if (ctx.headerSent || ctx.respond === false) throw err;
+      const incident = `inc_${randomBytes(8).toString('hex')}`;
+      deps.log.error({ err, incident, path: ctx.path }, 'unhandled error on the runtime MCP endpoint');
+      fail(ctx, 500, ErrorCode.InternalError, `internal error; incident reference ${incident}`);
+    }
+  };
+
+  async function handle(ctx: Koa.Context, m: RegExpExecArray): Promise<void> {
     if (ctx.method !== 'POST') {
       ctx.set('Allow', 'POST');
       return fail(ctx, 405, ErrorCode.InvalidRequest, `${ctx.method} is not served here; use POST`);
@@ -208,5 +220,5 @@ export function runtimeMcp(deps: ApiDeps, options: RuntimeMcpOptions): Koa.Middl
     req.auth = { token: token ?? '', clientId: grant.run_id, scopes: [], expiresAt: Math.floor(Date.parse(grant.expires_at) / 1000), extra: { context } };
     ctx.respond = false;
     await serve(req, ctx.res);
-  };
+  }
 }
