@@ -82,7 +82,8 @@ async function floor(redisUrl: string, rate: number): Promise<ReturnType<typeof 
   const conn = new Redis(redisUrl, { maxRetriesPerRequest: null });
   const q = new Queue('bench-floor', { connection: conn, prefix: '{bench}' });
   const lat: number[] = [];
-  const worker = new Worker('bench-floor', async (job) => void lat.push(Date.now() - (job.data as { at: number }).at), { connection: new Redis(redisUrl, { maxRetriesPerRequest: null }), prefix: '{bench}', concurrency: 50 });
+  const workerConn = new Redis(redisUrl, { maxRetriesPerRequest: null });
+  const worker = new Worker('bench-floor', async (job) => void lat.push(Date.now() - (job.data as { at: number }).at), { connection: workerConn, prefix: '{bench}', concurrency: 50 });
   const total = Math.round(rate * SECONDS);
   const started = Date.now();
   for (let i = 0; i < total; i++) {
@@ -95,6 +96,7 @@ async function floor(redisUrl: string, rate: number): Promise<ReturnType<typeof 
   await q.obliterate({ force: true }).catch(() => undefined);
   await q.close();
   conn.disconnect();
+  workerConn.disconnect();
   return summarize(lat);
 }
 

@@ -34,22 +34,45 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
 
   const revoke = (conn: RunnerConnection, ref: LeaseRef, reason: string) => conn.send('lease.revoked', { lease_id: ref.lease_id, attempt: ref.attempt, reason });
 
+  /**
+   * Frames of one socket are handled concurrently (a model stream must not block heartbeats),
+   * but a lease's frames must not overtake its acceptance: an event batch sent right after
+   * lease.accept would otherwise meet a fence that is not claimed yet.
+   */
+  const accepting = new Map<string, Promise<void>>();
+
   async function recordFor(conn: RunnerConnection, ref: LeaseRef): Promise<LeaseRecord | null> {
+    await accepting.get(ref.lease_id);
     const rec = await d.records.get(ref.lease_id);
     if (!rec || rec.attempt !== ref.attempt || rec.runner_id !== conn.identity.runnerId || rec.workspace_id !== conn.identity.workspaceId) return null;
     return rec;
   }
 
   gw.on('lease.accept', async (conn, msg) => {
-    const rec = await recordFor(conn, msg.payload);
-    if (!rec) return void revoke(conn, msg.payload, 'unknown or expired offer');
+    let done!: () => void;
+    const gate = new Promise<void>((r) => (done = r));
+    accepting.set(msg.payload.lease_id, gate);
+    try {
+      await acceptLease(conn, msg.payload);
+    } finally {
+      done();
+      if (accepting.get(msg.payload.lease_id) === gate) accepting.delete(msg.payload.lease_id);
+    }
+  });
+
+  async function acceptLease(conn: RunnerConnection, ref: LeaseRef): Promise<void> {
+    const rec = await d.records.get(ref.lease_id);
+    const msg = { payload: ref };
+    if (!rec || rec.attempt !== ref.attempt || rec.runner_id !== conn.identity.runnerId || rec.workspace_id !== conn.identity.workspaceId) {
+      return void revoke(conn, msg.payload, 'unknown or expired offer');
+    }
     const outcome = await d.keeper.accept(leaseOf(rec));
     await d.records.reply(rec, { lease_id: rec.lease_id, outcome: outcome === 'ok' ? 'accepted' : 'rejected', ...(outcome === 'ok' ? {} : { reason: outcome }) });
     if (outcome !== 'ok') return void revoke(conn, msg.payload, outcome === 'taken' ? 'the lease belongs to another runner' : 'the offer expired');
     await d.records.touch(rec.lease_id, recordTtl);
     await d.lifecycle.leased(rec.session_id, rec.run_id, { lease_id: rec.lease_id, runner_id: rec.runner_id, attempt: rec.attempt });
     await d.lifecycle.started(rec.session_id, rec.run_id);
-  });
+  }
 
   gw.on('lease.reject', async (conn, msg) => {
     const rec = await recordFor(conn, msg.payload);
