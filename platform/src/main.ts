@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, renameSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { join } from 'node:path';
 import { createLogger } from '@agentplane/core';
@@ -109,7 +109,11 @@ async function main(): Promise<void> {
   };
   const processesFile = join(config.dataDir, 'processes.json');
   const supervisor: Supervisor = new Supervisor(log, config.restartChildren, () => writePids());
-  writePids = () => writeFileSync(processesFile, `${JSON.stringify({ platform: process.pid, redis: embedded?.process.pid, ...supervisor.pids() })}\n`);
+  // Written whole (temp file + rename) so a reader never sees half a file.
+  writePids = () => {
+    writeFileSync(`${processesFile}.tmp`, `${JSON.stringify({ platform: process.pid, redis: embedded?.process.pid, ...supervisor.pids() })}\n`);
+    renameSync(`${processesFile}.tmp`, processesFile);
+  };
   supervisor.start({
     name: 'api',
     script: entry('@agentplane/api', 'main.js'),
