@@ -132,6 +132,36 @@ describe('turns end to end', () => {
     expect(all.filter((e) => e.type === 'session.status_idle')[1]?.payload.stop_reason).toMatchObject({ type: 'end_turn' });
   });
 
+  it('an always_ask tool waits for user.tool_confirmation: allow runs it in the sandbox, deny is reported to the model', async () => {
+    const id = await session(
+      SCRIPT([
+        { when: { user_contains: 'list' }, then: [{ tool: 'bash', input: { command: 'echo confirmed-run' } }] },
+        { when: { on: 'tool_result' }, then: [{ reply: 'Result: {{tool_result}}' }] },
+      ]),
+      [{ type: 'builtin', name: 'bash', permission: 'always_ask' }],
+    );
+    const answer = (toolUseId: string, result: 'allow' | 'deny') => api.post(`/v1/sessions/${id}/events`, {
+      type: 'user.tool_confirmation', payload: { tool_use_id: toolUseId, result, authored_by: principal, caused_by: { kind: 'api' } },
+    });
+    await api.post(`/v1/sessions/${id}/events`, msg('list files'));
+    const first = await until(id, (e) => idleCount(e) >= 1);
+    expect(first.find((e) => e.type === 'session.status_idle')?.payload.stop_reason).toMatchObject({ type: 'requires_action' });
+    const use = first.find((e) => e.type === 'agent.tool_use');
+    expect(use?.payload).toMatchObject({ blocking: true });
+    await answer(String(use?.payload.id), 'allow');
+    const allowed = await until(id, (e) => idleCount(e) >= 2);
+    expect(JSON.stringify(allowed.filter((e) => e.type === 'agent.tool_result'))).toContain('confirmed-run');
+
+    await api.post(`/v1/sessions/${id}/events`, msg('list again'));
+    const again = await until(id, (e) => idleCount(e) >= 3);
+    const second = again.filter((e) => e.type === 'agent.tool_use').at(-1);
+    await answer(String(second?.payload.id), 'deny');
+    const denied = await until(id, (e) => idleCount(e) >= 4);
+    const results = denied.filter((e) => e.type === 'agent.tool_result');
+    expect(results.at(-1)?.payload).toMatchObject({ denied: true, is_error: true });
+    expect(denied.filter((e) => e.type === 'agent.tool_result').filter((e) => JSON.stringify(e.payload).includes('confirmed-run'))).toHaveLength(1);
+  });
+
   it('user.interrupt stops a running sleep inside bounded time', async () => {
     const id = await session(SCRIPT([{ when: { user_contains: 'sleep' }, then: [{ tool: 'bash', input: { command: 'sleep 600' } }] }]));
     await api.post(`/v1/sessions/${id}/events`, msg('sleep please'));
@@ -227,4 +257,44 @@ describe('runner drain with held work (SIGTERM)', () => {
       daemon.kill('SIGKILL');
     }
   });
+});
+
+describe('a brief disconnect inside the lease', () => {
+  it('an API restart while a turn runs: the runner reconnects, keeps its lease, nothing is rescheduled', async () => {
+    const r = await startPlatform({ runner: true, scheduler: true, env: { LEASE_MS: '15000', RUNNER_HEARTBEAT_INTERVAL_MS: '1000' } });
+    try {
+      const ws = r.bootstrap.workspace_id;
+      const owner = (await r.root.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/principals`, { external_subject_id: 'o', principal_type: 'person', display_name: 'O' })).id;
+      const env = (await r.root.post<{ id: string }>('/v1/environments', { name: 'sb', image: 'agentplane/sandbox:latest' })).id;
+      await waitFor('ready runner', async () => ((await r.root.get<{ data: { status: string }[] }>('/v1/runner-pools/presences')).data.some((x) => x.status === 'ready') ? true : undefined), 60_000);
+      const s = await r.root.post<{ id: string }>('/v1/sessions', {
+        agent: { name: 'a', model: 'default', system: SCRIPT([
+          { when: { user_contains: 'go' }, then: [{ tool: 'bash', input: { command: 'sleep 6; echo survived' } }] },
+          { when: { on: 'tool_result' }, then: [{ reply: 'ok: {{tool_result}}' }] },
+        ]), tools: [{ type: 'builtin', name: 'bash' }] },
+        environment_id: env,
+      });
+      await r.root.post(`/v1/sessions/${s.id}/events`, { type: 'user.message', payload: { content: 'go', authored_by: owner, caused_by: { kind: 'api' } } });
+      const thread = (await r.root.get<{ data: { id: string }[] }>(`/v1/sessions/${s.id}/threads`)).data[0]?.id ?? '';
+      const evs = async () => (await r.root.get<{ data: Ev[] }>(`/v1/sessions/${s.id}/threads/${thread}/events`, { limit: 1000 })).data;
+      await waitFor('tool running', async () => ((await evs()).some((e) => e.type === 'agent.tool_use') ? true : undefined), 30_000);
+      const api = r.pids().api as number;
+      process.kill(api, 'SIGKILL');
+      const done = await waitFor('turn done', async () => {
+        try {
+          const e = await evs();
+          return e.some((x) => x.type === 'session.status_idle') ? e : undefined;
+        } catch {
+          return undefined;
+        }
+      }, 60_000);
+      expect(done.some((e) => e.type === 'session.thread_status_rescheduled')).toBe(false);
+      expect(JSON.stringify(done.filter((e) => e.type === 'agent.tool_result'))).toContain('survived');
+      const runs = await r.root.get<{ data: { attempts: unknown[]; status: string }[] }>(`/v1/sessions/${s.id}/runs`);
+      expect(runs.data[0]?.status).toBe('succeeded');
+      expect(runs.data[0]?.attempts).toHaveLength(1);
+    } finally {
+      await r.stop();
+    }
+  }, 120_000);
 });

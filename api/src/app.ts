@@ -68,7 +68,10 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
     threadRuntime,
     eventHub,
     shutdownSignal,
-    sessions: new SessionService({ store: sessionStore, agents, environments, identity, runtime: threadRuntime, scheduler: () => turns.scheduler }),
+    sessions: new SessionService({
+      store: sessionStore, agents, environments, identity, runtime: threadRuntime, scheduler: () => turns.scheduler,
+      admitTurn: (session) => models.budgets.check({ workspace_id: session.workspace_id, session_id: session.id, session_budget: session.budget }),
+    }),
     config,
     redis,
     docs,

@@ -2,7 +2,7 @@ import { createHash } from 'node:crypto';
 import type { Logger } from '@agentplane/core';
 import type { Payload } from '@agentplane/protocol';
 import type { LeaseExecutor, LeaseHandle } from './agent.js';
-import { HarnessLoop, type AgentTool, type HarnessEvent, type SessionEventSink } from './harness/index.js';
+import { HarnessError, HarnessLoop, type AgentTool, type HarnessEvent, type SessionEventSink } from './harness/index.js';
 import { driverSatisfies, type SandboxDriver, type SandboxEnvironment } from './sandbox/types.js';
 
 /** The turn spec carried by a lease offer (built by the scheduler; see docs/RUNS.md). */
@@ -128,14 +128,23 @@ async function runTurn(o: TurnExecutorOptions, handle: LeaseHandle): Promise<Rec
     const sandbox = await o.driver.ensure({ id: spec.session_id }, env);
     const sink = new LeaseSink(handle, spec);
     const loop = new HarnessLoop({ model: handle.model, driver: o.driver, sandbox, sink, logger: log });
-    const outcome = await loop.run({
+    let outcome;
+    try {
+      outcome = await loop.run({
       agent: { routing_key: spec.agent.routing_key, ...(spec.agent.system ? { system: spec.agent.system } : {}), tools: spec.agent.tools },
       history: spec.history,
       ...(spec.responses ? { responses: spec.responses } : {}),
       session_thread_id: spec.thread_id,
       signal: handle.signal,
       max_duration_seconds: spec.environment.resources.max_duration_seconds,
-    });
+      });
+    } catch (err) {
+      // A spent budget ends the turn with its own stop reason instead of failing the Run.
+      if (err instanceof HarnessError && err.modelError?.type === 'budget.exceeded') {
+        return { stop_reason: { type: 'budget_exceeded', message: err.modelError.message } };
+      }
+      throw err;
+    }
     const stop = outcome.stop_reason;
     if (stop.type === 'requires_action') {
       const ids = stop.tool_use_ids.map((id) => sink.toolId(id));

@@ -29,7 +29,7 @@ export class PresenceDirectory implements RunnerDirectory {
     const views: RunnerView[] = [];
     let page: string | undefined;
     do {
-      const res = await this.presence.list(ws, { limit: 500, page, filter: (p) => p.runner_pool === poolId });
+      const res = await this.presence.listPool(ws, poolId, { limit: 500, page });
       for (const p of res.data) {
         const caps = p.capabilities as unknown as RunnerCapabilities;
         views.push({ runner_id: p.runner, pool_id: poolId, status: p.status, capabilities: caps });

@@ -18,6 +18,8 @@ export interface SessionServiceDeps {
   identity: IdentityService;
   runtime: ThreadRuntime;
   scheduler: () => TurnScheduler;
+  /** Refuses a new turn when a budget (Session or workspace) is spent: 429 `budget.exceeded`. */
+  admitTurn?: (session: SessionDoc) => Promise<void>;
 }
 
 export interface DriveInput {
@@ -224,6 +226,7 @@ export class SessionService {
     if (thread.status === 'terminated' && (input.type === 'user.message' || input.type === 'user.interrupt')) {
       throw new ApiError('runtime.invalid_transition', 'the thread is terminated');
     }
+    if (input.type === 'user.message') await this.d.admitTurn?.(session);
     const event = await this.appendOne(session.id, input, threadId, idemKey ? `drive:${sha256Hex(idemKey)}` : undefined);
     if (input.type === 'user.message') await this.d.runtime.submitUserMessage(session, threadId, event.id);
     if (input.type === 'user.interrupt') await this.d.runtime.interrupt(session, threadId);
