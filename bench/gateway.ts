@@ -16,6 +16,7 @@ import { createLogger, SecretBox } from '@agentplane/core';
 import { connectRedis, DocumentStore } from '@agentplane/store';
 import { sseMessages } from '@agentplane/models';
 import { frame } from '@agentplane/protocol';
+import { LeaseRecords } from '@agentplane/lease';
 import { WebSocket } from 'ws';
 import { createModelsModule } from '@agentplane/api';
 import type { ModelRequest } from '@agentplane/protocol';
@@ -74,7 +75,7 @@ async function main(): Promise<void> {
       body: { key: 'bench', candidates: [{ credential_key: 'bench', provider_model: 'local-model' }] },
     });
     const request: ModelRequest = { routing_key: 'bench', messages: [{ role: 'user', content: [{ type: 'text', text: 'go' }] }], tools: [] };
-    const runner = await connectRunner(p.baseUrl, await enrollRunner(p));
+    const runner = await connectRunner(p.baseUrl, await enrollRunner(p), p.redisUrl(), p.bootstrap.workspace_id);
     const key = readFileSync(join(p.dataDir, 'master.key'), 'utf8').trim();
     const models = createModelsModule({
       redis, docs: new DocumentStore(redis), secretBox: new SecretBox(Buffer.from(key, 'hex')),
@@ -177,14 +178,14 @@ interface RunnerClient {
 }
 
 /** A raw runner protocol client: hello, then model.request frames; events are yielded as they arrive. */
-async function connectRunner(baseUrl: string, secret: string): Promise<RunnerClient> {
+async function connectRunner(baseUrl: string, secret: string, leaseRedisUrl: string, leaseWorkspace: string): Promise<RunnerClient> {
   const sock = new WebSocket(`${baseUrl.replace('http', 'ws')}/v1/runners/connect`, { headers: { authorization: `Bearer ${secret}` }, perMessageDeflate: false });
   const waiting = new Map<string, (f: { type: string; payload: { stream_id: string; event: unknown } }) => void>();
-  let welcomed: () => void = () => undefined;
-  const welcome = new Promise<void>((r) => { welcomed = r; });
+  let welcomed: (runnerId: string) => void = () => undefined;
+  const welcome = new Promise<string>((r) => { welcomed = r; });
   sock.on('message', (d) => {
-    const f = JSON.parse(d.toString()) as { type: string; payload: { stream_id: string; event: unknown } };
-    if (f.type === 'welcome') welcomed();
+    const f = JSON.parse(d.toString()) as { type: string; payload: { stream_id: string; event: unknown; runner_id?: string } };
+    if (f.type === 'welcome') welcomed(String(f.payload.runner_id));
     else if (f.type === 'model.delta' || f.type === 'model.end') waiting.get(f.payload.stream_id)?.(f);
   });
   await new Promise<void>((resolve, reject) => {
@@ -195,7 +196,14 @@ async function connectRunner(baseUrl: string, secret: string): Promise<RunnerCli
     protocol_versions: [1], daemon_version: 'bench', status: 'ready', held_leases: [],
     capabilities: { protocol_versions: [1], available_slots: 1, drivers: ['process'], plane_protocols: ['model-gateway-v1'], providers: [] },
   }));
-  await welcome;
+  const runnerId = await welcome;
+  // Model steps need a live lease held by this runner: record one, as the scheduler does when it offers a Run.
+  const redis = connectRedis(leaseRedisUrl, { name: 'bench-lease' });
+  await new LeaseRecords(redis).put({
+    lease_id: 'bench-lease', attempt: 1, runner_id: runnerId, workspace_id: leaseWorkspace, run_id: `run_${'0'.repeat(32)}`,
+    session_id: `sess_${'0'.repeat(32)}`, thread_id: `sthr_${'0'.repeat(32)}`, pool_id: 'rpool_bench', reply_to: 'ap:bench:offers',
+  }, 3_600_000);
+  redis.disconnect();
   return {
     async *step(streamId, request) {
       const queue: { type: string; event: unknown }[] = [];
