@@ -11,6 +11,8 @@ import type { LeaseOffer, OfferChannel, OfferOutcome } from './directory.js';
  * runner accepted (and the lock was extended to a full lease) or declined. A lost answer is
  * recovered from the Session fence: if the lease id holds it, the offer was accepted.
  */
+const FENCE_POLL_MS = 250;
+
 export class RedisOfferChannel implements OfferChannel {
   readonly channel: string;
   private readonly waiters = new Map<string, (reply: OfferReply) => void>();
@@ -52,15 +54,22 @@ export class RedisOfferChannel implements OfferChannel {
       return 'rejected';
     }
     const answer = new Promise<OfferOutcome>((resolve) => {
-      const timer = setTimeout(() => {
-        this.waiters.delete(o.lease_id);
-        resolve('timeout');
-      }, timeoutMs);
-      this.waiters.set(o.lease_id, (reply) => {
+      let settled = false;
+      const finish = (outcome: OfferOutcome) => {
+        if (settled) return;
+        settled = true;
         clearTimeout(timer);
+        clearInterval(poll);
         this.waiters.delete(o.lease_id);
-        resolve(reply.outcome);
-      });
+        resolve(outcome);
+      };
+      const timer = setTimeout(() => finish('timeout'), timeoutMs);
+      // The answer travels by pub/sub; the fence is the truth. Checking it as well bounds the
+      // cost of a late or lost answer to one poll period instead of the whole offer window.
+      const poll = setInterval(() => {
+        void this.fence.holds(o.session_id, o.lease_id).then((held) => held && finish('accepted'), () => undefined);
+      }, FENCE_POLL_MS);
+      this.waiters.set(o.lease_id, (reply) => finish(reply.outcome));
     });
     const text = frame('lease.offer', newId('event'), {
       lease_id: o.lease_id, attempt: o.attempt, run_id: o.run_id, session_id: o.session_id, thread_id: o.thread_id,
