@@ -92,6 +92,10 @@ describe('turns end to end', () => {
     expect(run.status).toBe('succeeded');
     expect(run.attempts).toHaveLength(1);
     for (const k of ['accepted_at', 'enqueued_at', 'leased_at', 'started_at', 'first_event_at', 'ended_at']) expect(run.timestamps[k]).toBeTruthy();
+    // The model gateway metered the turn: the Session's usage shows it.
+    const sess = await api.get<{ usage: { input_tokens: number; output_tokens: number } }>(`/v1/sessions/${id}`);
+    expect(sess.usage.input_tokens).toBeGreaterThan(0);
+    expect(sess.usage.output_tokens).toBeGreaterThan(0);
   });
 
   it('a file written in turn 1 is read back in turn 2 (the Session keeps its sandbox)', async () => {

@@ -71,6 +71,10 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
     sessions: new SessionService({
       store: sessionStore, agents, environments, identity, runtime: threadRuntime, scheduler: () => turns.scheduler,
       admitTurn: (session) => models.budgets.check({ workspace_id: session.workspace_id, session_id: session.id, session_budget: session.budget }),
+      modelUsage: async (scope) => {
+        const r = await models.usage.read(scope.thread_id ? { kind: 'thread', session_id: scope.session_id, thread_id: scope.thread_id } : { kind: 'session', session_id: scope.session_id });
+        return r.steps > 0 ? r.usage : null;
+      },
     }),
     config,
     redis,

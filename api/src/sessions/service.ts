@@ -1,3 +1,4 @@
+import type { TokenUsage } from '@agentplane/protocol';
 import { ApiError, canonicalJson, newId, nowIso, sha256Hex } from '@agentplane/core';
 import { keys, tags, type LogEvent } from '@agentplane/store';
 import { newAgent, snapshotOf, type Agent, type AgentSnapshot } from '../agents/model.js';
@@ -5,7 +6,7 @@ import type { VersionedStore } from '../agents/versioned.js';
 import type { Environment } from '../environments/operations.js';
 import type { IdentityService } from '../identity/service.js';
 import {
-  publicDoc, sessionStats, threadStats, usageFrom, type SessionDoc, type SessionResource, type ThreadDoc,
+  publicDoc, sessionStats, threadStats, usageFrom, type SessionDoc, type Usage, type SessionResource, type ThreadDoc,
 } from './model.js';
 import { checkDrivePayload, type CreateSessionInput, type DriveEventType, type DrivePayload } from './schemas.js';
 import { newThreadDoc, SessionStore } from './store.js';
@@ -20,6 +21,8 @@ export interface SessionServiceDeps {
   scheduler: () => TurnScheduler;
   /** Refuses a new turn when a budget (Session or workspace) is spent: 429 `budget.exceeded`. */
   admitTurn?: (session: SessionDoc) => Promise<void>;
+  /** Token usage metered by the model gateway, per Session or thread (null: none recorded). */
+  modelUsage?: (scope: { session_id: string; thread_id?: string }) => Promise<TokenUsage | null>;
 }
 
 export interface DriveInput {
@@ -120,21 +123,23 @@ export class SessionService {
   // ---- views ---------------------------------------------------------------------------------
 
   async view(s: SessionDoc): Promise<Record<string, unknown>> {
-    const [primary, counters] = await Promise.all([
+    const [primary, counters, metered] = await Promise.all([
       this.d.store.docs.get<ThreadDoc>(tags.session(s.id), s._primary_thread_id),
       this.d.store.log.counters(s.id),
+      this.d.modelUsage?.({ session_id: s.id }) ?? Promise.resolve(null),
     ]);
     return {
       ...publicDoc(s),
       status: primary?.status ?? 'idle',
       stats: sessionStats(counters),
-      usage: usageFrom(counters, 's.'),
+      usage: withMetered(usageFrom(counters, 's.'), metered),
     };
   }
 
   async threadView(t: ThreadDoc, counters?: Record<string, string>): Promise<Record<string, unknown>> {
     const c = counters ?? (await this.d.store.log.counters(t.session_id));
-    const usage = usageFrom(c, `t.${t.id}.`);
+    const metered = (await this.d.modelUsage?.({ session_id: t.session_id, thread_id: t.id })) ?? null;
+    const usage = withMetered(usageFrom(c, `t.${t.id}.`), metered);
     const any = Object.values(usage).some((v) => v > 0);
     const { workspace_id: ws, ...rest } = publicDoc(t);
     return { ...rest, agent: { ...t.agent, workspace_id: ws }, stats: threadStats(t), usage: any ? usage : null };
@@ -297,4 +302,15 @@ export class SessionService {
     if (!event) throw new ApiError('validation.gone', 'the original answer is no longer retained');
     return { status: 200, event };
   }
+}
+
+/** Usage counted on the log plus what the model gateway metered for the same scope. */
+function withMetered(base: Usage, metered: TokenUsage | null): Usage {
+  if (!metered) return base;
+  return {
+    input_tokens: base.input_tokens + metered.input_tokens,
+    output_tokens: base.output_tokens + metered.output_tokens + metered.reasoning_output_tokens,
+    cache_read_input_tokens: base.cache_read_input_tokens + metered.cached_input_tokens,
+    cache_creation_input_tokens: base.cache_creation_input_tokens + metered.cache_write_input_tokens,
+  };
 }
