@@ -1,4 +1,8 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createServer } from 'node:http';
+import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
+import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
+import { z } from 'zod';
 import { HttpClient, streamEvents, type SseFrame } from '@agentplane/client';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
 import { pairDaemon, startDaemon } from './harness/daemon.js';
@@ -164,6 +168,39 @@ describe('turns end to end', () => {
     const results = denied.filter((e) => e.type === 'agent.tool_result');
     expect(results.at(-1)?.payload).toMatchObject({ denied: true, is_error: true });
     expect(denied.filter((e) => e.type === 'agent.tool_result').filter((e) => JSON.stringify(e.payload).includes('confirmed-run'))).toHaveLength(1);
+  });
+
+  it("the agent's MCP server tools run through the runtime endpoint with the lease's bearer", async () => {
+    const upstream = createServer(async (req, res) => {
+      const server = new McpServer({ name: 'upstream', version: '1.0.0' });
+      server.registerTool('echo', { description: 'Echo text', inputSchema: { text: z.string() } }, async ({ text }) => ({ content: [{ type: 'text', text: `echo: ${text}` }] }));
+      const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
+      res.on('close', () => {
+        void transport.close();
+        void server.close();
+      });
+      await server.connect(transport);
+      await transport.handleRequest(req, res);
+    });
+    await new Promise<void>((r) => upstream.listen(0, '127.0.0.1', () => r()));
+    const addr = upstream.address();
+    const url = `http://127.0.0.1:${typeof addr === 'object' && addr ? addr.port : 0}/mcp`;
+    try {
+      await p.root.post('/v1/connections', { name: 'upstream', url });
+      const id = await session(
+        SCRIPT([
+          { when: { user_contains: 'echo' }, then: [{ tool: 'ext__echo', input: { text: 'through the lease' } }] },
+          { when: { on: 'tool_result' }, then: [{ reply: 'MCP said: {{tool_result}}' }] },
+        ]),
+      );
+      await api.post(`/v1/sessions/${id}`, { agent: { mcp_servers: [{ name: 'ext', type: 'url', url, permission: 'always_allow' }] } });
+      await api.post(`/v1/sessions/${id}/events`, msg('echo please'));
+      const evs = await until(id, (e) => idleCount(e) >= 1);
+      expect(JSON.stringify(evs.filter((e) => e.type === 'agent.tool_result'))).toContain('echo: through the lease');
+      expect(JSON.stringify(evs.filter((e) => e.type === 'agent.message'))).toContain('MCP said: echo: through the lease');
+    } finally {
+      upstream.close();
+    }
   });
 
   it('user.interrupt stops a running sleep inside bounded time', async () => {

@@ -175,7 +175,7 @@ async function start(flags: Flags): Promise<number> {
   if (driver) {
     const reaped = await driver.reapOrphans(cred.runner_id, []).catch(() => [] as string[]);
     if (reaped.length > 0) log.info({ reaped: reaped.length }, 'removed sandboxes left by an earlier run of this runner');
-    agent.executor = firstWilling(turnExecutor({ driver, log }), noopExecutor);
+    agent.executor = firstWilling(turnExecutor({ driver, log, baseUrl: cred.base_url }), noopExecutor);
     log.info({ driver: driver.name, tier: driver.tier, image: image?.latest }, 'sandbox driver ready');
   } else {
     agent.executor = noopExecutor;

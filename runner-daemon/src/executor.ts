@@ -3,6 +3,7 @@ import type { Logger } from '@agentplane/core';
 import type { Payload } from '@agentplane/protocol';
 import type { LeaseExecutor, LeaseHandle } from './agent.js';
 import { HarnessError, HarnessLoop, type AgentTool, type HarnessEvent, type SessionEventSink } from './harness/index.js';
+import { connectMcpTools, type RuntimeMcp } from './harness/mcp-tools.js';
 import { driverSatisfies, type SandboxDriver, type SandboxEnvironment } from './sandbox/types.js';
 
 /** The turn spec carried by a lease offer (built by the scheduler; see docs/RUNS.md). */
@@ -20,6 +21,7 @@ interface TurnSpec {
   };
   history: Parameters<HarnessLoop['run']>[0]['history'];
   responses: Parameters<HarnessLoop['run']>[0]['responses'];
+  runtime_mcp?: RuntimeMcp;
 }
 
 function asSpec(spec: Record<string, unknown>): TurnSpec {
@@ -78,6 +80,8 @@ class LeaseSink implements SessionEventSink {
 export interface TurnExecutorOptions {
   driver: SandboxDriver;
   log: Logger;
+  /** The control plane (for the runtime MCP endpoint). */
+  baseUrl: string;
 }
 
 /** Runs one turn per lease: sandbox for the Session, the harness loop, events back on the lease. */
@@ -127,11 +131,12 @@ async function runTurn(o: TurnExecutorOptions, handle: LeaseHandle): Promise<Rec
     }
     const sandbox = await o.driver.ensure({ id: spec.session_id }, env);
     const sink = new LeaseSink(handle, spec);
+    const mcp = spec.runtime_mcp ? await connectMcpTools(o.baseUrl, spec.runtime_mcp, log, handle.signal) : undefined;
     const loop = new HarnessLoop({ model: handle.model, driver: o.driver, sandbox, sink, logger: log });
     let outcome;
     try {
       outcome = await loop.run({
-      agent: { routing_key: spec.agent.routing_key, ...(spec.agent.system ? { system: spec.agent.system } : {}), tools: spec.agent.tools },
+      agent: { routing_key: spec.agent.routing_key, ...(spec.agent.system ? { system: spec.agent.system } : {}), tools: [...spec.agent.tools, ...(mcp?.tools ?? [])] },
       history: spec.history,
       ...(spec.responses ? { responses: spec.responses } : {}),
       session_thread_id: spec.thread_id,
@@ -139,12 +144,14 @@ async function runTurn(o: TurnExecutorOptions, handle: LeaseHandle): Promise<Rec
       max_duration_seconds: spec.environment.resources.max_duration_seconds,
       });
     } catch (err) {
+      await mcp?.close();
       // A spent budget ends the turn with its own stop reason instead of failing the Run.
       if (err instanceof HarnessError && err.modelError?.type === 'budget.exceeded') {
         return { stop_reason: { type: 'budget_exceeded', message: err.modelError.message } };
       }
       throw err;
     }
+    await mcp?.close();
     const stop = outcome.stop_reason;
     if (stop.type === 'requires_action') {
       const ids = stop.tool_use_ids.map((id) => sink.toolId(id));

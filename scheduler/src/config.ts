@@ -1,4 +1,5 @@
-import { envInt, envOptional, envString, type Env } from '@agentplane/core';
+import { readFileSync } from 'node:fs';
+import { ConfigError, envInt, envOptional, envString, type Env } from '@agentplane/core';
 import { leaseConfigFrom, type LeaseConfig } from '@agentplane/lease';
 
 export interface SchedulerConfig {
@@ -12,6 +13,20 @@ export interface SchedulerConfig {
   /** Port for /healthz and /metrics (0 = an ephemeral port, unset = off). */
   port: number | undefined;
   host: string;
+  /**
+   * The platform master key (MASTER_KEY or MASTER_KEY_FILE), needed only to mint runtime MCP
+   * bearers for agents with MCP servers. Without it such Runs get no MCP tools.
+   */
+  masterKey: Buffer | undefined;
+}
+
+function masterKeyFrom(env: Env): Buffer | undefined {
+  const file = envOptional(env, 'MASTER_KEY_FILE');
+  const text = envOptional(env, 'MASTER_KEY') ?? (file ? readFileSync(file, 'utf8').trim() : undefined);
+  if (!text) return undefined;
+  const key = /^[0-9a-f]{64}$/i.test(text) ? Buffer.from(text, 'hex') : Buffer.from(text, 'base64');
+  if (key.length !== 32) throw new ConfigError('the master key must decode to exactly 32 bytes');
+  return key;
 }
 
 export function loadSchedulerConfig(env: Env): SchedulerConfig {
@@ -24,5 +39,6 @@ export function loadSchedulerConfig(env: Env): SchedulerConfig {
     capacityRetryMs: envInt(env, 'CAPACITY_RETRY_MS', 1000, 10),
     port: port === undefined ? undefined : envInt(env, 'SCHEDULER_PORT', 0, 0, 65535),
     host: envString(env, 'SCHEDULER_HOST', '127.0.0.1'),
+    masterKey: masterKeyFrom(env),
   });
 }

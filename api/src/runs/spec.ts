@@ -36,6 +36,11 @@ export interface TurnSpec {
   resources: SessionResource[];
   history: ModelMessage[];
   responses: Responses;
+  /**
+   * MCP tools of the agent's servers, through `/v1/runtime/mcp/{connection_id}` with a bearer
+   * that lives only as long as this lease (set by the scheduler when the agent has MCP servers).
+   */
+  runtime_mcp?: { bearer: string; servers: { name: string; connection_id: string; permission: 'always_allow' | 'always_ask' }[] };
 }
 
 export function specTools(agent: AgentSnapshot): SpecTool[] {

@@ -10,7 +10,12 @@ export type AgentTool =
   /** A built-in tool, executed inside the sandbox. `always_ask` waits for `user.tool_confirmation`. */
   | { type: 'builtin'; name: string; permission?: ToolPermission }
   /** A custom tool, executed by the client: the Run ends waiting for `user.custom_tool_result`. */
-  | { type: 'custom'; spec: ToolSpec };
+  | { type: 'custom'; spec: ToolSpec }
+  /**
+   * A tool the runner calls on the model's behalf outside the sandbox (an MCP server's tool,
+   * through the control plane's runtime MCP endpoint). `always_ask` waits for confirmation.
+   */
+  | { type: 'external'; spec: ToolSpec; permission?: ToolPermission; call: (input: unknown, signal: AbortSignal) => Promise<{ content: string; is_error: boolean }> };
 
 export interface AgentConfig {
   /** Model routing key sent with every model step. */

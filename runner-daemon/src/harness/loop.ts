@@ -64,6 +64,7 @@ const ABANDONED = 'Not run: the user sent a new message instead of answering thi
 interface Classified {
   block: Extract<ContentBlock, { type: 'tool_use' }>;
   builtin?: BuiltinTool;
+  external?: Extract<AgentConfig['tools'][number], { type: 'external' }>;
   awaiting?: ToolUsePayload['awaiting'];
 }
 
@@ -78,7 +79,7 @@ export class HarnessLoop {
   static toolSpecs(agent: AgentConfig): ToolSpec[] {
     const specs: ToolSpec[] = [];
     for (const tool of agent.tools) {
-      if (tool.type === 'custom') specs.push(tool.spec);
+      if (tool.type === 'custom' || tool.type === 'external') specs.push(tool.spec);
       else {
         const builtin = builtinTool(tool.name);
         if (builtin) specs.push(builtin.spec);
@@ -90,6 +91,9 @@ export class HarnessLoop {
   private classify(agent: AgentConfig, block: Extract<ContentBlock, { type: 'tool_use' }>): Classified {
     for (const tool of agent.tools) {
       if (tool.type === 'custom' && tool.spec.name === block.name) return { block, awaiting: 'custom_tool_result' };
+      if (tool.type === 'external' && tool.spec.name === block.name) {
+        return { block, external: tool, awaiting: tool.permission === 'always_ask' ? 'tool_confirmation' : undefined };
+      }
       if (tool.type === 'builtin' && tool.name === block.name) {
         const builtin = builtinTool(tool.name);
         if (!builtin) break;
@@ -266,7 +270,14 @@ export class HarnessLoop {
 
   private async execute(c: Classified, signal: AbortSignal, runEnds: number | undefined, emit: (e: HarnessEvent) => Promise<void>): Promise<ContentBlock> {
     let outcome: ToolOutcome;
-    if (!c.builtin) {
+    if (c.external) {
+      const started = Date.now();
+      try {
+        outcome = { ...(await c.external.call(c.block.input, signal)), meta: { durationMs: Date.now() - started } };
+      } catch (err) {
+        outcome = { content: `tool ${c.block.name} failed: ${err instanceof Error ? err.message : String(err)}`, is_error: true };
+      }
+    } else if (!c.builtin) {
       outcome = { content: `Unknown tool '${c.block.name}'.`, is_error: true };
     } else {
       try {

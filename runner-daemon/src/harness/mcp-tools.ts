@@ -1,0 +1,70 @@
+import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
+import type { Logger } from '@agentplane/core';
+import type { AgentTool } from './events.js';
+
+export interface RuntimeMcp {
+  bearer: string;
+  servers: { name: string; connection_id: string; permission: 'always_allow' | 'always_ask' }[];
+}
+
+export interface McpTools {
+  tools: AgentTool[];
+  close(): Promise<void>;
+}
+
+const TOOL_NAME = /[^a-zA-Z0-9_-]/g;
+
+/**
+ * The agent's MCP tools for one Run, through the control plane's runtime endpoint
+ * (`/v1/runtime/mcp/{connection_id}`) with the lease's runtime bearer. Each tool is offered
+ * to the model as `<server>__<tool>`. The bearer is accepted only once the lease fence is
+ * claimed, so connecting is retried briefly right after the lease is accepted.
+ */
+export async function connectMcpTools(baseUrl: string, runtime: RuntimeMcp, log: Logger, signal: AbortSignal): Promise<McpTools> {
+  const clients: Client[] = [];
+  const tools: AgentTool[] = [];
+  for (const server of runtime.servers) {
+    const url = new URL(`/v1/runtime/mcp/${server.connection_id}`, baseUrl);
+    let client: Client | undefined;
+    for (let attempt = 0; attempt < 20 && !signal.aborted; attempt++) {
+      const c = new Client({ name: 'agentplane-runner', version: '0.1.0' });
+      try {
+        await c.connect(new StreamableHTTPClientTransport(url, { requestInit: { headers: { authorization: `Bearer ${runtime.bearer}` } } }));
+        client = c;
+        break;
+      } catch {
+        await c.close().catch(() => undefined);
+        await new Promise((r) => setTimeout(r, 250));
+      }
+    }
+    if (!client) {
+      log.warn({ server: server.name }, 'MCP server unreachable through the runtime endpoint; its tools are left out');
+      continue;
+    }
+    clients.push(client);
+    const listed = await client.listTools();
+    const c = client;
+    for (const t of listed.tools) {
+      const name = `${server.name}__${t.name}`.replace(TOOL_NAME, '_').slice(0, 64);
+      tools.push({
+        type: 'external',
+        permission: server.permission,
+        spec: { name, description: t.description ?? t.name, input_schema: t.inputSchema as Record<string, unknown> },
+        async call(input, callSignal) {
+          const r = await c.callTool({ name: t.name, arguments: (input ?? {}) as Record<string, unknown> }, undefined, { signal: callSignal });
+          const content = Array.isArray(r.content)
+            ? r.content.map((b: { type: string; text?: string }) => (b.type === 'text' ? (b.text ?? '') : `[${b.type}]`)).join('\n')
+            : JSON.stringify(r);
+          return { content, is_error: r.isError === true };
+        },
+      });
+    }
+  }
+  return {
+    tools,
+    async close() {
+      await Promise.all(clients.map((c) => c.close().catch(() => undefined)));
+    },
+  };
+}
