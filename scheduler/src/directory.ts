@@ -6,6 +6,8 @@ export interface RunnerView {
   pool_id: string;
   status: 'starting' | 'ready' | 'draining';
   capabilities: RunnerCapabilities;
+  /** When the presence was last written (its `available_slots` reflect leases up to then). */
+  seen_at?: string;
 }
 
 /** Where the scheduler reads which runners exist and which are ready. */

@@ -43,6 +43,11 @@ export class PoolDispatcher {
   private loopDone: Promise<void> = Promise.resolve();
   /** Offers in flight per runner, so one runner is not offered more than its free slots. */
   private readonly reserved = new Map<string, number>();
+  /**
+   * Leases this dispatcher placed on a runner since its presence was last written: presence
+   * slots lag by a heartbeat, and without this every Run of a burst lands on the same runner.
+   */
+  private readonly granted = new Map<string, { seen: string | undefined; n: number }>();
   private inFlight = 0;
   /** Runs already reported as waiting for capacity (so the report is made once per wait). */
   private readonly markedWaiting = new Set<string>();
@@ -90,8 +95,15 @@ export class PoolDispatcher {
   private async freeCapacity(): Promise<{ runners: RunnerView[]; free: number }> {
     const runners = (await this.o.directory.live(this.o.poolId)).filter((r) => r.status === 'ready');
     let free = 0;
-    for (const r of runners) free += Math.max(0, (r.capabilities.available_slots ?? 0) - (this.reserved.get(r.runner_id) ?? 0));
+    for (const r of runners) free += Math.max(0, (r.capabilities.available_slots ?? 0) - this.load(r));
     return { runners, free };
+  }
+
+  /** Slots of a runner taken since its presence was written: offers out plus leases granted. */
+  private load(r: RunnerView): number {
+    const g = this.granted.get(r.runner_id);
+    const since = g && g.seen === r.seen_at ? g.n : 0;
+    return (this.reserved.get(r.runner_id) ?? 0) + since;
   }
 
   private sleep(ms: number): Promise<void> {
@@ -150,9 +162,13 @@ export class PoolDispatcher {
     this.markedWaiting.delete(job.data.run_id);
     const req = job.data.requirements;
     const { runners } = await this.freeCapacity();
+    // Most effective free slots first; equal runners in random order, so load spreads.
+    const free = (r: RunnerView) => (r.capabilities.available_slots ?? 0) - this.load(r);
     const candidates = runners
-      .filter((r) => matchNow(req, r.capabilities, this.reserved.get(r.runner_id) ?? 0).ok)
-      .sort((a, b) => (b.capabilities.available_slots ?? 0) - (a.capabilities.available_slots ?? 0));
+      .filter((r) => matchNow(req, r.capabilities, this.load(r)).ok)
+      .map((r) => ({ r, k: Math.random() }))
+      .sort((a, b) => free(b.r) - free(a.r) || a.k - b.k)
+      .map((x) => x.r);
 
     if (candidates.length === 0) {
       const everyone = [...runners.map((r) => r.capabilities), ...(await this.o.directory.enrolled(this.o.poolId))];
@@ -198,6 +214,8 @@ export class PoolDispatcher {
           else this.reserved.set(runner.runner_id, left);
         }
         if (outcome === 'accepted') {
+          const g = this.granted.get(runner.runner_id);
+          this.granted.set(runner.runner_id, { seen: runner.seen_at, n: g && g.seen === runner.seen_at ? g.n + 1 : 1 });
           await this.o.hooks.leased(job, runner.runner_id, token, job.attemptsStarted);
           return;
         }

@@ -32,7 +32,7 @@ export class PresenceDirectory implements RunnerDirectory {
       const res = await this.presence.listPool(ws, poolId, { limit: 500, page });
       for (const p of res.data) {
         const caps = p.capabilities as unknown as RunnerCapabilities;
-        views.push({ runner_id: p.runner, pool_id: poolId, status: p.status, capabilities: caps });
+        views.push({ runner_id: p.runner, pool_id: poolId, status: p.status, capabilities: caps, seen_at: p.last_seen_at });
         let known = this.seen.get(poolId);
         if (!known) this.seen.set(poolId, (known = new Map()));
         known.set(p.runner, caps);
