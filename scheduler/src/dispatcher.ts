@@ -102,7 +102,8 @@ export class PoolDispatcher {
   /** Slots of a runner taken since its presence was written: offers out plus leases granted. */
   private load(r: RunnerView): number {
     const g = this.granted.get(r.runner_id);
-    const since = g && g.seen === r.seen_at ? g.n : 0;
+    // Without a presence timestamp there is no telling what the slots already count.
+    const since = g && r.seen_at !== undefined && g.seen === r.seen_at ? g.n : 0;
     return (this.reserved.get(r.runner_id) ?? 0) + since;
   }
 
