@@ -5,18 +5,12 @@ import { spawn } from 'node:child_process';
 import { join } from 'node:path';
 import autocannon from 'autocannon';
 import { startPlatform, ROOT_DIR } from '../test/harness/platform.js';
-import { printTable } from './lib/report.js';
+import { printTable, type HttpLoad } from './lib/report.js';
 
 const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 64);
 const DURATION = Number(process.env.BENCH_SECONDS ?? 10);
 
-interface Load {
-  p50: number;
-  p99: number;
-  rps: number;
-  errors: number;
-  non2xx: number;
-}
+type Load = HttpLoad;
 
 async function load(url: string, headers: Record<string, string>): Promise<Load> {
   // Warm-up, then the measured run.

@@ -4,18 +4,12 @@
 // (JSON-RPC parsing, the tool projection, framing the REST body as a tool result).
 import autocannon from 'autocannon';
 import { startPlatform } from '../test/harness/platform.js';
-import { printTable } from './lib/report.js';
+import { printTable, type HttpLoad } from './lib/report.js';
 
 const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 32);
 const DURATION = Number(process.env.BENCH_SECONDS ?? 8);
 
-interface Load {
-  p50: number;
-  p99: number;
-  rps: number;
-  errors: number;
-  non2xx: number;
-}
+type Load = HttpLoad;
 
 type Target = Pick<autocannon.Options, 'url' | 'method' | 'headers' | 'body'>;
 

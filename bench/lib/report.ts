@@ -34,3 +34,12 @@ export function printTable(title: string, rows: Row[]): void {
   for (const l of lines) process.stdout.write(`${row(l)}\n`);
   process.stdout.write('(cost ratio: how many times the floor our figure costs; 1.00x = no overhead)\n');
 }
+
+/** What an HTTP load run reports (autocannon's figures we print). */
+export interface HttpLoad {
+  p50: number;
+  p99: number;
+  rps: number;
+  errors: number;
+  non2xx: number;
+}

@@ -1,4 +1,4 @@
-import type { RunnerCapabilities } from '@agentplane/lease';
+import type { LeaseRecord, RunnerCapabilities } from '@agentplane/lease';
 
 /** A runner as the scheduler sees it: from its presence (never lease authority, only a hint). */
 export interface RunnerView {
@@ -18,15 +18,8 @@ export interface RunnerDirectory {
   enrolled(poolId: string): Promise<RunnerCapabilities[]>;
 }
 
-export interface LeaseOffer {
-  lease_id: string;
-  run_id: string;
-  session_id: string;
-  thread_id: string;
-  workspace_id: string;
-  pool_id: string;
-  attempt: number;
-  runner_id: string;
+/** An offer: the lease record the gateway will look up, plus its timing. */
+export interface LeaseOffer extends Omit<LeaseRecord, 'reply_to'> {
   lease_ms: number;
   heartbeat_ms: number;
   offer_expires_at_ms: number;
