@@ -1,6 +1,9 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ChildProcess } from 'node:child_process';
 import type { HttpClient } from '@agentplane/client';
+import { Worker } from 'bullmq';
+import { Redis } from 'ioredis';
+import { queuePrefix, RUN_QUEUE } from '@agentplane/lease';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
 import { pairDaemon, startDaemon } from './harness/daemon.js';
 
@@ -57,7 +60,7 @@ const waitEvents = (id: string, pred: (e: Ev[]) => boolean, ms = 40_000) => wait
   const e = await events(id);
   return pred(e) ? e : undefined;
 }, ms);
-const runsOf = async (id: string) => (await api.get<{ data: (Json & { status: string; attempts: { runner_id: string; outcome: string }[]; failure: Json | null })[] }>(`/v1/sessions/${id}/runs`)).data;
+const runsOf = async (id: string) => (await api.get<{ data: (Json & { runner_pool_id?: string; status: string; attempts: { runner_id: string; outcome: string }[]; failure: Json | null })[] }>(`/v1/sessions/${id}/runs`)).data;
 
 describe('crash paths', () => {
   it('kill -9 a runner mid-Run: the lease expires, the thread is rescheduled and the Run completes on another runner', async () => {
@@ -119,6 +122,29 @@ describe('crash paths', () => {
     expect(evs.find((e) => e.type === 'session.status_idle')?.payload.stop_reason).toMatchObject({ type: 'interrupted' });
     expect(evs.some((e) => e.type === 'agent.message')).toBe(false);
     expect((await runsOf(id))[0]?.status).toBe('canceled');
+  });
+
+  it('a Run BullMQ completed whose turn was never ended (the API died in between) is reconciled by the scheduler', async () => {
+    // No runner is live (the previous test killed them): take the job as a runner would and
+    // complete it in BullMQ only, as if the API died right after moveToCompleted.
+    const id = await turn([{ then: [{ reply: 'never streamed' }] }]);
+    const run = await waitFor('queued run', async () => {
+      const r = (await runsOf(id))[0];
+      return r?.runner_pool_id ? r : undefined;
+    }, 10_000);
+    const conn = new Redis(p.redisUrl(), { maxRetriesPerRequest: null });
+    const worker = new Worker(RUN_QUEUE, null, { connection: conn, prefix: queuePrefix(String(run.runner_pool_id)), autorun: false });
+    try {
+      const token = 'reconcile-test-token';
+      const job = await waitFor('the job', async () => (await worker.getNextJob(token)) ?? undefined, 10_000);
+      await job.moveToCompleted({ stop_reason: { type: 'end_turn' } }, token, false);
+    } finally {
+      await worker.close();
+      conn.disconnect();
+    }
+    const evs = await waitEvents(id, (e) => e.some((x) => x.type === 'session.status_idle'), 15_000);
+    expect(evs.find((e) => e.type === 'session.status_idle')?.payload.stop_reason).toMatchObject({ type: 'end_turn' });
+    expect((await runsOf(id))[0]?.status).toBe('succeeded');
   });
 
   it('kill -9 the embedded Redis: it comes back on its AOF and turns run again', async () => {

@@ -8,6 +8,7 @@ import type { SchedulerConfig } from './config.js';
 import { PoolDispatcher } from './dispatcher.js';
 import type { LeaseOffer } from './directory.js';
 import { runHooks } from './hooks.js';
+import { reconcilePool } from './reconciler.js';
 import { SchedulerMetrics } from './metrics.js';
 import { RedisOfferChannel } from './offer-channel.js';
 import { PresenceDirectory } from './presence-directory.js';
@@ -103,6 +104,7 @@ export class Scheduler {
       this.log.info({ pool, workspace: ws }, 'dispatching pool');
     }
     await this.metrics.refresh(this.queues, [...this.dispatchers.keys()]);
+    for (const pool of this.dispatchers.keys()) await reconcilePool(pool, this.queues, this.lifecycle, this.log);
   }
 
   async stop(): Promise<void> {

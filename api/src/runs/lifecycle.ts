@@ -93,7 +93,7 @@ export class RunLifecycle {
   }
 
   /** The runner finished the turn. */
-  async succeeded(sessionId: string, runId: string, leaseId: string, result: TurnResult): Promise<void> {
+  async succeeded(sessionId: string, runId: string, leaseId: string | null, result: TurnResult): Promise<void> {
     const res = await this.move(sessionId, runId, (r) =>
       TERMINAL.has(r.status) ? null : {
         ...r, status: 'succeeded', stop_reason: result.stop_reason, attempts: this.endAttempt(r, leaseId, 'succeeded', null),

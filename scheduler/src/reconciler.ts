@@ -1,0 +1,42 @@
+import type { Job } from 'bullmq';
+import type { Logger } from '@agentplane/core';
+import type { RunLifecycle, TurnResult } from '@agentplane/api';
+import type { RunJobData, RunQueues } from '@agentplane/lease';
+
+/** Finished jobs are left alone this long, so the normal path (the gateway) reports them first. */
+const GRACE_MS = 3000;
+
+/**
+ * Crash safety for the moves that happen outside the scheduler's hands: BullMQ has finished a
+ * Run (completed by a runner, failed for good) but the process that should have ended the turn
+ * died first. Every move of the Run life cycle is a compare-and-swap that no-ops once the Run is
+ * terminal, so reporting again is safe; a reconciled job is then removed from the queue.
+ */
+export async function reconcilePool(poolId: string, queues: RunQueues, lifecycle: RunLifecycle, log: Logger, now = Date.now()): Promise<number> {
+  const q = queues.queue(poolId);
+  let done = 0;
+  const old = (j: Job<RunJobData> | undefined): j is Job<RunJobData> => !!j?.data && (j.finishedOn ?? now) < now - GRACE_MS;
+  for (const job of ((await q.getCompleted(0, 99)) as Job<RunJobData>[]).filter(old)) {
+    const result = (job.returnvalue ?? {}) as Partial<TurnResult>;
+    await lifecycle.succeeded(job.data.session_id, job.data.run_id, null, {
+      stop_reason: result.stop_reason ?? { type: 'end_turn' },
+      ...(result.waits ? { waits: result.waits } : {}),
+    });
+    await job.remove().catch(() => undefined);
+    done++;
+  }
+  for (const job of ((await q.getFailed(0, 99)) as Job<RunJobData>[]).filter(old)) {
+    const reason = job.failedReason ?? 'failed';
+    const agent = /UnrecoverableError/.test(job.stacktrace?.join('\n') ?? '') || /no runner in the pool can serve/.test(reason);
+    await lifecycle.failed(job.data.session_id, job.data.run_id, null, {
+      class: agent ? 'work' : 'infrastructure',
+      code: /no runner in the pool can serve/.test(reason) ? 'no_eligible_runner' : agent ? 'work_failed' : 'retries_exhausted',
+      message: reason,
+    });
+    await queues.dequeued(poolId, job.data.workspace_id, job.data.run_id);
+    await job.remove().catch(() => undefined);
+    done++;
+  }
+  if (done > 0) log.info({ pool: poolId, reconciled: done }, 'reconciled finished runs');
+  return done;
+}
