@@ -1,8 +1,8 @@
 import type { StoredDoc } from '@agentplane/store';
 import type { ProviderKey } from '@agentplane/models';
 
-/** A ModelCredential as stored. The provider secret is never in this document (see secrets in credentials.ts). */
-export interface ModelCredentialDoc extends StoredDoc {
+/** The fields a stored credential and its secret-free head share. */
+interface ModelCredentialFields {
   workspace_id: string;
   key: string;
   display_name: string;
@@ -12,27 +12,21 @@ export interface ModelCredentialDoc extends StoredDoc {
   status: 'active' | 'revoked';
   health_status: 'unknown' | 'healthy' | 'unhealthy';
   active_generation_number: number;
-  /** Whether the active generation holds a secret (keyless local servers and `scripted` do not). */
-  has_secret: boolean;
   revoked_at: string | null;
 }
 
+/** A ModelCredential as stored. The provider secret is never in this document (see secrets in credentials.ts). */
+export interface ModelCredentialDoc extends StoredDoc, ModelCredentialFields {
+  /** Whether the active generation holds a secret (keyless local servers and `scripted` do not). */
+  has_secret: boolean;
+}
+
 /** The secret-free head: exactly the contract's fields. */
-export interface ModelCredentialHead {
+export interface ModelCredentialHead extends ModelCredentialFields {
   id: string;
-  workspace_id: string;
-  key: string;
-  display_name: string;
-  provider_key: ProviderKey;
-  base_url: string | null;
-  custody_policy: 'workspace_vault';
-  status: 'active' | 'revoked';
-  health_status: 'unknown' | 'healthy' | 'unhealthy';
-  active_generation_number: number;
   resource_version: number;
   created_at: string;
   updated_at: string;
-  revoked_at: string | null;
 }
 
 export function credentialHead(d: ModelCredentialDoc): ModelCredentialHead {
