@@ -96,6 +96,13 @@ describe('model-gateway-v1 over the runner WebSocket', () => {
     await waitFor('errors', () => (ended(frames, 's3') && ended(frames, 's4') ? true : undefined), 5000);
     expect(ofStream(frames, 's3')).toEqual([expect.objectContaining({ type: 'model.end', payload: { stream_id: 's3', event: expect.objectContaining({ error: expect.objectContaining({ type: 'model.no_eligible_model' }) }) } })]);
     expect(ofStream(frames, 's4')[0]?.payload.event).toMatchObject({ type: 'error', error: { type: 'validation.malformed' } });
+    // A runner spends model budget only for a lease it holds.
+    sock.send(frame('model.request', 'm5', { lease_id: 'not-a-lease', attempt: 1, stream_id: 's5', request: request('default', 'x') }));
+    sock.send(frame('model.request', 'm6', { lease_id: 'lease-1', attempt: 2, stream_id: 's6', request: request('default', 'x') }));
+    await waitFor('refusals', () => (ended(frames, 's5') && ended(frames, 's6') ? true : undefined), 5000);
+    for (const id of ['s5', 's6']) {
+      expect(ofStream(frames, id)).toEqual([expect.objectContaining({ type: 'model.end', payload: { stream_id: id, event: expect.objectContaining({ error: expect.objectContaining({ type: 'auth.permission_denied' }) }) } })]);
+    }
     const all = raw.join('\n');
     expect(all).not.toContain(SECRET);
     expect(all).not.toContain('mcred_');
