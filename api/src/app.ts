@@ -5,6 +5,8 @@ import { connectRedis, DocumentStore, EventHub, type Redis } from '@agentplane/s
 import type { Agent } from './agents/model.js';
 import { VersionedStore } from './agents/versioned.js';
 import type { Environment } from './environments/operations.js';
+import { FileStore } from './files/store.js';
+import { runtimeFiles } from './files/runtime.js';
 import { SessionService } from './sessions/service.js';
 import { SessionStore } from './sessions/store.js';
 import { recordOnlyTurnScheduler, ThreadRuntime, type TurnScheduler } from './sessions/turns.js';
@@ -54,6 +56,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
   const environments = new VersionedStore<Environment>(redis, 'environments', 'environment');
   const subscriber = redis.duplicate({ connectionName: 'agentplane:api:events', maxRetriesPerRequest: null });
   subscriber.on('error', (err: Error) => log.warn({ err: err.message }, 'event hub connection error'));
+  const files = new FileStore(redis, docs);
   const runners = new RunnerService(docs, redis, credentials, identity);
   const runs = createRunsModule({ config, redis, log, store: sessionStore, runtime: threadRuntime, environments, runners });
   turns.scheduler = runs.engine;
@@ -62,6 +65,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
   metrics.gauge('agentplane_event_hub_channels', 'Session channels this process is subscribed to').set({}, () => eventHub.channelCount);
   return {
     runs,
+    files,
     agents,
     environments,
     turns,
@@ -69,7 +73,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
     eventHub,
     shutdownSignal,
     sessions: new SessionService({
-      store: sessionStore, agents, environments, identity, runtime: threadRuntime, scheduler: () => turns.scheduler,
+      store: sessionStore, agents, environments, identity, files, runtime: threadRuntime, scheduler: () => turns.scheduler,
       admitTurn: (session) => models.budgets.check({ workspace_id: session.workspace_id, session_id: session.id, session_budget: session.budget }),
       modelUsage: async (scope) => {
         const r = await models.usage.read(scope.thread_id ? { kind: 'thread', session_id: scope.session_id, thread_id: scope.thread_id } : { kind: 'session', session_id: scope.session_id });
@@ -116,7 +120,9 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
     await next();
   });
   app.use(mcpEdge(operations, prepared, deps).middleware);
-  app.use(runtimeMcp(deps, { verifier: new RedisRuntimeBearers(redis, new LeaseFence(redis)) }));
+  const runtimeBearers = new RedisRuntimeBearers(redis, new LeaseFence(redis));
+  app.use(runtimeMcp(deps, { verifier: runtimeBearers }));
+  app.use(runtimeFiles(deps, runtimeBearers));
   app.use(router.routes());
   app.use(unmatchedRoute(router));
 

@@ -13,6 +13,7 @@ import type { RunnerService } from './runners/service.js';
 import type { PresenceStore } from '@agentplane/gateway';
 import type { ModelsModule } from './models/module.js';
 import type { RunsModule } from './runs/module.js';
+import type { FileStore } from './files/store.js';
 
 /** Everything an operation handler may use. Built once per process in app.ts. */
 export interface ApiDeps {
@@ -35,6 +36,8 @@ export interface ApiDeps {
   agents: VersionedStore<Agent>;
   environments: VersionedStore<Environment>;
   sessions: SessionService;
+  /** Uploaded Files (heads in the workspace, content chunked under each File's own tag). */
+  files: FileStore;
   /** The SessionThread state machine (drive events here; the runtime side reports turn boundaries). */
   threadRuntime: ThreadRuntime;
   /** Where started turns go; replace `turns.scheduler` to plug a scheduler in. */

@@ -16,7 +16,9 @@ export { RedisRuntimeBearers, RUNTIME_BEARER_PREFIX, permissionOf } from './mcp/
 export type { RuntimeBearerVerifier, RuntimeGrant, ConnectionGrant, ToolPermission, LeaseHolder } from './mcp/runtime-bearer.js';
 export type { ToolCallObserver, ToolCallEvent } from './mcp/runtime.js';
 export { RunLifecycle, type TurnResult } from './runs/lifecycle.js';
-export { buildTurnSpec, requirementsOf, type TurnSpec, type SpecTool } from './runs/spec.js';
+export { buildTurnSpec, requirementsOf, specResources, repositoryName, type TurnSpec, type SpecTool, type SpecResource } from './runs/spec.js';
+export { FileStore } from './files/store.js';
+export type { FileDoc } from './files/model.js';
 export { VersionedStore } from './agents/versioned.js';
 export type { Environment } from './environments/operations.js';
 export { ConnectionService, type AgentMcpServer, type ResolvedMcpServers } from './connections/service.js';

@@ -9,6 +9,7 @@ import { sessionOperations } from './sessions/operations.js';
 import { threadOperations } from './sessions/thread-operations.js';
 import { runnerOperations } from './runners/operations.js';
 import { runOperations } from './runs/operations.js';
+import { fileOperations } from './files/operations.js';
 
 /**
  * The operation table: every REST operation of the API, once. The router, the OpenAPI
@@ -19,6 +20,6 @@ export function allOperations(): Operation[] {
   const table: Operation[] = [];
   table.push(...metaOperations(() => table), ...identityOperations, ...runnerOperations, ...modelOperations);
   table.push(...agentOperations, ...environmentOperations, ...sessionOperations, ...threadOperations);
-  table.push(...connectionOperations, ...runOperations);
+  table.push(...connectionOperations, ...runOperations, ...fileOperations);
   return table;
 }

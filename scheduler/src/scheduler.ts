@@ -1,6 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import type { Logger } from '@agentplane/core';
-import { buildTurnSpec, ConnectionService, RedisRuntimeBearers, RunLifecycle, SessionStore, ThreadRuntime, VersionedStore, type Environment, type RunDoc, type TurnScheduler } from '@agentplane/api';
+import { buildTurnSpec, ConnectionService, FileStore, RedisRuntimeBearers, RunLifecycle, SessionStore, ThreadRuntime, VersionedStore, type Environment, type RunDoc, type TurnScheduler } from '@agentplane/api';
 import { activePools, LeaseFence, LeaseRecords, RunQueues } from '@agentplane/lease';
 import { SecretBox } from '@agentplane/core';
 import { connectRedis, DocumentStore, tags, type Redis } from '@agentplane/store';
@@ -39,7 +39,9 @@ export class Scheduler {
   private readonly lifecycle: RunLifecycle;
   private readonly store: SessionStore;
   private readonly environments: VersionedStore<Environment>;
-  private readonly mcp: { connections: ConnectionService; bearers: RedisRuntimeBearers } | undefined;
+  private readonly files: FileStore;
+  private readonly bearers: RedisRuntimeBearers;
+  private readonly connections: ConnectionService | undefined;
   private scanTimer: NodeJS.Timeout | undefined;
   private stopped = false;
 
@@ -53,31 +55,37 @@ export class Scheduler {
     this.environments = new VersionedStore<Environment>(this.redis, 'environments', 'environment');
     this.lifecycle = new RunLifecycle(this.store, new ThreadRuntime(this.store, () => passiveTurns), log);
     this.directory = new PresenceDirectory(this.redis, (pool) => this.pools.get(pool));
-    this.mcp = config.masterKey
-      ? { connections: new ConnectionService(new DocumentStore(this.redis), new SecretBox(config.masterKey)), bearers: new RedisRuntimeBearers(this.redis, new LeaseFence(this.redis)) }
-      : undefined;
+    this.files = new FileStore(this.redis, new DocumentStore(this.redis));
+    this.bearers = new RedisRuntimeBearers(this.redis, new LeaseFence(this.redis));
+    this.connections = config.masterKey ? new ConnectionService(new DocumentStore(this.redis), new SecretBox(config.masterKey)) : undefined;
     this.offers = new RedisOfferChannel(this.redis, this.sub, this.instanceId, new LeaseRecords(this.redis), (o) => this.spec(o), log);
   }
 
   private async spec(o: LeaseOffer): Promise<Record<string, unknown>> {
     const run = await this.store.run(o.session_id, o.run_id);
     if (!run) throw new Error(`run ${o.run_id} not found`);
-    const spec = await buildTurnSpec({ store: this.store, environments: this.environments }, run as RunDoc);
-    if (this.mcp && run.agent.mcp_servers.length > 0) {
-      // A runtime bearer for this lease: it works only while the lease fence is held.
-      const resolved = await this.mcp.connections.resolveAgentServers(run.workspace_id, run.agent.mcp_servers);
-      const ws = await new DocumentStore(this.redis).get<{ organization_id: string } & import('@agentplane/store').StoredDoc>(tags.workspace(run.workspace_id), run.workspace_id);
-      // The built-in harness asks through user.tool_confirmation before it calls an always_ask
-      // tool, so the grant itself allows the call.
-      const grants = Object.fromEntries(Object.keys(resolved.grants).map((id) => [id, { default: 'allow' as const }]));
-      const bearer = await this.mcp.bearers.mint({
-        run_id: run.id, session_id: run.session_id, workspace_id: run.workspace_id, organization_id: ws?.organization_id ?? '',
-        lease_id: o.lease_id, expires_at: new Date(Date.now() + spec.environment.resources.max_duration_seconds * 1000 + o.lease_ms).toISOString(),
-        connections: grants,
-      });
+    const spec = await buildTurnSpec({ store: this.store, environments: this.environments, files: this.files }, run as RunDoc);
+    const resolved = this.connections && run.agent.mcp_servers.length > 0
+      ? await this.connections.resolveAgentServers(run.workspace_id, run.agent.mcp_servers)
+      : undefined;
+    const files = spec.resources.flatMap((r) => (r.type === 'file' && !r.missing ? [r.file_id] : []));
+    if (!resolved && files.length === 0) return spec as unknown as Record<string, unknown>;
+    // One runtime bearer for this lease: it works only while the lease holds the Session fence,
+    // for the agent's Connections and the Session's Files.
+    const ws = await new DocumentStore(this.redis).get<{ organization_id: string } & import('@agentplane/store').StoredDoc>(tags.workspace(run.workspace_id), run.workspace_id);
+    // The built-in harness asks through user.tool_confirmation before it calls an always_ask
+    // tool, so the grant itself allows the call.
+    const grants = Object.fromEntries(Object.keys(resolved?.grants ?? {}).map((id) => [id, { default: 'allow' as const }]));
+    const bearer = await this.bearers.mint({
+      run_id: run.id, session_id: run.session_id, workspace_id: run.workspace_id, organization_id: ws?.organization_id ?? '',
+      lease_id: o.lease_id, expires_at: new Date(Date.now() + spec.environment.resources.max_duration_seconds * 1000 + o.lease_ms).toISOString(),
+      connections: grants, files,
+    });
+    if (resolved) {
       const permission = new Map(run.agent.mcp_servers.map((s) => [s.name, s.permission ?? 'always_ask']));
       spec.runtime_mcp = { bearer, servers: resolved.servers.map((s) => ({ ...s, permission: permission.get(s.name) ?? 'always_ask' })) };
     }
+    if (files.length > 0) spec.runtime_files = { bearer };
     return spec as unknown as Record<string, unknown>;
   }
 

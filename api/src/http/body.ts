@@ -38,3 +38,20 @@ export async function readJsonBody(req: IncomingMessage, limit: number): Promise
     throw new ApiError('validation.malformed', 'the request body is not valid JSON');
   }
 }
+
+/** After this much more of a refused body, the connection is cut instead of read further. */
+const DRAIN_CAP_BYTES = 16 * 1024 * 1024;
+
+/**
+ * Reads off (and drops) what is left of a request body that will not be used, so the client,
+ * still sending, gets to read the error response. Past a cap the socket is closed.
+ */
+export function drainRequest(req: IncomingMessage): void {
+  if (req.readableEnded || req.destroyed) return;
+  let drained = 0;
+  req.on('data', (chunk: Buffer) => {
+    drained += chunk.length;
+    if (drained > DRAIN_CAP_BYTES) req.destroy();
+  });
+  req.resume();
+}

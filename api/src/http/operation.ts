@@ -1,4 +1,4 @@
-import type { ServerResponse } from 'node:http';
+import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Static, TSchema } from '@agentplane/core';
 import type { Caller, Role } from './caller.js';
 import type { ApiDeps } from '../deps.js';
@@ -54,6 +54,23 @@ export interface OperationRequest<P, Q, B> {
   log: Logger;
 }
 
+/**
+ * A request body that is not JSON (e.g. a multipart upload). The pipeline hands the raw
+ * request stream to `receive` after authentication, the version header, the rate limit and
+ * path/query validation; what it returns is the handler's `body`. Idempotency fingerprints
+ * `fingerprint(body)`; a value the handler never used (a replay, a failed handler) is
+ * `discard`ed.
+ */
+export interface UploadBody {
+  /** For OpenAPI, e.g. `multipart/form-data`. */
+  contentType: string;
+  /** JSON schema of the parts, for OpenAPI. */
+  schema: TSchema;
+  receive(stream: IncomingMessage, deps: ApiDeps): Promise<Record<string, unknown>>;
+  fingerprint(body: Record<string, unknown>): unknown;
+  discard(body: Record<string, unknown>, deps: ApiDeps): Promise<void>;
+}
+
 export interface Operation<P extends TSchema = TSchema, Q extends TSchema = TSchema, B extends TSchema = TSchema> {
   /** `group.camelName`; MCP tool name flattens the dot. */
   operationId: string;
@@ -67,6 +84,8 @@ export interface Operation<P extends TSchema = TSchema, Q extends TSchema = TSch
   params?: P;
   query?: Q;
   body?: B;
+  /** Set instead of `body` for operations whose body is not JSON. */
+  upload?: UploadBody;
   /** JSON schema of the success body, for OpenAPI. */
   response?: TSchema;
   successStatus?: number;

@@ -1,3 +1,4 @@
+import type { IncomingMessage } from 'node:http';
 import { ApiError, validator, type TSchema } from '@agentplane/core';
 import { tags } from '@agentplane/store';
 import type { ApiDeps } from '../deps.js';
@@ -16,6 +17,8 @@ export interface RawRequest {
   query: Record<string, unknown>;
   /** Parsed JSON body, or undefined when none was sent. */
   body: unknown;
+  /** The unread request body, for operations with an `upload` body (REST edge only). */
+  stream?: IncomingMessage;
   /**
    * Set only by an edge that has already authenticated this same HTTP request with these same
    * headers and counted it against the caller's rate limit (the MCP edge: one POST /v1/mcp is
@@ -78,7 +81,9 @@ export async function execute(prepared: PreparedOperation, raw: RawRequest, deps
   const params = prepared.validatePath ? prepared.validatePath({ ...raw.params }) : EMPTY;
   const query = prepared.validateQuery ? prepared.validateQuery({ ...raw.query }) : rejectUnexpectedQuery(raw.query);
   let body: unknown = EMPTY;
-  if (prepared.validateBody) {
+  if (op.upload) {
+    if (!raw.stream) throw new ApiError('validation.malformed', `${op.operationId} takes a ${op.upload.contentType} body, on the REST API only`);
+  } else if (prepared.validateBody) {
     body = prepared.validateBody(raw.body === undefined ? {} : raw.body);
   } else if (raw.body !== undefined && !(typeof raw.body === 'object' && raw.body !== null && Object.keys(raw.body).length === 0)) {
     throw new ApiError('validation.malformed', 'this operation takes no request body');
@@ -93,6 +98,12 @@ export async function execute(prepared: PreparedOperation, raw: RawRequest, deps
     throw new ApiError('validation.malformed', 'this operation requires an Idempotency-Key header');
   }
 
+  if (op.upload && raw.stream) body = await op.upload.receive(raw.stream, deps);
+  const upload = op.upload;
+  const discard = async () => {
+    if (upload) await upload.discard(body as Record<string, unknown>, deps).catch(() => undefined);
+  };
+
   const req = {
     caller,
     params,
@@ -104,12 +115,27 @@ export async function execute(prepared: PreparedOperation, raw: RawRequest, deps
     log: deps.log,
   };
 
-  if (mode === 'none' || idemKey === undefined) return { caller, result: await op.handler(req as never) };
+  if (mode === 'none' || idemKey === undefined) {
+    try {
+      return { caller, result: await op.handler(req as never) };
+    } catch (err) {
+      await discard();
+      throw err;
+    }
+  }
 
   const tag = caller.workspaceId ? tags.workspace(caller.workspaceId) : tags.org(caller.organizationId);
-  const fp = fingerprint(op.operationId, { params, query, body, credential: caller.credentialId });
-  const begun = await deps.idempotency.begin(tag, idemKey, fp);
+  const fpBody = upload ? upload.fingerprint(body as Record<string, unknown>) : body;
+  const fp = fingerprint(op.operationId, { params, query, body: fpBody, credential: caller.credentialId });
+  let begun;
+  try {
+    begun = await deps.idempotency.begin(tag, idemKey, fp);
+  } catch (err) {
+    await discard();
+    throw err;
+  }
   if (begun.kind === 'replay') {
+    await discard();
     if (op.replayable && begun.result.status < 300 && !(await op.replayable(begun.result.body, deps))) {
       throw new ApiError('idempotency.conflict', 'the original response holds a secret that is no longer live; it is not replayed');
     }
@@ -119,6 +145,7 @@ export async function execute(prepared: PreparedOperation, raw: RawRequest, deps
   try {
     result = await op.handler(req as never);
   } catch (err) {
+    await discard();
     if (err instanceof ApiError && err.status < 500) {
       await deps.idempotency.complete(begun, { status: err.status, body: err.toWire(deps.config.docsUrl), headers: err.headers }, false);
     } else {

@@ -3,7 +3,7 @@ import type Koa from 'koa';
 import Router from '@koa/router';
 import { ApiError } from '@agentplane/core';
 import type { ApiDeps } from '../deps.js';
-import { readJsonBody } from './body.js';
+import { drainRequest, readJsonBody } from './body.js';
 import { execute, prepare, type PreparedOperation, type RawRequest } from './pipeline.js';
 import type { HttpMethod, Operation } from './operation.js';
 
@@ -74,13 +74,14 @@ export function buildRouter(operations: readonly Operation[], deps: ApiDeps): Op
       const started = process.hrtime.bigint();
       let status = 500;
       try {
-        const body = METHODS_WITH_BODY.has(ctx.method) ? await readJsonBody(ctx.req, deps.config.bodyLimitBytes) : undefined;
+        const body = !op.upload && METHODS_WITH_BODY.has(ctx.method) ? await readJsonBody(ctx.req, deps.config.bodyLimitBytes) : undefined;
         const raw: RawRequest = {
           method: op.method as HttpMethod,
           headers: flattenHeaders(ctx.headers),
           params: { ...(ctx.params as Record<string, string>) },
           query: { ...ctx.query },
           body,
+          ...(op.upload ? { stream: ctx.req } : {}),
         };
         const { caller, result } = await execute(p, raw, deps);
         if (caller.workspaceId) ctx.set('Service-Workspace-Id', caller.workspaceId);
@@ -99,6 +100,8 @@ export function buildRouter(operations: readonly Operation[], deps: ApiDeps): Op
         if (result.status !== 204) ctx.body = result.body ?? null;
       } catch (err) {
         status = err instanceof ApiError ? err.status : 500;
+        // A refused upload may still be streaming in: read it off so the client gets the answer.
+        if (op.upload) drainRequest(ctx.req);
         throw err;
       } finally {
         requests.inc({ operation: op.operationId, status: String(status) });

@@ -29,6 +29,8 @@ export interface RuntimeGrant {
    */
   expires_at: string;
   connections: Record<string, ConnectionGrant>;
+  /** Files the runner may fetch from `/v1/runtime/files/{id}` (the Session's `file` resources). */
+  files?: string[];
 }
 
 /**

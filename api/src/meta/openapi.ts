@@ -36,6 +36,7 @@ export function openApiDocument(operations: readonly Operation[], serverUrl: str
       tags: [op.operationId.split('.')[0]],
       security: op.auth.kind === 'none' ? [] : [{ bearer: [] }],
       parameters: parameters(op),
+      ...(op.upload ? { requestBody: { required: true, content: { [op.upload.contentType]: { schema: plain(op.upload.schema) } } } } : {}),
       ...(op.body ? { requestBody: { required: true, content: { 'application/json': { schema: plain(op.body) } } } } : {}),
       responses: {
         [String(op.successStatus ?? 200)]: {

@@ -3,6 +3,7 @@ import type { ModelMessage } from '@agentplane/protocol';
 import type { AgentSnapshot } from '../agents/model.js';
 import type { VersionedStore } from '../agents/versioned.js';
 import type { Environment } from '../environments/operations.js';
+import type { FileStore } from '../files/store.js';
 import type { RunDoc, SessionResource } from '../sessions/model.js';
 import type { SessionStore } from '../sessions/store.js';
 import { conversationOf, readAll, type Responses } from './history.js';
@@ -11,6 +12,41 @@ import { conversationOf, readAll, type Responses } from './history.js';
 export type SpecTool =
   | { type: 'builtin'; name: string; permission?: 'always_allow' | 'always_ask' }
   | { type: 'custom'; spec: { name: string; description: string; input_schema: Record<string, unknown> } };
+
+/**
+ * A Session resource as the runner materialises it. `mount_path` is workspace-relative
+ * (`/` is the sandbox workspace root); absent in the Session, it defaults to the File's name or
+ * the repository's name. A `file` carries its digest so the runner can tell, without
+ * downloading, whether the workspace already holds it; `missing` when the File was deleted.
+ */
+export type SpecResource =
+  | { type: 'file'; id: string; file_id: string; mount_path: string; sha256: string | null; size_bytes: number; missing?: true }
+  | { type: 'repository'; id: string; url: string; ref: string | null; mount_path: string };
+
+/** `https://host/org/name.git` or `git@host:org/name.git` → `name`. */
+export function repositoryName(url: string): string {
+  const last = url.replace(/[/:]+$/, '').split(/[/:]/).pop() ?? '';
+  const name = last.replace(/\.git$/, '');
+  return /^[A-Za-z0-9._-]{1,100}$/.test(name) && name !== '.' && name !== '..' ? name : 'repository';
+}
+
+/** The Session's materialisable resources (memory stores are not mounted). */
+export async function specResources(resources: readonly SessionResource[], workspaceId: string, files?: FileStore): Promise<SpecResource[]> {
+  const out: SpecResource[] = [];
+  for (const r of resources) {
+    if (r.type === 'repository' && r.url) {
+      out.push({ type: 'repository', id: r.id, url: r.url, ref: r.ref ?? null, mount_path: r.mount_path ?? `/${repositoryName(r.url)}` });
+    } else if (r.type === 'file' && r.file_id) {
+      const head = files ? await files.get(workspaceId, r.file_id).catch(() => null) : null;
+      out.push(
+        head
+          ? { type: 'file', id: r.id, file_id: r.file_id, mount_path: r.mount_path ?? `/${head.filename}`, sha256: head.sha256, size_bytes: head.size_bytes }
+          : { type: 'file', id: r.id, file_id: r.file_id, mount_path: r.mount_path ?? `/${r.file_id}`, sha256: null, size_bytes: 0, missing: true },
+      );
+    }
+  }
+  return out;
+}
 
 /**
  * Everything a runner needs to execute one turn, carried by the lease offer (`spec`). Built
@@ -33,7 +69,9 @@ export interface TurnSpec {
     /** Isolation tier the Environment requires (`container`): a runner never runs it with less. */
     tier: string;
   };
-  resources: SessionResource[];
+  resources: SpecResource[];
+  /** Bearer for `/v1/runtime/files/{file_id}` (set by the scheduler when `resources` has Files). */
+  runtime_files?: { bearer: string };
   history: ModelMessage[];
   responses: Responses;
   /**
@@ -79,6 +117,7 @@ function fitHistory(history: ModelMessage[], maxBytes: number): ModelMessage[] {
 export interface SpecSources {
   store: SessionStore;
   environments: VersionedStore<Environment>;
+  files?: FileStore;
 }
 
 export async function buildTurnSpec(src: SpecSources, run: RunDoc, maxHistoryBytes = 512 * 1024): Promise<TurnSpec> {
@@ -108,7 +147,7 @@ export async function buildTurnSpec(src: SpecSources, run: RunDoc, maxHistoryByt
       retention_mode: env.retention_mode,
       tier: env.tier,
     },
-    resources: session.resources,
+    resources: await specResources(session.resources, run.workspace_id, src.files),
     history: fitHistory(history, maxHistoryBytes),
     responses,
   };

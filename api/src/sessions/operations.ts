@@ -115,6 +115,7 @@ export const sessionOperations: Operation[] = [
     operationId: 'sessions.addResource', method: 'POST', path: '/v1/sessions/{session_id}/resources', summary: 'Add a Resource to a Session',
     auth: writers, params: SessionPath, body: ResourceInput, response: ResourceSchema, successStatus: 201, idempotency: 'optional', mcp: 'full',
     async handler({ caller, params, body, deps }) {
+      await deps.sessions.checkResources(requireWorkspace(caller), [body as { type: string; file_id?: string }]);
       const r = deps.sessions.newResource(body as Record<string, unknown>);
       await deps.sessions.store.update(requireWorkspace(caller), params.session_id, (cur) => {
         if (cur.archived_at !== null) throw new ApiError('runtime.invalid_transition', 'an archived session cannot be changed');

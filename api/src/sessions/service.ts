@@ -11,12 +11,15 @@ import {
 import { checkDrivePayload, type CreateSessionInput, type DriveEventType, type DrivePayload } from './schemas.js';
 import { newThreadDoc, SessionStore } from './store.js';
 import type { ThreadRuntime, TurnScheduler } from './turns.js';
+import type { FileStore } from '../files/store.js';
 
 export interface SessionServiceDeps {
   store: SessionStore;
   agents: VersionedStore<Agent>;
   environments: VersionedStore<Environment>;
   identity: IdentityService;
+  /** For `file` resources: the File must exist in the Session's Workspace. */
+  files?: FileStore;
   runtime: ThreadRuntime;
   scheduler: () => TurnScheduler;
   /** Refuses a new turn when a budget (Session or workspace) is spent: 429 `budget.exceeded`. */
@@ -82,6 +85,7 @@ export class SessionService {
       if (e.payload.session_thread_id !== undefined) throw new ApiError('validation.malformed', 'initial_events: session_thread_id is not accepted (the primary thread does not exist yet)');
     }
     await Promise.all([...new Set(initial.map((e) => e.payload.authored_by))].map((p) => this.d.identity.activePrincipal(ws, p, 'authored_by')));
+    await this.checkResources(ws, body.resources ?? []);
     const env = await this.d.environments.get(ws, body.environment_id);
     if (env.archived_at !== null) throw new ApiError('runtime.invalid_transition', 'the environment is archived');
     const agent = await this.resolveAgent(ws, body.agent);
@@ -105,6 +109,13 @@ export class SessionService {
       }
     }
     return this.view(session);
+  }
+
+  /** A `file` resource must name a File of this Workspace (404 otherwise, as for any other id). */
+  async checkResources(workspaceId: string, resources: ReadonlyArray<{ type: string; file_id?: string }>): Promise<void> {
+    const files = this.d.files;
+    if (!files) return;
+    for (const r of resources) if (r.type === 'file' && r.file_id) await files.get(workspaceId, r.file_id);
   }
 
   newResource(r: Record<string, unknown>): SessionResource {

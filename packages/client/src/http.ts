@@ -90,6 +90,36 @@ export class HttpClient {
     return r.body;
   }
 
+  /**
+   * `POST /v1/files`: uploads one File as `multipart/form-data` (part `file`). Never throws for
+   * HTTP statuses; the File head is the body of a 201.
+   */
+  async uploadFile<T = unknown>(
+    filename: string,
+    content: Uint8Array | Blob,
+    opts: { contentType?: string; idempotencyKey?: string; signal?: AbortSignal } = {},
+  ): Promise<ApiResponse<T>> {
+    const form = new FormData();
+    const blob = content instanceof Blob ? content : new Blob([content], { type: opts.contentType ?? 'application/octet-stream' });
+    form.set('file', blob, filename);
+    const extra: Record<string, string> = {};
+    if (opts.idempotencyKey !== undefined) extra['idempotency-key'] = opts.idempotencyKey;
+    const res = await fetch(this.url('/v1/files'), { method: 'POST', headers: this.headers(extra), body: form, signal: opts.signal ?? null });
+    const text = await res.text();
+    const body: unknown = text.length > 0 && (res.headers.get('content-type') ?? '').includes('json') ? JSON.parse(text) : text;
+    return { status: res.status, headers: res.headers, body: body as T };
+  }
+
+  /** `GET /v1/files/{file_id}/content`: the File's bytes (throws ApiCallError on an error status). */
+  async downloadFile(fileId: string, opts: { signal?: AbortSignal } = {}): Promise<Uint8Array> {
+    const res = await fetch(this.url(`/v1/files/${encodeURIComponent(fileId)}/content`), { headers: this.headers(), signal: opts.signal ?? null });
+    if (res.status >= 400) {
+      const text = await res.text();
+      throw new ApiCallError(res.status, (res.headers.get('content-type') ?? '').includes('json') ? JSON.parse(text) : text);
+    }
+    return new Uint8Array(await res.arrayBuffer());
+  }
+
   get<T = unknown>(path: string, query?: RequestOptions['query']): Promise<T> {
     return this.call<T>('GET', path, { query });
   }

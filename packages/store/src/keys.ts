@@ -7,12 +7,13 @@
  *   {s:<sess_id>}   one Session: its document, threads, runs, event log, producer keys
  *   {a:<digest>}    one bearer digest -> the credential it authenticates
  *   {r:<id>}        per-key rate-limit windows
+ *   {f:<file_id>}   one uploaded File's content (chunks)
  *
  * docs/ARCHITECTURE.md lists every key with its type and owner.
  */
 export const KEY_PREFIX = 'ap';
 
-export type Tag = `o:${string}` | `w:${string}` | `s:${string}` | `a:${string}` | `r:${string}` | `g:${string}`;
+export type Tag = `o:${string}` | `w:${string}` | `s:${string}` | `a:${string}` | `r:${string}` | `g:${string}` | `f:${string}`;
 
 export const tags = {
   org: (orgId: string): Tag => `o:${orgId}`,
@@ -21,6 +22,7 @@ export const tags = {
   auth: (digest: string): Tag => `a:${digest}`,
   rate: (id: string): Tag => `r:${id}`,
   global: (name: string): Tag => `g:${name}`,
+  file: (fileId: string): Tag => `f:${fileId}`,
 };
 
 export const keys = {

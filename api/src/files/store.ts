@@ -1,0 +1,116 @@
+import { createHash } from 'node:crypto';
+import { ApiError } from '@agentplane/core';
+import { keys, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
+import type { FileDoc } from './model.js';
+
+/** Content is stored in chunks of this size, one hash field per chunk. */
+export const CHUNK_BYTES = 1024 * 1024;
+/** Staged content (an upload whose File is not created yet) expires after this long. */
+const STAGED_TTL_SECONDS = 3600;
+const INDEX = 'files';
+
+/** Thrown by `stage` when the content passes its limit; the caller maps it to its 413. */
+export class ContentTooLarge extends Error {
+  constructor(readonly limit: number) {
+    super(`the file content exceeds the limit of ${limit} bytes`);
+    this.name = 'ContentTooLarge';
+  }
+}
+
+/**
+ * Uploaded Files in Redis. The head is a workspace document (`{w:<ws>}:doc:<file_id>`, listed
+ * in `{w:<ws>}:idx:files`); the bytes live under the File's own hash tag,
+ * `ap:{f:<file_id>}:content`, a hash of 1 MiB chunks (field `0`, `1`, ...), so large files
+ * spread over a Redis Cluster instead of piling onto the workspace's slot.
+ *
+ * Upload is two steps: `stage` streams the bytes in under a TTL while the digest is computed;
+ * `commit` makes them permanent and creates the head. A crash between the two leaves only
+ * staged bytes, which expire.
+ */
+export class FileStore {
+  constructor(
+    private readonly redis: Redis,
+    private readonly docs: DocumentStore,
+  ) {}
+
+  private contentKey(fileId: string): string {
+    return keys.scoped(tags.file(fileId), 'content');
+  }
+
+  /** Streams `source` into staged chunks of `fileId`. Never holds more than one chunk in memory. */
+  async stage(fileId: string, source: AsyncIterable<Buffer>, limit: number): Promise<{ size_bytes: number; sha256: string }> {
+    const key = this.contentKey(fileId);
+    const hash = createHash('sha256');
+    let size = 0;
+    let index = 0;
+    let pending: Buffer[] = [];
+    let pendingBytes = 0;
+    const flush = async (all: boolean) => {
+      while (pendingBytes >= CHUNK_BYTES || (all && pendingBytes > 0)) {
+        const joined = Buffer.concat(pending);
+        const chunk = joined.subarray(0, CHUNK_BYTES);
+        const rest = joined.subarray(chunk.length);
+        await this.redis.multi().hset(key, String(index), chunk).expire(key, STAGED_TTL_SECONDS).exec();
+        index += 1;
+        pending = rest.length > 0 ? [rest] : [];
+        pendingBytes = rest.length;
+      }
+    };
+    try {
+      for await (const piece of source) {
+        size += piece.length;
+        if (size > limit) throw new ContentTooLarge(limit);
+        hash.update(piece);
+        pending.push(piece);
+        pendingBytes += piece.length;
+        if (pendingBytes >= CHUNK_BYTES) await flush(false);
+      }
+      await flush(true);
+    } catch (err) {
+      await this.discard(fileId);
+      throw err;
+    }
+    return { size_bytes: size, sha256: `sha256:${hash.digest('hex')}` };
+  }
+
+  /** Makes staged content permanent and creates the File's head. */
+  async commit(file: FileDoc): Promise<FileDoc> {
+    await this.redis.persist(this.contentKey(file.id));
+    await this.docs.create(tags.workspace(file.workspace_id), file, [INDEX]);
+    return file;
+  }
+
+  /** Drops staged (or orphaned) content. */
+  async discard(fileId: string): Promise<void> {
+    await this.redis.unlink(this.contentKey(fileId));
+  }
+
+  /** The File's head; 404 for an unknown id or one of another Workspace. */
+  async get(workspaceId: string, fileId: string): Promise<FileDoc> {
+    const doc = await this.docs.get<FileDoc>(tags.workspace(workspaceId), fileId);
+    if (!doc || doc.type !== 'file') throw new ApiError('validation.not_found', `file ${fileId} not found`);
+    return doc;
+  }
+
+  list(workspaceId: string, options: { limit: number; page?: string | undefined }): Promise<ListPage<FileDoc>> {
+    return this.docs.list<FileDoc>(tags.workspace(workspaceId), INDEX, { ...options, order: 'desc' });
+  }
+
+  /** Deletes the head first (the File is gone for readers at once), then its bytes. */
+  async remove(workspaceId: string, fileId: string): Promise<void> {
+    await this.get(workspaceId, fileId);
+    await this.docs.remove(tags.workspace(workspaceId), fileId, [INDEX]);
+    await this.discard(fileId);
+  }
+
+  /** The content, chunk by chunk. Throws if a chunk is missing (content lost). */
+  async *read(file: Pick<FileDoc, 'id' | 'size_bytes'>): AsyncIterable<Buffer> {
+    const key = this.contentKey(file.id);
+    const chunks = Math.ceil(file.size_bytes / CHUNK_BYTES);
+    for (let i = 0; i < chunks; i++) {
+      const chunk = await this.redis.hgetBuffer(key, String(i));
+      if (!chunk) throw new Error(`chunk ${i} of file ${file.id} is missing`);
+      yield chunk;
+    }
+  }
+}

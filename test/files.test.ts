@@ -1,0 +1,272 @@
+import { createHash, randomBytes } from 'node:crypto';
+import { request as httpRequest } from 'node:http';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Redis } from 'ioredis';
+import { HttpClient } from '@agentplane/client';
+import { startPlatform, type Platform } from './harness/platform.js';
+
+let p: Platform;
+let redis: Redis;
+let api: HttpClient;
+let other: HttpClient;
+let envId: string;
+let agentId: string;
+
+type Json = Record<string, unknown>;
+type FileHead = Json & { id: string; size_bytes: number; sha256: string; filename: string; content_type: string };
+const errType = (r: { body: unknown }) => (r.body as { error?: { type?: string } }).error?.type;
+const digest = (b: Uint8Array) => `sha256:${createHash('sha256').update(b).digest('hex')}`;
+const MiB = 1024 * 1024;
+
+async function contentKeys(): Promise<string[]> {
+  const found: string[] = [];
+  let cursor = '0';
+  do {
+    const [next, batch] = await redis.scan(cursor, 'MATCH', 'ap:{f:*}:content', 'COUNT', 1000);
+    found.push(...batch);
+    cursor = next;
+  } while (cursor !== '0');
+  return found.sort();
+}
+
+/** A hand-written multipart body, for framings FormData would not produce. */
+function multipart(parts: Array<{ name: string; filename?: string; type?: string; data: string | Buffer }>, boundary = 'xYzBoundary42'): { body: Buffer; type: string } {
+  const chunks: Buffer[] = [];
+  for (const part of parts) {
+    const disp = `form-data; name="${part.name}"${part.filename !== undefined ? `; filename="${part.filename}"` : ''}`;
+    chunks.push(Buffer.from(`--${boundary}\r\nContent-Disposition: ${disp}\r\n${part.type ? `Content-Type: ${part.type}\r\n` : ''}\r\n`));
+    chunks.push(Buffer.isBuffer(part.data) ? part.data : Buffer.from(part.data));
+    chunks.push(Buffer.from('\r\n'));
+  }
+  chunks.push(Buffer.from(`--${boundary}--\r\n`));
+  return { body: Buffer.concat(chunks), type: `multipart/form-data; boundary=${boundary}` };
+}
+
+async function rawUpload(client: HttpClient, body: Buffer | string, contentType: string, headers: Record<string, string> = {}) {
+  return client.request<Json>('POST', '/v1/files', { rawBody: typeof body === 'string' ? body : new Uint8Array(body), headers: { 'content-type': contentType, ...headers } });
+}
+
+/** Streams `total` bytes of file content, chunked (no Content-Length), and returns status and body. */
+function streamUpload(token: string, total: number): Promise<{ status: number; body: Json }> {
+  const boundary = 'streamBoundary9';
+  const head = Buffer.from(`--${boundary}\r\nContent-Disposition: form-data; name="file"; filename="big.bin"\r\n\r\n`);
+  return new Promise((resolve, reject) => {
+    const req = httpRequest(`${p.baseUrl}/v1/files`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${token}`, 'service-version': '2026-08-27', 'content-type': `multipart/form-data; boundary=${boundary}`, 'transfer-encoding': 'chunked' },
+    }, (res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (c: Buffer) => chunks.push(c));
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, body: JSON.parse(Buffer.concat(chunks).toString() || '{}') as Json }));
+    });
+    req.on('error', reject);
+    const block = Buffer.alloc(MiB, 7);
+    let sent = 0;
+    req.write(head);
+    const pump = () => {
+      while (sent < total) {
+        const n = Math.min(block.length, total - sent);
+        sent += n;
+        if (!req.write(block.subarray(0, n))) return void req.once('drain', pump);
+      }
+      req.end(Buffer.from(`\r\n--${boundary}--\r\n`));
+    };
+    pump();
+  });
+}
+
+let devKey: string;
+
+beforeAll(async () => {
+  p = await startPlatform();
+  redis = new Redis(p.redisUrl());
+  const org = p.bootstrap.organization_id;
+  const key = await p.root.post<{ secret: string }>(`/v1/organizations/${org}/api-keys`, {
+    display_name: 'files', role: 'developer', scope: { type: 'workspace', workspace_id: p.bootstrap.workspace_id },
+  }, { idempotencyKey: 'files-dev-key' });
+  devKey = key.secret;
+  api = new HttpClient({ baseUrl: p.baseUrl, token: key.secret });
+  const ws2 = await p.root.post<{ id: string }>(`/v1/organizations/${org}/workspaces`, { name: 'files-other' });
+  const key2 = await p.root.post<{ secret: string }>(`/v1/organizations/${org}/api-keys`, {
+    display_name: 'files-other', role: 'developer', scope: { type: 'workspace', workspace_id: ws2.id },
+  }, { idempotencyKey: 'files-other-key' });
+  other = new HttpClient({ baseUrl: p.baseUrl, token: key2.secret });
+  envId = (await api.post<{ id: string }>('/v1/environments', { name: 'files', image: 'agentplane/sandbox:1' })).id;
+  agentId = (await api.post<{ id: string }>('/v1/agents', { name: 'files', model: 'default', tools: [] })).id;
+});
+afterAll(async () => {
+  redis?.disconnect();
+  await p?.stop();
+});
+
+describe('Files API', () => {
+  it('uploads, reads the head, downloads the exact bytes, lists and deletes', async () => {
+    const text = new TextEncoder().encode('id,name\n1,ada\n2,grace\n');
+    const up = await api.uploadFile<FileHead>('people.csv', text, { contentType: 'text/csv' });
+    expect(up.status).toBe(201);
+    const f = up.body;
+    expect(f).toMatchObject({ type: 'file', workspace_id: p.bootstrap.workspace_id, filename: 'people.csv', content_type: 'text/csv', size_bytes: text.length, sha256: digest(text), version: 1 });
+    expect(f.id).toMatch(/^file_[0-9a-f]{32}$/);
+    expect(await api.get(`/v1/files/${f.id}`)).toEqual(f);
+
+    const res = await fetch(api.url(`/v1/files/${f.id}/content`), { headers: api.headers() });
+    expect(res.status).toBe(200);
+    expect(res.headers.get('content-type')).toBe('text/csv');
+    expect(res.headers.get('x-content-type-options')).toBe('nosniff');
+    expect(res.headers.get('content-disposition')).toContain('attachment');
+    expect(res.headers.get('etag')).toBe(`"${f.sha256}"`);
+    expect(new Uint8Array(await res.arrayBuffer())).toEqual(text);
+
+    const list = await api.get<{ data: FileHead[] }>('/v1/files');
+    expect(list.data.map((x) => x.id)).toContain(f.id);
+
+    expect(await api.delete(`/v1/files/${f.id}`)).toEqual({ id: f.id, type: 'file_deleted' });
+    expect((await api.request('GET', `/v1/files/${f.id}`)).status).toBe(404);
+    expect((await api.request('GET', `/v1/files/${f.id}/content`)).status).toBe(404);
+    expect(await redis.exists(`ap:{f:${f.id}}:content`)).toBe(0);
+    const again = await api.request('DELETE', `/v1/files/${f.id}`);
+    expect(again.status).toBe(404);
+  });
+
+  it('stores large binary content in chunks and returns it byte for byte; empty files work', async () => {
+    const data = randomBytes(3 * MiB + 12_345);
+    const up = await api.uploadFile<FileHead>('blob.bin', data);
+    expect(up.status).toBe(201);
+    expect(up.body).toMatchObject({ size_bytes: data.length, sha256: digest(data), content_type: 'application/octet-stream' });
+    expect(await redis.hlen(`ap:{f:${up.body.id}}:content`)).toBe(4);
+    expect(await redis.ttl(`ap:{f:${up.body.id}}:content`)).toBe(-1);
+    expect(Buffer.from(await api.downloadFile(up.body.id)).equals(data)).toBe(true);
+
+    const empty = await api.uploadFile<FileHead>('empty.txt', new Uint8Array(0), { contentType: 'text/plain' });
+    expect(empty.status).toBe(201);
+    expect(empty.body).toMatchObject({ size_bytes: 0, sha256: digest(new Uint8Array(0)) });
+    expect((await api.downloadFile(empty.body.id)).length).toBe(0);
+  });
+
+  it('keeps only the file name (no directories) and a usable content type', async () => {
+    const { body, type } = multipart([{ name: 'file', filename: '..\\..\\etc/passwd', type: 'weird', data: 'x' }]);
+    const r = await rawUpload(api, body, type);
+    expect(r.status, JSON.stringify(r.body)).toBe(201);
+    // RFC 7578: a part without a usable type is text/plain.
+    expect(r.body).toMatchObject({ filename: 'passwd', content_type: 'text/plain' });
+  });
+
+  it('Idempotency-Key: same bytes replay the same File; other bytes conflict; no staged bytes are left', async () => {
+    const before = await contentKeys();
+    const a = await api.uploadFile<FileHead>('a.txt', new TextEncoder().encode('one'), { idempotencyKey: 'upload-1' });
+    const b = await api.uploadFile<FileHead>('a.txt', new TextEncoder().encode('one'), { idempotencyKey: 'upload-1' });
+    expect(a.status).toBe(201);
+    expect(b.status).toBe(201);
+    expect(b.body.id).toBe(a.body.id);
+    expect(b.headers.get('idempotent-replayed')).toBe('true');
+    const c = await api.uploadFile<FileHead>('a.txt', new TextEncoder().encode('two'), { idempotencyKey: 'upload-1' });
+    expect(c.status).toBe(409);
+    expect(errType(c)).toBe('idempotency.conflict');
+    const d = await api.uploadFile<FileHead>('b.txt', new TextEncoder().encode('one'), { idempotencyKey: 'upload-1' });
+    expect(d.status).toBe(409);
+    // Exactly one new content key: the replay and the conflicts discarded what they staged.
+    const after = await contentKeys();
+    expect(after.filter((k) => !before.includes(k))).toEqual([`ap:{f:${a.body.id}}:content`]);
+  });
+
+  it('refuses malformed uploads with 400/415 and keeps nothing', async () => {
+    const before = await contentKeys();
+    const cases: Array<[string, { body: Buffer | string; type: string }, number]> = [
+      ['json instead of multipart', { body: '{"file":"x"}', type: 'application/json' }, 415],
+      ['unknown field', multipart([{ name: 'file', filename: 'a.txt', data: 'a' }, { name: 'purpose', data: 'x' }]), 400],
+      ['field only', multipart([{ name: 'purpose', data: 'x' }]), 400],
+      ['two files', multipart([{ name: 'file', filename: 'a.txt', data: 'a' }, { name: 'file', filename: 'b.txt', data: 'b' }]), 400],
+      ['wrong part name', multipart([{ name: 'upload', filename: 'a.txt', data: 'a' }]), 400],
+      ['no filename', multipart([{ name: 'file', filename: '', data: 'a' }]), 400],
+      ['no parts', multipart([]), 400],
+      ['no boundary', { body: 'x', type: 'multipart/form-data' }, 400],
+      ['cut short', { body: multipart([{ name: 'file', filename: 'a.txt', data: 'abc' }]).body.subarray(0, 80), type: multipart([]).type }, 400],
+    ];
+    for (const [what, c, status] of cases) {
+      const r = await rawUpload(api, c.body, c.type);
+      expect(r.status, what).toBe(status);
+      expect(errType(r), what).toBe(status === 415 ? 'validation.unsupported_media_type' : 'validation.malformed');
+    }
+    expect(await contentKeys()).toEqual(before);
+  });
+
+  it('413 at the limits: a declared oversize body at once, 64 MiB + 1 byte of content, and a streamed body past the framing allowance', async () => {
+    const before = await contentKeys();
+    const declared = await api.request('POST', '/v1/files', {
+      rawBody: 'x', headers: { 'content-type': 'multipart/form-data; boundary=b', 'content-length': String(64 * MiB + 64 * 1024 + 1) },
+    }).catch(() => ({ status: 413, body: { error: { type: 'validation.payload_too_large' } } }));
+    expect(declared.status).toBe(413);
+
+    const exact = await api.uploadFile<FileHead>('exact.bin', new Uint8Array(64 * MiB));
+    expect(exact.status).toBe(201);
+    expect(exact.body.size_bytes).toBe(64 * MiB);
+    await api.delete(`/v1/files/${exact.body.id}`);
+
+    const over = await api.uploadFile<FileHead>('over.bin', new Uint8Array(64 * MiB + 1));
+    expect(over.status).toBe(413);
+    expect(errType(over)).toBe('validation.payload_too_large');
+
+    const streamed = await streamUpload(devKey, 64 * MiB + 2 * MiB);
+    expect(streamed.status).toBe(413);
+    expect((streamed.body.error as Json).type).toBe('validation.payload_too_large');
+    // Nothing of the refused uploads is kept.
+    expect(await contentKeys()).toEqual(before);
+    // The API is still fine.
+    expect((await api.request('GET', '/v1/files')).status).toBe(200);
+  }, 60_000);
+
+  it('ids: wrong prefix is 400, unknown and other-workspace ids are 404', async () => {
+    const f = (await api.uploadFile<FileHead>('mine.txt', new TextEncoder().encode('mine'))).body;
+    const wrong = await api.request('GET', `/v1/files/sess_${'0'.repeat(32)}`);
+    expect(wrong.status).toBe(400);
+    expect(errType(wrong)).toBe('validation.malformed');
+    expect((await api.request('GET', `/v1/files/file_${'0'.repeat(32)}`)).status).toBe(404);
+    for (const [m, path] of [['GET', `/v1/files/${f.id}`], ['GET', `/v1/files/${f.id}/content`], ['DELETE', `/v1/files/${f.id}`]] as const) {
+      const r = await other.request(m, path);
+      expect(r.status, `${m} ${path}`).toBe(404);
+      expect(errType(r)).toBe('validation.not_found');
+    }
+    expect((await other.get<{ data: FileHead[] }>('/v1/files')).data).toEqual([]);
+    expect((await api.request('GET', `/v1/files/${f.id}`)).status).toBe(200);
+  });
+
+  it('a Session file resource must name a File of its Workspace', async () => {
+    const f = (await api.uploadFile<FileHead>('input.txt', new TextEncoder().encode('hello'))).body;
+    const s = await api.post<Json & { id: string; resources: Json[] }>('/v1/sessions', {
+      agent: agentId, environment_id: envId, resources: [{ type: 'file', file_id: f.id, mount_path: '/data/input.txt' }],
+    });
+    expect(s.resources[0]).toMatchObject({ type: 'file', file_id: f.id, mount_path: '/data/input.txt' });
+    const unknown = await api.request('POST', '/v1/sessions', {
+      body: { agent: agentId, environment_id: envId, resources: [{ type: 'file', file_id: `file_${'1'.repeat(32)}` }] },
+    });
+    expect(unknown.status).toBe(404);
+    expect(errType(unknown)).toBe('validation.not_found');
+    const otherEnv = (await other.post<{ id: string }>('/v1/environments', { name: 'o', image: 'agentplane/sandbox:1' })).id;
+    const otherAgent = (await other.post<{ id: string }>('/v1/agents', { name: 'o', model: 'default', tools: [] })).id;
+    const cross = await other.request('POST', '/v1/sessions', { body: { agent: otherAgent, environment_id: otherEnv, resources: [{ type: 'file', file_id: f.id }] } });
+    expect(cross.status).toBe(404);
+    const add = await api.request('POST', `/v1/sessions/${s.id}/resources`, { body: { type: 'file', file_id: `file_${'2'.repeat(32)}` } });
+    expect(add.status).toBe(404);
+    const wrongPrefix = await api.request('POST', `/v1/sessions/${s.id}/resources`, { body: { type: 'file', file_id: `sess_${'2'.repeat(32)}` } });
+    expect(wrongPrefix.status).toBe(400);
+  });
+
+  it('the runtime download route takes only a live runtime bearer', async () => {
+    const f = (await api.uploadFile<FileHead>('r.txt', new TextEncoder().encode('r'))).body;
+    const none = await fetch(`${p.baseUrl}/v1/runtime/files/${f.id}`);
+    expect(none.status).toBe(401);
+    expect(((await none.json()) as { error: { type: string } }).error.type).toBe('auth.invalid_key');
+    const apiKey = await fetch(`${p.baseUrl}/v1/runtime/files/${f.id}`, { headers: { authorization: `Bearer ${devKey}` } });
+    expect(apiKey.status).toBe(401);
+    const forged = await fetch(`${p.baseUrl}/v1/runtime/files/${f.id}`, { headers: { authorization: `Bearer ap_rt_${'a'.repeat(40)}` } });
+    expect(forged.status).toBe(401);
+    const post = await fetch(`${p.baseUrl}/v1/runtime/files/${f.id}`, { method: 'POST' });
+    expect(post.status).toBe(405);
+  });
+
+  it('is described in OpenAPI as multipart and kept off the MCP tool list', async () => {
+    const doc = await api.get<{ paths: Record<string, Record<string, Json>> }>('/v1/openapi.json');
+    const upload = doc.paths['/v1/files']?.post as { requestBody: { content: Record<string, unknown> } };
+    expect(Object.keys(upload.requestBody.content)).toEqual(['multipart/form-data']);
+  });
+});
