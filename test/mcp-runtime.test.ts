@@ -1,66 +1,41 @@
-import { createServer, type Server as HttpServer } from 'node:http';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { z } from 'zod';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
-import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
 import { Client as ModernClient, StreamableHTTPClientTransport as ModernTransport } from '@modelcontextprotocol/client';
-import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
 import { randomBytes } from 'node:crypto';
 import { ConnectionService, RedisRuntimeBearers, type RuntimeGrant } from '@agentplane/api';
 import { SecretBox } from '@agentplane/core';
 import { LeaseFence } from '@agentplane/lease';
 import { connectRedis, DocumentStore, type Redis } from '@agentplane/store';
 import { startPlatform, type Platform } from './harness/platform.js';
+import { startMcpUpstream, type McpUpstream } from './harness/mcp-upstream.js';
 
 const UPSTREAM_TOKEN = 'upstream-secret-token-0123456789';
 
 let p: Platform;
-let upstream: HttpServer;
-let upstreamUrl: string;
+let upstream: McpUpstream;
 let redis: Redis;
 let bearers: RedisRuntimeBearers;
 let fence: LeaseFence;
-const upstreamCalls: { auth: string | undefined }[] = [];
-
-/** The external MCP server a Connection points at: the SDK's own server, stateless, on loopback. */
-function startUpstream(): Promise<void> {
-  upstream = createServer(async (req, res) => {
-    upstreamCalls.push({ auth: req.headers.authorization });
-    if (req.headers.authorization !== `Bearer ${UPSTREAM_TOKEN}`) {
-      res.writeHead(401).end();
-      return;
-    }
-    const server = new McpServer({ name: 'upstream', version: '1.0.0' });
-    server.registerTool('echo', { description: 'Echo text', inputSchema: { text: z.string() } }, async ({ text }) => ({
-      content: [{ type: 'text', text: `echo: ${text}` }],
-    }));
-    server.registerTool('drop_tables', { description: 'Dangerous', inputSchema: {} }, async () => ({ content: [{ type: 'text', text: 'dropped' }] }));
-    server.registerTool('deploy', { description: 'Needs a human', inputSchema: {} }, async () => ({ content: [{ type: 'text', text: 'deployed' }] }));
-    const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
-    res.on('close', () => {
-      void transport.close();
-      void server.close();
-    });
-    await server.connect(transport);
-    await transport.handleRequest(req, res);
-  });
-  return new Promise((resolve) => upstream.listen(0, '127.0.0.1', () => {
-    const a = upstream.address();
-    upstreamUrl = `http://127.0.0.1:${typeof a === 'object' && a ? a.port : 0}/mcp`;
-    resolve();
-  }));
-}
 
 beforeAll(async () => {
-  [p] = await Promise.all([startPlatform(), startUpstream()]);
+  [p, upstream] = await Promise.all([
+    startPlatform(),
+    startMcpUpstream({
+      token: UPSTREAM_TOKEN,
+      tools: [
+        { name: 'drop_tables', description: 'Dangerous', reply: 'dropped' },
+        { name: 'deploy', description: 'Needs a human', reply: 'deployed' },
+      ],
+    }),
+  ]);
   redis = connectRedis(p.redisUrl(), { name: 'test' });
   fence = new LeaseFence(redis);
   bearers = new RedisRuntimeBearers(redis);
 });
 afterAll(async () => {
   await redis?.quit();
-  upstream?.close();
+  await upstream?.close();
   await p?.stop();
 });
 
@@ -103,7 +78,7 @@ const post = (path: string, bearer: string, body: unknown = { jsonrpc: '2.0', id
 describe('Connections (REST)', () => {
   it('stores the upstream secret sealed and never returns it; creating is REST-only', async () => {
     const created = await p.root.request<{ id: string; auth: Record<string, unknown> }>('POST', '/v1/connections', {
-      body: { name: 'upstream', url: upstreamUrl, auth: { type: 'bearer', token: UPSTREAM_TOKEN } },
+      body: { name: 'upstream', url: upstream.url, auth: { type: 'bearer', token: UPSTREAM_TOKEN } },
     });
     expect(created.status).toBe(201);
     expect(created.body.id).toMatch(/^conn_[0-9a-f]{32}$/);
@@ -132,7 +107,7 @@ describe('/v1/runtime/mcp/{connection_id}', () => {
   let connectionId: string;
   beforeAll(async () => {
     const c = await p.root.request<{ id: string }>('POST', '/v1/connections', {
-      body: { name: 'runtime upstream', url: upstreamUrl, auth: { type: 'bearer', token: UPSTREAM_TOKEN } },
+      body: { name: 'runtime upstream', url: upstream.url, auth: { type: 'bearer', token: UPSTREAM_TOKEN } },
     });
     connectionId = c.body.id;
   });
@@ -145,11 +120,11 @@ describe('/v1/runtime/mcp/{connection_id}', () => {
       const tools = (await client.listTools()).tools;
       expect(tools.map((t) => t.name).sort()).toEqual(['deploy', 'echo']);
       expect(tools.find((t) => t.name === 'deploy')?._meta?.['dev.agentplane/permission']).toBe('ask');
-      const before = upstreamCalls.length;
+      const before = upstream.calls.length;
       const r = await client.callTool({ name: 'echo', arguments: { text: 'hi' } });
       expect(r.isError).toBeFalsy();
       expect((r.content as { text: string }[])[0]?.text).toBe('echo: hi');
-      expect(upstreamCalls.slice(before).every((c) => c.auth === `Bearer ${UPSTREAM_TOKEN}`)).toBe(true);
+      expect(upstream.calls.slice(before).every((c) => c.auth === `Bearer ${UPSTREAM_TOKEN}`)).toBe(true);
       const denied = await client.callTool({ name: 'drop_tables', arguments: {} });
       expect(denied.isError).toBe(true);
       expect(JSON.parse((denied.content as { text: string }[])[0]?.text ?? '{}').error.type).toBe('policy.denied');
@@ -163,7 +138,7 @@ describe('/v1/runtime/mcp/{connection_id}', () => {
   it("resolves an agent version's mcp_servers to Connections for the grant, by URL", async () => {
     const service = new ConnectionService(new DocumentStore(redis), new SecretBox(randomBytes(32)));
     const resolved = await service.resolveAgentServers(ws(), [
-      { name: 'tools', url: `${upstreamUrl}/`, permission: 'always_ask' },
+      { name: 'tools', url: `${upstream.url}/`, permission: 'always_ask' },
       { name: 'elsewhere', url: 'https://mcp.example.invalid/mcp' },
     ]);
     expect(resolved.unresolved).toEqual(['elsewhere']);
@@ -231,7 +206,7 @@ describe('/v1/runtime/mcp/{connection_id}', () => {
   });
 
   it('an archived connection is gone for every Run', async () => {
-    const c = await p.root.request<{ id: string }>('POST', '/v1/connections', { body: { name: 'short-lived', url: upstreamUrl } });
+    const c = await p.root.request<{ id: string }>('POST', '/v1/connections', { body: { name: 'short-lived', url: upstream.url } });
     const bearer = await bearers.mint(await grant({ [c.body.id]: { default: 'allow' } }));
     await p.root.request('PATCH', `/v1/connections/${c.body.id}`, { body: { status: 'archived' } });
     expect((await post(`/v1/runtime/mcp/${c.body.id}`, bearer)).status).toBe(404);

@@ -7,6 +7,7 @@ import { LeaseRecords } from '@agentplane/lease';
 import { Redis } from 'ioredis';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
 import { startOpenAiServer, type ProviderServer } from './fixtures/provider-servers.js';
+import { connectRawRunner, welcomeOf, type RawRunner, type RunnerFrame } from './harness/raw-runner.js';
 
 const SECRET = 'sk-runner-path-SECRET-0011223344556677';
 
@@ -15,28 +16,13 @@ let oai: ProviderServer;
 let ws: string;
 let runnerSecret: string;
 
-interface Frame { type: string; id: string; re?: string; payload: { stream_id?: string; event?: ModelStreamEvent } & Record<string, unknown> }
+type Frame = RunnerFrame<{ stream_id?: string; event?: ModelStreamEvent } & Record<string, unknown>>;
 
-async function connect(): Promise<{ sock: WebSocket; frames: Frame[]; raw: string[] }> {
-  const sock = new WebSocket(`${p.baseUrl.replace('http', 'ws')}/v1/runners/connect`, { headers: { authorization: `Bearer ${runnerSecret}` } });
-  const frames: Frame[] = [];
-  const raw: string[] = [];
-  sock.on('message', (d) => {
-    raw.push(d.toString());
-    frames.push(JSON.parse(d.toString()) as Frame);
-  });
-  await new Promise<void>((resolve, reject) => {
-    sock.once('open', () => resolve());
-    sock.once('error', reject);
-  });
-  sock.send(frame('hello', 'h1', {
-    protocol_versions: [1], daemon_version: 'test', status: 'ready', held_leases: [],
-    capabilities: { protocol_versions: [1], available_slots: 1, drivers: ['process'], plane_protocols: ['model-gateway-v1'], providers: [] },
-  }));
-  await waitFor('welcome', () => (frames.some((f) => f.type === 'welcome') ? true : undefined), 5000);
+async function connect(): Promise<RawRunner<Frame>> {
+  const runner = await connectRawRunner<Frame>(p, runnerSecret);
   // Model steps need a live lease held by this runner: record the leases these tests use, as
   // the scheduler does when it offers a Run.
-  const runnerId = String(frames.find((f) => f.type === 'welcome')?.payload.runner_id);
+  const runnerId = welcomeOf(runner).runner_id;
   const redis = new Redis(p.redisUrl());
   const records = new LeaseRecords(redis);
   for (const lease_id of ['lease-1', 'lease-2', 'lease-3']) {
@@ -46,7 +32,7 @@ async function connect(): Promise<{ sock: WebSocket; frames: Frame[]; raw: strin
     }, 600_000);
   }
   redis.disconnect();
-  return { sock, frames, raw };
+  return runner;
 }
 
 const request = (routing_key: string, text: string) => ({ routing_key, messages: [{ role: 'user', content: [{ type: 'text', text }] }], tools: [] });

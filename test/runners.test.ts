@@ -8,6 +8,7 @@ import { connectRedis, freePort, keys, tags, type Redis } from '@agentplane/stor
 import { frame, type RunnerPresence } from '@agentplane/protocol';
 import { deliverToRunner, PresenceStore } from '@agentplane/gateway';
 import { ROOT_DIR, startPlatform, waitFor, type Platform } from './harness/platform.js';
+import { connectRawRunner, runnerConnectUrl, welcomeOf, type RawRunner } from './harness/raw-runner.js';
 
 const CLI = join(ROOT_DIR, 'runner-daemon/dist/cli.js');
 const HEARTBEAT_MS = 400;
@@ -83,24 +84,11 @@ async function pairedDaemonDir(principal: string, label: string): Promise<{ dir:
   return { dir, runnerId: res.runner_id };
 }
 
-/** A raw protocol client: hello, then heartbeats on demand. */
-async function rawRunner(secret: string): Promise<{ sock: WebSocket; frames: { type: string; payload: unknown }[]; closed: Promise<number> }> {
-  const url = `${p.baseUrl.replace('http', 'ws')}/v1/runners/connect`;
-  const sock = new WebSocket(url, { headers: { authorization: `Bearer ${secret}` } });
-  sockets.push(sock);
-  const frames: { type: string; payload: unknown }[] = [];
-  sock.on('message', (d) => frames.push(JSON.parse(d.toString()) as { type: string; payload: unknown }));
-  const closed = new Promise<number>((r) => sock.on('close', (code) => r(code)));
-  await new Promise<void>((resolve, reject) => {
-    sock.once('open', () => resolve());
-    sock.once('error', reject);
-  });
-  sock.send(frame('hello', 'h1', {
-    protocol_versions: [1], daemon_version: 'test', status: 'ready', held_leases: [],
-    capabilities: { protocol_versions: [1], available_slots: 1, drivers: ['process'], plane_protocols: ['model-gateway-v1'], providers: [] },
-  }));
-  await waitFor('welcome', () => (frames.some((f) => f.type === 'welcome') ? true : undefined), 5000);
-  return { sock, frames, closed };
+/** A raw protocol client: hello, then heartbeats on demand; terminated after the file's tests. */
+async function rawRunner(secret: string): Promise<RawRunner> {
+  const r = await connectRawRunner(p, secret);
+  sockets.push(r.sock);
+  return r;
 }
 
 async function managedCredential(): Promise<Issued> {
@@ -292,7 +280,7 @@ describe('runner daemon, gateway and presence', () => {
     expect(Date.now() - t0).toBeLessThan(3000);
     // Reconnecting with the revoked secret is refused at the upgrade.
     const refused = await new Promise<number>((resolve) => {
-      const s = new WebSocket(`${p.baseUrl.replace('http', 'ws')}/v1/runners/connect`, { headers: { authorization: `Bearer ${issued.secret}` } });
+      const s = new WebSocket(runnerConnectUrl(p.baseUrl), { headers: { authorization: `Bearer ${issued.secret}` } });
       s.on('unexpected-response', (_q, res) => resolve(res.statusCode ?? 0));
       s.on('open', () => resolve(101));
     });
@@ -318,7 +306,7 @@ describe('runner daemon, gateway and presence', () => {
     badPayload.sock.send(JSON.stringify({ v: 1, type: 'heartbeat', id: 'x', payload: { status: 'ready', available_slots: -1, held_leases: [] } }));
     expect(await badPayload.closed).toBe(4400);
     // Work before hello is a protocol violation.
-    const early = new WebSocket(`${p.baseUrl.replace('http', 'ws')}/v1/runners/connect`, { headers: { authorization: `Bearer ${(await managedCredential()).secret}` } });
+    const early = new WebSocket(runnerConnectUrl(p.baseUrl), { headers: { authorization: `Bearer ${(await managedCredential()).secret}` } });
     sockets.push(early);
     const earlyClosed = new Promise<number>((r) => early.on('close', (code) => r(code)));
     early.on('open', () => early.send(frame('heartbeat', 'x', { status: 'ready', available_slots: 1, held_leases: [] })));
@@ -338,9 +326,9 @@ describe('runner daemon, gateway and presence', () => {
   it('a second connection of the same runner supersedes the first (4409); presence follows the newer generation', async () => {
     const cred = await managedCredential();
     const a = await rawRunner(cred.secret);
-    const genA = (a.frames.find((f) => f.type === 'welcome')!.payload as { generation: number }).generation;
+    const genA = welcomeOf(a).generation;
     const b = await rawRunner(cred.secret);
-    const genB = (b.frames.find((f) => f.type === 'welcome')!.payload as { generation: number }).generation;
+    const genB = welcomeOf(b).generation;
     expect(genB).toBe(genA + 1);
     expect(await a.closed).toBe(4409);
     // The stale socket's late heartbeat cannot win back the presence.

@@ -1,11 +1,8 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createServer } from 'node:http';
-import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
-import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
-import { z } from 'zod';
 import { HttpClient, streamEvents, type SseFrame } from '@agentplane/client';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
 import { pairDaemon, startDaemon } from './harness/daemon.js';
+import { startMcpUpstream } from './harness/mcp-upstream.js';
 
 /**
  * The whole path, started like `npm start`: user.message → Run → BullMQ lease → runner over
@@ -171,20 +168,8 @@ describe('turns end to end', () => {
   });
 
   it("the agent's MCP server tools run through the runtime endpoint with the lease's bearer", async () => {
-    const upstream = createServer(async (req, res) => {
-      const server = new McpServer({ name: 'upstream', version: '1.0.0' });
-      server.registerTool('echo', { description: 'Echo text', inputSchema: { text: z.string() } }, async ({ text }) => ({ content: [{ type: 'text', text: `echo: ${text}` }] }));
-      const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
-      res.on('close', () => {
-        void transport.close();
-        void server.close();
-      });
-      await server.connect(transport);
-      await transport.handleRequest(req, res);
-    });
-    await new Promise<void>((r) => upstream.listen(0, '127.0.0.1', () => r()));
-    const addr = upstream.address();
-    const url = `http://127.0.0.1:${typeof addr === 'object' && addr ? addr.port : 0}/mcp`;
+    const upstream = await startMcpUpstream();
+    const url = upstream.url;
     try {
       await p.root.post('/v1/connections', { name: 'upstream', url });
       const id = await session(
@@ -199,7 +184,7 @@ describe('turns end to end', () => {
       expect(JSON.stringify(evs.filter((e) => e.type === 'agent.tool_result'))).toContain('echo: through the lease');
       expect(JSON.stringify(evs.filter((e) => e.type === 'agent.message'))).toContain('MCP said: echo: through the lease');
     } finally {
-      upstream.close();
+      await upstream.close();
     }
   });
 
