@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ChildProcess } from 'node:child_process';
 import type { HttpClient } from '@agentplane/client';
-import { Worker } from 'bullmq';
+import { Job, Queue, Worker } from 'bullmq';
 import { Redis } from 'ioredis';
 import { queuePrefix, RUN_QUEUE } from '@agentplane/lease';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
@@ -16,6 +16,7 @@ let api: HttpClient;
 let owner: string;
 let envId: string;
 const daemons: ChildProcess[] = [];
+const byRunner = new Map<string, ChildProcess>();
 
 type Json = Record<string, unknown>;
 interface Ev { seq: number; type: string; payload: Json }
@@ -42,6 +43,7 @@ async function daemon(label: string): Promise<{ proc: ChildProcess; runnerId: st
   const { dir, runnerId } = await pairDaemon(p, owner, label);
   const proc = startDaemon(dir);
   daemons.push(proc);
+  byRunner.set(runnerId, proc);
   await waitFor(`${label} ready`, async () => ((await api.get<{ data: { runner: string; status: string }[] }>('/v1/runner-pools/presences')).data.some((x) => x.runner === runnerId && x.status === 'ready') ? true : undefined), 30_000);
   return { proc, runnerId };
 }
@@ -74,7 +76,9 @@ describe('crash paths', () => {
     a.proc.kill('SIGKILL');
     const evs = await waitEvents(id, (e) => e.some((x) => x.type === 'session.status_idle'), 60_000);
     const [dbg] = await runsOf(id);
-    expect(evs.some((e) => e.type === 'session.thread_status_rescheduled'), JSON.stringify({ types: evs.map((e) => e.type), dbg })).toBe(true);
+    // The stalled handler, the repair before the next offer and the stall sweep all see this
+    // loss: it is still recorded exactly once.
+    expect(evs.filter((e) => e.type === 'session.thread_status_rescheduled'), JSON.stringify({ types: evs.map((e) => e.type), dbg })).toHaveLength(1);
     expect(evs.find((e) => e.type === 'session.status_idle')?.payload.stop_reason).toMatchObject({ type: 'end_turn' });
     const seqs = evs.map((e) => e.seq);
     expect(new Set(seqs).size).toBe(seqs.length);
@@ -82,6 +86,72 @@ describe('crash paths', () => {
     expect(run?.status).toBe('succeeded');
     expect(run?.attempts.map((x) => x.runner_id)).toEqual([a.runnerId, b.runnerId]);
     expect(run?.attempts[0]?.outcome).toBe('lost');
+  });
+
+  it('the scheduler dies after BullMQ moved a lost lease back to wait, before it recorded the loss: the reschedule is still recorded once, before the next attempt', async () => {
+    await Promise.all([daemon('box-c'), daemon('box-d')]);
+    const id = await turn([
+      { when: { user_contains: 'go' }, then: [{ tool: 'bash', input: { command: 'sleep 8; echo finished' } }] },
+      { when: { on: 'tool_result' }, then: [{ reply: 'ok: {{tool_result}}' }] },
+    ]);
+    await waitEvents(id, (e) => e.some((x) => x.type === 'agent.tool_use'));
+    const [leased] = await runsOf(id);
+    const holder = leased?.attempts[0]?.runner_id ?? '';
+    const victim = byRunner.get(holder);
+    expect(victim, `runner ${holder} holds the lease`).toBeDefined();
+
+    // Freeze the scheduler: its stalled check (and its handler) cannot run from now on.
+    const scheduler = p.pids().scheduler as number;
+    process.kill(scheduler, 'SIGSTOP');
+    try {
+      const gone = new Promise((r) => victim?.once('exit', r));
+      victim?.kill('SIGKILL');
+      await gone;
+      const before = (await events(id)).map((e) => e.seq);
+
+      // BullMQ's stalled check runs (here, in a process with no handler) and moves the Run back
+      // to wait: exactly what happens when the scheduler dies right after the check.
+      const conn = new Redis(p.redisUrl(), { maxRetriesPerRequest: null });
+      const prefix = queuePrefix(String(leased?.runner_pool_id));
+      const queue = new Queue(RUN_QUEUE, { connection: conn, prefix });
+      const checker = new Worker(RUN_QUEUE, null, { connection: conn, prefix, autorun: false, lockDuration: 4000, stalledInterval: 300, maxStalledCount: 3 });
+      checker.on('error', () => undefined);
+      try {
+        await checker.startStalledCheckTimer();
+        await waitFor('the stalled check to move the Run back', async () => {
+          const state = await (await Job.fromId(queue, String(leased?.id)))?.getState();
+          return state && state !== 'active' ? state : undefined;
+        }, 20_000);
+      } finally {
+        await checker.close();
+        await queue.close();
+        conn.disconnect();
+      }
+      expect((await events(id)).filter((e) => e.type === 'session.thread_status_rescheduled')).toHaveLength(0);
+
+      // The scheduler dies without having handled the stall; the supervisor starts a new one.
+      process.kill(scheduler, 'SIGKILL');
+      await waitFor('a new scheduler', () => (p.pids().scheduler !== scheduler ? true : undefined), 20_000);
+
+      const evs = await waitEvents(id, (e) => e.some((x) => x.type === 'session.status_idle'), 60_000);
+      const [run] = await runsOf(id);
+      const rescheduled = evs.filter((e) => e.type === 'session.thread_status_rescheduled');
+      expect(rescheduled, JSON.stringify({ types: evs.map((e) => e.type), run })).toHaveLength(1);
+      // Recorded before anything of the next attempt.
+      expect(evs.find((e) => !before.includes(e.seq))?.type).toBe('session.thread_status_rescheduled');
+      expect(evs.find((e) => e.type === 'session.status_idle')?.payload.stop_reason).toMatchObject({ type: 'end_turn' });
+      expect(run?.status).toBe('succeeded');
+      expect(run?.attempts).toHaveLength(2);
+      expect(run?.attempts[0]).toMatchObject({ runner_id: holder, outcome: 'lost' });
+      expect(run?.attempts[1]?.runner_id).not.toBe(holder);
+      expect(run?.attempts[1]?.outcome).toBe('succeeded');
+    } finally {
+      try {
+        process.kill(scheduler, 'SIGKILL');
+      } catch {
+        // already gone
+      }
+    }
   });
 
   it('kill -9 the scheduler: queued Runs are not lost and are leased once it is back', async () => {

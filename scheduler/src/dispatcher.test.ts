@@ -68,6 +68,7 @@ const hooks = () => {
     waiting: async (job: Job<RunJobData>, reason: string) => void events.push({ kind: 'waiting', run: job.data.run_id, detail: reason }),
     unservable: async (job: Job<RunJobData>, reason: string) => void events.push({ kind: 'unservable', run: job.data.run_id, detail: reason }),
     stalled: async (run: string) => void events.push({ kind: 'stalled', run }),
+    retaken: async (job: Job<RunJobData>) => void events.push({ kind: 'retaken', run: job.data.run_id, detail: String(job.attemptsStarted) }),
     exhausted: async (run: string) => void events.push({ kind: 'exhausted', run }),
   };
   return { events, h };
@@ -132,6 +133,13 @@ describe('lease engine (BullMQ)', () => {
     await until('fence expiry', async () => !(await s.fence.holds(stale.session_id, stale.lease_id)), 5000);
     await until('stalled and leased again', () => s.events.filter((e) => e.kind === 'leased').length === 2);
     expect(s.events.some((e) => e.kind === 'stalled')).toBe(true);
+    // Before the new attempt is offered, the hooks hear that the Run was taken again (where a
+    // loss nobody recorded is repaired); the stall also stays on record in BullMQ's event stream.
+    const second = s.events.findIndex((e, i) => e.kind === 'leased' && i > s.events.findIndex((x) => x.kind === 'leased'));
+    const retaken = s.events.findLastIndex((e, i) => e.kind === 'retaken' && i < second);
+    expect(retaken).toBeGreaterThanOrEqual(0);
+    expect(Number(s.events[retaken]?.detail)).toBeGreaterThan(stale.attempt);
+    expect((await s.queues.stalledAfter(s.poolId, '-')).runIds).toEqual([stale.run_id]);
     const fresh = s.fleet.runners.get('runner_b')?.leases[0] as Lease;
     expect(fresh.lease_id).not.toBe(stale.lease_id);
     expect(await s.keeper.heartbeat(stale)).toBe('lost');

@@ -12,6 +12,12 @@ export interface DispatchHooks {
   unservable(job: Job<RunJobData>, reason: string): Promise<void>;
   /** A lease was lost (lock expired): the Run goes back to the queue. */
   stalled(runId: string): Promise<void>;
+  /**
+   * The Run was taken for another attempt (`job.attemptsStarted`): every earlier attempt is
+   * over. Called before anything is offered, so a loss that was never recorded (the process
+   * that saw the stall died) is recorded ahead of the new attempt's events.
+   */
+  retaken(job: Job<RunJobData>): Promise<void>;
   /** BullMQ gave up on the Run (stalled too often). */
   exhausted(runId: string, reason: string): Promise<void>;
 }
@@ -161,6 +167,7 @@ export class PoolDispatcher {
 
   private async place(job: Job<RunJobData>, token: string): Promise<void> {
     this.markedWaiting.delete(job.data.run_id);
+    await this.o.hooks.retaken(job).catch((err: unknown) => this.o.log.warn({ err, run: job.id }, 'recording the earlier attempts failed'));
     const req = job.data.requirements;
     const { runners } = await this.freeCapacity();
     // Most effective free slots first; equal runners in random order, so load spreads.

@@ -5,9 +5,27 @@ import type { RunLifecycle } from '@agentplane/api';
 import type { DispatchHooks } from './dispatcher.js';
 import type { SchedulerMetrics } from './metrics.js';
 
+const LEASE_LOST = 'lease lost: the runner stopped renewing it';
+
+/**
+ * Every attempt numbered below the returned bound is over, for a job just read from Redis:
+ * BullMQ's attempt counter only grows, so a counter read before the state holds for that state
+ * too. An active job may still hold its latest attempt; a waiting or delayed one holds none.
+ * Null when the job is finished (the gateway or the reconciler ends the Run then).
+ */
+async function settledBelow(job: Job<RunJobData>): Promise<number | null> {
+  const started = job.attemptsStarted;
+  const state = await job.getState();
+  if (state === 'completed' || state === 'failed' || state === 'unknown') return null;
+  return state === 'active' ? started : started + 1;
+}
+
 /** What placing a Run means for the Run document, the thread and the metrics. */
 export function runHooks(d: { poolId: string; queues: RunQueues; lifecycle: RunLifecycle; metrics: SchedulerMetrics; log: Logger }): DispatchHooks {
   const data = async (runId: string): Promise<RunJobData | undefined> => (await d.queues.job(d.poolId, runId))?.data;
+  const lost = (n: number) => {
+    if (n > 0) d.metrics.rescheduled(d.poolId, 'lease_lost', n);
+  };
   return {
     async leased(job: Job<RunJobData>, runnerId: string, leaseId: string, attempt: number) {
       d.metrics.leased(d.poolId, job.data);
@@ -22,9 +40,16 @@ export function runHooks(d: { poolId: string; queues: RunQueues; lifecycle: RunL
       await d.lifecycle.failed(job.data.session_id, job.data.run_id, null, { class: 'unservable', code: 'no_eligible_runner', message: reason });
     },
     async stalled(runId: string) {
-      d.metrics.rescheduled(d.poolId, 'lease_lost');
-      const job = await data(runId);
-      if (job) await d.lifecycle.rescheduled(job.session_id, runId, null, 'lease lost: the runner stopped renewing it');
+      const job = await d.queues.job(d.poolId, runId);
+      if (!job?.data) return;
+      const below = await settledBelow(job);
+      if (below === null) return;
+      lost(await d.lifecycle.leaseLost(job.data.session_id, runId, below, LEASE_LOST));
+    },
+    async retaken(job: Job<RunJobData>) {
+      // The first attempt has nothing before it; a later one may follow a loss nobody recorded.
+      if (job.attemptsStarted <= 1) return;
+      lost(await d.lifecycle.leaseLost(job.data.session_id, job.data.run_id, job.attemptsStarted, LEASE_LOST));
     },
     async exhausted(runId: string, reason: string) {
       const job = await data(runId);

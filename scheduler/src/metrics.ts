@@ -17,8 +17,8 @@ export class SchedulerMetrics {
     this.enqueueSeconds.observe({ pool: poolId }, Math.max(0, job.enqueued_at_ms - job.accepted_at_ms) / 1000);
   }
 
-  rescheduled(poolId: string, cause: string): void {
-    this.reschedules.inc({ pool: poolId, cause });
+  rescheduled(poolId: string, cause: string, n = 1): void {
+    this.reschedules.inc({ pool: poolId, cause }, n);
   }
 
   /** Refresh queue depths (wait, prioritized, delayed, active) for the pools this process serves. */

@@ -40,3 +40,22 @@ export async function reconcilePool(poolId: string, queues: RunQueues, lifecycle
   if (done > 0) log.info({ pool: poolId, reconciled: done }, 'reconciled finished runs');
   return done;
 }
+
+/**
+ * Crash safety for lost leases: BullMQ's stalled check records every Run it moves back to wait in
+ * the queue's event stream, in the same script as the move. The worker's in-memory `stalled`
+ * event is only the fast path; if the process that ran the check died before handling it, this
+ * replay of the durable record reaches the same hook, which records each loss once. Returns the
+ * cursor to continue from.
+ */
+export async function repairStalls(poolId: string, queues: RunQueues, stalled: (runId: string) => Promise<void>, cursor: string, log: Logger): Promise<string> {
+  let at = cursor;
+  for (;;) {
+    const page = await queues.stalledAfter(poolId, at);
+    for (const runId of page.runIds) {
+      await stalled(runId).catch((err: unknown) => log.warn({ err, pool: poolId, run: runId }, 'recording a lost lease failed'));
+    }
+    at = page.cursor;
+    if (!page.more) return at;
+  }
+}

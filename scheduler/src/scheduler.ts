@@ -5,10 +5,10 @@ import { activePools, LeaseFence, LeaseRecords, RunQueues } from '@agentplane/le
 import { SecretBox } from '@agentplane/core';
 import { connectRedis, DocumentStore, tags, type Redis } from '@agentplane/store';
 import type { SchedulerConfig } from './config.js';
-import { PoolDispatcher } from './dispatcher.js';
+import { PoolDispatcher, type DispatchHooks } from './dispatcher.js';
 import type { LeaseOffer } from './directory.js';
 import { runHooks } from './hooks.js';
-import { reconcilePool } from './reconciler.js';
+import { reconcilePool, repairStalls } from './reconciler.js';
 import { SchedulerMetrics } from './metrics.js';
 import { RedisOfferChannel } from './offer-channel.js';
 import { PresenceDirectory } from './presence-directory.js';
@@ -34,6 +34,8 @@ export class Scheduler {
   private readonly queues: RunQueues;
   private readonly pools = new Map<string, string>();
   private readonly dispatchers = new Map<string, PoolDispatcher>();
+  /** Per pool: its hooks and how far BullMQ's stalled records have been replayed. */
+  private readonly served = new Map<string, { hooks: DispatchHooks; stalls: string }>();
   private readonly directory: PresenceDirectory;
   private readonly offers: RedisOfferChannel;
   private readonly lifecycle: RunLifecycle;
@@ -102,17 +104,21 @@ export class Scheduler {
     for (const [pool, ws] of await activePools(this.redis)) {
       this.pools.set(pool, ws);
       if (this.dispatchers.has(pool)) continue;
+      const hooks = runHooks({ poolId: pool, queues: this.queues, lifecycle: this.lifecycle, metrics: this.metrics, log: this.log });
       const d = new PoolDispatcher({
         poolId: pool, queues: this.queues, connection: this.bull, directory: this.directory, offers: this.offers,
-        hooks: runHooks({ poolId: pool, queues: this.queues, lifecycle: this.lifecycle, metrics: this.metrics, log: this.log }),
-        config: this.config.lease, log: this.log, capacityRetryMs: this.config.capacityRetryMs,
+        hooks, config: this.config.lease, log: this.log, capacityRetryMs: this.config.capacityRetryMs,
       });
       d.start();
       this.dispatchers.set(pool, d);
+      this.served.set(pool, { hooks, stalls: '-' });
       this.log.info({ pool, workspace: ws }, 'dispatching pool');
     }
     await this.metrics.refresh(this.queues, [...this.dispatchers.keys()]);
-    for (const pool of this.dispatchers.keys()) await reconcilePool(pool, this.queues, this.lifecycle, this.log);
+    for (const [pool, served] of this.served) {
+      await reconcilePool(pool, this.queues, this.lifecycle, this.log);
+      served.stalls = await repairStalls(pool, this.queues, (run) => served.hooks.stalled(run), served.stalls, this.log);
+    }
   }
 
   async stop(): Promise<void> {

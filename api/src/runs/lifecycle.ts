@@ -104,14 +104,55 @@ export class RunLifecycle {
     await this.runtime.endTurn(session, res.run.session_thread_id, result.stop_reason, result.waits ?? []);
   }
 
-  /** The lease was lost or failed for an infrastructure reason and will be retried. */
+  /** An attempt failed for an infrastructure reason and will be retried (`leaseId` null: every open attempt was lost). */
   async rescheduled(sessionId: string, runId: string, leaseId: string | null, cause: string): Promise<void> {
-    const res = await this.move(sessionId, runId, (r) =>
-      TERMINAL.has(r.status) ? null : { ...r, status: 'queued', attempts: this.endAttempt(r, leaseId, leaseId === null ? 'lost' : 'infrastructure_failure', cause) });
-    if (!res?.moved) return;
-    const session = await this.store.get(res.run.workspace_id, sessionId);
-    await this.runtime.reschedule(session, res.run.session_thread_id).catch((err: unknown) =>
-      this.log.debug({ err: err instanceof Error ? err.message : String(err), run: runId }, 'thread not running; no reschedule event'));
+    await this.endLost(sessionId, runId, (a) => leaseId === null || a.lease_id === leaseId, leaseId === null ? 'lost' : 'infrastructure_failure', cause);
+  }
+
+  /**
+   * The lease engine has moved past every attempt numbered below `below` (BullMQ's attempt
+   * counter only grows): those still open lost their lease without a report. Called by whoever
+   * notices first (the stalled handler, the sweep of BullMQ's stalled records, the dispatch of
+   * the next attempt); returns how many attempts this call ended.
+   */
+  async leaseLost(sessionId: string, runId: string, below: number, cause: string): Promise<number> {
+    return this.endLost(sessionId, runId, (a) => a.attempt < below, 'lost', cause);
+  }
+
+  /**
+   * Record attempts that ended without a result, once each, in an order that survives a crash at
+   * any point: first the thread goes `rescheduling` and `session.thread_status_rescheduled` is
+   * appended under the producer key `run:<run>:rescheduled:<attempt>`, then the attempt is ended
+   * on the Run. Until then the attempt stays open, so any later call finds it again, and the
+   * producer key turns the repeated append into a no-op: never lost, never duplicated.
+   */
+  private async endLost(sessionId: string, runId: string, pick: (a: RunAttempt) => boolean, outcome: RunAttempt['outcome'], cause: string): Promise<number> {
+    const run = await this.store.run(sessionId, runId);
+    if (!run || TERMINAL.has(run.status)) return 0;
+    const lost = (run.attempts ?? []).filter((a) => a.ended_at === null && pick(a)).sort((a, b) => a.attempt - b.attempt);
+    if (lost.length === 0) return 0;
+    const threadId = run.session_thread_id;
+    const thread = await this.store.updateThread(sessionId, threadId, (t) =>
+      t._active_run_id === runId && t.status === 'running' ? { ...t, status: 'rescheduling' } : null,
+    ).catch((err: unknown) => {
+      this.log.debug({ err: err instanceof Error ? err.message : String(err), run: runId }, 'thread gone; no reschedule event');
+      return null;
+    });
+    // Only the thread's own turn is rescheduled: an ended turn or another Run's turn gets no event.
+    if (thread?._active_run_id === runId && thread.status === 'rescheduling') {
+      await this.store.log.append(sessionId, lost.map((a) => ({
+        type: 'session.thread_status_rescheduled', payload: {}, session_thread_id: threadId, producer_key: `run:${runId}:rescheduled:${a.attempt}`,
+      })));
+    }
+    const ids = new Set(lost.map((a) => a.lease_id));
+    const res = await this.move(sessionId, runId, (r) => {
+      if (TERMINAL.has(r.status) || !(r.attempts ?? []).some((a) => a.ended_at === null && ids.has(a.lease_id))) return null;
+      const attempts = (r.attempts ?? []).map((a) => (a.ended_at === null && ids.has(a.lease_id) ? { ...a, ended_at: nowIso(), outcome, cause } : a));
+      // A later attempt already leased keeps the Run where it is; otherwise it is queued again.
+      const live = attempts.some((a) => a.ended_at === null);
+      return { ...r, attempts, status: !live && (r.status === 'leased' || r.status === 'running') ? 'queued' : r.status };
+    });
+    return res?.moved ? lost.length : 0;
   }
 
   /** Final failure: retries exhausted, unservable, or the agent's own failure. */

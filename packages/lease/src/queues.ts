@@ -93,6 +93,23 @@ export class RunQueues {
     return true;
   }
 
+  /**
+   * Runs BullMQ's stalled check moved back to wait (a lost lock), read from the queue's event
+   * stream after `cursor` (a stream id, `-` for everything kept). The check appends that record
+   * in the same script that moves the job, so it survives the process that ran the check.
+   */
+  async stalledAfter(poolId: string, cursor: string, count = 1000): Promise<{ runIds: string[]; cursor: string; more: boolean }> {
+    const entries = await this.connection.xrange(this.queue(poolId).toKey('events'), cursor === '-' ? '-' : `(${cursor}`, '+', 'COUNT', count);
+    const runIds = new Set<string>();
+    for (const [, fields] of entries) {
+      const f = new Map<string, string>();
+      for (let i = 0; i + 1 < fields.length; i += 2) f.set(fields[i] as string, fields[i + 1] as string);
+      const id = f.get('jobId');
+      if (f.get('event') === 'stalled' && id) runIds.add(id);
+    }
+    return { runIds: [...runIds], cursor: entries.at(-1)?.[0] ?? cursor, more: entries.length === count };
+  }
+
   async depth(poolId: string): Promise<Record<string, number>> {
     return this.queue(poolId).getJobCounts('wait', 'prioritized', 'delayed', 'active', 'failed', 'completed');
   }

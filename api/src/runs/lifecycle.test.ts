@@ -1,0 +1,107 @@
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createLogger, newId, nowIso } from '@agentplane/core';
+import { connectRedis, startEmbeddedRedis, type EmbeddedRedis, type Redis } from '@agentplane/store';
+import type { SessionDoc } from '../sessions/model.js';
+import { newThreadDoc, SessionStore } from '../sessions/store.js';
+import { recordOnlyTurnScheduler, ThreadRuntime } from '../sessions/turns.js';
+import { RunLifecycle } from './lifecycle.js';
+
+let server: EmbeddedRedis;
+let redis: Redis;
+let dir: string;
+let store: SessionStore;
+let lifecycle: RunLifecycle;
+
+beforeAll(async () => {
+  dir = mkdtempSync(join(tmpdir(), 'lifecycle-'));
+  server = await startEmbeddedRedis({ dir });
+  redis = connectRedis(server.url, { name: 'test' });
+  store = new SessionStore(redis);
+  lifecycle = new RunLifecycle(store, new ThreadRuntime(store, () => recordOnlyTurnScheduler), createLogger({ name: 'test', level: 'silent' }));
+});
+afterAll(async () => {
+  redis?.disconnect();
+  await server?.stop();
+  rmSync(dir, { recursive: true, force: true });
+});
+
+/** A Session whose primary thread runs a turn with attempt 1 leased. */
+async function leasedTurn(): Promise<{ sessionId: string; threadId: string; runId: string }> {
+  const now = nowIso();
+  const agent = { id: newId('agent'), type: 'agent' as const, name: 'a', version: 1, model: 'default', system: null, tools: [], mcp_servers: [] };
+  const session: SessionDoc = {
+    id: newId('session'), type: 'session', workspace_id: newId('workspace'), agent, environment_id: newId('environment'), environment_version: 1,
+    title: null, budget: null, metadata: {}, resources: [], vault_ids: [], outcome_evaluations: [], archived_at: null, _primary_thread_id: '',
+    version: 1, created_at: now, updated_at: now,
+  };
+  const thread = newThreadDoc(session, agent, null);
+  session._primary_thread_id = thread.id;
+  await store.create(session, thread);
+  const { run } = await new ThreadRuntime(store, () => recordOnlyTurnScheduler).submitUserMessage(session, thread.id, newId('event'));
+  if (!run) throw new Error('no turn started');
+  await lifecycle.leased(session.id, run.id, { lease_id: 'lease-1', runner_id: 'runner_a', attempt: 1 });
+  await lifecycle.started(session.id, run.id);
+  return { sessionId: session.id, threadId: thread.id, runId: run.id };
+}
+
+const rescheduledEvents = async (sessionId: string) =>
+  (await store.log.range(sessionId, 0, 100)).filter((e) => e.type === 'session.thread_status_rescheduled');
+
+describe('lost leases', () => {
+  it('every path that notices the loss records it, together: one event, one ended attempt', async () => {
+    const t = await leasedTurn();
+    const n = await Promise.all([
+      lifecycle.leaseLost(t.sessionId, t.runId, 2, 'lost'),
+      lifecycle.leaseLost(t.sessionId, t.runId, 2, 'lost'),
+      lifecycle.rescheduled(t.sessionId, t.runId, null, 'lost').then(() => 0),
+    ]);
+    expect(n[0] + n[1]).toBeLessThanOrEqual(1);
+    expect(await rescheduledEvents(t.sessionId)).toHaveLength(1);
+    const run = await store.run(t.sessionId, t.runId);
+    expect(run?.status).toBe('queued');
+    expect(run?.attempts).toMatchObject([{ attempt: 1, outcome: 'lost', cause: 'lost' }]);
+    expect((await store.thread(t.sessionId, t.threadId)).status).toBe('rescheduling');
+    expect(await lifecycle.leaseLost(t.sessionId, t.runId, 2, 'lost')).toBe(0);
+    expect(await rescheduledEvents(t.sessionId)).toHaveLength(1);
+  });
+
+  it('a repair after a crash between the event and the Run update completes it without a second event', async () => {
+    const t = await leasedTurn();
+    // The process died right after the append: the thread moved and the event is in the log,
+    // but the attempt is still open.
+    await store.updateThread(t.sessionId, t.threadId, (th) => ({ ...th, status: 'rescheduling' }));
+    await store.log.append(t.sessionId, [{ type: 'session.thread_status_rescheduled', payload: {}, session_thread_id: t.threadId, producer_key: `run:${t.runId}:rescheduled:1` }]);
+    expect(await lifecycle.leaseLost(t.sessionId, t.runId, 2, 'lost')).toBe(1);
+    expect(await rescheduledEvents(t.sessionId)).toHaveLength(1);
+    expect((await store.run(t.sessionId, t.runId))?.attempts?.[0]?.outcome).toBe('lost');
+  });
+
+  it('only attempts the lease engine is done with are ended; a later loss gets its own event', async () => {
+    const t = await leasedTurn();
+    expect(await lifecycle.leaseLost(t.sessionId, t.runId, 1, 'lost')).toBe(0);
+    expect(await rescheduledEvents(t.sessionId)).toHaveLength(0);
+    expect(await lifecycle.leaseLost(t.sessionId, t.runId, 3, 'lost')).toBe(1);
+    await lifecycle.leased(t.sessionId, t.runId, { lease_id: 'lease-3', runner_id: 'runner_b', attempt: 3 });
+    // A late report about attempt 1 leaves the live attempt 3 alone.
+    expect(await lifecycle.leaseLost(t.sessionId, t.runId, 3, 'lost')).toBe(0);
+    let run = await store.run(t.sessionId, t.runId);
+    expect(run?.status).toBe('leased');
+    expect(run?.attempts?.map((a) => a.outcome)).toEqual(['lost', 'running']);
+    expect(await lifecycle.leaseLost(t.sessionId, t.runId, 4, 'lost')).toBe(1);
+    run = await store.run(t.sessionId, t.runId);
+    expect(run?.attempts?.map((a) => a.outcome)).toEqual(['lost', 'lost']);
+    expect(await rescheduledEvents(t.sessionId)).toHaveLength(2);
+  });
+
+  it('an infrastructure failure reported by the gateway ends its own attempt once', async () => {
+    const t = await leasedTurn();
+    await lifecycle.rescheduled(t.sessionId, t.runId, 'lease-1', 'sandbox failed to start');
+    await lifecycle.rescheduled(t.sessionId, t.runId, 'lease-1', 'sandbox failed to start');
+    expect(await lifecycle.leaseLost(t.sessionId, t.runId, 2, 'lost')).toBe(0);
+    expect(await rescheduledEvents(t.sessionId)).toHaveLength(1);
+    expect((await store.run(t.sessionId, t.runId))?.attempts?.[0]).toMatchObject({ outcome: 'infrastructure_failure', cause: 'sandbox failed to start' });
+  });
+});
