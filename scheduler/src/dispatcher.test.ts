@@ -89,16 +89,16 @@ afterEach(async () => {
   dispatchers = [];
 });
 
-function setup(n = 1) {
+function setup(n = 1, cfg: LeaseConfig = config) {
   const poolId = `rpool_${String(++pool).padStart(32, '0')}`;
   const redis = conn();
-  const queues = new RunQueues(redis, config);
+  const queues = new RunQueues(redis, cfg);
   const fence = new LeaseFence(redis);
-  const keeper = new LeaseKeeper(queues, fence, config);
+  const keeper = new LeaseKeeper(queues, fence, cfg);
   const fleet = new Fleet(keeper, poolId);
   const { events, h } = hooks();
   for (let i = 0; i < n; i++) {
-    const d = new PoolDispatcher({ poolId, queues, connection: conn(), directory: fleet, offers: fleet, hooks: h, config, log, capacityRetryMs: 100 });
+    const d = new PoolDispatcher({ poolId, queues, connection: conn(), directory: fleet, offers: fleet, hooks: h, config: cfg, log, capacityRetryMs: 100 });
     d.start();
     dispatchers.push(d);
   }
@@ -145,6 +145,19 @@ describe('lease engine (BullMQ)', () => {
     expect(await s.keeper.heartbeat(stale)).toBe('lost');
     expect(await s.keeper.complete(stale, {})).toBe('lost');
     expect(await s.keeper.complete(fresh, {})).toBe('ok');
+  });
+
+  it('a Run that lost more leases than allowed is failed for good, not offered again', async () => {
+    const s = setup(1, { ...config, maxStalledCount: 0 });
+    s.fleet.add('runner_a');
+    const { run_id: run } = await s.enqueue(6);
+    await until('leased', () => s.events.some((e) => e.kind === 'leased'));
+    s.fleet.runners.delete('runner_a');
+    s.fleet.add('runner_b');
+    await until('exhausted', () => s.events.some((e) => e.kind === 'exhausted' && e.run === run));
+    await until('failed in BullMQ', async () => (await (await s.queues.job(s.poolId, run))?.getState()) === 'failed');
+    expect(s.events.filter((e) => e.kind === 'leased')).toHaveLength(1);
+    expect(s.fleet.runners.get('runner_b')?.leases).toHaveLength(0);
   });
 
   it('infrastructure failures retry with backoff; the agent’s own failures are final', async () => {

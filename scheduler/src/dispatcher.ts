@@ -18,7 +18,7 @@ export interface DispatchHooks {
    * that saw the stall died) is recorded ahead of the new attempt's events.
    */
   retaken(job: Job<RunJobData>): Promise<void>;
-  /** BullMQ gave up on the Run (stalled too often). */
+  /** The Run lost more leases than allowed (`RUN_MAX_LOST_LEASES`): it fails for good. */
   exhausted(runId: string, reason: string): Promise<void>;
 }
 
@@ -73,11 +73,6 @@ export class PoolDispatcher {
     this.worker.on('error', (err) => o.log.warn({ err: err.message, pool: o.poolId }, 'dispatcher worker error'));
     this.worker.on('stalled', (jobId) => {
       void o.hooks.stalled(jobId).catch((err: unknown) => o.log.error({ err, jobId }, 'stalled hook failed'));
-    });
-    this.worker.on('failed', (job, err) => {
-      if (job && /stalled more than allowable limit/.test(err.message)) {
-        void o.hooks.exhausted(job.id ?? '', err.message).catch((e: unknown) => o.log.error({ err: e }, 'exhausted hook failed'));
-      }
     });
   }
 
@@ -167,6 +162,13 @@ export class PoolDispatcher {
 
   private async place(job: Job<RunJobData>, token: string): Promise<void> {
     this.markedWaiting.delete(job.data.run_id);
+    // A Run that lost more leases than allowed comes back from the stalled check marked, not
+    // failed: BullMQ fails it only inside its own processor, which this dispatcher does not use.
+    if (job.deferredFailure) {
+      await job.moveToFailed(new UnrecoverableError(job.deferredFailure), token, false).catch(() => undefined);
+      await this.o.hooks.exhausted(job.data.run_id, job.deferredFailure);
+      return;
+    }
     await this.o.hooks.retaken(job).catch((err: unknown) => this.o.log.warn({ err, run: job.id }, 'recording the earlier attempts failed'));
     const req = job.data.requirements;
     const { runners } = await this.freeCapacity();

@@ -23,6 +23,12 @@ async function settledBelow(job: Job<RunJobData>): Promise<number | null> {
 /** What placing a Run means for the Run document, the thread and the metrics. */
 export function runHooks(d: { poolId: string; queues: RunQueues; lifecycle: RunLifecycle; metrics: SchedulerMetrics; log: Logger }): DispatchHooks {
   const data = async (runId: string): Promise<RunJobData | undefined> => (await d.queues.job(d.poolId, runId))?.data;
+  const exhausted = async (runId: string, reason: string): Promise<void> => {
+    const job = await data(runId);
+    if (!job) return;
+    await d.queues.dequeued(d.poolId, job.workspace_id, runId);
+    await d.lifecycle.failed(job.session_id, runId, null, { class: 'infrastructure', code: 'retries_exhausted', message: reason });
+  };
   const lost = (n: number) => {
     if (n > 0) d.metrics.rescheduled(d.poolId, 'lease_lost', n);
   };
@@ -42,6 +48,8 @@ export function runHooks(d: { poolId: string; queues: RunQueues; lifecycle: RunL
     async stalled(runId: string) {
       const job = await d.queues.job(d.poolId, runId);
       if (!job?.data) return;
+      // Over the lost-lease limit: the turn ends now, even if no dispatcher takes the job soon.
+      if (job.deferredFailure) return exhausted(runId, job.deferredFailure);
       const below = await settledBelow(job);
       if (below === null) return;
       lost(await d.lifecycle.leaseLost(job.data.session_id, runId, below, LEASE_LOST));
@@ -51,11 +59,6 @@ export function runHooks(d: { poolId: string; queues: RunQueues; lifecycle: RunL
       if (job.attemptsStarted <= 1) return;
       lost(await d.lifecycle.leaseLost(job.data.session_id, job.data.run_id, job.attemptsStarted, LEASE_LOST));
     },
-    async exhausted(runId: string, reason: string) {
-      const job = await data(runId);
-      if (!job) return;
-      await d.queues.dequeued(d.poolId, job.workspace_id, runId);
-      await d.lifecycle.failed(job.session_id, runId, null, { class: 'infrastructure', code: 'retries_exhausted', message: reason });
-    },
+    exhausted,
   };
 }

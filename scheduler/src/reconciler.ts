@@ -27,7 +27,9 @@ export async function reconcilePool(poolId: string, queues: RunQueues, lifecycle
   }
   for (const job of ((await q.getFailed(0, 99)) as Job<RunJobData>[]).filter(old)) {
     const reason = job.failedReason ?? 'failed';
-    const agent = /UnrecoverableError/.test(job.stacktrace?.join('\n') ?? '') || /no runner in the pool can serve/.test(reason);
+    // Lost leases over the limit are failed as unrecoverable too, but they are no work failure.
+    const lostTooOften = /stalled more than allowable limit/.test(reason);
+    const agent = !lostTooOften && (/UnrecoverableError/.test(job.stacktrace?.join('\n') ?? '') || /no runner in the pool can serve/.test(reason));
     await lifecycle.failed(job.data.session_id, job.data.run_id, null, {
       class: agent ? 'work' : 'infrastructure',
       code: /no runner in the pool can serve/.test(reason) ? 'no_eligible_runner' : agent ? 'work_failed' : 'retries_exhausted',
