@@ -6,6 +6,7 @@ import type { Agent } from './agents/model.js';
 import { VersionedStore } from './agents/versioned.js';
 import type { Environment } from './environments/operations.js';
 import { FileStore } from './files/store.js';
+import { registerSandboxRelease } from './runs/sandbox-release.js';
 import { runtimeFiles } from './files/runtime.js';
 import { SessionService } from './sessions/service.js';
 import { SessionStore } from './sessions/store.js';
@@ -138,6 +139,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
       keeper: deps.runs.keeper, records: deps.runs.records, lifecycle: deps.runs.lifecycle, log: deps.sessions.store.log,
       store: deps.sessions.store, models: deps.models, lease: config.lease, logger: log,
     });
+    registerSandboxRelease(gateway, deps.docs);
   }
 
   return {

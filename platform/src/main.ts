@@ -25,6 +25,9 @@ Environment:
   LOG_LEVEL         fatal|error|warn|info|debug|trace|silent (default info)
   START_SCHEDULER   start the scheduler process (default true)
   START_RUNNER      start a local runner paired to the default workspace (default true)
+  SANDBOX_IDLE_SUSPEND_SECONDS, SANDBOX_IDLE_EXPIRE_SECONDS, SANDBOX_REPORT_SECONDS,
+  REPOSITORY_MAX_MIB, RUNNER_MAX_SLOTS, GIT_SSL_CAINFO, SSH_AUTH_SOCK, HTTPS_PROXY
+                    passed to the local runner (see agentplane-runner start --help)
 `;
 
 const require = createRequire(import.meta.url);
@@ -133,7 +136,7 @@ async function main(): Promise<void> {
       name: 'runner',
       script: entry('@agentplane/runner-daemon', 'cli.js'),
       args: ['start', '--config-dir', runnerDir],
-      env: { ...common },
+      env: { ...common, ...config.localRunnerEnv },
     });
   }
 

@@ -8,6 +8,7 @@ import {
 import type Docker from 'dockerode';
 import { buildCapabilities, hostFacts, memoryAvailableMib, type HostFacts, type SlotPolicy } from './capabilities.js';
 import { saveState, type DaemonConfig, type RunnerCredentialFile, type RunnerStateFile } from './config.js';
+import { InfrastructureFailure } from './failures.js';
 
 export const DAEMON_VERSION = '0.1.0';
 
@@ -33,10 +34,17 @@ export interface LeaseExecutor {
   /** A reason to reject the offer (e.g. an unknown driver), or null to accept it. */
   refuse(offer: Payload<'lease.offer'>): string | null;
   run(handle: LeaseHandle): Promise<Record<string, unknown> | undefined>;
+  /** Sessions whose sandboxes this executor keeps (reported, so those of ended Sessions are released). */
+  sandboxes?(): string[];
+  /** The Session was archived or deleted: remove its sandbox and workspace. */
+  releaseSandbox?(sessionId: string, reason: string): Promise<void>;
+  /** A lease of this Session was lost (revoked, not resumed): stop its processes now. */
+  leaseLost?(sessionId: string): Promise<void>;
 }
 
 interface HeldLease {
   ref: LeaseRef;
+  sessionId: string;
   abort: AbortController;
   done: Promise<void>;
   /** Set by lease.revoked: the lease is gone and every write would be fenced. */
@@ -72,6 +80,7 @@ export class RunnerAgent {
   private streamSeq = 0;
   /** Event batches waiting for their events.ack, by frame id. */
   private readonly eventAcks = new Map<string, (seqs: number[]) => void>();
+  private reportTimer: NodeJS.Timeout | null = null;
 
   constructor(
     private readonly cred: RunnerCredentialFile,
@@ -120,6 +129,7 @@ export class RunnerAgent {
   private finish(): void {
     this.stopped = true;
     this.stopHeartbeat();
+    if (this.reportTimer) clearInterval(this.reportTimer);
     this.status = 'draining';
     const state = this.stateFile(false);
     state.status = 'stopped';
@@ -251,9 +261,10 @@ export class RunnerAgent {
         this.lastAckAt = Date.now();
         this.log.info({ generation: p.generation, protocol: p.protocol_version }, 'connected to the control plane');
         const resumed = new Set(p.resumed_leases.map((l) => `${l.lease_id}#${l.attempt}`));
-        for (const [k, h] of this.held) if (!resumed.has(k)) h.abort.abort(new Error('lease not resumed after reconnect'));
+        for (const [k, h] of this.held) if (!resumed.has(k)) this.loseLease(h, 'lease not resumed after reconnect');
         if (p.drain) this.beginDrain(Date.parse(p.drain.deadline), p.drain.reason);
         this.startHeartbeat();
+        this.startSandboxReports();
         this.writeState(true);
         return;
       }
@@ -271,10 +282,18 @@ export class RunnerAgent {
         return this.onOffer(msg.payload);
       case 'lease.revoked': {
         const h = this.held.get(`${msg.payload.lease_id}#${msg.payload.attempt}`);
-        if (h) h.revoked = msg.payload.reason;
-        h?.abort.abort(new Error(msg.payload.reason));
+        if (h) {
+          h.revoked = msg.payload.reason;
+          this.loseLease(h, msg.payload.reason);
+        }
         return;
       }
+      case 'sandboxes.release':
+        for (const s of msg.payload.sessions) {
+          await this.executor?.releaseSandbox?.(s.session_id, s.reason).catch((err: unknown) =>
+            this.log.warn({ session: s.session_id, err: err instanceof Error ? err.message : String(err) }, 'sandbox release failed'));
+        }
+        return;
       case 'lease.cancel':
         this.held.get(`${msg.payload.lease_id}#${msg.payload.attempt}`)?.abort.abort(new Error(msg.payload.reason));
         return;
@@ -291,6 +310,25 @@ export class RunnerAgent {
       default:
         this.log.debug({ type: msg.type as GatewayToRunnerType }, 'frame not used by this daemon yet');
     }
+  }
+
+  /** The lease is gone: stop the work now and let the executor kill what still runs for it. */
+  private loseLease(h: HeldLease, reason: string): void {
+    h.abort.abort(new Error(reason));
+    this.executor?.leaseLost?.(h.sessionId).catch((err: unknown) =>
+      this.log.warn({ session: h.sessionId, err: err instanceof Error ? err.message : String(err) }, 'stopping the sandbox of a lost lease failed'));
+  }
+
+  /** Reports the kept sandboxes now and then, so those of archived or deleted Sessions are released. */
+  private startSandboxReports(): void {
+    if (this.reportTimer) clearInterval(this.reportTimer);
+    const report = () => {
+      const ids = this.executor?.sandboxes?.() ?? [];
+      for (let i = 0; i < ids.length; i += 1024) this.send('sandboxes.report', { session_ids: ids.slice(i, i + 1024) });
+    };
+    report();
+    this.reportTimer = setInterval(report, this.config.sandboxReportMs);
+    this.reportTimer.unref();
   }
 
   /** A ModelClient whose steps travel as model.request frames fenced by this lease. */
@@ -359,13 +397,13 @@ export class RunnerAgent {
     const executor = this.executor;
     const done = executor.run(handle).then(
       (result) => void this.send('lease.complete', { ...ref, ...(result ? { result } : {}) }),
-      (err: unknown) => void this.send('lease.fail', { ...ref, failure_class: abort.signal.aborted ? 'infrastructure' : 'work', reason: String(err instanceof Error ? err.message : err).slice(0, 2000) || 'failed' }),
+      (err: unknown) => void this.send('lease.fail', { ...ref, failure_class: abort.signal.aborted || err instanceof InfrastructureFailure ? 'infrastructure' : 'work', reason: String(err instanceof Error ? err.message : err).slice(0, 2000) || 'failed' }),
     ).finally(() => {
       clearInterval(renew);
       this.held.delete(key);
       this.maybeFinishDrain();
     });
-    this.held.set(key, { ref, abort, done, revoked: null });
+    this.held.set(key, { ref, sessionId: offer.session_id, abort, done, revoked: null });
   }
 
   private startHeartbeat(): void {

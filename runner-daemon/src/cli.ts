@@ -7,8 +7,8 @@ import { RunnerAgent } from './agent.js';
 import { dockerClient } from './capabilities.js';
 import { credentialPath, loadCredential, loadDaemonConfig, loadState, saveCredential, type RunnerCredentialFile } from './config.js';
 import { runDoctor } from './doctor.js';
-import { firstWilling, turnExecutor } from './executor.js';
-import { noopExecutor } from './executors.js';
+import { firstWilling, noopExecutor, turnExecutor } from './executors/index.js';
+import { SandboxManager } from './sandbox/manager.js';
 import { ensureSandboxImageIfDocker, selectDriver } from './sandbox/index.js';
 
 const COMMON = `
@@ -53,7 +53,15 @@ Options:
   --slot-memory-mib <mib>    memory reserved per slot (default 512)
   --drain-deadline-ms <ms>   drain deadline on SIGTERM (default 3600000)
   --reconnect-base-ms, --reconnect-cap-ms   backoff bounds (default 1000, 64000)
+  --sandbox-idle-suspend-seconds <s>   stop an idle Session sandbox's processes (default 600; 0 never)
+  --sandbox-idle-expire-seconds <s>    remove an idle Session sandbox and its workspace (default 86400; 0 never)
+  --sandbox-report-seconds <s>         how often sandboxes of archived/deleted Sessions are released (default 30)
+  --repository-max-mib <mib>           largest repository snapshot fetched for a Session (default 256)
   --log-level <level>        pino level (default info)
+Environment: AGENTPLANE_RUNNER_HOME, RUNNER_MAX_SLOTS, SANDBOX_IDLE_SUSPEND_SECONDS,
+SANDBOX_IDLE_EXPIRE_SECONDS, SANDBOX_REPORT_SECONDS, REPOSITORY_MAX_MIB, DOCKER_SOCKET, LOG_LEVEL.
+Repository resources are fetched on this machine with git (the sandbox has no network), with
+this machine's git credentials (HTTPS credential helpers, SSH keys for git@ URLs).
 ${COMMON}`,
   status: `Usage: agentplane-runner status
 
@@ -97,6 +105,10 @@ function parse(argv: string[]): { command: string; flags: Flags } {
       'drain-deadline-ms': { type: 'string' },
       'reconnect-base-ms': { type: 'string' },
       'reconnect-cap-ms': { type: 'string' },
+      'sandbox-idle-suspend-seconds': { type: 'string' },
+      'sandbox-idle-expire-seconds': { type: 'string' },
+      'sandbox-report-seconds': { type: 'string' },
+      'repository-max-mib': { type: 'string' },
       'log-level': { type: 'string' },
     },
   });
@@ -172,10 +184,19 @@ async function start(flags: Flags): Promise<number> {
     return undefined;
   });
   const driver = await selectDriver({ runnerId: cred.runner_id, dataDir: join(config.configDir, 'sandboxes'), docker, logger: log });
-  if (driver) {
-    const reaped = await driver.reapOrphans(cred.runner_id, []).catch(() => [] as string[]);
-    if (reaped.length > 0) log.info({ reaped: reaped.length }, 'removed sandboxes left by an earlier run of this runner');
-    agent.executor = firstWilling(turnExecutor({ driver, log, baseUrl: cred.base_url }), noopExecutor);
+  const sandboxes = driver
+    ? new SandboxManager({
+        driver, runnerId: cred.runner_id, logger: log,
+        idleSuspendMs: config.sandboxIdleSuspendMs, idleExpireMs: config.sandboxIdleExpireMs,
+      })
+    : undefined;
+  if (sandboxes && driver) {
+    const reaped = await sandboxes.start().catch((err: unknown) => {
+      log.warn({ err: err instanceof Error ? err.message : String(err) }, 'could not reap sandboxes of an earlier run');
+      return [] as string[];
+    });
+    if (reaped.length > 0) log.info({ reaped: reaped.length, kept_workspaces: sandboxes.sessions().length }, 'stopped sandboxes left by an earlier run of this runner');
+    agent.executor = firstWilling(turnExecutor({ sandboxes, log, baseUrl: cred.base_url, repositoryMaxBytes: config.repositoryMaxBytes }), noopExecutor);
     log.info({ driver: driver.name, tier: driver.tier, image: image?.latest }, 'sandbox driver ready');
   } else {
     agent.executor = noopExecutor;
@@ -194,10 +215,11 @@ async function start(flags: Flags): Promise<number> {
   process.on('SIGTERM', () => onSignal('SIGTERM'));
   process.on('SIGINT', () => onSignal('SIGINT'));
   await agent.run();
-  // A clean stop leaves nothing behind: this runner's sandboxes go with it.
-  if (driver) {
-    const removed = await driver.reapOrphans(cred.runner_id, []).catch(() => [] as string[]);
-    if (removed.length > 0) log.info({ removed: removed.length }, 'removed this runner\'s sandboxes');
+  // A clean stop leaves no process running; the workspaces of live Sessions stay (durable
+  // retention) and are released when their Session ends or their idle time expires.
+  if (sandboxes) {
+    await sandboxes.shutdown();
+    log.info({ kept_workspaces: sandboxes.sessions().length }, 'stopped this runner\'s sandboxes');
   }
   log.info('runner stopped');
   return 0;

@@ -19,6 +19,14 @@ export interface DaemonConfig {
   drainDeadlineMs: number;
   reconnectBaseMs: number;
   reconnectCapMs: number;
+  /** Stop an idle Session sandbox's processes (workspace kept) after this long; 0 never. */
+  sandboxIdleSuspendMs: number;
+  /** Remove an idle Session sandbox and its workspace after this long; 0 never. */
+  sandboxIdleExpireMs: number;
+  /** How often the daemon reports its sandboxes so those of archived or deleted Sessions are released. */
+  sandboxReportMs: number;
+  /** Upper bound on one repository snapshot (bytes). */
+  repositoryMaxBytes: number;
   logLevel: 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
 }
 
@@ -40,6 +48,10 @@ export function loadDaemonConfig(env: Env, flags: Record<string, string | boolea
     drainDeadlineMs: int('drain-deadline-ms', 'RUNNER_DRAIN_DEADLINE_MS', 3_600_000, 0),
     reconnectBaseMs: int('reconnect-base-ms', 'RUNNER_RECONNECT_BASE_MS', 1_000, 10),
     reconnectCapMs: int('reconnect-cap-ms', 'RUNNER_RECONNECT_CAP_MS', 64_000, 10),
+    sandboxIdleSuspendMs: int('sandbox-idle-suspend-seconds', 'SANDBOX_IDLE_SUSPEND_SECONDS', 600, 0) * 1000,
+    sandboxIdleExpireMs: int('sandbox-idle-expire-seconds', 'SANDBOX_IDLE_EXPIRE_SECONDS', 86_400, 0) * 1000,
+    sandboxReportMs: int('sandbox-report-seconds', 'SANDBOX_REPORT_SECONDS', 30, 1) * 1000,
+    repositoryMaxBytes: int('repository-max-mib', 'REPOSITORY_MAX_MIB', 256, 1) * 1024 * 1024,
     logLevel: (flag('log-level') ?? envString(env, 'LOG_LEVEL', 'info')) as DaemonConfig['logLevel'],
   });
 }

@@ -193,6 +193,11 @@ export const PAYLOADS = {
     request: Type.Unknown(),
   }),
   'model.cancel': Obj({ stream_id: Str(128) }),
+  /**
+   * The Sessions whose sandboxes this runner keeps (sent after welcome and periodically); the
+   * gateway answers with sandboxes.release for those whose Session was archived or deleted.
+   */
+  'sandboxes.report': Obj({ session_ids: Type.Array(Str(64), { maxItems: 1024 }) }),
 
   // gateway → runner
   welcome: Obj({
@@ -238,6 +243,10 @@ export const PAYLOADS = {
   }),
   'model.delta': Obj({ stream_id: Str(128), event: Type.Unknown() }),
   'model.end': Obj({ stream_id: Str(128), event: Type.Unknown() }),
+  /** Remove these Sessions' sandboxes and workspaces: the Session is archived or deleted. */
+  'sandboxes.release': Obj({
+    sessions: Type.Array(Obj({ session_id: Str(64), reason: Type.Union([Type.Literal('archived'), Type.Literal('deleted')]) }), { maxItems: 1024 }),
+  }),
 
   // both directions
   ack: Obj({}),
@@ -253,11 +262,11 @@ export type Payload<T extends MessageType> = Static<(typeof PAYLOADS)[T]>;
 
 export const RUNNER_TO_GATEWAY = [
   'hello', 'heartbeat', 'drained', 'lease.accept', 'lease.reject', 'lease.heartbeat', 'lease.complete', 'lease.fail',
-  'events.batch', 'model.request', 'model.cancel', 'ack', 'error',
+  'events.batch', 'model.request', 'model.cancel', 'sandboxes.report', 'ack', 'error',
 ] as const satisfies readonly MessageType[];
 export const GATEWAY_TO_RUNNER = [
   'welcome', 'heartbeat.ack', 'drain', 'lease.offer', 'lease.cancel', 'lease.revoked', 'events.ack',
-  'model.delta', 'model.end', 'ack', 'error',
+  'model.delta', 'model.end', 'sandboxes.release', 'ack', 'error',
 ] as const satisfies readonly MessageType[];
 
 export type RunnerToGatewayType = (typeof RUNNER_TO_GATEWAY)[number];

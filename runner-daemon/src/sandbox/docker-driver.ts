@@ -490,6 +490,15 @@ export class DockerDriver implements SandboxDriver {
     }
   }
 
+  async sandboxSessions(runnerId: string): Promise<string[]> {
+    const filters = JSON.stringify({ label: [`${SANDBOX_LABELS.managed}=true`, `${SANDBOX_LABELS.runner}=${runnerId}`] });
+    const [containers, { Volumes }] = await Promise.all([this.docker.listContainers({ all: true, filters }), this.docker.listVolumes({ filters })]);
+    const sessions = new Set<string>();
+    for (const c of containers) if (c.Labels[SANDBOX_LABELS.session]) sessions.add(c.Labels[SANDBOX_LABELS.session] as string);
+    for (const v of Volumes ?? []) if (v.Labels?.[SANDBOX_LABELS.session]) sessions.add(v.Labels[SANDBOX_LABELS.session] as string);
+    return [...sessions];
+  }
+
   async reapOrphans(runnerId: string, keepSessionIds: Iterable<string>, options: ReapOptions = {}): Promise<string[]> {
     const keep = new Set(keepSessionIds);
     const keepWorkspaces = new Set(options.keepWorkspacesOf ?? []);

@@ -24,7 +24,7 @@ afterAll(async () => {
 });
 
 describe('sandbox manager', () => {
-  it('prepares with resources, suspends when idle, resumes with the workspace, expires, and removes on lease loss', async () => {
+  it('prepares with resources, suspends when idle, resumes with the workspace, expires, stops it on lease loss and removes it when the Session ends', async () => {
     let clock = 1_000_000;
     const manager = new SandboxManager({ driver, runnerId, idleSuspendMs: 60_000, idleExpireMs: 600_000, sweepIntervalMs: 0, now: () => clock });
     await manager.start();
@@ -51,12 +51,49 @@ describe('sandbox manager', () => {
     expect(await manager.sweep()).toEqual({ suspended: [], expired: [session.id] });
     await expect(docker.getContainer(sandbox.ref).inspect()).rejects.toMatchObject({ statusCode: 404 });
 
+    // A lost lease kills the sandbox's processes at once; the workspace stays for the Session.
     const other = { id: `sess_${randomBytes(8).toString('hex')}` };
     const prepared = await manager.prepare(other, {});
+    await driver.writeFiles(prepared.sandbox, [{ path: 'kept.txt', data: Buffer.from('kept') }]);
+    const sleeper = driver.exec(prepared.sandbox, ['sleep', '600'], { timeoutMs: 60_000 });
     await manager.leaseLost(other.id);
-    await expect(docker.getContainer(prepared.sandbox.ref).inspect()).rejects.toMatchObject({ statusCode: 404 });
+    expect((await sleeper).exitCode).not.toBe(0);
+    expect((await docker.getContainer(prepared.sandbox.ref).inspect()).State.Running).toBe(false);
+    manager.runEnded(other.id);
+    const again = await manager.prepare(other, {});
+    expect((await driver.exec(again.sandbox, ['cat', 'kept.txt'])).stdout).toBe('kept');
+
+    // The Session ends while a Run still uses the sandbox: removed when that Run ends.
+    await manager.sessionEnded(other.id);
+    expect(manager.sessions()).toContain(other.id);
+    await expect(manager.prepare(other, {})).rejects.toMatchObject({ reason: 'not_found' });
+    manager.runEnded(other.id);
+    await new Promise((r) => setTimeout(r, 1500));
+    expect(manager.sessions()).not.toContain(other.id);
+    expect(await driver.sandboxSessions(runnerId)).not.toContain(other.id);
     manager.stop();
-  });
+  }, 60_000);
+
+  it('on start, stops what an earlier life left running and adopts the kept workspaces', async () => {
+    const earlier = new SandboxManager({ driver, runnerId, sweepIntervalMs: 0 });
+    const session = { id: `sess_${randomBytes(8).toString('hex')}` };
+    const { sandbox } = await earlier.prepare(session, {}, [{ type: 'file', id: 'res_1', mount_path: '/notes.txt', content: Buffer.from('n') }]);
+    void driver.exec(sandbox, ['sleep', '600'], { timeoutMs: 60_000 }).catch(() => undefined);
+
+    const later = new DockerDriver({ runnerId, docker });
+    const restarted = new SandboxManager({ driver: later, runnerId, sweepIntervalMs: 0 });
+    const reaped = await restarted.start();
+    expect(reaped).toContain(session.id);
+    await expect(docker.getContainer(sandbox.ref).inspect()).rejects.toMatchObject({ statusCode: 404 });
+    expect(restarted.sessions()).toContain(session.id);
+    const resumed = await restarted.prepare(session, {}, [{ type: 'file', id: 'res_1', mount_path: '/notes.txt', content: Buffer.from('n') }]);
+    expect(resumed.materialized?.skipped).toBe(true);
+    expect((await later.exec(resumed.sandbox, ['cat', 'notes.txt'])).stdout).toBe('n');
+    restarted.runEnded(session.id);
+    await restarted.sessionEnded(session.id);
+    expect(await later.sandboxSessions(runnerId)).not.toContain(session.id);
+    restarted.stop();
+  }, 60_000);
 
   it('refuses a container Environment on the process driver', async () => {
     const manager = new SandboxManager({ driver: new ProcessDriver({ runnerId, dataDir }), runnerId, sweepIntervalMs: 0 });

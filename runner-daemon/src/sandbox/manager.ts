@@ -1,10 +1,11 @@
 /**
- * The sandbox lifecycle the runner drives from leases: reap on daemon start, prepare a Session's
- * sandbox when a lease is accepted (materialising resources before the first Run), suspend it when
- * idle, remove it on lease loss, Session end (archive, delete) or idle expiry.
+ * The sandbox lifecycle the runner drives from leases: on daemon start, kill what an earlier life
+ * left running and adopt the kept workspaces; prepare a Session's sandbox when a lease is accepted
+ * (materialising resources before the first Run); stop its processes when its lease is lost or it
+ * sits idle; remove it and its workspace when the Session ends (archive, delete) or on idle expiry.
  */
 import { createLogger, type Logger } from '@agentplane/core';
-import { materializeResources, type MaterializeResult, type ResolvedResource } from './resources.js';
+import { materializeResources, type MaterializeResult, type ResolvedResource, type ResourceSource } from './resources.js';
 import { driverSatisfies, SandboxError, type EnvironmentRequirements, type Sandbox, type SandboxDriver, type SandboxEnvironment, type SandboxSession } from './types.js';
 
 export interface SandboxManagerOptions {
@@ -24,6 +25,8 @@ interface Entry {
   activeRuns: number;
   lastUsed: number;
   suspended: boolean;
+  /** The Session ended while a Run was still using the sandbox: removed when the Run ends. */
+  ended: boolean;
 }
 
 export class SandboxManager {
@@ -40,11 +43,14 @@ export class SandboxManager {
   }
 
   /**
-   * At daemon start: removes every sandbox no held lease needs. Sessions in `liveSessionIds` (alive
-   * in the control plane, e.g. a Run about to be rescheduled here) keep their workspace.
+   * At daemon start: stops every sandbox an earlier life of this runner left (no lease survives a
+   * restart) but keeps their workspaces, which are adopted as idle: a Session that goes on finds
+   * its files, an ended one is released on the first report, a forgotten one expires.
    */
-  async start(heldSessionIds: Iterable<string> = [], liveSessionIds: Iterable<string> = []): Promise<string[]> {
-    const reaped = await this.driver.reapOrphans(this.options.runnerId, heldSessionIds, { keepWorkspacesOf: liveSessionIds });
+  async start(): Promise<string[]> {
+    const known = await this.driver.sandboxSessions(this.options.runnerId);
+    const reaped = await this.driver.reapOrphans(this.options.runnerId, [], { keepWorkspacesOf: known });
+    for (const id of known) if (!this.entries.has(id)) this.entries.set(id, { activeRuns: 0, lastUsed: this.now(), suspended: true, ended: false });
     const interval = this.options.sweepIntervalMs ?? 30_000;
     if (interval > 0 && !this.timer) {
       this.timer = setInterval(() => {
@@ -60,6 +66,17 @@ export class SandboxManager {
     this.timer = undefined;
   }
 
+  /** Sessions whose sandbox or workspace this runner keeps. */
+  sessions(): string[] {
+    return [...this.entries.keys()];
+  }
+
+  /** On a clean daemon stop: no process keeps running; workspaces stay for the Sessions (durable retention). */
+  async shutdown(): Promise<void> {
+    this.stop();
+    for (const id of this.entries.keys()) await this.driver.suspend(id).catch(() => undefined);
+  }
+
   /** Whether this runner's driver may run an Environment (the scheduler should not offer otherwise). */
   eligible(requirements: EnvironmentRequirements): boolean {
     return driverSatisfies(this.driver, requirements);
@@ -72,21 +89,22 @@ export class SandboxManager {
   async prepare(
     session: SandboxSession,
     environment: SandboxEnvironment & { requirements?: EnvironmentRequirements },
-    resources: readonly ResolvedResource[] = [],
+    resources: ReadonlyArray<ResourceSource | ResolvedResource> = [],
     signal?: AbortSignal,
   ): Promise<{ sandbox: Sandbox; materialized?: MaterializeResult }> {
     const requirements = environment.requirements ?? { tier: environment.tier, network_mode: environment.network_mode };
     if (!driverSatisfies(this.driver, requirements)) {
       throw new SandboxError('tier_unsatisfied', `the ${this.driver.name} driver (tier ${this.driver.tier}) cannot run this Environment`);
     }
-    const entry = this.entries.get(session.id) ?? { activeRuns: 0, lastUsed: this.now(), suspended: false };
+    const entry = this.entries.get(session.id) ?? { activeRuns: 0, lastUsed: this.now(), suspended: false, ended: false };
+    if (entry.ended) throw new SandboxError('not_found', `session ${session.id} has ended; its sandbox is being removed`);
     this.entries.set(session.id, entry);
     entry.activeRuns += 1;
     entry.lastUsed = this.now();
     try {
       const sandbox = await this.driver.ensure(session, environment);
       entry.suspended = false;
-      const materialized = resources.length > 0 ? await materializeResources(this.driver, sandbox, resources, { signal }) : undefined;
+      const materialized = resources.length > 0 ? await materializeResources(this.driver, sandbox, resources, signal ? { signal } : {}) : undefined;
       return { sandbox, ...(materialized ? { materialized } : {}) };
     } catch (err) {
       entry.activeRuns -= 1;
@@ -99,19 +117,32 @@ export class SandboxManager {
     if (!entry) return;
     entry.activeRuns = Math.max(0, entry.activeRuns - 1);
     entry.lastUsed = this.now();
+    if (entry.ended && entry.activeRuns === 0) {
+      this.entries.delete(sessionId);
+      this.driver.destroy(sessionId).catch((err: unknown) => this.log.warn({ session: sessionId, err: (err as Error).message }, 'sandbox removal failed'));
+    }
   }
 
   /**
-   * The lease was lost (fenced, expired): the Run must stop here. The caller aborts the harness
-   * signal; this removes the sandbox so no process keeps working for a Run another runner now owns.
+   * The lease was lost (revoked, fenced, not resumed): the Run must stop here. The caller aborts
+   * the harness signal; this kills every process in the sandbox at once, so nothing keeps working
+   * for a Run another runner may now own. The workspace stays: the Session lives on, and its
+   * rescheduled Run may come back here.
    */
   async leaseLost(sessionId: string): Promise<void> {
-    this.entries.delete(sessionId);
-    await this.driver.destroy(sessionId);
+    const entry = this.entries.get(sessionId);
+    if (entry) entry.suspended = true;
+    await this.driver.suspend(sessionId);
   }
 
-  /** Session archived or deleted. */
+  /** Session archived or deleted: the sandbox and its workspace go (after a Run still using it). */
   async sessionEnded(sessionId: string): Promise<void> {
+    const entry = this.entries.get(sessionId);
+    if (entry && entry.activeRuns > 0) {
+      entry.ended = true;
+      await this.driver.suspend(sessionId).catch(() => undefined);
+      return;
+    }
     this.entries.delete(sessionId);
     await this.driver.destroy(sessionId);
   }

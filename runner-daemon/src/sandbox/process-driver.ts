@@ -180,6 +180,11 @@ export class ProcessDriver implements SandboxDriver {
     await rm(this.dir(sessionId), { recursive: true, force: true });
   }
 
+  async sandboxSessions(runnerId: string): Promise<string[]> {
+    const root = join(this.options.dataDir, 'sandboxes', runnerId.replace(/[^a-zA-Z0-9_.-]/g, '-'));
+    return (await readdir(root, { withFileTypes: true }).catch(() => [])).filter((e) => e.isDirectory()).map((e) => e.name);
+  }
+
   async reapOrphans(runnerId: string, keepSessionIds: Iterable<string>, options: ReapOptions = {}): Promise<string[]> {
     const clean = (id: string): string => id.replace(/[^a-zA-Z0-9_.-]/g, '-');
     const keepIds = new Set(keepSessionIds);

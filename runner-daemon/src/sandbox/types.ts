@@ -109,6 +109,8 @@ export interface SandboxDriver {
    * but keep the workspace, for a Run that will be rescheduled. Returns the reaped Session ids.
    */
   reapOrphans(runnerId: string, keepSessionIds: Iterable<string>, options?: ReapOptions): Promise<string[]>;
+  /** Sessions that have a sandbox or a kept workspace of this runner on this machine. */
+  sandboxSessions(runnerId: string): Promise<string[]>;
   /** Stops the sandbox's processes to free resources; the workspace stays and `ensure` resumes it. */
   suspend(sessionId: string): Promise<void>;
   usage(sandbox: Sandbox): Promise<ComputeUsage | undefined>;

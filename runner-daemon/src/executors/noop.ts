@@ -1,5 +1,5 @@
 import type { Payload } from '@agentplane/protocol';
-import type { LeaseExecutor, LeaseHandle } from './agent.js';
+import type { LeaseExecutor, LeaseHandle } from '../agent.js';
 
 const MAX_NOOP_MS = 3_600_000;
 

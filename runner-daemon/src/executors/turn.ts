@@ -1,0 +1,133 @@
+import type { Logger } from '@agentplane/core';
+import type { LeaseExecutor, LeaseHandle } from '../agent.js';
+import { HarnessError, HarnessLoop, type AgentTool } from '../harness/index.js';
+import { connectMcpTools, type RuntimeMcp } from '../harness/mcp-tools.js';
+import type { SandboxManager } from '../sandbox/manager.js';
+import { isOfferedResource, offeredSources, type OfferedResource } from '../sandbox/sources.js';
+import { driverSatisfies, type SandboxEnvironment } from '../sandbox/types.js';
+import { LeaseSink } from './lease-sink.js';
+
+/** The turn spec carried by a lease offer (built by the scheduler; see docs/RUNS.md). */
+interface TurnSpec {
+  run_id: string;
+  session_id: string;
+  thread_id: string;
+  agent: { routing_key: string; system?: string; tools: AgentTool[] };
+  environment: {
+    image: string;
+    resources: { cpu_millis: number; memory_mib: number; disk_mib: number; max_duration_seconds: number };
+    network_mode: string;
+    retention_mode: string;
+    tier?: string;
+  };
+  /** Session resources to materialise in the workspace (see the API's `SpecResource`). */
+  resources?: unknown[];
+  history: Parameters<HarnessLoop['run']>[0]['history'];
+  responses: Parameters<HarnessLoop['run']>[0]['responses'];
+  runtime_mcp?: RuntimeMcp;
+  runtime_files?: { bearer: string };
+}
+
+function asSpec(spec: Record<string, unknown>): TurnSpec {
+  const s = spec as Partial<TurnSpec>;
+  if (!s.run_id || !s.session_id || !s.thread_id || !s.agent || !s.environment || !Array.isArray(s.history)) {
+    throw new Error('the lease offer carries no usable turn spec');
+  }
+  if (s.resources !== undefined && (!Array.isArray(s.resources) || !s.resources.every(isOfferedResource))) {
+    throw new Error('the lease offer carries malformed resources');
+  }
+  return s as TurnSpec;
+}
+
+const tierOf = (spec: TurnSpec): 'process' | 'container' => (spec.environment.tier === 'process' ? 'process' : 'container');
+
+export interface TurnExecutorOptions {
+  sandboxes: SandboxManager;
+  log: Logger;
+  /** The control plane (runtime MCP endpoint, runtime file route). */
+  baseUrl: string;
+  repositoryMaxBytes?: number;
+}
+
+/**
+ * Runs one turn per lease: the Session's sandbox (created or reused, resources materialised
+ * before the first Run), the harness loop, events back on the lease. Keeps the sandboxes
+ * between Runs and gives them up when told (Session ended, lease lost).
+ */
+export function turnExecutor(o: TurnExecutorOptions): LeaseExecutor {
+  const driver = o.sandboxes.driver;
+  return {
+    refuse(offer) {
+      try {
+        const spec = asSpec(offer.spec);
+        const tier = tierOf(spec);
+        if (!driverSatisfies(driver, { tier, network_mode: 'none' })) return `the ${driver.name} driver does not offer tier '${tier}'`;
+        return null;
+      } catch (err) {
+        return err instanceof Error ? err.message : 'not a turn spec';
+      }
+    },
+    run: (handle) => runTurn(o, handle),
+    sandboxes: () => o.sandboxes.sessions(),
+    releaseSandbox: async (sessionId, reason) => {
+      o.log.info({ session: sessionId, reason }, 'removing the sandbox of an ended Session');
+      await o.sandboxes.sessionEnded(sessionId);
+    },
+    leaseLost: (sessionId) => o.sandboxes.leaseLost(sessionId),
+  };
+}
+
+async function runTurn(o: TurnExecutorOptions, handle: LeaseHandle): Promise<Record<string, unknown>> {
+  const spec = asSpec(handle.offer.spec);
+  const log = o.log.child({ run: spec.run_id, lease: handle.lease.lease_id });
+  const env: SandboxEnvironment & { requirements: { tier: 'process' | 'container'; network_mode: 'none' } } = {
+    image: spec.environment.image,
+    tier: tierOf(spec),
+    network_mode: 'none',
+    cpu_millis: spec.environment.resources.cpu_millis,
+    memory_mib: spec.environment.resources.memory_mib,
+    max_duration_seconds: spec.environment.resources.max_duration_seconds,
+    requirements: { tier: tierOf(spec), network_mode: 'none' },
+  };
+  const sources = offeredSources((spec.resources ?? []) as OfferedResource[], {
+    baseUrl: o.baseUrl, bearer: spec.runtime_files?.bearer, ...(o.repositoryMaxBytes ? { repositoryMaxBytes: o.repositoryMaxBytes } : {}),
+  });
+  const { sandbox, materialized } = await o.sandboxes.prepare({ id: spec.session_id }, env, sources, handle.signal);
+  try {
+    if (materialized && !materialized.skipped) log.info({ resources: materialized.placed, files: materialized.files, bytes: materialized.bytes }, 'session resources materialised');
+    const sink = new LeaseSink(handle, spec.run_id, spec.session_id);
+    const mcp = spec.runtime_mcp ? await connectMcpTools(o.baseUrl, spec.runtime_mcp, log, handle.signal) : undefined;
+    const loop = new HarnessLoop({ model: handle.model, driver: o.sandboxes.driver, sandbox, sink, logger: log });
+    let outcome;
+    try {
+      outcome = await loop.run({
+        agent: { routing_key: spec.agent.routing_key, ...(spec.agent.system ? { system: spec.agent.system } : {}), tools: [...spec.agent.tools, ...(mcp?.tools ?? [])] },
+        history: spec.history,
+        ...(spec.responses ? { responses: spec.responses } : {}),
+        session_thread_id: spec.thread_id,
+        signal: handle.signal,
+        max_duration_seconds: spec.environment.resources.max_duration_seconds,
+      });
+    } catch (err) {
+      // A spent budget ends the turn with its own stop reason instead of failing the Run.
+      if (err instanceof HarnessError && err.modelError?.type === 'budget.exceeded') {
+        return { stop_reason: { type: 'budget_exceeded', message: err.modelError.message } };
+      }
+      throw err;
+    } finally {
+      await mcp?.close();
+    }
+    const stop = outcome.stop_reason;
+    if (stop.type === 'requires_action') {
+      const ids = stop.tool_use_ids.map((id) => sink.toolId(id));
+      return {
+        stop_reason: { type: 'requires_action', tool_use_ids: ids },
+        waits: ids.map((id) => ({ tool_use_id: id, kind: sink.awaiting.get(id) === 'tool_confirmation' ? 'confirmation' : 'custom_tool' })),
+        usage: outcome.usage,
+      };
+    }
+    return { stop_reason: stop, usage: outcome.usage };
+  } finally {
+    o.sandboxes.runEnded(spec.session_id);
+  }
+}

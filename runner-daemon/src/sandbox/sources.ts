@@ -1,0 +1,96 @@
+/**
+ * The lease offer's Session resources as sources the materialiser can load: Files come from
+ * the control plane's runtime file route with the lease's runtime bearer (checked against the
+ * digest the offer names), repositories are cloned on this machine with git (the sandbox has
+ * no network).
+ */
+import { createHash } from 'node:crypto';
+import { InfrastructureFailure } from '../failures.js';
+import { fetchRepositorySnapshot, RepositoryFetchError } from './repository.js';
+import type { ResourceSource } from './resources.js';
+
+/** A resource as the turn spec carries it (see the API's `SpecResource`). */
+export type OfferedResource =
+  | { type: 'file'; id: string; file_id: string; mount_path: string; sha256: string | null; size_bytes: number; missing?: boolean }
+  | { type: 'repository'; id: string; url: string; ref: string | null; mount_path: string };
+
+export interface SourceOptions {
+  /** The control plane. */
+  baseUrl: string;
+  /** The lease's runtime bearer (`spec.runtime_files.bearer`). */
+  bearer?: string | undefined;
+  repositoryMaxBytes?: number;
+  repositoryTimeoutMs?: number;
+}
+
+/** Raised for a resource that can never be placed (deleted File, unknown repository): the turn ends with it. */
+export class ResourceError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'ResourceError';
+  }
+}
+
+export function isOfferedResource(value: unknown): value is OfferedResource {
+  const r = value as Partial<Record<string, unknown>> | null;
+  if (!r || typeof r !== 'object' || typeof r.id !== 'string' || typeof r.mount_path !== 'string') return false;
+  if (r.type === 'file') return typeof r.file_id === 'string';
+  if (r.type === 'repository') return typeof r.url === 'string';
+  return false;
+}
+
+async function downloadFile(r: Extract<OfferedResource, { type: 'file' }>, o: SourceOptions, signal?: AbortSignal): Promise<Buffer> {
+  if (!o.bearer) throw new ResourceError(`resource ${r.id}: the offer carries no bearer to fetch file ${r.file_id}`);
+  let res: Response;
+  try {
+    res = await fetch(new URL(`/v1/runtime/files/${r.file_id}`, o.baseUrl), { headers: { authorization: `Bearer ${o.bearer}` }, signal: signal ?? null });
+  } catch (err) {
+    throw new InfrastructureFailure(`resource ${r.id}: the control plane did not serve file ${r.file_id}: ${(err as Error).message}`, { cause: err });
+  }
+  if (res.status === 404) throw new ResourceError(`resource ${r.id}: file ${r.file_id} no longer exists`);
+  if (res.status !== 200) throw new InfrastructureFailure(`resource ${r.id}: fetching file ${r.file_id} answered HTTP ${res.status}`);
+  const data = Buffer.from(await res.arrayBuffer());
+  const digest = `sha256:${createHash('sha256').update(data).digest('hex')}`;
+  if (digest !== r.sha256) throw new InfrastructureFailure(`resource ${r.id}: file ${r.file_id} arrived with digest ${digest}, expected ${r.sha256}`);
+  return data;
+}
+
+/** Sources for the offered resources, in order. Nothing is fetched until a source is loaded. */
+export function offeredSources(resources: readonly OfferedResource[], o: SourceOptions): ResourceSource[] {
+  return resources.map((r): ResourceSource => {
+    if (r.type === 'file') {
+      return {
+        id: r.id, type: 'file', mount_path: r.mount_path,
+        // Files are immutable: the id names the content (and a deleted File already placed stays placed).
+        identity: `file:${r.file_id}`,
+        async load(signal) {
+          if (r.missing || !r.sha256) throw new ResourceError(`resource ${r.id}: file ${r.file_id} no longer exists`);
+          return { kind: 'bytes', data: await downloadFile(r, o, signal) };
+        },
+      };
+    }
+    return {
+      id: r.id, type: 'repository', mount_path: r.mount_path,
+      identity: `${r.url}#${r.ref ?? ''}`,
+      async load(signal) {
+        try {
+          const snap = await fetchRepositorySnapshot({
+            url: r.url, ref: r.ref,
+            ...(o.repositoryMaxBytes ? { maxBytes: o.repositoryMaxBytes } : {}),
+            ...(o.repositoryTimeoutMs ? { timeoutMs: o.repositoryTimeoutMs } : {}),
+            ...(signal ? { signal } : {}),
+          });
+          return { kind: 'tar', data: snap.tar };
+        } catch (err) {
+          if (err instanceof RepositoryFetchError) {
+            const what = `resource ${r.id}: repository ${err.message}`;
+            // A host that timed out or failed may work on a retry; a wrong URL, ref or credential will not.
+            if (err.reason === 'timeout' || err.reason === 'failed') throw new InfrastructureFailure(what, { cause: err });
+            throw new ResourceError(what);
+          }
+          throw err;
+        }
+      },
+    };
+  });
+}
