@@ -143,9 +143,8 @@ describe('Session budget on user.message', () => {
     expect(metered.list_cost.amount).toBeGreaterThan(BUDGET);
   });
 
-  // Reasoning tokens are a subset of output tokens (docs/MODELS.md), but the Session and thread
-  // views add them to output_tokens a second time. Marked as failing until the views are fixed.
-  it.fails('the Session and thread usage count reasoning tokens once', async () => {
+  // Reasoning tokens are a subset of output tokens (docs/MODELS.md): counted once in the views.
+  it('the Session and thread usage count reasoning tokens once', async () => {
     const metered = await usage(s.id);
     const thread = await p.root.get<{ usage: SessionView['usage'] | null }>(`/v1/sessions/${s.id}/threads/${s.thread}`);
     expect([(await view(s.id)).usage.output_tokens, thread.usage?.output_tokens]).toEqual([metered.usage.output_tokens, metered.usage.output_tokens]);
@@ -181,5 +180,24 @@ describe('Session budget on user.message', () => {
     const evs = await turn(s, 'and now?');
     expect(evs.filter((e) => e.type === 'session.status_idle').at(-1)?.payload.stop_reason).toMatchObject({ type: 'end_turn' });
     expect((await usage(s.id)).steps).toBe(2);
+  });
+});
+
+describe('Session budget on create', () => {
+  it('a create whose initial user.message would start a turn on a spent budget is refused, and nothing is created', async () => {
+    const listed = async () => (await p.root.get<{ data: unknown[] }>('/v1/sessions', { limit: 100 })).data.length;
+    const before = await listed();
+    const body = {
+      agent: { name: 'priced agent', model: 'priced', tools: [] }, environment_id: envId,
+      budget: { max_list_cost: { amount: 0 } }, initial_events: [msg('start right away')],
+    };
+    const refused = await p.root.request('POST', '/v1/sessions', { body });
+    expect(refused.status).toBe(429);
+    expect((refused.body as { error: { type: string } }).error.type).toBe('budget.exceeded');
+    expect(await listed()).toBe(before);
+    // Without a first message no turn starts: the same budget is fine.
+    const { initial_events: _skip, ...quiet } = body;
+    void _skip;
+    expect((await p.root.request('POST', '/v1/sessions', { body: quiet })).status).toBe(201);
   });
 });

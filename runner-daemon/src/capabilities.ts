@@ -138,9 +138,16 @@ export function buildCapabilities(facts: HostFacts, policy: SlotPolicy, held: nu
         ...(facts.diskFreeMib !== null ? { disk_mib: facts.diskFreeMib } : {}),
         max_duration_seconds: policy.maxDurationSeconds,
       },
-      runtime_assurances: { network_isolation: networkModes.includes('none'), bounded_cancel: true, teardown: true },
+      runtime_assurances: {
+        network_isolation: networkModes.includes('none'), bounded_start: true, bounded_cancel: true, teardown: true, compute_accounting: true,
+      },
+      retention_modes: ['durable'],
+      session_sandbox: true,
       acp_transport: 'stdio',
+      // Session Files and repository snapshots are fetched and held by the runner, never the sandbox.
+      snapshot_custody: 'runner',
       mount_kinds: ['uploaded_project'],
+      max_mounts: 64,
     });
   }
   providers.push({
@@ -157,7 +164,13 @@ export function buildCapabilities(facts: HostFacts, policy: SlotPolicy, held: nu
       max_duration_seconds: policy.maxDurationSeconds,
     },
     ...(facts.chromium ? { browser_observation: { accessibility_tree: true, screenshot: true } } : {}),
+    runtime_assurances: { network_isolation: false, bounded_start: true, bounded_cancel: true, teardown: true, compute_accounting: false },
+    retention_modes: ['durable'],
+    session_sandbox: true,
     acp_transport: 'stdio',
+    snapshot_custody: 'runner',
+    mount_kinds: ['uploaded_project'],
+    max_mounts: 64,
   });
   return {
     protocol_versions: [...RUNNER_PROTOCOL_VERSIONS],

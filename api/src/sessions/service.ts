@@ -99,6 +99,8 @@ export class SessionService {
       outcome_evaluations: [], archived_at: null, _primary_thread_id: primary.id, version: 1, created_at: now, updated_at: now,
       ...(options.automationId ? { automation_id: options.automationId } : {}),
     };
+    // A first user.message starts a turn: a spent Session or Workspace budget refuses the create.
+    if (initial.some((e) => e.type === 'user.message')) await this.d.admitTurn?.(session);
     await this.d.store.create(session, primary);
     if (initial.length > 0) {
       const r = await this.d.store.log.append(session.id, initial.map((e) => ({ type: e.type, payload: e.payload, session_thread_id: primary.id })), {
@@ -320,7 +322,8 @@ function withMetered(base: Usage, metered: TokenUsage | null): Usage {
   if (!metered) return base;
   return {
     input_tokens: base.input_tokens + metered.input_tokens,
-    output_tokens: base.output_tokens + metered.output_tokens + metered.reasoning_output_tokens,
+    // Reasoning tokens are part of output_tokens already (docs/MODELS.md).
+    output_tokens: base.output_tokens + metered.output_tokens,
     cache_read_input_tokens: base.cache_read_input_tokens + metered.cached_input_tokens,
     cache_creation_input_tokens: base.cache_creation_input_tokens + metered.cache_write_input_tokens,
   };
