@@ -1,7 +1,8 @@
 import Docker from 'dockerode';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { HttpClient, streamEvents, type SseFrame } from '@agentplane/client';
-import { startPlatform, waitFor, type Platform } from './harness/platform.js';
+import type { HttpClient } from '@agentplane/client';
+import { waitFor, type Platform } from './harness/platform.js';
+import { idleCount, SCRIPT, startTurnPlatform, untilEvents, type Json, type TurnEvent, type TurnPlatform } from './harness/turns.js';
 import { startGitServer, type GitServer } from './harness/git-server.js';
 
 /**
@@ -12,35 +13,12 @@ import { startGitServer, type GitServer } from './harness/git-server.js';
 let p: Platform;
 let git: GitServer;
 let api: HttpClient;
-let principal: string;
 let envId: string;
+let msg: TurnPlatform['msg'];
 const docker = new Docker();
 
-type Json = Record<string, unknown>;
-interface Ev { id: string; seq: number; type: string; payload: Json }
-
-const SCRIPT = (rules: unknown[]) => `Be brief.\n\`\`\`scripted\n${JSON.stringify({ rules })}\n\`\`\``;
-const msg = (content: string) => ({ type: 'user.message', payload: { content, authored_by: principal, caused_by: { kind: 'api' } } });
-const idleCount = (evs: Ev[]) => evs.filter((e) => e.type === 'session.status_idle').length;
-
-async function until(sessionId: string, stop: (events: Ev[]) => boolean, timeoutMs = 90_000): Promise<Ev[]> {
-  const ac = new AbortController();
-  const timer = setTimeout(() => ac.abort(), timeoutMs);
-  const seen: Ev[] = [];
-  try {
-    for await (const f of streamEvents(api, `/v1/sessions/${sessionId}/events/stream`, { signal: ac.signal }) as AsyncGenerator<SseFrame>) {
-      if (!f.id) continue;
-      seen.push(JSON.parse(f.data) as Ev);
-      if (stop(seen)) break;
-    }
-  } catch (err) {
-    if (!ac.signal.aborted) throw err;
-  } finally {
-    clearTimeout(timer);
-    ac.abort();
-  }
-  return seen;
-}
+type Ev = TurnEvent;
+const until = (sessionId: string, stop: (events: Ev[]) => boolean): Promise<Ev[]> => untilEvents(api, sessionId, stop, 90_000);
 
 /** The agent runs `command` on any message and replies with its output. */
 const shellAgent = (command: string) => ({
@@ -70,31 +48,7 @@ beforeAll(async () => {
   const first = await git.createRepo('demo', { 'README.md': '# demo\n', 'src/app.txt': 'v1\n' }, { tags: ['v1'] });
   expect(first.commit).toMatch(/^[0-9a-f]{40}$/);
   await git.commit('demo', { 'src/app.txt': 'v2\n' });
-  p = await startPlatform({
-    runner: true,
-    scheduler: true,
-    env: {
-      LEASE_MS: '6000', OFFER_TIMEOUT_MS: '2000', STALLED_INTERVAL_MS: '1000', RUN_BACKOFF_MS: '200',
-      RUNNER_HEARTBEAT_INTERVAL_MS: '1000', RUNNER_PRESENCE_TTL_MS: '4000',
-      GIT_SSL_CAINFO: git.caFile, SANDBOX_REPORT_SECONDS: '1',
-    },
-  });
-  const ws = p.bootstrap.workspace_id;
-  const key = await p.root.post<{ secret: string }>(`/v1/organizations/${p.bootstrap.organization_id}/api-keys`, {
-    display_name: 'app', role: 'developer', scope: { type: 'workspace', workspace_id: ws },
-  }, { idempotencyKey: 'resources-dev-key' });
-  api = new HttpClient({ baseUrl: p.baseUrl, token: key.secret });
-  principal = (await p.root.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/principals`, {
-    external_subject_id: 'user-1', principal_type: 'person', display_name: 'User One',
-  })).id;
-  envId = (await api.post<{ id: string }>('/v1/environments', {
-    name: 'sandbox', image: 'agentplane/sandbox:latest',
-    resources: { cpu_millis: 1000, memory_mib: 256, disk_mib: 512, max_duration_seconds: 120 },
-  })).id;
-  await waitFor('a ready runner', async () => {
-    const r = await p.root.get<{ data: { status: string }[] }>('/v1/runner-pools/presences');
-    return r.data.some((x) => x.status === 'ready') ? true : undefined;
-  }, 90_000);
+  ({ p, api, envId, msg } = await startTurnPlatform({ name: 'resources', env: { GIT_SSL_CAINFO: git.caFile, SANDBOX_REPORT_SECONDS: '1' } }));
 }, 180_000);
 afterAll(async () => {
   await p?.stop();

@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { HttpClient, streamEvents, type SseFrame } from '@agentplane/client';
+import type { HttpClient } from '@agentplane/client';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
+import { idleCount, SCRIPT, startTurnPlatform, untilEvents, type Json, type TurnEvent, type TurnPlatform } from './harness/turns.js';
 import { pairDaemon, startDaemon } from './harness/daemon.js';
 import { startMcpUpstream } from './harness/mcp-upstream.js';
 
@@ -13,67 +14,24 @@ let p: Platform;
 let api: HttpClient;
 let principal: string;
 let envId: string;
+let msg: TurnPlatform['msg'];
 
-type Json = Record<string, unknown>;
-interface Ev { id: string; seq: number; type: string; payload: Json; session_thread_id: string | null }
-
-const SCRIPT = (rules: unknown[]) => `Be brief.\n\`\`\`scripted\n${JSON.stringify({ rules })}\n\`\`\``;
+type Ev = TurnEvent;
 
 beforeAll(async () => {
-  p = await startPlatform({
-    runner: true,
-    scheduler: true,
-    env: { LEASE_MS: '6000', OFFER_TIMEOUT_MS: '2000', STALLED_INTERVAL_MS: '1000', RUN_BACKOFF_MS: '200', RUNNER_HEARTBEAT_INTERVAL_MS: '1000', RUNNER_PRESENCE_TTL_MS: '4000' },
-  });
-  const ws = p.bootstrap.workspace_id;
-  const key = await p.root.post<{ secret: string }>(`/v1/organizations/${p.bootstrap.organization_id}/api-keys`, {
-    display_name: 'app', role: 'developer', scope: { type: 'workspace', workspace_id: ws },
-  }, { idempotencyKey: 'runs-dev-key' });
-  api = new HttpClient({ baseUrl: p.baseUrl, token: key.secret });
-  principal = (await p.root.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/principals`, {
-    external_subject_id: 'user-1', principal_type: 'person', display_name: 'User One',
-  })).id;
-  envId = (await api.post<{ id: string }>('/v1/environments', {
-    name: 'sandbox', image: 'agentplane/sandbox:latest',
-    resources: { cpu_millis: 1000, memory_mib: 256, disk_mib: 512, max_duration_seconds: 120 },
-  })).id;
-  await waitFor('a ready runner', async () => {
-    const r = await p.root.get<{ data: { status: string }[] }>('/v1/runner-pools/presences');
-    return r.data.some((x) => x.status === 'ready') ? true : undefined;
-  }, 60_000);
+  ({ p, api, principal, envId, msg } = await startTurnPlatform({ name: 'runs' }));
 }, 120_000);
 afterAll(async () => {
   await p?.stop();
 });
-
-const msg = (content: string) => ({ type: 'user.message', payload: { content, authored_by: principal, caused_by: { kind: 'api' } } });
 
 async function session(system: string, tools: Json[] = [{ type: 'builtin', name: 'bash' }, { type: 'builtin', name: 'read' }, { type: 'builtin', name: 'write' }]): Promise<string> {
   const s = await api.post<{ id: string }>('/v1/sessions', { agent: { name: 'scripted', model: 'default', system, tools }, environment_id: envId });
   return s.id;
 }
 
-/** Read the stream until `stop` says so; returns every event seen. */
-async function until(sessionId: string, stop: (events: Ev[]) => boolean, timeoutMs = 60_000, lastEventId?: string): Promise<Ev[]> {
-  const ac = new AbortController();
-  const timer = setTimeout(() => ac.abort(), timeoutMs);
-  const seen: Ev[] = [];
-  try {
-    for await (const f of streamEvents(api, `/v1/sessions/${sessionId}/events/stream`, { signal: ac.signal, ...(lastEventId ? { lastEventId } : {}) }) as AsyncGenerator<SseFrame>) {
-      if (!f.id) continue;
-      seen.push(JSON.parse(f.data) as Ev);
-      if (stop(seen)) break;
-    }
-  } catch (err) {
-    if (!ac.signal.aborted) throw err;
-  } finally {
-    clearTimeout(timer);
-    ac.abort();
-  }
-  return seen;
-}
-
-const idleCount = (evs: Ev[]) => evs.filter((e) => e.type === 'session.status_idle').length;
+const until = (sessionId: string, stop: (events: Ev[]) => boolean, timeoutMs = 60_000, lastEventId?: string): Promise<Ev[]> =>
+  untilEvents(api, sessionId, stop, timeoutMs, lastEventId);
 
 describe('turns end to end', () => {
   it('a user.message runs a turn on the local runner and ends idle with the agent reply', async () => {
