@@ -5,12 +5,17 @@
  *   floor: `docker run --rm <same image> true` through dockerode (create, start, wait, auto-remove)
  * - warm: command in the existing Session sandbox (wrapper with process-group tracking, output caps)
  *   floor: a bare `docker exec <container> true` through dockerode
+ * - resources: new sandbox with Session resources materialised (a 4 MiB File and a 200-file
+ *   repository tar, extracted by the sandbox user) → first command done
+ *   floor: `docker run` of the same image with the same bytes copied in (putArchive) before start
  */
 import { randomBytes } from 'node:crypto';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import Docker from 'dockerode';
 import { DockerDriver } from '../runner-daemon/src/sandbox/docker-driver.js';
 import { ensureSandboxImage } from '../runner-daemon/src/sandbox/image.js';
+import { materializeResources, type ResolvedResource } from '../runner-daemon/src/sandbox/resources.js';
+import { createTar } from '../runner-daemon/src/sandbox/tar.js';
 
 const RUNS = Number(process.env.BENCH_RUNS ?? 50);
 const docker = new Docker();
@@ -33,6 +38,25 @@ async function floorRun(image: string): Promise<number> {
   const exited = c.wait({ condition: 'next-exit' });
   await c.start();
   // Measured to the command's exit, like ours; the daemon removes the container afterwards.
+  await exited;
+  return performance.now() - t;
+}
+
+/** The resource bytes of the `resources` row: one 4 MiB File and a 200-file repository snapshot. */
+const FILE = randomBytes(4 * 1024 * 1024);
+const REPO = createTar(Array.from({ length: 200 }, (_, i) => ({ type: 'file' as const, path: `src/m${i}.ts`, data: Buffer.from(`export const v${i} = ${i};\n`.repeat(20)) })));
+const RESOURCES: ResolvedResource[] = [
+  { type: 'file', id: 'res_file', mount_path: '/data/input.bin', content: FILE },
+  { type: 'repository', id: 'res_repo', mount_path: '/repo', snapshot: { kind: 'tar', data: REPO } },
+];
+
+async function floorRunWithBytes(image: string): Promise<number> {
+  const t = performance.now();
+  const c = await docker.createContainer({ Image: image, Cmd: ['true'], HostConfig: { AutoRemove: true, NetworkMode: 'none' } });
+  await c.putArchive(createTar([{ type: 'file', path: 'input.bin', data: FILE }]), { path: '/tmp' });
+  await c.putArchive(REPO, { path: '/tmp' });
+  const exited = c.wait({ condition: 'next-exit' });
+  await c.start();
   await exited;
   return performance.now() - t;
 }
@@ -84,11 +108,27 @@ async function main(): Promise<void> {
     process.stdout.write(`\rwarm ${i + 1}/${RUNS}`);
   }
   await driver.destroy(session.id);
+
+  const withResources: number[] = [];
+  const withResourcesFloor: number[] = [];
+  for (let i = 0; i < RUNS; i++) {
+    withResourcesFloor.push(await floorRunWithBytes(image.tag));
+    const s = { id: `sess_${randomBytes(8).toString('hex')}` };
+    const t = performance.now();
+    const sb = await driver.ensure(s, {});
+    const placed = await materializeResources(driver, sb, RESOURCES);
+    const res = await driver.exec(sb, ['true']);
+    withResources.push(performance.now() - t);
+    if (res.exitCode !== 0 || placed.files !== 201) throw new Error(`materialisation failed: ${res.stderr} (${placed.files} files)`);
+    await driver.destroy(s.id);
+    process.stdout.write(`\rresources ${i + 1}/${RUNS}`);
+  }
   await driver.reapOrphans(runnerId, []);
 
   const rows = [
     { name: 'cold: new sandbox → first command done', ours: summary(cold), floorName: 'docker run --rm true', floor: summary(coldFloor) },
     { name: 'warm: ensure + command in session sandbox', ours: summary(warm), floorName: 'bare docker exec true', floor: summary(warmFloor) },
+    { name: 'cold + 4 MiB File + 200-file repo placed', ours: summary(withResources), floorName: 'docker run + putArchive', floor: summary(withResourcesFloor) },
   ];
   console.log('\n');
   console.log(`${'measure'.padEnd(44)}${'ours p50'.padStart(10)}${'ours p99'.padStart(10)}  ${'floor'.padEnd(22)}${'p50'.padStart(10)}${'p99'.padStart(10)}  ratio p50  ratio p99`);

@@ -4,7 +4,8 @@
  * repository snapshot) and names their identity (a content digest, a url at a ref); this module
  * places them inside the sandbox as the sandbox user. A marker in the workspace records the
  * identity of each resource placed, so a later Run loads nothing for resources already there,
- * and a resource added to a live Session is placed before the next Run.
+ * and a resource added to a live Session is placed before the next Run. One exec reads the
+ * marker, one per repository tree extracts it, one copy writes every loose file and the marker.
  */
 import { createHash } from 'node:crypto';
 import { normaliseRelative } from './docker-driver.js';
@@ -102,18 +103,22 @@ export async function materializeResources(
 
   let files = 0;
   let bytes = 0;
+  // Trees are extracted one exec each; loose files and the marker then go in one copy.
+  const loose: Array<{ path: string; data: Buffer; mode?: number }> = [];
   for (const source of todo) {
     const base = workspacePath(sandbox, source.mount_path);
     const content = await source.load(options.signal);
     if (content.kind === 'bytes') {
       if (!base) throw new SandboxError('invalid_path', `resource ${source.id}: a file needs a path, not the workspace root`);
-      await driver.writeFiles(sandbox, [{ path: base, data: content.data, ...(content.mode !== undefined ? { mode: content.mode } : {}) }]);
+      loose.push({ path: base, data: content.data, ...(content.mode !== undefined ? { mode: content.mode } : {}) });
       files += 1;
       bytes += content.data.length;
     } else if (content.kind === 'files') {
-      await driver.writeFiles(sandbox, content.files.map((f) => ({ path: base ? `${base}/${normaliseRelative(f.path)}` : normaliseRelative(f.path), data: f.content, ...(f.mode !== undefined ? { mode: f.mode } : {}) })));
-      files += content.files.length;
-      bytes += content.files.reduce((n, f) => n + f.content.length, 0);
+      for (const f of content.files) {
+        loose.push({ path: base ? `${base}/${normaliseRelative(f.path)}` : normaliseRelative(f.path), data: f.content, ...(f.mode !== undefined ? { mode: f.mode } : {}) });
+        files += 1;
+        bytes += f.content.length;
+      }
     } else {
       // Extracted by the sandbox user inside the sandbox: ownership and `..` members stay contained.
       const res = await driver.exec(
@@ -126,8 +131,10 @@ export async function materializeResources(
       bytes += content.data.length;
     }
     marker[source.id] = source.identity;
-    // Recorded after each resource, so a failure later keeps what is already in place.
-    await driver.writeFiles(sandbox, [{ path: MATERIALIZED_MARKER, data: Buffer.from(`${JSON.stringify(marker)}\n`) }]);
   }
+  // The marker is written with the files, after every tree is in place: a failure before this
+  // point places everything again on the next Run (placing is idempotent).
+  loose.push({ path: MATERIALIZED_MARKER, data: Buffer.from(`${JSON.stringify(marker)}\n`) });
+  await driver.writeFiles(sandbox, loose);
   return { skipped: false, placed: todo.map((s) => s.id), files, bytes };
 }
