@@ -6,6 +6,7 @@ import { Redis } from 'ioredis';
 import { queuePrefix, RUN_QUEUE } from '@agentplane/lease';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
 import { pairDaemon, startDaemon } from './harness/daemon.js';
+import Docker from 'dockerode';
 
 /**
  * Crash paths of the lease engine, with real processes: kill -9 a runner mid-Run, kill -9 the
@@ -17,6 +18,7 @@ let owner: string;
 let envId: string;
 const daemons: ChildProcess[] = [];
 const byRunner = new Map<string, ChildProcess>();
+const docker = new Docker();
 
 type Json = Record<string, unknown>;
 interface Ev { seq: number; type: string; payload: Json }
@@ -39,13 +41,20 @@ afterAll(async () => {
   await p?.stop();
 });
 
-async function daemon(label: string): Promise<{ proc: ChildProcess; runnerId: string }> {
-  const { dir, runnerId } = await pairDaemon(p, owner, label);
-  const proc = startDaemon(dir);
+async function daemon(label: string, existing?: { dir: string; runnerId: string }): Promise<{ proc: ChildProcess; runnerId: string; dir: string }> {
+  const { dir, runnerId } = existing ?? (await pairDaemon(p, owner, label));
+  const proc = startDaemon(dir, ['--sandbox-report-seconds', '1']);
   daemons.push(proc);
   byRunner.set(runnerId, proc);
   await waitFor(`${label} ready`, async () => ((await api.get<{ data: { runner: string; status: string }[] }>('/v1/runner-pools/presences')).data.some((x) => x.runner === runnerId && x.status === 'ready') ? true : undefined), 30_000);
-  return { proc, runnerId };
+  return { proc, runnerId, dir };
+}
+
+/** The containers and workspace volumes one runner keeps for one Session. */
+async function sandboxOf(runnerId: string, sessionId: string): Promise<{ running: number; containers: number; volumes: number }> {
+  const filters = JSON.stringify({ label: [`agentplane.runner=${runnerId}`, `agentplane.session=${sessionId}`] });
+  const [containers, volumes] = await Promise.all([docker.listContainers({ all: true, filters }), docker.listVolumes({ filters })]);
+  return { running: containers.filter((c) => c.State === 'running').length, containers: containers.length, volumes: (volumes.Volumes ?? []).length };
 }
 
 async function turn(rules: unknown[], text = 'go', env = envId): Promise<string> {
@@ -65,7 +74,7 @@ const waitEvents = (id: string, pred: (e: Ev[]) => boolean, ms = 40_000) => wait
 const runsOf = async (id: string) => (await api.get<{ data: (Json & { runner_pool_id?: string; status: string; attempts: { runner_id: string; outcome: string }[]; failure: Json | null })[] }>(`/v1/sessions/${id}/runs`)).data;
 
 describe('crash paths', () => {
-  it('kill -9 a runner mid-Run: the lease expires, the thread is rescheduled and the Run completes on another runner', async () => {
+  it('kill -9 a runner mid-Run: the lease expires, the Run completes on another runner; restarted, the runner reaps its orphan; archive removes both sandboxes', async () => {
     const a = await daemon('box-a');
     const id = await turn([
       { when: { user_contains: 'go' }, then: [{ tool: 'bash', input: { command: 'sleep 8; echo finished' } }] },
@@ -86,7 +95,22 @@ describe('crash paths', () => {
     expect(run?.status).toBe('succeeded');
     expect(run?.attempts.map((x) => x.runner_id)).toEqual([a.runnerId, b.runnerId]);
     expect(run?.attempts[0]?.outcome).toBe('lost');
-  });
+
+    // The killed runner left its sandbox behind. Restarted, it stops the orphan and keeps the
+    // workspace of the still-live Session; once the Session is archived, both runners remove theirs.
+    expect((await sandboxOf(a.runnerId, id)).containers).toBe(1);
+    await daemon('box-a', a);
+    await waitFor('the orphan container to be reaped', async () => ((await sandboxOf(a.runnerId, id)).containers === 0 ? true : undefined), 20_000);
+    expect((await sandboxOf(a.runnerId, id)).volumes).toBe(1);
+    expect((await sandboxOf(b.runnerId, id)).running).toBe(1);
+    await api.post(`/v1/sessions/${id}/archive`);
+    for (const r of [a.runnerId, b.runnerId]) {
+      await waitFor('the archived Session\'s sandboxes to go', async () => {
+        const left = await sandboxOf(r, id);
+        return left.containers === 0 && left.volumes === 0 ? true : undefined;
+      }, 20_000);
+    }
+  }, 120_000);
 
   it('the scheduler dies after BullMQ moved a lost lease back to wait, before it recorded the loss: the reschedule is still recorded once, before the next attempt', async () => {
     await Promise.all([daemon('box-c'), daemon('box-d')]);
