@@ -11,6 +11,13 @@ const runnerId = `rtest-${randomBytes(4).toString('hex')}`;
 const docker = new Docker();
 const driver = new DockerDriver({ runnerId, docker });
 const sid = (): string => `sess_${randomBytes(8).toString('hex')}`;
+async function waitUntil(ok: () => boolean, ms = 10_000): Promise<void> {
+  const until = Date.now() + ms;
+  while (!ok()) {
+    if (Date.now() > until) throw new Error('condition not met in time');
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
 
 beforeAll(async () => {
   await ensureSandboxImage({ docker });
@@ -99,6 +106,30 @@ describe('docker sandbox driver', () => {
     expect(res.exitCode).toBe(137);
     // Bound: the 3 s cancel bound (then the container is killed) plus exec latency under load.
     expect(Date.now() - started).toBeLessThan(5_000);
+    const ps = await driver.exec(sb, ['ps', '-eo', 'args']);
+    expect(ps.stdout).not.toContain('sleep 600');
+    await driver.destroy(session.id);
+  });
+
+  it('spawns a command with open stdio (the colocated harness) and kills its process group', async () => {
+    const session = { id: sid() };
+    const sb = await driver.ensure(session, {});
+    const proc = await driver.spawn(sb, ['node', '-e', 'process.stdin.on("data", (d) => process.stdout.write("echo:" + d)); process.stdin.on("end", () => process.exit(7))']);
+    const out: Buffer[] = [];
+    proc.stdout.on('data', (c: Buffer) => out.push(c));
+    proc.stdin.write('one\n');
+    await waitUntil(() => Buffer.concat(out).toString().includes('echo:one'));
+    proc.stdin.write('two\n');
+    await waitUntil(() => Buffer.concat(out).toString().includes('echo:two'));
+    proc.stdin.end();
+    expect(await proc.wait()).toEqual({ exitCode: 7, killed: false });
+
+    const sleeper = await driver.spawn(sb, { script: 'sleep 600 & sleep 600' });
+    await new Promise((r) => setTimeout(r, 300));
+    const started = Date.now();
+    await sleeper.kill();
+    expect(Date.now() - started).toBeLessThan(5_000);
+    expect((await sleeper.wait()).killed).toBe(true);
     const ps = await driver.exec(sb, ['ps', '-eo', 'args']);
     expect(ps.stdout).not.toContain('sleep 600');
     await driver.destroy(session.id);

@@ -6,6 +6,7 @@
  * own process group and records its id, so an interrupt or timeout kills the whole tree.
  */
 import { randomBytes } from 'node:crypto';
+import { PassThrough } from 'node:stream';
 import Docker from 'dockerode';
 import { createLogger, type Logger } from '@agentplane/core';
 import { ensureSandboxImage, loadManifest } from './image.js';
@@ -25,7 +26,9 @@ import {
   type Sandbox,
   type SandboxDriver,
   type SandboxEnvironment,
+  type SandboxProcess,
   type SandboxSession,
+  type SpawnOptions,
 } from './types.js';
 
 export interface DockerDriverOptions {
@@ -367,6 +370,70 @@ export class DockerDriver implements SandboxDriver {
   }
 
   /**
+   * Starts a command under the same process-group wrapper as `exec`, attached with stdin open
+   * (a hijacked exec stream): the caller writes its stdin and reads stdout and stderr as they
+   * come. `kill()` takes the process group down, bounded like a cancel.
+   */
+  async spawn(sandbox: Sandbox, command: Command, options: SpawnOptions = {}): Promise<SandboxProcess> {
+    const tracked = this.container(sandbox);
+    const execId = randomBytes(8).toString('hex');
+    const argv = Array.isArray(command) ? command : ['bash', '-c', command.script];
+    let exec: Docker.Exec;
+    let stream: NodeJS.ReadWriteStream;
+    try {
+      exec = await tracked.container.exec({
+        Cmd: ['setsid', '-w', 'bash', '-c', WRAPPER, 'agentplane-exec', execId, ...argv],
+        AttachStdout: true,
+        AttachStderr: true,
+        AttachStdin: true,
+        WorkingDir: options.cwd ?? sandbox.workspace,
+        Env: Object.entries(options.env ?? {}).map(([k, v]) => `${k}=${v}`),
+      });
+      stream = (await exec.start({ hijack: true, stdin: true })) as NodeJS.ReadWriteStream;
+    } catch (err) {
+      throw new SandboxError('exec_failed', `docker exec failed: ${(err as Error).message}`, { cause: err });
+    }
+    const stdout = new PassThrough();
+    const stderr = new PassThrough();
+    this.docker.modem.demuxStream(stream, stdout, stderr);
+    const stdin = new PassThrough();
+    // Ending stdin half-closes the exec stream: the command reads end of file.
+    stdin.pipe(stream as unknown as NodeJS.WritableStream);
+    stdin.on('error', () => {});
+    const ended = new Promise<void>((resolve) => {
+      stream.on('end', resolve);
+      stream.on('close', resolve);
+      stream.on('error', () => resolve());
+    }).then(() => {
+      stdout.end();
+      stderr.end();
+    });
+    let killing: Promise<void> | undefined;
+    const result = ended.then(async () => {
+      if (killing) await killing;
+      let exitCode = 137;
+      try {
+        const info = await exec.inspect();
+        if (typeof info.ExitCode === 'number' && !info.Running) exitCode = info.ExitCode;
+      } catch {
+        // The container went away (killed to bound a cancel).
+      }
+      return { exitCode: killing ? 137 : exitCode, killed: killing !== undefined };
+    });
+    return {
+      stdin,
+      stdout,
+      stderr,
+      wait: () => result,
+      kill: async () => {
+        killing ??= this.killTree(tracked, execId, ended, stream);
+        await killing;
+        await result;
+      },
+    };
+  }
+
+  /**
    * Kills the command's process group through a second exec; when that does not end the command
    * within the cancel bound (the pid file was removed, dockerd hangs), the container is killed.
    */
@@ -483,11 +550,15 @@ export class DockerDriver implements SandboxDriver {
 
   async suspend(sessionId: string): Promise<void> {
     this.live.delete(sessionId);
+    const container = this.docker.getContainer(this.containerName(sessionId));
     try {
-      await this.docker.getContainer(this.containerName(sessionId)).kill({ signal: 'SIGKILL' });
+      await container.kill({ signal: 'SIGKILL' });
     } catch (err) {
       if (statusCode(err) !== 404 && statusCode(err) !== 409) throw err;
+      return;
     }
+    // The kill is asynchronous: an `ensure` right after must not find it still running and keep it.
+    await withTimeout(container.wait({ condition: 'not-running' }), this.cancelTimeoutMs, () => new Error('stop timeout')).catch(() => undefined);
   }
 
   async sandboxSessions(runnerId: string): Promise<string[]> {

@@ -67,4 +67,21 @@ describe('process driver (no Docker)', () => {
     expect(slow.exitCode).toBe(137);
     expect(await driver.reapOrphans('r-proc', [])).toContain(session.id);
   });
+  it('spawns a command with open stdio and kills its process group', async () => {
+    const driver = new ProcessDriver({ runnerId: 'r-proc', dataDir });
+    const sandbox = await driver.ensure({ id: `sess_${randomBytes(6).toString('hex')}` }, {});
+    const cat = await driver.spawn(sandbox, ['bash', '-c', 'while read -r l; do echo "got:$l"; done; exit 4']);
+    const out: Buffer[] = [];
+    cat.stdout.on('data', (c: Buffer) => out.push(c));
+    cat.stdin.end('a\nb\n');
+    expect(await cat.wait()).toEqual({ exitCode: 4, killed: false });
+    expect(Buffer.concat(out).toString()).toBe('got:a\ngot:b\n');
+    const marker = `agentplane-spawn-${randomBytes(4).toString('hex')}`;
+    const sleeper = await driver.spawn(sandbox, { script: `exec -a ${marker} sleep 600 & exec -a ${marker} sleep 600` });
+    await new Promise((r) => setTimeout(r, 100));
+    await sleeper.kill();
+    expect(await sleeper.wait()).toEqual({ exitCode: 137, killed: true });
+    await new Promise((r) => setTimeout(r, 100));
+    expect(execFileSync('ps', ['-eo', 'args'], { encoding: 'utf8' })).not.toContain(marker);
+  });
 });

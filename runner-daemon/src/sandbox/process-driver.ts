@@ -5,14 +5,12 @@
  * output caps and process-group kills, and nothing more. `driverSatisfies` never selects it for
  * an Environment that requires (or defaults to) tier `container`.
  */
-import { spawn } from 'node:child_process';
 import { chmod, mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { createLogger, type Logger } from '@agentplane/core';
 import { normaliseRelative } from './docker-driver.js';
-import { CappedBuffer } from './output.js';
+import { execChild, killGroup, spawnChild, type ChildOptions } from './child-exec.js';
 import {
-  EXEC_DEFAULTS,
   SandboxError,
   type Command,
   type ReapOptions,
@@ -23,6 +21,8 @@ import {
   type RuntimeAssurance,
   type Sandbox,
   type SandboxDriver,
+  type SandboxProcess,
+  type SpawnOptions,
   type SandboxEnvironment,
   type SandboxSession,
 } from './types.js';
@@ -86,73 +86,27 @@ export class ProcessDriver implements SandboxDriver {
     return sandbox;
   }
 
-  async exec(sandbox: Sandbox, command: Command, options: ExecOptions = {}): Promise<ExecResult> {
-    if (!this.live.has(sandbox.sessionId)) throw new SandboxError('not_found', `no live sandbox for ${sandbox.sessionId}`);
-    const started = Date.now();
-    const argv = Array.isArray(command) ? command : ['bash', '-c', command.script];
-    const [file, ...args] = argv;
-    if (!file) throw new SandboxError('exec_failed', 'empty command');
-    const maxOutput = options.maxOutputBytes ?? EXEC_DEFAULTS.maxOutputBytes;
-    const stdout = new CappedBuffer(maxOutput);
-    const stderr = new CappedBuffer(maxOutput);
-    if (options.signal?.aborted) {
-      return { exitCode: 137, stdout: '', stderr: '', truncated: false, timedOut: false, killed: true, oomKilled: false, durationMs: 0 };
-    }
-    const cwd = options.cwd ? (options.cwd.startsWith('/') ? options.cwd : join(sandbox.workspace, options.cwd)) : sandbox.workspace;
-    const child = spawn(file, args, {
-      cwd,
-      env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: sandbox.workspace, LANG: 'C.UTF-8', ...options.env, [SESSION_MARKER]: this.marker(sandbox.sessionId) },
-      detached: true, // its own process group: kill(-pid) reaches the whole tree
-      stdio: [options.stdin === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe'],
-    });
+  private childOptions(sandbox: Sandbox, cwd: string | undefined, env: Record<string, string> | undefined): ChildOptions {
     const pids = this.children.get(sandbox.sessionId) ?? new Set<number>();
     this.children.set(sandbox.sessionId, pids);
-    if (child.pid) pids.add(child.pid);
-    child.stdout?.on('data', (c: Buffer) => stdout.add(c));
-    child.stderr?.on('data', (c: Buffer) => stderr.add(c));
-    if (child.stdin) {
-      child.stdin.on('error', () => {});
-      child.stdin.end(options.stdin);
-    }
-    let timedOut = false;
-    let killed = false;
-    const killGroup = (): void => {
-      if (!child.pid) return;
-      try {
-        process.kill(-child.pid, 'SIGKILL');
-      } catch {
-        // already gone
-      }
-    };
-    const timer = setTimeout(() => {
-      timedOut = true;
-      killGroup();
-    }, options.timeoutMs ?? EXEC_DEFAULTS.timeoutMs);
-    const onAbort = (): void => {
-      killed = true;
-      killGroup();
-    };
-    options.signal?.addEventListener('abort', onAbort, { once: true });
-    const { code, signal, spawnError } = await new Promise<{ code: number | null; signal: NodeJS.Signals | null; spawnError?: Error }>((resolve) => {
-      child.on('error', (err) => resolve({ code: null, signal: null, spawnError: err }));
-      child.on('close', (code, signal) => resolve({ code, signal }));
-    });
-    clearTimeout(timer);
-    options.signal?.removeEventListener('abort', onAbort);
-    if (child.pid) pids.delete(child.pid);
-    if (spawnError) throw new SandboxError('exec_failed', `spawn ${file}: ${spawnError.message}`, { cause: spawnError });
-    // The leader may be gone while members of its group still run: finish them too.
-    if (timedOut || killed) killGroup();
     return {
-      exitCode: code ?? 128 + (signal === 'SIGKILL' ? 9 : 15),
-      stdout: stdout.text(),
-      stderr: stderr.text(),
-      truncated: stdout.truncated || stderr.truncated,
-      timedOut,
-      killed,
-      oomKilled: false,
-      durationMs: Date.now() - started,
+      cwd: cwd ? (cwd.startsWith('/') ? cwd : join(sandbox.workspace, cwd)) : sandbox.workspace,
+      env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: sandbox.workspace, LANG: 'C.UTF-8', ...env, [SESSION_MARKER]: this.marker(sandbox.sessionId) },
+      onStart: (pid) => pids.add(pid),
+      onEnd: (pid) => pids.delete(pid),
     };
+  }
+
+  async exec(sandbox: Sandbox, command: Command, options: ExecOptions = {}): Promise<ExecResult> {
+    if (!this.live.has(sandbox.sessionId)) throw new SandboxError('not_found', `no live sandbox for ${sandbox.sessionId}`);
+    const argv = Array.isArray(command) ? command : ['bash', '-c', command.script];
+    return execChild(argv, this.childOptions(sandbox, options.cwd, options.env), options);
+  }
+
+  async spawn(sandbox: Sandbox, command: Command, options: SpawnOptions = {}): Promise<SandboxProcess> {
+    if (!this.live.has(sandbox.sessionId)) throw new SandboxError('not_found', `no live sandbox for ${sandbox.sessionId}`);
+    const argv = Array.isArray(command) ? command : ['bash', '-c', command.script];
+    return spawnChild(argv, this.childOptions(sandbox, options.cwd, options.env));
   }
 
   async writeFiles(sandbox: Sandbox, files: Array<{ path: string; data: Buffer; mode?: number }>): Promise<void> {
@@ -209,14 +163,6 @@ export class ProcessDriver implements SandboxDriver {
 
 /** Environment variable `<runner>/<session>` on every process a process sandbox starts. */
 const SESSION_MARKER = 'AGENTPLANE_SANDBOX';
-
-function killGroup(pid: number): void {
-  try {
-    process.kill(-pid, 'SIGKILL');
-  } catch {
-    // gone
-  }
-}
 
 /** Kills every process (and its group) whose marker matches; returns the markers it killed. */
 async function killMarked(match: (marker: string) => boolean): Promise<string[]> {

@@ -3,6 +3,7 @@
  * lives; commands run inside it with caps and timeouts; teardown is explicit and guaranteed by a
  * label-driven reaper.
  */
+import type { Readable, Writable } from 'node:stream';
 
 export type SandboxTier = 'container' | 'process';
 /** `sandboxed`: isolated container; `trusted`: runs with the daemon's own rights (process driver). */
@@ -75,6 +76,28 @@ export interface ExecResult {
 /** A command: an argv, or a script for `bash -c`. */
 export type Command = string[] | { script: string };
 
+export interface SpawnOptions {
+  cwd?: string;
+  env?: Record<string, string>;
+}
+
+/**
+ * A long-lived command with open stdio (the colocated harness). Unlike `exec` nothing is
+ * buffered or capped here: the caller reads the streams and bounds what it keeps.
+ */
+export interface SandboxProcess {
+  readonly stdin: Writable;
+  readonly stdout: Readable;
+  readonly stderr: Readable;
+  /** Resolves once the command has ended (never rejects); 137 when it was killed. */
+  wait(): Promise<{ exitCode: number; killed: boolean }>;
+  /**
+   * Kills the command's process group; past the driver's cancel bound the sandbox's processes
+   * go too (docker: the container is killed; the workspace stays). Resolves once it has ended.
+   */
+  kill(): Promise<void>;
+}
+
 export interface ComputeUsage {
   cpu_nanos: number;
   memory_peak_bytes: number;
@@ -99,6 +122,8 @@ export interface SandboxDriver {
   /** Creates the Session's sandbox, or returns the live one. Bounded in time. */
   ensure(session: SandboxSession, environment: SandboxEnvironment): Promise<Sandbox>;
   exec(sandbox: Sandbox, command: Command, options?: ExecOptions): Promise<ExecResult>;
+  /** Starts a command with its stdin, stdout and stderr open, in its own process group. */
+  spawn(sandbox: Sandbox, command: Command, options?: SpawnOptions): Promise<SandboxProcess>;
   /** Writes files (relative to the workspace) owned by the sandbox user. */
   writeFiles(sandbox: Sandbox, files: Array<{ path: string; data: Buffer; mode?: number }>): Promise<void>;
   /** Removes the Session's sandbox and its workspace. Idempotent. */
@@ -117,6 +142,9 @@ export interface SandboxDriver {
   assurances(): RuntimeAssurance[];
   capabilities(): DriverCapabilities;
 }
+
+/** What the harness tools need of a driver: running commands. */
+export type CommandRunner = Pick<SandboxDriver, 'exec'>;
 
 export interface ReapOptions {
   keepWorkspacesOf?: Iterable<string>;

@@ -1,0 +1,125 @@
+/**
+ * Commands as child processes of this process, each the leader of its own process group, with
+ * the exec contract's bounds: output capped per stream, a timeout and an abort signal that kill
+ * the whole group. The process driver runs them on the host; the colocated harness runs them
+ * inside the sandbox, next to itself. Only node built-ins: the colocated bundle includes this.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { constants } from 'node:os';
+import { PassThrough } from 'node:stream';
+import { CappedBuffer } from './output.js';
+import { EXEC_DEFAULTS, SandboxError, type ExecOptions, type ExecResult, type SandboxProcess } from './types.js';
+
+export interface ChildOptions {
+  /** Absolute working directory. */
+  cwd: string;
+  /** The whole environment of the child. */
+  env: NodeJS.ProcessEnv;
+  /** Told each child's pid when it starts and when it has ended (for reapers). */
+  onStart?(pid: number): void;
+  onEnd?(pid: number): void;
+}
+
+/** SIGKILL to a process group; a group that is already gone is not an error. */
+export function killGroup(pid: number): void {
+  try {
+    process.kill(-pid, 'SIGKILL');
+  } catch {
+    // gone
+  }
+}
+
+function exitCodeOf(code: number | null, signal: NodeJS.Signals | null): number {
+  if (code !== null) return code;
+  return 128 + (signal ? (constants.signals[signal] ?? 9) : 9);
+}
+
+function start(argv: string[], o: ChildOptions, stdin: 'pipe' | 'ignore'): ChildProcess {
+  const [file, ...args] = argv;
+  if (!file) throw new SandboxError('exec_failed', 'empty command');
+  // detached: the child leads a new session and process group, so kill(-pid) reaches the whole tree.
+  return spawn(file, args, { cwd: o.cwd, env: o.env, detached: true, stdio: [stdin, 'pipe', 'pipe'] });
+}
+
+/** Runs a command to its end under the exec contract (caps, timeout, abort). */
+export async function execChild(argv: string[], o: ChildOptions, options: ExecOptions = {}): Promise<ExecResult> {
+  const started = Date.now();
+  const maxOutput = options.maxOutputBytes ?? EXEC_DEFAULTS.maxOutputBytes;
+  const stdout = new CappedBuffer(maxOutput);
+  const stderr = new CappedBuffer(maxOutput);
+  if (options.signal?.aborted) {
+    return { exitCode: 137, stdout: '', stderr: '', truncated: false, timedOut: false, killed: true, oomKilled: false, durationMs: 0 };
+  }
+  const child = start(argv, o, options.stdin === undefined ? 'ignore' : 'pipe');
+  const pid = child.pid;
+  if (pid) o.onStart?.(pid);
+  child.stdout?.on('data', (c: Buffer) => stdout.add(c));
+  child.stderr?.on('data', (c: Buffer) => stderr.add(c));
+  if (child.stdin) {
+    child.stdin.on('error', () => {});
+    child.stdin.end(options.stdin);
+  }
+  let timedOut = false;
+  let killed = false;
+  const timer = setTimeout(() => {
+    timedOut = true;
+    if (pid) killGroup(pid);
+  }, options.timeoutMs ?? EXEC_DEFAULTS.timeoutMs);
+  const onAbort = (): void => {
+    killed = true;
+    if (pid) killGroup(pid);
+  };
+  options.signal?.addEventListener('abort', onAbort, { once: true });
+  const { code, signal, spawnError } = await new Promise<{ code: number | null; signal: NodeJS.Signals | null; spawnError?: Error }>((resolve) => {
+    child.on('error', (err) => resolve({ code: null, signal: null, spawnError: err }));
+    child.on('close', (c, s) => resolve({ code: c, signal: s }));
+  });
+  clearTimeout(timer);
+  options.signal?.removeEventListener('abort', onAbort);
+  if (pid) o.onEnd?.(pid);
+  if (spawnError) throw new SandboxError('exec_failed', `spawn ${argv[0]}: ${spawnError.message}`, { cause: spawnError });
+  // The leader may be gone while members of its group still run: finish them too.
+  if (pid && (timedOut || killed)) killGroup(pid);
+  return {
+    exitCode: timedOut || killed ? 137 : exitCodeOf(code, signal),
+    stdout: stdout.text(),
+    stderr: stderr.text(),
+    truncated: stdout.truncated || stderr.truncated,
+    timedOut,
+    killed,
+    oomKilled: false,
+    durationMs: Date.now() - started,
+  };
+}
+
+/** Starts a command with open stdio in its own process group (the streaming half of the contract). */
+export async function spawnChild(argv: string[], o: ChildOptions): Promise<SandboxProcess> {
+  const child = start(argv, o, 'pipe');
+  const pid = child.pid;
+  await new Promise<void>((resolve, reject) => {
+    child.once('spawn', resolve);
+    child.once('error', (err) => reject(new SandboxError('exec_failed', `spawn ${argv[0]}: ${err.message}`, { cause: err })));
+  });
+  if (pid) o.onStart?.(pid);
+  let killed = false;
+  const ended = new Promise<{ exitCode: number; killed: boolean }>((resolve) => {
+    child.on('close', (code, signal) => {
+      if (pid) o.onEnd?.(pid);
+      resolve({ exitCode: killed ? 137 : exitCodeOf(code, signal), killed });
+    });
+  });
+  const stdin = child.stdin ?? new PassThrough();
+  stdin.on('error', () => {});
+  return {
+    stdin,
+    stdout: child.stdout ?? new PassThrough(),
+    stderr: child.stderr ?? new PassThrough(),
+    wait: () => ended,
+    async kill() {
+      killed = true;
+      if (pid) killGroup(pid);
+      await ended;
+      if (pid) killGroup(pid);
+    },
+  };
+}
