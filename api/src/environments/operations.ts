@@ -20,6 +20,8 @@ const Packages = Obj({ apt: Type.Optional(PackageList), npm: Type.Optional(Packa
 const Driver = Type.Literal('docker');
 const Tier = Type.Literal('container');
 const Retention = Type.Union([Type.Literal('durable'), Type.Literal('ephemeral')]);
+/** Where the agent loop runs: in the runner, tools in the sandbox (`split`), or inside the sandbox (`colocated`). */
+const Topology = Type.Union([Type.Literal('split'), Type.Literal('colocated')]);
 
 export const DEFAULT_RESOURCES = { cpu_millis: 1000, memory_mib: 1024, disk_mib: 4096, max_duration_seconds: 3600 };
 
@@ -32,6 +34,7 @@ const ConfigFields = {
   resources: Type.Optional(Resources),
   network: Type.Optional(Network),
   retention_mode: Type.Optional(Retention),
+  harness_topology: Type.Optional(Topology),
   packages: Type.Optional(Packages),
   metadata: Type.Optional(Metadata()),
 };
@@ -48,6 +51,7 @@ const UpdateBody = Obj(
     resources: ConfigFields.resources,
     network: ConfigFields.network,
     retention_mode: ConfigFields.retention_mode,
+    harness_topology: ConfigFields.harness_topology,
     packages: ConfigFields.packages,
     metadata: ConfigFields.metadata,
   },
@@ -57,7 +61,7 @@ const UpdateBody = Obj(
 export const EnvironmentSchema = Obj({
   id: Id('environment'), type: Type.Literal('environment'), workspace_id: Id('workspace'), name: Type.String(),
   description: Nullable(Type.String()), image: Type.String(), driver: Driver, tier: Tier, resources: Resources, network: Network,
-  retention_mode: Retention, packages: Packages, metadata: Metadata(), version: Type.Integer({ minimum: 1 }),
+  retention_mode: Retention, harness_topology: Topology, packages: Packages, metadata: Metadata(), version: Type.Integer({ minimum: 1 }),
   archived_at: Nullable(Timestamp()), created_at: Timestamp(), updated_at: Timestamp(),
 });
 
@@ -72,8 +76,18 @@ export interface Environment extends VersionedDoc {
   resources: Static<typeof Resources>;
   network: Static<typeof Network>;
   retention_mode: 'durable' | 'ephemeral';
+  /** Stored versions from before the field existed lack it: `present()` reads them as `split`. */
+  harness_topology: Static<typeof Topology>;
   packages: Static<typeof Packages>;
   metadata: Record<string, string>;
+}
+
+/** Versions written before `harness_topology` existed read as `split`. */
+function present(env: Environment): Environment {
+  return env.harness_topology ? env : { ...env, harness_topology: 'split' };
+}
+function presentPage<P extends { data: Environment[] }>(page: P): P {
+  return { ...page, data: page.data.map(present) };
 }
 
 const EnvPath = Obj({ environment_id: Id('environment') });
@@ -92,7 +106,8 @@ export const environmentOperations: Operation[] = [
       const env: Environment = {
         id: newId('environment'), type: 'environment', workspace_id: ws, name: body.name, description: body.description ?? null,
         image: body.image, driver: 'docker', tier: 'container', resources: body.resources ?? DEFAULT_RESOURCES,
-        network: body.network ?? { mode: 'none' }, retention_mode: body.retention_mode ?? 'durable', packages: body.packages ?? {},
+        network: body.network ?? { mode: 'none' }, retention_mode: body.retention_mode ?? 'durable',
+        harness_topology: body.harness_topology ?? 'split', packages: body.packages ?? {},
         metadata: body.metadata ?? {}, version: 1, archived_at: null, created_at: now, updated_at: now,
       };
       return json(201, await deps.environments.create(ws, env));
@@ -102,14 +117,14 @@ export const environmentOperations: Operation[] = [
     operationId: 'environments.listEnvironments', method: 'GET', path: '/v1/environments', summary: 'List Environments (latest versions)',
     auth: readers, query: PageQuery({ include_archived: Type.Optional(Type.Boolean()) }), response: Page(EnvironmentSchema), mcp: 'full',
     async handler({ caller, query, deps }) {
-      return json(200, await deps.environments.list(requireWorkspace(caller), { limit: query.limit ?? 20, page: query.page, includeArchived: query.include_archived ?? false }));
+      return json(200, presentPage(await deps.environments.list(requireWorkspace(caller), { limit: query.limit ?? 20, page: query.page, includeArchived: query.include_archived ?? false })));
     },
   }),
   defineOperation({
     operationId: 'environments.getEnvironment', method: 'GET', path: '/v1/environments/{environment_id}',
     summary: 'Read the latest version of an Environment', auth: readers, params: EnvPath, response: EnvironmentSchema, mcp: 'full',
     async handler({ caller, params, deps }) {
-      return json(200, await deps.environments.get(requireWorkspace(caller), params.environment_id));
+      return json(200, present(await deps.environments.get(requireWorkspace(caller), params.environment_id)));
     },
   }),
   defineOperation({
@@ -119,7 +134,7 @@ export const environmentOperations: Operation[] = [
     async handler({ caller, params, body, deps }) {
       const { expected_version, ...patch } = body;
       return json(200, await deps.environments.newVersion(requireWorkspace(caller), params.environment_id, expected_version, (cur) => {
-        const next: Environment = { ...cur };
+        const next: Environment = { ...present(cur) };
         for (const [k, v] of Object.entries(patch)) if (v !== undefined) (next as unknown as Record<string, unknown>)[k] = v;
         next.description = patch.description !== undefined ? patch.description : cur.description;
         return next;
@@ -131,7 +146,7 @@ export const environmentOperations: Operation[] = [
     summary: 'Archive an Environment: no new Sessions or versions', auth: writers, params: EnvPath, response: EnvironmentSchema,
     idempotency: 'optional', mcp: 'full',
     async handler({ caller, params, deps }) {
-      return json(200, await deps.environments.archive(requireWorkspace(caller), params.environment_id));
+      return json(200, present(await deps.environments.archive(requireWorkspace(caller), params.environment_id)));
     },
   }),
   defineOperation({
@@ -139,14 +154,14 @@ export const environmentOperations: Operation[] = [
     summary: 'List the versions of an Environment, oldest first', auth: readers, params: EnvPath, query: PageQuery({}),
     response: Page(EnvironmentSchema), mcp: 'full',
     async handler({ caller, params, query, deps }) {
-      return json(200, await deps.environments.listVersions(requireWorkspace(caller), params.environment_id, { limit: query.limit ?? 20, page: query.page }));
+      return json(200, presentPage(await deps.environments.listVersions(requireWorkspace(caller), params.environment_id, { limit: query.limit ?? 20, page: query.page })));
     },
   }),
   defineOperation({
     operationId: 'environments.getEnvironmentVersion', method: 'GET', path: '/v1/environments/{environment_id}/versions/{version}',
     summary: 'Read one immutable Environment version', auth: readers, params: EnvVersionPath, response: EnvironmentSchema, mcp: 'full',
     async handler({ caller, params, deps }) {
-      return json(200, await deps.environments.getVersion(requireWorkspace(caller), params.environment_id, params.version));
+      return json(200, present(await deps.environments.getVersion(requireWorkspace(caller), params.environment_id, params.version)));
     },
   }),
 ];

@@ -68,6 +68,8 @@ export interface TurnSpec {
     retention_mode: string;
     /** Isolation tier the Environment requires (`container`): a runner never runs it with less. */
     tier: string;
+    /** Where the runner runs the agent loop: in itself (`split`) or inside the sandbox (`colocated`). */
+    harness_topology: 'split' | 'colocated';
   };
   resources: SpecResource[];
   /** Bearer for `/v1/runtime/files/{file_id}` (set by the scheduler when `resources` has Files). */
@@ -146,6 +148,7 @@ export async function buildTurnSpec(src: SpecSources, run: RunDoc, maxHistoryByt
       network_mode: env.network.mode,
       retention_mode: env.retention_mode,
       tier: env.tier,
+      harness_topology: env.harness_topology ?? 'split',
     },
     resources: await specResources(session.resources, run.workspace_id, src.files),
     history: fitHistory(history, maxHistoryBytes),

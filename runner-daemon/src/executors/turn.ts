@@ -1,10 +1,12 @@
 import type { Logger } from '@agentplane/core';
 import type { LeaseExecutor, LeaseHandle } from '../agent.js';
-import { HarnessError, HarnessLoop, type AgentTool } from '../harness/index.js';
+import type { TokenUsage } from '@agentplane/protocol';
+import { HarnessError, HarnessLoop, type AgentTool, type IdleStopReason } from '../harness/index.js';
 import { connectMcpTools, type RuntimeMcp } from '../harness/mcp-tools.js';
 import type { SandboxManager } from '../sandbox/manager.js';
 import { isOfferedResource, offeredSources, type OfferedResource } from '../sandbox/sources.js';
 import { driverSatisfies, type SandboxEnvironment } from '../sandbox/types.js';
+import { runColocated } from './colocated.js';
 import { LeaseSink } from './lease-sink.js';
 
 /** The turn spec carried by a lease offer (built by the scheduler; see docs/RUNS.md). */
@@ -19,6 +21,8 @@ interface TurnSpec {
     network_mode: string;
     retention_mode: string;
     tier?: string;
+    /** Where the agent loop runs: in the runner (`split`, the default) or inside the sandbox. */
+    harness_topology?: 'split' | 'colocated';
   };
   /** Session resources to materialise in the workspace (see the API's `SpecResource`). */
   resources?: unknown[];
@@ -97,17 +101,26 @@ async function runTurn(o: TurnExecutorOptions, handle: LeaseHandle): Promise<Rec
     if (materialized && !materialized.skipped) log.info({ resources: materialized.placed, files: materialized.files, bytes: materialized.bytes }, 'session resources materialised');
     const sink = new LeaseSink(handle, spec.run_id, spec.session_id);
     const mcp = spec.runtime_mcp ? await connectMcpTools(o.baseUrl, spec.runtime_mcp, log, handle.signal) : undefined;
-    const loop = new HarnessLoop({ model: handle.model, driver: o.sandboxes.driver, sandbox, sink, logger: log });
-    let outcome;
+    const agent = { routing_key: spec.agent.routing_key, ...(spec.agent.system ? { system: spec.agent.system } : {}), tools: [...spec.agent.tools, ...(mcp?.tools ?? [])] };
+    let outcome: { stop_reason: IdleStopReason; usage: TokenUsage; awaiting?: Map<string, 'custom_tool_result' | 'tool_confirmation'> };
     try {
-      outcome = await loop.run({
-        agent: { routing_key: spec.agent.routing_key, ...(spec.agent.system ? { system: spec.agent.system } : {}), tools: [...spec.agent.tools, ...(mcp?.tools ?? [])] },
-        history: spec.history,
-        ...(spec.responses ? { responses: spec.responses } : {}),
-        session_thread_id: spec.thread_id,
-        signal: handle.signal,
-        max_duration_seconds: spec.environment.resources.max_duration_seconds,
-      });
+      if (spec.environment.harness_topology === 'colocated') {
+        // The agent loop runs inside the sandbox; this runner relays (./colocated.ts).
+        outcome = await runColocated({
+          driver: o.sandboxes.driver, sandbox, model: handle.model, sink, signal: handle.signal, log,
+          run: { agent, history: spec.history, ...(spec.responses ? { responses: spec.responses } : {}), max_duration_seconds: spec.environment.resources.max_duration_seconds },
+        });
+      } else {
+        const loop = new HarnessLoop({ model: handle.model, driver: o.sandboxes.driver, sandbox, sink, logger: log });
+        outcome = await loop.run({
+          agent,
+          history: spec.history,
+          ...(spec.responses ? { responses: spec.responses } : {}),
+          session_thread_id: spec.thread_id,
+          signal: handle.signal,
+          max_duration_seconds: spec.environment.resources.max_duration_seconds,
+        });
+      }
     } catch (err) {
       // A spent budget ends the turn with its own stop reason instead of failing the Run.
       if (err instanceof HarnessError && err.modelError?.type === 'budget.exceeded') {
@@ -120,9 +133,11 @@ async function runTurn(o: TurnExecutorOptions, handle: LeaseHandle): Promise<Rec
     const stop = outcome.stop_reason;
     if (stop.type === 'requires_action') {
       const ids = stop.tool_use_ids.map((id) => sink.toolId(id));
+      // The colocated relay knows what answers each use by the runner's own policy; split asks the sink.
+      const kind = (raw: string): string | undefined => outcome.awaiting?.get(raw) ?? sink.awaiting.get(sink.toolId(raw));
       return {
         stop_reason: { type: 'requires_action', tool_use_ids: ids },
-        waits: ids.map((id) => ({ tool_use_id: id, kind: sink.awaiting.get(id) === 'tool_confirmation' ? 'confirmation' : 'custom_tool' })),
+        waits: stop.tool_use_ids.map((raw) => ({ tool_use_id: sink.toolId(raw), kind: kind(raw) === 'tool_confirmation' ? 'confirmation' : 'custom_tool' })),
         usage: outcome.usage,
       };
     }

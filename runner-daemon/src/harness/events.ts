@@ -15,7 +15,12 @@ export type AgentTool =
    * A tool the runner calls on the model's behalf outside the sandbox (an MCP server's tool,
    * through the control plane's runtime MCP endpoint). `always_ask` waits for confirmation.
    */
-  | { type: 'external'; spec: ToolSpec; permission?: ToolPermission; call: (input: unknown, signal: AbortSignal) => Promise<{ content: string; is_error: boolean }> };
+  | {
+      type: 'external';
+      spec: ToolSpec;
+      permission?: ToolPermission;
+      call: (input: unknown, signal: AbortSignal, toolUseId: string) => Promise<{ content: string; is_error: boolean }>;
+    };
 
 export interface AgentConfig {
   /** Model routing key sent with every model step. */

@@ -6,8 +6,8 @@
  * with `requires_action`; the next Run resolves them from the drive events' responses.
  */
 import { addUsage, ZERO_USAGE, type ContentBlock, type ModelClient, type ModelMessage, type ModelRequest, type TokenUsage, type ToolSpec } from '@agentplane/protocol';
-import { createLogger, type Logger } from '@agentplane/core';
-import type { Sandbox, SandboxDriver } from '../sandbox/types.js';
+import type { Logger } from '@agentplane/core';
+import type { CommandRunner, Sandbox } from '../sandbox/types.js';
 import { SandboxError } from '../sandbox/types.js';
 import { builtinTool, runTool } from './tools/builtin.js';
 import type { BuiltinTool, ToolOutcome } from './tools/types.js';
@@ -23,7 +23,8 @@ import {
 
 export interface HarnessDeps {
   model: ModelClient;
-  driver: SandboxDriver;
+  /** Runs the built-in tools' commands: a sandbox driver (split) or local child processes (colocated). */
+  driver: CommandRunner;
   sandbox: Sandbox;
   sink: SessionEventSink;
   logger?: Logger;
@@ -69,11 +70,7 @@ interface Classified {
 }
 
 export class HarnessLoop {
-  private readonly log: Logger;
-
-  constructor(private readonly deps: HarnessDeps) {
-    this.log = deps.logger ?? createLogger({ name: 'harness', level: 'warn' });
-  }
+  constructor(private readonly deps: HarnessDeps) {}
 
   /** The tools the model sees: enabled built-ins (their schemas) and the agent's custom tools. */
   static toolSpecs(agent: AgentConfig): ToolSpec[] {
@@ -273,7 +270,7 @@ export class HarnessLoop {
     if (c.external) {
       const started = Date.now();
       try {
-        outcome = { ...(await c.external.call(c.block.input, signal)), meta: { durationMs: Date.now() - started } };
+        outcome = { ...(await c.external.call(c.block.input, signal, c.block.id)), meta: { durationMs: Date.now() - started } };
       } catch (err) {
         outcome = { content: `tool ${c.block.name} failed: ${err instanceof Error ? err.message : String(err)}`, is_error: true };
       }

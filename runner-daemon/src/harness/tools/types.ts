@@ -1,8 +1,8 @@
 import type { ToolSpec } from '@agentplane/protocol';
-import type { ExecResult, Sandbox, SandboxDriver } from '../../sandbox/types.js';
+import type { CommandRunner, ExecResult, Sandbox } from '../../sandbox/types.js';
 
 export interface ToolContext {
-  driver: SandboxDriver;
+  driver: CommandRunner;
   sandbox: Sandbox;
   signal?: AbortSignal;
   /** Upper bound for any command the tool runs (e.g. what remains of the Run's max duration). */
