@@ -8,6 +8,9 @@
  * - resources: new sandbox with Session resources materialised (a 4 MiB File and a 200-file
  *   repository tar, extracted by the sandbox user) → first command done
  *   floor: `docker run` of the same image with the same bytes copied in (putArchive) before start
+ * - colocated: one Run of the agent loop with N bash tool calls (model answered in-process) with
+ *   the loop inside the sandbox (bundle placed, node started, stdio relay)
+ *   floor: the same Run with the loop in the runner (split: one docker exec per tool call)
  */
 import { randomBytes } from 'node:crypto';
 import { mkdirSync, writeFileSync } from 'node:fs';
@@ -16,6 +19,12 @@ import { DockerDriver } from '../runner-daemon/src/sandbox/docker-driver.js';
 import { ensureSandboxImage } from '../runner-daemon/src/sandbox/image.js';
 import { materializeResources, type ResolvedResource } from '../runner-daemon/src/sandbox/resources.js';
 import { createTar } from '../runner-daemon/src/sandbox/tar.js';
+import { createLogger } from '@agentplane/core';
+import type { ModelClient, ModelStreamEvent } from '@agentplane/protocol';
+import { runColocated } from '../runner-daemon/src/executors/colocated.js';
+import { HarnessLoop } from '../runner-daemon/src/harness/loop.js';
+import type { AgentConfig, SessionEventSink } from '../runner-daemon/src/harness/events.js';
+import type { Sandbox } from '../runner-daemon/src/sandbox/types.js';
 
 const RUNS = Number(process.env.BENCH_RUNS ?? 50);
 const docker = new Docker();
@@ -58,6 +67,33 @@ async function floorRunWithBytes(image: string): Promise<number> {
   const exited = c.wait({ condition: 'next-exit' });
   await c.start();
   await exited;
+  return performance.now() - t;
+}
+
+/** A model that asks for `calls` bash tool calls, one per step, then ends the turn. */
+function toolCallingModel(calls: number): ModelClient {
+  let step = 0;
+  const usage = { input_tokens: 1, cached_input_tokens: 0, cache_write_input_tokens: 0, output_tokens: 1, reasoning_output_tokens: 0, total_tokens: 2 };
+  return {
+    async *stream(): AsyncIterable<ModelStreamEvent> {
+      step += 1;
+      if (step <= calls) yield { type: 'tool_use', id: `call_${step}`, name: 'bash', input: { command: 'true' } };
+      yield { type: 'end', stop_reason: step <= calls ? 'tool_use' : 'end_turn', usage, provider: 'bench', model: 'bench' };
+    },
+  };
+}
+const AGENT: AgentConfig = { routing_key: 'default', tools: [{ type: 'builtin', name: 'bash' }] };
+const NO_SINK: SessionEventSink = { emit: async () => undefined };
+const quiet = createLogger({ name: 'bench', level: 'silent' });
+
+async function turn(topology: 'split' | 'colocated', sandbox: Sandbox, calls: number): Promise<number> {
+  const model = toolCallingModel(calls);
+  const history = [{ role: 'user' as const, content: [{ type: 'text' as const, text: 'go' }] }];
+  const t = performance.now();
+  const out = topology === 'split'
+    ? await new HarnessLoop({ model, driver, sandbox, sink: NO_SINK }).run({ agent: AGENT, history })
+    : await runColocated({ driver, sandbox, model, sink: NO_SINK, signal: new AbortController().signal, log: quiet, run: { agent: AGENT, history } });
+  if (out.stop_reason.type !== 'end_turn') throw new Error(`${topology} turn ended ${out.stop_reason.type}`);
   return performance.now() - t;
 }
 
@@ -123,12 +159,27 @@ async function main(): Promise<void> {
     await driver.destroy(s.id);
     process.stdout.write(`\rresources ${i + 1}/${RUNS}`);
   }
+
+  const tsb = await driver.ensure({ id: `sess_${randomBytes(8).toString('hex')}` }, {});
+  const split1: number[] = [];
+  const colocated1: number[] = [];
+  const split10: number[] = [];
+  const colocated10: number[] = [];
+  for (let i = 0; i < RUNS; i++) {
+    split1.push(await turn('split', tsb, 1));
+    colocated1.push(await turn('colocated', tsb, 1));
+    split10.push(await turn('split', tsb, 10));
+    colocated10.push(await turn('colocated', tsb, 10));
+    process.stdout.write(`\rtopologies ${i + 1}/${RUNS}`);
+  }
   await driver.reapOrphans(runnerId, []);
 
   const rows = [
     { name: 'cold: new sandbox → first command done', ours: summary(cold), floorName: 'docker run --rm true', floor: summary(coldFloor) },
     { name: 'warm: ensure + command in session sandbox', ours: summary(warm), floorName: 'bare docker exec true', floor: summary(warmFloor) },
     { name: 'cold + 4 MiB File + 200-file repo placed', ours: summary(withResources), floorName: 'docker run + putArchive', floor: summary(withResourcesFloor) },
+    { name: 'Run, 1 bash call: colocated loop', ours: summary(colocated1), floorName: 'split loop', floor: summary(split1) },
+    { name: 'Run, 10 bash calls: colocated loop', ours: summary(colocated10), floorName: 'split loop', floor: summary(split10) },
   ];
   console.log('\n');
   console.log(`${'measure'.padEnd(44)}${'ours p50'.padStart(10)}${'ours p99'.padStart(10)}  ${'floor'.padEnd(22)}${'p50'.padStart(10)}${'p99'.padStart(10)}  ratio p50  ratio p99`);
