@@ -3,7 +3,7 @@ import { request as httpRequest } from 'node:http';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Redis } from 'ioredis';
 import { HttpClient } from '@agentplane/client';
-import { startPlatform, type Platform } from './harness/platform.js';
+import { startPlatform, waitFor, type Platform } from './harness/platform.js';
 
 let p: Platform;
 let redis: Redis;
@@ -46,8 +46,11 @@ async function rawUpload(client: HttpClient, body: Buffer | string, contentType:
   return client.request<Json>('POST', '/v1/files', { rawBody: typeof body === 'string' ? body : new Uint8Array(body), headers: { 'content-type': contentType, ...headers } });
 }
 
-/** Streams `total` bytes of file content, chunked (no Content-Length), and returns status and body. */
-function streamUpload(token: string, total: number): Promise<{ status: number; body: Json }> {
+/**
+ * Streams `total` bytes of file content, chunked (no Content-Length), and returns status and
+ * body. `onSent(bytes)` runs after each MiB and may pause the upload by returning a promise.
+ */
+function streamUpload(token: string, total: number, onSent?: (bytes: number) => Promise<void> | void): Promise<{ status: number; body: Json }> {
   const boundary = 'streamBoundary9';
   const head = Buffer.from(`--${boundary}\r\nContent-Disposition: form-data; name="file"; filename="big.bin"\r\n\r\n`);
   return new Promise((resolve, reject) => {
@@ -63,15 +66,17 @@ function streamUpload(token: string, total: number): Promise<{ status: number; b
     const block = Buffer.alloc(MiB, 7);
     let sent = 0;
     req.write(head);
-    const pump = () => {
+    const pump = async (): Promise<void> => {
       while (sent < total) {
         const n = Math.min(block.length, total - sent);
         sent += n;
-        if (!req.write(block.subarray(0, n))) return void req.once('drain', pump);
+        req.write(block.subarray(0, n));
+        await onSent?.(sent);
+        if (req.writableNeedDrain) await new Promise((r) => req.once('drain', r));
       }
       req.end(Buffer.from(`\r\n--${boundary}--\r\n`));
     };
-    pump();
+    pump().catch(reject);
   });
 }
 
@@ -80,6 +85,7 @@ let devKey: string;
 beforeAll(async () => {
   p = await startPlatform();
   redis = new Redis(p.redisUrl());
+  redis.on('error', () => undefined); // one test restarts Redis
   const org = p.bootstrap.organization_id;
   const key = await p.root.post<{ secret: string }>(`/v1/organizations/${org}/api-keys`, {
     display_name: 'files', role: 'developer', scope: { type: 'workspace', workspace_id: p.bootstrap.workspace_id },
@@ -213,6 +219,30 @@ describe('Files API', () => {
     expect(await contentKeys()).toEqual(before);
     // The API is still fine.
     expect((await api.request('GET', '/v1/files')).status).toBe(200);
+  }, 60_000);
+
+  it('Redis killed mid-upload: the upload is refused with 503 or stored whole, never half', async () => {
+    const before = p.pids().redis as number;
+    const r = await streamUpload(devKey, 8 * MiB, async (sent) => {
+      if (sent === 3 * MiB) {
+        process.kill(before, 'SIGKILL');
+        await new Promise((resolve) => setTimeout(resolve, 300));
+      }
+    });
+    expect([201, 503], JSON.stringify(r.body)).toContain(r.status);
+    await waitFor('the API back on a restarted Redis', async () => ((await api.request('GET', '/v1/files')).status === 200 ? true : undefined), 30_000);
+    expect(p.pids().redis).not.toBe(before);
+    if (r.status === 201) {
+      const f = r.body as FileHead;
+      expect(f.size_bytes).toBe(8 * MiB);
+      expect(digest(await api.downloadFile(f.id))).toBe(f.sha256);
+    } else {
+      expect((r.body.error as Json).type).toBe('runtime.unavailable');
+    }
+    // Either way a retry works.
+    const again = await api.uploadFile<FileHead>('after.bin', new Uint8Array(2 * MiB).fill(1));
+    expect(again.status).toBe(201);
+    expect((await api.downloadFile(again.body.id)).length).toBe(2 * MiB);
   }, 60_000);
 
   it('ids: wrong prefix is 400, unknown and other-workspace ids are 404', async () => {

@@ -1,12 +1,13 @@
 import type { ServerResponse } from 'node:http';
 import { pipeline } from 'node:stream/promises';
 import { Readable } from 'node:stream';
-import { Id, nowIso, Obj, Page, PageQuery, Type } from '@agentplane/core';
+import { ApiError, Id, nowIso, Obj, Page, PageQuery, Type } from '@agentplane/core';
 import { READERS, WRITERS } from '../http/caller.js';
 import { defineOperation, json, type Operation, type UploadBody } from '../http/operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
 import { FILE_LIMITS, FileSchema, publicFile, type FileDoc } from './model.js';
 import { receiveFileUpload, type StagedUpload } from './upload.js';
+import { StorageError } from './store.js';
 
 const FilePath = Obj({ file_id: Id('file') });
 const readers = { kind: 'bearer', roles: READERS } as const;
@@ -39,7 +40,12 @@ export const fileOperations: Operation[] = [
         id: staged.file_id, type: 'file', workspace_id: ws, filename: staged.filename, content_type: staged.content_type,
         size_bytes: staged.size_bytes, sha256: staged.sha256, version: 1, created_at: now, updated_at: now,
       };
-      return json(201, publicFile(await deps.files.commit(file)));
+      try {
+        return json(201, publicFile(await deps.files.commit(file)));
+      } catch (err) {
+        if (err instanceof StorageError) throw new ApiError('runtime.unavailable', 'the upload could not be stored now; retry');
+        throw err;
+      }
     },
   }),
   defineOperation({

@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { ApiError } from '@agentplane/core';
-import { keys, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
+import { keys, LuaScript, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
 import type { FileDoc } from './model.js';
 
 /** Content is stored in chunks of this size, one hash field per chunk. */
@@ -8,12 +8,46 @@ export const CHUNK_BYTES = 1024 * 1024;
 /** Staged content (an upload whose File is not created yet) expires after this long. */
 const STAGED_TTL_SECONDS = 3600;
 const INDEX = 'files';
+/** Longest a single Redis write of an upload may take before the upload is refused (503). */
+const WRITE_TIMEOUT_MS = 30_000;
+
+/**
+ * One chunk in, TTL refreshed: one command, so a write caught by a dropped connection is simply
+ * resent (a MULTI in flight across a reconnect can hang the client).
+ */
+const PUT_CHUNK = new LuaScript('file_put_chunk', `
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return 1`);
+
+/** Staged → permanent: the number of chunks present, and the TTL dropped. */
+const SEAL = new LuaScript('file_seal', `
+local n = redis.call('HLEN', KEYS[1])
+redis.call('PERSIST', KEYS[1])
+return n`);
+
+async function bounded<T>(what: Promise<T>): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    return await Promise.race([what, new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error('Redis did not answer in time')), WRITE_TIMEOUT_MS)))]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
 
 /** Thrown by `stage` when the content passes its limit; the caller maps it to its 413. */
 export class ContentTooLarge extends Error {
   constructor(readonly limit: number) {
     super(`the file content exceeds the limit of ${limit} bytes`);
     this.name = 'ContentTooLarge';
+  }
+}
+
+/** Redis failed while bytes were being stored (not the client's fault: the caller answers 503). */
+export class StorageError extends Error {
+  constructor(cause: unknown) {
+    super(`storing the file content failed: ${cause instanceof Error ? cause.message : String(cause)}`, { cause });
+    this.name = 'StorageError';
   }
 }
 
@@ -50,7 +84,11 @@ export class FileStore {
         const joined = Buffer.concat(pending);
         const chunk = joined.subarray(0, CHUNK_BYTES);
         const rest = joined.subarray(chunk.length);
-        await this.redis.multi().hset(key, String(index), chunk).expire(key, STAGED_TTL_SECONDS).exec();
+        try {
+          await bounded(PUT_CHUNK.run(this.redis, [key], [String(index), chunk, STAGED_TTL_SECONDS]));
+        } catch (err) {
+          throw new StorageError(err);
+        }
         index += 1;
         pending = rest.length > 0 ? [rest] : [];
         pendingBytes = rest.length;
@@ -67,15 +105,31 @@ export class FileStore {
       }
       await flush(true);
     } catch (err) {
-      await this.discard(fileId);
+      // Staged bytes expire anyway if Redis cannot take the delete now.
+      await this.discard(fileId).catch(() => undefined);
       throw err;
     }
     return { size_bytes: size, sha256: `sha256:${hash.digest('hex')}` };
   }
 
-  /** Makes staged content permanent and creates the File's head. */
+  /**
+   * Makes staged content permanent and creates the File's head. Every chunk must still be there
+   * (a Redis that restarted mid-upload may have lost the last ones): otherwise StorageError and
+   * no head.
+   */
   async commit(file: FileDoc): Promise<FileDoc> {
-    await this.redis.persist(this.contentKey(file.id));
+    const key = this.contentKey(file.id);
+    let chunks: number;
+    try {
+      chunks = Number(await bounded(SEAL.run(this.redis, [key], [])));
+    } catch (err) {
+      throw new StorageError(err);
+    }
+    const expected = Math.ceil(file.size_bytes / CHUNK_BYTES);
+    if (chunks !== expected) {
+      await this.discard(file.id).catch(() => undefined);
+      throw new StorageError(`${chunks} of ${expected} chunks were stored`);
+    }
     await this.docs.create(tags.workspace(file.workspace_id), file, [INDEX]);
     return file;
   }

@@ -4,7 +4,7 @@ import busboy from 'busboy';
 import { ApiError, newId } from '@agentplane/core';
 import { drainRequest } from '../http/body.js';
 import { FILE_LIMITS } from './model.js';
-import { ContentTooLarge, type FileStore } from './store.js';
+import { ContentTooLarge, StorageError, type FileStore } from './store.js';
 
 /** An upload staged in the store: bytes in, digest known, File head not created yet. */
 export interface StagedUpload {
@@ -97,7 +97,11 @@ export function receiveFileUpload(req: IncomingMessage, store: FileStore): Promi
       );
       staged.catch((err: unknown) => {
         stream.resume();
-        fail(err instanceof ContentTooLarge ? tooLarge('the file content', err.limit) : new ApiError('validation.malformed', 'the upload could not be stored'));
+        fail(
+          err instanceof ContentTooLarge ? tooLarge('the file content', err.limit)
+            : err instanceof StorageError ? new ApiError('runtime.unavailable', 'the upload could not be stored now; retry')
+              : new ApiError('validation.malformed', `multipart: the file part could not be read (${err instanceof Error ? err.message : 'unreadable'})`),
+        );
       });
     });
     bb.on('field', (name) => fail(new ApiError('validation.malformed', `multipart: unknown field '${name}'; the only part is 'file'`)));

@@ -12,7 +12,7 @@ export class LuaScript {
     this.sha = createHash('sha1').update(source).digest('hex');
   }
 
-  async run(redis: Redis, keyList: readonly string[], args: readonly (string | number)[]): Promise<unknown> {
+  async run(redis: Redis, keyList: readonly string[], args: readonly (string | number | Buffer)[]): Promise<unknown> {
     try {
       return await redis.evalsha(this.sha, keyList.length, ...keyList, ...args);
     } catch (err) {
