@@ -76,7 +76,8 @@ ${COMMON}`,
   doctor: `Usage: agentplane-runner doctor [--image <image>]
 
 Checks, each with pass/fail and the fix: paired, control plane reachable, runner credential
-accepted, Docker engine answers, sandbox image present, canary container starts and is torn down.
+accepted, Docker engine answers, sandbox image present, canary container starts and is torn down,
+git available (repository resources are cloned on this machine).
 Exit code 0 when every check passes.
 ${COMMON}`,
 };

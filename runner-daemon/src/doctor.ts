@@ -1,3 +1,5 @@
+import { execFile } from 'node:child_process';
+import { promisify } from 'node:util';
 import { WebSocket } from 'ws';
 import type Docker from 'dockerode';
 import { CLOSE, RUNNER_CONNECT_PATH } from '@agentplane/protocol';
@@ -11,6 +13,8 @@ export interface Check {
   /** What to do when it fails. */
   fix?: string;
 }
+
+const run = promisify(execFile);
 
 const timeout = <T>(p: Promise<T>, ms: number, what: string): Promise<T> =>
   Promise.race([p, new Promise<never>((_, rej) => setTimeout(() => rej(new Error(`${what} timed out after ${ms} ms`)), ms).unref())]);
@@ -90,7 +94,20 @@ async function checkDocker(docker: Docker, image: string): Promise<Check[]> {
   return out;
 }
 
+/** Repository resources are cloned on this machine (the sandbox has no network). */
+async function checkGit(): Promise<Check> {
+  try {
+    const { stdout } = await timeout(run('git', ['--version']), 5000, 'git --version');
+    return { name: 'git available (repository resources)', ok: true, detail: stdout.trim() };
+  } catch (err) {
+    return {
+      name: 'git available (repository resources)', ok: false, detail: err instanceof Error ? err.message : String(err),
+      fix: 'install git (apt-get install git); without it, Sessions with repository resources fail on this runner',
+    };
+  }
+}
+
 export async function runDoctor(config: DaemonConfig, cred: RunnerCredentialFile | null, docker: Docker): Promise<Check[]> {
-  const [cp, dk] = await Promise.all([checkControlPlane(cred), checkDocker(docker, config.sandboxImage)]);
-  return [...cp, ...dk];
+  const [cp, dk, git] = await Promise.all([checkControlPlane(cred), checkDocker(docker, config.sandboxImage), checkGit()]);
+  return [...cp, ...dk, git];
 }
