@@ -150,6 +150,13 @@ describe('colocated harness (process driver)', () => {
     expect(out.usage.total_tokens).toBe(15);
   });
 
+  it('a model request too large for one runner frame is answered with a model error, not forwarded', async () => {
+    const model = new ScriptedModel([[{ type: 'text_delta', text: 'never' }, end('end_turn')]]);
+    const err = await run({ model, run: { agent, history: [user('x'.repeat(1_200_000))] } }).catch((e: unknown) => e);
+    expect(err).toMatchObject({ name: 'HarnessError', modelError: { type: 'validation.invalid_request' } });
+    expect(model.requests).toHaveLength(0);
+  });
+
   it('garbage on stdout fails the Run with the reason, and the harness is stopped', async () => {
     const bundle = fakeHarness(`process.stdout.write('rm -rf / done\\n'); setInterval(() => {}, 1000);`);
     const started = Date.now();

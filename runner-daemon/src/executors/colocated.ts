@@ -16,10 +16,11 @@
  * failure with the reason; its processes are killed.
  */
 import { createHash } from 'node:crypto';
+import { existsSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { fileURLToPath } from 'node:url';
 import type { Logger } from '@agentplane/core';
-import { addUsage, ZERO_USAGE, type ModelClient, type ModelError, type ModelRequest, type TokenUsage } from '@agentplane/protocol';
+import { addUsage, RUNNER_DEFAULTS, ZERO_USAGE, type ModelClient, type ModelError, type ModelRequest, type TokenUsage } from '@agentplane/protocol';
 import { HarnessError, type AgentConfig, type IdleStopReason, type SessionEventSink } from '../harness/events.js';
 import type { RunInput } from '../harness/loop.js';
 import { RunAudit } from '../harness/colocated/audit.js';
@@ -30,6 +31,11 @@ import type { Sandbox, SandboxDriver, SandboxProcess } from '../sandbox/types.js
 /** The bundle `npm run build` writes (runner-daemon/dist/colocated/harness.mjs; the same path from src/ and dist/). */
 export const HARNESS_BUNDLE_URL = new URL('../../dist/colocated/harness.mjs', import.meta.url);
 
+/** Whether this runner's build carries the harness bundle (else it refuses colocated offers). */
+export function colocatedHarnessAvailable(bundle: URL = HARNESS_BUNDLE_URL): boolean {
+  return existsSync(fileURLToPath(bundle));
+}
+
 /** Longest MCP tool result handed to the harness (its tool_result event must fit one event batch). */
 const MAX_TOOL_RESULT_CHARS = 256 * 1024;
 /** Model streams one harness may have open at once (one step, plus one being canceled). */
@@ -38,6 +44,10 @@ const MAX_OPEN_STREAMS = 2;
 const READ_AHEAD_LINES = 64;
 /** Past the Run's max duration, how long the harness gets to stop by itself. */
 const DEADLINE_GRACE_MS = 10_000;
+/** Largest model request forwarded: it travels as one runner frame, and a larger frame would close the runner's socket. */
+const MAX_MODEL_REQUEST_BYTES = RUNNER_DEFAULTS.maxFrameBytes - 16 * 1024;
+/** Log lines taken from one harness per Run (the rest are dropped). */
+const MAX_LOG_LINES = 200;
 
 export interface ColocatedRunOptions {
   driver: SandboxDriver;
@@ -162,6 +172,7 @@ class Relay {
   private lastModelError: ModelError | undefined;
   private chain: Promise<void> = Promise.resolve();
   private pending = 0;
+  private logLines = 0;
   private ending: Ending | undefined;
   private settle!: (e: Ending) => void;
   private readonly ended = new Promise<Ending>((resolve) => (this.settle = resolve));
@@ -333,7 +344,7 @@ class Relay {
         await this.o.sink.emit(m.event);
         return;
       case 'log':
-        this.o.log[m.level]({ session: this.o.sandbox.sessionId, source: 'colocated-harness' }, m.msg);
+        if (++this.logLines <= MAX_LOG_LINES) this.o.log[m.level]({ session: this.o.sandbox.sessionId, source: 'colocated-harness' }, m.msg);
         return;
       case 'done':
         this.end({ kind: 'done', stop: this.audit.done(m.outcome.stop_reason) });
@@ -350,7 +361,14 @@ class Relay {
     const signal = AbortSignal.any([ac.signal, this.o.signal]);
     // The Run's own model route, whatever the harness asked for.
     const req: ModelRequest = { ...request, routing_key: this.o.run.agent.routing_key };
+    const size = Buffer.byteLength(JSON.stringify(req));
     try {
+      if (size > MAX_MODEL_REQUEST_BYTES) {
+        const error: ModelError = { type: 'validation.invalid_request', message: `the model request (${size} bytes) is larger than one runner frame allows (${MAX_MODEL_REQUEST_BYTES})`, retryable: false };
+        this.lastModelError = error;
+        this.send({ type: 'model.event', id, event: { type: 'error', error } });
+        return;
+      }
       for await (const event of this.o.model.stream(req, signal)) {
         this.audit.modelEvent(event);
         if (event.type === 'end') this.usage = addUsage(this.usage, event.usage);

@@ -6,7 +6,7 @@ import { connectMcpTools, type RuntimeMcp } from '../harness/mcp-tools.js';
 import type { SandboxManager } from '../sandbox/manager.js';
 import { isOfferedResource, offeredSources, type OfferedResource } from '../sandbox/sources.js';
 import { driverSatisfies, type SandboxEnvironment } from '../sandbox/types.js';
-import { runColocated } from './colocated.js';
+import { colocatedHarnessAvailable, runColocated } from './colocated.js';
 import { LeaseSink } from './lease-sink.js';
 
 /** The turn spec carried by a lease offer (built by the scheduler; see docs/RUNS.md). */
@@ -66,6 +66,9 @@ export function turnExecutor(o: TurnExecutorOptions): LeaseExecutor {
         const spec = asSpec(offer.spec);
         const tier = tierOf(spec);
         if (!driverSatisfies(driver, { tier, network_mode: 'none' })) return `the ${driver.name} driver does not offer tier '${tier}'`;
+        const topology = spec.environment.harness_topology ?? 'split';
+        if (topology !== 'split' && topology !== 'colocated') return `unknown harness topology '${String(topology)}'`;
+        if (topology === 'colocated' && !colocatedHarnessAvailable()) return 'this runner build has no colocated harness bundle';
         return null;
       } catch (err) {
         return err instanceof Error ? err.message : 'not a turn spec';
