@@ -19,16 +19,41 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX') then
 end
 return 0`;
 
+/* A stale version returns the current document, so the caller's next attempt needs no read. */
 const CAS_LUA = `
 local cur = redis.call('GET', KEYS[1])
 if not cur then return -1 end
 local v = cjson.decode(cur)['version']
-if tostring(v) ~= ARGV[1] then return -2 end
+if tostring(v) ~= ARGV[1] then return cur end
 redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL')
 return 1`;
 
 const createScript = new LuaScript('doc_create', CREATE_LUA);
 const casScript = new LuaScript('doc_cas', CAS_LUA);
+
+/**
+ * Outcome of one compare-and-swap attempt: written, the document is gone, or the version was
+ * stale (with the document's current JSON).
+ */
+export type SwapOutcome = { kind: 'written' } | { kind: 'missing' } | { kind: 'stale'; current: string };
+
+export interface UpdateOptions<T> {
+  /** A stale version is a 409 `validation.conflict` instead of a retry. */
+  expectedVersion?: number;
+  /** What the 404 calls the resource. */
+  notFound?: string;
+  /**
+   * The document as the caller last saw it (e.g. just written or just read): the first attempt
+   * works on it without a read. The compare-and-swap still checks its version; when `mutate`
+   * returns null or throws on it, the document is read and `mutate` runs again on that.
+   */
+  current?: T;
+  /**
+   * Writes `next` if the stored version is still `expected` (default: the plain CAS script).
+   * A custom write may add writes of its own to the same script, all in the document's slot.
+   */
+  write?: (next: T, expected: number) => Promise<SwapOutcome>;
+}
 
 export interface ListOptions {
   limit: number;
@@ -67,35 +92,68 @@ export class DocumentStore {
     return ok === 1;
   }
 
+  /** One compare-and-swap attempt: store `next` if the stored version is `expected`. */
+  async swap(tag: Tag, id: string, next: StoredDoc, expected: number): Promise<SwapOutcome> {
+    const r = await casScript.run(this.redis, [keys.doc(tag, id)], [String(expected), JSON.stringify(next)]);
+    if (r === 1) return { kind: 'written' };
+    if (typeof r === 'string') return { kind: 'stale', current: r };
+    return { kind: 'missing' };
+  }
+
   /**
    * Read-modify-write under compare-and-swap. With `expectedVersion`, a stale version is a
-   * 409 `validation.conflict`; without it, lost races are retried.
+   * 409 `validation.conflict`; without it, lost races are retried (a lost race returns the
+   * current document, so a retry costs no extra read). `mutate` may run more than once.
    */
   async update<T extends StoredDoc>(
     tag: Tag,
     id: string,
     mutate: (current: T) => T | null,
-    options: { expectedVersion?: number; notFound?: string } = {},
+    options: UpdateOptions<T> = {},
   ): Promise<T> {
+    const notFound = () => new ApiError('validation.not_found', `${options.notFound ?? 'resource'} not found`);
+    let current: T | null = options.current ?? null;
+    let guessed = current !== null;
     for (let attempt = 0; attempt < 16; attempt++) {
-      const current = await this.get<T>(tag, id);
-      if (!current) throw new ApiError('validation.not_found', `${options.notFound ?? 'resource'} not found`);
+      if (current === null) {
+        current = await this.get<T>(tag, id);
+        guessed = false;
+        if (!current) throw notFound();
+      }
       if (options.expectedVersion !== undefined && current.version !== options.expectedVersion) {
+        if (guessed) {
+          current = null;
+          continue;
+        }
         throw new ApiError(
           'validation.conflict',
           `version ${options.expectedVersion} is stale; the current version is ${current.version}`,
         );
       }
-      const next = mutate(current);
-      if (next === null) return current;
+      let next: T | null;
+      try {
+        next = mutate(current);
+      } catch (err) {
+        // A guess may be out of date: only the stored document may refuse the change.
+        if (!guessed) throw err;
+        current = null;
+        continue;
+      }
+      if (next === null) {
+        if (!guessed) return current;
+        current = null;
+        continue;
+      }
       next.version = current.version + 1;
       next.updated_at = new Date().toISOString();
-      const r = await casScript.run(this.redis, [keys.doc(tag, id)], [String(current.version), JSON.stringify(next)]);
-      if (r === 1) return next;
-      if (r === -1) throw new ApiError('validation.not_found', `${options.notFound ?? 'resource'} not found`);
+      const r = options.write ? await options.write(next, current.version) : await this.swap(tag, id, next, current.version);
+      if (r.kind === 'written') return next;
+      if (r.kind === 'missing') throw notFound();
       if (options.expectedVersion !== undefined) {
         throw new ApiError('validation.conflict', `version ${options.expectedVersion} is stale`);
       }
+      current = JSON.parse(r.current) as T;
+      guessed = false;
     }
     throw new ApiError('runtime.unavailable', 'too much contention on this resource; retry');
   }

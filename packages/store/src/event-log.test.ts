@@ -1,10 +1,12 @@
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { Redis } from 'ioredis';
 import { startEmbeddedRedis, type EmbeddedRedis } from './embedded-redis.js';
 import { EventLog, eventLogKeys, ISO_LUA, type LiveMessage } from './event-log.js';
+import { DocumentStore } from './documents.js';
+import { keys, tags } from './keys.js';
 import { EventHub, type HubMessage } from './event-hub.js';
 
 let server: EmbeddedRedis;
@@ -109,6 +111,74 @@ describe('event log', () => {
     expect(await log.trimThrough(s, 3)).toBe(4);
     expect(await log.state(s)).toMatchObject({ seq: 5, low: 4 });
     expect((await log.range(s, 0, 10)).map((e) => e.seq)).toEqual([4, 5]);
+  });
+
+  it('commit: documents and events together, all or nothing', async () => {
+    const s = sess();
+    const tag = tags.session(s);
+    const docs = new DocumentStore(redis);
+    const now = new Date().toISOString();
+    await docs.create(tag, { id: 'sthr_1', version: 3, created_at: now, updated_at: now });
+    const threadKey = keys.doc(tag, 'sthr_1');
+    const runKey = keys.doc(tag, 'run_1');
+    const runs = keys.index(tag, 'runs');
+    const write = (expected: number) => log.commit(s, [
+      { key: threadKey, body: JSON.stringify({ id: 'sthr_1', version: expected + 1, list: [] }), expectedVersion: expected },
+      { key: runKey, body: JSON.stringify({ id: 'run_1', version: 1 }), expectedVersion: null, index: { key: runs, score: 5, member: 'run_1' } },
+    ], [{ type: 'session.status_running', payload: { run_id: 'run_1' }, session_thread_id: 'sthr_1', producer_key: 'status:run_1:running' }]);
+
+    // A stale version writes nothing and returns the stored document.
+    const stale = await write(2);
+    expect(stale).toMatchObject({ ok: false, reason: 'stale', index: 0 });
+    expect(stale.ok === false && stale.reason === 'stale' && (JSON.parse(stale.current) as { version: number }).version).toBe(3);
+    expect(await redis.exists(runKey)).toBe(0);
+    expect((await log.state(s)).seq).toBe(0);
+
+    const ok = await write(3);
+    expect(ok.ok && ok.events.map((e) => [e.seq, e.type])).toEqual([[1, 'session.status_running']]);
+    expect(await redis.get(threadKey)).toBe(JSON.stringify({ id: 'sthr_1', version: 4, list: [] })); // never re-encoded
+    expect(await redis.zscore(runs, 'run_1')).toBe('5');
+    expect((await log.counters(s))['s.events.session.status_running']).toBe('1');
+
+    // The new document exists now: refused before anything is written.
+    expect(await write(4)).toEqual({ ok: false, reason: 'exists', index: 1 });
+    expect(await redis.get(threadKey)).toBe(JSON.stringify({ id: 'sthr_1', version: 4, list: [] }));
+    expect((await log.state(s)).seq).toBe(1);
+    expect(await log.commit(s, [{ key: keys.doc(tag, 'gone'), body: '{}', expectedVersion: 1 }], [{ type: 'a', payload: {} }]))
+      .toEqual({ ok: false, reason: 'missing', index: 0 });
+
+    await log.erase(s);
+    expect(await write(4)).toEqual({ ok: false, reason: 'erased' });
+    expect(await redis.get(threadKey)).toBe(JSON.stringify({ id: 'sthr_1', version: 4, list: [] }));
+  });
+
+  it('update: a guessed current document saves the read and is always checked', async () => {
+    const conn = new Redis(server.url);
+    const docs = new DocumentStore(conn);
+    const tag = tags.session(sess());
+    const now = new Date().toISOString();
+    type Doc = { id: string; version: number; created_at: string; updated_at: string; n: number };
+    const base: Doc = { id: 'd1', version: 1, created_at: now, updated_at: now, n: 0 };
+    await docs.create(tag, base);
+    const get = vi.spyOn(conn, 'get');
+    const reads = () => get.mock.calls.length;
+    let before = reads();
+    const v2 = await docs.update<Doc>(tag, 'd1', (d) => ({ ...d, n: d.n + 1 }), { current: base });
+    expect(v2).toMatchObject({ version: 2, n: 1 });
+    expect(reads()).toBe(before); // no GET: the guess was current
+    // A stale guess: the CAS returns the stored document and the change is made on that.
+    before = reads();
+    const v3 = await docs.update<Doc>(tag, 'd1', (d) => ({ ...d, n: d.n + 1 }), { current: base });
+    expect(v3).toMatchObject({ version: 3, n: 2 });
+    expect(reads()).toBe(before);
+    // A guess that mutate refuses (or leaves alone) is confirmed by a read first.
+    const refused = docs.update<Doc>(tag, 'd1', (d) => { if (d.n === 0) throw new Error('stale refusal'); return null; }, { current: base });
+    await expect(refused).resolves.toMatchObject({ version: 3, n: 2 });
+    // expectedVersion compares the stored version, not the guess.
+    await expect(docs.update<Doc>(tag, 'd1', (d) => d, { current: { ...base, version: 3 }, expectedVersion: 1 })).rejects.toMatchObject({ type: 'validation.conflict' });
+    await expect(docs.update<Doc>(tag, 'd1', (d) => ({ ...d, n: 9 }), { current: v2, expectedVersion: 2 })).rejects.toMatchObject({ type: 'validation.conflict' });
+    expect(JSON.parse((await redis.get(keys.doc(tag, 'd1'))) ?? '{}')).toMatchObject({ version: 3, n: 2 });
+    conn.disconnect();
   });
 
   it('hub: one connection fans out, ref-counted subscriptions, inline events', async () => {

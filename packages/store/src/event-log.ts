@@ -66,6 +66,23 @@ export type AppendResult =
   | { ok: false; reason: 'erased' }
   | { ok: false; reason: 'fenced'; detail: 'mismatch' | 'expired' };
 
+/** A document written by \`EventLog.commit\` (its key and any index key in the Session's slot). */
+export interface CommitDoc {
+  key: string;
+  /** The document's JSON. */
+  body: string;
+  /** Compare-and-swap: the stored document's \`version\` must be this; null: it must not exist yet. */
+  expectedVersion: number | null;
+  /** A sorted-set index to add the document to. */
+  index?: { key: string; score: number; member: string };
+}
+
+export type CommitResult =
+  | AppendResult
+  /** Nothing was written: document \`index\` (0-based) failed its check; \`current\` is its JSON when stale. */
+  | { ok: false; reason: 'stale'; index: number; current: string }
+  | { ok: false; reason: 'missing' | 'exists'; index: number };
+
 export interface LogState {
   /** Last assigned sequence number (0 when empty). */
   seq: number;
@@ -124,13 +141,13 @@ local function iso(ms)
 end`;
 
 /*
+ * Lua \`append(KEYS, ARGV)\`, shared by the append and commit scripts.
  * KEYS: stream, meta, producers, producers:ts, lease, stats
  * ARGV: fence | producer ttl ms | live channel | n | inline max | then per event:
  *       producer key | event id | JSON tail (after the opening brace) | counters "f=n;f=n"
  */
-const APPEND = new LuaScript(
-  'event_log_append',
-  `${ISO_LUA}
+const APPEND_LUA = `${ISO_LUA}
+local function append(KEYS, ARGV)
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if redis.call('HEXISTS', KEYS[2], 'erased') == 1 then return {'erased'} end
@@ -191,7 +208,52 @@ if #old > 0 then
   redis.call('HDEL', KEYS[3], unpack(old))
   redis.call('ZREM', KEYS[4], unpack(old))
 end
-return out`,
+return out
+end`;
+
+const APPEND = new LuaScript('event_log_append', `${APPEND_LUA}
+return append(KEYS, ARGV)`);
+
+/*
+ * Document writes and an append in one script, all or nothing: every document is checked
+ * first (compare-and-swap on \`version\`, or must not exist yet), then written, then the events
+ * are appended exactly as by APPEND (which never refuses once the erased check passed: no fence).
+ * KEYS: the six log keys, then per document its key and, if indexed, its index key
+ * ARGV: as APPEND, then m | per document: expected version ('' = new) | JSON | indexed '1'/'0' | score | member
+ */
+const COMMIT = new LuaScript(
+  'event_log_commit',
+  `${APPEND_LUA}
+if redis.call('HEXISTS', KEYS[2], 'erased') == 1 then return {'erased'} end
+local a = 6 + tonumber(ARGV[4]) * 4
+local m = tonumber(ARGV[a])
+local ki = 7
+local docs = {}
+for i = 1, m do
+  local b = a + 1 + (i - 1) * 5
+  local d = {key = KEYS[ki], expected = ARGV[b], body = ARGV[b + 1]}
+  ki = ki + 1
+  if ARGV[b + 2] == '1' then
+    d.index = KEYS[ki]
+    d.score = ARGV[b + 3]
+    d.member = ARGV[b + 4]
+    ki = ki + 1
+  end
+  local cur = redis.call('GET', d.key)
+  if d.expected == '' then
+    if cur then return {'exists', tostring(i)} end
+  else
+    if not cur then return {'missing', tostring(i)} end
+    if tostring(cjson.decode(cur)['version']) ~= d.expected then return {'stale', tostring(i), cur} end
+  end
+  docs[i] = d
+end
+for i = 1, m do
+  local d = docs[i]
+  if d.expected == '' then redis.call('SET', d.key, d.body) else redis.call('SET', d.key, d.body, 'KEEPTTL') end
+  if d.index then redis.call('ZADD', d.index, d.score, d.member) end
+end
+return append(KEYS, ARGV)`,
 );
 
 /* KEYS: stream, meta, producers, producers:ts, stats, lease. ARGV: live channel. */
@@ -242,6 +304,44 @@ function parseEntries(rows: [string, string[]][]): LogEvent[] {
   return out;
 }
 
+function logKeys(sessionId: string): string[] {
+  const k = eventLogKeys;
+  return [k.stream(sessionId), k.meta(sessionId), k.producers(sessionId), k.producersTs(sessionId), k.lease(sessionId), k.stats(sessionId)];
+}
+
+function appendArgs(sessionId: string, events: readonly AppendEvent[], options: AppendOptions): (string | number)[] {
+  if (events.length > MAX_APPEND_BATCH) throw new RangeError(`at most ${MAX_APPEND_BATCH} events per append`);
+  const args: (string | number)[] = [
+    options.fence ?? '', PRODUCER_KEY_TTL_MS, eventLogKeys.liveChannel(sessionId), events.length, LIVE_INLINE_MAX_BYTES,
+  ];
+  events.forEach((ev, i) => {
+    const pk = ev.producer_key ?? (options.producerKey !== undefined ? `${options.producerKey}#${i}` : '');
+    const tail = JSON.stringify({
+      session_id: sessionId,
+      session_thread_id: ev.session_thread_id ?? null,
+      type: ev.type,
+      payload: ev.payload ?? {},
+    }).slice(1);
+    args.push(pk, `evt_${randomBytes(16).toString('hex')}`, tail, encodeCounters(ev));
+  });
+  return args;
+}
+
+function appendResult(r: string[]): AppendResult {
+  if (r[0] === 'erased') return { ok: false, reason: 'erased' };
+  if (r[0] === 'fenced') return { ok: false, reason: 'fenced', detail: r[1] === 'expired' ? 'expired' : 'mismatch' };
+  const out: LogEvent[] = [];
+  const duplicate: boolean[] = [];
+  for (let i = 2; i + 1 < r.length; i += 2) {
+    const body = r[i] as string;
+    // A replayed producer key whose event fell out of retention has no body left to return.
+    if (body === '') continue;
+    out.push(JSON.parse(body) as LogEvent);
+    duplicate.push(r[i + 1] === 'dup');
+  }
+  return { ok: true, events: out, duplicate, last_seq: Number(r[1]) };
+}
+
 export class EventLog {
   constructor(private readonly redis: Redis) {}
 
@@ -255,38 +355,30 @@ export class EventLog {
       if (st.erased) return { ok: false, reason: 'erased' };
       return { ok: true, events: [], duplicate: [], last_seq: st.seq };
     }
-    if (events.length > MAX_APPEND_BATCH) throw new RangeError(`at most ${MAX_APPEND_BATCH} events per append`);
-    const args: (string | number)[] = [
-      options.fence ?? '', PRODUCER_KEY_TTL_MS, eventLogKeys.liveChannel(sessionId), events.length, LIVE_INLINE_MAX_BYTES,
-    ];
-    events.forEach((ev, i) => {
-      const pk = ev.producer_key ?? (options.producerKey !== undefined ? `${options.producerKey}#${i}` : '');
-      const tail = JSON.stringify({
-        session_id: sessionId,
-        session_thread_id: ev.session_thread_id ?? null,
-        type: ev.type,
-        payload: ev.payload ?? {},
-      }).slice(1);
-      args.push(pk, `evt_${randomBytes(16).toString('hex')}`, tail, encodeCounters(ev));
-    });
-    const k = eventLogKeys;
-    const r = (await APPEND.run(
-      this.redis,
-      [k.stream(sessionId), k.meta(sessionId), k.producers(sessionId), k.producersTs(sessionId), k.lease(sessionId), k.stats(sessionId)],
-      args,
-    )) as string[];
-    if (r[0] === 'erased') return { ok: false, reason: 'erased' };
-    if (r[0] === 'fenced') return { ok: false, reason: 'fenced', detail: r[1] === 'expired' ? 'expired' : 'mismatch' };
-    const out: LogEvent[] = [];
-    const duplicate: boolean[] = [];
-    for (let i = 2; i + 1 < r.length; i += 2) {
-      const body = r[i] as string;
-      // A replayed producer key whose event fell out of retention has no body left to return.
-      if (body === '') continue;
-      out.push(JSON.parse(body) as LogEvent);
-      duplicate.push(r[i + 1] === 'dup');
+    const r = (await APPEND.run(this.redis, logKeys(sessionId), appendArgs(sessionId, events, options))) as string[];
+    return appendResult(r);
+  }
+
+  /**
+   * Write documents of this Session's slot and append events, atomically: every document is
+   * checked first (its \`version\` for a compare-and-swap, absence for a new one); if any check
+   * fails nothing is written. Then the events are appended exactly as by \`append\` (producer
+   * keys, counters, PUBLISH). No lease fence: the runner side appends through \`append\`.
+   */
+  async commit(sessionId: string, docs: readonly CommitDoc[], events: readonly AppendEvent[], options: Pick<AppendOptions, 'producerKey'> = {}): Promise<CommitResult> {
+    if (events.length === 0) throw new RangeError('commit appends at least one event');
+    const keyList = logKeys(sessionId);
+    const args = appendArgs(sessionId, events, options);
+    args.push(docs.length);
+    for (const d of docs) {
+      keyList.push(d.key);
+      if (d.index) keyList.push(d.index.key);
+      args.push(d.expectedVersion === null ? '' : String(d.expectedVersion), d.body, d.index ? '1' : '0', d.index?.score ?? 0, d.index?.member ?? '');
     }
-    return { ok: true, events: out, duplicate, last_seq: Number(r[1]) };
+    const r = (await COMMIT.run(this.redis, keyList, args)) as string[];
+    if (r[0] === 'stale') return { ok: false, reason: 'stale', index: Number(r[1]) - 1, current: r[2] as string };
+    if (r[0] === 'missing' || r[0] === 'exists') return { ok: false, reason: r[0], index: Number(r[1]) - 1 };
+    return appendResult(r);
   }
 
   async state(sessionId: string): Promise<LogState> {

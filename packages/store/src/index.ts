@@ -6,3 +6,4 @@ export * from './script.js';
 export * from './embedded-redis.js';
 export * from './event-log.js';
 export * from './event-hub.js';
+export * from './cache.js';
