@@ -1,8 +1,8 @@
 import { newId, type Logger } from '@agentplane/core';
 import { deliverToRunner } from '@agentplane/gateway';
-import { LeaseFence, markPoolActive, type RunQueues } from '@agentplane/lease';
+import { LeaseFence, markPoolActive, type RunQueues, type RunRequirements } from '@agentplane/lease';
 import { frame } from '@agentplane/protocol';
-import { tags, type Redis } from '@agentplane/store';
+import { BoundedCache, type Redis } from '@agentplane/store';
 import type { VersionedStore } from '../agents/versioned.js';
 import type { Environment } from '../environments/operations.js';
 import type { RunnerService } from '../runners/service.js';
@@ -25,6 +25,9 @@ export interface RunEngineDeps {
   interruptGraceMs: number;
 }
 
+/** Per-process caches of lookups that never change once they exist. */
+const CACHE_ENTRIES = 4096;
+
 /**
  * The API's side of scheduling (the `TurnScheduler` the Sessions module calls): a queued Run
  * becomes a BullMQ job in its pool's queue; an interrupt removes a queued Run or cancels the
@@ -32,26 +35,54 @@ export interface RunEngineDeps {
  */
 export class RunEngine implements TurnScheduler {
   private readonly fence: LeaseFence;
+  /** `<ws>/<env>/<version>` → requirements: Environment versions are immutable. */
+  private readonly requirements = new BoundedCache<string, RunRequirements>(CACHE_ENTRIES);
+  /** Workspace → its default pool id: claimed once (HSETNX) and never reassigned. */
+  private readonly defaultPools = new BoundedCache<string, string>(CACHE_ENTRIES);
 
   constructor(private readonly d: RunEngineDeps) {
     this.fence = new LeaseFence(d.redis);
   }
 
+  private async requirementsOf(run: RunDoc): Promise<RunRequirements> {
+    const key = `${run.workspace_id}/${run.environment_id}/${run.environment_version}`;
+    const hit = this.requirements.get(key);
+    if (hit) return hit;
+    const req = requirementsOf(await this.d.environments.getVersion(run.workspace_id, run.environment_id, run.environment_version));
+    this.requirements.set(key, req);
+    return req;
+  }
+
+  private async defaultPoolId(workspaceId: string): Promise<string> {
+    const hit = this.defaultPools.get(workspaceId);
+    if (hit) return hit;
+    const id = (await this.d.runners.defaultPool(workspaceId)).id;
+    this.defaultPools.set(workspaceId, id);
+    return id;
+  }
+
+  /**
+   * The Run (as just written) becomes a job of its pool. The Run-to-Session mapping and the
+   * pool's active mark go out with the fair-share rank (they only make an existing Run findable
+   * and its pool watched, so they may precede the job); the Run records its pool and
+   * `enqueued_at` once the job exists.
+   */
   async runQueued(run: RunDoc): Promise<void> {
-    const env = await this.d.environments.getVersion(run.workspace_id, run.environment_id, run.environment_version);
-    const pool = await this.d.runners.defaultPool(run.workspace_id);
-    await this.d.queues.enqueue({
-      run_id: run.id,
-      session_id: run.session_id,
-      thread_id: run.session_thread_id,
-      workspace_id: run.workspace_id,
-      pool_id: pool.id,
-      requirements: requirementsOf(env),
-      accepted_at_ms: Date.parse(run.created_at),
-    });
-    await this.d.redis.hset(runSessionsKey(run.workspace_id), run.id, run.session_id);
-    await markPoolActive(this.d.redis, pool.id, run.workspace_id);
-    await this.d.lifecycle.enqueued(run.session_id, run.id, pool.id);
+    const [requirements, poolId] = await Promise.all([this.requirementsOf(run), this.defaultPoolId(run.workspace_id)]);
+    await Promise.all([
+      this.d.queues.enqueue({
+        run_id: run.id,
+        session_id: run.session_id,
+        thread_id: run.session_thread_id,
+        workspace_id: run.workspace_id,
+        pool_id: poolId,
+        requirements,
+        accepted_at_ms: Date.parse(run.created_at),
+      }),
+      this.d.redis.hset(runSessionsKey(run.workspace_id), run.id, run.session_id),
+      markPoolActive(this.d.redis, poolId, run.workspace_id),
+    ]);
+    await this.d.lifecycle.enqueued(run.session_id, run.id, poolId, run);
   }
 
   async interruptRequested(sessionId: string, _threadId: string, runId: string): Promise<void> {
@@ -74,17 +105,11 @@ export class RunEngine implements TurnScheduler {
   async waitsResolved(sessionId: string, threadId: string, runId: string | null): Promise<void> {
     const session = await this.d.store.get((await this.d.store.thread(sessionId, threadId)).workspace_id, sessionId);
     const nextRunId = newId('run');
-    let continued = false;
-    await this.d.store.updateThread(sessionId, threadId, (t) => {
-      continued = false;
-      if (t.status !== 'idle' || t._active_run_id !== runId) return null;
-      continued = true;
-      return { ...t, status: 'running', _active_run_id: nextRunId, _running_since_ms: Date.now(), _stop_reason: null };
-    });
-    if (!continued) return;
-    const run = await this.d.store.createRun(session, threadId, nextRunId, []);
-    const withLink = await this.d.store.docs.update<RunDoc>(tags.session(sessionId), run.id, (r) => ({ ...r, continues_run_id: runId }));
-    await this.d.store.log.append(sessionId, [{ type: 'session.status_running', payload: { run_id: run.id }, session_thread_id: threadId, producer_key: `status:${run.id}:running` }]);
-    await this.runQueued(withLink);
+    const { run } = await this.d.store.startTurn(session, threadId, (t) =>
+      t.status !== 'idle' || t._active_run_id !== runId ? null : {
+        thread: { ...t, status: 'running', _active_run_id: nextRunId, _running_since_ms: Date.now(), _stop_reason: null },
+        start: { runId: nextRunId, inputs: [], continuesRunId: runId },
+      });
+    if (run) await this.runQueued(run);
   }
 }

@@ -25,7 +25,7 @@ export class RunLifecycle {
     private readonly log: Logger,
   ) {}
 
-  private async move(sessionId: string, runId: string, change: (r: RunDoc) => RunDoc | null): Promise<{ run: RunDoc; moved: boolean } | null> {
+  private async move(sessionId: string, runId: string, change: (r: RunDoc) => RunDoc | null, current?: RunDoc): Promise<{ run: RunDoc; moved: boolean } | null> {
     let moved = false;
     try {
       const run = await this.store.docs.update<RunDoc>(
@@ -37,7 +37,7 @@ export class RunLifecycle {
           moved = next !== null;
           return next;
         },
-        { notFound: 'run' },
+        { notFound: 'run', ...(current ? { current } : {}) },
       );
       return { run, moved };
     } catch (err) {
@@ -54,9 +54,10 @@ export class RunLifecycle {
     return (r.attempts ?? []).map((a) => (a.ended_at === null && (leaseId === null || a.lease_id === leaseId) ? { ...a, ended_at: nowIso(), outcome, cause } : a));
   }
 
-  async enqueued(sessionId: string, runId: string, poolId: string): Promise<void> {
+  /** `current`: the Run as its creator just wrote it, so the common case needs no read (the CAS checks it). */
+  async enqueued(sessionId: string, runId: string, poolId: string, current?: RunDoc): Promise<void> {
     await this.move(sessionId, runId, (r) =>
-      r.status !== 'queued' || r.timestamps?.enqueued_at ? null : { ...r, runner_pool_id: poolId, timestamps: { ...this.ts(r), enqueued_at: nowIso() }, attempts: r.attempts ?? [] });
+      r.status !== 'queued' || r.timestamps?.enqueued_at ? null : { ...r, runner_pool_id: poolId, timestamps: { ...this.ts(r), enqueued_at: nowIso() }, attempts: r.attempts ?? [] }, current);
   }
 
   async waiting(sessionId: string, runId: string, reason: string): Promise<void> {

@@ -1,5 +1,5 @@
 import { ApiError, newId, nowIso } from '@agentplane/core';
-import { DocumentStore, EventLog, keys, tags, type Redis } from '@agentplane/store';
+import { BoundedCache, DocumentStore, EventLog, keys, tags, type Redis } from '@agentplane/store';
 import type { AgentSnapshot } from '../agents/model.js';
 import type { RunDoc, SessionDoc, SessionTombstone, ThreadDoc } from './model.js';
 
@@ -23,9 +23,29 @@ export function listIndexes(s: Pick<SessionDoc, 'agent' | 'automation_id'>, live
   return out;
 }
 
+/** A new turn of a thread: the Run that `SessionStore.startTurn` records with the thread's change. */
+export interface TurnStart {
+  runId: string;
+  /** The user.message events the turn answers. */
+  inputs: string[];
+  /** A continuation Run: the Run whose blocking tool uses were answered. */
+  continuesRunId?: string | null;
+}
+
+/**
+ * Thread documents this process read or wrote last, as JSON, by `<session>/<thread>`: the first
+ * guess of the next compare-and-swap on that thread (the drive path reads the thread, appends,
+ * then changes it). Only ever a guess: Redis checks its version before anything is written.
+ * Bounded in count, total size (~8 MiB of JSON) and age.
+ */
+const THREAD_GUESSES = { entries: 4096, maxWeight: 8 * 1024 * 1024, maxAgeMs: 10_000 };
+
 export class SessionStore {
   readonly docs: DocumentStore;
   readonly log: EventLog;
+  private readonly recentThreads = new BoundedCache<string, string>(THREAD_GUESSES.entries, {
+    maxAgeMs: THREAD_GUESSES.maxAgeMs, maxWeight: THREAD_GUESSES.maxWeight, weigh: (json) => json.length,
+  });
 
   constructor(readonly redis: Redis) {
     this.docs = new DocumentStore(redis);
@@ -103,11 +123,75 @@ export class SessionStore {
   async thread(sessionId: string, threadId: string): Promise<ThreadDoc> {
     const t = await this.docs.get<ThreadDoc>(sessionTag(sessionId), threadId);
     if (!t || t.type !== 'session_thread' || t.session_id !== sessionId) throw new ApiError('validation.not_found', 'thread not found');
+    this.rememberThread(t);
     return t;
   }
 
   updateThread(sessionId: string, threadId: string, mutate: (t: ThreadDoc) => ThreadDoc | null): Promise<ThreadDoc> {
-    return this.docs.update<ThreadDoc>(sessionTag(sessionId), threadId, mutate, { notFound: 'thread' });
+    return this.changeThread(sessionId, threadId, (t) => {
+      const next = mutate(t);
+      return next === null ? null : { thread: next };
+    }).then((r) => r.thread);
+  }
+
+  /**
+   * A compare-and-swap on a thread that may start a turn. When `mutate` returns `start`, the
+   * new Run (`queued`, listed in `runs`) and `session.status_running` (producer key
+   * `status:<run>:running`) are written by the same script as the thread: a turn is recorded
+   * whole or not at all. An erased Session refuses with 410 and writes nothing.
+   */
+  async startTurn(
+    session: SessionDoc,
+    threadId: string,
+    mutate: (t: ThreadDoc) => { thread: ThreadDoc; start?: TurnStart } | null,
+  ): Promise<{ thread: ThreadDoc; run: RunDoc | null }> {
+    return this.changeThread(session.id, threadId, mutate, session);
+  }
+
+  private async changeThread(
+    sessionId: string,
+    threadId: string,
+    mutate: (t: ThreadDoc) => { thread: ThreadDoc; start?: TurnStart } | null,
+    session?: SessionDoc,
+  ): Promise<{ thread: ThreadDoc; run: RunDoc | null }> {
+    const tag = sessionTag(sessionId);
+    const hint = this.recentThreads.take(`${sessionId}/${threadId}`);
+    let start: TurnStart | undefined;
+    let run: RunDoc | null = null;
+    const thread = await this.docs.update<ThreadDoc>(tag, threadId, (t) => {
+      start = undefined;
+      run = null;
+      const out = mutate(t);
+      if (out === null) return null;
+      if (out.start && !session) throw new Error('startTurn needs the Session');
+      start = out.start;
+      return out.thread;
+    }, {
+      notFound: 'thread',
+      ...(hint !== undefined ? { current: JSON.parse(hint) as ThreadDoc } : {}),
+      write: async (next, expected) => {
+        if (!start || !session) return this.docs.swap(tag, threadId, next, expected);
+        const candidate = newRunDoc(session, threadId, start);
+        const r = await this.log.commit(sessionId, [
+          { key: keys.doc(tag, threadId), body: JSON.stringify(next), expectedVersion: expected },
+          { key: keys.doc(tag, candidate.id), body: JSON.stringify(candidate), expectedVersion: null, index: { key: keys.index(tag, 'runs'), score: Date.parse(candidate.created_at), member: candidate.id } },
+        ], [{ type: 'session.status_running', payload: { run_id: candidate.id }, session_thread_id: threadId, producer_key: `status:${candidate.id}:running` }]);
+        if (r.ok) {
+          run = candidate;
+          return { kind: 'written' };
+        }
+        if (r.reason === 'erased') throw new ApiError('validation.gone', 'the session was deleted and its event log erased');
+        if (r.reason === 'stale' && r.index === 0) return { kind: 'stale', current: r.current };
+        if (r.reason === 'missing' && r.index === 0) return { kind: 'missing' };
+        throw new Error(`run ${candidate.id} could not be recorded: ${r.reason}`);
+      },
+    });
+    this.rememberThread(thread);
+    return { thread, run };
+  }
+
+  private rememberThread(t: ThreadDoc): void {
+    this.recentThreads.set(`${t.session_id}/${t.id}`, JSON.stringify(t));
   }
 
   async threadIds(sessionId: string, afterSpawn: number, limit: number): Promise<{ ids: string[]; scores: number[] }> {
@@ -138,17 +222,6 @@ export class SessionStore {
 
   // ---- runs ------------------------------------------------------------------------------
 
-  async createRun(session: SessionDoc, threadId: string, runId: string, inputs: string[]): Promise<RunDoc> {
-    const now = nowIso();
-    const run: RunDoc = {
-      id: runId, type: 'run', session_id: session.id, workspace_id: session.workspace_id, session_thread_id: threadId,
-      status: 'queued', agent: session.agent, environment_id: session.environment_id, environment_version: session.environment_version,
-      input_event_ids: inputs, version: 1, created_at: now, updated_at: now,
-    };
-    await this.docs.create(sessionTag(session.id), run, ['runs']);
-    return run;
-  }
-
   async run(sessionId: string, runId: string): Promise<RunDoc | null> {
     return this.docs.get<RunDoc>(sessionTag(sessionId), runId);
   }
@@ -161,5 +234,15 @@ export function newThreadDoc(session: Pick<SessionDoc, 'id' | 'workspace_id' | '
     parent_thread_id: parent, status: 'idle', archived_at: null, _spawn: 0, _active_run_id: null, _queued_inputs: [],
     _wait_generation: 0, _waits: {}, _running_since_ms: null, _running_ms_total: 0, _startup_ms: null, _frozen_stats: null,
     _stop_reason: null, version: 1, created_at: now, updated_at: now,
+  };
+}
+
+export function newRunDoc(session: Pick<SessionDoc, 'id' | 'workspace_id' | 'agent' | 'environment_id' | 'environment_version'>, threadId: string, start: TurnStart): RunDoc {
+  const now = nowIso();
+  return {
+    id: start.runId, type: 'run', session_id: session.id, workspace_id: session.workspace_id, session_thread_id: threadId,
+    status: 'queued', agent: session.agent, environment_id: session.environment_id, environment_version: session.environment_version,
+    input_event_ids: start.inputs, version: 1, created_at: now, updated_at: now,
+    ...(start.continuesRunId !== undefined ? { continues_run_id: start.continuesRunId } : {}),
   };
 }

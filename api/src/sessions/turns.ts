@@ -9,7 +9,7 @@ import { sessionTag, type SessionStore } from './store.js';
  * crash-and-retry of the request that triggered it.
  */
 export interface TurnScheduler {
-  /** A turn started: `run` was recorded as `queued` in the Session slot. */
+  /** A turn started: `run` (as just written, version 1) was recorded as `queued` in the Session slot. */
   runQueued(run: RunDoc): Promise<void>;
   /** `user.interrupt` on a thread whose turn is active. */
   interruptRequested(sessionId: string, threadId: string, runId: string): Promise<void>;
@@ -28,7 +28,8 @@ export type StopReason = { type: 'end_turn' } | { type: 'requires_action'; tool_
 /**
  * The SessionThread state machine, shared by the API (drive events, archive) and the runtime
  * side (runner/scheduler report turn boundaries through these methods). Each transition is a
- * compare-and-swap on the thread document, then the status event is appended to the log.
+ * compare-and-swap on the thread document, then the status event is appended to the log; a turn
+ * start writes the thread, its Run and the status event in one script.
  *
  * Steer-vs-queue policy: a `user.message` that arrives while a turn runs (or waits on an action)
  * is appended to the log at once and queued as input of the NEXT turn, which starts as soon as
@@ -40,28 +41,28 @@ export class ThreadRuntime {
     private readonly scheduler: () => TurnScheduler,
   ) {}
 
-  /** A user.message was appended: start a turn on an idle thread, else queue it for the next one. */
+  /**
+   * A user.message was appended: start a turn on an idle thread, else queue it for the next one.
+   * Starting writes the thread, the Run and `session.status_running` in one script, then hands
+   * the Run to the scheduler.
+   */
   async submitUserMessage(session: SessionDoc, threadId: string, eventId: string | null): Promise<{ run: RunDoc | null }> {
     const runId = newId('run');
-    let started = false;
-    let inputs: string[] = [];
-    await this.store.updateThread(session.id, threadId, (t) => {
-      started = false;
+    const { run } = await this.store.startTurn(session, threadId, (t) => {
       if (t.status === 'terminated') throw new ApiError('runtime.invalid_transition', 'the thread is terminated');
       if (eventId !== null && t._queued_inputs.includes(eventId)) return null;
       const queue = eventId === null ? t._queued_inputs : [...t._queued_inputs, eventId];
       if (queue.length === 0) return null;
       const waiting = Object.values(t._waits).some((w) => w.generation === t._wait_generation && w.answered_event_id === null);
       if (t.status === 'idle' && t._active_run_id === null && !waiting) {
-        started = true;
-        inputs = queue;
-        return { ...t, status: 'running', _active_run_id: runId, _queued_inputs: [], _running_since_ms: Date.now(), _stop_reason: null };
+        return {
+          thread: { ...t, status: 'running', _active_run_id: runId, _queued_inputs: [], _running_since_ms: Date.now(), _stop_reason: null },
+          start: { runId, inputs: queue },
+        };
       }
-      return eventId === null ? null : { ...t, _queued_inputs: queue };
+      return eventId === null ? null : { thread: { ...t, _queued_inputs: queue } };
     });
-    if (!started) return { run: null };
-    const run = await this.store.createRun(session, threadId, runId, inputs);
-    await this.store.log.append(session.id, [{ type: 'session.status_running', payload: { run_id: run.id }, session_thread_id: threadId, producer_key: `status:${run.id}:running` }]);
+    if (!run) return { run: null };
     await this.scheduler().runQueued(run);
     return { run };
   }

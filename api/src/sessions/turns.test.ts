@@ -1,0 +1,112 @@
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { newId, nowIso } from '@agentplane/core';
+import { connectRedis, keys, startEmbeddedRedis, tags, type EmbeddedRedis, type Redis } from '@agentplane/store';
+import type { RunDoc, SessionDoc } from './model.js';
+import { newThreadDoc, SessionStore } from './store.js';
+import { ThreadRuntime, type TurnScheduler } from './turns.js';
+
+let server: EmbeddedRedis;
+let redis: Redis;
+let other: Redis;
+let dir: string;
+
+beforeAll(async () => {
+  dir = mkdtempSync(join(tmpdir(), 'turns-'));
+  server = await startEmbeddedRedis({ dir });
+  redis = connectRedis(server.url, { name: 'test' });
+  other = connectRedis(server.url, { name: 'test:other' });
+});
+afterAll(async () => {
+  redis?.disconnect();
+  other?.disconnect();
+  await server?.stop();
+  rmSync(dir, { recursive: true, force: true });
+});
+
+function recording(): { scheduler: TurnScheduler; queued: RunDoc[] } {
+  const queued: RunDoc[] = [];
+  return {
+    queued,
+    scheduler: { runQueued: async (run) => void queued.push(run), interruptRequested: async () => undefined, waitsResolved: async () => undefined },
+  };
+}
+
+async function idleSession(store: SessionStore): Promise<{ session: SessionDoc; threadId: string }> {
+  const now = nowIso();
+  const agent = { id: newId('agent'), type: 'agent' as const, name: 'a', version: 1, model: 'default', system: null, tools: [], mcp_servers: [] };
+  const session: SessionDoc = {
+    id: newId('session'), type: 'session', workspace_id: newId('workspace'), agent, environment_id: newId('environment'), environment_version: 1,
+    title: null, budget: null, metadata: {}, resources: [], vault_ids: [], outcome_evaluations: [], archived_at: null, _primary_thread_id: '',
+    version: 1, created_at: now, updated_at: now,
+  };
+  const thread = newThreadDoc(session, agent, null);
+  session._primary_thread_id = thread.id;
+  await store.create(session, thread);
+  return { session, threadId: thread.id };
+}
+
+describe('turn start', () => {
+  it('records the thread, the Run and session.status_running together, and hands over the Run as written', async () => {
+    const store = new SessionStore(redis);
+    const rec = recording();
+    const { session, threadId } = await idleSession(store);
+    await store.thread(session.id, threadId); // the drive path reads the thread first
+    const msg = newId('event');
+    const { run } = await new ThreadRuntime(store, () => rec.scheduler).submitUserMessage(session, threadId, msg);
+    expect(run).toMatchObject({ status: 'queued', version: 1, input_event_ids: [msg], session_thread_id: threadId });
+    expect(rec.queued).toEqual([run]);
+    expect(await store.run(session.id, run?.id ?? '')).toEqual(run);
+    expect(await redis.zscore(keys.index(tags.session(session.id), 'runs'), run?.id ?? '')).not.toBeNull();
+    expect(await store.thread(session.id, threadId)).toMatchObject({ status: 'running', _active_run_id: run?.id, _queued_inputs: [], version: 2 });
+    const events = await store.log.range(session.id, 0, 10);
+    expect(events.map((e) => [e.type, e.payload])).toEqual([['session.status_running', { run_id: run?.id }]]);
+  });
+
+  it('a thread changed elsewhere since this process saw it: the change is made on the stored thread', async () => {
+    const store = new SessionStore(redis);
+    const elsewhere = new SessionStore(other);
+    const rec = recording();
+    const { session, threadId } = await idleSession(store);
+    await store.thread(session.id, threadId); // remembered at version 1
+    const first = newId('event');
+    const started = await new ThreadRuntime(elsewhere, () => rec.scheduler).submitUserMessage(session, threadId, first);
+    expect(started.run).not.toBeNull();
+    // This process still holds version 1 (idle): its guess is stale, so no second turn starts.
+    const second = newId('event');
+    const queued = await new ThreadRuntime(store, () => rec.scheduler).submitUserMessage(session, threadId, second);
+    expect(queued.run).toBeNull();
+    expect(await store.thread(session.id, threadId)).toMatchObject({ status: 'running', _active_run_id: started.run?.id, _queued_inputs: [second], version: 3 });
+    expect(rec.queued.map((r) => r.id)).toEqual([started.run?.id]);
+    expect((await store.log.range(session.id, 0, 10)).map((e) => e.type)).toEqual(['session.status_running']);
+  });
+
+  it('messages racing on an idle thread from two processes start exactly one turn', async () => {
+    const a = new SessionStore(redis);
+    const b = new SessionStore(other);
+    const rec = recording();
+    const { session, threadId } = await idleSession(a);
+    await Promise.all([a.thread(session.id, threadId), b.thread(session.id, threadId)]);
+    const ids = Array.from({ length: 6 }, () => newId('event'));
+    const results = await Promise.all(ids.map((id, i) => new ThreadRuntime(i % 2 ? a : b, () => rec.scheduler).submitUserMessage(session, threadId, id)));
+    const runs = results.flatMap((r) => (r.run ? [r.run] : []));
+    expect(runs).toHaveLength(1);
+    const t = await a.thread(session.id, threadId);
+    expect([...(runs[0]?.input_event_ids ?? []), ...t._queued_inputs].sort()).toEqual([...ids].sort());
+    expect((await a.log.range(session.id, 0, 10)).map((e) => e.type)).toEqual(['session.status_running']);
+    expect(await redis.zcard(keys.index(tags.session(session.id), 'runs'))).toBe(1);
+  });
+
+  it('an erased Session starts nothing', async () => {
+    const store = new SessionStore(redis);
+    const rec = recording();
+    const { session, threadId } = await idleSession(store);
+    await store.log.erase(session.id);
+    await expect(new ThreadRuntime(store, () => rec.scheduler).submitUserMessage(session, threadId, newId('event'))).rejects.toMatchObject({ type: 'validation.gone' });
+    expect(await store.thread(session.id, threadId)).toMatchObject({ status: 'idle', version: 1 });
+    expect(await redis.zcard(keys.index(tags.session(session.id), 'runs'))).toBe(0);
+    expect(rec.queued).toEqual([]);
+  });
+});
