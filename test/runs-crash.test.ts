@@ -4,6 +4,7 @@ import type { HttpClient } from '@agentplane/client';
 import { Job, Queue, Worker } from 'bullmq';
 import { Redis } from 'ioredis';
 import { queuePrefix, RUN_QUEUE } from '@agentplane/lease';
+import { EnqueueOutbox, SessionStore, ThreadRuntime, type TurnScheduler } from '@agentplane/api';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
 import { pairDaemon, startDaemon } from './harness/daemon.js';
 import Docker from 'dockerode';
@@ -28,7 +29,10 @@ beforeAll(async () => {
   p = await startPlatform({
     runner: false,
     scheduler: true,
-    env: { LEASE_MS: '4000', OFFER_TIMEOUT_MS: '1500', STALLED_INTERVAL_MS: '500', RUN_BACKOFF_MS: '100', RUNNER_HEARTBEAT_INTERVAL_MS: '1000', RUNNER_PRESENCE_TTL_MS: '3000' },
+    env: {
+      LEASE_MS: '4000', OFFER_TIMEOUT_MS: '1500', STALLED_INTERVAL_MS: '500', RUN_BACKOFF_MS: '100', RUNNER_HEARTBEAT_INTERVAL_MS: '1000',
+      RUNNER_PRESENCE_TTL_MS: '3000', ENQUEUE_REPAIR_AFTER_MS: '1500',
+    },
   });
   api = p.root;
   owner = (await api.post<{ id: string }>(`/v1/organizations/workspaces/${p.bootstrap.workspace_id}/principals`, {
@@ -175,6 +179,40 @@ describe('crash paths', () => {
       } catch {
         // already gone
       }
+    }
+  });
+
+  it('the API dies between the turn start and the enqueue: the scheduler enqueues the Run, and the turn completes', async () => {
+    await daemon('box-outbox');
+    const s = await api.post<{ id: string; }>('/v1/sessions', {
+      agent: { name: 'a', model: 'default', system: SCRIPT([{ then: [{ reply: 'picked up after all' }] }]), tools: [] }, environment_id: envId,
+    });
+    // What the API does for a user.message, up to the point where it dies: the event, the intent,
+    // the committed turn start; the BullMQ job is never added.
+    const redis = new Redis(p.redisUrl());
+    try {
+      const store = new SessionStore(redis);
+      const outbox = new EnqueueOutbox(redis);
+      const crashed: TurnScheduler = {
+        runStarting: (sessionId, runId) => outbox.add(sessionId, runId),
+        runQueued: async () => undefined,
+        interruptRequested: async () => undefined,
+        waitsResolved: async () => undefined,
+      };
+      const session = await store.get(p.bootstrap.workspace_id, s.id);
+      const appended = await store.log.append(s.id, [{
+        type: 'user.message', payload: { content: 'hello?', authored_by: owner, caused_by: { kind: 'api' } }, session_thread_id: session._primary_thread_id,
+      }]);
+      if (!appended.ok) throw new Error('append refused');
+      const { run } = await new ThreadRuntime(store, () => crashed).submitUserMessage(session, session._primary_thread_id, appended.events[0]?.id ?? null);
+      expect(run?.status).toBe('queued');
+      const evs = await waitEvents(s.id, (e) => e.some((x) => x.type === 'session.status_idle'), 40_000);
+      expect(JSON.stringify(evs.filter((e) => e.type === 'agent.message'))).toContain('picked up after all');
+      const [done] = await runsOf(s.id);
+      expect(done?.status).toBe('succeeded');
+      expect((await outbox.due(0)).filter((x) => x.session_id === s.id)).toEqual([]);
+    } finally {
+      redis.disconnect();
     }
   });
 

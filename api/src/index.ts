@@ -16,6 +16,8 @@ export { RedisRuntimeBearers, RUNTIME_BEARER_PREFIX, permissionOf } from './mcp/
 export type { RuntimeBearerVerifier, RuntimeGrant, ConnectionGrant, ToolPermission, LeaseHolder } from './mcp/runtime-bearer.js';
 export type { ToolCallObserver, ToolCallEvent } from './mcp/runtime.js';
 export { RunLifecycle, type TurnResult } from './runs/lifecycle.js';
+export { RunEngine } from './runs/engine.js';
+export { EnqueueOutbox } from './runs/outbox.js';
 export { buildTurnSpec, requirementsOf, specResources, repositoryName, type TurnSpec, type SpecTool, type SpecResource } from './runs/spec.js';
 export { FileStore } from './files/store.js';
 export type { FileDoc } from './files/model.js';

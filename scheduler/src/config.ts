@@ -10,6 +10,8 @@ export interface SchedulerConfig {
   poolScanMs: number;
   /** How long a Run that no runner can take right now waits before it is tried again. */
   capacityRetryMs: number;
+  /** A Run whose turn started this long ago without reaching its queue is enqueued by the sweep. */
+  enqueueRepairAfterMs: number;
   /** Port for /healthz and /metrics (0 = an ephemeral port, unset = off). */
   port: number | undefined;
   host: string;
@@ -37,6 +39,7 @@ export function loadSchedulerConfig(env: Env): SchedulerConfig {
     lease: leaseConfigFrom(env),
     poolScanMs: envInt(env, 'POOL_SCAN_MS', 1000, 50),
     capacityRetryMs: envInt(env, 'CAPACITY_RETRY_MS', 1000, 10),
+    enqueueRepairAfterMs: envInt(env, 'ENQUEUE_REPAIR_AFTER_MS', 10_000, 100),
     port: port === undefined ? undefined : envInt(env, 'SCHEDULER_PORT', 0, 0, 65535),
     host: envString(env, 'SCHEDULER_HOST', '127.0.0.1'),
     masterKey: masterKeyFrom(env),

@@ -16,6 +16,8 @@ Environment:
   RUN_BACKOFF_MS       first retry delay, doubling (default 1000)
   RUN_MAX_LOST_LEASES  lost leases a Run survives (default 3)
   STALLED_INTERVAL_MS  how often expired leases are detected (default 5000)
+  POOL_SCAN_MS         how often pools, finished jobs and interrupted enqueues are swept (default 1000)
+  ENQUEUE_REPAIR_AFTER_MS  a started Run not in its queue after this long is enqueued (default 10000)
   SCHEDULER_PORT       serve /healthz and /metrics here (0 = ephemeral; unset = off)
   LOG_LEVEL            fatal|error|warn|info|debug|trace|silent
 `;

@@ -1,6 +1,9 @@
 import { randomBytes } from 'node:crypto';
 import type { Logger } from '@agentplane/core';
-import { buildTurnSpec, ConnectionService, FileStore, RedisRuntimeBearers, RunLifecycle, SessionStore, ThreadRuntime, VersionedStore, type Environment, type RunDoc, type TurnScheduler } from '@agentplane/api';
+import {
+  buildTurnSpec, ConnectionService, CredentialIndex, FileStore, IdentityService, RedisRuntimeBearers, RunEngine, RunLifecycle, RunnerService,
+  SessionStore, ThreadRuntime, VersionedStore, type Environment, type RunDoc,
+} from '@agentplane/api';
 import { activePools, LeaseFence, LeaseRecords, RunQueues } from '@agentplane/lease';
 import { SecretBox } from '@agentplane/core';
 import { connectRedis, DocumentStore, tags, type Redis } from '@agentplane/store';
@@ -12,13 +15,6 @@ import { reconcilePool, repairStalls } from './reconciler.js';
 import { SchedulerMetrics } from './metrics.js';
 import { RedisOfferChannel } from './offer-channel.js';
 import { PresenceDirectory } from './presence-directory.js';
-
-/** The scheduler never starts turns itself; follow-up turns are started by the API side. */
-const passiveTurns: TurnScheduler = {
-  runQueued: async () => undefined,
-  interruptRequested: async () => undefined,
-  waitsResolved: async () => undefined,
-};
 
 /**
  * One scheduler process: finds pools with work, runs a PoolDispatcher per pool, and keeps
@@ -39,6 +35,11 @@ export class Scheduler {
   private readonly directory: PresenceDirectory;
   private readonly offers: RedisOfferChannel;
   private readonly lifecycle: RunLifecycle;
+  /**
+   * Enqueues Runs the scheduler's own turn ends start (a message queued behind a turn that the
+   * scheduler ended), and repairs Runs whose enqueue a crash interrupted.
+   */
+  private readonly engine: RunEngine;
   private readonly store: SessionStore;
   private readonly environments: VersionedStore<Environment>;
   private readonly files: FileStore;
@@ -55,7 +56,16 @@ export class Scheduler {
     this.queues = new RunQueues(this.bull, config.lease);
     this.store = new SessionStore(this.redis);
     this.environments = new VersionedStore<Environment>(this.redis, 'environments', 'environment');
-    this.lifecycle = new RunLifecycle(this.store, new ThreadRuntime(this.store, () => passiveTurns), log);
+    const docs = new DocumentStore(this.redis);
+    const credentials = new CredentialIndex(this.redis);
+    const runners = new RunnerService(docs, this.redis, credentials, new IdentityService(docs, this.redis, credentials));
+    let engine: RunEngine | undefined;
+    this.lifecycle = new RunLifecycle(this.store, new ThreadRuntime(this.store, () => engine as RunEngine), log);
+    engine = new RunEngine({
+      redis: this.redis, queues: this.queues, lifecycle: this.lifecycle, store: this.store, environments: this.environments, runners, log,
+      interruptGraceMs: 10_000,
+    });
+    this.engine = engine;
     this.directory = new PresenceDirectory(this.redis, (pool) => this.pools.get(pool));
     this.files = new FileStore(this.redis, new DocumentStore(this.redis));
     this.bearers = new RedisRuntimeBearers(this.redis, new LeaseFence(this.redis));
@@ -119,6 +129,8 @@ export class Scheduler {
       await reconcilePool(pool, this.queues, this.lifecycle, this.log);
       served.stalls = await repairStalls(pool, this.queues, (run) => served.hooks.stalled(run), served.stalls, this.log);
     }
+    const repaired = await this.engine.repairUnqueued(this.config.enqueueRepairAfterMs);
+    if (repaired.length > 0) this.log.info({ runs: repaired }, 'enqueued Runs whose enqueue was interrupted');
   }
 
   async stop(): Promise<void> {

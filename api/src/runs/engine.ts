@@ -12,6 +12,7 @@ import type { TurnScheduler } from '../sessions/turns.js';
 import type { RunLifecycle } from './lifecycle.js';
 import { requirementsOf } from './spec.js';
 import { runSessionsKey } from './operations.js';
+import { EnqueueOutbox } from './outbox.js';
 
 export interface RunEngineDeps {
   redis: Redis;
@@ -35,6 +36,7 @@ const CACHE_ENTRIES = 4096;
  */
 export class RunEngine implements TurnScheduler {
   private readonly fence: LeaseFence;
+  private readonly outbox: EnqueueOutbox;
   /** `<ws>/<env>/<version>` → requirements: Environment versions are immutable. */
   private readonly requirements = new BoundedCache<string, RunRequirements>(CACHE_ENTRIES);
   /** Workspace → its default pool id: claimed once (HSETNX) and never reassigned. */
@@ -42,6 +44,11 @@ export class RunEngine implements TurnScheduler {
 
   constructor(private readonly d: RunEngineDeps) {
     this.fence = new LeaseFence(d.redis);
+    this.outbox = new EnqueueOutbox(d.redis);
+  }
+
+  runStarting(sessionId: string, runId: string): Promise<void> {
+    return this.outbox.add(sessionId, runId);
   }
 
   private async requirementsOf(run: RunDoc): Promise<RunRequirements> {
@@ -82,7 +89,32 @@ export class RunEngine implements TurnScheduler {
       this.d.redis.hset(runSessionsKey(run.workspace_id), run.id, run.session_id),
       markPoolActive(this.d.redis, poolId, run.workspace_id),
     ]);
-    await this.d.lifecycle.enqueued(run.session_id, run.id, poolId, run);
+    await Promise.all([this.d.lifecycle.enqueued(run.session_id, run.id, poolId, run), this.outbox.remove(run.session_id, run.id)]);
+  }
+
+  /**
+   * Runs whose turn started more than `olderThanMs` ago but whose enqueue never finished (the
+   * process died in between): enqueue them now. Idempotent: the job id is the Run id, and a Run
+   * that is no longer queued, already enqueued, or was never committed only leaves the outbox.
+   * Returns the Run ids enqueued.
+   */
+  async repairUnqueued(olderThanMs: number): Promise<string[]> {
+    const repaired: string[] = [];
+    for (const p of await this.outbox.due(olderThanMs)) {
+      try {
+        const run = await this.d.store.run(p.session_id, p.run_id).catch(() => null);
+        if (run && run.status === 'queued' && !run.timestamps?.enqueued_at) {
+          this.d.log.warn({ run: run.id, session: run.session_id, since_ms: p.since_ms }, 'a started Run was never enqueued; enqueuing it now');
+          await this.runQueued(run);
+          repaired.push(run.id);
+        } else {
+          await this.outbox.remove(p.session_id, p.run_id);
+        }
+      } catch (err) {
+        this.d.log.warn({ run: p.run_id, err: err instanceof Error ? err.message : String(err) }, 'enqueue repair failed; retried on the next sweep');
+      }
+    }
+    return repaired;
   }
 
   async interruptRequested(sessionId: string, _threadId: string, runId: string): Promise<void> {
@@ -105,6 +137,7 @@ export class RunEngine implements TurnScheduler {
   async waitsResolved(sessionId: string, threadId: string, runId: string | null): Promise<void> {
     const session = await this.d.store.get((await this.d.store.thread(sessionId, threadId)).workspace_id, sessionId);
     const nextRunId = newId('run');
+    await this.runStarting(sessionId, nextRunId);
     const { run } = await this.d.store.startTurn(session, threadId, (t) =>
       t.status !== 'idle' || t._active_run_id !== runId ? null : {
         thread: { ...t, status: 'running', _active_run_id: nextRunId, _running_since_ms: Date.now(), _stop_reason: null },

@@ -9,6 +9,11 @@ import { sessionTag, type SessionStore } from './store.js';
  * crash-and-retry of the request that triggered it.
  */
 export interface TurnScheduler {
+  /**
+   * A turn is about to start with this Run id (before the Run is committed): lets the scheduler
+   * record its intent, so a crash between the commit and `runQueued` is repaired.
+   */
+  runStarting?(sessionId: string, runId: string): Promise<void>;
   /** A turn started: `run` (as just written, version 1) was recorded as `queued` in the Session slot. */
   runQueued(run: RunDoc): Promise<void>;
   /** `user.interrupt` on a thread whose turn is active. */
@@ -48,6 +53,7 @@ export class ThreadRuntime {
    */
   async submitUserMessage(session: SessionDoc, threadId: string, eventId: string | null): Promise<{ run: RunDoc | null }> {
     const runId = newId('run');
+    await this.scheduler().runStarting?.(session.id, runId);
     const { run } = await this.store.startTurn(session, threadId, (t) => {
       if (t.status === 'terminated') throw new ApiError('runtime.invalid_transition', 'the thread is terminated');
       if (eventId !== null && t._queued_inputs.includes(eventId)) return null;
