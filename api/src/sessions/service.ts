@@ -236,15 +236,23 @@ export class SessionService {
   async drive(session: SessionDoc, input: DriveInput, idemKey: string | undefined): Promise<DriveOutcome> {
     if (session.archived_at !== null) throw new ApiError('runtime.invalid_transition', 'the session is archived: it keeps its reads but takes no new work');
     const p = input.payload;
-    await this.d.identity.activePrincipal(session.workspace_id, p.authored_by, 'authored_by');
-    if (input.type === 'user.custom_tool_result' || input.type === 'user.tool_confirmation') return this.answer(session, input);
-
+    const answering = input.type === 'user.custom_tool_result' || input.type === 'user.tool_confirmation';
     const threadId = p.session_thread_id ?? session._primary_thread_id;
-    const thread = await this.d.store.thread(session.id, threadId);
+    // The checks are independent reads: made at once, reported in a fixed order (the author,
+    // then the thread, then the budget), so a request with several faults always gets the same one.
+    const [author, read, admitted] = await Promise.allSettled([
+      this.d.identity.activePrincipal(session.workspace_id, p.authored_by, 'authored_by'),
+      answering ? Promise.resolve(null) : this.d.store.thread(session.id, threadId),
+      input.type === 'user.message' ? this.d.admitTurn?.(session) : Promise.resolve(),
+    ]);
+    if (author.status === 'rejected') throw author.reason;
+    if (answering) return this.answer(session, input);
+    if (read.status === 'rejected') throw read.reason;
+    const thread = read.value as ThreadDoc;
     if (thread.status === 'terminated' && (input.type === 'user.message' || input.type === 'user.interrupt')) {
       throw new ApiError('runtime.invalid_transition', 'the thread is terminated');
     }
-    if (input.type === 'user.message') await this.d.admitTurn?.(session);
+    if (admitted.status === 'rejected') throw admitted.reason;
     const event = await this.appendOne(session.id, input, threadId, idemKey ? `drive:${sha256Hex(idemKey)}` : undefined);
     if (input.type === 'user.message') await this.d.runtime.submitUserMessage(session, threadId, event.id);
     if (input.type === 'user.interrupt') await this.d.runtime.interrupt(session, threadId);
