@@ -266,6 +266,37 @@ export class DockerDriver implements SandboxDriver {
     return tracked;
   }
 
+  /**
+   * Starts `argv` under the process-group wrapper (so a kill takes its whole tree) as a hijacked
+   * exec stream. A container found not running (killed to bound a cancel, died) is restarted once.
+   */
+  private async startWrapped(
+    tracked: Tracked, sandbox: Sandbox, execId: string, argv: string[], options: { cwd?: string; env?: Record<string, string> }, stdin: boolean,
+  ): Promise<{ exec: Docker.Exec; stream: NodeJS.ReadWriteStream }> {
+    const createExec = (): Promise<Docker.Exec> =>
+      tracked.container.exec({
+        Cmd: ['setsid', '-w', 'bash', '-c', WRAPPER, 'agentplane-exec', execId, ...argv],
+        AttachStdout: true,
+        AttachStderr: true,
+        AttachStdin: stdin,
+        WorkingDir: options.cwd ?? sandbox.workspace,
+        Env: Object.entries(options.env ?? {}).map(([k, v]) => `${k}=${v}`),
+      });
+    try {
+      const exec = await createExec().catch(async (err: unknown) => {
+        if (statusCode(err) !== 409) throw err;
+        this.log.warn({ session: sandbox.sessionId }, 'sandbox container was not running: restarting it');
+        await withTimeout(tracked.container.start(), this.startTimeoutMs, () => new Error('restart timeout'));
+        tracked.oomKills = -1;
+        return createExec();
+      });
+      const stream = (await exec.start({ hijack: true, stdin })) as NodeJS.ReadWriteStream;
+      return { exec, stream };
+    } catch (err) {
+      throw new SandboxError('exec_failed', `docker exec failed: ${(err as Error).message}`, { cause: err });
+    }
+  }
+
   async exec(sandbox: Sandbox, command: Command, options: ExecOptions = {}): Promise<ExecResult> {
     const tracked = this.container(sandbox);
     if (tracked.oomKills < 0) tracked.oomKills = await this.readOomKills(tracked);
@@ -281,30 +312,7 @@ export class DockerDriver implements SandboxDriver {
       return { exitCode: 137, stdout: '', stderr: '', truncated: false, timedOut: false, killed: true, oomKilled: false, durationMs: 0 };
     }
 
-    const createExec = (): Promise<Docker.Exec> =>
-      tracked.container.exec({
-        Cmd: ['setsid', '-w', 'bash', '-c', WRAPPER, 'agentplane-exec', execId, ...argv],
-        AttachStdout: true,
-        AttachStderr: true,
-        AttachStdin: hasStdin,
-        WorkingDir: options.cwd ?? sandbox.workspace,
-        Env: Object.entries(options.env ?? {}).map(([k, v]) => `${k}=${v}`),
-      });
-    let exec: Docker.Exec;
-    let stream: NodeJS.ReadWriteStream;
-    try {
-      exec = await createExec().catch(async (err: unknown) => {
-        // 409: the container is not running (killed to bound a cancel, died): restart it once.
-        if (statusCode(err) !== 409) throw err;
-        this.log.warn({ session: sandbox.sessionId }, 'sandbox container was not running: restarting it');
-        await withTimeout(tracked.container.start(), this.startTimeoutMs, () => new Error('restart timeout'));
-        tracked.oomKills = -1;
-        return createExec();
-      });
-      stream = (await exec.start({ hijack: true, stdin: hasStdin })) as NodeJS.ReadWriteStream;
-    } catch (err) {
-      throw new SandboxError('exec_failed', `docker exec failed: ${(err as Error).message}`, { cause: err });
-    }
+    const { exec, stream } = await this.startWrapped(tracked, sandbox, execId, argv, options, hasStdin);
     this.docker.modem.demuxStream(stream, stdout, stderr);
     const ended = new Promise<void>((resolve) => {
       stream.on('end', resolve);
@@ -378,21 +386,7 @@ export class DockerDriver implements SandboxDriver {
     const tracked = this.container(sandbox);
     const execId = randomBytes(8).toString('hex');
     const argv = Array.isArray(command) ? command : ['bash', '-c', command.script];
-    let exec: Docker.Exec;
-    let stream: NodeJS.ReadWriteStream;
-    try {
-      exec = await tracked.container.exec({
-        Cmd: ['setsid', '-w', 'bash', '-c', WRAPPER, 'agentplane-exec', execId, ...argv],
-        AttachStdout: true,
-        AttachStderr: true,
-        AttachStdin: true,
-        WorkingDir: options.cwd ?? sandbox.workspace,
-        Env: Object.entries(options.env ?? {}).map(([k, v]) => `${k}=${v}`),
-      });
-      stream = (await exec.start({ hijack: true, stdin: true })) as NodeJS.ReadWriteStream;
-    } catch (err) {
-      throw new SandboxError('exec_failed', `docker exec failed: ${(err as Error).message}`, { cause: err });
-    }
+    const { exec, stream } = await this.startWrapped(tracked, sandbox, execId, argv, options, true);
     const stdout = new PassThrough();
     const stderr = new PassThrough();
     this.docker.modem.demuxStream(stream, stdout, stderr);
