@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { HttpClient } from '@agentplane/client';
 import type { Platform } from './harness/platform.js';
 import { startMcpUpstream } from './harness/mcp-upstream.js';
-import { idleCount, SCRIPT, startTurnPlatform, untilEvents, type Json, type TurnEvent, type TurnPlatform } from './harness/turns.js';
+import { customToolRoundTrip, idleCount, SCRIPT, startTurnPlatform, untilEvents, type Json, type TurnEvent, type TurnPlatform } from './harness/turns.js';
 
 /**
  * The colocated topology end to end: an Environment with `harness_topology: colocated` makes the
@@ -98,26 +98,8 @@ describe('colocated harness topology', () => {
   });
 
   it('a custom tool ends the Run with requires_action and user.custom_tool_result continues the turn', async () => {
-    const id = await session(
-      SCRIPT([
-        { when: { user_contains: 'weather' }, then: [{ tool: 'get_weather', input: { city: 'Paris' } }] },
-        { when: { after_tool: 'get_weather' }, then: [{ reply: 'Forecast: {{tool_result}}' }] },
-      ]),
-      [{ type: 'custom', name: 'get_weather', description: 'Weather for a city', input_schema: { type: 'object', properties: { city: { type: 'string' } } } }],
-    );
-    await api.post(`/v1/sessions/${id}/events`, msg('what is the weather?'));
-    const first = await until(id, (e) => idleCount(e) >= 1);
-    expect(first.find((e) => e.type === 'session.status_idle')?.payload.stop_reason).toMatchObject({ type: 'requires_action' });
-    const use = first.find((e) => e.type === 'agent.tool_use');
-    expect(use?.payload).toMatchObject({ blocking: true, awaiting: 'custom_tool_result' });
-    const toolUseId = String(use?.payload.id);
-    expect(toolUseId).toMatch(/^toolu_/);
-    await api.post(`/v1/sessions/${id}/events`, {
-      type: 'user.custom_tool_result', payload: { tool_use_id: toolUseId, result: 'sunny, 21C', authored_by: principal, caused_by: { kind: 'api' } },
-    });
-    const all = await until(id, (e) => idleCount(e) >= 2);
-    expect(all.filter((e) => e.type === 'agent.message').map((e) => JSON.stringify(e.payload)).join(' ')).toContain('sunny, 21C');
-    expect(all.filter((e) => e.type === 'session.status_idle')[1]?.payload.stop_reason).toMatchObject({ type: 'end_turn' });
+    const { first, all } = await customToolRoundTrip({ api, principal, msg }, session);
+    expect(first.find((e) => e.type === 'agent.tool_use')?.payload).toMatchObject({ blocking: true, awaiting: 'custom_tool_result' });
     expectOrderedAndUnique(all);
   });
 

@@ -3,6 +3,8 @@ import { request as httpRequest } from 'node:http';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Redis } from 'ioredis';
 import { HttpClient } from '@agentplane/client';
+import { RedisRuntimeBearers } from '@agentplane/api';
+import { LeaseFence } from '@agentplane/lease';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
 
 let p: Platform;
@@ -292,6 +294,31 @@ describe('Files API', () => {
     expect(forged.status).toBe(401);
     const post = await fetch(`${p.baseUrl}/v1/runtime/files/${f.id}`, { method: 'POST' });
     expect(post.status).toBe(405);
+  });
+
+  it('the runtime download route serves a live lease its Session Files only, and nothing once the lease is gone', async () => {
+    const granted = (await api.uploadFile<FileHead>('granted.txt', new TextEncoder().encode('for the runner'))).body;
+    const other = (await api.uploadFile<FileHead>('other.txt', new TextEncoder().encode('not yours'))).body;
+    const session = `sess_${randomBytes(16).toString('hex')}`;
+    const leaseId = `lease_${randomBytes(8).toString('hex')}`;
+    const fence = new LeaseFence(redis);
+    expect(await fence.claim({ sessionId: session, token: leaseId, runnerId: 'runner_test', attempt: 1, runId: `run_${'0'.repeat(32)}` }, 60_000)).toBe('ok');
+    const bearer = await new RedisRuntimeBearers(redis, fence).mint({
+      run_id: `run_${'0'.repeat(32)}`, session_id: session, workspace_id: p.bootstrap.workspace_id, organization_id: p.bootstrap.organization_id,
+      lease_id: leaseId, expires_at: new Date(Date.now() + 60_000).toISOString(), connections: {}, files: [granted.id],
+    });
+    const get = (id: string) => fetch(`${p.baseUrl}/v1/runtime/files/${id}`, { headers: { authorization: `Bearer ${bearer}` } });
+    const ok = await get(granted.id);
+    expect(ok.status).toBe(200);
+    expect(await ok.text()).toBe('for the runner');
+    const notGranted = await get(other.id);
+    expect(notGranted.status).toBe(404);
+    expect(((await notGranted.json()) as { error: { type: string } }).error.type).toBe('validation.not_found');
+    const badPrefix = await get(`sess_${'0'.repeat(32)}`);
+    expect(badPrefix.status).toBe(400);
+    expect(((await badPrefix.json()) as { error: { type: string } }).error.type).toBe('validation.malformed');
+    await fence.release(session, leaseId);
+    expect((await get(granted.id)).status).toBe(401);
   });
 
   it('is described in OpenAPI as multipart and kept off the MCP tool list', async () => {

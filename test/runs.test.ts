@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { HttpClient } from '@agentplane/client';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
-import { idleCount, SCRIPT, startTurnPlatform, untilEvents, type Json, type TurnEvent, type TurnPlatform } from './harness/turns.js';
+import { customToolRoundTrip, idleCount, SCRIPT, startTurnPlatform, untilEvents, type Json, type TurnEvent, type TurnPlatform } from './harness/turns.js';
 import { pairDaemon, startDaemon } from './harness/daemon.js';
 import { startMcpUpstream } from './harness/mcp-upstream.js';
 
@@ -72,27 +72,7 @@ describe('turns end to end', () => {
   });
 
   it('a custom tool ends the Run with requires_action and user.custom_tool_result continues the turn', async () => {
-    const id = await session(
-      SCRIPT([
-        { when: { user_contains: 'weather' }, then: [{ tool: 'get_weather', input: { city: 'Paris' } }] },
-        { when: { after_tool: 'get_weather' }, then: [{ reply: 'Forecast: {{tool_result}}' }] },
-      ]),
-      [{ type: 'custom', name: 'get_weather', description: 'Weather for a city', input_schema: { type: 'object', properties: { city: { type: 'string' } } } }],
-    );
-    await api.post(`/v1/sessions/${id}/events`, msg('what is the weather?'));
-    const first = await until(id, (e) => idleCount(e) >= 1);
-    const idle = first.find((e) => e.type === 'session.status_idle');
-    expect(idle?.payload.stop_reason).toMatchObject({ type: 'requires_action' });
-    const use = first.find((e) => e.type === 'agent.tool_use');
-    const toolUseId = String(use?.payload.id);
-    expect(toolUseId).toMatch(/^toolu_/);
-    await api.post(`/v1/sessions/${id}/events`, {
-      type: 'user.custom_tool_result', payload: { tool_use_id: toolUseId, result: 'sunny, 21C', authored_by: principal, caused_by: { kind: 'api' } },
-    });
-    const all = await until(id, (e) => idleCount(e) >= 2);
-    const final = all.filter((e) => e.type === 'agent.message').map((e) => JSON.stringify(e.payload)).join(' ');
-    expect(final).toContain('sunny, 21C');
-    expect(all.filter((e) => e.type === 'session.status_idle')[1]?.payload.stop_reason).toMatchObject({ type: 'end_turn' });
+    await customToolRoundTrip({ api, principal, msg }, session);
   });
 
   it('an always_ask tool waits for user.tool_confirmation: allow runs it in the sandbox, deny is reported to the model', async () => {
