@@ -2,11 +2,11 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createLogger, newId, nowIso } from '@agentplane/core';
+import { createLogger, newId } from '@agentplane/core';
 import { connectRedis, startEmbeddedRedis, type EmbeddedRedis, type Redis } from '@agentplane/store';
-import type { SessionDoc } from '../sessions/model.js';
-import { newThreadDoc, SessionStore } from '../sessions/store.js';
+import { SessionStore } from '../sessions/store.js';
 import { recordOnlyTurnScheduler, ThreadRuntime } from '../sessions/turns.js';
+import { idleSession } from '../sessions/fixtures.test-support.js';
 import { RunLifecycle } from './lifecycle.js';
 
 let server: EmbeddedRedis;
@@ -30,21 +30,12 @@ afterAll(async () => {
 
 /** A Session whose primary thread runs a turn with attempt 1 leased. */
 async function leasedTurn(): Promise<{ sessionId: string; threadId: string; runId: string }> {
-  const now = nowIso();
-  const agent = { id: newId('agent'), type: 'agent' as const, name: 'a', version: 1, model: 'default', system: null, tools: [], mcp_servers: [] };
-  const session: SessionDoc = {
-    id: newId('session'), type: 'session', workspace_id: newId('workspace'), agent, environment_id: newId('environment'), environment_version: 1,
-    title: null, budget: null, metadata: {}, resources: [], vault_ids: [], outcome_evaluations: [], archived_at: null, _primary_thread_id: '',
-    version: 1, created_at: now, updated_at: now,
-  };
-  const thread = newThreadDoc(session, agent, null);
-  session._primary_thread_id = thread.id;
-  await store.create(session, thread);
-  const { run } = await new ThreadRuntime(store, () => recordOnlyTurnScheduler).submitUserMessage(session, thread.id, newId('event'));
+  const { session, threadId } = await idleSession(store);
+  const { run } = await new ThreadRuntime(store, () => recordOnlyTurnScheduler).submitUserMessage(session, threadId, newId('event'));
   if (!run) throw new Error('no turn started');
   await lifecycle.leased(session.id, run.id, { lease_id: 'lease-1', runner_id: 'runner_a', attempt: 1 });
   await lifecycle.started(session.id, run.id);
-  return { sessionId: session.id, threadId: thread.id, runId: run.id };
+  return { sessionId: session.id, threadId, runId: run.id };
 }
 
 const rescheduledEvents = async (sessionId: string) =>

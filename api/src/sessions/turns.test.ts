@@ -2,10 +2,11 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { newId, nowIso } from '@agentplane/core';
+import { newId } from '@agentplane/core';
 import { connectRedis, keys, startEmbeddedRedis, tags, type EmbeddedRedis, type Redis } from '@agentplane/store';
-import type { RunDoc, SessionDoc } from './model.js';
-import { newThreadDoc, SessionStore } from './store.js';
+import type { RunDoc } from './model.js';
+import { SessionStore } from './store.js';
+import { idleSession } from './fixtures.test-support.js';
 import { ThreadRuntime, type TurnScheduler } from './turns.js';
 
 let server: EmbeddedRedis;
@@ -34,19 +35,6 @@ function recording(): { scheduler: TurnScheduler; queued: RunDoc[] } {
   };
 }
 
-async function idleSession(store: SessionStore): Promise<{ session: SessionDoc; threadId: string }> {
-  const now = nowIso();
-  const agent = { id: newId('agent'), type: 'agent' as const, name: 'a', version: 1, model: 'default', system: null, tools: [], mcp_servers: [] };
-  const session: SessionDoc = {
-    id: newId('session'), type: 'session', workspace_id: newId('workspace'), agent, environment_id: newId('environment'), environment_version: 1,
-    title: null, budget: null, metadata: {}, resources: [], vault_ids: [], outcome_evaluations: [], archived_at: null, _primary_thread_id: '',
-    version: 1, created_at: now, updated_at: now,
-  };
-  const thread = newThreadDoc(session, agent, null);
-  session._primary_thread_id = thread.id;
-  await store.create(session, thread);
-  return { session, threadId: thread.id };
-}
 
 describe('turn start', () => {
   it('records the thread, the Run and session.status_running together, and hands over the Run as written', async () => {
