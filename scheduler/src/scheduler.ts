@@ -6,7 +6,7 @@ import {
 } from '@agentplane/api';
 import { activePools, LeaseFence, LeaseRecords, RunQueues } from '@agentplane/lease';
 import { SecretBox } from '@agentplane/core';
-import { connectRedis, DocumentStore, tags, type Redis } from '@agentplane/store';
+import { connectRedis, DocumentStore, tags, type Redis, type StoredDoc } from '@agentplane/store';
 import type { SchedulerConfig } from './config.js';
 import { PoolDispatcher, type DispatchHooks } from './dispatcher.js';
 import type { LeaseOffer } from './directory.js';
@@ -42,6 +42,7 @@ export class Scheduler {
   private readonly engine: RunEngine;
   private readonly store: SessionStore;
   private readonly environments: VersionedStore<Environment>;
+  private readonly docs: DocumentStore;
   private readonly files: FileStore;
   private readonly bearers: RedisRuntimeBearers;
   private readonly connections: ConnectionService | undefined;
@@ -57,6 +58,7 @@ export class Scheduler {
     this.store = new SessionStore(this.redis);
     this.environments = new VersionedStore<Environment>(this.redis, 'environments', 'environment');
     const docs = new DocumentStore(this.redis);
+    this.docs = docs;
     const credentials = new CredentialIndex(this.redis);
     const runners = new RunnerService(docs, this.redis, credentials, new IdentityService(docs, this.redis, credentials));
     let engine: RunEngine | undefined;
@@ -67,9 +69,9 @@ export class Scheduler {
     });
     this.engine = engine;
     this.directory = new PresenceDirectory(this.redis, (pool) => this.pools.get(pool));
-    this.files = new FileStore(this.redis, new DocumentStore(this.redis));
+    this.files = new FileStore(this.redis, docs);
     this.bearers = new RedisRuntimeBearers(this.redis, new LeaseFence(this.redis));
-    this.connections = config.masterKey ? new ConnectionService(new DocumentStore(this.redis), new SecretBox(config.masterKey)) : undefined;
+    this.connections = config.masterKey ? new ConnectionService(docs, new SecretBox(config.masterKey)) : undefined;
     this.offers = new RedisOfferChannel(this.redis, this.sub, this.instanceId, new LeaseRecords(this.redis), (o) => this.spec(o), log);
   }
 
@@ -84,7 +86,7 @@ export class Scheduler {
     if (!resolved && files.length === 0) return spec as unknown as Record<string, unknown>;
     // One runtime bearer for this lease: it works only while the lease holds the Session fence,
     // for the agent's Connections and the Session's Files.
-    const ws = await new DocumentStore(this.redis).get<{ organization_id: string } & import('@agentplane/store').StoredDoc>(tags.workspace(run.workspace_id), run.workspace_id);
+    const ws = await this.docs.get<{ organization_id: string } & StoredDoc>(tags.workspace(run.workspace_id), run.workspace_id);
     // The built-in harness asks through user.tool_confirmation before it calls an always_ask
     // tool, so the grant itself allows the call.
     const grants = Object.fromEntries(Object.keys(resolved?.grants ?? {}).map((id) => [id, { default: 'allow' as const }]));
