@@ -7,3 +7,5 @@ export * from './schema.js';
 export * from './config.js';
 export * from './time.js';
 export * from './metrics.js';
+export * from './glob.js';
+export * from './url.js';

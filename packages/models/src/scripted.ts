@@ -1,5 +1,6 @@
 import { createHash } from 'node:crypto';
 import type { ModelMessage, ModelRequest, ModelStreamEvent, TokenUsage } from '@agentplane/protocol';
+import { RE2JS } from 're2js';
 import type { ProviderAdapter, ProviderCall } from './adapter.js';
 import { ProviderError, type ProviderErrorKind } from './errors.js';
 
@@ -26,7 +27,10 @@ export interface ScriptCondition {
   on?: 'user' | 'tool_result';
   /** Substring of the last user text (case-sensitive). Implies `on: "user"` unless `on` is given. */
   user_contains?: string;
-  /** JavaScript regular expression tested against the last user text. */
+  /**
+   * Regular expression (RE2 syntax, matched in linear time) searched for in the last user text.
+   * Scripts come from Agent configurations, so no backtracking engine ever runs them.
+   */
   user_matches?: string;
   /** Substring of the last tool result's content. */
   tool_result_contains?: string;
@@ -101,13 +105,31 @@ function situation(messages: ModelMessage[]): Situation {
   };
 }
 
+const userPatterns = new Map<string, RE2JS>();
+
+/** A `user_matches` expression compiled by RE2JS (cached); a malformed one is a bad request. */
+function userPattern(source: string): RE2JS {
+  let re = userPatterns.get(source);
+  if (!re) {
+    if (typeof source !== 'string') throw new ProviderError('bad_request', 'user_matches must be a string');
+    try {
+      re = RE2JS.compile(source);
+    } catch (err) {
+      throw new ProviderError('bad_request', `user_matches is not a valid regular expression: ${(err as Error).message}`);
+    }
+    if (userPatterns.size >= 256) userPatterns.delete(userPatterns.keys().next().value!);
+    userPatterns.set(source, re);
+  }
+  return re;
+}
+
 function matches(when: ScriptCondition | undefined, s: Situation): boolean {
   if (!when) return true;
   if (when.on !== undefined && when.on !== s.on) return false;
   // Conditions on the user's text answer new user text unless `on: "tool_result"` says otherwise.
   if (when.on === undefined && (when.user_contains !== undefined || when.user_matches !== undefined) && s.on !== 'user') return false;
   if (when.user_contains !== undefined && !s.user.includes(when.user_contains)) return false;
-  if (when.user_matches !== undefined && !new RegExp(when.user_matches).test(s.user)) return false;
+  if (when.user_matches !== undefined && !userPattern(when.user_matches).test(s.user)) return false;
   if (when.tool_result_contains !== undefined && (s.on !== 'tool_result' || !s.toolResult.includes(when.tool_result_contains))) return false;
   if (when.after_tool !== undefined && (s.on !== 'tool_result' || s.toolName !== when.after_tool)) return false;
   if (when.turn !== undefined && when.turn !== s.turn) return false;

@@ -1,10 +1,11 @@
 import { randomBytes } from 'node:crypto';
+import { monitorEventLoopDelay } from 'node:perf_hooks';
 import Docker from 'dockerode';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DockerDriver } from '../../sandbox/docker-driver.js';
 import { ensureSandboxImage } from '../../sandbox/image.js';
 import type { Sandbox } from '../../sandbox/types.js';
-import { bashTool, editTool, globTool, globToRegExp, grepTool, listTool, readTool, runTool, writeTool } from './builtin.js';
+import { bashTool, editTool, globTool, grepTool, listTool, readTool, runTool, writeTool } from './builtin.js';
 import type { ToolContext } from './types.js';
 
 const runnerId = `ttest-${randomBytes(4).toString('hex')}`;
@@ -90,10 +91,55 @@ describe('built-in tools inside a docker sandbox', () => {
     expect(limited.content.trim().split('\n')).toHaveLength(1);
   });
 
-  it('globToRegExp', () => {
-    expect(globToRegExp('**/*.ts').test('a/b/c.ts')).toBe(true);
-    expect(globToRegExp('**/*.ts').test('c.ts')).toBe(true);
-    expect(globToRegExp('*.ts').test('a/c.ts')).toBe(false);
-    expect(globToRegExp('src/?.{js,ts}').test('src/a.js')).toBe(true);
+  it('glob: shell classes, braces and escapes; malformed patterns are the model\'s error', async () => {
+    await driver.writeFiles(sandbox, ['a.txt', 'b.txt', 'c.txt', 'x.ts', 'x.js', 'x.md', 'bde.txt', '[a].txt'].map((f) => ({ path: `cls/${f}`, data: Buffer.from('') })));
+    const run = async (pattern: string): Promise<string> => (await runTool(globTool, ctx, { pattern, path: 'cls' })).content;
+    expect(await run('[ab].txt')).toBe('a.txt\nb.txt');
+    expect(await run('[!ab].txt')).toBe('c.txt');
+    expect(await run('x.{?s,md}')).toBe('x.js\nx.md\nx.ts');
+    expect(await run('{a,b{c,d{e,f}}}.txt')).toBe('a.txt\nbde.txt');
+    expect(await run('\\[a].txt')).toBe('[a].txt');
+    const bad = await runTool(globTool, ctx, { pattern: 'src/{a,b', path: 'cls' });
+    expect(bad).toMatchObject({ is_error: true });
+    expect(bad.content).toContain('unclosed {');
+  });
+
+  describe('a costly glob', () => {
+    const costly = `${'*a'.repeat(500)}z`;
+    beforeAll(async () => {
+      const made = await driver.exec(sandbox, { script: 'mkdir -p costly && cd costly && n=$(printf "a%.0s" $(seq 1 240)) && for i in $(seq 1 2000); do : > "$n$i"; done' });
+      expect(made.exitCode).toBe(0);
+    });
+
+    it('stops at its work limit without blocking the event loop', async () => {
+      const delay = monitorEventLoopDelay({ resolution: 10 });
+      delay.enable();
+      const res = await runTool(globTool, ctx, { pattern: costly, path: 'costly' });
+      delay.disable();
+      expect(res.is_error).toBe(false);
+      expect(res.content).toContain('work limit');
+      expect(res.meta?.truncated).toBe(true);
+      // Matching yields every few milliseconds; a blocked loop would show the whole call.
+      expect(delay.max / 1e6).toBeLessThan(500);
+    });
+
+    it('ends promptly on interrupt', async () => {
+      const interrupt = new AbortController();
+      // Interrupt as soon as the file walk has answered, i.e. while matching runs.
+      const tapped: ToolContext = {
+        sandbox,
+        signal: interrupt.signal,
+        driver: {
+          exec: async (...args: Parameters<typeof driver.exec>) => {
+            const res = await driver.exec(...args);
+            setImmediate(() => interrupt.abort());
+            return res;
+          },
+        },
+      };
+      const res = await runTool(globTool, tapped, { pattern: costly, path: 'costly' });
+      expect(res).toMatchObject({ is_error: true, content: 'The glob was interrupted.' });
+      expect(res.meta?.killed).toBe(true);
+    });
   });
 });

@@ -14,6 +14,7 @@ import {
   type ToolContext,
   type ToolOutcome,
 } from './types.js';
+import { compileGlob, GlobError, type CompiledGlob } from '@agentplane/core/glob';
 
 function error(content: string, meta?: ToolOutcome['meta']): ToolOutcome {
   return { content, is_error: true, meta };
@@ -190,34 +191,29 @@ export const editTool: BuiltinTool = {
   },
 };
 
-/** Converts a glob (`*`, `**`, `?`, `{a,b}`) to a regular expression over `/`-separated paths. */
-export function globToRegExp(glob: string): RegExp {
-  let re = '';
-  for (let i = 0; i < glob.length; i++) {
-    const c = glob[i]!;
-    if (c === '*') {
-      if (glob[i + 1] === '*') {
-        const slash = glob[i + 2] === '/';
-        re += slash ? '(?:.*/)?' : '.*';
-        i += slash ? 2 : 1;
-      } else re += '[^/]*';
-    } else if (c === '?') re += '[^/]';
-    else if (c === '{') {
-      const end = glob.indexOf('}', i);
-      if (end === -1) re += '\\{';
-      else {
-        re += `(?:${glob.slice(i + 1, end).split(',').map((s) => s.replace(/[.+^$()|[\]\\]/g, '\\$&').replace(/\*/g, '[^/]*')).join('|')})`;
-        i = end;
-      }
-    } else re += c.replace(/[.+^$()|[\]\\]/g, '\\$&');
-  }
-  return new RegExp(`^${re}$`);
-}
+/** Bounds on one `glob` call, whatever pattern the model sends. */
+export const GLOB_TOOL_LIMITS = {
+  /** Longest pattern accepted (the matcher's own limit is higher). */
+  maxPatternLength: 1024,
+  /** Files examined per call; a larger tree is reported as incomplete. */
+  maxFiles: 100_000,
+  /** Paths returned to the model. */
+  maxShown: 1000,
+  /** Matcher work per call, in NFA steps (roughly 1-2 s of CPU at most). */
+  maxSteps: 100_000_000,
+  /** Longest stretch of matching before yielding to the event loop. */
+  sliceMs: 5,
+  /** Matcher steps between two looks at the clock (well under a millisecond). */
+  sliceSteps: 20_000,
+} as const;
+
+const yieldToEventLoop = (): Promise<void> => new Promise((resolve) => setImmediate(resolve));
 
 export const globTool: BuiltinTool = {
   spec: {
     name: 'glob',
-    description: 'Find files whose workspace-relative path matches a glob such as "**/*.ts" or "src/*.{js,json}". Returns up to 1000 paths.',
+    description:
+      'Find files whose workspace-relative path matches a glob such as "**/*.ts" or "src/*.{js,json}" (also ?, [a-z], [!a-z], nested {a,b}, \\ escapes). Returns up to 1000 paths.',
     input_schema: {
       type: 'object',
       properties: { pattern: { type: 'string' }, path: { type: 'string', description: 'Directory to search (default: the workspace).' } },
@@ -230,23 +226,83 @@ export const globTool: BuiltinTool = {
       pattern: { kind: 'string', required: true },
       path: { kind: 'string' },
     });
+    if (pattern.length > GLOB_TOOL_LIMITS.maxPatternLength) {
+      throw new ToolInputError('glob', `'pattern' must be at most ${GLOB_TOOL_LIMITS.maxPatternLength} characters`);
+    }
+    let matcher: CompiledGlob;
+    try {
+      matcher = compileGlob(pattern.replace(/^\.\//, ''));
+    } catch (err) {
+      if (err instanceof GlobError) throw new ToolInputError('glob', err.message);
+      throw err;
+    }
+    const timeoutMs = clampTimeout(ctx, 60_000);
+    const deadline = Date.now() + timeoutMs;
     const root = resolvePath(ctx, path ?? '.');
-    const res = await ctx.driver.exec(ctx.sandbox, ['bash', '-c', 'cd -- "$1" && find . -name .git -prune -o -type f -print', 'glob', root], {
-      timeoutMs: clampTimeout(ctx, 60_000),
+    // The walk runs in the sandbox under the timeout; at most maxFiles + 1 paths come back.
+    const walk = 'cd -- "$1" && find . -name .git -prune -o -type f -print0 | head -z -n "$2"';
+    const res = await ctx.driver.exec(ctx.sandbox, ['bash', '-c', walk, 'glob', root, String(GLOB_TOOL_LIMITS.maxFiles + 1)], {
+      timeoutMs,
       signal: ctx.signal,
-      maxOutputBytes: 8 * 1024 * 1024,
+      maxOutputBytes: 16 * 1024 * 1024,
     });
+    const note = failureNote(res, timeoutMs);
+    if (note && (res.killed || !res.stdout)) return error(note, metaOf(res));
     if (res.exitCode !== 0 && !res.stdout) return error(res.stderr.trim() || `glob failed (exit ${res.exitCode})`, metaOf(res));
-    const matcher = globToRegExp(pattern.replace(/^\.\//, ''));
-    const matches = res.stdout
-      .split('\n')
-      .filter(Boolean)
-      .map((p) => p.replace(/^\.\//, ''))
-      .filter((p) => matcher.test(p))
-      .sort();
-    const shown = matches.slice(0, 1000);
-    const more = matches.length > shown.length ? `\n… and ${matches.length - shown.length} more` : '';
-    return { content: shown.length ? shown.join('\n') + more : 'no files matched', is_error: false, meta: metaOf(res) };
+    if (ctx.signal?.aborted) return error('The glob was interrupted.', { ...metaOf(res), killed: true });
+    const paths = res.stdout.split('\0');
+    // A path cut by the output cap (the last one, with no terminator) is not a whole path.
+    paths.pop();
+    const incomplete: string[] = [];
+    if (note) incomplete.push(note);
+    if (res.truncated) incomplete.push('the file list was cut at its size limit');
+    if (paths.length > GLOB_TOOL_LIMITS.maxFiles) {
+      paths.length = GLOB_TOOL_LIMITS.maxFiles;
+      incomplete.push(`only the first ${GLOB_TOOL_LIMITS.maxFiles} files were examined`);
+    }
+    // Matching runs on the caller's event loop: it is linear-time, bounded by maxSteps, and runs
+    // in slices (a long path is matched in several) between which it yields to the event loop,
+    // so heartbeats and other Sessions keep flowing.
+    const matches: string[] = [];
+    const m = matcher.matcher();
+    let steps = 0;
+    let examined = 0;
+    let sliceStart = performance.now();
+    let stopped: 'interrupted' | 'timeout' | 'work' | undefined;
+    /** Yields if the slice is used up; says why matching must stop, if it must. */
+    const checkpoint = async (spent: number): Promise<typeof stopped> => {
+      if (spent >= GLOB_TOOL_LIMITS.maxSteps) return 'work';
+      if (performance.now() - sliceStart < GLOB_TOOL_LIMITS.sliceMs) return undefined;
+      await yieldToEventLoop();
+      sliceStart = performance.now();
+      if (ctx.signal?.aborted) return 'interrupted';
+      return Date.now() >= deadline ? 'timeout' : undefined;
+    };
+    for (const raw of paths) {
+      stopped = await checkpoint(steps);
+      if (stopped) break;
+      const p = raw.startsWith('./') ? raw.slice(2) : raw;
+      m.reset(p);
+      while (!m.run(GLOB_TOOL_LIMITS.sliceSteps)) {
+        stopped = await checkpoint(steps + m.steps);
+        if (stopped) break;
+      }
+      if (stopped) break;
+      steps += m.steps;
+      examined++;
+      if (m.matched) matches.push(p);
+    }
+    if (stopped === 'interrupted') return error('The glob was interrupted.', { ...metaOf(res), killed: true });
+    if (stopped === 'timeout') incomplete.push(`matching timed out after ${timeoutMs} ms with ${examined} of ${paths.length} files examined`);
+    if (stopped === 'work') {
+      incomplete.push(`matching stopped at its work limit with ${examined} of ${paths.length} files examined; use a simpler pattern or a narrower path`);
+    }
+    matches.sort();
+    const shown = matches.slice(0, GLOB_TOOL_LIMITS.maxShown);
+    const parts = [shown.length ? shown.join('\n') : 'no files matched'];
+    if (matches.length > shown.length) parts.push(`… and ${matches.length - shown.length} more`);
+    if (incomplete.length) parts.push(`[incomplete: ${incomplete.join('; ')}]`);
+    return { content: parts.join('\n'), is_error: false, meta: { ...metaOf(res), truncated: incomplete.length > 0 || matches.length > shown.length } };
   },
 };
 
