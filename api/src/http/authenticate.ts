@@ -79,19 +79,19 @@ export function authorize(caller: Caller, policy: Extract<AuthPolicy, { kind: 'b
   switch (caller.kind) {
     case 'api_key':
       if (!caller.role || !policy.roles.includes(caller.role)) {
-        throw new ApiError('auth.permission_denied', `the '${caller.role ?? 'none'}' role may not call this operation`);
+        throw new ApiError('policy.denied', `the '${caller.role ?? 'none'}' role may not call this operation`);
       }
       if (policy.organizationScope && caller.scope !== 'organization') {
-        throw new ApiError('auth.permission_denied', 'this operation needs an organization-scoped key');
+        throw new ApiError('policy.denied', 'this operation needs an organization-scoped key');
       }
       return;
     case 'principal_credential':
       if (caller.audience !== 'api_mcp' || !policy.principal) {
-        throw new ApiError('auth.permission_denied', 'a principal credential may not call this operation');
+        throw new ApiError('policy.denied', 'a principal credential may not call this operation');
       }
       return;
     case 'runner_credential':
-      if (!policy.runner) throw new ApiError('auth.permission_denied', 'a runner credential may not call this operation');
+      if (!policy.runner) throw new ApiError('policy.denied', 'a runner credential may not call this operation');
       return;
     default:
       throw invalidKey();

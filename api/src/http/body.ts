@@ -20,7 +20,7 @@ export async function readJsonBody(req: IncomingMessage, limit: number): Promise
   const type = req.headers['content-type'] ?? '';
   if (!/^application\/([a-z0-9.+-]*\+)?json\b/i.test(type)) {
     req.resume();
-    throw new ApiError('validation.unsupported_media_type', 'request bodies must be application/json');
+    throw new ApiError('validation.malformed', `request bodies must be application/json (got '${type || 'none'}')`);
   }
   let text: string;
   try {

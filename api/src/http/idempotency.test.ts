@@ -5,7 +5,7 @@ import { randomBytes } from 'node:crypto';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ApiError, SecretBox } from '@agentplane/core';
 import { connectRedis, startEmbeddedRedis, type EmbeddedRedis, type Redis } from '@agentplane/store';
-import { IdempotencyStore } from './idempotency.js';
+import { fingerprint, IdempotencyStore } from './idempotency.js';
 
 let server: EmbeddedRedis;
 let redis: Redis;
@@ -65,5 +65,16 @@ describe('IdempotencyStore', () => {
     await store.abandon(b);
     expect((await store.begin('w:x', 'k4', 'fp')).kind).toBe('new');
     expect((await store.begin('w:y', 'k4', 'other')).kind).toBe('new');
+  });
+});
+
+describe('fingerprint', () => {
+  const parts = (body: string) => ({ params: {}, query: {}, body: JSON.parse(body) as unknown, credential: 'key_1' });
+
+  it('tells apart two bodies that differ only by a __proto__ key', () => {
+    const plain = fingerprint('agents.createAgent', parts('{"name":"a","metadata":{"team":"x"}}'));
+    expect(fingerprint('agents.createAgent', parts('{"name":"a","metadata":{"team":"x","__proto__":"y"}}'))).not.toBe(plain);
+    expect(fingerprint('agents.createAgent', parts('{"__proto__":{"team":"x"},"name":"a","metadata":{"team":"x"}}'))).not.toBe(plain);
+    expect(fingerprint('agents.createAgent', parts('{"metadata":{"team":"x"},"name":"a"}'))).toBe(plain);
   });
 });

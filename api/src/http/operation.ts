@@ -3,6 +3,7 @@ import type { Static, TSchema } from '@agentplane/core';
 import type { Caller, Role } from './caller.js';
 import type { ApiDeps } from '../deps.js';
 import type { Logger } from '@agentplane/core';
+import type { PermissionAction } from '../governance/permissions.js';
 
 export type HttpMethod = 'GET' | 'POST' | 'PATCH' | 'PUT' | 'DELETE';
 
@@ -22,6 +23,33 @@ export type AuthPolicy =
       /** Runner credentials are admitted. */
       runner?: boolean;
     };
+
+/**
+ * The audit record the pipeline writes for an operation (docs/GOVERNANCE.md, "Audit log"). Every
+ * mutating operation (any method but GET) declares one; `false` marks a POST that changes nothing
+ * (a search or an export). The action recorded is the operationId.
+ */
+export type AuditDeclaration =
+  | false
+  | {
+      /** Where the target id comes from: a path parameter's name, or `response` (the `id` of the returned resource). */
+      target: string;
+    };
+
+/**
+ * The PermissionAssignment a Principal access credential needs for an operation, checked live by
+ * the pipeline on every such request (API keys keep role-based access; docs/GOVERNANCE.md).
+ */
+export interface PermissionDeclaration {
+  action: PermissionAction;
+  /**
+   * What the request acts on: `workspace`; a path parameter holding an `agent_` or `sess_` id; or
+   * `body.agent` (the Agent a new Session runs; an inline agent needs the grant on the Workspace).
+   */
+  target: string;
+  /** Drive events: the payload's `authored_by` must be the calling Principal itself. */
+  authorIsCaller?: boolean;
+}
 
 export type IdempotencyMode = 'none' | 'optional' | 'required';
 
@@ -49,6 +77,8 @@ export interface OperationRequest<P, Q, B> {
   query: Q;
   body: B;
   headers: Readonly<Record<string, string | undefined>>;
+  /** This request's id (the `Request-Id` response header; audit records carry it). */
+  requestId: string;
   idempotencyKey: string | undefined;
   deps: ApiDeps;
   log: Logger;
@@ -93,6 +123,15 @@ export interface Operation<P extends TSchema = TSchema, Q extends TSchema = TSch
   /** The response carries a secret: replays are sealed at rest and the operation is REST-only. */
   sensitive?: boolean;
   mcp?: McpExposure;
+  /** Required on every non-GET operation: the pipeline appends one audit record per attempt. */
+  audit?: AuditDeclaration;
+  /** Principal credentials: the assignment required (operations admitting them must declare one, but for GETs with no target). */
+  permission?: PermissionDeclaration;
+  /**
+   * `drive`: the drive event is an ActionPolicy call of kind `drive` named by its `type`, made for
+   * its `authored_by` Principal; the pipeline refuses it unless the policies allow it.
+   */
+  actionPolicy?: 'drive';
   /**
    * MCP: the operation belongs to the closed, read-only catalog a Principal credential gets on
    * `/v1/mcp` (the contract's exact AgentDefinition, MemoryStore and SurfaceScope reads). Only

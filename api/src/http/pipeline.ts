@@ -1,4 +1,5 @@
 import type { IncomingMessage } from 'node:http';
+import { randomBytes } from 'node:crypto';
 import { ApiError, validator, type TSchema } from '@agentplane/core';
 import { tags } from '@agentplane/store';
 import type { ApiDeps } from '../deps.js';
@@ -6,7 +7,10 @@ import { ANONYMOUS, type Caller } from './caller.js';
 import { authenticate, authorize } from './authenticate.js';
 import { enforceRateLimit } from './rate-limit.js';
 import { fingerprint, IDEMPOTENCY_KEY_RE } from './idempotency.js';
-import { CURRENT_VERSION, type HttpMethod, type JsonResult, type Operation, type OperationResult } from './operation.js';
+import type { AuditOutcome } from '../audit/store.js';
+import { targetTypeOf, type CheckTarget } from '../governance/permissions.js';
+import type { ToolCall } from '../governance/policy-eval.js';
+import { CURRENT_VERSION, type PermissionDeclaration, type HttpMethod, type JsonResult, type Operation, type OperationResult } from './operation.js';
 
 /** One request as the pipeline sees it, whichever edge it came in on (REST or MCP). */
 export interface RawRequest {
@@ -26,6 +30,19 @@ export interface RawRequest {
    * not counted twice; authorisation, version, validation and idempotency still run.
    */
   admitted?: Caller;
+  /** The edge's id for this request; generated when absent. */
+  requestId?: string;
+  /** MCP `tools/call`: the tool name, an ActionPolicy call of kind `api` checked before the handler. */
+  mcpTool?: string;
+}
+
+export const newRequestId = (): string => `req_${randomBytes(12).toString('hex')}`;
+
+/** What the pipeline learnt about a request before it finished or failed (for the audit record). */
+interface Progress {
+  caller: Caller;
+  params: Record<string, unknown>;
+  replayed: boolean;
 }
 
 export const VERSION_HEADER = 'service-version';
@@ -66,19 +83,82 @@ function checkVersion(op: Operation, headers: RawRequest['headers']): void {
 /**
  * The shared middleware of every /v1 operation, in order: authenticate and authorise,
  * version header, rate limit, schema validation of path, query and body, Idempotency-Key,
- * then the handler. Returns the response to send; throws ApiError for the client's mistakes.
+ * then the handler, then the operation's audit record (every attempt of a mutation by an
+ * authenticated caller: done, refused or failed; an idempotent replay is not a new record).
+ * Returns the response to send; throws ApiError for the client's mistakes.
  */
 export async function execute(prepared: PreparedOperation, raw: RawRequest, deps: ApiDeps): Promise<{ caller: Caller; result: OperationResult }> {
+  const requestId = raw.requestId ?? newRequestId();
+  const progress: Progress = { caller: ANONYMOUS, params: raw.params, replayed: false };
+  const audit = prepared.op.audit;
+  try {
+    const out = await run(prepared, raw, deps, requestId, progress);
+    if (audit && !progress.replayed) {
+      const status = out.result.kind === 'stream' ? 200 : out.result.status;
+      await writeAudit(deps, prepared.op.operationId, audit.target, progress, requestId, {
+        outcome: status < 400 ? 'succeeded' : status === 403 ? 'denied' : 'failed', status, detail: null,
+        body: out.result.kind === 'stream' ? undefined : out.result.body,
+      });
+    }
+    return out;
+  } catch (err) {
+    if (audit && progress.caller.kind !== 'anonymous') {
+      const status = err instanceof ApiError ? err.status : 500;
+      await writeAudit(deps, prepared.op.operationId, audit.target, progress, requestId, {
+        outcome: status === 403 || status === 401 ? 'denied' : status >= 500 ? 'error' : 'failed', status,
+        detail: err instanceof ApiError ? err.type : 'runtime.internal', body: undefined,
+      });
+    }
+    throw err;
+  }
+}
+
+function str(v: unknown): string | null {
+  return typeof v === 'string' && v.length > 0 ? v : null;
+}
+
+async function writeAudit(
+  deps: ApiDeps, action: string, target: string, progress: Progress, requestId: string,
+  r: { outcome: AuditOutcome; status: number; detail: string | null; body: unknown },
+): Promise<void> {
+  const body = typeof r.body === 'object' && r.body !== null ? (r.body as Record<string, unknown>) : {};
+  // A credential-free call (a pairing redemption) is recorded in the Workspace its result belongs to.
+  const workspaceId = progress.caller.workspaceId ?? str(body.workspace_id);
+  if (!workspaceId) return;
+  const { caller } = progress;
+  try {
+    await deps.audit.append(workspaceId, {
+      actor: caller.kind === 'anonymous'
+        ? { id: 'anonymous', credential_id: null }
+        : { id: caller.principalId ?? caller.credentialId, credential_id: caller.credentialId },
+      action,
+      target: target === 'response' ? str(body.id) : str(progress.params[target]),
+      outcome: r.outcome,
+      status: r.status,
+      detail: r.detail,
+      request_id: requestId,
+    });
+  } catch (err) {
+    // The mutation has happened; a failed audit append is logged loudly rather than undoing it.
+    deps.log.error({ err, action, request_id: requestId }, 'audit append failed');
+  }
+}
+
+async function run(
+  prepared: PreparedOperation, raw: RawRequest, deps: ApiDeps, requestId: string, progress: Progress,
+): Promise<{ caller: Caller; result: OperationResult }> {
   const { op } = prepared;
   let caller: Caller = ANONYMOUS;
   if (op.auth.kind === 'bearer') {
     caller = raw.admitted ?? (await authenticate(raw.headers, deps));
+    progress.caller = caller;
     authorize(caller, op.auth);
   }
   checkVersion(op, raw.headers);
   if (caller.kind !== 'anonymous' && !raw.admitted) await enforceRateLimit(deps.redis, caller.credentialId, caller.rateLimitPerMinute);
 
   const params = prepared.validatePath ? prepared.validatePath({ ...raw.params }) : EMPTY;
+  progress.params = params as Record<string, unknown>;
   const query = prepared.validateQuery ? prepared.validateQuery({ ...raw.query }) : rejectUnexpectedQuery(raw.query);
   let body: unknown = EMPTY;
   if (op.upload) {
@@ -88,6 +168,9 @@ export async function execute(prepared: PreparedOperation, raw: RawRequest, deps
   } else if (raw.body !== undefined && !(typeof raw.body === 'object' && raw.body !== null && Object.keys(raw.body).length === 0)) {
     throw new ApiError('validation.malformed', 'this operation takes no request body');
   }
+
+  if (caller.kind === 'principal_credential' && op.permission) await checkPermission(op.permission, caller, params as Record<string, unknown>, body, deps);
+  if (raw.mcpTool !== undefined || op.actionPolicy === 'drive') await checkPolicies(op, raw.mcpTool, caller, params as Record<string, unknown>, body, deps, requestId);
 
   const mode = op.idempotency ?? 'none';
   const idemKey = raw.headers['idempotency-key'];
@@ -110,6 +193,7 @@ export async function execute(prepared: PreparedOperation, raw: RawRequest, deps
     query,
     body,
     headers: raw.headers,
+    requestId,
     idempotencyKey: mode === 'none' ? undefined : idemKey,
     deps,
     log: deps.log,
@@ -135,6 +219,7 @@ export async function execute(prepared: PreparedOperation, raw: RawRequest, deps
     throw err;
   }
   if (begun.kind === 'replay') {
+    progress.replayed = true;
     await discard();
     if (op.replayable && begun.result.status < 300 && !(await op.replayable(begun.result.body, deps))) {
       throw new ApiError('idempotency.conflict', 'the original response holds a secret that is no longer live; it is not replayed');
@@ -159,6 +244,60 @@ export async function execute(prepared: PreparedOperation, raw: RawRequest, deps
   }
   await deps.idempotency.complete(begun, result as JsonResult, op.sensitive ?? false);
   return { caller, result };
+}
+
+/** The live PermissionAssignment check for a Principal credential (403 `policy.denied`). */
+async function checkPermission(decl: PermissionDeclaration, caller: Caller, params: Record<string, unknown>, body: unknown, deps: ApiDeps): Promise<void> {
+  const ws = caller.workspaceId ?? '';
+  const principal = caller.principalId ?? '';
+  let target: CheckTarget = { type: 'workspace', id: ws };
+  if (decl.target === 'body.agent') {
+    const agent = (body as { agent?: unknown }).agent;
+    const id = typeof agent === 'string' ? agent : typeof agent === 'object' && agent !== null ? (agent as { id?: unknown }).id : undefined;
+    if (typeof id === 'string' && targetTypeOf(id) === 'agent') target = { type: 'agent', id };
+  } else if (decl.target !== 'workspace') {
+    const id = String(params[decl.target] ?? '');
+    const type = targetTypeOf(id);
+    if (type === 'session') {
+      const s = await deps.sessions.store.get(ws, id);
+      target = { type, id, agentId: s.agent.id };
+    } else if (type) {
+      target = { type, id };
+    }
+  }
+  await deps.permissions.require(ws, principal, decl.action, target);
+  if (decl.authorIsCaller) {
+    const author = (body as { payload?: { authored_by?: unknown } }).payload?.authored_by;
+    if (author !== undefined && author !== principal) {
+      throw new ApiError('policy.denied', `a Principal credential drives as its own Principal: authored_by must be ${principal}`);
+    }
+  }
+}
+
+/**
+ * ActionPolicies at the MCP edge (`api` calls, by tool name) and at session drive (`drive` calls,
+ * by event type, for the event's author). Only `allow` passes: a `require_approval` cannot be
+ * waited for at these boundaries and is refused naming the rule.
+ */
+async function checkPolicies(op: Operation, mcpTool: string | undefined, caller: Caller, params: Record<string, unknown>, body: unknown, deps: ApiDeps, requestId: string): Promise<void> {
+  const ws = caller.workspaceId;
+  if (!ws) return;
+  const actor = { id: caller.principalId ?? caller.credentialId, credential_id: caller.credentialId };
+  const target = str(params.session_id) ?? str(params.agent_id) ?? null;
+  const calls: ToolCall[] = [];
+  if (mcpTool !== undefined) calls.push({ kind: 'api', name: mcpTool, principal_id: caller.principalId ?? undefined, input: body });
+  if (op.actionPolicy === 'drive') {
+    const b = body as { type?: unknown; payload?: { authored_by?: unknown } };
+    const author = typeof b.payload?.authored_by === 'string' ? b.payload.authored_by : caller.principalId ?? undefined;
+    calls.push({ kind: 'drive', name: String(b.type), principal_id: author, input: b.payload });
+  }
+  for (const call of calls) {
+    const d = await deps.policies.decide(ws, call, { actor, target, request_id: requestId });
+    if (d.decision === 'deny') throw new ApiError('policy.denied', d.explanation);
+    if (d.decision === 'require_approval') {
+      throw new ApiError('policy.denied', `${d.explanation}; an approval cannot be waited for at this boundary, so the request is refused`);
+    }
+  }
 }
 
 function rejectUnexpectedQuery(query: Record<string, unknown>): Record<string, never> {

@@ -4,7 +4,7 @@ import Router from '@koa/router';
 import { ApiError } from '@agentplane/core';
 import type { ApiDeps } from '../deps.js';
 import { drainRequest, readJsonBody } from './body.js';
-import { execute, prepare, type PreparedOperation, type RawRequest } from './pipeline.js';
+import { execute, newRequestId, prepare, type PreparedOperation, type RawRequest } from './pipeline.js';
 import type { HttpMethod, Operation } from './operation.js';
 
 /** `/v1/sessions/{session_id}` → `/v1/sessions/:session_id` */
@@ -64,6 +64,10 @@ export function buildRouter(operations: readonly Operation[], deps: ApiDeps): Op
 
   for (const op of operations) {
     if (prepared.has(op.operationId)) throw new Error(`duplicate operationId ${op.operationId}`);
+    if (op.method !== 'GET' && op.audit === undefined) throw new Error(`${op.operationId} mutates but declares no audit record`);
+    if (op.method !== 'GET' && op.auth.kind === 'bearer' && op.auth.principal && !op.permission) {
+      throw new Error(`${op.operationId} admits Principal credentials to a mutation without a PermissionAssignment check`);
+    }
     const p = prepare(op);
     prepared.set(op.operationId, p);
     const path = koaPath(op.path);
@@ -73,6 +77,8 @@ export function buildRouter(operations: readonly Operation[], deps: ApiDeps): Op
     router[method](path, async (ctx) => {
       const started = process.hrtime.bigint();
       let status = 500;
+      const requestId = newRequestId();
+      ctx.set('Request-Id', requestId);
       try {
         const body = !op.upload && METHODS_WITH_BODY.has(ctx.method) ? await readJsonBody(ctx.req, deps.config.bodyLimitBytes) : undefined;
         const raw: RawRequest = {
@@ -81,6 +87,7 @@ export function buildRouter(operations: readonly Operation[], deps: ApiDeps): Op
           params: { ...(ctx.params as Record<string, string>) },
           query: { ...ctx.query },
           body,
+          requestId,
           ...(op.upload ? { stream: ctx.req } : {}),
         };
         const { caller, result } = await execute(p, raw, deps);
@@ -113,14 +120,18 @@ export function buildRouter(operations: readonly Operation[], deps: ApiDeps): Op
   return { router, prepared };
 }
 
-/** After the router: a known path with another method → 405; an unknown path → 404. */
+/**
+ * After the router: no operation at this method and path → 404 `validation.not_found` (the
+ * contract's catalog has no 405; an unserved method is an absent resource). A known path
+ * with another method also lists its methods in `Allow`.
+ */
 export function unmatchedRoute(router: Router): Koa.Middleware {
   return (ctx) => {
     const match = router.match(ctx.path, ctx.method);
     const methods = new Set(match.path.flatMap((layer) => layer.methods));
     if (methods.size > 0) {
       ctx.set('Allow', [...methods].join(', '));
-      throw new ApiError('validation.method_not_allowed', `${ctx.method} is not allowed on ${ctx.path}`);
+      throw new ApiError('validation.not_found', `no operation at ${ctx.method} ${ctx.path} (served: ${[...methods].join(', ')})`);
     }
     throw new ApiError('validation.not_found', `no operation at ${ctx.method} ${ctx.path}`);
   };

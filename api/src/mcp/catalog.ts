@@ -166,13 +166,18 @@ export class ToolCatalog {
     }
   }
 
-  /** What `tools/list` answers for this caller and catalog choice. */
-  list(caller: Caller, catalog: 'compact' | 'full'): McpTool[] {
+  /**
+   * What `tools/list` answers for this caller and catalog choice. For a Principal credential,
+   * `held` is the set of actions its live PermissionAssignments grant: a tool whose operation
+   * needs an action the Principal holds nowhere is not listed.
+   */
+  list(caller: Caller, catalog: 'compact' | 'full', held?: ReadonlySet<string>): McpTool[] {
     const out: McpTool[] = [];
     const principal = caller.kind === 'principal_credential';
     for (const p of this.tools.values()) {
       if (!this.admits(caller, p)) continue;
       if (!principal && catalog === 'compact' && !p.compact) continue;
+      if (principal && p.op.permission && !held?.has(p.op.permission.action)) continue;
       out.push(p.tool);
     }
     if (!principal) out.push(SEARCH_TOOL_DEF);

@@ -67,11 +67,11 @@ export class ToolDispatcher {
     if (name === SEARCH_TOOL && !principal) return this.search(args, ctx.caller);
     const p = this.catalog.tools.get(name);
     if (!p) {
-      if (principal || name === SEARCH_TOOL) return apiErrorResult(new ApiError('auth.permission_denied', `the principal catalog does not include '${name}'`), this.deps);
+      if (principal || name === SEARCH_TOOL) return apiErrorResult(new ApiError('policy.denied', `the principal catalog does not include '${name}'`), this.deps);
       throw new McpProtocolError(ErrorCode.InvalidParams, `unknown tool '${name}'`);
     }
     if (principal && !ToolCatalog.principalAdmits(p)) {
-      return apiErrorResult(new ApiError('auth.permission_denied', `the principal catalog does not include '${name}'`), this.deps);
+      return apiErrorResult(new ApiError('policy.denied', `the principal catalog does not include '${name}'`), this.deps);
     }
     return this.dispatch(p, args, ctx);
   }
@@ -135,6 +135,7 @@ export class ToolDispatcher {
       query: { ...((a.query as Record<string, unknown> | undefined) ?? {}) },
       body: a.body,
       admitted: ctx.caller,
+      mcpTool: p.tool.name,
     };
     const prepared = this.prepared.get(p.op.operationId);
     if (!prepared) throw new Error(`operation ${p.op.operationId} is not prepared`);

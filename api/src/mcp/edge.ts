@@ -165,7 +165,10 @@ export function mcpEdge(operations: readonly Operation[], prepared: ReadonlyMap<
           _meta: { [META_SERVER_INFO]: SERVER_INFO },
         });
       case 'tools/list': {
-        const tools = catalog.list(caller, catalogChoice);
+        const held = caller.kind === 'principal_credential' && caller.workspaceId && caller.principalId
+          ? new Set((await deps.permissions.ofPrincipal(caller.workspaceId, caller.principalId)).flatMap((a) => a.actions))
+          : undefined;
+        const tools = catalog.list(caller, catalogChoice, held);
         // 2026-07-28 list results are cacheable results: the catalog depends on the bearer.
         return modern ? stamp({ tools, ttlMs: 0, cacheScope: 'private' }) : { tools };
       }

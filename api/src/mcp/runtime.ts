@@ -1,11 +1,9 @@
 import { randomBytes } from 'node:crypto';
 import type Koa from 'koa';
-import { Client } from '@modelcontextprotocol/sdk/client/index.js';
-import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
-import { ErrorCode as SdkErrorCode, McpError } from '@modelcontextprotocol/sdk/types.js';
-import { createMcpHandler, Server, type AuthInfo, type CallToolResult, type Tool } from '@modelcontextprotocol/server';
+import { Client, StreamableHTTPClientTransport } from '@modelcontextprotocol/client';
+import { createMcpHandler, ProtocolError, ProtocolErrorCode, Server, type AuthInfo, type CallToolResult, type Tool } from '@modelcontextprotocol/server';
 import { toNodeHandler } from '@modelcontextprotocol/node';
-import { ApiError, isId, newId } from '@agentplane/core';
+import { ApiError, isId, newId, type Logger } from '@agentplane/core';
 import { tags } from '@agentplane/store';
 import type { ApiDeps } from '../deps.js';
 import { bearerToken } from '../http/authenticate.js';
@@ -42,6 +40,8 @@ export interface RuntimeMcpOptions {
 }
 
 const SERVER_INFO = { name: 'agentplane-runtime', version: '0.1.0' };
+/** Pages of an upstream tools/list walked at most. */
+const LIST_MAX_PAGES = 50;
 
 interface RequestContext {
   grant: RuntimeGrant;
@@ -60,14 +60,14 @@ class Upstream {
 
   async get(): Promise<Client> {
     if (this.client) return this.client;
-    const client = new Client(SERVER_INFO, { capabilities: {} });
+    const client = new Client(SERVER_INFO, { capabilities: {}, listMaxPages: LIST_MAX_PAGES });
     const transport = new StreamableHTTPClientTransport(new URL(this.connection.url), {
       requestInit: { headers: this.token ? { Authorization: `Bearer ${this.token}` } : {} },
     });
     try {
       await client.connect(transport, { timeout: this.timeoutMs });
     } catch (err) {
-      throw new McpError(SdkErrorCode.InternalError, `the MCP server of connection ${this.connection.id} is unreachable: ${(err as Error).message}`);
+      throw new ProtocolError(ProtocolErrorCode.InternalError, `the MCP server of connection ${this.connection.id} is unreachable: ${(err as Error).message}`);
     }
     this.client = client;
     return client;
@@ -89,17 +89,13 @@ function deniedResult(message: string, deps: ApiDeps): CallToolResult {
 async function listTools(up: Upstream, grant: ConnectionGrant, timeoutMs: number): Promise<Tool[]> {
   const client = await up.get();
   const out: Tool[] = [];
-  let cursor: string | undefined;
-  for (let page = 0; page < 50; page++) {
-    const r = await client.listTools(cursor ? { cursor } : {}, { timeout: timeoutMs });
-    for (const t of r.tools) {
-      const permission = permissionOf(grant, t.name);
-      if (permission === 'deny') continue;
-      // The upstream tool as received (the v1 client's and the v2 server's Tool are the same wire shape).
-      out.push({ ...(t as unknown as Tool), _meta: { ...(t._meta ?? {}), 'dev.agentplane/permission': permission } });
-    }
-    cursor = r.nextCursor;
-    if (!cursor) break;
+  // Without a cursor the client walks every page and returns them all; past LIST_MAX_PAGES (a
+  // server whose cursor never ends) it throws, and the list fails rather than come back cut.
+  const r = await client.listTools(undefined, { timeout: timeoutMs });
+  for (const t of r.tools) {
+    const permission = permissionOf(grant, t.name);
+    if (permission === 'deny') continue;
+    out.push({ ...t, _meta: { ...(t._meta ?? {}), 'dev.agentplane/permission': permission } });
   }
   return out;
 }
@@ -156,13 +152,13 @@ export function runtimeMcp(deps: ApiDeps, options: RuntimeMcpOptions): Koa.Middl
       let result: CallToolResult;
       try {
         const client = await up.get();
-        result = (await client.callTool({ name: tool, arguments: request.params.arguments ?? {} }, undefined, { timeout: timeoutMs })) as unknown as CallToolResult;
+        result = await client.callTool({ name: tool, arguments: request.params.arguments ?? {} }, { timeout: timeoutMs });
         const bytes = Buffer.byteLength(JSON.stringify(result));
         if (bytes > MAX_MESSAGE_BYTES) {
           result = { content: [{ type: 'text', text: `the upstream result is ${bytes} bytes, over the ${MAX_MESSAGE_BYTES}-byte limit` }], isError: true };
         }
       } catch (err) {
-        const message = err instanceof McpError ? err.message : `the upstream call failed: ${(err as Error).message}`;
+        const message = err instanceof ProtocolError ? err.message : `the upstream call failed: ${(err as Error).message}`;
         result = { content: [{ type: 'text', text: message }], isError: true };
       } finally {
         await up.close();
@@ -174,14 +170,16 @@ export function runtimeMcp(deps: ApiDeps, options: RuntimeMcpOptions): Koa.Middl
     return server;
   }
 
-  const handler = createMcpHandler(
+  // The SDK announces on the console that JSON responses drop mid-call notifications (this
+  // endpoint sends none); it has no option to stay quiet, so its notice goes to the log.
+  const handler = sdkConsoleToLog(deps.log, () => createMcpHandler(
     ({ authInfo }) => {
       const context = (authInfo?.extra as { context?: RequestContext } | undefined)?.context;
       if (!context) throw new Error('runtime MCP request without a verified grant');
       return buildServer(context);
     },
     { legacy: 'stateless', responseMode: 'json', maxRequestBodySize: MAX_MESSAGE_BYTES, onerror: (err) => deps.log.debug({ err: err.message }, 'runtime MCP request rejected') },
-  );
+  ));
   const serve = toNodeHandler(handler, { maxRequestBodySize: MAX_MESSAGE_BYTES, onerror: (err) => deps.log.warn({ err: err.message }, 'runtime MCP adapter error') });
 
   return async (ctx, next) => {
@@ -220,5 +218,22 @@ export function runtimeMcp(deps: ApiDeps, options: RuntimeMcpOptions): Koa.Middl
     req.auth = { token: token ?? '', clientId: grant.run_id, scopes: [], expiresAt: Math.floor(Date.parse(grant.expires_at) / 1000), extra: { context } };
     ctx.respond = false;
     await serve(req, ctx.res);
+  }
+}
+
+/**
+ * Run a synchronous SDK call with `console.warn`/`console.log` routed to the structured log at
+ * debug level, so that nothing unstructured reaches stdout or stderr.
+ */
+export function sdkConsoleToLog<T>(log: Logger, fn: () => T): T {
+  const { warn, log: info } = console;
+  const route = (...args: unknown[]): void => log.debug({ sdk: '@modelcontextprotocol/server', notice: args.map(String).join(' ') }, 'MCP SDK notice');
+  console.warn = route;
+  console.log = route;
+  try {
+    return fn();
+  } finally {
+    console.warn = warn;
+    console.log = info;
   }
 }

@@ -194,6 +194,20 @@ export const PAYLOADS = {
   }),
   'model.cancel': Obj({ stream_id: Str(128) }),
   /**
+   * Before running a tool use, the runner asks the control plane's ActionPolicies; it runs the
+   * tool only on a `tool.decision` (same frame id in `re`) that says `allow`.
+   */
+  'tool.check': Obj({
+    ...LeaseRef,
+    tool_use_id: Str(128),
+    tool: Obj({
+      kind: Type.Union([Type.Literal('builtin'), Type.Literal('custom'), Type.Literal('mcp')]),
+      name: Str(256),
+      connection_id: Opt(Str(64)),
+    }),
+    input: Type.Unknown(),
+  }),
+  /**
    * The Sessions whose sandboxes this runner keeps (sent after welcome and periodically); the
    * gateway answers with sandboxes.release for those whose Session was archived or deleted.
    */
@@ -241,6 +255,14 @@ export const PAYLOADS = {
     /** One per event of the batch, in order: the assigned sequence number. */
     seqs: Type.Array(Type.Integer({ minimum: 0 }), { maxItems: 256 }),
   }),
+  'tool.decision': Obj({
+    ...LeaseRef,
+    tool_use_id: Str(128),
+    decision: Type.Union([Type.Literal('allow'), Type.Literal('deny'), Type.Literal('require_approval')]),
+    /** The deciding ActionPolicy, or null (default allow, or a refusal with no rule). */
+    rule_id: Type.Union([Str(64), Type.Null()]),
+    message: Str(2048),
+  }),
   'model.delta': Obj({ stream_id: Str(128), event: Type.Unknown() }),
   'model.end': Obj({ stream_id: Str(128), event: Type.Unknown() }),
   /** Remove these Sessions' sandboxes and workspaces: the Session is archived or deleted. */
@@ -262,11 +284,11 @@ export type Payload<T extends MessageType> = Static<(typeof PAYLOADS)[T]>;
 
 export const RUNNER_TO_GATEWAY = [
   'hello', 'heartbeat', 'drained', 'lease.accept', 'lease.reject', 'lease.heartbeat', 'lease.complete', 'lease.fail',
-  'events.batch', 'model.request', 'model.cancel', 'sandboxes.report', 'ack', 'error',
+  'events.batch', 'model.request', 'model.cancel', 'tool.check', 'sandboxes.report', 'ack', 'error',
 ] as const satisfies readonly MessageType[];
 export const GATEWAY_TO_RUNNER = [
   'welcome', 'heartbeat.ack', 'drain', 'lease.offer', 'lease.cancel', 'lease.revoked', 'events.ack',
-  'model.delta', 'model.end', 'sandboxes.release', 'ack', 'error',
+  'model.delta', 'model.end', 'tool.decision', 'sandboxes.release', 'ack', 'error',
 ] as const satisfies readonly MessageType[];
 
 export type RunnerToGatewayType = (typeof RUNNER_TO_GATEWAY)[number];

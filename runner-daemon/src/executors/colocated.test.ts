@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
@@ -7,6 +7,7 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { createLogger } from '@agentplane/core';
 import type { ModelClient, ModelMessage, ModelRequest, ModelStreamEvent, TokenUsage } from '@agentplane/protocol';
 import type { AgentConfig, HarnessEvent, SessionEventSink } from '../harness/events.js';
+import type { GateQuery } from '../harness/loop.js';
 import { ProcessDriver } from '../sandbox/process-driver.js';
 import { ColocatedHarnessError, runColocated, type ColocatedRunOptions } from './colocated.js';
 
@@ -95,6 +96,23 @@ describe('colocated harness (process driver)', () => {
     expect(model.requests[1]?.messages.at(-1)?.content[0]).toMatchObject({ type: 'tool_result', tool_use_id: 'call_1' });
   });
 
+  it('the harness bundle globs with the linear-time matcher: shell classes, and a backtracking-hostile pattern answers at once', async () => {
+    const make = `mkdir -p g && for i in $(seq 10 59); do : > "g/${'a'.repeat(44)}$i"; done && : > g/b.txt && : > g/c.txt`;
+    const model = new ScriptedModel([
+      [toolUse('call_m', 'bash', { command: make }), end('tool_use')],
+      [toolUse('call_c', 'glob', { pattern: 'g/{[ab],x}.txt' }), end('tool_use')],
+      [toolUse('call_h', 'glob', { pattern: `g/${'*a'.repeat(11)}z` }), end('tool_use')],
+      [{ type: 'text_delta', text: 'Done.' }, end('end_turn')],
+    ]);
+    const sink = new CollectingSink();
+    const out = await run({ model, sink, run: { agent: { ...agent, tools: [...agent.tools, { type: 'builtin', name: 'glob' }] }, history: [user('go')], max_duration_seconds: 60 } });
+    expect(out.stop_reason).toEqual({ type: 'end_turn' });
+    const results = sink.events.filter((e): e is Extract<HarnessEvent, { type: 'agent.tool_result' }> => e.type === 'agent.tool_result');
+    expect(results.map((r) => [r.payload.tool_use_id, r.payload.is_error])).toEqual([['call_m', false], ['call_c', false], ['call_h', false]]);
+    expect(results[1]?.payload.content).toBe('g/b.txt');
+    expect(results[2]?.payload.content).toBe('no files matched');
+  });
+
   it('a custom tool ends with requires_action, classified by the runner', async () => {
     const model = new ScriptedModel([[toolUse('call_w', 'get_weather', { city: 'Paris' }), end('tool_use')]]);
     const sink = new CollectingSink();
@@ -138,6 +156,82 @@ describe('colocated harness (process driver)', () => {
     expect(sink.events.find((e) => e.type === 'agent.tool_result')?.payload).toMatchObject({ interrupted: true, is_error: true });
   });
 
+  it('ActionPolicies: the loop asks through the runner before each tool use; a denied command never runs, a failed check denies', async () => {
+    const marker = join(dataDir, 'gated-marker');
+    const asked: GateQuery[] = [];
+    const model = new ScriptedModel([
+      [toolUse('call_d', 'bash', { command: `touch ${marker}` }), end('tool_use')],
+      [toolUse('call_f', 'bash', { command: `touch ${marker}` }), end('tool_use')],
+      [{ type: 'text_delta', text: 'Done.' }, end('end_turn')],
+    ]);
+    const sink = new CollectingSink();
+    const gate = async (q: GateQuery) => {
+      asked.push(q);
+      if (q.tool_use_id === 'call_f') throw new Error('control plane unreachable');
+      return { decision: 'deny' as const, rule_id: 'apol_t', message: 'no touching' };
+    };
+    const out = await run({ model, sink, gate });
+    expect(out.stop_reason).toEqual({ type: 'end_turn' });
+    expect(asked).toEqual([
+      { tool_use_id: 'call_d', tool: { kind: 'builtin', name: 'bash' }, input: { command: `touch ${marker}` } },
+      { tool_use_id: 'call_f', tool: { kind: 'builtin', name: 'bash' }, input: { command: `touch ${marker}` } },
+    ]);
+    const results = sink.events.filter((e): e is Extract<HarnessEvent, { type: 'agent.tool_result' }> => e.type === 'agent.tool_result');
+    expect(results[0]?.payload).toMatchObject({ tool_use_id: 'call_d', is_error: true, denied: true, policy_rule_id: 'apol_t' });
+    expect(results[1]?.payload).toMatchObject({ tool_use_id: 'call_f', is_error: true, denied: true, content: expect.stringContaining('fail closed') as unknown });
+    expect(existsSync(marker)).toBe(false);
+  });
+
+  it('ActionPolicies: require_approval makes the use blocking; once allowed, the next Run runs it', async () => {
+    const gate = async () => ({ decision: 'require_approval' as const, rule_id: 'apol_r', message: 'ask first' });
+    const use = toolUse('call_r', 'bash', { command: 'echo approved-ran' });
+    const first = await run({ model: new ScriptedModel([[use, end('tool_use')]]), gate });
+    expect(first.stop_reason).toEqual({ type: 'requires_action', tool_use_ids: ['call_r'] });
+    expect(first.awaiting.get('call_r')).toBe('tool_confirmation');
+    const sink = new CollectingSink();
+    const second = await run({
+      model: new ScriptedModel([[{ type: 'text_delta', text: 'Done.' }, end('end_turn')]]), sink, gate,
+      run: { agent, history: [user('go'), { role: 'assistant', content: [{ type: 'tool_use', id: 'call_r', name: 'bash', input: { command: 'echo approved-ran' } }] }], responses: { confirmations: { call_r: 'allow' } }, max_duration_seconds: 60 },
+    });
+    expect(second.stop_reason).toEqual({ type: 'end_turn' });
+    expect(sink.events.find((e) => e.type === 'agent.tool_result')?.payload).toMatchObject({ tool_use_id: 'call_r', is_error: false, content: expect.stringContaining('approved-ran') as unknown });
+  });
+
+  it('ActionPolicies: an interrupt while a check is pending refuses the use on both ends; the Run ends interrupted, not failed', async () => {
+    const ac = new AbortController();
+    const gate = () => {
+      setImmediate(() => ac.abort());
+      return new Promise<never>(() => undefined);
+    };
+    const sink = new CollectingSink();
+    const out = await run({ model: new ScriptedModel([[toolUse('call_i', 'bash', { command: 'true' }), end('tool_use')]]), sink, gate, signal: ac.signal });
+    expect(out.stop_reason).toEqual({ type: 'interrupted' });
+    expect(sink.events.find((e) => e.type === 'agent.tool_result')?.payload).toMatchObject({ tool_use_id: 'call_i', denied: true, is_error: true });
+  });
+
+  it('ActionPolicies: a harness that reports a tool use without asking, or a refused one as run, is cut off', async () => {
+    const model = (): ScriptedModel => new ScriptedModel([[toolUse('call_1', 'bash', { command: 'true' }), end('tool_use')]]);
+    const deny = async () => ({ decision: 'deny' as const, rule_id: 'apol_t', message: 'no' });
+    const step = `process.stdout.write(JSON.stringify({ type: 'model.request', id: 'm1', request: { routing_key: 'default', messages: [{ role: 'user', content: [{ type: 'text', text: 'go' }] }], tools: [] } }) + '\\n');`;
+    const use = `JSON.stringify({ type: 'event', event: { type: 'agent.tool_use', payload: { id: 'call_1', name: 'bash', input: {}, blocking: false } } }) + '\\n'`;
+    const ran = `JSON.stringify({ type: 'event', event: { type: 'agent.tool_result', payload: { tool_use_id: 'call_1', content: 'ran anyway', is_error: false, exit_code: 0 } } }) + '\\n'`;
+    const unasked = fakeHarness(`
+      process.stdin.once('data', () => {
+        ${step}
+        process.stdin.on('data', (d) => { if (String(d).includes('"model.end"')) process.stdout.write(${use}); });
+      }); setInterval(() => {}, 1000);`);
+    await expect(run({ model: model(), bundle: unasked, gate: deny })).rejects.toMatchObject({ reason: 'relay', message: expect.stringContaining('before its policy check') as unknown });
+    const ignoring = fakeHarness(`
+      process.stdin.once('data', () => {
+        ${step}
+        process.stdin.on('data', (d) => {
+          if (String(d).includes('"model.end"')) process.stdout.write(JSON.stringify({ type: 'tool.check', id: 'c1', tool_use_id: 'call_1' }) + '\\n');
+          if (String(d).includes('"tool.decision"')) process.stdout.write(${use} + ${ran});
+        });
+      }); setInterval(() => {}, 1000);`);
+    await expect(run({ model: model(), bundle: ignoring, gate: deny })).rejects.toMatchObject({ reason: 'relay', message: expect.stringContaining('not reported as that refusal') as unknown });
+  });
+
   it('the model route is the Run\'s, whatever the harness asks for', async () => {
     const model = new ScriptedModel([[{ type: 'text_delta', text: 'x' }, end('end_turn')]]);
     const bundle = fakeHarness(`
@@ -153,7 +247,7 @@ describe('colocated harness (process driver)', () => {
   it('a model request too large for one runner frame is answered with a model error, not forwarded', async () => {
     const model = new ScriptedModel([[{ type: 'text_delta', text: 'never' }, end('end_turn')]]);
     const err = await run({ model, run: { agent, history: [user('x'.repeat(1_200_000))] } }).catch((e: unknown) => e);
-    expect(err).toMatchObject({ name: 'HarnessError', modelError: { type: 'validation.invalid_request' } });
+    expect(err).toMatchObject({ name: 'HarnessError', modelError: { type: 'validation.malformed' } });
     expect(model.requests).toHaveLength(0);
   });
 

@@ -5,8 +5,11 @@
  *
  * - model steps go to the lease's model gateway (the sandbox has no network), with the agent's
  *   routing key whatever the harness asked for; usage is counted from the gateway's answers;
- * - MCP tool calls are made by the runner, only for tool uses the model made and, for
- *   `always_ask` tools, only once the user allowed them;
+ * - every tool use is put to the control plane's ActionPolicies (`tool.check` on the lease, fail
+ *   closed) when the harness asks, about the use as the runner saw the model make it; the
+ *   harness may then report it only as that decision allows (`audit.ts`);
+ * - MCP tool calls are made by the runner, only for tool uses the model made, that the policy
+ *   check allowed and, for `always_ask` tools, only once the user allowed them;
  * - events are checked (`validate.ts`, `audit.ts`) and appended through the lease sink, each
  *   acknowledged before the next line is read;
  * - `user.interrupt` (the lease signal) becomes an `abort` line; a harness that has not stopped
@@ -22,7 +25,7 @@ import { fileURLToPath } from 'node:url';
 import type { Logger } from '@agentplane/core';
 import { addUsage, RUNNER_DEFAULTS, ZERO_USAGE, type ModelClient, type ModelError, type ModelRequest, type TokenUsage } from '@agentplane/protocol';
 import { HarnessError, type AgentConfig, type IdleStopReason, type SessionEventSink } from '../harness/events.js';
-import type { RunInput } from '../harness/loop.js';
+import type { GateDecision, GateQuery, RunInput, ToolGate } from '../harness/loop.js';
 import { RunAudit } from '../harness/colocated/audit.js';
 import { encodeLine, HARNESS_SANDBOX_PATH, LineSplitter, RelayError, type HarnessMessage, type RelayTool, type RunnerMessage } from '../harness/colocated/protocol.js';
 import { parseHarnessLine } from '../harness/colocated/validate.js';
@@ -60,6 +63,12 @@ export interface ColocatedRunOptions {
   signal: AbortSignal;
   log: Logger;
   run: Omit<RunInput, 'signal' | 'session_thread_id'> & { agent: AgentConfig };
+  /**
+   * The ActionPolicy check (the lease's `tool.check`). Present: the harness must have every tool
+   * use checked before it reports it, and the runner holds it to the decision. Absent: no
+   * governance (every check is allowed).
+   */
+  gate?: ToolGate;
   /** How long an aborted harness has to stop before it is killed. Default 3 s. */
   cancelTimeoutMs?: number;
   /** The harness bundle (default: the one built beside this module). */
@@ -127,7 +136,7 @@ async function placeHarness(o: ColocatedRunOptions, bundle: Bundle): Promise<str
 /** The runner's view of the agent's tools, as the harness gets them (MCP tools without their client). */
 function relayTools(agent: AgentConfig): RelayTool[] {
   return agent.tools.map((t): RelayTool =>
-    t.type === 'external' ? { type: 'external', spec: t.spec, ...(t.permission ? { permission: t.permission } : {}) } : t,
+    t.type === 'external' ? { type: 'external', spec: t.spec, ...(t.permission ? { permission: t.permission } : {}), ...(t.mcp ? { mcp: t.mcp } : {}) } : t,
   );
 }
 
@@ -183,7 +192,7 @@ class Relay {
     private readonly proc: SandboxProcess,
   ) {
     const tools = relayTools(o.run.agent);
-    this.audit = new RunAudit(tools, o.run.history, o.run.responses, o.run.agent.max_steps);
+    this.audit = new RunAudit(tools, o.run.history, o.run.responses, o.run.agent.max_steps, o.gate !== undefined);
     this.external = new Map(o.run.agent.tools.flatMap((t) => (t.type === 'external' ? [[t.spec.name, t] as const] : [])));
     this.cancelMs = o.cancelTimeoutMs ?? 3_000;
   }
@@ -229,6 +238,7 @@ class Relay {
     });
 
     const onAbort = (): void => {
+      this.audit.stop();
       this.send({ type: 'abort', reason: 'interrupted' });
       this.timers.push(setTimeout(() => this.end({ kind: 'interrupted' }), this.cancelMs));
     };
@@ -236,6 +246,7 @@ class Relay {
     else o.signal.addEventListener('abort', onAbort, { once: true });
     if (run.max_duration_seconds) {
       this.timers.push(setTimeout(() => {
+        this.audit.stop();
         this.send({ type: 'abort', reason: 'max_duration' });
         this.timers.push(setTimeout(() => this.end({ kind: 'deadline' }), this.cancelMs));
       }, run.max_duration_seconds * 1000 + DEADLINE_GRACE_MS));
@@ -327,10 +338,14 @@ class Relay {
         if (this.streams.has(m.id)) throw new RelayError('protocol_violation', `model stream ${m.id} is already open`);
         if (this.streams.size >= MAX_OPEN_STREAMS) throw new RelayError('protocol_violation', `more than ${MAX_OPEN_STREAMS} model streams at once`);
         this.audit.modelRequest();
+        this.audit.modelMessages(m.request.messages);
         void this.relayModel(m.id, m.request);
         return;
       case 'model.cancel':
         this.streams.get(m.id)?.abort();
+        return;
+      case 'tool.check':
+        void this.check(m.id, this.audit.checkQuery(m.tool_use_id));
         return;
       case 'tool.call': {
         this.audit.toolCall(m.tool_use_id, m.name);
@@ -364,7 +379,7 @@ class Relay {
     const size = Buffer.byteLength(JSON.stringify(req));
     try {
       if (size > MAX_MODEL_REQUEST_BYTES) {
-        const error: ModelError = { type: 'validation.invalid_request', message: `the model request (${size} bytes) is larger than one runner frame allows (${MAX_MODEL_REQUEST_BYTES})`, retryable: false };
+        const error: ModelError = { type: 'validation.malformed', message: `the model request (${size} bytes) is larger than one runner frame allows (${MAX_MODEL_REQUEST_BYTES})`, retryable: false };
         this.lastModelError = error;
         this.send({ type: 'model.event', id, event: { type: 'error', error } });
         return;
@@ -384,6 +399,21 @@ class Relay {
       this.streams.delete(id);
       this.send({ type: 'model.end', id });
     }
+  }
+
+  /** Asks the control plane about one tool use; a failed check denies (fail closed). */
+  private async check(id: string, q: GateQuery): Promise<void> {
+    let d: GateDecision;
+    if (!this.o.gate) d = { decision: 'allow', rule_id: null, message: 'no ActionPolicies on this runner' };
+    else {
+      try {
+        d = await this.o.gate(q);
+      } catch (err) {
+        d = { decision: 'deny', rule_id: null, message: `the policy check failed (${err instanceof Error ? err.message : String(err)}); denied (fail closed)` };
+      }
+    }
+    this.audit.decided(q.tool_use_id, d);
+    this.send({ type: 'tool.decision', id, decision: d.decision, rule_id: d.rule_id, message: d.message });
   }
 
   private async callTool(id: string, toolUseId: string, tool: Extract<AgentConfig['tools'][number], { type: 'external' }>, input: unknown): Promise<void> {

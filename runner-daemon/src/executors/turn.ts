@@ -111,10 +111,16 @@ async function runTurn(o: TurnExecutorOptions, handle: LeaseHandle): Promise<Rec
         // The agent loop runs inside the sandbox; this runner relays (./colocated.ts).
         outcome = await runColocated({
           driver: o.sandboxes.driver, sandbox, model: handle.model, sink, signal: handle.signal, log,
+          // The same ActionPolicy check as split; the runner holds the in-sandbox loop to each decision.
+          gate: (q) => handle.checkTool({ ...q, tool_use_id: sink.toolId(q.tool_use_id) }),
           run: { agent, history: spec.history, ...(spec.responses ? { responses: spec.responses } : {}), max_duration_seconds: spec.environment.resources.max_duration_seconds },
         });
       } else {
-        const loop = new HarnessLoop({ model: handle.model, driver: o.sandboxes.driver, sandbox, sink, logger: log });
+        const loop = new HarnessLoop({
+          model: handle.model, driver: o.sandboxes.driver, sandbox, sink, logger: log,
+          // The control plane decides each tool use before it runs (ActionPolicies); ids as the Session sees them.
+          gate: (q) => handle.checkTool({ ...q, tool_use_id: sink.toolId(q.tool_use_id) }),
+        });
         outcome = await loop.run({
           agent,
           history: spec.history,

@@ -19,6 +19,8 @@ export type AgentTool =
       type: 'external';
       spec: ToolSpec;
       permission?: ToolPermission;
+      /** For a Connection's MCP tool: the Connection and the tool's own name (what ActionPolicies match). */
+      mcp?: { connection_id: string; tool: string };
       call: (input: unknown, signal: AbortSignal, toolUseId: string) => Promise<{ content: string; is_error: boolean }>;
     };
 
@@ -66,6 +68,8 @@ export type HarnessEvent =
         is_error: boolean;
         /** Set when the tool was denied through `user.tool_confirmation`. */
         denied?: boolean;
+        /** Set when an ActionPolicy refused the tool use: the deciding rule. */
+        policy_rule_id?: string;
         exit_code?: number;
         timed_out?: boolean;
         oom_killed?: boolean;

@@ -21,6 +21,25 @@ import {
   type ToolUsePayload,
 } from './events.js';
 
+/** One tool use as the control plane's ActionPolicies see it. */
+export interface GateQuery {
+  tool_use_id: string;
+  tool: { kind: 'builtin' | 'custom' | 'mcp'; name: string; connection_id?: string };
+  input: unknown;
+}
+
+export interface GateDecision {
+  decision: 'allow' | 'deny' | 'require_approval';
+  rule_id: string | null;
+  message: string;
+}
+
+/**
+ * Asks the control plane before a tool use runs (split: `tool.check` on the lease; colocated:
+ * relayed by the runner). A gate that throws denies.
+ */
+export type ToolGate = (q: GateQuery) => Promise<GateDecision>;
+
 export interface HarnessDeps {
   model: ModelClient;
   /** Runs the built-in tools' commands: a sandbox driver (split) or local child processes (colocated). */
@@ -28,6 +47,8 @@ export interface HarnessDeps {
   sandbox: Sandbox;
   sink: SessionEventSink;
   logger?: Logger;
+  /** ActionPolicy check before each tool use; absent = no governance (unit tests). */
+  gate?: ToolGate;
 }
 
 /** Answers to the blocking tool uses of the previous Run, from drive events. */
@@ -67,7 +88,12 @@ interface Classified {
   builtin?: BuiltinTool;
   external?: Extract<AgentConfig['tools'][number], { type: 'external' }>;
   awaiting?: ToolUsePayload['awaiting'];
+  /** Refused by an ActionPolicy: answered with a refusal, never run. */
+  denied?: GateDecision;
 }
+
+export const policyRefusal = (d: GateDecision): string =>
+  `Not run: refused by the workspace's ActionPolicy${d.rule_id ? ` ${d.rule_id}` : ''} (${d.message}).`;
 
 export class HarnessLoop {
   constructor(private readonly deps: HarnessDeps) {}
@@ -100,6 +126,34 @@ export class HarnessLoop {
     return { block };
   }
 
+  /**
+   * The control plane's say on one tool use: a deny answers it with a refusal; a
+   * require_approval makes it wait for a `user.tool_confirmation` like an `always_ask` tool.
+   * Custom tools are asked too (a deny refuses them before the client is asked).
+   */
+  private async governed(c: Classified): Promise<Classified> {
+    const gate = this.deps.gate;
+    if (!gate) return c;
+    const tool: GateQuery['tool'] = c.external?.mcp
+      ? { kind: 'mcp', name: c.external.mcp.tool, connection_id: c.external.mcp.connection_id }
+      : { kind: c.builtin ? 'builtin' : c.awaiting === 'custom_tool_result' ? 'custom' : c.external ? 'custom' : 'builtin', name: c.block.name };
+    let d: GateDecision;
+    try {
+      d = await gate({ tool_use_id: c.block.id, tool, input: c.block.input });
+    } catch (err) {
+      d = { decision: 'deny', rule_id: null, message: `the policy check failed (${err instanceof Error ? err.message : String(err)}); denied (fail closed)` };
+    }
+    if (d.decision === 'deny') return { block: c.block, denied: d };
+    if (d.decision === 'require_approval' && c.awaiting !== 'custom_tool_result') return { ...c, awaiting: 'tool_confirmation' };
+    return c;
+  }
+
+  private async refuse(c: Classified, emit: (e: HarnessEvent) => Promise<void>): Promise<ContentBlock> {
+    const content = policyRefusal(c.denied as GateDecision);
+    await emit({ type: 'agent.tool_result', payload: { tool_use_id: c.block.id, content, is_error: true, denied: true, ...(c.denied?.rule_id ? { policy_rule_id: c.denied.rule_id } : {}) } });
+    return { type: 'tool_result', tool_use_id: c.block.id, content, is_error: true };
+  }
+
   async run(input: RunInput): Promise<RunOutcome> {
     const { sink } = this.deps;
     const history = input.history.map((m) => ({ role: m.role, content: [...m.content] }));
@@ -125,13 +179,23 @@ export class HarnessLoop {
       const waiting = this.unresolved(history);
       if (waiting.length > 0) {
         const responses = input.responses ?? {};
-        const unanswered = waiting
-          .map((b) => this.classify(input.agent, b))
+        const governed: Classified[] = [];
+        for (const b of waiting) {
+          const c = this.classify(input.agent, b);
+          // A custom tool's result was already the client's to give; everything else is asked again.
+          governed.push(c.awaiting === 'custom_tool_result' ? c : await this.governed(c));
+        }
+        const byId = new Map(governed.map((c) => [c.block.id, c]));
+        const unanswered = governed
           .filter((c) => (c.awaiting === 'custom_tool_result' && !responses.custom_tool_results?.[c.block.id]) || (c.awaiting === 'tool_confirmation' && !responses.confirmations?.[c.block.id]));
         if (unanswered.length > 0) return await idle({ type: 'requires_action', tool_use_ids: unanswered.map((c) => c.block.id) });
         const results: ContentBlock[] = [];
         for (const block of waiting) {
-          const c = this.classify(input.agent, block);
+          const c = byId.get(block.id) as Classified;
+          if (c.denied) {
+            results.push(await this.refuse(c, emit));
+            continue;
+          }
           if (signal.aborted) {
             results.push({ type: 'tool_result', tool_use_id: block.id, content: INTERRUPTED, is_error: true });
             continue;
@@ -178,7 +242,8 @@ export class HarnessLoop {
         if (text.length > 0) await emit({ type: 'agent.message', payload: { content: text } });
 
         const uses = step.content.filter((b): b is Extract<ContentBlock, { type: 'tool_use' }> => b.type === 'tool_use');
-        const classified = uses.map((b) => this.classify(input.agent, b));
+        const classified: Classified[] = [];
+        for (const b of uses) classified.push(await this.governed(this.classify(input.agent, b)));
         for (const c of classified) {
           await emit({
             type: 'agent.tool_use',
@@ -196,6 +261,10 @@ export class HarnessLoop {
         const results: ContentBlock[] = [];
         for (const c of classified) {
           if (c.awaiting) continue;
+          if (c.denied) {
+            results.push(await this.refuse(c, emit));
+            continue;
+          }
           if (signal.aborted) {
             results.push({ type: 'tool_result', tool_use_id: c.block.id, content: INTERRUPTED, is_error: true });
             continue;

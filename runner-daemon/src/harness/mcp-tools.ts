@@ -1,6 +1,5 @@
-import { Client } from '@modelcontextprotocol/sdk/client/index.js';
-import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
-import type { Logger } from '@agentplane/core';
+import { Client, StreamableHTTPClientTransport } from '@modelcontextprotocol/client';
+import { apiUrl, type Logger } from '@agentplane/core';
 import type { AgentTool } from './events.js';
 
 export interface RuntimeMcp {
@@ -25,7 +24,7 @@ export async function connectMcpTools(baseUrl: string, runtime: RuntimeMcp, log:
   const clients: Client[] = [];
   const tools: AgentTool[] = [];
   for (const server of runtime.servers) {
-    const url = new URL(`/v1/runtime/mcp/${server.connection_id}`, baseUrl);
+    const url = apiUrl(baseUrl, `/v1/runtime/mcp/${encodeURIComponent(server.connection_id)}`);
     let client: Client | undefined;
     for (let attempt = 0; attempt < 20 && !signal.aborted; attempt++) {
       const c = new Client({ name: 'agentplane-runner', version: '0.1.0' });
@@ -50,12 +49,11 @@ export async function connectMcpTools(baseUrl: string, runtime: RuntimeMcp, log:
       tools.push({
         type: 'external',
         permission: server.permission,
+        mcp: { connection_id: server.connection_id, tool: t.name },
         spec: { name, description: t.description ?? t.name, input_schema: t.inputSchema as Record<string, unknown> },
         async call(input, callSignal) {
-          const r = await c.callTool({ name: t.name, arguments: (input ?? {}) as Record<string, unknown> }, undefined, { signal: callSignal });
-          const content = Array.isArray(r.content)
-            ? r.content.map((b: { type: string; text?: string }) => (b.type === 'text' ? (b.text ?? '') : `[${b.type}]`)).join('\n')
-            : JSON.stringify(r);
+          const r = await c.callTool({ name: t.name, arguments: (input ?? {}) as Record<string, unknown> }, { signal: callSignal });
+          const content = r.content.map((b) => (b.type === 'text' ? b.text : `[${b.type}]`)).join('\n');
           return { content, is_error: r.isError === true };
         },
       });

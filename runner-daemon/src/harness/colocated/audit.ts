@@ -5,12 +5,18 @@
  * answered at most once; it can call an MCP tool (which leaves the sandbox) only for such a tool
  * use, and an `always_ask` one only after `user.tool_confirmation` allowed it; it can stop with
  * `requires_action` only on blocking uses; and it gets at most `max_steps` model steps.
+ *
+ * Under governance (ActionPolicies), every tool use must have been put to the control plane
+ * (`tool.check`, answered from the runner's own record of the use) before the harness reports
+ * it; a denied use may only be reported as refused (the refusal text, `denied`, the rule), is
+ * never called through the runner, and its refusal is what the model must be shown; a use whose
+ * policy requires approval is blocking until `user.tool_confirmation` allowed it.
  */
 import type { ModelMessage, ModelStreamEvent } from '@agentplane/protocol';
 import type { IdleStopReason, ToolUsePayload } from '../events.js';
-import type { PendingResponses } from '../loop.js';
+import { policyRefusal, type GateDecision, type GateQuery, type PendingResponses } from '../loop.js';
 import { builtinTool } from '../tools/builtin.js';
-import { RelayError, type RelayEvent, type RelayTool } from './protocol.js';
+import { RelayError, STOPPED_DECISION, type RelayEvent, type RelayTool } from './protocol.js';
 
 export const DEFAULT_MAX_STEPS = 100;
 
@@ -23,6 +29,13 @@ export class RunAudit {
   private readonly modelUses = new Map<string, string>();
   /** Tool uses of the thread's last assistant message (the previous Run's): id → name. */
   private readonly earlierUses = new Map<string, string>();
+  /** Inputs of the tool uses above, as the model gave them (what the policy check is about). */
+  private readonly inputs = new Map<string, unknown>();
+  /** The control plane's decision on each tool use checked in this Run. */
+  private readonly decisions = new Map<string, GateDecision>();
+  private readonly checking = new Set<string>();
+  /** The runner told the harness to stop: uses not decided by then are refused (`STOPPED_DECISION`). */
+  private stopped = false;
   private readonly reported = new Set<string>();
   private readonly answered = new Set<string>();
   private readonly called = new Set<string>();
@@ -33,9 +46,63 @@ export class RunAudit {
     history: readonly ModelMessage[],
     private readonly responses: PendingResponses = {},
     private readonly maxSteps: number = DEFAULT_MAX_STEPS,
+    /** Whether ActionPolicies govern this Run (every tool use must be checked first). */
+    private readonly governed: boolean = false,
   ) {
     const last = [...history].reverse().find((m) => m.role === 'assistant');
-    for (const b of last?.content ?? []) if (b.type === 'tool_use') this.earlierUses.set(b.id, b.name);
+    for (const b of last?.content ?? []) {
+      if (b.type !== 'tool_use') continue;
+      this.earlierUses.set(b.id, b.name);
+      this.inputs.set(b.id, b.input);
+    }
+  }
+
+  /** The harness asks for the policy check of a tool use: what to ask, from the runner's own record. */
+  checkQuery(toolUseId: string): GateQuery {
+    const name = this.nameOf(toolUseId);
+    if (name === undefined) violation(`tool.check for ${toolUseId}, which is not a tool use of this thread`);
+    if (this.checking.has(toolUseId)) violation(`tool.check for ${toolUseId} was asked twice`);
+    this.checking.add(toolUseId);
+    return { tool_use_id: toolUseId, tool: this.gateTool(name), input: this.inputs.get(toolUseId) };
+  }
+
+  /** The control plane's answer to a check (recorded before the harness hears it; the first decision stands). */
+  decided(toolUseId: string, decision: GateDecision): void {
+    if (!this.decisions.has(toolUseId)) this.decisions.set(toolUseId, this.stopped ? STOPPED_DECISION : decision);
+  }
+
+  /** The runner sent `abort`: every use not decided yet is refused, as the harness answers it. */
+  stop(): void {
+    this.stopped = true;
+  }
+
+  /** The decision on a use; under governance a use never checked is a violation. */
+  private decisionOf(toolUseId: string, what: string): GateDecision | undefined {
+    if (!this.governed) return undefined;
+    let d = this.decisions.get(toolUseId);
+    if (!d && this.stopped) {
+      d = STOPPED_DECISION;
+      this.decisions.set(toolUseId, d);
+    }
+    if (!d) violation(`${what} for ${toolUseId} before its policy check was answered`);
+    return d;
+  }
+
+  /** How the policy sees a tool by name (as the split loop asks). */
+  private gateTool(name: string): GateQuery['tool'] {
+    for (const tool of this.tools) {
+      if (tool.type === 'custom' && tool.spec.name === name) return { kind: 'custom', name };
+      if (tool.type === 'external' && tool.spec.name === name) {
+        return tool.mcp ? { kind: 'mcp', name: tool.mcp.tool, connection_id: tool.mcp.connection_id } : { kind: 'custom', name };
+      }
+      if (tool.type === 'builtin' && tool.name === name) return { kind: 'builtin', name };
+    }
+    return { kind: 'builtin', name };
+  }
+
+  /** Whether the user allowed a use of the previous Run (`user.tool_confirmation`). */
+  private confirmed(toolUseId: string): boolean {
+    return this.earlierUses.has(toolUseId) && this.responses.confirmations?.[toolUseId] === 'allow';
   }
 
   /** What answers a use of this tool, by the runner's policy (as the split loop classifies it). */
@@ -58,7 +125,12 @@ export class RunAudit {
   /** What answers a tool use of this thread (undefined: not blocking, or not a use of this thread). */
   awaitingOfUse(toolUseId: string): ToolUsePayload['awaiting'] {
     const name = this.nameOf(toolUseId);
-    return name === undefined ? undefined : this.awaiting(name);
+    if (name === undefined) return undefined;
+    const base = this.awaiting(name);
+    const d = this.decisions.get(toolUseId);
+    if (d?.decision === 'deny') return undefined;
+    if (d?.decision === 'require_approval' && base !== 'custom_tool_result') return 'tool_confirmation';
+    return base;
   }
 
   /** A model step is about to be relayed. */
@@ -69,7 +141,24 @@ export class RunAudit {
 
   /** An event the gateway streamed to the harness. */
   modelEvent(event: ModelStreamEvent): void {
-    if (event.type === 'tool_use') this.modelUses.set(event.id, event.name);
+    if (event.type !== 'tool_use') return;
+    this.modelUses.set(event.id, event.name);
+    this.inputs.set(event.id, event.input);
+  }
+
+  /**
+   * A model request the harness wants relayed: under governance, a tool result it shows the model
+   * for a use of this thread must follow that use's decision (a denied use: the refusal only).
+   */
+  modelMessages(messages: readonly ModelMessage[]): void {
+    if (!this.governed) return;
+    for (const m of messages) {
+      for (const b of m.content) {
+        if (b.type !== 'tool_result') continue;
+        const d = this.decisions.get(b.tool_use_id);
+        if (d?.decision === 'deny' && b.content !== policyRefusal(d)) violation(`the model request shows ${b.tool_use_id}, refused by policy, as something other than the refusal`);
+      }
+    }
   }
 
   /** An event the harness wants appended to the Session log. */
@@ -78,12 +167,22 @@ export class RunAudit {
       const { id, name, awaiting } = e.payload;
       if (this.modelUses.get(id) !== name) violation(`agent.tool_use ${id} (${name}) is not a tool use the model made in this Run`);
       if (this.reported.has(id)) violation(`agent.tool_use ${id} was reported twice`);
-      if (awaiting !== this.awaiting(name)) violation(`agent.tool_use ${id} of ${name} is not classified as the agent's tool policy says`);
+      this.decisionOf(id, 'agent.tool_use');
+      if (awaiting !== this.awaitingOfUse(id)) violation(`agent.tool_use ${id} of ${name} is not classified as the agent's tool policy says`);
       this.reported.add(id);
     } else if (e.type === 'agent.tool_result') {
       const id = e.payload.tool_use_id;
       if (!this.nameOf(id)) violation(`agent.tool_result answers ${id}, which is not a tool use of this thread`);
       if (this.answered.has(id)) violation(`agent.tool_result for ${id} was reported twice`);
+      const d = this.decisionOf(id, 'agent.tool_result');
+      if (d?.decision === 'deny') {
+        const p = e.payload;
+        if (p.denied !== true || p.is_error !== true || p.content !== policyRefusal(d) || (p.policy_rule_id ?? null) !== d.rule_id) {
+          violation(`agent.tool_result for ${id}, refused by policy, is not reported as that refusal`);
+        }
+      } else if (d?.decision === 'require_approval' && !this.confirmed(id) && e.payload.denied !== true) {
+        violation(`agent.tool_result for ${id}, which needs approval first, reports it as run`);
+      }
       this.answered.add(id);
     }
   }
@@ -94,6 +193,9 @@ export class RunAudit {
     if (!tool) violation(`tool.call names ${name}, which is not an MCP tool of the agent`);
     if (this.nameOf(toolUseId) !== name) violation(`tool.call for ${toolUseId} is not a use of ${name} the model made`);
     if (this.called.has(toolUseId)) violation(`tool.call for ${toolUseId} was made twice`);
+    const d = this.decisionOf(toolUseId, 'tool.call');
+    if (d?.decision === 'deny') violation(`tool.call for ${toolUseId}: refused by the workspace's ActionPolicy`);
+    if (d?.decision === 'require_approval' && !this.confirmed(toolUseId)) violation(`tool.call for ${toolUseId}: its policy requires user.tool_confirmation first`);
     if (tool.permission === 'always_ask' && !(this.earlierUses.has(toolUseId) && this.responses.confirmations?.[toolUseId] === 'allow')) {
       violation(`tool.call for ${toolUseId}: ${name} needs user.tool_confirmation first`);
     }
@@ -106,7 +208,7 @@ export class RunAudit {
     if (stop.type === 'requires_action') {
       for (const id of stop.tool_use_ids) {
         const name = this.nameOf(id);
-        if (!name || !this.awaiting(name)) violation(`requires_action names ${id}, which is not a blocking tool use of this thread`);
+        if (!name || !this.awaitingOfUse(id)) violation(`requires_action names ${id}, which is not a blocking tool use of this thread`);
       }
     }
     return stop;

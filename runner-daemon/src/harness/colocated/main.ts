@@ -53,6 +53,8 @@ async function main(): Promise<void> {
     driver: new LocalCommands(),
     sandbox: { sessionId: 'colocated', driver: 'docker', ref: 'local', workspace: process.cwd(), createdAt: Date.now(), reused: true },
     sink: relay.sink,
+    // Every tool use is checked against the workspace's ActionPolicies through the runner first.
+    gate: (q) => relay.checkTool(q),
   });
   try {
     const outcome = await loop.run({

@@ -9,6 +9,10 @@
  *   model.request {id, request}         ──►   forwarded to the lease's model gateway
  *                                       ◄──   model.event {id, event} …, model.end {id}
  *   model.cancel {id}
+ *   tool.check {id, tool_use_id}        ──►   the control plane's ActionPolicy check (`tool.check`
+ *                                             on the runner's socket) of that tool use, as the
+ *                                             runner saw the model make it (name and input)
+ *                                       ◄──   tool.decision {id, decision, rule_id, message}
  *   tool.call {id, tool_use_id, name, input}  ──►  an MCP tool, called by the runner
  *                                       ◄──   tool.result {id, content, is_error}
  *   event {event}                       ──►   validated, then appended to the Session log
@@ -22,7 +26,7 @@
  */
 import type { ModelMessage, ModelRequest, ModelStreamEvent, ToolSpec } from '@agentplane/protocol';
 import type { HarnessEvent, IdleStopReason, ToolPermission } from '../events.js';
-import type { PendingResponses } from '../loop.js';
+import type { GateDecision, PendingResponses } from '../loop.js';
 
 /** Largest line either side accepts (a model request carries the whole thread). */
 export const RELAY_MAX_LINE_BYTES = 4 * 1024 * 1024;
@@ -34,7 +38,7 @@ export const HARNESS_SANDBOX_PATH = '/tmp/agentplane-harness.mjs';
 export type RelayTool =
   | { type: 'builtin'; name: string; permission?: ToolPermission }
   | { type: 'custom'; spec: ToolSpec }
-  | { type: 'external'; spec: ToolSpec; permission?: ToolPermission };
+  | { type: 'external'; spec: ToolSpec; permission?: ToolPermission; mcp?: { connection_id: string; tool: string } };
 
 /** What the harness needs to run one Run: the `HarnessLoop.run` input, as data. */
 export interface RelayRun {
@@ -51,6 +55,7 @@ export type RelayEvent = Exclude<HarnessEvent, { type: 'session.status_idle' }>;
 export type HarnessMessage =
   | { type: 'model.request'; id: string; request: ModelRequest }
   | { type: 'model.cancel'; id: string }
+  | { type: 'tool.check'; id: string; tool_use_id: string }
   | { type: 'tool.call'; id: string; tool_use_id: string; name: string; input: unknown }
   | { type: 'event'; event: RelayEvent }
   | { type: 'log'; level: 'debug' | 'info' | 'warn' | 'error'; msg: string }
@@ -61,8 +66,15 @@ export type RunnerMessage =
   | { type: 'start'; run: RelayRun }
   | { type: 'model.event'; id: string; event: ModelStreamEvent }
   | { type: 'model.end'; id: string }
+  | ({ type: 'tool.decision'; id: string } & GateDecision)
   | { type: 'tool.result'; id: string; content: string; is_error: boolean }
   | { type: 'abort'; reason: 'interrupted' | 'max_duration' };
+
+/**
+ * The decision on a tool use whose check had not been answered when the Run was stopped (`abort`):
+ * both ends apply it, so the harness can answer the use as refused without waiting.
+ */
+export const STOPPED_DECISION: GateDecision = { decision: 'deny', rule_id: null, message: 'the Run was stopped before the policy check answered' };
 
 /** A line that is not the relay protocol; the runner ends the Run with it as the reason. */
 export class RelayError extends Error {

@@ -6,7 +6,8 @@
  */
 import type { ModelClient, ModelRequest, ModelStreamEvent } from '@agentplane/protocol';
 import type { HarnessEvent, SessionEventSink } from '../events.js';
-import { encodeLine, RelayError, type HarnessMessage, type RelayRun, type RunnerMessage } from './protocol.js';
+import type { GateDecision, GateQuery } from '../loop.js';
+import { encodeLine, RelayError, STOPPED_DECISION, type HarnessMessage, type RelayRun, type RunnerMessage } from './protocol.js';
 
 interface OpenStream {
   push(event: ModelStreamEvent | undefined): void;
@@ -16,6 +17,7 @@ export class RelayClient {
   private seq = 0;
   private readonly streams = new Map<string, OpenStream>();
   private readonly calls = new Map<string, (r: { content: string; is_error: boolean }) => void>();
+  private readonly checks = new Map<string, (d: GateDecision) => void>();
   private readonly aborter = new AbortController();
   private startRun!: (run: RelayRun) => void;
   /** The Run to execute, from the runner's `start` line. */
@@ -51,8 +53,16 @@ export class RelayClient {
         this.calls.get(m.id)?.({ content: m.content, is_error: m.is_error });
         this.calls.delete(m.id);
         break;
+      case 'tool.decision':
+        this.checks.get(m.id)?.({ decision: m.decision, rule_id: m.rule_id, message: m.message });
+        this.checks.delete(m.id);
+        break;
       case 'abort':
         this.aborter.abort(m.reason);
+        for (const [id, answer] of this.checks) {
+          this.checks.delete(id);
+          answer(STOPPED_DECISION);
+        }
         break;
       default:
         throw new RelayError('invalid_message', 'unknown message from the runner');
@@ -83,7 +93,7 @@ export class RelayClient {
     });
     const onAbort = (): void => {
       this.send({ type: 'model.cancel', id });
-      queue.push({ type: 'error', error: { type: 'runtime.canceled', message: 'the model step was canceled', retryable: false } });
+      queue.push({ type: 'error', error: { type: 'runtime.internal', message: 'the model step was canceled', retryable: false } });
       wake?.();
     };
     signal.addEventListener('abort', onAbort, { once: true });
@@ -103,6 +113,22 @@ export class RelayClient {
       signal.removeEventListener('abort', onAbort);
       this.streams.delete(id);
     }
+  }
+
+  /**
+   * The ActionPolicy check of one tool use, asked of the runner (which asks the control plane;
+   * name and input are the runner's own record of the model's tool use, so only the id travels).
+   */
+  checkTool(q: GateQuery): Promise<GateDecision> {
+    const id = `c${++this.seq}`;
+    return new Promise((resolve) => {
+      if (this.signal.aborted) {
+        resolve(STOPPED_DECISION);
+        return;
+      }
+      this.checks.set(id, resolve);
+      this.send({ type: 'tool.check', id, tool_use_id: q.tool_use_id });
+    });
   }
 
   /** Calls an MCP tool through the runner (the sandbox has no network). */

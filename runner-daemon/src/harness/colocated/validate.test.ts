@@ -1,7 +1,8 @@
 import { describe, expect, it } from 'vitest';
 import type { ModelMessage } from '@agentplane/protocol';
+import { policyRefusal } from '../loop.js';
 import { RunAudit } from './audit.js';
-import { encodeLine, LineSplitter, RelayError, type RelayTool } from './protocol.js';
+import { encodeLine, LineSplitter, RelayError, STOPPED_DECISION, type RelayTool } from './protocol.js';
 import { parseHarnessLine, RELAY_MAX_EVENT_BYTES, validateEvent } from './validate.js';
 
 const rejects = (line: string, reason: RelayError['reason']): void => {
@@ -146,5 +147,51 @@ describe('what the runner holds a harness to', () => {
     audit.modelRequest();
     audit.modelRequest();
     expect(() => audit.modelRequest()).toThrow(/more than 2 model steps/);
+  });
+
+  it('under governance: every use is checked first, a denied one is only reported as refused and never called', () => {
+    expect(parseHarnessLine(encodeLine({ type: 'tool.check', id: 'c1', tool_use_id: 'toolu_1' }))).toEqual({ type: 'tool.check', id: 'c1', tool_use_id: 'toolu_1' });
+    expect(() => parseHarnessLine(JSON.stringify({ type: 'tool.check', id: 'c1', tool_use_id: 'toolu_1', name: 'bash' }))).toThrow(/unknown field/);
+    const audit = new RunAudit(tools, earlier, { confirmations: { toolu_old: 'allow' } }, 100, true);
+    audit.modelEvent({ type: 'tool_use', id: 'toolu_1', name: 'bash', input: { command: 'touch x' } });
+    audit.modelEvent({ type: 'tool_use', id: 'toolu_2', name: 'bash', input: { command: 'ls' } });
+    const use = (id: string, awaiting?: 'tool_confirmation') =>
+      audit.event({ type: 'agent.tool_use', payload: { id, name: 'bash', input: {}, blocking: awaiting !== undefined, ...(awaiting ? { awaiting } : {}) } });
+    expect(() => use('toolu_1')).toThrow(/before its policy check/);
+    expect(() => audit.checkQuery('toolu_forged')).toThrow(/not a tool use/);
+    // The query is the runner's record of the use, whatever the harness might claim.
+    expect(audit.checkQuery('toolu_1')).toEqual({ tool_use_id: 'toolu_1', tool: { kind: 'builtin', name: 'bash' }, input: { command: 'touch x' } });
+    expect(() => audit.checkQuery('toolu_1')).toThrow(/twice/);
+    const deny = { decision: 'deny' as const, rule_id: 'apol_1', message: 'no touching' };
+    audit.decided('toolu_1', deny);
+    use('toolu_1');
+    const ran = { tool_use_id: 'toolu_1', content: 'done', is_error: false, exit_code: 0 };
+    expect(() => audit.event({ type: 'agent.tool_result', payload: ran })).toThrow(/not reported as that refusal/);
+    expect(() => audit.modelMessages([{ role: 'user', content: [{ type: 'tool_result', tool_use_id: 'toolu_1', content: 'done' }] }])).toThrow(/refused by policy/);
+    audit.modelMessages([{ role: 'user', content: [{ type: 'tool_result', tool_use_id: 'toolu_1', content: policyRefusal(deny), is_error: true }] }]);
+    audit.event({ type: 'agent.tool_result', payload: { tool_use_id: 'toolu_1', content: policyRefusal(deny), is_error: true, denied: true, policy_rule_id: 'apol_1' } });
+
+    audit.checkQuery('toolu_2');
+    audit.decided('toolu_2', { decision: 'require_approval', rule_id: 'apol_2', message: 'ask' });
+    expect(() => use('toolu_2')).toThrow(/policy/);
+    use('toolu_2', 'tool_confirmation');
+    expect(audit.done({ type: 'requires_action', tool_use_ids: ['toolu_2'] })).toMatchObject({ type: 'requires_action' });
+
+    // An MCP call the policy denied is never made, even for a use the user confirmed.
+    audit.checkQuery('toolu_old');
+    audit.decided('toolu_old', deny);
+    expect(() => audit.toolCall('toolu_old', 'ext__echo')).toThrow(/ActionPolicy/);
+  });
+
+  it('under governance, once the Run is stopped a use not decided yet is refused on both ends', () => {
+    const audit = new RunAudit(tools, earlier, {}, 100, true);
+    audit.modelEvent({ type: 'tool_use', id: 'toolu_1', name: 'bash', input: {} });
+    audit.checkQuery('toolu_1');
+    audit.stop();
+    audit.event({ type: 'agent.tool_use', payload: { id: 'toolu_1', name: 'bash', input: {}, blocking: false } });
+    expect(() => audit.event({ type: 'agent.tool_result', payload: { tool_use_id: 'toolu_1', content: 'ran', is_error: false } })).toThrow(/refusal/);
+    // A late allow from the control plane does not undo the refusal.
+    audit.decided('toolu_1', { decision: 'allow', rule_id: null, message: 'ok' });
+    audit.event({ type: 'agent.tool_result', payload: { tool_use_id: 'toolu_1', content: policyRefusal(STOPPED_DECISION), is_error: true, denied: true } });
   });
 });

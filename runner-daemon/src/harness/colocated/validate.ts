@@ -126,10 +126,11 @@ export function validateEvent(v: unknown): RelayEvent {
       break;
     }
     case 'agent.tool_result': {
-      const payload = shape(p, 'agent.tool_result payload', ['tool_use_id', 'content', 'is_error'], ['denied', 'exit_code', 'timed_out', 'oom_killed', 'interrupted', 'duration_ms'], 'invalid_event');
+      const payload = shape(p, 'agent.tool_result payload', ['tool_use_id', 'content', 'is_error'], ['denied', 'policy_rule_id', 'exit_code', 'timed_out', 'oom_killed', 'interrupted', 'duration_ms'], 'invalid_event');
       str(payload.tool_use_id, 'agent.tool_result tool_use_id', 256, 'invalid_event');
       if (typeof payload.content !== 'string') fail('invalid_event', 'agent.tool_result content must be a string');
       bool(payload.is_error, 'agent.tool_result is_error', 'invalid_event');
+      if (payload.policy_rule_id !== undefined) str(payload.policy_rule_id, 'agent.tool_result policy_rule_id', 64, 'invalid_event');
       for (const k of ['denied', 'timed_out', 'oom_killed', 'interrupted'] as const) if (payload[k] !== undefined) bool(payload[k], `agent.tool_result ${k}`, 'invalid_event');
       if (payload.exit_code !== undefined && (!Number.isInteger(payload.exit_code) || (payload.exit_code as number) < -1 || (payload.exit_code as number) > 255)) fail('invalid_event', 'agent.tool_result exit_code must be an integer from -1 to 255');
       if (payload.duration_ms !== undefined && (typeof payload.duration_ms !== 'number' || !Number.isFinite(payload.duration_ms) || payload.duration_ms < 0)) fail('invalid_event', 'agent.tool_result duration_ms must be a non-negative number');
@@ -172,6 +173,9 @@ export function parseHarnessLine(line: string): HarnessMessage {
     case 'model.cancel':
       shape(m, 'model.cancel', ['type', 'id']);
       return { type: 'model.cancel', id: id(m.id, 'model.cancel.id') };
+    case 'tool.check':
+      shape(m, 'tool.check', ['type', 'id', 'tool_use_id']);
+      return { type: 'tool.check', id: id(m.id, 'tool.check.id'), tool_use_id: str(m.tool_use_id, 'tool.check.tool_use_id', 256) };
     case 'tool.call':
       shape(m, 'tool.call', ['type', 'id', 'tool_use_id', 'name', 'input']);
       return { type: 'tool.call', id: id(m.id, 'tool.call.id'), tool_use_id: str(m.tool_use_id, 'tool.call.tool_use_id', 256), name: str(m.name, 'tool.call.name', 128), input: m.input };

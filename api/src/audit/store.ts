@@ -1,0 +1,125 @@
+import { keys, LuaScript, tags, type Redis } from '@agentplane/store';
+
+/** Who acted: the Principal when the credential is bound to one, else the key or credential itself. */
+export interface AuditActor {
+  /** `prin_` id, or the `key_` / `rcred_` id of an unbound credential. */
+  id: string;
+  /** The credential that authenticated the request (`key_`, `pcred_`, `rcred_`), or null for platform-internal records. */
+  credential_id: string | null;
+}
+
+export type AuditOutcome = 'succeeded' | 'failed' | 'denied' | 'allowed' | 'requested' | 'approved' | 'expired' | 'error';
+
+/** One append-only audit record. Never holds secrets or message content. */
+export interface AuditRecord {
+  /** Position in the Workspace's audit log: 1, 2, 3, … (the export cursor). */
+  id: number;
+  workspace_id: string;
+  actor: AuditActor;
+  /** What was attempted: an operationId (`sessions.createSession`) or a governance action (`policy.evaluate`). */
+  action: string;
+  /** The resource acted on (an id), or null. */
+  target: string | null;
+  outcome: AuditOutcome;
+  /** HTTP status for request records, else null. */
+  status: number | null;
+  /** Error type of a refused or failed request, or the deciding rule of a governance decision. */
+  detail: string | null;
+  request_id: string | null;
+  time: string;
+}
+
+export type NewAuditRecord = Omit<AuditRecord, 'id' | 'time' | 'workspace_id'>;
+
+export interface AuditFilter {
+  after: number;
+  limit: number;
+  since?: number | undefined;
+  until?: number | undefined;
+  actor?: string | undefined;
+  target?: string | undefined;
+  action?: string | undefined;
+}
+
+/**
+ * Appends under one script: next sequence number, XADD with the explicit id `<seq>-0`, then drops
+ * up to 16 of the oldest entries that fell out of retention (amortised trimming; every append
+ * trims at least as much as it adds once the log is older than the retention window).
+ */
+const APPEND = new LuaScript('audit-append', `
+local seq = redis.call('INCR', KEYS[2])
+local rec = cjson.decode(ARGV[1])
+rec['id'] = seq
+redis.call('XADD', KEYS[1], seq .. '-0', 't', ARGV[2], 'r', cjson.encode(rec))
+local cutoff = tonumber(ARGV[3])
+local oldest = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 16)
+for _, e in ipairs(oldest) do
+  if tonumber(e[2][2]) >= cutoff then break end
+  redis.call('XDEL', KEYS[1], e[1])
+end
+return seq
+`);
+
+const SCAN_BATCH = 500;
+/** Entries one export call examines at most when filters skip most of them. */
+const SCAN_BUDGET = 20_000;
+
+/**
+ * The per-Workspace audit log: a Redis stream under the Workspace's hash tag
+ * (`ap:{w:<id>}:audit`, sequence counter `ap:{w:<id>}:audit:seq`).
+ */
+export class AuditLog {
+  constructor(private readonly redis: Redis, private readonly retentionMs: number) {}
+
+  private streamKey(workspaceId: string) {
+    return keys.scoped(tags.workspace(workspaceId), 'audit');
+  }
+
+  async append(workspaceId: string, record: NewAuditRecord, now = Date.now()): Promise<number> {
+    const tag = tags.workspace(workspaceId);
+    const body = { ...record, workspace_id: workspaceId, time: new Date(now).toISOString() };
+    const seq = await APPEND.run(this.redis, [keys.scoped(tag, 'audit'), keys.scoped(tag, 'audit:seq')], [
+      JSON.stringify(body), now, now - this.retentionMs,
+    ]);
+    return Number(seq);
+  }
+
+  /**
+   * One page of records with id > `after`, oldest first, matching every filter. `next_after` is the
+   * id to resend as `after`; null once the log has been read to its end.
+   */
+  async export(workspaceId: string, f: AuditFilter): Promise<{ data: AuditRecord[]; next_after: number | null }> {
+    const key = this.streamKey(workspaceId);
+    const data: AuditRecord[] = [];
+    let cursor = f.after;
+    let scanned = 0;
+    for (;;) {
+      const batch = (await this.redis.xrange(key, `${cursor + 1}-0`, '+', 'COUNT', SCAN_BATCH)) as [string, string[]][];
+      for (const [entryId, fields] of batch) {
+        const seq = Number(entryId.slice(0, entryId.indexOf('-')));
+        scanned++;
+        const json = fields[fields.indexOf('r') + 1];
+        const rec = json ? (JSON.parse(json) as AuditRecord) : null;
+        if (rec && matches(rec, f)) {
+          data.push(rec);
+          if (data.length >= f.limit) return { data, next_after: seq };
+        }
+        cursor = seq;
+        if (scanned >= SCAN_BUDGET) return { data, next_after: cursor };
+      }
+      if (batch.length < SCAN_BATCH) return { data, next_after: null };
+    }
+  }
+}
+
+function matches(r: AuditRecord, f: AuditFilter): boolean {
+  if (f.actor !== undefined && r.actor.id !== f.actor && r.actor.credential_id !== f.actor) return false;
+  if (f.target !== undefined && r.target !== f.target) return false;
+  if (f.action !== undefined && r.action !== f.action) return false;
+  if (f.since !== undefined || f.until !== undefined) {
+    const t = Date.parse(r.time);
+    if (f.since !== undefined && t < f.since) return false;
+    if (f.until !== undefined && t >= f.until) return false;
+  }
+  return true;
+}

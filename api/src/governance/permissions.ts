@@ -1,0 +1,114 @@
+import { ApiError, isId, newId, nowIso } from '@agentplane/core';
+import { keys, tags, type DocumentStore, type Redis, type StoredDoc } from '@agentplane/store';
+
+/** What a PermissionAssignment can grant (docs/GOVERNANCE.md, "Which boundary checks which action"). */
+export const PERMISSION_ACTIONS = ['invoke', 'steer', 'observe', 'read', 'manage', 'approve'] as const;
+export type PermissionAction = (typeof PERMISSION_ACTIONS)[number];
+
+export type TargetType = 'workspace' | 'agent' | 'session';
+
+export interface PermissionTarget {
+  type: TargetType;
+  id: string;
+}
+
+export interface PermissionAssignment extends StoredDoc {
+  type: 'permission_assignment';
+  workspace_id: string;
+  principal_id: string;
+  target: PermissionTarget;
+  actions: PermissionAction[];
+}
+
+export const ASSIGNMENTS = 'permission_assignments';
+export const byPrincipal = (principalId: string): string => `permission_assignments:principal:${principalId}`;
+
+/** The target an operation's request names, resolved for the check. */
+export interface CheckTarget {
+  type: TargetType;
+  id: string;
+  /** For a Session: its Agent (an assignment on the Agent covers the Agent's Sessions). */
+  agentId?: string | undefined;
+}
+
+/**
+ * PermissionAssignments of one Workspace (documents under the Workspace tag, indexed per
+ * Principal so a live check is one ZRANGE and one MGET, no cache).
+ */
+export class PermissionStore {
+  constructor(private readonly redis: Redis, private readonly docs: DocumentStore) {}
+
+  async create(workspaceId: string, input: { principal_id: string; target: PermissionTarget; actions: PermissionAction[] }): Promise<PermissionAssignment> {
+    const now = nowIso();
+    const doc: PermissionAssignment = {
+      id: newId('permissionAssignment'), type: 'permission_assignment', workspace_id: workspaceId,
+      principal_id: input.principal_id, target: input.target, actions: normalise(input.actions),
+      version: 1, created_at: now, updated_at: now,
+    };
+    await this.docs.create(tags.workspace(workspaceId), doc, [ASSIGNMENTS, byPrincipal(input.principal_id)]);
+    return doc;
+  }
+
+  async get(workspaceId: string, id: string): Promise<PermissionAssignment> {
+    const doc = await this.docs.get<PermissionAssignment>(tags.workspace(workspaceId), id);
+    if (!doc || doc.type !== 'permission_assignment' || doc.workspace_id !== workspaceId) {
+      throw new ApiError('validation.not_found', 'permission assignment not found');
+    }
+    return doc;
+  }
+
+  async update(workspaceId: string, id: string, actions: PermissionAction[], expectedVersion: number | undefined): Promise<PermissionAssignment> {
+    await this.get(workspaceId, id);
+    return this.docs.update<PermissionAssignment>(tags.workspace(workspaceId), id, (a) => ({
+      ...a, actions: normalise(actions), version: a.version + 1, updated_at: nowIso(),
+    }), { expectedVersion, notFound: 'permission assignment' });
+  }
+
+  async remove(workspaceId: string, id: string, expectedVersion: number | undefined): Promise<void> {
+    const a = await this.get(workspaceId, id);
+    if (expectedVersion !== undefined && a.version !== expectedVersion) {
+      throw new ApiError('validation.conflict', `expected_version ${expectedVersion} is stale; the assignment is at version ${a.version}`);
+    }
+    await this.docs.remove(tags.workspace(workspaceId), id, [ASSIGNMENTS, byPrincipal(a.principal_id)]);
+  }
+
+  /** Every live assignment of a Principal (read fresh on each call: a revoke counts from the next request). */
+  async ofPrincipal(workspaceId: string, principalId: string): Promise<PermissionAssignment[]> {
+    const tag = tags.workspace(workspaceId);
+    const ids = await this.redis.zrange(keys.index(tag, byPrincipal(principalId)), 0, -1);
+    return this.docs.getMany<PermissionAssignment>(tag, ids);
+  }
+
+  /**
+   * Does the Principal hold `action` on `target`? An assignment on the exact target, on the
+   * Workspace, or (for a Session) on the Session's Agent grants it.
+   */
+  async holds(workspaceId: string, principalId: string, action: PermissionAction, target: CheckTarget): Promise<boolean> {
+    const held = await this.ofPrincipal(workspaceId, principalId);
+    return held.some((a) => a.actions.includes(action) && covers(a.target, target, workspaceId));
+  }
+
+  /** Throws 403 `policy.denied` naming the missing assignment. */
+  async require(workspaceId: string, principalId: string, action: PermissionAction, target: CheckTarget): Promise<void> {
+    if (await this.holds(workspaceId, principalId, action, target)) return;
+    const where = target.type === 'workspace' ? 'the Workspace' : `${target.type} ${target.id}${target.agentId ? ` (nor on its agent ${target.agentId})` : ''}`;
+    throw new ApiError('policy.denied', `Principal ${principalId} holds no PermissionAssignment granting '${action}' on ${where}${target.type === 'workspace' ? '' : ' or on the Workspace'}`);
+  }
+}
+
+export function covers(granted: PermissionTarget, wanted: CheckTarget, workspaceId: string): boolean {
+  if (granted.type === 'workspace') return granted.id === workspaceId;
+  if (granted.type === wanted.type && granted.id === wanted.id) return true;
+  return granted.type === 'agent' && wanted.type === 'session' && wanted.agentId === granted.id;
+}
+
+function normalise(actions: PermissionAction[]): PermissionAction[] {
+  return PERMISSION_ACTIONS.filter((a) => actions.includes(a));
+}
+
+export function targetTypeOf(id: string): TargetType | null {
+  if (isId('workspace', id)) return 'workspace';
+  if (isId('agent', id)) return 'agent';
+  if (isId('session', id)) return 'session';
+  return null;
+}

@@ -1,0 +1,141 @@
+import { ApiError, GlobError, newId, nowIso, type Logger } from '@agentplane/core';
+import { keys, tags, type DocumentStore, type Redis, type StoredDoc } from '@agentplane/store';
+import type { AuditLog } from '../audit/store.js';
+import { compileRule, PolicySet, type PolicyDecision, type PolicyEffect, type PolicyRule, type ToolCall, type ToolKind } from './policy-eval.js';
+
+export interface ActionPolicy extends StoredDoc {
+  type: 'action_policy';
+  workspace_id: string;
+  description: string | null;
+  effect: PolicyEffect;
+  tool: { kind: ToolKind | 'any'; name: string; connection_id: string | null };
+  arguments: { command_prefix: string | null; path_glob: string | null };
+  principal_id: string | null;
+}
+
+export type ActionPolicyInput = Pick<ActionPolicy, 'effect' | 'tool' | 'arguments' | 'principal_id' | 'description'>;
+
+export const POLICIES = 'action_policies';
+
+export function toRule(p: ActionPolicy): PolicyRule {
+  return {
+    id: p.id, effect: p.effect, tool_kind: p.tool.kind, tool_name: p.tool.name, connection_id: p.tool.connection_id,
+    command_prefix: p.arguments.command_prefix, path_glob: p.arguments.path_glob, principal_id: p.principal_id, created_at: p.created_at,
+  };
+}
+
+/** A rule whose pattern does not compile is refused with 400 before anything is written. */
+export function checkPatterns(input: ActionPolicyInput): void {
+  try {
+    compileRule(toRule({ ...input, id: 'apol_check', type: 'action_policy', workspace_id: '', version: 1, created_at: '', updated_at: '' }), 0);
+  } catch (err) {
+    if (err instanceof GlobError) throw new ApiError('validation.malformed', `body: ${err.message}`);
+    throw err;
+  }
+}
+
+/** Who a governance decision is recorded for. */
+export interface DecisionContext {
+  actor: { id: string; credential_id: string | null };
+  /** What the decision guards, for the audit record (e.g. the Session). */
+  target: string | null;
+  request_id?: string | null;
+}
+
+/**
+ * ActionPolicies of each Workspace, plus the compiled set per policy-set version: every write
+ * bumps `ap:{w:<ws>}:apol:version`, every decision reads it (one GET), so a change governs the
+ * very next call; the compiled set is rebuilt only when the version moved.
+ */
+export class PolicyStore {
+  private readonly cache = new Map<string, { version: string; set: PolicySet }>();
+
+  constructor(private readonly redis: Redis, private readonly docs: DocumentStore, private readonly audit: AuditLog, private readonly log: Logger) {}
+
+  private versionKey(ws: string): string {
+    return keys.scoped(tags.workspace(ws), 'apol:version');
+  }
+
+  private async bump(ws: string): Promise<void> {
+    await this.redis.incr(this.versionKey(ws));
+  }
+
+  async create(ws: string, input: ActionPolicyInput): Promise<ActionPolicy> {
+    checkPatterns(input);
+    const now = nowIso();
+    const doc: ActionPolicy = { id: newId('actionPolicy'), type: 'action_policy', workspace_id: ws, ...input, version: 1, created_at: now, updated_at: now };
+    await this.docs.create(tags.workspace(ws), doc, [POLICIES]);
+    await this.bump(ws);
+    return doc;
+  }
+
+  async get(ws: string, id: string): Promise<ActionPolicy> {
+    const doc = await this.docs.get<ActionPolicy>(tags.workspace(ws), id);
+    if (!doc || doc.type !== 'action_policy' || doc.workspace_id !== ws) throw new ApiError('validation.not_found', 'action policy not found');
+    return doc;
+  }
+
+  async update(ws: string, id: string, input: ActionPolicyInput, expectedVersion: number | undefined): Promise<ActionPolicy> {
+    checkPatterns(input);
+    await this.get(ws, id);
+    const next = await this.docs.update<ActionPolicy>(tags.workspace(ws), id, (p) => ({ ...p, ...input }), { expectedVersion, notFound: 'action policy' });
+    await this.bump(ws);
+    return next;
+  }
+
+  async remove(ws: string, id: string, expectedVersion: number | undefined): Promise<void> {
+    const p = await this.get(ws, id);
+    if (expectedVersion !== undefined && p.version !== expectedVersion) {
+      throw new ApiError('validation.conflict', `expected_version ${expectedVersion} is stale; the policy is at version ${p.version}`);
+    }
+    await this.docs.remove(tags.workspace(ws), id, [POLICIES]);
+    await this.bump(ws);
+  }
+
+  /** The Workspace's compiled policy set as of now. */
+  async current(ws: string): Promise<PolicySet> {
+    const version = (await this.redis.get(this.versionKey(ws))) ?? '0';
+    const cached = this.cache.get(ws);
+    if (cached && cached.version === version) return cached.set;
+    const ids = await this.redis.zrange(keys.index(tags.workspace(ws), POLICIES), 0, -1);
+    const docs: ActionPolicy[] = [];
+    for (let i = 0; i < ids.length; i += 1000) docs.push(...(await this.docs.getMany<ActionPolicy>(tags.workspace(ws), ids.slice(i, i + 1000))));
+    const set = new PolicySet(docs.map(toRule));
+    this.cache.set(ws, { version, set });
+    return set;
+  }
+
+  /** Evaluate without recording (the dry run). */
+  async explain(ws: string, call: ToolCall): Promise<PolicyDecision> {
+    return (await this.current(ws)).evaluate(call);
+  }
+
+  /**
+   * Decide one call and record the decision in the audit log (when a rule decided it, or the
+   * evaluation failed). Any failure to evaluate denies
+   * (fail closed) and says so in the record.
+   */
+  async decide(ws: string, call: ToolCall, ctx: DecisionContext): Promise<PolicyDecision> {
+    let d: PolicyDecision;
+    let failed = false;
+    try {
+      d = (await this.current(ws)).evaluate(call);
+    } catch (err) {
+      this.log.error({ err, workspace: ws, tool: call.name }, 'action policy evaluation failed; denying');
+      failed = true;
+      d = { decision: 'deny', rule_id: null, explanation: `${call.kind} tool '${call.name}': denied because the ActionPolicy evaluation failed (fail closed)`, matched: [] };
+    }
+    // A call no rule speaks to is allowed by default and not recorded (the floor costs no write).
+    if (d.rule_id === null && !failed) return d;
+    try {
+      await this.audit.append(ws, {
+        actor: ctx.actor, action: `policy.${call.kind}:${call.name}`, target: ctx.target,
+        outcome: failed ? 'error' : d.decision === 'allow' ? 'allowed' : d.decision === 'deny' ? 'denied' : 'requested',
+        status: null, detail: failed ? 'evaluation_failed' : d.rule_id ?? 'default_allow', request_id: ctx.request_id ?? null,
+      });
+    } catch (err) {
+      this.log.error({ err, workspace: ws }, 'audit append of a policy decision failed');
+    }
+    return d;
+  }
+}

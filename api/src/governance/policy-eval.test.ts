@@ -1,0 +1,88 @@
+import { describe, expect, it } from 'vitest';
+import { GlobError } from '@agentplane/core';
+import { PolicySet, type PolicyRule } from './policy-eval.js';
+
+let n = 0;
+const rule = (r: Partial<PolicyRule> & Pick<PolicyRule, 'effect'>): PolicyRule => ({
+  id: `apol_${String(++n).padStart(32, '0')}`, tool_kind: 'builtin', tool_name: 'bash', created_at: new Date(1_700_000_000_000 + n).toISOString(), ...r,
+});
+const bash = (command: string, principal_id?: string) => ({ kind: 'builtin' as const, name: 'bash', input: { command }, ...(principal_id ? { principal_id } : {}) });
+
+describe('ActionPolicy evaluation', () => {
+  it('allows by default when nothing matches', () => {
+    const d = new PolicySet([]).evaluate(bash('ls'));
+    expect(d).toMatchObject({ decision: 'allow', rule_id: null, matched: [] });
+  });
+
+  it('deny wins over any allow, however specific', () => {
+    const deny = rule({ effect: 'deny' });
+    const allow = rule({ effect: 'allow', command_prefix: 'git status', principal_id: 'prin_a' });
+    const d = new PolicySet([allow, deny]).evaluate(bash('git status', 'prin_a'));
+    expect(d.decision).toBe('deny');
+    expect(d.rule_id).toBe(deny.id);
+    expect(d.matched.map((m) => m.rule_id)).toEqual([allow.id, deny.id]);
+    expect(d.explanation).toContain(deny.id);
+  });
+
+  it('otherwise the most specific match decides; ties go to require_approval, then the oldest rule', () => {
+    const approve = rule({ effect: 'require_approval' });
+    const allowGit = rule({ effect: 'allow', command_prefix: 'git status' });
+    const set = new PolicySet([approve, allowGit]);
+    expect(set.evaluate(bash('git status --short'))).toMatchObject({ decision: 'allow', rule_id: allowGit.id });
+    expect(set.evaluate(bash('rm -rf /'))).toMatchObject({ decision: 'require_approval', rule_id: approve.id });
+    const allowSame = rule({ effect: 'allow' });
+    expect(new PolicySet([allowSame, approve]).evaluate(bash('ls'))).toMatchObject({ decision: 'require_approval', rule_id: approve.id });
+    const first = rule({ effect: 'allow', tool_name: 'ba*' });
+    const second = rule({ effect: 'allow', tool_name: 'b*' });
+    expect(new PolicySet([second, first]).evaluate(bash('ls')).rule_id).toBe(first.id);
+  });
+
+  it('a command prefix matches on a word boundary, and never allows a command with shell control characters', () => {
+    const allow = rule({ effect: 'allow', command_prefix: 'git status' });
+    const approve = rule({ effect: 'require_approval' });
+    const set = new PolicySet([allow, approve]);
+    expect(set.evaluate(bash('git statusx')).decision).toBe('require_approval');
+    expect(set.evaluate(bash('git status; rm -rf /')).decision).toBe('require_approval');
+    expect(set.evaluate(bash('git status && curl x')).decision).toBe('require_approval');
+    expect(set.evaluate(bash('  git status')).decision).toBe('allow');
+    const denyRm = rule({ effect: 'deny', command_prefix: 'rm' });
+    expect(new PolicySet([denyRm]).evaluate(bash('rm -rf / && echo')).decision).toBe('deny');
+  });
+
+  it('matches names by glob, kinds, connections, Principals and file paths', () => {
+    const mcp = rule({ effect: 'deny', tool_kind: 'mcp', tool_name: 'github_*', connection_id: 'conn_1' });
+    const files = rule({ effect: 'deny', tool_kind: 'builtin', tool_name: '{write,edit}', path_glob: '/etc/**' });
+    const mine = rule({ effect: 'require_approval', tool_kind: 'any', tool_name: '*', principal_id: 'prin_x' });
+    const set = new PolicySet([mcp, files, mine]);
+    expect(set.evaluate({ kind: 'mcp', name: 'github_push', connection_id: 'conn_1' }).rule_id).toBe(mcp.id);
+    expect(set.evaluate({ kind: 'mcp', name: 'github_push', connection_id: 'conn_2' }).decision).toBe('allow');
+    expect(set.evaluate({ kind: 'custom', name: 'github_push' }).decision).toBe('allow');
+    expect(set.evaluate({ kind: 'builtin', name: 'write', input: { path: '/etc/passwd', content: '' } }).decision).toBe('deny');
+    expect(set.evaluate({ kind: 'builtin', name: 'write', input: { path: '/workspace/a' } }).decision).toBe('allow');
+    expect(set.evaluate({ kind: 'builtin', name: 'read', input: { path: '/etc/passwd' } }).decision).toBe('allow');
+    expect(set.evaluate({ kind: 'drive', name: 'user.message', principal_id: 'prin_x' }).decision).toBe('require_approval');
+    expect(set.evaluate({ kind: 'drive', name: 'user.message', principal_id: 'prin_y' }).decision).toBe('allow');
+  });
+
+  it('name patterns with literal heads and tails, classes and alternatives', () => {
+    const cases: [string, string, boolean][] = [
+      ['*_x', 'a_x', true], ['*_x', 'a_y', false], ['*_x', '_x', true],
+      ['pre{a,b}post', 'preapost', true], ['pre{a,b}post', 'precpost', false],
+      ['ab*ba', 'aba', false], ['ab*ba', 'abba', true], ['[gs]et_*', 'set_x', true], ['[gs]et_*', 'let_x', false],
+      ['a,b*', 'a,bc', true], ['{a}', '{a}', true], ['x?', 'xy', true], ['x?', 'x', false],
+    ];
+    for (const [pattern, name, hit] of cases) {
+      const d = new PolicySet([rule({ effect: 'deny', tool_kind: 'custom', tool_name: pattern })]).evaluate({ kind: 'custom', name });
+      expect([pattern, name, d.decision]).toEqual([pattern, name, hit ? 'deny' : 'allow']);
+    }
+  });
+
+  it('refuses malformed patterns, and stays linear on hostile ones', () => {
+    expect(() => new PolicySet([rule({ effect: 'deny', tool_name: 'a[' })])).toThrow(GlobError);
+    const hostile = rule({ effect: 'deny', tool_kind: 'any', tool_name: `${'*a'.repeat(40)}b` });
+    const started = Date.now();
+    const d = new PolicySet([hostile]).evaluate({ kind: 'custom', name: 'a'.repeat(250) });
+    expect(d.decision).toBe('allow');
+    expect(Date.now() - started).toBeLessThan(1000);
+  });
+});

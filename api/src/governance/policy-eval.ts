@@ -1,0 +1,168 @@
+/**
+ * ActionPolicy evaluation: pure, deterministic, linear in the number of rules (patterns are
+ * compiled once per policy-set version with the linear-time glob matcher; no RegExp is ever built
+ * from a user's pattern). docs/GOVERNANCE.md, "ActionPolicies", states the precedence.
+ */
+import { compileGlob, type CompiledGlob } from '@agentplane/core';
+
+export const POLICY_EFFECTS = ['allow', 'deny', 'require_approval'] as const;
+export type PolicyEffect = (typeof POLICY_EFFECTS)[number];
+
+/** Where a call comes from: a harness tool (built-in, custom, MCP connection), an MCP edge tool, a drive event. */
+export const TOOL_KINDS = ['builtin', 'custom', 'mcp', 'api', 'drive'] as const;
+export type ToolKind = (typeof TOOL_KINDS)[number];
+
+/** A rule as stored (the fields evaluation reads). */
+export interface PolicyRule {
+  id: string;
+  effect: PolicyEffect;
+  /** `any` or one kind. */
+  tool_kind: ToolKind | 'any';
+  /** Exact name or glob (`*`, `?`, `[…]`, `{a,b}`); `*` matches every name. */
+  tool_name: string;
+  /** MCP tools: only this Connection's. */
+  connection_id?: string | null | undefined;
+  /** bash: the command starts with this (word boundary). */
+  command_prefix?: string | null | undefined;
+  /** file tools (read, write, edit, glob, list, grep): the `path` argument matches this glob. */
+  path_glob?: string | null | undefined;
+  /** Only calls made for this Principal. */
+  principal_id?: string | null | undefined;
+  created_at: string;
+}
+
+/** One call to decide. */
+export interface ToolCall {
+  kind: ToolKind;
+  name: string;
+  connection_id?: string | undefined;
+  input?: unknown;
+  /** The Principal the call is made for, when known. */
+  principal_id?: string | undefined;
+}
+
+export interface PolicyDecision {
+  decision: PolicyEffect;
+  /** The deciding rule, or null when no rule matched (the default: allow). */
+  rule_id: string | null;
+  explanation: string;
+  /** Every matching rule, most specific first (dry runs show it). */
+  matched: { rule_id: string; effect: PolicyEffect; specificity: number }[];
+}
+
+interface Compiled {
+  rule: PolicyRule;
+  exactName: string | null;
+  nameGlob: CompiledGlob | null;
+  /** Literal text a name pattern starts and ends with: cheap necessary conditions tested before the glob. */
+  head: string;
+  tail: string;
+  pathGlob: CompiledGlob | null;
+  specificity: number;
+  order: number;
+}
+
+/** Shell control characters: a command holding them can still match deny/approval prefixes, never an allow prefix. */
+const SHELL_CONTROL = /[;&|`$<>(){}\n\r\\]/;
+const EFFECT_RANK: Record<PolicyEffect, number> = { deny: 3, require_approval: 2, allow: 1 };
+const FILE_TOOLS = new Set(['read', 'write', 'edit', 'glob', 'list', 'grep']);
+
+const isPattern = (name: string): boolean => /[*?[{\\]/.test(name);
+
+/** Compile-time check of a rule's patterns; throws GlobError with the reason. */
+export function compileRule(rule: PolicyRule, order: number): Compiled {
+  const pattern = isPattern(rule.tool_name);
+  const exactName = pattern ? null : rule.tool_name;
+  const nameGlob = pattern && rule.tool_name !== '*' ? compileGlob(rule.tool_name, { segments: false }) : null;
+  const pathGlob = rule.path_glob ? compileGlob(rule.path_glob) : null;
+  // Without escapes, the text before the first and after the last special character is literal.
+  let head = '';
+  let tail = '';
+  if (nameGlob && !rule.tool_name.includes('\\')) {
+    const specials = /[*?[\]{},]/g;
+    const first = rule.tool_name.search(/[*?[\]{},]/);
+    let last = -1;
+    for (let m = specials.exec(rule.tool_name); m; m = specials.exec(rule.tool_name)) last = m.index;
+    head = rule.tool_name.slice(0, first);
+    tail = rule.tool_name.slice(last + 1);
+  }
+  const specificity =
+    (rule.principal_id ? 16 : 0) +
+    (rule.command_prefix || rule.path_glob ? 8 : 0) +
+    (rule.connection_id ? 4 : 0) +
+    (exactName !== null ? 2 : rule.tool_name === '*' ? 0 : 1) +
+    (rule.tool_kind !== 'any' ? 1 : 0);
+  return { rule, exactName, nameGlob, head, tail, pathGlob, specificity, order };
+}
+
+function argString(input: unknown, field: string): string | undefined {
+  if (typeof input !== 'object' || input === null) return undefined;
+  const v = (input as Record<string, unknown>)[field];
+  return typeof v === 'string' ? v : undefined;
+}
+
+function commandMatches(prefix: string, command: string | undefined, effect: PolicyEffect): boolean {
+  if (command === undefined) return false;
+  const c = command.trimStart();
+  if (!c.startsWith(prefix)) return false;
+  const next = c.charAt(prefix.length);
+  if (next !== '' && !/\s/.test(next) && !/\s$/.test(prefix)) return false;
+  return !(effect === 'allow' && SHELL_CONTROL.test(c));
+}
+
+/** A compiled policy set: built once per version, evaluated per call. */
+export class PolicySet {
+  private readonly byName = new Map<string, Compiled[]>();
+  private readonly patterned: Compiled[] = [];
+  readonly size: number;
+
+  constructor(rules: readonly PolicyRule[]) {
+    const sorted = [...rules].sort((a, b) => a.created_at.localeCompare(b.created_at) || a.id.localeCompare(b.id));
+    sorted.forEach((r, i) => {
+      const c = compileRule(r, i);
+      if (c.exactName !== null) {
+        const list = this.byName.get(c.exactName) ?? [];
+        list.push(c);
+        this.byName.set(c.exactName, list);
+      } else {
+        this.patterned.push(c);
+      }
+    });
+    this.size = sorted.length;
+  }
+
+  private matches(c: Compiled, call: ToolCall): boolean {
+    const r = c.rule;
+    if (r.tool_kind !== 'any' && r.tool_kind !== call.kind) return false;
+    if (c.nameGlob) {
+      if (!call.name.startsWith(c.head) || !call.name.endsWith(c.tail) || call.name.length < c.head.length + c.tail.length) return false;
+      if (!c.nameGlob.test(call.name)) return false;
+    }
+    if (r.connection_id && r.connection_id !== call.connection_id) return false;
+    if (r.principal_id && r.principal_id !== call.principal_id) return false;
+    if (r.command_prefix && !(call.kind === 'builtin' && call.name === 'bash' && commandMatches(r.command_prefix, argString(call.input, 'command'), r.effect))) return false;
+    if (c.pathGlob) {
+      if (!(call.kind === 'builtin' && FILE_TOOLS.has(call.name))) return false;
+      const path = argString(call.input, 'path');
+      if (path === undefined || !c.pathGlob.test(path)) return false;
+    }
+    return true;
+  }
+
+  evaluate(call: ToolCall): PolicyDecision {
+    const hits: Compiled[] = [];
+    for (const c of this.byName.get(call.name) ?? []) if (this.matches(c, call)) hits.push(c);
+    for (const c of this.patterned) if (this.matches(c, call)) hits.push(c);
+    if (hits.length === 0) {
+      return { decision: 'allow', rule_id: null, explanation: `no ActionPolicy matches ${call.kind} tool '${call.name}': allowed by default`, matched: [] };
+    }
+    hits.sort((a, b) => b.specificity - a.specificity || EFFECT_RANK[b.rule.effect] - EFFECT_RANK[a.rule.effect] || a.order - b.order);
+    const matched = hits.map((h) => ({ rule_id: h.rule.id, effect: h.rule.effect, specificity: h.specificity }));
+    const deny = hits.find((h) => h.rule.effect === 'deny');
+    const decider = deny ?? (hits[0] as Compiled);
+    const why = deny
+      ? `denied by ActionPolicy ${deny.rule.id} (deny wins over every other match)`
+      : `${decider.rule.effect === 'allow' ? 'allowed' : 'requires approval'} by ActionPolicy ${decider.rule.id} (the most specific match, specificity ${decider.specificity})`;
+    return { decision: decider.rule.effect, rule_id: decider.rule.id, explanation: `${call.kind} tool '${call.name}': ${why}`, matched };
+  }
+}

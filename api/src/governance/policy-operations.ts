@@ -1,0 +1,150 @@
+import { ApiError, Id, Nullable, Obj, Page, PageQuery, Timestamp, Type } from '@agentplane/core';
+import { tags } from '@agentplane/store';
+import { ADMINS, READERS } from '../http/caller.js';
+import { defineOperation, json, type Operation } from '../http/operation.js';
+import { requireWorkspace } from '../http/workspace-scope.js';
+import type { ApiDeps } from '../deps.js';
+import type { Principal } from '../identity/model.js';
+import { POLICY_EFFECTS, TOOL_KINDS } from './policy-eval.js';
+import { POLICIES, type ActionPolicy, type ActionPolicyInput } from './policies.js';
+
+const Effect = Type.Union(POLICY_EFFECTS.map((e) => Type.Literal(e)));
+const Kind = Type.Union(TOOL_KINDS.map((k) => Type.Literal(k)));
+const Pattern = (max: number) => Type.String({ minLength: 1, maxLength: max });
+const ToolSchema = Obj({
+  kind: Type.Union([Kind, Type.Literal('any')]),
+  name: Pattern(256),
+  connection_id: Type.Optional(Nullable(Id('connection'))),
+});
+const ArgumentsSchema = Obj({
+  command_prefix: Type.Optional(Nullable(Pattern(1024))),
+  path_glob: Type.Optional(Nullable(Pattern(1024))),
+});
+const PolicyBody = {
+  effect: Effect,
+  tool: ToolSchema,
+  arguments: Type.Optional(ArgumentsSchema),
+  principal_id: Type.Optional(Nullable(Id('principal'))),
+  description: Type.Optional(Nullable(Type.String({ maxLength: 1000 }))),
+};
+export const ActionPolicySchema = Obj({
+  id: Id('actionPolicy'), type: Type.Literal('action_policy'), workspace_id: Id('workspace'), description: Nullable(Type.String()),
+  effect: Effect,
+  tool: Obj({ kind: Type.Union([Kind, Type.Literal('any')]), name: Type.String(), connection_id: Nullable(Type.String()) }),
+  arguments: Obj({ command_prefix: Nullable(Type.String()), path_glob: Nullable(Type.String()) }),
+  principal_id: Nullable(Type.String()),
+  version: Type.Integer(), created_at: Timestamp(), updated_at: Timestamp(),
+});
+const PolicyPath = Obj({ action_policy_id: Id('actionPolicy') });
+
+type BodyIn = {
+  effect: ActionPolicyInput['effect'];
+  tool: { kind: ActionPolicyInput['tool']['kind']; name: string; connection_id?: string | null | undefined };
+  arguments?: { command_prefix?: string | null | undefined; path_glob?: string | null | undefined } | undefined;
+  principal_id?: string | null | undefined;
+  description?: string | null | undefined;
+};
+
+/** Normalise and check a rule: its Principal and Connection must be this Workspace's; argument patterns only where they mean something. */
+async function input(deps: ApiDeps, ws: string, b: BodyIn): Promise<ActionPolicyInput> {
+  const out: ActionPolicyInput = {
+    effect: b.effect,
+    tool: { kind: b.tool.kind, name: b.tool.name, connection_id: b.tool.connection_id ?? null },
+    arguments: { command_prefix: b.arguments?.command_prefix ?? null, path_glob: b.arguments?.path_glob ?? null },
+    principal_id: b.principal_id ?? null,
+    description: b.description ?? null,
+  };
+  if (out.arguments.command_prefix && !(out.tool.kind === 'builtin' && out.tool.name === 'bash')) {
+    throw new ApiError('validation.malformed', "body.arguments.command_prefix: only for the builtin tool 'bash'");
+  }
+  if (out.arguments.path_glob && out.tool.kind !== 'builtin') {
+    throw new ApiError('validation.malformed', 'body.arguments.path_glob: only for builtin file tools');
+  }
+  if (out.tool.connection_id && out.tool.kind !== 'mcp') throw new ApiError('validation.malformed', "body.tool.connection_id: only for kind 'mcp'");
+  if (out.principal_id) {
+    const p = await deps.docs.get<Principal>(tags.workspace(ws), out.principal_id);
+    if (!p || p.status === 'deleted') throw new ApiError('validation.not_found', `principal ${out.principal_id} not found`);
+  }
+  if (out.tool.connection_id) {
+    const c = await deps.docs.get<{ workspace_id?: string } & import('@agentplane/store').StoredDoc>(tags.workspace(ws), out.tool.connection_id);
+    if (!c || c.workspace_id !== ws) throw new ApiError('validation.not_found', `connection ${out.tool.connection_id} not found`);
+  }
+  return out;
+}
+
+const DecisionSchema = Obj({
+  decision: Effect,
+  rule_id: Nullable(Type.String()),
+  explanation: Type.String(),
+  matched: Type.Array(Obj({ rule_id: Type.String(), effect: Effect, specificity: Type.Integer() })),
+});
+
+export const policyOperations: Operation[] = [
+  // Before `/{action_policy_id}`: the router matches in order.
+  defineOperation({
+    operationId: 'actionPolicies.evaluateActionPolicies', method: 'POST', path: '/v1/action-policies/evaluate',
+    audit: false,
+    summary: 'Dry run: which decision the current ActionPolicies give one call, and which rule decided',
+    auth: { kind: 'bearer', roles: READERS },
+    body: Obj({
+      tool: Obj({ kind: Kind, name: Pattern(256), connection_id: Type.Optional(Id('connection')) }),
+      input: Type.Optional(Type.Unknown()),
+      principal_id: Type.Optional(Id('principal')),
+    }),
+    response: DecisionSchema, mcp: 'full',
+    async handler({ caller, body, deps }) {
+      return json(200, await deps.policies.explain(requireWorkspace(caller), {
+        kind: body.tool.kind, name: body.tool.name, connection_id: body.tool.connection_id, input: body.input, principal_id: body.principal_id,
+      }));
+    },
+  }),
+  defineOperation({
+    operationId: 'actionPolicies.createActionPolicy', method: 'POST', path: '/v1/action-policies',
+    audit: { target: 'response' },
+    summary: 'Add an ActionPolicy rule (allow, deny or require_approval a tool, optionally by argument pattern and Principal)',
+    auth: { kind: 'bearer', roles: ADMINS }, body: Obj(PolicyBody), response: ActionPolicySchema, successStatus: 201, idempotency: 'optional', mcp: 'full',
+    async handler({ caller, body, deps }) {
+      const ws = requireWorkspace(caller);
+      return json(201, await deps.policies.create(ws, await input(deps, ws, body)));
+    },
+  }),
+  defineOperation({
+    operationId: 'actionPolicies.listActionPolicies', method: 'GET', path: '/v1/action-policies',
+    summary: 'List the ActionPolicies of the Workspace, oldest first', auth: { kind: 'bearer', roles: READERS },
+    query: PageQuery({}, 1000), response: Page(ActionPolicySchema), mcp: 'full',
+    async handler({ caller, query, deps }) {
+      return json(200, await deps.docs.list<ActionPolicy>(tags.workspace(requireWorkspace(caller)), POLICIES, { limit: query.limit ?? 20, page: query.page, order: 'asc' }));
+    },
+  }),
+  defineOperation({
+    operationId: 'actionPolicies.getActionPolicy', method: 'GET', path: '/v1/action-policies/{action_policy_id}',
+    summary: 'Read an ActionPolicy', auth: { kind: 'bearer', roles: READERS }, params: PolicyPath, response: ActionPolicySchema, mcp: 'full',
+    async handler({ caller, params, deps }) {
+      return json(200, await deps.policies.get(requireWorkspace(caller), params.action_policy_id));
+    },
+  }),
+  defineOperation({
+    operationId: 'actionPolicies.updateActionPolicy', method: 'POST', path: '/v1/action-policies/{action_policy_id}',
+    audit: { target: 'action_policy_id' },
+    summary: 'Replace an ActionPolicy rule (compare-and-swap on expected_version); governs from the next call',
+    auth: { kind: 'bearer', roles: ADMINS }, params: PolicyPath,
+    body: Obj({ ...PolicyBody, expected_version: Type.Optional(Type.Integer({ minimum: 1 })) }), response: ActionPolicySchema,
+    idempotency: 'optional', mcp: 'full',
+    async handler({ caller, params, body, deps }) {
+      const ws = requireWorkspace(caller);
+      const { expected_version, ...rest } = body;
+      return json(200, await deps.policies.update(ws, params.action_policy_id, await input(deps, ws, rest), expected_version));
+    },
+  }),
+  defineOperation({
+    operationId: 'actionPolicies.deleteActionPolicy', method: 'DELETE', path: '/v1/action-policies/{action_policy_id}',
+    audit: { target: 'action_policy_id' },
+    summary: 'Remove an ActionPolicy rule', auth: { kind: 'bearer', roles: ADMINS }, params: PolicyPath,
+    query: Obj({ expected_version: Type.Optional(Type.Integer({ minimum: 1 })) }),
+    response: Obj({ id: Id('actionPolicy'), type: Type.Literal('action_policy_deleted') }), mcp: 'full',
+    async handler({ caller, params, query, deps }) {
+      await deps.policies.remove(requireWorkspace(caller), params.action_policy_id, query.expected_version);
+      return json(200, { id: params.action_policy_id, type: 'action_policy_deleted' });
+    },
+  }),
+];

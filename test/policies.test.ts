@@ -1,0 +1,120 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { startPlatform, type Platform } from './harness/platform.js';
+import { mcpCall, toolBody } from './harness/mcp-call.js';
+import { createPrincipal, errMsg, errType } from './harness/governance.js';
+
+type Json = Record<string, unknown>;
+
+let p: Platform;
+let org: string;
+let ws: string;
+let envId: string;
+let agent: string;
+
+const principal = (name: string, inWs = ws): Promise<string> => createPrincipal(p.root, inWs, name);
+async function policy(body: Json): Promise<{ id: string; version: number }> {
+  const r = await p.root.request<{ id: string; version: number }>('POST', '/v1/action-policies', { body });
+  expect(r.status).toBe(201);
+  return r.body;
+}
+const drive = (author: string) => ({ type: 'user.message', payload: { content: 'hi', authored_by: author, caused_by: { kind: 'api' } } });
+
+beforeAll(async () => {
+  p = await startPlatform();
+  org = p.bootstrap.organization_id;
+  ws = p.bootstrap.workspace_id;
+  envId = (await p.root.post<{ id: string }>('/v1/environments', { name: 'pol-env', image: 'agentplane/sandbox:1' })).id;
+  agent = (await p.root.post<{ id: string }>('/v1/agents', { name: 'pol', model: 'default' })).id;
+});
+afterAll(async () => {
+  await p?.stop();
+});
+
+describe('ActionPolicies', () => {
+  it('CRUD with CAS versions; bad rules are refused and nothing is written', async () => {
+    const count = async () => (await p.root.get<{ data: unknown[] }>('/v1/action-policies', { limit: 1000 })).data.length;
+    const before = await count();
+    const other = await p.root.post<{ id: string }>(`/v1/organizations/${org}/workspaces`, { name: 'pol-other' });
+    const theirPrincipal = await principal('theirs', other.id);
+    const theirConn = await p.root.with({ workspaceId: other.id }).post<{ id: string }>('/v1/connections', { name: 'x', url: 'https://example.com/mcp' });
+    const bad: [Json, number][] = [
+      [{ effect: 'maybe', tool: { kind: 'builtin', name: 'bash' } }, 400],
+      [{ effect: 'deny', tool: { kind: 'shell', name: 'bash' } }, 400],
+      [{ effect: 'deny', tool: { kind: 'builtin', name: 'ba[' } }, 400],
+      [{ effect: 'deny', tool: { kind: 'builtin', name: 'write' }, arguments: { path_glob: '/etc/{a,' } }, 400],
+      [{ effect: 'deny', tool: { kind: 'builtin', name: 'read' }, arguments: { command_prefix: 'rm' } }, 400],
+      [{ effect: 'deny', tool: { kind: 'builtin', name: 'bash', connection_id: theirConn.id } }, 400],
+      [{ effect: 'deny', tool: { kind: 'builtin', name: 'bash' }, surprise: 1 }, 400],
+      [{ effect: 'deny', tool: { kind: 'builtin', name: 'bash' }, principal_id: theirPrincipal }, 404],
+      [{ effect: 'deny', tool: { kind: 'mcp', name: 'x', connection_id: theirConn.id } }, 404],
+    ];
+    for (const [body, status] of bad) {
+      const r = await p.root.request('POST', '/v1/action-policies', { body });
+      expect([JSON.stringify(body), r.status]).toEqual([JSON.stringify(body), status]);
+    }
+    expect(await count()).toBe(before);
+
+    const created = await policy({ effect: 'deny', tool: { kind: 'builtin', name: 'bash' }, arguments: { command_prefix: 'rm' }, description: 'no rm' });
+    expect(created.id).toMatch(/^apol_[0-9a-f]{32}$/);
+    const read = await p.root.get<Json>(`/v1/action-policies/${created.id}`);
+    expect(read).toMatchObject({ type: 'action_policy', effect: 'deny', tool: { kind: 'builtin', name: 'bash', connection_id: null }, arguments: { command_prefix: 'rm', path_glob: null }, principal_id: null, version: 1 });
+    const stale = await p.root.request('POST', `/v1/action-policies/${created.id}`, { body: { effect: 'allow', tool: { kind: 'builtin', name: 'bash' }, expected_version: 9 } });
+    expect(stale.status).toBe(409);
+    const updated = await p.root.request<{ version: number; effect: string }>('POST', `/v1/action-policies/${created.id}`, { body: { effect: 'require_approval', tool: { kind: 'builtin', name: 'bash' }, expected_version: 1 } });
+    expect(updated.body).toMatchObject({ version: 2, effect: 'require_approval' });
+    expect((await p.root.request('DELETE', `/v1/action-policies/${created.id}`, { query: { expected_version: 1 } })).status).toBe(409);
+    expect((await p.root.request('DELETE', `/v1/action-policies/${created.id}`)).body).toEqual({ id: created.id, type: 'action_policy_deleted' });
+    expect((await p.root.request('GET', `/v1/action-policies/${created.id}`)).status).toBe(404);
+  });
+
+  it('the dry run explains which rule decided', async () => {
+    const broad = await policy({ effect: 'require_approval', tool: { kind: 'builtin', name: 'bash' } });
+    const narrow = await policy({ effect: 'allow', tool: { kind: 'builtin', name: 'bash' }, arguments: { command_prefix: 'git status' } });
+    const denyAll = await policy({ effect: 'deny', tool: { kind: 'any', name: 'danger_*' } });
+    const ev = (tool: Json, input?: unknown) => p.root.post<{ decision: string; rule_id: string | null; explanation: string; matched: { rule_id: string }[] }>('/v1/action-policies/evaluate', { tool, ...(input !== undefined ? { input } : {}) });
+    const git = await ev({ kind: 'builtin', name: 'bash' }, { command: 'git status' });
+    expect(git).toMatchObject({ decision: 'allow', rule_id: narrow.id });
+    expect(git.matched.map((m) => m.rule_id)).toEqual([narrow.id, broad.id]);
+    expect(git.explanation).toContain('most specific');
+    expect(await ev({ kind: 'builtin', name: 'bash' }, { command: 'git status; rm -rf /' })).toMatchObject({ decision: 'require_approval', rule_id: broad.id });
+    const danger = await ev({ kind: 'custom', name: 'danger_zone' });
+    expect(danger).toMatchObject({ decision: 'deny', rule_id: denyAll.id });
+    expect(danger.explanation).toContain('deny wins');
+    expect(await ev({ kind: 'custom', name: 'fine' })).toMatchObject({ decision: 'allow', rule_id: null, matched: [] });
+    expect((await p.root.request('POST', '/v1/action-policies/evaluate', { body: { tool: { kind: 'nope', name: 'x' } } })).status).toBe(400);
+    for (const r of [broad, narrow, denyAll]) await p.root.request('DELETE', `/v1/action-policies/${r.id}`);
+  });
+
+  it('MCP tools/call is checked by tool name, live', async () => {
+    const rule = await policy({ effect: 'deny', tool: { kind: 'api', name: 'agents_*' } });
+    const denied = await mcpCall(p.baseUrl, p.bootstrap.root_key, 'agents_getAgent', { path: { agent_id: agent } });
+    expect(denied.result?.isError).toBe(true);
+    const e = toolBody(denied.result).error as { type: string; message: string };
+    expect(e.type).toBe('policy.denied');
+    expect(e.message).toContain(rule.id);
+    // REST is not the MCP edge.
+    expect((await p.root.request('GET', `/v1/agents/${agent}`)).status).toBe(200);
+    expect((await mcpCall(p.baseUrl, p.bootstrap.root_key, 'sessions_listSessions', {})).result?.isError).toBeFalsy();
+    await p.root.request('DELETE', `/v1/action-policies/${rule.id}`);
+    expect((await mcpCall(p.baseUrl, p.bootstrap.root_key, 'agents_getAgent', { path: { agent_id: agent } })).result?.isError).toBeFalsy();
+  });
+
+  it('session drive is checked per event type and author', async () => {
+    const alice = await principal('alice');
+    const bob = await principal('bob');
+    const s = (await p.root.post<{ id: string }>('/v1/sessions', { agent, environment_id: envId })).id;
+    const rule = await policy({ effect: 'deny', tool: { kind: 'drive', name: 'user.message' }, principal_id: alice });
+    const byAlice = await p.root.request('POST', `/v1/sessions/${s}/events`, { body: drive(alice) });
+    expect(byAlice.status).toBe(403);
+    expect(errType(byAlice)).toBe('policy.denied');
+    expect(errMsg(byAlice)).toContain(rule.id);
+    expect((await p.root.request('POST', `/v1/sessions/${s}/events`, { body: drive(bob) })).status).toBe(201);
+    const approval = await policy({ effect: 'require_approval', tool: { kind: 'drive', name: 'user.*' }, principal_id: bob });
+    const held = await p.root.request('POST', `/v1/sessions/${s}/events`, { body: drive(bob) });
+    expect(held.status).toBe(403);
+    expect(errMsg(held)).toContain('approval');
+    await p.root.request('DELETE', `/v1/action-policies/${rule.id}`);
+    await p.root.request('DELETE', `/v1/action-policies/${approval.id}`);
+    expect((await p.root.request('POST', `/v1/sessions/${s}/events`, { body: drive(alice) })).status).toBe(201);
+  });
+});
