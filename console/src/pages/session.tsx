@@ -1,0 +1,343 @@
+import { memo } from 'preact/compat';
+import { useEffect, useMemo, useRef, useState } from 'preact/hooks';
+import { describeError, idempotencyKey, ok } from '../api';
+import type { Ctx } from '../main';
+import { Markdown } from '../markdown';
+import { openSessionStream, type StreamEvent, type StreamState } from '../sse';
+import { Badge, ErrorBanner, fmtTime, fmtUsd, Json, Section, useAsync } from '../ui';
+import type { SessionView } from './sessions';
+
+interface Thread { id: string; parent_thread_id: string | null; status: string; agent?: { name?: string } }
+interface RunView { id: string; status: string; session_thread_id: string; timestamps?: Record<string, string | null>; attempts?: unknown[] }
+interface UsageView { summary: { usage: { input_tokens: number; output_tokens: number; total_tokens: number; cached_input_tokens: number }; list_cost: { amount: number }; steps: number } }
+interface Principal { id: string; display_name?: string | null; external_subject_id?: string }
+
+const AUTHOR_KEY = 'agentplane.console.author';
+
+/** Text of a message payload: a string, or the text of its text/thinking blocks. */
+export function contentText(content: unknown): string {
+  if (typeof content === 'string') return content;
+  if (Array.isArray(content)) {
+    return content
+      .map((b) => (b && typeof b === 'object' && 'text' in b && typeof (b as { text: unknown }).text === 'string' ? (b as { text: string }).text : ''))
+      .filter(Boolean)
+      .join('\n');
+  }
+  if (content === undefined || content === null) return '';
+  return JSON.stringify(content, null, 2);
+}
+
+function stopReason(p: Record<string, unknown>): string {
+  const s = p.stop_reason as { type?: string } | undefined;
+  return s?.type ?? '';
+}
+
+interface ItemProps {
+  ev: StreamEvent;
+  pending: boolean;
+  onAnswer(ev: StreamEvent, kind: 'custom' | 'confirm', value: string, allow: boolean): Promise<void>;
+}
+
+const EventItem = memo(function EventItem({ ev, pending, onAnswer }: ItemProps) {
+  const p = ev.payload;
+  const common = { 'data-seq': ev.seq, 'data-type': ev.type } as const;
+  switch (ev.type) {
+    case 'user.message':
+      return <li {...common} class="msg user"><div class="who">User</div><Markdown text={contentText(p.content)} /></li>;
+    case 'agent.message':
+      return <li {...common} class="msg agent"><div class="who">Agent</div><Markdown text={contentText(p.content)} /></li>;
+    case 'agent.thinking':
+      return (
+        <li {...common} class="thinking">
+          <details><summary>Thinking</summary><div class="pre-wrap">{contentText(p.content)}</div></details>
+        </li>
+      );
+    case 'agent.tool_use':
+      return (
+        <li {...common} class="tool">
+          <div class="tool-head"><span class="tag">tool call</span> <strong class="mono">{String(p.name)}</strong> {p.awaiting ? <Badge value={pending ? `awaiting ${String(p.awaiting)}` : 'answered'} /> : null}</div>
+          <details open={pending}><summary>Arguments</summary><Json value={p.input} /></details>
+          {pending ? <AnswerForm ev={ev} onAnswer={onAnswer} /> : null}
+        </li>
+      );
+    case 'agent.tool_result':
+      return (
+        <li {...common} class={`tool result${p.is_error ? ' is-error' : ''}`}>
+          <details><summary><span class="tag">{p.is_error ? 'tool error' : 'tool result'}</span> <span class="mono small">{String(p.tool_use_id ?? '')}</span></summary>
+            <Json value={typeof p.content === 'string' || Array.isArray(p.content) ? contentText(p.content) : p.content} />
+          </details>
+        </li>
+      );
+    case 'user.custom_tool_result':
+    case 'user.tool_confirmation':
+      return <li {...common} class="note">Answered <span class="mono">{String(p.tool_use_id)}</span>: {ev.type === 'user.tool_confirmation' ? String(p.result) : contentText(p.result)}</li>;
+    case 'user.interrupt':
+      return <li {...common} class="note">Interrupt requested</li>;
+    case 'session.status_running':
+      return <li {...common} class="status">Running{p.run_id ? <> · <a href={`#/runs/${String(p.run_id)}`}>run</a></> : null}</li>;
+    case 'session.status_idle':
+      return <li {...common} class="status">Idle · <span class="stop">{stopReason(p)}</span></li>;
+    case 'gap':
+      return <li {...common} class="note">Events {String(p.from_seq)}–{String(p.to_seq)} are gone ({String(p.reason)})</li>;
+    default:
+      if (ev.type.includes('error') || ev.type.endsWith('terminated')) {
+        return <li {...common} class="error-item" role="note"><strong>{ev.type}</strong><Json value={p} /></li>;
+      }
+      return <li {...common} class="note"><details><summary>{ev.type}</summary><Json value={p} /></details></li>;
+  }
+});
+
+function AnswerForm({ ev, onAnswer }: { ev: StreamEvent; onAnswer: ItemProps['onAnswer'] }) {
+  const [value, setValue] = useState('');
+  const [busy, setBusy] = useState(false);
+  const confirm = ev.payload.awaiting === 'tool_confirmation';
+  const id = `answer-${ev.seq}`;
+  const go = async (allow: boolean) => {
+    setBusy(true);
+    try {
+      await onAnswer(ev, confirm ? 'confirm' : 'custom', value, allow);
+    } finally {
+      setBusy(false);
+    }
+  };
+  if (confirm) {
+    return (
+      <div class="answer">
+        <label for={id}>Reason if denied (optional)</label>
+        <input id={id} value={value} onInput={(e) => setValue(e.currentTarget.value)} />
+        <div class="row"><button type="button" class="primary" disabled={busy} onClick={() => void go(true)}>Allow</button><button type="button" disabled={busy} onClick={() => void go(false)}>Deny</button></div>
+      </div>
+    );
+  }
+  return (
+    <form class="answer" onSubmit={(e) => { e.preventDefault(); void go(true); }}>
+      <label for={id}>Result for {String(ev.payload.name)}</label>
+      <textarea id={id} rows={2} value={value} onInput={(e) => setValue(e.currentTarget.value)} />
+      <div class="row"><button type="submit" class="primary" disabled={busy || value === ''}>Send result</button></div>
+    </form>
+  );
+}
+
+export function SessionPage({ ctx, id }: { ctx: Ctx; id: string }) {
+  const [events, setEvents] = useState<StreamEvent[]>([]);
+  const [stream, setStream] = useState<{ state: StreamState; reconnects: number; message?: string }>({ state: 'connecting', reconnects: 0 });
+  const [threadFilter, setThreadFilter] = useState('');
+  const [text, setText] = useState('');
+  const [actionError, setActionError] = useState<string | null>(null);
+  const [busy, setBusy] = useState(false);
+  const [author, setAuthor] = useState(() => sessionStorage.getItem(AUTHOR_KEY) ?? '');
+  const [idleCount, setIdleCount] = useState(0);
+  const endRef = useRef<HTMLDivElement>(null);
+  const follow = useRef(true);
+
+  const session = useAsync(async () => (await ok(ctx.api.GET('/v1/sessions/{session_id}', { params: { path: { session_id: id } } }))) as unknown as SessionView, [id, idleCount]);
+  const threads = useAsync(async () => ((await ok(ctx.api.GET('/v1/sessions/{session_id}/threads', { params: { path: { session_id: id } } }))) as unknown as { data: Thread[] }).data, [id, idleCount]);
+  const runs = useAsync(async () => ((await ok(ctx.api.GET('/v1/sessions/{session_id}/runs', { params: { path: { session_id: id } } }))) as { data: RunView[] }).data, [id, idleCount]);
+  const usage = useAsync(async () => (await ok(ctx.api.GET('/v1/sessions/{session_id}/usage', { params: { path: { session_id: id } } }))) as UsageView, [id, idleCount]);
+  const principals = useAsync(async () => ((await ok(ctx.api.GET('/v1/organizations/workspaces/{workspace_id}/principals', { params: { path: { workspace_id: ctx.workspaceId } } }))) as { data: Principal[] }).data, [ctx.workspaceId]);
+
+  useEffect(() => {
+    if (!author && principals.data?.[0]) setAuthor(principals.data[0].id);
+  }, [principals.data, author]);
+  useEffect(() => {
+    if (author) sessionStorage.setItem(AUTHOR_KEY, author);
+  }, [author]);
+
+  // Status changes refresh the side panel (Session, threads, Runs, usage): at most every 500 ms,
+  // trailing, so a burst of turns costs a handful of reads and the documents have settled.
+  const refreshTimer = useRef<ReturnType<typeof setTimeout> | undefined>(undefined);
+  const refreshSoon = () => {
+    if (refreshTimer.current !== undefined) return;
+    refreshTimer.current = setTimeout(() => {
+      refreshTimer.current = undefined;
+      setIdleCount((n) => n + 1);
+    }, 500);
+  };
+  useEffect(() => () => clearTimeout(refreshTimer.current), []);
+
+  const pending = useRef<StreamEvent[]>([]);
+  const frame = useRef<number | undefined>(undefined);
+  useEffect(() => {
+    setEvents([]);
+    pending.current = [];
+    const close = openSessionStream(ctx.auth, `/v1/sessions/${encodeURIComponent(id)}/events/stream`, {
+      onEvents: (batch) => {
+        // Coalesce network chunks into one render per animation frame (a replay arrives in many).
+        for (const e of batch) pending.current.push(e);
+        if (frame.current === undefined) {
+          frame.current = requestAnimationFrame(() => {
+            frame.current = undefined;
+            const next = pending.current;
+            pending.current = [];
+            setEvents((prev) => prev.concat(next));
+          });
+        }
+        if (batch.some((e) => e.type.startsWith('session.status_') || e.type.startsWith('session.thread_status_'))) refreshSoon();
+      },
+      onState: (state, d) => setStream({ state, reconnects: d.reconnects, ...(d.message ? { message: d.message } : {}) }),
+    });
+    return () => {
+      close();
+      if (frame.current !== undefined) cancelAnimationFrame(frame.current);
+      frame.current = undefined;
+    };
+  }, [id, ctx.auth]);
+
+  useEffect(() => {
+    if (follow.current) endRef.current?.scrollIntoView({ block: 'end' });
+  }, [events]);
+
+  const answered = useMemo(() => {
+    const s = new Set<string>();
+    for (const e of events) if (e.type === 'user.custom_tool_result' || e.type === 'user.tool_confirmation') s.add(String(e.payload.tool_use_id));
+    return s;
+  }, [events]);
+
+  // Status per thread from the last status event.
+  const status = useMemo(() => {
+    let last: StreamEvent | undefined;
+    for (let i = events.length - 1; i >= 0; i--) {
+      const e = events[i] as StreamEvent;
+      if (e.type.startsWith('session.status_')) { last = e; break; }
+    }
+    if (!last) return { state: session.data?.status ?? 'idle', reason: '' };
+    return { state: last.type.replace('session.status_', ''), reason: last.type === 'session.status_idle' ? stopReason(last.payload) : '' };
+  }, [events, session.data]);
+
+  const shown = threadFilter ? events.filter((e) => e.session_thread_id === threadFilter || e.session_thread_id === null) : events;
+
+  async function drive(body: { type: string; payload: Record<string, unknown> }) {
+    setActionError(null);
+    setBusy(true);
+    try {
+      await ok(ctx.api.POST('/v1/sessions/{session_id}/events', {
+        params: { path: { session_id: id } },
+        body: { type: body.type, payload: { ...body.payload, authored_by: author, caused_by: { kind: 'api' } } } as never,
+        headers: { 'idempotency-key': idempotencyKey() },
+      }));
+    } catch (err) {
+      setActionError(describeError(err));
+      throw err;
+    } finally {
+      setBusy(false);
+    }
+  }
+
+  const thread = threadFilter ? { session_thread_id: threadFilter } : {};
+  async function send(e: Event) {
+    e.preventDefault();
+    if (!text.trim()) return;
+    try {
+      await drive({ type: 'user.message', payload: { content: text, ...thread } });
+      setText('');
+    } catch { /* shown */ }
+  }
+  const onAnswer = async (ev: StreamEvent, kind: 'custom' | 'confirm', value: string, allow: boolean) => {
+    const t = ev.session_thread_id ? { session_thread_id: ev.session_thread_id } : {};
+    await drive(kind === 'custom'
+      ? { type: 'user.custom_tool_result', payload: { tool_use_id: ev.payload.id, result: value, ...t } }
+      : { type: 'user.tool_confirmation', payload: { tool_use_id: ev.payload.id, result: allow ? 'allow' : 'deny', ...(allow || !value ? {} : { deny_message: value }), ...t } }).catch(() => undefined);
+  };
+  async function archive() {
+    if (!confirm('Archive this session? It takes no more messages.')) return;
+    setActionError(null);
+    try {
+      await ok(ctx.api.POST('/v1/sessions/{session_id}/archive', { params: { path: { session_id: id } } }));
+      session.reload();
+    } catch (err) {
+      setActionError(describeError(err));
+    }
+  }
+
+  const s = session.data;
+  const u = usage.data?.summary;
+  const archived = !!s?.archived_at;
+  return (
+    <div class="session-layout">
+      <div class="conversation-col">
+        <div class="page-head">
+          <div>
+            <h1>{s?.title || 'Session'}</h1>
+            <div class="muted mono small">{id}</div>
+          </div>
+          <div class="row">
+            <span class="status-line" aria-live="polite">
+              <Badge value={archived ? 'archived' : status.state} />{status.reason ? <span class="stop" data-stop-reason={status.reason}> {status.reason}</span> : null}
+            </span>
+            <span class={`stream stream-${stream.state}`} data-stream-state={stream.state} data-reconnects={stream.reconnects} title={stream.message ?? ''}>
+              {stream.state === 'live' ? 'live' : stream.state}
+            </span>
+          </div>
+        </div>
+        <ErrorBanner error={session.error ?? (stream.state === 'failed' ? stream.message : null)} />
+        <ol class="conversation" aria-label="Conversation" aria-live="polite" aria-relevant="additions"
+          onScroll={(e) => { const el = e.currentTarget; follow.current = el.scrollHeight - el.scrollTop - el.clientHeight < 80; }}>
+          {shown.map((ev) => (
+            <EventItem key={ev.seq} ev={ev} pending={!!ev.payload.awaiting && !answered.has(String(ev.payload.id))} onAnswer={onAnswer} />
+          ))}
+          {shown.length === 0 && stream.state === 'live' ? <li class="note">No events yet.</li> : null}
+          <div ref={endRef} />
+        </ol>
+        <form class="composer" onSubmit={send}>
+          <label for="composer-text" class="sr-only">Message</label>
+          <textarea id="composer-text" rows={3} placeholder={archived ? 'Archived' : 'Message the agent (Ctrl+Enter sends)'} disabled={archived} value={text}
+            onInput={(e) => setText(e.currentTarget.value)}
+            onKeyDown={(e) => { if (e.key === 'Enter' && (e.ctrlKey || e.metaKey)) { e.preventDefault(); (e.currentTarget.form as HTMLFormElement).requestSubmit(); } }} />
+          <div class="row">
+            <button type="submit" class="primary" disabled={busy || archived || !text.trim() || !author}>Send</button>
+            <button type="button" disabled={busy || archived || status.state !== 'running'} onClick={() => void drive({ type: 'user.interrupt', payload: { ...thread } }).catch(() => undefined)}>Interrupt</button>
+            <span class="grow" />
+            <label for="author" class="small muted">As</label>
+            {principals.data ? (
+              <select id="author" value={author} onChange={(e) => setAuthor(e.currentTarget.value)}>
+                {principals.data.map((pr) => <option key={pr.id} value={pr.id}>{pr.display_name || pr.external_subject_id || pr.id}</option>)}
+              </select>
+            ) : (
+              <input id="author" class="mono" placeholder="prin_…" value={author} onInput={(e) => setAuthor(e.currentTarget.value)} />
+            )}
+          </div>
+          <ErrorBanner error={actionError} />
+        </form>
+      </div>
+      <aside class="side" aria-label="Session details">
+        <Section title="Details" actions={<button type="button" onClick={() => void archive()} disabled={archived}>Archive</button>}>
+          <dl class="kv">
+            <dt>Agent</dt><dd>{s?.agent?.name ?? '—'}</dd>
+            <dt>Environment</dt><dd class="mono small">{s?.environment_id ?? '—'}</dd>
+            <dt>Created</dt><dd>{fmtTime(s?.created_at)}</dd>
+            {archived ? <><dt>Archived</dt><dd>{fmtTime(s?.archived_at)}</dd></> : null}
+          </dl>
+        </Section>
+        <Section title="Usage">
+          {u ? (
+            <dl class="kv" data-testid="usage">
+              <dt>Input tokens</dt><dd>{u.usage.input_tokens}</dd>
+              <dt>Cached input</dt><dd>{u.usage.cached_input_tokens}</dd>
+              <dt>Output tokens</dt><dd>{u.usage.output_tokens}</dd>
+              <dt>Model steps</dt><dd>{u.steps}</dd>
+              <dt>List cost</dt><dd>{fmtUsd(u.list_cost.amount)}</dd>
+            </dl>
+          ) : <p class="muted">{usage.error ?? 'No usage yet.'}</p>}
+        </Section>
+        <Section title="Threads">
+          <label for="thread-filter" class="small">Show</label>
+          <select id="thread-filter" value={threadFilter} onChange={(e) => setThreadFilter(e.currentTarget.value)}>
+            <option value="">All threads</option>
+            {(threads.data ?? []).map((t) => <option key={t.id} value={t.id}>{t.parent_thread_id ? 'child' : 'primary'} · {t.id.slice(0, 14)}…</option>)}
+          </select>
+          <ul class="plain">
+            {(threads.data ?? []).map((t) => <li key={t.id} class="small"><span class="mono">{t.id.slice(0, 14)}…</span> <Badge value={t.status} /></li>)}
+          </ul>
+        </Section>
+        <Section title="Runs">
+          <ul class="plain">
+            {(runs.data ?? []).map((r) => (
+              <li key={r.id} class="small"><a class="mono" href={`#/runs/${r.id}`}>{r.id.slice(0, 16)}…</a> <Badge value={r.status} /></li>
+            ))}
+            {runs.data && runs.data.length === 0 ? <li class="muted small">No runs yet.</li> : null}
+          </ul>
+        </Section>
+      </aside>
+    </div>
+  );
+}
