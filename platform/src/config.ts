@@ -21,7 +21,7 @@ export interface PlatformConfig {
   leaseEnv: Readonly<Record<string, string>>;
   /** Model settings handed to the api process unchanged (MODEL_PRICES_FILE, MODEL_PROVIDER_TIMEOUT_MS). */
   modelEnv: Record<string, string>;
-  /** Session stream settings handed to the api process unchanged (SSE_KEEPALIVE_MS). */
+  /** Session stream and console settings handed to the api process unchanged (SSE_KEEPALIVE_MS, CONSOLE_ENABLED, CONSOLE_DIR). */
   sessionEnv: Record<string, string>;
   /**
    * Handed to the local runner unchanged: its sandbox settings, and what git needs on this machine
@@ -32,7 +32,7 @@ export interface PlatformConfig {
 
 const LOCAL_RUNNER_ENV = [
   'RUNNER_MAX_SLOTS', 'RUNNER_SLOT_MEMORY_MIB', 'DOCKER_SOCKET', 'SANDBOX_IDLE_SUSPEND_SECONDS', 'SANDBOX_IDLE_EXPIRE_SECONDS',
-  'SANDBOX_REPORT_SECONDS', 'REPOSITORY_MAX_MIB', 'GIT_SSL_CAINFO', 'GIT_SSH_COMMAND', 'SSH_AUTH_SOCK', 'HTTPS_PROXY', 'HTTP_PROXY', 'NO_PROXY',
+  'SANDBOX_REPORT_SECONDS', 'SANDBOX_REAP_INTERVAL_SECONDS', 'SANDBOX_REAP_GRACE_SECONDS', 'AGENTPLANE_SANDBOX_SCOPE', 'REPOSITORY_MAX_MIB', 'GIT_SSL_CAINFO', 'GIT_SSH_COMMAND', 'SSH_AUTH_SOCK', 'HTTPS_PROXY', 'HTTP_PROXY', 'NO_PROXY',
 ] as const;
 
 const RUNNER_ENV = ['RUNNER_HEARTBEAT_INTERVAL_MS', 'RUNNER_PRESENCE_TTL_MS', 'RUNNER_MAX_FRAME_BYTES', 'PAIRING_REDEEM_PER_MINUTE'] as const;
@@ -52,7 +52,7 @@ export function loadPlatformConfig(env: Env): PlatformConfig {
     leaseEnv: Object.freeze(Object.fromEntries([...LEASE_ENV, 'CAPACITY_RETRY_MS', 'INTERRUPT_GRACE_MS', 'POOL_SCAN_MS', 'ENQUEUE_REPAIR_AFTER_MS'].flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : [])))),
     runnerEnv: Object.freeze(Object.fromEntries(RUNNER_ENV.flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : [])))),
     localRunnerEnv: Object.freeze(Object.fromEntries(LOCAL_RUNNER_ENV.flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : [])))),
-    sessionEnv: Object.fromEntries(['SSE_KEEPALIVE_MS'].flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : []))),
+    sessionEnv: Object.fromEntries(['SSE_KEEPALIVE_MS', 'CONSOLE_ENABLED', 'CONSOLE_DIR'].flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : []))),
     modelEnv: Object.fromEntries(
       ['MODEL_PRICES_FILE', 'MODEL_PROVIDER_TIMEOUT_MS'].flatMap((name) => {
         const v = envOptional(env, name);

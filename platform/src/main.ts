@@ -6,6 +6,7 @@ import { createLogger } from '@agentplane/core';
 import { connectRedis, DocumentStore, startEmbeddedRedis, RedisServerMissingError, waitForRedis, type EmbeddedRedis } from '@agentplane/store';
 import { bootstrapPlatform, CredentialIndex, IdentityService, RunnerService } from '@agentplane/api';
 import { ensureLocalRunner } from './local-runner.js';
+import { reportEarlierSandboxes } from './leftovers.js';
 import { loadPlatformConfig } from './config.js';
 import { Supervisor } from './supervisor.js';
 
@@ -25,7 +26,10 @@ Environment:
   LOG_LEVEL         fatal|error|warn|info|debug|trace|silent (default info)
   START_SCHEDULER   start the scheduler process (default true)
   START_RUNNER      start a local runner paired to the default workspace (default true)
+  CONSOLE_ENABLED   serve the web console at /console (default true)
+  CONSOLE_DIR       the built console to serve (default the repository's console/dist)
   SANDBOX_IDLE_SUSPEND_SECONDS, SANDBOX_IDLE_EXPIRE_SECONDS, SANDBOX_REPORT_SECONDS,
+  SANDBOX_REAP_INTERVAL_SECONDS, SANDBOX_REAP_GRACE_SECONDS, AGENTPLANE_SANDBOX_SCOPE,
   REPOSITORY_MAX_MIB, RUNNER_MAX_SLOTS, GIT_SSL_CAINFO, SSH_AUTH_SOCK, HTTPS_PROXY
                     passed to the local runner (see agentplane-runner start --help)
 `;
@@ -91,10 +95,12 @@ async function main(): Promise<void> {
       `${JSON.stringify({ organization_id: boot.organization_id, workspace_id: boot.workspace_id, root_key: boot.root_key, base_url: baseUrl }, null, 2)}\n`,
       { mode: 0o600 },
     );
-    process.stdout.write(
+    // For the person at the terminal, on stderr: stdout carries structured log lines only.
+    process.stderr.write(
       `\n  agentplane first boot\n  organization  ${boot.organization_id}\n  workspace     ${boot.workspace_id}\n` +
         `  root API key  ${boot.root_key}\n  (shown once; also saved to ${bootstrapFile}, mode 0600)\n\n`,
     );
+    log.info({ organization_id: boot.organization_id, workspace_id: boot.workspace_id, bootstrap_file: bootstrapFile }, 'first boot: the root API key is in the bootstrap file');
   }
   const runnerDir = join(config.dataDir, 'runner');
   if (config.startRunner) {
@@ -102,6 +108,11 @@ async function main(): Promise<void> {
     await ensureLocalRunner(redis, new RunnerService(docs, redis, credentials, identity), boot.workspace_id, runnerDir, baseUrl, log);
   }
   await redis.quit();
+  if (boot.root_key) {
+    // A first boot on a machine that still has sandboxes of an earlier platform says so, once.
+    reportEarlierSandboxes({ runnerDir, dockerSocket: process.env.DOCKER_SOCKET, scope: config.localRunnerEnv.AGENTPLANE_SANDBOX_SCOPE, log }).catch((err: unknown) =>
+      log.debug({ err: err instanceof Error ? err.message : String(err) }, 'could not look for sandboxes of an earlier platform'));
+  }
 
   const common: Record<string, string> = {
     REDIS_URL: redisUrl,

@@ -1,5 +1,6 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import type { Logger } from '@agentplane/core';
+import { parentDeathWrapper } from '@agentplane/store';
 
 export interface ChildSpec {
   name: string;
@@ -11,11 +12,13 @@ export interface ChildSpec {
 
 /**
  * Runs the platform's processes and restarts any that die unexpectedly (capped backoff).
- * On stop: SIGTERM to every child, SIGKILL after the grace period.
+ * On stop: SIGTERM to every child, SIGKILL after the grace period. A child gets SIGTERM too when
+ * the platform dies outright (where `setpriv --pdeathsig` exists), so none is left orphaned.
  */
 export class Supervisor {
   private readonly children = new Map<string, { spec: ChildSpec; proc: ChildProcess; restarts: number }>();
   private stopping = false;
+  private readonly wrapper = parentDeathWrapper();
 
   constructor(
     private readonly log: Logger,
@@ -24,7 +27,8 @@ export class Supervisor {
   ) {}
 
   start(spec: ChildSpec, restarts = 0): ChildProcess {
-    const proc = spawn(process.execPath, [spec.script, ...(spec.args ?? [])], {
+    const [cmd = process.execPath, ...pre] = [...this.wrapper, process.execPath];
+    const proc = spawn(cmd, [...pre, spec.script, ...(spec.args ?? [])], {
       env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: process.env.HOME ?? '/tmp', ...spec.env },
       stdio: ['ignore', 'inherit', 'inherit'],
     });

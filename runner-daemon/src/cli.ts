@@ -2,14 +2,14 @@
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { hostname } from 'node:os';
-import { createLogger } from '@agentplane/core';
+import { apiUrl, ConfigError, createLogger, envInt } from '@agentplane/core';
 import { RunnerAgent } from './agent.js';
 import { dockerClient } from './capabilities.js';
-import { credentialPath, loadCredential, loadDaemonConfig, loadState, saveCredential, type RunnerCredentialFile } from './config.js';
+import { credentialPath, loadCredential, loadDaemonConfig, loadState, saveCredential, type DaemonConfig, type RunnerCredentialFile } from './config.js';
 import { runDoctor } from './doctor.js';
 import { firstWilling, noopExecutor, turnExecutor } from './executors/index.js';
 import { SandboxManager } from './sandbox/manager.js';
-import { ensureSandboxImageIfDocker, selectDriver } from './sandbox/index.js';
+import { ensureSandboxImageIfDocker, planReap, reapItems, selectDriver, SandboxReaper, type ReapPlan } from './sandbox/index.js';
 
 const COMMON = `
 Common options:
@@ -29,7 +29,9 @@ Commands:
   start    connect to the control plane and serve work (SIGTERM drains)
   status   show the local daemon's state
   drain    ask the running daemon to drain (finish held work, then exit)
-  doctor   preflight: control plane, credential, Docker, sandbox image, canary container
+  doctor   preflight: control plane, credential, Docker, sandbox image, canary container;
+           lists the sandboxes of gone runners that prune would remove
+  prune    remove the sandboxes and workspace volumes of gone runners of this machine
 ${COMMON}`,
   pair: `Usage: agentplane-runner pair --code <code> --url <base url> [--label <name>] [--pool <rpool_id>]
 
@@ -57,9 +59,12 @@ Options:
   --sandbox-idle-expire-seconds <s>    remove an idle Session sandbox and its workspace (default 86400; 0 never)
   --sandbox-report-seconds <s>         how often sandboxes of archived/deleted Sessions are released (default 30)
   --repository-max-mib <mib>           largest repository snapshot fetched for a Session (default 256)
+  --sandbox-reap-interval-seconds <s>  how often sandboxes of gone runners of this machine are looked for (default 300; 0 only at start)
+  --sandbox-reap-grace-seconds <s>     how long such a sandbox is seen before it is removed (default 900)
   --log-level <level>        pino level (default info)
 Environment: AGENTPLANE_RUNNER_HOME, RUNNER_MAX_SLOTS, SANDBOX_IDLE_SUSPEND_SECONDS,
-SANDBOX_IDLE_EXPIRE_SECONDS, SANDBOX_REPORT_SECONDS, REPOSITORY_MAX_MIB, DOCKER_SOCKET, LOG_LEVEL.
+SANDBOX_IDLE_EXPIRE_SECONDS, SANDBOX_REPORT_SECONDS, SANDBOX_REAP_INTERVAL_SECONDS,
+SANDBOX_REAP_GRACE_SECONDS, AGENTPLANE_SANDBOX_SCOPE, REPOSITORY_MAX_MIB, DOCKER_SOCKET, LOG_LEVEL.
 Repository resources are fetched on this machine with git (the sandbox has no network), with
 this machine's git credentials (HTTPS credential helpers, SSH keys for git@ URLs).
 ${COMMON}`,
@@ -68,17 +73,33 @@ ${COMMON}`,
 Prints the running daemon's status (pid, connected, generation, last heartbeat).
 Exit code 0 when connected, 1 otherwise.
 ${COMMON}`,
-  drain: `Usage: agentplane-runner drain [--wait]
+  drain: `Usage: agentplane-runner drain [--wait [--timeout <seconds>]]
 
 Sends SIGTERM to the running daemon: it stops taking work, finishes held work and exits.
---wait blocks until it has exited. (The control-plane API also drains: POST /v1/runners/{id}/drain.)
+--wait blocks until it has exited, at most --timeout seconds (default 3600, the daemon's default
+drain deadline); exit code 1 when it is still running then. (The control-plane API also drains:
+POST /v1/runners/{id}/drain.)
 ${COMMON}`,
   doctor: `Usage: agentplane-runner doctor [--image <image>]
 
 Checks, each with pass/fail and the fix: paired, control plane reachable, runner credential
 accepted, Docker engine answers, sandbox image present, canary container starts and is torn down,
-git available (repository resources are cloned on this machine).
+git available (repository resources are cloned on this machine). Then lists the sandboxes and
+workspace volumes \`prune\` would remove (never fails a check).
 Exit code 0 when every check passes.
+${COMMON}`,
+  prune: `Usage: agentplane-runner prune [--dry-run]
+
+Removes the sandbox containers and workspace volumes of runners of this machine that are gone:
+their credential file no longer exists (its data directory was deleted, or it was re-paired), or
+their control plane refuses the credential (revoked). Only containers and volumes labelled
+agentplane.managed=true are considered; those of runners that are live, whose control plane
+cannot be reached, of other hosts, or made by runners too old to record their home are kept.
+The running daemon does the same by itself after a grace period (--sandbox-reap-grace-seconds).
+Options:
+  --dry-run   list what would be removed, remove nothing
+Environment: AGENTPLANE_SANDBOX_SCOPE (only that scope's sandboxes), DOCKER_SOCKET.
+Exit code 0 when everything planned was removed.
 ${COMMON}`,
 };
 
@@ -93,6 +114,8 @@ function parse(argv: string[]): { command: string; flags: Flags } {
       help: { type: 'boolean', short: 'h' },
       json: { type: 'boolean' },
       wait: { type: 'boolean' },
+      timeout: { type: 'string' },
+      'dry-run': { type: 'boolean' },
       'config-dir': { type: 'string' },
       code: { type: 'string' },
       url: { type: 'string' },
@@ -110,6 +133,8 @@ function parse(argv: string[]): { command: string; flags: Flags } {
       'sandbox-idle-expire-seconds': { type: 'string' },
       'sandbox-report-seconds': { type: 'string' },
       'repository-max-mib': { type: 'string' },
+      'sandbox-reap-interval-seconds': { type: 'string' },
+      'sandbox-reap-grace-seconds': { type: 'string' },
       'log-level': { type: 'string' },
     },
   });
@@ -123,12 +148,13 @@ const out = (flags: Flags, human: string, data: unknown): void => {
 async function redeemOrEnroll(command: 'pair' | 'enroll', flags: Flags): Promise<number> {
   const config = loadDaemonConfig(process.env, flags);
   const url = flags.url;
-  if (typeof url !== 'string') throw new UsageError(`${command}: --url is required`);
+  if (typeof url !== 'string') throw new UsageError('--url is required');
+  if (!URL.canParse(url) || !/^https?:$/.test(new URL(url).protocol)) throw new UsageError(`--url must be an http(s) URL, got '${url}'`);
   const label = typeof flags.label === 'string' ? flags.label : hostname();
   let res: Response;
   if (command === 'pair') {
-    if (typeof flags.code !== 'string') throw new UsageError('pair: --code is required');
-    res = await fetch(new URL('/v1/runner-pairings/redeem', url), {
+    if (typeof flags.code !== 'string') throw new UsageError('--code is required');
+    res = await fetch(apiUrl(url, '/v1/runner-pairings/redeem'), {
       method: 'POST',
       headers: { 'content-type': 'application/json', 'service-version': '2026-08-27' },
       body: JSON.stringify({
@@ -137,8 +163,8 @@ async function redeemOrEnroll(command: 'pair' | 'enroll', flags: Flags): Promise
       }),
     });
   } else {
-    if (typeof flags['api-key'] !== 'string' || typeof flags.pool !== 'string') throw new UsageError('enroll: --api-key and --pool are required');
-    res = await fetch(new URL(`/v1/runner-pools/${flags.pool}/enrollments`, url), {
+    if (typeof flags['api-key'] !== 'string' || typeof flags.pool !== 'string') throw new UsageError('--api-key and --pool are required');
+    res = await fetch(apiUrl(url, `/v1/runner-pools/${encodeURIComponent(flags.pool)}/enrollments`), {
       method: 'POST',
       headers: {
         'content-type': 'application/json', 'service-version': '2026-08-27', authorization: `Bearer ${flags['api-key']}`,
@@ -171,20 +197,21 @@ async function redeemOrEnroll(command: 'pair' | 'enroll', flags: Flags): Promise
 async function start(flags: Flags): Promise<number> {
   const config = loadDaemonConfig(process.env, flags);
   const cred = loadCredential(config.configDir);
-  if (!cred) {
-    process.stderr.write(`no runner credential at ${credentialPath(config.configDir)}; run \`agentplane-runner pair\` first\n`);
-    return 2;
-  }
+  if (!cred) throw new UsageError(`no runner credential at ${credentialPath(config.configDir)}; run \`agentplane-runner pair\` first`, false);
   const log = createLogger({ name: 'runner', level: config.logLevel }).child({ runner: cred.runner_id });
   const docker = dockerClient(config.dockerSocket);
   const agent = new RunnerAgent(cred, config, log, docker);
+  let reaper: SandboxReaper | undefined;
   // The sandbox: Docker when the engine answers (image built offline if missing), else the
   // unisolated process driver. Orphans of an earlier life of this runner are reaped first.
   const image = await ensureSandboxImageIfDocker({ docker, onProgress: (line: string) => log.info(line) }).catch((err: unknown) => {
     log.warn({ err: err instanceof Error ? err.message : String(err) }, 'sandbox image could not be built');
     return undefined;
   });
-  const driver = await selectDriver({ runnerId: cred.runner_id, dataDir: join(config.configDir, 'sandboxes'), docker, logger: log });
+  const driver = await selectDriver({
+    runnerId: cred.runner_id, dataDir: join(config.configDir, 'sandboxes'), docker, logger: log,
+    attribution: { workspaceId: cred.workspace_id, home: config.configDir, ...(config.sandboxScope ? { scope: config.sandboxScope } : {}) },
+  });
   const sandboxes = driver
     ? new SandboxManager({
         driver, runnerId: cred.runner_id, logger: log,
@@ -199,6 +226,14 @@ async function start(flags: Flags): Promise<number> {
     if (reaped.length > 0) log.info({ reaped: reaped.length, kept_workspaces: sandboxes.sessions().length }, 'stopped sandboxes left by an earlier run of this runner');
     agent.executor = firstWilling(turnExecutor({ sandboxes, log, baseUrl: cred.base_url, repositoryMaxBytes: config.repositoryMaxBytes }), noopExecutor);
     log.info({ driver: driver.name, tier: driver.tier, image: image?.latest }, 'sandbox driver ready');
+    // Sandboxes of gone runners of this machine (credential deleted or revoked) go after a grace period.
+    if (driver.name === 'docker') {
+      reaper = new SandboxReaper({
+        docker, scope: config.sandboxScope, selfRunnerId: cred.runner_id, graceMs: config.sandboxReapGraceMs,
+        intervalMs: config.sandboxReapIntervalMs, logger: log,
+      });
+      reaper.start();
+    }
   } else {
     agent.executor = noopExecutor;
   }
@@ -208,14 +243,19 @@ async function start(flags: Flags): Promise<number> {
     if (signals === 1) {
       log.info({ signal: sig }, 'drain requested by signal; finishing held work (send again to cancel it)');
       agent.beginDrain(Date.now() + config.drainDeadlineMs, `${sig} received`);
+    } else if (agent.heldCount === 0) {
+      // A terminal's Ctrl-C reaches the runner and its supervisor, which signals it again: not news.
+      log.info({ signal: sig }, 'second signal: nothing held; stopping');
+      agent.cancelAll(`${sig} received twice`);
     } else {
-      log.warn({ signal: sig }, 'second signal: canceling held work');
+      log.warn({ signal: sig, held: agent.heldCount }, 'second signal: canceling held work');
       agent.cancelAll(`${sig} received twice`);
     }
   };
   process.on('SIGTERM', () => onSignal('SIGTERM'));
   process.on('SIGINT', () => onSignal('SIGINT'));
   await agent.run();
+  reaper?.stop();
   // A clean stop leaves no process running; the workspaces of live Sessions stay (durable
   // retention) and are released when their Session ends or their idle time expires.
   if (sandboxes) {
@@ -261,71 +301,143 @@ function status(flags: Flags): number {
 
 async function drain(flags: Flags): Promise<number> {
   const config = loadDaemonConfig(process.env, flags);
+  const timeoutMs = envInt({ '--timeout': typeof flags.timeout === 'string' ? flags.timeout : undefined }, '--timeout', 3600, 0) * 1000;
   const state = loadState(config.configDir);
   if (!state || state.status === 'stopped' || !alive(state.pid)) {
     out(flags, 'no running daemon', { ok: false, running: false });
     return 1;
   }
   process.kill(state.pid, 'SIGTERM');
-  if (flags.wait) while (alive(state.pid)) await new Promise((r) => setTimeout(r, 200));
-  out(flags, flags.wait ? `daemon ${state.pid} drained and exited` : `drain requested (pid ${state.pid})`, { ok: true, pid: state.pid, exited: !!flags.wait });
+  if (!flags.wait) {
+    out(flags, `drain requested (pid ${state.pid})`, { ok: true, pid: state.pid, exited: false });
+    return 0;
+  }
+  const deadline = Date.now() + timeoutMs;
+  while (alive(state.pid) && Date.now() < deadline) await new Promise((r) => setTimeout(r, Math.min(200, Math.max(1, deadline - Date.now()))));
+  if (alive(state.pid)) {
+    out(flags, `daemon ${state.pid} still running after ${timeoutMs / 1000} s (it is draining; wait again or see \`agentplane-runner status\`)`, {
+      ok: false, pid: state.pid, exited: false, timed_out: true,
+    });
+    return 1;
+  }
+  out(flags, `daemon ${state.pid} drained and exited`, { ok: true, pid: state.pid, exited: true });
   return 0;
 }
+
+/** What `prune` would remove: managed sandboxes of gone runners of this machine (this runner's own excluded). */
+async function plan(config: DaemonConfig): Promise<ReapPlan> {
+  const cred = loadCredential(config.configDir);
+  return planReap({ docker: dockerClient(config.dockerSocket), scope: config.sandboxScope, selfRunnerId: cred?.runner_id });
+}
+
+const describeItem = (i: ReapPlan['reapable'][number]): string =>
+  `${i.kind === 'container' ? 'container' : 'volume   '}  ${i.name}  (runner ${i.runner}, session ${i.session}: ${i.reason.replace('_', ' ')})`;
 
 async function doctor(flags: Flags): Promise<number> {
   const config = loadDaemonConfig(process.env, flags);
   const checks = await runDoctor(config, loadCredential(config.configDir), dockerClient(config.dockerSocket));
   const ok = checks.every((c) => c.ok);
   const human = checks.map((c) => `${c.ok ? 'PASS' : 'FAIL'}  ${c.name}: ${c.detail}${!c.ok && c.fix ? `\n      fix: ${c.fix}` : ''}`).join('\n');
-  out(flags, `${human}\n${ok ? 'all checks passed' : 'some checks failed'}`, { ok, checks });
+  // What prune would remove (not a check: leftovers never fail the doctor); skipped without Docker.
+  const reap = await plan(config).catch(() => undefined);
+  const reapText = !reap
+    ? ''
+    : reap.reapable.length === 0
+      ? '\nnothing to prune: no sandboxes of gone runners on this machine'
+      : `\nprune would remove ${reap.reapable.length} item(s) of gone runners (run \`agentplane-runner prune\`):\n${reap.reapable.map((i) => `  ${describeItem(i)}`).join('\n')}`;
+  out(flags, `${human}\n${ok ? 'all checks passed' : 'some checks failed'}${reapText}`, { ok, checks, prune: reap ?? null });
   return ok ? 0 : 1;
 }
 
-class UsageError extends Error {}
+async function prune(flags: Flags): Promise<number> {
+  const config = loadDaemonConfig(process.env, flags);
+  const p = await plan(config);
+  const dry = !!flags['dry-run'];
+  if (dry) {
+    out(flags, p.reapable.length === 0 ? 'nothing to prune' : `would remove:\n${p.reapable.map((i) => `  ${describeItem(i)}`).join('\n')}`, {
+      ok: true, dry_run: true, scope: p.scope, would_remove: p.reapable, runners: p.runners, kept: p.kept,
+    });
+    return 0;
+  }
+  const result = await reapItems(dockerClient(config.dockerSocket), p.reapable);
+  const ok = result.failed.length === 0;
+  const human = [
+    result.reaped.length === 0 ? 'nothing pruned' : `removed:\n${result.reaped.map((i) => `  ${describeItem(i)}`).join('\n')}`,
+    ...(ok ? [] : [`failed:\n${result.failed.map((i) => `  ${describeItem(i)}: ${i.error}`).join('\n')}`]),
+  ].join('\n');
+  out(flags, human, { ok, dry_run: false, scope: p.scope, removed: result.reaped, failed: result.failed, runners: p.runners, kept: p.kept });
+  return ok ? 0 : 1;
+}
 
-async function main(): Promise<number> {
+/** A mistake in how the command was called: exit code 2, with the command's usage. */
+class UsageError extends Error {
+  constructor(message: string, readonly showUsage = true) {
+    super(message);
+  }
+}
+
+type CommandName = 'pair' | 'enroll' | 'start' | 'status' | 'drain' | 'doctor' | 'prune';
+const COMMANDS = new Map<string, (flags: Flags) => Promise<number> | number>([
+  ['pair', (f) => redeemOrEnroll('pair', f)],
+  ['enroll', (f) => redeemOrEnroll('enroll', f)],
+  ['start', start],
+  ['status', status],
+  ['drain', drain],
+  ['doctor', doctor],
+  ['prune', prune],
+] satisfies Array<[CommandName, (flags: Flags) => Promise<number> | number]>);
+
+/** Why a command failed, for `--json`: `usage` and `config` exit 2, `network` and `internal` exit 1. */
+function classify(err: unknown): { type: 'usage' | 'config' | 'network' | 'internal'; message: string; code: number } {
+  const message = err instanceof Error ? err.message : String(err);
+  if (err instanceof UsageError) return { type: 'usage', message, code: 2 };
+  if (err instanceof ConfigError) return { type: 'config', message, code: 2 };
+  // fetch() rejects with a TypeError whose cause carries the socket error (ECONNREFUSED, ENOTFOUND, …).
+  const cause = (err as { cause?: { code?: string; message?: string } } | null)?.cause;
+  if (err instanceof TypeError && cause) return { type: 'network', message: `${message}: ${cause.code ?? cause.message ?? 'network error'}`, code: 1 };
+  if (typeof (err as { code?: unknown } | null)?.code === 'string' && /^E[A-Z]+/.test((err as { code: string }).code)) return { type: 'network', message, code: 1 };
+  return { type: 'internal', message, code: 1 };
+}
+
+function fail(json: boolean, command: string | undefined, err: unknown): number {
+  const e = classify(err);
+  if (json) {
+    process.stdout.write(`${JSON.stringify({ ok: false, error: { type: e.type, message: e.message } })}\n`);
+  } else {
+    const usage = err instanceof UsageError && err.showUsage ? `\n\n${(command && HELP[command]) || HELP.main}` : '';
+    process.stderr.write(`agentplane-runner${command ? ` ${command}` : ''}: ${e.message}${usage}\n`);
+  }
+  return e.code;
+}
+
+async function main(argv: string[]): Promise<number> {
   let parsed: { command: string; flags: Flags };
   try {
-    parsed = parse(process.argv.slice(2));
+    parsed = parse(argv);
   } catch (err) {
-    process.stderr.write(`${err instanceof Error ? err.message : String(err)}\n\n${HELP.main}\n`);
-    return 2;
+    // The flags did not parse, so --json is looked for in the raw arguments.
+    return fail(argv.includes('--json'), undefined, new UsageError(err instanceof Error ? err.message : String(err)));
   }
   const { command, flags } = parsed;
-  if (command === 'help' || !(command in HELP)) {
+  const json = !!flags.json;
+  if (command === 'help') {
     process.stdout.write(`${HELP.main}\n`);
-    return command === 'help' ? 0 : 2;
+    return 0;
   }
+  const run = COMMANDS.get(command);
+  if (!run) return fail(json, undefined, new UsageError(`unknown command '${command}'`));
   if (flags.help) {
     process.stdout.write(`${HELP[command]}\n`);
     return 0;
   }
   try {
-    switch (command) {
-      case 'pair':
-      case 'enroll':
-        return await redeemOrEnroll(command, flags);
-      case 'start':
-        return await start(flags);
-      case 'status':
-        return status(flags);
-      case 'drain':
-        return await drain(flags);
-      case 'doctor':
-        return await doctor(flags);
-      default:
-        return 2;
-    }
+    return await run(flags);
   } catch (err) {
-    if (err instanceof UsageError) {
-      process.stderr.write(`${err.message}\n\n${HELP[command]}\n`);
-      return 2;
-    }
-    throw err;
+    return fail(json, command, err);
   }
 }
 
-main().then(
+main(process.argv.slice(2)).then(
   (code) => process.exit(code),
   (err: unknown) => {
     process.stderr.write(`agentplane-runner: ${err instanceof Error ? err.message : String(err)}\n`);

@@ -1,7 +1,8 @@
 import { chmodSync, existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
 import { homedir } from 'node:os';
 import { join, resolve } from 'node:path';
-import { envInt, envOptional, envString, type Env } from '@agentplane/core';
+import { envEnum, envInt, envOptional, envString, type Env } from '@agentplane/core';
+import { SANDBOX_SCOPE_ENV } from './sandbox/types.js';
 
 /** Process-level settings of the daemon (flags win over environment, environment over defaults). */
 export interface DaemonConfig {
@@ -27,21 +28,30 @@ export interface DaemonConfig {
   sandboxReportMs: number;
   /** Upper bound on one repository snapshot (bytes). */
   repositoryMaxBytes: number;
+  /** How often sandboxes of gone runners of this machine are looked for (0: only at start). */
+  sandboxReapIntervalMs: number;
+  /** How long a sandbox of a gone runner is seen before it is reaped. */
+  sandboxReapGraceMs: number;
+  /** Reaping scope (label `agentplane.scope`); undefined: the default scope. */
+  sandboxScope: string | undefined;
   logLevel: 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
 }
 
+const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;
+
 export function loadDaemonConfig(env: Env, flags: Record<string, string | boolean>): DaemonConfig {
   const flag = (name: string): string | undefined => (typeof flags[name] === 'string' ? (flags[name] as string) : undefined);
-  const int = (name: string, envName: string, fallback: number, min = 0): number => {
+  // Errors name what the operator typed: the flag (`--slots`) or the environment variable.
+  const int = (name: string, envName: string, fallback: number, min = 0, max = Number.MAX_SAFE_INTEGER): number => {
     const f = flag(name);
-    return f !== undefined ? envInt({ v: f }, 'v', fallback, min) : envInt(env, envName, fallback, min);
+    return f !== undefined ? envInt({ [`--${name}`]: f }, `--${name}`, fallback, min, max) : envInt(env, envName, fallback, min, max);
   };
-  const hb = flag('heartbeat-ms') ?? envOptional(env, 'RUNNER_HEARTBEAT_INTERVAL_MS');
-  const slots = flag('slots') ?? envOptional(env, 'RUNNER_MAX_SLOTS');
+  const optionalInt = (name: string, envName: string, min: number, max?: number): number | undefined =>
+    flag(name) === undefined && envOptional(env, envName) === undefined ? undefined : int(name, envName, min, min, max);
   return Object.freeze({
     configDir: resolve(flag('config-dir') ?? envString(env, 'AGENTPLANE_RUNNER_HOME', join(homedir(), '.agentplane', 'runner'))),
-    heartbeatIntervalMs: hb === undefined ? undefined : envInt({ v: hb }, 'v', 5000, 100),
-    maxSlots: slots === undefined ? undefined : envInt({ v: slots }, 'v', 1, 0, 1024),
+    heartbeatIntervalMs: optionalInt('heartbeat-ms', 'RUNNER_HEARTBEAT_INTERVAL_MS', 100),
+    maxSlots: optionalInt('slots', 'RUNNER_MAX_SLOTS', 0, 1024),
     slotMemoryMib: int('slot-memory-mib', 'RUNNER_SLOT_MEMORY_MIB', 512, 64),
     sandboxImage: flag('image') ?? envString(env, 'SANDBOX_IMAGE', 'agentplane/sandbox:latest'),
     dockerSocket: envOptional(env, 'DOCKER_SOCKET'),
@@ -52,7 +62,10 @@ export function loadDaemonConfig(env: Env, flags: Record<string, string | boolea
     sandboxIdleExpireMs: int('sandbox-idle-expire-seconds', 'SANDBOX_IDLE_EXPIRE_SECONDS', 86_400, 0) * 1000,
     sandboxReportMs: int('sandbox-report-seconds', 'SANDBOX_REPORT_SECONDS', 30, 1) * 1000,
     repositoryMaxBytes: int('repository-max-mib', 'REPOSITORY_MAX_MIB', 256, 1) * 1024 * 1024,
-    logLevel: (flag('log-level') ?? envString(env, 'LOG_LEVEL', 'info')) as DaemonConfig['logLevel'],
+    sandboxReapIntervalMs: int('sandbox-reap-interval-seconds', 'SANDBOX_REAP_INTERVAL_SECONDS', 300, 0) * 1000,
+    sandboxReapGraceMs: int('sandbox-reap-grace-seconds', 'SANDBOX_REAP_GRACE_SECONDS', 900, 0) * 1000,
+    sandboxScope: envOptional(env, SANDBOX_SCOPE_ENV),
+    logLevel: flag('log-level') !== undefined ? envEnum({ '--log-level': flag('log-level') }, '--log-level', LOG_LEVELS, 'info') : envEnum(env, 'LOG_LEVEL', LOG_LEVELS, 'info'),
   });
 }
 

@@ -1,10 +1,10 @@
 import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
-import { WebSocket } from 'ws';
 import type Docker from 'dockerode';
-import { CLOSE, RUNNER_CONNECT_PATH } from '@agentplane/protocol';
+import { apiUrl } from '@agentplane/core';
 import { dockerFacts } from './capabilities.js';
 import type { DaemonConfig, RunnerCredentialFile } from './config.js';
+import { probeCredential } from './probe.js';
 
 export interface Check {
   name: string;
@@ -25,7 +25,7 @@ async function checkControlPlane(cred: RunnerCredentialFile | null): Promise<Che
   }
   const out: Check[] = [{ name: 'paired', ok: true, detail: `runner ${cred.runner_id} (pool ${cred.runner_pool_id})` }];
   try {
-    const r = await timeout(fetch(new URL('/healthz', cred.base_url)), 5000, 'health check');
+    const r = await timeout(fetch(apiUrl(cred.base_url, '/healthz')), 5000, 'health check');
     out.push(r.ok
       ? { name: 'control plane reachable', ok: true, detail: `${cred.base_url} answered ${r.status}` }
       : { name: 'control plane reachable', ok: false, detail: `${cred.base_url}/healthz answered ${r.status}`, fix: 'check that the API is running and healthy' });
@@ -34,21 +34,17 @@ async function checkControlPlane(cred: RunnerCredentialFile | null): Promise<Che
     return out;
   }
   // Upgrade only (no hello): proves the credential without disturbing a running daemon.
-  const url = new URL(RUNNER_CONNECT_PATH, cred.base_url);
-  url.protocol = url.protocol === 'https:' ? 'wss:' : 'ws:';
-  const verdict = await new Promise<Check>((resolve) => {
-    const ws = new WebSocket(url, { headers: { authorization: `Bearer ${cred.secret}` }, handshakeTimeout: 5000 });
-    ws.on('unexpected-response', (_req, res) => {
-      const s = res.statusCode ?? 0;
-      resolve({ name: 'runner credential accepted', ok: false, detail: `gateway answered HTTP ${s}`, fix: s === 401 || s === 403 ? 'the credential is revoked or its owner is inactive: pair this machine again' : 'check that the API hosts the runner gateway (GATEWAY_EMBEDDED)' });
-      ws.terminate();
-    });
-    ws.on('open', () => {
-      resolve({ name: 'runner credential accepted', ok: true, detail: `WebSocket upgrade to ${url.pathname} succeeded` });
-      ws.close(CLOSE.NORMAL, 'doctor');
-    });
-    ws.on('error', (err) => resolve({ name: 'runner credential accepted', ok: false, detail: err.message, fix: 'check proxies: WebSocket upgrades must pass through' }));
-  });
+  const probe = await probeCredential(cred.base_url, cred.secret);
+  const verdict: Check = probe.verdict === 'accepted'
+    ? { name: 'runner credential accepted', ok: true, detail: probe.detail }
+    : {
+        name: 'runner credential accepted', ok: false, detail: probe.detail,
+        fix: probe.verdict === 'rejected'
+          ? 'the credential is revoked: pair this machine again'
+          : probe.status === 403
+            ? 'the owner Principal or the Workspace of this runner is not active'
+            : probe.status ? 'check that the API hosts the runner gateway (GATEWAY_EMBEDDED)' : 'check proxies: WebSocket upgrades must pass through',
+      };
   out.push(verdict);
   return out;
 }

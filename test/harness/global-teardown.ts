@@ -1,24 +1,33 @@
+import { randomBytes } from 'node:crypto';
 import Docker from 'dockerode';
 
+/** Labels every sandbox of a test run, so that the run only ever removes what it created. */
+export const SCOPE_ENV = 'AGENTPLANE_SANDBOX_SCOPE';
+const SCOPE_LABEL = 'agentplane.scope';
+
 /**
- * Sandboxes of runners that tests killed with SIGKILL have no daemon left to reap them, and
- * runners stopped cleanly keep their Sessions' workspaces (durable retention): remove every
- * agentplane-managed container and workspace volume created during this test run.
+ * One reaping scope per test run: platforms and runners started by the tests inherit
+ * AGENTPLANE_SANDBOX_SCOPE and label their sandboxes with it (agentplane.scope). Runners only reap
+ * inside their scope, so concurrent test runs on one machine never touch each other's containers.
+ * At the end, the run removes the containers and workspace volumes of its scope (and of
+ * sub-scopes `<scope>-…` that single tests use): those of runners killed with SIGKILL, and the
+ * workspaces runners stopped cleanly keep (durable retention). Nothing else on the machine.
  */
 export default function setup(): () => Promise<void> {
-  const started = Math.floor(Date.now() / 1000) - 1;
+  const scope = process.env[SCOPE_ENV] || `test-${Date.now().toString(36)}-${randomBytes(4).toString('hex')}`;
+  process.env[SCOPE_ENV] = scope;
   return async () => {
     const docker = new Docker();
-    const filters = JSON.stringify({ label: ['agentplane.managed=true'] });
+    const mine = (labels: Record<string, string> | undefined | null): boolean => {
+      const s = labels?.[SCOPE_LABEL];
+      return labels?.['agentplane.managed'] === 'true' && !!s && (s === scope || s.startsWith(`${scope}-`));
+    };
+    const filters = JSON.stringify({ label: ['agentplane.managed=true', SCOPE_LABEL] });
     try {
       const list = await docker.listContainers({ all: true, filters });
-      await Promise.all(list.filter((c) => c.Created >= started).map((c) => docker.getContainer(c.Id).remove({ force: true, v: true }).catch(() => undefined)));
+      await Promise.all(list.filter((c) => mine(c.Labels)).map((c) => docker.getContainer(c.Id).remove({ force: true, v: true }).catch(() => undefined)));
       const { Volumes } = await docker.listVolumes({ filters });
-      const fresh = (Volumes ?? []).filter((v) => {
-        const created = Date.parse((v as { CreatedAt?: string }).CreatedAt ?? '');
-        return Number.isFinite(created) && created / 1000 >= started;
-      });
-      await Promise.all(fresh.map((v) => docker.getVolume(v.Name).remove({ force: true }).catch(() => undefined)));
+      await Promise.all((Volumes ?? []).filter((v) => mine(v.Labels)).map((v) => docker.getVolume(v.Name).remove({ force: true }).catch(() => undefined)));
     } catch {
       // No Docker engine: nothing to clean.
     }

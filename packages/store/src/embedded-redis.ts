@@ -1,6 +1,6 @@
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { mkdirSync, readFileSync, writeFileSync, existsSync } from 'node:fs';
+import { mkdirSync, readFileSync, writeFileSync, existsSync, rmSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
@@ -25,11 +25,61 @@ export class RedisServerMissingError extends Error {
   constructor() {
     super(
       'redis-server was not found on PATH. Install it with:\n' +
-        '    sudo apt-get install -y redis-server      (Debian/Ubuntu)\n' +
+        '    $(command -v sudo) apt-get update && $(command -v sudo) apt-get install -y redis-server      (Debian/Ubuntu)\n' +
         'or point the platform at an existing Redis with REDIS_URL=redis://host:6379',
     );
     this.name = 'RedisServerMissingError';
   }
+}
+
+/**
+ * A command prefix (Linux's `setpriv --pdeathsig SIGTERM --`, when installed) under which a
+ * child gets SIGTERM as soon as the process that started it dies, even by SIGKILL; empty where
+ * it is not available.
+ */
+export function parentDeathWrapper(): string[] {
+  if (process.platform !== 'linux') return [];
+  const r = spawnSync('setpriv', ['--help'], { encoding: 'utf8' });
+  return r.error === undefined && r.status === 0 && r.stdout.includes('--pdeathsig') ? ['setpriv', '--pdeathsig', 'SIGTERM', '--'] : [];
+}
+
+const alive = (pid: number): boolean => {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === 'EPERM';
+  }
+};
+
+/**
+ * A redis-server left behind on `dir` by a platform that was killed outright (SIGKILL gives it no
+ * chance to stop its children): stop it (SIGTERM, so its AOF is flushed; SIGKILL after 5 s)
+ * before a new one opens the same files. Only a process that is a redis-server is touched: the
+ * pid file alone could name a recycled pid.
+ */
+async function stopStaleServer(pidFile: string): Promise<number | undefined> {
+  if (!existsSync(pidFile)) return undefined;
+  const pid = Number(readFileSync(pidFile, 'utf8').trim());
+  rmSync(pidFile, { force: true });
+  if (!Number.isInteger(pid) || pid <= 1 || pid === process.pid || !alive(pid)) return undefined;
+  let cmdline = '';
+  try {
+    cmdline = readFileSync(`/proc/${pid}/cmdline`, 'utf8');
+  } catch {
+    return undefined; // no /proc, or gone: leave it alone
+  }
+  if (!cmdline.includes('redis-server')) return undefined;
+  process.kill(pid, 'SIGTERM');
+  const deadline = Date.now() + 5000;
+  while (alive(pid)) {
+    if (Date.now() > deadline) {
+      process.kill(pid, 'SIGKILL');
+      break;
+    }
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  return pid;
 }
 
 export function redisServerAvailable(): boolean {
@@ -53,6 +103,11 @@ export async function freePort(): Promise<number> {
 /**
  * A private redis-server for one platform: loopback only, password-protected,
  * append-only file on (fsync every second) under `dir`.
+ *
+ * It runs in its own process group (`detached`), so a terminal's Ctrl-C, which signals the
+ * whole foreground group, does not stop it before the processes that use it: its owner stops
+ * it last. It never outlives its owner: on Linux it gets SIGTERM when the owner dies (even by
+ * SIGKILL), and everywhere a server left running on `dir` (pid file) is stopped at the next start.
  */
 export async function startEmbeddedRedis(options: EmbeddedRedisOptions): Promise<EmbeddedRedis> {
   if (!redisServerAvailable()) throw new RedisServerMissingError();
@@ -60,6 +115,9 @@ export async function startEmbeddedRedis(options: EmbeddedRedisOptions): Promise
   const passwordFile = join(options.dir, 'password');
   if (!existsSync(passwordFile)) writeFileSync(passwordFile, randomBytes(24).toString('hex'), { mode: 0o600 });
   const password = readFileSync(passwordFile, 'utf8').trim();
+  const pidFile = join(options.dir, 'redis.pid');
+  const stale = await stopStaleServer(pidFile);
+  if (stale !== undefined) options.onLog?.(`stopped a redis-server (pid ${stale}) left running on ${options.dir}`);
   const port = options.port ?? (await freePort());
   const args = [
     '--port', String(port),
@@ -74,8 +132,10 @@ export async function startEmbeddedRedis(options: EmbeddedRedisOptions): Promise
     '--maxmemory-policy', 'noeviction',
     '--daemonize', 'no',
     '--logfile', '',
+    '--pidfile', pidFile,
   ];
-  const child = spawn('redis-server', ['-'], { stdio: ['pipe', 'pipe', 'pipe'] });
+  const [cmd = 'redis-server', ...pre] = [...parentDeathWrapper(), 'redis-server'];
+  const child = spawn(cmd, [...pre, '-'], { stdio: ['pipe', 'pipe', 'pipe'], detached: true });
   // The password goes through stdin (a config file on "-"), never the process list.
   child.stdin.end(`${args.reduce((acc, cur, i) => (i % 2 === 0 ? `${acc}${cur.slice(2)} ` : `${acc}"${cur}"\n`), '')}requirepass "${password}"\n`);
   const lines = (buf: Buffer) => buf.toString('utf8').split('\n').filter(Boolean).forEach((l) => options.onLog?.(l));

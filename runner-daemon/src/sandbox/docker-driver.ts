@@ -15,7 +15,10 @@ import { createTar, type TarEntry } from './tar.js';
 import {
   EXEC_DEFAULTS,
   SANDBOX_LABELS,
+  SANDBOX_SCOPE_ENV,
   SandboxError,
+  attributionLabels,
+  type SandboxAttribution,
   type Command,
   type ComputeUsage,
   type DriverCapabilities,
@@ -43,6 +46,11 @@ export interface DockerDriverOptions {
   /** Bound on killing a command's process tree before the container itself is killed. Default 3 s. */
   cancelTimeoutMs?: number;
   logger?: Logger;
+  /**
+   * Who these sandboxes belong to (labels). The scope defaults to $AGENTPLANE_SANDBOX_SCOPE so that
+   * every sandbox of a scoped process tree carries it.
+   */
+  attribution?: SandboxAttribution;
 }
 
 export const SANDBOX_DEFAULTS = {
@@ -82,6 +90,7 @@ export class DockerDriver implements SandboxDriver {
   private readonly startTimeoutMs: number;
   private readonly cancelTimeoutMs: number;
   private readonly log: Logger;
+  private readonly extraLabels: Record<string, string>;
   private readonly live = new Map<string, Tracked>();
   private readonly starting = new Map<string, Promise<Sandbox>>();
 
@@ -93,6 +102,8 @@ export class DockerDriver implements SandboxDriver {
     this.startTimeoutMs = options.startTimeoutMs ?? 30_000;
     this.cancelTimeoutMs = options.cancelTimeoutMs ?? 3_000;
     this.log = options.logger ?? createLogger({ name: 'sandbox', level: 'warn' });
+    const scope = options.attribution?.scope ?? (process.env[SANDBOX_SCOPE_ENV] || undefined);
+    this.extraLabels = attributionLabels({ ...options.attribution, ...(scope ? { scope } : {}) });
   }
 
   /** Whether dockerd answers; drivers are chosen from this at daemon start. */
@@ -131,7 +142,7 @@ export class DockerDriver implements SandboxDriver {
   }
 
   private labels(sessionId: string): Record<string, string> {
-    return { [SANDBOX_LABELS.managed]: 'true', [SANDBOX_LABELS.runner]: this.runnerId, [SANDBOX_LABELS.session]: sessionId };
+    return { ...this.extraLabels, [SANDBOX_LABELS.managed]: 'true', [SANDBOX_LABELS.runner]: this.runnerId, [SANDBOX_LABELS.session]: sessionId };
   }
 
   async ensure(session: SandboxSession, environment: SandboxEnvironment = {}): Promise<Sandbox> {

@@ -6,7 +6,7 @@ import Docker from 'dockerode';
 import type { Logger } from '@agentplane/core';
 import { DockerDriver } from './docker-driver.js';
 import { ProcessDriver } from './process-driver.js';
-import type { SandboxDriver } from './types.js';
+import type { SandboxAttribution, SandboxDriver } from './types.js';
 
 export interface SelectDriverOptions {
   runnerId: string;
@@ -15,12 +15,14 @@ export interface SelectDriverOptions {
   /** Fall back to the unisolated process driver when Docker is unavailable. Default true. */
   allowProcess?: boolean;
   logger?: Logger;
+  /** Labels recording who the sandboxes belong to (docker driver). */
+  attribution?: SandboxAttribution;
 }
 
 export async function selectDriver(options: SelectDriverOptions): Promise<SandboxDriver | undefined> {
   const docker = options.docker ?? new Docker();
   if (await DockerDriver.available(docker)) {
-    return new DockerDriver({ runnerId: options.runnerId, docker, logger: options.logger });
+    return new DockerDriver({ runnerId: options.runnerId, docker, logger: options.logger, ...(options.attribution ? { attribution: options.attribution } : {}) });
   }
   if (options.allowProcess === false) return undefined;
   options.logger?.warn('Docker is unavailable: using the process driver (tier process, UNISOLATED)');

@@ -5,6 +5,7 @@
  * no network).
  */
 import { createHash } from 'node:crypto';
+import { apiUrl } from '@agentplane/core';
 import { InfrastructureFailure } from '../failures.js';
 import { fetchRepositorySnapshot, RepositoryFetchError } from './repository.js';
 import type { ResourceSource } from './resources.js';
@@ -43,7 +44,7 @@ async function downloadFile(r: Extract<OfferedResource, { type: 'file' }>, o: So
   if (!o.bearer) throw new ResourceError(`resource ${r.id}: the offer carries no bearer to fetch file ${r.file_id}`);
   let res: Response;
   try {
-    res = await fetch(new URL(`/v1/runtime/files/${r.file_id}`, o.baseUrl), { headers: { authorization: `Bearer ${o.bearer}` }, signal: signal ?? null });
+    res = await fetch(apiUrl(o.baseUrl, `/v1/runtime/files/${encodeURIComponent(r.file_id)}`), { headers: { authorization: `Bearer ${o.bearer}` }, signal: signal ?? null });
   } catch (err) {
     throw new InfrastructureFailure(`resource ${r.id}: the control plane did not serve file ${r.file_id}: ${(err as Error).message}`, { cause: err });
   }
