@@ -2,9 +2,9 @@ import tseslint from 'typescript-eslint';
 import importX from 'eslint-plugin-import-x';
 
 export default tseslint.config(
-  { ignores: ['**/dist/**', '**/node_modules/**', 'docker/build/**', '.data/**', 'coverage/**'] },
+  { ignores: ['**/dist/**', 'console/src/generated/**', 'test-output/**', '**/node_modules/**', 'docker/build/**', '.data/**', 'coverage/**'] },
   {
-    files: ['**/*.ts'],
+    files: ['**/*.ts', '**/*.tsx'],
     extends: [tseslint.configs.base],
     languageOptions: {
       parserOptions: { projectService: true, tsconfigRootDir: import.meta.dirname },

@@ -25,6 +25,7 @@ import { runColocated } from '../runner-daemon/src/executors/colocated.js';
 import { HarnessLoop } from '../runner-daemon/src/harness/loop.js';
 import type { AgentConfig, SessionEventSink } from '../runner-daemon/src/harness/events.js';
 import type { Sandbox } from '../runner-daemon/src/sandbox/types.js';
+import { progress } from './lib/progress.js';
 
 const RUNS = Number(process.env.BENCH_RUNS ?? 50);
 const docker = new Docker();
@@ -117,6 +118,7 @@ async function main(): Promise<void> {
 
   const cold: number[] = [];
   const coldFloor: number[] = [];
+  const coldProgress = progress('cold', RUNS);
   for (let i = 0; i < RUNS; i++) {
     coldFloor.push(await floorRun(image.tag));
     const session = { id: `sess_${randomBytes(8).toString('hex')}` };
@@ -126,14 +128,16 @@ async function main(): Promise<void> {
     cold.push(performance.now() - t);
     if (res.exitCode !== 0) throw new Error(`cold exec failed: ${res.stderr}`);
     await driver.destroy(session.id);
-    process.stdout.write(`\rcold ${i + 1}/${RUNS}`);
+    coldProgress.tick(i + 1);
   }
+  coldProgress.end();
 
   const session = { id: `sess_${randomBytes(8).toString('hex')}` };
   const sandbox = await driver.ensure(session, {});
   const container = docker.getContainer(sandbox.ref);
   const warm: number[] = [];
   const warmFloor: number[] = [];
+  const warmProgress = progress('warm', RUNS);
   for (let i = 0; i < RUNS; i++) {
     warmFloor.push(await floorExec(container));
     const t = performance.now();
@@ -141,12 +145,14 @@ async function main(): Promise<void> {
     const res = await driver.exec(again, ['true']);
     warm.push(performance.now() - t);
     if (res.exitCode !== 0) throw new Error(`warm exec failed: ${res.stderr}`);
-    process.stdout.write(`\rwarm ${i + 1}/${RUNS}`);
+    warmProgress.tick(i + 1);
   }
+  warmProgress.end();
   await driver.destroy(session.id);
 
   const withResources: number[] = [];
   const withResourcesFloor: number[] = [];
+  const resourcesProgress = progress('resources', RUNS);
   for (let i = 0; i < RUNS; i++) {
     withResourcesFloor.push(await floorRunWithBytes(image.tag));
     const s = { id: `sess_${randomBytes(8).toString('hex')}` };
@@ -157,21 +163,24 @@ async function main(): Promise<void> {
     withResources.push(performance.now() - t);
     if (res.exitCode !== 0 || placed.files !== 201) throw new Error(`materialisation failed: ${res.stderr} (${placed.files} files)`);
     await driver.destroy(s.id);
-    process.stdout.write(`\rresources ${i + 1}/${RUNS}`);
+    resourcesProgress.tick(i + 1);
   }
+  resourcesProgress.end();
 
   const tsb = await driver.ensure({ id: `sess_${randomBytes(8).toString('hex')}` }, {});
   const split1: number[] = [];
   const colocated1: number[] = [];
   const split10: number[] = [];
   const colocated10: number[] = [];
+  const topologiesProgress = progress('topologies', RUNS);
   for (let i = 0; i < RUNS; i++) {
     split1.push(await turn('split', tsb, 1));
     colocated1.push(await turn('colocated', tsb, 1));
     split10.push(await turn('split', tsb, 10));
     colocated10.push(await turn('colocated', tsb, 10));
-    process.stdout.write(`\rtopologies ${i + 1}/${RUNS}`);
+    topologiesProgress.tick(i + 1);
   }
+  topologiesProgress.end();
   await driver.reapOrphans(runnerId, []);
 
   const rows = [
@@ -181,7 +190,7 @@ async function main(): Promise<void> {
     { name: 'Run, 1 bash call: colocated loop', ours: summary(colocated1), floorName: 'split loop', floor: summary(split1) },
     { name: 'Run, 10 bash calls: colocated loop', ours: summary(colocated10), floorName: 'split loop', floor: summary(split10) },
   ];
-  console.log('\n');
+  console.log('');
   console.log(`${'measure'.padEnd(44)}${'ours p50'.padStart(10)}${'ours p99'.padStart(10)}  ${'floor'.padEnd(22)}${'p50'.padStart(10)}${'p99'.padStart(10)}  ratio p50  ratio p99`);
   for (const r of rows) {
     console.log(

@@ -32,10 +32,10 @@ async function contentKeys(): Promise<string[]> {
 }
 
 /** A hand-written multipart body, for framings FormData would not produce. */
-function multipart(parts: Array<{ name: string; filename?: string; type?: string; data: string | Buffer }>, boundary = 'xYzBoundary42'): { body: Buffer; type: string } {
+function multipart(parts: Array<{ name: string; filename?: string; disposition?: string; type?: string; data: string | Buffer }>, boundary = 'xYzBoundary42'): { body: Buffer; type: string } {
   const chunks: Buffer[] = [];
   for (const part of parts) {
-    const disp = `form-data; name="${part.name}"${part.filename !== undefined ? `; filename="${part.filename}"` : ''}`;
+    const disp = part.disposition ?? `form-data; name="${part.name}"${part.filename !== undefined ? `; filename="${part.filename}"` : ''}`;
     chunks.push(Buffer.from(`--${boundary}\r\nContent-Disposition: ${disp}\r\n${part.type ? `Content-Type: ${part.type}\r\n` : ''}\r\n`));
     chunks.push(Buffer.isBuffer(part.data) ? part.data : Buffer.from(part.data));
     chunks.push(Buffer.from('\r\n'));
@@ -159,6 +159,33 @@ describe('Files API', () => {
     expect(r.body).toMatchObject({ filename: 'passwd', content_type: 'text/plain' });
   });
 
+  it('keeps a non-ASCII file name: UTF-8 in filename, and RFC 5987 filename*', async () => {
+    const name = 'résumé-日本.txt';
+    const encoded = "UTF-8''r%C3%A9sum%C3%A9-%E6%97%A5%E6%9C%AC.txt";
+    expect(`UTF-8''${encodeURIComponent(name)}`).toBe(encoded);
+    const viaFormData = await api.uploadFile<FileHead>(name, new TextEncoder().encode('cv'), { contentType: 'text/plain' });
+    expect(viaFormData.status, JSON.stringify(viaFormData.body)).toBe(201);
+    expect(viaFormData.body.filename).toBe(name);
+    expect((await api.get<FileHead>(`/v1/files/${viaFormData.body.id}`)).filename).toBe(name);
+    const download = await fetch(`${p.baseUrl}/v1/files/${viaFormData.body.id}/content`, { headers: { authorization: `Bearer ${devKey}`, 'service-version': '2026-08-27' } });
+    expect(download.status).toBe(200);
+    expect(download.headers.get('content-disposition')).toBe(`attachment; filename*=${encoded}`);
+    await download.arrayBuffer();
+
+    const cases: Array<[string, string, string]> = [
+      ['raw UTF-8 bytes in filename', `form-data; name="file"; filename="${name}"`, name],
+      ['filename* alone', `form-data; name="file"; filename*=${encoded}`, name],
+      ['filename* over an ASCII fallback', `form-data; name="file"; filename="resume.txt"; filename*=${encoded}`, name],
+      ['filename* in ISO-8859-1', "form-data; name=\"file\"; filename*=iso-8859-1'fr'r%E9sum%E9.txt", 'résumé.txt'],
+    ];
+    for (const [what, disposition, expected] of cases) {
+      const { body, type } = multipart([{ name: 'file', disposition, type: 'text/plain', data: 'cv' }]);
+      const r = await rawUpload(api, body, type);
+      expect(r.status, `${what}: ${JSON.stringify(r.body)}`).toBe(201);
+      expect(r.body.filename, what).toBe(expected);
+    }
+  });
+
   it('Idempotency-Key: same bytes replay the same File; other bytes conflict; no staged bytes are left', async () => {
     const before = await contentKeys();
     const a = await api.uploadFile<FileHead>('a.txt', new TextEncoder().encode('one'), { idempotencyKey: 'upload-1' });
@@ -177,10 +204,11 @@ describe('Files API', () => {
     expect(after.filter((k) => !before.includes(k))).toEqual([`ap:{f:${a.body.id}}:content`]);
   });
 
-  it('refuses malformed uploads with 400/415 and keeps nothing', async () => {
+  it('refuses malformed uploads with 400 validation.malformed and keeps nothing', async () => {
     const before = await contentKeys();
     const cases: Array<[string, { body: Buffer | string; type: string }, number]> = [
-      ['json instead of multipart', { body: '{"file":"x"}', type: 'application/json' }, 415],
+      ['json instead of multipart', { body: '{"file":"x"}', type: 'application/json' }, 400],
+      ['text instead of multipart', { body: 'x', type: 'text/plain' }, 400],
       ['unknown field', multipart([{ name: 'file', filename: 'a.txt', data: 'a' }, { name: 'purpose', data: 'x' }]), 400],
       ['field only', multipart([{ name: 'purpose', data: 'x' }]), 400],
       ['two files', multipart([{ name: 'file', filename: 'a.txt', data: 'a' }, { name: 'file', filename: 'b.txt', data: 'b' }]), 400],
@@ -193,7 +221,7 @@ describe('Files API', () => {
     for (const [what, c, status] of cases) {
       const r = await rawUpload(api, c.body, c.type);
       expect(r.status, what).toBe(status);
-      expect(errType(r), what).toBe(status === 415 ? 'validation.unsupported_media_type' : 'validation.malformed');
+      expect(errType(r), what).toBe('validation.malformed');
     }
     expect(await contentKeys()).toEqual(before);
   });
@@ -223,7 +251,7 @@ describe('Files API', () => {
     expect((await api.request('GET', '/v1/files')).status).toBe(200);
   }, 60_000);
 
-  it('Redis killed mid-upload: the upload is refused with 503 or stored whole, never half', async () => {
+  it('Redis killed mid-upload: the upload is refused with 500 runtime.internal (an incident reference) or stored whole, never half', async () => {
     const before = p.pids().redis as number;
     const r = await streamUpload(devKey, 8 * MiB, async (sent) => {
       if (sent === 3 * MiB) {
@@ -231,7 +259,7 @@ describe('Files API', () => {
         await new Promise((resolve) => setTimeout(resolve, 300));
       }
     });
-    expect([201, 503], JSON.stringify(r.body)).toContain(r.status);
+    expect([201, 500], JSON.stringify(r.body)).toContain(r.status);
     await waitFor('the API back on a restarted Redis', async () => ((await api.request('GET', '/v1/files')).status === 200 ? true : undefined), 30_000);
     expect(p.pids().redis).not.toBe(before);
     if (r.status === 201) {
@@ -239,7 +267,8 @@ describe('Files API', () => {
       expect(f.size_bytes).toBe(8 * MiB);
       expect(digest(await api.downloadFile(f.id))).toBe(f.sha256);
     } else {
-      expect((r.body.error as Json).type).toBe('runtime.unavailable');
+      expect((r.body.error as Json).type).toBe('runtime.internal');
+      expect((r.body.error as Json).message).toMatch(/incident reference inc_/);
     }
     // Either way a retry works.
     const again = await api.uploadFile<FileHead>('after.bin', new Uint8Array(2 * MiB).fill(1));
@@ -293,7 +322,8 @@ describe('Files API', () => {
     const forged = await fetch(`${p.baseUrl}/v1/runtime/files/${f.id}`, { headers: { authorization: `Bearer ap_rt_${'a'.repeat(40)}` } });
     expect(forged.status).toBe(401);
     const post = await fetch(`${p.baseUrl}/v1/runtime/files/${f.id}`, { method: 'POST' });
-    expect(post.status).toBe(405);
+    expect(post.status).toBe(404);
+    expect(((await post.json()) as { error: { type: string } }).error.type).toBe('validation.not_found');
   });
 
   it('the runtime download route serves a live lease its Session Files only, and nothing once the lease is gone', async () => {

@@ -78,7 +78,7 @@ describe('tenancy', () => {
     const { client: wsRoot } = await newKey('root', wsA);
     const r = await wsRoot.request('GET', `/v1/organizations/${org}/api-keys`);
     expect(r.status).toBe(403);
-    expect(errType(r)).toBe('auth.permission_denied');
+    expect(errType(r)).toBe('policy.denied');
     const { client: orgAdmin } = await newKey('admin', null);
     expect((await orgAdmin.request('GET', `/v1/organizations/${org}/api-keys`)).status).toBe(403);
     const other = await p.root.request('GET', `/v1/organizations/org_${'1'.repeat(32)}/api-keys`);
@@ -233,19 +233,23 @@ describe('Principals and access credentials', () => {
 });
 
 describe('the wire edge', () => {
-  it('404 for unknown routes and 405 for a known path with another method, in the wire error shape', async () => {
+  it('404 for unknown routes and for a known path with another method (the catalog has no 405), in the wire error shape', async () => {
     const r = await p.root.request('GET', '/v1/nope');
     expect(r.status).toBe(404);
     expect(errType(r)).toBe('validation.not_found');
+    for (const [method, path] of [['PUT', '/v1/support/capabilities'], ['PUT', '/v1/agents'], ['GET', '/v1/sessions/sesn_x/events']] as const) {
+      const m = await p.root.request(method, path, method === 'PUT' ? { body: {} } : {});
+      expect([m.status, errType(m)], `${method} ${path}`).toEqual([404, 'validation.not_found']);
+    }
     const m = await p.root.request('PUT', '/v1/support/capabilities', { body: {} });
-    expect(m.status).toBe(405);
     expect(m.headers.get('allow')).toContain('GET');
   });
 
-  it('415 for a non-JSON body, 400 for invalid JSON', async () => {
-    const r = await p.root.request('POST', `/v1/organizations/workspaces/${wsA}/principals`, {
-      rawBody: 'a=b', headers: { 'content-type': 'application/x-www-form-urlencoded' } });
-    expect(r.status).toBe(415);
+  it('400 validation.malformed for a non-JSON body (a content type the schema rejects) and for invalid JSON', async () => {
+    for (const type of ['application/x-www-form-urlencoded', 'text/plain']) {
+      const r = await p.root.request('POST', `/v1/organizations/workspaces/${wsA}/principals`, { rawBody: 'a=b', headers: { 'content-type': type } });
+      expect([r.status, errType(r)], type).toEqual([400, 'validation.malformed']);
+    }
     const j = await p.root.request('POST', `/v1/organizations/workspaces/${wsA}/principals`, { rawBody: '{"a":' });
     expect(j.status).toBe(400);
     expect(errType(j)).toBe('validation.malformed');
@@ -274,11 +278,27 @@ describe('the wire edge', () => {
     }
   });
 
+  it('a body that differs only by a __proto__ key is another request under the same Idempotency-Key', async () => {
+    const first = await p.root.request<{ metadata: Record<string, string> }>('POST', '/v1/agents', {
+      rawBody: '{"name":"proto","model":"default","metadata":{"__proto__":"x","team":"a"}}', idempotencyKey: 'proto-body' });
+    expect(first.status).toBe(201);
+    expect(JSON.stringify(first.body.metadata)).toBe('{"__proto__":"x","team":"a"}');
+    const second = await p.root.request('POST', '/v1/agents', {
+      rawBody: '{"name":"proto","model":"default","metadata":{"team":"a"}}', idempotencyKey: 'proto-body' });
+    expect(second.status).toBe(409);
+    expect(errType(second)).toBe('idempotency.conflict');
+  });
+
   it('serves the OpenAPI document generated from the operation table', async () => {
     const r = await p.anon.request<{ openapi: string; paths: Record<string, Record<string, { operationId: string }>> }>('GET', '/v1/openapi.json');
     expect(r.status).toBe(200);
     expect(r.body.openapi).toBe('3.1.0');
     expect(r.body.paths['/v1/principals/{principal_id}']?.get?.operationId).toBe('principals.getPrincipal');
+    // A 204 has no body: no 204 response may declare content.
+    const bodied204 = Object.entries(r.body.paths).flatMap(([path, item]) => Object.entries(item)
+      .filter(([, o]) => (o as unknown as { responses: Record<string, { content?: unknown }> }).responses['204']?.content !== undefined)
+      .map(([method]) => `${method} ${path}`));
+    expect(bodied204).toEqual([]);
   });
 
   it('serves Prometheus metrics', async () => {

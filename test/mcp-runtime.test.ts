@@ -1,7 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { Client } from '@modelcontextprotocol/sdk/client/index.js';
-import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
-import { Client as ModernClient, StreamableHTTPClientTransport as ModernTransport } from '@modelcontextprotocol/client';
+import { Client, StreamableHTTPClientTransport } from '@modelcontextprotocol/client';
 import { randomBytes } from 'node:crypto';
 import { ConnectionService, RedisRuntimeBearers, type RuntimeGrant } from '@agentplane/api';
 import { SecretBox } from '@agentplane/core';
@@ -157,8 +155,8 @@ describe('/v1/runtime/mcp/{connection_id}', () => {
 
   it('serves the 2026-07-28 shape too (SDK v2 client)', async () => {
     const bearer = await bearers.mint(await grant({ [connectionId]: { default: 'deny', tools: { echo: 'allow' } } }));
-    const client = new ModernClient({ name: 'modern-harness', version: '1.0.0' }, { versionNegotiation: { mode: { pin: '2026-07-28' } } });
-    await client.connect(new ModernTransport(new URL(`${p.baseUrl}/v1/runtime/mcp/${connectionId}`), {
+    const client = new Client({ name: 'modern-harness', version: '1.0.0' }, { versionNegotiation: { mode: { pin: '2026-07-28' } } });
+    await client.connect(new StreamableHTTPClientTransport(new URL(`${p.baseUrl}/v1/runtime/mcp/${connectionId}`), {
       requestInit: { headers: { Authorization: `Bearer ${bearer}` } },
     }));
     try {

@@ -1,7 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { Client } from '@modelcontextprotocol/sdk/client/index.js';
-import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
-import { Client as ModernClient, StreamableHTTPClientTransport as ModernTransport } from '@modelcontextprotocol/client';
+import { Client, StreamableHTTPClientTransport } from '@modelcontextprotocol/client';
 import { startPlatform, type Platform } from './harness/platform.js';
 
 let p: Platform;
@@ -18,7 +16,7 @@ type ToolResult = { isError?: boolean; content: { type: string; text: string }[]
 const parsed = (r: unknown): Record<string, unknown> => JSON.parse((r as ToolResult).content[0]?.text ?? 'null') as Record<string, unknown>;
 const errType = (r: unknown): unknown => (parsed(r).error as { type?: string } | undefined)?.type;
 
-/** Official SDK client; `version` rewrites the initialize request so the 2025-06-18 leg is exercised too. */
+/** Official SDK client (2025-era handshake, its default); `version` rewrites the initialize request so the 2025-06-18 leg is exercised too. */
 async function sdkClient(version: '2025-06-18' | '2025-11-25', token = p.bootstrap.root_key, query = '') {
   const seen: { version?: string | null } = {};
   const fetchFn: typeof fetch = async (input, init) => {
@@ -164,7 +162,7 @@ describe('the Session journey over MCP (tools projected from other modules)', ()
         expect(r.isError, `${name}: ${JSON.stringify(r.content)}`).toBe(false);
         return parsed(r) as { id: string } & Record<string, unknown>;
       };
-      const agent = await call('agents_createAgent', { body: { name: 'mcp-agent', model: 'test-model' } });
+      const agent = await call('agents_createAgent', { body: { name: 'mcp-agent', model: 'default' } });
       expect(agent.id).toMatch(/^agent_/);
       const env = await call('environments_createEnvironment', { body: { name: 'mcp-env', image: 'agentplane/sandbox:test' } });
       expect(env.id).toMatch(/^env_/);
@@ -231,8 +229,8 @@ describe('legacy shape, raw', () => {
 
 describe('stateless shape 2026-07-28 through the SDK v2 client', () => {
   it.each([{ pin: MODERN }, 'auto'] as const)('negotiates the modern era (%s), lists and calls', async (mode) => {
-    const client = new ModernClient({ name: 'mcp-test-v2', version: '1.0.0' }, { versionNegotiation: { mode } });
-    const transport = new ModernTransport(new URL(`${p.baseUrl}/v1/mcp`), { requestInit: { headers: { Authorization: `Bearer ${p.bootstrap.root_key}` } } });
+    const client = new Client({ name: 'mcp-test-v2', version: '1.0.0' }, { versionNegotiation: { mode } });
+    const transport = new StreamableHTTPClientTransport(new URL(`${p.baseUrl}/v1/mcp`), { requestInit: { headers: { Authorization: `Bearer ${p.bootstrap.root_key}` } } });
     await client.connect(transport);
     try {
       expect(client.getProtocolEra()).toBe('modern');
@@ -330,7 +328,7 @@ describe('stateless shape 2026-07-28, raw JSON-RPC', () => {
   it('a REST result over 1 MiB is an isError result, not a truncated one', async () => {
     const system = 'x'.repeat(190_000);
     for (let i = 0; i < 6; i++) {
-      const r = await p.root.request('POST', '/v1/agents', { body: { name: `big-${i}`, model: 'test-model', system } });
+      const r = await p.root.request('POST', '/v1/agents', { body: { name: `big-${i}`, model: 'default', system } });
       expect(r.status).toBe(201);
     }
     const big = await modern('tools/call', { name: 'agents_listAgents', arguments: { query: { limit: 100 } } });
@@ -374,11 +372,11 @@ describe('callers', () => {
       for (const name of ['support_getCapabilities', 'principals_listPrincipals', 'agentplane_search_operations']) {
         const denied = await client.callTool({ name, arguments: name === 'agentplane_search_operations' ? { query: 'principal' } : {} });
         expect(denied.isError, name).toBe(true);
-        expect(errType(denied), name).toBe('auth.permission_denied');
+        expect(errType(denied), name).toBe('policy.denied');
       }
       // An unknown tool is denied the same way: the caller learns nothing about the full table.
       const unknown = await client.callTool({ name: 'nope_nope', arguments: {} });
-      expect(errType(unknown)).toBe('auth.permission_denied');
+      expect(errType(unknown)).toBe('policy.denied');
     } finally {
       await client.close();
     }
@@ -441,6 +439,6 @@ describe('callers', () => {
     const call = await rpc({ jsonrpc: '2.0', id: 2, method: 'tools/call', params: { name: 'principals_createPrincipal', arguments: {
       path: { workspace_id: ws() }, body: { external_subject_id: 'v', principal_type: 'person', display_name: 'V' }, idempotency_key: 'v-1' } } }, h);
     expect(call.body.result.isError).toBe(true);
-    expect((JSON.parse(call.body.result.content[0]?.text ?? '{}') as { error: { type: string } }).error.type).toBe('auth.permission_denied');
+    expect((JSON.parse(call.body.result.content[0]?.text ?? '{}') as { error: { type: string } }).error.type).toBe('policy.denied');
   });
 });

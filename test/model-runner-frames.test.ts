@@ -87,7 +87,7 @@ describe('model-gateway-v1 over the runner WebSocket', () => {
     sock.send(frame('model.request', 'm6', { lease_id: 'lease-1', attempt: 2, stream_id: 's6', request: request('default', 'x') }));
     await waitFor('refusals', () => (ended(frames, 's5') && ended(frames, 's6') ? true : undefined), 5000);
     for (const id of ['s5', 's6']) {
-      expect(ofStream(frames, id)).toEqual([expect.objectContaining({ type: 'model.end', payload: { stream_id: id, event: expect.objectContaining({ error: expect.objectContaining({ type: 'auth.permission_denied' }) }) } })]);
+      expect(ofStream(frames, id)).toEqual([expect.objectContaining({ type: 'model.end', payload: { stream_id: id, event: expect.objectContaining({ error: expect.objectContaining({ type: 'policy.denied' }) }) } })]);
     }
     const all = raw.join('\n');
     expect(all).not.toContain(SECRET);
@@ -163,6 +163,6 @@ describe('model-gateway-v1 over the runner WebSocket', () => {
     await new Promise((r) => setTimeout(r, 100));
     sock.terminate();
     client.disconnect();
-    expect(await pending).toEqual([{ type: 'error', error: expect.objectContaining({ type: 'runtime.unavailable', retryable: true }) }]);
+    expect(await pending).toEqual([{ type: 'error', error: expect.objectContaining({ type: 'runtime.internal', retryable: true }) }]);
   });
 });

@@ -217,7 +217,7 @@ describe('routing, fallback and eligibility', () => {
     oaiFlaky.behavior = { ...oaiFlaky.behavior, mode: 'rate_limit', retryAfter: '9' };
     ant.behavior = { ...ant.behavior, mode: 'rate_limit', retryAfter: '4' };
     const r = await step({ routing_key: 'resilient', messages: user('hello') });
-    expect(r.events).toEqual([{ type: 'error', error: expect.objectContaining({ type: 'model.provider_unavailable', retryable: true, retry_after_seconds: 4 }) }]);
+    expect(r.events).toEqual([{ type: 'error', error: expect.objectContaining({ type: 'model.platform_capacity_reached', retryable: true, retry_after_seconds: 4 }) }]);
     ant.behavior = { ...ant.behavior, mode: 'text' };
     oaiFlaky.behavior = { ...oaiFlaky.behavior, mode: 'text' };
   });
@@ -226,7 +226,7 @@ describe('routing, fallback and eligibility', () => {
     await profile('broken', [{ credential_key: 'bad-key', provider_model: 'local-model' }, { credential_key: 'local-anthropic', provider_model: 'claude-sonnet-4-5' }]);
     const r = await step({ routing_key: 'broken', messages: user('hello') });
     expect(r.events).toHaveLength(1);
-    expect(r.events[0]).toMatchObject({ type: 'error', error: { type: 'model.provider_rejected', retryable: false } });
+    expect(r.events[0]).toMatchObject({ type: 'error', error: { type: 'model.no_eligible_model', retryable: false } });
     expect(JSON.stringify(r.events)).not.toContain('WRONGSECRET');
     expect(JSON.stringify(r.events)).toContain('[redacted]');
   });

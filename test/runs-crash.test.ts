@@ -80,13 +80,17 @@ const runsOf = async (id: string) => (await api.get<{ data: (Json & { runner_poo
 describe('crash paths', () => {
   it('kill -9 a runner mid-Run: the lease expires, the Run completes on another runner; restarted, the runner reaps its orphan; archive removes both sandboxes', async () => {
     const a = await daemon('box-a');
+    // Paired now, started only after the kill: a daemon's start can take longer than the tool
+    // call runs, and the kill must land while the call is in flight.
+    const bPaired = await pairDaemon(p, owner, 'box-b');
     const id = await turn([
       { when: { user_contains: 'go' }, then: [{ tool: 'bash', input: { command: 'sleep 8; echo finished' } }] },
       { when: { on: 'tool_result' }, then: [{ reply: 'ok: {{tool_result}}' }] },
     ]);
     await waitEvents(id, (e) => e.some((x) => x.type === 'agent.tool_use'));
-    const b = await daemon('box-b');
+    await waitFor('the sandbox running the tool call', async () => ((await sandboxOf(a.runnerId, id)).running === 1 ? true : undefined), 20_000);
     a.proc.kill('SIGKILL');
+    const b = await daemon('box-b', bPaired);
     const evs = await waitEvents(id, (e) => e.some((x) => x.type === 'session.status_idle'), 60_000);
     const [dbg] = await runsOf(id);
     // The stalled handler, the repair before the next offer and the stall sweep all see this
@@ -286,7 +290,10 @@ describe('crash paths', () => {
     await new Promise((r) => setTimeout(r, 1500)); // appendfsync everysec
     const before = p.pids().redis as number;
     process.kill(before, 'SIGKILL');
-    await waitFor('redis back and the API answering', async () => {
+    // process.kill returns before the old server is gone: wait for the restarted one by its pid
+    // (the platform records it once the new server answers), then for the API through it.
+    await waitFor('redis restarted', async () => (p.pids().redis !== before ? true : undefined), 30_000);
+    await waitFor('the API answering through the new redis', async () => {
       try {
         const r = await api.request('GET', `/v1/principals/${marker.id}`);
         return r.status === 200 ? true : undefined;
@@ -294,7 +301,6 @@ describe('crash paths', () => {
         return undefined;
       }
     }, 30_000);
-    expect(p.pids().redis).not.toBe(before);
     await daemon('after-redis');
     const id = await turn([{ then: [{ reply: 'redis came back' }] }]);
     const evs = await waitEvents(id, (e) => e.some((x) => x.type === 'session.status_idle'), 40_000);

@@ -81,6 +81,26 @@ async function open(path: string, opts: Parameters<typeof streamEvents>[2] = {})
 }
 
 describe('agents and environments', () => {
+  it('an Agent whose model names no routing profile of its Workspace is refused where it is written (422 model.no_eligible_model)', async () => {
+    const refused = async (r: { status: number; body: unknown }, field: string) => {
+      expect([r.status, errType(r)]).toEqual([422, 'model.no_eligible_model']);
+      expect((r.body as { error: { message: string } }).error.message).toContain(`${field}: no model routing profile`);
+    };
+    await refused(await api.request('POST', '/v1/agents', { body: { name: 'typo', model: 'defualt' } }), 'body.model');
+    // Inline agents of a Session create too, and nothing is left behind.
+    const before = (await api.get<{ data: Json[] }>('/v1/agents', { limit: 100 })).data.length;
+    await refused(await api.request('POST', '/v1/sessions', { body: { agent: { name: 'typo', model: 'no-such-profile' }, environment_id: envId } }), 'body.agent.model');
+    expect((await api.get<{ data: Json[] }>('/v1/agents', { limit: 100 })).data.length).toBe(before);
+    // A new version may not switch to one either.
+    const a = await api.post<{ id: string }>('/v1/agents', { name: 'ok', model: 'default' });
+    await refused(await api.request('POST', `/v1/agents/${a.id}`, { body: { expected_version: 1, model: 'nope' } }), 'body.model');
+    // The built-in `default` profile works, and so does a profile created later, once it exists.
+    const prof = await p.root.request('POST', `/v1/organizations/workspaces/${p.bootstrap.workspace_id}/model-routing-profiles`, {
+      body: { key: 'later', candidates: [{ credential_key: 'default', provider_model: 'scripted-1' }] } });
+    expect(prof.status).toBe(201);
+    expect((await api.request('POST', `/v1/agents/${a.id}`, { body: { expected_version: 1, model: 'later' } })).status).toBe(200);
+  });
+
   it('agent versions are immutable; a new version never changes an old one', async () => {
     const a = await api.post<Json & { id: string; version: number }>('/v1/agents', { name: 'v', model: 'default' });
     expect(a).toMatchObject({ type: 'agent', version: 1, tools: [], mcp_servers: [], archived_at: null });
@@ -228,12 +248,25 @@ describe('sessions', () => {
 
   it('delete erases the log: session_deleted, retry-safe, stream reports a gap and never old content', async () => {
     const s = await newSession({ initial_events: [msg('secret words')] });
+    const threadId = (await sessionDoc(s.id))._primary_thread_id;
     expect(await api.delete(`/v1/sessions/${s.id}`)).toEqual({ id: s.id, type: 'session_deleted' });
     expect(await api.delete(`/v1/sessions/${s.id}`)).toEqual({ id: s.id, type: 'session_deleted' });
-    expect((await api.request('GET', `/v1/sessions/${s.id}`)).status).toBe(410);
-    const r = await api.request('POST', `/v1/sessions/${s.id}/events`, { body: msg('x') });
-    expect(r.status).toBe(410);
-    expect(errType(r)).toBe('validation.gone');
+    // An erased Session, its threads and its events are absent resources: 404 of the catalog,
+    // whose message says that the Session was deleted.
+    const reads: Array<[string, string, Json | undefined]> = [
+      ['GET', `/v1/sessions/${s.id}`, undefined],
+      ['POST', `/v1/sessions/${s.id}/events`, msg('x')],
+      ['GET', `/v1/sessions/${s.id}/threads`, undefined],
+      ['GET', `/v1/sessions/${s.id}/threads/${threadId}`, undefined],
+      ['GET', `/v1/sessions/${s.id}/threads/${threadId}/events`, undefined],
+      ['GET', `/v1/sessions/${s.id}/runs`, undefined],
+      ['POST', `/v1/sessions/${s.id}/archive`, undefined],
+    ];
+    for (const [method, path, body] of reads) {
+      const r = await api.request(method, path, body === undefined ? {} : { body });
+      expect([r.status, errType(r)], `${method} ${path}`).toEqual([404, 'validation.not_found']);
+      expect((r.body as { error: { message: string } }).error.message, `${method} ${path}`).toMatch(/deleted/);
+    }
     const frames = await collect(streamEvents(api, `/v1/sessions/${s.id}/events/stream`), 10, 3000);
     expect(frames).toHaveLength(1);
     expect(frames[0]?.event).toBe('gap');

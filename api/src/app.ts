@@ -6,6 +6,9 @@ import type { Agent } from './agents/model.js';
 import { VersionedStore } from './agents/versioned.js';
 import type { Environment } from './environments/operations.js';
 import { FileStore } from './files/store.js';
+import { AuditLog } from './audit/store.js';
+import { PermissionStore } from './governance/permissions.js';
+import { PolicyStore } from './governance/policies.js';
 import { registerSandboxRelease } from './runs/sandbox-release.js';
 import { runtimeFiles } from './files/runtime.js';
 import { SessionService } from './sessions/service.js';
@@ -28,6 +31,7 @@ import { createRunsModule } from './runs/module.js';
 import { registerRunHandlers } from './runs/gateway-handlers.js';
 import { attachGateway, PresenceStore, type Gateway } from '@agentplane/gateway';
 import { createModelsModule } from './models/module.js';
+import { consoleStatic } from './console/static.js';
 
 export interface ApiServer {
   server: Server;
@@ -58,6 +62,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
   const subscriber = redis.duplicate({ connectionName: 'agentplane:api:events', maxRetriesPerRequest: null });
   subscriber.on('error', (err: Error) => log.warn({ err: err.message }, 'event hub connection error'));
   const files = new FileStore(redis, docs);
+  const audit = new AuditLog(redis, config.auditRetentionMs);
   const runners = new RunnerService(docs, redis, credentials, identity);
   const runs = createRunsModule({ config, redis, log, store: sessionStore, runtime: threadRuntime, environments, runners });
   turns.scheduler = runs.engine;
@@ -75,6 +80,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
     shutdownSignal,
     sessions: new SessionService({
       store: sessionStore, agents, environments, identity, files, runtime: threadRuntime, scheduler: () => turns.scheduler,
+      requireModel: (ws, key, field) => models.profiles.requireKey(ws, key, field),
       admitTurn: (session) => models.budgets.check({ workspace_id: session.workspace_id, session_id: session.id, session_budget: session.budget }),
       modelUsage: async (scope) => {
         const r = await models.usage.read(scope.thread_id ? { kind: 'thread', session_id: scope.session_id, thread_id: scope.thread_id } : { kind: 'session', session_id: scope.session_id });
@@ -86,6 +92,9 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
     docs,
     credentials,
     secretBox,
+    audit,
+    permissions: new PermissionStore(redis, docs),
+    policies: new PolicyStore(redis, docs, audit, log),
     idempotency: new IdempotencyStore(redis, secretBox, config.idempotencyTtlSeconds),
     identity,
     runners,
@@ -120,6 +129,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
     }
     await next();
   });
+  if (config.consoleEnabled) app.use(consoleStatic({ dir: config.consoleDir, log }));
   app.use(mcpEdge(operations, prepared, deps).middleware);
   const runtimeBearers = new RedisRuntimeBearers(redis, new LeaseFence(redis));
   app.use(runtimeMcp(deps, { verifier: runtimeBearers }));
@@ -137,7 +147,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
   if (gateway) {
     registerRunHandlers(gateway, {
       keeper: deps.runs.keeper, records: deps.runs.records, lifecycle: deps.runs.lifecycle, log: deps.sessions.store.log,
-      store: deps.sessions.store, models: deps.models, lease: config.lease, logger: log,
+      store: deps.sessions.store, models: deps.models, lease: config.lease, logger: log, policies: deps.policies,
     });
     registerSandboxRelease(gateway, deps.docs);
   }

@@ -16,6 +16,8 @@ export interface ApiConfig {
   logLevel: 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
   /** How long Idempotency-Key records are kept. */
   idempotencyTtlSeconds: number;
+  /** How long audit records are kept (AUDIT_RETENTION_DAYS). */
+  auditRetentionMs: number;
   /** Grace period for in-flight requests on shutdown. */
   shutdownGraceMs: number;
   /** Host the runner WebSocket gateway in this process. */
@@ -37,6 +39,9 @@ export interface ApiConfig {
   modelPricesFile: string | undefined;
   /** Per provider request: time allowed to response headers and between stream chunks. */
   modelProviderTimeoutMs: number;
+  /** Serve the web console at /console (CONSOLE_ENABLED) from this built directory (CONSOLE_DIR; default the repository's console/dist). */
+  consoleEnabled: boolean;
+  consoleDir: string | undefined;
 }
 
 function loadMasterKey(env: Env): Buffer {
@@ -62,6 +67,7 @@ export function loadApiConfig(env: Env): ApiConfig {
     bodyLimitBytes: envInt(env, 'BODY_LIMIT_BYTES', 4 * 1024 * 1024, 1024),
     logLevel: (envString(env, 'LOG_LEVEL', 'info') as ApiConfig['logLevel']),
     idempotencyTtlSeconds: envInt(env, 'IDEMPOTENCY_TTL_SECONDS', 24 * 3600, 60),
+    auditRetentionMs: envInt(env, 'AUDIT_RETENTION_DAYS', 400, 1, 3650) * 24 * 3600 * 1000,
     shutdownGraceMs: envInt(env, 'SHUTDOWN_GRACE_MS', 10_000, 0),
     gatewayEmbedded: envBool(env, 'GATEWAY_EMBEDDED', true),
     metricsEnabled: envBool(env, 'METRICS_ENABLED', true),
@@ -74,5 +80,7 @@ export function loadApiConfig(env: Env): ApiConfig {
     pairingRedeemPerMinute: envInt(env, 'PAIRING_REDEEM_PER_MINUTE', 60, 1, 100_000),
     modelPricesFile: envOptional(env, 'MODEL_PRICES_FILE'),
     modelProviderTimeoutMs: envInt(env, 'MODEL_PROVIDER_TIMEOUT_MS', 60_000, 100),
+    consoleEnabled: envBool(env, 'CONSOLE_ENABLED', true),
+    consoleDir: envOptional(env, 'CONSOLE_DIR'),
   });
 }

@@ -14,6 +14,9 @@ import type { PresenceStore } from '@agentplane/gateway';
 import type { ModelsModule } from './models/module.js';
 import type { RunsModule } from './runs/module.js';
 import type { FileStore } from './files/store.js';
+import type { AuditLog } from './audit/store.js';
+import type { PermissionStore } from './governance/permissions.js';
+import type { PolicyStore } from './governance/policies.js';
 
 /** Everything an operation handler may use. Built once per process in app.ts. */
 export interface ApiDeps {
@@ -30,6 +33,12 @@ export interface ApiDeps {
   models: ModelsModule;
   /** Runs: the BullMQ queues, lease keeper and life cycle (the API side of scheduling). */
   runs: RunsModule;
+  /** The per-Workspace append-only audit log (written by the pipeline and the governance checks). */
+  audit: AuditLog;
+  /** PermissionAssignments (checked live by the pipeline for Principal credentials). */
+  permissions: PermissionStore;
+  /** ActionPolicies and their live evaluation (tool calls, MCP tools/call, session drive). */
+  policies: PolicyStore;
   secretBox: SecretBox;
   metrics: Metrics;
   log: Logger;

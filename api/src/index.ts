@@ -24,3 +24,6 @@ export type { FileDoc } from './files/model.js';
 export { VersionedStore } from './agents/versioned.js';
 export type { Environment } from './environments/operations.js';
 export { ConnectionService, type AgentMcpServer, type ResolvedMcpServers } from './connections/service.js';
+export { AuditLog, type AuditRecord } from './audit/store.js';
+export { PolicySet, type PolicyRule, type ToolCall, type PolicyDecision } from './governance/policy-eval.js';
+export { PolicyStore, type ActionPolicy, type ActionPolicyInput } from './governance/policies.js';

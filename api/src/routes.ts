@@ -10,6 +10,9 @@ import { threadOperations } from './sessions/thread-operations.js';
 import { runnerOperations } from './runners/operations.js';
 import { runOperations } from './runs/operations.js';
 import { fileOperations } from './files/operations.js';
+import { auditOperations } from './audit/operations.js';
+import { governanceOperations } from './governance/operations.js';
+import { policyOperations } from './governance/policy-operations.js';
 
 /**
  * The operation table: every REST operation of the API, once. The router, the OpenAPI
@@ -20,6 +23,6 @@ export function allOperations(): Operation[] {
   const table: Operation[] = [];
   table.push(...metaOperations(() => table), ...identityOperations, ...runnerOperations, ...modelOperations);
   table.push(...agentOperations, ...environmentOperations, ...sessionOperations, ...threadOperations);
-  table.push(...connectionOperations, ...runOperations, ...fileOperations);
+  table.push(...connectionOperations, ...runOperations, ...fileOperations, ...auditOperations, ...governanceOperations, ...policyOperations);
   return table;
 }

@@ -1,4 +1,4 @@
-import { secretDigest } from '@agentplane/core';
+import { ERROR_STATUS, secretDigest } from '@agentplane/core';
 import { keys, tags, type Redis } from '@agentplane/store';
 
 /**
@@ -18,13 +18,18 @@ export interface RunnerIdentity {
   drain: { deadline: string; reason: string } | null;
 }
 
+/** Why an upgrade is refused: catalog error types only (the status follows from the type). */
+export type AuthFailureType = 'auth.invalid_key' | 'auth.disabled_tenancy' | 'policy.denied';
+
 export class AuthFailure extends Error {
+  readonly status: 401 | 403;
   constructor(
-    readonly status: 401 | 403,
+    readonly type: AuthFailureType,
     message: string,
   ) {
     super(message);
     this.name = 'AuthFailure';
+    this.status = ERROR_STATUS[type];
   }
 }
 
@@ -55,12 +60,12 @@ export function bearerFrom(header: string | undefined): string | null {
 }
 
 export async function authenticateRunner(redis: Redis, token: string | null): Promise<RunnerIdentity> {
-  if (!token) throw new AuthFailure(401, 'missing bearer credential');
+  if (!token) throw new AuthFailure('auth.invalid_key', 'missing bearer credential');
   const digest = secretDigest(token);
   const raw = await redis.get(keys.auth(digest));
-  if (!raw) throw new AuthFailure(401, 'unknown or revoked credential');
+  if (!raw) throw new AuthFailure('auth.invalid_key', 'unknown or revoked credential');
   const rec = JSON.parse(raw) as AuthRecordView;
-  if (rec.kind !== 'runner_credential' || !rec.workspace_id) throw new AuthFailure(403, 'only runner credentials may connect');
+  if (rec.kind !== 'runner_credential' || !rec.workspace_id) throw new AuthFailure('policy.denied', 'only runner credentials may connect');
   const ws = rec.workspace_id;
   const [credRaw, wsRaw, orgRaw, principalRaw] = await redis.mget(
     keys.doc(tags.workspace(ws), rec.credential_id),
@@ -68,16 +73,16 @@ export async function authenticateRunner(redis: Redis, token: string | null): Pr
     keys.doc(tags.org(rec.organization_id), rec.organization_id),
     rec.principal_id ? keys.doc(tags.workspace(ws), rec.principal_id) : keys.doc(tags.workspace(ws), 'none'),
   );
-  if (!credRaw) throw new AuthFailure(401, 'unknown or revoked credential');
+  if (!credRaw) throw new AuthFailure('auth.invalid_key', 'unknown or revoked credential');
   const cred = JSON.parse(credRaw) as CredView;
-  if (cred.status !== 'active') throw new AuthFailure(401, 'the runner credential is revoked');
-  if (!wsRaw || !orgRaw) throw new AuthFailure(401, 'unknown tenancy');
+  if (cred.status !== 'active') throw new AuthFailure('auth.invalid_key', 'the runner credential is revoked');
+  if (!wsRaw || !orgRaw) throw new AuthFailure('auth.invalid_key', 'unknown tenancy');
   if ((JSON.parse(wsRaw) as StatusView).status !== 'active' || (JSON.parse(orgRaw) as StatusView).status !== 'active') {
-    throw new AuthFailure(403, 'the workspace or organization is disabled');
+    throw new AuthFailure('auth.disabled_tenancy', 'the workspace or organization is disabled');
   }
   if (rec.principal_id) {
     if (!principalRaw || (JSON.parse(principalRaw) as StatusView).status !== 'active') {
-      throw new AuthFailure(403, 'the owner Principal of this runner is not active');
+      throw new AuthFailure('policy.denied', 'the owner Principal of this runner is not active');
     }
   }
   return {

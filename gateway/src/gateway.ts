@@ -1,8 +1,8 @@
 import { randomBytes } from 'node:crypto';
-import type { IncomingMessage, Server } from 'node:http';
+import { STATUS_CODES, type IncomingMessage, type Server } from 'node:http';
 import type { Duplex } from 'node:stream';
 import { WebSocketServer, type WebSocket } from 'ws';
-import type { Logger, Metrics } from '@agentplane/core';
+import { ApiError, type Logger, type Metrics } from '@agentplane/core';
 import type { Redis } from '@agentplane/store';
 import {
   CLOSE, CLOSE_REASON, FrameError, RUNNER_CONNECT_PATH, RUNNER_DEFAULTS, RUNNER_PROTOCOL_VERSIONS, frame, negotiateVersion,
@@ -146,7 +146,7 @@ export class Gateway {
     const url = new URL(req.url ?? '/', 'http://gateway');
     if (url.pathname !== this.options.path) return false;
     if (this.closing) {
-      this.reject(socket, 503, 'runtime.unavailable', 'the gateway is shutting down');
+      this.reject(socket, new ApiError('runtime.internal', 'the gateway is shutting down; reconnect to another instance or retry'));
       return true;
     }
     authenticateRunner(this.deps.redis, bearerFrom(req.headers.authorization)).then(
@@ -155,20 +155,23 @@ export class Gateway {
       },
       (err: unknown) => {
         if (err instanceof AuthFailure) {
-          this.reject(socket, err.status, err.status === 401 ? 'auth.invalid_key' : 'auth.permission_denied', err.message);
+          this.reject(socket, new ApiError(err.type, err.message));
         } else {
-          this.log.error({ err }, 'runner upgrade failed');
-          this.reject(socket, 503, 'runtime.unavailable', 'the gateway cannot authenticate right now; retry');
+          const incident = `inc_${randomBytes(8).toString('hex')}`;
+          this.log.error({ err, incident }, 'runner upgrade failed');
+          this.reject(socket, new ApiError('runtime.internal', `the gateway cannot authenticate right now; retry (incident reference ${incident})`));
         }
       },
     );
     return true;
   }
 
-  private reject(socket: Duplex, status: number, type: string, message: string): void {
+  /** Refuse an upgrade with a plain HTTP answer: the wire error body of a catalog type. */
+  private reject(socket: Duplex, err: ApiError): void {
+    const { status } = err;
     this.metricRejects.inc({ status: String(status) });
-    const body = JSON.stringify({ error: { type, message } });
-    const text = status === 401 ? 'Unauthorized' : status === 403 ? 'Forbidden' : 'Service Unavailable';
+    const body = JSON.stringify({ error: { type: err.type, message: err.message } });
+    const text = STATUS_CODES[status] ?? 'Error';
     socket.end(`HTTP/1.1 ${status} ${text}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`);
   }
 

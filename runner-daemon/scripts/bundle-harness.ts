@@ -2,8 +2,9 @@
  * Part of `npm run build` (after `tsc -b`): bundles the colocated harness program
  * (`dist/harness/colocated/main.js` and what it imports) into one self-contained ESM file,
  * `runner-daemon/dist/colocated/harness.mjs`, which the runner copies into a sandbox and runs
- * with the sandbox's `node`. The harness needs only node built-ins and the model-gateway-v1
- * helpers of `@agentplane/protocol`, taken from its model module so that the bundle carries no
+ * with the sandbox's `node`. The harness needs only node built-ins, the model-gateway-v1
+ * helpers of `@agentplane/protocol`, taken from its model module, and the glob matcher of
+ * `@agentplane/core` (its dependency-free `glob` entry point), so that the bundle carries no
  * schema or logging library; the build fails if anything else gets in.
  */
 import { build } from 'esbuild';
@@ -12,7 +13,7 @@ import { fileURLToPath } from 'node:url';
 const root = fileURLToPath(new URL('../../', import.meta.url));
 const entry = 'runner-daemon/dist/harness/colocated/main.js';
 const outfile = 'runner-daemon/dist/colocated/harness.mjs';
-const allowed = [/^runner-daemon\/dist\//, /^packages\/protocol\/dist\/model\.js$/];
+const allowed = [/^runner-daemon\/dist\//, /^packages\/protocol\/dist\/model\.js$/, /^packages\/core\/dist\/glob\.js$/];
 
 const result = await build({
   absWorkingDir: root,

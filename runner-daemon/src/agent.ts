@@ -1,7 +1,7 @@
 import { WebSocket } from 'ws';
 import { backoffDelay, nowIso, type Logger } from '@agentplane/core';
 import {
-  CLOSE, FrameError, RUNNER_CONNECT_PATH, RUNNER_DEFAULTS, RUNNER_PROTOCOL_VERSIONS, frame, parseFrame,
+  CLOSE, FrameError, RUNNER_DEFAULTS, RUNNER_PROTOCOL_VERSIONS, frame, parseFrame,
   type GatewayMessage, type GatewayToRunnerType, type LeaseRef, type Payload, type RunnerCapabilities, type RunnerStatus,
   type RunnerToGatewayType, type ModelClient, type ModelRequest, type ModelStreamEvent,
 } from '@agentplane/protocol';
@@ -9,6 +9,7 @@ import type Docker from 'dockerode';
 import { buildCapabilities, hostFacts, memoryAvailableMib, type HostFacts, type SlotPolicy } from './capabilities.js';
 import { saveState, type DaemonConfig, type RunnerCredentialFile, type RunnerStateFile } from './config.js';
 import { InfrastructureFailure } from './failures.js';
+import { connectUrl } from './probe.js';
 
 export const DAEMON_VERSION = '0.1.0';
 
@@ -27,7 +28,14 @@ export interface LeaseHandle {
   deliverEvents(sessionId: string, events: Payload<'events.batch'>['events'], giveUpMs?: number): Promise<number[]>;
   /** Model steps through the control plane's model gateway (model-gateway-v1 frames on this socket). */
   readonly model: ModelClient;
+  /**
+   * Ask the control plane's ActionPolicies about one tool use before running it (`tool.check`).
+   * Resent across reconnects; no answer within `giveUpMs` (or a revoked lease) is a deny.
+   */
+  checkTool(check: Omit<Payload<'tool.check'>, 'lease_id' | 'attempt'>, giveUpMs?: number): Promise<ToolDecision>;
 }
+
+export type ToolDecision = Pick<Payload<'tool.decision'>, 'decision' | 'rule_id' | 'message'>;
 
 /** Runs the work of a lease; resolve = lease.complete, reject = lease.fail. Sandbox drivers plug in here. */
 export interface LeaseExecutor {
@@ -80,6 +88,8 @@ export class RunnerAgent {
   private streamSeq = 0;
   /** Event batches waiting for their events.ack, by frame id. */
   private readonly eventAcks = new Map<string, (seqs: number[]) => void>();
+  /** Tool checks waiting for their tool.decision, by frame id. */
+  private readonly toolDecisions = new Map<string, (d: ToolDecision) => void>();
   private reportTimer: NodeJS.Timeout | null = null;
 
   constructor(
@@ -93,9 +103,7 @@ export class RunnerAgent {
   }
 
   get url(): string {
-    const u = new URL(RUNNER_CONNECT_PATH, this.cred.base_url);
-    u.protocol = u.protocol === 'https:' ? 'wss:' : 'ws:';
-    return u.toString();
+    return connectUrl(this.cred.base_url).toString();
   }
 
   /** Connect and stay connected until stopped or drained. Resolves when the daemon is done. */
@@ -205,7 +213,8 @@ export class RunnerAgent {
         this.stopHeartbeat();
         if (this.ws === ws) this.ws = null;
         this.generation = welcomed ? this.generation : null;
-        const level = code === CLOSE.NORMAL || code === CLOSE.DRAINED ? 'info' : 'warn';
+        // Expected while this runner drains (a Ctrl-C stops the control plane at the same time).
+        const level = code === CLOSE.NORMAL || code === CLOSE.DRAINED || this.drainDeadline !== null ? 'info' : 'warn';
         this.log[level]({ close_code: code, reason: reason.toString() }, 'disconnected from the control plane');
         if (code === CLOSE.SUPERSEDED) this.attempt = Math.max(this.attempt, 3);
         resolve(welcomed);
@@ -244,6 +253,23 @@ export class RunnerAgent {
       clearTimeout(timer);
       this.eventAcks.delete(id);
       if (seqs) return seqs;
+    }
+  }
+
+  private async checkTool(key: string, ref: LeaseRef, check: Omit<Payload<'tool.check'>, 'lease_id' | 'attempt'>, giveUpMs: number): Promise<ToolDecision> {
+    const deadline = Date.now() + giveUpMs;
+    for (;;) {
+      const held = this.held.get(key);
+      if (held?.revoked) return { decision: 'deny', rule_id: null, message: `not run: the lease was revoked (${held.revoked})` };
+      if (Date.now() > deadline) return { decision: 'deny', rule_id: null, message: 'not run: the control plane did not answer the policy check in time (fail closed)' };
+      const id = `t${(++this.msgSeq).toString(36)}`;
+      const answered = new Promise<ToolDecision>((resolve) => this.toolDecisions.set(id, resolve));
+      const sent = this.sendWithId('tool.check', id, { ...ref, ...check });
+      let timer: NodeJS.Timeout | undefined;
+      const d = await Promise.race([answered, new Promise<null>((r) => (timer = setTimeout(() => r(null), sent ? 5000 : 250)))]);
+      clearTimeout(timer);
+      this.toolDecisions.delete(id);
+      if (d) return d;
     }
   }
 
@@ -300,6 +326,9 @@ export class RunnerAgent {
       case 'events.ack':
         if (msg.re) this.eventAcks.get(msg.re)?.(msg.payload.seqs);
         return;
+      case 'tool.decision':
+        if (msg.re) this.toolDecisions.get(msg.re)?.({ decision: msg.payload.decision, rule_id: msg.payload.rule_id, message: msg.payload.message });
+        return;
       case 'model.delta':
       case 'model.end':
         this.modelStreams.get(msg.payload.stream_id)?.(msg.payload.event as ModelStreamEvent, msg.type === 'model.end');
@@ -347,14 +376,14 @@ export class RunnerAgent {
         });
         const onAbort = () => {
           agent.send('model.cancel', { stream_id: streamId });
-          queue.push({ type: 'error', error: { type: 'runtime.canceled', message: 'the model step was canceled', retryable: false } });
+          queue.push({ type: 'error', error: { type: 'runtime.internal', message: 'the model step was canceled', retryable: false } });
           ended = true;
           wake?.();
         };
         signal.addEventListener('abort', onAbort, { once: true });
         try {
           if (!agent.send('model.request', { ...ref, stream_id: streamId, request })) {
-            yield { type: 'error', error: { type: 'runtime.unavailable', message: 'not connected to the control plane', retryable: true } };
+            yield { type: 'error', error: { type: 'runtime.internal', message: 'not connected to the control plane', retryable: true } };
             return;
           }
           for (;;) {
@@ -393,6 +422,7 @@ export class RunnerAgent {
       sendEvents: (sessionId, events) => void this.send('events.batch', { ...ref, session_id: sessionId, events }),
       model: this.modelClientFor(ref),
       deliverEvents: (sessionId, events, giveUpMs = 120_000) => this.deliverEvents(key, ref, sessionId, events, giveUpMs),
+      checkTool: (check, giveUpMs = 60_000) => this.checkTool(key, ref, check, giveUpMs),
     };
     const executor = this.executor;
     const done = executor.run(handle).then(
@@ -454,6 +484,11 @@ export class RunnerAgent {
     const wait = Math.max(0, this.drainDeadline - Date.now());
     setTimeout(() => this.cancelAll('drain deadline reached'), wait).unref();
     this.maybeFinishDrain();
+  }
+
+  /** Leases held now. */
+  get heldCount(): number {
+    return this.held.size;
   }
 
   /** Second SIGTERM: cancel held work now. */

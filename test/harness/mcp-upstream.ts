@@ -1,7 +1,8 @@
 /**
  * An external MCP server for tests, as a Connection or an agent's `mcp_servers` entry points
- * at: the SDK's own server, stateless (a fresh server and transport per request, JSON
- * responses), on loopback at `http://127.0.0.1:<port>/mcp`.
+ * at: the SDK's own server (v2), stateless (a fresh server per request, JSON responses), serving
+ * 2025-era clients (initialize handshake) and 2026-07-28 ones, on loopback at
+ * `http://127.0.0.1:<port>/mcp`.
  *
  * It always serves `echo` (`{text}` → `echo: <text>`); `tools` adds argument-less tools that
  * answer a fixed text. With `token`, every request must carry `Authorization: Bearer <token>`
@@ -9,9 +10,8 @@
  */
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
-import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
-import { z } from 'zod';
+import { createMcpHandler, Server as McpServer, type CallToolResult, type Tool } from '@modelcontextprotocol/server';
+import { toNodeHandler } from '@modelcontextprotocol/node';
 
 export interface FixedTool {
   name: string;
@@ -35,28 +35,46 @@ export interface McpUpstream {
   close(): Promise<void>;
 }
 
+function mcpServer(fixed: FixedTool[]): McpServer {
+  const tools: Tool[] = [
+    { name: 'echo', description: 'Echo text', inputSchema: { type: 'object', properties: { text: { type: 'string' } }, required: ['text'] } },
+    ...fixed.map((t) => ({ name: t.name, description: t.description, inputSchema: { type: 'object' as const, properties: {} } })),
+  ];
+  const server = new McpServer({ name: 'upstream', version: '1.0.0' }, { capabilities: { tools: { listChanged: false } } });
+  server.setRequestHandler('tools/list', () => ({ tools }));
+  server.setRequestHandler('tools/call', (request): CallToolResult => {
+    const { name, arguments: args } = request.params;
+    if (name === 'echo') {
+      const text = args?.text;
+      if (typeof text !== 'string') return { content: [{ type: 'text', text: 'echo: `text` must be a string' }], isError: true };
+      return { content: [{ type: 'text', text: `echo: ${text}` }] };
+    }
+    const t = fixed.find((x) => x.name === name);
+    if (!t) return { content: [{ type: 'text', text: `unknown tool ${name}` }], isError: true };
+    return { content: [{ type: 'text', text: t.reply }] };
+  });
+  return server;
+}
+
 export async function startMcpUpstream(options: McpUpstreamOptions = {}): Promise<McpUpstream> {
   const calls: McpUpstream['calls'] = [];
-  const server: Server = createServer(async (req, res) => {
+  // The SDK prints a notice about json response mode on creation; keep test output clean.
+  const { warn } = console;
+  console.warn = () => undefined;
+  let handler: ReturnType<typeof createMcpHandler>;
+  try {
+    handler = createMcpHandler(() => mcpServer(options.tools ?? []), { legacy: 'stateless', responseMode: 'json' });
+  } finally {
+    console.warn = warn;
+  }
+  const serve = toNodeHandler(handler);
+  const server: Server = createServer((req, res) => {
     calls.push({ auth: req.headers.authorization });
     if (options.token !== undefined && req.headers.authorization !== `Bearer ${options.token}`) {
       res.writeHead(401).end();
       return;
     }
-    const mcp = new McpServer({ name: 'upstream', version: '1.0.0' });
-    mcp.registerTool('echo', { description: 'Echo text', inputSchema: { text: z.string() } }, async ({ text }) => ({
-      content: [{ type: 'text', text: `echo: ${text}` }],
-    }));
-    for (const t of options.tools ?? []) {
-      mcp.registerTool(t.name, { description: t.description, inputSchema: {} }, async () => ({ content: [{ type: 'text', text: t.reply }] }));
-    }
-    const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
-    res.on('close', () => {
-      void transport.close();
-      void mcp.close();
-    });
-    await mcp.connect(transport);
-    await transport.handleRequest(req, res);
+    void serve(req, res);
   });
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
   return {

@@ -21,6 +21,8 @@ export interface StartOptions {
   /** Reuse a data dir (restart tests). */
   dataDir?: string;
   port?: number;
+  /** How long the platform may take to answer /healthz (default 30 s). */
+  startTimeoutMs?: number;
 }
 
 export interface Platform {
@@ -67,6 +69,8 @@ export async function startPlatform(options: StartOptions = {}): Promise<Platfor
       LOG_LEVEL: process.env.TEST_LOG_LEVEL ?? 'info',
       START_RUNNER: String(options.runner ?? false),
       START_SCHEDULER: String(options.scheduler ?? false),
+      // The test run's reaping scope (test/harness/global-teardown.ts): its sandboxes carry it.
+      ...(process.env.AGENTPLANE_SANDBOX_SCOPE ? { AGENTPLANE_SANDBOX_SCOPE: process.env.AGENTPLANE_SANDBOX_SCOPE } : {}),
       ...options.env,
     },
     stdio: ['ignore', 'pipe', 'pipe'],
@@ -76,16 +80,33 @@ export async function startPlatform(options: StartOptions = {}): Promise<Platfor
   const exited = new Promise<void>((r) => proc.once('exit', () => r()));
   const bootstrapFile = join(dataDir, 'bootstrap.json');
   const baseUrl = `http://127.0.0.1:${port}`;
-  await waitFor('the platform to start', async () => {
-    if (proc.exitCode !== null) throw new Error(`platform exited with ${proc.exitCode}; log: ${readFileSync(logFile, 'utf8').slice(-2000)}`);
-    if (!existsSync(bootstrapFile)) return undefined;
-    try {
-      const r = await fetch(`${baseUrl}/healthz`);
-      return r.status === 200 ? true : undefined;
-    } catch {
-      return undefined;
+  /** SIGTERM (SIGKILL after 20 s), wait for the exit, close the log. */
+  const terminate = async (): Promise<void> => {
+    if (proc.exitCode === null && proc.signalCode === null) {
+      proc.kill('SIGTERM');
+      const timer = setTimeout(() => proc.kill('SIGKILL'), 20_000);
+      await exited;
+      clearTimeout(timer);
     }
-  });
+    log.end();
+  };
+  try {
+    // Generous: a loaded 2-core machine can take a while to start five processes.
+    await waitFor('the platform to start', async () => {
+      if (proc.exitCode !== null) throw new Error(`platform exited with ${proc.exitCode}; log: ${readFileSync(logFile, 'utf8').slice(-2000)}`);
+      if (!existsSync(bootstrapFile)) return undefined;
+      try {
+        const r = await fetch(`${baseUrl}/healthz`);
+        return r.status === 200 ? true : undefined;
+      } catch {
+        return undefined;
+      }
+    }, options.startTimeoutMs ?? 75_000); // under the 90 s hook timeout, so the clean-up below runs
+  } catch (err) {
+    // Never leave a half-started platform (and its Redis and children) running behind a failed test.
+    await terminate();
+    throw err;
+  }
   const bootstrap = JSON.parse(readFileSync(bootstrapFile, 'utf8')) as Bootstrap;
   return {
     baseUrl,
@@ -99,19 +120,11 @@ export async function startPlatform(options: StartOptions = {}): Promise<Platfor
     pids: () => JSON.parse(readFileSync(join(dataDir, 'processes.json'), 'utf8')) as Record<string, number | undefined>,
     redisUrl: () => {
       const password = readFileSync(join(dataDir, 'redis', 'password'), 'utf8').trim();
-      const pid = JSON.parse(readFileSync(join(dataDir, 'processes.json'), 'utf8')) as { redis?: number };
-      void pid;
       const port = readFileSync(join(dataDir, 'redis', 'port'), 'utf8').trim();
       return `redis://:${password}@127.0.0.1:${port}`;
     },
     async stop() {
-      if (proc.exitCode === null && proc.signalCode === null) {
-        proc.kill('SIGTERM');
-        const timer = setTimeout(() => proc.kill('SIGKILL'), 20_000);
-        await exited;
-        clearTimeout(timer);
-      }
-      log.end();
+      await terminate();
       if (!options.dataDir && !process.env.KEEP_TEST_DATA) rmSync(dataDir, { recursive: true, force: true });
     },
   };

@@ -11,9 +11,11 @@ const writers = { kind: 'bearer', roles: WRITERS } as const;
 export const agentOperations: Operation[] = [
   defineOperation({
     operationId: 'agents.createAgent', method: 'POST', path: '/v1/agents', summary: 'Create an Agent (version 1)',
+    audit: { target: 'response' },
     auth: writers, body: CreateAgentBody, response: AgentSchema, successStatus: 201, idempotency: 'optional', mcp: 'compact',
     async handler({ caller, body, deps }) {
       const ws = requireWorkspace(caller);
+      await deps.models.profiles.requireKey(ws, body.model, 'body.model');
       return json(201, await deps.agents.create(ws, newAgent(ws, body)));
     },
   }),
@@ -27,17 +29,20 @@ export const agentOperations: Operation[] = [
   }),
   defineOperation({
     operationId: 'agents.getAgent', method: 'GET', path: '/v1/agents/{agent_id}', summary: 'Read the latest version of an Agent',
-    auth: readers, params: AgentPath, response: AgentSchema, mcp: 'compact',
+    auth: { ...readers, principal: true }, permission: { action: 'read', target: 'agent_id' }, mcpPrincipal: true,
+    params: AgentPath, response: AgentSchema, mcp: 'compact',
     async handler({ caller, params, deps }) {
       return json(200, await deps.agents.get(requireWorkspace(caller), params.agent_id));
     },
   }),
   defineOperation({
     operationId: 'agents.updateAgent', method: 'POST', path: '/v1/agents/{agent_id}',
+    audit: { target: 'agent_id' },
     summary: 'Publish a new immutable version of an Agent; earlier versions never change', auth: writers, params: AgentPath,
     body: UpdateAgentBody, response: AgentSchema, idempotency: 'optional', mcp: 'compact',
     async handler({ caller, params, body, deps }) {
       const { expected_version, ...patch } = body;
+      if (patch.model !== undefined) await deps.models.profiles.requireKey(requireWorkspace(caller), patch.model, 'body.model');
       return json(200, await deps.agents.newVersion(requireWorkspace(caller), params.agent_id, expected_version, (cur) => ({
         ...cur,
         ...(patch.name !== undefined ? { name: patch.name } : {}),
@@ -52,6 +57,7 @@ export const agentOperations: Operation[] = [
   }),
   defineOperation({
     operationId: 'agents.archiveAgent', method: 'POST', path: '/v1/agents/{agent_id}/archive',
+    audit: { target: 'agent_id' },
     summary: 'Archive an Agent: no new Sessions or versions; existing Sessions keep their snapshot', auth: writers,
     params: AgentPath, response: AgentSchema, idempotency: 'optional', mcp: 'full',
     async handler({ caller, params, deps }) {

@@ -94,7 +94,7 @@ export class VersionedStore<T extends VersionedDoc> {
         if (expectedVersion !== undefined || !(err instanceof ApiError) || err.type !== 'validation.conflict') throw err;
       }
     }
-    throw new ApiError('runtime.unavailable', 'too much contention on this resource; retry');
+    throw new ApiError('validation.conflict', 'too much contention on this resource; nothing was written, retry');
   }
 
   /** One-way and retry-safe: archiving an archived head returns it unchanged. */
@@ -110,7 +110,7 @@ export class VersionedStore<T extends VersionedDoc> {
         if (!(err instanceof ApiError) || err.type !== 'validation.conflict') throw err;
       }
     }
-    throw new ApiError('runtime.unavailable', 'too much contention on this resource; retry');
+    throw new ApiError('validation.conflict', 'too much contention on this resource; nothing was written, retry');
   }
 
   async list(ws: string, opts: { limit: number; page?: string | undefined; includeArchived: boolean }): Promise<{ data: T[]; next_page: string | null }> {

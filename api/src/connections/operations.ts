@@ -13,6 +13,7 @@ const service = (deps: ApiDeps) => new ConnectionService(deps.docs, deps.secretB
 export const connectionOperations: Operation[] = [
   defineOperation({
     operationId: 'connections.createConnection', method: 'POST', path: '/v1/connections',
+    audit: { target: 'response' },
     summary: 'Configure an external MCP server (Streamable HTTP) for the Workspace; an upstream bearer is stored sealed',
     auth: { kind: 'bearer', roles: ADMINS },
     body: Obj({ name: ConnectionName, url: ConnectionUrl, auth: Type.Optional(ConnectionAuthInput) }),
@@ -45,6 +46,7 @@ export const connectionOperations: Operation[] = [
   }),
   defineOperation({
     operationId: 'connections.updateConnection', method: 'PATCH', path: '/v1/connections/{connection_id}',
+    audit: { target: 'connection_id' },
     summary: 'Rename, re-point, re-key, archive or restore a Connection', auth: { kind: 'bearer', roles: ADMINS }, params: ConnPath,
     body: Obj(
       {

@@ -98,6 +98,7 @@ const writers = { kind: 'bearer', roles: WRITERS } as const;
 export const environmentOperations: Operation[] = [
   defineOperation({
     operationId: 'environments.createEnvironment', method: 'POST', path: '/v1/environments',
+    audit: { target: 'response' },
     summary: 'Create an execution Environment (version 1)', auth: writers, body: CreateBody, response: EnvironmentSchema,
     successStatus: 201, idempotency: 'optional', mcp: 'full',
     async handler({ caller, body, deps }) {
@@ -129,6 +130,7 @@ export const environmentOperations: Operation[] = [
   }),
   defineOperation({
     operationId: 'environments.updateEnvironment', method: 'POST', path: '/v1/environments/{environment_id}',
+    audit: { target: 'environment_id' },
     summary: 'Publish a new version of an Environment; Sessions already created keep theirs', auth: writers, params: EnvPath,
     body: UpdateBody, response: EnvironmentSchema, idempotency: 'optional', mcp: 'full',
     async handler({ caller, params, body, deps }) {
@@ -143,6 +145,7 @@ export const environmentOperations: Operation[] = [
   }),
   defineOperation({
     operationId: 'environments.archiveEnvironment', method: 'POST', path: '/v1/environments/{environment_id}/archive',
+    audit: { target: 'environment_id' },
     summary: 'Archive an Environment: no new Sessions or versions', auth: writers, params: EnvPath, response: EnvironmentSchema,
     idempotency: 'optional', mcp: 'full',
     async handler({ caller, params, deps }) {

@@ -30,6 +30,7 @@ const fileUpload: UploadBody = {
 export const fileOperations: Operation[] = [
   defineOperation({
     operationId: 'files.uploadFile', method: 'POST', path: '/v1/files',
+    audit: { target: 'response' },
     summary: 'Upload a File (multipart/form-data, one part named `file`)', auth: writers, upload: fileUpload,
     response: FileSchema, successStatus: 201, idempotency: 'optional', mcp: 'never',
     async handler({ caller, body, deps }) {
@@ -40,12 +41,8 @@ export const fileOperations: Operation[] = [
         id: staged.file_id, type: 'file', workspace_id: ws, filename: staged.filename, content_type: staged.content_type,
         size_bytes: staged.size_bytes, sha256: staged.sha256, version: 1, created_at: now, updated_at: now,
       };
-      try {
-        return json(201, publicFile(await deps.files.commit(file)));
-      } catch (err) {
-        if (err instanceof StorageError) throw new ApiError('runtime.unavailable', 'the upload could not be stored now; retry');
-        throw err;
-      }
+      // A StorageError here reaches the error boundary: 500 `runtime.internal` with an incident reference.
+      return json(201, publicFile(await deps.files.commit(file)));
     },
   }),
   defineOperation({
@@ -73,6 +70,7 @@ export const fileOperations: Operation[] = [
   }),
   defineOperation({
     operationId: 'files.deleteFile', method: 'DELETE', path: '/v1/files/{file_id}',
+    audit: { target: 'file_id' },
     summary: 'Delete a File; Sessions that name it can no longer materialise it', auth: writers, params: FilePath,
     response: Obj({ id: Id('file'), type: Type.Literal('file_deleted') }), mcp: 'full',
     async handler({ caller, params, deps }) {

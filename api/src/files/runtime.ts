@@ -21,7 +21,7 @@ export function runtimeFiles(deps: ApiDeps, verifier: RuntimeBearerVerifier): Ko
     if (!m) return next();
     if (ctx.method !== 'GET') {
       ctx.set('Allow', 'GET');
-      throw new ApiError('validation.method_not_allowed', `${ctx.method} is not served here; use GET`);
+      throw new ApiError('validation.not_found', `no operation at ${ctx.method} ${ctx.path}; use GET`);
     }
     const token = bearerToken(ctx.headers.authorization);
     const grant = token ? await verifier.verify(token) : null;

@@ -50,7 +50,8 @@ export function receiveFileUpload(req: IncomingMessage, store: FileStore): Promi
     let fileStream: Readable | null = null;
     let received = 0;
 
-    const fail = (err: ApiError) => {
+    /** A StorageError is ours, not the client's: it goes on to the 500 `runtime.internal` of the error boundary. */
+    const fail = (err: ApiError | StorageError) => {
       if (settled) return;
       settled = true;
       req.unpipe();
@@ -62,7 +63,7 @@ export function receiveFileUpload(req: IncomingMessage, store: FileStore): Promi
     };
 
     if (!MULTIPART.test(type)) {
-      return fail(new ApiError('validation.unsupported_media_type', 'POST /v1/files takes multipart/form-data with one part named `file`'));
+      return fail(new ApiError('validation.malformed', 'POST /v1/files takes multipart/form-data with one part named `file`'));
     }
     if (declared !== undefined && Number(declared) > maxBody) {
       return fail(tooLarge('the upload', maxBody));
@@ -71,6 +72,9 @@ export function receiveFileUpload(req: IncomingMessage, store: FileStore): Promi
     try {
       bb = busboy({
         headers: req.headers,
+        // Header parameters (the part's filename) are UTF-8, as browsers and fetch send them, not
+        // busboy's default latin1. An RFC 5987 `filename*` carries its own charset and wins.
+        defParamCharset: 'utf8',
         limits: { files: 1, fields: 0, fileSize: FILE_LIMITS.maxContentBytes + 1, headerPairs: 16 },
       });
     } catch (err) {
@@ -99,7 +103,7 @@ export function receiveFileUpload(req: IncomingMessage, store: FileStore): Promi
         stream.resume();
         fail(
           err instanceof ContentTooLarge ? tooLarge('the file content', err.limit)
-            : err instanceof StorageError ? new ApiError('runtime.unavailable', 'the upload could not be stored now; retry')
+            : err instanceof StorageError ? err
               : new ApiError('validation.malformed', `multipart: the file part could not be read (${err instanceof Error ? err.message : 'unreadable'})`),
         );
       });

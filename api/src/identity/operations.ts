@@ -33,6 +33,7 @@ export const identityOperations: Operation[] = [
   // ---- Workspaces ----
   defineOperation({
     operationId: 'organizations.createWorkspace', method: 'POST', path: '/v1/organizations/{organization_id}/workspaces',
+    audit: { target: 'response' },
     summary: 'Create a Workspace in the Organization', auth: orgRoot, params: OrgPath,
     body: Obj({ name: Type.String({ minLength: 1, maxLength: 200 }) }), response: WorkspaceSchema, successStatus: 201,
     idempotency: 'optional', mcp: 'full',
@@ -61,6 +62,7 @@ export const identityOperations: Operation[] = [
   }),
   defineOperation({
     operationId: 'organizations.updateWorkspace', method: 'PATCH', path: '/v1/organizations/workspaces/{workspace_id}',
+    audit: { target: 'workspace_id' },
     summary: 'Rename, disable or re-enable a Workspace', auth: orgRoot, params: WsPath,
     body: Obj(
       {
@@ -85,6 +87,7 @@ export const identityOperations: Operation[] = [
   // ---- API keys ----
   defineOperation({
     operationId: 'apiKeys.createApiKey', method: 'POST', path: '/v1/organizations/{organization_id}/api-keys',
+    audit: { target: 'response' },
     summary: 'Create an API key; the secret is returned once', auth: orgRoot, params: OrgPath, body: CreateApiKeyBody,
     response: ApiKeySchema, successStatus: 201, idempotency: 'required', sensitive: true, mcp: 'never',
     replayable: apiKeyReplayable,
@@ -112,6 +115,7 @@ export const identityOperations: Operation[] = [
   }),
   defineOperation({
     operationId: 'apiKeys.updateApiKey', method: 'PATCH', path: '/v1/api-keys/{api_key_id}',
+    audit: { target: 'api_key_id' },
     summary: 'Rename, re-role or re-limit an API key', auth: orgRoot, params: KeyPath, body: PatchApiKeyBody,
     response: ApiKeySchema, mcp: 'never',
     async handler({ caller, params, body, deps }) {
@@ -121,6 +125,7 @@ export const identityOperations: Operation[] = [
   }),
   defineOperation({
     operationId: 'apiKeys.rotateApiKey', method: 'POST', path: '/v1/api-keys/{api_key_id}/rotate',
+    audit: { target: 'api_key_id' },
     summary: 'Replace the secret of an API key; the old secret stops working at once', auth: orgRoot, params: KeyPath,
     body: VersionFenceBody, response: ApiKeySchema, idempotency: 'required', sensitive: true, mcp: 'never',
     replayable: apiKeyReplayable,
@@ -131,6 +136,7 @@ export const identityOperations: Operation[] = [
   }),
   defineOperation({
     operationId: 'apiKeys.revokeApiKey', method: 'POST', path: '/v1/api-keys/{api_key_id}/revoke',
+    audit: { target: 'api_key_id' },
     summary: 'Revoke an API key (irreversible, retry-safe)', auth: orgRoot, params: KeyPath, body: VersionFenceBody,
     response: ApiKeySchema, idempotency: 'optional', mcp: 'never',
     async handler({ caller, params, body, deps }) {
@@ -141,6 +147,7 @@ export const identityOperations: Operation[] = [
   // ---- Principals ----
   defineOperation({
     operationId: 'principals.createPrincipal', method: 'POST', path: '/v1/organizations/workspaces/{workspace_id}/principals',
+    audit: { target: 'response' },
     summary: 'Create a Principal (a person or service identity) in the Workspace', auth: { kind: 'bearer', roles: ADMINS },
     params: WsPath, body: CreatePrincipalBody, response: PrincipalSchema, successStatus: 201, idempotency: 'optional', mcp: 'full',
     async handler({ caller, params, body, deps }) {
@@ -171,6 +178,7 @@ export const identityOperations: Operation[] = [
   }),
   defineOperation({
     operationId: 'principals.suspendPrincipal', method: 'POST', path: '/v1/principals/{principal_id}/suspend',
+    audit: { target: 'principal_id' },
     summary: 'Suspend a Principal: its credentials are denied from the next request', auth: { kind: 'bearer', roles: ADMINS },
     params: PrincipalPath, body: VersionFenceBody, response: PrincipalSchema, idempotency: 'optional', mcp: 'full',
     async handler({ caller, params, body, deps }) {
@@ -179,6 +187,7 @@ export const identityOperations: Operation[] = [
   }),
   defineOperation({
     operationId: 'principals.resumePrincipal', method: 'POST', path: '/v1/principals/{principal_id}/resume',
+    audit: { target: 'principal_id' },
     summary: 'Lift a suspension', auth: { kind: 'bearer', roles: ADMINS },
     params: PrincipalPath, body: VersionFenceBody, response: PrincipalSchema, idempotency: 'optional', mcp: 'full',
     async handler({ caller, params, body, deps }) {
@@ -187,6 +196,7 @@ export const identityOperations: Operation[] = [
   }),
   defineOperation({
     operationId: 'principals.deletePrincipal', method: 'DELETE', path: '/v1/principals/{principal_id}',
+    audit: { target: 'principal_id' },
     summary: 'Delete a Principal (its credentials and runner sockets die with it)', auth: { kind: 'bearer', roles: ADMINS },
     params: PrincipalPath, response: Obj({ id: Id('principal'), type: Type.Literal('principal_deleted') }), mcp: 'full',
     async handler({ caller, params, deps }) {
@@ -198,6 +208,7 @@ export const identityOperations: Operation[] = [
   // ---- Principal access credentials ----
   defineOperation({
     operationId: 'principals.createAccessCredential', method: 'POST', path: '/v1/principals/{principal_id}/access-credentials',
+    audit: { target: 'response' },
     summary: 'Issue an audience-bound bearer for a Principal; the secret is returned once', auth: { kind: 'bearer', roles: ADMINS },
     params: PrincipalPath, body: Obj({ audience: Type.Optional(Audience) }), response: PrincipalCredentialSchema, successStatus: 201,
     idempotency: 'required', sensitive: true, mcp: 'never', replayable: credentialReplayable,
@@ -227,6 +238,7 @@ export const identityOperations: Operation[] = [
   }),
   defineOperation({
     operationId: 'principals.rotateAccessCredential', method: 'POST', path: '/v1/principal-access-credentials/{credential_id}/rotate',
+    audit: { target: 'credential_id' },
     summary: 'Rotate: the old bearer dies at once, the replacement is returned once', auth: { kind: 'bearer', roles: ADMINS },
     params: CredPath, body: GenerationFenceBody, response: PrincipalCredentialSchema, idempotency: 'required', sensitive: true,
     mcp: 'never', replayable: credentialReplayable,
@@ -238,6 +250,7 @@ export const identityOperations: Operation[] = [
   }),
   defineOperation({
     operationId: 'principals.revokeAccessCredential', method: 'POST', path: '/v1/principal-access-credentials/{credential_id}/revoke',
+    audit: { target: 'credential_id' },
     summary: 'Revoke an access credential (irreversible)', auth: { kind: 'bearer', roles: ADMINS }, params: CredPath,
     body: GenerationFenceBody, response: PrincipalCredentialSchema, idempotency: 'required', mcp: 'never',
     async handler({ caller, params, body, deps }) {

@@ -1,4 +1,4 @@
-import type { TSchema } from '@agentplane/core';
+import { ERROR_STATUS, type ErrorType, type TSchema } from '@agentplane/core';
 import { CURRENT_VERSION, type Operation } from '../http/operation.js';
 
 /** Strip TypeBox's symbol keys and internal markers: plain JSON Schema 2020-12 for OpenAPI 3.1. */
@@ -24,12 +24,49 @@ function parameters(op: Operation): unknown[] {
   return out;
 }
 
+/** Statuses whose responses carry no body (RFC 9110): their OpenAPI response has no `content`. */
+const BODILESS = new Set([204, 205, 304]);
+
+function successResponse(op: Operation): Record<string, unknown> {
+  const status = op.successStatus ?? 200;
+  if (BODILESS.has(status)) return { description: 'Success, no body' };
+  const type = op.operationId.endsWith('Stream') ? 'text/event-stream' : 'application/json';
+  return { description: 'Success', content: { [type]: { schema: op.response ? plain(op.response) : {} } } };
+}
+
+/** The catalog's error types grouped by HTTP status: one declared error response per status. */
+function errorTypesByStatus(): Map<number, ErrorType[]> {
+  const out = new Map<number, ErrorType[]>();
+  for (const [type, status] of Object.entries(ERROR_STATUS) as Array<[ErrorType, number]>) out.set(status, [...(out.get(status) ?? []), type]);
+  return new Map([...out].sort(([a], [b]) => a - b));
+}
+
+function errorResponse(types: readonly ErrorType[]): unknown {
+  return {
+    description: `Wire error body; \`error.type\` is one of ${types.map((t) => `\`${t}\``).join(', ')}`,
+    content: {
+      'application/json': {
+        schema: {
+          type: 'object', required: ['error'],
+          properties: {
+            error: {
+              type: 'object', required: ['type', 'message', 'more'],
+              properties: { type: { type: 'string', enum: [...types] }, message: { type: 'string' }, more: { type: 'string', format: 'uri' } },
+            },
+          },
+        },
+      },
+    },
+  };
+}
+
 /** OpenAPI 3.1 generated from the same operation table and schemas the router validates with. */
 export function openApiDocument(operations: readonly Operation[], serverUrl: string): unknown {
   const paths: Record<string, Record<string, unknown>> = {};
+  const byStatus = errorTypesByStatus();
   for (const op of operations) {
     const item = (paths[op.path] ??= {});
-    const errorRef = { $ref: '#/components/responses/Error' };
+    const errors = Object.fromEntries([...byStatus.keys()].map((status) => [String(status), { $ref: `#/components/responses/Error${status}` }]));
     item[op.method.toLowerCase()] = {
       operationId: op.operationId,
       summary: op.summary,
@@ -39,11 +76,8 @@ export function openApiDocument(operations: readonly Operation[], serverUrl: str
       ...(op.upload ? { requestBody: { required: true, content: { [op.upload.contentType]: { schema: plain(op.upload.schema) } } } } : {}),
       ...(op.body ? { requestBody: { required: true, content: { 'application/json': { schema: plain(op.body) } } } } : {}),
       responses: {
-        [String(op.successStatus ?? 200)]: {
-          description: 'Success',
-          content: { [op.operationId.endsWith('Stream') ? 'text/event-stream' : 'application/json']: { schema: op.response ? plain(op.response) : {} } },
-        },
-        '400': errorRef, '401': errorRef, '403': errorRef, '404': errorRef, '409': errorRef, '413': errorRef, '429': errorRef, '500': errorRef,
+        [String(op.successStatus ?? 200)]: successResponse(op),
+        ...errors,
       },
       'x-mcp': op.mcp ?? 'full',
     };
@@ -55,19 +89,7 @@ export function openApiDocument(operations: readonly Operation[], serverUrl: str
     paths,
     components: {
       securitySchemes: { bearer: { type: 'http', scheme: 'bearer' } },
-      responses: {
-        Error: {
-          description: 'Wire error body',
-          content: {
-            'application/json': {
-              schema: {
-                type: 'object', required: ['error'],
-                properties: { error: { type: 'object', required: ['type', 'message', 'more'], properties: { type: { type: 'string' }, message: { type: 'string' }, more: { type: 'string', format: 'uri' } } } },
-              },
-            },
-          },
-        },
-      },
+      responses: Object.fromEntries([...byStatus].map(([status, types]) => [`Error${status}`, errorResponse(types)])),
     },
   };
 }

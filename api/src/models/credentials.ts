@@ -161,10 +161,10 @@ export class ModelCredentialService {
       if (sealed !== null) return { doc: d, secret: this.box.open(sealed, this.aad(d.workspace_id, d.id, d.active_generation_number)) };
       // Rotated (or revoked) since `doc` was read: use the live generation.
       const live = await this.docs.get<ModelCredentialDoc>(tags.workspace(d.workspace_id), d.id);
-      if (!live || live.status !== 'active') throw new ApiError('runtime.unavailable', 'the credential was revoked during the call');
+      if (!live || live.status !== 'active') throw new ApiError('model.no_eligible_model', 'the model credential was revoked during the call; no eligible model remains for this step');
       d = live;
     }
-    throw new ApiError('runtime.unavailable', 'the credential is being rotated; retry');
+    throw new ApiError('validation.conflict', 'the model credential is being rotated; retry');
   }
 
   /** Probe the provider with the credential (list models) and record `health_status`. */

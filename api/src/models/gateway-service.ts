@@ -82,8 +82,9 @@ export class ModelGatewayService {
 
   /**
    * The entry point for the runner gateway. Never throws: every failure is an `error` event
-   * (`model.no_eligible_model`, `budget.exceeded`, `model.provider_unavailable`,
-   * `model.provider_rejected`, `validation.malformed`, `runtime.internal`). Aborting `signal`
+   * of a catalog type (`model.no_eligible_model`, also when a provider refuses the request;
+   * `budget.exceeded`; `model.platform_capacity_reached` when every candidate failed
+   * retryably; `validation.malformed`; `runtime.internal`). Aborting `signal`
    * aborts the provider request and ends the stream with `end` / stop_reason `canceled`.
    */
   async *runModelStep(workspaceId: string, request: ModelRequest | unknown, signal: AbortSignal, context: ModelStepContext = {}): AsyncGenerator<ModelStreamEvent> {
@@ -214,21 +215,21 @@ export class ModelGatewayService {
         if (err.kind === 'auth') await this.credentials.markHealth(credential, 'unhealthy');
         if (!err.retryable) {
           this.metricSteps?.inc({ provider: credential.provider_key, outcome: 'provider_rejected' });
-          yield { type: 'error', error: { type: 'model.provider_rejected', message: scrub(`${credential.key}/${candidate.provider_model}: ${err.message}`), retryable: false } };
+          yield { type: 'error', error: { type: 'model.no_eligible_model', message: scrub(`${credential.key}/${candidate.provider_model}: ${err.message}`), retryable: false } };
           return;
         }
         this.metricSteps?.inc({ provider: credential.provider_key, outcome: emitted ? 'provider_unavailable' : 'fallback' });
         failures.push(new ProviderError(err.kind, scrub(err.message), { status: err.status, retryAfterSeconds: err.retryAfterSeconds }));
         if (emitted) {
           // Output already reached the harness; falling back would splice two answers together.
-          yield { type: 'error', error: { type: 'model.provider_unavailable', message: scrub(`${credential.key}/${candidate.provider_model} failed mid-stream: ${err.message}`), retryable: true } };
+          yield { type: 'error', error: { type: 'model.platform_capacity_reached', message: scrub(`${credential.key}/${candidate.provider_model} failed mid-stream: ${err.message}`), retryable: true } };
           return;
         }
       }
     }
     const hints = failures.map((f) => f.retryAfterSeconds).filter((s): s is number => s !== null);
     const error: ModelError = {
-      type: 'model.provider_unavailable',
+      type: 'model.platform_capacity_reached',
       message: `every eligible candidate failed: ${failures.map((f) => f.message).join('; ')}`,
       retryable: true,
     };

@@ -44,6 +44,7 @@ export const modelOperations: Operation[] = [
   // ---- ModelCredentials ----
   defineOperation({
     operationId: 'models.createModelCredential', method: 'POST', path: '/v1/organizations/workspaces/{workspace_id}/model-credentials',
+    audit: { target: 'response' },
     summary: 'Store a provider credential (custody workspace_vault); the secret is sealed and never returned',
     auth: { kind: 'bearer', roles: ADMINS }, params: WsPath, body: CreateModelCredentialBody, response: ModelCredentialSchema,
     successStatus: 201, idempotency: 'optional', mcp: 'never',
@@ -73,6 +74,7 @@ export const modelOperations: Operation[] = [
   }),
   defineOperation({
     operationId: 'models.rotateModelCredential', method: 'POST', path: '/v1/model-credentials/{model_credential_id}/rotate',
+    audit: { target: 'model_credential_id' },
     summary: 'Replace the provider secret: a new generation becomes active at once', auth: { kind: 'bearer', roles: ADMINS },
     params: CredPath, body: RotateModelCredentialBody, response: ModelCredentialSchema, idempotency: 'optional', mcp: 'never',
     async handler({ caller, params, body, deps }) {
@@ -81,6 +83,7 @@ export const modelOperations: Operation[] = [
   }),
   defineOperation({
     operationId: 'models.revokeModelCredential', method: 'POST', path: '/v1/model-credentials/{model_credential_id}/revoke',
+    audit: { target: 'model_credential_id' },
     summary: 'Revoke a ModelCredential (irreversible; the secret is erased)', auth: { kind: 'bearer', roles: ADMINS },
     params: CredPath, body: RevokeModelCredentialBody, response: ModelCredentialSchema, idempotency: 'optional', mcp: 'full',
     async handler({ caller, params, body, deps }) {
@@ -89,6 +92,7 @@ export const modelOperations: Operation[] = [
   }),
   defineOperation({
     operationId: 'models.checkModelCredentialHealth', method: 'POST', path: '/v1/model-credentials/{model_credential_id}/health-check',
+    audit: { target: 'model_credential_id' },
     summary: "Probe the provider with the credential and record health_status", auth: { kind: 'bearer', roles: ADMINS },
     params: CredPath, body: Obj({}), response: ModelCredentialSchema, mcp: 'full',
     async handler({ caller, params, deps }) {
@@ -99,6 +103,7 @@ export const modelOperations: Operation[] = [
   // ---- Model routing profiles ----
   defineOperation({
     operationId: 'models.createRoutingProfile', method: 'POST', path: '/v1/organizations/workspaces/{workspace_id}/model-routing-profiles',
+    audit: { target: 'response' },
     summary: 'Create a model routing profile (revision 1) addressed by a logical key', auth: { kind: 'bearer', roles: ADMINS },
     params: WsPath, body: CreateRoutingProfileBody, response: RoutingProfileSchema, successStatus: 201, idempotency: 'optional', mcp: 'full',
     async handler({ caller, params, body, deps }) {
@@ -127,6 +132,7 @@ export const modelOperations: Operation[] = [
   }),
   defineOperation({
     operationId: 'models.createRoutingProfileRevision', method: 'POST', path: '/v1/model-routing-profiles/{model_routing_profile_id}/revisions',
+    audit: { target: 'response' },
     summary: 'Publish a new immutable revision (complete candidate list, not a patch)', auth: { kind: 'bearer', roles: ADMINS },
     params: ProfilePath, body: CreateRevisionBody, response: RoutingProfileSchema, successStatus: 201, idempotency: 'optional', mcp: 'full',
     async handler({ caller, params, body, deps }) {
@@ -147,6 +153,7 @@ export const modelOperations: Operation[] = [
   // ---- Model steps: the gateway over REST (operators try a profile; the runner uses its WebSocket) ----
   defineOperation({
     operationId: 'models.runModelStepStream', method: 'POST', path: '/v1/organizations/workspaces/{workspace_id}/model-steps',
+    audit: { target: 'workspace_id' },
     summary: 'Run one model step through the routing profile and stream model-gateway-v1 events (SSE)',
     auth: { kind: 'bearer', roles: WRITERS }, params: WsPath, body: ModelRequestBody, mcp: 'never',
     async handler({ caller, params, body, deps }) {
@@ -212,6 +219,7 @@ export const modelOperations: Operation[] = [
   }),
   defineOperation({
     operationId: 'models.putWorkspaceBudget', method: 'PUT', path: '/v1/organizations/workspaces/{workspace_id}/budget',
+    audit: { target: 'workspace_id' },
     summary: "Set the workspace's model budget (list cost in USD per UTC day, month, or lifetime)", auth: { kind: 'bearer', roles: ADMINS },
     params: WsPath, body: PutWorkspaceBudgetBody, response: WorkspaceBudgetSchema, idempotency: 'optional', mcp: 'full',
     async handler({ caller, params, body, deps }) {
@@ -221,6 +229,7 @@ export const modelOperations: Operation[] = [
   }),
   defineOperation({
     operationId: 'models.deleteWorkspaceBudget', method: 'DELETE', path: '/v1/organizations/workspaces/{workspace_id}/budget',
+    audit: { target: 'workspace_id' },
     summary: "Remove the workspace's model budget", auth: { kind: 'bearer', roles: ADMINS }, params: WsPath,
     response: Obj({ workspace_id: Id('workspace'), type: Type.Literal('budget_deleted') }), mcp: 'full',
     async handler({ caller, params, deps }) {

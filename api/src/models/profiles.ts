@@ -70,6 +70,19 @@ export class RoutingProfileService {
     return { profile, revision: await this.revision(ws, id, profile.latest_revision_number) };
   }
 
+  /**
+   * Refuse a model key that names no routing profile of the workspace, so that a typo in an
+   * Agent's `model` is refused where it is written, never only as a failed turn: 422
+   * `model.no_eligible_model`, the type a model step would fail with. The built-in `default`
+   * profile is seeded first, so it always resolves.
+   */
+  async requireKey(ws: string, key: string, field: string): Promise<void> {
+    await this.ensureDefaults(ws);
+    if ((await this.redis.hexists(keys.unique(tags.workspace(ws), COLLECTION), key)) === 1) return;
+    throw new ApiError('model.no_eligible_model',
+      `${field}: no model routing profile of this workspace has the key '${key}'; use '${DEFAULT_MODEL_KEY}' or create the profile first (POST /v1/organizations/workspaces/{workspace_id}/model-routing-profiles)`);
+  }
+
   async list(ws: string, opts: { limit: number; page?: string | undefined; key?: string | undefined }): Promise<ListPage<RoutingProfileView>> {
     const want = opts.key;
     const page = await this.docs.list<RoutingProfileDoc>(tags.workspace(ws), COLLECTION, { limit: opts.limit, page: opts.page, order: 'asc' },

@@ -84,6 +84,7 @@ export const runnerOperations: Operation[] = [
   // ---- Pools ----
   defineOperation({
     operationId: 'runnerPools.createRunnerPool', method: 'POST', path: '/v1/runner-pools',
+    audit: { target: 'response' },
     summary: 'Create a runner pool in the Workspace', auth: { kind: 'bearer', roles: ADMINS },
     body: Obj({ name: Type.String({ minLength: 1, maxLength: 100, pattern: '^[a-z0-9](?:[a-z0-9._-]{0,99})$' }), placement: Type.Union([Type.Literal('byoc'), Type.Literal('managed')]) }),
     response: RunnerPoolSchema, successStatus: 201, idempotency: 'optional', mcp: 'full',
@@ -110,6 +111,7 @@ export const runnerOperations: Operation[] = [
   }),
   defineOperation({
     operationId: 'runnerPools.drainRunnerPool', method: 'POST', path: '/v1/runner-pools/{runner_pool_id}/drain',
+    audit: { target: 'runner_pool_id' },
     summary: 'Drain a pool: its runners take no new leases and finish held work until the deadline',
     auth: { kind: 'bearer', roles: ADMINS }, params: PoolPath, body: DrainBody, response: RunnerPoolSchema, idempotency: 'optional', mcp: 'full',
     async handler({ caller, params, body, deps }) {
@@ -118,6 +120,7 @@ export const runnerOperations: Operation[] = [
   }),
   defineOperation({
     operationId: 'runnerPools.resumeRunnerPool', method: 'POST', path: '/v1/runner-pools/{runner_pool_id}/resume',
+    audit: { target: 'runner_pool_id' },
     summary: 'End a pool drain (runners that reconnect are ready again)', auth: { kind: 'bearer', roles: ADMINS }, params: PoolPath,
     response: RunnerPoolSchema, idempotency: 'optional', mcp: 'full',
     async handler({ caller, params, deps }) {
@@ -126,6 +129,7 @@ export const runnerOperations: Operation[] = [
   }),
   defineOperation({
     operationId: 'runnerPools.enrollRunner', method: 'POST', path: '/v1/runner-pools/{runner_pool_id}/enrollments',
+    audit: { target: 'response' },
     summary: 'Enroll a managed-pool runner with a runner-role API key; the credential is returned once (no owner)',
     auth: { kind: 'bearer', roles: ['root', 'admin', 'runner'] }, params: PoolPath, body: Obj({ machine_label: Label() }),
     response: IssuedSchema, successStatus: 201, idempotency: 'required', sensitive: true, mcp: 'never', replayable: issuedReplayable,
@@ -138,6 +142,7 @@ export const runnerOperations: Operation[] = [
   // ---- Pairing ----
   defineOperation({
     operationId: 'runnerPairings.createRunnerPairing', method: 'POST', path: '/v1/runner-pairings',
+    audit: { target: 'response' },
     summary: 'Start pairing a machine for a Principal; the single-use code is returned once',
     auth: { kind: 'bearer', roles: ['root', 'admin', 'developer'] },
     body: Obj({
@@ -158,6 +163,7 @@ export const runnerOperations: Operation[] = [
   }),
   defineOperation({
     operationId: 'runnerPairings.redeemRunnerPairing', method: 'POST', path: '/v1/runner-pairings/redeem',
+    audit: { target: 'response' },
     summary: 'Redeem a pairing code (credential-free): mints a Workspace-scoped runner credential with the pairing owner',
     auth: { kind: 'none' },
     body: Obj({
@@ -197,6 +203,7 @@ export const runnerOperations: Operation[] = [
   }),
   defineOperation({
     operationId: 'runnerCredentials.revokeRunnerCredential', method: 'POST', path: '/v1/runner-credentials/{runner_credential_id}/revoke',
+    audit: { target: 'runner_credential_id' },
     summary: 'Revoke a runner credential; its live socket closes within seconds', auth: { kind: 'bearer', roles: ADMINS },
     params: CredPath, response: RunnerCredentialSchema, idempotency: 'optional', mcp: 'full',
     async handler({ caller, params, deps }) {
@@ -205,6 +212,7 @@ export const runnerOperations: Operation[] = [
   }),
   defineOperation({
     operationId: 'runners.drainRunner', method: 'POST', path: '/v1/runners/{runner_id}/drain',
+    audit: { target: 'runner_id' },
     summary: 'Drain one runner: no new leases; held work finishes until the deadline, then is canceled',
     auth: { kind: 'bearer', roles: ADMINS }, params: RunnerPath, body: DrainBody, response: RunnerCredentialSchema, idempotency: 'optional', mcp: 'full',
     async handler({ caller, params, body, deps }) {

@@ -74,7 +74,7 @@ export class RunnerService {
         return pool;
       }
     }
-    throw new ApiError('runtime.unavailable', 'the default runner pool is being created; retry');
+    throw new ApiError('validation.conflict', 'the default runner pool is being created concurrently; retry');
   }
 
   async createPool(workspaceId: string, input: { name: string; placement: PoolPlacement }): Promise<RunnerPool> {
@@ -205,7 +205,7 @@ export class RunnerService {
       if (pool.placement !== 'byoc') throw new ApiError('validation.malformed', 'runner_enrollment.runner_pool_id: a pairing code can only join a BYOC pool');
     }
     const principal = await this.docs.get<Principal>(tags.workspace(pairing.workspace_id), pairing.principal_id);
-    if (!principal || principal.status !== 'active') throw new ApiError('auth.permission_denied', 'the Principal that created this pairing is no longer active');
+    if (!principal || principal.status !== 'active') throw new ApiError('policy.denied', 'the Principal that created this pairing is no longer active');
     // Single use: only the caller whose GETDEL returns the value goes on.
     const taken = await this.redis.getdel(key);
     if (taken !== peek) throw invalidCode();

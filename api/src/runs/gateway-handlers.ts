@@ -7,6 +7,7 @@ import type { ModelsModule } from '../models/module.js';
 import { ModelStreams } from '../models/model-streams.js';
 import type { SessionStore } from '../sessions/store.js';
 import type { RunLifecycle, TurnResult } from './lifecycle.js';
+import type { PolicyStore } from '../governance/policies.js';
 
 export interface RunHandlerDeps {
   keeper: LeaseKeeper;
@@ -17,6 +18,8 @@ export interface RunHandlerDeps {
   models: ModelsModule;
   lease: LeaseConfig;
   logger: Logger;
+  /** ActionPolicies: the tool-call boundary asks them through `tool.check`. */
+  policies: PolicyStore;
 }
 
 const leaseOf = (rec: LeaseRecord): Lease => ({
@@ -155,7 +158,7 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     const p = msg.payload;
     const rec = await recordFor(conn, p);
     if (!rec) {
-      conn.send('model.end', { stream_id: p.stream_id, event: { type: 'error', error: { type: 'auth.permission_denied', message: 'model steps need a live lease held by this runner', retryable: false } } });
+      conn.send('model.end', { stream_id: p.stream_id, event: { type: 'error', error: { type: 'policy.denied', message: 'model steps need a live lease held by this runner', retryable: false } } });
       return;
     }
     const session = await d.store.get(rec.workspace_id, rec.session_id).catch(() => null);
@@ -165,6 +168,24 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     }, previews(rec.session_id, rec.thread_id));
     if (streams.size === 0 && modelStreams.get(conn.id) === streams) modelStreams.delete(conn.id);
   });
+
+  /**
+   * The tool-call boundary: the runner asks before running each tool use. Only a live lease of
+   * this runner gets an answer other than deny; an evaluation failure denies (fail closed).
+   */
+  gw.on('tool.check', async (conn, msg) => {
+    const p = msg.payload;
+    const answer = (decision: 'allow' | 'deny' | 'require_approval', rule_id: string | null, message: string) =>
+      conn.send('tool.decision', { lease_id: p.lease_id, attempt: p.attempt, tool_use_id: p.tool_use_id, decision, rule_id, message: message.slice(0, 2048) }, msg.id);
+    const rec = await recordFor(conn, p).catch(() => null);
+    if (!rec) return void answer('deny', null, 'tool calls need a live lease held by this runner');
+    const d = await d_policies(rec, p);
+    answer(d.decision, d.rule_id, d.explanation);
+  });
+  const d_policies = (rec: LeaseRecord, p: { tool_use_id: string; tool: { kind: 'builtin' | 'custom' | 'mcp'; name: string; connection_id?: string | undefined }; input: unknown }) =>
+    d.policies.decide(rec.workspace_id, { kind: p.tool.kind, name: p.tool.name, connection_id: p.tool.connection_id, input: p.input }, {
+      actor: { id: rec.run_id, credential_id: rec.runner_id }, target: rec.session_id,
+    });
 
   gw.on('model.cancel', (conn, msg) => {
     modelStreams.get(conn.id)?.cancel(msg.payload.stream_id);

@@ -35,7 +35,9 @@ async function liveSession(deps: ApiDeps, ws: string, id: string): Promise<Sessi
 export const sessionOperations: Operation[] = [
   defineOperation({
     operationId: 'sessions.createSession', method: 'POST', path: '/v1/sessions', summary: 'Create a Session',
-    auth: writers, body: CreateSessionBody, response: SessionSchema, successStatus: 201, idempotency: 'optional', mcp: 'compact',
+    audit: { target: 'response' },
+    auth: { ...writers, principal: true }, permission: { action: 'invoke', target: 'body.agent' },
+    body: CreateSessionBody, response: SessionSchema, successStatus: 201, idempotency: 'optional', mcp: 'compact',
     async handler({ caller, body, idempotencyKey, deps }) {
       return json(201, await deps.sessions.create(requireWorkspace(caller), body, idempotencyKey));
     },
@@ -53,13 +55,15 @@ export const sessionOperations: Operation[] = [
   }),
   defineOperation({
     operationId: 'sessions.getSession', method: 'GET', path: '/v1/sessions/{session_id}', summary: 'Read a Session',
-    auth: readers, params: SessionPath, response: SessionSchema, mcp: 'compact',
+    auth: { ...readers, principal: true }, permission: { action: 'observe', target: 'session_id' },
+    params: SessionPath, response: SessionSchema, mcp: 'compact',
     async handler({ caller, params, deps }) {
       return json(200, await deps.sessions.view(await liveSession(deps, requireWorkspace(caller), params.session_id)));
     },
   }),
   defineOperation({
     operationId: 'sessions.updateSession', method: 'POST', path: '/v1/sessions/{session_id}',
+    audit: { target: 'session_id' },
     summary: 'Update a Session; supplied collections fully replace; agent changes govern later Runs only', auth: writers,
     params: SessionPath, body: UpdateSessionBody, response: SessionSchema, idempotency: 'optional', mcp: 'compact',
     async handler({ caller, params, body, deps }) {
@@ -86,6 +90,7 @@ export const sessionOperations: Operation[] = [
   }),
   defineOperation({
     operationId: 'sessions.archiveSession', method: 'POST', path: '/v1/sessions/{session_id}/archive',
+    audit: { target: 'session_id' },
     summary: 'Archive a Session (one-way, retry-safe): no new work, reads stay', auth: writers, params: SessionPath,
     response: SessionSchema, idempotency: 'optional', mcp: 'compact',
     async handler({ caller, params, deps }) {
@@ -94,6 +99,7 @@ export const sessionOperations: Operation[] = [
   }),
   defineOperation({
     operationId: 'sessions.deleteSession', method: 'DELETE', path: '/v1/sessions/{session_id}',
+    audit: { target: 'session_id' },
     summary: 'Delete a Session and erase its event log (retry-safe)', auth: writers, params: SessionPath,
     response: Obj({ id: Id('session'), type: Type.Literal('session_deleted') }), mcp: 'full',
     async handler({ caller, params, deps }) {
@@ -113,6 +119,7 @@ export const sessionOperations: Operation[] = [
   }),
   defineOperation({
     operationId: 'sessions.addResource', method: 'POST', path: '/v1/sessions/{session_id}/resources', summary: 'Add a Resource to a Session',
+    audit: { target: 'response' },
     auth: writers, params: SessionPath, body: ResourceInput, response: ResourceSchema, successStatus: 201, idempotency: 'optional', mcp: 'full',
     async handler({ caller, params, body, deps }) {
       await deps.sessions.checkResources(requireWorkspace(caller), [body as { type: string; file_id?: string }]);
@@ -137,6 +144,7 @@ export const sessionOperations: Operation[] = [
   }),
   defineOperation({
     operationId: 'sessions.updateResource', method: 'POST', path: '/v1/sessions/{session_id}/resources/{resource_id}', summary: 'Update a Session Resource',
+    audit: { target: 'resource_id' },
     auth: writers, params: ResourcePath, body: ResourceUpdate, response: ResourceSchema, idempotency: 'optional', mcp: 'full',
     async handler({ caller, params, body, deps }) {
       let out: unknown = null;
@@ -156,6 +164,7 @@ export const sessionOperations: Operation[] = [
   }),
   defineOperation({
     operationId: 'sessions.deleteResource', method: 'DELETE', path: '/v1/sessions/{session_id}/resources/{resource_id}', summary: 'Remove a Resource from a Session',
+    audit: { target: 'resource_id' },
     auth: writers, params: ResourcePath, response: Obj({ id: Id('resource'), type: Type.Literal('session_resource_deleted') }), mcp: 'full',
     async handler({ caller, params, deps }) {
       await deps.sessions.store.update(requireWorkspace(caller), params.session_id, (cur) => {
@@ -170,7 +179,9 @@ export const sessionOperations: Operation[] = [
   // ---- events ----
   defineOperation({
     operationId: 'sessions.sendEvent', method: 'POST', path: '/v1/sessions/{session_id}/events', summary: 'Send one drive event to a Session',
-    auth: writers, params: SessionPath, body: DriveEventBody, response: EventSchema, successStatus: 201, idempotency: 'optional', mcp: 'compact',
+    audit: { target: 'session_id' },
+    auth: { ...writers, principal: true }, permission: { action: 'steer', target: 'session_id', authorIsCaller: true }, actionPolicy: 'drive',
+    params: SessionPath, body: DriveEventBody, response: EventSchema, successStatus: 201, idempotency: 'optional', mcp: 'compact',
     async handler({ caller, params, body, idempotencyKey, deps }) {
       const payload = checkDrivePayload(body.type, body.payload);
       const s = await deps.sessions.store.get(requireWorkspace(caller), params.session_id);
@@ -180,7 +191,8 @@ export const sessionOperations: Operation[] = [
   }),
   defineOperation({
     operationId: 'sessions.streamEvents', method: 'GET', path: '/v1/sessions/{session_id}/events/stream',
-    summary: 'SSE: replay after Last-Event-ID, then live', auth: readers, params: SessionPath, query: StreamQuery, mcp: 'never',
+    summary: 'SSE: replay after Last-Event-ID, then live', auth: { ...readers, principal: true },
+    permission: { action: 'observe', target: 'session_id' }, params: SessionPath, query: StreamQuery, mcp: 'never',
     async handler({ caller, params, query, headers, deps }) {
       const doc = await deps.sessions.store.getOrTombstone(requireWorkspace(caller), params.session_id);
       return sseStream({

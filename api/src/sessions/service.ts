@@ -24,6 +24,8 @@ export interface SessionServiceDeps {
   scheduler: () => TurnScheduler;
   /** Refuses a new turn when a budget (Session or workspace) is spent: 429 `budget.exceeded`. */
   admitTurn?: (session: SessionDoc) => Promise<void>;
+  /** Refuses an inline agent whose `model` names no routing profile of the workspace (422 `model.no_eligible_model`). */
+  requireModel?: (ws: string, key: string, field: string) => Promise<void>;
   /** Token usage metered by the model gateway, per Session or thread (null: none recorded). */
   modelUsage?: (scope: { session_id: string; thread_id?: string }) => Promise<TokenUsage | null>;
 }
@@ -72,6 +74,7 @@ export class SessionService {
       return snapshotOf(agent);
     }
     // Inline configuration: recorded as a new Agent (version 1) so the snapshot is addressable.
+    await this.d.requireModel?.(ws, input.model, 'body.agent.model');
     return snapshotOf(await this.d.agents.create(ws, newAgent(ws, input)));
   }
 
@@ -262,11 +265,11 @@ export class SessionService {
   private async appendOne(sessionId: string, input: DriveInput, threadId: string, producerKey: string | undefined): Promise<LogEvent> {
     const r = await this.d.store.log.append(sessionId, [{ type: input.type, payload: input.payload, session_thread_id: threadId, ...(producerKey ? { producer_key: producerKey } : {}) }]);
     if (!r.ok) {
-      if (r.reason === 'erased') throw new ApiError('validation.gone', 'the session was deleted and its event log erased');
+      if (r.reason === 'erased') throw new ApiError('validation.not_found', 'the session was deleted and its event log erased');
       throw new ApiError('runtime.invalid_transition', 'the event log refused the append');
     }
     const ev = r.events[0];
-    if (!ev) throw new ApiError('validation.gone', 'the original event is no longer retained');
+    if (!ev) throw new ApiError('validation.not_found', 'the original event is no longer retained');
     return ev;
   }
 
@@ -320,7 +323,7 @@ export class SessionService {
     if (wait.answer_fingerprint !== fp) throw new ApiError('validation.conflict', 'this tool use was already answered with another result');
     const seq = wait.answered_seq ?? 0;
     const [event] = await this.d.store.log.range(sessionId, seq - 1, 1, seq);
-    if (!event) throw new ApiError('validation.gone', 'the original answer is no longer retained');
+    if (!event) throw new ApiError('validation.not_found', 'the original answer is no longer retained');
     return { status: 200, event };
   }
 }

@@ -65,11 +65,11 @@ export class SessionStore {
     await multi.exec();
   }
 
-  /** The live Session of this workspace, or 404 (another workspace's Session looks absent); 410 once erased. */
+  /** The live Session of this workspace, or 404 (another workspace's Session looks absent; an erased one too, with a message saying so). */
   async get(workspaceId: string, id: string): Promise<SessionDoc> {
     const doc = await this.docs.get<SessionDoc | SessionTombstone>(sessionTag(id), id);
     if (!doc || doc.workspace_id !== workspaceId) throw new ApiError('validation.not_found', 'session not found');
-    if (doc.type === 'session_tombstone') throw new ApiError('validation.gone', 'the session was deleted and its event log erased');
+    if (doc.type === 'session_tombstone') throw new ApiError('validation.not_found', 'the session was deleted and its event log erased');
     return doc;
   }
 
@@ -82,7 +82,7 @@ export class SessionStore {
 
   update(workspaceId: string, id: string, mutate: (s: SessionDoc) => SessionDoc | null): Promise<SessionDoc> {
     return this.docs.update<SessionDoc>(sessionTag(id), id, (cur) => {
-      if ((cur as unknown as SessionTombstone).type === 'session_tombstone') throw new ApiError('validation.gone', 'the session was deleted');
+      if ((cur as unknown as SessionTombstone).type === 'session_tombstone') throw new ApiError('validation.not_found', 'the session was deleted');
       if (cur.workspace_id !== workspaceId) throw new ApiError('validation.not_found', 'session not found');
       return mutate(cur);
     }, { notFound: 'session' });
@@ -138,7 +138,7 @@ export class SessionStore {
    * A compare-and-swap on a thread that may start a turn. When `mutate` returns `start`, the
    * new Run (`queued`, listed in `runs`) and `session.status_running` (producer key
    * `status:<run>:running`) are written by the same script as the thread: a turn is recorded
-   * whole or not at all. An erased Session refuses with 410 and writes nothing.
+   * whole or not at all. An erased Session refuses with 404 and writes nothing.
    */
   async startTurn(
     session: SessionDoc,
@@ -180,7 +180,7 @@ export class SessionStore {
           run = candidate;
           return { kind: 'written' };
         }
-        if (r.reason === 'erased') throw new ApiError('validation.gone', 'the session was deleted and its event log erased');
+        if (r.reason === 'erased') throw new ApiError('validation.not_found', 'the session was deleted and its event log erased');
         if (r.reason === 'stale' && r.index === 0) return { kind: 'stale', current: r.current };
         if (r.reason === 'missing' && r.index === 0) return { kind: 'missing' };
         throw new Error(`run ${candidate.id} could not be recorded: ${r.reason}`);

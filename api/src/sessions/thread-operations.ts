@@ -73,6 +73,7 @@ export const threadOperations: Operation[] = [
   }),
   defineOperation({
     operationId: 'threads.archiveThread', method: 'POST', path: '/v1/sessions/{session_id}/threads/{thread_id}/archive',
+    audit: { target: 'thread_id' },
     summary: 'Archive an idle child thread (terminates it, freezes its stats)', auth: writers, params: ThreadPath, response: ThreadSchema,
     idempotency: 'optional', mcp: 'full',
     async handler({ caller, params, deps }) {

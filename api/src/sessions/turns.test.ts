@@ -92,7 +92,7 @@ describe('turn start', () => {
     const rec = recording();
     const { session, threadId } = await idleSession(store);
     await store.log.erase(session.id);
-    await expect(new ThreadRuntime(store, () => rec.scheduler).submitUserMessage(session, threadId, newId('event'))).rejects.toMatchObject({ type: 'validation.gone' });
+    await expect(new ThreadRuntime(store, () => rec.scheduler).submitUserMessage(session, threadId, newId('event'))).rejects.toMatchObject({ type: 'validation.not_found' });
     expect(await store.thread(session.id, threadId)).toMatchObject({ status: 'idle', version: 1 });
     expect(await redis.zcard(keys.index(tags.session(session.id), 'runs'))).toBe(0);
     expect(rec.queued).toEqual([]);

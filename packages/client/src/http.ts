@@ -1,4 +1,4 @@
-import type { WireError } from '@agentplane/core';
+import { apiUrl, type WireError } from '@agentplane/core';
 
 export const SERVICE_VERSION = '2026-08-27';
 
@@ -52,7 +52,8 @@ export class HttpClient {
   }
 
   url(path: string, query?: RequestOptions['query']): string {
-    const u = new URL(path, this.options.baseUrl);
+    // Relative to the base URL, keeping its path (`https://host/agentplane`); an absolute URL as is.
+    const u = /^[a-z][a-z0-9+.-]*:/i.test(path) ? new URL(path) : apiUrl(this.options.baseUrl, path);
     for (const [k, v] of Object.entries(query ?? {})) if (v !== undefined) u.searchParams.set(k, String(v));
     return u.toString();
   }

@@ -37,6 +37,8 @@ export const ID_PREFIXES = {
   modelCredential: 'mcred',
   resource: 'sres',
   file: 'file',
+  permissionAssignment: 'perm',
+  actionPolicy: 'apol',
 } as const;
 
 export type IdKind = keyof typeof ID_PREFIXES;

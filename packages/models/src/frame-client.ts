@@ -39,7 +39,7 @@ export class FrameModelClient implements ModelClient {
 
   /** The socket dropped: every open step ends with a retryable error. */
   disconnect(reason = 'the connection to the control plane was lost'): void {
-    for (const s of this.streams.values()) s.push({ type: 'error', error: { type: 'runtime.unavailable', message: reason, retryable: true } }, true);
+    for (const s of this.streams.values()) s.push({ type: 'error', error: { type: 'runtime.internal', message: reason, retryable: true } }, true);
   }
 
   async *stream(request: ModelRequest, signal: AbortSignal): AsyncGenerator<ModelStreamEvent> {
@@ -60,7 +60,7 @@ export class FrameModelClient implements ModelClient {
         return;
       }
       if (!this.send('model.request', { ...this.lease, stream_id: streamId, request })) {
-        yield { type: 'error', error: { type: 'runtime.unavailable', message: 'not connected to the control plane', retryable: true } };
+        yield { type: 'error', error: { type: 'runtime.internal', message: 'not connected to the control plane', retryable: true } };
         return;
       }
       open = true;

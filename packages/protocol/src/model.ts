@@ -1,3 +1,4 @@
+import type { ErrorType } from '@agentplane/core';
 /**
  * model-gateway-v1: the provider-neutral shape of a model step. The harness (in the runner)
  * sends a ModelRequest by routing key; the control plane resolves the routing profile, calls
@@ -67,8 +68,8 @@ export function addUsage(a: TokenUsage, b: Partial<TokenUsage>): TokenUsage {
 export type StopReason = 'end_turn' | 'tool_use' | 'max_tokens' | 'refusal' | 'canceled';
 
 export interface ModelError {
-  /** Mirrors the API error types: model.no_eligible_model, model.platform_capacity_reached, budget.exceeded, runtime.internal, … */
-  type: string;
+  /** One of the API's error types (the contract's catalog): model.no_eligible_model, model.platform_capacity_reached, budget.exceeded, runtime.internal, … */
+  type: ErrorType;
   message: string;
   /** Whether the step may be retried (the gateway already tried every fallback candidate). */
   retryable: boolean;

@@ -155,7 +155,7 @@ export class DocumentStore {
       current = JSON.parse(r.current) as T;
       guessed = false;
     }
-    throw new ApiError('runtime.unavailable', 'too much contention on this resource; retry');
+    throw new ApiError('validation.conflict', 'too much contention on this resource; nothing was written, retry');
   }
 
   async remove(tag: Tag, id: string, indexes: readonly string[] = []): Promise<void> {

@@ -1,0 +1,105 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { startPlatform, type Platform } from './harness/platform.js';
+
+/**
+ * The wire contract's Errors catalog, type → HTTP status, plus the project's names for its two
+ * unnamed entries (policy denied, idempotency conflict). Nothing else may reach a client.
+ */
+const CATALOG: Record<string, number> = {
+  'validation.malformed': 400,
+  'auth.invalid_key': 401,
+  'auth.disabled_tenancy': 403,
+  'policy.denied': 403,
+  'validation.not_found': 404,
+  'validation.conflict': 409,
+  'idempotency.conflict': 409,
+  'runtime.invalid_transition': 409,
+  'runtime.primary_thread': 409,
+  'validation.payload_too_large': 413,
+  'model.no_eligible_model': 422,
+  'budget.exceeded': 429,
+  'billing.usage_limit_reached': 402,
+  'billing.payment_required': 402,
+  'model.platform_capacity_reached': 503,
+  'runtime.internal': 500,
+};
+
+type Json = Record<string, unknown>;
+
+let p: Platform;
+let doc: Json;
+
+beforeAll(async () => {
+  p = await startPlatform();
+  const r = await fetch(`${p.baseUrl}/v1/openapi.json`);
+  expect(r.status).toBe(200);
+  doc = (await r.json()) as Json;
+});
+afterAll(async () => {
+  await p?.stop();
+});
+
+/** Follow a local `$ref` (`#/components/...`). */
+function deref(value: unknown): Json {
+  let v = value as Json;
+  while (typeof v.$ref === 'string') {
+    v = (v.$ref as string).slice(2).split('/').reduce<unknown>((acc, k) => (acc as Json)[k], doc) as Json;
+  }
+  return v;
+}
+
+/** The `error.type` values a declared error response admits (undefined: any string). */
+function declaredTypes(response: unknown): string[] | undefined {
+  const schema = (deref(response).content as Json | undefined)?.['application/json'] as Json | undefined;
+  const error = ((schema?.schema as Json | undefined)?.properties as Json | undefined)?.error as Json | undefined;
+  const type = (error?.properties as Json | undefined)?.type as Json | undefined;
+  return Array.isArray(type?.enum) ? (type.enum as string[]) : undefined;
+}
+
+const errType = (body: unknown): string | undefined => (body as { error?: { type?: string } }).error?.type;
+
+describe('error types: the catalog and nothing else', () => {
+  it('every error response the OpenAPI document declares names catalog types only, each under its catalog status', () => {
+    const paths = doc.paths as Record<string, Record<string, { operationId: string; responses: Record<string, unknown> }>>;
+    let checked = 0;
+    const seen = new Set<string>();
+    for (const [path, item] of Object.entries(paths)) {
+      for (const [method, op] of Object.entries(item)) {
+        for (const [status, response] of Object.entries(op.responses)) {
+          if (Number(status) < 400) continue;
+          const where = `${method.toUpperCase()} ${path} ${status}`;
+          const types = declaredTypes(response);
+          expect(types, `${where} declares its error types`).toBeDefined();
+          for (const t of types ?? []) {
+            expect(CATALOG[t], `${where}: '${t}' is not in the catalog`).toBeDefined();
+            expect(CATALOG[t], `${where}: '${t}' is a ${CATALOG[t]} in the catalog`).toBe(Number(status));
+            seen.add(t);
+          }
+          checked++;
+        }
+      }
+    }
+    expect(checked).toBeGreaterThan(100);
+    // The document declares the whole catalog (so a client generated from it knows every type).
+    expect([...seen].sort()).toEqual(Object.keys(CATALOG).sort());
+  });
+
+  it('the answers that used to leave the catalog now stay in it', async () => {
+    const cases: Array<[string, string, RequestInit, number, string]> = [
+      ['an unserved method on a collection', '/v1/agents', { method: 'PUT', body: '{}', headers: { 'content-type': 'application/json' } }, 404, 'validation.not_found'],
+      ['an unserved method on an events path', '/v1/sessions/sesn_0000000000000000000000000/events', { method: 'GET' }, 404, 'validation.not_found'],
+      ['an unknown path', '/v1/nope', { method: 'GET' }, 404, 'validation.not_found'],
+      ['a text/plain body', '/v1/agents', { method: 'POST', body: 'hello', headers: { 'content-type': 'text/plain' } }, 400, 'validation.malformed'],
+      ['JSON where a multipart upload is expected', '/v1/files', { method: 'POST', body: '{}', headers: { 'content-type': 'application/json' } }, 400, 'validation.malformed'],
+    ];
+    for (const [what, path, init, status, type] of cases) {
+      const r = await fetch(`${p.baseUrl}${path}`, {
+        ...init,
+        headers: { authorization: `Bearer ${p.bootstrap.root_key}`, 'service-version': '2026-08-27', ...(init.headers as Record<string, string> | undefined) },
+      });
+      const body = (await r.json()) as unknown;
+      expect([r.status, errType(body)], what).toEqual([status, type]);
+      expect(CATALOG[errType(body) ?? '']).toBe(r.status);
+    }
+  });
+});
