@@ -19,4 +19,15 @@ export default tseslint.config(
       'import-x/no-self-import': 'error',
     },
   },
+  {
+    // Processes stand on packages: none imports another process's code. The api is a process;
+    // what more than one process needs lives in packages/ (the Run life cycle in @agentplane/domain).
+    files: ['packages/**/*.ts', 'scheduler/**/*.ts', 'gateway/**/*.ts', 'runner-daemon/**/*.ts', 'platform/**/*.ts'],
+    rules: {
+      'no-restricted-imports': ['error', {
+        paths: [{ name: '@agentplane/api', message: 'the api is a process: move shared logic into a package (e.g. @agentplane/domain)' }],
+        patterns: [{ group: ['@agentplane/scheduler', '@agentplane/platform'], message: 'processes do not import other processes' }],
+      }],
+    },
+  },
 );

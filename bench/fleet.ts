@@ -14,7 +14,7 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 
 import { connectRedis, DocumentStore, freePort, startEmbeddedRedis, waitForRedis } from '@agentplane/store';
-import { CredentialIndex, IdentityService, RunnerService } from '@agentplane/api';
+import { CredentialIndex, IdentityService, RunnerService } from '@agentplane/domain';
 
 const ROOT = resolve(import.meta.dirname, '..');
 const SIZES = (process.env.FLEET_SIZES ?? '1000,5000').split(',').map(Number);

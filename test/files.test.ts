@@ -3,7 +3,7 @@ import { request as httpRequest } from 'node:http';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Redis } from 'ioredis';
 import { HttpClient } from '@agentplane/client';
-import { RedisRuntimeBearers } from '@agentplane/api';
+import { RedisRuntimeBearers } from '@agentplane/domain';
 import { LeaseFence } from '@agentplane/lease';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
 

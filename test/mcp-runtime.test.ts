@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Client, StreamableHTTPClientTransport } from '@modelcontextprotocol/client';
 import { randomBytes } from 'node:crypto';
-import { ConnectionService, RedisRuntimeBearers, type RuntimeGrant } from '@agentplane/api';
+import { ConnectionService, RedisRuntimeBearers, type RuntimeGrant } from '@agentplane/domain';
 import { SecretBox } from '@agentplane/core';
 import { LeaseFence } from '@agentplane/lease';
 import { connectRedis, DocumentStore, type Redis } from '@agentplane/store';

@@ -4,7 +4,7 @@ import type { HttpClient } from '@agentplane/client';
 import { Job, Queue, Worker } from 'bullmq';
 import { Redis } from 'ioredis';
 import { queuePrefix, RUN_QUEUE } from '@agentplane/lease';
-import { EnqueueOutbox, SessionStore, ThreadRuntime, type TurnScheduler } from '@agentplane/api';
+import { EnqueueOutbox, SessionStore, ThreadRuntime, type TurnScheduler } from '@agentplane/domain';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
 import { pairDaemon, startDaemon } from './harness/daemon.js';
 import Docker from 'dockerode';

@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Redis } from 'ioredis';
 import { HttpClient, streamEvents, type SseFrame } from '@agentplane/client';
-import { SessionStore, ThreadRuntime, recordOnlyTurnScheduler, type SessionDoc } from '@agentplane/api';
+import { SessionStore, ThreadRuntime, recordOnlyTurnScheduler, type SessionDoc } from '@agentplane/domain';
 import { startPlatform, type Platform } from './harness/platform.js';
 
 let p: Platform;

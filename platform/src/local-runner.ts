@@ -3,7 +3,7 @@ import { join } from 'node:path';
 import { hostname } from 'node:os';
 import { secretDigest, type Logger } from '@agentplane/core';
 import { keys, type Redis } from '@agentplane/store';
-import type { RunnerService } from '@agentplane/api';
+import type { RunnerService } from '@agentplane/domain';
 import { saveCredential, type RunnerCredentialFile } from '@agentplane/runner-daemon';
 
 /**

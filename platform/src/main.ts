@@ -4,7 +4,7 @@ import { createRequire } from 'node:module';
 import { join } from 'node:path';
 import { createLogger } from '@agentplane/core';
 import { connectRedis, DocumentStore, startEmbeddedRedis, RedisServerMissingError, waitForRedis, type EmbeddedRedis } from '@agentplane/store';
-import { bootstrapPlatform, CredentialIndex, IdentityService, RunnerService } from '@agentplane/api';
+import { bootstrapPlatform, CredentialIndex, IdentityService, RunnerService } from '@agentplane/domain';
 import { ensureLocalRunner } from './local-runner.js';
 import { reportEarlierSandboxes } from './leftovers.js';
 import { loadPlatformConfig } from './config.js';

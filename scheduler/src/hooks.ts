@@ -1,7 +1,7 @@
 import type { Job } from 'bullmq';
 import type { Logger } from '@agentplane/core';
 import type { RunJobData, RunQueues } from '@agentplane/lease';
-import type { RunLifecycle } from '@agentplane/api';
+import type { RunLifecycle } from '@agentplane/domain';
 import type { DispatchHooks } from './dispatcher.js';
 import type { SchedulerMetrics } from './metrics.js';
 

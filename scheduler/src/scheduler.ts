@@ -3,7 +3,7 @@ import type { Logger } from '@agentplane/core';
 import {
   buildTurnSpec, ConnectionService, CredentialIndex, FileStore, IdentityService, RedisRuntimeBearers, RunEngine, RunLifecycle, RunnerService,
   SessionStore, ThreadRuntime, VersionedStore, type Environment, type RunDoc,
-} from '@agentplane/api';
+} from '@agentplane/domain';
 import { activePools, LeaseFence, LeaseRecords, RunQueues } from '@agentplane/lease';
 import { SecretBox } from '@agentplane/core';
 import { connectRedis, DocumentStore, tags, type Redis, type StoredDoc } from '@agentplane/store';

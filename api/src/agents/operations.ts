@@ -2,7 +2,7 @@ import { Page, PageQuery, Type } from '@agentplane/core';
 import { READERS, WRITERS } from '../http/caller.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
-import { newAgent, normaliseMcp, normaliseTools } from './model.js';
+import { newAgent, normaliseMcp, normaliseTools } from '@agentplane/domain';
 import { AgentPath, AgentSchema, AgentVersionPath, CreateAgentBody, UpdateAgentBody } from './schemas.js';
 
 const readers = { kind: 'bearer', roles: READERS } as const;

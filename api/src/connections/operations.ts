@@ -4,8 +4,9 @@ import { ADMINS, READERS } from '../http/caller.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
 import type { ApiDeps } from '../deps.js';
-import { ConnectionAuthInput, ConnectionName, ConnectionSchema, ConnectionUrl, view, type Connection } from './model.js';
-import { ConnectionService } from './service.js';
+import type { Connection } from '@agentplane/domain';
+import { ConnectionAuthInput, ConnectionName, ConnectionSchema, ConnectionUrl, view } from './schemas.js';
+import { ConnectionService } from '@agentplane/domain';
 
 const ConnPath = Obj({ connection_id: Id('connection') });
 const service = (deps: ApiDeps) => new ConnectionService(deps.docs, deps.secretBox);

@@ -2,28 +2,8 @@ import { Id, Metadata, newId, nowIso, Nullable, Obj, Page, PageQuery, Timestamp,
 import { READERS, WRITERS } from '../http/caller.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
-import type { VersionedDoc } from '../agents/versioned.js';
+import { DEFAULT_RESOURCES, Driver, Network, Packages, Resources, Retention, Tier, Topology, type Environment } from '@agentplane/domain';
 
-const Resources = Obj({
-  cpu_millis: Type.Integer({ minimum: 100, maximum: 256_000 }),
-  memory_mib: Type.Integer({ minimum: 64, maximum: 1_048_576 }),
-  disk_mib: Type.Integer({ minimum: 64, maximum: 10_485_760 }),
-  max_duration_seconds: Type.Integer({ minimum: 10, maximum: 7 * 24 * 3600 }),
-});
-const Host = Type.String({ pattern: '^(\\*\\.)?[a-z0-9]([a-z0-9-]{0,62}\\.)*[a-z0-9-]{1,63}(:[0-9]{1,5})?$', maxLength: 260 });
-const Network = Type.Union([
-  Obj({ mode: Type.Literal('none') }),
-  Obj({ mode: Type.Literal('allowlist'), allowed_hosts: Type.Array(Host, { minItems: 1, maxItems: 64, uniqueItems: true }) }),
-]);
-const PackageList = Type.Array(Type.String({ pattern: '^[A-Za-z0-9@][A-Za-z0-9@/._+:=<>~^-]{0,213}$' }), { maxItems: 256, uniqueItems: true });
-const Packages = Obj({ apt: Type.Optional(PackageList), npm: Type.Optional(PackageList), pip: Type.Optional(PackageList) });
-const Driver = Type.Literal('docker');
-const Tier = Type.Literal('container');
-const Retention = Type.Union([Type.Literal('durable'), Type.Literal('ephemeral')]);
-/** Where the agent loop runs: in the runner, tools in the sandbox (`split`), or inside the sandbox (`colocated`). */
-const Topology = Type.Union([Type.Literal('split'), Type.Literal('colocated')]);
-
-export const DEFAULT_RESOURCES = { cpu_millis: 1000, memory_mib: 1024, disk_mib: 4096, max_duration_seconds: 3600 };
 
 const ConfigFields = {
   name: Type.String({ minLength: 1, maxLength: 200 }),
@@ -65,22 +45,6 @@ export const EnvironmentSchema = Obj({
   archived_at: Nullable(Timestamp()), created_at: Timestamp(), updated_at: Timestamp(),
 });
 
-export interface Environment extends VersionedDoc {
-  type: 'environment';
-  workspace_id: string;
-  name: string;
-  description: string | null;
-  image: string;
-  driver: 'docker';
-  tier: 'container';
-  resources: Static<typeof Resources>;
-  network: Static<typeof Network>;
-  retention_mode: 'durable' | 'ephemeral';
-  /** Stored versions from before the field existed lack it: `present()` reads them as `split`. */
-  harness_topology: Static<typeof Topology>;
-  packages: Static<typeof Packages>;
-  metadata: Record<string, string>;
-}
 
 /** Versions written before `harness_topology` existed read as `split`. */
 function present(env: Environment): Environment {

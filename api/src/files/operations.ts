@@ -5,9 +5,9 @@ import { ApiError, Id, nowIso, Obj, Page, PageQuery, Type } from '@agentplane/co
 import { READERS, WRITERS } from '../http/caller.js';
 import { defineOperation, json, type Operation, type UploadBody } from '../http/operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
-import { FILE_LIMITS, FileSchema, publicFile, type FileDoc } from './model.js';
+import { FILE_LIMITS, FileSchema, publicFile, type FileDoc } from '@agentplane/domain';
 import { receiveFileUpload, type StagedUpload } from './upload.js';
-import { StorageError } from './store.js';
+import { StorageError } from '@agentplane/domain';
 
 const FilePath = Obj({ file_id: Id('file') });
 const readers = { kind: 'bearer', roles: READERS } as const;

@@ -2,7 +2,7 @@ import type Koa from 'koa';
 import { ApiError, isId } from '@agentplane/core';
 import type { ApiDeps } from '../deps.js';
 import { bearerToken } from '../http/authenticate.js';
-import type { RuntimeBearerVerifier } from '../mcp/runtime-bearer.js';
+import type { RuntimeBearerVerifier } from '@agentplane/domain';
 import { sendFileContent } from './operations.js';
 
 export const RUNTIME_FILE_PATH = /^\/v1\/runtime\/files\/([^/]+)$/;

@@ -3,8 +3,8 @@ import type { Readable } from 'node:stream';
 import busboy from 'busboy';
 import { ApiError, newId } from '@agentplane/core';
 import { drainRequest } from '../http/body.js';
-import { FILE_LIMITS } from './model.js';
-import { ContentTooLarge, StorageError, type FileStore } from './store.js';
+import { FILE_LIMITS } from '@agentplane/domain';
+import { ContentTooLarge, StorageError, type FileStore } from '@agentplane/domain';
 
 /** An upload staged in the store: bytes in, digest known, File head not created yet. */
 export interface StagedUpload {

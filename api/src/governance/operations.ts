@@ -4,7 +4,7 @@ import { ADMINS, READERS } from '../http/caller.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
 import type { ApiDeps } from '../deps.js';
-import type { Principal } from '../identity/model.js';
+import type { Principal } from '@agentplane/domain';
 import { ASSIGNMENTS, byPrincipal, PERMISSION_ACTIONS, type PermissionAssignment, type PermissionTarget } from './permissions.js';
 
 const ActionSchema = Type.Union(PERMISSION_ACTIONS.map((a) => Type.Literal(a)));

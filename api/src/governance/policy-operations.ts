@@ -4,7 +4,7 @@ import { ADMINS, READERS } from '../http/caller.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
 import type { ApiDeps } from '../deps.js';
-import type { Principal } from '../identity/model.js';
+import type { Principal } from '@agentplane/domain';
 import { POLICY_EFFECTS, TOOL_KINDS } from './policy-eval.js';
 import { POLICIES, type ActionPolicy, type ActionPolicyInput } from './policies.js';
 

@@ -1,7 +1,7 @@
 import { ApiError } from '@agentplane/core';
 import { tags } from '@agentplane/store';
 import type { ApiDeps } from '../deps.js';
-import type { Organization, Principal, Workspace } from '../identity/model.js';
+import type { Organization, Principal, Workspace } from '@agentplane/domain';
 import type { Caller } from './caller.js';
 import type { AuthPolicy } from './operation.js';
 

@@ -1,13 +1,10 @@
-export type Role = 'root' | 'admin' | 'developer' | 'runner' | 'viewer';
-export const ROLES: readonly Role[] = ['root', 'admin', 'developer', 'runner', 'viewer'];
+import type { CallerKind, Role } from '@agentplane/domain';
 
 /** Role sets used by operation auth policies. */
 export const READERS: readonly Role[] = ['root', 'admin', 'developer', 'viewer'];
 export const WRITERS: readonly Role[] = ['root', 'admin', 'developer'];
 export const ADMINS: readonly Role[] = ['root', 'admin'];
 export const ROOT: readonly Role[] = ['root'];
-
-export type CallerKind = 'api_key' | 'principal_credential' | 'runner_credential' | 'anonymous';
 
 /** The authenticated party of one request, after workspace resolution. */
 export interface Caller {

@@ -1,6 +1,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Static, TSchema } from '@agentplane/core';
-import type { Caller, Role } from './caller.js';
+import type { Role } from '@agentplane/domain';
+import type { Caller } from './caller.js';
 import type { ApiDeps } from '../deps.js';
 import type { Logger } from '@agentplane/core';
 import type { PermissionAction } from '../governance/permissions.js';

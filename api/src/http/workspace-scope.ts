@@ -1,7 +1,7 @@
 import { ApiError } from '@agentplane/core';
 import { tags } from '@agentplane/store';
 import type { ApiDeps } from '../deps.js';
-import type { Workspace } from '../identity/model.js';
+import type { Workspace } from '@agentplane/domain';
 import type { Caller } from './caller.js';
 
 /**

@@ -3,7 +3,7 @@ import { tags } from '@agentplane/store';
 import { ADMINS, READERS, ROOT } from '../http/caller.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
 import { requireOrganization, workspaceInBoundary } from '../http/workspace-scope.js';
-import type { ApiKey, PrincipalAccessCredential } from './model.js';
+import type { ApiKey, PrincipalAccessCredential } from '@agentplane/domain';
 import {
   ApiKeySchema, Audience, CreateApiKeyBody, CreatePrincipalBody, GenerationFenceBody, PatchApiKeyBody,
   PrincipalCredentialSchema, PrincipalSchema, VersionFenceBody, WorkspaceSchema,

@@ -7,10 +7,10 @@ import { ApiError, isId, newId, type Logger } from '@agentplane/core';
 import { tags } from '@agentplane/store';
 import type { ApiDeps } from '../deps.js';
 import { bearerToken } from '../http/authenticate.js';
-import type { Connection } from '../connections/model.js';
-import { ConnectionService } from '../connections/service.js';
+import type { Connection } from '@agentplane/domain';
+import { ConnectionService } from '@agentplane/domain';
 import { ErrorCode, MAX_MESSAGE_BYTES, rpcError } from './protocol.js';
-import { permissionOf, type ConnectionGrant, type RuntimeBearerVerifier, type RuntimeGrant } from './runtime-bearer.js';
+import { permissionOf, type ConnectionGrant, type RuntimeBearerVerifier, type RuntimeGrant } from '@agentplane/domain';
 
 export const RUNTIME_PATH = /^\/v1\/runtime\/mcp\/([^/]+)$/;
 

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { newPairingCode, normalizePairingCode } from './service.js';
+import { newPairingCode, normalizePairingCode } from '@agentplane/domain';
 
 describe('pairing codes', () => {
   it('are four groups of four Crockford base32 characters', () => {

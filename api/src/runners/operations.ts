@@ -5,7 +5,7 @@ import { defineOperation, json, type Operation } from '../http/operation.js';
 import { enforceRateLimit } from '../http/rate-limit.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
 import type { ApiDeps } from '../deps.js';
-import type { RunnerCredential, RunnerPool } from './model.js';
+import type { RunnerCredential, RunnerPool } from '@agentplane/domain';
 
 const Label = () => Type.String({ minLength: 1, maxLength: 200, pattern: '^[^\\x00-\\x1f]+$' });
 const DrainBody = Obj({

@@ -5,8 +5,8 @@ import type { LeaseRef } from '@agentplane/protocol';
 import type { EventLog } from '@agentplane/store';
 import type { ModelsModule } from '../models/module.js';
 import { ModelStreams } from '../models/model-streams.js';
-import type { SessionStore } from '../sessions/store.js';
-import type { RunLifecycle, TurnResult } from './lifecycle.js';
+import type { SessionStore } from '@agentplane/domain';
+import type { RunLifecycle, TurnResult } from '@agentplane/domain';
 import type { PolicyStore } from '../governance/policies.js';
 
 export interface RunHandlerDeps {

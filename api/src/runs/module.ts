@@ -1,14 +1,14 @@
 import type { Logger } from '@agentplane/core';
 import { LeaseFence, LeaseKeeper, LeaseRecords, RunQueues } from '@agentplane/lease';
 import { connectRedis, type Redis } from '@agentplane/store';
-import type { VersionedStore } from '../agents/versioned.js';
+import type { VersionedStore } from '@agentplane/domain';
 import type { ApiConfig } from '../config.js';
-import type { Environment } from '../environments/operations.js';
-import type { RunnerService } from '../runners/service.js';
-import type { SessionStore } from '../sessions/store.js';
-import type { ThreadRuntime } from '../sessions/turns.js';
-import { RunEngine } from './engine.js';
-import { RunLifecycle } from './lifecycle.js';
+import type { Environment } from '@agentplane/domain';
+import type { RunnerService } from '@agentplane/domain';
+import type { SessionStore } from '@agentplane/domain';
+import type { ThreadRuntime } from '@agentplane/domain';
+import { RunEngine } from '@agentplane/domain';
+import { RunLifecycle } from '@agentplane/domain';
 
 export interface RunsModule {
   queues: RunQueues;

@@ -1,12 +1,11 @@
 import { ApiError, Id, Obj, Page, PageQuery, Type } from '@agentplane/core';
-import { keys, tags } from '@agentplane/store';
+import { runSessionsKey } from '@agentplane/domain';
+import { tags } from '@agentplane/store';
 import { READERS } from '../http/caller.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
-import { publicDoc, type RunDoc } from '../sessions/model.js';
+import { publicDoc, type RunDoc } from '@agentplane/domain';
 
-/** Run id → Session id, per workspace: `GET /v1/runs/{id}` finds the Session slot with it. */
-export const runSessionsKey = (workspaceId: string): string => keys.scoped(tags.workspace(workspaceId), 'run_sessions');
 
 const RunSchema = Type.Object(
   {

@@ -3,9 +3,9 @@ import type { LogEvent } from '@agentplane/store';
 import { READERS, WRITERS } from '../http/caller.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
-import { normaliseMcp, normaliseTools } from '../agents/model.js';
+import { normaliseMcp, normaliseTools } from '@agentplane/domain';
 import type { ApiDeps } from '../deps.js';
-import type { SessionDoc } from './model.js';
+import type { SessionDoc } from '@agentplane/domain';
 import {
   checkDrivePayload, CreateSessionBody, DriveEventBody, ListSessionsQuery, ResourceInput, ResourcePath, ResourceUpdate,
   SessionPath, StreamQuery, UpdateSessionBody,

@@ -1,5 +1,6 @@
 import { ApiError, check, Cursor, Id, Metadata, Nullable, Obj, Type, type Static, type TSchema } from '@agentplane/core';
-import { AgentConfigFields, McpServers, Tools } from '../agents/schemas.js';
+import { McpServers, Tools } from '@agentplane/domain';
+import { AgentConfigFields } from '../agents/schemas.js';
 
 // ---- drive events ------------------------------------------------------------------------------
 

@@ -1,17 +1,17 @@
 import type { TokenUsage } from '@agentplane/protocol';
 import { ApiError, canonicalJson, newId, nowIso, sha256Hex } from '@agentplane/core';
 import { keys, tags, type LogEvent } from '@agentplane/store';
-import { newAgent, snapshotOf, type Agent, type AgentSnapshot } from '../agents/model.js';
-import type { VersionedStore } from '../agents/versioned.js';
-import type { Environment } from '../environments/operations.js';
-import type { IdentityService } from '../identity/service.js';
+import { newAgent, snapshotOf, type Agent, type AgentSnapshot } from '@agentplane/domain';
+import type { VersionedStore } from '@agentplane/domain';
+import type { Environment } from '@agentplane/domain';
+import type { IdentityService } from '@agentplane/domain';
 import {
   publicDoc, sessionStats, threadStats, usageFrom, type SessionDoc, type Usage, type SessionResource, type ThreadDoc,
-} from './model.js';
+} from '@agentplane/domain';
 import { checkDrivePayload, type CreateSessionInput, type DriveEventType, type DrivePayload } from './schemas.js';
-import { newThreadDoc, SessionStore } from './store.js';
-import type { ThreadRuntime, TurnScheduler } from './turns.js';
-import type { FileStore } from '../files/store.js';
+import { newThreadDoc, SessionStore } from '@agentplane/domain';
+import type { ThreadRuntime, TurnScheduler } from '@agentplane/domain';
+import type { FileStore } from '@agentplane/domain';
 
 export interface SessionServiceDeps {
   store: SessionStore;

@@ -4,7 +4,7 @@ import { READERS, WRITERS } from '../http/caller.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
 import type { ApiDeps } from '../deps.js';
-import { threadStats, type SessionDoc, type ThreadDoc } from './model.js';
+import { threadStats, type SessionDoc, type ThreadDoc } from '@agentplane/domain';
 import { deltaFilter } from './operations.js';
 import { StreamQuery, ThreadEventsQuery, ThreadListQuery, ThreadPath, SessionPath } from './schemas.js';
 import { checkedCursor, sseStream } from './stream.js';

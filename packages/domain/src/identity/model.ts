@@ -1,5 +1,5 @@
 import type { StoredDoc } from '@agentplane/store';
-import type { CallerKind, Role } from '../http/caller.js';
+import type { CallerKind, Role } from './roles.js';
 
 export type TenancyStatus = 'active' | 'disabled';
 

@@ -1,5 +1,5 @@
 import { keys, type Redis } from '@agentplane/store';
-import type { IdentityService } from './identity/service.js';
+import type { IdentityService } from './service.js';
 
 export interface BootstrapResult {
   organization_id: string;

@@ -1,6 +1,6 @@
 import { newId, nowIso } from '@agentplane/core';
-import type { McpServerT, ToolT } from './schemas.js';
-import type { VersionedDoc } from './versioned.js';
+import type { McpServerT, ToolT } from './tools.js';
+import type { VersionedDoc } from '../versioned.js';
 
 export interface Agent extends VersionedDoc {
   type: 'agent';

@@ -3,15 +3,15 @@ import { deliverToRunner } from '@agentplane/gateway';
 import { LeaseFence, markPoolActive, type RunQueues, type RunRequirements } from '@agentplane/lease';
 import { frame } from '@agentplane/protocol';
 import { BoundedCache, type Redis } from '@agentplane/store';
-import type { VersionedStore } from '../agents/versioned.js';
-import type { Environment } from '../environments/operations.js';
+import type { VersionedStore } from '../versioned.js';
+import type { Environment } from '../environments/model.js';
 import type { RunnerService } from '../runners/service.js';
 import type { RunDoc } from '../sessions/model.js';
 import type { SessionStore } from '../sessions/store.js';
 import type { TurnScheduler } from '../sessions/turns.js';
 import type { RunLifecycle } from './lifecycle.js';
 import { requirementsOf } from './spec.js';
-import { runSessionsKey } from './operations.js';
+import { runSessionsKey } from './keys.js';
 import { EnqueueOutbox } from './outbox.js';
 
 export interface RunEngineDeps {

@@ -1,8 +1,8 @@
 import type { RunRequirements } from '@agentplane/lease';
 import type { ModelMessage } from '@agentplane/protocol';
 import type { AgentSnapshot } from '../agents/model.js';
-import type { VersionedStore } from '../agents/versioned.js';
-import type { Environment } from '../environments/operations.js';
+import type { VersionedStore } from '../versioned.js';
+import type { Environment } from '../environments/model.js';
 import type { FileStore } from '../files/store.js';
 import type { RunDoc, SessionResource } from '../sessions/model.js';
 import type { SessionStore } from '../sessions/store.js';

@@ -1,7 +1,7 @@
 import { ApiError, newId, type SecretBox } from '@agentplane/core';
 import { tags, type DocumentStore } from '@agentplane/store';
 import type { Connection } from './model.js';
-import type { ConnectionGrant } from '../mcp/runtime-bearer.js';
+import type { ConnectionGrant } from './runtime-bearer.js';
 
 /** One entry of an agent version's `mcp_servers`. */
 export interface AgentMcpServer {

@@ -1,6 +1,6 @@
 import { ApiError, newId, nowIso } from '@agentplane/core';
 import { keys, tags, type DocumentStore, type Redis } from '@agentplane/store';
-import type { Role } from '../http/caller.js';
+import type { Role } from './roles.js';
 import { CredentialIndex, issueSecret } from './credentials.js';
 import type { ApiKey, AuthRecord, KeyScope, Organization, Principal, PrincipalAccessCredential, Workspace } from './model.js';
 

@@ -1,0 +1,36 @@
+/** The tool and MCP server entries an Agent (and the snapshot each Run carries) declares. */
+import { Obj, Type, type Static } from '@agentplane/core';
+
+export const Permission = Type.Union([Type.Literal('always_allow'), Type.Literal('always_ask')]);
+export const BUILTIN_TOOLS = ['bash', 'read', 'write', 'edit', 'glob', 'grep', 'web_fetch', 'web_search'] as const;
+const ToolName = Type.String({ pattern: '^[a-zA-Z0-9_-]{1,64}$' });
+
+/** A JSON Schema object (validated as an object; its content is the tool author's). */
+const JsonSchemaObject = Type.Unsafe<Record<string, unknown>>({ type: 'object' });
+
+export const BuiltinTool = Obj({
+  type: Type.Literal('builtin'),
+  name: Type.Union(BUILTIN_TOOLS.map((n) => Type.Literal(n))),
+  permission: Type.Optional(Permission),
+});
+export const CustomTool = Obj({
+  type: Type.Literal('custom'),
+  name: ToolName,
+  description: Type.String({ maxLength: 4096 }),
+  input_schema: JsonSchemaObject,
+  permission: Type.Optional(Permission),
+});
+export const Tool = Type.Union([BuiltinTool, CustomTool]);
+export const Tools = Type.Array(Tool, { maxItems: 128 });
+
+export const McpServer = Obj({
+  name: ToolName,
+  type: Type.Literal('url'),
+  url: Type.String({ format: 'uri', pattern: '^https?://', maxLength: 2048 }),
+  permission: Type.Optional(Permission),
+});
+export const McpServers = Type.Array(McpServer, { maxItems: 32 });
+
+export type ToolT = Static<typeof Tool>;
+export type McpServerT = Static<typeof McpServer>;
+

@@ -1,0 +1,42 @@
+import { Obj, Type, type Static } from '@agentplane/core';
+import type { VersionedDoc } from '../versioned.js';
+
+export const Resources = Obj({
+  cpu_millis: Type.Integer({ minimum: 100, maximum: 256_000 }),
+  memory_mib: Type.Integer({ minimum: 64, maximum: 1_048_576 }),
+  disk_mib: Type.Integer({ minimum: 64, maximum: 10_485_760 }),
+  max_duration_seconds: Type.Integer({ minimum: 10, maximum: 7 * 24 * 3600 }),
+});
+const Host = Type.String({ pattern: '^(\\*\\.)?[a-z0-9]([a-z0-9-]{0,62}\\.)*[a-z0-9-]{1,63}(:[0-9]{1,5})?$', maxLength: 260 });
+export const Network = Type.Union([
+  Obj({ mode: Type.Literal('none') }),
+  Obj({ mode: Type.Literal('allowlist'), allowed_hosts: Type.Array(Host, { minItems: 1, maxItems: 64, uniqueItems: true }) }),
+]);
+const PackageList = Type.Array(Type.String({ pattern: '^[A-Za-z0-9@][A-Za-z0-9@/._+:=<>~^-]{0,213}$' }), { maxItems: 256, uniqueItems: true });
+export const Packages = Obj({ apt: Type.Optional(PackageList), npm: Type.Optional(PackageList), pip: Type.Optional(PackageList) });
+export const Driver = Type.Literal('docker');
+export const Tier = Type.Literal('container');
+export const Retention = Type.Union([Type.Literal('durable'), Type.Literal('ephemeral')]);
+/** Where the agent loop runs: in the runner, tools in the sandbox (`split`), or inside the sandbox (`colocated`). */
+export const Topology = Type.Union([Type.Literal('split'), Type.Literal('colocated')]);
+
+export const DEFAULT_RESOURCES = { cpu_millis: 1000, memory_mib: 1024, disk_mib: 4096, max_duration_seconds: 3600 };
+
+
+/** An execution Environment version: the image, limits and network a Session's sandboxes get. */
+export interface Environment extends VersionedDoc {
+  type: 'environment';
+  workspace_id: string;
+  name: string;
+  description: string | null;
+  image: string;
+  driver: 'docker';
+  tier: 'container';
+  resources: Static<typeof Resources>;
+  network: Static<typeof Network>;
+  retention_mode: 'durable' | 'ephemeral';
+  /** Stored versions from before the field existed lack it: `present()` reads them as `split`. */
+  harness_topology: Static<typeof Topology>;
+  packages: Static<typeof Packages>;
+  metadata: Record<string, string>;
+}
