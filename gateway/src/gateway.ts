@@ -53,6 +53,9 @@ export const DEFAULT_GATEWAY_OPTIONS: Omit<GatewayOptions, 'nodeId'> = {
   revalidateMs: 30_000,
 };
 
+/** Told when a runner's socket goes live, with the leases its hello names as still held. */
+export type ConnectedListener = (conn: RunnerConnection, heldLeases: readonly LeaseRef[]) => Promise<void>;
+
 /** One live runner socket as handlers see it. */
 export interface RunnerConnection {
   readonly id: string;
@@ -110,6 +113,7 @@ export class Gateway {
   private readonly metricRejects;
   private closing = false;
   private msgSeq = 0;
+  private readonly connectedListeners: ConnectedListener[] = [];
 
   constructor(private readonly deps: GatewayDeps) {
     this.options = { ...DEFAULT_GATEWAY_OPTIONS, nodeId: `gw_${randomBytes(8).toString('hex')}`, ...deps.options };
@@ -125,6 +129,14 @@ export class Gateway {
     this.sub.on('error', (err: Error) => this.log.warn({ err: err.message }, 'gateway subscriber error'));
     void this.sub.subscribe(GATEWAY_CONTROL_CHANNEL, PRINCIPAL_CHANGES_CHANNEL, gatewayNodeChannel(this.options.nodeId));
     this.sub.on('message', (channel: string, message: string) => this.onBroadcast(channel, message));
+  }
+
+  /**
+   * Called once a runner's socket is live (after welcome) with the leases its hello says it still
+   * holds; the lease owner uses it to end at once the leases the runner no longer has.
+   */
+  onConnected(listener: ConnectedListener): void {
+    this.connectedListeners.push(listener);
   }
 
   /** Add or replace the handler of one runner→gateway frame type. */
@@ -360,6 +372,9 @@ export class Gateway {
       msg.id,
     );
     this.log.info({ runner: id.runnerId, generation: conn.generationValue, version }, 'runner connected');
+    for (const listener of this.connectedListeners) {
+      listener(conn, p.held_leases).catch((err: unknown) => this.log.warn({ err: err instanceof Error ? err.message : String(err), runner: id.runnerId }, 'runner connect listener failed'));
+    }
   }
 
   private async onHeartbeat(conn: Conn, msg: Envelope<'heartbeat'>): Promise<void> {

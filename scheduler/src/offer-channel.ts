@@ -50,7 +50,7 @@ export class RedisOfferChannel implements OfferChannel {
       spec = await this.buildSpec(o);
     } catch (err) {
       this.log.warn({ err: err instanceof Error ? err.message : String(err), run: o.run_id }, 'cannot build the turn spec');
-      await this.records.remove(o.lease_id);
+      await this.records.remove(o.lease_id, o.runner_id);
       return 'rejected';
     }
     const answer = new Promise<OfferOutcome>((resolve) => {
@@ -80,7 +80,7 @@ export class RedisOfferChannel implements OfferChannel {
     }
     const outcome = await answer;
     if (outcome === 'timeout' && (await this.fence.holds(o.session_id, o.lease_id))) return 'accepted';
-    if (outcome !== 'accepted') await this.records.remove(o.lease_id);
+    if (outcome !== 'accepted') await this.records.remove(o.lease_id, o.runner_id);
     return outcome;
   }
 }

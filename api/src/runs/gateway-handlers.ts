@@ -77,6 +77,30 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     await d.lifecycle.started(rec.session_id, rec.run_id);
   }
 
+  // A runner that connects again names the leases it still holds. Those it was given but no
+  // longer names died with its previous process: they are rescheduled now, not after the lease
+  // expires; an offer it never answered is refused so the scheduler offers it elsewhere.
+  gw.onConnected(async (conn, held) => {
+    const orphans = await d.records.orphansOf(conn.identity.runnerId, new Set(held.map((l) => l.lease_id)));
+    for (const rec of orphans) {
+      if (rec.workspace_id !== conn.identity.workspaceId) continue;
+      await accepting.get(rec.lease_id);
+      const reason = 'the runner restarted without this lease';
+      const verdict = await d.keeper.abandon(leaseOf(rec), reason);
+      if (verdict === 'not_accepted') {
+        await d.records.reply(rec, { lease_id: rec.lease_id, outcome: 'rejected', reason });
+        continue;
+      }
+      firstEventSeen.delete(rec.lease_id);
+      d.logger.info({ run: rec.run_id, lease: rec.lease_id, runner: rec.runner_id, verdict }, 'lease abandoned by a restarted runner');
+      if (verdict === 'retry') await d.lifecycle.rescheduled(rec.session_id, rec.run_id, rec.lease_id, reason);
+      else if (verdict === 'final') {
+        await d.lifecycle.failed(rec.session_id, rec.run_id, rec.lease_id, { class: 'infrastructure', code: 'retries_exhausted', message: reason });
+      }
+      await d.records.remove(rec.lease_id, rec.runner_id);
+    }
+  });
+
   gw.on('lease.reject', async (conn, msg) => {
     const rec = await recordFor(conn, msg.payload);
     if (rec) await d.records.reply(rec, { lease_id: rec.lease_id, outcome: 'rejected', reason: msg.payload.reason });
@@ -99,7 +123,7 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
       stop_reason: (result.stop_reason ?? { type: 'end_turn' }) as TurnResult['stop_reason'],
       ...(result.waits ? { waits: result.waits } : {}),
     });
-    await d.records.remove(rec.lease_id);
+    await d.records.remove(rec.lease_id, rec.runner_id);
   });
 
   gw.on('lease.fail', async (conn, msg) => {
@@ -114,7 +138,7 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
         class: msg.payload.failure_class, code: cls === 'agent' ? 'work_failed' : 'retries_exhausted', message: msg.payload.reason,
       });
     }
-    await d.records.remove(rec.lease_id);
+    await d.records.remove(rec.lease_id, rec.runner_id);
   });
 
   gw.on('events.batch', async (conn, msg) => {

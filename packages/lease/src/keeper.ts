@@ -114,6 +114,16 @@ export class LeaseKeeper {
     return willRetry ? 'retry' : 'final';
   }
 
+  /**
+   * The runner came back without this lease (its process restarted): end the attempt now as an
+   * infrastructure failure instead of waiting for the lock to expire. An offer never accepted
+   * (no fence claimed) is left to the offering scheduler.
+   */
+  async abandon(lease: Lease, message: string): Promise<'retry' | 'final' | 'lost' | 'not_accepted'> {
+    if (!(await this.fence.holds(lease.session_id, lease.lease_id))) return 'not_accepted';
+    return this.fail(lease, { class: 'infrastructure', code: 'runner_restarted', message });
+  }
+
   /** The runner gave the offer back (declined, or cancelled before starting): requeue without using an attempt. */
   async giveBack(lease: Lease): Promise<void> {
     const job = await this.jobFor(lease);

@@ -18,9 +18,14 @@ export interface LeaseRecord {
   reply_to: string;
 }
 
+/** The runner index outlives any one record it lists. */
+const INDEX_TTL_MS = 24 * 3600_000;
+
 export type OfferReply = { lease_id: string; outcome: 'accepted' | 'rejected'; reason?: string };
 
 const recordKey = (leaseId: string): string => keys.global(`lease:${leaseId}`);
+/** The lease ids offered to one runner (a set; members whose record expired are pruned on read). */
+const runnerIndexKey = (runnerId: string): string => keys.global(`runner_leases:${runnerId}`);
 
 /** Scheduler instance channel for offer answers. */
 export const offerReplyChannel = (instanceId: string): string => `ap:scheduler:${instanceId}:offers`;
@@ -29,7 +34,28 @@ export class LeaseRecords {
   constructor(private readonly redis: Redis) {}
 
   async put(record: LeaseRecord, ttlMs: number): Promise<void> {
+    // Two keys in two slots (each its own hash tag), so two commands, not one script: the record
+    // is the truth, the index only finds it; a crash between them leaves an index entry that the
+    // next read prunes.
     await this.redis.set(recordKey(record.lease_id), JSON.stringify(record), 'PX', ttlMs);
+    await this.redis.pipeline().sadd(runnerIndexKey(record.runner_id), record.lease_id).pexpire(runnerIndexKey(record.runner_id), Math.max(ttlMs, INDEX_TTL_MS)).exec();
+  }
+
+  /**
+   * Leases this runner was offered or holds that are not in `held`: when a runner (re)connects
+   * it names the leases it still holds, and the rest are lost with the process that held them.
+   */
+  async orphansOf(runnerId: string, held: ReadonlySet<string>): Promise<LeaseRecord[]> {
+    const ids = (await this.redis.smembers(runnerIndexKey(runnerId))).filter((id) => !held.has(id));
+    if (ids.length === 0) return [];
+    const raws = await Promise.all(ids.map((id) => this.redis.get(recordKey(id))));
+    const gone = ids.filter((_, i) => !raws[i]);
+    if (gone.length > 0) await this.redis.srem(runnerIndexKey(runnerId), ...gone);
+    return raws.flatMap((raw) => {
+      if (!raw) return [];
+      const rec = JSON.parse(raw) as LeaseRecord;
+      return rec.runner_id === runnerId ? [rec] : [];
+    });
   }
 
   async get(leaseId: string): Promise<LeaseRecord | null> {
@@ -41,8 +67,9 @@ export class LeaseRecords {
     await this.redis.pexpire(recordKey(leaseId), ttlMs);
   }
 
-  async remove(leaseId: string): Promise<void> {
+  async remove(leaseId: string, runnerId: string): Promise<void> {
     await this.redis.del(recordKey(leaseId));
+    await this.redis.srem(runnerIndexKey(runnerId), leaseId);
   }
 
   async reply(record: LeaseRecord, reply: OfferReply): Promise<void> {
