@@ -200,7 +200,7 @@ describe('in the browser', () => {
     await page.locator('li[data-type="user.interrupt"]').waitFor();
   }, 120_000);
 
-  it('lists runners live, drains and resumes the pool', async () => {
+  it('lists runners live, drains and resumes the pool and a single runner', async () => {
     await page.getByRole('link', { name: 'Runners' }).click();
     const row = page.locator('tr[data-runner-id]').first();
     await row.waitFor();
@@ -218,6 +218,14 @@ describe('in the browser', () => {
     const poolId = await pool.getAttribute('data-pool-id');
     const live = await t.p.root.get<{ status: string }>(`/v1/runner-pools/${poolId}`);
     expect(live.status).toBe('active');
+    // The drained runner stayed connected: the pool's resume brings it back.
+    await row.getByText('ready').waitFor({ timeout: 15_000 });
+
+    // One runner on its own: drain, then resume.
+    await row.getByRole('button', { name: /^Drain runner/ }).click();
+    await row.getByText('draining', { exact: true }).waitFor({ timeout: 15_000 });
+    await row.getByRole('button', { name: /^Resume runner/ }).click();
+    await row.getByText('ready').waitFor({ timeout: 15_000 });
   }, 90_000);
 
   it('creates a pairing code shown once with the exact pair command', async () => {

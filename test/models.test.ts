@@ -396,6 +396,26 @@ describe('the gateway service (the entry point of the runner gateway), usage and
     expect(otherWs.status).toBe(404);
   });
 
+  it('daily workspace usage: one entry per UTC day ending today, today holding the whole day counter', async () => {
+    const today = new Date().toISOString().slice(0, 10);
+    const current = (await req('GET', `/v1/organizations/workspaces/${ws}/usage`)).body as { current_day: { summary: { steps: number; usage: TokenUsage } } };
+    const r = await req('GET', `/v1/organizations/workspaces/${ws}/usage/daily?days=3`);
+    expect(r.status).toBe(200);
+    const body = r.body as { type: string; days: { date: string; summary: { steps: number; usage: TokenUsage } }[] };
+    expect(body.type).toBe('workspace_model_usage_daily');
+    expect(body.days.map((d) => d.date)).toHaveLength(3);
+    expect(body.days[2]?.date).toBe(today);
+    expect(body.days[2]?.summary.steps).toBeGreaterThanOrEqual(current.current_day.summary.steps);
+    expect(body.days[2]?.summary.steps).toBeGreaterThan(0);
+    expect(body.days[0]!.date < body.days[1]!.date && body.days[1]!.date < today).toBe(true);
+    expect(((await req('GET', `/v1/organizations/workspaces/${ws}/usage/daily`)).body as { days: unknown[] }).days).toHaveLength(30);
+    for (const q of ['days=0', 'days=367', 'days=abc', 'window=3']) {
+      const bad = await req('GET', `/v1/organizations/workspaces/${ws}/usage/daily?${q}`);
+      expect(bad.status, q).toBe(400);
+      expect((bad.body as { error: { type: string } }).error.type, q).toBe('validation.malformed');
+    }
+  });
+
   it('a Session budget breach stops the turn at its next step', async () => {
     await profile('priced', [{ credential_key: 'default', provider_model: 'scripted-priced' }]);
     const session = newId('session');

@@ -337,17 +337,6 @@ describe('runner daemon, gateway and presence', () => {
     b.sock.close(1000);
     await waitFor('presence removed on a clean close', async () => ((await presenceOf(cred.runner_credential.runner_id)) ? undefined : true), 5000);
   });
-
-  it('drains a runner through the API: status draining, then the idle daemon leaves and its presence goes', async () => {
-    const { dir, runnerId } = await pairedDaemonDir(await newPrincipal(), 'drain-box');
-    const daemon = startDaemon(dir);
-    await waitFor('presence', async () => ((await presenceOf(runnerId))?.status === 'ready' ? true : undefined), 15_000);
-    const exited = new Promise<number | null>((r) => daemon.once('exit', (code) => r(code)));
-    const r = await p.root.request('POST', `/v1/runners/${runnerId}/drain`, { body: { deadline_seconds: 60 } });
-    expect(r.status).toBe(200);
-    expect(await exited).toBe(0);
-    await waitFor('presence removed', async () => ((await presenceOf(runnerId)) ? undefined : true), 5000);
-  });
 });
 
 async function frameCount(direction: 'in' | 'out', type: string, base = gatewayUrl): Promise<number> {

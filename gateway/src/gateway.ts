@@ -19,6 +19,8 @@ export const PRINCIPAL_CHANGES_CHANNEL = 'ap:principal-changes';
 export type GatewayControlMessage =
   | { kind: 'credential_revoked'; workspace_id: string; credential_id: string }
   | { kind: 'drain'; workspace_id: string; runner_id?: string; runner_pool_id?: string; deadline: string; reason: string }
+  /** Lift a drain of one runner or of a pool (except the runners that carry a drain of their own). */
+  | { kind: 'resume'; workspace_id: string; runner_id?: string; runner_pool_id?: string; except_runner_ids?: string[]; reason: string }
   | { kind: 'supersede'; workspace_id: string; runner_id: string; generation: number; node_id: string };
 
 /** A frame for one runner, published on the channel of the node that holds its socket. */
@@ -351,7 +353,8 @@ export class Gateway {
       GATEWAY_CONTROL_CHANNEL,
       JSON.stringify({ kind: 'supersede', workspace_id: id.workspaceId, runner_id: id.runnerId, generation: conn.generationValue, node_id: this.options.nodeId } satisfies GatewayControlMessage),
     );
-    const drain = id.drain ?? poolDrainOf(poolDoc);
+    // The credential's drain document carries more than the frame does (requested_at).
+    const drain = id.drain ? { deadline: id.drain.deadline, reason: id.drain.reason } : poolDrainOf(poolDoc);
     await this.writePresence(conn);
     conn.send(
       'welcome',
@@ -467,6 +470,8 @@ export class Gateway {
         if (m.kind === 'credential_revoked' && id.credentialId === m.credential_id) this.closeConn(c, CLOSE.UNAUTHORIZED, 'runner credential revoked');
         else if (m.kind === 'drain' && (m.runner_id === id.runnerId || m.runner_pool_id === id.runnerPoolId) && c.state === 'live') {
           c.send('drain', { deadline: m.deadline, reason: m.reason });
+        } else if (m.kind === 'resume' && (m.runner_id === id.runnerId || m.runner_pool_id === id.runnerPoolId) && c.state === 'live' && !m.except_runner_ids?.includes(id.runnerId)) {
+          c.send('resume', { reason: m.reason });
         }
       }
       return;

@@ -79,6 +79,9 @@ export class RunnerAgent {
   private lastCapsJson = '';
   private readonly held = new Map<string, HeldLease>();
   private drainDeadline: number | null = null;
+  /** Who asked for the drain: the control plane's can be lifted (resume), a local one (signal, CLI) cannot. */
+  private drainSource: 'control_plane' | 'local' | null = null;
+  private drainTimer: NodeJS.Timeout | null = null;
   private wakeSleep: (() => void) | null = null;
   private finished!: () => void;
   private readonly finishedPromise = new Promise<void>((r) => (this.finished = r));
@@ -129,7 +132,7 @@ export class RunnerAgent {
         };
       });
       this.wakeSleep = null;
-      if (this.drainDeadline !== null && this.held.size === 0) break;
+      if (this.leavesWhenIdle() && this.held.size === 0) break;
     }
     this.finish();
   }
@@ -288,7 +291,9 @@ export class RunnerAgent {
         this.log.info({ generation: p.generation, protocol: p.protocol_version }, 'connected to the control plane');
         const resumed = new Set(p.resumed_leases.map((l) => `${l.lease_id}#${l.attempt}`));
         for (const [k, h] of this.held) if (!resumed.has(k)) this.loseLease(h, 'lease not resumed after reconnect');
-        if (p.drain) this.beginDrain(Date.parse(p.drain.deadline), p.drain.reason);
+        if (p.drain) this.beginDrain(Date.parse(p.drain.deadline), p.drain.reason, 'control_plane');
+        // A resume sent while this runner was away: the welcome no longer carries the drain.
+        else if (this.drainSource === 'control_plane') this.resume('drain lifted while disconnected');
         this.startHeartbeat();
         this.startSandboxReports();
         this.writeState(true);
@@ -302,7 +307,10 @@ export class RunnerAgent {
         return;
       }
       case 'drain':
-        this.beginDrain(Date.parse(msg.payload.deadline), msg.payload.reason);
+        this.beginDrain(Date.parse(msg.payload.deadline), msg.payload.reason, 'control_plane');
+        return;
+      case 'resume':
+        this.resume(msg.payload.reason);
         return;
       case 'lease.offer':
         return this.onOffer(msg.payload);
@@ -473,17 +481,41 @@ export class RunnerAgent {
     this.heartbeatTimer = null;
   }
 
-  /** Stop taking work; finish held leases until the deadline, then cancel them; then say drained and leave. */
-  beginDrain(deadline: number, reason: string): void {
+  /**
+   * Stop taking work; finish held leases until the deadline, then cancel them. A local drain
+   * (signal, `drain` command) then says drained and leaves; a control-plane drain leaves too with
+   * `exitWhenDrained`, and otherwise stays connected and idle until the control plane resumes it.
+   */
+  beginDrain(deadline: number, reason: string, source: 'control_plane' | 'local' = 'local'): void {
     const first = this.drainDeadline === null;
     this.drainDeadline = first ? deadline : Math.min(this.drainDeadline!, deadline);
+    if (this.drainSource !== 'local') this.drainSource = source;
     this.status = 'draining';
     if (first) this.log.info({ deadline: new Date(deadline).toISOString(), reason, held: this.held.size }, 'draining');
     this.writeState(this.ws !== null);
     if (this.heartbeatTimer) this.startHeartbeat(); // tell the gateway now
     const wait = Math.max(0, this.drainDeadline - Date.now());
-    setTimeout(() => this.cancelAll('drain deadline reached'), wait).unref();
+    if (this.drainTimer) clearTimeout(this.drainTimer);
+    this.drainTimer = setTimeout(() => this.cancelAll('drain deadline reached'), wait);
+    this.drainTimer.unref();
     this.maybeFinishDrain();
+  }
+
+  /** The control plane lifted its drain: take work again (a local drain is not undone). */
+  resume(reason: string): void {
+    if (this.drainSource !== 'control_plane' || this.stopped) return;
+    this.drainDeadline = null;
+    this.drainSource = null;
+    if (this.drainTimer) clearTimeout(this.drainTimer);
+    this.drainTimer = null;
+    this.status = 'ready';
+    this.log.info({ reason }, 'resumed: taking work again');
+    this.writeState(this.ws !== null);
+    if (this.heartbeatTimer) this.startHeartbeat(); // tell the gateway now
+  }
+
+  private leavesWhenIdle(): boolean {
+    return this.drainDeadline !== null && (this.drainSource === 'local' || this.config.exitWhenDrained);
   }
 
   /** Leases held now. */
@@ -499,6 +531,10 @@ export class RunnerAgent {
 
   private maybeFinishDrain(): void {
     if (this.drainDeadline === null || this.held.size > 0) return;
+    if (!this.leavesWhenIdle()) {
+      this.log.info('drained: idle until the control plane resumes this runner');
+      return;
+    }
     const ws = this.ws;
     this.stopped = true;
     this.wakeSleep?.();

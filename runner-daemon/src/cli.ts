@@ -48,12 +48,15 @@ ${COMMON}`,
 Connects with the stored credential and stays connected: reconnects with capped exponential
 backoff and jitter (1 s doubling to 64 s), reports honest capabilities and free slots in
 heartbeats. SIGTERM: drain (no new work, finish held work, exit). A second SIGTERM, or the
-drain deadline (default 1 h), cancels held work.
+drain deadline (default 1 h), cancels held work. A drain the control plane asks for (a runner or
+pool drain through the API) leaves the daemon connected and idle until it is resumed
+(POST /v1/runners/{id}/resume, or the pool's resume); --exit-when-drained makes it exit instead.
 Options:
   --heartbeat-ms <ms>        override the gateway's heartbeat interval
   --slots <n>                cap on concurrent work (default: CPU count, bounded by free memory)
   --slot-memory-mib <mib>    memory reserved per slot (default 512)
   --drain-deadline-ms <ms>   drain deadline on SIGTERM (default 3600000)
+  --exit-when-drained        exit once a control-plane drain has finished the held work
   --reconnect-base-ms, --reconnect-cap-ms   backoff bounds (default 1000, 64000)
   --sandbox-idle-suspend-seconds <s>   stop an idle Session sandbox's processes (default 600; 0 never)
   --sandbox-idle-expire-seconds <s>    remove an idle Session sandbox and its workspace (default 86400; 0 never)
@@ -62,7 +65,7 @@ Options:
   --sandbox-reap-interval-seconds <s>  how often sandboxes of gone runners of this machine are looked for (default 300; 0 only at start)
   --sandbox-reap-grace-seconds <s>     how long such a sandbox is seen before it is removed (default 900)
   --log-level <level>        pino level (default info)
-Environment: AGENTPLANE_RUNNER_HOME, RUNNER_MAX_SLOTS, SANDBOX_IDLE_SUSPEND_SECONDS,
+Environment: AGENTPLANE_RUNNER_HOME, RUNNER_MAX_SLOTS, RUNNER_EXIT_WHEN_DRAINED (true|false), SANDBOX_IDLE_SUSPEND_SECONDS,
 SANDBOX_IDLE_EXPIRE_SECONDS, SANDBOX_REPORT_SECONDS, SANDBOX_REAP_INTERVAL_SECONDS,
 SANDBOX_REAP_GRACE_SECONDS, AGENTPLANE_SANDBOX_SCOPE, REPOSITORY_MAX_MIB, DOCKER_SOCKET, LOG_LEVEL.
 Repository resources are fetched on this machine with git (the sandbox has no network), with
@@ -127,6 +130,7 @@ function parse(argv: string[]): { command: string; flags: Flags } {
       slots: { type: 'string' },
       'slot-memory-mib': { type: 'string' },
       'drain-deadline-ms': { type: 'string' },
+      'exit-when-drained': { type: 'boolean' },
       'reconnect-base-ms': { type: 'string' },
       'reconnect-cap-ms': { type: 'string' },
       'sandbox-idle-suspend-seconds': { type: 'string' },

@@ -18,6 +18,11 @@ export interface DaemonConfig {
   dockerSocket: string | undefined;
   /** Drain deadline on SIGTERM: held work is canceled after it. */
   drainDeadlineMs: number;
+  /**
+   * A drain the control plane asks for (`POST /v1/runners/{id}/drain`, a pool drain) makes the
+   * daemon exit once idle, instead of staying connected, idle, until resumed.
+   */
+  exitWhenDrained: boolean;
   reconnectBaseMs: number;
   reconnectCapMs: number;
   /** Stop an idle Session sandbox's processes (workspace kept) after this long; 0 never. */
@@ -56,6 +61,7 @@ export function loadDaemonConfig(env: Env, flags: Record<string, string | boolea
     sandboxImage: flag('image') ?? envString(env, 'SANDBOX_IMAGE', 'agentplane/sandbox:latest'),
     dockerSocket: envOptional(env, 'DOCKER_SOCKET'),
     drainDeadlineMs: int('drain-deadline-ms', 'RUNNER_DRAIN_DEADLINE_MS', 3_600_000, 0),
+    exitWhenDrained: flags['exit-when-drained'] === true || envEnum(env, 'RUNNER_EXIT_WHEN_DRAINED', ['true', 'false'] as const, 'false') === 'true',
     reconnectBaseMs: int('reconnect-base-ms', 'RUNNER_RECONNECT_BASE_MS', 1_000, 10),
     reconnectCapMs: int('reconnect-cap-ms', 'RUNNER_RECONNECT_CAP_MS', 64_000, 10),
     sandboxIdleSuspendMs: int('sandbox-idle-suspend-seconds', 'SANDBOX_IDLE_SUSPEND_SECONDS', 600, 0) * 1000,

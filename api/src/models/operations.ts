@@ -9,7 +9,7 @@ import { dayKey, monthKey } from './usage.js';
 import {
   CreateModelCredentialBody, CreateRevisionBody, CreateRoutingProfileBody, KeyFilterQuery, ModelCredentialSchema, ModelRequestBody,
   PutWorkspaceBudgetBody, RevokeModelCredentialBody, RotateModelCredentialBody, RoutingProfileSchema, RoutingRevisionSchema,
-  SessionUsageSchema, WorkspaceBudgetSchema, WorkspaceUsageSchema,
+  SessionUsageSchema, WorkspaceBudgetSchema, WorkspaceDailyUsageSchema, WorkspaceUsageSchema,
 } from './schemas.js';
 import type { StepPlan } from './gateway-service.js';
 import type { ApiDeps } from '../deps.js';
@@ -184,6 +184,17 @@ export const modelOperations: Operation[] = [
         current_month: { period_start: `${monthKey(now)}-01T00:00:00.000Z`, summary: month },
         budget,
       });
+    },
+  }),
+  defineOperation({
+    operationId: 'models.getWorkspaceDailyUsage', method: 'GET', path: '/v1/organizations/workspaces/{workspace_id}/usage/daily',
+    summary: 'Model token usage and list cost of the workspace per UTC day, the last `days` days (default 30, at most 366) ending today',
+    auth: { kind: 'bearer', roles: READERS }, params: WsPath,
+    query: Obj({ days: Type.Optional(Type.Integer({ minimum: 1, maximum: 366 })) }), response: WorkspaceDailyUsageSchema, mcp: 'full',
+    async handler({ caller, params, query, deps }) {
+      await workspaceInBoundary(caller, params.workspace_id, deps);
+      const days = await deps.models.usage.daily(params.workspace_id, query.days ?? 30);
+      return json(200, { type: 'workspace_model_usage_daily', workspace_id: params.workspace_id, days });
     },
   }),
   defineOperation({

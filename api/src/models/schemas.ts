@@ -114,6 +114,13 @@ export const WorkspaceUsageSchema = Obj({
   budget: Nullable(WorkspaceBudgetSchema),
 });
 
+/** Per-day workspace usage (UTC days), oldest first; days with no model step are zeros. */
+export const WorkspaceDailyUsageSchema = Obj({
+  type: Type.Literal('workspace_model_usage_daily'),
+  workspace_id: Id('workspace'),
+  days: Type.Array(Obj({ date: Type.String({ pattern: '^\\d{4}-\\d{2}-\\d{2}$' }), summary: UsageSummarySchema })),
+});
+
 export const SessionUsageSchema = Obj({
   type: Type.Literal('session_model_usage'),
   session_id: Id('session'),

@@ -110,6 +110,19 @@ export class UsageAccumulator {
     return summarize(await this.redis.hgetall(UsageAccumulator.key(scope)));
   }
 
+  /** One workspace's counters for each UTC day ending with `until`, oldest first: one round trip. */
+  async daily(workspaceId: string, days: number, until = new Date()): Promise<{ date: string; summary: UsageSummary }[]> {
+    const dates = Array.from({ length: days }, (_, i) => new Date(until.getTime() - (days - 1 - i) * 86_400_000));
+    const pipe = this.redis.pipeline();
+    for (const at of dates) pipe.hgetall(UsageAccumulator.key({ kind: 'workspace', workspace_id: workspaceId, period: { kind: 'day', at } }));
+    const res = (await pipe.exec()) ?? [];
+    return dates.map((at, i) => {
+      const [err, h] = res[i] ?? [null, {}];
+      if (err) throw err;
+      return { date: dayKey(at), summary: summarize((h ?? {}) as Record<string, string>) };
+    });
+  }
+
   /** The workspace a Session's counters were recorded under, or null if none were. */
   async sessionWorkspace(sessionId: string): Promise<string | null> {
     return this.redis.hget(UsageAccumulator.key({ kind: 'session', session_id: sessionId }), 'workspace_id');

@@ -121,7 +121,7 @@ export const runnerOperations: Operation[] = [
   defineOperation({
     operationId: 'runnerPools.resumeRunnerPool', method: 'POST', path: '/v1/runner-pools/{runner_pool_id}/resume',
     audit: { target: 'runner_pool_id' },
-    summary: 'End a pool drain (runners that reconnect are ready again)', auth: { kind: 'bearer', roles: ADMINS }, params: PoolPath,
+    summary: 'End a pool drain: connected runners take work again, runners that reconnect are ready', auth: { kind: 'bearer', roles: ADMINS }, params: PoolPath,
     response: RunnerPoolSchema, idempotency: 'optional', mcp: 'full',
     async handler({ caller, params, deps }) {
       return json(200, await deps.runners.undrainPool(requireWorkspace(caller), params.runner_pool_id));
@@ -208,6 +208,15 @@ export const runnerOperations: Operation[] = [
     params: CredPath, response: RunnerCredentialSchema, idempotency: 'optional', mcp: 'full',
     async handler({ caller, params, deps }) {
       return json(200, await deps.runners.revokeCredential(requireWorkspace(caller), params.runner_credential_id));
+    },
+  }),
+  defineOperation({
+    operationId: 'runners.resumeRunner', method: 'POST', path: '/v1/runners/{runner_id}/resume',
+    audit: { target: 'runner_id' },
+    summary: 'Lift a runner drain: a runner that stayed connected takes work again (unless its pool drains)',
+    auth: { kind: 'bearer', roles: ADMINS }, params: RunnerPath, response: RunnerCredentialSchema, idempotency: 'optional', mcp: 'full',
+    async handler({ caller, params, deps }) {
+      return json(200, await deps.runners.resumeRunner(requireWorkspace(caller), params.runner_id));
     },
   }),
   defineOperation({

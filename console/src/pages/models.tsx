@@ -1,35 +1,32 @@
 import { ok } from '../api';
 import type { Ctx } from '../main';
 import { Badge, ErrorBanner, fmtTime, fmtUsd, Section, useAsync } from '../ui';
-import type { SessionView } from './sessions';
 
-interface Point { label: string; at: string; tokens: number; cost: number; id: string }
+interface Day { date: string; tokens: number; cost: number; steps: number }
 
-/** Tokens per Session over time (the most recent 30 Sessions, oldest first) as an SVG bar chart. */
-function UsageChart({ points }: { points: Point[] }) {
-  if (points.length === 0) return <p class="muted">No metered Sessions yet.</p>;
-  const max = Math.max(1, ...points.map((p) => p.tokens));
+/** Workspace tokens per UTC day (the last 30 days, oldest first) as an SVG bar chart. */
+function UsageChart({ days }: { days: Day[] }) {
+  const max = Math.max(1, ...days.map((d) => d.tokens));
+  const total = days.reduce((n, d) => n + d.tokens, 0);
   const w = 640;
   const h = 160;
-  const bw = Math.min(48, w / points.length);
+  const bw = w / Math.max(1, days.length);
   return (
     <figure class="chart">
-      <svg viewBox={`0 0 ${w} ${h + 20}`} role="img" aria-label={`Tokens per session, ${points.length} most recent sessions`}>
+      <svg viewBox={`0 0 ${w} ${h + 20}`} role="img" aria-label={`Tokens per day over the last ${days.length} days: ${total} in all`}>
         <line x1="0" y1={h} x2={w} y2={h} class="axis" />
-        {points.map((p, i) => {
-          const bh = p.tokens > 0 ? Math.max(2, (p.tokens / max) * (h - 10)) : 0;
+        {days.map((d, i) => {
+          const bh = d.tokens > 0 ? Math.max(2, (d.tokens / max) * (h - 10)) : 0;
           return (
-            <g key={p.id}>
-              <rect x={i * bw + bw * 0.15} y={h - bh} width={bw * 0.7} height={bh} class="bar-fill">
-                <title>{`${p.label}: ${p.tokens} tokens, ${fmtUsd(p.cost)}`}</title>
-              </rect>
-            </g>
+            <rect key={d.date} x={i * bw + bw * 0.15} y={h - bh} width={bw * 0.7} height={bh} class="bar-fill" data-date={d.date}>
+              <title>{`${d.date}: ${d.tokens} tokens in ${d.steps} model steps, ${fmtUsd(d.cost)}`}</title>
+            </rect>
           );
         })}
-        <text x="0" y={h + 16} class="tick">{fmtTime(points[0]?.at)}</text>
-        <text x={w} y={h + 16} class="tick" text-anchor="end">{fmtTime(points[points.length - 1]?.at)}</text>
+        <text x="0" y={h + 16} class="tick">{days[0]?.date}</text>
+        <text x={w} y={h + 16} class="tick" text-anchor="end">{days[days.length - 1]?.date}</text>
       </svg>
-      <figcaption class="muted small">Total tokens per Session by creation time (max {max}).</figcaption>
+      <figcaption class="muted small">Total tokens per UTC day (max {max}){total === 0 ? '; no model steps in this period' : ''}.</figcaption>
     </figure>
   );
 }
@@ -41,12 +38,8 @@ export function ModelsPage({ ctx }: { ctx: Ctx }) {
   const profiles = useAsync(async () => (await ok(ctx.api.GET('/v1/organizations/workspaces/{workspace_id}/model-routing-profiles', path))).data, [ws]);
   const usage = useAsync(async () => ok(ctx.api.GET('/v1/organizations/workspaces/{workspace_id}/usage', path)), [ws]);
   const series = useAsync(async () => {
-    const sessions = ((await ok(ctx.api.GET('/v1/sessions', { params: { query: { limit: 30, order: 'desc', include_archived: true } } }))) as unknown as { data: SessionView[] }).data;
-    const points = await Promise.all(sessions.map(async (s): Promise<Point> => {
-      const u = await ok(ctx.api.GET('/v1/sessions/{session_id}/usage', { params: { path: { session_id: s.id } } }));
-      return { id: s.id, label: s.title || s.id, at: s.created_at, tokens: u.summary.usage.total_tokens, cost: u.summary.list_cost.amount };
-    }));
-    return points.reverse();
+    const r = await ok(ctx.api.GET('/v1/organizations/workspaces/{workspace_id}/usage/daily', { params: { path: { workspace_id: ws }, query: { days: 30 } } }));
+    return r.days.map((d): Day => ({ date: d.date, tokens: d.summary.usage.total_tokens, cost: d.summary.list_cost.amount, steps: d.summary.steps }));
   }, [ws]);
 
   const u = usage.data;
@@ -75,7 +68,7 @@ export function ModelsPage({ ctx }: { ctx: Ctx }) {
       </div>
       <Section title="Usage over time">
         <ErrorBanner error={series.error} />
-        {series.data ? <UsageChart points={series.data} /> : null}
+        {series.data ? <UsageChart days={series.data} /> : null}
       </Section>
       <Section title="Credentials">
         <ErrorBanner error={creds.error} />

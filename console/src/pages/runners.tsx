@@ -48,6 +48,7 @@ export function RunnersPage({ ctx }: { ctx: Ctx }) {
   const drainPool = (id: string) => act(() => ok(ctx.api.POST('/v1/runner-pools/{runner_pool_id}/drain', { params: { path: { runner_pool_id: id } }, body: { reason: 'drained from the console' } })));
   const resumePool = (id: string) => act(() => ok(ctx.api.POST('/v1/runner-pools/{runner_pool_id}/resume', { params: { path: { runner_pool_id: id } } })));
   const drainRunner = (id: string) => act(() => ok(ctx.api.POST('/v1/runners/{runner_id}/drain', { params: { path: { runner_id: id } }, body: { reason: 'drained from the console' } })));
+  const resumeRunner = (id: string) => act(() => ok(ctx.api.POST('/v1/runners/{runner_id}/resume', { params: { path: { runner_id: id } } })));
 
   return (
     <>
@@ -90,7 +91,9 @@ export function RunnersPage({ ctx }: { ctx: Ctx }) {
                   <td>{r.owner ? `${r.owner.machine_label} (${r.owner.principal.slice(0, 12)}…)` : <span class="muted">managed</span>}</td>
                   <td><Capabilities caps={r.capabilities} /></td>
                   <td data-last-seen={r.last_seen_at}>{fmtAgo(r.last_seen_at, now)}</td>
-                  <td class="actions">{r.status !== 'draining' ? <button type="button" onClick={() => void drainRunner(r.runner)} aria-label={`Drain runner ${r.runner}`}>Drain</button> : null}</td>
+                  <td class="actions">{r.status !== 'draining'
+                    ? <button type="button" onClick={() => void drainRunner(r.runner)} aria-label={`Drain runner ${r.runner}`}>Drain</button>
+                    : <button type="button" onClick={() => void resumeRunner(r.runner)} aria-label={`Resume runner ${r.runner}`}>Resume</button>}</td>
                 </tr>
               ))}
               {presences && presences.length === 0 ? <tr><td colSpan={7} class="muted">No runner is connected.</td></tr> : null}

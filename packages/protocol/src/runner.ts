@@ -236,6 +236,8 @@ export const PAYLOADS = {
     cancellations: Type.Array(Obj({ ...LeaseRef, reason: Str(512) }), { maxItems: 1024 }),
   }),
   drain: Obj({ deadline: Type.String({ format: 'date-time' }), reason: Str(512) }),
+  /** The control plane lifted its drain: a runner it drained (and that stayed) takes work again. */
+  resume: Obj({ reason: Str(512) }),
   'lease.offer': Obj({
     ...LeaseRef,
     run_id: Str(64),
@@ -287,7 +289,7 @@ export const RUNNER_TO_GATEWAY = [
   'events.batch', 'model.request', 'model.cancel', 'tool.check', 'sandboxes.report', 'ack', 'error',
 ] as const satisfies readonly MessageType[];
 export const GATEWAY_TO_RUNNER = [
-  'welcome', 'heartbeat.ack', 'drain', 'lease.offer', 'lease.cancel', 'lease.revoked', 'events.ack',
+  'welcome', 'heartbeat.ack', 'drain', 'resume', 'lease.offer', 'lease.cancel', 'lease.revoked', 'events.ack',
   'model.delta', 'model.end', 'tool.decision', 'sandboxes.release', 'ack', 'error',
 ] as const satisfies readonly MessageType[];
 

@@ -119,6 +119,15 @@ export class RunnerService {
       { notFound: 'runner pool' },
     );
     if (next.workspace_id !== workspaceId) throw new ApiError('validation.not_found', 'runner pool not found');
+    // Connected runners the drain left idle take work again, except those drained on their own.
+    const except: string[] = [];
+    let page: string | undefined;
+    do {
+      const res = await this.docs.list<RunnerCredential>(tags.workspace(workspaceId), `runner_credentials:${id}`, { limit: 200, order: 'asc', ...(page ? { page } : {}) });
+      for (const c of res.data) if (c.drain) except.push(c.runner_id);
+      page = res.next_page ?? undefined;
+    } while (page);
+    await this.publish({ kind: 'resume', workspace_id: workspaceId, runner_pool_id: id, except_runner_ids: except, reason: 'pool resumed' });
     return next;
   }
 
@@ -295,6 +304,20 @@ export class RunnerService {
     const drain = drainState(deadlineSeconds, reason);
     const next = await this.docs.update<RunnerCredential>(tags.workspace(workspaceId), cred.id, (c) => ({ ...c, drain }), { notFound: 'runner' });
     await this.publish({ kind: 'drain', workspace_id: workspaceId, runner_id: runnerId, deadline: drain.deadline, reason });
+    return next;
+  }
+
+  /**
+   * Lift one runner's drain. A runner that stayed connected takes work again at once (unless its
+   * pool is draining too); one that left is ready when it next connects.
+   */
+  async resumeRunner(workspaceId: string, runnerId: string): Promise<RunnerCredential> {
+    const cred = await this.credentialOfRunner(workspaceId, runnerId);
+    const next = cred.drain
+      ? await this.docs.update<RunnerCredential>(tags.workspace(workspaceId), cred.id, (c) => (c.drain ? { ...c, drain: null } : null), { notFound: 'runner' })
+      : cred;
+    const pool = await this.getPool(workspaceId, cred.runner_pool_id);
+    if (pool.status !== 'draining') await this.publish({ kind: 'resume', workspace_id: workspaceId, runner_id: runnerId, reason: 'runner resumed' });
     return next;
   }
 
