@@ -86,6 +86,8 @@ export class RunnerAgent {
   private finished!: () => void;
   private readonly finishedPromise = new Promise<void>((r) => (this.finished = r));
   executor: LeaseExecutor | null = null;
+  /** The Docker tiers the sandbox driver verified (re-probed on every facts refresh). */
+  tierSource: (() => Promise<string[]>) | null = null;
   /** Open model streams: stream id → where their frames go. */
   private readonly modelStreams = new Map<string, (event: ModelStreamEvent | null, end: boolean) => void>();
   private streamSeq = 0;
@@ -150,7 +152,8 @@ export class RunnerAgent {
 
   private async refreshFacts(force = false): Promise<HostFacts> {
     if (!this.facts || force || Date.now() - this.factsAt > 60_000) {
-      this.facts = await hostFacts(this.docker);
+      const [facts, tiers] = await Promise.all([hostFacts(this.docker), this.tierSource ? this.tierSource().catch(() => []) : Promise.resolve([])]);
+      this.facts = { ...facts, tiers };
       this.factsAt = Date.now();
     }
     return this.facts;

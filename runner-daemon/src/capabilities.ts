@@ -17,7 +17,8 @@ export interface HostFacts {
   os: string;
   architecture: string;
   docker: DockerFacts | null;
-  chromium: string | null;
+  /** Docker isolation tiers whose canary sandbox ran (empty: claim no Docker provider). */
+  tiers: string[];
 }
 
 export interface DockerFacts {
@@ -98,7 +99,7 @@ export async function hostFacts(docker: Docker): Promise<HostFacts> {
     os: platform(),
     architecture: normalizeArch(arch()),
     docker: d,
-    chromium: findExecutable(['chromium', 'chromium-browser', 'google-chrome', 'google-chrome-stable', 'chrome']),
+    tiers: [],
   };
 }
 
@@ -118,7 +119,8 @@ export function availableSlots(facts: HostFacts, policy: SlotPolicy, held: numbe
 export function buildCapabilities(facts: HostFacts, policy: SlotPolicy, held: number): RunnerCapabilities {
   const providers: ProviderCapability[] = [];
   const d = facts.docker;
-  if (d) {
+  // Docker is claimed only with the tiers a canary sandbox proved (docs/SANDBOX.md).
+  if (d && facts.tiers.length > 0) {
     const networkModes = [
       ...(d.networkDrivers.includes('null') ? ['none'] : []),
       ...(d.networkDrivers.includes('bridge') ? ['bridge'] : []),
@@ -128,7 +130,7 @@ export function buildCapabilities(facts: HostFacts, policy: SlotPolicy, held: nu
       provider_revision: `docker-${d.version}`,
       drivers: ['docker'],
       launch_kinds: ['sandboxed'],
-      tiers: ['container'],
+      tiers: [...facts.tiers],
       platforms: [{ os: d.os, architecture: d.architecture }],
       network_modes: networkModes,
       minimum_resources: { cpu_millis: 100, memory_mib: 64 },
@@ -143,10 +145,8 @@ export function buildCapabilities(facts: HostFacts, policy: SlotPolicy, held: nu
       },
       retention_modes: ['durable'],
       session_sandbox: true,
-      acp_transport: 'stdio',
       // Session Files and repository snapshots are fetched and held by the runner, never the sandbox.
       snapshot_custody: 'runner',
-      mount_kinds: ['uploaded_project'],
       max_mounts: 64,
     });
   }
@@ -163,13 +163,10 @@ export function buildCapabilities(facts: HostFacts, policy: SlotPolicy, held: nu
       ...(facts.diskFreeMib !== null ? { disk_mib: facts.diskFreeMib } : {}),
       max_duration_seconds: policy.maxDurationSeconds,
     },
-    ...(facts.chromium ? { browser_observation: { accessibility_tree: true, screenshot: true } } : {}),
     runtime_assurances: { network_isolation: false, bounded_start: true, bounded_cancel: true, teardown: true, compute_accounting: false },
     retention_modes: ['durable'],
     session_sandbox: true,
-    acp_transport: 'stdio',
     snapshot_custody: 'runner',
-    mount_kinds: ['uploaded_project'],
     max_mounts: 64,
   });
   return {

@@ -9,7 +9,7 @@ import { credentialPath, loadCredential, loadDaemonConfig, loadState, saveCreden
 import { runDoctor } from './doctor.js';
 import { firstWilling, noopExecutor, turnExecutor } from './executors/index.js';
 import { SandboxManager } from './sandbox/manager.js';
-import { ensureSandboxImageIfDocker, planReap, reapItems, selectDriver, SandboxReaper, type ReapPlan } from './sandbox/index.js';
+import { DockerDriver, ensureSandboxImageIfDocker, planReap, reapItems, selectDriver, SandboxReaper, type ReapPlan } from './sandbox/index.js';
 
 const COMMON = `
 Common options:
@@ -57,6 +57,8 @@ Options:
   --slot-memory-mib <mib>    memory reserved per slot (default 512)
   --drain-deadline-ms <ms>   drain deadline on SIGTERM (default 3600000)
   --exit-when-drained        exit once a control-plane drain has finished the held work
+  --tiers <list>             isolation tiers to offer, e.g. container or container,gvisor (default:
+                             every tier whose canary sandbox runs: container (runc), gvisor (runsc))
   --reconnect-base-ms, --reconnect-cap-ms   backoff bounds (default 1000, 64000)
   --sandbox-idle-suspend-seconds <s>   stop an idle Session sandbox's processes (default 600; 0 never)
   --sandbox-idle-expire-seconds <s>    remove an idle Session sandbox and its workspace (default 86400; 0 never)
@@ -65,7 +67,7 @@ Options:
   --sandbox-reap-interval-seconds <s>  how often sandboxes of gone runners of this machine are looked for (default 300; 0 only at start)
   --sandbox-reap-grace-seconds <s>     how long such a sandbox is seen before it is removed (default 900)
   --log-level <level>        pino level (default info)
-Environment: AGENTPLANE_RUNNER_HOME, RUNNER_MAX_SLOTS, RUNNER_EXIT_WHEN_DRAINED (true|false), SANDBOX_IDLE_SUSPEND_SECONDS,
+Environment: AGENTPLANE_RUNNER_HOME, RUNNER_MAX_SLOTS, RUNNER_EXIT_WHEN_DRAINED (true|false), RUNNER_TIERS, SANDBOX_IDLE_SUSPEND_SECONDS,
 SANDBOX_IDLE_EXPIRE_SECONDS, SANDBOX_REPORT_SECONDS, SANDBOX_REAP_INTERVAL_SECONDS,
 SANDBOX_REAP_GRACE_SECONDS, AGENTPLANE_SANDBOX_SCOPE, REPOSITORY_MAX_MIB, DOCKER_SOCKET, LOG_LEVEL.
 Repository resources are fetched on this machine with git (the sandbox has no network), with
@@ -131,6 +133,7 @@ function parse(argv: string[]): { command: string; flags: Flags } {
       'slot-memory-mib': { type: 'string' },
       'drain-deadline-ms': { type: 'string' },
       'exit-when-drained': { type: 'boolean' },
+      tiers: { type: 'string' },
       'reconnect-base-ms': { type: 'string' },
       'reconnect-cap-ms': { type: 'string' },
       'sandbox-idle-suspend-seconds': { type: 'string' },
@@ -215,6 +218,7 @@ async function start(flags: Flags): Promise<number> {
   const driver = await selectDriver({
     runnerId: cred.runner_id, dataDir: join(config.configDir, 'sandboxes'), docker, logger: log,
     attribution: { workspaceId: cred.workspace_id, home: config.configDir, ...(config.sandboxScope ? { scope: config.sandboxScope } : {}) },
+    ...(config.tiers ? { tiers: config.tiers } : {}),
   });
   const sandboxes = driver
     ? new SandboxManager({
@@ -229,7 +233,13 @@ async function start(flags: Flags): Promise<number> {
     });
     if (reaped.length > 0) log.info({ reaped: reaped.length, kept_workspaces: sandboxes.sessions().length }, 'stopped sandboxes left by an earlier run of this runner');
     agent.executor = firstWilling(turnExecutor({ sandboxes, log, baseUrl: cred.base_url, repositoryMaxBytes: config.repositoryMaxBytes }), noopExecutor);
-    log.info({ driver: driver.name, tier: driver.tier, image: image?.latest }, 'sandbox driver ready');
+    if (driver instanceof DockerDriver) {
+      // Claim a tier only after a canary sandbox ran under it; re-checked with every capability refresh.
+      const verdicts = await driver.verifyTiers();
+      for (const v of verdicts) (v.ok ? log.info : log.warn).call(log, { tier: v.tier, runtime: v.runtime ?? 'default', ms: v.ms, detail: v.detail }, v.ok ? 'isolation tier verified' : 'isolation tier unavailable');
+      agent.tierSource = async () => (await driver.verifyTiers()).filter((v) => v.ok).map((v) => v.tier);
+    }
+    log.info({ driver: driver.name, tiers: driver.capabilities().tiers, image: image?.latest }, 'sandbox driver ready');
     // Sandboxes of gone runners of this machine (credential deleted or revoked) go after a grace period.
     if (driver.name === 'docker') {
       reaper = new SandboxReaper({

@@ -23,6 +23,8 @@ export interface DaemonConfig {
    * daemon exit once idle, instead of staying connected, idle, until resumed.
    */
   exitWhenDrained: boolean;
+  /** Isolation tiers this runner may offer (`container`, `gvisor`); undefined: every verified tier. */
+  tiers: ('container' | 'gvisor')[] | undefined;
   reconnectBaseMs: number;
   reconnectCapMs: number;
   /** Stop an idle Session sandbox's processes (workspace kept) after this long; 0 never. */
@@ -43,6 +45,14 @@ export interface DaemonConfig {
 }
 
 const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;
+const TIERS = ['container', 'gvisor'] as const;
+
+function parseTiers(raw: string | undefined): ('container' | 'gvisor')[] | undefined {
+  if (raw === undefined) return undefined;
+  const list = raw.split(',').map((t) => t.trim()).filter(Boolean);
+  for (const t of list) if (!(TIERS as readonly string[]).includes(t)) throw new Error(`--tiers / RUNNER_TIERS: unknown tier '${t}' (known: ${TIERS.join(', ')})`);
+  return list as ('container' | 'gvisor')[];
+}
 
 export function loadDaemonConfig(env: Env, flags: Record<string, string | boolean>): DaemonConfig {
   const flag = (name: string): string | undefined => (typeof flags[name] === 'string' ? (flags[name] as string) : undefined);
@@ -61,6 +71,7 @@ export function loadDaemonConfig(env: Env, flags: Record<string, string | boolea
     sandboxImage: flag('image') ?? envString(env, 'SANDBOX_IMAGE', 'agentplane/sandbox:latest'),
     dockerSocket: envOptional(env, 'DOCKER_SOCKET'),
     drainDeadlineMs: int('drain-deadline-ms', 'RUNNER_DRAIN_DEADLINE_MS', 3_600_000, 0),
+    tiers: parseTiers(flag('tiers') ?? envOptional(env, 'RUNNER_TIERS')),
     exitWhenDrained: flags['exit-when-drained'] === true || envEnum(env, 'RUNNER_EXIT_WHEN_DRAINED', ['true', 'false'] as const, 'false') === 'true',
     reconnectBaseMs: int('reconnect-base-ms', 'RUNNER_RECONNECT_BASE_MS', 1_000, 10),
     reconnectCapMs: int('reconnect-cap-ms', 'RUNNER_RECONNECT_CAP_MS', 64_000, 10),

@@ -66,7 +66,6 @@ const hooks = () => {
   const h: DispatchHooks = {
     leased: async (job: Job<RunJobData>, runner: string) => void events.push({ kind: 'leased', run: job.data.run_id, detail: runner }),
     waiting: async (job: Job<RunJobData>, reason: string) => void events.push({ kind: 'waiting', run: job.data.run_id, detail: reason }),
-    unservable: async (job: Job<RunJobData>, reason: string) => void events.push({ kind: 'unservable', run: job.data.run_id, detail: reason }),
     stalled: async (run: string) => void events.push({ kind: 'stalled', run }),
     retaken: async (job: Job<RunJobData>) => void events.push({ kind: 'retaken', run: job.data.run_id, detail: String(job.attemptsStarted) }),
     exhausted: async (run: string) => void events.push({ kind: 'exhausted', run }),
@@ -174,12 +173,13 @@ describe('lease engine (BullMQ)', () => {
     expect(await (await s.queues.job(s.poolId, second.run_id))?.getState()).toBe('failed');
   });
 
-  it('fails fast when no runner can ever serve the Run, and waits visibly when all are busy', async () => {
+  it('waits visibly, saying why, when no runner can serve the Run and when all are busy', async () => {
     const s = setup();
     s.fleet.runners.set('tiny', { view: { runner_id: 'tiny', pool_id: s.poolId, status: 'ready', capabilities: { available_slots: 1, providers: [{ drivers: ['process'], tiers: ['process'], network_modes: ['host'] }] } }, accept: true, leases: [] });
     await s.enqueue(4);
-    await until('unservable', () => s.events.some((e) => e.kind === 'unservable'));
-    expect(s.events.find((e) => e.kind === 'unservable')?.detail).toContain("tier 'container'");
+    await until('waiting, unservable', () => s.events.some((e) => e.kind === 'waiting' && e.detail?.includes('no runner in the pool can serve')));
+    expect(s.events.find((e) => e.kind === 'waiting')?.detail).toContain("tier 'container'");
+    expect(await (await s.queues.job(s.poolId, `run_${String(4).padStart(32, '0')}`))?.getState()).not.toBe('failed');
 
     const t = setup();
     t.fleet.add('busy', 0);

@@ -9,7 +9,6 @@ import type { OfferChannel, RunnerDirectory, RunnerView } from './directory.js';
 export interface DispatchHooks {
   leased(job: Job<RunJobData>, runnerId: string, leaseId: string, attempt: number): Promise<void>;
   waiting(job: Job<RunJobData>, reason: string): Promise<void>;
-  unservable(job: Job<RunJobData>, reason: string): Promise<void>;
   /** A lease was lost (lock expired): the Run goes back to the queue. */
   stalled(runId: string): Promise<void>;
   /**
@@ -184,9 +183,11 @@ export class PoolDispatcher {
       const everyone = [...runners.map((r) => r.capabilities), ...(await this.o.directory.enrolled(this.o.poolId))];
       const verdicts = everyone.map((c) => matchCapabilities(req, c));
       if (everyone.length > 0 && verdicts.every((v) => !v.ok)) {
+        // Nobody here can serve it (e.g. a gvisor Environment in a pool of runc-only runners): it
+        // waits, saying why, for a runner that can (or for an interrupt), checked less often.
         const reason = `no runner in the pool can serve this Run: ${verdicts.map((v) => (v.ok ? '' : v.reason)).filter(Boolean)[0] ?? 'unknown'}`;
-        await job.moveToFailed(new UnrecoverableError(reason), token, false).catch(() => undefined);
-        await this.o.hooks.unservable(job, reason);
+        await this.o.hooks.waiting(job, reason);
+        await job.moveToDelayed(Date.now() + Math.max(2_000, 5 * (this.o.capacityRetryMs ?? 1000)), token).catch(() => undefined);
         return;
       }
       const reason = everyone.length === 0 ? 'no runner is enrolled in the pool' : 'every matching runner is busy or offline';

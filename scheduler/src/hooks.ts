@@ -41,10 +41,6 @@ export function runHooks(d: { poolId: string; queues: RunQueues; lifecycle: RunL
     async waiting(job: Job<RunJobData>, reason: string) {
       await d.lifecycle.waiting(job.data.session_id, job.data.run_id, reason);
     },
-    async unservable(job: Job<RunJobData>, reason: string) {
-      await d.queues.dequeued(d.poolId, job.data.workspace_id, job.data.run_id);
-      await d.lifecycle.failed(job.data.session_id, job.data.run_id, null, { class: 'unservable', code: 'no_eligible_runner', message: reason });
-    },
     async stalled(runId: string) {
       const job = await d.queues.job(d.poolId, runId);
       if (!job?.data) return;

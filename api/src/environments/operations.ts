@@ -70,7 +70,7 @@ export const environmentOperations: Operation[] = [
       const now = nowIso();
       const env: Environment = {
         id: newId('environment'), type: 'environment', workspace_id: ws, name: body.name, description: body.description ?? null,
-        image: body.image, driver: 'docker', tier: 'container', resources: body.resources ?? DEFAULT_RESOURCES,
+        image: body.image, driver: 'docker', tier: body.tier ?? 'container', resources: body.resources ?? DEFAULT_RESOURCES,
         network: body.network ?? { mode: 'none' }, retention_mode: body.retention_mode ?? 'durable',
         harness_topology: body.harness_topology ?? 'split', packages: body.packages ?? {},
         metadata: body.metadata ?? {}, version: 1, archived_at: null, created_at: now, updated_at: now,

@@ -5,7 +5,7 @@ import { HarnessError, HarnessLoop, type AgentTool, type IdleStopReason } from '
 import { connectMcpTools, type RuntimeMcp } from '../harness/mcp-tools.js';
 import type { SandboxManager } from '../sandbox/manager.js';
 import { isOfferedResource, offeredSources, type OfferedResource } from '../sandbox/sources.js';
-import { driverSatisfies, type SandboxEnvironment } from '../sandbox/types.js';
+import { driverSatisfies, type SandboxEnvironment, type SandboxTier } from '../sandbox/types.js';
 import { colocatedHarnessAvailable, runColocated } from './colocated.js';
 import { LeaseSink } from './lease-sink.js';
 
@@ -43,7 +43,7 @@ function asSpec(spec: Record<string, unknown>): TurnSpec {
   return s as TurnSpec;
 }
 
-const tierOf = (spec: TurnSpec): 'process' | 'container' => (spec.environment.tier === 'process' ? 'process' : 'container');
+const tierOf = (spec: TurnSpec): SandboxTier => (spec.environment.tier === 'process' || spec.environment.tier === 'gvisor' ? spec.environment.tier : 'container');
 
 export interface TurnExecutorOptions {
   sandboxes: SandboxManager;
@@ -87,7 +87,7 @@ export function turnExecutor(o: TurnExecutorOptions): LeaseExecutor {
 async function runTurn(o: TurnExecutorOptions, handle: LeaseHandle): Promise<Record<string, unknown>> {
   const spec = asSpec(handle.offer.spec);
   const log = o.log.child({ run: spec.run_id, lease: handle.lease.lease_id });
-  const env: SandboxEnvironment & { requirements: { tier: 'process' | 'container'; network_mode: 'none' } } = {
+  const env: SandboxEnvironment & { requirements: { tier: SandboxTier; network_mode: 'none' } } = {
     image: spec.environment.image,
     tier: tierOf(spec),
     network_mode: 'none',

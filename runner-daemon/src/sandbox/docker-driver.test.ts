@@ -216,8 +216,11 @@ describe('docker sandbox driver', () => {
     await driver.destroy(session.id);
   });
 
-  it('reports only assurances it implements and satisfies container Environments', () => {
-    expect(driver.capabilities()).toMatchObject({ tiers: ['container'], network_modes: ['none'], session_sandbox: true });
+  it('reports only assurances it implements and satisfies container Environments once a canary ran', async () => {
+    const verdicts = await driver.verifyTiers();
+    expect(verdicts.find((v) => v.tier === 'container')).toMatchObject({ ok: true, runtime: undefined });
+    expect(driver.capabilities().tiers).toContain('container');
+    expect(driver.capabilities()).toMatchObject({ network_modes: ['none'], session_sandbox: true });
     expect(driverSatisfies(driver, { tier: 'container', network_mode: 'none' })).toBe(true);
     expect(driverSatisfies(driver, { tier: 'container', network_mode: 'host' })).toBe(false);
     expect(assuranceFlags(driver.assurances())).toEqual({

@@ -10,6 +10,7 @@ import { PassThrough } from 'node:stream';
 import Docker from 'dockerode';
 import { createLogger, type Logger } from '@agentplane/core';
 import { ensureSandboxImage, loadManifest } from './image.js';
+import { TierProbe, type IsolationTier, type TierVerdict } from './tiers.js';
 import { CappedBuffer, sleep, withTimeout } from './output.js';
 import { createTar, type TarEntry } from './tar.js';
 import {
@@ -51,6 +52,8 @@ export interface DockerDriverOptions {
    * every sandbox of a scoped process tree carries it.
    */
   attribution?: SandboxAttribution;
+  /** Isolation tiers this runner may offer (default: every tier whose canary passes). */
+  tiers?: readonly IsolationTier[];
 }
 
 export const SANDBOX_DEFAULTS = {
@@ -93,6 +96,7 @@ export class DockerDriver implements SandboxDriver {
   private readonly extraLabels: Record<string, string>;
   private readonly live = new Map<string, Tracked>();
   private readonly starting = new Map<string, Promise<Sandbox>>();
+  private readonly tierProbe: TierProbe;
 
   constructor(options: DockerDriverOptions) {
     this.runnerId = options.runnerId;
@@ -104,6 +108,42 @@ export class DockerDriver implements SandboxDriver {
     this.log = options.logger ?? createLogger({ name: 'sandbox', level: 'warn' });
     const scope = options.attribution?.scope ?? (process.env[SANDBOX_SCOPE_ENV] || undefined);
     this.extraLabels = attributionLabels({ ...options.attribution, ...(scope ? { scope } : {}) });
+    this.tierProbe = new TierProbe(
+      this.docker,
+      () => this.resolveImage({}).catch(() => undefined),
+      (runtime) => this.canary(runtime),
+      options.tiers,
+    );
+  }
+
+  /**
+   * Runs the canaries again if the engine's runtimes or the sandbox image changed, and returns
+   * every verdict. Only tiers whose canary passed are claimed and served.
+   */
+  async verifyTiers(): Promise<TierVerdict[]> {
+    return this.tierProbe.verified();
+  }
+
+  /** Tiers verified by the last probe. */
+  verifiedTiers(): IsolationTier[] {
+    return this.tierProbe.last().filter((v) => v.ok).map((v) => v.tier);
+  }
+
+  /** A throwaway sandbox with every isolation flag, under `runtime`, that must exit 0 (auto-removed). */
+  private async canary(runtime: string | undefined): Promise<void> {
+    const image = await this.resolveImage({});
+    const opts = this.containerOptions(`agentplane-canary-${randomBytes(6).toString('hex')}`, image, {}, undefined, runtime);
+    const container = await this.docker.createContainer({
+      ...opts, Cmd: ['/bin/sh', '-c', 'exit 0'], Labels: { ...this.extraLabels, 'dev.agentplane.canary': 'true' },
+      HostConfig: { ...opts.HostConfig, AutoRemove: false },
+    });
+    try {
+      await withTimeout(container.start(), this.startTimeoutMs, () => new Error('canary start timed out'));
+      const res = (await withTimeout(container.wait(), this.startTimeoutMs, () => new Error('canary did not exit'))) as { StatusCode?: number };
+      if (res.StatusCode !== 0) throw new Error(`canary exited with ${res.StatusCode}`);
+    } finally {
+      await container.remove({ force: true }).catch(() => undefined);
+    }
   }
 
   /** Whether dockerd answers; drivers are chosen from this at daemon start. */
@@ -124,11 +164,11 @@ export class DockerDriver implements SandboxDriver {
     return {
       drivers: ['docker'],
       launch_kinds: ['sandboxed'],
-      tiers: ['container'],
+      tiers: this.verifiedTiers(),
       network_modes: ['none'],
       retention_modes: ['durable'],
       session_sandbox: true,
-      mount_kinds: ['uploaded_project'],
+      mount_kinds: [],
       runtime_assurances: this.assurances(),
     };
   }
@@ -191,6 +231,47 @@ export class DockerDriver implements SandboxDriver {
     throw new SandboxError('image_missing', `image ${image} is not present on this runner`);
   }
 
+  /** The sandbox container: no network, non-root, read-only root, no capabilities, limits. */
+  private containerOptions(name: string, image: string, environment: SandboxEnvironment, volume: string | undefined, runtime: string | undefined): Docker.ContainerCreateOptions & { HostConfig: Docker.HostConfig } {
+    const memory = (environment.memory_mib ?? SANDBOX_DEFAULTS.memory_mib) * 1024 * 1024;
+    const tmpMib = environment.tmp_mib ?? SANDBOX_DEFAULTS.tmp_mib;
+    const { uid, gid } = SANDBOX_DEFAULTS;
+    const env = Object.entries(environment.env ?? {}).map(([k, v]) => `${k}=${v}`);
+    return {
+      name,
+      Image: image,
+      Cmd: ['/usr/bin/sleep', 'infinity'],
+      User: `${uid}:${gid}`,
+      WorkingDir: SANDBOX_DEFAULTS.workspace,
+      Env: [`HOME=${SANDBOX_DEFAULTS.home}`, ...env],
+      Hostname: 'sandbox',
+      NetworkDisabled: true,
+      HostConfig: {
+        ...(runtime ? { Runtime: runtime } : {}),
+        NetworkMode: 'none',
+        CapDrop: ['ALL'],
+        SecurityOpt: ['no-new-privileges'],
+        ReadonlyRootfs: true,
+        Init: true,
+        IpcMode: 'private',
+        Privileged: false,
+        // Under host memory pressure the kernel picks sandbox processes before the daemon.
+        OomScoreAdj: 500,
+        Memory: memory,
+        MemorySwap: memory,
+        NanoCpus: Math.round((environment.cpu_millis ?? SANDBOX_DEFAULTS.cpu_millis) * 1e6),
+        PidsLimit: environment.pids_limit ?? SANDBOX_DEFAULTS.pids_limit,
+        Tmpfs: {
+          '/tmp': `rw,nosuid,nodev,size=${tmpMib}m,mode=1777`,
+          [SANDBOX_DEFAULTS.home]: `rw,nosuid,nodev,size=64m,uid=${uid},gid=${gid},mode=0700`,
+        },
+        Mounts: volume ? [{ Type: 'volume', Source: volume, Target: SANDBOX_DEFAULTS.workspace }] : [],
+        RestartPolicy: { Name: 'no' },
+        LogConfig: { Type: 'none', Config: {} },
+      },
+    };
+  }
+
   private async start(session: SandboxSession, environment: SandboxEnvironment): Promise<Sandbox> {
     const name = this.containerName(session.id);
     const image = await this.resolveImage(environment);
@@ -209,47 +290,17 @@ export class DockerDriver implements SandboxDriver {
       // Wrong image or unable to run: recreate; the workspace volume keeps the files.
       await this.removeContainer(name);
     }
-    const memory = (environment.memory_mib ?? SANDBOX_DEFAULTS.memory_mib) * 1024 * 1024;
-    const tmpMib = environment.tmp_mib ?? SANDBOX_DEFAULTS.tmp_mib;
-    const { uid, gid } = SANDBOX_DEFAULTS;
     const volume = this.volumeName(session.id);
     await this.docker.createVolume({ Name: volume, Labels: this.labels(session.id) });
-    const env = Object.entries(environment.env ?? {}).map(([k, v]) => `${k}=${v}`);
+    const tier = environment.tier ?? 'container';
+    let runtime: string | undefined;
+    if (tier === 'gvisor') {
+      runtime = this.tierProbe.last().find((v) => v.tier === 'gvisor' && v.ok)?.runtime;
+      if (!runtime) throw new SandboxError('tier_unsatisfied', 'this runner has no verified gVisor runtime (runsc)');
+    }
     let container: Docker.Container;
     try {
-      container = await this.docker.createContainer({
-        name,
-        Image: image,
-        Cmd: ['/usr/bin/sleep', 'infinity'],
-        User: `${uid}:${gid}`,
-        WorkingDir: SANDBOX_DEFAULTS.workspace,
-        Env: [`HOME=${SANDBOX_DEFAULTS.home}`, ...env],
-        Hostname: 'sandbox',
-        Labels: this.labels(session.id),
-        NetworkDisabled: true,
-        HostConfig: {
-          NetworkMode: 'none',
-          CapDrop: ['ALL'],
-          SecurityOpt: ['no-new-privileges'],
-          ReadonlyRootfs: true,
-          Init: true,
-          IpcMode: 'private',
-          Privileged: false,
-          // Under host memory pressure the kernel picks sandbox processes before the daemon.
-          OomScoreAdj: 500,
-          Memory: memory,
-          MemorySwap: memory,
-          NanoCpus: Math.round((environment.cpu_millis ?? SANDBOX_DEFAULTS.cpu_millis) * 1e6),
-          PidsLimit: environment.pids_limit ?? SANDBOX_DEFAULTS.pids_limit,
-          Tmpfs: {
-            '/tmp': `rw,nosuid,nodev,size=${tmpMib}m,mode=1777`,
-            [SANDBOX_DEFAULTS.home]: `rw,nosuid,nodev,size=64m,uid=${uid},gid=${gid},mode=0700`,
-          },
-          Mounts: [{ Type: 'volume', Source: volume, Target: SANDBOX_DEFAULTS.workspace }],
-          RestartPolicy: { Name: 'no' },
-          LogConfig: { Type: 'none', Config: {} },
-        },
-      });
+      container = await this.docker.createContainer({ ...this.containerOptions(name, image, environment, volume, runtime), Labels: this.labels(session.id) });
     } catch (err) {
       throw new SandboxError('start_failed', `creating the sandbox failed: ${(err as Error).message}`, { cause: err });
     }

@@ -93,6 +93,8 @@ export class SandboxManager {
     signal?: AbortSignal,
   ): Promise<{ sandbox: Sandbox; materialized?: MaterializeResult }> {
     const requirements = environment.requirements ?? { tier: environment.tier, network_mode: environment.network_mode };
+    // A driver never verified (a manager used without the daemon's start-up probe) proves its tiers first.
+    if (this.driver.verifyTiers && this.driver.capabilities().tiers.length === 0) await this.driver.verifyTiers();
     if (!driverSatisfies(this.driver, requirements)) {
       throw new SandboxError('tier_unsatisfied', `the ${this.driver.name} driver (tier ${this.driver.tier}) cannot run this Environment`);
     }

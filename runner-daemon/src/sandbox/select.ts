@@ -6,6 +6,7 @@ import Docker from 'dockerode';
 import type { Logger } from '@agentplane/core';
 import { DockerDriver } from './docker-driver.js';
 import { ProcessDriver } from './process-driver.js';
+import type { IsolationTier } from './tiers.js';
 import type { SandboxAttribution, SandboxDriver } from './types.js';
 
 export interface SelectDriverOptions {
@@ -17,12 +18,17 @@ export interface SelectDriverOptions {
   logger?: Logger;
   /** Labels recording who the sandboxes belong to (docker driver). */
   attribution?: SandboxAttribution;
+  /** Isolation tiers the Docker driver may offer (default: every verified tier). */
+  tiers?: readonly IsolationTier[];
 }
 
 export async function selectDriver(options: SelectDriverOptions): Promise<SandboxDriver | undefined> {
   const docker = options.docker ?? new Docker();
   if (await DockerDriver.available(docker)) {
-    return new DockerDriver({ runnerId: options.runnerId, docker, logger: options.logger, ...(options.attribution ? { attribution: options.attribution } : {}) });
+    return new DockerDriver({
+      runnerId: options.runnerId, docker, logger: options.logger,
+      ...(options.attribution ? { attribution: options.attribution } : {}), ...(options.tiers ? { tiers: options.tiers } : {}),
+    });
   }
   if (options.allowProcess === false) return undefined;
   options.logger?.warn('Docker is unavailable: using the process driver (tier process, UNISOLATED)');

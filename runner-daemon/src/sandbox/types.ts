@@ -6,7 +6,8 @@
 import { hostname } from 'node:os';
 import type { Readable, Writable } from 'node:stream';
 
-export type SandboxTier = 'container' | 'process';
+/** `container` (runc) and `gvisor` (runsc) are Docker tiers, claimed after a canary; `process` is unisolated. */
+export type SandboxTier = 'container' | 'gvisor' | 'process';
 /** `sandboxed`: isolated container; `trusted`: runs with the daemon's own rights (process driver). */
 export type LaunchKind = 'sandboxed' | 'trusted';
 /** `host` is reported by the process driver only: it shares the host network. */
@@ -111,6 +112,7 @@ export interface DriverCapabilities {
   network_modes: NetworkMode[];
   retention_modes: RetentionMode[];
   session_sandbox: boolean;
+  /** Mount kinds the driver serves (none yet: uploaded projects are not mounted). */
   mount_kinds: Array<'uploaded_project'>;
   runtime_assurances: RuntimeAssurance[];
   /** Set on drivers that give no isolation from the host. */
@@ -141,7 +143,10 @@ export interface SandboxDriver {
   suspend(sessionId: string): Promise<void>;
   usage(sandbox: Sandbox): Promise<ComputeUsage | undefined>;
   assurances(): RuntimeAssurance[];
+  /** `tiers` lists only what the driver verified (Docker: a canary sandbox per tier, see `verifyTiers`). */
   capabilities(): DriverCapabilities;
+  /** Drivers whose tiers need proving run their canaries (again, if the host changed). */
+  verifyTiers?(): Promise<unknown>;
 }
 
 /** What the harness tools need of a driver: running commands. */
@@ -230,9 +235,13 @@ export interface EnvironmentRequirements {
   required_assurances?: RuntimeAssurance[];
 }
 
-/** Whether a driver may run an Environment: the process driver never satisfies tier `container`. */
+/**
+ * Whether a driver may run an Environment: only a driver that verified the tier serves it (the
+ * process driver never serves `container` or `gvisor`).
+ */
 export function driverSatisfies(driver: Pick<SandboxDriver, 'tier' | 'assurances' | 'capabilities'>, requirements: EnvironmentRequirements): boolean {
-  if ((requirements.tier ?? 'container') === 'container' && driver.tier !== 'container') return false;
+  const tier = requirements.tier ?? 'container';
+  if (tier !== 'process' && !driver.capabilities().tiers.includes(tier)) return false;
   if (requirements.network_mode === 'none' && !driver.assurances().includes('network_isolation')) return false;
   if (requirements.network_mode && !driver.capabilities().network_modes.includes(requirements.network_mode)) return false;
   const have = new Set(driver.assurances());

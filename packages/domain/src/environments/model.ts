@@ -15,7 +15,8 @@ export const Network = Type.Union([
 const PackageList = Type.Array(Type.String({ pattern: '^[A-Za-z0-9@][A-Za-z0-9@/._+:=<>~^-]{0,213}$' }), { maxItems: 256, uniqueItems: true });
 export const Packages = Obj({ apt: Type.Optional(PackageList), npm: Type.Optional(PackageList), pip: Type.Optional(PackageList) });
 export const Driver = Type.Literal('docker');
-export const Tier = Type.Literal('container');
+/** `container` (runc) or `gvisor` (runsc, a user-space kernel); only runners that verified the tier get the Run. */
+export const Tier = Type.Union([Type.Literal('container'), Type.Literal('gvisor')]);
 export const Retention = Type.Union([Type.Literal('durable'), Type.Literal('ephemeral')]);
 /** Where the agent loop runs: in the runner, tools in the sandbox (`split`), or inside the sandbox (`colocated`). */
 export const Topology = Type.Union([Type.Literal('split'), Type.Literal('colocated')]);
@@ -31,7 +32,7 @@ export interface Environment extends VersionedDoc {
   description: string | null;
   image: string;
   driver: 'docker';
-  tier: 'container';
+  tier: Static<typeof Tier>;
   resources: Static<typeof Resources>;
   network: Static<typeof Network>;
   retention_mode: 'durable' | 'ephemeral';
