@@ -50,6 +50,9 @@ async function start(env: Record<string, string>): Promise<Started> {
   const proc = spawn(process.execPath, [join(ROOT_DIR, 'platform/dist/main.js')], {
     env: {
       PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: process.env.HOME ?? '/tmp', DATA_DIR: dataDir, PORT: String(port), LOG_LEVEL: 'info',
+      // A sandbox scope of its own (a sub-scope of the run's, removed at its end): sandboxes other
+      // test files keep at this moment are not "an earlier platform's" for this first boot.
+      AGENTPLANE_SANDBOX_SCOPE: `${process.env.AGENTPLANE_SANDBOX_SCOPE ?? 'test'}-signals-${port}`,
       ...env,
     },
     stdio: ['ignore', 'pipe', 'pipe'],

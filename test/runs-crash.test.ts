@@ -231,16 +231,22 @@ describe('crash paths', () => {
     expect(run?.attempts).toHaveLength(1);
   });
 
-  it('a Run no runner can ever serve fails fast with the reason', async () => {
+  it('a Run no runner in the pool can serve waits, saying why, until it is interrupted', async () => {
     const huge = (await api.post<{ id: string }>('/v1/environments', {
       name: 'huge', image: 'agentplane/sandbox:latest', resources: { cpu_millis: 256_000, memory_mib: 1_048_576, disk_mib: 4096, max_duration_seconds: 60 },
     })).id;
     const id = await turn([{ then: [{ reply: 'never' }] }], 'go', huge);
-    const evs = await waitEvents(id, (e) => e.some((x) => x.type === 'session.status_idle'), 20_000);
-    expect(evs.find((e) => e.type === 'session.status_idle')?.payload.stop_reason).toMatchObject({ type: 'error' });
-    const [run] = await runsOf(id);
-    expect(run?.status).toBe('failed');
-    expect(JSON.stringify(run?.failure)).toContain('no runner in the pool can serve');
+    const run = await waitFor('waiting with the reason', async () => {
+      const r = (await runsOf(id))[0] as (Json & { status: string; waiting_reason?: string }) | undefined;
+      return r?.status === 'waiting' && r.waiting_reason?.includes('no runner in the pool can serve') ? r : undefined;
+    }, 20_000);
+    expect(run.waiting_reason).toMatch(/exceeds the runner maximum/);
+    const waiting = await events(id);
+    expect(waiting.some((e) => e.type === 'session.run_waiting' && JSON.stringify(e.payload).includes('no runner in the pool can serve'))).toBe(true);
+    await api.post(`/v1/sessions/${id}/events`, { type: 'user.interrupt', payload: { authored_by: owner, caused_by: { kind: 'api' } } });
+    const evs = await waitEvents(id, (e) => e.some((x) => x.type === 'session.status_idle'), 15_000);
+    expect(evs.find((e) => e.type === 'session.status_idle')?.payload.stop_reason).toMatchObject({ type: 'interrupted' });
+    expect(evs.some((e) => e.type === 'agent.message')).toBe(false);
   });
 
   it('interrupt while queued removes the Run: it never runs and the turn ends interrupted', async () => {
