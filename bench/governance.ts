@@ -4,7 +4,12 @@
 //  1. in process: PolicySet.evaluate for one bash call (the compiled set, no I/O);
 //  2. the control plane's decision path: PolicyStore.decide against a real Redis (reads the
 //     policy-set version, evaluates the cached compiled set, appends the audit record when a rule
-//     decided) — what each `tool.check` frame costs the control plane.
+//     decided) — what each `tool.check` frame costs the control plane;
+//  3. the drive path over HTTP (`POST /v1/sessions/{id}/events`, a Principal credential sending
+//     `user.message`: live PermissionAssignment check, the drive ActionPolicy decision and its
+//     audit record) at one fixed request rate, with governance on (100 and 10,000 rules, one of
+//     which allows the Principal's messages) beside the floor: the same path, same rate, with an
+//     empty policy set.
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -13,10 +18,15 @@ import { Redis } from 'ioredis';
 import { createLogger, newId } from '@agentplane/core';
 import { DocumentStore, startEmbeddedRedis } from '@agentplane/store';
 import { AuditLog, PolicySet, PolicyStore, type ActionPolicyInput, type PolicyRule, type ToolCall } from '@agentplane/api';
+import autocannon from 'autocannon';
+import { HttpClient } from '@agentplane/client';
+import { startPlatform, type Platform } from '../test/harness/platform.js';
 import { printTable, summarize, type Row } from './lib/report.js';
 
 const ITER = Number(process.env.BENCH_ITERATIONS ?? 20_000);
 const SIZES = [1, 100, 10_000];
+const DRIVE_RATE = Number(process.env.BENCH_DRIVE_RATE ?? 100);
+const DRIVE_SECONDS = Number(process.env.BENCH_SECONDS ?? 10);
 const out = (s: string) => process.stdout.write(`${s}\n`);
 
 /** A realistic mix: exact tool names, name patterns, bash prefixes, file globs, Principal rules. */
@@ -112,7 +122,61 @@ async function main(): Promise<void> {
   }
 }
 
-main().catch((err: unknown) => {
+/** One drive phase: a fresh Session, `user.message` at DRIVE_RATE for DRIVE_SECONDS (after a short warm-up). */
+async function drivePhase(p: Platform, token: string, principal: string, envId: string): Promise<{ p50: number; p99: number; rps: number; bad: number }> {
+  const session = await p.root.post<{ id: string }>('/v1/sessions', { agent: { name: 'bench', model: 'default', tools: [] }, environment_id: envId });
+  const opts = {
+    url: `${p.baseUrl}/v1/sessions/${session.id}/events`, method: 'POST' as const,
+    headers: { authorization: `Bearer ${token}`, 'service-version': '2026-08-27', 'content-type': 'application/json' },
+    body: JSON.stringify({ type: 'user.message', payload: { content: 'hello', authored_by: principal, caused_by: { kind: 'api' } } }),
+    connections: 8, overallRate: DRIVE_RATE,
+  };
+  await autocannon({ ...opts, duration: 2 });
+  const r = await autocannon({ ...opts, duration: DRIVE_SECONDS });
+  return { p50: r.latency.p50, p99: r.latency.p99, rps: r.requests.average, bad: r.errors + r.non2xx };
+}
+
+async function drivePath(): Promise<void> {
+  const p = await startPlatform({ env: { LOG_LEVEL: 'warn' } });
+  try {
+    const ws = p.bootstrap.workspace_id;
+    const principal = (await p.root.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/principals`, {
+      external_subject_id: 'bench-driver', principal_type: 'service', display_name: 'Bench driver',
+    })).id;
+    const cred = await p.root.post<{ secret: string }>(`/v1/principals/${principal}/access-credentials`, { audience: 'api_mcp' }, { idempotencyKey: 'bench-cred' });
+    await p.root.post('/v1/permission-assignments', { principal_id: principal, target: { type: 'workspace', id: ws }, actions: ['invoke', 'steer', 'observe'] });
+    const envId = (await p.root.post<{ id: string }>('/v1/environments', {
+      name: 'bench', image: 'agentplane/sandbox:latest', resources: { cpu_millis: 1000, memory_mib: 256, disk_mib: 512, max_duration_seconds: 60 },
+    })).id;
+    const admin = new HttpClient({ baseUrl: p.baseUrl, token: p.bootstrap.root_key });
+
+    out(`\nloading the drive path: ${DRIVE_RATE} req/s for ${DRIVE_SECONDS}s per phase …`);
+    const floor = await drivePhase(p, cred.secret, principal, envId);
+    const rows: Row[] = [];
+    const bad: string[] = [`floor ${floor.bad}`];
+    let created = 0;
+    // The rule that decides the Principal's messages (an allow: the decision is recorded in the audit
+    // log); the rest are the mix above (over REST, without the made-up Principals).
+    await admin.post('/v1/action-policies', { effect: 'allow', tool: { kind: 'drive', name: 'user.message' }, principal_id: principal });
+    created++;
+    for (const size of [100, 10_000]) {
+      for (; created < size; created += 100) {
+        await Promise.all(Array.from({ length: Math.min(100, size - created) }, (_, k) => admin.post('/v1/action-policies', { ...ruleInput(created + k), principal_id: null })));
+      }
+      const ours = await drivePhase(p, cred.secret, principal, envId);
+      rows.push({ metric: `drive, ${size} rules, p50`, ours: ours.p50, floor: floor.p50, unit: 'ms' });
+      rows.push({ metric: `drive, ${size} rules, p99`, ours: ours.p99, floor: floor.p99, unit: 'ms' });
+      rows.push({ metric: `drive, ${size} rules, served`, ours: ours.rps, floor: floor.rps, unit: 'req/s', higherIsBetter: true });
+      bad.push(`${size} rules ${ours.bad}`);
+    }
+    printTable(`The drive path at ${DRIVE_RATE} req/s, governance on vs the same path with an empty policy set (floor)`, rows);
+    out(`non-2xx or errors: ${bad.join(', ')}`);
+  } finally {
+    await p.stop();
+  }
+}
+
+main().then(drivePath).catch((err: unknown) => {
   process.stderr.write(`${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
   process.exit(1);
 });
