@@ -143,6 +143,13 @@ describe('ActionApprovals', () => {
     expect(content).not.toContain('output-text');
     // The model was handed the refusal as the tool's result.
     expect(JSON.stringify(events.filter((e) => e.type === 'agent.message'))).toContain('Not run');
+
+    // Deleting the Session erases its approvals (they hold tool inputs).
+    expect((await api.request('DELETE', `/v1/sessions/${id}`)).status).toBe(200);
+    const gone = await p.root.request('GET', `/v1/action-approvals/${approval.id}`);
+    expect([gone.status, errType(gone)]).toEqual([404, 'validation.not_found']);
+    const all = await p.root.get<{ data: Approval[] }>('/v1/action-approvals?limit=100');
+    expect(all.data.map((a) => a.id)).not.toContain(approval.id);
     await p.root.request('DELETE', `/v1/action-policies/${rule}`);
   });
 
@@ -226,6 +233,8 @@ describe('ActionApprovals', () => {
 
     // One approval answers one of two waits: the turn continues only when both are resolved.
     expect((await resolve(mine[0]!.id, 'approve')).status).toBe(200);
+    // A continuation would have moved the thread to running before the approve answered.
+    expect((await p.root.get<{ status: string }>(`/v1/sessions/${id}/threads/${mine[0]!.session_thread_id}`)).status).toBe('idle');
     expect((await resolve(mine[1]!.id, 'deny')).status).toBe(200);
     const all = await untilEvents(api, id, (e) => idleCount(e) >= 2);
     expect(stopOf(all, 1)).toMatchObject({ type: 'end_turn' });

@@ -270,6 +270,19 @@ export class ApprovalService {
     if (thread && resolved) await this.d.scheduler().waitsResolved(a.session_id, a.session_thread_id, thread._active_run_id);
   }
 
+  /** Session delete: its approvals (which hold tool inputs) are removed with it; retry-safe. */
+  async eraseSession(ws: string, sessionId: string): Promise<void> {
+    const tag = tags.workspace(ws);
+    const ids = await this.d.redis.zrange(keys.index(tag, bySession(sessionId)), 0, -1);
+    for (let i = 0; i < ids.length; i += 500) {
+      const m = this.d.redis.multi();
+      for (const id of ids.slice(i, i + 500)) m.del(keys.doc(tag, id)).zrem(keys.index(tag, APPROVALS), id);
+      await m.exec();
+    }
+    await this.d.redis.del(keys.index(tag, bySession(sessionId)));
+    await this.d.redis.del(toolUseKey(sessionId));
+  }
+
   /** Waits a Run reported: a use with an approval waits for it (kind `approval`), not for a drive event. */
   async waitKinds(sessionId: string, waits: { tool_use_id: string; kind: WaitKind }[]): Promise<{ tool_use_id: string; kind: WaitKind }[]> {
     if (waits.length === 0) return waits;
