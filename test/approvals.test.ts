@@ -39,8 +39,8 @@ afterAll(async () => {
   await p?.stop();
 });
 
-async function session(system: string): Promise<string> {
-  return (await api.post<{ id: string }>('/v1/sessions', { agent: { name: 'approver', model: 'default', system, tools: [{ type: 'builtin', name: 'bash' }] }, environment_id: envId })).id;
+async function session(system: string, tools: Json[] = [{ type: 'builtin', name: 'bash' }]): Promise<string> {
+  return (await api.post<{ id: string }>('/v1/sessions', { agent: { name: 'approver', model: 'default', system, tools }, environment_id: envId })).id;
 }
 async function gate(prefix: string, extra: Json = {}): Promise<string> {
   return (await p.root.post<{ id: string }>('/v1/action-policies', {
@@ -289,6 +289,33 @@ describe('ActionApprovals', () => {
     const events = await untilEvents(api, id, (e) => idleCount(e) >= 2);
     expect(results(events, approval.tool_use_id)).toHaveLength(1);
     await p.root.request('DELETE', `/v1/permission-assignments/${grant.id}`);
+    await p.root.request('DELETE', `/v1/action-policies/${rule}`);
+  });
+
+  it('an always_ask tool under a require_approval rule needs both: the approval, then the user\'s confirmation; it runs once', async () => {
+    const rule = await gate('echo doubly');
+    const id = await session(bashScript('echo doubly gated'), [{ type: 'builtin', name: 'bash', permission: 'always_ask' }]);
+    const confirm = (toolUseId: string) => api.request('POST', `/v1/sessions/${id}/events`, {
+      body: { type: 'user.tool_confirmation', payload: { tool_use_id: toolUseId, result: 'allow', authored_by: principal, caused_by: { kind: 'api' } } },
+    });
+    await api.post(`/v1/sessions/${id}/events`, msg('run it'));
+    const first = await untilEvents(api, id, (e) => idleCount(e) >= 1);
+    const approvalId = String(first.find((e) => e.type === 'session.action_approval_requested')?.payload.approval_id);
+    const toolUseId = String(first.find((e) => e.type === 'agent.tool_use')?.payload.id);
+    expect((await confirm(toolUseId)).status).toBe(409);
+    expect((await resolve(approvalId, 'approve')).status).toBe(200);
+
+    // Approved, the use still waits for its tool's own confirmation (a new wait, answerable by the user).
+    const second = await untilEvents(api, id, (e) => idleCount(e) >= 2);
+    expect(stopOf(second, 1)).toMatchObject({ type: 'requires_action', tool_use_ids: [toolUseId] });
+    expect(results(second)).toHaveLength(0);
+    const answered = await confirm(toolUseId);
+    expect([answered.status, errMsg(answered)]).toEqual([201, ""]);
+    const third = await untilEvents(api, id, (e) => idleCount(e) >= 3);
+    expect(stopOf(third, 2)).toMatchObject({ type: 'end_turn' });
+    expect(results(third, toolUseId)).toHaveLength(1);
+    expect(String(results(third, toolUseId)[0]?.payload.content)).toContain('doubly gated');
+    expect(third.filter((e) => e.type === 'session.action_approval_requested')).toHaveLength(1);
     await p.root.request('DELETE', `/v1/action-policies/${rule}`);
   });
 

@@ -283,11 +283,22 @@ export class ApprovalService {
     await this.d.redis.del(toolUseKey(sessionId));
   }
 
-  /** Waits a Run reported: a use with an approval waits for it (kind `approval`), not for a drive event. */
-  async waitKinds(sessionId: string, waits: { tool_use_id: string; kind: WaitKind }[]): Promise<{ tool_use_id: string; kind: WaitKind }[]> {
+  /**
+   * Waits a Run reported: a use whose approval is pending, or that this very Run opened, waits
+   * for the approval (kind `approval`), not for a drive event. A use a later Run reports blocking
+   * after its approval was resolved waits for what its tool asks (an `always_ask` confirmation,
+   * a custom tool's result).
+   */
+  async waitKinds(ws: string, sessionId: string, runId: string, waits: { tool_use_id: string; kind: WaitKind }[]): Promise<{ tool_use_id: string; kind: WaitKind }[]> {
     if (waits.length === 0) return waits;
     const ids = await this.d.redis.hmget(toolUseKey(sessionId), ...waits.map((w) => w.tool_use_id));
-    return waits.map((w, i) => (ids[i] ? { ...w, kind: 'approval' as const } : w));
+    const found = ids.filter((x): x is string => x !== null);
+    if (found.length === 0) return waits;
+    const docs = new Map((await this.d.docs.getMany<ActionApproval>(tags.workspace(ws), found)).map((a) => [a.id, a]));
+    return waits.map((w, i) => {
+      const a = ids[i] ? docs.get(ids[i] as string) : undefined;
+      return a && (a.status === 'pending' || a.run_id === runId) ? { ...w, kind: 'approval' as const } : w;
+    });
   }
 
   /** After a Run's waits are registered: approvals resolved meanwhile answer them now. */

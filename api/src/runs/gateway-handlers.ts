@@ -96,7 +96,7 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     if ((await d.keeper.complete(leaseOf(rec), result)) === 'lost') return void revoke(conn, msg.payload, 'the lease was lost before completion');
     firstEventSeen.delete(rec.lease_id);
     // A use under an ActionApproval waits for the approval, not for a drive event.
-    const waits = result.waits ? await d.approvals.waitKinds(rec.session_id, result.waits) : undefined;
+    const waits = result.waits ? await d.approvals.waitKinds(rec.workspace_id, rec.session_id, rec.run_id, result.waits) : undefined;
     await d.lifecycle.succeeded(rec.session_id, rec.run_id, rec.lease_id, {
       stop_reason: (result.stop_reason ?? { type: 'end_turn' }) as TurnResult['stop_reason'],
       ...(waits ? { waits } : {}),
