@@ -319,6 +319,43 @@ describe('ActionApprovals', () => {
     await p.root.request('DELETE', `/v1/action-policies/${rule}`);
   });
 
+  it('a custom tool under a require_approval rule: the client answers only once approved; denied, the client is never asked', async () => {
+    const rule = (await p.root.post<{ id: string }>('/v1/action-policies', { effect: 'require_approval', tool: { kind: 'custom', name: 'get_weather' } })).id;
+    const id = await session(SCRIPT([
+      { when: { user_contains: 'weather' }, then: [{ tool: 'get_weather', input: { city: '{{user}}' } }] },
+      { when: { after_tool: 'get_weather' }, then: [{ reply: 'Forecast: {{tool_result}}' }] },
+    ]), [{ type: 'custom', name: 'get_weather', description: 'Weather for a city', input_schema: { type: 'object', properties: { city: { type: 'string' } } } }]);
+    const answer = (toolUseId: string) => api.request('POST', `/v1/sessions/${id}/events`, {
+      body: { type: 'user.custom_tool_result', payload: { tool_use_id: toolUseId, result: 'sunny, 21C', authored_by: principal, caused_by: { kind: 'api' } } },
+    });
+    await api.post(`/v1/sessions/${id}/events`, msg('weather in Paris'));
+    const first = await untilEvents(api, id, (e) => idleCount(e) >= 1);
+    const use = first.find((e) => e.type === 'agent.tool_use');
+    expect(use?.payload).toMatchObject({ blocking: true, awaiting: 'custom_tool_result' });
+    const toolUseId = String(use?.payload.id);
+    const early = await answer(toolUseId);
+    expect([early.status, errType(early)]).toEqual([409, 'runtime.invalid_transition']);
+    const approvalId = String(first.find((e) => e.type === 'session.action_approval_requested')?.payload.approval_id);
+    expect((await resolve(approvalId, 'approve')).status).toBe(200);
+    const second = await untilEvents(api, id, (e) => idleCount(e) >= 2);
+    expect(stopOf(second, 1)).toMatchObject({ type: 'requires_action', tool_use_ids: [toolUseId] });
+    expect((await answer(toolUseId)).status).toBe(201);
+    const third = await untilEvents(api, id, (e) => idleCount(e) >= 3);
+    expect(stopOf(third, 2)).toMatchObject({ type: 'end_turn' });
+    expect(JSON.stringify(third.filter((e) => e.type === 'agent.message'))).toContain('sunny, 21C');
+
+    await api.post(`/v1/sessions/${id}/events`, msg('weather in Rome'));
+    const fourth = await untilEvents(api, id, (e) => idleCount(e) >= 4);
+    const again = fourth.filter((e) => e.type === 'session.action_approval_requested').at(-1)?.payload;
+    expect((await resolve(String(again?.approval_id), 'deny')).status).toBe(200);
+    const fifth = await untilEvents(api, id, (e) => idleCount(e) >= 5);
+    expect(stopOf(fifth, 4)).toMatchObject({ type: 'end_turn' });
+    expect(results(fifth, String(again?.tool_use_id))[0]?.payload).toMatchObject({ is_error: true, denied: true, policy_rule_id: rule });
+    const late = await answer(String(again?.tool_use_id));
+    expect([late.status, errType(late)]).toEqual([409, 'runtime.invalid_transition']);
+    await p.root.request('DELETE', `/v1/action-policies/${rule}`);
+  });
+
   it('the MCP compact catalog lists the approvals queue and its resolution; tools/call resolves through the same pipeline', async () => {
     const names = await mcpToolNames(p.baseUrl, p.bootstrap.root_key);
     expect(names).toEqual(expect.arrayContaining([
