@@ -143,10 +143,14 @@ export class ApprovalService {
     if (existing?.status === 'expired') {
       return { decision: 'deny', rule_id: existing.rule_id, message: `ActionApproval ${existing.id} expired at ${existing.expires_at} without a decision` };
     }
-    const principals = await this.authors.of(ctx.session_id, ctx.run_id).catch((err: unknown) => {
-      this.d.log.warn({ err, run: ctx.run_id }, 'could not read the Run author; Principal-scoped rules cannot match');
-      return [] as string[];
-    });
+    let principals: string[];
+    try {
+      principals = await this.authors.of(ctx.session_id, ctx.run_id);
+    } catch (err) {
+      // Without its authors the Principal-scoped rules cannot be applied: fail closed.
+      this.d.log.error({ err, run: ctx.run_id }, 'could not read the Run author Principals; denying');
+      return { decision: 'deny', rule_id: null, message: "the Run's author Principals could not be determined, so its ActionPolicies cannot be applied; denied (fail closed)" };
+    }
     const call = { kind: q.tool.kind, name: q.tool.name, connection_id: q.tool.connection_id, input: q.input };
     const dctx = { actor: { id: ctx.run_id, credential_id: ctx.runner_id }, target: ctx.session_id };
     let d: PolicyDecision | null = null;
