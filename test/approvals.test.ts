@@ -356,6 +356,17 @@ describe('ActionApprovals', () => {
     await p.root.request('DELETE', `/v1/action-policies/${rule}`);
   });
 
+  it('an archived Session takes no new work: its pending approval cannot be resolved', async () => {
+    const rule = await gate('echo archived');
+    const { id, approval } = await waitingTurn('echo archived now');
+    expect((await api.request('POST', `/v1/sessions/${id}/archive`, { body: {} })).status).toBe(200);
+    const refused = await resolve(approval.id, 'approve');
+    expect([refused.status, errType(refused)]).toEqual([409, 'runtime.invalid_transition']);
+    expect(errMsg(refused)).toContain('archived');
+    expect((await p.root.get<Approval>(`/v1/action-approvals/${approval.id}`)).status).toBe('pending');
+    await p.root.request('DELETE', `/v1/action-policies/${rule}`);
+  });
+
   it('the MCP compact catalog lists the approvals queue and its resolution; tools/call resolves through the same pipeline', async () => {
     const names = await mcpToolNames(p.baseUrl, p.bootstrap.root_key);
     expect(names).toEqual(expect.arrayContaining([

@@ -213,6 +213,10 @@ export class ApprovalService {
    */
   async resolve(ws: string, id: string, verdict: 'approve' | 'deny', opts: { expectedVersion?: number | undefined; reason?: string | null | undefined }, actor: AuditActor): Promise<ActionApproval> {
     const current = await this.get(ws, id);
+    const session = await this.d.sessions.get(ws, current.session_id);
+    if (current.status === 'pending' && session.archived_at !== null) {
+      throw new ApiError('runtime.invalid_transition', `the session ${session.id} is archived: it takes no new work, so its approvals can no longer be resolved`);
+    }
     if (current.status === 'pending' && Date.parse(current.expires_at) <= Date.now()) {
       await this.expire(ws, id);
       throw new ApiError('runtime.invalid_transition', `action approval ${id} expired at ${current.expires_at}; it can no longer be resolved`);
@@ -271,7 +275,10 @@ export class ApprovalService {
       if (err instanceof ApiError && err.type === 'validation.not_found') return null;
       throw err;
     });
-    if (thread && resolved) await this.d.scheduler().waitsResolved(a.session_id, a.session_thread_id, thread._active_run_id);
+    if (!thread || !resolved) return;
+    // An archived Session takes no new work: the wait is answered, but no turn continues.
+    const session = await this.d.sessions.get(a.workspace_id, a.session_id).catch(() => null);
+    if (session && session.archived_at === null) await this.d.scheduler().waitsResolved(a.session_id, a.session_thread_id, thread._active_run_id);
   }
 
   /** Session delete: its approvals (which hold tool inputs) are removed with it; retry-safe. */
