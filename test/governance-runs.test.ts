@@ -75,31 +75,37 @@ describe('ActionPolicies on the runner path', () => {
     }
   });
 
-  it('require_approval waits with requires_action; an allow runs the tool once, a deny ends it with a refusal', async () => {
+  it('colocated: require_approval waits for its ActionApproval; approved it runs once, denied it is refused', async () => {
+    const colocated = (await api.post<{ id: string }>('/v1/environments', {
+      name: 'colocated-approvals', image: 'agentplane/sandbox:latest', harness_topology: 'colocated',
+      resources: { cpu_millis: 1000, memory_mib: 256, disk_mib: 512, max_duration_seconds: 120 },
+    })).id;
     const rule = await policy({ effect: 'require_approval', tool: { kind: 'builtin', name: 'bash' }, arguments: { command_prefix: 'echo gated' } });
     const id = await session(SCRIPT([
       { when: { user_contains: 'run' }, then: [{ tool: 'bash', input: { command: 'echo gated output' } }] },
       { when: { on: 'tool_result' }, then: [{ reply: 'Result: {{tool_result}}' }] },
-    ]));
-    const confirm = (toolUseId: string, result: 'allow' | 'deny') => api.post(`/v1/sessions/${id}/events`, {
-      type: 'user.tool_confirmation', payload: { tool_use_id: toolUseId, result, authored_by: principal, caused_by: { kind: 'api' } },
-    });
+    ]), [{ type: 'builtin', name: 'bash' }], colocated);
+    const approvalOf = (events: TurnEvent[]) => String(events.filter((e) => e.type === 'session.action_approval_requested').at(-1)?.payload.approval_id);
     await api.post(`/v1/sessions/${id}/events`, msg('run it'));
     const first = await untilEvents(api, id, (e) => idleCount(e) >= 1);
     expect(first.find((e) => e.type === 'session.status_idle')?.payload.stop_reason).toMatchObject({ type: 'requires_action' });
     const use = first.find((e) => e.type === 'agent.tool_use');
     expect(use?.payload).toMatchObject({ blocking: true, awaiting: 'tool_confirmation' });
     expect(results(first)).toHaveLength(0);
-    await confirm(String(use?.payload.id), 'allow');
+    // A drive event cannot stand in for the approval.
+    const bypass = await api.request('POST', `/v1/sessions/${id}/events`, {
+      body: { type: 'user.tool_confirmation', payload: { tool_use_id: String(use?.payload.id), result: 'allow', authored_by: principal, caused_by: { kind: 'api' } } },
+    });
+    expect(bypass.status).toBe(409);
+    expect((await p.root.request('POST', `/v1/action-approvals/${approvalOf(first)}/approve`, { body: {} })).status).toBe(200);
     const after = await untilEvents(api, id, (e) => idleCount(e) >= 2);
     expect(results(after).filter((e) => String(e.payload.content).includes('gated output'))).toHaveLength(1);
 
     await api.post(`/v1/sessions/${id}/events`, msg('run it again'));
     const again = await untilEvents(api, id, (e) => idleCount(e) >= 3);
-    const second = again.filter((e) => e.type === 'agent.tool_use').at(-1);
-    await confirm(String(second?.payload.id), 'deny');
+    expect((await p.root.request('POST', `/v1/action-approvals/${approvalOf(again)}/deny`, { body: {} })).status).toBe(200);
     const denied = await untilEvents(api, id, (e) => idleCount(e) >= 4);
-    expect(results(denied).at(-1)?.payload).toMatchObject({ is_error: true, denied: true });
+    expect(results(denied).at(-1)?.payload).toMatchObject({ is_error: true, denied: true, policy_rule_id: rule });
     expect(results(denied).filter((e) => String(e.payload.content).includes('gated output'))).toHaveLength(1);
     const audit = await p.root.post<{ data: { outcome: string; detail: string }[] }>('/v1/audit/export', { target: id, action: 'policy.builtin:bash' });
     expect(audit.data.map((r) => r.outcome)).toContain('requested');

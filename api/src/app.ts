@@ -21,10 +21,9 @@ import { IdempotencyStore } from './http/idempotency.js';
 import { buildRouter, errorBoundary, unmatchedRoute } from './http/router.js';
 import { mcpEdge } from './mcp/edge.js';
 import { runtimeMcp } from './mcp/runtime.js';
-import { LeaseFence } from '@agentplane/lease';
-import { RedisRuntimeBearers } from '@agentplane/domain';
-import { CredentialIndex } from '@agentplane/domain';
-import { IdentityService } from '@agentplane/domain';
+import { DelayedJobs, LeaseFence } from '@agentplane/lease';
+import { ApprovalService, type ApprovalJob } from './approvals/service.js';
+import { CredentialIndex, IdentityService, RedisRuntimeBearers } from '@agentplane/domain';
 import { allOperations } from './routes.js';
 import { RunnerService } from '@agentplane/domain';
 import { createRunsModule } from './runs/module.js';
@@ -67,6 +66,12 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
   const runs = createRunsModule({ config, redis, log, store: sessionStore, runtime: threadRuntime, environments, runners });
   turns.scheduler = runs.engine;
   const eventHub = new EventHub(subscriber);
+  const policies = new PolicyStore(redis, docs, audit, log);
+  // Approval expiries are BullMQ delayed jobs (their own never-give-up connection).
+  const approvalJobs = new DelayedJobs<ApprovalJob>('approvals', connectRedis(config.redisUrl, { name: 'api:approvals', blocking: true }));
+  const approvals = new ApprovalService({
+    redis, docs, audit, policies, sessions: sessionStore, scheduler: () => turns.scheduler, jobs: approvalJobs, config: config.approvals, log,
+  });
   metrics.gauge('agentplane_sse_streams', 'Session SSE streams open in this process').set({}, activeStreams);
   metrics.gauge('agentplane_event_hub_channels', 'Session channels this process is subscribed to').set({}, () => eventHub.channelCount);
   return {
@@ -94,7 +99,8 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
     secretBox,
     audit,
     permissions: new PermissionStore(redis, docs),
-    policies: new PolicyStore(redis, docs, audit, log),
+    policies,
+    approvals,
     idempotency: new IdempotencyStore(redis, secretBox, config.idempotencyTtlSeconds),
     identity,
     runners,
@@ -135,6 +141,8 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
   app.use(runtimeMcp(deps, { verifier: runtimeBearers }));
   app.use(runtimeFiles(deps, runtimeBearers));
   app.use(router.routes());
+  // Every API process works off due approval expiries (BullMQ gives each job to one of them).
+  deps.approvals.startExpiry();
   app.use(unmatchedRoute(router));
 
   const server = createServer({ keepAliveTimeout: 65_000, requestTimeout: 0, headersTimeout: 30_000 }, app.callback());
@@ -147,7 +155,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
   if (gateway) {
     registerRunHandlers(gateway, {
       keeper: deps.runs.keeper, records: deps.runs.records, lifecycle: deps.runs.lifecycle, log: deps.sessions.store.log,
-      store: deps.sessions.store, models: deps.models, lease: config.lease, logger: log, policies: deps.policies,
+      store: deps.sessions.store, models: deps.models, lease: config.lease, logger: log, approvals: deps.approvals,
     });
     registerSandboxRelease(gateway, deps.docs);
   }
@@ -169,6 +177,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
       shutdown.abort();
       await gateway?.close();
       await deps.runs.close();
+      await deps.approvals.close();
       await new Promise<void>((resolve) => {
         const timer = setTimeout(() => {
           server.closeAllConnections();

@@ -1,5 +1,6 @@
 import { readFileSync } from 'node:fs';
 import { leaseConfigFrom, type LeaseConfig } from '@agentplane/lease';
+import { DEFAULT_APPROVAL_EXPIRY_SECONDS, MAX_APPROVAL_EXPIRY_SECONDS } from './approvals/limits.js';
 import { envBool, envInt, envOptional, envString, type Env, ConfigError } from '@agentplane/core';
 
 export interface ApiConfig {
@@ -42,6 +43,8 @@ export interface ApiConfig {
   /** Serve the web console at /console (CONSOLE_ENABLED) from this built directory (CONSOLE_DIR; default the repository's console/dist). */
   consoleEnabled: boolean;
   consoleDir: string | undefined;
+  /** ActionApprovals: expiry when the rule sets none (ACTION_APPROVAL_EXPIRY_SECONDS) and the ceiling of every expiry. */
+  approvals: { defaultExpirySeconds: number; maxExpirySeconds: number };
 }
 
 function loadMasterKey(env: Env): Buffer {
@@ -78,6 +81,10 @@ export function loadApiConfig(env: Env): ApiConfig {
     runnerPresenceTtlMs: envInt(env, 'RUNNER_PRESENCE_TTL_MS', 20_000, 300, 3_600_000),
     runnerMaxFrameBytes: envInt(env, 'RUNNER_MAX_FRAME_BYTES', 1024 * 1024, 1024, 64 * 1024 * 1024),
     pairingRedeemPerMinute: envInt(env, 'PAIRING_REDEEM_PER_MINUTE', 60, 1, 100_000),
+    approvals: {
+      defaultExpirySeconds: envInt(env, 'ACTION_APPROVAL_EXPIRY_SECONDS', DEFAULT_APPROVAL_EXPIRY_SECONDS, 1, MAX_APPROVAL_EXPIRY_SECONDS),
+      maxExpirySeconds: MAX_APPROVAL_EXPIRY_SECONDS,
+    },
     modelPricesFile: envOptional(env, 'MODEL_PRICES_FILE'),
     modelProviderTimeoutMs: envInt(env, 'MODEL_PROVIDER_TIMEOUT_MS', 60_000, 100),
     consoleEnabled: envBool(env, 'CONSOLE_ENABLED', true),

@@ -13,6 +13,7 @@ import { fileOperations } from './files/operations.js';
 import { auditOperations } from './audit/operations.js';
 import { governanceOperations } from './governance/operations.js';
 import { policyOperations } from './governance/policy-operations.js';
+import { approvalOperations } from './approvals/operations.js';
 
 /**
  * The operation table: every REST operation of the API, once. The router, the OpenAPI
@@ -23,6 +24,6 @@ export function allOperations(): Operation[] {
   const table: Operation[] = [];
   table.push(...metaOperations(() => table), ...identityOperations, ...runnerOperations, ...modelOperations);
   table.push(...agentOperations, ...environmentOperations, ...sessionOperations, ...threadOperations);
-  table.push(...connectionOperations, ...runOperations, ...fileOperations, ...auditOperations, ...governanceOperations, ...policyOperations);
+  table.push(...connectionOperations, ...runOperations, ...fileOperations, ...auditOperations, ...governanceOperations, ...policyOperations, ...approvalOperations);
   return table;
 }

@@ -11,9 +11,11 @@ export interface ActionPolicy extends StoredDoc {
   tool: { kind: ToolKind | 'any'; name: string; connection_id: string | null };
   arguments: { command_prefix: string | null; path_glob: string | null };
   principal_id: string | null;
+  /** `require_approval` only: how long its ActionApprovals wait before they expire (null: the platform default). */
+  approval_expires_in_seconds?: number | null;
 }
 
-export type ActionPolicyInput = Pick<ActionPolicy, 'effect' | 'tool' | 'arguments' | 'principal_id' | 'description'>;
+export type ActionPolicyInput = Pick<ActionPolicy, 'effect' | 'tool' | 'arguments' | 'principal_id' | 'description' | 'approval_expires_in_seconds'>;
 
 export const POLICIES = 'action_policies';
 

@@ -7,6 +7,7 @@ import type { ApiDeps } from '../deps.js';
 import type { Principal } from '@agentplane/domain';
 import { POLICY_EFFECTS, TOOL_KINDS } from './policy-eval.js';
 import { POLICIES, type ActionPolicy, type ActionPolicyInput } from './policies.js';
+import { MAX_APPROVAL_EXPIRY_SECONDS } from '../approvals/limits.js';
 
 const Effect = Type.Union(POLICY_EFFECTS.map((e) => Type.Literal(e)));
 const Kind = Type.Union(TOOL_KINDS.map((k) => Type.Literal(k)));
@@ -26,6 +27,7 @@ const PolicyBody = {
   arguments: Type.Optional(ArgumentsSchema),
   principal_id: Type.Optional(Nullable(Id('principal'))),
   description: Type.Optional(Nullable(Type.String({ maxLength: 1000 }))),
+  approval_expires_in_seconds: Type.Optional(Nullable(Type.Integer({ minimum: 1, maximum: MAX_APPROVAL_EXPIRY_SECONDS }))),
 };
 export const ActionPolicySchema = Obj({
   id: Id('actionPolicy'), type: Type.Literal('action_policy'), workspace_id: Id('workspace'), description: Nullable(Type.String()),
@@ -33,6 +35,7 @@ export const ActionPolicySchema = Obj({
   tool: Obj({ kind: Type.Union([Kind, Type.Literal('any')]), name: Type.String(), connection_id: Nullable(Type.String()) }),
   arguments: Obj({ command_prefix: Nullable(Type.String()), path_glob: Nullable(Type.String()) }),
   principal_id: Nullable(Type.String()),
+  approval_expires_in_seconds: Type.Optional(Nullable(Type.Integer())),
   version: Type.Integer(), created_at: Timestamp(), updated_at: Timestamp(),
 });
 const PolicyPath = Obj({ action_policy_id: Id('actionPolicy') });
@@ -43,6 +46,7 @@ type BodyIn = {
   arguments?: { command_prefix?: string | null | undefined; path_glob?: string | null | undefined } | undefined;
   principal_id?: string | null | undefined;
   description?: string | null | undefined;
+  approval_expires_in_seconds?: number | null | undefined;
 };
 
 /** Normalise and check a rule: its Principal and Connection must be this Workspace's; argument patterns only where they mean something. */
@@ -53,7 +57,11 @@ async function input(deps: ApiDeps, ws: string, b: BodyIn): Promise<ActionPolicy
     arguments: { command_prefix: b.arguments?.command_prefix ?? null, path_glob: b.arguments?.path_glob ?? null },
     principal_id: b.principal_id ?? null,
     description: b.description ?? null,
+    approval_expires_in_seconds: b.approval_expires_in_seconds ?? null,
   };
+  if (out.approval_expires_in_seconds !== null && out.effect !== 'require_approval') {
+    throw new ApiError('validation.malformed', "body.approval_expires_in_seconds: only for effect 'require_approval'");
+  }
   if (out.arguments.command_prefix && !(out.tool.kind === 'builtin' && out.tool.name === 'bash')) {
     throw new ApiError('validation.malformed', "body.arguments.command_prefix: only for the builtin tool 'bash'");
   }

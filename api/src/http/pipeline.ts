@@ -1,6 +1,6 @@
 import type { IncomingMessage } from 'node:http';
 import { randomBytes } from 'node:crypto';
-import { ApiError, validator, type TSchema } from '@agentplane/core';
+import { ApiError, isId, validator, type TSchema } from '@agentplane/core';
 import { tags } from '@agentplane/store';
 import type { ApiDeps } from '../deps.js';
 import { ANONYMOUS, type Caller } from './caller.js';
@@ -256,7 +256,9 @@ async function checkPermission(decl: PermissionDeclaration, caller: Caller, para
     const id = typeof agent === 'string' ? agent : typeof agent === 'object' && agent !== null ? (agent as { id?: unknown }).id : undefined;
     if (typeof id === 'string' && targetTypeOf(id) === 'agent') target = { type: 'agent', id };
   } else if (decl.target !== 'workspace') {
-    const id = String(params[decl.target] ?? '');
+    let id = String(params[decl.target] ?? '');
+    // An ActionApproval is governed as the Session whose tool use it holds.
+    if (isId('approval', id)) id = (await deps.approvals.get(ws, id)).session_id;
     const type = targetTypeOf(id);
     if (type === 'session') {
       const s = await deps.sessions.store.get(ws, id);

@@ -5,9 +5,8 @@ import type { LeaseRef } from '@agentplane/protocol';
 import type { EventLog } from '@agentplane/store';
 import type { ModelsModule } from '../models/module.js';
 import { ModelStreams } from '../models/model-streams.js';
-import type { SessionStore } from '@agentplane/domain';
-import type { RunLifecycle, TurnResult } from '@agentplane/domain';
-import type { PolicyStore } from '../governance/policies.js';
+import type { RunLifecycle, SessionStore, TurnResult } from '@agentplane/domain';
+import type { ApprovalService } from '../approvals/service.js';
 
 export interface RunHandlerDeps {
   keeper: LeaseKeeper;
@@ -18,8 +17,8 @@ export interface RunHandlerDeps {
   models: ModelsModule;
   lease: LeaseConfig;
   logger: Logger;
-  /** ActionPolicies: the tool-call boundary asks them through `tool.check`. */
-  policies: PolicyStore;
+  /** ActionPolicies and ActionApprovals: the tool-call boundary asks them through `tool.check`. */
+  approvals: ApprovalService;
 }
 
 const leaseOf = (rec: LeaseRecord): Lease => ({
@@ -119,10 +118,14 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     const result = (msg.payload.result ?? {}) as Partial<TurnResult>;
     if ((await d.keeper.complete(leaseOf(rec), result)) === 'lost') return void revoke(conn, msg.payload, 'the lease was lost before completion');
     firstEventSeen.delete(rec.lease_id);
+    // A use under an ActionApproval waits for the approval, not for a drive event.
+    const waits = result.waits ? await d.approvals.waitKinds(rec.workspace_id, rec.session_id, rec.run_id, result.waits) : undefined;
     await d.lifecycle.succeeded(rec.session_id, rec.run_id, rec.lease_id, {
       stop_reason: (result.stop_reason ?? { type: 'end_turn' }) as TurnResult['stop_reason'],
-      ...(result.waits ? { waits: result.waits } : {}),
+      ...(waits ? { waits } : {}),
     });
+    // Approvals resolved while the Run was still ending answer their waits now.
+    if (waits) await d.approvals.settleWaits(rec.workspace_id, rec.session_id, waits).catch((err: unknown) => d.logger.error({ err, run: rec.run_id }, 'settling approval waits failed'));
     await d.records.remove(rec.lease_id, rec.runner_id);
   });
 
@@ -195,7 +198,9 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
 
   /**
    * The tool-call boundary: the runner asks before running each tool use. Only a live lease of
-   * this runner gets an answer other than deny; an evaluation failure denies (fail closed).
+   * this runner gets an answer other than deny; an evaluation failure denies (fail closed). The
+   * ActionPolicies are those of the lease's Workspace, for the Run's author Principals; a
+   * `require_approval` opens (or reads) the use's ActionApproval.
    */
   gw.on('tool.check', async (conn, msg) => {
     const p = msg.payload;
@@ -203,13 +208,17 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
       conn.send('tool.decision', { lease_id: p.lease_id, attempt: p.attempt, tool_use_id: p.tool_use_id, decision, rule_id, message: message.slice(0, 2048) }, msg.id);
     const rec = await recordFor(conn, p).catch(() => null);
     if (!rec) return void answer('deny', null, 'tool calls need a live lease held by this runner');
-    const d = await d_policies(rec, p);
-    answer(d.decision, d.rule_id, d.explanation);
+    try {
+      const decided = await d.approvals.checkToolUse(
+        { workspace_id: rec.workspace_id, session_id: rec.session_id, thread_id: rec.thread_id, run_id: rec.run_id, runner_id: rec.runner_id },
+        { tool_use_id: p.tool_use_id, tool: p.tool, input: p.input },
+      );
+      answer(decided.decision, decided.rule_id, decided.message);
+    } catch (err) {
+      d.logger.error({ err, run: rec.run_id }, 'tool check failed; denying');
+      answer('deny', null, 'the policy check failed; denied (fail closed)');
+    }
   });
-  const d_policies = (rec: LeaseRecord, p: { tool_use_id: string; tool: { kind: 'builtin' | 'custom' | 'mcp'; name: string; connection_id?: string | undefined }; input: unknown }) =>
-    d.policies.decide(rec.workspace_id, { kind: p.tool.kind, name: p.tool.name, connection_id: p.tool.connection_id, input: p.input }, {
-      actor: { id: rec.run_id, credential_id: rec.runner_id }, target: rec.session_id,
-    });
 
   gw.on('model.cancel', (conn, msg) => {
     modelStreams.get(conn.id)?.cancel(msg.payload.stream_id);

@@ -104,6 +104,8 @@ export const sessionOperations: Operation[] = [
     response: Obj({ id: Id('session'), type: Type.Literal('session_deleted') }), mcp: 'full',
     async handler({ caller, params, deps }) {
       await deps.sessions.store.erase(requireWorkspace(caller), params.session_id);
+      // Its ActionApprovals hold tool inputs: they go with the Session.
+      await deps.approvals.eraseSession(requireWorkspace(caller), params.session_id);
       return json(200, { id: params.session_id, type: 'session_deleted' });
     },
   }),

@@ -296,6 +296,9 @@ export class SessionService {
     const wait = thread._waits[toolUseId];
     if (thread.status === 'terminated' && wait?.answered_event_id === null) throw new ApiError('runtime.invalid_transition', 'the thread is terminated');
     if (!wait) throw new ApiError('runtime.invalid_transition', `the thread does not wait on ${toolUseId}`);
+    if (wait.kind === 'approval') {
+      throw new ApiError('runtime.invalid_transition', `${toolUseId} waits for its ActionApproval (GET /v1/sessions/${session.id}/action-approvals); a drive event cannot answer it`);
+    }
     if (wait.kind !== kind) throw new ApiError('runtime.invalid_transition', `${toolUseId} waits for a ${wait.kind === 'custom_tool' ? 'user.custom_tool_result' : 'user.tool_confirmation'}`);
     const { caused_by: _c, ...exact } = p;
     const fp = sha256Hex(canonicalJson({ type: input.type, payload: exact }));

@@ -189,8 +189,18 @@ export function SessionPage({ ctx, id }: { ctx: Ctx; id: string }) {
 
   const answered = useMemo(() => {
     const s = new Set<string>();
-    for (const e of events) if (e.type === 'user.custom_tool_result' || e.type === 'user.tool_confirmation') s.add(String(e.payload.tool_use_id));
+    for (const e of events) {
+      if (e.type === 'user.custom_tool_result' || e.type === 'user.tool_confirmation' || e.type === 'session.action_approval_resolved' || e.type === 'session.action_approval_expired') {
+        s.add(String(e.payload.tool_use_id));
+      }
+    }
     return s;
+  }, [events]);
+  // Tool uses an ActionPolicy put under an ActionApproval: answered by resolving the approval, not by a drive event.
+  const approvals = useMemo(() => {
+    const m = new Map<string, string>();
+    for (const e of events) if (e.type === 'session.action_approval_requested') m.set(String(e.payload.tool_use_id), String(e.payload.approval_id));
+    return m;
   }, [events]);
 
   // Status per thread from the last status event.
@@ -233,6 +243,19 @@ export function SessionPage({ ctx, id }: { ctx: Ctx; id: string }) {
     } catch { /* shown */ }
   }
   const onAnswer = async (ev: StreamEvent, kind: 'custom' | 'confirm', value: string, allow: boolean) => {
+    const approval = approvals.get(String(ev.payload.id));
+    if (kind === 'confirm' && approval) {
+      setActionError(null);
+      try {
+        await ok(ctx.api.POST(allow ? '/v1/action-approvals/{approval_id}/approve' : '/v1/action-approvals/{approval_id}/deny', {
+          params: { path: { approval_id: approval } }, body: allow || !value ? {} : { reason: value },
+          headers: { 'idempotency-key': idempotencyKey() },
+        }));
+      } catch (err) {
+        setActionError(describeError(err));
+      }
+      return;
+    }
     const t = ev.session_thread_id ? { session_thread_id: ev.session_thread_id } : {};
     await drive(kind === 'custom'
       ? { type: 'user.custom_tool_result', payload: { tool_use_id: ev.payload.id, result: value, ...t } }

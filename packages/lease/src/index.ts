@@ -4,3 +4,4 @@ export * from './fence.js';
 export * from './queues.js';
 export * from './keeper.js';
 export * from './offers.js';
+export * from './delayed.js';

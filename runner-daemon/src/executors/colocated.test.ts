@@ -182,16 +182,27 @@ describe('colocated harness (process driver)', () => {
     expect(existsSync(marker)).toBe(false);
   });
 
-  it('ActionPolicies: require_approval makes the use blocking; once allowed, the next Run runs it', async () => {
+  it('ActionPolicies: require_approval makes the use blocking; a confirmation does not run it, the next allow does', async () => {
     const gate = async () => ({ decision: 'require_approval' as const, rule_id: 'apol_r', message: 'ask first' });
     const use = toolUse('call_r', 'bash', { command: 'echo approved-ran' });
     const first = await run({ model: new ScriptedModel([[use, end('tool_use')]]), gate });
     expect(first.stop_reason).toEqual({ type: 'requires_action', tool_use_ids: ['call_r'] });
     expect(first.awaiting.get('call_r')).toBe('tool_confirmation');
+    const history = [user('go'), { role: 'assistant' as const, content: [{ type: 'tool_use' as const, id: 'call_r', name: 'bash', input: { command: 'echo approved-ran' } }] }];
+    // While the approval is pending, a user.tool_confirmation does not stand in for it.
+    const pending = new CollectingSink();
+    const still = await run({
+      model: new ScriptedModel([]), sink: pending, gate,
+      run: { agent, history, responses: { confirmations: { call_r: 'allow' } }, max_duration_seconds: 60 },
+    });
+    expect(still.stop_reason).toEqual({ type: 'requires_action', tool_use_ids: ['call_r'] });
+    expect(pending.events.filter((e) => e.type === 'agent.tool_result')).toHaveLength(0);
+    // Approved: the control plane's next check allows it, and it runs.
     const sink = new CollectingSink();
     const second = await run({
-      model: new ScriptedModel([[{ type: 'text_delta', text: 'Done.' }, end('end_turn')]]), sink, gate,
-      run: { agent, history: [user('go'), { role: 'assistant', content: [{ type: 'tool_use', id: 'call_r', name: 'bash', input: { command: 'echo approved-ran' } }] }], responses: { confirmations: { call_r: 'allow' } }, max_duration_seconds: 60 },
+      model: new ScriptedModel([[{ type: 'text_delta', text: 'Done.' }, end('end_turn')]]), sink,
+      gate: async () => ({ decision: 'allow' as const, rule_id: 'apol_r', message: 'approved in ActionApproval approval_1' }),
+      run: { agent, history, max_duration_seconds: 60 },
     });
     expect(second.stop_reason).toEqual({ type: 'end_turn' });
     expect(sink.events.find((e) => e.type === 'agent.tool_result')?.payload).toMatchObject({ tool_use_id: 'call_r', is_error: false, content: expect.stringContaining('approved-ran') as unknown });

@@ -77,6 +77,12 @@ export interface RunOutcome {
   history: ModelMessage[];
   usage: TokenUsage;
   steps: StepRecord[];
+  /**
+   * What answers each use a `requires_action` stop names, when the use was reported in an
+   * earlier Run (a resumed use that still waits); uses reported in this Run carry it in their
+   * `agent.tool_use` event.
+   */
+  awaiting?: Map<string, 'custom_tool_result' | 'tool_confirmation'>;
 }
 
 const DENIED = 'The user denied this tool call; it was not executed.';
@@ -90,6 +96,11 @@ interface Classified {
   awaiting?: ToolUsePayload['awaiting'];
   /** Refused by an ActionPolicy: answered with a refusal, never run. */
   denied?: GateDecision;
+  /**
+   * `require_approval`: the use waits for its ActionApproval (resolved in the control plane), so
+   * it is not run in this Run whatever drive events say; a later Run's check tells allow or deny.
+   */
+  approval?: boolean;
 }
 
 export const policyRefusal = (d: GateDecision): string =>
@@ -128,7 +139,8 @@ export class HarnessLoop {
 
   /**
    * The control plane's say on one tool use: a deny answers it with a refusal; a
-   * require_approval makes it wait for a `user.tool_confirmation` like an `always_ask` tool.
+   * require_approval makes it blocking until its ActionApproval is resolved (a tool the runner
+   * runs reports `awaiting: tool_confirmation`, a custom tool keeps `custom_tool_result`).
    * Custom tools are asked too (a deny refuses them before the client is asked).
    */
   private async governed(c: Classified): Promise<Classified> {
@@ -144,7 +156,7 @@ export class HarnessLoop {
       d = { decision: 'deny', rule_id: null, message: `the policy check failed (${err instanceof Error ? err.message : String(err)}); denied (fail closed)` };
     }
     if (d.decision === 'deny') return { block: c.block, denied: d };
-    if (d.decision === 'require_approval' && c.awaiting !== 'custom_tool_result') return { ...c, awaiting: 'tool_confirmation' };
+    if (d.decision === 'require_approval') return { ...c, approval: true, awaiting: c.awaiting === 'custom_tool_result' ? 'custom_tool_result' : 'tool_confirmation' };
     return c;
   }
 
@@ -180,15 +192,17 @@ export class HarnessLoop {
       if (waiting.length > 0) {
         const responses = input.responses ?? {};
         const governed: Classified[] = [];
-        for (const b of waiting) {
-          const c = this.classify(input.agent, b);
-          // A custom tool's result was already the client's to give; everything else is asked again.
-          governed.push(c.awaiting === 'custom_tool_result' ? c : await this.governed(c));
-        }
+        // Every waiting use is asked again: a rule added meanwhile applies, and an ActionApproval
+        // resolved meanwhile is read (approved: allow; denied or expired: deny).
+        for (const b of waiting) governed.push(await this.governed(this.classify(input.agent, b)));
         const byId = new Map(governed.map((c) => [c.block.id, c]));
-        const unanswered = governed
-          .filter((c) => (c.awaiting === 'custom_tool_result' && !responses.custom_tool_results?.[c.block.id]) || (c.awaiting === 'tool_confirmation' && !responses.confirmations?.[c.block.id]));
-        if (unanswered.length > 0) return await idle({ type: 'requires_action', tool_use_ids: unanswered.map((c) => c.block.id) });
+        const unanswered = governed.filter((c) => !c.denied && (c.approval
+          || (c.awaiting === 'custom_tool_result' && !responses.custom_tool_results?.[c.block.id])
+          || (c.awaiting === 'tool_confirmation' && !responses.confirmations?.[c.block.id])));
+        if (unanswered.length > 0) {
+          const out = await idle({ type: 'requires_action', tool_use_ids: unanswered.map((c) => c.block.id) });
+          return { ...out, awaiting: new Map(unanswered.map((c) => [c.block.id, c.awaiting === 'custom_tool_result' ? 'custom_tool_result' : 'tool_confirmation'])) };
+        }
         const results: ContentBlock[] = [];
         for (const block of waiting) {
           const c = byId.get(block.id) as Classified;

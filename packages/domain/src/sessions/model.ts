@@ -45,7 +45,8 @@ export interface SessionTombstone extends StoredDoc {
   erased_at: string;
 }
 
-export type WaitKind = 'custom_tool' | 'confirmation';
+/** `approval`: a tool use under an ActionApproval, answered by resolving the approval (not by a drive event). */
+export type WaitKind = 'custom_tool' | 'confirmation' | 'approval';
 
 export interface PendingWait {
   generation: number;

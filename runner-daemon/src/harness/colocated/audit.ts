@@ -10,7 +10,8 @@
  * (`tool.check`, answered from the runner's own record of the use) before the harness reports
  * it; a denied use may only be reported as refused (the refusal text, `denied`, the rule), is
  * never called through the runner, and its refusal is what the model must be shown; a use whose
- * policy requires approval is blocking until `user.tool_confirmation` allowed it.
+ * policy requires approval is blocking and is not run in this Run (its ActionApproval is resolved
+ * in the control plane; a later Run's check of the use says allow or deny).
  */
 import type { ModelMessage, ModelStreamEvent } from '@agentplane/protocol';
 import type { IdleStopReason, ToolUsePayload } from '../events.js';
@@ -100,11 +101,6 @@ export class RunAudit {
     return { kind: 'builtin', name };
   }
 
-  /** Whether the user allowed a use of the previous Run (`user.tool_confirmation`). */
-  private confirmed(toolUseId: string): boolean {
-    return this.earlierUses.has(toolUseId) && this.responses.confirmations?.[toolUseId] === 'allow';
-  }
-
   /** What answers a use of this tool, by the runner's policy (as the split loop classifies it). */
   awaiting(name: string): ToolUsePayload['awaiting'] {
     for (const tool of this.tools) {
@@ -180,8 +176,8 @@ export class RunAudit {
         if (p.denied !== true || p.is_error !== true || p.content !== policyRefusal(d) || (p.policy_rule_id ?? null) !== d.rule_id) {
           violation(`agent.tool_result for ${id}, refused by policy, is not reported as that refusal`);
         }
-      } else if (d?.decision === 'require_approval' && !this.confirmed(id) && e.payload.denied !== true) {
-        violation(`agent.tool_result for ${id}, which needs approval first, reports it as run`);
+      } else if (d?.decision === 'require_approval' && e.payload.denied !== true) {
+        violation(`agent.tool_result for ${id}, which waits for its ActionApproval, reports it as run`);
       }
       this.answered.add(id);
     }
@@ -195,7 +191,7 @@ export class RunAudit {
     if (this.called.has(toolUseId)) violation(`tool.call for ${toolUseId} was made twice`);
     const d = this.decisionOf(toolUseId, 'tool.call');
     if (d?.decision === 'deny') violation(`tool.call for ${toolUseId}: refused by the workspace's ActionPolicy`);
-    if (d?.decision === 'require_approval' && !this.confirmed(toolUseId)) violation(`tool.call for ${toolUseId}: its policy requires user.tool_confirmation first`);
+    if (d?.decision === 'require_approval') violation(`tool.call for ${toolUseId}: it waits for its ActionApproval`);
     if (tool.permission === 'always_ask' && !(this.earlierUses.has(toolUseId) && this.responses.confirmations?.[toolUseId] === 'allow')) {
       violation(`tool.call for ${toolUseId}: ${name} needs user.tool_confirmation first`);
     }
