@@ -6,6 +6,8 @@ import type { Agent } from './agents/model.js';
 import { VersionedStore } from './agents/versioned.js';
 import type { Environment } from './environments/operations.js';
 import { FileStore } from './files/store.js';
+import { MemoryService } from './memory/service.js';
+import { runtimeMemory } from './memory/runtime.js';
 import { AuditLog } from './audit/store.js';
 import { PermissionStore } from './governance/permissions.js';
 import { PolicyStore } from './governance/policies.js';
@@ -62,6 +64,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
   const subscriber = redis.duplicate({ connectionName: 'agentplane:api:events', maxRetriesPerRequest: null });
   subscriber.on('error', (err: Error) => log.warn({ err: err.message }, 'event hub connection error'));
   const files = new FileStore(redis, docs);
+  const memory = new MemoryService(redis, docs, { maxIndexedStores: config.memoryIndexedStores });
   const audit = new AuditLog(redis, config.auditRetentionMs);
   const runners = new RunnerService(docs, redis, credentials, identity);
   const runs = createRunsModule({ config, redis, log, store: sessionStore, runtime: threadRuntime, environments, runners });
@@ -72,6 +75,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
   return {
     runs,
     files,
+    memory,
     agents,
     environments,
     turns,
@@ -79,7 +83,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
     eventHub,
     shutdownSignal,
     sessions: new SessionService({
-      store: sessionStore, agents, environments, identity, files, runtime: threadRuntime, scheduler: () => turns.scheduler,
+      store: sessionStore, agents, environments, identity, files, memory: memory.stores, runtime: threadRuntime, scheduler: () => turns.scheduler,
       requireModel: (ws, key, field) => models.profiles.requireKey(ws, key, field),
       admitTurn: (session) => models.budgets.check({ workspace_id: session.workspace_id, session_id: session.id, session_budget: session.budget }),
       modelUsage: async (scope) => {
@@ -134,6 +138,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
   const runtimeBearers = new RedisRuntimeBearers(redis, new LeaseFence(redis));
   app.use(runtimeMcp(deps, { verifier: runtimeBearers }));
   app.use(runtimeFiles(deps, runtimeBearers));
+  app.use(runtimeMemory(deps, runtimeBearers));
   app.use(router.routes());
   app.use(unmatchedRoute(router));
 

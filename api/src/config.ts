@@ -42,6 +42,8 @@ export interface ApiConfig {
   /** Serve the web console at /console (CONSOLE_ENABLED) from this built directory (CONSOLE_DIR; default the repository's console/dist). */
   consoleEnabled: boolean;
   consoleDir: string | undefined;
+  /** MemoryStores whose search index this process keeps in memory (MEMORY_INDEXED_STORES; least recently used evicted). */
+  memoryIndexedStores: number;
 }
 
 function loadMasterKey(env: Env): Buffer {
@@ -78,6 +80,7 @@ export function loadApiConfig(env: Env): ApiConfig {
     runnerPresenceTtlMs: envInt(env, 'RUNNER_PRESENCE_TTL_MS', 20_000, 300, 3_600_000),
     runnerMaxFrameBytes: envInt(env, 'RUNNER_MAX_FRAME_BYTES', 1024 * 1024, 1024, 64 * 1024 * 1024),
     pairingRedeemPerMinute: envInt(env, 'PAIRING_REDEEM_PER_MINUTE', 60, 1, 100_000),
+    memoryIndexedStores: envInt(env, 'MEMORY_INDEXED_STORES', 32, 1, 10_000),
     modelPricesFile: envOptional(env, 'MODEL_PRICES_FILE'),
     modelProviderTimeoutMs: envInt(env, 'MODEL_PROVIDER_TIMEOUT_MS', 60_000, 100),
     consoleEnabled: envBool(env, 'CONSOLE_ENABLED', true),

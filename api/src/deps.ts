@@ -14,6 +14,7 @@ import type { PresenceStore } from '@agentplane/gateway';
 import type { ModelsModule } from './models/module.js';
 import type { RunsModule } from './runs/module.js';
 import type { FileStore } from './files/store.js';
+import type { MemoryService } from './memory/service.js';
 import type { AuditLog } from './audit/store.js';
 import type { PermissionStore } from './governance/permissions.js';
 import type { PolicyStore } from './governance/policies.js';
@@ -47,6 +48,8 @@ export interface ApiDeps {
   sessions: SessionService;
   /** Uploaded Files (heads in the workspace, content chunked under each File's own tag). */
   files: FileStore;
+  /** MemoryStores: documents, versions and their full-text search (docs/MEMORY.md). */
+  memory: MemoryService;
   /** The SessionThread state machine (drive events here; the runtime side reports turn boundaries). */
   threadRuntime: ThreadRuntime;
   /** Where started turns go; replace `turns.scheduler` to plug a scheduler in. */

@@ -83,9 +83,10 @@ export class Scheduler {
       ? await this.connections.resolveAgentServers(run.workspace_id, run.agent.mcp_servers)
       : undefined;
     const files = spec.resources.flatMap((r) => (r.type === 'file' && !r.missing ? [r.file_id] : []));
-    if (!resolved && files.length === 0) return spec as unknown as Record<string, unknown>;
+    const memory = spec.memory ?? [];
+    if (!resolved && files.length === 0 && memory.length === 0) return spec as unknown as Record<string, unknown>;
     // One runtime bearer for this lease: it works only while the lease holds the Session fence,
-    // for the agent's Connections and the Session's Files.
+    // for the agent's Connections, the Session's Files and its MemoryStores.
     const ws = await this.docs.get<{ organization_id: string } & StoredDoc>(tags.workspace(run.workspace_id), run.workspace_id);
     // The built-in harness asks through user.tool_confirmation before it calls an always_ask
     // tool, so the grant itself allows the call.
@@ -93,12 +94,18 @@ export class Scheduler {
     const bearer = await this.bearers.mint({
       run_id: run.id, session_id: run.session_id, workspace_id: run.workspace_id, organization_id: ws?.organization_id ?? '',
       lease_id: o.lease_id, expires_at: new Date(Date.now() + spec.environment.resources.max_duration_seconds * 1000 + o.lease_ms).toISOString(),
-      connections: grants, files,
+      connections: grants, files, ...(memory.length > 0 ? { memory: Object.fromEntries(memory.map((m) => [m.memory_store_id, m.access])) } : {}),
     });
+    const servers: NonNullable<typeof spec.runtime_mcp>['servers'] = [];
     if (resolved) {
       const permission = new Map(run.agent.mcp_servers.map((s) => [s.name, s.permission ?? 'always_ask']));
-      spec.runtime_mcp = { bearer, servers: resolved.servers.map((s) => ({ ...s, permission: permission.get(s.name) ?? 'always_ask' })) };
+      servers.push(...resolved.servers.map((s) => ({ ...s, permission: permission.get(s.name) ?? 'always_ask' })));
     }
+    // Memory tools are the platform's own: allowed without a confirmation (ActionPolicies still decide each use).
+    memory.forEach((m, i) => servers.push({
+      name: i === 0 ? 'memory' : `memory_${i + 1}`, connection_id: m.memory_store_id, permission: 'always_allow', path: `/v1/runtime/memory/${m.memory_store_id}`,
+    }));
+    if (servers.length > 0) spec.runtime_mcp = { bearer, servers };
     if (files.length > 0) spec.runtime_files = { bearer };
     return spec as unknown as Record<string, unknown>;
   }

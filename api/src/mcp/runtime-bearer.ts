@@ -31,6 +31,8 @@ export interface RuntimeGrant {
   connections: Record<string, ConnectionGrant>;
   /** Files the runner may fetch from `/v1/runtime/files/{id}` (the Session's `file` resources). */
   files?: string[];
+  /** MemoryStores the harness's memory tools reach at `/v1/runtime/memory/{id}` (the Session's `memory` resources), with their access. */
+  memory?: Record<string, 'read_only' | 'read_write'>;
 }
 
 /**

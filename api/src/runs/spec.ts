@@ -80,7 +80,23 @@ export interface TurnSpec {
    * MCP tools of the agent's servers, through `/v1/runtime/mcp/{connection_id}` with a bearer
    * that lives only as long as this lease (set by the scheduler when the agent has MCP servers).
    */
-  runtime_mcp?: { bearer: string; servers: { name: string; connection_id: string; permission: 'always_allow' | 'always_ask' }[] };
+  runtime_mcp?: { bearer: string; servers: { name: string; connection_id: string; permission: 'always_allow' | 'always_ask'; path?: string }[] };
+  /**
+   * The Session's `memory` resources. The scheduler grants them to the lease's runtime bearer and
+   * offers each to the harness as an MCP server (`memory`, `memory_2`, …) at
+   * `/v1/runtime/memory/{memory_store_id}` (docs/MEMORY.md).
+   */
+  memory?: { memory_store_id: string; access: 'read_only' | 'read_write' }[];
+}
+
+/** The Session's memory attachments (a store attached twice keeps its widest access). */
+export function specMemory(resources: readonly SessionResource[]): { memory_store_id: string; access: 'read_only' | 'read_write' }[] {
+  const out = new Map<string, 'read_only' | 'read_write'>();
+  for (const r of resources) {
+    if (r.type !== 'memory' || !r.memory_store_id) continue;
+    if (out.get(r.memory_store_id) !== 'read_write') out.set(r.memory_store_id, r.access ?? 'read_only');
+  }
+  return [...out].map(([memory_store_id, access]) => ({ memory_store_id, access }));
 }
 
 export function specTools(agent: AgentSnapshot): SpecTool[] {
@@ -151,6 +167,7 @@ export async function buildTurnSpec(src: SpecSources, run: RunDoc, maxHistoryByt
       harness_topology: env.harness_topology ?? 'split',
     },
     resources: await specResources(session.resources, run.workspace_id, src.files),
+    ...(specMemory(session.resources).length > 0 ? { memory: specMemory(session.resources) } : {}),
     history: fitHistory(history, maxHistoryBytes),
     responses,
   };

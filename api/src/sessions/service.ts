@@ -12,6 +12,7 @@ import { checkDrivePayload, type CreateSessionInput, type DriveEventType, type D
 import { newThreadDoc, SessionStore } from './store.js';
 import type { ThreadRuntime, TurnScheduler } from './turns.js';
 import type { FileStore } from '../files/store.js';
+import type { MemoryStores } from '../memory/store.js';
 
 export interface SessionServiceDeps {
   store: SessionStore;
@@ -20,6 +21,8 @@ export interface SessionServiceDeps {
   identity: IdentityService;
   /** For `file` resources: the File must exist in the Session's Workspace. */
   files?: FileStore;
+  /** Memory resources must name a MemoryStore of the Workspace. */
+  memory?: MemoryStores;
   runtime: ThreadRuntime;
   scheduler: () => TurnScheduler;
   /** Refuses a new turn when a budget (Session or workspace) is spent: 429 `budget.exceeded`. */
@@ -116,11 +119,13 @@ export class SessionService {
     return this.view(session);
   }
 
-  /** A `file` resource must name a File of this Workspace (404 otherwise, as for any other id). */
-  async checkResources(workspaceId: string, resources: ReadonlyArray<{ type: string; file_id?: string }>): Promise<void> {
-    const files = this.d.files;
-    if (!files) return;
-    for (const r of resources) if (r.type === 'file' && r.file_id) await files.get(workspaceId, r.file_id);
+  /** A `file` resource must name a File, a `memory` resource a MemoryStore, of this Workspace (404 otherwise, as for any other id). */
+  async checkResources(workspaceId: string, resources: ReadonlyArray<{ type: string; file_id?: string; memory_store_id?: string }>): Promise<void> {
+    const { files, memory } = this.d;
+    for (const r of resources) {
+      if (files && r.type === 'file' && r.file_id) await files.get(workspaceId, r.file_id);
+      if (memory && r.type === 'memory' && r.memory_store_id) await memory.getStore(workspaceId, r.memory_store_id);
+    }
   }
 
   newResource(r: Record<string, unknown>): SessionResource {
