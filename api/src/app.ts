@@ -7,6 +7,8 @@ import { VersionedStore } from './agents/versioned.js';
 import type { Environment } from './environments/operations.js';
 import { FileStore } from './files/store.js';
 import { MemoryService } from './memory/service.js';
+import { VaultService } from './vaults/service.js';
+import { runtimeGitCredentials } from './vaults/runtime.js';
 import { runtimeMemory } from './memory/runtime.js';
 import { AuditLog } from './audit/store.js';
 import { PermissionStore } from './governance/permissions.js';
@@ -65,6 +67,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
   subscriber.on('error', (err: Error) => log.warn({ err: err.message }, 'event hub connection error'));
   const files = new FileStore(redis, docs);
   const memory = new MemoryService(redis, docs, { maxIndexedStores: config.memoryIndexedStores });
+  const vaults = new VaultService(docs, secretBox);
   const audit = new AuditLog(redis, config.auditRetentionMs);
   const runners = new RunnerService(docs, redis, credentials, identity);
   const runs = createRunsModule({ config, redis, log, store: sessionStore, runtime: threadRuntime, environments, runners });
@@ -76,6 +79,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
     runs,
     files,
     memory,
+    vaults,
     agents,
     environments,
     turns,
@@ -83,7 +87,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
     eventHub,
     shutdownSignal,
     sessions: new SessionService({
-      store: sessionStore, agents, environments, identity, files, memory: memory.stores, runtime: threadRuntime, scheduler: () => turns.scheduler,
+      store: sessionStore, agents, environments, identity, files, memory: memory.stores, vaults, runtime: threadRuntime, scheduler: () => turns.scheduler,
       requireModel: (ws, key, field) => models.profiles.requireKey(ws, key, field),
       admitTurn: (session) => models.budgets.check({ workspace_id: session.workspace_id, session_id: session.id, session_budget: session.budget }),
       modelUsage: async (scope) => {
@@ -139,6 +143,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
   app.use(runtimeMcp(deps, { verifier: runtimeBearers }));
   app.use(runtimeFiles(deps, runtimeBearers));
   app.use(runtimeMemory(deps, runtimeBearers));
+  app.use(runtimeGitCredentials(deps, runtimeBearers));
   app.use(router.routes());
   app.use(unmatchedRoute(router));
 

@@ -15,6 +15,7 @@ import type { ModelsModule } from './models/module.js';
 import type { RunsModule } from './runs/module.js';
 import type { FileStore } from './files/store.js';
 import type { MemoryService } from './memory/service.js';
+import type { VaultService } from './vaults/service.js';
 import type { AuditLog } from './audit/store.js';
 import type { PermissionStore } from './governance/permissions.js';
 import type { PolicyStore } from './governance/policies.js';
@@ -50,6 +51,8 @@ export interface ApiDeps {
   files: FileStore;
   /** MemoryStores: documents, versions and their full-text search (docs/MEMORY.md). */
   memory: MemoryService;
+  /** Vaults: sealed per-Session secrets for MCP servers and git (resolved in `vault_ids` order). */
+  vaults: VaultService;
   /** The SessionThread state machine (drive events here; the runtime side reports turn boundaries). */
   threadRuntime: ThreadRuntime;
   /** Where started turns go; replace `turns.scheduler` to plug a scheduler in. */

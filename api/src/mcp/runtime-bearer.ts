@@ -33,6 +33,8 @@ export interface RuntimeGrant {
   files?: string[];
   /** MemoryStores the harness's memory tools reach at `/v1/runtime/memory/{id}` (the Session's `memory` resources), with their access. */
   memory?: Record<string, 'read_only' | 'read_write'>;
+  /** HTTPS repository URLs of the Session's `repository` resources: `/v1/runtime/git-credentials` answers only for these. */
+  repositories?: string[];
 }
 
 /**

@@ -72,7 +72,10 @@ export interface TurnSpec {
     harness_topology: 'split' | 'colocated';
   };
   resources: SpecResource[];
-  /** Bearer for `/v1/runtime/files/{file_id}` (set by the scheduler when `resources` has Files). */
+  /**
+   * Bearer for `/v1/runtime/files/{file_id}` and `/v1/runtime/git-credentials` (set by the
+   * scheduler when `resources` has Files or HTTPS repositories and the Session names vaults).
+   */
   runtime_files?: { bearer: string };
   history: ModelMessage[];
   responses: Responses;

@@ -13,6 +13,7 @@ import { newThreadDoc, SessionStore } from './store.js';
 import type { ThreadRuntime, TurnScheduler } from './turns.js';
 import type { FileStore } from '../files/store.js';
 import type { MemoryStores } from '../memory/store.js';
+import type { VaultService } from '../vaults/service.js';
 
 export interface SessionServiceDeps {
   store: SessionStore;
@@ -23,6 +24,8 @@ export interface SessionServiceDeps {
   files?: FileStore;
   /** Memory resources must name a MemoryStore of the Workspace. */
   memory?: MemoryStores;
+  /** `vault_ids` must name Vaults of the Workspace. */
+  vaults?: VaultService;
   runtime: ThreadRuntime;
   scheduler: () => TurnScheduler;
   /** Refuses a new turn when a budget (Session or workspace) is spent: 429 `budget.exceeded`. */
@@ -92,6 +95,7 @@ export class SessionService {
     }
     await Promise.all([...new Set(initial.map((e) => e.payload.authored_by))].map((p) => this.d.identity.activePrincipal(ws, p, 'authored_by')));
     await this.checkResources(ws, body.resources ?? []);
+    await this.d.vaults?.requireAll(ws, body.vault_ids ?? []);
     const env = await this.d.environments.get(ws, body.environment_id);
     if (env.archived_at !== null) throw new ApiError('runtime.invalid_transition', 'the environment is archived');
     const agent = await this.resolveAgent(ws, body.agent);

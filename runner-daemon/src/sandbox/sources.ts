@@ -56,6 +56,43 @@ async function downloadFile(r: Extract<OfferedResource, { type: 'file' }>, o: So
   return data;
 }
 
+/**
+ * The Session's vault credential for an HTTPS repository, asked of the control plane with the
+ * lease's runtime bearer; null when no vault holds one. It goes only into the environment of this
+ * runner's git processes, as an `http.<origin>/.extraHeader` scoped to the repository's origin:
+ * never onto a command line, into the checkout's `.git/config`, the sandbox, a log or an error.
+ */
+async function gitCredentialEnv(r: Extract<OfferedResource, { type: 'repository' }>, o: SourceOptions, signal?: AbortSignal): Promise<NodeJS.ProcessEnv | undefined> {
+  if (!o.bearer || !r.url.startsWith('https://')) return undefined;
+  let res: Response;
+  try {
+    res = await fetch(apiUrl(o.baseUrl, '/v1/runtime/git-credentials'), {
+      method: 'POST', headers: { authorization: `Bearer ${o.bearer}`, 'content-type': 'application/json' }, body: JSON.stringify({ url: r.url }), signal: signal ?? null,
+    });
+  } catch (err) {
+    throw new InfrastructureFailure(`resource ${r.id}: the control plane did not answer for repository credentials: ${(err as Error).message}`, { cause: err });
+  }
+  if (res.status === 404) {
+    await res.body?.cancel();
+    return undefined;
+  }
+  if (res.status !== 200) {
+    await res.body?.cancel();
+    throw new InfrastructureFailure(`resource ${r.id}: asking for repository credentials answered HTTP ${res.status}`);
+  }
+  const c = (await res.json()) as { username?: unknown; password?: unknown };
+  if (typeof c.username !== 'string' || typeof c.password !== 'string') throw new InfrastructureFailure(`resource ${r.id}: malformed repository credentials`);
+  const origin = new URL(r.url).origin;
+  const basic = Buffer.from(`${c.username}:${c.password}`, 'utf8').toString('base64');
+  const count = Number(process.env.GIT_CONFIG_COUNT ?? 0) || 0;
+  return {
+    ...process.env,
+    GIT_CONFIG_COUNT: String(count + 1),
+    [`GIT_CONFIG_KEY_${count}`]: `http.${origin}/.extraHeader`,
+    [`GIT_CONFIG_VALUE_${count}`]: `Authorization: Basic ${basic}`,
+  };
+}
+
 /** Sources for the offered resources, in order. Nothing is fetched until a source is loaded. */
 export function offeredSources(resources: readonly OfferedResource[], o: SourceOptions): ResourceSource[] {
   return resources.map((r): ResourceSource => {
@@ -74,9 +111,10 @@ export function offeredSources(resources: readonly OfferedResource[], o: SourceO
       id: r.id, type: 'repository', mount_path: r.mount_path,
       identity: `${r.url}#${r.ref ?? ''}`,
       async load(signal) {
+        const env = await gitCredentialEnv(r, o, signal);
         try {
           const snap = await fetchRepositorySnapshot({
-            url: r.url, ref: r.ref,
+            url: r.url, ref: r.ref, ...(env ? { env } : {}),
             ...(o.repositoryMaxBytes ? { maxBytes: o.repositoryMaxBytes } : {}),
             ...(o.repositoryTimeoutMs ? { timeoutMs: o.repositoryTimeoutMs } : {}),
             ...(signal ? { signal } : {}),
