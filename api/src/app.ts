@@ -9,6 +9,8 @@ import { FileStore } from './files/store.js';
 import { MemoryService } from './memory/service.js';
 import { VaultService } from './vaults/service.js';
 import { runtimeGitCredentials } from './vaults/runtime.js';
+import { ProjectService } from './projects/service.js';
+import { runtimeProjects } from './projects/runtime.js';
 import { runtimeMemory } from './memory/runtime.js';
 import { AuditLog } from './audit/store.js';
 import { PermissionStore } from './governance/permissions.js';
@@ -68,6 +70,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
   const files = new FileStore(redis, docs);
   const memory = new MemoryService(redis, docs, { maxIndexedStores: config.memoryIndexedStores });
   const vaults = new VaultService(docs, secretBox);
+  const projects = new ProjectService(redis, docs);
   const audit = new AuditLog(redis, config.auditRetentionMs);
   const runners = new RunnerService(docs, redis, credentials, identity);
   const runs = createRunsModule({ config, redis, log, store: sessionStore, runtime: threadRuntime, environments, runners });
@@ -80,6 +83,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
     files,
     memory,
     vaults,
+    projects,
     agents,
     environments,
     turns,
@@ -87,7 +91,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
     eventHub,
     shutdownSignal,
     sessions: new SessionService({
-      store: sessionStore, agents, environments, identity, files, memory: memory.stores, vaults, runtime: threadRuntime, scheduler: () => turns.scheduler,
+      store: sessionStore, agents, environments, identity, files, memory: memory.stores, vaults, projects, runtime: threadRuntime, scheduler: () => turns.scheduler,
       requireModel: (ws, key, field) => models.profiles.requireKey(ws, key, field),
       admitTurn: (session) => models.budgets.check({ workspace_id: session.workspace_id, session_id: session.id, session_budget: session.budget }),
       modelUsage: async (scope) => {
@@ -144,6 +148,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
   app.use(runtimeFiles(deps, runtimeBearers));
   app.use(runtimeMemory(deps, runtimeBearers));
   app.use(runtimeGitCredentials(deps, runtimeBearers));
+  app.use(runtimeProjects(deps, runtimeBearers));
   app.use(router.routes());
   app.use(unmatchedRoute(router));
 

@@ -16,6 +16,7 @@ import type { RunsModule } from './runs/module.js';
 import type { FileStore } from './files/store.js';
 import type { MemoryService } from './memory/service.js';
 import type { VaultService } from './vaults/service.js';
+import type { ProjectService } from './projects/service.js';
 import type { AuditLog } from './audit/store.js';
 import type { PermissionStore } from './governance/permissions.js';
 import type { PolicyStore } from './governance/policies.js';
@@ -53,6 +54,8 @@ export interface ApiDeps {
   memory: MemoryService;
   /** Vaults: sealed per-Session secrets for MCP servers and git (resolved in `vault_ids` order). */
   vaults: VaultService;
+  /** Uploaded Projects: immutable revisions of file trees, mounted as `uploaded_project` resources. */
+  projects: ProjectService;
   /** The SessionThread state machine (drive events here; the runtime side reports turn boundaries). */
   threadRuntime: ThreadRuntime;
   /** Where started turns go; replace `turns.scheduler` to plug a scheduler in. */

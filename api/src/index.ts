@@ -20,6 +20,7 @@ export { RunEngine } from './runs/engine.js';
 export { EnqueueOutbox } from './runs/outbox.js';
 export { buildTurnSpec, requirementsOf, specResources, repositoryName, type TurnSpec, type SpecTool, type SpecResource } from './runs/spec.js';
 export { FileStore } from './files/store.js';
+export { ProjectService } from './projects/service.js';
 export type { FileDoc } from './files/model.js';
 export { VersionedStore } from './agents/versioned.js';
 export type { Environment } from './environments/operations.js';

@@ -35,6 +35,8 @@ export interface RuntimeGrant {
   memory?: Record<string, 'read_only' | 'read_write'>;
   /** HTTPS repository URLs of the Session's `repository` resources: `/v1/runtime/git-credentials` answers only for these. */
   repositories?: string[];
+  /** `<project_id>@<revision_number>` of the Session's `uploaded_project` resources, for `/v1/runtime/projects/…`. */
+  projects?: string[];
 }
 
 /**

@@ -4,6 +4,7 @@ import type { AgentSnapshot } from '../agents/model.js';
 import type { VersionedStore } from '../agents/versioned.js';
 import type { Environment } from '../environments/operations.js';
 import type { FileStore } from '../files/store.js';
+import type { ProjectService } from '../projects/service.js';
 import type { RunDoc, SessionResource } from '../sessions/model.js';
 import type { SessionStore } from '../sessions/store.js';
 import { conversationOf, readAll, type Responses } from './history.js';
@@ -21,7 +22,9 @@ export type SpecTool =
  */
 export type SpecResource =
   | { type: 'file'; id: string; file_id: string; mount_path: string; sha256: string | null; size_bytes: number; missing?: true }
-  | { type: 'repository'; id: string; url: string; ref: string | null; mount_path: string };
+  | { type: 'repository'; id: string; url: string; ref: string | null; mount_path: string }
+  /** A Project revision, fetched by the runner from `/v1/runtime/projects/{project_id}/revisions/{n}`. */
+  | { type: 'uploaded_project'; id: string; project_id: string; revision_number: number; mount_path: string };
 
 /** `https://host/org/name.git` or `git@host:org/name.git` → `name`. */
 export function repositoryName(url: string): string {
@@ -31,9 +34,15 @@ export function repositoryName(url: string): string {
 }
 
 /** The Session's materialisable resources (memory stores are not mounted). */
-export async function specResources(resources: readonly SessionResource[], workspaceId: string, files?: FileStore): Promise<SpecResource[]> {
+export async function specResources(resources: readonly SessionResource[], workspaceId: string, files?: FileStore, projects?: ProjectService): Promise<SpecResource[]> {
   const out: SpecResource[] = [];
   for (const r of resources) {
+    if (r.type === 'uploaded_project' && r.project_id && r.revision_number) {
+      const head = projects ? await projects.get(workspaceId, r.project_id).catch(() => null) : null;
+      const name = head && /^[A-Za-z0-9._-]{1,100}$/.test(head.name) && head.name !== '.' && head.name !== '..' ? head.name : 'project';
+      out.push({ type: 'uploaded_project', id: r.id, project_id: r.project_id, revision_number: r.revision_number, mount_path: r.mount_path ?? `/${name}` });
+      continue;
+    }
     if (r.type === 'repository' && r.url) {
       out.push({ type: 'repository', id: r.id, url: r.url, ref: r.ref ?? null, mount_path: r.mount_path ?? `/${repositoryName(r.url)}` });
     } else if (r.type === 'file' && r.file_id) {
@@ -73,8 +82,9 @@ export interface TurnSpec {
   };
   resources: SpecResource[];
   /**
-   * Bearer for `/v1/runtime/files/{file_id}` and `/v1/runtime/git-credentials` (set by the
-   * scheduler when `resources` has Files or HTTPS repositories and the Session names vaults).
+   * Bearer for `/v1/runtime/files/{file_id}`, `/v1/runtime/projects/…` and
+   * `/v1/runtime/git-credentials` (set by the scheduler when `resources` has Files, Projects, or
+   * HTTPS repositories and the Session names vaults).
    */
   runtime_files?: { bearer: string };
   history: ModelMessage[];
@@ -139,6 +149,7 @@ export interface SpecSources {
   store: SessionStore;
   environments: VersionedStore<Environment>;
   files?: FileStore;
+  projects?: ProjectService;
 }
 
 export async function buildTurnSpec(src: SpecSources, run: RunDoc, maxHistoryBytes = 512 * 1024): Promise<TurnSpec> {
@@ -169,7 +180,7 @@ export async function buildTurnSpec(src: SpecSources, run: RunDoc, maxHistoryByt
       tier: env.tier,
       harness_topology: env.harness_topology ?? 'split',
     },
-    resources: await specResources(session.resources, run.workspace_id, src.files),
+    resources: await specResources(session.resources, run.workspace_id, src.files, src.projects),
     ...(specMemory(session.resources).length > 0 ? { memory: specMemory(session.resources) } : {}),
     history: fitHistory(history, maxHistoryBytes),
     responses,
