@@ -1,3 +1,4 @@
+import { setImmediate as yieldToLoop } from 'node:timers/promises';
 import MiniSearch from 'minisearch';
 import type { Redis } from '@agentplane/store';
 import { memoryKeys } from './store.js';
@@ -25,18 +26,33 @@ export interface SearchHit {
   terms: string[];
 }
 
-const newIndex = (): MiniSearch<Indexed> =>
-  new MiniSearch<Indexed>({
-    fields: ['path', 'content', 'meta'],
-    idField: 'id',
-    // Paths split on `/`, `.`, `-` and `_` too, so `notes/plan-2026.md` is found by `plan` or `2026`.
-    tokenize: (text) => text.split(/[\s\p{P}\p{S}]+/u).filter((t) => t !== ''),
-    searchOptions: { boost: { path: 2 }, prefix: true, fuzzy: 0.15, combineWith: 'AND' },
-  });
+/**
+ * How memory is indexed and searched. Terms split on white space, punctuation and symbols (so
+ * `notes/plan-2026.md` is found by `plan` or `2026`); every query term must match (`AND`); a term
+ * of 4 characters or more also matches as a prefix, one of 6 or more within one edit; the path
+ * counts twice. Short terms match exactly: prefix and fuzzy expansion of 2-3 letters would walk
+ * much of the index for little use (measured by `npm run bench:memory`).
+ */
+export const MEMORY_INDEX_OPTIONS = {
+  fields: ['path', 'content', 'meta'],
+  idField: 'id',
+  tokenize: (text: string): string[] => text.split(/[\s\p{P}\p{S}]+/u).filter((t) => t !== ''),
+  searchOptions: {
+    boost: { path: 2 },
+    prefix: (term: string) => term.length >= 4,
+    fuzzy: (term: string) => (term.length >= 6 ? 0.2 : false),
+    combineWith: 'AND',
+  },
+} as const;
+
+const newIndex = (): MiniSearch<Indexed> => new MiniSearch<Indexed>({ ...MEMORY_INDEX_OPTIONS, fields: [...MEMORY_INDEX_OPTIONS.fields] });
 
 const asIndexed = (d: MemoryDocument): Indexed => ({
   id: d.path, path: d.path, content: d.content, meta: Object.entries(d.metadata).map(([k, v]) => `${k} ${v}`).join(' '),
 });
+
+/** Documents indexed between two turns of the event loop during a rebuild. */
+const REBUILD_SLICE = 100;
 
 /** Compares stream ids `<ms>-<seq>`. */
 function idAfter(a: string, b: string): boolean {
@@ -135,12 +151,15 @@ export class MemorySearch {
     do {
       const [next, flat] = await this.redis.hscan(k.docs, cursor, 'COUNT', 1000);
       cursor = next;
-      const batch: Indexed[] = [];
-      for (let i = 1; i < flat.length; i += 2) {
-        const path = flat[i - 1] as string;
-        if (!index.has(path)) batch.push(asIndexed(JSON.parse(flat[i] as string) as MemoryDocument));
+      // Small slices with a turn of the event loop between them: a large rebuild never holds the
+      // process's other requests for long.
+      for (let start = 1; start < flat.length; start += 2 * REBUILD_SLICE) {
+        for (let i = start; i < Math.min(flat.length, start + 2 * REBUILD_SLICE); i += 2) {
+          const path = flat[i - 1] as string;
+          if (!index.has(path)) index.add(asIndexed(JSON.parse(flat[i] as string) as MemoryDocument));
+        }
+        await yieldToLoop();
       }
-      index.addAll(batch);
     } while (cursor !== '0');
     e.index = index;
     e.lastId = last[0]?.[0] ?? '0-0';
