@@ -15,6 +15,8 @@ interface Entry {
   index: MiniSearch<Indexed>;
   /** The change-log entry id this index reflects (everything up to and including it). */
   lastId: string;
+  /** How many entries the log had ever been given at `lastId` (`XINFO STREAM` `entries-added`). */
+  added: number;
   /** Serialises catch-ups of one store in this process. */
   busy: Promise<void>;
 }
@@ -54,13 +56,6 @@ const asIndexed = (d: MemoryDocument): Indexed => ({
 /** Documents indexed between two turns of the event loop during a rebuild. */
 const REBUILD_SLICE = 100;
 
-/** Compares stream ids `<ms>-<seq>`. */
-function idAfter(a: string, b: string): boolean {
-  const [am = 0, as = 0] = a.split('-').map(Number);
-  const [bm = 0, bs = 0] = b.split('-').map(Number);
-  return am !== bm ? am > bm : as > bs;
-}
-
 /**
  * Full-text search over MemoryStores with MiniSearch. Redis is the truth; an index is a cache in
  * the API process, built from the store's documents and kept current from the store's change
@@ -95,7 +90,7 @@ export class MemorySearch {
       this.cache.delete(storeId);
       this.cache.set(storeId, entry);
     } else {
-      entry = { index: newIndex(), lastId: '', busy: Promise.resolve() };
+      entry = { index: newIndex(), lastId: '', added: 0, busy: Promise.resolve() };
       this.cache.set(storeId, entry);
       while (this.cache.size > this.maxStores) this.cache.delete(this.cache.keys().next().value as string);
     }
@@ -108,35 +103,55 @@ export class MemorySearch {
 
   private async catchUp(storeId: string, e: Entry): Promise<void> {
     const k = memoryKeys(storeId);
-    if (e.lastId !== '' && !(await this.trimmedPast(k.changes, e.lastId))) {
+    if (e.lastId !== '') {
+      const log = await this.position(k.changes);
+      if (log.added === e.added && log.added >= 0) return;
+      // Every entry after ours, up to the position just read. Fewer than were added since means
+      // the log was trimmed past our position: some writes are no longer in it, so rebuild.
+      const paths = new Set<string>();
+      let from = `(${e.lastId}`;
+      let read = 0;
       for (;;) {
-        const entries = await this.redis.xrange(k.changes, `(${e.lastId}`, '+', 'COUNT', 1000);
-        if (entries.length === 0) return;
-        const paths = [...new Set(entries.map(([, fields]) => fields[1] ?? ''))];
-        const raws = await this.redis.hmget(k.docs, ...paths);
-        paths.forEach((path, i) => {
-          if (e.index.has(path)) e.index.discard(path);
-          const raw = raws[i];
-          if (raw) e.index.add(asIndexed(JSON.parse(raw) as MemoryDocument));
-        });
-        e.lastId = entries.at(-1)?.[0] ?? e.lastId;
-        if (entries.length < 1000) return;
+        const entries = await this.redis.xrange(k.changes, from, log.lastId, 'COUNT', 1000);
+        for (const [, fields] of entries) paths.add(fields[1] ?? '');
+        read += entries.length;
+        if (entries.length < 1000) break;
+        from = `(${entries.at(-1)?.[0] ?? log.lastId}`;
+      }
+      if (log.added < 0 || read >= log.added - e.added) {
+        const list = [...paths];
+        for (let i = 0; i < list.length; i += 1000) {
+          const slice = list.slice(i, i + 1000);
+          const raws = await this.redis.hmget(k.docs, ...slice);
+          slice.forEach((path, j) => {
+            if (e.index.has(path)) e.index.discard(path);
+            const raw = raws[j];
+            if (raw) e.index.add(asIndexed(JSON.parse(raw) as MemoryDocument));
+          });
+        }
+        e.lastId = log.lastId;
+        e.added = log.added;
+        return;
       }
     }
     await this.rebuild(storeId, e);
   }
 
-  /** Whether the log dropped (trimmed) an entry after `lastId`: then the index must be rebuilt. */
-  private async trimmedPast(stream: string, lastId: string): Promise<boolean> {
+  /** The log's last id and how many entries were ever added to it (one `XINFO STREAM`, so the two agree). */
+  private async position(stream: string): Promise<{ lastId: string; added: number }> {
     let info: unknown[];
     try {
       info = (await this.redis.xinfo('STREAM', stream)) as unknown[];
     } catch {
-      return false; // no log yet
+      return { lastId: '0-0', added: 0 }; // no write yet
     }
-    const at = info.indexOf('max-deleted-entry-id');
-    const deleted = at >= 0 ? String(info[at + 1]) : '0-0';
-    return idAfter(deleted, lastId);
+    const field = (name: string): unknown => {
+      const at = info.indexOf(name);
+      return at >= 0 ? info[at + 1] : undefined;
+    };
+    // `entries-added` is Redis 7's; without it (-1) trimming cannot be detected and the log is trusted.
+    const added = Number(field('entries-added') ?? -1);
+    return { lastId: String(field('last-generated-id') ?? '0-0'), added: Number.isFinite(added) ? added : -1 };
   }
 
   /**
@@ -145,7 +160,7 @@ export class MemorySearch {
    */
   private async rebuild(storeId: string, e: Entry): Promise<void> {
     const k = memoryKeys(storeId);
-    const last = await this.redis.xrevrange(k.changes, '+', '-', 'COUNT', 1);
+    const log = await this.position(k.changes);
     const index = newIndex();
     let cursor = '0';
     do {
@@ -162,6 +177,7 @@ export class MemorySearch {
       }
     } while (cursor !== '0');
     e.index = index;
-    e.lastId = last[0]?.[0] ?? '0-0';
+    e.lastId = log.lastId;
+    e.added = log.added;
   }
 }
