@@ -195,6 +195,29 @@ describe('memory tools in real turns', () => {
     expect(JSON.stringify(r.filter((e) => e.type === 'agent.message'))).toContain('green tea');
   }, 240_000);
 
+  it('colocated: the in-sandbox loop uses the same memory tools, relayed by the runner', async () => {
+    const env = (await api.post<{ id: string }>('/v1/environments', {
+      name: 'colocated-memory', image: 'agentplane/sandbox:latest', harness_topology: 'colocated',
+      resources: { cpu_millis: 1000, memory_mib: 256, disk_mib: 512, max_duration_seconds: 120 },
+    })).id;
+    const store = await newStore('colocated memory');
+    await put(store, { path: 'facts/city.md', content: 'The office is in Lisbon.' });
+    const s = (await api.post<{ id: string }>('/v1/sessions', {
+      agent: {
+        name: 'colocated-memory', model: 'default', system: SCRIPT([
+          { when: { user_contains: 'office' }, then: [{ tool: 'memory__edit', input: { path: 'facts/city.md', old_text: 'Lisbon', new_text: 'Porto' } }] },
+          { when: { after_tool: 'memory__edit' }, then: [{ reply: 'Edited: {{tool_result}}' }] },
+        ]),
+      },
+      environment_id: env, resources: [{ type: 'memory', memory_store_id: store, access: 'read_write' }],
+    })).id;
+    await api.post(`/v1/sessions/${s}/events`, t.msg('the office moved'));
+    const events = await untilEvents(api, s, (e) => idleCount(e) >= 1, 120_000);
+    expect(events.find((e) => e.type === 'session.status_idle')?.payload.stop_reason).toMatchObject({ type: 'end_turn' });
+    const doc = await api.get<Doc>(`/v1/memory-stores/${store}/document`, { path: 'facts/city.md' });
+    expect(doc).toMatchObject({ content: 'The office is in Porto.', version: 2, updated_by: { kind: 'run', session_id: s } });
+  }, 240_000);
+
   it('the runtime endpoint: a read-only attachment lists and serves no write tool; writes conflict under CAS', async () => {
     const store = await newStore('runtime');
     const fence = new LeaseFence(redis);
