@@ -66,6 +66,11 @@ describe('PermissionAssignments', () => {
     expect(del.body).toEqual({ id: a.id, type: 'permission_assignment_deleted' });
     expect((await as(cred.secret).request('GET', `/v1/agents/${agentA}`)).status).toBe(403);
     expect((await mcpCall(p.baseUrl, cred.secret, 'agents_getAgent', { path: { agent_id: agentA } })).result?.isError).toBe(true);
+    // A read on a MemoryStore lists exactly the MemoryStore reads of the catalog (the Agent grant is gone).
+    const store = (await p.root.post<{ id: string }>('/v1/memory-stores', { name: 'catalog' })).id;
+    const m = await grant(prin, { type: 'memory_store', id: store }, ['read']);
+    expect((await mcpToolNames(p.baseUrl, cred.secret)).sort()).toEqual(['memoryStores_getDocument', 'memoryStores_getMemoryStore', 'memoryStores_searchMemory']);
+    await p.root.request('DELETE', `/v1/permission-assignments/${m.id}`);
 
     // A Workspace-wide grant covers every Agent.
     await grant(prin, { type: 'workspace', id: ws }, ['read']);

@@ -206,9 +206,9 @@ describe('runner daemon, gateway and presence', () => {
     // Tiers a canary proved: runc always here; gvisor too where runsc is configured.
     expect(docker.tiers).toContain('container');
     expect(docker.network_modes).toContain('none');
-    // Nothing claimed that does not exist yet: no ACP transport, no mount kinds, no browser.
+    // Nothing claimed that does not exist yet: no ACP transport, no browser.
     expect(docker.acp_transport).toBeUndefined();
-    expect(docker.mount_kinds).toBeUndefined();
+    expect(docker.mount_kinds).toEqual(['uploaded_project']);
     for (const prov of pres.capabilities.providers) expect(prov.browser_observation, prov.id).toBeUndefined();
     expect(pres.capabilities.available_slots).toBeGreaterThan(0);
     expect(Date.parse(pres.expires_at) - Date.parse(pres.last_seen_at)).toBe(TTL_MS);

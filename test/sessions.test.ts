@@ -192,9 +192,13 @@ describe('sessions', () => {
   });
 
   it('update replaces collections; agent changes govern later Runs only', async () => {
-    const s = await newSession({ metadata: { a: '1', b: '2' }, vault_ids: [`vlt_${'1'.repeat(32)}`] });
+    const vault = (await p.root.post<{ id: string }>('/v1/vaults', { name: 'session-vault' })).id;
+    const s = await newSession({ metadata: { a: '1', b: '2' }, vault_ids: [vault] });
     const u = await api.post<Json>(`/v1/sessions/${s.id}`, { metadata: { c: '3' }, agent: { tools: [] }, title: 'new' });
-    expect(u).toMatchObject({ metadata: { c: '3' }, title: 'new', agent: { tools: [] }, vault_ids: [`vlt_${'1'.repeat(32)}`] });
+    expect(u).toMatchObject({ metadata: { c: '3' }, title: 'new', agent: { tools: [] }, vault_ids: [vault] });
+    // vault_ids name Vaults of the Workspace.
+    const unknown = await api.request('POST', `/v1/sessions/${s.id}`, { body: { vault_ids: [`vlt_${'1'.repeat(32)}`] } });
+    expect(unknown.status).toBe(404);
     expect((await api.request('POST', `/v1/sessions/${s.id}`, { body: { agent: { name: 'x' } } })).status).toBe(400);
   });
 
@@ -214,7 +218,10 @@ describe('sessions', () => {
     const s = await newSession({ resources: [{ type: 'repository', url: 'https://example.com/r.git' }] });
     const list = await api.get<{ data: Json[] }>(`/v1/sessions/${s.id}/resources`);
     expect(list.data).toHaveLength(1);
-    const added = await api.post<Json & { id: string }>(`/v1/sessions/${s.id}/resources`, { type: 'memory', memory_store_id: `memstore_${'2'.repeat(32)}` });
+    const missing = await api.request('POST', `/v1/sessions/${s.id}/resources`, { body: { type: 'memory', memory_store_id: `memstore_${'2'.repeat(32)}` } });
+    expect(missing.status).toBe(404);
+    const store = (await api.post<{ id: string }>('/v1/memory-stores', { name: 'session-store' })).id;
+    const added = await api.post<Json & { id: string }>(`/v1/sessions/${s.id}/resources`, { type: 'memory', memory_store_id: store });
     expect(added).toMatchObject({ type: 'memory', access: 'read_only' });
     expect(await api.post(`/v1/sessions/${s.id}/resources/${added.id}`, { access: 'read_write' })).toMatchObject({ access: 'read_write' });
     expect((await api.request('POST', `/v1/sessions/${s.id}/resources/${added.id}`, { body: { ref: 'main' } })).status).toBe(400);

@@ -6,6 +6,12 @@ import type { Agent } from '@agentplane/domain';
 import { VersionedStore } from '@agentplane/domain';
 import type { Environment } from '@agentplane/domain';
 import { FileStore } from '@agentplane/domain';
+import { MemoryService } from './memory/service.js';
+import { VaultService } from './vaults/service.js';
+import { runtimeGitCredentials } from './vaults/runtime.js';
+import { ProjectService } from './projects/service.js';
+import { runtimeProjects } from './projects/runtime.js';
+import { runtimeMemory } from './memory/runtime.js';
 import { AuditLog } from './audit/store.js';
 import { PermissionStore } from './governance/permissions.js';
 import { PolicyStore } from './governance/policies.js';
@@ -61,6 +67,9 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
   const subscriber = redis.duplicate({ connectionName: 'agentplane:api:events', maxRetriesPerRequest: null });
   subscriber.on('error', (err: Error) => log.warn({ err: err.message }, 'event hub connection error'));
   const files = new FileStore(redis, docs);
+  const memory = new MemoryService(redis, docs, { maxIndexedStores: config.memoryIndexedStores });
+  const vaults = new VaultService(docs, secretBox);
+  const projects = new ProjectService(redis, docs);
   const audit = new AuditLog(redis, config.auditRetentionMs);
   const runners = new RunnerService(docs, redis, credentials, identity);
   const runs = createRunsModule({ config, redis, log, store: sessionStore, runtime: threadRuntime, environments, runners });
@@ -77,6 +86,9 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
   return {
     runs,
     files,
+    memory,
+    vaults,
+    projects,
     agents,
     environments,
     turns,
@@ -84,7 +96,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
     eventHub,
     shutdownSignal,
     sessions: new SessionService({
-      store: sessionStore, agents, environments, identity, files, runtime: threadRuntime, scheduler: () => turns.scheduler,
+      store: sessionStore, agents, environments, identity, files, memory: memory.stores, vaults, projects, runtime: threadRuntime, scheduler: () => turns.scheduler,
       requireModel: (ws, key, field) => models.profiles.requireKey(ws, key, field),
       admitTurn: (session) => models.budgets.check({ workspace_id: session.workspace_id, session_id: session.id, session_budget: session.budget }),
       modelUsage: async (scope) => {
@@ -140,6 +152,9 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
   const runtimeBearers = new RedisRuntimeBearers(redis, new LeaseFence(redis));
   app.use(runtimeMcp(deps, { verifier: runtimeBearers }));
   app.use(runtimeFiles(deps, runtimeBearers));
+  app.use(runtimeMemory(deps, runtimeBearers));
+  app.use(runtimeGitCredentials(deps, runtimeBearers));
+  app.use(runtimeProjects(deps, runtimeBearers));
   app.use(router.routes());
   // Every API process works off due approval expiries (BullMQ gives each job to one of them).
   deps.approvals.startExpiry();

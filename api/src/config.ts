@@ -45,6 +45,8 @@ export interface ApiConfig {
   consoleDir: string | undefined;
   /** ActionApprovals: expiry when the rule sets none (ACTION_APPROVAL_EXPIRY_SECONDS) and the ceiling of every expiry. */
   approvals: { defaultExpirySeconds: number; maxExpirySeconds: number };
+  /** MemoryStores whose search index this process keeps in memory (MEMORY_INDEXED_STORES; least recently used evicted). */
+  memoryIndexedStores: number;
 }
 
 function loadMasterKey(env: Env): Buffer {
@@ -85,6 +87,7 @@ export function loadApiConfig(env: Env): ApiConfig {
       defaultExpirySeconds: envInt(env, 'ACTION_APPROVAL_EXPIRY_SECONDS', DEFAULT_APPROVAL_EXPIRY_SECONDS, 1, MAX_APPROVAL_EXPIRY_SECONDS),
       maxExpirySeconds: MAX_APPROVAL_EXPIRY_SECONDS,
     },
+    memoryIndexedStores: envInt(env, 'MEMORY_INDEXED_STORES', 32, 1, 10_000),
     modelPricesFile: envOptional(env, 'MODEL_PRICES_FILE'),
     modelProviderTimeoutMs: envInt(env, 'MODEL_PROVIDER_TIMEOUT_MS', 60_000, 100),
     consoleEnabled: envBool(env, 'CONSOLE_ENABLED', true),

@@ -14,6 +14,9 @@ import type { PresenceStore } from '@agentplane/gateway';
 import type { ModelsModule } from './models/module.js';
 import type { RunsModule } from './runs/module.js';
 import type { FileStore } from '@agentplane/domain';
+import type { MemoryService } from './memory/service.js';
+import type { VaultService } from './vaults/service.js';
+import type { ProjectService } from './projects/service.js';
 import type { AuditLog } from './audit/store.js';
 import type { PermissionStore } from './governance/permissions.js';
 import type { PolicyStore } from './governance/policies.js';
@@ -50,6 +53,12 @@ export interface ApiDeps {
   sessions: SessionService;
   /** Uploaded Files (heads in the workspace, content chunked under each File's own tag). */
   files: FileStore;
+  /** MemoryStores: documents, versions and their full-text search (docs/MEMORY.md). */
+  memory: MemoryService;
+  /** Vaults: sealed per-Session secrets for MCP servers and git (resolved in `vault_ids` order). */
+  vaults: VaultService;
+  /** Uploaded Projects: immutable revisions of file trees, mounted as `uploaded_project` resources. */
+  projects: ProjectService;
   /** The SessionThread state machine (drive events here; the runtime side reports turn boundaries). */
   threadRuntime: ThreadRuntime;
   /** Where started turns go; replace `turns.scheduler` to plug a scheduler in. */

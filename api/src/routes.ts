@@ -10,6 +10,9 @@ import { threadOperations } from './sessions/thread-operations.js';
 import { runnerOperations } from './runners/operations.js';
 import { runOperations } from './runs/operations.js';
 import { fileOperations } from './files/operations.js';
+import { memoryOperations } from './memory/operations.js';
+import { vaultOperations } from './vaults/operations.js';
+import { projectOperations } from './projects/operations.js';
 import { auditOperations } from './audit/operations.js';
 import { governanceOperations } from './governance/operations.js';
 import { policyOperations } from './governance/policy-operations.js';
@@ -24,6 +27,6 @@ export function allOperations(): Operation[] {
   const table: Operation[] = [];
   table.push(...metaOperations(() => table), ...identityOperations, ...runnerOperations, ...modelOperations);
   table.push(...agentOperations, ...environmentOperations, ...sessionOperations, ...threadOperations);
-  table.push(...connectionOperations, ...runOperations, ...fileOperations, ...auditOperations, ...governanceOperations, ...policyOperations, ...approvalOperations);
+  table.push(...connectionOperations, ...runOperations, ...fileOperations, ...memoryOperations, ...vaultOperations, ...projectOperations, ...auditOperations, ...governanceOperations, ...policyOperations, ...approvalOperations);
   return table;
 }

@@ -147,6 +147,8 @@ export function buildCapabilities(facts: HostFacts, policy: SlotPolicy, held: nu
       session_sandbox: true,
       // Session Files and repository snapshots are fetched and held by the runner, never the sandbox.
       snapshot_custody: 'runner',
+      // Project revisions are fetched by the runner and placed in the workspace (docs/MEMORY.md).
+      mount_kinds: ['uploaded_project'],
       max_mounts: 64,
     });
   }
@@ -167,6 +169,7 @@ export function buildCapabilities(facts: HostFacts, policy: SlotPolicy, held: nu
     retention_modes: ['durable'],
     session_sandbox: true,
     snapshot_custody: 'runner',
+    mount_kinds: ['uploaded_project'],
     max_mounts: 64,
   });
   return {

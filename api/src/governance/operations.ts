@@ -13,6 +13,7 @@ const TargetSchema = Type.Union([
   Obj({ type: Type.Literal('workspace'), id: Id('workspace') }),
   Obj({ type: Type.Literal('agent'), id: Id('agent') }),
   Obj({ type: Type.Literal('session'), id: Id('session') }),
+  Obj({ type: Type.Literal('memory_store'), id: Id('memoryStore') }),
 ]);
 export const PermissionAssignmentSchema = Obj({
   id: Id('permissionAssignment'), type: Type.Literal('permission_assignment'), workspace_id: Id('workspace'),
@@ -27,6 +28,8 @@ async function checkTarget(deps: ApiDeps, ws: string, target: PermissionTarget):
     if (target.id !== ws) throw new ApiError('validation.not_found', `workspace ${target.id} not found`);
   } else if (target.type === 'agent') {
     await deps.agents.get(ws, target.id);
+  } else if (target.type === 'memory_store') {
+    await deps.memory.getStore(ws, target.id);
   } else {
     await deps.sessions.store.get(ws, target.id);
   }

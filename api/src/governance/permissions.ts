@@ -5,7 +5,7 @@ import { keys, tags, type DocumentStore, type Redis, type StoredDoc } from '@age
 export const PERMISSION_ACTIONS = ['invoke', 'steer', 'observe', 'read', 'manage', 'approve'] as const;
 export type PermissionAction = (typeof PERMISSION_ACTIONS)[number];
 
-export type TargetType = 'workspace' | 'agent' | 'session';
+export type TargetType = 'workspace' | 'agent' | 'session' | 'memory_store';
 
 export interface PermissionTarget {
   type: TargetType;
@@ -110,5 +110,6 @@ export function targetTypeOf(id: string): TargetType | null {
   if (isId('workspace', id)) return 'workspace';
   if (isId('agent', id)) return 'agent';
   if (isId('session', id)) return 'session';
+  if (isId('memoryStore', id)) return 'memory_store';
   return null;
 }

@@ -115,6 +115,8 @@ export interface Operation<P extends TSchema = TSchema, Q extends TSchema = TSch
   params?: P;
   query?: Q;
   body?: B;
+  /** A larger JSON body ceiling than the default (413 while the body streams in), e.g. Project trees. */
+  bodyLimitBytes?: number;
   /** Set instead of `body` for operations whose body is not JSON. */
   upload?: UploadBody;
   /** JSON schema of the success body, for OpenAPI. */

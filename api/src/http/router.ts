@@ -80,7 +80,7 @@ export function buildRouter(operations: readonly Operation[], deps: ApiDeps): Op
       const requestId = newRequestId();
       ctx.set('Request-Id', requestId);
       try {
-        const body = !op.upload && METHODS_WITH_BODY.has(ctx.method) ? await readJsonBody(ctx.req, deps.config.bodyLimitBytes) : undefined;
+        const body = !op.upload && METHODS_WITH_BODY.has(ctx.method) ? await readJsonBody(ctx.req, op.bodyLimitBytes ?? deps.config.bodyLimitBytes) : undefined;
         const raw: RawRequest = {
           method: op.method as HttpMethod,
           headers: flattenHeaders(ctx.headers),

@@ -132,6 +132,15 @@ export const SEARCH_TOOL_DEF: McpTool = {
  * The projection of the operation table, computed once at start-up: every MCP-exposable
  * operation as a tool, indexed by tool name.
  */
+/** Target types whose assignments can satisfy an operation's permission (an Agent's covers its Sessions). */
+const COVERING: Record<string, readonly string[]> = { agent_id: ['agent'], session_id: ['session', 'agent'], memory_store_id: ['memory_store'] };
+
+function holdsFor(held: ReadonlySet<string> | undefined, decl: { action: string; target: string }): boolean {
+  if (!held) return false;
+  if (held.has(decl.action)) return true;
+  return (COVERING[decl.target] ?? []).some((type) => held.has(`${decl.action}@${type}`));
+}
+
 export class ToolCatalog {
   readonly tools: ReadonlyMap<string, ProjectedTool>;
 
@@ -168,8 +177,9 @@ export class ToolCatalog {
 
   /**
    * What `tools/list` answers for this caller and catalog choice. For a Principal credential,
-   * `held` is the set of actions its live PermissionAssignments grant: a tool whose operation
-   * needs an action the Principal holds nowhere is not listed.
+   * `held` is what its live PermissionAssignments grant: `<action>` when held on the Workspace,
+   * `<action>@<target type>` when held on some Agent, Session or MemoryStore. A tool whose
+   * operation needs an action the Principal holds on no target of its kind is not listed.
    */
   list(caller: Caller, catalog: 'compact' | 'full', held?: ReadonlySet<string>): McpTool[] {
     const out: McpTool[] = [];
@@ -177,7 +187,7 @@ export class ToolCatalog {
     for (const p of this.tools.values()) {
       if (!this.admits(caller, p)) continue;
       if (!principal && catalog === 'compact' && !p.compact) continue;
-      if (principal && p.op.permission && !held?.has(p.op.permission.action)) continue;
+      if (principal && p.op.permission && !holdsFor(held, p.op.permission)) continue;
       out.push(p.tool);
     }
     if (!principal) out.push(SEARCH_TOOL_DEF);

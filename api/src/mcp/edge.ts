@@ -166,7 +166,8 @@ export function mcpEdge(operations: readonly Operation[], prepared: ReadonlyMap<
         });
       case 'tools/list': {
         const held = caller.kind === 'principal_credential' && caller.workspaceId && caller.principalId
-          ? new Set((await deps.permissions.ofPrincipal(caller.workspaceId, caller.principalId)).flatMap((a) => a.actions))
+          ? new Set((await deps.permissions.ofPrincipal(caller.workspaceId, caller.principalId))
+            .flatMap((a) => a.actions.map((action) => (a.target.type === 'workspace' ? action : `${action}@${a.target.type}`))))
           : undefined;
         const tools = catalog.list(caller, catalogChoice, held);
         // 2026-07-28 list results are cacheable results: the catalog depends on the bearer.

@@ -47,6 +47,8 @@ interface RequestContext {
   grant: RuntimeGrant;
   connectionGrant: ConnectionGrant;
   connection: Connection;
+  /** Headers for the upstream: a Session vault secret for the Connection's URL, else the Connection's own token. */
+  headers: Record<string, string>;
 }
 
 /** An MCP client to the Connection's server, opened lazily once per inbound request. */
@@ -54,7 +56,7 @@ class Upstream {
   private client: Client | null = null;
   constructor(
     private readonly connection: Connection,
-    private readonly token: string | null,
+    private readonly headers: Record<string, string>,
     private readonly timeoutMs: number,
   ) {}
 
@@ -62,7 +64,7 @@ class Upstream {
     if (this.client) return this.client;
     const client = new Client(SERVER_INFO, { capabilities: {}, listMaxPages: LIST_MAX_PAGES });
     const transport = new StreamableHTTPClientTransport(new URL(this.connection.url), {
-      requestInit: { headers: this.token ? { Authorization: `Bearer ${this.token}` } : {} },
+      requestInit: { headers: this.headers },
     });
     try {
       await client.connect(transport, { timeout: this.timeoutMs });
@@ -114,6 +116,19 @@ export function runtimeMcp(deps: ApiDeps, options: RuntimeMcpOptions): Koa.Middl
   };
   const calls = deps.metrics.counter('agentplane_runtime_mcp_tool_calls_total', 'Proxied runtime MCP tool calls by outcome');
 
+  /**
+   * The Session's vaults, read live (a rotation or a `vault_ids` change counts from the next
+   * request), in `vault_ids` order: the first holding an `mcp_bearer`/`mcp_header` secret for the
+   * Connection's URL wins; without one, the Connection's own token. Values stay in this process.
+   */
+  async function upstreamHeaders(grant: RuntimeGrant, connection: Connection): Promise<Record<string, string>> {
+    const session = await deps.sessions.store.get(grant.workspace_id, grant.session_id).catch(() => null);
+    const secret = session ? await deps.vaults.resolve(grant.workspace_id, session.vault_ids, ['mcp_bearer', 'mcp_header'], connection.url) : null;
+    if (secret) return secret.kind === 'mcp_header' && secret.header_name ? { [secret.header_name]: secret.value } : { Authorization: `Bearer ${secret.value}` };
+    const token = connections.upstreamToken(connection);
+    return token ? { Authorization: `Bearer ${token}` } : {};
+  }
+
   const fail = (ctx: Koa.Context, status: number, code: number, message: string, extra: Record<string, string> = {}) => {
     for (const [k, v] of Object.entries(extra)) ctx.set(k, v);
     ctx.status = status;
@@ -125,7 +140,7 @@ export function runtimeMcp(deps: ApiDeps, options: RuntimeMcpOptions): Koa.Middl
   function buildServer(context: RequestContext): Server {
     const { grant, connectionGrant: cg, connection } = context;
     const connectionId = connection.id;
-    const up = new Upstream(connection, connections.upstreamToken(connection), timeoutMs);
+    const up = new Upstream(connection, context.headers, timeoutMs);
     const server = new Server(SERVER_INFO, { capabilities: { tools: { listChanged: false } } });
     server.onclose = () => void up.close();
     server.setRequestHandler('tools/list', async () => {
@@ -213,7 +228,7 @@ export function runtimeMcp(deps: ApiDeps, options: RuntimeMcpOptions): Koa.Middl
     if (!connection || connection.workspace_id !== grant.workspace_id || connection.status !== 'active') {
       return fail(ctx, 404, ErrorCode.InvalidRequest, `connection ${connectionId} not found`);
     }
-    const context: RequestContext = { grant, connectionGrant: cg, connection };
+    const context: RequestContext = { grant, connectionGrant: cg, connection, headers: await upstreamHeaders(grant, connection) };
     const req = ctx.req as typeof ctx.req & { auth?: AuthInfo };
     req.auth = { token: token ?? '', clientId: grant.run_id, scopes: [], expiresAt: Math.floor(Date.parse(grant.expires_at) / 1000), extra: { context } };
     ctx.respond = false;

@@ -68,6 +68,7 @@ export const sessionOperations: Operation[] = [
     params: SessionPath, body: UpdateSessionBody, response: SessionSchema, idempotency: 'optional', mcp: 'compact',
     async handler({ caller, params, body, deps }) {
       const ws = requireWorkspace(caller);
+      if (body.vault_ids !== undefined) await deps.vaults.requireAll(ws, body.vault_ids);
       const s = await deps.sessions.store.update(ws, params.session_id, (cur) => {
         if (cur.archived_at !== null) throw new ApiError('runtime.invalid_transition', 'an archived session cannot be changed');
         return {

@@ -72,6 +72,7 @@ export const ResourceInput = Type.Union([
   Obj({ type: Type.Literal('repository'), url: Type.String({ pattern: '^(https://|git@)', maxLength: 2048 }), ref: Type.Optional(Nullable(Type.String({ minLength: 1, maxLength: 255 }))), mount_path: Type.Optional(Nullable(Type.String({ pattern: '^/', maxLength: 1024 }))) }),
   Obj({ type: Type.Literal('file'), file_id: Id('file'), mount_path: Type.Optional(Nullable(Type.String({ pattern: '^/', maxLength: 1024 }))) }),
   Obj({ type: Type.Literal('memory'), memory_store_id: Id('memoryStore'), access: Type.Optional(Type.Union([Type.Literal('read_only'), Type.Literal('read_write')])) }),
+  Obj({ type: Type.Literal('uploaded_project'), project_id: Id('project'), revision_number: Type.Optional(Type.Integer({ minimum: 1 })), mount_path: Type.Optional(Nullable(Type.String({ pattern: '^/', maxLength: 1024 }))) }),
 ]);
 export const ResourceUpdate = Obj(
   {

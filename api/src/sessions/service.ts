@@ -12,6 +12,9 @@ import { checkDrivePayload, type CreateSessionInput, type DriveEventType, type D
 import { newThreadDoc, SessionStore } from '@agentplane/domain';
 import type { ThreadRuntime, TurnScheduler } from '@agentplane/domain';
 import type { FileStore } from '@agentplane/domain';
+import type { MemoryStores } from '../memory/store.js';
+import type { VaultService } from '../vaults/service.js';
+import type { ProjectService } from '../projects/service.js';
 
 export interface SessionServiceDeps {
   store: SessionStore;
@@ -20,6 +23,12 @@ export interface SessionServiceDeps {
   identity: IdentityService;
   /** For `file` resources: the File must exist in the Session's Workspace. */
   files?: FileStore;
+  /** Memory resources must name a MemoryStore of the Workspace. */
+  memory?: MemoryStores;
+  /** `vault_ids` must name Vaults of the Workspace. */
+  vaults?: VaultService;
+  /** `uploaded_project` resources must name a Project (and revision) of the Workspace. */
+  projects?: ProjectService;
   runtime: ThreadRuntime;
   scheduler: () => TurnScheduler;
   /** Refuses a new turn when a budget (Session or workspace) is spent: 429 `budget.exceeded`. */
@@ -89,6 +98,7 @@ export class SessionService {
     }
     await Promise.all([...new Set(initial.map((e) => e.payload.authored_by))].map((p) => this.d.identity.activePrincipal(ws, p, 'authored_by')));
     await this.checkResources(ws, body.resources ?? []);
+    await this.d.vaults?.requireAll(ws, body.vault_ids ?? []);
     const env = await this.d.environments.get(ws, body.environment_id);
     if (env.archived_at !== null) throw new ApiError('runtime.invalid_transition', 'the environment is archived');
     const agent = await this.resolveAgent(ws, body.agent);
@@ -116,11 +126,19 @@ export class SessionService {
     return this.view(session);
   }
 
-  /** A `file` resource must name a File of this Workspace (404 otherwise, as for any other id). */
-  async checkResources(workspaceId: string, resources: ReadonlyArray<{ type: string; file_id?: string }>): Promise<void> {
-    const files = this.d.files;
-    if (!files) return;
-    for (const r of resources) if (r.type === 'file' && r.file_id) await files.get(workspaceId, r.file_id);
+  /** A `file` resource must name a File, a `memory` resource a MemoryStore, of this Workspace (404 otherwise, as for any other id). */
+  async checkResources(workspaceId: string, resources: Array<{ type: string; file_id?: string; memory_store_id?: string; project_id?: string; revision_number?: number }>): Promise<void> {
+    const { files, memory, projects } = this.d;
+    for (const r of resources) {
+      if (projects && r.type === 'uploaded_project' && r.project_id) {
+        await projects.get(workspaceId, r.project_id);
+        // Pinned now: a later revision of the Project does not change what this Session mounts.
+        r.revision_number ??= await projects.latestNumber(r.project_id);
+        await projects.revision(r.project_id, r.revision_number);
+      }
+      if (files && r.type === 'file' && r.file_id) await files.get(workspaceId, r.file_id);
+      if (memory && r.type === 'memory' && r.memory_store_id) await memory.getStore(workspaceId, r.memory_store_id);
+    }
   }
 
   newResource(r: Record<string, unknown>): SessionResource {
@@ -131,6 +149,8 @@ export class SessionService {
         return { ...base, type: 'repository', url: r.url as string, ref: (r.ref as string | null | undefined) ?? null, mount_path: (r.mount_path as string | null | undefined) ?? null };
       case 'file':
         return { ...base, type: 'file', file_id: r.file_id as string, mount_path: (r.mount_path as string | null | undefined) ?? null };
+      case 'uploaded_project':
+        return { ...base, type: 'uploaded_project', project_id: r.project_id as string, revision_number: r.revision_number as number, mount_path: (r.mount_path as string | null | undefined) ?? null };
       default:
         return { ...base, type: 'memory', memory_store_id: r.memory_store_id as string, access: (r.access as 'read_only' | 'read_write' | undefined) ?? 'read_only' };
     }

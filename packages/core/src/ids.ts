@@ -39,6 +39,7 @@ export const ID_PREFIXES = {
   file: 'file',
   permissionAssignment: 'perm',
   actionPolicy: 'apol',
+  project: 'proj',
 } as const;
 
 export type IdKind = keyof typeof ID_PREFIXES;

@@ -8,12 +8,14 @@
  *   {a:<digest>}    one bearer digest -> the credential it authenticates
  *   {r:<id>}        per-key rate-limit windows
  *   {f:<file_id>}   one uploaded File's content (chunks)
+ *   {m:<memstore_id>} one MemoryStore's documents, version history and change log
+ *   {p:<project_id>} one uploaded Project's revisions and file contents
  *
  * docs/ARCHITECTURE.md lists every key with its type and owner.
  */
 export const KEY_PREFIX = 'ap';
 
-export type Tag = `o:${string}` | `w:${string}` | `s:${string}` | `a:${string}` | `r:${string}` | `g:${string}` | `f:${string}`;
+export type Tag = `o:${string}` | `w:${string}` | `s:${string}` | `a:${string}` | `r:${string}` | `g:${string}` | `f:${string}` | `m:${string}` | `p:${string}`;
 
 export const tags = {
   org: (orgId: string): Tag => `o:${orgId}`,
@@ -23,6 +25,8 @@ export const tags = {
   rate: (id: string): Tag => `r:${id}`,
   global: (name: string): Tag => `g:${name}`,
   file: (fileId: string): Tag => `f:${fileId}`,
+  memoryStore: (storeId: string): Tag => `m:${storeId}`,
+  project: (projectId: string): Tag => `p:${projectId}`,
 };
 
 export const keys = {

@@ -4,7 +4,8 @@ import type { AgentTool } from './events.js';
 
 export interface RuntimeMcp {
   bearer: string;
-  servers: { name: string; connection_id: string; permission: 'always_allow' | 'always_ask' }[];
+  /** `path`: the runtime endpoint serving the server (default `/v1/runtime/mcp/{connection_id}`; memory stores: `/v1/runtime/memory/{id}`). */
+  servers: { name: string; connection_id: string; permission: 'always_allow' | 'always_ask'; path?: string }[];
 }
 
 export interface McpTools {
@@ -24,7 +25,8 @@ export async function connectMcpTools(baseUrl: string, runtime: RuntimeMcp, log:
   const clients: Client[] = [];
   const tools: AgentTool[] = [];
   for (const server of runtime.servers) {
-    const url = apiUrl(baseUrl, `/v1/runtime/mcp/${encodeURIComponent(server.connection_id)}`);
+    const path = server.path !== undefined && /^\/v1\/runtime\/[a-z]+\/[A-Za-z0-9_]+$/.test(server.path) ? server.path : `/v1/runtime/mcp/${encodeURIComponent(server.connection_id)}`;
+    const url = apiUrl(baseUrl, path);
     let client: Client | undefined;
     for (let attempt = 0; attempt < 20 && !signal.aborted; attempt++) {
       const c = new Client({ name: 'agentplane-runner', version: '0.1.0' });

@@ -168,7 +168,7 @@ export class DockerDriver implements SandboxDriver {
       network_modes: ['none'],
       retention_modes: ['durable'],
       session_sandbox: true,
-      mount_kinds: [],
+      mount_kinds: ['uploaded_project'],
       runtime_assurances: this.assurances(),
     };
   }

@@ -60,7 +60,7 @@ export class ProcessDriver implements SandboxDriver {
       network_modes: ['host'],
       retention_modes: ['durable'],
       session_sandbox: true,
-      mount_kinds: [],
+      mount_kinds: ['uploaded_project'],
       runtime_assurances: this.assurances(),
       unisolated: true,
     };

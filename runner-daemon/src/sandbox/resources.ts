@@ -21,7 +21,7 @@ export type ResourceContent =
 export interface ResourceSource {
   /** The Session resource id. */
   id: string;
-  type: 'file' | 'repository';
+  type: 'file' | 'repository' | 'uploaded_project';
   /** Where it goes in the workspace: relative, or absolute with `/` as the workspace root. */
   mount_path: string;
   /** What the content is (a digest, a url at a ref): a resource is placed again only when this changes. */

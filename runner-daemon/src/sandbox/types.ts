@@ -112,7 +112,7 @@ export interface DriverCapabilities {
   network_modes: NetworkMode[];
   retention_modes: RetentionMode[];
   session_sandbox: boolean;
-  /** Mount kinds the driver serves (none yet: uploaded projects are not mounted). */
+  /** Mount kinds the driver serves: Project revisions placed in the workspace. */
   mount_kinds: Array<'uploaded_project'>;
   runtime_assurances: RuntimeAssurance[];
   /** Set on drivers that give no isolation from the host. */

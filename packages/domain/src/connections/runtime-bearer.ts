@@ -31,6 +31,12 @@ export interface RuntimeGrant {
   connections: Record<string, ConnectionGrant>;
   /** Files the runner may fetch from `/v1/runtime/files/{id}` (the Session's `file` resources). */
   files?: string[];
+  /** MemoryStores the harness's memory tools reach at `/v1/runtime/memory/{id}` (the Session's `memory` resources), with their access. */
+  memory?: Record<string, 'read_only' | 'read_write'>;
+  /** HTTPS repository URLs of the Session's `repository` resources: `/v1/runtime/git-credentials` answers only for these. */
+  repositories?: string[];
+  /** `<project_id>@<revision_number>` of the Session's `uploaded_project` resources, for `/v1/runtime/projects/…`. */
+  projects?: string[];
 }
 
 /**

@@ -4,6 +4,7 @@ import type { AgentSnapshot } from '../agents/model.js';
 import type { VersionedStore } from '../versioned.js';
 import type { Environment } from '../environments/model.js';
 import type { FileStore } from '../files/store.js';
+import { tags, type DocumentStore } from '@agentplane/store';
 import type { RunDoc, SessionResource } from '../sessions/model.js';
 import type { SessionStore } from '../sessions/store.js';
 import { conversationOf, readAll, type Responses } from './history.js';
@@ -21,7 +22,9 @@ export type SpecTool =
  */
 export type SpecResource =
   | { type: 'file'; id: string; file_id: string; mount_path: string; sha256: string | null; size_bytes: number; missing?: true }
-  | { type: 'repository'; id: string; url: string; ref: string | null; mount_path: string };
+  | { type: 'repository'; id: string; url: string; ref: string | null; mount_path: string }
+  /** A Project revision, fetched by the runner from `/v1/runtime/projects/{project_id}/revisions/{n}`. */
+  | { type: 'uploaded_project'; id: string; project_id: string; revision_number: number; mount_path: string };
 
 /** `https://host/org/name.git` or `git@host:org/name.git` → `name`. */
 export function repositoryName(url: string): string {
@@ -30,10 +33,32 @@ export function repositoryName(url: string): string {
   return /^[A-Za-z0-9._-]{1,100}$/.test(name) && name !== '.' && name !== '..' ? name : 'repository';
 }
 
+/** What a turn spec reads of a Project: its name (the default mount directory). */
+export interface ProjectHeads {
+  get(workspaceId: string, projectId: string): Promise<{ name: string }>;
+}
+
+/** Project heads read straight from the document store (the scheduler's view; the api's ProjectService also fits). */
+export class ProjectHeadReader implements ProjectHeads {
+  constructor(private readonly docs: DocumentStore) {}
+
+  async get(workspaceId: string, projectId: string): Promise<{ name: string }> {
+    const doc = await this.docs.get<{ id: string; type: string; workspace_id: string; name: string; version: number; created_at: string; updated_at: string }>(tags.workspace(workspaceId), projectId);
+    if (!doc || doc.type !== 'project' || doc.workspace_id !== workspaceId) throw new Error(`project ${projectId} not found`);
+    return { name: doc.name };
+  }
+}
+
 /** The Session's materialisable resources (memory stores are not mounted). */
-export async function specResources(resources: readonly SessionResource[], workspaceId: string, files?: FileStore): Promise<SpecResource[]> {
+export async function specResources(resources: readonly SessionResource[], workspaceId: string, files?: FileStore, projects?: ProjectHeads): Promise<SpecResource[]> {
   const out: SpecResource[] = [];
   for (const r of resources) {
+    if (r.type === 'uploaded_project' && r.project_id && r.revision_number) {
+      const head = projects ? await projects.get(workspaceId, r.project_id).catch(() => null) : null;
+      const name = head && /^[A-Za-z0-9._-]{1,100}$/.test(head.name) && head.name !== '.' && head.name !== '..' ? head.name : 'project';
+      out.push({ type: 'uploaded_project', id: r.id, project_id: r.project_id, revision_number: r.revision_number, mount_path: r.mount_path ?? `/${name}` });
+      continue;
+    }
     if (r.type === 'repository' && r.url) {
       out.push({ type: 'repository', id: r.id, url: r.url, ref: r.ref ?? null, mount_path: r.mount_path ?? `/${repositoryName(r.url)}` });
     } else if (r.type === 'file' && r.file_id) {
@@ -72,7 +97,11 @@ export interface TurnSpec {
     harness_topology: 'split' | 'colocated';
   };
   resources: SpecResource[];
-  /** Bearer for `/v1/runtime/files/{file_id}` (set by the scheduler when `resources` has Files). */
+  /**
+   * Bearer for `/v1/runtime/files/{file_id}`, `/v1/runtime/projects/…` and
+   * `/v1/runtime/git-credentials` (set by the scheduler when `resources` has Files, Projects, or
+   * HTTPS repositories and the Session names vaults).
+   */
   runtime_files?: { bearer: string };
   history: ModelMessage[];
   responses: Responses;
@@ -80,7 +109,23 @@ export interface TurnSpec {
    * MCP tools of the agent's servers, through `/v1/runtime/mcp/{connection_id}` with a bearer
    * that lives only as long as this lease (set by the scheduler when the agent has MCP servers).
    */
-  runtime_mcp?: { bearer: string; servers: { name: string; connection_id: string; permission: 'always_allow' | 'always_ask' }[] };
+  runtime_mcp?: { bearer: string; servers: { name: string; connection_id: string; permission: 'always_allow' | 'always_ask'; path?: string }[] };
+  /**
+   * The Session's `memory` resources. The scheduler grants them to the lease's runtime bearer and
+   * offers each to the harness as an MCP server (`memory`, `memory_2`, …) at
+   * `/v1/runtime/memory/{memory_store_id}` (docs/MEMORY.md).
+   */
+  memory?: { memory_store_id: string; access: 'read_only' | 'read_write' }[];
+}
+
+/** The Session's memory attachments (a store attached twice keeps its widest access). */
+export function specMemory(resources: readonly SessionResource[]): { memory_store_id: string; access: 'read_only' | 'read_write' }[] {
+  const out = new Map<string, 'read_only' | 'read_write'>();
+  for (const r of resources) {
+    if (r.type !== 'memory' || !r.memory_store_id) continue;
+    if (out.get(r.memory_store_id) !== 'read_write') out.set(r.memory_store_id, r.access ?? 'read_only');
+  }
+  return [...out].map(([memory_store_id, access]) => ({ memory_store_id, access }));
 }
 
 export function specTools(agent: AgentSnapshot): SpecTool[] {
@@ -120,6 +165,7 @@ export interface SpecSources {
   store: SessionStore;
   environments: VersionedStore<Environment>;
   files?: FileStore;
+  projects?: ProjectHeads;
 }
 
 export async function buildTurnSpec(src: SpecSources, run: RunDoc, maxHistoryBytes = 512 * 1024): Promise<TurnSpec> {
@@ -150,7 +196,8 @@ export async function buildTurnSpec(src: SpecSources, run: RunDoc, maxHistoryByt
       tier: env.tier,
       harness_topology: env.harness_topology ?? 'split',
     },
-    resources: await specResources(session.resources, run.workspace_id, src.files),
+    resources: await specResources(session.resources, run.workspace_id, src.files, src.projects),
+    ...(specMemory(session.resources).length > 0 ? { memory: specMemory(session.resources) } : {}),
     history: fitHistory(history, maxHistoryBytes),
     responses,
   };

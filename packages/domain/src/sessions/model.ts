@@ -4,7 +4,7 @@ import type { AgentSnapshot } from '../agents/model.js';
 export type ThreadStatus = 'running' | 'idle' | 'rescheduling' | 'terminated';
 
 export interface SessionResource extends StoredDoc {
-  type: 'repository' | 'file' | 'memory';
+  type: 'repository' | 'file' | 'memory' | 'uploaded_project';
   /** repository */
   url?: string;
   ref?: string | null;
@@ -13,6 +13,9 @@ export interface SessionResource extends StoredDoc {
   /** memory */
   memory_store_id?: string;
   access?: 'read_only' | 'read_write';
+  /** uploaded_project: the Project and the revision pinned when the resource was added. */
+  project_id?: string;
+  revision_number?: number;
   mount_path?: string | null;
 }
 

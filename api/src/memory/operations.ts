@@ -1,0 +1,166 @@
+import { ApiError, Cursor, Id, Metadata, Nullable, Obj, Page, PageQuery, Type } from '@agentplane/core';
+import { READERS, WRITERS, type Caller } from '../http/caller.js';
+import { defineOperation, json, type Operation } from '../http/operation.js';
+import { requireWorkspace } from '../http/workspace-scope.js';
+import {
+  checkPath, MEMORY_LIMITS, MemoryDocumentEntrySchema, MemoryDocumentSchema, MemoryPath, MemorySearchResultSchema, MemoryStoreSchema, MemoryVersionSchema,
+  type MemoryAuthor, type MemoryDocument,
+} from './model.js';
+import { decodeMemoryCursor, encodeMemoryCursor } from './store.js';
+
+const StorePath = Obj({ memory_store_id: Id('memoryStore') });
+/** Reads admit Principal access credentials holding `read` on the store (or the Workspace). */
+const readers = { kind: 'bearer', roles: READERS, principal: true } as const;
+const writers = { kind: 'bearer', roles: WRITERS } as const;
+const readPermission = { action: 'read', target: 'memory_store_id' } as const;
+const managePermission = { action: 'manage', target: 'memory_store_id' } as const;
+
+/** The API caller a document version is attributed to. */
+export function authorOf(caller: Caller): MemoryAuthor {
+  return { kind: caller.kind === 'principal_credential' ? 'principal_credential' : 'api_key', id: caller.credentialId, principal_id: caller.principalId };
+}
+
+const entry = (d: MemoryDocument) => ({ path: d.path, version: d.version, size_bytes: d.size_bytes, metadata: d.metadata, updated_at: d.updated_at });
+
+/**
+ * MemoryStores: durable, searchable agent memory (docs/MEMORY.md). A store's documents are
+ * addressed by path (`path` in the query or body, since paths hold `/`), carry a per-path
+ * compare-and-swap `version` and keep every version.
+ */
+export const memoryOperations: Operation[] = [
+  defineOperation({
+    operationId: 'memoryStores.createMemoryStore', method: 'POST', path: '/v1/memory-stores', summary: 'Create a MemoryStore',
+    audit: { target: 'response' }, auth: writers, idempotency: 'optional', mcp: 'full', successStatus: 201,
+    permission: { action: 'manage', target: 'workspace' },
+    body: Obj({ name: Type.String({ minLength: 1, maxLength: 200 }), description: Type.Optional(Nullable(Type.String({ maxLength: 2000 }))), metadata: Type.Optional(Metadata()) }),
+    response: MemoryStoreSchema,
+    async handler({ caller, body, deps }) {
+      const store = await deps.memory.stores.createStore(requireWorkspace(caller), body);
+      return json(201, { ...store, document_count: 0 });
+    },
+  }),
+  defineOperation({
+    operationId: 'memoryStores.listMemoryStores', method: 'GET', path: '/v1/memory-stores', summary: 'List the MemoryStores of the Workspace, oldest first',
+    auth: { kind: 'bearer', roles: READERS }, query: PageQuery({}), response: Page(MemoryStoreSchema), mcp: 'compact',
+    async handler({ caller, query, deps }) {
+      const page = await deps.memory.stores.listStores(requireWorkspace(caller), { limit: query.limit ?? 20, page: query.page });
+      return json(200, { data: await Promise.all(page.data.map((s) => deps.memory.view(s))), next_page: page.next_page });
+    },
+  }),
+  defineOperation({
+    operationId: 'memoryStores.getMemoryStore', method: 'GET', path: '/v1/memory-stores/{memory_store_id}', summary: 'Read a MemoryStore',
+    auth: readers, permission: readPermission, mcpPrincipal: true, params: StorePath, response: MemoryStoreSchema, mcp: 'compact',
+    async handler({ caller, params, deps }) {
+      return json(200, await deps.memory.view(await deps.memory.getStore(requireWorkspace(caller), params.memory_store_id)));
+    },
+  }),
+  defineOperation({
+    operationId: 'memoryStores.updateMemoryStore', method: 'POST', path: '/v1/memory-stores/{memory_store_id}', summary: 'Update a MemoryStore\'s name, description or metadata',
+    audit: { target: 'memory_store_id' }, auth: writers, permission: managePermission, params: StorePath, mcp: 'full',
+    body: Obj({
+      expected_version: Type.Optional(Type.Integer({ minimum: 1 })), name: Type.Optional(Type.String({ minLength: 1, maxLength: 200 })),
+      description: Type.Optional(Nullable(Type.String({ maxLength: 2000 }))), metadata: Type.Optional(Metadata()),
+    }),
+    response: MemoryStoreSchema,
+    async handler({ caller, params, body, deps }) {
+      const { expected_version, ...patch } = body;
+      const s = await deps.memory.stores.updateStore(requireWorkspace(caller), params.memory_store_id, patch, expected_version);
+      return json(200, await deps.memory.view(s));
+    },
+  }),
+  defineOperation({
+    operationId: 'memoryStores.deleteMemoryStore', method: 'DELETE', path: '/v1/memory-stores/{memory_store_id}', summary: 'Delete a MemoryStore and every document and version in it',
+    audit: { target: 'memory_store_id' }, auth: writers, permission: managePermission, params: StorePath, mcp: 'full',
+    response: Obj({ id: Id('memoryStore'), type: Type.Literal('memory_store_deleted') }),
+    async handler({ caller, params, deps }) {
+      await deps.memory.stores.removeStore(requireWorkspace(caller), params.memory_store_id);
+      deps.memory.index.forget(params.memory_store_id);
+      return json(200, { id: params.memory_store_id, type: 'memory_store_deleted' });
+    },
+  }),
+  defineOperation({
+    operationId: 'memoryStores.listDocuments', method: 'GET', path: '/v1/memory-stores/{memory_store_id}/documents',
+    summary: 'List the documents of a MemoryStore by path (no content), optionally under a prefix',
+    auth: readers, permission: readPermission, params: StorePath, mcp: 'compact',
+    query: PageQuery({ path_prefix: Type.Optional(Type.String({ minLength: 1, maxLength: MEMORY_LIMITS.maxPathChars })) }, 1000, 100),
+    response: Page(MemoryDocumentEntrySchema),
+    async handler({ caller, params, query, deps }) {
+      await deps.memory.getStore(requireWorkspace(caller), params.memory_store_id);
+      const after = query.page !== undefined ? decodeMemoryCursor('path', query.page, 'query.page') : undefined;
+      const r = await deps.memory.stores.list(params.memory_store_id, { prefix: query.path_prefix, limit: query.limit ?? 100, after });
+      return json(200, { data: r.data.map(entry), next_page: r.next !== null ? encodeMemoryCursor('path', r.next) : null });
+    },
+  }),
+  defineOperation({
+    operationId: 'memoryStores.getDocument', method: 'GET', path: '/v1/memory-stores/{memory_store_id}/document',
+    summary: 'Read a document by path: the current version, or `version` from its history',
+    auth: readers, permission: readPermission, mcpPrincipal: true, params: StorePath, mcp: 'compact',
+    query: Obj({ path: MemoryPath(), version: Type.Optional(Type.Integer({ minimum: 1 })) }),
+    response: MemoryVersionSchema,
+    async handler({ caller, params, query, deps }) {
+      await deps.memory.getStore(requireWorkspace(caller), params.memory_store_id);
+      const doc = query.version !== undefined
+        ? await deps.memory.stores.readVersion(params.memory_store_id, query.path, query.version)
+        : await deps.memory.stores.read(params.memory_store_id, query.path);
+      if (!doc) throw new ApiError('validation.not_found', `no document at ${query.path}${query.version !== undefined ? ` with version ${query.version}` : ''}`);
+      return json(200, doc);
+    },
+  }),
+  defineOperation({
+    operationId: 'memoryStores.writeDocument', method: 'PUT', path: '/v1/memory-stores/{memory_store_id}/document',
+    summary: 'Create or replace a document (compare-and-swap with `expected_version`; 0 creates only)',
+    audit: { target: 'memory_store_id' }, auth: writers, permission: managePermission, params: StorePath, idempotency: 'optional', mcp: 'full',
+    body: Obj({
+      path: MemoryPath(), content: Type.String({ description: `UTF-8 text, at most ${MEMORY_LIMITS.maxContentBytes} bytes` }), metadata: Type.Optional(Metadata()),
+      expected_version: Type.Optional(Type.Integer({ minimum: 0 })),
+    }),
+    response: MemoryDocumentSchema,
+    async handler({ caller, params, body, deps }) {
+      await deps.memory.getStore(requireWorkspace(caller), params.memory_store_id);
+      const r = await deps.memory.stores.write(params.memory_store_id, { path: body.path, content: body.content, metadata: body.metadata, expectedVersion: body.expected_version }, authorOf(caller));
+      return json(r.created ? 201 : 200, r.document);
+    },
+  }),
+  defineOperation({
+    operationId: 'memoryStores.deleteDocument', method: 'DELETE', path: '/v1/memory-stores/{memory_store_id}/document',
+    summary: 'Delete a document (its history stays readable)',
+    audit: { target: 'memory_store_id' }, auth: writers, permission: managePermission, params: StorePath, mcp: 'full',
+    query: Obj({ path: MemoryPath(), expected_version: Type.Optional(Type.Integer({ minimum: 1 })) }),
+    response: MemoryVersionSchema,
+    async handler({ caller, params, query, deps }) {
+      await deps.memory.getStore(requireWorkspace(caller), params.memory_store_id);
+      checkPath(query.path, 'query.path');
+      return json(200, await deps.memory.stores.remove(params.memory_store_id, query.path, query.expected_version, authorOf(caller)));
+    },
+  }),
+  defineOperation({
+    operationId: 'memoryStores.listDocumentVersions', method: 'GET', path: '/v1/memory-stores/{memory_store_id}/document/versions',
+    summary: 'The version history of a path, newest first (deletions included)',
+    auth: readers, permission: readPermission, params: StorePath, mcp: 'full',
+    query: PageQuery({ path: MemoryPath() }),
+    response: Page(MemoryVersionSchema),
+    async handler({ caller, params, query, deps }) {
+      await deps.memory.getStore(requireWorkspace(caller), params.memory_store_id);
+      const before = query.page !== undefined ? Number(decodeMemoryCursor('version', query.page, 'query.page')) : undefined;
+      const r = await deps.memory.stores.history(params.memory_store_id, query.path, query.limit ?? 20, before);
+      if (r.data.length === 0 && before === undefined) throw new ApiError('validation.not_found', `no document was ever written at ${query.path}`);
+      return json(200, { data: r.data, next_page: r.next_version !== null ? encodeMemoryCursor('version', String(r.next_version)) : null });
+    },
+  }),
+  defineOperation({
+    operationId: 'memoryStores.searchMemory', method: 'GET', path: '/v1/memory-stores/{memory_store_id}/search',
+    summary: 'Full-text search over the documents of a MemoryStore (`results` plus `next_cursor`)',
+    auth: readers, permission: readPermission, mcpPrincipal: true, params: StorePath, mcp: 'compact',
+    query: Obj({
+      query: Type.String({ minLength: 1, maxLength: MEMORY_LIMITS.maxQueryChars }),
+      limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 100, default: 10 })),
+      cursor: Type.Optional(Cursor()),
+      path_prefix: Type.Optional(Type.String({ minLength: 1, maxLength: MEMORY_LIMITS.maxPathChars })),
+    }),
+    response: Obj({ results: Type.Array(MemorySearchResultSchema), next_cursor: Nullable(Cursor()) }),
+    async handler({ caller, params, query, deps }) {
+      await deps.memory.getStore(requireWorkspace(caller), params.memory_store_id);
+      return json(200, await deps.memory.search(params.memory_store_id, { query: query.query, limit: query.limit ?? 10, cursor: query.cursor, path_prefix: query.path_prefix }, 'query'));
+    },
+  }),
+];

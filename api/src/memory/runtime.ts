@@ -1,0 +1,204 @@
+import { randomBytes } from 'node:crypto';
+import type Koa from 'koa';
+import { createMcpHandler, Server, type AuthInfo, type CallToolResult, type Tool } from '@modelcontextprotocol/server';
+import { toNodeHandler } from '@modelcontextprotocol/node';
+import { ApiError, isId } from '@agentplane/core';
+import type { ApiDeps } from '../deps.js';
+import { bearerToken } from '../http/authenticate.js';
+import { ErrorCode, MAX_MESSAGE_BYTES, rpcError } from '../mcp/protocol.js';
+import { sdkConsoleToLog } from '../mcp/runtime.js';
+import type { RuntimeBearerVerifier, RuntimeGrant } from '@agentplane/domain';
+import { checkPath, MEMORY_LIMITS, type MemoryAuthor } from './model.js';
+
+export const RUNTIME_MEMORY_PATH = /^\/v1\/runtime\/memory\/([^/]+)$/;
+
+interface Context {
+  grant: RuntimeGrant;
+  storeId: string;
+  access: 'read_only' | 'read_write';
+}
+
+const str = { type: 'string' } as const;
+const TOOLS: (Tool & { write: boolean })[] = [
+  {
+    name: 'view', write: false,
+    description: 'Read a memory document by path (its content and version), or list the documents under a directory path ending in "/" (or all, with no path).',
+    inputSchema: { type: 'object', properties: { path: { ...str, description: 'document path, or a directory ending in "/"' } } },
+  },
+  {
+    name: 'search', write: false,
+    description: 'Full-text search over the memory documents. Returns ranked paths with snippets and a next_cursor for more.',
+    inputSchema: { type: 'object', properties: { query: str, limit: { type: 'integer', minimum: 1, maximum: 50 }, cursor: str }, required: ['query'] },
+  },
+  {
+    name: 'create', write: true,
+    description: `Create a memory document at a new path (fails if one exists). Text up to ${MEMORY_LIMITS.maxContentBytes} bytes.`,
+    inputSchema: { type: 'object', properties: { path: str, content: str }, required: ['path', 'content'] },
+  },
+  {
+    name: 'edit', write: true,
+    description: 'Change a memory document: replace old_text (which must occur exactly once) with new_text, or replace the whole content. Give expected_version to refuse the change if someone else wrote it since you read it.',
+    inputSchema: { type: 'object', properties: { path: str, old_text: str, new_text: str, content: str, expected_version: { type: 'integer', minimum: 1 } }, required: ['path'] },
+  },
+  {
+    name: 'delete', write: true,
+    description: 'Delete a memory document (its history is kept).',
+    inputSchema: { type: 'object', properties: { path: str, expected_version: { type: 'integer', minimum: 1 } }, required: ['path'] },
+  },
+];
+
+const text = (value: unknown, isError = false): CallToolResult => ({ content: [{ type: 'text', text: typeof value === 'string' ? value : JSON.stringify(value) }], ...(isError ? { isError: true } : {}) });
+
+function arg(input: Record<string, unknown>, name: string, required: true): string;
+function arg(input: Record<string, unknown>, name: string, required?: false): string | undefined;
+function arg(input: Record<string, unknown>, name: string, required = false): string | undefined {
+  const v = input[name];
+  if (v === undefined && !required) return undefined;
+  if (typeof v !== 'string') throw new ApiError('validation.malformed', `${name}: a string is required`);
+  return v;
+}
+
+function intArg(input: Record<string, unknown>, name: string): number | undefined {
+  const v = input[name];
+  if (v === undefined) return undefined;
+  if (typeof v !== 'number' || !Number.isInteger(v) || v < 0) throw new ApiError('validation.malformed', `${name}: a non-negative integer is required`);
+  return v;
+}
+
+function pathArg(input: Record<string, unknown>): string {
+  const p = arg(input, 'path', true);
+  if (p.length === 0 || p.length > MEMORY_LIMITS.maxPathChars || p.startsWith('/') || p.endsWith('/') || /[\0-\x1f\x7f]/.test(p)) {
+    throw new ApiError('validation.malformed', `path: 1 to ${MEMORY_LIMITS.maxPathChars} characters, no leading or trailing "/", no control characters`);
+  }
+  checkPath(p);
+  return p;
+}
+
+/**
+ * `POST /v1/runtime/memory/{memory_store_id}`: the harness's memory tools for one Run, as an MCP
+ * server (tools `view`, `search`, `create`, `edit`, `delete`; a read-only attachment lists only
+ * the first two). Authenticated by the lease's runtime bearer only, valid while the lease holds
+ * the Session fence and only for the MemoryStores the Session's `memory` resources named when the
+ * lease was granted. Writes are attributed to the Run. The sandbox never talks to Redis: the
+ * runner calls this endpoint on the harness's behalf.
+ */
+export function runtimeMemory(deps: ApiDeps, verifier: RuntimeBearerVerifier): Koa.Middleware {
+  const calls = deps.metrics.counter('agentplane_runtime_memory_tool_calls_total', 'Memory tool calls by tool and outcome');
+
+  async function call(ctx: Context, tool: string, input: Record<string, unknown>): Promise<CallToolResult> {
+    const spec = TOOLS.find((t) => t.name === tool);
+    if (!spec) return text(`unknown tool '${tool}'`, true);
+    if (spec.write && ctx.access !== 'read_write') {
+      return text(new ApiError('policy.denied', `memory store ${ctx.storeId} is attached read-only to this Session`).toWire(deps.config.docsUrl), true);
+    }
+    const mem = deps.memory;
+    // The store may have been deleted since the lease was granted.
+    await mem.getStore(ctx.grant.workspace_id, ctx.storeId);
+    const author: MemoryAuthor = { kind: 'run', id: ctx.grant.run_id, session_id: ctx.grant.session_id };
+    switch (tool) {
+      case 'view': {
+        const path = arg(input, 'path');
+        if (path === undefined || path === '' || path.endsWith('/')) {
+          const r = await mem.stores.list(ctx.storeId, { prefix: path || undefined, limit: 200 });
+          return text({ documents: r.data.map((d) => ({ path: d.path, version: d.version, size_bytes: d.size_bytes })), truncated: r.next !== null });
+        }
+        const doc = await mem.stores.read(ctx.storeId, pathArg(input));
+        if (!doc) return text(`no document at ${path}`, true);
+        return text({ path: doc.path, version: doc.version, content: doc.content, metadata: doc.metadata, updated_at: doc.updated_at });
+      }
+      case 'search': {
+        const limit = intArg(input, 'limit') ?? 10;
+        return text(await mem.search(ctx.storeId, { query: arg(input, 'query', true), limit: Math.min(Math.max(limit, 1), 50), cursor: arg(input, 'cursor') }, 'input'));
+      }
+      case 'create': {
+        const r = await mem.stores.write(ctx.storeId, { path: pathArg(input), content: arg(input, 'content', true), expectedVersion: 0 }, author);
+        return text({ path: r.document.path, version: r.document.version, created: true });
+      }
+      case 'edit': {
+        const path = pathArg(input);
+        const expected = intArg(input, 'expected_version');
+        const current = await mem.stores.read(ctx.storeId, path);
+        if (!current) return text(`no document at ${path}; use create`, true);
+        let content = arg(input, 'content');
+        const oldText = arg(input, 'old_text');
+        if (content === undefined) {
+          if (oldText === undefined || oldText === '') return text('give either content, or old_text and new_text', true);
+          const at = current.content.indexOf(oldText);
+          if (at < 0) return text(`old_text does not occur in ${path}`, true);
+          if (current.content.indexOf(oldText, at + 1) >= 0) return text(`old_text occurs more than once in ${path}; give more context`, true);
+          content = current.content.slice(0, at) + (arg(input, 'new_text') ?? '') + current.content.slice(at + oldText.length);
+        }
+        const r = await mem.stores.write(ctx.storeId, { path, content, expectedVersion: expected ?? current.version }, author);
+        return text({ path, version: r.document.version });
+      }
+      default: {
+        const marker = await mem.stores.remove(ctx.storeId, pathArg(input), intArg(input, 'expected_version'), author);
+        return text({ path: marker.path, deleted: true, version: marker.version });
+      }
+    }
+  }
+
+  function buildServer(ctx: Context): Server {
+    const server = new Server({ name: 'agentplane-memory', version: '0.1.0' }, { capabilities: { tools: { listChanged: false } } });
+    server.setRequestHandler('tools/list', () => ({
+      tools: TOOLS.filter((t) => !t.write || ctx.access === 'read_write').map(({ write: _w, ...t }) => t),
+    }));
+    server.setRequestHandler('tools/call', async (request): Promise<CallToolResult> => {
+      const tool = request.params.name;
+      try {
+        const r = await call(ctx, tool, (request.params.arguments ?? {}) as Record<string, unknown>);
+        calls.inc({ tool, outcome: r.isError ? 'error' : 'ok' });
+        return r;
+      } catch (err) {
+        if (!(err instanceof ApiError)) throw err;
+        calls.inc({ tool, outcome: 'error' });
+        return text(err.toWire(deps.config.docsUrl), true);
+      }
+    });
+    return server;
+  }
+
+  const handler = sdkConsoleToLog(deps.log, () => createMcpHandler(
+    ({ authInfo }) => {
+      const context = (authInfo?.extra as { context?: Context } | undefined)?.context;
+      if (!context) throw new Error('runtime memory request without a verified grant');
+      return buildServer(context);
+    },
+    { legacy: 'stateless', responseMode: 'json', maxRequestBodySize: MAX_MESSAGE_BYTES, onerror: (err) => deps.log.debug({ err: err.message }, 'runtime memory request rejected') },
+  ));
+  const serve = toNodeHandler(handler, { maxRequestBodySize: MAX_MESSAGE_BYTES, onerror: (err) => deps.log.warn({ err: err.message }, 'runtime memory adapter error') });
+
+  const fail = (ctx: Koa.Context, status: number, code: number, message: string, extra: Record<string, string> = {}) => {
+    for (const [k, v] of Object.entries(extra)) ctx.set(k, v);
+    ctx.status = status;
+    ctx.type = 'application/json';
+    ctx.body = JSON.stringify(rpcError(null, { code, message }));
+  };
+
+  return async (ctx, next) => {
+    const m = RUNTIME_MEMORY_PATH.exec(ctx.path);
+    if (!m) return next();
+    try {
+      if (ctx.method !== 'POST') {
+        ctx.set('Allow', 'POST');
+        return fail(ctx, 405, ErrorCode.InvalidRequest, `${ctx.method} is not served here; use POST`);
+      }
+      if (ctx.headers.origin !== undefined) return fail(ctx, 403, ErrorCode.InvalidRequest, 'requests carrying an Origin header are refused');
+      const token = bearerToken(ctx.headers.authorization);
+      const grant = token ? await verifier.verify(token) : null;
+      if (!grant) return fail(ctx, 401, ErrorCode.Unauthorized, 'missing, unknown or expired runtime bearer', { 'WWW-Authenticate': 'Bearer error="invalid_token"' });
+      const storeId = m[1] ?? '';
+      const access = isId('memoryStore', storeId) ? grant.memory?.[storeId] : undefined;
+      if (!access) return fail(ctx, 403, ErrorCode.Unauthorized, `run ${grant.run_id} has no memory store ${storeId}`);
+      const req = ctx.req as typeof ctx.req & { auth?: AuthInfo };
+      req.auth = { token: token ?? '', clientId: grant.run_id, scopes: [], expiresAt: Math.floor(Date.parse(grant.expires_at) / 1000), extra: { context: { grant, storeId, access } } };
+      ctx.respond = false;
+      await serve(req, ctx.res);
+    } catch (err) {
+      if (ctx.headerSent || ctx.respond === false) throw err;
+      const incident = `inc_${randomBytes(8).toString('hex')}`;
+      deps.log.error({ err, incident, path: ctx.path }, 'unhandled error on the runtime memory endpoint');
+      fail(ctx, 500, ErrorCode.InternalError, `internal error; incident reference ${incident}`);
+    }
+  };
+}

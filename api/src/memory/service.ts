@@ -1,0 +1,71 @@
+import { ApiError, sha256Hex } from '@agentplane/core';
+import type { DocumentStore, Redis } from '@agentplane/store';
+import { MEMORY_LIMITS, type MemoryDocument, type MemoryStoreDoc } from './model.js';
+import { MemorySearch } from './search.js';
+import { decodeMemoryCursor, encodeMemoryCursor, MemoryStores } from './store.js';
+
+export interface MemorySearchPage {
+  results: { path: string; score: number; version: number; metadata: Record<string, string>; updated_at: string; snippet: string }[];
+  next_cursor: string | null;
+}
+
+const SNIPPET_CHARS = 240;
+
+/** Up to 240 characters of `content` around the first occurrence of a matched term. */
+export function snippetOf(content: string, terms: readonly string[]): string {
+  const lower = content.toLowerCase();
+  let at = -1;
+  for (const t of terms) {
+    const i = lower.indexOf(t.toLowerCase());
+    if (i >= 0 && (at < 0 || i < at)) at = i;
+  }
+  const start = Math.max(0, Math.min(at < 0 ? 0 : at - 60, content.length - SNIPPET_CHARS));
+  return content.slice(start, start + SNIPPET_CHARS);
+}
+
+/** MemoryStores (heads and documents) and their full-text search; what operations and the runtime memory tools use. */
+export class MemoryService {
+  readonly stores: MemoryStores;
+  readonly index: MemorySearch;
+
+  constructor(redis: Redis, docs: DocumentStore, options: { maxIndexedStores?: number } = {}) {
+    this.stores = new MemoryStores(redis, docs);
+    this.index = new MemorySearch(redis, options.maxIndexedStores);
+  }
+
+  getStore(workspaceId: string, storeId: string): Promise<MemoryStoreDoc> {
+    return this.stores.getStore(workspaceId, storeId);
+  }
+
+  async view(store: MemoryStoreDoc): Promise<MemoryStoreDoc & { document_count: number }> {
+    return { ...store, document_count: await this.stores.documentCount(store.id) };
+  }
+
+  /**
+   * Ranked results, `limit` per page. `next_cursor` holds the offset of the next page bound to the
+   * query (a cursor of another query is refused); ranks are recomputed per page, so writes
+   * between pages can shift results across the boundary.
+   */
+  async search(storeId: string, input: { query: string; limit: number; cursor?: string | undefined; path_prefix?: string | undefined }, field = 'query'): Promise<MemorySearchPage> {
+    const query = input.query.trim();
+    if (query === '') throw new ApiError('validation.malformed', `${field}.query: empty`);
+    if (query.length > MEMORY_LIMITS.maxQueryChars) throw new ApiError('validation.malformed', `${field}.query: at most ${MEMORY_LIMITS.maxQueryChars} characters`);
+    const binding = sha256Hex(`${query}\0${input.path_prefix ?? ''}`).slice(0, 16);
+    let offset = 0;
+    if (input.cursor !== undefined) {
+      const [bound, at] = decodeMemoryCursor('search', input.cursor, `${field}.cursor`).split(':');
+      offset = Number(at);
+      if (bound !== binding || !Number.isInteger(offset) || offset < 0) throw new ApiError('validation.malformed', `${field}.cursor: not a cursor of this query`);
+    }
+    let hits = await this.index.search(storeId, query);
+    if (input.path_prefix) hits = hits.filter((h) => h.path.startsWith(input.path_prefix as string));
+    const page = hits.slice(offset, offset + input.limit);
+    const docs = await this.stores.readMany(storeId, page.map((h) => h.path));
+    const results = page.flatMap((h, i) => {
+      const d = docs[i] as MemoryDocument | null;
+      return d ? [{ path: d.path, score: Number(h.score.toFixed(4)), version: d.version, metadata: d.metadata, updated_at: d.updated_at, snippet: snippetOf(d.content, h.terms) }] : [];
+    });
+    const next = offset + input.limit;
+    return { results, next_cursor: next < hits.length ? encodeMemoryCursor('search', `${binding}:${next}`) : null };
+  }
+}

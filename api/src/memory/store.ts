@@ -1,0 +1,215 @@
+import { ApiError, newId, nowIso, sha256Hex } from '@agentplane/core';
+import { keys, LuaScript, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
+import { checkContent, checkPath, type MemoryAuthor, type MemoryDocument, type MemoryStoreDoc, type MemoryVersion } from './model.js';
+
+const INDEX = 'memory_stores';
+/** Entries of a store's change log kept for search indexes to catch up from (older: full rebuild). */
+export const CHANGE_LOG_LENGTH = 10_000;
+
+/**
+ * One document write (or delete) of one store, all in the store's slot: compare-and-swap on the
+ * path's version counter (the version the caller read), then the current document, the path
+ * listing, the version history and the change log.
+ *
+ * KEYS: docs, ver, paths, hist, changes. ARGV: path, seen version, doc JSON ('' = delete),
+ * new version, history entry JSON, change-log length.
+ */
+const WRITE = new LuaScript('memory_write', `
+local seen = redis.call('HGET', KEYS[2], ARGV[1]) or '0'
+if seen ~= ARGV[2] then return 0 end
+if ARGV[3] == '' then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+  redis.call('ZREM', KEYS[3], ARGV[1])
+else
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+  redis.call('ZADD', KEYS[3], 0, ARGV[1])
+end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[4])
+redis.call('RPUSH', KEYS[4], ARGV[5])
+redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[6], '*', 'p', ARGV[1])
+return 1`);
+
+export interface WriteInput {
+  path: string;
+  content: string;
+  metadata?: Record<string, string> | undefined;
+  /** 0: the document must not exist; n: it must be at version n; absent: any (last writer wins). */
+  expectedVersion?: number | undefined;
+}
+
+/** Keys of one store (all under `{m:<memstore_id>}`). */
+export function memoryKeys(storeId: string) {
+  const tag = tags.memoryStore(storeId);
+  return {
+    docs: keys.scoped(tag, 'docs'),
+    ver: keys.scoped(tag, 'ver'),
+    paths: keys.scoped(tag, 'paths'),
+    changes: keys.scoped(tag, 'changes'),
+    hist: (path: string) => keys.scoped(tag, `hist:${sha256Hex(path).slice(0, 32)}`),
+  };
+}
+
+/** `c1_` + hex of `<kind>:<value>`: opaque cursors for lexical listings and search offsets. */
+export function encodeMemoryCursor(kind: string, value: string): string {
+  return `c1_${Buffer.from(`${kind}:${value}`, 'utf8').toString('hex')}`;
+}
+
+export function decodeMemoryCursor(kind: string, cursor: string, field: string): string {
+  const m = /^c1_([0-9a-f]+)$/.exec(cursor);
+  const text = m?.[1] && m[1].length % 2 === 0 ? Buffer.from(m[1], 'hex').toString('utf8') : '';
+  if (!text.startsWith(`${kind}:`)) throw new ApiError('validation.malformed', `${field}: not a cursor issued by this operation`);
+  return text.slice(kind.length + 1);
+}
+
+/**
+ * MemoryStores in Redis: heads are Workspace documents listed in `{w:<ws>}:idx:memory_stores`;
+ * everything of one store's documents lives under its own tag `{m:<memstore_id>}` (docs/MEMORY.md).
+ */
+export class MemoryStores {
+  constructor(
+    private readonly redis: Redis,
+    private readonly docs: DocumentStore,
+  ) {}
+
+  async createStore(workspaceId: string, input: { name: string; description?: string | null | undefined; metadata?: Record<string, string> | undefined }): Promise<MemoryStoreDoc> {
+    const now = nowIso();
+    const doc: MemoryStoreDoc = {
+      id: newId('memoryStore'), type: 'memory_store', workspace_id: workspaceId, name: input.name,
+      description: input.description ?? null, metadata: input.metadata ?? {}, version: 1, created_at: now, updated_at: now,
+    };
+    await this.docs.create(tags.workspace(workspaceId), doc, [INDEX]);
+    return doc;
+  }
+
+  async getStore(workspaceId: string, storeId: string): Promise<MemoryStoreDoc> {
+    const doc = await this.docs.get<MemoryStoreDoc>(tags.workspace(workspaceId), storeId);
+    if (!doc || doc.type !== 'memory_store' || doc.workspace_id !== workspaceId) throw new ApiError('validation.not_found', `memory store ${storeId} not found`);
+    return doc;
+  }
+
+  listStores(workspaceId: string, options: { limit: number; page?: string | undefined }): Promise<ListPage<MemoryStoreDoc>> {
+    return this.docs.list<MemoryStoreDoc>(tags.workspace(workspaceId), INDEX, { ...options, order: 'asc' });
+  }
+
+  async updateStore(workspaceId: string, storeId: string, patch: { name?: string | undefined; description?: string | null | undefined; metadata?: Record<string, string> | undefined }, expectedVersion?: number): Promise<MemoryStoreDoc> {
+    await this.getStore(workspaceId, storeId);
+    return this.docs.update<MemoryStoreDoc>(tags.workspace(workspaceId), storeId, (s) => ({
+      ...s,
+      ...(patch.name !== undefined ? { name: patch.name } : {}),
+      ...(patch.description !== undefined ? { description: patch.description } : {}),
+      ...(patch.metadata !== undefined ? { metadata: patch.metadata } : {}),
+    }), { expectedVersion, notFound: 'memory store' });
+  }
+
+  /** The head goes first (the store is gone for readers at once), then every key of its tag. */
+  async removeStore(workspaceId: string, storeId: string): Promise<void> {
+    await this.getStore(workspaceId, storeId);
+    await this.docs.remove(tags.workspace(workspaceId), storeId, [INDEX]);
+    const k = memoryKeys(storeId);
+    const paths = await this.redis.hkeys(k.ver);
+    for (let i = 0; i < paths.length; i += 500) await this.redis.unlink(...paths.slice(i, i + 500).map((p) => k.hist(p)));
+    await this.redis.unlink(k.docs, k.ver, k.paths, k.changes);
+  }
+
+  documentCount(storeId: string): Promise<number> {
+    return this.redis.hlen(memoryKeys(storeId).docs);
+  }
+
+  /** The current version of a document, or null. */
+  async read(storeId: string, path: string): Promise<MemoryDocument | null> {
+    const raw = await this.redis.hget(memoryKeys(storeId).docs, path);
+    return raw === null ? null : (JSON.parse(raw) as MemoryDocument);
+  }
+
+  async readMany(storeId: string, paths: readonly string[]): Promise<(MemoryDocument | null)[]> {
+    if (paths.length === 0) return [];
+    const raws = await this.redis.hmget(memoryKeys(storeId).docs, ...paths);
+    return raws.map((r) => (r === null ? null : (JSON.parse(r) as MemoryDocument)));
+  }
+
+  /** Version `n` of a path (a document or its deletion marker), or null. Versions are 1, 2, … per path. */
+  async readVersion(storeId: string, path: string, version: number): Promise<MemoryVersion | null> {
+    const raw = await this.redis.lindex(memoryKeys(storeId).hist(path), version - 1);
+    return raw === null ? null : (JSON.parse(raw) as MemoryVersion);
+  }
+
+  /** History of a path, newest first, paged by version. */
+  async history(storeId: string, path: string, limit: number, before?: number): Promise<{ data: MemoryVersion[]; next_version: number | null }> {
+    const k = memoryKeys(storeId);
+    const total = await this.redis.llen(k.hist(path));
+    const top = Math.min(before !== undefined ? before - 1 : total, total);
+    if (top <= 0) return { data: [], next_version: null };
+    const low = Math.max(top - limit, 0);
+    const raws = await this.redis.lrange(k.hist(path), low, top - 1);
+    return { data: raws.map((r) => JSON.parse(r) as MemoryVersion).reverse(), next_version: low > 0 ? low + 1 : null };
+  }
+
+  /** Current documents by path in lexical order (no content), optionally under a prefix. */
+  async list(storeId: string, options: { prefix?: string | undefined; limit: number; after?: string | undefined }): Promise<{ data: MemoryDocument[]; next: string | null }> {
+    const k = memoryKeys(storeId);
+    const prefix = options.prefix ?? '';
+    const min = options.after !== undefined ? `(${options.after}` : prefix === '' ? '-' : `[${prefix}`;
+    const max = prefix === '' ? '+' : `(${prefix}\u{10FFFF}`;
+    const paths = await this.redis.zrangebylex(k.paths, min, max, 'LIMIT', 0, options.limit + 1);
+    const page = paths.slice(0, options.limit);
+    const docs = (await this.readMany(storeId, page)).filter((d): d is MemoryDocument => d !== null);
+    return { data: docs, next: paths.length > options.limit ? (page.at(-1) ?? null) : null };
+  }
+
+  /**
+   * Creates or replaces a document under compare-and-swap. A stale `expectedVersion` (or 0 for
+   * an existing document) is 409 `validation.conflict`; without one, a lost race is retried.
+   */
+  async write(storeId: string, input: WriteInput, author: MemoryAuthor): Promise<{ document: MemoryDocument; created: boolean }> {
+    checkPath(input.path, 'body.path');
+    const size = checkContent(input.content, 'body.content');
+    for (let attempt = 0; attempt < 16; attempt++) {
+      const { seen, current } = await this.snapshot(storeId, input.path);
+      this.expect(input.expectedVersion, current, input.path);
+      const now = nowIso();
+      const doc: MemoryDocument = {
+        type: 'memory_document', memory_store_id: storeId, path: input.path, content: input.content,
+        metadata: input.metadata ?? current?.metadata ?? {}, size_bytes: size, version: seen + 1,
+        created_at: current?.created_at ?? now, updated_at: now, updated_by: author,
+      };
+      const json = JSON.stringify(doc);
+      if (await this.apply(storeId, input.path, seen, json, doc.version, json)) return { document: doc, created: current === null };
+    }
+    throw new ApiError('validation.conflict', `too many concurrent writers on ${input.path}; retry`);
+  }
+
+  /** Deletes a document (its history stays readable, ending in a deletion marker). 404 when absent. */
+  async remove(storeId: string, path: string, expectedVersion: number | undefined, author: MemoryAuthor): Promise<MemoryVersion> {
+    for (let attempt = 0; attempt < 16; attempt++) {
+      const { seen, current } = await this.snapshot(storeId, path);
+      if (!current) throw new ApiError('validation.not_found', `no document at ${path}`);
+      this.expect(expectedVersion, current, path);
+      const now = nowIso();
+      const marker: MemoryVersion = {
+        type: 'memory_document_deleted', memory_store_id: storeId, path, version: seen + 1, created_at: current.created_at, updated_at: now, updated_by: author,
+      };
+      if (await this.apply(storeId, path, seen, '', marker.version, JSON.stringify(marker))) return marker;
+    }
+    throw new ApiError('validation.conflict', `too many concurrent writers on ${path}; retry`);
+  }
+
+  private expect(expected: number | undefined, current: MemoryDocument | null, path: string): void {
+    if (expected === undefined) return;
+    if (expected === 0 && current) throw new ApiError('validation.conflict', `a document exists at ${path} (version ${current.version}); expected_version 0 creates only`);
+    if (expected > 0 && current?.version !== expected) {
+      throw new ApiError('validation.conflict', `expected_version ${expected} is stale; ${current ? `the document is at version ${current.version}` : `there is no document at ${path}`}`);
+    }
+  }
+
+  private async snapshot(storeId: string, path: string): Promise<{ seen: number; current: MemoryDocument | null }> {
+    const k = memoryKeys(storeId);
+    const [[, ver], [, raw]] = (await this.redis.multi().hget(k.ver, path).hget(k.docs, path).exec()) as [[null, string | null], [null, string | null]];
+    return { seen: Number(ver ?? 0), current: raw === null ? null : (JSON.parse(raw) as MemoryDocument) };
+  }
+
+  private async apply(storeId: string, path: string, seen: number, json: string, version: number, history: string): Promise<boolean> {
+    const k = memoryKeys(storeId);
+    const r = await WRITE.run(this.redis, [k.docs, k.ver, k.paths, k.hist(path), k.changes], [path, String(seen), json, String(version), history, String(CHANGE_LOG_LENGTH)]);
+    return r === 1;
+  }
+}

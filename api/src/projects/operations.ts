@@ -1,0 +1,87 @@
+import { Id, Obj, Page, PageQuery, Type } from '@agentplane/core';
+import { READERS, WRITERS } from '../http/caller.js';
+import { defineOperation, json, type Operation } from '../http/operation.js';
+import { requireWorkspace } from '../http/workspace-scope.js';
+import { PROJECT_ENVELOPE_BYTES, PROJECT_LIMITS, ProjectPath, ProjectSchema, RevisionSchema, TreeFile } from './model.js';
+
+const ProjectIdPath = Obj({ project_id: Id('project') });
+const readers = { kind: 'bearer', roles: READERS } as const;
+const writers = { kind: 'bearer', roles: WRITERS } as const;
+const Files = Type.Array(TreeFile, { maxItems: PROJECT_LIMITS.maxFiles });
+
+/**
+ * Uploaded Projects: JSON trees with base64 file contents, kept as immutable revisions and
+ * mounted into a Session's sandbox as an `uploaded_project` resource (docs/MEMORY.md, "Projects").
+ * The tree routes take bodies up to the computed envelope (413 past it, while streaming); the
+ * revision limits (1,024 files, 10 MiB per file, 20 MiB per revision, 64 files per push) are 400.
+ */
+export const projectOperations: Operation[] = [
+  defineOperation({
+    operationId: 'projects.createProject', method: 'POST', path: '/v1/projects', summary: 'Upload a Project tree (revision 1)',
+    audit: { target: 'response' }, auth: writers, idempotency: 'optional', mcp: 'never', successStatus: 201, bodyLimitBytes: PROJECT_ENVELOPE_BYTES,
+    body: Obj({ name: Type.String({ minLength: 1, maxLength: 200 }), files: Files }),
+    response: ProjectSchema,
+    async handler({ caller, body, deps }) {
+      const { project, revision } = await deps.projects.create(requireWorkspace(caller), body.name, body.files);
+      return json(201, { ...project, latest_revision_number: revision.revision_number, latest_revision: revision });
+    },
+  }),
+  defineOperation({
+    operationId: 'projects.listProjects', method: 'GET', path: '/v1/projects', summary: 'List the Projects of the Workspace',
+    auth: readers, query: PageQuery({}), response: Page(ProjectSchema), mcp: 'full',
+    async handler({ caller, query, deps }) {
+      const page = await deps.projects.list(requireWorkspace(caller), { limit: query.limit ?? 20, page: query.page });
+      return json(200, { data: await Promise.all(page.data.map((p) => deps.projects.view(p))), next_page: page.next_page });
+    },
+  }),
+  defineOperation({
+    operationId: 'projects.getProject', method: 'GET', path: '/v1/projects/{project_id}', summary: 'Read a Project and its latest revision number',
+    auth: readers, params: ProjectIdPath, response: ProjectSchema, mcp: 'full',
+    async handler({ caller, params, deps }) {
+      return json(200, await deps.projects.view(await deps.projects.get(requireWorkspace(caller), params.project_id)));
+    },
+  }),
+  defineOperation({
+    operationId: 'projects.deleteProject', method: 'DELETE', path: '/v1/projects/{project_id}', summary: 'Delete a Project, its revisions and contents',
+    audit: { target: 'project_id' }, auth: writers, params: ProjectIdPath, mcp: 'full',
+    response: Obj({ id: Id('project'), type: Type.Literal('project_deleted') }),
+    async handler({ caller, params, deps }) {
+      await deps.projects.remove(requireWorkspace(caller), params.project_id);
+      return json(200, { id: params.project_id, type: 'project_deleted' });
+    },
+  }),
+  defineOperation({
+    operationId: 'projects.createRevision', method: 'POST', path: '/v1/projects/{project_id}/revisions', summary: 'Upload a complete new tree as the next revision',
+    audit: { target: 'project_id' }, auth: writers, params: ProjectIdPath, idempotency: 'optional', mcp: 'never', successStatus: 201,
+    bodyLimitBytes: PROJECT_ENVELOPE_BYTES,
+    body: Obj({ files: Files, expected_revision_number: Type.Optional(Type.Integer({ minimum: 1 })) }),
+    response: RevisionSchema,
+    async handler({ caller, params, body, deps }) {
+      return json(201, await deps.projects.addRevision(requireWorkspace(caller), params.project_id, body.files, body.expected_revision_number));
+    },
+  }),
+  defineOperation({
+    operationId: 'projects.getRevision', method: 'GET', path: '/v1/projects/{project_id}/revisions/{revision_number}', summary: 'Read a revision\'s manifest (paths, sizes, digests)',
+    auth: readers, params: Obj({ project_id: Id('project'), revision_number: Type.Integer({ minimum: 1 }) }), response: RevisionSchema, mcp: 'full',
+    async handler({ caller, params, deps }) {
+      await deps.projects.get(requireWorkspace(caller), params.project_id);
+      return json(200, await deps.projects.revision(params.project_id, params.revision_number));
+    },
+  }),
+  defineOperation({
+    operationId: 'projects.pushProject', method: 'POST', path: '/v1/projects/{project_id}/push',
+    summary: 'Push up to 64 changed or deleted files on top of the latest revision (a git push manifest)',
+    audit: { target: 'project_id' }, auth: writers, params: ProjectIdPath, idempotency: 'optional', mcp: 'never', successStatus: 201,
+    bodyLimitBytes: PROJECT_ENVELOPE_BYTES,
+    body: Obj({
+      base_revision_number: Type.Integer({ minimum: 1 }),
+      changes: Type.Array(Obj({
+        path: ProjectPath(), content_base64: Type.Optional(Type.String()), executable: Type.Optional(Type.Boolean()), delete: Type.Optional(Type.Literal(true)),
+      }), { minItems: 1 }),
+    }),
+    response: RevisionSchema,
+    async handler({ caller, params, body, deps }) {
+      return json(201, await deps.projects.push(requireWorkspace(caller), params.project_id, body.base_revision_number, body.changes));
+    },
+  }),
+];

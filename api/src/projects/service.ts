@@ -1,0 +1,208 @@
+import { createHash } from 'node:crypto';
+import { ApiError, newId, nowIso } from '@agentplane/core';
+import { keys, LuaScript, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
+import { checkProjectPath, decodeContent, PROJECT_LIMITS, type ManifestEntry, type ProjectDoc, type ProjectRevision } from './model.js';
+
+const INDEX = 'projects';
+
+/** Appends revision `ARGV[1]` only if the project holds exactly `ARGV[1] - 1` revisions. KEYS: revs. */
+const APPEND = new LuaScript('project_append_revision', `
+if redis.call('HLEN', KEYS[1]) ~= tonumber(ARGV[1]) - 1 then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return 1`);
+
+export interface TreeFileInput {
+  path: string;
+  content_base64: string;
+  executable?: boolean | undefined;
+}
+
+export interface PushChange {
+  path: string;
+  content_base64?: string | undefined;
+  executable?: boolean | undefined;
+  delete?: boolean | undefined;
+}
+
+interface Staged {
+  entry: ManifestEntry;
+  content?: Buffer;
+}
+
+function projectKeys(projectId: string) {
+  const tag = tags.project(projectId);
+  return { revs: keys.scoped(tag, 'revs'), blobs: keys.scoped(tag, 'blobs'), blob: (digest: string) => keys.scoped(tag, `blob:${digest}`) };
+}
+
+/** No path may be both a file and a directory of another file. */
+function checkTree(paths: readonly string[], field: string): void {
+  const files = new Set<string>();
+  for (const p of paths) {
+    if (files.has(p)) throw new ApiError('validation.malformed', `${field}: '${p.slice(0, 80)}' appears twice`);
+    files.add(p);
+  }
+  for (const p of paths) {
+    const parts = p.split('/');
+    for (let i = 1; i < parts.length; i++) {
+      const dir = parts.slice(0, i).join('/');
+      if (files.has(dir)) throw new ApiError('validation.malformed', `${field}: '${dir.slice(0, 80)}' is a file and a directory of '${p.slice(0, 80)}'`);
+    }
+  }
+}
+
+function checkBudget(entries: readonly ManifestEntry[], field: string): number {
+  if (entries.length > PROJECT_LIMITS.maxFiles) {
+    throw new ApiError('validation.malformed', `${field}: ${entries.length} files; a project revision holds at most ${PROJECT_LIMITS.maxFiles}`);
+  }
+  const total = entries.reduce((n, e) => n + e.size_bytes, 0);
+  if (total > PROJECT_LIMITS.maxRevisionBytes) {
+    throw new ApiError('validation.malformed', `${field}: ${total} bytes decoded; a project revision holds at most ${PROJECT_LIMITS.maxRevisionBytes} bytes (20 MiB)`);
+  }
+  return total;
+}
+
+/**
+ * Uploaded Projects: a head in the Workspace (`{w:<ws>}:doc:<proj>`, listed in `:idx:projects`)
+ * and, under the project's own tag `{p:<proj>}`, its immutable revisions (`:revs`, a hash
+ * revision number → manifest JSON) and file contents by digest (`:blob:<sha256>`, shared by every
+ * revision that holds the same bytes; their digests in `:blobs`).
+ */
+export class ProjectService {
+  constructor(
+    private readonly redis: Redis,
+    private readonly docs: DocumentStore,
+  ) {}
+
+  async create(workspaceId: string, name: string, files: readonly TreeFileInput[]): Promise<{ project: ProjectDoc; revision: ProjectRevision }> {
+    const staged = this.stageTree(files, 'body.files');
+    const now = nowIso();
+    const project: ProjectDoc = { id: newId('project'), type: 'project', workspace_id: workspaceId, name, version: 1, created_at: now, updated_at: now };
+    const revision = await this.commit(project.id, 1, staged, 'create', null);
+    await this.docs.create(tags.workspace(workspaceId), project, [INDEX]);
+    return { project, revision };
+  }
+
+  async get(workspaceId: string, projectId: string): Promise<ProjectDoc> {
+    const doc = await this.docs.get<ProjectDoc>(tags.workspace(workspaceId), projectId);
+    if (!doc || doc.type !== 'project' || doc.workspace_id !== workspaceId) throw new ApiError('validation.not_found', `project ${projectId} not found`);
+    return doc;
+  }
+
+  list(workspaceId: string, options: { limit: number; page?: string | undefined }): Promise<ListPage<ProjectDoc>> {
+    return this.docs.list<ProjectDoc>(tags.workspace(workspaceId), INDEX, { ...options, order: 'asc' });
+  }
+
+  latestNumber(projectId: string): Promise<number> {
+    return this.redis.hlen(projectKeys(projectId).revs);
+  }
+
+  async view(p: ProjectDoc): Promise<ProjectDoc & { latest_revision_number: number }> {
+    return { ...p, latest_revision_number: await this.latestNumber(p.id) };
+  }
+
+  async revision(projectId: string, n: number): Promise<ProjectRevision> {
+    const raw = await this.redis.hget(projectKeys(projectId).revs, String(n));
+    if (raw === null) throw new ApiError('validation.not_found', `project ${projectId} has no revision ${n}`);
+    return JSON.parse(raw) as ProjectRevision;
+  }
+
+  async remove(workspaceId: string, projectId: string): Promise<void> {
+    await this.get(workspaceId, projectId);
+    await this.docs.remove(tags.workspace(workspaceId), projectId, [INDEX]);
+    const k = projectKeys(projectId);
+    const digests = await this.redis.smembers(k.blobs);
+    for (let i = 0; i < digests.length; i += 500) await this.redis.unlink(...digests.slice(i, i + 500).map((d) => k.blob(d)));
+    await this.redis.unlink(k.revs, k.blobs);
+  }
+
+  /** A complete new tree. `expected` (the revision number the caller last saw) makes a concurrent revision a 409. */
+  async addRevision(workspaceId: string, projectId: string, files: readonly TreeFileInput[], expected: number | undefined): Promise<ProjectRevision> {
+    await this.get(workspaceId, projectId);
+    const staged = this.stageTree(files, 'body.files');
+    const latest = await this.latestNumber(projectId);
+    if (expected !== undefined && expected !== latest) throw new ApiError('validation.conflict', `expected_revision_number ${expected} is stale; the latest revision is ${latest}`);
+    return this.commit(projectId, latest + 1, staged, 'revision', latest);
+  }
+
+  /** Up to 64 changed or deleted files on top of `base`, which must be the latest revision. */
+  async push(workspaceId: string, projectId: string, base: number, changes: readonly PushChange[]): Promise<ProjectRevision> {
+    await this.get(workspaceId, projectId);
+    if (changes.length > PROJECT_LIMITS.maxPushFiles) {
+      throw new ApiError('validation.malformed', `body.changes: ${changes.length} files; a push carries at most ${PROJECT_LIMITS.maxPushFiles}`);
+    }
+    const latest = await this.latestNumber(projectId);
+    if (base !== latest) throw new ApiError('validation.conflict', `base_revision_number ${base} is not the latest revision (${latest}); fetch it and push again`);
+    const tree = new Map<string, Staged>((await this.revision(projectId, base)).files.map((e) => [e.path, { entry: e }]));
+    const seen = new Set<string>();
+    changes.forEach((c, i) => {
+      const field = `body.changes[${i}]`;
+      checkProjectPath(c.path, `${field}.path`);
+      if (seen.has(c.path)) throw new ApiError('validation.malformed', `${field}.path: '${c.path.slice(0, 80)}' appears twice`);
+      seen.add(c.path);
+      if (c.delete === true) {
+        if (c.content_base64 !== undefined) throw new ApiError('validation.malformed', `${field}: a deletion carries no content`);
+        if (!tree.delete(c.path)) throw new ApiError('validation.malformed', `${field}.path: '${c.path.slice(0, 80)}' is not in revision ${base}`);
+        return;
+      }
+      if (c.content_base64 === undefined) throw new ApiError('validation.malformed', `${field}: content_base64 or delete is required`);
+      tree.set(c.path, this.stageFile(c.path, c.content_base64, c.executable ?? false, `${field}.content_base64`));
+    });
+    const staged = [...tree.values()];
+    checkTree(staged.map((s) => s.entry.path), 'body.changes');
+    checkBudget(staged.map((s) => s.entry), 'the pushed revision');
+    return this.commit(projectId, latest + 1, staged, 'push', base);
+  }
+
+  /** Every file of a revision with its bytes (for the runner that mounts it). */
+  async readFiles(projectId: string, n: number): Promise<Array<ManifestEntry & { content: Buffer }>> {
+    const rev = await this.revision(projectId, n);
+    const k = projectKeys(projectId);
+    const out: Array<ManifestEntry & { content: Buffer }> = [];
+    for (const e of rev.files) {
+      const content = await this.redis.getBuffer(k.blob(e.sha256.slice('sha256:'.length)));
+      if (!content) throw new Error(`content ${e.sha256} of project ${projectId} is missing`);
+      out.push({ ...e, content });
+    }
+    return out;
+  }
+
+  private stageFile(path: string, b64: string, executable: boolean, field: string): Staged {
+    const content = decodeContent(b64, field);
+    const sha256 = `sha256:${createHash('sha256').update(content).digest('hex')}`;
+    return { entry: { path, size_bytes: content.length, sha256, executable }, content };
+  }
+
+  private stageTree(files: readonly TreeFileInput[], field: string): Staged[] {
+    if (files.length > PROJECT_LIMITS.maxFiles) throw new ApiError('validation.malformed', `${field}: ${files.length} files; a project revision holds at most ${PROJECT_LIMITS.maxFiles}`);
+    files.forEach((f, i) => checkProjectPath(f.path, `${field}[${i}].path`));
+    checkTree(files.map((f) => f.path), field);
+    let total = 0;
+    return files.map((f, i) => {
+      const s = this.stageFile(f.path, f.content_base64, f.executable ?? false, `${field}[${i}].content_base64`);
+      total += s.entry.size_bytes;
+      if (total > PROJECT_LIMITS.maxRevisionBytes) {
+        throw new ApiError('validation.malformed', `${field}: more than ${PROJECT_LIMITS.maxRevisionBytes} bytes decoded; a project revision holds at most 20 MiB`);
+      }
+      return s;
+    });
+  }
+
+  /** Contents first (by digest, idempotent), then the manifest, appended only if `n` is next. */
+  private async commit(projectId: string, n: number, staged: readonly Staged[], source: ProjectRevision['source'], base: number | null): Promise<ProjectRevision> {
+    const k = projectKeys(projectId);
+    for (const s of staged) {
+      if (!s.content) continue;
+      const digest = s.entry.sha256.slice('sha256:'.length);
+      await this.redis.set(k.blob(digest), s.content, 'NX');
+      await this.redis.sadd(k.blobs, digest);
+    }
+    const files = staged.map((s) => s.entry).sort((a, b) => (a.path < b.path ? -1 : a.path > b.path ? 1 : 0));
+    const revision: ProjectRevision = {
+      type: 'project_revision', project_id: projectId, revision_number: n, source, base_revision_number: base, files,
+      file_count: files.length, total_bytes: checkBudget(files, 'the revision'), created_at: nowIso(),
+    };
+    const ok = await APPEND.run(this.redis, [k.revs], [String(n), JSON.stringify(revision)]);
+    if (ok !== 1) throw new ApiError('validation.conflict', `another revision of project ${projectId} was written at the same time; fetch the latest and retry`);
+    return revision;
+  }
+}

@@ -1,0 +1,70 @@
+import { Id, Nullable, Obj, Timestamp, Type } from '@agentplane/core';
+import type { StoredDoc } from '@agentplane/store';
+
+/**
+ * What a vault secret is for, which decides where it is used and how it is sent:
+ * - `mcp_bearer`: `Authorization: Bearer <value>` on requests of the runtime MCP proxy to a
+ *   Connection whose URL `match` covers;
+ * - `mcp_header`: `<header_name>: <value>` on the same requests;
+ * - `git_https`: HTTP basic credentials (`username`, the value as password) for the runner's
+ *   fetch of a `repository` resource whose URL `match` covers.
+ */
+export const SECRET_KINDS = ['mcp_bearer', 'mcp_header', 'git_https'] as const;
+export type SecretKind = (typeof SECRET_KINDS)[number];
+
+export interface VaultSecret {
+  name: string;
+  kind: SecretKind;
+  /** `https://host[:port][/path]` (http only for MCP): the URLs the secret is for, by origin and path prefix. */
+  match: string;
+  header_name: string | null;
+  username: string | null;
+  /** Rotation counter: 1 on first write, +1 on each rotation. */
+  generation: number;
+  secret_hint: string;
+  updated_at: string;
+  /** AES-256-GCM under the master key, bound to the vault, the name and the generation. Never leaves the API. */
+  sealed: string;
+}
+
+export interface VaultDoc extends StoredDoc {
+  type: 'vault';
+  workspace_id: string;
+  name: string;
+  description: string | null;
+  secrets: VaultSecret[];
+}
+
+export const VAULT_LIMITS = Object.freeze({ maxSecrets: 64, maxValueBytes: 16 * 1024 });
+
+export const SecretName = () => Type.String({ pattern: '^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$' });
+const Kind = Type.Union(SECRET_KINDS.map((k) => Type.Literal(k)));
+
+export const VaultSchema = Obj({
+  id: Id('vault'),
+  type: Type.Literal('vault'),
+  workspace_id: Id('workspace'),
+  name: Type.String({ minLength: 1, maxLength: 200 }),
+  description: Nullable(Type.String({ maxLength: 2000 })),
+  secrets: Type.Array(Obj({
+    name: SecretName(), kind: Kind, match: Type.String(), header_name: Nullable(Type.String()), username: Nullable(Type.String()),
+    generation: Type.Integer({ minimum: 1 }), secret_hint: Type.String(), updated_at: Timestamp(),
+  })),
+  version: Type.Integer({ minimum: 1 }),
+  created_at: Timestamp(),
+  updated_at: Timestamp(),
+});
+
+export const SecretInput = Obj({
+  kind: Kind,
+  match: Type.String({ minLength: 8, maxLength: 2048 }),
+  value: Type.String({ minLength: 1, maxLength: VAULT_LIMITS.maxValueBytes }),
+  header_name: Type.Optional(Type.String({ pattern: "^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$" })),
+  username: Type.Optional(Type.String({ minLength: 1, maxLength: 256, pattern: '^[^:\\u0000-\\u001f\\u007f]+$' })),
+  expected_generation: Type.Optional(Type.Integer({ minimum: 0 })),
+});
+
+/** The head without any sealed material: what every response shows. */
+export function publicVault(v: VaultDoc): Omit<VaultDoc, 'secrets'> & { secrets: Omit<VaultSecret, 'sealed'>[] } {
+  return { ...v, secrets: v.secrets.map(({ sealed: _s, ...rest }) => rest) };
+}

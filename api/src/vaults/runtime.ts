@@ -1,0 +1,53 @@
+import type Koa from 'koa';
+import { ApiError } from '@agentplane/core';
+import type { ApiDeps } from '../deps.js';
+import { bearerToken } from '../http/authenticate.js';
+import { readJsonBody } from '../http/body.js';
+import type { RuntimeBearerVerifier } from '@agentplane/domain';
+
+export const RUNTIME_GIT_PATH = '/v1/runtime/git-credentials';
+
+/**
+ * `POST /v1/runtime/git-credentials` `{url}`: the runner asks, right before it fetches a Session
+ * `repository` resource over HTTPS, for the credential the Session's vaults hold for that URL
+ * (`git_https` secrets, `vault_ids` order, first match wins). Authenticated by the lease's runtime
+ * bearer only, and only for the repository URLs the Session named when the lease was granted.
+ * Answers `{username, password}`, or 404 when no vault holds one (the runner then fetches without
+ * credentials). The value goes to the runner's git process through its environment, never to the
+ * sandbox, an event, a log line or an error message.
+ */
+export function runtimeGitCredentials(deps: ApiDeps, verifier: RuntimeBearerVerifier): Koa.Middleware {
+  const served = deps.metrics.counter('agentplane_runtime_git_credentials_total', 'Git credentials asked for by runners, by outcome');
+  return async (ctx, next) => {
+    if (ctx.path !== RUNTIME_GIT_PATH) return next();
+    if (ctx.method !== 'POST') {
+      ctx.set('Allow', 'POST');
+      throw new ApiError('validation.not_found', `no operation at ${ctx.method} ${ctx.path}; use POST`);
+    }
+    const token = bearerToken(ctx.headers.authorization);
+    const grant = token ? await verifier.verify(token) : null;
+    if (!grant) {
+      served.inc({ outcome: 'unauthorized' });
+      throw new ApiError('auth.invalid_key', 'missing, unknown or expired runtime bearer (it lives only while its lease holds the Session)', {
+        headers: { 'WWW-Authenticate': 'Bearer error="invalid_token"' },
+      });
+    }
+    const body = (await readJsonBody(ctx.req, 16 * 1024)) as { url?: unknown } | undefined;
+    const url = body?.url;
+    if (typeof url !== 'string' || body === undefined || Object.keys(body).length !== 1) throw new ApiError('validation.malformed', 'body: exactly {url}');
+    if (!(grant.repositories ?? []).includes(url)) {
+      served.inc({ outcome: 'not_granted' });
+      throw new ApiError('validation.not_found', `${url} is not a repository resource of session ${grant.session_id}`);
+    }
+    const session = await deps.sessions.store.get(grant.workspace_id, grant.session_id);
+    const secret = await deps.vaults.resolve(grant.workspace_id, session.vault_ids, ['git_https'], url);
+    if (!secret) {
+      served.inc({ outcome: 'none' });
+      throw new ApiError('validation.not_found', 'no vault of the session holds a git_https secret for this repository');
+    }
+    served.inc({ outcome: 'ok' });
+    ctx.status = 200;
+    ctx.set('Cache-Control', 'no-store');
+    ctx.body = { username: secret.username ?? 'x-access-token', password: secret.value, vault_id: secret.vault_id, secret_name: secret.name };
+  };
+}

@@ -1,0 +1,150 @@
+import { ApiError, newId, nowIso, type SecretBox } from '@agentplane/core';
+import { tags, type DocumentStore, type ListPage } from '@agentplane/store';
+import { VAULT_LIMITS, type SecretKind, type VaultDoc, type VaultSecret } from './model.js';
+
+const INDEX = 'vaults';
+const hint = (value: string) => (value.length <= 8 ? '…' : `…${value.slice(-4)}`);
+const aad = (vaultId: string, name: string, generation: number) => `vault:${vaultId}:${name}:${generation}`;
+
+/** A secret resolved for one use: the plaintext never leaves the process that asked. */
+export interface ResolvedSecret {
+  vault_id: string;
+  name: string;
+  kind: SecretKind;
+  header_name: string | null;
+  username: string | null;
+  value: string;
+}
+
+/** `match` checked and normalised: an absolute http(s) URL without credentials, query or fragment; no trailing `/`. */
+export function normaliseMatch(match: string, kind: SecretKind): string {
+  let u: URL;
+  try {
+    u = new URL(match);
+  } catch {
+    throw new ApiError('validation.malformed', 'body.match: not an absolute URL');
+  }
+  const httpOk = kind !== 'git_https';
+  if (u.protocol !== 'https:' && !(httpOk && u.protocol === 'http:')) {
+    throw new ApiError('validation.malformed', `body.match: ${kind === 'git_https' ? 'git secrets are for https:// repository URLs' : 'must be http or https'}`);
+  }
+  if (u.username || u.password || u.search || u.hash) throw new ApiError('validation.malformed', 'body.match: no credentials, query or fragment');
+  return `${u.origin}${u.pathname.replace(/\/+$/, '')}`;
+}
+
+/** Whether `match` (normalised) covers `url`: same origin, and the path equal to or below the match's path. */
+export function matchCovers(match: string, url: string): boolean {
+  let u: URL;
+  let m: URL;
+  try {
+    u = new URL(url);
+    m = new URL(match);
+  } catch {
+    return false;
+  }
+  if (u.origin !== m.origin) return false;
+  const base = m.pathname.replace(/\/+$/, '');
+  return base === '' || u.pathname === base || u.pathname.startsWith(`${base}/`);
+}
+
+/**
+ * Vaults: named secrets of a Workspace, sealed with the master key like ModelCredential secrets,
+ * never returned, rotatable by writing the same name again. Sessions name vaults in `vault_ids`;
+ * `resolve` walks them in that order and the first vault holding a secret for the URL wins
+ * (docs/MEMORY.md, "Vaults").
+ */
+export class VaultService {
+  constructor(
+    private readonly docs: DocumentStore,
+    private readonly box: SecretBox,
+  ) {}
+
+  async create(workspaceId: string, input: { name: string; description?: string | null | undefined }): Promise<VaultDoc> {
+    const now = nowIso();
+    const doc: VaultDoc = {
+      id: newId('vault'), type: 'vault', workspace_id: workspaceId, name: input.name, description: input.description ?? null, secrets: [],
+      version: 1, created_at: now, updated_at: now,
+    };
+    await this.docs.create(tags.workspace(workspaceId), doc, [INDEX]);
+    return doc;
+  }
+
+  async get(workspaceId: string, vaultId: string): Promise<VaultDoc> {
+    const doc = await this.docs.get<VaultDoc>(tags.workspace(workspaceId), vaultId);
+    if (!doc || doc.type !== 'vault' || doc.workspace_id !== workspaceId) throw new ApiError('validation.not_found', `vault ${vaultId} not found`);
+    return doc;
+  }
+
+  /** 404 naming the first id that is not a vault of the Workspace. */
+  async requireAll(workspaceId: string, vaultIds: readonly string[]): Promise<void> {
+    for (const id of vaultIds) await this.get(workspaceId, id);
+  }
+
+  list(workspaceId: string, options: { limit: number; page?: string | undefined }): Promise<ListPage<VaultDoc>> {
+    return this.docs.list<VaultDoc>(tags.workspace(workspaceId), INDEX, { ...options, order: 'asc' });
+  }
+
+  async remove(workspaceId: string, vaultId: string): Promise<void> {
+    await this.get(workspaceId, vaultId);
+    await this.docs.remove(tags.workspace(workspaceId), vaultId, [INDEX]);
+  }
+
+  /** Creates or rotates a secret. `expected_generation` 0 creates only; n rotates only generation n. */
+  async putSecret(workspaceId: string, vaultId: string, name: string, input: {
+    kind: SecretKind; match: string; value: string; header_name?: string | undefined; username?: string | undefined; expected_generation?: number | undefined;
+  }): Promise<VaultDoc> {
+    const match = normaliseMatch(input.match, input.kind);
+    if (input.kind === 'mcp_header' && !input.header_name) throw new ApiError('validation.malformed', 'body.header_name: required for an mcp_header secret');
+    if (input.kind !== 'mcp_header' && input.header_name !== undefined) throw new ApiError('validation.malformed', 'body.header_name: only mcp_header secrets name a header');
+    if (input.kind !== 'git_https' && input.username !== undefined) throw new ApiError('validation.malformed', 'body.username: only git_https secrets have a username');
+    if (/[\r\n\0]/.test(input.value)) throw new ApiError('validation.malformed', 'body.value: no line breaks or NUL characters');
+    await this.get(workspaceId, vaultId);
+    return this.docs.update<VaultDoc>(tags.workspace(workspaceId), vaultId, (v) => {
+      const cur = v.secrets.find((s) => s.name === name);
+      const expected = input.expected_generation;
+      if (expected !== undefined && (cur?.generation ?? 0) !== expected) {
+        throw new ApiError('validation.conflict', `expected_generation ${expected} is stale; secret ${name} is at generation ${cur?.generation ?? 0}`);
+      }
+      if (!cur && v.secrets.length >= VAULT_LIMITS.maxSecrets) throw new ApiError('validation.malformed', `a vault holds at most ${VAULT_LIMITS.maxSecrets} secrets`);
+      const generation = (cur?.generation ?? 0) + 1;
+      const secret: VaultSecret = {
+        name, kind: input.kind, match, header_name: input.header_name ?? null,
+        username: input.kind === 'git_https' ? (input.username ?? 'x-access-token') : null,
+        generation, secret_hint: hint(input.value), updated_at: nowIso(), sealed: this.box.seal(input.value, aad(vaultId, name, generation)),
+      };
+      const secrets = cur ? v.secrets.map((s) => (s.name === name ? secret : s)) : [...v.secrets, secret];
+      return { ...v, secrets };
+    }, { notFound: 'vault' });
+  }
+
+  async deleteSecret(workspaceId: string, vaultId: string, name: string): Promise<VaultDoc> {
+    const v = await this.get(workspaceId, vaultId);
+    if (!v.secrets.some((s) => s.name === name)) throw new ApiError('validation.not_found', `vault ${vaultId} holds no secret ${name}`);
+    return this.docs.update<VaultDoc>(tags.workspace(workspaceId), vaultId, (cur) => ({ ...cur, secrets: cur.secrets.filter((s) => s.name !== name) }), { notFound: 'vault' });
+  }
+
+  /**
+   * The secret for `url` among `kinds`, from the first vault in `vaultIds` order that holds one
+   * (inside a vault, the longest matching `match` wins). Vaults that no longer exist are skipped.
+   * Null when none does. The plaintext is for the caller's own request only.
+   */
+  async resolve(workspaceId: string, vaultIds: readonly string[], kinds: readonly SecretKind[], url: string): Promise<ResolvedSecret | null> {
+    if (vaultIds.length === 0) return null;
+    const vaults = await this.docs.getMany<VaultDoc>(tags.workspace(workspaceId), vaultIds);
+    const byId = new Map(vaults.filter((v) => v.type === 'vault' && v.workspace_id === workspaceId).map((v) => [v.id, v]));
+    for (const id of vaultIds) {
+      const v = byId.get(id);
+      if (!v) continue;
+      const best = v.secrets
+        .filter((s) => kinds.includes(s.kind) && matchCovers(s.match, url))
+        .sort((a, b) => b.match.length - a.match.length)[0];
+      if (best) {
+        return {
+          vault_id: v.id, name: best.name, kind: best.kind, header_name: best.header_name, username: best.username,
+          value: this.box.open(best.sealed, aad(v.id, best.name, best.generation)),
+        };
+      }
+    }
+    return null;
+  }
+}

@@ -1,0 +1,137 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { HttpClient } from '@agentplane/client';
+import type { Platform } from './harness/platform.js';
+import { idleCount, SCRIPT, startTurnPlatform, untilEvents, type Json, type TurnPlatform } from './harness/turns.js';
+import { errType } from './harness/governance.js';
+
+/**
+ * Uploaded Projects: JSON trees with base64 contents, immutable revisions, pushes on the latest
+ * revision, the contract's limits (1,024 files, 10 MiB per file, 20 MiB per revision, 64 files
+ * per push, the JSON envelope), and a revision mounted in a Session's sandbox and read by bash.
+ */
+const MiB = 1024 * 1024;
+let t: TurnPlatform;
+let p: Platform;
+let api: HttpClient;
+
+beforeAll(async () => {
+  t = await startTurnPlatform({ name: 'projects' });
+  ({ p, api } = t);
+}, 180_000);
+afterAll(async () => {
+  await p?.stop();
+});
+
+const b64 = (text: string | Buffer) => Buffer.from(text).toString('base64');
+const file = (path: string, text: string | Buffer, executable?: boolean) => ({ path, content_base64: b64(text), ...(executable ? { executable } : {}) });
+interface Revision { revision_number: number; files: { path: string; size_bytes: number; executable: boolean }[]; total_bytes: number; base_revision_number: number | null }
+
+describe('Projects (REST)', () => {
+  it('creates revision 1, pushes changes on the latest revision and refuses stale bases', async () => {
+    const created = await api.request<{ id: string; latest_revision_number: number; latest_revision: Revision }>('POST', '/v1/projects', {
+      body: { name: 'webapp', files: [file('README.md', '# webapp\n'), file('src/main.py', 'print("v1")\n'), file('run.sh', '#!/bin/sh\necho run\n', true)] },
+    });
+    expect(created.status).toBe(201);
+    expect(created.body.id).toMatch(/^proj_[0-9a-f]{32}$/);
+    expect(created.body.latest_revision_number).toBe(1);
+    expect(created.body.latest_revision.files.map((f) => f.path)).toEqual(['README.md', 'run.sh', 'src/main.py']);
+    const id = created.body.id;
+
+    const pushed = await api.request<Revision>('POST', `/v1/projects/${id}/push`, {
+      body: { base_revision_number: 1, changes: [{ path: 'src/main.py', content_base64: b64('print("v2")\n') }, { path: 'README.md', delete: true }] },
+    });
+    expect(pushed.status).toBe(201);
+    expect(pushed.body).toMatchObject({ revision_number: 2, base_revision_number: 1 });
+    expect(pushed.body.files.map((f) => f.path)).toEqual(['run.sh', 'src/main.py']);
+    expect((await api.get<{ latest_revision_number: number }>(`/v1/projects/${id}`)).latest_revision_number).toBe(2);
+    // Revision 1 is immutable.
+    expect((await api.get<Revision>(`/v1/projects/${id}/revisions/1`)).files).toHaveLength(3);
+
+    const stale = await api.request('POST', `/v1/projects/${id}/push`, { body: { base_revision_number: 1, changes: [{ path: 'x', content_base64: b64('x') }] } });
+    expect(stale.status).toBe(409);
+    expect(errType(stale)).toBe('validation.conflict');
+    const staleTree = await api.request('POST', `/v1/projects/${id}/revisions`, { body: { files: [file('a', 'a')], expected_revision_number: 1 } });
+    expect(staleTree.status).toBe(409);
+    const tree = await api.request<Revision>('POST', `/v1/projects/${id}/revisions`, { body: { files: [file('a', 'a')], expected_revision_number: 2 } });
+    expect(tree.status).toBe(201);
+    expect(tree.body.revision_number).toBe(3);
+
+    const tooMany = await api.request('POST', `/v1/projects/${id}/push`, {
+      body: { base_revision_number: 3, changes: Array.from({ length: 65 }, (_, i) => ({ path: `f${i}`, content_base64: b64('x') })) },
+    });
+    expect(tooMany.status).toBe(400);
+    expect(errType(tooMany)).toBe('validation.malformed');
+    const sixtyFour = await api.request('POST', `/v1/projects/${id}/push`, {
+      body: { base_revision_number: 3, changes: Array.from({ length: 64 }, (_, i) => ({ path: `f${i}`, content_base64: b64('x') })) },
+    });
+    expect(sixtyFour.status).toBe(201);
+
+    for (const path of ['../etc/passwd', '/abs', 'a//b', 'a/./b']) {
+      const bad = await api.request('POST', '/v1/projects', { body: { name: 'bad', files: [file(path, 'x')] } });
+      expect(bad.status, path).toBe(400);
+    }
+    const clash = await api.request('POST', '/v1/projects', { body: { name: 'bad', files: [file('a', 'x'), file('a/b', 'y')] } });
+    expect(clash.status).toBe(400);
+  });
+
+  it('enforces 1,024 files, 10 MiB per file and 20 MiB per revision (400), and the JSON envelope (413)', async () => {
+    const files = (n: number) => Array.from({ length: n }, (_, i) => file(`f/${i}.txt`, String(i)));
+    expect((await api.request('POST', '/v1/projects', { body: { name: 'max', files: files(1024) } })).status).toBe(201);
+    const over = await api.request('POST', '/v1/projects', { body: { name: 'over', files: files(1025) } });
+    expect(over.status).toBe(400);
+    expect(errType(over)).toBe('validation.malformed');
+
+    const big = await api.request('POST', '/v1/projects', { body: { name: 'big', files: [file('big.bin', Buffer.alloc(10 * MiB + 1, 1))] } });
+    expect(big.status).toBe(400);
+    expect(errType(big)).toBe('validation.malformed');
+
+    const full = [file('a.bin', Buffer.alloc(10 * MiB, 2)), file('b.bin', Buffer.alloc(10 * MiB, 3))];
+    const atLimit = await api.request<{ latest_revision: Revision }>('POST', '/v1/projects', { body: { name: 'full', files: full } });
+    expect(atLimit.status).toBe(201);
+    expect(atLimit.body.latest_revision.total_bytes).toBe(20 * MiB);
+    const overRevision = await api.request('POST', '/v1/projects', { body: { name: 'over', files: [...full, file('c.bin', 'x')] } });
+    expect(overRevision.status).toBe(400);
+    expect(errType(overRevision)).toBe('validation.malformed');
+    // A push that would take the tree past 20 MiB is refused too.
+    const id = (await api.get<{ data: { id: string; name: string }[] }>('/v1/projects', { limit: 100 })).data.find((x) => x.name === 'full')?.id;
+    const grow = await api.request('POST', `/v1/projects/${id}/push`, { body: { base_revision_number: 1, changes: [file('c.bin', 'x')] } });
+    expect(grow.status).toBe(400);
+
+    const envelope = await api.request('POST', '/v1/projects', { rawBody: `{"name":"e","files":[],"pad":"${'x'.repeat(36 * MiB)}"}`, headers: { 'content-type': 'application/json' } });
+    expect(envelope.status).toBe(413);
+    expect(errType(envelope)).toBe('validation.payload_too_large');
+  }, 120_000);
+});
+
+describe('a Project mounted in a Session', () => {
+  it('is in the sandbox as uploaded_project before the first Run, pinned to its revision, and read by bash', async () => {
+    const proj = await api.post<{ id: string }>('/v1/projects', {
+      name: 'tool', files: [file('src/data.txt', 'hello from the project\n'), file('bin/go.sh', '#!/bin/sh\necho executed\n', true)],
+    });
+    const s = await api.post<{ id: string; resources: Json[] }>('/v1/sessions', {
+      agent: {
+        name: 'reader', model: 'default', tools: [{ type: 'builtin', name: 'bash' }],
+        system: SCRIPT([
+          { when: { on: 'tool_result' }, then: [{ reply: 'OUT {{tool_result}}' }] },
+          { then: [{ tool: 'bash', input: { command: 'cat tool/src/data.txt; ./tool/bin/go.sh; stat -c %a tool/bin/go.sh' } }] },
+        ]),
+      },
+      environment_id: t.envId,
+      resources: [{ type: 'uploaded_project', project_id: proj.id }],
+    });
+    expect(s.resources[0]).toMatchObject({ type: 'uploaded_project', project_id: proj.id, revision_number: 1 });
+    // A later revision does not change what this Session mounts.
+    await api.post(`/v1/projects/${proj.id}/push`, { base_revision_number: 1, changes: [{ path: 'src/data.txt', content_base64: b64('changed\n') }] });
+
+    await api.post(`/v1/sessions/${s.id}/events`, t.msg('go'));
+    const events = await untilEvents(api, s.id, (e) => idleCount(e) >= 1, 120_000);
+    expect(events.find((e) => e.type === 'session.status_idle')?.payload.stop_reason).toMatchObject({ type: 'end_turn' });
+    const out = JSON.stringify(events.filter((e) => e.type === 'agent.tool_result'));
+    expect(out).toContain('hello from the project\\nexecuted\\n755');
+
+    const missing = await api.request('POST', '/v1/sessions', {
+      body: { agent: { name: 'x', model: 'default' }, environment_id: t.envId, resources: [{ type: 'uploaded_project', project_id: proj.id, revision_number: 9 }] },
+    });
+    expect(missing.status).toBe(404);
+  }, 180_000);
+});
