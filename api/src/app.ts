@@ -32,6 +32,8 @@ import { registerRunHandlers } from './runs/gateway-handlers.js';
 import { attachGateway, PresenceStore, type Gateway } from '@agentplane/gateway';
 import { createModelsModule } from './models/module.js';
 import { consoleStatic } from './console/static.js';
+import { AutomationService } from './automations/service.js';
+import { AutomationStore } from './automations/store.js';
 
 export interface ApiServer {
   server: Server;
@@ -67,6 +69,20 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
   const runs = createRunsModule({ config, redis, log, store: sessionStore, runtime: threadRuntime, environments, runners });
   turns.scheduler = runs.engine;
   const eventHub = new EventHub(subscriber);
+  const sessions = new SessionService({
+    store: sessionStore, agents, environments, identity, files, runtime: threadRuntime, scheduler: () => turns.scheduler,
+    requireModel: (ws, key, field) => models.profiles.requireKey(ws, key, field),
+    admitTurn: (session) => models.budgets.check({ workspace_id: session.workspace_id, session_id: session.id, session_budget: session.budget }),
+    modelUsage: async (scope) => {
+      const r = await models.usage.read(scope.thread_id ? { kind: 'thread', session_id: scope.session_id, thread_id: scope.thread_id } : { kind: 'session', session_id: scope.session_id });
+      return r.steps > 0 ? r.usage : null;
+    },
+  });
+  const permissions = new PermissionStore(redis, docs);
+  const automations = new AutomationService({
+    redisUrl: config.redisUrl, store: new AutomationStore(redis, docs, secretBox), sessions, identity, permissions, log, metrics,
+    sweepIntervalMs: config.automationSweepMs,
+  });
   metrics.gauge('agentplane_sse_streams', 'Session SSE streams open in this process').set({}, activeStreams);
   metrics.gauge('agentplane_event_hub_channels', 'Session channels this process is subscribed to').set({}, () => eventHub.channelCount);
   return {
@@ -78,22 +94,15 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
     threadRuntime,
     eventHub,
     shutdownSignal,
-    sessions: new SessionService({
-      store: sessionStore, agents, environments, identity, files, runtime: threadRuntime, scheduler: () => turns.scheduler,
-      requireModel: (ws, key, field) => models.profiles.requireKey(ws, key, field),
-      admitTurn: (session) => models.budgets.check({ workspace_id: session.workspace_id, session_id: session.id, session_budget: session.budget }),
-      modelUsage: async (scope) => {
-        const r = await models.usage.read(scope.thread_id ? { kind: 'thread', session_id: scope.session_id, thread_id: scope.thread_id } : { kind: 'session', session_id: scope.session_id });
-        return r.steps > 0 ? r.usage : null;
-      },
-    }),
+    sessions,
+    automations,
     config,
     redis,
     docs,
     credentials,
     secretBox,
     audit,
-    permissions: new PermissionStore(redis, docs),
+    permissions,
     policies: new PolicyStore(redis, docs, audit, log),
     idempotency: new IdempotencyStore(redis, secretBox, config.idempotencyTtlSeconds),
     identity,
@@ -151,6 +160,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
     });
     registerSandboxRelease(gateway, deps.docs);
   }
+  deps.automations.start();
 
   return {
     server,
@@ -169,6 +179,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
       shutdown.abort();
       await gateway?.close();
       await deps.runs.close();
+      await deps.automations.close();
       await new Promise<void>((resolve) => {
         const timer = setTimeout(() => {
           server.closeAllConnections();

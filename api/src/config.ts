@@ -40,6 +40,8 @@ export interface ApiConfig {
   /** Per provider request: time allowed to response headers and between stream chunks. */
   modelProviderTimeoutMs: number;
   /** Serve the web console at /console (CONSOLE_ENABLED) from this built directory (CONSOLE_DIR; default the repository's console/dist). */
+  /** How often each api sweeps firing receipts whose work a crash may have lost (ms). */
+  automationSweepMs: number;
   consoleEnabled: boolean;
   consoleDir: string | undefined;
 }
@@ -80,6 +82,7 @@ export function loadApiConfig(env: Env): ApiConfig {
     pairingRedeemPerMinute: envInt(env, 'PAIRING_REDEEM_PER_MINUTE', 60, 1, 100_000),
     modelPricesFile: envOptional(env, 'MODEL_PRICES_FILE'),
     modelProviderTimeoutMs: envInt(env, 'MODEL_PROVIDER_TIMEOUT_MS', 60_000, 100),
+    automationSweepMs: envInt(env, 'AUTOMATION_SWEEP_MS', 10_000, 100, 600_000),
     consoleEnabled: envBool(env, 'CONSOLE_ENABLED', true),
     consoleDir: envOptional(env, 'CONSOLE_DIR'),
   });

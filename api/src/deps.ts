@@ -17,6 +17,7 @@ import type { FileStore } from './files/store.js';
 import type { AuditLog } from './audit/store.js';
 import type { PermissionStore } from './governance/permissions.js';
 import type { PolicyStore } from './governance/policies.js';
+import type { AutomationService } from './automations/service.js';
 
 /** Everything an operation handler may use. Built once per process in app.ts. */
 export interface ApiDeps {
@@ -39,6 +40,8 @@ export interface ApiDeps {
   permissions: PermissionStore;
   /** ActionPolicies and their live evaluation (tool calls, MCP tools/call, session drive). */
   policies: PolicyStore;
+  /** Automations: firings, schedules (BullMQ Job Schedulers) and the firing worker. */
+  automations: AutomationService;
   secretBox: SecretBox;
   metrics: Metrics;
   log: Logger;
