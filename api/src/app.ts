@@ -34,6 +34,8 @@ import { createModelsModule } from './models/module.js';
 import { consoleStatic } from './console/static.js';
 import { AutomationService } from './automations/service.js';
 import { AutomationStore } from './automations/store.js';
+import { WebhookDispatcher } from './webhooks/delivery.js';
+import { WebhookStore } from './webhooks/store.js';
 
 export interface ApiServer {
   server: Server;
@@ -83,6 +85,9 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
     redisUrl: config.redisUrl, store: new AutomationStore(redis, docs, secretBox), sessions, identity, permissions, log, metrics,
     sweepIntervalMs: config.automationSweepMs,
   });
+  const webhooks = new WebhookDispatcher({
+    redisUrl: config.redisUrl, redis, store: new WebhookStore(redis, docs, secretBox), log: sessionStore.log, logger: log, metrics, settings: config.webhooks,
+  });
   metrics.gauge('agentplane_sse_streams', 'Session SSE streams open in this process').set({}, activeStreams);
   metrics.gauge('agentplane_event_hub_channels', 'Session channels this process is subscribed to').set({}, () => eventHub.channelCount);
   return {
@@ -96,6 +101,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
     shutdownSignal,
     sessions,
     automations,
+    webhooks,
     config,
     redis,
     docs,
@@ -161,6 +167,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
     registerSandboxRelease(gateway, deps.docs);
   }
   deps.automations.start();
+  deps.webhooks.start();
 
   return {
     server,
@@ -180,6 +187,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
       await gateway?.close();
       await deps.runs.close();
       await deps.automations.close();
+      await deps.webhooks.close();
       await new Promise<void>((resolve) => {
         const timer = setTimeout(() => {
           server.closeAllConnections();

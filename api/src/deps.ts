@@ -18,6 +18,7 @@ import type { AuditLog } from './audit/store.js';
 import type { PermissionStore } from './governance/permissions.js';
 import type { PolicyStore } from './governance/policies.js';
 import type { AutomationService } from './automations/service.js';
+import type { WebhookDispatcher } from './webhooks/delivery.js';
 
 /** Everything an operation handler may use. Built once per process in app.ts. */
 export interface ApiDeps {
@@ -42,6 +43,8 @@ export interface ApiDeps {
   policies: PolicyStore;
   /** Automations: firings, schedules (BullMQ Job Schedulers) and the firing worker. */
   automations: AutomationService;
+  /** Outbound webhook endpoints: the event tap, delivery lanes and the delivery log. */
+  webhooks: WebhookDispatcher;
   secretBox: SecretBox;
   metrics: Metrics;
   log: Logger;

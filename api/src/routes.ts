@@ -14,6 +14,7 @@ import { auditOperations } from './audit/operations.js';
 import { governanceOperations } from './governance/operations.js';
 import { policyOperations } from './governance/policy-operations.js';
 import { automationOperations } from './automations/operations.js';
+import { webhookOperations } from './webhooks/operations.js';
 
 /**
  * The operation table: every REST operation of the API, once. The router, the OpenAPI
@@ -25,6 +26,6 @@ export function allOperations(): Operation[] {
   table.push(...metaOperations(() => table), ...identityOperations, ...runnerOperations, ...modelOperations);
   table.push(...agentOperations, ...environmentOperations, ...sessionOperations, ...threadOperations);
   table.push(...connectionOperations, ...runOperations, ...fileOperations, ...auditOperations, ...governanceOperations, ...policyOperations);
-  table.push(...automationOperations);
+  table.push(...automationOperations, ...webhookOperations);
   return table;
 }
