@@ -1,10 +1,10 @@
 import { DelayedError, Queue, Worker, type Job } from 'bullmq';
 import { ApiError, newId, nowIso, type Logger, type Metrics } from '@agentplane/core';
-import { connectRedis, tags, type Redis } from '@agentplane/store';
+import { connectRedis, keys, tags, type Redis } from '@agentplane/store';
 import type { IdentityService } from '../identity/service.js';
 import type { PermissionStore } from '../governance/permissions.js';
 import type { SessionService } from '../sessions/service.js';
-import type { ThreadDoc } from '../sessions/model.js';
+import type { SessionDoc, ThreadDoc } from '../sessions/model.js';
 import { expandPrompt } from './prompt.js';
 import { automationKeys, type AutomationStore } from './store.js';
 import {
@@ -158,7 +158,8 @@ export class AutomationService {
     if (!(await this.d.store.admit(ws, a.id, f.id, a.max_concurrent_firings))) return this.refuse(f, 'refused_concurrency', 'concurrency_limit');
     let sessionId: string;
     try {
-      sessionId = (await this.existingSession(ws, a.id, f.id)) ?? await this.createSession(a, f);
+      // Only a retry can find a Session an earlier attempt created.
+      sessionId = (f.attempt_count > 1 ? await this.existingSession(ws, a.id, f.id) : null) ?? await this.createSession(a, f);
     } catch (err) {
       if (err instanceof ApiError && err.type === 'budget.exceeded') {
         await this.d.store.release(ws, a.id, f.id);
@@ -182,9 +183,12 @@ export class AutomationService {
 
   /** A retry after a crash between creating the Session and recording it finds that Session instead of making another. */
   private async existingSession(ws: string, automationId: string, firingId: string): Promise<string | null> {
-    const page = await this.d.sessions.list(ws, { automation_id: automationId, include_archived: true, limit: 20 });
-    const hit = page.data.find((s) => (s.metadata as Record<string, string> | undefined)?.automation_firing_id === firingId);
-    return hit ? String(hit.id) : null;
+    const ids = await this.d.store.redis.zrevrange(keys.index(tags.workspace(ws), `sessions:automation:${automationId}:all`), 0, 49);
+    for (const id of ids) {
+      const s = await this.d.sessions.store.docs.get<SessionDoc>(tags.session(id), id);
+      if (s?.metadata.automation_firing_id === firingId) return id;
+    }
+    return null;
   }
 
   private async createSession(a: AutomationDoc, f: FiringDoc): Promise<string> {
