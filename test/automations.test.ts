@@ -1,8 +1,9 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createServer } from 'node:http';
 import { Webhook } from 'standardwebhooks';
 import type { HttpClient } from '@agentplane/client';
 import { waitFor, type Platform } from './harness/platform.js';
-import { SCRIPT, startTurnPlatform } from './harness/turns.js';
+import { idleCount, SCRIPT, startTurnPlatform, untilEvents } from './harness/turns.js';
 import { errType } from './harness/governance.js';
 
 /**
@@ -59,7 +60,7 @@ async function deliver(path: string, body: string, headers: Record<string, strin
 }
 
 beforeAll(async () => {
-  ({ p, api, envId } = await startTurnPlatform({ name: 'automations', env: { AUTOMATION_SWEEP_MS: '500' } }));
+  ({ p, api, envId } = await startTurnPlatform({ name: 'automations', env: { AUTOMATION_SWEEP_MS: '500', AGENTPLANE_MODE: 'development', WEBHOOK_MAX_ATTEMPTS: '1' } }));
   agentId = (await api.post<{ id: string }>('/v1/agents', {
     name: 'automated', model: 'default',
     system: SCRIPT([{ when: { user_contains: MARKER }, then: [{ reply: `${REPLY} done` }] }]),
@@ -115,6 +116,41 @@ describe('manual fire, receipt, Session and trace', () => {
     const firings = await api.get<{ data: Firing[] }>(`/v1/automations/${a.id}/firings`, { source: 'manual', status: 'completed' });
     expect(firings.data.map((x) => x.id)).toEqual([f.id]);
     expect((await api.get<Automation>(`/v1/automations/${a.id}`)).metrics).toMatchObject({ fires: 1, succeeded: 1, admission_refusals: 0 });
+  });
+
+  it('a turn waiting on requires_action keeps the firing running with an open trace; answering it completes the firing', async () => {
+    const waiting = (await api.post<{ id: string }>('/v1/agents', {
+      name: 'asks', model: 'default',
+      system: SCRIPT([
+        { when: { user_contains: MARKER }, then: [{ tool: 'lookup', input: { q: 'x' } }] },
+        { when: { after_tool: 'lookup' }, then: [{ reply: `${REPLY} looked up {{tool_result}}` }] },
+      ]),
+      tools: [{ type: 'custom', name: 'lookup', description: 'Look something up', input_schema: { type: 'object', properties: { q: { type: 'string' } } } }],
+    })).id;
+    await p.root.post('/v1/permission-assignments', { principal_id: service, target: { type: 'agent', id: waiting }, actions: ['invoke'] });
+    const a = await createAutomation({ agent: waiting, trigger: { type: 'webhook' } });
+    const fired = await api.post<Firing>(`/v1/automations/${a.id}/fire`, {});
+    const running = await waitFor('the firing running', async () => {
+      const f = await api.get<Firing>(`/v1/automation-firings/${fired.id}`);
+      return f.status === 'running' ? f : undefined;
+    }, 60_000);
+    const first = await untilEvents(api, String(running.session_id), (e) => idleCount(e) >= 1);
+    expect(first.find((e) => e.type === 'session.status_idle')?.payload.stop_reason).toMatchObject({ type: 'requires_action' });
+    const toolUseId = String(first.find((e) => e.type === 'agent.tool_use')?.payload.id);
+    const open = await api.get<{ firing: { status: string }; completeness: { status: string; through_sequence: number }; execution: Record<string, unknown> }>(`/v1/automation-firings/${fired.id}/trace`);
+    expect(open.firing.status).toBe('running');
+    expect(open.completeness.status).toBe('open');
+    expect(open.execution).toMatchObject({ applicable: true, ended_at: null, stop_reason: null });
+    const early = await api.request('GET', `/v1/automation-firings/${fired.id}/feedback`);
+    expect([early.status, errType(early)]).toEqual([409, 'runtime.invalid_transition']);
+
+    await api.post(`/v1/sessions/${running.session_id}/events`, {
+      type: 'user.custom_tool_result', payload: { tool_use_id: toolUseId, result: 'found', authored_by: service, caused_by: { kind: 'api' } },
+    });
+    const done = await settled(fired.id);
+    expect(done).toMatchObject({ status: 'completed', outcome: 'succeeded' });
+    const closed = await api.get<{ completeness: { status: string }; execution: { stop_reason: string }; steps: { turn_end_count: number; tool_use_count: number } }>(`/v1/automation-firings/${fired.id}/trace`);
+    expect(closed).toMatchObject({ completeness: { status: 'complete' }, execution: { stop_reason: 'end_turn' }, steps: { turn_end_count: 2, tool_use_count: 1 } });
   });
 
   it('admission refuses without the service Principal\'s invoke grant, past the concurrency limit, and while paused', async () => {
@@ -276,5 +312,63 @@ describe('feedback labels', () => {
     expect(trace.feedback).toEqual({ total: 3, by_disposition: { useful: 1, noisy: 1, incorrect: 0, too_late: 0, already_handled: 1 } });
     const missing = await api.request('GET', `/v1/automation-firings/afire_${'0'.repeat(32)}/trace`);
     expect([missing.status, errType(missing)]).toEqual([404, 'validation.not_found']);
+  });
+});
+
+describe('subscriptions', () => {
+  it('session.turn_ended fires for matching Sessions of the Workspace, never for the Automation\'s own', async () => {
+    const watched = (await api.post<{ id: string }>('/v1/agents', {
+      name: 'watched', model: 'default', system: SCRIPT([{ when: { user_contains: MARKER }, then: [{ reply: `${REPLY} ok` }] }]),
+    })).id;
+    await p.root.post('/v1/permission-assignments', { principal_id: service, target: { type: 'agent', id: watched }, actions: ['invoke'] });
+    const s = await createAutomation({
+      agent: watched, prompt: `${MARKER} follow up on {{event.session_id}} ({{event.stop_reason}})`, max_concurrent_firings: 5,
+      trigger: { type: 'subscription', event: 'session.turn_ended', filter: { stop_reasons: ['end_turn'], agent_ids: [watched] } },
+    });
+    const bad = await api.request('POST', '/v1/automations', { body: { name: 'x', principal_id: service, agent: agentId, environment_id: envId, prompt: 'p', trigger: { type: 'subscription', event: 'session.turn_ended', filter: { stop_reasons: ['requires_action'] } } } });
+    expect([bad.status, errType(bad)]).toEqual([400, 'validation.malformed']);
+
+    const drive = (content: string) => ({ type: 'user.message', payload: { content, authored_by: service, caused_by: { kind: 'api' } } });
+    const firings = () => api.get<{ data: Firing[] }>(`/v1/automations/${s.id}/firings`, { order: 'asc' });
+    // A Session of another Agent does not match the filter; the watched one does.
+    await api.post('/v1/sessions', { agent: agentId, environment_id: envId, initial_events: [drive(`${MARKER} unwatched`)] });
+    const one = (await api.post<{ id: string }>('/v1/sessions', { agent: watched, environment_id: envId, initial_events: [drive(`${MARKER} first`)] })).id;
+    const first = await waitFor('a subscription firing', async () => (await firings()).data[0], 60_000);
+    expect(first.source).toMatchObject({ kind: 'subscription', event_type: 'session.turn_ended', event_id: expect.stringMatching(/^evt_/) });
+    expect(await settled(first.id)).toMatchObject({ status: 'completed', outcome: 'succeeded' });
+    const trace = await api.get<{ filtering: unknown }>(`/v1/automation-firings/${first.id}/trace`);
+    expect(trace.filtering).toEqual({ applicable: true, event_type: 'session.turn_ended', filters_applied: ['stop_reasons', 'agent_ids'], matched: true });
+
+    const two = (await api.post<{ id: string }>('/v1/sessions', { agent: watched, environment_id: envId, initial_events: [drive(`${MARKER} second`)] })).id;
+    await waitFor('the second firing', async () => ((await firings()).data.length >= 2 ? true : undefined), 60_000);
+    const all = (await firings()).data;
+    await Promise.all(all.map((f) => settled(f.id)));
+    // Exactly the two watched Sessions fired it: its own Sessions (same Agent, same stop reason) did not.
+    const again = (await firings()).data;
+    expect(again).toHaveLength(2);
+    const own = await api.get<{ data: { id: string }[] }>('/v1/sessions', { automation_id: s.id });
+    expect(own.data).toHaveLength(2);
+    expect(own.data.map((x) => x.id)).not.toContain(one);
+    expect(own.data.map((x) => x.id)).not.toContain(two);
+  });
+
+  it('webhook_endpoint.disabled fires when a delivery exhausts its attempts', async () => {
+    const receiver = createServer((req, res) => {
+      req.resume();
+      req.on('end', () => res.writeHead(500).end());
+    });
+    await new Promise<void>((r) => receiver.listen(0, '127.0.0.1', () => r()));
+    try {
+      const port = (receiver.address() as { port: number }).port;
+      const endpoint = await p.root.post<{ id: string }>('/v1/webhook-endpoints', { url: `http://127.0.0.1:${port}/hook`, event_types: ['user.message'] });
+      const s = await createAutomation({ trigger: { type: 'subscription', event: 'webhook_endpoint.disabled', filter: { webhook_endpoint_ids: [endpoint.id] } } });
+      await api.post('/v1/sessions', { agent: agentId, environment_id: envId, initial_events: [{ type: 'user.message', payload: { content: `${MARKER} ping`, authored_by: service, caused_by: { kind: 'api' } } }] });
+      const f = await waitFor('the subscription firing', async () => (await api.get<{ data: Firing[] }>(`/v1/automations/${s.id}/firings`)).data[0], 60_000);
+      expect(f.source).toMatchObject({ kind: 'subscription', event_type: 'webhook_endpoint.disabled', event_id: endpoint.id });
+      expect(await p.root.get(`/v1/webhook-endpoints/${endpoint.id}`)).toMatchObject({ status: 'disabled', disabled_reason: 'delivery_failed' });
+      expect(await settled(f.id)).toMatchObject({ status: 'completed' });
+    } finally {
+      receiver.close();
+    }
   });
 });

@@ -36,6 +36,7 @@ import { AutomationService } from './automations/service.js';
 import { AutomationStore } from './automations/store.js';
 import { WebhookDispatcher } from './webhooks/delivery.js';
 import { WebhookStore } from './webhooks/store.js';
+import { SessionEventTap } from './events/tap.js';
 
 export interface ApiServer {
   server: Server;
@@ -81,12 +82,14 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
     },
   });
   const permissions = new PermissionStore(redis, docs);
+  const tap = new SessionEventTap({ redis, docs, log: sessionStore.log, logger: log });
   const automations = new AutomationService({
     redisUrl: config.redisUrl, store: new AutomationStore(redis, docs, secretBox), sessions, identity, permissions, log, metrics,
-    sweepIntervalMs: config.automationSweepMs,
+    sweepIntervalMs: config.automationSweepMs, tap,
   });
   const webhooks = new WebhookDispatcher({
-    redisUrl: config.redisUrl, redis, store: new WebhookStore(redis, docs, secretBox), log: sessionStore.log, logger: log, metrics, settings: config.webhooks,
+    redisUrl: config.redisUrl, redis, store: new WebhookStore(redis, docs, secretBox), log: sessionStore.log, tap, logger: log, metrics, settings: config.webhooks,
+    onDisabled: (e) => automations.endpointDisabled(e),
   });
   metrics.gauge('agentplane_sse_streams', 'Session SSE streams open in this process').set({}, activeStreams);
   metrics.gauge('agentplane_event_hub_channels', 'Session channels this process is subscribed to').set({}, () => eventHub.channelCount);
@@ -102,6 +105,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
     sessions,
     automations,
     webhooks,
+    eventTap: tap,
     config,
     redis,
     docs,
@@ -168,6 +172,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
   }
   deps.automations.start();
   deps.webhooks.start();
+  deps.eventTap.start();
 
   return {
     server,
@@ -188,6 +193,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
       await deps.runs.close();
       await deps.automations.close();
       await deps.webhooks.close();
+      await deps.eventTap.close();
       await new Promise<void>((resolve) => {
         const timer = setTimeout(() => {
           server.closeAllConnections();

@@ -19,6 +19,7 @@ import type { PermissionStore } from './governance/permissions.js';
 import type { PolicyStore } from './governance/policies.js';
 import type { AutomationService } from './automations/service.js';
 import type { WebhookDispatcher } from './webhooks/delivery.js';
+import type { SessionEventTap } from './events/tap.js';
 
 /** Everything an operation handler may use. Built once per process in app.ts. */
 export interface ApiDeps {
@@ -45,6 +46,8 @@ export interface ApiDeps {
   automations: AutomationService;
   /** Outbound webhook endpoints: the event tap, delivery lanes and the delivery log. */
   webhooks: WebhookDispatcher;
+  /** One pattern subscription to every Session's live channel (webhook lanes, subscription triggers). */
+  eventTap: SessionEventTap;
   secretBox: SecretBox;
   metrics: Metrics;
   log: Logger;

@@ -5,7 +5,11 @@ export type ScheduleTrigger =
   | { type: 'schedule'; cron: string; timezone: string; on_missed: MissedPolicy }
   | { type: 'schedule'; interval_seconds: number; on_missed: MissedPolicy };
 export type WebhookTrigger = { type: 'webhook' };
-export type Trigger = ScheduleTrigger | WebhookTrigger;
+/** Platform events an Automation can subscribe to (docs/AUTOMATIONS.md, "Subscriptions"). */
+export type SubscriptionTrigger =
+  | { type: 'subscription'; event: 'session.turn_ended'; filter: { stop_reasons: string[]; agent_ids: string[] } }
+  | { type: 'subscription'; event: 'webhook_endpoint.disabled'; filter: { webhook_endpoint_ids: string[] } };
+export type Trigger = ScheduleTrigger | WebhookTrigger | SubscriptionTrigger;
 
 /** What a schedule does about fires that fell due while the platform was down. */
 export type MissedPolicy = 'fire_once' | 'skip';
@@ -27,7 +31,7 @@ export interface AutomationDoc extends StoredDoc {
   webhook: { ingest_path: string; secret_generation: number; previous_secret_expires_at: string | null } | null;
 }
 
-export type FiringSourceKind = 'manual' | 'schedule' | 'webhook';
+export type FiringSourceKind = 'manual' | 'schedule' | 'webhook' | 'subscription';
 
 /**
  * AutomationFiring states: `pending` (receipt written; not yet admitted) → `running` (Session
@@ -45,7 +49,7 @@ export interface FiringDoc extends StoredDoc {
   type: 'automation_firing';
   workspace_id: string;
   automation_id: string;
-  source: { kind: FiringSourceKind; delivery_id?: string; scheduled_at?: string };
+  source: { kind: FiringSourceKind; delivery_id?: string; scheduled_at?: string; event_type?: string; event_id?: string };
   status: FiringStatus;
   attempt_count: number;
   outcome: FiringOutcome | null;
@@ -59,6 +63,8 @@ export interface FiringDoc extends StoredDoc {
   /** The last Session log sequence the outcome watcher read. */
   through_sequence: number;
   stop_reason: string | null;
+  /** Subscriptions: which filters the event passed (names only). */
+  _filtering?: { event_type: string; filters: string[] };
   /** The expanded prompt (kept private: never in a view or the trace). */
   _prompt: string;
   /** Attempt history (time and error code only). */
@@ -87,6 +93,6 @@ export function publicAutomation(a: AutomationDoc): Record<string, unknown> {
 }
 
 export function publicFiring(f: FiringDoc): Record<string, unknown> {
-  const { _prompt: _p, _attempts: _a, through_sequence: _t, ...rest } = f;
+  const { _prompt: _p, _attempts: _a, through_sequence: _t, _filtering: _f, ...rest } = f;
   return rest;
 }

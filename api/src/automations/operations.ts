@@ -26,6 +26,15 @@ const DEFAULT_OVERLAP_SECONDS = 24 * 3600;
 
 function checkTrigger(input: Static<typeof CreateAutomationBody>['trigger']): Trigger {
   if (input.type === 'webhook') return { type: 'webhook' };
+  if (input.type === 'subscription') {
+    if (input.event === 'session.turn_ended') {
+      const f = input.filter as { stop_reasons?: string[]; agent_ids?: string[] } | undefined;
+      if (f?.stop_reasons?.includes('requires_action')) throw new ApiError('validation.malformed', 'body.trigger.filter.stop_reasons: requires_action does not end a turn');
+      return { type: 'subscription', event: 'session.turn_ended', filter: { stop_reasons: f?.stop_reasons ?? [], agent_ids: f?.agent_ids ?? [] } };
+    }
+    const f = input.filter as { webhook_endpoint_ids?: string[] } | undefined;
+    return { type: 'subscription', event: 'webhook_endpoint.disabled', filter: { webhook_endpoint_ids: f?.webhook_endpoint_ids ?? [] } };
+  }
   const on_missed = input.on_missed ?? 'fire_once';
   if ('interval_seconds' in input) return { type: 'schedule', interval_seconds: input.interval_seconds, on_missed };
   const timezone = input.timezone ?? 'UTC';
@@ -97,6 +106,7 @@ export const automationOperations: Operation[] = [
       };
       const secret = trigger.type === 'webhook' ? newSigningSecret() : null;
       await deps.automations.store.create(a, secret);
+      if (trigger.type === 'subscription') await deps.automations.subscribed(ws);
       await deps.automations.syncSchedule(a, a.id);
       return json(201, await view(deps, a, secret ? { signing_secret: secret } : {}));
     },
@@ -131,8 +141,8 @@ export const automationOperations: Operation[] = [
       const agent = body.agent ? agentRef(body.agent) : undefined;
       await checkRefs(deps, ws, { principal_id: body.principal_id, agent, environment_id: body.environment_id });
       const next = await deps.automations.store.update(ws, params.automation_id, (cur) => {
-        if (trigger && (trigger.type === 'webhook') !== (cur.trigger.type === 'webhook')) {
-          throw new ApiError('validation.malformed', 'body.trigger: the kind of trigger (schedule or webhook) is fixed when the Automation is created');
+        if (trigger && trigger.type !== cur.trigger.type) {
+          throw new ApiError('validation.malformed', 'body.trigger: the kind of trigger (schedule, webhook or subscription) is fixed when the Automation is created');
         }
         return {
           ...cur,
@@ -219,7 +229,7 @@ export const automationOperations: Operation[] = [
     auth: { kind: 'bearer', roles: READERS }, params: AutomationPath,
     query: PageQuery({
       status: Type.Optional(Type.Union(['pending', 'running', 'completed', 'refused', 'skipped', 'failed'].map((s) => Type.Literal(s)))),
-      source: Type.Optional(Type.Union([Type.Literal('manual'), Type.Literal('schedule'), Type.Literal('webhook')])),
+      source: Type.Optional(Type.Union([Type.Literal('manual'), Type.Literal('schedule'), Type.Literal('webhook'), Type.Literal('subscription')])),
       order: Type.Optional(Type.Union([Type.Literal('asc'), Type.Literal('desc')])),
     }),
     response: Page(FiringSchema), mcp: 'full',

@@ -7,6 +7,17 @@ export const TriggerInput = Type.Union([
   Obj({ type: Type.Literal('schedule'), cron: Type.String({ minLength: 9, maxLength: 128 }), timezone: Type.Optional(Type.String({ minLength: 1, maxLength: 64 })), on_missed: Type.Optional(Missed) }),
   Obj({ type: Type.Literal('schedule'), interval_seconds: Type.Integer({ minimum: 1, maximum: 366 * 24 * 3600 }), on_missed: Type.Optional(Missed) }),
   Obj({ type: Type.Literal('webhook') }),
+  Obj({
+    type: Type.Literal('subscription'), event: Type.Literal('session.turn_ended'),
+    filter: Type.Optional(Obj({
+      stop_reasons: Type.Optional(Type.Array(Type.String({ pattern: '^[a-z_]{1,64}$' }), { maxItems: 16, uniqueItems: true })),
+      agent_ids: Type.Optional(Type.Array(Id('agent'), { maxItems: 64, uniqueItems: true })),
+    })),
+  }),
+  Obj({
+    type: Type.Literal('subscription'), event: Type.Literal('webhook_endpoint.disabled'),
+    filter: Type.Optional(Obj({ webhook_endpoint_ids: Type.Optional(Type.Array(Id('webhookEndpoint'), { maxItems: 64, uniqueItems: true })) })),
+  }),
 ]);
 export const AgentRefInput = Type.Union([Id('agent'), Obj({ id: Id('agent'), version: Type.Optional(Type.Integer({ minimum: 1 })) })]);
 export const BudgetInput = Obj({ max_list_cost: Obj({ amount: Type.Number({ minimum: 0, maximum: 1_000_000_000 }), currency: Type.Optional(Type.Literal('USD')) }) });
@@ -42,6 +53,8 @@ const TriggerView = Type.Union([
   Obj({ type: Type.Literal('schedule'), cron: Type.String(), timezone: Type.String(), on_missed: Missed }),
   Obj({ type: Type.Literal('schedule'), interval_seconds: Type.Integer(), on_missed: Missed }),
   Obj({ type: Type.Literal('webhook') }),
+  Obj({ type: Type.Literal('subscription'), event: Type.Literal('session.turn_ended'), filter: Obj({ stop_reasons: Type.Array(Type.String()), agent_ids: Type.Array(Id('agent')) }) }),
+  Obj({ type: Type.Literal('subscription'), event: Type.Literal('webhook_endpoint.disabled'), filter: Obj({ webhook_endpoint_ids: Type.Array(Id('webhookEndpoint')) }) }),
 ]);
 export const AutomationSchema = Obj({
   id: Id('automation'), type: Type.Literal('automation'), workspace_id: Id('workspace'), name: Type.String(),
@@ -59,7 +72,10 @@ export const AutomationSchema = Obj({
 const FiringStatus = Type.Union(['pending', 'running', 'completed', 'refused', 'skipped', 'failed'].map((s) => Type.Literal(s)));
 export const FiringSchema = Obj({
   id: Id('automationFiring'), type: Type.Literal('automation_firing'), workspace_id: Id('workspace'), automation_id: Id('automation'),
-  source: Obj({ kind: Type.Union([Type.Literal('manual'), Type.Literal('schedule'), Type.Literal('webhook')]), delivery_id: Type.Optional(Type.String()), scheduled_at: Type.Optional(Timestamp()) }),
+  source: Obj({
+    kind: Type.Union([Type.Literal('manual'), Type.Literal('schedule'), Type.Literal('webhook'), Type.Literal('subscription')]),
+    delivery_id: Type.Optional(Type.String()), scheduled_at: Type.Optional(Timestamp()), event_type: Type.Optional(Type.String()), event_id: Type.Optional(Type.String()),
+  }),
   status: FiringStatus, attempt_count: Type.Integer(), outcome: Nullable(Type.Union([Type.Literal('succeeded'), Type.Literal('failed'), Type.Literal('canceled')])),
   session_id: Nullable(Id('session')), run_id: Nullable(Id('run')), error: Nullable(Type.String()),
   admission: Obj({ disposition: Type.String(), check_configured: Type.Boolean() }),

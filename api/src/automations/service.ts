@@ -6,9 +6,10 @@ import type { PermissionStore } from '../governance/permissions.js';
 import type { SessionService } from '../sessions/service.js';
 import type { SessionDoc, ThreadDoc } from '../sessions/model.js';
 import { expandPrompt } from './prompt.js';
+import type { SessionEventTap, TappedAppend } from '../events/tap.js';
 import { automationKeys, type AutomationStore } from './store.js';
 import {
-  TERMINAL_FIRING, type AdmissionDisposition, type AutomationDoc, type FiringDoc, type FiringOutcome, type FiringSourceKind,
+  AUTOMATIONS, TERMINAL_FIRING, type AdmissionDisposition, type AutomationDoc, type FiringDoc, type FiringOutcome, type FiringSourceKind,
 } from './model.js';
 
 /** The automations queue: its prefix carries a hash tag, so every key of the queue is in one slot. */
@@ -32,6 +33,8 @@ export interface AutomationServiceDeps {
   metrics: Metrics;
   /** How often receipts whose work may not be queued are swept (ms). */
   sweepIntervalMs: number;
+  /** Session appends, for subscription triggers. */
+  tap: SessionEventTap;
 }
 
 /**
@@ -85,7 +88,10 @@ export class AutomationService {
    * Writes the durable receipt (`pending`) and queues its work. The prompt is expanded here, so a
    * payload that makes it too long is refused (400) before any receipt exists.
    */
-  async fire(a: AutomationDoc, source: FiringDoc['source'], event: unknown, status: 'pending' | 'skipped' = 'pending', id = newId('automationFiring')): Promise<FiringDoc> {
+  async fire(
+    a: AutomationDoc, source: FiringDoc['source'], event: unknown, status: 'pending' | 'skipped' = 'pending', id = newId('automationFiring'),
+    filtering?: FiringDoc['_filtering'],
+  ): Promise<FiringDoc> {
     const now = nowIso();
     const prompt = expandPrompt(a.prompt, { event, firing_id: id, automation_id: a.id, source: source.kind, fired_at: now });
     const f: FiringDoc = {
@@ -93,6 +99,7 @@ export class AutomationService {
       outcome: null, session_id: null, run_id: null, error: status === 'skipped' ? 'missed_schedule' : null,
       admission: { disposition: status === 'skipped' ? 'not_applicable' : 'pending', check_configured: a.budget !== null || a.max_concurrent_firings > 0 },
       started_at: null, ended_at: null, through_sequence: 0, stop_reason: null, _prompt: prompt, _attempts: [], version: 1, created_at: now, updated_at: now,
+      ...(filtering ? { _filtering: filtering } : {}),
     };
     await this.d.store.createFiring(f);
     await this.d.store.count(a.workspace_id, a.id, status === 'skipped' ? 'skipped' : 'fires');
@@ -271,6 +278,77 @@ export class AutomationService {
     await this.fire(a, { kind: 'schedule', scheduled_at: scheduledAt }, { scheduled_at: scheduledAt }, late && a.trigger.on_missed === 'skip' ? 'skipped' : 'pending');
   }
 
+  // ---- subscriptions -------------------------------------------------------------------------
+
+  private subWorkspaces: { at: number; set: Set<string> } = { at: 0, set: new Set() };
+  private readonly subsCache = new Map<string, { at: number; list: AutomationDoc[] }>();
+
+  /** A Workspace gained a subscription Automation: the tap starts looking at its Sessions. */
+  async subscribed(ws: string): Promise<void> {
+    await this.d.store.redis.sadd(automationKeys.subscribers(), ws);
+    this.subWorkspaces.at = 0;
+    this.subsCache.delete(ws);
+  }
+
+  private async wantsWorkspace(ws: string): Promise<boolean> {
+    if (Date.now() - this.subWorkspaces.at > 1000) this.subWorkspaces = { at: Date.now(), set: new Set(await this.d.store.redis.smembers(automationKeys.subscribers())) };
+    return this.subWorkspaces.set.has(ws);
+  }
+
+  private async subscriptionsOf(ws: string): Promise<AutomationDoc[]> {
+    const c = this.subsCache.get(ws);
+    if (c && Date.now() - c.at < 1000) return c.list;
+    const ids = await this.d.store.redis.zrange(keys.index(tags.workspace(ws), AUTOMATIONS), 0, 9999);
+    const list = (await this.d.store.docs.getMany<AutomationDoc>(tags.workspace(ws), ids)).filter((a) => a.status === 'active' && a.trigger.type === 'subscription');
+    this.subsCache.set(ws, { at: Date.now(), list });
+    return list;
+  }
+
+  /** Fires once per Automation and event, whichever api heard it first. */
+  private async fireOnce(a: AutomationDoc, eventKey: string, source: FiringDoc['source'], payload: Record<string, unknown>, filters: string[]): Promise<void> {
+    if (!(await this.d.store.claimEvent(a.workspace_id, a.id, eventKey))) return;
+    await this.fire(a, source, payload, 'pending', newId('automationFiring'), { event_type: String(payload.type), filters });
+  }
+
+  /** `session.turn_ended`: a Session of the Workspace ended a turn (never the Automation's own Sessions). */
+  private async onAppend(t: TappedAppend): Promise<void> {
+    const subs = (await this.subscriptionsOf(t.workspace_id)).filter((a) => a.trigger.type === 'subscription' && a.trigger.event === 'session.turn_ended');
+    if (subs.length === 0) return;
+    for (const e of await t.events()) {
+      const end = turnEnd(e.type, e.payload);
+      if (!end) continue;
+      for (const a of subs) {
+        if (a.trigger.type !== 'subscription' || a.trigger.event !== 'session.turn_ended' || t.automation_id === a.id) continue;
+        const filters: string[] = [];
+        if (a.trigger.filter.stop_reasons.length > 0) {
+          if (!a.trigger.filter.stop_reasons.includes(end.stop)) continue;
+          filters.push('stop_reasons');
+        }
+        if (a.trigger.filter.agent_ids.length > 0) {
+          if (!t.agent_id || !a.trigger.filter.agent_ids.includes(t.agent_id)) continue;
+          filters.push('agent_ids');
+        }
+        await this.fireOnce(a, e.id, { kind: 'subscription', event_type: 'session.turn_ended', event_id: e.id }, {
+          type: 'session.turn_ended', event_id: e.id, session_id: t.session_id, session_thread_id: e.session_thread_id, agent_id: t.agent_id,
+          stop_reason: end.stop, seq: e.seq, occurred_at: e.created_at,
+        }, filters);
+      }
+    }
+  }
+
+  /** `webhook_endpoint.disabled`: an outbound endpoint was disabled after a delivery exhausted its attempts. */
+  async endpointDisabled(e: { id: string; workspace_id: string; disabled_at: string | null }): Promise<void> {
+    if (!(await this.wantsWorkspace(e.workspace_id))) return;
+    for (const a of await this.subscriptionsOf(e.workspace_id)) {
+      if (a.trigger.type !== 'subscription' || a.trigger.event !== 'webhook_endpoint.disabled') continue;
+      const ids = a.trigger.filter.webhook_endpoint_ids;
+      if (ids.length > 0 && !ids.includes(e.id)) continue;
+      await this.fireOnce(a, `${e.id}@${e.disabled_at ?? ''}`, { kind: 'subscription', event_type: 'webhook_endpoint.disabled', event_id: e.id }, {
+        type: 'webhook_endpoint.disabled', webhook_endpoint_id: e.id, reason: 'delivery_failed', disabled_at: e.disabled_at,
+      }, ids.length > 0 ? ['webhook_endpoint_ids'] : []);
+    }
+  }
+
   // ---- worker and sweep ----------------------------------------------------------------------
 
   start(): void {
@@ -293,6 +371,7 @@ export class AutomationService {
         await this.fail(f, 'start_failed');
       }).catch((e: unknown) => this.d.log.error({ err: e }, 'recording a failed firing failed'));
     });
+    this.d.tap.on((ws) => this.wantsWorkspace(ws), (t) => this.onAppend(t));
     const sweep = () => void this.sweep().catch((err: unknown) => this.d.log.warn({ err }, 'firing outbox sweep failed'));
     this.sweepTimer = setInterval(sweep, this.d.sweepIntervalMs);
     this.sweepTimer.unref();

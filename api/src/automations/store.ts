@@ -36,6 +36,10 @@ export const automationKeys = {
   metrics: (ws: string, id: string) => keys.scoped(tags.workspace(ws), `automation_metrics:${id}`),
   /** Automation id → its Workspace (the ingest route names only the Automation). */
   home: (id: string) => keys.global(`automation_home:${id}`),
+  /** Workspaces with subscription Automations (the event tap looks only at these). */
+  subscribers: () => keys.global('automation_subscribers'),
+  /** A subscription event already turned into a firing of this Automation. */
+  event: (ws: string, id: string, eventKey: string) => keys.scoped(tags.workspace(ws), `automation_event:${id}:${sha256Hex(eventKey)}`),
   /** Firings whose receipt exists but whose work may not be queued yet (swept by every api). */
   outbox: () => keys.global('firing_outbox'),
 };
@@ -134,6 +138,11 @@ export class AutomationStore {
     const key = automationKeys.delivery(ws, automationId, deliveryId);
     const ok = await this.redis.set(key, firingId, 'EX', DELIVERY_ID_TTL_SECONDS, 'NX');
     return ok === 'OK' ? null : await this.redis.get(key);
+  }
+
+  /** True for the first claim of (Automation, event) within a day. */
+  async claimEvent(ws: string, automationId: string, eventKey: string): Promise<boolean> {
+    return (await this.redis.set(automationKeys.event(ws, automationId, eventKey), '1', 'EX', 86_400, 'NX')) === 'OK';
   }
 
   async forgetDelivery(ws: string, automationId: string, deliveryId: string): Promise<void> {

@@ -39,7 +39,7 @@ export async function buildTrace(f: FiringDoc, sessions: SessionService, feedbac
       id: f.id, workspace_id: f.workspace_id, automation_id: f.automation_id, source: f.source, attempt_count: f.attempt_count,
       created_at: f.created_at, updated_at: f.updated_at, status: f.status, outcome: f.outcome, session_id: f.session_id, run_id: f.run_id, error: f.error,
     },
-    filtering: { applicable: false },
+    filtering: f._filtering ? { applicable: true, event_type: f._filtering.event_type, filters_applied: f._filtering.filters, matched: true } : { applicable: false },
     steps: live
       ? {
           applicable: true, event_count: n(counters, 's.events'), user_message_count: n(counters, 's.events.user.message'),

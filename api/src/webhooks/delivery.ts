@@ -4,7 +4,8 @@ import type { LookupFunction } from 'node:net';
 import { Queue, Worker, type Job } from 'bullmq';
 import { Webhook } from 'standardwebhooks';
 import type { Logger, Metrics } from '@agentplane/core';
-import { connectRedis, eventLogKeys, tags, type EventLog, type LiveMessage, type LogEvent, type Redis } from '@agentplane/store';
+import { connectRedis, tags, type EventLog, type LogEvent, type Redis } from '@agentplane/store';
+import type { SessionEventTap, TappedAppend } from '../events/tap.js';
 import { EgressRefused, resolveAllowed, type EgressPolicy } from './ssrf.js';
 import { webhookKeys, type WebhookStore } from './store.js';
 import type { EndpointDoc } from './model.js';
@@ -55,15 +56,13 @@ export class WebhookDispatcher {
   private readonly bull: Redis;
   readonly queue: Queue;
   private worker: Worker | null = null;
-  private tap: Redis | null = null;
   private sweepTimer: NodeJS.Timeout | null = null;
-  private readonly sessionHome = new Map<string, string | null>();
   private workspaces: { at: number; set: Set<string> } = { at: 0, set: new Set() };
   private readonly endpointCache = new Map<string, { at: number; list: EndpointDoc[] }>();
   private readonly counter: ReturnType<Metrics['counter']>;
   private readonly latency: ReturnType<Metrics['histogram']>;
 
-  constructor(private readonly d: { redisUrl: string; redis: Redis; store: WebhookStore; log: EventLog; logger: Logger; metrics: Metrics; settings: DeliverySettings }) {
+  constructor(private readonly d: { redisUrl: string; redis: Redis; store: WebhookStore; log: EventLog; tap: SessionEventTap; logger: Logger; metrics: Metrics; settings: DeliverySettings; onDisabled?: (e: EndpointDoc, reason: string) => Promise<void> }) {
     this.bull = connectRedis(d.redisUrl, { name: 'api:webhooks', blocking: true });
     this.bull.on('error', (err: Error) => d.logger.warn({ err: err.message }, 'webhooks queue connection error'));
     this.queue = new Queue(QUEUE, { connection: this.bull, prefix: WEBHOOK_QUEUE_PREFIX });
@@ -185,10 +184,13 @@ export class WebhookDispatcher {
   }
 
   private async disable(data: LaneData, reason: string): Promise<void> {
-    const e = await this.d.store.update(data.workspace_id, data.endpoint_id, (cur) => cur.status === 'disabled' ? null : {
-      ...cur, status: 'disabled', disabled_reason: 'delivery_failed', disabled_at: new Date().toISOString(),
+    let changed = false;
+    const e = await this.d.store.update(data.workspace_id, data.endpoint_id, (cur) => {
+      changed = cur.status !== 'disabled';
+      return changed ? { ...cur, status: 'disabled', disabled_reason: 'delivery_failed', disabled_at: new Date().toISOString() } : null;
     });
     this.endpointCache.delete(data.workspace_id);
+    if (changed) await this.d.onDisabled?.(e, reason);
     this.d.logger.warn({ endpoint_id: e.id, session_id: data.session_id, reason }, 'webhook endpoint disabled: a delivery exhausted its attempts');
   }
 
@@ -221,24 +223,14 @@ export class WebhookDispatcher {
     this.workspaces.at = 0;
   }
 
-  private async onAppend(sessionId: string, msg: LiveMessage): Promise<void> {
-    if (msg.kind !== 'events') return;
-    const wsSet = await this.workspaceSet();
-    if (wsSet.size === 0) return;
-    let ws = this.sessionHome.get(sessionId);
-    if (ws === undefined) {
-      const doc = await this.d.store.docs.get<{ id: string; workspace_id: string; version: number; created_at: string; updated_at: string }>(tags.session(sessionId), sessionId);
-      ws = doc?.workspace_id ?? null;
-      if (this.sessionHome.size > 50_000) this.sessionHome.clear();
-      this.sessionHome.set(sessionId, ws);
-    }
-    if (!ws || !wsSet.has(ws)) return;
-    for (const e of await this.endpointsOf(ws)) {
-      if (msg.events && e.event_types.length > 0 && !msg.events.some((x) => e.event_types.includes(x.type))) {
-        if ((await this.d.store.cursor(ws, e.id, sessionId)) === null) continue;
+  private async onAppend(a: TappedAppend): Promise<void> {
+    for (const e of await this.endpointsOf(a.workspace_id)) {
+      if (e.event_types.length > 0 && (await this.d.store.cursor(a.workspace_id, e.id, a.session_id)) === null) {
+        // A lane starts at the first append that holds an event the endpoint wants.
+        if (!(await a.events()).some((x) => e.event_types.includes(x.type))) continue;
       }
-      const cur = await this.d.store.initCursor(ws, e.id, sessionId, msg.from - 1);
-      await this.enqueueLane(ws, e.id, sessionId, cur);
+      const cur = await this.d.store.initCursor(a.workspace_id, e.id, a.session_id, a.from - 1);
+      await this.enqueueLane(a.workspace_id, e.id, a.session_id, cur);
     }
   }
 
@@ -263,22 +255,7 @@ export class WebhookDispatcher {
       if (!job || job.attemptsMade < s.maxAttempts) return;
       void this.disable(job.data as LaneData, err.message).catch((e: unknown) => this.d.logger.error({ err: e }, 'disabling a failing webhook endpoint failed'));
     });
-    const tap = this.d.redis.duplicate({ connectionName: 'agentplane:api:webhook-tap', maxRetriesPerRequest: null });
-    tap.on('error', (err: Error) => this.d.logger.warn({ err: err.message }, 'webhook tap connection error'));
-    const pattern = eventLogKeys.liveChannel('*');
-    void tap.psubscribe(pattern);
-    tap.on('pmessage', (_p: string, channel: string, message: string) => {
-      const m = /\{s:(sess_[0-9a-f]{32})\}/.exec(channel);
-      if (!m?.[1]) return;
-      let msg: LiveMessage;
-      try {
-        msg = JSON.parse(message) as LiveMessage;
-      } catch {
-        return;
-      }
-      this.onAppend(m[1], msg).catch((err: unknown) => this.d.logger.warn({ err }, 'webhook tap failed on an append'));
-    });
-    this.tap = tap;
+    this.d.tap.on(async (ws) => (await this.workspaceSet()).has(ws), (a) => this.onAppend(a));
     const sweep = () => void this.sweep().catch((err: unknown) => this.d.logger.warn({ err }, 'webhook sweep failed'));
     this.sweepTimer = setInterval(sweep, s.sweepIntervalMs);
     this.sweepTimer.unref();
@@ -287,7 +264,6 @@ export class WebhookDispatcher {
 
   async close(): Promise<void> {
     if (this.sweepTimer) clearInterval(this.sweepTimer);
-    await this.tap?.quit().catch(() => this.tap?.disconnect());
     await this.worker?.close().catch(() => undefined);
     await this.queue.close().catch(() => undefined);
     await this.bull.quit().catch(() => this.bull.disconnect());
