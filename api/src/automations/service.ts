@@ -18,6 +18,7 @@ const QUEUE = 'automations';
 const FIRE_ATTEMPTS = 3;
 /** A schedule fire more than this late counts as missed (docs/AUTOMATIONS.md, "Missed fires"). */
 const MISSED_AFTER_MS = 30_000;
+const WATCH_MAX_DELAY_MS = 10_000;
 const schedulerId = (automationId: string): string => `automation-${automationId}`;
 
 interface TickData { workspace_id: string; automation_id: string }
@@ -228,6 +229,17 @@ export class AutomationService {
     await this.d.store.settled(f);
   }
 
+  /**
+   * A Session made by a firing appended a turn-ending event: its watcher runs now instead of at
+   * its next poll (the poll stays as the backstop for a missed message).
+   */
+  private async nudgeWatch(t: TappedAppend): Promise<void> {
+    if (!t.firing_id) return;
+    if (!(await t.events()).some((e) => turnEnd(e.type, e.payload))) return;
+    const job = await this.queue.getJob(`watch-${t.firing_id}`);
+    if (job && (await job.isDelayed())) await job.promote().catch(() => undefined);
+  }
+
   /** Reads the Session's log after what it read last; completes the firing when the turn ended. */
   private async watch(job: Job<FiringJobData>, token: string | undefined): Promise<void> {
     const { workspace_id: ws, firing_id: id } = job.data;
@@ -264,7 +276,8 @@ export class AutomationService {
     }
     const polls = (job.data.polls ?? 0) + 1;
     await job.updateData({ ...job.data, polls });
-    await job.moveToDelayed(Date.now() + Math.min(2000, 100 * 2 ** Math.min(polls, 5)), token);
+    // The tap promotes this job when the turn ends; the poll is the backstop (100 ms doubling to 10 s).
+    await job.moveToDelayed(Date.now() + Math.min(WATCH_MAX_DELAY_MS, 100 * 2 ** Math.min(polls, 7)), token);
     throw new DelayedError();
   }
 
@@ -372,6 +385,7 @@ export class AutomationService {
       }).catch((e: unknown) => this.d.log.error({ err: e }, 'recording a failed firing failed'));
     });
     this.d.tap.on((ws) => this.wantsWorkspace(ws), (t) => this.onAppend(t));
+    this.d.tap.on(async () => true, (t) => this.nudgeWatch(t));
     const sweep = () => void this.sweep().catch((err: unknown) => this.d.log.warn({ err }, 'firing outbox sweep failed'));
     this.sweepTimer = setInterval(sweep, this.d.sweepIntervalMs);
     this.sweepTimer.unref();

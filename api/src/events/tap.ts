@@ -6,6 +6,8 @@ export interface TappedAppend {
   session_id: string;
   workspace_id: string;
   automation_id: string | null;
+  /** The firing that created the Session (Sessions made by an Automation). */
+  firing_id: string | null;
   agent_id: string | null;
   from: number;
   to: number;
@@ -15,7 +17,7 @@ export interface TappedAppend {
 
 export type AppendListener = (a: TappedAppend) => Promise<void>;
 
-interface SessionFacts { workspace_id: string; automation_id: string | null; agent_id: string | null }
+interface SessionFacts { workspace_id: string; automation_id: string | null; firing_id: string | null; agent_id: string | null }
 
 /**
  * One pattern subscription per api process to every Session log's live channel
@@ -37,8 +39,12 @@ export class SessionEventTap {
   private async factsOf(sessionId: string): Promise<SessionFacts | null> {
     const known = this.facts.get(sessionId);
     if (known !== undefined) return known;
-    const doc = await this.d.docs.get<{ id: string; version: number; created_at: string; updated_at: string; workspace_id: string; automation_id?: string; agent?: { id?: string } }>(tags.session(sessionId), sessionId);
-    const f = doc ? { workspace_id: doc.workspace_id, automation_id: doc.automation_id ?? null, agent_id: doc.agent?.id ?? null } : null;
+    const doc = await this.d.docs.get<{
+      id: string; version: number; created_at: string; updated_at: string; workspace_id: string; automation_id?: string; agent?: { id?: string }; metadata?: Record<string, string>;
+    }>(tags.session(sessionId), sessionId);
+    const f = doc
+      ? { workspace_id: doc.workspace_id, automation_id: doc.automation_id ?? null, firing_id: doc.metadata?.automation_firing_id ?? null, agent_id: doc.agent?.id ?? null }
+      : null;
     if (this.facts.size > 50_000) this.facts.clear();
     this.facts.set(sessionId, f);
     return f;
