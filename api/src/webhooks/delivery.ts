@@ -199,7 +199,8 @@ export class WebhookDispatcher {
     const lanes = await this.d.store.lanes(ws, endpointId);
     for (const [sid, cur] of Object.entries(lanes)) {
       const state = await this.d.log.state(sid);
-      if (!state.erased && state.seq > Number(cur)) await this.enqueueLane(ws, endpointId, sid, Number(cur));
+      if (state.erased) await this.d.store.dropLane(ws, endpointId, sid);
+      else if (state.seq > Number(cur)) await this.enqueueLane(ws, endpointId, sid, Number(cur));
     }
   }
 

@@ -96,6 +96,11 @@ export class WebhookStore {
     return (await ADVANCE.run(this.redis, [webhookKeys.cursors(ws, id)], [sessionId, String(from), String(to)])) === 1;
   }
 
+  /** An erased Session's lane is over. */
+  async dropLane(ws: string, id: string, sessionId: string): Promise<void> {
+    await this.redis.hdel(webhookKeys.cursors(ws, id), sessionId);
+  }
+
   async lanes(ws: string, id: string): Promise<Record<string, string>> {
     return this.redis.hgetall(webhookKeys.cursors(ws, id));
   }
