@@ -47,6 +47,7 @@ export class AutomationService {
   private readonly bull: Redis;
   readonly queue: Queue;
   private worker: Worker | null = null;
+  private workerConn: Redis | null = null;
   private sweepTimer: NodeJS.Timeout | null = null;
   private readonly firings: ReturnType<Metrics['counter']>;
 
@@ -367,6 +368,7 @@ export class AutomationService {
   start(): void {
     if (this.worker) return;
     const conn = this.bull.duplicate({ connectionName: 'agentplane:api:automations-worker' });
+    this.workerConn = conn;
     conn.on('error', (err: Error) => this.d.log.warn({ err: err.message }, 'automations worker connection error'));
     this.worker = new Worker(QUEUE, async (job: Job, token?: string) => {
       if (job.name === 'tick') return this.tick(job as Job<TickData>);
@@ -414,6 +416,7 @@ export class AutomationService {
   async close(): Promise<void> {
     if (this.sweepTimer) clearInterval(this.sweepTimer);
     await this.worker?.close().catch(() => undefined);
+    await this.workerConn?.quit().catch(() => this.workerConn?.disconnect());
     await this.queue.close().catch(() => undefined);
     await this.bull.quit().catch(() => this.bull.disconnect());
   }

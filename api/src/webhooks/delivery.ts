@@ -56,6 +56,7 @@ export class WebhookDispatcher {
   private readonly bull: Redis;
   readonly queue: Queue;
   private worker: Worker | null = null;
+  private workerConn: Redis | null = null;
   private sweepTimer: NodeJS.Timeout | null = null;
   private workspaces: { at: number; set: Set<string> } = { at: 0, set: new Set() };
   private readonly endpointCache = new Map<string, { at: number; list: EndpointDoc[] }>();
@@ -245,6 +246,7 @@ export class WebhookDispatcher {
   start(): void {
     if (this.worker) return;
     const conn = this.bull.duplicate({ connectionName: 'agentplane:api:webhooks-worker' });
+    this.workerConn = conn;
     conn.on('error', (err: Error) => this.d.logger.warn({ err: err.message }, 'webhooks worker connection error'));
     const s = this.d.settings;
     this.worker = new Worker(QUEUE, async (job: Job) => this.lane(job as Job<LaneData>), {
@@ -266,6 +268,7 @@ export class WebhookDispatcher {
   async close(): Promise<void> {
     if (this.sweepTimer) clearInterval(this.sweepTimer);
     await this.worker?.close().catch(() => undefined);
+    await this.workerConn?.quit().catch(() => this.workerConn?.disconnect());
     await this.queue.close().catch(() => undefined);
     await this.bull.quit().catch(() => this.bull.disconnect());
   }
