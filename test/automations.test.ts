@@ -1,8 +1,11 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createServer } from 'node:http';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { Webhook } from 'standardwebhooks';
 import type { HttpClient } from '@agentplane/client';
-import { waitFor, type Platform } from './harness/platform.js';
+import { startPlatform, waitFor, type Platform } from './harness/platform.js';
 import { idleCount, SCRIPT, startTurnPlatform, untilEvents } from './harness/turns.js';
 import { errType } from './harness/governance.js';
 
@@ -371,4 +374,43 @@ describe('subscriptions', () => {
       receiver.close();
     }
   });
+});
+
+describe('missed schedule fires across a restart', () => {
+  it('on_missed fire_once fires the overdue tick once after the restart; skip records it as skipped', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'agentplane-missed-'));
+    const env = { AUTOMATION_MISSED_AFTER_MS: '1500', AUTOMATION_SWEEP_MS: '500' };
+    let q = await startPlatform({ dataDir: dir, env });
+    try {
+      const ws = q.bootstrap.workspace_id;
+      const root = q.root.with({ workspaceId: ws });
+      const bot = (await root.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/principals`, { external_subject_id: 'missed-bot', principal_type: 'service', display_name: 'bot' })).id;
+      await root.post('/v1/permission-assignments', { principal_id: bot, target: { type: 'workspace', id: ws }, actions: ['invoke'] });
+      const env2 = (await root.post<{ id: string }>('/v1/environments', { name: 'e', image: 'agentplane/sandbox:latest', resources: { cpu_millis: 1000, memory_mib: 256, disk_mib: 512, max_duration_seconds: 60 } })).id;
+      const agent = (await root.post<{ id: string }>('/v1/agents', { name: 'a', model: 'default' })).id;
+      const make = (on_missed: string) => root.post<{ id: string }>('/v1/automations', {
+        name: on_missed, principal_id: bot, agent, environment_id: env2, prompt: 'tick {{event.scheduled_at}}', max_concurrent_firings: 100,
+        trigger: { type: 'schedule', interval_seconds: 2, on_missed },
+      });
+      const once = await make('fire_once');
+      const skip = await make('skip');
+      const list = (c: typeof root, id: string) => c.get<{ data: (Firing & { created_at: string; source: { scheduled_at?: string } })[] }>(`/v1/automations/${id}/firings`, { limit: 100 });
+      await waitFor('a tick of each', async () => ((await list(root, once.id)).data.length > 0 && (await list(root, skip.id)).data.length > 0 ? true : undefined), 30_000);
+      await q.stop();
+      const stoppedAt = Date.now();
+      q = await startPlatform({ dataDir: dir, env });
+      const after = q.root.with({ workspaceId: ws });
+      const overdue = (fs: { created_at: string; source: { scheduled_at?: string } }[]) =>
+        fs.filter((f) => Date.parse(f.created_at) > stoppedAt && Date.parse(String(f.source.scheduled_at)) < stoppedAt);
+      const skipped = await waitFor('the overdue tick skipped', async () => overdue((await list(after, skip.id)).data)[0], 30_000);
+      expect(skipped).toMatchObject({ status: 'skipped', error: 'missed_schedule', session_id: null, attempt_count: 0 });
+      const fired = await waitFor('the overdue tick fired', async () => overdue((await list(after, once.id)).data)[0], 30_000);
+      expect(fired.status).not.toBe('skipped');
+      expect(overdue((await list(after, once.id)).data)).toHaveLength(1);
+      expect((await after.get<{ metrics: { skipped: number } }>(`/v1/automations/${skip.id}`)).metrics.skipped).toBeGreaterThanOrEqual(1);
+    } finally {
+      await q.stop();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  }, 120_000);
 });

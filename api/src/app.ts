@@ -85,7 +85,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
   const tap = new SessionEventTap({ redis, docs, log: sessionStore.log, logger: log });
   const automations = new AutomationService({
     redisUrl: config.redisUrl, store: new AutomationStore(redis, docs, secretBox), sessions, identity, permissions, log, metrics,
-    sweepIntervalMs: config.automationSweepMs, tap,
+    sweepIntervalMs: config.automationSweepMs, tap, missedAfterMs: config.automationMissedAfterMs,
   });
   const webhooks = new WebhookDispatcher({
     redisUrl: config.redisUrl, redis, store: new WebhookStore(redis, docs, secretBox), log: sessionStore.log, tap, logger: log, metrics, settings: config.webhooks,

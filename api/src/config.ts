@@ -49,6 +49,8 @@ export interface ApiConfig {
   webhooks: DeliverySettings;
   /** How often each api sweeps firing receipts whose work a crash may have lost (ms). */
   automationSweepMs: number;
+  /** A schedule tick later than this is a missed fire (`on_missed`). */
+  automationMissedAfterMs: number;
   consoleEnabled: boolean;
   consoleDir: string | undefined;
 }
@@ -98,6 +100,7 @@ export function loadApiConfig(env: Env): ApiConfig {
       egress: { development: envString(env, 'AGENTPLANE_MODE', 'production') === 'development', allowPrivate: envBool(env, 'WEBHOOK_ALLOW_PRIVATE_NETWORKS', false) },
     },
     automationSweepMs: envInt(env, 'AUTOMATION_SWEEP_MS', 10_000, 100, 600_000),
+    automationMissedAfterMs: envInt(env, 'AUTOMATION_MISSED_AFTER_MS', 30_000, 100, 24 * 3_600_000),
     consoleEnabled: envBool(env, 'CONSOLE_ENABLED', true),
     consoleDir: envOptional(env, 'CONSOLE_DIR'),
   });

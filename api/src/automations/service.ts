@@ -16,8 +16,6 @@ import {
 export const AUTOMATION_QUEUE_PREFIX = 'ap:{q:automations}';
 const QUEUE = 'automations';
 const FIRE_ATTEMPTS = 3;
-/** A schedule fire more than this late counts as missed (docs/AUTOMATIONS.md, "Missed fires"). */
-const MISSED_AFTER_MS = 30_000;
 const WATCH_MAX_DELAY_MS = 10_000;
 const schedulerId = (automationId: string): string => `automation-${automationId}`;
 
@@ -36,6 +34,8 @@ export interface AutomationServiceDeps {
   sweepIntervalMs: number;
   /** Session appends, for subscription triggers. */
   tap: SessionEventTap;
+  /** A schedule tick more than this late counts as missed (docs/AUTOMATIONS.md, "Missed fires"). */
+  missedAfterMs: number;
 }
 
 /**
@@ -287,7 +287,7 @@ export class AutomationService {
     const a = await this.d.store.docs.get<AutomationDoc>(tags.workspace(ws), id);
     if (!a || a.status !== 'active' || a.trigger.type !== 'schedule') return;
     const dueMs = job.timestamp + (job.delay ?? 0);
-    const late = Date.now() - dueMs > MISSED_AFTER_MS;
+    const late = Date.now() - dueMs > this.d.missedAfterMs;
     const scheduledAt = new Date(dueMs).toISOString();
     await this.fire(a, { kind: 'schedule', scheduled_at: scheduledAt }, { scheduled_at: scheduledAt }, late && a.trigger.on_missed === 'skip' ? 'skipped' : 'pending');
   }
