@@ -400,7 +400,7 @@ describe('missed schedule fires across a restart', () => {
       const stoppedAt = Date.now();
       q = await startPlatform({ dataDir: dir, env });
       const after = q.root.with({ workspaceId: ws });
-      const overdue = (fs: { created_at: string; source: { scheduled_at?: string } }[]) =>
+      const overdue = <F extends { created_at: string; source: { scheduled_at?: string } }>(fs: F[]): F[] =>
         fs.filter((f) => Date.parse(f.created_at) > stoppedAt && Date.parse(String(f.source.scheduled_at)) < stoppedAt);
       const skipped = await waitFor('the overdue tick skipped', async () => overdue((await list(after, skip.id)).data)[0], 30_000);
       expect(skipped).toMatchObject({ status: 'skipped', error: 'missed_schedule', session_id: null, attempt_count: 0 });
