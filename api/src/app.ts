@@ -37,6 +37,11 @@ import { registerRunHandlers } from './runs/gateway-handlers.js';
 import { attachGateway, PresenceStore, type Gateway } from '@agentplane/gateway';
 import { createModelsModule } from './models/module.js';
 import { consoleStatic } from './console/static.js';
+import { AutomationService } from './automations/service.js';
+import { AutomationStore } from './automations/store.js';
+import { WebhookDispatcher } from './webhooks/delivery.js';
+import { WebhookStore } from './webhooks/store.js';
+import { SessionEventTap } from './events/tap.js';
 
 export interface ApiServer {
   server: Server;
@@ -81,6 +86,25 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
   const approvals = new ApprovalService({
     redis, docs, audit, policies, sessions: sessionStore, scheduler: () => turns.scheduler, jobs: approvalJobs, config: config.approvals, log,
   });
+  const sessions = new SessionService({
+    store: sessionStore, agents, environments, identity, files, memory: memory.stores, vaults, projects, runtime: threadRuntime, scheduler: () => turns.scheduler,
+    requireModel: (ws, key, field) => models.profiles.requireKey(ws, key, field),
+    admitTurn: (session) => models.budgets.check({ workspace_id: session.workspace_id, session_id: session.id, session_budget: session.budget }),
+    modelUsage: async (scope) => {
+      const r = await models.usage.read(scope.thread_id ? { kind: 'thread', session_id: scope.session_id, thread_id: scope.thread_id } : { kind: 'session', session_id: scope.session_id });
+      return r.steps > 0 ? r.usage : null;
+    },
+  });
+  const permissions = new PermissionStore(redis, docs);
+  const tap = new SessionEventTap({ redis, docs, log: sessionStore.log, logger: log });
+  const automations = new AutomationService({
+    redisUrl: config.redisUrl, store: new AutomationStore(redis, docs, secretBox), sessions, identity, permissions, log, metrics,
+    sweepIntervalMs: config.automationSweepMs, tap, missedAfterMs: config.automationMissedAfterMs,
+  });
+  const webhooks = new WebhookDispatcher({
+    redisUrl: config.redisUrl, redis, store: new WebhookStore(redis, docs, secretBox), log: sessionStore.log, tap, logger: log, metrics, settings: config.webhooks,
+    onDisabled: (e) => automations.endpointDisabled(e),
+  });
   metrics.gauge('agentplane_sse_streams', 'Session SSE streams open in this process').set({}, activeStreams);
   metrics.gauge('agentplane_event_hub_channels', 'Session channels this process is subscribed to').set({}, () => eventHub.channelCount);
   return {
@@ -95,22 +119,17 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
     threadRuntime,
     eventHub,
     shutdownSignal,
-    sessions: new SessionService({
-      store: sessionStore, agents, environments, identity, files, memory: memory.stores, vaults, projects, runtime: threadRuntime, scheduler: () => turns.scheduler,
-      requireModel: (ws, key, field) => models.profiles.requireKey(ws, key, field),
-      admitTurn: (session) => models.budgets.check({ workspace_id: session.workspace_id, session_id: session.id, session_budget: session.budget }),
-      modelUsage: async (scope) => {
-        const r = await models.usage.read(scope.thread_id ? { kind: 'thread', session_id: scope.session_id, thread_id: scope.thread_id } : { kind: 'session', session_id: scope.session_id });
-        return r.steps > 0 ? r.usage : null;
-      },
-    }),
+    sessions,
+    automations,
+    webhooks,
+    eventTap: tap,
     config,
     redis,
     docs,
     credentials,
     secretBox,
     audit,
-    permissions: new PermissionStore(redis, docs),
+    permissions,
     policies,
     approvals,
     idempotency: new IdempotencyStore(redis, secretBox, config.idempotencyTtlSeconds),
@@ -174,6 +193,9 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
     });
     registerSandboxRelease(gateway, deps.docs);
   }
+  deps.automations.start();
+  deps.webhooks.start();
+  deps.eventTap.start();
 
   return {
     server,
@@ -193,6 +215,9 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
       await gateway?.close();
       await deps.runs.close();
       await deps.approvals.close();
+      await deps.automations.close();
+      await deps.webhooks.close();
+      await deps.eventTap.close();
       await new Promise<void>((resolve) => {
         const timer = setTimeout(() => {
           server.closeAllConnections();

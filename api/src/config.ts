@@ -1,4 +1,5 @@
 import { readFileSync } from 'node:fs';
+import type { DeliverySettings } from './webhooks/delivery.js';
 import { leaseConfigFrom, type LeaseConfig } from '@agentplane/lease';
 import { DEFAULT_APPROVAL_EXPIRY_SECONDS, MAX_APPROVAL_EXPIRY_SECONDS } from './approvals/limits.js';
 import { envBool, envInt, envOptional, envString, type Env, ConfigError } from '@agentplane/core';
@@ -41,6 +42,16 @@ export interface ApiConfig {
   /** Per provider request: time allowed to response headers and between stream chunks. */
   modelProviderTimeoutMs: number;
   /** Serve the web console at /console (CONSOLE_ENABLED) from this built directory (CONSOLE_DIR; default the repository's console/dist). */
+  /**
+   * Outbound webhooks: attempts per delivery, backoff base and cap, request timeout, the lane
+   * sweep interval, and the egress guard (`AGENTPLANE_MODE=development` allows loopback receivers;
+   * `WEBHOOK_ALLOW_PRIVATE_NETWORKS=true` allows private ranges).
+   */
+  webhooks: DeliverySettings;
+  /** How often each api sweeps firing receipts whose work a crash may have lost (ms). */
+  automationSweepMs: number;
+  /** A schedule tick later than this is a missed fire (`on_missed`). */
+  automationMissedAfterMs: number;
   consoleEnabled: boolean;
   consoleDir: string | undefined;
   /** ActionApprovals: expiry when the rule sets none (ACTION_APPROVAL_EXPIRY_SECONDS) and the ceiling of every expiry. */
@@ -90,6 +101,16 @@ export function loadApiConfig(env: Env): ApiConfig {
     memoryIndexedStores: envInt(env, 'MEMORY_INDEXED_STORES', 32, 1, 10_000),
     modelPricesFile: envOptional(env, 'MODEL_PRICES_FILE'),
     modelProviderTimeoutMs: envInt(env, 'MODEL_PROVIDER_TIMEOUT_MS', 60_000, 100),
+    webhooks: {
+      maxAttempts: envInt(env, 'WEBHOOK_MAX_ATTEMPTS', 12, 1, 100),
+      retryBaseMs: envInt(env, 'WEBHOOK_RETRY_BASE_MS', 1000, 10, 3_600_000),
+      retryMaxMs: envInt(env, 'WEBHOOK_RETRY_MAX_MS', 3_600_000, 10, 24 * 3_600_000),
+      timeoutMs: envInt(env, 'WEBHOOK_TIMEOUT_MS', 10_000, 100, 120_000),
+      sweepIntervalMs: envInt(env, 'WEBHOOK_SWEEP_MS', 30_000, 100, 3_600_000),
+      egress: { development: envString(env, 'AGENTPLANE_MODE', 'production') === 'development', allowPrivate: envBool(env, 'WEBHOOK_ALLOW_PRIVATE_NETWORKS', false) },
+    },
+    automationSweepMs: envInt(env, 'AUTOMATION_SWEEP_MS', 10_000, 100, 600_000),
+    automationMissedAfterMs: envInt(env, 'AUTOMATION_MISSED_AFTER_MS', 30_000, 100, 24 * 3_600_000),
     consoleEnabled: envBool(env, 'CONSOLE_ENABLED', true),
     consoleDir: envOptional(env, 'CONSOLE_DIR'),
   });

@@ -21,6 +21,9 @@ import type { AuditLog } from './audit/store.js';
 import type { PermissionStore } from './governance/permissions.js';
 import type { PolicyStore } from './governance/policies.js';
 import type { ApprovalService } from './approvals/service.js';
+import type { AutomationService } from './automations/service.js';
+import type { WebhookDispatcher } from './webhooks/delivery.js';
+import type { SessionEventTap } from './events/tap.js';
 
 /** Everything an operation handler may use. Built once per process in app.ts. */
 export interface ApiDeps {
@@ -45,6 +48,12 @@ export interface ApiDeps {
   policies: PolicyStore;
   /** ActionApprovals: require_approval decisions at the tool-call boundary and their resolution. */
   approvals: ApprovalService;
+  /** Automations: firings, schedules (BullMQ Job Schedulers) and the firing worker. */
+  automations: AutomationService;
+  /** Outbound webhook endpoints: the event tap, delivery lanes and the delivery log. */
+  webhooks: WebhookDispatcher;
+  /** One pattern subscription to every Session's live channel (webhook lanes, subscription triggers). */
+  eventTap: SessionEventTap;
   secretBox: SecretBox;
   metrics: Metrics;
   log: Logger;

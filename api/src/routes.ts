@@ -17,6 +17,8 @@ import { auditOperations } from './audit/operations.js';
 import { governanceOperations } from './governance/operations.js';
 import { policyOperations } from './governance/policy-operations.js';
 import { approvalOperations } from './approvals/operations.js';
+import { automationOperations } from './automations/operations.js';
+import { webhookOperations } from './webhooks/operations.js';
 
 /**
  * The operation table: every REST operation of the API, once. The router, the OpenAPI
@@ -28,5 +30,6 @@ export function allOperations(): Operation[] {
   table.push(...metaOperations(() => table), ...identityOperations, ...runnerOperations, ...modelOperations);
   table.push(...agentOperations, ...environmentOperations, ...sessionOperations, ...threadOperations);
   table.push(...connectionOperations, ...runOperations, ...fileOperations, ...memoryOperations, ...vaultOperations, ...projectOperations, ...auditOperations, ...governanceOperations, ...policyOperations, ...approvalOperations);
+  table.push(...automationOperations, ...webhookOperations);
   return table;
 }

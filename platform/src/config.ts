@@ -37,6 +37,12 @@ const LOCAL_RUNNER_ENV = [
 
 const RUNNER_ENV = ['RUNNER_HEARTBEAT_INTERVAL_MS', 'RUNNER_PRESENCE_TTL_MS', 'RUNNER_MAX_FRAME_BYTES', 'PAIRING_REDEEM_PER_MINUTE'] as const;
 
+/** API settings of automations and outbound webhooks, passed through to the api process (docs/AUTOMATIONS.md). */
+const AUTOMATION_ENV = [
+  'AGENTPLANE_MODE', 'AUTOMATION_SWEEP_MS', 'AUTOMATION_MISSED_AFTER_MS', 'WEBHOOK_MAX_ATTEMPTS', 'WEBHOOK_RETRY_BASE_MS', 'WEBHOOK_RETRY_MAX_MS', 'WEBHOOK_TIMEOUT_MS',
+  'WEBHOOK_SWEEP_MS', 'WEBHOOK_ALLOW_PRIVATE_NETWORKS',
+];
+
 export function loadPlatformConfig(env: Env): PlatformConfig {
   return Object.freeze({
     dataDir: resolve(envString(env, 'DATA_DIR', './.data')),
@@ -52,7 +58,7 @@ export function loadPlatformConfig(env: Env): PlatformConfig {
     leaseEnv: Object.freeze(Object.fromEntries([...LEASE_ENV, 'CAPACITY_RETRY_MS', 'INTERRUPT_GRACE_MS', 'POOL_SCAN_MS', 'ENQUEUE_REPAIR_AFTER_MS'].flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : [])))),
     runnerEnv: Object.freeze(Object.fromEntries(RUNNER_ENV.flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : [])))),
     localRunnerEnv: Object.freeze(Object.fromEntries(LOCAL_RUNNER_ENV.flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : [])))),
-    sessionEnv: Object.fromEntries(['SSE_KEEPALIVE_MS', 'CONSOLE_ENABLED', 'CONSOLE_DIR'].flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : []))),
+    sessionEnv: Object.fromEntries(['SSE_KEEPALIVE_MS', 'CONSOLE_ENABLED', 'CONSOLE_DIR', ...AUTOMATION_ENV].flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : []))),
     modelEnv: Object.fromEntries(
       ['MODEL_PRICES_FILE', 'MODEL_PROVIDER_TIMEOUT_MS'].flatMap((name) => {
         const v = envOptional(env, name);

@@ -22,7 +22,7 @@ export const CAPABILITY_AREAS: CapabilityArea[] = [
   { area: 'model_access', readiness: 'unavailable', description: 'Model credentials, routing profiles, usage, budgets', groups: ['models', 'modelCredentials', 'modelRoutingProfiles', 'usage'] },
   { area: 'mcp', readiness: 'alpha', description: 'POST /v1/mcp, Connections (external MCP servers) and the runtime MCP endpoint', groups: ['mcp', 'connections'] },
   { area: 'skill_proposals', readiness: 'unavailable', description: 'Model-curated skill authoring', groups: ['skillProposals'] },
-  { area: 'automations', readiness: 'unavailable', description: 'Schedules, webhooks, firings', groups: ['automations'] },
+  { area: 'automations', readiness: 'unavailable', description: 'Automations (schedules, signed webhooks, firings, traces, feedback) and outbound webhook endpoints', groups: ['automations', 'automationFirings', 'webhookEndpoints'] },
   { area: 'governance', readiness: 'unavailable', description: 'Permission assignments, action policies, approvals', groups: ['approvals', 'policies'] },
   { area: 'collaboration', readiness: 'unavailable', description: 'Surface scopes', groups: ['surfaceScopes'] },
   { area: 'agent_deployments', readiness: 'unavailable', description: 'Deployment heads and revisions', groups: ['agentDeployments'] },

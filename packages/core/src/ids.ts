@@ -40,6 +40,8 @@ export const ID_PREFIXES = {
   permissionAssignment: 'perm',
   actionPolicy: 'apol',
   project: 'proj',
+  automation: 'auto',
+  firingFeedback: 'afbk',
 } as const;
 
 export type IdKind = keyof typeof ID_PREFIXES;

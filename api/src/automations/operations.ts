@@ -1,0 +1,340 @@
+import { getNextMillis } from 'bullmq';
+import { ApiError, Id, newId, nowIso, Obj, Page, PageQuery, Type } from '@agentplane/core';
+import { keys, tags } from '@agentplane/store';
+import { READERS, WRITERS } from '../http/caller.js';
+import { defineOperation, json, type Operation } from '../http/operation.js';
+import { requireWorkspace } from '../http/workspace-scope.js';
+import type { ApiDeps } from '../deps.js';
+import { MAX_PROMPT_BYTES } from './prompt.js';
+import { deliveryBody, verifyDelivery } from './ingest.js';
+import { parseLimitedJson } from './json-limits.js';
+import { buildTrace } from './trace.js';
+import { newSigningSecret } from './store.js';
+import {
+  AUTOMATIONS, feedbackOf, firingsOf, publicAutomation, publicFiring, TERMINAL_FIRING,
+  type AutomationDoc, type FeedbackDoc, type FiringDoc, type Trigger,
+} from './model.js';
+import {
+  AutomationSchema, CreateAutomationBody, Disposition, FeedbackSchema, FiringSchema, TraceSchema, UpdateAutomationBody,
+} from './schemas.js';
+import type { Static } from '@agentplane/core';
+
+const AutomationPath = Obj({ automation_id: Id('automation') });
+const FiringPath = Obj({ firing_id: Id('automationFiring') });
+const VersionBody = Obj({ expected_version: Type.Integer({ minimum: 1 }) });
+const DEFAULT_OVERLAP_SECONDS = 24 * 3600;
+
+function checkTrigger(input: Static<typeof CreateAutomationBody>['trigger']): Trigger {
+  if (input.type === 'webhook') return { type: 'webhook' };
+  if (input.type === 'subscription') {
+    if (input.event === 'session.turn_ended') {
+      const f = input.filter as { stop_reasons?: string[]; agent_ids?: string[] } | undefined;
+      if (f?.stop_reasons?.includes('requires_action')) throw new ApiError('validation.malformed', 'body.trigger.filter.stop_reasons: requires_action does not end a turn');
+      return { type: 'subscription', event: 'session.turn_ended', filter: { stop_reasons: f?.stop_reasons ?? [], agent_ids: f?.agent_ids ?? [] } };
+    }
+    const f = input.filter as { webhook_endpoint_ids?: string[] } | undefined;
+    return { type: 'subscription', event: 'webhook_endpoint.disabled', filter: { webhook_endpoint_ids: f?.webhook_endpoint_ids ?? [] } };
+  }
+  const on_missed = input.on_missed ?? 'fire_once';
+  if ('interval_seconds' in input) return { type: 'schedule', interval_seconds: input.interval_seconds, on_missed };
+  const timezone = input.timezone ?? 'UTC';
+  try {
+    new Intl.DateTimeFormat('en-US', { timeZone: timezone });
+  } catch {
+    throw new ApiError('validation.malformed', `body.trigger.timezone: '${timezone}' is not an IANA time zone`);
+  }
+  try {
+    if (getNextMillis(Date.now(), { pattern: input.cron, tz: timezone }) === undefined) throw new Error('no next time');
+  } catch (err) {
+    throw new ApiError('validation.malformed', `body.trigger.cron: not a cron expression (${err instanceof Error ? err.message : String(err)})`);
+  }
+  return { type: 'schedule', cron: input.cron, timezone, on_missed };
+}
+
+function checkPrompt(prompt: string): void {
+  if (Buffer.byteLength(prompt, 'utf8') > MAX_PROMPT_BYTES) throw new ApiError('validation.malformed', `body.prompt exceeds ${MAX_PROMPT_BYTES} bytes`);
+}
+
+async function checkRefs(deps: ApiDeps, ws: string, r: { principal_id?: string | undefined; agent?: AutomationDoc['agent'] | undefined; environment_id?: string | undefined }): Promise<void> {
+  if (r.principal_id) {
+    const p = await deps.identity.activePrincipal(ws, r.principal_id, 'principal_id');
+    if (p.principal_type !== 'service') throw new ApiError('validation.malformed', 'body.principal_id: an Automation executes as a service Principal');
+  }
+  if (r.agent) {
+    if (r.agent.version === null) await deps.agents.get(ws, r.agent.id);
+    else await deps.agents.getVersion(ws, r.agent.id, r.agent.version);
+  }
+  if (r.environment_id) await deps.environments.get(ws, r.environment_id);
+}
+
+const agentRef = (a: string | { id: string; version?: number | undefined }): AutomationDoc['agent'] =>
+  typeof a === 'string' ? { id: a, version: null } : { id: a.id, version: a.version ?? null };
+
+async function view(deps: ApiDeps, a: AutomationDoc, extra: Record<string, unknown> = {}): Promise<Record<string, unknown>> {
+  const [next, metrics] = await Promise.all([
+    a.trigger.type === 'schedule' && a.status === 'active' ? deps.automations.nextScheduledAt(a.id) : Promise.resolve(null),
+    deps.automations.store.metrics(a.workspace_id, a.id),
+  ]);
+  return { ...publicAutomation(a), next_fire_at: next, metrics, ...extra };
+}
+
+async function firingOf(deps: ApiDeps, ws: string, id: string): Promise<FiringDoc> {
+  return deps.automations.store.firing(ws, id);
+}
+
+export const automationOperations: Operation[] = [
+  defineOperation({
+    operationId: 'automations.createAutomation', method: 'POST', path: '/v1/automations',
+    summary: 'Create an Automation (schedule or signed-webhook trigger); a webhook trigger returns its signing secret once',
+    auth: { kind: 'bearer', roles: WRITERS }, audit: { target: 'response' },
+    body: CreateAutomationBody, response: AutomationSchema, successStatus: 201, idempotency: 'optional', sensitive: true, mcp: 'never',
+    async handler({ caller, body, deps }) {
+      const ws = requireWorkspace(caller);
+      checkPrompt(body.prompt);
+      const trigger = checkTrigger(body.trigger);
+      const agent = agentRef(body.agent);
+      await checkRefs(deps, ws, { principal_id: body.principal_id, agent, environment_id: body.environment_id });
+      const now = nowIso();
+      const id = newId('automation');
+      const a: AutomationDoc = {
+        id, type: 'automation', workspace_id: ws, name: body.name, status: 'active', principal_id: body.principal_id, agent,
+        environment_id: body.environment_id, prompt: body.prompt,
+        budget: body.budget ? { max_list_cost: { amount: body.budget.max_list_cost.amount, currency: 'USD' } } : null,
+        max_concurrent_firings: body.max_concurrent_firings ?? 1, trigger,
+        webhook: trigger.type === 'webhook' ? { ingest_path: `/v1/ingest/automations/${id}`, secret_generation: 1, previous_secret_expires_at: null } : null,
+        version: 1, created_at: now, updated_at: now,
+      };
+      const secret = trigger.type === 'webhook' ? newSigningSecret() : null;
+      await deps.automations.store.create(a, secret);
+      if (trigger.type === 'subscription') await deps.automations.subscribed(ws);
+      await deps.automations.syncSchedule(a, a.id);
+      return json(201, await view(deps, a, secret ? { signing_secret: secret } : {}));
+    },
+  }),
+  defineOperation({
+    operationId: 'automations.listAutomations', method: 'GET', path: '/v1/automations',
+    summary: 'List Automations, oldest first', auth: { kind: 'bearer', roles: READERS },
+    query: PageQuery({}), response: Page(AutomationSchema), mcp: 'full',
+    async handler({ caller, query, deps }) {
+      const ws = requireWorkspace(caller);
+      const page = await deps.docs.list<AutomationDoc>(tags.workspace(ws), AUTOMATIONS, { limit: query.limit ?? 20, page: query.page, order: 'asc' });
+      return json(200, { data: await Promise.all(page.data.map((a) => view(deps, a))), next_page: page.next_page });
+    },
+  }),
+  defineOperation({
+    operationId: 'automations.getAutomation', method: 'GET', path: '/v1/automations/{automation_id}',
+    summary: 'Read an Automation with its next scheduled fire and its metrics', auth: { kind: 'bearer', roles: READERS },
+    params: AutomationPath, response: AutomationSchema, mcp: 'full',
+    async handler({ caller, params, deps }) {
+      return json(200, await view(deps, await deps.automations.store.get(requireWorkspace(caller), params.automation_id)));
+    },
+  }),
+  defineOperation({
+    operationId: 'automations.updateAutomation', method: 'POST', path: '/v1/automations/{automation_id}',
+    summary: 'Change an Automation (compare-and-swap on expected_version); a schedule change updates its scheduler',
+    auth: { kind: 'bearer', roles: WRITERS }, audit: { target: 'automation_id' }, params: AutomationPath,
+    body: UpdateAutomationBody, response: AutomationSchema, idempotency: 'optional', mcp: 'full',
+    async handler({ caller, params, body, deps }) {
+      const ws = requireWorkspace(caller);
+      if (body.prompt !== undefined) checkPrompt(body.prompt);
+      const trigger = body.trigger ? checkTrigger(body.trigger) : undefined;
+      const agent = body.agent ? agentRef(body.agent) : undefined;
+      await checkRefs(deps, ws, { principal_id: body.principal_id, agent, environment_id: body.environment_id });
+      const next = await deps.automations.store.update(ws, params.automation_id, (cur) => {
+        if (trigger && trigger.type !== cur.trigger.type) {
+          throw new ApiError('validation.malformed', 'body.trigger: the kind of trigger (schedule, webhook or subscription) is fixed when the Automation is created');
+        }
+        return {
+          ...cur,
+          ...(body.name !== undefined ? { name: body.name } : {}),
+          ...(body.principal_id !== undefined ? { principal_id: body.principal_id } : {}),
+          ...(agent ? { agent } : {}),
+          ...(body.environment_id !== undefined ? { environment_id: body.environment_id } : {}),
+          ...(body.prompt !== undefined ? { prompt: body.prompt } : {}),
+          ...(body.budget !== undefined ? { budget: body.budget ? { max_list_cost: { amount: body.budget.max_list_cost.amount, currency: 'USD' as const } } : null } : {}),
+          ...(body.max_concurrent_firings !== undefined ? { max_concurrent_firings: body.max_concurrent_firings } : {}),
+          ...(trigger ? { trigger } : {}),
+        };
+      }, body.expected_version);
+      await deps.automations.syncSchedule(next, next.id);
+      return json(200, await view(deps, next));
+    },
+  }),
+  defineOperation({
+    operationId: 'automations.deleteAutomation', method: 'DELETE', path: '/v1/automations/{automation_id}',
+    summary: 'Delete an Automation and its scheduler; its firings stay readable', auth: { kind: 'bearer', roles: WRITERS },
+    audit: { target: 'automation_id' }, params: AutomationPath, query: Obj({ expected_version: Type.Optional(Type.Integer({ minimum: 1 })) }),
+    response: Obj({ id: Id('automation'), type: Type.Literal('automation_deleted') }), mcp: 'full',
+    async handler({ caller, params, query, deps }) {
+      const ws = requireWorkspace(caller);
+      const a = await deps.automations.store.get(ws, params.automation_id);
+      if (query.expected_version !== undefined && a.version !== query.expected_version) {
+        throw new ApiError('validation.conflict', `version ${query.expected_version} is stale; the current version is ${a.version}`);
+      }
+      await deps.automations.syncSchedule(null, a.id);
+      await deps.automations.store.remove(ws, a.id);
+      return json(200, { id: a.id, type: 'automation_deleted' });
+    },
+  }),
+  ...(['pause', 'resume'] as const).map((verb) => defineOperation({
+    operationId: `automations.${verb}Automation`, method: 'POST', path: `/v1/automations/{automation_id}/${verb}`,
+    summary: verb === 'pause'
+      ? 'Pause an Automation: its scheduler is removed and deliveries are refused until resumed (compare-and-swap)'
+      : 'Resume a paused Automation: its scheduler is restored (compare-and-swap)',
+    auth: { kind: 'bearer', roles: WRITERS }, audit: { target: 'automation_id' }, params: AutomationPath,
+    body: VersionBody, response: AutomationSchema, idempotency: 'optional', mcp: 'full',
+    async handler({ caller, params, body, deps }) {
+      const ws = requireWorkspace(caller);
+      const status = verb === 'pause' ? 'paused' : 'active';
+      const next = await deps.automations.store.update(ws, params.automation_id, (cur) => (cur.status === status ? null : { ...cur, status }), body.expected_version);
+      await deps.automations.syncSchedule(next, next.id);
+      return json(200, await view(deps, next));
+    },
+  })),
+  defineOperation({
+    operationId: 'automations.rotateAutomationSecret', method: 'POST', path: '/v1/automations/{automation_id}/rotate-secret',
+    summary: 'Issue a new webhook signing secret (returned once); the previous one keeps verifying for overlap_seconds',
+    auth: { kind: 'bearer', roles: WRITERS }, audit: { target: 'automation_id' }, params: AutomationPath,
+    body: Obj({ expected_version: Type.Integer({ minimum: 1 }), overlap_seconds: Type.Optional(Type.Integer({ minimum: 0, maximum: 7 * 24 * 3600 })) }),
+    response: AutomationSchema, idempotency: 'optional', sensitive: true, mcp: 'never',
+    async handler({ caller, params, body, deps }) {
+      const ws = requireWorkspace(caller);
+      const cur = await deps.automations.store.get(ws, params.automation_id);
+      if (cur.trigger.type !== 'webhook' || !cur.webhook) throw new ApiError('runtime.invalid_transition', 'only an Automation with a webhook trigger has a signing secret');
+      if (cur.version !== body.expected_version) throw new ApiError('validation.conflict', `version ${body.expected_version} is stale; the current version is ${cur.version}`);
+      const overlapMs = (body.overlap_seconds ?? DEFAULT_OVERLAP_SECONDS) * 1000;
+      const r = await deps.automations.store.rotateSecret(ws, cur.id, overlapMs);
+      const next = await deps.automations.store.update(ws, cur.id, (a) => ({
+        ...a, webhook: { ingest_path: a.webhook?.ingest_path ?? `/v1/ingest/automations/${a.id}`, secret_generation: r.generation, previous_secret_expires_at: r.previousExpiresMs > 0 ? new Date(r.previousExpiresMs).toISOString() : null },
+      }), body.expected_version);
+      return json(200, await view(deps, next, { signing_secret: r.secret }));
+    },
+  }),
+  defineOperation({
+    operationId: 'automations.fireAutomation', method: 'POST', path: '/v1/automations/{automation_id}/fire',
+    summary: 'Fire an Automation by hand (source.kind = manual): returns the firing receipt (status pending)',
+    auth: { kind: 'bearer', roles: WRITERS }, audit: { target: 'automation_id' }, params: AutomationPath,
+    body: Obj({ event: Type.Optional(Type.Unsafe<unknown>({ description: 'any JSON value: {{event}} in the prompt' })) }),
+    response: FiringSchema, successStatus: 202, idempotency: 'optional', mcp: 'full',
+    async handler({ caller, params, body, deps }) {
+      const a = await deps.automations.store.get(requireWorkspace(caller), params.automation_id);
+      if (a.status !== 'active') throw new ApiError('runtime.invalid_transition', 'the automation is paused; resume it first');
+      const f = await deps.automations.fire(a, { kind: 'manual' }, body.event ?? {});
+      return json(202, publicFiring(f));
+    },
+  }),
+  defineOperation({
+    operationId: 'automations.listAutomationFirings', method: 'GET', path: '/v1/automations/{automation_id}/firings',
+    summary: 'List the firings of an Automation, newest first; filter by status and source',
+    auth: { kind: 'bearer', roles: READERS }, params: AutomationPath,
+    query: PageQuery({
+      status: Type.Optional(Type.Union(['pending', 'running', 'completed', 'refused', 'skipped', 'failed'].map((s) => Type.Literal(s)))),
+      source: Type.Optional(Type.Union([Type.Literal('manual'), Type.Literal('schedule'), Type.Literal('webhook'), Type.Literal('subscription')])),
+      order: Type.Optional(Type.Union([Type.Literal('asc'), Type.Literal('desc')])),
+    }),
+    response: Page(FiringSchema), mcp: 'full',
+    async handler({ caller, params, query, deps }) {
+      const ws = requireWorkspace(caller);
+      const { status, source } = query;
+      const filter = status || source ? (f: FiringDoc) => (!status || f.status === status) && (!source || f.source.kind === source) : undefined;
+      const page = await deps.docs.list<FiringDoc>(tags.workspace(ws), firingsOf(params.automation_id), { limit: query.limit ?? 20, page: query.page, order: query.order ?? 'desc' }, filter);
+      return json(200, { data: page.data.map(publicFiring), next_page: page.next_page });
+    },
+  }),
+  defineOperation({
+    operationId: 'automationFirings.getAutomationFiring', method: 'GET', path: '/v1/automation-firings/{firing_id}',
+    summary: 'Read a firing receipt', auth: { kind: 'bearer', roles: READERS }, params: FiringPath, response: FiringSchema, mcp: 'full',
+    async handler({ caller, params, deps }) {
+      return json(200, publicFiring(await firingOf(deps, requireWorkspace(caller), params.firing_id)));
+    },
+  }),
+  defineOperation({
+    operationId: 'automationFirings.getAutomationFiringTrace', method: 'GET', path: '/v1/automation-firings/{firing_id}/trace',
+    summary: 'The content-free trace of one firing in any state', auth: { kind: 'bearer', roles: READERS },
+    params: FiringPath, response: TraceSchema, mcp: 'full',
+    async handler({ caller, params, deps }) {
+      const ws = requireWorkspace(caller);
+      const f = await firingOf(deps, ws, params.firing_id);
+      return json(200, await buildTrace(f, deps.sessions, await deps.automations.store.feedbackCounts(ws, f.id)));
+    },
+  }),
+  defineOperation({
+    operationId: 'automationFirings.listAutomationFiringFeedback', method: 'GET', path: '/v1/automation-firings/{firing_id}/feedback',
+    summary: 'Feedback labels of one submitted (finished) firing, oldest first; 409 while the firing is still pending or running',
+    auth: { kind: 'bearer', roles: READERS }, params: FiringPath, query: PageQuery({}), response: Page(FeedbackSchema), mcp: 'full',
+    async handler({ caller, params, query, deps }) {
+      const ws = requireWorkspace(caller);
+      const f = await firingOf(deps, ws, params.firing_id);
+      if (!TERMINAL_FIRING.has(f.status)) throw new ApiError('runtime.invalid_transition', `the firing is ${f.status}: feedback is for finished firings`);
+      return json(200, await deps.docs.list<FeedbackDoc>(tags.workspace(ws), feedbackOf(f.id), { limit: query.limit ?? 20, page: query.page, order: 'asc' }));
+    },
+  }),
+  defineOperation({
+    operationId: 'automationFirings.createAutomationFiringFeedback', method: 'POST', path: '/v1/automation-firings/{firing_id}/feedback',
+    summary: 'Label a finished firing (useful, noisy, incorrect, too_late, already_handled); one label per Principal, no free text',
+    auth: { kind: 'bearer', roles: WRITERS }, audit: { target: 'response' }, params: FiringPath,
+    body: Obj({ authored_by: Id('principal'), disposition: Disposition }), response: FeedbackSchema, successStatus: 201, idempotency: 'optional', mcp: 'full',
+    async handler({ caller, params, body, deps }) {
+      const ws = requireWorkspace(caller);
+      const f = await firingOf(deps, ws, params.firing_id);
+      if (!TERMINAL_FIRING.has(f.status)) throw new ApiError('runtime.invalid_transition', `the firing is ${f.status}: feedback is for finished firings`);
+      await deps.identity.activePrincipal(ws, body.authored_by, 'authored_by');
+      const claim = await deps.redis.hsetnx(keys.unique(tags.workspace(ws), `firing_feedback:${f.id}`), body.authored_by, 'x');
+      if (claim === 0) throw new ApiError('validation.conflict', `Principal ${body.authored_by} already labelled this firing; update that label instead`);
+      const now = nowIso();
+      const doc: FeedbackDoc = {
+        id: newId('firingFeedback'), type: 'automation_firing_feedback', workspace_id: ws, automation_id: f.automation_id, firing_id: f.id,
+        authored_by: body.authored_by, disposition: body.disposition, version: 1, created_at: now, updated_at: now,
+      };
+      await deps.redis.hset(keys.unique(tags.workspace(ws), `firing_feedback:${f.id}`), body.authored_by, doc.id);
+      await deps.automations.store.createFeedback(doc);
+      const { type: _t, ...out } = doc;
+      return json(201, out);
+    },
+  }),
+  defineOperation({
+    operationId: 'automationFirings.updateAutomationFiringFeedback', method: 'POST', path: '/v1/automation-firings/{firing_id}/feedback/{feedback_id}',
+    summary: 'Change a feedback label\'s disposition (compare-and-swap on expected_version)',
+    auth: { kind: 'bearer', roles: WRITERS }, audit: { target: 'feedback_id' },
+    params: Obj({ firing_id: Id('automationFiring'), feedback_id: Id('firingFeedback') }),
+    body: Obj({ expected_version: Type.Integer({ minimum: 1 }), disposition: Disposition }), response: FeedbackSchema, idempotency: 'optional', mcp: 'full',
+    async handler({ caller, params, body, deps }) {
+      const ws = requireWorkspace(caller);
+      const next = await deps.docs.update<FeedbackDoc>(tags.workspace(ws), params.feedback_id, (cur) => {
+        if (cur.type !== 'automation_firing_feedback' || cur.firing_id !== params.firing_id) throw new ApiError('validation.not_found', `feedback ${params.feedback_id} not found`);
+        return cur.disposition === body.disposition ? null : { ...cur, disposition: body.disposition };
+      }, { expectedVersion: body.expected_version, notFound: `feedback ${params.feedback_id}` });
+      const { type: _t, ...out } = next;
+      return json(200, out);
+    },
+  }),
+  defineOperation({
+    operationId: 'automations.ingestAutomationWebhook', method: 'POST', path: '/v1/ingest/automations/{automation_id}',
+    summary: 'A signed webhook delivery (Standard Webhooks; no API key): 202 with the firing receipt, 200 with it again for a repeated webhook-id',
+    auth: { kind: 'none' }, versions: null, audit: { target: 'automation_id' }, params: AutomationPath,
+    upload: deliveryBody, response: FiringSchema, successStatus: 202, mcp: 'never',
+    async handler({ params, body, headers, deps }) {
+      const raw = String((body as { raw?: unknown }).raw ?? '');
+      const a = await deps.automations.store.locate(params.automation_id);
+      if (!a || a.trigger.type !== 'webhook') throw new ApiError('validation.not_found', `automation ${params.automation_id} not found or has no webhook trigger`);
+      verifyDelivery(raw, headers, await deps.automations.store.verificationSecrets(a.workspace_id, a.id));
+      const event = parseLimitedJson(raw);
+      const deliveryId = String(headers['webhook-id']);
+      const firingId = newId('automationFiring');
+      const earlier = await deps.automations.store.claimDelivery(a.workspace_id, a.id, deliveryId, firingId);
+      if (earlier) {
+        const f = await deps.automations.store.docs.get<FiringDoc>(tags.workspace(a.workspace_id), earlier);
+        if (f) return json(200, { ...publicFiring(f), duplicate: true });
+        throw new ApiError('validation.conflict', 'a delivery with this webhook-id is being processed');
+      }
+      try {
+        if (a.status !== 'active') throw new ApiError('runtime.invalid_transition', 'the automation is paused');
+        const f = await deps.automations.fire(a, { kind: 'webhook', delivery_id: deliveryId }, event, 'pending', firingId);
+        return json(202, publicFiring(f));
+      } catch (err) {
+        await deps.automations.store.forgetDelivery(a.workspace_id, a.id, deliveryId);
+        throw err;
+      }
+    },
+  }),
+];

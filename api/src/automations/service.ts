@@ -1,0 +1,437 @@
+import { DelayedError, Queue, Worker, type Job } from 'bullmq';
+import { ApiError, newId, nowIso, type Logger, type Metrics } from '@agentplane/core';
+import { connectRedis, keys, tags, type Redis } from '@agentplane/store';
+import type { IdentityService } from '@agentplane/domain';
+import type { PermissionStore } from '../governance/permissions.js';
+import type { SessionService } from '../sessions/service.js';
+import type { SessionDoc, ThreadDoc } from '@agentplane/domain';
+import { expandPrompt } from './prompt.js';
+import type { SessionEventTap, TappedAppend } from '../events/tap.js';
+import { automationKeys, type AutomationStore } from './store.js';
+import {
+  AUTOMATIONS, TERMINAL_FIRING, type AdmissionDisposition, type AutomationDoc, type FiringDoc, type FiringOutcome, type FiringSourceKind,
+} from './model.js';
+
+/** The automations queue: its prefix carries a hash tag, so every key of the queue is in one slot. */
+export const AUTOMATION_QUEUE_PREFIX = 'ap:{q:automations}';
+const QUEUE = 'automations';
+const FIRE_ATTEMPTS = 3;
+const WATCH_MAX_DELAY_MS = 10_000;
+const schedulerId = (automationId: string): string => `automation-${automationId}`;
+
+interface TickData { workspace_id: string; automation_id: string }
+interface FiringJobData { workspace_id: string; firing_id: string; polls?: number }
+
+export interface AutomationServiceDeps {
+  redisUrl: string;
+  store: AutomationStore;
+  sessions: SessionService;
+  identity: IdentityService;
+  permissions: PermissionStore;
+  log: Logger;
+  metrics: Metrics;
+  /** How often receipts whose work may not be queued are swept (ms). */
+  sweepIntervalMs: number;
+  /** Session appends, for subscription triggers. */
+  tap: SessionEventTap;
+  /** A schedule tick more than this late counts as missed (docs/AUTOMATIONS.md, "Missed fires"). */
+  missedAfterMs: number;
+}
+
+/**
+ * Firings: the receipt, admission, the Session and its turn, and the outcome when the turn ends.
+ * Schedules are BullMQ Job Schedulers on the `automations` queue; the worker runs in every api
+ * process (jobs are taken once), so no process needs another's domain logic.
+ */
+export class AutomationService {
+  private readonly bull: Redis;
+  readonly queue: Queue;
+  private worker: Worker | null = null;
+  private workerConn: Redis | null = null;
+  private sweepTimer: NodeJS.Timeout | null = null;
+  private readonly firings: ReturnType<Metrics['counter']>;
+
+  constructor(private readonly d: AutomationServiceDeps) {
+    this.bull = connectRedis(d.redisUrl, { name: 'api:automations', blocking: true });
+    this.bull.on('error', (err: Error) => d.log.warn({ err: err.message }, 'automations queue connection error'));
+    this.queue = new Queue(QUEUE, { connection: this.bull, prefix: AUTOMATION_QUEUE_PREFIX });
+    this.firings = d.metrics.counter('agentplane_automation_firings_total', 'Automation firings by source and final status');
+  }
+
+  get store(): AutomationStore {
+    return this.d.store;
+  }
+
+  // ---- schedules -----------------------------------------------------------------------------
+
+  /** The Automation's BullMQ Job Scheduler follows it: present while it is active with a schedule, removed otherwise. */
+  async syncSchedule(a: AutomationDoc | null, id: string): Promise<void> {
+    if (!a || a.status !== 'active' || a.trigger.type !== 'schedule') {
+      await this.queue.removeJobScheduler(schedulerId(id));
+      return;
+    }
+    const t = a.trigger;
+    const repeat = 'cron' in t ? { pattern: t.cron, tz: t.timezone } : { every: t.interval_seconds * 1000 };
+    await this.queue.upsertJobScheduler(schedulerId(a.id), repeat, {
+      name: 'tick',
+      data: { workspace_id: a.workspace_id, automation_id: a.id } satisfies TickData,
+      opts: { removeOnComplete: true, removeOnFail: { age: 24 * 3600 } },
+    });
+  }
+
+  async nextScheduledAt(id: string): Promise<string | null> {
+    const s = await this.queue.getJobScheduler(schedulerId(id));
+    return s?.next ? new Date(s.next).toISOString() : null;
+  }
+
+  // ---- firing --------------------------------------------------------------------------------
+
+  /**
+   * Writes the durable receipt (`pending`) and queues its work. The prompt is expanded here, so a
+   * payload that makes it too long is refused (400) before any receipt exists.
+   */
+  async fire(
+    a: AutomationDoc, source: FiringDoc['source'], event: unknown, status: 'pending' | 'skipped' = 'pending', id = newId('automationFiring'),
+    filtering?: FiringDoc['_filtering'],
+  ): Promise<FiringDoc> {
+    const now = nowIso();
+    const prompt = expandPrompt(a.prompt, { event, firing_id: id, automation_id: a.id, source: source.kind, fired_at: now });
+    const f: FiringDoc = {
+      id, type: 'automation_firing', workspace_id: a.workspace_id, automation_id: a.id, source, status, attempt_count: 0,
+      outcome: null, session_id: null, run_id: null, error: status === 'skipped' ? 'missed_schedule' : null,
+      admission: { disposition: status === 'skipped' ? 'not_applicable' : 'pending', check_configured: a.budget !== null || a.max_concurrent_firings > 0 },
+      started_at: null, ended_at: null, through_sequence: 0, stop_reason: null, _prompt: prompt, _attempts: [], version: 1, created_at: now, updated_at: now,
+      ...(filtering ? { _filtering: filtering } : {}),
+    };
+    await this.d.store.createFiring(f);
+    await this.d.store.count(a.workspace_id, a.id, status === 'skipped' ? 'skipped' : 'fires');
+    if (status === 'skipped') {
+      await this.d.store.settled(f);
+      this.finalMetric(f.source.kind, 'skipped');
+      return f;
+    }
+    await this.enqueueFire(f.workspace_id, f.id);
+    return f;
+  }
+
+  private async enqueueFire(ws: string, firingId: string): Promise<void> {
+    await this.queue.add('fire', { workspace_id: ws, firing_id: firingId } satisfies FiringJobData, {
+      jobId: firingId, attempts: FIRE_ATTEMPTS, backoff: { type: 'exponential', delay: 500 },
+      removeOnComplete: true, removeOnFail: { age: 24 * 3600 },
+    });
+  }
+
+  private async enqueueWatch(ws: string, firingId: string, delayMs = 100): Promise<void> {
+    await this.queue.add('watch', { workspace_id: ws, firing_id: firingId, polls: 0 } satisfies FiringJobData, {
+      jobId: `watch-${firingId}`, delay: delayMs, removeOnComplete: true, removeOnFail: { age: 24 * 3600 },
+    });
+  }
+
+  private finalMetric(source: FiringSourceKind, status: string): void {
+    this.firings.inc({ source, status });
+  }
+
+  private async refuse(f: FiringDoc, disposition: AdmissionDisposition, error: string): Promise<void> {
+    const done = await this.d.store.updateFiring(f.workspace_id, f.id, (cur) => cur.status !== 'pending' ? null : {
+      ...cur, status: 'refused', error, admission: { ...cur.admission, disposition }, ended_at: nowIso(),
+    }, f);
+    if (done.status === 'refused') {
+      await this.d.store.count(f.workspace_id, f.automation_id, 'admission_refusals');
+      this.finalMetric(f.source.kind, 'refused');
+    }
+    await this.d.store.settled(f);
+  }
+
+  /** Admission then start: the Session (with `automation_id`) and its first turn. Safe to run again. */
+  private async startFiring(data: FiringJobData): Promise<void> {
+    const ws = data.workspace_id;
+    let f = await this.d.store.docs.get<FiringDoc>(tags.workspace(ws), data.firing_id);
+    if (!f) return;
+    if (f.status === 'running') return this.enqueueWatch(ws, f.id);
+    if (f.status !== 'pending') return this.d.store.settled(f);
+    f = await this.d.store.updateFiring(ws, f.id, (cur) => cur.status !== 'pending' ? null : {
+      ...cur, attempt_count: cur.attempt_count + 1, _attempts: [...cur._attempts, { at: nowIso(), error: null }],
+    }, f);
+    if (f.status !== 'pending') return;
+    const a = await this.d.store.docs.get<AutomationDoc>(tags.workspace(ws), f.automation_id);
+    if (!a) return this.refuse(f, 'refused_paused', 'automation_deleted');
+    if (a.status !== 'active') return this.refuse(f, 'refused_paused', 'automation_paused');
+    // Governance: the service Principal must be active and hold `invoke` on the Agent (or the Workspace).
+    try {
+      await this.d.identity.activePrincipal(ws, a.principal_id);
+      await this.d.permissions.require(ws, a.principal_id, 'invoke', { type: 'agent', id: a.agent.id });
+    } catch (err) {
+      if (err instanceof ApiError && err.status < 500) return this.refuse(f, 'refused_governance', err.type);
+      throw err;
+    }
+    if (!(await this.d.store.admit(ws, a.id, f.id, a.max_concurrent_firings))) return this.refuse(f, 'refused_concurrency', 'concurrency_limit');
+    let sessionId: string;
+    try {
+      // Only a retry can find a Session an earlier attempt created.
+      sessionId = (f.attempt_count > 1 ? await this.existingSession(ws, a.id, f.id) : null) ?? await this.createSession(a, f);
+    } catch (err) {
+      if (err instanceof ApiError && err.type === 'budget.exceeded') {
+        await this.d.store.release(ws, a.id, f.id);
+        return this.refuse(f, 'refused_budget', err.type);
+      }
+      if (err instanceof ApiError && err.status < 500) {
+        // The Agent or Environment is gone or archived: retrying will not help.
+        await this.d.store.release(ws, a.id, f.id);
+        await this.fail(f, err.type);
+        return;
+      }
+      throw err;
+    }
+    const runId = await this.activeRun(ws, sessionId);
+    await this.d.store.updateFiring(ws, f.id, (cur) => cur.status !== 'pending' ? null : {
+      ...cur, status: 'running', session_id: sessionId, run_id: runId, started_at: nowIso(),
+      admission: { ...cur.admission, disposition: 'admitted' },
+    });
+    await this.enqueueWatch(ws, f.id);
+  }
+
+  /** A retry after a crash between creating the Session and recording it finds that Session instead of making another. */
+  private async existingSession(ws: string, automationId: string, firingId: string): Promise<string | null> {
+    const ids = await this.d.store.redis.zrevrange(keys.index(tags.workspace(ws), `sessions:automation:${automationId}:all`), 0, 49);
+    for (const id of ids) {
+      const s = await this.d.sessions.store.docs.get<SessionDoc>(tags.session(id), id);
+      if (s?.metadata.automation_firing_id === firingId) return id;
+    }
+    return null;
+  }
+
+  private async createSession(a: AutomationDoc, f: FiringDoc): Promise<string> {
+    const s = await this.d.sessions.create(a.workspace_id, {
+      agent: a.agent.version === null ? { id: a.agent.id } : { id: a.agent.id, version: a.agent.version },
+      environment_id: a.environment_id,
+      ...(a.budget ? { budget: { max_list_cost: { amount: a.budget.max_list_cost.amount } } } : {}),
+      title: `${a.name} (${f.source.kind})`,
+      metadata: { automation_firing_id: f.id },
+      initial_events: [{ type: 'user.message', payload: { content: f._prompt, authored_by: a.principal_id, caused_by: { kind: 'automation', id: f.id } } }],
+    }, `automation-firing:${f.id}`, { automationId: a.id });
+    return String(s.id);
+  }
+
+  private async activeRun(ws: string, sessionId: string): Promise<string | null> {
+    const s = await this.d.sessions.store.get(ws, sessionId);
+    const t = await this.d.sessions.store.docs.get<ThreadDoc>(tags.session(sessionId), s._primary_thread_id);
+    return t?._active_run_id ?? null;
+  }
+
+  private async fail(f: FiringDoc, error: string): Promise<void> {
+    const done = await this.d.store.updateFiring(f.workspace_id, f.id, (cur) => cur.status !== 'pending' ? null : {
+      ...cur, status: 'failed', error, ended_at: nowIso(),
+      _attempts: cur._attempts.map((x, i) => (i === cur._attempts.length - 1 ? { ...x, error } : x)),
+    });
+    if (done.status === 'failed') {
+      await this.d.store.count(f.workspace_id, f.automation_id, 'failures');
+      this.finalMetric(f.source.kind, 'failed');
+    }
+    await this.d.store.settled(f);
+  }
+
+  /**
+   * A Session made by a firing appended a turn-ending event: its watcher runs now instead of at
+   * its next poll (the poll stays as the backstop for a missed message).
+   */
+  private async nudgeWatch(t: TappedAppend): Promise<void> {
+    if (!t.firing_id) return;
+    if (!(await t.events()).some((e) => turnEnd(e.type, e.payload))) return;
+    const job = await this.queue.getJob(`watch-${t.firing_id}`);
+    if (job && (await job.isDelayed())) await job.promote().catch(() => undefined);
+  }
+
+  /** Reads the Session's log after what it read last; completes the firing when the turn ended. */
+  private async watch(job: Job<FiringJobData>, token: string | undefined): Promise<void> {
+    const { workspace_id: ws, firing_id: id } = job.data;
+    const f = await this.d.store.docs.get<FiringDoc>(tags.workspace(ws), id);
+    if (!f || f.status !== 'running' || !f.session_id) return;
+    const log = this.d.sessions.store.log;
+    const state = await log.state(f.session_id);
+    let ended: { outcome: FiringOutcome; stop: string } | null = state.erased ? { outcome: 'canceled', stop: 'session_erased' } : null;
+    let through = f.through_sequence;
+    while (!ended) {
+      const batch = await log.range(f.session_id, through, 500);
+      if (batch.length === 0) break;
+      for (const e of batch) {
+        through = e.seq;
+        ended = turnEnd(e.type, e.payload);
+        if (ended) break;
+      }
+    }
+    if (ended) {
+      const end = ended;
+      const done = await this.d.store.updateFiring(ws, id, (cur) => cur.status !== 'running' ? null : {
+        ...cur, status: 'completed', outcome: end.outcome, stop_reason: end.stop, ended_at: nowIso(), through_sequence: through,
+      });
+      await this.d.store.release(ws, f.automation_id, id);
+      if (done.status === 'completed') {
+        await this.d.store.count(ws, f.automation_id, end.outcome === 'succeeded' ? 'succeeded' : 'failures');
+        this.finalMetric(f.source.kind, `completed_${end.outcome}`);
+      }
+      await this.d.store.settled(f);
+      return;
+    }
+    if (through !== f.through_sequence) {
+      await this.d.store.updateFiring(ws, id, (cur) => cur.status !== 'running' || cur.through_sequence >= through ? null : { ...cur, through_sequence: through });
+    }
+    const polls = (job.data.polls ?? 0) + 1;
+    await job.updateData({ ...job.data, polls });
+    // The tap promotes this job when the turn ends; the poll is the backstop (100 ms doubling to 10 s).
+    await job.moveToDelayed(Date.now() + Math.min(WATCH_MAX_DELAY_MS, 100 * 2 ** Math.min(polls, 7)), token);
+    throw new DelayedError();
+  }
+
+  private async tick(job: Job<TickData>): Promise<void> {
+    const { workspace_id: ws, automation_id: id } = job.data;
+    const a = await this.d.store.docs.get<AutomationDoc>(tags.workspace(ws), id);
+    if (!a || a.status !== 'active' || a.trigger.type !== 'schedule') return;
+    const dueMs = job.timestamp + (job.delay ?? 0);
+    const late = Date.now() - dueMs > this.d.missedAfterMs;
+    const scheduledAt = new Date(dueMs).toISOString();
+    await this.fire(a, { kind: 'schedule', scheduled_at: scheduledAt }, { scheduled_at: scheduledAt }, late && a.trigger.on_missed === 'skip' ? 'skipped' : 'pending');
+  }
+
+  // ---- subscriptions -------------------------------------------------------------------------
+
+  private subWorkspaces: { at: number; set: Set<string> } = { at: 0, set: new Set() };
+  private readonly subsCache = new Map<string, { at: number; list: AutomationDoc[] }>();
+
+  /** A Workspace gained a subscription Automation: the tap starts looking at its Sessions. */
+  async subscribed(ws: string): Promise<void> {
+    await this.d.store.redis.sadd(automationKeys.subscribers(), ws);
+    this.subWorkspaces.at = 0;
+    this.subsCache.delete(ws);
+  }
+
+  private async wantsWorkspace(ws: string): Promise<boolean> {
+    if (Date.now() - this.subWorkspaces.at > 1000) this.subWorkspaces = { at: Date.now(), set: new Set(await this.d.store.redis.smembers(automationKeys.subscribers())) };
+    return this.subWorkspaces.set.has(ws);
+  }
+
+  private async subscriptionsOf(ws: string): Promise<AutomationDoc[]> {
+    const c = this.subsCache.get(ws);
+    if (c && Date.now() - c.at < 1000) return c.list;
+    const ids = await this.d.store.redis.zrange(keys.index(tags.workspace(ws), AUTOMATIONS), 0, 9999);
+    const list = (await this.d.store.docs.getMany<AutomationDoc>(tags.workspace(ws), ids)).filter((a) => a.status === 'active' && a.trigger.type === 'subscription');
+    this.subsCache.set(ws, { at: Date.now(), list });
+    return list;
+  }
+
+  /** Fires once per Automation and event, whichever api heard it first. */
+  private async fireOnce(a: AutomationDoc, eventKey: string, source: FiringDoc['source'], payload: Record<string, unknown>, filters: string[]): Promise<void> {
+    if (!(await this.d.store.claimEvent(a.workspace_id, a.id, eventKey))) return;
+    await this.fire(a, source, payload, 'pending', newId('automationFiring'), { event_type: String(payload.type), filters });
+  }
+
+  /** `session.turn_ended`: a Session of the Workspace ended a turn (never the Automation's own Sessions). */
+  private async onAppend(t: TappedAppend): Promise<void> {
+    const subs = (await this.subscriptionsOf(t.workspace_id)).filter((a) => a.trigger.type === 'subscription' && a.trigger.event === 'session.turn_ended');
+    if (subs.length === 0) return;
+    for (const e of await t.events()) {
+      const end = turnEnd(e.type, e.payload);
+      if (!end) continue;
+      for (const a of subs) {
+        if (a.trigger.type !== 'subscription' || a.trigger.event !== 'session.turn_ended' || t.automation_id === a.id) continue;
+        const filters: string[] = [];
+        if (a.trigger.filter.stop_reasons.length > 0) {
+          if (!a.trigger.filter.stop_reasons.includes(end.stop)) continue;
+          filters.push('stop_reasons');
+        }
+        if (a.trigger.filter.agent_ids.length > 0) {
+          if (!t.agent_id || !a.trigger.filter.agent_ids.includes(t.agent_id)) continue;
+          filters.push('agent_ids');
+        }
+        await this.fireOnce(a, e.id, { kind: 'subscription', event_type: 'session.turn_ended', event_id: e.id }, {
+          type: 'session.turn_ended', event_id: e.id, session_id: t.session_id, session_thread_id: e.session_thread_id, agent_id: t.agent_id,
+          stop_reason: end.stop, seq: e.seq, occurred_at: e.created_at,
+        }, filters);
+      }
+    }
+  }
+
+  /** `webhook_endpoint.disabled`: an outbound endpoint was disabled after a delivery exhausted its attempts. */
+  async endpointDisabled(e: { id: string; workspace_id: string; disabled_at: string | null }): Promise<void> {
+    if (!(await this.wantsWorkspace(e.workspace_id))) return;
+    for (const a of await this.subscriptionsOf(e.workspace_id)) {
+      if (a.trigger.type !== 'subscription' || a.trigger.event !== 'webhook_endpoint.disabled') continue;
+      const ids = a.trigger.filter.webhook_endpoint_ids;
+      if (ids.length > 0 && !ids.includes(e.id)) continue;
+      await this.fireOnce(a, `${e.id}@${e.disabled_at ?? ''}`, { kind: 'subscription', event_type: 'webhook_endpoint.disabled', event_id: e.id }, {
+        type: 'webhook_endpoint.disabled', webhook_endpoint_id: e.id, reason: 'delivery_failed', disabled_at: e.disabled_at,
+      }, ids.length > 0 ? ['webhook_endpoint_ids'] : []);
+    }
+  }
+
+  // ---- worker and sweep ----------------------------------------------------------------------
+
+  start(): void {
+    if (this.worker) return;
+    const conn = this.bull.duplicate({ connectionName: 'agentplane:api:automations-worker' });
+    this.workerConn = conn;
+    conn.on('error', (err: Error) => this.d.log.warn({ err: err.message }, 'automations worker connection error'));
+    this.worker = new Worker(QUEUE, async (job: Job, token?: string) => {
+      if (job.name === 'tick') return this.tick(job as Job<TickData>);
+      if (job.name === 'fire') return this.startFiring(job.data as FiringJobData);
+      if (job.name === 'watch') return this.watch(job as Job<FiringJobData>, token);
+    }, { connection: conn, prefix: AUTOMATION_QUEUE_PREFIX, concurrency: 16 });
+    this.worker.on('error', (err) => this.d.log.warn({ err: err.message }, 'automations worker error'));
+    this.worker.on('failed', (job, err) => {
+      if (!job || job.name !== 'fire' || job.attemptsMade < FIRE_ATTEMPTS) return;
+      const data = job.data as FiringJobData;
+      this.d.log.warn({ firing_id: data.firing_id, err: err.message }, 'automation firing could not start');
+      void this.d.store.docs.get<FiringDoc>(tags.workspace(data.workspace_id), data.firing_id).then(async (f) => {
+        if (!f) return;
+        await this.d.store.release(f.workspace_id, f.automation_id, f.id);
+        await this.fail(f, 'start_failed');
+      }).catch((e: unknown) => this.d.log.error({ err: e }, 'recording a failed firing failed'));
+    });
+    this.d.tap.on((ws) => this.wantsWorkspace(ws), (t) => this.onAppend(t));
+    this.d.tap.on(async () => true, (t) => this.nudgeWatch(t));
+    const sweep = () => void this.sweep().catch((err: unknown) => this.d.log.warn({ err }, 'firing outbox sweep failed'));
+    this.sweepTimer = setInterval(sweep, this.d.sweepIntervalMs);
+    this.sweepTimer.unref();
+    sweep();
+  }
+
+  /**
+   * Receipts whose work a crash may have lost (older than a few seconds and not settled): a
+   * `pending` one is queued again (same job id, so never twice), a `running` one gets its watcher.
+   */
+  async sweep(): Promise<void> {
+    const members = await this.d.store.redis.zrangebyscore(automationKeys.outbox(), '-inf', Date.now() - 5000, 'LIMIT', 0, 200);
+    for (const m of members) {
+      const [ws, id] = m.split('/');
+      if (!ws || !id) continue;
+      const f = await this.d.store.docs.get<FiringDoc>(tags.workspace(ws), id);
+      if (!f || TERMINAL_FIRING.has(f.status)) {
+        await this.d.store.redis.zrem(automationKeys.outbox(), m);
+        continue;
+      }
+      if (f.status === 'pending') await this.enqueueFire(ws, id);
+      else await this.enqueueWatch(ws, id, 0);
+    }
+  }
+
+  async close(): Promise<void> {
+    if (this.sweepTimer) clearInterval(this.sweepTimer);
+    await this.worker?.close().catch(() => undefined);
+    await this.workerConn?.quit().catch(() => this.workerConn?.disconnect());
+    await this.queue.close().catch(() => undefined);
+    await this.bull.quit().catch(() => this.bull.disconnect());
+  }
+}
+
+/** Whether an event ends the firing's turn, and how. `requires_action` is a Run boundary, not the end. */
+export function turnEnd(type: string, payload: unknown): { outcome: FiringOutcome; stop: string } | null {
+  if (type === 'session.status_completed') return { outcome: 'succeeded', stop: 'completed' };
+  if (type === 'session.status_failed') return { outcome: 'failed', stop: 'failed' };
+  if (type === 'session.status_canceled') return { outcome: 'canceled', stop: 'canceled' };
+  if (type !== 'session.status_idle') return null;
+  const sr = (payload as { stop_reason?: { type?: unknown } } | null)?.stop_reason?.type;
+  const stop = typeof sr === 'string' ? sr : 'unknown';
+  if (stop === 'requires_action') return null;
+  if (stop === 'end_turn') return { outcome: 'succeeded', stop };
+  if (stop === 'interrupted' || stop === 'canceled') return { outcome: 'canceled', stop };
+  return { outcome: 'failed', stop };
+}

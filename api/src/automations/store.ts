@@ -1,0 +1,186 @@
+import { randomBytes } from 'node:crypto';
+import { ApiError, sha256Hex, type SecretBox } from '@agentplane/core';
+import { keys, LuaScript, tags, type DocumentStore, type Redis } from '@agentplane/store';
+import {
+  AUTOMATIONS, feedbackOf, firingsOf, type AutomationDoc, type FeedbackDoc, type FiringDoc,
+} from './model.js';
+
+/** A Standard Webhooks signing secret: `whsec_` + base64 of 32 random bytes. */
+export function newSigningSecret(): string {
+  return `whsec_${randomBytes(32).toString('base64')}`;
+}
+
+/** The signing secrets of one webhook-triggered Automation, sealed at rest. */
+interface SecretRecord {
+  generation: number;
+  current: string;
+  previous: string | null;
+  previous_expires_ms: number;
+}
+
+/** Delivery ids are remembered for twice the replay window (a delivery older than that is refused by its timestamp). */
+export const DELIVERY_ID_TTL_SECONDS = 600;
+
+/** Admits one more running firing unless the Automation already has `max` (atomic). */
+const ADMIT = new LuaScript('automation_admit', `
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return 1 end
+if redis.call('SCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
+redis.call('SADD', KEYS[1], ARGV[1])
+return 1`);
+
+/** Redis keys of the automations area (docs/ARCHITECTURE.md lists them). */
+export const automationKeys = {
+  secret: (ws: string, id: string) => keys.scoped(tags.workspace(ws), `automation_secret:${id}`),
+  running: (ws: string, id: string) => keys.scoped(tags.workspace(ws), `automation_running:${id}`),
+  delivery: (ws: string, id: string, deliveryId: string) => keys.scoped(tags.workspace(ws), `automation_delivery:${id}:${sha256Hex(deliveryId)}`),
+  metrics: (ws: string, id: string) => keys.scoped(tags.workspace(ws), `automation_metrics:${id}`),
+  /** Automation id → its Workspace (the ingest route names only the Automation). */
+  home: (id: string) => keys.global(`automation_home:${id}`),
+  /** Workspaces with subscription Automations (the event tap looks only at these). */
+  subscribers: () => keys.global('automation_subscribers'),
+  /** A subscription event already turned into a firing of this Automation. */
+  event: (ws: string, id: string, eventKey: string) => keys.scoped(tags.workspace(ws), `automation_event:${id}:${sha256Hex(eventKey)}`),
+  /** Firings whose receipt exists but whose work may not be queued yet (swept by every api). */
+  outbox: () => keys.global('firing_outbox'),
+};
+
+export class AutomationStore {
+  constructor(
+    readonly redis: Redis,
+    readonly docs: DocumentStore,
+    private readonly box: SecretBox,
+  ) {}
+
+  // ---- automations ---------------------------------------------------------------------------
+
+  async create(a: AutomationDoc, secret: string | null): Promise<void> {
+    if (secret) await this.writeSecret(a.workspace_id, a.id, { generation: 1, current: this.seal(a.id, secret), previous: null, previous_expires_ms: 0 });
+    await this.redis.set(automationKeys.home(a.id), a.workspace_id);
+    await this.docs.create(tags.workspace(a.workspace_id), a, [AUTOMATIONS]);
+  }
+
+  async get(ws: string, id: string): Promise<AutomationDoc> {
+    const a = await this.docs.get<AutomationDoc>(tags.workspace(ws), id);
+    if (!a) throw new ApiError('validation.not_found', `automation ${id} not found`);
+    return a;
+  }
+
+  /** The Automation an ingest delivery names, wherever it lives; null when none. */
+  async locate(id: string): Promise<AutomationDoc | null> {
+    const ws = await this.redis.get(automationKeys.home(id));
+    return ws ? this.docs.get<AutomationDoc>(tags.workspace(ws), id) : null;
+  }
+
+  update(ws: string, id: string, mutate: (a: AutomationDoc) => AutomationDoc | null, expectedVersion?: number): Promise<AutomationDoc> {
+    return this.docs.update<AutomationDoc>(tags.workspace(ws), id, mutate, { expectedVersion, notFound: `automation ${id}` });
+  }
+
+  async remove(ws: string, id: string): Promise<void> {
+    await this.docs.remove(tags.workspace(ws), id, [AUTOMATIONS]);
+    await this.redis.del(automationKeys.secret(ws, id), automationKeys.home(id), automationKeys.metrics(ws, id));
+  }
+
+  // ---- signing secrets -----------------------------------------------------------------------
+
+  private seal(id: string, secret: string): string {
+    return this.box.seal(secret, `automation_secret:${id}`);
+  }
+
+  private async writeSecret(ws: string, id: string, r: SecretRecord): Promise<void> {
+    await this.redis.set(automationKeys.secret(ws, id), JSON.stringify(r));
+  }
+
+  /** The secrets a delivery may be signed with right now: the current one, and the previous one during its overlap. */
+  async verificationSecrets(ws: string, id: string, nowMs = Date.now()): Promise<string[]> {
+    const raw = await this.redis.get(automationKeys.secret(ws, id));
+    if (!raw) return [];
+    const r = JSON.parse(raw) as SecretRecord;
+    const out = [this.box.open(r.current, `automation_secret:${id}`)];
+    if (r.previous && r.previous_expires_ms > nowMs) out.push(this.box.open(r.previous, `automation_secret:${id}`));
+    return out;
+  }
+
+  /** A new current secret; the old one keeps verifying until `overlapMs` from now. Returns the new secret and generation. */
+  async rotateSecret(ws: string, id: string, overlapMs: number): Promise<{ secret: string; generation: number; previousExpiresMs: number }> {
+    const raw = await this.redis.get(automationKeys.secret(ws, id));
+    const old = raw ? (JSON.parse(raw) as SecretRecord) : null;
+    const secret = newSigningSecret();
+    const previousExpiresMs = old && overlapMs > 0 ? Date.now() + overlapMs : 0;
+    const generation = (old?.generation ?? 0) + 1;
+    await this.writeSecret(ws, id, { generation, current: this.seal(id, secret), previous: old && overlapMs > 0 ? old.current : null, previous_expires_ms: previousExpiresMs });
+    return { secret, generation, previousExpiresMs };
+  }
+
+  // ---- firings -------------------------------------------------------------------------------
+
+  /** The durable receipt: the outbox entry first (so a crash after it is swept), then the document. */
+  async createFiring(f: FiringDoc): Promise<void> {
+    await this.redis.zadd(automationKeys.outbox(), Date.now(), `${f.workspace_id}/${f.id}`);
+    await this.docs.create(tags.workspace(f.workspace_id), f, [firingsOf(f.automation_id)]);
+  }
+
+  async firing(ws: string, id: string): Promise<FiringDoc> {
+    const f = await this.docs.get<FiringDoc>(tags.workspace(ws), id);
+    if (!f) throw new ApiError('validation.not_found', `automation firing ${id} not found`);
+    return f;
+  }
+
+  updateFiring(ws: string, id: string, mutate: (f: FiringDoc) => FiringDoc | null, current?: FiringDoc): Promise<FiringDoc> {
+    return this.docs.update<FiringDoc>(tags.workspace(ws), id, mutate, { notFound: `automation firing ${id}`, ...(current ? { current } : {}) });
+  }
+
+  async settled(f: FiringDoc): Promise<void> {
+    await this.redis.zrem(automationKeys.outbox(), `${f.workspace_id}/${f.id}`);
+  }
+
+  /** Records a webhook delivery id; returns the firing an earlier delivery with that id made, if any. */
+  async claimDelivery(ws: string, automationId: string, deliveryId: string, firingId: string): Promise<string | null> {
+    const key = automationKeys.delivery(ws, automationId, deliveryId);
+    const ok = await this.redis.set(key, firingId, 'EX', DELIVERY_ID_TTL_SECONDS, 'NX');
+    return ok === 'OK' ? null : await this.redis.get(key);
+  }
+
+  /** True for the first claim of (Automation, event) within a day. */
+  async claimEvent(ws: string, automationId: string, eventKey: string): Promise<boolean> {
+    return (await this.redis.set(automationKeys.event(ws, automationId, eventKey), '1', 'EX', 86_400, 'NX')) === 'OK';
+  }
+
+  async forgetDelivery(ws: string, automationId: string, deliveryId: string): Promise<void> {
+    await this.redis.del(automationKeys.delivery(ws, automationId, deliveryId));
+  }
+
+  async admit(ws: string, automationId: string, firingId: string, max: number): Promise<boolean> {
+    return (await ADMIT.run(this.redis, [automationKeys.running(ws, automationId)], [firingId, max])) === 1;
+  }
+
+  async release(ws: string, automationId: string, firingId: string): Promise<void> {
+    await this.redis.srem(automationKeys.running(ws, automationId), firingId);
+  }
+
+  async count(ws: string, automationId: string, metric: 'fires' | 'admission_refusals' | 'failures' | 'skipped' | 'succeeded'): Promise<void> {
+    await this.redis.hincrby(automationKeys.metrics(ws, automationId), metric, 1);
+  }
+
+  async metrics(ws: string, automationId: string): Promise<Record<string, number>> {
+    const h = await this.redis.hgetall(automationKeys.metrics(ws, automationId));
+    const n = (k: string) => Number(h[k] ?? 0);
+    return { fires: n('fires'), admission_refusals: n('admission_refusals'), failures: n('failures'), skipped: n('skipped'), succeeded: n('succeeded') };
+  }
+
+  // ---- feedback ------------------------------------------------------------------------------
+
+  async createFeedback(doc: FeedbackDoc): Promise<void> {
+    await this.docs.create(tags.workspace(doc.workspace_id), doc, [feedbackOf(doc.firing_id)]);
+  }
+
+  async feedbackCounts(ws: string, firingId: string): Promise<FeedbackDoc[]> {
+    const all: FeedbackDoc[] = [];
+    let page: string | undefined;
+    for (;;) {
+      const r = await this.docs.list<FeedbackDoc>(tags.workspace(ws), feedbackOf(firingId), { limit: 100, page, order: 'asc' });
+      all.push(...r.data);
+      if (!r.next_page) return all;
+      page = r.next_page;
+    }
+  }
+}

@@ -1,0 +1,275 @@
+import { request as httpRequest, type IncomingMessage } from 'node:http';
+import { request as httpsRequest } from 'node:https';
+import type { LookupFunction } from 'node:net';
+import { Queue, Worker, type Job } from 'bullmq';
+import { Webhook } from 'standardwebhooks';
+import type { Logger, Metrics } from '@agentplane/core';
+import { connectRedis, tags, type EventLog, type LogEvent, type Redis } from '@agentplane/store';
+import type { SessionEventTap, TappedAppend } from '../events/tap.js';
+import { EgressRefused, resolveAllowed, type EgressPolicy } from './ssrf.js';
+import { webhookKeys, type WebhookStore } from './store.js';
+import type { EndpointDoc } from './model.js';
+
+export const WEBHOOK_QUEUE_PREFIX = 'ap:{q:webhooks}';
+const QUEUE = 'webhooks';
+
+export interface DeliverySettings {
+  maxAttempts: number;
+  retryBaseMs: number;
+  retryMaxMs: number;
+  timeoutMs: number;
+  sweepIntervalMs: number;
+  egress: EgressPolicy;
+}
+
+interface LaneData { workspace_id: string; endpoint_id: string; session_id: string; cursor: number }
+
+/** Job id of one lane step: the endpoint, the Session and the cursor it starts from. */
+const laneJobId = (endpointId: string, sessionId: string, cursor: number): string => `lane-${endpointId}-${sessionId}-${cursor}`;
+
+/** Exponential backoff with full jitter in [delay/2, delay]: base · 2^(attempt-1), capped. */
+export function retryDelay(attemptsMade: number, baseMs: number, maxMs: number, rand = Math.random()): number {
+  const d = Math.min(maxMs, baseMs * 2 ** Math.max(0, attemptsMade - 1));
+  return Math.round(d / 2 + (d / 2) * rand);
+}
+
+/** The JSON body of one delivery (docs/AUTOMATIONS.md, "Delivery body"). */
+export function deliveryBody(ws: string, e: Pick<LogEvent, 'id' | 'type' | 'created_at' | 'payload'> & { session_id: string | null; session_thread_id: string | null; seq: number }): string {
+  return JSON.stringify({
+    id: e.id, type: e.type, created_at: e.created_at, workspace_id: ws, session_id: e.session_id, session_thread_id: e.session_thread_id, seq: e.seq, payload: e.payload,
+  });
+}
+
+export interface SendResult { status_code: number; latency_ms: number; error: string | null }
+
+class DeliveryError extends Error {}
+
+/**
+ * Signed outbound deliveries. Every matching Session event goes to every enabled endpoint of
+ * its Workspace, at least once and in order per Session: a lane (endpoint × Session) is a chain
+ * of BullMQ jobs, one per cursor position, each delivering the next event and advancing the
+ * cursor by compare-and-swap before queueing the next step. A failed delivery is retried by
+ * BullMQ with exponential backoff and jitter; one that exhausts its attempts disables the
+ * endpoint and leaves the cursor on it, so re-enabling resumes there.
+ */
+export class WebhookDispatcher {
+  private readonly bull: Redis;
+  readonly queue: Queue;
+  private worker: Worker | null = null;
+  private workerConn: Redis | null = null;
+  private sweepTimer: NodeJS.Timeout | null = null;
+  private workspaces: { at: number; set: Set<string> } = { at: 0, set: new Set() };
+  private readonly endpointCache = new Map<string, { at: number; list: EndpointDoc[] }>();
+  private readonly counter: ReturnType<Metrics['counter']>;
+  private readonly latency: ReturnType<Metrics['histogram']>;
+
+  constructor(private readonly d: { redisUrl: string; redis: Redis; store: WebhookStore; log: EventLog; tap: SessionEventTap; logger: Logger; metrics: Metrics; settings: DeliverySettings; onDisabled?: (e: EndpointDoc, reason: string) => Promise<void> }) {
+    this.bull = connectRedis(d.redisUrl, { name: 'api:webhooks', blocking: true });
+    this.bull.on('error', (err: Error) => d.logger.warn({ err: err.message }, 'webhooks queue connection error'));
+    this.queue = new Queue(QUEUE, { connection: this.bull, prefix: WEBHOOK_QUEUE_PREFIX });
+    this.counter = d.metrics.counter('agentplane_webhook_deliveries_total', 'Outbound webhook delivery attempts by outcome');
+    this.latency = d.metrics.histogram('agentplane_webhook_delivery_seconds', 'Outbound webhook delivery latency');
+  }
+
+  get store(): WebhookStore {
+    return this.d.store;
+  }
+
+  // ---- sending -------------------------------------------------------------------------------
+
+  /** One signed POST to the endpoint: the egress guard on the resolved address, a timeout, no redirects followed. */
+  async send(endpoint: EndpointDoc, messageId: string, body: string): Promise<SendResult> {
+    const started = performance.now();
+    const secrets = await this.d.store.signingSecrets(endpoint.workspace_id, endpoint.id);
+    const at = new Date();
+    const signature = secrets.map((s) => new Webhook(s).sign(messageId, at, body)).join(' ');
+    const url = new URL(endpoint.url);
+    const done = (status_code: number, error: string | null): SendResult => {
+      const latency_ms = Math.round(performance.now() - started);
+      this.counter.inc({ outcome: status_code >= 200 && status_code < 300 ? 'succeeded' : 'failed' });
+      this.latency.observe({}, latency_ms / 1000);
+      return { status_code, latency_ms, error };
+    };
+    let target: { address: string; family: 4 | 6 };
+    try {
+      target = await resolveAllowed(url.hostname, this.d.settings.egress);
+    } catch (err) {
+      return done(0, err instanceof EgressRefused ? 'egress_refused' : 'dns_failed');
+    }
+    const lookup: LookupFunction = (_host, opts, cb) => {
+      if ((opts as { all?: boolean }).all) (cb as unknown as (e: null, a: { address: string; family: number }[]) => void)(null, [target]);
+      else cb(null, target.address, target.family);
+    };
+    const requestFn = url.protocol === 'https:' ? httpsRequest : httpRequest;
+    return new Promise<SendResult>((resolve) => {
+      const req = requestFn(url, {
+        method: 'POST', lookup, timeout: this.d.settings.timeoutMs,
+        headers: {
+          'content-type': 'application/json', 'content-length': Buffer.byteLength(body), 'user-agent': 'agentplane-webhooks/1',
+          'webhook-id': messageId, 'webhook-timestamp': String(Math.floor(at.getTime() / 1000)), 'webhook-signature': signature,
+        },
+      }, (res: IncomingMessage) => {
+        res.resume();
+        res.on('end', () => resolve(done(res.statusCode ?? 0, null)));
+        res.on('error', () => resolve(done(res.statusCode ?? 0, 'response_error')));
+      });
+      req.on('timeout', () => req.destroy(new Error('timeout')));
+      req.on('error', (err: Error) => resolve(done(0, err.message === 'timeout' ? 'timeout' : 'connection_failed')));
+      req.end(body);
+    });
+  }
+
+  /** `POST /v1/webhook-endpoints/{id}/test`: one synthetic `webhook.test` delivery, never in any Session log. */
+  async test(endpoint: EndpointDoc): Promise<{ delivered: boolean; status_code: number }> {
+    const id = `evt_test_${Date.now().toString(16)}${Math.random().toString(16).slice(2, 10)}`;
+    const body = deliveryBody(endpoint.workspace_id, { id, type: 'webhook.test', created_at: new Date().toISOString(), session_id: null, session_thread_id: null, seq: 0, payload: {} });
+    const r = await this.send(endpoint, id, body);
+    const delivered = r.status_code >= 200 && r.status_code < 300;
+    await this.d.store.record(endpoint.workspace_id, endpoint.id, {
+      message_id: id, event_type: 'webhook.test', session_id: null, seq: 0, attempt: 1, status_code: r.status_code, latency_ms: r.latency_ms,
+      outcome: delivered ? 'succeeded' : 'failed', error: r.error, test: true,
+    });
+    return { delivered, status_code: r.status_code };
+  }
+
+  // ---- lanes ---------------------------------------------------------------------------------
+
+  async enqueueLane(ws: string, endpointId: string, sessionId: string, cursor: number): Promise<void> {
+    const jobId = laneJobId(endpointId, sessionId, cursor);
+    const old = await this.queue.getJob(jobId);
+    if (old && (await old.isFailed())) await old.remove();
+    await this.queue.add('deliver', { workspace_id: ws, endpoint_id: endpointId, session_id: sessionId, cursor } satisfies LaneData, {
+      jobId, attempts: this.d.settings.maxAttempts, backoff: { type: 'jittered' }, removeOnComplete: true, removeOnFail: { age: 7 * 24 * 3600 },
+    });
+  }
+
+  private async lane(job: Job<LaneData>): Promise<void> {
+    const { workspace_id: ws, endpoint_id: id, session_id: sid, cursor } = job.data;
+    const endpoint = await this.d.store.docs.get<EndpointDoc>(tags.workspace(ws), id);
+    if (!endpoint || endpoint.status !== 'enabled') return;
+    if ((await this.d.store.cursor(ws, id, sid)) !== cursor) return; // a stale step: the lane moved on
+    let at = cursor;
+    for (;;) {
+      const batch = await this.d.log.range(sid, at, 50);
+      if (batch.length === 0) {
+        if (at !== cursor) await this.d.store.advance(ws, id, sid, cursor, at);
+        return;
+      }
+      const next = batch.find((e) => endpoint.event_types.length === 0 || endpoint.event_types.includes(e.type));
+      if (!next) {
+        at = batch[batch.length - 1]!.seq;
+        continue;
+      }
+      // Events the filter skips before `next` move the cursor with it.
+      if (at !== cursor && !(await this.d.store.advance(ws, id, sid, cursor, at))) return;
+      const from = at;
+      const r = await this.send(endpoint, next.id, deliveryBody(ws, next));
+      const ok = r.status_code >= 200 && r.status_code < 300;
+      await this.d.store.record(ws, id, {
+        message_id: next.id, event_type: next.type, session_id: sid, seq: next.seq, attempt: job.attemptsMade + 1, status_code: r.status_code,
+        latency_ms: r.latency_ms, outcome: ok ? 'succeeded' : 'failed', error: r.error ?? (ok ? null : `status_${r.status_code}`), test: false,
+      });
+      if (!ok) {
+        // Retried from the same cursor (which now sits just before this event).
+        if (from !== cursor) {
+          await this.enqueueLane(ws, id, sid, from);
+          return;
+        }
+        throw new DeliveryError(r.error ?? `status ${r.status_code}`);
+      }
+      if (!(await this.d.store.advance(ws, id, sid, from, next.seq))) return;
+      const state = await this.d.log.state(sid);
+      if (state.seq > next.seq) await this.enqueueLane(ws, id, sid, next.seq);
+      return;
+    }
+  }
+
+  private async disable(data: LaneData, reason: string): Promise<void> {
+    let changed = false;
+    const e = await this.d.store.update(data.workspace_id, data.endpoint_id, (cur) => {
+      changed = cur.status !== 'disabled';
+      return changed ? { ...cur, status: 'disabled', disabled_reason: 'delivery_failed', disabled_at: new Date().toISOString() } : null;
+    });
+    this.endpointCache.delete(data.workspace_id);
+    if (changed) await this.d.onDisabled?.(e, reason);
+    this.d.logger.warn({ endpoint_id: e.id, session_id: data.session_id, reason }, 'webhook endpoint disabled: a delivery exhausted its attempts');
+  }
+
+  /** After an endpoint is enabled again: every lane whose Session has events past its cursor resumes. */
+  async resume(ws: string, endpointId: string): Promise<void> {
+    const lanes = await this.d.store.lanes(ws, endpointId);
+    for (const [sid, cur] of Object.entries(lanes)) {
+      const state = await this.d.log.state(sid);
+      if (state.erased) await this.d.store.dropLane(ws, endpointId, sid);
+      else if (state.seq > Number(cur)) await this.enqueueLane(ws, endpointId, sid, Number(cur));
+    }
+  }
+
+  // ---- the event tap -------------------------------------------------------------------------
+
+  private async workspaceSet(): Promise<Set<string>> {
+    if (Date.now() - this.workspaces.at > 1000) this.workspaces = { at: Date.now(), set: new Set(await this.d.redis.smembers(webhookKeys.workspaces())) };
+    return this.workspaces.set;
+  }
+
+  private async endpointsOf(ws: string): Promise<EndpointDoc[]> {
+    const c = this.endpointCache.get(ws);
+    if (c && Date.now() - c.at < 1000) return c.list;
+    const list = await this.d.store.enabled(ws);
+    this.endpointCache.set(ws, { at: Date.now(), list });
+    return list;
+  }
+
+  forget(ws: string): void {
+    this.endpointCache.delete(ws);
+    this.workspaces.at = 0;
+  }
+
+  private async onAppend(a: TappedAppend): Promise<void> {
+    for (const e of await this.endpointsOf(a.workspace_id)) {
+      if (e.event_types.length > 0 && (await this.d.store.cursor(a.workspace_id, e.id, a.session_id)) === null) {
+        // A lane starts at the first append that holds an event the endpoint wants.
+        if (!(await a.events()).some((x) => e.event_types.includes(x.type))) continue;
+      }
+      const cur = await this.d.store.initCursor(a.workspace_id, e.id, a.session_id, a.from - 1);
+      await this.enqueueLane(a.workspace_id, e.id, a.session_id, cur);
+    }
+  }
+
+  /** Lanes whose Session moved past their cursor while no api heard it (a restart): queued again. */
+  async sweep(): Promise<void> {
+    for (const ws of await this.d.redis.smembers(webhookKeys.workspaces())) {
+      for (const e of await this.d.store.enabled(ws)) await this.resume(ws, e.id);
+    }
+  }
+
+  start(): void {
+    if (this.worker) return;
+    const conn = this.bull.duplicate({ connectionName: 'agentplane:api:webhooks-worker' });
+    this.workerConn = conn;
+    conn.on('error', (err: Error) => this.d.logger.warn({ err: err.message }, 'webhooks worker connection error'));
+    const s = this.d.settings;
+    this.worker = new Worker(QUEUE, async (job: Job) => this.lane(job as Job<LaneData>), {
+      connection: conn, prefix: WEBHOOK_QUEUE_PREFIX, concurrency: 32,
+      settings: { backoffStrategy: (attemptsMade: number) => retryDelay(attemptsMade, s.retryBaseMs, s.retryMaxMs) },
+    });
+    this.worker.on('error', (err) => this.d.logger.warn({ err: err.message }, 'webhooks worker error'));
+    this.worker.on('failed', (job, err) => {
+      if (!job || job.attemptsMade < s.maxAttempts) return;
+      void this.disable(job.data as LaneData, err.message).catch((e: unknown) => this.d.logger.error({ err: e }, 'disabling a failing webhook endpoint failed'));
+    });
+    this.d.tap.on(async (ws) => (await this.workspaceSet()).has(ws), (a) => this.onAppend(a));
+    const sweep = () => void this.sweep().catch((err: unknown) => this.d.logger.warn({ err }, 'webhook sweep failed'));
+    this.sweepTimer = setInterval(sweep, s.sweepIntervalMs);
+    this.sweepTimer.unref();
+    sweep();
+  }
+
+  async close(): Promise<void> {
+    if (this.sweepTimer) clearInterval(this.sweepTimer);
+    await this.worker?.close().catch(() => undefined);
+    await this.workerConn?.quit().catch(() => this.workerConn?.disconnect());
+    await this.queue.close().catch(() => undefined);
+    await this.bull.quit().catch(() => this.bull.disconnect());
+  }
+}

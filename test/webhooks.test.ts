@@ -1,0 +1,217 @@
+import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Webhook } from 'standardwebhooks';
+import { HttpClient } from '@agentplane/client';
+import { startPlatform, waitFor, type Platform } from './harness/platform.js';
+import { errType } from './harness/governance.js';
+
+/**
+ * Outbound webhook endpoints against a local receiver: signed deliveries of Session events,
+ * retries with backoff (a receiver failing twice then succeeding), order per Session, the
+ * delivery log, permanent-failure disable and re-enable, the test delivery, the egress guard,
+ * and a platform restart in the middle of a retry.
+ */
+interface Received { headers: IncomingHttpHeaders; body: string; status: number }
+interface Delivery { type: string; seq: number; session_id: string | null; id: string; payload: Record<string, unknown> }
+
+class Receiver {
+  readonly got: Received[] = [];
+  /** Status to answer per message id: a queue of statuses used first, then `fallback`. */
+  readonly plan = new Map<string, number[]>();
+  fallback = 200;
+  /** The next message id not seen before is answered 500 this many times first. */
+  failNextNew = 0;
+  private readonly seen = new Set<string>();
+  private server!: Server;
+  url = '';
+  async start(): Promise<void> {
+    this.server = createServer((req, res) => {
+      const chunks: Buffer[] = [];
+      req.on('data', (c: Buffer) => chunks.push(c));
+      req.on('end', () => {
+        const body = Buffer.concat(chunks).toString('utf8');
+        const id = String(req.headers['webhook-id']);
+        if (!this.seen.has(id)) {
+          this.seen.add(id);
+          if (this.failNextNew > 0) this.plan.set(id, new Array<number>(this.failNextNew).fill(500));
+          this.failNextNew = 0;
+        }
+        const status = this.plan.get(id)?.shift() ?? this.fallback;
+        this.got.push({ headers: req.headers, body, status });
+        res.writeHead(status).end();
+      });
+    });
+    await new Promise<void>((r) => this.server.listen(0, '127.0.0.1', () => r()));
+    const addr = this.server.address();
+    this.url = `http://127.0.0.1:${typeof addr === 'object' && addr ? addr.port : 0}/hook`;
+  }
+  ok(): Received[] {
+    return this.got.filter((g) => g.status >= 200 && g.status < 300);
+  }
+  deliveries(): Delivery[] {
+    return this.ok().map((g) => JSON.parse(g.body) as Delivery);
+  }
+  close(): Promise<void> {
+    return new Promise((r) => this.server.close(() => r()));
+  }
+}
+
+const ENV = { AGENTPLANE_MODE: 'development', WEBHOOK_MAX_ATTEMPTS: '8', WEBHOOK_RETRY_BASE_MS: '200', WEBHOOK_RETRY_MAX_MS: '1000', WEBHOOK_SWEEP_MS: '1000' };
+let dataDir: string;
+let p: Platform;
+let api: HttpClient;
+let principal: string;
+let envId: string;
+let rx: Receiver;
+
+interface Endpoint { id: string; version: number; status: string; disabled_reason: string | null; signing_secret?: string }
+
+async function connect(platform: Platform): Promise<void> {
+  p = platform;
+  api = p.root.with({ workspaceId: p.bootstrap.workspace_id });
+}
+
+async function newSession(first: string): Promise<string> {
+  return (await api.post<{ id: string }>('/v1/sessions', {
+    agent: { name: 'hooked', model: 'default' }, environment_id: envId,
+    initial_events: [{ type: 'user.message', payload: { content: first, authored_by: principal, caused_by: { kind: 'api' } } }],
+  })).id;
+}
+const say = (sessionId: string, content: string) =>
+  api.post(`/v1/sessions/${sessionId}/events`, { type: 'user.message', payload: { content, authored_by: principal, caused_by: { kind: 'api' } } });
+
+function verify(secret: string, r: Received): void {
+  new Webhook(secret).verify(r.body, {
+    'webhook-id': String(r.headers['webhook-id']), 'webhook-timestamp': String(r.headers['webhook-timestamp']), 'webhook-signature': String(r.headers['webhook-signature']),
+  });
+}
+
+beforeAll(async () => {
+  dataDir = mkdtempSync(join(tmpdir(), 'agentplane-webhooks-'));
+  rx = new Receiver();
+  await rx.start();
+  await connect(await startPlatform({ dataDir, env: ENV }));
+  principal = (await api.post<{ id: string }>(`/v1/organizations/workspaces/${p.bootstrap.workspace_id}/principals`, {
+    external_subject_id: 'hook-user', principal_type: 'person', display_name: 'Hook User',
+  })).id;
+  envId = (await api.post<{ id: string }>('/v1/environments', {
+    name: 'sandbox', image: 'agentplane/sandbox:latest', resources: { cpu_millis: 1000, memory_mib: 256, disk_mib: 512, max_duration_seconds: 120 },
+  })).id;
+}, 120_000);
+afterAll(async () => {
+  await p?.stop();
+  await rx?.close();
+  if (dataDir) rmSync(dataDir, { recursive: true, force: true });
+});
+
+describe('webhook endpoints', () => {
+  it('refuses URLs the egress guard would never deliver to', async () => {
+    for (const url of ['http://10.0.0.1/hook', 'https://169.254.169.254/latest', 'https://user:pw@example.com/hook', 'ftp://example.com/x', 'http://example.com/hook']) {
+      const r = await api.request('POST', '/v1/webhook-endpoints', { body: { url } });
+      expect([url, r.status, errType(r)]).toEqual([url, 400, 'validation.malformed']);
+    }
+  });
+
+  it('sends a signed webhook.test delivery (seq 0, session_id null) at the expected version, and reports a failing receiver', async () => {
+    const e = await api.post<Endpoint>('/v1/webhook-endpoints', { url: rx.url, event_types: ['session.status_idle'] });
+    expect(e.signing_secret).toMatch(/^whsec_/);
+    expect((await api.get<Endpoint>(`/v1/webhook-endpoints/${e.id}`)).signing_secret).toBeUndefined();
+    const before = rx.got.length;
+    expect(await api.post(`/v1/webhook-endpoints/${e.id}/test`, { expected_version: e.version })).toEqual({ delivered: true, status_code: 200 });
+    const got = rx.got[before]!;
+    expect(JSON.parse(got.body)).toMatchObject({ type: 'webhook.test', seq: 0, session_id: null, workspace_id: p.bootstrap.workspace_id });
+    verify(String(e.signing_secret), got);
+    expect(() => verify(`whsec_${Buffer.alloc(32, 7).toString('base64')}`, got)).toThrow();
+
+    const stale = await api.request('POST', `/v1/webhook-endpoints/${e.id}/test`, { body: { expected_version: e.version + 1 } });
+    expect([stale.status, errType(stale)]).toEqual([409, 'validation.conflict']);
+    rx.fallback = 503;
+    try {
+      expect(await api.post(`/v1/webhook-endpoints/${e.id}/test`, { expected_version: e.version })).toEqual({ delivered: false, status_code: 503 });
+    } finally {
+      rx.fallback = 200;
+    }
+    const log = await api.get<{ data: { event_type: string; status_code: number; test: boolean }[] }>(`/v1/webhook-endpoints/${e.id}/deliveries`);
+    expect(log.data.slice(0, 2).map((d) => [d.event_type, d.status_code, d.test])).toEqual([['webhook.test', 503, true], ['webhook.test', 200, true]]);
+    await api.request('DELETE', `/v1/webhook-endpoints/${e.id}`);
+  });
+
+  it('delivers every matching event once and in order per Session, signed', async () => {
+    const e = await api.post<Endpoint>('/v1/webhook-endpoints', { url: rx.url, event_types: ['user.message'] });
+    const secret = String(e.signing_secret);
+    const sessions = [await newSession('one-a'), await newSession('one-b')];
+    for (const s of sessions) for (const word of ['two', 'three', 'four']) await say(s, `${word}-${s.slice(-4)}`);
+    await waitFor('8 deliveries', () => (rx.deliveries().filter((d) => sessions.includes(String(d.session_id))).length >= 8 ? true : undefined), 30_000);
+    for (const s of sessions) {
+      const mine = rx.deliveries().filter((d) => d.session_id === s);
+      expect(mine.map((d) => d.type)).toEqual(['user.message', 'user.message', 'user.message', 'user.message']);
+      const seqs = mine.map((d) => d.seq);
+      expect([...seqs].sort((a, b) => a - b)).toEqual(seqs);
+      expect(new Set(mine.map((d) => d.id)).size).toBe(4);
+      expect(mine.map((d) => String((d.payload.content as string) ?? ''))).toEqual(['one-' + (s === sessions[0] ? 'a' : 'b'), `two-${s.slice(-4)}`, `three-${s.slice(-4)}`, `four-${s.slice(-4)}`]);
+    }
+    for (const r of rx.ok().filter((g) => sessions.includes(String((JSON.parse(g.body) as Delivery).session_id)))) verify(secret, r);
+    await api.request('DELETE', `/v1/webhook-endpoints/${e.id}`);
+  });
+
+  it('a receiver that fails twice then succeeds gets exactly one success, after the failures, still in order', async () => {
+    const e = await api.post<Endpoint>('/v1/webhook-endpoints', { url: rx.url, event_types: ['user.message'] });
+    const s = await newSession('flaky-first');
+    await waitFor('the first delivery', () => (rx.deliveries().some((d) => d.session_id === s) ? true : undefined), 15_000);
+    // The next message is refused twice, then accepted; the one after it must wait for it.
+    rx.failNextNew = 2;
+    await say(s, 'flaky-second');
+    await say(s, 'flaky-third');
+    await waitFor('three deliveries', () => (rx.deliveries().filter((d) => d.session_id === s).length >= 3 ? true : undefined), 20_000);
+    const mine = rx.deliveries().filter((d) => d.session_id === s);
+    expect(mine.map((d) => d.payload.content)).toEqual(['flaky-first', 'flaky-second', 'flaky-third']);
+    const second = mine[1]!;
+    const attempts = rx.got.filter((g) => g.headers['webhook-id'] === second.id);
+    expect(attempts.filter((a) => a.status === 200)).toHaveLength(1);
+    expect(attempts.at(-1)?.status).toBe(200);
+    expect(attempts.map((a) => a.status)).toEqual([500, 500, 200]);
+    const log = await api.get<{ data: { message_id: string; attempt: number; status_code: number; latency_ms: number }[] }>(`/v1/webhook-endpoints/${e.id}/deliveries`, { limit: 100 });
+    const forSecond = log.data.filter((d) => d.message_id === second.id).reverse();
+    expect(forSecond.map((d) => [d.attempt, d.status_code])).toEqual([[1, 500], [2, 500], [3, 200]]);
+    for (const d of forSecond) expect(d.latency_ms).toBeGreaterThanOrEqual(0);
+    await api.request('DELETE', `/v1/webhook-endpoints/${e.id}`);
+  });
+
+  it('a delivery that exhausts its attempts disables the endpoint; re-enabling delivers it', async () => {
+    const e = await api.post<Endpoint>('/v1/webhook-endpoints', { url: rx.url, event_types: ['user.message'] });
+    rx.fallback = 500;
+    let s = '';
+    try {
+      s = await newSession('doomed');
+      const disabled = await waitFor('the endpoint disabled', async () => {
+        const cur = await api.get<Endpoint>(`/v1/webhook-endpoints/${e.id}`);
+        return cur.status === 'disabled' ? cur : undefined;
+      }, 30_000);
+      expect(disabled.disabled_reason).toBe('delivery_failed');
+      expect(rx.got.filter((g) => (JSON.parse(g.body) as Delivery).session_id === s)).toHaveLength(8);
+    } finally {
+      rx.fallback = 200;
+    }
+    const cur = await api.get<Endpoint>(`/v1/webhook-endpoints/${e.id}`);
+    await api.post(`/v1/webhook-endpoints/${e.id}`, { expected_version: cur.version, status: 'enabled' });
+    await waitFor('the held delivery', () => (rx.deliveries().some((d) => d.session_id === s) ? true : undefined), 15_000);
+    expect(rx.deliveries().filter((d) => d.session_id === s).map((d) => d.payload.content)).toEqual(['doomed']);
+    await api.request('DELETE', `/v1/webhook-endpoints/${e.id}`);
+  });
+
+  it('a platform restart in the middle of a retry loses no delivery', async () => {
+    const e = await api.post<Endpoint>('/v1/webhook-endpoints', { url: rx.url, event_types: ['user.message'] });
+    rx.fallback = 500;
+    const s = await newSession('survivor');
+    await waitFor('a failed attempt', () => (rx.got.some((g) => (JSON.parse(g.body) as Delivery).session_id === s) ? true : undefined), 15_000);
+    await p.stop();
+    rx.fallback = 200;
+    await connect(await startPlatform({ dataDir, env: ENV }));
+    await waitFor('the delivery after the restart', () => (rx.deliveries().some((d) => d.session_id === s) ? true : undefined), 30_000);
+    expect(rx.deliveries().filter((d) => d.session_id === s).map((d) => d.payload.content)).toEqual(['survivor']);
+    expect((await api.get<Endpoint>(`/v1/webhook-endpoints/${e.id}`)).status).toBe('enabled');
+  });
+});
