@@ -1,3 +1,4 @@
+import { OutcomeService } from './outcomes/service.js';
 import { createServer, type Server } from 'node:http';
 import Koa from 'koa';
 import { createLogger, Metrics, SecretBox, type Logger } from '@agentplane/core';
@@ -66,6 +67,11 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
   const runners = new RunnerService(docs, redis, credentials, identity);
   const runs = createRunsModule({ config, redis, log, store: sessionStore, runtime: threadRuntime, environments, runners });
   turns.scheduler = runs.engine;
+  const outcomes = new OutcomeService({
+    store: sessionStore, runtime: threadRuntime, scheduler: () => turns.scheduler, log, files,
+    hasProfile: async (ws, key) => (await models.profiles.resolve(ws, key)) !== null,
+  });
+  threadRuntime.onTurnEnded((session, threadId, runId, stop) => outcomes.turnEnded(session, threadId, runId, stop));
   const eventHub = new EventHub(subscriber);
   metrics.gauge('agentplane_sse_streams', 'Session SSE streams open in this process').set({}, activeStreams);
   metrics.gauge('agentplane_event_hub_channels', 'Session channels this process is subscribed to').set({}, () => eventHub.channelCount);
@@ -79,7 +85,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
     eventHub,
     shutdownSignal,
     sessions: new SessionService({
-      store: sessionStore, agents, environments, identity, files, runtime: threadRuntime, scheduler: () => turns.scheduler,
+      store: sessionStore, agents, environments, identity, files, runtime: threadRuntime, scheduler: () => turns.scheduler, outcomes,
       requireModel: (ws, key, field) => models.profiles.requireKey(ws, key, field),
       admitTurn: (session) => models.budgets.check({ workspace_id: session.workspace_id, session_id: session.id, session_budget: session.budget }),
       modelUsage: async (scope) => {

@@ -20,6 +20,8 @@ export { RunEngine } from './runs/engine.js';
 export { EnqueueOutbox } from './runs/outbox.js';
 export { buildTurnSpec, requirementsOf, specResources, repositoryName, type TurnSpec, type SpecTool, type SpecResource } from './runs/spec.js';
 export { FileStore } from './files/store.js';
+export { OutcomeService, type OutcomeDoc, type OutcomeEvaluation, type OutcomeResult } from './outcomes/service.js';
+export { parseVerdict, rubricCriteria, namedPaths, graderSpec, GRADER_LIMITS, type GraderVerdict, type GraderContext, type GraderSpec } from './outcomes/grader.js';
 export type { FileDoc } from './files/model.js';
 export { VersionedStore } from './agents/versioned.js';
 export type { Environment } from './environments/operations.js';

@@ -8,6 +8,7 @@ import { ModelStreams } from '../models/model-streams.js';
 import type { SessionStore } from '../sessions/store.js';
 import type { RunLifecycle, TurnResult } from './lifecycle.js';
 import type { PolicyStore } from '../governance/policies.js';
+import { boundedGraderResult } from '../outcomes/grader.js';
 
 export interface RunHandlerDeps {
   keeper: LeaseKeeper;
@@ -98,6 +99,7 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     await d.lifecycle.succeeded(rec.session_id, rec.run_id, rec.lease_id, {
       stop_reason: (result.stop_reason ?? { type: 'end_turn' }) as TurnResult['stop_reason'],
       ...(result.waits ? { waits: result.waits } : {}),
+      ...(result.grader ? { grader: boundedGraderResult(result.grader) } : {}),
     });
     await d.records.remove(rec.lease_id);
   });

@@ -7,6 +7,8 @@ import type { FileStore } from '../files/store.js';
 import type { RunDoc, SessionResource } from '../sessions/model.js';
 import type { SessionStore } from '../sessions/store.js';
 import { conversationOf, readAll, type Responses } from './history.js';
+import type { GraderSpec } from '../outcomes/grader.js';
+import { graderTurnSpec } from '../outcomes/spec.js';
 
 /** A tool as the runner's harness takes it. */
 export type SpecTool =
@@ -81,6 +83,9 @@ export interface TurnSpec {
    * that lives only as long as this lease (set by the scheduler when the agent has MCP servers).
    */
   runtime_mcp?: { bearer: string; servers: { name: string; connection_id: string; permission: 'always_allow' | 'always_ask' }[] };
+  /** `outcome_grader`: a grader Run (docs/OUTCOMES.md): one model step over `grader`, no agent turn. */
+  kind?: 'turn' | 'outcome_grader';
+  grader?: GraderSpec & { routing_key: string };
 }
 
 export function specTools(agent: AgentSnapshot): SpecTool[] {
@@ -127,6 +132,23 @@ export async function buildTurnSpec(src: SpecSources, run: RunDoc, maxHistoryByt
   const env = await src.environments.getVersion(run.workspace_id, run.environment_id, run.environment_version);
   const events = await readAll(src.store.log, run.session_id);
   const isPrimary = session._primary_thread_id === run.session_thread_id;
+  if (run.grader) {
+    // A grader Run sees none of the thread's conversation: only its own context (docs/OUTCOMES.md).
+    const grader = await graderTurnSpec(src, run, events);
+    return {
+      run_id: run.id, session_id: run.session_id, thread_id: run.session_thread_id, workspace_id: run.workspace_id,
+      agent: { id: run.agent.id, version: run.agent.version, routing_key: grader.routing_key, tools: [] },
+      environment: {
+        id: env.id, version: env.version, image: env.image, resources: { ...env.resources }, network_mode: env.network.mode,
+        retention_mode: env.retention_mode, tier: env.tier, harness_topology: env.harness_topology ?? 'split',
+      },
+      resources: await specResources(session.resources, run.workspace_id, src.files),
+      history: [],
+      responses: { custom_tool_results: {}, confirmations: {}, question_answers: {} },
+      kind: 'outcome_grader',
+      grader,
+    };
+  }
   const { history, responses } = conversationOf(events, run.session_thread_id, isPrimary);
   return {
     run_id: run.id,
