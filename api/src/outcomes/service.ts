@@ -187,9 +187,6 @@ export class OutcomeService {
       ...c, status: 'grading', grader_run_id: runId, current_evaluation: { id: evaluationId, iteration, started_at },
     }));
     if (cur.grader_run_id !== runId) return false;
-    await this.append(session.id, o.thread_id, 'session.outcome_evaluation_started', {
-      outcome_id: o.id, evaluation_id: evaluationId, iteration, run_id: runId,
-    }, `outcome:${o.id}:evaluation:${iteration}:started`);
     await this.d.scheduler().runStarting?.(session.id, runId);
     const { run } = await this.d.store.startTurn(session, o.thread_id, (t) =>
       t.status !== 'idle' || t._active_run_id !== null ? null : {
@@ -200,6 +197,10 @@ export class OutcomeService {
       await this.finish(cur, 'failed', 'the thread was not free for grading');
       return false;
     }
+    // The grader Run is the thread's active Run from here on, so user.interrupt reaches it.
+    await this.append(session.id, o.thread_id, 'session.outcome_evaluation_started', {
+      outcome_id: o.id, evaluation_id: evaluationId, iteration, run_id: runId,
+    }, `outcome:${o.id}:evaluation:${iteration}:started`);
     await this.d.scheduler().runQueued(run);
     return true;
   }
