@@ -99,7 +99,7 @@ export function namedPaths(message: string): string[] {
     if (!found.includes(p)) found.push(p);
   };
   for (const m of message.matchAll(/`([^`\n]{1,512})`/g)) if (m[1]) add(m[1]);
-  for (const m of message.matchAll(/(?:^|[\s(])((?:\.\/)?[\w@+-]+(?:\/[\w.@+-]+)*\.[A-Za-z0-9]{1,10})(?=$|[\s.,;:!?)])/gm)) if (m[1]) add(m[1]);
+  for (const m of message.matchAll(/(?:^|[\s(])((?:\.\/|\/workspace\/)?[\w@+-]+(?:\/[\w.@+-]+)*\.[A-Za-z0-9]{1,10})(?=$|[\s.,;:!?)])/gm)) if (m[1]) add(m[1]);
   return found.slice(0, GRADER_LIMITS.maxFiles);
 }
 

@@ -163,6 +163,11 @@ export class OutcomeService {
   async turnEnded(session: SessionDoc, threadId: string, endedRunId: string | null, stop: StopReason): Promise<boolean> {
     const o = await this.active(session.id, threadId);
     if (!o) return false;
+    if (session.archived_at !== null) {
+      // An archived Session takes no new work: no grading, no revision.
+      await this.finish(o, 'interrupted', 'the session was archived');
+      return false;
+    }
     try {
       if (o.status === 'grading') {
         if (endedRunId !== o.grader_run_id) return false;
