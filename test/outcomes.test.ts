@@ -33,9 +33,9 @@ const AGENT = SCRIPT([
 const rubric = (rules: unknown[], criteria = ['The report exists', 'The report is version 2']): string =>
   `${criteria.map((c) => `- ${c}`).join('\n')}\n\n\`\`\`scripted\n${JSON.stringify({ rules })}\n\`\`\`\n`;
 
-async function session(): Promise<string> {
+async function session(environmentId = envId): Promise<string> {
   const s = await api.post<{ id: string }>('/v1/sessions', {
-    agent: { name: 'reporter', model: 'default', system: AGENT, tools: [{ type: 'builtin', name: 'bash' }] }, environment_id: envId,
+    agent: { name: 'reporter', model: 'default', system: AGENT, tools: [{ type: 'builtin', name: 'bash' }] }, environment_id: environmentId,
   });
   return s.id;
 }
@@ -111,6 +111,19 @@ describe('outcomes', () => {
     expect(JSON.parse(first.grader_result.output)).toMatchObject({ result: 'needs_revision' });
     const second = await api.get<{ grader_result: { input: unknown } }>(`/v1/runs/${String(s.outcome_evaluations[1]?.run_id)}`);
     expect(JSON.stringify(second.grader_result.input)).toContain('report-v2-body');
+  });
+
+  it('grades the colocated topology the same way (the grader Run reads the named file from the sandbox)', async () => {
+    const env = await api.post<{ id: string }>('/v1/environments', {
+      name: 'colocated', image: 'agentplane/sandbox:latest', harness_topology: 'colocated',
+      resources: { cpu_millis: 1000, memory_mib: 256, disk_mib: 512, max_duration_seconds: 120 },
+    });
+    const id = await session(env.id);
+    await api.post(`/v1/sessions/${id}/events`, define({
+      rubric: rubric([{ when: { user_contains: 'report-v2-body' }, then: [{ verdict: 'satisfied' }] }, { then: [{ verdict: 'needs_revision', explanation: 'v2 please' }] }]),
+    }));
+    const evs = await untilEvents(api, id, ended, 120_000);
+    expect(outcomeEnd(evs)).toMatchObject({ result: 'satisfied', evaluation_count: 2, revision_count: 1 });
   });
 
   it('reaches max_iterations_reached when every evaluation asks for a revision', async () => {

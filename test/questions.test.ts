@@ -37,9 +37,9 @@ const AGENT = SCRIPT([
   { when: { after_tool: 'ask_user' }, then: [{ reply: 'Noted. {{tool_result}}' }] },
 ]);
 
-async function session(): Promise<string> {
+async function session(environmentId = envId): Promise<string> {
   return (await api.post<{ id: string }>('/v1/sessions', {
-    agent: { name: 'asker', model: 'default', system: AGENT, tools: [{ type: 'builtin', name: 'ask_user' }] }, environment_id: envId,
+    agent: { name: 'asker', model: 'default', system: AGENT, tools: [{ type: 'builtin', name: 'ask_user' }] }, environment_id: environmentId,
   })).id;
 }
 
@@ -89,6 +89,23 @@ describe('questions', () => {
     expect(runs.data).toHaveLength(2);
     expect(runs.data.filter((r) => r.continues_run_id)).toHaveLength(1);
     expect(all.filter((e) => e.type === 'user.question_answer')).toHaveLength(1);
+  });
+
+  it('the colocated topology asks and resumes the same way', async () => {
+    const env = await api.post<{ id: string }>('/v1/environments', {
+      name: 'colocated', image: 'agentplane/sandbox:latest', harness_topology: 'colocated',
+      resources: { cpu_millis: 1000, memory_mib: 256, disk_mib: 512, max_duration_seconds: 120 },
+    });
+    const id = await session(env.id);
+    await api.post(`/v1/sessions/${id}/events`, msg('pick a colour'));
+    const first = await untilEvents(api, id, (e) => idleCount(e) >= 1);
+    const use = first.find((e) => e.type === 'agent.tool_use');
+    expect(use?.payload).toMatchObject({ name: 'ask_user', blocking: true, awaiting: 'question_answer' });
+    expect(idleOf(first, 0)).toMatchObject({ type: 'requires_action' });
+    expect((await send(id, answer(String(use?.payload.id), { answers: [{ selected: ['red'] }, { text: 'warm' }] }))).status).toBe(201);
+    const all = await untilEvents(api, id, (e) => idleCount(e) >= 2);
+    expect(idleOf(all, 1)).toEqual({ type: 'end_turn' });
+    expect(JSON.stringify(all.filter((e) => e.type === 'agent.message'))).toContain('1. red');
   });
 
   it('a stale answer (an older wait generation) is refused', async () => {

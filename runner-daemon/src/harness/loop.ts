@@ -195,7 +195,8 @@ export class HarnessLoop {
         for (const b of waiting) {
           const c = this.classify(input.agent, b);
           // A custom tool's result was already the client's to give; everything else is asked again.
-          governed.push(c.awaiting === 'custom_tool_result' || c.awaiting === 'question_answer' ? c : await this.governed(c));
+          // A question is asked again too: a policy written meanwhile refuses the answer's use.
+          governed.push(c.awaiting === 'custom_tool_result' ? c : await this.governed(c));
         }
         const byId = new Map(governed.map((c) => [c.block.id, c]));
         const unanswered = governed
