@@ -4,6 +4,15 @@ import type { LeaseHandle } from '../agent.js';
 import { HarnessError } from '../harness/events.js';
 import type { Sandbox, SandboxDriver } from '../sandbox/types.js';
 
+const REPORT_SYSTEM_BYTES = 96 * 1024;
+const REPORT_PROMPT_BYTES = 320 * 1024;
+const REPORT_OUTPUT_BYTES = 64 * 1024;
+/** At most `max` bytes of UTF-8 (a split character at the end is dropped). */
+const cut = (s: string, max: number): string => {
+  const b = Buffer.from(s, 'utf8');
+  return b.length <= max ? s : b.subarray(0, max).toString('utf8').replace(/\uFFFD$/, '');
+};
+
 /** The `grader` part of a grader Run's turn spec (the control plane's `GraderSpec`). */
 export interface GraderTurn {
   routing_key: string;
@@ -89,9 +98,15 @@ export async function runGrader(
   }
   if (handle.signal.aborted || !ended) return { stop_reason: { type: 'interrupted' } };
   o.log.info({ lease: handle.lease.lease_id, chars: output.length }, 'grader step done');
+  // The report rides on lease.complete: kept well inside the frame limit whatever the files held.
+  const text = `${g.prompt}${files}`;
   return {
     stop_reason: { type: 'end_turn' },
     usage,
-    grader: { input: { system: request.system, messages: request.messages }, output, usage },
+    grader: {
+      input: { system: cut(g.system, REPORT_SYSTEM_BYTES), messages: [{ role: 'user', content: [{ type: 'text', text: cut(text, REPORT_PROMPT_BYTES) }] }] },
+      output: cut(output, REPORT_OUTPUT_BYTES),
+      usage,
+    },
   };
 }
