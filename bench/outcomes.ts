@@ -5,6 +5,9 @@
 // the Session (model gateway usage, grader Runs included), p50/p99 over BENCH_OUTCOMES pairs,
 // interleaved so machine drift hits both alike. The cost ratio is the grader's overhead.
 // BENCH_DEBUG=1 prints each Run's dispatch timestamps (ms after it was accepted).
+// BENCH_HEARTBEAT_MS sets the runner heartbeat (default: the platform's, 5000): the dispatcher
+// counts leases granted since a runner's last presence write against its slots, so Runs started
+// back to back (an outcome starts four) can wait for the next heartbeat.
 import { streamEvents, type HttpClient, type SseFrame } from '@agentplane/client';
 import { startPlatform, waitFor } from '../test/harness/platform.js';
 import { progress } from './lib/progress.js';
@@ -56,7 +59,8 @@ async function timed(api: HttpClient, id: string, drive: (seen: Ev[]) => Promise
 }
 
 async function main(): Promise<void> {
-  const p = await startPlatform({ runner: true, scheduler: true });
+  const hb = process.env.BENCH_HEARTBEAT_MS;
+  const p = await startPlatform({ runner: true, scheduler: true, ...(hb ? { env: { RUNNER_HEARTBEAT_INTERVAL_MS: hb, RUNNER_PRESENCE_TTL_MS: String(Number(hb) * 4) } } : {}) });
   try {
     const api = p.root;
     const ws = p.bootstrap.workspace_id;

@@ -170,7 +170,21 @@ describe('outcomes', () => {
     expect(run.grader_result.input.system).toContain('Cites the file rubric');
   });
 
-  it('refuses what an outcome cannot start with', async () => {
+  it('starts from the initial_events of a new Session', async () => {
+    const s = await api.post<{ id: string }>('/v1/sessions', {
+      agent: { name: 'reporter', model: 'default', system: AGENT, tools: [{ type: 'builtin', name: 'bash' }] }, environment_id: envId,
+      initial_events: [define({ rubric: rubric([{ then: [{ verdict: 'satisfied' }] }]) })],
+    });
+    const evs = await untilEvents(api, s.id, ended, 90_000);
+    expect(outcomeEnd(evs)).toMatchObject({ result: 'satisfied', evaluation_count: 1 });
+    const two = await api.request('POST', '/v1/sessions', {
+      body: { agent: { name: 'r', model: 'default' }, environment_id: envId, initial_events: [define({ rubric: '- a' }), define({ rubric: '- b' })] },
+    });
+    expect(two.status).toBe(400);
+    expect(errType(two)).toBe('validation.malformed');
+  });
+
+    it('refuses what an outcome cannot start with', async () => {
     const id = await session();
     const tooMany = await api.request('POST', `/v1/sessions/${id}/events`, { body: define({ rubric: '- ok', max_iterations: 21 }) });
     expect(tooMany.status).toBe(400);
