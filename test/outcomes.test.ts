@@ -33,9 +33,9 @@ const AGENT = SCRIPT([
 const rubric = (rules: unknown[], criteria = ['The report exists', 'The report is version 2']): string =>
   `${criteria.map((c) => `- ${c}`).join('\n')}\n\n\`\`\`scripted\n${JSON.stringify({ rules })}\n\`\`\`\n`;
 
-async function session(environmentId = envId): Promise<string> {
+async function session(environmentId = envId, system = AGENT): Promise<string> {
   const s = await api.post<{ id: string }>('/v1/sessions', {
-    agent: { name: 'reporter', model: 'default', system: AGENT, tools: [{ type: 'builtin', name: 'bash' }] }, environment_id: environmentId,
+    agent: { name: 'reporter', model: 'default', system, tools: [{ type: 'builtin', name: 'bash' }] }, environment_id: environmentId,
   });
   return s.id;
 }
@@ -154,6 +154,26 @@ describe('outcomes', () => {
     expect(outcomeEnd(evs)).toMatchObject({ result: 'interrupted', evaluation_count: 1, revision_count: 0 });
     const s = await api.get<{ outcome_evaluations: Json[]; status: string }>(`/v1/sessions/${id}`);
     expect(s.outcome_evaluations.map((e) => e.result)).toEqual(['interrupted']);
+  });
+
+  it('user.interrupt during a revision ends the outcome interrupted', async () => {
+    const slowRevision = SCRIPT([
+      { when: { user_contains: 'asks for a revision' }, then: [{ sleep_ms: 60_000 }, { reply: 'never' }] },
+      { then: [{ reply: 'A first draft.' }] },
+    ]);
+    const id = await session(envId, slowRevision);
+    await api.post(`/v1/sessions/${id}/events`, define({ rubric: rubric([{ then: [{ verdict: 'needs_revision', explanation: 'More.' }] }]) }));
+    // The revision turn is running once a status_running follows the first evaluation's end.
+    await untilEvents(api, id, (e) => {
+      const i = e.findIndex((x) => x.type === 'session.outcome_evaluation_ended');
+      return i >= 0 && e.slice(i).some((x) => x.type === 'session.status_running');
+    }, 90_000);
+    const runs = await api.get<{ data: { id: string; grader?: unknown }[] }>(`/v1/sessions/${id}/runs`);
+    const revision = runs.data.find((r) => !r.grader);
+    await waitFor('the revision turn running', async () => ((await api.get<{ status: string }>(`/v1/runs/${String(revision?.id)}`)).status === 'running' ? true : undefined), 60_000);
+    await api.post(`/v1/sessions/${id}/events`, { type: 'user.interrupt', payload: { authored_by: principal, caused_by: { kind: 'api' } } });
+    const evs = await untilEvents(api, id, ended, 60_000);
+    expect(outcomeEnd(evs)).toMatchObject({ result: 'interrupted', evaluation_count: 1, revision_count: 1 });
   });
 
   it('takes its rubric from a File', async () => {
