@@ -1,3 +1,4 @@
+import { OutcomeService } from '@agentplane/domain';
 import { createServer, type Server } from 'node:http';
 import Koa from 'koa';
 import { createLogger, Metrics, SecretBox, type Logger } from '@agentplane/core';
@@ -79,6 +80,11 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
   const runners = new RunnerService(docs, redis, credentials, identity);
   const runs = createRunsModule({ config, redis, log, store: sessionStore, runtime: threadRuntime, environments, runners });
   turns.scheduler = runs.engine;
+  const outcomes = new OutcomeService({
+    store: sessionStore, runtime: threadRuntime, scheduler: () => turns.scheduler, log, files,
+    hasProfile: async (ws, key) => (await models.profiles.resolve(ws, key)) !== null,
+  });
+  threadRuntime.onTurnEnded((session, threadId, runId, stop) => outcomes.turnEnded(session, threadId, runId, stop));
   const eventHub = new EventHub(subscriber);
   const policies = new PolicyStore(redis, docs, audit, log);
   // Approval expiries are BullMQ delayed jobs (their own never-give-up connection).
@@ -87,7 +93,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
     redis, docs, audit, policies, sessions: sessionStore, scheduler: () => turns.scheduler, jobs: approvalJobs, config: config.approvals, log,
   });
   const sessions = new SessionService({
-    store: sessionStore, agents, environments, identity, files, memory: memory.stores, vaults, projects, runtime: threadRuntime, scheduler: () => turns.scheduler,
+    store: sessionStore, agents, environments, identity, files, memory: memory.stores, vaults, projects, runtime: threadRuntime, scheduler: () => turns.scheduler, outcomes,
     requireModel: (ws, key, field) => models.profiles.requireKey(ws, key, field),
     admitTurn: (session) => models.budgets.check({ workspace_id: session.workspace_id, session_id: session.id, session_budget: session.budget }),
     modelUsage: async (scope) => {

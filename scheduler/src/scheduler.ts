@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import type { Logger } from '@agentplane/core';
 import {
-  buildTurnSpec, ConnectionService, CredentialIndex, FileStore, IdentityService, ProjectHeadReader, RedisRuntimeBearers, RunEngine, RunLifecycle, RunnerService,
+  buildTurnSpec, ConnectionService, CredentialIndex, FileStore, IdentityService, OutcomeService, ProjectHeadReader, RedisRuntimeBearers, RunEngine, RunLifecycle, RunnerService,
   SessionStore, ThreadRuntime, VersionedStore, type Environment, type RunDoc,
 } from '@agentplane/domain';
 import { activePools, LeaseFence, LeaseRecords, RunQueues } from '@agentplane/lease';
@@ -63,7 +63,8 @@ export class Scheduler {
     const credentials = new CredentialIndex(this.redis);
     const runners = new RunnerService(docs, this.redis, credentials, new IdentityService(docs, this.redis, credentials));
     let engine: RunEngine | undefined;
-    this.lifecycle = new RunLifecycle(this.store, new ThreadRuntime(this.store, () => engine as RunEngine), log);
+    const runtime = new ThreadRuntime(this.store, () => engine as RunEngine);
+    this.lifecycle = new RunLifecycle(this.store, runtime, log);
     engine = new RunEngine({
       redis: this.redis, queues: this.queues, lifecycle: this.lifecycle, store: this.store, environments: this.environments, runners, log,
       interruptGraceMs: 10_000,
@@ -72,6 +73,9 @@ export class Scheduler {
     this.directory = new PresenceDirectory(this.redis, (pool) => this.pools.get(pool));
     this.files = new FileStore(this.redis, docs);
     this.projects = new ProjectHeadReader(docs);
+    // Turns this scheduler ends (retries exhausted, interrupted while queued) move their outcome on too.
+    const outcomes = new OutcomeService({ store: this.store, runtime, scheduler: () => this.engine, log, files: this.files });
+    runtime.onTurnEnded((session, threadId, runId, stop) => outcomes.turnEnded(session, threadId, runId, stop));
     this.bearers = new RedisRuntimeBearers(this.redis, new LeaseFence(this.redis));
     this.connections = config.masterKey ? new ConnectionService(docs, new SecretBox(config.masterKey)) : undefined;
     this.offers = new RedisOfferChannel(this.redis, this.sub, this.instanceId, new LeaseRecords(this.redis), (o) => this.spec(o), log);

@@ -7,6 +7,7 @@ import type { ModelsModule } from '../models/module.js';
 import { ModelStreams } from '../models/model-streams.js';
 import type { RunLifecycle, SessionStore, TurnResult } from '@agentplane/domain';
 import type { ApprovalService } from '../approvals/service.js';
+import { boundedGraderResult } from '@agentplane/domain';
 
 export interface RunHandlerDeps {
   keeper: LeaseKeeper;
@@ -123,6 +124,7 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     await d.lifecycle.succeeded(rec.session_id, rec.run_id, rec.lease_id, {
       stop_reason: (result.stop_reason ?? { type: 'end_turn' }) as TurnResult['stop_reason'],
       ...(waits ? { waits } : {}),
+      ...(result.grader ? { grader: boundedGraderResult(result.grader) } : {}),
     });
     // Approvals resolved while the Run was still ending answer their waits now.
     if (waits) await d.approvals.settleWaits(rec.workspace_id, rec.session_id, waits).catch((err: unknown) => d.logger.error({ err, run: rec.run_id }, 'settling approval waits failed'));

@@ -19,6 +19,11 @@ const ToolUseId = Type.String({ pattern: '^toolu_[0-9A-Za-z]{1,64}$' });
 const TextBlock = Obj({ type: Type.Literal('text'), text: Type.String({ maxLength: 1_000_000 }) });
 const Content = Type.Union([Type.String({ minLength: 1, maxLength: 1_000_000 }), Type.Array(TextBlock, { minItems: 1, maxItems: 100 })]);
 const AnyJson = Type.Unsafe<unknown>({});
+/** One answer to one question of `ask_user`: free text, chosen options, or both (an "other" answer). */
+const QuestionAnswer = Obj({
+  text: Type.Optional(Type.String({ maxLength: 16_384 })),
+  selected: Type.Optional(Type.Array(Type.String({ minLength: 1, maxLength: 200 }), { maxItems: 16, uniqueItems: true })),
+}, { minProperties: 1 });
 
 export const DRIVE_PAYLOADS: Record<DriveEventType, TSchema> = {
   'user.message': Obj({ ...Common, content: Content, session_thread_id: ThreadRef }),
@@ -33,8 +38,23 @@ export const DRIVE_PAYLOADS: Record<DriveEventType, TSchema> = {
     result: Type.Union([Type.Literal('allow'), Type.Literal('deny')]),
     deny_message: Type.Optional(Type.String({ maxLength: 4096 })),
   }),
-  'user.question_answer': Obj({ ...Common, tool_use_id: Type.Optional(ToolUseId), session_thread_id: ThreadRef, answer: Type.String({ maxLength: 100_000 }) }),
-  'user.define_outcome': Obj({ ...Common, description: Type.String({ minLength: 1, maxLength: 16_384 }), rubric: Type.Optional(Type.String({ maxLength: 65_536 })) }),
+  'user.question_answer': Obj({
+    ...Common, tool_use_id: ToolUseId, session_thread_id: ThreadRef,
+    /** One answer per question, in the order asked (docs/OUTCOMES.md, "Questions"). Exactly one of `answers` and `declined`. */
+    answers: Type.Optional(Type.Array(QuestionAnswer, { minItems: 1, maxItems: 8 })),
+    /** The Session declines to answer; the agent is told so (with the reason, when given). */
+    declined: Type.Optional(Type.Literal(true)),
+    reason: Type.Optional(Type.String({ maxLength: 4096 })),
+  }),
+  'user.define_outcome': Obj({
+    ...Common,
+    description: Type.String({ minLength: 1, maxLength: 16_384 }),
+    /** Markdown text, or a File of this workspace holding it (docs/OUTCOMES.md). */
+    rubric: Type.Union([Type.String({ minLength: 1, maxLength: 65_536 }), Obj({ type: Type.Literal('file'), file_id: Id('file') })]),
+    max_iterations: Type.Optional(Type.Integer({ minimum: 1, maximum: 20, default: 3 })),
+    /** The grader's routing profile key for this outcome (else the workspace default). */
+    grader_model: Type.Optional(Type.String({ pattern: '^[a-z0-9](?:[a-z0-9._-]{0,93})$' })),
+  }),
 };
 
 export const DriveEventBody = Obj({

@@ -6,7 +6,7 @@ import type { VersionedStore } from '@agentplane/domain';
 import type { Environment } from '@agentplane/domain';
 import type { IdentityService } from '@agentplane/domain';
 import {
-  publicDoc, sessionStats, threadStats, usageFrom, type SessionDoc, type Usage, type SessionResource, type ThreadDoc,
+  publicDoc, sessionStats, threadStats, usageFrom, type SessionDoc, type Usage, type SessionResource, type ThreadDoc, type WaitKind,
 } from '@agentplane/domain';
 import { checkDrivePayload, type CreateSessionInput, type DriveEventType, type DrivePayload } from './schemas.js';
 import { newThreadDoc, SessionStore } from '@agentplane/domain';
@@ -37,6 +37,16 @@ export interface SessionServiceDeps {
   requireModel?: (ws: string, key: string, field: string) => Promise<void>;
   /** Token usage metered by the model gateway, per Session or thread (null: none recorded). */
   modelUsage?: (scope: { session_id: string; thread_id?: string }) => Promise<TokenUsage | null>;
+  /** `user.define_outcome` (docs/OUTCOMES.md); absent: the event is only recorded. */
+  outcomes?: OutcomeDriver;
+}
+
+/** What the Sessions module asks of the outcomes module. */
+export interface OutcomeDriver {
+  /** Before the define event is appended: refuses what the thread cannot take. */
+  admit(session: SessionDoc, thread: ThreadDoc, payload: DrivePayload): Promise<void>;
+  /** After it is appended: records the outcome and starts its first turn. */
+  defined(session: SessionDoc, threadId: string, event: LogEvent): Promise<unknown>;
 }
 
 export interface DriveInput {
@@ -48,6 +58,8 @@ export interface DriveOutcome {
   status: 200 | 201;
   event: LogEvent;
 }
+
+const ANSWER_TYPE: Record<Exclude<WaitKind, 'approval'>, DriveEventType> = { custom_tool: 'user.custom_tool_result', confirmation: 'user.tool_confirmation', question: 'user.question_answer' };
 
 interface Position {
   score: number;
@@ -113,14 +125,20 @@ export class SessionService {
       ...(options.automationId ? { automation_id: options.automationId } : {}),
     };
     // A first user.message starts a turn: a spent Session or Workspace budget refuses the create.
-    if (initial.some((e) => e.type === 'user.message')) await this.d.admitTurn?.(session);
+    if (initial.some((e) => e.type === 'user.message' || e.type === 'user.define_outcome')) await this.d.admitTurn?.(session);
+    const outcomes = initial.filter((e) => e.type === 'user.define_outcome');
+    if (outcomes.length > 1) throw new ApiError('validation.malformed', 'initial_events: at most one user.define_outcome');
+    if (outcomes[0] && this.d.outcomes) await this.d.outcomes.admit(session, primary, outcomes[0].payload);
     await this.d.store.create(session, primary);
     if (initial.length > 0) {
       const r = await this.d.store.log.append(session.id, initial.map((e) => ({ type: e.type, payload: e.payload, session_thread_id: primary.id })), {
         producerKey: idemKey ? `create:${sha256Hex(idemKey)}` : undefined,
       });
       if (r.ok) {
-        for (const ev of r.events) if (ev.type === 'user.message') await this.d.runtime.submitUserMessage(session, primary.id, ev.id);
+        for (const ev of r.events) {
+          if (ev.type === 'user.message') await this.d.runtime.submitUserMessage(session, primary.id, ev.id);
+          if (ev.type === 'user.define_outcome') await this.d.outcomes?.defined(session, primary.id, ev);
+        }
       }
     }
     return this.view(session);
@@ -259,14 +277,17 @@ export class SessionService {
   async drive(session: SessionDoc, input: DriveInput, idemKey: string | undefined): Promise<DriveOutcome> {
     if (session.archived_at !== null) throw new ApiError('runtime.invalid_transition', 'the session is archived: it keeps its reads but takes no new work');
     const p = input.payload;
-    const answering = input.type === 'user.custom_tool_result' || input.type === 'user.tool_confirmation';
+    const answering = input.type === 'user.custom_tool_result' || input.type === 'user.tool_confirmation' || input.type === 'user.question_answer';
+    if (input.type === 'user.question_answer' && (p.answers === undefined) === (p.declined === undefined)) {
+      throw new ApiError('validation.malformed', 'body.payload: a user.question_answer carries exactly one of answers and declined');
+    }
     const threadId = p.session_thread_id ?? session._primary_thread_id;
     // The checks are independent reads: made at once, reported in a fixed order (the author,
     // then the thread, then the budget), so a request with several faults always gets the same one.
     const [author, read, admitted] = await Promise.allSettled([
       this.d.identity.activePrincipal(session.workspace_id, p.authored_by, 'authored_by'),
       answering ? Promise.resolve(null) : this.d.store.thread(session.id, threadId),
-      input.type === 'user.message' ? this.d.admitTurn?.(session) : Promise.resolve(),
+      input.type === 'user.message' || input.type === 'user.define_outcome' ? this.d.admitTurn?.(session) : Promise.resolve(),
     ]);
     if (author.status === 'rejected') throw author.reason;
     if (answering) return this.answer(session, input);
@@ -276,8 +297,13 @@ export class SessionService {
       throw new ApiError('runtime.invalid_transition', 'the thread is terminated');
     }
     if (admitted.status === 'rejected') throw admitted.reason;
+    if (input.type === 'user.define_outcome') {
+      if (thread.status === 'terminated') throw new ApiError('runtime.invalid_transition', 'the thread is terminated');
+      await this.d.outcomes?.admit(session, thread, p);
+    }
     const event = await this.appendOne(session.id, input, threadId, idemKey ? `drive:${sha256Hex(idemKey)}` : undefined);
     if (input.type === 'user.message') await this.d.runtime.submitUserMessage(session, threadId, event.id);
+    if (input.type === 'user.define_outcome') await this.d.outcomes?.defined(session, threadId, event);
     if (input.type === 'user.interrupt') await this.d.runtime.interrupt(session, threadId);
     return { status: 201, event };
   }
@@ -293,11 +319,11 @@ export class SessionService {
     return ev;
   }
 
-  /** `user.custom_tool_result` / `user.tool_confirmation`: only for the exact current wait generation. */
+  /** `user.custom_tool_result` / `user.tool_confirmation` / `user.question_answer`: only for the exact current wait generation. */
   private async answer(session: SessionDoc, input: DriveInput): Promise<DriveOutcome> {
     const p = input.payload;
     const toolUseId = p.tool_use_id as string;
-    const kind = input.type === 'user.custom_tool_result' ? 'custom_tool' : 'confirmation';
+    const kind: WaitKind = input.type === 'user.custom_tool_result' ? 'custom_tool' : input.type === 'user.question_answer' ? 'question' : 'confirmation';
     let thread: ThreadDoc;
     if (p.session_thread_id) {
       thread = await this.d.store.thread(session.id, p.session_thread_id);
@@ -319,7 +345,7 @@ export class SessionService {
     if (wait.kind === 'approval') {
       throw new ApiError('runtime.invalid_transition', `${toolUseId} waits for its ActionApproval (GET /v1/sessions/${session.id}/action-approvals); a drive event cannot answer it`);
     }
-    if (wait.kind !== kind) throw new ApiError('runtime.invalid_transition', `${toolUseId} waits for a ${wait.kind === 'custom_tool' ? 'user.custom_tool_result' : 'user.tool_confirmation'}`);
+    if (wait.kind !== kind) throw new ApiError('runtime.invalid_transition', `${toolUseId} waits for a ${ANSWER_TYPE[wait.kind]}`);
     const { caused_by: _c, ...exact } = p;
     const fp = sha256Hex(canonicalJson({ type: input.type, payload: exact }));
     if (wait.answered_event_id !== null) return this.replayAnswer(session.id, wait, fp);

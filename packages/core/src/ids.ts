@@ -42,6 +42,8 @@ export const ID_PREFIXES = {
   project: 'proj',
   automation: 'auto',
   firingFeedback: 'afbk',
+  outcome: 'outc',
+  outcomeEvaluation: 'oeval',
 } as const;
 
 export type IdKind = keyof typeof ID_PREFIXES;

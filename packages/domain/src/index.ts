@@ -25,3 +25,6 @@ export * from './runs/outbox.js';
 export * from './runs/lifecycle.js';
 export * from './runs/engine.js';
 export * from './identity/bootstrap.js';
+export * from './outcomes/grader.js';
+export * from './outcomes/service.js';
+export * from './outcomes/spec.js';

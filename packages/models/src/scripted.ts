@@ -44,6 +44,11 @@ export type ScriptStep =
   | { think: string }
   | { reply: string }
   | { tool: string; input?: unknown }
+  /**
+   * An outcome grader's answer (docs/OUTCOMES.md): replies with the verdict JSON the grader
+   * parses. `criteria` items are `{criterion, verdict: "pass" | "fail", explanation?}`.
+   */
+  | { verdict: 'satisfied' | 'needs_revision' | 'failed'; explanation?: string; criteria?: unknown[] }
   | { sleep_ms: number }
   | { fail: Extract<ProviderErrorKind, 'rate_limited' | 'server' | 'bad_request' | 'auth'>; retry_after?: number };
 
@@ -201,8 +206,10 @@ export class ScriptedAdapter implements ProviderAdapter {
         thinking += t;
         for (const d of splitDeltas(t)) yield { type: 'thinking_delta', text: d };
         emitted = true;
-      } else if ('reply' in step) {
-        const t = fill(step.reply, s);
+      } else if ('reply' in step || 'verdict' in step) {
+        const t = 'reply' in step
+          ? fill(step.reply, s)
+          : JSON.stringify({ result: step.verdict, ...(step.explanation !== undefined ? { explanation: fill(step.explanation, s) } : {}), ...(step.criteria ? { criteria: step.criteria } : {}) });
         text += t;
         for (const d of splitDeltas(t)) yield { type: 'text_delta', text: d };
         emitted = true;

@@ -24,7 +24,7 @@ import { readFile } from 'node:fs/promises';
 import { fileURLToPath } from 'node:url';
 import type { Logger } from '@agentplane/core';
 import { addUsage, RUNNER_DEFAULTS, ZERO_USAGE, type ModelClient, type ModelError, type ModelRequest, type TokenUsage } from '@agentplane/protocol';
-import { HarnessError, type AgentConfig, type IdleStopReason, type SessionEventSink } from '../harness/events.js';
+import { HarnessError, type AgentConfig, type Awaiting, type IdleStopReason, type SessionEventSink } from '../harness/events.js';
 import type { GateDecision, GateQuery, RunInput, ToolGate } from '../harness/loop.js';
 import { RunAudit } from '../harness/colocated/audit.js';
 import { encodeLine, HARNESS_SANDBOX_PATH, LineSplitter, RelayError, type HarnessMessage, type RelayTool, type RunnerMessage } from '../harness/colocated/protocol.js';
@@ -79,7 +79,7 @@ export interface ColocatedOutcome {
   stop_reason: IdleStopReason;
   usage: TokenUsage;
   /** What answers each blocking tool use of `requires_action`, by the runner's own policy. */
-  awaiting: Map<string, 'custom_tool_result' | 'tool_confirmation'>;
+  awaiting: Map<string, Awaiting>;
 }
 
 /** The colocated harness could not run the Run (ends it as a work failure). */
@@ -280,7 +280,7 @@ class Relay {
   }
 
   private outcome(ending: Ending): ColocatedOutcome {
-    const awaiting = new Map<string, 'custom_tool_result' | 'tool_confirmation'>();
+    const awaiting = new Map<string, Awaiting>();
     const result = (stop: IdleStopReason): ColocatedOutcome => {
       if (stop.type === 'requires_action') {
         for (const id of stop.tool_use_ids) {

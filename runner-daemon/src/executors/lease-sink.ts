@@ -1,7 +1,7 @@
 import { createHash } from 'node:crypto';
 import type { Payload } from '@agentplane/protocol';
 import type { LeaseHandle } from '../agent.js';
-import type { HarnessEvent, SessionEventSink } from '../harness/index.js';
+import type { Awaiting, HarnessEvent, SessionEventSink } from '../harness/index.js';
 
 const TOOL_USE_ID = /^toolu_[0-9A-Za-z]{1,64}$/;
 
@@ -14,7 +14,7 @@ const TOOL_USE_ID = /^toolu_[0-9A-Za-z]{1,64}$/;
  */
 export class LeaseSink implements SessionEventSink {
   private n = 0;
-  readonly awaiting = new Map<string, 'custom_tool_result' | 'tool_confirmation'>();
+  readonly awaiting = new Map<string, Awaiting>();
   private readonly ids = new Map<string, string>();
   private chain: Promise<unknown> = Promise.resolve();
 

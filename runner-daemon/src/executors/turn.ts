@@ -1,13 +1,14 @@
 import type { Logger } from '@agentplane/core';
 import type { LeaseExecutor, LeaseHandle } from '../agent.js';
 import type { TokenUsage } from '@agentplane/protocol';
-import { HarnessError, HarnessLoop, type AgentTool, type IdleStopReason } from '../harness/index.js';
+import { HarnessError, HarnessLoop, type AgentTool, type Awaiting, type IdleStopReason } from '../harness/index.js';
 import { connectMcpTools, type RuntimeMcp } from '../harness/mcp-tools.js';
 import type { SandboxManager } from '../sandbox/manager.js';
 import { isOfferedResource, offeredSources, type OfferedResource } from '../sandbox/sources.js';
 import { driverSatisfies, type SandboxEnvironment, type SandboxTier } from '../sandbox/types.js';
 import { colocatedHarnessAvailable, runColocated } from './colocated.js';
 import { LeaseSink } from './lease-sink.js';
+import { isGraderTurn, runGrader } from './grader.js';
 
 /** The turn spec carried by a lease offer (built by the scheduler; see docs/RUNS.md). */
 interface TurnSpec {
@@ -30,6 +31,9 @@ interface TurnSpec {
   responses: Parameters<HarnessLoop['run']>[0]['responses'];
   runtime_mcp?: RuntimeMcp;
   runtime_files?: { bearer: string };
+  /** `outcome_grader`: one grader model step instead of an agent turn (./grader.ts). */
+  kind?: 'turn' | 'outcome_grader';
+  grader?: unknown;
 }
 
 function asSpec(spec: Record<string, unknown>): TurnSpec {
@@ -40,8 +44,14 @@ function asSpec(spec: Record<string, unknown>): TurnSpec {
   if (s.resources !== undefined && (!Array.isArray(s.resources) || !s.resources.every(isOfferedResource))) {
     throw new Error('the lease offer carries malformed resources');
   }
+  if (s.kind !== undefined && s.kind !== 'turn' && s.kind !== 'outcome_grader') throw new Error(`unknown run kind '${String(s.kind)}'`);
+  if (s.kind === 'outcome_grader' && !isGraderTurn(s.grader)) throw new Error('the lease offer carries a malformed grader spec');
   return s as TurnSpec;
 }
+
+/** What the control plane calls each kind of wait (the thread's `_waits`). */
+const waitKind = (a: string | undefined): 'confirmation' | 'question' | 'custom_tool' =>
+  a === 'tool_confirmation' ? 'confirmation' : a === 'question_answer' ? 'question' : 'custom_tool';
 
 const tierOf = (spec: TurnSpec): SandboxTier => (spec.environment.tier === 'process' || spec.environment.tier === 'gvisor' ? spec.environment.tier : 'container');
 
@@ -101,11 +111,12 @@ async function runTurn(o: TurnExecutorOptions, handle: LeaseHandle): Promise<Rec
   });
   const { sandbox, materialized } = await o.sandboxes.prepare({ id: spec.session_id }, env, sources, handle.signal);
   try {
+    if (spec.kind === 'outcome_grader' && isGraderTurn(spec.grader)) return await runGrader({ driver: o.sandboxes.driver, log }, handle, spec.grader, sandbox);
     if (materialized && !materialized.skipped) log.info({ resources: materialized.placed, files: materialized.files, bytes: materialized.bytes }, 'session resources materialised');
     const sink = new LeaseSink(handle, spec.run_id, spec.session_id);
     const mcp = spec.runtime_mcp ? await connectMcpTools(o.baseUrl, spec.runtime_mcp, log, handle.signal) : undefined;
     const agent = { routing_key: spec.agent.routing_key, ...(spec.agent.system ? { system: spec.agent.system } : {}), tools: [...spec.agent.tools, ...(mcp?.tools ?? [])] };
-    let outcome: { stop_reason: IdleStopReason; usage: TokenUsage; awaiting?: Map<string, 'custom_tool_result' | 'tool_confirmation'> };
+    let outcome: { stop_reason: IdleStopReason; usage: TokenUsage; awaiting?: Map<string, Awaiting> };
     try {
       if (spec.environment.harness_topology === 'colocated') {
         // The agent loop runs inside the sandbox; this runner relays (./colocated.ts).
@@ -146,7 +157,7 @@ async function runTurn(o: TurnExecutorOptions, handle: LeaseHandle): Promise<Rec
       const kind = (raw: string): string | undefined => outcome.awaiting?.get(raw) ?? sink.awaiting.get(sink.toolId(raw));
       return {
         stop_reason: { type: 'requires_action', tool_use_ids: ids },
-        waits: stop.tool_use_ids.map((raw) => ({ tool_use_id: sink.toolId(raw), kind: kind(raw) === 'tool_confirmation' ? 'confirmation' : 'custom_tool' })),
+        waits: stop.tool_use_ids.map((raw) => ({ tool_use_id: sink.toolId(raw), kind: waitKind(kind(raw)) })),
         usage: outcome.usage,
       };
     }

@@ -7,7 +7,10 @@ import type { ModelError, TokenUsage, ToolSpec } from '@agentplane/protocol';
 export type ToolPermission = 'always_allow' | 'always_ask';
 
 export type AgentTool =
-  /** A built-in tool, executed inside the sandbox. `always_ask` waits for `user.tool_confirmation`. */
+  /**
+   * A built-in tool, executed inside the sandbox. `always_ask` waits for `user.tool_confirmation`.
+   * `ask_user` is built in too but never runs: it waits for `user.question_answer`.
+   */
   | { type: 'builtin'; name: string; permission?: ToolPermission }
   /** A custom tool, executed by the client: the Run ends waiting for `user.custom_tool_result`. */
   | { type: 'custom'; spec: ToolSpec }
@@ -46,14 +49,17 @@ export type IdleStopReason =
   /** Intermediate Run boundary: the listed blocking tool uses wait for a drive event. */
   | { type: 'requires_action'; tool_use_ids: string[] };
 
+/** What answers a blocking tool use. */
+export type Awaiting = 'custom_tool_result' | 'tool_confirmation' | 'question_answer';
+
 export interface ToolUsePayload {
   id: string;
   name: string;
   input: unknown;
-  /** A blocking use ends the Run; it is answered by `user.custom_tool_result` or `user.tool_confirmation`. */
+  /** A blocking use ends the Run; it is answered by `user.custom_tool_result`, `user.tool_confirmation` or `user.question_answer`. */
   blocking: boolean;
   /** What answers a blocking use. */
-  awaiting?: 'custom_tool_result' | 'tool_confirmation';
+  awaiting?: Awaiting;
 }
 
 export type HarnessEvent =

@@ -10,6 +10,7 @@ import type { Logger } from '@agentplane/core';
 import type { CommandRunner, Sandbox } from '../sandbox/types.js';
 import { SandboxError } from '../sandbox/types.js';
 import { builtinTool, runTool } from './tools/builtin.js';
+import { QUESTION_TOOL_NAME, questionInputError, questionToolSpec } from './tools/question.js';
 import type { BuiltinTool, ToolOutcome } from './tools/types.js';
 import {
   HarnessError,
@@ -57,6 +58,8 @@ export interface PendingResponses {
   custom_tool_results?: Record<string, { content: string; is_error?: boolean }>;
   /** `user.tool_confirmation`: tool_use_id → allow | deny. */
   confirmations?: Record<string, 'allow' | 'deny'>;
+  /** `user.question_answer`: tool_use_id → the answers (or the decline) as the model reads them. */
+  question_answers?: Record<string, { content: string; is_error?: boolean }>;
 }
 
 export interface RunInput {
@@ -82,7 +85,7 @@ export interface RunOutcome {
    * earlier Run (a resumed use that still waits); uses reported in this Run carry it in their
    * `agent.tool_use` event.
    */
-  awaiting?: Map<string, 'custom_tool_result' | 'tool_confirmation'>;
+  awaiting?: Map<string, 'custom_tool_result' | 'tool_confirmation' | 'question_answer'>;
 }
 
 const DENIED = 'The user denied this tool call; it was not executed.';
@@ -101,6 +104,8 @@ interface Classified {
    * it is not run in this Run whatever drive events say; a later Run's check tells allow or deny.
    */
   approval?: boolean;
+  /** A question whose input is malformed: answered with this error at once. */
+  invalid?: string;
 }
 
 export const policyRefusal = (d: GateDecision): string =>
@@ -114,6 +119,7 @@ export class HarnessLoop {
     const specs: ToolSpec[] = [];
     for (const tool of agent.tools) {
       if (tool.type === 'custom' || tool.type === 'external') specs.push(tool.spec);
+      else if (tool.name === QUESTION_TOOL_NAME) specs.push(questionToolSpec);
       else {
         const builtin = builtinTool(tool.name);
         if (builtin) specs.push(builtin.spec);
@@ -127,6 +133,11 @@ export class HarnessLoop {
       if (tool.type === 'custom' && tool.spec.name === block.name) return { block, awaiting: 'custom_tool_result' };
       if (tool.type === 'external' && tool.spec.name === block.name) {
         return { block, external: tool, awaiting: tool.permission === 'always_ask' ? 'tool_confirmation' : undefined };
+      }
+      if (tool.type === 'builtin' && tool.name === block.name && tool.name === QUESTION_TOOL_NAME) {
+        // A malformed question is answered at once with an error result instead of waiting.
+        const bad = questionInputError(block.input);
+        return bad ? { block, invalid: `invalid input for ${QUESTION_TOOL_NAME}: ${bad}` } : { block, awaiting: 'question_answer' };
       }
       if (tool.type === 'builtin' && tool.name === block.name) {
         const builtin = builtinTool(tool.name);
@@ -156,7 +167,11 @@ export class HarnessLoop {
       d = { decision: 'deny', rule_id: null, message: `the policy check failed (${err instanceof Error ? err.message : String(err)}); denied (fail closed)` };
     }
     if (d.decision === 'deny') return { block: c.block, denied: d };
-    if (d.decision === 'require_approval') return { ...c, approval: true, awaiting: c.awaiting === 'custom_tool_result' ? 'custom_tool_result' : 'tool_confirmation' };
+    // require_approval: the use waits for its ActionApproval first; a custom tool or a question
+    // then still waits for its own answer, any other tool for nothing more.
+    if (d.decision === 'require_approval') {
+      return { ...c, approval: true, awaiting: c.awaiting === 'custom_tool_result' || c.awaiting === 'question_answer' ? c.awaiting : 'tool_confirmation' };
+    }
     return c;
   }
 
@@ -198,10 +213,11 @@ export class HarnessLoop {
         const byId = new Map(governed.map((c) => [c.block.id, c]));
         const unanswered = governed.filter((c) => !c.denied && (c.approval
           || (c.awaiting === 'custom_tool_result' && !responses.custom_tool_results?.[c.block.id])
-          || (c.awaiting === 'tool_confirmation' && !responses.confirmations?.[c.block.id])));
+          || (c.awaiting === 'tool_confirmation' && !responses.confirmations?.[c.block.id])
+          || (c.awaiting === 'question_answer' && !responses.question_answers?.[c.block.id])));
         if (unanswered.length > 0) {
           const out = await idle({ type: 'requires_action', tool_use_ids: unanswered.map((c) => c.block.id) });
-          return { ...out, awaiting: new Map(unanswered.map((c) => [c.block.id, c.awaiting === 'custom_tool_result' ? 'custom_tool_result' : 'tool_confirmation'])) };
+          return { ...out, awaiting: new Map(unanswered.map((c) => [c.block.id, c.awaiting === 'custom_tool_result' || c.awaiting === 'question_answer' ? c.awaiting : 'tool_confirmation'])) };
         }
         const results: ContentBlock[] = [];
         for (const block of waiting) {
@@ -214,7 +230,11 @@ export class HarnessLoop {
             results.push({ type: 'tool_result', tool_use_id: block.id, content: INTERRUPTED, is_error: true });
             continue;
           }
-          if (c.awaiting === 'custom_tool_result') {
+          if (c.awaiting === 'question_answer') {
+            const r = responses.question_answers?.[block.id];
+            await emit({ type: 'agent.tool_result', payload: { tool_use_id: block.id, content: r?.content ?? '', is_error: r?.is_error ?? false } });
+            results.push({ type: 'tool_result', tool_use_id: block.id, content: r?.content ?? '', ...(r?.is_error ? { is_error: true } : {}) });
+          } else if (c.awaiting === 'custom_tool_result') {
             const r = responses.custom_tool_results?.[block.id];
             results.push({ type: 'tool_result', tool_use_id: block.id, content: r?.content ?? '', ...(r?.is_error ? { is_error: true } : {}) });
           } else if (c.awaiting === 'tool_confirmation' && responses.confirmations?.[block.id] === 'deny') {
@@ -277,6 +297,11 @@ export class HarnessLoop {
           if (c.awaiting) continue;
           if (c.denied) {
             results.push(await this.refuse(c, emit));
+            continue;
+          }
+          if (c.invalid !== undefined) {
+            await emit({ type: 'agent.tool_result', payload: { tool_use_id: c.block.id, content: c.invalid, is_error: true } });
+            results.push({ type: 'tool_result', tool_use_id: c.block.id, content: c.invalid, is_error: true });
             continue;
           }
           if (signal.aborted) {

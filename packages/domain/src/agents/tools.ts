@@ -2,7 +2,7 @@
 import { Obj, Type, type Static } from '@agentplane/core';
 
 export const Permission = Type.Union([Type.Literal('always_allow'), Type.Literal('always_ask')]);
-export const BUILTIN_TOOLS = ['bash', 'read', 'write', 'edit', 'glob', 'grep', 'web_fetch', 'web_search'] as const;
+export const BUILTIN_TOOLS = ['bash', 'read', 'write', 'edit', 'glob', 'grep', 'web_fetch', 'web_search', 'ask_user'] as const;
 const ToolName = Type.String({ pattern: '^[a-zA-Z0-9_-]{1,64}$' });
 
 /** A JSON Schema object (validated as an object; its content is the tool author's). */

@@ -5,6 +5,8 @@ import type { EventLog, LogEvent } from '@agentplane/store';
 export interface Responses {
   custom_tool_results: Record<string, { content: string; is_error?: boolean }>;
   confirmations: Record<string, 'allow' | 'deny'>;
+  /** `user.question_answer`: the answers (or the decline) as the model reads them. */
+  question_answers: Record<string, { content: string }>;
 }
 
 type Payload = Record<string, unknown>;
@@ -18,6 +20,19 @@ const textOf = (content: unknown): string => {
   return '';
 };
 
+/** A `user.question_answer` as the agent reads it: one line per answer, or the decline. */
+export function questionAnswerText(p: Payload): string {
+  if (p.declined === true) return `The user declined to answer${typeof p.reason === 'string' && p.reason ? `: ${p.reason}` : '.'}`;
+  const answers = Array.isArray(p.answers) ? (p.answers as Payload[]) : [];
+  const lines = answers.map((a, i) => {
+    const parts: string[] = [];
+    if (Array.isArray(a.selected) && a.selected.length > 0) parts.push((a.selected as unknown[]).map(String).join(', '));
+    if (typeof a.text === 'string') parts.push(a.selected ? `other: ${a.text}` : a.text);
+    return `${i + 1}. ${parts.join('; ')}`;
+  });
+  return `The user answered:\n${lines.join('\n')}`;
+}
+
 /**
  * The model conversation of one thread, rebuilt from its event log: user messages, the agent's
  * messages and tool uses, tool results. Blocking tool uses answered by drive events come back as
@@ -25,7 +40,7 @@ const textOf = (content: unknown): string => {
  */
 export function conversationOf(events: readonly LogEvent[], threadId: string, isPrimary: boolean): { history: ModelMessage[]; responses: Responses } {
   const history: ModelMessage[] = [];
-  const responses: Responses = { custom_tool_results: {}, confirmations: {} };
+  const responses: Responses = { custom_tool_results: {}, confirmations: {}, question_answers: {} };
   const push = (role: 'user' | 'assistant', block: ContentBlock) => {
     const last = history[history.length - 1];
     if (last && last.role === role) last.content.push(block);
@@ -38,6 +53,15 @@ export function conversationOf(events: readonly LogEvent[], threadId: string, is
     switch (e.type) {
       case 'user.message':
         push('user', { type: 'text', text: textOf(p.content) });
+        break;
+      // An outcome's first turn answers its description; a revision answers the grader's explanation.
+      case 'user.define_outcome':
+        push('user', { type: 'text', text: String(p.description ?? '') });
+        break;
+      case 'session.outcome_evaluation_ended':
+        if (p.result === 'needs_revision') {
+          push('user', { type: 'text', text: `The outcome grader asks for a revision (evaluation ${String(p.iteration)}):\n${String(p.explanation ?? '')}` });
+        }
         break;
       case 'agent.message':
         push('assistant', { type: 'text', text: textOf(p.content) });
@@ -54,6 +78,9 @@ export function conversationOf(events: readonly LogEvent[], threadId: string, is
       case 'user.tool_confirmation':
         responses.confirmations[String(p.tool_use_id)] = p.result === 'deny' ? 'deny' : 'allow';
         break;
+      case 'user.question_answer':
+        responses.question_answers[String(p.tool_use_id)] = { content: questionAnswerText(p) };
+        break;
       default:
         break;
     }
@@ -63,6 +90,7 @@ export function conversationOf(events: readonly LogEvent[], threadId: string, is
   for (const id of answered) {
     delete responses.custom_tool_results[id];
     delete responses.confirmations[id];
+    delete responses.question_answers[id];
   }
   return { history, responses };
 }

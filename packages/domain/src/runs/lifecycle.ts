@@ -1,6 +1,6 @@
 import { nowIso, type Logger } from '@agentplane/core';
 import { tags } from '@agentplane/store';
-import type { RunAttempt, RunDoc, RunStatus, WaitKind } from '../sessions/model.js';
+import type { GraderRunResult, RunAttempt, RunDoc, RunStatus, WaitKind } from '../sessions/model.js';
 import type { SessionStore } from '../sessions/store.js';
 import type { StopReason, ThreadRuntime } from '../sessions/turns.js';
 
@@ -10,6 +10,8 @@ export interface TurnResult {
   stop_reason: StopReason;
   /** Blocking tool uses that end the Run with requires_action. */
   waits?: { tool_use_id: string; kind: WaitKind }[];
+  /** A grader Run's report (docs/OUTCOMES.md). */
+  grader?: GraderRunResult;
 }
 
 /**
@@ -98,6 +100,7 @@ export class RunLifecycle {
     const res = await this.move(sessionId, runId, (r) =>
       TERMINAL.has(r.status) ? null : {
         ...r, status: 'succeeded', stop_reason: result.stop_reason, attempts: this.endAttempt(r, leaseId, 'succeeded', null),
+        ...(r.grader && result.grader ? { grader_result: result.grader } : {}),
         timestamps: { ...this.ts(r), ended_at: nowIso() },
       });
     if (!res?.moved) return;

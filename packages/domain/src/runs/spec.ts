@@ -8,6 +8,8 @@ import { tags, type DocumentStore } from '@agentplane/store';
 import type { RunDoc, SessionResource } from '../sessions/model.js';
 import type { SessionStore } from '../sessions/store.js';
 import { conversationOf, readAll, type Responses } from './history.js';
+import type { GraderSpec } from '../outcomes/grader.js';
+import { graderTurnSpec } from '../outcomes/spec.js';
 
 /** A tool as the runner's harness takes it. */
 export type SpecTool =
@@ -116,6 +118,9 @@ export interface TurnSpec {
    * `/v1/runtime/memory/{memory_store_id}` (docs/MEMORY.md).
    */
   memory?: { memory_store_id: string; access: 'read_only' | 'read_write' }[];
+  /** `outcome_grader`: a grader Run (docs/OUTCOMES.md): one model step over `grader`, no agent turn. */
+  kind?: 'turn' | 'outcome_grader';
+  grader?: GraderSpec & { routing_key: string };
 }
 
 /** The Session's memory attachments (a store attached twice keeps its widest access). */
@@ -173,6 +178,23 @@ export async function buildTurnSpec(src: SpecSources, run: RunDoc, maxHistoryByt
   const env = await src.environments.getVersion(run.workspace_id, run.environment_id, run.environment_version);
   const events = await readAll(src.store.log, run.session_id);
   const isPrimary = session._primary_thread_id === run.session_thread_id;
+  if (run.grader) {
+    // A grader Run sees none of the thread's conversation: only its own context (docs/OUTCOMES.md).
+    const grader = await graderTurnSpec(src, run, events);
+    return {
+      run_id: run.id, session_id: run.session_id, thread_id: run.session_thread_id, workspace_id: run.workspace_id,
+      agent: { id: run.agent.id, version: run.agent.version, routing_key: grader.routing_key, tools: [] },
+      environment: {
+        id: env.id, version: env.version, image: env.image, resources: { ...env.resources }, network_mode: env.network.mode,
+        retention_mode: env.retention_mode, tier: env.tier, harness_topology: env.harness_topology ?? 'split',
+      },
+      resources: await specResources(session.resources, run.workspace_id, src.files),
+      history: [],
+      responses: { custom_tool_results: {}, confirmations: {}, question_answers: {} },
+      kind: 'outcome_grader',
+      grader,
+    };
+  }
   const { history, responses } = conversationOf(events, run.session_thread_id, isPrimary);
   return {
     run_id: run.id,

@@ -48,8 +48,11 @@ export interface SessionTombstone extends StoredDoc {
   erased_at: string;
 }
 
-/** `approval`: a tool use under an ActionApproval, answered by resolving the approval (not by a drive event). */
-export type WaitKind = 'custom_tool' | 'confirmation' | 'approval';
+/**
+ * What answers a waiting tool use: a custom tool result, a confirmation, a question answer, or
+ * (`approval`) the resolution of its ActionApproval (not a drive event).
+ */
+export type WaitKind = 'custom_tool' | 'confirmation' | 'question' | 'approval';
 
 export interface PendingWait {
   generation: number;
@@ -140,6 +143,23 @@ export interface RunDoc extends StoredDoc {
   failure?: { class: string; code: string; message: string } | null;
   /** Answers of the previous Run's blocking tool uses (a continuation Run). */
   continues_run_id?: string | null;
+  /** A grader Run (docs/OUTCOMES.md): which evaluation it performs; it runs no agent turn. */
+  grader?: GraderRunInfo;
+  /** What the grader Run's model step saw and answered, as its runner reported it. */
+  grader_result?: GraderRunResult;
+}
+
+export interface GraderRunInfo {
+  outcome_id: string;
+  evaluation_id: string;
+  iteration: number;
+  routing_key: string;
+}
+
+export interface GraderRunResult {
+  input: { system: string; messages: unknown[] };
+  output: string;
+  usage: Record<string, number> | null;
 }
 
 const sec = (ms: number) => Math.round(ms) / 1000;

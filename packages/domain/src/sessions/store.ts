@@ -1,7 +1,7 @@
 import { ApiError, newId, nowIso } from '@agentplane/core';
 import { BoundedCache, DocumentStore, EventLog, keys, tags, type Redis } from '@agentplane/store';
 import type { AgentSnapshot } from '../agents/model.js';
-import type { RunDoc, SessionDoc, SessionTombstone, ThreadDoc } from './model.js';
+import type { GraderRunInfo, RunDoc, SessionDoc, SessionTombstone, ThreadDoc } from './model.js';
 
 /**
  * Session, thread and run documents. Everything of one Session lives in its `{s:<sess>}`
@@ -30,6 +30,8 @@ export interface TurnStart {
   inputs: string[];
   /** A continuation Run: the Run whose blocking tool uses were answered. */
   continuesRunId?: string | null;
+  /** A grader Run of an outcome evaluation (docs/OUTCOMES.md). */
+  grader?: GraderRunInfo;
 }
 
 /**
@@ -113,7 +115,8 @@ export class SessionStore {
     const tomb: SessionTombstone = { id, type: 'session_tombstone', workspace_id: workspaceId, erased_at: now, version: doc.version + 1, created_at: doc.created_at, updated_at: now };
     const m = this.redis.multi();
     for (const t of [...threadIds, ...runIds]) m.del(keys.doc(tag, t));
-    m.del(keys.index(tag, 'threads'), keys.index(tag, 'runs'), keys.scoped(tag, 'spawn'));
+    for (const o of await this.redis.zrange(keys.index(tag, 'outcomes'), 0, -1)) m.del(keys.doc(tag, o));
+    m.del(keys.index(tag, 'threads'), keys.index(tag, 'runs'), keys.index(tag, 'outcomes'), keys.scoped(tag, 'outcomes:active'), keys.scoped(tag, 'spawn'));
     m.set(keys.doc(tag, id), JSON.stringify(tomb));
     await m.exec();
   }
@@ -244,5 +247,6 @@ export function newRunDoc(session: Pick<SessionDoc, 'id' | 'workspace_id' | 'age
     status: 'queued', agent: session.agent, environment_id: session.environment_id, environment_version: session.environment_version,
     input_event_ids: start.inputs, version: 1, created_at: now, updated_at: now,
     ...(start.continuesRunId !== undefined ? { continues_run_id: start.continuesRunId } : {}),
+    ...(start.grader ? { grader: start.grader } : {}),
   };
 }

@@ -28,6 +28,12 @@ export const recordOnlyTurnScheduler: TurnScheduler = {
   waitsResolved: async () => undefined,
 };
 
+/**
+ * A turn of `threadId` ended (`endedRunId`: the Run it ran). Returns true when the hook started
+ * the thread's next Run itself (a grader Run, a revision), so queued messages wait for it.
+ */
+export type TurnEndHook = (session: SessionDoc, threadId: string, endedRunId: string | null, stop: StopReason) => Promise<boolean>;
+
 export type StopReason = { type: 'end_turn' } | { type: 'requires_action'; tool_use_ids: string[] } | { type: 'retries_exhausted' } | { type: 'interrupted' } | { type: string };
 
 /**
@@ -41,10 +47,18 @@ export type StopReason = { type: 'end_turn' } | { type: 'requires_action'; tool_
  * the current turn ends with a stop reason other than `requires_action`. Interrupt first to steer.
  */
 export class ThreadRuntime {
+  /** Called when a turn ends other than `requires_action` (outcomes grade it); true = it started the thread's next Run. */
+  private turnEnded: TurnEndHook | undefined;
+
   constructor(
     private readonly store: SessionStore,
     private readonly scheduler: () => TurnScheduler,
   ) {}
+
+  /** Installs the one turn-end hook (the outcomes module). */
+  onTurnEnded(hook: TurnEndHook): void {
+    this.turnEnded = hook;
+  }
 
   /**
    * A user.message was appended: start a turn on an idle thread, else queue it for the next one.
@@ -90,7 +104,9 @@ export class ThreadRuntime {
    */
   async endTurn(session: SessionDoc, threadId: string, stop: StopReason, waits: { tool_use_id: string; kind: WaitKind }[] = []): Promise<ThreadDoc> {
     const now = Date.now();
+    let endedRunId: string | null = null;
     const next = await this.store.updateThread(session.id, threadId, (t) => {
+      endedRunId = t._active_run_id;
       if (t.status === 'terminated') return null;
       const ranMs = t._running_since_ms !== null ? now - t._running_since_ms : 0;
       const base = { ...t, status: 'idle' as const, _running_since_ms: null, _running_ms_total: t._running_ms_total + ranMs, _stop_reason: stop };
@@ -105,6 +121,9 @@ export class ThreadRuntime {
     await this.store.log.append(session.id, [{ type: 'session.status_idle', payload: { stop_reason: stop }, session_thread_id: threadId }]);
     // An archived Session takes no new work: queued messages stay in the log but start no turn.
     const live = await this.store.docs.get<SessionDoc>(sessionTag(session.id), session.id);
+    if (stop.type !== 'requires_action' && this.turnEnded && live?.type === 'session' && next.status !== 'terminated') {
+      if (await this.turnEnded(live, threadId, endedRunId, stop)) return this.store.thread(session.id, threadId);
+    }
     if (stop.type !== 'requires_action' && next._queued_inputs.length > 0 && live?.type === 'session' && live.archived_at === null) {
       // Everything queued during the turn becomes the input of the next one, in arrival order.
       await this.submitUserMessage(live, threadId, null);

@@ -17,6 +17,7 @@ import type { ModelMessage, ModelStreamEvent } from '@agentplane/protocol';
 import type { IdleStopReason, ToolUsePayload } from '../events.js';
 import { policyRefusal, type GateDecision, type GateQuery, type PendingResponses } from '../loop.js';
 import { builtinTool } from '../tools/builtin.js';
+import { QUESTION_TOOL_NAME, questionInputError } from '../tools/question.js';
 import { RelayError, STOPPED_DECISION, type RelayEvent, type RelayTool } from './protocol.js';
 
 export const DEFAULT_MAX_STEPS = 100;
@@ -106,6 +107,7 @@ export class RunAudit {
     for (const tool of this.tools) {
       if (tool.type === 'custom' && tool.spec.name === name) return 'custom_tool_result';
       if (tool.type === 'external' && tool.spec.name === name) return tool.permission === 'always_ask' ? 'tool_confirmation' : undefined;
+      if (tool.type === 'builtin' && tool.name === name && name === QUESTION_TOOL_NAME) return 'question_answer';
       if (tool.type === 'builtin' && tool.name === name) {
         if (!builtinTool(name)) return undefined;
         return tool.permission === 'always_ask' ? 'tool_confirmation' : undefined;
@@ -122,10 +124,12 @@ export class RunAudit {
   awaitingOfUse(toolUseId: string): ToolUsePayload['awaiting'] {
     const name = this.nameOf(toolUseId);
     if (name === undefined) return undefined;
+    // A malformed question is answered at once by the split loop, so it never waits.
+    if (name === QUESTION_TOOL_NAME && this.inputs.has(toolUseId) && questionInputError(this.inputs.get(toolUseId)) !== null) return undefined;
     const base = this.awaiting(name);
     const d = this.decisions.get(toolUseId);
     if (d?.decision === 'deny') return undefined;
-    if (d?.decision === 'require_approval' && base !== 'custom_tool_result') return 'tool_confirmation';
+    if (d?.decision === 'require_approval' && base !== 'custom_tool_result' && base !== 'question_answer') return 'tool_confirmation';
     return base;
   }
 

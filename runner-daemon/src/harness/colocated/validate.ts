@@ -121,7 +121,9 @@ export function validateEvent(v: unknown): RelayEvent {
       str(payload.id, 'agent.tool_use id', 256, 'invalid_event');
       str(payload.name, 'agent.tool_use name', 128, 'invalid_event');
       const blocking = bool(payload.blocking, 'agent.tool_use blocking', 'invalid_event');
-      if (payload.awaiting !== undefined && payload.awaiting !== 'custom_tool_result' && payload.awaiting !== 'tool_confirmation') fail('invalid_event', 'agent.tool_use awaiting is not custom_tool_result or tool_confirmation');
+      if (payload.awaiting !== undefined && payload.awaiting !== 'custom_tool_result' && payload.awaiting !== 'tool_confirmation' && payload.awaiting !== 'question_answer') {
+        fail('invalid_event', 'agent.tool_use awaiting is not custom_tool_result, tool_confirmation or question_answer');
+      }
       if (blocking !== (payload.awaiting !== undefined)) fail('invalid_event', 'agent.tool_use is blocking exactly when it names what it awaits');
       break;
     }

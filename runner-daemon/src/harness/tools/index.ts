@@ -1,2 +1,3 @@
 export * from './types.js';
 export * from './builtin.js';
+export * from './question.js';

@@ -1,0 +1,293 @@
+import { ApiError, newId, nowIso, sha256Hex, type Logger } from '@agentplane/core';
+import { keys, LuaScript, tags, type LogEvent, type StoredDoc } from '@agentplane/store';
+import type { FileStore } from '../files/store.js';
+import type { SessionDoc, ThreadDoc } from '../sessions/model.js';
+import type { SessionStore } from '../sessions/store.js';
+import type { StopReason, ThreadRuntime, TurnScheduler } from '../sessions/turns.js';
+import { GRADER_LIMITS, parseVerdict, rubricCriteria, type CriterionVerdict, type Verdict } from './grader.js';
+
+/** A drive event's payload as the api validated it (`user.define_outcome`). */
+type DrivePayload = Record<string, unknown>;
+
+/** How an outcome ended (docs/OUTCOMES.md). */
+export type OutcomeResult = 'satisfied' | 'failed' | 'max_iterations_reached' | 'interrupted';
+
+export type RubricRef = string | { type: 'file'; file_id: string };
+
+/** One outcome of a thread (`ap:{s:<sess>}:doc:<outc_>`), listed in the Session's `outcomes` index. */
+export interface OutcomeDoc extends StoredDoc {
+  type: 'outcome';
+  session_id: string;
+  workspace_id: string;
+  thread_id: string;
+  define_event_id: string;
+  description: string;
+  rubric: RubricRef;
+  max_iterations: number;
+  grader_model: string;
+  /** `working`: an agent turn runs; `grading`: the grader Run runs; `ended`: see `result`. */
+  status: 'working' | 'grading' | 'ended';
+  result: OutcomeResult | null;
+  evaluation_count: number;
+  revision_count: number;
+  grader_run_id: string | null;
+  current_evaluation: { id: string; iteration: number; started_at: string } | null;
+  ended_at: string | null;
+}
+
+/** One entry of the Session's `outcome_evaluations`. */
+export interface OutcomeEvaluation {
+  id: string;
+  outcome_id: string;
+  iteration: number;
+  result: Verdict | 'interrupted';
+  criteria: CriterionVerdict[];
+  explanation: string | null;
+  run_id: string | null;
+  usage: Record<string, number> | null;
+  started_at: string;
+  ended_at: string;
+}
+
+export const DEFAULT_MAX_ITERATIONS = 3;
+export const MAX_ITERATIONS_LIMIT = 20;
+/** The routing profile key a Workspace sets up to grade every outcome that names none. */
+export const DEFAULT_GRADER_PROFILE_KEY = 'outcome-grader';
+
+export interface OutcomeServiceDeps {
+  store: SessionStore;
+  runtime: ThreadRuntime;
+  scheduler: () => TurnScheduler;
+  log: Logger;
+  /** For rubrics given as a File (absent: File rubrics are refused). */
+  files?: FileStore;
+  /** Whether the workspace has a routing profile with this key (absent: every key is accepted). */
+  hasProfile?: (ws: string, key: string) => Promise<boolean>;
+}
+
+/** Clears a thread's active outcome only if it is still this one. */
+const CLEAR_ACTIVE = new LuaScript('outcome-clear-active',
+  "if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return redis.call('HDEL', KEYS[1], ARGV[1]) end return 0");
+
+const hashId = (prefix: string, seed: string): string => `${prefix}_${sha256Hex(seed).slice(0, 32)}`;
+
+/**
+ * Outcomes: `user.define_outcome` starts a turn; each turn that ends normally is graded by a
+ * grader Run on the same thread (leased and metered like any Run); `needs_revision` starts the
+ * next turn with the explanation as its input; the outcome ends `satisfied`, `failed`,
+ * `max_iterations_reached` or `interrupted`. Every step is a compare-and-swap on the outcome
+ * document and an event with a producer key, so a repeated report changes nothing.
+ */
+export class OutcomeService {
+  constructor(private readonly d: OutcomeServiceDeps) {}
+
+  private tag(sessionId: string) {
+    return tags.session(sessionId);
+  }
+
+  private activeKey(sessionId: string): string {
+    return keys.scoped(this.tag(sessionId), 'outcomes:active');
+  }
+
+  get(sessionId: string, id: string): Promise<OutcomeDoc | null> {
+    return readOutcome(this.d.store, sessionId, id);
+  }
+
+  async active(sessionId: string, threadId: string): Promise<OutcomeDoc | null> {
+    const id = await this.d.store.redis.hget(this.activeKey(sessionId), threadId);
+    const doc = id ? await this.get(sessionId, id) : null;
+    return doc && doc.status !== 'ended' ? doc : null;
+  }
+
+  /** The routing profile that grades an outcome: its own, else the workspace's `outcome-grader`, else the agent's model. */
+  async graderModel(session: SessionDoc, requested: string | undefined): Promise<string> {
+    if (requested) {
+      if (this.d.hasProfile && !(await this.d.hasProfile(session.workspace_id, requested))) {
+        throw new ApiError('model.no_eligible_model', `body.payload.grader_model: no routing profile '${requested}' in this workspace`);
+      }
+      return requested;
+    }
+    if (this.d.hasProfile && (await this.d.hasProfile(session.workspace_id, DEFAULT_GRADER_PROFILE_KEY))) return DEFAULT_GRADER_PROFILE_KEY;
+    return session.agent.model;
+  }
+
+  /** Before the define event is appended: the thread takes it, and its rubric File exists. */
+  async admit(session: SessionDoc, thread: ThreadDoc, p: DrivePayload): Promise<void> {
+    const waiting = Object.values(thread._waits).some((w) => w.generation === thread._wait_generation && w.answered_event_id === null);
+    if (thread.status !== 'idle' || thread._active_run_id !== null || waiting) {
+      throw new ApiError('runtime.invalid_transition', 'an outcome starts on an idle thread (no turn running or waiting for an answer)');
+    }
+    if (await this.active(session.id, thread.id)) throw new ApiError('runtime.invalid_transition', 'the thread already works on an outcome');
+    const rubric = p.rubric as RubricRef;
+    if (typeof rubric !== 'string') {
+      if (!this.d.files) throw new ApiError('validation.malformed', 'body.payload.rubric: File rubrics are not served here');
+      const file = await this.d.files.get(session.workspace_id, rubric.file_id);
+      if (file.size_bytes > GRADER_LIMITS.rubricBytes) throw new ApiError('validation.malformed', `body.payload.rubric: the File holds more than ${GRADER_LIMITS.rubricBytes} bytes`);
+    }
+    await this.graderModel(session, p.grader_model as string | undefined);
+  }
+
+  /** The define event was appended: record the outcome and start its first turn. Retry-safe. */
+  async defined(session: SessionDoc, threadId: string, event: LogEvent): Promise<OutcomeDoc> {
+    const p = event.payload as DrivePayload;
+    const id = hashId('outc', event.id);
+    const now = nowIso();
+    const doc: OutcomeDoc = {
+      id, type: 'outcome', session_id: session.id, workspace_id: session.workspace_id, thread_id: threadId, define_event_id: event.id,
+      description: String(p.description), rubric: p.rubric as RubricRef,
+      max_iterations: Math.min(MAX_ITERATIONS_LIMIT, Math.max(1, Number(p.max_iterations ?? DEFAULT_MAX_ITERATIONS))),
+      grader_model: await this.graderModel(session, p.grader_model as string | undefined),
+      status: 'working', result: null, evaluation_count: 0, revision_count: 0, grader_run_id: null, current_evaluation: null, ended_at: null,
+      version: 1, created_at: now, updated_at: now,
+    };
+    await this.d.store.docs.create(this.tag(session.id), doc, ['outcomes']);
+    await this.d.store.redis.hsetnx(this.activeKey(session.id), threadId, id);
+    await this.append(session.id, threadId, 'session.outcome_started', {
+      outcome_id: id, description: doc.description, max_iterations: doc.max_iterations, grader_model: doc.grader_model,
+    }, `outcome:${id}:started`);
+    await this.d.runtime.submitUserMessage(session, threadId, event.id);
+    return (await this.get(session.id, id)) ?? doc;
+  }
+
+  private async append(sessionId: string, threadId: string, type: string, payload: Record<string, unknown>, producerKey: string): Promise<LogEvent | null> {
+    const r = await this.d.store.log.append(sessionId, [{ type, payload, session_thread_id: threadId, producer_key: producerKey }]);
+    return r.ok ? (r.events[0] ?? null) : null;
+  }
+
+  private update(o: OutcomeDoc, change: (cur: OutcomeDoc) => OutcomeDoc | null): Promise<OutcomeDoc> {
+    return this.d.store.docs.update<OutcomeDoc>(this.tag(o.session_id), o.id, (cur) => {
+      const next = change(cur);
+      return next ? { ...next, updated_at: nowIso() } : null;
+    }, { notFound: 'outcome' });
+  }
+
+  /** The turn-end hook (`ThreadRuntime.onTurnEnded`): grade, revise or end the thread's outcome. */
+  async turnEnded(session: SessionDoc, threadId: string, endedRunId: string | null, stop: StopReason): Promise<boolean> {
+    const o = await this.active(session.id, threadId);
+    if (!o) return false;
+    if (session.archived_at !== null) {
+      // An archived Session takes no new work: no grading, no revision.
+      await this.finish(o, 'interrupted', 'the session was archived');
+      return false;
+    }
+    try {
+      if (o.status === 'grading') {
+        if (endedRunId !== o.grader_run_id) return false;
+        return await this.graded(session, o, endedRunId, stop);
+      }
+      if (stop.type === 'end_turn') return await this.startGrading(session, o);
+      await this.finish(o, stop.type === 'interrupted' ? 'interrupted' : 'failed', `the agent's turn ended with ${stop.type}`);
+      return false;
+    } catch (err) {
+      this.d.log.warn({ err: err instanceof Error ? err.message : String(err), outcome: o.id }, 'outcome step failed; the outcome ends failed');
+      await this.finish(o, 'failed', 'the platform could not continue the outcome').catch(() => undefined);
+      return false;
+    }
+  }
+
+  private async startGrading(session: SessionDoc, o: OutcomeDoc): Promise<boolean> {
+    const iteration = o.evaluation_count + 1;
+    const evaluationId = hashId('oeval', `${o.id}:${iteration}`);
+    const runId = newId('run');
+    const started_at = nowIso();
+    const cur = await this.update(o, (c) => (c.status !== 'working' ? null : {
+      ...c, status: 'grading', grader_run_id: runId, current_evaluation: { id: evaluationId, iteration, started_at },
+    }));
+    if (cur.grader_run_id !== runId) return false;
+    await this.d.scheduler().runStarting?.(session.id, runId);
+    const { run } = await this.d.store.startTurn(session, o.thread_id, (t) =>
+      t.status !== 'idle' || t._active_run_id !== null ? null : {
+        thread: { ...t, status: 'running', _active_run_id: runId, _running_since_ms: Date.now(), _stop_reason: null },
+        start: { runId, inputs: [], grader: { outcome_id: o.id, evaluation_id: evaluationId, iteration, routing_key: o.grader_model } },
+      });
+    if (!run) {
+      await this.finish(cur, 'failed', 'the thread was not free for grading');
+      return false;
+    }
+    // The grader Run is the thread's active Run from here on, so user.interrupt reaches it.
+    await this.append(session.id, o.thread_id, 'session.outcome_evaluation_started', {
+      outcome_id: o.id, evaluation_id: evaluationId, iteration, run_id: runId,
+    }, `outcome:${o.id}:evaluation:${iteration}:started`);
+    await this.d.scheduler().runQueued(run);
+    return true;
+  }
+
+  private async graded(session: SessionDoc, o: OutcomeDoc, runId: string | null, stop: StopReason): Promise<boolean> {
+    const run = runId ? await this.d.store.run(session.id, runId) : null;
+    const ev = o.current_evaluation ?? { id: hashId('oeval', `${o.id}:${o.evaluation_count + 1}`), iteration: o.evaluation_count + 1, started_at: o.updated_at };
+    const usage = run?.grader_result?.usage ?? null;
+    const criteria = rubricCriteria(await this.rubricText(o).catch(() => ''));
+    if (stop.type === 'interrupted') {
+      await this.record(session, o, { id: ev.id, outcome_id: o.id, iteration: ev.iteration, result: 'interrupted', criteria: [], explanation: null, run_id: runId, usage, started_at: ev.started_at, ended_at: nowIso() });
+      await this.finish(o, 'interrupted', 'interrupted during grading', ev.iteration);
+      return false;
+    }
+    const verdict = run?.grader_result && stop.type === 'end_turn' ? parseVerdict(run.grader_result.output, criteria) : null;
+    const record: OutcomeEvaluation = {
+      id: ev.id, outcome_id: o.id, iteration: ev.iteration, result: verdict?.result ?? 'failed', criteria: verdict?.criteria ?? [],
+      explanation: verdict ? verdict.explanation : `The grader Run gave no verdict (${stop.type === 'end_turn' ? 'its answer was not one' : `it ended with ${stop.type}`}).`,
+      run_id: runId, usage, started_at: ev.started_at, ended_at: nowIso(),
+    };
+    const revise = record.result === 'needs_revision' && ev.iteration < o.max_iterations;
+    const event = await this.record(session, o, record, revise ? o.revision_count + 1 : o.revision_count);
+    if (record.result === 'satisfied') await this.finish(o, 'satisfied', null, ev.iteration);
+    else if (record.result === 'failed') await this.finish(o, 'failed', record.explanation, ev.iteration);
+    else if (!revise) await this.finish(o, 'max_iterations_reached', null, ev.iteration);
+    else {
+      const next = await this.update(o, (c) => (c.status !== 'grading' || c.current_evaluation?.id !== ev.id ? null : {
+        ...c, status: 'working', grader_run_id: null, current_evaluation: null, evaluation_count: ev.iteration, revision_count: c.revision_count + 1,
+      }));
+      if (next.status !== 'working' || !event) return false;
+      // The explanation is the next turn's input: no client event needed.
+      const { run: revision } = await this.d.runtime.submitUserMessage(session, o.thread_id, event.id);
+      return revision !== null;
+    }
+    return false;
+  }
+
+  /** Appends `session.outcome_evaluation_ended` and adds the evaluation to the Session's `outcome_evaluations`. */
+  private async record(session: SessionDoc, o: OutcomeDoc, e: OutcomeEvaluation, revisions = o.revision_count): Promise<LogEvent | null> {
+    await this.d.store.update(session.workspace_id, session.id, (s) =>
+      (s.outcome_evaluations as OutcomeEvaluation[]).some((x) => x.id === e.id) ? null : { ...s, outcome_evaluations: [...s.outcome_evaluations, e], updated_at: nowIso() });
+    return this.append(session.id, o.thread_id, 'session.outcome_evaluation_ended', {
+      ...e, evaluation_id: e.id, evaluation_count: e.iteration, revision_count: revisions,
+    }, `outcome:${o.id}:evaluation:${e.iteration}:ended`);
+  }
+
+  private async finish(o: OutcomeDoc, result: OutcomeResult, reason: string | null, evaluations?: number): Promise<void> {
+    const done = await this.update(o, (c) => (c.status === 'ended' ? null : {
+      ...c, status: 'ended', result, grader_run_id: null, current_evaluation: null, ended_at: nowIso(),
+      evaluation_count: evaluations ?? c.evaluation_count,
+    }));
+    await CLEAR_ACTIVE.run(this.d.store.redis, [this.activeKey(o.session_id)], [o.thread_id, o.id]);
+    await this.append(o.session_id, o.thread_id, 'session.outcome_ended', {
+      outcome_id: o.id, result: done.result, evaluation_count: done.evaluation_count, revision_count: done.revision_count,
+      ...(reason ? { reason } : {}),
+    }, `outcome:${o.id}:ended`);
+  }
+
+  rubricText(o: Pick<OutcomeDoc, 'rubric' | 'workspace_id'>): Promise<string> {
+    return rubricText(this.d.files, o);
+  }
+
+}
+
+export async function readOutcome(store: SessionStore, sessionId: string, id: string): Promise<OutcomeDoc | null> {
+  const doc = await store.docs.get<OutcomeDoc>(tags.session(sessionId), id);
+  return doc?.type === 'outcome' ? doc : null;
+}
+
+/** The rubric as text: inline, or the File's content (bounded). */
+export async function rubricText(files: FileStore | undefined, o: Pick<OutcomeDoc, 'rubric' | 'workspace_id'>): Promise<string> {
+  if (typeof o.rubric === 'string') return o.rubric;
+  if (!files) return '';
+  const file = await files.get(o.workspace_id, o.rubric.file_id);
+  const chunks: Buffer[] = [];
+  let size = 0;
+  for await (const c of files.read(file)) {
+    chunks.push(c);
+    size += c.length;
+    if (size >= GRADER_LIMITS.rubricBytes) break;
+  }
+  return Buffer.concat(chunks).subarray(0, GRADER_LIMITS.rubricBytes).toString('utf8');
+}
