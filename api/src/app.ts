@@ -1,6 +1,6 @@
 import { createServer, type Server } from 'node:http';
 import Koa from 'koa';
-import { createLogger, Metrics, SecretBox, type Logger } from '@agentplane/core';
+import { createLogger, createMetrics, Gauge, METRICS_CONTENT_TYPE, SecretBox, type Logger } from '@agentplane/core';
 import { connectRedis, DocumentStore, EventHub, type Redis } from '@agentplane/store';
 import type { Agent } from '@agentplane/domain';
 import { VersionedStore } from '@agentplane/domain';
@@ -48,7 +48,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
   const docs = new DocumentStore(redis);
   const credentials = new CredentialIndex(redis);
   const secretBox = new SecretBox(config.masterKey);
-  const metrics = new Metrics();
+  const metrics = createMetrics();
   const models = createModelsModule({
     redis, docs, secretBox, log, metrics,
     config: { pricesFile: config.modelPricesFile, providerTimeoutMs: config.modelProviderTimeoutMs },
@@ -67,8 +67,8 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
   const runs = createRunsModule({ config, redis, log, store: sessionStore, runtime: threadRuntime, environments, runners });
   turns.scheduler = runs.engine;
   const eventHub = new EventHub(subscriber);
-  metrics.gauge('agentplane_sse_streams', 'Session SSE streams open in this process').set({}, activeStreams);
-  metrics.gauge('agentplane_event_hub_channels', 'Session channels this process is subscribed to').set({}, () => eventHub.channelCount);
+  new Gauge({ name: 'agentplane_sse_streams', help: 'Session SSE streams open in this process', registers: [metrics], collect() { this.set(activeStreams()); } });
+  new Gauge({ name: 'agentplane_event_hub_channels', help: 'Session channels this process is subscribed to', registers: [metrics], collect() { this.set(eventHub.channelCount); } });
   return {
     runs,
     files,
@@ -123,8 +123,8 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
       return;
     }
     if (ctx.path === '/metrics' && ctx.method === 'GET' && config.metricsEnabled) {
-      ctx.type = 'text/plain; version=0.0.4';
-      ctx.body = deps.metrics.render();
+      ctx.body = await deps.metrics.metrics();
+      ctx.type = METRICS_CONTENT_TYPE;
       return;
     }
     await next();
@@ -147,7 +147,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
   if (gateway) {
     registerRunHandlers(gateway, {
       keeper: deps.runs.keeper, records: deps.runs.records, lifecycle: deps.runs.lifecycle, log: deps.sessions.store.log,
-      store: deps.sessions.store, models: deps.models, lease: config.lease, logger: log, policies: deps.policies,
+      store: deps.sessions.store, models: deps.models, lease: config.lease, logger: log, policies: deps.policies, metrics: deps.metrics,
     });
     registerSandboxRelease(gateway, deps.docs);
   }

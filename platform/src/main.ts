@@ -138,7 +138,7 @@ async function main(): Promise<void> {
     supervisor.start({
       name: 'scheduler',
       script: entry('@agentplane/scheduler', 'main.js'),
-      env: { ...common, ...config.leaseEnv, SCHEDULER_PORT: '0' },
+      env: { ...common, ...config.leaseEnv, SCHEDULER_PORT: String(config.schedulerPort) },
     });
   }
 

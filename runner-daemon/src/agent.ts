@@ -9,6 +9,7 @@ import type Docker from 'dockerode';
 import { buildCapabilities, hostFacts, memoryAvailableMib, type HostFacts, type SlotPolicy } from './capabilities.js';
 import { saveState, type DaemonConfig, type RunnerCredentialFile, type RunnerStateFile } from './config.js';
 import { InfrastructureFailure } from './failures.js';
+import type { RunnerMetrics } from './metrics.js';
 import { connectUrl } from './probe.js';
 
 export const DAEMON_VERSION = '0.1.0';
@@ -83,6 +84,8 @@ export class RunnerAgent {
   private finished!: () => void;
   private readonly finishedPromise = new Promise<void>((r) => (this.finished = r));
   executor: LeaseExecutor | null = null;
+  /** Prometheus metrics (set by `start`). */
+  metrics: RunnerMetrics | null = null;
   /** Open model streams: stream id → where their frames go. */
   private readonly modelStreams = new Map<string, (event: ModelStreamEvent | null, end: boolean) => void>();
   private streamSeq = 0;
@@ -211,6 +214,7 @@ export class RunnerAgent {
       ws.on('error', (err) => this.log.warn({ err: err.message }, 'runner socket error'));
       ws.on('close', (code, reason) => {
         this.stopHeartbeat();
+        this.metrics?.connected.set(0);
         if (this.ws === ws) this.ws = null;
         this.generation = welcomed ? this.generation : null;
         // Expected while this runner drains (a Ctrl-C stops the control plane at the same time).
@@ -285,6 +289,7 @@ export class RunnerAgent {
         this.heartbeatMs = this.config.heartbeatIntervalMs ?? p.heartbeat_interval_ms;
         if (this.status === 'starting') this.status = 'ready';
         this.lastAckAt = Date.now();
+        this.metrics?.connected.set(1);
         this.log.info({ generation: p.generation, protocol: p.protocol_version }, 'connected to the control plane');
         const resumed = new Set(p.resumed_leases.map((l) => `${l.lease_id}#${l.attempt}`));
         for (const [k, h] of this.held) if (!resumed.has(k)) this.loseLease(h, 'lease not resumed after reconnect');
@@ -409,7 +414,10 @@ export class RunnerAgent {
     if (this.status === 'draining') return void this.send('lease.reject', { ...ref, reason: 'runner is draining' });
     if (!this.executor) return void this.send('lease.reject', { ...ref, reason: 'no executor is installed on this runner' });
     const refusal = this.executor.refuse(offer);
-    if (refusal) return void this.send('lease.reject', { ...ref, reason: refusal });
+    if (refusal) {
+      this.metrics?.leases.inc({ outcome: 'rejected' });
+      return void this.send('lease.reject', { ...ref, reason: refusal });
+    }
     if (this.facts && buildCapabilities(this.facts, this.policy, this.held.size).available_slots <= 0) {
       return void this.send('lease.reject', { ...ref, reason: 'no free slot' });
     }
@@ -425,10 +433,19 @@ export class RunnerAgent {
       checkTool: (check, giveUpMs = 60_000) => this.checkTool(key, ref, check, giveUpMs),
     };
     const executor = this.executor;
+    const endTimer = this.metrics?.leaseSeconds.startTimer();
     const done = executor.run(handle).then(
-      (result) => void this.send('lease.complete', { ...ref, ...(result ? { result } : {}) }),
-      (err: unknown) => void this.send('lease.fail', { ...ref, failure_class: abort.signal.aborted || err instanceof InfrastructureFailure ? 'infrastructure' : 'work', reason: String(err instanceof Error ? err.message : err).slice(0, 2000) || 'failed' }),
+      (result) => {
+        this.metrics?.leases.inc({ outcome: 'completed' });
+        this.send('lease.complete', { ...ref, ...(result ? { result } : {}) });
+      },
+      (err: unknown) => {
+        const failureClass: 'infrastructure' | 'work' = abort.signal.aborted || err instanceof InfrastructureFailure ? 'infrastructure' : 'work';
+        this.metrics?.leases.inc({ outcome: failureClass === 'work' ? 'failed_work' : 'failed_infrastructure' });
+        this.send('lease.fail', { ...ref, failure_class: failureClass, reason: String(err instanceof Error ? err.message : err).slice(0, 2000) || 'failed' });
+      },
     ).finally(() => {
+      endTimer?.();
       clearInterval(renew);
       this.held.delete(key);
       this.maybeFinishDrain();

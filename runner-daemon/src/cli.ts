@@ -7,6 +7,7 @@ import { RunnerAgent } from './agent.js';
 import { dockerClient } from './capabilities.js';
 import { credentialPath, loadCredential, loadDaemonConfig, loadState, saveCredential, type DaemonConfig, type RunnerCredentialFile } from './config.js';
 import { runDoctor } from './doctor.js';
+import { RunnerMetrics, serveMetrics } from './metrics.js';
 import { firstWilling, noopExecutor, turnExecutor } from './executors/index.js';
 import { SandboxManager } from './sandbox/manager.js';
 import { ensureSandboxImageIfDocker, planReap, reapItems, selectDriver, SandboxReaper, type ReapPlan } from './sandbox/index.js';
@@ -64,7 +65,8 @@ Options:
   --log-level <level>        pino level (default info)
 Environment: AGENTPLANE_RUNNER_HOME, RUNNER_MAX_SLOTS, SANDBOX_IDLE_SUSPEND_SECONDS,
 SANDBOX_IDLE_EXPIRE_SECONDS, SANDBOX_REPORT_SECONDS, SANDBOX_REAP_INTERVAL_SECONDS,
-SANDBOX_REAP_GRACE_SECONDS, AGENTPLANE_SANDBOX_SCOPE, REPOSITORY_MAX_MIB, DOCKER_SOCKET, LOG_LEVEL.
+SANDBOX_REAP_GRACE_SECONDS, AGENTPLANE_SANDBOX_SCOPE, REPOSITORY_MAX_MIB, DOCKER_SOCKET, LOG_LEVEL,
+RUNNER_METRICS_ADDR (host:port serving Prometheus /metrics; unset: not served).
 Repository resources are fetched on this machine with git (the sandbox has no network), with
 this machine's git credentials (HTTPS credential helpers, SSH keys for git@ URLs).
 ${COMMON}`,
@@ -201,6 +203,10 @@ async function start(flags: Flags): Promise<number> {
   const log = createLogger({ name: 'runner', level: config.logLevel }).child({ runner: cred.runner_id });
   const docker = dockerClient(config.dockerSocket);
   const agent = new RunnerAgent(cred, config, log, docker);
+  // Prometheus metrics on an optional listen address (off unless RUNNER_METRICS_ADDR is set).
+  const metrics = new RunnerMetrics(() => agent.heldCount);
+  agent.metrics = metrics;
+  const metricsServer = config.metricsAddr ? await serveMetrics(metrics.registry, config.metricsAddr, log) : undefined;
   let reaper: SandboxReaper | undefined;
   // The sandbox: Docker when the engine answers (image built offline if missing), else the
   // unisolated process driver. Orphans of an earlier life of this runner are reaped first.
@@ -224,7 +230,7 @@ async function start(flags: Flags): Promise<number> {
       return [] as string[];
     });
     if (reaped.length > 0) log.info({ reaped: reaped.length, kept_workspaces: sandboxes.sessions().length }, 'stopped sandboxes left by an earlier run of this runner');
-    agent.executor = firstWilling(turnExecutor({ sandboxes, log, baseUrl: cred.base_url, repositoryMaxBytes: config.repositoryMaxBytes }), noopExecutor);
+    agent.executor = firstWilling(turnExecutor({ sandboxes, log, baseUrl: cred.base_url, repositoryMaxBytes: config.repositoryMaxBytes, metrics }), noopExecutor);
     log.info({ driver: driver.name, tier: driver.tier, image: image?.latest }, 'sandbox driver ready');
     // Sandboxes of gone runners of this machine (credential deleted or revoked) go after a grace period.
     if (driver.name === 'docker') {
@@ -262,6 +268,7 @@ async function start(flags: Flags): Promise<number> {
     await sandboxes.shutdown();
     log.info({ kept_workspaces: sandboxes.sessions().length }, 'stopped this runner\'s sandboxes');
   }
+  metricsServer?.close();
   log.info('runner stopped');
   return 0;
 }

@@ -1,5 +1,5 @@
 import { createServer } from 'node:http';
-import { createLogger } from '@agentplane/core';
+import { createLogger, METRICS_CONTENT_TYPE } from '@agentplane/core';
 import { loadSchedulerConfig } from './config.js';
 import { Scheduler } from './scheduler.js';
 
@@ -36,7 +36,13 @@ async function main(): Promise<void> {
     if (req.url === '/healthz') {
       res.writeHead(stopping ? 503 : 200, { 'content-type': 'application/json' }).end(JSON.stringify({ status: stopping ? 'stopping' : 'ok' }));
     } else if (req.url === '/metrics') {
-      res.writeHead(200, { 'content-type': 'text/plain; version=0.0.4' }).end(scheduler.metrics.registry.render());
+      scheduler.metrics.registry.metrics().then(
+        (text) => res.writeHead(200, { 'content-type': METRICS_CONTENT_TYPE }).end(text),
+        (err: unknown) => {
+          log.error({ err }, 'metrics collection failed');
+          res.writeHead(500).end();
+        },
+      );
     } else res.writeHead(404).end();
   });
   server?.listen(config.port, config.host, () => {

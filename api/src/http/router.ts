@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import type Koa from 'koa';
 import Router from '@koa/router';
-import { ApiError } from '@agentplane/core';
+import { ApiError, BUCKETS, Counter, Histogram, statusLabel } from '@agentplane/core';
 import type { ApiDeps } from '../deps.js';
 import { drainRequest, readJsonBody } from './body.js';
 import { execute, newRequestId, prepare, type PreparedOperation, type RawRequest } from './pipeline.js';
@@ -59,8 +59,8 @@ export function buildRouter(operations: readonly Operation[], deps: ApiDeps): Op
   const router = new Router();
   const prepared = new Map<string, PreparedOperation>();
   const byPath = new Map<string, Set<string>>();
-  const requests = deps.metrics.counter('agentplane_http_requests_total', 'HTTP requests by operation and status');
-  const latency = deps.metrics.histogram('agentplane_http_request_seconds', 'HTTP request latency by operation');
+  const requests = new Counter({ name: 'agentplane_http_requests_total', help: 'API requests by operation and status', labelNames: ['operation', 'status'] as const, registers: [deps.metrics] });
+  const latency = new Histogram({ name: 'agentplane_http_request_duration_seconds', help: 'API request handling time by operation', labelNames: ['operation'] as const, buckets: [...BUCKETS.http], registers: [deps.metrics] });
 
   for (const op of operations) {
     if (prepared.has(op.operationId)) throw new Error(`duplicate operationId ${op.operationId}`);
@@ -111,7 +111,7 @@ export function buildRouter(operations: readonly Operation[], deps: ApiDeps): Op
         if (op.upload) drainRequest(ctx.req);
         throw err;
       } finally {
-        requests.inc({ operation: op.operationId, status: String(status) });
+        requests.inc({ operation: op.operationId, status: statusLabel(status) });
         latency.observe({ operation: op.operationId }, Number(process.hrtime.bigint() - started) / 1e9);
       }
     });

@@ -3,7 +3,7 @@ import type Koa from 'koa';
 import { Client, StreamableHTTPClientTransport } from '@modelcontextprotocol/client';
 import { createMcpHandler, ProtocolError, ProtocolErrorCode, Server, type AuthInfo, type CallToolResult, type Tool } from '@modelcontextprotocol/server';
 import { toNodeHandler } from '@modelcontextprotocol/node';
-import { ApiError, isId, newId, type Logger } from '@agentplane/core';
+import { ApiError, Counter, isId, newId, type Logger } from '@agentplane/core';
 import { tags } from '@agentplane/store';
 import type { ApiDeps } from '../deps.js';
 import { bearerToken } from '../http/authenticate.js';
@@ -112,7 +112,7 @@ export function runtimeMcp(deps: ApiDeps, options: RuntimeMcpOptions): Koa.Middl
   const observer: ToolCallObserver = options.observer ?? {
     toolCall: (e) => deps.log.info({ ...e }, 'runtime MCP tool call'),
   };
-  const calls = deps.metrics.counter('agentplane_runtime_mcp_tool_calls_total', 'Proxied runtime MCP tool calls by outcome');
+  const calls = new Counter({ name: 'agentplane_runtime_mcp_tool_calls_total', help: 'Proxied runtime MCP tool calls by outcome (ok, error, denied, needs_approval)', labelNames: ['outcome'] as const, registers: [deps.metrics] });
 
   const fail = (ctx: Koa.Context, status: number, code: number, message: string, extra: Record<string, string> = {}) => {
     for (const [k, v] of Object.entries(extra)) ctx.set(k, v);

@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto';
-import { ApiError, check, LOGICAL_KEY_PATTERN, type Logger, type Metrics } from '@agentplane/core';
+import { ApiError, BUCKETS, check, Counter, Histogram, LOGICAL_KEY_PATTERN, type Logger, type Metrics } from '@agentplane/core';
 import { tags, type DocumentStore, type StoredDoc } from '@agentplane/store';
 import { ZERO_USAGE, type ModelError, type ModelRequest, type ModelStreamEvent } from '@agentplane/protocol';
 import {
@@ -67,12 +67,18 @@ export class ModelGatewayService {
     private readonly docs?: DocumentStore,
     metrics?: Metrics,
   ) {
-    this.metricSteps = metrics?.counter('agentplane_model_steps_total', 'Model steps by provider and outcome (served, canceled, fallback, no_eligible_model, budget_exceeded, provider_unavailable, provider_rejected, failed)');
-    this.metricTtft = metrics?.histogram('agentplane_model_time_to_first_event_seconds', 'Provider call start to its first streamed event, by provider');
+    this.metricSteps = metrics && new Counter({
+      name: 'agentplane_model_steps_total', labelNames: ['provider', 'outcome'] as const, registers: [metrics],
+      help: 'Model steps by provider and outcome (served, canceled, fallback, no_eligible_model, budget_exceeded, provider_unavailable, provider_rejected, failed)',
+    });
+    this.metricTtft = metrics && new Histogram({
+      name: 'agentplane_model_time_to_first_event_seconds', help: 'Provider call start to its first streamed event (time to first token), by provider',
+      labelNames: ['provider'] as const, buckets: [...BUCKETS.modelTtft], registers: [metrics],
+    });
   }
 
-  private readonly metricSteps: ReturnType<Metrics['counter']> | undefined;
-  private readonly metricTtft: ReturnType<Metrics['histogram']> | undefined;
+  private readonly metricSteps: Counter<'provider' | 'outcome'> | undefined;
+  private readonly metricTtft: Histogram<'provider'> | undefined;
 
   /** Validate a model-gateway-v1 request that arrived as untyped JSON (a runner frame). */
   static parseRequest(value: unknown): ModelRequest {

@@ -8,6 +8,7 @@ import { isOfferedResource, offeredSources, type OfferedResource } from '../sand
 import { driverSatisfies, type SandboxEnvironment } from '../sandbox/types.js';
 import { colocatedHarnessAvailable, runColocated } from './colocated.js';
 import { LeaseSink } from './lease-sink.js';
+import type { RunnerMetrics } from '../metrics.js';
 
 /** The turn spec carried by a lease offer (built by the scheduler; see docs/RUNS.md). */
 interface TurnSpec {
@@ -51,6 +52,7 @@ export interface TurnExecutorOptions {
   /** The control plane (runtime MCP endpoint, runtime file route). */
   baseUrl: string;
   repositoryMaxBytes?: number;
+  metrics?: RunnerMetrics;
 }
 
 /**
@@ -99,7 +101,9 @@ async function runTurn(o: TurnExecutorOptions, handle: LeaseHandle): Promise<Rec
   const sources = offeredSources((spec.resources ?? []) as OfferedResource[], {
     baseUrl: o.baseUrl, bearer: spec.runtime_files?.bearer, ...(o.repositoryMaxBytes ? { repositoryMaxBytes: o.repositoryMaxBytes } : {}),
   });
+  const endStart = o.metrics?.sandboxStartSeconds.startTimer({ driver: o.sandboxes.driver.name === 'docker' ? 'docker' : 'process' });
   const { sandbox, materialized } = await o.sandboxes.prepare({ id: spec.session_id }, env, sources, handle.signal);
+  endStart?.();
   try {
     if (materialized && !materialized.skipped) log.info({ resources: materialized.placed, files: materialized.files, bytes: materialized.bytes }, 'session resources materialised');
     const sink = new LeaseSink(handle, spec.run_id, spec.session_id);
