@@ -1,10 +1,9 @@
-import { randomBytes } from 'node:crypto';
 import type Koa from 'koa';
 import Router from '@koa/router';
-import { ApiError, BUCKETS, Counter, Histogram, statusLabel } from '@agentplane/core';
+import { ApiError, BUCKETS, Counter, Histogram, incident, newRequestId, requestIdFrom, statusLabel, withRequestScope } from '@agentplane/core';
 import type { ApiDeps } from '../deps.js';
 import { drainRequest, readJsonBody } from './body.js';
-import { execute, newRequestId, prepare, type PreparedOperation, type RawRequest } from './pipeline.js';
+import { execute, prepare, type PreparedOperation, type RawRequest } from './pipeline.js';
 import type { HttpMethod, Operation } from './operation.js';
 
 /** `/v1/sessions/{session_id}` → `/v1/sessions/:session_id` */
@@ -25,6 +24,23 @@ export function sendError(ctx: Koa.Context, err: ApiError, deps: ApiDeps): void 
 }
 
 /**
+ * First of all: the request's id (the caller's `X-Request-Id`, else the trace id of its
+ * `traceparent`, else a new one) on every response, errors included, in `ctx.state.requestId`
+ * and in the scope every log line of the request reads it from.
+ */
+export function requestId(): Koa.Middleware {
+  return async (ctx, next) => {
+    const id = requestIdFrom(ctx.headers);
+    ctx.state.requestId = id;
+    ctx.set('Request-Id', id);
+    await withRequestScope({ requestId: id }, next);
+  };
+}
+
+/** The id `requestId()` chose for this request. */
+export const requestIdOf = (ctx: Koa.Context): string => (typeof ctx.state.requestId === 'string' ? ctx.state.requestId : newRequestId());
+
+/**
  * Maps unexpected failures to 500 `runtime.internal` with an opaque incident reference
  * (the stack goes to the log, never to the client). Client mistakes are ApiErrors.
  */
@@ -37,9 +53,9 @@ export function errorBoundary(deps: ApiDeps): Koa.Middleware {
       if (err instanceof ApiError) {
         sendError(ctx, err, deps);
       } else {
-        const incident = `inc_${randomBytes(8).toString('hex')}`;
-        deps.log.error({ err, incident, method: ctx.method, path: ctx.path }, 'unhandled error');
-        sendError(ctx, new ApiError('runtime.internal', `internal error; incident reference ${incident}`), deps);
+        const inc = incident('internal error');
+        deps.log.child({ request_id: requestIdOf(ctx) }).error({ err, incident: inc.incident, method: ctx.method, path: ctx.path }, 'unhandled error');
+        sendError(ctx, new ApiError('runtime.internal', inc.message), deps);
       }
     } finally {
       const ms = Number(process.hrtime.bigint() - started) / 1e6;
@@ -77,8 +93,7 @@ export function buildRouter(operations: readonly Operation[], deps: ApiDeps): Op
     router[method](path, async (ctx) => {
       const started = process.hrtime.bigint();
       let status = 500;
-      const requestId = newRequestId();
-      ctx.set('Request-Id', requestId);
+      const requestId = requestIdOf(ctx);
       try {
         const body = !op.upload && METHODS_WITH_BODY.has(ctx.method) ? await readJsonBody(ctx.req, deps.config.bodyLimitBytes) : undefined;
         const raw: RawRequest = {

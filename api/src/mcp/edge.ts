@@ -1,6 +1,5 @@
-import { randomBytes } from 'node:crypto';
 import type Koa from 'koa';
-import { ApiError, BUCKETS, closedLabel, Counter, Histogram } from '@agentplane/core';
+import { ApiError, BUCKETS, closedLabel, Counter, Histogram, incident } from '@agentplane/core';
 import type { ApiDeps } from '../deps.js';
 import { authenticate } from '../http/authenticate.js';
 import { readJsonBody } from '../http/body.js';
@@ -290,9 +289,9 @@ export function mcpEdge(operations: readonly Operation[], prepared: ReadonlyMap<
         // Unexpected failures (Redis unreachable, a bug): a JSON-RPC internal error with an
         // opaque incident reference; the stack goes to the log only.
         if (ctx.headerSent || ctx.respond === false) throw err;
-        const incident = `inc_${randomBytes(8).toString('hex')}`;
-        deps.log.error({ err, incident, path: ctx.path }, 'unhandled error on the MCP edge');
-        const wire = new ApiError('runtime.internal', `internal error; incident reference ${incident}`).toWire(deps.config.docsUrl);
+        const inc = incident('internal error');
+        deps.log.error({ err, incident: inc.incident, path: ctx.path }, 'unhandled error on the MCP edge');
+        const wire = new ApiError('runtime.internal', inc.message).toWire(deps.config.docsUrl);
         send(ctx, 500, rpcError(null, { code: ErrorCode.InternalError, message: wire.error.message, data: wire }));
       }
       return;
