@@ -1,8 +1,9 @@
-import { spawnSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { freePort } from '@agentplane/store';
-import { waitFor } from './harness/platform.js';
+import { ROOT_DIR, waitFor } from './harness/platform.js';
+import { promtool, promtoolPresent } from './harness/promtool.js';
 import { idleCount, SCRIPT, startTurnPlatform, untilEvents, type TurnPlatform } from './harness/turns.js';
 
 /**
@@ -14,7 +15,6 @@ let schedulerUrl = '';
 let runnerUrl = '';
 const SECRET_TEXT = 'the-quick-observability-fox';
 
-const promtool = spawnSync('promtool', ['--version'], { encoding: 'utf8' }).status === 0;
 
 beforeAll(async () => {
   const schedulerPort = await freePort();
@@ -53,8 +53,8 @@ const series = (text: string, prefix = 'agentplane_'): string[] => text.split('\
 
 /** `promtool check metrics` over the exposition text: exit 0 and no lint findings. */
 function checkMetrics(text: string): void {
-  const r = spawnSync('promtool', ['check', 'metrics'], { input: text, encoding: 'utf8' });
-  expect(`${r.stdout}${r.stderr}`.trim(), 'promtool findings').toBe('');
+  const r = promtool(['check', 'metrics'], text);
+  expect(r.output.trim(), 'promtool findings').toBe('');
   expect(r.status).toBe(0);
 }
 
@@ -79,7 +79,7 @@ describe('metrics after a turn', () => {
 
   it('the API (with its gateway) serves valid exposition text with the turn\'s counters and runtime metrics', async () => {
     const text = await metricsOf(t.p.baseUrl);
-    if (promtool) checkMetrics(text);
+    if (promtoolPresent) checkMetrics(text);
     expect(sample(text, 'agentplane_http_requests_total', { operation: 'sessions.sendEvent', status: '200' }) + sample(text, 'agentplane_http_requests_total', { operation: 'sessions.sendEvent', status: '201' })).toBeGreaterThanOrEqual(1);
     expect(sample(text, 'agentplane_model_steps_total', { provider: 'scripted', outcome: 'served' })).toBeGreaterThanOrEqual(2);
     expect(sample(text, 'agentplane_model_time_to_first_event_seconds_count', { provider: 'scripted' })).toBeGreaterThanOrEqual(2);
@@ -100,7 +100,7 @@ describe('metrics after a turn', () => {
 
   it('the scheduler serves valid exposition text with the lease and its queue wait', async () => {
     const text = await metricsOf(schedulerUrl);
-    if (promtool) checkMetrics(text);
+    if (promtoolPresent) checkMetrics(text);
     expect(sample(text, 'agentplane_run_leases_total')).toBeGreaterThanOrEqual(1);
     expect(sample(text, 'agentplane_run_queue_wait_seconds_count')).toBeGreaterThanOrEqual(1);
     expect(text).toMatch(/agentplane_run_queue_wait_seconds_bucket\{le="600",pool="rpool_[0-9a-z]+"\} [1-9]/);
@@ -110,12 +110,31 @@ describe('metrics after a turn', () => {
 
   it('the runner serves valid exposition text on RUNNER_METRICS_ADDR with the completed lease and its sandbox start', async () => {
     const text = await metricsOf(runnerUrl);
-    if (promtool) checkMetrics(text);
+    if (promtoolPresent) checkMetrics(text);
     expect(sample(text, 'agentplane_runner_leases_total', { outcome: 'completed' })).toBeGreaterThanOrEqual(1);
     expect(sample(text, 'agentplane_runner_lease_duration_seconds_count')).toBeGreaterThanOrEqual(1);
     expect(sample(text, 'agentplane_runner_sandbox_start_seconds_count')).toBeGreaterThanOrEqual(1);
     expect(sample(text, 'agentplane_runner_connected')).toBe(1);
     expect(sample(text, 'agentplane_runner_held_leases')).toBe(0);
+  });
+
+  it('the API reports Redis memory and AOF health', async () => {
+    const text = await metricsOf(t.p.baseUrl);
+    expect(sample(text, 'agentplane_redis_up')).toBe(1);
+    expect(sample(text, 'agentplane_redis_used_memory_bytes')).toBeGreaterThan(0);
+    // The embedded Redis runs with its append-only file on.
+    expect(sample(text, 'agentplane_redis_aof_enabled')).toBe(1);
+    expect(sample(text, 'agentplane_redis_aof_last_write_ok')).toBe(1);
+  });
+
+  it('every agentplane metric any process serves is documented in docs/OPERATIONS.md', async () => {
+    const doc = readFileSync(join(ROOT_DIR, 'docs/OPERATIONS.md'), 'utf8');
+    const served = new Set<string>();
+    for (const base of [t.p.baseUrl, schedulerUrl, runnerUrl]) {
+      for (const m of (await metricsOf(base)).matchAll(/^# TYPE (agentplane_\w+) /gm)) served.add(m[1] as string);
+    }
+    expect(served.size).toBeGreaterThan(20);
+    expect([...served].filter((m) => !doc.includes(`\`${m}\``))).toEqual([]);
   });
 
   it('no metric of any process carries the message text', async () => {

@@ -32,6 +32,7 @@ import { registerRunHandlers } from './runs/gateway-handlers.js';
 import { attachGateway, PresenceStore, type Gateway } from '@agentplane/gateway';
 import { createModelsModule } from './models/module.js';
 import { consoleStatic } from './console/static.js';
+import { registerRedisMetrics } from './observability/redis-metrics.js';
 
 export interface ApiServer {
   server: Server;
@@ -68,6 +69,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
   turns.scheduler = runs.engine;
   const eventHub = new EventHub(subscriber);
   new Gauge({ name: 'agentplane_sse_streams', help: 'Session SSE streams open in this process', registers: [metrics], collect() { this.set(activeStreams()); } });
+  registerRedisMetrics(metrics, redis, log);
   new Gauge({ name: 'agentplane_event_hub_channels', help: 'Session channels this process is subscribed to', registers: [metrics], collect() { this.set(eventHub.channelCount); } });
   return {
     runs,
