@@ -18,7 +18,7 @@ import { activeStreams } from './sessions/stream.js';
 import type { ApiConfig } from './config.js';
 import type { ApiDeps } from './deps.js';
 import { IdempotencyStore } from './http/idempotency.js';
-import { buildRouter, errorBoundary, requestId, unmatchedRoute } from './http/router.js';
+import { buildRouter, errorBoundary, requestId, traceRequest, unmatchedRoute } from './http/router.js';
 import { mcpEdge } from './mcp/edge.js';
 import { runtimeMcp } from './mcp/runtime.js';
 import { LeaseFence } from '@agentplane/lease';
@@ -118,6 +118,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
   const app = new Koa({ proxy: false });
   app.silent = true;
   app.use(requestId());
+  app.use(traceRequest());
   app.use(errorBoundary(deps));
   app.use(async (ctx, next) => {
     if (ctx.path === '/healthz' && ctx.method === 'GET') {

@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { STATUS_CODES, type IncomingMessage, type Server } from 'node:http';
 import type { Duplex } from 'node:stream';
 import { WebSocketServer, type WebSocket } from 'ws';
-import { ApiError, closedLabel, Counter, Gauge, statusLabel, type Logger, type Metrics } from '@agentplane/core';
+import { ApiError, closedLabel, context, Counter, extractTrace, Gauge, statusLabel, tracingEnabled, type Logger, type Metrics } from '@agentplane/core';
 import type { Redis } from '@agentplane/store';
 import {
   CLOSE, CLOSE_REASON, FrameError, RUNNER_CONNECT_PATH, RUNNER_DEFAULTS, RUNNER_PROTOCOL_VERSIONS, frame, negotiateVersion,
@@ -241,7 +241,11 @@ export class Gateway {
         return this.closeConn(conn, CLOSE.MALFORMED, err instanceof FrameError ? err.message : 'malformed frame');
       }
       this.metricFrames.inc({ direction: 'in', type: msg.type });
-      this.dispatch(conn, msg).catch((err: unknown) => {
+      // A frame sent inside a runner span (envelope traceparent): its handler continues that trace.
+      const handled = tracingEnabled() && msg.traceparent
+        ? context.with(extractTrace({ traceparent: msg.traceparent, ...(msg.tracestate ? { tracestate: msg.tracestate } : {}) }), () => this.dispatch(conn, msg))
+        : this.dispatch(conn, msg);
+      handled.catch((err: unknown) => {
         this.log.error({ err, runner: identity.runnerId, type: msg.type }, 'runner frame handler failed');
         conn.send('error', { code: 'internal', message: 'the gateway failed to handle this frame', retryable: true }, msg.id);
       });

@@ -1,5 +1,5 @@
 import { createServer } from 'node:http';
-import { createLogger, createMetrics, envInt, envString, METRICS_CONTENT_TYPE } from '@agentplane/core';
+import { createLogger, createMetrics, envInt, envString, METRICS_CONTENT_TYPE, startTracing } from '@agentplane/core';
 import { connectRedis } from '@agentplane/store';
 import { RUNNER_DEFAULTS } from '@agentplane/protocol';
 import { attachGateway } from './gateway.js';
@@ -22,6 +22,7 @@ Environment:
     return;
   }
   const env = process.env;
+  const tracing = startTracing('agentplane-gateway');
   const log = createLogger({ name: 'gateway', level: envString(env, 'LOG_LEVEL', 'info') as 'info' });
   const redis = connectRedis(envString(env, 'REDIS_URL'), { name: 'gateway' });
   redis.on('error', (err: Error) => log.warn({ err: err.message }, 'redis connection error'));
@@ -58,6 +59,7 @@ Environment:
     await gw.close();
     server.close();
     await redis.quit().catch(() => redis.disconnect());
+    await tracing.shutdown();
     process.exit(0);
   };
   process.on('SIGTERM', () => void stop());

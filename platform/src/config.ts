@@ -23,6 +23,8 @@ export interface PlatformConfig {
   leaseEnv: Readonly<Record<string, string>>;
   /** Model settings handed to the api process unchanged (MODEL_PRICES_FILE, MODEL_PROVIDER_TIMEOUT_MS). */
   modelEnv: Record<string, string>;
+  /** OpenTelemetry settings (OTEL_*, but OTEL_SERVICE_NAME: each process names itself) handed to every child. */
+  otelEnv: Readonly<Record<string, string>>;
   /** Session stream and console settings handed to the api process unchanged (SSE_KEEPALIVE_MS, CONSOLE_ENABLED, CONSOLE_DIR). */
   sessionEnv: Record<string, string>;
   /**
@@ -55,6 +57,7 @@ export function loadPlatformConfig(env: Env): PlatformConfig {
     leaseEnv: Object.freeze(Object.fromEntries([...LEASE_ENV, 'CAPACITY_RETRY_MS', 'INTERRUPT_GRACE_MS', 'POOL_SCAN_MS', 'ENQUEUE_REPAIR_AFTER_MS'].flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : [])))),
     runnerEnv: Object.freeze(Object.fromEntries(RUNNER_ENV.flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : [])))),
     localRunnerEnv: Object.freeze(Object.fromEntries(LOCAL_RUNNER_ENV.flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : [])))),
+    otelEnv: Object.freeze(Object.fromEntries(Object.entries(env).filter((e): e is [string, string] => e[0].startsWith('OTEL_') && e[0] !== 'OTEL_SERVICE_NAME' && typeof e[1] === 'string'))),
     sessionEnv: Object.fromEntries(['SSE_KEEPALIVE_MS', 'CONSOLE_ENABLED', 'CONSOLE_DIR'].flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : []))),
     modelEnv: Object.fromEntries(
       ['MODEL_PRICES_FILE', 'MODEL_PROVIDER_TIMEOUT_MS'].flatMap((name) => {

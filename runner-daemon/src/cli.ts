@@ -2,7 +2,7 @@
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { hostname } from 'node:os';
-import { apiUrl, ConfigError, createLogger, envInt } from '@agentplane/core';
+import { apiUrl, ConfigError, createLogger, envInt, startTracing } from '@agentplane/core';
 import { RunnerAgent } from './agent.js';
 import { dockerClient } from './capabilities.js';
 import { credentialPath, loadCredential, loadDaemonConfig, loadState, saveCredential, type DaemonConfig, type RunnerCredentialFile } from './config.js';
@@ -66,7 +66,8 @@ Options:
 Environment: AGENTPLANE_RUNNER_HOME, RUNNER_MAX_SLOTS, SANDBOX_IDLE_SUSPEND_SECONDS,
 SANDBOX_IDLE_EXPIRE_SECONDS, SANDBOX_REPORT_SECONDS, SANDBOX_REAP_INTERVAL_SECONDS,
 SANDBOX_REAP_GRACE_SECONDS, AGENTPLANE_SANDBOX_SCOPE, REPOSITORY_MAX_MIB, DOCKER_SOCKET, LOG_LEVEL,
-RUNNER_METRICS_ADDR (host:port serving Prometheus /metrics; unset: not served).
+RUNNER_METRICS_ADDR (host:port serving Prometheus /metrics; unset: not served), OTEL_* (OpenTelemetry
+tracing, off by default: OTEL_TRACES_EXPORTER=otlp or OTEL_EXPORTER_OTLP_ENDPOINT turns on OTLP/HTTP export).
 Repository resources are fetched on this machine with git (the sandbox has no network), with
 this machine's git credentials (HTTPS credential helpers, SSH keys for git@ URLs).
 ${COMMON}`,
@@ -200,6 +201,7 @@ async function start(flags: Flags): Promise<number> {
   const config = loadDaemonConfig(process.env, flags);
   const cred = loadCredential(config.configDir);
   if (!cred) throw new UsageError(`no runner credential at ${credentialPath(config.configDir)}; run \`agentplane-runner pair\` first`, false);
+  const tracing = startTracing('agentplane-runner');
   const log = createLogger({ name: 'runner', level: config.logLevel }).child({ runner: cred.runner_id });
   const docker = dockerClient(config.dockerSocket);
   const agent = new RunnerAgent(cred, config, log, docker);
@@ -269,6 +271,7 @@ async function start(flags: Flags): Promise<number> {
     log.info({ kept_workspaces: sandboxes.sessions().length }, 'stopped this runner\'s sandboxes');
   }
   metricsServer?.close();
+  await tracing.shutdown();
   log.info('runner stopped');
   return 0;
 }

@@ -1,5 +1,5 @@
 import { createServer } from 'node:http';
-import { createLogger, METRICS_CONTENT_TYPE } from '@agentplane/core';
+import { createLogger, METRICS_CONTENT_TYPE, startTracing } from '@agentplane/core';
 import { loadSchedulerConfig } from './config.js';
 import { Scheduler } from './scheduler.js';
 
@@ -20,6 +20,8 @@ Environment:
   ENQUEUE_REPAIR_AFTER_MS  a started Run not in its queue after this long is enqueued (default 10000)
   SCHEDULER_PORT       serve /healthz and /metrics here (0 = ephemeral; unset = off)
   LOG_LEVEL            fatal|error|warn|info|debug|trace|silent
+  OTEL_*               OpenTelemetry tracing, off by default: OTEL_TRACES_EXPORTER=otlp or
+                       OTEL_EXPORTER_OTLP_ENDPOINT turns on OTLP/HTTP export (docs/OPERATIONS.md)
 `;
 
 async function main(): Promise<void> {
@@ -27,6 +29,7 @@ async function main(): Promise<void> {
     process.stdout.write(HELP);
     return;
   }
+  const tracing = startTracing('agentplane-scheduler');
   const config = loadSchedulerConfig(process.env);
   const log = createLogger({ name: 'scheduler', level: config.logLevel });
   const scheduler = new Scheduler(config, log);
@@ -54,7 +57,7 @@ async function main(): Promise<void> {
     stopping = true;
     log.info({ signal }, 'scheduler shutting down');
     server?.close();
-    scheduler.stop().then(() => process.exit(0), (err: unknown) => {
+    scheduler.stop().then(tracing.shutdown).then(() => process.exit(0), (err: unknown) => {
       log.error({ err }, 'scheduler shutdown failed');
       process.exit(1);
     });

@@ -1,6 +1,10 @@
 import type Koa from 'koa';
 import Router from '@koa/router';
-import { ApiError, BUCKETS, Counter, Histogram, incident, newRequestId, requestIdFrom, statusLabel, withRequestScope } from '@agentplane/core';
+import {
+  ApiError, BUCKETS, Counter, extractTrace, Histogram, incident, inSpan, newRequestId, requestIdFrom, SpanKind, SpanStatusCode, statusLabel, trace,
+  tracingEnabled, withRequestScope,
+} from '@agentplane/core';
+import { ATTR_HTTP_REQUEST_METHOD, ATTR_HTTP_RESPONSE_STATUS_CODE, ATTR_HTTP_ROUTE, ATTR_URL_PATH, ATTR_URL_SCHEME } from '@opentelemetry/semantic-conventions';
 import type { ApiDeps } from '../deps.js';
 import { drainRequest, readJsonBody } from './body.js';
 import { execute, prepare, type PreparedOperation, type RawRequest } from './pipeline.js';
@@ -34,6 +38,30 @@ export function requestId(): Koa.Middleware {
     ctx.state.requestId = id;
     ctx.set('Request-Id', id);
     await withRequestScope({ requestId: id }, next);
+  };
+}
+
+/**
+ * With tracing on: one SERVER span per request, child of the caller's W3C `traceparent` when it
+ * sent one (HTTP semantic conventions; the route and operation are added once routed). The path
+ * carries ids only; no query, header or body goes on the span.
+ */
+export function traceRequest(): Koa.Middleware {
+  return async (ctx, next) => {
+    if (!tracingEnabled()) return next();
+    await inSpan(ctx.method, {
+      kind: SpanKind.SERVER, parent: extractTrace(ctx.headers),
+      attributes: { [ATTR_HTTP_REQUEST_METHOD]: ctx.method, [ATTR_URL_PATH]: ctx.path, [ATTR_URL_SCHEME]: 'http', 'agentplane.request_id': String(ctx.state.requestId) },
+    }, async (span) => {
+      try {
+        await next();
+      } finally {
+        // A stream (SSE) answers 200 and ends when the client leaves.
+        const status = ctx.respond === false ? 200 : ctx.status;
+        span.setAttribute(ATTR_HTTP_RESPONSE_STATUS_CODE, status);
+        if (status >= 500) span.setStatus({ code: SpanStatusCode.ERROR });
+      }
+    });
   };
 }
 
@@ -94,6 +122,11 @@ export function buildRouter(operations: readonly Operation[], deps: ApiDeps): Op
       const started = process.hrtime.bigint();
       let status = 500;
       const requestId = requestIdOf(ctx);
+      if (tracingEnabled()) {
+        const span = trace.getActiveSpan();
+        span?.updateName(`${op.method} ${op.path}`);
+        span?.setAttributes({ [ATTR_HTTP_ROUTE]: op.path, 'agentplane.operation': op.operationId });
+      }
       try {
         const body = !op.upload && METHODS_WITH_BODY.has(ctx.method) ? await readJsonBody(ctx.req, deps.config.bodyLimitBytes) : undefined;
         const raw: RawRequest = {

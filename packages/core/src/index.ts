@@ -10,3 +10,4 @@ export * from './metrics.js';
 export * from './glob.js';
 export * from './url.js';
 export * from './request-context.js';
+export * from './tracing.js';
