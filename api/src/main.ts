@@ -25,7 +25,7 @@ Environment:
 `);
     return;
   }
-  const tracing = startTracing('agentplane-api');
+  const tracing = await startTracing('agentplane-api');
   const config = loadApiConfig(process.env);
   const log = createLogger({ name: 'api', level: config.logLevel });
   const api = createApi(config, log);

@@ -29,7 +29,7 @@ async function main(): Promise<void> {
     process.stdout.write(HELP);
     return;
   }
-  const tracing = startTracing('agentplane-scheduler');
+  const tracing = await startTracing('agentplane-scheduler');
   const config = loadSchedulerConfig(process.env);
   const log = createLogger({ name: 'scheduler', level: config.logLevel });
   const scheduler = new Scheduler(config, log);

@@ -14,10 +14,6 @@ import {
   context, INVALID_SPAN_CONTEXT, propagation, ROOT_CONTEXT, SpanKind, SpanStatusCode, trace,
   type Attributes, type Context, type Span, type Tracer,
 } from '@opentelemetry/api';
-import { OTLPTraceExporter } from '@opentelemetry/exporter-trace-otlp-http';
-import { resourceFromAttributes } from '@opentelemetry/resources';
-import { BatchSpanProcessor, NodeTracerProvider } from '@opentelemetry/sdk-trace-node';
-import { ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION } from '@opentelemetry/semantic-conventions';
 
 export { context, SpanKind, SpanStatusCode, trace, type Attributes, type Context, type Span };
 
@@ -50,14 +46,21 @@ let active: Tracing | null = null;
 
 /**
  * Start tracing for this process (once). `service` is the default `service.name`
- * (`OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES` override it).
+ * (`OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES` override it). The SDK is loaded only when
+ * tracing is on: a process with tracing off pays nothing for it at start.
  */
-export function startTracing(service: string): Tracing {
+export async function startTracing(service: string): Promise<Tracing> {
   if (active) return active;
   if (!tracingRequested()) {
     active = { enabled: false, shutdown: async () => undefined };
     return active;
   }
+  const [{ OTLPTraceExporter }, { resourceFromAttributes }, { BatchSpanProcessor, NodeTracerProvider }, { ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION }] = await Promise.all([
+    import('@opentelemetry/exporter-trace-otlp-http'),
+    import('@opentelemetry/resources'),
+    import('@opentelemetry/sdk-trace-node'),
+    import('@opentelemetry/semantic-conventions'),
+  ]);
   const provider = new NodeTracerProvider({
     resource: resourceFromAttributes({ [ATTR_SERVICE_NAME]: env('OTEL_SERVICE_NAME') ?? service, [ATTR_SERVICE_VERSION]: '0.1.0' }),
     spanProcessors: [new BatchSpanProcessor(new OTLPTraceExporter())],
