@@ -107,12 +107,20 @@ export function extractTrace(carrier: TraceCarrier | Readonly<Record<string, str
  * Run `fn` in a new active span; it ends when `fn` settles, with an error status (exception
  * type only, never its message) when `fn` throws.
  */
-export async function inSpan<T>(
+export function inSpan<T>(
   name: string,
   options: { kind?: SpanKind; attributes?: Attributes; parent?: Context },
   fn: (span: Span) => Promise<T>,
 ): Promise<T> {
-  if (!tracingEnabled()) return fn(NOOP_SPAN);
+  // Tracing off: a plain call, no extra promise.
+  return tracingEnabled() ? recordSpan(name, options, fn) : fn(NOOP_SPAN);
+}
+
+async function recordSpan<T>(
+  name: string,
+  options: { kind?: SpanKind; attributes?: Attributes; parent?: Context },
+  fn: (span: Span) => Promise<T>,
+): Promise<T> {
   const parent = options.parent ?? context.active();
   return tracer().startActiveSpan(name, { kind: options.kind ?? SpanKind.INTERNAL, ...(options.attributes ? { attributes: options.attributes } : {}) }, parent, async (span) => {
     try {
