@@ -1,7 +1,8 @@
 // bench:observability — what tracing costs. bench:dispatch at 50 Runs/s and bench:api's
 // authenticated GET, each against a platform with tracing off (the floor) and one with tracing on
-// (100% sampling, OTLP/HTTP to a local sink in this process), in the same run; plus the cost of
-// the tracing calls on a hot path when tracing is off (per call, against a plain call).
+// (100% sampling, OTLP/HTTP to a local sink in this process), both running at once and loaded in
+// alternating rounds; plus the cost of the tracing calls on a hot path when tracing is off (per
+// call, against a plain call).
 import { createServer } from 'node:http';
 import autocannon from 'autocannon';
 import { freePort } from '@agentplane/store';
@@ -11,7 +12,8 @@ import { printTable, type HttpLoad, type Row } from './lib/report.js';
 import { level, setup, startSimulatedRunners, type Level } from './dispatch.js';
 
 const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 64);
-const DURATION = Number(process.env.BENCH_SECONDS ?? 10);
+const DURATION = Number(process.env.BENCH_SECONDS ?? 5);
+const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3);
 const RATE = Number(process.env.BENCH_RATE ?? 50);
 
 /** A local OTLP/HTTP sink: accepts every export, counts requests and bytes. */
@@ -30,47 +32,53 @@ async function startSink(): Promise<{ url: string; exports: () => { requests: nu
   return { url: `http://127.0.0.1:${port}`, exports: () => ({ requests, bytes }), close: () => new Promise((r) => server.close(() => r())) };
 }
 
-async function httpLoad(url: string, headers: Record<string, string>): Promise<HttpLoad> {
-  await autocannon({ url, headers, connections: CONNECTIONS, duration: 2 });
-  const r = await autocannon({ url, headers, connections: CONNECTIONS, duration: DURATION });
+async function httpLoad(url: string, headers: Record<string, string>, duration: number): Promise<HttpLoad> {
+  const r = await autocannon({ url, headers, connections: CONNECTIONS, duration });
   return { p50: r.latency.p50, p99: r.latency.p99, rps: r.requests.average, errors: r.errors, non2xx: r.non2xx };
 }
 
-async function apiLoad(p: Platform): Promise<HttpLoad> {
+async function principalUrl(p: Platform): Promise<{ url: string; headers: Record<string, string> }> {
   const ws = p.bootstrap.workspace_id;
   const principal = await p.root.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/principals`, {
     external_subject_id: 'bench', principal_type: 'service', display_name: 'Bench',
   });
-  return httpLoad(`${p.baseUrl}/v1/principals/${principal.id}`, { authorization: `Bearer ${p.bootstrap.root_key}`, 'service-version': '2026-08-27' });
+  return { url: `${p.baseUrl}/v1/principals/${principal.id}`, headers: { authorization: `Bearer ${p.bootstrap.root_key}`, 'service-version': '2026-08-27' } };
 }
 
-async function dispatchLoad(p: Platform): Promise<Level> {
-  const { api, principal, envId, secrets } = await setup(p);
-  const sims = await startSimulatedRunners(p, secrets);
-  try {
-    await level(api, principal, envId, RATE, sims.leased); // warm-up at the same rate
-    return await level(api, principal, envId, RATE, sims.leased);
-  } finally {
-    sims.stop();
+const median = (xs: number[]): number => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] as number;
+
+/**
+ * Both platforms run at once and are loaded in turn, ROUNDS times each (off, on, off, on, …):
+ * drift in the machine's load hits both alike. Each figure is the median of its rounds.
+ */
+async function compare<T>(label: string, run: (side: 'off' | 'on') => Promise<T>): Promise<{ off: T[]; on: T[] }> {
+  const off: T[] = [];
+  const on: T[] = [];
+  for (let round = 1; round <= ROUNDS; round++) {
+    process.stdout.write(`${label} round ${round}/${ROUNDS} …\n`);
+    off.push(await run('off'));
+    on.push(await run('on'));
   }
+  return { off, on };
 }
 
-async function measure(env: Record<string, string>): Promise<{ api: HttpLoad; dispatch: Level }> {
-  const apiPlatform = await startPlatform({ env: { LOG_LEVEL: 'warn', ...env } });
-  let api: HttpLoad;
-  try {
-    api = await apiLoad(apiPlatform);
-  } finally {
-    await apiPlatform.stop();
-  }
-  const dispatchPlatform = await startPlatform({
+interface Side { api: Platform; dispatch: Platform; dispatchRun: (rate: number) => Promise<Level>; stop(): Promise<void> }
+
+async function startSide(env: Record<string, string>): Promise<Side> {
+  const api = await startPlatform({ env: { LOG_LEVEL: 'warn', ...env } });
+  const dispatch = await startPlatform({
     scheduler: true, runner: false, env: { LOG_LEVEL: 'warn', RUNNER_HEARTBEAT_INTERVAL_MS: '5000', PAIRING_REDEEM_PER_MINUTE: '100000', ...env },
   });
-  try {
-    return { api, dispatch: await dispatchLoad(dispatchPlatform) };
-  } finally {
-    await dispatchPlatform.stop();
-  }
+  const { api: client, principal, envId, secrets } = await setup(dispatch);
+  const sims = await startSimulatedRunners(dispatch, secrets);
+  return {
+    api, dispatch,
+    dispatchRun: (rate) => level(client, principal, envId, rate, sims.leased),
+    async stop() {
+      sims.stop();
+      await Promise.all([api.stop(), dispatch.stop()]);
+    },
+  };
 }
 
 /** ns per call of the tracing calls a hot path makes with tracing off, and of a plain call. */
@@ -94,34 +102,43 @@ async function offPathCost(): Promise<{ traced: number; plain: number }> {
 }
 
 async function main(): Promise<void> {
-  process.stdout.write(`bench:observability  api: ${CONNECTIONS} connections, ${DURATION}s; dispatch: ${RATE} Runs/s\n`);
-  const off = await offPathCost();
-  process.stdout.write('tracing off …\n');
-  const floor = await measure({});
+  process.stdout.write(`bench:observability  api: ${CONNECTIONS} connections, ${DURATION}s; dispatch: ${RATE} Runs/s; ${ROUNDS} alternating rounds\n`);
+  const offPath = await offPathCost();
   const sink = await startSink();
-  process.stdout.write('tracing on (100% sampling, OTLP/HTTP to a local sink) …\n');
-  let on: { api: HttpLoad; dispatch: Level };
+  const sides: { off?: Side; on?: Side } = {};
   try {
-    on = await measure({ OTEL_TRACES_EXPORTER: 'otlp', OTEL_EXPORTER_OTLP_ENDPOINT: sink.url, OTEL_TRACES_SAMPLER: 'always_on' });
+    process.stdout.write('starting a platform with tracing off and one with tracing on (100% sampling, OTLP/HTTP to a local sink) …\n');
+    sides.off = await startSide({});
+    sides.on = await startSide({ OTEL_TRACES_EXPORTER: 'otlp', OTEL_EXPORTER_OTLP_ENDPOINT: sink.url, OTEL_TRACES_SAMPLER: 'always_on' });
+    const both = sides as Required<typeof sides>;
+    const targets = { off: await principalUrl(both.off.api), on: await principalUrl(both.on.api) };
+    for (const side of ['off', 'on'] as const) await httpLoad(targets[side].url, targets[side].headers, 2); // warm-up
+    const api = await compare('api', (side) => httpLoad(targets[side].url, targets[side].headers, DURATION));
+    for (const side of ['off', 'on'] as const) await both[side].dispatchRun(RATE); // warm-up
+    const dispatch = await compare('dispatch', (side) => both[side].dispatchRun(RATE));
+    const m = <T>(xs: T[], f: (x: T) => number): number => median(xs.map(f));
+    const rows: Row[] = [
+      { metric: 'api GET latency p50', ours: m(api.on, (x: HttpLoad) => x.p50), floor: m(api.off, (x: HttpLoad) => x.p50), unit: 'ms' },
+      { metric: 'api GET latency p99', ours: m(api.on, (x: HttpLoad) => x.p99), floor: m(api.off, (x: HttpLoad) => x.p99), unit: 'ms' },
+      { metric: 'api GET throughput', ours: m(api.on, (x: HttpLoad) => x.rps), floor: m(api.off, (x: HttpLoad) => x.rps), unit: 'req/s', higherIsBetter: true },
+      { metric: `dispatch ${RATE}/s message→lease p50`, ours: m(dispatch.on, (x: Level) => x.lease.p50), floor: m(dispatch.off, (x: Level) => x.lease.p50), unit: 'ms' },
+      { metric: `dispatch ${RATE}/s message→lease p99`, ours: m(dispatch.on, (x: Level) => x.lease.p99), floor: m(dispatch.off, (x: Level) => x.lease.p99), unit: 'ms' },
+      { metric: `dispatch ${RATE}/s message→first event p50`, ours: m(dispatch.on, (x: Level) => x.visible.p50), floor: m(dispatch.off, (x: Level) => x.visible.p50), unit: 'ms' },
+      { metric: `dispatch ${RATE}/s message→first event p99`, ours: m(dispatch.on, (x: Level) => x.visible.p99), floor: m(dispatch.off, (x: Level) => x.visible.p99), unit: 'ms' },
+      { metric: `dispatch ${RATE}/s Runs completed`, ours: m(dispatch.on, (x: Level) => x.done), floor: m(dispatch.off, (x: Level) => x.done), unit: 'Runs', higherIsBetter: true },
+    ];
+    printTable(`tracing on (agentplane column) vs tracing off (floor column): medians of ${ROUNDS} alternating rounds`, rows);
+    const { requests, bytes } = sink.exports();
+    process.stdout.write(`OTLP exports received by the sink: ${requests} requests, ${(bytes / 1024 / 1024).toFixed(1)} MiB\n`);
+    const errs = (xs: HttpLoad[]) => xs.reduce((a, x) => a + x.errors + x.non2xx, 0);
+    process.stdout.write(`api errors: off ${errs(api.off)}, on ${errs(api.on)}\n`);
   } finally {
+    await sides.off?.stop();
+    await sides.on?.stop();
     await sink.close();
   }
-  const rows: Row[] = [
-    { metric: 'api GET latency p50', ours: on.api.p50, floor: floor.api.p50, unit: 'ms' },
-    { metric: 'api GET latency p99', ours: on.api.p99, floor: floor.api.p99, unit: 'ms' },
-    { metric: 'api GET throughput', ours: on.api.rps, floor: floor.api.rps, unit: 'req/s', higherIsBetter: true },
-    { metric: `dispatch ${RATE}/s message→lease p50`, ours: on.dispatch.lease.p50, floor: floor.dispatch.lease.p50, unit: 'ms' },
-    { metric: `dispatch ${RATE}/s message→lease p99`, ours: on.dispatch.lease.p99, floor: floor.dispatch.lease.p99, unit: 'ms' },
-    { metric: `dispatch ${RATE}/s message→first event p50`, ours: on.dispatch.visible.p50, floor: floor.dispatch.visible.p50, unit: 'ms' },
-    { metric: `dispatch ${RATE}/s message→first event p99`, ours: on.dispatch.visible.p99, floor: floor.dispatch.visible.p99, unit: 'ms' },
-    { metric: `dispatch ${RATE}/s Runs completed`, ours: on.dispatch.done, floor: floor.dispatch.done, unit: 'Runs', higherIsBetter: true },
-  ];
-  printTable('tracing on (agentplane column) vs tracing off (floor column), same run', rows);
-  const { requests, bytes } = sink.exports();
-  process.stdout.write(`OTLP exports received by the sink: ${requests} requests, ${(bytes / 1024 / 1024).toFixed(1)} MiB\n`);
-  process.stdout.write(`errors: api off ${floor.api.errors + floor.api.non2xx}, on ${on.api.errors + on.api.non2xx}; dispatch off ${floor.dispatch.done}/${floor.dispatch.sent}, on ${on.dispatch.done}/${on.dispatch.sent} done\n`);
   printTable('tracing off: the tracing calls of a hot path (span + context injection) vs a plain async call', [
-    { metric: 'per call', ours: off.traced, floor: off.plain, unit: 'ns' },
+    { metric: 'per call', ours: offPath.traced, floor: offPath.plain, unit: 'ns' },
   ]);
 }
 
