@@ -3,7 +3,8 @@
 // (real WebSocket clients in a separate process), beside the floor measured in the same run:
 // raw BullMQ add() → Worker processing on the same Redis.
 import { fork } from 'node:child_process';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
+import { pathToFileURL } from 'node:url';
 import { Queue, Worker } from 'bullmq';
 import { Redis } from 'ioredis';
 import { streamEvents, type HttpClient } from '@agentplane/client';
@@ -14,7 +15,7 @@ const RUNNERS = Number(process.env.BENCH_RUNNERS ?? 100);
 const RATES = (process.env.BENCH_RATES ?? '50,200,500').split(',').map(Number);
 const SECONDS = Number(process.env.BENCH_SECONDS ?? 4);
 
-async function setup(p: Platform): Promise<{ api: HttpClient; principal: string; envId: string; secrets: string[] }> {
+export async function setup(p: Platform): Promise<{ api: HttpClient; principal: string; envId: string; secrets: string[] }> {
   const ws = p.bootstrap.workspace_id;
   const api = p.root;
   const principal = (await api.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/principals`, { external_subject_id: 'bench', principal_type: 'service', display_name: 'Bench' })).id;
@@ -29,9 +30,9 @@ async function setup(p: Platform): Promise<{ api: HttpClient; principal: string;
   return { api, principal, envId, secrets };
 }
 
-interface Level { rate: number; lease: ReturnType<typeof summarize>; visible: ReturnType<typeof summarize>; done: number; sent: number }
+export interface Level { rate: number; lease: ReturnType<typeof summarize>; visible: ReturnType<typeof summarize>; done: number; sent: number }
 
-async function level(api: HttpClient, principal: string, envId: string, rate: number, leased: Map<string, number>): Promise<Level> {
+export async function level(api: HttpClient, principal: string, envId: string, rate: number, leased: Map<string, number>): Promise<Level> {
   const total = Math.max(1, Math.round(rate * SECONDS));
   // Sessions first (not measured).
   const sessions: string[] = [];
@@ -105,13 +106,7 @@ async function main(): Promise<void> {
   const p = await startPlatform({ scheduler: true, runner: false, env: { LOG_LEVEL: 'warn', RUNNER_HEARTBEAT_INTERVAL_MS: '5000', PAIRING_REDEEM_PER_MINUTE: '100000' } });
   try {
     const { api, principal, envId, secrets } = await setup(p);
-    const runners = fork(join(ROOT_DIR, 'bench/sim/runners.ts'), [p.baseUrl, JSON.stringify(secrets)], { execArgv: ['--import', 'tsx'], stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
-    const leased = new Map<string, number>();
-    await new Promise<void>((resolve) => runners.on('message', (m: { kind: string; session_id?: string; at?: number }) => {
-      if (m.kind === 'ready') resolve();
-      else if (m.kind === 'leased' && m.session_id && m.at && !leased.has(m.session_id)) leased.set(m.session_id, m.at);
-    }));
-    await new Promise((r) => setTimeout(r, 1500)); // presences written
+    const { leased, stop: stopRunners } = await startSimulatedRunners(p, secrets);
     const rows = [];
     let sustainable = 0;
     for (const rate of RATES) {
@@ -129,13 +124,28 @@ async function main(): Promise<void> {
     }
     printTable('dispatch latency (floor: raw BullMQ add → Worker processing at the same rate)', rows);
     process.stdout.write(`highest sustained rate tried with every Run done and lease p99 < 1 s: ${sustainable || 'none'} Runs/s\n`);
-    runners.kill();
+    stopRunners();
   } finally {
     await p.stop();
   }
 }
 
-main().catch((err: unknown) => {
-  process.stderr.write(`${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
-  process.exit(1);
-});
+/** Simulated runners paired into the platform, forked; resolves once they are connected. */
+export async function startSimulatedRunners(p: Platform, secrets: string[]): Promise<{ leased: Map<string, number>; stop(): void }> {
+  const runners = fork(join(ROOT_DIR, 'bench/sim/runners.ts'), [p.baseUrl, JSON.stringify(secrets)], { execArgv: ['--import', 'tsx'], stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
+  const leased = new Map<string, number>();
+  await new Promise<void>((resolve) => runners.on('message', (m: { kind: string; session_id?: string; at?: number }) => {
+    if (m.kind === 'ready') resolve();
+    else if (m.kind === 'leased' && m.session_id && m.at && !leased.has(m.session_id)) leased.set(m.session_id, m.at);
+  }));
+  await new Promise((r) => setTimeout(r, 1500)); // presences written
+  return { leased, stop: () => void runners.kill() };
+}
+
+// Run as a script (bench:dispatch); other benches import the pieces above.
+if (process.argv[1] && import.meta.url === pathToFileURL(resolve(process.argv[1])).href) {
+  main().catch((err: unknown) => {
+    process.stderr.write(`${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
+    process.exit(1);
+  });
+}

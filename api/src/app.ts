@@ -1,7 +1,7 @@
 import { OutcomeService } from '@agentplane/domain';
 import { createServer, type Server } from 'node:http';
 import Koa from 'koa';
-import { createLogger, Metrics, SecretBox, type Logger } from '@agentplane/core';
+import { createLogger, createMetrics, Gauge, METRICS_CONTENT_TYPE, SecretBox, type Logger } from '@agentplane/core';
 import { connectRedis, DocumentStore, EventHub, type Redis } from '@agentplane/store';
 import type { Agent } from '@agentplane/domain';
 import { VersionedStore } from '@agentplane/domain';
@@ -25,7 +25,7 @@ import { activeStreams } from './sessions/stream.js';
 import type { ApiConfig } from './config.js';
 import type { ApiDeps } from './deps.js';
 import { IdempotencyStore } from './http/idempotency.js';
-import { buildRouter, errorBoundary, unmatchedRoute } from './http/router.js';
+import { buildRouter, errorBoundary, requestId, traceRequest, unmatchedRoute } from './http/router.js';
 import { mcpEdge } from './mcp/edge.js';
 import { runtimeMcp } from './mcp/runtime.js';
 import { DelayedJobs, LeaseFence } from '@agentplane/lease';
@@ -43,6 +43,7 @@ import { AutomationStore } from './automations/store.js';
 import { WebhookDispatcher } from './webhooks/delivery.js';
 import { WebhookStore } from './webhooks/store.js';
 import { SessionEventTap } from './events/tap.js';
+import { registerRedisMetrics } from './observability/redis-metrics.js';
 
 export interface ApiServer {
   server: Server;
@@ -59,7 +60,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
   const docs = new DocumentStore(redis);
   const credentials = new CredentialIndex(redis);
   const secretBox = new SecretBox(config.masterKey);
-  const metrics = new Metrics();
+  const metrics = createMetrics();
   const models = createModelsModule({
     redis, docs, secretBox, log, metrics,
     config: { pricesFile: config.modelPricesFile, providerTimeoutMs: config.modelProviderTimeoutMs },
@@ -111,8 +112,9 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
     redisUrl: config.redisUrl, redis, store: new WebhookStore(redis, docs, secretBox), log: sessionStore.log, tap, logger: log, metrics, settings: config.webhooks,
     onDisabled: (e) => automations.endpointDisabled(e),
   });
-  metrics.gauge('agentplane_sse_streams', 'Session SSE streams open in this process').set({}, activeStreams);
-  metrics.gauge('agentplane_event_hub_channels', 'Session channels this process is subscribed to').set({}, () => eventHub.channelCount);
+  new Gauge({ name: 'agentplane_sse_streams', help: 'Session SSE streams open in this process', registers: [metrics], collect() { this.set(activeStreams()); } });
+  registerRedisMetrics(metrics, redis, log);
+  new Gauge({ name: 'agentplane_event_hub_channels', help: 'Session channels this process is subscribed to', registers: [metrics], collect() { this.set(eventHub.channelCount); } });
   return {
     runs,
     files,
@@ -158,6 +160,8 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
 
   const app = new Koa({ proxy: false });
   app.silent = true;
+  app.use(requestId());
+  app.use(traceRequest());
   app.use(errorBoundary(deps));
   app.use(async (ctx, next) => {
     if (ctx.path === '/healthz' && ctx.method === 'GET') {
@@ -166,8 +170,8 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
       return;
     }
     if (ctx.path === '/metrics' && ctx.method === 'GET' && config.metricsEnabled) {
-      ctx.type = 'text/plain; version=0.0.4';
-      ctx.body = deps.metrics.render();
+      ctx.body = await deps.metrics.metrics();
+      ctx.type = METRICS_CONTENT_TYPE;
       return;
     }
     await next();
@@ -195,7 +199,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
   if (gateway) {
     registerRunHandlers(gateway, {
       keeper: deps.runs.keeper, records: deps.runs.records, lifecycle: deps.runs.lifecycle, log: deps.sessions.store.log,
-      store: deps.sessions.store, models: deps.models, lease: config.lease, logger: log, approvals: deps.approvals,
+      store: deps.sessions.store, models: deps.models, lease: config.lease, logger: log, approvals: deps.approvals, metrics: deps.metrics,
     });
     registerSandboxRelease(gateway, deps.docs);
   }

@@ -1,4 +1,4 @@
-import { createLogger } from '@agentplane/core';
+import { createLogger, startTracing } from '@agentplane/core';
 import { createApi } from './app.js';
 import { loadApiConfig } from './config.js';
 
@@ -20,9 +20,12 @@ Environment:
   RUNNER_HEARTBEAT_INTERVAL_MS, RUNNER_PRESENCE_TTL_MS, RUNNER_MAX_FRAME_BYTES
                      runner heartbeat interval (5000), presence TTL (20000), largest frame (1 MiB)
   PAIRING_REDEEM_PER_MINUTE  pairing-code redemptions accepted per minute, platform-wide (60)
+  OTEL_*             OpenTelemetry tracing, off by default: OTEL_TRACES_EXPORTER=otlp or
+                     OTEL_EXPORTER_OTLP_ENDPOINT turns on OTLP/HTTP export (docs/OPERATIONS.md)
 `);
     return;
   }
+  const tracing = await startTracing('agentplane-api');
   const config = loadApiConfig(process.env);
   const log = createLogger({ name: 'api', level: config.logLevel });
   const api = createApi(config, log);
@@ -33,7 +36,7 @@ Environment:
     if (stopping) return;
     stopping = true;
     log.info({ signal }, 'api shutting down');
-    api.close().then(
+    api.close().then(tracing.shutdown).then(
       () => process.exit(0),
       (err: unknown) => {
         log.error({ err }, 'api shutdown failed');

@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { STATUS_CODES, type IncomingMessage, type Server } from 'node:http';
 import type { Duplex } from 'node:stream';
 import { WebSocketServer, type WebSocket } from 'ws';
-import { ApiError, type Logger, type Metrics } from '@agentplane/core';
+import { ApiError, closedLabel, context, Counter, extractTrace, Gauge, statusLabel, tracingEnabled, type Logger, type Metrics } from '@agentplane/core';
 import type { Redis } from '@agentplane/store';
 import {
   CLOSE, CLOSE_REASON, FrameError, RUNNER_CONNECT_PATH, RUNNER_DEFAULTS, RUNNER_PROTOCOL_VERSIONS, frame, negotiateVersion,
@@ -99,6 +99,9 @@ interface Conn extends RunnerConnection {
   graceful: boolean;
 }
 
+/** Close codes counted by value: the protocol's and the standard ones; anything a peer makes up is `other`. */
+const CLOSE_CODES: ReadonlySet<string> = new Set([...Object.values(CLOSE), 1002, 1003, 1005, 1006, 1007, 1008, 1011].map(String));
+
 const truncate = (s: string): string => (Buffer.byteLength(s) <= 120 ? s : `${Buffer.from(s).subarray(0, 117).toString('utf8')}...`);
 
 export class Gateway {
@@ -110,9 +113,9 @@ export class Gateway {
   private readonly handlers: HandlerTable;
   private readonly sub: Redis;
   private readonly log: Logger;
-  private readonly metricFrames;
-  private readonly metricCloses;
-  private readonly metricRejects;
+  private readonly metricFrames: Counter<'direction' | 'type'>;
+  private readonly metricCloses: Counter<'code'>;
+  private readonly metricRejects: Counter<'status'>;
   private closing = false;
   private msgSeq = 0;
   private readonly connectedListeners: ConnectedListener[] = [];
@@ -123,10 +126,11 @@ export class Gateway {
     this.presence = new PresenceStore(deps.redis);
     this.handlers = { ...deps.handlers };
     this.wss = new WebSocketServer({ noServer: true, maxPayload: this.options.maxFrameBytes, perMessageDeflate: false, clientTracking: false });
-    deps.metrics.gauge('agentplane_gateway_connected_runners', 'Runner sockets open on this gateway node').set({}, () => this.conns.size);
-    this.metricFrames = deps.metrics.counter('agentplane_gateway_frames_total', 'Runner protocol frames by direction and type');
-    this.metricCloses = deps.metrics.counter('agentplane_gateway_closes_total', 'Runner sockets closed, by close code');
-    this.metricRejects = deps.metrics.counter('agentplane_gateway_upgrade_rejections_total', 'Refused runner upgrades by HTTP status');
+    const conns = this.conns;
+    new Gauge({ name: 'agentplane_gateway_connected_runners', help: 'Runner sockets open on this gateway node', registers: [deps.metrics], collect() { this.set(conns.size); } });
+    this.metricFrames = new Counter({ name: 'agentplane_gateway_frames_total', help: 'Runner protocol frames by direction and type', labelNames: ['direction', 'type'] as const, registers: [deps.metrics] });
+    this.metricCloses = new Counter({ name: 'agentplane_gateway_closes_total', help: 'Runner sockets closed, by close code (codes outside the protocol count as other)', labelNames: ['code'] as const, registers: [deps.metrics] });
+    this.metricRejects = new Counter({ name: 'agentplane_gateway_upgrade_rejections_total', help: 'Refused runner upgrades by HTTP status', labelNames: ['status'] as const, registers: [deps.metrics] });
     this.sub = deps.redis.duplicate();
     this.sub.on('error', (err: Error) => this.log.warn({ err: err.message }, 'gateway subscriber error'));
     void this.sub.subscribe(GATEWAY_CONTROL_CHANNEL, PRINCIPAL_CHANGES_CHANNEL, gatewayNodeChannel(this.options.nodeId));
@@ -183,7 +187,7 @@ export class Gateway {
   /** Refuse an upgrade with a plain HTTP answer: the wire error body of a catalog type. */
   private reject(socket: Duplex, err: ApiError): void {
     const { status } = err;
-    this.metricRejects.inc({ status: String(status) });
+    this.metricRejects.inc({ status: statusLabel(status) });
     const body = JSON.stringify({ error: { type: err.type, message: err.message } });
     const text = STATUS_CODES[status] ?? 'Error';
     socket.end(`HTTP/1.1 ${status} ${text}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`);
@@ -251,7 +255,11 @@ export class Gateway {
         return this.closeConn(conn, CLOSE.MALFORMED, err instanceof FrameError ? err.message : 'malformed frame');
       }
       this.metricFrames.inc({ direction: 'in', type: msg.type });
-      this.dispatch(conn, msg).catch((err: unknown) => {
+      // A frame sent inside a runner span (envelope traceparent): its handler continues that trace.
+      const handled = tracingEnabled() && msg.traceparent
+        ? context.with(extractTrace({ traceparent: msg.traceparent, ...(msg.tracestate ? { tracestate: msg.tracestate } : {}) }), () => this.dispatch(conn, msg))
+        : this.dispatch(conn, msg);
+      handled.catch((err: unknown) => {
         this.log.error({ err, runner: identity.runnerId, type: msg.type }, 'runner frame handler failed');
         conn.send('error', { code: 'internal', message: 'the gateway failed to handle this frame', retryable: true }, msg.id);
       });
@@ -408,7 +416,7 @@ export class Gateway {
   private closeConn(conn: Conn, code: number, reason?: string): void {
     if (conn.state === 'closed') return;
     conn.state = 'closed';
-    this.metricCloses.inc({ code: String(code) });
+    this.metricCloses.inc({ code: closedLabel(String(code), CLOSE_CODES) });
     const text = truncate(reason ?? CLOSE_REASON[code] ?? 'closed');
     if (code === CLOSE.DRAINED || code === CLOSE.UNAUTHORIZED || code === CLOSE.FORBIDDEN || code === CLOSE.NORMAL) conn.graceful = true;
     try {
@@ -424,7 +432,7 @@ export class Gateway {
   private onClosed(conn: Conn, code: number): void {
     if (conn.state !== 'closed') {
       conn.state = 'closed';
-      this.metricCloses.inc({ code: String(code) });
+      this.metricCloses.inc({ code: closedLabel(String(code), CLOSE_CODES) });
       if (code === CLOSE.NORMAL || code === CLOSE.DRAINED) conn.graceful = true;
     }
     this.forget(conn);

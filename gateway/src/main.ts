@@ -1,5 +1,5 @@
 import { createServer } from 'node:http';
-import { createLogger, envInt, envString, Metrics } from '@agentplane/core';
+import { createLogger, createMetrics, envInt, envString, METRICS_CONTENT_TYPE, startTracing } from '@agentplane/core';
 import { connectRedis } from '@agentplane/store';
 import { RUNNER_DEFAULTS } from '@agentplane/protocol';
 import { attachGateway } from './gateway.js';
@@ -22,15 +22,22 @@ Environment:
     return;
   }
   const env = process.env;
+  const tracing = await startTracing('agentplane-gateway');
   const log = createLogger({ name: 'gateway', level: envString(env, 'LOG_LEVEL', 'info') as 'info' });
   const redis = connectRedis(envString(env, 'REDIS_URL'), { name: 'gateway' });
   redis.on('error', (err: Error) => log.warn({ err: err.message }, 'redis connection error'));
-  const metrics = new Metrics();
+  const metrics = createMetrics();
   const server = createServer((req, res) => {
     if (req.url === '/healthz') {
       res.writeHead(200, { 'content-type': 'application/json' }).end('{"status":"ok"}');
     } else if (req.url === '/metrics') {
-      res.writeHead(200, { 'content-type': 'text/plain; version=0.0.4' }).end(metrics.render());
+      metrics.metrics().then(
+        (text) => res.writeHead(200, { 'content-type': METRICS_CONTENT_TYPE }).end(text),
+        (err: unknown) => {
+          log.error({ err }, 'metrics collection failed');
+          res.writeHead(500).end();
+        },
+      );
     } else {
       res.writeHead(404, { 'content-type': 'application/json' }).end('{"error":{"type":"validation.not_found","message":"not found"}}');
     }
@@ -52,6 +59,7 @@ Environment:
     await gw.close();
     server.close();
     await redis.quit().catch(() => redis.disconnect());
+    await tracing.shutdown();
     process.exit(0);
   };
   process.on('SIGTERM', () => void stop());

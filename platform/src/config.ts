@@ -12,6 +12,8 @@ export interface PlatformConfig {
   logLevel: 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
   docsUrl: string | undefined;
   startScheduler: boolean;
+  /** Where the scheduler serves /healthz and /metrics (0: an ephemeral port). */
+  schedulerPort: number;
   startRunner: boolean;
   /** Restart a child process that dies unexpectedly. */
   restartChildren: boolean;
@@ -21,6 +23,8 @@ export interface PlatformConfig {
   leaseEnv: Readonly<Record<string, string>>;
   /** Model settings handed to the api process unchanged (MODEL_PRICES_FILE, MODEL_PROVIDER_TIMEOUT_MS). */
   modelEnv: Record<string, string>;
+  /** OpenTelemetry settings (OTEL_*, but OTEL_SERVICE_NAME: each process names itself) handed to every child. */
+  otelEnv: Readonly<Record<string, string>>;
   /** Session stream and console settings handed to the api process unchanged (SSE_KEEPALIVE_MS, CONSOLE_ENABLED, CONSOLE_DIR). */
   sessionEnv: Record<string, string>;
   /**
@@ -32,7 +36,7 @@ export interface PlatformConfig {
 
 const LOCAL_RUNNER_ENV = [
   'RUNNER_MAX_SLOTS', 'RUNNER_SLOT_MEMORY_MIB', 'DOCKER_SOCKET', 'SANDBOX_IDLE_SUSPEND_SECONDS', 'SANDBOX_IDLE_EXPIRE_SECONDS',
-  'SANDBOX_REPORT_SECONDS', 'SANDBOX_REAP_INTERVAL_SECONDS', 'SANDBOX_REAP_GRACE_SECONDS', 'AGENTPLANE_SANDBOX_SCOPE', 'REPOSITORY_MAX_MIB', 'GIT_SSL_CAINFO', 'GIT_SSH_COMMAND', 'SSH_AUTH_SOCK', 'HTTPS_PROXY', 'HTTP_PROXY', 'NO_PROXY',
+  'SANDBOX_REPORT_SECONDS', 'SANDBOX_REAP_INTERVAL_SECONDS', 'RUNNER_METRICS_ADDR', 'SANDBOX_REAP_GRACE_SECONDS', 'AGENTPLANE_SANDBOX_SCOPE', 'REPOSITORY_MAX_MIB', 'GIT_SSL_CAINFO', 'GIT_SSH_COMMAND', 'SSH_AUTH_SOCK', 'HTTPS_PROXY', 'HTTP_PROXY', 'NO_PROXY',
 ] as const;
 
 const RUNNER_ENV = ['RUNNER_HEARTBEAT_INTERVAL_MS', 'RUNNER_PRESENCE_TTL_MS', 'RUNNER_MAX_FRAME_BYTES', 'PAIRING_REDEEM_PER_MINUTE'] as const;
@@ -53,11 +57,13 @@ export function loadPlatformConfig(env: Env): PlatformConfig {
     logLevel: envEnum(env, 'LOG_LEVEL', ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const, 'info'),
     docsUrl: envOptional(env, 'DOCS_URL'),
     startScheduler: envBool(env, 'START_SCHEDULER', true),
+    schedulerPort: envInt(env, 'SCHEDULER_PORT', 0, 0, 65535),
     startRunner: envBool(env, 'START_RUNNER', true),
     restartChildren: envBool(env, 'RESTART_CHILDREN', true),
     leaseEnv: Object.freeze(Object.fromEntries([...LEASE_ENV, 'CAPACITY_RETRY_MS', 'INTERRUPT_GRACE_MS', 'POOL_SCAN_MS', 'ENQUEUE_REPAIR_AFTER_MS'].flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : [])))),
     runnerEnv: Object.freeze(Object.fromEntries(RUNNER_ENV.flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : [])))),
     localRunnerEnv: Object.freeze(Object.fromEntries(LOCAL_RUNNER_ENV.flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : [])))),
+    otelEnv: Object.freeze(Object.fromEntries(Object.entries(env).filter((e): e is [string, string] => e[0].startsWith('OTEL_') && e[0] !== 'OTEL_SERVICE_NAME' && typeof e[1] === 'string'))),
     sessionEnv: Object.fromEntries(['SSE_KEEPALIVE_MS', 'CONSOLE_ENABLED', 'CONSOLE_DIR', ...AUTOMATION_ENV].flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : []))),
     modelEnv: Object.fromEntries(
       ['MODEL_PRICES_FILE', 'MODEL_PROVIDER_TIMEOUT_MS'].flatMap((name) => {

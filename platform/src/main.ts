@@ -25,6 +25,9 @@ Environment:
   REDIS_HZ          embedded Redis hz (default 100: delayed retries late by at most ~10 ms)
   LOG_LEVEL         fatal|error|warn|info|debug|trace|silent (default info)
   START_SCHEDULER   start the scheduler process (default true)
+  SCHEDULER_PORT    where the scheduler serves /metrics (default 0: an ephemeral port)
+  RUNNER_METRICS_ADDR  host:port where the local runner serves /metrics (default: not served)
+  OTEL_*            OpenTelemetry tracing for every process, off by default (docs/OPERATIONS.md)
   START_RUNNER      start a local runner paired to the default workspace (default true)
   CONSOLE_ENABLED   serve the web console at /console (default true)
   CONSOLE_DIR       the built console to serve (default the repository's console/dist)
@@ -119,6 +122,7 @@ async function main(): Promise<void> {
     MASTER_KEY_FILE: masterKeyFile,
     LOG_LEVEL: config.logLevel,
     DATA_DIR: config.dataDir,
+    ...config.otelEnv,
     ...(config.docsUrl ? { DOCS_URL: config.docsUrl } : {}),
   };
   const processesFile = join(config.dataDir, 'processes.json');
@@ -138,7 +142,7 @@ async function main(): Promise<void> {
     supervisor.start({
       name: 'scheduler',
       script: entry('@agentplane/scheduler', 'main.js'),
-      env: { ...common, ...config.leaseEnv, SCHEDULER_PORT: '0' },
+      env: { ...common, ...config.leaseEnv, SCHEDULER_PORT: String(config.schedulerPort) },
     });
   }
 

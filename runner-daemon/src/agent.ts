@@ -1,5 +1,7 @@
 import { WebSocket } from 'ws';
-import { backoffDelay, nowIso, type Logger } from '@agentplane/core';
+import {
+  ATTR, backoffDelay, context, extractTrace, failSpan, injectTrace, nowIso, SpanKind, trace, tracer, tracingEnabled, type Logger, type Span, type TraceCarrier,
+} from '@agentplane/core';
 import {
   CLOSE, FrameError, RUNNER_DEFAULTS, RUNNER_PROTOCOL_VERSIONS, frame, parseFrame,
   type GatewayMessage, type GatewayToRunnerType, type LeaseRef, type Payload, type RunnerCapabilities, type RunnerStatus,
@@ -9,6 +11,7 @@ import type Docker from 'dockerode';
 import { buildCapabilities, hostFacts, memoryAvailableMib, type HostFacts, type SlotPolicy } from './capabilities.js';
 import { saveState, type DaemonConfig, type RunnerCredentialFile, type RunnerStateFile } from './config.js';
 import { InfrastructureFailure } from './failures.js';
+import type { RunnerMetrics } from './metrics.js';
 import { connectUrl } from './probe.js';
 
 export const DAEMON_VERSION = '0.1.0';
@@ -88,6 +91,8 @@ export class RunnerAgent {
   executor: LeaseExecutor | null = null;
   /** The Docker tiers the sandbox driver verified (re-probed on every facts refresh). */
   tierSource: (() => Promise<string[]>) | null = null;
+  /** Prometheus metrics (set by `start`). */
+  metrics: RunnerMetrics | null = null;
   /** Open model streams: stream id → where their frames go. */
   private readonly modelStreams = new Map<string, (event: ModelStreamEvent | null, end: boolean) => void>();
   private streamSeq = 0;
@@ -217,6 +222,7 @@ export class RunnerAgent {
       ws.on('error', (err) => this.log.warn({ err: err.message }, 'runner socket error'));
       ws.on('close', (code, reason) => {
         this.stopHeartbeat();
+        this.metrics?.connected.set(0);
         if (this.ws === ws) this.ws = null;
         this.generation = welcomed ? this.generation : null;
         // Expected while this runner drains (a Ctrl-C stops the control plane at the same time).
@@ -241,7 +247,8 @@ export class RunnerAgent {
   private sendWithId<T extends RunnerToGatewayType>(type: T, id: string, payload: Payload<T>, re?: string): boolean {
     const ws = this.ws;
     if (!ws || ws.readyState !== ws.OPEN) return false;
-    ws.send(frame(type, id, payload, re));
+    // Inside a span (a lease, a model call, a tool), the frame carries its W3C context.
+    ws.send(frame(type, id, payload, re, injectTrace()));
     return true;
   }
 
@@ -291,6 +298,7 @@ export class RunnerAgent {
         this.heartbeatMs = this.config.heartbeatIntervalMs ?? p.heartbeat_interval_ms;
         if (this.status === 'starting') this.status = 'ready';
         this.lastAckAt = Date.now();
+        this.metrics?.connected.set(1);
         this.log.info({ generation: p.generation, protocol: p.protocol_version }, 'connected to the control plane');
         const resumed = new Set(p.resumed_leases.map((l) => `${l.lease_id}#${l.attempt}`));
         for (const [k, h] of this.held) if (!resumed.has(k)) this.loseLease(h, 'lease not resumed after reconnect');
@@ -316,7 +324,7 @@ export class RunnerAgent {
         this.resume(msg.payload.reason);
         return;
       case 'lease.offer':
-        return this.onOffer(msg.payload);
+        return this.onOffer(msg.payload, { ...(msg.traceparent ? { traceparent: msg.traceparent } : {}), ...(msg.tracestate ? { tracestate: msg.tracestate } : {}) });
       case 'lease.revoked': {
         const h = this.held.get(`${msg.payload.lease_id}#${msg.payload.attempt}`);
         if (h) {
@@ -374,8 +382,34 @@ export class RunnerAgent {
   /** A ModelClient whose steps travel as model.request frames fenced by this lease. */
   private modelClientFor(ref: LeaseRef): ModelClient {
     const agent = this;
-    return {
+    const client = {
       async *stream(request: ModelRequest, signal: AbortSignal): AsyncIterable<ModelStreamEvent> {
+        // One CLIENT span per model step (GenAI conventions): the model.request frame carries it, so
+        // the gateway's provider call is its child. Names and token counts only, never the messages.
+        const span = tracingEnabled()
+          ? tracer().startSpan(`chat ${request.routing_key}`, {
+            kind: SpanKind.CLIENT,
+            attributes: { [ATTR.genAiOperationName]: 'chat', [ATTR.genAiRequestModel]: request.routing_key, 'agentplane.model.tools': request.tools.length },
+          }, context.active())
+          : undefined;
+        const inSpan = <T>(fn: () => T): T => (span ? context.with(trace.setSpan(context.active(), span), fn) : fn());
+        try {
+          for await (const ev of inSpan(() => client.steps(request, signal, inSpan))) {
+            if (ev.type === 'end') {
+              span?.setAttributes({
+                [ATTR.genAiProviderName]: ev.provider, [ATTR.genAiResponseModel]: ev.model, [ATTR.genAiUsageInputTokens]: ev.usage.input_tokens,
+                [ATTR.genAiUsageOutputTokens]: ev.usage.output_tokens, [ATTR.genAiResponseFinishReasons]: [ev.stop_reason],
+              });
+            } else if (ev.type === 'error' && span) {
+              failSpan(span, Object.assign(new Error('model error'), { type: ev.error.type }));
+            }
+            yield ev;
+          }
+        } finally {
+          span?.end();
+        }
+      },
+      async *steps(request: ModelRequest, signal: AbortSignal, inSpan: <T>(fn: () => T) => T): AsyncIterable<ModelStreamEvent> {
         const streamId = `m${(++agent.streamSeq).toString(36)}`;
         const queue: ModelStreamEvent[] = [];
         let ended = false;
@@ -393,7 +427,7 @@ export class RunnerAgent {
         };
         signal.addEventListener('abort', onAbort, { once: true });
         try {
-          if (!agent.send('model.request', { ...ref, stream_id: streamId, request })) {
+          if (!inSpan(() => agent.send('model.request', { ...ref, stream_id: streamId, request }))) {
             yield { type: 'error', error: { type: 'runtime.internal', message: 'not connected to the control plane', retryable: true } };
             return;
           }
@@ -413,17 +447,39 @@ export class RunnerAgent {
         }
       },
     };
+    return { stream: (request, signal) => client.stream(request, signal) };
   }
 
-  private onOffer(offer: Payload<'lease.offer'>): void {
+  /**
+   * With tracing on, the accepted lease is one CONSUMER span continuing the scheduler's offer
+   * span; everything the executor does for it (frames, model calls, tools) runs inside it.
+   */
+  private onOffer(offer: Payload<'lease.offer'>, carrier: TraceCarrier): void {
+    if (!tracingEnabled()) return this.handleOffer(offer, undefined);
+    const span = tracer().startSpan('process lease.offer', {
+      kind: SpanKind.CONSUMER,
+      attributes: {
+        [ATTR.messagingSystem]: 'agentplane.runner', [ATTR.messagingOperationType]: 'process', [ATTR.messagingOperationName]: 'process',
+        [ATTR.messagingDestinationName]: 'lease.offer', [ATTR.messagingMessageId]: offer.lease_id,
+        'agentplane.run.id': offer.run_id, 'agentplane.session.id': offer.session_id, 'agentplane.lease.attempt': offer.attempt,
+      },
+    }, extractTrace(carrier));
+    context.with(trace.setSpan(context.active(), span), () => this.handleOffer(offer, span));
+  }
+
+  private handleOffer(offer: Payload<'lease.offer'>, span: Span | undefined): void {
     const ref = { lease_id: offer.lease_id, attempt: offer.attempt };
-    if (this.status === 'draining') return void this.send('lease.reject', { ...ref, reason: 'runner is draining' });
-    if (!this.executor) return void this.send('lease.reject', { ...ref, reason: 'no executor is installed on this runner' });
+    const reject = (reason: string) => {
+      this.metrics?.leases.inc({ outcome: 'rejected' });
+      span?.setAttribute('agentplane.lease.outcome', 'rejected');
+      span?.end();
+      this.send('lease.reject', { ...ref, reason });
+    };
+    if (this.status === 'draining') return reject('runner is draining');
+    if (!this.executor) return reject('no executor is installed on this runner');
     const refusal = this.executor.refuse(offer);
-    if (refusal) return void this.send('lease.reject', { ...ref, reason: refusal });
-    if (this.facts && buildCapabilities(this.facts, this.policy, this.held.size).available_slots <= 0) {
-      return void this.send('lease.reject', { ...ref, reason: 'no free slot' });
-    }
+    if (refusal) return reject(refusal);
+    if (this.facts && buildCapabilities(this.facts, this.policy, this.held.size).available_slots <= 0) return reject('no free slot');
     const abort = new AbortController();
     const key = `${ref.lease_id}#${ref.attempt}`;
     this.send('lease.accept', ref);
@@ -436,10 +492,25 @@ export class RunnerAgent {
       checkTool: (check, giveUpMs = 60_000) => this.checkTool(key, ref, check, giveUpMs),
     };
     const executor = this.executor;
+    const endTimer = this.metrics?.leaseSeconds.startTimer();
     const done = executor.run(handle).then(
-      (result) => void this.send('lease.complete', { ...ref, ...(result ? { result } : {}) }),
-      (err: unknown) => void this.send('lease.fail', { ...ref, failure_class: abort.signal.aborted || err instanceof InfrastructureFailure ? 'infrastructure' : 'work', reason: String(err instanceof Error ? err.message : err).slice(0, 2000) || 'failed' }),
+      (result) => {
+        this.metrics?.leases.inc({ outcome: 'completed' });
+        span?.setAttribute('agentplane.lease.outcome', 'completed');
+        this.send('lease.complete', { ...ref, ...(result ? { result } : {}) });
+      },
+      (err: unknown) => {
+        const failureClass: 'infrastructure' | 'work' = abort.signal.aborted || err instanceof InfrastructureFailure ? 'infrastructure' : 'work';
+        this.metrics?.leases.inc({ outcome: failureClass === 'work' ? 'failed_work' : 'failed_infrastructure' });
+        if (span) {
+          failSpan(span, err);
+          span.setAttribute('agentplane.lease.outcome', `failed_${failureClass}`);
+        }
+        this.send('lease.fail', { ...ref, failure_class: failureClass, reason: String(err instanceof Error ? err.message : err).slice(0, 2000) || 'failed' });
+      },
     ).finally(() => {
+      endTimer?.();
+      span?.end();
       clearInterval(renew);
       this.held.delete(key);
       this.maybeFinishDrain();

@@ -2,11 +2,12 @@
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { hostname } from 'node:os';
-import { apiUrl, ConfigError, createLogger, envInt } from '@agentplane/core';
+import { apiUrl, ConfigError, createLogger, envInt, startTracing } from '@agentplane/core';
 import { RunnerAgent } from './agent.js';
 import { dockerClient } from './capabilities.js';
 import { credentialPath, loadCredential, loadDaemonConfig, loadState, saveCredential, type DaemonConfig, type RunnerCredentialFile } from './config.js';
 import { runDoctor } from './doctor.js';
+import { RunnerMetrics, serveMetrics } from './metrics.js';
 import { firstWilling, noopExecutor, turnExecutor } from './executors/index.js';
 import { SandboxManager } from './sandbox/manager.js';
 import { DockerDriver, ensureSandboxImageIfDocker, planReap, reapItems, selectDriver, SandboxReaper, type ReapPlan } from './sandbox/index.js';
@@ -69,7 +70,9 @@ Options:
   --log-level <level>        pino level (default info)
 Environment: AGENTPLANE_RUNNER_HOME, RUNNER_MAX_SLOTS, RUNNER_EXIT_WHEN_DRAINED (true|false), RUNNER_TIERS, SANDBOX_IDLE_SUSPEND_SECONDS,
 SANDBOX_IDLE_EXPIRE_SECONDS, SANDBOX_REPORT_SECONDS, SANDBOX_REAP_INTERVAL_SECONDS,
-SANDBOX_REAP_GRACE_SECONDS, AGENTPLANE_SANDBOX_SCOPE, REPOSITORY_MAX_MIB, DOCKER_SOCKET, LOG_LEVEL.
+SANDBOX_REAP_GRACE_SECONDS, AGENTPLANE_SANDBOX_SCOPE, REPOSITORY_MAX_MIB, DOCKER_SOCKET, LOG_LEVEL,
+RUNNER_METRICS_ADDR (host:port serving Prometheus /metrics; unset: not served), OTEL_* (OpenTelemetry
+tracing, off by default: OTEL_TRACES_EXPORTER=otlp or OTEL_EXPORTER_OTLP_ENDPOINT turns on OTLP/HTTP export).
 Repository resources are fetched on this machine with git (the sandbox has no network), with
 this machine's git credentials (HTTPS credential helpers, SSH keys for git@ URLs).
 ${COMMON}`,
@@ -205,9 +208,14 @@ async function start(flags: Flags): Promise<number> {
   const config = loadDaemonConfig(process.env, flags);
   const cred = loadCredential(config.configDir);
   if (!cred) throw new UsageError(`no runner credential at ${credentialPath(config.configDir)}; run \`agentplane-runner pair\` first`, false);
+  const tracing = await startTracing('agentplane-runner');
   const log = createLogger({ name: 'runner', level: config.logLevel }).child({ runner: cred.runner_id });
   const docker = dockerClient(config.dockerSocket);
   const agent = new RunnerAgent(cred, config, log, docker);
+  // Prometheus metrics on an optional listen address (off unless RUNNER_METRICS_ADDR is set).
+  const metrics = new RunnerMetrics(() => agent.heldCount);
+  agent.metrics = metrics;
+  const metricsServer = config.metricsAddr ? await serveMetrics(metrics.registry, config.metricsAddr, log) : undefined;
   let reaper: SandboxReaper | undefined;
   // The sandbox: Docker when the engine answers (image built offline if missing), else the
   // unisolated process driver. Orphans of an earlier life of this runner are reaped first.
@@ -232,7 +240,7 @@ async function start(flags: Flags): Promise<number> {
       return [] as string[];
     });
     if (reaped.length > 0) log.info({ reaped: reaped.length, kept_workspaces: sandboxes.sessions().length }, 'stopped sandboxes left by an earlier run of this runner');
-    agent.executor = firstWilling(turnExecutor({ sandboxes, log, baseUrl: cred.base_url, repositoryMaxBytes: config.repositoryMaxBytes }), noopExecutor);
+    agent.executor = firstWilling(turnExecutor({ sandboxes, log, baseUrl: cred.base_url, repositoryMaxBytes: config.repositoryMaxBytes, metrics }), noopExecutor);
     if (driver instanceof DockerDriver) {
       // Claim a tier only after a canary sandbox ran under it; re-checked with every capability refresh.
       const verdicts = await driver.verifyTiers();
@@ -276,6 +284,8 @@ async function start(flags: Flags): Promise<number> {
     await sandboxes.shutdown();
     log.info({ kept_workspaces: sandboxes.sessions().length }, 'stopped this runner\'s sandboxes');
   }
+  metricsServer?.close();
+  await tracing.shutdown();
   log.info('runner stopped');
   return 0;
 }

@@ -42,6 +42,8 @@ export interface DaemonConfig {
   /** Reaping scope (label `agentplane.scope`); undefined: the default scope. */
   sandboxScope: string | undefined;
   logLevel: 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
+  /** host:port serving Prometheus /metrics; undefined: not served. */
+  metricsAddr: string | undefined;
 }
 
 const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;
@@ -82,6 +84,7 @@ export function loadDaemonConfig(env: Env, flags: Record<string, string | boolea
     sandboxReapIntervalMs: int('sandbox-reap-interval-seconds', 'SANDBOX_REAP_INTERVAL_SECONDS', 300, 0) * 1000,
     sandboxReapGraceMs: int('sandbox-reap-grace-seconds', 'SANDBOX_REAP_GRACE_SECONDS', 900, 0) * 1000,
     sandboxScope: envOptional(env, SANDBOX_SCOPE_ENV),
+    metricsAddr: envOptional(env, 'RUNNER_METRICS_ADDR'),
     logLevel: flag('log-level') !== undefined ? envEnum({ '--log-level': flag('log-level') }, '--log-level', LOG_LEVELS, 'info') : envEnum(env, 'LOG_LEVEL', LOG_LEVELS, 'info'),
   });
 }

@@ -1,6 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import { UnrecoverableError, Worker, type Job } from 'bullmq';
-import type { Logger } from '@agentplane/core';
+import { ATTR, extractTrace, inSpan, SpanKind, type Logger } from '@agentplane/core';
 import { matchCapabilities, matchNow, queuePrefix, RUN_QUEUE, type LeaseConfig, type RunJobData, type RunQueues } from '@agentplane/lease';
 import type { Redis } from '@agentplane/store';
 import type { OfferChannel, RunnerDirectory, RunnerView } from './directory.js';
@@ -133,7 +133,7 @@ export class PoolDispatcher {
           continue;
         }
         this.inFlight++;
-        void this.place(job, token)
+        void this.tracedPlace(job, token)
           .catch((err: unknown) => this.o.log.error({ err, run: job.id }, 'placing a run failed'))
           .finally(() => {
             this.inFlight--;
@@ -157,6 +157,18 @@ export class PoolDispatcher {
       this.markedWaiting.add(job.data.run_id);
       await this.o.hooks.waiting(job, reason);
     }
+  }
+
+  /** One placement attempt, in a CONSUMER span continuing the trace the API put on the job. */
+  private tracedPlace(job: Job<RunJobData>, token: string): Promise<void> {
+    return inSpan(`process ${RUN_QUEUE}`, {
+      kind: SpanKind.CONSUMER, parent: extractTrace(job.data.trace),
+      attributes: {
+        [ATTR.messagingSystem]: 'bullmq', [ATTR.messagingOperationType]: 'process', [ATTR.messagingOperationName]: 'process',
+        [ATTR.messagingDestinationName]: RUN_QUEUE, [ATTR.messagingMessageId]: job.data.run_id, 'agentplane.pool.id': this.o.poolId,
+        'agentplane.run.attempt': job.attemptsStarted,
+      },
+    }, () => this.place(job, token));
   }
 
   private async place(job: Job<RunJobData>, token: string): Promise<void> {

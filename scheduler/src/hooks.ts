@@ -44,6 +44,7 @@ export function runHooks(d: { poolId: string; queues: RunQueues; lifecycle: RunL
     async stalled(runId: string) {
       const job = await d.queues.job(d.poolId, runId);
       if (!job?.data) return;
+      d.metrics.leaseExpired(d.poolId);
       // Over the lost-lease limit: the turn ends now, even if no dispatcher takes the job soon.
       if (job.deferredFailure) return exhausted(runId, job.deferredFailure);
       const below = await settledBelow(job);

@@ -1,5 +1,5 @@
 import { createServer } from 'node:http';
-import { createLogger } from '@agentplane/core';
+import { createLogger, METRICS_CONTENT_TYPE, startTracing } from '@agentplane/core';
 import { loadSchedulerConfig } from './config.js';
 import { Scheduler } from './scheduler.js';
 
@@ -20,6 +20,8 @@ Environment:
   ENQUEUE_REPAIR_AFTER_MS  a started Run not in its queue after this long is enqueued (default 10000)
   SCHEDULER_PORT       serve /healthz and /metrics here (0 = ephemeral; unset = off)
   LOG_LEVEL            fatal|error|warn|info|debug|trace|silent
+  OTEL_*               OpenTelemetry tracing, off by default: OTEL_TRACES_EXPORTER=otlp or
+                       OTEL_EXPORTER_OTLP_ENDPOINT turns on OTLP/HTTP export (docs/OPERATIONS.md)
 `;
 
 async function main(): Promise<void> {
@@ -27,6 +29,7 @@ async function main(): Promise<void> {
     process.stdout.write(HELP);
     return;
   }
+  const tracing = await startTracing('agentplane-scheduler');
   const config = loadSchedulerConfig(process.env);
   const log = createLogger({ name: 'scheduler', level: config.logLevel });
   const scheduler = new Scheduler(config, log);
@@ -36,7 +39,13 @@ async function main(): Promise<void> {
     if (req.url === '/healthz') {
       res.writeHead(stopping ? 503 : 200, { 'content-type': 'application/json' }).end(JSON.stringify({ status: stopping ? 'stopping' : 'ok' }));
     } else if (req.url === '/metrics') {
-      res.writeHead(200, { 'content-type': 'text/plain; version=0.0.4' }).end(scheduler.metrics.registry.render());
+      scheduler.metrics.registry.metrics().then(
+        (text) => res.writeHead(200, { 'content-type': METRICS_CONTENT_TYPE }).end(text),
+        (err: unknown) => {
+          log.error({ err }, 'metrics collection failed');
+          res.writeHead(500).end();
+        },
+      );
     } else res.writeHead(404).end();
   });
   server?.listen(config.port, config.host, () => {
@@ -48,7 +57,7 @@ async function main(): Promise<void> {
     stopping = true;
     log.info({ signal }, 'scheduler shutting down');
     server?.close();
-    scheduler.stop().then(() => process.exit(0), (err: unknown) => {
+    scheduler.stop().then(tracing.shutdown).then(() => process.exit(0), (err: unknown) => {
       log.error({ err }, 'scheduler shutdown failed');
       process.exit(1);
     });

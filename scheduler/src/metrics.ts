@@ -1,36 +1,59 @@
-import { Metrics } from '@agentplane/core';
+import { BUCKETS, Counter, createMetrics, Gauge, Histogram, type Metrics } from '@agentplane/core';
 import type { RunJobData, RunQueues } from '@agentplane/lease';
 
-/** Backlog and per-phase latency, so operators can autoscale pools. */
+const STATES = ['wait', 'prioritized', 'delayed', 'active'] as const;
+
+/**
+ * Backlog and per-phase latency, so operators can autoscale pools. The `pool` label is bounded by
+ * the runner pools this scheduler serves (operator-created resources, not request input);
+ * `cause` and `state` are closed sets.
+ */
 export class SchedulerMetrics {
-  readonly registry = new Metrics();
-  private readonly waitSeconds = this.registry.histogram('agentplane_run_queue_wait_seconds', 'Run accepted by the API → leased to a runner');
-  private readonly enqueueSeconds = this.registry.histogram('agentplane_run_enqueue_seconds', 'Run accepted by the API → enqueued in its pool');
-  private readonly leases = this.registry.counter('agentplane_run_leases_total', 'Leases granted');
-  private readonly reschedules = this.registry.counter('agentplane_run_reschedules_total', 'Runs sent back to the queue, by cause');
-  private readonly depth = this.registry.gauge('agentplane_run_queue_depth', 'Runs in a pool queue, by state');
+  readonly registry: Metrics = createMetrics();
+  private readonly waitSeconds = new Histogram({
+    name: 'agentplane_run_queue_wait_seconds', help: 'Run accepted by the API → leased to a runner, by pool',
+    labelNames: ['pool'] as const, buckets: [...BUCKETS.queueWait], registers: [this.registry],
+  });
+  private readonly enqueueSeconds = new Histogram({
+    name: 'agentplane_run_enqueue_seconds', help: 'Run accepted by the API → enqueued in its pool, by pool',
+    labelNames: ['pool'] as const, buckets: [...BUCKETS.enqueue], registers: [this.registry],
+  });
+  private readonly leases = new Counter({ name: 'agentplane_run_leases_total', help: 'Leases granted, by pool', labelNames: ['pool'] as const, registers: [this.registry] });
+  private readonly reschedules = new Counter({
+    name: 'agentplane_run_reschedules_total', help: 'Runs sent back to the queue, by pool and cause (lease_lost)', labelNames: ['pool', 'cause'] as const, registers: [this.registry],
+  });
+  private readonly expiries = new Counter({
+    name: 'agentplane_run_lease_expiries_total', help: 'Leases that expired unrenewed (the runner went silent), by pool', labelNames: ['pool'] as const, registers: [this.registry],
+  });
   private readonly counts = new Map<string, Record<string, number>>();
+
+  constructor() {
+    const counts = this.counts;
+    new Gauge({
+      name: 'agentplane_run_queue_depth', help: 'Runs in a pool queue, by pool and state (wait, prioritized, delayed, active)', labelNames: ['pool', 'state'] as const,
+      registers: [this.registry],
+      collect() {
+        for (const [pool, c] of counts) for (const state of STATES) this.set({ pool, state }, c[state] ?? 0);
+      },
+    });
+  }
 
   leased(poolId: string, job: RunJobData): void {
     this.leases.inc({ pool: poolId });
-    this.waitSeconds.observe({ pool: poolId }, (Date.now() - job.accepted_at_ms) / 1000);
+    this.waitSeconds.observe({ pool: poolId }, Math.max(0, Date.now() - job.accepted_at_ms) / 1000);
     this.enqueueSeconds.observe({ pool: poolId }, Math.max(0, job.enqueued_at_ms - job.accepted_at_ms) / 1000);
   }
 
-  rescheduled(poolId: string, cause: string, n = 1): void {
+  leaseExpired(poolId: string): void {
+    this.expiries.inc({ pool: poolId });
+  }
+
+  rescheduled(poolId: string, cause: 'lease_lost', n = 1): void {
     this.reschedules.inc({ pool: poolId, cause }, n);
   }
 
   /** Refresh queue depths (wait, prioritized, delayed, active) for the pools this process serves. */
   async refresh(queues: RunQueues, pools: readonly string[]): Promise<void> {
-    for (const pool of pools) {
-      const first = !this.counts.has(pool);
-      this.counts.set(pool, await queues.depth(pool));
-      if (first) {
-        for (const state of ['wait', 'prioritized', 'delayed', 'active']) {
-          this.depth.set({ pool, state }, () => this.counts.get(pool)?.[state] ?? 0);
-        }
-      }
-    }
+    for (const pool of pools) this.counts.set(pool, await queues.depth(pool));
   }
 }

@@ -1,4 +1,4 @@
-import { newId, type Logger } from '@agentplane/core';
+import { ATTR, injectTrace, inSpan, newId, SpanKind, type Logger } from '@agentplane/core';
 import { deliverToRunner } from '@agentplane/gateway';
 import { LeaseFence, offerReplyChannel, type LeaseRecords, type OfferReply } from '@agentplane/lease';
 import { frame } from '@agentplane/protocol';
@@ -53,6 +53,21 @@ export class RedisOfferChannel implements OfferChannel {
       await this.records.remove(o.lease_id, o.runner_id);
       return 'rejected';
     }
+    // The offer frame carries this span's context: the runner's lease span continues the trace.
+    return inSpan('send lease.offer', {
+      kind: SpanKind.PRODUCER,
+      attributes: {
+        [ATTR.messagingSystem]: 'agentplane.runner', [ATTR.messagingOperationType]: 'send', [ATTR.messagingOperationName]: 'send',
+        [ATTR.messagingDestinationName]: 'lease.offer', [ATTR.messagingMessageId]: o.lease_id, 'agentplane.runner.id': o.runner_id, 'agentplane.run.id': o.run_id,
+      },
+    }, async (span) => {
+      const outcome = await this.deliverOffer(o, spec, timeoutMs);
+      span.setAttribute('agentplane.offer.outcome', outcome);
+      return outcome;
+    });
+  }
+
+  private async deliverOffer(o: LeaseOffer, spec: Record<string, unknown>, timeoutMs: number): Promise<OfferOutcome> {
     const answer = new Promise<OfferOutcome>((resolve) => {
       let settled = false;
       const finish = (outcome: OfferOutcome) => {
@@ -74,7 +89,7 @@ export class RedisOfferChannel implements OfferChannel {
     const text = frame('lease.offer', newId('event'), {
       lease_id: o.lease_id, attempt: o.attempt, run_id: o.run_id, session_id: o.session_id, thread_id: o.thread_id,
       accept_within_ms: timeoutMs, lease_ttl_ms: o.lease_ms, spec,
-    });
+    }, undefined, injectTrace());
     if (!(await deliverToRunner(this.redis, o.workspace_id, o.runner_id, text))) {
       this.waiters.get(o.lease_id)?.({ lease_id: o.lease_id, outcome: 'rejected', reason: 'runner not connected' });
     }

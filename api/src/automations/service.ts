@@ -1,5 +1,5 @@
 import { DelayedError, Queue, Worker, type Job } from 'bullmq';
-import { ApiError, newId, nowIso, type Logger, type Metrics } from '@agentplane/core';
+import { ApiError, Counter, newId, nowIso, type Logger, type Metrics } from '@agentplane/core';
 import { connectRedis, keys, tags, type Redis } from '@agentplane/store';
 import type { IdentityService } from '@agentplane/domain';
 import type { PermissionStore } from '../governance/permissions.js';
@@ -49,13 +49,13 @@ export class AutomationService {
   private worker: Worker | null = null;
   private workerConn: Redis | null = null;
   private sweepTimer: NodeJS.Timeout | null = null;
-  private readonly firings: ReturnType<Metrics['counter']>;
+  private readonly firings: Counter<'source' | 'status'>;
 
   constructor(private readonly d: AutomationServiceDeps) {
     this.bull = connectRedis(d.redisUrl, { name: 'api:automations', blocking: true });
     this.bull.on('error', (err: Error) => d.log.warn({ err: err.message }, 'automations queue connection error'));
     this.queue = new Queue(QUEUE, { connection: this.bull, prefix: AUTOMATION_QUEUE_PREFIX });
-    this.firings = d.metrics.counter('agentplane_automation_firings_total', 'Automation firings by source and final status');
+    this.firings = new Counter({ name: 'agentplane_automation_firings_total', help: 'Automation firings by source and final status', labelNames: ['source', 'status'], registers: [d.metrics] });
   }
 
   get store(): AutomationStore {

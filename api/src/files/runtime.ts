@@ -1,5 +1,5 @@
 import type Koa from 'koa';
-import { ApiError, isId } from '@agentplane/core';
+import { ApiError, Counter, isId } from '@agentplane/core';
 import type { ApiDeps } from '../deps.js';
 import { bearerToken } from '../http/authenticate.js';
 import type { RuntimeBearerVerifier } from '@agentplane/domain';
@@ -15,7 +15,7 @@ export const RUNTIME_FILE_PATH = /^\/v1\/runtime\/files\/([^/]+)$/;
  * anywhere else. Errors are the API's usual `{error}` bodies.
  */
 export function runtimeFiles(deps: ApiDeps, verifier: RuntimeBearerVerifier): Koa.Middleware {
-  const downloads = deps.metrics.counter('agentplane_runtime_file_downloads_total', 'Files fetched by runners for materialisation, by outcome');
+  const downloads = new Counter({ name: 'agentplane_runtime_file_downloads_total', help: 'Files fetched by runners for materialisation, by outcome (ok, unauthorized, not_granted)', labelNames: ['outcome'] as const, registers: [deps.metrics] });
   return async (ctx, next) => {
     const m = RUNTIME_FILE_PATH.exec(ctx.path);
     if (!m) return next();

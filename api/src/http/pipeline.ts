@@ -1,6 +1,6 @@
 import type { IncomingMessage } from 'node:http';
 import { randomBytes } from 'node:crypto';
-import { ApiError, isId, validator, type TSchema } from '@agentplane/core';
+import { ApiError, currentRequestId, isId, newRequestId, validator, type TSchema } from '@agentplane/core';
 import { tags } from '@agentplane/store';
 import type { ApiDeps } from '../deps.js';
 import { ANONYMOUS, type Caller } from './caller.js';
@@ -36,7 +36,7 @@ export interface RawRequest {
   mcpTool?: string;
 }
 
-export const newRequestId = (): string => `req_${randomBytes(12).toString('hex')}`;
+export { newRequestId };
 
 /** What the pipeline learnt about a request before it finished or failed (for the audit record). */
 interface Progress {
@@ -88,7 +88,7 @@ function checkVersion(op: Operation, headers: RawRequest['headers']): void {
  * Returns the response to send; throws ApiError for the client's mistakes.
  */
 export async function execute(prepared: PreparedOperation, raw: RawRequest, deps: ApiDeps): Promise<{ caller: Caller; result: OperationResult }> {
-  const requestId = raw.requestId ?? newRequestId();
+  const requestId = raw.requestId ?? currentRequestId() ?? newRequestId();
   const progress: Progress = { caller: ANONYMOUS, params: raw.params, replayed: false };
   const audit = prepared.op.audit;
   try {

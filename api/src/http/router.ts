@@ -1,10 +1,13 @@
-import { randomBytes } from 'node:crypto';
 import type Koa from 'koa';
 import Router from '@koa/router';
-import { ApiError } from '@agentplane/core';
+import {
+  ApiError, BUCKETS, Counter, extractTrace, Histogram, incident, inSpan, newRequestId, requestIdFrom, SpanKind, SpanStatusCode, statusLabel, trace,
+  tracingEnabled, withRequestScope,
+} from '@agentplane/core';
+import { ATTR_HTTP_REQUEST_METHOD, ATTR_HTTP_RESPONSE_STATUS_CODE, ATTR_HTTP_ROUTE, ATTR_URL_PATH, ATTR_URL_SCHEME } from '@opentelemetry/semantic-conventions';
 import type { ApiDeps } from '../deps.js';
 import { drainRequest, readJsonBody } from './body.js';
-import { execute, newRequestId, prepare, type PreparedOperation, type RawRequest } from './pipeline.js';
+import { execute, prepare, type PreparedOperation, type RawRequest } from './pipeline.js';
 import type { HttpMethod, Operation } from './operation.js';
 
 /** `/v1/sessions/{session_id}` → `/v1/sessions/:session_id` */
@@ -25,6 +28,47 @@ export function sendError(ctx: Koa.Context, err: ApiError, deps: ApiDeps): void 
 }
 
 /**
+ * First of all: the request's id (the caller's `X-Request-Id`, else the trace id of its
+ * `traceparent`, else a new one) on every response, errors included, in `ctx.state.requestId`
+ * and in the scope every log line of the request reads it from.
+ */
+export function requestId(): Koa.Middleware {
+  return async (ctx, next) => {
+    const id = requestIdFrom(ctx.headers);
+    ctx.state.requestId = id;
+    ctx.set('Request-Id', id);
+    await withRequestScope({ requestId: id }, next);
+  };
+}
+
+/**
+ * With tracing on: one SERVER span per request, child of the caller's W3C `traceparent` when it
+ * sent one (HTTP semantic conventions; the route and operation are added once routed). The path
+ * carries ids only; no query, header or body goes on the span.
+ */
+export function traceRequest(): Koa.Middleware {
+  return async (ctx, next) => {
+    if (!tracingEnabled()) return next();
+    await inSpan(ctx.method, {
+      kind: SpanKind.SERVER, parent: extractTrace(ctx.headers),
+      attributes: { [ATTR_HTTP_REQUEST_METHOD]: ctx.method, [ATTR_URL_PATH]: ctx.path, [ATTR_URL_SCHEME]: 'http', 'agentplane.request_id': String(ctx.state.requestId) },
+    }, async (span) => {
+      try {
+        await next();
+      } finally {
+        // A stream (SSE) answers 200 and ends when the client leaves.
+        const status = ctx.respond === false ? 200 : ctx.status;
+        span.setAttribute(ATTR_HTTP_RESPONSE_STATUS_CODE, status);
+        if (status >= 500) span.setStatus({ code: SpanStatusCode.ERROR });
+      }
+    });
+  };
+}
+
+/** The id `requestId()` chose for this request. */
+export const requestIdOf = (ctx: Koa.Context): string => (typeof ctx.state.requestId === 'string' ? ctx.state.requestId : newRequestId());
+
+/**
  * Maps unexpected failures to 500 `runtime.internal` with an opaque incident reference
  * (the stack goes to the log, never to the client). Client mistakes are ApiErrors.
  */
@@ -37,9 +81,9 @@ export function errorBoundary(deps: ApiDeps): Koa.Middleware {
       if (err instanceof ApiError) {
         sendError(ctx, err, deps);
       } else {
-        const incident = `inc_${randomBytes(8).toString('hex')}`;
-        deps.log.error({ err, incident, method: ctx.method, path: ctx.path }, 'unhandled error');
-        sendError(ctx, new ApiError('runtime.internal', `internal error; incident reference ${incident}`), deps);
+        const inc = incident('internal error');
+        deps.log.child({ request_id: requestIdOf(ctx) }).error({ err, incident: inc.incident, method: ctx.method, path: ctx.path }, 'unhandled error');
+        sendError(ctx, new ApiError('runtime.internal', inc.message), deps);
       }
     } finally {
       const ms = Number(process.hrtime.bigint() - started) / 1e6;
@@ -59,8 +103,8 @@ export function buildRouter(operations: readonly Operation[], deps: ApiDeps): Op
   const router = new Router();
   const prepared = new Map<string, PreparedOperation>();
   const byPath = new Map<string, Set<string>>();
-  const requests = deps.metrics.counter('agentplane_http_requests_total', 'HTTP requests by operation and status');
-  const latency = deps.metrics.histogram('agentplane_http_request_seconds', 'HTTP request latency by operation');
+  const requests = new Counter({ name: 'agentplane_http_requests_total', help: 'API requests by operation and status', labelNames: ['operation', 'status'] as const, registers: [deps.metrics] });
+  const latency = new Histogram({ name: 'agentplane_http_request_duration_seconds', help: 'API request handling time by operation', labelNames: ['operation'] as const, buckets: [...BUCKETS.http], registers: [deps.metrics] });
 
   for (const op of operations) {
     if (prepared.has(op.operationId)) throw new Error(`duplicate operationId ${op.operationId}`);
@@ -77,8 +121,12 @@ export function buildRouter(operations: readonly Operation[], deps: ApiDeps): Op
     router[method](path, async (ctx) => {
       const started = process.hrtime.bigint();
       let status = 500;
-      const requestId = newRequestId();
-      ctx.set('Request-Id', requestId);
+      const requestId = requestIdOf(ctx);
+      if (tracingEnabled()) {
+        const span = trace.getActiveSpan();
+        span?.updateName(`${op.method} ${op.path}`);
+        span?.setAttributes({ [ATTR_HTTP_ROUTE]: op.path, 'agentplane.operation': op.operationId });
+      }
       try {
         const body = !op.upload && METHODS_WITH_BODY.has(ctx.method) ? await readJsonBody(ctx.req, op.bodyLimitBytes ?? deps.config.bodyLimitBytes) : undefined;
         const raw: RawRequest = {
@@ -111,7 +159,7 @@ export function buildRouter(operations: readonly Operation[], deps: ApiDeps): Op
         if (op.upload) drainRequest(ctx.req);
         throw err;
       } finally {
-        requests.inc({ operation: op.operationId, status: String(status) });
+        requests.inc({ operation: op.operationId, status: statusLabel(status) });
         latency.observe({ operation: op.operationId }, Number(process.hrtime.bigint() - started) / 1e9);
       }
     });

@@ -1,5 +1,4 @@
-import { randomBytes } from 'node:crypto';
-import { ApiError, type WireError } from '@agentplane/core';
+import { ApiError, incident, type WireError } from '@agentplane/core';
 import type { ApiDeps } from '../deps.js';
 import type { Caller } from '../http/caller.js';
 import { WORKSPACE_SELECTOR_HEADER } from '../http/authenticate.js';
@@ -157,9 +156,9 @@ export class ToolDispatcher {
       return { content: [{ type: 'text', text }], isError: result.status >= 400, _meta: meta };
     } catch (err) {
       if (err instanceof ApiError) return apiErrorResult(err, this.deps);
-      const incident = `inc_${randomBytes(8).toString('hex')}`;
-      this.deps.log.error({ err, incident, tool: p.tool.name }, 'unhandled error in an MCP tool call');
-      return apiErrorResult(new ApiError('runtime.internal', `internal error; incident reference ${incident}`), this.deps);
+      const inc = incident('internal error');
+      this.deps.log.error({ err, incident: inc.incident, tool: p.tool.name }, 'unhandled error in an MCP tool call');
+      return apiErrorResult(new ApiError('runtime.internal', inc.message), this.deps);
     }
   }
 }

@@ -1,6 +1,5 @@
-import { randomBytes } from 'node:crypto';
 import type Koa from 'koa';
-import { ApiError } from '@agentplane/core';
+import { ApiError, BUCKETS, closedLabel, Counter, Histogram, incident } from '@agentplane/core';
 import type { ApiDeps } from '../deps.js';
 import { authenticate } from '../http/authenticate.js';
 import { readJsonBody } from '../http/body.js';
@@ -100,6 +99,10 @@ export interface McpEdge {
   middleware: Koa.Middleware;
 }
 
+/** JSON-RPC methods counted by name; any other method a client sends is counted as `other`. */
+const MCP_METHODS: ReadonlySet<string> = new Set(['initialize', 'ping', 'server/discover', 'tools/list', 'tools/call']);
+const MCP_ERROR_OUTCOMES: ReadonlySet<string> = new Set(Object.values(ErrorCode).map((c) => `error_${String(c)}`));
+
 /**
  * `POST /v1/mcp` and its discovery documents. Mounted before the REST router: this edge needs
  * no Service-Version header and speaks JSON-RPC errors, never REST wire bodies at top level.
@@ -109,8 +112,14 @@ export function mcpEdge(operations: readonly Operation[], prepared: ReadonlyMap<
   const dispatcher = new ToolDispatcher(catalog, prepared, deps);
   const base = deps.config.publicBaseUrl.replace(/\/+$/, '');
   const resourceMetadataUrl = `${base}${PROTECTED_RESOURCE_PATH}`;
-  const requests = deps.metrics.counter('agentplane_mcp_requests_total', 'POST /v1/mcp messages by method and outcome');
-  const latency = deps.metrics.histogram('agentplane_mcp_request_seconds', 'POST /v1/mcp latency by method');
+  const requests = new Counter({
+    name: 'agentplane_mcp_requests_total', help: 'POST /v1/mcp messages by JSON-RPC method (unknown methods count as other) and outcome',
+    labelNames: ['method', 'outcome'] as const, registers: [deps.metrics],
+  });
+  const latency = new Histogram({
+    name: 'agentplane_mcp_request_duration_seconds', help: 'POST /v1/mcp handling time by JSON-RPC method (unknown methods count as other)',
+    labelNames: ['method'] as const, buckets: [...BUCKETS.http], registers: [deps.metrics],
+  });
 
   const send = (ctx: Koa.Context, status: number, body: JsonRpcResponse | null, extra: Record<string, string> = {}) => {
     for (const [k, v] of Object.entries(extra)) ctx.set(k, v);
@@ -226,11 +235,12 @@ export function mcpEdge(operations: readonly Operation[], prepared: ReadonlyMap<
     }
     const started = process.hrtime.bigint();
     let id: JsonRpcId = null;
-    let method = 'invalid';
+    // The metric label: a method this edge serves, `invalid` for an unparseable message, else `other`.
+    let method: string = 'invalid';
     try {
       const msg = parseMessage(body);
       id = msg.id ?? null;
-      method = msg.method;
+      method = closedLabel(msg.method, MCP_METHODS);
       const era = classify(msg, headers);
       if (msg.id === undefined) {
         // Notifications (notifications/initialized, cancellations) are acknowledged and dropped.
@@ -259,10 +269,10 @@ export function mcpEdge(operations: readonly Operation[], prepared: ReadonlyMap<
       send(ctx, 200, rpcResult(id, result), caller.workspaceId ? { 'Service-Workspace-Id': caller.workspaceId } : {});
     } catch (err) {
       if (!(err instanceof McpProtocolError)) throw err;
-      requests.inc({ method: method.length > 40 ? 'invalid' : method, outcome: `error_${err.code}` });
+      requests.inc({ method, outcome: closedLabel(`error_${err.code}`, MCP_ERROR_OUTCOMES) });
       send(ctx, err.httpStatus, rpcError(id, err.toObject()));
     } finally {
-      latency.observe({ method: method.length > 40 ? 'invalid' : method }, Number(process.hrtime.bigint() - started) / 1e9);
+      latency.observe({ method }, Number(process.hrtime.bigint() - started) / 1e9);
     }
   }
 
@@ -280,9 +290,9 @@ export function mcpEdge(operations: readonly Operation[], prepared: ReadonlyMap<
         // Unexpected failures (Redis unreachable, a bug): a JSON-RPC internal error with an
         // opaque incident reference; the stack goes to the log only.
         if (ctx.headerSent || ctx.respond === false) throw err;
-        const incident = `inc_${randomBytes(8).toString('hex')}`;
-        deps.log.error({ err, incident, path: ctx.path }, 'unhandled error on the MCP edge');
-        const wire = new ApiError('runtime.internal', `internal error; incident reference ${incident}`).toWire(deps.config.docsUrl);
+        const inc = incident('internal error');
+        deps.log.error({ err, incident: inc.incident, path: ctx.path }, 'unhandled error on the MCP edge');
+        const wire = new ApiError('runtime.internal', inc.message).toWire(deps.config.docsUrl);
         send(ctx, 500, rpcError(null, { code: ErrorCode.InternalError, message: wire.error.message, data: wire }));
       }
       return;

@@ -1,9 +1,8 @@
-import { randomBytes } from 'node:crypto';
 import type Koa from 'koa';
 import { Client, StreamableHTTPClientTransport } from '@modelcontextprotocol/client';
 import { createMcpHandler, ProtocolError, ProtocolErrorCode, Server, type AuthInfo, type CallToolResult, type Tool } from '@modelcontextprotocol/server';
 import { toNodeHandler } from '@modelcontextprotocol/node';
-import { ApiError, isId, newId, type Logger } from '@agentplane/core';
+import { ApiError, Counter, incident, isId, type Logger, newId } from '@agentplane/core';
 import { tags } from '@agentplane/store';
 import type { ApiDeps } from '../deps.js';
 import { bearerToken } from '../http/authenticate.js';
@@ -114,7 +113,7 @@ export function runtimeMcp(deps: ApiDeps, options: RuntimeMcpOptions): Koa.Middl
   const observer: ToolCallObserver = options.observer ?? {
     toolCall: (e) => deps.log.info({ ...e }, 'runtime MCP tool call'),
   };
-  const calls = deps.metrics.counter('agentplane_runtime_mcp_tool_calls_total', 'Proxied runtime MCP tool calls by outcome');
+  const calls = new Counter({ name: 'agentplane_runtime_mcp_tool_calls_total', help: 'Proxied runtime MCP tool calls by outcome (ok, error, denied, needs_approval)', labelNames: ['outcome'] as const, registers: [deps.metrics] });
 
   /**
    * The Session's vaults, read live (a rotation or a `vault_ids` change counts from the next
@@ -204,9 +203,9 @@ export function runtimeMcp(deps: ApiDeps, options: RuntimeMcpOptions): Koa.Middl
       await handle(ctx, m);
     } catch (err) {
       if (ctx.headerSent || ctx.respond === false) throw err;
-      const incident = `inc_${randomBytes(8).toString('hex')}`;
-      deps.log.error({ err, incident, path: ctx.path }, 'unhandled error on the runtime MCP endpoint');
-      fail(ctx, 500, ErrorCode.InternalError, `internal error; incident reference ${incident}`);
+      const inc = incident('internal error');
+      deps.log.error({ err, incident: inc.incident, path: ctx.path }, 'unhandled error on the runtime MCP endpoint');
+      fail(ctx, 500, ErrorCode.InternalError, inc.message);
     }
   };
 

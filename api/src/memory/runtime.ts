@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto';
 import type Koa from 'koa';
 import { createMcpHandler, Server, type AuthInfo, type CallToolResult, type Tool } from '@modelcontextprotocol/server';
 import { toNodeHandler } from '@modelcontextprotocol/node';
-import { ApiError, isId } from '@agentplane/core';
+import { ApiError, closedLabel, Counter, isId } from '@agentplane/core';
 import type { ApiDeps } from '../deps.js';
 import { bearerToken } from '../http/authenticate.js';
 import { ErrorCode, MAX_MESSAGE_BYTES, rpcError } from '../mcp/protocol.js';
@@ -83,7 +83,8 @@ function pathArg(input: Record<string, unknown>): string {
  * runner calls this endpoint on the harness's behalf.
  */
 export function runtimeMemory(deps: ApiDeps, verifier: RuntimeBearerVerifier): Koa.Middleware {
-  const calls = deps.metrics.counter('agentplane_runtime_memory_tool_calls_total', 'Memory tool calls by tool and outcome');
+  const calls = new Counter({ name: 'agentplane_runtime_memory_tool_calls_total', help: 'Memory tool calls by tool and outcome', labelNames: ['tool', 'outcome'], registers: [deps.metrics] });
+  const toolNames = TOOLS.map((t) => t.name);
 
   async function call(ctx: Context, tool: string, input: Record<string, unknown>): Promise<CallToolResult> {
     const spec = TOOLS.find((t) => t.name === tool);
@@ -147,11 +148,11 @@ export function runtimeMemory(deps: ApiDeps, verifier: RuntimeBearerVerifier): K
       const tool = request.params.name;
       try {
         const r = await call(ctx, tool, (request.params.arguments ?? {}) as Record<string, unknown>);
-        calls.inc({ tool, outcome: r.isError ? 'error' : 'ok' });
+        calls.inc({ tool: closedLabel(tool, toolNames), outcome: r.isError ? 'error' : 'ok' });
         return r;
       } catch (err) {
         if (!(err instanceof ApiError)) throw err;
-        calls.inc({ tool, outcome: 'error' });
+        calls.inc({ tool: closedLabel(tool, toolNames), outcome: 'error' });
         return text(err.toWire(deps.config.docsUrl), true);
       }
     });

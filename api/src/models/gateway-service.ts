@@ -1,5 +1,7 @@
 import { randomUUID } from 'node:crypto';
-import { ApiError, check, LOGICAL_KEY_PATTERN, type Logger, type Metrics } from '@agentplane/core';
+import {
+  ApiError, ATTR, BUCKETS, check, context as otelContext, Counter, Histogram, LOGICAL_KEY_PATTERN, SpanKind, SpanStatusCode, tracer, tracingEnabled, type Logger, type Metrics, type Span,
+} from '@agentplane/core';
 import { tags, type DocumentStore, type StoredDoc } from '@agentplane/store';
 import { ZERO_USAGE, type ModelError, type ModelRequest, type ModelStreamEvent } from '@agentplane/protocol';
 import {
@@ -67,12 +69,18 @@ export class ModelGatewayService {
     private readonly docs?: DocumentStore,
     metrics?: Metrics,
   ) {
-    this.metricSteps = metrics?.counter('agentplane_model_steps_total', 'Model steps by provider and outcome (served, canceled, fallback, no_eligible_model, budget_exceeded, provider_unavailable, provider_rejected, failed)');
-    this.metricTtft = metrics?.histogram('agentplane_model_time_to_first_event_seconds', 'Provider call start to its first streamed event, by provider');
+    this.metricSteps = metrics && new Counter({
+      name: 'agentplane_model_steps_total', labelNames: ['provider', 'outcome'] as const, registers: [metrics],
+      help: 'Model steps by provider and outcome (served, canceled, fallback, no_eligible_model, budget_exceeded, provider_unavailable, provider_rejected, failed)',
+    });
+    this.metricTtft = metrics && new Histogram({
+      name: 'agentplane_model_time_to_first_event_seconds', help: 'Provider call start to its first streamed event (time to first token), by provider',
+      labelNames: ['provider'] as const, buckets: [...BUCKETS.modelTtft], registers: [metrics],
+    });
   }
 
-  private readonly metricSteps: ReturnType<Metrics['counter']> | undefined;
-  private readonly metricTtft: ReturnType<Metrics['histogram']> | undefined;
+  private readonly metricSteps: Counter<'provider' | 'outcome'> | undefined;
+  private readonly metricTtft: Histogram<'provider'> | undefined;
 
   /** Validate a model-gateway-v1 request that arrived as untyped JSON (a runner frame). */
   static parseRequest(value: unknown): ModelRequest {
@@ -164,6 +172,16 @@ export class ModelGatewayService {
       let secret: string | null = null;
       // Providers echo (parts of) a rejected key in their messages; none of it leaves the gateway.
       const scrub = (text: string) => scrubSecret(text, secret);
+      // One CLIENT span per provider call (GenAI semantic conventions): names and counts only.
+      const span: Span | undefined = tracingEnabled()
+        ? tracer().startSpan(`chat ${candidate.provider_model}`, {
+          kind: SpanKind.CLIENT,
+          attributes: {
+            [ATTR.genAiOperationName]: 'chat', [ATTR.genAiProviderName]: credential.provider_key, [ATTR.genAiRequestModel]: candidate.provider_model,
+            'agentplane.model.routing_key': request.routing_key,
+          },
+        }, otelContext.active())
+        : undefined;
       try {
         const adapter = this.adapters[credential.provider_key];
         const started = performance.now();
@@ -180,6 +198,10 @@ export class ModelGatewayService {
             continue;
           }
           this.metricSteps?.inc({ provider: credential.provider_key, outcome: 'served' });
+          span?.setAttributes({
+            [ATTR.genAiResponseModel]: ev.model, [ATTR.genAiUsageInputTokens]: ev.usage.input_tokens, [ATTR.genAiUsageOutputTokens]: ev.usage.output_tokens,
+            [ATTR.genAiResponseFinishReasons]: [ev.stop_reason],
+          });
           const price = findPrice(this.options.prices, credential.provider_key, ev.model);
           const cost = price ? listCostNanoUsd(price, ev.usage) : null;
           try {
@@ -193,6 +215,8 @@ export class ModelGatewayService {
         }
         throw new ProviderError('server', `${credential.provider_key} ended without an end event`);
       } catch (err) {
+        span?.setStatus({ code: SpanStatusCode.ERROR });
+        span?.setAttribute('error.type', ProviderError.is(err) ? err.kind : signal.aborted ? 'canceled' : 'internal');
         if (!ProviderError.is(err)) {
           if (signal.aborted) {
             yield { type: 'end', stop_reason: 'canceled', usage: { ...ZERO_USAGE }, provider: credential.provider_key, model: candidate.provider_model };
@@ -225,6 +249,8 @@ export class ModelGatewayService {
           yield { type: 'error', error: { type: 'model.platform_capacity_reached', message: scrub(`${credential.key}/${candidate.provider_model} failed mid-stream: ${err.message}`), retryable: true } };
           return;
         }
+      } finally {
+        span?.end();
       }
     }
     const hints = failures.map((f) => f.retryAfterSeconds).filter((s): s is number => s !== null);

@@ -1,4 +1,4 @@
-import type { Logger } from '@agentplane/core';
+import { BUCKETS, Counter, Histogram, type Logger, type Metrics } from '@agentplane/core';
 import type { Gateway, RunnerConnection } from '@agentplane/gateway';
 import type { Lease, LeaseConfig, LeaseKeeper, LeaseRecord, LeaseRecords } from '@agentplane/lease';
 import type { LeaseRef } from '@agentplane/protocol';
@@ -20,6 +20,7 @@ export interface RunHandlerDeps {
   logger: Logger;
   /** ActionPolicies and ActionApprovals: the tool-call boundary asks them through `tool.check`. */
   approvals: ApprovalService;
+  metrics: Metrics;
 }
 
 const leaseOf = (rec: LeaseRecord): Lease => ({
@@ -33,6 +34,17 @@ const leaseOf = (rec: LeaseRecord): Lease => ({
 export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
   const recordTtl = d.lease.leaseMs * 3;
   const firstEventSeen = new Set<string>();
+  /** When each lease accepted here was accepted (time to first event), until its first event. */
+  const acceptedAt = new Map<string, number>();
+  const appendSeconds = new Histogram({
+    name: 'agentplane_session_event_append_seconds', help: 'One runner event batch appended to its Session log, by outcome (ok, fenced)',
+    labelNames: ['outcome'] as const, buckets: [...BUCKETS.append], registers: [d.metrics],
+  });
+  const appended = new Counter({ name: 'agentplane_session_events_appended_total', help: 'Session events appended from runner event batches', registers: [d.metrics] });
+  const firstEventSeconds = new Histogram({
+    name: 'agentplane_run_time_to_first_event_seconds', help: 'Lease accepted → the turn\'s first session event appended',
+    buckets: [...BUCKETS.firstEvent], registers: [d.metrics],
+  });
   const modelStreams = new Map<string, ModelStreams>();
 
   const revoke = (conn: RunnerConnection, ref: LeaseRef, reason: string) => conn.send('lease.revoked', { lease_id: ref.lease_id, attempt: ref.attempt, reason });
@@ -75,6 +87,9 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     await d.records.touch(rec.lease_id, recordTtl);
     await d.lifecycle.leased(rec.session_id, rec.run_id, { lease_id: rec.lease_id, runner_id: rec.runner_id, attempt: rec.attempt });
     await d.lifecycle.started(rec.session_id, rec.run_id);
+    acceptedAt.set(rec.lease_id, performance.now());
+    // Leases lost without a last frame leave an entry: keep the map bounded.
+    if (acceptedAt.size > 10_000) acceptedAt.delete(acceptedAt.keys().next().value as string);
   }
 
   // A runner that connects again names the leases it still holds. Those it was given but no
@@ -119,6 +134,7 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     const result = (msg.payload.result ?? {}) as Partial<TurnResult>;
     if ((await d.keeper.complete(leaseOf(rec), result)) === 'lost') return void revoke(conn, msg.payload, 'the lease was lost before completion');
     firstEventSeen.delete(rec.lease_id);
+    acceptedAt.delete(rec.lease_id);
     // A use under an ActionApproval waits for the approval, not for a drive event.
     const waits = result.waits ? await d.approvals.waitKinds(rec.workspace_id, rec.session_id, rec.run_id, result.waits) : undefined;
     await d.lifecycle.succeeded(rec.session_id, rec.run_id, rec.lease_id, {
@@ -137,6 +153,7 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     const cls = msg.payload.failure_class === 'work' ? 'agent' : 'infrastructure';
     const verdict = await d.keeper.fail(leaseOf(rec), { class: cls, code: cls === 'agent' ? 'work_failed' : 'runner_failure', message: msg.payload.reason });
     firstEventSeen.delete(rec.lease_id);
+    acceptedAt.delete(rec.lease_id);
     if (verdict === 'retry') await d.lifecycle.rescheduled(rec.session_id, rec.run_id, rec.lease_id, msg.payload.reason);
     else if (verdict === 'final') {
       await d.lifecycle.failed(rec.session_id, rec.run_id, rec.lease_id, {
@@ -150,15 +167,21 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     const p = msg.payload;
     const rec = await recordFor(conn, p);
     if (!rec || rec.session_id !== p.session_id) return void revoke(conn, p, 'unknown lease');
+    const endAppend = appendSeconds.startTimer();
     const res = await d.log.append(
       rec.session_id,
       p.events.map((e) => ({ type: e.type, payload: e.payload, session_thread_id: rec.thread_id, producer_key: e.producer_key })),
       { fence: rec.lease_id },
     );
+    endAppend({ outcome: res.ok ? 'ok' : 'fenced' });
+    if (res.ok) appended.inc(res.events.length);
     if (!res.ok) return void revoke(conn, p, res.reason === 'erased' ? 'the session was deleted' : 'the lease was lost: writes are fenced');
     conn.send('events.ack', { lease_id: p.lease_id, attempt: p.attempt, seqs: res.events.map((e) => e.seq) }, msg.id);
     if (!firstEventSeen.has(rec.lease_id)) {
       firstEventSeen.add(rec.lease_id);
+      const at = acceptedAt.get(rec.lease_id);
+      acceptedAt.delete(rec.lease_id);
+      if (at !== undefined) firstEventSeconds.observe((performance.now() - at) / 1000);
       await d.lifecycle.firstEvent(rec.session_id, rec.run_id);
     }
   });

@@ -1,5 +1,5 @@
 import type Koa from 'koa';
-import { ApiError } from '@agentplane/core';
+import { ApiError, Counter } from '@agentplane/core';
 import type { ApiDeps } from '../deps.js';
 import { bearerToken } from '../http/authenticate.js';
 import { readJsonBody } from '../http/body.js';
@@ -17,7 +17,7 @@ export const RUNTIME_GIT_PATH = '/v1/runtime/git-credentials';
  * sandbox, an event, a log line or an error message.
  */
 export function runtimeGitCredentials(deps: ApiDeps, verifier: RuntimeBearerVerifier): Koa.Middleware {
-  const served = deps.metrics.counter('agentplane_runtime_git_credentials_total', 'Git credentials asked for by runners, by outcome');
+  const served = new Counter({ name: 'agentplane_runtime_git_credentials_total', help: 'Git credentials asked for by runners, by outcome', labelNames: ['outcome'], registers: [deps.metrics] });
   return async (ctx, next) => {
     if (ctx.path !== RUNTIME_GIT_PATH) return next();
     if (ctx.method !== 'POST') {

@@ -3,7 +3,7 @@ import { request as httpsRequest } from 'node:https';
 import type { LookupFunction } from 'node:net';
 import { Queue, Worker, type Job } from 'bullmq';
 import { Webhook } from 'standardwebhooks';
-import type { Logger, Metrics } from '@agentplane/core';
+import { BUCKETS, Counter, Histogram, type Logger, type Metrics } from '@agentplane/core';
 import { connectRedis, tags, type EventLog, type LogEvent, type Redis } from '@agentplane/store';
 import type { SessionEventTap, TappedAppend } from '../events/tap.js';
 import { EgressRefused, resolveAllowed, type EgressPolicy } from './ssrf.js';
@@ -60,15 +60,15 @@ export class WebhookDispatcher {
   private sweepTimer: NodeJS.Timeout | null = null;
   private workspaces: { at: number; set: Set<string> } = { at: 0, set: new Set() };
   private readonly endpointCache = new Map<string, { at: number; list: EndpointDoc[] }>();
-  private readonly counter: ReturnType<Metrics['counter']>;
-  private readonly latency: ReturnType<Metrics['histogram']>;
+  private readonly counter: Counter<'outcome'>;
+  private readonly latency: Histogram;
 
   constructor(private readonly d: { redisUrl: string; redis: Redis; store: WebhookStore; log: EventLog; tap: SessionEventTap; logger: Logger; metrics: Metrics; settings: DeliverySettings; onDisabled?: (e: EndpointDoc, reason: string) => Promise<void> }) {
     this.bull = connectRedis(d.redisUrl, { name: 'api:webhooks', blocking: true });
     this.bull.on('error', (err: Error) => d.logger.warn({ err: err.message }, 'webhooks queue connection error'));
     this.queue = new Queue(QUEUE, { connection: this.bull, prefix: WEBHOOK_QUEUE_PREFIX });
-    this.counter = d.metrics.counter('agentplane_webhook_deliveries_total', 'Outbound webhook delivery attempts by outcome');
-    this.latency = d.metrics.histogram('agentplane_webhook_delivery_seconds', 'Outbound webhook delivery latency');
+    this.counter = new Counter({ name: 'agentplane_webhook_deliveries_total', help: 'Outbound webhook delivery attempts by outcome', labelNames: ['outcome'], registers: [d.metrics] });
+    this.latency = new Histogram({ name: 'agentplane_webhook_delivery_duration_seconds', help: 'Outbound webhook delivery latency', buckets: [...BUCKETS.http], registers: [d.metrics] });
   }
 
   get store(): WebhookStore {
@@ -87,7 +87,7 @@ export class WebhookDispatcher {
     const done = (status_code: number, error: string | null): SendResult => {
       const latency_ms = Math.round(performance.now() - started);
       this.counter.inc({ outcome: status_code >= 200 && status_code < 300 ? 'succeeded' : 'failed' });
-      this.latency.observe({}, latency_ms / 1000);
+      this.latency.observe(latency_ms / 1000);
       return { status_code, latency_ms, error };
     };
     let target: { address: string; family: 4 | 6 };

@@ -9,3 +9,5 @@ export * from './time.js';
 export * from './metrics.js';
 export * from './glob.js';
 export * from './url.js';
+export * from './request-context.js';
+export * from './tracing.js';

@@ -1,89 +1,68 @@
 /**
- * A small Prometheus text-format registry: counters and histograms with labels.
- * Served at GET /metrics by every process.
+ * Prometheus metrics for every process, on prom-client: one registry per process (the embedded
+ * runner gateway shares the API's), Node process and runtime metrics included, buckets chosen per
+ * measure, and labels only ever taken from closed sets (see `closedLabel`). Catalogue and alerts:
+ * docs/OPERATIONS.md.
  */
-type Labels = Record<string, string>;
+import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client';
 
-const labelKey = (labels: Labels): string =>
-  Object.keys(labels)
-    .sort()
-    .map((k) => `${k}="${String(labels[k]).replace(/["\\\n]/g, '_')}"`)
-    .join(',');
+export { Counter, Gauge, Histogram, Registry };
 
-class Counter {
-  private readonly values = new Map<string, number>();
-  constructor(readonly name: string, readonly help: string) {}
-  inc(labels: Labels = {}, by = 1): void {
-    const k = labelKey(labels);
-    this.values.set(k, (this.values.get(k) ?? 0) + by);
-  }
-  render(): string {
-    const lines = [`# HELP ${this.name} ${this.help}`, `# TYPE ${this.name} counter`];
-    for (const [k, v] of this.values) lines.push(`${this.name}${k ? `{${k}}` : ''} ${v}`);
-    return lines.join('\n');
-  }
+/** The registry type every process hands to the code that defines its metrics. */
+export type Metrics = Registry;
+
+/** Content type of the text exposition format served at GET /metrics. */
+export const METRICS_CONTENT_TYPE: string = Registry.PROMETHEUS_CONTENT_TYPE;
+
+/**
+ * A registry for one process, with prom-client's default process and Node runtime metrics
+ * (CPU, resident memory, heap, event-loop lag, GC, open file descriptors, active handles).
+ */
+export function createMetrics(): Metrics {
+  const registry = new Registry();
+  collectDefaultMetrics({ register: registry, eventLoopMonitoringPrecision: 10 });
+  // Gauges named like counters (promtool flags them); the per-type gauges without `_total` stay.
+  for (const name of ['nodejs_active_handles_total', 'nodejs_active_requests_total', 'nodejs_active_resources_total']) registry.removeSingleMetric(name);
+  return registry;
 }
 
-class Gauge {
-  private readonly values = new Map<string, () => number>();
-  constructor(readonly name: string, readonly help: string) {}
-  set(labels: Labels, read: () => number): void {
-    this.values.set(labelKey(labels), read);
-  }
-  render(): string {
-    const lines = [`# HELP ${this.name} ${this.help}`, `# TYPE ${this.name} gauge`];
-    for (const [k, read] of this.values) lines.push(`${this.name}${k ? `{${k}}` : ''} ${read()}`);
-    return lines.join('\n');
-  }
+/**
+ * Histogram buckets per measure (seconds). One set for everything put model time-to-first-token
+ * and queue waits in `+Inf`; each measure gets the range it actually spans.
+ */
+export const BUCKETS = {
+  /** API request handling: 1 ms … 10 s. */
+  http: [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
+  /** Run accepted → leased: 5 ms … 10 min (a busy pool queues for minutes). */
+  queueWait: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600],
+  /** Run accepted → enqueued: 1 ms … 10 s. */
+  enqueue: [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
+  /** How long a lease is held (a whole turn): 100 ms … 1 h. */
+  lease: [0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600],
+  /** Turn start → its first session event: 10 ms … 2 min. */
+  firstEvent: [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120],
+  /** Model provider call → first streamed token: 50 ms … 2 min. */
+  modelTtft: [0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 20, 30, 60, 120],
+  /** Sandbox create/resume: 50 ms … 2 min (image pulls are slow). */
+  sandboxStart: [0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120],
+  /** One tool exec inside a sandbox: 5 ms … 10 min. */
+  sandboxExec: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600],
+  /** One session event append (Redis round trip): 0.1 ms … 1 s. */
+  append: [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1],
+} as const satisfies Record<string, readonly number[]>;
+
+/**
+ * A label value from a closed set: `value` when it is one of `allowed`, else `other`. Every label
+ * fed from outside the process (a client's JSON-RPC method, a peer's close code) goes through
+ * this, so no caller can grow the series count.
+ */
+export function closedLabel<T extends string>(value: string | number | undefined | null, allowed: ReadonlySet<T> | readonly T[]): T | 'other' {
+  const v = String(value ?? '');
+  const set = allowed instanceof Set ? allowed : new Set(allowed as readonly T[]);
+  return set.has(v as T) ? (v as T) : 'other';
 }
 
-const BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10];
-
-class Histogram {
-  private readonly series = new Map<string, { counts: number[]; sum: number; count: number }>();
-  constructor(readonly name: string, readonly help: string) {}
-  observe(labels: Labels, seconds: number): void {
-    const k = labelKey(labels);
-    let s = this.series.get(k);
-    if (!s) {
-      s = { counts: BUCKETS.map(() => 0), sum: 0, count: 0 };
-      this.series.set(k, s);
-    }
-    for (let i = 0; i < BUCKETS.length; i++) if (seconds <= (BUCKETS[i] as number)) s.counts[i] = (s.counts[i] ?? 0) + 1;
-    s.sum += seconds;
-    s.count += 1;
-  }
-  render(): string {
-    const lines = [`# HELP ${this.name} ${this.help}`, `# TYPE ${this.name} histogram`];
-    for (const [k, s] of this.series) {
-      const sep = k ? `${k},` : '';
-      BUCKETS.forEach((b, i) => lines.push(`${this.name}_bucket{${sep}le="${b}"} ${s.counts[i]}`));
-      lines.push(`${this.name}_bucket{${sep}le="+Inf"} ${s.count}`);
-      lines.push(`${this.name}_sum${k ? `{${k}}` : ''} ${s.sum}`);
-      lines.push(`${this.name}_count${k ? `{${k}}` : ''} ${s.count}`);
-    }
-    return lines.join('\n');
-  }
-}
-
-export class Metrics {
-  private readonly items: (Counter | Gauge | Histogram)[] = [];
-  counter(name: string, help: string): Counter {
-    const c = new Counter(name, help);
-    this.items.push(c);
-    return c;
-  }
-  gauge(name: string, help: string): Gauge {
-    const g = new Gauge(name, help);
-    this.items.push(g);
-    return g;
-  }
-  histogram(name: string, help: string): Histogram {
-    const h = new Histogram(name, help);
-    this.items.push(h);
-    return h;
-  }
-  render(): string {
-    return `${this.items.map((i) => i.render()).join('\n')}\n`;
-  }
+/** The HTTP status label: the status as a number string for statuses we answer, else `other`. */
+export function statusLabel(status: number): string {
+  return Number.isInteger(status) && status >= 100 && status <= 599 ? String(status) : 'other';
 }

@@ -1,4 +1,5 @@
 import { Job, Queue, type JobsOptions } from 'bullmq';
+import { ATTR, injectTrace, inSpan, SpanKind, type TraceCarrier } from '@agentplane/core';
 import { LuaScript, type Redis } from '@agentplane/store';
 import type { LeaseConfig } from './config.js';
 import type { RunRequirements } from './requirements.js';
@@ -23,6 +24,8 @@ export interface RunJobData {
   accepted_at_ms: number;
   enqueued_at_ms: number;
   rank: number;
+  /** W3C context of the enqueuing span (tracing on only): the scheduler's span continues the trace. */
+  trace?: TraceCarrier;
 }
 
 /**
@@ -54,9 +57,20 @@ export class RunQueues {
     return q;
   }
 
-  async enqueue(data: Omit<RunJobData, 'rank' | 'enqueued_at_ms'>): Promise<RunJobData> {
+  async enqueue(data: Omit<RunJobData, 'rank' | 'enqueued_at_ms' | 'trace'>): Promise<RunJobData> {
+    return inSpan(`send ${RUN_QUEUE}`, {
+      kind: SpanKind.PRODUCER,
+      attributes: {
+        [ATTR.messagingSystem]: 'bullmq', [ATTR.messagingOperationType]: 'send', [ATTR.messagingOperationName]: 'send',
+        [ATTR.messagingDestinationName]: RUN_QUEUE, [ATTR.messagingMessageId]: data.run_id, 'agentplane.pool.id': data.pool_id,
+      },
+    }, () => this.add(data));
+  }
+
+  private async add(data: Omit<RunJobData, 'rank' | 'enqueued_at_ms' | 'trace'>): Promise<RunJobData> {
+    const trace = injectTrace();
     const rank = Number(await RANK.run(this.connection, [fairKey(data.pool_id, data.workspace_id)], [data.run_id, Date.now()]));
-    const full: RunJobData = { ...data, rank, enqueued_at_ms: Date.now() };
+    const full: RunJobData = { ...data, rank, enqueued_at_ms: Date.now(), ...(trace ? { trace } : {}) };
     const opts: JobsOptions = {
       jobId: data.run_id,
       priority: Math.min(Math.max(1, rank), MAX_PRIORITY),

@@ -302,6 +302,9 @@ export interface Envelope<T extends MessageType = MessageType> {
   type: T;
   id: string;
   re?: string;
+  /** W3C trace context of the span the frame was sent in (tracing on only; docs/PROTOCOL.md). */
+  traceparent?: string;
+  tracestate?: string;
   payload: Payload<T>;
 }
 
@@ -314,6 +317,8 @@ const EnvelopeSchema = Obj({
   type: Type.String({ minLength: 1, maxLength: 64 }),
   id: Type.String({ minLength: 1, maxLength: 128 }),
   re: Opt(Type.String({ minLength: 1, maxLength: 128 })),
+  traceparent: Opt(Type.String({ pattern: '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$', maxLength: 55 })),
+  tracestate: Opt(Type.String({ minLength: 1, maxLength: 512 })),
   payload: Type.Unknown(),
 });
 const checkEnvelope = validator(EnvelopeSchema, 'message');
@@ -359,7 +364,7 @@ export function parseFrame(data: string, from: 'runner' | 'gateway'): AnyEnvelop
 }
 
 /** Build a frame; validates in development-critical paths too (a bug on our side is caught at the sender). */
-export function frame<T extends MessageType>(type: T, id: string, payload: Payload<T>, re?: string): string {
+export function frame<T extends MessageType>(type: T, id: string, payload: Payload<T>, re?: string, trace?: { traceparent?: string; tracestate?: string }): string {
   const check = payloadCheckers.get(type);
   if (check) {
     try {
@@ -369,6 +374,10 @@ export function frame<T extends MessageType>(type: T, id: string, payload: Paylo
     }
   }
   const env: Envelope<T> = re === undefined ? { v: 1, type, id, payload } : { v: 1, type, id, re, payload };
+  if (trace?.traceparent) {
+    env.traceparent = trace.traceparent;
+    if (trace.tracestate) env.tracestate = trace.tracestate;
+  }
   return JSON.stringify(env);
 }
 

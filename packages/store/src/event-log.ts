@@ -1,5 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import type { Redis } from 'ioredis';
+import { ATTR, inSpan, SpanKind, tracingEnabled, type Attributes } from '@agentplane/core';
 import { keys, tags } from './keys.js';
 import { LuaScript } from './script.js';
 
@@ -342,6 +343,14 @@ function appendResult(r: string[]): AppendResult {
   return { ok: true, events: out, duplicate, last_seq: Number(r[1]) };
 }
 
+/** Span attributes of an append: the Session, how many events and their types (never their payloads). */
+function appendAttributes(sessionId: string, events: readonly AppendEvent[]): Attributes {
+  return {
+    [ATTR.dbSystemName]: 'redis', [ATTR.dbOperationName]: 'append', 'agentplane.session.id': sessionId,
+    'agentplane.events.count': events.length, 'agentplane.events.types': [...new Set(events.map((e) => e.type))],
+  };
+}
+
 export class EventLog {
   constructor(private readonly redis: Redis) {}
 
@@ -350,6 +359,15 @@ export class EventLog {
    * `evt_` ids, `created_at` from the Redis clock, counters, and the live PUBLISH — one script.
    */
   async append(sessionId: string, events: readonly AppendEvent[], options: AppendOptions = {}): Promise<AppendResult> {
+    if (events.length === 0 || !tracingEnabled()) return this.appendNow(sessionId, events, options);
+    return inSpan('append session_events', { kind: SpanKind.CLIENT, attributes: appendAttributes(sessionId, events) }, async (span) => {
+      const r = await this.appendNow(sessionId, events, options);
+      span.setAttribute('agentplane.append.outcome', r.ok ? 'ok' : r.reason);
+      return r;
+    });
+  }
+
+  private async appendNow(sessionId: string, events: readonly AppendEvent[], options: AppendOptions): Promise<AppendResult> {
     if (events.length === 0) {
       const st = await this.state(sessionId);
       if (st.erased) return { ok: false, reason: 'erased' };
@@ -366,6 +384,15 @@ export class EventLog {
    * keys, counters, PUBLISH). No lease fence: the runner side appends through \`append\`.
    */
   async commit(sessionId: string, docs: readonly CommitDoc[], events: readonly AppendEvent[], options: Pick<AppendOptions, 'producerKey'> = {}): Promise<CommitResult> {
+    if (!tracingEnabled()) return this.commitNow(sessionId, docs, events, options);
+    return inSpan('append session_events', { kind: SpanKind.CLIENT, attributes: { ...appendAttributes(sessionId, events), 'agentplane.append.documents': docs.length } }, async (span) => {
+      const r = await this.commitNow(sessionId, docs, events, options);
+      span.setAttribute('agentplane.append.outcome', r.ok ? 'ok' : r.reason);
+      return r;
+    });
+  }
+
+  private async commitNow(sessionId: string, docs: readonly CommitDoc[], events: readonly AppendEvent[], options: Pick<AppendOptions, 'producerKey'>): Promise<CommitResult> {
     if (events.length === 0) throw new RangeError('commit appends at least one event');
     const keyList = logKeys(sessionId);
     const args = appendArgs(sessionId, events, options);

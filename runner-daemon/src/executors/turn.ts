@@ -1,14 +1,16 @@
-import type { Logger } from '@agentplane/core';
+import { ATTR, inSpan, tracingEnabled, type Logger } from '@agentplane/core';
 import type { LeaseExecutor, LeaseHandle } from '../agent.js';
 import type { TokenUsage } from '@agentplane/protocol';
 import { HarnessError, HarnessLoop, type AgentTool, type Awaiting, type IdleStopReason } from '../harness/index.js';
+import type { ToolTracer } from '../harness/loop.js';
 import { connectMcpTools, type RuntimeMcp } from '../harness/mcp-tools.js';
 import type { SandboxManager } from '../sandbox/manager.js';
 import { isOfferedResource, offeredSources, type OfferedResource } from '../sandbox/sources.js';
-import { driverSatisfies, type SandboxEnvironment, type SandboxTier } from '../sandbox/types.js';
+import { driverSatisfies, type SandboxDriver, type SandboxEnvironment, type SandboxTier } from '../sandbox/types.js';
 import { colocatedHarnessAvailable, runColocated } from './colocated.js';
 import { LeaseSink } from './lease-sink.js';
 import { isGraderTurn, runGrader } from './grader.js';
+import type { RunnerMetrics } from '../metrics.js';
 
 /** The turn spec carried by a lease offer (built by the scheduler; see docs/RUNS.md). */
 interface TurnSpec {
@@ -61,6 +63,7 @@ export interface TurnExecutorOptions {
   /** The control plane (runtime MCP endpoint, runtime file route). */
   baseUrl: string;
   repositoryMaxBytes?: number;
+  metrics?: RunnerMetrics;
 }
 
 /**
@@ -94,6 +97,37 @@ export function turnExecutor(o: TurnExecutorOptions): LeaseExecutor {
   };
 }
 
+/**
+ * With tracing on, the driver as the harness sees it: each exec is a span (the driver and the
+ * exit code; never the command, its input or its output).
+ */
+function tracedDriver(driver: SandboxDriver): SandboxDriver {
+  if (!tracingEnabled()) return driver;
+  const exec: SandboxDriver['exec'] = (sandbox, command, options) =>
+    inSpan('sandbox exec', { attributes: { 'agentplane.sandbox.driver': driver.name, 'agentplane.session.id': sandbox.sessionId } }, async (span) => {
+      const r = await driver.exec(sandbox, command, options);
+      span.setAttribute(ATTR.processExitCode, r.exitCode);
+      return r;
+    });
+  return new Proxy(driver, {
+    get(target, prop) {
+      if (prop === 'exec') return exec;
+      const v: unknown = Reflect.get(target, prop, target);
+      return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(target) : v;
+    },
+  });
+}
+
+/** Each tool use of the split harness as a GenAI `execute_tool` span (name and call id; never input or result). */
+const traceTool: ToolTracer = (tool, run, failed) =>
+  inSpan(`execute_tool ${tool.name}`, {
+    attributes: { [ATTR.genAiOperationName]: 'execute_tool', 'gen_ai.tool.name': tool.name, 'gen_ai.tool.call.id': tool.id },
+  }, async (span) => {
+    const result = await run();
+    if (failed(result)) span.setAttribute('error.type', 'tool_error');
+    return result;
+  });
+
 async function runTurn(o: TurnExecutorOptions, handle: LeaseHandle): Promise<Record<string, unknown>> {
   const spec = asSpec(handle.offer.spec);
   const log = o.log.child({ run: spec.run_id, lease: handle.lease.lease_id });
@@ -109,30 +143,34 @@ async function runTurn(o: TurnExecutorOptions, handle: LeaseHandle): Promise<Rec
   const sources = offeredSources((spec.resources ?? []) as OfferedResource[], {
     baseUrl: o.baseUrl, bearer: spec.runtime_files?.bearer, ...(o.repositoryMaxBytes ? { repositoryMaxBytes: o.repositoryMaxBytes } : {}),
   });
+  const endStart = o.metrics?.sandboxStartSeconds.startTimer({ driver: o.sandboxes.driver.name === 'docker' ? 'docker' : 'process' });
   const { sandbox, materialized } = await o.sandboxes.prepare({ id: spec.session_id }, env, sources, handle.signal);
+  endStart?.();
   try {
     if (spec.kind === 'outcome_grader' && isGraderTurn(spec.grader)) return await runGrader({ driver: o.sandboxes.driver, log }, handle, spec.grader, sandbox);
     if (materialized && !materialized.skipped) log.info({ resources: materialized.placed, files: materialized.files, bytes: materialized.bytes }, 'session resources materialised');
     const sink = new LeaseSink(handle, spec.run_id, spec.session_id);
     const mcp = spec.runtime_mcp ? await connectMcpTools(o.baseUrl, spec.runtime_mcp, log, handle.signal) : undefined;
     const agent = { routing_key: spec.agent.routing_key, ...(spec.agent.system ? { system: spec.agent.system } : {}), tools: [...spec.agent.tools, ...(mcp?.tools ?? [])] };
-    let outcome: { stop_reason: IdleStopReason; usage: TokenUsage; awaiting?: Map<string, Awaiting> };
-    try {
+    type Outcome = { stop_reason: IdleStopReason; usage: TokenUsage; awaiting?: Map<string, Awaiting> };
+    let outcome: Outcome;
+    const driver = tracedDriver(o.sandboxes.driver);
+    const runHarness = (): Promise<Outcome> => {
       if (spec.environment.harness_topology === 'colocated') {
         // The agent loop runs inside the sandbox; this runner relays (./colocated.ts).
-        outcome = await runColocated({
-          driver: o.sandboxes.driver, sandbox, model: handle.model, sink, signal: handle.signal, log,
+        return runColocated({
+          driver, sandbox, model: handle.model, sink, signal: handle.signal, log,
           // The same ActionPolicy check as split; the runner holds the in-sandbox loop to each decision.
           gate: (q) => handle.checkTool({ ...q, tool_use_id: sink.toolId(q.tool_use_id) }),
           run: { agent, history: spec.history, ...(spec.responses ? { responses: spec.responses } : {}), max_duration_seconds: spec.environment.resources.max_duration_seconds },
         });
       } else {
         const loop = new HarnessLoop({
-          model: handle.model, driver: o.sandboxes.driver, sandbox, sink, logger: log,
+          model: handle.model, driver, sandbox, sink, logger: log, ...(tracingEnabled() ? { traceTool } : {}),
           // The control plane decides each tool use before it runs (ActionPolicies); ids as the Session sees them.
           gate: (q) => handle.checkTool({ ...q, tool_use_id: sink.toolId(q.tool_use_id) }),
         });
-        outcome = await loop.run({
+        return loop.run({
           agent,
           history: spec.history,
           ...(spec.responses ? { responses: spec.responses } : {}),
@@ -141,6 +179,19 @@ async function runTurn(o: TurnExecutorOptions, handle: LeaseHandle): Promise<Rec
           max_duration_seconds: spec.environment.resources.max_duration_seconds,
         });
       }
+    };
+    try {
+      // The harness loop as one GenAI agent span (its model steps and tools are children).
+      outcome = await inSpan('invoke_agent', {
+        attributes: {
+          [ATTR.genAiOperationName]: 'invoke_agent', [ATTR.genAiRequestModel]: spec.agent.routing_key, 'agentplane.run.id': spec.run_id,
+          'agentplane.harness.topology': spec.environment.harness_topology ?? 'split',
+        },
+      }, async (span) => {
+        const out = await runHarness();
+        span.setAttribute('agentplane.stop_reason', out.stop_reason.type);
+        return out;
+      });
     } catch (err) {
       // A spent budget ends the turn with its own stop reason instead of failing the Run.
       if (err instanceof HarnessError && err.modelError?.type === 'budget.exceeded') {

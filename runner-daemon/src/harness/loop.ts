@@ -50,7 +50,12 @@ export interface HarnessDeps {
   logger?: Logger;
   /** ActionPolicy check before each tool use; absent = no governance (unit tests). */
   gate?: ToolGate;
+  /** Wraps each tool use (the runner's tracing span); absent = run as is. */
+  traceTool?: ToolTracer;
 }
+
+/** Runs one tool use inside whatever the runner wraps it in (a span); `failed` marks an error result. */
+export type ToolTracer = <T extends ContentBlock>(tool: { name: string; id: string }, run: () => Promise<T>, failed: (result: T) => boolean) => Promise<T>;
 
 /** Answers to the blocking tool uses of the previous Run, from drive events. */
 export interface PendingResponses {
@@ -373,7 +378,13 @@ export class HarnessLoop {
     else history.push({ role: 'user', content: results });
   }
 
-  private async execute(c: Classified, signal: AbortSignal, runEnds: number | undefined, emit: (e: HarnessEvent) => Promise<void>): Promise<ContentBlock> {
+  /** One tool use, wrapped by `traceTool` when the runner traces. */
+  private execute(c: Classified, signal: AbortSignal, runEnds: number | undefined, emit: (e: HarnessEvent) => Promise<void>): Promise<ContentBlock> {
+    const run = () => this.executeTool(c, signal, runEnds, emit);
+    return this.deps.traceTool ? this.deps.traceTool({ name: c.block.name, id: c.block.id }, run, (b) => b.type === 'tool_result' && b.is_error === true) : run();
+  }
+
+  private async executeTool(c: Classified, signal: AbortSignal, runEnds: number | undefined, emit: (e: HarnessEvent) => Promise<void>): Promise<ContentBlock> {
     let outcome: ToolOutcome;
     if (c.external) {
       const started = Date.now();

@@ -1,0 +1,55 @@
+/**
+ * The request a piece of work is done for. The API opens a scope per HTTP request; every log
+ * line written inside it carries `request_id` (the logger's mixin reads it), and incident
+ * references name it.
+ */
+import { AsyncLocalStorage } from 'node:async_hooks';
+import { randomBytes } from 'node:crypto';
+
+export interface RequestScope {
+  requestId: string;
+}
+
+const storage = new AsyncLocalStorage<RequestScope>();
+
+/** Run `fn` inside the scope of one request. */
+export function withRequestScope<T>(scope: RequestScope, fn: () => T): T {
+  return storage.run(scope, fn);
+}
+
+/** The id of the request being served, if any. */
+export function currentRequestId(): string | undefined {
+  return storage.getStore()?.requestId;
+}
+
+export const newRequestId = (): string => `req_${randomBytes(12).toString('hex')}`;
+
+/** What a caller may choose as its request id: 1–128 visible ASCII characters without quotes or separators. */
+const CALLER_REQUEST_ID = /^[A-Za-z0-9._:@/+=-]{1,128}$/;
+const TRACEPARENT = /^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$/;
+
+/** The trace id of a W3C `traceparent` header, when it is well formed (all-zero ids are invalid). */
+export function traceIdOf(traceparent: string | undefined): string | undefined {
+  const m = TRACEPARENT.exec((traceparent ?? '').trim().toLowerCase());
+  if (!m || m[1] === 'ff' || /^0+$/.test(m[2] as string) || /^0+$/.test(m[3] as string)) return undefined;
+  return m[2];
+}
+
+/**
+ * The request id of an incoming request: the caller's `X-Request-Id` when it is well formed,
+ * else the trace id of a valid `traceparent`, else a new `req_` id. Anything else the caller
+ * sent is ignored (never echoed), so the id is always safe to log and to put in a header.
+ */
+export function requestIdFrom(headers: Readonly<Record<string, string | string[] | undefined>>): string {
+  const first = (v: string | string[] | undefined) => (Array.isArray(v) ? v[0] : v);
+  const given = first(headers['x-request-id'])?.trim();
+  if (given && CALLER_REQUEST_ID.test(given)) return given;
+  return traceIdOf(first(headers.traceparent)) ?? newRequestId();
+}
+
+/** An opaque incident reference for a 500, and the message that names it (and the request). */
+export function incident(what: string): { incident: string; message: string } {
+  const ref = `inc_${randomBytes(8).toString('hex')}`;
+  const requestId = currentRequestId();
+  return { incident: ref, message: `${what}; incident reference ${ref}${requestId ? `, request id ${requestId}` : ''}` };
+}

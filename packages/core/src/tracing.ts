@@ -1,0 +1,165 @@
+/**
+ * OpenTelemetry tracing for every process: off by default, on when the standard OTEL_* variables
+ * ask for OTLP (`OTEL_TRACES_EXPORTER=otlp`, or an `OTEL_EXPORTER_OTLP_ENDPOINT` /
+ * `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`), exported over OTLP/HTTP. Sampling, batching and the
+ * exporter's endpoint, headers and timeout come from the SDK's own OTEL_* variables.
+ *
+ * Trace context crosses processes as W3C `traceparent`/`tracestate`: HTTP headers into the API,
+ * the Run's queue job (`RunJobData.trace`), and the runner protocol's frame envelope.
+ *
+ * Attributes name things (ids, models, counts, statuses), never content: no message text, tool
+ * input or output, prompt, command line or secret is put on a span.
+ */
+import {
+  context, INVALID_SPAN_CONTEXT, propagation, ROOT_CONTEXT, SpanKind, SpanStatusCode, trace,
+  type Attributes, type Context, type Span, type Tracer,
+} from '@opentelemetry/api';
+
+export { context, SpanKind, SpanStatusCode, trace, type Attributes, type Context, type Span };
+
+/** W3C trace context as carried in a job or a frame. */
+export interface TraceCarrier {
+  traceparent?: string;
+  tracestate?: string;
+}
+
+/** What `startTracing` returns: whether spans are exported, and a flush for shutdown. */
+export interface Tracing {
+  enabled: boolean;
+  shutdown(): Promise<void>;
+}
+
+const env = (name: string): string | undefined => {
+  const v = process.env[name];
+  return v === undefined || v.trim() === '' ? undefined : v.trim();
+};
+
+/** Whether the OTEL_* environment asks for trace export (off unless it does). */
+export function tracingRequested(): boolean {
+  if (env('OTEL_SDK_DISABLED')?.toLowerCase() === 'true') return false;
+  const exporters = env('OTEL_TRACES_EXPORTER')?.toLowerCase().split(',').map((s) => s.trim());
+  if (exporters?.includes('none')) return false;
+  return exporters?.includes('otlp') === true || env('OTEL_EXPORTER_OTLP_ENDPOINT') !== undefined || env('OTEL_EXPORTER_OTLP_TRACES_ENDPOINT') !== undefined;
+}
+
+let active: Tracing | null = null;
+
+/**
+ * Start tracing for this process (once). `service` is the default `service.name`
+ * (`OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES` override it). The SDK is loaded only when
+ * tracing is on: a process with tracing off pays nothing for it at start.
+ */
+export async function startTracing(service: string): Promise<Tracing> {
+  if (active) return active;
+  if (!tracingRequested()) {
+    active = { enabled: false, shutdown: async () => undefined };
+    return active;
+  }
+  const [{ OTLPTraceExporter }, { resourceFromAttributes }, { BatchSpanProcessor, NodeTracerProvider }, { ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION }] = await Promise.all([
+    import('@opentelemetry/exporter-trace-otlp-http'),
+    import('@opentelemetry/resources'),
+    import('@opentelemetry/sdk-trace-node'),
+    import('@opentelemetry/semantic-conventions'),
+  ]);
+  const provider = new NodeTracerProvider({
+    resource: resourceFromAttributes({ [ATTR_SERVICE_NAME]: env('OTEL_SERVICE_NAME') ?? service, [ATTR_SERVICE_VERSION]: '0.1.0' }),
+    spanProcessors: [new BatchSpanProcessor(new OTLPTraceExporter())],
+  });
+  // Registers the AsyncLocalStorage context manager and the W3C trace-context propagator.
+  provider.register();
+  active = {
+    enabled: true,
+    shutdown: () => provider.shutdown().catch(() => undefined),
+  };
+  return active;
+}
+
+/** Whether this process exports spans (every tracing call is skipped when it does not). */
+export const tracingEnabled = (): boolean => active?.enabled === true;
+
+const NOOP_SPAN: Span = trace.wrapSpanContext(INVALID_SPAN_CONTEXT);
+
+/** The platform's tracer. */
+export const tracer = (): Tracer => trace.getTracer('agentplane', '0.1.0');
+
+/** The W3C context of the active span (empty when tracing is off or nothing is active). */
+export function injectTrace(ctx: Context = context.active()): TraceCarrier | undefined {
+  if (!tracingEnabled()) return undefined;
+  const carrier: Record<string, string> = {};
+  propagation.inject(ctx, carrier);
+  if (!carrier.traceparent) return undefined;
+  return carrier.tracestate ? { traceparent: carrier.traceparent, tracestate: carrier.tracestate } : { traceparent: carrier.traceparent };
+}
+
+/** A context whose parent is the carried span (the root context when there is none). */
+export function extractTrace(carrier: TraceCarrier | Readonly<Record<string, string | string[] | undefined>> | undefined): Context {
+  if (!carrier) return ROOT_CONTEXT;
+  return propagation.extract(ROOT_CONTEXT, carrier, {
+    keys: (c) => Object.keys(c),
+    get: (c, key) => {
+      const v = (c as Record<string, string | string[] | undefined>)[key];
+      return Array.isArray(v) ? v[0] : v;
+    },
+  });
+}
+
+/**
+ * Run `fn` in a new active span; it ends when `fn` settles, with an error status (exception
+ * type only, never its message) when `fn` throws.
+ */
+export function inSpan<T>(
+  name: string,
+  options: { kind?: SpanKind; attributes?: Attributes; parent?: Context },
+  fn: (span: Span) => Promise<T>,
+): Promise<T> {
+  // Tracing off: a plain call, no extra promise.
+  return tracingEnabled() ? recordSpan(name, options, fn) : fn(NOOP_SPAN);
+}
+
+async function recordSpan<T>(
+  name: string,
+  options: { kind?: SpanKind; attributes?: Attributes; parent?: Context },
+  fn: (span: Span) => Promise<T>,
+): Promise<T> {
+  const parent = options.parent ?? context.active();
+  return tracer().startActiveSpan(name, { kind: options.kind ?? SpanKind.INTERNAL, ...(options.attributes ? { attributes: options.attributes } : {}) }, parent, async (span) => {
+    try {
+      return await fn(span);
+    } catch (err) {
+      failSpan(span, err);
+      throw err;
+    } finally {
+      span.end();
+    }
+  });
+}
+
+/** Mark a span failed: the error's class, not its message (which may quote content). */
+export function failSpan(span: Span, err: unknown): void {
+  span.setStatus({ code: SpanStatusCode.ERROR });
+  span.setAttribute('error.type', err instanceof Error ? (('type' in err && typeof err.type === 'string' ? err.type : undefined) ?? err.name) : 'unknown');
+}
+
+/**
+ * Semantic-convention attribute names used across processes (HTTP ones come from
+ * @opentelemetry/semantic-conventions; GenAI and messaging are still incubating there, so their
+ * names are spelled here as the conventions give them).
+ */
+export const ATTR = {
+  genAiOperationName: 'gen_ai.operation.name',
+  genAiProviderName: 'gen_ai.provider.name',
+  genAiRequestModel: 'gen_ai.request.model',
+  genAiResponseModel: 'gen_ai.response.model',
+  genAiUsageInputTokens: 'gen_ai.usage.input_tokens',
+  genAiUsageOutputTokens: 'gen_ai.usage.output_tokens',
+  genAiResponseFinishReasons: 'gen_ai.response.finish_reasons',
+  genAiAgentName: 'gen_ai.agent.name',
+  messagingSystem: 'messaging.system',
+  messagingOperationType: 'messaging.operation.type',
+  messagingOperationName: 'messaging.operation.name',
+  messagingDestinationName: 'messaging.destination.name',
+  messagingMessageId: 'messaging.message.id',
+  dbSystemName: 'db.system.name',
+  dbOperationName: 'db.operation.name',
+  processExitCode: 'process.exit.code',
+} as const;

@@ -1,0 +1,64 @@
+import { createServer, type Server } from 'node:http';
+import { BUCKETS, Counter, createMetrics, Gauge, Histogram, METRICS_CONTENT_TYPE, type Logger, type Metrics } from '@agentplane/core';
+
+/** How a lease this runner was offered ended (a closed set). */
+export type LeaseOutcome = 'rejected' | 'completed' | 'failed_work' | 'failed_infrastructure';
+
+/**
+ * The daemon's Prometheus metrics (served only when RUNNER_METRICS_ADDR is set): leases by
+ * outcome and how long they were held, sandbox preparation time, and the runtime defaults.
+ */
+export class RunnerMetrics {
+  readonly registry: Metrics = createMetrics();
+  readonly leases = new Counter({
+    name: 'agentplane_runner_leases_total', help: 'Lease offers this runner handled, by outcome (rejected, completed, failed_work, failed_infrastructure)',
+    labelNames: ['outcome'] as const, registers: [this.registry],
+  });
+  readonly leaseSeconds = new Histogram({
+    name: 'agentplane_runner_lease_duration_seconds', help: 'Accepted lease → completed or failed (one turn) on this runner',
+    buckets: [...BUCKETS.lease], registers: [this.registry],
+  });
+  readonly sandboxStartSeconds = new Histogram({
+    name: 'agentplane_runner_sandbox_start_seconds', help: 'Sandbox created or resumed and its resources materialised, before a turn, by driver (docker, process)',
+    labelNames: ['driver'] as const, buckets: [...BUCKETS.sandboxStart], registers: [this.registry],
+  });
+  readonly connected = new Gauge({ name: 'agentplane_runner_connected', help: '1 while the runner holds a live connection to the control plane', registers: [this.registry] });
+
+  constructor(held: () => number) {
+    new Gauge({ name: 'agentplane_runner_held_leases', help: 'Leases this runner holds now', registers: [this.registry], collect() { this.set(held()); } });
+  }
+}
+
+/** `host:port`, `:port` or a bare port → listen arguments. */
+export function parseListenAddress(addr: string): { host: string; port: number } {
+  const m = /^(?:(.*):)?(\d{1,5})$/.exec(addr.trim());
+  const port = m ? Number(m[2]) : NaN;
+  if (!m || port > 65535) throw new Error(`RUNNER_METRICS_ADDR must be host:port, :port or a port (got ${JSON.stringify(addr)})`);
+  const host = (m[1] ?? '').replace(/^\[(.*)\]$/, '$1');
+  return { host: host === '' ? '127.0.0.1' : host, port };
+}
+
+/** Serve GET /metrics (and /healthz) on the given address. */
+export async function serveMetrics(registry: Metrics, addr: string, log: Logger): Promise<Server> {
+  const { host, port } = parseListenAddress(addr);
+  const server = createServer((req, res) => {
+    if (req.url === '/metrics' && req.method === 'GET') {
+      registry.metrics().then(
+        (text) => res.writeHead(200, { 'content-type': METRICS_CONTENT_TYPE }).end(text),
+        (err: unknown) => {
+          log.error({ err }, 'metrics collection failed');
+          res.writeHead(500).end();
+        },
+      );
+    } else if (req.url === '/healthz') {
+      res.writeHead(200, { 'content-type': 'application/json' }).end('{"status":"ok"}');
+    } else res.writeHead(404).end();
+  });
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(port, host, () => resolve());
+  });
+  const a = server.address();
+  log.info({ host, port: typeof a === 'object' && a ? a.port : port }, 'runner metrics listening');
+  return server;
+}

@@ -1,0 +1,149 @@
+import { createServer, type Server } from 'node:http';
+import { randomBytes } from 'node:crypto';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { freePort } from '@agentplane/store';
+import { waitFor } from './harness/platform.js';
+import { idleCount, SCRIPT, startTurnPlatform, untilEvents, type TurnPlatform } from './harness/turns.js';
+
+/**
+ * OpenTelemetry with the standard OTEL_* variables: one turn exports, to an OTLP/HTTP receiver
+ * started here, a single trace that continues the caller's traceparent across the API, the
+ * scheduler and the runner, parent to child, with no message text in it.
+ */
+interface OtlpValue { stringValue?: string; intValue?: string | number; boolValue?: boolean; doubleValue?: number; arrayValue?: { values: OtlpValue[] } }
+interface OtlpAttr { key: string; value: OtlpValue }
+interface OtlpSpan { traceId: string; spanId: string; parentSpanId?: string; name: string; kind: number; attributes?: OtlpAttr[] }
+interface Exported { service: string; span: OtlpSpan }
+
+const SECRET_TEXT = 'otel-secret-message-text-5f1c';
+const COMMAND = 'echo tracing-command-7d2e';
+const KIND = { INTERNAL: 1, SERVER: 2, CLIENT: 3, PRODUCER: 4, CONSUMER: 5 } as const;
+
+let t: TurnPlatform;
+let receiver: Server;
+const bodies: string[] = [];
+const spans: Exported[] = [];
+
+beforeAll(async () => {
+  const port = await freePort();
+  receiver = createServer((req, res) => {
+    const chunks: Buffer[] = [];
+    req.on('data', (c: Buffer) => chunks.push(c));
+    req.on('end', () => {
+      const text = Buffer.concat(chunks).toString('utf8');
+      if (req.url === '/v1/traces' && req.method === 'POST') {
+        bodies.push(text);
+        const body = JSON.parse(text) as { resourceSpans?: { resource?: { attributes?: OtlpAttr[] }; scopeSpans?: { spans?: OtlpSpan[] }[] }[] };
+        for (const rs of body.resourceSpans ?? []) {
+          const service = rs.resource?.attributes?.find((a) => a.key === 'service.name')?.value.stringValue ?? '?';
+          for (const ss of rs.scopeSpans ?? []) for (const span of ss.spans ?? []) spans.push({ service, span });
+        }
+      }
+      res.writeHead(200, { 'content-type': 'application/json' }).end('{}');
+    });
+  });
+  await new Promise<void>((r) => receiver.listen(port, '127.0.0.1', () => r()));
+  t = await startTurnPlatform({
+    name: 'tracing',
+    env: { OTEL_TRACES_EXPORTER: 'otlp', OTEL_EXPORTER_OTLP_ENDPOINT: `http://127.0.0.1:${port}`, OTEL_BSP_SCHEDULE_DELAY: '100' },
+  });
+}, 150_000);
+afterAll(async () => {
+  await t?.p.stop();
+  await new Promise<void>((r) => (receiver ? receiver.close(() => r()) : r()));
+});
+
+const attr = (s: OtlpSpan, key: string): OtlpValue | undefined => s.attributes?.find((a) => a.key === key)?.value;
+
+describe('one trace per turn', () => {
+  const traceId = randomBytes(16).toString('hex');
+  const callerSpanId = randomBytes(8).toString('hex');
+  let trace: Exported[] = [];
+
+  beforeAll(async () => {
+    const sessionId = (await t.api.post<{ id: string }>('/v1/sessions', {
+      agent: {
+        name: 'scripted', model: 'default', tools: [{ type: 'builtin', name: 'bash' }],
+        system: SCRIPT([
+          { when: { user_contains: SECRET_TEXT }, then: [{ tool: 'bash', input: { command: COMMAND } }] },
+          { when: { after_tool: 'bash' }, then: [{ reply: 'ran it' }] },
+        ]),
+      },
+      environment_id: t.envId,
+    })).id;
+    const sent = await t.api.request('POST', `/v1/sessions/${sessionId}/events`, {
+      body: t.msg(`please ${SECRET_TEXT}`), headers: { traceparent: `00-${traceId}-${callerSpanId}-01` },
+    });
+    expect(sent.status).toBeLessThan(300);
+    expect(sent.headers.get('request-id')).toBe(traceId);
+    const events = await untilEvents(t.api, sessionId, (e) => idleCount(e) >= 1, 90_000);
+    expect(events.find((e) => e.type === 'session.status_idle')?.payload.stop_reason).toMatchObject({ type: 'end_turn' });
+    // Every process exports in batches: wait for the runner's lease span and the idle append.
+    trace = await waitFor('the whole trace', () => {
+      const mine = spans.filter((s) => s.span.traceId === traceId);
+      const leaseDone = mine.some((s) => s.service === 'agentplane-runner' && s.span.name === 'process lease.offer');
+      const idle = mine.some((s) => s.span.name === 'append session_events' && JSON.stringify(attr(s.span, 'agentplane.events.types')).includes('session.status_idle'));
+      return leaseDone && idle ? mine : undefined;
+    }, 30_000);
+  }, 150_000);
+
+  const one = (service: string, name: string | RegExp, kind?: number): OtlpSpan => {
+    const found = trace.filter((s) => s.service === service && (typeof name === 'string' ? s.span.name === name : name.test(s.span.name)) && (kind === undefined || s.span.kind === kind));
+    expect(found.length, `${service} ${String(name)}`).toBeGreaterThanOrEqual(1);
+    return (found[0] as Exported).span;
+  };
+
+  it('spans of the api, the scheduler and the runner cover the turn', () => {
+    expect(new Set(trace.map((s) => s.service))).toEqual(new Set(['agentplane-api', 'agentplane-scheduler', 'agentplane-runner']));
+    const http = one('agentplane-api', 'POST /v1/sessions/{session_id}/events', KIND.SERVER);
+    expect(attr(http, 'http.route')?.stringValue).toBe('/v1/sessions/{session_id}/events');
+    expect(attr(http, 'http.request.method')?.stringValue).toBe('POST');
+    expect(Number(attr(http, 'http.response.status_code')?.intValue)).toBeLessThan(300);
+    one('agentplane-api', 'send runs', KIND.PRODUCER);
+    one('agentplane-scheduler', 'process runs', KIND.CONSUMER);
+    one('agentplane-scheduler', 'send lease.offer', KIND.PRODUCER);
+    one('agentplane-runner', 'process lease.offer', KIND.CONSUMER);
+    one('agentplane-runner', 'invoke_agent');
+    one('agentplane-runner', 'execute_tool bash');
+    const exec = one('agentplane-runner', 'sandbox exec');
+    expect(Number(attr(exec, 'process.exit.code')?.intValue)).toBe(0);
+    const runnerChat = one('agentplane-runner', 'chat default', KIND.CLIENT);
+    expect(attr(runnerChat, 'gen_ai.operation.name')?.stringValue).toBe('chat');
+    const gatewayChat = one('agentplane-api', /^chat /, KIND.CLIENT);
+    expect(attr(gatewayChat, 'gen_ai.provider.name')?.stringValue).toBe('scripted');
+    expect(Number(attr(gatewayChat, 'gen_ai.usage.input_tokens')?.intValue)).toBeGreaterThan(0);
+    expect(attr(gatewayChat, 'gen_ai.usage.output_tokens')?.intValue).toBeDefined();
+    one('agentplane-api', 'append session_events', KIND.CLIENT);
+  });
+
+  it('links parent to child across processes, from the caller\'s span down', () => {
+    const byId = new Map(trace.map((s) => [s.span.spanId, s]));
+    const parentOf = (s: OtlpSpan) => (s.parentSpanId ? byId.get(s.parentSpanId) : undefined);
+    // The API's server span is the child of the caller's span; every other span has its parent in the trace.
+    const http = one('agentplane-api', 'POST /v1/sessions/{session_id}/events');
+    expect(http.parentSpanId).toBe(callerSpanId);
+    for (const s of trace) if (s.span !== http) expect(parentOf(s.span), `parent of ${s.service} ${s.span.name}`).toBeDefined();
+    // Across processes: job → scheduler, offer frame → runner, model.request frame → gateway, events.batch → append.
+    expect(parentOf(one('agentplane-scheduler', 'process runs'))).toMatchObject({ service: 'agentplane-api', span: { name: 'send runs' } });
+    expect(parentOf(one('agentplane-runner', 'process lease.offer'))).toMatchObject({ service: 'agentplane-scheduler', span: { name: 'send lease.offer' } });
+    expect(parentOf(one('agentplane-api', /^chat /))).toMatchObject({ service: 'agentplane-runner', span: { name: 'chat default' } });
+    const runnerAppend = trace.find((s) => s.service === 'agentplane-api' && s.span.name === 'append session_events' && parentOf(s.span)?.service === 'agentplane-runner');
+    expect(runnerAppend, 'an append made for a runner frame').toBeDefined();
+    // And the lease span descends from the caller's request.
+    let s: Exported | undefined = byId.get(one('agentplane-runner', 'process lease.offer').spanId);
+    const chain: string[] = [];
+    while (s) {
+      chain.push(`${s.service}:${s.span.name}`);
+      s = parentOf(s.span);
+    }
+    expect(chain.at(-1)).toBe('agentplane-api:POST /v1/sessions/{session_id}/events');
+  });
+
+  it('no exported span carries the message text or the tool input', () => {
+    const all = bodies.join('\n');
+    expect(all.length).toBeGreaterThan(0);
+    expect(all).not.toContain(SECRET_TEXT);
+    expect(all).not.toContain(COMMAND);
+    expect(all).not.toContain('tracing-command');
+  });
+});
