@@ -13,6 +13,7 @@ import { fileOperations } from './files/operations.js';
 import { auditOperations } from './audit/operations.js';
 import { governanceOperations } from './governance/operations.js';
 import { policyOperations } from './governance/policy-operations.js';
+import { deploymentOperations } from './deployments/operations.js';
 
 /**
  * The operation table: every REST operation of the API, once. The router, the OpenAPI
@@ -24,5 +25,6 @@ export function allOperations(): Operation[] {
   table.push(...metaOperations(() => table), ...identityOperations, ...runnerOperations, ...modelOperations);
   table.push(...agentOperations, ...environmentOperations, ...sessionOperations, ...threadOperations);
   table.push(...connectionOperations, ...runOperations, ...fileOperations, ...auditOperations, ...governanceOperations, ...policyOperations);
+  table.push(...deploymentOperations);
   return table;
 }

@@ -39,6 +39,8 @@ export const ID_PREFIXES = {
   file: 'file',
   permissionAssignment: 'perm',
   actionPolicy: 'apol',
+  connectedHarness: 'chrn',
+  agentDeploymentConnectionBinding: 'adcb',
 } as const;
 
 export type IdKind = keyof typeof ID_PREFIXES;

@@ -1,5 +1,6 @@
 import type { StoredDoc } from '@agentplane/store';
 import type { AgentSnapshot } from '../agents/model.js';
+import type { DeploymentPin } from '../deployments/profiles.js';
 
 export type ThreadStatus = 'running' | 'idle' | 'rescheduling' | 'terminated';
 
@@ -35,6 +36,8 @@ export interface SessionDoc extends StoredDoc {
   outcome_evaluations: unknown[];
   archived_at: string | null;
   automation_id?: string;
+  /** Set when the Session was created against an AgentDeployment: the revision it runs under (docs/DEPLOYMENTS.md). */
+  agent_deployment?: DeploymentPin;
   _primary_thread_id: string;
 }
 
@@ -136,6 +139,8 @@ export interface RunDoc extends StoredDoc {
   failure?: { class: string; code: string; message: string } | null;
   /** Answers of the previous Run's blocking tool uses (a continuation Run). */
   continues_run_id?: string | null;
+  /** The deployment revision the Run executes under (copied from its Session): pool and topology come from it. */
+  agent_deployment?: DeploymentPin;
 }
 
 const sec = (ms: number) => Math.round(ms) / 1000;
