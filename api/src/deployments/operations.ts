@@ -98,10 +98,6 @@ export const deploymentOperations: Operation[] = [
     audit: { target: 'agent_deployment_id' }, summary: 'Change display_name or archive (terminal), fenced on expected_resource_version',
     auth: admins, params: DeploymentPath, body: PatchDeploymentBody, response: AgentDeploymentSchema, idempotency: 'optional', mcp: 'full',
     async handler({ caller, params, body, deps }) {
-      if (body.status === 'active' && body.display_name === undefined) {
-        const cur = await svc(deps).get(requireWorkspace(caller), params.agent_deployment_id);
-        if (cur.status === 'archived') throw new ApiError('runtime.invalid_transition', 'the deployment is archived (terminal)');
-      }
       return json(200, headView(await svc(deps).patch(requireWorkspace(caller), params.agent_deployment_id, body)));
     },
   }),
