@@ -258,6 +258,11 @@ describe('connection bindings', () => {
     await admin.post(`/v1/agent-deployments/${head.id}/revisions`, revisionBody(2, { connection_binding_selections: sel(2) }));
     expect(await pinned()).toEqual(sel(2));
     expect((await viewer.get<Json>(`/v1/agent-deployment-connection-bindings/${bid}/revisions/1`)).tool_selection).toEqual(['search']);
+    expect(await viewer.get<Head>(`/v1/agent-deployment-connection-bindings/${bid}`)).toMatchObject({ id: bid, current_revision_number: 2, resource_version: 3, status: 'active' });
+    const devPatch = await dev.request('PATCH', `/v1/agent-deployment-connection-bindings/${bid}`, { body: { expected_resource_version: 3, display_name: 'x' } });
+    expect([devPatch.status, errType(devPatch)]).toEqual([403, 'policy.denied']);
+    const missingRev = await viewer.request('GET', `/v1/agent-deployment-connection-bindings/${bid}/revisions/3`);
+    expect([missingRev.status, errType(missingRev)]).toEqual([404, 'validation.not_found']);
     const stale = await admin.request('PATCH', `/v1/agent-deployment-connection-bindings/${bid}`, { body: { expected_resource_version: 1, display_name: 'x' } });
     expect([stale.status, errType(stale)]).toEqual([409, 'validation.conflict']);
     const patched = await admin.request<Head>('PATCH', `/v1/agent-deployment-connection-bindings/${bid}`, { body: { expected_resource_version: 3, status: 'archived' } });
