@@ -321,7 +321,12 @@ describe('a Session under a pinned revision', () => {
       return r.data.some((x) => x.runner === runnerId && x.status === 'ready') ? true : undefined;
     }, 60_000);
 
+    // A routing profile of its own: revision 1 serves, revision 2 (published after the pin) cannot.
+    const routing = await admin.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/model-routing-profiles`, {
+      key: 'pinned-model', candidates: [{ credential_key: 'default', provider_model: 'scripted-1' }],
+    });
     const a = await agent('pinned', {
+      model: 'pinned-model',
       system: SCRIPT([
         { when: { user_contains: 'where' }, then: [{ tool: 'bash', input: { command: 'ps -eo args' } }] },
         { when: { on: 'tool_result' }, then: [{ reply: 'done' }] },
@@ -332,12 +337,18 @@ describe('a Session under a pinned revision', () => {
     const noRevision = await dev.request('POST', `/v1/agent-deployments/${head.id}/sessions`, { body: {} });
     expect([noRevision.status, errType(noRevision)]).toEqual([409, 'runtime.invalid_transition']);
     const rev = await admin.post<Rev>(`/v1/agent-deployments/${head.id}/revisions`, revisionBody(1, {
+      model_routing: { model_routing_profile_id: routing.id, model_routing_profile_revision_number: 1 },
       execution_target: { ...(revisionBody(1).execution_target as Json), runner_pool_id: pool.id, harness_topology: 'colocated' },
     }));
     const session = await dev.post<{ id: string; environment_id: string; agent: { id: string; version: number }; agent_deployment: Json }>(`/v1/agent-deployments/${head.id}/sessions`, { title: 'pinned' });
     expect(session.agent).toMatchObject({ id: a, version: 1 });
     expect(session.environment_id).toBe(sprof);
     expect(session.agent_deployment).toMatchObject({ agent_deployment_id: head.id, agent_deployment_revision_id: rev.id, revision_number: 1, runner_pool_id: pool.id, harness_topology: 'colocated' });
+    await admin.post(`/v1/model-routing-profiles/${routing.id}/revisions`, { candidates: [{ credential_key: 'nobody', provider_model: 'none' }] });
+    // The profile's latest revision cannot serve a step …
+    const latest = await admin.request('POST', `/v1/organizations/workspaces/${ws}/model-steps`, { body: { routing_key: 'pinned-model', messages: [{ role: 'user', content: [{ type: 'text', text: 'hi' }] }], tools: [] } });
+    expect([latest.status, errType(latest)]).toEqual([422, 'model.no_eligible_model']);
+    // … yet the Session's turn runs: its steps use the pinned routing revision 1.
     await dev.post(`/v1/sessions/${session.id}/events`, msg('where does the loop run?'));
     const events = await untilEvents(dev, session.id, (e) => idleCount(e) >= 1, 90_000);
     const result = events.find((e) => e.type === 'agent.tool_result');

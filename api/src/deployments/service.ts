@@ -338,9 +338,11 @@ export class DeploymentService {
       agent_deployment_id: id, agent_deployment_revision_id: rev.id, revision_number: rev.revision_number,
       runner_pool_id: target.runner_pool_id ?? null, harness_topology: target.harness_topology,
       harness_profile_id: target.harness_profile_id, harness_profile_revision_number: target.harness_profile_revision_number,
+      model_routing_profile_id: rev.model_routing_profile_id, model_routing_profile_revision_number: rev.model_routing_profile_revision_number,
       connection_binding_selections: rev.connection_binding_selections,
     };
-    // The agent's model steps go through the routing profile the revision pins (by its key).
+    // The agent's model steps go through the routing profile the revision pins: its key, and the
+    // model gateway resolves the pinned revision for this Session (not the profile's latest).
     return { agent: { ...snapshotOf(agentVersion), model: routing.key }, sandbox: { id: target.sandbox_profile_id, version: target.sandbox_profile_revision_number }, pin };
   }
 

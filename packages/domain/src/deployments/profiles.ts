@@ -82,6 +82,9 @@ export const DeploymentPinSchema = Obj({
   harness_topology: ManagedTopology,
   harness_profile_id: Type.String(),
   harness_profile_revision_number: Type.Integer({ minimum: 1 }),
+  /** The routing profile revision model steps of the Session use (not the profile's latest). */
+  model_routing_profile_id: Type.String(),
+  model_routing_profile_revision_number: Type.Integer({ minimum: 1 }),
   connection_binding_selections: Type.Array(Obj({ agent_deployment_connection_binding_id: Type.String(), binding_revision_number: Type.Integer({ minimum: 1 }) })),
 });
 export type DeploymentPin = Static<typeof DeploymentPinSchema>;
