@@ -14,8 +14,26 @@ import { printTable, summarize } from './lib/report.js';
 const RUNNERS = Number(process.env.BENCH_RUNNERS ?? 100);
 const RATES = (process.env.BENCH_RATES ?? '50,200,500').split(',').map(Number);
 const SECONDS = Number(process.env.BENCH_SECONDS ?? 4);
+/** `deployment`: every Session is created against an AgentDeployment revision pinned to the runners' pool. */
+const SESSIONS = process.env.BENCH_SESSIONS === 'deployment' ? 'deployment' : 'plain';
 
-export async function setup(p: Platform): Promise<{ api: HttpClient; principal: string; envId: string; secrets: string[] }> {
+/** A deployment whose revision pins the default pool (where the simulated runners are) and the split topology. */
+async function deployment(api: HttpClient, ws: string): Promise<string> {
+  const agent = (await api.post<{ id: string }>('/v1/agents', { name: 'b', model: 'default' })).id;
+  const hprof = (await api.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/harness-profiles`, { key: 'bench', kind: 'builtin' })).id;
+  const sprof = (await api.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/sandbox-profiles`, { key: 'bench', image: 'agentplane/sandbox:latest' })).id;
+  const mrp = (await api.get<{ data: { id: string }[] }>(`/v1/organizations/workspaces/${ws}/model-routing-profiles`, { key: 'default' })).data[0]?.id;
+  const pool = (await api.get<{ data: { id: string; name: string }[] }>('/v1/runner-pools')).data.find((x) => x.name === 'default')?.id;
+  const head = (await api.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/agent-deployments`, { agent_id: agent, key: 'bench' })).id;
+  await api.post(`/v1/agent-deployments/${head}/revisions`, {
+    expected_resource_version: 1, agent_release_number: 1, model_routing: { model_routing_profile_id: mrp, model_routing_profile_revision_number: 1 },
+    execution_target: { type: 'managed', harness_profile_id: hprof, harness_profile_revision_number: 1, sandbox_profile_id: sprof, sandbox_profile_revision_number: 1, runner_pool_id: pool, harness_topology: 'split' },
+    skill_selections: [], connection_binding_selections: [],
+  });
+  return head;
+}
+
+export async function setup(p: Platform): Promise<{ api: HttpClient; principal: string; envId: string; secrets: string[]; newSession: () => Promise<{ id: string }> }> {
   const ws = p.bootstrap.workspace_id;
   const api = p.root;
   const principal = (await api.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/principals`, { external_subject_id: 'bench', principal_type: 'service', display_name: 'Bench' })).id;
@@ -27,17 +45,21 @@ export async function setup(p: Platform): Promise<{ api: HttpClient; principal: 
     const r = await p.anon.post<{ secret: string }>('/v1/runner-pairings/redeem', { code: pairing.code });
     secrets.push(r.secret);
   }
-  return { api, principal, envId, secrets };
+  if (SESSIONS === 'deployment') {
+    const head = await deployment(api, ws);
+    return { api, principal, envId, secrets, newSession: () => api.post<{ id: string }>(`/v1/agent-deployments/${head}/sessions`, {}) };
+  }
+  return { api, principal, envId, secrets, newSession: () => api.post<{ id: string }>('/v1/sessions', { agent: { name: 'b', model: 'default' }, environment_id: envId }) };
 }
 
 export interface Level { rate: number; lease: ReturnType<typeof summarize>; visible: ReturnType<typeof summarize>; done: number; sent: number }
 
-export async function level(api: HttpClient, principal: string, envId: string, rate: number, leased: Map<string, number>): Promise<Level> {
+export async function level(api: HttpClient, principal: string, newSession: () => Promise<{ id: string }>, rate: number, leased: Map<string, number>): Promise<Level> {
   const total = Math.max(1, Math.round(rate * SECONDS));
   // Sessions first (not measured).
   const sessions: string[] = [];
   for (let i = 0; i < total; i += 50) {
-    const batch = await Promise.all(Array.from({ length: Math.min(50, total - i) }, () => api.post<{ id: string }>('/v1/sessions', { agent: { name: 'b', model: 'default' }, environment_id: envId })));
+    const batch = await Promise.all(Array.from({ length: Math.min(50, total - i) }, newSession));
     sessions.push(...batch.map((s) => s.id));
   }
   const t0 = new Map<string, number>();
@@ -102,16 +124,16 @@ async function floor(redisUrl: string, rate: number): Promise<ReturnType<typeof 
 }
 
 async function main(): Promise<void> {
-  process.stdout.write(`bench:dispatch  ${RUNNERS} simulated runners, rates ${RATES.join('/')} Runs/s, ${SECONDS}s each\n`);
+  process.stdout.write(`bench:dispatch  ${RUNNERS} simulated runners, rates ${RATES.join('/')} Runs/s, ${SECONDS}s each, ${SESSIONS} Sessions\n`);
   const p = await startPlatform({ scheduler: true, runner: false, env: { LOG_LEVEL: 'warn', RUNNER_HEARTBEAT_INTERVAL_MS: '5000', PAIRING_REDEEM_PER_MINUTE: '100000' } });
   try {
-    const { api, principal, envId, secrets } = await setup(p);
+    const { api, principal, secrets, newSession } = await setup(p);
     const { leased, stop: stopRunners } = await startSimulatedRunners(p, secrets);
     const rows = [];
     let sustainable = 0;
     for (const rate of RATES) {
       process.stdout.write(`rate ${rate}/s …\n`);
-      const ours = await level(api, principal, envId, rate, leased);
+      const ours = await level(api, principal, newSession, rate, leased);
       const fl = await floor(p.redisUrl(), rate);
       process.stdout.write(`  completed ${ours.done}/${ours.sent}\n`);
       if (ours.done === ours.sent && ours.lease.p99 < 1000) sustainable = rate;

@@ -69,11 +69,11 @@ async function startSide(env: Record<string, string>): Promise<Side> {
   const dispatch = await startPlatform({
     scheduler: true, runner: false, env: { LOG_LEVEL: 'warn', RUNNER_HEARTBEAT_INTERVAL_MS: '5000', PAIRING_REDEEM_PER_MINUTE: '100000', ...env },
   });
-  const { api: client, principal, envId, secrets } = await setup(dispatch);
+  const { api: client, principal, secrets, newSession } = await setup(dispatch);
   const sims = await startSimulatedRunners(dispatch, secrets);
   return {
     api, dispatch,
-    dispatchRun: (rate) => level(client, principal, envId, rate, sims.leased),
+    dispatchRun: (rate) => level(client, principal, newSession, rate, sims.leased),
     async stop() {
       sims.stop();
       await Promise.all([api.stop(), dispatch.stop()]);

@@ -19,6 +19,7 @@ import { policyOperations } from './governance/policy-operations.js';
 import { approvalOperations } from './approvals/operations.js';
 import { automationOperations } from './automations/operations.js';
 import { webhookOperations } from './webhooks/operations.js';
+import { deploymentOperations } from './deployments/operations.js';
 
 /**
  * The operation table: every REST operation of the API, once. The router, the OpenAPI
@@ -31,5 +32,6 @@ export function allOperations(): Operation[] {
   table.push(...agentOperations, ...environmentOperations, ...sessionOperations, ...threadOperations);
   table.push(...connectionOperations, ...runOperations, ...fileOperations, ...memoryOperations, ...vaultOperations, ...projectOperations, ...auditOperations, ...governanceOperations, ...policyOperations, ...approvalOperations);
   table.push(...automationOperations, ...webhookOperations);
+  table.push(...deploymentOperations);
   return table;
 }

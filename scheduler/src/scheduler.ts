@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto';
 import type { Logger } from '@agentplane/core';
 import {
   buildTurnSpec, ConnectionService, CredentialIndex, FileStore, IdentityService, OutcomeService, ProjectHeadReader, RedisRuntimeBearers, RunEngine, RunLifecycle, RunnerService,
-  SessionStore, ThreadRuntime, VersionedStore, type Environment, type RunDoc,
+  SessionStore, ThreadRuntime, VersionedStore, sandboxProfileStore, type Environment, type RunDoc, type SandboxProfile,
 } from '@agentplane/domain';
 import { activePools, LeaseFence, LeaseRecords, RunQueues } from '@agentplane/lease';
 import { SecretBox } from '@agentplane/core';
@@ -42,6 +42,7 @@ export class Scheduler {
   private readonly engine: RunEngine;
   private readonly store: SessionStore;
   private readonly environments: VersionedStore<Environment>;
+  private readonly sandboxProfiles: VersionedStore<SandboxProfile>;
   private readonly docs: DocumentStore;
   private readonly files: FileStore;
   private readonly projects: ProjectHeadReader;
@@ -58,6 +59,7 @@ export class Scheduler {
     this.queues = new RunQueues(this.bull, config.lease);
     this.store = new SessionStore(this.redis);
     this.environments = new VersionedStore<Environment>(this.redis, 'environments', 'environment');
+    this.sandboxProfiles = sandboxProfileStore(this.redis);
     const docs = new DocumentStore(this.redis);
     this.docs = docs;
     const credentials = new CredentialIndex(this.redis);
@@ -84,7 +86,7 @@ export class Scheduler {
   private async spec(o: LeaseOffer): Promise<Record<string, unknown>> {
     const run = await this.store.run(o.session_id, o.run_id);
     if (!run) throw new Error(`run ${o.run_id} not found`);
-    const spec = await buildTurnSpec({ store: this.store, environments: this.environments, files: this.files, projects: this.projects }, run as RunDoc);
+    const spec = await buildTurnSpec({ store: this.store, environments: this.environments, sandboxProfiles: this.sandboxProfiles, files: this.files, projects: this.projects }, run as RunDoc);
     const resolved = this.connections && run.agent.mcp_servers.length > 0
       ? await this.connections.resolveAgentServers(run.workspace_id, run.agent.mcp_servers)
       : undefined;

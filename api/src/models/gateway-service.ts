@@ -26,6 +26,11 @@ export interface ModelStepContext {
    * `session_id` is given, it is read from the Session document.
    */
   session_budget?: SessionBudget | null | undefined;
+  /**
+   * A Session created against a deployment revision: the routing profile revision it pins. A
+   * step whose routing key is that profile's key uses that revision's candidates.
+   */
+  routing_pin?: { model_routing_profile_id: string; model_routing_profile_revision_number: number } | null | undefined;
 }
 
 /** A candidate that passed the constraints, with its credential. */
@@ -116,6 +121,15 @@ export class ModelGatewayService {
     }
   }
 
+  /** The routing key's latest revision, or the pinned revision when the pin names that key's profile. */
+  private async resolveProfile(workspaceId: string, key: string, pin: ModelStepContext['routing_pin']) {
+    if (pin) {
+      const profile = await this.profiles.getDoc(workspaceId, pin.model_routing_profile_id).catch(() => null);
+      if (profile && profile.key === key) return { profile, revision: await this.profiles.revision(workspaceId, profile.id, pin.model_routing_profile_revision_number) };
+    }
+    return this.profiles.resolve(workspaceId, key);
+  }
+
   private async planInner(workspaceId: string, request: ModelRequest, context: ModelStepContext): Promise<StepPlan> {
     if (!KEY_RE.test(request.routing_key)) throw new ApiError('validation.malformed', 'routing_key is not a logical key');
     if (context.session_id && context.session_budget === undefined && this.docs) {
@@ -126,7 +140,7 @@ export class ModelGatewayService {
     // The budget check and the profile lookup are independent reads: one round trip less.
     const [, resolved] = await Promise.all([
       this.budgets.check({ workspace_id: workspaceId, session_id: context.session_id, session_budget: context.session_budget }),
-      this.profiles.ensureDefaults(workspaceId).then(() => this.profiles.resolve(workspaceId, request.routing_key)),
+      this.profiles.ensureDefaults(workspaceId).then(() => this.resolveProfile(workspaceId, request.routing_key, context.routing_pin)),
     ]);
     if (!resolved) throw new ApiError('model.no_eligible_model', `no model routing profile has the key '${request.routing_key}'`);
     const reasons: string[] = [];

@@ -217,6 +217,7 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     const streams = streamsOf(conn);
     await streams.open(rec.workspace_id, p.stream_id, p.request, {
       session_id: rec.session_id, thread_id: rec.thread_id, run_id: rec.run_id, session_budget: session?.budget ?? null,
+      routing_pin: session?.agent_deployment ?? null,
     }, previews(rec.session_id, rec.thread_id));
     if (streams.size === 0 && modelStreams.get(conn.id) === streams) modelStreams.delete(conn.id);
   });

@@ -1,7 +1,7 @@
 import type { TokenUsage } from '@agentplane/protocol';
 import { ApiError, canonicalJson, newId, nowIso, sha256Hex } from '@agentplane/core';
 import { keys, tags, type LogEvent } from '@agentplane/store';
-import { newAgent, snapshotOf, type Agent, type AgentSnapshot } from '@agentplane/domain';
+import { newAgent, snapshotOf, type Agent, type AgentSnapshot, type DeploymentPin } from '@agentplane/domain';
 import type { VersionedStore } from '@agentplane/domain';
 import type { Environment } from '@agentplane/domain';
 import type { IdentityService } from '@agentplane/domain';
@@ -48,6 +48,9 @@ export interface OutcomeDriver {
   /** After it is appended: records the outcome and starts its first turn. */
   defined(session: SessionDoc, threadId: string, event: LogEvent): Promise<unknown>;
 }
+
+/** The create body; `agent` and `environment_id` are absent only for a Session created against a deployment. */
+export type SessionCreateBody = Omit<CreateSessionInput, 'agent' | 'environment_id'> & Partial<Pick<CreateSessionInput, 'agent' | 'environment_id'>>;
 
 export interface DriveInput {
   type: DriveEventType;
@@ -99,8 +102,17 @@ export class SessionService {
     return snapshotOf(await this.d.agents.create(ws, newAgent(ws, input)));
   }
 
-  /** `options.automationId`: set by the automations module when a firing creates the Session. */
-  async create(ws: string, body: CreateSessionInput, idemKey: string | undefined, options: { automationId?: string } = {}): Promise<Record<string, unknown>> {
+  /**
+   * `options.automationId`: set by the automations module when a firing creates the Session.
+   * `options.deployment`: a Session created against an AgentDeployment revision: the agent and the
+   * sandbox come from the revision's pins instead of `body.agent` / `body.environment_id`.
+   */
+  async create(
+    ws: string,
+    body: SessionCreateBody,
+    idemKey: string | undefined,
+    options: { automationId?: string; deployment?: { agent: AgentSnapshot; sandbox: { id: string; version: number }; pin: DeploymentPin } } = {},
+  ): Promise<Record<string, unknown>> {
     const initial = (body.initial_events ?? []).map((e, i) => ({ type: e.type, payload: checkDrivePayload(e.type, e.payload, `body.initial_events.${i}`) }));
     for (const e of initial) {
       if (e.type !== 'user.message' && e.type !== 'user.define_outcome') {
@@ -111,9 +123,18 @@ export class SessionService {
     await Promise.all([...new Set(initial.map((e) => e.payload.authored_by))].map((p) => this.d.identity.activePrincipal(ws, p, 'authored_by')));
     await this.checkResources(ws, body.resources ?? []);
     await this.d.vaults?.requireAll(ws, body.vault_ids ?? []);
-    const env = await this.d.environments.get(ws, body.environment_id);
-    if (env.archived_at !== null) throw new ApiError('runtime.invalid_transition', 'the environment is archived');
-    const agent = await this.resolveAgent(ws, body.agent);
+    let env: { id: string; version: number };
+    let agent: AgentSnapshot;
+    if (options.deployment) {
+      env = options.deployment.sandbox;
+      agent = options.deployment.agent;
+    } else {
+      if (body.agent === undefined || body.environment_id === undefined) throw new ApiError('validation.malformed', 'body: agent and environment_id are required');
+      const current = await this.d.environments.get(ws, body.environment_id);
+      if (current.archived_at !== null) throw new ApiError('runtime.invalid_transition', 'the environment is archived');
+      env = current;
+      agent = await this.resolveAgent(ws, body.agent);
+    }
     const now = nowIso();
     const id = newId('session');
     const primary = newThreadDoc({ id, workspace_id: ws, created_at: now }, agent, null);
@@ -123,6 +144,7 @@ export class SessionService {
       metadata: body.metadata ?? {}, resources: (body.resources ?? []).map((r) => this.newResource(r)), vault_ids: body.vault_ids ?? [],
       outcome_evaluations: [], archived_at: null, _primary_thread_id: primary.id, version: 1, created_at: now, updated_at: now,
       ...(options.automationId ? { automation_id: options.automationId } : {}),
+      ...(options.deployment ? { agent_deployment: options.deployment.pin } : {}),
     };
     // A first user.message starts a turn: a spent Session or Workspace budget refuses the create.
     if (initial.some((e) => e.type === 'user.message' || e.type === 'user.define_outcome')) await this.d.admitTurn?.(session);

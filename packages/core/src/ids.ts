@@ -44,6 +44,8 @@ export const ID_PREFIXES = {
   firingFeedback: 'afbk',
   outcome: 'outc',
   outcomeEvaluation: 'oeval',
+  connectedHarness: 'chrn',
+  agentDeploymentConnectionBinding: 'adcb',
 } as const;
 
 export type IdKind = keyof typeof ID_PREFIXES;

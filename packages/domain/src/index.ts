@@ -10,6 +10,7 @@ export * from './runners/service.js';
 export * from './agents/tools.js';
 export * from './agents/model.js';
 export * from './environments/model.js';
+export * from './deployments/profiles.js';
 export * from './files/model.js';
 export * from './files/store.js';
 export * from './connections/model.js';

@@ -5,6 +5,7 @@ import { frame } from '@agentplane/protocol';
 import { BoundedCache, type Redis } from '@agentplane/store';
 import type { VersionedStore } from '../versioned.js';
 import type { Environment } from '../environments/model.js';
+import { sandboxProfileStore, sandboxVersion, type SandboxProfile } from '../deployments/profiles.js';
 import type { RunnerService } from '../runners/service.js';
 import type { RunDoc } from '../sessions/model.js';
 import type { SessionStore } from '../sessions/store.js';
@@ -37,6 +38,7 @@ const CACHE_ENTRIES = 4096;
 export class RunEngine implements TurnScheduler {
   private readonly fence: LeaseFence;
   private readonly outbox: EnqueueOutbox;
+  private readonly sandboxProfiles: VersionedStore<SandboxProfile>;
   /** `<ws>/<env>/<version>` → requirements: Environment versions are immutable. */
   private readonly requirements = new BoundedCache<string, RunRequirements>(CACHE_ENTRIES);
   /** Workspace → its default pool id: claimed once (HSETNX) and never reassigned. */
@@ -45,6 +47,7 @@ export class RunEngine implements TurnScheduler {
   constructor(private readonly d: RunEngineDeps) {
     this.fence = new LeaseFence(d.redis);
     this.outbox = new EnqueueOutbox(d.redis);
+    this.sandboxProfiles = sandboxProfileStore(d.redis);
   }
 
   runStarting(sessionId: string, runId: string): Promise<void> {
@@ -55,7 +58,7 @@ export class RunEngine implements TurnScheduler {
     const key = `${run.workspace_id}/${run.environment_id}/${run.environment_version}`;
     const hit = this.requirements.get(key);
     if (hit) return hit;
-    const req = requirementsOf(await this.d.environments.getVersion(run.workspace_id, run.environment_id, run.environment_version));
+    const req = requirementsOf(await sandboxVersion({ environments: this.d.environments, sandboxProfiles: this.sandboxProfiles }, run.workspace_id, run.environment_id, run.environment_version));
     this.requirements.set(key, req);
     return req;
   }
@@ -75,7 +78,9 @@ export class RunEngine implements TurnScheduler {
    * `enqueued_at` once the job exists.
    */
   async runQueued(run: RunDoc): Promise<void> {
-    const [requirements, poolId] = await Promise.all([this.requirementsOf(run), this.defaultPoolId(run.workspace_id)]);
+    // A Run under a deployment revision goes to the pool the revision names; others to the default pool.
+    const pinned = run.agent_deployment?.runner_pool_id ?? null;
+    const [requirements, poolId] = await Promise.all([this.requirementsOf(run), pinned ?? this.defaultPoolId(run.workspace_id)]);
     await Promise.all([
       this.d.queues.enqueue({
         run_id: run.id,

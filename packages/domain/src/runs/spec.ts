@@ -3,6 +3,7 @@ import type { ModelMessage } from '@agentplane/protocol';
 import type { AgentSnapshot } from '../agents/model.js';
 import type { VersionedStore } from '../versioned.js';
 import type { Environment } from '../environments/model.js';
+import { sandboxVersion, type SandboxProfile } from '../deployments/profiles.js';
 import type { FileStore } from '../files/store.js';
 import { tags, type DocumentStore } from '@agentplane/store';
 import type { RunDoc, SessionResource } from '../sessions/model.js';
@@ -169,13 +170,15 @@ function fitHistory(history: ModelMessage[], maxBytes: number): ModelMessage[] {
 export interface SpecSources {
   store: SessionStore;
   environments: VersionedStore<Environment>;
+  /** Sessions created against a deployment run in a SandboxProfile revision. */
+  sandboxProfiles?: VersionedStore<SandboxProfile>;
   files?: FileStore;
   projects?: ProjectHeads;
 }
 
 export async function buildTurnSpec(src: SpecSources, run: RunDoc, maxHistoryBytes = 512 * 1024): Promise<TurnSpec> {
   const session = await src.store.get(run.workspace_id, run.session_id);
-  const env = await src.environments.getVersion(run.workspace_id, run.environment_id, run.environment_version);
+  const env = await sandboxVersion(src, run.workspace_id, run.environment_id, run.environment_version);
   const events = await readAll(src.store.log, run.session_id);
   const isPrimary = session._primary_thread_id === run.session_thread_id;
   if (run.grader) {
@@ -216,7 +219,7 @@ export async function buildTurnSpec(src: SpecSources, run: RunDoc, maxHistoryByt
       network_mode: env.network.mode,
       retention_mode: env.retention_mode,
       tier: env.tier,
-      harness_topology: env.harness_topology ?? 'split',
+      harness_topology: run.agent_deployment?.harness_topology ?? env.harness_topology ?? 'split',
     },
     resources: await specResources(session.resources, run.workspace_id, src.files, src.projects),
     ...(specMemory(session.resources).length > 0 ? { memory: specMemory(session.resources) } : {}),

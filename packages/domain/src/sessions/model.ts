@@ -1,5 +1,6 @@
 import type { StoredDoc } from '@agentplane/store';
 import type { AgentSnapshot } from '../agents/model.js';
+import type { DeploymentPin } from '../deployments/profiles.js';
 
 export type ThreadStatus = 'running' | 'idle' | 'rescheduling' | 'terminated';
 
@@ -38,6 +39,8 @@ export interface SessionDoc extends StoredDoc {
   outcome_evaluations: unknown[];
   archived_at: string | null;
   automation_id?: string;
+  /** Set when the Session was created against an AgentDeployment: the revision it runs under (docs/DEPLOYMENTS.md). */
+  agent_deployment?: DeploymentPin;
   _primary_thread_id: string;
 }
 
@@ -147,6 +150,8 @@ export interface RunDoc extends StoredDoc {
   grader?: GraderRunInfo;
   /** What the grader Run's model step saw and answered, as its runner reported it. */
   grader_result?: GraderRunResult;
+  /** The deployment revision the Run executes under (copied from its Session): pool and topology come from it. */
+  agent_deployment?: DeploymentPin;
 }
 
 export interface GraderRunInfo {

@@ -240,7 +240,7 @@ export function newThreadDoc(session: Pick<SessionDoc, 'id' | 'workspace_id' | '
   };
 }
 
-export function newRunDoc(session: Pick<SessionDoc, 'id' | 'workspace_id' | 'agent' | 'environment_id' | 'environment_version'>, threadId: string, start: TurnStart): RunDoc {
+export function newRunDoc(session: Pick<SessionDoc, 'id' | 'workspace_id' | 'agent' | 'environment_id' | 'environment_version' | 'agent_deployment'>, threadId: string, start: TurnStart): RunDoc {
   const now = nowIso();
   return {
     id: start.runId, type: 'run', session_id: session.id, workspace_id: session.workspace_id, session_thread_id: threadId,
@@ -248,5 +248,6 @@ export function newRunDoc(session: Pick<SessionDoc, 'id' | 'workspace_id' | 'age
     input_event_ids: start.inputs, version: 1, created_at: now, updated_at: now,
     ...(start.continuesRunId !== undefined ? { continues_run_id: start.continuesRunId } : {}),
     ...(start.grader ? { grader: start.grader } : {}),
+    ...(session.agent_deployment ? { agent_deployment: session.agent_deployment } : {}),
   };
 }

@@ -1,0 +1,459 @@
+import { ApiError, canonicalJson, newId, nowIso, sha256Hex } from '@agentplane/core';
+import {
+  ConnectionService, harnessProfileStore, sandboxProfileStore, snapshotOf, type Agent, type DeploymentPin, type HarnessProfile, type SandboxProfile, type VersionedStore,
+} from '@agentplane/domain';
+import { keys, tags, type Redis } from '@agentplane/store';
+import type { ApiDeps } from '../deps.js';
+import { deploymentId, HeadStore, revisionId, type HeadDoc } from './store.js';
+import type { ExecutionTargetT, PublishRevisionInput } from './schemas.js';
+
+const DEPLOYMENTS = 'agent_deployments';
+const DEPLOYMENT_KEYS = 'agent_deployment_keys';
+const BINDINGS = (adep: string) => `agent_deployment_connection_bindings:${adep}`;
+const BINDING_KEYS = (adep: string) => `agent_deployment_connection_binding_keys:${adep}`;
+const HARNESSES = 'connected_harnesses';
+const HARNESS_KEYS = 'connected_harness_keys';
+export const HARNESS_PROFILE_KEYS = 'harness_profile_keys';
+export const SANDBOX_PROFILE_KEYS = 'sandbox_profile_keys';
+
+export interface DeploymentDoc extends HeadDoc {
+  workspace_id: string;
+  agent_id: string;
+  key: string;
+  display_name: string | null;
+  archived_at: string | null;
+  /** The Workspace holding the Agent (another Workspace of the Organization after a cross-workspace deploy). */
+  _agent_workspace_id: string;
+}
+
+export interface RevisionDoc {
+  id: string;
+  agent_deployment_id: string;
+  workspace_id: string;
+  revision_number: number;
+  agent_id: string;
+  agent_release_number: number;
+  model_routing_profile_id: string;
+  model_routing_profile_revision_number: number;
+  execution_target: ExecutionTargetT;
+  skill_selections: { skill_id: string; skill_revision_number: number }[];
+  connection_binding_selections: { agent_deployment_connection_binding_id: string; binding_revision_number: number }[];
+  roster_snapshot: PublishRevisionInput['roster_snapshot'] | null;
+  resolved_configuration_sha256: string;
+  published_by: { kind: 'system' } | { kind: 'api_key'; api_key_id: string };
+  published_at: string;
+}
+
+export interface BindingDoc extends HeadDoc {
+  workspace_id: string;
+  agent_deployment_id: string;
+  integration_connection_id: string;
+  key: string;
+  display_name: string | null;
+}
+
+export interface BindingRevisionDoc {
+  agent_deployment_connection_binding_id: string;
+  workspace_id: string;
+  binding_revision_number: number;
+  tool_selection: string[];
+  tool_aliases: Record<string, string>;
+  argument_policy: 'default' | 'strict';
+  published_at: string;
+}
+
+export interface ConnectedHarnessDoc extends HeadDoc {
+  workspace_id: string;
+  key: string;
+  display_name: string | null;
+  capability_set_digest: string;
+}
+
+/** Heads carry `version` as their compare-and-swap counter; the wire calls it `resource_version`. */
+export function headView<T extends HeadDoc>(d: T): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  for (const [k, v] of Object.entries(d)) if (!k.startsWith('_') && k !== 'version') out[k] = v;
+  out.resource_version = d.version;
+  if (d.id.startsWith('chrn_')) delete out.current_revision_number;
+  return out;
+}
+
+export function profileView<T extends HarnessProfile | SandboxProfile>(p: T): Record<string, unknown> {
+  const { version, ...rest } = p;
+  return { ...rest, revision_number: version };
+}
+
+/** The digest of a resolved configuration: sha256 over its canonical JSON. */
+export function configurationDigest(config: unknown): string {
+  return `sha256:${sha256Hex(canonicalJson(config))}`;
+}
+
+/**
+ * AgentDeployments (`adep_`): a Workspace-scoped deployment of one Agent with immutable
+ * revisions, their connection bindings, and the deploy operation (docs/DEPLOYMENTS.md).
+ */
+export class DeploymentService {
+  readonly heads: HeadStore;
+  readonly harnessProfiles: VersionedStore<HarnessProfile>;
+  readonly sandboxProfiles: VersionedStore<SandboxProfile>;
+
+  private readonly redis: Redis;
+
+  constructor(private readonly d: ApiDeps) {
+    this.redis = d.redis;
+    this.heads = new HeadStore(d.redis, d.docs);
+    this.harnessProfiles = harnessProfileStore(d.redis);
+    this.sandboxProfiles = sandboxProfileStore(d.redis);
+  }
+
+  private deps(): ApiDeps {
+    return this.d;
+  }
+
+  // ---- heads ---------------------------------------------------------------------------------
+
+  async create(ws: string, input: { agent_id: string; key: string; display_name?: string | null | undefined }, agentWs = ws): Promise<DeploymentDoc> {
+    const agent = await this.deps().agents.get(agentWs, input.agent_id);
+    if (agent.archived_at !== null) throw new ApiError('runtime.invalid_transition', 'the agent is archived');
+    const now = nowIso();
+    const doc: DeploymentDoc = {
+      id: deploymentId(ws, input.agent_id), workspace_id: ws, agent_id: input.agent_id, key: input.key, display_name: input.display_name ?? null,
+      status: 'active', current_revision_number: 0, version: 1, created_at: now, updated_at: now, archived_at: null, _agent_workspace_id: agentWs,
+    };
+    await this.heads.create(ws, doc, { collection: DEPLOYMENT_KEYS, key: doc.key }, DEPLOYMENTS, 'agent deployment');
+    return doc;
+  }
+
+  get(ws: string, id: string): Promise<DeploymentDoc> {
+    return this.heads.get<DeploymentDoc>(ws, id, 'agent deployment');
+  }
+
+  list(ws: string, q: { limit?: number | undefined; page?: string | undefined; key?: string | undefined; status?: string | undefined }) {
+    const { key, status } = q;
+    const filter = key !== undefined || status !== undefined ? (d: DeploymentDoc) => (key === undefined || d.key === key) && (status === undefined || d.status === status) : undefined;
+    return this.heads.list<DeploymentDoc>(ws, DEPLOYMENTS, { limit: q.limit ?? 20, page: q.page }, filter);
+  }
+
+  /** Archive is terminal: an archived deployment takes no change at all. */
+  patch(ws: string, id: string, body: { expected_resource_version: number; display_name?: string | null | undefined; status?: 'active' | 'archived' | undefined }): Promise<DeploymentDoc> {
+    return this.heads.update<DeploymentDoc>(ws, id, body.expected_resource_version, (cur) => {
+      if (cur.status === 'archived') throw new ApiError('runtime.invalid_transition', 'the deployment is archived (terminal)');
+      const next = { ...cur };
+      if (body.display_name !== undefined) next.display_name = body.display_name;
+      if (body.status === 'archived') {
+        next.status = 'archived';
+        next.archived_at = nowIso();
+      }
+      return next;
+    }, 'agent deployment');
+  }
+
+  // ---- revisions -----------------------------------------------------------------------------
+
+  async revision(ws: string, id: string, n: number): Promise<RevisionDoc> {
+    await this.get(ws, id);
+    const r = await this.heads.revision<RevisionDoc>(ws, id, n);
+    if (!r) throw new ApiError('validation.not_found', `revision ${n} not found`);
+    return r;
+  }
+
+  /**
+   * Check every pin of a complete snapshot against the Workspace and return the resolved
+   * configuration (what the digest covers).
+   */
+  private async resolve(ws: string, head: DeploymentDoc, body: PublishRevisionInput): Promise<Omit<RevisionDoc, 'id' | 'revision_number' | 'published_by' | 'published_at' | 'agent_deployment_id' | 'workspace_id'>> {
+    const d = this.deps();
+    await d.agents.getVersion(head._agent_workspace_id, head.agent_id, body.agent_release_number);
+    // Agent releases here are never coordinators (no roster exists yet), so a roster is refused.
+    if (body.roster_snapshot !== undefined) throw new ApiError('validation.malformed', 'body.roster_snapshot: only a coordinator release carries a roster, and this release is not one');
+    const mrp = body.model_routing;
+    await d.models.profiles.getDoc(ws, mrp.model_routing_profile_id);
+    await d.models.profiles.revision(ws, mrp.model_routing_profile_id, mrp.model_routing_profile_revision_number);
+    const target = body.execution_target;
+    let execution_target: ExecutionTargetT;
+    if (target.type === 'managed') {
+      const hp = await this.harnessProfiles.getVersion(ws, target.harness_profile_id, target.harness_profile_revision_number);
+      await this.sandboxProfiles.getVersion(ws, target.sandbox_profile_id, target.sandbox_profile_revision_number);
+      if (hp.kind !== 'builtin') throw new ApiError('validation.malformed', 'body.execution_target: a managed target needs a builtin harness profile');
+      if (!hp.supported_topologies.includes(target.harness_topology)) {
+        throw new ApiError('validation.malformed', `body.execution_target.harness_topology: the harness profile revision supports ${hp.supported_topologies.join(', ')}`);
+      }
+      if (target.runner_pool_id) await d.runners.getPool(ws, target.runner_pool_id);
+      execution_target = { ...target, runner_pool_id: target.runner_pool_id ?? null };
+    } else {
+      const h = await this.heads.get<ConnectedHarnessDoc>(ws, target.connected_harness_id, 'connected harness');
+      if (h.status !== 'active') throw new ApiError('runtime.invalid_transition', 'the connected harness is archived');
+      if (h.capability_set_digest !== target.capability_set_digest) {
+        throw new ApiError('validation.conflict', 'body.execution_target.capability_set_digest differs from the connected harness registration');
+      }
+      execution_target = { ...target };
+    }
+    // No Skills exist in this Workspace model yet: any selection names an unknown skill.
+    if (body.skill_selections.length > 0) throw new ApiError('validation.not_found', `skill ${body.skill_selections[0]?.skill_id ?? ''} not found`);
+    const seen = new Set<string>();
+    for (const sel of body.connection_binding_selections) {
+      const id = sel.agent_deployment_connection_binding_id;
+      if (seen.has(id)) throw new ApiError('validation.malformed', `body.connection_binding_selections: ${id} is selected twice`);
+      seen.add(id);
+      const b = await this.heads.find<BindingDoc>(ws, id);
+      if (!b || b.agent_deployment_id !== head.id) throw new ApiError('validation.not_found', `connection binding ${id} not found on this deployment`);
+      if (b.status !== 'active') throw new ApiError('runtime.invalid_transition', `connection binding ${id} is archived`);
+      if (!(await this.heads.revision(ws, id, sel.binding_revision_number))) throw new ApiError('validation.not_found', `connection binding ${id} revision ${sel.binding_revision_number} not found`);
+    }
+    const config = {
+      agent_id: head.agent_id,
+      agent_release_number: body.agent_release_number,
+      model_routing_profile_id: mrp.model_routing_profile_id,
+      model_routing_profile_revision_number: mrp.model_routing_profile_revision_number,
+      execution_target,
+      skill_selections: body.skill_selections,
+      connection_binding_selections: body.connection_binding_selections,
+      roster_snapshot: null,
+    };
+    return { ...config, resolved_configuration_sha256: configurationDigest(config) };
+  }
+
+  /**
+   * Publish a complete snapshot as the next revision, under compare-and-swap on the head's
+   * resource_version. A replay of the publish that moved the head from `expected_resource_version`
+   * with the same resolved configuration returns that revision (200); anything else stale is 409.
+   */
+  async publish(ws: string, id: string, body: PublishRevisionInput, publishedBy: RevisionDoc['published_by']): Promise<{ status: 200 | 201; revision: RevisionDoc }> {
+    const head = await this.get(ws, id);
+    const resolved = await this.resolve(ws, head, body);
+    const replay = async (): Promise<RevisionDoc | null> => {
+      const n = await this.heads.revisionFromBase(ws, id, body.expected_resource_version);
+      const prior = n === null ? null : await this.heads.revision<RevisionDoc>(ws, id, n);
+      return prior && prior.resolved_configuration_sha256 === resolved.resolved_configuration_sha256 ? prior : null;
+    };
+    if (head.version !== body.expected_resource_version) {
+      const prior = await replay();
+      if (prior) return { status: 200, revision: prior };
+      throw new ApiError('validation.conflict', `resource_version ${body.expected_resource_version} is stale; the current resource_version is ${head.version}`);
+    }
+    if (head.status === 'archived') throw new ApiError('runtime.invalid_transition', 'the deployment is archived (terminal)');
+    const n = head.current_revision_number + 1;
+    const now = nowIso();
+    const revision: RevisionDoc = {
+      id: revisionId(id, n), agent_deployment_id: id, workspace_id: ws, revision_number: n, ...resolved, published_by: publishedBy, published_at: now,
+    };
+    const next: DeploymentDoc = { ...head, current_revision_number: n, version: head.version + 1, updated_at: now };
+    const r = await this.heads.publish(ws, head, n, revision, next);
+    if (r === 'written') return { status: 201, revision };
+    if (r === 'missing') throw new ApiError('validation.not_found', 'agent deployment not found');
+    if (r === 'archived') throw new ApiError('runtime.invalid_transition', 'the deployment is archived (terminal)');
+    const prior = await replay();
+    if (prior) return { status: 200, revision: prior };
+    throw new ApiError('validation.conflict', `resource_version ${body.expected_resource_version} is stale: another revision was published concurrently`);
+  }
+
+  async listRevisions(ws: string, id: string, q: { limit?: number | undefined; page?: string | undefined }) {
+    await this.get(ws, id);
+    const after = q.page ? decodeNumberCursor(q.page) : 0;
+    const r = await this.heads.listRevisions<RevisionDoc>(ws, id, { limit: q.limit ?? 20, after });
+    return { data: r.data, next_page: r.more && r.last !== null ? `c1_${r.last.toString(36)}` : null };
+  }
+
+  // ---- deploy --------------------------------------------------------------------------------
+
+  /**
+   * `POST /v1/agents/{id}/deploy`: ensure the target Workspace's deployment (key
+   * `agent-<agent_id>`), then publish an exact-pin revision only when the target holds every
+   * profile the release names; repeating converges on the same head (and revision).
+   */
+  async deploy(sourceWs: string, agentId: string, release: number, targetWs: string): Promise<{ outcome: 'published' | 'unchanged' | 'head_only'; agent_deployment: DeploymentDoc; revision: RevisionDoc | null; missing_profiles: string[] }> {
+    const d = this.deps();
+    const agent: Agent = await d.agents.getVersion(sourceWs, agentId, release);
+    const id = deploymentId(targetWs, agentId);
+    let head = await this.heads.find<DeploymentDoc>(targetWs, id);
+    if (!head) {
+      try {
+        head = await this.create(targetWs, { agent_id: agentId, key: `agent-${agentId}` }, sourceWs);
+      } catch (err) {
+        head = await this.heads.find<DeploymentDoc>(targetWs, id);
+        if (!head) throw err;
+      }
+    }
+    if (head.status === 'archived') throw new ApiError('runtime.invalid_transition', 'the target deployment is archived (terminal)');
+    // The profiles a release names, by logical key in the target Workspace.
+    const harnessKey = agent.metadata.harness_profile_key ?? 'default';
+    const sandboxKey = agent.metadata.sandbox_profile_key ?? 'default';
+    await d.models.profiles.ensureDefaults(targetWs);
+    const [routing, harnessId, sandboxId] = await Promise.all([
+      d.models.profiles.resolve(targetWs, agent.model),
+      this.heads.idByKey(targetWs, HARNESS_PROFILE_KEYS, harnessKey),
+      this.heads.idByKey(targetWs, SANDBOX_PROFILE_KEYS, sandboxKey),
+    ]);
+    const harness = harnessId ? await this.harnessProfiles.get(targetWs, harnessId).catch(() => null) : null;
+    const sandbox = sandboxId ? await this.sandboxProfiles.get(targetWs, sandboxId).catch(() => null) : null;
+    const missing: string[] = [];
+    if (!routing) missing.push(`model_routing_profile:${agent.model}`);
+    if (!harness || harness.archived_at !== null || harness.kind !== 'builtin') missing.push(`harness_profile:${harnessKey}`);
+    if (!sandbox || sandbox.archived_at !== null) missing.push(`sandbox_profile:${sandboxKey}`);
+    if (missing.length > 0 || !routing || !harness || !sandbox) return { outcome: 'head_only', agent_deployment: head, revision: null, missing_profiles: missing };
+
+    const bindings = await this.heads.list<BindingDoc>(targetWs, BINDINGS(id), { limit: 64 }, (b) => b.status === 'active' && b.current_revision_number > 0);
+    for (let attempt = 0; attempt < 4; attempt++) {
+      const body: PublishRevisionInput = {
+        expected_resource_version: head.version,
+        agent_release_number: release,
+        model_routing: { model_routing_profile_id: routing.profile.id, model_routing_profile_revision_number: routing.revision.revision_number },
+        execution_target: {
+          type: 'managed', harness_profile_id: harness.id, harness_profile_revision_number: harness.version, sandbox_profile_id: sandbox.id,
+          sandbox_profile_revision_number: sandbox.version, runner_pool_id: null,
+          harness_topology: harness.supported_topologies.includes('split') ? 'split' : 'colocated',
+        },
+        skill_selections: [],
+        connection_binding_selections: bindings.data.map((b) => ({ agent_deployment_connection_binding_id: b.id, binding_revision_number: b.current_revision_number })),
+      };
+      const current = head.current_revision_number > 0 ? await this.heads.revision<RevisionDoc>(targetWs, id, head.current_revision_number) : null;
+      const resolved = await this.resolve(targetWs, head, body);
+      if (current && current.resolved_configuration_sha256 === resolved.resolved_configuration_sha256) {
+        return { outcome: 'unchanged', agent_deployment: head, revision: current, missing_profiles: [] };
+      }
+      try {
+        const r = await this.publish(targetWs, id, body, { kind: 'system' });
+        return { outcome: 'published', agent_deployment: await this.get(targetWs, id), revision: r.revision, missing_profiles: [] };
+      } catch (err) {
+        if (!(err instanceof ApiError) || err.type !== 'validation.conflict') throw err;
+        head = await this.get(targetWs, id);
+      }
+    }
+    throw new ApiError('validation.conflict', 'the deployment kept changing while deploying; nothing more was written, retry');
+  }
+
+  // ---- Sessions against a deployment -----------------------------------------------------------
+
+  /** What a new Session gets from the deployment's current revision. */
+  async sessionPin(ws: string, id: string) {
+    const head = await this.get(ws, id);
+    if (head.status === 'archived') throw new ApiError('runtime.invalid_transition', 'the deployment is archived (terminal)');
+    if (head.current_revision_number === 0) throw new ApiError('runtime.invalid_transition', 'the deployment has no revision yet (current_revision_number 0)');
+    const rev = await this.revision(ws, id, head.current_revision_number);
+    const target = rev.execution_target;
+    if (target.type !== 'managed') throw new ApiError('runtime.invalid_transition', 'Sessions on a connected harness are not served yet');
+    const agentVersion = await this.deps().agents.getVersion(head._agent_workspace_id, rev.agent_id, rev.agent_release_number);
+    const routing = await this.deps().models.profiles.getDoc(ws, rev.model_routing_profile_id);
+    const pin: DeploymentPin = {
+      agent_deployment_id: id, agent_deployment_revision_id: rev.id, revision_number: rev.revision_number,
+      runner_pool_id: target.runner_pool_id ?? null, harness_topology: target.harness_topology,
+      harness_profile_id: target.harness_profile_id, harness_profile_revision_number: target.harness_profile_revision_number,
+      model_routing_profile_id: rev.model_routing_profile_id, model_routing_profile_revision_number: rev.model_routing_profile_revision_number,
+      connection_binding_selections: rev.connection_binding_selections,
+    };
+    // The agent's model steps go through the routing profile the revision pins: its key, and the
+    // model gateway resolves the pinned revision for this Session (not the profile's latest).
+    return { agent: { ...snapshotOf(agentVersion), model: routing.key }, sandbox: { id: target.sandbox_profile_id, version: target.sandbox_profile_revision_number }, pin };
+  }
+
+  // ---- connection bindings -------------------------------------------------------------------
+
+  async createBinding(ws: string, adep: string, input: { integration_connection_id: string; key: string; display_name?: string | null | undefined }): Promise<BindingDoc> {
+    const head = await this.get(ws, adep);
+    if (head.status === 'archived') throw new ApiError('runtime.invalid_transition', 'the deployment is archived (terminal)');
+    await new ConnectionService(this.d.docs, this.d.secretBox).get(ws, input.integration_connection_id);
+    const now = nowIso();
+    const doc: BindingDoc = {
+      id: newId('agentDeploymentConnectionBinding'), workspace_id: ws, agent_deployment_id: adep, integration_connection_id: input.integration_connection_id,
+      key: input.key, display_name: input.display_name ?? null, status: 'active', current_revision_number: 0, version: 1, created_at: now, updated_at: now,
+    };
+    await this.heads.create(ws, doc, { collection: BINDING_KEYS(adep), key: doc.key }, BINDINGS(adep), 'connection binding');
+    return doc;
+  }
+
+  getBinding(ws: string, id: string): Promise<BindingDoc> {
+    return this.heads.get<BindingDoc>(ws, id, 'connection binding');
+  }
+
+  patchBinding(ws: string, id: string, body: { expected_resource_version: number; display_name?: string | null | undefined; status?: 'active' | 'archived' | undefined }): Promise<BindingDoc> {
+    return this.heads.update<BindingDoc>(ws, id, body.expected_resource_version, (cur) => {
+      if (cur.status === 'archived') throw new ApiError('runtime.invalid_transition', 'the connection binding is archived (terminal)');
+      const next = { ...cur };
+      if (body.display_name !== undefined) next.display_name = body.display_name;
+      if (body.status !== undefined) next.status = body.status;
+      return next;
+    }, 'connection binding');
+  }
+
+  async publishBinding(ws: string, id: string, body: { expected_resource_version?: number | undefined; tool_selection: string[]; tool_aliases: Record<string, string>; argument_policy: 'default' | 'strict' }): Promise<{ status: 200 | 201; revision: BindingRevisionDoc }> {
+    for (const name of Object.keys(body.tool_aliases)) {
+      if (!body.tool_selection.includes(name)) throw new ApiError('validation.malformed', `body.tool_aliases.${name}: aliases only name selected tools`);
+    }
+    const content = { tool_selection: body.tool_selection, tool_aliases: body.tool_aliases, argument_policy: body.argument_policy };
+    const same = (r: BindingRevisionDoc | null) => r !== null && canonicalJson({ tool_selection: r.tool_selection, tool_aliases: r.tool_aliases, argument_policy: r.argument_policy }) === canonicalJson(content);
+    for (let attempt = 0; attempt < 8; attempt++) {
+      const head = await this.getBinding(ws, id);
+      const expected = body.expected_resource_version ?? head.version;
+      if (head.version !== expected) {
+        const n = await this.heads.revisionFromBase(ws, id, expected);
+        const prior = n === null ? null : await this.heads.revision<BindingRevisionDoc>(ws, id, n);
+        if (prior && same(prior)) return { status: 200, revision: prior };
+        throw new ApiError('validation.conflict', `resource_version ${expected} is stale; the current resource_version is ${head.version}`);
+      }
+      if (head.status === 'archived') throw new ApiError('runtime.invalid_transition', 'the connection binding is archived (terminal)');
+      const n = head.current_revision_number + 1;
+      const now = nowIso();
+      const revision: BindingRevisionDoc = { agent_deployment_connection_binding_id: id, workspace_id: ws, binding_revision_number: n, ...content, published_at: now };
+      const r = await this.heads.publish(ws, head, n, revision, { ...head, current_revision_number: n, version: head.version + 1, updated_at: now });
+      if (r === 'written') return { status: 201, revision };
+      if (r === 'missing') throw new ApiError('validation.not_found', 'connection binding not found');
+      if (r === 'archived') throw new ApiError('runtime.invalid_transition', 'the connection binding is archived (terminal)');
+      if (body.expected_resource_version !== undefined) continue; // re-read: replay or 409 above
+    }
+    throw new ApiError('validation.conflict', 'too much contention on this binding; nothing was written, retry');
+  }
+
+  async bindingRevision(ws: string, id: string, n: number): Promise<BindingRevisionDoc> {
+    await this.getBinding(ws, id);
+    const r = await this.heads.revision<BindingRevisionDoc>(ws, id, n);
+    if (!r) throw new ApiError('validation.not_found', `binding revision ${n} not found`);
+    return r;
+  }
+
+  // ---- connected harnesses -------------------------------------------------------------------
+
+  async createConnectedHarness(ws: string, input: { key: string; display_name?: string | null | undefined; capability_set_digest: string }): Promise<ConnectedHarnessDoc> {
+    const now = nowIso();
+    const doc: ConnectedHarnessDoc = {
+      id: newId('connectedHarness'), workspace_id: ws, key: input.key, display_name: input.display_name ?? null,
+      capability_set_digest: input.capability_set_digest, status: 'active', current_revision_number: 0, version: 1, created_at: now, updated_at: now,
+    };
+    await this.heads.create(ws, doc, { collection: HARNESS_KEYS, key: doc.key }, HARNESSES, 'connected harness');
+    return doc;
+  }
+
+  getConnectedHarness(ws: string, id: string): Promise<ConnectedHarnessDoc> {
+    return this.heads.get<ConnectedHarnessDoc>(ws, id, 'connected harness');
+  }
+
+  listConnectedHarnesses(ws: string, q: { limit?: number | undefined; page?: string | undefined }) {
+    return this.heads.list<ConnectedHarnessDoc>(ws, HARNESSES, { limit: q.limit ?? 20, page: q.page });
+  }
+
+  // ---- profiles ------------------------------------------------------------------------------
+
+  /** Claim the profile's Workspace-unique key, then write revision 1. */
+  async createProfile<T extends HarnessProfile | SandboxProfile>(store: VersionedStore<T>, uniq: string, doc: T): Promise<T> {
+    const claimed = await this.redis.hsetnx(uniqKey(doc.workspace_id, uniq), doc.key, doc.id);
+    if (claimed !== 1) throw new ApiError('validation.conflict', `the key '${doc.key}' is taken by another profile of this workspace`);
+    return store.create(doc.workspace_id, doc);
+  }
+
+  async listProfiles<T extends HarnessProfile | SandboxProfile>(store: VersionedStore<T>, uniq: string, ws: string, q: { limit?: number | undefined; page?: string | undefined; key?: string | undefined }) {
+    if (q.key !== undefined) {
+      const id = await this.redis.hget(uniqKey(ws, uniq), q.key);
+      const doc = id ? await store.get(ws, id).catch(() => null) : null;
+      return { data: doc ? [doc] : [], next_page: null };
+    }
+    return store.list(ws, { limit: q.limit ?? 20, page: q.page, includeArchived: false });
+  }
+}
+
+const uniqKey = (ws: string, collection: string) => keys.unique(tags.workspace(ws), collection);
+
+function decodeNumberCursor(cursor: string): number {
+  const m = /^c1_([0-9a-z]+)$/.exec(cursor);
+  const n = m?.[1] ? parseInt(m[1], 36) : NaN;
+  if (!Number.isSafeInteger(n) || n < 0) throw new ApiError('validation.malformed', 'query.page: not a cursor issued by this list');
+  return n;
+}

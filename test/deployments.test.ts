@@ -1,0 +1,364 @@
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { HttpClient, type ApiResponse } from '@agentplane/client';
+import { RUNNER_CLI } from './harness/daemon.js';
+import { waitFor, type Platform } from './harness/platform.js';
+import { idleCount, SCRIPT, startTurnPlatform, untilEvents, type Json, type TurnPlatform } from './harness/turns.js';
+
+/**
+ * Agent deployments (docs/DEPLOYMENTS.md): profiles with immutable revisions, deployment heads
+ * and their state table, revisions under compare-and-swap with replay, connection bindings,
+ * cross-workspace deploy, and a Session pinned to a revision running on the revision's pool in
+ * the revision's topology.
+ */
+let p: Platform;
+let dev: HttpClient;
+let admin: HttpClient;
+let viewer: HttpClient;
+let ws: string;
+let org: string;
+let principal: string;
+let msg: TurnPlatform['msg'];
+const children: ChildProcess[] = [];
+
+const errType = (r: ApiResponse<unknown>) => (r.body as { error?: { type?: string } }).error?.type;
+type Head = { id: string; key: string; status: string; current_revision_number: number; resource_version: number; archived_at: string | null; display_name: string | null };
+type Rev = { id: string; revision_number: number; resolved_configuration_sha256: string; published_by: Json; execution_target: Json; connection_binding_selections: Json[] };
+
+async function key(role: string, name: string): Promise<HttpClient> {
+  const k = await p.root.post<{ secret: string }>(`/v1/organizations/${org}/api-keys`, {
+    display_name: name, role, scope: { type: 'workspace', workspace_id: ws },
+  }, { idempotencyKey: `deploy-${name}` });
+  return new HttpClient({ baseUrl: p.baseUrl, token: k.secret });
+}
+
+let hprof: string;
+let sprof: string;
+let mrp: string;
+async function agent(name: string, extra: Json = {}): Promise<string> {
+  return (await dev.post<{ id: string }>('/v1/agents', { name, model: 'default', ...extra })).id;
+}
+function revisionBody(expected: number, over: Json = {}): Json {
+  return {
+    expected_resource_version: expected, agent_release_number: 1,
+    model_routing: { model_routing_profile_id: mrp, model_routing_profile_revision_number: 1 },
+    execution_target: { type: 'managed', harness_profile_id: hprof, harness_profile_revision_number: 1, sandbox_profile_id: sprof, sandbox_profile_revision_number: 1, runner_pool_id: null, harness_topology: 'split' },
+    skill_selections: [], connection_binding_selections: [], ...over,
+  };
+}
+
+beforeAll(async () => {
+  ({ p, api: dev, principal, msg } = await startTurnPlatform({ name: 'deployments' }));
+  ws = p.bootstrap.workspace_id;
+  org = p.bootstrap.organization_id;
+  admin = await key('admin', 'admin');
+  viewer = await key('viewer', 'viewer');
+  hprof = (await admin.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/harness-profiles`, { key: 'default', kind: 'builtin' })).id;
+  sprof = (await admin.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/sandbox-profiles`, {
+    key: 'default', image: 'agentplane/sandbox:latest', resources: { cpu_millis: 1000, memory_mib: 256, disk_mib: 512, max_duration_seconds: 120 },
+  })).id;
+  const profiles = await admin.get<{ data: { id: string; key: string }[] }>(`/v1/organizations/workspaces/${ws}/model-routing-profiles`, { key: 'default' });
+  mrp = profiles.data[0]?.id ?? '';
+}, 150_000);
+afterAll(async () => {
+  for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
+  await p?.stop();
+});
+
+describe('harness and sandbox profiles', () => {
+  it('have immutable numbered revisions, a Workspace-unique key and CAS on expected_revision_number', async () => {
+    const h = await admin.get<{ revision_number: number; supported_topologies: string[]; kind: string }>(`/v1/harness-profiles/${hprof}`);
+    expect(h).toMatchObject({ revision_number: 1, kind: 'builtin', supported_topologies: ['split', 'colocated'] });
+    const s = await admin.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/sandbox-profiles`, { key: 'revs', image: 'agentplane/sandbox:latest' });
+    const r2 = await admin.request<{ revision_number: number; image: string }>('POST', `/v1/sandbox-profiles/${s.id}/revisions`, { body: { expected_revision_number: 1, image: 'agentplane/sandbox:v2' } });
+    expect(r2.status).toBe(201);
+    expect(r2.body).toMatchObject({ revision_number: 2, image: 'agentplane/sandbox:v2' });
+    expect((await admin.get<{ image: string }>(`/v1/sandbox-profiles/${s.id}/revisions/1`)).image).toBe('agentplane/sandbox:latest');
+    const stale = await admin.request('POST', `/v1/sandbox-profiles/${s.id}/revisions`, { body: { expected_revision_number: 1, image: 'x' } });
+    expect([stale.status, errType(stale)]).toEqual([409, 'validation.conflict']);
+    const dup = await admin.request('POST', `/v1/organizations/workspaces/${ws}/sandbox-profiles`, { body: { key: 'revs', image: 'x' } });
+    expect([dup.status, errType(dup)]).toEqual([409, 'validation.conflict']);
+    const byKey = await viewer.get<{ data: { id: string }[] }>(`/v1/organizations/workspaces/${ws}/sandbox-profiles`, { key: 'revs' });
+    expect(byKey.data.map((x) => x.id)).toEqual([s.id]);
+    const denied = await dev.request('POST', `/v1/organizations/workspaces/${ws}/harness-profiles`, { body: { key: 'x', kind: 'builtin' } });
+    expect([denied.status, errType(denied)]).toEqual([403, 'policy.denied']);
+    // Existing Environment routes keep working beside them.
+    expect((await dev.request('POST', '/v1/environments', { body: { name: 'still', image: 'agentplane/sandbox:latest' } })).status).toBe(201);
+  });
+});
+
+describe('deployment heads: the route table and the state table', () => {
+  it('create, get, list with key/status filters and a cursor; writes need root or admin', async () => {
+    const a = await agent('head-a');
+    const created = await admin.request<Head>('POST', `/v1/organizations/workspaces/${ws}/agent-deployments`, { body: { agent_id: a, key: 'head-a', display_name: 'Head A' } });
+    expect(created.status).toBe(201);
+    expect(created.body).toMatchObject({ key: 'head-a', status: 'active', current_revision_number: 0, resource_version: 1, archived_at: null, agent_id: a, workspace_id: ws });
+    expect(created.body.id).toMatch(/^adep_[0-9a-f]{32}$/);
+    // Deterministic over (Workspace, Agent): a second head for the same Agent is a conflict.
+    const again = await admin.request('POST', `/v1/organizations/workspaces/${ws}/agent-deployments`, { body: { agent_id: a, key: 'head-a2' } });
+    expect([again.status, errType(again)]).toEqual([409, 'validation.conflict']);
+    const b = await agent('head-b');
+    const clash = await admin.request('POST', `/v1/organizations/workspaces/${ws}/agent-deployments`, { body: { agent_id: b, key: 'head-a' } });
+    expect([clash.status, errType(clash)]).toEqual([409, 'validation.conflict']);
+    await admin.post(`/v1/organizations/workspaces/${ws}/agent-deployments`, { agent_id: b, key: 'head-b' });
+    for (const who of [dev, viewer]) {
+      const denied = await who.request('POST', `/v1/organizations/workspaces/${ws}/agent-deployments`, { body: { agent_id: b, key: 'x' } });
+      expect([denied.status, errType(denied)]).toEqual([403, 'policy.denied']);
+    }
+    expect((await viewer.get<Head>(`/v1/agent-deployments/${created.body.id}`)).key).toBe('head-a');
+    expect((await p.root.get<Head>(`/v1/agent-deployments/${created.body.id}`)).key).toBe('head-a');
+    const byKey = await viewer.get<{ data: Head[] }>(`/v1/organizations/workspaces/${ws}/agent-deployments`, { key: 'head-b' });
+    expect(byKey.data.map((d) => d.key)).toEqual(['head-b']);
+    const page1 = await dev.get<{ data: Head[]; next_page: string | null }>(`/v1/organizations/workspaces/${ws}/agent-deployments`, { limit: 1 });
+    expect(page1.data).toHaveLength(1);
+    expect(page1.next_page).toMatch(/^c1_/);
+    const page2 = await dev.get<{ data: Head[] }>(`/v1/organizations/workspaces/${ws}/agent-deployments`, { limit: 1, page: page1.next_page ?? '' });
+    expect(page2.data[0]?.id).not.toBe(page1.data[0]?.id);
+    const unknown = await viewer.request('GET', `/v1/agent-deployments/adep_${'0'.repeat(32)}`);
+    expect([unknown.status, errType(unknown)]).toEqual([404, 'validation.not_found']);
+    const wrong = await viewer.request('GET', `/v1/agent-deployments/sess_${'0'.repeat(32)}`);
+    expect([wrong.status, errType(wrong)]).toEqual([400, 'validation.malformed']);
+  });
+
+  it('PATCH is fenced on expected_resource_version; archive is terminal', async () => {
+    const a = await agent('state');
+    const head = await admin.post<Head>(`/v1/organizations/workspaces/${ws}/agent-deployments`, { agent_id: a, key: 'state' });
+    const renamed = await admin.request<Head>('PATCH', `/v1/agent-deployments/${head.id}`, { body: { expected_resource_version: 1, display_name: 'Renamed' } });
+    expect(renamed.status).toBe(200);
+    expect(renamed.body).toMatchObject({ display_name: 'Renamed', resource_version: 2, status: 'active' });
+    const stale = await admin.request('PATCH', `/v1/agent-deployments/${head.id}`, { body: { expected_resource_version: 1, display_name: 'Late' } });
+    expect([stale.status, errType(stale)]).toEqual([409, 'validation.conflict']);
+    const onlyVersion = await admin.request('PATCH', `/v1/agent-deployments/${head.id}`, { body: { expected_resource_version: 2 } });
+    expect([onlyVersion.status, errType(onlyVersion)]).toEqual([400, 'validation.malformed']);
+    const denied = await dev.request('PATCH', `/v1/agent-deployments/${head.id}`, { body: { expected_resource_version: 2, display_name: 'x' } });
+    expect([denied.status, errType(denied)]).toEqual([403, 'policy.denied']);
+    const archived = await admin.request<Head>('PATCH', `/v1/agent-deployments/${head.id}`, { body: { expected_resource_version: 2, status: 'archived' } });
+    expect(archived.status).toBe(200);
+    expect(archived.body.status).toBe('archived');
+    expect(archived.body.archived_at).not.toBeNull();
+    for (const body of [{ expected_resource_version: 3, status: 'active' }, { expected_resource_version: 3, display_name: 'again' }]) {
+      const r = await admin.request('PATCH', `/v1/agent-deployments/${head.id}`, { body });
+      expect([r.status, errType(r)]).toEqual([409, 'runtime.invalid_transition']);
+    }
+    const publish = await admin.request('POST', `/v1/agent-deployments/${head.id}/revisions`, { body: revisionBody(3) });
+    expect([publish.status, errType(publish)]).toEqual([409, 'runtime.invalid_transition']);
+    const filtered = await viewer.get<{ data: Head[] }>(`/v1/organizations/workspaces/${ws}/agent-deployments`, { status: 'archived' });
+    expect(filtered.data.map((d) => d.id)).toEqual([head.id]);
+  });
+});
+
+describe('revisions', () => {
+  it('publish advances the head; an identical replay is idempotent; stale is 409; reads take version 2026-08-24', async () => {
+    const a = await agent('revs');
+    const head = await admin.post<Head>(`/v1/organizations/workspaces/${ws}/agent-deployments`, { agent_id: a, key: 'revs' });
+    const first = await admin.request<Rev>('POST', `/v1/agent-deployments/${head.id}/revisions`, { body: revisionBody(1) });
+    expect(first.status).toBe(201);
+    expect(first.body).toMatchObject({ revision_number: 1, agent_deployment_id: head.id, agent_release_number: 1, published_by: { kind: 'api_key' } });
+    expect(first.body.id).toMatch(/^adrev_[0-9a-f]{32}$/);
+    expect(first.body.resolved_configuration_sha256).toMatch(/^sha256:[0-9a-f]{64}$/);
+    expect(await admin.get<Head>(`/v1/agent-deployments/${head.id}`)).toMatchObject({ current_revision_number: 1, resource_version: 2 });
+    const replay = await admin.request<Rev>('POST', `/v1/agent-deployments/${head.id}/revisions`, { body: revisionBody(1) });
+    expect(replay.status).toBe(200);
+    expect(replay.body).toEqual(first.body);
+    const different = await admin.request('POST', `/v1/agent-deployments/${head.id}/revisions`, { body: revisionBody(1, { execution_target: { ...(revisionBody(1).execution_target as Json), harness_topology: 'colocated' } }) });
+    expect([different.status, errType(different)]).toEqual([409, 'validation.conflict']);
+    expect((await admin.get<Head>(`/v1/agent-deployments/${head.id}`)).current_revision_number).toBe(1);
+    const old = dev.with({ version: '2026-08-24' });
+    expect((await old.get<Rev>(`/v1/agent-deployments/${head.id}/revisions/1`)).id).toBe(first.body.id);
+    expect((await old.get<{ data: Rev[] }>(`/v1/agent-deployments/${head.id}/revisions`)).data.map((r) => r.revision_number)).toEqual([1]);
+    const badVersion = await dev.with({ version: '2020-01-01' }).request('GET', `/v1/agent-deployments/${head.id}/revisions/1`);
+    expect([badVersion.status, errType(badVersion)]).toEqual([400, 'validation.malformed']);
+    const zero = await viewer.request('GET', `/v1/agent-deployments/${head.id}/revisions/0`);
+    expect([zero.status, errType(zero)]).toEqual([400, 'validation.malformed']);
+    const missing = await viewer.request('GET', `/v1/agent-deployments/${head.id}/revisions/9`);
+    expect([missing.status, errType(missing)]).toEqual([404, 'validation.not_found']);
+  });
+
+  it('validates the snapshot: closed execution_target union, pins that exist, topology the harness supports', async () => {
+    const a = await agent('valid');
+    const head = await admin.post<Head>(`/v1/organizations/workspaces/${ws}/agent-deployments`, { agent_id: a, key: 'valid' });
+    const post = (body: Json) => admin.request('POST', `/v1/agent-deployments/${head.id}/revisions`, { body });
+    const target = revisionBody(1).execution_target as Json;
+    const cases: [Json, number, string][] = [
+      [revisionBody(1, { execution_target: { ...target, type: 'remote' } }), 400, 'validation.malformed'],
+      [revisionBody(1, { execution_target: { ...target, extra: 1 } }), 400, 'validation.malformed'],
+      [revisionBody(1, { agent_release_number: 7 }), 404, 'validation.not_found'],
+      [revisionBody(1, { execution_target: { ...target, sandbox_profile_revision_number: 5 } }), 404, 'validation.not_found'],
+      [revisionBody(1, { execution_target: { ...target, runner_pool_id: `rpool_${'0'.repeat(32)}` } }), 404, 'validation.not_found'],
+      [revisionBody(1, { execution_target: { type: 'connected', connected_harness_id: `chrn_${'0'.repeat(32)}`, capability_set_digest: `sha256:${'a'.repeat(64)}`, harness_topology: 'connected' } }), 404, 'validation.not_found'],
+      [revisionBody(1, { roster_snapshot: { entries: [] } }), 400, 'validation.malformed'],
+    ];
+    for (const [body, status, type] of cases) {
+      const r = await post(body);
+      expect([r.status, errType(r)], JSON.stringify(body)).toEqual([status, type]);
+    }
+    const splitOnly = await admin.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/harness-profiles`, { key: 'split-only', kind: 'builtin', supported_topologies: ['split'] });
+    const colocated = await post(revisionBody(1, { execution_target: { ...target, harness_profile_id: splitOnly.id, harness_topology: 'colocated' } }));
+    expect([colocated.status, errType(colocated)]).toEqual([400, 'validation.malformed']);
+    const digest = `sha256:${'b'.repeat(64)}`;
+    const ch = await admin.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/connected-harnesses`, { key: 'laptop', capability_set_digest: digest });
+    const mismatch = await post(revisionBody(1, { execution_target: { type: 'connected', connected_harness_id: ch.id, capability_set_digest: `sha256:${'c'.repeat(64)}`, harness_topology: 'connected' } }));
+    expect([mismatch.status, errType(mismatch)]).toEqual([409, 'validation.conflict']);
+    const connected = await admin.request<Rev>('POST', `/v1/agent-deployments/${head.id}/revisions`, { body: revisionBody(1, { execution_target: { type: 'connected', connected_harness_id: ch.id, capability_set_digest: digest, harness_topology: 'connected' } }) });
+    expect(connected.status).toBe(201);
+    expect(connected.body.execution_target).toEqual({ type: 'connected', connected_harness_id: ch.id, capability_set_digest: digest, harness_topology: 'connected' });
+    // Sessions on a connected harness are not served yet: refused, never run elsewhere.
+    const s = await dev.request('POST', `/v1/agent-deployments/${head.id}/sessions`, { body: {} });
+    expect([s.status, errType(s)]).toEqual([409, 'runtime.invalid_transition']);
+  });
+
+  it('CAS race: two publishers from the same resource_version, one wins', async () => {
+    const a = await agent('race');
+    const head = await admin.post<Head>(`/v1/organizations/workspaces/${ws}/agent-deployments`, { agent_id: a, key: 'race' });
+    const target = revisionBody(1).execution_target as Json;
+    for (let round = 0; round < 5; round++) {
+      const cur = await admin.get<Head>(`/v1/agent-deployments/${head.id}`);
+      const [x, y] = await Promise.all([
+        admin.request('POST', `/v1/agent-deployments/${head.id}/revisions`, { body: revisionBody(cur.resource_version, { execution_target: { ...target, harness_topology: 'split' } }) }),
+        admin.request('POST', `/v1/agent-deployments/${head.id}/revisions`, { body: revisionBody(cur.resource_version, { execution_target: { ...target, harness_topology: 'colocated' } }) }),
+      ]);
+      expect([x.status, y.status].sort()).toEqual([201, 409]);
+      expect(errType(x.status === 409 ? x : y)).toBe('validation.conflict');
+      expect((await admin.get<Head>(`/v1/agent-deployments/${head.id}`)).current_revision_number).toBe(round + 1);
+    }
+  });
+});
+
+describe('connection bindings', () => {
+  it('a binding revision takes effect for new Sessions only after a new deployment revision selects it', async () => {
+    const conn = await admin.post<{ id: string }>('/v1/connections', { name: 'tools', url: 'https://mcp.example.test/mcp' });
+    const a = await agent('bound');
+    const head = await admin.post<Head>(`/v1/organizations/workspaces/${ws}/agent-deployments`, { agent_id: a, key: 'bound' });
+    const mismatch = await admin.request('POST', `/v1/agent-deployments/${head.id}/connection-bindings`, { body: { agent_deployment_id: `adep_${'1'.repeat(32)}`, integration_connection_id: conn.id, key: 'tools' } });
+    expect([mismatch.status, errType(mismatch)]).toEqual([400, 'validation.malformed']);
+    const binding = await admin.request<Head & { integration_connection_id: string }>('POST', `/v1/agent-deployments/${head.id}/connection-bindings`, {
+      body: { agent_deployment_id: head.id, integration_connection_id: conn.id, key: 'tools', display_name: 'Tools' },
+    });
+    expect(binding.status).toBe(201);
+    expect(binding.body).toMatchObject({ key: 'tools', status: 'active', resource_version: 1, integration_connection_id: conn.id });
+    const bid = binding.body.id;
+    expect(bid).toMatch(/^adcb_[0-9a-f]{32}$/);
+    const r1 = await admin.request<Json>('POST', `/v1/agent-deployment-connection-bindings/${bid}/revisions`, { body: { expected_resource_version: 1, tool_selection: ['search'], tool_aliases: { search: 'find' }, argument_policy: 'strict' } });
+    expect(r1.status).toBe(201);
+    expect(r1.body).toMatchObject({ binding_revision_number: 1, argument_policy: 'strict', tool_aliases: { search: 'find' } });
+    const replay = await admin.request('POST', `/v1/agent-deployment-connection-bindings/${bid}/revisions`, { body: { expected_resource_version: 1, tool_selection: ['search'], tool_aliases: { search: 'find' }, argument_policy: 'strict' } });
+    expect(replay.status).toBe(200);
+    const badAlias = await admin.request('POST', `/v1/agent-deployment-connection-bindings/${bid}/revisions`, { body: { tool_selection: [], tool_aliases: { x: 'y' }, argument_policy: 'default' } });
+    expect([badAlias.status, errType(badAlias)]).toEqual([400, 'validation.malformed']);
+    const sel = (n: number) => [{ agent_deployment_connection_binding_id: bid, binding_revision_number: n }];
+    await admin.post(`/v1/agent-deployments/${head.id}/revisions`, revisionBody(1, { connection_binding_selections: sel(1) }));
+    const pinned = async () => (await dev.post<{ agent_deployment: { connection_binding_selections: Json[] } }>(`/v1/agent-deployments/${head.id}/sessions`, {})).agent_deployment.connection_binding_selections;
+    expect(await pinned()).toEqual(sel(1));
+    const r2 = await admin.request('POST', `/v1/agent-deployment-connection-bindings/${bid}/revisions`, { body: { expected_resource_version: 2, tool_selection: ['search', 'fetch'], tool_aliases: {}, argument_policy: 'default' } });
+    expect(r2.status).toBe(201);
+    expect(await pinned()).toEqual(sel(1));
+    await admin.post(`/v1/agent-deployments/${head.id}/revisions`, revisionBody(2, { connection_binding_selections: sel(2) }));
+    expect(await pinned()).toEqual(sel(2));
+    expect((await viewer.get<Json>(`/v1/agent-deployment-connection-bindings/${bid}/revisions/1`)).tool_selection).toEqual(['search']);
+    expect(await viewer.get<Head>(`/v1/agent-deployment-connection-bindings/${bid}`)).toMatchObject({ id: bid, current_revision_number: 2, resource_version: 3, status: 'active' });
+    const devPatch = await dev.request('PATCH', `/v1/agent-deployment-connection-bindings/${bid}`, { body: { expected_resource_version: 3, display_name: 'x' } });
+    expect([devPatch.status, errType(devPatch)]).toEqual([403, 'policy.denied']);
+    const missingRev = await viewer.request('GET', `/v1/agent-deployment-connection-bindings/${bid}/revisions/3`);
+    expect([missingRev.status, errType(missingRev)]).toEqual([404, 'validation.not_found']);
+    const stale = await admin.request('PATCH', `/v1/agent-deployment-connection-bindings/${bid}`, { body: { expected_resource_version: 1, display_name: 'x' } });
+    expect([stale.status, errType(stale)]).toEqual([409, 'validation.conflict']);
+    const patched = await admin.request<Head>('PATCH', `/v1/agent-deployment-connection-bindings/${bid}`, { body: { expected_resource_version: 3, status: 'archived' } });
+    expect([patched.status, patched.body.status]).toEqual([200, 'archived']);
+    const unsel = await admin.request('POST', `/v1/agent-deployments/${head.id}/revisions`, { body: revisionBody(3, { connection_binding_selections: sel(2) }) });
+    expect([unsel.status, errType(unsel)]).toEqual([409, 'runtime.invalid_transition']);
+  });
+});
+
+describe('POST /v1/agents/{id}/deploy', () => {
+  it('head only while the target lacks a profile the release names; then an exact pin; repeating converges', async () => {
+    const target = (await p.root.post<{ id: string }>(`/v1/organizations/${org}/workspaces`, { name: 'deploy-target' })).id;
+    const a = await agent('shipped', { metadata: { sandbox_profile_key: 'box' } });
+    const deploy = () => p.root.request<{ outcome: string; agent_deployment: Head; revision: Rev | null; missing_profiles: string[] }>('POST', `/v1/agents/${a}/deploy`, {
+      body: { agent_release_number: 1, target_workspace_id: target },
+    });
+    const wsOnly = await admin.request('POST', `/v1/agents/${a}/deploy`, { body: { agent_release_number: 1, target_workspace_id: target } });
+    expect([wsOnly.status, errType(wsOnly)]).toEqual([403, 'policy.denied']);
+    const first = await deploy();
+    expect(first.status).toBe(200);
+    expect(first.body).toMatchObject({ outcome: 'head_only', revision: null });
+    expect(first.body.missing_profiles.sort()).toEqual(['harness_profile:default', 'sandbox_profile:box']);
+    expect(first.body.agent_deployment).toMatchObject({ key: `agent-${a}`, current_revision_number: 0, workspace_id: target });
+    const inTarget = { headers: { 'service-workspace-id': target } };
+    await p.root.request('POST', `/v1/organizations/workspaces/${target}/harness-profiles`, { body: { key: 'default', kind: 'builtin' } });
+    const stillMissing = await deploy();
+    expect(stillMissing.body).toMatchObject({ outcome: 'head_only', missing_profiles: ['sandbox_profile:box'] });
+    await p.root.request('POST', `/v1/organizations/workspaces/${target}/sandbox-profiles`, { body: { key: 'box', image: 'agentplane/sandbox:latest' } });
+    const published = await deploy();
+    expect(published.body.outcome).toBe('published');
+    expect(published.body.revision).toMatchObject({ revision_number: 1, agent_release_number: 1, published_by: { kind: 'system' }, execution_target: { type: 'managed', harness_topology: 'split', runner_pool_id: null } });
+    expect(published.body.agent_deployment).toMatchObject({ id: first.body.agent_deployment.id, current_revision_number: 1 });
+    const repeat = await deploy();
+    expect(repeat.body).toMatchObject({ outcome: 'unchanged', agent_deployment: { id: first.body.agent_deployment.id, current_revision_number: 1 } });
+    expect(repeat.body.revision?.id).toBe(published.body.revision?.id);
+    const list = await p.root.request<{ data: Head[] }>('GET', `/v1/organizations/workspaces/${target}/agent-deployments`, inTarget);
+    expect(list.body.data.map((d) => d.id)).toEqual([first.body.agent_deployment.id]);
+    const other = await p.root.request('POST', `/v1/agents/${a}/deploy`, { body: { agent_release_number: 1, target_workspace_id: `wrkspc_${'0'.repeat(32)}` } });
+    expect([other.status, errType(other)]).toEqual([404, 'validation.not_found']);
+  });
+});
+
+describe('a Session under a pinned revision', () => {
+  it('runs on the named runner pool in the named topology, and its Run carries the revision', async () => {
+    const pool = await p.root.post<{ id: string }>('/v1/runner-pools', { name: 'deploy-pool', placement: 'byoc' });
+    const pair = await p.root.request<{ code: string }>('POST', '/v1/runner-pairings', {
+      idempotencyKey: 'pair-deploy-pool', body: { principal_id: principal, machine_label: 'deploy-box', expires_in_seconds: 300 },
+    });
+    const dir = mkdtempSync(join(tmpdir(), 'runner-deploy-'));
+    const out = spawnSync(process.execPath, [RUNNER_CLI, 'pair', '--code', pair.body.code, '--url', p.baseUrl, '--config-dir', dir, '--label', 'deploy-box', '--json', '--pool', pool.id], { encoding: 'utf8' });
+    expect(out.status, out.stdout + out.stderr).toBe(0);
+    const runnerId = (JSON.parse(out.stdout) as { runner_id: string }).runner_id;
+    children.push(spawn(process.execPath, [RUNNER_CLI, 'start', '--config-dir', dir, '--reconnect-base-ms', '200', '--reconnect-cap-ms', '1000', '--log-level', 'warn'], { stdio: ['ignore', 'ignore', 'inherit'] }));
+    await waitFor('the pool runner ready', async () => {
+      const r = await p.root.get<{ data: { runner: string; status: string }[] }>('/v1/runner-pools/presences');
+      return r.data.some((x) => x.runner === runnerId && x.status === 'ready') ? true : undefined;
+    }, 60_000);
+
+    // A routing profile of its own: revision 1 serves, revision 2 (published after the pin) cannot.
+    const routing = await admin.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/model-routing-profiles`, {
+      key: 'pinned-model', candidates: [{ credential_key: 'default', provider_model: 'scripted-1' }],
+    });
+    const a = await agent('pinned', {
+      model: 'pinned-model',
+      system: SCRIPT([
+        { when: { user_contains: 'where' }, then: [{ tool: 'bash', input: { command: 'ps -eo args' } }] },
+        { when: { on: 'tool_result' }, then: [{ reply: 'done' }] },
+      ]),
+      tools: [{ type: 'builtin', name: 'bash' }],
+    });
+    const head = await admin.post<Head>(`/v1/organizations/workspaces/${ws}/agent-deployments`, { agent_id: a, key: 'pinned' });
+    const noRevision = await dev.request('POST', `/v1/agent-deployments/${head.id}/sessions`, { body: {} });
+    expect([noRevision.status, errType(noRevision)]).toEqual([409, 'runtime.invalid_transition']);
+    const rev = await admin.post<Rev>(`/v1/agent-deployments/${head.id}/revisions`, revisionBody(1, {
+      model_routing: { model_routing_profile_id: routing.id, model_routing_profile_revision_number: 1 },
+      execution_target: { ...(revisionBody(1).execution_target as Json), runner_pool_id: pool.id, harness_topology: 'colocated' },
+    }));
+    const session = await dev.post<{ id: string; environment_id: string; agent: { id: string; version: number }; agent_deployment: Json }>(`/v1/agent-deployments/${head.id}/sessions`, { title: 'pinned' });
+    expect(session.agent).toMatchObject({ id: a, version: 1 });
+    expect(session.environment_id).toBe(sprof);
+    expect(session.agent_deployment).toMatchObject({ agent_deployment_id: head.id, agent_deployment_revision_id: rev.id, revision_number: 1, runner_pool_id: pool.id, harness_topology: 'colocated' });
+    await admin.post(`/v1/model-routing-profiles/${routing.id}/revisions`, { candidates: [{ credential_key: 'nobody', provider_model: 'none' }] });
+    // The profile's latest revision cannot serve a step …
+    const latest = await admin.request('POST', `/v1/organizations/workspaces/${ws}/model-steps`, { body: { routing_key: 'pinned-model', messages: [{ role: 'user', content: [{ type: 'text', text: 'hi' }] }], tools: [] } });
+    expect([latest.status, errType(latest)]).toEqual([422, 'model.no_eligible_model']);
+    // … yet the Session's turn runs: its steps use the pinned routing revision 1.
+    await dev.post(`/v1/sessions/${session.id}/events`, msg('where does the loop run?'));
+    const events = await untilEvents(dev, session.id, (e) => idleCount(e) >= 1, 90_000);
+    const result = events.find((e) => e.type === 'agent.tool_result');
+    expect(result?.payload).toMatchObject({ is_error: false });
+    // Colocated: the agent loop runs inside the sandbox, next to the tool.
+    expect(String(result?.payload.content)).toContain('node /tmp/agentplane-harness.mjs');
+    const runs = await dev.get<{ data: { runner_pool_id: string; attempts: { runner_id: string }[]; agent_deployment: Json }[] }>(`/v1/sessions/${session.id}/runs`);
+    expect(runs.data).toHaveLength(1);
+    expect(runs.data[0]?.runner_pool_id).toBe(pool.id);
+    expect(runs.data[0]?.attempts.map((x) => x.runner_id)).toEqual([runnerId]);
+    expect(runs.data[0]?.agent_deployment).toMatchObject({ agent_deployment_id: head.id, revision_number: 1, harness_topology: 'colocated' });
+  }, 180_000);
+});
