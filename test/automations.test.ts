@@ -164,6 +164,14 @@ describe('manual fire, receipt, Session and trace', () => {
     const trace = await api.get<{ completeness: { status: string }; execution: { applicable: boolean } }>(`/v1/automation-firings/${refused.id}/trace`);
     expect(trace).toMatchObject({ completeness: { status: 'complete', through_sequence: 0 }, execution: { applicable: false } });
 
+    // Granted, but an ActionPolicy denies this Principal's drive: refused like a REST drive would be.
+    const blocked = await newServicePrincipal('policy-blocked');
+    const rule = await p.root.post<{ id: string }>('/v1/action-policies', { effect: 'deny', tool: { kind: 'drive', name: 'user.message' }, principal_id: blocked });
+    const c = await createAutomation({ principal_id: blocked, trigger: { type: 'webhook' } });
+    const denied = await settled((await api.post<Firing>(`/v1/automations/${c.id}/fire`, {})).id);
+    expect(denied).toMatchObject({ status: 'refused', error: 'policy.denied', admission: { disposition: 'refused_governance' }, session_id: null });
+    await p.root.request('DELETE', `/v1/action-policies/${rule.id}`);
+
     const b = await createAutomation({ max_concurrent_firings: 1, trigger: { type: 'webhook' } });
     const [one, two] = await Promise.all([api.post<Firing>(`/v1/automations/${b.id}/fire`, {}), api.post<Firing>(`/v1/automations/${b.id}/fire`, {})]);
     const results = await Promise.all([settled(one.id), settled(two.id)]);

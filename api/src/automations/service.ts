@@ -3,6 +3,7 @@ import { ApiError, Counter, newId, nowIso, type Logger, type Metrics } from '@ag
 import { connectRedis, keys, tags, type Redis } from '@agentplane/store';
 import type { IdentityService } from '@agentplane/domain';
 import type { PermissionStore } from '../governance/permissions.js';
+import type { PolicyStore } from '../governance/policies.js';
 import type { SessionService } from '../sessions/service.js';
 import type { SessionDoc, ThreadDoc } from '@agentplane/domain';
 import { expandPrompt } from './prompt.js';
@@ -28,6 +29,8 @@ export interface AutomationServiceDeps {
   sessions: SessionService;
   identity: IdentityService;
   permissions: PermissionStore;
+  /** ActionPolicies: the firing's drive (`user.message` by the service Principal) is decided like a REST drive. */
+  policies: PolicyStore;
   log: Logger;
   metrics: Metrics;
   /** How often receipts whose work may not be queued are swept (ms). */
@@ -164,6 +167,12 @@ export class AutomationService {
       if (err instanceof ApiError && err.status < 500) return this.refuse(f, 'refused_governance', err.type);
       throw err;
     }
+    // The same ActionPolicy decision a REST drive gets (the pipeline's `drive` check): only
+    // `allow` passes; nobody can approve at this boundary, so `require_approval` refuses too.
+    const decision = await this.d.policies.decide(ws, { kind: 'drive', name: 'user.message', principal_id: a.principal_id }, {
+      actor: { id: a.principal_id, credential_id: null }, target: a.agent.id, request_id: f.id,
+    });
+    if (decision.decision !== 'allow') return this.refuse(f, 'refused_governance', 'policy.denied');
     if (!(await this.d.store.admit(ws, a.id, f.id, a.max_concurrent_firings))) return this.refuse(f, 'refused_concurrency', 'concurrency_limit');
     let sessionId: string;
     try {
