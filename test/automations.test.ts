@@ -111,6 +111,19 @@ describe('manual fire, receipt, Session and trace', () => {
     expect(text).not.toContain(REPLY);
     expect(text).not.toContain('ticket');
 
+    expect(trace.outcome).toMatchObject({ outcome_id: null, result: null, evaluation_count: 0 });
+
+    // An outcome worked in the firing's Session shows in the trace as the platform grader recorded it.
+    const rubric = `- The answer is there\n\n\`\`\`scripted\n${JSON.stringify({ rules: [{ then: [{ verdict: 'satisfied' }] }] })}\n\`\`\`\n`;
+    const defined = await api.request('POST', `/v1/sessions/${f.session_id}/events`, {
+      body: { type: 'user.define_outcome', payload: { description: `${MARKER} once more`, rubric, authored_by: service, caused_by: { kind: 'api' } } },
+    });
+    expect(defined.status).toBe(201);
+    await untilEvents(api, String(f.session_id), (e) => e.some((x) => x.type === 'session.outcome_ended'), 90_000);
+    const graded = await api.get<{ outcome: Record<string, unknown> }>(`/v1/automation-firings/${f.id}/trace`);
+    expect(graded.outcome).toMatchObject({ outcome_id: expect.stringMatching(/^outc_/), result: 'satisfied', evaluation_count: 1, revision_count: 0 });
+    expect(JSON.stringify(graded)).not.toContain(MARKER);
+
     // Erasing the Session shows in the trace's completeness.
     await api.request('DELETE', `/v1/sessions/${f.session_id}`);
     const erased = await api.get<{ completeness: { status: string } }>(`/v1/automation-firings/${f.id}/trace`);

@@ -1,6 +1,6 @@
 import { keys, tags } from '@agentplane/store';
 import type { SessionService } from '../sessions/service.js';
-import type { SessionDoc, SessionTombstone } from '@agentplane/domain';
+import { readOutcome, type SessionDoc, type SessionTombstone } from '@agentplane/domain';
 import { FEEDBACK_DISPOSITIONS, TERMINAL_FIRING, type FeedbackDoc, type FiringDoc } from './model.js';
 
 const n = (c: Record<string, string>, k: string): number => Number(c[k] ?? 0);
@@ -21,6 +21,9 @@ export async function buildTrace(f: FiringDoc, sessions: SessionService, feedbac
   const counters = live && f.session_id ? await sessions.store.log.counters(f.session_id) : {};
   const usage = live ? ((await sessions.view(live)).usage as Record<string, number>) : {};
   const u = (k: string): number => Number(usage[k] ?? 0);
+  const evaluations = (live?.outcome_evaluations ?? []) as { outcome_id?: string }[];
+  const lastOutcomeId = [...evaluations].reverse().find((e) => typeof e.outcome_id === 'string')?.outcome_id;
+  const outcome = live && f.session_id && lastOutcomeId ? await readOutcome(sessions.store, f.session_id, lastOutcomeId) : null;
   const childThreads = live && f.session_id ? Math.max(0, (await sessions.store.redis.zcard(keys.index(tags.session(f.session_id), 'threads'))) - 1) : 0;
 
   let completeness: string;
@@ -67,8 +70,10 @@ export async function buildTrace(f: FiringDoc, sessions: SessionService, feedbac
         total_tokens: u('input_tokens') + u('output_tokens') + u('cache_read_input_tokens') + u('cache_creation_input_tokens'),
       },
     },
+    // The Session's latest outcome, as the platform Outcome grader recorded it (docs/OUTCOMES.md).
     outcome: {
-      outcome_id: null, result: null, evaluation_count: live ? live.outcome_evaluations.length : 0, revision_count: 0,
+      outcome_id: outcome?.id ?? null, result: outcome?.result ?? null,
+      evaluation_count: outcome ? outcome.evaluation_count : evaluations.length, revision_count: outcome?.revision_count ?? 0,
       report: { status: 'not_requested', output_count: 0, accepted_count: 0 },
     },
     feedback: { total: feedback.length, by_disposition: by },
