@@ -71,6 +71,10 @@ describe('PermissionAssignments', () => {
     const m = await grant(prin, { type: 'memory_store', id: store }, ['read']);
     expect((await mcpToolNames(p.baseUrl, cred.secret)).sort()).toEqual(['memoryStores_getDocument', 'memoryStores_getMemoryStore', 'memoryStores_searchMemory']);
     await p.root.request('DELETE', `/v1/permission-assignments/${m.id}`);
+    // `approve` on the Workspace lists the ActionApproval reads (the approvals queue), nothing else.
+    const ap = await grant(prin, { type: 'workspace', id: ws }, ['approve']);
+    expect((await mcpToolNames(p.baseUrl, cred.secret)).sort()).toEqual(['approvals_getActionApproval', 'approvals_listActionApprovals', 'approvals_listSessionActionApprovals']);
+    await p.root.request('DELETE', `/v1/permission-assignments/${ap.id}`);
 
     // A Workspace-wide grant covers every Agent.
     await grant(prin, { type: 'workspace', id: ws }, ['read']);

@@ -34,7 +34,7 @@ export const approvalOperations: Operation[] = [
   defineOperation({
     operationId: 'approvals.listActionApprovals', method: 'GET', path: '/v1/action-approvals',
     summary: 'The approvals queue of the Workspace, oldest first; `status=pending` for what waits',
-    auth: { kind: 'bearer', roles: READERS, principal: true }, permission: { action: 'approve', target: 'workspace' },
+    auth: { kind: 'bearer', roles: READERS, principal: true }, permission: { action: 'approve', target: 'workspace' }, mcpPrincipal: true,
     query: ListQuery, response: Page(ActionApprovalSchema),
     async handler({ caller, query, deps }) {
       const ws = requireWorkspace(caller);
@@ -46,7 +46,7 @@ export const approvalOperations: Operation[] = [
   defineOperation({
     operationId: 'approvals.listSessionActionApprovals', method: 'GET', path: '/v1/sessions/{session_id}/action-approvals',
     summary: "The approvals queue of one Session, oldest first",
-    auth: { kind: 'bearer', roles: READERS, principal: true }, permission: { action: 'approve', target: 'session_id' },
+    auth: { kind: 'bearer', roles: READERS, principal: true }, permission: { action: 'approve', target: 'session_id' }, mcpPrincipal: true,
     params: Obj({ session_id: Id('session') }), query: ListQuery, response: Page(ActionApprovalSchema),
     async handler({ caller, params, query, deps }) {
       const ws = requireWorkspace(caller);
@@ -59,7 +59,7 @@ export const approvalOperations: Operation[] = [
   defineOperation({
     operationId: 'approvals.getActionApproval', method: 'GET', path: '/v1/action-approvals/{approval_id}',
     summary: 'Read an ActionApproval: the tool use, its input, the rule that asked, its status',
-    auth: { kind: 'bearer', roles: READERS, principal: true }, permission: { action: 'approve', target: 'approval_id' },
+    auth: { kind: 'bearer', roles: READERS, principal: true }, permission: { action: 'approve', target: 'approval_id' }, mcpPrincipal: true,
     params: ApprovalPath, response: ActionApprovalSchema,
     async handler({ caller, params, deps }) {
       return json(200, await deps.approvals.get(requireWorkspace(caller), params.approval_id));
