@@ -185,7 +185,7 @@ async function floorMemory(n: number): Promise<number> {
 
 async function main(): Promise<void> {
   out(`bench:events  (${SECONDS}s per throughput run; loopback; shared machine, so expect noise)`);
-  const p = await startPlatform({ env: { LOG_LEVEL: 'warn' } });
+  const p = await startPlatform({ runner: false, env: { LOG_LEVEL: 'warn' } });
   const url = p.redisUrl();
   const redis = new Redis(url);
   const log = new EventLog(redis);
@@ -227,7 +227,9 @@ async function main(): Promise<void> {
       external_subject_id: 'bench', principal_type: 'service', display_name: 'Bench',
     });
     const driveSession = await mk();
-    const driveBody = JSON.stringify({ type: 'user.define_outcome', payload: { description: 'x'.repeat(200), authored_by: principal.id, caused_by: { kind: 'api' } } });
+    // user.message: the first starts a turn (its Run waits: no runner here), every later one is
+    // queued behind it, so each request is one validated, authorised, fenced append.
+    const driveBody = JSON.stringify({ type: 'user.message', payload: { content: 'x'.repeat(200), authored_by: principal.id, caused_by: { kind: 'api' } } });
     const driveUrl = `${p.baseUrl}/v1/sessions/${driveSession}/events`;
     const driveHeaders = { authorization: `Bearer ${p.bootstrap.root_key}`, 'service-version': '2026-08-27', 'content-type': 'application/json' };
     out('drive events over HTTP …');
