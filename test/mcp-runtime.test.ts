@@ -133,6 +133,30 @@ describe('/v1/runtime/mcp/{connection_id}', () => {
     }
   });
 
+  it("a deployment binding's shaping: selected tools only, under their alias, calls mapped back, strict arguments", async () => {
+    const shaping = { agent_deployment_connection_binding_id: `adcb_${hex('b')}`, binding_revision_number: 1, tool_selection: ['echo', 'deploy'], tool_aliases: { echo: 'say' }, argument_policy: 'strict' as const };
+    const bearer = await bearers.mint(await grant({ [connectionId]: { default: 'allow', shaping } }));
+    const client = await runtimeClient(connectionId, bearer);
+    try {
+      const tools = (await client.listTools()).tools;
+      expect(tools.map((t) => t.name).sort()).toEqual(['deploy', 'say']);
+      const say = tools.find((t) => t.name === 'say');
+      expect(say?.inputSchema).toMatchObject({ additionalProperties: false, properties: { text: { type: 'string' } } });
+      expect(say?._meta?.['dev.agentplane/upstream_tool']).toBe('echo');
+      const r = await client.callTool({ name: 'say', arguments: { text: 'aliased' } });
+      expect([r.isError ?? false, (r.content as { text: string }[])[0]?.text]).toEqual([false, 'echo: aliased']);
+      // Under the alias only: neither the upstream name of an aliased tool nor an unselected tool is served.
+      for (const name of ['echo', 'drop_tables']) await expect(client.callTool({ name, arguments: {} })).rejects.toThrow(`unknown tool '${name}'`);
+      const strict = await client.callTool({ name: 'say', arguments: { text: 'x', loud: true } });
+      expect(strict.isError).toBe(true);
+      expect(JSON.parse((strict.content as { text: string }[])[0]?.text ?? '{}').error).toMatchObject({ type: 'validation.malformed', message: expect.stringContaining("'loud'") });
+      const noArgs = await client.callTool({ name: 'deploy', arguments: { any: 1 } });
+      expect(noArgs.isError).toBe(true);
+    } finally {
+      await client.close();
+    }
+  });
+
   it("resolves an agent version's mcp_servers to Connections for the grant, by URL", async () => {
     const service = new ConnectionService(new DocumentStore(redis), new SecretBox(randomBytes(32)));
     const resolved = await service.resolveAgentServers(ws(), [

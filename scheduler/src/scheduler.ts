@@ -1,8 +1,8 @@
 import { randomBytes } from 'node:crypto';
 import type { Logger } from '@agentplane/core';
 import {
-  buildTurnSpec, ConnectionService, CredentialIndex, FileStore, IdentityService, OutcomeService, ProjectHeadReader, RedisRuntimeBearers, RunEngine, RunLifecycle, RunnerService,
-  SessionStore, ThreadRuntime, VersionedStore, sandboxProfileStore, type Environment, type RunDoc, type SandboxProfile,
+  bindingShapings, buildTurnSpec, ConnectionService, CredentialIndex, FileStore, IdentityService, OutcomeService, ProjectHeadReader, RedisRuntimeBearers, RunEngine, RunLifecycle, RunnerService,
+  SessionStore, ThreadRuntime, VersionedStore, sandboxProfileStore, type ConnectionGrant, type Environment, type RunDoc, type SandboxProfile, type ToolShaping,
 } from '@agentplane/domain';
 import { activePools, LeaseFence, LeaseRecords, RunQueues } from '@agentplane/lease';
 import { SecretBox } from '@agentplane/core';
@@ -104,7 +104,14 @@ export class Scheduler {
     const ws = await this.docs.get<{ organization_id: string } & StoredDoc>(tags.workspace(run.workspace_id), run.workspace_id);
     // The built-in harness asks through user.tool_confirmation before it calls an always_ask
     // tool, so the grant itself allows the call.
-    const grants = Object.fromEntries(Object.keys(resolved?.grants ?? {}).map((id) => [id, { default: 'allow' as const }]));
+    // A Session on a deployment: the binding revisions its deployment revision selected shape
+    // the tools of the Connections they bind (docs/DEPLOYMENTS.md).
+    const selections = run.agent_deployment?.connection_binding_selections ?? [];
+    const shapings = resolved && selections.length > 0 ? await bindingShapings(this.redis, this.docs, run.workspace_id, selections) : new Map<string, ToolShaping>();
+    const grants = Object.fromEntries(Object.keys(resolved?.grants ?? {}).map((id): [string, ConnectionGrant] => {
+      const shaping = shapings.get(id);
+      return [id, { default: 'allow', ...(shaping ? { shaping } : {}) }];
+    }));
     const bearer = await this.bearers.mint({
       run_id: run.id, session_id: run.session_id, workspace_id: run.workspace_id, organization_id: ws?.organization_id ?? '',
       lease_id: o.lease_id, expires_at: new Date(Date.now() + spec.environment.resources.max_duration_seconds * 1000 + o.lease_ms).toISOString(),

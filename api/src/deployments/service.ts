@@ -1,6 +1,6 @@
 import { ApiError, canonicalJson, newId, nowIso, sha256Hex } from '@agentplane/core';
 import {
-  ConnectionService, harnessProfileStore, sandboxProfileStore, snapshotOf, type Agent, type DeploymentPin, type HarnessProfile, type SandboxProfile, type VersionedStore,
+  ConnectionService, exposedNameClash, harnessProfileStore, sandboxProfileStore, snapshotOf, type Agent, type DeploymentPin, type HarnessProfile, type SandboxProfile, type VersionedStore,
 } from '@agentplane/domain';
 import { keys, tags, type Redis } from '@agentplane/store';
 import type { ApiDeps } from '../deps.js';
@@ -191,6 +191,7 @@ export class DeploymentService {
     // No Skills exist in this Workspace model yet: any selection names an unknown skill.
     if (body.skill_selections.length > 0) throw new ApiError('validation.not_found', `skill ${body.skill_selections[0]?.skill_id ?? ''} not found`);
     const seen = new Set<string>();
+    const bound = new Set<string>();
     for (const sel of body.connection_binding_selections) {
       const id = sel.agent_deployment_connection_binding_id;
       if (seen.has(id)) throw new ApiError('validation.malformed', `body.connection_binding_selections: ${id} is selected twice`);
@@ -198,6 +199,9 @@ export class DeploymentService {
       const b = await this.heads.find<BindingDoc>(ws, id);
       if (!b || b.agent_deployment_id !== head.id) throw new ApiError('validation.not_found', `connection binding ${id} not found on this deployment`);
       if (b.status !== 'active') throw new ApiError('runtime.invalid_transition', `connection binding ${id} is archived`);
+      // One binding shapes a Connection's tools: two would contradict each other.
+      if (bound.has(b.integration_connection_id)) throw new ApiError('validation.malformed', `body.connection_binding_selections: two selected bindings bind connection ${b.integration_connection_id}`);
+      bound.add(b.integration_connection_id);
       if (!(await this.heads.revision(ws, id, sel.binding_revision_number))) throw new ApiError('validation.not_found', `connection binding ${id} revision ${sel.binding_revision_number} not found`);
     }
     const config = {
@@ -304,7 +308,10 @@ export class DeploymentService {
           harness_topology: harness.supported_topologies.includes('split') ? 'split' : 'colocated',
         },
         skill_selections: [],
-        connection_binding_selections: bindings.data.map((b) => ({ agent_deployment_connection_binding_id: b.id, binding_revision_number: b.current_revision_number })),
+        // The oldest active binding of each Connection (a revision selects one per Connection).
+        connection_binding_selections: bindings.data
+          .filter((b, i, all) => all.findIndex((x) => x.integration_connection_id === b.integration_connection_id) === i)
+          .map((b) => ({ agent_deployment_connection_binding_id: b.id, binding_revision_number: b.current_revision_number })),
       };
       const current = head.current_revision_number > 0 ? await this.heads.revision<RevisionDoc>(targetWs, id, head.current_revision_number) : null;
       const resolved = await this.resolve(targetWs, head, body);
@@ -379,6 +386,8 @@ export class DeploymentService {
     for (const name of Object.keys(body.tool_aliases)) {
       if (!body.tool_selection.includes(name)) throw new ApiError('validation.malformed', `body.tool_aliases.${name}: aliases only name selected tools`);
     }
+    const clash = exposedNameClash(body.tool_selection, body.tool_aliases);
+    if (clash !== null) throw new ApiError('validation.malformed', `body.tool_aliases: two selected tools would both be offered as '${clash}'`);
     const content = { tool_selection: body.tool_selection, tool_aliases: body.tool_aliases, argument_policy: body.argument_policy };
     const same = (r: BindingRevisionDoc | null) => r !== null && canonicalJson({ tool_selection: r.tool_selection, tool_aliases: r.tool_aliases, argument_policy: r.argument_policy }) === canonicalJson(content);
     for (let attempt = 0; attempt < 8; attempt++) {

@@ -1,5 +1,6 @@
 import { ApiError, sha256Hex } from '@agentplane/core';
 import { keys, LuaScript, tags, type DocumentStore, type ListPage, type Redis, type StoredDoc } from '@agentplane/store';
+import { headRevisionKey } from '@agentplane/domain';
 
 /**
  * Storage of AgentDeployments, their revisions, their connection bindings (heads and revisions)
@@ -75,7 +76,8 @@ export class HeadStore {
     private readonly docs: DocumentStore,
   ) {}
 
-  private revKey = (ws: string, id: string, n: number) => keys.scoped(tags.workspace(ws), `rev:${id}:${n}`);
+  /** Shared with the scheduler, which reads pinned binding revisions when it offers a Run. */
+  private revKey = (ws: string, id: string, n: number) => headRevisionKey(ws, id, n);
   private revIndex = (ws: string, id: string) => keys.index(tags.workspace(ws), `revisions:${id}`);
   private baseKey = (ws: string, id: string) => keys.scoped(tags.workspace(ws), `rev_base:${id}`);
 

@@ -9,7 +9,7 @@ import { bearerToken } from '../http/authenticate.js';
 import type { Connection } from '@agentplane/domain';
 import { ConnectionService } from '@agentplane/domain';
 import { ErrorCode, MAX_MESSAGE_BYTES, rpcError } from './protocol.js';
-import { permissionOf, type ConnectionGrant, type RuntimeBearerVerifier, type RuntimeGrant } from '@agentplane/domain';
+import { argumentsOutsideSchema, exposedName, permissionOf, upstreamName, type ConnectionGrant, type RuntimeBearerVerifier, type RuntimeGrant } from '@agentplane/domain';
 
 export const RUNTIME_PATH = /^\/v1\/runtime\/mcp\/([^/]+)$/;
 
@@ -86,17 +86,35 @@ function deniedResult(message: string, deps: ApiDeps): CallToolResult {
   return { content: [{ type: 'text', text: JSON.stringify(wire) }], isError: true };
 }
 
-/** The upstream catalog, filtered and annotated by the grant's permission policy. */
-async function listTools(up: Upstream, grant: ConnectionGrant, timeoutMs: number): Promise<Tool[]> {
+function malformedResult(message: string, deps: ApiDeps): CallToolResult {
+  const wire = new ApiError('validation.malformed', message).toWire(deps.config.docsUrl);
+  return { content: [{ type: 'text', text: JSON.stringify(wire) }], isError: true };
+}
+
+/** Every upstream tool. */
+async function upstreamTools(up: Upstream, timeoutMs: number): Promise<Tool[]> {
   const client = await up.get();
-  const out: Tool[] = [];
   // Without a cursor the client walks every page and returns them all; past LIST_MAX_PAGES (a
   // server whose cursor never ends) it throws, and the list fails rather than come back cut.
-  const r = await client.listTools(undefined, { timeout: timeoutMs });
-  for (const t of r.tools) {
+  return (await client.listTools(undefined, { timeout: timeoutMs })).tools;
+}
+
+/**
+ * The upstream catalog, filtered and annotated by the grant's permission policy, then shaped by
+ * the deployment's binding revision when there is one: only selected tools, under their alias,
+ * and under `strict` with `additionalProperties: false` on an object input schema.
+ */
+async function listTools(up: Upstream, grant: ConnectionGrant, timeoutMs: number): Promise<Tool[]> {
+  const out: Tool[] = [];
+  for (const t of await upstreamTools(up, timeoutMs)) {
     const permission = permissionOf(grant, t.name);
     if (permission === 'deny') continue;
-    out.push({ ...t, _meta: { ...(t._meta ?? {}), 'dev.agentplane/permission': permission } });
+    const name = grant.shaping ? exposedName(grant.shaping, t.name) : t.name;
+    if (name === null) continue;
+    const inputSchema = grant.shaping?.argument_policy === 'strict' ? { ...t.inputSchema, additionalProperties: false } : t.inputSchema;
+    // Under an alias, `dev.agentplane/upstream_tool` keeps the upstream name: ActionPolicies name tools by it.
+    const upstream = name !== t.name ? { 'dev.agentplane/upstream_tool': t.name } : {};
+    out.push({ ...t, name, inputSchema, _meta: { ...(t._meta ?? {}), 'dev.agentplane/permission': permission, ...upstream } });
   }
   return out;
 }
@@ -113,7 +131,7 @@ export function runtimeMcp(deps: ApiDeps, options: RuntimeMcpOptions): Koa.Middl
   const observer: ToolCallObserver = options.observer ?? {
     toolCall: (e) => deps.log.info({ ...e }, 'runtime MCP tool call'),
   };
-  const calls = new Counter({ name: 'agentplane_runtime_mcp_tool_calls_total', help: 'Proxied runtime MCP tool calls by outcome (ok, error, denied, needs_approval)', labelNames: ['outcome'] as const, registers: [deps.metrics] });
+  const calls = new Counter({ name: 'agentplane_runtime_mcp_tool_calls_total', help: 'Proxied runtime MCP tool calls by outcome (ok, error, denied, needs_approval, rejected)', labelNames: ['outcome'] as const, registers: [deps.metrics] });
 
   /**
    * The Session's vaults, read live (a rotation or a `vault_ids` change counts from the next
@@ -150,7 +168,13 @@ export function runtimeMcp(deps: ApiDeps, options: RuntimeMcpOptions): Koa.Middl
       }
     });
     server.setRequestHandler('tools/call', async (request): Promise<CallToolResult> => {
-      const tool = request.params.name;
+      // Under a binding, the model calls a selected tool by its exposed name; the upstream gets its own.
+      const tool = cg.shaping ? upstreamName(cg.shaping, request.params.name) : request.params.name;
+      if (tool === null) {
+        await up.close();
+        throw new ProtocolError(ProtocolErrorCode.InvalidParams, `unknown tool '${request.params.name}' on connection ${connectionId}`);
+      }
+      const args = request.params.arguments ?? {};
       const permission = permissionOf(cg, tool);
       if (permission === 'deny') {
         calls.inc({ outcome: 'denied' });
@@ -160,13 +184,33 @@ export function runtimeMcp(deps: ApiDeps, options: RuntimeMcpOptions): Koa.Middl
         calls.inc({ outcome: 'needs_approval' });
         return deniedResult(`tool '${tool}' needs an approval before each call; approvals are not served on this endpoint yet`, deps);
       }
+      if (cg.shaping?.argument_policy === 'strict') {
+        // The upstream's current schema decides; a tool it no longer lists is unknown.
+        let listed: Tool | undefined;
+        try {
+          listed = (await upstreamTools(up, timeoutMs)).find((t) => t.name === tool);
+        } catch (err) {
+          await up.close();
+          throw err;
+        }
+        if (!listed) {
+          await up.close();
+          throw new ProtocolError(ProtocolErrorCode.InvalidParams, `unknown tool '${request.params.name}' on connection ${connectionId}`);
+        }
+        const outside = argumentsOutsideSchema(listed.inputSchema, args);
+        if (outside.length > 0) {
+          await up.close();
+          calls.inc({ outcome: 'rejected' });
+          return malformedResult(`arguments.${outside[0] ?? ''}: tool '${request.params.name}' takes no argument named ${outside.map((a) => `'${a}'`).join(', ')} (the deployment's argument policy is strict)`, deps);
+        }
+      }
       const base = { tool_use_id: newId('toolUse'), run_id: grant.run_id, session_id: grant.session_id, workspace_id: grant.workspace_id, connection_id: connectionId, tool };
       const started = Date.now();
       await observer.toolCall({ ...base, phase: 'started' });
       let result: CallToolResult;
       try {
         const client = await up.get();
-        result = await client.callTool({ name: tool, arguments: request.params.arguments ?? {} }, { timeout: timeoutMs });
+        result = await client.callTool({ name: tool, arguments: args }, { timeout: timeoutMs });
         const bytes = Buffer.byteLength(JSON.stringify(result));
         if (bytes > MAX_MESSAGE_BYTES) {
           result = { content: [{ type: 'text', text: `the upstream result is ${bytes} bytes, over the ${MAX_MESSAGE_BYTES}-byte limit` }], isError: true };

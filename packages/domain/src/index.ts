@@ -11,6 +11,7 @@ export * from './agents/tools.js';
 export * from './agents/model.js';
 export * from './environments/model.js';
 export * from './deployments/profiles.js';
+export * from './deployments/bindings.js';
 export * from './files/model.js';
 export * from './files/store.js';
 export * from './connections/model.js';

@@ -51,7 +51,8 @@ export async function connectMcpTools(baseUrl: string, runtime: RuntimeMcp, log:
       tools.push({
         type: 'external',
         permission: server.permission,
-        mcp: { connection_id: server.connection_id, tool: t.name },
+        // Governance names the upstream tool, also when a deployment's binding offers it under an alias.
+        mcp: { connection_id: server.connection_id, tool: typeof t._meta?.['dev.agentplane/upstream_tool'] === 'string' ? t._meta['dev.agentplane/upstream_tool'] : t.name },
         spec: { name, description: t.description ?? t.name, input_schema: t.inputSchema as Record<string, unknown> },
         async call(input, callSignal) {
           const r = await c.callTool({ name: t.name, arguments: (input ?? {}) as Record<string, unknown> }, { signal: callSignal });

@@ -1,5 +1,6 @@
 import { newSecret, secretDigest } from '@agentplane/core';
 import { keys, tags, type Redis } from '@agentplane/store';
+import type { ToolShaping } from '../deployments/bindings.js';
 
 /** What a Run's agent version allows on one attached Connection. */
 export type ToolPermission = 'allow' | 'ask' | 'deny';
@@ -9,6 +10,11 @@ export interface ConnectionGrant {
   default: ToolPermission;
   /** Per-tool overrides, by the upstream tool name. */
   tools?: Record<string, ToolPermission>;
+  /**
+   * A deployment's connection binding revision for this Connection (Sessions created against a
+   * deployment): the tools offered, their names, and the argument policy (docs/DEPLOYMENTS.md).
+   */
+  shaping?: ToolShaping;
 }
 
 /**
