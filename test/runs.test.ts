@@ -225,7 +225,8 @@ describe('runner drain with held work (SIGTERM)', () => {
 
 describe('a brief disconnect inside the lease', () => {
   it('an API restart while a turn runs: the runner reconnects, keeps its lease, nothing is rescheduled', async () => {
-    const r = await startPlatform({ runner: true, scheduler: true, env: { LEASE_MS: '15000', RUNNER_HEARTBEAT_INTERVAL_MS: '1000' } });
+    // The lease outlasts a slow API restart on a loaded machine by far: only a lost lease could reschedule.
+    const r = await startPlatform({ runner: true, scheduler: true, env: { LEASE_MS: '45000', RUNNER_HEARTBEAT_INTERVAL_MS: '1000' } });
     try {
       const ws = r.bootstrap.workspace_id;
       const owner = (await r.root.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/principals`, { external_subject_id: 'o', principal_type: 'person', display_name: 'O' })).id;
