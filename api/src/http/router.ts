@@ -123,9 +123,12 @@ export function buildRouter(operations: readonly Operation[], deps: ApiDeps): Op
       let status = 500;
       const requestId = requestIdOf(ctx);
       if (tracingEnabled()) {
+        // An unsampled request (the caller's traceparent says so) builds nothing.
         const span = trace.getActiveSpan();
-        span?.updateName(`${op.method} ${op.path}`);
-        span?.setAttributes({ [ATTR_HTTP_ROUTE]: op.path, 'agentplane.operation': op.operationId });
+        if (span?.isRecording()) {
+          span.updateName(`${op.method} ${op.path}`);
+          span.setAttributes({ [ATTR_HTTP_ROUTE]: op.path, 'agentplane.operation': op.operationId });
+        }
       }
       try {
         const body = !op.upload && METHODS_WITH_BODY.has(ctx.method) ? await readJsonBody(ctx.req, op.bodyLimitBytes ?? deps.config.bodyLimitBytes) : undefined;
