@@ -53,6 +53,20 @@ export function otlpProtocol(): 'http/protobuf' | 'http/json' {
   return p === 'http/json' ? 'http/json' : 'http/protobuf';
 }
 
+/**
+ * Batching defaults where `OTEL_BSP_*` leaves them unset: export at most 128 spans at a time,
+ * at least every second (the SDK's 512 and 5 s serialise a whole 512-span batch in one go on the
+ * event loop, which lands on the requests of that moment), and queue up to 4,096 (bursts of a
+ * busy API are not dropped while an export is in flight).
+ */
+function batchDefaults(): { maxExportBatchSize?: number; scheduledDelayMillis?: number; maxQueueSize?: number } {
+  return {
+    ...(env('OTEL_BSP_MAX_EXPORT_BATCH_SIZE') === undefined ? { maxExportBatchSize: 128 } : {}),
+    ...(env('OTEL_BSP_SCHEDULE_DELAY') === undefined ? { scheduledDelayMillis: 1000 } : {}),
+    ...(env('OTEL_BSP_MAX_QUEUE_SIZE') === undefined ? { maxQueueSize: 4096 } : {}),
+  };
+}
+
 let active: Tracing | null = null;
 
 /**
@@ -77,7 +91,7 @@ export async function startTracing(service: string): Promise<Tracing> {
   ]);
   const provider = new NodeTracerProvider({
     resource: resourceFromAttributes({ [ATTR_SERVICE_NAME]: env('OTEL_SERVICE_NAME') ?? service, [ATTR_SERVICE_VERSION]: '0.1.0' }),
-    spanProcessors: [new BatchSpanProcessor(new OTLPTraceExporter())],
+    spanProcessors: [new BatchSpanProcessor(new OTLPTraceExporter(), batchDefaults())],
   });
   // The active context lives in the request scope's async-local store (one store, not two);
   // the propagator is W3C trace context.
@@ -138,7 +152,8 @@ export function injectTrace(ctx: Context = context.active()): TraceCarrier | und
 
 /** A context whose parent is the carried span (the root context when there is none). */
 export function extractTrace(carrier: TraceCarrier | Readonly<Record<string, string | string[] | undefined>> | undefined): Context {
-  if (!carrier) return ROOT_CONTEXT;
+  // No traceparent, nothing to continue (the platform carries no baggage): skip the propagator.
+  if (!carrier?.traceparent) return ROOT_CONTEXT;
   return propagation.extract(ROOT_CONTEXT, carrier, {
     keys: (c) => Object.keys(c),
     get: (c, key) => {
