@@ -52,15 +52,17 @@ export function traceRequest(): Koa.Middleware {
     await inSpan(ctx.method, {
       kind: SpanKind.SERVER, parent: extractTrace(ctx.headers),
       attributes: { [ATTR_HTTP_REQUEST_METHOD]: ctx.method, [ATTR_URL_PATH]: ctx.path, [ATTR_URL_SCHEME]: 'http', 'agentplane.request_id': String(ctx.state.requestId) },
-    }, async (span) => {
-      try {
-        await next();
-      } finally {
+    }, (span) => {
+      const done = (): void => {
         // A stream (SSE) answers 200 and ends when the client leaves.
         const status = ctx.respond === false ? 200 : ctx.status;
         span.setAttribute(ATTR_HTTP_RESPONSE_STATUS_CODE, status);
         if (status >= 500) span.setStatus({ code: SpanStatusCode.ERROR });
-      }
+      };
+      return next().then(done, (err: unknown) => {
+        done();
+        throw err;
+      });
     });
   };
 }

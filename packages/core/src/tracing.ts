@@ -176,21 +176,34 @@ export function inSpan<T>(
   return tracingEnabled() ? recordSpan(name, options, fn) : fn(NOOP_SPAN);
 }
 
-async function recordSpan<T>(
+function recordSpan<T>(
   name: string,
   options: { kind?: SpanKind; attributes?: Attributes; parent?: Context },
   fn: (span: Span) => Promise<T>,
 ): Promise<T> {
   const parent = options.parent ?? context.active();
-  return tracer().startActiveSpan(name, { kind: options.kind ?? SpanKind.INTERNAL, ...(options.attributes ? { attributes: options.attributes } : {}) }, parent, async (span) => {
+  const spanOptions = options.attributes ? { kind: options.kind ?? SpanKind.INTERNAL, attributes: options.attributes } : { kind: options.kind ?? SpanKind.INTERNAL };
+  // Plain callbacks rather than async wrappers: no extra promises per span on a hot path.
+  return tracer().startActiveSpan(name, spanOptions, parent, (span) => {
+    let running: Promise<T>;
     try {
-      return await fn(span);
+      running = fn(span);
     } catch (err) {
       failSpan(span, err);
-      throw err;
-    } finally {
       span.end();
+      return Promise.reject(err as Error);
     }
+    return running.then(
+      (value) => {
+        span.end();
+        return value;
+      },
+      (err: unknown) => {
+        failSpan(span, err);
+        span.end();
+        throw err;
+      },
+    );
   });
 }
 
