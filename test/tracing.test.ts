@@ -45,7 +45,7 @@ beforeAll(async () => {
   await new Promise<void>((r) => receiver.listen(port, '127.0.0.1', () => r()));
   t = await startTurnPlatform({
     name: 'tracing',
-    env: { OTEL_TRACES_EXPORTER: 'otlp', OTEL_EXPORTER_OTLP_ENDPOINT: `http://127.0.0.1:${port}`, OTEL_BSP_SCHEDULE_DELAY: '100' },
+    env: { OTEL_TRACES_EXPORTER: 'otlp', OTEL_EXPORTER_OTLP_ENDPOINT: `http://127.0.0.1:${port}`, OTEL_EXPORTER_OTLP_PROTOCOL: 'http/json', OTEL_BSP_SCHEDULE_DELAY: '100' },
   });
 }, 150_000);
 afterAll(async () => {

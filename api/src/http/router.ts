@@ -52,15 +52,17 @@ export function traceRequest(): Koa.Middleware {
     await inSpan(ctx.method, {
       kind: SpanKind.SERVER, parent: extractTrace(ctx.headers),
       attributes: { [ATTR_HTTP_REQUEST_METHOD]: ctx.method, [ATTR_URL_PATH]: ctx.path, [ATTR_URL_SCHEME]: 'http', 'agentplane.request_id': String(ctx.state.requestId) },
-    }, async (span) => {
-      try {
-        await next();
-      } finally {
+    }, (span) => {
+      const done = (): void => {
         // A stream (SSE) answers 200 and ends when the client leaves.
         const status = ctx.respond === false ? 200 : ctx.status;
         span.setAttribute(ATTR_HTTP_RESPONSE_STATUS_CODE, status);
         if (status >= 500) span.setStatus({ code: SpanStatusCode.ERROR });
-      }
+      };
+      return next().then(done, (err: unknown) => {
+        done();
+        throw err;
+      });
     });
   };
 }
@@ -160,9 +162,12 @@ export function buildRouter(operations: readonly Operation[], deps: ApiDeps): Op
       let status = 500;
       const requestId = requestIdOf(ctx);
       if (tracingEnabled()) {
+        // An unsampled request (the caller's traceparent says so) builds nothing.
         const span = trace.getActiveSpan();
-        span?.updateName(`${op.method} ${op.path}`);
-        span?.setAttributes({ [ATTR_HTTP_ROUTE]: op.path, 'agentplane.operation': op.operationId });
+        if (span?.isRecording()) {
+          span.updateName(`${op.method} ${op.path}`);
+          span.setAttributes({ [ATTR_HTTP_ROUTE]: op.path, 'agentplane.operation': op.operationId });
+        }
       }
       try {
         const body = !op.upload && METHODS_WITH_BODY.has(ctx.method) ? await readJsonBody(ctx.req, op.bodyLimitBytes ?? deps.config.bodyLimitBytes) : undefined;

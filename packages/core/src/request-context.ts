@@ -10,11 +10,31 @@ export interface RequestScope {
   requestId: string;
 }
 
-const storage = new AsyncLocalStorage<RequestScope>();
+/**
+ * One async-local store per process for the request scope and, with tracing on, the active
+ * OpenTelemetry context (tracing.ts): a second AsyncLocalStorage would add its own copy to
+ * every promise the process creates.
+ */
+interface Scope {
+  requestId?: string;
+  trace?: unknown;
+}
 
-/** Run `fn` inside the scope of one request. */
+const storage = new AsyncLocalStorage<Scope>();
+
+/** Run `fn` inside the scope of one request (the active trace context carries on). */
 export function withRequestScope<T>(scope: RequestScope, fn: () => T): T {
-  return storage.run(scope, fn);
+  const trace = storage.getStore()?.trace;
+  return storage.run(trace === undefined ? { requestId: scope.requestId } : { requestId: scope.requestId, trace }, fn);
+}
+
+/** The trace context of the current scope (tracing.ts's context manager). */
+export const scopedTrace = (): unknown => storage.getStore()?.trace;
+
+/** Run `fn` with `trace` as the scope's trace context (the request id carries on). */
+export function withScopedTrace<R>(trace: unknown, fn: () => R): R {
+  const requestId = storage.getStore()?.requestId;
+  return storage.run(requestId === undefined ? { trace } : { requestId, trace }, fn);
 }
 
 /** The id of the request being served, if any. */
