@@ -96,7 +96,9 @@ export async function startPlatform(options: StartOptions = {}): Promise<Platfor
       if (proc.exitCode !== null) throw new Error(`platform exited with ${proc.exitCode}; log: ${readFileSync(logFile, 'utf8').slice(-2000)}`);
       if (!existsSync(bootstrapFile)) return undefined;
       try {
-        const r = await fetch(`${baseUrl}/healthz`);
+        // Our API, not whatever else may answer on this port: the bootstrap key opens it.
+        const key = (JSON.parse(readFileSync(bootstrapFile, 'utf8')) as Bootstrap).root_key;
+        const r = await new HttpClient({ baseUrl, token: key }).request('GET', '/v1/support/capabilities');
         return r.status === 200 ? true : undefined;
       } catch {
         return undefined;

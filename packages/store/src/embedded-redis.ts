@@ -87,17 +87,33 @@ export function redisServerAvailable(): boolean {
   return r.error === undefined && r.status === 0;
 }
 
-export async function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
+function bindable(port: number): Promise<number | null> {
+  return new Promise((resolve) => {
     const srv = createServer();
     srv.unref();
-    srv.on('error', reject);
-    srv.listen(0, '127.0.0.1', () => {
+    srv.once('error', () => resolve(null));
+    srv.listen(port, '127.0.0.1', () => {
       const addr = srv.address();
-      const port = typeof addr === 'object' && addr ? addr.port : 0;
-      srv.close(() => resolve(port));
+      const bound = typeof addr === 'object' && addr ? addr.port : null;
+      srv.close(() => resolve(bound));
     });
   });
+}
+
+/**
+ * A free loopback port for a server that binds it a moment later. Drawn at random below Linux's
+ * ephemeral range (32768 and up): a port the kernel hands to some other process's `listen(0)`
+ * in between would make the later bind fail, or worse, leave a client talking to the wrong
+ * server. Falls back to a kernel-chosen port if none is free there.
+ */
+export async function freePort(): Promise<number> {
+  for (let i = 0; i < 50; i++) {
+    const port = await bindable(20_000 + Math.floor(Math.random() * 12_000));
+    if (port !== null) return port;
+  }
+  const port = await bindable(0);
+  if (port === null) throw new Error('no free loopback port');
+  return port;
 }
 
 /**
