@@ -36,6 +36,13 @@ Environment:
     if (stopping) return;
     stopping = true;
     log.info({ signal }, 'api shutting down');
+    // A graceful stop that cannot finish (Redis gone while BullMQ workers close) must not keep
+    // the process alive: after the grace period and 10 s more it exits anyway.
+    const hard = setTimeout(() => {
+      log.warn({ after_ms: config.shutdownGraceMs + 10_000 }, 'shutdown did not finish in time; exiting');
+      process.exit(1);
+    }, config.shutdownGraceMs + 10_000);
+    hard.unref();
     api.close().then(tracing.shutdown).then(
       () => process.exit(0),
       (err: unknown) => {
