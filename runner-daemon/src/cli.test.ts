@@ -54,6 +54,9 @@ describe('agentplane-runner: usage and configuration errors', { timeout: 240_000
     expect(hb.code).toBe(2);
     expect(json(hb.stdout).error).toEqual({ type: 'config', message: "--heartbeat-ms must be an integer in [100, 9007199254740991], got '5'" });
     expect(reap.stderr).toContain('--sandbox-reap-grace-seconds must be an integer');
+    const tiers = await cli(['start', '--tiers', 'container,kata', '--config-dir', tmp(), '--json']);
+    expect(tiers.code).toBe(2);
+    expect(json(tiers.stdout).error).toEqual({ type: 'config', message: "--tiers / RUNNER_TIERS: unknown tier 'kata' (known: container, gvisor)" });
   });
 
   it.each(['toString', '__proto__', 'nonsense'])('refuses the unknown command %s with a message and exit code 2', async (name) => {

@@ -1,7 +1,7 @@
 import { chmodSync, existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
 import { homedir } from 'node:os';
 import { join, resolve } from 'node:path';
-import { envEnum, envInt, envOptional, envString, type Env } from '@agentplane/core';
+import { ConfigError, envEnum, envInt, envOptional, envString, type Env } from '@agentplane/core';
 import { SANDBOX_SCOPE_ENV } from './sandbox/types.js';
 
 /** Process-level settings of the daemon (flags win over environment, environment over defaults). */
@@ -52,7 +52,7 @@ const TIERS = ['container', 'gvisor'] as const;
 function parseTiers(raw: string | undefined): ('container' | 'gvisor')[] | undefined {
   if (raw === undefined) return undefined;
   const list = raw.split(',').map((t) => t.trim()).filter(Boolean);
-  for (const t of list) if (!(TIERS as readonly string[]).includes(t)) throw new Error(`--tiers / RUNNER_TIERS: unknown tier '${t}' (known: ${TIERS.join(', ')})`);
+  for (const t of list) if (!(TIERS as readonly string[]).includes(t)) throw new ConfigError(`--tiers / RUNNER_TIERS: unknown tier '${t}' (known: ${TIERS.join(', ')})`);
   return list as ('container' | 'gvisor')[];
 }
 
