@@ -65,26 +65,20 @@ export const approvalOperations: Operation[] = [
       return json(200, await deps.approvals.get(requireWorkspace(caller), params.approval_id));
     },
   }),
-  defineOperation({
-    operationId: 'approvals.approveActionApproval', method: 'POST', path: '/v1/action-approvals/{approval_id}/approve',
-    audit: { target: 'approval_id' },
-    summary: 'Approve a pending ActionApproval: the waiting tool use runs once and the turn continues',
-    auth: { kind: 'bearer', roles: ADMINS, principal: true }, permission: { action: 'approve', target: 'approval_id' },
-    params: ApprovalPath, body: ResolveBody, response: ActionApprovalSchema, idempotency: 'optional',
-    async handler({ caller, params, body, deps }) {
-      return json(200, await deps.approvals.resolve(requireWorkspace(caller), params.approval_id, 'approve',
-        { expectedVersion: body.expected_version, reason: body.reason }, actorOf(caller)));
-    },
-  }),
-  defineOperation({
-    operationId: 'approvals.denyActionApproval', method: 'POST', path: '/v1/action-approvals/{approval_id}/deny',
-    audit: { target: 'approval_id' },
-    summary: 'Deny a pending ActionApproval: the tool use is refused (the model gets a refusal naming the approval) and the turn continues',
-    auth: { kind: 'bearer', roles: ADMINS, principal: true }, permission: { action: 'approve', target: 'approval_id' },
-    params: ApprovalPath, body: ResolveBody, response: ActionApprovalSchema, idempotency: 'optional',
-    async handler({ caller, params, body, deps }) {
-      return json(200, await deps.approvals.resolve(requireWorkspace(caller), params.approval_id, 'deny',
-        { expectedVersion: body.expected_version, reason: body.reason }, actorOf(caller)));
-    },
-  }),
+  resolveOperation('approve', 'Approve a pending ActionApproval: the waiting tool use runs once and the turn continues'),
+  resolveOperation('deny', 'Deny a pending ActionApproval: the tool use is refused (the model gets a refusal naming the approval) and the turn continues'),
 ];
+
+/** `POST /v1/action-approvals/{approval_id}/approve|deny`: one resolution, the same checks either way. */
+function resolveOperation(decision: 'approve' | 'deny', summary: string): Operation {
+  return defineOperation({
+    operationId: `approvals.${decision}ActionApproval`, method: 'POST', path: `/v1/action-approvals/{approval_id}/${decision}`,
+    audit: { target: 'approval_id' }, summary,
+    auth: { kind: 'bearer', roles: ADMINS, principal: true }, permission: { action: 'approve', target: 'approval_id' },
+    params: ApprovalPath, body: ResolveBody, response: ActionApprovalSchema, idempotency: 'optional',
+    async handler({ caller, params, body, deps }) {
+      return json(200, await deps.approvals.resolve(requireWorkspace(caller), params.approval_id, decision,
+        { expectedVersion: body.expected_version, reason: body.reason }, actorOf(caller)));
+    },
+  });
+}
