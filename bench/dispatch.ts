@@ -3,6 +3,7 @@
 // (real WebSocket clients in a separate process), beside the floor measured in the same run:
 // raw BullMQ add() → Worker processing on the same Redis.
 import { fork } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { Queue, Worker } from 'bullmq';
@@ -54,7 +55,24 @@ export async function setup(p: Platform): Promise<{ api: HttpClient; principal: 
 
 export interface Level { rate: number; lease: ReturnType<typeof summarize>; visible: ReturnType<typeof summarize>; done: number; sent: number }
 
-export async function level(api: HttpClient, principal: string, newSession: () => Promise<{ id: string }>, rate: number, leased: Map<string, number>): Promise<Level> {
+/** CPU time (user + system, ms) a process has used so far, from /proc (Linux). */
+export function cpuMs(pid: number | undefined): number {
+  if (!pid) return Number.NaN;
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    return ((Number(fields[11]) + Number(fields[12])) * 1000) / 100; // utime, stime in clock ticks (USER_HZ = 100)
+  } catch {
+    return Number.NaN;
+  }
+}
+
+/** CPU ms per Run of each process over one level: where a Run's cost goes. */
+export function cpuPerRun(before: Record<string, number>, after: Record<string, number>, runs: number): string {
+  return Object.keys(after).map((k) => `${k} ${((after[k] as number) - (before[k] as number)) / runs >= 0 ? (((after[k] as number) - (before[k] as number)) / runs).toFixed(2) : '?'}`).join(', ');
+}
+
+export async function level(api: HttpClient, principal: string, newSession: () => Promise<{ id: string }>, rate: number, leased: Map<string, number>, onSending?: () => void): Promise<Level> {
   const total = Math.max(1, Math.round(rate * SECONDS));
   // Sessions first (not measured).
   const sessions: string[] = [];
@@ -62,6 +80,7 @@ export async function level(api: HttpClient, principal: string, newSession: () =
     const batch = await Promise.all(Array.from({ length: Math.min(50, total - i) }, newSession));
     sessions.push(...batch.map((s) => s.id));
   }
+  onSending?.();
   const t0 = new Map<string, number>();
   const visible: number[] = [];
   const waits: Promise<void>[] = [];
@@ -128,12 +147,16 @@ async function main(): Promise<void> {
   const p = await startPlatform({ scheduler: true, runner: false, env: { LOG_LEVEL: 'warn', RUNNER_HEARTBEAT_INTERVAL_MS: '5000', PAIRING_REDEEM_PER_MINUTE: '100000' } });
   try {
     const { api, principal, secrets, newSession } = await setup(p);
-    const { leased, stop: stopRunners } = await startSimulatedRunners(p, secrets);
+    const { leased, stop: stopRunners, pid: simPid } = await startSimulatedRunners(p, secrets);
     const rows = [];
     let sustainable = 0;
     for (const rate of RATES) {
       process.stdout.write(`rate ${rate}/s …\n`);
-      const ours = await level(api, principal, newSession, rate, leased);
+      const pids = { ...(p.pids() as Record<string, number | undefined>), 'sim runners': simPid, bench: process.pid };
+      const snap = () => Object.fromEntries(['api', 'scheduler', 'redis', 'sim runners', 'bench'].map((k) => [k, cpuMs(pids[k])]));
+      let before = snap();
+      const ours = await level(api, principal, newSession, rate, leased, () => { before = snap(); });
+      process.stdout.write(`  CPU ms per Run: ${cpuPerRun(before, snap(), ours.sent)}\n`);
       const fl = await floor(p.redisUrl(), rate);
       process.stdout.write(`  completed ${ours.done}/${ours.sent}\n`);
       if (ours.done === ours.sent && ours.lease.p99 < 1000) sustainable = rate;
@@ -153,7 +176,7 @@ async function main(): Promise<void> {
 }
 
 /** Simulated runners paired into the platform, forked; resolves once they are connected. */
-export async function startSimulatedRunners(p: Platform, secrets: string[]): Promise<{ leased: Map<string, number>; stop(): void }> {
+export async function startSimulatedRunners(p: Platform, secrets: string[]): Promise<{ leased: Map<string, number>; stop(): void; pid: number | undefined }> {
   const runners = fork(join(ROOT_DIR, 'bench/sim/runners.ts'), [p.baseUrl, JSON.stringify(secrets)], { execArgv: ['--import', 'tsx'], stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
   const leased = new Map<string, number>();
   await new Promise<void>((resolve) => runners.on('message', (m: { kind: string; session_id?: string; at?: number }) => {
@@ -161,7 +184,7 @@ export async function startSimulatedRunners(p: Platform, secrets: string[]): Pro
     else if (m.kind === 'leased' && m.session_id && m.at && !leased.has(m.session_id)) leased.set(m.session_id, m.at);
   }));
   await new Promise((r) => setTimeout(r, 1500)); // presences written
-  return { leased, stop: () => void runners.kill() };
+  return { leased, stop: () => void runners.kill(), pid: runners.pid };
 }
 
 // Run as a script (bench:dispatch); other benches import the pieces above.

@@ -295,7 +295,7 @@ describe('drive events', () => {
     expect(run).toMatchObject({ status: 'queued', input_event_ids: [e1.body.id], agent: { id: agentId } });
     const e2 = await api.post<Json & { id: string }>(`/v1/sessions/${s.id}/events`, msg('second'));
     const e3 = await api.post<Json & { id: string }>(`/v1/sessions/${s.id}/events`, msg('third'));
-    expect((await store.thread(s.id, t.id))._queued_inputs).toEqual([e2.id, e3.id]);
+    expect(await store.queuedInputs(s.id, t.id)).toEqual([e2.id, e3.id]);
     // The turn ends: the queued messages, in arrival order, start the next Run together.
     await runtime.endTurn(doc, t.id, { type: 'end_turn' });
     const t2 = await store.thread(s.id, t.id);

@@ -9,7 +9,7 @@ import {
   publicDoc, sessionStats, threadStats, usageFrom, type SessionDoc, type Usage, type SessionResource, type ThreadDoc, type WaitKind,
 } from '@agentplane/domain';
 import { checkDrivePayload, type CreateSessionInput, type DriveEventType, type DrivePayload } from './schemas.js';
-import { newThreadDoc, SessionStore } from '@agentplane/domain';
+import { inputQueueKey, newThreadDoc, SessionStore } from '@agentplane/domain';
 import type { ThreadRuntime, TurnScheduler } from '@agentplane/domain';
 import type { FileStore } from '@agentplane/domain';
 import type { MemoryStores } from '../memory/store.js';
@@ -323,22 +323,29 @@ export class SessionService {
       if (thread.status === 'terminated') throw new ApiError('runtime.invalid_transition', 'the thread is terminated');
       await this.d.outcomes?.admit(session, thread, p);
     }
-    const event = await this.appendOne(session.id, input, threadId, idemKey ? `drive:${sha256Hex(idemKey)}` : undefined);
-    if (input.type === 'user.message') await this.d.runtime.submitUserMessage(session, threadId, event.id);
+    const queue = input.type === 'user.message';
+    const { event, thread: seen } = await this.appendOne(session.id, input, threadId, idemKey ? `drive:${sha256Hex(idemKey)}` : undefined, queue);
+    // The append script queued the message and read the thread: a busy thread is not written.
+    if (queue) await this.d.runtime.submitUserMessage(session, threadId, event.id, { queued: true, thread: seen });
     if (input.type === 'user.define_outcome') await this.d.outcomes?.defined(session, threadId, event);
     if (input.type === 'user.interrupt') await this.d.runtime.interrupt(session, threadId);
     return { status: 201, event };
   }
 
-  private async appendOne(sessionId: string, input: DriveInput, threadId: string, producerKey: string | undefined): Promise<LogEvent> {
-    const r = await this.d.store.log.append(sessionId, [{ type: input.type, payload: input.payload, session_thread_id: threadId, ...(producerKey ? { producer_key: producerKey } : {}) }]);
+  /** Appends the drive event; with `queue`, the same script queues it for the thread's next turn and reads the thread. */
+  private async appendOne(sessionId: string, input: DriveInput, threadId: string, producerKey: string | undefined, queue = false): Promise<{ event: LogEvent; thread: ThreadDoc | null }> {
+    const r = await this.d.store.log.append(
+      sessionId,
+      [{ type: input.type, payload: input.payload, session_thread_id: threadId, ...(producerKey ? { producer_key: producerKey } : {}) }],
+      queue ? { enqueue: { list: inputQueueKey(sessionId, threadId), peek: keys.doc(tags.session(sessionId), threadId) } } : {},
+    );
     if (!r.ok) {
       if (r.reason === 'erased') throw new ApiError('validation.not_found', 'the session was deleted and its event log erased');
       throw new ApiError('runtime.invalid_transition', 'the event log refused the append');
     }
     const ev = r.events[0];
     if (!ev) throw new ApiError('validation.not_found', 'the original event is no longer retained');
-    return ev;
+    return { event: ev, thread: r.peeked ? this.d.store.rememberedThread(r.peeked) : null };
   }
 
   /** `user.custom_tool_result` / `user.tool_confirmation` / `user.question_answer`: only for the exact current wait generation. */
@@ -373,7 +380,7 @@ export class SessionService {
     if (wait.answered_event_id !== null) return this.replayAnswer(session.id, wait, fp);
     if (wait.generation !== thread._wait_generation) throw new ApiError('runtime.invalid_transition', `the wait on ${toolUseId} is no longer current`);
 
-    const event = await this.appendOne(session.id, input, thread.id, `answer:${thread.id}:${toolUseId}:${wait.generation}`);
+    const { event } = await this.appendOne(session.id, input, thread.id, `answer:${thread.id}:${toolUseId}:${wait.generation}`);
     const { caused_by: _c2, ...stored } = event.payload as DrivePayload;
     if (sha256Hex(canonicalJson({ type: event.type, payload: stored })) !== fp) {
       throw new ApiError('validation.conflict', `${toolUseId} was already answered with another result`);

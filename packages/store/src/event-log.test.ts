@@ -152,6 +152,36 @@ describe('event log', () => {
     expect(await redis.get(threadKey)).toBe(JSON.stringify({ id: 'sthr_1', version: 4, list: [] }));
   });
 
+  it('append with enqueue: new events are queued once and the peeked document comes back; commit dequeues only the expected head', async () => {
+    const s = sess();
+    const tag = tags.session(s);
+    const list = keys.scoped(tag, 'inputs:sthr_1');
+    const peek = keys.doc(tag, 'sthr_1');
+    await redis.set(peek, JSON.stringify({ id: 'sthr_1', version: 1 }));
+    const a = await log.append(s, [{ type: 'user.message', payload: {}, producer_key: 'm1' }], { enqueue: { list, peek } });
+    const b = await log.append(s, [{ type: 'user.message', payload: {}, producer_key: 'm2' }], { enqueue: { list, peek } });
+    const replay = await log.append(s, [{ type: 'user.message', payload: {}, producer_key: 'm1' }], { enqueue: { list, peek } });
+    if (!a.ok || !b.ok || !replay.ok) throw new Error('append failed');
+    expect(a.peeked).toBe(JSON.stringify({ id: 'sthr_1', version: 1 }));
+    expect(replay.duplicate).toEqual([true]);
+    expect(replay.events[0]?.id).toBe(a.events[0]?.id);
+    const [ida, idb] = [a.events[0]?.id ?? '', b.events[0]?.id ?? ''];
+    expect(await redis.lrange(list, 0, -1)).toEqual([ida, idb]);
+    // Without a peeked document: null, and the plain append result is unchanged.
+    const none = await log.append(s, [{ type: 'x', payload: {} }], { enqueue: { list: keys.scoped(tag, 'inputs:sthr_2'), peek: keys.doc(tag, 'sthr_2') } });
+    expect(none.ok && none.peeked).toBeNull();
+
+    const start = (ids: string[]) => log.commit(s, [{ key: peek, body: JSON.stringify({ id: 'sthr_1', version: 2 }), expectedVersion: 1 }],
+      [{ type: 'session.status_running', payload: {} }], { dequeue: { list, ids } });
+    // The head is not what the caller read: nothing written.
+    expect(await start([idb])).toEqual({ ok: false, reason: 'queue' });
+    expect(await start([ida, idb, 'evt_more'])).toEqual({ ok: false, reason: 'queue' });
+    expect(await redis.get(peek)).toBe(JSON.stringify({ id: 'sthr_1', version: 1 }));
+    const ok = await start([ida]);
+    expect(ok.ok).toBe(true);
+    expect(await redis.lrange(list, 0, -1)).toEqual([idb]);
+  });
+
   it('update: a guessed current document saves the read and is always checked', async () => {
     const conn = new Redis(server.url);
     const docs = new DocumentStore(conn);

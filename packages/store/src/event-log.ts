@@ -60,10 +60,22 @@ export interface AppendOptions {
   fence?: string;
   /** Batch producer key: event i gets `<producerKey>#<i>` unless it carries its own key. */
   producerKey?: string;
+  /**
+   * Queue the appended events in the same script: the id of every event this call appended
+   * (not the replays of earlier appends) is pushed onto the list `list`, and the JSON of the
+   * document at `peek` is returned as read right after (`peeked`). Both keys are in the Session's
+   * slot. The drive path queues a `user.message` for its thread's next turn this way: no
+   * compare-and-swap on the thread, so messages into one busy thread never contend.
+   */
+  enqueue?: { list: string; peek: string };
 }
 
 export type AppendResult =
-  | { ok: true; events: LogEvent[]; /** per event: true when it was a replay of an earlier append */ duplicate: boolean[]; last_seq: number }
+  | {
+    ok: true; events: LogEvent[]; /** per event: true when it was a replay of an earlier append */ duplicate: boolean[]; last_seq: number;
+    /** With `enqueue`: the `peek` document's JSON (null when absent). */
+    peeked?: string | null;
+  }
   | { ok: false; reason: 'erased' }
   | { ok: false; reason: 'fenced'; detail: 'mismatch' | 'expired' };
 
@@ -78,11 +90,24 @@ export interface CommitDoc {
   index?: { key: string; score: number; member: string };
 }
 
+export interface CommitOptions extends Pick<AppendOptions, 'producerKey'> {
+  /** Take these ids off the head of a list in the same script (a turn consuming its queued inputs). */
+  dequeue?: CommitDequeue;
+}
+
 export type CommitResult =
   | AppendResult
   /** Nothing was written: document \`index\` (0-based) failed its check; \`current\` is its JSON when stale. */
   | { ok: false; reason: 'stale'; index: number; current: string }
-  | { ok: false; reason: 'missing' | 'exists'; index: number };
+  | { ok: false; reason: 'missing' | 'exists'; index: number }
+  /** Nothing was written: the `dequeue` list no longer starts with the expected ids. */
+  | { ok: false; reason: 'queue' };
+
+/** Commit option: remove these ids from the head of `list` (they must be its first entries). */
+export interface CommitDequeue {
+  list: string;
+  ids: readonly string[];
+}
 
 export interface LogState {
   /** Last assigned sequence number (0 when empty). */
@@ -212,15 +237,25 @@ end
 return out
 end`;
 
+/* KEYS 7 and 8 (optional): the enqueue list and the peeked document (AppendOptions.enqueue). */
 const APPEND = new LuaScript('event_log_append', `${APPEND_LUA}
-return append(KEYS, ARGV)`);
+local out = append(KEYS, ARGV)
+if KEYS[7] and out[1] == 'ok' then
+  for i = 3, #out - 1, 2 do
+    if out[i + 1] == 'new' then redis.call('RPUSH', KEYS[7], string.match(out[i], '^{"id":"([^"]+)"')) end
+  end
+  out[#out + 1] = redis.call('GET', KEYS[8]) or ''
+end
+return out`);
 
 /*
  * Document writes and an append in one script, all or nothing: every document is checked
  * first (compare-and-swap on \`version\`, or must not exist yet), then written, then the events
  * are appended exactly as by APPEND (which never refuses once the erased check passed: no fence).
- * KEYS: the six log keys, then per document its key and, if indexed, its index key
- * ARGV: as APPEND, then m | per document: expected version ('' = new) | JSON | indexed '1'/'0' | score | member
+ * KEYS: the six log keys, then per document its key and, if indexed, its index key, then the
+ *       dequeue list when k > 0
+ * ARGV: as APPEND, then m | per document: expected version ('' = new) | JSON | indexed '1'/'0' |
+ *       score | member, then k | the k ids the dequeue list must start with (removed from it)
  */
 const COMMIT = new LuaScript(
   'event_log_commit',
@@ -249,11 +284,21 @@ for i = 1, m do
   end
   docs[i] = d
 end
+local q = a + 1 + m * 5
+local k = tonumber(ARGV[q] or '0')
+if k > 0 then
+  local have = redis.call('LRANGE', KEYS[ki], 0, k - 1)
+  if #have ~= k then return {'queue'} end
+  for j = 1, k do
+    if have[j] ~= ARGV[q + j] then return {'queue'} end
+  end
+end
 for i = 1, m do
   local d = docs[i]
   if d.expected == '' then redis.call('SET', d.key, d.body) else redis.call('SET', d.key, d.body, 'KEEPTTL') end
   if d.index then redis.call('ZADD', d.index, d.score, d.member) end
 end
+if k > 0 then redis.call('LTRIM', KEYS[ki], k, -1) end
 return append(KEYS, ARGV)`,
 );
 
@@ -328,19 +373,22 @@ function appendArgs(sessionId: string, events: readonly AppendEvent[], options: 
   return args;
 }
 
-function appendResult(r: string[]): AppendResult {
+function appendResult(r: string[], count: number, peeked = false): AppendResult {
   if (r[0] === 'erased') return { ok: false, reason: 'erased' };
   if (r[0] === 'fenced') return { ok: false, reason: 'fenced', detail: r[1] === 'expired' ? 'expired' : 'mismatch' };
   const out: LogEvent[] = [];
   const duplicate: boolean[] = [];
-  for (let i = 2; i + 1 < r.length; i += 2) {
+  const end = 2 + 2 * count;
+  for (let i = 2; i + 1 < end; i += 2) {
     const body = r[i] as string;
     // A replayed producer key whose event fell out of retention has no body left to return.
     if (body === '') continue;
     out.push(JSON.parse(body) as LogEvent);
     duplicate.push(r[i + 1] === 'dup');
   }
-  return { ok: true, events: out, duplicate, last_seq: Number(r[1]) };
+  if (!peeked) return { ok: true, events: out, duplicate, last_seq: Number(r[1]) };
+  const doc = r[end];
+  return { ok: true, events: out, duplicate, last_seq: Number(r[1]), peeked: doc === undefined || doc === '' ? null : doc };
 }
 
 /** Span attributes of an append: the Session, how many events and their types (never their payloads). */
@@ -373,8 +421,10 @@ export class EventLog {
       if (st.erased) return { ok: false, reason: 'erased' };
       return { ok: true, events: [], duplicate: [], last_seq: st.seq };
     }
-    const r = (await APPEND.run(this.redis, logKeys(sessionId), appendArgs(sessionId, events, options))) as string[];
-    return appendResult(r);
+    const keyList = logKeys(sessionId);
+    if (options.enqueue) keyList.push(options.enqueue.list, options.enqueue.peek);
+    const r = (await APPEND.run(this.redis, keyList, appendArgs(sessionId, events, options))) as string[];
+    return appendResult(r, events.length, options.enqueue !== undefined);
   }
 
   /**
@@ -383,7 +433,7 @@ export class EventLog {
    * fails nothing is written. Then the events are appended exactly as by \`append\` (producer
    * keys, counters, PUBLISH). No lease fence: the runner side appends through \`append\`.
    */
-  async commit(sessionId: string, docs: readonly CommitDoc[], events: readonly AppendEvent[], options: Pick<AppendOptions, 'producerKey'> = {}): Promise<CommitResult> {
+  async commit(sessionId: string, docs: readonly CommitDoc[], events: readonly AppendEvent[], options: CommitOptions = {}): Promise<CommitResult> {
     if (!tracingEnabled()) return this.commitNow(sessionId, docs, events, options);
     return inSpan('append session_events', { kind: SpanKind.CLIENT, attributes: { ...appendAttributes(sessionId, events), 'agentplane.append.documents': docs.length } }, async (span) => {
       const r = await this.commitNow(sessionId, docs, events, options);
@@ -392,7 +442,7 @@ export class EventLog {
     });
   }
 
-  private async commitNow(sessionId: string, docs: readonly CommitDoc[], events: readonly AppendEvent[], options: Pick<AppendOptions, 'producerKey'>): Promise<CommitResult> {
+  private async commitNow(sessionId: string, docs: readonly CommitDoc[], events: readonly AppendEvent[], options: CommitOptions): Promise<CommitResult> {
     if (events.length === 0) throw new RangeError('commit appends at least one event');
     const keyList = logKeys(sessionId);
     const args = appendArgs(sessionId, events, options);
@@ -402,10 +452,18 @@ export class EventLog {
       if (d.index) keyList.push(d.index.key);
       args.push(d.expectedVersion === null ? '' : String(d.expectedVersion), d.body, d.index ? '1' : '0', d.index?.score ?? 0, d.index?.member ?? '');
     }
+    const dq = options.dequeue;
+    if (dq && dq.ids.length > 0) {
+      keyList.push(dq.list);
+      args.push(dq.ids.length, ...dq.ids);
+    } else {
+      args.push(0);
+    }
     const r = (await COMMIT.run(this.redis, keyList, args)) as string[];
     if (r[0] === 'stale') return { ok: false, reason: 'stale', index: Number(r[1]) - 1, current: r[2] as string };
     if (r[0] === 'missing' || r[0] === 'exists') return { ok: false, reason: r[0], index: Number(r[1]) - 1 };
-    return appendResult(r);
+    if (r[0] === 'queue') return { ok: false, reason: 'queue' };
+    return appendResult(r, events.length);
   }
 
   async state(sessionId: string): Promise<LogState> {

@@ -79,8 +79,11 @@ export interface ThreadDoc extends StoredDoc {
   /** Order of spawn: 0 for the primary thread. */
   _spawn: number;
   _active_run_id: string | null;
-  /** user.message events waiting for the next turn (queued while a turn runs). */
-  _queued_inputs: string[];
+  /**
+   * Written by earlier versions only: user.message ids queued in the document. Queued messages
+   * now wait in the thread's input queue (`SessionStore.queuedInputs`); a turn start takes these first.
+   */
+  _queued_inputs?: string[];
   _wait_generation: number;
   _waits: Record<string, PendingWait>;
   _running_since_ms: number | null;

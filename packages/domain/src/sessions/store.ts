@@ -1,5 +1,5 @@
 import { ApiError, newId, nowIso } from '@agentplane/core';
-import { BoundedCache, DocumentStore, EventLog, keys, tags, type Redis } from '@agentplane/store';
+import { BoundedCache, DocumentStore, EventLog, keys, LuaScript, tags, type Redis } from '@agentplane/store';
 import type { AgentSnapshot } from '../agents/model.js';
 import type { GraderRunInfo, RunDoc, SessionDoc, SessionTombstone, ThreadDoc } from './model.js';
 
@@ -14,6 +14,11 @@ import type { GraderRunInfo, RunDoc, SessionDoc, SessionTombstone, ThreadDoc } f
  * id but missing from lists; never the reverse, so a list never shows a dangling id).
  */
 export const sessionTag = tags.session;
+
+/** The list of user.message ids queued for a thread's next turn (in the Session's slot). */
+export function inputQueueKey(sessionId: string, threadId: string): string {
+  return keys.scoped(sessionTag(sessionId), `inputs:${threadId}`);
+}
 
 export function listIndexes(s: Pick<SessionDoc, 'agent' | 'automation_id'>, live: boolean): string[] {
   const suffixes = live ? ['all', 'live'] : ['all'];
@@ -32,7 +37,24 @@ export interface TurnStart {
   continuesRunId?: string | null;
   /** A grader Run of an outcome evaluation (docs/OUTCOMES.md). */
   grader?: GraderRunInfo;
+  /** The ids of `inputs` taken off the head of the thread's input queue (checked by the script). */
+  dequeue?: string[];
 }
+
+/** The thread's input queue changed under a turn start (another start took its head): read it again. */
+export class InputQueueMoved extends Error {
+  constructor() {
+    super('the input queue changed; read it again');
+  }
+}
+
+/**
+ * Lua: queue a user.message for the thread's next turn unless it is queued already, and return the
+ * thread document. KEYS: the input queue, the thread document. ARGV: the event id.
+ */
+const ENQUEUE_INPUT = new LuaScript('thread_enqueue_input', `
+if not redis.call('LPOS', KEYS[1], ARGV[1]) then redis.call('RPUSH', KEYS[1], ARGV[1]) end
+return redis.call('GET', KEYS[2])`);
 
 /**
  * Thread documents this process read or wrote last, as JSON, by `<session>/<thread>`: the first
@@ -115,6 +137,7 @@ export class SessionStore {
     const tomb: SessionTombstone = { id, type: 'session_tombstone', workspace_id: workspaceId, erased_at: now, version: doc.version + 1, created_at: doc.created_at, updated_at: now };
     const m = this.redis.multi();
     for (const t of [...threadIds, ...runIds]) m.del(keys.doc(tag, t));
+    for (const t of threadIds) m.del(inputQueueKey(id, t));
     for (const o of await this.redis.zrange(keys.index(tag, 'outcomes'), 0, -1)) m.del(keys.doc(tag, o));
     m.del(keys.index(tag, 'threads'), keys.index(tag, 'runs'), keys.index(tag, 'outcomes'), keys.scoped(tag, 'outcomes:active'), keys.scoped(tag, 'spawn'));
     m.set(keys.doc(tag, id), JSON.stringify(tomb));
@@ -122,6 +145,29 @@ export class SessionStore {
   }
 
   // ---- threads ---------------------------------------------------------------------------
+
+  /**
+   * The ids of the user.message events waiting for the thread's next turn, in arrival order.
+   * (Threads written by an earlier version may also hold some in the document's `_queued_inputs`;
+   * they come first.)
+   */
+  async queuedInputs(sessionId: string, threadId: string): Promise<string[]> {
+    return this.redis.lrange(inputQueueKey(sessionId, threadId), 0, -1);
+  }
+
+  /** Queue an appended user.message for the thread's next turn (once); returns the thread as read then. */
+  async enqueueInput(sessionId: string, threadId: string, eventId: string): Promise<ThreadDoc | null> {
+    const raw = (await ENQUEUE_INPUT.run(this.redis, [inputQueueKey(sessionId, threadId), keys.doc(sessionTag(sessionId), threadId)], [eventId])) as string | null;
+    return raw ? this.rememberedThread(raw) : null;
+  }
+
+  /** A thread document's JSON as read by a script: parsed, checked and remembered for the next compare-and-swap. */
+  rememberedThread(raw: string): ThreadDoc | null {
+    const t = JSON.parse(raw) as ThreadDoc;
+    if (t.type !== 'session_thread') return null;
+    this.recentThreads.set(`${t.session_id}/${t.id}`, raw);
+    return t;
+  }
 
   async thread(sessionId: string, threadId: string): Promise<ThreadDoc> {
     const t = await this.docs.get<ThreadDoc>(sessionTag(sessionId), threadId);
@@ -178,7 +224,8 @@ export class SessionStore {
         const r = await this.log.commit(sessionId, [
           { key: keys.doc(tag, threadId), body: JSON.stringify(next), expectedVersion: expected },
           { key: keys.doc(tag, candidate.id), body: JSON.stringify(candidate), expectedVersion: null, index: { key: keys.index(tag, 'runs'), score: Date.parse(candidate.created_at), member: candidate.id } },
-        ], [{ type: 'session.status_running', payload: { run_id: candidate.id }, session_thread_id: threadId, producer_key: `status:${candidate.id}:running` }]);
+        ], [{ type: 'session.status_running', payload: { run_id: candidate.id }, session_thread_id: threadId, producer_key: `status:${candidate.id}:running` }],
+        start.dequeue && start.dequeue.length > 0 ? { dequeue: { list: inputQueueKey(sessionId, threadId), ids: start.dequeue } } : {});
         if (r.ok) {
           run = candidate;
           return { kind: 'written' };
@@ -186,6 +233,7 @@ export class SessionStore {
         if (r.reason === 'erased') throw new ApiError('validation.not_found', 'the session was deleted and its event log erased');
         if (r.reason === 'stale' && r.index === 0) return { kind: 'stale', current: r.current };
         if (r.reason === 'missing' && r.index === 0) return { kind: 'missing' };
+        if (r.reason === 'queue') throw new InputQueueMoved();
         throw new Error(`run ${candidate.id} could not be recorded: ${r.reason}`);
       },
     });
@@ -234,7 +282,7 @@ export function newThreadDoc(session: Pick<SessionDoc, 'id' | 'workspace_id' | '
   const now = nowIso();
   return {
     id: newId('thread'), type: 'session_thread', session_id: session.id, workspace_id: session.workspace_id, agent,
-    parent_thread_id: parent, status: 'idle', archived_at: null, _spawn: 0, _active_run_id: null, _queued_inputs: [],
+    parent_thread_id: parent, status: 'idle', archived_at: null, _spawn: 0, _active_run_id: null,
     _wait_generation: 0, _waits: {}, _running_since_ms: null, _running_ms_total: 0, _startup_ms: null, _frozen_stats: null,
     _stop_reason: null, version: 1, created_at: now, updated_at: now,
   };

@@ -48,7 +48,8 @@ describe('turn start', () => {
     expect(rec.queued).toEqual([run]);
     expect(await store.run(session.id, run?.id ?? '')).toEqual(run);
     expect(await redis.zscore(keys.index(tags.session(session.id), 'runs'), run?.id ?? '')).not.toBeNull();
-    expect(await store.thread(session.id, threadId)).toMatchObject({ status: 'running', _active_run_id: run?.id, _queued_inputs: [], version: 2 });
+    expect(await store.thread(session.id, threadId)).toMatchObject({ status: 'running', _active_run_id: run?.id, version: 2 });
+    expect(await store.queuedInputs(session.id, threadId)).toEqual([]);
     const events = await store.log.range(session.id, 0, 10);
     expect(events.map((e) => [e.type, e.payload])).toEqual([['session.status_running', { run_id: run?.id }]]);
   });
@@ -62,11 +63,13 @@ describe('turn start', () => {
     const first = newId('event');
     const started = await new ThreadRuntime(elsewhere, () => rec.scheduler).submitUserMessage(session, threadId, first);
     expect(started.run).not.toBeNull();
-    // This process still holds version 1 (idle): its guess is stale, so no second turn starts.
+    // This process still holds version 1 (idle): its guess is stale, so no second turn starts; the
+    // message waits in the input queue and the busy thread is not written.
     const second = newId('event');
     const queued = await new ThreadRuntime(store, () => rec.scheduler).submitUserMessage(session, threadId, second);
     expect(queued.run).toBeNull();
-    expect(await store.thread(session.id, threadId)).toMatchObject({ status: 'running', _active_run_id: started.run?.id, _queued_inputs: [second], version: 3 });
+    expect(await store.thread(session.id, threadId)).toMatchObject({ status: 'running', _active_run_id: started.run?.id, version: 2 });
+    expect(await store.queuedInputs(session.id, threadId)).toEqual([second]);
     expect(rec.queued.map((r) => r.id)).toEqual([started.run?.id]);
     expect((await store.log.range(session.id, 0, 10)).map((e) => e.type)).toEqual(['session.status_running']);
   });
@@ -82,9 +85,39 @@ describe('turn start', () => {
     const runs = results.flatMap((r) => (r.run ? [r.run] : []));
     expect(runs).toHaveLength(1);
     const t = await a.thread(session.id, threadId);
-    expect([...(runs[0]?.input_event_ids ?? []), ...t._queued_inputs].sort()).toEqual([...ids].sort());
+    expect(t._active_run_id).toBe(runs[0]?.id);
+    expect([...(runs[0]?.input_event_ids ?? []), ...(await a.queuedInputs(session.id, threadId))].sort()).toEqual([...ids].sort());
     expect((await a.log.range(session.id, 0, 10)).map((e) => e.type)).toEqual(['session.status_running']);
     expect(await redis.zcard(keys.index(tags.session(session.id), 'runs'))).toBe(1);
+  });
+
+  it('a message submitted twice is queued once; the turn end starts everything queued, in order', async () => {
+    const store = new SessionStore(redis);
+    const rec = recording();
+    const { session, threadId } = await idleSession(store);
+    const rt = new ThreadRuntime(store, () => rec.scheduler);
+    const first = await rt.submitUserMessage(session, threadId, newId('event'));
+    const [a, b] = [newId('event'), newId('event')];
+    for (const id of [a, b, a]) expect((await rt.submitUserMessage(session, threadId, id)).run).toBeNull();
+    expect(await store.queuedInputs(session.id, threadId)).toEqual([a, b]);
+    const t = await rt.endTurn(session, threadId, { type: 'end_turn' });
+    expect(t._active_run_id).not.toBe(first.run?.id);
+    expect(rec.queued.map((r) => r.input_event_ids)).toEqual([first.run?.input_event_ids, [a, b]]);
+    expect(await store.queuedInputs(session.id, threadId)).toEqual([]);
+  });
+
+  it('a thread written by an earlier version (inputs queued in the document) starts them first', async () => {
+    const store = new SessionStore(redis);
+    const rec = recording();
+    const { session, threadId } = await idleSession(store);
+    const old = newId('event');
+    await store.updateThread(session.id, threadId, (t) => ({ ...t, _queued_inputs: [old] }));
+    const next = newId('event');
+    const { run } = await new ThreadRuntime(store, () => rec.scheduler).submitUserMessage(session, threadId, next);
+    expect(run?.input_event_ids).toEqual([old, next]);
+    const t = await store.thread(session.id, threadId);
+    expect(t._queued_inputs).toBeUndefined();
+    expect(await store.queuedInputs(session.id, threadId)).toEqual([]);
   });
 
   it('an erased Session starts nothing', async () => {

@@ -1,6 +1,6 @@
 import { ApiError, newId } from '@agentplane/core';
 import type { RunDoc, SessionDoc, ThreadDoc, WaitKind } from './model.js';
-import { sessionTag, type SessionStore } from './store.js';
+import { InputQueueMoved, sessionTag, type SessionStore } from './store.js';
 
 /**
  * Where turns leave the API. The default implementation only records: a Run stays `queued`
@@ -20,6 +20,17 @@ export interface TurnScheduler {
   interruptRequested(sessionId: string, threadId: string, runId: string): Promise<void>;
   /** Every wait of the thread's current generation is answered: the waiting Run may continue. */
   waitsResolved(sessionId: string, threadId: string, runId: string | null): Promise<void>;
+}
+
+/** A thread that may start a turn now: idle, no Run, no unanswered wait of its generation. */
+function startable(t: ThreadDoc): boolean {
+  if (t.status !== 'idle' || t._active_run_id !== null) return false;
+  return !Object.values(t._waits).some((w) => w.generation === t._wait_generation && w.answered_event_id === null);
+}
+
+function withoutLegacyQueue(t: ThreadDoc): ThreadDoc {
+  const { _queued_inputs: _legacy, ...rest } = t;
+  return rest;
 }
 
 export const recordOnlyTurnScheduler: TurnScheduler = {
@@ -61,30 +72,53 @@ export class ThreadRuntime {
   }
 
   /**
-   * A user.message was appended: start a turn on an idle thread, else queue it for the next one.
-   * Starting writes the thread, the Run and `session.status_running` in one script, then hands
-   * the Run to the scheduler.
+   * A user.message was appended: start a turn on an idle thread, else leave it queued for the next
+   * one. The message waits in the thread's input queue (a list in the Session's slot); the drive
+   * path queues it in its append script (`queued: true`, with the thread as that script read it),
+   * other callers have it queued here. Starting takes the whole queue as the turn's inputs and
+   * writes the thread, the Run and `session.status_running` in one script, then hands the Run to
+   * the scheduler. A busy thread is not written at all: the turn end starts the queued messages.
+   * (Ordering: a message queued before the thread's change to idle is seen by the turn end, which
+   * reads the queue after that change; one queued after it sees the idle thread and starts.)
    */
-  async submitUserMessage(session: SessionDoc, threadId: string, eventId: string | null): Promise<{ run: RunDoc | null }> {
-    const runId = newId('run');
-    await this.scheduler().runStarting?.(session.id, runId);
-    const { run } = await this.store.startTurn(session, threadId, (t) => {
-      if (t.status === 'terminated') throw new ApiError('runtime.invalid_transition', 'the thread is terminated');
-      if (eventId !== null && t._queued_inputs.includes(eventId)) return null;
-      const queue = eventId === null ? t._queued_inputs : [...t._queued_inputs, eventId];
-      if (queue.length === 0) return null;
-      const waiting = Object.values(t._waits).some((w) => w.generation === t._wait_generation && w.answered_event_id === null);
-      if (t.status === 'idle' && t._active_run_id === null && !waiting) {
-        return {
-          thread: { ...t, status: 'running', _active_run_id: runId, _queued_inputs: [], _running_since_ms: Date.now(), _stop_reason: null },
-          start: { runId, inputs: queue },
-        };
+  async submitUserMessage(
+    session: SessionDoc,
+    threadId: string,
+    eventId: string | null,
+    options: { queued?: boolean; thread?: ThreadDoc | null } = {},
+  ): Promise<{ run: RunDoc | null }> {
+    let seen = options.thread ?? null;
+    if (eventId !== null && !options.queued) seen = await this.store.enqueueInput(session.id, threadId, eventId);
+    if (seen) {
+      if (seen.status === 'terminated') throw new ApiError('runtime.invalid_transition', 'the thread is terminated');
+      if (!startable(seen)) return { run: null };
+    }
+    for (let attempt = 0; attempt < 16; attempt++) {
+      const queued = await this.store.queuedInputs(session.id, threadId);
+      if (queued.length === 0 && (seen === null || (seen._queued_inputs ?? []).length === 0)) return { run: null };
+      const runId = newId('run');
+      // The scheduler records its intent before the Run is committed (crash repair), only for a
+      // start that will be tried: a message into a busy thread costs no write.
+      await this.scheduler().runStarting?.(session.id, runId);
+      try {
+        const { run } = await this.store.startTurn(session, threadId, (t) => {
+          if (t.status === 'terminated') throw new ApiError('runtime.invalid_transition', 'the thread is terminated');
+          const legacy = t._queued_inputs ?? [];
+          if (legacy.length + queued.length === 0 || !startable(t)) return null;
+          return {
+            thread: { ...withoutLegacyQueue(t), status: 'running', _active_run_id: runId, _running_since_ms: Date.now(), _stop_reason: null },
+            start: { runId, inputs: [...legacy, ...queued], dequeue: queued },
+          };
+        });
+        if (!run) return { run: null };
+        await this.scheduler().runQueued(run);
+        return { run };
+      } catch (err) {
+        if (err instanceof InputQueueMoved) continue;
+        throw err;
       }
-      return eventId === null ? null : { thread: { ...t, _queued_inputs: queue } };
-    });
-    if (!run) return { run: null };
-    await this.scheduler().runQueued(run);
-    return { run };
+    }
+    throw new ApiError('validation.conflict', 'too much contention on this thread; the message is queued and starts with the next turn');
   }
 
   async interrupt(session: SessionDoc, threadId: string): Promise<void> {
@@ -124,9 +158,10 @@ export class ThreadRuntime {
     if (stop.type !== 'requires_action' && this.turnEnded && live?.type === 'session' && next.status !== 'terminated') {
       if (await this.turnEnded(live, threadId, endedRunId, stop)) return this.store.thread(session.id, threadId);
     }
-    if (stop.type !== 'requires_action' && next._queued_inputs.length > 0 && live?.type === 'session' && live.archived_at === null) {
-      // Everything queued during the turn becomes the input of the next one, in arrival order.
-      await this.submitUserMessage(live, threadId, null);
+    if (stop.type !== 'requires_action' && live?.type === 'session' && live.archived_at === null) {
+      // Everything queued during the turn becomes the input of the next one, in arrival order
+      // (the queue is read after the thread became idle: see submitUserMessage).
+      await this.submitUserMessage(live, threadId, null, { thread: next });
     }
     return this.store.thread(session.id, threadId);
   }
