@@ -13,7 +13,7 @@ import { startPlatform, ROOT_DIR, type Platform } from '../test/harness/platform
 import { printTable, summarize } from './lib/report.js';
 
 const RUNNERS = Number(process.env.BENCH_RUNNERS ?? 100);
-const RATES = (process.env.BENCH_RATES ?? '50,200,500').split(',').map(Number);
+const RATES = (process.env.BENCH_RATES ?? '50,200,500,1000').split(',').map(Number);
 const SECONDS = Number(process.env.BENCH_SECONDS ?? 4);
 /** `deployment`: every Session is created against an AgentDeployment revision pinned to the runners' pool. */
 const SESSIONS = process.env.BENCH_SESSIONS === 'deployment' ? 'deployment' : 'plain';
