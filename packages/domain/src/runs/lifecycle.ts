@@ -1,10 +1,11 @@
 import { nowIso, type Logger } from '@agentplane/core';
-import { tags } from '@agentplane/store';
+import { BoundedCache, tags } from '@agentplane/store';
 import type { GraderRunResult, RunAttempt, RunDoc, RunStatus, WaitKind } from '../sessions/model.js';
 import type { SessionStore } from '../sessions/store.js';
 import type { StopReason, ThreadRuntime } from '../sessions/turns.js';
 
 const TERMINAL: ReadonlySet<RunStatus> = new Set(['succeeded', 'failed', 'canceled']);
+const RECENT_RUNS = { entries: 4096, maxAgeMs: 60_000 };
 
 export interface TurnResult {
   stop_reason: StopReason;
@@ -21,6 +22,13 @@ export interface TurnResult {
  * terminal status ends the turn, so a repeated report never ends it twice.
  */
 export class RunLifecycle {
+  /**
+   * Run documents this process wrote last, as JSON: the first guess of the next move of the same
+   * Run (a runner's accept, start, first event and end reach the same process in a row), which
+   * saves the read. Only a guess: the compare-and-swap checks its version.
+   */
+  private readonly recent = new BoundedCache<string, string>(RECENT_RUNS.entries, { maxAgeMs: RECENT_RUNS.maxAgeMs });
+
   constructor(
     private readonly store: SessionStore,
     private readonly runtime: ThreadRuntime,
@@ -29,6 +37,7 @@ export class RunLifecycle {
 
   private async move(sessionId: string, runId: string, change: (r: RunDoc) => RunDoc | null, current?: RunDoc): Promise<{ run: RunDoc; moved: boolean } | null> {
     let moved = false;
+    const guess = current ?? this.guess(runId);
     try {
       const run = await this.store.docs.update<RunDoc>(
         tags.session(sessionId),
@@ -39,13 +48,20 @@ export class RunLifecycle {
           moved = next !== null;
           return next;
         },
-        { notFound: 'run', ...(current ? { current } : {}) },
+        { notFound: 'run', ...(guess ? { current: guess } : {}) },
       );
+      if (TERMINAL.has(run.status)) this.recent.delete(runId);
+      else this.recent.set(runId, JSON.stringify(run));
       return { run, moved };
     } catch (err) {
       this.log.warn({ err: err instanceof Error ? err.message : String(err), run: runId }, 'run update skipped');
       return null;
     }
+  }
+
+  private guess(runId: string): RunDoc | undefined {
+    const json = this.recent.get(runId);
+    return json === undefined ? undefined : (JSON.parse(json) as RunDoc);
   }
 
   private ts(r: RunDoc): NonNullable<RunDoc['timestamps']> {
