@@ -94,12 +94,14 @@ export class ThreadRuntime {
       if (!startable(seen)) return { run: null };
     }
     for (let attempt = 0; attempt < 16; attempt++) {
-      const queued = await this.store.queuedInputs(session.id, threadId);
-      if (queued.length === 0 && (seen === null || (seen._queued_inputs ?? []).length === 0)) return { run: null };
       const runId = newId('run');
       // The scheduler records its intent before the Run is committed (crash repair), only for a
-      // start that will be tried: a message into a busy thread costs no write.
-      await this.scheduler().runStarting?.(session.id, runId);
+      // start that will be tried: a message into a busy thread costs no write. A message just
+      // queued makes a start likely: the intent and the queue read go out together.
+      const announce = () => this.scheduler().runStarting?.(session.id, runId);
+      const [queued] = await Promise.all([this.store.queuedInputs(session.id, threadId), eventId !== null && attempt === 0 ? announce() : undefined]);
+      if (queued.length === 0 && (seen === null || (seen._queued_inputs ?? []).length === 0)) return { run: null };
+      if (eventId === null || attempt > 0) await announce();
       try {
         const { run } = await this.store.startTurn(session, threadId, (t) => {
           if (t.status === 'terminated') throw new ApiError('runtime.invalid_transition', 'the thread is terminated');
