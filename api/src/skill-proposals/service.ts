@@ -1,7 +1,7 @@
 import { createHash } from 'node:crypto';
 import { DelayedError, Queue, Worker, type Job } from 'bullmq';
 import { ApiError, newId, nowIso, type Logger } from '@agentplane/core';
-import { connectRedis, tags, type DocumentStore, type LogEvent, type Redis } from '@agentplane/store';
+import { connectRedis, tags, type DocumentStore, type LogEvent, type Redis, type StoredDoc } from '@agentplane/store';
 import { ZERO_USAGE, type TokenUsage } from '@agentplane/protocol';
 import {
   checkSkillFiles, parseFrontMatter, readAll, renderSkillMd, SKILL_ENTRY, SKILL_NAME_RE, SKILLS_DIR, type SessionDoc, type SkillFile, type SpecSkill,
@@ -103,14 +103,19 @@ export class SkillProposalService {
     if (new Set(body.source_session_ids).size !== body.source_session_ids.length) {
       throw new ApiError('validation.malformed', 'body.source_session_ids: each Session at most once');
     }
+    // An erased Session of this Workspace is accepted here and fails authoring with
+    // `input_session_unavailable`; one that never existed here is a 404.
     const sessions: SessionDoc[] = [];
     for (const [i, id] of body.source_session_ids.entries()) {
-      const s = await this.d.docs.get<SessionDoc>(tags.session(id), id);
-      if (!s || s.type !== 'session' || s.workspace_id !== ws) throw new ApiError('validation.not_found', `body.source_session_ids[${i}]: session ${id} not found`);
-      sessions.push(s);
+      const s = await this.d.docs.get<SessionDoc | (StoredDoc & { type: 'session_tombstone'; workspace_id: string })>(tags.session(id), id);
+      if (!s || (s.type !== 'session' && s.type !== 'session_tombstone') || s.workspace_id !== ws) {
+        throw new ApiError('validation.not_found', `body.source_session_ids[${i}]: session ${id} not found`);
+      }
+      if (s.type === 'session') sessions.push(s);
     }
+    const first = sessions[0];
+    if (!first) throw new ApiError('validation.not_found', 'body.source_session_ids: every Session was deleted');
     await this.d.models.profiles.requireKey(ws, body.model_routing_profile_key, 'body.model_routing_profile_key');
-    const first = sessions[0] as SessionDoc;
     const now = nowIso();
     const p: SkillProposalDoc = {
       id: newId('skillProposal'), type: 'skill_proposal', workspace_id: ws, status: 'authoring', source_session_ids: body.source_session_ids,
