@@ -307,6 +307,21 @@ describe('skill proposals', () => {
     }
   });
 
+  it('a verification Session that cannot start (the Agent was archived) ends the attempt verification_failed', async () => {
+    const other = (await api.post<{ id: string }>('/v1/agents', { name: 'short-lived', model: 'default', system: AGENT })).id;
+    const s = await api.post<{ id: string }>('/v1/sessions', { agent: other, environment_id: t.envId });
+    const created = await propose({ source_session_ids: [s.id], model_routing_profile_key: 'default', instructions: instructions(authored(SATISFIED)) });
+    const drafted = await until(created.body.id, 'drafted', (x) => x.status !== 'authoring');
+    expect(drafted.status).toBe('drafted');
+    await api.post(`/v1/agents/${other}/archive`, undefined);
+    const r = await verify(created.body.id, { expected_version: drafted.version, principal: t.principal });
+    expect(r.status).toBe(200);
+    checkRules(r.body);
+    expect(r.body.status).toBe('verification_failed');
+    expect(r.body.verifications[0]?.result).toMatchObject({ verdict: 'failed', cost_tokens: 0 });
+    expect(String(r.body.verifications[0]?.result?.explanation)).toContain('runtime.invalid_transition');
+  });
+
   it('authoring fails with the contract\'s error values: unusable answer, erased source, sources too large', async () => {
     const bad = await propose({ source_session_ids: [sources[0]], model_routing_profile_key: 'default', instructions: instructions('this is not a skill') });
     const badDone = await until(bad.body.id, 'authoring_failed', (x) => x.status !== 'authoring');

@@ -78,6 +78,39 @@ const hideConditions = (script: string) => script.replace(/("system_contains":")
 
 const md = (name: string, desc = 'A test skill.') => ({ name: 'SKILL.md', data: Buffer.from(skillMd(name, desc)) });
 
+/** One turn of an Agent that selects `greeter` v1: it opens the skill, then reads and tries to change its files. */
+async function greetWithSkill(environmentId: string): Promise<void> {
+  const agent = await api.post<{ id: string; skills: Json[] }>('/v1/agents', {
+    name: 'greeting-agent', model: 'default', tools: [{ type: 'builtin', name: 'bash' }],
+    skills: [{ name: 'greeter', version: 1 }],
+    // The conditions are written with a JSON escape, so the script's own text never matches them.
+    system: hideConditions(SCRIPT([
+      // Progressive disclosure: the body is never in the prompt; the name and description are.
+      { when: { system_contains: 'HOWDY-4471' }, then: [{ reply: 'BODY-IN-PROMPT' }] },
+      { when: { user_contains: 'hello', system_contains: '- greeter: Greets people in the house style.' }, then: [{ tool: 'skill', input: { name: 'greeter' } }] },
+      {
+        when: { after_tool: 'skill' },
+        then: [{ tool: 'bash', input: { command: 'cat .agentplane/skills/greeter/notes/style.txt; echo tamper >> .agentplane/skills/greeter/SKILL.md 2>/dev/null && echo WRITABLE || echo READONLY; ls .agentplane/skills' } }],
+      },
+      { when: { after_tool: 'bash' }, then: [{ reply: 'Greeted.' }] },
+    ])),
+  });
+  expect(agent.skills).toEqual([{ name: 'greeter', version: 1 }]);
+  const s = await api.post<{ id: string }>('/v1/sessions', { agent: agent.id, environment_id: environmentId });
+  await api.post(`/v1/sessions/${s.id}/events`, t.msg('hello there'));
+  const events = await untilEvents(api, s.id, (e) => idleCount(e) >= 1, 120_000);
+  expect(events.find((e) => e.type === 'session.status_idle')?.payload.stop_reason).toMatchObject({ type: 'end_turn' });
+  expect(events.filter((e) => e.type === 'agent.tool_use').map((e) => e.payload.name)).toEqual(['skill', 'bash']);
+  const results = events.filter((e) => e.type === 'agent.tool_result').map((e) => String(e.payload.content));
+  // The pinned version 1: its body, opened on demand.
+  expect(results[0]).toContain('HOWDY-4471');
+  expect(results[0]).not.toContain('HELLO-2');
+  expect(results[1]).toContain('style-notes-9913');
+  expect(results[1]).toContain('READONLY');
+  expect(results[1]).toContain('greeter');
+  expect(JSON.stringify(events)).not.toContain('BODY-IN-PROMPT');
+}
+
 describe('Skills (REST)', () => {
   it('publishes immutable versions from JSON, lists, reads and archives them', async () => {
     const first = await api.request<Skill>('POST', '/v1/skills', {
@@ -203,7 +236,7 @@ describe('Skills (REST)', () => {
     }
   });
 
-  it('places an Agent\'s selected skills read-only in the sandbox; the model sees name and description, and opens the body with the skill tool', async () => {
+  it('places an Agent\'s selected skills read-only in the sandbox (split and colocated); the model sees name and description, and opens the body with the skill tool', async () => {
     await api.post('/v1/skills', {
       files: [text('SKILL.md', skillMd('greeter', 'Greets people in the house style.', 'Always greet with: HOWDY-4471.\nSee notes/style.txt.\n')), text('notes/style.txt', 'style-notes-9913\n')],
     });
@@ -211,35 +244,10 @@ describe('Skills (REST)', () => {
     expect(v2.latest.version).toBe(2);
     const bad = await api.request('POST', '/v1/agents', { body: { name: 'x', model: 'default', skills: [{ name: 'greeter', version: 3 }] } });
     expect(bad.status).toBe(404);
-    const agent = await api.post<{ id: string; skills: Json[] }>('/v1/agents', {
-      name: 'greeting-agent', model: 'default', tools: [{ type: 'builtin', name: 'bash' }],
-      skills: [{ name: 'greeter', version: 1 }],
-      // The conditions are written with a JSON escape, so the script's own text never matches them.
-      system: hideConditions(SCRIPT([
-        // Progressive disclosure: the body is never in the prompt; the name and description are.
-        { when: { system_contains: 'HOWDY-4471' }, then: [{ reply: 'BODY-IN-PROMPT' }] },
-        { when: { user_contains: 'hello', system_contains: '- greeter: Greets people in the house style.' }, then: [{ tool: 'skill', input: { name: 'greeter' } }] },
-        {
-          when: { after_tool: 'skill' },
-          then: [{ tool: 'bash', input: { command: 'cat .agentplane/skills/greeter/notes/style.txt; echo tamper >> .agentplane/skills/greeter/SKILL.md 2>/dev/null && echo WRITABLE || echo READONLY; ls .agentplane/skills' } }],
-        },
-        { when: { after_tool: 'bash' }, then: [{ reply: 'Greeted.' }] },
-      ])),
+    const colocated = await api.post<{ id: string }>('/v1/environments', {
+      name: 'colocated', image: 'agentplane/sandbox:latest', harness_topology: 'colocated',
+      resources: { cpu_millis: 1000, memory_mib: 256, disk_mib: 512, max_duration_seconds: 120 },
     });
-    expect(agent.skills).toEqual([{ name: 'greeter', version: 1 }]);
-    const s = await api.post<{ id: string }>('/v1/sessions', { agent: agent.id, environment_id: t.envId });
-    await api.post(`/v1/sessions/${s.id}/events`, t.msg('hello there'));
-    const events = await untilEvents(api, s.id, (e) => idleCount(e) >= 1, 120_000);
-    expect(events.find((e) => e.type === 'session.status_idle')?.payload.stop_reason).toMatchObject({ type: 'end_turn' });
-    const uses = events.filter((e) => e.type === 'agent.tool_use').map((e) => e.payload.name);
-    expect(uses).toEqual(['skill', 'bash']);
-    const results = events.filter((e) => e.type === 'agent.tool_result').map((e) => String(e.payload.content));
-    // The pinned version 1: its body, opened on demand.
-    expect(results[0]).toContain('HOWDY-4471');
-    expect(results[0]).not.toContain('HELLO-2');
-    expect(results[1]).toContain('style-notes-9913');
-    expect(results[1]).toContain('READONLY');
-    expect(results[1]).toContain('greeter');
-    expect(JSON.stringify(events)).not.toContain('BODY-IN-PROMPT');
+    for (const envId of [t.envId, colocated.id]) await greetWithSkill(envId);
   });
 });

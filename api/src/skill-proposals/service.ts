@@ -1,7 +1,7 @@
 import { createHash } from 'node:crypto';
 import { DelayedError, Queue, Worker, type Job } from 'bullmq';
 import { ApiError, newId, nowIso, type Logger } from '@agentplane/core';
-import { connectRedis, tags, type DocumentStore, type LogEvent, type Redis, type StoredDoc } from '@agentplane/store';
+import { connectRedis, keys, tags, type DocumentStore, type LogEvent, type Redis, type StoredDoc } from '@agentplane/store';
 import { ZERO_USAGE, type TokenUsage } from '@agentplane/protocol';
 import {
   checkSkillFiles, parseFrontMatter, readAll, renderSkillMd, SKILL_ENTRY, SKILL_NAME_RE, SKILLS_DIR, type SessionDoc, type SkillFile, type SpecSkill,
@@ -193,23 +193,49 @@ export class SkillProposalService {
    */
   async verify(ws: string, id: string, body: { expected_version: number; principal: string }): Promise<SkillProposalDoc> {
     let p = await this.reconcile(ws, await this.load(ws, id));
-    const last = p.verifications.at(-1);
-    const resuming = last !== undefined && last.source_version === body.expected_version && last.principal === body.principal
-      && (p.status === 'verifying' || p.status === 'verified' || p.status === 'verification_failed' || p.status === 'submitting' || p.status === 'submitted' || p.status === 'discarded');
-    if (!resuming) {
+    const isRetry = (x: SkillProposalDoc) => {
+      const last = x.verifications.at(-1);
+      return last !== undefined && last.source_version === body.expected_version && last.principal === body.principal && x.status !== 'drafted'
+        && !(x.status === 'verification_failed' && x.version === body.expected_version);
+    };
+    if (!isRetry(p)) {
       if (p.status !== 'drafted' && p.status !== 'verification_failed') throw invalid(p, 'verify');
       if (p.version !== body.expected_version) throw new ApiError('validation.conflict', `expected_version ${body.expected_version} is stale; the current version is ${p.version}`);
       await this.d.identity.activePrincipal(ws, body.principal, 'principal');
       await this.d.models.profiles.requireKey(ws, p.model_routing_profile_key, 'model_routing_profile_key');
       const session = newId('session');
-      p = await this.update(ws, id, (cur) => {
-        if (cur.status !== 'drafted' && cur.status !== 'verification_failed') throw invalid(cur, 'verify');
-        return { ...cur, status: 'verifying', _through: 0, verifications: [...cur.verifications, { session, started_at: nowIso(), launched_at: null, source_version: body.expected_version, principal: body.principal, result: null }] };
-      }, { expectedVersion: body.expected_version });
+      try {
+        p = await this.update(ws, id, (cur) => {
+          if (cur.status !== 'drafted' && cur.status !== 'verification_failed') throw invalid(cur, 'verify');
+          return { ...cur, status: 'verifying', _through: 0, verifications: [...cur.verifications, { session, started_at: nowIso(), launched_at: null, source_version: body.expected_version, principal: body.principal, result: null }] };
+        }, { expectedVersion: body.expected_version });
+      } catch (err) {
+        // The same request, arriving twice at once: the one that lost the race resumes the winner's attempt.
+        const now = await this.load(ws, id);
+        if (!(err instanceof ApiError) || !isRetry(now)) throw err;
+        p = now;
+      }
     }
     const attempt = p.verifications.at(-1);
     if (!attempt || attempt.result !== null) return p;
-    await this.launch(p, attempt.session, attempt.principal);
+    // One launch at a time per attempt (a duplicate request in flight leaves it to the first).
+    const lock = keys.scoped(tags.workspace(ws), `skill_verification_launch:${attempt.session}`);
+    if ((await this.d.redis.set(lock, '1', 'PX', 60_000, 'NX')) !== 'OK') return p;
+    try {
+      await this.launch(p, attempt.session, attempt.principal);
+    } catch (err) {
+      // A spent budget or capacity passes (the attempt resumes on retry); a Session that can never
+      // start (the Agent or the environment archived or gone) fails the attempt.
+      if (!(err instanceof ApiError) || err.status >= 500 || err.status === 429) throw err;
+      return this.update(ws, id, (cur) => {
+        const a = cur.verifications.at(-1);
+        if (cur.status !== 'verifying' || !a || a.session !== attempt.session || a.result !== null) return null;
+        const result: VerificationResult = { verdict: 'failed', explanation: `the verification Session could not start: ${err.type}: ${err.message}`, cost_tokens: 0, completed_at: nowIso() };
+        return { ...cur, status: 'verification_failed', verifications: [...cur.verifications.slice(0, -1), { ...a, result }] };
+      });
+    } finally {
+      await this.d.redis.del(lock);
+    }
     if (attempt.launched_at === null) {
       p = await this.update(ws, id, (cur) => {
         const a = cur.verifications.at(-1);
