@@ -227,9 +227,31 @@ describe('skill proposals', () => {
     expect(wrongBase.status).toBe(409);
     expect(errType(wrongBase)).toBe('validation.conflict');
     expect((await read(id)).status).toBe('verified');
+    // A branch that already exists is never overwritten.
+    gitIn(join(dir, 'work'), 'push', '--quiet', 'origin', 'HEAD:refs/heads/taken');
+    const taken = await api.request('POST', `/v1/skill-proposals/${id}/submit`, { body: { expected_version: verified.version, skill_source: src.id, principal: t.principal, branch: 'taken' } });
+    expect(taken.status).toBe(409);
+    expect(errType(taken)).toBe('validation.conflict');
+    expect(gitIn(dir, '--git-dir', bare, 'rev-parse', 'refs/heads/taken')).toBe(head);
+    const stillVerified = await read(id);
+    expect(stillVerified).toMatchObject({ status: 'verified', version: verified.version });
+    expect(stillVerified.submission_attempt).toBeUndefined();
     const submitBody = { expected_version: verified.version, skill_source: src.id, principal: t.principal, expected_base_digest: `git-sha1:${head}` };
+    // The source refuses the first push (a pre-receive hook): the attempt stays recorded, `submitting`.
+    writeFileSync(join(bare, 'hooks', 'pre-receive'), '#!/bin/sh\nif [ -f reject-once ]; then rm -f reject-once; echo refused once >&2; exit 1; fi\nexit 0\n', { mode: 0o755 });
+    writeFileSync(join(bare, 'reject-once'), '');
+    const failed = await api.request('POST', `/v1/skill-proposals/${id}/submit`, { body: submitBody });
+    expect(failed.status).toBe(500);
+    expect(errType(failed)).toBe('runtime.internal');
+    const pending = await read(id);
+    expect(pending.status).toBe('submitting');
+    expect(pending.submission_attempt).toMatchObject({ source_version: verified.version, base_commit_sha: head });
+    expect(pending.submission).toBeUndefined();
+    expect(() => gitIn(dir, '--git-dir', bare, 'rev-parse', '--verify', '--quiet', `refs/heads/${String(pending.submission_attempt?.branch)}`)).toThrow();
+    // The same request again recovers: the recorded commit, made again exactly, is pushed.
     const submitted = await api.request<Proposal>('POST', `/v1/skill-proposals/${id}/submit`, { body: submitBody });
     expect(submitted.status).toBe(200);
+    expect(submitted.body.submission?.commit_sha).toBe(pending.submission_attempt?.prepared_commit_sha);
     checkRules(submitted.body);
     expect(submitted.body.status).toBe('submitted');
     const sub = submitted.body.submission as NonNullable<Proposal['submission']>;
@@ -337,7 +359,12 @@ describe('skill proposals', () => {
     expect(erased.status).toBe(201);
     expect(await until(erased.body.id, 'authoring_failed', (x) => x.status !== 'authoring')).toMatchObject({ status: 'authoring_failed', error: 'input_session_unavailable' });
 
-    const big = await sourceSession(`Please greet ${'Eve '.repeat(70_000)}`);
+    // One user message past the transcript budget (its agent answers briefly).
+    const quiet = (await api.post<{ id: string }>('/v1/agents', { name: 'quiet', model: 'default', system: SCRIPT([{ then: [{ reply: 'ok' }] }]) })).id;
+    const bigSession = await api.post<{ id: string }>('/v1/sessions', { agent: quiet, environment_id: t.envId });
+    await api.post(`/v1/sessions/${bigSession.id}/events`, t.msg(`Please greet ${'Eve '.repeat(70_000)}`));
+    await untilEvents(api, bigSession.id, (e) => idleCount(e) >= 1, 120_000);
+    const big = bigSession.id;
     const large = await propose({ source_session_ids: [big], model_routing_profile_key: 'default', instructions: instructions(authored(SATISFIED)) });
     expect(await until(large.body.id, 'authoring_failed', (x) => x.status !== 'authoring')).toMatchObject({ status: 'authoring_failed', error: 'input_sessions_too_large' });
     const discarded = await api.request<Proposal>('POST', `/v1/skill-proposals/${large.body.id}/discard`, { body: { expected_version: (await read(large.body.id)).version } });
@@ -346,5 +373,5 @@ describe('skill proposals', () => {
     const list = await api.get<{ data: Proposal[] }>('/v1/skill-proposals?limit=100');
     for (const x of list.data) checkRules(x);
     expect(list.data.length).toBeGreaterThanOrEqual(5);
-  });
+  }, 180_000);
 });

@@ -11,7 +11,7 @@ import type { IdentityService } from '@agentplane/domain';
 import type { ModelsModule } from '../models/module.js';
 import type { SkillService } from '../skills/service.js';
 import type { SessionEventTap, TappedAppend } from '../events/tap.js';
-import { git, Scratch, GitError, remoteHead, sourceUnavailable } from '../skill-sources/git.js';
+import { git, Scratch, remoteHead } from '../skill-sources/git.js';
 import { isBranchName, type SkillSourceService } from '../skill-sources/service.js';
 import { consistencyViolation, publicProposal, type ProposalError, type SkillProposalDoc, type SubmissionAttempt, type VerificationResult } from './model.js';
 import { authoringRequest, parseAuthoredSkill, renderTranscript, TRANSCRIPT_LIMIT_CHARS } from './authoring.js';
@@ -401,6 +401,8 @@ export class SkillProposalService {
           const actual = body.expected_base_digest.startsWith('sha256:') ? baseDigest : `${head.length === 40 ? 'git-sha1' : 'git-sha256'}:${head}`;
           if (actual !== body.expected_base_digest) throw new ApiError('validation.conflict', `expected_base_digest does not match the base (${actual})`);
         }
+        // The branch must be new: checked before anything is recorded (the push checks again).
+        if ((await remoteHead(source.url, branch)) !== null) throw new ApiError('validation.conflict', `branch '${branch}' already exists in the skill source`);
         const startedAt = nowIso();
         const prepared = await scratch.commit(head, dir, draftFiles(p), commitMessage(p), gitDate(startedAt));
         const attempt: SubmissionAttempt = {
@@ -411,7 +413,19 @@ export class SkillProposalService {
           if (cur.status !== 'verified') throw invalid(cur, 'submit');
           return { ...cur, status: 'submitting', submission_attempt: attempt };
         }, { expectedVersion: body.expected_version });
-        await this.push(scratch, source.url, attempt);
+        try {
+          await this.push(scratch, source.url, attempt);
+        } catch (err) {
+          // Someone else took the branch meanwhile: nothing of ours is there, so the proposal goes back to verified.
+          if (err instanceof ApiError && err.type === 'validation.conflict') {
+            await this.update(ws, id, (cur) => {
+              if (cur.status !== 'submitting' || cur.submission_attempt?.prepared_commit_sha !== attempt.prepared_commit_sha) return null;
+              const { submission_attempt: _dropped, ...rest } = cur;
+              return { ...rest, status: 'verified' };
+            });
+          }
+          throw err;
+        }
       } finally {
         await scratch.close();
       }
@@ -446,7 +460,10 @@ export class SkillProposalService {
     try {
       await scratch.push(url, a.prepared_commit_sha, a.branch, null);
     } catch (err) {
-      if (err instanceof GitError && /stale info|rejected|already exists/.test(err.stderr)) throw sourceUnavailable(err, `branch '${a.branch}' changed while it was pushed`);
+      // Refused or failed: what the branch holds now tells which.
+      const now = await remoteHead(url, a.branch).catch(() => null);
+      if (now === a.prepared_commit_sha) return;
+      if (now !== null) throw new ApiError('validation.conflict', `branch '${a.branch}' of the skill source was created at another commit while it was pushed`);
       throw err;
     }
   }

@@ -2,7 +2,6 @@ import { execFile } from 'node:child_process';
 import { mkdtemp, rm, writeFile, mkdir } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
-import { ApiError } from '@agentplane/core';
 import type { SkillFile } from '@agentplane/domain';
 
 const GIT_TIMEOUT_MS = 60_000;
@@ -119,9 +118,4 @@ export class Scratch {
   async close(): Promise<void> {
     await rm(this.dir, { recursive: true, force: true });
   }
-}
-
-/** A git failure as the API reports it: the source could not be reached or refused the change. */
-export function sourceUnavailable(err: unknown, what: string): ApiError {
-  return new ApiError('validation.conflict', `${what}: ${err instanceof Error ? err.message : String(err)}`);
 }
