@@ -47,6 +47,7 @@ function parsePax(data: Buffer): Map<string, string> {
 }
 
 type Kind = 'file' | 'dir' | 'pax' | 'global' | 'longname' | 'skip';
+type ReaderState = { kind: 'header' } | { kind: 'data'; entry: Kind; path: string; size: number; mode: number } | { kind: 'end' };
 
 /**
  * A tar archive (`ustar`, PAX and GNU long names) read as it streams in, with every Skill limit
@@ -63,7 +64,7 @@ export class SkillTarReader {
   private pending: Buffer[] = [];
   private pendingBytes = 0;
   private received = 0;
-  state: { kind: 'header' } | { kind: 'data'; entry: Kind; path: string; size: number; mode: number } | { kind: 'end' } = { kind: 'header' };
+  private state: ReaderState = { kind: 'header' };
   private pax = new Map<string, string>();
   private longName: string | null = null;
   private zeroBlocks = 0;
@@ -79,7 +80,7 @@ export class SkillTarReader {
     this.pendingBytes += chunk.length;
     for (;;) {
       // `header()` may have moved the state on: read it afresh.
-      const state = this.state as SkillTarReader['state'];
+      const state = this.state as ReaderState;
       if (state.kind === 'end') return;
       if (state.kind === 'header') {
         if (this.pendingBytes < BLOCK) return;

@@ -207,7 +207,10 @@ export async function buildTurnSpec(src: SpecSources, run: RunDoc, maxHistoryByt
     };
   }
   const { history, responses } = conversationOf(events, run.session_thread_id, isPrimary);
-  const skills = [...(src.skills ? await src.skills.resolve(run.workspace_id, run.agent.skills ?? []) : []), ...(session._skills ?? [])];
+  // A Session's own skills (a verification's draft) take the place of an Agent's skill of the same name.
+  const own = session._skills ?? [];
+  const selected = src.skills ? await src.skills.resolve(run.workspace_id, run.agent.skills ?? []) : [];
+  const skills = [...selected.filter((k) => !own.some((o) => o.name === k.name)), ...own];
   return {
     run_id: run.id,
     session_id: run.session_id,
