@@ -3,7 +3,7 @@ import { mkdirSync, mkdtempSync, rmSync, writeFileSync, chmodSync } from 'node:f
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { HttpClient } from '@agentplane/client';
+import { HttpClient } from '@agentplane/client';
 import type { Platform } from './harness/platform.js';
 import { idleCount, SCRIPT, startTurnPlatform, untilEvents, type Json, type TurnPlatform } from './harness/turns.js';
 import { errType } from './harness/governance.js';
@@ -249,5 +249,41 @@ describe('Skills (REST)', () => {
       resources: { cpu_millis: 1000, memory_mib: 256, disk_mib: 512, max_duration_seconds: 120 },
     });
     for (const envId of [t.envId, colocated.id]) await greetWithSkill(envId);
+  });
+
+  it('an AgentDeployment revision selects skills by id and revision; its Sessions\' Runs place them', async () => {
+    const ws = p.bootstrap.workspace_id;
+    const k = await p.root.post<{ secret: string }>(`/v1/organizations/${p.bootstrap.organization_id}/api-keys`, {
+      display_name: 'admin', role: 'admin', scope: { type: 'workspace', workspace_id: ws },
+    }, { idempotencyKey: 'skills-admin-key' });
+    const admin = new HttpClient({ baseUrl: p.baseUrl, token: k.secret });
+    const greeter = (await api.get<{ data: Skill[] }>('/v1/skills?limit=100')).data.find((x) => x.name === 'greeter');
+    expect(greeter).toBeDefined();
+    const hprof = (await admin.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/harness-profiles`, { key: 'skills-h', kind: 'builtin' })).id;
+    const sprof = (await admin.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/sandbox-profiles`, {
+      key: 'skills-s', image: 'agentplane/sandbox:latest', resources: { cpu_millis: 1000, memory_mib: 256, disk_mib: 512, max_duration_seconds: 120 },
+    })).id;
+    const mrp = (await admin.get<{ data: { id: string }[] }>(`/v1/organizations/workspaces/${ws}/model-routing-profiles`, { key: 'default' })).data[0]?.id;
+    const agentId = (await api.post<{ id: string }>('/v1/agents', {
+      name: 'deployed-greeter', model: 'default',
+      system: SCRIPT([{ when: { user_contains: 'hello' }, then: [{ tool: 'skill', input: { name: 'greeter' } }] }, { when: { after_tool: 'skill' }, then: [{ reply: 'Greeted: {{tool_result}}' }] }]),
+    })).id;
+    const head = await admin.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/agent-deployments`, { agent_id: agentId, key: 'skills-deployment' });
+    const revision = (selections: Json[]) => ({
+      expected_resource_version: 1, agent_release_number: 1, model_routing: { model_routing_profile_id: mrp, model_routing_profile_revision_number: 1 },
+      execution_target: { type: 'managed', harness_profile_id: hprof, harness_profile_revision_number: 1, sandbox_profile_id: sprof, sandbox_profile_revision_number: 1, runner_pool_id: null, harness_topology: 'split' },
+      skill_selections: selections, connection_binding_selections: [],
+    });
+    const unknown = await admin.request('POST', `/v1/agent-deployments/${head.id}/revisions`, { body: revision([{ skill_id: `skill_${'0'.repeat(32)}`, skill_revision_number: 1 }]) });
+    expect(unknown.status).toBe(404);
+    const noVersion = await admin.request('POST', `/v1/agent-deployments/${head.id}/revisions`, { body: revision([{ skill_id: greeter?.id, skill_revision_number: 9 }]) });
+    expect(noVersion.status).toBe(404);
+    const published = await admin.request('POST', `/v1/agent-deployments/${head.id}/revisions`, { body: revision([{ skill_id: greeter?.id, skill_revision_number: 1 }]) });
+    expect(published.status).toBe(201);
+    const s = await api.post<{ id: string; agent: { skills?: Json[] } }>(`/v1/agent-deployments/${head.id}/sessions`, {});
+    expect(s.agent.skills).toEqual([{ name: 'greeter', version: 1 }]);
+    await api.post(`/v1/sessions/${s.id}/events`, t.msg('hello'));
+    const events = await untilEvents(api, s.id, (e) => idleCount(e) >= 1, 120_000);
+    expect(events.filter((e) => e.type === 'agent.tool_result').map((e) => String(e.payload.content)).join('')).toContain('HOWDY-4471');
   });
 });
