@@ -304,10 +304,6 @@ describe('skill proposals', () => {
     expect(drafted.skill?.name).toBe('strict-greeting');
     const first = await verify(id, { expected_version: drafted.version, principal: t.principal });
     expect(first.status).toBe(200);
-    // A verifying (or already reconciled) proposal takes no new verify.
-    const during = await verify(id, { expected_version: first.body.version, principal: t.principal });
-    expect(during.status).toBe(409);
-    expect(errType(during)).toBe('runtime.invalid_transition');
     const failed = await until(id, 'verification_failed', (x) => x.status === 'verification_failed' || x.status === 'verified');
     expect(failed.status).toBe('verification_failed');
     expect(failed.verifications[0]?.result).toMatchObject({ verdict: 'needs_revision', explanation: 'Not in the house style.' });
@@ -327,6 +323,31 @@ describe('skill proposals', () => {
       expect(r.status).toBe(409);
       expect(errType(r)).toBe('runtime.invalid_transition');
     }
+  });
+
+  it('a verifying proposal takes no verify, submit or discard; erasing its verification Session fails the attempt', async () => {
+    // The grader takes its time, so the proposal stays verifying while the requests arrive.
+    const slow = rubric([{ then: [{ sleep_ms: 120_000 }, { verdict: 'satisfied' }] }]);
+    const created = await propose({ source_session_ids: [sources[0]], model_routing_profile_key: 'default', instructions: instructions(authored(slow)), skill_name: 'slow-greeting' });
+    const drafted = await until(created.body.id, 'drafted', (x) => x.status !== 'authoring');
+    const started = await verify(created.body.id, { expected_version: drafted.version, principal: t.principal });
+    expect(started.body.status).toBe('verifying');
+    const v = started.body.version;
+    const src = await api.post<{ id: string }>('/v1/skill-sources', { name: 'slow', url: bare });
+    for (const [path, body] of [
+      ['verify', { expected_version: v, principal: t.principal }],
+      ['submit', { expected_version: v, skill_source: src.id, principal: t.principal }],
+      ['discard', { expected_version: v }],
+    ] as const) {
+      const r = await api.request('POST', `/v1/skill-proposals/${created.body.id}/${path}`, { body });
+      expect({ path, status: r.status, type: errType(r) }).toEqual({ path, status: 409, type: 'runtime.invalid_transition' });
+    }
+    expect((await read(created.body.id)).status).toBe('verifying');
+    const session = started.body.verifications[0]?.session as string;
+    expect((await api.request('DELETE', `/v1/sessions/${session}`)).status).toBe(200);
+    const failed = await until(created.body.id, 'verification_failed', (x) => x.status !== 'verifying');
+    expect(failed.status).toBe('verification_failed');
+    expect(failed.verifications[0]?.result).toMatchObject({ verdict: 'failed', explanation: 'the verification Session was erased' });
   });
 
   it('a verification Session that cannot start (the Agent was archived) ends the attempt verification_failed', async () => {
