@@ -20,6 +20,9 @@ export const SKILL_PROPOSAL_QUEUE_PREFIX = 'ap:{q:skill_proposals}';
 const QUEUE = 'skill_proposals';
 const INDEX = 'skill_proposals';
 const WATCH_MAX_DELAY_MS = 10_000;
+/** Proposals whose work a crash could lose (authoring, verifying): `<ws>/<skp>`, score = ms last looked at. */
+const OUTBOX = keys.global('skill_proposal_outbox');
+const SWEEP_MS = 10_000;
 const AUTHOR_ATTEMPTS = 3;
 
 interface AuthorJob { workspace_id: string; proposal_id: string }
@@ -66,6 +69,7 @@ export class SkillProposalService {
   readonly queue: Queue;
   private worker: Worker | null = null;
   private workerConn: Redis | null = null;
+  private sweepTimer: NodeJS.Timeout | null = null;
 
   constructor(private readonly d: SkillProposalServiceDeps) {
     this.bull = connectRedis(d.redisUrl, { name: 'api:skill-proposals', blocking: true });
@@ -124,6 +128,7 @@ export class SkillProposalService {
       version: 1, created_at: now, updated_at: now,
     };
     await this.d.docs.create(tags.workspace(ws), p, [INDEX]);
+    await this.d.redis.zadd(OUTBOX, Date.now(), `${ws}/${p.id}`);
     await this.queue.add('author', { workspace_id: ws, proposal_id: p.id } satisfies AuthorJob, {
       jobId: `author-${p.id}`, attempts: AUTHOR_ATTEMPTS, backoff: { type: 'exponential', delay: 500 }, removeOnComplete: true, removeOnFail: { age: 24 * 3600 },
     });
@@ -209,6 +214,7 @@ export class SkillProposalService {
           if (cur.status !== 'drafted' && cur.status !== 'verification_failed') throw invalid(cur, 'verify');
           return { ...cur, status: 'verifying', _through: 0, verifications: [...cur.verifications, { session, started_at: nowIso(), launched_at: null, source_version: body.expected_version, principal: body.principal, result: null }] };
         }, { expectedVersion: body.expected_version });
+        await this.d.redis.zadd(OUTBOX, Date.now(), `${ws}/${id}`);
       } catch (err) {
         // The same request, arriving twice at once: the one that lost the race resumes the winner's attempt.
         const now = await this.load(ws, id);
@@ -259,8 +265,9 @@ export class SkillProposalService {
       agent: p.agent, environment_id: p._environment_id, title: `Verification of skill proposal ${p.id}`,
       metadata: { skill_proposal_id: p.id },
     }, undefined, { id: sessionId, skills: [skill] });
-    const events = await readAll(this.d.sessions.store.log, sessionId);
-    if (events.some((e) => e.type === 'user.define_outcome')) return;
+    // The drive is the Session's first client event: the head of its log tells whether it was made.
+    const head = await this.d.sessions.store.log.range(sessionId, 0, 100);
+    if (head.some((e) => e.type === 'user.define_outcome')) return;
     const session = await this.d.sessions.store.get(p.workspace_id, sessionId);
     await this.d.sessions.drive(session, {
       type: 'user.define_outcome',
@@ -541,6 +548,39 @@ export class SkillProposalService {
     if (!done && p?.status === 'submitted' && polls * this.d.adoptionPollMs < 7 * 24 * 3600_000) await this.enqueueAdopt(ws, id, this.d.adoptionPollMs, polls + 1);
   }
 
+  // ---- sweep ---------------------------------------------------------------------------------
+
+  /**
+   * Work a crash may have lost: an `authoring` proposal gets its job again (same job id, so
+   * never twice at once), a `verifying` one resumes its attempt exactly as a retried verify
+   * would (the reserved Session, created and driven at most once, and its watcher).
+   */
+  async sweep(): Promise<void> {
+    const members = await this.d.redis.zrangebyscore(OUTBOX, '-inf', Date.now() - 5000, 'LIMIT', 0, 100);
+    for (const m of members) {
+      const [ws, id] = m.split('/');
+      if (!ws || !id) continue;
+      const p = await this.d.docs.get<SkillProposalDoc>(tags.workspace(ws), id);
+      if (!p || (p.status !== 'authoring' && p.status !== 'verifying')) {
+        await this.d.redis.zrem(OUTBOX, m);
+        continue;
+      }
+      await this.d.redis.zadd(OUTBOX, Date.now(), m);
+      try {
+        if (p.status === 'authoring') {
+          await this.queue.add('author', { workspace_id: ws, proposal_id: id } satisfies AuthorJob, {
+            jobId: `author-${id}`, attempts: AUTHOR_ATTEMPTS, backoff: { type: 'exponential', delay: 500 }, removeOnComplete: true, removeOnFail: { age: 24 * 3600 },
+          });
+        } else {
+          const a = p.verifications.at(-1);
+          if (a) await this.verify(ws, id, { expected_version: a.source_version, principal: a.principal });
+        }
+      } catch (err) {
+        this.d.log.warn({ proposal: id, err: (err as Error).message }, 'resuming skill proposal work failed');
+      }
+    }
+  }
+
   // ---- worker --------------------------------------------------------------------------------
 
   start(): void {
@@ -561,9 +601,13 @@ export class SkillProposalService {
       void this.failAuthoring(data.workspace_id, data.proposal_id, 'internal').catch((e: unknown) => this.d.log.error({ err: e }, 'recording failed authoring failed'));
     });
     this.d.tap.on(async () => true, (t) => this.nudge(t));
+    const sweep = () => void this.sweep().catch((err: unknown) => this.d.log.warn({ err }, 'skill proposal sweep failed'));
+    this.sweepTimer = setInterval(sweep, SWEEP_MS);
+    this.sweepTimer.unref();
   }
 
   async close(): Promise<void> {
+    if (this.sweepTimer) clearInterval(this.sweepTimer);
     await this.worker?.close().catch(() => undefined);
     await this.workerConn?.quit().catch(() => this.workerConn?.disconnect());
     await this.queue.close().catch(() => undefined);
