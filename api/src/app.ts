@@ -12,6 +12,10 @@ import { VaultService } from './vaults/service.js';
 import { runtimeGitCredentials } from './vaults/runtime.js';
 import { ProjectService } from './projects/service.js';
 import { runtimeProjects } from './projects/runtime.js';
+import { SkillService } from './skills/service.js';
+import { runtimeSkills } from './skills/runtime.js';
+import { SkillSourceService } from './skill-sources/service.js';
+import { SkillProposalService } from './skill-proposals/service.js';
 import { runtimeMemory } from './memory/runtime.js';
 import { AuditLog } from './audit/store.js';
 import { PermissionStore } from './governance/permissions.js';
@@ -77,6 +81,8 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
   const memory = new MemoryService(redis, docs, { maxIndexedStores: config.memoryIndexedStores });
   const vaults = new VaultService(docs, secretBox);
   const projects = new ProjectService(redis, docs);
+  const skills = new SkillService(redis, docs);
+  const skillSources = new SkillSourceService(docs, config.skillSourcesAllowLocal);
   const audit = new AuditLog(redis, config.auditRetentionMs);
   const runners = new RunnerService(docs, redis, credentials, identity);
   const runs = createRunsModule({ config, redis, log, store: sessionStore, runtime: threadRuntime, environments, runners });
@@ -96,6 +102,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
   const sessions = new SessionService({
     store: sessionStore, agents, environments, identity, files, memory: memory.stores, vaults, projects, runtime: threadRuntime, scheduler: () => turns.scheduler, outcomes,
     requireModel: (ws, key, field) => models.profiles.requireKey(ws, key, field),
+    checkSkills: (ws, selections, field) => skills.checkSelections(ws, selections, field),
     admitTurn: (session) => models.budgets.check({ workspace_id: session.workspace_id, session_id: session.id, session_budget: session.budget }),
     modelUsage: async (scope) => {
       const r = await models.usage.read(scope.thread_id ? { kind: 'thread', session_id: scope.session_id, thread_id: scope.thread_id } : { kind: 'session', session_id: scope.session_id });
@@ -112,6 +119,9 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
     redisUrl: config.redisUrl, redis, store: new WebhookStore(redis, docs, secretBox), log: sessionStore.log, tap, logger: log, metrics, settings: config.webhooks,
     onDisabled: (e) => automations.endpointDisabled(e),
   });
+  const skillProposals = new SkillProposalService({
+    redisUrl: config.redisUrl, redis, docs, sessions, models, skills, sources: skillSources, tap, identity, log, adoptionPollMs: config.skillAdoptionPollMs,
+  });
   new Gauge({ name: 'agentplane_sse_streams', help: 'Session SSE streams open in this process', registers: [metrics], collect() { this.set(activeStreams()); } });
   registerRedisMetrics(metrics, redis, log);
   new Gauge({ name: 'agentplane_event_hub_channels', help: 'Session channels this process is subscribed to', registers: [metrics], collect() { this.set(eventHub.channelCount); } });
@@ -121,6 +131,9 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
     memory,
     vaults,
     projects,
+    skills,
+    skillSources,
+    skillProposals,
     agents,
     environments,
     turns,
@@ -184,6 +197,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
   app.use(runtimeMemory(deps, runtimeBearers));
   app.use(runtimeGitCredentials(deps, runtimeBearers));
   app.use(runtimeProjects(deps, runtimeBearers));
+  app.use(runtimeSkills(deps, runtimeBearers));
   app.use(router.routes());
   // Every API process works off due approval expiries (BullMQ gives each job to one of them).
   deps.approvals.startExpiry();
@@ -204,6 +218,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
     registerSandboxRelease(gateway, deps.docs);
   }
   deps.automations.start();
+  deps.skillProposals.start();
   deps.webhooks.start();
   deps.eventTap.start();
 
@@ -226,6 +241,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
       await deps.runs.close();
       await deps.approvals.close();
       await deps.automations.close();
+      await deps.skillProposals.close();
       await deps.webhooks.close();
       await deps.eventTap.close();
       await new Promise<void>((resolve) => {

@@ -50,6 +50,10 @@ export interface ApiConfig {
   webhooks: DeliverySettings;
   /** How often each api sweeps firing receipts whose work a crash may have lost (ms). */
   automationSweepMs: number;
+  /** Skill sources may be local repositories (`file://`, absolute paths): single-machine installs and tests only. */
+  skillSourcesAllowLocal: boolean;
+  /** How often a submitted skill proposal's source is checked for its adoption. */
+  skillAdoptionPollMs: number;
   /** A schedule tick later than this is a missed fire (`on_missed`). */
   automationMissedAfterMs: number;
   consoleEnabled: boolean;
@@ -110,6 +114,8 @@ export function loadApiConfig(env: Env): ApiConfig {
       egress: { development: envString(env, 'AGENTPLANE_MODE', 'production') === 'development', allowPrivate: envBool(env, 'WEBHOOK_ALLOW_PRIVATE_NETWORKS', false) },
     },
     automationSweepMs: envInt(env, 'AUTOMATION_SWEEP_MS', 10_000, 100, 600_000),
+    skillSourcesAllowLocal: envBool(env, 'SKILL_SOURCES_ALLOW_LOCAL', false),
+    skillAdoptionPollMs: envInt(env, 'SKILL_ADOPTION_POLL_MS', 60_000, 1_000, 24 * 3600_000),
     automationMissedAfterMs: envInt(env, 'AUTOMATION_MISSED_AFTER_MS', 30_000, 100, 24 * 3_600_000),
     consoleEnabled: envBool(env, 'CONSOLE_ENABLED', true),
     consoleDir: envOptional(env, 'CONSOLE_DIR'),

@@ -24,6 +24,9 @@ import type { ApprovalService } from './approvals/service.js';
 import type { AutomationService } from './automations/service.js';
 import type { WebhookDispatcher } from './webhooks/delivery.js';
 import type { SessionEventTap } from './events/tap.js';
+import type { SkillService } from './skills/service.js';
+import type { SkillSourceService } from './skill-sources/service.js';
+import type { SkillProposalService } from './skill-proposals/service.js';
 
 /** Everything an operation handler may use. Built once per process in app.ts. */
 export interface ApiDeps {
@@ -68,6 +71,12 @@ export interface ApiDeps {
   vaults: VaultService;
   /** Uploaded Projects: immutable revisions of file trees, mounted as `uploaded_project` resources. */
   projects: ProjectService;
+  /** Skills: versioned Agent Skill directories (docs/SKILLS.md). */
+  skills: SkillService;
+  /** Git repositories skills are submitted to and adopted from. */
+  skillSources: SkillSourceService;
+  /** Skill proposals: authoring, verification, submission and adoption jobs. */
+  skillProposals: SkillProposalService;
   /** The SessionThread state machine (drive events here; the runtime side reports turn boundaries). */
   threadRuntime: ThreadRuntime;
   /** Where started turns go; replace `turns.scheduler` to plug a scheduler in. */

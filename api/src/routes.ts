@@ -20,6 +20,9 @@ import { approvalOperations } from './approvals/operations.js';
 import { automationOperations } from './automations/operations.js';
 import { webhookOperations } from './webhooks/operations.js';
 import { deploymentOperations } from './deployments/operations.js';
+import { skillOperations } from './skills/operations.js';
+import { skillSourceOperations } from './skill-sources/operations.js';
+import { skillProposalOperations } from './skill-proposals/operations.js';
 
 /**
  * The operation table: every REST operation of the API, once. The router, the OpenAPI
@@ -33,5 +36,6 @@ export function allOperations(): Operation[] {
   table.push(...connectionOperations, ...runOperations, ...fileOperations, ...memoryOperations, ...vaultOperations, ...projectOperations, ...auditOperations, ...governanceOperations, ...policyOperations, ...approvalOperations);
   table.push(...automationOperations, ...webhookOperations);
   table.push(...deploymentOperations);
+  table.push(...skillOperations, ...skillSourceOperations, ...skillProposalOperations);
   return table;
 }

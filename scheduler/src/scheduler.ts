@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import type { Logger } from '@agentplane/core';
 import {
-  bindingShapings, buildTurnSpec, ConnectionService, CredentialIndex, FileStore, IdentityService, OutcomeService, ProjectHeadReader, RedisRuntimeBearers, RunEngine, RunLifecycle, RunnerService,
+  bindingShapings, buildTurnSpec, ConnectionService, CredentialIndex, FileStore, IdentityService, OutcomeService, ProjectHeadReader, RedisRuntimeBearers, SkillReader, RunEngine, RunLifecycle, RunnerService,
   SessionStore, ThreadRuntime, VersionedStore, sandboxProfileStore, type ConnectionGrant, type Environment, type RunDoc, type SandboxProfile, type ToolShaping,
 } from '@agentplane/domain';
 import { activePools, LeaseFence, LeaseRecords, RunQueues } from '@agentplane/lease';
@@ -46,6 +46,7 @@ export class Scheduler {
   private readonly docs: DocumentStore;
   private readonly files: FileStore;
   private readonly projects: ProjectHeadReader;
+  private readonly skills: SkillReader;
   private readonly bearers: RedisRuntimeBearers;
   private readonly connections: ConnectionService | undefined;
   private scanTimer: NodeJS.Timeout | undefined;
@@ -75,6 +76,7 @@ export class Scheduler {
     this.directory = new PresenceDirectory(this.redis, (pool) => this.pools.get(pool));
     this.files = new FileStore(this.redis, docs);
     this.projects = new ProjectHeadReader(docs);
+    this.skills = new SkillReader(this.redis, docs);
     // Turns this scheduler ends (retries exhausted, interrupted while queued) move their outcome on too.
     const outcomes = new OutcomeService({ store: this.store, runtime, scheduler: () => this.engine, log, files: this.files });
     runtime.onTurnEnded((session, threadId, runId, stop) => outcomes.turnEnded(session, threadId, runId, stop));
@@ -86,19 +88,20 @@ export class Scheduler {
   private async spec(o: LeaseOffer): Promise<Record<string, unknown>> {
     const run = await this.store.run(o.session_id, o.run_id);
     if (!run) throw new Error(`run ${o.run_id} not found`);
-    const spec = await buildTurnSpec({ store: this.store, environments: this.environments, sandboxProfiles: this.sandboxProfiles, files: this.files, projects: this.projects }, run as RunDoc);
+    const spec = await buildTurnSpec({ store: this.store, environments: this.environments, sandboxProfiles: this.sandboxProfiles, files: this.files, projects: this.projects, skills: this.skills }, run as RunDoc);
     const resolved = this.connections && run.agent.mcp_servers.length > 0
       ? await this.connections.resolveAgentServers(run.workspace_id, run.agent.mcp_servers)
       : undefined;
     const files = spec.resources.flatMap((r) => (r.type === 'file' && !r.missing ? [r.file_id] : []));
     const memory = spec.memory ?? [];
     const projects = spec.resources.flatMap((r) => (r.type === 'uploaded_project' ? [`${r.project_id}@${r.revision_number}`] : []));
+    const skills = (spec.skills ?? []).map((k) => k.ref);
     // Repositories fetched over HTTPS may need a vault credential: only when the Session names vaults.
     const session = await this.store.get(run.workspace_id, run.session_id).catch(() => null);
     const repositories = (session?.vault_ids.length ?? 0) > 0
       ? spec.resources.flatMap((r) => (r.type === 'repository' && r.url.startsWith('https://') ? [r.url] : []))
       : [];
-    if (!resolved && files.length === 0 && memory.length === 0 && repositories.length === 0 && projects.length === 0) return spec as unknown as Record<string, unknown>;
+    if (!resolved && files.length === 0 && memory.length === 0 && repositories.length === 0 && projects.length === 0 && skills.length === 0) return spec as unknown as Record<string, unknown>;
     // One runtime bearer for this lease: it works only while the lease holds the Session fence,
     // for the agent's Connections, the Session's Files and its MemoryStores.
     const ws = await this.docs.get<{ organization_id: string } & StoredDoc>(tags.workspace(run.workspace_id), run.workspace_id);
@@ -115,7 +118,7 @@ export class Scheduler {
     const bearer = await this.bearers.mint({
       run_id: run.id, session_id: run.session_id, workspace_id: run.workspace_id, organization_id: ws?.organization_id ?? '',
       lease_id: o.lease_id, expires_at: new Date(Date.now() + spec.environment.resources.max_duration_seconds * 1000 + o.lease_ms).toISOString(),
-      connections: grants, files, ...(repositories.length > 0 ? { repositories } : {}), ...(projects.length > 0 ? { projects } : {}), ...(memory.length > 0 ? { memory: Object.fromEntries(memory.map((m) => [m.memory_store_id, m.access])) } : {}),
+      connections: grants, files, ...(repositories.length > 0 ? { repositories } : {}), ...(projects.length > 0 ? { projects } : {}), ...(skills.length > 0 ? { skills } : {}), ...(memory.length > 0 ? { memory: Object.fromEntries(memory.map((m) => [m.memory_store_id, m.access])) } : {}),
     });
     const servers: NonNullable<typeof spec.runtime_mcp>['servers'] = [];
     if (resolved) {
@@ -127,7 +130,7 @@ export class Scheduler {
       name: i === 0 ? 'memory' : `memory_${i + 1}`, connection_id: m.memory_store_id, permission: 'always_allow', path: `/v1/runtime/memory/${m.memory_store_id}`,
     }));
     if (servers.length > 0) spec.runtime_mcp = { bearer, servers };
-    if (files.length > 0 || repositories.length > 0 || projects.length > 0) spec.runtime_files = { bearer };
+    if (files.length > 0 || repositories.length > 0 || projects.length > 0 || skills.length > 0) spec.runtime_files = { bearer };
     return spec as unknown as Record<string, unknown>;
   }
 

@@ -16,6 +16,7 @@ export const agentOperations: Operation[] = [
     async handler({ caller, body, deps }) {
       const ws = requireWorkspace(caller);
       await deps.models.profiles.requireKey(ws, body.model, 'body.model');
+      if (body.skills) await deps.skills.checkSelections(ws, body.skills, 'body.skills');
       return json(201, await deps.agents.create(ws, newAgent(ws, body)));
     },
   }),
@@ -43,6 +44,7 @@ export const agentOperations: Operation[] = [
     async handler({ caller, params, body, deps }) {
       const { expected_version, ...patch } = body;
       if (patch.model !== undefined) await deps.models.profiles.requireKey(requireWorkspace(caller), patch.model, 'body.model');
+      if (patch.skills !== undefined) await deps.skills.checkSelections(requireWorkspace(caller), patch.skills, 'body.skills');
       return json(200, await deps.agents.newVersion(requireWorkspace(caller), params.agent_id, expected_version, (cur) => ({
         ...cur,
         ...(patch.name !== undefined ? { name: patch.name } : {}),
@@ -51,6 +53,7 @@ export const agentOperations: Operation[] = [
         ...(patch.system !== undefined ? { system: patch.system } : {}),
         ...(patch.tools !== undefined ? { tools: normaliseTools(patch.tools) } : {}),
         ...(patch.mcp_servers !== undefined ? { mcp_servers: normaliseMcp(patch.mcp_servers) } : {}),
+        ...(patch.skills !== undefined ? { skills: patch.skills } : {}),
         ...(patch.metadata !== undefined ? { metadata: patch.metadata } : {}),
       })));
     },

@@ -2,6 +2,9 @@ import { Id, LogicalKey, Metadata, Nullable, Obj, Timestamp, Type, type Static }
 import { Permission, BUILTIN_TOOLS, BuiltinTool, CustomTool, Tool, Tools, McpServer, McpServers, type McpServerT, type ToolT } from '@agentplane/domain';
 
 
+/** An Agent's skill selections: Skills of the Workspace by name, each at one version (docs/SKILLS.md). */
+export const SkillSelections = Type.Array(Obj({ name: LogicalKey(), version: Type.Integer({ minimum: 1 }) }), { maxItems: 32 });
+
 /** The configurable part of an Agent; also the inline `agent` of a Session create. */
 export const AgentConfigFields = {
   name: Type.String({ minLength: 1, maxLength: 200 }),
@@ -10,6 +13,7 @@ export const AgentConfigFields = {
   system: Type.Optional(Nullable(Type.String({ maxLength: 200_000 }))),
   tools: Type.Optional(Tools),
   mcp_servers: Type.Optional(McpServers),
+  skills: Type.Optional(SkillSelections),
   metadata: Type.Optional(Metadata()),
 };
 export const CreateAgentBody = Obj(AgentConfigFields);
@@ -23,6 +27,7 @@ export const UpdateAgentBody = Obj(
     system: AgentConfigFields.system,
     tools: Type.Optional(Tools),
     mcp_servers: Type.Optional(McpServers),
+    skills: Type.Optional(SkillSelections),
     metadata: Type.Optional(Metadata()),
   },
   { minProperties: 2 },
@@ -38,6 +43,7 @@ export const AgentSchema = Obj({
   system: Nullable(Type.String()),
   tools: Tools,
   mcp_servers: McpServers,
+  skills: Type.Optional(SkillSelections),
   metadata: Metadata(),
   version: Type.Integer({ minimum: 1 }),
   archived_at: Nullable(Timestamp()),

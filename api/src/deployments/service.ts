@@ -188,8 +188,18 @@ export class DeploymentService {
       }
       execution_target = { ...target };
     }
-    // No Skills exist in this Workspace model yet: any selection names an unknown skill.
-    if (body.skill_selections.length > 0) throw new ApiError('validation.not_found', `skill ${body.skill_selections[0]?.skill_id ?? ''} not found`);
+    // Each selection names a live Skill of the Workspace at a version it has, once.
+    const skillIds = new Set<string>();
+    const skillNames = new Set<string>();
+    for (const [i, sel] of body.skill_selections.entries()) {
+      if (skillIds.has(sel.skill_id)) throw new ApiError('validation.malformed', `body.skill_selections[${i}]: ${sel.skill_id} is selected twice`);
+      skillIds.add(sel.skill_id);
+      const skill = await d.skills.get(ws, sel.skill_id);
+      if (skill.archived_at !== null) throw new ApiError('validation.not_found', `body.skill_selections[${i}]: skill ${sel.skill_id} is archived`);
+      const v = await d.skills.version(sel.skill_id, sel.skill_revision_number);
+      if (skillNames.has(v.name)) throw new ApiError('validation.malformed', `body.skill_selections[${i}]: two selections of skill '${v.name}'`);
+      skillNames.add(v.name);
+    }
     const seen = new Set<string>();
     const bound = new Set<string>();
     for (const sel of body.connection_binding_selections) {
@@ -350,7 +360,13 @@ export class DeploymentService {
     };
     // The agent's model steps go through the routing profile the revision pins: its key, and the
     // model gateway resolves the pinned revision for this Session (not the profile's latest).
-    return { agent: { ...snapshotOf(agentVersion), model: routing.key }, sandbox: { id: target.sandbox_profile_id, version: target.sandbox_profile_revision_number }, pin };
+    // The revision's skill selections are the Runs' skills (in place of the Agent version's own).
+    const skills = await Promise.all(rev.skill_selections.map(async (sel) => {
+      const v = await this.deps().skills.version(sel.skill_id, sel.skill_revision_number);
+      return { name: v.name, version: v.version };
+    }));
+    const { skills: _own, ...snapshot } = snapshotOf(agentVersion);
+    return { agent: { ...snapshot, ...(skills.length > 0 ? { skills } : {}), model: routing.key }, sandbox: { id: target.sandbox_profile_id, version: target.sandbox_profile_revision_number }, pin };
   }
 
   // ---- connection bindings -------------------------------------------------------------------

@@ -1,7 +1,7 @@
 import type { TokenUsage } from '@agentplane/protocol';
 import { ApiError, canonicalJson, newId, nowIso, sha256Hex } from '@agentplane/core';
 import { keys, tags, type LogEvent } from '@agentplane/store';
-import { newAgent, snapshotOf, type Agent, type AgentSnapshot, type DeploymentPin } from '@agentplane/domain';
+import { newAgent, snapshotOf, type Agent, type AgentSnapshot, type DeploymentPin, type SpecSkill } from '@agentplane/domain';
 import type { VersionedStore } from '@agentplane/domain';
 import type { Environment } from '@agentplane/domain';
 import type { IdentityService } from '@agentplane/domain';
@@ -35,6 +35,8 @@ export interface SessionServiceDeps {
   admitTurn?: (session: SessionDoc) => Promise<void>;
   /** Refuses an inline agent whose `model` names no routing profile of the workspace (422 `model.no_eligible_model`). */
   requireModel?: (ws: string, key: string, field: string) => Promise<void>;
+  /** An inline agent's skill selections must name Skills of the Workspace (404 otherwise). */
+  checkSkills?: (ws: string, selections: ReadonlyArray<{ name: string; version: number }>, field: string) => Promise<void>;
   /** Token usage metered by the model gateway, per Session or thread (null: none recorded). */
   modelUsage?: (scope: { session_id: string; thread_id?: string }) => Promise<TokenUsage | null>;
   /** `user.define_outcome` (docs/OUTCOMES.md); absent: the event is only recorded. */
@@ -99,6 +101,7 @@ export class SessionService {
     }
     // Inline configuration: recorded as a new Agent (version 1) so the snapshot is addressable.
     await this.d.requireModel?.(ws, input.model, 'body.agent.model');
+    if (input.skills) await this.d.checkSkills?.(ws, input.skills, 'body.agent.skills');
     return snapshotOf(await this.d.agents.create(ws, newAgent(ws, input)));
   }
 
@@ -111,8 +114,18 @@ export class SessionService {
     ws: string,
     body: SessionCreateBody,
     idemKey: string | undefined,
-    options: { automationId?: string; deployment?: { agent: AgentSnapshot; sandbox: { id: string; version: number }; pin: DeploymentPin } } = {},
+    options: {
+      automationId?: string; deployment?: { agent: AgentSnapshot; sandbox: { id: string; version: number }; pin: DeploymentPin };
+      /** An id reserved before the create (a skill verification): a Session that already has it is returned as it is. */
+      id?: string;
+      /** Skills every Run of the Session places beside the Agent's (a skill verification's drafted skill). */
+      skills?: SpecSkill[];
+    } = {},
   ): Promise<Record<string, unknown>> {
+    if (options.id) {
+      const existing = await this.d.store.docs.get<SessionDoc>(tags.session(options.id), options.id);
+      if (existing) return this.view(existing);
+    }
     const initial = (body.initial_events ?? []).map((e, i) => ({ type: e.type, payload: checkDrivePayload(e.type, e.payload, `body.initial_events.${i}`) }));
     for (const e of initial) {
       if (e.type !== 'user.message' && e.type !== 'user.define_outcome') {
@@ -136,7 +149,7 @@ export class SessionService {
       agent = await this.resolveAgent(ws, body.agent);
     }
     const now = nowIso();
-    const id = newId('session');
+    const id = options.id ?? newId('session');
     const primary = newThreadDoc({ id, workspace_id: ws, created_at: now }, agent, null);
     const session: SessionDoc = {
       id, type: 'session', workspace_id: ws, agent, environment_id: env.id, environment_version: env.version,
@@ -145,6 +158,7 @@ export class SessionService {
       outcome_evaluations: [], archived_at: null, _primary_thread_id: primary.id, version: 1, created_at: now, updated_at: now,
       ...(options.automationId ? { automation_id: options.automationId } : {}),
       ...(options.deployment ? { agent_deployment: options.deployment.pin } : {}),
+      ...(options.skills && options.skills.length > 0 ? { _skills: options.skills } : {}),
     };
     // A first user.message starts a turn: a spent Session or Workspace budget refuses the create.
     if (initial.some((e) => e.type === 'user.message' || e.type === 'user.define_outcome')) await this.d.admitTurn?.(session);

@@ -46,6 +46,8 @@ export const ID_PREFIXES = {
   outcomeEvaluation: 'oeval',
   connectedHarness: 'chrn',
   agentDeploymentConnectionBinding: 'adcb',
+  skill: 'skill',
+  skillSource: 'sksrc',
 } as const;
 
 export type IdKind = keyof typeof ID_PREFIXES;

@@ -30,3 +30,4 @@ export * from './identity/bootstrap.js';
 export * from './outcomes/grader.js';
 export * from './outcomes/service.js';
 export * from './outcomes/spec.js';
+export * from './skills/model.js';

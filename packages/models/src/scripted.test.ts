@@ -32,3 +32,19 @@ describe('scripted user_matches', () => {
     expect(err).toMatchObject({ kind: 'bad_request' });
   });
 });
+
+describe('scripted system_contains', () => {
+  it('reads the system prompt the model receives, with what the harness appended', async () => {
+    const rules = [{ when: { system_contains: '\u0023# Skills' }, then: [{ reply: 'has skills' }] }, { then: [{ reply: 'no skills' }] }];
+    // The condition is written escaped in the script, so only the appended section matches it.
+    const script = JSON.stringify({ rules }).replace('## Skills', '\\u0023# Skills');
+    const run = async (system: string) => {
+      const call = { request: { routing_key: 'default', system, messages: [{ role: 'user' as const, content: [{ type: 'text' as const, text: 'hi' }] }], tools: [] }, model: 'scripted-1', baseUrl: null, apiKey: null };
+      let text = '';
+      for await (const e of new ScriptedAdapter().stream(call, new AbortController().signal) as AsyncGenerator<ModelStreamEvent>) if (e.type === 'text_delta') text += e.text;
+      return text;
+    };
+    expect(await run(`\`\`\`scripted\n${script}\n\`\`\``)).toBe('no skills');
+    expect(await run(`\`\`\`scripted\n${script}\n\`\`\`\n\n## Skills\n- a: b`)).toBe('has skills');
+  });
+});

@@ -38,6 +38,11 @@ export interface ScriptCondition {
   after_tool?: string;
   /** The step number: how many assistant turns precede this request (0 for the first). */
   turn?: number;
+  /**
+   * Substring of the system prompt as the model receives it (what the harness added included,
+   * e.g. the skills it names).
+   */
+  system_contains?: string;
 }
 
 export type ScriptStep =
@@ -128,8 +133,9 @@ function userPattern(source: string): RE2JS {
   return re;
 }
 
-function matches(when: ScriptCondition | undefined, s: Situation): boolean {
+function matches(when: ScriptCondition | undefined, s: Situation, system: string): boolean {
   if (!when) return true;
+  if (when.system_contains !== undefined && !system.includes(when.system_contains)) return false;
   if (when.on !== undefined && when.on !== s.on) return false;
   // Conditions on the user's text answer new user text unless `on: "tool_result"` says otherwise.
   if (when.on === undefined && (when.user_contains !== undefined || when.user_matches !== undefined) && s.on !== 'user') return false;
@@ -188,7 +194,7 @@ export class ScriptedAdapter implements ProviderAdapter {
     const { request } = call;
     const script = parseScript(request.system);
     const s = situation(request.messages);
-    const rule = script?.rules.find((r) => matches(r.when, s));
+    const rule = script?.rules.find((r) => matches(r.when, s, request.system ?? ''));
     const steps: ScriptStep[] = rule?.then ?? [{ reply: s.on === 'tool_result' ? 'Tool result: {{tool_result}}' : 'You said: {{user}}' }];
     let text = '';
     let thinking = '';

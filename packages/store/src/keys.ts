@@ -10,12 +10,13 @@
  *   {f:<file_id>}   one uploaded File's content (chunks)
  *   {m:<memstore_id>} one MemoryStore's documents, version history and change log
  *   {p:<project_id>} one uploaded Project's revisions and file contents
+ *   {k:<skill_id>}  one Skill's immutable versions and their files
  *
  * docs/ARCHITECTURE.md lists every key with its type and owner.
  */
 export const KEY_PREFIX = 'ap';
 
-export type Tag = `o:${string}` | `w:${string}` | `s:${string}` | `a:${string}` | `r:${string}` | `g:${string}` | `f:${string}` | `m:${string}` | `p:${string}`;
+export type Tag = `o:${string}` | `w:${string}` | `s:${string}` | `a:${string}` | `r:${string}` | `g:${string}` | `f:${string}` | `m:${string}` | `p:${string}` | `k:${string}`;
 
 export const tags = {
   org: (orgId: string): Tag => `o:${orgId}`,
@@ -27,6 +28,7 @@ export const tags = {
   file: (fileId: string): Tag => `f:${fileId}`,
   memoryStore: (storeId: string): Tag => `m:${storeId}`,
   project: (projectId: string): Tag => `p:${projectId}`,
+  skill: (skillId: string): Tag => `k:${skillId}`,
 };
 
 export const keys = {

@@ -5,7 +5,8 @@ import { HarnessError, HarnessLoop, type AgentTool, type Awaiting, type IdleStop
 import type { ToolTracer } from '../harness/loop.js';
 import { connectMcpTools, type RuntimeMcp } from '../harness/mcp-tools.js';
 import type { SandboxManager } from '../sandbox/manager.js';
-import { isOfferedResource, offeredSources, type OfferedResource } from '../sandbox/sources.js';
+import { isOfferedResource, isOfferedSkill, offeredSources, skillSources, type OfferedResource, type OfferedSkill } from '../sandbox/sources.js';
+import { SKILL_TOOL_NAME, skillsPrompt } from '../harness/tools/builtin.js';
 import { driverSatisfies, type SandboxDriver, type SandboxEnvironment, type SandboxTier } from '../sandbox/types.js';
 import { colocatedHarnessAvailable, runColocated } from './colocated.js';
 import { LeaseSink } from './lease-sink.js';
@@ -33,6 +34,8 @@ interface TurnSpec {
   responses: Parameters<HarnessLoop['run']>[0]['responses'];
   runtime_mcp?: RuntimeMcp;
   runtime_files?: { bearer: string };
+  /** Skills placed read-only in the workspace and named to the model (see the API's `SpecSkill`). */
+  skills?: unknown[];
   /** `outcome_grader`: one grader model step instead of an agent turn (./grader.ts). */
   kind?: 'turn' | 'outcome_grader';
   grader?: unknown;
@@ -46,6 +49,7 @@ function asSpec(spec: Record<string, unknown>): TurnSpec {
   if (s.resources !== undefined && (!Array.isArray(s.resources) || !s.resources.every(isOfferedResource))) {
     throw new Error('the lease offer carries malformed resources');
   }
+  if (s.skills !== undefined && (!Array.isArray(s.skills) || !s.skills.every(isOfferedSkill))) throw new Error('the lease offer carries malformed skills');
   if (s.kind !== undefined && s.kind !== 'turn' && s.kind !== 'outcome_grader') throw new Error(`unknown run kind '${String(s.kind)}'`);
   if (s.kind === 'outcome_grader' && !isGraderTurn(s.grader)) throw new Error('the lease offer carries a malformed grader spec');
   return s as TurnSpec;
@@ -140,9 +144,9 @@ async function runTurn(o: TurnExecutorOptions, handle: LeaseHandle): Promise<Rec
     max_duration_seconds: spec.environment.resources.max_duration_seconds,
     requirements: { tier: tierOf(spec), network_mode: 'none' },
   };
-  const sources = offeredSources((spec.resources ?? []) as OfferedResource[], {
-    baseUrl: o.baseUrl, bearer: spec.runtime_files?.bearer, ...(o.repositoryMaxBytes ? { repositoryMaxBytes: o.repositoryMaxBytes } : {}),
-  });
+  const sourceOptions = { baseUrl: o.baseUrl, bearer: spec.runtime_files?.bearer, ...(o.repositoryMaxBytes ? { repositoryMaxBytes: o.repositoryMaxBytes } : {}) };
+  const skills = (spec.skills ?? []) as OfferedSkill[];
+  const sources = [...offeredSources((spec.resources ?? []) as OfferedResource[], sourceOptions), ...skillSources(skills, sourceOptions)];
   const endStart = o.metrics?.sandboxStartSeconds.startTimer({ driver: o.sandboxes.driver.name === 'docker' ? 'docker' : 'process' });
   const { sandbox, materialized } = await o.sandboxes.prepare({ id: spec.session_id }, env, sources, handle.signal);
   endStart?.();
@@ -151,7 +155,11 @@ async function runTurn(o: TurnExecutorOptions, handle: LeaseHandle): Promise<Rec
     if (materialized && !materialized.skipped) log.info({ resources: materialized.placed, files: materialized.files, bytes: materialized.bytes }, 'session resources materialised');
     const sink = new LeaseSink(handle, spec.run_id, spec.session_id);
     const mcp = spec.runtime_mcp ? await connectMcpTools(o.baseUrl, spec.runtime_mcp, log, handle.signal) : undefined;
-    const agent = { routing_key: spec.agent.routing_key, ...(spec.agent.system ? { system: spec.agent.system } : {}), tools: [...spec.agent.tools, ...(mcp?.tools ?? [])] };
+    // Skills: the system prompt names them (name and description), the `skill` tool opens one.
+    const system = skills.length > 0 ? [spec.agent.system, skillsPrompt(skills)].filter(Boolean).join('\n\n') : spec.agent.system;
+    const skillTools: AgentTool[] = skills.length > 0 && !spec.agent.tools.some((t) => t.type === 'builtin' && t.name === SKILL_TOOL_NAME)
+      ? [{ type: 'builtin', name: SKILL_TOOL_NAME, permission: 'always_allow' }] : [];
+    const agent = { routing_key: spec.agent.routing_key, ...(system ? { system } : {}), tools: [...spec.agent.tools, ...skillTools, ...(mcp?.tools ?? [])] };
     type Outcome = { stop_reason: IdleStopReason; usage: TokenUsage; awaiting?: Map<string, Awaiting> };
     let outcome: Outcome;
     const driver = tracedDriver(o.sandboxes.driver);

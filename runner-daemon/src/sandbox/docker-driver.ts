@@ -536,11 +536,18 @@ export class DockerDriver implements SandboxDriver {
     }
   }
 
-  async writeFiles(sandbox: Sandbox, files: Array<{ path: string; data: Buffer; mode?: number }>): Promise<void> {
+  async writeFiles(sandbox: Sandbox, files: Array<{ path: string; data: Buffer; mode?: number; readOnly?: boolean }>): Promise<void> {
     const tracked = this.container(sandbox);
     const { uid, gid } = SANDBOX_DEFAULTS;
     const dirs = new Set<string>();
     const entries: TarEntry[] = [];
+    // Directories any writable file needs stay the sandbox user's; the rest of a read-only tree is root's.
+    const writableDirs = new Set<string>();
+    for (const file of files) {
+      if (file.readOnly) continue;
+      const parts = normaliseRelative(file.path).split('/');
+      for (let i = 1; i < parts.length; i++) writableDirs.add(parts.slice(0, i).join('/'));
+    }
     for (const file of files) {
       const rel = normaliseRelative(file.path);
       const parts = rel.split('/');
@@ -548,10 +555,13 @@ export class DockerDriver implements SandboxDriver {
         const dir = parts.slice(0, i).join('/');
         if (!dirs.has(dir)) {
           dirs.add(dir);
-          entries.push({ type: 'dir', path: dir, mode: 0o755, uid, gid });
+          const locked = file.readOnly === true && !writableDirs.has(dir) && i > 1;
+          entries.push(locked ? { type: 'dir', path: dir, mode: 0o555, uid: 0, gid: 0 } : { type: 'dir', path: dir, mode: 0o755, uid, gid });
         }
       }
-      entries.push({ type: 'file', path: rel, data: file.data, mode: file.mode ?? 0o644, uid, gid });
+      entries.push(file.readOnly
+        ? { type: 'file', path: rel, data: file.data, mode: 0o444, uid: 0, gid: 0 }
+        : { type: 'file', path: rel, data: file.data, mode: file.mode ?? 0o644, uid, gid });
     }
     try {
       await tracked.container.putArchive(createTar(entries), { path: sandbox.workspace });

@@ -109,12 +109,15 @@ export class ProcessDriver implements SandboxDriver {
     return spawnChild(argv, this.childOptions(sandbox, options.cwd, options.env));
   }
 
-  async writeFiles(sandbox: Sandbox, files: Array<{ path: string; data: Buffer; mode?: number }>): Promise<void> {
+  async writeFiles(sandbox: Sandbox, files: Array<{ path: string; data: Buffer; mode?: number; readOnly?: boolean }>): Promise<void> {
     for (const file of files) {
       const target = join(sandbox.workspace, normaliseRelative(file.path));
       await mkdir(dirname(target), { recursive: true });
+      // A read-only file placed again (a later version of a skill) is replaced, not written through.
+      if (file.readOnly) await rm(target, { force: true });
       await writeFile(target, file.data);
-      await chmod(target, file.mode ?? 0o644);
+      // The process tier has no second user: read-only is the file mode only.
+      await chmod(target, file.readOnly ? 0o444 : (file.mode ?? 0o644));
     }
   }
 

@@ -16,12 +16,12 @@ export type ResourceContent =
   | { kind: 'bytes'; data: Buffer; mode?: number }
   /** A tree extracted under the mount path. */
   | { kind: 'tar'; data: Buffer }
-  | { kind: 'files'; files: Array<{ path: string; content: Buffer; mode?: number }> };
+  | { kind: 'files'; files: Array<{ path: string; content: Buffer; mode?: number }>; readOnly?: boolean };
 
 export interface ResourceSource {
   /** The Session resource id. */
   id: string;
-  type: 'file' | 'repository' | 'uploaded_project';
+  type: 'file' | 'repository' | 'uploaded_project' | 'skill';
   /** Where it goes in the workspace: relative, or absolute with `/` as the workspace root. */
   mount_path: string;
   /** What the content is (a digest, a url at a ref): a resource is placed again only when this changes. */
@@ -104,7 +104,7 @@ export async function materializeResources(
   let files = 0;
   let bytes = 0;
   // Trees are extracted one exec each; loose files and the marker then go in one copy.
-  const loose: Array<{ path: string; data: Buffer; mode?: number }> = [];
+  const loose: Array<{ path: string; data: Buffer; mode?: number; readOnly?: boolean }> = [];
   for (const source of todo) {
     const base = workspacePath(sandbox, source.mount_path);
     const content = await source.load(options.signal);
@@ -115,7 +115,10 @@ export async function materializeResources(
       bytes += content.data.length;
     } else if (content.kind === 'files') {
       for (const f of content.files) {
-        loose.push({ path: base ? `${base}/${normaliseRelative(f.path)}` : normaliseRelative(f.path), data: f.content, ...(f.mode !== undefined ? { mode: f.mode } : {}) });
+        loose.push({
+          path: base ? `${base}/${normaliseRelative(f.path)}` : normaliseRelative(f.path), data: f.content,
+          ...(f.mode !== undefined ? { mode: f.mode } : {}), ...(content.readOnly ? { readOnly: true } : {}),
+        });
         files += 1;
         bytes += f.content.length;
       }

@@ -114,6 +114,48 @@ async function downloadProject(r: Extract<OfferedResource, { type: 'uploaded_pro
   });
 }
 
+/** A skill as the turn spec carries it (see the API's `SpecSkill`). */
+export interface OfferedSkill {
+  ref: string;
+  name: string;
+  description: string;
+  mount_path: string;
+}
+
+export function isOfferedSkill(value: unknown): value is OfferedSkill {
+  const s = value as Partial<Record<string, unknown>> | null;
+  return !!s && typeof s === 'object' && typeof s.ref === 'string' && typeof s.name === 'string' && /^[a-z0-9](?:[a-z0-9._-]{0,93})$/.test(s.name)
+    && typeof s.description === 'string' && typeof s.mount_path === 'string';
+}
+
+/**
+ * The turn's skills as sources: each one's files from `/v1/runtime/skills/{ref}`, placed
+ * read-only under its mount path. A ref names immutable content (a Skill version, a drafted
+ * proposal), so it is its identity.
+ */
+export function skillSources(skills: readonly OfferedSkill[], o: SourceOptions): ResourceSource[] {
+  return skills.map((k): ResourceSource => ({
+    id: `skill:${k.name}`, type: 'skill', mount_path: k.mount_path, identity: `skill:${k.ref}`,
+    async load(signal) {
+      if (!o.bearer) throw new ResourceError(`skill ${k.name}: the offer carries no bearer to fetch it`);
+      let res: Response;
+      try {
+        res = await fetch(apiUrl(o.baseUrl, `/v1/runtime/skills/${encodeURIComponent(k.ref)}`), { headers: { authorization: `Bearer ${o.bearer}` }, signal: signal ?? null });
+      } catch (err) {
+        throw new InfrastructureFailure(`skill ${k.name}: the control plane did not serve it: ${(err as Error).message}`, { cause: err });
+      }
+      if (res.status === 404) throw new ResourceError(`skill ${k.name} (${k.ref}) no longer exists`);
+      if (res.status !== 200) throw new InfrastructureFailure(`skill ${k.name}: fetching it answered HTTP ${res.status}`);
+      const body = (await res.json()) as { files?: Array<{ path?: unknown; content_base64?: unknown }> };
+      const files = (body.files ?? []).map((f) => {
+        if (typeof f.path !== 'string' || typeof f.content_base64 !== 'string') throw new InfrastructureFailure(`skill ${k.name}: malformed skill files`);
+        return { path: f.path, content: Buffer.from(f.content_base64, 'base64') };
+      });
+      return { kind: 'files', files, readOnly: true };
+    },
+  }));
+}
+
 /** Sources for the offered resources, in order. Nothing is fetched until a source is loaded. */
 export function offeredSources(resources: readonly OfferedResource[], o: SourceOptions): ResourceSource[] {
   return resources.map((r): ResourceSource => {

@@ -127,8 +127,12 @@ export interface SandboxDriver {
   exec(sandbox: Sandbox, command: Command, options?: ExecOptions): Promise<ExecResult>;
   /** Starts a command with its stdin, stdout and stderr open, in its own process group. */
   spawn(sandbox: Sandbox, command: Command, options?: SpawnOptions): Promise<SandboxProcess>;
-  /** Writes files (relative to the workspace) owned by the sandbox user. */
-  writeFiles(sandbox: Sandbox, files: Array<{ path: string; data: Buffer; mode?: number }>): Promise<void>;
+  /**
+   * Writes files (relative to the workspace) owned by the sandbox user. A `readOnly` file (a
+   * skill) is mode 0444; where the driver can, it and the directories only it needs are owned by
+   * root, so the sandbox user cannot change them.
+   */
+  writeFiles(sandbox: Sandbox, files: Array<{ path: string; data: Buffer; mode?: number; readOnly?: boolean }>): Promise<void>;
   /** Removes the Session's sandbox and its workspace. Idempotent. */
   destroy(sessionId: string): Promise<void>;
   /**

@@ -1,6 +1,7 @@
 import { newId, nowIso } from '@agentplane/core';
 import type { McpServerT, ToolT } from './tools.js';
 import type { VersionedDoc } from '../versioned.js';
+import type { SkillSelection } from '../skills/model.js';
 
 export interface Agent extends VersionedDoc {
   type: 'agent';
@@ -12,6 +13,8 @@ export interface Agent extends VersionedDoc {
   system: string | null;
   tools: ToolT[];
   mcp_servers: McpServerT[];
+  /** Skills a Run of this Agent places in its sandbox (name + version; docs/SKILLS.md). Absent on older documents. */
+  skills?: SkillSelection[];
   metadata: Record<string, string>;
 }
 
@@ -25,6 +28,7 @@ export interface AgentSnapshot {
   system: string | null;
   tools: ToolT[];
   mcp_servers: McpServerT[];
+  skills?: SkillSelection[];
 }
 
 export interface AgentConfigInput {
@@ -34,6 +38,7 @@ export interface AgentConfigInput {
   system?: string | null | undefined;
   tools?: ToolT[] | undefined;
   mcp_servers?: McpServerT[] | undefined;
+  skills?: SkillSelection[] | undefined;
   metadata?: Record<string, string> | undefined;
 }
 
@@ -50,11 +55,11 @@ export function newAgent(workspaceId: string, input: AgentConfigInput): Agent {
   return {
     id: newId('agent'), type: 'agent', workspace_id: workspaceId, name: input.name, description: input.description ?? null,
     model: input.model, system: input.system ?? null, tools: normaliseTools(input.tools ?? []),
-    mcp_servers: normaliseMcp(input.mcp_servers ?? []), metadata: input.metadata ?? {}, version: 1, archived_at: null,
+    mcp_servers: normaliseMcp(input.mcp_servers ?? []), ...(input.skills && input.skills.length > 0 ? { skills: input.skills } : {}), metadata: input.metadata ?? {}, version: 1, archived_at: null,
     created_at: now, updated_at: now,
   };
 }
 
 export function snapshotOf(a: Agent): AgentSnapshot {
-  return { id: a.id, type: 'agent', name: a.name, version: a.version, model: a.model, system: a.system, tools: a.tools, mcp_servers: a.mcp_servers };
+  return { id: a.id, type: 'agent', name: a.name, version: a.version, model: a.model, system: a.system, tools: a.tools, mcp_servers: a.mcp_servers, ...(a.skills && a.skills.length > 0 ? { skills: a.skills } : {}) };
 }

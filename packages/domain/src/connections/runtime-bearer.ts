@@ -43,6 +43,8 @@ export interface RuntimeGrant {
   repositories?: string[];
   /** `<project_id>@<revision_number>` of the Session's `uploaded_project` resources, for `/v1/runtime/projects/…`. */
   projects?: string[];
+  /** Skill refs (`skill_…@n` or a `skp_` id) of the turn spec's `skills`, for `/v1/runtime/skills/…`. */
+  skills?: string[];
 }
 
 /**

@@ -11,6 +11,7 @@ import type { SessionStore } from '../sessions/store.js';
 import { conversationOf, readAll, type Responses } from './history.js';
 import type { GraderSpec } from '../outcomes/grader.js';
 import { graderTurnSpec } from '../outcomes/spec.js';
+import type { SkillReader, SpecSkill } from '../skills/model.js';
 
 /** A tool as the runner's harness takes it. */
 export type SpecTool =
@@ -119,6 +120,12 @@ export interface TurnSpec {
    * `/v1/runtime/memory/{memory_store_id}` (docs/MEMORY.md).
    */
   memory?: { memory_store_id: string; access: 'read_only' | 'read_write' }[];
+  /**
+   * Skills placed read-only under `.agentplane/skills/<name>/` (fetched by the runner from
+   * `/v1/runtime/skills/{ref}` with `runtime_files.bearer`); the harness names each to the model
+   * and opens its `SKILL.md` when asked (docs/SKILLS.md).
+   */
+  skills?: SpecSkill[];
   /** `outcome_grader`: a grader Run (docs/OUTCOMES.md): one model step over `grader`, no agent turn. */
   kind?: 'turn' | 'outcome_grader';
   grader?: GraderSpec & { routing_key: string };
@@ -174,6 +181,7 @@ export interface SpecSources {
   sandboxProfiles?: VersionedStore<SandboxProfile>;
   files?: FileStore;
   projects?: ProjectHeads;
+  skills?: SkillReader;
 }
 
 export async function buildTurnSpec(src: SpecSources, run: RunDoc, maxHistoryBytes = 512 * 1024): Promise<TurnSpec> {
@@ -199,6 +207,10 @@ export async function buildTurnSpec(src: SpecSources, run: RunDoc, maxHistoryByt
     };
   }
   const { history, responses } = conversationOf(events, run.session_thread_id, isPrimary);
+  // A Session's own skills (a verification's draft) take the place of an Agent's skill of the same name.
+  const own = session._skills ?? [];
+  const selected = src.skills ? await src.skills.resolve(run.workspace_id, run.agent.skills ?? []) : [];
+  const skills = [...selected.filter((k) => !own.some((o) => o.name === k.name)), ...own];
   return {
     run_id: run.id,
     session_id: run.session_id,
@@ -223,6 +235,7 @@ export async function buildTurnSpec(src: SpecSources, run: RunDoc, maxHistoryByt
     },
     resources: await specResources(session.resources, run.workspace_id, src.files, src.projects),
     ...(specMemory(session.resources).length > 0 ? { memory: specMemory(session.resources) } : {}),
+    ...(skills.length > 0 ? { skills } : {}),
     history: fitHistory(history, maxHistoryBytes),
     responses,
   };

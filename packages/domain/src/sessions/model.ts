@@ -1,6 +1,7 @@
 import type { StoredDoc } from '@agentplane/store';
 import type { AgentSnapshot } from '../agents/model.js';
 import type { DeploymentPin } from '../deployments/profiles.js';
+import type { SpecSkill } from '../skills/model.js';
 
 export type ThreadStatus = 'running' | 'idle' | 'rescheduling' | 'terminated';
 
@@ -41,6 +42,8 @@ export interface SessionDoc extends StoredDoc {
   automation_id?: string;
   /** Set when the Session was created against an AgentDeployment: the revision it runs under (docs/DEPLOYMENTS.md). */
   agent_deployment?: DeploymentPin;
+  /** A skill proposal's verification Session: the drafted skill its Runs place beside the Agent's (docs/SKILLS.md). */
+  _skills?: SpecSkill[];
   _primary_thread_id: string;
 }
 

@@ -381,8 +381,57 @@ export const grepTool: BuiltinTool = {
 
 export const BUILTIN_TOOLS: readonly BuiltinTool[] = [bashTool, readTool, writeTool, editTool, listTool, globTool, grepTool];
 
+/** Where a Run places its skills (relative to the workspace; the domain's `SKILLS_DIR`). */
+export const SKILLS_DIR = '.agentplane/skills';
+export const SKILL_TOOL_NAME = 'skill';
+
+/**
+ * `skill`: opens one of the Run's skills (progressive disclosure: the system prompt names each
+ * skill and its description; this returns its `SKILL.md`, whose other files the model may then
+ * read under the skill's directory). Offered only to Runs that carry skills.
+ */
+export const skillTool: BuiltinTool = {
+  spec: {
+    name: SKILL_TOOL_NAME,
+    description: 'Open one of the skills listed in your instructions: returns its SKILL.md (the instructions). Its other files are under the directory it names.',
+    input_schema: {
+      type: 'object',
+      properties: { name: { type: 'string', description: 'The skill\'s name, as listed.' } },
+      required: ['name'],
+      additionalProperties: false,
+    },
+  },
+  async run(ctx, input) {
+    const { name } = fields<{ name: string }>(SKILL_TOOL_NAME, input, { name: { kind: 'string', required: true } });
+    if (!/^[a-z0-9](?:[a-z0-9._-]{0,93})$/.test(name) || name === '.' || name === '..') return error(`no skill named '${name.slice(0, 100)}'`);
+    const path = `${SKILLS_DIR}/${name}/SKILL.md`;
+    const res = await ctx.driver.exec(ctx.sandbox, ['bash', '-c', '[ -f "$1" ] || { echo "no skill named $2" >&2; exit 2; }; cat -- "$1"', 'skill', resolvePath(ctx, path), name], {
+      timeoutMs: clampTimeout(ctx, 30_000),
+      signal: ctx.signal,
+      maxOutputBytes: TOOL_LIMITS.maxResultChars * 4,
+    });
+    if (res.exitCode !== 0) return error(res.stderr.trim() || `opening skill ${name} failed (exit ${res.exitCode})`, metaOf(res));
+    const out = capText(`Skill ${name} (directory ${SKILLS_DIR}/${name}/):\n\n${res.stdout}`);
+    return { content: out.text, is_error: false, meta: { ...metaOf(res), truncated: res.truncated || out.truncated } };
+  },
+};
+
 export function builtinTool(name: string): BuiltinTool | undefined {
+  if (name === SKILL_TOOL_NAME) return skillTool;
   return BUILTIN_TOOLS.find((t) => t.spec.name === name);
+}
+
+/**
+ * What the system prompt says about the Run's skills: each one's name and description only
+ * (the body is read with the `skill` tool when the model decides it needs it).
+ */
+export function skillsPrompt(skills: ReadonlyArray<{ name: string; description: string }>): string {
+  const lines = skills.map((k) => `- ${k.name}: ${k.description.replace(/\s+/g, ' ')}`);
+  return [
+    '## Skills',
+    `You have these skills (read-only, under ${SKILLS_DIR}/<name>/). When one fits the task, open it with the \`${SKILL_TOOL_NAME}\` tool before you act, then follow it.`,
+    ...lines,
+  ].join('\n');
 }
 
 /** Runs a tool, turning input errors into error results for the model. */

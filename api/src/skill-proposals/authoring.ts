@@ -1,0 +1,95 @@
+import type { ModelRequest } from '@agentplane/protocol';
+import type { LogEvent } from '@agentplane/store';
+import { SKILL_LIMITS } from '@agentplane/domain';
+import type { SkillProposalDoc } from './model.js';
+
+/** All source transcripts together, as rendered for the author: past this the proposal fails `input_sessions_too_large`. */
+export const TRANSCRIPT_LIMIT_CHARS = 256 * 1024;
+/** One tool input or result in a transcript (the rest is elided). */
+const TOOL_TEXT_CHARS = 2048;
+const AUTHOR_MAX_OUTPUT_TOKENS = 8192;
+
+const clip = (s: string, n: number) => (s.length > n ? `${s.slice(0, n)} […${s.length - n} more characters]` : s);
+
+function textOf(content: unknown): string {
+  if (typeof content === 'string') return content;
+  if (Array.isArray(content)) {
+    return content.map((b) => (b && typeof b === 'object' && typeof (b as { text?: unknown }).text === 'string' ? (b as { text: string }).text : '')).filter(Boolean).join('\n');
+  }
+  return '';
+}
+
+/**
+ * One source Session as the author reads it: what the user asked, what the agent said, which
+ * tools it used with what and what came back (clipped). Thinking, status events and
+ * everything else stay out.
+ */
+export function renderTranscript(sessionId: string, events: readonly LogEvent[]): string {
+  const lines = [`<session id="${sessionId}">`];
+  for (const e of events) {
+    const p = (e.payload ?? {}) as Record<string, unknown>;
+    if (e.type === 'user.message') lines.push(`[user] ${textOf(p.content)}`);
+    else if (e.type === 'user.define_outcome') lines.push(`[user outcome] ${String(p.description ?? '')}`);
+    else if (e.type === 'agent.message') lines.push(`[agent] ${textOf(p.content)}`);
+    else if (e.type === 'agent.tool_use') lines.push(`[tool call ${String(p.name ?? '')}] ${clip(JSON.stringify(p.input ?? null), TOOL_TEXT_CHARS)}`);
+    else if (e.type === 'agent.tool_result') lines.push(`[tool result${p.is_error === true ? ' (error)' : ''}] ${clip(textOf(p.content), TOOL_TEXT_CHARS)}`);
+  }
+  lines.push('</session>');
+  return lines.join('\n');
+}
+
+/** The author's instructions (the system prompt): its task, its output schema, the requester's instructions. */
+export function authoringSystem(p: Pick<SkillProposalDoc, 'instructions' | '_skill_name'>): string {
+  return [
+    'You are the skill author of an agent platform. The user message holds transcripts of agent Sessions that did one class of task.',
+    'Write one Agent Skill that captures the reusable procedure they show, so that a future agent doing a task of the same class gets it right the first time.',
+    'Also write a verification task (a new, self-contained task of the same class, that names everything the agent needs) and a rubric that grades the agent\'s final answer to it.',
+    'Answer with exactly one JSON object and nothing else:',
+    '{"name": "<skill name>", "description": "<one sentence: what the skill does and when to use it>", "instructions": "<the markdown body of SKILL.md>", "task": "<the verification task>", "rubric": "<markdown list of criteria, one per item>"}',
+    'The name matches ^[a-z0-9][a-z0-9._-]{0,93}$. Never copy secrets, credentials, personal data or identifiers from the transcripts into the skill, the task or the rubric.',
+    ...(p._skill_name ? [`The skill's name is fixed: ${p._skill_name}.`] : []),
+    ...(p.instructions ? ['', 'Instructions from the requester:', p.instructions] : []),
+  ].join('\n');
+}
+
+export function authoringRequest(p: Pick<SkillProposalDoc, 'instructions' | '_skill_name' | 'model_routing_profile_key'>, transcripts: readonly string[]): ModelRequest {
+  return {
+    routing_key: p.model_routing_profile_key,
+    system: authoringSystem(p),
+    messages: [{ role: 'user', content: [{ type: 'text', text: transcripts.join('\n\n') }] }],
+    tools: [],
+    max_output_tokens: AUTHOR_MAX_OUTPUT_TOKENS,
+  };
+}
+
+export interface AuthoredSkill {
+  name: string | null;
+  description: string;
+  instructions: string;
+  task: string;
+  rubric: string;
+}
+
+/** The author's answer (a bare JSON object or a fenced `json` block), or null when it is not one. */
+export function parseAuthoredSkill(text: string): AuthoredSkill | null {
+  const fenced = /```(?:json)?\s*\n([\s\S]*?)```/.exec(text);
+  const raw = (fenced?.[1] ?? text).trim();
+  const start = raw.indexOf('{');
+  const end = raw.lastIndexOf('}');
+  if (start === -1 || end <= start) return null;
+  let v: unknown;
+  try {
+    v = JSON.parse(raw.slice(start, end + 1));
+  } catch {
+    return null;
+  }
+  const o = v as Record<string, unknown> | null;
+  if (!o || typeof o !== 'object') return null;
+  const str = (k: string, max: number) => (typeof o[k] === 'string' && (o[k] as string).trim().length > 0 && (o[k] as string).length <= max ? (o[k] as string) : null);
+  const description = str('description', SKILL_LIMITS.maxDescriptionChars);
+  const instructions = str('instructions', 512 * 1024);
+  const task = str('task', 16_384);
+  const rubric = str('rubric', 65_536);
+  if (!description || !instructions || !task || !rubric) return null;
+  return { name: typeof o.name === 'string' ? o.name : null, description: description.replace(/\s+/g, ' ').trim(), instructions, task, rubric };
+}

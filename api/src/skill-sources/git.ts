@@ -1,0 +1,121 @@
+import { execFile } from 'node:child_process';
+import { mkdtemp, rm, writeFile, mkdir } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import type { SkillFile } from '@agentplane/domain';
+
+const GIT_TIMEOUT_MS = 60_000;
+const MAX_OUTPUT = 8 * 1024 * 1024;
+
+export class GitError extends Error {
+  constructor(message: string, readonly stderr: string) {
+    super(message);
+    this.name = 'GitError';
+  }
+}
+
+/** Runs `git` with no prompt, no user or system configuration, and a timeout. */
+export function git(args: readonly string[], options: { cwd?: string; env?: NodeJS.ProcessEnv; input?: Buffer } = {}): Promise<Buffer> {
+  return new Promise((resolve, reject) => {
+    const child = execFile('git', [...args], {
+      cwd: options.cwd, encoding: 'buffer', timeout: GIT_TIMEOUT_MS, maxBuffer: MAX_OUTPUT,
+      env: {
+        PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: tmpdir(), GIT_TERMINAL_PROMPT: '0', GIT_CONFIG_NOSYSTEM: '1', GIT_CONFIG_GLOBAL: '/dev/null',
+        GIT_ASKPASS: '/bin/false', ...options.env,
+      },
+    }, (err, stdout, stderr) => {
+      if (err) {
+        const text = Buffer.isBuffer(stderr) ? stderr.toString('utf8') : String(stderr);
+        reject(new GitError(`git ${args[0] ?? ''} failed: ${text.trim().split('\n').slice(-3).join(' ').slice(0, 500)}`, text));
+        return;
+      }
+      resolve(stdout);
+    });
+    if (options.input) child.stdin?.end(options.input);
+  });
+}
+
+/** The commit a remote branch points at, or null when the branch does not exist. */
+export async function remoteHead(url: string, branch: string): Promise<string | null> {
+  const out = (await git(['ls-remote', '--', url, `refs/heads/${branch}`])).toString('utf8').trim();
+  const sha = out.split(/\s+/)[0];
+  return sha && /^[0-9a-f]{40}([0-9a-f]{24})?$/.test(sha) ? sha : null;
+}
+
+/** A scratch bare repository holding one fetched branch of the source; removed by `close`. */
+export class Scratch {
+  private constructor(readonly dir: string) {}
+
+  static async fetch(url: string, branch: string): Promise<{ scratch: Scratch; head: string | null }> {
+    const dir = await mkdtemp(join(tmpdir(), 'agentplane-skill-source-'));
+    const scratch = new Scratch(dir);
+    try {
+      await git(['init', '--quiet', '--bare', dir]);
+      const head = await remoteHead(url, branch);
+      if (head) await git(['fetch', '--quiet', '--no-tags', '--depth', '1', '--', url, `+refs/heads/${branch}:refs/remotes/source/${branch}`], { cwd: dir });
+      return { scratch, head };
+    } catch (err) {
+      await scratch.close();
+      throw err;
+    }
+  }
+
+  /** Regular files under `dir/` at `commit` (none when the directory is absent). */
+  async readDir(commit: string, path: string): Promise<SkillFile[]> {
+    const listing = (await git(['ls-tree', '-r', '-z', '--full-tree', commit, '--', `${path}/`], { cwd: this.dir })).toString('utf8');
+    const files: SkillFile[] = [];
+    for (const row of listing.split('\0')) {
+      if (!row) continue;
+      const m = /^(\d{6}) (\w+) ([0-9a-f]+)\t(.*)$/s.exec(row);
+      if (!m || m[2] !== 'blob') continue;
+      // Symbolic links (120000) and submodules are not skill content.
+      if (m[1] !== '100644' && m[1] !== '100755') continue;
+      const content = await git(['cat-file', 'blob', m[3] ?? ''], { cwd: this.dir });
+      files.push({ path: (m[4] ?? '').slice(path.length + 1), content, executable: m[1] === '100755' });
+    }
+    return files;
+  }
+
+  /**
+   * A commit of `files` at `dir/` on top of `base` (or a root commit), made with fixed author,
+   * committer and dates, so the same inputs always make the same commit id (a retried
+   * submission prepares exactly the commit it recorded).
+   */
+  async commit(base: string | null, dir: string, files: readonly SkillFile[], message: string, at: string): Promise<string> {
+    const work = await mkdtemp(join(tmpdir(), 'agentplane-skill-work-'));
+    const env = {
+      GIT_DIR: this.dir, GIT_WORK_TREE: work, GIT_INDEX_FILE: join(work, '.index'),
+      GIT_AUTHOR_NAME: 'agentplane', GIT_AUTHOR_EMAIL: 'skills@agentplane.invalid', GIT_COMMITTER_NAME: 'agentplane', GIT_COMMITTER_EMAIL: 'skills@agentplane.invalid',
+      GIT_AUTHOR_DATE: at, GIT_COMMITTER_DATE: at,
+    };
+    try {
+      if (base) await git(['read-tree', base], { env });
+      else await git(['read-tree', '--empty'], { env });
+      await git(['rm', '-r', '--cached', '--quiet', '--ignore-unmatch', '--', `${dir}/`], { env });
+      for (const f of files) {
+        const p = join(work, dir, f.path);
+        await mkdir(dirname(p), { recursive: true });
+        await writeFile(p, f.content);
+        const blob = (await git(['hash-object', '-w', '--', p], { env })).toString('utf8').trim();
+        await git(['update-index', '--add', '--cacheinfo', `${f.executable ? '100755' : '100644'},${blob},${dir}/${f.path}`], { env });
+      }
+      const tree = (await git(['write-tree'], { env })).toString('utf8').trim();
+      const args = ['commit-tree', tree, '-m', message, ...(base ? ['-p', base] : [])];
+      return (await git(args, { env })).toString('utf8').trim();
+    } finally {
+      await rm(work, { recursive: true, force: true });
+    }
+  }
+
+  /**
+   * Pushes `commit` to `branch` only if the branch is where `expected` says (null: it must not
+   * exist): the compare-and-swap that keeps a concurrent writer's branch intact.
+   */
+  async push(url: string, commit: string, branch: string, expected: string | null): Promise<void> {
+    await git(['push', '--quiet', `--force-with-lease=refs/heads/${branch}:${expected ?? ''}`, '--', url, `${commit}:refs/heads/${branch}`], { cwd: this.dir });
+  }
+
+  async close(): Promise<void> {
+    await rm(this.dir, { recursive: true, force: true });
+  }
+}
