@@ -152,7 +152,7 @@ async function main(): Promise<void> {
     let sustainable = 0;
     for (const rate of RATES) {
       process.stdout.write(`rate ${rate}/s …\n`);
-      const pids = { ...(p.pids() as Record<string, number | undefined>), 'sim runners': simPid, bench: process.pid };
+      const pids: Record<string, number | undefined> = { ...(p.pids() as Record<string, number | undefined>), 'sim runners': simPid, bench: process.pid };
       const snap = () => Object.fromEntries(['api', 'scheduler', 'redis', 'sim runners', 'bench'].map((k) => [k, cpuMs(pids[k])]));
       let before = snap();
       const ours = await level(api, principal, newSession, rate, leased, () => { before = snap(); });
