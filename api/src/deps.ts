@@ -24,6 +24,8 @@ import type { ApprovalService } from './approvals/service.js';
 import type { AutomationService } from './automations/service.js';
 import type { WebhookDispatcher } from './webhooks/delivery.js';
 import type { SessionEventTap } from './events/tap.js';
+import type { SurfaceScopeStore } from './surface-scopes/store.js';
+import type { AgentInstallationStore } from './installations/store.js';
 
 /** Everything an operation handler may use. Built once per process in app.ts. */
 export interface ApiDeps {
@@ -54,6 +56,10 @@ export interface ApiDeps {
   webhooks: WebhookDispatcher;
   /** One pattern subscription to every Session's live channel (webhook lanes, subscription triggers). */
   eventTap: SessionEventTap;
+  /** SurfaceScopes (root → team → channel, personal) and the external installations they live under. */
+  surfaceScopes: SurfaceScopeStore;
+  /** AgentInstallations: a pinned Agent version installed on SurfaceScopes (served over A2A). */
+  installations: AgentInstallationStore;
   secretBox: SecretBox;
   metrics: Metrics;
   log: Logger;

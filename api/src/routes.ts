@@ -20,6 +20,8 @@ import { approvalOperations } from './approvals/operations.js';
 import { automationOperations } from './automations/operations.js';
 import { webhookOperations } from './webhooks/operations.js';
 import { deploymentOperations } from './deployments/operations.js';
+import { surfaceScopeOperations } from './surface-scopes/operations.js';
+import { installationOperations } from './installations/operations.js';
 
 /**
  * The operation table: every REST operation of the API, once. The router, the OpenAPI
@@ -33,5 +35,6 @@ export function allOperations(): Operation[] {
   table.push(...connectionOperations, ...runOperations, ...fileOperations, ...memoryOperations, ...vaultOperations, ...projectOperations, ...auditOperations, ...governanceOperations, ...policyOperations, ...approvalOperations);
   table.push(...automationOperations, ...webhookOperations);
   table.push(...deploymentOperations);
+  table.push(...surfaceScopeOperations, ...installationOperations);
   return table;
 }
