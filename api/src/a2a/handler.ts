@@ -143,14 +143,19 @@ export class SessionTaskHandler implements A2ARequestHandler {
       wake = null;
       w?.();
     };
-    const watch = await c.deps.eventHub.watch(sessionId, poke);
+    let erased = false;
+    const watch = await c.deps.eventHub.watch(sessionId, (m) => {
+      if (m.kind === 'erased') erased = true;
+      poke();
+    });
     c.signal.addEventListener('abort', poke, { once: true });
     let cursor = afterSeq;
     try {
       for (;;) {
         if (c.signal.aborted) return;
         if (!dirty) await new Promise<void>((resolve) => { wake = resolve; });
-        if (c.signal.aborted) return;
+        // A deleted Session's log is gone: nothing more will come.
+        if (c.signal.aborted || erased) return;
         dirty = false;
         const page = await log.range(sessionId, cursor, READ_PAGE);
         if (page.length === READ_PAGE) dirty = true;
