@@ -146,6 +146,7 @@ export function a2aEdge(deps: ApiDeps): Koa.Middleware {
     }
     const principalId = caller.principalId ?? '';
     const base = { caller, workspaceId: p.workspaceId, requestId };
+    if (caller.workspaceId) ctx.set('Service-Workspace-Id', caller.workspaceId);
     // The credential binds its Workspace: another Workspace's endpoint does not exist for it.
     if (caller.workspaceId !== p.workspaceId) {
       count('other', 'not_found');
