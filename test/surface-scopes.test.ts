@@ -2,6 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { HttpClient } from '@agentplane/client';
 import { startPlatform, type Platform } from './harness/platform.js';
 import { createCredential, createPrincipal, errMsg, errType } from './harness/governance.js';
+import { mcpCall, mcpToolNames, toolBody } from './harness/mcp-call.js';
 
 type Json = Record<string, unknown>;
 type Scope = { id: string; version: number; kind: string; parent_id: string | null; state: string; [k: string]: unknown };
@@ -152,6 +153,11 @@ describe('SurfaceScopes', () => {
     expect(grant.status).toBe(201);
     expect((await as.request('GET', `/v1/surface-scopes/${root.id}`)).status).toBe(200);
     expect((await as.request('GET', `/v1/surface-scopes/${channel.id}`)).status).toBe(200);
+    // The same read is a tool of the MCP Principal catalog, listed once an assignment allows it.
+    expect(await mcpToolNames(p.baseUrl, cred.secret)).toContain('surfaceScopes_getSurfaceScope');
+    const viaMcp = await mcpCall(p.baseUrl, cred.secret, 'surfaceScopes_getSurfaceScope', { path: { surface_scope_id: channel.id } });
+    expect(viaMcp.result?.isError).toBeFalsy();
+    expect(toolBody(viaMcp.result).id).toBe(channel.id);
     const cut = await as.request('GET', `/v1/surface-scopes/${isolated.id}`);
     expect(cut.status).toBe(403);
     expect(errType(cut)).toBe('policy.denied');
