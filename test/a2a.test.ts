@@ -169,6 +169,25 @@ describe('A2A JSON-RPC', () => {
     expect(audit.data.filter((r) => r.target === task.id && r.outcome === 'succeeded' && r.actor.id === userPrincipal).length).toBeGreaterThanOrEqual(3);
   });
 
+  it('a turn that waits on the caller (a custom tool) returns input-required: blocking ends at an interrupted state', async () => {
+    const agent = (await t.api.post<{ id: string }>('/v1/agents', {
+      name: 'a2a-tools', model: 'default',
+      system: SCRIPT([{ when: { user_contains: 'look' }, then: [{ tool: 'lookup', input: { q: '{{user}}' } }] }, { then: [{ reply: 'ok' }] }]),
+      tools: [{ type: 'custom', name: 'lookup', description: 'Looks a thing up', input_schema: { type: 'object' } }],
+    })).id;
+    await grant(userPrincipal, { type: 'agent', id: agent }, ['invoke', 'steer', 'observe']);
+    const inst = (await t.p.root.post<{ id: string }>('/v1/agent-installations', { agent: { id: agent }, environment_id: t.envId, surface_scope_ids: [channelId] })).id;
+    const url = `${t.p.baseUrl}/a2a/v1/workspaces/${ws}/agent-installations/${inst}/surface-scopes/${channelId}/agent-card.json`;
+    const card = await (await fetch(url)).json() as { skills: Json[] };
+    expect(card.skills).toEqual([expect.objectContaining({ id: 'tool:lookup', name: 'lookup', description: 'Looks a thing up', tags: ['custom'] })]);
+    const fetchImpl = authFetch(userSecret);
+    const client = await new ClientFactory(ClientFactoryOptions.createFrom(ClientFactoryOptions.default, {
+      transports: [new JsonRpcTransportFactory({ fetchImpl })], cardResolver: new DefaultAgentCardResolver({ fetchImpl }),
+    })).createFromUrl(url, '');
+    const task = asTask(await client.sendMessage(msg('look it up')));
+    expect(task.status?.state).toBe(TaskState.TASK_STATE_INPUT_REQUIRED);
+  });
+
   it('returnImmediately returns the submitted or working task', async () => {
     const client = await clientFor(userSecret);
     const task = asTask(await client.sendMessage(msg('slow please', {}, { configuration: { returnImmediately: true } })));
