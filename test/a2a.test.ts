@@ -303,6 +303,8 @@ describe('A2A rejections', () => {
     await rejected(client.sendMessage(msg('x', { parts: [{ url: 'https://example.com/a.png', mediaType: 'image/png' }] })), 'ContentTypeNotSupportedError');
     await rejected(client.sendMessage(msg('x', { parts: [{ text: 'x', mediaType: 'text/html' }] })), 'ContentTypeNotSupportedError');
     await rejected(client.sendMessage(msg('x', { metadata: { zdr: true } })), 'UnsupportedOperationError');
+    // The text meets the same limits as a REST user.message.
+    await rejected(client.sendMessage(msg('x'.repeat(1_000_001))), 'RequestMalformedError');
     await rejected(client.sendMessage(msg('x', {}, { tenant: 'acme' })), 'UnsupportedOperationError');
     await rejected(client.getTask({ tenant: 'acme', id: 'sess_00000000000000000000000000000000' }), 'UnsupportedOperationError');
     await rejected(client.getTask({ tenant: '', id: 'sess_00000000000000000000000000000000' }), 'TaskNotFoundError');

@@ -17,6 +17,7 @@ import type { SessionDoc } from '@agentplane/domain';
 import type { ApiDeps } from '../deps.js';
 import type { Caller } from '../http/caller.js';
 import type { Placement } from './placement.js';
+import { checkDrivePayload, type DrivePayload } from '../sessions/schemas.js';
 import { settles, TaskTracker, TERMINAL_STATES } from './tasks.js';
 import { TEXT_PLAIN } from './card.js';
 
@@ -180,7 +181,14 @@ export class SessionTaskHandler implements A2ARequestHandler {
     const known = await c.deps.redis.hget(key, message.messageId);
     if (known && known !== 'pending') return { session: await this.session(c, known), messageId: message.messageId };
     const target = message.taskId || message.contextId;
-    const payload = { content: text, authored_by: c.caller.principalId, caused_by: { kind: 'a2a', id: message.messageId } };
+    let payload: DrivePayload;
+    try {
+      // The same payload rules a REST drive event meets (text size, shapes).
+      payload = checkDrivePayload('user.message', { content: text, authored_by: c.caller.principalId, caused_by: { kind: 'a2a', id: message.messageId } }, 'params.message');
+    } catch (err) {
+      if (err instanceof ApiError) throw new RequestMalformedError(err.message);
+      throw err;
+    }
     const idem = `a2a:${scopeKey(c)}:${message.messageId}`;
     if (target) {
       const s = await this.session(c, target);
@@ -191,7 +199,7 @@ export class SessionTaskHandler implements A2ARequestHandler {
           throw new UnsupportedOperationError(`task ${s.id} is in a terminal state (${TaskState[tracker.state]}); continue the conversation by contextId`);
         }
       }
-      await c.deps.sessions.drive(s, { type: 'user.message', payload: payload as never }, idem);
+      await c.deps.sessions.drive(s, { type: 'user.message', payload }, idem);
       await c.deps.redis.hset(key, message.messageId, s.id);
       return { session: s, messageId: message.messageId };
     }
@@ -214,7 +222,7 @@ export class SessionTaskHandler implements A2ARequestHandler {
         environment_id: installation.environment_id,
         title: `A2A: ${scope.display_name}`,
         metadata: { [META.installation]: installation.id, [META.scope]: scope.id, [META.principal]: c.caller.principalId },
-        initial_events: [{ type: 'user.message', payload: payload as never }],
+        initial_events: [{ type: 'user.message', payload }],
       }, idem);
     } catch (err) {
       await c.deps.redis.hdel(key, message.messageId);
@@ -341,7 +349,7 @@ export class SessionTaskHandler implements A2ARequestHandler {
     if (TERMINAL_STATES.has(tracker.state)) throw new TaskNotCancelableError(`task ${s.id} is already ${TaskState[tracker.state]}`);
     // CancelTask is the Session's user.interrupt; the task is canceled when the turn ends interrupted.
     await c.deps.sessions.drive(s, {
-      type: 'user.interrupt', payload: { authored_by: c.caller.principalId, caused_by: { kind: 'a2a', id: `cancel:${s.id}` } } as never,
+      type: 'user.interrupt', payload: { authored_by: c.caller.principalId, caused_by: { kind: 'a2a', id: `cancel:${s.id}` } },
     }, undefined);
     // Bounded: a turn that does not stop within the wait is returned as it stands.
     const bounded: A2aCall = { ...c, signal: AbortSignal.any([c.signal, AbortSignal.timeout(CANCEL_WAIT_MS)]) };
