@@ -31,6 +31,7 @@ import type { ApiDeps } from './deps.js';
 import { IdempotencyStore } from './http/idempotency.js';
 import { buildRouter, errorBoundary, requestId, traceRequest, unmatchedRoute } from './http/router.js';
 import { mcpEdge } from './mcp/edge.js';
+import { a2aEdge } from './a2a/edge.js';
 import { runtimeMcp } from './mcp/runtime.js';
 import { DelayedJobs, LeaseFence } from '@agentplane/lease';
 import { ApprovalService, type ApprovalJob } from './approvals/service.js';
@@ -48,6 +49,8 @@ import { WebhookDispatcher } from './webhooks/delivery.js';
 import { WebhookStore } from './webhooks/store.js';
 import { SessionEventTap } from './events/tap.js';
 import { registerRedisMetrics } from './observability/redis-metrics.js';
+import { SurfaceScopeStore } from './surface-scopes/store.js';
+import { AgentInstallationStore } from './installations/store.js';
 
 export interface ApiServer {
   server: Server;
@@ -153,6 +156,8 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
     permissions,
     policies,
     approvals,
+    surfaceScopes: new SurfaceScopeStore(redis, docs),
+    installations: new AgentInstallationStore(redis, docs),
     idempotency: new IdempotencyStore(redis, secretBox, config.idempotencyTtlSeconds),
     identity,
     runners,
@@ -191,6 +196,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
   });
   if (config.consoleEnabled) app.use(consoleStatic({ dir: config.consoleDir, log }));
   app.use(mcpEdge(operations, prepared, deps).middleware);
+  app.use(a2aEdge(deps));
   const runtimeBearers = new RedisRuntimeBearers(redis, new LeaseFence(redis));
   app.use(runtimeMcp(deps, { verifier: runtimeBearers }));
   app.use(runtimeFiles(deps, runtimeBearers));

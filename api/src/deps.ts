@@ -27,6 +27,8 @@ import type { SessionEventTap } from './events/tap.js';
 import type { SkillService } from './skills/service.js';
 import type { SkillSourceService } from './skill-sources/service.js';
 import type { SkillProposalService } from './skill-proposals/service.js';
+import type { SurfaceScopeStore } from './surface-scopes/store.js';
+import type { AgentInstallationStore } from './installations/store.js';
 
 /** Everything an operation handler may use. Built once per process in app.ts. */
 export interface ApiDeps {
@@ -57,6 +59,10 @@ export interface ApiDeps {
   webhooks: WebhookDispatcher;
   /** One pattern subscription to every Session's live channel (webhook lanes, subscription triggers). */
   eventTap: SessionEventTap;
+  /** SurfaceScopes (root → team → channel, personal) and the external installations they live under. */
+  surfaceScopes: SurfaceScopeStore;
+  /** AgentInstallations: a pinned Agent version installed on SurfaceScopes (served over A2A). */
+  installations: AgentInstallationStore;
   secretBox: SecretBox;
   metrics: Metrics;
   log: Logger;

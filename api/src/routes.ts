@@ -23,6 +23,8 @@ import { deploymentOperations } from './deployments/operations.js';
 import { skillOperations } from './skills/operations.js';
 import { skillSourceOperations } from './skill-sources/operations.js';
 import { skillProposalOperations } from './skill-proposals/operations.js';
+import { surfaceScopeOperations } from './surface-scopes/operations.js';
+import { installationOperations } from './installations/operations.js';
 
 /**
  * The operation table: every REST operation of the API, once. The router, the OpenAPI
@@ -37,5 +39,6 @@ export function allOperations(): Operation[] {
   table.push(...automationOperations, ...webhookOperations);
   table.push(...deploymentOperations);
   table.push(...skillOperations, ...skillSourceOperations, ...skillProposalOperations);
+  table.push(...surfaceScopeOperations, ...installationOperations);
   return table;
 }

@@ -14,6 +14,7 @@ const TargetSchema = Type.Union([
   Obj({ type: Type.Literal('agent'), id: Id('agent') }),
   Obj({ type: Type.Literal('session'), id: Id('session') }),
   Obj({ type: Type.Literal('memory_store'), id: Id('memoryStore') }),
+  Obj({ type: Type.Literal('surface_scope'), id: Id('surfaceScope') }),
 ]);
 export const PermissionAssignmentSchema = Obj({
   id: Id('permissionAssignment'), type: Type.Literal('permission_assignment'), workspace_id: Id('workspace'),
@@ -30,6 +31,8 @@ async function checkTarget(deps: ApiDeps, ws: string, target: PermissionTarget):
     await deps.agents.get(ws, target.id);
   } else if (target.type === 'memory_store') {
     await deps.memory.getStore(ws, target.id);
+  } else if (target.type === 'surface_scope') {
+    await deps.surfaceScopes.get(ws, target.id);
   } else {
     await deps.sessions.store.get(ws, target.id);
   }

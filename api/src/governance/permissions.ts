@@ -5,7 +5,7 @@ import { keys, tags, type DocumentStore, type Redis, type StoredDoc } from '@age
 export const PERMISSION_ACTIONS = ['invoke', 'steer', 'observe', 'read', 'manage', 'approve'] as const;
 export type PermissionAction = (typeof PERMISSION_ACTIONS)[number];
 
-export type TargetType = 'workspace' | 'agent' | 'session' | 'memory_store';
+export type TargetType = 'workspace' | 'agent' | 'session' | 'memory_store' | 'surface_scope';
 
 export interface PermissionTarget {
   type: TargetType;
@@ -29,6 +29,11 @@ export interface CheckTarget {
   id: string;
   /** For a Session: its Agent (an assignment on the Agent covers the Agent's Sessions). */
   agentId?: string | undefined;
+  /**
+   * For a SurfaceScope: the ancestors it inherits from, nearest first (docs/SURFACE_SCOPES.md):
+   * an assignment on any of them covers the scope.
+   */
+  inheritsFrom?: readonly string[] | undefined;
 }
 
 /**
@@ -99,6 +104,7 @@ export class PermissionStore {
 export function covers(granted: PermissionTarget, wanted: CheckTarget, workspaceId: string): boolean {
   if (granted.type === 'workspace') return granted.id === workspaceId;
   if (granted.type === wanted.type && granted.id === wanted.id) return true;
+  if (granted.type === 'surface_scope' && wanted.type === 'surface_scope') return wanted.inheritsFrom?.includes(granted.id) ?? false;
   return granted.type === 'agent' && wanted.type === 'session' && wanted.agentId === granted.id;
 }
 
@@ -111,5 +117,6 @@ export function targetTypeOf(id: string): TargetType | null {
   if (isId('agent', id)) return 'agent';
   if (isId('session', id)) return 'session';
   if (isId('memoryStore', id)) return 'memory_store';
+  if (isId('surfaceScope', id)) return 'surface_scope';
   return null;
 }

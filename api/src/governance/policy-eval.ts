@@ -9,7 +9,7 @@ export const POLICY_EFFECTS = ['allow', 'deny', 'require_approval'] as const;
 export type PolicyEffect = (typeof POLICY_EFFECTS)[number];
 
 /** Where a call comes from: a harness tool (built-in, custom, MCP connection), an MCP edge tool, a drive event. */
-export const TOOL_KINDS = ['builtin', 'custom', 'mcp', 'api', 'drive'] as const;
+export const TOOL_KINDS = ['builtin', 'custom', 'mcp', 'api', 'drive', 'a2a'] as const;
 export type ToolKind = (typeof TOOL_KINDS)[number];
 
 /** A rule as stored (the fields evaluation reads). */

@@ -282,6 +282,9 @@ async function checkPermission(decl: PermissionDeclaration, caller: Caller, para
     if (type === 'session') {
       const s = await deps.sessions.store.get(ws, id);
       target = { type, id, agentId: s.agent.id };
+    } else if (type === 'surface_scope') {
+      // An assignment on an ancestor the scope inherits from covers it (docs/SURFACE_SCOPES.md).
+      target = { type, id, inheritsFrom: (await deps.surfaceScopes.inheritanceChain(ws, id)).map((s) => s.id) };
     } else if (type) {
       target = { type, id };
     }

@@ -1,0 +1,322 @@
+/**
+ * The A2A v1.0 edge: per active AgentInstallation and SurfaceScope, a public Agent Card and a
+ * JSON-RPC endpoint (docs/A2A.md). The SDK's JsonRpcTransportHandler parses and frames JSON-RPC
+ * and its SSE helpers frame streams; this module admits each request first: credential (audience
+ * `a2a`), placement, A2A-Version, refused features, PermissionAssignments and ActionPolicies, then
+ * writes the request's audit record.
+ */
+import type Koa from 'koa';
+import { formatSSEErrorEvent, formatSSEEvent, SSE_HEADERS } from '@a2a-js/sdk';
+import { A2AError, UnsupportedOperationError, VersionNotSupportedError } from '@a2a-js/sdk/errors';
+import { JsonRpcTransportHandler, ServerCallContext, validateVersion, type A2ARequestHandler } from '@a2a-js/sdk/server';
+import { ApiError, closedLabel, Counter, incident, type Logger } from '@agentplane/core';
+import type { ApiDeps } from '../deps.js';
+import { authenticate } from '../http/authenticate.js';
+import { readJsonBody } from '../http/body.js';
+import type { Caller } from '../http/caller.js';
+import { enforceRateLimit } from '../http/rate-limit.js';
+import type { PermissionAction } from '../governance/permissions.js';
+import type { AuditOutcome } from '../audit/store.js';
+import type { ToolCall } from '../governance/policy-eval.js';
+import { A2A_PREFIX, parseA2aPath, resolvePlacement, type Placement } from './placement.js';
+import { buildCard, CARD_MAX_AGE_SECONDS, cardFor } from './card.js';
+import { CALL_STATE_KEY, SessionTaskHandler, type A2aCall } from './handler.js';
+
+const MAX_BODY_BYTES = 4 * 1024 * 1024;
+export const A2A_METHODS = ['SendMessage', 'SendStreamingMessage', 'GetTask', 'ListTasks', 'CancelTask', 'SubscribeToTask'] as const;
+type A2aMethod = (typeof A2A_METHODS)[number];
+const METRIC_METHODS = [...A2A_METHODS, 'card', 'other'] as const;
+const OUTCOMES = ['ok', 'rpc_error', 'unauthenticated', 'denied', 'not_found', 'rate_limited', 'not_modified'] as const;
+
+/** What each method needs on the installed agent and on the SurfaceScope (docs/A2A.md, "Governance"). */
+function actionsFor(method: A2aMethod, continuing: boolean): PermissionAction[] {
+  switch (method) {
+    case 'SendMessage': return continuing ? ['invoke', 'steer'] : ['invoke'];
+    case 'SendStreamingMessage': return continuing ? ['invoke', 'steer', 'observe'] : ['invoke', 'observe'];
+    case 'CancelTask': return ['steer'];
+    default: return ['observe'];
+  }
+}
+
+type Json = Record<string, unknown>;
+const isObj = (v: unknown): v is Json => typeof v === 'object' && v !== null && !Array.isArray(v);
+
+function flatten(headers: Koa.Context['headers']): Record<string, string | undefined> {
+  const out: Record<string, string | undefined> = {};
+  for (const [k, v] of Object.entries(headers)) out[k] = Array.isArray(v) ? v.join(', ') : v;
+  return out;
+}
+
+/** Handler failures that are not A2A errors: the platform's own typed errors keep their type; anything else is an incident. */
+function shield(handler: A2ARequestHandler, log: Logger): A2ARequestHandler {
+  const convert = (err: unknown): unknown => {
+    if (err instanceof A2AError) return err;
+    if (err instanceof ApiError) return new Error(`${err.type}: ${err.message}`);
+    const inc = incident('internal error');
+    log.error({ err, incident: inc.incident }, 'A2A request handler failed');
+    return new Error(inc.message);
+  };
+  return new Proxy(handler, {
+    get(target, prop, receiver) {
+      const value: unknown = Reflect.get(target, prop, receiver);
+      if (typeof value !== 'function') return value;
+      return (...args: unknown[]) => {
+        const r: unknown = (value as (...a: unknown[]) => unknown).apply(target, args);
+        if (r instanceof Promise) return r.catch((err: unknown) => { throw convert(err); });
+        if (isObj(r) && Symbol.asyncIterator in r) {
+          const gen = r as unknown as AsyncGenerator<unknown>;
+          return (async function* shielded() {
+            try {
+              yield* gen;
+            } catch (err) {
+              throw convert(err);
+            }
+          })();
+        }
+        return r;
+      };
+    },
+  });
+}
+
+export function a2aEdge(deps: ApiDeps): Koa.Middleware {
+  const transport = new JsonRpcTransportHandler(shield(new SessionTaskHandler(), deps.log));
+  const requests = new Counter({
+    name: 'agentplane_a2a_requests_total', help: 'A2A requests (Agent Card and JSON-RPC) by method and outcome',
+    labelNames: ['method', 'outcome'], registers: [deps.metrics],
+  });
+  const count = (method: string, outcome: (typeof OUTCOMES)[number]) =>
+    requests.inc({ method: closedLabel(method, METRIC_METHODS), outcome });
+
+  const wire = (ctx: Koa.Context, err: ApiError, extra: Record<string, string> = {}) => {
+    ctx.status = err.status;
+    for (const [k, v] of Object.entries({ ...err.headers, ...extra })) ctx.set(k, v);
+    ctx.type = 'application/json';
+    ctx.body = JSON.stringify(err.toWire(deps.config.docsUrl));
+  };
+
+  async function card(ctx: Koa.Context, p: { workspaceId: string; installationId: string; scopeId: string }): Promise<void> {
+    let placement: Placement;
+    try {
+      placement = await resolvePlacement(deps, p.workspaceId, p.installationId, p.scopeId);
+    } catch (err) {
+      if (!(err instanceof ApiError)) throw err;
+      count('card', 'not_found');
+      return wire(ctx, err);
+    }
+    const { json, etag } = buildCard(placement, deps.config.publicBaseUrl);
+    ctx.set('Cache-Control', `public, max-age=${CARD_MAX_AGE_SECONDS}`);
+    ctx.set('ETag', etag);
+    const inm = ctx.get('If-None-Match');
+    if (inm && inm.split(',').map((t) => t.trim().replace(/^W\//, '')).some((t) => t === etag || t === '*')) {
+      count('card', 'not_modified');
+      ctx.status = 304;
+      return;
+    }
+    count('card', 'ok');
+    ctx.status = 200;
+    ctx.type = 'application/json';
+    ctx.body = JSON.stringify(json);
+  }
+
+  async function audit(c: { caller: Caller; workspaceId: string; requestId: string }, method: string, target: string | null, outcome: AuditOutcome, status: number, detail: string | null): Promise<void> {
+    try {
+      await deps.audit.append(c.workspaceId, {
+        actor: { id: c.caller.principalId ?? c.caller.credentialId, credential_id: c.caller.credentialId },
+        action: `a2a.${method}`, target, outcome, status, detail, request_id: c.requestId,
+      });
+    } catch (err) {
+      deps.log.error({ err, action: `a2a.${method}`, request_id: c.requestId }, 'audit append failed');
+    }
+  }
+
+  async function rpc(ctx: Koa.Context, p: { workspaceId: string; installationId: string; scopeId: string }): Promise<void> {
+    const headers = flatten(ctx.headers);
+    const requestId = String(ctx.state.requestId ?? '');
+    // 1. A Principal credential with audience a2a: nothing else (an api_mcp bearer is refused here).
+    let caller: Caller;
+    try {
+      caller = await authenticate(headers, deps);
+      if (caller.kind !== 'principal_credential') throw new ApiError('auth.invalid_key', 'A2A takes a Principal access credential with audience a2a');
+      if (caller.audience !== 'a2a') throw new ApiError('auth.invalid_key', `a credential with audience '${caller.audience ?? 'none'}' is not accepted by the A2A endpoint`);
+    } catch (err) {
+      if (!(err instanceof ApiError)) throw err;
+      count('other', 'unauthenticated');
+      return wire(ctx, err, err.status === 401 ? { 'WWW-Authenticate': 'Bearer' } : {});
+    }
+    const principalId = caller.principalId ?? '';
+    const base = { caller, workspaceId: p.workspaceId, requestId };
+    if (caller.workspaceId) ctx.set('Service-Workspace-Id', caller.workspaceId);
+    // The credential binds its Workspace: another Workspace's endpoint does not exist for it.
+    if (caller.workspaceId !== p.workspaceId) {
+      count('other', 'not_found');
+      return wire(ctx, new ApiError('validation.not_found', 'no A2A agent is served here: workspace'));
+    }
+    try {
+      await enforceRateLimit(deps.redis, caller.credentialId, caller.rateLimitPerMinute);
+    } catch (err) {
+      if (!(err instanceof ApiError)) throw err;
+      count('other', 'rate_limited');
+      await audit(base, 'request', p.installationId, 'denied', err.status, err.type);
+      return wire(ctx, err);
+    }
+    // 2. The placement, rechecked on every request.
+    let placement: Placement;
+    try {
+      placement = await resolvePlacement(deps, p.workspaceId, p.installationId, p.scopeId);
+    } catch (err) {
+      if (!(err instanceof ApiError)) throw err;
+      count('other', 'not_found');
+      await audit(base, 'request', p.installationId, 'failed', err.status, err.type);
+      return wire(ctx, err);
+    }
+    // 3. One JSON-RPC message.
+    let body: unknown;
+    try {
+      body = await readJsonBody(ctx.req, MAX_BODY_BYTES);
+    } catch (err) {
+      if (!(err instanceof ApiError)) throw err;
+      body = undefined;
+      if (err.status === 413) return wire(ctx, err);
+    }
+    const msg = isObj(body) ? body : null;
+    const method = typeof msg?.method === 'string' ? msg.method : 'invalid';
+    const id = msg && (typeof msg.id === 'string' || typeof msg.id === 'number') ? msg.id : null;
+    const params = isObj(msg?.params) ? msg.params : {};
+    const rpcError = (err: A2AError) => ({ jsonrpc: '2.0', id, error: JsonRpcTransportHandler.mapToJSONRPCError(err) });
+    const refuse = async (err: A2AError) => {
+      count(method, 'rpc_error');
+      await audit(base, method, placement.installation.id, 'failed', 200, err.name);
+      ctx.status = 200;
+      ctx.type = 'application/json';
+      ctx.body = JSON.stringify(rpcError(err));
+    };
+    const card = cardFor(placement, deps.config.publicBaseUrl);
+    // 4. A2A-Version: exactly 1.0 (an absent header is refused, not read as 0.3).
+    const version = headers['a2a-version']?.trim() ?? '';
+    try {
+      if (version === '') throw new VersionNotSupportedError('the A2A-Version header is required (supported: 1.0)');
+      validateVersion(version, card, 'JSONRPC');
+    } catch (err) {
+      if (err instanceof A2AError) return refuse(err);
+      throw err;
+    }
+    // 5. Refused features that a request names outside its params' typed fields.
+    if ((headers['a2a-extensions'] ?? '').trim() !== '') return refuse(new UnsupportedOperationError('protocol extensions are not supported'));
+    if ('tenant' in params) return refuse(new UnsupportedOperationError('the A2A tenant field is not accepted: the endpoint names its placement'));
+    // 6. Governance: never agent to agent inside one Workspace; PermissionAssignments; ActionPolicies.
+    const known = (A2A_METHODS as readonly string[]).includes(method) ? (method as A2aMethod) : null;
+    if (known) {
+      try {
+        if (await deps.installations.installationOfPrincipal(p.workspaceId, principalId)) {
+          throw new ApiError('policy.denied', 'an A2A task never connects two agents inside one Workspace: this Principal is an installed agent');
+        }
+        const message = isObj(params.message) ? params.message : {};
+        const continuing = typeof message.taskId === 'string' && message.taskId !== '' || typeof message.contextId === 'string' && message.contextId !== '';
+        const chain = (await deps.surfaceScopes.inheritanceChain(p.workspaceId, placement.scope.id)).map((s) => s.id);
+        for (const action of actionsFor(known, continuing)) {
+          await deps.permissions.require(p.workspaceId, principalId, action, { type: 'agent', id: placement.agent.id });
+          await deps.permissions.require(p.workspaceId, principalId, action, { type: 'surface_scope', id: placement.scope.id, inheritsFrom: chain });
+        }
+        const actor = { id: principalId, credential_id: caller.credentialId };
+        const calls: ToolCall[] = [{ kind: 'a2a', name: known, principal_id: principalId, input: params }];
+        if (known === 'SendMessage' || known === 'SendStreamingMessage') calls.push({ kind: 'drive', name: 'user.message', principal_id: principalId, input: params });
+        if (known === 'CancelTask') calls.push({ kind: 'drive', name: 'user.interrupt', principal_id: principalId, input: params });
+        for (const call of calls) {
+          const d = await deps.policies.decide(p.workspaceId, call, { actor, target: placement.installation.id, request_id: requestId });
+          if (d.decision === 'deny') throw new ApiError('policy.denied', d.explanation);
+          if (d.decision === 'require_approval') throw new ApiError('policy.denied', `${d.explanation}; an approval cannot be waited for at this boundary, so the request is refused`);
+        }
+      } catch (err) {
+        if (!(err instanceof ApiError)) throw err;
+        count(method, 'denied');
+        await audit(base, method, placement.installation.id, 'denied', err.status, err.type);
+        return wire(ctx, err);
+      }
+    }
+    // 7. Dispatch through the SDK's JSON-RPC transport.
+    const abort = new AbortController();
+    const onClose = () => abort.abort();
+    ctx.res.on('close', onClose);
+    const call: A2aCall = {
+      deps, caller: { ...caller, principalId, workspaceId: p.workspaceId }, placement, card,
+      signal: AbortSignal.any([abort.signal, deps.shutdownSignal]),
+    };
+    const context = new ServerCallContext({
+      requestedVersion: version, user: { isAuthenticated: true, userName: principalId }, state: new Map([[CALL_STATE_KEY, call]]),
+    });
+    const target = () => call.target ?? placement.installation.id;
+    try {
+      const out = await transport.handle(body === undefined ? '' : (body as Json), context);
+      if (!(Symbol.asyncIterator in out)) {
+        const failed = 'error' in out && out.error !== undefined;
+        count(method, failed ? 'rpc_error' : 'ok');
+        await audit(base, method, target(), failed ? 'failed' : 'succeeded', 200, failed ? String((out.error as { message?: unknown }).message ?? '').slice(0, 200) || null : null);
+        ctx.status = 200;
+        ctx.type = 'application/json';
+        ctx.body = JSON.stringify(out);
+        return;
+      }
+      // Streams: the first event (or the error before it) decides between SSE and a JSON error.
+      const it = out[Symbol.asyncIterator]();
+      let first: IteratorResult<unknown>;
+      try {
+        first = await it.next();
+      } catch (err) {
+        const e = err instanceof A2AError ? err : new Error(err instanceof Error ? err.message : 'stream failed');
+        count(method, 'rpc_error');
+        await audit(base, method, target(), 'failed', 200, e.name);
+        ctx.status = 200;
+        ctx.type = 'application/json';
+        ctx.body = JSON.stringify({ jsonrpc: '2.0', id, error: JsonRpcTransportHandler.mapToJSONRPCError(e) });
+        return;
+      }
+      ctx.respond = false;
+      const res = ctx.res;
+      res.writeHead(200, { ...SSE_HEADERS, 'Request-Id': requestId, 'Service-Workspace-Id': p.workspaceId });
+      let outcome: AuditOutcome = 'succeeded';
+      let detail: string | null = null;
+      try {
+        if (!first.done) res.write(formatSSEEvent(first.value));
+        for (;;) {
+          const next = await it.next();
+          if (next.done) break;
+          if (res.writableEnded || res.destroyed) break;
+          res.write(formatSSEEvent(next.value));
+        }
+      } catch (err) {
+        outcome = 'failed';
+        detail = err instanceof Error ? err.name : 'stream_error';
+        if (!res.writableEnded && !res.destroyed) {
+          res.write(formatSSEErrorEvent({ jsonrpc: '2.0', id, error: JsonRpcTransportHandler.mapToJSONRPCError(err) }));
+        }
+      } finally {
+        await it.return?.(undefined);
+        if (!res.writableEnded) res.end();
+      }
+      count(method, outcome === 'succeeded' ? 'ok' : 'rpc_error');
+      await audit(base, method, target(), outcome, 200, detail);
+    } finally {
+      ctx.res.off('close', onClose);
+      abort.abort();
+    }
+  }
+
+  return async (ctx, next) => {
+    if (!ctx.path.startsWith(A2A_PREFIX)) return next();
+    const p = parseA2aPath(ctx.path);
+    if (!p) return next();
+    if (p.card) {
+      if (ctx.method !== 'GET' && ctx.method !== 'HEAD') {
+        ctx.set('Allow', 'GET, HEAD');
+        return wire(ctx, new ApiError('validation.malformed', `${ctx.method} is not served on an Agent Card; use GET`), {});
+      }
+      return card(ctx, p);
+    }
+    if (ctx.method !== 'POST') {
+      ctx.set('Allow', 'POST');
+      return wire(ctx, new ApiError('validation.malformed', `${ctx.method} is not served on an A2A endpoint; use POST (JSON-RPC)`));
+    }
+    return rpc(ctx, p);
+  };
+}

@@ -1,0 +1,388 @@
+/**
+ * The A2A request handler: every method served from a Session and its event log. The SDK's
+ * `JsonRpcTransportHandler` parses and frames JSON-RPC around it (docs/A2A.md).
+ */
+import {
+  Role, TaskState, type AgentCard, type CancelTaskRequest, type GetTaskRequest, type ListTasksRequest, type ListTasksResponse,
+  type Message, type SendMessageRequest, type StreamResponse, type SubscribeToTaskRequest, type Task, type TaskPushNotificationConfig,
+} from '@a2a-js/sdk';
+import {
+  ContentTypeNotSupportedError, ExtendedAgentCardNotConfiguredError, PushNotificationNotSupportedError, RequestMalformedError,
+  TaskNotCancelableError, TaskNotFoundError, UnsupportedOperationError,
+} from '@a2a-js/sdk/errors';
+import type { A2ARequestHandler, ServerCallContext } from '@a2a-js/sdk/server';
+import { ApiError, isId } from '@agentplane/core';
+import { keys, tags, type LogEvent } from '@agentplane/store';
+import type { SessionDoc } from '@agentplane/domain';
+import type { ApiDeps } from '../deps.js';
+import type { Caller } from '../http/caller.js';
+import type { Placement } from './placement.js';
+import { checkDrivePayload, type DrivePayload } from '../sessions/schemas.js';
+import { settles, TaskTracker, TERMINAL_STATES } from './tasks.js';
+import { TEXT_PLAIN } from './card.js';
+
+/** What one A2A request carries into the handler (ServerCallContext state). */
+export interface A2aCall {
+  deps: ApiDeps;
+  caller: Caller & { principalId: string; workspaceId: string };
+  placement: Placement;
+  card: AgentCard;
+  /** Fires when the client goes away or the process shuts down: long waits and streams end on it. */
+  signal: AbortSignal;
+  /** The task the request turned out to act on (for its audit record). */
+  target?: string;
+}
+
+export const CALL_STATE_KEY = 'agentplane.a2a';
+const READ_PAGE = 500;
+/** Session metadata naming the placement and Principal a task belongs to. */
+const META = { installation: 'a2a_installation_id', scope: 'a2a_surface_scope_id', principal: 'a2a_principal_id' } as const;
+const MAX_LIST_PAGE = 100;
+const MAX_MESSAGE_ID = 255;
+/** A concurrent first send of the same messageId is waited for this long before giving up. */
+const CLAIM_WAIT_MS = 10_000;
+/** CancelTask waits at most this long for the interrupted turn to end. */
+const CANCEL_WAIT_MS = 30_000;
+
+function callOf(ctx: ServerCallContext): A2aCall {
+  const call = ctx.state.get(CALL_STATE_KEY) as A2aCall | undefined;
+  if (!call) throw new Error('A2A call state missing');
+  return call;
+}
+
+const scopeKey = (c: A2aCall) => `${c.placement.installation.id}:${c.placement.scope.id}:${c.caller.principalId}`;
+const tasksIndex = (c: A2aCall) => `a2a_tasks:${scopeKey(c)}`;
+const messagesKey = (c: A2aCall) => keys.unique(tags.workspace(c.placement.workspaceId), `a2a_messages:${scopeKey(c)}`);
+
+const URI_KEY = /^[a-z][a-z0-9+.-]*:\/\//i;
+function rejectExtensionKeys(meta: Record<string, unknown> | undefined, where: string): void {
+  for (const k of Object.keys(meta ?? {})) {
+    if (URI_KEY.test(k)) throw new UnsupportedOperationError(`${where}: extension URIs are not supported ('${k}')`);
+  }
+  if (meta && (meta.zdr === true || meta.zero_data_retention === true || meta.retention === 'zdr')) {
+    throw new UnsupportedOperationError(`${where}: zero-data-retention Sessions are not served over A2A`);
+  }
+}
+
+/** Every admission rule of an incoming message (docs/A2A.md, "What is refused"). */
+function checkMessage(params: SendMessageRequest, ctx: ServerCallContext): { message: Message; text: string } {
+  if (ctx.tenant !== undefined) throw new UnsupportedOperationError('the A2A tenant field is not accepted: the endpoint names its placement');
+  const cfg = params.configuration;
+  if (cfg?.taskPushNotificationConfig) throw new PushNotificationNotSupportedError('push notifications are not supported');
+  if (cfg && cfg.acceptedOutputModes.length > 0 && !cfg.acceptedOutputModes.includes(TEXT_PLAIN)) {
+    throw new ContentTypeNotSupportedError(`only ${TEXT_PLAIN} output is produced`);
+  }
+  const m = params.message;
+  if (!m) throw new RequestMalformedError('params.message is required');
+  if (m.role !== Role.ROLE_USER) throw new RequestMalformedError('message.role must be ROLE_USER');
+  if (!m.messageId || m.messageId.length > MAX_MESSAGE_ID) throw new RequestMalformedError(`message.messageId must be 1 to ${MAX_MESSAGE_ID} characters`);
+  if (m.extensions.length > 0) throw new UnsupportedOperationError('protocol extensions are not supported');
+  if (m.referenceTaskIds.length > 0) throw new UnsupportedOperationError('referenceTaskIds are not supported');
+  rejectExtensionKeys(params.metadata, 'params.metadata');
+  rejectExtensionKeys(m.metadata, 'message.metadata');
+  if (m.parts.length === 0) throw new RequestMalformedError('message.parts must not be empty');
+  const texts: string[] = [];
+  for (const part of m.parts) {
+    if (part.content?.$case !== 'text' || (part.mediaType !== '' && part.mediaType !== TEXT_PLAIN)) {
+      throw new ContentTypeNotSupportedError(`only ${TEXT_PLAIN} text parts are accepted`);
+    }
+    rejectExtensionKeys(part.metadata, 'part.metadata');
+    texts.push(part.content.value);
+  }
+  const text = texts.join('\n');
+  if (text.length === 0) throw new RequestMalformedError('message text must not be empty');
+  if (m.taskId && m.contextId && m.taskId !== m.contextId) throw new RequestMalformedError('taskId and contextId name different tasks (a task is its context here)');
+  return { message: m, text };
+}
+
+function rethrowNotFound(err: unknown, id: string): never {
+  if (err instanceof ApiError && err.type === 'validation.not_found') throw new TaskNotFoundError(`task ${id} not found`);
+  throw err;
+}
+
+export class SessionTaskHandler implements A2ARequestHandler {
+  // ---- tasks: loading and following ------------------------------------------------------
+
+  /** A task of this Principal on this placement, or TaskNotFound (another Principal's task looks absent). */
+  private async session(c: A2aCall, id: string): Promise<SessionDoc> {
+    if (!isId('session', id)) throw new TaskNotFoundError(`task ${id} not found`);
+    const s = await c.deps.sessions.store.get(c.placement.workspaceId, id).catch((err: unknown) => rethrowNotFound(err, id));
+    if (s.metadata[META.installation] !== c.placement.installation.id || s.metadata[META.scope] !== c.placement.scope.id || s.metadata[META.principal] !== c.caller.principalId) {
+      throw new TaskNotFoundError(`task ${id} not found`);
+    }
+    c.target = id;
+    return s;
+  }
+
+  /** Reads the log through `toSeq` (or its current end) into a tracker. */
+  private async replay(c: A2aCall, s: SessionDoc, messageId?: string): Promise<{ tracker: TaskTracker; seq: number; seen: boolean }> {
+    const log = c.deps.sessions.store.log;
+    const end = (await log.state(s.id)).seq;
+    const tracker = new TaskTracker(s.id, s._primary_thread_id);
+    let cursor = 0;
+    let seen = false;
+    while (cursor < end) {
+      const page = await log.range(s.id, cursor, READ_PAGE, end);
+      if (page.length === 0) break;
+      for (const e of page) {
+        tracker.apply(e);
+        if (messageId !== undefined && SessionTaskHandler.carries(e, messageId)) seen = true;
+      }
+      cursor = (page[page.length - 1] as LogEvent).seq;
+    }
+    return { tracker, seq: end, seen };
+  }
+
+  /** The log after `afterSeq`, then live (the process's event hub), until `signal` fires. */
+  private async *follow(c: A2aCall, sessionId: string, afterSeq: number): AsyncGenerator<LogEvent> {
+    const log = c.deps.sessions.store.log;
+    let dirty = true;
+    let wake: (() => void) | null = null;
+    const poke = () => {
+      dirty = true;
+      const w = wake;
+      wake = null;
+      w?.();
+    };
+    let erased = false;
+    const watch = await c.deps.eventHub.watch(sessionId, (m) => {
+      if (m.kind === 'erased') erased = true;
+      poke();
+    });
+    c.signal.addEventListener('abort', poke, { once: true });
+    let cursor = afterSeq;
+    try {
+      for (;;) {
+        if (c.signal.aborted) return;
+        if (!dirty) await new Promise<void>((resolve) => { wake = resolve; });
+        // A deleted Session's log is gone: nothing more will come.
+        if (c.signal.aborted || erased) return;
+        dirty = false;
+        const page = await log.range(sessionId, cursor, READ_PAGE);
+        if (page.length === READ_PAGE) dirty = true;
+        for (const e of page) {
+          cursor = e.seq;
+          yield e;
+        }
+      }
+    } finally {
+      watch.close();
+      c.signal.removeEventListener('abort', poke);
+    }
+  }
+
+  // ---- sending ---------------------------------------------------------------------------
+
+  /** Starts (or, for a known messageId, finds) the turn a message asks for. Returns its task. */
+  private async submit(c: A2aCall, params: SendMessageRequest, ctx: ServerCallContext): Promise<{ session: SessionDoc; messageId: string }> {
+    const { message, text } = checkMessage(params, ctx);
+    const ws = c.placement.workspaceId;
+    const key = messagesKey(c);
+    const known = await c.deps.redis.hget(key, message.messageId);
+    if (known && known !== 'pending') return { session: await this.session(c, known), messageId: message.messageId };
+    const target = message.taskId || message.contextId;
+    let payload: DrivePayload;
+    try {
+      // The same payload rules a REST drive event meets (text size, shapes).
+      payload = checkDrivePayload('user.message', { content: text, authored_by: c.caller.principalId, caused_by: { kind: 'a2a', id: message.messageId } }, 'params.message');
+    } catch (err) {
+      if (err instanceof ApiError) throw new RequestMalformedError(err.message);
+      throw err;
+    }
+    const idem = `a2a:${scopeKey(c)}:${message.messageId}`;
+    if (target) {
+      const s = await this.session(c, target);
+      if (s.archived_at !== null) throw new UnsupportedOperationError(`task ${s.id} is archived and takes no messages`);
+      if (message.taskId) {
+        const { tracker } = await this.replay(c, s);
+        if (TERMINAL_STATES.has(tracker.state)) {
+          throw new UnsupportedOperationError(`task ${s.id} is in a terminal state (${TaskState[tracker.state]}); continue the conversation by contextId`);
+        }
+      }
+      await c.deps.sessions.drive(s, { type: 'user.message', payload }, idem);
+      await c.deps.redis.hset(key, message.messageId, s.id);
+      return { session: s, messageId: message.messageId };
+    }
+    // A new task: claim the messageId first so two concurrent first sends make one Session.
+    if ((await c.deps.redis.hsetnx(key, message.messageId, 'pending')) === 0) {
+      const deadline = Date.now() + CLAIM_WAIT_MS;
+      for (;;) {
+        const v = await c.deps.redis.hget(key, message.messageId);
+        if (v && v !== 'pending') return { session: await this.session(c, v), messageId: message.messageId };
+        if (v === null) return this.submit(c, params, ctx);
+        if (Date.now() > deadline || c.signal.aborted) throw new UnsupportedOperationError(`message ${message.messageId} is still being submitted; retry`);
+        await new Promise((r) => setTimeout(r, 50));
+      }
+    }
+    let view: Record<string, unknown>;
+    try {
+      const { installation, scope, agent } = c.placement;
+      view = await c.deps.sessions.create(ws, {
+        agent: { id: agent.id, version: agent.version },
+        environment_id: installation.environment_id,
+        title: `A2A: ${scope.display_name}`,
+        metadata: { [META.installation]: installation.id, [META.scope]: scope.id, [META.principal]: c.caller.principalId },
+        initial_events: [{ type: 'user.message', payload }],
+      }, idem);
+    } catch (err) {
+      await c.deps.redis.hdel(key, message.messageId);
+      throw err;
+    }
+    const id = String(view.id);
+    const tag = tags.workspace(ws);
+    await c.deps.redis.multi()
+      .hset(key, message.messageId, id)
+      .zadd(keys.index(tag, tasksIndex(c)), Date.now(), id)
+      .exec();
+    return { session: await this.session(c, id), messageId: message.messageId };
+  }
+
+  /** Has the tracker seen the user.message that carries this messageId? */
+  private static carries(e: LogEvent, messageId: string): boolean {
+    if (e.type !== 'user.message') return false;
+    const cause = (e.payload as { caused_by?: { kind?: unknown; id?: unknown } }).caused_by;
+    return cause?.kind === 'a2a' && cause.id === messageId;
+  }
+
+  async sendMessage(params: SendMessageRequest, ctx: ServerCallContext): Promise<Message | Task> {
+    const c = callOf(ctx);
+    const { session, messageId } = await this.submit(c, params, ctx);
+    const historyLength = params.configuration?.historyLength;
+    const tracker = new TaskTracker(session.id, session._primary_thread_id);
+    if (params.configuration?.returnImmediately) {
+      return (await this.replay(c, session)).tracker.task(historyLength);
+    }
+    // Blocking: until the turn this message started (or joined) is terminal or interrupted.
+    let seen = false;
+    for await (const e of this.follow(c, session.id, 0)) {
+      tracker.apply(e);
+      if (SessionTaskHandler.carries(e, messageId)) seen = true;
+      if (seen && settles(tracker.state)) return tracker.task(historyLength);
+    }
+    // The client went away or the process is stopping: what is known so far.
+    return tracker.task(historyLength);
+  }
+
+  async *sendMessageStream(params: SendMessageRequest, ctx: ServerCallContext): AsyncGenerator<StreamResponse, void, undefined> {
+    const c = callOf(ctx);
+    const { session, messageId } = await this.submit(c, params, ctx);
+    yield* this.stream(c, session, messageId);
+  }
+
+  /** The task now, then its status and artifact updates live, until it settles (after `messageId`, when given). */
+  private async *stream(c: A2aCall, session: SessionDoc, messageId: string | null): AsyncGenerator<StreamResponse, void, undefined> {
+    const replayed = await this.replay(c, session, messageId ?? undefined);
+    const { tracker, seq } = replayed;
+    let seen = messageId === null || replayed.seen;
+    yield { payload: { $case: 'task', value: tracker.task() } };
+    if (seen && settles(tracker.state) && messageId !== null) return;
+    for await (const e of this.follow(c, session.id, seq)) {
+      if (!seen && SessionTaskHandler.carries(e, messageId as string)) seen = true;
+      for (const u of tracker.apply(e)) {
+        yield u.kind === 'status' ? { payload: { $case: 'statusUpdate', value: u.value } } : { payload: { $case: 'artifactUpdate', value: u.value } };
+      }
+      if (seen && settles(tracker.state)) return;
+    }
+  }
+
+  async *resubscribe(params: SubscribeToTaskRequest, ctx: ServerCallContext): AsyncGenerator<StreamResponse, void, undefined> {
+    const c = callOf(ctx);
+    if (ctx.tenant !== undefined) throw new UnsupportedOperationError('the A2A tenant field is not accepted');
+    const s = await this.session(c, params.id);
+    const { tracker } = await this.replay(c, s);
+    if (TERMINAL_STATES.has(tracker.state)) throw new UnsupportedOperationError(`task ${s.id} is in a terminal state (${TaskState[tracker.state]}); there is nothing to subscribe to`);
+    yield* this.stream(c, s, null);
+  }
+
+  // ---- reading ---------------------------------------------------------------------------
+
+  async getTask(params: GetTaskRequest, ctx: ServerCallContext): Promise<Task> {
+    const c = callOf(ctx);
+    if (ctx.tenant !== undefined) throw new UnsupportedOperationError('the A2A tenant field is not accepted');
+    const s = await this.session(c, params.id);
+    return (await this.replay(c, s)).tracker.task(params.historyLength);
+  }
+
+  async listTasks(params: ListTasksRequest, ctx: ServerCallContext): Promise<ListTasksResponse> {
+    const c = callOf(ctx);
+    if (ctx.tenant !== undefined) throw new UnsupportedOperationError('the A2A tenant field is not accepted');
+    const pageSize = Math.min(Math.max(params.pageSize ?? 50, 1), MAX_LIST_PAGE);
+    let offset = 0;
+    if (params.pageToken) {
+      const m = /^c1_([0-9a-z]+)$/.exec(params.pageToken);
+      if (!m) throw new RequestMalformedError('pageToken is not a token issued by this list');
+      offset = parseInt(m[1] as string, 36);
+    }
+    // Newest first; a task's identity is scoped to this Principal on this placement.
+    let ids = await c.deps.redis.zrevrange(keys.index(tags.workspace(c.placement.workspaceId), tasksIndex(c)), 0, -1);
+    if (params.contextId) ids = ids.filter((id) => id === params.contextId);
+    const after = params.statusTimestampAfter ? Date.parse(params.statusTimestampAfter) : null;
+    const filtered = params.status !== TaskState.TASK_STATE_UNSPECIFIED || after !== null;
+    const load = async (id: string): Promise<Task | null> => {
+      const s = await c.deps.sessions.store.get(c.placement.workspaceId, id).catch(() => null);
+      return s ? (await this.replay(c, s)).tracker.task(params.historyLength) : null;
+    };
+    const keep = (t: Task) => (params.status === TaskState.TASK_STATE_UNSPECIFIED || t.status?.state === params.status)
+      && (after === null || (t.status?.timestamp !== undefined && Date.parse(t.status.timestamp) > after));
+    let tasks: Task[];
+    let total: number;
+    if (filtered) {
+      const all = (await Promise.all(ids.map(load))).filter((t): t is Task => t !== null && keep(t));
+      total = all.length;
+      tasks = all.slice(offset, offset + pageSize);
+    } else {
+      total = ids.length;
+      tasks = (await Promise.all(ids.slice(offset, offset + pageSize).map(load))).filter((t): t is Task => t !== null);
+    }
+    if (params.includeArtifacts !== true) tasks = tasks.map((t) => ({ ...t, artifacts: [] }));
+    const next = offset + pageSize < total ? `c1_${(offset + pageSize).toString(36)}` : '';
+    return { tasks, nextPageToken: next, pageSize, totalSize: total };
+  }
+
+  // ---- cancel ----------------------------------------------------------------------------
+
+  async cancelTask(params: CancelTaskRequest, ctx: ServerCallContext): Promise<Task> {
+    const c = callOf(ctx);
+    if (ctx.tenant !== undefined) throw new UnsupportedOperationError('the A2A tenant field is not accepted');
+    const s = await this.session(c, params.id);
+    const { tracker, seq } = await this.replay(c, s);
+    if (TERMINAL_STATES.has(tracker.state)) throw new TaskNotCancelableError(`task ${s.id} is already ${TaskState[tracker.state]}`);
+    // CancelTask is the Session's user.interrupt; the task is canceled when the turn ends interrupted.
+    await c.deps.sessions.drive(s, {
+      type: 'user.interrupt', payload: { authored_by: c.caller.principalId, caused_by: { kind: 'a2a', id: `cancel:${s.id}` } },
+    }, undefined);
+    // Bounded: a turn that does not stop within the wait is returned as it stands.
+    const bounded: A2aCall = { ...c, signal: AbortSignal.any([c.signal, AbortSignal.timeout(CANCEL_WAIT_MS)]) };
+    for await (const e of this.follow(bounded, s.id, seq)) {
+      tracker.apply(e);
+      if (TERMINAL_STATES.has(tracker.state)) break;
+    }
+    return tracker.task();
+  }
+
+  // ---- not served ------------------------------------------------------------------------
+
+  async getAgentCard(): Promise<AgentCard> {
+    throw new UnsupportedOperationError('the Agent Card is served at agent-card.json');
+  }
+
+  async getAuthenticatedExtendedAgentCard(): Promise<AgentCard> {
+    throw new ExtendedAgentCardNotConfiguredError('no extended Agent Card');
+  }
+
+  async createTaskPushNotificationConfig(): Promise<TaskPushNotificationConfig> {
+    throw new PushNotificationNotSupportedError('push notifications are not supported');
+  }
+
+  async getTaskPushNotificationConfig(): Promise<TaskPushNotificationConfig> {
+    throw new PushNotificationNotSupportedError('push notifications are not supported');
+  }
+
+  async listTaskPushNotificationConfigs(): Promise<never> {
+    throw new PushNotificationNotSupportedError('push notifications are not supported');
+  }
+
+  async deleteTaskPushNotificationConfig(): Promise<void> {
+    throw new PushNotificationNotSupportedError('push notifications are not supported');
+  }
+}

@@ -1,0 +1,128 @@
+/**
+ * One A2A task is one Session: its state, history and artifacts are read from the Session's
+ * event log (docs/A2A.md, "Tasks are Sessions"). Pure functions over log events.
+ */
+import { Role, TaskState, type Artifact, type Message, type Part, type Task, type TaskArtifactUpdateEvent, type TaskStatusUpdateEvent } from '@a2a-js/sdk';
+import type { LogEvent } from '@agentplane/store';
+
+/** States after which a blocking SendMessage returns: terminal, or interrupted (waiting on the caller). */
+export const TERMINAL_STATES: ReadonlySet<TaskState> = new Set([
+  TaskState.TASK_STATE_COMPLETED, TaskState.TASK_STATE_FAILED, TaskState.TASK_STATE_CANCELED, TaskState.TASK_STATE_REJECTED,
+]);
+export const INTERRUPTED_STATES: ReadonlySet<TaskState> = new Set([TaskState.TASK_STATE_INPUT_REQUIRED, TaskState.TASK_STATE_AUTH_REQUIRED]);
+export const settles = (s: TaskState): boolean => TERMINAL_STATES.has(s) || INTERRUPTED_STATES.has(s);
+
+type Payload = Record<string, unknown>;
+
+/** The text of a `content` field: a string, or text blocks. */
+export function textOf(content: unknown): string {
+  if (typeof content === 'string') return content;
+  if (Array.isArray(content)) {
+    return content.map((b) => (typeof b === 'object' && b !== null && typeof (b as Payload).text === 'string' ? (b as Payload).text as string : '')).join('');
+  }
+  return '';
+}
+
+export const textPart = (text: string): Part => ({ content: { $case: 'text', value: text }, metadata: undefined, filename: '', mediaType: 'text/plain' });
+
+/** The state one status-bearing event moves the task to (null: the event does not move it). */
+export function stateAfter(e: LogEvent): TaskState | null {
+  const p = (e.payload ?? {}) as Payload;
+  switch (e.type) {
+    case 'session.status_running':
+      return TaskState.TASK_STATE_WORKING;
+    case 'session.status_idle': {
+      const stop = (p.stop_reason ?? {}) as Payload;
+      switch (stop.type) {
+        case 'end_turn': return TaskState.TASK_STATE_COMPLETED;
+        case 'requires_action': return TaskState.TASK_STATE_INPUT_REQUIRED;
+        case 'interrupted': return TaskState.TASK_STATE_CANCELED;
+        default: return TaskState.TASK_STATE_FAILED;
+      }
+    }
+    case 'session.status_completed': return TaskState.TASK_STATE_COMPLETED;
+    case 'session.status_failed': return TaskState.TASK_STATE_FAILED;
+    case 'session.status_canceled': return TaskState.TASK_STATE_CANCELED;
+    case 'session.thread_status_terminated': return TaskState.TASK_STATE_FAILED;
+    default: return null;
+  }
+}
+
+/**
+ * Follows a Session's log and keeps the task's state. A user.message after a settled turn starts
+ * the next one: the task is `submitted` until that turn runs. Messages queued while a turn runs
+ * are taken by the next turn, so a turn that ends with messages still queued does not settle it.
+ */
+export class TaskTracker {
+  state: TaskState = TaskState.TASK_STATE_SUBMITTED;
+  timestamp: string | undefined;
+  /** Messages sent since the last turn started. */
+  private pending = 0;
+  readonly history: Message[] = [];
+  readonly artifacts: Artifact[] = [];
+  lastAgentMessage: Message | undefined;
+
+  constructor(readonly taskId: string, readonly primaryThreadId: string | null) {}
+
+  /** Applies one event; returns what a stream shows for it (nothing for events it does not show). */
+  apply(e: LogEvent): Array<{ kind: 'status'; value: TaskStatusUpdateEvent } | { kind: 'artifact'; value: TaskArtifactUpdateEvent }> {
+    // Child threads (a coordinator's roster) are the agent's own business; the task is the primary thread.
+    if (this.primaryThreadId !== null && e.session_thread_id !== null && e.session_thread_id !== this.primaryThreadId) return [];
+    const p = (e.payload ?? {}) as Payload;
+    const out: ReturnType<TaskTracker['apply']> = [];
+    if (e.type === 'user.message') {
+      // An A2A message carries its messageId as `caused_by.id`; other drive events keep their event id.
+      const cause = (p.caused_by ?? {}) as Payload;
+      const messageId = cause.kind === 'a2a' && typeof cause.id === 'string' ? cause.id : e.id;
+      this.history.push(this.message(messageId, Role.ROLE_USER, textOf(p.content)));
+      this.pending += 1;
+      if (settles(this.state)) {
+        this.state = TaskState.TASK_STATE_SUBMITTED;
+        this.timestamp = e.created_at;
+        out.push({ kind: 'status', value: this.statusEvent() });
+      }
+      return out;
+    }
+    if (e.type === 'agent.message') {
+      const text = textOf(p.content);
+      const m = this.message(e.id, Role.ROLE_AGENT, text);
+      this.history.push(m);
+      this.lastAgentMessage = m;
+      const artifact: Artifact = { artifactId: e.id, name: 'response', description: '', parts: [textPart(text)], metadata: undefined, extensions: [] };
+      this.artifacts.push(artifact);
+      out.push({ kind: 'artifact', value: { taskId: this.taskId, contextId: this.taskId, artifact, append: false, lastChunk: true, metadata: undefined } });
+      return out;
+    }
+    let next = stateAfter(e);
+    if (next === null) return out;
+    if (e.type === 'session.status_running') this.pending = 0;
+    else if (this.pending > 0 && next !== TaskState.TASK_STATE_FAILED) next = TaskState.TASK_STATE_SUBMITTED;
+    if (next === this.state) return out;
+    this.state = next;
+    this.timestamp = e.created_at;
+    out.push({ kind: 'status', value: this.statusEvent() });
+    return out;
+  }
+
+  private message(messageId: string, role: Role, text: string): Message {
+    return { messageId, contextId: this.taskId, taskId: this.taskId, role, parts: [textPart(text)], metadata: undefined, extensions: [], referenceTaskIds: [] };
+  }
+
+  private statusMessage(): Message | undefined {
+    return TERMINAL_STATES.has(this.state) || INTERRUPTED_STATES.has(this.state) ? this.lastAgentMessage : undefined;
+  }
+
+  statusEvent(): TaskStatusUpdateEvent {
+    return { taskId: this.taskId, contextId: this.taskId, status: { state: this.state, message: this.statusMessage(), timestamp: this.timestamp }, metadata: undefined };
+  }
+
+  /** The task as GetTask returns it; `historyLength` as A2A defines it (absent: all, 0: none, n: the last n). */
+  task(historyLength?: number): Task {
+    const history = historyLength === undefined ? [...this.history] : historyLength <= 0 ? [] : this.history.slice(-historyLength);
+    return {
+      id: this.taskId, contextId: this.taskId,
+      status: { state: this.state, message: this.statusMessage(), timestamp: this.timestamp },
+      artifacts: [...this.artifacts], history, metadata: undefined,
+    };
+  }
+}
