@@ -54,6 +54,8 @@ export interface AcpRunOptions {
   /** The agent's command inside the sandbox. */
   argv: string[];
   routingKey: string;
+  /** The Agent's system prompt: added to every model step the agent makes. */
+  instructions?: string;
   history: ModelMessage[];
   max_duration_seconds?: number;
   gate?: ToolGate;
@@ -99,13 +101,19 @@ interface ToolState {
   done: boolean;
 }
 
-/** The text of a turn's new user input: the user messages after the last assistant message. */
-function promptOf(history: ModelMessage[]): { text: string; earlier: ModelMessage[] } {
-  let i = history.length;
-  while (i > 0 && history[i - 1]?.role === 'user') i -= 1;
-  const tail = history.slice(i);
-  const text = tail.flatMap((m) => m.content.flatMap((b) => (b.type === 'text' ? [b.text] : b.type === 'tool_result' ? [b.content] : []))).join('\n\n');
-  return { text, earlier: history.slice(0, i) };
+/**
+ * The turn's new input: the last run of user messages that carry text (what the user said since
+ * the agent last answered). What precedes it is earlier conversation; what follows it is the
+ * partial work of an attempt that was lost (a rescheduled Run), given as context.
+ */
+function promptOf(history: ModelMessage[]): { texts: string[]; earlier: ModelMessage[]; partial: ModelMessage[] } {
+  const hasText = (m: ModelMessage | undefined): boolean => m?.role === 'user' && m.content.some((b) => b.type === 'text');
+  let end = history.length;
+  while (end > 0 && !hasText(history[end - 1])) end -= 1;
+  let start = end;
+  while (start > 0 && history[start - 1]?.role === 'user') start -= 1;
+  const texts = history.slice(start, end).map((m) => m.content.flatMap((b) => (b.type === 'text' ? [b.text] : [])).join('\n\n')).filter(Boolean);
+  return { texts, earlier: history.slice(0, start), partial: history.slice(end) };
 }
 
 function transcript(messages: ModelMessage[]): string {
@@ -277,7 +285,7 @@ class AcpRun {
   async run(): Promise<AcpOutcome> {
     const { o } = this;
     const endpoint = await startModelEndpoint({
-      model: o.model, routingKey: o.routingKey, key: this.key, signal: AbortSignal.any([o.signal, this.stop.signal]),
+      model: o.model, routingKey: o.routingKey, key: this.key, ...(o.instructions ? { instructions: o.instructions } : {}), signal: AbortSignal.any([o.signal, this.stop.signal]),
       onUsage: (u) => (this.usage = addUsage(this.usage, u)),
       ...(o.mcp ? { extra: mcpProxy(o.mcp, this.stop.signal) } : {}),
     });
@@ -372,7 +380,7 @@ class AcpRun {
       const mcpServers: acp.McpServer[] = o.mcp && caps.mcpCapabilities?.http
         ? o.mcp.servers.map((s) => ({ type: 'http' as const, name: s.name, url: `${this.base}/mcp/${encodeURIComponent(s.name)}`, headers: [{ name: 'Authorization', value: `Bearer ${this.key}` }] }))
         : [];
-      const { text, earlier } = promptOf(o.history);
+      const { texts, earlier, partial } = promptOf(o.history);
       let sessionId = o.sessions.get(o.sandbox.sessionId);
       let loaded = false;
       if (sessionId && caps.loadSession) {
@@ -393,7 +401,9 @@ class AcpRun {
       const sid = sessionId as string;
       const prompt: acp.ContentBlock[] = [];
       if (!loaded && earlier.length > 0) prompt.push({ type: 'text', text: `The conversation so far:\n${transcript(earlier)}\n\nThe new message follows.` });
-      prompt.push({ type: 'text', text: text || '(no message)' });
+      if (partial.length > 0) prompt.push({ type: 'text', text: `An earlier attempt at this message was cut off after:\n${transcript(partial)}` });
+      // One block per user message, the newest last.
+      for (const t of texts.length > 0 ? texts : ['(no message)']) prompt.push({ type: 'text', text: t });
 
       const onAbort = (): void => {
         void cx.notify(acp.methods.agent.session.cancel, { sessionId: sid }).catch(() => undefined);
@@ -419,8 +429,11 @@ class AcpRun {
     for (const t of timers) clearTimeout(t);
     await this.flush().catch(() => undefined);
     await this.chain;
-    if (ending.kind !== 'stop') {
+    // A connection that broke is usually an agent that died: give its exit a moment to show.
+    const gone = ending.kind === 'error' ? await Promise.race([agent.wait(), new Promise<null>((r) => setTimeout(() => r(null), 1000).unref())]) : null;
+    if (ending.kind !== 'stop' && ending.kind !== 'exit') {
       // Not a clean end: the agent and everything it started go now (the sandbox stays).
+      o.log.warn({ session: o.sandbox.sessionId, why: ending.kind }, 'stopping the ACP agent');
       await agent.kill().catch(() => undefined);
     }
     void conversation;
@@ -446,6 +459,9 @@ class AcpRun {
         throw new AcpHarnessError('agent_exited', `the ACP agent exited with code ${ending.code} before it finished the turn${this.stderr.trim() ? `: ${this.stderr.trim().slice(-1000)}` : ''}`);
       case 'error': {
         if (interrupted) return { stop_reason: { type: 'interrupted' }, usage: this.usage };
+        if (gone && !gone.killed) {
+          throw new AcpHarnessError('agent_exited', `the ACP agent exited with code ${gone.exitCode} before it finished the turn${this.stderr.trim() ? `: ${this.stderr.trim().slice(-1000)}` : ''}`);
+        }
         const msg = ending.err instanceof Error ? ending.err.message : JSON.stringify(ending.err);
         throw new AcpHarnessError('agent_failed', `the ACP agent failed the turn: ${msg}${this.stderr.trim() ? ` (stderr: ${this.stderr.trim().slice(-500)})` : ''}`, { cause: ending.err });
       }

@@ -22,6 +22,8 @@ type Json = Record<string, unknown>;
 export interface ModelEndpointOptions {
   model: ModelClient;
   routingKey: string;
+  /** The Agent's own system prompt, added after the ACP agent's (the platform's instructions hold for it too). */
+  instructions?: string;
   /** The per-lease placeholder key the agent is given. */
   key: string;
   /** Aborts every open step (the lease's signal). */
@@ -364,6 +366,11 @@ export async function startModelEndpoint(o: ModelEndpointOptions): Promise<{ ser
   };
 }
 
+function withInstructions(r: ModelRequest, instructions: string | undefined): ModelRequest {
+  if (!instructions) return r;
+  return { ...r, system: r.system ? `${r.system}\n\n${instructions}` : instructions };
+}
+
 async function handle(o: ModelEndpointOptions, req: IncomingMessage, res: ServerResponse): Promise<void> {
   if (keyOf(req) !== o.key) throw new ModelEndpointError(401, 'authentication_error', 'invalid x-api-key');
   const path = (req.url ?? '/').split('?')[0] ?? '/';
@@ -386,13 +393,13 @@ async function handle(o: ModelEndpointOptions, req: IncomingMessage, res: Server
   }
   if (path === '/v1/messages') {
     const body = await readBody(req);
-    await new StepWriter(o, res, signal).anthropic(fromAnthropic(body, o.routingKey), body.stream === true, text(body.model) || o.routingKey);
+    await new StepWriter(o, res, signal).anthropic(withInstructions(fromAnthropic(body, o.routingKey), o.instructions), body.stream === true, text(body.model) || o.routingKey);
     return;
   }
   if (path === '/v1/chat/completions' || path === '/chat/completions') {
     const body = await readBody(req);
     const includeUsage = (body.stream_options as Json | undefined)?.include_usage === true;
-    await new StepWriter(o, res, signal).openai(fromOpenAi(body, o.routingKey), body.stream === true, text(body.model) || o.routingKey, includeUsage);
+    await new StepWriter(o, res, signal).openai(withInstructions(fromOpenAi(body, o.routingKey), o.instructions), body.stream === true, text(body.model) || o.routingKey, includeUsage);
     return;
   }
   throw new ModelEndpointError(404, 'not_found_error', `no route POST ${path}`);

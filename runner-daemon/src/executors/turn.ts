@@ -182,6 +182,7 @@ async function runTurn(o: TurnExecutorOptions, handle: LeaseHandle): Promise<Rec
           driver, sandbox, model: handle.model, sink, signal: handle.signal, log,
           argv: harnessArgv(acpHarness, acpSetting.command, sandbox.driver, acpSetting.args) ?? [],
           routingKey: spec.agent.routing_key,
+          ...(spec.agent.system ? { instructions: spec.agent.system } : {}),
           history: spec.history,
           max_duration_seconds: spec.environment.resources.max_duration_seconds,
           gate: (q) => handle.checkTool({ ...q, tool_use_id: sink.toolId(q.tool_use_id) }),
