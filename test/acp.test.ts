@@ -160,6 +160,29 @@ describe('ACP agent harness', () => {
     }
   });
 
+  it('a require_approval policy holds the permission request open until the ActionApproval is approved', async () => {
+    const rule = (await api.post<{ id: string }>('/v1/action-policies', { effect: 'require_approval', tool: { kind: 'builtin', name: 'bash' }, arguments: { command_prefix: 'echo approved' } })).id;
+    try {
+      const id = await session(SCRIPT([
+        { when: { user_contains: 'deploy' }, then: [{ tool: 'run', input: { command: 'echo approved run' } }] },
+        { when: { on: 'tool_result' }, then: [{ reply: 'Ran: {{tool_result}}' }] },
+      ]));
+      await api.post(`/v1/sessions/${id}/events`, msg('deploy it'));
+      const asked = await until(id, (e) => e.some((x) => x.type === 'session.action_approval_requested'));
+      const approvalId = String(asked.find((x) => x.type === 'session.action_approval_requested')?.payload.approval_id);
+      expect(asked.some((x) => x.type === 'agent.tool_result')).toBe(false);
+      await api.post(`/v1/action-approvals/${approvalId}/approve`, { reason: 'fine' });
+      const evs = await until(id, (e) => idleCount(e) >= 1);
+      const result = evs.find((e) => e.type === 'agent.tool_result');
+      // The command ran only after the approval was resolved.
+      expect(evs.indexOf(result as TurnEvent)).toBeGreaterThan(evs.findIndex((e) => e.type === 'session.action_approval_resolved'));
+      expect(evs.find((e) => e.type === 'session.status_idle')?.payload.stop_reason).toMatchObject({ type: 'end_turn' });
+      expect(JSON.stringify(evs.filter((e) => e.type === 'agent.message').at(-1)?.payload)).toContain('Ran: approved run');
+    } finally {
+      await api.request('DELETE', `/v1/action-policies/${rule}`);
+    }
+  });
+
   it('user.interrupt mid-prompt cancels the agent within bounded time; the sandbox takes the next turn', async () => {
     const id = await session(SCRIPT([
       { when: { user_contains: 'sleep' }, then: [{ tool: 'run', input: { command: 'sleep 600' } }] },
