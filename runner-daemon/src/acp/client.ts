@@ -27,8 +27,8 @@ import { randomBytes } from 'node:crypto';
 import { Readable, Writable } from 'node:stream';
 import * as acp from '@agentclientprotocol/sdk';
 import type { Logger } from '@agentplane/core';
-import { addUsage, ZERO_USAGE, type ModelClient, type ModelMessage, type TokenUsage } from '@agentplane/protocol';
-import type { HarnessEvent, IdleStopReason, PlanEvent, SessionEventSink } from '../harness/events.js';
+import { addUsage, ZERO_USAGE, type ModelClient, type ModelError, type ModelMessage, type TokenUsage } from '@agentplane/protocol';
+import { HarnessError, type HarnessEvent, type IdleStopReason, type PlanEvent, type SessionEventSink } from '../harness/events.js';
 import { policyRefusal, type GateDecision, type GateQuery, type ToolGate } from '../harness/loop.js';
 import type { Sandbox, SandboxDriver, SandboxProcess } from '../sandbox/types.js';
 import { bridgeForwarder, FORWARDER_SOURCE } from './forwarder.js';
@@ -161,6 +161,8 @@ export async function runAcp(o: AcpRunOptions): Promise<AcpOutcome> {
 
 class AcpRun {
   private usage: TokenUsage = { ...ZERO_USAGE };
+  /** The last gateway error a model step ended with (a spent budget ends the turn as such). */
+  private modelError: ModelError | undefined;
   private readonly tools = new Map<string, ToolState>();
   private pending: { kind: 'text' | 'thinking'; text: string } | null = null;
   private chain: Promise<void> = Promise.resolve();
@@ -287,6 +289,7 @@ class AcpRun {
     const endpoint = await startModelEndpoint({
       model: o.model, routingKey: o.routingKey, key: this.key, ...(o.instructions ? { instructions: o.instructions } : {}), signal: AbortSignal.any([o.signal, this.stop.signal]),
       onUsage: (u) => (this.usage = addUsage(this.usage, u)),
+      onError: (e) => (this.modelError = e),
       ...(o.mcp ? { extra: mcpProxy(o.mcp, this.stop.signal) } : {}),
     });
     let forwarder: SandboxProcess | undefined;
@@ -443,6 +446,8 @@ class AcpRun {
     }
     await this.chain;
     const interrupted = o.signal.aborted;
+    // A spent budget ends the turn with its own stop reason, however the agent took the refusal.
+    if (!interrupted && this.modelError?.type === 'budget.exceeded') throw new HarnessError('model_error', this.modelError.message, this.modelError);
     switch (ending.kind) {
       case 'stop': {
         const map: Record<acp.StopReason, IdleStopReason> = {

@@ -12,7 +12,7 @@
  */
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { addUsage, ZERO_USAGE, type ContentBlock, type ModelClient, type ModelMessage, type ModelRequest, type ModelStreamEvent, type StopReason, type TokenUsage, type ToolSpec } from '@agentplane/protocol';
+import { addUsage, ZERO_USAGE, type ContentBlock, type ModelClient, type ModelError, type ModelMessage, type ModelRequest, type ModelStreamEvent, type StopReason, type TokenUsage, type ToolSpec } from '@agentplane/protocol';
 
 /** Largest request body accepted (the relayed step travels as one runner frame). */
 const MAX_BODY_BYTES = 900 * 1024;
@@ -30,6 +30,8 @@ export interface ModelEndpointOptions {
   signal: AbortSignal;
   /** Every finished step's usage (the Run's usage). */
   onUsage?: (usage: TokenUsage) => void;
+  /** Every gateway error a step ended with. */
+  onError?: (error: ModelError) => void;
   /** Extra routes (the runtime MCP proxy); return false when the path is not theirs. */
   extra?: (req: IncomingMessage, res: ServerResponse) => Promise<boolean>;
 }
@@ -136,10 +138,10 @@ const OPENAI_STOP: Record<StopReason, string> = { end_turn: 'stop', tool_use: 't
 
 /** The HTTP status a gateway error maps to (what the agent's SDK understands: retry on 429/5xx). */
 function statusOf(type: string, retryable: boolean): number {
-  if (type === 'budget.exceeded' || type === 'model.platform_capacity_reached') return 429;
   if (type === 'policy.denied') return 403;
-  if (type.startsWith('validation.')) return 400;
-  return retryable ? 503 : 500;
+  // Agent SDKs retry 429 and 5xx; a spent budget or a malformed request must not be retried.
+  if (!retryable) return 400;
+  return type === 'model.platform_capacity_reached' ? 429 : 503;
 }
 
 let counter = 0;
@@ -160,6 +162,7 @@ class StepWriter {
         this.usage = addUsage(this.usage, e.usage);
         this.o.onUsage?.(e.usage);
       }
+      if (e.type === 'error') this.o.onError?.(e.error);
       yield e;
       if (e.type === 'end' || e.type === 'error') return;
     }
