@@ -86,6 +86,8 @@ export class AcpHarnessError extends Error {
 }
 
 const DEADLINE_GRACE_MS = 10_000;
+/** After a finished prompt, how long the agent has to exit by itself before it is killed. */
+const EXIT_GRACE_MS = 250;
 
 /** ACP tool kinds as the built-in tools ActionPolicies already name. */
 const TOOL_NAMES: Record<string, string> = { execute: 'bash', read: 'read', edit: 'edit', delete: 'write', move: 'write', search: 'grep' };
@@ -290,6 +292,7 @@ class AcpRun {
       model: o.model, routingKey: o.routingKey, key: this.key, ...(o.instructions ? { instructions: o.instructions } : {}), signal: AbortSignal.any([o.signal, this.stop.signal]),
       onUsage: (u) => (this.usage = addUsage(this.usage, u)),
       onError: (e) => (this.modelError = e),
+      onStep: (t) => o.log.debug({ session: o.sandbox.sessionId, first_event_ms: Number(t.first_event_ms.toFixed(3)), total_ms: Number(t.total_ms.toFixed(3)) }, 'acp model step'),
       ...(o.mcp ? { extra: mcpProxy(o.mcp, this.stop.signal) } : {}),
     });
     let forwarder: SandboxProcess | undefined;
@@ -317,14 +320,15 @@ class AcpRun {
     } finally {
       this.stop.abort();
       await terminals.closeAll();
+      // The prompt is over: the agent gets a moment to exit on end of input, then goes (an
+      // agent keeps what it must between turns on disk as it works, as ACP agents do).
       if (agent) {
         agent.stdin.end();
-        const exited = await Promise.race([agent.wait().then(() => true), new Promise<false>((r) => setTimeout(() => r(false), o.cancelTimeoutMs ?? 3000).unref())]);
+        const exited = await Promise.race([agent.wait().then(() => true), new Promise<false>((r) => setTimeout(() => r(false), EXIT_GRACE_MS).unref())]);
         if (!exited) await agent.kill().catch(() => undefined);
       }
       if (forwarder) {
         forwarder.stdin.end();
-        await Promise.race([forwarder.wait(), new Promise((r) => setTimeout(r, 1000).unref())]);
         await forwarder.kill().catch(() => undefined);
       }
       await endpoint.close();

@@ -30,6 +30,8 @@ export interface ModelEndpointOptions {
   signal: AbortSignal;
   /** Every finished step's usage (the Run's usage). */
   onUsage?: (usage: TokenUsage) => void;
+  /** Every step's timing as the runner saw it: to the first event from the gateway, and to its end. */
+  onStep?: (timing: { first_event_ms: number; total_ms: number }) => void;
   /** Every gateway error a step ended with. */
   onError?: (error: ModelError) => void;
   /** Extra routes (the runtime MCP proxy); return false when the path is not theirs. */
@@ -157,7 +159,11 @@ class StepWriter {
   ) {}
 
   private async *events(request: ModelRequest): AsyncIterable<ModelStreamEvent> {
+    const started = performance.now();
+    let first: number | undefined;
     for await (const e of this.o.model.stream(request, this.signal)) {
+      first ??= performance.now() - started;
+      if (e.type === 'end' || e.type === 'error') this.o.onStep?.({ first_event_ms: first, total_ms: performance.now() - started });
       if (e.type === 'end') {
         this.usage = addUsage(this.usage, e.usage);
         this.o.onUsage?.(e.usage);
