@@ -98,6 +98,7 @@ async function main(): Promise<void> {
     for (const s of [daemon.stdout, daemon.stderr]) {
       if (!s) continue;
       createInterface({ input: s }).on('line', (line) => {
+        if (process.env.BENCH_TRACE && (line.includes('acp phase') || line.includes('acp model step'))) process.stderr.write(`${line}\n`);
         if (!line.includes('acp model step')) return;
         try {
           relay.push((JSON.parse(line) as { first_event_ms: number }).first_event_ms);

@@ -88,6 +88,10 @@ export class AcpHarnessError extends Error {
 const DEADLINE_GRACE_MS = 10_000;
 /** After a finished prompt, how long the agent has to exit by itself before it is killed. */
 const EXIT_GRACE_MS = 250;
+/** The model endpoint's port on a Docker sandbox's own loopback. */
+export const SANDBOX_MODEL_PORT = 41_977;
+/** The shutdown of each sandbox's last agent (the next Run of that sandbox waits for it). */
+const cleanups = new Map<string, Promise<void>>();
 
 /** ACP tool kinds as the built-in tools ActionPolicies already name. */
 const TOOL_NAMES: Record<string, string> = { execute: 'bash', read: 'read', edit: 'edit', delete: 'write', move: 'write', search: 'grep' };
@@ -173,6 +177,11 @@ class AcpRun {
   private readonly key = `ap-lease-${randomBytes(18).toString('hex')}`;
   private stderr = '';
   private readonly stop = new AbortController();
+  private readonly t0 = performance.now();
+  /** Debug timing of the Run's phases (what `bench:acp` reads to explain its figure). */
+  private phase(name: string): void {
+    this.o.log.debug({ session: this.o.sandbox.sessionId, phase: name, ms: Number((performance.now() - this.t0).toFixed(1)) }, 'acp phase');
+  }
   /** The model endpoint as the agent reaches it (the sandbox's loopback). */
   private base = '';
 
@@ -268,7 +277,9 @@ class AcpRun {
         return { decision: 'deny', rule_id: null, message: `the policy check failed (${err instanceof Error ? err.message : String(err)}); denied (fail closed)` };
       }
     };
+    this.phase('permission asked');
     let d = await ask();
+    this.phase('permission answered');
     // An ActionApproval is open: the agent waits on its request while the approver decides.
     while (d.decision === 'require_approval' && !this.o.signal.aborted && !this.stop.signal.aborted) {
       await sleep(this.o.approvalPollMs ?? 1000, AbortSignal.any([this.o.signal, this.stop.signal]));
@@ -298,14 +309,22 @@ class AcpRun {
     let forwarder: SandboxProcess | undefined;
     let agent: SandboxProcess | undefined;
     const terminals = new Terminals(o.driver, o.sandbox);
+    const docker = o.sandbox.driver === 'docker';
+    // The previous Run's agent of this sandbox is gone before this one starts.
+    await cleanups.get(o.sandbox.sessionId);
     try {
-      forwarder = await o.driver.spawn(o.sandbox, ['node', '-e', FORWARDER_SOURCE]);
-      const port = await bridgeForwarder(forwarder, endpoint.port);
+      // In a Docker sandbox the loopback is the sandbox's own: the forwarder takes a fixed port and
+      // starts alongside the agent. The process driver shares the host's loopback: any free port.
+      forwarder = await o.driver.spawn(o.sandbox, ['node', '-e', FORWARDER_SOURCE], { env: { AGENTPLANE_MODEL_PORT: docker ? String(SANDBOX_MODEL_PORT) : '0' } });
+      const listening = bridgeForwarder(forwarder, endpoint.port);
+      listening.catch(() => undefined);
+      const port = docker ? SANDBOX_MODEL_PORT : await listening;
       const base = `http://127.0.0.1:${port}`;
       this.base = base;
+      const home = docker ? '/tmp/agentplane-acp-home' : `${o.sandbox.workspace}/.agentplane-acp-home`;
       const env: Record<string, string> = {
         ...QUIET_AGENT_ENV,
-        HOME: o.sandbox.driver === 'docker' ? '/tmp/agentplane-acp-home' : `${o.sandbox.workspace}/.agentplane-acp-home`,
+        HOME: home,
         ANTHROPIC_BASE_URL: base,
         ANTHROPIC_API_KEY: this.key,
         ANTHROPIC_MODEL: o.routingKey,
@@ -314,28 +333,36 @@ class AcpRun {
         OPENAI_API_KEY: this.key,
         AGENTPLANE_MODEL: o.routingKey,
       };
-      if (o.sandbox.driver === 'docker') await o.driver.exec(o.sandbox, ['mkdir', '-p', env.HOME as string], { timeoutMs: 10_000 });
-      agent = await o.driver.spawn(o.sandbox, o.argv, { cwd: o.sandbox.workspace, env });
-      return await this.converse(agent, terminals);
+      const argv = docker ? ['bash', '-c', 'mkdir -p -- "$HOME" && exec "$@"', 'acp-agent', ...o.argv] : o.argv;
+      agent = await o.driver.spawn(o.sandbox, argv, { cwd: o.sandbox.workspace, env });
+      this.phase('spawned');
+      return await this.converse(agent, terminals, listening.then(() => undefined));
     } finally {
       this.stop.abort();
-      await terminals.closeAll();
-      // The prompt is over: the agent gets a moment to exit on end of input, then goes (an
-      // agent keeps what it must between turns on disk as it works, as ACP agents do).
-      if (agent) {
-        agent.stdin.end();
-        const exited = await Promise.race([agent.wait().then(() => true), new Promise<false>((r) => setTimeout(() => r(false), EXIT_GRACE_MS).unref())]);
-        if (!exited) await agent.kill().catch(() => undefined);
-      }
-      if (forwarder) {
-        forwarder.stdin.end();
-        await forwarder.kill().catch(() => undefined);
-      }
-      await endpoint.close();
+      // The agent is let go after the Run has its answer: it gets a moment to exit on end of input,
+      // then goes (ACP agents keep what they need between turns on disk as they work).
+      const a = agent;
+      const f = forwarder;
+      const cleanup = (async () => {
+        await terminals.closeAll();
+        if (a) {
+          a.stdin.end();
+          const exited = await Promise.race([a.wait().then(() => true), new Promise<false>((r) => setTimeout(() => r(false), EXIT_GRACE_MS).unref())]);
+          if (!exited) await a.kill().catch(() => undefined);
+        }
+        if (f) {
+          f.stdin.end();
+          await f.kill().catch(() => undefined);
+        }
+        await endpoint.close();
+      })().catch(() => undefined).finally(() => {
+        if (cleanups.get(o.sandbox.sessionId) === cleanup) cleanups.delete(o.sandbox.sessionId);
+      });
+      cleanups.set(o.sandbox.sessionId, cleanup);
     }
   }
 
-  private async converse(agent: SandboxProcess, terminals: Terminals): Promise<AcpOutcome> {
+  private async converse(agent: SandboxProcess, terminals: Terminals, endpointReady: Promise<void>): Promise<AcpOutcome> {
     const { o } = this;
     agent.stderr.on('data', (c: Buffer) => (this.stderr = (this.stderr + c.toString('utf8')).slice(-4000)));
     const exited = agent.wait();
@@ -383,6 +410,7 @@ class AcpRun {
         clientCapabilities: { fs: { readTextFile: true, writeTextFile: true }, terminal: true },
         clientInfo: { name: 'agentplane', version: '1' },
       });
+      this.phase('initialized');
       const caps = init.agentCapabilities ?? {};
       const mcpServers: acp.McpServer[] = o.mcp && caps.mcpCapabilities?.http
         ? o.mcp.servers.map((s) => ({ type: 'http' as const, name: s.name, url: `${this.base}/mcp/${encodeURIComponent(s.name)}`, headers: [{ name: 'Authorization', value: `Bearer ${this.key}` }] }))
@@ -406,6 +434,10 @@ class AcpRun {
         o.sessions.set(o.sandbox.sessionId, sessionId);
       }
       const sid = sessionId as string;
+      this.phase('session');
+      // The agent's first model call may follow the prompt at once: the forwarder must listen.
+      await endpointReady;
+      this.phase('endpoint');
       const prompt: acp.ContentBlock[] = [];
       if (!loaded && earlier.length > 0) prompt.push({ type: 'text', text: `The conversation so far:\n${transcript(earlier)}\n\nThe new message follows.` });
       if (partial.length > 0) prompt.push({ type: 'text', text: `An earlier attempt at this message was cut off after:\n${transcript(partial)}` });
@@ -426,6 +458,7 @@ class AcpRun {
       }
       try {
         const res = await cx.request(acp.methods.agent.session.prompt, { sessionId: sid, prompt });
+        this.phase('prompted');
         settle({ kind: 'stop', reason: res.stopReason });
       } finally {
         o.signal.removeEventListener('abort', onAbort);
