@@ -6,6 +6,7 @@ import { startPlatform, waitFor, type Platform } from './harness/platform.js';
 import { pairDaemon, startDaemon } from './harness/daemon.js';
 import { FAST_LEASES, idleCount, SCRIPT, untilEvents, type Json, type TurnEvent } from './harness/turns.js';
 import { FIXTURE_COMMAND, FIXTURE_PACKAGE, packFixtureAgent } from './harness/acp-fixture.js';
+import { startMcpUpstream } from './harness/mcp-upstream.js';
 
 /**
  * Third-party agent harnesses over ACP, end to end (docs/ACP.md): the fixture agent (written with
@@ -130,6 +131,20 @@ describe('ACP agent harness', () => {
     await api.post(`/v1/sessions/${id}/events`, msg('use openai'));
     const evs = await until(id, (e) => idleCount(e) >= 1);
     expect(JSON.stringify(evs.filter((e) => e.type === 'agent.message').at(-1)?.payload)).toContain('OpenAI path: via-openai');
+  });
+
+  it("the Session's MCP servers reach the agent through the sandbox loopback and the runtime MCP endpoint", async () => {
+    const upstream = await startMcpUpstream();
+    try {
+      await api.post('/v1/connections', { name: 'upstream-acp', url: upstream.url });
+      const id = await session(SCRIPT([]));
+      await api.post(`/v1/sessions/${id}`, { agent: { mcp_servers: [{ name: 'ext', type: 'url', url: upstream.url, permission: 'always_allow' }] } });
+      await api.post(`/v1/sessions/${id}/events`, msg('mcp echo through the loopback'));
+      const evs = await until(id, (e) => idleCount(e) >= 1);
+      expect(JSON.stringify(evs.filter((e) => e.type === 'agent.message').at(-1)?.payload)).toContain('MCP said: echo: through the loopback');
+    } finally {
+      await upstream.close();
+    }
   });
 
   it('a permission request denied by an ActionPolicy is refused: the command never runs, the agent is told', async () => {
