@@ -74,6 +74,10 @@ describe('ACP agent harness', () => {
     }
     const env = await api.get<Json>(`/v1/environments/${envId}`);
     expect(env.harness).toEqual({ kind: 'acp', package: FIXTURE_PACKAGE, command: FIXTURE_COMMAND });
+    const bad = await api.request('POST', '/v1/environments', { body: { name: 'x', image: 'img:1', harness: { kind: 'acp', package: 'Not A Name', command: 'x' } } });
+    expect(bad.status).toBe(400);
+    const plain = await api.post<Json>('/v1/environments', { name: 'plain', image: 'img:1' });
+    expect(plain.harness).toBeNull();
   });
 
   it('maps a turn: plan, thinking, streamed message, a terminal command and a file write, each asked and allowed; the next turn loads the session', async () => {
