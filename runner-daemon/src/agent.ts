@@ -91,6 +91,8 @@ export class RunnerAgent {
   executor: LeaseExecutor | null = null;
   /** The Docker tiers the sandbox driver verified (re-probed on every facts refresh). */
   tierSource: (() => Promise<string[]>) | null = null;
+  /** The ACP harnesses installed and probed (docs/ACP.md). */
+  acpSource: (() => NonNullable<HostFacts['acp']>) | null = null;
   /** Prometheus metrics (set by `start`). */
   metrics: RunnerMetrics | null = null;
   /** Open model streams: stream id → where their frames go. */
@@ -158,7 +160,7 @@ export class RunnerAgent {
   private async refreshFacts(force = false): Promise<HostFacts> {
     if (!this.facts || force || Date.now() - this.factsAt > 60_000) {
       const [facts, tiers] = await Promise.all([hostFacts(this.docker), this.tierSource ? this.tierSource().catch(() => []) : Promise.resolve([])]);
-      this.facts = { ...facts, tiers };
+      this.facts = { ...facts, tiers, ...(this.acpSource ? { acp: this.acpSource() } : {}) };
       this.factsAt = Date.now();
     }
     return this.facts;

@@ -19,6 +19,8 @@ export interface HostFacts {
   docker: DockerFacts | null;
   /** Docker isolation tiers whose canary sandbox ran (empty: claim no Docker provider). */
   tiers: string[];
+  /** ACP agent harnesses installed and probed, and the driver whose sandboxes run them. */
+  acp?: { driver: 'docker' | 'process'; harnesses: { package: string; version: string; harness_release_digest: string }[] };
 }
 
 export interface DockerFacts {
@@ -116,6 +118,12 @@ export function availableSlots(facts: HostFacts, policy: SlotPolicy, held: numbe
   return Math.max(0, Math.min(cap, byMemory) - held);
 }
 
+/** ACP over stdio and the harnesses, on the provider whose driver runs them (only once probed). */
+function acpOf(facts: HostFacts, driver: 'docker' | 'process'): Pick<ProviderCapability, 'acp_transport' | 'acp_harnesses'> {
+  if (!facts.acp || facts.acp.driver !== driver || facts.acp.harnesses.length === 0) return {};
+  return { acp_transport: 'stdio', acp_harnesses: facts.acp.harnesses.map((h) => ({ ...h })) };
+}
+
 export function buildCapabilities(facts: HostFacts, policy: SlotPolicy, held: number): RunnerCapabilities {
   const providers: ProviderCapability[] = [];
   const d = facts.docker;
@@ -150,6 +158,7 @@ export function buildCapabilities(facts: HostFacts, policy: SlotPolicy, held: nu
       // Project revisions are fetched by the runner and placed in the workspace (docs/MEMORY.md).
       mount_kinds: ['uploaded_project'],
       max_mounts: 64,
+      ...acpOf(facts, 'docker'),
     });
   }
   providers.push({
@@ -171,6 +180,7 @@ export function buildCapabilities(facts: HostFacts, policy: SlotPolicy, held: nu
     snapshot_custody: 'runner',
     mount_kinds: ['uploaded_project'],
     max_mounts: 64,
+    ...acpOf(facts, 'process'),
   });
   return {
     protocol_versions: [...RUNNER_PROTOCOL_VERSIONS],

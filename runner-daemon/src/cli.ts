@@ -2,7 +2,11 @@
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { hostname } from 'node:os';
-import { apiUrl, ConfigError, createLogger, envInt, startTracing } from '@agentplane/core';
+import type Docker from 'dockerode';
+import { apiUrl, ConfigError, createLogger, envInt, startTracing, type Logger } from '@agentplane/core';
+import { probeInitialize } from './acp/client.js';
+import { AcpHarnesses, installHarness, type InstalledHarness } from './acp/install.js';
+import type { SandboxDriver } from './sandbox/types.js';
 import { RunnerAgent } from './agent.js';
 import { dockerClient } from './capabilities.js';
 import { credentialPath, loadCredential, loadDaemonConfig, loadState, saveCredential, type DaemonConfig, type RunnerCredentialFile } from './config.js';
@@ -60,6 +64,8 @@ Options:
   --exit-when-drained        exit once a control-plane drain has finished the held work
   --tiers <list>             isolation tiers to offer, e.g. container or container,gvisor (default:
                              every tier whose canary sandbox runs: container (runc), gvisor (runsc))
+  --acp-harness <specs>      ACP agent harnesses to install into the sandbox image, comma-separated
+                             npm package specs (docs/ACP.md; env RUNNER_ACP_HARNESSES)
   --reconnect-base-ms, --reconnect-cap-ms   backoff bounds (default 1000, 64000)
   --sandbox-idle-suspend-seconds <s>   stop an idle Session sandbox's processes (default 600; 0 never)
   --sandbox-idle-expire-seconds <s>    remove an idle Session sandbox and its workspace (default 86400; 0 never)
@@ -137,6 +143,7 @@ function parse(argv: string[]): { command: string; flags: Flags } {
       'drain-deadline-ms': { type: 'string' },
       'exit-when-drained': { type: 'boolean' },
       tiers: { type: 'string' },
+      'acp-harness': { type: 'string' },
       'reconnect-base-ms': { type: 'string' },
       'reconnect-cap-ms': { type: 'string' },
       'sandbox-idle-suspend-seconds': { type: 'string' },
@@ -204,6 +211,20 @@ async function redeemOrEnroll(command: 'pair' | 'enroll', flags: Flags): Promise
   return 0;
 }
 
+async function prepareAcpHarnesses(config: DaemonConfig, driver: SandboxDriver, docker: Docker | undefined, log: Logger): Promise<AcpHarnesses> {
+  const installed: InstalledHarness[] = [];
+  for (const spec of config.acpHarnesses) {
+    try {
+      installed.push(await installHarness(spec, join(config.configDir, 'acp'), log));
+    } catch (err) {
+      log.warn({ harness: spec, err: err instanceof Error ? err.message : String(err) }, 'ACP harness could not be installed');
+    }
+  }
+  const acp = new AcpHarnesses(installed, docker, log);
+  await acp.probe(driver, config.sandboxImage, (d, sandbox, argv) => probeInitialize(d, sandbox, argv));
+  return acp;
+}
+
 async function start(flags: Flags): Promise<number> {
   const config = loadDaemonConfig(process.env, flags);
   const cred = loadCredential(config.configDir);
@@ -240,7 +261,10 @@ async function start(flags: Flags): Promise<number> {
       return [] as string[];
     });
     if (reaped.length > 0) log.info({ reaped: reaped.length, kept_workspaces: sandboxes.sessions().length }, 'stopped sandboxes left by an earlier run of this runner');
-    agent.executor = firstWilling(turnExecutor({ sandboxes, log, baseUrl: cred.base_url, repositoryMaxBytes: config.repositoryMaxBytes, metrics }), noopExecutor);
+    // ACP agent harnesses: installed with npm on this machine, layered into the sandbox image, probed.
+    const acp = config.acpHarnesses.length > 0 ? await prepareAcpHarnesses(config, driver, driver instanceof DockerDriver ? docker : undefined, log) : undefined;
+    if (acp) agent.acpSource = () => ({ driver: driver.name, harnesses: acp.report() });
+    agent.executor = firstWilling(turnExecutor({ sandboxes, log, baseUrl: cred.base_url, repositoryMaxBytes: config.repositoryMaxBytes, metrics, ...(acp ? { acp } : {}) }), noopExecutor);
     if (driver instanceof DockerDriver) {
       // Claim a tier only after a canary sandbox ran under it; re-checked with every capability refresh.
       const verdicts = await driver.verifyTiers();

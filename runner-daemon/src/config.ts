@@ -42,6 +42,8 @@ export interface DaemonConfig {
   /** Reaping scope (label `agentplane.scope`); undefined: the default scope. */
   sandboxScope: string | undefined;
   logLevel: 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
+  /** npm package specs of ACP agent harnesses to install into the sandbox image (docs/ACP.md). */
+  acpHarnesses: string[];
   /** host:port serving Prometheus /metrics; undefined: not served. */
   metricsAddr: string | undefined;
 }
@@ -85,6 +87,7 @@ export function loadDaemonConfig(env: Env, flags: Record<string, string | boolea
     sandboxReapGraceMs: int('sandbox-reap-grace-seconds', 'SANDBOX_REAP_GRACE_SECONDS', 900, 0) * 1000,
     sandboxScope: envOptional(env, SANDBOX_SCOPE_ENV),
     metricsAddr: envOptional(env, 'RUNNER_METRICS_ADDR'),
+    acpHarnesses: (flag('acp-harness') ?? envOptional(env, 'RUNNER_ACP_HARNESSES') ?? '').split(',').map((x) => x.trim()).filter(Boolean),
     logLevel: flag('log-level') !== undefined ? envEnum({ '--log-level': flag('log-level') }, '--log-level', LOG_LEVELS, 'info') : envEnum(env, 'LOG_LEVEL', LOG_LEVELS, 'info'),
   });
 }

@@ -2,7 +2,7 @@ import { Id, Metadata, newId, nowIso, Nullable, Obj, Page, PageQuery, Timestamp,
 import { READERS, WRITERS } from '../http/caller.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
-import { DEFAULT_RESOURCES, Driver, Network, Packages, Resources, Retention, Tier, Topology, type Environment } from '@agentplane/domain';
+import { AcpHarness, DEFAULT_RESOURCES, Driver, Network, Packages, Resources, Retention, Tier, Topology, type Environment } from '@agentplane/domain';
 
 
 const ConfigFields = {
@@ -15,6 +15,8 @@ const ConfigFields = {
   network: Type.Optional(Network),
   retention_mode: Type.Optional(Retention),
   harness_topology: Type.Optional(Topology),
+  /** A third-party ACP agent harness (docs/ACP.md); null or absent: the built-in loop. */
+  harness: Type.Optional(Nullable(AcpHarness)),
   packages: Type.Optional(Packages),
   metadata: Type.Optional(Metadata()),
 };
@@ -32,6 +34,7 @@ const UpdateBody = Obj(
     network: ConfigFields.network,
     retention_mode: ConfigFields.retention_mode,
     harness_topology: ConfigFields.harness_topology,
+    harness: ConfigFields.harness,
     packages: ConfigFields.packages,
     metadata: ConfigFields.metadata,
   },
@@ -41,14 +44,14 @@ const UpdateBody = Obj(
 export const EnvironmentSchema = Obj({
   id: Id('environment'), type: Type.Literal('environment'), workspace_id: Id('workspace'), name: Type.String(),
   description: Nullable(Type.String()), image: Type.String(), driver: Driver, tier: Tier, resources: Resources, network: Network,
-  retention_mode: Retention, harness_topology: Topology, packages: Packages, metadata: Metadata(), version: Type.Integer({ minimum: 1 }),
+  retention_mode: Retention, harness_topology: Topology, harness: Nullable(AcpHarness), packages: Packages, metadata: Metadata(), version: Type.Integer({ minimum: 1 }),
   archived_at: Nullable(Timestamp()), created_at: Timestamp(), updated_at: Timestamp(),
 });
 
 
 /** Versions written before `harness_topology` existed read as `split`. */
 function present(env: Environment): Environment {
-  return env.harness_topology ? env : { ...env, harness_topology: 'split' };
+  return { ...env, harness_topology: env.harness_topology ?? 'split', harness: env.harness ?? null };
 }
 function presentPage<P extends { data: Environment[] }>(page: P): P {
   return { ...page, data: page.data.map(present) };
@@ -72,7 +75,7 @@ export const environmentOperations: Operation[] = [
         id: newId('environment'), type: 'environment', workspace_id: ws, name: body.name, description: body.description ?? null,
         image: body.image, driver: 'docker', tier: body.tier ?? 'container', resources: body.resources ?? DEFAULT_RESOURCES,
         network: body.network ?? { mode: 'none' }, retention_mode: body.retention_mode ?? 'durable',
-        harness_topology: body.harness_topology ?? 'split', packages: body.packages ?? {},
+        harness_topology: body.harness_topology ?? 'split', harness: body.harness ?? null, packages: body.packages ?? {},
         metadata: body.metadata ?? {}, version: 1, archived_at: null, created_at: now, updated_at: now,
       };
       return json(201, await deps.environments.create(ws, env));

@@ -33,6 +33,21 @@ describe('matching', () => {
     expect(m.ok).toBe(false);
     if (!m.ok) expect(m.reason).toContain("tier 'container'");
   });
+  it('serves an ACP Run only on a runner that installed (and probed) that harness', () => {
+    const acp = { ...req, acp_harness: { name: '@zed-industries/claude-code-acp' } };
+    const m = matchCapabilities(acp, docker);
+    expect(m.ok).toBe(false);
+    if (!m.ok) expect(m.reason).toContain("ACP harness '@zed-industries/claude-code-acp' not installed (has none)");
+    const installed: RunnerCapabilities = {
+      ...docker,
+      providers: [{ ...docker.providers![0]!, acp_harnesses: [{ package: '@zed-industries/claude-code-acp', version: '0.16.2' }] }],
+    };
+    expect(matchCapabilities(acp, installed)).toEqual({ ok: true, provider: 'docker' });
+    expect(matchCapabilities({ ...req, acp_harness: { name: '@zed-industries/claude-code-acp', version: '0.16.2' } }, installed).ok).toBe(true);
+    expect(matchCapabilities({ ...req, acp_harness: { name: '@zed-industries/claude-code-acp', version: '0.17.0' } }, installed).ok).toBe(false);
+    // A built-in-loop Run does not care.
+    expect(matchCapabilities(req, installed).ok).toBe(true);
+  });
   it('refuses resources over the maximum and unknown platforms', () => {
     expect(matchCapabilities({ ...req, resources: { ...req.resources, memory_mib: 8192 } }, docker).ok).toBe(false);
     expect(matchCapabilities({ ...req, platform: { architecture: 'arm64' } }, docker).ok).toBe(false);

@@ -18,6 +18,8 @@ export interface RunRequirements {
   network_mode: string;
   retention_mode?: string | undefined;
   resources: ResourceAmounts;
+  /** An ACP agent harness the runner must have installed (`name`, optionally pinned to a version). */
+  acp_harness?: { name: string; version?: string | undefined } | undefined;
 }
 
 /** The part of RunnerPresence.capabilities the matcher reads. */
@@ -29,6 +31,8 @@ export interface ProviderCapabilities {
   network_modes: string[];
   retention_modes?: string[];
   maximum_resources?: Partial<ResourceAmounts>;
+  /** ACP agent harnesses installed in this provider's sandbox images (and probed). */
+  acp_harnesses?: { package: string; version: string }[];
 }
 
 export interface RunnerCapabilities {
@@ -47,6 +51,13 @@ function providerFits(req: RunRequirements, p: ProviderCapabilities): string | n
   if (!p.network_modes.includes(req.network_mode)) return `network mode '${req.network_mode}' not offered`;
   if (req.retention_mode && p.retention_modes && !p.retention_modes.includes(req.retention_mode)) {
     return `retention mode '${req.retention_mode}' not offered`;
+  }
+  if (req.acp_harness) {
+    const want = req.acp_harness;
+    const has = p.acp_harnesses ?? [];
+    if (!has.some((h) => h.package === want.name && (!want.version || h.version === want.version))) {
+      return `ACP harness '${want.name}${want.version ? `@${want.version}` : ''}' not installed (has ${has.map((h) => `${h.package}@${h.version}`).join(', ') || 'none'})`;
+    }
   }
   const os = req.platform?.os;
   const arch = req.platform?.architecture;

@@ -119,6 +119,13 @@ export const ProviderCapabilitySchema = Obj({
     }),
   ),
   acp_transport: Opt(Str(64)),
+  /** ACP agent harnesses installed into this provider's sandbox image layer and probed (docs/ACP.md). */
+  acp_harnesses: Opt(
+    Type.Array(
+      Obj({ package: Str(214), version: Str(64), harness_release_digest: Str(128) }),
+      { maxItems: 32 },
+    ),
+  ),
   snapshot_clone: Opt(Type.Boolean()),
   snapshot_custody: Opt(Str(64)),
   mount_kinds: Opt(Type.Array(Str(64), { maxItems: 16 })),

@@ -2,6 +2,7 @@ import { createHash } from 'node:crypto';
 import type { Payload } from '@agentplane/protocol';
 import type { LeaseHandle } from '../agent.js';
 import type { Awaiting, HarnessEvent, SessionEventSink } from '../harness/index.js';
+import type { PlanEvent } from '../harness/events.js';
 
 const TOOL_USE_ID = /^toolu_[0-9A-Za-z]{1,64}$/;
 
@@ -34,7 +35,7 @@ export class LeaseSink implements SessionEventSink {
     return mapped;
   }
 
-  async emit(event: HarnessEvent & { session_thread_id?: string }): Promise<void> {
+  async emit(event: (HarnessEvent | PlanEvent) & { session_thread_id?: string }): Promise<void> {
     if (event.type === 'session.status_idle') return;
     let payload: unknown = event.payload;
     if (event.type === 'agent.tool_use') {

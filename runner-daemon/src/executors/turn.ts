@@ -12,6 +12,9 @@ import { colocatedHarnessAvailable, runColocated } from './colocated.js';
 import { LeaseSink } from './lease-sink.js';
 import { isGraderTurn, runGrader } from './grader.js';
 import type { RunnerMetrics } from '../metrics.js';
+import { InfrastructureFailure } from '../failures.js';
+import { runAcp } from '../acp/client.js';
+import { harnessArgv, type AcpHarnesses } from '../acp/install.js';
 
 /** The turn spec carried by a lease offer (built by the scheduler; see docs/RUNS.md). */
 interface TurnSpec {
@@ -27,6 +30,8 @@ interface TurnSpec {
     tier?: string;
     /** Where the agent loop runs: in the runner (`split`, the default) or inside the sandbox. */
     harness_topology?: 'split' | 'colocated';
+    /** A third-party ACP agent instead of the built-in loop (docs/ACP.md). */
+    harness?: { kind: 'acp'; package: string; command: string; args?: string[] };
   };
   /** Session resources to materialise in the workspace (see the API's `SpecResource`). */
   resources?: unknown[];
@@ -68,6 +73,10 @@ export interface TurnExecutorOptions {
   baseUrl: string;
   repositoryMaxBytes?: number;
   metrics?: RunnerMetrics;
+  /** The ACP agent harnesses this runner installed and verified. */
+  acp?: AcpHarnesses;
+  /** ACP session ids of earlier Runs, by Session (kept while the runner lives). */
+  acpSessions?: Map<string, string>;
 }
 
 /**
@@ -86,6 +95,13 @@ export function turnExecutor(o: TurnExecutorOptions): LeaseExecutor {
         const topology = spec.environment.harness_topology ?? 'split';
         if (topology !== 'split' && topology !== 'colocated') return `unknown harness topology '${String(topology)}'`;
         if (topology === 'colocated' && !colocatedHarnessAvailable()) return 'this runner build has no colocated harness bundle';
+        const acp = spec.environment.harness;
+        if (acp !== undefined) {
+          if (acp.kind !== 'acp') return `unknown harness kind '${String(acp.kind)}'`;
+          const h = o.acp?.find(acp.package);
+          if (!h) return `the ACP harness ${acp.package} is not installed on this runner`;
+          if (!harnessArgv(h, acp.command, driver.name)) return `the ACP harness ${acp.package} has no command '${acp.command}'`;
+        }
         return null;
       } catch (err) {
         return err instanceof Error ? err.message : 'not a turn spec';
@@ -135,8 +151,12 @@ const traceTool: ToolTracer = (tool, run, failed) =>
 async function runTurn(o: TurnExecutorOptions, handle: LeaseHandle): Promise<Record<string, unknown>> {
   const spec = asSpec(handle.offer.spec);
   const log = o.log.child({ run: spec.run_id, lease: handle.lease.lease_id });
+  const acpSetting = spec.environment.harness;
+  const acpHarness = acpSetting ? o.acp?.find(acpSetting.package) : undefined;
+  if (acpSetting && !acpHarness) throw new InfrastructureFailure(`the ACP harness ${acpSetting.package} is not installed on this runner`);
   const env: SandboxEnvironment & { requirements: { tier: SandboxTier; network_mode: 'none' } } = {
-    image: spec.environment.image,
+    // An ACP harness runs from its own image layer over the Environment's image.
+    image: acpHarness && o.acp ? await o.acp.imageFor(spec.environment.image, acpHarness) : spec.environment.image,
     tier: tierOf(spec),
     network_mode: 'none',
     cpu_millis: spec.environment.resources.cpu_millis,
@@ -154,7 +174,7 @@ async function runTurn(o: TurnExecutorOptions, handle: LeaseHandle): Promise<Rec
     if (spec.kind === 'outcome_grader' && isGraderTurn(spec.grader)) return await runGrader({ driver: o.sandboxes.driver, log }, handle, spec.grader, sandbox);
     if (materialized && !materialized.skipped) log.info({ resources: materialized.placed, files: materialized.files, bytes: materialized.bytes }, 'session resources materialised');
     const sink = new LeaseSink(handle, spec.run_id, spec.session_id);
-    const mcp = spec.runtime_mcp ? await connectMcpTools(o.baseUrl, spec.runtime_mcp, log, handle.signal) : undefined;
+    const mcp = spec.runtime_mcp && !acpSetting ? await connectMcpTools(o.baseUrl, spec.runtime_mcp, log, handle.signal) : undefined;
     // Skills: the system prompt names them (name and description), the `skill` tool opens one.
     const system = skills.length > 0 ? [spec.agent.system, skillsPrompt(skills)].filter(Boolean).join('\n\n') : spec.agent.system;
     const skillTools: AgentTool[] = skills.length > 0 && !spec.agent.tools.some((t) => t.type === 'builtin' && t.name === SKILL_TOOL_NAME)
@@ -164,6 +184,20 @@ async function runTurn(o: TurnExecutorOptions, handle: LeaseHandle): Promise<Rec
     let outcome: Outcome;
     const driver = tracedDriver(o.sandboxes.driver);
     const runHarness = (): Promise<Outcome> => {
+      if (acpSetting && acpHarness) {
+        // A third-party agent inside the sandbox, driven over ACP (../acp/client.ts).
+        return runAcp({
+          driver, sandbox, model: handle.model, sink, signal: handle.signal, log,
+          argv: harnessArgv(acpHarness, acpSetting.command, sandbox.driver, acpSetting.args) ?? [],
+          routingKey: spec.agent.routing_key,
+          ...(spec.agent.system ? { instructions: spec.agent.system } : {}),
+          history: spec.history,
+          max_duration_seconds: spec.environment.resources.max_duration_seconds,
+          gate: (q) => handle.checkTool({ ...q, tool_use_id: sink.toolId(q.tool_use_id) }),
+          ...(spec.runtime_mcp ? { mcp: { baseUrl: o.baseUrl, bearer: spec.runtime_mcp.bearer, servers: spec.runtime_mcp.servers } } : {}),
+          sessions: o.acpSessions ?? (o.acpSessions = new Map()),
+        });
+      }
       if (spec.environment.harness_topology === 'colocated') {
         // The agent loop runs inside the sandbox; this runner relays (./colocated.ts).
         return runColocated({
@@ -193,7 +227,7 @@ async function runTurn(o: TurnExecutorOptions, handle: LeaseHandle): Promise<Rec
       outcome = await inSpan('invoke_agent', {
         attributes: {
           [ATTR.genAiOperationName]: 'invoke_agent', [ATTR.genAiRequestModel]: spec.agent.routing_key, 'agentplane.run.id': spec.run_id,
-          'agentplane.harness.topology': spec.environment.harness_topology ?? 'split',
+          'agentplane.harness.topology': acpSetting ? 'acp' : spec.environment.harness_topology ?? 'split',
         },
       }, async (span) => {
         const out = await runHarness();

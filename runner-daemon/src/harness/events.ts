@@ -87,6 +87,12 @@ export type HarnessEvent =
 
 export type HarnessEventType = HarnessEvent['type'];
 
+/** An ACP agent's plan (docs/ACP.md): the whole list each time it changes. */
+export interface PlanEvent {
+  type: 'agent.plan';
+  payload: { entries: Array<{ content: string; priority: string; status: string }> };
+}
+
 /** One model step's accounting. */
 export interface StepRecord {
   index: number;

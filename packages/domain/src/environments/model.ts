@@ -21,6 +21,19 @@ export const Retention = Type.Union([Type.Literal('durable'), Type.Literal('ephe
 /** Where the agent loop runs: in the runner, tools in the sandbox (`split`), or inside the sandbox (`colocated`). */
 export const Topology = Type.Union([Type.Literal('split'), Type.Literal('colocated')]);
 
+/**
+ * A third-party agent harness spoken to over the Agent Client Protocol (docs/ACP.md): the npm
+ * package a runner installs into a sandbox image layer (`name` or `name@version`) and the command
+ * of that package (a `bin` name) that speaks ACP on its stdio. Absent: the built-in agent loop.
+ */
+export const AcpHarness = Obj({
+  kind: Type.Literal('acp'),
+  package: Type.String({ minLength: 1, maxLength: 214, pattern: '^(@[a-z0-9][a-z0-9._~-]*/)?[a-z0-9][a-z0-9._~-]*(@[0-9A-Za-z.+-]{1,64})?$' }),
+  command: Type.String({ minLength: 1, maxLength: 128, pattern: '^[A-Za-z0-9@][A-Za-z0-9._@/-]*$' }),
+  args: Type.Optional(Type.Array(Type.String({ maxLength: 1024 }), { maxItems: 32 })),
+});
+export type AcpHarnessSetting = Static<typeof AcpHarness>;
+
 export const DEFAULT_RESOURCES = { cpu_millis: 1000, memory_mib: 1024, disk_mib: 4096, max_duration_seconds: 3600 };
 
 
@@ -39,5 +52,7 @@ export interface Environment extends VersionedDoc {
   /** Stored versions from before the field existed lack it: `present()` reads them as `split`. */
   harness_topology: Static<typeof Topology>;
   packages: Static<typeof Packages>;
+  /** A third-party ACP agent harness instead of the built-in loop (absent: built-in). */
+  harness?: AcpHarnessSetting | null;
   metadata: Record<string, string>;
 }

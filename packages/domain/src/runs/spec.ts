@@ -99,6 +99,8 @@ export interface TurnSpec {
     tier: string;
     /** Where the runner runs the agent loop: in itself (`split`) or inside the sandbox (`colocated`). */
     harness_topology: 'split' | 'colocated';
+    /** A third-party ACP agent harness instead of the built-in loop (docs/ACP.md). */
+    harness?: { kind: 'acp'; package: string; command: string; args?: string[] };
   };
   resources: SpecResource[];
   /**
@@ -149,8 +151,15 @@ export function specTools(agent: AgentSnapshot): SpecTool[] {
   );
 }
 
+/** `name` or `name@version` (a scoped name keeps its leading `@`). */
+export function splitPackage(spec: string): { name: string; version?: string } {
+  const at = spec.lastIndexOf('@');
+  return at > 0 ? { name: spec.slice(0, at), version: spec.slice(at + 1) } : { name: spec };
+}
+
 export function requirementsOf(env: Environment): RunRequirements {
   return {
+    ...(env.harness?.kind === 'acp' ? { acp_harness: splitPackage(env.harness.package) } : {}),
     driver: env.driver,
     tier: env.tier,
     network_mode: env.network.mode,
@@ -232,6 +241,7 @@ export async function buildTurnSpec(src: SpecSources, run: RunDoc, maxHistoryByt
       retention_mode: env.retention_mode,
       tier: env.tier,
       harness_topology: run.agent_deployment?.harness_topology ?? env.harness_topology ?? 'split',
+      ...(env.harness?.kind === 'acp' ? { harness: { kind: 'acp' as const, package: env.harness.package, command: env.harness.command, ...(env.harness.args ? { args: env.harness.args } : {}) } } : {}),
     },
     resources: await specResources(session.resources, run.workspace_id, src.files, src.projects),
     ...(specMemory(session.resources).length > 0 ? { memory: specMemory(session.resources) } : {}),

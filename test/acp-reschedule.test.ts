@@ -1,0 +1,78 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { ChildProcess } from 'node:child_process';
+import Docker from 'dockerode';
+import type { HttpClient } from '@agentplane/client';
+import { startPlatform, waitFor, type Platform } from './harness/platform.js';
+import { pairDaemon, startDaemon } from './harness/daemon.js';
+import { FAST_LEASES, idleCount, SCRIPT, untilEvents, type Json } from './harness/turns.js';
+import { FIXTURE_COMMAND, FIXTURE_PACKAGE, packFixtureAgent } from './harness/acp-fixture.js';
+
+/**
+ * An ACP Run whose runner is killed mid-turn is rescheduled like any Run (docs/ACP.md): two
+ * runners with the fixture harness; the one holding the lease is killed while the agent's
+ * command runs; the lease expires and the other runner runs the turn to its end.
+ */
+let p: Platform;
+let api: HttpClient;
+let principal: string;
+let envId: string;
+const daemons = new Map<string, ChildProcess>();
+const docker = new Docker();
+
+beforeAll(async () => {
+  const tarball = await packFixtureAgent();
+  p = await startPlatform({ runner: false, scheduler: true, env: { ...FAST_LEASES } });
+  api = p.root;
+  principal = (await api.post<{ id: string }>(`/v1/organizations/workspaces/${p.bootstrap.workspace_id}/principals`, {
+    external_subject_id: 'acp-user', principal_type: 'person', display_name: 'ACP User',
+  })).id;
+  envId = (await api.post<{ id: string }>('/v1/environments', {
+    name: 'acp', image: 'agentplane/sandbox:latest',
+    resources: { cpu_millis: 1000, memory_mib: 512, disk_mib: 512, max_duration_seconds: 120 },
+    harness: { kind: 'acp', package: FIXTURE_PACKAGE, command: FIXTURE_COMMAND },
+  })).id;
+  const ids: string[] = [];
+  for (const label of ['acp-a', 'acp-b']) {
+    const { dir, runnerId } = await pairDaemon(p, principal, label);
+    daemons.set(runnerId, startDaemon(dir, ['--acp-harness', tarball]));
+    ids.push(runnerId);
+  }
+  await waitFor('two runners with the ACP harness', async () => {
+    const r = await api.get<{ data: Array<{ runner: string; status: string; capabilities: { providers: Json[] } }> }>('/v1/runner-pools/presences');
+    const up = r.data.filter((x) => ids.includes(x.runner) && x.status === 'ready' && x.capabilities.providers.some((pr) => Array.isArray(pr.acp_harnesses) && pr.acp_harnesses.length > 0));
+    return up.length === 2 ? true : undefined;
+  }, 150_000);
+}, 240_000);
+afterAll(async () => {
+  for (const d of daemons.values()) d.kill('SIGKILL');
+  await p?.stop();
+});
+
+describe('ACP agent harness and lost leases', () => {
+  it('a runner killed mid-turn: the Run is rescheduled and completes on the other runner', async () => {
+    const id = (await api.post<{ id: string }>('/v1/sessions', {
+      agent: { name: 'acp', model: 'default', tools: [], system: SCRIPT([
+        { when: { user_contains: 'slow' }, then: [{ tool: 'run', input: { command: 'sleep 3; echo slept' } }] },
+        { when: { on: 'tool_result' }, then: [{ reply: 'After: {{tool_result}}' }] },
+      ]) },
+      environment_id: envId,
+    })).id;
+    await api.post(`/v1/sessions/${id}/events`, { type: 'user.message', payload: { content: 'slow one', authored_by: principal, caused_by: { kind: 'api' } } });
+    await untilEvents(api, id, (e) => e.some((x) => x.type === 'agent.tool_use'));
+    const runsOf = async () => (await api.get<{ data: Array<{ status: string; attempts: Array<{ runner_id: string }> }> }>(`/v1/sessions/${id}/runs`)).data;
+    const holder = (await runsOf())[0]?.attempts[0]?.runner_id ?? '';
+    const victim = daemons.get(holder);
+    expect(victim, `runner ${holder} holds the lease`).toBeDefined();
+    victim?.kill('SIGKILL');
+    daemons.delete(holder);
+    const evs = await untilEvents(api, id, (e) => idleCount(e) >= 1, 90_000);
+    expect(evs.some((e) => e.type === 'session.thread_status_rescheduled')).toBe(true);
+    expect(JSON.stringify(evs.filter((e) => e.type === 'agent.message').at(-1)?.payload)).toContain('After: slept');
+    const run = (await runsOf())[0];
+    expect(run?.status).toBe('succeeded');
+    expect(run?.attempts.map((a) => a.runner_id)).toEqual([holder, [...daemons.keys()][0]]);
+    // The harness image layer the sandboxes ran from carries the harness's digest.
+    const images = await docker.listImages({ filters: JSON.stringify({ label: [`agentplane.acp.package=${FIXTURE_PACKAGE}`] }) });
+    expect(images.length).toBeGreaterThan(0);
+  });
+});
