@@ -1,5 +1,5 @@
 import { Id, LogicalKey, Metadata, Nullable, Obj, Timestamp, Type, type Static } from '@agentplane/core';
-import { Permission, BUILTIN_TOOLS, BuiltinTool, CustomTool, Tool, Tools, McpServer, McpServers, type McpServerT, type ToolT } from '@agentplane/domain';
+import { Permission, BUILTIN_TOOLS, BuiltinTool, CustomTool, Tool, Tools, McpServer, McpServers, Multiagent, type McpServerT, type ToolT } from '@agentplane/domain';
 
 
 /** The configurable part of an Agent; also the inline `agent` of a Session create. */
@@ -11,6 +11,8 @@ export const AgentConfigFields = {
   tools: Type.Optional(Tools),
   mcp_servers: Type.Optional(McpServers),
   metadata: Type.Optional(Metadata()),
+  /** A coordinator's roster of member Agents, each pinned to a version (docs/COORDINATION.md). */
+  multiagent: Type.Optional(Nullable(Multiagent)),
 };
 export const CreateAgentBody = Obj(AgentConfigFields);
 
@@ -24,6 +26,7 @@ export const UpdateAgentBody = Obj(
     tools: Type.Optional(Tools),
     mcp_servers: Type.Optional(McpServers),
     metadata: Type.Optional(Metadata()),
+    multiagent: AgentConfigFields.multiagent,
   },
   { minProperties: 2 },
 );
@@ -39,6 +42,7 @@ export const AgentSchema = Obj({
   tools: Tools,
   mcp_servers: McpServers,
   metadata: Metadata(),
+  multiagent: Type.Optional(Multiagent),
   version: Type.Integer({ minimum: 1 }),
   archived_at: Nullable(Timestamp()),
   created_at: Timestamp(),

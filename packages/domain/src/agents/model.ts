@@ -1,6 +1,7 @@
 import { newId, nowIso } from '@agentplane/core';
 import type { McpServerT, ToolT } from './tools.js';
 import type { VersionedDoc } from '../versioned.js';
+import type { MultiagentT } from './multiagent.js';
 
 export interface Agent extends VersionedDoc {
   type: 'agent';
@@ -13,6 +14,8 @@ export interface Agent extends VersionedDoc {
   tools: ToolT[];
   mcp_servers: McpServerT[];
   metadata: Record<string, string>;
+  /** A coordinator's roster (docs/COORDINATION.md); absent on other Agents. */
+  multiagent?: MultiagentT;
 }
 
 /** The resolved Agent Version a Session (and each Run) carries. */
@@ -25,6 +28,8 @@ export interface AgentSnapshot {
   system: string | null;
   tools: ToolT[];
   mcp_servers: McpServerT[];
+  /** A coordinator's roster; a child thread's snapshot never has it. */
+  multiagent?: MultiagentT;
 }
 
 export interface AgentConfigInput {
@@ -35,6 +40,7 @@ export interface AgentConfigInput {
   tools?: ToolT[] | undefined;
   mcp_servers?: McpServerT[] | undefined;
   metadata?: Record<string, string> | undefined;
+  multiagent?: MultiagentT | null | undefined;
 }
 
 /** Defaults: built-in tools always_allow, custom tools always_allow (the caller answers them), MCP tools always_ask. */
@@ -52,9 +58,13 @@ export function newAgent(workspaceId: string, input: AgentConfigInput): Agent {
     model: input.model, system: input.system ?? null, tools: normaliseTools(input.tools ?? []),
     mcp_servers: normaliseMcp(input.mcp_servers ?? []), metadata: input.metadata ?? {}, version: 1, archived_at: null,
     created_at: now, updated_at: now,
+    ...(input.multiagent ? { multiagent: input.multiagent } : {}),
   };
 }
 
 export function snapshotOf(a: Agent): AgentSnapshot {
-  return { id: a.id, type: 'agent', name: a.name, version: a.version, model: a.model, system: a.system, tools: a.tools, mcp_servers: a.mcp_servers };
+  return {
+    id: a.id, type: 'agent', name: a.name, version: a.version, model: a.model, system: a.system, tools: a.tools, mcp_servers: a.mcp_servers,
+    ...(a.multiagent ? { multiagent: a.multiagent } : {}),
+  };
 }

@@ -11,6 +11,7 @@ import type { SessionStore } from '../sessions/store.js';
 import { conversationOf, readAll, type Responses } from './history.js';
 import type { GraderSpec } from '../outcomes/grader.js';
 import { graderTurnSpec } from '../outcomes/spec.js';
+import { coordinatorToolSpecs } from '../sessions/coordinator.js';
 
 /** A tool as the runner's harness takes it. */
 export type SpecTool =
@@ -122,7 +123,16 @@ export interface TurnSpec {
   /** `outcome_grader`: a grader Run (docs/OUTCOMES.md): one model step over `grader`, no agent turn. */
   kind?: 'turn' | 'outcome_grader';
   grader?: GraderSpec & { routing_key: string };
+  /**
+   * The sandbox the turn runs in, when not the Session's own: each child thread of a coordinator
+   * Session has its own sandbox and workspace, `<session>.<first 24 hex of the thread id>`
+   * (docs/COORDINATION.md).
+   */
+  sandbox_id?: string;
 }
+
+/** The sandbox of a child thread: its own, named after its Session so it is released with it. */
+export const childSandboxId = (sessionId: string, threadId: string): string => `${sessionId}.${threadId.replace(/^sthr_/, '').slice(0, 24)}`;
 
 /** The Session's memory attachments (a store attached twice keeps its widest access). */
 export function specMemory(resources: readonly SessionResource[]): { memory_store_id: string; access: 'read_only' | 'read_write' }[] {
@@ -199,6 +209,9 @@ export async function buildTurnSpec(src: SpecSources, run: RunDoc, maxHistoryByt
     };
   }
   const { history, responses } = conversationOf(events, run.session_thread_id, isPrimary);
+  const delegation = isPrimary && run.agent.multiagent
+    ? (await coordinatorToolSpecs(src.store, run.workspace_id, run.agent.multiagent)).map((spec): SpecTool => ({ type: 'custom', spec }))
+    : [];
   return {
     run_id: run.id,
     session_id: run.session_id,
@@ -209,7 +222,7 @@ export async function buildTurnSpec(src: SpecSources, run: RunDoc, maxHistoryByt
       version: run.agent.version,
       routing_key: run.agent.model,
       ...(run.agent.system ? { system: run.agent.system } : {}),
-      tools: specTools(run.agent),
+      tools: [...specTools(run.agent), ...delegation],
     },
     environment: {
       id: env.id,
@@ -225,5 +238,6 @@ export async function buildTurnSpec(src: SpecSources, run: RunDoc, maxHistoryByt
     ...(specMemory(session.resources).length > 0 ? { memory: specMemory(session.resources) } : {}),
     history: fitHistory(history, maxHistoryBytes),
     responses,
+    ...(isPrimary ? {} : { sandbox_id: childSandboxId(run.session_id, run.session_thread_id) }),
   };
 }
