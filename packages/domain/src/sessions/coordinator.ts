@@ -140,21 +140,33 @@ export class Coordinator {
     }
   }
 
-  /** Carries out the coordinator's delegation uses of its current wait generation: starts first, so a wait in the same step sees them. */
+  /**
+   * Carries out the coordinator's delegation uses of its current wait generation: the starts
+   * first (concurrently, within the free child slots), so a wait in the same step sees them.
+   */
   private async carryOut(session: SessionDoc, coordinator: ThreadDoc): Promise<void> {
     const uses = pendingNow(coordinator).filter(([, w]) => w.kind === 'delegation' && w.delegation);
-    const order = (t: string | undefined) => (t === 'start_thread' ? 0 : t === 'wait_threads' ? 2 : 1);
-    uses.sort((a, b) => order(a[1].delegation?.tool) - order(b[1].delegation?.tool));
-    let author: string | undefined;
-    for (const [id, w] of uses) {
+    const starts = uses.filter(([, w]) => w.delegation?.tool === 'start_thread');
+    if (starts.length > 0) {
+      const author = await this.authorOf(session, coordinator.id);
+      const slots = await this.freeSlots(session);
+      let taken = 0;
+      const answers = await Promise.all(starts.map(async ([id, w]) => {
+        const input = (w.delegation as { input: Input }).input;
+        const answer = await this.start(session, coordinator, id, input, author, () => taken++ < slots.free, slots.limit)
+          .catch((e: unknown) => err(`start_thread failed: ${e instanceof Error ? e.message : String(e)}`));
+        return { toolUseId: id, generation: w.generation, answer };
+      }));
+      // One append and one compare-and-swap for every start of the step.
+      await this.answerMany(session, coordinator.id, answers);
+    }
+    const rest = uses.filter(([, w]) => w.delegation?.tool !== 'start_thread');
+    rest.sort((a, b) => Number(a[1].delegation?.tool === 'wait_threads') - Number(b[1].delegation?.tool === 'wait_threads'));
+    for (const [id, w] of rest) {
       const d = w.delegation as { tool: DelegationTool; input: Input };
       let answer: Answer | null;
       try {
         switch (d.tool) {
-          case 'start_thread':
-            author ??= await this.authorOf(session, coordinator.id);
-            answer = await this.start(session, coordinator, id, d.input, author);
-            break;
           case 'wait_threads':
             answer = await this.waitAnswer(session, d.input);
             break;
@@ -167,19 +179,29 @@ export class Coordinator {
             const child = await this.child(session, d.input.session_thread_id);
             if (typeof child === 'string') answer = err(child);
             else {
-              if (child._active_run_id && (child.status === 'running' || child.status === 'rescheduling')) {
-                await this.scheduler().interruptRequested(session.id, child.id, child._active_run_id);
-              }
-              answer = ok({ session_thread_id: child.id, interrupted: child.status === 'running' || child.status === 'rescheduling' });
+              const busy = child.status === 'running' || child.status === 'rescheduling';
+              if (child._active_run_id && busy) await this.scheduler().interruptRequested(session.id, child.id, child._active_run_id);
+              answer = ok({ session_thread_id: child.id, interrupted: busy });
             }
             break;
           }
+          default:
+            answer = null;
         }
       } catch (e) {
         answer = err(`${d.tool} failed: ${e instanceof Error ? e.message : String(e)}`);
       }
       if (answer) await this.answer(session, coordinator.id, id, w.generation, answer);
     }
+  }
+
+  /** How many more children may be busy at once. */
+  private async freeSlots(session: SessionDoc): Promise<{ free: number; limit: number }> {
+    const limit = session.agent.multiagent?.max_concurrent_threads ?? MULTIAGENT_LIMITS.defaultConcurrentThreads;
+    const { ids } = await this.store.threadIds(session.id, 0, MULTIAGENT_LIMITS.threadsPerSession + 1);
+    const children = ids.length > 0 ? await this.store.threads(session.id, ids) : [];
+    const busy = children.filter((t) => t && !settled(t)).length;
+    return { free: Math.max(0, limit - busy), limit };
   }
 
   /** The Principal whose message the coordinator answers: a child's task acts for the same one. */
@@ -194,7 +216,9 @@ export class Coordinator {
     return author;
   }
 
-  private async start(session: SessionDoc, coordinator: ThreadDoc, toolUseId: string, input: Input, author: string | undefined): Promise<Answer> {
+  private async start(
+    session: SessionDoc, coordinator: ThreadDoc, toolUseId: string, input: Input, author: string | undefined, takeSlot: () => boolean, limit: number,
+  ): Promise<Answer> {
     const config = session.agent.multiagent;
     if (!config) return err('this Session has no roster');
     if (session.archived_at !== null) return err('the Session is archived: it takes no new work');
@@ -209,11 +233,7 @@ export class Coordinator {
     const existing = await this.startedBy(session, toolUseId);
     if (existing) return ok({ session_thread_id: existing.id, agent: member.name, status: existing.status });
 
-    const limit = config.max_concurrent_threads ?? MULTIAGENT_LIMITS.defaultConcurrentThreads;
-    const { ids } = await this.store.threadIds(session.id, 0, MULTIAGENT_LIMITS.threadsPerSession + 1);
-    const children = await this.store.threads(session.id, ids);
-    const busy = children.filter((t) => t && !settled(t)).length;
-    if (busy >= limit) return err(`${busy} child threads are busy (max_concurrent_threads ${limit}); wait for one to finish first`);
+    if (!takeSlot()) return err(`the busy child threads reached max_concurrent_threads (${limit}); wait for one to finish first`);
     const spawn = await this.store.reserveSpawn(session.id, MULTIAGENT_LIMITS.threadsPerSession);
     if (spawn === null) return err(`this Session has spawned ${MULTIAGENT_LIMITS.threadsPerSession} child threads, its limit`);
 
@@ -259,10 +279,12 @@ export class Coordinator {
       ids = (await this.store.threadIds(session.id, 0, MULTIAGENT_LIMITS.threadsPerSession + 1)).ids;
     }
     if (ids.length === 0) return err('there are no child threads to wait for');
+    if (ids.length > MULTIAGENT_LIMITS.threadsPerSession) return err(`at most ${MULTIAGENT_LIMITS.threadsPerSession} child threads per wait`);
+    const byId = new Map((await this.store.threads(session.id, [...new Set(ids)])).map((t) => [t.id, t]));
     const threads: ThreadDoc[] = [];
-    for (const id of ids) {
-      const t = await this.child(session, id);
-      if (typeof t === 'string') return err(t);
+    for (const id of new Set(ids)) {
+      const t = byId.get(id);
+      if (!t || t.type !== 'session_thread' || t.session_id !== session.id || t.parent_thread_id === null) return err(`${id} is not a child thread of this Session`);
       threads.push(t);
     }
     const done = threads.filter(settled);
@@ -292,21 +314,32 @@ export class Coordinator {
    * Answers one delegation use: its `agent.tool_result` on the coordinator's thread, then the wait
    * is marked answered; the caller that answers the generation's last wait continues the turn.
    */
-  private async answer(session: SessionDoc, threadId: string, toolUseId: string, generation: number, a: Answer): Promise<void> {
-    const r = await this.store.log.append(session.id, [{
+  private answer(session: SessionDoc, threadId: string, toolUseId: string, generation: number, a: Answer): Promise<void> {
+    return this.answerMany(session, threadId, [{ toolUseId, generation, answer: a }]);
+  }
+
+  private async answerMany(session: SessionDoc, threadId: string, items: { toolUseId: string; generation: number; answer: Answer }[]): Promise<void> {
+    if (items.length === 0) return;
+    const r = await this.store.log.append(session.id, items.map((x) => ({
       type: 'agent.tool_result',
-      payload: { tool_use_id: toolUseId, content: a.content, is_error: a.is_error, delegation: true },
+      payload: { tool_use_id: x.toolUseId, content: x.answer.content, is_error: x.answer.is_error, delegation: true },
       session_thread_id: threadId,
-      producer_key: `delegation:${toolUseId}:${generation}`,
-    }]);
+      producer_key: `delegation:${x.toolUseId}:${x.generation}`,
+    })));
     if (!r.ok) return;
-    const ev = r.events[0] as LogEvent;
+    const events = new Map(items.map((x, i) => [x.toolUseId, { ev: r.events[i] as LogEvent, generation: x.generation }]));
     let resolved = false;
     const next = await this.store.updateThread(session.id, threadId, (t) => {
       resolved = false;
-      const w = t._waits[toolUseId];
-      if (!w || w.answered_event_id !== null || w.generation !== generation) return null;
-      const waits = { ...t._waits, [toolUseId]: { ...w, answered_event_id: ev.id, answered_seq: ev.seq, answer_fingerprint: null } };
+      const waits = { ...t._waits };
+      let changed = false;
+      for (const [id, { ev, generation }] of events) {
+        const w = waits[id];
+        if (!w || w.answered_event_id !== null || w.generation !== generation) continue;
+        waits[id] = { ...w, answered_event_id: ev.id, answered_seq: ev.seq, answer_fingerprint: null };
+        changed = true;
+      }
+      if (!changed) return null;
       resolved = Object.values(waits).every((x) => x.generation !== t._wait_generation || x.answered_event_id !== null);
       return { ...t, _waits: waits };
     });
