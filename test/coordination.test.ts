@@ -254,7 +254,7 @@ describe('coordinator sessions', () => {
   }, 120_000);
 
   it('user.interrupt during a fan-out interrupts the coordinator and every running child', async () => {
-    const c = await coordinator(fanOut(['slow one', 'slow two']));
+    const c = await coordinator([{ when: { user_contains: 'again' }, then: [{ reply: 'fresh turn' }] }, ...fanOut(['slow one', 'slow two'])]);
     await say(c.session, 'go slow');
     await waitFor('both children in their tool call', async () => {
       const all = await threads(c.session);
@@ -275,7 +275,11 @@ describe('coordinator sessions', () => {
     }
     // The coordinator takes the next message as usual.
     await say(c.session, 'again?');
-    await waitFor('the next turn', async () => (idleStops(await threadEvents(c.session, c.primary), c.primary).length >= 4 ? true : undefined), 60_000);
+    const next = await waitFor('the next turn', async () => {
+      const stops = idleStops(await threadEvents(c.session, c.primary), c.primary);
+      return stops.length >= 3 ? stops : undefined;
+    }, 60_000);
+    expect(next).toEqual(['requires_action', 'interrupted', 'end_turn']);
   }, 120_000);
 
   it('kill -9 the runner of one child: only the children it ran reschedule, and the fan-out still completes', async () => {
