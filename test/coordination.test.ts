@@ -130,6 +130,33 @@ describe('coordinator sessions', () => {
     expect(reserved.status).toBe(400);
   });
 
+  it('a coordinator release publishes a deployment revision only with its roster snapshot', async () => {
+    const ws = p.bootstrap.workspace_id;
+    const hprof = (await api.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/harness-profiles`, { key: 'coord', kind: 'builtin' })).id;
+    const sprof = (await api.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/sandbox-profiles`, { key: 'coord', image: 'agentplane/sandbox:latest' })).id;
+    const mrp = (await api.get<{ data: { id: string }[] }>(`/v1/organizations/workspaces/${ws}/model-routing-profiles`, { key: 'default' })).data[0]?.id;
+    const revision = (expected: number, release: number, roster?: unknown) => ({
+      expected_resource_version: expected, agent_release_number: release, model_routing: { model_routing_profile_id: mrp, model_routing_profile_revision_number: 1 },
+      execution_target: { type: 'managed', harness_profile_id: hprof, harness_profile_revision_number: 1, sandbox_profile_id: sprof, sandbox_profile_revision_number: 1, harness_topology: 'split' },
+      skill_selections: [], connection_binding_selections: [], ...(roster ? { roster_snapshot: roster } : {}),
+    });
+    const memberHead = (await api.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/agent-deployments`, { agent_id: researcher.id, key: 'member' })).id;
+    await api.post(`/v1/agent-deployments/${memberHead}/revisions`, revision(1, researcher.version));
+    const lead = await api.post<{ id: string; version: number }>('/v1/agents', {
+      name: 'deployed-lead', model: 'default', multiagent: { roster: [{ agent_id: researcher.id, version: researcher.version }] },
+    });
+    const leadHead = (await api.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/agent-deployments`, { agent_id: lead.id, key: 'lead' })).id;
+    const entry = { position: 0, member_agent_id: researcher.id, member_agent_release_number: researcher.version, member_agent_deployment_id: memberHead, member_agent_deployment_revision_number: 1 };
+    const without = await api.request('POST', `/v1/agent-deployments/${leadHead}/revisions`, { body: revision(1, lead.version) });
+    expect(without.status).toBe(400);
+    const wrong = await api.request('POST', `/v1/agent-deployments/${leadHead}/revisions`, { body: revision(1, lead.version, { entries: [{ ...entry, member_agent_release_number: researcher.version + 1 }] }) });
+    expect(wrong.status).toBe(400);
+    const ok = await api.post<{ roster_snapshot: unknown }>(`/v1/agent-deployments/${leadHead}/revisions`, revision(1, lead.version, { entries: [entry] }));
+    expect(ok.roster_snapshot).toEqual({ entries: [entry] });
+    const session = await api.post<{ agent: { multiagent?: unknown } }>(`/v1/agent-deployments/${leadHead}/sessions`, {});
+    expect(session.agent.multiagent).toEqual({ roster: [{ agent_id: researcher.id, version: researcher.version }] });
+  });
+
   let fan: { session: string; primary: string };
   it('fans out to three children running at the same time on two runners and combines their answers', async () => {
     fan = await coordinator(fanOut(['alpha', 'beta', 'gamma']));
