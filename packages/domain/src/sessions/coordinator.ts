@@ -97,6 +97,7 @@ export class Coordinator {
     const out = new Map<string, { tool: DelegationTool; input: Input }>();
     if (!session.agent.multiagent || threadId !== session._primary_thread_id) return out;
     const wanted = new Set(waits.filter((w) => w.kind === 'custom_tool').map((w) => w.tool_use_id));
+    if (wanted.size === 0) return out;
     await this.scanBack(session.id, (e) => {
       if (e.session_thread_id !== threadId || e.type !== 'agent.tool_use') return wanted.size === 0;
       const p = e.payload as Input;
