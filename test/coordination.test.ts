@@ -168,6 +168,7 @@ describe('coordinator sessions', () => {
 
     const all = await threads(fan.session);
     expect(all).toHaveLength(4);
+    expect(all[0]?.agent).not.toHaveProperty('multiagent');
     const children = all.slice(1);
     for (const c of children) {
       expect(c.parent_thread_id).toBe(fan.primary);

@@ -219,7 +219,9 @@ export class SessionService {
     const usage = withMetered(usageFrom(c, `t.${t.id}.`), metered);
     const any = Object.values(usage).some((v) => v > 0);
     const { workspace_id: ws, ...rest } = publicDoc(t);
-    return { ...rest, agent: { ...t.agent, workspace_id: ws }, stats: threadStats(t), usage: any ? usage : null };
+    // A thread's snapshot is the resolved Agent without `multiagent` (the coordinator's roster is the Session's).
+    const { multiagent: _roster, ...agent } = t.agent;
+    return { ...rest, agent: { ...agent, workspace_id: ws }, stats: threadStats(t), usage: any ? usage : null };
   }
 
   // ---- list ----------------------------------------------------------------------------------
