@@ -310,6 +310,21 @@ describe('coordinator sessions', () => {
     expect(next).toEqual(['requires_action', 'interrupted', 'end_turn']);
   }, 120_000);
 
+  it('delegation tools pass the ActionPolicy gate: a denied start_thread starts nothing', async () => {
+    const policy = await p.root.post<{ id: string }>('/v1/action-policies', { effect: 'deny', tool: { kind: 'custom', name: 'start_thread' }, description: 'no delegation' });
+    try {
+      const c = await coordinator(fanOut(['denied']));
+      await say(c.session, 'try');
+      const evs = await turnOver(c.session, c.primary);
+      expect(idleStops(evs, c.primary)).toEqual(['requires_action', 'end_turn']);
+      const start = evs.find((e) => e.type === 'agent.tool_use' && e.payload.name === 'start_thread');
+      expect(evs.find((e) => e.type === 'agent.tool_result' && e.payload.tool_use_id === start?.payload.id)?.payload).toMatchObject({ denied: true, is_error: true, policy_rule_id: policy.id });
+      expect(await threads(c.session)).toHaveLength(1);
+    } finally {
+      await p.root.delete(`/v1/action-policies/${policy.id}`);
+    }
+  }, 60_000);
+
   it('kill -9 the runner of one child: only the children it ran reschedule, and the fan-out still completes', async () => {
     const c = await coordinator(fanOut(['one', 'two', 'three'].map((x) => `${x} sleepy`)));
     await say(c.session, 'go');
