@@ -12,7 +12,7 @@ import { printTable, type Row } from './lib/report.js';
 import { setup } from './dispatch.js';
 
 const SIZES = (process.env.BENCH_FANOUT ?? '1,4,16').split(',').map(Number);
-const REPS = Number(process.env.BENCH_REPS ?? 3);
+const REPS = Number(process.env.BENCH_REPS ?? 5);
 const SCRIPT = (rules: unknown[]) => `\`\`\`scripted\n${JSON.stringify({ rules })}\n\`\`\``;
 
 interface Ev { seq: number; type: string; session_thread_id: string | null; payload: { stop_reason?: { type: string } } }
@@ -64,6 +64,11 @@ async function main(): Promise<void> {
       ]),
     });
     const primaryOf = async (session: string) => (await api.get<{ data: { id: string }[] }>(`/v1/sessions/${session}/threads`)).data[0]?.id ?? '';
+    // Warm-up (not measured): the first turns of a fresh platform pay for cold caches and connections.
+    for (let i = 0; i < 3; i++) {
+      const s = await api.post<{ id: string }>('/v1/sessions', { agent: member.id, environment_id: envId });
+      await timedTurn(api, principal, s.id, await primaryOf(s.id), 'warm-up', 0);
+    }
     const rows: Row[] = [];
     for (const n of SIZES) {
       const lead = await api.post<{ id: string }>('/v1/agents', {

@@ -220,11 +220,6 @@ export class SessionStore {
     return this.createChild(session, agent, spawn);
   }
 
-  /** Child threads spawned so far (the spawn counter). */
-  async spawned(sessionId: string): Promise<number> {
-    return Number((await this.redis.get(keys.scoped(sessionTag(sessionId), 'spawn'))) ?? 0);
-  }
-
   /** Reserves a spawn number below `limit`, or null when the Session spawned `limit` children already. */
   async reserveSpawn(sessionId: string, limit: number): Promise<number | null> {
     const key = keys.scoped(sessionTag(sessionId), 'spawn');
@@ -236,6 +231,7 @@ export class SessionStore {
     return n;
   }
 
+  /** A child thread with a spawn number from `reserveSpawn` (or `spawnChild`). */
   async createChild(session: SessionDoc, agent: AgentSnapshot, spawn: number): Promise<ThreadDoc> {
     const tag = sessionTag(session.id);
     const t = newThreadDoc(session, agent, session._primary_thread_id);
