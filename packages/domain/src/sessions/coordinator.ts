@@ -154,7 +154,7 @@ export class Coordinator {
       let taken = 0;
       const answers = await Promise.all(starts.map(async ([id, w]) => {
         const input = (w.delegation as { input: Input }).input;
-        const answer = await this.start(session, coordinator, id, input, author, () => taken++ < slots.free, slots.limit)
+        const answer = await this.start(session, coordinator, { toolUseId: id, generation: w.generation }, input, author, () => taken++ < slots.free, slots.limit)
           .catch((e: unknown) => err(`start_thread failed: ${e instanceof Error ? e.message : String(e)}`));
         return { toolUseId: id, generation: w.generation, answer };
       }));
@@ -218,8 +218,12 @@ export class Coordinator {
   }
 
   private async start(
-    session: SessionDoc, coordinator: ThreadDoc, toolUseId: string, input: Input, author: string | undefined, takeSlot: () => boolean, limit: number,
+    session: SessionDoc, coordinator: ThreadDoc, use: { toolUseId: string; generation: number }, input: Input, author: string | undefined,
+    takeSlot: () => boolean, limit: number,
   ): Promise<Answer> {
+    const { toolUseId } = use;
+    // Tool use ids are the model's: keyed with the wait generation, a later turn never meets an earlier one's child.
+    const useKey = `${use.generation}/${toolUseId}`;
     const config = session.agent.multiagent;
     if (!config) return err('this Session has no roster');
     if (session.archived_at !== null) return err('the Session is archived: it takes no new work');
@@ -231,7 +235,7 @@ export class Coordinator {
     if (!member) return err(`'${String(input.agent)}' is not a roster member; members: ${roster.map((m) => m.name).join(', ')}`);
 
     // A retried delivery of the same use finds the child it already started.
-    const existing = await this.startedBy(session, toolUseId);
+    const existing = await this.startedBy(session, useKey);
     if (existing) return ok({ session_thread_id: existing.id, agent: member.name, status: existing.status });
 
     if (!takeSlot()) return err(`the busy child threads reached max_concurrent_threads (${limit}); wait for one to finish first`);
@@ -249,17 +253,17 @@ export class Coordinator {
         caused_by: { kind: 'coordinator', session_thread_id: coordinator.id, tool_use_id: toolUseId },
       },
       session_thread_id: child.id,
-      producer_key: `delegation:${toolUseId}:task`,
+      producer_key: `delegation:${toolUseId}:${use.generation}:task`,
     }]);
     if (!r.ok) return err('the Session log refused the task');
     const ev = r.events[0] as LogEvent;
-    await this.store.redis.hset(delegationsKey(session.id), toolUseId, child.id);
+    await this.store.redis.hset(delegationsKey(session.id), useKey, child.id);
     await this.host.submitUserMessage(session, child.id, ev.id);
     return ok({ session_thread_id: child.id, agent: member.name, status: 'running' });
   }
 
-  private async startedBy(session: SessionDoc, toolUseId: string): Promise<ThreadDoc | null> {
-    const id = await this.store.redis.hget(delegationsKey(session.id), toolUseId);
+  private async startedBy(session: SessionDoc, useKey: string): Promise<ThreadDoc | null> {
+    const id = await this.store.redis.hget(delegationsKey(session.id), useKey);
     return id ? this.store.thread(session.id, id).catch(() => null) : null;
   }
 
@@ -409,5 +413,5 @@ export async function coordinatorToolSpecs(store: SessionStore, ws: string, conf
 const ok = (value: unknown): Answer => ({ content: JSON.stringify(value), is_error: false });
 const err = (message: string): Answer => ({ content: message, is_error: true });
 
-/** `<tool_use_id>` → the child thread it started (`ap:{s:<sess>}:delegations`). */
+/** `<wait generation>/<tool_use_id>` → the child thread it started (`ap:{s:<sess>}:delegations`). */
 export const delegationsKey = (sessionId: string): string => keys.scoped(tags.session(sessionId), 'delegations');
