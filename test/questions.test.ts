@@ -143,7 +143,10 @@ describe('questions', () => {
     await untilEvents(api, id, (e) => idleCount(e) >= 1);
     await api.post(`/v1/sessions/${id}/events`, msg('pick a colour'));
     const both = await untilEvents(api, id, (e) => idleCount(e) >= 2);
-    const uses = both.filter((e) => e.type === 'agent.tool_use');
+    // The Session stream is the condensed view: a child's tool use is read from the child's thread.
+    const childUses = (await api.get<{ data: typeof both }>(`/v1/sessions/${id}/threads/${child.id}/events`)).data.filter((e) => e.type === 'agent.tool_use');
+    expect(both.filter((e) => e.type === 'agent.tool_use' && e.session_thread_id === child.id)).toEqual([]);
+    const uses = [...childUses, ...both.filter((e) => e.type === 'agent.tool_use')];
     expect(uses.map((u) => u.session_thread_id)).toEqual([child.id, doc._primary_thread_id]);
     const toolUseId = String(uses[0]?.payload.id);
     expect(uses[1]?.payload.id).toBe(toolUseId);

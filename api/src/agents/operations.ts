@@ -2,7 +2,7 @@ import { Page, PageQuery, Type } from '@agentplane/core';
 import { READERS, WRITERS } from '../http/caller.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
-import { newAgent, normaliseMcp, normaliseTools } from '@agentplane/domain';
+import { checkMultiagent, newAgent, normaliseMcp, normaliseTools } from '@agentplane/domain';
 import { AgentPath, AgentSchema, AgentVersionPath, CreateAgentBody, UpdateAgentBody } from './schemas.js';
 
 const readers = { kind: 'bearer', roles: READERS } as const;
@@ -17,6 +17,7 @@ export const agentOperations: Operation[] = [
       const ws = requireWorkspace(caller);
       await deps.models.profiles.requireKey(ws, body.model, 'body.model');
       if (body.skills) await deps.skills.checkSelections(ws, body.skills, 'body.skills');
+      if (body.multiagent) await checkMultiagent(body.multiagent, body.tools ?? [], (id, v) => deps.agents.getVersion(ws, id, v));
       return json(201, await deps.agents.create(ws, newAgent(ws, body)));
     },
   }),
@@ -43,9 +44,14 @@ export const agentOperations: Operation[] = [
     body: UpdateAgentBody, response: AgentSchema, idempotency: 'optional', mcp: 'compact',
     async handler({ caller, params, body, deps }) {
       const { expected_version, ...patch } = body;
-      if (patch.model !== undefined) await deps.models.profiles.requireKey(requireWorkspace(caller), patch.model, 'body.model');
-      if (patch.skills !== undefined) await deps.skills.checkSelections(requireWorkspace(caller), patch.skills, 'body.skills');
-      return json(200, await deps.agents.newVersion(requireWorkspace(caller), params.agent_id, expected_version, (cur) => ({
+      const ws = requireWorkspace(caller);
+      if (patch.model !== undefined) await deps.models.profiles.requireKey(ws, patch.model, 'body.model');
+      if (patch.skills !== undefined) await deps.skills.checkSelections(ws, patch.skills, 'body.skills');
+      if (patch.multiagent) {
+        const tools = patch.tools ?? (await deps.agents.get(ws, params.agent_id)).tools;
+        await checkMultiagent(patch.multiagent, tools, (id, v) => deps.agents.getVersion(ws, id, v));
+      }
+      return json(200, await deps.agents.newVersion(ws, params.agent_id, expected_version, (cur) => ({
         ...cur,
         ...(patch.name !== undefined ? { name: patch.name } : {}),
         ...(patch.description !== undefined ? { description: patch.description } : {}),
@@ -55,6 +61,7 @@ export const agentOperations: Operation[] = [
         ...(patch.mcp_servers !== undefined ? { mcp_servers: normaliseMcp(patch.mcp_servers) } : {}),
         ...(patch.skills !== undefined ? { skills: patch.skills } : {}),
         ...(patch.metadata !== undefined ? { metadata: patch.metadata } : {}),
+        ...(patch.multiagent !== undefined ? { multiagent: patch.multiagent ?? undefined } : {}),
       })));
     },
   }),

@@ -1,5 +1,5 @@
 import { Id, LogicalKey, Metadata, Nullable, Obj, Timestamp, Type, type Static } from '@agentplane/core';
-import { Permission, BUILTIN_TOOLS, BuiltinTool, CustomTool, Tool, Tools, McpServer, McpServers, type McpServerT, type ToolT } from '@agentplane/domain';
+import { Permission, BUILTIN_TOOLS, BuiltinTool, CustomTool, Tool, Tools, McpServer, McpServers, Multiagent, type McpServerT, type ToolT } from '@agentplane/domain';
 
 
 /** An Agent's skill selections: Skills of the Workspace by name, each at one version (docs/SKILLS.md). */
@@ -15,6 +15,8 @@ export const AgentConfigFields = {
   mcp_servers: Type.Optional(McpServers),
   skills: Type.Optional(SkillSelections),
   metadata: Type.Optional(Metadata()),
+  /** A coordinator's roster of member Agents, each pinned to a version (docs/COORDINATION.md). */
+  multiagent: Type.Optional(Nullable(Multiagent)),
 };
 export const CreateAgentBody = Obj(AgentConfigFields);
 
@@ -29,6 +31,7 @@ export const UpdateAgentBody = Obj(
     mcp_servers: Type.Optional(McpServers),
     skills: Type.Optional(SkillSelections),
     metadata: Type.Optional(Metadata()),
+    multiagent: AgentConfigFields.multiagent,
   },
   { minProperties: 2 },
 );
@@ -45,6 +48,7 @@ export const AgentSchema = Obj({
   mcp_servers: McpServers,
   skills: Type.Optional(SkillSelections),
   metadata: Metadata(),
+  multiagent: Type.Optional(Multiagent),
   version: Type.Integer({ minimum: 1 }),
   archived_at: Nullable(Timestamp()),
   created_at: Timestamp(),

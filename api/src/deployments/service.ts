@@ -163,9 +163,8 @@ export class DeploymentService {
    */
   private async resolve(ws: string, head: DeploymentDoc, body: PublishRevisionInput): Promise<Omit<RevisionDoc, 'id' | 'revision_number' | 'published_by' | 'published_at' | 'agent_deployment_id' | 'workspace_id'>> {
     const d = this.deps();
-    await d.agents.getVersion(head._agent_workspace_id, head.agent_id, body.agent_release_number);
-    // Agent releases here are never coordinators (no roster exists yet), so a roster is refused.
-    if (body.roster_snapshot !== undefined) throw new ApiError('validation.malformed', 'body.roster_snapshot: only a coordinator release carries a roster, and this release is not one');
+    const release = await d.agents.getVersion(head._agent_workspace_id, head.agent_id, body.agent_release_number);
+    const roster_snapshot = await this.rosterSnapshot(ws, release, body.roster_snapshot);
     const mrp = body.model_routing;
     await d.models.profiles.getDoc(ws, mrp.model_routing_profile_id);
     await d.models.profiles.revision(ws, mrp.model_routing_profile_id, mrp.model_routing_profile_revision_number);
@@ -222,9 +221,40 @@ export class DeploymentService {
       execution_target,
       skill_selections: body.skill_selections,
       connection_binding_selections: body.connection_binding_selections,
-      roster_snapshot: null,
+      roster_snapshot,
     };
     return { ...config, resolved_configuration_sha256: configurationDigest(config) };
+  }
+
+  /**
+   * A coordinator release (an Agent version with a `multiagent` roster) carries one entry per
+   * member in roster order: the member's pinned release and a revision of a deployment of that
+   * member in this Workspace running that release (docs/COORDINATION.md). Any other release
+   * carries none.
+   */
+  private async rosterSnapshot(ws: string, release: Agent, input: PublishRevisionInput['roster_snapshot']): Promise<RevisionDoc['roster_snapshot']> {
+    const roster = release.multiagent?.roster;
+    if (!roster) {
+      if (input !== undefined) throw new ApiError('validation.malformed', 'body.roster_snapshot: only a coordinator release carries a roster, and this release is not one');
+      return null;
+    }
+    if (!input) throw new ApiError('validation.malformed', 'body.roster_snapshot: a coordinator release needs its roster snapshot (one entry per member, in roster order)');
+    const entries = [...input.entries].sort((a, b) => a.position - b.position);
+    if (entries.length !== roster.length) throw new ApiError('validation.malformed', `body.roster_snapshot.entries: the release's roster has ${roster.length} members`);
+    for (const [i, e] of entries.entries()) {
+      const m = roster[i];
+      if (!m || e.position !== i || e.member_agent_id !== m.agent_id || e.member_agent_release_number !== m.version) {
+        throw new ApiError('validation.malformed', `body.roster_snapshot.entries: position ${i} must be ${m?.agent_id ?? '?'} release ${m?.version ?? '?'}`);
+      }
+      const member = await this.heads.find<DeploymentDoc>(ws, e.member_agent_deployment_id);
+      if (!member || member.agent_id !== e.member_agent_id) throw new ApiError('validation.not_found', `agent deployment ${e.member_agent_deployment_id} of ${e.member_agent_id} not found`);
+      const rev = await this.heads.revision<RevisionDoc>(ws, member.id, e.member_agent_deployment_revision_number);
+      if (!rev) throw new ApiError('validation.not_found', `agent deployment ${member.id} revision ${e.member_agent_deployment_revision_number} not found`);
+      if (rev.agent_release_number !== e.member_agent_release_number) {
+        throw new ApiError('validation.malformed', `body.roster_snapshot.entries: ${member.id} revision ${rev.revision_number} runs release ${rev.agent_release_number}, not ${e.member_agent_release_number}`);
+      }
+    }
+    return { entries };
   }
 
   /**
@@ -279,6 +309,8 @@ export class DeploymentService {
     const d = this.deps();
     const agent: Agent = await d.agents.getVersion(sourceWs, agentId, release);
     const id = deploymentId(targetWs, agentId);
+    // A coordinator release needs its members resolved to deployment revisions: deploy leaves the head only.
+    const coordinator = agent.multiagent !== undefined;
     let head = await this.heads.find<DeploymentDoc>(targetWs, id);
     if (!head) {
       try {
@@ -304,7 +336,7 @@ export class DeploymentService {
     if (!routing) missing.push(`model_routing_profile:${agent.model}`);
     if (!harness || harness.archived_at !== null || harness.kind !== 'builtin') missing.push(`harness_profile:${harnessKey}`);
     if (!sandbox || sandbox.archived_at !== null) missing.push(`sandbox_profile:${sandboxKey}`);
-    if (missing.length > 0 || !routing || !harness || !sandbox) return { outcome: 'head_only', agent_deployment: head, revision: null, missing_profiles: missing };
+    if (coordinator || missing.length > 0 || !routing || !harness || !sandbox) return { outcome: 'head_only', agent_deployment: head, revision: null, missing_profiles: missing };
 
     const bindings = await this.heads.list<BindingDoc>(targetWs, BINDINGS(id), { limit: 64 }, (b) => b.status === 'active' && b.current_revision_number > 0);
     for (let attempt = 0; attempt < 4; attempt++) {

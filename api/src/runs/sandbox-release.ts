@@ -16,7 +16,9 @@ interface SessionHead extends StoredDoc {
  * was offline when the Session ended learns it on its next report.
  */
 export async function releasableSandboxes(docs: DocumentStore, workspaceId: string, sessionIds: readonly string[]): Promise<Release[]> {
-  const heads = await Promise.all(sessionIds.map((id) => docs.get<SessionHead>(tags.session(id), id)));
+  // A child thread's sandbox is named `<session>.<thread suffix>` (docs/COORDINATION.md): it goes with its Session.
+  const owners = sessionIds.map((id) => id.split('.')[0] as string);
+  const heads = await Promise.all(owners.map((id) => docs.get<SessionHead>(tags.session(id), id)));
   const out: Release[] = [];
   heads.forEach((doc, i) => {
     const session_id = sessionIds[i] as string;

@@ -198,9 +198,14 @@ export const sessionOperations: Operation[] = [
     permission: { action: 'observe', target: 'session_id' }, params: SessionPath, query: StreamQuery, mcp: 'never',
     async handler({ caller, params, query, headers, deps }) {
       const doc = await deps.sessions.store.getOrTombstone(requireWorkspace(caller), params.session_id);
+      // The condensed Session view: child threads show only their status events (their thread streams have the rest).
+      const primary = doc.type === 'session' ? doc._primary_thread_id : null;
+      const condensed = (thread: string | null, type: string) => primary === null || thread === null || thread === primary || type.startsWith('session.');
+      const deltas = deltaFilter(query.event_deltas);
       return sseStream({
-        sessionId: params.session_id, cursor: await checkedCursor(deps.sessions.store.log, params.session_id, headers['last-event-id'], query.last_event_id), filter: () => true,
-        deltas: deltaFilter(query.event_deltas), erased: doc.type === 'session_tombstone', log: deps.sessions.store.log, hub: deps.eventHub,
+        sessionId: params.session_id, cursor: await checkedCursor(deps.sessions.store.log, params.session_id, headers['last-event-id'], query.last_event_id),
+        filter: (e) => condensed(e.session_thread_id, e.type),
+        deltas: deltas ? (d) => deltas(d) && condensed(d.session_thread_id, d.type) : null, erased: doc.type === 'session_tombstone', log: deps.sessions.store.log, hub: deps.eventHub,
         shutdown: deps.shutdownSignal, keepaliveMs: deps.config.sseKeepaliveMs,
       });
     },

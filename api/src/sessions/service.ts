@@ -1,7 +1,7 @@
 import type { TokenUsage } from '@agentplane/protocol';
 import { ApiError, canonicalJson, newId, nowIso, sha256Hex } from '@agentplane/core';
 import { keys, tags, type LogEvent } from '@agentplane/store';
-import { newAgent, snapshotOf, type Agent, type AgentSnapshot, type DeploymentPin, type SpecSkill } from '@agentplane/domain';
+import { checkMultiagent, newAgent, snapshotOf, type Agent, type AgentSnapshot, type DeploymentPin, type SpecSkill } from '@agentplane/domain';
 import type { VersionedStore } from '@agentplane/domain';
 import type { Environment } from '@agentplane/domain';
 import type { IdentityService } from '@agentplane/domain';
@@ -64,7 +64,7 @@ export interface DriveOutcome {
   event: LogEvent;
 }
 
-const ANSWER_TYPE: Record<Exclude<WaitKind, 'approval'>, DriveEventType> = { custom_tool: 'user.custom_tool_result', confirmation: 'user.tool_confirmation', question: 'user.question_answer' };
+const ANSWER_TYPE: Record<Exclude<WaitKind, 'approval' | 'delegation'>, DriveEventType> = { custom_tool: 'user.custom_tool_result', confirmation: 'user.tool_confirmation', question: 'user.question_answer' };
 
 interface Position {
   score: number;
@@ -102,6 +102,7 @@ export class SessionService {
     // Inline configuration: recorded as a new Agent (version 1) so the snapshot is addressable.
     await this.d.requireModel?.(ws, input.model, 'body.agent.model');
     if (input.skills) await this.d.checkSkills?.(ws, input.skills, 'body.agent.skills');
+    if (input.multiagent) await checkMultiagent(input.multiagent, input.tools ?? [], (id, v) => this.d.agents.getVersion(ws, id, v), 'body.agent.multiagent');
     return snapshotOf(await this.d.agents.create(ws, newAgent(ws, input)));
   }
 
@@ -232,7 +233,9 @@ export class SessionService {
     const usage = withMetered(usageFrom(c, `t.${t.id}.`), metered);
     const any = Object.values(usage).some((v) => v > 0);
     const { workspace_id: ws, ...rest } = publicDoc(t);
-    return { ...rest, agent: { ...t.agent, workspace_id: ws }, stats: threadStats(t), usage: any ? usage : null };
+    // A thread's snapshot is the resolved Agent without `multiagent` (the coordinator's roster is the Session's).
+    const { multiagent: _roster, ...agent } = t.agent;
+    return { ...rest, agent: { ...agent, workspace_id: ws }, stats: threadStats(t), usage: any ? usage : null };
   }
 
   // ---- list ----------------------------------------------------------------------------------
@@ -387,6 +390,9 @@ export class SessionService {
     if (!wait) throw new ApiError('runtime.invalid_transition', `the thread does not wait on ${toolUseId}`);
     if (wait.kind === 'approval') {
       throw new ApiError('runtime.invalid_transition', `${toolUseId} waits for its ActionApproval (GET /v1/sessions/${session.id}/action-approvals); a drive event cannot answer it`);
+    }
+    if (wait.kind === 'delegation') {
+      throw new ApiError('runtime.invalid_transition', `${toolUseId} is a delegation tool use: the platform answers it when its child threads are done; a drive event cannot answer it`);
     }
     if (wait.kind !== kind) throw new ApiError('runtime.invalid_transition', `${toolUseId} waits for a ${ANSWER_TYPE[wait.kind]}`);
     const { caused_by: _c, ...exact } = p;

@@ -9,6 +9,8 @@ export * from './runners/model.js';
 export * from './runners/service.js';
 export * from './agents/tools.js';
 export * from './agents/model.js';
+export * from './agents/multiagent.js';
+export * from './sessions/coordinator.js';
 export * from './environments/model.js';
 export * from './deployments/profiles.js';
 export * from './deployments/bindings.js';

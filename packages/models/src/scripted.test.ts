@@ -48,3 +48,26 @@ describe('scripted system_contains', () => {
     expect(await run(`\`\`\`scripted\n${script}\n\`\`\`\n\n## Skills\n- a: b`)).toBe('has skills');
   });
 });
+
+describe('scripted delegation helpers', () => {
+  it('expands {{each_tool_result.<field>}} and {{tool_results}} from the last message\'s tool results', async () => {
+    const rules = [
+      { when: { on: 'tool_result', after_tool: 'start_thread' }, then: [{ tool: 'wait_threads', input: { session_thread_ids: '{{each_tool_result.session_thread_id}}' } }] },
+      { when: { after_tool: 'wait_threads' }, then: [{ reply: 'all: {{tool_results}}' }] },
+    ];
+    const system = `\`\`\`scripted\n${JSON.stringify({ rules })}\n\`\`\``;
+    const messages = [
+      { role: 'user' as const, content: [{ type: 'text' as const, text: 'go' }] },
+      { role: 'assistant' as const, content: [{ type: 'tool_use' as const, id: 'toolu_a', name: 'start_thread', input: {} }, { type: 'tool_use' as const, id: 'toolu_b', name: 'start_thread', input: {} }] },
+      { role: 'user' as const, content: [
+        { type: 'tool_result' as const, tool_use_id: 'toolu_a', content: '{"session_thread_id":"sthr_1"}' },
+        { type: 'tool_result' as const, tool_use_id: 'toolu_b', content: 'not json' },
+        { type: 'tool_result' as const, tool_use_id: 'toolu_b', content: '{"session_thread_id":"sthr_2"}' },
+      ] },
+    ];
+    const call = { request: { routing_key: 'default', system, messages, tools: [] }, model: 'scripted-1', baseUrl: null, apiKey: null };
+    const uses: unknown[] = [];
+    for await (const e of new ScriptedAdapter().stream(call, new AbortController().signal) as AsyncGenerator<ModelStreamEvent>) if (e.type === 'tool_use') uses.push(e.input);
+    expect(uses).toEqual([{ session_thread_ids: ['sthr_1', 'sthr_2'] }]);
+  });
+});

@@ -89,6 +89,8 @@ interface Situation {
   on: 'user' | 'tool_result';
   user: string;
   toolResult: string;
+  /** Every tool result of the last message, in order. */
+  toolResults: string[];
   toolName: string | null;
   turn: number;
 }
@@ -106,10 +108,12 @@ function situation(messages: ModelMessage[]): Situation {
     for (const m of messages) for (const b of m.content) if (b.type === 'tool_use' && b.id === result.tool_use_id) toolName = b.name;
   }
   const lastHasText = last?.content.some((b) => b.type === 'text') ?? false;
+  const results = last?.role === 'user' ? last.content.flatMap((b) => (b.type === 'tool_result' ? [b.content] : [])) : [];
   return {
     on: result && !lastHasText ? 'tool_result' : 'user',
     user,
     toolResult: result && result.type === 'tool_result' ? result.content : '',
+    toolResults: results,
     toolName,
     turn: messages.filter((m) => m.role === 'assistant').length,
   };
@@ -148,11 +152,30 @@ function matches(when: ScriptCondition | undefined, s: Situation, system: string
 }
 
 function fill(template: string, s: Situation): string {
-  return template.replaceAll('{{user}}', s.user).replaceAll('{{tool_result}}', s.toolResult);
+  return template.replaceAll('{{user}}', s.user).replaceAll('{{tool_results}}', s.toolResults.join('\n')).replaceAll('{{tool_result}}', s.toolResult);
+}
+
+const EACH_RESULT = /^\{\{each_tool_result\.([A-Za-z0-9_]+)\}\}$/;
+
+/** `field` of every tool result of the last message that is a JSON object carrying it. */
+function eachResultField(s: Situation, field: string): unknown[] {
+  const out: unknown[] = [];
+  for (const r of s.toolResults) {
+    try {
+      const v = JSON.parse(r) as unknown;
+      if (v && typeof v === 'object' && field in v) out.push((v as Record<string, unknown>)[field]);
+    } catch {
+      // not JSON: skipped
+    }
+  }
+  return out;
 }
 
 function fillValue(v: unknown, s: Situation): unknown {
-  if (typeof v === 'string') return fill(v, s);
+  if (typeof v === 'string') {
+    const each = EACH_RESULT.exec(v);
+    return each?.[1] ? eachResultField(s, each[1]) : fill(v, s);
+  }
   if (Array.isArray(v)) return v.map((x) => fillValue(x, s));
   if (v && typeof v === 'object') return Object.fromEntries(Object.entries(v).map(([k, x]) => [k, fillValue(x, s)]));
   return v;

@@ -15,8 +15,10 @@ import { LuaScript } from './script.js';
  *   ap:{s:<sess>}:producers  hash: producer key -> seq it was assigned
  *   ap:{s:<sess>}:producers:ts  zset: producer key -> ms it was recorded (pruning)
  *   ap:{s:<sess>}:stats      hash of integer counters kept current by the append script
- *   ap:{s:<sess>}:lease      hash: `token`, `expires_at_ms` — the fencing token of the Run
- *                            currently leased for this Session (written by the scheduler)
+ *   ap:{s:<sess>}:lease      hash of the live leases of this Session's threads (written by the
+ *                            lease keeper): `t:<token>` = expires_at_ms, one per leased Run
+ *                            (threads of a coordinator Session run in parallel), `r:<run>` =
+ *                            the Run's current token, `i:<token>` = runner|attempt|run
  *
  * Channels: `ap:{s:<sess>}:live` carries every committed append (see LiveMessage);
  * `ap:{s:<sess>}:deltas` carries uncursored previews (see DeltaMessage).
@@ -178,9 +180,9 @@ local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if redis.call('HEXISTS', KEYS[2], 'erased') == 1 then return {'erased'} end
 if ARGV[1] ~= '' then
-  local lease = redis.call('HMGET', KEYS[5], 'token', 'expires_at_ms')
-  if not lease[1] or lease[1] ~= ARGV[1] then return {'fenced', 'mismatch'} end
-  if tonumber(lease[2] or '0') <= now_ms then return {'fenced', 'expired'} end
+  local exp = redis.call('HGET', KEYS[5], 't:' .. ARGV[1])
+  if not exp then return {'fenced', 'mismatch'} end
+  if tonumber(exp) <= now_ms then return {'fenced', 'expired'} end
 end
 local created = iso(now_ms)
 local seq = tonumber(redis.call('HGET', KEYS[2], 'seq') or '0')
@@ -507,9 +509,9 @@ export class EventLog {
     return this.redis.hgetall(eventLogKeys.stats(sessionId));
   }
 
-  /** Set the lease fence (the scheduler's side; here for completeness and tests). */
+  /** Set a lease fence token (the lease keeper's side; here for completeness and tests). */
   async setLease(sessionId: string, token: string, expiresAtMs: number): Promise<void> {
-    await this.redis.hset(eventLogKeys.lease(sessionId), 'token', token, 'expires_at_ms', String(expiresAtMs));
+    await this.redis.hset(eventLogKeys.lease(sessionId), `t:${token}`, String(expiresAtMs));
   }
 
   /** Publish an uncursored preview fragment; viewers that asked for `event_deltas` receive it. */

@@ -44,6 +44,8 @@ interface TurnSpec {
   /** `outcome_grader`: one grader model step instead of an agent turn (./grader.ts). */
   kind?: 'turn' | 'outcome_grader';
   grader?: unknown;
+  /** The sandbox the turn runs in: a child thread of a coordinator Session has its own (docs/COORDINATION.md). */
+  sandbox_id?: string;
 }
 
 function asSpec(spec: Record<string, unknown>): TurnSpec {
@@ -55,6 +57,7 @@ function asSpec(spec: Record<string, unknown>): TurnSpec {
     throw new Error('the lease offer carries malformed resources');
   }
   if (s.skills !== undefined && (!Array.isArray(s.skills) || !s.skills.every(isOfferedSkill))) throw new Error('the lease offer carries malformed skills');
+  if (s.sandbox_id !== undefined && (typeof s.sandbox_id !== 'string' || !/^[A-Za-z0-9_.-]{1,64}$/.test(s.sandbox_id))) throw new Error('the lease offer carries a malformed sandbox id');
   if (s.kind !== undefined && s.kind !== 'turn' && s.kind !== 'outcome_grader') throw new Error(`unknown run kind '${String(s.kind)}'`);
   if (s.kind === 'outcome_grader' && !isGraderTurn(s.grader)) throw new Error('the lease offer carries a malformed grader spec');
   return s as TurnSpec;
@@ -168,7 +171,7 @@ async function runTurn(o: TurnExecutorOptions, handle: LeaseHandle): Promise<Rec
   const skills = (spec.skills ?? []) as OfferedSkill[];
   const sources = [...offeredSources((spec.resources ?? []) as OfferedResource[], sourceOptions), ...skillSources(skills, sourceOptions)];
   const endStart = o.metrics?.sandboxStartSeconds.startTimer({ driver: o.sandboxes.driver.name === 'docker' ? 'docker' : 'process' });
-  const { sandbox, materialized } = await o.sandboxes.prepare({ id: spec.session_id }, env, sources, handle.signal);
+  const { sandbox, materialized } = await o.sandboxes.prepare({ id: spec.sandbox_id ?? spec.session_id }, env, sources, handle.signal);
   endStart?.();
   try {
     if (spec.kind === 'outcome_grader' && isGraderTurn(spec.grader)) return await runGrader({ driver: o.sandboxes.driver, log }, handle, spec.grader, sandbox);
@@ -256,6 +259,6 @@ async function runTurn(o: TurnExecutorOptions, handle: LeaseHandle): Promise<Rec
     }
     return { stop_reason: stop, usage: outcome.usage };
   } finally {
-    o.sandboxes.runEnded(spec.session_id);
+    o.sandboxes.runEnded(spec.sandbox_id ?? spec.session_id);
   }
 }

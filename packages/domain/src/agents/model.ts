@@ -2,6 +2,7 @@ import { newId, nowIso } from '@agentplane/core';
 import type { McpServerT, ToolT } from './tools.js';
 import type { VersionedDoc } from '../versioned.js';
 import type { SkillSelection } from '../skills/model.js';
+import type { MultiagentT } from './multiagent.js';
 
 export interface Agent extends VersionedDoc {
   type: 'agent';
@@ -16,6 +17,8 @@ export interface Agent extends VersionedDoc {
   /** Skills a Run of this Agent places in its sandbox (name + version; docs/SKILLS.md). Absent on older documents. */
   skills?: SkillSelection[];
   metadata: Record<string, string>;
+  /** A coordinator's roster (docs/COORDINATION.md); absent on other Agents. */
+  multiagent?: MultiagentT;
 }
 
 /** The resolved Agent Version a Session (and each Run) carries. */
@@ -29,6 +32,8 @@ export interface AgentSnapshot {
   tools: ToolT[];
   mcp_servers: McpServerT[];
   skills?: SkillSelection[];
+  /** A coordinator's roster; a child thread's snapshot never has it. */
+  multiagent?: MultiagentT;
 }
 
 export interface AgentConfigInput {
@@ -40,6 +45,7 @@ export interface AgentConfigInput {
   mcp_servers?: McpServerT[] | undefined;
   skills?: SkillSelection[] | undefined;
   metadata?: Record<string, string> | undefined;
+  multiagent?: MultiagentT | null | undefined;
 }
 
 /** Defaults: built-in tools always_allow, custom tools always_allow (the caller answers them), MCP tools always_ask. */
@@ -57,9 +63,14 @@ export function newAgent(workspaceId: string, input: AgentConfigInput): Agent {
     model: input.model, system: input.system ?? null, tools: normaliseTools(input.tools ?? []),
     mcp_servers: normaliseMcp(input.mcp_servers ?? []), ...(input.skills && input.skills.length > 0 ? { skills: input.skills } : {}), metadata: input.metadata ?? {}, version: 1, archived_at: null,
     created_at: now, updated_at: now,
+    ...(input.multiagent ? { multiagent: input.multiagent } : {}),
   };
 }
 
 export function snapshotOf(a: Agent): AgentSnapshot {
-  return { id: a.id, type: 'agent', name: a.name, version: a.version, model: a.model, system: a.system, tools: a.tools, mcp_servers: a.mcp_servers, ...(a.skills && a.skills.length > 0 ? { skills: a.skills } : {}) };
+  return {
+    id: a.id, type: 'agent', name: a.name, version: a.version, model: a.model, system: a.system, tools: a.tools, mcp_servers: a.mcp_servers,
+    ...(a.skills && a.skills.length > 0 ? { skills: a.skills } : {}),
+    ...(a.multiagent ? { multiagent: a.multiagent } : {}),
+  };
 }

@@ -132,7 +132,7 @@ export class RunEngine implements TurnScheduler {
         return;
       }
     }
-    const lease = await this.fence.current(sessionId);
+    const lease = await this.fence.current(sessionId, runId);
     if (lease.run_id === runId && lease.token && lease.runner_id) {
       const payload = { lease_id: lease.token, attempt: Number(lease.attempt ?? 1), reason: 'user.interrupt', grace_ms: this.d.interruptGraceMs };
       await deliverToRunner(this.d.redis, run.workspace_id, lease.runner_id, frame('lease.cancel', newId('event'), payload));

@@ -12,6 +12,7 @@ import { conversationOf, readAll, type Responses } from './history.js';
 import type { GraderSpec } from '../outcomes/grader.js';
 import { graderTurnSpec } from '../outcomes/spec.js';
 import type { SkillReader, SpecSkill } from '../skills/model.js';
+import { coordinatorToolSpecs } from '../sessions/coordinator.js';
 
 /** A tool as the runner's harness takes it. */
 export type SpecTool =
@@ -131,7 +132,16 @@ export interface TurnSpec {
   /** `outcome_grader`: a grader Run (docs/OUTCOMES.md): one model step over `grader`, no agent turn. */
   kind?: 'turn' | 'outcome_grader';
   grader?: GraderSpec & { routing_key: string };
+  /**
+   * The sandbox the turn runs in, when not the Session's own: each child thread of a coordinator
+   * Session has its own sandbox and workspace, `<session>.<first 24 hex of the thread id>`
+   * (docs/COORDINATION.md).
+   */
+  sandbox_id?: string;
 }
+
+/** The sandbox of a child thread: its own, named after its Session so it is released with it. */
+export const childSandboxId = (sessionId: string, threadId: string): string => `${sessionId}.${threadId.replace(/^sthr_/, '').slice(0, 24)}`;
 
 /** The Session's memory attachments (a store attached twice keeps its widest access). */
 export function specMemory(resources: readonly SessionResource[]): { memory_store_id: string; access: 'read_only' | 'read_write' }[] {
@@ -220,6 +230,9 @@ export async function buildTurnSpec(src: SpecSources, run: RunDoc, maxHistoryByt
   const own = session._skills ?? [];
   const selected = src.skills ? await src.skills.resolve(run.workspace_id, run.agent.skills ?? []) : [];
   const skills = [...selected.filter((k) => !own.some((o) => o.name === k.name)), ...own];
+  const delegation = isPrimary && run.agent.multiagent
+    ? (await coordinatorToolSpecs(src.store, run.workspace_id, run.agent.multiagent)).map((spec): SpecTool => ({ type: 'custom', spec }))
+    : [];
   return {
     run_id: run.id,
     session_id: run.session_id,
@@ -230,7 +243,7 @@ export async function buildTurnSpec(src: SpecSources, run: RunDoc, maxHistoryByt
       version: run.agent.version,
       routing_key: run.agent.model,
       ...(run.agent.system ? { system: run.agent.system } : {}),
-      tools: specTools(run.agent),
+      tools: [...specTools(run.agent), ...delegation],
     },
     environment: {
       id: env.id,
@@ -248,5 +261,6 @@ export async function buildTurnSpec(src: SpecSources, run: RunDoc, maxHistoryByt
     ...(skills.length > 0 ? { skills } : {}),
     history: fitHistory(history, maxHistoryBytes),
     responses,
+    ...(isPrimary ? {} : { sandbox_id: childSandboxId(run.session_id, run.session_thread_id) }),
   };
 }

@@ -56,9 +56,10 @@ export interface SessionTombstone extends StoredDoc {
 
 /**
  * What answers a waiting tool use: a custom tool result, a confirmation, a question answer, or
- * (`approval`) the resolution of its ActionApproval (not a drive event).
+ * (`approval`) the resolution of its ActionApproval, or (`delegation`) the control plane when a
+ * coordinator's delegation tool use is done (docs/COORDINATION.md); neither is a drive event.
  */
-export type WaitKind = 'custom_tool' | 'confirmation' | 'question' | 'approval';
+export type WaitKind = 'custom_tool' | 'confirmation' | 'question' | 'approval' | 'delegation';
 
 export interface PendingWait {
   generation: number;
@@ -68,6 +69,8 @@ export interface PendingWait {
   answered_seq?: number;
   /** Canonical JSON of the answering payload, for exact-replay detection. */
   answer_fingerprint: string | null;
+  /** A delegation tool use: what the coordinator asked (docs/COORDINATION.md). */
+  delegation?: { tool: string; input: Record<string, unknown> };
 }
 
 /** Stored SessionThread document (`ap:{s:<sess>}:doc:<sthr>`). */

@@ -139,7 +139,7 @@ export class SessionStore {
     for (const t of [...threadIds, ...runIds]) m.del(keys.doc(tag, t));
     for (const t of threadIds) m.del(inputQueueKey(id, t));
     for (const o of await this.redis.zrange(keys.index(tag, 'outcomes'), 0, -1)) m.del(keys.doc(tag, o));
-    m.del(keys.index(tag, 'threads'), keys.index(tag, 'runs'), keys.index(tag, 'outcomes'), keys.scoped(tag, 'outcomes:active'), keys.scoped(tag, 'spawn'));
+    m.del(keys.index(tag, 'threads'), keys.index(tag, 'runs'), keys.index(tag, 'outcomes'), keys.scoped(tag, 'outcomes:active'), keys.scoped(tag, 'spawn'), keys.scoped(tag, 'delegations'));
     m.set(keys.doc(tag, id), JSON.stringify(tomb));
     await m.exec();
   }
@@ -220,7 +220,8 @@ export class SessionStore {
       ...(hint !== undefined ? { current: JSON.parse(hint) as ThreadDoc } : {}),
       write: async (next, expected) => {
         if (!start || !session) return this.docs.swap(tag, threadId, next, expected);
-        const candidate = newRunDoc(session, threadId, start);
+        // A child thread runs its own frozen member snapshot; the primary follows the Session's agent.
+        const candidate = newRunDoc(next.parent_thread_id === null ? session : { ...session, agent: next.agent }, threadId, start);
         const r = await this.log.commit(sessionId, [
           { key: keys.doc(tag, threadId), body: JSON.stringify(next), expectedVersion: expected },
           { key: keys.doc(tag, candidate.id), body: JSON.stringify(candidate), expectedVersion: null, index: { key: keys.index(tag, 'runs'), score: Date.parse(candidate.created_at), member: candidate.id } },
@@ -264,6 +265,23 @@ export class SessionStore {
   async spawnChild(session: SessionDoc, agent: AgentSnapshot = session.agent): Promise<ThreadDoc> {
     const tag = sessionTag(session.id);
     const spawn = await this.redis.incr(keys.scoped(tag, 'spawn'));
+    return this.createChild(session, agent, spawn);
+  }
+
+  /** Reserves a spawn number below `limit`, or null when the Session spawned `limit` children already. */
+  async reserveSpawn(sessionId: string, limit: number): Promise<number | null> {
+    const key = keys.scoped(sessionTag(sessionId), 'spawn');
+    const n = await this.redis.incr(key);
+    if (n > limit) {
+      await this.redis.decr(key);
+      return null;
+    }
+    return n;
+  }
+
+  /** A child thread with a spawn number from `reserveSpawn` (or `spawnChild`). */
+  async createChild(session: SessionDoc, agent: AgentSnapshot, spawn: number): Promise<ThreadDoc> {
+    const tag = sessionTag(session.id);
     const t = newThreadDoc(session, agent, session._primary_thread_id);
     t._spawn = spawn;
     await this.docs.create(tag, t);

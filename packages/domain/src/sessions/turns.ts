@@ -1,6 +1,7 @@
 import { ApiError, newId } from '@agentplane/core';
 import type { RunDoc, SessionDoc, ThreadDoc, WaitKind } from './model.js';
 import { InputQueueMoved, sessionTag, type SessionStore } from './store.js';
+import { Coordinator } from './coordinator.js';
 
 /**
  * Where turns leave the API. The default implementation only records: a Run stays `queued`
@@ -60,11 +61,15 @@ export type StopReason = { type: 'end_turn' } | { type: 'requires_action'; tool_
 export class ThreadRuntime {
   /** Called when a turn ends other than `requires_action` (outcomes grade it); true = it started the thread's next Run. */
   private turnEnded: TurnEndHook | undefined;
+  /** Coordinator Sessions: delegation tool uses and child threads (docs/COORDINATION.md). */
+  readonly coordinator: Coordinator;
 
   constructor(
     private readonly store: SessionStore,
     private readonly scheduler: () => TurnScheduler,
-  ) {}
+  ) {
+    this.coordinator = new Coordinator(store, this, scheduler);
+  }
 
   /** Installs the one turn-end hook (the outcomes module). */
   onTurnEnded(hook: TurnEndHook): void {
@@ -123,9 +128,25 @@ export class ThreadRuntime {
     throw new ApiError('validation.conflict', 'too much contention on this thread; the message is queued and starts with the next turn');
   }
 
+  /**
+   * `user.interrupt`. On a coordinator's primary thread it also interrupts every busy child
+   * thread, and a coordinator waiting on its delegation uses ends its turn `interrupted`.
+   */
   async interrupt(session: SessionDoc, threadId: string): Promise<void> {
     const t = await this.store.thread(session.id, threadId);
     if (t._active_run_id) await this.scheduler().interruptRequested(session.id, threadId, t._active_run_id);
+    if (threadId !== session._primary_thread_id || !session.agent.multiagent) return;
+    if (await this.coordinator.interruptWaits(session, t)) {
+      const after = await this.store.thread(session.id, threadId);
+      if (session.archived_at === null) await this.submitUserMessage(session, threadId, null, { thread: after });
+    }
+    const { ids } = await this.store.threadIds(session.id, 0, 1000);
+    const children = await this.store.threads(session.id, ids);
+    await Promise.all(children.map(async (c) => {
+      if (c && c._active_run_id && (c.status === 'running' || c.status === 'rescheduling')) {
+        await this.scheduler().interruptRequested(session.id, c.id, c._active_run_id);
+      }
+    }));
   }
 
   /** Runtime side: the Run's sandbox came up (startup time is measured from turn start). */
@@ -141,6 +162,8 @@ export class ThreadRuntime {
   async endTurn(session: SessionDoc, threadId: string, stop: StopReason, waits: { tool_use_id: string; kind: WaitKind }[] = []): Promise<ThreadDoc> {
     const now = Date.now();
     let endedRunId: string | null = null;
+    // A coordinator's delegation tool uses wait for the control plane, not for a client.
+    const delegations = stop.type === 'requires_action' ? await this.coordinator.classify(session, threadId, waits) : new Map<string, never>();
     const next = await this.store.updateThread(session.id, threadId, (t) => {
       endedRunId = t._active_run_id;
       if (t.status === 'terminated') return null;
@@ -149,7 +172,10 @@ export class ThreadRuntime {
       if (stop.type === 'requires_action') {
         const gen = t._wait_generation + 1;
         const w = { ...t._waits };
-        for (const x of waits) w[x.tool_use_id] = { generation: gen, kind: x.kind, answered_event_id: null, answer_fingerprint: null };
+        for (const x of waits) {
+          const d = delegations.get(x.tool_use_id);
+          w[x.tool_use_id] = { generation: gen, kind: d ? 'delegation' : x.kind, answered_event_id: null, answer_fingerprint: null, ...(d ? { delegation: d } : {}) };
+        }
         return { ...base, _wait_generation: gen, _waits: w };
       }
       return { ...base, _active_run_id: null };
@@ -157,6 +183,7 @@ export class ThreadRuntime {
     await this.store.log.append(session.id, [{ type: 'session.status_idle', payload: { stop_reason: stop }, session_thread_id: threadId }]);
     // An archived Session takes no new work: queued messages stay in the log but start no turn.
     const live = await this.store.docs.get<SessionDoc>(sessionTag(session.id), session.id);
+    if (live?.type === 'session' && (live.agent.multiagent || next.parent_thread_id !== null)) await this.coordinator.turnEnded(live, next);
     if (stop.type !== 'requires_action' && this.turnEnded && live?.type === 'session' && next.status !== 'terminated') {
       if (await this.turnEnded(live, threadId, endedRunId, stop)) return this.store.thread(session.id, threadId);
     }

@@ -1,0 +1,49 @@
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { connectRedis, EventLog, startEmbeddedRedis, type EmbeddedRedis, type Redis } from '@agentplane/store';
+import { LeaseFence } from './fence.js';
+
+let server: EmbeddedRedis;
+let redis: Redis;
+let dir: string;
+
+beforeAll(async () => {
+  dir = mkdtempSync(join(tmpdir(), 'fence-'));
+  server = await startEmbeddedRedis({ dir });
+  redis = connectRedis(server.url, { name: 'test' });
+});
+afterAll(async () => {
+  redis?.disconnect();
+  await server?.stop();
+  rmSync(dir, { recursive: true, force: true });
+});
+
+describe('lease fences of one Session', () => {
+  it('holds one fence per Run side by side; a newer attempt of a Run drops the older token; appends check their own token', async () => {
+    const fence = new LeaseFence(redis);
+    const log = new EventLog(redis);
+    const s = `sess_${'a'.repeat(32)}`;
+    expect(await fence.claim({ sessionId: s, token: 'child-1', runnerId: 'r1', attempt: 1, runId: 'run_1' }, 60_000)).toBe('ok');
+    expect(await fence.claim({ sessionId: s, token: 'child-2', runnerId: 'r2', attempt: 1, runId: 'run_2' }, 60_000)).toBe('ok');
+    expect(await fence.holds(s, 'child-1')).toBe(true);
+    expect(await fence.holds(s, 'child-2')).toBe(true);
+    expect((await log.append(s, [{ type: 'a', payload: {} }], { fence: 'child-1' })).ok).toBe(true);
+    expect((await log.append(s, [{ type: 'b', payload: {} }], { fence: 'child-2' })).ok).toBe(true);
+    expect(await fence.current(s, 'run_2')).toMatchObject({ token: 'child-2', runner_id: 'r2', attempt: '1', run_id: 'run_2' });
+
+    // The same token claimed by another runner is taken; a second attempt of run_1 fences the first.
+    expect(await fence.claim({ sessionId: s, token: 'child-1', runnerId: 'r9', attempt: 1, runId: 'run_1' }, 60_000)).toBe('taken');
+    expect(await fence.claim({ sessionId: s, token: 'child-1b', runnerId: 'r2', attempt: 2, runId: 'run_1' }, 60_000)).toBe('ok');
+    expect(await fence.holds(s, 'child-1')).toBe(false);
+    expect(await log.append(s, [{ type: 'c', payload: {} }], { fence: 'child-1' })).toMatchObject({ ok: false, reason: 'fenced' });
+    expect(await fence.holds(s, 'child-2')).toBe(true);
+
+    expect(await fence.release(s, 'child-2')).toBe(true);
+    expect(await fence.holds(s, 'child-2')).toBe(false);
+    expect(await fence.current(s, 'run_2')).toEqual({});
+    expect(await fence.extend(s, 'child-1b', 60_000)).toBe('ok');
+    expect(await fence.extend(s, 'child-2', 60_000)).toBe('lost');
+  });
+});
