@@ -19,6 +19,8 @@ export interface HostFacts {
   docker: DockerFacts | null;
   /** Docker isolation tiers whose canary sandbox ran (empty: claim no Docker provider). */
   tiers: string[];
+  /** What the browser canary proved (absent: the runner offers no browser). */
+  browser?: { accessibility_tree: boolean; screenshot: boolean };
 }
 
 export interface DockerFacts {
@@ -150,6 +152,11 @@ export function buildCapabilities(facts: HostFacts, policy: SlotPolicy, held: nu
       // Project revisions are fetched by the runner and placed in the workspace (docs/MEMORY.md).
       mount_kinds: ['uploaded_project'],
       max_mounts: 64,
+      // Claimed only where the browser canary opened a page in a sandbox (docs/SANDBOX.md).
+      ...(facts.browser?.accessibility_tree || facts.browser?.screenshot ? {
+        browser_observation: { ...facts.browser },
+        desktop_observation: { accessibility_tree: false, screenshot: false, window_inventory: false },
+      } : {}),
     });
   }
   providers.push({

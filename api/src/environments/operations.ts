@@ -16,6 +16,8 @@ const ConfigFields = {
   retention_mode: Type.Optional(Retention),
   harness_topology: Type.Optional(Topology),
   packages: Type.Optional(Packages),
+  /** Opt-in browser observation (Chromium in the sandbox, the `browser_*` tools): docs/SANDBOX.md. */
+  browser: Type.Optional(Type.Boolean()),
   metadata: Type.Optional(Metadata()),
 };
 
@@ -33,6 +35,7 @@ const UpdateBody = Obj(
     retention_mode: ConfigFields.retention_mode,
     harness_topology: ConfigFields.harness_topology,
     packages: ConfigFields.packages,
+    browser: ConfigFields.browser,
     metadata: ConfigFields.metadata,
   },
   { minProperties: 2 },
@@ -41,14 +44,14 @@ const UpdateBody = Obj(
 export const EnvironmentSchema = Obj({
   id: Id('environment'), type: Type.Literal('environment'), workspace_id: Id('workspace'), name: Type.String(),
   description: Nullable(Type.String()), image: Type.String(), driver: Driver, tier: Tier, resources: Resources, network: Network,
-  retention_mode: Retention, harness_topology: Topology, packages: Packages, metadata: Metadata(), version: Type.Integer({ minimum: 1 }),
+  retention_mode: Retention, harness_topology: Topology, packages: Packages, browser: Type.Boolean(), metadata: Metadata(), version: Type.Integer({ minimum: 1 }),
   archived_at: Nullable(Timestamp()), created_at: Timestamp(), updated_at: Timestamp(),
 });
 
 
-/** Versions written before `harness_topology` existed read as `split`. */
+/** Versions written before `harness_topology` (or `browser`) existed read as `split` (and no browser). */
 function present(env: Environment): Environment {
-  return env.harness_topology ? env : { ...env, harness_topology: 'split' };
+  return { ...env, harness_topology: env.harness_topology ?? 'split', browser: env.browser ?? false };
 }
 function presentPage<P extends { data: Environment[] }>(page: P): P {
   return { ...page, data: page.data.map(present) };
@@ -73,7 +76,7 @@ export const environmentOperations: Operation[] = [
         image: body.image, driver: 'docker', tier: body.tier ?? 'container', resources: body.resources ?? DEFAULT_RESOURCES,
         network: body.network ?? { mode: 'none' }, retention_mode: body.retention_mode ?? 'durable',
         harness_topology: body.harness_topology ?? 'split', packages: body.packages ?? {},
-        metadata: body.metadata ?? {}, version: 1, archived_at: null, created_at: now, updated_at: now,
+        browser: body.browser ?? false, metadata: body.metadata ?? {}, version: 1, archived_at: null, created_at: now, updated_at: now,
       };
       return json(201, await deps.environments.create(ws, env));
     },

@@ -18,6 +18,8 @@ export interface RunRequirements {
   network_mode: string;
   retention_mode?: string | undefined;
   resources: ResourceAmounts;
+  /** The Environment's opt-in browser: only a provider that verified `browser_observation` serves it. */
+  browser?: boolean | undefined;
 }
 
 /** The part of RunnerPresence.capabilities the matcher reads. */
@@ -29,6 +31,7 @@ export interface ProviderCapabilities {
   network_modes: string[];
   retention_modes?: string[];
   maximum_resources?: Partial<ResourceAmounts>;
+  browser_observation?: { accessibility_tree: boolean; screenshot: boolean };
 }
 
 export interface RunnerCapabilities {
@@ -45,6 +48,7 @@ function providerFits(req: RunRequirements, p: ProviderCapabilities): string | n
   if (req.driver && !p.drivers.includes(req.driver)) return `driver '${req.driver}' not offered (has ${p.drivers.join(', ') || 'none'})`;
   if (req.tier && !p.tiers.includes(req.tier)) return `tier '${req.tier}' not offered (has ${p.tiers.join(', ') || 'none'})`;
   if (!p.network_modes.includes(req.network_mode)) return `network mode '${req.network_mode}' not offered`;
+  if (req.browser && !(p.browser_observation?.accessibility_tree && p.browser_observation.screenshot)) return 'browser observation not offered';
   if (req.retention_mode && p.retention_modes && !p.retention_modes.includes(req.retention_mode)) {
     return `retention mode '${req.retention_mode}' not offered`;
   }

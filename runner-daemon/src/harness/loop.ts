@@ -11,7 +11,8 @@ import type { CommandRunner, Sandbox } from '../sandbox/types.js';
 import { SandboxError } from '../sandbox/types.js';
 import { builtinTool, runTool } from './tools/builtin.js';
 import { QUESTION_TOOL_NAME, questionInputError, questionToolSpec } from './tools/question.js';
-import type { BuiltinTool, ToolOutcome } from './tools/types.js';
+import type { BuiltinTool, FileStore, ToolOutcome } from './tools/types.js';
+import type { BrowserSession } from './tools/browser-session.js';
 import {
   HarnessError,
   type AgentConfig,
@@ -52,6 +53,10 @@ export interface HarnessDeps {
   gate?: ToolGate;
   /** Wraps each tool use (the runner's tracing span); absent = run as is. */
   traceTool?: ToolTracer;
+  /** The Run's browser (Environments with `browser: true`); the caller closes it after the Run. */
+  browser?: BrowserSession;
+  /** Stores a File of the Session (browser screenshots). */
+  storeFile?: FileStore;
 }
 
 /** Runs one tool use inside whatever the runner wraps it in (a span); `failed` marks an error result. */
@@ -371,8 +376,23 @@ export class HarnessLoop {
     return assistant.content.filter((b): b is Extract<ContentBlock, { type: 'tool_use' }> => b.type === 'tool_use' && !answered.has(b.id));
   }
 
-  /** Adds tool results to the trailing user message of results, or starts one. */
+  /**
+   * Adds tool results to the trailing user message of results, or starts one. Images (browser
+   * screenshots) stay only on the newest results: the model request travels in one runner frame.
+   */
   private appendResults(history: ModelMessage[], results: ContentBlock[]): void {
+    if (results.some((b) => b.type === 'tool_result' && b.images?.length)) {
+      for (const m of history) {
+        for (let i = 0; i < m.content.length; i++) {
+          const b = m.content[i] as ContentBlock;
+          if (b.type === 'tool_result' && b.images) {
+            const { images: _dropped, ...rest } = b;
+            void _dropped;
+            (m.content as ContentBlock[])[i] = rest;
+          }
+        }
+      }
+    }
     const last = history[history.length - 1];
     if (last && last.role === 'user' && last.content.every((b) => b.type === 'tool_result')) (last.content as ContentBlock[]).push(...results);
     else history.push({ role: 'user', content: results });
@@ -402,6 +422,8 @@ export class HarnessLoop {
           sandbox: this.deps.sandbox,
           signal,
           ...(runEnds !== undefined ? { maxTimeoutMs: Math.max(1, runEnds - Date.now()) } : {}),
+          ...(this.deps.browser ? { browser: this.deps.browser } : {}),
+          ...(this.deps.storeFile ? { storeFile: this.deps.storeFile } : {}),
         }, c.block.input);
       } catch (err) {
         if (err instanceof SandboxError) {
@@ -422,9 +444,15 @@ export class HarnessLoop {
         ...(m?.oomKilled ? { oom_killed: true } : {}),
         ...(m?.killed ? { interrupted: true } : {}),
         ...(m?.durationMs !== undefined ? { duration_ms: m.durationMs } : {}),
+        // A screenshot is named by its File; its bytes go to the model only, never to the log.
+        ...(m?.fileId !== undefined ? { file_id: m.fileId } : {}),
       },
     });
-    return { type: 'tool_result', tool_use_id: c.block.id, content: outcome.content, ...(outcome.is_error ? { is_error: true } : {}) };
+    return {
+      type: 'tool_result', tool_use_id: c.block.id, content: outcome.content,
+      ...(outcome.is_error ? { is_error: true } : {}),
+      ...(outcome.images?.length ? { images: outcome.images } : {}),
+    };
   }
 
   /** One model step; undefined when the signal stopped it. Model errors throw HarnessError. */

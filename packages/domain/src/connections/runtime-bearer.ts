@@ -43,6 +43,8 @@ export interface RuntimeGrant {
   repositories?: string[];
   /** `<project_id>@<revision_number>` of the Session's `uploaded_project` resources, for `/v1/runtime/projects/…`. */
   projects?: string[];
+  /** The runner may store Files the Session's tools produce (browser screenshots) at `POST /v1/runtime/files`. */
+  outputs?: boolean;
 }
 
 /**

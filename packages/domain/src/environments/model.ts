@@ -39,5 +39,11 @@ export interface Environment extends VersionedDoc {
   /** Stored versions from before the field existed lack it: `present()` reads them as `split`. */
   harness_topology: Static<typeof Topology>;
   packages: Static<typeof Packages>;
+  /**
+   * Opt-in browser observation: the sandbox gets the browser image variant (Chromium) and the
+   * agent's `browser_*` tools work; only runners that verified `browser_observation` get the Run.
+   * Stored versions from before the field existed lack it: read as false.
+   */
+  browser?: boolean;
   metadata: Record<string, string>;
 }

@@ -98,6 +98,8 @@ export interface TurnSpec {
     tier: string;
     /** Where the runner runs the agent loop: in itself (`split`) or inside the sandbox (`colocated`). */
     harness_topology: 'split' | 'colocated';
+    /** The Environment's opt-in browser (absent: none). */
+    browser?: boolean;
   };
   resources: SpecResource[];
   /**
@@ -149,6 +151,7 @@ export function requirementsOf(env: Environment): RunRequirements {
     network_mode: env.network.mode,
     retention_mode: env.retention_mode,
     resources: { ...env.resources },
+    ...(env.browser ? { browser: true } : {}),
   };
 }
 
@@ -220,6 +223,7 @@ export async function buildTurnSpec(src: SpecSources, run: RunDoc, maxHistoryByt
       retention_mode: env.retention_mode,
       tier: env.tier,
       harness_topology: run.agent_deployment?.harness_topology ?? env.harness_topology ?? 'split',
+      ...(env.browser ? { browser: true } : {}),
     },
     resources: await specResources(session.resources, run.workspace_id, src.files, src.projects),
     ...(specMemory(session.resources).length > 0 ? { memory: specMemory(session.resources) } : {}),

@@ -15,6 +15,7 @@ import {
   type ToolOutcome,
 } from './types.js';
 import { compileGlob, GlobError, type CompiledGlob } from '@agentplane/core/glob';
+import { BROWSER_TOOLS } from './browser.js';
 
 function error(content: string, meta?: ToolOutcome['meta']): ToolOutcome {
   return { content, is_error: true, meta };
@@ -382,7 +383,7 @@ export const grepTool: BuiltinTool = {
 export const BUILTIN_TOOLS: readonly BuiltinTool[] = [bashTool, readTool, writeTool, editTool, listTool, globTool, grepTool];
 
 export function builtinTool(name: string): BuiltinTool | undefined {
-  return BUILTIN_TOOLS.find((t) => t.spec.name === name);
+  return BUILTIN_TOOLS.find((t) => t.spec.name === name) ?? BROWSER_TOOLS.find((t) => t.spec.name === name);
 }
 
 /** Runs a tool, turning input errors into error results for the model. */
