@@ -53,6 +53,14 @@ export class BrowserCrashError extends Error {
   }
 }
 
+/** The Run was interrupted while a browser call ran. */
+export class BrowserInterrupted extends Error {
+  constructor() {
+    super('interrupted');
+    this.name = 'BrowserInterrupted';
+  }
+}
+
 export class BrowserSession {
   private launched: LaunchedBrowser | null = null;
   private starting: Promise<LaunchedBrowser> | null = null;
@@ -111,7 +119,8 @@ export class BrowserSession {
    * Runs `op` on the page. A browser that dies meanwhile (or was found dead) ends the call with a
    * BrowserCrashError; the sandbox is untouched and the next call starts a new browser.
    */
-  async use<T>(op: (page: Page) => Promise<T>): Promise<T> {
+  async use<T>(op: (page: Page) => Promise<T>, signal?: AbortSignal): Promise<T> {
+    if (signal?.aborted) throw new BrowserInterrupted();
     let page: Page;
     try {
       page = await this.ensure();
@@ -127,9 +136,16 @@ export class BrowserSession {
     });
     death.catch(() => undefined);
     this.deathWaiters.push(onDeath);
+    let onAbort: (() => void) | undefined;
+    const aborted = new Promise<never>((_, reject) => {
+      onAbort = () => reject(new BrowserInterrupted());
+      signal?.addEventListener('abort', onAbort, { once: true });
+    });
+    aborted.catch(() => undefined);
     try {
-      return await Promise.race([op(page), death]);
+      return await Promise.race([op(page), death, aborted]);
     } catch (err) {
+      if (err instanceof BrowserInterrupted) throw err;
       if (this.death || err instanceof BrowserCrashError) {
         const why = this.death ?? (err as Error).message;
         await this.reset();
@@ -138,6 +154,7 @@ export class BrowserSession {
       throw err;
     } finally {
       this.deathWaiters = this.deathWaiters.filter((w) => w !== onDeath);
+      if (onAbort) signal?.removeEventListener('abort', onAbort);
     }
   }
 

@@ -7,7 +7,7 @@
  * as YAML with `[ref=eN]` element references that the next click or type names.
  */
 import type { Page } from 'playwright-core';
-import { BrowserCrashError, pngSize, VIEWPORT } from './browser-session.js';
+import { BrowserCrashError, BrowserInterrupted, pngSize, VIEWPORT } from './browser-session.js';
 import { capText, fields, ToolInputError, type BuiltinTool, type ToolContext, type ToolOutcome } from './types.js';
 
 /** Characters of accessibility tree returned per snapshot. */
@@ -62,10 +62,11 @@ async function act(ctx: ToolContext, tool: string, op: (page: Page) => Promise<T
   const started = Date.now();
   const browser = browserOf(ctx, tool);
   try {
-    const out = await browser.use(op);
+    const out = await browser.use(op, ctx.signal);
     return { ...out, meta: { ...out.meta, durationMs: Date.now() - started } };
   } catch (err) {
     if (err instanceof ToolInputError) throw err;
+    if (err instanceof BrowserInterrupted) return { content: 'The browser call was interrupted.', is_error: true, meta: { killed: true, durationMs: Date.now() - started } };
     const message = err instanceof BrowserCrashError
       ? `The browser crashed: ${err.message}.`
       : `${tool} failed: ${(err as Error).message.split('\n').filter((l) => l.trim() && !l.includes('Call log')).slice(0, 3).join('\n')}`;
