@@ -1,4 +1,4 @@
-import { ApiError, Id, Metadata, newId, nowIso, Nullable, Obj, Page, PageQuery, Timestamp, Type, type Static } from '@agentplane/core';
+import { Id, Metadata, newId, nowIso, Nullable, Obj, Page, PageQuery, Timestamp, Type, type Static } from '@agentplane/core';
 import { READERS, WRITERS } from '../http/caller.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
@@ -57,13 +57,6 @@ function presentPage<P extends { data: Environment[] }>(page: P): P {
   return { ...page, data: page.data.map(present) };
 }
 
-/** The browser is driven by the runner-side harness: a browser Environment runs split. */
-function browserTopology(browser: boolean | undefined, topology: string | undefined): void {
-  if (browser && topology === 'colocated') {
-    throw new ApiError('validation.malformed', 'body.browser: browser observation runs with harness_topology `split` (the colocated harness does not drive a browser yet)');
-  }
-}
-
 const EnvPath = Obj({ environment_id: Id('environment') });
 const EnvVersionPath = Obj({ environment_id: Id('environment'), version: Type.Integer({ minimum: 1 }) });
 const readers = { kind: 'bearer', roles: READERS } as const;
@@ -78,7 +71,6 @@ export const environmentOperations: Operation[] = [
     async handler({ caller, body, deps }) {
       const ws = requireWorkspace(caller);
       const now = nowIso();
-      browserTopology(body.browser, body.harness_topology);
       const env: Environment = {
         id: newId('environment'), type: 'environment', workspace_id: ws, name: body.name, description: body.description ?? null,
         image: body.image, driver: 'docker', tier: body.tier ?? 'container', resources: body.resources ?? DEFAULT_RESOURCES,
@@ -113,7 +105,6 @@ export const environmentOperations: Operation[] = [
       return json(200, await deps.environments.newVersion(requireWorkspace(caller), params.environment_id, expected_version, (cur) => {
         const next: Environment = { ...present(cur) };
         for (const [k, v] of Object.entries(patch)) if (v !== undefined) (next as unknown as Record<string, unknown>)[k] = v;
-        browserTopology(next.browser, next.harness_topology);
         next.description = patch.description !== undefined ? patch.description : cur.description;
         return next;
       }));

@@ -198,6 +198,7 @@ async function runTurn(o: TurnExecutorOptions, handle: LeaseHandle): Promise<Rec
           // The same ActionPolicy check as split; the runner holds the in-sandbox loop to each decision.
           gate: (q) => handle.checkTool({ ...q, tool_use_id: sink.toolId(q.tool_use_id) }),
           run: { agent, history: spec.history, ...(spec.responses ? { responses: spec.responses } : {}), max_duration_seconds: spec.environment.resources.max_duration_seconds },
+          ...(spec.environment.browser ? { browser: true, storeFile: runtimeFileStore(o.baseUrl, spec.runtime_files?.bearer, handle.signal) } : {}),
         });
       } else {
         const loop = new HarnessLoop({

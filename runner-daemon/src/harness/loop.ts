@@ -422,6 +422,7 @@ export class HarnessLoop {
           sandbox: this.deps.sandbox,
           signal,
           ...(runEnds !== undefined ? { maxTimeoutMs: Math.max(1, runEnds - Date.now()) } : {}),
+          toolUseId: c.block.id,
           ...(this.deps.browser ? { browser: this.deps.browser } : {}),
           ...(this.deps.storeFile ? { storeFile: this.deps.storeFile } : {}),
         }, c.block.input);

@@ -212,7 +212,7 @@ export const browserScreenshotTool: BuiltinTool = {
       const png = await page.screenshot({ type: 'png', timeout: ACTION_TIMEOUT_MS });
       const size = pngSize(png);
       if (!ctx.storeFile) return { content: 'The screenshot could not be stored: this Run has no File store.', is_error: true };
-      const { file_id } = await ctx.storeFile({ filename: `screenshot-${Date.now()}.png`, content_type: 'image/png', data: png });
+      const { file_id } = await ctx.storeFile({ filename: `screenshot-${Date.now()}.png`, content_type: 'image/png', data: png, tool_use_id: ctx.toolUseId ?? '' });
       const line = `Screenshot of ${page.url()} (${size?.width ?? '?'}×${size?.height ?? '?'} PNG, ${png.length} bytes) stored as File ${file_id}.`;
       if (png.length > SCREENSHOT_MAX_BYTES) return { content: `${line} It is too large to show here; read the page with browser_snapshot.`, is_error: false, meta: { fileId: file_id } };
       return { content: line, is_error: false, images: [{ type: 'image', media_type: 'image/png', data: png.toString('base64') }], meta: { fileId: file_id } };

@@ -3,7 +3,7 @@ import type { CommandRunner, ExecResult, Sandbox } from '../../sandbox/types.js'
 import type { BrowserSession } from './browser-session.js';
 
 /** Stores a File of the Session (a screenshot) and returns its id. */
-export type FileStore = (file: { filename: string; content_type: 'image/png'; data: Buffer }) => Promise<{ file_id: string }>;
+export type FileStore = (file: { filename: string; content_type: 'image/png'; data: Buffer; tool_use_id: string }) => Promise<{ file_id: string }>;
 
 export interface ToolContext {
   driver: CommandRunner;
@@ -11,6 +11,8 @@ export interface ToolContext {
   signal?: AbortSignal;
   /** Upper bound for any command the tool runs (e.g. what remains of the Run's max duration). */
   maxTimeoutMs?: number;
+  /** The tool use being run (what a stored File answers). */
+  toolUseId?: string;
   /** The Run's browser, where the Environment has one (the `browser_*` tools need it). */
   browser?: BrowserSession;
   /** Where the `browser_screenshot` tool stores its PNG as a File of the Session. */
