@@ -190,8 +190,10 @@ describe.skipIf(!hasChromium)('browser observation', () => {
 
   it('is claimed only where the canary ran; a browser Run waits for such a runner, then looks at its page (split topology)', async () => {
     // Without --browser, or with a browser image that is not there: no claim.
-    const plain = await runner('no-browser');
-    const missing = await runner('missing-image', ['--browser-image', 'agentplane/sandbox-browser:missing']);
+    const [plain, missing] = await Promise.all([
+      runner('no-browser', ['--tiers', 'container']),
+      runner('missing-image', ['--tiers', 'container', '--browser-image', 'agentplane/sandbox-browser:missing']),
+    ]);
     for (const r of [plain, missing]) {
       const provider = r.presence.capabilities.providers.find((x) => x.id === 'docker');
       expect(provider?.browser_observation).toBeUndefined();
@@ -210,7 +212,7 @@ describe.skipIf(!hasChromium)('browser observation', () => {
     }, 30_000);
     expect(waiting.waiting_reason).toContain('browser observation not offered');
 
-    const withBrowser = await runner('with-browser', ['--browser', '--sandbox-report-seconds', '1']);
+    const withBrowser = await runner('with-browser', ['--tiers', 'container', '--browser', '--sandbox-report-seconds', '1']);
     const claimed = withBrowser.presence.capabilities.providers.find((x) => x.id === 'docker');
     expect(claimed?.browser_observation).toEqual({ accessibility_tree: true, screenshot: true });
     expect(claimed?.desktop_observation).toEqual({ accessibility_tree: false, screenshot: false, window_inventory: false });
