@@ -53,7 +53,7 @@ export interface HarnessDeps {
   gate?: ToolGate;
   /** Wraps each tool use (the runner's tracing span); absent = run as is. */
   traceTool?: ToolTracer;
-  /** The Run's browser (Environments with `browser: true`); the caller closes it after the Run. */
+  /** The Run's browser (Environments with `browser: true`); closed when the Run ends, before idle. */
   browser?: BrowserSession;
   /** Stores a File of the Session (browser screenshots). */
   storeFile?: FileStore;
@@ -207,6 +207,8 @@ export class HarnessLoop {
     const stopped = (): IdleStopReason | undefined =>
       input.signal?.aborted ? { type: 'interrupted' } : deadline.signal.aborted ? { type: 'max_duration' } : undefined;
     const idle = async (stop_reason: IdleStopReason): Promise<RunOutcome> => {
+      // The Run's browser ends with the Run, before the Session is reported idle.
+      await this.deps.browser?.close();
       await emit({ type: 'session.status_idle', payload: { stop_reason, usage } });
       return { stop_reason, history, usage, steps };
     };
