@@ -118,6 +118,30 @@ interface Classified {
   invalid?: string;
 }
 
+/**
+ * Largest model request that keeps its images: a request travels to the model gateway in one
+ * runner frame (1 MiB), so past this the images (screenshots) are left out and the tool results
+ * say so; their Files stay in the Session.
+ */
+export const MAX_REQUEST_BYTES_WITH_IMAGES = 900 * 1024;
+
+export function withinFrame(request: ModelRequest): ModelRequest {
+  const hasImages = request.messages.some((m) => m.content.some((b) => b.type === 'tool_result' && b.images?.length));
+  if (!hasImages || Buffer.byteLength(JSON.stringify(request)) <= MAX_REQUEST_BYTES_WITH_IMAGES) return request;
+  return {
+    ...request,
+    messages: request.messages.map((m) => ({
+      role: m.role,
+      content: m.content.map((b): ContentBlock => {
+        if (b.type !== 'tool_result' || !b.images?.length) return b;
+        const { images: _images, ...rest } = b;
+        void _images;
+        return { ...rest, content: `${rest.content}\n(The image is not shown: the request would be too large. Its File is kept.)` };
+      }),
+    })),
+  };
+}
+
 export const policyRefusal = (d: GateDecision): string =>
   `Not run: refused by the workspace's ActionPolicy${d.rule_id ? ` ${d.rule_id}` : ''} (${d.message}).`;
 
@@ -275,7 +299,7 @@ export class HarnessLoop {
           ...(input.agent.max_output_tokens !== undefined ? { max_output_tokens: input.agent.max_output_tokens } : {}),
           ...(input.agent.temperature !== undefined ? { temperature: input.agent.temperature } : {}),
         };
-        const step = await this.modelStep(request, signal, index);
+        const step = await this.modelStep(withinFrame(request), signal, index);
         if (!step) return await idle(stopped() ?? { type: 'interrupted' });
         steps.push(step.record);
         usage = addUsage(usage, step.record.usage);

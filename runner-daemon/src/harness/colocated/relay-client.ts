@@ -9,6 +9,9 @@ import type { HarnessEvent, SessionEventSink } from '../events.js';
 import type { GateDecision, GateQuery } from '../loop.js';
 import { encodeLine, RelayError, STOPPED_DECISION, type HarnessMessage, type RelayRun, type RunnerMessage } from './protocol.js';
 
+/** Largest File the harness sends the runner (its base64 must fit one relay line). */
+const MAX_RELAYED_FILE_BYTES = 2.5 * 1024 * 1024;
+
 interface OpenStream {
   push(event: ModelStreamEvent | undefined): void;
 }
@@ -141,6 +144,8 @@ export class RelayClient {
    * network). `tool_use_id` is the `browser_screenshot` use it answers.
    */
   async storeFile(file: { filename: string; content_type: 'image/png'; data: Buffer; tool_use_id: string }): Promise<{ file_id: string }> {
+    // A relay line holds 4 MiB: the base64 of a larger screenshot would break it.
+    if (file.data.length > MAX_RELAYED_FILE_BYTES) throw new Error(`the screenshot (${file.data.length} bytes) is larger than the ${MAX_RELAYED_FILE_BYTES} bytes a relay line carries`);
     const id = `f${++this.seq}`;
     const r = await new Promise<{ file_id?: string; error?: string }>((resolve) => {
       this.files.set(id, resolve);

@@ -5,6 +5,7 @@ import { parseHarnessLine } from '../colocated/validate.js';
 import { allowedUrl, browserNavigateTool, browserSnapshotTool } from './browser.js';
 import { runTool } from './builtin.js';
 import { pngSize } from './browser-session.js';
+import { MAX_REQUEST_BYTES_WITH_IMAGES, withinFrame } from '../loop.js';
 import type { ToolContext } from './types.js';
 
 const sandbox = { sessionId: 's', driver: 'docker' as const, ref: 'c', workspace: '/workspace', createdAt: 0, reused: false };
@@ -69,5 +70,25 @@ describe('colocated screenshots: file.store under the run audit', () => {
     audit.event({ type: 'agent.tool_use', payload: { id: 'toolu_1', name: 'browser_screenshot', input: {}, blocking: false } });
     expect(() => audit.event({ type: 'agent.tool_result', payload: { tool_use_id: 'toolu_1', content: 'x', is_error: false, file_id: 'file_other' } })).toThrow(/did not store/);
     audit.event({ type: 'agent.tool_result', payload: { tool_use_id: 'toolu_1', content: 'x', is_error: false, file_id: 'file_abc' } });
+  });
+});
+
+describe('model requests stay within one runner frame', () => {
+  it('keeps images while the request fits, leaves them out (and says so) when it would not', () => {
+    const shot = (data: string) => ({
+      routing_key: 'default', tools: [],
+      messages: [
+        { role: 'user' as const, content: [{ type: 'text' as const, text: 'look' }] },
+        { role: 'assistant' as const, content: [{ type: 'tool_use' as const, id: 'toolu_1', name: 'browser_screenshot', input: {} }] },
+        { role: 'user' as const, content: [{ type: 'tool_result' as const, tool_use_id: 'toolu_1', content: 'stored as File file_1', images: [{ type: 'image' as const, media_type: 'image/png' as const, data }] }] },
+      ],
+    });
+    const small = shot('iVBORw0KGgo=');
+    expect(withinFrame(small)).toBe(small);
+    const large = withinFrame(shot('A'.repeat(MAX_REQUEST_BYTES_WITH_IMAGES)));
+    const result = large.messages[2]?.content[0];
+    expect(result).toMatchObject({ type: 'tool_result', tool_use_id: 'toolu_1' });
+    expect(result && 'images' in result).toBe(false);
+    expect(result?.type === 'tool_result' ? result.content : '').toContain('The image is not shown');
   });
 });
