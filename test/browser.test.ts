@@ -204,6 +204,8 @@ describe.skipIf(!hasChromium)('browser observation', () => {
       resources: { cpu_millis: 1000, memory_mib: 1024, disk_mib: 512, max_duration_seconds: 120 },
     });
     expect(env.browser).toBe(true);
+    // Verified under the container tier only.
+    await expect(api.post('/v1/environments', { name: 'gv-web', image: 'agentplane/sandbox:latest', browser: true, tier: 'gvisor' })).rejects.toMatchObject({ status: 400 });
     const id = await browserSession(env.id);
     await api.post(`/v1/sessions/${id}/events`, msg('build the page'));
     const waiting = await waitFor('the Run waiting with its reason', async () => {

@@ -1,4 +1,4 @@
-import { Id, Metadata, newId, nowIso, Nullable, Obj, Page, PageQuery, Timestamp, Type, type Static } from '@agentplane/core';
+import { ApiError, Id, Metadata, newId, nowIso, Nullable, Obj, Page, PageQuery, Timestamp, Type, type Static } from '@agentplane/core';
 import { READERS, WRITERS } from '../http/caller.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
@@ -57,6 +57,13 @@ function presentPage<P extends { data: Environment[] }>(page: P): P {
   return { ...page, data: page.data.map(present) };
 }
 
+/** Browser observation is verified under the `container` tier only (docs/SANDBOX.md). */
+function browserTier(browser: boolean | undefined, tier: string | undefined): void {
+  if (browser && (tier ?? 'container') !== 'container') {
+    throw new ApiError('validation.malformed', "body.browser: browser observation runs under tier 'container' (Chromium under gVisor is not verified)");
+  }
+}
+
 const EnvPath = Obj({ environment_id: Id('environment') });
 const EnvVersionPath = Obj({ environment_id: Id('environment'), version: Type.Integer({ minimum: 1 }) });
 const readers = { kind: 'bearer', roles: READERS } as const;
@@ -71,6 +78,7 @@ export const environmentOperations: Operation[] = [
     async handler({ caller, body, deps }) {
       const ws = requireWorkspace(caller);
       const now = nowIso();
+      browserTier(body.browser, body.tier);
       const env: Environment = {
         id: newId('environment'), type: 'environment', workspace_id: ws, name: body.name, description: body.description ?? null,
         image: body.image, driver: 'docker', tier: body.tier ?? 'container', resources: body.resources ?? DEFAULT_RESOURCES,
@@ -105,6 +113,7 @@ export const environmentOperations: Operation[] = [
       return json(200, await deps.environments.newVersion(requireWorkspace(caller), params.environment_id, expected_version, (cur) => {
         const next: Environment = { ...present(cur) };
         for (const [k, v] of Object.entries(patch)) if (v !== undefined) (next as unknown as Record<string, unknown>)[k] = v;
+        browserTier(next.browser, next.tier);
         next.description = patch.description !== undefined ? patch.description : cur.description;
         return next;
       }));

@@ -112,6 +112,7 @@ export function turnExecutor(o: TurnExecutorOptions): LeaseExecutor {
         if (topology !== 'split' && topology !== 'colocated') return `unknown harness topology '${String(topology)}'`;
         if (topology === 'colocated' && !colocatedHarnessAvailable()) return 'this runner build has no colocated harness bundle';
         if (spec.environment.browser && !browserOffered(driver)) return 'this runner does not offer browser observation';
+        if (spec.environment.browser && tier !== 'container') return `browser observation runs under tier 'container', not '${tier}'`;
         return null;
       } catch (err) {
         return err instanceof Error ? err.message : 'not a turn spec';

@@ -2,14 +2,16 @@
  * The browser canary: `browser_observation` is claimed only after a sandbox of the browser
  * image, started like any Session's (no network, non-root, read-only root, limits), ran
  * Chromium through the runner's bridge, read a page's accessibility tree with element
- * references and took a PNG screenshot of it. The probe runs again when the image changes (its
- * id is read on every refresh), so a removed or rebuilt image changes the claim.
+ * references and took a PNG screenshot of it, under every isolation tier the runner verified (the
+ * claim is the provider's, so it must hold for each tier it lists). The probe runs again when the
+ * image or the tiers change (read on every refresh), so a removed or rebuilt image changes the
+ * claim.
  */
 import { randomBytes } from 'node:crypto';
 import type Docker from 'dockerode';
 import { launchInSandbox } from './browser.js';
 import { pngSize, VIEWPORT } from '../harness/tools/browser-session.js';
-import type { SandboxDriver } from './types.js';
+import type { SandboxDriver, SandboxTier } from './types.js';
 
 export interface BrowserVerdict {
   accessibility_tree: boolean;
@@ -29,6 +31,8 @@ export class BrowserProbe {
     private readonly docker: Docker,
     private readonly image: () => Promise<string | undefined>,
     private readonly driver: Pick<SandboxDriver, 'ensure' | 'spawn' | 'destroy'>,
+    /** The isolation tiers the runner verified (each gets a canary browser). */
+    private readonly tiers: () => Promise<SandboxTier[]> = async () => ['container'],
   ) {}
 
   last(): BrowserVerdict | undefined {
@@ -44,7 +48,10 @@ export class BrowserProbe {
   private async refresh(): Promise<BrowserVerdict> {
     const started = Date.now();
     let imageId: string;
+    let tiers: SandboxTier[];
     try {
+      tiers = await this.tiers();
+      if (tiers.length === 0) throw new Error('no isolation tier is verified on this runner');
       const image = await this.image();
       if (!image) throw new Error('the browser image is not present and cannot be built here');
       imageId = ((await this.docker.getImage(image).inspect()) as { Id: string }).Id;
@@ -53,19 +60,27 @@ export class BrowserProbe {
       this.verdict = { accessibility_tree: false, screenshot: false, detail: err instanceof Error ? err.message : String(err), ms: Date.now() - started };
       return this.verdict;
     }
-    if (imageId === this.signature && this.verdict) return this.verdict;
-    this.verdict = await this.canary(started);
-    this.signature = imageId;
+    const signature = JSON.stringify({ imageId, tiers });
+    if (signature === this.signature && this.verdict) return this.verdict;
+    const verdicts: BrowserVerdict[] = [];
+    for (const tier of tiers) verdicts.push(await this.canary(started, tier));
+    this.verdict = {
+      accessibility_tree: verdicts.every((v) => v.accessibility_tree),
+      screenshot: verdicts.every((v) => v.screenshot),
+      detail: verdicts.map((v, i) => `${tiers[i]}: ${v.detail}`).join('; '),
+      ms: Date.now() - started,
+    };
+    this.signature = signature;
     return this.verdict;
   }
 
-  private async canary(started: number): Promise<BrowserVerdict> {
+  private async canary(started: number, tier: SandboxTier): Promise<BrowserVerdict> {
     const session = { id: `browser-canary-${randomBytes(6).toString('hex')}` };
     let tree = false;
     let shot = false;
     let detail = 'canary browser ran';
     try {
-      const sandbox = await this.driver.ensure(session, { browser: true, network_mode: 'none' });
+      const sandbox = await this.driver.ensure(session, { browser: true, network_mode: 'none', tier });
       const launched = await launchInSandbox(this.driver, sandbox, { timeoutMs: 30_000 });
       try {
         const context = await launched.browser.newContext({ viewport: { ...VIEWPORT } });

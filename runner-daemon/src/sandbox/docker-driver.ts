@@ -127,7 +127,11 @@ export class DockerDriver implements SandboxDriver {
     );
     this.browserImage = options.browserImage;
     this.browserProbe = options.browserImage
-      ? new BrowserProbe(this.docker, () => this.resolveImage({ browser: true }).catch(() => undefined), this)
+      // Browser Environments run under `container` only (docs/SANDBOX.md): that tier's canary decides.
+      ? new BrowserProbe(this.docker, () => this.resolveImage({ browser: true }).catch(() => undefined), this, async () => {
+        const verdicts = this.tierProbe.last().length > 0 ? this.tierProbe.last() : await this.verifyTiers();
+        return verdicts.filter((v) => v.ok && v.tier === 'container').map((v) => v.tier);
+      })
       : undefined;
   }
 
@@ -269,6 +273,7 @@ export class DockerDriver implements SandboxDriver {
   private async resolveBrowserImage(environment: SandboxEnvironment): Promise<string> {
     const image = this.browserImage;
     if (!image) throw new SandboxError('tier_unsatisfied', 'this runner does not offer browser observation');
+    if ((environment.tier ?? 'container') !== 'container') throw new SandboxError('tier_unsatisfied', 'browser Environments run under the container tier only');
     if (environment.image && environment.image !== this.defaultImage && environment.image !== this.defaultImage.replace(/:latest$/, '')) {
       throw new SandboxError('image_missing', `a browser Environment runs the runner's sandbox image (${this.defaultImage}); ${environment.image} has no verified browser`);
     }
