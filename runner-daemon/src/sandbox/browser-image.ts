@@ -6,7 +6,8 @@
  * image, under `<repository>-browser:<hash>`.
  *
  * The tag hashes the default image's content hash with the name, size and mtime of every
- * browser file (not their bytes), so deciding that the image is up to date reads no large file:
+ * browser file (not their bytes; playwright-core's by its version and sizes, since `npm ci` gives
+ * them new mtimes), so deciding that the image is up to date reads no large file:
  * a present image costs one stat per file; a build happens only when a package changed.
  */
 import { execFile } from 'node:child_process';
@@ -160,7 +161,13 @@ export async function ensureBrowserImage(options: EnsureBrowserImageOptions = {}
   const base = await assembleRootfs(manifest);
   const files = await browserFiles();
   const hash = createHash('sha256').update(`browser-v1\0${base.contentHash}\0`);
-  for (const f of files) hash.update(`${f.path}\0${f.kind}\0${f.target ?? ''}\0${f.mode}\0${f.size}\0${f.mtimeMs}\0`);
+  // playwright-core's files get a new mtime with every `npm ci`: its version and sizes name it.
+  const pwVersion = (JSON.parse(readFileSync(join(playwrightCoreDir(), 'package.json'), 'utf8')) as { version: string }).version;
+  hash.update(`playwright-core@${pwVersion}\0`);
+  for (const f of files) {
+    const mtime = f.path.startsWith(`${BROWSER_NODE_PATH}/`) ? 0 : f.mtimeMs;
+    hash.update(`${f.path}\0${f.kind}\0${f.target ?? ''}\0${f.mode}\0${f.size}\0${mtime}\0`);
+  }
   const contentHash = hash.digest('hex').slice(0, 16);
   const repository = `${manifest.repository}-browser`;
   const tag = `${repository}:${contentHash}`;
