@@ -93,6 +93,8 @@ export class RunnerAgent {
   tierSource: (() => Promise<string[]>) | null = null;
   /** The ACP harnesses installed and probed (docs/ACP.md). */
   acpSource: (() => NonNullable<HostFacts['acp']>) | null = null;
+  /** What the browser canary proved (re-probed on every facts refresh; absent: no browser). */
+  browserSource: (() => Promise<{ accessibility_tree: boolean; screenshot: boolean }>) | null = null;
   /** Prometheus metrics (set by `start`). */
   metrics: RunnerMetrics | null = null;
   /** Open model streams: stream id → where their frames go. */
@@ -159,8 +161,12 @@ export class RunnerAgent {
 
   private async refreshFacts(force = false): Promise<HostFacts> {
     if (!this.facts || force || Date.now() - this.factsAt > 60_000) {
-      const [facts, tiers] = await Promise.all([hostFacts(this.docker), this.tierSource ? this.tierSource().catch(() => []) : Promise.resolve([])]);
-      this.facts = { ...facts, tiers, ...(this.acpSource ? { acp: this.acpSource() } : {}) };
+      const [facts, tiers, browser] = await Promise.all([
+        hostFacts(this.docker),
+        this.tierSource ? this.tierSource().catch(() => []) : Promise.resolve([]),
+        this.browserSource ? this.browserSource().catch(() => undefined) : Promise.resolve(undefined),
+      ]);
+      this.facts = { ...facts, tiers, ...(browser ? { browser } : {}), ...(this.acpSource ? { acp: this.acpSource() } : {}) };
       this.factsAt = Date.now();
     }
     return this.facts;

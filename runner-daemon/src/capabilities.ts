@@ -21,6 +21,8 @@ export interface HostFacts {
   tiers: string[];
   /** ACP agent harnesses installed and probed, and the driver whose sandboxes run them. */
   acp?: { driver: 'docker' | 'process'; harnesses: { package: string; version: string; harness_release_digest: string }[] };
+  /** What the browser canary proved (absent: the runner offers no browser). */
+  browser?: { accessibility_tree: boolean; screenshot: boolean };
 }
 
 export interface DockerFacts {
@@ -159,6 +161,11 @@ export function buildCapabilities(facts: HostFacts, policy: SlotPolicy, held: nu
       mount_kinds: ['uploaded_project'],
       max_mounts: 64,
       ...acpOf(facts, 'docker'),
+      // Claimed only where the browser canary opened a page in a sandbox (docs/SANDBOX.md).
+      ...(facts.browser?.accessibility_tree || facts.browser?.screenshot ? {
+        browser_observation: { ...facts.browser },
+        desktop_observation: { accessibility_tree: false, screenshot: false, window_inventory: false },
+      } : {}),
     });
   }
   providers.push({

@@ -66,6 +66,11 @@ Options:
                              every tier whose canary sandbox runs: container (runc), gvisor (runsc))
   --acp-harness <specs>      ACP agent harnesses to install into the sandbox image, comma-separated
                              npm package specs (docs/ACP.md; env RUNNER_ACP_HARNESSES)
+  --browser                  offer browser observation: sandboxes of browser Environments run the browser
+                             image (built offline from this host's Debian chromium when missing), claimed
+                             only once a canary browser opened a page, read its accessibility tree and
+                             took a screenshot
+  --browser-image <image>    the browser image to offer it with (implies --browser)
   --reconnect-base-ms, --reconnect-cap-ms   backoff bounds (default 1000, 64000)
   --sandbox-idle-suspend-seconds <s>   stop an idle Session sandbox's processes (default 600; 0 never)
   --sandbox-idle-expire-seconds <s>    remove an idle Session sandbox and its workspace (default 86400; 0 never)
@@ -74,7 +79,8 @@ Options:
   --sandbox-reap-interval-seconds <s>  how often sandboxes of gone runners of this machine are looked for (default 300; 0 only at start)
   --sandbox-reap-grace-seconds <s>     how long such a sandbox is seen before it is removed (default 900)
   --log-level <level>        pino level (default info)
-Environment: AGENTPLANE_RUNNER_HOME, RUNNER_MAX_SLOTS, RUNNER_EXIT_WHEN_DRAINED (true|false), RUNNER_TIERS, SANDBOX_IDLE_SUSPEND_SECONDS,
+Environment: AGENTPLANE_RUNNER_HOME, RUNNER_MAX_SLOTS, RUNNER_EXIT_WHEN_DRAINED (true|false), RUNNER_TIERS,
+RUNNER_BROWSER (true|false), RUNNER_BROWSER_IMAGE, SANDBOX_IDLE_SUSPEND_SECONDS,
 SANDBOX_IDLE_EXPIRE_SECONDS, SANDBOX_REPORT_SECONDS, SANDBOX_REAP_INTERVAL_SECONDS,
 SANDBOX_REAP_GRACE_SECONDS, AGENTPLANE_SANDBOX_SCOPE, REPOSITORY_MAX_MIB, DOCKER_SOCKET, LOG_LEVEL,
 RUNNER_METRICS_ADDR (host:port serving Prometheus /metrics; unset: not served), OTEL_* (OpenTelemetry
@@ -144,6 +150,8 @@ function parse(argv: string[]): { command: string; flags: Flags } {
       'exit-when-drained': { type: 'boolean' },
       tiers: { type: 'string' },
       'acp-harness': { type: 'string' },
+      browser: { type: 'boolean' },
+      'browser-image': { type: 'string' },
       'reconnect-base-ms': { type: 'string' },
       'reconnect-cap-ms': { type: 'string' },
       'sandbox-idle-suspend-seconds': { type: 'string' },
@@ -248,6 +256,7 @@ async function start(flags: Flags): Promise<number> {
     runnerId: cred.runner_id, dataDir: join(config.configDir, 'sandboxes'), docker, logger: log,
     attribution: { workspaceId: cred.workspace_id, home: config.configDir, ...(config.sandboxScope ? { scope: config.sandboxScope } : {}) },
     ...(config.tiers ? { tiers: config.tiers } : {}),
+    ...(config.browserImage ? { browserImage: config.browserImage } : {}),
   });
   const sandboxes = driver
     ? new SandboxManager({
@@ -270,6 +279,15 @@ async function start(flags: Flags): Promise<number> {
       const verdicts = await driver.verifyTiers();
       for (const v of verdicts) (v.ok ? log.info : log.warn).call(log, { tier: v.tier, runtime: v.runtime ?? 'default', ms: v.ms, detail: v.detail }, v.ok ? 'isolation tier verified' : 'isolation tier unavailable');
       agent.tierSource = async () => (await driver.verifyTiers()).filter((v) => v.ok).map((v) => v.tier);
+      if (driver.browserImage) {
+        // Browser observation is claimed only once a canary browser ran in a sandbox of its image.
+        const b = await driver.verifyBrowser();
+        (b.accessibility_tree && b.screenshot ? log.info : log.warn).call(log, { image: driver.browserImage, ms: b.ms, detail: b.detail }, b.accessibility_tree && b.screenshot ? 'browser observation verified' : 'browser observation unavailable');
+        agent.browserSource = async () => {
+          const v = await driver.verifyBrowser();
+          return { accessibility_tree: v.accessibility_tree, screenshot: v.screenshot };
+        };
+      }
     }
     log.info({ driver: driver.name, tiers: driver.capabilities().tiers, image: image?.latest }, 'sandbox driver ready');
     // Sandboxes of gone runners of this machine (credential deleted or revoked) go after a grace period.

@@ -25,6 +25,11 @@ export interface DaemonConfig {
   exitWhenDrained: boolean;
   /** Isolation tiers this runner may offer (`container`, `gvisor`); undefined: every verified tier. */
   tiers: ('container' | 'gvisor')[] | undefined;
+  /**
+   * The browser image this runner offers browser observation with (`--browser`: the default
+   * browser variant, built offline from the host's Chromium when missing); undefined: none.
+   */
+  browserImage: string | undefined;
   reconnectBaseMs: number;
   reconnectCapMs: number;
   /** Stop an idle Session sandbox's processes (workspace kept) after this long; 0 never. */
@@ -48,6 +53,8 @@ export interface DaemonConfig {
   metricsAddr: string | undefined;
 }
 
+/** The default browser variant's repository (the default sandbox image's, suffixed). */
+const BROWSER_REPOSITORY = 'agentplane/sandbox-browser';
 const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;
 const TIERS = ['container', 'gvisor'] as const;
 
@@ -76,6 +83,8 @@ export function loadDaemonConfig(env: Env, flags: Record<string, string | boolea
     dockerSocket: envOptional(env, 'DOCKER_SOCKET'),
     drainDeadlineMs: int('drain-deadline-ms', 'RUNNER_DRAIN_DEADLINE_MS', 3_600_000, 0),
     tiers: parseTiers(flag('tiers') ?? envOptional(env, 'RUNNER_TIERS')),
+    browserImage: flag('browser-image') ?? envOptional(env, 'RUNNER_BROWSER_IMAGE')
+      ?? (flags.browser === true || envEnum(env, 'RUNNER_BROWSER', ['true', 'false'] as const, 'false') === 'true' ? `${BROWSER_REPOSITORY}:latest` : undefined),
     exitWhenDrained: flags['exit-when-drained'] === true || envEnum(env, 'RUNNER_EXIT_WHEN_DRAINED', ['true', 'false'] as const, 'false') === 'true',
     reconnectBaseMs: int('reconnect-base-ms', 'RUNNER_RECONNECT_BASE_MS', 1_000, 10),
     reconnectCapMs: int('reconnect-cap-ms', 'RUNNER_RECONNECT_CAP_MS', 64_000, 10),

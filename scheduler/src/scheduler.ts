@@ -101,7 +101,9 @@ export class Scheduler {
     const repositories = (session?.vault_ids.length ?? 0) > 0
       ? spec.resources.flatMap((r) => (r.type === 'repository' && r.url.startsWith('https://') ? [r.url] : []))
       : [];
-    if (!resolved && files.length === 0 && memory.length === 0 && repositories.length === 0 && projects.length === 0 && skills.length === 0) return spec as unknown as Record<string, unknown>;
+    // A browser Environment's screenshots are stored as Files of the Session through the bearer.
+    const outputs = spec.environment.browser === true;
+    if (!resolved && files.length === 0 && memory.length === 0 && repositories.length === 0 && projects.length === 0 && skills.length === 0 && !outputs) return spec as unknown as Record<string, unknown>;
     // One runtime bearer for this lease: it works only while the lease holds the Session fence,
     // for the agent's Connections, the Session's Files and its MemoryStores.
     const ws = await this.docs.get<{ organization_id: string } & StoredDoc>(tags.workspace(run.workspace_id), run.workspace_id);
@@ -118,7 +120,7 @@ export class Scheduler {
     const bearer = await this.bearers.mint({
       run_id: run.id, session_id: run.session_id, workspace_id: run.workspace_id, organization_id: ws?.organization_id ?? '',
       lease_id: o.lease_id, expires_at: new Date(Date.now() + spec.environment.resources.max_duration_seconds * 1000 + o.lease_ms).toISOString(),
-      connections: grants, files, ...(repositories.length > 0 ? { repositories } : {}), ...(projects.length > 0 ? { projects } : {}), ...(skills.length > 0 ? { skills } : {}), ...(memory.length > 0 ? { memory: Object.fromEntries(memory.map((m) => [m.memory_store_id, m.access])) } : {}),
+      connections: grants, files, ...(repositories.length > 0 ? { repositories } : {}), ...(projects.length > 0 ? { projects } : {}), ...(skills.length > 0 ? { skills } : {}), ...(outputs ? { outputs: true } : {}), ...(memory.length > 0 ? { memory: Object.fromEntries(memory.map((m) => [m.memory_store_id, m.access])) } : {}),
     });
     const servers: NonNullable<typeof spec.runtime_mcp>['servers'] = [];
     if (resolved) {
@@ -130,7 +132,7 @@ export class Scheduler {
       name: i === 0 ? 'memory' : `memory_${i + 1}`, connection_id: m.memory_store_id, permission: 'always_allow', path: `/v1/runtime/memory/${m.memory_store_id}`,
     }));
     if (servers.length > 0) spec.runtime_mcp = { bearer, servers };
-    if (files.length > 0 || repositories.length > 0 || projects.length > 0 || skills.length > 0) spec.runtime_files = { bearer };
+    if (files.length > 0 || repositories.length > 0 || projects.length > 0 || skills.length > 0 || outputs) spec.runtime_files = { bearer };
     return spec as unknown as Record<string, unknown>;
   }
 

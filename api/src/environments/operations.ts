@@ -1,4 +1,4 @@
-import { Id, Metadata, newId, nowIso, Nullable, Obj, Page, PageQuery, Timestamp, Type, type Static } from '@agentplane/core';
+import { ApiError, Id, Metadata, newId, nowIso, Nullable, Obj, Page, PageQuery, Timestamp, Type, type Static } from '@agentplane/core';
 import { READERS, WRITERS } from '../http/caller.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
@@ -18,6 +18,8 @@ const ConfigFields = {
   /** A third-party ACP agent harness (docs/ACP.md); null or absent: the built-in loop. */
   harness: Type.Optional(Nullable(AcpHarness)),
   packages: Type.Optional(Packages),
+  /** Opt-in browser observation (Chromium in the sandbox, the `browser_*` tools): docs/SANDBOX.md. */
+  browser: Type.Optional(Type.Boolean()),
   metadata: Type.Optional(Metadata()),
 };
 
@@ -36,6 +38,7 @@ const UpdateBody = Obj(
     harness_topology: ConfigFields.harness_topology,
     harness: ConfigFields.harness,
     packages: ConfigFields.packages,
+    browser: ConfigFields.browser,
     metadata: ConfigFields.metadata,
   },
   { minProperties: 2 },
@@ -44,17 +47,30 @@ const UpdateBody = Obj(
 export const EnvironmentSchema = Obj({
   id: Id('environment'), type: Type.Literal('environment'), workspace_id: Id('workspace'), name: Type.String(),
   description: Nullable(Type.String()), image: Type.String(), driver: Driver, tier: Tier, resources: Resources, network: Network,
-  retention_mode: Retention, harness_topology: Topology, harness: Nullable(AcpHarness), packages: Packages, metadata: Metadata(), version: Type.Integer({ minimum: 1 }),
+  retention_mode: Retention, harness_topology: Topology, harness: Nullable(AcpHarness), packages: Packages, browser: Type.Boolean(), metadata: Metadata(), version: Type.Integer({ minimum: 1 }),
   archived_at: Nullable(Timestamp()), created_at: Timestamp(), updated_at: Timestamp(),
 });
 
 
-/** Versions written before `harness_topology` existed read as `split`. */
+/** Versions written before `harness_topology` (or `browser`) existed read as `split` (and no browser). */
 function present(env: Environment): Environment {
-  return { ...env, harness_topology: env.harness_topology ?? 'split', harness: env.harness ?? null };
+  return { ...env, harness_topology: env.harness_topology ?? 'split', harness: env.harness ?? null, browser: env.browser ?? false };
 }
 function presentPage<P extends { data: Environment[] }>(page: P): P {
   return { ...page, data: page.data.map(present) };
+}
+
+/**
+ * Browser observation is verified under the `container` tier only (docs/SANDBOX.md), and its
+ * `browser_*` tools belong to the built-in loop: an ACP agent harness brings its own tools.
+ */
+function browserTier(browser: boolean | undefined, tier: string | undefined, harness?: { kind: string } | null): void {
+  if (browser && (tier ?? 'container') !== 'container') {
+    throw new ApiError('validation.malformed', "body.browser: browser observation runs under tier 'container' (Chromium under gVisor is not verified)");
+  }
+  if (browser && harness?.kind === 'acp') {
+    throw new ApiError('validation.malformed', 'body.browser: the browser tools belong to the built-in harness; an ACP agent harness cannot have them');
+  }
 }
 
 const EnvPath = Obj({ environment_id: Id('environment') });
@@ -71,12 +87,13 @@ export const environmentOperations: Operation[] = [
     async handler({ caller, body, deps }) {
       const ws = requireWorkspace(caller);
       const now = nowIso();
+      browserTier(body.browser, body.tier, body.harness);
       const env: Environment = {
         id: newId('environment'), type: 'environment', workspace_id: ws, name: body.name, description: body.description ?? null,
         image: body.image, driver: 'docker', tier: body.tier ?? 'container', resources: body.resources ?? DEFAULT_RESOURCES,
         network: body.network ?? { mode: 'none' }, retention_mode: body.retention_mode ?? 'durable',
         harness_topology: body.harness_topology ?? 'split', harness: body.harness ?? null, packages: body.packages ?? {},
-        metadata: body.metadata ?? {}, version: 1, archived_at: null, created_at: now, updated_at: now,
+        browser: body.browser ?? false, metadata: body.metadata ?? {}, version: 1, archived_at: null, created_at: now, updated_at: now,
       };
       return json(201, await deps.environments.create(ws, env));
     },
@@ -105,6 +122,7 @@ export const environmentOperations: Operation[] = [
       return json(200, await deps.environments.newVersion(requireWorkspace(caller), params.environment_id, expected_version, (cur) => {
         const next: Environment = { ...present(cur) };
         for (const [k, v] of Object.entries(patch)) if (v !== undefined) (next as unknown as Record<string, unknown>)[k] = v;
+        browserTier(next.browser, next.tier, next.harness);
         next.description = patch.description !== undefined ? patch.description : cur.description;
         return next;
       }));

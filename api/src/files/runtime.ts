@@ -1,11 +1,17 @@
 import type Koa from 'koa';
-import { ApiError, Counter, isId } from '@agentplane/core';
+import { ApiError, Counter, isId, newId, nowIso } from '@agentplane/core';
+import type { FileDoc } from '@agentplane/domain';
 import type { ApiDeps } from '../deps.js';
 import { bearerToken } from '../http/authenticate.js';
 import type { RuntimeBearerVerifier } from '@agentplane/domain';
 import { sendFileContent } from './operations.js';
 
 export const RUNTIME_FILE_PATH = /^\/v1\/runtime\/files\/([^/]+)$/;
+export const RUNTIME_FILES_PATH = '/v1/runtime/files';
+/** Largest File a Session's tool may store through the runtime route (a screenshot is far smaller). */
+export const RUNTIME_OUTPUT_MAX_BYTES = 16 * 1024 * 1024;
+/** Content types a tool may store (screenshots). */
+const OUTPUT_TYPES = new Set(['image/png', 'image/jpeg']);
 
 /**
  * `GET /v1/runtime/files/{file_id}`: the runner fetches a Session's `file` resources here to
@@ -16,7 +22,9 @@ export const RUNTIME_FILE_PATH = /^\/v1\/runtime\/files\/([^/]+)$/;
  */
 export function runtimeFiles(deps: ApiDeps, verifier: RuntimeBearerVerifier): Koa.Middleware {
   const downloads = new Counter({ name: 'agentplane_runtime_file_downloads_total', help: 'Files fetched by runners for materialisation, by outcome (ok, unauthorized, not_granted)', labelNames: ['outcome'] as const, registers: [deps.metrics] });
+  const outputs = new Counter({ name: 'agentplane_runtime_file_outputs_total', help: 'Files stored by runners for a Session\'s tools (browser screenshots), by outcome (ok, unauthorized, not_granted, invalid)', labelNames: ['outcome'] as const, registers: [deps.metrics] });
   return async (ctx, next) => {
+    if (ctx.path === RUNTIME_FILES_PATH) return storeOutput(ctx, deps, verifier, outputs);
     const m = RUNTIME_FILE_PATH.exec(ctx.path);
     if (!m) return next();
     if (ctx.method !== 'GET') {
@@ -44,4 +52,54 @@ export function runtimeFiles(deps: ApiDeps, verifier: RuntimeBearerVerifier): Ko
     downloads.inc({ outcome: 'ok' });
     await sendFileContent(ctx.res, file, deps.files.read(file), ac.signal);
   };
+}
+
+/**
+ * `POST /v1/runtime/files?filename=…`: the runner stores a File a Session's tool produced (a
+ * browser screenshot). The body is the content, its `Content-Type` one of `image/png` or
+ * `image/jpeg`; the File records the Session (`session_id`) and is answered 201 with the File.
+ * The lease's runtime bearer must carry the `outputs` grant (given to Runs whose Environment has
+ * the browser) and its lease must still hold the Session. Audited as `files.storeSessionOutput`.
+ */
+async function storeOutput(ctx: Koa.Context, deps: ApiDeps, verifier: RuntimeBearerVerifier, outputs: Counter<'outcome'>): Promise<void> {
+  if (ctx.method !== 'POST') {
+    ctx.set('Allow', 'POST');
+    throw new ApiError('validation.not_found', `no operation at ${ctx.method} ${ctx.path}; use POST`);
+  }
+  const token = bearerToken(ctx.headers.authorization);
+  const grant = token ? await verifier.verify(token) : null;
+  if (!grant) {
+    outputs.inc({ outcome: 'unauthorized' });
+    throw new ApiError('auth.invalid_key', 'missing, unknown or expired runtime bearer (it lives only while its lease holds the Session)', {
+      headers: { 'WWW-Authenticate': 'Bearer error="invalid_token"' },
+    });
+  }
+  const actor = { id: grant.run_id, credential_id: null };
+  if (!grant.outputs) {
+    outputs.inc({ outcome: 'not_granted' });
+    await deps.audit.append(grant.workspace_id, { actor, action: 'files.storeSessionOutput', target: grant.session_id, outcome: 'denied', status: 403, detail: 'policy.denied', request_id: null });
+    throw new ApiError('policy.denied', `the runtime bearer of run ${grant.run_id} may not store Files (its Environment has no browser)`);
+  }
+  const type = String(ctx.get('content-type') ?? '').split(';')[0]?.trim().toLowerCase() ?? '';
+  const rawName = typeof ctx.query.filename === 'string' ? ctx.query.filename : '';
+  if (!OUTPUT_TYPES.has(type) || !/^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$/.test(rawName)) {
+    outputs.inc({ outcome: 'invalid' });
+    throw new ApiError('validation.malformed', 'POST /v1/runtime/files takes an image/png or image/jpeg body and a ?filename= of letters, digits, ".", "_" and "-"');
+  }
+  const declared = Number(ctx.get('content-length') || 0);
+  if (declared > RUNTIME_OUTPUT_MAX_BYTES) throw new ApiError('validation.payload_too_large', `a stored output is at most ${RUNTIME_OUTPUT_MAX_BYTES} bytes`);
+  const id = newId('file');
+  const staged = await deps.files.stage(id, ctx.req as AsyncIterable<Buffer>, RUNTIME_OUTPUT_MAX_BYTES).catch((err: unknown) => {
+    throw err instanceof ApiError ? err : new ApiError('validation.payload_too_large', `a stored output is at most ${RUNTIME_OUTPUT_MAX_BYTES} bytes`);
+  });
+  const now = nowIso();
+  const file: FileDoc = {
+    id, type: 'file', workspace_id: grant.workspace_id, filename: rawName, content_type: type, size_bytes: staged.size_bytes, sha256: staged.sha256,
+    session_id: grant.session_id, version: 1, created_at: now, updated_at: now,
+  };
+  const stored = await deps.files.commit(file);
+  outputs.inc({ outcome: 'ok' });
+  await deps.audit.append(grant.workspace_id, { actor, action: 'files.storeSessionOutput', target: id, outcome: 'succeeded', status: 201, detail: null, request_id: null });
+  ctx.status = 201;
+  ctx.body = stored;
 }

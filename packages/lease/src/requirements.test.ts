@@ -60,4 +60,15 @@ describe('matching', () => {
   it('a runner with no provider serves nothing', () => {
     expect(matchCapabilities(req, {}).ok).toBe(false);
   });
+  it('a browser Run goes only to a provider that verified both kinds of browser observation', () => {
+    const browserReq = { ...req, browser: true };
+    const m = matchCapabilities(browserReq, docker);
+    expect(m.ok).toBe(false);
+    if (!m.ok) expect(m.reason).toContain('browser observation not offered');
+    const half = { ...docker, providers: [{ ...docker.providers![0]!, browser_observation: { accessibility_tree: true, screenshot: false } }] };
+    expect(matchCapabilities(browserReq, half).ok).toBe(false);
+    const full = { ...docker, providers: [{ ...docker.providers![0]!, browser_observation: { accessibility_tree: true, screenshot: true } }] };
+    expect(matchCapabilities(browserReq, full)).toEqual({ ok: true, provider: 'docker' });
+    expect(matchCapabilities(req, full).ok).toBe(true);
+  });
 });

@@ -20,6 +20,8 @@ export interface RunRequirements {
   resources: ResourceAmounts;
   /** An ACP agent harness the runner must have installed (`name`, optionally pinned to a version). */
   acp_harness?: { name: string; version?: string | undefined } | undefined;
+  /** The Environment's opt-in browser: only a provider that verified `browser_observation` serves it. */
+  browser?: boolean | undefined;
 }
 
 /** The part of RunnerPresence.capabilities the matcher reads. */
@@ -33,6 +35,7 @@ export interface ProviderCapabilities {
   maximum_resources?: Partial<ResourceAmounts>;
   /** ACP agent harnesses installed in this provider's sandbox images (and probed). */
   acp_harnesses?: { package: string; version: string }[];
+  browser_observation?: { accessibility_tree: boolean; screenshot: boolean };
 }
 
 export interface RunnerCapabilities {
@@ -49,6 +52,7 @@ function providerFits(req: RunRequirements, p: ProviderCapabilities): string | n
   if (req.driver && !p.drivers.includes(req.driver)) return `driver '${req.driver}' not offered (has ${p.drivers.join(', ') || 'none'})`;
   if (req.tier && !p.tiers.includes(req.tier)) return `tier '${req.tier}' not offered (has ${p.tiers.join(', ') || 'none'})`;
   if (!p.network_modes.includes(req.network_mode)) return `network mode '${req.network_mode}' not offered`;
+  if (req.browser && !(p.browser_observation?.accessibility_tree && p.browser_observation.screenshot)) return 'browser observation not offered';
   if (req.retention_mode && p.retention_modes && !p.retention_modes.includes(req.retention_mode)) {
     return `retention mode '${req.retention_mode}' not offered`;
   }

@@ -10,7 +10,8 @@ const DEFAULT_MAX_TOKENS = 4096;
 type Block =
   | { type: 'text'; text: string }
   | { type: 'tool_use'; id: string; name: string; input: unknown }
-  | { type: 'tool_result'; tool_use_id: string; content: string; is_error?: boolean };
+  | { type: 'tool_result'; tool_use_id: string; content: string | ToolResultPart[]; is_error?: boolean };
+type ToolResultPart = { type: 'text'; text: string } | { type: 'image'; source: { type: 'base64'; media_type: string; data: string } };
 
 /** The Messages API request body for a neutral request. */
 export function toMessagesBody(request: ModelRequest, model: string): Record<string, unknown> {
@@ -21,7 +22,11 @@ export function toMessagesBody(request: ModelRequest, model: string): Record<str
       content: m.content.flatMap((b): Block[] => {
         if (b.type === 'thinking') return [];
         if (b.type === 'tool_result') {
-          return [{ type: 'tool_result', tool_use_id: b.tool_use_id, content: b.content, ...(b.is_error ? { is_error: true } : {}) }];
+          // Images a tool returned go beside its text as image blocks of the tool result.
+          const content: string | ToolResultPart[] = b.images?.length
+            ? [{ type: 'text', text: b.content }, ...b.images.map((i): ToolResultPart => ({ type: 'image', source: { type: 'base64', media_type: i.media_type, data: i.data } }))]
+            : b.content;
+          return [{ type: 'tool_result', tool_use_id: b.tool_use_id, content, ...(b.is_error ? { is_error: true } : {}) }];
         }
         return [b];
       }),

@@ -7,7 +7,7 @@ export const OPENAI_DEFAULT_BASE_URL = 'https://api.openai.com/v1';
 
 type ChatMessage =
   | { role: 'system'; content: string }
-  | { role: 'user'; content: string }
+  | { role: 'user'; content: string | ({ type: 'text'; text: string } | { type: 'image_url'; image_url: { url: string } })[] }
   | { role: 'assistant'; content: string | null; tool_calls?: { id: string; type: 'function'; function: { name: string; arguments: string } }[] }
   | { role: 'tool'; tool_call_id: string; content: string };
 
@@ -25,11 +25,15 @@ export function toChatCompletionsBody(request: ModelRequest, model: string, opti
       continue;
     }
     // Tool results answer the previous assistant turn, so they come before any new user text.
+    const images: { type: 'image_url'; image_url: { url: string } }[] = [];
     for (const b of m.content) {
       if (b.type === 'tool_result') {
         messages.push({ role: 'tool', tool_call_id: b.tool_use_id, content: b.is_error ? `ERROR: ${b.content}` : b.content });
+        for (const i of b.images ?? []) images.push({ type: 'image_url', image_url: { url: `data:${i.media_type};base64,${i.data}` } });
       }
     }
+    // Tool messages carry text only: images a tool returned follow as one user message.
+    if (images.length > 0) messages.push({ role: 'user', content: [{ type: 'text', text: 'Images returned by the tool calls above:' }, ...images] });
     const text = m.content.filter((b) => b.type === 'text').map((b) => b.text).join('\n');
     if (text !== '') messages.push({ role: 'user', content: text });
   }

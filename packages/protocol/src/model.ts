@@ -11,7 +11,18 @@ export type ContentBlock =
   | { type: 'text'; text: string }
   | { type: 'thinking'; text: string }
   | { type: 'tool_use'; id: string; name: string; input: unknown }
-  | { type: 'tool_result'; tool_use_id: string; content: string; is_error?: boolean };
+  | { type: 'tool_result'; tool_use_id: string; content: string; is_error?: boolean; images?: ImageContent[] };
+
+/**
+ * An image a tool returned (a browser screenshot), base64 in the model request only: the
+ * Session's event log names the File that holds it instead.
+ */
+export interface ImageContent {
+  type: 'image';
+  media_type: 'image/png' | 'image/jpeg';
+  /** Base64 of the image bytes. */
+  data: string;
+}
 
 export interface ModelMessage {
   role: 'user' | 'assistant';

@@ -30,6 +30,8 @@ import { RunAudit } from '../harness/colocated/audit.js';
 import { encodeLine, HARNESS_SANDBOX_PATH, LineSplitter, RelayError, type HarnessMessage, type RelayTool, type RunnerMessage } from '../harness/colocated/protocol.js';
 import { parseHarnessLine } from '../harness/colocated/validate.js';
 import type { Sandbox, SandboxDriver, SandboxProcess } from '../sandbox/types.js';
+import type { FileStore } from '../harness/tools/types.js';
+import { pngSize } from '../harness/tools/browser-session.js';
 
 /** The bundle `npm run build` writes (runner-daemon/dist/colocated/harness.mjs; the same path from src/ and dist/). */
 export const HARNESS_BUNDLE_URL = new URL('../../dist/colocated/harness.mjs', import.meta.url);
@@ -73,6 +75,10 @@ export interface ColocatedRunOptions {
   cancelTimeoutMs?: number;
   /** The harness bundle (default: the one built beside this module). */
   bundle?: URL;
+  /** The Environment's browser: the harness drives Chromium in the sandbox; screenshots come here. */
+  browser?: boolean;
+  /** Stores a screenshot the harness sends as a File of the Session. */
+  storeFile?: FileStore;
 }
 
 export interface ColocatedOutcome {
@@ -234,6 +240,7 @@ class Relay {
         history: run.history,
         ...(run.responses ? { responses: run.responses } : {}),
         ...(run.max_duration_seconds ? { max_duration_seconds: run.max_duration_seconds } : {}),
+        ...(o.browser ? { browser: true } : {}),
       },
     });
 
@@ -261,6 +268,7 @@ class Relay {
       for (const s of this.streams.values()) s.abort();
     }
     await this.shutDown(ending);
+    if (o.browser) await this.endBrowser();
     return this.outcome(ending);
   }
 
@@ -277,6 +285,15 @@ class Relay {
     await proc.kill().catch(() => undefined);
     // Tool processes lead their own process groups: stopping the sandbox's processes takes them all.
     await o.driver.suspend(o.sandbox.sessionId).catch(() => undefined);
+  }
+
+  /**
+   * Chromium leads its own process group (playwright starts it detached): whatever the harness
+   * left of it is killed here, so the browser never outlives the Run.
+   */
+  private async endBrowser(): Promise<void> {
+    const script = 'for p in $(ps -eo pid,args | awk \'$2 == "/usr/lib/chromium/chromium" {print $1}\'); do kill -9 "$p" 2>/dev/null; done; exit 0';
+    await this.o.driver.exec(this.o.sandbox, ['bash', '-c', script], { timeoutMs: 10_000, maxOutputBytes: 4096 }).catch(() => undefined);
   }
 
   private outcome(ending: Ending): ColocatedOutcome {
@@ -354,6 +371,10 @@ class Relay {
         void this.callTool(m.id, m.tool_use_id, tool, m.input);
         return;
       }
+      case 'file.store':
+        this.audit.fileStore(m.tool_use_id);
+        void this.storeFile(m.id, m.tool_use_id, m.filename, Buffer.from(m.data, 'base64'));
+        return;
       case 'event':
         this.audit.event(m.event);
         await this.o.sink.emit(m.event);
@@ -414,6 +435,23 @@ class Relay {
     }
     this.audit.decided(q.tool_use_id, d);
     this.send({ type: 'tool.decision', id, decision: d.decision, rule_id: d.rule_id, message: d.message });
+  }
+
+  /** A screenshot from the harness: a PNG, stored as a File of the Session (browser Runs only). */
+  private async storeFile(id: string, toolUseId: string, filename: string, data: Buffer): Promise<void> {
+    let r: { file_id?: string; error?: string };
+    if (!this.o.browser || !this.o.storeFile) r = { error: 'this Run has no browser: no File is stored' };
+    else if (!pngSize(data)) r = { error: 'file.store: the data is not a PNG' };
+    else {
+      try {
+        const { file_id } = await this.o.storeFile({ filename, content_type: 'image/png', data, tool_use_id: toolUseId });
+        this.audit.fileStored(toolUseId, file_id);
+        r = { file_id };
+      } catch (err) {
+        r = { error: err instanceof Error ? err.message : String(err) };
+      }
+    }
+    this.send({ type: 'file.stored', id, ...r });
   }
 
   private async callTool(id: string, toolUseId: string, tool: Extract<AgentConfig['tools'][number], { type: 'external' }>, input: unknown): Promise<void> {

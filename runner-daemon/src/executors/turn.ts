@@ -15,6 +15,10 @@ import type { RunnerMetrics } from '../metrics.js';
 import { InfrastructureFailure } from '../failures.js';
 import { runAcp } from '../acp/client.js';
 import { harnessArgv, type AcpHarnesses } from '../acp/install.js';
+import { BrowserSession } from '../harness/tools/browser-session.js';
+import type { FileStore } from '../harness/tools/types.js';
+import { launchInSandbox } from '../sandbox/browser.js';
+import { apiUrl } from '@agentplane/core';
 
 /** The turn spec carried by a lease offer (built by the scheduler; see docs/RUNS.md). */
 interface TurnSpec {
@@ -32,6 +36,8 @@ interface TurnSpec {
     harness_topology?: 'split' | 'colocated';
     /** A third-party ACP agent instead of the built-in loop (docs/ACP.md). */
     harness?: { kind: 'acp'; package: string; command: string; args?: string[] };
+    /** The Environment's opt-in browser. */
+    browser?: boolean;
   };
   /** Session resources to materialise in the workspace (see the API's `SpecResource`). */
   resources?: unknown[];
@@ -61,6 +67,29 @@ function asSpec(spec: Record<string, unknown>): TurnSpec {
   if (s.kind !== undefined && s.kind !== 'turn' && s.kind !== 'outcome_grader') throw new Error(`unknown run kind '${String(s.kind)}'`);
   if (s.kind === 'outcome_grader' && !isGraderTurn(s.grader)) throw new Error('the lease offer carries a malformed grader spec');
   return s as TurnSpec;
+}
+
+/** Whether the driver verified browser observation (its canary ran). */
+function browserOffered(driver: SandboxDriver): boolean {
+  const v = (driver as { verifiedBrowser?: () => { accessibility_tree: boolean; screenshot: boolean } }).verifiedBrowser?.();
+  return v !== undefined && v.accessibility_tree && v.screenshot;
+}
+
+/**
+ * Stores a File of the Session through the control plane's runtime file route (the lease's
+ * runtime bearer carries the `outputs` grant on browser Runs).
+ */
+export function runtimeFileStore(baseUrl: string, bearer: string | undefined, signal?: AbortSignal): FileStore {
+  return async (file) => {
+    if (!bearer) throw new Error('this Run has no runtime bearer to store Files with');
+    const res = await fetch(apiUrl(baseUrl, `/v1/runtime/files?filename=${encodeURIComponent(file.filename)}`), {
+      method: 'POST', headers: { authorization: `Bearer ${bearer}`, 'content-type': file.content_type }, body: new Uint8Array(file.data), signal: signal ?? null,
+    });
+    if (res.status !== 201) throw new Error(`the control plane did not store the File (HTTP ${res.status}: ${(await res.text()).slice(0, 200)})`);
+    const body = (await res.json()) as { id?: unknown };
+    if (typeof body.id !== 'string') throw new Error('the control plane answered without a File id');
+    return { file_id: body.id };
+  };
 }
 
 /** What the control plane calls each kind of wait (the thread's `_waits`). */
@@ -105,6 +134,8 @@ export function turnExecutor(o: TurnExecutorOptions): LeaseExecutor {
           if (!h) return `the ACP harness ${acp.package} is not installed on this runner`;
           if (!harnessArgv(h, acp.command, driver.name)) return `the ACP harness ${acp.package} has no command '${acp.command}'`;
         }
+        if (spec.environment.browser && !browserOffered(driver)) return 'this runner does not offer browser observation';
+        if (spec.environment.browser && tier !== 'container') return `browser observation runs under tier 'container', not '${tier}'`;
         return null;
       } catch (err) {
         return err instanceof Error ? err.message : 'not a turn spec';
@@ -165,6 +196,7 @@ async function runTurn(o: TurnExecutorOptions, handle: LeaseHandle): Promise<Rec
     cpu_millis: spec.environment.resources.cpu_millis,
     memory_mib: spec.environment.resources.memory_mib,
     max_duration_seconds: spec.environment.resources.max_duration_seconds,
+    ...(spec.environment.browser ? { browser: true } : {}),
     requirements: { tier: tierOf(spec), network_mode: 'none' },
   };
   const sourceOptions = { baseUrl: o.baseUrl, bearer: spec.runtime_files?.bearer, ...(o.repositoryMaxBytes ? { repositoryMaxBytes: o.repositoryMaxBytes } : {}) };
@@ -186,6 +218,10 @@ async function runTurn(o: TurnExecutorOptions, handle: LeaseHandle): Promise<Rec
     type Outcome = { stop_reason: IdleStopReason; usage: TokenUsage; awaiting?: Map<string, Awaiting> };
     let outcome: Outcome;
     const driver = tracedDriver(o.sandboxes.driver);
+    // The Run's browser: Chromium in the sandbox, started on first use, ended with the Run.
+    const browser = spec.environment.browser && spec.environment.harness_topology !== 'colocated'
+      ? new BrowserSession(() => launchInSandbox(o.sandboxes.driver, sandbox, { timeoutMs: 30_000 }))
+      : undefined;
     const runHarness = (): Promise<Outcome> => {
       if (acpSetting && acpHarness) {
         // A third-party agent inside the sandbox, driven over ACP (../acp/client.ts).
@@ -208,10 +244,12 @@ async function runTurn(o: TurnExecutorOptions, handle: LeaseHandle): Promise<Rec
           // The same ActionPolicy check as split; the runner holds the in-sandbox loop to each decision.
           gate: (q) => handle.checkTool({ ...q, tool_use_id: sink.toolId(q.tool_use_id) }),
           run: { agent, history: spec.history, ...(spec.responses ? { responses: spec.responses } : {}), max_duration_seconds: spec.environment.resources.max_duration_seconds },
+          ...(spec.environment.browser ? { browser: true, storeFile: runtimeFileStore(o.baseUrl, spec.runtime_files?.bearer, handle.signal) } : {}),
         });
       } else {
         const loop = new HarnessLoop({
           model: handle.model, driver, sandbox, sink, logger: log, ...(tracingEnabled() ? { traceTool } : {}),
+          ...(browser ? { browser, storeFile: runtimeFileStore(o.baseUrl, spec.runtime_files?.bearer, handle.signal) } : {}),
           // The control plane decides each tool use before it runs (ActionPolicies); ids as the Session sees them.
           gate: (q) => handle.checkTool({ ...q, tool_use_id: sink.toolId(q.tool_use_id) }),
         });
@@ -245,6 +283,7 @@ async function runTurn(o: TurnExecutorOptions, handle: LeaseHandle): Promise<Rec
       throw err;
     } finally {
       await mcp?.close();
+      await browser?.close();
     }
     const stop = outcome.stop_reason;
     if (stop.type === 'requires_action') {

@@ -81,6 +81,8 @@ export type HarnessEvent =
         oom_killed?: boolean;
         interrupted?: boolean;
         duration_ms?: number;
+        /** The File a tool stored (a browser screenshot), instead of its bytes. */
+        file_id?: string;
       };
     }
   | { type: 'session.status_idle'; payload: { stop_reason: IdleStopReason; usage: TokenUsage } };

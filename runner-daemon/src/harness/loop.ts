@@ -11,7 +11,8 @@ import type { CommandRunner, Sandbox } from '../sandbox/types.js';
 import { SandboxError } from '../sandbox/types.js';
 import { builtinTool, runTool } from './tools/builtin.js';
 import { QUESTION_TOOL_NAME, questionInputError, questionToolSpec } from './tools/question.js';
-import type { BuiltinTool, ToolOutcome } from './tools/types.js';
+import type { BuiltinTool, FileStore, ToolOutcome } from './tools/types.js';
+import type { BrowserSession } from './tools/browser-session.js';
 import {
   HarnessError,
   type AgentConfig,
@@ -52,6 +53,10 @@ export interface HarnessDeps {
   gate?: ToolGate;
   /** Wraps each tool use (the runner's tracing span); absent = run as is. */
   traceTool?: ToolTracer;
+  /** The Run's browser (Environments with `browser: true`); closed when the Run ends, before idle. */
+  browser?: BrowserSession;
+  /** Stores a File of the Session (browser screenshots). */
+  storeFile?: FileStore;
 }
 
 /** Runs one tool use inside whatever the runner wraps it in (a span); `failed` marks an error result. */
@@ -111,6 +116,30 @@ interface Classified {
   approval?: boolean;
   /** A question whose input is malformed: answered with this error at once. */
   invalid?: string;
+}
+
+/**
+ * Largest model request that keeps its images: a request travels to the model gateway in one
+ * runner frame (1 MiB), so past this the images (screenshots) are left out and the tool results
+ * say so; their Files stay in the Session.
+ */
+export const MAX_REQUEST_BYTES_WITH_IMAGES = 900 * 1024;
+
+export function withinFrame(request: ModelRequest): ModelRequest {
+  const hasImages = request.messages.some((m) => m.content.some((b) => b.type === 'tool_result' && b.images?.length));
+  if (!hasImages || Buffer.byteLength(JSON.stringify(request)) <= MAX_REQUEST_BYTES_WITH_IMAGES) return request;
+  return {
+    ...request,
+    messages: request.messages.map((m) => ({
+      role: m.role,
+      content: m.content.map((b): ContentBlock => {
+        if (b.type !== 'tool_result' || !b.images?.length) return b;
+        const { images: _images, ...rest } = b;
+        void _images;
+        return { ...rest, content: `${rest.content}\n(The image is not shown: the request would be too large. Its File is kept.)` };
+      }),
+    })),
+  };
 }
 
 export const policyRefusal = (d: GateDecision): string =>
@@ -202,6 +231,8 @@ export class HarnessLoop {
     const stopped = (): IdleStopReason | undefined =>
       input.signal?.aborted ? { type: 'interrupted' } : deadline.signal.aborted ? { type: 'max_duration' } : undefined;
     const idle = async (stop_reason: IdleStopReason): Promise<RunOutcome> => {
+      // The Run's browser ends with the Run, before the Session is reported idle.
+      await this.deps.browser?.close();
       await emit({ type: 'session.status_idle', payload: { stop_reason, usage } });
       return { stop_reason, history, usage, steps };
     };
@@ -268,7 +299,7 @@ export class HarnessLoop {
           ...(input.agent.max_output_tokens !== undefined ? { max_output_tokens: input.agent.max_output_tokens } : {}),
           ...(input.agent.temperature !== undefined ? { temperature: input.agent.temperature } : {}),
         };
-        const step = await this.modelStep(request, signal, index);
+        const step = await this.modelStep(withinFrame(request), signal, index);
         if (!step) return await idle(stopped() ?? { type: 'interrupted' });
         steps.push(step.record);
         usage = addUsage(usage, step.record.usage);
@@ -371,8 +402,23 @@ export class HarnessLoop {
     return assistant.content.filter((b): b is Extract<ContentBlock, { type: 'tool_use' }> => b.type === 'tool_use' && !answered.has(b.id));
   }
 
-  /** Adds tool results to the trailing user message of results, or starts one. */
+  /**
+   * Adds tool results to the trailing user message of results, or starts one. Images (browser
+   * screenshots) stay only on the newest results: the model request travels in one runner frame.
+   */
   private appendResults(history: ModelMessage[], results: ContentBlock[]): void {
+    if (results.some((b) => b.type === 'tool_result' && b.images?.length)) {
+      for (const m of history) {
+        for (let i = 0; i < m.content.length; i++) {
+          const b = m.content[i] as ContentBlock;
+          if (b.type === 'tool_result' && b.images) {
+            const { images: _dropped, ...rest } = b;
+            void _dropped;
+            (m.content as ContentBlock[])[i] = rest;
+          }
+        }
+      }
+    }
     const last = history[history.length - 1];
     if (last && last.role === 'user' && last.content.every((b) => b.type === 'tool_result')) (last.content as ContentBlock[]).push(...results);
     else history.push({ role: 'user', content: results });
@@ -402,6 +448,9 @@ export class HarnessLoop {
           sandbox: this.deps.sandbox,
           signal,
           ...(runEnds !== undefined ? { maxTimeoutMs: Math.max(1, runEnds - Date.now()) } : {}),
+          toolUseId: c.block.id,
+          ...(this.deps.browser ? { browser: this.deps.browser } : {}),
+          ...(this.deps.storeFile ? { storeFile: this.deps.storeFile } : {}),
         }, c.block.input);
       } catch (err) {
         if (err instanceof SandboxError) {
@@ -422,9 +471,15 @@ export class HarnessLoop {
         ...(m?.oomKilled ? { oom_killed: true } : {}),
         ...(m?.killed ? { interrupted: true } : {}),
         ...(m?.durationMs !== undefined ? { duration_ms: m.durationMs } : {}),
+        // A screenshot is named by its File; its bytes go to the model only, never to the log.
+        ...(m?.fileId !== undefined ? { file_id: m.fileId } : {}),
       },
     });
-    return { type: 'tool_result', tool_use_id: c.block.id, content: outcome.content, ...(outcome.is_error ? { is_error: true } : {}) };
+    return {
+      type: 'tool_result', tool_use_id: c.block.id, content: outcome.content,
+      ...(outcome.is_error ? { is_error: true } : {}),
+      ...(outcome.images?.length ? { images: outcome.images } : {}),
+    };
   }
 
   /** One model step; undefined when the signal stopped it. Model errors throw HarnessError. */

@@ -10,6 +10,8 @@ import { PassThrough } from 'node:stream';
 import Docker from 'dockerode';
 import { createLogger, type Logger } from '@agentplane/core';
 import { ensureSandboxImage, loadManifest } from './image.js';
+import { browserRepository, ensureBrowserImage } from './browser-image.js';
+import { BrowserProbe, type BrowserVerdict } from './browser-probe.js';
 import { TierProbe, type IsolationTier, type TierVerdict } from './tiers.js';
 import { CappedBuffer, sleep, withTimeout } from './output.js';
 import { createTar, type TarEntry } from './tar.js';
@@ -54,6 +56,12 @@ export interface DockerDriverOptions {
   attribution?: SandboxAttribution;
   /** Isolation tiers this runner may offer (default: every tier whose canary passes). */
   tiers?: readonly IsolationTier[];
+  /**
+   * Offer browser observation: sandboxes of browser Environments run this image (default
+   * `<repository>-browser:latest`, built offline from the host's Chromium when missing).
+   * Undefined: no browser; `browser_observation` is never claimed.
+   */
+  browserImage?: string;
 }
 
 export const SANDBOX_DEFAULTS = {
@@ -97,6 +105,9 @@ export class DockerDriver implements SandboxDriver {
   private readonly live = new Map<string, Tracked>();
   private readonly starting = new Map<string, Promise<Sandbox>>();
   private readonly tierProbe: TierProbe;
+  /** The browser variant's image, when this runner offers a browser. */
+  readonly browserImage: string | undefined;
+  private readonly browserProbe: BrowserProbe | undefined;
 
   constructor(options: DockerDriverOptions) {
     this.runnerId = options.runnerId;
@@ -114,6 +125,29 @@ export class DockerDriver implements SandboxDriver {
       (runtime) => this.canary(runtime),
       options.tiers,
     );
+    this.browserImage = options.browserImage;
+    this.browserProbe = options.browserImage
+      // Browser Environments run under `container` only (docs/SANDBOX.md): that tier's canary decides.
+      ? new BrowserProbe(this.docker, () => this.resolveImage({ browser: true }).catch(() => undefined), this, async () => {
+        const verdicts = this.tierProbe.last().length > 0 ? this.tierProbe.last() : await this.verifyTiers();
+        return verdicts.filter((v) => v.ok && v.tier === 'container').map((v) => v.tier);
+      })
+      : undefined;
+  }
+
+  /**
+   * Runs the browser canary again if the browser image changed: a sandbox of that image, with
+   * every isolation flag, opens a page, reads its accessibility tree and takes a screenshot.
+   */
+  async verifyBrowser(): Promise<BrowserVerdict> {
+    if (!this.browserProbe) return { accessibility_tree: false, screenshot: false, detail: 'browser observation is not enabled on this runner', ms: 0 };
+    return this.browserProbe.verified();
+  }
+
+  /** What the last browser canary proved. */
+  verifiedBrowser(): { accessibility_tree: boolean; screenshot: boolean } {
+    const v = this.browserProbe?.last();
+    return { accessibility_tree: v?.accessibility_tree ?? false, screenshot: v?.screenshot ?? false };
   }
 
   /**
@@ -217,6 +251,7 @@ export class DockerDriver implements SandboxDriver {
   }
 
   private async resolveImage(environment: SandboxEnvironment): Promise<string> {
+    if (environment.browser) return this.resolveBrowserImage(environment);
     const image = environment.image ?? this.defaultImage;
     try {
       await this.docker.getImage(image).inspect();
@@ -229,6 +264,30 @@ export class DockerDriver implements SandboxDriver {
       return built.tag;
     }
     throw new SandboxError('image_missing', `image ${image} is not present on this runner`);
+  }
+
+  /**
+   * The browser variant replaces the default image only: an Environment naming an image of its
+   * own cannot have the browser (its image carries no Chromium this runner verified).
+   */
+  private async resolveBrowserImage(environment: SandboxEnvironment): Promise<string> {
+    const image = this.browserImage;
+    if (!image) throw new SandboxError('tier_unsatisfied', 'this runner does not offer browser observation');
+    if ((environment.tier ?? 'container') !== 'container') throw new SandboxError('tier_unsatisfied', 'browser Environments run under the container tier only');
+    if (environment.image && environment.image !== this.defaultImage && environment.image !== this.defaultImage.replace(/:latest$/, '')) {
+      throw new SandboxError('image_missing', `a browser Environment runs the runner's sandbox image (${this.defaultImage}); ${environment.image} has no verified browser`);
+    }
+    try {
+      await this.docker.getImage(image).inspect();
+      return image;
+    } catch (err) {
+      if (statusCode(err) !== 404) throw new SandboxError('docker_unavailable', `docker: ${(err as Error).message}`, { cause: err });
+    }
+    if (image === `${browserRepository()}:latest`) {
+      const built = await ensureBrowserImage({ docker: this.docker, onProgress: (line) => this.log.info(line) });
+      return built.tag;
+    }
+    throw new SandboxError('image_missing', `browser image ${image} is not present on this runner`);
   }
 
   /** The sandbox container: no network, non-root, read-only root, no capabilities, limits. */

@@ -20,6 +20,8 @@ export interface SelectDriverOptions {
   attribution?: SandboxAttribution;
   /** Isolation tiers the Docker driver may offer (default: every verified tier). */
   tiers?: readonly IsolationTier[];
+  /** Offer browser observation with this image (docker driver). */
+  browserImage?: string;
 }
 
 export async function selectDriver(options: SelectDriverOptions): Promise<SandboxDriver | undefined> {
@@ -28,6 +30,7 @@ export async function selectDriver(options: SelectDriverOptions): Promise<Sandbo
     return new DockerDriver({
       runnerId: options.runnerId, docker, logger: options.logger,
       ...(options.attribution ? { attribution: options.attribution } : {}), ...(options.tiers ? { tiers: options.tiers } : {}),
+      ...(options.browserImage ? { browserImage: options.browserImage } : {}),
     });
   }
   if (options.allowProcess === false) return undefined;

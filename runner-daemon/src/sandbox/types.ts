@@ -33,6 +33,8 @@ export interface SandboxEnvironment {
   max_duration_seconds?: number;
   /** Extra environment variables for every command. */
   env?: Record<string, string>;
+  /** The Environment's opt-in browser: the sandbox runs the browser variant of the image. */
+  browser?: boolean;
 }
 
 export interface SandboxSession {

@@ -2,7 +2,11 @@
 import { Obj, Type, type Static } from '@agentplane/core';
 
 export const Permission = Type.Union([Type.Literal('always_allow'), Type.Literal('always_ask')]);
-export const BUILTIN_TOOLS = ['bash', 'read', 'write', 'edit', 'glob', 'grep', 'web_fetch', 'web_search', 'ask_user'] as const;
+export const BUILTIN_TOOLS = [
+  'bash', 'read', 'write', 'edit', 'glob', 'grep', 'web_fetch', 'web_search', 'ask_user',
+  // Browser observation (an Environment with `browser: true`; docs/SANDBOX.md).
+  'browser_navigate', 'browser_snapshot', 'browser_click', 'browser_type', 'browser_press_key', 'browser_wait_for', 'browser_screenshot',
+] as const;
 const ToolName = Type.String({ pattern: '^[a-zA-Z0-9_-]{1,64}$' });
 
 /** A JSON Schema object (validated as an object; its content is the tool author's). */

@@ -45,6 +45,8 @@ export interface RuntimeGrant {
   projects?: string[];
   /** Skill refs (`skill_…@n` or a `skp_` id) of the turn spec's `skills`, for `/v1/runtime/skills/…`. */
   skills?: string[];
+  /** The runner may store Files the Session's tools produce (browser screenshots) at `POST /v1/runtime/files`. */
+  outputs?: boolean;
 }
 
 /**

@@ -54,5 +54,11 @@ export interface Environment extends VersionedDoc {
   packages: Static<typeof Packages>;
   /** A third-party ACP agent harness instead of the built-in loop (absent: built-in). */
   harness?: AcpHarnessSetting | null;
+  /**
+   * Opt-in browser observation: the sandbox gets the browser image variant (Chromium) and the
+   * agent's `browser_*` tools work; only runners that verified `browser_observation` get the Run.
+   * Stored versions from before the field existed lack it: read as false.
+   */
+  browser?: boolean;
   metadata: Record<string, string>;
 }

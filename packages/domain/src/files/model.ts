@@ -17,6 +17,8 @@ export interface FileDoc extends StoredDoc {
   size_bytes: number;
   /** Content digest, `sha256:<hex>`. */
   sha256: string;
+  /** The Session whose tool produced it (a browser screenshot); absent on uploaded Files. */
+  session_id?: string;
 }
 
 export const FileSchema = Obj({
@@ -27,6 +29,7 @@ export const FileSchema = Obj({
   content_type: Type.String({ minLength: 1, maxLength: 255 }),
   size_bytes: Type.Integer({ minimum: 0 }),
   sha256: Type.String({ pattern: DIGEST_PATTERN }),
+  session_id: Type.Optional(Id('session')),
   version: Type.Integer({ minimum: 1 }),
   created_at: Timestamp(),
   updated_at: Timestamp(),

@@ -102,6 +102,8 @@ export interface TurnSpec {
     harness_topology: 'split' | 'colocated';
     /** A third-party ACP agent harness instead of the built-in loop (docs/ACP.md). */
     harness?: { kind: 'acp'; package: string; command: string; args?: string[] };
+    /** The Environment's opt-in browser (absent: none). */
+    browser?: boolean;
   };
   resources: SpecResource[];
   /**
@@ -175,6 +177,7 @@ export function requirementsOf(env: Environment): RunRequirements {
     network_mode: env.network.mode,
     retention_mode: env.retention_mode,
     resources: { ...env.resources },
+    ...(env.browser ? { browser: true } : {}),
   };
 }
 
@@ -255,6 +258,7 @@ export async function buildTurnSpec(src: SpecSources, run: RunDoc, maxHistoryByt
       tier: env.tier,
       harness_topology: run.agent_deployment?.harness_topology ?? env.harness_topology ?? 'split',
       ...(env.harness?.kind === 'acp' ? { harness: { kind: 'acp' as const, package: env.harness.package, command: env.harness.command, ...(env.harness.args ? { args: env.harness.args } : {}) } } : {}),
+      ...(env.browser ? { browser: true } : {}),
     },
     resources: await specResources(session.resources, run.workspace_id, src.files, src.projects),
     ...(specMemory(session.resources).length > 0 ? { memory: specMemory(session.resources) } : {}),

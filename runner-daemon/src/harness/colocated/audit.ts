@@ -41,6 +41,8 @@ export class RunAudit {
   private readonly reported = new Set<string>();
   private readonly answered = new Set<string>();
   private readonly called = new Set<string>();
+  /** Files stored for browser_screenshot uses: tool use id → File id. */
+  private readonly stored = new Map<string, string>();
   private steps = 0;
 
   constructor(
@@ -183,6 +185,7 @@ export class RunAudit {
       } else if (d?.decision === 'require_approval' && e.payload.denied !== true) {
         violation(`agent.tool_result for ${id}, which waits for its ActionApproval, reports it as run`);
       }
+      if (e.payload.file_id !== undefined && this.stored.get(id) !== e.payload.file_id) violation(`agent.tool_result for ${id} names ${e.payload.file_id}, which the runner did not store for it`);
       this.answered.add(id);
     }
   }
@@ -201,6 +204,23 @@ export class RunAudit {
     }
     this.called.add(toolUseId);
     return tool;
+  }
+
+  /**
+   * The harness asks the runner to store a screenshot: only for a `browser_screenshot` use the
+   * model made in this Run, allowed by policy, once.
+   */
+  fileStore(toolUseId: string): void {
+    if (this.modelUses.get(toolUseId) !== 'browser_screenshot') violation(`file.store for ${toolUseId}: not a browser_screenshot use the model made in this Run`);
+    if (this.stored.has(toolUseId)) violation(`file.store for ${toolUseId} was made twice`);
+    const d = this.decisionOf(toolUseId, 'file.store');
+    if (d?.decision === 'deny' || d?.decision === 'require_approval') violation(`file.store for ${toolUseId}: the use was not allowed to run`);
+    this.stored.set(toolUseId, '');
+  }
+
+  /** The File stored for a screenshot use (what its tool result may name). */
+  fileStored(toolUseId: string, fileId: string): void {
+    this.stored.set(toolUseId, fileId);
   }
 
   /** The harness's stop reason, checked: `requires_action` only names blocking uses of this thread. */

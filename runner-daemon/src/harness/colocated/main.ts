@@ -10,6 +10,8 @@ import { HarnessLoop } from '../loop.js';
 import { LocalCommands } from './local-commands.js';
 import { LineSplitter, type RelayTool } from './protocol.js';
 import { RelayClient } from './relay-client.js';
+import { BrowserSession } from '../tools/browser-session.js';
+import { launchLocal } from './browser-local.js';
 
 function writeLine(line: string): void {
   process.stdout.write(line);
@@ -48,6 +50,8 @@ async function main(): Promise<void> {
       ? { type: 'external', spec: t.spec, ...(t.permission ? { permission: t.permission } : {}), call: (input, signal, toolUseId) => relay.callTool(toolUseId, t.spec.name, input, signal) }
       : t,
   );
+  // The Environment's browser: Chromium in this sandbox, driven from here; screenshots go to the runner.
+  const browser = run.browser ? new BrowserSession(() => launchLocal()) : undefined;
   const loop = new HarnessLoop({
     model: relay.model,
     driver: new LocalCommands(),
@@ -55,6 +59,7 @@ async function main(): Promise<void> {
     sink: relay.sink,
     // Every tool use is checked against the workspace's ActionPolicies through the runner first.
     gate: (q) => relay.checkTool(q),
+    ...(browser ? { browser, storeFile: (f) => relay.storeFile(f) } : {}),
   });
   try {
     const outcome = await loop.run({
@@ -64,8 +69,11 @@ async function main(): Promise<void> {
       signal: relay.signal,
       ...(run.max_duration_seconds ? { max_duration_seconds: run.max_duration_seconds } : {}),
     });
+    // The browser ends with the Run (before `done`: the runner then lets the harness go).
+    await browser?.close();
     relay.send({ type: 'done', outcome: { stop_reason: outcome.stop_reason } });
   } catch (err) {
+    await browser?.close();
     relay.send({ type: 'error', message: err instanceof Error ? err.message : String(err) });
   }
   relayDone = true;

@@ -15,6 +15,9 @@
  *                                       ◄──   tool.decision {id, decision, rule_id, message}
  *   tool.call {id, tool_use_id, name, input}  ──►  an MCP tool, called by the runner
  *                                       ◄──   tool.result {id, content, is_error}
+ *   file.store {id, tool_use_id, filename,    ──►  a browser screenshot, stored by the runner
+ *     content_type, data (base64)}                 as a File of the Session
+ *                                       ◄──   file.stored {id, file_id} | {id, error}
  *   event {event}                       ──►   validated, then appended to the Session log
  *   log {level, msg}
  *   done {outcome: {stop_reason}}   |   error {message}
@@ -47,6 +50,8 @@ export interface RelayRun {
   responses?: PendingResponses;
   session_thread_id?: string;
   max_duration_seconds?: number;
+  /** The Environment's browser: the harness drives Chromium inside the sandbox (browser image). */
+  browser?: boolean;
 }
 
 /** Events a colocated harness may emit: what the split loop emits, less the idle status the runner derives. */
@@ -57,6 +62,7 @@ export type HarnessMessage =
   | { type: 'model.cancel'; id: string }
   | { type: 'tool.check'; id: string; tool_use_id: string }
   | { type: 'tool.call'; id: string; tool_use_id: string; name: string; input: unknown }
+  | { type: 'file.store'; id: string; tool_use_id: string; filename: string; content_type: 'image/png'; data: string }
   | { type: 'event'; event: RelayEvent }
   | { type: 'log'; level: 'debug' | 'info' | 'warn' | 'error'; msg: string }
   | { type: 'done'; outcome: { stop_reason: IdleStopReason } }
@@ -68,6 +74,7 @@ export type RunnerMessage =
   | { type: 'model.end'; id: string }
   | ({ type: 'tool.decision'; id: string } & GateDecision)
   | { type: 'tool.result'; id: string; content: string; is_error: boolean }
+  | { type: 'file.stored'; id: string; file_id?: string; error?: string }
   | { type: 'abort'; reason: 'interrupted' | 'max_duration' };
 
 /**

@@ -9,6 +9,9 @@ import type { HarnessEvent, SessionEventSink } from '../events.js';
 import type { GateDecision, GateQuery } from '../loop.js';
 import { encodeLine, RelayError, STOPPED_DECISION, type HarnessMessage, type RelayRun, type RunnerMessage } from './protocol.js';
 
+/** Largest File the harness sends the runner (its base64 must fit one relay line). */
+const MAX_RELAYED_FILE_BYTES = 2.5 * 1024 * 1024;
+
 interface OpenStream {
   push(event: ModelStreamEvent | undefined): void;
 }
@@ -18,6 +21,7 @@ export class RelayClient {
   private readonly streams = new Map<string, OpenStream>();
   private readonly calls = new Map<string, (r: { content: string; is_error: boolean }) => void>();
   private readonly checks = new Map<string, (d: GateDecision) => void>();
+  private readonly files = new Map<string, (r: { file_id?: string; error?: string }) => void>();
   private readonly aborter = new AbortController();
   private startRun!: (run: RelayRun) => void;
   /** The Run to execute, from the runner's `start` line. */
@@ -52,6 +56,10 @@ export class RelayClient {
       case 'tool.result':
         this.calls.get(m.id)?.({ content: m.content, is_error: m.is_error });
         this.calls.delete(m.id);
+        break;
+      case 'file.stored':
+        this.files.get(m.id)?.({ ...(m.file_id ? { file_id: m.file_id } : {}), ...(m.error ? { error: m.error } : {}) });
+        this.files.delete(m.id);
         break;
       case 'tool.decision':
         this.checks.get(m.id)?.({ decision: m.decision, rule_id: m.rule_id, message: m.message });
@@ -129,6 +137,22 @@ export class RelayClient {
       this.checks.set(id, resolve);
       this.send({ type: 'tool.check', id, tool_use_id: q.tool_use_id });
     });
+  }
+
+  /**
+   * Stores a screenshot as a File of the Session through the runner (the sandbox has no
+   * network). `tool_use_id` is the `browser_screenshot` use it answers.
+   */
+  async storeFile(file: { filename: string; content_type: 'image/png'; data: Buffer; tool_use_id: string }): Promise<{ file_id: string }> {
+    // A relay line holds 4 MiB: the base64 of a larger screenshot would break it.
+    if (file.data.length > MAX_RELAYED_FILE_BYTES) throw new Error(`the screenshot (${file.data.length} bytes) is larger than the ${MAX_RELAYED_FILE_BYTES} bytes a relay line carries`);
+    const id = `f${++this.seq}`;
+    const r = await new Promise<{ file_id?: string; error?: string }>((resolve) => {
+      this.files.set(id, resolve);
+      this.send({ type: 'file.store', id, tool_use_id: file.tool_use_id, filename: file.filename, content_type: file.content_type, data: file.data.toString('base64') });
+    });
+    if (!r.file_id) throw new Error(r.error ?? 'the runner did not store the File');
+    return { file_id: r.file_id };
   }
 
   /** Calls an MCP tool through the runner (the sandbox has no network). */

@@ -62,16 +62,26 @@ function block(v: unknown, what: string): ContentBlock {
       str(b.name, `${what}.name`, 128);
       break;
     case 'tool_result':
-      shape(b, what, ['type', 'tool_use_id', 'content'], ['is_error']);
+      shape(b, what, ['type', 'tool_use_id', 'content'], ['is_error', 'images']);
       str(b.tool_use_id, `${what}.tool_use_id`, 256);
       str(b.content, `${what}.content`, RELAY_MAX_EVENT_BYTES * 4);
       if (b.is_error !== undefined) bool(b.is_error, `${what}.is_error`, 'invalid_message');
+      if (b.images !== undefined) {
+        if (!Array.isArray(b.images) || b.images.length > 8) fail('invalid_message', `${what}.images must be an array of at most 8 images`);
+        for (const [i, img] of (b.images as unknown[]).entries()) {
+          const im = shape(img, `${what}.images[${i}]`, ['type', 'media_type', 'data']);
+          if (im.type !== 'image' || (im.media_type !== 'image/png' && im.media_type !== 'image/jpeg')) fail('invalid_message', `${what}.images[${i}] must be an image/png or image/jpeg image`);
+          if (typeof im.data !== 'string' || !BASE64.test(im.data)) fail('invalid_message', `${what}.images[${i}].data must be base64`);
+        }
+      }
       break;
     default:
       fail('invalid_message', `${what} has an unknown block type`);
   }
   return b as ContentBlock;
 }
+
+const BASE64 = /^[A-Za-z0-9+/]*={0,2}$/;
 
 function modelRequest(v: unknown): ModelRequest {
   const r = shape(v, 'model.request.request', ['routing_key', 'messages', 'tools'], ['system', 'max_output_tokens', 'temperature']);
@@ -128,7 +138,8 @@ export function validateEvent(v: unknown): RelayEvent {
       break;
     }
     case 'agent.tool_result': {
-      const payload = shape(p, 'agent.tool_result payload', ['tool_use_id', 'content', 'is_error'], ['denied', 'policy_rule_id', 'exit_code', 'timed_out', 'oom_killed', 'interrupted', 'duration_ms'], 'invalid_event');
+      const payload = shape(p, 'agent.tool_result payload', ['tool_use_id', 'content', 'is_error'], ['denied', 'policy_rule_id', 'exit_code', 'timed_out', 'oom_killed', 'interrupted', 'duration_ms', 'file_id'], 'invalid_event');
+      if (payload.file_id !== undefined && (typeof payload.file_id !== 'string' || !/^file_[A-Za-z0-9]{1,64}$/.test(payload.file_id))) fail('invalid_event', 'agent.tool_result file_id must be a file_ id');
       str(payload.tool_use_id, 'agent.tool_result tool_use_id', 256, 'invalid_event');
       if (typeof payload.content !== 'string') fail('invalid_event', 'agent.tool_result content must be a string');
       bool(payload.is_error, 'agent.tool_result is_error', 'invalid_event');
@@ -178,6 +189,14 @@ export function parseHarnessLine(line: string): HarnessMessage {
     case 'tool.check':
       shape(m, 'tool.check', ['type', 'id', 'tool_use_id']);
       return { type: 'tool.check', id: id(m.id, 'tool.check.id'), tool_use_id: str(m.tool_use_id, 'tool.check.tool_use_id', 256) };
+    case 'file.store': {
+      shape(m, 'file.store', ['type', 'id', 'tool_use_id', 'filename', 'content_type', 'data']);
+      if (m.content_type !== 'image/png') fail('invalid_message', 'file.store content_type must be image/png');
+      const filename = str(m.filename, 'file.store.filename', 200);
+      if (!/^[A-Za-z0-9][A-Za-z0-9._-]*$/.test(filename)) fail('invalid_message', 'file.store filename must be letters, digits, ".", "_" and "-"');
+      if (typeof m.data !== 'string' || !BASE64.test(m.data)) fail('invalid_message', 'file.store data must be base64');
+      return { type: 'file.store', id: id(m.id, 'file.store.id'), tool_use_id: str(m.tool_use_id, 'file.store.tool_use_id', 256), filename, content_type: 'image/png', data: m.data };
+    }
     case 'tool.call':
       shape(m, 'tool.call', ['type', 'id', 'tool_use_id', 'name', 'input']);
       return { type: 'tool.call', id: id(m.id, 'tool.call.id'), tool_use_id: str(m.tool_use_id, 'tool.call.tool_use_id', 256), name: str(m.name, 'tool.call.name', 128), input: m.input };

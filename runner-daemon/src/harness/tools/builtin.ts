@@ -15,6 +15,7 @@ import {
   type ToolOutcome,
 } from './types.js';
 import { compileGlob, GlobError, type CompiledGlob } from '@agentplane/core/glob';
+import { BROWSER_TOOLS } from './browser.js';
 
 function error(content: string, meta?: ToolOutcome['meta']): ToolOutcome {
   return { content, is_error: true, meta };
@@ -418,7 +419,7 @@ export const skillTool: BuiltinTool = {
 
 export function builtinTool(name: string): BuiltinTool | undefined {
   if (name === SKILL_TOOL_NAME) return skillTool;
-  return BUILTIN_TOOLS.find((t) => t.spec.name === name);
+  return BUILTIN_TOOLS.find((t) => t.spec.name === name) ?? BROWSER_TOOLS.find((t) => t.spec.name === name);
 }
 
 /**

@@ -1,5 +1,9 @@
-import type { ToolSpec } from '@agentplane/protocol';
+import type { ImageContent, ToolSpec } from '@agentplane/protocol';
 import type { CommandRunner, ExecResult, Sandbox } from '../../sandbox/types.js';
+import type { BrowserSession } from './browser-session.js';
+
+/** Stores a File of the Session (a screenshot) and returns its id. */
+export type FileStore = (file: { filename: string; content_type: 'image/png'; data: Buffer; tool_use_id: string }) => Promise<{ file_id: string }>;
 
 export interface ToolContext {
   driver: CommandRunner;
@@ -7,12 +11,20 @@ export interface ToolContext {
   signal?: AbortSignal;
   /** Upper bound for any command the tool runs (e.g. what remains of the Run's max duration). */
   maxTimeoutMs?: number;
+  /** The tool use being run (what a stored File answers). */
+  toolUseId?: string;
+  /** The Run's browser, where the Environment has one (the `browser_*` tools need it). */
+  browser?: BrowserSession;
+  /** Where the `browser_screenshot` tool stores its PNG as a File of the Session. */
+  storeFile?: FileStore;
 }
 
 export interface ToolOutcome {
   /** Text returned to the model as the `tool_result` content. */
   content: string;
   is_error: boolean;
+  /** Images returned to the model beside `content` (a screenshot); never written to the event log. */
+  images?: ImageContent[];
   /** Details for events and logs, never sent to the model. */
   meta?: {
     exitCode?: number;
@@ -21,6 +33,8 @@ export interface ToolOutcome {
     oomKilled?: boolean;
     truncated?: boolean;
     durationMs?: number;
+    /** The File the tool stored (a screenshot): the event names it instead of carrying the bytes. */
+    fileId?: string;
   };
 }
 
