@@ -1,11 +1,11 @@
 import { execFile, type ChildProcess } from 'node:child_process';
 import { promisify } from 'node:util';
-import { mkdtempSync } from 'node:fs';
+import { cpSync, mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { HttpClient } from '@agentplane/client';
-import { connectRedis, keys, LuaScript, tags, type Redis } from '@agentplane/store';
+import { AppendNotReplicatedError, connectRedis, EventLog, eventLogKeys, keys, LuaScript, tags, type Redis } from '@agentplane/store';
 import { RUNNER_CLI, startDaemon } from './harness/daemon.js';
 import { startApiNode, startFailoverProxy, startSchedulerNode, type ApiNode, type FailoverProxy, type NodeProcess } from './harness/cluster-platform.js';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
@@ -35,7 +35,8 @@ let runnerId: string;
 let daemon: ChildProcess | undefined;
 const extraNodes: ApiNode[] = [];
 
-const ENV = { ...FAST_LEASES, LOG_LEVEL: 'warn' };
+// Every append waits for one replica (docs/CLUSTER.md): the guarantee the failover test checks.
+const ENV = { ...FAST_LEASES, LOG_LEVEL: process.env.TEST_LOG_LEVEL ?? 'warn', EVENT_APPEND_WAIT_REPLICAS: '1', EVENT_APPEND_WAIT_TIMEOUT_MS: '1000' };
 
 async function pairThrough(url: string, label: string): Promise<{ dir: string; runnerId: string }> {
   const r = await p.root.request<{ code: string }>('POST', '/v1/runner-pairings', {
@@ -83,6 +84,8 @@ beforeAll(async () => {
 }, 150_000);
 
 afterAll(async () => {
+  // CLUSTER_TEST_LOGS=<dir>: keep every node's log there (the test temp root is removed).
+  if (process.env.CLUSTER_TEST_LOGS && p) cpSync(p.dataDir, process.env.CLUSTER_TEST_LOGS, { recursive: true, filter: (f) => !f.endsWith('.key') });
   daemon?.kill('SIGKILL');
   await proxy?.close();
   redis?.disconnect();
@@ -137,6 +140,105 @@ describe('the platform on a Redis Cluster with several API nodes and schedulers'
     const sneaky = new LuaScript('test:undeclared', "redis.call('SET', KEYS[1], '1'); return redis.call('GET', ARGV[1])");
     await expect(sneaky.run(redis, [keys.scoped(ws, 'a')], [keys.scoped(tags.session('sess_far_away'), 'x')])).rejects.toThrow(/slot|non local|cluster/i);
   });
+
+  const SLOW_TOOL = SCRIPT([
+    { when: { user_contains: 'go' }, then: [{ tool: 'bash', input: { command: 'sleep 4; echo finished' } }] },
+    { when: { on: 'tool_result' }, then: [{ reply: 'done: {{tool_result}}' }] },
+  ]);
+  const bashSession = async (): Promise<string> => (await onA.post<{ id: string }>('/v1/sessions', {
+    agent: { name: 'a', model: 'default', tools: [{ type: 'builtin', name: 'bash' }], system: SLOW_TOOL }, environment_id: envId,
+  })).id;
+  const runsOf = async (id: string) => (await onB.get<{ data: { status: string; attempts: { outcome: string }[] }[] }>(`/v1/sessions/${id}/runs`)).data;
+
+  it('survives kill -9 of the API node holding the runner socket: the runner reconnects to another node within the bound and its held lease survives', async () => {
+    const id = await bashSession();
+    const events: TurnEvent[] = [];
+    const stream = untilEvents(onB, id, (e) => { events.splice(0, events.length, ...e); return e.some((x) => x.type === 'session.status_idle'); }, 90_000);
+    await onA.post(`/v1/sessions/${id}/events`, msg('go'));
+    await waitFor('the tool call', () => (events.some((e) => e.type === 'agent.tool_use') ? true : undefined), 60_000);
+    const routedBefore = proxy.routed.length;
+    const killedAt = Date.now();
+    await c.kill();
+    // The runner's next connection goes to B (C refuses): how long it was without a gateway.
+    await waitFor('the runner reconnected to node B', () => (proxy.routed.slice(routedBefore).includes(b.port) ? true : undefined), 20_000);
+    const reconnectMs = Date.now() - killedAt;
+    await stream;
+    expect(JSON.stringify(events.filter((e) => e.type === 'agent.message'))).toContain('finished');
+    expect(events.find((e) => e.type === 'session.status_idle')?.payload.stop_reason).toMatchObject({ type: 'end_turn' });
+    // One attempt: the lease held across the reconnect, no reschedule.
+    expect(events.filter((e) => e.type === 'session.thread_status_rescheduled')).toHaveLength(0);
+    const runs = await runsOf(id);
+    expect(runs[0]!.attempts).toHaveLength(1);
+    expect(runs[0]!.attempts[0]!.outcome).toBe('succeeded');
+    // docs/CLUSTER.md: the reconnect backoff's first step (here 200 ms, capped at 1 s) plus connect.
+    expect(reconnectMs).toBeLessThan(10_000);
+  }, 120_000);
+
+  it('fails a Redis master over mid-turn: the turn completes and no acknowledged event is lost (appends wait for a replica)', async () => {
+    let id = await bashSession();
+    // The Session's slot must have a replica to promote.
+    for (let i = 0; (await cluster.replicaOf(await cluster.masterOf(eventLogKeys.stream(id)))) === undefined && i < 20; i++) id = await bashSession();
+    const master = await cluster.masterOf(eventLogKeys.stream(id));
+    const replica = await cluster.replicaOf(master);
+    expect(replica).toBeDefined();
+    const seen: TurnEvent[] = [];
+    const stream = untilEvents(onB, id, (e) => { seen.splice(0, seen.length, ...e); return e.some((x) => x.type === 'session.status_idle'); }, 90_000);
+    await onA.post(`/v1/sessions/${id}/events`, msg('go'));
+    await waitFor('the tool call', () => (seen.some((e) => e.type === 'agent.tool_use') ? true : undefined), 60_000);
+    const beforeKill = [...seen];
+    const killedAt = Date.now();
+    await cluster.kill(master);
+    await waitFor('the replica promoted', async () => ((await cluster.masterOf(eventLogKeys.stream(id)).catch(() => 0)) === replica ? true : undefined), 30_000);
+    const failoverMs = Date.now() - killedAt;
+    // The promoted master has no replica yet, so appends (which wait for one) are refused until
+    // the old master is back as its replica: a supervisor restarts it, as here.
+    await cluster.restart(master);
+    const all = await stream;
+    expect(all.find((e) => e.type === 'session.status_idle')?.payload.stop_reason).toMatchObject({ type: 'end_turn' });
+    // Read back from the promoted master: every event a reader saw before the kill is still
+    // there, same id and seq; the sequence has no holes.
+    const thread = (await onB.get<{ data: { id: string }[] }>(`/v1/sessions/${id}/threads`)).data[0]!.id;
+    const log = (await onB.get<{ data: TurnEvent[] }>(`/v1/sessions/${id}/threads/${thread}/events`, { limit: 1000 })).data;
+    const byId = new Map(log.map((e) => [e.id, e.seq]));
+    for (const e of beforeKill) expect(byId.get(e.id)).toBe(e.seq);
+    const seqs = log.map((e) => e.seq);
+    expect(new Set(seqs).size).toBe(seqs.length);
+    expect(failoverMs).toBeLessThan(30_000);
+  }, 150_000);
+
+  it('measures what asynchronous replication loses on a master failure, and that WAIT refuses to acknowledge what a replica lacks', async () => {
+    // A Session tag whose master still has a replica.
+    let sessionId = '';
+    let master = 0;
+    let replica: number | undefined;
+    for (let i = 0; i < 200 && replica === undefined; i++) {
+      sessionId = `sess_measure${i}`;
+      master = await cluster.masterOf(eventLogKeys.stream(sessionId));
+      replica = await cluster.replicaOf(master);
+    }
+    expect(replica).toBeDefined();
+    const fast = new EventLog(redis);
+    const durable = new EventLog(redis, { waitReplicas: 1, waitTimeoutMs: 300 });
+    const ev = (n: number) => ({ type: 'agent.message', payload: { n }, session_thread_id: null });
+    expect((await durable.append(sessionId, [ev(1)])).ok).toBe(true);
+    // Cut the replica off: stop its process and drop its link, so nothing more reaches it.
+    cluster.pause(replica!, true);
+    try {
+      await cluster.node(master).call('CLIENT', 'KILL', 'TYPE', 'replica');
+      let acknowledged = 0;
+      for (let n = 2; n <= 6; n++) if ((await fast.append(sessionId, [ev(n)])).ok) acknowledged++;
+      expect(acknowledged).toBe(5);
+      await expect(durable.append(sessionId, [ev(7)])).rejects.toBeInstanceOf(AppendNotReplicatedError);
+      await cluster.kill(master);
+    } finally {
+      cluster.pause(replica!, false);
+    }
+    await waitFor('the replica promoted', async () => ((await cluster.masterOf(eventLogKeys.stream(sessionId)).catch(() => 0)) === replica ? true : undefined), 30_000);
+    const after = await waitFor('the log readable', () => fast.range(sessionId, 0, 100).catch(() => undefined), 20_000);
+    // Without WAIT: the five acknowledged appends made while the replica lagged are gone. With
+    // WAIT: the first append survived; the last was never acknowledged.
+    expect(after.map((e) => (e.payload as { n: number }).n)).toEqual([1]);
+  }, 90_000);
 });
 
 export type { TurnEvent };

@@ -20,6 +20,8 @@ export interface ClusterNodeInfo {
   masterId: string | null;
   /** Slot ranges this node serves (masters). */
   slots: [number, number][];
+  /** Flagged fail or fail? by the node asked. */
+  failed: boolean;
 }
 
 export interface RedisClusterHandle {
@@ -33,8 +35,14 @@ export interface RedisClusterHandle {
   nodes(): Promise<ClusterNodeInfo[]>;
   /** The port of the master that serves `key`'s slot. */
   masterOf(key: string): Promise<number>;
+  /** The live replica of the master on `port`, if it has one. */
+  replicaOf(port: number): Promise<number | undefined>;
+  /** Pause (SIGSTOP) or resume (SIGCONT) one node's process. */
+  pause(port: number, paused: boolean): void;
   /** kill -9 one node. */
   kill(port: number): Promise<void>;
+  /** Start a killed node again on its port and node file: it rejoins (a failed-over master as a replica). */
+  restart(port: number): Promise<void>;
   /** Wait until every live node says cluster_state:ok and sees the same slot owners. */
   waitHealthy(timeoutMs?: number): Promise<void>;
   stop(): Promise<void>;
@@ -69,9 +77,9 @@ export async function startRedisCluster(options: { nodeTimeoutMs?: number } = {}
   const procs = new Map<number, ChildProcess>();
   const clients: Redis[] = [];
   const [cmd = 'redis-server', ...pre] = [...parentDeathWrapper(), 'redis-server'];
-  for (const port of ports) {
+  const launch = (port: number): void => {
     const nodeDir = join(dir, String(port));
-    mkdirSync(nodeDir);
+    mkdirSync(nodeDir, { recursive: true });
     const conf = [
       `port ${port}`, 'bind 127.0.0.1', 'protected-mode yes', `dir "${nodeDir}"`,
       'cluster-enabled yes', `cluster-config-file nodes-${port}.conf`, `cluster-node-timeout ${options.nodeTimeoutMs ?? 2000}`,
@@ -83,7 +91,8 @@ export async function startRedisCluster(options: { nodeTimeoutMs?: number } = {}
     const child = spawn(cmd, [...pre, '-'], { stdio: ['pipe', 'ignore', 'ignore'] });
     child.stdin?.end(`${conf}\n`);
     procs.set(port, child);
-  }
+  };
+  for (const port of ports) launch(port);
   const node = (port: number): Redis => {
     const c = new Redis({ host: '127.0.0.1', port, password, lazyConnect: false, maxRetriesPerRequest: 1, retryStrategy: () => null });
     c.on('error', () => undefined);
@@ -110,7 +119,8 @@ export async function startRedisCluster(options: { nodeTimeoutMs?: number } = {}
     return {
       id: f[0] ?? '',
       port: Number((f[1] ?? '').split('@')[0]?.split(':')[1]),
-      role: flags.includes('master') && !flags.includes('fail') ? 'master' : 'slave',
+      role: flags.includes('master') ? 'master' : 'slave',
+      failed: flags.includes('fail'),
       masterId: f[3] && f[3] !== '-' ? f[3] : null,
       slots: f.slice(8).filter((s) => /^\d+(-\d+)?$/.test(s)).map((s) => {
         const [a, b] = s.split('-').map(Number);
@@ -133,10 +143,18 @@ export async function startRedisCluster(options: { nodeTimeoutMs?: number } = {}
       c.on('error', () => undefined);
       try {
         const slot = Number(await c.call('CLUSTER', 'KEYSLOT', key));
-        const owner = parse(String(await c.call('CLUSTER', 'NODES'))).find((n) => n.role === 'master' && n.slots.some(([a, b]) => slot >= a && slot <= b));
+        const owner = parse(String(await c.call('CLUSTER', 'NODES'))).find((n) => n.role === 'master' && !n.failed && n.slots.some(([a, b]) => slot >= a && slot <= b));
         if (!owner) throw new Error(`no master serves slot ${slot}`);
         return owner.port;
       } finally { c.disconnect(); }
+    },
+    async replicaOf(port: number) {
+      const all = await handle.nodes();
+      const master = all.find((n) => n.port === port);
+      return all.find((n) => n.role === 'slave' && !n.failed && master && n.masterId === master.id)?.port;
+    },
+    pause(port: number, paused: boolean) {
+      procs.get(port)?.kill(paused ? 'SIGSTOP' : 'SIGCONT');
     },
     async kill(port: number) {
       const p = procs.get(port);
@@ -144,6 +162,16 @@ export async function startRedisCluster(options: { nodeTimeoutMs?: number } = {}
       const gone = new Promise<void>((resolve) => p.once('exit', () => resolve()));
       p.kill('SIGKILL');
       await gone;
+    },
+    async restart(port: number) {
+      launch(port);
+      const deadline = Date.now() + 15_000;
+      for (;;) {
+        const r = spawnSync('redis-cli', ['-p', String(port), '--no-auth-warning', '-a', password, 'ping'], { encoding: 'utf8' });
+        if (r.stdout.trim() === 'PONG') return;
+        if (Date.now() > deadline) throw new Error(`cluster node ${port} did not restart`);
+        await new Promise((res) => setTimeout(res, 50));
+      }
     },
     async waitHealthy(timeoutMs = 30_000) {
       const deadline = Date.now() + timeoutMs;
@@ -200,9 +228,9 @@ async function waitReplicas(c: RedisClusterHandle, timeoutMs = 20_000): Promise<
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     const nodes = await c.nodes();
-    const masters = nodes.filter((n) => n.role === 'master' && n.slots.length > 0);
+    const masters = nodes.filter((n) => n.role === 'master' && !n.failed && n.slots.length > 0);
     let synced = 0;
-    for (const n of nodes.filter((x) => x.role === 'slave')) {
+    for (const n of nodes.filter((x) => x.role === 'slave' && !x.failed)) {
       const r = c.node(n.port);
       const info = String(await r.info('replication').catch(() => ''));
       r.disconnect();
