@@ -162,6 +162,7 @@ describe('the platform on a Redis Cluster with several API nodes and schedulers'
     // The runner's next connection goes to B (C refuses): how long it was without a gateway.
     await waitFor('the runner reconnected to node B', () => (proxy.routed.slice(routedBefore).includes(b.port) ? true : undefined), 20_000);
     const reconnectMs = Date.now() - killedAt;
+    process.stdout.write(`cluster: runner back on another API node ${reconnectMs} ms after kill -9 of its node\n`);
     await stream;
     expect(JSON.stringify(events.filter((e) => e.type === 'agent.message'))).toContain('finished');
     expect(events.find((e) => e.type === 'session.status_idle')?.payload.stop_reason).toMatchObject({ type: 'end_turn' });
@@ -190,6 +191,7 @@ describe('the platform on a Redis Cluster with several API nodes and schedulers'
     await cluster.kill(master);
     await waitFor('the replica promoted', async () => ((await cluster.masterOf(eventLogKeys.stream(id)).catch(() => 0)) === replica ? true : undefined), 30_000);
     const failoverMs = Date.now() - killedAt;
+    process.stdout.write(`cluster: replica promoted ${failoverMs} ms after kill -9 of the Session's master\n`);
     // The promoted master has no replica yet, so appends (which wait for one) are refused until
     // the old master is back as its replica: a supervisor restarts it, as here.
     await cluster.restart(master);
