@@ -150,6 +150,31 @@ describe('the platform on a Redis Cluster with several API nodes and schedulers'
   })).id;
   const runsOf = async (id: string) => (await onB.get<{ data: { status: string; attempts: { outcome: string }[] }[] }>(`/v1/sessions/${id}/runs`)).data;
 
+  it('delivers an interrupt and a drain posted on node A to the runner whose socket is on node C', async () => {
+    const id = (await onA.post<{ id: string }>('/v1/sessions', {
+      agent: { name: 'a', model: 'default', tools: [{ type: 'builtin', name: 'bash' }], system: SCRIPT([{ when: { user_contains: 'sleep' }, then: [{ tool: 'bash', input: { command: 'sleep 600' } }] }]) },
+      environment_id: envId,
+    })).id;
+    const events: TurnEvent[] = [];
+    const stream = untilEvents(onB, id, (e) => { events.splice(0, events.length, ...e); return e.some((x) => x.type === 'session.status_idle'); }, 60_000);
+    await onA.post(`/v1/sessions/${id}/events`, msg('sleep please'));
+    await waitFor('the tool call', () => (events.some((e) => e.type === 'agent.tool_use') ? true : undefined), 60_000);
+    const started = Date.now();
+    await onA.post(`/v1/sessions/${id}/events`, { type: 'user.interrupt', payload: { authored_by: principal, caused_by: { kind: 'api' } } });
+    await stream;
+    expect(Date.now() - started).toBeLessThan(15_000);
+    expect(events.find((e) => e.type === 'session.status_idle')?.payload.stop_reason).toMatchObject({ type: 'interrupted' });
+
+    const status = (want: string) => waitFor(`runner ${want}`, async () => {
+      const r = await onB.get<{ data: { runner: string; status: string }[] }>('/v1/runner-pools/presences');
+      return r.data.some((x) => x.runner === runnerId && x.status === want) ? true : undefined;
+    }, 30_000);
+    expect((await onA.request('POST', `/v1/runners/${runnerId}/drain`, { body: { deadline_seconds: 60, reason: 'maintenance' } })).status).toBe(200);
+    await status('draining');
+    expect((await onA.request('POST', `/v1/runners/${runnerId}/resume`)).status).toBe(200);
+    await status('ready');
+  }, 90_000);
+
   it('survives kill -9 of the API node holding the runner socket: the runner reconnects to another node within the bound and its held lease survives', async () => {
     const id = await bashSession();
     const events: TurnEvent[] = [];
