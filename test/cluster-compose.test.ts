@@ -1,5 +1,8 @@
 import { spawnSync } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { startEmbeddedRedis } from '@agentplane/store';
 import { describe, expect, it } from 'vitest';
 import { ROOT_DIR } from './harness/platform.js';
 
@@ -29,5 +32,29 @@ describe('the cluster compose topology', () => {
     expect(full.match(/image: (.+)/g)?.every((l) => l === 'image: agentplane:local')).toBe(true);
     expect(full).toContain('redis+cluster://redis-1:6379');
     expect(full).toContain('--cluster-replicas 1');
+  });
+});
+
+describe('platform --bootstrap-only', () => {
+  it('boots a shared Redis once (Organization, Workspace, root key) and exits; a second run finds it booted', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'bootstrap-only-'));
+    const redis = await startEmbeddedRedis({ dir: join(dir, 'redis') });
+    try {
+      const run = (dataDir: string) => spawnSync(process.execPath, [join(ROOT_DIR, 'platform/dist/main.js'), '--bootstrap-only'], {
+        encoding: 'utf8', timeout: 60_000, env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: dir, DATA_DIR: dataDir, REDIS_URL: redis.url, LOG_LEVEL: 'warn' },
+      });
+      const first = run(join(dir, 'a'));
+      expect(first.status, first.stderr).toBe(0);
+      expect(first.stderr).toContain('root API key');
+      expect(JSON.parse(readFileSync(join(dir, 'a', 'bootstrap.json'), 'utf8'))).toMatchObject({ root_key: expect.stringMatching(/^ap_key_/) });
+      const second = run(join(dir, 'b'));
+      expect(second.status, second.stderr).toBe(0);
+      expect(second.stderr).not.toContain('root API key');
+      const refused = spawnSync(process.execPath, [join(ROOT_DIR, 'platform/dist/main.js'), '--bootstrap-only'], { encoding: 'utf8', env: { PATH: process.env.PATH ?? '', DATA_DIR: join(dir, 'c') } });
+      expect(refused.status).toBe(2);
+    } finally {
+      await redis.stop();
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });

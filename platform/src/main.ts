@@ -48,6 +48,10 @@ async function main(): Promise<void> {
     return;
   }
   const config = loadPlatformConfig(process.env);
+  if (process.argv.includes('--bootstrap-only') && !config.redisUrl) {
+    process.stderr.write('--bootstrap-only needs REDIS_URL (the shared Redis the other processes use)\n');
+    process.exit(2);
+  }
   const log = createLogger({ name: 'platform', level: config.logLevel });
   mkdirSync(config.dataDir, { recursive: true, mode: 0o700 });
 
