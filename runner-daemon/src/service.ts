@@ -52,7 +52,6 @@ export function renderUnit(o: UnitOptions): string {
     '# Written by `agentplane-runner service install`; `agentplane-runner service uninstall` removes it.',
     '[Unit]',
     `Description=agentplane runner (${o.configDir})`,
-    'Documentation=https://github.com/agentplane/agentplane/blob/main/docs/CLUSTER.md',
     'After=network-online.target docker.service',
     'Wants=network-online.target',
     // Keep restarting however often it fails (the control plane may be down for a while).
