@@ -74,7 +74,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
   });
   const identity = new IdentityService(docs, redis, credentials);
   const turns: { scheduler: TurnScheduler } = { scheduler: recordOnlyTurnScheduler };
-  const sessionStore = new SessionStore(redis);
+  const sessionStore = new SessionStore(redis, config.appendDurability);
   const threadRuntime = new ThreadRuntime(sessionStore, () => turns.scheduler);
   const agents = new VersionedStore<Agent>(redis, 'agents', 'agent');
   const environments = new VersionedStore<Environment>(redis, 'environments', 'environment');

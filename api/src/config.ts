@@ -1,6 +1,7 @@
 import { readFileSync } from 'node:fs';
 import type { DeliverySettings } from './webhooks/delivery.js';
 import { leaseConfigFrom, type LeaseConfig } from '@agentplane/lease';
+import { appendDurabilityFrom, type EventLogDurability } from '@agentplane/store';
 import { DEFAULT_APPROVAL_EXPIRY_SECONDS, MAX_APPROVAL_EXPIRY_SECONDS } from './approvals/limits.js';
 import { envBool, envInt, envOptional, envString, type Env, ConfigError } from '@agentplane/core';
 
@@ -8,6 +9,8 @@ export interface ApiConfig {
   port: number;
   host: string;
   redisUrl: string;
+  /** WAIT after every Session event append (docs/CLUSTER.md). */
+  appendDurability: EventLogDurability;
   /** Base of the public documentation; error bodies link into it. */
   docsUrl: string;
   /** The URL clients use to reach this API (bootstrap file, OpenAPI servers). */
@@ -81,6 +84,7 @@ export function loadApiConfig(env: Env): ApiConfig {
     port,
     host,
     redisUrl: envString(env, 'REDIS_URL'),
+    appendDurability: appendDurabilityFrom(env),
     docsUrl: envString(env, 'DOCS_URL', 'https://docs.agentplane.dev'),
     publicBaseUrl: envString(env, 'PUBLIC_BASE_URL', `http://${host === '0.0.0.0' ? '127.0.0.1' : host}:${port}`),
     masterKey: loadMasterKey(env),

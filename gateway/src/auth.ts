@@ -1,5 +1,5 @@
 import { ERROR_STATUS, secretDigest } from '@agentplane/core';
-import { keys, tags, type Redis } from '@agentplane/store';
+import { getEach, keys, tags, type Redis } from '@agentplane/store';
 
 /**
  * Who is on the other end of a runner socket, resolved on upgrade from the bearer. Reads the
@@ -67,12 +67,12 @@ export async function authenticateRunner(redis: Redis, token: string | null): Pr
   const rec = JSON.parse(raw) as AuthRecordView;
   if (rec.kind !== 'runner_credential' || !rec.workspace_id) throw new AuthFailure('policy.denied', 'only runner credentials may connect');
   const ws = rec.workspace_id;
-  const [credRaw, wsRaw, orgRaw, principalRaw] = await redis.mget(
+  const [credRaw, wsRaw, orgRaw, principalRaw] = await getEach(redis, [
     keys.doc(tags.workspace(ws), rec.credential_id),
     keys.doc(tags.workspace(ws), ws),
     keys.doc(tags.org(rec.organization_id), rec.organization_id),
     rec.principal_id ? keys.doc(tags.workspace(ws), rec.principal_id) : keys.doc(tags.workspace(ws), 'none'),
-  );
+  ]);
   if (!credRaw) throw new AuthFailure('auth.invalid_key', 'unknown or revoked credential');
   const cred = JSON.parse(credRaw) as CredView;
   if (cred.status !== 'active') throw new AuthFailure('auth.invalid_key', 'the runner credential is revoked');

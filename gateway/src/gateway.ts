@@ -3,7 +3,7 @@ import { STATUS_CODES, type IncomingMessage, type Server } from 'node:http';
 import type { Duplex } from 'node:stream';
 import { WebSocketServer, type WebSocket } from 'ws';
 import { ApiError, closedLabel, context, Counter, extractTrace, Gauge, statusLabel, tracingEnabled, type Logger, type Metrics } from '@agentplane/core';
-import type { Redis } from '@agentplane/store';
+import { isCluster, type Redis } from '@agentplane/store';
 import {
   CLOSE, CLOSE_REASON, FrameError, RUNNER_CONNECT_PATH, RUNNER_DEFAULTS, RUNNER_PROTOCOL_VERSIONS, frame, negotiateVersion,
   parseFrame, type GatewayToRunnerType, type LeaseRef, type Payload, type RunnerMessage, type RunnerPresence,
@@ -513,7 +513,10 @@ export async function deliverToRunner(redis: Redis, workspaceId: string, runnerI
   if (!stored) return false;
   const d: NodeDelivery = { runner_id: runnerId, frame: frameText, ...(generation !== undefined ? { generation } : {}) };
   const receivers = await redis.publish(gatewayNodeChannel(stored.route.node_id), JSON.stringify(d));
-  return receivers > 0;
+  // On a Redis Cluster PUBLISH counts only the subscribers of the node it ran on (the message
+  // itself reaches every node): there a live presence is the best answer, and a node that died
+  // with its presence still fresh costs the sender its own timeout, as a lost frame would.
+  return receivers > 0 || isCluster(redis);
 }
 
 /**

@@ -1,4 +1,5 @@
 import { LEASE_ENV } from '@agentplane/lease';
+import { APPEND_DURABILITY_ENV } from '@agentplane/store';
 import { resolve } from 'node:path';
 import { envBool, envEnum, envInt, envOptional, envString, type Env } from '@agentplane/core';
 
@@ -60,7 +61,7 @@ export function loadPlatformConfig(env: Env): PlatformConfig {
     schedulerPort: envInt(env, 'SCHEDULER_PORT', 0, 0, 65535),
     startRunner: envBool(env, 'START_RUNNER', true),
     restartChildren: envBool(env, 'RESTART_CHILDREN', true),
-    leaseEnv: Object.freeze(Object.fromEntries([...LEASE_ENV, 'CAPACITY_RETRY_MS', 'INTERRUPT_GRACE_MS', 'POOL_SCAN_MS', 'ENQUEUE_REPAIR_AFTER_MS'].flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : [])))),
+    leaseEnv: Object.freeze(Object.fromEntries([...LEASE_ENV, ...APPEND_DURABILITY_ENV, 'CAPACITY_RETRY_MS', 'INTERRUPT_GRACE_MS', 'POOL_SCAN_MS', 'ENQUEUE_REPAIR_AFTER_MS'].flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : [])))),
     runnerEnv: Object.freeze(Object.fromEntries(RUNNER_ENV.flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : [])))),
     localRunnerEnv: Object.freeze(Object.fromEntries(LOCAL_RUNNER_ENV.flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : [])))),
     otelEnv: Object.freeze(Object.fromEntries(Object.entries(env).filter((e): e is [string, string] => e[0].startsWith('OTEL_') && e[0] !== 'OTEL_SERVICE_NAME' && typeof e[1] === 'string'))),

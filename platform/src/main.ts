@@ -12,7 +12,7 @@ import { Supervisor } from './supervisor.js';
 
 const HELP = `agentplane: start the whole platform on this machine
 
-Usage: npm start            (or: node platform/dist/main.js)
+Usage: npm start            (or: node platform/dist/main.js [--bootstrap-only])
 
 Starts a private redis-server (AOF on, under $DATA_DIR/redis) unless REDIS_URL is set,
 bootstraps an Organization, a Workspace and a root API key on first boot, then runs the
@@ -21,7 +21,9 @@ API (with the runner gateway), the scheduler and one local runner.
 Environment:
   DATA_DIR          where state lives (default ./.data)
   PORT, HOST        API listen address (default 8080, 127.0.0.1)
-  REDIS_URL         use this Redis instead of the embedded one
+  REDIS_URL         use this Redis instead of the embedded one: redis://[:password@]host:port,
+                    or a Redis Cluster: redis+cluster://[:password@]host1:port1,host2:port2,...
+  --bootstrap-only  first boot against REDIS_URL (Organization, Workspace, root key), then exit
   REDIS_HZ          embedded Redis hz (default 100: delayed retries late by at most ~10 ms)
   LOG_LEVEL         fatal|error|warn|info|debug|trace|silent (default info)
   START_SCHEDULER   start the scheduler process (default true)
@@ -46,6 +48,10 @@ async function main(): Promise<void> {
     return;
   }
   const config = loadPlatformConfig(process.env);
+  if (process.argv.includes('--bootstrap-only') && !config.redisUrl) {
+    process.stderr.write('--bootstrap-only needs REDIS_URL (the shared Redis the other processes use)\n');
+    process.exit(2);
+  }
   const log = createLogger({ name: 'platform', level: config.logLevel });
   mkdirSync(config.dataDir, { recursive: true, mode: 0o700 });
 
@@ -111,6 +117,12 @@ async function main(): Promise<void> {
     await ensureLocalRunner(redis, new RunnerService(docs, redis, credentials, identity), boot.workspace_id, runnerDir, baseUrl, log);
   }
   await redis.quit();
+  if (process.argv.includes('--bootstrap-only')) {
+    // A multi-node deployment's one-shot first boot (docker/compose.cluster.yaml): the processes
+    // run on their own.
+    log.info({ organization_id: boot.organization_id, workspace_id: boot.workspace_id }, 'bootstrap done');
+    return;
+  }
   if (boot.root_key) {
     // A first boot on a machine that still has sandboxes of an earlier platform says so, once.
     reportEarlierSandboxes({ runnerDir, dockerSocket: process.env.DOCKER_SOCKET, scope: config.localRunnerEnv.AGENTPLANE_SANDBOX_SCOPE, log }).catch((err: unknown) =>

@@ -1,5 +1,6 @@
 #!/usr/bin/env node
-import { join } from 'node:path';
+import { existsSync } from 'node:fs';
+import { join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { hostname } from 'node:os';
 import type Docker from 'dockerode';
@@ -11,6 +12,7 @@ import { RunnerAgent } from './agent.js';
 import { dockerClient } from './capabilities.js';
 import { credentialPath, loadCredential, loadDaemonConfig, loadState, saveCredential, type DaemonConfig, type RunnerCredentialFile } from './config.js';
 import { runDoctor } from './doctor.js';
+import { DEFAULT_UNIT_DIR, DEFAULT_UNIT_NAME, defaultUnitOptions, installService, serviceStatus, uninstallService, validUnitName, type ServiceContext, type ServiceResult } from './service.js';
 import { RunnerMetrics, serveMetrics } from './metrics.js';
 import { firstWilling, noopExecutor, turnExecutor } from './executors/index.js';
 import { SandboxManager } from './sandbox/manager.js';
@@ -37,6 +39,7 @@ Commands:
   doctor   preflight: control plane, credential, Docker, sandbox image, canary container;
            lists the sandboxes of gone runners that prune would remove
   prune    remove the sandboxes and workspace volumes of gone runners of this machine
+  service  install|uninstall|status: run the daemon as a systemd service
 ${COMMON}`,
   pair: `Usage: agentplane-runner pair --code <code> --url <base url> [--label <name>] [--pool <rpool_id>]
 
@@ -108,6 +111,28 @@ git available (repository resources are cloned on this machine). Then lists the 
 workspace volumes \`prune\` would remove (never fails a check).
 Exit code 0 when every check passes.
 ${COMMON}`,
+  service: `Usage: agentplane-runner service install|uninstall|status [--name <unit>] [--user <user>]
+                                [--unit-dir <dir>] [--no-start] [--no-systemctl]
+                                [--slots <n>] [--tiers <list>] [--drain-deadline-ms <ms>] [--log-level <level>]
+
+install writes a systemd unit (<unit-dir>/<name>.service; default /etc/systemd/system/
+agentplane-runner.service, so run it as root) that runs \`agentplane-runner start\` on this config
+dir as --user (default: the invoking user, $SUDO_USER under sudo; it needs the Docker socket), then
+enables and starts it. The unit restarts the daemon on failure (every 5 s, without limit); stopping
+it (systemctl stop, uninstall, shutdown) drains: SIGTERM to the daemon, which finishes held work
+up to its drain deadline, then systemd kills what is left (TimeoutStopSec = deadline + 30 s).
+Logs go to the journal: journalctl -u <name> -f. These variables, when set at install time, are
+written into the unit: RUNNER_METRICS_ADDR, RUNNER_MAX_SLOTS, RUNNER_TIERS, RUNNER_EXIT_WHEN_DRAINED,
+DOCKER_SOCKET, HTTPS_PROXY, HTTP_PROXY, NO_PROXY, AGENTPLANE_SANDBOX_SCOPE, OTEL_*.
+uninstall stops (drains) and disables the unit and removes the file; status shows its state.
+Several runners on one machine: one config dir and one --name each.
+Options:
+  --name <unit>       unit name without .service (default agentplane-runner)
+  --unit-dir <dir>    where the unit file goes (default /etc/systemd/system)
+  --no-start          write and load the unit, do not enable or start it
+  --no-systemctl      only write (or remove) the file; no systemctl calls (image builds, checks)
+Exit code 0 on success; status: 0 when the service is active.
+${COMMON}`,
   prune: `Usage: agentplane-runner prune [--dry-run]
 
 Removes the sandbox containers and workspace volumes of runners of this machine that are gone:
@@ -161,8 +186,14 @@ function parse(argv: string[]): { command: string; flags: Flags } {
       'sandbox-reap-interval-seconds': { type: 'string' },
       'sandbox-reap-grace-seconds': { type: 'string' },
       'log-level': { type: 'string' },
+      name: { type: 'string' },
+      user: { type: 'string' },
+      'unit-dir': { type: 'string' },
+      'no-start': { type: 'boolean' },
+      'no-systemctl': { type: 'boolean' },
     },
   });
+  if (positionals[0] === 'service') return { command: 'service', flags: { ...(values as Flags), action: positionals[1] ?? '' } };
   return { command: positionals[0] ?? 'help', flags: values as Flags };
 }
 
@@ -442,7 +473,38 @@ class UsageError extends Error {
   }
 }
 
-type CommandName = 'pair' | 'enroll' | 'start' | 'status' | 'drain' | 'doctor' | 'prune';
+const SERVICE_ENV = /^(RUNNER_METRICS_ADDR|RUNNER_MAX_SLOTS|RUNNER_TIERS|RUNNER_EXIT_WHEN_DRAINED|DOCKER_SOCKET|HTTPS?_PROXY|NO_PROXY|AGENTPLANE_SANDBOX_SCOPE|OTEL_[A-Z0-9_]+)$/;
+
+function service(flags: Flags): number {
+  const action = flags.action;
+  const config = loadDaemonConfig(process.env, flags);
+  const name = typeof flags.name === 'string' ? flags.name : DEFAULT_UNIT_NAME;
+  if (!validUnitName(name)) throw new UsageError(`--name '${name}' is not a unit name (letters, digits, :_.@-; without .service)`);
+  const ctx: ServiceContext = { unitDir: typeof flags['unit-dir'] === 'string' ? resolve(flags['unit-dir']) : DEFAULT_UNIT_DIR, systemctl: !flags['no-systemctl'] };
+  let r: ServiceResult;
+  if (action === 'install') {
+    if (!existsSync(credentialPath(config.configDir))) throw new UsageError(`not paired: no credential in ${config.configDir} (run pair or enroll first)`, false);
+    const startArgs: string[] = [];
+    for (const f of ['slots', 'tiers', 'slot-memory-mib', 'heartbeat-ms', 'log-level'] as const) if (typeof flags[f] === 'string') startArgs.push(`--${f}`, flags[f]);
+    const deadline = typeof flags['drain-deadline-ms'] === 'string' ? Number(flags['drain-deadline-ms']) : 3_600_000;
+    if (!Number.isInteger(deadline) || deadline < 0) throw new UsageError('--drain-deadline-ms must be a non-negative integer');
+    const environment = Object.fromEntries(Object.entries(process.env).filter((e): e is [string, string] => SERVICE_ENV.test(e[0]) && typeof e[1] === 'string'));
+    r = installService(ctx, {
+      ...defaultUnitOptions(config.configDir), name, drainDeadlineMs: deadline, startArgs, environment,
+      ...(typeof flags.user === 'string' ? { user: flags.user } : {}),
+    }, !flags['no-start']);
+  } else if (action === 'uninstall') {
+    r = uninstallService(ctx, name);
+  } else if (action === 'status') {
+    r = serviceStatus(ctx, name);
+  } else {
+    throw new UsageError(`service needs install, uninstall or status (got '${String(action)}')`);
+  }
+  out(flags, r.message, r);
+  return r.ok ? 0 : 1;
+}
+
+type CommandName = 'pair' | 'enroll' | 'start' | 'status' | 'drain' | 'doctor' | 'prune' | 'service';
 const COMMANDS = new Map<string, (flags: Flags) => Promise<number> | number>([
   ['pair', (f) => redeemOrEnroll('pair', f)],
   ['enroll', (f) => redeemOrEnroll('enroll', f)],
@@ -451,6 +513,7 @@ const COMMANDS = new Map<string, (flags: Flags) => Promise<number> | number>([
   ['drain', drain],
   ['doctor', doctor],
   ['prune', prune],
+  ['service', service],
 ] satisfies Array<[CommandName, (flags: Flags) => Promise<number> | number]>);
 
 /** Why a command failed, for `--json`: `usage` and `config` exit 2, `network` and `internal` exit 1. */

@@ -1,9 +1,12 @@
 import { readFileSync } from 'node:fs';
 import { ConfigError, envInt, envOptional, envString, type Env } from '@agentplane/core';
 import { leaseConfigFrom, type LeaseConfig } from '@agentplane/lease';
+import { appendDurabilityFrom, type EventLogDurability } from '@agentplane/store';
 
 export interface SchedulerConfig {
   redisUrl: string;
+  /** WAIT after every Session event append (docs/CLUSTER.md). */
+  appendDurability: EventLogDurability;
   logLevel: 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
   lease: LeaseConfig;
   /** How often the set of pools with work is re-read. */
@@ -35,6 +38,7 @@ export function loadSchedulerConfig(env: Env): SchedulerConfig {
   const port = envOptional(env, 'SCHEDULER_PORT');
   return Object.freeze({
     redisUrl: envString(env, 'REDIS_URL'),
+    appendDurability: appendDurabilityFrom(env),
     logLevel: envString(env, 'LOG_LEVEL', 'info') as SchedulerConfig['logLevel'],
     lease: leaseConfigFrom(env),
     poolScanMs: envInt(env, 'POOL_SCAN_MS', 1000, 50),

@@ -58,7 +58,7 @@ export class Scheduler {
     this.sub = connectRedis(config.redisUrl, { name: 'scheduler:offers', blocking: true });
     for (const c of [this.redis, this.bull, this.sub]) c.on('error', (err: Error) => log.warn({ err: err.message }, 'redis connection error'));
     this.queues = new RunQueues(this.bull, config.lease);
-    this.store = new SessionStore(this.redis);
+    this.store = new SessionStore(this.redis, config.appendDurability);
     this.environments = new VersionedStore<Environment>(this.redis, 'environments', 'environment');
     this.sandboxProfiles = sandboxProfileStore(this.redis);
     const docs = new DocumentStore(this.redis);

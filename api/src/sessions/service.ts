@@ -1,6 +1,6 @@
 import type { TokenUsage } from '@agentplane/protocol';
 import { ApiError, canonicalJson, newId, nowIso, sha256Hex } from '@agentplane/core';
-import { keys, tags, type LogEvent } from '@agentplane/store';
+import { getEach, keys, tags, type LogEvent } from '@agentplane/store';
 import { checkMultiagent, newAgent, snapshotOf, type Agent, type AgentSnapshot, type DeploymentPin, type SpecSkill } from '@agentplane/domain';
 import type { VersionedStore } from '@agentplane/domain';
 import type { Environment } from '@agentplane/domain';
@@ -301,10 +301,10 @@ export class SessionService {
   }
 
   private async getMany(ids: string[]): Promise<(SessionDoc | null)[]> {
-    const pipe = this.d.store.redis.pipeline();
-    for (const id of ids) pipe.get(keys.doc(tags.session(id), id));
-    const res = (await pipe.exec()) ?? [];
-    return res.map(([, v]) => {
+    // Each Session has its own hash tag (so, on a cluster, its own slot): one GET per key,
+    // sent together by auto-pipelining.
+    const res = await getEach(this.d.store.redis, ids.map((id) => keys.doc(tags.session(id), id)));
+    return res.map((v) => {
       if (typeof v !== 'string') return null;
       const doc = JSON.parse(v) as SessionDoc;
       return doc.type === 'session' ? doc : null;

@@ -1,6 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import type { Redis } from 'ioredis';
-import { ATTR, inSpan, SpanKind, tracingEnabled, type Attributes } from '@agentplane/core';
+import { ATTR, envInt, inSpan, SpanKind, tracingEnabled, type Attributes, type Env } from '@agentplane/core';
 import { keys, tags } from './keys.js';
 import { LuaScript } from './script.js';
 
@@ -401,8 +401,47 @@ function appendAttributes(sessionId: string, events: readonly AppendEvent[]): At
   };
 }
 
+/**
+ * How durable an acknowledged append is. Redis replicates asynchronously: by default an append is
+ * acknowledged once its master has it, and a master lost before its replica caught up loses the
+ * newest events of its slots (docs/CLUSTER.md measures it). With `waitReplicas` > 0 every append
+ * is followed by `WAIT waitReplicas waitTimeoutMs` on the same master, and an append that fewer
+ * replicas acknowledged in time fails with `AppendNotReplicatedError` instead of being
+ * acknowledged (its writer retries with its producer key, which dedupes).
+ */
+export interface EventLogDurability {
+  waitReplicas: number;
+  waitTimeoutMs: number;
+}
+
+/** The settings every process that appends reads (the platform passes them on). */
+export const APPEND_DURABILITY_ENV = ['EVENT_APPEND_WAIT_REPLICAS', 'EVENT_APPEND_WAIT_TIMEOUT_MS'] as const;
+
+export function appendDurabilityFrom(env: Env): EventLogDurability {
+  return {
+    waitReplicas: envInt(env, 'EVENT_APPEND_WAIT_REPLICAS', 0, 0, 16),
+    waitTimeoutMs: envInt(env, 'EVENT_APPEND_WAIT_TIMEOUT_MS', 1000, 1, 60_000),
+  };
+}
+
+export class AppendNotReplicatedError extends Error {
+  constructor(readonly acked: number, readonly wanted: number) {
+    super(`the append reached ${acked} of ${wanted} replicas in time; it may be lost if its master fails (retry with the same producer key)`);
+    this.name = 'AppendNotReplicatedError';
+  }
+}
+
 export class EventLog {
-  constructor(private readonly redis: Redis) {}
+  constructor(private readonly redis: Redis, private readonly durability: EventLogDurability = { waitReplicas: 0, waitTimeoutMs: 0 }) {}
+
+  private async runDurably(script: LuaScript, keyList: readonly string[], args: readonly (string | number | Buffer)[]): Promise<unknown> {
+    const { waitReplicas, waitTimeoutMs } = this.durability;
+    if (waitReplicas <= 0) return script.run(this.redis, keyList, args);
+    const { result, acked } = await script.runAndWait(this.redis, keyList, args, waitReplicas, waitTimeoutMs);
+    // A refused append (stale fence, duplicate) wrote nothing that needs a replica.
+    if (acked < waitReplicas && Array.isArray(result) && result[0] === 'ok') throw new AppendNotReplicatedError(acked, waitReplicas);
+    return result;
+  }
 
   /**
    * Append events atomically: producer-key dedupe, optional lease fence, sequence numbers,
@@ -425,7 +464,7 @@ export class EventLog {
     }
     const keyList = logKeys(sessionId);
     if (options.enqueue) keyList.push(options.enqueue.list, options.enqueue.peek);
-    const r = (await APPEND.run(this.redis, keyList, appendArgs(sessionId, events, options))) as string[];
+    const r = (await this.runDurably(APPEND, keyList, appendArgs(sessionId, events, options))) as string[];
     return appendResult(r, events.length, options.enqueue !== undefined);
   }
 
@@ -461,7 +500,7 @@ export class EventLog {
     } else {
       args.push(0);
     }
-    const r = (await COMMIT.run(this.redis, keyList, args)) as string[];
+    const r = (await this.runDurably(COMMIT, keyList, args)) as string[];
     if (r[0] === 'stale') return { ok: false, reason: 'stale', index: Number(r[1]) - 1, current: r[2] as string };
     if (r[0] === 'missing' || r[0] === 'exists') return { ok: false, reason: r[0], index: Number(r[1]) - 1 };
     if (r[0] === 'queue') return { ok: false, reason: 'queue' };

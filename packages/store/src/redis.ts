@@ -1,4 +1,4 @@
-import { Redis, type RedisOptions } from 'ioredis';
+import { Cluster, Redis, type ClusterNode, type ClusterOptions, type RedisOptions } from 'ioredis';
 
 export type { Redis };
 
@@ -12,19 +12,131 @@ export interface RedisConnectOptions {
   blocking?: boolean;
 }
 
-/** One place that turns REDIS_URL into an ioredis client with the platform's defaults. */
+/**
+ * `REDIS_URL` names either one Redis (`redis://[user:password@]host:port[/db]`, `rediss://` for
+ * TLS) or a Redis Cluster by a seed list of its nodes:
+ *
+ *   redis+cluster://[user:password@]host1:port1,host2:port2,...   (rediss+cluster:// for TLS)
+ *
+ * Any reachable subset of the nodes will do (the client discovers the rest from CLUSTER SLOTS);
+ * list at least one node per master so that a start with one node down still finds the cluster.
+ * The credential applies to every node. A database number is refused: Redis Cluster has only 0.
+ */
+export interface RedisTarget {
+  cluster: boolean;
+  nodes: { host: string; port: number }[];
+  username?: string;
+  password?: string;
+  tls: boolean;
+  db?: number;
+}
+
+const CLUSTER_SCHEMES: Record<string, boolean> = { 'redis+cluster:': false, 'rediss+cluster:': true };
+
+export function isClusterUrl(url: string): boolean {
+  return /^rediss?\+cluster:\/\//i.test(url.trim());
+}
+
+/** Parse a `REDIS_URL` (single or cluster form). Throws a plain Error naming what is wrong. */
+export function parseRedisUrl(url: string): RedisTarget {
+  const raw = url.trim();
+  const scheme = /^([a-z+]+:)\/\//i.exec(raw)?.[1]?.toLowerCase();
+  if (scheme && scheme in CLUSTER_SCHEMES) {
+    const rest = raw.slice(scheme.length + 2);
+    const at = rest.lastIndexOf('@');
+    const auth = at >= 0 ? rest.slice(0, at) : '';
+    const hostPart = rest.slice(at + 1).replace(/\/+$/, '');
+    if (hostPart.includes('/')) throw new Error('REDIS_URL: a Redis Cluster has no database number (redis+cluster://host:port,host:port)');
+    const nodes = hostPart.split(',').map((s) => s.trim()).filter(Boolean).map((hp) => {
+      const m = /^(\[[^\]]+\]|[^:]+):(\d{1,5})$/.exec(hp);
+      if (!m) throw new Error(`REDIS_URL: '${hp}' is not host:port`);
+      return { host: m[1]!.replace(/^\[|\]$/g, ''), port: Number(m[2]) };
+    });
+    if (nodes.length === 0) throw new Error('REDIS_URL: a cluster URL needs at least one host:port');
+    const colon = auth.indexOf(':');
+    const username = colon >= 0 ? decodeURIComponent(auth.slice(0, colon)) : '';
+    const password = colon >= 0 ? decodeURIComponent(auth.slice(colon + 1)) : decodeURIComponent(auth);
+    return { cluster: true, nodes, tls: CLUSTER_SCHEMES[scheme]!, ...(username ? { username } : {}), ...(password ? { password } : {}) };
+  }
+  const u = new URL(raw);
+  const db = u.pathname.replace(/^\//, '');
+  return {
+    cluster: false,
+    nodes: [{ host: u.hostname.replace(/^\[|\]$/g, ''), port: Number(u.port || 6379) }],
+    tls: u.protocol === 'rediss:',
+    ...(u.username ? { username: decodeURIComponent(u.username) } : {}),
+    ...(u.password ? { password: decodeURIComponent(u.password) } : {}),
+    ...(db ? { db: Number(db) } : {}),
+  };
+}
+
+function clusterClient(target: RedisTarget, redisOptions: RedisOptions, options: Omit<ClusterOptions, 'redisOptions'>): Cluster {
+  const nodes: ClusterNode[] = target.nodes.map((n) => ({ host: n.host, port: n.port }));
+  const cluster = new Cluster(nodes, {
+    ...options,
+    redisOptions: {
+      ...redisOptions,
+      ...(target.username ? { username: target.username } : {}),
+      ...(target.password ? { password: target.password } : {}),
+      ...(target.tls ? { tls: {} } : {}),
+    },
+  });
+  // Callers written for one Redis duplicate with Redis options (`duplicate({connectionName})`);
+  // BullMQ duplicates a Cluster the Cluster way (`duplicate(nodes?, {redisOptions})`). Serve both.
+  const original = cluster.duplicate.bind(cluster);
+  Object.defineProperty(cluster, 'duplicate', {
+    configurable: true,
+    writable: true,
+    value: (first?: ClusterNode[] | RedisOptions, second?: ClusterOptions): Cluster => {
+      if (first === undefined || Array.isArray(first)) return original(first, second);
+      const { maxRetriesPerRequest, ...rest } = first;
+      return clusterClient(target, { ...redisOptions, ...rest, ...(maxRetriesPerRequest !== undefined ? { maxRetriesPerRequest } : {}) }, options);
+    },
+  });
+  return cluster;
+}
+
+/**
+ * One place that turns REDIS_URL into an ioredis client with the platform's defaults. For a
+ * cluster URL the client is an ioredis `Cluster`: it speaks the same commands (every multi-key
+ * command and script of the platform stays inside one hash tag, so inside one slot) and is typed
+ * as `Redis` so that stores need not care which one they hold.
+ */
 export function connectRedis(url: string, options: RedisConnectOptions): Redis {
+  const retryStrategy = (times: number): number => Math.min(50 * 2 ** Math.min(times, 6), 2000);
   const base: RedisOptions = {
     connectionName: `agentplane:${options.name}`,
     // Commands issued in the same tick (many requests' lookups under load) share one socket write:
     // one syscall instead of one per command. Not for BullMQ's blocking connections.
     enableAutoPipelining: !options.blocking,
     lazyConnect: false,
-    retryStrategy: (times) => Math.min(50 * 2 ** Math.min(times, 6), 2000),
+    retryStrategy,
     maxRetriesPerRequest: options.blocking ? null : 3,
     enableOfflineQueue: true,
   };
-  return new Redis(url, base);
+  if (!isClusterUrl(url)) return new Redis(url, base);
+  const target = parseRedisUrl(url);
+  const { enableAutoPipelining, ...nodeOptions } = base;
+  const cluster = clusterClient(target, nodeOptions, {
+    enableAutoPipelining,
+    enableOfflineQueue: true,
+    clusterRetryStrategy: retryStrategy,
+    // A failover moves slots: retry MOVED/TRYAGAIN/CLUSTERDOWN for a few seconds instead of failing.
+    retryDelayOnFailover: 200,
+    retryDelayOnClusterDown: 300,
+    retryDelayOnTryAgain: 200,
+    retryDelayOnMoved: 0,
+    maxRedirections: 32,
+    slotsRefreshTimeout: 2000,
+    // Keep the slot map current on its own too (a replica promoted while this client was idle).
+    slotsRefreshInterval: 5000,
+  });
+  return cluster as unknown as Redis;
+}
+
+/** Is this client a Redis Cluster client? */
+export function isCluster(redis: Redis): boolean {
+  return (redis as unknown as { isCluster?: boolean }).isCluster === true;
 }
 
 /** Wait until PING answers (or give up after `timeoutMs`). */
@@ -39,4 +151,13 @@ export async function waitForRedis(redis: Redis, timeoutMs = 10_000): Promise<vo
       await new Promise((r) => setTimeout(r, 100));
     }
   }
+}
+
+/**
+ * GET of keys that may live in different hash tags (so different slots): one MGET on a single
+ * Redis would be refused with CROSSSLOT on a cluster. The GETs share one pipeline write anyway
+ * (auto-pipelining), so this costs no extra round trip.
+ */
+export function getEach(redis: Redis, keyList: readonly string[]): Promise<(string | null)[]> {
+  return Promise.all(keyList.map((k) => redis.get(k)));
 }

@@ -22,4 +22,30 @@ export class LuaScript {
       throw err;
     }
   }
+
+  /**
+   * Run the script, then `WAIT replicas timeoutMs` on the same connection (one pipeline: on a
+   * cluster both go to the master of the keys' slot). Returns the script's result and how many
+   * replicas acknowledged every write made so far on that connection.
+   */
+  async runAndWait(redis: Redis, keyList: readonly string[], args: readonly (string | number | Buffer)[], replicas: number, timeoutMs: number): Promise<{ result: unknown; acked: number }> {
+    const once = async (bySha: boolean): Promise<{ result: unknown; acked: number }> => {
+      const p = redis.pipeline();
+      if (bySha) p.evalsha(this.sha, keyList.length, ...keyList, ...args);
+      else p.eval(this.source, keyList.length, ...keyList, ...args);
+      p.call('WAIT', replicas, timeoutMs);
+      const res = (await p.exec()) ?? [];
+      const [scriptErr, result] = res[0] ?? [new Error('pipeline returned nothing'), null];
+      if (scriptErr) throw scriptErr;
+      const [waitErr, acked] = res[1] ?? [new Error('pipeline returned nothing'), 0];
+      if (waitErr) throw waitErr;
+      return { result, acked: Number(acked) };
+    };
+    try {
+      return await once(true);
+    } catch (err) {
+      if (err instanceof Error && err.message.startsWith('NOSCRIPT')) return once(false);
+      throw err;
+    }
+  }
 }

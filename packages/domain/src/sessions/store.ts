@@ -1,5 +1,5 @@
 import { ApiError, newId, nowIso } from '@agentplane/core';
-import { BoundedCache, DocumentStore, EventLog, keys, LuaScript, tags, type Redis } from '@agentplane/store';
+import { BoundedCache, DocumentStore, EventLog, keys, LuaScript, tags, type EventLogDurability, type Redis } from '@agentplane/store';
 import type { AgentSnapshot } from '../agents/model.js';
 import type { GraderRunInfo, RunDoc, SessionDoc, SessionTombstone, ThreadDoc } from './model.js';
 
@@ -71,9 +71,9 @@ export class SessionStore {
     maxAgeMs: THREAD_GUESSES.maxAgeMs, maxWeight: THREAD_GUESSES.maxWeight, weigh: (json) => json.length,
   });
 
-  constructor(readonly redis: Redis) {
+  constructor(readonly redis: Redis, durability?: EventLogDurability) {
     this.docs = new DocumentStore(redis);
-    this.log = new EventLog(redis);
+    this.log = new EventLog(redis, durability);
   }
 
   async create(session: SessionDoc, primary: ThreadDoc): Promise<void> {
