@@ -15,6 +15,7 @@ import { runtimeProjects } from './projects/runtime.js';
 import { SkillService } from './skills/service.js';
 import { runtimeSkills } from './skills/runtime.js';
 import { SkillSourceService } from './skill-sources/service.js';
+import { ToolSourceService } from './tool-sources/service.js';
 import { SkillProposalService } from './skill-proposals/service.js';
 import { runtimeMemory } from './memory/runtime.js';
 import { AuditLog } from './audit/store.js';
@@ -86,6 +87,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
   const projects = new ProjectService(redis, docs);
   const skills = new SkillService(redis, docs);
   const skillSources = new SkillSourceService(docs, config.skillSourcesAllowLocal);
+  const toolSources = new ToolSourceService(docs, { egress: config.webhooks.egress, cardTimeoutMs: config.a2aTools.cardTimeoutMs });
   const audit = new AuditLog(redis, config.auditRetentionMs);
   const runners = new RunnerService(docs, redis, credentials, identity);
   const runs = createRunsModule({ config, redis, log, store: sessionStore, runtime: threadRuntime, environments, runners });
@@ -136,6 +138,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
     projects,
     skills,
     skillSources,
+    toolSources,
     skillProposals,
     agents,
     environments,

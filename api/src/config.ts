@@ -52,6 +52,8 @@ export interface ApiConfig {
   automationSweepMs: number;
   /** Skill sources may be local repositories (`file://`, absolute paths): single-machine installs and tests only. */
   skillSourcesAllowLocal: boolean;
+  /** External A2A tool sources: the card GET's time limit (docs/A2A_TOOLS.md). */
+  a2aTools: { cardTimeoutMs: number };
   /** How often a submitted skill proposal's source is checked for its adoption. */
   skillAdoptionPollMs: number;
   /** A schedule tick later than this is a missed fire (`on_missed`). */
@@ -115,6 +117,7 @@ export function loadApiConfig(env: Env): ApiConfig {
     },
     automationSweepMs: envInt(env, 'AUTOMATION_SWEEP_MS', 10_000, 100, 600_000),
     skillSourcesAllowLocal: envBool(env, 'SKILL_SOURCES_ALLOW_LOCAL', false),
+    a2aTools: { cardTimeoutMs: envInt(env, 'A2A_TOOLS_CARD_TIMEOUT_MS', 10_000, 100, 120_000) },
     skillAdoptionPollMs: envInt(env, 'SKILL_ADOPTION_POLL_MS', 60_000, 1_000, 24 * 3600_000),
     automationMissedAfterMs: envInt(env, 'AUTOMATION_MISSED_AFTER_MS', 30_000, 100, 24 * 3_600_000),
     consoleEnabled: envBool(env, 'CONSOLE_ENABLED', true),

@@ -14,3 +14,4 @@ export { VaultService } from './vaults/service.js';
 export { AuditLog, type AuditRecord } from './audit/store.js';
 export { PolicySet, type PolicyRule, type ToolCall, type PolicyDecision } from './governance/policy-eval.js';
 export { PolicyStore, type ActionPolicy, type ActionPolicyInput } from './governance/policies.js';
+export { verifyCard, CardRejected, type Discovery, type VerificationKey } from './tool-sources/card.js';
