@@ -1,6 +1,7 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { AgentCard } from '@a2a-js/sdk';
+import { AgentCard, TaskState } from '@a2a-js/sdk';
+import { DefaultRequestHandler, InMemoryTaskStore, JsonRpcTransportHandler, ServerCallContext, type AgentExecutor } from '@a2a-js/sdk/server';
 import { exportJWK, FlattenedSign, generateKeyPair, type CryptoKey } from 'jose';
 import { jcsCanonicalize } from '@agentplane/core';
 
@@ -75,5 +76,62 @@ export async function startCardPeer(rpc?: (req: IncomingMessage, res: ServerResp
   peer.cardUrl = `${peer.base}/.well-known/agent-card.json`;
   peer.rpcUrl = `${peer.base}/a2a`;
   peer.close = () => new Promise<void>((r) => { server.closeAllConnections(); server.close(() => r()); });
+  return peer;
+}
+
+export interface SdkPeer extends CardPeer {
+  /** JSON-RPC methods received, in order, with their arrival time. */
+  calls: { method: string; at: number; authorization: string | undefined; version: string | undefined }[];
+  /** Completes every task still working (its result text is `done: <input>`). */
+  release(): void;
+}
+
+/**
+ * A loopback A2A peer built on the SDK's server pieces (`DefaultRequestHandler`,
+ * `InMemoryTaskStore`, `JsonRpcTransportHandler`). Its tasks stay `working` until `release()`.
+ * `intercept` may answer a JSON-RPC request itself (e.g. a 429 with Retry-After) before the SDK sees it.
+ */
+export async function startSdkPeer(intercept?: (method: string, n: number, res: ServerResponse) => boolean): Promise<SdkPeer> {
+  let release!: () => void;
+  let gate = new Promise<void>((r) => { release = r; });
+  const text = (value: string) => ({ content: { $case: 'text' as const, value }, metadata: undefined, filename: '', mediaType: 'text/plain' });
+  const executor: AgentExecutor = {
+    async execute(ctx, bus) {
+      const input = ctx.userMessage.parts.map((p) => (p.content?.$case === 'text' ? p.content.value : '')).join('');
+      const base = { id: ctx.taskId, contextId: ctx.contextId, artifacts: [], history: [ctx.userMessage], metadata: undefined };
+      bus.publish({ kind: 'task', data: { ...base, status: { state: TaskState.TASK_STATE_WORKING, message: undefined, timestamp: undefined } } });
+      await gate;
+      bus.publish({ kind: 'artifactUpdate', data: { taskId: ctx.taskId, contextId: ctx.contextId, artifact: { artifactId: 'result', name: 'result', description: '', parts: [text(`done: ${input}`)], metadata: undefined, extensions: [] }, append: false, lastChunk: true, metadata: undefined } });
+      bus.publish({ kind: 'statusUpdate', data: { taskId: ctx.taskId, contextId: ctx.contextId, status: { state: TaskState.TASK_STATE_COMPLETED, message: undefined, timestamp: undefined }, metadata: undefined } });
+      bus.finished();
+    },
+    async cancelTask() { /* not used */ },
+  };
+  let sdkCard: AgentCard | undefined;
+  const counts = new Map<string, number>();
+  let handler: JsonRpcTransportHandler | undefined;
+  const peer = (await startCardPeer((req, res) => {
+    const chunks: Buffer[] = [];
+    req.on('data', (c: Buffer) => chunks.push(c));
+    req.on('end', () => {
+      void (async () => {
+        const body = JSON.parse(Buffer.concat(chunks).toString('utf8')) as Json;
+        const method = String(body.method);
+        const n = (counts.get(method) ?? 0) + 1;
+        counts.set(method, n);
+        peer.calls.push({ method, at: Date.now(), authorization: req.headers.authorization, version: req.headers['a2a-version'] as string | undefined });
+        if (intercept?.(method, n, res)) return;
+        sdkCard ??= AgentCard.fromJSON({ ...cardJson(peer.rpcUrl), signatures: [] });
+        handler ??= new JsonRpcTransportHandler(new DefaultRequestHandler(sdkCard, new InMemoryTaskStore(), executor));
+        const out = await handler.handle(body, new ServerCallContext({ requestedVersion: '1.0' }));
+        res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(out));
+      })();
+    });
+  })) as SdkPeer;
+  peer.calls = [];
+  peer.release = () => {
+    release();
+    gate = new Promise<void>((r) => { release = r; });
+  };
   return peer;
 }

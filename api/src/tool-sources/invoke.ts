@@ -1,0 +1,197 @@
+import { AgentCard, Role, TaskState, type Message, type Part, type Task } from '@a2a-js/sdk';
+import { ClientFactory, ClientFactoryOptions, JsonRpcTransportFactory, type Client } from '@a2a-js/sdk/client';
+import { sha256Hex } from '@agentplane/core';
+import type { Discovery } from './card.js';
+
+/**
+ * Polling for an external A2A task (docs/A2A_TOOLS.md, "Invocation"). Delays grow from
+ * `initialMs` by `factor` up to `maxMs`, each with a task-specific jitter of at most ±`jitter`
+ * of the delay; a valid `Retry-After` on a 429 or 503 replaces the computed delay when it is at
+ * most `maxRetryAfterMs`. Nothing ever waits past the hard deadline.
+ */
+export interface PollPolicy {
+  initialMs: number;
+  factor: number;
+  maxMs: number;
+  /** Fraction of the delay, 0 ≤ jitter < 1. */
+  jitter: number;
+  maxRetryAfterMs: number;
+  /** Time limit of one HTTP request (still cut by the hard deadline). */
+  requestTimeoutMs: number;
+}
+
+export const DEFAULT_POLL_POLICY: PollPolicy = { initialMs: 500, factor: 2, maxMs: 30_000, jitter: 0.2, maxRetryAfterMs: 120_000, requestTimeoutMs: 30_000 };
+
+/** A task's own jitter in [-1, 1): the same task and attempt always draw the same value. */
+function jitterUnit(taskId: string, attempt: number): number {
+  return (parseInt(sha256Hex(`${taskId}:${attempt}`).slice(0, 8), 16) / 0x1_0000_0000) * 2 - 1;
+}
+
+/** The computed delay before poll `attempt` (0-based: attempt 0 is not delayed). */
+export function backoffDelay(policy: PollPolicy, taskId: string, attempt: number): number {
+  if (attempt <= 0) return 0;
+  const base = Math.min(policy.maxMs, policy.initialMs * policy.factor ** (attempt - 1));
+  return Math.max(0, Math.min(policy.maxMs, Math.round(base * (1 + policy.jitter * jitterUnit(taskId, attempt)))));
+}
+
+/**
+ * An HTTP `Retry-After` value in ms, or null when it is not valid: delta-seconds (digits only)
+ * or an HTTP-date, not in the past, and not beyond `maxMs`.
+ */
+export function parseRetryAfter(value: string | null | undefined, now: number, maxMs: number): number | null {
+  if (value === null || value === undefined) return null;
+  const v = value.trim();
+  let ms: number;
+  if (/^\d{1,10}$/.test(v)) ms = Number(v) * 1000;
+  else if (/^[A-Z][a-z]{2}, \d{2} [A-Z][a-z]{2} \d{4} \d{2}:\d{2}:\d{2} GMT$/.test(v) && Number.isFinite(Date.parse(v))) ms = Date.parse(v) - now;
+  else return null;
+  if (ms < 0 || ms > maxMs) return null;
+  return ms;
+}
+
+/** A 429 or 503 from the peer: temporary; its `Retry-After` when valid. */
+export class PeerBusy extends Error {
+  constructor(readonly status: number, readonly retryAfter: string | null) {
+    super(`the peer answered ${status}`);
+  }
+}
+
+export type CallOutcome =
+  | { status: 'completed' | 'failed' | 'canceled' | 'rejected' | 'input_required' | 'auth_required'; task_id: string | null; text: string; polls: number }
+  /** The hard deadline passed before the peer settled the task: nothing is known of its result. */
+  | { status: 'indeterminate'; task_id: string | null; text: ''; polls: number }
+  /** The peer could not be reached or refused the request (the send was not accepted). */
+  | { status: 'error'; task_id: string | null; text: string; polls: number };
+
+export interface CallInput {
+  discovery: Pick<Discovery, 'interface' | 'agent_name' | 'agent_version'>;
+  /** Headers carrying the peer credential (resolved from a Vault by the caller). */
+  headers: Record<string, string>;
+  text: string;
+  /** The A2A messageId: stable per consumed call, so a retried send is the same message. */
+  messageId: string;
+  /** Epoch ms; immutable for the call. */
+  deadlineAt: number;
+  policy: PollPolicy;
+  /** Test seams. */
+  now?: () => number;
+  sleep?: (ms: number, signal: AbortSignal) => Promise<void>;
+  /** Called with each task state seen (observability). */
+  onPoll?: (state: string, attempt: number) => void;
+}
+
+const TERMINAL: Partial<Record<TaskState, Exclude<CallOutcome['status'], 'indeterminate' | 'error'>>> = {
+  [TaskState.TASK_STATE_COMPLETED]: 'completed',
+  [TaskState.TASK_STATE_FAILED]: 'failed',
+  [TaskState.TASK_STATE_CANCELED]: 'canceled',
+  [TaskState.TASK_STATE_REJECTED]: 'rejected',
+  [TaskState.TASK_STATE_INPUT_REQUIRED]: 'input_required',
+  [TaskState.TASK_STATE_AUTH_REQUIRED]: 'auth_required',
+};
+
+const defaultSleep = (ms: number, signal: AbortSignal) => new Promise<void>((resolve) => {
+  const t = setTimeout(resolve, ms);
+  signal.addEventListener('abort', () => { clearTimeout(t); resolve(); }, { once: true });
+});
+
+const partsText = (parts: readonly Part[]) => parts.map((p) => (p.content?.$case === 'text' ? p.content.value : '')).filter((s) => s !== '').join('\n');
+
+/** The text result of a settled task: its artifacts, else its status message. */
+export function taskText(task: Task): string {
+  const fromArtifacts = task.artifacts.map((a) => partsText(a.parts)).filter((s) => s !== '').join('\n');
+  if (fromArtifacts !== '') return fromArtifacts;
+  return task.status?.message ? partsText(task.status.message.parts) : '';
+}
+
+/** A fetch that turns 429 and 503 into `PeerBusy` (with the response's Retry-After), and never follows redirects. */
+function guardedFetch(): typeof fetch {
+  return async (input, init) => {
+    const res = await fetch(input, { ...init, redirect: 'error' });
+    if (res.status === 429 || res.status === 503) {
+      await res.body?.cancel().catch(() => undefined);
+      throw new PeerBusy(res.status, res.headers.get('retry-after'));
+    }
+    return res;
+  };
+}
+
+/** An SDK client bound to the one JSON-RPC interface discovery chose. */
+export async function peerClient(discovery: CallInput['discovery']): Promise<Client> {
+  const card = AgentCard.fromJSON({
+    name: discovery.agent_name, description: '', version: discovery.agent_version,
+    supportedInterfaces: [{ url: discovery.interface.url, protocolBinding: 'JSONRPC', protocolVersion: discovery.interface.protocol_version }],
+    capabilities: {}, defaultInputModes: ['text/plain'], defaultOutputModes: ['text/plain'], skills: [],
+  });
+  const factory = new ClientFactory(ClientFactoryOptions.createFrom(ClientFactoryOptions.default, { transports: [new JsonRpcTransportFactory({ fetchImpl: guardedFetch() })] }));
+  return factory.createFromAgentCard(card);
+}
+
+function findBusy(err: unknown): PeerBusy | null {
+  for (let e: unknown = err, i = 0; e && i < 5; e = (e as { cause?: unknown }).cause, i++) if (e instanceof PeerBusy) return e;
+  return null;
+}
+
+/**
+ * One consumed call: one `SendMessage` (returning immediately), then `GetTask` polling that
+ * starts at once, backs off per task, honours a valid Retry-After on 429/503, and always loses
+ * to the hard deadline (the outcome is then `indeterminate`, and the peer is not called again).
+ */
+export async function callPeer(input: CallInput, client?: Client): Promise<CallOutcome> {
+  const now = input.now ?? Date.now;
+  const sleep = input.sleep ?? defaultSleep;
+  const peer = client ?? (await peerClient(input.discovery));
+  const deadline = new AbortController();
+  const remaining = () => input.deadlineAt - now();
+  if (remaining() <= 0) return { status: 'indeterminate', task_id: null, text: '', polls: 0 };
+  const timer = setTimeout(() => deadline.abort(), remaining());
+  const options = () => ({
+    signal: AbortSignal.any([deadline.signal, AbortSignal.timeout(Math.max(1, Math.min(input.policy.requestTimeoutMs, remaining())))]),
+    serviceParameters: input.headers,
+  });
+  let taskId: string | null = null;
+  let polls = 0;
+  try {
+    const message: Message = {
+      messageId: input.messageId, contextId: '', taskId: '', role: Role.ROLE_USER, metadata: undefined, extensions: [], referenceTaskIds: [],
+      parts: [{ content: { $case: 'text', value: input.text }, metadata: undefined, filename: '', mediaType: 'text/plain' }],
+    };
+    let task: Task;
+    try {
+      const sent = await peer.sendMessage({
+        tenant: '', message, metadata: undefined,
+        configuration: { acceptedOutputModes: ['text/plain'], taskPushNotificationConfig: undefined, returnImmediately: true },
+      }, options());
+      if (!('status' in sent)) return { status: 'completed', task_id: null, text: partsText(sent.parts), polls };
+      task = sent;
+    } catch (err) {
+      if (deadline.signal.aborted || remaining() <= 0) return { status: 'indeterminate', task_id: null, text: '', polls };
+      return { status: 'error', task_id: null, text: `the peer did not accept the message: ${(err as Error).message}`, polls };
+    }
+    taskId = task.id;
+    for (let attempt = 0; ; attempt++) {
+      const state = task.status?.state ?? TaskState.TASK_STATE_UNSPECIFIED;
+      input.onPoll?.(TaskState[state], attempt);
+      const settled = TERMINAL[state];
+      if (settled) return { status: settled, task_id: taskId, text: taskText(task), polls };
+      let delay = backoffDelay(input.policy, taskId, attempt === 0 ? 0 : attempt);
+      for (;;) {
+        if (delay >= remaining()) return { status: 'indeterminate', task_id: taskId, text: '', polls };
+        if (delay > 0) await sleep(delay, deadline.signal);
+        if (remaining() <= 0) return { status: 'indeterminate', task_id: taskId, text: '', polls };
+        try {
+          polls += 1;
+          task = await peer.getTask({ tenant: '', id: taskId }, options());
+          break;
+        } catch (err) {
+          if (remaining() <= 0) return { status: 'indeterminate', task_id: taskId, text: '', polls };
+          const busy = findBusy(err);
+          const retryAfter = busy ? parseRetryAfter(busy.retryAfter, now(), input.policy.maxRetryAfterMs) : null;
+          // A temporary refusal waits as the peer asks; anything else backs off like a poll.
+          delay = retryAfter ?? backoffDelay(input.policy, taskId, attempt + 1);
+        }
+      }
+    }
+  } finally {
+    clearTimeout(timer);
+  }
+}

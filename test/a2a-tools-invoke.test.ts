@@ -1,0 +1,96 @@
+import { afterEach, describe, expect, it } from 'vitest';
+import { backoffDelay, callPeer, parseRetryAfter, type PollPolicy } from '@agentplane/api';
+import { startSdkPeer, type SdkPeer } from './harness/a2a-peer.js';
+
+const POLICY: PollPolicy = { initialMs: 20, factor: 2, maxMs: 80, jitter: 0.25, maxRetryAfterMs: 5_000, requestTimeoutMs: 2_000 };
+const peers: SdkPeer[] = [];
+afterEach(async () => {
+  await Promise.all(peers.splice(0).map((p) => p.close()));
+});
+
+const discoveryOf = (peer: SdkPeer) => ({ interface: { url: peer.rpcUrl, protocol_binding: 'JSONRPC' as const, protocol_version: '1.0' }, agent_name: 'peer', agent_version: '1' });
+
+describe('polling policy', () => {
+  it('backs off exponentially with bounded, task-specific jitter, capped', () => {
+    const delays = [1, 2, 3, 4, 5, 6].map((a) => backoffDelay(POLICY, 'task-a', a));
+    expect(backoffDelay(POLICY, 'task-a', 0)).toBe(0);
+    [20, 40, 80, 80, 80, 80].forEach((base, i) => {
+      expect(delays[i]).toBeGreaterThanOrEqual(Math.floor(base * 0.75));
+      expect(delays[i]).toBeLessThanOrEqual(POLICY.maxMs);
+    });
+    expect([1, 2, 3, 4, 5, 6].map((a) => backoffDelay(POLICY, 'task-a', a))).toEqual(delays);
+    expect([1, 2, 3, 4, 5, 6].map((a) => backoffDelay(POLICY, 'task-b', a))).not.toEqual(delays);
+  });
+
+  it('accepts only valid Retry-After values within the ceiling', () => {
+    const now = Date.parse('2026-11-24T10:00:00Z');
+    expect(parseRetryAfter('2', now, 5_000)).toBe(2_000);
+    expect(parseRetryAfter('Tue, 24 Nov 2026 10:00:03 GMT', now, 5_000)).toBe(3_000);
+    for (const bad of ['-1', '1.5', 'soon', '', 'Tue, 24 Nov 2026 09:59:00 GMT', '600', null]) expect(parseRetryAfter(bad, now, 5_000)).toBeNull();
+  });
+});
+
+describe('one consumed call against a loopback A2A peer', () => {
+  it('sends once, polls at once, honours Retry-After on 429 and returns the completed task text', async () => {
+    let busyAt = 0;
+    const peer = await startSdkPeer((method, n, res) => {
+      if (method !== 'GetTask' || n > 2) return false;
+      if (n === 2) {
+        busyAt = Date.now();
+        peer.release();
+      }
+      res.writeHead(429, { 'retry-after': '1', 'content-type': 'application/json' }).end('{}');
+      return true;
+    });
+    peers.push(peer);
+    const out = await callPeer({ discovery: discoveryOf(peer), headers: { authorization: 'Bearer peer-secret' }, text: 'hello', messageId: 'msg-1', deadlineAt: Date.now() + 10_000, policy: POLICY });
+    expect(out).toMatchObject({ status: 'completed', text: 'done: hello' });
+    const methods = peer.calls.map((c) => c.method);
+    expect(methods.filter((m) => m === 'SendMessage')).toHaveLength(1);
+    expect(methods[0]).toBe('SendMessage');
+    expect(peer.calls.every((c) => c.authorization === 'Bearer peer-secret' && c.version === '1.0')).toBe(true);
+    // Polling starts immediately: the first GetTask follows the send with no backoff.
+    expect(peer.calls[1]!.method).toBe('GetTask');
+    // The poll after the second 429 waited the peer's Retry-After (1 s), not the 20-80 ms backoff.
+    const third = peer.calls.filter((c) => c.method === 'GetTask')[2]!;
+    expect(third.at - busyAt).toBeGreaterThanOrEqual(950);
+  });
+
+  it('ignores an invalid Retry-After and keeps backing off within the cap', async () => {
+    const peer = await startSdkPeer((method, n, res) => {
+      if (method !== 'GetTask' || n > 1) return false;
+      peer.release();
+      res.writeHead(503, { 'retry-after': 'later' }).end();
+      return true;
+    });
+    peers.push(peer);
+    const started = Date.now();
+    const out = await callPeer({ discovery: discoveryOf(peer), headers: {}, text: 'x', messageId: 'msg-2', deadlineAt: Date.now() + 10_000, policy: POLICY });
+    expect(out.status).toBe('completed');
+    expect(Date.now() - started).toBeLessThan(900);
+  });
+
+  it('a peer that never completes loses to the hard deadline: indeterminate, and no call after it', async () => {
+    const peer = await startSdkPeer();
+    peers.push(peer);
+    const deadlineAt = Date.now() + 400;
+    const out = await callPeer({ discovery: discoveryOf(peer), headers: {}, text: 'forever', messageId: 'msg-3', deadlineAt, policy: POLICY });
+    expect(out.status).toBe('indeterminate');
+    expect(out.task_id).toBeTruthy();
+    expect(Date.now()).toBeGreaterThanOrEqual(deadlineAt - 100);
+    expect(peer.calls.filter((c) => c.method === 'SendMessage')).toHaveLength(1);
+    expect(peer.calls.every((c) => c.at <= deadlineAt)).toBe(true);
+    // Polls are capped at maxMs apart, so a 400 ms deadline sees a bounded handful.
+    expect(out.polls).toBeGreaterThan(2);
+    expect(out.polls).toBeLessThan(40);
+    peer.release();
+  });
+
+  it('a deadline already past calls nothing', async () => {
+    const peer = await startSdkPeer();
+    peers.push(peer);
+    const out = await callPeer({ discovery: discoveryOf(peer), headers: {}, text: 'late', messageId: 'msg-4', deadlineAt: Date.now() - 1, policy: POLICY });
+    expect(out.status).toBe('indeterminate');
+    expect(peer.calls).toHaveLength(0);
+  });
+});
