@@ -16,6 +16,7 @@ import { SkillService } from './skills/service.js';
 import { runtimeSkills } from './skills/runtime.js';
 import { SkillSourceService } from './skill-sources/service.js';
 import { ToolSourceService } from './tool-sources/service.js';
+import { A2aToolCalls } from './tool-sources/calls.js';
 import { SkillProposalService } from './skill-proposals/service.js';
 import { runtimeMemory } from './memory/runtime.js';
 import { AuditLog } from './audit/store.js';
@@ -87,6 +88,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
   const projects = new ProjectService(redis, docs);
   const skills = new SkillService(redis, docs);
   const skillSources = new SkillSourceService(docs, config.skillSourcesAllowLocal);
+  const a2aCalls = new A2aToolCalls(redis, sessionStore.log, config.a2aTools.calls);
   const toolSources = new ToolSourceService(docs, { egress: config.webhooks.egress, cardTimeoutMs: config.a2aTools.cardTimeoutMs });
   const audit = new AuditLog(redis, config.auditRetentionMs);
   const runners = new RunnerService(docs, redis, credentials, identity);
@@ -139,6 +141,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
     skills,
     skillSources,
     toolSources,
+    a2aCalls,
     skillProposals,
     agents,
     environments,
@@ -230,6 +233,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
   deps.skillProposals.start();
   deps.webhooks.start();
   deps.eventTap.start();
+  deps.a2aCalls.start((err) => deps.log.warn({ err }, 'A2A tool call sweep failed'));
 
   return {
     server,
@@ -251,6 +255,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
       await deps.approvals.close();
       await deps.automations.close();
       await deps.skillProposals.close();
+      deps.a2aCalls.close();
       await deps.webhooks.close();
       await deps.eventTap.close();
       await new Promise<void>((resolve) => {

@@ -76,6 +76,10 @@ export interface CallInput {
   /** Test seams. */
   now?: () => number;
   sleep?: (ms: number, signal: AbortSignal) => Promise<void>;
+  /** A task already created by an earlier attempt of this call: resume polling it, never send again. */
+  taskId?: string | null;
+  /** Called once with the peer's task id, before the first poll (the caller records it durably). */
+  onTask?: (taskId: string) => Promise<void>;
   /** Called with each task state seen (observability). */
   onPoll?: (state: string, attempt: number) => void;
 }
@@ -156,7 +160,10 @@ export async function callPeer(input: CallInput, client?: Client): Promise<CallO
       parts: [{ content: { $case: 'text', value: input.text }, metadata: undefined, filename: '', mediaType: 'text/plain' }],
     };
     let task: Task;
-    try {
+    if (input.taskId) {
+      taskId = input.taskId;
+      task = { id: taskId, contextId: '', status: { state: TaskState.TASK_STATE_WORKING, message: undefined, timestamp: undefined }, artifacts: [], history: [], metadata: undefined };
+    } else try {
       const sent = await peer.sendMessage({
         tenant: '', message, metadata: undefined,
         configuration: { acceptedOutputModes: ['text/plain'], taskPushNotificationConfig: undefined, returnImmediately: true },
@@ -167,7 +174,10 @@ export async function callPeer(input: CallInput, client?: Client): Promise<CallO
       if (deadline.signal.aborted || remaining() <= 0) return { status: 'indeterminate', task_id: null, text: '', polls };
       return { status: 'error', task_id: null, text: `the peer did not accept the message: ${(err as Error).message}`, polls };
     }
-    taskId = task.id;
+    if (taskId === null) {
+      taskId = task.id;
+      await input.onTask?.(taskId);
+    }
     for (let attempt = 0; ; attempt++) {
       const state = task.status?.state ?? TaskState.TASK_STATE_UNSPECIFIED;
       input.onPoll?.(TaskState[state], attempt);
