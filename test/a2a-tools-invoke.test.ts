@@ -94,3 +94,36 @@ describe('one consumed call against a loopback A2A peer', () => {
     expect(peer.calls).toHaveLength(0);
   });
 });
+
+describe('streaming', () => {
+  it('sends one SendStreamingMessage and, after the connection drops, resumes with SubscribeToTask only', async () => {
+    const peer = await startSdkPeer();
+    peers.push(peer);
+    peer.dropStreams = 1;
+    const seenStates: string[] = [];
+    const call = callPeer({
+      discovery: discoveryOf(peer), headers: { authorization: 'Bearer s' }, text: 'streamed', messageId: 'msg-s1', deadlineAt: Date.now() + 10_000, policy: POLICY, streaming: true,
+      onPoll: (state) => {
+        seenStates.push(state);
+        // Once resumed, the peer may finish.
+        if (peer.calls.some((c) => c.method === 'SubscribeToTask')) peer.release();
+      },
+    });
+    const out = await call;
+    expect(out).toMatchObject({ status: 'completed', text: 'done: streamed' });
+    const methods = peer.calls.map((c) => c.method);
+    expect(methods.filter((m) => m === 'SendStreamingMessage' || m === 'SendMessage')).toEqual(['SendStreamingMessage']);
+    expect(methods).toContain('SubscribeToTask');
+    expect(methods).not.toContain('GetTask');
+    expect(seenStates).toContain('TASK_STATE_COMPLETED');
+  });
+
+  it('a stream that never settles loses to the hard deadline', async () => {
+    const peer = await startSdkPeer();
+    peers.push(peer);
+    const out = await callPeer({ discovery: discoveryOf(peer), headers: {}, text: 'forever', messageId: 'msg-s2', deadlineAt: Date.now() + 300, policy: POLICY, streaming: true });
+    expect(out.status).toBe('indeterminate');
+    expect(peer.calls.map((c) => c.method)).toEqual(['SendStreamingMessage']);
+    peer.release();
+  });
+});

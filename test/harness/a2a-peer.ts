@@ -1,6 +1,6 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { AgentCard, TaskState } from '@a2a-js/sdk';
+import { AgentCard, formatSSEEvent, SSE_HEADERS, TaskState } from '@a2a-js/sdk';
 import { DefaultRequestHandler, InMemoryTaskStore, JsonRpcTransportHandler, ServerCallContext, type AgentExecutor } from '@a2a-js/sdk/server';
 import { exportJWK, FlattenedSign, generateKeyPair, type CryptoKey } from 'jose';
 import { jcsCanonicalize } from '@agentplane/core';
@@ -82,6 +82,8 @@ export async function startCardPeer(rpc?: (req: IncomingMessage, res: ServerResp
 export interface SdkPeer extends CardPeer {
   /** JSON-RPC methods received, in order, with their arrival time. */
   calls: { method: string; at: number; authorization: string | undefined; version: string | undefined }[];
+  /** Streams to cut after their first event (the connection is destroyed). */
+  dropStreams: number;
   /** Completes every task still working (its result text is `done: <input>`). */
   release(): void;
 }
@@ -121,14 +123,30 @@ export async function startSdkPeer(intercept?: (method: string, n: number, res: 
         counts.set(method, n);
         peer.calls.push({ method, at: Date.now(), authorization: req.headers.authorization, version: req.headers['a2a-version'] as string | undefined });
         if (intercept?.(method, n, res)) return;
-        sdkCard ??= AgentCard.fromJSON({ ...cardJson(peer.rpcUrl), signatures: [] });
+        sdkCard ??= AgentCard.fromJSON({ ...cardJson(peer.rpcUrl, { capabilities: { streaming: true, pushNotifications: false, extensions: [] } }), signatures: [] });
         handler ??= new JsonRpcTransportHandler(new DefaultRequestHandler(sdkCard, new InMemoryTaskStore(), executor));
         const out = await handler.handle(body, new ServerCallContext({ requestedVersion: '1.0' }));
+        if (Symbol.asyncIterator in out) {
+          res.writeHead(200, SSE_HEADERS);
+          for await (const ev of out) {
+            if (method === 'SendStreamingMessage' && peer.dropStreams > 0) {
+              peer.dropStreams -= 1;
+              // The first event reaches the client, then the connection drops mid-stream.
+              await new Promise<void>((r) => res.write(formatSSEEvent(ev), () => r()));
+              res.socket?.destroy();
+              return;
+            }
+            res.write(formatSSEEvent(ev));
+          }
+          res.end();
+          return;
+        }
         res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(out));
       })();
     });
   })) as SdkPeer;
   peer.calls = [];
+  peer.dropStreams = 0;
   peer.release = () => {
     release();
     gate = new Promise<void>((r) => { release = r; });

@@ -86,6 +86,8 @@ export class A2aToolCalls {
     const outcome = await callPeer({
       discovery: input.source.discovery, headers: input.headers, text: input.text, messageId: record.message_id, deadlineAt: record.deadline_at,
       policy: this.settings.policy, taskId: record.task_id,
+      // Only the Bearer custody adapter holds a stream open; other alternatives poll.
+      streaming: input.source.discovery.streaming && input.source.discovery.security.kind === 'bearer',
       onTask: async (taskId) => {
         record.task_id = taskId;
         await this.redis.set(key, JSON.stringify(record), 'KEEPTTL');

@@ -1,4 +1,5 @@
 import { AgentCard, Role, TaskState, type Message, type Part, type Task } from '@a2a-js/sdk';
+import type { StreamResponse } from '@a2a-js/sdk';
 import { ClientFactory, ClientFactoryOptions, JsonRpcTransportFactory, type Client } from '@a2a-js/sdk/client';
 import { sha256Hex } from '@agentplane/core';
 import type { Discovery } from './card.js';
@@ -80,6 +81,12 @@ export interface CallInput {
   taskId?: string | null;
   /** Called once with the peer's task id, before the first poll (the caller records it durably). */
   onTask?: (taskId: string) => Promise<void>;
+  /**
+   * Stream instead of polling: one `SendStreamingMessage`, and after a dropped stream only
+   * `SubscribeToTask` on the same task (never a second send). Only when the card is signed as
+   * streaming and the credential's custody adapter can hold a stream open.
+   */
+  streaming?: boolean;
   /** Called with each task state seen (observability). */
   onPoll?: (state: string, attempt: number) => void;
 }
@@ -120,11 +127,11 @@ function guardedFetch(): typeof fetch {
 }
 
 /** An SDK client bound to the one JSON-RPC interface discovery chose. */
-export async function peerClient(discovery: CallInput['discovery']): Promise<Client> {
+export async function peerClient(discovery: CallInput['discovery'], streaming = false): Promise<Client> {
   const card = AgentCard.fromJSON({
     name: discovery.agent_name, description: '', version: discovery.agent_version,
     supportedInterfaces: [{ url: discovery.interface.url, protocolBinding: 'JSONRPC', protocolVersion: discovery.interface.protocol_version }],
-    capabilities: {}, defaultInputModes: ['text/plain'], defaultOutputModes: ['text/plain'], skills: [],
+    capabilities: { streaming }, defaultInputModes: ['text/plain'], defaultOutputModes: ['text/plain'], skills: [],
   });
   const factory = new ClientFactory(ClientFactoryOptions.createFrom(ClientFactoryOptions.default, { transports: [new JsonRpcTransportFactory({ fetchImpl: guardedFetch() })] }));
   return factory.createFromAgentCard(card);
@@ -143,7 +150,7 @@ function findBusy(err: unknown): PeerBusy | null {
 export async function callPeer(input: CallInput, client?: Client): Promise<CallOutcome> {
   const now = input.now ?? Date.now;
   const sleep = input.sleep ?? defaultSleep;
-  const peer = client ?? (await peerClient(input.discovery));
+  const peer = client ?? (await peerClient(input.discovery, input.streaming === true));
   const deadline = new AbortController();
   const remaining = () => input.deadlineAt - now();
   if (remaining() <= 0) return { status: 'indeterminate', task_id: null, text: '', polls: 0 };
@@ -159,6 +166,7 @@ export async function callPeer(input: CallInput, client?: Client): Promise<CallO
       messageId: input.messageId, contextId: '', taskId: '', role: Role.ROLE_USER, metadata: undefined, extensions: [], referenceTaskIds: [],
       parts: [{ content: { $case: 'text', value: input.text }, metadata: undefined, filename: '', mediaType: 'text/plain' }],
     };
+    if (input.streaming) return await streamTask(peer, input, message, deadline.signal, remaining, options, (id) => { taskId = id; });
     let task: Task;
     if (input.taskId) {
       taskId = input.taskId;
@@ -203,5 +211,84 @@ export async function callPeer(input: CallInput, client?: Client): Promise<CallO
     }
   } finally {
     clearTimeout(timer);
+  }
+}
+
+/** Folds stream events into one task view (artifacts by id, appended chunks joined). */
+class TaskView {
+  state: TaskState = TaskState.TASK_STATE_UNSPECIFIED;
+  statusText = '';
+  private readonly artifacts = new Map<string, string>();
+
+  apply(ev: StreamResponse): { taskId?: string; message?: string } {
+    const p = ev.payload;
+    if (!p) return {};
+    switch (p.$case) {
+      case 'message':
+        return { message: partsText(p.value.parts) };
+      case 'task': {
+        this.state = p.value.status?.state ?? this.state;
+        this.artifacts.clear();
+        for (const a of p.value.artifacts) this.artifacts.set(a.artifactId, partsText(a.parts));
+        if (p.value.status?.message) this.statusText = partsText(p.value.status.message.parts);
+        return { taskId: p.value.id };
+      }
+      case 'statusUpdate':
+        this.state = p.value.status?.state ?? this.state;
+        if (p.value.status?.message) this.statusText = partsText(p.value.status.message.parts);
+        return { taskId: p.value.taskId };
+      case 'artifactUpdate': {
+        const a = p.value.artifact;
+        if (a) this.artifacts.set(a.artifactId, (p.value.append ? (this.artifacts.get(a.artifactId) ?? '') : '') + partsText(a.parts));
+        return { taskId: p.value.taskId };
+      }
+    }
+  }
+
+  text(): string {
+    const t = [...this.artifacts.values()].filter((s) => s !== '').join('\n');
+    return t !== '' ? t : this.statusText;
+  }
+}
+
+async function streamTask(
+  peer: Client, input: CallInput, message: Message, deadline: AbortSignal, remaining: () => number,
+  options: () => { signal: AbortSignal; serviceParameters: Record<string, string> }, known: (taskId: string) => void,
+): Promise<CallOutcome> {
+  const view = new TaskView();
+  let taskId: string | null = input.taskId ?? null;
+  let resumes = 0;
+  if (taskId) known(taskId);
+  // A stream has no per-request time limit; only the deadline ends it.
+  const streamOptions = () => ({ ...options(), signal: deadline });
+  for (let attempt = 0; ; attempt++) {
+    const stream = taskId === null
+      ? peer.sendMessageStream({ tenant: '', message, metadata: undefined, configuration: { acceptedOutputModes: ['text/plain'], taskPushNotificationConfig: undefined, returnImmediately: false } }, streamOptions())
+      : peer.resubscribeTask({ tenant: '', id: taskId }, streamOptions());
+    if (taskId !== null && attempt > 0) resumes += 1;
+    const sent = attempt === 0 && taskId === null;
+    try {
+      for await (const ev of stream) {
+        const seen = view.apply(ev);
+        if (seen.message !== undefined && taskId === null) return { status: 'completed', task_id: null, text: seen.message, polls: resumes };
+        if (seen.taskId && taskId === null) {
+          taskId = seen.taskId;
+          known(taskId);
+          await input.onTask?.(taskId);
+        }
+        input.onPoll?.(TaskState[view.state], attempt);
+        const settled = TERMINAL[view.state];
+        if (settled) return { status: settled, task_id: taskId, text: view.text(), polls: resumes };
+      }
+    } catch (err) {
+      if (deadline.aborted || remaining() <= 0) return { status: 'indeterminate', task_id: taskId, text: '', polls: resumes };
+      if (sent && taskId === null) return { status: 'error', task_id: null, text: `the peer did not accept the message: ${(err as Error).message}`, polls: resumes };
+    }
+    if (taskId === null) return { status: 'error', task_id: null, text: 'the peer ended the stream before naming a task', polls: resumes };
+    // The stream dropped before a final state: resume the same task after a backoff.
+    const delay = backoffDelay(input.policy, taskId, attempt + 1);
+    if (delay >= remaining()) return { status: 'indeterminate', task_id: taskId, text: '', polls: resumes };
+    await (input.sleep ?? defaultSleep)(delay, deadline);
+    if (remaining() <= 0) return { status: 'indeterminate', task_id: taskId, text: '', polls: resumes };
   }
 }
