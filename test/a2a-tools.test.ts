@@ -88,4 +88,47 @@ describe('External A2A tool sources: provider packages and sync', () => {
     const list = await p.root.request<{ data: Source[] }>('GET', '/v1/tool-sources');
     expect(list.body.data.map((s) => s.id)).toEqual([id]);
   });
+
+  it('rotates trust through a source revision: exact higher compatible package, current dependents, verified discovery', async () => {
+    const list = await p.root.request<{ data: Source[] }>('GET', '/v1/tool-sources');
+    const id = list.body.data[0]!.id;
+    const before = (await p.root.request<Source & { provider_package: Json }>('GET', `/v1/tool-sources/${id}`)).body;
+    const key2 = await signingKey('peer-2027');
+    const v2 = (await post<Json>('/v1/provider-packages', { name: 'peer', package_version: 2, card_url: peer.cardUrl, rpc_url: peer.rpcUrl })).body;
+    const moved = peer.base.replace('127.0.0.1', 'localhost');
+    const v3 = (await post<Json>('/v1/provider-packages', { name: 'peer', package_version: 3, card_url: `${moved}/.well-known/agent-card.json`, rpc_url: `${moved}/a2a` })).body;
+    const identity = (pkg: Json) => ({ id: pkg.id, package_version: pkg.package_version, digest: pkg.digest });
+    const candidate = { kind: 'a2a', card_url: peer.cardUrl, verification_keys: [key2.jwk] };
+    const rotate = (body: Json, idem: string | null = `rot-${Math.random()}`) =>
+      p.root.request<Source & { provider_package: Json }>('POST', `/v1/tool-sources/${id}/source-revisions`, { body, ...(idem ? { idempotencyKey: idem } : {}) });
+    const body = { source: candidate, provider_package: identity(v2), dependent_connections: [] as Json[] };
+
+    expect((await rotate(body, null)).status).toBe(400);
+    const stale = await rotate({ ...body, dependent_connections: [{ id: 'conn_00000000000000000000000000000001', version: 1 }] });
+    expect([stale.status, errType(stale)]).toEqual([409, 'validation.conflict']);
+    expect(errMsg(stale)).toContain('stale');
+    const notHigher = await rotate({ ...body, provider_package: before.provider_package });
+    expect([notHigher.status, errType(notHigher)]).toEqual([409, 'validation.conflict']);
+    const wrongDigest = await rotate({ ...body, provider_package: { ...identity(v2), digest: 'sha256:00' } });
+    expect(wrongDigest.status).toBe(409);
+    const otherOrigin = await rotate({ ...body, provider_package: identity(v3) });
+    expect(errMsg(otherOrigin)).toContain('not compatible');
+
+    // The peer still serves a card signed with the old key: the candidate's keys refuse it, nothing is published.
+    peer.card = await signCard(cardJson(peer.rpcUrl), key);
+    const gets = peer.cardGets;
+    const unverified = await rotate(body);
+    expect([unverified.status, errType(unverified)]).toEqual([409, 'validation.conflict']);
+    expect(errMsg(unverified)).toContain('bad_signature');
+    expect(peer.cardGets).toBe(gets + 1);
+    expect((await p.root.request<Source>('GET', `/v1/tool-sources/${id}`)).body.revision).toBe(1);
+
+    peer.card = await signCard(cardJson(peer.rpcUrl), key2);
+    const ok = await rotate({ ...body, expected_version: before.version });
+    expect(ok.status, JSON.stringify(ok.body)).toBe(201);
+    expect(ok.body).toMatchObject({ revision: 2, provider_package: identity(v2), sync: { state: 'synced' }, discovery: { key_id: 'peer-2027' } });
+    expect(ok.body.tools).toHaveLength(2);
+    const fenced = await rotate({ ...body, expected_version: before.version });
+    expect([fenced.status, errType(fenced)]).toEqual([409, 'validation.conflict']);
+  });
 });

@@ -146,4 +146,19 @@ export const toolSourceOperations: Operation[] = [
       return json(200, await deps.toolSources.sync(requireWorkspace(caller), params.tool_source_id));
     },
   }),
+  defineOperation({
+    operationId: 'toolSources.rotateToolSource', method: 'POST', path: '/v1/tool-sources/{tool_source_id}/source-revisions',
+    summary: 'Rotate trust: publish a candidate source under a higher, compatible provider package once its card verifies (credential-free card GET only)',
+    audit: { target: 'tool_source_id' }, auth: admins, params: SourcePath, idempotency: 'required', mcp: 'full', successStatus: 201,
+    body: Obj({
+      expected_version: Type.Optional(Type.Integer({ minimum: 1 })),
+      source: SourceInput,
+      provider_package: Obj({ id: Id('providerPackage'), package_version: Type.Integer({ minimum: 1 }), digest: Type.String({ minLength: 1, maxLength: 100 }) }),
+      dependent_connections: Type.Array(Obj({ id: Id('connection'), version: Type.Integer({ minimum: 1 }) }), { maxItems: 1000 }),
+    }),
+    response: ToolSourceSchema,
+    async handler({ caller, params, body, deps }) {
+      return json(201, await deps.toolSources.rotate(requireWorkspace(caller), params.tool_source_id, body));
+    },
+  }),
 ];

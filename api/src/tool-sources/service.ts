@@ -59,6 +59,13 @@ export interface SourceInput {
   source: { kind: 'a2a'; card_url: string; verification_keys: VerificationKey[] };
 }
 
+export interface RotationInput {
+  expected_version?: number | undefined;
+  source: SourceInput['source'];
+  provider_package: { id: string; package_version: number; digest: string };
+  dependent_connections: { id: string; version: number }[];
+}
+
 export interface ToolSourceSettings {
   egress: EgressPolicy;
   cardTimeoutMs: number;
@@ -172,6 +179,62 @@ export class ToolSourceService {
     });
     if ('rejected' in outcome) throw new ApiError('validation.conflict', `the agent card was rejected (${outcome.rejected.reason}): ${outcome.rejected.detail}`);
     return next;
+  }
+
+  /**
+   * Rotates trust (`POST /v1/tool-sources/{id}/source-revisions`): a candidate source under an
+   * exact, strictly higher and compatible package. The caller states the complete sorted list of
+   * dependent Connections with their versions; a list that is not exactly the current one is
+   * refused. Discovery (the credential-free card GET, nothing else) must verify before the
+   * revision is published; the publish is fenced on the source's version.
+   */
+  async rotate(ws: string, id: string, input: RotationInput): Promise<ToolSourceDoc> {
+    const src = await this.getSource(ws, id);
+    if (input.expected_version !== undefined && input.expected_version !== src.version) {
+      throw new ApiError('validation.conflict', `version ${input.expected_version} is stale; the current version is ${src.version}`);
+    }
+    const pkg = await this.getPackage(ws, input.provider_package.id);
+    if (pkg.package_version !== input.provider_package.package_version || pkg.digest !== input.provider_package.digest) {
+      throw new ApiError('validation.conflict', `body.provider_package: ${pkg.id} is ${pkg.name} v${pkg.package_version} (${pkg.digest}), not the identity given`);
+    }
+    const current = await this.getPackage(ws, src.provider_package.id);
+    if (pkg.name !== current.name || pkg.origin !== current.origin) {
+      throw new ApiError('validation.conflict', `body.provider_package: ${pkg.name} v${pkg.package_version} is not compatible with ${current.name} (same package name and origin required)`);
+    }
+    if (pkg.package_version <= current.package_version) {
+      throw new ApiError('validation.conflict', `body.provider_package: version ${pkg.package_version} is not higher than the current ${current.package_version}`);
+    }
+    checkSourceAgainstPackage(input.source, pkg, 'body.source');
+    const sorted = [...input.dependent_connections].sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+    if (sorted.some((d, i) => d.id !== input.dependent_connections[i]!.id) || new Set(sorted.map((d) => d.id)).size !== sorted.length) {
+      throw new ApiError('validation.malformed', 'body.dependent_connections: must be sorted by id, without repeats');
+    }
+    const actual = await this.dependents(ws, id);
+    const same = actual.length === sorted.length && actual.every((d, i) => d.id === sorted[i]!.id && d.version === sorted[i]!.version);
+    if (!same) {
+      throw new ApiError('validation.conflict', `body.dependent_connections: stale; the dependent Connections are ${JSON.stringify(actual)}`);
+    }
+    const outcome = await this.discover(src.name, input.source, pkg);
+    if ('rejected' in outcome) throw new ApiError('validation.conflict', `the candidate's agent card was rejected (${outcome.rejected.reason}): ${outcome.rejected.detail}`);
+    const { tools, ...discovery } = outcome.discovery;
+    const checked = nowIso();
+    return this.docs.update<ToolSourceDoc>(tags.workspace(ws), id, (cur) => ({
+      ...cur,
+      provider_package: { id: pkg.id, package_version: pkg.package_version, digest: pkg.digest },
+      source: { kind: 'a2a', card_url: input.source.card_url, verification_keys: input.source.verification_keys.map(publicKey) },
+      revision: cur.revision + 1,
+      sync: { state: 'synced', checked_at: checked, rejection: null },
+      discovery, tools,
+    }), { expectedVersion: src.version });
+  }
+
+  /**
+   * Connections that depend on a tool source, with their versions, sorted by id. Sessions attach
+   * a source's tools directly today; no Connection kind depends on a tool source yet, so the
+   * list is empty and the only current list a rotation may state is `[]`.
+   */
+  async dependents(_ws: string, _id: string): Promise<{ id: string; version: number }[]> {
+    return [];
   }
 
   /** The card GET and its verification; never sends a credential. */
