@@ -93,7 +93,7 @@ export interface SdkPeer extends CardPeer {
  * `InMemoryTaskStore`, `JsonRpcTransportHandler`). Its tasks stay `working` until `release()`.
  * `intercept` may answer a JSON-RPC request itself (e.g. a 429 with Retry-After) before the SDK sees it.
  */
-export async function startSdkPeer(intercept?: (method: string, n: number, res: ServerResponse) => boolean): Promise<SdkPeer> {
+export async function startSdkPeer(intercept?: (method: string, n: number, res: ServerResponse) => boolean, options: { instant?: boolean } = {}): Promise<SdkPeer> {
   let release!: () => void;
   let gate = new Promise<void>((r) => { release = r; });
   const text = (value: string) => ({ content: { $case: 'text' as const, value }, metadata: undefined, filename: '', mediaType: 'text/plain' });
@@ -102,7 +102,7 @@ export async function startSdkPeer(intercept?: (method: string, n: number, res: 
       const input = ctx.userMessage.parts.map((p) => (p.content?.$case === 'text' ? p.content.value : '')).join('');
       const base = { id: ctx.taskId, contextId: ctx.contextId, artifacts: [], history: [ctx.userMessage], metadata: undefined };
       bus.publish({ kind: 'task', data: { ...base, status: { state: TaskState.TASK_STATE_WORKING, message: undefined, timestamp: undefined } } });
-      await gate;
+      if (!options.instant) await gate;
       bus.publish({ kind: 'artifactUpdate', data: { taskId: ctx.taskId, contextId: ctx.contextId, artifact: { artifactId: 'result', name: 'result', description: '', parts: [text(`done: ${input}`)], metadata: undefined, extensions: [] }, append: false, lastChunk: true, metadata: undefined } });
       bus.publish({ kind: 'statusUpdate', data: { taskId: ctx.taskId, contextId: ctx.contextId, status: { state: TaskState.TASK_STATE_COMPLETED, message: undefined, timestamp: undefined }, metadata: undefined } });
       bus.finished();
