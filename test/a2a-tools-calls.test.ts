@@ -112,4 +112,38 @@ describe('exactly one exec.tool_invocation per consumed call', () => {
     expect(await invocations()).toHaveLength(2);
     peer.release();
   });
+
+  it('push: the task-scoped callback only wakes the observer, which re-reads the task with GetTask', async () => {
+    const pushPeer = await startSdkPeer(undefined, { push: true });
+    try {
+      const key = await signingKey('push');
+      pushPeer.card = await signCard(cardJson(pushPeer.rpcUrl, { capabilities: { streaming: false, pushNotifications: true, extensions: [] } }), key);
+      await p.root.post('/v1/provider-packages', { name: 'pushpeer', package_version: 1, card_url: pushPeer.cardUrl, rpc_url: pushPeer.rpcUrl });
+      const created = await p.root.post<{ id: string }>('/v1/tool-sources', { name: 'pushpeer', provider: 'pushpeer', source: { kind: 'a2a', card_url: pushPeer.cardUrl, verification_keys: [key.jwk] } });
+      const pushSource = await p.root.post<ToolSourceDoc>(`/v1/tool-sources/${created.id}/sync`, {});
+      expect(pushSource.discovery?.push_notifications).toBe(true);
+
+      // Polls 10 s apart: only a notification can settle the call within the test's time.
+      const calls = new A2aToolCalls(redis, new EventLog(redis), { policy: { ...POLICY, initialMs: 10_000, maxMs: 10_000 }, deadlineMs: 30_000, sweepMs: 60_000, callbackBaseUrl: p.baseUrl });
+      try {
+        const started = Date.now();
+        const call = calls.invoke({ ...input('toolu_00000000000000000000000000000003', 'pushed'), source: pushSource, tool: 'a2a_pushpeer_summarize' });
+        while (!pushPeer.calls.some((c) => c.method === 'GetTask')) await new Promise((r) => setTimeout(r, 10));
+        const url = `${p.baseUrl}/v1/a2a-tool-callbacks/${sessionId}/toolu_00000000000000000000000000000003`;
+        const forged = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/a2a+json', authorization: 'Bearer forged-forged-forged-forged' }, body: '{}' });
+        expect(forged.status).toBe(401);
+        pushPeer.release();
+        const r = await call;
+        expect(r.outcome).toMatchObject({ status: 'completed', text: 'done: pushed' });
+        expect(Date.now() - started).toBeLessThan(8_000);
+        const raw = JSON.parse((await redis.get(`ap:{s:${sessionId}}:a2acall:toolu_00000000000000000000000000000003`))!) as Json;
+        expect(raw.push_digest).toMatch(/^[0-9a-f]{64}$/);
+        expect(JSON.stringify(raw)).not.toContain('Bearer');
+      } finally {
+        calls.close();
+      }
+    } finally {
+      await pushPeer.close();
+    }
+  });
 });

@@ -17,6 +17,7 @@ import { runtimeSkills } from './skills/runtime.js';
 import { SkillSourceService } from './skill-sources/service.js';
 import { ToolSourceService } from './tool-sources/service.js';
 import { A2aToolCalls } from './tool-sources/calls.js';
+import { a2aToolCallbacks } from './tool-sources/callbacks.js';
 import { SkillProposalService } from './skill-proposals/service.js';
 import { runtimeMemory } from './memory/runtime.js';
 import { AuditLog } from './audit/store.js';
@@ -88,7 +89,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
   const projects = new ProjectService(redis, docs);
   const skills = new SkillService(redis, docs);
   const skillSources = new SkillSourceService(docs, config.skillSourcesAllowLocal);
-  const a2aCalls = new A2aToolCalls(redis, sessionStore.log, config.a2aTools.calls);
+  const a2aCalls = new A2aToolCalls(redis, sessionStore.log, { ...config.a2aTools.calls, callbackBaseUrl: config.publicBaseUrl });
   const toolSources = new ToolSourceService(docs, { egress: config.webhooks.egress, cardTimeoutMs: config.a2aTools.cardTimeoutMs });
   const audit = new AuditLog(redis, config.auditRetentionMs);
   const runners = new RunnerService(docs, redis, credentials, identity);
@@ -205,6 +206,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
   app.use(a2aEdge(deps));
   const runtimeBearers = new RedisRuntimeBearers(redis, new LeaseFence(redis));
   app.use(runtimeMcp(deps, { verifier: runtimeBearers }));
+  app.use(a2aToolCallbacks(deps));
   app.use(runtimeFiles(deps, runtimeBearers));
   app.use(runtimeMemory(deps, runtimeBearers));
   app.use(runtimeGitCredentials(deps, runtimeBearers));

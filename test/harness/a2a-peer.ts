@@ -1,7 +1,7 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { AgentCard, formatSSEEvent, SSE_HEADERS, TaskState } from '@a2a-js/sdk';
-import { DefaultRequestHandler, InMemoryTaskStore, JsonRpcTransportHandler, ServerCallContext, type AgentExecutor } from '@a2a-js/sdk/server';
+import { DefaultPushNotificationSender, DefaultRequestHandler, InMemoryPushNotificationStore, InMemoryTaskStore, JsonRpcTransportHandler, ServerCallContext, type AgentExecutor } from '@a2a-js/sdk/server';
 import { exportJWK, FlattenedSign, generateKeyPair, type CryptoKey } from 'jose';
 import { jcsCanonicalize } from '@agentplane/core';
 
@@ -93,7 +93,7 @@ export interface SdkPeer extends CardPeer {
  * `InMemoryTaskStore`, `JsonRpcTransportHandler`). Its tasks stay `working` until `release()`.
  * `intercept` may answer a JSON-RPC request itself (e.g. a 429 with Retry-After) before the SDK sees it.
  */
-export async function startSdkPeer(intercept?: (method: string, n: number, res: ServerResponse) => boolean, options: { instant?: boolean } = {}): Promise<SdkPeer> {
+export async function startSdkPeer(intercept?: (method: string, n: number, res: ServerResponse) => boolean, options: { instant?: boolean; push?: boolean } = {}): Promise<SdkPeer> {
   let release!: () => void;
   let gate = new Promise<void>((r) => { release = r; });
   const text = (value: string) => ({ content: { $case: 'text' as const, value }, metadata: undefined, filename: '', mediaType: 'text/plain' });
@@ -123,8 +123,12 @@ export async function startSdkPeer(intercept?: (method: string, n: number, res: 
         counts.set(method, n);
         peer.calls.push({ method, at: Date.now(), authorization: req.headers.authorization, version: req.headers['a2a-version'] as string | undefined });
         if (intercept?.(method, n, res)) return;
-        sdkCard ??= AgentCard.fromJSON({ ...cardJson(peer.rpcUrl, { capabilities: { streaming: true, pushNotifications: false, extensions: [] } }), signatures: [] });
-        handler ??= new JsonRpcTransportHandler(new DefaultRequestHandler(sdkCard, new InMemoryTaskStore(), executor));
+        sdkCard ??= AgentCard.fromJSON({ ...cardJson(peer.rpcUrl, { capabilities: { streaming: true, pushNotifications: options.push === true, extensions: [] } }), signatures: [] });
+        if (!handler) {
+          const pushStore = options.push ? new InMemoryPushNotificationStore() : undefined;
+          const sender = pushStore ? new DefaultPushNotificationSender(pushStore) : undefined;
+          handler = new JsonRpcTransportHandler(new DefaultRequestHandler(sdkCard, new InMemoryTaskStore(), executor, undefined, pushStore, sender));
+        }
         const out = await handler.handle(body, new ServerCallContext({ requestedVersion: '1.0' }));
         if (Symbol.asyncIterator in out) {
           res.writeHead(200, SSE_HEADERS);

@@ -87,6 +87,12 @@ export interface CallInput {
    * streaming and the credential's custody adapter can hold a stream open.
    */
   streaming?: boolean;
+  /**
+   * Push (cards declaring push notifications): the task-scoped callback registered with the
+   * send, its generated Bearer value, and `wake`, which resolves early when a notification for
+   * this call arrives. A notification only wakes the observer; the task is re-read with GetTask.
+   */
+  push?: { url: string; bearer: string; wait: (ms: number, signal: AbortSignal) => Promise<void> } | undefined;
   /** Called with each task state seen (observability). */
   onPoll?: (state: string, attempt: number) => void;
 }
@@ -174,7 +180,12 @@ export async function callPeer(input: CallInput, client?: Client): Promise<CallO
     } else try {
       const sent = await peer.sendMessage({
         tenant: '', message, metadata: undefined,
-        configuration: { acceptedOutputModes: ['text/plain'], taskPushNotificationConfig: undefined, returnImmediately: true },
+        configuration: {
+          acceptedOutputModes: ['text/plain'], returnImmediately: true,
+          taskPushNotificationConfig: input.push
+            ? { tenant: '', id: '', taskId: '', url: input.push.url, token: '', authentication: { scheme: 'Bearer', credentials: input.push.bearer } }
+            : undefined,
+        },
       }, options());
       if (!('status' in sent)) return { status: 'completed', task_id: null, text: partsText(sent.parts), polls };
       task = sent;
@@ -194,7 +205,7 @@ export async function callPeer(input: CallInput, client?: Client): Promise<CallO
       let delay = backoffDelay(input.policy, taskId, attempt === 0 ? 0 : attempt);
       for (;;) {
         if (delay >= remaining()) return { status: 'indeterminate', task_id: taskId, text: '', polls };
-        if (delay > 0) await sleep(delay, deadline.signal);
+        if (delay > 0) await (input.push?.wait ?? sleep)(delay, deadline.signal);
         if (remaining() <= 0) return { status: 'indeterminate', task_id: taskId, text: '', polls };
         try {
           polls += 1;
