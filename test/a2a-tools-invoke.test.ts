@@ -86,6 +86,28 @@ describe('one consumed call against a loopback A2A peer', () => {
     peer.release();
   });
 
+  it('refuses any request outside the provider package\'s egress ceiling, before it leaves', async () => {
+    const peer = await startSdkPeer();
+    peers.push(peer);
+    const checked: string[] = [];
+    const out = await callPeer({
+      discovery: discoveryOf(peer), headers: {}, text: 'x', messageId: 'msg-e', deadlineAt: Date.now() + 5_000, policy: POLICY,
+      egress: { rpcUrl: `${peer.base}/other`, checkHost: async (h) => void checked.push(h) },
+    });
+    expect(out.status).toBe('error');
+    expect(out.text).toContain('egress refused');
+    expect(peer.calls).toHaveLength(0);
+    expect(checked).toEqual([]);
+    const inside = callPeer({
+      discovery: discoveryOf(peer), headers: {}, text: 'y', messageId: 'msg-e2', deadlineAt: Date.now() + 5_000, policy: POLICY,
+      egress: { rpcUrl: peer.rpcUrl, checkHost: async (h) => void checked.push(h) },
+      onPoll: () => peer.release(),
+    });
+    expect((await inside).status).toBe('completed');
+    expect(checked.length).toBe(peer.calls.length);
+    expect(new Set(checked)).toEqual(new Set(['127.0.0.1']));
+  });
+
   it('a deadline already past calls nothing', async () => {
     const peer = await startSdkPeer();
     peers.push(peer);

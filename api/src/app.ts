@@ -89,7 +89,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
   const projects = new ProjectService(redis, docs);
   const skills = new SkillService(redis, docs);
   const skillSources = new SkillSourceService(docs, config.skillSourcesAllowLocal);
-  const a2aCalls = new A2aToolCalls(redis, sessionStore.log, { ...config.a2aTools.calls, callbackBaseUrl: config.publicBaseUrl });
+  const a2aCalls = new A2aToolCalls(redis, sessionStore.log, { ...config.a2aTools.calls, egress: config.webhooks.egress, callbackBaseUrl: config.publicBaseUrl });
   const toolSources = new ToolSourceService(docs, { egress: config.webhooks.egress, cardTimeoutMs: config.a2aTools.cardTimeoutMs });
   const audit = new AuditLog(redis, config.auditRetentionMs);
   const runners = new RunnerService(docs, redis, credentials, identity);

@@ -74,6 +74,8 @@ export interface CallInput {
   /** Epoch ms; immutable for the call. */
   deadlineAt: number;
   policy: PollPolicy;
+  /** The provider package's ceiling, enforced on every request. */
+  egress?: EgressCeiling;
   /** Test seams. */
   now?: () => number;
   sleep?: (ms: number, signal: AbortSignal) => Promise<void>;
@@ -120,9 +122,29 @@ export function taskText(task: Task): string {
   return task.status?.message ? partsText(task.status.message.parts) : '';
 }
 
-/** A fetch that turns 429 and 503 into `PeerBusy` (with the response's Retry-After), and never follows redirects. */
-function guardedFetch(): typeof fetch {
+/**
+ * The egress ceiling at call time: every request must be a POST to exactly the JSON-RPC URL the
+ * provider package admits, and `checkHost` (the outbound address guard) passes its host first.
+ */
+export interface EgressCeiling {
+  rpcUrl: string;
+  checkHost?: (host: string) => Promise<void>;
+}
+
+const requestUrl = (input: Parameters<typeof fetch>[0]) => (typeof input === 'string' ? input : input instanceof URL ? input.href : input.url);
+
+/**
+ * A fetch inside the egress ceiling that turns 429 and 503 into `PeerBusy` (with the
+ * response's Retry-After), and never follows redirects.
+ */
+function guardedFetch(ceiling: EgressCeiling | undefined): typeof fetch {
   return async (input, init) => {
+    if (ceiling) {
+      const url = new URL(requestUrl(input));
+      const method = (init?.method ?? (input instanceof Request ? input.method : 'GET')).toUpperCase();
+      if (url.href !== new URL(ceiling.rpcUrl).href || method !== 'POST') throw new Error(`egress refused: ${method} ${url.href} is outside the provider package`);
+      await ceiling.checkHost?.(url.hostname);
+    }
     const res = await fetch(input, { ...init, redirect: 'error' });
     if (res.status === 429 || res.status === 503) {
       await res.body?.cancel().catch(() => undefined);
@@ -133,13 +155,13 @@ function guardedFetch(): typeof fetch {
 }
 
 /** An SDK client bound to the one JSON-RPC interface discovery chose. */
-export async function peerClient(discovery: CallInput['discovery'], streaming = false): Promise<Client> {
+export async function peerClient(discovery: CallInput['discovery'], streaming = false, ceiling?: EgressCeiling): Promise<Client> {
   const card = AgentCard.fromJSON({
     name: discovery.agent_name, description: '', version: discovery.agent_version,
     supportedInterfaces: [{ url: discovery.interface.url, protocolBinding: 'JSONRPC', protocolVersion: discovery.interface.protocol_version }],
     capabilities: { streaming }, defaultInputModes: ['text/plain'], defaultOutputModes: ['text/plain'], skills: [],
   });
-  const factory = new ClientFactory(ClientFactoryOptions.createFrom(ClientFactoryOptions.default, { transports: [new JsonRpcTransportFactory({ fetchImpl: guardedFetch() })] }));
+  const factory = new ClientFactory(ClientFactoryOptions.createFrom(ClientFactoryOptions.default, { transports: [new JsonRpcTransportFactory({ fetchImpl: guardedFetch(ceiling) })] }));
   return factory.createFromAgentCard(card);
 }
 
@@ -156,7 +178,7 @@ function findBusy(err: unknown): PeerBusy | null {
 export async function callPeer(input: CallInput, client?: Client): Promise<CallOutcome> {
   const now = input.now ?? Date.now;
   const sleep = input.sleep ?? defaultSleep;
-  const peer = client ?? (await peerClient(input.discovery, input.streaming === true));
+  const peer = client ?? (await peerClient(input.discovery, input.streaming === true, input.egress));
   const deadline = new AbortController();
   const remaining = () => input.deadlineAt - now();
   if (remaining() <= 0) return { status: 'indeterminate', task_id: null, text: '', polls: 0 };

@@ -1,3 +1,6 @@
+import { request as httpRequest, type IncomingMessage } from 'node:http';
+import { request as httpsRequest } from 'node:https';
+import type { LookupFunction } from 'node:net';
 import { ApiError, canonicalJson, newId, nowIso, sha256Hex } from '@agentplane/core';
 import { tags, type DocumentStore, type ListPage, type StoredDoc } from '@agentplane/store';
 import { checkEndpointUrl, resolveAllowed, type EgressPolicy } from '../webhooks/ssrf.js';
@@ -253,16 +256,45 @@ export class ToolSourceService {
     }
   }
 
+  /**
+   * The credential-free card GET: the host is checked by the outbound address guard and the
+   * connection goes to the very address that was checked (no DNS rebinding); no redirect is
+   * followed; at most 1 MiB.
+   */
   private async fetchCard(cardUrl: string): Promise<unknown> {
     const url = checkEndpointUrl(cardUrl, this.settings.egress);
-    await resolveAllowed(url.hostname, this.settings.egress);
-    const res = await fetch(url, {
-      method: 'GET', redirect: 'error', headers: { accept: 'application/json' },
-      signal: AbortSignal.timeout(this.settings.cardTimeoutMs),
+    const target = await resolveAllowed(url.hostname, this.settings.egress);
+    const lookup: LookupFunction = (_host, opts, cb) => {
+      if ((opts as { all?: boolean }).all) (cb as unknown as (e: null, a: { address: string; family: number }[]) => void)(null, [target]);
+      else cb(null, target.address, target.family);
+    };
+    const body = await new Promise<Buffer>((resolve, reject) => {
+      const req = (url.protocol === 'https:' ? httpsRequest : httpRequest)(url, {
+        method: 'GET', lookup, timeout: this.settings.cardTimeoutMs, headers: { accept: 'application/json', 'user-agent': 'agentplane-tool-sources/1' },
+      }, (res: IncomingMessage) => {
+        if (res.statusCode !== 200) {
+          res.resume();
+          reject(new Error(`the card GET answered ${res.statusCode ?? 0}`));
+          return;
+        }
+        const chunks: Buffer[] = [];
+        let size = 0;
+        res.on('data', (c: Buffer) => {
+          size += c.length;
+          if (size > CARD_MAX_BYTES) {
+            req.destroy();
+            reject(new Error('the card is larger than 1 MiB'));
+            return;
+          }
+          chunks.push(c);
+        });
+        res.on('end', () => resolve(Buffer.concat(chunks)));
+        res.on('error', reject);
+      });
+      req.on('timeout', () => req.destroy(new Error('the card GET timed out')));
+      req.on('error', reject);
+      req.end();
     });
-    if (res.status !== 200) throw new Error(`the card GET answered ${res.status}`);
-    const body = await res.arrayBuffer();
-    if (body.byteLength > CARD_MAX_BYTES) throw new Error('the card is larger than 1 MiB');
     try {
       return JSON.parse(new TextDecoder('utf-8', { fatal: true }).decode(body)) as unknown;
     } catch {
