@@ -17,7 +17,6 @@ import { runtimeSkills } from './skills/runtime.js';
 import { SkillSourceService } from './skill-sources/service.js';
 import { ToolSourceService } from './tool-sources/service.js';
 import { A2aToolCalls } from './tool-sources/calls.js';
-import { a2aToolCallbacks } from './tool-sources/callbacks.js';
 import { SkillProposalService } from './skill-proposals/service.js';
 import { runtimeMemory } from './memory/runtime.js';
 import { AuditLog } from './audit/store.js';
@@ -206,7 +205,6 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
   app.use(a2aEdge(deps));
   const runtimeBearers = new RedisRuntimeBearers(redis, new LeaseFence(redis));
   app.use(runtimeMcp(deps, { verifier: runtimeBearers }));
-  app.use(a2aToolCallbacks(deps));
   app.use(runtimeFiles(deps, runtimeBearers));
   app.use(runtimeMemory(deps, runtimeBearers));
   app.use(runtimeGitCredentials(deps, runtimeBearers));

@@ -140,20 +140,20 @@ export class A2aToolCalls {
 
   /**
    * A push notification for a call (`POST /v1/a2a-tool-callbacks/{session_id}/{tool_use_id}`):
-   * true when the Bearer value matches the call's stored digest and the call is in flight; the
-   * observer is then woken (in whichever api process it runs) and re-reads the task with GetTask.
+   * the call's Workspace when the Bearer value matches the call's stored digest and the call is
+   * in flight (else null); the observer is then woken (in whichever api process it runs) and re-reads the task with GetTask.
    * The notification's body is never trusted for the result.
    */
-  async notify(sessionId: string, callId: string, bearer: string): Promise<boolean> {
+  async notify(sessionId: string, callId: string, bearer: string): Promise<string | null> {
     const raw = await this.redis.get(recordKey(sessionId, callId));
-    if (!raw) return false;
+    if (!raw) return null;
     const record = JSON.parse(raw) as A2aCallRecord;
-    if (!record.push_digest || record.state !== 'in_flight') return false;
+    if (!record.push_digest || record.state !== 'in_flight') return null;
     const a = Buffer.from(sha256Hex(bearer));
     const b = Buffer.from(record.push_digest);
-    if (a.length !== b.length || !timingSafeEqual(a, b)) return false;
+    if (a.length !== b.length || !timingSafeEqual(a, b)) return null;
     await this.redis.publish(WAKE_CHANNEL, callId);
-    return true;
+    return record.workspace_id;
   }
 
   private subscriber: Promise<Redis> | undefined;
