@@ -15,6 +15,8 @@ import { runtimeProjects } from './projects/runtime.js';
 import { SkillService } from './skills/service.js';
 import { runtimeSkills } from './skills/runtime.js';
 import { SkillSourceService } from './skill-sources/service.js';
+import { ToolSourceService } from './tool-sources/service.js';
+import { A2aToolCalls } from './tool-sources/calls.js';
 import { SkillProposalService } from './skill-proposals/service.js';
 import { runtimeMemory } from './memory/runtime.js';
 import { AuditLog } from './audit/store.js';
@@ -86,6 +88,8 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
   const projects = new ProjectService(redis, docs);
   const skills = new SkillService(redis, docs);
   const skillSources = new SkillSourceService(docs, config.skillSourcesAllowLocal);
+  const a2aCalls = new A2aToolCalls(redis, sessionStore.log, { ...config.a2aTools.calls, egress: config.webhooks.egress, callbackBaseUrl: config.publicBaseUrl });
+  const toolSources = new ToolSourceService(docs, { egress: config.webhooks.egress, cardTimeoutMs: config.a2aTools.cardTimeoutMs });
   const audit = new AuditLog(redis, config.auditRetentionMs);
   const runners = new RunnerService(docs, redis, credentials, identity);
   const runs = createRunsModule({ config, redis, log, store: sessionStore, runtime: threadRuntime, environments, runners });
@@ -136,6 +140,8 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
     projects,
     skills,
     skillSources,
+    toolSources,
+    a2aCalls,
     skillProposals,
     agents,
     environments,
@@ -227,6 +233,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
   deps.skillProposals.start();
   deps.webhooks.start();
   deps.eventTap.start();
+  deps.a2aCalls.start((err) => deps.log.warn({ err }, 'A2A tool call sweep failed'));
 
   return {
     server,
@@ -248,6 +255,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
       await deps.approvals.close();
       await deps.automations.close();
       await deps.skillProposals.close();
+      deps.a2aCalls.close();
       await deps.webhooks.close();
       await deps.eventTap.close();
       await new Promise<void>((resolve) => {

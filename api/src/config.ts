@@ -1,4 +1,5 @@
 import { readFileSync } from 'node:fs';
+import type { A2aCallSettings } from './tool-sources/calls.js';
 import type { DeliverySettings } from './webhooks/delivery.js';
 import { leaseConfigFrom, type LeaseConfig } from '@agentplane/lease';
 import { appendDurabilityFrom, type EventLogDurability } from '@agentplane/store';
@@ -55,6 +56,8 @@ export interface ApiConfig {
   automationSweepMs: number;
   /** Skill sources may be local repositories (`file://`, absolute paths): single-machine installs and tests only. */
   skillSourcesAllowLocal: boolean;
+  /** External A2A tool sources: the card GET's time limit (docs/A2A_TOOLS.md). */
+  a2aTools: { cardTimeoutMs: number; calls: A2aCallSettings };
   /** How often a submitted skill proposal's source is checked for its adoption. */
   skillAdoptionPollMs: number;
   /** A schedule tick later than this is a missed fire (`on_missed`). */
@@ -119,6 +122,21 @@ export function loadApiConfig(env: Env): ApiConfig {
     },
     automationSweepMs: envInt(env, 'AUTOMATION_SWEEP_MS', 10_000, 100, 600_000),
     skillSourcesAllowLocal: envBool(env, 'SKILL_SOURCES_ALLOW_LOCAL', false),
+    a2aTools: {
+      cardTimeoutMs: envInt(env, 'A2A_TOOLS_CARD_TIMEOUT_MS', 10_000, 100, 120_000),
+      calls: {
+        deadlineMs: envInt(env, 'A2A_TOOLS_DEADLINE_MS', 600_000, 100, 24 * 3_600_000),
+        sweepMs: envInt(env, 'A2A_TOOLS_SWEEP_MS', 5_000, 50, 600_000),
+        policy: {
+          initialMs: envInt(env, 'A2A_TOOLS_POLL_INITIAL_MS', 500, 1, 600_000),
+          factor: 2,
+          maxMs: envInt(env, 'A2A_TOOLS_POLL_MAX_MS', 30_000, 1, 3_600_000),
+          jitter: 0.2,
+          maxRetryAfterMs: envInt(env, 'A2A_TOOLS_MAX_RETRY_AFTER_MS', 120_000, 0, 3_600_000),
+          requestTimeoutMs: envInt(env, 'A2A_TOOLS_REQUEST_TIMEOUT_MS', 30_000, 100, 600_000),
+        },
+      },
+    },
     skillAdoptionPollMs: envInt(env, 'SKILL_ADOPTION_POLL_MS', 60_000, 1_000, 24 * 3600_000),
     automationMissedAfterMs: envInt(env, 'AUTOMATION_MISSED_AFTER_MS', 30_000, 100, 24 * 3_600_000),
     consoleEnabled: envBool(env, 'CONSOLE_ENABLED', true),

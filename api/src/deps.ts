@@ -26,6 +26,8 @@ import type { WebhookDispatcher } from './webhooks/delivery.js';
 import type { SessionEventTap } from './events/tap.js';
 import type { SkillService } from './skills/service.js';
 import type { SkillSourceService } from './skill-sources/service.js';
+import type { ToolSourceService } from './tool-sources/service.js';
+import type { A2aToolCalls } from './tool-sources/calls.js';
 import type { SkillProposalService } from './skill-proposals/service.js';
 import type { SurfaceScopeStore } from './surface-scopes/store.js';
 import type { AgentInstallationStore } from './installations/store.js';
@@ -81,6 +83,10 @@ export interface ApiDeps {
   skills: SkillService;
   /** Git repositories skills are submitted to and adopted from. */
   skillSources: SkillSourceService;
+  /** Reviewed provider packages and external A2A agents as tool sources (docs/A2A_TOOLS.md). */
+  toolSources: ToolSourceService;
+  /** Consumed external A2A tool calls: one `exec.tool_invocation` each, and the due sweep. */
+  a2aCalls: A2aToolCalls;
   /** Skill proposals: authoring, verification, submission and adoption jobs. */
   skillProposals: SkillProposalService;
   /** The SessionThread state machine (drive events here; the runtime side reports turn boundaries). */

@@ -25,6 +25,8 @@ import { skillSourceOperations } from './skill-sources/operations.js';
 import { skillProposalOperations } from './skill-proposals/operations.js';
 import { surfaceScopeOperations } from './surface-scopes/operations.js';
 import { installationOperations } from './installations/operations.js';
+import { toolSourceOperations } from './tool-sources/operations.js';
+import { a2aCallbackOperations } from './tool-sources/callbacks.js';
 
 /**
  * The operation table: every REST operation of the API, once. The router, the OpenAPI
@@ -40,5 +42,6 @@ export function allOperations(): Operation[] {
   table.push(...deploymentOperations);
   table.push(...skillOperations, ...skillSourceOperations, ...skillProposalOperations);
   table.push(...surfaceScopeOperations, ...installationOperations);
+  table.push(...toolSourceOperations, ...a2aCallbackOperations);
   return table;
 }

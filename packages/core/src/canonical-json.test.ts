@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { canonicalJson } from './canonical-json.js';
+import { canonicalJson, jcsCanonicalize } from './canonical-json.js';
 
 describe('canonicalJson', () => {
   it('sorts keys at every depth', () => {
@@ -18,5 +18,21 @@ describe('canonicalJson', () => {
   it('is not fooled into changing a prototype', () => {
     canonicalJson(JSON.parse('{"__proto__":{"polluted":true}}'));
     expect(({} as Record<string, unknown>).polluted).toBeUndefined();
+  });
+});
+
+describe('jcsCanonicalize (RFC 8785)', () => {
+  it('matches the RFC examples: number forms, key order by UTF-16 code units, string escapes', () => {
+    expect(jcsCanonicalize(JSON.parse('[1E30, 4.50, 2e-3, 0.000001, 1e-7, -0, 333333333.33333329]'))).toBe('[1e+30,4.5,0.002,0.000001,1e-7,0,333333333.3333333]');
+    const keys = JSON.parse('{"\\u20ac":"Euro","\\r":"CR","\\ufb33":"Dalet","1":"One","\\ud83d\\ude00":"Emoji","\\u0080":"Control","\\u00f6":"o"}');
+    const order: [string, string][] = [['\r', 'CR'], ['1', 'One'], ['\u0080', 'Control'], ['\u00f6', 'o'], ['\u20ac', 'Euro'], ['\ud83d\ude00', 'Emoji'], ['\ufb33', 'Dalet']];
+    expect(jcsCanonicalize(keys)).toBe(`{${order.map(([k, v]) => `${JSON.stringify(k)}:${JSON.stringify(v)}`).join(',')}}`);
+    expect(jcsCanonicalize({ s: '\u000f\n"\\/\u20ac' })).toBe('{"s":"\\u000f\\n\\"\\\\/\u20ac"}');
+  });
+
+  it('refuses what JCS cannot represent', () => {
+    expect(() => jcsCanonicalize({ a: Number.NaN })).toThrow(/finite/);
+    expect(() => jcsCanonicalize(JSON.parse('{"a":"\\ud800"}'))).toThrow(/surrogate/);
+    expect(() => jcsCanonicalize({ a: undefined })).toThrow(/JSON value/);
   });
 });

@@ -48,6 +48,8 @@ export const ID_PREFIXES = {
   agentDeploymentConnectionBinding: 'adcb',
   skill: 'skill',
   skillSource: 'sksrc',
+  providerPackage: 'ppkg',
+  toolSource: 'tsrc',
 } as const;
 
 export type IdKind = keyof typeof ID_PREFIXES;

@@ -1,0 +1,164 @@
+import { Id, Nullable, Obj, Page, PageQuery, Timestamp, Type } from '@agentplane/core';
+import { ADMINS, READERS } from '../http/caller.js';
+import { defineOperation, json, type Operation } from '../http/operation.js';
+import { requireWorkspace } from '../http/workspace-scope.js';
+
+const readers = { kind: 'bearer', roles: READERS } as const;
+const admins = { kind: 'bearer', roles: ADMINS } as const;
+
+const HttpUrl = Type.String({ minLength: 8, maxLength: 2048, pattern: '^https?://[^\\s]+$' });
+const B64u = Type.String({ minLength: 1, maxLength: 128, pattern: '^[A-Za-z0-9_-]+$' });
+
+export const VerificationKeySchema = Obj({
+  kty: Type.Literal('EC'), crv: Type.Literal('P-256'), x: B64u, y: B64u,
+  kid: Type.String({ minLength: 1, maxLength: 200 }), alg: Type.Literal('ES256'),
+}, { description: 'An ES256 public JWK; private members are not accepted' });
+
+const SourceInput = Obj({
+  kind: Type.Literal('a2a'),
+  card_url: HttpUrl,
+  verification_keys: Type.Array(VerificationKeySchema, { minItems: 1, maxItems: 8 }),
+});
+
+export const ProviderPackageSchema = Obj({
+  id: Id('providerPackage'),
+  type: Type.Literal('provider_package'),
+  workspace_id: Id('workspace'),
+  name: Type.String(),
+  package_version: Type.Integer({ minimum: 1 }),
+  origin: Type.String(),
+  egress: Type.Array(Obj({ method: Type.Union([Type.Literal('GET'), Type.Literal('POST')]), url: Type.String() })),
+  digest: Type.String(),
+  reviewed_by: Type.String(),
+  review_note: Nullable(Type.String()),
+  version: Type.Integer({ minimum: 1 }),
+  created_at: Timestamp(),
+  updated_at: Timestamp(),
+});
+
+const Security = Type.Union([
+  Obj({ kind: Type.Literal('bearer'), scheme_name: Type.String() }),
+  Obj({ kind: Type.Literal('oauth2_authorization_code'), scheme_name: Type.String(), scopes: Type.Array(Type.String()), authorization_url: Type.String(), token_url: Type.String() }),
+  Obj({ kind: Type.Literal('mtls'), scheme_name: Type.String() }),
+]);
+
+export const ToolSourceSchema = Obj({
+  id: Id('toolSource'),
+  type: Type.Literal('tool_source'),
+  workspace_id: Id('workspace'),
+  name: Type.String(),
+  provider: Type.String(),
+  provider_package: Obj({ id: Id('providerPackage'), package_version: Type.Integer(), digest: Type.String() }),
+  source: Obj({ kind: Type.Literal('a2a'), card_url: Type.String(), verification_keys: Type.Array(VerificationKeySchema) }),
+  revision: Type.Integer({ minimum: 1 }),
+  sync: Obj({
+    state: Type.Union([Type.Literal('pending'), Type.Literal('synced'), Type.Literal('rejected')]),
+    checked_at: Nullable(Timestamp()),
+    rejection: Nullable(Obj({ reason: Type.String(), detail: Type.String() })),
+  }),
+  discovery: Nullable(Obj({
+    card_digest: Type.String(),
+    key_id: Type.String(),
+    agent_name: Type.String(),
+    agent_version: Type.String(),
+    interface: Obj({ url: Type.String(), protocol_binding: Type.Literal('JSONRPC'), protocol_version: Type.String() }),
+    streaming: Type.Boolean(),
+    push_notifications: Type.Boolean(),
+    security: Security,
+  })),
+  tools: Type.Array(Obj({ name: Type.String(), skill_id: Type.String(), description: Type.String(), approval: Type.Literal('always_ask') })),
+  version: Type.Integer({ minimum: 1 }),
+  created_at: Timestamp(),
+  updated_at: Timestamp(),
+});
+
+const PackagePath = Obj({ provider_package_id: Id('providerPackage') });
+const SourcePath = Obj({ tool_source_id: Id('toolSource') });
+const Name = Type.String({ minLength: 1, maxLength: 100, pattern: '^[A-Za-z0-9][A-Za-z0-9_.-]*$' });
+
+/** Provider packages and external A2A tool sources (docs/A2A_TOOLS.md). */
+export const toolSourceOperations: Operation[] = [
+  defineOperation({
+    operationId: 'toolSources.publishProviderPackage', method: 'POST', path: '/v1/provider-packages',
+    summary: 'Publish a reviewed provider package: an immutable version naming the egress ceiling (one card GET, one JSON-RPC POST, one origin)',
+    audit: { target: 'response' }, auth: admins, idempotency: 'optional', mcp: 'full', successStatus: 201,
+    body: Obj({
+      name: Name,
+      package_version: Type.Integer({ minimum: 1, maximum: 1_000_000 }),
+      card_url: HttpUrl,
+      rpc_url: HttpUrl,
+      review_note: Type.Optional(Type.String({ maxLength: 2000 })),
+    }),
+    response: ProviderPackageSchema,
+    async handler({ caller, body, deps }) {
+      return json(201, await deps.toolSources.publishPackage(requireWorkspace(caller), caller.credentialId, body));
+    },
+  }),
+  defineOperation({
+    operationId: 'toolSources.listProviderPackages', method: 'GET', path: '/v1/provider-packages', summary: 'List the reviewed provider packages of the Workspace',
+    auth: readers, query: PageQuery({}), response: Page(ProviderPackageSchema), mcp: 'full',
+    async handler({ caller, query, deps }) {
+      return json(200, await deps.toolSources.listPackages(requireWorkspace(caller), { limit: query.limit ?? 20, page: query.page }));
+    },
+  }),
+  defineOperation({
+    operationId: 'toolSources.getProviderPackage', method: 'GET', path: '/v1/provider-packages/{provider_package_id}', summary: 'Read a provider package',
+    auth: readers, params: PackagePath, response: ProviderPackageSchema, mcp: 'full',
+    async handler({ caller, params, deps }) {
+      return json(200, await deps.toolSources.getPackage(requireWorkspace(caller), params.provider_package_id));
+    },
+  }),
+  defineOperation({
+    operationId: 'toolSources.createToolSource', method: 'POST', path: '/v1/tool-sources',
+    summary: 'Register an external A2A agent as a tool source under a reviewed provider package',
+    audit: { target: 'response' }, auth: admins, idempotency: 'optional', mcp: 'full', successStatus: 201,
+    body: Obj({
+      name: Name,
+      provider: Name,
+      provider_package_version: Type.Optional(Type.Integer({ minimum: 1 })),
+      source: SourceInput,
+    }),
+    response: ToolSourceSchema,
+    async handler({ caller, body, deps }) {
+      return json(201, await deps.toolSources.createSource(requireWorkspace(caller), body));
+    },
+  }),
+  defineOperation({
+    operationId: 'toolSources.listToolSources', method: 'GET', path: '/v1/tool-sources', summary: 'List the tool sources of the Workspace',
+    auth: readers, query: PageQuery({}), response: Page(ToolSourceSchema), mcp: 'full',
+    async handler({ caller, query, deps }) {
+      return json(200, await deps.toolSources.listSources(requireWorkspace(caller), { limit: query.limit ?? 20, page: query.page }));
+    },
+  }),
+  defineOperation({
+    operationId: 'toolSources.getToolSource', method: 'GET', path: '/v1/tool-sources/{tool_source_id}', summary: 'Read a tool source, its discovery and its always-ask tools',
+    auth: readers, params: SourcePath, response: ToolSourceSchema, mcp: 'full',
+    async handler({ caller, params, deps }) {
+      return json(200, await deps.toolSources.getSource(requireWorkspace(caller), params.tool_source_id));
+    },
+  }),
+  defineOperation({
+    operationId: 'toolSources.syncToolSource', method: 'POST', path: '/v1/tool-sources/{tool_source_id}/sync',
+    summary: 'Fetch the agent card (credential-free GET), verify its signature and publish its skills as always-ask tools',
+    audit: { target: 'tool_source_id' }, auth: admins, params: SourcePath, mcp: 'full', successStatus: 200,
+    response: ToolSourceSchema,
+    async handler({ caller, params, deps }) {
+      return json(200, await deps.toolSources.sync(requireWorkspace(caller), params.tool_source_id));
+    },
+  }),
+  defineOperation({
+    operationId: 'toolSources.rotateToolSource', method: 'POST', path: '/v1/tool-sources/{tool_source_id}/source-revisions',
+    summary: 'Rotate trust: publish a candidate source under a higher, compatible provider package once its card verifies (credential-free card GET only)',
+    audit: { target: 'tool_source_id' }, auth: admins, params: SourcePath, idempotency: 'required', mcp: 'full', successStatus: 201,
+    body: Obj({
+      expected_version: Type.Optional(Type.Integer({ minimum: 1 })),
+      source: SourceInput,
+      provider_package: Obj({ id: Id('providerPackage'), package_version: Type.Integer({ minimum: 1 }), digest: Type.String({ minLength: 1, maxLength: 100 }) }),
+      dependent_connections: Type.Array(Obj({ id: Id('connection'), version: Type.Integer({ minimum: 1 }) }), { maxItems: 1000 }),
+    }),
+    response: ToolSourceSchema,
+    async handler({ caller, params, body, deps }) {
+      return json(201, await deps.toolSources.rotate(requireWorkspace(caller), params.tool_source_id, body));
+    },
+  }),
+];
