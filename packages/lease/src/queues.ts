@@ -93,18 +93,25 @@ export class RunQueues {
   }
 
   /** Remove a Run that is still waiting (queued, delayed, prioritized). False when it is leased or gone. */
-  async cancelQueued(poolId: string, runId: string): Promise<boolean> {
+  /**
+   * Removes a Run's job that is not taken: `canceled` when it was removed; `active` when a
+   * scheduler holds it (placing it, or leased); `finished` when it completed or failed; `absent`
+   * when there is no such job.
+   */
+  async cancelQueued(poolId: string, runId: string): Promise<'canceled' | 'active' | 'finished' | 'absent'> {
     const job = await this.job(poolId, runId);
-    if (!job) return false;
+    if (!job) return 'absent';
     const state = await job.getState();
-    if (state === 'active' || state === 'completed' || state === 'failed') return false;
+    if (state === 'active') return 'active';
+    if (state === 'completed' || state === 'failed') return 'finished';
     try {
       await job.remove();
     } catch {
-      return false;
+      // Taken between the read and the remove (a lock now holds it).
+      return 'active';
     }
     await this.dequeued(poolId, job.data.workspace_id, runId);
-    return true;
+    return 'canceled';
   }
 
   /**

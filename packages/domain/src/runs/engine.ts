@@ -35,6 +35,9 @@ const CACHE_ENTRIES = 4096;
  * becomes a BullMQ job in its pool's queue; an interrupt removes a queued Run or cancels the
  * leased one on its runner; answered waits continue the turn in a new Run.
  */
+/** How long an interrupt waits for a Run a scheduler is placing to be leased or returned to wait. */
+const INTERRUPT_SETTLE_MS = 15_000;
+
 export class RunEngine implements TurnScheduler {
   private readonly fence: LeaseFence;
   private readonly outbox: EnqueueOutbox;
@@ -122,20 +125,34 @@ export class RunEngine implements TurnScheduler {
     return repaired;
   }
 
+  /**
+   * `user.interrupt` on a Run: a queued or waiting Run's job is removed and the turn ends
+   * `interrupted`; a leased Run's runner gets `lease.cancel`. A job a scheduler holds while it
+   * places the Run (between taking it and returning it to wait, or while its offers are out) is
+   * neither: the interrupt waits for it to settle one way or the other, bounded.
+   */
   async interruptRequested(sessionId: string, _threadId: string, runId: string): Promise<void> {
-    const run = await this.d.store.run(sessionId, runId);
-    if (!run) return;
-    if (run.status === 'queued' || run.status === 'waiting') {
-      const pool = run.runner_pool_id;
-      if (pool && (await this.d.queues.cancelQueued(pool, runId))) {
-        await this.d.lifecycle.canceled(sessionId, runId, 'interrupted while queued');
+    const settleBy = Date.now() + INTERRUPT_SETTLE_MS;
+    for (;;) {
+      const run = await this.d.store.run(sessionId, runId);
+      if (!run || run.status === 'succeeded' || run.status === 'failed' || run.status === 'canceled') return;
+      let held = false;
+      if ((run.status === 'queued' || run.status === 'waiting') && run.runner_pool_id) {
+        const r = await this.d.queues.cancelQueued(run.runner_pool_id, runId);
+        if (r === 'canceled') {
+          await this.d.lifecycle.canceled(sessionId, runId, 'interrupted while queued');
+          return;
+        }
+        held = r === 'active';
+      }
+      const lease = await this.fence.current(sessionId, runId);
+      if (lease.run_id === runId && lease.token && lease.runner_id) {
+        const payload = { lease_id: lease.token, attempt: Number(lease.attempt ?? 1), reason: 'user.interrupt', grace_ms: this.d.interruptGraceMs };
+        await deliverToRunner(this.d.redis, run.workspace_id, lease.runner_id, frame('lease.cancel', newId('event'), payload));
         return;
       }
-    }
-    const lease = await this.fence.current(sessionId, runId);
-    if (lease.run_id === runId && lease.token && lease.runner_id) {
-      const payload = { lease_id: lease.token, attempt: Number(lease.attempt ?? 1), reason: 'user.interrupt', grace_ms: this.d.interruptGraceMs };
-      await deliverToRunner(this.d.redis, run.workspace_id, lease.runner_id, frame('lease.cancel', newId('event'), payload));
+      if (!held || Date.now() > settleBy) return;
+      await new Promise((r) => setTimeout(r, 50));
     }
   }
 
