@@ -22,6 +22,8 @@ const available = docker && (plugin || standalone);
 const required = process.env.REQUIRE_COMPOSE === '1';
 
 const project = `apcl${process.pid}${Date.now().toString(36)}`;
+/** A tag of this run's own, so that a concurrent build of agentplane:local changes nothing here. */
+const image = `agentplane:${project}`;
 let subnet = '';
 let port = 0;
 
@@ -40,6 +42,7 @@ function compose(args: string[], timeoutMs = 120_000): Promise<{ status: number;
     MASTER_KEY: 'ab'.repeat(32),
     AGENTPLANE_SUBNET: subnet,
     AGENTPLANE_PORT: String(port),
+    AGENTPLANE_IMAGE: image,
     LOG_LEVEL: 'warn',
   });
 }
@@ -105,11 +108,11 @@ describe.skipIf(!available && !required)('docker/compose.cluster.yaml up, offlin
 
   beforeAll(async () => {
     expect(available, 'Docker and `docker compose` or `docker-compose` are needed').toBe(true);
-    const image = await run(join(ROOT_DIR, 'node_modules/.bin/tsx'), [join(ROOT_DIR, 'docker/image/build.ts')], 150_000);
-    expect(image.status, image.out).toBe(0);
+    started = true;
+    const build = await run(join(ROOT_DIR, 'node_modules/.bin/tsx'), [join(ROOT_DIR, 'docker/image/build.ts'), '--tag', image], 150_000);
+    expect(build.status, build.out).toBe(0);
     subnet = freeSubnet();
     port = await freePort();
-    started = true;
     const up = await compose(['up', '-d'], 150_000);
     if (up.status !== 0) {
       const logs = await compose(['logs', '--no-color', '--tail', '30']);
@@ -119,7 +122,9 @@ describe.skipIf(!available && !required)('docker/compose.cluster.yaml up, offlin
 
   afterAll(async () => {
     if (!started) return;
-    const down = await compose(['down', '-v', '--remove-orphans', '-t', '5'], 120_000);
+    const down = subnet ? await compose(['down', '-v', '--remove-orphans', '-t', '5'], 120_000) : { status: 0, out: '' };
+    // Only this run's tag: the layers stay while another tag (agentplane:local) shares them.
+    await run('docker', ['image', 'rm', image], 60_000);
     expect(down.status, down.out).toBe(0);
   }, 150_000);
 
