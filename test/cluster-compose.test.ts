@@ -30,8 +30,27 @@ describe('the cluster compose topology', () => {
     const full = compose(['config']).out;
     // Built here, never pulled: every service uses the local image.
     expect(full.match(/image: (.+)/g)?.every((l) => l === 'image: agentplane:local')).toBe(true);
+    expect(full).not.toMatch(/^\s+build:/m);
+    expect(full.match(/pull_policy: (.+)/g)?.length).toBe(full.match(/image: /g)?.length);
+    expect(full.match(/pull_policy: (.+)/g)?.every((l) => l === 'pull_policy: never')).toBe(true);
     expect(full).toContain('redis+cluster://redis-1:6379');
     expect(full).toContain('--cluster-replicas 1');
+  });
+});
+
+describe('the single-node compose file', () => {
+  it.skipIf(!plugin && !standalone && process.env.REQUIRE_COMPOSE !== '1')('validates and pulls nothing outside the observability profile', () => {
+    const [cmd, pre] = plugin ? ['docker', ['compose']] : ['docker-compose', []];
+    const r = spawnSync(cmd, [...pre, '-f', join(ROOT_DIR, 'docker/compose.yaml'), 'config'], { encoding: 'utf8', env: { ...process.env, MASTER_KEY: '0'.repeat(64) } });
+    expect(r.status, r.stderr).toBe(0);
+    expect(r.stdout).not.toMatch(/^\s+build:/m);
+    const services = (r.stdout.split(/^services:\n/m)[1] ?? '').split(/^\S/m)[0]?.split(/^ {2}(?=\S)/m).filter(Boolean) ?? [];
+    expect(services.length).toBeGreaterThan(3);
+    for (const service of services) {
+      if (/profiles:\s*\n\s*- observability/.test(service)) continue;
+      expect(service, service).toMatch(/image: agentplane:local\n/);
+      expect(service, service).toMatch(/pull_policy: never/);
+    }
   });
 });
 
