@@ -89,7 +89,7 @@ export class Scheduler {
     const run = await this.store.run(o.session_id, o.run_id);
     if (!run) throw new Error(`run ${o.run_id} not found`);
     const spec = await buildTurnSpec({ store: this.store, environments: this.environments, sandboxProfiles: this.sandboxProfiles, files: this.files, projects: this.projects, skills: this.skills }, run as RunDoc);
-    const resolved = this.connections && run.agent.mcp_servers.some((s) => s.type === 'url')
+    const resolved = this.connections && run.agent.mcp_servers.some((s) => s.type !== 'a2a_tool_source')
       ? await this.connections.resolveAgentServers(run.workspace_id, run.agent.mcp_servers)
       : undefined;
     const files = spec.resources.flatMap((r) => (r.type === 'file' && !r.missing ? [r.file_id] : []));

@@ -108,7 +108,7 @@ export class ConnectionService {
     } while (page);
     const out: ResolvedMcpServers = { grants: {}, servers: [], unresolved: [] };
     for (const s of servers) {
-      if (s.type !== 'url') continue;
+      if (s.type === 'a2a_tool_source') continue;
       const c = byUrl.get(normalizeUrl(s.url));
       if (!c) {
         out.unresolved.push(s.name);
