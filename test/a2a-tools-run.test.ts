@@ -35,7 +35,7 @@ afterAll(async () => {
 
 const sends = () => peer.calls.filter((c) => c.method === 'SendMessage' || c.method === 'SendStreamingMessage').length;
 
-async function session(): Promise<string> {
+async function session(environment = envId): Promise<string> {
   return (await api.post<{ id: string }>('/v1/sessions', {
     agent: {
       name: 'a2a-user', model: 'default', tools: [],
@@ -45,7 +45,7 @@ async function session(): Promise<string> {
       ]),
       mcp_servers: [{ name: 'peer', type: 'a2a_tool_source', tool_source_id: sourceId }],
     },
-    environment_id: envId,
+    environment_id: environment,
   })).id;
 }
 
@@ -84,6 +84,27 @@ describe('A2A tool sources in Runs', () => {
     const denied = await untilEvents(api, id, (e) => idleCount(e) >= 4);
     expect(sends()).toBe(1);
     expect(denied.filter((e) => e.type === 'exec.tool_invocation')).toHaveLength(1);
+  });
+
+  it('colocated topology: allow calls the peer once through the runner, with one exec.tool_invocation', async () => {
+    const colocated = (await api.post<{ id: string }>('/v1/environments', {
+      name: 'colocated-a2a', image: 'agentplane/sandbox:latest', harness_topology: 'colocated',
+      resources: { cpu_millis: 1000, memory_mib: 256, disk_mib: 512, max_duration_seconds: 120 },
+    })).id;
+    const id = await session(colocated);
+    const before = sends();
+    await api.post(`/v1/sessions/${id}/events`, msg('summarize please'));
+    const first = await untilEvents(api, id, (e) => idleCount(e) >= 1);
+    expect(first.find((e) => e.type === 'session.status_idle')?.payload.stop_reason).toMatchObject({ type: 'requires_action' });
+    const use = first.filter((e) => e.type === 'agent.tool_use').at(-1);
+    expect(sends()).toBe(before);
+    await api.post(`/v1/sessions/${id}/events`, {
+      type: 'user.tool_confirmation', payload: { tool_use_id: String(use?.payload.id), result: 'allow', authored_by: principal, caused_by: { kind: 'api' } },
+    });
+    const allowed = await untilEvents(api, id, (e) => idleCount(e) >= 2);
+    expect(JSON.stringify(allowed.filter((e) => e.type === 'agent.tool_result').at(-1)?.payload.content)).toContain('done: the quarterly report');
+    expect(sends()).toBe(before + 1);
+    expect(allowed.filter((e) => e.type === 'exec.tool_invocation')).toHaveLength(1);
   });
 
   it('passes the ActionPolicy gate: a deny naming the tool source refuses the call before any confirmation', async () => {
