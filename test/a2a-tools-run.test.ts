@@ -35,7 +35,7 @@ afterAll(async () => {
 
 const sends = () => peer.calls.filter((c) => c.method === 'SendMessage' || c.method === 'SendStreamingMessage').length;
 
-async function session(environment = envId): Promise<string> {
+async function session(environment = envId, vaultIds: string[] = []): Promise<string> {
   return (await api.post<{ id: string }>('/v1/sessions', {
     agent: {
       name: 'a2a-user', model: 'default', tools: [],
@@ -45,13 +45,16 @@ async function session(environment = envId): Promise<string> {
       ]),
       mcp_servers: [{ name: 'peer', type: 'a2a_tool_source', tool_source_id: sourceId }],
     },
-    environment_id: environment,
+    environment_id: environment, ...(vaultIds.length > 0 ? { vault_ids: vaultIds } : {}),
   })).id;
 }
 
 describe('A2A tool sources in Runs', () => {
   it('stops with requires_action; allow calls the peer once with one exec.tool_invocation; deny never calls it', async () => {
-    const id = await session();
+    // The peer's credential comes from the Session's vault, matched by the JSON-RPC URL.
+    const vault = (await p.root.post<{ id: string }>('/v1/vaults', { name: 'peer-creds' })).id;
+    await p.root.request('PUT', `/v1/vaults/${vault}/secrets/peer`, { body: { kind: 'mcp_bearer', match: peer.rpcUrl, value: 'peer-token-from-vault' } });
+    const id = await session(envId, [vault]);
     const agent = await api.get<{ agent: { mcp_servers: unknown[] } }>(`/v1/sessions/${id}`);
     expect(agent.agent.mcp_servers).toEqual([{ name: 'peer', type: 'a2a_tool_source', tool_source_id: sourceId, permission: 'always_ask' }]);
     const answer = (toolUseId: string, result: 'allow' | 'deny') => api.post(`/v1/sessions/${id}/events`, {
@@ -72,6 +75,7 @@ describe('A2A tool sources in Runs', () => {
     expect(result?.payload).toMatchObject({ is_error: false });
     expect(JSON.stringify(result?.payload.content)).toContain('done: the quarterly report');
     expect(sends()).toBe(1);
+    expect(peer.calls.find((c) => c.method === 'SendMessage' || c.method === 'SendStreamingMessage')?.authorization).toBe('Bearer peer-token-from-vault');
     const invocations = allowed.filter((e) => e.type === 'exec.tool_invocation');
     expect(invocations).toHaveLength(1);
     expect(invocations[0]?.payload).toMatchObject({ tool_use_id: use?.payload.id, tool_source_id: sourceId, tool: 'a2a_peer_summarize', status: 'completed' });
