@@ -17,6 +17,7 @@ import { runtimeSkills } from './skills/runtime.js';
 import { SkillSourceService } from './skill-sources/service.js';
 import { ToolSourceService } from './tool-sources/service.js';
 import { A2aToolCalls } from './tool-sources/calls.js';
+import { runtimeToolSource } from './tool-sources/runtime.js';
 import { SkillProposalService } from './skill-proposals/service.js';
 import { runtimeMemory } from './memory/runtime.js';
 import { AuditLog } from './audit/store.js';
@@ -207,6 +208,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
   app.use(runtimeMcp(deps, { verifier: runtimeBearers }));
   app.use(runtimeFiles(deps, runtimeBearers));
   app.use(runtimeMemory(deps, runtimeBearers));
+  app.use(runtimeToolSource(deps, runtimeBearers));
   app.use(runtimeGitCredentials(deps, runtimeBearers));
   app.use(runtimeProjects(deps, runtimeBearers));
   app.use(runtimeSkills(deps, runtimeBearers));

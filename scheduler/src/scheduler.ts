@@ -89,7 +89,7 @@ export class Scheduler {
     const run = await this.store.run(o.session_id, o.run_id);
     if (!run) throw new Error(`run ${o.run_id} not found`);
     const spec = await buildTurnSpec({ store: this.store, environments: this.environments, sandboxProfiles: this.sandboxProfiles, files: this.files, projects: this.projects, skills: this.skills }, run as RunDoc);
-    const resolved = this.connections && run.agent.mcp_servers.length > 0
+    const resolved = this.connections && run.agent.mcp_servers.some((s) => s.type !== 'a2a_tool_source')
       ? await this.connections.resolveAgentServers(run.workspace_id, run.agent.mcp_servers)
       : undefined;
     const files = spec.resources.flatMap((r) => (r.type === 'file' && !r.missing ? [r.file_id] : []));
@@ -103,7 +103,9 @@ export class Scheduler {
       : [];
     // A browser Environment's screenshots are stored as Files of the Session through the bearer.
     const outputs = spec.environment.browser === true;
-    if (!resolved && files.length === 0 && memory.length === 0 && repositories.length === 0 && projects.length === 0 && skills.length === 0 && !outputs) return spec as unknown as Record<string, unknown>;
+    // Synced A2A tool sources the agent attaches: served by the api's runtime tool source endpoint.
+    const toolSources = run.agent.mcp_servers.flatMap((s) => (s.type === 'a2a_tool_source' ? [{ name: s.name, id: s.tool_source_id }] : []));
+    if (!resolved && toolSources.length === 0 && files.length === 0 && memory.length === 0 && repositories.length === 0 && projects.length === 0 && skills.length === 0 && !outputs) return spec as unknown as Record<string, unknown>;
     // One runtime bearer for this lease: it works only while the lease holds the Session fence,
     // for the agent's Connections, the Session's Files and its MemoryStores.
     const ws = await this.docs.get<{ organization_id: string } & StoredDoc>(tags.workspace(run.workspace_id), run.workspace_id);
@@ -120,13 +122,14 @@ export class Scheduler {
     const bearer = await this.bearers.mint({
       run_id: run.id, session_id: run.session_id, workspace_id: run.workspace_id, organization_id: ws?.organization_id ?? '',
       lease_id: o.lease_id, expires_at: new Date(Date.now() + spec.environment.resources.max_duration_seconds * 1000 + o.lease_ms).toISOString(),
-      connections: grants, files, ...(repositories.length > 0 ? { repositories } : {}), ...(projects.length > 0 ? { projects } : {}), ...(skills.length > 0 ? { skills } : {}), ...(outputs ? { outputs: true } : {}), ...(memory.length > 0 ? { memory: Object.fromEntries(memory.map((m) => [m.memory_store_id, m.access])) } : {}),
+      connections: grants, files, ...(repositories.length > 0 ? { repositories } : {}), ...(projects.length > 0 ? { projects } : {}), ...(skills.length > 0 ? { skills } : {}), ...(outputs ? { outputs: true } : {}), ...(toolSources.length > 0 ? { tool_sources: toolSources.map((t) => t.id) } : {}), ...(memory.length > 0 ? { memory: Object.fromEntries(memory.map((m) => [m.memory_store_id, m.access])) } : {}),
     });
     const servers: NonNullable<typeof spec.runtime_mcp>['servers'] = [];
     if (resolved) {
       const permission = new Map(run.agent.mcp_servers.map((s) => [s.name, s.permission ?? 'always_ask']));
       servers.push(...resolved.servers.map((s) => ({ ...s, permission: permission.get(s.name) ?? 'always_ask' })));
     }
+    for (const t of toolSources) servers.push({ name: t.name, connection_id: t.id, permission: 'always_ask', path: `/v1/runtime/toolsource/${t.id}` });
     // Memory tools are the platform's own: allowed without a confirmation (ActionPolicies still decide each use).
     memory.forEach((m, i) => servers.push({
       name: i === 0 ? 'memory' : `memory_${i + 1}`, connection_id: m.memory_store_id, permission: 'always_allow', path: `/v1/runtime/memory/${m.memory_store_id}`,

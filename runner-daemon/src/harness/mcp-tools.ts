@@ -54,8 +54,10 @@ export async function connectMcpTools(baseUrl: string, runtime: RuntimeMcp, log:
         // Governance names the upstream tool, also when a deployment's binding offers it under an alias.
         mcp: { connection_id: server.connection_id, tool: typeof t._meta?.['dev.agentplane/upstream_tool'] === 'string' ? t._meta['dev.agentplane/upstream_tool'] : t.name },
         spec: { name, description: t.description ?? t.name, input_schema: t.inputSchema as Record<string, unknown> },
-        async call(input, callSignal) {
-          const r = await c.callTool({ name: t.name, arguments: (input ?? {}) as Record<string, unknown> }, { signal: callSignal });
+        async call(input, callSignal, toolUseId) {
+          // The tool use id names the call to the control plane (an A2A tool call is exactly-once under it).
+          const meta = toolUseId ? { _meta: { 'dev.agentplane/tool_use_id': toolUseId } } : {};
+          const r = await c.callTool({ name: t.name, arguments: (input ?? {}) as Record<string, unknown>, ...meta }, { signal: callSignal });
           const content = r.content.map((b) => (b.type === 'text' ? b.text : `[${b.type}]`)).join('\n');
           return { content, is_error: r.isError === true };
         },

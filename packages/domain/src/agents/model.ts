@@ -53,7 +53,7 @@ export function normaliseTools(tools: ToolT[]): ToolT[] {
   return tools.map((t) => ({ ...t, permission: t.permission ?? 'always_allow' }));
 }
 export function normaliseMcp(servers: McpServerT[]): McpServerT[] {
-  return servers.map((s) => ({ ...s, permission: s.permission ?? 'always_ask' }));
+  return servers.map((s): McpServerT => (s.type === 'a2a_tool_source' ? { ...s, permission: 'always_ask' } : { ...s, permission: s.permission ?? 'always_ask' }));
 }
 
 export function newAgent(workspaceId: string, input: AgentConfigInput): Agent {

@@ -27,12 +27,20 @@ export const CustomTool = Obj({
 export const Tool = Type.Union([BuiltinTool, CustomTool]);
 export const Tools = Type.Array(Tool, { maxItems: 128 });
 
-export const McpServer = Obj({
+export const UrlMcpServer = Obj({
   name: ToolName,
   type: Type.Literal('url'),
   url: Type.String({ format: 'uri', pattern: '^https?://', maxLength: 2048 }),
   permission: Type.Optional(Permission),
 });
+/** A synced external A2A tool source: each skill is a Tool, always asked before each call (docs/A2A_TOOLS.md). */
+export const A2aToolSourceServer = Obj({
+  name: ToolName,
+  type: Type.Literal('a2a_tool_source'),
+  tool_source_id: Type.String({ pattern: '^tsrc_[A-Za-z0-9]+$', maxLength: 64 }),
+  permission: Type.Optional(Type.Literal('always_ask')),
+});
+export const McpServer = Type.Union([UrlMcpServer, A2aToolSourceServer]);
 export const McpServers = Type.Array(McpServer, { maxItems: 32 });
 
 export type ToolT = Static<typeof Tool>;

@@ -35,6 +35,8 @@ export interface RuntimeGrant {
    */
   expires_at: string;
   connections: Record<string, ConnectionGrant>;
+  /** Synced A2A tool sources the harness reaches at `/v1/runtime/toolsource/{id}` (the agent's `a2a_tool_source` entries). */
+  tool_sources?: string[];
   /** Files the runner may fetch from `/v1/runtime/files/{id}` (the Session's `file` resources). */
   files?: string[];
   /** MemoryStores the harness's memory tools reach at `/v1/runtime/memory/{id}` (the Session's `memory` resources), with their access. */

@@ -4,11 +4,9 @@ import type { Connection } from './model.js';
 import type { ConnectionGrant } from './runtime-bearer.js';
 
 /** One entry of an agent version's `mcp_servers`. */
-export interface AgentMcpServer {
-  name: string;
-  url: string;
-  permission?: 'always_allow' | 'always_ask' | undefined;
-}
+export type AgentMcpServer =
+  | { name: string; type?: 'url'; url: string; permission?: 'always_allow' | 'always_ask' | undefined }
+  | { name: string; type: 'a2a_tool_source'; tool_source_id: string; permission?: 'always_ask' | undefined };
 
 /** What the lease work puts in a runtime grant (and tells the harness) for one agent version. */
 export interface ResolvedMcpServers {
@@ -110,6 +108,7 @@ export class ConnectionService {
     } while (page);
     const out: ResolvedMcpServers = { grants: {}, servers: [], unresolved: [] };
     for (const s of servers) {
+      if (s.type === 'a2a_tool_source') continue;
       const c = byUrl.get(normalizeUrl(s.url));
       if (!c) {
         out.unresolved.push(s.name);
