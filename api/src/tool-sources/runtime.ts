@@ -49,6 +49,11 @@ export function runtimeToolSource(deps: ApiDeps, verifier: RuntimeBearerVerifier
         _meta: { 'dev.agentplane/permission': 'ask' },
       })),
     }));
+    /** Every call the Run makes to the peer is recorded in the Workspace's audit log, as the Run. */
+    const record = (toolUseId: string, outcome: 'succeeded' | 'failed', detail: string | null) => deps.audit.append(ctx.grant.workspace_id, {
+      actor: { id: ctx.grant.run_id, credential_id: null }, action: 'toolSources.callA2aTool', target: toolUseId,
+      outcome, status: 200, detail, request_id: null,
+    }).catch((err: unknown) => deps.log.error({ err, tool_use_id: toolUseId }, 'audit append failed'));
     server.setRequestHandler('tools/call', async (request): Promise<CallToolResult> => {
       const toolUseId = request.params._meta?.[TOOL_USE_META];
       if (typeof toolUseId !== 'string' || !TOOL_USE_ID.test(toolUseId)) {
@@ -64,10 +69,12 @@ export function runtimeToolSource(deps: ApiDeps, verifier: RuntimeBearerVerifier
           source: ctx.source, tool: request.params.name, text: message, headers: await peerHeaders(ctx.grant, discovery.interface.url),
         });
         calls.inc({ outcome: r.outcome.status });
+        await record(toolUseId, r.outcome.status === 'completed' ? 'succeeded' : 'failed', r.outcome.status === 'completed' ? null : r.outcome.status);
         return r.outcome.status === 'completed' ? text(r.outcome.text) : text(`${r.outcome.status}${r.outcome.text ? `: ${r.outcome.text}` : ''}`, true);
       } catch (err) {
         if (!(err instanceof ApiError)) throw err;
         calls.inc({ outcome: 'error' });
+        await record(toolUseId, 'failed', err.type);
         return text(JSON.stringify(err.toWire(deps.config.docsUrl)), true);
       }
     });
