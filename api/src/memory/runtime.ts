@@ -1,12 +1,9 @@
-import { randomBytes } from 'node:crypto';
 import type Koa from 'koa';
-import { createMcpHandler, Server, type AuthInfo, type CallToolResult, type Tool } from '@modelcontextprotocol/server';
-import { toNodeHandler } from '@modelcontextprotocol/node';
+import { Server, type CallToolResult, type Tool } from '@modelcontextprotocol/server';
 import { ApiError, closedLabel, Counter, isId } from '@agentplane/core';
 import type { ApiDeps } from '../deps.js';
-import { bearerToken } from '../http/authenticate.js';
-import { ErrorCode, MAX_MESSAGE_BYTES, rpcError } from '../mcp/protocol.js';
-import { sdkConsoleToLog } from '../mcp/runtime.js';
+import { ErrorCode } from '../mcp/protocol.js';
+import { runtimeMcpEdge } from '../mcp/runtime-edge.js';
 import type { RuntimeBearerVerifier, RuntimeGrant } from '@agentplane/domain';
 import { checkPath, MEMORY_LIMITS, type MemoryAuthor } from './model.js';
 
@@ -159,47 +156,14 @@ export function runtimeMemory(deps: ApiDeps, verifier: RuntimeBearerVerifier): K
     return server;
   }
 
-  const handler = sdkConsoleToLog(deps.log, () => createMcpHandler(
-    ({ authInfo }) => {
-      const context = (authInfo?.extra as { context?: Context } | undefined)?.context;
-      if (!context) throw new Error('runtime memory request without a verified grant');
-      return buildServer(context);
-    },
-    { legacy: 'stateless', responseMode: 'json', maxRequestBodySize: MAX_MESSAGE_BYTES, onerror: (err) => deps.log.debug({ err: err.message }, 'runtime memory request rejected') },
-  ));
-  const serve = toNodeHandler(handler, { maxRequestBodySize: MAX_MESSAGE_BYTES, onerror: (err) => deps.log.warn({ err: err.message }, 'runtime memory adapter error') });
-
-  const fail = (ctx: Koa.Context, status: number, code: number, message: string, extra: Record<string, string> = {}) => {
-    for (const [k, v] of Object.entries(extra)) ctx.set(k, v);
-    ctx.status = status;
-    ctx.type = 'application/json';
-    ctx.body = JSON.stringify(rpcError(null, { code, message }));
-  };
-
-  return async (ctx, next) => {
-    const m = RUNTIME_MEMORY_PATH.exec(ctx.path);
-    if (!m) return next();
-    try {
-      if (ctx.method !== 'POST') {
-        ctx.set('Allow', 'POST');
-        return fail(ctx, 405, ErrorCode.InvalidRequest, `${ctx.method} is not served here; use POST`);
-      }
-      if (ctx.headers.origin !== undefined) return fail(ctx, 403, ErrorCode.InvalidRequest, 'requests carrying an Origin header are refused');
-      const token = bearerToken(ctx.headers.authorization);
-      const grant = token ? await verifier.verify(token) : null;
-      if (!grant) return fail(ctx, 401, ErrorCode.Unauthorized, 'missing, unknown or expired runtime bearer', { 'WWW-Authenticate': 'Bearer error="invalid_token"' });
-      const storeId = m[1] ?? '';
+  return runtimeMcpEdge<Context>(deps, verifier, {
+    path: RUNTIME_MEMORY_PATH,
+    name: 'runtime memory',
+    async authorize(grant, storeId) {
       const access = isId('memoryStore', storeId) ? grant.memory?.[storeId] : undefined;
-      if (!access) return fail(ctx, 403, ErrorCode.Unauthorized, `run ${grant.run_id} has no memory store ${storeId}`);
-      const req = ctx.req as typeof ctx.req & { auth?: AuthInfo };
-      req.auth = { token: token ?? '', clientId: grant.run_id, scopes: [], expiresAt: Math.floor(Date.parse(grant.expires_at) / 1000), extra: { context: { grant, storeId, access } } };
-      ctx.respond = false;
-      await serve(req, ctx.res);
-    } catch (err) {
-      if (ctx.headerSent || ctx.respond === false) throw err;
-      const incident = `inc_${randomBytes(8).toString('hex')}`;
-      deps.log.error({ err, incident, path: ctx.path }, 'unhandled error on the runtime memory endpoint');
-      fail(ctx, 500, ErrorCode.InternalError, `internal error; incident reference ${incident}`);
-    }
-  };
+      if (!access) return { status: 403, code: ErrorCode.Unauthorized, message: `run ${grant.run_id} has no memory store ${storeId}` };
+      return { grant, storeId, access };
+    },
+    buildServer,
+  });
 }

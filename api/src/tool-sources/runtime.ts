@@ -1,12 +1,10 @@
 import type Koa from 'koa';
-import { createMcpHandler, Server, type AuthInfo, type CallToolResult } from '@modelcontextprotocol/server';
-import { toNodeHandler } from '@modelcontextprotocol/node';
-import { ApiError, Counter, incident, isId } from '@agentplane/core';
+import { Server, type CallToolResult } from '@modelcontextprotocol/server';
+import { ApiError, Counter, isId } from '@agentplane/core';
 import type { RuntimeBearerVerifier, RuntimeGrant } from '@agentplane/domain';
 import type { ApiDeps } from '../deps.js';
-import { bearerToken } from '../http/authenticate.js';
-import { ErrorCode, MAX_MESSAGE_BYTES, rpcError } from '../mcp/protocol.js';
-import { sdkConsoleToLog } from '../mcp/runtime.js';
+import { ErrorCode } from '../mcp/protocol.js';
+import { runtimeMcpEdge } from '../mcp/runtime-edge.js';
 import type { ToolSourceDoc } from './service.js';
 
 export const RUNTIME_TOOL_SOURCE_PATH = /^\/v1\/runtime\/toolsource\/([^/]+)$/;
@@ -81,48 +79,15 @@ export function runtimeToolSource(deps: ApiDeps, verifier: RuntimeBearerVerifier
     return server;
   }
 
-  const handler = sdkConsoleToLog(deps.log, () => createMcpHandler(
-    ({ authInfo }) => {
-      const context = (authInfo?.extra as { context?: Context } | undefined)?.context;
-      if (!context) throw new Error('runtime tool source request without a verified grant');
-      return buildServer(context);
-    },
-    { legacy: 'stateless', responseMode: 'json', maxRequestBodySize: MAX_MESSAGE_BYTES, onerror: (err) => deps.log.debug({ err: err.message }, 'runtime tool source request rejected') },
-  ));
-  const serve = toNodeHandler(handler, { maxRequestBodySize: MAX_MESSAGE_BYTES, onerror: (err) => deps.log.warn({ err: err.message }, 'runtime tool source adapter error') });
-
-  const fail = (ctx: Koa.Context, status: number, code: number, message: string, extra: Record<string, string> = {}) => {
-    for (const [k, v] of Object.entries(extra)) ctx.set(k, v);
-    ctx.status = status;
-    ctx.type = 'application/json';
-    ctx.body = JSON.stringify(rpcError(null, { code, message }));
-  };
-
-  return async (ctx, next) => {
-    const m = RUNTIME_TOOL_SOURCE_PATH.exec(ctx.path);
-    if (!m) return next();
-    try {
-      if (ctx.method !== 'POST') {
-        ctx.set('Allow', 'POST');
-        return fail(ctx, 405, ErrorCode.InvalidRequest, `${ctx.method} is not served here; use POST`);
-      }
-      if (ctx.headers.origin !== undefined) return fail(ctx, 403, ErrorCode.InvalidRequest, 'requests carrying an Origin header are refused');
-      const token = bearerToken(ctx.headers.authorization);
-      const grant = token ? await verifier.verify(token) : null;
-      if (!grant) return fail(ctx, 401, ErrorCode.Unauthorized, 'missing, unknown or expired runtime bearer', { 'WWW-Authenticate': 'Bearer error="invalid_token"' });
-      const id = m[1] ?? '';
-      if (!isId('toolSource', id) || !(grant.tool_sources ?? []).includes(id)) return fail(ctx, 403, ErrorCode.Unauthorized, `run ${grant.run_id} has no tool source ${id}`);
+  return runtimeMcpEdge<Context>(deps, verifier, {
+    path: RUNTIME_TOOL_SOURCE_PATH,
+    name: 'runtime tool source',
+    async authorize(grant, id) {
+      if (!isId('toolSource', id) || !(grant.tool_sources ?? []).includes(id)) return { status: 403, code: ErrorCode.Unauthorized, message: `run ${grant.run_id} has no tool source ${id}` };
       const source = await deps.toolSources.getSource(grant.workspace_id, id).catch(() => null);
-      if (!source) return fail(ctx, 404, ErrorCode.InvalidRequest, `tool source ${id} not found`);
-      const req = ctx.req as typeof ctx.req & { auth?: AuthInfo };
-      req.auth = { token: token ?? '', clientId: grant.run_id, scopes: [], expiresAt: Math.floor(Date.parse(grant.expires_at) / 1000), extra: { context: { grant, source } } };
-      ctx.respond = false;
-      await serve(req, ctx.res);
-    } catch (err) {
-      if (ctx.headerSent || ctx.respond === false) throw err;
-      const inc = incident('internal error');
-      deps.log.error({ err, incident: inc.incident, path: ctx.path }, 'unhandled error on the runtime tool source endpoint');
-      fail(ctx, 500, ErrorCode.InternalError, inc.message);
-    }
-  };
+      if (!source) return { status: 404, code: ErrorCode.InvalidRequest, message: `tool source ${id} not found` };
+      return { grant, source };
+    },
+    buildServer,
+  });
 }
