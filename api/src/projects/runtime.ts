@@ -1,7 +1,7 @@
 import type Koa from 'koa';
 import { ApiError, isId } from '@agentplane/core';
 import type { ApiDeps } from '../deps.js';
-import { bearerToken } from '../http/authenticate.js';
+import { runtimeFilesRoute } from '../http/runtime-route.js';
 import type { RuntimeBearerVerifier } from '@agentplane/domain';
 
 export const RUNTIME_PROJECT_PATH = /^\/v1\/runtime\/projects\/([^/]+)\/revisions\/([0-9]{1,9})$/;
@@ -13,20 +13,7 @@ export const RUNTIME_PROJECT_PATH = /^\/v1\/runtime\/projects\/([^/]+)\/revision
  * resources pinned when the lease was granted.
  */
 export function runtimeProjects(deps: ApiDeps, verifier: RuntimeBearerVerifier): Koa.Middleware {
-  return async (ctx, next) => {
-    const m = RUNTIME_PROJECT_PATH.exec(ctx.path);
-    if (!m) return next();
-    if (ctx.method !== 'GET') {
-      ctx.set('Allow', 'GET');
-      throw new ApiError('validation.not_found', `no operation at ${ctx.method} ${ctx.path}; use GET`);
-    }
-    const token = bearerToken(ctx.headers.authorization);
-    const grant = token ? await verifier.verify(token) : null;
-    if (!grant) {
-      throw new ApiError('auth.invalid_key', 'missing, unknown or expired runtime bearer (it lives only while its lease holds the Session)', {
-        headers: { 'WWW-Authenticate': 'Bearer error="invalid_token"' },
-      });
-    }
+  return runtimeFilesRoute(RUNTIME_PROJECT_PATH, verifier, async (grant, m) => {
     const projectId = m[1] ?? '';
     const n = Number(m[2]);
     if (!isId('project', projectId)) throw new ApiError('validation.malformed', 'path.project_id: expected a proj_ id');
@@ -34,9 +21,6 @@ export function runtimeProjects(deps: ApiDeps, verifier: RuntimeBearerVerifier):
       throw new ApiError('validation.not_found', `revision ${n} of project ${projectId} is not a resource of session ${grant.session_id}`);
     }
     await deps.projects.get(grant.workspace_id, projectId);
-    const files = await deps.projects.readFiles(projectId, n);
-    ctx.status = 200;
-    ctx.set('Cache-Control', 'no-store');
-    ctx.body = { files: files.map((f) => ({ path: f.path, executable: f.executable, content_base64: f.content.toString('base64') })) };
-  };
+    return deps.projects.readFiles(projectId, n);
+  });
 }
