@@ -136,6 +136,8 @@ async function main(): Promise<void> {
     DATA_DIR: config.dataDir,
     ...config.otelEnv,
     ...(config.docsUrl ? { DOCS_URL: config.docsUrl } : {}),
+    // Crash tests only (packages/core/src/crash-points.ts).
+    ...(process.env.AGENTPLANE_CRASH_AT ? { AGENTPLANE_CRASH_AT: process.env.AGENTPLANE_CRASH_AT } : {}),
   };
   const processesFile = join(config.dataDir, 'processes.json');
   const supervisor: Supervisor = new Supervisor(log, config.restartChildren, () => writePids());

@@ -144,7 +144,8 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     });
     // Approvals resolved while the Run was still ending answer their waits now.
     if (waits) await d.approvals.settleWaits(rec.workspace_id, rec.session_id, waits).catch((err: unknown) => d.logger.error({ err, run: rec.run_id }, 'settling approval waits failed'));
-    await d.records.remove(rec.lease_id, rec.runner_id);
+    // Until here a crash leaves the finished job for the scheduler's reconciliation to replay.
+    await Promise.all([d.keeper.settled(leaseOf(rec)), d.records.remove(rec.lease_id, rec.runner_id)]);
   });
 
   gw.on('lease.fail', async (conn, msg) => {

@@ -11,3 +11,4 @@ export * from './glob.js';
 export * from './url.js';
 export * from './request-context.js';
 export * from './tracing.js';
+export * from './crash-points.js';

@@ -94,6 +94,11 @@ export class LeaseKeeper {
     return 'ok';
   }
 
+  /** The Run's end is recorded (Run, thread, events): its finished job is no longer needed. */
+  async settled(lease: Lease): Promise<void> {
+    await this.queues.removeFinished(lease.pool_id, lease.run_id);
+  }
+
   /**
    * End the attempt with a failure. Infrastructure failures are retried by BullMQ with
    * exponential backoff while attempts remain; the agent's own failures are final.

@@ -88,6 +88,15 @@ export class RunQueues {
     await this.connection.zrem(fairKey(poolId, workspaceId), runId);
   }
 
+  /**
+   * Drops a finished (completed or failed) Run's job once its end is fully recorded, so the
+   * scheduler's reconciliation, which replays every finished job it finds, only meets the ends a
+   * crash cut short. Only for a job its caller just finished (a locked job is never removed).
+   */
+  async removeFinished(poolId: string, runId: string): Promise<void> {
+    await this.queue(poolId).remove(runId).catch(() => undefined);
+  }
+
   async job(poolId: string, runId: string): Promise<Job<RunJobData> | undefined> {
     return (await Job.fromId<RunJobData>(this.queue(poolId), runId)) ?? undefined;
   }

@@ -1,4 +1,4 @@
-import { nowIso, type Logger } from '@agentplane/core';
+import { crashPoint, nowIso, type Logger } from '@agentplane/core';
 import { BoundedCache, tags } from '@agentplane/store';
 import type { GraderRunResult, RunAttempt, RunDoc, RunStatus, WaitKind } from '../sessions/model.js';
 import type { SessionStore } from '../sessions/store.js';
@@ -18,8 +18,10 @@ export interface TurnResult {
 /**
  * Every move of a Run's status machine and its effect on the thread, in one place, used by the
  * scheduler (leased, waiting, lost, exhausted) and the gateway (started, completed, failed).
- * Each move is a compare-and-swap on the Run document; only the caller whose move reached a
- * terminal status ends the turn, so a repeated report never ends it twice.
+ * Each move is a compare-and-swap on the Run document. A terminal move ends the turn; a repeated
+ * report of the same end (the scheduler reconciles finished BullMQ jobs the gateway did not
+ * settle) reaches the turn end again, which applies once per Run and otherwise only repairs the
+ * steps a crash may have cut off (`ThreadRuntime.endTurn`).
  */
 export class RunLifecycle {
   /**
@@ -119,9 +121,10 @@ export class RunLifecycle {
         ...(r.grader && result.grader ? { grader_result: result.grader } : {}),
         timestamps: { ...this.ts(r), ended_at: nowIso() },
       });
-    if (!res?.moved) return;
+    if (!res || (!res.moved && res.run.status !== 'succeeded')) return;
+    crashPoint('run-succeeded-written');
     const session = await this.store.get(res.run.workspace_id, sessionId);
-    await this.runtime.endTurn(session, res.run.session_thread_id, result.stop_reason, result.waits ?? []);
+    await this.runtime.endTurn(session, res.run.session_thread_id, result.stop_reason, result.waits ?? [], runId);
   }
 
   /** An attempt failed for an infrastructure reason and will be retried (`leaseId` null: every open attempt was lost). */
@@ -182,17 +185,17 @@ export class RunLifecycle {
         ...r, status: 'failed', failure, attempts: this.endAttempt(r, leaseId, failure.class === 'work' ? 'work_failure' : 'lost', failure.message),
         timestamps: { ...this.ts(r), ended_at: nowIso() },
       });
-    if (!res?.moved) return;
+    if (!res || (!res.moved && res.run.status !== 'failed')) return;
     const session = await this.store.get(res.run.workspace_id, sessionId);
     const stop: StopReason = failure.code === 'retries_exhausted' ? { type: 'retries_exhausted' } : { type: 'error', error: { code: failure.code, message: failure.message } } as StopReason;
-    await this.runtime.endTurn(session, res.run.session_thread_id, stop);
+    await this.runtime.endTurn(session, res.run.session_thread_id, stop, [], runId);
   }
 
   async canceled(sessionId: string, runId: string, reason: string): Promise<void> {
     const res = await this.move(sessionId, runId, (r) =>
       TERMINAL.has(r.status) ? null : { ...r, status: 'canceled', attempts: this.endAttempt(r, null, 'canceled', reason), timestamps: { ...this.ts(r), ended_at: nowIso() } });
-    if (!res?.moved) return;
+    if (!res || (!res.moved && res.run.status !== 'canceled')) return;
     const session = await this.store.get(res.run.workspace_id, sessionId);
-    await this.runtime.endTurn(session, res.run.session_thread_id, { type: 'interrupted' });
+    await this.runtime.endTurn(session, res.run.session_thread_id, { type: 'interrupted' }, [], runId);
   }
 }

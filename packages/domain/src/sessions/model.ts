@@ -98,6 +98,11 @@ export interface ThreadDoc extends StoredDoc {
   /** Set by archive: stats are reported from these frozen values. */
   _frozen_stats: ThreadStats | null;
   _stop_reason: unknown;
+  /**
+   * The Run whose turn end was the thread's last move (absent on documents of earlier
+   * versions): a repeated end report of that Run re-runs the turn end's later steps (crash repair).
+   */
+  _ended_run_id?: string | null;
 }
 
 export interface ThreadStats {

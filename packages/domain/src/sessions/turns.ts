@@ -1,4 +1,4 @@
-import { ApiError, newId } from '@agentplane/core';
+import { ApiError, crashPoint, newId } from '@agentplane/core';
 import type { RunDoc, SessionDoc, ThreadDoc, WaitKind } from './model.js';
 import { InputQueueMoved, sessionTag, type SessionStore } from './store.js';
 import { Coordinator } from './coordinator.js';
@@ -158,17 +158,30 @@ export class ThreadRuntime {
   /**
    * Runtime side: the turn ended. `requires_action` registers the waits of a new generation;
    * any other stop reason frees the thread and starts the next turn if messages were queued.
+   *
+   * `runId`: the Run whose end this is. Its end applies once and only to that Run's own turn; a
+   * repeated report of the same end (the scheduler's reconciliation after a crash) finds the
+   * thread already moved and re-runs only the later steps, each of them idempotent (the
+   * `session.status_idle` append under the producer key `run:<run>:idle`, the coordinator's and
+   * outcomes' hooks, the start of queued messages), as long as that end is still the thread's
+   * last move. So a process that dies anywhere inside a turn end leaves nothing undone.
    */
-  async endTurn(session: SessionDoc, threadId: string, stop: StopReason, waits: { tool_use_id: string; kind: WaitKind }[] = []): Promise<ThreadDoc> {
+  async endTurn(session: SessionDoc, threadId: string, stop: StopReason, waits: { tool_use_id: string; kind: WaitKind }[] = [], runId: string | null = null): Promise<ThreadDoc> {
     const now = Date.now();
     let endedRunId: string | null = null;
+    let moved = false;
     // A coordinator's delegation tool uses wait for the control plane, not for a client.
     const delegations = stop.type === 'requires_action' ? await this.coordinator.classify(session, threadId, waits) : new Map<string, never>();
     const next = await this.store.updateThread(session.id, threadId, (t) => {
       endedRunId = t._active_run_id;
+      moved = false;
       if (t.status === 'terminated') return null;
+      if (runId !== null && (t._active_run_id !== runId || (t.status !== 'running' && t.status !== 'rescheduling'))) return null;
+      moved = true;
       const ranMs = t._running_since_ms !== null ? now - t._running_since_ms : 0;
-      const base = { ...t, status: 'idle' as const, _running_since_ms: null, _running_ms_total: t._running_ms_total + ranMs, _stop_reason: stop };
+      const base = {
+        ...t, status: 'idle' as const, _running_since_ms: null, _running_ms_total: t._running_ms_total + ranMs, _stop_reason: stop, _ended_run_id: t._active_run_id,
+      };
       if (stop.type === 'requires_action') {
         const gen = t._wait_generation + 1;
         const w = { ...t._waits };
@@ -180,7 +193,15 @@ export class ThreadRuntime {
       }
       return { ...base, _active_run_id: null };
     });
-    await this.store.log.append(session.id, [{ type: 'session.status_idle', payload: { stop_reason: stop }, session_thread_id: threadId }]);
+    if (runId !== null && !moved && next.status !== 'terminated') {
+      // Already ended: repair the later steps only while this Run's end is the thread's last move.
+      if (next.status !== 'idle' || next._ended_run_id !== runId) return next;
+      endedRunId = runId;
+    }
+    crashPoint('turn-end-written');
+    await this.store.log.append(session.id, [{
+      type: 'session.status_idle', payload: { stop_reason: stop }, session_thread_id: threadId, ...(runId !== null ? { producer_key: `run:${runId}:idle` } : {}),
+    }]);
     // An archived Session takes no new work: queued messages stay in the log but start no turn.
     const live = await this.store.docs.get<SessionDoc>(sessionTag(session.id), session.id);
     if (live?.type === 'session' && (live.agent.multiagent || next.parent_thread_id !== null)) await this.coordinator.turnEnded(live, next);

@@ -1,0 +1,90 @@
+import { afterAll, describe, expect, it } from 'vitest';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import type { HttpClient } from '@agentplane/client';
+import { waitFor } from './harness/platform.js';
+import { SCRIPT, startTurnPlatform, untilEvents, type TurnEvent, type TurnPlatform } from './harness/turns.js';
+
+/**
+ * The API dies inside a turn's end, at the two points recovery must repair (named crash points,
+ * `AGENTPLANE_CRASH_AT`): after the Run is written `succeeded` but before the thread is, and
+ * after the thread is idle but before `session.status_idle` is appended and the queued message
+ * starts. The supervisor restarts the API; the scheduler's reconciliation replays the finished
+ * job and the turn end completes: one `session.status_idle` per turn, the queued message runs,
+ * no event twice.
+ */
+const markers = mkdtempSync(join(tmpdir(), 'turn-end-crash-'));
+const platforms: TurnPlatform[] = [];
+afterAll(async () => {
+  for (const t of platforms) await t.p.stop();
+  rmSync(markers, { recursive: true, force: true });
+});
+
+const AGENT = {
+  name: 'a', model: 'default', tools: [{ type: 'builtin', name: 'bash' }],
+  system: SCRIPT([
+    { when: { user_contains: 'first' }, then: [{ tool: 'bash', input: { command: 'sleep 1; echo one' } }] },
+    { when: { user_contains: 'second' }, then: [{ reply: 'reply two' }] },
+    { when: { on: 'tool_result' }, then: [{ reply: 'reply one: {{tool_result}}' }] },
+  ]),
+};
+
+/** The whole log, read over plain requests (a stream would end with the API it is served by). */
+async function log(api: HttpClient, sessionId: string): Promise<TurnEvent[]> {
+  const thread = (await api.get<{ data: { id: string }[] }>(`/v1/sessions/${sessionId}/threads`)).data[0]?.id ?? '';
+  return (await api.get<{ data: TurnEvent[] }>(`/v1/sessions/${sessionId}/threads/${thread}/events`, { limit: 1000 })).data;
+}
+
+function noDuplicates(events: TurnEvent[]): void {
+  expect(new Set(events.map((e) => e.id)).size).toBe(events.length);
+  expect(new Set(events.map((e) => e.seq)).size).toBe(events.length);
+}
+
+async function crashInsideTurnEnd(point: string): Promise<void> {
+  const marker = join(markers, point);
+  const t = await startTurnPlatform({ name: `crash-${point}`, env: { AGENTPLANE_CRASH_AT: `${point}:${marker}` } });
+  platforms.push(t);
+  const apiPid = t.p.pids().api;
+  const s = await t.api.post<{ id: string }>('/v1/sessions', { agent: AGENT, environment_id: t.envId });
+  await t.api.post(`/v1/sessions/${s.id}/events`, t.msg('first'));
+  await untilEvents(t.api, s.id, (e) => e.some((x) => x.type === 'agent.tool_use'));
+  // Queued behind the running turn: the turn end that the crash cuts short must start it.
+  await t.api.post(`/v1/sessions/${s.id}/events`, t.msg('second'));
+
+  const events = await waitFor('both turns ended', async () => {
+    const e = await log(t.api, s.id).catch(() => []);
+    return e.filter((x) => x.type === 'session.status_idle').length >= 2 ? e : undefined;
+  }, 90_000);
+  expect(existsSync(marker)).toBe(true);
+  expect(t.p.pids().api).not.toBe(apiPid);
+  const idles = events.filter((e) => e.type === 'session.status_idle');
+  expect(idles.map((e) => (e.payload.stop_reason as { type: string }).type)).toEqual(['end_turn', 'end_turn']);
+  const replies = events.filter((e) => e.type === 'agent.message').map((e) => JSON.stringify(e.payload));
+  expect(replies).toHaveLength(2);
+  expect(replies[0]).toContain('reply one');
+  expect(replies[1]).toContain('reply two');
+  // The second turn starts after the first one's end, never before it.
+  const firstIdle = events.indexOf(idles[0] as TurnEvent);
+  expect(events.findIndex((e) => e.type === 'session.status_running' && events.indexOf(e) > 0)).toBeGreaterThan(-1);
+  expect(events.slice(firstIdle).some((e) => e.type === 'session.status_running')).toBe(true);
+  noDuplicates(events);
+
+  const thread = (await t.api.get<{ data: { id: string; status: string }[] }>(`/v1/sessions/${s.id}/threads`)).data[0];
+  expect(thread?.status).toBe('idle');
+  // The first turn was ended by the reconciliation's replay, which then removed its job; the
+  // second ended normally: a later read finds nothing added.
+  const again = await log(t.api, s.id);
+  expect(again.filter((e) => e.type === 'session.status_idle')).toHaveLength(2);
+  noDuplicates(again);
+}
+
+describe('a crash inside a turn end', () => {
+  it('after the Run is written succeeded, before the thread: the reconciliation ends the turn and starts the queued message', async () => {
+    await crashInsideTurnEnd('run-succeeded-written');
+  }, 180_000);
+
+  it('after the thread is idle, before session.status_idle and the queued message: both happen once', async () => {
+    await crashInsideTurnEnd('turn-end-written');
+  }, 180_000);
+});
