@@ -69,7 +69,7 @@ export interface ApiServer {
 export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdownSignal: AbortSignal = new AbortController().signal): ApiDeps {
   const docs = new DocumentStore(redis);
   // Hot keys read on every request (credentials, tenancy, Principals, Sessions, policy versions),
-  // kept in-process and invalidated by Redis itself (docs/IDENTITY.md, "The read cache").
+  // kept in-process and invalidated by Redis itself (docs/ARCHITECTURE.md, "The read cache").
   const reads = new ReadCache(redis, { onError: (err) => log.warn({ err: err.message }, 'read cache off until Redis is back') });
   void reads.start();
   const credentials = new CredentialIndex(redis);

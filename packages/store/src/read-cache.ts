@@ -187,7 +187,9 @@ export class ReadCache {
     this.closed = true;
     this.stopServing();
     if (attached.get(this.redis) === this) attached.delete(this.redis);
-    await Promise.all([this.reader, this.subscriber].map((c) => c?.quit().catch(() => c.disconnect())));
+    for (const c of [this.reader, this.subscriber]) {
+      if (c) await c.quit().catch(() => c.disconnect());
+    }
   }
 }
 

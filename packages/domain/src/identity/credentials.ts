@@ -31,7 +31,7 @@ export class CredentialIndex {
 
   async resolve(secret: string): Promise<AuthRecord | null> {
     // Through the process's read cache: Redis invalidates it on every change of the key, so a
-    // revoked bearer is refused on the next request (docs/IDENTITY.md, "The read cache").
+    // revoked bearer is refused on the next request (docs/ARCHITECTURE.md, "The read cache").
     const raw = await cachedGet(this.redis, keys.auth(secretDigest(secret)));
     return raw ? (JSON.parse(raw) as AuthRecord) : null;
   }
