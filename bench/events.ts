@@ -17,6 +17,7 @@ import { Redis } from 'ioredis';
 import { EventLog } from '@agentplane/store';
 import { startPlatform, ROOT_DIR, type Platform } from '../test/harness/platform.js';
 import { printTable, summarize, type Row } from './lib/report.js';
+import { costMeter, formatCost } from './lib/cost.js';
 
 const SECONDS = Number(process.env.BENCH_SECONDS ?? 2);
 const agent = new Agent({ keepAlive: false, maxSockets: Infinity });
@@ -237,6 +238,16 @@ async function main(): Promise<void> {
     // autocannon keeps the client's cost per request small (fetch's would bound the figure on 2 cores).
     const drive = (duration: number) => autocannon({ url: driveUrl, method: 'POST', headers: driveHeaders, body: driveBody, connections: 16, duration });
     await drive(2); // warm-up: connections, JIT
+    // What one drive event costs the API process (CPU) and Redis (commands sent), over a fixed
+    // number of requests: steadier than events/s on a shared machine.
+    const costPid = (p.pids() as Record<string, number | undefined>).api;
+    let driveCost = '';
+    if (costPid) {
+      const meter = await costMeter(costPid, url);
+      const n = Number(process.env.BENCH_COST_REQUESTS ?? 3000);
+      await autocannon({ url: driveUrl, method: 'POST', headers: driveHeaders, body: driveBody, connections: 16, amount: n });
+      driveCost = formatCost('POST /events', await meter.end(n));
+    }
     const driven = await drive(SECONDS);
     if (driven.non2xx > 0 || driven.errors > 0) out(`  (${driven.non2xx} drive events refused, ${driven.errors} errors)`);
     const oursHttp = (driven.requests.total - driven.non2xx) / SECONDS;
@@ -278,6 +289,7 @@ async function main(): Promise<void> {
     rows.push({ metric: 'RSS per idle SSE connection', ours: perConnKiB, floor: floorKiB, unit: 'KiB' });
 
     printTable('session event log and SSE fan-out vs raw Redis / bare node:http', rows);
+    if (driveCost) out(driveCost);
   } finally {
     redis.disconnect();
     await p.stop();

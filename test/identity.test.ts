@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { HttpClient } from '@agentplane/client';
 import { startPlatform, type Platform } from './harness/platform.js';
+import { startApiNode, type ApiNode } from './harness/cluster-platform.js';
 
 let p: Platform;
 let org: string;
@@ -11,14 +12,14 @@ let keyB: HttpClient;
 type Err = { error: { type: string; message: string; more: string } };
 const errType = (r: { body: unknown }) => (r.body as Err).error?.type;
 
-async function newKey(role: string, workspaceId: string | null, extra: Record<string, unknown> = {}): Promise<{ id: string; client: HttpClient }> {
+async function newKey(role: string, workspaceId: string | null, extra: Record<string, unknown> = {}): Promise<{ id: string; client: HttpClient; secret: string }> {
   const scope = workspaceId ? { type: 'workspace', workspace_id: workspaceId } : { type: 'organization' };
   const r = await p.root.request<{ id: string; secret: string }>('POST', `/v1/organizations/${org}/api-keys`, {
     body: { display_name: `${role} key`, role, scope, ...extra },
     idempotencyKey: `k-${Math.random()}`,
   });
   expect(r.status).toBe(201);
-  return { id: r.body.id, client: new HttpClient({ baseUrl: p.baseUrl, token: r.body.secret }) };
+  return { id: r.body.id, client: new HttpClient({ baseUrl: p.baseUrl, token: r.body.secret }), secret: r.body.secret };
 }
 
 async function newPrincipal(client: HttpClient, ws: string, subject: string): Promise<string> {
@@ -305,5 +306,63 @@ describe('the wire edge', () => {
     const r = await fetch(`${p.baseUrl}/metrics`);
     expect(r.status).toBe(200);
     expect(await r.text()).toContain('agentplane_http_requests_total');
+  });
+});
+
+// Each API process keeps credentials, tenancy and Principals in its read cache: a change made
+// through one process must govern the very next request to any other (Redis invalidates).
+describe('two API processes', () => {
+  let other: ApiNode;
+  beforeAll(async () => {
+    other = await startApiNode(p, p.redisUrl(), 'api-2');
+  }, 90_000);
+  afterAll(async () => {
+    await other?.kill();
+  });
+
+  const via = (baseUrl: string, token: string) => new HttpClient({ baseUrl, token });
+
+  it('a key revoked through one process is refused by the other on the next request', async () => {
+    for (let i = 0; i < 5; i++) {
+      const { id, client, secret } = await newKey('admin', wsA);
+      const there = via(other.baseUrl, secret);
+      // Both processes have read (and cached) the live key.
+      expect((await client.request('GET', '/v1/support/capabilities')).status).toBe(200);
+      expect((await there.request('GET', '/v1/support/capabilities')).status).toBe(200);
+      const rev = await p.root.request('POST', `/v1/api-keys/${id}/revoke`, { body: {} });
+      expect(rev.status).toBe(200);
+      expect((await there.request('GET', '/v1/support/capabilities')).status).toBe(401);
+      expect((await client.request('GET', '/v1/support/capabilities')).status).toBe(401);
+    }
+  });
+
+  it('a re-role, a suspended Principal and a disabled workspace govern the other process at once', async () => {
+    const { id, secret } = await newKey('admin', wsA);
+    const there = via(other.baseUrl, secret);
+    const principals = `/v1/organizations/workspaces/${wsA}/principals`;
+    expect((await there.request('GET', principals)).status).toBe(200);
+    const meta = await p.root.get<{ version: number }>(`/v1/api-keys/${id}`);
+    await p.root.patch(`/v1/api-keys/${id}`, { role: 'viewer', expected_version: meta.version });
+    const write = await there.request('POST', principals, { body: { external_subject_id: `demoted-${id}`, principal_type: 'service', display_name: 'd' } });
+    expect(write.status).toBe(403);
+
+    const prin = await newPrincipal(p.root, wsA, 'suspended-elsewhere');
+    const c = await p.root.post<{ secret: string }>(`/v1/principals/${prin}/access-credentials`, {}, { idempotencyKey: 'cred-two-api' });
+    const bearer = via(other.baseUrl, c.secret);
+    expect((await bearer.request('GET', '/v1/support/capabilities')).status).toBe(200);
+    await p.root.post(`/v1/principals/${prin}/suspend`, {});
+    expect((await bearer.request('GET', '/v1/support/capabilities')).status).toBe(401);
+    await p.root.post(`/v1/principals/${prin}/resume`, {});
+    expect((await bearer.request('GET', '/v1/support/capabilities')).status).toBe(200);
+
+    const ws = await p.root.post<{ id: string }>(`/v1/organizations/${org}/workspaces`, { name: 'disabled-elsewhere' });
+    const wsKey = via(other.baseUrl, (await newKey('developer', ws.id)).secret);
+    expect((await wsKey.request('GET', '/v1/support/capabilities')).status).toBe(200);
+    await p.root.patch(`/v1/organizations/workspaces/${ws.id}`, { status: 'disabled' });
+    const refused = await wsKey.request('GET', '/v1/support/capabilities');
+    expect(refused.status).toBe(403);
+    expect(errType(refused)).toBe('auth.disabled_tenancy');
+    await p.root.patch(`/v1/organizations/workspaces/${ws.id}`, { status: 'active' });
+    expect((await wsKey.request('GET', '/v1/support/capabilities')).status).toBe(200);
   });
 });

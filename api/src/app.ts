@@ -2,7 +2,7 @@ import { OutcomeService } from '@agentplane/domain';
 import { createServer, type Server } from 'node:http';
 import Koa from 'koa';
 import { createLogger, createMetrics, Gauge, METRICS_CONTENT_TYPE, SecretBox, type Logger } from '@agentplane/core';
-import { connectRedis, DocumentStore, EventHub, type Redis } from '@agentplane/store';
+import { connectRedis, DocumentStore, EventHub, ReadCache, type Redis } from '@agentplane/store';
 import type { Agent } from '@agentplane/domain';
 import { VersionedStore } from '@agentplane/domain';
 import type { Environment } from '@agentplane/domain';
@@ -33,7 +33,7 @@ import type { ApiConfig } from './config.js';
 import type { ApiDeps } from './deps.js';
 import { IdempotencyStore } from './http/idempotency.js';
 import { buildRouter, errorBoundary, requestId, traceRequest, unmatchedRoute } from './http/router.js';
-import { mcpEdge } from './mcp/edge.js';
+import { MCP_PATH, mcpEdge } from './mcp/edge.js';
 import { a2aEdge } from './a2a/edge.js';
 import { runtimeMcp } from './mcp/runtime.js';
 import { DelayedJobs, LeaseFence } from '@agentplane/lease';
@@ -45,7 +45,7 @@ import { createRunsModule } from './runs/module.js';
 import { registerRunHandlers } from './runs/gateway-handlers.js';
 import { attachGateway, PresenceStore, type Gateway } from '@agentplane/gateway';
 import { createModelsModule } from './models/module.js';
-import { consoleStatic } from './console/static.js';
+import { CONSOLE_PREFIX, consoleStatic } from './console/static.js';
 import { AutomationService } from './automations/service.js';
 import { AutomationStore } from './automations/store.js';
 import { WebhookDispatcher } from './webhooks/delivery.js';
@@ -68,6 +68,10 @@ export interface ApiServer {
 
 export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdownSignal: AbortSignal = new AbortController().signal): ApiDeps {
   const docs = new DocumentStore(redis);
+  // Hot keys read on every request (credentials, tenancy, Principals, Sessions, policy versions),
+  // kept in-process and invalidated by Redis itself (docs/ARCHITECTURE.md, "The read cache").
+  const reads = new ReadCache(redis, { onError: (err) => log.warn({ err: err.message }, 'read cache off until Redis is back') });
+  void reads.start();
   const credentials = new CredentialIndex(redis);
   const secretBox = new SecretBox(config.masterKey);
   const metrics = createMetrics();
@@ -156,6 +160,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
     eventTap: tap,
     config,
     redis,
+    reads,
     docs,
     credentials,
     secretBox,
@@ -175,6 +180,23 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
   };
 }
 
+/** Paths served by an edge middleware rather than by the operation routes (a superset is fine). */
+function isEdgePath(path: string): boolean {
+  return path === MCP_PATH || path.startsWith('/v1/runtime/') || path.startsWith('/.well-known/') || path.startsWith('/a2a/')
+    || path === CONSOLE_PREFIX || path.startsWith(`${CONSOLE_PREFIX}/`);
+}
+
+/** Runs middlewares in order, as Koa would, then `next`. */
+function chain(list: readonly Koa.Middleware[]): Koa.Middleware {
+  return (ctx, next) => {
+    const at = (i: number): Promise<void> => {
+      const mw = list[i];
+      return mw ? Promise.resolve(mw(ctx, () => at(i + 1))) : next();
+    };
+    return at(0);
+  };
+}
+
 export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 'api', level: config.logLevel })): ApiServer {
   const redis = connectRedis(config.redisUrl, { name: 'api' });
   redis.on('error', (err) => log.warn({ err: err.message }, 'redis connection error'));
@@ -188,30 +210,39 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
   app.use(requestId());
   app.use(traceRequest());
   app.use(errorBoundary(deps));
-  app.use(async (ctx, next) => {
-    if (ctx.path === '/healthz' && ctx.method === 'GET') {
+  app.use((ctx, next) => {
+    if (ctx.method !== 'GET') return next();
+    if (ctx.path === '/healthz') {
       ctx.body = { status: shutdown.signal.aborted ? 'stopping' : 'ok' };
       ctx.status = shutdown.signal.aborted ? 503 : 200;
-      return;
+      return Promise.resolve();
     }
-    if (ctx.path === '/metrics' && ctx.method === 'GET' && config.metricsEnabled) {
-      ctx.body = await deps.metrics.metrics();
-      ctx.type = METRICS_CONTENT_TYPE;
-      return;
+    if (ctx.path === '/metrics' && config.metricsEnabled) {
+      return deps.metrics.metrics().then((text) => {
+        ctx.body = text;
+        ctx.type = METRICS_CONTENT_TYPE;
+      });
     }
-    await next();
+    return next();
   });
-  if (config.consoleEnabled) app.use(consoleStatic({ dir: config.consoleDir, log }));
-  app.use(mcpEdge(operations, prepared, deps).middleware);
-  app.use(a2aEdge(deps));
+  // The edges other than the operation routes (console, MCP, A2A, the runtime endpoints), each
+  // entered only for its own paths: a /v1 operation request passes them with one prefix test.
+  const edges: Koa.Middleware[] = [];
+  if (config.consoleEnabled) edges.push(consoleStatic({ dir: config.consoleDir, log }));
+  edges.push(mcpEdge(operations, prepared, deps).middleware);
+  edges.push(a2aEdge(deps));
   const runtimeBearers = new RedisRuntimeBearers(redis, new LeaseFence(redis));
-  app.use(runtimeMcp(deps, { verifier: runtimeBearers }));
-  app.use(runtimeFiles(deps, runtimeBearers));
-  app.use(runtimeMemory(deps, runtimeBearers));
-  app.use(runtimeToolSource(deps, runtimeBearers));
-  app.use(runtimeGitCredentials(deps, runtimeBearers));
-  app.use(runtimeProjects(deps, runtimeBearers));
-  app.use(runtimeSkills(deps, runtimeBearers));
+  edges.push(
+    runtimeMcp(deps, { verifier: runtimeBearers }),
+    runtimeFiles(deps, runtimeBearers),
+    runtimeMemory(deps, runtimeBearers),
+    runtimeToolSource(deps, runtimeBearers),
+    runtimeGitCredentials(deps, runtimeBearers),
+    runtimeProjects(deps, runtimeBearers),
+    runtimeSkills(deps, runtimeBearers),
+  );
+  const edgeChain = chain(edges);
+  app.use((ctx, next) => (isEdgePath(ctx.path) ? edgeChain(ctx, next) : next()));
   app.use(router.routes());
   // Every API process works off due approval expiries (BullMQ gives each job to one of them).
   deps.approvals.startExpiry();
@@ -273,6 +304,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
         server.closeIdleConnections();
       });
       await deps.eventHub.close();
+      await deps.reads.close();
       await redis.quit().catch(() => redis.disconnect());
     },
   };

@@ -1,5 +1,5 @@
 import type { Logger, SecretBox, Metrics } from '@agentplane/core';
-import type { DocumentStore, EventHub, Redis } from '@agentplane/store';
+import type { DocumentStore, EventHub, ReadCache, Redis } from '@agentplane/store';
 import type { Agent } from '@agentplane/domain';
 import type { VersionedStore } from '@agentplane/domain';
 import type { Environment } from '@agentplane/domain';
@@ -36,6 +36,8 @@ import type { AgentInstallationStore } from './installations/store.js';
 export interface ApiDeps {
   config: ApiConfig;
   redis: Redis;
+  /** The process's cache of hot keys, invalidated by Redis (CLIENT TRACKING); see `ReadCache`. */
+  reads: ReadCache;
   docs: DocumentStore;
   credentials: CredentialIndex;
   idempotency: IdempotencyStore;

@@ -1,5 +1,5 @@
 import { ApiError, GlobError, newId, nowIso, type Logger } from '@agentplane/core';
-import { keys, tags, type DocumentStore, type Redis, type StoredDoc } from '@agentplane/store';
+import { cachedGet, forgetWritten, keys, tags, type DocumentStore, type Redis, type StoredDoc } from '@agentplane/store';
 import type { AuditLog } from '../audit/store.js';
 import { compileRule, PolicySet, type PolicyDecision, type PolicyEffect, type PolicyRule, type ToolCall, type ToolKind } from './policy-eval.js';
 
@@ -46,8 +46,8 @@ export interface DecisionContext {
 
 /**
  * ActionPolicies of each Workspace, plus the compiled set per policy-set version: every write
- * bumps `ap:{w:<ws>}:apol:version`, every decision reads it (one GET), so a change governs the
- * very next call; the compiled set is rebuilt only when the version moved.
+ * bumps `ap:{w:<ws>}:apol:version`, every decision reads it (through the process's read cache,
+ * which Redis invalidates on the bump), so a change governs the very next call; the compiled set is rebuilt only when the version moved.
  */
 export class PolicyStore {
   private readonly cache = new Map<string, { version: string; set: PolicySet }>();
@@ -60,6 +60,7 @@ export class PolicyStore {
 
   private async bump(ws: string): Promise<void> {
     await this.redis.incr(this.versionKey(ws));
+    forgetWritten(this.redis, [this.versionKey(ws)]);
   }
 
   async create(ws: string, input: ActionPolicyInput): Promise<ActionPolicy> {
@@ -96,7 +97,8 @@ export class PolicyStore {
 
   /** The Workspace's compiled policy set as of now. */
   async current(ws: string): Promise<PolicySet> {
-    const version = (await this.redis.get(this.versionKey(ws))) ?? '0';
+    // Through the read cache: Redis invalidates it the moment any process bumps the version.
+    const version = (await cachedGet(this.redis, this.versionKey(ws))) ?? '0';
     const cached = this.cache.get(ws);
     if (cached && cached.version === version) return cached.set;
     const ids = await this.redis.zrange(keys.index(tags.workspace(ws), POLICIES), 0, -1);

@@ -19,6 +19,8 @@ export function bearerToken(authorization: string | undefined): string | null {
 /**
  * Resolve a bearer to a Caller: credential digest → auth record, then the live tenancy
  * (Organization and Workspace not disabled) and, for Principal-bound bearers, the Principal.
+ * Each is read through the process's read cache, which Redis invalidates on every change, so a
+ * revoked key, a disabled tenancy or a suspended Principal is refused on the next request.
  */
 export async function authenticate(
   headers: Readonly<Record<string, string | undefined>>,
@@ -36,10 +38,10 @@ export async function authenticate(
   const workspaceId = record.workspace_id ?? selector ?? null;
 
   const [org, ws, principal] = await Promise.all([
-    deps.docs.get<Organization>(tags.org(record.organization_id), record.organization_id),
-    workspaceId ? deps.docs.get<Workspace>(tags.workspace(workspaceId), workspaceId) : Promise.resolve(null),
+    deps.docs.getCached<Organization>(tags.org(record.organization_id), record.organization_id),
+    workspaceId ? deps.docs.getCached<Workspace>(tags.workspace(workspaceId), workspaceId) : Promise.resolve(null),
     record.principal_id && record.workspace_id
-      ? deps.docs.get<Principal>(tags.workspace(record.workspace_id), record.principal_id)
+      ? deps.docs.getCached<Principal>(tags.workspace(record.workspace_id), record.principal_id)
       : Promise.resolve(null),
   ]);
   if (!org) throw invalidKey();

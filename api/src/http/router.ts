@@ -88,9 +88,9 @@ export function errorBoundary(deps: ApiDeps): Koa.Middleware {
         sendError(ctx, new ApiError('runtime.internal', inc.message), deps);
       }
     } finally {
-      const ms = Number(process.hrtime.bigint() - started) / 1e6;
-      if (ctx.respond !== false) {
-        deps.log.debug({ method: ctx.method, path: ctx.path, status: ctx.status, ms }, 'request');
+      // A per-request line only at debug: at the default level nothing is built for it.
+      if (ctx.respond !== false && deps.log.isLevelEnabled('debug')) {
+        deps.log.debug({ method: ctx.method, path: ctx.path, status: ctx.status, ms: Number(process.hrtime.bigint() - started) / 1e6 }, 'request');
       }
     }
   };
@@ -157,6 +157,15 @@ export function buildRouter(operations: readonly Operation[], deps: ApiDeps): Op
     if (!byPath.has(path)) byPath.set(path, new Set());
     byPath.get(path)?.add(op.method);
     const method = op.method.toLowerCase() as 'get' | 'post' | 'patch' | 'put' | 'delete';
+    // Label children bound once per operation (and status): no label hashing per request.
+    const opLatency = latency.labels({ operation: op.operationId });
+    const opRequests = new Map<string, ReturnType<typeof requests.labels>>();
+    const countRequest = (status: number): void => {
+      const label = statusLabel(status);
+      let child = opRequests.get(label);
+      if (!child) opRequests.set(label, (child = requests.labels({ operation: op.operationId, status: label })));
+      child.inc();
+    };
     router.routerFor(path)[method](path, async (ctx) => {
       const started = process.hrtime.bigint();
       let status = 500;
@@ -201,8 +210,8 @@ export function buildRouter(operations: readonly Operation[], deps: ApiDeps): Op
         if (op.upload) drainRequest(ctx.req);
         throw err;
       } finally {
-        requests.inc({ operation: op.operationId, status: statusLabel(status) });
-        latency.observe({ operation: op.operationId }, Number(process.hrtime.bigint() - started) / 1e9);
+        countRequest(status);
+        opLatency.observe(Number(process.hrtime.bigint() - started) / 1e9);
       }
     });
   }

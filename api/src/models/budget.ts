@@ -1,5 +1,5 @@
 import { ApiError } from '@agentplane/core';
-import { keys, tags, type Redis } from '@agentplane/store';
+import { cachedGet, forgetWritten, keys, tags, type Redis } from '@agentplane/store';
 import { usdToNano } from '@agentplane/models';
 import { UsageAccumulator } from './usage.js';
 
@@ -45,18 +45,22 @@ export class BudgetGuard {
   }
 
   async getWorkspaceBudget(ws: string): Promise<WorkspaceBudget | null> {
-    const raw = await this.redis.get(this.key(ws));
+    // Read on every admitted turn: through the process's read cache (invalidated by Redis on change).
+    const raw = await cachedGet(this.redis, this.key(ws));
     return raw === null ? null : (JSON.parse(raw) as WorkspaceBudget);
   }
 
   async setWorkspaceBudget(ws: string, amount: number, period: WorkspaceBudget['period']): Promise<WorkspaceBudget> {
     const b: WorkspaceBudget = { workspace_id: ws, max_list_cost: { amount, currency: 'USD' }, period, updated_at: new Date().toISOString() };
     await this.redis.set(this.key(ws), JSON.stringify(b));
+    forgetWritten(this.redis, [this.key(ws)]);
     return b;
   }
 
   async clearWorkspaceBudget(ws: string): Promise<boolean> {
-    return (await this.redis.del(this.key(ws))) === 1;
+    const removed = (await this.redis.del(this.key(ws))) === 1;
+    forgetWritten(this.redis, [this.key(ws)]);
+    return removed;
   }
 
   /** Throws `budget.exceeded` when a limit is reached; resolves otherwise. */

@@ -60,6 +60,11 @@ export class BoundedCache<K, V> {
     this.remove(key);
   }
 
+  clear(): void {
+    this.entries.clear();
+    this.weight = 0;
+  }
+
   private remove(key: K): void {
     const e = this.entries.get(key);
     if (!e) return;

@@ -3,6 +3,7 @@ import type { Redis } from 'ioredis';
 import { keys, type Tag } from './keys.js';
 import { decodeCursor, encodeCursor } from './cursor.js';
 import { LuaScript } from './script.js';
+import { cachedGet, forgetWritten } from './read-cache.js';
 
 /** Fields every stored resource has. `version` is the compare-and-swap counter. */
 export interface StoredDoc {
@@ -75,6 +76,15 @@ export class DocumentStore {
 
   async get<T extends StoredDoc>(tag: Tag, id: string): Promise<T | null> {
     const raw = await this.redis.get(keys.doc(tag, id));
+    return raw === null ? null : (JSON.parse(raw) as T);
+  }
+
+  /**
+   * Like get, through the process's read cache when one is started on this connection
+   * (`ReadCache`): for hot documents read on every request (tenancy, Principals, Sessions).
+   */
+  async getCached<T extends StoredDoc>(tag: Tag, id: string): Promise<T | null> {
+    const raw = await cachedGet(this.redis, keys.doc(tag, id));
     return raw === null ? null : (JSON.parse(raw) as T);
   }
 
@@ -162,6 +172,7 @@ export class DocumentStore {
     const multi = this.redis.multi().del(keys.doc(tag, id));
     for (const c of indexes) multi.zrem(keys.index(tag, c), id);
     await multi.exec();
+    forgetWritten(this.redis, [keys.doc(tag, id)]);
   }
 
   /** Keyset pagination over an index; cursors are stable under concurrent inserts. */

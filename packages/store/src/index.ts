@@ -7,3 +7,4 @@ export * from './embedded-redis.js';
 export * from './event-log.js';
 export * from './event-hub.js';
 export * from './cache.js';
+export * from './read-cache.js';

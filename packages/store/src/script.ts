@@ -1,5 +1,6 @@
 import { createHash } from 'node:crypto';
 import type { Redis } from 'ioredis';
+import { forgetWritten } from './read-cache.js';
 
 /**
  * A Lua script run by SHA (EVALSHA), loaded on first NOSCRIPT. All keys a script touches are
@@ -17,9 +18,12 @@ export class LuaScript {
       return await redis.evalsha(this.sha, keyList.length, ...keyList, ...args);
     } catch (err) {
       if (err instanceof Error && err.message.startsWith('NOSCRIPT')) {
-        return redis.eval(this.source, keyList.length, ...keyList, ...args);
+        return await redis.eval(this.source, keyList.length, ...keyList, ...args);
       }
       throw err;
+    } finally {
+      // Whatever the script wrote, this process's read cache does not serve the old value.
+      forgetWritten(redis, keyList);
     }
   }
 
@@ -44,8 +48,10 @@ export class LuaScript {
     try {
       return await once(true);
     } catch (err) {
-      if (err instanceof Error && err.message.startsWith('NOSCRIPT')) return once(false);
+      if (err instanceof Error && err.message.startsWith('NOSCRIPT')) return await once(false);
       throw err;
+    } finally {
+      forgetWritten(redis, keyList);
     }
   }
 }

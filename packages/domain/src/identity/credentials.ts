@@ -1,5 +1,5 @@
 import { newSecret, secretDigest } from '@agentplane/core';
-import { keys, type Redis } from '@agentplane/store';
+import { cachedGet, forgetWritten, keys, type Redis } from '@agentplane/store';
 import type { AuthRecord } from './model.js';
 
 /** Bearer secret prefixes; a leaked secret says what it is. */
@@ -26,15 +26,19 @@ export class CredentialIndex {
 
   async put(digest: string, record: AuthRecord): Promise<void> {
     await this.redis.set(keys.auth(digest), JSON.stringify(record));
+    forgetWritten(this.redis, [keys.auth(digest)]);
   }
 
   async resolve(secret: string): Promise<AuthRecord | null> {
-    const raw = await this.redis.get(keys.auth(secretDigest(secret)));
+    // Through the process's read cache: Redis invalidates it on every change of the key, so a
+    // revoked bearer is refused on the next request (docs/ARCHITECTURE.md, "The read cache").
+    const raw = await cachedGet(this.redis, keys.auth(secretDigest(secret)));
     return raw ? (JSON.parse(raw) as AuthRecord) : null;
   }
 
   async revoke(digest: string): Promise<void> {
     await this.redis.del(keys.auth(digest));
+    forgetWritten(this.redis, [keys.auth(digest)]);
   }
 
   /** The digest of a credential's live secret, kept per credential so it can be revoked by id. */

@@ -161,14 +161,14 @@ export class IdentityService {
   }
 
   async getPrincipal(workspaceId: string, id: string): Promise<Principal> {
-    const p = await this.docs.get<Principal>(tags.workspace(workspaceId), id);
+    const p = await this.docs.getCached<Principal>(tags.workspace(workspaceId), id);
     if (!p || p.status === 'deleted') throw new ApiError('validation.not_found', 'principal not found');
     return p;
   }
 
   /** An active Principal of this workspace, or 404 (absent, suspended and deleted look alike to callers). */
   async activePrincipal(workspaceId: string, id: string, what = 'principal'): Promise<Principal> {
-    const p = await this.docs.get<Principal>(tags.workspace(workspaceId), id);
+    const p = await this.docs.getCached<Principal>(tags.workspace(workspaceId), id);
     if (!p || p.status !== 'active') throw new ApiError('validation.not_found', `${what} ${id} is not an active Principal of this workspace`);
     return p;
   }

@@ -1,5 +1,5 @@
 import { ApiError, newId, nowIso } from '@agentplane/core';
-import { BoundedCache, DocumentStore, EventLog, keys, LuaScript, tags, type EventLogDurability, type Redis } from '@agentplane/store';
+import { BoundedCache, DocumentStore, EventLog, forgetWritten, keys, LuaScript, tags, type EventLogDurability, type Redis } from '@agentplane/store';
 import type { AgentSnapshot } from '../agents/model.js';
 import type { GraderRunInfo, RunDoc, SessionDoc, SessionTombstone, ThreadDoc } from './model.js';
 
@@ -91,7 +91,7 @@ export class SessionStore {
 
   /** The live Session of this workspace, or 404 (another workspace's Session looks absent; an erased one too, with a message saying so). */
   async get(workspaceId: string, id: string): Promise<SessionDoc> {
-    const doc = await this.docs.get<SessionDoc | SessionTombstone>(sessionTag(id), id);
+    const doc = await this.docs.getCached<SessionDoc | SessionTombstone>(sessionTag(id), id);
     if (!doc || doc.workspace_id !== workspaceId) throw new ApiError('validation.not_found', 'session not found');
     if (doc.type === 'session_tombstone') throw new ApiError('validation.not_found', 'the session was deleted and its event log erased');
     return doc;
@@ -99,7 +99,7 @@ export class SessionStore {
 
   /** Like get, but an erased Session returns its tombstone (streams report the gap). */
   async getOrTombstone(workspaceId: string, id: string): Promise<SessionDoc | SessionTombstone> {
-    const doc = await this.docs.get<SessionDoc | SessionTombstone>(sessionTag(id), id);
+    const doc = await this.docs.getCached<SessionDoc | SessionTombstone>(sessionTag(id), id);
     if (!doc || doc.workspace_id !== workspaceId) throw new ApiError('validation.not_found', 'session not found');
     return doc;
   }
@@ -142,6 +142,7 @@ export class SessionStore {
     m.del(keys.index(tag, 'threads'), keys.index(tag, 'runs'), keys.index(tag, 'outcomes'), keys.scoped(tag, 'outcomes:active'), keys.scoped(tag, 'spawn'), keys.scoped(tag, 'delegations'));
     m.set(keys.doc(tag, id), JSON.stringify(tomb));
     await m.exec();
+    forgetWritten(this.redis, [keys.doc(tag, id), ...threadIds.map((t) => keys.doc(tag, t))]);
   }
 
   // ---- threads ---------------------------------------------------------------------------
@@ -170,7 +171,7 @@ export class SessionStore {
   }
 
   async thread(sessionId: string, threadId: string): Promise<ThreadDoc> {
-    const t = await this.docs.get<ThreadDoc>(sessionTag(sessionId), threadId);
+    const t = await this.docs.getCached<ThreadDoc>(sessionTag(sessionId), threadId);
     if (!t || t.type !== 'session_thread' || t.session_id !== sessionId) throw new ApiError('validation.not_found', 'thread not found');
     this.rememberThread(t);
     return t;
