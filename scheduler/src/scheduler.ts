@@ -4,7 +4,7 @@ import {
   bindingShapings, buildTurnSpec, ConnectionService, CredentialIndex, FileStore, IdentityService, OutcomeService, ProjectHeadReader, RedisRuntimeBearers, SkillReader, RunEngine, RunLifecycle, RunnerService,
   SessionStore, ThreadRuntime, VersionedStore, sandboxProfileStore, type ConnectionGrant, type Environment, type RunDoc, type SandboxProfile, type ToolShaping,
 } from '@agentplane/domain';
-import { activePools, LeaseFence, LeaseRecords, RunQueues } from '@agentplane/lease';
+import { activePools, CancelMarks, LeaseFence, LeaseRecords, RunQueues } from '@agentplane/lease';
 import { SecretBox } from '@agentplane/core';
 import { connectRedis, DocumentStore, tags, type Redis, type StoredDoc } from '@agentplane/store';
 import type { SchedulerConfig } from './config.js';
@@ -35,6 +35,7 @@ export class Scheduler {
   private readonly directory: PresenceDirectory;
   private readonly offers: RedisOfferChannel;
   private readonly lifecycle: RunLifecycle;
+  private readonly cancels: CancelMarks;
   /**
    * Enqueues Runs the scheduler's own turn ends start (a message queued behind a turn that the
    * scheduler ended), and repairs Runs whose enqueue a crash interrupted.
@@ -58,6 +59,7 @@ export class Scheduler {
     this.sub = connectRedis(config.redisUrl, { name: 'scheduler:offers', blocking: true });
     for (const c of [this.redis, this.bull, this.sub]) c.on('error', (err: Error) => log.warn({ err: err.message }, 'redis connection error'));
     this.queues = new RunQueues(this.bull, config.lease);
+    this.cancels = new CancelMarks(this.redis);
     this.store = new SessionStore(this.redis, config.appendDurability);
     this.environments = new VersionedStore<Environment>(this.redis, 'environments', 'environment');
     this.sandboxProfiles = sandboxProfileStore(this.redis);
@@ -70,7 +72,7 @@ export class Scheduler {
     this.lifecycle = new RunLifecycle(this.store, runtime, log);
     engine = new RunEngine({
       redis: this.redis, queues: this.queues, lifecycle: this.lifecycle, store: this.store, environments: this.environments, runners, log,
-      interruptGraceMs: 10_000,
+      interruptGraceMs: config.interruptGraceMs,
     });
     this.engine = engine;
     this.directory = new PresenceDirectory(this.redis, (pool) => this.pools.get(pool));
@@ -152,10 +154,10 @@ export class Scheduler {
     for (const [pool, ws] of await activePools(this.redis)) {
       this.pools.set(pool, ws);
       if (this.dispatchers.has(pool)) continue;
-      const hooks = runHooks({ poolId: pool, queues: this.queues, lifecycle: this.lifecycle, metrics: this.metrics, log: this.log });
+      const hooks = runHooks({ poolId: pool, queues: this.queues, lifecycle: this.lifecycle, metrics: this.metrics, log: this.log, redis: this.redis, interruptGraceMs: this.config.interruptGraceMs });
       const d = new PoolDispatcher({
         poolId: pool, queues: this.queues, connection: this.bull, directory: this.directory, offers: this.offers,
-        hooks, config: this.config.lease, log: this.log, capacityRetryMs: this.config.capacityRetryMs,
+        hooks, config: this.config.lease, log: this.log, capacityRetryMs: this.config.capacityRetryMs, cancels: this.cancels,
       });
       d.start();
       this.dispatchers.set(pool, d);
