@@ -7,7 +7,8 @@ import type { OfferChannel, RunnerDirectory, RunnerView } from './directory.js';
 
 /** What the scheduler reports about a Run while placing it (Run status, session events, metrics). */
 export interface DispatchHooks {
-  leased(job: Job<RunJobData>, runnerId: string, leaseId: string, attempt: number): Promise<void>;
+  /** `recorded`: the Run already records this lease (the gateway wrote it before answering). */
+  leased(job: Job<RunJobData>, runnerId: string, leaseId: string, attempt: number, recorded: boolean): Promise<void>;
   waiting(job: Job<RunJobData>, reason: string): Promise<void>;
   /** A lease was lost (lock expired): the Run goes back to the queue. */
   stalled(runId: string): Promise<void>;
@@ -244,11 +245,11 @@ export class PoolDispatcher {
           if (left <= 0) this.reserved.delete(runner.runner_id);
           else this.reserved.set(runner.runner_id, left);
         }
-        if (outcome === 'accepted') {
+        if (outcome === 'accepted' || outcome === 'recorded') {
           const g = this.granted.get(runner.runner_id);
           this.granted.set(runner.runner_id, { seen: runner.seen_at, n: g && g.seen === runner.seen_at ? g.n + 1 : 1 });
           const [, interrupted] = await Promise.all([
-            this.o.hooks.leased(job, runner.runner_id, token, job.attemptsStarted),
+            this.o.hooks.leased(job, runner.runner_id, token, job.attemptsStarted, outcome === 'recorded'),
             this.o.cancels.marked(job.data.session_id, job.data.run_id),
           ]);
           if (interrupted) {

@@ -40,10 +40,13 @@ export function runHooks(d: {
     if (n > 0) d.metrics.rescheduled(d.poolId, 'lease_lost', n);
   };
   return {
-    async leased(job: Job<RunJobData>, runnerId: string, leaseId: string, attempt: number) {
+    async leased(job: Job<RunJobData>, runnerId: string, leaseId: string, attempt: number, recorded: boolean) {
       d.metrics.leased(d.poolId, job.data);
-      await d.queues.dequeued(d.poolId, job.data.workspace_id, job.data.run_id);
-      await d.lifecycle.leased(job.data.session_id, job.data.run_id, { lease_id: leaseId, runner_id: runnerId, attempt });
+      await Promise.all([
+        d.queues.dequeued(d.poolId, job.data.workspace_id, job.data.run_id),
+        // An acceptance learnt from the fence (the answer was lost) may not be on the Run yet.
+        recorded ? undefined : d.lifecycle.leased(job.data.session_id, job.data.run_id, { lease_id: leaseId, runner_id: runnerId, attempt }),
+      ]);
     },
     async waiting(job: Job<RunJobData>, reason: string) {
       await d.lifecycle.waiting(job.data.session_id, job.data.run_id, reason);

@@ -88,9 +88,11 @@ export class Scheduler {
   }
 
   private async spec(o: LeaseOffer): Promise<Record<string, unknown>> {
-    const run = await this.store.run(o.session_id, o.run_id);
+    // The Run and its Session in one round trip (the Session is read once, for the spec and the vaults).
+    const [run, session] = await Promise.all([this.store.run(o.session_id, o.run_id), this.store.get(o.workspace_id, o.session_id).catch(() => null)]);
     if (!run) throw new Error(`run ${o.run_id} not found`);
-    const spec = await buildTurnSpec({ store: this.store, environments: this.environments, sandboxProfiles: this.sandboxProfiles, files: this.files, projects: this.projects, skills: this.skills }, run as RunDoc);
+    const sources = { store: this.store, environments: this.environments, sandboxProfiles: this.sandboxProfiles, files: this.files, projects: this.projects, skills: this.skills };
+    const spec = await buildTurnSpec(sources, run, undefined, session ?? undefined);
     const resolved = this.connections && run.agent.mcp_servers.some((s) => s.type !== 'a2a_tool_source')
       ? await this.connections.resolveAgentServers(run.workspace_id, run.agent.mcp_servers)
       : undefined;
@@ -99,7 +101,6 @@ export class Scheduler {
     const projects = spec.resources.flatMap((r) => (r.type === 'uploaded_project' ? [`${r.project_id}@${r.revision_number}`] : []));
     const skills = (spec.skills ?? []).map((k) => k.ref);
     // Repositories fetched over HTTPS may need a vault credential: only when the Session names vaults.
-    const session = await this.store.get(run.workspace_id, run.session_id).catch(() => null);
     const repositories = (session?.vault_ids.length ?? 0) > 0
       ? spec.resources.flatMap((r) => (r.type === 'repository' && r.url.startsWith('https://') ? [r.url] : []))
       : [];

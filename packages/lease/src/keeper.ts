@@ -124,6 +124,14 @@ export class LeaseKeeper {
     return this.fail(lease, { class: 'infrastructure', code: 'runner_restarted', message });
   }
 
+  /**
+   * The Run's end (after `complete`, or a final `fail`) is recorded on the Run: its job leaves
+   * the queue now instead of waiting for the scheduler's sweep of finished jobs.
+   */
+  async finished(lease: Lease): Promise<void> {
+    await this.queues.removeFinished(lease.pool_id, lease.run_id);
+  }
+
   /** The runner gave the offer back (declined, or cancelled before starting): requeue without using an attempt. */
   async giveBack(lease: Lease): Promise<void> {
     const job = await this.jobFor(lease);

@@ -159,7 +159,11 @@ export class ThreadRuntime {
    * Runtime side: the turn ended. `requires_action` registers the waits of a new generation;
    * any other stop reason frees the thread and starts the next turn if messages were queued.
    */
-  async endTurn(session: SessionDoc, threadId: string, stop: StopReason, waits: { tool_use_id: string; kind: WaitKind }[] = []): Promise<ThreadDoc> {
+  /**
+   * `fresh`: `session` was read just now, after the Run ended (no second read of it here); the
+   * thread returned is then the one this end wrote, unless the end started the next turn.
+   */
+  async endTurn(session: SessionDoc, threadId: string, stop: StopReason, waits: { tool_use_id: string; kind: WaitKind }[] = [], options: { fresh?: boolean } = {}): Promise<ThreadDoc> {
     const now = Date.now();
     let endedRunId: string | null = null;
     // A coordinator's delegation tool uses wait for the control plane, not for a client.
@@ -182,7 +186,7 @@ export class ThreadRuntime {
     });
     await this.store.log.append(session.id, [{ type: 'session.status_idle', payload: { stop_reason: stop }, session_thread_id: threadId }]);
     // An archived Session takes no new work: queued messages stay in the log but start no turn.
-    const live = await this.store.docs.get<SessionDoc>(sessionTag(session.id), session.id);
+    const live = options.fresh ? session : await this.store.docs.get<SessionDoc>(sessionTag(session.id), session.id);
     if (live?.type === 'session' && (live.agent.multiagent || next.parent_thread_id !== null)) await this.coordinator.turnEnded(live, next);
     if (stop.type !== 'requires_action' && this.turnEnded && live?.type === 'session' && next.status !== 'terminated') {
       if (await this.turnEnded(live, threadId, endedRunId, stop)) return this.store.thread(session.id, threadId);
@@ -190,7 +194,8 @@ export class ThreadRuntime {
     if (stop.type !== 'requires_action' && live?.type === 'session' && live.archived_at === null) {
       // Everything queued during the turn becomes the input of the next one, in arrival order
       // (the queue is read after the thread became idle: see submitUserMessage).
-      await this.submitUserMessage(live, threadId, null, { thread: next });
+      const { run } = await this.submitUserMessage(live, threadId, null, { thread: next });
+      if (options.fresh && !run) return next;
     }
     return this.store.thread(session.id, threadId);
   }
