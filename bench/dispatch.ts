@@ -8,12 +8,13 @@ import { join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { Queue, Worker } from 'bullmq';
 import { Redis } from 'ioredis';
-import { streamEvents, type HttpClient } from '@agentplane/client';
+import type { HttpClient } from '@agentplane/client';
 import { startPlatform, ROOT_DIR, type Platform } from '../test/harness/platform.js';
+import { LightClient } from './lib/light-client.js';
 import { printTable, summarize } from './lib/report.js';
 
 const RUNNERS = Number(process.env.BENCH_RUNNERS ?? 100);
-const RATES = (process.env.BENCH_RATES ?? '50,200,500,1000').split(',').map(Number);
+const RATES = (process.env.BENCH_RATES ?? '50,200,500,1000').split(',').map(Number).filter((r) => r > 0);
 const SECONDS = Number(process.env.BENCH_SECONDS ?? 4);
 /** `deployment`: every Session is created against an AgentDeployment revision pinned to the runners' pool. */
 const SESSIONS = process.env.BENCH_SESSIONS === 'deployment' ? 'deployment' : 'plain';
@@ -74,17 +75,22 @@ export function cpuPerRun(before: Record<string, number>, after: Record<string, 
 
 export async function level(api: HttpClient, principal: string, newSession: () => Promise<{ id: string }>, rate: number, leased: Map<string, number>, onSending?: () => void): Promise<Level> {
   const total = Math.max(1, Math.round(rate * SECONDS));
-  // Sessions first (not measured).
+  // Sessions first (not measured). A keep-alive socket the server closed while idle is retried once.
+  const create = () => newSession().catch((err: unknown) => (err instanceof TypeError ? newSession() : Promise.reject(err)));
   const sessions: string[] = [];
   for (let i = 0; i < total; i += 50) {
-    const batch = await Promise.all(Array.from({ length: Math.min(50, total - i) }, newSession));
+    const batch = await Promise.all(Array.from({ length: Math.min(50, total - i) }, create));
     sessions.push(...batch.map((s) => s.id));
   }
+  // One real SSE viewer and one real drive POST per Run, through a cheap client (node:http, a
+  // bare SSE reader): the bench's own CPU should not be what limits the rate it can drive.
+  const client = new LightClient(api.options);
   onSending?.();
   const t0 = new Map<string, number>();
   const visible: number[] = [];
   const waits: Promise<void>[] = [];
   const started = Date.now();
+  const body = { type: 'user.message', payload: { content: 'go', authored_by: principal, caused_by: { kind: 'api' } } };
   for (let i = 0; i < total; i++) {
     const due = started + (i * 1000) / rate;
     const delay = due - Date.now();
@@ -93,24 +99,16 @@ export async function level(api: HttpClient, principal: string, newSession: () =
     waits.push((async () => {
       const ac = new AbortController();
       const timer = setTimeout(() => ac.abort(), 30_000);
-      const stream = streamEvents(api, `/v1/sessions/${id}/events/stream`, { signal: ac.signal });
-      const first = stream.next();
+      const first = client.firstOf(`/v1/sessions/${id}/events/stream`, 'agent.message', ac.signal);
       // A stream refused while the message is being sent is counted as not done, not a crash.
       first.catch(() => undefined);
       const sentAt = Date.now();
       t0.set(id, sentAt);
-      await api.post(`/v1/sessions/${id}/events`, { type: 'user.message', payload: { content: 'go', authored_by: principal, caused_by: { kind: 'api' } } });
       try {
-        let f = await first;
-        while (!f.done) {
-          if (f.value.id && (JSON.parse(f.value.data) as { type: string }).type === 'agent.message') {
-            visible.push(Date.now() - sentAt);
-            break;
-          }
-          f = await stream.next();
-        }
+        await client.post(`/v1/sessions/${id}/events`, body);
+        visible.push((await first) - sentAt);
       } catch {
-        // timed out: counted as not done
+        // refused or timed out: counted as not done
       } finally {
         clearTimeout(timer);
         ac.abort();
@@ -118,8 +116,53 @@ export async function level(api: HttpClient, principal: string, newSession: () =
     })());
   }
   await Promise.all(waits);
+  client.close();
   const leaseLat = sessions.filter((s) => leased.has(s) && t0.has(s)).map((s) => (leased.get(s) as number) - (t0.get(s) as number));
   return { rate, lease: summarize(leaseLat), visible: summarize(visible), done: visible.length, sent: total };
+}
+
+/**
+ * Redis commands sent per Run by each process while `run` drives a level (MONITOR, attributed
+ * by connection name): background work (heartbeats, presence, pool scans) is included, so the
+ * figures are upper bounds. Use at low rates only: MONITOR itself costs Redis a lot.
+ */
+export async function commandsPerRun(redisUrl: string, runs: (start: () => void) => Promise<number>): Promise<string> {
+  const mon = new Redis(redisUrl);
+  const counts = new Map<string, Map<string, number>>();
+  const monitor = await mon.monitor();
+  let on = false;
+  monitor.on('monitor', (_time: string, args: string[], source: string) => {
+    if (!on) return;
+    let c = counts.get(source);
+    if (!c) counts.set(source, (c = new Map()));
+    const cmd = String(args[0]).toUpperCase();
+    c.set(cmd, (c.get(cmd) ?? 0) + 1);
+  });
+  // Sessions are created before the level starts sending: only the Runs are counted.
+  const n = await runs(() => (on = true));
+  await new Promise((r) => setTimeout(r, 200));
+  monitor.disconnect();
+  const names = new Map<string, string>();
+  const list = (await mon.client('LIST')) as string;
+  for (const line of list.split('\n')) {
+    const addr = /addr=(\S+)/.exec(line)?.[1];
+    const name = /name=(\S*)/.exec(line)?.[1];
+    if (addr) names.set(addr, name || '(unnamed)');
+  }
+  mon.disconnect();
+  const byName = new Map<string, Map<string, number>>();
+  for (const [source, c] of counts) {
+    // Commands a Lua script ran show as `lua`: work inside one round trip, not round trips.
+    const name = source.endsWith('lua') ? '(inside scripts)' : (names.get(source) ?? '(closed)').replace(/^agentplane:/, '');
+    let t = byName.get(name);
+    if (!t) byName.set(name, (t = new Map()));
+    for (const [cmd, k] of c) t.set(cmd, (t.get(cmd) ?? 0) + k);
+  }
+  return [...byName].sort(([a], [b]) => a.localeCompare(b)).map(([name, c]) => {
+    const total = [...c.values()].reduce((a, b) => a + b, 0);
+    const top = [...c].sort((a, b) => b[1] - a[1]).slice(0, 8).map(([cmd, k]) => `${cmd} ${(k / n).toFixed(1)}`).join(', ');
+    return `  ${name}: ${(total / n).toFixed(1)} per Run (${top})`;
+  }).join('\n');
 }
 
 async function floor(redisUrl: string, rate: number): Promise<ReturnType<typeof summarize>> {
@@ -150,6 +193,12 @@ async function main(): Promise<void> {
   try {
     const { api, principal, secrets, newSession } = await setup(p);
     const { leased, stop: stopRunners, pid: simPid } = await startSimulatedRunners(p, secrets);
+    if (process.env.BENCH_MONITOR) {
+      // Redis commands per Run at a low rate, by connection: where the round trips go.
+      const rate = Number(process.env.BENCH_MONITOR) || 5;
+      process.stdout.write(`Redis commands per Run at ${rate} Runs/s (MONITOR):\n`);
+      process.stdout.write(`${await commandsPerRun(p.redisUrl(), async (start) => (await level(api, principal, newSession, rate, leased, start)).sent)}\n`);
+    }
     const rows = [];
     let sustainable = 0;
     for (const rate of RATES) {

@@ -15,6 +15,8 @@ export interface SchedulerConfig {
   capacityRetryMs: number;
   /** A Run whose turn started this long ago without reaching its queue is enqueued by the sweep. */
   enqueueRepairAfterMs: number;
+  /** How long a Run cancelled on its runner (user.interrupt) gets to stop before it is cancelled outright. */
+  interruptGraceMs: number;
   /** Port for /healthz and /metrics (0 = an ephemeral port, unset = off). */
   port: number | undefined;
   host: string;
@@ -44,6 +46,7 @@ export function loadSchedulerConfig(env: Env): SchedulerConfig {
     poolScanMs: envInt(env, 'POOL_SCAN_MS', 1000, 50),
     capacityRetryMs: envInt(env, 'CAPACITY_RETRY_MS', 1000, 10),
     enqueueRepairAfterMs: envInt(env, 'ENQUEUE_REPAIR_AFTER_MS', 10_000, 100),
+    interruptGraceMs: envInt(env, 'INTERRUPT_GRACE_MS', 10_000, 0),
     port: port === undefined ? undefined : envInt(env, 'SCHEDULER_PORT', 0, 0, 65535),
     host: envString(env, 'SCHEDULER_HOST', '127.0.0.1'),
     masterKey: masterKeyFrom(env),

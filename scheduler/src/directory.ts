@@ -25,7 +25,8 @@ export interface LeaseOffer extends Omit<LeaseRecord, 'reply_to'> {
   offer_expires_at_ms: number;
 }
 
-export type OfferOutcome = 'accepted' | 'rejected' | 'timeout';
+/** `recorded`: accepted, and the Run already records the lease (the gateway wrote it before answering). */
+export type OfferOutcome = 'accepted' | 'recorded' | 'rejected' | 'timeout';
 
 /** Delivers an offer to a runner (through whichever gateway holds its socket) and reports the answer. */
 export interface OfferChannel {

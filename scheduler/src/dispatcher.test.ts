@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import type { Job } from 'bullmq';
 import { createLogger } from '@agentplane/core';
-import { DEFAULT_LEASE_CONFIG, LeaseFence, LeaseKeeper, RunQueues, type Lease, type LeaseConfig, type RunJobData, type RunnerCapabilities } from '@agentplane/lease';
+import { CancelMarks, DEFAULT_LEASE_CONFIG, LeaseFence, LeaseKeeper, RunQueues, type Lease, type LeaseConfig, type RunJobData, type RunnerCapabilities } from '@agentplane/lease';
 import { connectRedis, startEmbeddedRedis, type EmbeddedRedis, type Redis } from '@agentplane/store';
 import { PoolDispatcher, type DispatchHooks } from './dispatcher.js';
 import type { LeaseOffer, OfferChannel, RunnerDirectory, RunnerView } from './directory.js';
@@ -39,6 +39,9 @@ afterAll(async () => {
 /** Test runners that answer offers through the same LeaseKeeper API the gateway uses. */
 class Fleet implements RunnerDirectory, OfferChannel {
   runners = new Map<string, { view: RunnerView; accept: boolean; leases: Lease[] }>();
+  offers = 0;
+  /** Runs while an offer is out, before the runner answers (an interrupt arriving then). */
+  onOffer: ((o: LeaseOffer) => Promise<void>) | undefined;
   constructor(private readonly keeper: LeaseKeeper, private readonly pool: string) {}
   add(id: string, slots = 1, accept = true): void {
     this.runners.set(id, { view: { runner_id: id, pool_id: this.pool, status: 'ready', capabilities: caps(slots) }, accept, leases: [] });
@@ -50,6 +53,8 @@ class Fleet implements RunnerDirectory, OfferChannel {
     return [...this.runners.values()].map((r) => r.view.capabilities);
   }
   async offer(o: LeaseOffer): Promise<'accepted' | 'rejected' | 'timeout'> {
+    this.offers++;
+    await this.onOffer?.(o);
     const r = this.runners.get(o.runner_id);
     if (!r || !r.accept) return 'rejected';
     const lease: Lease = { lease_id: o.lease_id, run_id: o.run_id, session_id: o.session_id, pool_id: o.pool_id, attempt: o.attempt, runner_id: o.runner_id };
@@ -69,6 +74,8 @@ const hooks = () => {
     stalled: async (run: string) => void events.push({ kind: 'stalled', run }),
     retaken: async (job: Job<RunJobData>) => void events.push({ kind: 'retaken', run: job.data.run_id, detail: String(job.attemptsStarted) }),
     exhausted: async (run: string) => void events.push({ kind: 'exhausted', run }),
+    interrupted: async (job: Job<RunJobData>) => void events.push({ kind: 'interrupted', run: job.data.run_id }),
+    cancelLease: async (job: Job<RunJobData>, runner: string) => void events.push({ kind: 'cancelLease', run: job.data.run_id, detail: runner }),
   };
   return { events, h };
 };
@@ -96,14 +103,15 @@ function setup(n = 1, cfg: LeaseConfig = config) {
   const keeper = new LeaseKeeper(queues, fence, cfg);
   const fleet = new Fleet(keeper, poolId);
   const { events, h } = hooks();
+  const cancels = new CancelMarks(redis);
   for (let i = 0; i < n; i++) {
-    const d = new PoolDispatcher({ poolId, queues, connection: conn(), directory: fleet, offers: fleet, hooks: h, config: cfg, log, capacityRetryMs: 100 });
+    const d = new PoolDispatcher({ poolId, queues, connection: conn(), directory: fleet, offers: fleet, hooks: h, config: cfg, log, capacityRetryMs: 100, cancels });
     d.start();
     dispatchers.push(d);
   }
   const enqueue = (i: number, ws = 'wrkspc_a') =>
     queues.enqueue({ run_id: `run_${String(i).padStart(32, '0')}`, session_id: `sess_${String(i).padStart(32, '0')}`, thread_id: 'sthr_x', workspace_id: ws, pool_id: poolId, requirements, accepted_at_ms: Date.now() });
-  return { poolId, queues, fence, keeper, fleet, events, enqueue };
+  return { poolId, queues, fence, keeper, fleet, events, enqueue, cancels };
 }
 
 describe('lease engine (BullMQ)', () => {
@@ -219,5 +227,45 @@ describe('lease engine (BullMQ)', () => {
     const leased = s.events.filter((e) => e.kind === 'leased').map((e) => e.run);
     expect(leased).toHaveLength(40);
     expect(new Set(leased).size).toBe(40);
+  });
+
+  describe('an interrupt of a Run a dispatcher holds (cancel mark)', () => {
+    it('a Run taken with a mark ends without an offer and leaves the queue', async () => {
+      const s = setup();
+      s.fleet.add('runner_a');
+      const run = `run_${String(3000).padStart(32, '0')}`;
+      await s.cancels.mark(`sess_${String(3000).padStart(32, '0')}`, run);
+      await s.enqueue(3000);
+      await until('interrupted', () => s.events.some((e) => e.kind === 'interrupted' && e.run === run));
+      expect(s.fleet.offers).toBe(0);
+      expect(await s.queues.job(s.poolId, run)).toBeUndefined();
+      expect(await s.cancels.marked(`sess_${String(3000).padStart(32, '0')}`, run)).toBe(false);
+    });
+
+    it('marked while the offer is out and declined: the Run ends when it goes back, and is not offered again', async () => {
+      const s = setup();
+      s.fleet.add('runner_a', 1, false);
+      s.fleet.onOffer = (o) => s.cancels.mark(o.session_id, o.run_id);
+      const { run_id: run } = await s.enqueue(3001);
+      await until('interrupted', () => s.events.some((e) => e.kind === 'interrupted' && e.run === run));
+      expect(await s.queues.job(s.poolId, run)).toBeUndefined();
+      const offers = s.fleet.offers;
+      await new Promise((r) => setTimeout(r, 300));
+      expect(s.fleet.offers).toBe(offers);
+      expect(s.events.filter((e) => e.kind === 'interrupted')).toHaveLength(1);
+      expect(s.events.some((e) => e.kind === 'leased')).toBe(false);
+    });
+
+    it('marked while the offer is out and accepted: the lease is cancelled on that runner, once', async () => {
+      const s = setup();
+      s.fleet.add('runner_a');
+      s.fleet.onOffer = (o) => s.cancels.mark(o.session_id, o.run_id);
+      const { run_id: run, session_id: session } = await s.enqueue(3002);
+      await until('lease cancelled', () => s.events.some((e) => e.kind === 'cancelLease' && e.run === run));
+      expect(s.events.filter((e) => e.kind === 'leased')).toHaveLength(1);
+      expect(s.events.find((e) => e.kind === 'cancelLease')?.detail).toBe('runner_a');
+      expect(s.events.some((e) => e.kind === 'interrupted')).toBe(false);
+      expect(await s.cancels.marked(session, run)).toBe(false);
+    });
   });
 });

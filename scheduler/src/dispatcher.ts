@@ -1,13 +1,14 @@
 import { randomUUID } from 'node:crypto';
 import { UnrecoverableError, Worker, type Job } from 'bullmq';
 import { ATTR, extractTrace, inSpan, SpanKind, type Logger } from '@agentplane/core';
-import { matchCapabilities, matchNow, queuePrefix, RUN_QUEUE, type LeaseConfig, type RunJobData, type RunQueues } from '@agentplane/lease';
+import { matchCapabilities, matchNow, queuePrefix, RUN_QUEUE, type CancelMarks, type LeaseConfig, type RunJobData, type RunQueues } from '@agentplane/lease';
 import type { Redis } from '@agentplane/store';
 import type { OfferChannel, RunnerDirectory, RunnerView } from './directory.js';
 
 /** What the scheduler reports about a Run while placing it (Run status, session events, metrics). */
 export interface DispatchHooks {
-  leased(job: Job<RunJobData>, runnerId: string, leaseId: string, attempt: number): Promise<void>;
+  /** `recorded`: the Run already records this lease (the gateway wrote it before answering). */
+  leased(job: Job<RunJobData>, runnerId: string, leaseId: string, attempt: number, recorded: boolean): Promise<void>;
   waiting(job: Job<RunJobData>, reason: string): Promise<void>;
   /** A lease was lost (lock expired): the Run goes back to the queue. */
   stalled(runId: string): Promise<void>;
@@ -19,6 +20,10 @@ export interface DispatchHooks {
   retaken(job: Job<RunJobData>): Promise<void>;
   /** The Run lost more leases than allowed (`RUN_MAX_LOST_LEASES`): it fails for good. */
   exhausted(runId: string, reason: string): Promise<void>;
+  /** The Run was interrupted while this dispatcher held it, and its job is gone: the turn ends. */
+  interrupted(job: Job<RunJobData>): Promise<void>;
+  /** The Run was interrupted while its offer was out, and the runner took it: cancel it there. */
+  cancelLease(job: Job<RunJobData>, runnerId: string, leaseId: string, attempt: number): Promise<void>;
 }
 
 export interface DispatcherOptions {
@@ -33,6 +38,8 @@ export interface DispatcherOptions {
   log: Logger;
   /** How long a Run that no ready runner can take right now waits before it is tried again. */
   capacityRetryMs?: number;
+  /** Interrupts of Runs a dispatcher holds (see `CancelMarks`). */
+  cancels: CancelMarks;
 }
 
 /**
@@ -180,7 +187,11 @@ export class PoolDispatcher {
       await this.o.hooks.exhausted(job.data.run_id, job.deferredFailure);
       return;
     }
-    await this.o.hooks.retaken(job).catch((err: unknown) => this.o.log.warn({ err, run: job.id }, 'recording the earlier attempts failed'));
+    const [marked] = await Promise.all([
+      this.o.cancels.marked(job.data.session_id, job.data.run_id),
+      this.o.hooks.retaken(job).catch((err: unknown) => this.o.log.warn({ err, run: job.id }, 'recording the earlier attempts failed')),
+    ]);
+    if (marked) return this.cancelTaken(job, token);
     const req = job.data.requirements;
     const { runners } = await this.freeCapacity();
     // Most effective free slots first; equal runners in random order, so load spreads.
@@ -199,13 +210,11 @@ export class PoolDispatcher {
         // waits, saying why, for a runner that can (or for an interrupt), checked less often.
         const reason = `no runner in the pool can serve this Run: ${verdicts.map((v) => (v.ok ? '' : v.reason)).filter(Boolean)[0] ?? 'unknown'}`;
         await this.o.hooks.waiting(job, reason);
-        await job.moveToDelayed(Date.now() + Math.max(2_000, 5 * (this.o.capacityRetryMs ?? 1000)), token).catch(() => undefined);
-        return;
+        return this.giveBack(job, token, Math.max(2_000, 5 * (this.o.capacityRetryMs ?? 1000)));
       }
       const reason = everyone.length === 0 ? 'no runner is enrolled in the pool' : 'every matching runner is busy or offline';
       await this.o.hooks.waiting(job, reason);
-      await job.moveToDelayed(Date.now() + (this.o.capacityRetryMs ?? 1000), token).catch(() => undefined);
-      return;
+      return this.giveBack(job, token, this.o.capacityRetryMs ?? 1000);
     }
 
     // Keep the lock while offers are out; the runner's acceptance replaces it with a full lease.
@@ -236,10 +245,17 @@ export class PoolDispatcher {
           if (left <= 0) this.reserved.delete(runner.runner_id);
           else this.reserved.set(runner.runner_id, left);
         }
-        if (outcome === 'accepted') {
+        if (outcome === 'accepted' || outcome === 'recorded') {
           const g = this.granted.get(runner.runner_id);
           this.granted.set(runner.runner_id, { seen: runner.seen_at, n: g && g.seen === runner.seen_at ? g.n + 1 : 1 });
-          await this.o.hooks.leased(job, runner.runner_id, token, job.attemptsStarted);
+          const [, interrupted] = await Promise.all([
+            this.o.hooks.leased(job, runner.runner_id, token, job.attemptsStarted, outcome === 'recorded'),
+            this.o.cancels.marked(job.data.session_id, job.data.run_id),
+          ]);
+          if (interrupted) {
+            await this.o.hooks.cancelLease(job, runner.runner_id, token, job.attemptsStarted);
+            await this.o.cancels.clear(job.data.session_id, job.data.run_id);
+          }
           return;
         }
       }
@@ -247,6 +263,29 @@ export class PoolDispatcher {
       clearInterval(keep);
     }
     await this.o.hooks.waiting(job, 'offered runners did not accept in time');
-    await job.moveToDelayed(Date.now() + (this.o.capacityRetryMs ?? 1000), token).catch(() => undefined);
+    await this.giveBack(job, token, this.o.capacityRetryMs ?? 1000);
+  }
+
+  /**
+   * Return a job to the queue for a later try, then honour an interrupt marked meanwhile: the
+   * check comes after the move, so a mark made before it is seen here, and one made after it
+   * finds the job back in the queue, where the interrupt removes it itself.
+   */
+  private async giveBack(job: Job<RunJobData>, token: string, delayMs: number): Promise<void> {
+    await job.moveToDelayed(Date.now() + delayMs, token).catch(() => undefined);
+    const { session_id: sessionId, run_id: runId } = job.data;
+    if (!(await this.o.cancels.marked(sessionId, runId))) return;
+    if ((await this.o.queues.cancelQueued(this.o.poolId, runId)) === 'canceled') await this.o.hooks.interrupted(job);
+    await this.o.cancels.clear(sessionId, runId);
+  }
+
+  /** A job taken with an interrupt marked on it: the turn ends and the job leaves the queue. */
+  private async cancelTaken(job: Job<RunJobData>, token: string): Promise<void> {
+    // The turn ends first: a crash before the job is gone leaves it to stall back and be taken
+    // again, still marked; the end is a compare-and-swap that happens once.
+    await this.o.hooks.interrupted(job);
+    await job.moveToFailed(new UnrecoverableError('interrupted while queued'), token, false).catch(() => undefined);
+    await job.remove().catch(() => undefined);
+    await this.o.cancels.clear(job.data.session_id, job.data.run_id);
   }
 }

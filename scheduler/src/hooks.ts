@@ -1,5 +1,8 @@
 import type { Job } from 'bullmq';
-import type { Logger } from '@agentplane/core';
+import { newId, type Logger } from '@agentplane/core';
+import { deliverToRunner } from '@agentplane/gateway';
+import { frame } from '@agentplane/protocol';
+import type { Redis } from '@agentplane/store';
 import type { RunJobData, RunQueues } from '@agentplane/lease';
 import type { RunLifecycle } from '@agentplane/domain';
 import type { DispatchHooks } from './dispatcher.js';
@@ -21,7 +24,11 @@ async function settledBelow(job: Job<RunJobData>): Promise<number | null> {
 }
 
 /** What placing a Run means for the Run document, the thread and the metrics. */
-export function runHooks(d: { poolId: string; queues: RunQueues; lifecycle: RunLifecycle; metrics: SchedulerMetrics; log: Logger }): DispatchHooks {
+export function runHooks(d: {
+  poolId: string; queues: RunQueues; lifecycle: RunLifecycle; metrics: SchedulerMetrics; log: Logger;
+  /** Where lease.cancel frames are routed from, and the grace a cancelled Run gets to stop. */
+  redis: Redis; interruptGraceMs: number;
+}): DispatchHooks {
   const data = async (runId: string): Promise<RunJobData | undefined> => (await d.queues.job(d.poolId, runId))?.data;
   const exhausted = async (runId: string, reason: string): Promise<void> => {
     const job = await data(runId);
@@ -33,10 +40,13 @@ export function runHooks(d: { poolId: string; queues: RunQueues; lifecycle: RunL
     if (n > 0) d.metrics.rescheduled(d.poolId, 'lease_lost', n);
   };
   return {
-    async leased(job: Job<RunJobData>, runnerId: string, leaseId: string, attempt: number) {
+    async leased(job: Job<RunJobData>, runnerId: string, leaseId: string, attempt: number, recorded: boolean) {
       d.metrics.leased(d.poolId, job.data);
-      await d.queues.dequeued(d.poolId, job.data.workspace_id, job.data.run_id);
-      await d.lifecycle.leased(job.data.session_id, job.data.run_id, { lease_id: leaseId, runner_id: runnerId, attempt });
+      await Promise.all([
+        d.queues.dequeued(d.poolId, job.data.workspace_id, job.data.run_id),
+        // An acceptance learnt from the fence (the answer was lost) may not be on the Run yet.
+        recorded ? undefined : d.lifecycle.leased(job.data.session_id, job.data.run_id, { lease_id: leaseId, runner_id: runnerId, attempt }),
+      ]);
     },
     async waiting(job: Job<RunJobData>, reason: string) {
       await d.lifecycle.waiting(job.data.session_id, job.data.run_id, reason);
@@ -57,5 +67,13 @@ export function runHooks(d: { poolId: string; queues: RunQueues; lifecycle: RunL
       lost(await d.lifecycle.leaseLost(job.data.session_id, job.data.run_id, job.attemptsStarted, LEASE_LOST));
     },
     exhausted,
+    async interrupted(job: Job<RunJobData>) {
+      await d.queues.dequeued(d.poolId, job.data.workspace_id, job.data.run_id);
+      await d.lifecycle.canceled(job.data.session_id, job.data.run_id, 'interrupted while queued');
+    },
+    async cancelLease(job: Job<RunJobData>, runnerId: string, leaseId: string, attempt: number) {
+      const payload = { lease_id: leaseId, attempt, reason: 'user.interrupt', grace_ms: d.interruptGraceMs };
+      await deliverToRunner(d.redis, job.data.workspace_id, runnerId, frame('lease.cancel', newId('event'), payload));
+    },
   };
 }

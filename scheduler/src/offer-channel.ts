@@ -44,12 +44,14 @@ export class RedisOfferChannel implements OfferChannel {
   }
 
   async offer(o: LeaseOffer, timeoutMs: number): Promise<OfferOutcome> {
-    await this.records.put({ ...o, reply_to: this.channel }, Math.max(timeoutMs * 3, o.lease_ms));
+    // The record and the spec are independent reads and writes: both go out at once.
+    const put = this.records.put({ ...o, reply_to: this.channel }, Math.max(timeoutMs * 3, o.lease_ms));
     let spec: Record<string, unknown>;
     try {
-      spec = await this.buildSpec(o);
+      [spec] = await Promise.all([this.buildSpec(o), put]);
     } catch (err) {
-      this.log.warn({ err: err instanceof Error ? err.message : String(err), run: o.run_id }, 'cannot build the turn spec');
+      await put.catch(() => undefined);
+      this.log.warn({ err: err instanceof Error ? err.message : String(err), run: o.run_id }, 'cannot prepare the offer');
       await this.records.remove(o.lease_id, o.runner_id);
       return 'rejected';
     }
@@ -84,7 +86,7 @@ export class RedisOfferChannel implements OfferChannel {
       const poll = setInterval(() => {
         void this.fence.holds(o.session_id, o.lease_id).then((held) => held && finish('accepted'), () => undefined);
       }, FENCE_POLL_MS);
-      this.waiters.set(o.lease_id, (reply) => finish(reply.outcome));
+      this.waiters.set(o.lease_id, (reply) => finish(reply.outcome === 'accepted' && reply.recorded ? 'recorded' : reply.outcome));
     });
     const text = frame('lease.offer', newId('event'), {
       lease_id: o.lease_id, attempt: o.attempt, run_id: o.run_id, session_id: o.session_id, thread_id: o.thread_id,
@@ -95,7 +97,7 @@ export class RedisOfferChannel implements OfferChannel {
     }
     const outcome = await answer;
     if (outcome === 'timeout' && (await this.fence.holds(o.session_id, o.lease_id))) return 'accepted';
-    if (outcome !== 'accepted') await this.records.remove(o.lease_id, o.runner_id);
+    if (outcome !== 'accepted' && outcome !== 'recorded') await this.records.remove(o.lease_id, o.runner_id);
     return outcome;
   }
 }

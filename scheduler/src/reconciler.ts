@@ -1,4 +1,3 @@
-import type { Job } from 'bullmq';
 import type { Logger } from '@agentplane/core';
 import type { RunLifecycle, TurnResult } from '@agentplane/domain';
 import type { RunJobData, RunQueues } from '@agentplane/lease';
@@ -13,10 +12,10 @@ const GRACE_MS = 3000;
  * terminal, so reporting again is safe; a reconciled job is then removed from the queue.
  */
 export async function reconcilePool(poolId: string, queues: RunQueues, lifecycle: RunLifecycle, log: Logger, now = Date.now()): Promise<number> {
-  const q = queues.queue(poolId);
   let done = 0;
-  const old = (j: Job<RunJobData> | undefined): j is Job<RunJobData> => !!j?.data && (j.finishedOn ?? now) < now - GRACE_MS;
-  for (const job of ((await q.getCompleted(0, 99)) as Job<RunJobData>[]).filter(old)) {
+  // The normal path removes a finished job once the Run records its end: only jobs finished
+  // before the grace period are read at all.
+  for (const job of await queues.finishedBefore(poolId, 'completed', now - GRACE_MS)) {
     const result = (job.returnvalue ?? {}) as Partial<TurnResult>;
     await lifecycle.succeeded(job.data.session_id, job.data.run_id, null, {
       stop_reason: result.stop_reason ?? { type: 'end_turn' },
@@ -25,7 +24,7 @@ export async function reconcilePool(poolId: string, queues: RunQueues, lifecycle
     await job.remove().catch(() => undefined);
     done++;
   }
-  for (const job of ((await q.getFailed(0, 99)) as Job<RunJobData>[]).filter(old)) {
+  for (const job of await queues.finishedBefore(poolId, 'failed', now - GRACE_MS)) {
     const reason = job.failedReason ?? 'failed';
     // Lost leases over the limit are failed as unrecoverable too, but they are no work failure.
     const lostTooOften = /stalled more than allowable limit/.test(reason);

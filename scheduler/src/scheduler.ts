@@ -4,7 +4,7 @@ import {
   bindingShapings, buildTurnSpec, ConnectionService, CredentialIndex, FileStore, IdentityService, OutcomeService, ProjectHeadReader, RedisRuntimeBearers, SkillReader, RunEngine, RunLifecycle, RunnerService,
   SessionStore, ThreadRuntime, VersionedStore, sandboxProfileStore, type ConnectionGrant, type Environment, type RunDoc, type SandboxProfile, type ToolShaping,
 } from '@agentplane/domain';
-import { activePools, LeaseFence, LeaseRecords, RunQueues } from '@agentplane/lease';
+import { activePools, CancelMarks, LeaseFence, LeaseRecords, RunQueues } from '@agentplane/lease';
 import { SecretBox } from '@agentplane/core';
 import { connectRedis, DocumentStore, tags, type Redis, type StoredDoc } from '@agentplane/store';
 import type { SchedulerConfig } from './config.js';
@@ -35,6 +35,7 @@ export class Scheduler {
   private readonly directory: PresenceDirectory;
   private readonly offers: RedisOfferChannel;
   private readonly lifecycle: RunLifecycle;
+  private readonly cancels: CancelMarks;
   /**
    * Enqueues Runs the scheduler's own turn ends start (a message queued behind a turn that the
    * scheduler ended), and repairs Runs whose enqueue a crash interrupted.
@@ -58,6 +59,7 @@ export class Scheduler {
     this.sub = connectRedis(config.redisUrl, { name: 'scheduler:offers', blocking: true });
     for (const c of [this.redis, this.bull, this.sub]) c.on('error', (err: Error) => log.warn({ err: err.message }, 'redis connection error'));
     this.queues = new RunQueues(this.bull, config.lease);
+    this.cancels = new CancelMarks(this.redis);
     this.store = new SessionStore(this.redis, config.appendDurability);
     this.environments = new VersionedStore<Environment>(this.redis, 'environments', 'environment');
     this.sandboxProfiles = sandboxProfileStore(this.redis);
@@ -70,7 +72,7 @@ export class Scheduler {
     this.lifecycle = new RunLifecycle(this.store, runtime, log);
     engine = new RunEngine({
       redis: this.redis, queues: this.queues, lifecycle: this.lifecycle, store: this.store, environments: this.environments, runners, log,
-      interruptGraceMs: 10_000,
+      interruptGraceMs: config.interruptGraceMs,
     });
     this.engine = engine;
     this.directory = new PresenceDirectory(this.redis, (pool) => this.pools.get(pool));
@@ -86,9 +88,11 @@ export class Scheduler {
   }
 
   private async spec(o: LeaseOffer): Promise<Record<string, unknown>> {
-    const run = await this.store.run(o.session_id, o.run_id);
+    // The Run and its Session in one round trip (the Session is read once, for the spec and the vaults).
+    const [run, session] = await Promise.all([this.store.run(o.session_id, o.run_id), this.store.get(o.workspace_id, o.session_id).catch(() => null)]);
     if (!run) throw new Error(`run ${o.run_id} not found`);
-    const spec = await buildTurnSpec({ store: this.store, environments: this.environments, sandboxProfiles: this.sandboxProfiles, files: this.files, projects: this.projects, skills: this.skills }, run as RunDoc);
+    const sources = { store: this.store, environments: this.environments, sandboxProfiles: this.sandboxProfiles, files: this.files, projects: this.projects, skills: this.skills };
+    const spec = await buildTurnSpec(sources, run, undefined, session ?? undefined);
     const resolved = this.connections && run.agent.mcp_servers.some((s) => s.type !== 'a2a_tool_source')
       ? await this.connections.resolveAgentServers(run.workspace_id, run.agent.mcp_servers)
       : undefined;
@@ -97,7 +101,6 @@ export class Scheduler {
     const projects = spec.resources.flatMap((r) => (r.type === 'uploaded_project' ? [`${r.project_id}@${r.revision_number}`] : []));
     const skills = (spec.skills ?? []).map((k) => k.ref);
     // Repositories fetched over HTTPS may need a vault credential: only when the Session names vaults.
-    const session = await this.store.get(run.workspace_id, run.session_id).catch(() => null);
     const repositories = (session?.vault_ids.length ?? 0) > 0
       ? spec.resources.flatMap((r) => (r.type === 'repository' && r.url.startsWith('https://') ? [r.url] : []))
       : [];
@@ -152,10 +155,10 @@ export class Scheduler {
     for (const [pool, ws] of await activePools(this.redis)) {
       this.pools.set(pool, ws);
       if (this.dispatchers.has(pool)) continue;
-      const hooks = runHooks({ poolId: pool, queues: this.queues, lifecycle: this.lifecycle, metrics: this.metrics, log: this.log });
+      const hooks = runHooks({ poolId: pool, queues: this.queues, lifecycle: this.lifecycle, metrics: this.metrics, log: this.log, redis: this.redis, interruptGraceMs: this.config.interruptGraceMs });
       const d = new PoolDispatcher({
         poolId: pool, queues: this.queues, connection: this.bull, directory: this.directory, offers: this.offers,
-        hooks, config: this.config.lease, log: this.log, capacityRetryMs: this.config.capacityRetryMs,
+        hooks, config: this.config.lease, log: this.log, capacityRetryMs: this.config.capacityRetryMs, cancels: this.cancels,
       });
       d.start();
       this.dispatchers.set(pool, d);

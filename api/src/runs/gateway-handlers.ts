@@ -47,7 +47,10 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
   });
   const modelStreams = new Map<string, ModelStreams>();
 
-  const revoke = (conn: RunnerConnection, ref: LeaseRef, reason: string) => conn.send('lease.revoked', { lease_id: ref.lease_id, attempt: ref.attempt, reason });
+  const revoke = (conn: RunnerConnection, ref: LeaseRef, reason: string) => {
+    known.delete(ref.lease_id);
+    return conn.send('lease.revoked', { lease_id: ref.lease_id, attempt: ref.attempt, reason });
+  };
 
   /**
    * Frames of one socket are handled concurrently (a model stream must not block heartbeats),
@@ -56,9 +59,16 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
    */
   const accepting = new Map<string, Promise<void>>();
 
+  /**
+   * Lease records of leases accepted through this node, until the lease ends here: a record
+   * never changes once written, so a lease's later frames (events, heartbeats, completion) skip
+   * the read. Only a shortcut to the record: every write is still fenced by the lock token.
+   */
+  const known = new Map<string, LeaseRecord>();
+  
   async function recordFor(conn: RunnerConnection, ref: LeaseRef): Promise<LeaseRecord | null> {
     await accepting.get(ref.lease_id);
-    const rec = await d.records.get(ref.lease_id);
+    const rec = known.get(ref.lease_id) ?? await d.records.get(ref.lease_id);
     if (!rec || rec.attempt !== ref.attempt || rec.runner_id !== conn.identity.runnerId || rec.workspace_id !== conn.identity.workspaceId) return null;
     return rec;
   }
@@ -82,11 +92,20 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
       return void revoke(conn, msg.payload, 'unknown or expired offer');
     }
     const outcome = await d.keeper.accept(leaseOf(rec));
-    await d.records.reply(rec, { lease_id: rec.lease_id, outcome: outcome === 'ok' ? 'accepted' : 'rejected', ...(outcome === 'ok' ? {} : { reason: outcome }) });
-    if (outcome !== 'ok') return void revoke(conn, msg.payload, outcome === 'taken' ? 'the lease belongs to another runner' : 'the offer expired');
-    await d.records.touch(rec.lease_id, recordTtl);
-    await d.lifecycle.leased(rec.session_id, rec.run_id, { lease_id: rec.lease_id, runner_id: rec.runner_id, attempt: rec.attempt });
-    await d.lifecycle.started(rec.session_id, rec.run_id);
+    if (outcome !== 'ok') {
+      await d.records.reply(rec, { lease_id: rec.lease_id, outcome: 'rejected', reason: outcome });
+      return void revoke(conn, msg.payload, outcome === 'taken' ? 'the lease belongs to another runner' : 'the offer expired');
+    }
+    // The Run records the lease (leased and started in one move) before the scheduler hears of
+    // it, so the answer tells it there is nothing left to record.
+    await Promise.all([
+      d.records.touch(rec.lease_id, recordTtl),
+      d.lifecycle.accepted(rec.session_id, rec.run_id, { lease_id: rec.lease_id, runner_id: rec.runner_id, attempt: rec.attempt }),
+    ]);
+    await d.records.reply(rec, { lease_id: rec.lease_id, outcome: 'accepted', recorded: true });
+    known.set(rec.lease_id, rec);
+    // Leases lost without a last frame leave an entry: keep the map bounded.
+    if (known.size > 10_000) known.delete(known.keys().next().value as string);
     acceptedAt.set(rec.lease_id, performance.now());
     // Leases lost without a last frame leave an entry: keep the map bounded.
     if (acceptedAt.size > 10_000) acceptedAt.delete(acceptedAt.keys().next().value as string);
@@ -107,6 +126,7 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
         continue;
       }
       firstEventSeen.delete(rec.lease_id);
+      known.delete(rec.lease_id);
       d.logger.info({ run: rec.run_id, lease: rec.lease_id, runner: rec.runner_id, verdict }, 'lease abandoned by a restarted runner');
       if (verdict === 'retry') await d.lifecycle.rescheduled(rec.session_id, rec.run_id, rec.lease_id, reason);
       else if (verdict === 'final') {
@@ -134,6 +154,7 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     const result = (msg.payload.result ?? {}) as Partial<TurnResult>;
     if ((await d.keeper.complete(leaseOf(rec), result)) === 'lost') return void revoke(conn, msg.payload, 'the lease was lost before completion');
     firstEventSeen.delete(rec.lease_id);
+    known.delete(rec.lease_id);
     acceptedAt.delete(rec.lease_id);
     // A use under an ActionApproval waits for the approval, not for a drive event.
     const waits = result.waits ? await d.approvals.waitKinds(rec.workspace_id, rec.session_id, rec.run_id, result.waits) : undefined;
@@ -144,8 +165,9 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     });
     // Approvals resolved while the Run was still ending answer their waits now.
     if (waits) await d.approvals.settleWaits(rec.workspace_id, rec.session_id, waits).catch((err: unknown) => d.logger.error({ err, run: rec.run_id }, 'settling approval waits failed'));
-    // Until here a crash leaves the finished job for the scheduler's reconciliation to replay.
-    await Promise.all([d.keeper.settled(leaseOf(rec)), d.records.remove(rec.lease_id, rec.runner_id)]);
+    // The end is on the Run: the job and the lease record go (a crash before this leaves them
+    // to the scheduler's sweep and to their expiry).
+    await Promise.all([d.keeper.finished(leaseOf(rec)).catch(() => undefined), d.records.remove(rec.lease_id, rec.runner_id)]);
   });
 
   gw.on('lease.fail', async (conn, msg) => {
@@ -154,6 +176,7 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     const cls = msg.payload.failure_class === 'work' ? 'agent' : 'infrastructure';
     const verdict = await d.keeper.fail(leaseOf(rec), { class: cls, code: cls === 'agent' ? 'work_failed' : 'runner_failure', message: msg.payload.reason });
     firstEventSeen.delete(rec.lease_id);
+    known.delete(rec.lease_id);
     acceptedAt.delete(rec.lease_id);
     if (verdict === 'retry') await d.lifecycle.rescheduled(rec.session_id, rec.run_id, rec.lease_id, msg.payload.reason);
     else if (verdict === 'final') {

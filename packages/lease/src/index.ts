@@ -5,3 +5,4 @@ export * from './queues.js';
 export * from './keeper.js';
 export * from './offers.js';
 export * from './delayed.js';
+export * from './cancels.js';

@@ -94,11 +94,6 @@ export class LeaseKeeper {
     return 'ok';
   }
 
-  /** The Run's end is recorded (Run, thread, events): its finished job is no longer needed. */
-  async settled(lease: Lease): Promise<void> {
-    await this.queues.removeFinished(lease.pool_id, lease.run_id);
-  }
-
   /**
    * End the attempt with a failure. Infrastructure failures are retried by BullMQ with
    * exponential backoff while attempts remain; the agent's own failures are final.
@@ -127,6 +122,14 @@ export class LeaseKeeper {
   async abandon(lease: Lease, message: string): Promise<'retry' | 'final' | 'lost' | 'not_accepted'> {
     if (!(await this.fence.holds(lease.session_id, lease.lease_id))) return 'not_accepted';
     return this.fail(lease, { class: 'infrastructure', code: 'runner_restarted', message });
+  }
+
+  /**
+   * The Run's end (after `complete`, or a final `fail`) is recorded on the Run: its job leaves
+   * the queue now instead of waiting for the scheduler's sweep of finished jobs.
+   */
+  async finished(lease: Lease): Promise<void> {
+    await this.queues.removeFinished(lease.pool_id, lease.run_id);
   }
 
   /** The runner gave the offer back (declined, or cancelled before starting): requeue without using an attempt. */

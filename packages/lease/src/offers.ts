@@ -21,7 +21,8 @@ export interface LeaseRecord {
 /** The runner index outlives any one record it lists. */
 const INDEX_TTL_MS = 24 * 3600_000;
 
-export type OfferReply = { lease_id: string; outcome: 'accepted' | 'rejected'; reason?: string };
+/** `recorded`: the answering node already wrote the lease on the Run (nothing left for the scheduler to record). */
+export type OfferReply = { lease_id: string; outcome: 'accepted' | 'rejected'; reason?: string; recorded?: boolean };
 
 const recordKey = (leaseId: string): string => keys.global(`lease:${leaseId}`);
 /** The lease ids offered to one runner (a set; members whose record expired are pruned on read). */
@@ -34,11 +35,17 @@ export class LeaseRecords {
   constructor(private readonly redis: Redis) {}
 
   async put(record: LeaseRecord, ttlMs: number): Promise<void> {
-    // Two keys in two slots (each its own hash tag), so two commands, not one script: the record
-    // is the truth, the index only finds it; a crash between them leaves an index entry that the
-    // next read prunes.
-    await this.redis.set(recordKey(record.lease_id), JSON.stringify(record), 'PX', ttlMs);
-    await this.redis.pipeline().sadd(runnerIndexKey(record.runner_id), record.lease_id).pexpire(runnerIndexKey(record.runner_id), Math.max(ttlMs, INDEX_TTL_MS)).exec();
+    // Two keys in two slots (each its own hash tag), so no one script: the record is the truth,
+    // the index only finds it. Both go out in one round trip; a crash that writes only the index
+    // leaves an entry the next read prunes, one that writes only the record leaves an offer a
+    // reconnecting runner cannot be asked about, which expires with its offer.
+    const res = await this.redis.pipeline()
+      .set(recordKey(record.lease_id), JSON.stringify(record), 'PX', ttlMs)
+      .sadd(runnerIndexKey(record.runner_id), record.lease_id)
+      .pexpire(runnerIndexKey(record.runner_id), Math.max(ttlMs, INDEX_TTL_MS))
+      .exec();
+    const failed = res?.find(([err]) => err)?.[0];
+    if (failed) throw failed;
   }
 
   /**

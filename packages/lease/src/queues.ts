@@ -88,20 +88,26 @@ export class RunQueues {
     await this.connection.zrem(fairKey(poolId, workspaceId), runId);
   }
 
-  /**
-   * Drops a finished (completed or failed) Run's job once its end is fully recorded, so the
-   * scheduler's reconciliation, which replays every finished job it finds, only meets the ends a
-   * crash cut short. Only for a job its caller just finished (a locked job is never removed).
-   */
-  async removeFinished(poolId: string, runId: string): Promise<void> {
-    await this.queue(poolId).remove(runId).catch(() => undefined);
-  }
-
   async job(poolId: string, runId: string): Promise<Job<RunJobData> | undefined> {
     return (await Job.fromId<RunJobData>(this.queue(poolId), runId)) ?? undefined;
   }
 
-  /** Remove a Run that is still waiting (queued, delayed, prioritized). False when it is leased or gone. */
+  /**
+   * Jobs that finished (`completed` or `failed`) before `before` (ms), oldest first: BullMQ
+   * scores its finished sets by finish time, so younger ones are not even read.
+   */
+  async finishedBefore(poolId: string, state: 'completed' | 'failed', before: number, limit = 100): Promise<Job<RunJobData>[]> {
+    const q = this.queue(poolId);
+    const ids = await this.connection.zrangebyscore(q.toKey(state), '-inf', before, 'LIMIT', 0, limit);
+    const jobs = await Promise.all(ids.map((id) => Job.fromId<RunJobData>(q, id)));
+    return jobs.filter((j): j is Job<RunJobData> => !!j?.data);
+  }
+
+  /** Remove a finished Run's job once its end is recorded on the Run (no lock holds it then). */
+  async removeFinished(poolId: string, runId: string): Promise<void> {
+    await this.queue(poolId).remove(runId);
+  }
+
   /**
    * Removes a Run's job that is not taken: `canceled` when it was removed; `active` when a
    * scheduler holds it (placing it, or leased); `finished` when it completed or failed; `absent`

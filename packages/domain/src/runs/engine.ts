@@ -1,6 +1,6 @@
 import { newId, type Logger } from '@agentplane/core';
 import { deliverToRunner } from '@agentplane/gateway';
-import { LeaseFence, markPoolActive, type RunQueues, type RunRequirements } from '@agentplane/lease';
+import { CancelMarks, LeaseFence, markPoolActive, type RunQueues, type RunRequirements } from '@agentplane/lease';
 import { frame } from '@agentplane/protocol';
 import { BoundedCache, type Redis } from '@agentplane/store';
 import type { VersionedStore } from '../versioned.js';
@@ -35,11 +35,9 @@ const CACHE_ENTRIES = 4096;
  * becomes a BullMQ job in its pool's queue; an interrupt removes a queued Run or cancels the
  * leased one on its runner; answered waits continue the turn in a new Run.
  */
-/** How long an interrupt waits for a Run a scheduler is placing to be leased or returned to wait. */
-const INTERRUPT_SETTLE_MS = 15_000;
-
 export class RunEngine implements TurnScheduler {
   private readonly fence: LeaseFence;
+  private readonly cancels: CancelMarks;
   private readonly outbox: EnqueueOutbox;
   private readonly sandboxProfiles: VersionedStore<SandboxProfile>;
   /** `<ws>/<env>/<version>` → requirements: Environment versions are immutable. */
@@ -49,6 +47,7 @@ export class RunEngine implements TurnScheduler {
 
   constructor(private readonly d: RunEngineDeps) {
     this.fence = new LeaseFence(d.redis);
+    this.cancels = new CancelMarks(d.redis);
     this.outbox = new EnqueueOutbox(d.redis);
     this.sandboxProfiles = sandboxProfileStore(d.redis);
   }
@@ -128,32 +127,38 @@ export class RunEngine implements TurnScheduler {
   /**
    * `user.interrupt` on a Run: a queued or waiting Run's job is removed and the turn ends
    * `interrupted`; a leased Run's runner gets `lease.cancel`. A job a scheduler holds while it
-   * places the Run (between taking it and returning it to wait, or while its offers are out) is
-   * neither: the interrupt waits for it to settle one way or the other, bounded.
+   * places the Run (taken, offers out) is neither: the interrupt leaves a cancel mark, which the
+   * dispatcher honours after it takes the job, after it returns it to the queue, and after it
+   * grants a lease. After marking, the interrupt looks once more: a lease claimed meanwhile gets
+   * `lease.cancel`, a job returned meanwhile is removed. Whichever order the two sides run in,
+   * one of them sees the other's write (the dispatcher checks after each of its moves, the
+   * interrupt after its mark), so the Run ends without polling.
    */
   async interruptRequested(sessionId: string, _threadId: string, runId: string): Promise<void> {
-    const settleBy = Date.now() + INTERRUPT_SETTLE_MS;
-    for (;;) {
-      const run = await this.d.store.run(sessionId, runId);
-      if (!run || run.status === 'succeeded' || run.status === 'failed' || run.status === 'canceled') return;
-      let held = false;
-      if ((run.status === 'queued' || run.status === 'waiting') && run.runner_pool_id) {
-        const r = await this.d.queues.cancelQueued(run.runner_pool_id, runId);
-        if (r === 'canceled') {
-          await this.d.lifecycle.canceled(sessionId, runId, 'interrupted while queued');
-          return;
-        }
-        held = r === 'active';
-      }
-      const lease = await this.fence.current(sessionId, runId);
-      if (lease.run_id === runId && lease.token && lease.runner_id) {
-        const payload = { lease_id: lease.token, attempt: Number(lease.attempt ?? 1), reason: 'user.interrupt', grace_ms: this.d.interruptGraceMs };
-        await deliverToRunner(this.d.redis, run.workspace_id, lease.runner_id, frame('lease.cancel', newId('event'), payload));
-        return;
-      }
-      if (!held || Date.now() > settleBy) return;
-      await new Promise((r) => setTimeout(r, 50));
+    const run = await this.d.store.run(sessionId, runId);
+    if (!run || run.status === 'succeeded' || run.status === 'failed' || run.status === 'canceled') return;
+    const pool = (run.status === 'queued' || run.status === 'waiting') ? run.runner_pool_id : undefined;
+    let held = false;
+    if (pool) {
+      const r = await this.d.queues.cancelQueued(pool, runId);
+      if (r === 'canceled') return this.d.lifecycle.canceled(sessionId, runId, 'interrupted while queued');
+      held = r === 'active';
+      if (held) await this.cancels.mark(sessionId, runId);
     }
+    if (await this.cancelLease(sessionId, run.workspace_id, runId)) return;
+    if (held && pool && (await this.d.queues.cancelQueued(pool, runId)) === 'canceled') {
+      await this.cancels.clear(sessionId, runId);
+      await this.d.lifecycle.canceled(sessionId, runId, 'interrupted while queued');
+    }
+  }
+
+  /** Sends `lease.cancel` to the runner holding the Run's lease; false when no lease holds it. */
+  private async cancelLease(sessionId: string, workspaceId: string, runId: string): Promise<boolean> {
+    const lease = await this.fence.current(sessionId, runId);
+    if (lease.run_id !== runId || !lease.token || !lease.runner_id) return false;
+    const payload = { lease_id: lease.token, attempt: Number(lease.attempt ?? 1), reason: 'user.interrupt', grace_ms: this.d.interruptGraceMs };
+    await deliverToRunner(this.d.redis, workspaceId, lease.runner_id, frame('lease.cancel', newId('event'), payload));
+    return true;
   }
 
   async waitsResolved(sessionId: string, threadId: string, runId: string | null): Promise<void> {

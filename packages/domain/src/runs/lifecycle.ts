@@ -100,6 +100,24 @@ export class RunLifecycle {
     });
   }
 
+  /**
+   * The runner accepted the lease and starts the turn: `leased` and `started` in one move (one
+   * compare-and-swap instead of two). A Run another reporter already recorded as leased by this
+   * lease only moves on to running.
+   */
+  async accepted(sessionId: string, runId: string, lease: { lease_id: string; runner_id: string; attempt: number }): Promise<void> {
+    const res = await this.move(sessionId, runId, (r) => {
+      if (TERMINAL.has(r.status)) return null;
+      const known = (r.attempts ?? []).some((a) => a.lease_id === lease.lease_id);
+      if (known && r.status !== 'leased') return null;
+      const at = nowIso();
+      const t = this.ts(r);
+      const attempts = known ? r.attempts ?? [] : [...(r.attempts ?? []), { attempt: lease.attempt, lease_id: lease.lease_id, runner_id: lease.runner_id, leased_at: at, ended_at: null, outcome: 'running', cause: null } satisfies RunAttempt];
+      return { ...r, status: 'running', waiting_reason: null, attempts, timestamps: { ...t, leased_at: t.leased_at ?? at, started_at: t.started_at ?? at } };
+    });
+    if (res?.moved) await this.runtime.markStarted(sessionId, res.run.session_thread_id).catch(() => undefined);
+  }
+
   async started(sessionId: string, runId: string): Promise<void> {
     const res = await this.move(sessionId, runId, (r) => {
       if (r.status !== 'leased') return null;
@@ -124,7 +142,7 @@ export class RunLifecycle {
     if (!res || (!res.moved && res.run.status !== 'succeeded')) return;
     crashPoint('run-succeeded-written');
     const session = await this.store.get(res.run.workspace_id, sessionId);
-    await this.runtime.endTurn(session, res.run.session_thread_id, result.stop_reason, result.waits ?? [], runId);
+    await this.runtime.endTurn(session, res.run.session_thread_id, result.stop_reason, result.waits ?? [], { runId, fresh: true });
   }
 
   /** An attempt failed for an infrastructure reason and will be retried (`leaseId` null: every open attempt was lost). */
@@ -188,7 +206,7 @@ export class RunLifecycle {
     if (!res || (!res.moved && res.run.status !== 'failed')) return;
     const session = await this.store.get(res.run.workspace_id, sessionId);
     const stop: StopReason = failure.code === 'retries_exhausted' ? { type: 'retries_exhausted' } : { type: 'error', error: { code: failure.code, message: failure.message } } as StopReason;
-    await this.runtime.endTurn(session, res.run.session_thread_id, stop, [], runId);
+    await this.runtime.endTurn(session, res.run.session_thread_id, stop, [], { runId, fresh: true });
   }
 
   async canceled(sessionId: string, runId: string, reason: string): Promise<void> {
@@ -196,6 +214,6 @@ export class RunLifecycle {
       TERMINAL.has(r.status) ? null : { ...r, status: 'canceled', attempts: this.endAttempt(r, null, 'canceled', reason), timestamps: { ...this.ts(r), ended_at: nowIso() } });
     if (!res || (!res.moved && res.run.status !== 'canceled')) return;
     const session = await this.store.get(res.run.workspace_id, sessionId);
-    await this.runtime.endTurn(session, res.run.session_thread_id, { type: 'interrupted' }, [], runId);
+    await this.runtime.endTurn(session, res.run.session_thread_id, { type: 'interrupted' }, [], { runId, fresh: true });
   }
 }

@@ -6,7 +6,7 @@ import type { Environment } from '../environments/model.js';
 import { sandboxVersion, type SandboxProfile } from '../deployments/profiles.js';
 import type { FileStore } from '../files/store.js';
 import { tags, type DocumentStore } from '@agentplane/store';
-import type { RunDoc, SessionResource } from '../sessions/model.js';
+import type { RunDoc, SessionDoc, SessionResource } from '../sessions/model.js';
 import type { SessionStore } from '../sessions/store.js';
 import { conversationOf, readAll, type Responses } from './history.js';
 import type { GraderSpec } from '../outcomes/grader.js';
@@ -206,10 +206,15 @@ export interface SpecSources {
   skills?: SkillReader;
 }
 
-export async function buildTurnSpec(src: SpecSources, run: RunDoc, maxHistoryBytes = 512 * 1024): Promise<TurnSpec> {
-  const session = await src.store.get(run.workspace_id, run.session_id);
-  const env = await sandboxVersion(src, run.workspace_id, run.environment_id, run.environment_version);
-  const events = await readAll(src.store.log, run.session_id);
+/** `session`: the Run's Session if the caller read it already (it is read otherwise). */
+export async function buildTurnSpec(src: SpecSources, run: RunDoc, maxHistoryBytes = 512 * 1024, session?: SessionDoc): Promise<TurnSpec> {
+  // Independent reads, all at once.
+  const [s, env, events] = await Promise.all([
+    session ?? src.store.get(run.workspace_id, run.session_id),
+    sandboxVersion(src, run.workspace_id, run.environment_id, run.environment_version),
+    readAll(src.store.log, run.session_id),
+  ]);
+  session = s;
   const isPrimary = session._primary_thread_id === run.session_thread_id;
   if (run.grader) {
     // A grader Run sees none of the thread's conversation: only its own context (docs/OUTCOMES.md).

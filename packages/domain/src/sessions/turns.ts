@@ -165,8 +165,15 @@ export class ThreadRuntime {
    * `session.status_idle` append under the producer key `run:<run>:idle`, the coordinator's and
    * outcomes' hooks, the start of queued messages), as long as that end is still the thread's
    * last move. So a process that dies anywhere inside a turn end leaves nothing undone.
+   *
+   * `fresh`: `session` was read just now, after the Run ended (no second read of it here); the
+   * thread returned is then the one this end wrote, unless the end started the next turn.
    */
-  async endTurn(session: SessionDoc, threadId: string, stop: StopReason, waits: { tool_use_id: string; kind: WaitKind }[] = [], runId: string | null = null): Promise<ThreadDoc> {
+  async endTurn(
+    session: SessionDoc, threadId: string, stop: StopReason, waits: { tool_use_id: string; kind: WaitKind }[] = [],
+    options: { runId?: string; fresh?: boolean } = {},
+  ): Promise<ThreadDoc> {
+    const runId = options.runId ?? null;
     const now = Date.now();
     let endedRunId: string | null = null;
     let moved = false;
@@ -203,7 +210,7 @@ export class ThreadRuntime {
       type: 'session.status_idle', payload: { stop_reason: stop }, session_thread_id: threadId, ...(runId !== null ? { producer_key: `run:${runId}:idle` } : {}),
     }]);
     // An archived Session takes no new work: queued messages stay in the log but start no turn.
-    const live = await this.store.docs.get<SessionDoc>(sessionTag(session.id), session.id);
+    const live = options.fresh ? session : await this.store.docs.get<SessionDoc>(sessionTag(session.id), session.id);
     if (live?.type === 'session' && (live.agent.multiagent || next.parent_thread_id !== null)) await this.coordinator.turnEnded(live, next);
     if (stop.type !== 'requires_action' && this.turnEnded && live?.type === 'session' && next.status !== 'terminated') {
       if (await this.turnEnded(live, threadId, endedRunId, stop)) return this.store.thread(session.id, threadId);
@@ -211,7 +218,8 @@ export class ThreadRuntime {
     if (stop.type !== 'requires_action' && live?.type === 'session' && live.archived_at === null) {
       // Everything queued during the turn becomes the input of the next one, in arrival order
       // (the queue is read after the thread became idle: see submitUserMessage).
-      await this.submitUserMessage(live, threadId, null, { thread: next });
+      const { run } = await this.submitUserMessage(live, threadId, null, { thread: next });
+      if (options.fresh && !run) return next;
     }
     return this.store.thread(session.id, threadId);
   }

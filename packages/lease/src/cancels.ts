@@ -1,0 +1,29 @@
+import { keys, tags, type Redis } from '@agentplane/store';
+
+/** How long an unhonoured mark is kept: longer than any Run waits in a queue in practice. */
+const MARK_TTL_MS = 24 * 3600_000;
+
+const markKey = (sessionId: string, runId: string): string => keys.scoped(tags.session(sessionId), `run_cancel:${runId}`);
+
+/**
+ * Interrupts of Runs a scheduler holds while placing them (taken from the queue, offers out):
+ * such a job can be neither removed from the queue nor cancelled on a runner. The interrupt
+ * leaves a mark in the Session's slot, and the dispatcher honours it right after it takes a job,
+ * after it returns one to the queue, and after a lease is granted: whichever happens first
+ * after the mark ends the Run (see `RunEngine.interruptRequested` for the ordering argument).
+ */
+export class CancelMarks {
+  constructor(private readonly redis: Redis) {}
+
+  async mark(sessionId: string, runId: string): Promise<void> {
+    await this.redis.set(markKey(sessionId, runId), '1', 'PX', MARK_TTL_MS);
+  }
+
+  async marked(sessionId: string, runId: string): Promise<boolean> {
+    return (await this.redis.exists(markKey(sessionId, runId))) === 1;
+  }
+
+  async clear(sessionId: string, runId: string): Promise<void> {
+    await this.redis.del(markKey(sessionId, runId));
+  }
+}
