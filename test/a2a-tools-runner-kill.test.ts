@@ -9,7 +9,7 @@ import { FAST_LEASES, idleCount, SCRIPT, untilEvents } from './harness/turns.js'
  * Exactly once across a runner crash: the runner daemon holding the Run is killed with SIGKILL
  * while the peer holds the A2A task open; the Run is rescheduled onto another runner and
  * completes, and the Session has exactly one `exec.tool_invocation` for the call (one send to
- * the peer).
+ * the peer), carrying the calling Run's thread id.
  */
 let p: Platform;
 let peer: SdkPeer;
@@ -88,6 +88,9 @@ describe('A2A tool call across a runner crash', () => {
     const invocations = all.filter((e) => e.type === 'exec.tool_invocation');
     expect(invocations, JSON.stringify(all.map((e) => e.type))).toHaveLength(1);
     expect(invocations[0]?.payload).toMatchObject({ tool_use_id: use?.payload.id, status: 'completed' });
+    // The event is on the calling Run's thread.
+    expect(invocations[0]?.session_thread_id).toMatch(/^sthr_/);
+    expect(invocations[0]?.session_thread_id).toBe(use?.session_thread_id);
     // One consumed call: one send; the run rescheduled once.
     expect(peer.calls.filter((c) => c.method === 'SendMessage' || c.method === 'SendStreamingMessage')).toHaveLength(1);
     expect(all.filter((e) => e.type === 'session.thread_status_rescheduled')).toHaveLength(1);

@@ -65,7 +65,7 @@ export function runtimeToolSource(deps: ApiDeps, verifier: RuntimeBearerVerifier
       try {
         const custody = await peerCustody(ctx.grant, discovery);
         const r = await deps.a2aCalls.invoke({
-          workspace_id: ctx.grant.workspace_id, session_id: ctx.grant.session_id, session_thread_id: null, call_id: toolUseId,
+          workspace_id: ctx.grant.workspace_id, session_id: ctx.grant.session_id, session_thread_id: ctx.grant.session_thread_id ?? null, call_id: toolUseId,
           source: ctx.source, tool: request.params.name, text: message, headers: custody.headers, tls: custody.tls,
         });
         calls.inc({ outcome: r.outcome.status });
