@@ -55,14 +55,51 @@ export class PeerCustodian {
       const cred = parseOAuth2Credential(secret.value, `vault ${secret.vault_id} secret ${secret.name}`);
       if (!this.expired(cred)) return { headers: { Authorization: `Bearer ${cred.access_token}` } };
       if (!cred.refresh_token) throw new ApiError('validation.conflict', `the OAuth2 access token in vault ${secret.vault_id} secret ${secret.name} expired and no refresh token is held`);
-      const next = await this.refresh(cred, security);
-      const stored = await this.writeBack(ws, secret, next);
-      if (stored) return { headers: { Authorization: `Bearer ${next.access_token}` } };
-      // Another call rotated the token first (the CAS lost): use what it stored.
+      if (attempt >= 3) throw new ApiError('validation.conflict', 'the OAuth2 token was rotated concurrently; try again');
+      const read: ResolvedSecret = secret;
+      let refreshed: { stored: boolean; access_token: string };
+      try {
+        refreshed = await this.refreshOnce(ws, read, cred, security);
+      } catch (err) {
+        // A refresh token is often single-use: a refresh refused because another process
+        // rotated the token first is answered by what that process stored.
+        // Its write-back may land just after our refusal: look again a few times.
+        let again: ResolvedSecret | null = null;
+        for (let look = 0; look < 5; look++) {
+          again = await this.vaults.resolve(ws, vaultIds, ['a2a_oauth2'], url);
+          if (!again || again.generation !== read.generation) break;
+          await new Promise((r) => setTimeout(r, 100));
+        }
+        if (again && again.generation !== read.generation) {
+          secret = again;
+          continue;
+        }
+        throw err;
+      }
+      if (refreshed.stored) return { headers: { Authorization: `Bearer ${refreshed.access_token}` } };
+      // The CAS lost: another call stored a rotated token first; use what it stored.
       const again = await this.vaults.resolve(ws, vaultIds, ['a2a_oauth2'], url);
-      if (!again || attempt >= 2) throw new ApiError('validation.conflict', 'the OAuth2 token was rotated concurrently; try again');
+      if (!again) throw new ApiError('validation.conflict', `the OAuth2 credential in vault ${read.vault_id} was removed`);
       secret = again;
     }
+  }
+
+  /** Calls of this process refreshing the same secret generation share one refresh. */
+  private readonly inflight = new Map<string, Promise<{ stored: boolean; access_token: string }>>();
+
+  private refreshOnce(
+    ws: string, secret: ResolvedSecret, cred: OAuth2PeerCredential, security: Extract<Discovery['security'], { kind: 'oauth2_authorization_code' }>,
+  ): Promise<{ stored: boolean; access_token: string }> {
+    const key = `${ws}/${secret.vault_id}/${secret.name}/${secret.generation}`;
+    let p = this.inflight.get(key);
+    if (!p) {
+      p = (async () => {
+        const next = await this.refresh(cred, security);
+        return { stored: await this.writeBack(ws, secret, next), access_token: next.access_token };
+      })().finally(() => this.inflight.delete(key));
+      this.inflight.set(key, p);
+    }
+    return p;
   }
 
   private expired(cred: OAuth2PeerCredential): boolean {
