@@ -79,6 +79,10 @@ describe('A2A tool sources in Runs', () => {
     const invocations = allowed.filter((e) => e.type === 'exec.tool_invocation');
     expect(invocations).toHaveLength(1);
     expect(invocations[0]?.payload).toMatchObject({ tool_use_id: use?.payload.id, tool_source_id: sourceId, tool: 'a2a_peer_summarize', status: 'completed' });
+    // On the calling Run's thread (the Session's primary thread here).
+    const thread = (await api.get<{ data: { id: string }[] }>(`/v1/sessions/${id}/threads`)).data[0]?.id;
+    expect(thread).toMatch(/^sthr_/);
+    expect(invocations[0]?.session_thread_id).toBe(thread);
     // The call to the peer is in the audit log, as the Run.
     const audit = await p.root.post<{ data: { outcome: string; target: string | null; actor: { id: string } }[] }>('/v1/audit/export', { action: 'toolSources.callA2aTool' });
     expect(audit.data.filter((r) => r.target === use?.payload.id).map((r) => r.outcome)).toEqual(['succeeded']);

@@ -49,6 +49,7 @@ import { CONSOLE_PREFIX, consoleStatic } from './console/static.js';
 import { AutomationService } from './automations/service.js';
 import { AutomationStore } from './automations/store.js';
 import { WebhookDispatcher } from './webhooks/delivery.js';
+import { ToolSourceMigrations } from './tool-sources/migrations.js';
 import { WebhookStore } from './webhooks/store.js';
 import { SessionEventTap } from './events/tap.js';
 import { registerRedisMetrics } from './observability/redis-metrics.js';
@@ -95,6 +96,8 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
   const skillSources = new SkillSourceService(docs, config.skillSourcesAllowLocal);
   const a2aCalls = new A2aToolCalls(redis, sessionStore.log, { ...config.a2aTools.calls, egress: config.webhooks.egress, callbackBaseUrl: config.publicBaseUrl });
   const toolSources = new ToolSourceService(docs, { egress: config.webhooks.egress, cardTimeoutMs: config.a2aTools.cardTimeoutMs });
+  const toolSourceMigrations = new ToolSourceMigrations({ redisUrl: config.redisUrl, redis, service: toolSources, logger: log, settings: config.a2aTools.migrations });
+  toolSources.useMigrations(toolSourceMigrations);
   const audit = new AuditLog(redis, config.auditRetentionMs);
   const runners = new RunnerService(docs, redis, credentials, identity);
   const runs = createRunsModule({ config, redis, log, store: sessionStore, runtime: threadRuntime, environments, runners });
@@ -146,6 +149,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
     skills,
     skillSources,
     toolSources,
+    toolSourceMigrations,
     a2aCalls,
     skillProposals,
     agents,
@@ -267,6 +271,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
   deps.webhooks.start();
   deps.eventTap.start();
   deps.a2aCalls.start((err) => deps.log.warn({ err }, 'A2A tool call sweep failed'));
+  deps.toolSourceMigrations.start();
 
   return {
     server,
@@ -289,6 +294,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
       await deps.automations.close();
       await deps.skillProposals.close();
       deps.a2aCalls.close();
+      await deps.toolSourceMigrations.close();
       await deps.webhooks.close();
       await deps.eventTap.close();
       await new Promise<void>((resolve) => {

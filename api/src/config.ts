@@ -1,5 +1,6 @@
 import { readFileSync } from 'node:fs';
 import type { A2aCallSettings } from './tool-sources/calls.js';
+import type { MigrationSettings } from './tool-sources/migrations.js';
 import type { DeliverySettings } from './webhooks/delivery.js';
 import { leaseConfigFrom, type LeaseConfig } from '@agentplane/lease';
 import { appendDurabilityFrom, type EventLogDurability } from '@agentplane/store';
@@ -57,7 +58,7 @@ export interface ApiConfig {
   /** Skill sources may be local repositories (`file://`, absolute paths): single-machine installs and tests only. */
   skillSourcesAllowLocal: boolean;
   /** External A2A tool sources: the card GET's time limit (docs/A2A_TOOLS.md). */
-  a2aTools: { cardTimeoutMs: number; calls: A2aCallSettings };
+  a2aTools: { cardTimeoutMs: number; calls: A2aCallSettings; migrations: MigrationSettings };
   /** How often a submitted skill proposal's source is checked for its adoption. */
   skillAdoptionPollMs: number;
   /** A schedule tick later than this is a missed fire (`on_missed`). */
@@ -135,6 +136,13 @@ export function loadApiConfig(env: Env): ApiConfig {
           maxRetryAfterMs: envInt(env, 'A2A_TOOLS_MAX_RETRY_AFTER_MS', 120_000, 0, 3_600_000),
           requestTimeoutMs: envInt(env, 'A2A_TOOLS_REQUEST_TIMEOUT_MS', 30_000, 100, 600_000),
         },
+      },
+      migrations: {
+        sweepMs: envInt(env, 'A2A_TOOLS_MIGRATION_SWEEP_MS', 10_000, 100, 600_000),
+        lockMs: envInt(env, 'A2A_TOOLS_MIGRATION_LOCK_MS', 30_000, 1_000, 600_000),
+        // Test-only fault injection: honoured in development mode only.
+        faultAfterSteps: envString(env, 'AGENTPLANE_MODE', 'production') === 'development' && envOptional(env, 'A2A_TOOLS_MIGRATION_FAULT_AFTER') !== undefined
+          ? envInt(env, 'A2A_TOOLS_MIGRATION_FAULT_AFTER', 1, 1, 1_000_000) : undefined,
       },
     },
     skillAdoptionPollMs: envInt(env, 'SKILL_ADOPTION_POLL_MS', 60_000, 1_000, 24 * 3600_000),

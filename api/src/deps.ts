@@ -27,6 +27,7 @@ import type { SessionEventTap } from './events/tap.js';
 import type { SkillService } from './skills/service.js';
 import type { SkillSourceService } from './skill-sources/service.js';
 import type { ToolSourceService } from './tool-sources/service.js';
+import type { ToolSourceMigrations } from './tool-sources/migrations.js';
 import type { A2aToolCalls } from './tool-sources/calls.js';
 import type { SkillProposalService } from './skill-proposals/service.js';
 import type { SurfaceScopeStore } from './surface-scopes/store.js';
@@ -87,6 +88,7 @@ export interface ApiDeps {
   skillSources: SkillSourceService;
   /** Reviewed provider packages and external A2A agents as tool sources (docs/A2A_TOOLS.md). */
   toolSources: ToolSourceService;
+  toolSourceMigrations: ToolSourceMigrations;
   /** Consumed external A2A tool calls: one `exec.tool_invocation` each, and the due sweep. */
   a2aCalls: A2aToolCalls;
   /** Skill proposals: authoring, verification, submission and adoption jobs. */

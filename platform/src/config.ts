@@ -65,7 +65,9 @@ export function loadPlatformConfig(env: Env): PlatformConfig {
     runnerEnv: Object.freeze(Object.fromEntries(RUNNER_ENV.flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : [])))),
     localRunnerEnv: Object.freeze(Object.fromEntries(LOCAL_RUNNER_ENV.flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : [])))),
     otelEnv: Object.freeze(Object.fromEntries(Object.entries(env).filter((e): e is [string, string] => e[0].startsWith('OTEL_') && e[0] !== 'OTEL_SERVICE_NAME' && typeof e[1] === 'string'))),
-    sessionEnv: Object.fromEntries(['SSE_KEEPALIVE_MS', 'CONSOLE_ENABLED', 'CONSOLE_DIR', ...AUTOMATION_ENV].flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : []))),
+    // NODE_EXTRA_CA_CERTS: a private CA the api trusts for outbound TLS (e.g. A2A tool source peers).
+    // A2A_TOOLS_*: the api's A2A tool source settings (docs/A2A_TOOLS.md).
+    sessionEnv: Object.fromEntries(['SSE_KEEPALIVE_MS', 'CONSOLE_ENABLED', 'CONSOLE_DIR', 'NODE_EXTRA_CA_CERTS', ...AUTOMATION_ENV, ...Object.keys(env).filter((k) => k.startsWith('A2A_TOOLS_'))].flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : []))),
     modelEnv: Object.fromEntries(
       ['MODEL_PRICES_FILE', 'MODEL_PROVIDER_TIMEOUT_MS'].flatMap((name) => {
         const v = envOptional(env, name);

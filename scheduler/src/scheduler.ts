@@ -123,7 +123,7 @@ export class Scheduler {
       return [id, { default: 'allow', ...(shaping ? { shaping } : {}) }];
     }));
     const bearer = await this.bearers.mint({
-      run_id: run.id, session_id: run.session_id, workspace_id: run.workspace_id, organization_id: ws?.organization_id ?? '',
+      run_id: run.id, session_id: run.session_id, session_thread_id: run.session_thread_id, workspace_id: run.workspace_id, organization_id: ws?.organization_id ?? '',
       lease_id: o.lease_id, expires_at: new Date(Date.now() + spec.environment.resources.max_duration_seconds * 1000 + o.lease_ms).toISOString(),
       connections: grants, files, ...(repositories.length > 0 ? { repositories } : {}), ...(projects.length > 0 ? { projects } : {}), ...(skills.length > 0 ? { skills } : {}), ...(outputs ? { outputs: true } : {}), ...(toolSources.length > 0 ? { tool_sources: toolSources.map((t) => t.id) } : {}), ...(memory.length > 0 ? { memory: Object.fromEntries(memory.map((m) => [m.memory_store_id, m.access])) } : {}),
     });

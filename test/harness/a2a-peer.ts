@@ -1,4 +1,5 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import { createServer as createHttpsServer } from 'node:https';
 import type { AddressInfo } from 'node:net';
 import { AgentCard, formatSSEEvent, SSE_HEADERS, TaskState } from '@a2a-js/sdk';
 import { DefaultPushNotificationSender, DefaultRequestHandler, InMemoryPushNotificationStore, InMemoryTaskStore, JsonRpcTransportHandler, ServerCallContext, type AgentExecutor } from '@a2a-js/sdk/server';
@@ -57,10 +58,21 @@ export interface CardPeer {
   close(): Promise<void>;
 }
 
-/** A loopback HTTP server answering the card GET (and, when given, the JSON-RPC POST). */
-export async function startCardPeer(rpc?: (req: IncomingMessage, res: ServerResponse) => void): Promise<CardPeer> {
+/**
+ * HTTPS for a peer: its server certificate and key, and, for mTLS, the CA whose client
+ * certificates it asks for (the handshake completes either way, so the card GET needs none; a
+ * handler decides on `socket.authorized`).
+ */
+export interface PeerTls {
+  cert: string;
+  key: string;
+  clientCa?: string | undefined;
+}
+
+/** A loopback HTTP (or, with `tls`, HTTPS) server answering the card GET (and, when given, the JSON-RPC POST). */
+export async function startCardPeer(rpc?: (req: IncomingMessage, res: ServerResponse) => void, tls?: PeerTls): Promise<CardPeer> {
   const peer = { card: {}, cardGets: 0 } as CardPeer;
-  const server = createServer((req, res) => {
+  const handle = (req: IncomingMessage, res: ServerResponse) => {
     if (req.method === 'GET' && req.url === '/.well-known/agent-card.json') {
       peer.cardGets += 1;
       res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(peer.card));
@@ -68,11 +80,14 @@ export async function startCardPeer(rpc?: (req: IncomingMessage, res: ServerResp
     }
     if (req.method === 'POST' && req.url === '/a2a' && rpc) return rpc(req, res);
     res.writeHead(404).end();
-  });
+  };
+  const server: Server = tls
+    ? createHttpsServer({ cert: tls.cert, key: tls.key, ...(tls.clientCa ? { ca: tls.clientCa, requestCert: true, rejectUnauthorized: false } : {}) }, handle)
+    : createServer(handle);
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
   const port = (server.address() as AddressInfo).port;
   peer.server = server;
-  peer.base = `http://127.0.0.1:${port}`;
+  peer.base = `${tls ? 'https' : 'http'}://127.0.0.1:${port}`;
   peer.cardUrl = `${peer.base}/.well-known/agent-card.json`;
   peer.rpcUrl = `${peer.base}/a2a`;
   peer.close = () => new Promise<void>((r) => { server.closeAllConnections(); server.close(() => r()); });
@@ -93,7 +108,10 @@ export interface SdkPeer extends CardPeer {
  * `InMemoryTaskStore`, `JsonRpcTransportHandler`). Its tasks stay `working` until `release()`.
  * `intercept` may answer a JSON-RPC request itself (e.g. a 429 with Retry-After) before the SDK sees it.
  */
-export async function startSdkPeer(intercept?: (method: string, n: number, res: ServerResponse) => boolean, options: { instant?: boolean; push?: boolean } = {}): Promise<SdkPeer> {
+export async function startSdkPeer(
+  intercept?: (method: string, n: number, res: ServerResponse, req: IncomingMessage) => boolean,
+  options: { instant?: boolean; push?: boolean; tls?: PeerTls; card?: (rpcUrl: string) => Json } = {},
+): Promise<SdkPeer> {
   let release!: () => void;
   let gate = new Promise<void>((r) => { release = r; });
   const text = (value: string) => ({ content: { $case: 'text' as const, value }, metadata: undefined, filename: '', mediaType: 'text/plain' });
@@ -122,8 +140,8 @@ export async function startSdkPeer(intercept?: (method: string, n: number, res: 
         const n = (counts.get(method) ?? 0) + 1;
         counts.set(method, n);
         peer.calls.push({ method, at: Date.now(), authorization: req.headers.authorization, version: req.headers['a2a-version'] as string | undefined });
-        if (intercept?.(method, n, res)) return;
-        sdkCard ??= AgentCard.fromJSON({ ...cardJson(peer.rpcUrl, { capabilities: { streaming: true, pushNotifications: options.push === true, extensions: [] } }), signatures: [] });
+        if (intercept?.(method, n, res, req)) return;
+        sdkCard ??= AgentCard.fromJSON({ ...(options.card ?? ((u: string) => cardJson(u, { capabilities: { streaming: true, pushNotifications: options.push === true, extensions: [] } })))(peer.rpcUrl), signatures: [] });
         if (!handler) {
           const pushStore = options.push ? new InMemoryPushNotificationStore() : undefined;
           const sender = pushStore ? new DefaultPushNotificationSender(pushStore) : undefined;
@@ -148,7 +166,7 @@ export async function startSdkPeer(intercept?: (method: string, n: number, res: 
         res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(out));
       })();
     });
-  })) as SdkPeer;
+  }, options.tls)) as SdkPeer;
   peer.calls = [];
   peer.dropStreams = 0;
   peer.release = () => {

@@ -2,7 +2,7 @@ import { randomBytes, timingSafeEqual } from 'node:crypto';
 import type { Redis } from 'ioredis';
 import { ApiError, nowIso, sha256Hex } from '@agentplane/core';
 import { keys, tags, type EventLog, type LogEvent } from '@agentplane/store';
-import { callPeer, type CallOutcome, type PollPolicy } from './invoke.js';
+import { callPeer, type CallOutcome, type ClientTls, type PollPolicy } from './invoke.js';
 import { resolveAllowed, type EgressPolicy } from '../webhooks/ssrf.js';
 import type { ToolSourceDoc } from './service.js';
 
@@ -41,6 +41,8 @@ export interface A2aCallInput {
   text: string;
   /** Peer credential headers, resolved in this process; never stored. */
   headers: Record<string, string>;
+  /** mTLS: the client certificate and key, resolved in this process; never stored. */
+  tls?: ClientTls | undefined;
 }
 
 export interface InvocationResult {
@@ -99,7 +101,7 @@ export class A2aToolCalls {
     const push = bearer && created ? { url: callbackUrl(pushBase!, record), bearer, wait: (ms: number, signal: AbortSignal) => this.waitWake(record.call_id, ms, signal) } : undefined;
     if (push) await this.watch(record.call_id);
     const outcome = await callPeer({
-      discovery: input.source.discovery, headers: input.headers, text: input.text, messageId: record.message_id, deadlineAt: record.deadline_at,
+      discovery: input.source.discovery, headers: input.headers, tls: input.tls, text: input.text, messageId: record.message_id, deadlineAt: record.deadline_at,
       policy: this.settings.policy, taskId: record.task_id,
       // A resumed call polls: only the attempt that registered the callback holds its Bearer.
       push,

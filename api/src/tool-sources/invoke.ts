@@ -1,6 +1,8 @@
 import { AgentCard, Role, TaskState, type Message, type Part, type Task } from '@a2a-js/sdk';
 import type { StreamResponse } from '@a2a-js/sdk';
 import { ClientFactory, ClientFactoryOptions, JsonRpcTransportFactory, type Client } from '@a2a-js/sdk/client';
+import { Agent as HttpsAgent, request as httpsRequest } from 'node:https';
+import { Readable } from 'node:stream';
 import { sha256Hex } from '@agentplane/core';
 import type { Discovery } from './card.js';
 
@@ -68,6 +70,8 @@ export interface CallInput {
   discovery: Pick<Discovery, 'interface' | 'agent_name' | 'agent_version'>;
   /** Headers carrying the peer credential (resolved from a Vault by the caller). */
   headers: Record<string, string>;
+  /** mTLS: the client certificate and key presented on the TLS connection to the peer. */
+  tls?: ClientTls | undefined;
   text: string;
   /** The A2A messageId: stable per consumed call, so a retried send is the same message. */
   messageId: string;
@@ -131,13 +135,52 @@ export interface EgressCeiling {
   checkHost?: (host: string) => Promise<void>;
 }
 
+/** A client certificate (PEM) and its key (PEM). */
+export interface ClientTls {
+  cert: string;
+  key: string;
+}
+
+/**
+ * A fetch over node's https with a client certificate (mTLS custody adapter): one TLS agent per
+ * call, never pooled with other credentials. Plain `fetch` cannot present a client certificate.
+ */
+function tlsFetch(tls: ClientTls): typeof fetch {
+  const agent = new HttpsAgent({ cert: tls.cert, key: tls.key, keepAlive: false });
+  return (input, init) => new Promise<Response>((resolve, reject) => {
+    const url = new URL(requestUrl(input));
+    if (url.protocol !== 'https:') {
+      reject(new Error('mTLS peers are reached over https only'));
+      return;
+    }
+    const headers: Record<string, string> = {};
+    new Headers(init?.headers).forEach((v, k) => { headers[k] = v; });
+    const body = init?.body;
+    if (body !== undefined && body !== null && typeof body !== 'string') {
+      reject(new Error('only string request bodies are sent to a peer'));
+      return;
+    }
+    const req = httpsRequest(url, { method: init?.method ?? 'GET', headers, agent, ...(init?.signal ? { signal: init.signal } : {}) }, (res) => {
+      const out = new Headers();
+      for (const [k, v] of Object.entries(res.headers)) if (v !== undefined) for (const one of Array.isArray(v) ? v : [v]) out.append(k, one);
+      const status = res.statusCode ?? 502;
+      const noBody = status === 204 || status === 304 || (init?.method ?? 'GET').toUpperCase() === 'HEAD';
+      if (noBody) res.resume();
+      resolve(new Response(noBody ? null : (Readable.toWeb(res) as ReadableStream<Uint8Array>), { status, statusText: res.statusMessage ?? '', headers: out }));
+    });
+    req.on('error', reject);
+    req.end(body ?? undefined);
+  });
+}
+
 const requestUrl = (input: Parameters<typeof fetch>[0]) => (typeof input === 'string' ? input : input instanceof URL ? input.href : input.url);
 
 /**
  * A fetch inside the egress ceiling that turns 429 and 503 into `PeerBusy` (with the
  * response's Retry-After), and never follows redirects.
  */
-function guardedFetch(ceiling: EgressCeiling | undefined): typeof fetch {
+function guardedFetch(ceiling: EgressCeiling | undefined, tls?: ClientTls): typeof fetch {
+  const send = tls ? tlsFetch(tls) : (input: Parameters<typeof fetch>[0], init?: RequestInit) => fetch(input, { ...init, redirect: 'error' });
   return async (input, init) => {
     if (ceiling) {
       const url = new URL(requestUrl(input));
@@ -145,7 +188,7 @@ function guardedFetch(ceiling: EgressCeiling | undefined): typeof fetch {
       if (url.href !== new URL(ceiling.rpcUrl).href || method !== 'POST') throw new Error(`egress refused: ${method} ${url.href} is outside the provider package`);
       await ceiling.checkHost?.(url.hostname);
     }
-    const res = await fetch(input, { ...init, redirect: 'error' });
+    const res = await send(input, init);
     if (res.status === 429 || res.status === 503) {
       await res.body?.cancel().catch(() => undefined);
       throw new PeerBusy(res.status, res.headers.get('retry-after'));
@@ -155,13 +198,13 @@ function guardedFetch(ceiling: EgressCeiling | undefined): typeof fetch {
 }
 
 /** An SDK client bound to the one JSON-RPC interface discovery chose. */
-export async function peerClient(discovery: CallInput['discovery'], streaming = false, ceiling?: EgressCeiling): Promise<Client> {
+export async function peerClient(discovery: CallInput['discovery'], streaming = false, ceiling?: EgressCeiling, tls?: ClientTls): Promise<Client> {
   const card = AgentCard.fromJSON({
     name: discovery.agent_name, description: '', version: discovery.agent_version,
     supportedInterfaces: [{ url: discovery.interface.url, protocolBinding: 'JSONRPC', protocolVersion: discovery.interface.protocol_version }],
     capabilities: { streaming }, defaultInputModes: ['text/plain'], defaultOutputModes: ['text/plain'], skills: [],
   });
-  const factory = new ClientFactory(ClientFactoryOptions.createFrom(ClientFactoryOptions.default, { transports: [new JsonRpcTransportFactory({ fetchImpl: guardedFetch(ceiling) })] }));
+  const factory = new ClientFactory(ClientFactoryOptions.createFrom(ClientFactoryOptions.default, { transports: [new JsonRpcTransportFactory({ fetchImpl: guardedFetch(ceiling, tls) })] }));
   return factory.createFromAgentCard(card);
 }
 
@@ -178,7 +221,7 @@ function findBusy(err: unknown): PeerBusy | null {
 export async function callPeer(input: CallInput, client?: Client): Promise<CallOutcome> {
   const now = input.now ?? Date.now;
   const sleep = input.sleep ?? defaultSleep;
-  const peer = client ?? (await peerClient(input.discovery, input.streaming === true, input.egress));
+  const peer = client ?? (await peerClient(input.discovery, input.streaming === true, input.egress, input.tls));
   const deadline = new AbortController();
   const remaining = () => input.deadlineAt - now();
   if (remaining() <= 0) return { status: 'indeterminate', task_id: null, text: '', polls: 0 };

@@ -67,6 +67,28 @@ export const ToolSourceSchema = Obj({
     security: Security,
   })),
   tools: Type.Array(Obj({ name: Type.String(), skill_id: Type.String(), description: Type.String(), approval: Type.Literal('always_ask') })),
+  migration: Type.Optional(Nullable(Obj({
+    revision: Type.Integer({ minimum: 1 }),
+    state: Type.Union([Type.Literal('running'), Type.Literal('completed')]),
+    started_at: Timestamp(),
+    completed_at: Nullable(Timestamp()),
+  }, { description: 'Migration of the dependent Connections to the latest revision' }))),
+  version: Type.Integer({ minimum: 1 }),
+  created_at: Timestamp(),
+  updated_at: Timestamp(),
+});
+
+export const ToolSourceConnectionSchema = Obj({
+  id: Id('connection'),
+  type: Type.Literal('connection'),
+  workspace_id: Id('workspace'),
+  name: Type.String(),
+  kind: Type.Literal('a2a_tool_source'),
+  tool_source_id: Id('toolSource'),
+  source_revision: Type.Integer({ minimum: 1 }),
+  provider_package: Obj({ id: Id('providerPackage'), package_version: Type.Integer(), digest: Type.String() }),
+  status: Type.Literal('active'),
+  archived_at: Type.Null(),
   version: Type.Integer({ minimum: 1 }),
   created_at: Timestamp(),
   updated_at: Timestamp(),
@@ -159,6 +181,26 @@ export const toolSourceOperations: Operation[] = [
     response: ToolSourceSchema,
     async handler({ caller, params, body, deps }) {
       return json(201, await deps.toolSources.rotate(requireWorkspace(caller), params.tool_source_id, body));
+    },
+  }),
+  defineOperation({
+    operationId: 'toolSources.createToolSourceConnection', method: 'POST', path: '/v1/tool-sources/{tool_source_id}/connections',
+    summary: 'Create a Connection of kind a2a_tool_source, pinned to the source\'s current revision (a dependent that rotation migrates)',
+    audit: { target: 'response' }, auth: admins, params: SourcePath, idempotency: 'optional', mcp: 'full', successStatus: 201,
+    body: Obj({ name: Type.String({ minLength: 1, maxLength: 200 }) }),
+    response: ToolSourceConnectionSchema,
+    async handler({ caller, params, body, deps }) {
+      return json(201, await deps.toolSources.createConnection(requireWorkspace(caller), params.tool_source_id, body));
+    },
+  }),
+  defineOperation({
+    operationId: 'toolSources.listToolSourceConnections', method: 'GET', path: '/v1/tool-sources/{tool_source_id}/connections',
+    summary: 'List the Connections that depend on a tool source, with their versions and pinned revisions',
+    auth: readers, params: SourcePath, query: PageQuery({}), response: Page(ToolSourceConnectionSchema), mcp: 'full',
+    async handler({ caller, params, query, deps }) {
+      const ws = requireWorkspace(caller);
+      await deps.toolSources.getSource(ws, params.tool_source_id);
+      return json(200, await deps.toolSources.listConnections(ws, params.tool_source_id, { limit: query.limit ?? 20, page: query.page }));
     },
   }),
 ];

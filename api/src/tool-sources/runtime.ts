@@ -5,6 +5,7 @@ import type { RuntimeBearerVerifier, RuntimeGrant } from '@agentplane/domain';
 import type { ApiDeps } from '../deps.js';
 import { ErrorCode } from '../mcp/protocol.js';
 import { runtimeMcpEdge } from '../mcp/runtime-edge.js';
+import { PeerCustodian, type PeerCustody } from './custody.js';
 import type { ToolSourceDoc } from './service.js';
 
 export const RUNTIME_TOOL_SOURCE_PATH = /^\/v1\/runtime\/toolsource\/([^/]+)$/;
@@ -31,11 +32,11 @@ const text = (t: string, isError = false): CallToolResult => ({ content: [{ type
 export function runtimeToolSource(deps: ApiDeps, verifier: RuntimeBearerVerifier): Koa.Middleware {
   const calls = new Counter({ name: 'agentplane_runtime_a2a_tool_calls_total', help: 'A2A tool calls through the runtime endpoint by outcome (completed, failed, indeterminate, error, ...)', labelNames: ['outcome'] as const, registers: [deps.metrics] });
 
-  async function peerHeaders(grant: RuntimeGrant, url: string): Promise<Record<string, string>> {
+  const custodian = new PeerCustodian(deps.vaults, { egress: deps.config.webhooks.egress });
+  /** The peer credential from the Session's vaults, by the card's security alternative; it stays in this process. */
+  async function peerCustody(grant: RuntimeGrant, discovery: NonNullable<ToolSourceDoc['discovery']>): Promise<PeerCustody> {
     const session = await deps.sessions.store.get(grant.workspace_id, grant.session_id).catch(() => null);
-    const secret = session ? await deps.vaults.resolve(grant.workspace_id, session.vault_ids, ['mcp_bearer', 'mcp_header'], url) : null;
-    if (!secret) return {};
-    return secret.kind === 'mcp_header' && secret.header_name ? { [secret.header_name]: secret.value } : { Authorization: `Bearer ${secret.value}` };
+    return session ? custodian.resolve(grant.workspace_id, session.vault_ids, discovery) : { headers: {} };
   }
 
   function buildServer(ctx: Context): Server {
@@ -62,9 +63,10 @@ export function runtimeToolSource(deps: ApiDeps, verifier: RuntimeBearerVerifier
       const discovery = ctx.source.discovery;
       if (!discovery) return text(JSON.stringify(new ApiError('validation.conflict', `tool source ${ctx.source.id} is not synced`).toWire(deps.config.docsUrl)), true);
       try {
+        const custody = await peerCustody(ctx.grant, discovery);
         const r = await deps.a2aCalls.invoke({
-          workspace_id: ctx.grant.workspace_id, session_id: ctx.grant.session_id, session_thread_id: null, call_id: toolUseId,
-          source: ctx.source, tool: request.params.name, text: message, headers: await peerHeaders(ctx.grant, discovery.interface.url),
+          workspace_id: ctx.grant.workspace_id, session_id: ctx.grant.session_id, session_thread_id: ctx.grant.session_thread_id ?? null, call_id: toolUseId,
+          source: ctx.source, tool: request.params.name, text: message, headers: custody.headers, tls: custody.tls,
         });
         calls.inc({ outcome: r.outcome.status });
         await record(toolUseId, r.outcome.status === 'completed' ? 'succeeded' : 'failed', r.outcome.status === 'completed' ? null : r.outcome.status);

@@ -38,10 +38,41 @@ export interface ToolSourceDoc extends StoredDoc {
   sync: { state: 'pending' | 'synced' | 'rejected'; checked_at: string | null; rejection: { reason: string; detail: string } | null };
   discovery: Omit<Discovery, 'tools'> | null;
   tools: CardSkillTool[];
+  /**
+   * The migration of dependent Connections to the latest published revision (null before the
+   * first rotation). `running` until every dependent Connection pins `revision`.
+   */
+  migration?: { revision: number; state: 'running' | 'completed'; started_at: string; completed_at: string | null } | null;
+}
+
+/**
+ * A Connection of kind `a2a_tool_source`: a Workspace's use of a tool source, pinned to the
+ * source revision (and package identity) it was made or last migrated under. Rotation names
+ * these as the source's dependents and migrates them (docs/A2A_TOOLS.md, "Tool source Connections").
+ */
+export interface ToolSourceConnectionDoc extends StoredDoc {
+  type: 'connection';
+  workspace_id: string;
+  name: string;
+  kind: 'a2a_tool_source';
+  tool_source_id: string;
+  source_revision: number;
+  provider_package: { id: string; package_version: number; digest: string };
+  status: 'active';
+  archived_at: null;
+}
+
+/** What runs a published rotation's migration: durable and resumable (a BullMQ job, `migrations.ts`). */
+export interface MigrationQueue {
+  /** Records the intent (before the publish) so a crash between publish and enqueue is recovered. */
+  intend(ws: string, sourceId: string, revision: number): Promise<void>;
+  enqueue(ws: string, sourceId: string, revision: number): Promise<void>;
 }
 
 const PKG_INDEX = 'provider_packages';
 const SRC_INDEX = 'tool_sources';
+/** The Connections that depend on one tool source. */
+const connIndex = (sourceId: string) => `tool_source_connections:${sourceId}`;
 const CARD_MAX_BYTES = 1 << 20;
 
 /** A package's id is derived from (Workspace, name, version): the same version can exist once. */
@@ -75,7 +106,13 @@ export interface ToolSourceSettings {
 }
 
 export class ToolSourceService {
+  private migrations: MigrationQueue | undefined;
+
   constructor(private readonly docs: DocumentStore, private readonly settings: ToolSourceSettings) {}
+
+  useMigrations(queue: MigrationQueue): void {
+    this.migrations = queue;
+  }
 
   // --- provider packages -------------------------------------------------------------------
 
@@ -147,7 +184,7 @@ export class ToolSourceService {
       id: newId('toolSource'), type: 'tool_source', workspace_id: ws, name: input.name, provider: pkg.name,
       provider_package: { id: pkg.id, package_version: pkg.package_version, digest: pkg.digest },
       source: { kind: 'a2a', card_url: input.source.card_url, verification_keys: input.source.verification_keys.map(publicKey) },
-      revision: 1, sync: { state: 'pending', checked_at: null, rejection: null }, discovery: null, tools: [],
+      revision: 1, sync: { state: 'pending', checked_at: null, rejection: null }, discovery: null, tools: [], migration: null,
       version: 1, created_at: now, updated_at: now,
     };
     await this.docs.create(tags.workspace(ws), doc, [SRC_INDEX]);
@@ -221,23 +258,83 @@ export class ToolSourceService {
     if ('rejected' in outcome) throw new ApiError('validation.conflict', `the candidate's agent card was rejected (${outcome.rejected.reason}): ${outcome.rejected.detail}`);
     const { tools, ...discovery } = outcome.discovery;
     const checked = nowIso();
-    return this.docs.update<ToolSourceDoc>(tags.workspace(ws), id, (cur) => ({
+    const revision = src.revision + 1;
+    // The intent first: a crash after the publish and before the enqueue is found by the sweep.
+    if (actual.length > 0) await this.migrations?.intend(ws, id, revision);
+    const published = await this.docs.update<ToolSourceDoc>(tags.workspace(ws), id, (cur) => ({
       ...cur,
       provider_package: { id: pkg.id, package_version: pkg.package_version, digest: pkg.digest },
       source: { kind: 'a2a', card_url: input.source.card_url, verification_keys: input.source.verification_keys.map(publicKey) },
-      revision: cur.revision + 1,
+      revision,
       sync: { state: 'synced', checked_at: checked, rejection: null },
       discovery, tools,
+      migration: { revision, state: actual.length > 0 ? 'running' : 'completed', started_at: checked, completed_at: actual.length > 0 ? null : checked },
     }), { expectedVersion: src.version });
+    if (actual.length > 0) await this.migrations?.enqueue(ws, id, revision);
+    return published;
+  }
+
+  // --- Connections of kind a2a_tool_source ---------------------------------------------------
+
+  /** A Connection using the source, pinned to its current (synced) revision. */
+  async createConnection(ws: string, sourceId: string, input: { name: string }): Promise<ToolSourceConnectionDoc> {
+    const src = await this.getSource(ws, sourceId);
+    if (!src.discovery) throw new ApiError('validation.conflict', `tool source ${sourceId} is not synced; sync it before connecting it`);
+    const now = nowIso();
+    const doc: ToolSourceConnectionDoc = {
+      id: newId('connection'), type: 'connection', workspace_id: ws, name: input.name, kind: 'a2a_tool_source', tool_source_id: sourceId,
+      source_revision: src.revision, provider_package: src.provider_package, status: 'active', archived_at: null,
+      version: 1, created_at: now, updated_at: now,
+    };
+    await this.docs.create(tags.workspace(ws), doc, [connIndex(sourceId)]);
+    return doc;
+  }
+
+  listConnections(ws: string, sourceId: string, options: { limit: number; page?: string | undefined }): Promise<ListPage<ToolSourceConnectionDoc>> {
+    return this.docs.list<ToolSourceConnectionDoc>(tags.workspace(ws), connIndex(sourceId), { ...options, order: 'asc' });
+  }
+
+  private async allConnections(ws: string, sourceId: string): Promise<ToolSourceConnectionDoc[]> {
+    const out: ToolSourceConnectionDoc[] = [];
+    let page: string | undefined;
+    do {
+      const p = await this.listConnections(ws, sourceId, { limit: 100, page });
+      out.push(...p.data);
+      page = p.next_page ?? undefined;
+    } while (page);
+    return out;
   }
 
   /**
-   * Connections that depend on a tool source, with their versions, sorted by id. Sessions attach
-   * a source's tools directly today; no Connection kind depends on a tool source yet, so the
-   * list is empty and the only current list a rotation may state is `[]`.
+   * One migration run (a durable job's body; safe to run again after a crash at any point):
+   * each dependent Connection still pinned below `revision` moves to it by its own
+   * compare-and-swap (a lost race re-reads and re-checks, so a Connection is migrated once);
+   * then the source's migration is marked completed. A run for a revision that is no longer the
+   * latest stops (the newer rotation's job migrates to the newer one). `afterStep` is the
+   * test-only fault hook.
    */
-  async dependents(_ws: string, _id: string): Promise<{ id: string; version: number }[]> {
-    return [];
+  async runMigration(ws: string, sourceId: string, revision: number, afterStep?: () => Promise<void>): Promise<'completed' | 'superseded' | 'unpublished'> {
+    const src = await this.getSource(ws, sourceId);
+    if (src.revision < revision) return 'unpublished';
+    if (src.revision > revision) return 'superseded';
+    const tag = tags.workspace(ws);
+    for (const conn of await this.allConnections(ws, sourceId)) {
+      if (conn.source_revision >= revision) continue;
+      await this.docs.update<ToolSourceConnectionDoc>(tag, conn.id, (cur) => (cur.source_revision >= revision ? null : {
+        ...cur, source_revision: revision, provider_package: src.provider_package,
+      }), { current: conn, notFound: 'connection' });
+      await afterStep?.();
+    }
+    const done = nowIso();
+    await this.docs.update<ToolSourceDoc>(tag, sourceId, (cur) => (cur.migration?.revision === revision && cur.migration.state === 'running'
+      ? { ...cur, migration: { ...cur.migration, state: 'completed', completed_at: done } }
+      : null));
+    return 'completed';
+  }
+
+  /** The Connections (kind `a2a_tool_source`) that depend on a tool source, with their versions, sorted by id. */
+  async dependents(ws: string, id: string): Promise<{ id: string; version: number }[]> {
+    return (await this.allConnections(ws, id)).map((c) => ({ id: c.id, version: c.version })).sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
   }
 
   /** The card GET and its verification; never sends a credential. */

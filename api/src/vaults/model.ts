@@ -7,9 +7,13 @@ import type { StoredDoc } from '@agentplane/store';
  *   Connection whose URL `match` covers;
  * - `mcp_header`: `<header_name>: <value>` on the same requests;
  * - `git_https`: HTTP basic credentials (`username`, the value as password) for the runner's
- *   fetch of a `repository` resource whose URL `match` covers.
+ *   fetch of a `repository` resource whose URL `match` covers;
+ * - `a2a_oauth2`: OAuth2 tokens (JSON) for an external A2A tool source whose JSON-RPC URL
+ *   `match` covers; refreshed and written back by the API only (docs/A2A_TOOLS.md);
+ * - `a2a_mtls`: a client certificate and key (JSON of PEMs) presented on the TLS connection to
+ *   such a peer.
  */
-export const SECRET_KINDS = ['mcp_bearer', 'mcp_header', 'git_https'] as const;
+export const SECRET_KINDS = ['mcp_bearer', 'mcp_header', 'git_https', 'a2a_oauth2', 'a2a_mtls'] as const;
 export type SecretKind = (typeof SECRET_KINDS)[number];
 
 export interface VaultSecret {

@@ -1,5 +1,6 @@
 import { ApiError, newId, nowIso, type SecretBox } from '@agentplane/core';
 import { tags, type DocumentStore, type ListPage } from '@agentplane/store';
+import { checkPeerCredential } from './peer-credentials.js';
 import { VAULT_LIMITS, type SecretKind, type VaultDoc, type VaultSecret } from './model.js';
 
 const INDEX = 'vaults';
@@ -13,6 +14,9 @@ export interface ResolvedSecret {
   kind: SecretKind;
   header_name: string | null;
   username: string | null;
+  /** The secret's `match` and generation: what a compare-and-swap write-back names. */
+  match: string;
+  generation: number;
   value: string;
 }
 
@@ -98,6 +102,7 @@ export class VaultService {
     if (input.kind !== 'mcp_header' && input.header_name !== undefined) throw new ApiError('validation.malformed', 'body.header_name: only mcp_header secrets name a header');
     if (input.kind !== 'git_https' && input.username !== undefined) throw new ApiError('validation.malformed', 'body.username: only git_https secrets have a username');
     if (/[\r\n\0]/.test(input.value)) throw new ApiError('validation.malformed', 'body.value: no line breaks or NUL characters');
+    if (input.kind === 'a2a_oauth2' || input.kind === 'a2a_mtls') checkPeerCredential(input.kind, input.value);
     await this.get(workspaceId, vaultId);
     return this.docs.update<VaultDoc>(tags.workspace(workspaceId), vaultId, (v) => {
       const cur = v.secrets.find((s) => s.name === name);
@@ -140,7 +145,7 @@ export class VaultService {
         .sort((a, b) => b.match.length - a.match.length)[0];
       if (best) {
         return {
-          vault_id: v.id, name: best.name, kind: best.kind, header_name: best.header_name, username: best.username,
+          vault_id: v.id, name: best.name, kind: best.kind, header_name: best.header_name, username: best.username, match: best.match, generation: best.generation,
           value: this.box.open(best.sealed, aad(v.id, best.name, best.generation)),
         };
       }

@@ -25,6 +25,8 @@ export interface ConnectionGrant {
 export interface RuntimeGrant {
   run_id: string;
   session_id: string;
+  /** The thread of the Run: events the runtime routes append for the Run carry it. */
+  session_thread_id?: string | null;
   workspace_id: string;
   organization_id: string;
   /** The lease the bearer was minted for: its id, which is the Session's lease-fence token. */

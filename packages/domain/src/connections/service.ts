@@ -73,6 +73,8 @@ export class ConnectionService {
   async get(workspaceId: string, id: string): Promise<Connection> {
     const c = await this.docs.get<Connection>(tags.workspace(workspaceId), id);
     if (!c || c.workspace_id !== workspaceId) throw new ApiError('validation.not_found', 'connection not found');
+    // Connections of kind a2a_tool_source are read through their tool source (docs/A2A_TOOLS.md).
+    if (c.kind !== 'mcp_server') throw new ApiError('validation.not_found', `connection ${id} is not an MCP server Connection; read it at /v1/tool-sources/{tool_source_id}/connections`);
     return c;
   }
 

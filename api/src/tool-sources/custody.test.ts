@@ -1,0 +1,115 @@
+import { createServer, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { ApiError } from '@agentplane/core';
+import type { ResolvedSecret, VaultService } from '../vaults/service.js';
+import type { Discovery } from './card.js';
+import { PeerCustodian } from './custody.js';
+
+/**
+ * OAuth2 refresh under concurrency: the token endpoint takes each refresh token once (rotating
+ * it, as authorization servers with refresh-token rotation do). Calls of one process share one
+ * refresh; calls of two processes both end up with the token the first refresh stored.
+ */
+let server: Server;
+let tokenUrl: string;
+let issued = 0;
+let used = new Set<string>();
+let requests: URLSearchParams[] = [];
+
+beforeAll(async () => {
+  server = createServer((req, res) => {
+    const chunks: Buffer[] = [];
+    req.on('data', (c: Buffer) => chunks.push(c));
+    req.on('end', () => {
+      const form = new URLSearchParams(Buffer.concat(chunks).toString('utf8'));
+      requests.push(form);
+      const rt = form.get('refresh_token') ?? '';
+      if (used.has(rt)) {
+        res.writeHead(400, { 'content-type': 'application/json' }).end(JSON.stringify({ error: 'invalid_grant' }));
+        return;
+      }
+      used.add(rt);
+      issued += 1;
+      // Slow enough that a second process's refresh is refused before the first one's write-back.
+      setTimeout(() => res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({
+        access_token: `access-${issued}`, token_type: 'Bearer', refresh_token: `refresh-${issued + 1}`, expires_in: 3600,
+      })), rt === 'refresh-1' && issued === 1 ? 50 : 0);
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  tokenUrl = `http://127.0.0.1:${(server.address() as AddressInfo).port}/token`;
+});
+afterAll(() => new Promise<void>((r) => server.close(() => r())));
+
+/** One vault secret with a generation and a compare-and-swap write, like VaultService. */
+class FakeVault {
+  generation = 1;
+  value: string;
+  writes = 0;
+
+  constructor(value: object) {
+    this.value = JSON.stringify(value);
+  }
+
+  resolve(): Promise<ResolvedSecret> {
+    return Promise.resolve({ vault_id: 'vlt_1', name: 'peer', kind: 'a2a_oauth2', header_name: null, username: null, match: 'http://peer', generation: this.generation, value: this.value });
+  }
+
+  putSecret(_ws: string, _v: string, _n: string, input: { value: string; expected_generation?: number }): Promise<void> {
+    if (input.expected_generation !== this.generation) return Promise.reject(new ApiError('validation.conflict', 'stale'));
+    this.generation += 1;
+    this.value = input.value;
+    this.writes += 1;
+    return Promise.resolve();
+  }
+}
+
+const discovery = (): Pick<Discovery, 'interface' | 'security'> => ({
+  interface: { url: 'http://peer/a2a', protocol_binding: 'JSONRPC', protocol_version: '1.0' },
+  security: { kind: 'oauth2_authorization_code', scheme_name: 'o', scopes: ['b', 'a'], authorization_url: 'http://idp/authorize', token_url: tokenUrl },
+});
+const expired = () => ({ access_token: 'old', expires_at: new Date(Date.now() - 1000).toISOString(), refresh_token: 'refresh-1', client_id: 'c' });
+
+beforeEach(() => {
+  issued = 0;
+  used = new Set();
+  requests = [];
+});
+
+describe('OAuth2 custody', () => {
+  it('a valid token is used as it is; no refresh', async () => {
+    const vault = new FakeVault({ access_token: 'good', expires_at: new Date(Date.now() + 3_600_000).toISOString(), refresh_token: 'refresh-1' });
+    const c = new PeerCustodian(vault as unknown as VaultService);
+    expect(await c.resolve('ws', ['vlt_1'], discovery())).toEqual({ headers: { Authorization: 'Bearer good' } });
+    expect(requests).toHaveLength(0);
+  });
+
+  it('concurrent calls of one process share one refresh (exact card scopes, client_id) and one write-back', async () => {
+    const vault = new FakeVault(expired());
+    const c = new PeerCustodian(vault as unknown as VaultService);
+    const got = await Promise.all([1, 2, 3].map(() => c.resolve('ws', ['vlt_1'], discovery())));
+    expect(got.map((g) => g.headers.Authorization)).toEqual(['Bearer access-1', 'Bearer access-1', 'Bearer access-1']);
+    expect(requests).toHaveLength(1);
+    expect([requests[0]!.get('grant_type'), requests[0]!.get('scope'), requests[0]!.get('client_id')]).toEqual(['refresh_token', 'b a', 'c']);
+    expect([vault.writes, vault.generation]).toEqual([1, 2]);
+    expect(JSON.parse(vault.value)).toMatchObject({ access_token: 'access-1', refresh_token: 'refresh-2' });
+  });
+
+  it('two processes: the one whose single-use refresh is refused uses the token the other stored', async () => {
+    const vault = new FakeVault(expired());
+    const [a, b] = [new PeerCustodian(vault as unknown as VaultService), new PeerCustodian(vault as unknown as VaultService)];
+    const got = await Promise.all([a.resolve('ws', ['vlt_1'], discovery()), b.resolve('ws', ['vlt_1'], discovery())]);
+    expect(got.map((g) => g.headers.Authorization)).toEqual(['Bearer access-1', 'Bearer access-1']);
+    expect(requests).toHaveLength(2);
+    expect(vault.writes).toBe(1);
+  });
+
+  it('an expired token without a refresh token, or a token endpoint other than the card\'s, is refused', async () => {
+    const none = new FakeVault({ access_token: 'old', expires_at: new Date(Date.now() - 1000).toISOString() });
+    await expect(new PeerCustodian(none as unknown as VaultService).resolve('ws', ['vlt_1'], discovery())).rejects.toThrow(/no refresh token/);
+    const elsewhere = new FakeVault({ ...expired(), token_url: 'http://127.0.0.1:1/token' });
+    await expect(new PeerCustodian(elsewhere as unknown as VaultService).resolve('ws', ['vlt_1'], discovery())).rejects.toThrow(/signed token endpoint/);
+    expect(requests).toHaveLength(0);
+  });
+});
