@@ -1,4 +1,6 @@
 import { readFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
 import { errMsg, errType } from './harness/governance.js';
@@ -8,7 +10,7 @@ import { cardJson, signCard, signingKey, startCardPeer, type CardPeer, type Sign
  * Connections of kind `a2a_tool_source` are a tool source's dependents: a rotation must name
  * them all, sorted, with their current versions, and after the publish they are migrated to the
  * new revision by a durable job, one compare-and-swap each. The api is made to kill itself
- * (SIGKILL, a development-mode fault hook) after the first Connection of a rotation; the
+ * (SIGKILL, at the crash point `tool-source-migration-step`) after the first Connection of a rotation; the
  * restarted api resumes the job and migrates each Connection exactly once.
  */
 type Json = Record<string, unknown>;
@@ -24,7 +26,7 @@ const identity = (pkg: Json) => ({ id: pkg.id, package_version: pkg.package_vers
 
 beforeAll(async () => {
   [p, peer, key] = await Promise.all([
-    startPlatform({ env: { AGENTPLANE_MODE: 'development', A2A_TOOLS_MIGRATION_FAULT_AFTER: '1', A2A_TOOLS_MIGRATION_LOCK_MS: '2000', A2A_TOOLS_MIGRATION_SWEEP_MS: '500' } }),
+    startPlatform({ env: { AGENTPLANE_CRASH_AT: `tool-source-migration-step:${join(tmpdir(), `migration-crash-${process.pid}-${Date.now()}`)}`, A2A_TOOLS_MIGRATION_LOCK_MS: '2000', A2A_TOOLS_MIGRATION_SWEEP_MS: '500' } }),
     startCardPeer(),
     signingKey('k1'),
   ]);

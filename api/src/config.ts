@@ -140,9 +140,6 @@ export function loadApiConfig(env: Env): ApiConfig {
       migrations: {
         sweepMs: envInt(env, 'A2A_TOOLS_MIGRATION_SWEEP_MS', 10_000, 100, 600_000),
         lockMs: envInt(env, 'A2A_TOOLS_MIGRATION_LOCK_MS', 30_000, 1_000, 600_000),
-        // Test-only fault injection: honoured in development mode only.
-        faultAfterSteps: envString(env, 'AGENTPLANE_MODE', 'production') === 'development' && envOptional(env, 'A2A_TOOLS_MIGRATION_FAULT_AFTER') !== undefined
-          ? envInt(env, 'A2A_TOOLS_MIGRATION_FAULT_AFTER', 1, 1, 1_000_000) : undefined,
       },
     },
     skillAdoptionPollMs: envInt(env, 'SKILL_ADOPTION_POLL_MS', 60_000, 1_000, 24 * 3600_000),

@@ -1,5 +1,5 @@
 import { Queue, Worker, type Job } from 'bullmq';
-import type { Logger } from '@agentplane/core';
+import { crashPoint, type Logger } from '@agentplane/core';
 import { connectRedis, keys, type Redis } from '@agentplane/store';
 import type { MigrationQueue, ToolSourceService } from './service.js';
 
@@ -7,7 +7,6 @@ export const TOOL_SOURCE_MIGRATION_QUEUE_PREFIX = 'ap:{q:tool_source_migrations}
 const QUEUE = 'tool_source_migrations';
 /** Rotations whose migration may not have finished: `<ws>/<tsrc>/<revision>` → time of the intent. */
 const INTENTS = keys.global('tool_source_migration_intents');
-const FAULT_FIRED = keys.global('tool_source_migration_fault');
 
 interface MigrationData { workspace_id: string; tool_source_id: string; revision: number }
 
@@ -20,11 +19,6 @@ export interface MigrationSettings {
   sweepMs: number;
   /** A job whose worker died is taken up again after this long (BullMQ lock / stalled check). */
   lockMs: number;
-  /**
-   * Test-only fault injection (development mode only): after this many Connection steps, the
-   * process kills itself with SIGKILL, once per Redis (so the restarted process completes).
-   */
-  faultAfterSteps?: number | undefined;
 }
 
 /**
@@ -41,7 +35,6 @@ export class ToolSourceMigrations implements MigrationQueue {
   private worker: Worker | null = null;
   private workerConn: Redis | null = null;
   private timer: NodeJS.Timeout | null = null;
-  private steps = 0;
 
   constructor(private readonly d: { redisUrl: string; redis: Redis; service: ToolSourceService; logger: Logger; settings: MigrationSettings }) {
     this.bull = connectRedis(d.redisUrl, { name: 'api:tool-source-migrations', blocking: true });
@@ -59,18 +52,9 @@ export class ToolSourceMigrations implements MigrationQueue {
   }
 
   private async run(data: MigrationData): Promise<void> {
-    const outcome = await this.d.service.runMigration(data.workspace_id, data.tool_source_id, data.revision, () => this.afterStep());
+    const outcome = await this.d.service.runMigration(data.workspace_id, data.tool_source_id, data.revision, async () => crashPoint('tool-source-migration-step'));
     this.d.logger.info({ tool_source_id: data.tool_source_id, revision: data.revision, outcome }, 'tool source migration finished');
     await this.d.redis.zrem(INTENTS, member(data));
-  }
-
-  private async afterStep(): Promise<void> {
-    this.steps += 1;
-    const after = this.d.settings.faultAfterSteps;
-    if (after === undefined || this.steps < after) return;
-    if ((await this.d.redis.set(FAULT_FIRED, '1', 'NX')) !== 'OK') return;
-    this.d.logger.warn({ steps: this.steps }, 'fault injection: the api kills itself mid-migration');
-    process.kill(process.pid, 'SIGKILL');
   }
 
   /** Intents whose job is missing are enqueued again; an intent older than a minute whose revision was never published is dropped. */
