@@ -26,7 +26,7 @@ const identity = (pkg: Json) => ({ id: pkg.id, package_version: pkg.package_vers
 
 beforeAll(async () => {
   [p, peer, key] = await Promise.all([
-    startPlatform({ env: { AGENTPLANE_CRASH_AT: `tool-source-migration-step:${join(tmpdir(), `migration-crash-${process.pid}-${Date.now()}`)}`, A2A_TOOLS_MIGRATION_LOCK_MS: '2000', A2A_TOOLS_MIGRATION_SWEEP_MS: '500' } }),
+    startPlatform({ env: { AGENTPLANE_MODE: 'development', AGENTPLANE_CRASH_AT: `tool-source-migration-step:${join(tmpdir(), `migration-crash-${process.pid}-${Date.now()}`)}`, A2A_TOOLS_MIGRATION_LOCK_MS: '2000', A2A_TOOLS_MIGRATION_SWEEP_MS: '500' } }),
     startCardPeer(),
     signingKey('k1'),
   ]);
