@@ -1,19 +1,28 @@
 // bench:observability — what tracing costs. bench:dispatch at 50 Runs/s and bench:api's
 // authenticated GET, each against a platform with tracing off (the floor) and one with tracing on
 // (100% sampling, OTLP/HTTP to a local sink in this process), both running at once and loaded in
-// alternating rounds; plus the cost of the tracing calls on a hot path when tracing is off (per
-// call, against a plain call).
+// alternating rounds (medians reported); plus the CPU time per request and per Run of the
+// platform's processes (from /proc): at full load, and in paired rounds where both APIs take the
+// same fixed offered rate at the same time with their processes sharing one core (whatever else
+// loads the machine then slows both alike; the figure is the median of the rounds' on/off
+// ratios); plus the cost of the tracing calls on a hot path when tracing is off (per call,
+// against a plain call).
+import { execFileSync } from 'node:child_process';
 import { createServer } from 'node:http';
 import autocannon from 'autocannon';
 import { freePort } from '@agentplane/store';
 import { injectTrace, inSpan } from '@agentplane/core';
 import { startPlatform, type Platform } from '../test/harness/platform.js';
 import { printTable, type HttpLoad, type Row } from './lib/report.js';
-import { level, setup, startSimulatedRunners, type Level } from './dispatch.js';
+import { cpuMs, level, setup, startSimulatedRunners, type Level } from './dispatch.js';
 
 const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 64);
 const DURATION = Number(process.env.BENCH_SECONDS ?? 5);
-const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3);
+const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 5);
+/** The offered load (req/s) of each API in the paired CPU rounds: well under what one core serves. */
+const CPU_RATE = Number(process.env.BENCH_CPU_RATE ?? 400);
+/** Seconds per paired CPU round: long enough that /proc's 10 ms ticks are under 1% of the figure. */
+const CPU_SECONDS = Number(process.env.BENCH_CPU_SECONDS ?? 10);
 const RATE = Number(process.env.BENCH_RATE ?? 50);
 
 /** A local OTLP/HTTP sink: accepts every export, counts requests and bytes. */
@@ -32,17 +41,26 @@ async function startSink(): Promise<{ url: string; exports: () => { requests: nu
   return { url: `http://127.0.0.1:${port}`, exports: () => ({ requests, bytes }), close: () => new Promise((r) => server.close(() => r())) };
 }
 
-async function httpLoad(url: string, headers: Record<string, string>, duration: number): Promise<HttpLoad> {
-  const r = await autocannon({ url, headers, connections: CONNECTIONS, duration });
-  return { p50: r.latency.p50, p99: r.latency.p99, rps: r.requests.average, errors: r.errors, non2xx: r.non2xx };
+interface Load extends HttpLoad {
+  /** CPU time of the api process per request served (µs). */
+  cpuUs: number;
 }
 
-async function principalUrl(p: Platform): Promise<{ url: string; headers: Record<string, string> }> {
+async function httpLoad(target: Target, duration: number, rate?: number): Promise<Load> {
+  const before = cpuMs(target.pid());
+  const r = await autocannon({ url: target.url, headers: target.headers, connections: CONNECTIONS, duration, ...(rate ? { overallRate: rate } : {}) });
+  const cpu = cpuMs(target.pid()) - before;
+  return { p50: r.latency.p50, p99: r.latency.p99, rps: r.requests.average, errors: r.errors, non2xx: r.non2xx, cpuUs: (cpu * 1000) / Math.max(1, r.requests.total) };
+}
+
+interface Target { url: string; headers: Record<string, string>; pid: () => number | undefined }
+
+async function principalUrl(p: Platform): Promise<Target> {
   const ws = p.bootstrap.workspace_id;
   const principal = await p.root.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/principals`, {
     external_subject_id: 'bench', principal_type: 'service', display_name: 'Bench',
   });
-  return { url: `${p.baseUrl}/v1/principals/${principal.id}`, headers: { authorization: `Bearer ${p.bootstrap.root_key}`, 'service-version': '2026-08-27' } };
+  return { url: `${p.baseUrl}/v1/principals/${principal.id}`, headers: { authorization: `Bearer ${p.bootstrap.root_key}`, 'service-version': '2026-08-27' }, pid: () => p.pids().api };
 }
 
 const median = (xs: number[]): number => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] as number;
@@ -62,7 +80,12 @@ async function compare<T>(label: string, run: (side: 'off' | 'on') => Promise<T>
   return { off, on };
 }
 
-interface Side { api: Platform; dispatch: Platform; dispatchRun: (rate: number) => Promise<Level>; stop(): Promise<void> }
+interface Side { api: Platform; dispatch: Platform; dispatchRun: (rate: number) => Promise<DispatchLoad>; stop(): Promise<void> }
+
+interface DispatchLoad extends Level {
+  /** CPU time of the api and scheduler processes per Run completed (µs). */
+  cpuUs: number;
+}
 
 async function startSide(env: Record<string, string>): Promise<Side> {
   const api = await startPlatform({ env: { LOG_LEVEL: 'warn', ...env } });
@@ -71,14 +94,48 @@ async function startSide(env: Record<string, string>): Promise<Side> {
   });
   const { api: client, principal, secrets, newSession } = await setup(dispatch);
   const sims = await startSimulatedRunners(dispatch, secrets);
+  const cpu = (): number => {
+    const pids = dispatch.pids();
+    return cpuMs(pids.api) + cpuMs(pids.scheduler);
+  };
   return {
     api, dispatch,
-    dispatchRun: (rate) => level(client, principal, newSession, rate, sims.leased),
+    async dispatchRun(rate) {
+      // CPU from when the Runs start being sent (the Sessions made first are not counted).
+      let before = Number.NaN;
+      const r = await level(client, principal, newSession, rate, sims.leased, () => (before = cpu()));
+      return { ...r, cpuUs: ((cpu() - before) * 1000) / Math.max(1, r.done) };
+    },
     async stop() {
       sims.stop();
       await Promise.all([api.stop(), dispatch.stop()]);
     },
   };
+}
+
+/** Both APIs' processes (all threads) on one core, when taskset is there: false when it is not. */
+function shareOneCore(pids: (number | undefined)[]): boolean {
+  try {
+    for (const pid of pids) if (pid) execFileSync('taskset', ['-acp', '0', String(pid)], { stdio: 'ignore' });
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** Paired rounds: both APIs loaded at once at CPU_RATE; per round, each side's CPU per request. */
+async function pairedCpu(targets: { off: Target; on: Target }): Promise<{ off: Load[]; on: Load[]; ratios: number[] }> {
+  const off: Load[] = [];
+  const on: Load[] = [];
+  const ratios: number[] = [];
+  for (let round = 1; round <= ROUNDS; round++) {
+    process.stdout.write(`api CPU, paired at ${CPU_RATE} req/s each, round ${round}/${ROUNDS} …\n`);
+    const [a, b] = await Promise.all([httpLoad(targets.off, CPU_SECONDS, CPU_RATE), httpLoad(targets.on, CPU_SECONDS, CPU_RATE)]);
+    off.push(a);
+    on.push(b);
+    ratios.push(b.cpuUs / a.cpuUs);
+  }
+  return { off, on, ratios };
 }
 
 /** ns per call of the tracing calls a hot path makes with tracing off, and of a plain call. */
@@ -112,26 +169,36 @@ async function main(): Promise<void> {
     sides.on = await startSide({ OTEL_TRACES_EXPORTER: 'otlp', OTEL_EXPORTER_OTLP_ENDPOINT: sink.url, OTEL_TRACES_SAMPLER: 'always_on' });
     const both = sides as Required<typeof sides>;
     const targets = { off: await principalUrl(both.off.api), on: await principalUrl(both.on.api) };
-    for (const side of ['off', 'on'] as const) await httpLoad(targets[side].url, targets[side].headers, 2); // warm-up
-    const api = await compare('api', (side) => httpLoad(targets[side].url, targets[side].headers, DURATION));
+    for (const side of ['off', 'on'] as const) await httpLoad(targets[side], 2); // warm-up
+    const api = await compare('api', (side) => httpLoad(targets[side], DURATION));
+    const pinned = shareOneCore([targets.off.pid(), targets.on.pid()]);
+    const fixed = await pairedCpu(targets);
     for (const side of ['off', 'on'] as const) await both[side].dispatchRun(RATE); // warm-up
     const dispatch = await compare('dispatch', (side) => both[side].dispatchRun(RATE));
     const m = <T>(xs: T[], f: (x: T) => number): number => median(xs.map(f));
     const rows: Row[] = [
-      { metric: 'api GET latency p50', ours: m(api.on, (x: HttpLoad) => x.p50), floor: m(api.off, (x: HttpLoad) => x.p50), unit: 'ms' },
-      { metric: 'api GET latency p99', ours: m(api.on, (x: HttpLoad) => x.p99), floor: m(api.off, (x: HttpLoad) => x.p99), unit: 'ms' },
-      { metric: 'api GET throughput', ours: m(api.on, (x: HttpLoad) => x.rps), floor: m(api.off, (x: HttpLoad) => x.rps), unit: 'req/s', higherIsBetter: true },
-      { metric: `dispatch ${RATE}/s message→lease p50`, ours: m(dispatch.on, (x: Level) => x.lease.p50), floor: m(dispatch.off, (x: Level) => x.lease.p50), unit: 'ms' },
-      { metric: `dispatch ${RATE}/s message→lease p99`, ours: m(dispatch.on, (x: Level) => x.lease.p99), floor: m(dispatch.off, (x: Level) => x.lease.p99), unit: 'ms' },
-      { metric: `dispatch ${RATE}/s message→first event p50`, ours: m(dispatch.on, (x: Level) => x.visible.p50), floor: m(dispatch.off, (x: Level) => x.visible.p50), unit: 'ms' },
-      { metric: `dispatch ${RATE}/s message→first event p99`, ours: m(dispatch.on, (x: Level) => x.visible.p99), floor: m(dispatch.off, (x: Level) => x.visible.p99), unit: 'ms' },
-      { metric: `dispatch ${RATE}/s Runs completed`, ours: m(dispatch.on, (x: Level) => x.done), floor: m(dispatch.off, (x: Level) => x.done), unit: 'Runs', higherIsBetter: true },
+      { metric: 'api GET latency p50', ours: m(api.on, (x) => x.p50), floor: m(api.off, (x) => x.p50), unit: 'ms' },
+      { metric: 'api GET latency p99', ours: m(api.on, (x) => x.p99), floor: m(api.off, (x) => x.p99), unit: 'ms' },
+      { metric: 'api GET throughput', ours: m(api.on, (x) => x.rps), floor: m(api.off, (x) => x.rps), unit: 'req/s', higherIsBetter: true },
+      { metric: 'api GET CPU per request (full load)', ours: m(api.on, (x) => x.cpuUs), floor: m(api.off, (x) => x.cpuUs), unit: 'µs' },
+      { metric: `api GET CPU per request (paired, ${CPU_RATE} req/s)`, ours: m(fixed.on, (x) => x.cpuUs), floor: m(fixed.off, (x) => x.cpuUs), unit: 'µs' },
+      { metric: `api GET latency p50 (paired, ${CPU_RATE} req/s)`, ours: m(fixed.on, (x) => x.p50), floor: m(fixed.off, (x) => x.p50), unit: 'ms' },
+      { metric: `api GET latency p99 (paired, ${CPU_RATE} req/s)`, ours: m(fixed.on, (x) => x.p99), floor: m(fixed.off, (x) => x.p99), unit: 'ms' },
+      { metric: `dispatch ${RATE}/s message→lease p50`, ours: m(dispatch.on, (x) => x.lease.p50), floor: m(dispatch.off, (x) => x.lease.p50), unit: 'ms' },
+      { metric: `dispatch ${RATE}/s message→lease p99`, ours: m(dispatch.on, (x) => x.lease.p99), floor: m(dispatch.off, (x) => x.lease.p99), unit: 'ms' },
+      { metric: `dispatch ${RATE}/s message→first event p50`, ours: m(dispatch.on, (x) => x.visible.p50), floor: m(dispatch.off, (x) => x.visible.p50), unit: 'ms' },
+      { metric: `dispatch ${RATE}/s message→first event p99`, ours: m(dispatch.on, (x) => x.visible.p99), floor: m(dispatch.off, (x) => x.visible.p99), unit: 'ms' },
+      { metric: `dispatch ${RATE}/s Runs completed`, ours: m(dispatch.on, (x) => x.done), floor: m(dispatch.off, (x) => x.done), unit: 'Runs', higherIsBetter: true },
+      { metric: `dispatch ${RATE}/s api+scheduler CPU per Run`, ours: m(dispatch.on, (x) => x.cpuUs), floor: m(dispatch.off, (x) => x.cpuUs), unit: 'µs' },
     ];
     printTable(`tracing on (agentplane column) vs tracing off (floor column): medians of ${ROUNDS} alternating rounds`, rows);
+    const ratios = fixed.ratios.map((r) => r.toFixed(2)).join(', ');
+    process.stdout.write(`api CPU per request, on/off per paired round: ${ratios}; median ${median(fixed.ratios).toFixed(2)}x` +
+      ` (${pinned ? 'both APIs on one core' : 'taskset not found: the APIs were not pinned'})\n`);
     const { requests, bytes } = sink.exports();
     process.stdout.write(`OTLP exports received by the sink: ${requests} requests, ${(bytes / 1024 / 1024).toFixed(1)} MiB\n`);
-    const errs = (xs: HttpLoad[]) => xs.reduce((a, x) => a + x.errors + x.non2xx, 0);
-    process.stdout.write(`api errors: off ${errs(api.off)}, on ${errs(api.on)}\n`);
+    const errs = (xs: Load[]) => xs.reduce((a, x) => a + x.errors + x.non2xx, 0);
+    process.stdout.write(`api errors: off ${errs([...api.off, ...fixed.off])}, on ${errs([...api.on, ...fixed.on])}\n`);
   } finally {
     await sides.off?.stop();
     await sides.on?.stop();
