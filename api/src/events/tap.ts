@@ -50,18 +50,30 @@ export class SessionEventTap {
     return f;
   }
 
-  private async dispatch(sessionId: string, msg: LiveMessage): Promise<void> {
-    if (msg.kind !== 'events' || this.listeners.length === 0) return;
+  /**
+   * The Session's facts and the listeners' interest come first: a message is parsed only when a
+   * listener wants its Workspace (most appends, in most Workspaces, interest none).
+   */
+  private async dispatch(sessionId: string, message: string): Promise<void> {
+    if (this.listeners.length === 0) return;
     const f = await this.factsOf(sessionId);
     if (!f) return;
+    const wanted: AppendListener[] = [];
+    for (const l of this.listeners) if (await l.wants(f.workspace_id)) wanted.push(l.fn);
+    if (wanted.length === 0) return;
+    let msg: LiveMessage;
+    try {
+      msg = JSON.parse(message) as LiveMessage;
+    } catch {
+      return;
+    }
+    if (msg.kind !== 'events') return;
     let cached: LogEvent[] | null = msg.events ?? null;
     const append: TappedAppend = {
       session_id: sessionId, ...f, from: msg.from, to: msg.to,
       events: async () => (cached ??= await this.d.log.range(sessionId, msg.from - 1, msg.to - msg.from + 1, msg.to)),
     };
-    for (const l of this.listeners) {
-      if (await l.wants(f.workspace_id)) await l.fn(append).catch((err: unknown) => this.d.logger.warn({ err, session_id: sessionId }, 'an event-tap listener failed'));
-    }
+    for (const fn of wanted) await fn(append).catch((err: unknown) => this.d.logger.warn({ err, session_id: sessionId }, 'an event-tap listener failed'));
   }
 
   start(): void {
@@ -72,13 +84,7 @@ export class SessionEventTap {
     conn.on('pmessage', (_p: string, channel: string, message: string) => {
       const m = /\{s:(sess_[0-9a-f]{32})\}/.exec(channel);
       if (!m?.[1]) return;
-      let msg: LiveMessage;
-      try {
-        msg = JSON.parse(message) as LiveMessage;
-      } catch {
-        return;
-      }
-      this.dispatch(m[1], msg).catch((err: unknown) => this.d.logger.warn({ err }, 'event tap failed on an append'));
+      this.dispatch(m[1], message).catch((err: unknown) => this.d.logger.warn({ err }, 'event tap failed on an append'));
     });
     this.conn = conn;
   }

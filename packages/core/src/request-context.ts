@@ -37,6 +37,20 @@ export function withScopedTrace<R>(trace: unknown, fn: () => R): R {
   return storage.run(requestId === undefined ? { trace } : { requestId, trace }, fn);
 }
 
+/**
+ * Make `trace` the trace context of the rest of the current scope, in place (no nested scope):
+ * for a span that covers the whole scope, such as an API request's SERVER span. False when
+ * there is no scope.
+ */
+export const inScope = (): boolean => storage.getStore() !== undefined;
+
+export function setScopedTrace(trace: unknown): boolean {
+  const scope = storage.getStore();
+  if (!scope) return false;
+  scope.trace = trace;
+  return true;
+}
+
 /** The id of the request being served, if any. */
 export function currentRequestId(): string | undefined {
   return storage.getStore()?.requestId;

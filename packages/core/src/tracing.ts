@@ -3,7 +3,8 @@
  * ask for OTLP (`OTEL_TRACES_EXPORTER=otlp`, or an `OTEL_EXPORTER_OTLP_ENDPOINT` /
  * `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`), exported over OTLP/HTTP (protobuf unless
  * `OTEL_EXPORTER_OTLP_PROTOCOL=http/json`). Sampling, batching and the
- * exporter's endpoint, headers and timeout come from the SDK's own OTEL_* variables.
+ * exporter's endpoint, headers and timeout come from the SDK's own OTEL_* variables. Spans are
+ * encoded and sent on a worker thread (tracing-export.ts), not on the event loop.
  *
  * Trace context crosses processes as W3C `traceparent`/`tracestate`: HTTP headers into the API,
  * the Run's queue job (`RunJobData.trace`), and the runner protocol's frame envelope.
@@ -15,7 +16,7 @@ import {
   context, INVALID_SPAN_CONTEXT, propagation, ROOT_CONTEXT, SpanKind, SpanStatusCode, trace,
   type Attributes, type Context, type ContextManager, type Span, type Tracer,
 } from '@opentelemetry/api';
-import { scopedTrace, withScopedTrace } from './request-context.js';
+import { inScope, scopedTrace, setScopedTrace, withScopedTrace } from './request-context.js';
 
 export { context, SpanKind, SpanStatusCode, trace, type Attributes, type Context, type Span };
 
@@ -55,8 +56,8 @@ export function otlpProtocol(): 'http/protobuf' | 'http/json' {
 
 /**
  * Batching defaults where `OTEL_BSP_*` leaves them unset: export at most 128 spans at a time,
- * at least every second (the SDK's 512 and 5 s serialise a whole 512-span batch in one go on the
- * event loop, which lands on the requests of that moment), and queue up to 4,096 (bursts of a
+ * at least every second (the SDK's 512 and 5 s copy a whole 512-span batch to the export thread
+ * in one go, which lands on the requests of that moment), and queue up to 4,096 (bursts of a
  * busy API are not dropped while an export is in flight).
  */
 function batchDefaults(): { maxExportBatchSize?: number; scheduledDelayMillis?: number; maxQueueSize?: number } {
@@ -80,18 +81,20 @@ export async function startTracing(service: string): Promise<Tracing> {
     active = { enabled: false, shutdown: async () => undefined };
     return active;
   }
-  const json = otlpProtocol() === 'http/json';
-  const [{ OTLPTraceExporter }, { resourceFromAttributes }, { BatchSpanProcessor, NodeTracerProvider }, { ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION }] = await Promise.all([
-    // http/protobuf (the OTLP default) costs the exporting process about half of http/json's
-    // serialisation time and sends under half the bytes.
-    json ? import('@opentelemetry/exporter-trace-otlp-http') : import('@opentelemetry/exporter-trace-otlp-proto'),
+  const [{ resourceFromAttributes }, { BatchSpanProcessor, NodeTracerProvider }, { ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION }, { ThreadSpanExporter }] = await Promise.all([
     import('@opentelemetry/resources'),
     import('@opentelemetry/sdk-trace-node'),
     import('@opentelemetry/semantic-conventions'),
+    import('./tracing-export.js'),
   ]);
+  const resource = resourceFromAttributes({ [ATTR_SERVICE_NAME]: env('OTEL_SERVICE_NAME') ?? service, [ATTR_SERVICE_VERSION]: '0.1.0' });
+  // The OTLP encoding (http/protobuf, the OTLP default, costs about half of http/json's bytes)
+  // and the HTTP export run on a worker thread: the event loop pays only for each span's
+  // creation and a structured clone of the finished batch.
+  const exporter = new ThreadSpanExporter({ resource: resource.attributes, protocol: otlpProtocol() });
   const provider = new NodeTracerProvider({
-    resource: resourceFromAttributes({ [ATTR_SERVICE_NAME]: env('OTEL_SERVICE_NAME') ?? service, [ATTR_SERVICE_VERSION]: '0.1.0' }),
-    spanProcessors: [new BatchSpanProcessor(new OTLPTraceExporter(), batchDefaults())],
+    resource,
+    spanProcessors: [new BatchSpanProcessor(exporter, batchDefaults())],
   });
   // The active context lives in the request scope's async-local store (one store, not two);
   // the propagator is W3C trace context.
@@ -205,6 +208,19 @@ function recordSpan<T>(
       },
     );
   });
+}
+
+/**
+ * Start a span that covers the rest of the current request scope and make it the scope's active
+ * span in place (one async-local scope per request, not a nested one per span). The caller ends
+ * it. Undefined when tracing is off or there is no request scope (then use `inSpan`).
+ */
+export function enterScopeSpan(name: string, options: { kind?: SpanKind; attributes?: Attributes; parent?: Context }): Span | undefined {
+  if (!tracingEnabled() || !inScope()) return undefined;
+  const parent = options.parent ?? context.active();
+  const span = tracer().startSpan(name, options.attributes ? { kind: options.kind ?? SpanKind.INTERNAL, attributes: options.attributes } : { kind: options.kind ?? SpanKind.INTERNAL }, parent);
+  setScopedTrace(trace.setSpan(parent, span));
+  return span;
 }
 
 /** Mark a span failed: the error's class, not its message (which may quote content). */
