@@ -1,5 +1,5 @@
-import { createPrivateKey, X509Certificate } from 'node:crypto';
-import { ApiError } from '@agentplane/core';
+import { createPrivateKey, X509Certificate, type KeyObject } from 'node:crypto';
+import { ApiError, Nullable, Obj, Timestamp, Type, validator, type Static, type TSchema } from '@agentplane/core';
 
 /**
  * Credentials for an external A2A peer, held as vault secrets whose value is one line of JSON
@@ -23,62 +23,50 @@ export interface MtlsPeerCredential {
   private_key: string;
 }
 
-const str = (v: unknown): v is string => typeof v === 'string' && v.length > 0;
-const optStr = (o: Record<string, unknown>, k: string, at: string): string | null => {
-  const v = o[k];
-  if (v === undefined || v === null) return null;
-  if (!str(v)) throw new ApiError('validation.malformed', `${at}.${k}: must be a non-empty string`);
-  return v;
-};
+const Text = () => Type.String({ minLength: 1 });
+const OptionalText = () => Type.Optional(Nullable(Text()));
 
-function parseObject(value: string, at: string): Record<string, unknown> {
+const OAuth2Value = Obj({
+  access_token: Text(),
+  expires_at: Type.Optional(Nullable(Timestamp())),
+  refresh_token: OptionalText(),
+  token_url: Type.Optional(Nullable(Type.String({ format: 'uri', pattern: '^https?://' }))),
+  client_id: OptionalText(),
+  client_secret: OptionalText(),
+});
+
+const MtlsValue = Obj({ certificate: Text(), private_key: Text() });
+
+/** A secret's value: one line of JSON checked against `schema`; errors name `at`. */
+function parseValue<S extends TSchema>(schema: S, value: string, at: string): Static<S> {
   let raw: unknown;
   try {
     raw = JSON.parse(value);
   } catch {
     throw new ApiError('validation.malformed', `${at}: must be one line of JSON`);
   }
-  if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) throw new ApiError('validation.malformed', `${at}: must be a JSON object`);
-  return raw as Record<string, unknown>;
+  return validator(schema, 'body', at)(raw);
 }
 
 export function parseOAuth2Credential(value: string, at = 'body.value'): OAuth2PeerCredential {
-  const o = parseObject(value, at);
-  const known = ['access_token', 'expires_at', 'refresh_token', 'token_url', 'client_id', 'client_secret'];
-  const extra = Object.keys(o).filter((k) => !known.includes(k));
-  if (extra.length > 0) throw new ApiError('validation.malformed', `${at}: unknown member ${extra[0]}`);
-  if (!str(o.access_token)) throw new ApiError('validation.malformed', `${at}.access_token: required`);
-  const expiresAt = optStr(o, 'expires_at', at);
-  if (expiresAt !== null && !Number.isFinite(Date.parse(expiresAt))) throw new ApiError('validation.malformed', `${at}.expires_at: not an RFC 3339 timestamp`);
-  const tokenUrl = optStr(o, 'token_url', at);
-  if (tokenUrl !== null) {
-    let u: URL;
-    try {
-      u = new URL(tokenUrl);
-    } catch {
-      throw new ApiError('validation.malformed', `${at}.token_url: not a URL`);
-    }
-    if (u.protocol !== 'https:' && u.protocol !== 'http:') throw new ApiError('validation.malformed', `${at}.token_url: must be http or https`);
-  }
+  const o = parseValue(OAuth2Value, value, at);
   return {
-    access_token: o.access_token, expires_at: expiresAt, refresh_token: optStr(o, 'refresh_token', at), token_url: tokenUrl,
-    client_id: optStr(o, 'client_id', at), client_secret: optStr(o, 'client_secret', at),
+    access_token: o.access_token, expires_at: o.expires_at ?? null, refresh_token: o.refresh_token ?? null, token_url: o.token_url ?? null,
+    client_id: o.client_id ?? null, client_secret: o.client_secret ?? null,
   };
 }
 
 export function parseMtlsCredential(value: string, at = 'body.value'): MtlsPeerCredential {
-  const o = parseObject(value, at);
-  if (!str(o.certificate) || !str(o.private_key)) throw new ApiError('validation.malformed', `${at}: certificate and private_key (PEM) are required`);
-  const extra = Object.keys(o).filter((k) => k !== 'certificate' && k !== 'private_key');
-  if (extra.length > 0) throw new ApiError('validation.malformed', `${at}: unknown member ${extra[0]}`);
+  const o = parseValue(MtlsValue, value, at);
   let cert: X509Certificate;
+  let key: KeyObject;
   try {
     cert = new X509Certificate(o.certificate);
-    createPrivateKey(o.private_key);
+    key = createPrivateKey(o.private_key);
   } catch {
     throw new ApiError('validation.malformed', `${at}: certificate or private_key is not valid PEM`);
   }
-  if (!cert.checkPrivateKey(createPrivateKey(o.private_key))) throw new ApiError('validation.malformed', `${at}: private_key does not belong to the certificate`);
+  if (!cert.checkPrivateKey(key)) throw new ApiError('validation.malformed', `${at}: private_key does not belong to the certificate`);
   return { certificate: o.certificate, private_key: o.private_key };
 }
 

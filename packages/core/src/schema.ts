@@ -46,8 +46,11 @@ function describe(part: string, e: ErrorObject): string {
   return `${where}: ${e.message ?? 'is invalid'}`;
 }
 
-/** Compile once, validate many; rejects with `validation.malformed` naming the first problem. */
-export function validator<S extends TSchema>(schema: S, part: RequestPart = 'body'): (value: unknown) => Static<S> {
+/**
+ * Compile once, validate many; rejects with `validation.malformed` naming the first problem
+ * (where it is: `label`, default the part's name, then the JSON path).
+ */
+export function validator<S extends TSchema>(schema: S, part: RequestPart = 'body', label: string = part): (value: unknown) => Static<S> {
   const coerce = part === 'query' || part === 'path' || part === 'header' || part === 'config';
   const store = coerce ? paramCache : cache;
   let fn = store.get(schema);
@@ -59,7 +62,7 @@ export function validator<S extends TSchema>(schema: S, part: RequestPart = 'bod
   return (value: unknown): Static<S> => {
     if (compiled(value)) return value as Static<S>;
     const first = compiled.errors?.[0];
-    throw new ApiError('validation.malformed', first ? describe(part, first) : `${part} is invalid`);
+    throw new ApiError('validation.malformed', first ? describe(label, first) : `${label} is invalid`);
   };
 }
 
