@@ -1,51 +1,28 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { ChildProcess } from 'node:child_process';
 import Docker from 'dockerode';
 import type { HttpClient } from '@agentplane/client';
-import { startPlatform, waitFor, type Platform } from './harness/platform.js';
-import { pairDaemon, startDaemon } from './harness/daemon.js';
-import { FAST_LEASES, idleCount, SCRIPT, untilEvents, type Json } from './harness/turns.js';
-import { FIXTURE_COMMAND, FIXTURE_PACKAGE, packFixtureAgent } from './harness/acp-fixture.js';
+import { idleCount, SCRIPT, untilEvents } from './harness/turns.js';
+import { FIXTURE_PACKAGE, startAcpPlatform, type AcpPlatform } from './harness/acp-fixture.js';
 
 /**
  * An ACP Run whose runner is killed mid-turn is rescheduled like any Run (docs/ACP.md): two
  * runners with the fixture harness; the one holding the lease is killed while the agent's
  * command runs; the lease expires and the other runner runs the turn to its end.
  */
-let p: Platform;
+let acp: AcpPlatform;
 let api: HttpClient;
 let principal: string;
 let envId: string;
-const daemons = new Map<string, ChildProcess>();
+let daemons: AcpPlatform['daemons'];
 const docker = new Docker();
 
 beforeAll(async () => {
-  const tarball = await packFixtureAgent();
-  p = await startPlatform({ runner: false, scheduler: true, env: { ...FAST_LEASES } });
-  api = p.root;
-  principal = (await api.post<{ id: string }>(`/v1/organizations/workspaces/${p.bootstrap.workspace_id}/principals`, {
-    external_subject_id: 'acp-user', principal_type: 'person', display_name: 'ACP User',
-  })).id;
-  envId = (await api.post<{ id: string }>('/v1/environments', {
-    name: 'acp', image: 'agentplane/sandbox:latest',
-    resources: { cpu_millis: 1000, memory_mib: 512, disk_mib: 512, max_duration_seconds: 120 },
-    harness: { kind: 'acp', package: FIXTURE_PACKAGE, command: FIXTURE_COMMAND },
-  })).id;
-  const ids: string[] = [];
-  for (const label of ['acp-a', 'acp-b']) {
-    const { dir, runnerId } = await pairDaemon(p, principal, label);
-    daemons.set(runnerId, startDaemon(dir, ['--acp-harness', tarball]));
-    ids.push(runnerId);
-  }
-  await waitFor('two runners with the ACP harness', async () => {
-    const r = await api.get<{ data: Array<{ runner: string; status: string; capabilities: { providers: Json[] } }> }>('/v1/runner-pools/presences');
-    const up = r.data.filter((x) => ids.includes(x.runner) && x.status === 'ready' && x.capabilities.providers.some((pr) => Array.isArray(pr.acp_harnesses) && pr.acp_harnesses.length > 0));
-    return up.length === 2 ? true : undefined;
-  }, 150_000);
+  acp = await startAcpPlatform();
+  ({ api, principal, envId, daemons } = acp);
+  await acp.ready([await acp.daemon('acp-a'), await acp.daemon('acp-b')]);
 }, 240_000);
 afterAll(async () => {
-  for (const d of daemons.values()) d.kill('SIGKILL');
-  await p?.stop();
+  await acp?.stop();
 });
 
 describe('ACP agent harness and lost leases', () => {

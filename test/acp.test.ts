@@ -1,10 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { ChildProcess } from 'node:child_process';
 import type { HttpClient } from '@agentplane/client';
-import { startPlatform, waitFor, type Platform } from './harness/platform.js';
-import { pairDaemon, startDaemon } from './harness/daemon.js';
-import { FAST_LEASES, idleCount, SCRIPT, untilEvents, type Json, type TurnEvent } from './harness/turns.js';
-import { FIXTURE_COMMAND, FIXTURE_PACKAGE, packFixtureAgent } from './harness/acp-fixture.js';
+import { idleCount, SCRIPT, untilEvents, type Json, type TurnEvent } from './harness/turns.js';
+import { FIXTURE_COMMAND, FIXTURE_PACKAGE, startAcpPlatform, type AcpPlatform } from './harness/acp-fixture.js';
 import { startMcpUpstream } from './harness/mcp-upstream.js';
 
 /**
@@ -14,46 +11,22 @@ import { startMcpUpstream } from './harness/mcp-upstream.js';
  * Session's Docker sandbox, with its model steps through the sandbox-loopback endpoints and the
  * scripted model, its permission requests through the workspace's ActionPolicies.
  */
-let p: Platform;
+let acp: AcpPlatform;
 let api: HttpClient;
 let principal: string;
 let envId: string;
-const daemons = new Map<string, ChildProcess>();
+let daemons: AcpPlatform['daemons'];
 
 const msg = (content: string) => ({ type: 'user.message' as const, payload: { content, authored_by: principal, caused_by: { kind: 'api' } } });
 
-async function ready(ids: string[]): Promise<void> {
-  await waitFor('runners with the ACP harness', async () => {
-    const r = await api.get<{ data: Array<{ runner: string; status: string; capabilities: { providers: Json[] } }> }>('/v1/runner-pools/presences');
-    const up = r.data.filter((x) => ids.includes(x.runner) && x.status === 'ready' && x.capabilities.providers.some((pr) => Array.isArray(pr.acp_harnesses) && pr.acp_harnesses.length > 0));
-    return up.length === ids.length ? true : undefined;
-  }, 150_000);
-}
-
-async function daemon(label: string, tarball: string): Promise<string> {
-  const { dir, runnerId } = await pairDaemon(p, principal, label);
-  daemons.set(runnerId, startDaemon(dir, ['--acp-harness', tarball]));
-  return runnerId;
-}
-
 beforeAll(async () => {
-  const tarball = await packFixtureAgent();
-  p = await startPlatform({ runner: false, scheduler: true, env: { ...FAST_LEASES } });
-  api = p.root;
-  principal = (await api.post<{ id: string }>(`/v1/organizations/workspaces/${p.bootstrap.workspace_id}/principals`, {
-    external_subject_id: 'acp-user', principal_type: 'person', display_name: 'ACP User',
-  })).id;
-  envId = (await api.post<{ id: string }>('/v1/environments', {
-    name: 'acp', image: 'agentplane/sandbox:latest',
-    resources: { cpu_millis: 1000, memory_mib: 512, disk_mib: 512, max_duration_seconds: 120 },
-    harness: { kind: 'acp', package: FIXTURE_PACKAGE, command: FIXTURE_COMMAND },
-  })).id;
+  acp = await startAcpPlatform();
+  ({ api, principal, envId, daemons } = acp);
   // One runner (a Session's workspace lives on the runner that ran it).
-  await ready([await daemon('acp-a', tarball)]);
+  await acp.ready([await acp.daemon('acp-a')]);
 }, 240_000);
 afterAll(async () => {
-  for (const d of daemons.values()) d.kill('SIGKILL');
-  await p?.stop();
+  await acp?.stop();
 });
 
 async function session(system: string): Promise<string> {

@@ -4,7 +4,7 @@ import Docker from 'dockerode';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { HttpClient } from '@agentplane/client';
 import { ensureBrowserImage } from '../runner-daemon/src/sandbox/browser-image.js';
-import { pairDaemon, startDaemon } from './harness/daemon.js';
+import { createPerson, startReadyDaemon } from './harness/daemon.js';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
 import { idleCount, untilEvents, type TurnEvent } from './harness/turns.js';
 
@@ -36,24 +36,14 @@ beforeAll(async () => {
   await ensureBrowserImage({ docker });
   p = await startPlatform({ runner: false, scheduler: true, env: { RUNNER_HEARTBEAT_INTERVAL_MS: '1000', RUNNER_PRESENCE_TTL_MS: '4000' } });
   api = p.root;
-  owner = (await api.post<{ id: string }>(`/v1/organizations/workspaces/${p.bootstrap.workspace_id}/principals`, {
-    external_subject_id: 'browser-owner', principal_type: 'person', display_name: 'Owner',
-  })).id;
+  owner = await createPerson(p, 'browser-owner', 'Owner');
 }, 120_000);
 afterAll(async () => {
   for (const d of daemons) d.kill('SIGKILL');
   await p?.stop();
 });
 
-async function runner(label: string, args: string[] = []): Promise<{ runnerId: string; presence: Presence }> {
-  const { dir, runnerId } = await pairDaemon(p, owner, label);
-  daemons.push(startDaemon(dir, args));
-  const presence = await waitFor(`${label} ready`, async () => {
-    const x = (await api.get<{ data: Presence[] }>('/v1/runner-pools/presences')).data.find((r) => r.runner === runnerId);
-    return x?.status === 'ready' ? x : undefined;
-  }, 60_000);
-  return { runnerId, presence };
-}
+const runner = (label: string, args: string[] = []) => startReadyDaemon<Presence>(p, owner, label, daemons, args, 60_000);
 
 const msg = (content: string) => ({ type: 'user.message', payload: { content, authored_by: owner, caused_by: { kind: 'api' } } });
 

@@ -3,7 +3,7 @@ import { readFileSync } from 'node:fs';
 import Docker from 'dockerode';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { HttpClient } from '@agentplane/client';
-import { pairDaemon, startDaemon } from './harness/daemon.js';
+import { createPerson, startReadyDaemon } from './harness/daemon.js';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
 
 /**
@@ -27,24 +27,14 @@ beforeAll(async () => {
   if (!hasRunsc) return;
   p = await startPlatform({ runner: false, scheduler: true });
   api = p.root;
-  owner = (await api.post<{ id: string }>(`/v1/organizations/workspaces/${p.bootstrap.workspace_id}/principals`, {
-    external_subject_id: 'tier-owner', principal_type: 'person', display_name: 'Owner',
-  })).id;
+  owner = await createPerson(p, 'tier-owner', 'Owner');
 }, 90_000);
 afterAll(async () => {
   for (const d of daemons) d.kill('SIGKILL');
   await p?.stop();
 });
 
-async function runner(label: string, args: string[] = []): Promise<{ runnerId: string; presence: Presence }> {
-  const { dir, runnerId } = await pairDaemon(p, owner, label);
-  daemons.push(startDaemon(dir, args));
-  const presence = await waitFor(`${label} ready`, async () => {
-    const x = (await api.get<{ data: Presence[] }>('/v1/runner-pools/presences')).data.find((r) => r.runner === runnerId);
-    return x?.status === 'ready' ? x : undefined;
-  }, 40_000);
-  return { runnerId, presence };
-}
+const runner = (label: string, args: string[] = []) => startReadyDaemon<Presence>(p, owner, label, daemons, args, 40_000);
 
 async function events(sessionId: string): Promise<Ev[]> {
   const thread = (await api.get<{ data: { id: string }[] }>(`/v1/sessions/${sessionId}/threads`)).data[0]?.id ?? '';

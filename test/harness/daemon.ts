@@ -2,7 +2,7 @@ import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { ROOT_DIR, type Platform } from './platform.js';
+import { ROOT_DIR, waitFor, type Platform } from './platform.js';
 
 export const RUNNER_CLI = join(ROOT_DIR, 'runner-daemon/dist/cli.js');
 
@@ -23,4 +23,27 @@ export function startDaemon(configDir: string, extraArgs: string[] = []): ChildP
   return spawn(process.execPath, [RUNNER_CLI, 'start', '--config-dir', configDir, '--reconnect-base-ms', '200', '--reconnect-cap-ms', '1000', '--log-level', 'warn', ...extraArgs], {
     stdio: ['ignore', 'ignore', 'inherit'],
   });
+}
+
+/** A person Principal in the platform's bootstrap Workspace (a runner's owner); returns its id. */
+export async function createPerson(p: Platform, externalSubjectId: string, displayName: string): Promise<string> {
+  return (await p.root.post<{ id: string }>(`/v1/organizations/workspaces/${p.bootstrap.workspace_id}/principals`, {
+    external_subject_id: externalSubjectId, principal_type: 'person', display_name: displayName,
+  })).id;
+}
+
+/**
+ * Pairs a runner for `owner`, starts it (its process goes to `daemons`, for the file's teardown)
+ * and waits until its presence is ready; returns the presence as the API shows it.
+ */
+export async function startReadyDaemon<P extends { runner: string; status: string }>(
+  p: Platform, owner: string, label: string, daemons: ChildProcess[], args: string[], timeoutMs: number,
+): Promise<{ runnerId: string; presence: P }> {
+  const { dir, runnerId } = await pairDaemon(p, owner, label);
+  daemons.push(startDaemon(dir, args));
+  const presence = await waitFor(`${label} ready`, async () => {
+    const x = (await p.root.get<{ data: P[] }>('/v1/runner-pools/presences')).data.find((r) => r.runner === runnerId);
+    return x?.status === 'ready' ? x : undefined;
+  }, timeoutMs);
+  return { runnerId, presence };
 }

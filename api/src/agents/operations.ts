@@ -1,6 +1,7 @@
 import { Page, PageQuery, Type } from '@agentplane/core';
 import { READERS, WRITERS } from '../http/caller.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
+import { pageOf, workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
 import { checkMultiagent, newAgent, normaliseMcp, normaliseTools } from '@agentplane/domain';
 import { AgentPath, AgentSchema, AgentVersionPath, CreateAgentBody, UpdateAgentBody } from './schemas.js';
@@ -9,34 +10,25 @@ const readers = { kind: 'bearer', roles: READERS } as const;
 const writers = { kind: 'bearer', roles: WRITERS } as const;
 
 export const agentOperations: Operation[] = [
-  defineOperation({
-    operationId: 'agents.createAgent', method: 'POST', path: '/v1/agents', summary: 'Create an Agent (version 1)',
+  workspaceWrite('POST', {
+    operationId: 'agents.createAgent', path: '/v1/agents', summary: 'Create an Agent (version 1)',
     audit: { target: 'response' },
     auth: writers, body: CreateAgentBody, response: AgentSchema, successStatus: 201, idempotency: 'optional', mcp: 'compact',
-    async handler({ caller, body, deps }) {
-      const ws = requireWorkspace(caller);
-      await deps.models.profiles.requireKey(ws, body.model, 'body.model');
-      if (body.skills) await deps.skills.checkSelections(ws, body.skills, 'body.skills');
-      if (body.multiagent) await checkMultiagent(body.multiagent, body.tools ?? [], (id, v) => deps.agents.getVersion(ws, id, v));
-      return json(201, await deps.agents.create(ws, newAgent(ws, body)));
-    },
+  }, async (ws, { body, deps }) => {
+    await deps.models.profiles.requireKey(ws, body.model, 'body.model');
+    if (body.skills) await deps.skills.checkSelections(ws, body.skills, 'body.skills');
+    if (body.multiagent) await checkMultiagent(body.multiagent, body.tools ?? [], (id, v) => deps.agents.getVersion(ws, id, v));
+    return deps.agents.create(ws, newAgent(ws, body));
   }),
-  defineOperation({
-    operationId: 'agents.listAgents', method: 'GET', path: '/v1/agents', summary: 'List the Agents of the Workspace (latest versions)',
+  workspaceRead({
+    operationId: 'agents.listAgents', path: '/v1/agents', summary: 'List the Agents of the Workspace (latest versions)',
     auth: readers, query: PageQuery({ include_archived: Type.Optional(Type.Boolean()) }), response: Page(AgentSchema), mcp: 'compact',
-    async handler({ caller, query, deps }) {
-      const ws = requireWorkspace(caller);
-      return json(200, await deps.agents.list(ws, { limit: query.limit ?? 20, page: query.page, includeArchived: query.include_archived ?? false }));
-    },
-  }),
-  defineOperation({
-    operationId: 'agents.getAgent', method: 'GET', path: '/v1/agents/{agent_id}', summary: 'Read the latest version of an Agent',
+  }, (ws, { query, deps }) => deps.agents.list(ws, { limit: query.limit ?? 20, page: query.page, includeArchived: query.include_archived ?? false })),
+  workspaceRead({
+    operationId: 'agents.getAgent', path: '/v1/agents/{agent_id}', summary: 'Read the latest version of an Agent',
     auth: { ...readers, principal: true }, permission: { action: 'read', target: 'agent_id' }, mcpPrincipal: true,
     params: AgentPath, response: AgentSchema, mcp: 'compact',
-    async handler({ caller, params, deps }) {
-      return json(200, await deps.agents.get(requireWorkspace(caller), params.agent_id));
-    },
-  }),
+  }, (ws, { params, deps }) => deps.agents.get(ws, params.agent_id)),
   defineOperation({
     operationId: 'agents.updateAgent', method: 'POST', path: '/v1/agents/{agent_id}',
     audit: { target: 'agent_id' },
@@ -65,28 +57,19 @@ export const agentOperations: Operation[] = [
       })));
     },
   }),
-  defineOperation({
-    operationId: 'agents.archiveAgent', method: 'POST', path: '/v1/agents/{agent_id}/archive',
+  workspaceWrite('POST', {
+    operationId: 'agents.archiveAgent', path: '/v1/agents/{agent_id}/archive',
     audit: { target: 'agent_id' },
     summary: 'Archive an Agent: no new Sessions or versions; existing Sessions keep their snapshot', auth: writers,
     params: AgentPath, response: AgentSchema, idempotency: 'optional', mcp: 'full',
-    async handler({ caller, params, deps }) {
-      return json(200, await deps.agents.archive(requireWorkspace(caller), params.agent_id));
-    },
-  }),
-  defineOperation({
-    operationId: 'agents.listAgentVersions', method: 'GET', path: '/v1/agents/{agent_id}/versions',
+  }, (ws, { params, deps }) => deps.agents.archive(ws, params.agent_id)),
+  workspaceRead({
+    operationId: 'agents.listAgentVersions', path: '/v1/agents/{agent_id}/versions',
     summary: 'List the versions of an Agent, oldest first', auth: readers, params: AgentPath, query: PageQuery({}),
     response: Page(AgentSchema), mcp: 'full',
-    async handler({ caller, params, query, deps }) {
-      return json(200, await deps.agents.listVersions(requireWorkspace(caller), params.agent_id, { limit: query.limit ?? 20, page: query.page }));
-    },
-  }),
-  defineOperation({
-    operationId: 'agents.getAgentVersion', method: 'GET', path: '/v1/agents/{agent_id}/versions/{version}',
+  }, (ws, { params, query, deps }) => deps.agents.listVersions(ws, params.agent_id, pageOf(query))),
+  workspaceRead({
+    operationId: 'agents.getAgentVersion', path: '/v1/agents/{agent_id}/versions/{version}',
     summary: 'Read one immutable Agent version', auth: readers, params: AgentVersionPath, response: AgentSchema, mcp: 'full',
-    async handler({ caller, params, deps }) {
-      return json(200, await deps.agents.getVersion(requireWorkspace(caller), params.agent_id, params.version));
-    },
-  }),
+  }, (ws, { params, deps }) => deps.agents.getVersion(ws, params.agent_id, params.version)),
 ];

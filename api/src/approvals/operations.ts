@@ -2,6 +2,7 @@ import { Id, Nullable, Obj, Page, PageQuery, Timestamp, Type } from '@agentplane
 import { tags } from '@agentplane/store';
 import { ADMINS, READERS } from '../http/caller.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
+import { workspaceRead } from '../http/workspace-operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
 import type { Caller } from '../http/caller.js';
 import { APPROVAL_STATUSES, APPROVALS, bySession, type ActionApproval } from './service.js';
@@ -56,15 +57,12 @@ export const approvalOperations: Operation[] = [
         status === undefined ? undefined : (a) => a.status === status));
     },
   }),
-  defineOperation({
-    operationId: 'approvals.getActionApproval', method: 'GET', path: '/v1/action-approvals/{approval_id}',
+  workspaceRead({
+    operationId: 'approvals.getActionApproval', path: '/v1/action-approvals/{approval_id}',
     summary: 'Read an ActionApproval: the tool use, its input, the rule that asked, its status',
     auth: { kind: 'bearer', roles: READERS, principal: true }, permission: { action: 'approve', target: 'approval_id' }, mcpPrincipal: true,
     params: ApprovalPath, response: ActionApprovalSchema,
-    async handler({ caller, params, deps }) {
-      return json(200, await deps.approvals.get(requireWorkspace(caller), params.approval_id));
-    },
-  }),
+  }, (ws, { params, deps }) => deps.approvals.get(ws, params.approval_id)),
   resolveOperation('approve', 'Approve a pending ActionApproval: the waiting tool use runs once and the turn continues'),
   resolveOperation('deny', 'Deny a pending ActionApproval: the tool use is refused (the model gets a refusal naming the approval) and the turn continues'),
 ];

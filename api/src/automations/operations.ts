@@ -3,6 +3,7 @@ import { ApiError, Id, newId, nowIso, Obj, Page, PageQuery, Type } from '@agentp
 import { keys, tags } from '@agentplane/store';
 import { READERS, WRITERS } from '../http/caller.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
+import { listWorkspaceDocs, workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
 import type { ApiDeps } from '../deps.js';
 import { MAX_PROMPT_BYTES } from './prompt.js';
@@ -83,52 +84,45 @@ async function firingOf(deps: ApiDeps, ws: string, id: string): Promise<FiringDo
 }
 
 export const automationOperations: Operation[] = [
-  defineOperation({
-    operationId: 'automations.createAutomation', method: 'POST', path: '/v1/automations',
+  workspaceWrite('POST', {
+    operationId: 'automations.createAutomation', path: '/v1/automations',
     summary: 'Create an Automation (schedule or signed-webhook trigger); a webhook trigger returns its signing secret once',
     auth: { kind: 'bearer', roles: WRITERS }, audit: { target: 'response' },
     body: CreateAutomationBody, response: AutomationSchema, successStatus: 201, idempotency: 'optional', sensitive: true, mcp: 'never',
-    async handler({ caller, body, deps }) {
-      const ws = requireWorkspace(caller);
-      checkPrompt(body.prompt);
-      const trigger = checkTrigger(body.trigger);
-      const agent = agentRef(body.agent);
-      await checkRefs(deps, ws, { principal_id: body.principal_id, agent, environment_id: body.environment_id });
-      const now = nowIso();
-      const id = newId('automation');
-      const a: AutomationDoc = {
-        id, type: 'automation', workspace_id: ws, name: body.name, status: 'active', principal_id: body.principal_id, agent,
-        environment_id: body.environment_id, prompt: body.prompt,
-        budget: body.budget ? { max_list_cost: { amount: body.budget.max_list_cost.amount, currency: 'USD' } } : null,
-        max_concurrent_firings: body.max_concurrent_firings ?? 1, trigger,
-        webhook: trigger.type === 'webhook' ? { ingest_path: `/v1/ingest/automations/${id}`, secret_generation: 1, previous_secret_expires_at: null } : null,
-        version: 1, created_at: now, updated_at: now,
-      };
-      const secret = trigger.type === 'webhook' ? newSigningSecret() : null;
-      await deps.automations.store.create(a, secret);
-      if (trigger.type === 'subscription') await deps.automations.subscribed(ws);
-      await deps.automations.syncSchedule(a, a.id);
-      return json(201, await view(deps, a, secret ? { signing_secret: secret } : {}));
-    },
+  }, async (ws, { body, deps }) => {
+    checkPrompt(body.prompt);
+    const trigger = checkTrigger(body.trigger);
+    const agent = agentRef(body.agent);
+    await checkRefs(deps, ws, { principal_id: body.principal_id, agent, environment_id: body.environment_id });
+    const now = nowIso();
+    const id = newId('automation');
+    const a: AutomationDoc = {
+      id, type: 'automation', workspace_id: ws, name: body.name, status: 'active', principal_id: body.principal_id, agent,
+      environment_id: body.environment_id, prompt: body.prompt,
+      budget: body.budget ? { max_list_cost: { amount: body.budget.max_list_cost.amount, currency: 'USD' } } : null,
+      max_concurrent_firings: body.max_concurrent_firings ?? 1, trigger,
+      webhook: trigger.type === 'webhook' ? { ingest_path: `/v1/ingest/automations/${id}`, secret_generation: 1, previous_secret_expires_at: null } : null,
+      version: 1, created_at: now, updated_at: now,
+    };
+    const secret = trigger.type === 'webhook' ? newSigningSecret() : null;
+    await deps.automations.store.create(a, secret);
+    if (trigger.type === 'subscription') await deps.automations.subscribed(ws);
+    await deps.automations.syncSchedule(a, a.id);
+    return view(deps, a, secret ? { signing_secret: secret } : {});
   }),
-  defineOperation({
-    operationId: 'automations.listAutomations', method: 'GET', path: '/v1/automations',
+  workspaceRead({
+    operationId: 'automations.listAutomations', path: '/v1/automations',
     summary: 'List Automations, oldest first', auth: { kind: 'bearer', roles: READERS },
     query: PageQuery({}), response: Page(AutomationSchema), mcp: 'full',
-    async handler({ caller, query, deps }) {
-      const ws = requireWorkspace(caller);
-      const page = await deps.docs.list<AutomationDoc>(tags.workspace(ws), AUTOMATIONS, { limit: query.limit ?? 20, page: query.page, order: 'asc' });
-      return json(200, { data: await Promise.all(page.data.map((a) => view(deps, a))), next_page: page.next_page });
-    },
+  }, async (ws, { query, deps }) => {
+    const page = await listWorkspaceDocs<AutomationDoc>(deps, ws, AUTOMATIONS, query);
+    return { data: await Promise.all(page.data.map((a) => view(deps, a))), next_page: page.next_page };
   }),
-  defineOperation({
-    operationId: 'automations.getAutomation', method: 'GET', path: '/v1/automations/{automation_id}',
+  workspaceRead({
+    operationId: 'automations.getAutomation', path: '/v1/automations/{automation_id}',
     summary: 'Read an Automation with its next scheduled fire and its metrics', auth: { kind: 'bearer', roles: READERS },
     params: AutomationPath, response: AutomationSchema, mcp: 'full',
-    async handler({ caller, params, deps }) {
-      return json(200, await view(deps, await deps.automations.store.get(requireWorkspace(caller), params.automation_id)));
-    },
-  }),
+  }, async (ws, { params, deps }) => view(deps, await deps.automations.store.get(ws, params.automation_id))),
   defineOperation({
     operationId: 'automations.updateAutomation', method: 'POST', path: '/v1/automations/{automation_id}',
     summary: 'Change an Automation (compare-and-swap on expected_version); a schedule change updates its scheduler',
@@ -160,21 +154,19 @@ export const automationOperations: Operation[] = [
       return json(200, await view(deps, next));
     },
   }),
-  defineOperation({
-    operationId: 'automations.deleteAutomation', method: 'DELETE', path: '/v1/automations/{automation_id}',
+  workspaceWrite('DELETE', {
+    operationId: 'automations.deleteAutomation', path: '/v1/automations/{automation_id}',
     summary: 'Delete an Automation and its scheduler; its firings stay readable', auth: { kind: 'bearer', roles: WRITERS },
     audit: { target: 'automation_id' }, params: AutomationPath, query: Obj({ expected_version: Type.Optional(Type.Integer({ minimum: 1 })) }),
     response: Obj({ id: Id('automation'), type: Type.Literal('automation_deleted') }), mcp: 'full',
-    async handler({ caller, params, query, deps }) {
-      const ws = requireWorkspace(caller);
-      const a = await deps.automations.store.get(ws, params.automation_id);
-      if (query.expected_version !== undefined && a.version !== query.expected_version) {
-        throw new ApiError('validation.conflict', `version ${query.expected_version} is stale; the current version is ${a.version}`);
-      }
-      await deps.automations.syncSchedule(null, a.id);
-      await deps.automations.store.remove(ws, a.id);
-      return json(200, { id: a.id, type: 'automation_deleted' });
-    },
+  }, async (ws, { params, query, deps }) => {
+    const a = await deps.automations.store.get(ws, params.automation_id);
+    if (query.expected_version !== undefined && a.version !== query.expected_version) {
+      throw new ApiError('validation.conflict', `version ${query.expected_version} is stale; the current version is ${a.version}`);
+    }
+    await deps.automations.syncSchedule(null, a.id);
+    await deps.automations.store.remove(ws, a.id);
+    return { id: a.id, type: 'automation_deleted' };
   }),
   ...(['pause', 'resume'] as const).map((verb) => defineOperation({
     operationId: `automations.${verb}Automation`, method: 'POST', path: `/v1/automations/{automation_id}/${verb}`,
@@ -191,40 +183,37 @@ export const automationOperations: Operation[] = [
       return json(200, await view(deps, next));
     },
   })),
-  defineOperation({
-    operationId: 'automations.rotateAutomationSecret', method: 'POST', path: '/v1/automations/{automation_id}/rotate-secret',
+  workspaceWrite('POST', {
+    operationId: 'automations.rotateAutomationSecret', path: '/v1/automations/{automation_id}/rotate-secret',
     summary: 'Issue a new webhook signing secret (returned once); the previous one keeps verifying for overlap_seconds',
     auth: { kind: 'bearer', roles: WRITERS }, audit: { target: 'automation_id' }, params: AutomationPath,
     body: Obj({ expected_version: Type.Integer({ minimum: 1 }), overlap_seconds: Type.Optional(Type.Integer({ minimum: 0, maximum: 7 * 24 * 3600 })) }),
     response: AutomationSchema, idempotency: 'optional', sensitive: true, mcp: 'never',
-    async handler({ caller, params, body, deps }) {
-      const ws = requireWorkspace(caller);
-      const cur = await deps.automations.store.get(ws, params.automation_id);
-      if (cur.trigger.type !== 'webhook' || !cur.webhook) throw new ApiError('runtime.invalid_transition', 'only an Automation with a webhook trigger has a signing secret');
-      if (cur.version !== body.expected_version) throw new ApiError('validation.conflict', `version ${body.expected_version} is stale; the current version is ${cur.version}`);
-      const overlapMs = (body.overlap_seconds ?? DEFAULT_OVERLAP_SECONDS) * 1000;
-      const r = await deps.automations.store.rotateSecret(ws, cur.id, overlapMs);
-      const next = await deps.automations.store.update(ws, cur.id, (a) => ({
-        ...a, webhook: { ingest_path: a.webhook?.ingest_path ?? `/v1/ingest/automations/${a.id}`, secret_generation: r.generation, previous_secret_expires_at: r.previousExpiresMs > 0 ? new Date(r.previousExpiresMs).toISOString() : null },
-      }), body.expected_version);
-      return json(200, await view(deps, next, { signing_secret: r.secret }));
-    },
+  }, async (ws, { params, body, deps }) => {
+    const cur = await deps.automations.store.get(ws, params.automation_id);
+    if (cur.trigger.type !== 'webhook' || !cur.webhook) throw new ApiError('runtime.invalid_transition', 'only an Automation with a webhook trigger has a signing secret');
+    if (cur.version !== body.expected_version) throw new ApiError('validation.conflict', `version ${body.expected_version} is stale; the current version is ${cur.version}`);
+    const overlapMs = (body.overlap_seconds ?? DEFAULT_OVERLAP_SECONDS) * 1000;
+    const r = await deps.automations.store.rotateSecret(ws, cur.id, overlapMs);
+    const next = await deps.automations.store.update(ws, cur.id, (a) => ({
+      ...a, webhook: { ingest_path: a.webhook?.ingest_path ?? `/v1/ingest/automations/${a.id}`, secret_generation: r.generation, previous_secret_expires_at: r.previousExpiresMs > 0 ? new Date(r.previousExpiresMs).toISOString() : null },
+    }), body.expected_version);
+    return view(deps, next, { signing_secret: r.secret });
   }),
-  defineOperation({
-    operationId: 'automations.fireAutomation', method: 'POST', path: '/v1/automations/{automation_id}/fire',
+  workspaceWrite('POST', {
+    operationId: 'automations.fireAutomation', path: '/v1/automations/{automation_id}/fire',
     summary: 'Fire an Automation by hand (source.kind = manual): returns the firing receipt (status pending)',
     auth: { kind: 'bearer', roles: WRITERS }, audit: { target: 'automation_id' }, params: AutomationPath,
     body: Obj({ event: Type.Optional(Type.Unsafe<unknown>({ description: 'any JSON value: {{event}} in the prompt' })) }),
     response: FiringSchema, successStatus: 202, idempotency: 'optional', mcp: 'full',
-    async handler({ caller, params, body, deps }) {
-      const a = await deps.automations.store.get(requireWorkspace(caller), params.automation_id);
-      if (a.status !== 'active') throw new ApiError('runtime.invalid_transition', 'the automation is paused; resume it first');
-      const f = await deps.automations.fire(a, { kind: 'manual' }, body.event ?? {});
-      return json(202, publicFiring(f));
-    },
+  }, async (ws, { params, body, deps }) => {
+    const a = await deps.automations.store.get(ws, params.automation_id);
+    if (a.status !== 'active') throw new ApiError('runtime.invalid_transition', 'the automation is paused; resume it first');
+    const f = await deps.automations.fire(a, { kind: 'manual' }, body.event ?? {});
+    return publicFiring(f);
   }),
-  defineOperation({
-    operationId: 'automations.listAutomationFirings', method: 'GET', path: '/v1/automations/{automation_id}/firings',
+  workspaceRead({
+    operationId: 'automations.listAutomationFirings', path: '/v1/automations/{automation_id}/firings',
     summary: 'List the firings of an Automation, newest first; filter by status and source',
     auth: { kind: 'bearer', roles: READERS }, params: AutomationPath,
     query: PageQuery({
@@ -233,64 +222,53 @@ export const automationOperations: Operation[] = [
       order: Type.Optional(Type.Union([Type.Literal('asc'), Type.Literal('desc')])),
     }),
     response: Page(FiringSchema), mcp: 'full',
-    async handler({ caller, params, query, deps }) {
-      const ws = requireWorkspace(caller);
-      const { status, source } = query;
-      const filter = status || source ? (f: FiringDoc) => (!status || f.status === status) && (!source || f.source.kind === source) : undefined;
-      const page = await deps.docs.list<FiringDoc>(tags.workspace(ws), firingsOf(params.automation_id), { limit: query.limit ?? 20, page: query.page, order: query.order ?? 'desc' }, filter);
-      return json(200, { data: page.data.map(publicFiring), next_page: page.next_page });
-    },
+  }, async (ws, { params, query, deps }) => {
+    const { status, source } = query;
+    const filter = status || source ? (f: FiringDoc) => (!status || f.status === status) && (!source || f.source.kind === source) : undefined;
+    const page = await deps.docs.list<FiringDoc>(tags.workspace(ws), firingsOf(params.automation_id), { limit: query.limit ?? 20, page: query.page, order: query.order ?? 'desc' }, filter);
+    return { data: page.data.map(publicFiring), next_page: page.next_page };
   }),
-  defineOperation({
-    operationId: 'automationFirings.getAutomationFiring', method: 'GET', path: '/v1/automation-firings/{firing_id}',
+  workspaceRead({
+    operationId: 'automationFirings.getAutomationFiring', path: '/v1/automation-firings/{firing_id}',
     summary: 'Read a firing receipt', auth: { kind: 'bearer', roles: READERS }, params: FiringPath, response: FiringSchema, mcp: 'full',
-    async handler({ caller, params, deps }) {
-      return json(200, publicFiring(await firingOf(deps, requireWorkspace(caller), params.firing_id)));
-    },
-  }),
-  defineOperation({
-    operationId: 'automationFirings.getAutomationFiringTrace', method: 'GET', path: '/v1/automation-firings/{firing_id}/trace',
+  }, async (ws, { params, deps }) => publicFiring(await firingOf(deps, ws, params.firing_id))),
+  workspaceRead({
+    operationId: 'automationFirings.getAutomationFiringTrace', path: '/v1/automation-firings/{firing_id}/trace',
     summary: 'The content-free trace of one firing in any state', auth: { kind: 'bearer', roles: READERS },
     params: FiringPath, response: TraceSchema, mcp: 'full',
-    async handler({ caller, params, deps }) {
-      const ws = requireWorkspace(caller);
-      const f = await firingOf(deps, ws, params.firing_id);
-      return json(200, await buildTrace(f, deps.sessions, await deps.automations.store.feedbackCounts(ws, f.id)));
-    },
+  }, async (ws, { params, deps }) => {
+    const f = await firingOf(deps, ws, params.firing_id);
+    return buildTrace(f, deps.sessions, await deps.automations.store.feedbackCounts(ws, f.id));
   }),
-  defineOperation({
-    operationId: 'automationFirings.listAutomationFiringFeedback', method: 'GET', path: '/v1/automation-firings/{firing_id}/feedback',
+  workspaceRead({
+    operationId: 'automationFirings.listAutomationFiringFeedback', path: '/v1/automation-firings/{firing_id}/feedback',
     summary: 'Feedback labels of one submitted (finished) firing, oldest first; 409 while the firing is still pending or running',
     auth: { kind: 'bearer', roles: READERS }, params: FiringPath, query: PageQuery({}), response: Page(FeedbackSchema), mcp: 'full',
-    async handler({ caller, params, query, deps }) {
-      const ws = requireWorkspace(caller);
-      const f = await firingOf(deps, ws, params.firing_id);
-      if (!TERMINAL_FIRING.has(f.status)) throw new ApiError('runtime.invalid_transition', `the firing is ${f.status}: feedback is for finished firings`);
-      return json(200, await deps.docs.list<FeedbackDoc>(tags.workspace(ws), feedbackOf(f.id), { limit: query.limit ?? 20, page: query.page, order: 'asc' }));
-    },
+  }, async (ws, { params, query, deps }) => {
+    const f = await firingOf(deps, ws, params.firing_id);
+    if (!TERMINAL_FIRING.has(f.status)) throw new ApiError('runtime.invalid_transition', `the firing is ${f.status}: feedback is for finished firings`);
+    return listWorkspaceDocs<FeedbackDoc>(deps, ws, feedbackOf(f.id), query);
   }),
-  defineOperation({
-    operationId: 'automationFirings.createAutomationFiringFeedback', method: 'POST', path: '/v1/automation-firings/{firing_id}/feedback',
+  workspaceWrite('POST', {
+    operationId: 'automationFirings.createAutomationFiringFeedback', path: '/v1/automation-firings/{firing_id}/feedback',
     summary: 'Label a finished firing (useful, noisy, incorrect, too_late, already_handled); one label per Principal, no free text',
     auth: { kind: 'bearer', roles: WRITERS }, audit: { target: 'response' }, params: FiringPath,
     body: Obj({ authored_by: Id('principal'), disposition: Disposition }), response: FeedbackSchema, successStatus: 201, idempotency: 'optional', mcp: 'full',
-    async handler({ caller, params, body, deps }) {
-      const ws = requireWorkspace(caller);
-      const f = await firingOf(deps, ws, params.firing_id);
-      if (!TERMINAL_FIRING.has(f.status)) throw new ApiError('runtime.invalid_transition', `the firing is ${f.status}: feedback is for finished firings`);
-      await deps.identity.activePrincipal(ws, body.authored_by, 'authored_by');
-      const claim = await deps.redis.hsetnx(keys.unique(tags.workspace(ws), `firing_feedback:${f.id}`), body.authored_by, 'x');
-      if (claim === 0) throw new ApiError('validation.conflict', `Principal ${body.authored_by} already labelled this firing; update that label instead`);
-      const now = nowIso();
-      const doc: FeedbackDoc = {
-        id: newId('firingFeedback'), type: 'automation_firing_feedback', workspace_id: ws, automation_id: f.automation_id, firing_id: f.id,
-        authored_by: body.authored_by, disposition: body.disposition, version: 1, created_at: now, updated_at: now,
-      };
-      await deps.redis.hset(keys.unique(tags.workspace(ws), `firing_feedback:${f.id}`), body.authored_by, doc.id);
-      await deps.automations.store.createFeedback(doc);
-      const { type: _t, ...out } = doc;
-      return json(201, out);
-    },
+  }, async (ws, { params, body, deps }) => {
+    const f = await firingOf(deps, ws, params.firing_id);
+    if (!TERMINAL_FIRING.has(f.status)) throw new ApiError('runtime.invalid_transition', `the firing is ${f.status}: feedback is for finished firings`);
+    await deps.identity.activePrincipal(ws, body.authored_by, 'authored_by');
+    const claim = await deps.redis.hsetnx(keys.unique(tags.workspace(ws), `firing_feedback:${f.id}`), body.authored_by, 'x');
+    if (claim === 0) throw new ApiError('validation.conflict', `Principal ${body.authored_by} already labelled this firing; update that label instead`);
+    const now = nowIso();
+    const doc: FeedbackDoc = {
+      id: newId('firingFeedback'), type: 'automation_firing_feedback', workspace_id: ws, automation_id: f.automation_id, firing_id: f.id,
+      authored_by: body.authored_by, disposition: body.disposition, version: 1, created_at: now, updated_at: now,
+    };
+    await deps.redis.hset(keys.unique(tags.workspace(ws), `firing_feedback:${f.id}`), body.authored_by, doc.id);
+    await deps.automations.store.createFeedback(doc);
+    const { type: _t, ...out } = doc;
+    return out;
   }),
   defineOperation({
     operationId: 'automationFirings.updateAutomationFiringFeedback', method: 'POST', path: '/v1/automation-firings/{firing_id}/feedback/{feedback_id}',

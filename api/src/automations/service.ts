@@ -1,6 +1,7 @@
-import { DelayedError, Queue, Worker, type Job } from 'bullmq';
+import { DelayedError, type Queue, type Job } from 'bullmq';
 import { ApiError, Counter, newId, nowIso, type Logger, type Metrics } from '@agentplane/core';
-import { connectRedis, keys, tags, type Redis } from '@agentplane/store';
+import { keys, tags } from '@agentplane/store';
+import { QueueHost } from '../queue-host.js';
 import type { IdentityService } from '@agentplane/domain';
 import type { PermissionStore } from '../governance/permissions.js';
 import type { PolicyStore } from '../governance/policies.js';
@@ -47,17 +48,13 @@ export interface AutomationServiceDeps {
  * process (jobs are taken once), so no process needs another's domain logic.
  */
 export class AutomationService {
-  private readonly bull: Redis;
+  private readonly host: QueueHost;
   readonly queue: Queue;
-  private worker: Worker | null = null;
-  private workerConn: Redis | null = null;
-  private sweepTimer: NodeJS.Timeout | null = null;
   private readonly firings: Counter<'source' | 'status'>;
 
   constructor(private readonly d: AutomationServiceDeps) {
-    this.bull = connectRedis(d.redisUrl, { name: 'api:automations', blocking: true });
-    this.bull.on('error', (err: Error) => d.log.warn({ err: err.message }, 'automations queue connection error'));
-    this.queue = new Queue(QUEUE, { connection: this.bull, prefix: AUTOMATION_QUEUE_PREFIX });
+    this.host = new QueueHost({ name: 'automations', label: 'automations', queue: QUEUE, prefix: AUTOMATION_QUEUE_PREFIX, redisUrl: d.redisUrl, log: d.log });
+    this.queue = this.host.queue;
     this.firings = new Counter({ name: 'agentplane_automation_firings_total', help: 'Automation firings by source and final status', labelNames: ['source', 'status'], registers: [d.metrics] });
   }
 
@@ -375,17 +372,13 @@ export class AutomationService {
   // ---- worker and sweep ----------------------------------------------------------------------
 
   start(): void {
-    if (this.worker) return;
-    const conn = this.bull.duplicate({ connectionName: 'agentplane:api:automations-worker' });
-    this.workerConn = conn;
-    conn.on('error', (err: Error) => this.d.log.warn({ err: err.message }, 'automations worker connection error'));
-    this.worker = new Worker(QUEUE, async (job: Job, token?: string) => {
+    const worker = this.host.startWorker(async (job: Job, token?: string) => {
       if (job.name === 'tick') return this.tick(job as Job<TickData>);
       if (job.name === 'fire') return this.startFiring(job.data as FiringJobData);
       if (job.name === 'watch') return this.watch(job as Job<FiringJobData>, token);
-    }, { connection: conn, prefix: AUTOMATION_QUEUE_PREFIX, concurrency: 16 });
-    this.worker.on('error', (err) => this.d.log.warn({ err: err.message }, 'automations worker error'));
-    this.worker.on('failed', (job, err) => {
+    }, { concurrency: 16 });
+    if (!worker) return;
+    worker.on('failed', (job, err) => {
       if (!job || job.name !== 'fire' || job.attemptsMade < FIRE_ATTEMPTS) return;
       const data = job.data as FiringJobData;
       this.d.log.warn({ firing_id: data.firing_id, err: err.message }, 'automation firing could not start');
@@ -397,10 +390,7 @@ export class AutomationService {
     });
     this.d.tap.on((ws) => this.wantsWorkspace(ws), (t) => this.onAppend(t));
     this.d.tap.on(async () => true, (t) => this.nudgeWatch(t));
-    const sweep = () => void this.sweep().catch((err: unknown) => this.d.log.warn({ err }, 'firing outbox sweep failed'));
-    this.sweepTimer = setInterval(sweep, this.d.sweepIntervalMs);
-    this.sweepTimer.unref();
-    sweep();
+    this.host.sweepEvery(this.d.sweepIntervalMs, () => this.sweep(), 'firing outbox sweep failed')();
   }
 
   /**
@@ -422,12 +412,8 @@ export class AutomationService {
     }
   }
 
-  async close(): Promise<void> {
-    if (this.sweepTimer) clearInterval(this.sweepTimer);
-    await this.worker?.close().catch(() => undefined);
-    await this.workerConn?.quit().catch(() => this.workerConn?.disconnect());
-    await this.queue.close().catch(() => undefined);
-    await this.bull.quit().catch(() => this.bull.disconnect());
+  close(): Promise<void> {
+    return this.host.close();
   }
 }
 

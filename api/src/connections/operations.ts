@@ -2,6 +2,7 @@ import { Id, Obj, Page, PageQuery, Type } from '@agentplane/core';
 import { tags } from '@agentplane/store';
 import { ADMINS, READERS } from '../http/caller.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
+import { workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
 import type { ApiDeps } from '../deps.js';
 import type { Connection } from '@agentplane/domain';
@@ -12,8 +13,8 @@ const ConnPath = Obj({ connection_id: Id('connection') });
 const service = (deps: ApiDeps) => new ConnectionService(deps.docs, deps.secretBox);
 
 export const connectionOperations: Operation[] = [
-  defineOperation({
-    operationId: 'connections.createConnection', method: 'POST', path: '/v1/connections',
+  workspaceWrite('POST', {
+    operationId: 'connections.createConnection', path: '/v1/connections',
     audit: { target: 'response' },
     summary: 'Configure an external MCP server (Streamable HTTP) for the Workspace; an upstream bearer is stored sealed',
     auth: { kind: 'bearer', roles: ADMINS },
@@ -21,30 +22,22 @@ export const connectionOperations: Operation[] = [
     response: ConnectionSchema, successStatus: 201, idempotency: 'optional',
     // Accepts a credential: REST-only.
     mcp: 'never',
-    async handler({ caller, body, deps }) {
-      return json(201, view(await service(deps).create(requireWorkspace(caller), body)));
-    },
-  }),
-  defineOperation({
-    operationId: 'connections.listConnections', method: 'GET', path: '/v1/connections',
+  }, async (ws, { body, deps }) => view(await service(deps).create(ws, body))),
+  workspaceRead({
+    operationId: 'connections.listConnections', path: '/v1/connections',
     summary: 'List the Connections of the Workspace', auth: { kind: 'bearer', roles: READERS },
     query: PageQuery({ status: Type.Optional(Type.Union([Type.Literal('active'), Type.Literal('archived')])) }),
     response: Page(ConnectionSchema), mcp: 'full',
-    async handler({ caller, query, deps }) {
-      const ws = requireWorkspace(caller);
-      const page = await deps.docs.list<Connection>(tags.workspace(ws), 'connections', { limit: query.limit ?? 20, page: query.page, order: 'asc' },
-        (c) => query.status === undefined || c.status === query.status);
-      return json(200, { data: page.data.map(view), next_page: page.next_page });
-    },
+  }, async (ws, { query, deps }) => {
+    const page = await deps.docs.list<Connection>(tags.workspace(ws), 'connections', { limit: query.limit ?? 20, page: query.page, order: 'asc' },
+      (c) => query.status === undefined || c.status === query.status);
+    return { data: page.data.map(view), next_page: page.next_page };
   }),
-  defineOperation({
-    operationId: 'connections.getConnection', method: 'GET', path: '/v1/connections/{connection_id}',
+  workspaceRead({
+    operationId: 'connections.getConnection', path: '/v1/connections/{connection_id}',
     summary: 'Read a Connection (never its secret)', auth: { kind: 'bearer', roles: READERS }, params: ConnPath,
     response: ConnectionSchema, mcp: 'full',
-    async handler({ caller, params, deps }) {
-      return json(200, view(await service(deps).get(requireWorkspace(caller), params.connection_id)));
-    },
-  }),
+  }, async (ws, { params, deps }) => view(await service(deps).get(ws, params.connection_id))),
   defineOperation({
     operationId: 'connections.updateConnection', method: 'PATCH', path: '/v1/connections/{connection_id}',
     audit: { target: 'connection_id' },

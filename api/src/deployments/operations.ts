@@ -2,6 +2,7 @@ import { ApiError, Id, newId, nowIso, Obj, Page, Type } from '@agentplane/core';
 import { DEFAULT_RESOURCES, type HarnessProfile, type SandboxProfile } from '@agentplane/domain';
 import { ADMINS, READERS, WRITERS, type Caller } from '../http/caller.js';
 import { CURRENT_VERSION, defineOperation, json, type Operation } from '../http/operation.js';
+import { namedWorkspaceRead, namedWorkspaceWrite, workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { requireWorkspace, workspaceInBoundary } from '../http/workspace-scope.js';
 import type { ApiDeps } from '../deps.js';
 import {
@@ -67,40 +68,28 @@ function sandboxConfig(b: SandboxInput) {
 
 export const deploymentOperations: Operation[] = [
   // ---- AgentDeployment heads ----
-  defineOperation({
-    operationId: 'agentDeployments.createAgentDeployment', method: 'POST', path: '/v1/organizations/workspaces/{workspace_id}/agent-deployments',
+  namedWorkspaceWrite('POST', {
+    operationId: 'agentDeployments.createAgentDeployment', path: '/v1/organizations/workspaces/{workspace_id}/agent-deployments',
     audit: { target: 'response' }, summary: 'Create the deployment head of an Agent (current_revision_number 0; the id is deterministic over Workspace and Agent)',
     auth: admins, params: WsPath, body: CreateDeploymentBody, response: AgentDeploymentSchema, successStatus: 201, idempotency: 'optional', mcp: 'full',
-    async handler({ caller, params, body, deps }) {
-      await workspaceInBoundary(caller, params.workspace_id, deps);
-      return json(201, headView(await svc(deps).create(params.workspace_id, body)));
-    },
-  }),
-  defineOperation({
-    operationId: 'agentDeployments.listAgentDeployments', method: 'GET', path: '/v1/organizations/workspaces/{workspace_id}/agent-deployments',
+  }, async (ws, { body, deps }) => headView(await svc(deps).create(ws, body))),
+  namedWorkspaceRead({
+    operationId: 'agentDeployments.listAgentDeployments', path: '/v1/organizations/workspaces/{workspace_id}/agent-deployments',
     summary: 'List deployment heads (cursor; exact `key` and `status` filters)', auth: readers, params: WsPath, query: ListDeploymentsQuery,
     response: Page(AgentDeploymentSchema), mcp: 'full',
-    async handler({ caller, params, query, deps }) {
-      await workspaceInBoundary(caller, params.workspace_id, deps);
-      const page = await svc(deps).list(params.workspace_id, query);
-      return json(200, { data: page.data.map(headView), next_page: page.next_page });
-    },
+  }, async (ws, { query, deps }) => {
+    const page = await svc(deps).list(ws, query);
+    return { data: page.data.map(headView), next_page: page.next_page };
   }),
-  defineOperation({
-    operationId: 'agentDeployments.getAgentDeployment', method: 'GET', path: '/v1/agent-deployments/{agent_deployment_id}',
+  workspaceRead({
+    operationId: 'agentDeployments.getAgentDeployment', path: '/v1/agent-deployments/{agent_deployment_id}',
     summary: 'Read a deployment head', auth: readers, params: DeploymentPath, response: AgentDeploymentSchema, mcp: 'full',
-    async handler({ caller, params, deps }) {
-      return json(200, headView(await svc(deps).get(requireWorkspace(caller), params.agent_deployment_id)));
-    },
-  }),
-  defineOperation({
-    operationId: 'agentDeployments.updateAgentDeployment', method: 'PATCH', path: '/v1/agent-deployments/{agent_deployment_id}',
+  }, async (ws, { params, deps }) => headView(await svc(deps).get(ws, params.agent_deployment_id))),
+  workspaceWrite('PATCH', {
+    operationId: 'agentDeployments.updateAgentDeployment', path: '/v1/agent-deployments/{agent_deployment_id}',
     audit: { target: 'agent_deployment_id' }, summary: 'Change display_name or archive (terminal), fenced on expected_resource_version',
     auth: admins, params: DeploymentPath, body: PatchDeploymentBody, response: AgentDeploymentSchema, idempotency: 'optional', mcp: 'full',
-    async handler({ caller, params, body, deps }) {
-      return json(200, headView(await svc(deps).patch(requireWorkspace(caller), params.agent_deployment_id, body)));
-    },
-  }),
+  }, async (ws, { params, body, deps }) => headView(await svc(deps).patch(ws, params.agent_deployment_id, body))),
 
   // ---- Revisions ----
   defineOperation({
@@ -113,34 +102,26 @@ export const deploymentOperations: Operation[] = [
       return json(r.status, r.revision);
     },
   }),
-  defineOperation({
-    operationId: 'agentDeployments.listAgentDeploymentRevisions', method: 'GET', path: '/v1/agent-deployments/{agent_deployment_id}/revisions',
+  workspaceRead({
+    operationId: 'agentDeployments.listAgentDeploymentRevisions', path: '/v1/agent-deployments/{agent_deployment_id}/revisions',
     summary: 'List the revisions of a deployment, oldest first', auth: readers, versions: REVISION_READ_VERSIONS, params: DeploymentPath, query: PageOnly,
     response: Page(RevisionSchema), mcp: 'full',
-    async handler({ caller, params, query, deps }) {
-      return json(200, await svc(deps).listRevisions(requireWorkspace(caller), params.agent_deployment_id, query));
-    },
-  }),
-  defineOperation({
-    operationId: 'agentDeployments.getAgentDeploymentRevision', method: 'GET', path: '/v1/agent-deployments/{agent_deployment_id}/revisions/{revision_number}',
+  }, (ws, { params, query, deps }) => svc(deps).listRevisions(ws, params.agent_deployment_id, query)),
+  workspaceRead({
+    operationId: 'agentDeployments.getAgentDeploymentRevision', path: '/v1/agent-deployments/{agent_deployment_id}/revisions/{revision_number}',
     summary: 'Read one immutable revision', auth: readers, versions: REVISION_READ_VERSIONS, params: RevisionPath, response: RevisionSchema, mcp: 'full',
-    async handler({ caller, params, deps }) {
-      return json(200, await svc(deps).revision(requireWorkspace(caller), params.agent_deployment_id, params.revision_number));
-    },
-  }),
+  }, (ws, { params, deps }) => svc(deps).revision(ws, params.agent_deployment_id, params.revision_number)),
 
   // ---- Sessions against a deployment (designed: docs/DEPLOYMENTS.md) ----
-  defineOperation({
-    operationId: 'agentDeployments.createDeploymentSession', method: 'POST', path: '/v1/agent-deployments/{agent_deployment_id}/sessions',
+  workspaceWrite('POST', {
+    operationId: 'agentDeployments.createDeploymentSession', path: '/v1/agent-deployments/{agent_deployment_id}/sessions',
     audit: { target: 'response' },
     summary: "Create a Session under the deployment's current revision (its agent release, sandbox, pool and topology)",
     auth: { kind: 'bearer', roles: WRITERS }, params: DeploymentPath, body: DeploymentSessionBody,
     response: Type.Unsafe<Record<string, unknown>>({ type: 'object', description: 'Session (docs/API.md)' }), successStatus: 201, idempotency: 'optional', mcp: 'full',
-    async handler({ caller, params, body, idempotencyKey, deps }) {
-      const ws = requireWorkspace(caller);
-      const deployment = await svc(deps).sessionPin(ws, params.agent_deployment_id);
-      return json(201, await deps.sessions.create(ws, body, idempotencyKey, { deployment }));
-    },
+  }, async (ws, { params, body, idempotencyKey, deps }) => {
+    const deployment = await svc(deps).sessionPin(ws, params.agent_deployment_id);
+    return deps.sessions.create(ws, body, idempotencyKey, { deployment });
   }),
 
   // ---- Deploy ----
@@ -167,21 +148,15 @@ export const deploymentOperations: Operation[] = [
       return json(201, headView(await svc(deps).createBinding(requireWorkspace(caller), params.agent_deployment_id, body)));
     },
   }),
-  defineOperation({
-    operationId: 'agentDeployments.getConnectionBinding', method: 'GET', path: '/v1/agent-deployment-connection-bindings/{agent_deployment_connection_binding_id}',
+  workspaceRead({
+    operationId: 'agentDeployments.getConnectionBinding', path: '/v1/agent-deployment-connection-bindings/{agent_deployment_connection_binding_id}',
     summary: 'Read a connection binding head', auth: readers, params: BindingPath, response: BindingSchema, mcp: 'full',
-    async handler({ caller, params, deps }) {
-      return json(200, headView(await svc(deps).getBinding(requireWorkspace(caller), params.agent_deployment_connection_binding_id)));
-    },
-  }),
-  defineOperation({
-    operationId: 'agentDeployments.updateConnectionBinding', method: 'PATCH', path: '/v1/agent-deployment-connection-bindings/{agent_deployment_connection_binding_id}',
+  }, async (ws, { params, deps }) => headView(await svc(deps).getBinding(ws, params.agent_deployment_connection_binding_id))),
+  workspaceWrite('PATCH', {
+    operationId: 'agentDeployments.updateConnectionBinding', path: '/v1/agent-deployment-connection-bindings/{agent_deployment_connection_binding_id}',
     audit: { target: 'agent_deployment_connection_binding_id' }, summary: 'Change display_name or status, fenced on expected_resource_version',
     auth: admins, params: BindingPath, body: PatchBindingBody, response: BindingSchema, idempotency: 'optional', mcp: 'full',
-    async handler({ caller, params, body, deps }) {
-      return json(200, headView(await svc(deps).patchBinding(requireWorkspace(caller), params.agent_deployment_connection_binding_id, body)));
-    },
-  }),
+  }, async (ws, { params, body, deps }) => headView(await svc(deps).patchBinding(ws, params.agent_deployment_connection_binding_id, body))),
   defineOperation({
     operationId: 'agentDeployments.publishConnectionBindingRevision', method: 'POST', path: '/v1/agent-deployment-connection-bindings/{agent_deployment_connection_binding_id}/revisions',
     audit: { target: 'agent_deployment_connection_binding_id' },
@@ -202,116 +177,88 @@ export const deploymentOperations: Operation[] = [
   }),
 
   // ---- ConnectedHarnesses (designed) ----
-  defineOperation({
-    operationId: 'connectedHarnesses.createConnectedHarness', method: 'POST', path: '/v1/organizations/workspaces/{workspace_id}/connected-harnesses',
+  namedWorkspaceWrite('POST', {
+    operationId: 'connectedHarnesses.createConnectedHarness', path: '/v1/organizations/workspaces/{workspace_id}/connected-harnesses',
     audit: { target: 'response' }, summary: 'Register a customer-operated harness with its non-secret capability-set digest',
     auth: admins, params: WsPath, body: CreateConnectedHarnessBody, response: ConnectedHarnessSchema, successStatus: 201, idempotency: 'optional', mcp: 'full',
-    async handler({ caller, params, body, deps }) {
-      await workspaceInBoundary(caller, params.workspace_id, deps);
-      return json(201, headView(await svc(deps).createConnectedHarness(params.workspace_id, body)));
-    },
-  }),
-  defineOperation({
-    operationId: 'connectedHarnesses.listConnectedHarnesses', method: 'GET', path: '/v1/organizations/workspaces/{workspace_id}/connected-harnesses',
+  }, async (ws, { body, deps }) => headView(await svc(deps).createConnectedHarness(ws, body))),
+  namedWorkspaceRead({
+    operationId: 'connectedHarnesses.listConnectedHarnesses', path: '/v1/organizations/workspaces/{workspace_id}/connected-harnesses',
     summary: 'List ConnectedHarnesses', auth: readers, params: WsPath, query: PageOnly, response: Page(ConnectedHarnessSchema), mcp: 'full',
-    async handler({ caller, params, query, deps }) {
-      await workspaceInBoundary(caller, params.workspace_id, deps);
-      const page = await svc(deps).listConnectedHarnesses(params.workspace_id, query);
-      return json(200, { data: page.data.map(headView), next_page: page.next_page });
-    },
+  }, async (ws, { query, deps }) => {
+    const page = await svc(deps).listConnectedHarnesses(ws, query);
+    return { data: page.data.map(headView), next_page: page.next_page };
   }),
-  defineOperation({
-    operationId: 'connectedHarnesses.getConnectedHarness', method: 'GET', path: '/v1/connected-harnesses/{connected_harness_id}',
+  workspaceRead({
+    operationId: 'connectedHarnesses.getConnectedHarness', path: '/v1/connected-harnesses/{connected_harness_id}',
     summary: 'Read a ConnectedHarness', auth: readers, params: HarnessPath, response: ConnectedHarnessSchema, mcp: 'full',
-    async handler({ caller, params, deps }) {
-      return json(200, headView(await svc(deps).getConnectedHarness(requireWorkspace(caller), params.connected_harness_id)));
-    },
-  }),
+  }, async (ws, { params, deps }) => headView(await svc(deps).getConnectedHarness(ws, params.connected_harness_id))),
 
   // ---- HarnessProfiles (designed) ----
-  defineOperation({
-    operationId: 'harnessProfiles.createHarnessProfile', method: 'POST', path: '/v1/organizations/workspaces/{workspace_id}/harness-profiles',
+  namedWorkspaceWrite('POST', {
+    operationId: 'harnessProfiles.createHarnessProfile', path: '/v1/organizations/workspaces/{workspace_id}/harness-profiles',
     audit: { target: 'response' }, summary: 'Create a HarnessProfile (revision 1) under a Workspace-unique key',
     auth: admins, params: WsPath, body: CreateHarnessProfileBody, response: HarnessProfileSchema, successStatus: 201, idempotency: 'optional', mcp: 'full',
-    async handler({ caller, params, body, deps }) {
-      await workspaceInBoundary(caller, params.workspace_id, deps);
-      const s = svc(deps);
-      const now = nowIso();
-      const doc: HarnessProfile = {
-        id: newId('harnessProfile'), type: 'harness_profile', workspace_id: params.workspace_id, key: body.key,
-        ...(await harnessConfig(deps, params.workspace_id, body)), version: 1, archived_at: null, created_at: now, updated_at: now,
-      };
-      return json(201, profileView(await s.createProfile(s.harnessProfiles, HARNESS_PROFILE_KEYS, doc)));
-    },
+  }, async (ws, { body, deps }) => {
+    const s = svc(deps);
+    const now = nowIso();
+    const doc: HarnessProfile = {
+      id: newId('harnessProfile'), type: 'harness_profile', workspace_id: ws, key: body.key,
+      ...(await harnessConfig(deps, ws, body)), version: 1, archived_at: null, created_at: now, updated_at: now,
+    };
+    return profileView(await s.createProfile(s.harnessProfiles, HARNESS_PROFILE_KEYS, doc));
   }),
-  defineOperation({
-    operationId: 'harnessProfiles.listHarnessProfiles', method: 'GET', path: '/v1/organizations/workspaces/{workspace_id}/harness-profiles',
+  namedWorkspaceRead({
+    operationId: 'harnessProfiles.listHarnessProfiles', path: '/v1/organizations/workspaces/{workspace_id}/harness-profiles',
     summary: 'List HarnessProfiles (latest revisions; exact `key` filter)', auth: readers, params: WsPath, query: ProfileListQuery, response: Page(HarnessProfileSchema), mcp: 'full',
-    async handler({ caller, params, query, deps }) {
-      await workspaceInBoundary(caller, params.workspace_id, deps);
-      const s = svc(deps);
-      const page = await s.listProfiles(s.harnessProfiles, HARNESS_PROFILE_KEYS, params.workspace_id, query);
-      return json(200, { data: page.data.map(profileView), next_page: page.next_page });
-    },
+  }, async (ws, { query, deps }) => {
+    const s = svc(deps);
+    const page = await s.listProfiles(s.harnessProfiles, HARNESS_PROFILE_KEYS, ws, query);
+    return { data: page.data.map(profileView), next_page: page.next_page };
   }),
-  defineOperation({
-    operationId: 'harnessProfiles.getHarnessProfile', method: 'GET', path: '/v1/harness-profiles/{harness_profile_id}',
+  workspaceRead({
+    operationId: 'harnessProfiles.getHarnessProfile', path: '/v1/harness-profiles/{harness_profile_id}',
     summary: 'Read a HarnessProfile (latest revision)', auth: readers, params: HprofPath, response: HarnessProfileSchema, mcp: 'full',
-    async handler({ caller, params, deps }) {
-      return json(200, profileView(await svc(deps).harnessProfiles.get(requireWorkspace(caller), params.harness_profile_id)));
-    },
-  }),
-  defineOperation({
-    operationId: 'harnessProfiles.publishHarnessProfileRevision', method: 'POST', path: '/v1/harness-profiles/{harness_profile_id}/revisions',
+  }, async (ws, { params, deps }) => profileView(await svc(deps).harnessProfiles.get(ws, params.harness_profile_id))),
+  workspaceWrite('POST', {
+    operationId: 'harnessProfiles.publishHarnessProfileRevision', path: '/v1/harness-profiles/{harness_profile_id}/revisions',
     audit: { target: 'harness_profile_id' }, summary: 'Publish the next immutable revision (complete, fenced on expected_revision_number)',
     auth: admins, params: HprofPath, body: HarnessRevisionBody, response: HarnessProfileSchema, successStatus: 201, idempotency: 'optional', mcp: 'full',
-    async handler({ caller, params, body, deps }) {
-      const ws = requireWorkspace(caller);
-      const config = await harnessConfig(deps, ws, body);
-      return json(201, profileView(await svc(deps).harnessProfiles.newVersion(ws, params.harness_profile_id, body.expected_revision_number, (cur) => ({ ...cur, ...config }))));
-    },
+  }, async (ws, { params, body, deps }) => {
+    const config = await harnessConfig(deps, ws, body);
+    return profileView(await svc(deps).harnessProfiles.newVersion(ws, params.harness_profile_id, body.expected_revision_number, (cur) => ({ ...cur, ...config })));
   }),
-  defineOperation({
-    operationId: 'harnessProfiles.getHarnessProfileRevision', method: 'GET', path: '/v1/harness-profiles/{harness_profile_id}/revisions/{revision_number}',
+  workspaceRead({
+    operationId: 'harnessProfiles.getHarnessProfileRevision', path: '/v1/harness-profiles/{harness_profile_id}/revisions/{revision_number}',
     summary: 'Read one immutable HarnessProfile revision', auth: readers, params: HprofRevPath, response: HarnessProfileSchema, mcp: 'full',
-    async handler({ caller, params, deps }) {
-      return json(200, profileView(await svc(deps).harnessProfiles.getVersion(requireWorkspace(caller), params.harness_profile_id, params.revision_number)));
-    },
-  }),
+  }, async (ws, { params, deps }) => profileView(await svc(deps).harnessProfiles.getVersion(ws, params.harness_profile_id, params.revision_number))),
 
   // ---- SandboxProfiles (designed) ----
-  defineOperation({
-    operationId: 'sandboxProfiles.createSandboxProfile', method: 'POST', path: '/v1/organizations/workspaces/{workspace_id}/sandbox-profiles',
+  namedWorkspaceWrite('POST', {
+    operationId: 'sandboxProfiles.createSandboxProfile', path: '/v1/organizations/workspaces/{workspace_id}/sandbox-profiles',
     audit: { target: 'response' }, summary: 'Create a SandboxProfile (revision 1) under a Workspace-unique key',
     auth: admins, params: WsPath, body: CreateSandboxProfileBody, response: SandboxProfileSchema, successStatus: 201, idempotency: 'optional', mcp: 'full',
-    async handler({ caller, params, body, deps }) {
-      await workspaceInBoundary(caller, params.workspace_id, deps);
-      const s = svc(deps);
-      const now = nowIso();
-      const doc: SandboxProfile = {
-        id: newId('sandboxProfile'), type: 'sandbox_profile', workspace_id: params.workspace_id, key: body.key,
-        ...sandboxConfig(body), version: 1, archived_at: null, created_at: now, updated_at: now,
-      };
-      return json(201, profileView(await s.createProfile(s.sandboxProfiles, SANDBOX_PROFILE_KEYS, doc)));
-    },
+  }, async (ws, { body, deps }) => {
+    const s = svc(deps);
+    const now = nowIso();
+    const doc: SandboxProfile = {
+      id: newId('sandboxProfile'), type: 'sandbox_profile', workspace_id: ws, key: body.key,
+      ...sandboxConfig(body), version: 1, archived_at: null, created_at: now, updated_at: now,
+    };
+    return profileView(await s.createProfile(s.sandboxProfiles, SANDBOX_PROFILE_KEYS, doc));
   }),
-  defineOperation({
-    operationId: 'sandboxProfiles.listSandboxProfiles', method: 'GET', path: '/v1/organizations/workspaces/{workspace_id}/sandbox-profiles',
+  namedWorkspaceRead({
+    operationId: 'sandboxProfiles.listSandboxProfiles', path: '/v1/organizations/workspaces/{workspace_id}/sandbox-profiles',
     summary: 'List SandboxProfiles (latest revisions; exact `key` filter)', auth: readers, params: WsPath, query: ProfileListQuery, response: Page(SandboxProfileSchema), mcp: 'full',
-    async handler({ caller, params, query, deps }) {
-      await workspaceInBoundary(caller, params.workspace_id, deps);
-      const s = svc(deps);
-      const page = await s.listProfiles(s.sandboxProfiles, SANDBOX_PROFILE_KEYS, params.workspace_id, query);
-      return json(200, { data: page.data.map(profileView), next_page: page.next_page });
-    },
+  }, async (ws, { query, deps }) => {
+    const s = svc(deps);
+    const page = await s.listProfiles(s.sandboxProfiles, SANDBOX_PROFILE_KEYS, ws, query);
+    return { data: page.data.map(profileView), next_page: page.next_page };
   }),
-  defineOperation({
-    operationId: 'sandboxProfiles.getSandboxProfile', method: 'GET', path: '/v1/sandbox-profiles/{sandbox_profile_id}',
+  workspaceRead({
+    operationId: 'sandboxProfiles.getSandboxProfile', path: '/v1/sandbox-profiles/{sandbox_profile_id}',
     summary: 'Read a SandboxProfile (latest revision)', auth: readers, params: SprofPath, response: SandboxProfileSchema, mcp: 'full',
-    async handler({ caller, params, deps }) {
-      return json(200, profileView(await svc(deps).sandboxProfiles.get(requireWorkspace(caller), params.sandbox_profile_id)));
-    },
-  }),
+  }, async (ws, { params, deps }) => profileView(await svc(deps).sandboxProfiles.get(ws, params.sandbox_profile_id))),
   defineOperation({
     operationId: 'sandboxProfiles.publishSandboxProfileRevision', method: 'POST', path: '/v1/sandbox-profiles/{sandbox_profile_id}/revisions',
     audit: { target: 'sandbox_profile_id' }, summary: 'Publish the next immutable revision (complete, fenced on expected_revision_number)',
@@ -321,11 +268,8 @@ export const deploymentOperations: Operation[] = [
       return json(201, profileView(await svc(deps).sandboxProfiles.newVersion(requireWorkspace(caller), params.sandbox_profile_id, body.expected_revision_number, (cur) => ({ ...cur, ...config }))));
     },
   }),
-  defineOperation({
-    operationId: 'sandboxProfiles.getSandboxProfileRevision', method: 'GET', path: '/v1/sandbox-profiles/{sandbox_profile_id}/revisions/{revision_number}',
+  workspaceRead({
+    operationId: 'sandboxProfiles.getSandboxProfileRevision', path: '/v1/sandbox-profiles/{sandbox_profile_id}/revisions/{revision_number}',
     summary: 'Read one immutable SandboxProfile revision', auth: readers, params: SprofRevPath, response: SandboxProfileSchema, mcp: 'full',
-    async handler({ caller, params, deps }) {
-      return json(200, profileView(await svc(deps).sandboxProfiles.getVersion(requireWorkspace(caller), params.sandbox_profile_id, params.revision_number)));
-    },
-  }),
+  }, async (ws, { params, deps }) => profileView(await svc(deps).sandboxProfiles.getVersion(ws, params.sandbox_profile_id, params.revision_number))),
 ];

@@ -1,6 +1,7 @@
-import { ApiError, Id, Metadata, newId, nowIso, Nullable, Obj, Page, PageQuery, Timestamp, Type, type Static } from '@agentplane/core';
+import { ApiError, Id, Metadata, newId, nowIso, Nullable, Obj, Page, PageQuery, Timestamp, Type } from '@agentplane/core';
 import { READERS, WRITERS } from '../http/caller.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
+import { pageOf, workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
 import { AcpHarness, DEFAULT_RESOURCES, Driver, Network, Packages, Resources, Retention, Tier, Topology, type Environment } from '@agentplane/domain';
 
@@ -79,39 +80,31 @@ const readers = { kind: 'bearer', roles: READERS } as const;
 const writers = { kind: 'bearer', roles: WRITERS } as const;
 
 export const environmentOperations: Operation[] = [
-  defineOperation({
-    operationId: 'environments.createEnvironment', method: 'POST', path: '/v1/environments',
+  workspaceWrite('POST', {
+    operationId: 'environments.createEnvironment', path: '/v1/environments',
     audit: { target: 'response' },
     summary: 'Create an execution Environment (version 1)', auth: writers, body: CreateBody, response: EnvironmentSchema,
     successStatus: 201, idempotency: 'optional', mcp: 'full',
-    async handler({ caller, body, deps }) {
-      const ws = requireWorkspace(caller);
-      const now = nowIso();
-      browserTier(body.browser, body.tier, body.harness);
-      const env: Environment = {
-        id: newId('environment'), type: 'environment', workspace_id: ws, name: body.name, description: body.description ?? null,
-        image: body.image, driver: 'docker', tier: body.tier ?? 'container', resources: body.resources ?? DEFAULT_RESOURCES,
-        network: body.network ?? { mode: 'none' }, retention_mode: body.retention_mode ?? 'durable',
-        harness_topology: body.harness_topology ?? 'split', harness: body.harness ?? null, packages: body.packages ?? {},
-        browser: body.browser ?? false, metadata: body.metadata ?? {}, version: 1, archived_at: null, created_at: now, updated_at: now,
-      };
-      return json(201, await deps.environments.create(ws, env));
-    },
+  }, async (ws, { body, deps }) => {
+    const now = nowIso();
+    browserTier(body.browser, body.tier, body.harness);
+    const env: Environment = {
+      id: newId('environment'), type: 'environment', workspace_id: ws, name: body.name, description: body.description ?? null,
+      image: body.image, driver: 'docker', tier: body.tier ?? 'container', resources: body.resources ?? DEFAULT_RESOURCES,
+      network: body.network ?? { mode: 'none' }, retention_mode: body.retention_mode ?? 'durable',
+      harness_topology: body.harness_topology ?? 'split', harness: body.harness ?? null, packages: body.packages ?? {},
+      browser: body.browser ?? false, metadata: body.metadata ?? {}, version: 1, archived_at: null, created_at: now, updated_at: now,
+    };
+    return deps.environments.create(ws, env);
   }),
-  defineOperation({
-    operationId: 'environments.listEnvironments', method: 'GET', path: '/v1/environments', summary: 'List Environments (latest versions)',
+  workspaceRead({
+    operationId: 'environments.listEnvironments', path: '/v1/environments', summary: 'List Environments (latest versions)',
     auth: readers, query: PageQuery({ include_archived: Type.Optional(Type.Boolean()) }), response: Page(EnvironmentSchema), mcp: 'full',
-    async handler({ caller, query, deps }) {
-      return json(200, presentPage(await deps.environments.list(requireWorkspace(caller), { limit: query.limit ?? 20, page: query.page, includeArchived: query.include_archived ?? false })));
-    },
-  }),
-  defineOperation({
-    operationId: 'environments.getEnvironment', method: 'GET', path: '/v1/environments/{environment_id}',
+  }, async (ws, { query, deps }) => presentPage(await deps.environments.list(ws, { limit: query.limit ?? 20, page: query.page, includeArchived: query.include_archived ?? false }))),
+  workspaceRead({
+    operationId: 'environments.getEnvironment', path: '/v1/environments/{environment_id}',
     summary: 'Read the latest version of an Environment', auth: readers, params: EnvPath, response: EnvironmentSchema, mcp: 'full',
-    async handler({ caller, params, deps }) {
-      return json(200, present(await deps.environments.get(requireWorkspace(caller), params.environment_id)));
-    },
-  }),
+  }, async (ws, { params, deps }) => present(await deps.environments.get(ws, params.environment_id))),
   defineOperation({
     operationId: 'environments.updateEnvironment', method: 'POST', path: '/v1/environments/{environment_id}',
     audit: { target: 'environment_id' },
@@ -128,28 +121,19 @@ export const environmentOperations: Operation[] = [
       }));
     },
   }),
-  defineOperation({
-    operationId: 'environments.archiveEnvironment', method: 'POST', path: '/v1/environments/{environment_id}/archive',
+  workspaceWrite('POST', {
+    operationId: 'environments.archiveEnvironment', path: '/v1/environments/{environment_id}/archive',
     audit: { target: 'environment_id' },
     summary: 'Archive an Environment: no new Sessions or versions', auth: writers, params: EnvPath, response: EnvironmentSchema,
     idempotency: 'optional', mcp: 'full',
-    async handler({ caller, params, deps }) {
-      return json(200, present(await deps.environments.archive(requireWorkspace(caller), params.environment_id)));
-    },
-  }),
-  defineOperation({
-    operationId: 'environments.listEnvironmentVersions', method: 'GET', path: '/v1/environments/{environment_id}/versions',
+  }, async (ws, { params, deps }) => present(await deps.environments.archive(ws, params.environment_id))),
+  workspaceRead({
+    operationId: 'environments.listEnvironmentVersions', path: '/v1/environments/{environment_id}/versions',
     summary: 'List the versions of an Environment, oldest first', auth: readers, params: EnvPath, query: PageQuery({}),
     response: Page(EnvironmentSchema), mcp: 'full',
-    async handler({ caller, params, query, deps }) {
-      return json(200, presentPage(await deps.environments.listVersions(requireWorkspace(caller), params.environment_id, { limit: query.limit ?? 20, page: query.page })));
-    },
-  }),
-  defineOperation({
-    operationId: 'environments.getEnvironmentVersion', method: 'GET', path: '/v1/environments/{environment_id}/versions/{version}',
+  }, async (ws, { params, query, deps }) => presentPage(await deps.environments.listVersions(ws, params.environment_id, pageOf(query)))),
+  workspaceRead({
+    operationId: 'environments.getEnvironmentVersion', path: '/v1/environments/{environment_id}/versions/{version}',
     summary: 'Read one immutable Environment version', auth: readers, params: EnvVersionPath, response: EnvironmentSchema, mcp: 'full',
-    async handler({ caller, params, deps }) {
-      return json(200, present(await deps.environments.getVersion(requireWorkspace(caller), params.environment_id, params.version)));
-    },
-  }),
+  }, async (ws, { params, deps }) => present(await deps.environments.getVersion(ws, params.environment_id, params.version))),
 ];

@@ -1,9 +1,10 @@
 import type { ServerResponse } from 'node:http';
 import { pipeline } from 'node:stream/promises';
 import { Readable } from 'node:stream';
-import { ApiError, Id, nowIso, Obj, Page, PageQuery, Type } from '@agentplane/core';
+import { Id, nowIso, Obj, Page, PageQuery, Type } from '@agentplane/core';
 import { READERS, WRITERS } from '../http/caller.js';
-import { defineOperation, json, type Operation, type UploadBody } from '../http/operation.js';
+import { defineOperation, type Operation, type UploadBody } from '../http/operation.js';
+import { pageOf, workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
 import { FILE_LIMITS, FileSchema, publicFile, type FileDoc } from '@agentplane/domain';
 import { receiveFileUpload, type StagedUpload } from './upload.js';
@@ -28,38 +29,32 @@ const fileUpload: UploadBody = {
  * framing; past either, 413 while the body streams in). docs/FILES.md has the design.
  */
 export const fileOperations: Operation[] = [
-  defineOperation({
-    operationId: 'files.uploadFile', method: 'POST', path: '/v1/files',
+  workspaceWrite('POST', {
+    operationId: 'files.uploadFile', path: '/v1/files',
     audit: { target: 'response' },
     summary: 'Upload a File (multipart/form-data, one part named `file`)', auth: writers, upload: fileUpload,
     response: FileSchema, successStatus: 201, idempotency: 'optional', mcp: 'never',
-    async handler({ caller, body, deps }) {
-      const ws = requireWorkspace(caller);
-      const staged = body as unknown as StagedUpload;
-      const now = nowIso();
-      const file: FileDoc = {
-        id: staged.file_id, type: 'file', workspace_id: ws, filename: staged.filename, content_type: staged.content_type,
-        size_bytes: staged.size_bytes, sha256: staged.sha256, version: 1, created_at: now, updated_at: now,
-      };
-      // A StorageError here reaches the error boundary: 500 `runtime.internal` with an incident reference.
-      return json(201, publicFile(await deps.files.commit(file)));
-    },
+  }, async (ws, { body, deps }) => {
+    const staged = body as unknown as StagedUpload;
+    const now = nowIso();
+    const file: FileDoc = {
+      id: staged.file_id, type: 'file', workspace_id: ws, filename: staged.filename, content_type: staged.content_type,
+      size_bytes: staged.size_bytes, sha256: staged.sha256, version: 1, created_at: now, updated_at: now,
+    };
+    // A StorageError here reaches the error boundary: 500 `runtime.internal` with an incident reference.
+    return publicFile(await deps.files.commit(file));
   }),
-  defineOperation({
-    operationId: 'files.listFiles', method: 'GET', path: '/v1/files', summary: 'List Files, newest first', auth: readers,
+  workspaceRead({
+    operationId: 'files.listFiles', path: '/v1/files', summary: 'List Files, newest first', auth: readers,
     query: PageQuery({}), response: Page(FileSchema), mcp: 'full',
-    async handler({ caller, query, deps }) {
-      const page = await deps.files.list(requireWorkspace(caller), { limit: query.limit ?? 20, page: query.page });
-      return json(200, { data: page.data.map(publicFile), next_page: page.next_page });
-    },
+  }, async (ws, { query, deps }) => {
+    const page = await deps.files.list(ws, pageOf(query));
+    return { data: page.data.map(publicFile), next_page: page.next_page };
   }),
-  defineOperation({
-    operationId: 'files.getFile', method: 'GET', path: '/v1/files/{file_id}', summary: 'Read a File head (no content)',
+  workspaceRead({
+    operationId: 'files.getFile', path: '/v1/files/{file_id}', summary: 'Read a File head (no content)',
     auth: readers, params: FilePath, response: FileSchema, mcp: 'full',
-    async handler({ caller, params, deps }) {
-      return json(200, publicFile(await deps.files.get(requireWorkspace(caller), params.file_id)));
-    },
-  }),
+  }, async (ws, { params, deps }) => publicFile(await deps.files.get(ws, params.file_id))),
   defineOperation({
     operationId: 'files.downloadFile', method: 'GET', path: '/v1/files/{file_id}/content', summary: 'Download the content of a File',
     auth: readers, params: FilePath, mcp: 'never',
@@ -68,15 +63,14 @@ export const fileOperations: Operation[] = [
       return { kind: 'stream', write: (res, signal) => sendFileContent(res, file, deps.files.read(file), signal) };
     },
   }),
-  defineOperation({
-    operationId: 'files.deleteFile', method: 'DELETE', path: '/v1/files/{file_id}',
+  workspaceWrite('DELETE', {
+    operationId: 'files.deleteFile', path: '/v1/files/{file_id}',
     audit: { target: 'file_id' },
     summary: 'Delete a File; Sessions that name it can no longer materialise it', auth: writers, params: FilePath,
     response: Obj({ id: Id('file'), type: Type.Literal('file_deleted') }), mcp: 'full',
-    async handler({ caller, params, deps }) {
-      await deps.files.remove(requireWorkspace(caller), params.file_id);
-      return json(200, { id: params.file_id, type: 'file_deleted' });
-    },
+  }, async (ws, { params, deps }) => {
+    await deps.files.remove(ws, params.file_id);
+    return { id: params.file_id, type: 'file_deleted' };
   }),
 ];
 

@@ -2,7 +2,7 @@ import type Koa from 'koa';
 import { ApiError, Counter, isId, newId, nowIso } from '@agentplane/core';
 import type { FileDoc } from '@agentplane/domain';
 import type { ApiDeps } from '../deps.js';
-import { bearerToken } from '../http/authenticate.js';
+import { runtimeGrant } from '../http/runtime-route.js';
 import type { RuntimeBearerVerifier } from '@agentplane/domain';
 import { sendFileContent } from './operations.js';
 
@@ -27,18 +27,7 @@ export function runtimeFiles(deps: ApiDeps, verifier: RuntimeBearerVerifier): Ko
     if (ctx.path === RUNTIME_FILES_PATH) return storeOutput(ctx, deps, verifier, outputs);
     const m = RUNTIME_FILE_PATH.exec(ctx.path);
     if (!m) return next();
-    if (ctx.method !== 'GET') {
-      ctx.set('Allow', 'GET');
-      throw new ApiError('validation.not_found', `no operation at ${ctx.method} ${ctx.path}; use GET`);
-    }
-    const token = bearerToken(ctx.headers.authorization);
-    const grant = token ? await verifier.verify(token) : null;
-    if (!grant) {
-      downloads.inc({ outcome: 'unauthorized' });
-      throw new ApiError('auth.invalid_key', 'missing, unknown or expired runtime bearer (it lives only while its lease holds the Session)', {
-        headers: { 'WWW-Authenticate': 'Bearer error="invalid_token"' },
-      });
-    }
+    const grant = await runtimeGrant(ctx, 'GET', verifier, () => downloads.inc({ outcome: 'unauthorized' }));
     const fileId = m[1] ?? '';
     if (!isId('file', fileId)) throw new ApiError('validation.malformed', 'path.file_id: expected a file_ id');
     if (!(grant.files ?? []).includes(fileId)) {
@@ -62,18 +51,7 @@ export function runtimeFiles(deps: ApiDeps, verifier: RuntimeBearerVerifier): Ko
  * the browser) and its lease must still hold the Session. Audited as `files.storeSessionOutput`.
  */
 async function storeOutput(ctx: Koa.Context, deps: ApiDeps, verifier: RuntimeBearerVerifier, outputs: Counter<'outcome'>): Promise<void> {
-  if (ctx.method !== 'POST') {
-    ctx.set('Allow', 'POST');
-    throw new ApiError('validation.not_found', `no operation at ${ctx.method} ${ctx.path}; use POST`);
-  }
-  const token = bearerToken(ctx.headers.authorization);
-  const grant = token ? await verifier.verify(token) : null;
-  if (!grant) {
-    outputs.inc({ outcome: 'unauthorized' });
-    throw new ApiError('auth.invalid_key', 'missing, unknown or expired runtime bearer (it lives only while its lease holds the Session)', {
-      headers: { 'WWW-Authenticate': 'Bearer error="invalid_token"' },
-    });
-  }
+  const grant = await runtimeGrant(ctx, 'POST', verifier, () => outputs.inc({ outcome: 'unauthorized' }));
   const actor = { id: grant.run_id, credential_id: null };
   if (!grant.outputs) {
     outputs.inc({ outcome: 'not_granted' });

@@ -2,6 +2,7 @@ import { ApiError, Id, Obj, PageQuery, Page, Timestamp, Type } from '@agentplane
 import { tags } from '@agentplane/store';
 import { ADMINS, READERS } from '../http/caller.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
+import { workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
 import type { ApiDeps } from '../deps.js';
 import type { Principal } from '@agentplane/domain';
@@ -39,19 +40,17 @@ async function checkTarget(deps: ApiDeps, ws: string, target: PermissionTarget):
 }
 
 export const governanceOperations: Operation[] = [
-  defineOperation({
-    operationId: 'permissionAssignments.createPermissionAssignment', method: 'POST', path: '/v1/permission-assignments',
+  workspaceWrite('POST', {
+    operationId: 'permissionAssignments.createPermissionAssignment', path: '/v1/permission-assignments',
     audit: { target: 'response' },
     summary: 'Grant a Principal actions on a target (an Agent, a Session or the Workspace)', auth: { kind: 'bearer', roles: ADMINS },
     body: Obj({ principal_id: Id('principal'), target: TargetSchema, actions: Actions }),
     response: PermissionAssignmentSchema, successStatus: 201, idempotency: 'optional', mcp: 'full',
-    async handler({ caller, body, deps }) {
-      const ws = requireWorkspace(caller);
-      const p = await deps.docs.get<Principal>(tags.workspace(ws), body.principal_id);
-      if (!p || p.status === 'deleted') throw new ApiError('validation.not_found', `principal ${body.principal_id} not found`);
-      await checkTarget(deps, ws, body.target);
-      return json(201, await deps.permissions.create(ws, body));
-    },
+  }, async (ws, { body, deps }) => {
+    const p = await deps.docs.get<Principal>(tags.workspace(ws), body.principal_id);
+    if (!p || p.status === 'deleted') throw new ApiError('validation.not_found', `principal ${body.principal_id} not found`);
+    await checkTarget(deps, ws, body.target);
+    return deps.permissions.create(ws, body);
   }),
   defineOperation({
     operationId: 'permissionAssignments.listPermissionAssignments', method: 'GET', path: '/v1/permission-assignments',
@@ -67,34 +66,27 @@ export const governanceOperations: Operation[] = [
         target === undefined ? undefined : (a) => a.target.id === target));
     },
   }),
-  defineOperation({
-    operationId: 'permissionAssignments.getPermissionAssignment', method: 'GET', path: '/v1/permission-assignments/{permission_assignment_id}',
+  workspaceRead({
+    operationId: 'permissionAssignments.getPermissionAssignment', path: '/v1/permission-assignments/{permission_assignment_id}',
     summary: 'Read a PermissionAssignment', auth: { kind: 'bearer', roles: READERS }, params: AssignmentPath,
     response: PermissionAssignmentSchema, mcp: 'full',
-    async handler({ caller, params, deps }) {
-      return json(200, await deps.permissions.get(requireWorkspace(caller), params.permission_assignment_id));
-    },
-  }),
-  defineOperation({
-    operationId: 'permissionAssignments.updatePermissionAssignment', method: 'POST', path: '/v1/permission-assignments/{permission_assignment_id}',
+  }, (ws, { params, deps }) => deps.permissions.get(ws, params.permission_assignment_id)),
+  workspaceWrite('POST', {
+    operationId: 'permissionAssignments.updatePermissionAssignment', path: '/v1/permission-assignments/{permission_assignment_id}',
     audit: { target: 'permission_assignment_id' },
     summary: 'Replace the actions of a PermissionAssignment (compare-and-swap on expected_version); takes effect from the next request',
     auth: { kind: 'bearer', roles: ADMINS }, params: AssignmentPath,
     body: Obj({ actions: Actions, expected_version: Type.Optional(Type.Integer({ minimum: 1 })) }),
     response: PermissionAssignmentSchema, idempotency: 'optional', mcp: 'full',
-    async handler({ caller, params, body, deps }) {
-      return json(200, await deps.permissions.update(requireWorkspace(caller), params.permission_assignment_id, body.actions, body.expected_version));
-    },
-  }),
-  defineOperation({
-    operationId: 'permissionAssignments.deletePermissionAssignment', method: 'DELETE', path: '/v1/permission-assignments/{permission_assignment_id}',
+  }, (ws, { params, body, deps }) => deps.permissions.update(ws, params.permission_assignment_id, body.actions, body.expected_version)),
+  workspaceWrite('DELETE', {
+    operationId: 'permissionAssignments.deletePermissionAssignment', path: '/v1/permission-assignments/{permission_assignment_id}',
     audit: { target: 'permission_assignment_id' },
     summary: 'Revoke a PermissionAssignment: the very next request that needed it is denied', auth: { kind: 'bearer', roles: ADMINS },
     params: AssignmentPath, query: Obj({ expected_version: Type.Optional(Type.Integer({ minimum: 1 })) }),
     response: Obj({ id: Id('permissionAssignment'), type: Type.Literal('permission_assignment_deleted') }), mcp: 'full',
-    async handler({ caller, params, query, deps }) {
-      await deps.permissions.remove(requireWorkspace(caller), params.permission_assignment_id, query.expected_version);
-      return json(200, { id: params.permission_assignment_id, type: 'permission_assignment_deleted' });
-    },
+  }, async (ws, { params, query, deps }) => {
+    await deps.permissions.remove(ws, params.permission_assignment_id, query.expected_version);
+    return { id: params.permission_assignment_id, type: 'permission_assignment_deleted' };
   }),
 ];

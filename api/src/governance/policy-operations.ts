@@ -2,6 +2,7 @@ import { ApiError, Id, Nullable, Obj, Page, PageQuery, Timestamp, Type } from '@
 import { tags } from '@agentplane/store';
 import { ADMINS, READERS } from '../http/caller.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
+import { listWorkspaceDocs, workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
 import type { ApiDeps } from '../deps.js';
 import type { Principal } from '@agentplane/domain';
@@ -107,53 +108,40 @@ export const policyOperations: Operation[] = [
       }));
     },
   }),
-  defineOperation({
-    operationId: 'actionPolicies.createActionPolicy', method: 'POST', path: '/v1/action-policies',
+  workspaceWrite('POST', {
+    operationId: 'actionPolicies.createActionPolicy', path: '/v1/action-policies',
     audit: { target: 'response' },
     summary: 'Add an ActionPolicy rule (allow, deny or require_approval a tool, optionally by argument pattern and Principal)',
     auth: { kind: 'bearer', roles: ADMINS }, body: Obj(PolicyBody), response: ActionPolicySchema, successStatus: 201, idempotency: 'optional', mcp: 'full',
-    async handler({ caller, body, deps }) {
-      const ws = requireWorkspace(caller);
-      return json(201, await deps.policies.create(ws, await input(deps, ws, body)));
-    },
-  }),
-  defineOperation({
-    operationId: 'actionPolicies.listActionPolicies', method: 'GET', path: '/v1/action-policies',
+  }, async (ws, { body, deps }) => deps.policies.create(ws, await input(deps, ws, body))),
+  workspaceRead({
+    operationId: 'actionPolicies.listActionPolicies', path: '/v1/action-policies',
     summary: 'List the ActionPolicies of the Workspace, oldest first', auth: { kind: 'bearer', roles: READERS },
     query: PageQuery({}, 1000), response: Page(ActionPolicySchema), mcp: 'full',
-    async handler({ caller, query, deps }) {
-      return json(200, await deps.docs.list<ActionPolicy>(tags.workspace(requireWorkspace(caller)), POLICIES, { limit: query.limit ?? 20, page: query.page, order: 'asc' }));
-    },
-  }),
-  defineOperation({
-    operationId: 'actionPolicies.getActionPolicy', method: 'GET', path: '/v1/action-policies/{action_policy_id}',
+  }, (ws, { query, deps }) => listWorkspaceDocs<ActionPolicy>(deps, ws, POLICIES, query)),
+  workspaceRead({
+    operationId: 'actionPolicies.getActionPolicy', path: '/v1/action-policies/{action_policy_id}',
     summary: 'Read an ActionPolicy', auth: { kind: 'bearer', roles: READERS }, params: PolicyPath, response: ActionPolicySchema, mcp: 'full',
-    async handler({ caller, params, deps }) {
-      return json(200, await deps.policies.get(requireWorkspace(caller), params.action_policy_id));
-    },
-  }),
-  defineOperation({
-    operationId: 'actionPolicies.updateActionPolicy', method: 'POST', path: '/v1/action-policies/{action_policy_id}',
+  }, (ws, { params, deps }) => deps.policies.get(ws, params.action_policy_id)),
+  workspaceWrite('POST', {
+    operationId: 'actionPolicies.updateActionPolicy', path: '/v1/action-policies/{action_policy_id}',
     audit: { target: 'action_policy_id' },
     summary: 'Replace an ActionPolicy rule (compare-and-swap on expected_version); governs from the next call',
     auth: { kind: 'bearer', roles: ADMINS }, params: PolicyPath,
     body: Obj({ ...PolicyBody, expected_version: Type.Optional(Type.Integer({ minimum: 1 })) }), response: ActionPolicySchema,
     idempotency: 'optional', mcp: 'full',
-    async handler({ caller, params, body, deps }) {
-      const ws = requireWorkspace(caller);
-      const { expected_version, ...rest } = body;
-      return json(200, await deps.policies.update(ws, params.action_policy_id, await input(deps, ws, rest), expected_version));
-    },
+  }, async (ws, { params, body, deps }) => {
+    const { expected_version, ...rest } = body;
+    return deps.policies.update(ws, params.action_policy_id, await input(deps, ws, rest), expected_version);
   }),
-  defineOperation({
-    operationId: 'actionPolicies.deleteActionPolicy', method: 'DELETE', path: '/v1/action-policies/{action_policy_id}',
+  workspaceWrite('DELETE', {
+    operationId: 'actionPolicies.deleteActionPolicy', path: '/v1/action-policies/{action_policy_id}',
     audit: { target: 'action_policy_id' },
     summary: 'Remove an ActionPolicy rule', auth: { kind: 'bearer', roles: ADMINS }, params: PolicyPath,
     query: Obj({ expected_version: Type.Optional(Type.Integer({ minimum: 1 })) }),
     response: Obj({ id: Id('actionPolicy'), type: Type.Literal('action_policy_deleted') }), mcp: 'full',
-    async handler({ caller, params, query, deps }) {
-      await deps.policies.remove(requireWorkspace(caller), params.action_policy_id, query.expected_version);
-      return json(200, { id: params.action_policy_id, type: 'action_policy_deleted' });
-    },
+  }, async (ws, { params, query, deps }) => {
+    await deps.policies.remove(ws, params.action_policy_id, query.expected_version);
+    return { id: params.action_policy_id, type: 'action_policy_deleted' };
   }),
 ];

@@ -1,8 +1,8 @@
 import type Koa from 'koa';
 import Router from '@koa/router';
 import {
-  ApiError, BUCKETS, Counter, extractTrace, Histogram, incident, inSpan, newRequestId, requestIdFrom, SpanKind, SpanStatusCode, statusLabel, trace,
-  tracingEnabled, withRequestScope,
+  ApiError, BUCKETS, Counter, enterScopeSpan, extractTrace, failSpan, Histogram, incident, newRequestId, requestIdFrom, SpanKind, SpanStatusCode,
+  statusLabel, trace, tracingEnabled, withRequestScope,
 } from '@agentplane/core';
 import { ATTR_HTTP_REQUEST_METHOD, ATTR_HTTP_RESPONSE_STATUS_CODE, ATTR_HTTP_ROUTE, ATTR_URL_PATH, ATTR_URL_SCHEME } from '@opentelemetry/semantic-conventions';
 import type { ApiDeps } from '../deps.js';
@@ -49,21 +49,25 @@ export function requestId(): Koa.Middleware {
 export function traceRequest(): Koa.Middleware {
   return async (ctx, next) => {
     if (!tracingEnabled()) return next();
-    await inSpan(ctx.method, {
+    // The span covers the request's whole scope (requestId(), the middleware before this one,
+    // opened it): it becomes the scope's active span in place, without a nested scope.
+    const span = enterScopeSpan(ctx.method, {
       kind: SpanKind.SERVER, parent: extractTrace(ctx.headers),
       attributes: { [ATTR_HTTP_REQUEST_METHOD]: ctx.method, [ATTR_URL_PATH]: ctx.path, [ATTR_URL_SCHEME]: 'http', 'agentplane.request_id': String(ctx.state.requestId) },
-    }, (span) => {
-      const done = (): void => {
-        // A stream (SSE) answers 200 and ends when the client leaves.
-        const status = ctx.respond === false ? 200 : ctx.status;
-        span.setAttribute(ATTR_HTTP_RESPONSE_STATUS_CODE, status);
-        if (status >= 500) span.setStatus({ code: SpanStatusCode.ERROR });
-      };
-      return next().then(done, (err: unknown) => {
-        done();
-        throw err;
-      });
     });
+    if (!span) return next();
+    try {
+      await next();
+    } catch (err) {
+      failSpan(span, err);
+      throw err;
+    } finally {
+      // A stream (SSE) answers 200 and ends when the client leaves.
+      const status = ctx.respond === false ? 200 : ctx.status;
+      span.setAttribute(ATTR_HTTP_RESPONSE_STATUS_CODE, status);
+      if (status >= 500) span.setStatus({ code: SpanStatusCode.ERROR });
+      span.end();
+    }
   };
 }
 

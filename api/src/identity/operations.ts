@@ -2,6 +2,7 @@ import { Id, Obj, Page, PageQuery, Type } from '@agentplane/core';
 import { tags } from '@agentplane/store';
 import { ADMINS, READERS, ROOT } from '../http/caller.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
+import { namedWorkspaceWrite } from '../http/workspace-operation.js';
 import { requireOrganization, workspaceInBoundary } from '../http/workspace-scope.js';
 import type { ApiKey, PrincipalAccessCredential } from '@agentplane/domain';
 import {
@@ -60,8 +61,8 @@ export const identityOperations: Operation[] = [
       return json(200, await workspaceInBoundary(caller, params.workspace_id, deps));
     },
   }),
-  defineOperation({
-    operationId: 'organizations.updateWorkspace', method: 'PATCH', path: '/v1/organizations/workspaces/{workspace_id}',
+  namedWorkspaceWrite('PATCH', {
+    operationId: 'organizations.updateWorkspace', path: '/v1/organizations/workspaces/{workspace_id}',
     audit: { target: 'workspace_id' },
     summary: 'Rename, disable or re-enable a Workspace', auth: orgRoot, params: WsPath,
     body: Obj(
@@ -73,15 +74,12 @@ export const identityOperations: Operation[] = [
       { minProperties: 1 },
     ),
     response: WorkspaceSchema, mcp: 'full',
-    async handler({ caller, params, body, deps }) {
-      await workspaceInBoundary(caller, params.workspace_id, deps);
-      const next = await deps.docs.update(tags.workspace(params.workspace_id), params.workspace_id, (w) => ({
-        ...w,
-        ...(body.name !== undefined ? { name: body.name } : {}),
-        ...(body.status !== undefined ? { status: body.status } : {}),
-      }), { expectedVersion: body.expected_version, notFound: 'workspace' });
-      return json(200, next);
-    },
+  }, async (ws, { body, deps }) => {
+    return deps.docs.update(tags.workspace(ws), ws, (w) => ({
+      ...w,
+      ...(body.name !== undefined ? { name: body.name } : {}),
+      ...(body.status !== undefined ? { status: body.status } : {}),
+    }), { expectedVersion: body.expected_version, notFound: 'workspace' });
   }),
 
   // ---- API keys ----
@@ -145,16 +143,12 @@ export const identityOperations: Operation[] = [
   }),
 
   // ---- Principals ----
-  defineOperation({
-    operationId: 'principals.createPrincipal', method: 'POST', path: '/v1/organizations/workspaces/{workspace_id}/principals',
+  namedWorkspaceWrite('POST', {
+    operationId: 'principals.createPrincipal', path: '/v1/organizations/workspaces/{workspace_id}/principals',
     audit: { target: 'response' },
     summary: 'Create a Principal (a person or service identity) in the Workspace', auth: { kind: 'bearer', roles: ADMINS },
     params: WsPath, body: CreatePrincipalBody, response: PrincipalSchema, successStatus: 201, idempotency: 'optional', mcp: 'full',
-    async handler({ caller, params, body, deps }) {
-      await workspaceInBoundary(caller, params.workspace_id, deps);
-      return json(201, await deps.identity.createPrincipal(params.workspace_id, body));
-    },
-  }),
+  }, (ws, { body, deps }) => deps.identity.createPrincipal(ws, body)),
   defineOperation({
     operationId: 'principals.listPrincipals', method: 'GET', path: '/v1/organizations/workspaces/{workspace_id}/principals',
     summary: 'List the Principals of the Workspace', auth: { kind: 'bearer', roles: READERS }, params: WsPath,

@@ -1,6 +1,7 @@
 import { ApiError, Id, newId, Nullable, Obj, Page, PageQuery, Timestamp, Type } from '@agentplane/core';
 import { ADMINS, READERS } from '../http/caller.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
+import { workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
 import type { ApiDeps } from '../deps.js';
 
@@ -64,24 +65,18 @@ export const installationOperations: Operation[] = [
       }, id));
     },
   }),
-  defineOperation({
-    operationId: 'agentInstallations.listAgentInstallations', method: 'GET', path: '/v1/agent-installations',
+  workspaceRead({
+    operationId: 'agentInstallations.listAgentInstallations', path: '/v1/agent-installations',
     summary: 'List AgentInstallations, oldest first; optionally those on one SurfaceScope or in one status',
     auth: { kind: 'bearer', roles: READERS },
     query: PageQuery({ surface_scope_id: Type.Optional(Id('surfaceScope')), status: Type.Optional(Type.Union([Type.Literal('active'), Type.Literal('archived')])) }),
     response: Page(AgentInstallationSchema), mcp: 'full',
-    async handler({ caller, query, deps }) {
-      return json(200, await deps.installations.list(requireWorkspace(caller), { ...query, limit: query.limit ?? 20 }));
-    },
-  }),
-  defineOperation({
-    operationId: 'agentInstallations.getAgentInstallation', method: 'GET', path: '/v1/agent-installations/{installation_id}',
+  }, (ws, { query, deps }) => deps.installations.list(ws, { ...query, limit: query.limit ?? 20 })),
+  workspaceRead({
+    operationId: 'agentInstallations.getAgentInstallation', path: '/v1/agent-installations/{installation_id}',
     summary: 'Read an AgentInstallation', auth: { kind: 'bearer', roles: READERS }, params: InstallationPath,
     response: AgentInstallationSchema, mcp: 'full',
-    async handler({ caller, params, deps }) {
-      return json(200, await deps.installations.get(requireWorkspace(caller), params.installation_id));
-    },
-  }),
+  }, (ws, { params, deps }) => deps.installations.get(ws, params.installation_id)),
   defineOperation({
     operationId: 'agentInstallations.updateAgentInstallation', method: 'POST', path: '/v1/agent-installations/{installation_id}',
     audit: { target: 'installation_id' },
@@ -105,14 +100,11 @@ export const installationOperations: Operation[] = [
       }, body.expected_version));
     },
   }),
-  defineOperation({
-    operationId: 'agentInstallations.archiveAgentInstallation', method: 'POST', path: '/v1/agent-installations/{installation_id}/archive',
+  workspaceWrite('POST', {
+    operationId: 'agentInstallations.archiveAgentInstallation', path: '/v1/agent-installations/{installation_id}/archive',
     audit: { target: 'installation_id' },
     summary: 'Archive an AgentInstallation (one-way, retry-safe): its A2A endpoints answer 404 from then on',
     auth: { kind: 'bearer', roles: ADMINS }, params: InstallationPath,
     body: Obj({ expected_version: Type.Optional(Type.Integer({ minimum: 1 })) }), response: AgentInstallationSchema, mcp: 'full',
-    async handler({ caller, params, body, deps }) {
-      return json(200, await deps.installations.archive(requireWorkspace(caller), params.installation_id, body.expected_version));
-    },
-  }),
+  }, (ws, { params, body, deps }) => deps.installations.archive(ws, params.installation_id, body.expected_version)),
 ];

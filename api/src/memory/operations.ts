@@ -1,6 +1,7 @@
 import { ApiError, Cursor, Id, Metadata, Nullable, Obj, Page, PageQuery, Type } from '@agentplane/core';
 import { READERS, WRITERS, type Caller } from '../http/caller.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
+import { pageOf, workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
 import {
   checkPath, MEMORY_LIMITS, MemoryDocumentEntrySchema, MemoryDocumentSchema, MemoryPath, MemorySearchResultSchema, MemoryStoreSchema, MemoryVersionSchema,
@@ -28,32 +29,27 @@ const entry = (d: MemoryDocument) => ({ path: d.path, version: d.version, size_b
  * compare-and-swap `version` and keep every version.
  */
 export const memoryOperations: Operation[] = [
-  defineOperation({
-    operationId: 'memoryStores.createMemoryStore', method: 'POST', path: '/v1/memory-stores', summary: 'Create a MemoryStore',
+  workspaceWrite('POST', {
+    operationId: 'memoryStores.createMemoryStore', path: '/v1/memory-stores', summary: 'Create a MemoryStore',
     audit: { target: 'response' }, auth: writers, idempotency: 'optional', mcp: 'full', successStatus: 201,
     permission: { action: 'manage', target: 'workspace' },
     body: Obj({ name: Type.String({ minLength: 1, maxLength: 200 }), description: Type.Optional(Nullable(Type.String({ maxLength: 2000 }))), metadata: Type.Optional(Metadata()) }),
     response: MemoryStoreSchema,
-    async handler({ caller, body, deps }) {
-      const store = await deps.memory.stores.createStore(requireWorkspace(caller), body);
-      return json(201, { ...store, document_count: 0 });
-    },
+  }, async (ws, { body, deps }) => {
+    const store = await deps.memory.stores.createStore(ws, body);
+    return { ...store, document_count: 0 };
   }),
-  defineOperation({
-    operationId: 'memoryStores.listMemoryStores', method: 'GET', path: '/v1/memory-stores', summary: 'List the MemoryStores of the Workspace, oldest first',
+  workspaceRead({
+    operationId: 'memoryStores.listMemoryStores', path: '/v1/memory-stores', summary: 'List the MemoryStores of the Workspace, oldest first',
     auth: { kind: 'bearer', roles: READERS }, query: PageQuery({}), response: Page(MemoryStoreSchema), mcp: 'compact',
-    async handler({ caller, query, deps }) {
-      const page = await deps.memory.stores.listStores(requireWorkspace(caller), { limit: query.limit ?? 20, page: query.page });
-      return json(200, { data: await Promise.all(page.data.map((s) => deps.memory.view(s))), next_page: page.next_page });
-    },
+  }, async (ws, { query, deps }) => {
+    const page = await deps.memory.stores.listStores(ws, pageOf(query));
+    return { data: await Promise.all(page.data.map((s) => deps.memory.view(s))), next_page: page.next_page };
   }),
-  defineOperation({
-    operationId: 'memoryStores.getMemoryStore', method: 'GET', path: '/v1/memory-stores/{memory_store_id}', summary: 'Read a MemoryStore',
+  workspaceRead({
+    operationId: 'memoryStores.getMemoryStore', path: '/v1/memory-stores/{memory_store_id}', summary: 'Read a MemoryStore',
     auth: readers, permission: readPermission, mcpPrincipal: true, params: StorePath, response: MemoryStoreSchema, mcp: 'compact',
-    async handler({ caller, params, deps }) {
-      return json(200, await deps.memory.view(await deps.memory.getStore(requireWorkspace(caller), params.memory_store_id)));
-    },
-  }),
+  }, async (ws, { params, deps }) => deps.memory.view(await deps.memory.getStore(ws, params.memory_store_id))),
   defineOperation({
     operationId: 'memoryStores.updateMemoryStore', method: 'POST', path: '/v1/memory-stores/{memory_store_id}', summary: 'Update a MemoryStore\'s name, description or metadata',
     audit: { target: 'memory_store_id' }, auth: writers, permission: managePermission, params: StorePath, mcp: 'full',
@@ -68,43 +64,40 @@ export const memoryOperations: Operation[] = [
       return json(200, await deps.memory.view(s));
     },
   }),
-  defineOperation({
-    operationId: 'memoryStores.deleteMemoryStore', method: 'DELETE', path: '/v1/memory-stores/{memory_store_id}', summary: 'Delete a MemoryStore and every document and version in it',
+  workspaceWrite('DELETE', {
+    operationId: 'memoryStores.deleteMemoryStore', path: '/v1/memory-stores/{memory_store_id}', summary: 'Delete a MemoryStore and every document and version in it',
     audit: { target: 'memory_store_id' }, auth: writers, permission: managePermission, params: StorePath, mcp: 'full',
     response: Obj({ id: Id('memoryStore'), type: Type.Literal('memory_store_deleted') }),
-    async handler({ caller, params, deps }) {
-      await deps.memory.stores.removeStore(requireWorkspace(caller), params.memory_store_id);
-      deps.memory.index.forget(params.memory_store_id);
-      return json(200, { id: params.memory_store_id, type: 'memory_store_deleted' });
-    },
+  }, async (ws, { params, deps }) => {
+    await deps.memory.stores.removeStore(ws, params.memory_store_id);
+    deps.memory.index.forget(params.memory_store_id);
+    return { id: params.memory_store_id, type: 'memory_store_deleted' };
   }),
-  defineOperation({
-    operationId: 'memoryStores.listDocuments', method: 'GET', path: '/v1/memory-stores/{memory_store_id}/documents',
+  workspaceRead({
+    operationId: 'memoryStores.listDocuments', path: '/v1/memory-stores/{memory_store_id}/documents',
     summary: 'List the documents of a MemoryStore by path (no content), optionally under a prefix',
     auth: readers, permission: readPermission, params: StorePath, mcp: 'compact',
     query: PageQuery({ path_prefix: Type.Optional(Type.String({ minLength: 1, maxLength: MEMORY_LIMITS.maxPathChars })) }, 1000, 100),
     response: Page(MemoryDocumentEntrySchema),
-    async handler({ caller, params, query, deps }) {
-      await deps.memory.getStore(requireWorkspace(caller), params.memory_store_id);
-      const after = query.page !== undefined ? decodeMemoryCursor('path', query.page, 'query.page') : undefined;
-      const r = await deps.memory.stores.list(params.memory_store_id, { prefix: query.path_prefix, limit: query.limit ?? 100, after });
-      return json(200, { data: r.data.map(entry), next_page: r.next !== null ? encodeMemoryCursor('path', r.next) : null });
-    },
+  }, async (ws, { params, query, deps }) => {
+    await deps.memory.getStore(ws, params.memory_store_id);
+    const after = query.page !== undefined ? decodeMemoryCursor('path', query.page, 'query.page') : undefined;
+    const r = await deps.memory.stores.list(params.memory_store_id, { prefix: query.path_prefix, limit: query.limit ?? 100, after });
+    return { data: r.data.map(entry), next_page: r.next !== null ? encodeMemoryCursor('path', r.next) : null };
   }),
-  defineOperation({
-    operationId: 'memoryStores.getDocument', method: 'GET', path: '/v1/memory-stores/{memory_store_id}/document',
+  workspaceRead({
+    operationId: 'memoryStores.getDocument', path: '/v1/memory-stores/{memory_store_id}/document',
     summary: 'Read a document by path: the current version, or `version` from its history',
     auth: readers, permission: readPermission, mcpPrincipal: true, params: StorePath, mcp: 'compact',
     query: Obj({ path: MemoryPath(), version: Type.Optional(Type.Integer({ minimum: 1 })) }),
     response: MemoryVersionSchema,
-    async handler({ caller, params, query, deps }) {
-      await deps.memory.getStore(requireWorkspace(caller), params.memory_store_id);
-      const doc = query.version !== undefined
-        ? await deps.memory.stores.readVersion(params.memory_store_id, query.path, query.version)
-        : await deps.memory.stores.read(params.memory_store_id, query.path);
-      if (!doc) throw new ApiError('validation.not_found', `no document at ${query.path}${query.version !== undefined ? ` with version ${query.version}` : ''}`);
-      return json(200, doc);
-    },
+  }, async (ws, { params, query, deps }) => {
+    await deps.memory.getStore(ws, params.memory_store_id);
+    const doc = query.version !== undefined
+      ? await deps.memory.stores.readVersion(params.memory_store_id, query.path, query.version)
+      : await deps.memory.stores.read(params.memory_store_id, query.path);
+    if (!doc) throw new ApiError('validation.not_found', `no document at ${query.path}${query.version !== undefined ? ` with version ${query.version}` : ''}`);
+    return doc;
   }),
   defineOperation({
     operationId: 'memoryStores.writeDocument', method: 'PUT', path: '/v1/memory-stores/{memory_store_id}/document',
@@ -133,22 +126,21 @@ export const memoryOperations: Operation[] = [
       return json(200, await deps.memory.stores.remove(params.memory_store_id, query.path, query.expected_version, authorOf(caller)));
     },
   }),
-  defineOperation({
-    operationId: 'memoryStores.listDocumentVersions', method: 'GET', path: '/v1/memory-stores/{memory_store_id}/document/versions',
+  workspaceRead({
+    operationId: 'memoryStores.listDocumentVersions', path: '/v1/memory-stores/{memory_store_id}/document/versions',
     summary: 'The version history of a path, newest first (deletions included)',
     auth: readers, permission: readPermission, params: StorePath, mcp: 'full',
     query: PageQuery({ path: MemoryPath() }),
     response: Page(MemoryVersionSchema),
-    async handler({ caller, params, query, deps }) {
-      await deps.memory.getStore(requireWorkspace(caller), params.memory_store_id);
-      const before = query.page !== undefined ? Number(decodeMemoryCursor('version', query.page, 'query.page')) : undefined;
-      const r = await deps.memory.stores.history(params.memory_store_id, query.path, query.limit ?? 20, before);
-      if (r.data.length === 0 && before === undefined) throw new ApiError('validation.not_found', `no document was ever written at ${query.path}`);
-      return json(200, { data: r.data, next_page: r.next_version !== null ? encodeMemoryCursor('version', String(r.next_version)) : null });
-    },
+  }, async (ws, { params, query, deps }) => {
+    await deps.memory.getStore(ws, params.memory_store_id);
+    const before = query.page !== undefined ? Number(decodeMemoryCursor('version', query.page, 'query.page')) : undefined;
+    const r = await deps.memory.stores.history(params.memory_store_id, query.path, query.limit ?? 20, before);
+    if (r.data.length === 0 && before === undefined) throw new ApiError('validation.not_found', `no document was ever written at ${query.path}`);
+    return { data: r.data, next_page: r.next_version !== null ? encodeMemoryCursor('version', String(r.next_version)) : null };
   }),
-  defineOperation({
-    operationId: 'memoryStores.searchMemory', method: 'GET', path: '/v1/memory-stores/{memory_store_id}/search',
+  workspaceRead({
+    operationId: 'memoryStores.searchMemory', path: '/v1/memory-stores/{memory_store_id}/search',
     summary: 'Full-text search over the documents of a MemoryStore (`results` plus `next_cursor`)',
     auth: readers, permission: readPermission, mcpPrincipal: true, params: StorePath, mcp: 'compact',
     query: Obj({
@@ -158,9 +150,8 @@ export const memoryOperations: Operation[] = [
       path_prefix: Type.Optional(Type.String({ minLength: 1, maxLength: MEMORY_LIMITS.maxPathChars })),
     }),
     response: Obj({ results: Type.Array(MemorySearchResultSchema), next_cursor: Nullable(Cursor()) }),
-    async handler({ caller, params, query, deps }) {
-      await deps.memory.getStore(requireWorkspace(caller), params.memory_store_id);
-      return json(200, await deps.memory.search(params.memory_store_id, { query: query.query, limit: query.limit ?? 10, cursor: query.cursor, path_prefix: query.path_prefix }, 'query'));
-    },
+  }, async (ws, { params, query, deps }) => {
+    await deps.memory.getStore(ws, params.memory_store_id);
+    return deps.memory.search(params.memory_store_id, { query: query.query, limit: query.limit ?? 10, cursor: query.cursor, path_prefix: query.path_prefix }, 'query');
   }),
 ];

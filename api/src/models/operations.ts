@@ -4,7 +4,8 @@ import type { ModelRequest } from '@agentplane/protocol';
 import { tags, type StoredDoc } from '@agentplane/store';
 import { ADMINS, READERS, WRITERS } from '../http/caller.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
-import { requireWorkspace, workspaceInBoundary } from '../http/workspace-scope.js';
+import { namedWorkspaceRead, namedWorkspaceWrite, workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
+import { workspaceInBoundary } from '../http/workspace-scope.js';
 import { dayKey, monthKey } from './usage.js';
 import {
   CreateModelCredentialBody, CreateRevisionBody, CreateRoutingProfileBody, KeyFilterQuery, ModelCredentialSchema, ModelRequestBody,
@@ -42,112 +43,84 @@ function streamStep(deps: ApiDeps, plan: StepPlan) {
 
 export const modelOperations: Operation[] = [
   // ---- ModelCredentials ----
-  defineOperation({
-    operationId: 'models.createModelCredential', method: 'POST', path: '/v1/organizations/workspaces/{workspace_id}/model-credentials',
+  namedWorkspaceWrite('POST', {
+    operationId: 'models.createModelCredential', path: '/v1/organizations/workspaces/{workspace_id}/model-credentials',
     audit: { target: 'response' },
     summary: 'Store a provider credential (custody workspace_vault); the secret is sealed and never returned',
     auth: { kind: 'bearer', roles: ADMINS }, params: WsPath, body: CreateModelCredentialBody, response: ModelCredentialSchema,
     successStatus: 201, idempotency: 'optional', mcp: 'never',
-    async handler({ caller, params, body, deps }) {
-      await workspaceInBoundary(caller, params.workspace_id, deps);
-      await deps.models.profiles.ensureDefaults(params.workspace_id);
-      return json(201, await deps.models.credentials.create(params.workspace_id, body));
-    },
+  }, async (ws, { body, deps }) => {
+    await deps.models.profiles.ensureDefaults(ws);
+    return deps.models.credentials.create(ws, body);
   }),
-  defineOperation({
-    operationId: 'models.listModelCredentials', method: 'GET', path: '/v1/organizations/workspaces/{workspace_id}/model-credentials',
+  namedWorkspaceRead({
+    operationId: 'models.listModelCredentials', path: '/v1/organizations/workspaces/{workspace_id}/model-credentials',
     summary: 'List secret-free ModelCredential heads (filter by logical key with `key`)', auth: { kind: 'bearer', roles: READERS },
     params: WsPath, query: Obj(KeyFilterQuery), response: Page(ModelCredentialSchema), mcp: 'full',
-    async handler({ caller, params, query, deps }) {
-      await workspaceInBoundary(caller, params.workspace_id, deps);
-      await deps.models.profiles.ensureDefaults(params.workspace_id);
-      return json(200, await deps.models.credentials.list(params.workspace_id, { limit: query.limit ?? 20, page: query.page, key: query.key }));
-    },
+  }, async (ws, { query, deps }) => {
+    await deps.models.profiles.ensureDefaults(ws);
+    return deps.models.credentials.list(ws, { limit: query.limit ?? 20, page: query.page, key: query.key });
   }),
-  defineOperation({
-    operationId: 'models.getModelCredential', method: 'GET', path: '/v1/model-credentials/{model_credential_id}',
+  workspaceRead({
+    operationId: 'models.getModelCredential', path: '/v1/model-credentials/{model_credential_id}',
     summary: 'Read a secret-free ModelCredential head', auth: { kind: 'bearer', roles: READERS }, params: CredPath,
     response: ModelCredentialSchema, mcp: 'full',
-    async handler({ caller, params, deps }) {
-      return json(200, await deps.models.credentials.get(requireWorkspace(caller), params.model_credential_id));
-    },
-  }),
-  defineOperation({
-    operationId: 'models.rotateModelCredential', method: 'POST', path: '/v1/model-credentials/{model_credential_id}/rotate',
+  }, (ws, { params, deps }) => deps.models.credentials.get(ws, params.model_credential_id)),
+  workspaceWrite('POST', {
+    operationId: 'models.rotateModelCredential', path: '/v1/model-credentials/{model_credential_id}/rotate',
     audit: { target: 'model_credential_id' },
     summary: 'Replace the provider secret: a new generation becomes active at once', auth: { kind: 'bearer', roles: ADMINS },
     params: CredPath, body: RotateModelCredentialBody, response: ModelCredentialSchema, idempotency: 'optional', mcp: 'never',
-    async handler({ caller, params, body, deps }) {
-      return json(200, await deps.models.credentials.rotate(requireWorkspace(caller), params.model_credential_id, body.secret, body.expected_generation_number));
-    },
-  }),
-  defineOperation({
-    operationId: 'models.revokeModelCredential', method: 'POST', path: '/v1/model-credentials/{model_credential_id}/revoke',
+  }, (ws, { params, body, deps }) => deps.models.credentials.rotate(ws, params.model_credential_id, body.secret, body.expected_generation_number)),
+  workspaceWrite('POST', {
+    operationId: 'models.revokeModelCredential', path: '/v1/model-credentials/{model_credential_id}/revoke',
     audit: { target: 'model_credential_id' },
     summary: 'Revoke a ModelCredential (irreversible; the secret is erased)', auth: { kind: 'bearer', roles: ADMINS },
     params: CredPath, body: RevokeModelCredentialBody, response: ModelCredentialSchema, idempotency: 'optional', mcp: 'full',
-    async handler({ caller, params, body, deps }) {
-      return json(200, await deps.models.credentials.revoke(requireWorkspace(caller), params.model_credential_id, body.expected_resource_version));
-    },
-  }),
-  defineOperation({
-    operationId: 'models.checkModelCredentialHealth', method: 'POST', path: '/v1/model-credentials/{model_credential_id}/health-check',
+  }, (ws, { params, body, deps }) => deps.models.credentials.revoke(ws, params.model_credential_id, body.expected_resource_version)),
+  workspaceWrite('POST', {
+    operationId: 'models.checkModelCredentialHealth', path: '/v1/model-credentials/{model_credential_id}/health-check',
     audit: { target: 'model_credential_id' },
     summary: "Probe the provider with the credential and record health_status", auth: { kind: 'bearer', roles: ADMINS },
     params: CredPath, body: Obj({}), response: ModelCredentialSchema, mcp: 'full',
-    async handler({ caller, params, deps }) {
-      return json(200, await deps.models.credentials.healthCheck(requireWorkspace(caller), params.model_credential_id, AbortSignal.timeout(15_000)));
-    },
-  }),
+  }, (ws, { params, deps }) => deps.models.credentials.healthCheck(ws, params.model_credential_id, AbortSignal.timeout(15_000))),
 
   // ---- Model routing profiles ----
-  defineOperation({
-    operationId: 'models.createRoutingProfile', method: 'POST', path: '/v1/organizations/workspaces/{workspace_id}/model-routing-profiles',
+  namedWorkspaceWrite('POST', {
+    operationId: 'models.createRoutingProfile', path: '/v1/organizations/workspaces/{workspace_id}/model-routing-profiles',
     audit: { target: 'response' },
     summary: 'Create a model routing profile (revision 1) addressed by a logical key', auth: { kind: 'bearer', roles: ADMINS },
     params: WsPath, body: CreateRoutingProfileBody, response: RoutingProfileSchema, successStatus: 201, idempotency: 'optional', mcp: 'full',
-    async handler({ caller, params, body, deps }) {
-      await workspaceInBoundary(caller, params.workspace_id, deps);
-      await deps.models.profiles.ensureDefaults(params.workspace_id);
-      return json(201, await deps.models.profiles.create(params.workspace_id, body));
-    },
+  }, async (ws, { body, deps }) => {
+    await deps.models.profiles.ensureDefaults(ws);
+    return deps.models.profiles.create(ws, body);
   }),
-  defineOperation({
-    operationId: 'models.listRoutingProfiles', method: 'GET', path: '/v1/organizations/workspaces/{workspace_id}/model-routing-profiles',
+  namedWorkspaceRead({
+    operationId: 'models.listRoutingProfiles', path: '/v1/organizations/workspaces/{workspace_id}/model-routing-profiles',
     summary: 'List model routing profiles with their latest candidates (filter by logical key with `key`)', auth: { kind: 'bearer', roles: READERS },
     params: WsPath, query: Obj(KeyFilterQuery), response: Page(RoutingProfileSchema), mcp: 'full',
-    async handler({ caller, params, query, deps }) {
-      await workspaceInBoundary(caller, params.workspace_id, deps);
-      await deps.models.profiles.ensureDefaults(params.workspace_id);
-      return json(200, await deps.models.profiles.list(params.workspace_id, { limit: query.limit ?? 20, page: query.page, key: query.key }));
-    },
+  }, async (ws, { query, deps }) => {
+    await deps.models.profiles.ensureDefaults(ws);
+    return deps.models.profiles.list(ws, { limit: query.limit ?? 20, page: query.page, key: query.key });
   }),
-  defineOperation({
-    operationId: 'models.getRoutingProfile', method: 'GET', path: '/v1/model-routing-profiles/{model_routing_profile_id}',
+  workspaceRead({
+    operationId: 'models.getRoutingProfile', path: '/v1/model-routing-profiles/{model_routing_profile_id}',
     summary: 'Read a model routing profile (latest revision)', auth: { kind: 'bearer', roles: READERS }, params: ProfilePath,
     response: RoutingProfileSchema, mcp: 'full',
-    async handler({ caller, params, deps }) {
-      return json(200, await deps.models.profiles.get(requireWorkspace(caller), params.model_routing_profile_id));
-    },
-  }),
-  defineOperation({
-    operationId: 'models.createRoutingProfileRevision', method: 'POST', path: '/v1/model-routing-profiles/{model_routing_profile_id}/revisions',
+  }, (ws, { params, deps }) => deps.models.profiles.get(ws, params.model_routing_profile_id)),
+  workspaceWrite('POST', {
+    operationId: 'models.createRoutingProfileRevision', path: '/v1/model-routing-profiles/{model_routing_profile_id}/revisions',
     audit: { target: 'response' },
     summary: 'Publish a new immutable revision (complete candidate list, not a patch)', auth: { kind: 'bearer', roles: ADMINS },
     params: ProfilePath, body: CreateRevisionBody, response: RoutingProfileSchema, successStatus: 201, idempotency: 'optional', mcp: 'full',
-    async handler({ caller, params, body, deps }) {
-      return json(201, await deps.models.profiles.addRevision(requireWorkspace(caller), params.model_routing_profile_id, body.candidates, body.expected_revision_number));
-    },
-  }),
-  defineOperation({
-    operationId: 'models.getRoutingProfileRevision', method: 'GET', path: '/v1/model-routing-profiles/{model_routing_profile_id}/revisions/{revision_number}',
+  }, (ws, { params, body, deps }) => deps.models.profiles.addRevision(ws, params.model_routing_profile_id, body.candidates, body.expected_revision_number)),
+  workspaceRead({
+    operationId: 'models.getRoutingProfileRevision', path: '/v1/model-routing-profiles/{model_routing_profile_id}/revisions/{revision_number}',
     summary: 'Read one immutable revision of a routing profile', auth: { kind: 'bearer', roles: READERS }, params: RevisionPath,
     response: RoutingRevisionSchema, mcp: 'full',
-    async handler({ caller, params, deps }) {
-      const ws = requireWorkspace(caller);
-      await deps.models.profiles.getDoc(ws, params.model_routing_profile_id);
-      return json(200, await deps.models.profiles.revision(ws, params.model_routing_profile_id, params.revision_number));
-    },
+  }, async (ws, { params, deps }) => {
+    await deps.models.profiles.getDoc(ws, params.model_routing_profile_id);
+    return deps.models.profiles.revision(ws, params.model_routing_profile_id, params.revision_number);
   }),
 
   // ---- Model steps: the gateway over REST (operators try a profile; the runner uses its WebSocket) ----
@@ -186,67 +159,55 @@ export const modelOperations: Operation[] = [
       });
     },
   }),
-  defineOperation({
-    operationId: 'models.getWorkspaceDailyUsage', method: 'GET', path: '/v1/organizations/workspaces/{workspace_id}/usage/daily',
+  namedWorkspaceRead({
+    operationId: 'models.getWorkspaceDailyUsage', path: '/v1/organizations/workspaces/{workspace_id}/usage/daily',
     summary: 'Model token usage and list cost of the workspace per UTC day, the last `days` days (default 30, at most 366) ending today',
     auth: { kind: 'bearer', roles: READERS }, params: WsPath,
     query: Obj({ days: Type.Optional(Type.Integer({ minimum: 1, maximum: 366 })) }), response: WorkspaceDailyUsageSchema, mcp: 'full',
-    async handler({ caller, params, query, deps }) {
-      await workspaceInBoundary(caller, params.workspace_id, deps);
-      const days = await deps.models.usage.daily(params.workspace_id, query.days ?? 30);
-      return json(200, { type: 'workspace_model_usage_daily', workspace_id: params.workspace_id, days });
-    },
+  }, async (ws, { query, deps }) => {
+    const days = await deps.models.usage.daily(ws, query.days ?? 30);
+    return { type: 'workspace_model_usage_daily', workspace_id: ws, days };
   }),
-  defineOperation({
-    operationId: 'models.getSessionUsage', method: 'GET', path: '/v1/sessions/{session_id}/usage',
+  workspaceRead({
+    operationId: 'models.getSessionUsage', path: '/v1/sessions/{session_id}/usage',
     summary: 'Model token usage and list cost of a Session, or of one of its threads or Runs',
     auth: { kind: 'bearer', roles: READERS, principal: true }, params: SessionPath,
     query: Obj({ thread_id: Type.Optional(Id('thread')), run_id: Type.Optional(Id('run')) }), response: SessionUsageSchema, mcp: 'compact',
-    async handler({ caller, params, query, deps }) {
-      const ws = requireWorkspace(caller);
-      if (query.thread_id && query.run_id) throw new ApiError('validation.malformed', 'query: give thread_id or run_id, not both');
-      // The Session document decides the boundary; counters recorded for a Session id with no
-      // document (a step attributed by a runner before the Session was read) carry their own.
-      const session = await deps.docs.get<StoredDoc & { workspace_id?: string }>(tags.session(params.session_id), params.session_id);
-      const owner = session ? session.workspace_id : await deps.models.usage.sessionWorkspace(params.session_id);
-      if (owner !== ws) throw new ApiError('validation.not_found', 'session not found');
-      const s = params.session_id;
-      const summary = await deps.models.usage.read(
-        query.thread_id ? { kind: 'thread', session_id: s, thread_id: query.thread_id }
-          : query.run_id ? { kind: 'run', session_id: s, run_id: query.run_id } : { kind: 'session', session_id: s });
-      return json(200, { type: 'session_model_usage', session_id: s, thread_id: query.thread_id ?? null, run_id: query.run_id ?? null, summary });
-    },
+  }, async (ws, { params, query, deps }) => {
+    if (query.thread_id && query.run_id) throw new ApiError('validation.malformed', 'query: give thread_id or run_id, not both');
+    // The Session document decides the boundary; counters recorded for a Session id with no
+    // document (a step attributed by a runner before the Session was read) carry their own.
+    const session = await deps.docs.get<StoredDoc & { workspace_id?: string }>(tags.session(params.session_id), params.session_id);
+    const owner = session ? session.workspace_id : await deps.models.usage.sessionWorkspace(params.session_id);
+    if (owner !== ws) throw new ApiError('validation.not_found', 'session not found');
+    const s = params.session_id;
+    const summary = await deps.models.usage.read(
+      query.thread_id ? { kind: 'thread', session_id: s, thread_id: query.thread_id }
+        : query.run_id ? { kind: 'run', session_id: s, run_id: query.run_id } : { kind: 'session', session_id: s });
+    return { type: 'session_model_usage', session_id: s, thread_id: query.thread_id ?? null, run_id: query.run_id ?? null, summary };
   }),
-  defineOperation({
-    operationId: 'models.getWorkspaceBudget', method: 'GET', path: '/v1/organizations/workspaces/{workspace_id}/budget',
+  namedWorkspaceRead({
+    operationId: 'models.getWorkspaceBudget', path: '/v1/organizations/workspaces/{workspace_id}/budget',
     summary: "Read the workspace's model budget", auth: { kind: 'bearer', roles: READERS }, params: WsPath,
     response: WorkspaceBudgetSchema, mcp: 'full',
-    async handler({ caller, params, deps }) {
-      await workspaceInBoundary(caller, params.workspace_id, deps);
-      const b = await deps.models.budgets.getWorkspaceBudget(params.workspace_id);
-      if (!b) throw new ApiError('validation.not_found', 'this workspace has no budget');
-      return json(200, b);
-    },
+  }, async (ws, { deps }) => {
+    const b = await deps.models.budgets.getWorkspaceBudget(ws);
+    if (!b) throw new ApiError('validation.not_found', 'this workspace has no budget');
+    return b;
   }),
-  defineOperation({
-    operationId: 'models.putWorkspaceBudget', method: 'PUT', path: '/v1/organizations/workspaces/{workspace_id}/budget',
+  namedWorkspaceWrite('PUT', {
+    operationId: 'models.putWorkspaceBudget', path: '/v1/organizations/workspaces/{workspace_id}/budget',
     audit: { target: 'workspace_id' },
     summary: "Set the workspace's model budget (list cost in USD per UTC day, month, or lifetime)", auth: { kind: 'bearer', roles: ADMINS },
     params: WsPath, body: PutWorkspaceBudgetBody, response: WorkspaceBudgetSchema, idempotency: 'optional', mcp: 'full',
-    async handler({ caller, params, body, deps }) {
-      await workspaceInBoundary(caller, params.workspace_id, deps);
-      return json(200, await deps.models.budgets.setWorkspaceBudget(params.workspace_id, body.max_list_cost.amount, body.period));
-    },
-  }),
-  defineOperation({
-    operationId: 'models.deleteWorkspaceBudget', method: 'DELETE', path: '/v1/organizations/workspaces/{workspace_id}/budget',
+  }, (ws, { body, deps }) => deps.models.budgets.setWorkspaceBudget(ws, body.max_list_cost.amount, body.period)),
+  namedWorkspaceWrite('DELETE', {
+    operationId: 'models.deleteWorkspaceBudget', path: '/v1/organizations/workspaces/{workspace_id}/budget',
     audit: { target: 'workspace_id' },
     summary: "Remove the workspace's model budget", auth: { kind: 'bearer', roles: ADMINS }, params: WsPath,
     response: Obj({ workspace_id: Id('workspace'), type: Type.Literal('budget_deleted') }), mcp: 'full',
-    async handler({ caller, params, deps }) {
-      await workspaceInBoundary(caller, params.workspace_id, deps);
-      if (!(await deps.models.budgets.clearWorkspaceBudget(params.workspace_id))) throw new ApiError('validation.not_found', 'this workspace has no budget');
-      return json(200, { workspace_id: params.workspace_id, type: 'budget_deleted' });
-    },
+  }, async (ws, { deps }) => {
+    if (!(await deps.models.budgets.clearWorkspaceBudget(ws))) throw new ApiError('validation.not_found', 'this workspace has no budget');
+    return { workspace_id: ws, type: 'budget_deleted' };
   }),
 ];

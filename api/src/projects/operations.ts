@@ -1,7 +1,7 @@
 import { Id, Obj, Page, PageQuery, Type } from '@agentplane/core';
 import { READERS, WRITERS } from '../http/caller.js';
-import { defineOperation, json, type Operation } from '../http/operation.js';
-import { requireWorkspace } from '../http/workspace-scope.js';
+import type { Operation } from '../http/operation.js';
+import { pageOf, workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { PROJECT_ENVELOPE_BYTES, PROJECT_LIMITS, ProjectPath, ProjectSchema, RevisionSchema, TreeFile } from './model.js';
 
 const ProjectIdPath = Obj({ project_id: Id('project') });
@@ -16,60 +16,50 @@ const Files = Type.Array(TreeFile, { maxItems: PROJECT_LIMITS.maxFiles });
  * revision limits (1,024 files, 10 MiB per file, 20 MiB per revision, 64 files per push) are 400.
  */
 export const projectOperations: Operation[] = [
-  defineOperation({
-    operationId: 'projects.createProject', method: 'POST', path: '/v1/projects', summary: 'Upload a Project tree (revision 1)',
+  workspaceWrite('POST', {
+    operationId: 'projects.createProject', path: '/v1/projects', summary: 'Upload a Project tree (revision 1)',
     audit: { target: 'response' }, auth: writers, idempotency: 'optional', mcp: 'never', successStatus: 201, bodyLimitBytes: PROJECT_ENVELOPE_BYTES,
     body: Obj({ name: Type.String({ minLength: 1, maxLength: 200 }), files: Files }),
     response: ProjectSchema,
-    async handler({ caller, body, deps }) {
-      const { project, revision } = await deps.projects.create(requireWorkspace(caller), body.name, body.files);
-      return json(201, { ...project, latest_revision_number: revision.revision_number, latest_revision: revision });
-    },
+  }, async (ws, { body, deps }) => {
+    const { project, revision } = await deps.projects.create(ws, body.name, body.files);
+    return { ...project, latest_revision_number: revision.revision_number, latest_revision: revision };
   }),
-  defineOperation({
-    operationId: 'projects.listProjects', method: 'GET', path: '/v1/projects', summary: 'List the Projects of the Workspace',
+  workspaceRead({
+    operationId: 'projects.listProjects', path: '/v1/projects', summary: 'List the Projects of the Workspace',
     auth: readers, query: PageQuery({}), response: Page(ProjectSchema), mcp: 'full',
-    async handler({ caller, query, deps }) {
-      const page = await deps.projects.list(requireWorkspace(caller), { limit: query.limit ?? 20, page: query.page });
-      return json(200, { data: await Promise.all(page.data.map((p) => deps.projects.view(p))), next_page: page.next_page });
-    },
+  }, async (ws, { query, deps }) => {
+    const page = await deps.projects.list(ws, pageOf(query));
+    return { data: await Promise.all(page.data.map((p) => deps.projects.view(p))), next_page: page.next_page };
   }),
-  defineOperation({
-    operationId: 'projects.getProject', method: 'GET', path: '/v1/projects/{project_id}', summary: 'Read a Project and its latest revision number',
+  workspaceRead({
+    operationId: 'projects.getProject', path: '/v1/projects/{project_id}', summary: 'Read a Project and its latest revision number',
     auth: readers, params: ProjectIdPath, response: ProjectSchema, mcp: 'full',
-    async handler({ caller, params, deps }) {
-      return json(200, await deps.projects.view(await deps.projects.get(requireWorkspace(caller), params.project_id)));
-    },
-  }),
-  defineOperation({
-    operationId: 'projects.deleteProject', method: 'DELETE', path: '/v1/projects/{project_id}', summary: 'Delete a Project, its revisions and contents',
+  }, async (ws, { params, deps }) => deps.projects.view(await deps.projects.get(ws, params.project_id))),
+  workspaceWrite('DELETE', {
+    operationId: 'projects.deleteProject', path: '/v1/projects/{project_id}', summary: 'Delete a Project, its revisions and contents',
     audit: { target: 'project_id' }, auth: writers, params: ProjectIdPath, mcp: 'full',
     response: Obj({ id: Id('project'), type: Type.Literal('project_deleted') }),
-    async handler({ caller, params, deps }) {
-      await deps.projects.remove(requireWorkspace(caller), params.project_id);
-      return json(200, { id: params.project_id, type: 'project_deleted' });
-    },
+  }, async (ws, { params, deps }) => {
+    await deps.projects.remove(ws, params.project_id);
+    return { id: params.project_id, type: 'project_deleted' };
   }),
-  defineOperation({
-    operationId: 'projects.createRevision', method: 'POST', path: '/v1/projects/{project_id}/revisions', summary: 'Upload a complete new tree as the next revision',
+  workspaceWrite('POST', {
+    operationId: 'projects.createRevision', path: '/v1/projects/{project_id}/revisions', summary: 'Upload a complete new tree as the next revision',
     audit: { target: 'project_id' }, auth: writers, params: ProjectIdPath, idempotency: 'optional', mcp: 'never', successStatus: 201,
     bodyLimitBytes: PROJECT_ENVELOPE_BYTES,
     body: Obj({ files: Files, expected_revision_number: Type.Optional(Type.Integer({ minimum: 1 })) }),
     response: RevisionSchema,
-    async handler({ caller, params, body, deps }) {
-      return json(201, await deps.projects.addRevision(requireWorkspace(caller), params.project_id, body.files, body.expected_revision_number));
-    },
-  }),
-  defineOperation({
-    operationId: 'projects.getRevision', method: 'GET', path: '/v1/projects/{project_id}/revisions/{revision_number}', summary: 'Read a revision\'s manifest (paths, sizes, digests)',
+  }, (ws, { params, body, deps }) => deps.projects.addRevision(ws, params.project_id, body.files, body.expected_revision_number)),
+  workspaceRead({
+    operationId: 'projects.getRevision', path: '/v1/projects/{project_id}/revisions/{revision_number}', summary: 'Read a revision\'s manifest (paths, sizes, digests)',
     auth: readers, params: Obj({ project_id: Id('project'), revision_number: Type.Integer({ minimum: 1 }) }), response: RevisionSchema, mcp: 'full',
-    async handler({ caller, params, deps }) {
-      await deps.projects.get(requireWorkspace(caller), params.project_id);
-      return json(200, await deps.projects.revision(params.project_id, params.revision_number));
-    },
+  }, async (ws, { params, deps }) => {
+    await deps.projects.get(ws, params.project_id);
+    return deps.projects.revision(params.project_id, params.revision_number);
   }),
-  defineOperation({
-    operationId: 'projects.pushProject', method: 'POST', path: '/v1/projects/{project_id}/push',
+  workspaceWrite('POST', {
+    operationId: 'projects.pushProject', path: '/v1/projects/{project_id}/push',
     summary: 'Push up to 64 changed or deleted files on top of the latest revision (a git push manifest)',
     audit: { target: 'project_id' }, auth: writers, params: ProjectIdPath, idempotency: 'optional', mcp: 'never', successStatus: 201,
     bodyLimitBytes: PROJECT_ENVELOPE_BYTES,
@@ -80,8 +70,5 @@ export const projectOperations: Operation[] = [
       }), { minItems: 1 }),
     }),
     response: RevisionSchema,
-    async handler({ caller, params, body, deps }) {
-      return json(201, await deps.projects.push(requireWorkspace(caller), params.project_id, body.base_revision_number, body.changes));
-    },
-  }),
+  }, (ws, { params, body, deps }) => deps.projects.push(ws, params.project_id, body.base_revision_number, body.changes)),
 ];

@@ -2,6 +2,7 @@ import { Id, Nullable, Obj, Page, PageQuery, Timestamp, Type } from '@agentplane
 import { tags } from '@agentplane/store';
 import { ADMINS, READERS } from '../http/caller.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
+import { listWorkspaceDocs, workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { enforceRateLimit } from '../http/rate-limit.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
 import type { ApiDeps } from '../deps.js';
@@ -82,51 +83,37 @@ export const runnerOperations: Operation[] = [
   }),
 
   // ---- Pools ----
-  defineOperation({
-    operationId: 'runnerPools.createRunnerPool', method: 'POST', path: '/v1/runner-pools',
+  workspaceWrite('POST', {
+    operationId: 'runnerPools.createRunnerPool', path: '/v1/runner-pools',
     audit: { target: 'response' },
     summary: 'Create a runner pool in the Workspace', auth: { kind: 'bearer', roles: ADMINS },
     body: Obj({ name: Type.String({ minLength: 1, maxLength: 100, pattern: '^[a-z0-9](?:[a-z0-9._-]{0,99})$' }), placement: Type.Union([Type.Literal('byoc'), Type.Literal('managed')]) }),
     response: RunnerPoolSchema, successStatus: 201, idempotency: 'optional', mcp: 'full',
-    async handler({ caller, body, deps }) {
-      return json(201, await deps.runners.createPool(requireWorkspace(caller), body));
-    },
-  }),
-  defineOperation({
-    operationId: 'runnerPools.listRunnerPools', method: 'GET', path: '/v1/runner-pools',
+  }, (ws, { body, deps }) => deps.runners.createPool(ws, body)),
+  workspaceRead({
+    operationId: 'runnerPools.listRunnerPools', path: '/v1/runner-pools',
     summary: 'List the runner pools of the Workspace (the default pool included)', auth: { kind: 'bearer', roles: READERS },
     query: PageQuery({}), response: Page(RunnerPoolSchema), mcp: 'full',
-    async handler({ caller, query, deps }) {
-      const ws = requireWorkspace(caller);
-      await deps.runners.defaultPool(ws);
-      return json(200, await deps.docs.list<RunnerPool>(tags.workspace(ws), 'runner_pools', { limit: query.limit ?? 20, page: query.page, order: 'asc' }));
-    },
+  }, async (ws, { query, deps }) => {
+    await deps.runners.defaultPool(ws);
+    return listWorkspaceDocs<RunnerPool>(deps, ws, 'runner_pools', query);
   }),
-  defineOperation({
-    operationId: 'runnerPools.getRunnerPool', method: 'GET', path: '/v1/runner-pools/{runner_pool_id}',
+  workspaceRead({
+    operationId: 'runnerPools.getRunnerPool', path: '/v1/runner-pools/{runner_pool_id}',
     summary: 'Read a runner pool', auth: { kind: 'bearer', roles: READERS }, params: PoolPath, response: RunnerPoolSchema, mcp: 'full',
-    async handler({ caller, params, deps }) {
-      return json(200, await deps.runners.getPool(requireWorkspace(caller), params.runner_pool_id));
-    },
-  }),
-  defineOperation({
-    operationId: 'runnerPools.drainRunnerPool', method: 'POST', path: '/v1/runner-pools/{runner_pool_id}/drain',
+  }, (ws, { params, deps }) => deps.runners.getPool(ws, params.runner_pool_id)),
+  workspaceWrite('POST', {
+    operationId: 'runnerPools.drainRunnerPool', path: '/v1/runner-pools/{runner_pool_id}/drain',
     audit: { target: 'runner_pool_id' },
     summary: 'Drain a pool: its runners take no new leases and finish held work until the deadline',
     auth: { kind: 'bearer', roles: ADMINS }, params: PoolPath, body: DrainBody, response: RunnerPoolSchema, idempotency: 'optional', mcp: 'full',
-    async handler({ caller, params, body, deps }) {
-      return json(200, await deps.runners.drainPool(requireWorkspace(caller), params.runner_pool_id, body.deadline_seconds ?? 3600, body.reason ?? 'drain requested'));
-    },
-  }),
-  defineOperation({
-    operationId: 'runnerPools.resumeRunnerPool', method: 'POST', path: '/v1/runner-pools/{runner_pool_id}/resume',
+  }, (ws, { params, body, deps }) => deps.runners.drainPool(ws, params.runner_pool_id, body.deadline_seconds ?? 3600, body.reason ?? 'drain requested')),
+  workspaceWrite('POST', {
+    operationId: 'runnerPools.resumeRunnerPool', path: '/v1/runner-pools/{runner_pool_id}/resume',
     audit: { target: 'runner_pool_id' },
     summary: 'End a pool drain: connected runners take work again, runners that reconnect are ready', auth: { kind: 'bearer', roles: ADMINS }, params: PoolPath,
     response: RunnerPoolSchema, idempotency: 'optional', mcp: 'full',
-    async handler({ caller, params, deps }) {
-      return json(200, await deps.runners.undrainPool(requireWorkspace(caller), params.runner_pool_id));
-    },
-  }),
+  }, (ws, { params, deps }) => deps.runners.undrainPool(ws, params.runner_pool_id)),
   defineOperation({
     operationId: 'runnerPools.enrollRunner', method: 'POST', path: '/v1/runner-pools/{runner_pool_id}/enrollments',
     audit: { target: 'response' },
@@ -184,49 +171,35 @@ export const runnerOperations: Operation[] = [
   }),
 
   // ---- Runner credentials and runners ----
-  defineOperation({
-    operationId: 'runnerCredentials.listRunnerCredentials', method: 'GET', path: '/v1/runner-credentials',
+  workspaceRead({
+    operationId: 'runnerCredentials.listRunnerCredentials', path: '/v1/runner-credentials',
     summary: 'List runner credentials (never secrets)', auth: { kind: 'bearer', roles: READERS },
     query: PageQuery({ runner_pool_id: Type.Optional(Id('runnerPool')) }), response: Page(RunnerCredentialSchema), mcp: 'full',
-    async handler({ caller, query, deps }) {
-      const ws = requireWorkspace(caller);
-      const index = query.runner_pool_id ? `runner_credentials:${query.runner_pool_id}` : 'runner_credentials';
-      return json(200, await deps.docs.list<RunnerCredential>(tags.workspace(ws), index, { limit: query.limit ?? 20, page: query.page, order: 'asc' }));
-    },
+  }, async (ws, { query, deps }) => {
+    const index = query.runner_pool_id ? `runner_credentials:${query.runner_pool_id}` : 'runner_credentials';
+    return listWorkspaceDocs<RunnerCredential>(deps, ws, index, query);
   }),
-  defineOperation({
-    operationId: 'runnerCredentials.getRunnerCredential', method: 'GET', path: '/v1/runner-credentials/{runner_credential_id}',
+  workspaceRead({
+    operationId: 'runnerCredentials.getRunnerCredential', path: '/v1/runner-credentials/{runner_credential_id}',
     summary: 'Read a runner credential', auth: { kind: 'bearer', roles: READERS }, params: CredPath, response: RunnerCredentialSchema, mcp: 'full',
-    async handler({ caller, params, deps }) {
-      return json(200, await deps.runners.getCredential(requireWorkspace(caller), params.runner_credential_id));
-    },
-  }),
-  defineOperation({
-    operationId: 'runnerCredentials.revokeRunnerCredential', method: 'POST', path: '/v1/runner-credentials/{runner_credential_id}/revoke',
+  }, (ws, { params, deps }) => deps.runners.getCredential(ws, params.runner_credential_id)),
+  workspaceWrite('POST', {
+    operationId: 'runnerCredentials.revokeRunnerCredential', path: '/v1/runner-credentials/{runner_credential_id}/revoke',
     audit: { target: 'runner_credential_id' },
     summary: 'Revoke a runner credential; its live socket closes within seconds', auth: { kind: 'bearer', roles: ADMINS },
     params: CredPath, response: RunnerCredentialSchema, idempotency: 'optional', mcp: 'full',
-    async handler({ caller, params, deps }) {
-      return json(200, await deps.runners.revokeCredential(requireWorkspace(caller), params.runner_credential_id));
-    },
-  }),
-  defineOperation({
-    operationId: 'runners.resumeRunner', method: 'POST', path: '/v1/runners/{runner_id}/resume',
+  }, (ws, { params, deps }) => deps.runners.revokeCredential(ws, params.runner_credential_id)),
+  workspaceWrite('POST', {
+    operationId: 'runners.resumeRunner', path: '/v1/runners/{runner_id}/resume',
     audit: { target: 'runner_id' },
     summary: 'Lift a runner drain: a runner that stayed connected takes work again (unless its pool drains)',
     auth: { kind: 'bearer', roles: ADMINS }, params: RunnerPath, response: RunnerCredentialSchema, idempotency: 'optional', mcp: 'full',
-    async handler({ caller, params, deps }) {
-      return json(200, await deps.runners.resumeRunner(requireWorkspace(caller), params.runner_id));
-    },
-  }),
-  defineOperation({
-    operationId: 'runners.drainRunner', method: 'POST', path: '/v1/runners/{runner_id}/drain',
+  }, (ws, { params, deps }) => deps.runners.resumeRunner(ws, params.runner_id)),
+  workspaceWrite('POST', {
+    operationId: 'runners.drainRunner', path: '/v1/runners/{runner_id}/drain',
     audit: { target: 'runner_id' },
     summary: 'Drain one runner: no new leases; held work finishes until the deadline, then is canceled',
     auth: { kind: 'bearer', roles: ADMINS }, params: RunnerPath, body: DrainBody, response: RunnerCredentialSchema, idempotency: 'optional', mcp: 'full',
-    async handler({ caller, params, body, deps }) {
-      return json(200, await deps.runners.drainRunner(requireWorkspace(caller), params.runner_id, body.deadline_seconds ?? 3600, body.reason ?? 'drain requested'));
-    },
-  }),
+  }, (ws, { params, body, deps }) => deps.runners.drainRunner(ws, params.runner_id, body.deadline_seconds ?? 3600, body.reason ?? 'drain requested')),
 ];
 

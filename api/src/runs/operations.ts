@@ -2,8 +2,8 @@ import { ApiError, Id, Obj, Page, PageQuery, Type } from '@agentplane/core';
 import { runSessionsKey } from '@agentplane/domain';
 import { tags } from '@agentplane/store';
 import { READERS } from '../http/caller.js';
-import { defineOperation, json, type Operation } from '../http/operation.js';
-import { requireWorkspace } from '../http/workspace-scope.js';
+import type { Operation } from '../http/operation.js';
+import { workspaceRead } from '../http/workspace-operation.js';
 import { publicDoc, type RunDoc } from '@agentplane/domain';
 
 
@@ -32,25 +32,21 @@ async function sessionInWorkspace(deps: Parameters<Operation['handler']>[0]['dep
 }
 
 export const runOperations: Operation[] = [
-  defineOperation({
-    operationId: 'runs.getRun', method: 'GET', path: '/v1/runs/{run_id}', summary: 'Read a Run: status, attempts (runner, cause), dispatch timestamps',
+  workspaceRead({
+    operationId: 'runs.getRun', path: '/v1/runs/{run_id}', summary: 'Read a Run: status, attempts (runner, cause), dispatch timestamps',
     auth: { kind: 'bearer', roles: READERS }, params: Obj({ run_id: Id('run') }), response: RunSchema, mcp: 'compact',
-    async handler({ caller, params, deps }) {
-      const ws = requireWorkspace(caller);
-      const sessionId = await deps.redis.hget(runSessionsKey(ws), params.run_id);
-      const run = sessionId ? await deps.sessions.store.run(sessionId, params.run_id) : null;
-      if (!run || run.workspace_id !== ws) throw new ApiError('validation.not_found', 'run not found');
-      return json(200, view(run));
-    },
+  }, async (ws, { params, deps }) => {
+    const sessionId = await deps.redis.hget(runSessionsKey(ws), params.run_id);
+    const run = sessionId ? await deps.sessions.store.run(sessionId, params.run_id) : null;
+    if (!run || run.workspace_id !== ws) throw new ApiError('validation.not_found', 'run not found');
+    return view(run);
   }),
-  defineOperation({
-    operationId: 'runs.listSessionRuns', method: 'GET', path: '/v1/sessions/{session_id}/runs', summary: 'The Runs of a Session, newest first',
+  workspaceRead({
+    operationId: 'runs.listSessionRuns', path: '/v1/sessions/{session_id}/runs', summary: 'The Runs of a Session, newest first',
     auth: { kind: 'bearer', roles: READERS }, params: Obj({ session_id: Id('session') }), query: PageQuery({}), response: Page(RunSchema), mcp: 'compact',
-    async handler({ caller, params, query, deps }) {
-      const ws = requireWorkspace(caller);
-      await sessionInWorkspace(deps, ws, params.session_id);
-      const page = await deps.docs.list<RunDoc>(tags.session(params.session_id), 'runs', { limit: query.limit ?? 20, page: query.page, order: 'desc' });
-      return json(200, { data: page.data.map(view), next_page: page.next_page });
-    },
+  }, async (ws, { params, query, deps }) => {
+    await sessionInWorkspace(deps, ws, params.session_id);
+    const page = await deps.docs.list<RunDoc>(tags.session(params.session_id), 'runs', { limit: query.limit ?? 20, page: query.page, order: 'desc' });
+    return { data: page.data.map(view), next_page: page.next_page };
   }),
 ];

@@ -2,6 +2,7 @@ import { ApiError, Cursor, Id, Nullable, Obj, Type } from '@agentplane/core';
 import type { LogEvent } from '@agentplane/store';
 import { READERS, WRITERS } from '../http/caller.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
+import { workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
 import { normaliseMcp, normaliseTools } from '@agentplane/domain';
 import type { ApiDeps } from '../deps.js';
@@ -33,15 +34,12 @@ async function liveSession(deps: ApiDeps, ws: string, id: string): Promise<Sessi
 }
 
 export const sessionOperations: Operation[] = [
-  defineOperation({
-    operationId: 'sessions.createSession', method: 'POST', path: '/v1/sessions', summary: 'Create a Session',
+  workspaceWrite('POST', {
+    operationId: 'sessions.createSession', path: '/v1/sessions', summary: 'Create a Session',
     audit: { target: 'response' },
     auth: { ...writers, principal: true }, permission: { action: 'invoke', target: 'body.agent' },
     body: CreateSessionBody, response: SessionSchema, successStatus: 201, idempotency: 'optional', mcp: 'compact',
-    async handler({ caller, body, idempotencyKey, deps }) {
-      return json(201, await deps.sessions.create(requireWorkspace(caller), body, idempotencyKey));
-    },
-  }),
+  }, (ws, { body, idempotencyKey, deps }) => deps.sessions.create(ws, body, idempotencyKey)),
   defineOperation({
     operationId: 'sessions.listSessions', method: 'GET', path: '/v1/sessions',
     summary: 'List Sessions, newest first; archived ones only when asked', auth: readers, query: ListSessionsQuery,
@@ -53,14 +51,11 @@ export const sessionOperations: Operation[] = [
       return json(200, await deps.sessions.list(requireWorkspace(caller), query));
     },
   }),
-  defineOperation({
-    operationId: 'sessions.getSession', method: 'GET', path: '/v1/sessions/{session_id}', summary: 'Read a Session',
+  workspaceRead({
+    operationId: 'sessions.getSession', path: '/v1/sessions/{session_id}', summary: 'Read a Session',
     auth: { ...readers, principal: true }, permission: { action: 'observe', target: 'session_id' },
     params: SessionPath, response: SessionSchema, mcp: 'compact',
-    async handler({ caller, params, deps }) {
-      return json(200, await deps.sessions.view(await liveSession(deps, requireWorkspace(caller), params.session_id)));
-    },
-  }),
+  }, async (ws, { params, deps }) => deps.sessions.view(await liveSession(deps, ws, params.session_id))),
   defineOperation({
     operationId: 'sessions.updateSession', method: 'POST', path: '/v1/sessions/{session_id}',
     audit: { target: 'session_id' },
@@ -89,36 +84,31 @@ export const sessionOperations: Operation[] = [
       return json(200, await deps.sessions.view(s));
     },
   }),
-  defineOperation({
-    operationId: 'sessions.archiveSession', method: 'POST', path: '/v1/sessions/{session_id}/archive',
+  workspaceWrite('POST', {
+    operationId: 'sessions.archiveSession', path: '/v1/sessions/{session_id}/archive',
     audit: { target: 'session_id' },
     summary: 'Archive a Session (one-way, retry-safe): no new work, reads stay', auth: writers, params: SessionPath,
     response: SessionSchema, idempotency: 'optional', mcp: 'compact',
-    async handler({ caller, params, deps }) {
-      return json(200, await deps.sessions.view(await deps.sessions.store.archive(requireWorkspace(caller), params.session_id)));
-    },
-  }),
-  defineOperation({
-    operationId: 'sessions.deleteSession', method: 'DELETE', path: '/v1/sessions/{session_id}',
+  }, async (ws, { params, deps }) => deps.sessions.view(await deps.sessions.store.archive(ws, params.session_id))),
+  workspaceWrite('DELETE', {
+    operationId: 'sessions.deleteSession', path: '/v1/sessions/{session_id}',
     audit: { target: 'session_id' },
     summary: 'Delete a Session and erase its event log (retry-safe)', auth: writers, params: SessionPath,
     response: Obj({ id: Id('session'), type: Type.Literal('session_deleted') }), mcp: 'full',
-    async handler({ caller, params, deps }) {
-      await deps.sessions.store.erase(requireWorkspace(caller), params.session_id);
-      // Its ActionApprovals hold tool inputs: they go with the Session.
-      await deps.approvals.eraseSession(requireWorkspace(caller), params.session_id);
-      return json(200, { id: params.session_id, type: 'session_deleted' });
-    },
+  }, async (ws, { params, deps }) => {
+    await deps.sessions.store.erase(ws, params.session_id);
+    // Its ActionApprovals hold tool inputs: they go with the Session.
+    await deps.approvals.eraseSession(ws, params.session_id);
+    return { id: params.session_id, type: 'session_deleted' };
   }),
 
   // ---- resources ----
-  defineOperation({
-    operationId: 'sessions.listResources', method: 'GET', path: '/v1/sessions/{session_id}/resources', summary: 'List the Resources of a Session',
+  workspaceRead({
+    operationId: 'sessions.listResources', path: '/v1/sessions/{session_id}/resources', summary: 'List the Resources of a Session',
     auth: readers, params: SessionPath, response: Obj({ data: Type.Array(ResourceSchema), next_page: Nullable(Cursor()) }), mcp: 'full',
-    async handler({ caller, params, deps }) {
-      const s = await liveSession(deps, requireWorkspace(caller), params.session_id);
-      return json(200, { data: s.resources, next_page: null });
-    },
+  }, async (ws, { params, deps }) => {
+    const s = await liveSession(deps, ws, params.session_id);
+    return { data: s.resources, next_page: null };
   }),
   defineOperation({
     operationId: 'sessions.addResource', method: 'POST', path: '/v1/sessions/{session_id}/resources', summary: 'Add a Resource to a Session',
@@ -135,15 +125,14 @@ export const sessionOperations: Operation[] = [
       return json(201, r);
     },
   }),
-  defineOperation({
-    operationId: 'sessions.getResource', method: 'GET', path: '/v1/sessions/{session_id}/resources/{resource_id}', summary: 'Read a Session Resource',
+  workspaceRead({
+    operationId: 'sessions.getResource', path: '/v1/sessions/{session_id}/resources/{resource_id}', summary: 'Read a Session Resource',
     auth: readers, params: ResourcePath, response: ResourceSchema, mcp: 'full',
-    async handler({ caller, params, deps }) {
-      const s = await liveSession(deps, requireWorkspace(caller), params.session_id);
-      const r = s.resources.find((x) => x.id === params.resource_id);
-      if (!r) throw new ApiError('validation.not_found', 'resource not found');
-      return json(200, r);
-    },
+  }, async (ws, { params, deps }) => {
+    const s = await liveSession(deps, ws, params.session_id);
+    const r = s.resources.find((x) => x.id === params.resource_id);
+    if (!r) throw new ApiError('validation.not_found', 'resource not found');
+    return r;
   }),
   defineOperation({
     operationId: 'sessions.updateResource', method: 'POST', path: '/v1/sessions/{session_id}/resources/{resource_id}', summary: 'Update a Session Resource',

@@ -2,6 +2,7 @@ import { ApiError, Cursor, Nullable, Obj, Type } from '@agentplane/core';
 import type { LogEvent } from '@agentplane/store';
 import { READERS, WRITERS } from '../http/caller.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
+import { workspaceRead } from '../http/workspace-operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
 import type { ApiDeps } from '../deps.js';
 import { threadStats, type SessionDoc, type ThreadDoc } from '@agentplane/domain';
@@ -47,29 +48,27 @@ async function sessionAndThread(deps: ApiDeps, ws: string, sessionId: string, th
 }
 
 export const threadOperations: Operation[] = [
-  defineOperation({
-    operationId: 'threads.listThreads', method: 'GET', path: '/v1/sessions/{session_id}/threads',
+  workspaceRead({
+    operationId: 'threads.listThreads', path: '/v1/sessions/{session_id}/threads',
     summary: 'List the threads of a Session: primary first, then by spawn', auth: readers, params: SessionPath, query: ThreadListQuery,
     response: Obj({ data: Type.Array(ThreadSchema), next_page: Nullable(Cursor()) }), mcp: 'full',
-    async handler({ caller, params, query, deps }) {
-      await deps.sessions.store.get(requireWorkspace(caller), params.session_id);
-      const limit = query.limit ?? 1000;
-      const after = query.page ? decodeSpawn(query.page) : -1;
-      const { ids, scores } = await deps.sessions.store.threadIds(params.session_id, after, limit + 1);
-      const page = ids.slice(0, limit);
-      const [docs, counters] = await Promise.all([deps.sessions.store.threads(params.session_id, page), deps.sessions.store.log.counters(params.session_id)]);
-      const data = await Promise.all(docs.map((t) => deps.sessions.threadView(t, counters)));
-      const lastScore = scores[page.length - 1];
-      return json(200, { data, next_page: ids.length > limit && lastScore !== undefined ? encodeSpawn(lastScore) : null });
-    },
+  }, async (ws, { params, query, deps }) => {
+    await deps.sessions.store.get(ws, params.session_id);
+    const limit = query.limit ?? 1000;
+    const after = query.page ? decodeSpawn(query.page) : -1;
+    const { ids, scores } = await deps.sessions.store.threadIds(params.session_id, after, limit + 1);
+    const page = ids.slice(0, limit);
+    const [docs, counters] = await Promise.all([deps.sessions.store.threads(params.session_id, page), deps.sessions.store.log.counters(params.session_id)]);
+    const data = await Promise.all(docs.map((t) => deps.sessions.threadView(t, counters)));
+    const lastScore = scores[page.length - 1];
+    return { data, next_page: ids.length > limit && lastScore !== undefined ? encodeSpawn(lastScore) : null };
   }),
-  defineOperation({
-    operationId: 'threads.getThread', method: 'GET', path: '/v1/sessions/{session_id}/threads/{thread_id}', summary: 'Read a SessionThread',
+  workspaceRead({
+    operationId: 'threads.getThread', path: '/v1/sessions/{session_id}/threads/{thread_id}', summary: 'Read a SessionThread',
     auth: readers, params: ThreadPath, response: ThreadSchema, mcp: 'full',
-    async handler({ caller, params, deps }) {
-      const { thread } = await sessionAndThread(deps, requireWorkspace(caller), params.session_id, params.thread_id);
-      return json(200, await deps.sessions.threadView(thread));
-    },
+  }, async (ws, { params, deps }) => {
+    const { thread } = await sessionAndThread(deps, ws, params.session_id, params.thread_id);
+    return deps.sessions.threadView(thread);
   }),
   defineOperation({
     operationId: 'threads.archiveThread', method: 'POST', path: '/v1/sessions/{session_id}/threads/{thread_id}/archive',

@@ -1,5 +1,6 @@
 import { ApiError, Id, LogicalKey, Nullable, Obj, Page, PageQuery, Timestamp, Type } from '@agentplane/core';
 import { defineOperation, json, type Operation } from '../http/operation.js';
+import { pageOf, workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { READERS, WRITERS, type Caller } from '../http/caller.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
 import { isBranchName } from '../skill-sources/service.js';
@@ -58,8 +59,8 @@ function principalOf(caller: Caller, given: string | undefined): string {
  * (authoring starts), read, list, verify, submit to a skill source, discard.
  */
 export const skillProposalOperations: Operation[] = [
-  defineOperation({
-    operationId: 'skillProposals.createSkillProposal', method: 'POST', path: '/v1/skill-proposals', summary: 'Propose a skill authored from up to 8 Session logs',
+  workspaceWrite('POST', {
+    operationId: 'skillProposals.createSkillProposal', path: '/v1/skill-proposals', summary: 'Propose a skill authored from up to 8 Session logs',
     versions: [SKILL_PROPOSAL_CREATE_VERSION], audit: { target: 'response' }, auth: writers, idempotency: 'optional', mcp: 'full', successStatus: 201,
     body: Obj({
       source_session_ids: Type.Array(Id('session'), { minItems: 1, maxItems: 8, uniqueItems: true }),
@@ -68,27 +69,19 @@ export const skillProposalOperations: Operation[] = [
       skill_name: Type.Optional(LogicalKey()),
     }),
     response: SkillProposalSchema,
-    async handler({ caller, body, deps }) {
-      return json(201, deps.skillProposals.view(await deps.skillProposals.create(requireWorkspace(caller), body)));
-    },
-  }),
-  defineOperation({
-    operationId: 'skillProposals.listSkillProposals', method: 'GET', path: '/v1/skill-proposals', summary: 'List the skill proposals of the Workspace',
+  }, async (ws, { body, deps }) => deps.skillProposals.view(await deps.skillProposals.create(ws, body))),
+  workspaceRead({
+    operationId: 'skillProposals.listSkillProposals', path: '/v1/skill-proposals', summary: 'List the skill proposals of the Workspace',
     auth: readers, query: PageQuery({}), response: Page(SkillProposalSchema), mcp: 'full',
-    async handler({ caller, query, deps }) {
-      const ws = requireWorkspace(caller);
-      const page = await deps.skillProposals.list(ws, { limit: query.limit ?? 20, page: query.page });
-      const data = await Promise.all(page.data.map(async (p) => deps.skillProposals.view(await deps.skillProposals.reconcile(ws, p))));
-      return json(200, { data, next_page: page.next_page });
-    },
+  }, async (ws, { query, deps }) => {
+    const page = await deps.skillProposals.list(ws, pageOf(query));
+    const data = await Promise.all(page.data.map(async (p) => deps.skillProposals.view(await deps.skillProposals.reconcile(ws, p))));
+    return { data, next_page: page.next_page };
   }),
-  defineOperation({
-    operationId: 'skillProposals.getSkillProposal', method: 'GET', path: '/v1/skill-proposals/{id}', summary: 'Read a skill proposal (a finished verification is reconciled on read)',
+  workspaceRead({
+    operationId: 'skillProposals.getSkillProposal', path: '/v1/skill-proposals/{id}', summary: 'Read a skill proposal (a finished verification is reconciled on read)',
     auth: readers, params: ProposalPath, response: SkillProposalSchema, mcp: 'full',
-    async handler({ caller, params, deps }) {
-      return json(200, deps.skillProposals.view(await deps.skillProposals.get(requireWorkspace(caller), params.id)));
-    },
-  }),
+  }, async (ws, { params, deps }) => deps.skillProposals.view(await deps.skillProposals.get(ws, params.id))),
   defineOperation({
     operationId: 'skillProposals.verifySkillProposal', method: 'POST', path: '/v1/skill-proposals/{id}/verify',
     summary: 'Verify the drafted skill in one isolated Session graded by the Outcome grader (resumable)',
@@ -118,14 +111,11 @@ export const skillProposalOperations: Operation[] = [
       return json(200, deps.skillProposals.view(p));
     },
   }),
-  defineOperation({
-    operationId: 'skillProposals.discardSkillProposal', method: 'POST', path: '/v1/skill-proposals/{id}/discard',
+  workspaceWrite('POST', {
+    operationId: 'skillProposals.discardSkillProposal', path: '/v1/skill-proposals/{id}/discard',
     summary: 'Discard a skill proposal that is not authoring, verifying, submitting or submitted',
     audit: { target: 'id' }, auth: writers, params: ProposalPath, idempotency: 'optional', mcp: 'full', successStatus: 200,
     body: Obj({ expected_version: Type.Integer({ minimum: 1 }) }),
     response: SkillProposalSchema,
-    async handler({ caller, params, body, deps }) {
-      return json(200, deps.skillProposals.view(await deps.skillProposals.discard(requireWorkspace(caller), params.id, body.expected_version)));
-    },
-  }),
+  }, async (ws, { params, body, deps }) => deps.skillProposals.view(await deps.skillProposals.discard(ws, params.id, body.expected_version))),
 ];

@@ -1,7 +1,8 @@
 import { createHash } from 'node:crypto';
-import { DelayedError, Queue, Worker, type Job } from 'bullmq';
+import { DelayedError, type Queue, type Job } from 'bullmq';
 import { ApiError, newId, nowIso, type Logger } from '@agentplane/core';
-import { connectRedis, keys, tags, type DocumentStore, type LogEvent, type Redis, type StoredDoc } from '@agentplane/store';
+import { keys, tags, type DocumentStore, type LogEvent, type Redis, type StoredDoc } from '@agentplane/store';
+import { QueueHost } from '../queue-host.js';
 import { ZERO_USAGE, type TokenUsage } from '@agentplane/protocol';
 import {
   checkSkillFiles, parseFrontMatter, readAll, renderSkillMd, SKILL_ENTRY, SKILL_NAME_RE, SKILLS_DIR, type SessionDoc, type SkillFile, type SpecSkill,
@@ -65,16 +66,12 @@ const draftFiles = (p: SkillProposalDoc): SkillFile[] => [{ path: SKILL_ENTRY, c
  * `skill_proposals` BullMQ queue in every api process (`author`, `watch`, `adopt` jobs).
  */
 export class SkillProposalService {
-  private readonly bull: Redis;
+  private readonly host: QueueHost;
   readonly queue: Queue;
-  private worker: Worker | null = null;
-  private workerConn: Redis | null = null;
-  private sweepTimer: NodeJS.Timeout | null = null;
 
   constructor(private readonly d: SkillProposalServiceDeps) {
-    this.bull = connectRedis(d.redisUrl, { name: 'api:skill-proposals', blocking: true });
-    this.bull.on('error', (err: Error) => d.log.warn({ err: err.message }, 'skill proposals queue connection error'));
-    this.queue = new Queue(QUEUE, { connection: this.bull, prefix: SKILL_PROPOSAL_QUEUE_PREFIX });
+    this.host = new QueueHost({ name: 'skill-proposals', label: 'skill proposals', queue: QUEUE, prefix: SKILL_PROPOSAL_QUEUE_PREFIX, redisUrl: d.redisUrl, log: d.log });
+    this.queue = this.host.queue;
   }
 
   // ---- documents -----------------------------------------------------------------------------
@@ -584,34 +581,24 @@ export class SkillProposalService {
   // ---- worker --------------------------------------------------------------------------------
 
   start(): void {
-    if (this.worker) return;
-    const conn = this.bull.duplicate({ connectionName: 'agentplane:api:skill-proposals-worker' });
-    this.workerConn = conn;
-    conn.on('error', (err: Error) => this.d.log.warn({ err: err.message }, 'skill proposals worker connection error'));
-    this.worker = new Worker(QUEUE, async (job: Job, token?: string) => {
+    const worker = this.host.startWorker(async (job: Job, token?: string) => {
       if (job.name === 'author') return this.author(job.data as AuthorJob);
       if (job.name === 'watch') return this.watch(job as Job<WatchJob>, token);
       if (job.name === 'adopt') return this.adopt(job as Job<AdoptJob>);
-    }, { connection: conn, prefix: SKILL_PROPOSAL_QUEUE_PREFIX, concurrency: 8 });
-    this.worker.on('error', (err) => this.d.log.warn({ err: err.message }, 'skill proposals worker error'));
-    this.worker.on('failed', (job, err) => {
+    }, { concurrency: 8 });
+    if (!worker) return;
+    worker.on('failed', (job, err) => {
       if (!job || job.name !== 'author' || job.attemptsMade < AUTHOR_ATTEMPTS) return;
       const data = job.data as AuthorJob;
       this.d.log.warn({ proposal: data.proposal_id, err: err.message }, 'skill authoring failed');
       void this.failAuthoring(data.workspace_id, data.proposal_id, 'internal').catch((e: unknown) => this.d.log.error({ err: e }, 'recording failed authoring failed'));
     });
     this.d.tap.on(async () => true, (t) => this.nudge(t));
-    const sweep = () => void this.sweep().catch((err: unknown) => this.d.log.warn({ err }, 'skill proposal sweep failed'));
-    this.sweepTimer = setInterval(sweep, SWEEP_MS);
-    this.sweepTimer.unref();
+    this.host.sweepEvery(SWEEP_MS, () => this.sweep(), 'skill proposal sweep failed');
   }
 
-  async close(): Promise<void> {
-    if (this.sweepTimer) clearInterval(this.sweepTimer);
-    await this.worker?.close().catch(() => undefined);
-    await this.workerConn?.quit().catch(() => this.workerConn?.disconnect());
-    await this.queue.close().catch(() => undefined);
-    await this.bull.quit().catch(() => this.bull.disconnect());
+  close(): Promise<void> {
+    return this.host.close();
   }
 }
 

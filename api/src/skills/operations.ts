@@ -2,6 +2,7 @@ import { ApiError, Id, LogicalKey, Nullable, Obj, Page, PageQuery, Timestamp, Ty
 import { SKILL_LIMITS, type SkillFile } from '@agentplane/domain';
 import { READERS, WRITERS } from '../http/caller.js';
 import { defineOperation, json, type Operation, type UploadBody } from '../http/operation.js';
+import { workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
 import { receiveSkillTar } from './tar.js';
 import type { SkillDoc, SkillVersion } from '@agentplane/domain';
@@ -87,15 +88,14 @@ const tarUpload: UploadBody = {
  * names. docs/SKILLS.md.
  */
 export const skillOperations: Operation[] = [
-  defineOperation({
-    operationId: 'skills.createSkill', method: 'POST', path: '/v1/skills', summary: 'Publish a skill directory (JSON files) as a new immutable version',
+  workspaceWrite('POST', {
+    operationId: 'skills.createSkill', path: '/v1/skills', summary: 'Publish a skill directory (JSON files) as a new immutable version',
     audit: { target: 'response' }, auth: writers, idempotency: 'optional', mcp: 'never', successStatus: 201,
     body: Obj({ files: Type.Array(SkillFileInput, { minItems: 1, maxItems: SKILL_LIMITS.maxFiles }) }),
     response: SkillSchema,
-    async handler({ caller, body, deps }) {
-      const { skill, version } = await deps.skills.publish(requireWorkspace(caller), decodeFiles(body.files), 'api', 'body.files');
-      return json(201, view(skill, version));
-    },
+  }, async (ws, { body, deps }) => {
+    const { skill, version } = await deps.skills.publish(ws, decodeFiles(body.files), 'api', 'body.files');
+    return view(skill, version);
   }),
   defineOperation({
     operationId: 'skills.importSkill', method: 'POST', path: '/v1/skills/import', summary: 'Publish a skill directory from a tar archive (application/x-tar) as a new immutable version',
@@ -107,44 +107,35 @@ export const skillOperations: Operation[] = [
       return json(201, view(skill, version));
     },
   }),
-  defineOperation({
-    operationId: 'skills.listSkills', method: 'GET', path: '/v1/skills', summary: 'List the Skills of the Workspace',
+  workspaceRead({
+    operationId: 'skills.listSkills', path: '/v1/skills', summary: 'List the Skills of the Workspace',
     auth: readers, query: PageQuery({ include_archived: Type.Optional(Type.Boolean()) }), response: Page(SkillSchema), mcp: 'full',
-    async handler({ caller, query, deps }) {
-      const page = await deps.skills.list(requireWorkspace(caller), { limit: query.limit ?? 20, page: query.page, includeArchived: query.include_archived ?? false });
-      return json(200, page);
-    },
+  }, async (ws, { query, deps }) => {
+    const page = await deps.skills.list(ws, { limit: query.limit ?? 20, page: query.page, includeArchived: query.include_archived ?? false });
+    return page;
   }),
-  defineOperation({
-    operationId: 'skills.getSkill', method: 'GET', path: '/v1/skills/{skill_id}', summary: 'Read a Skill and its latest version',
+  workspaceRead({
+    operationId: 'skills.getSkill', path: '/v1/skills/{skill_id}', summary: 'Read a Skill and its latest version',
     auth: readers, params: SkillPath, response: SkillSchema, mcp: 'full',
-    async handler({ caller, params, deps }) {
-      return json(200, await deps.skills.view(await deps.skills.get(requireWorkspace(caller), params.skill_id)));
-    },
-  }),
-  defineOperation({
-    operationId: 'skills.getSkillVersion', method: 'GET', path: '/v1/skills/{skill_id}/versions/{version}', summary: 'Read one immutable version\'s manifest',
+  }, async (ws, { params, deps }) => deps.skills.view(await deps.skills.get(ws, params.skill_id))),
+  workspaceRead({
+    operationId: 'skills.getSkillVersion', path: '/v1/skills/{skill_id}/versions/{version}', summary: 'Read one immutable version\'s manifest',
     auth: readers, params: VersionPath, response: SkillVersionSchema, mcp: 'full',
-    async handler({ caller, params, deps }) {
-      await deps.skills.get(requireWorkspace(caller), params.skill_id);
-      return json(200, await deps.skills.version(params.skill_id, params.version));
-    },
+  }, async (ws, { params, deps }) => {
+    await deps.skills.get(ws, params.skill_id);
+    return deps.skills.version(params.skill_id, params.version);
   }),
-  defineOperation({
-    operationId: 'skills.getSkillVersionFiles', method: 'GET', path: '/v1/skills/{skill_id}/versions/{version}/files', summary: 'Read one version\'s files (base64)',
+  workspaceRead({
+    operationId: 'skills.getSkillVersionFiles', path: '/v1/skills/{skill_id}/versions/{version}/files', summary: 'Read one version\'s files (base64)',
     auth: readers, params: VersionPath, mcp: 'never',
     response: Obj({ files: Type.Array(Obj({ path: Type.String(), executable: Type.Boolean(), content_base64: Type.String() })) }),
-    async handler({ caller, params, deps }) {
-      await deps.skills.get(requireWorkspace(caller), params.skill_id);
-      const files = await deps.skills.files(params.skill_id, params.version);
-      return json(200, { files: files.map((f) => ({ path: f.path, executable: f.executable, content_base64: f.content.toString('base64') })) });
-    },
+  }, async (ws, { params, deps }) => {
+    await deps.skills.get(ws, params.skill_id);
+    const files = await deps.skills.files(params.skill_id, params.version);
+    return { files: files.map((f) => ({ path: f.path, executable: f.executable, content_base64: f.content.toString('base64') })) };
   }),
-  defineOperation({
-    operationId: 'skills.archiveSkill', method: 'POST', path: '/v1/skills/{skill_id}/archive', summary: 'Archive a Skill (no longer listed or selectable; a new version unarchives it)',
+  workspaceWrite('POST', {
+    operationId: 'skills.archiveSkill', path: '/v1/skills/{skill_id}/archive', summary: 'Archive a Skill (no longer listed or selectable; a new version unarchives it)',
     audit: { target: 'skill_id' }, auth: writers, params: SkillPath, mcp: 'full', response: SkillSchema,
-    async handler({ caller, params, deps }) {
-      return json(200, await deps.skills.view(await deps.skills.archive(requireWorkspace(caller), params.skill_id)));
-    },
-  }),
+  }, async (ws, { params, deps }) => deps.skills.view(await deps.skills.archive(ws, params.skill_id))),
 ];

@@ -1,6 +1,7 @@
-import { Queue, Worker, type Job } from 'bullmq';
+import type { Job } from 'bullmq';
 import { crashPoint, type Logger } from '@agentplane/core';
-import { connectRedis, keys, type Redis } from '@agentplane/store';
+import { keys, type Redis } from '@agentplane/store';
+import { QueueHost } from '../queue-host.js';
 import type { MigrationQueue, ToolSourceService } from './service.js';
 
 export const TOOL_SOURCE_MIGRATION_QUEUE_PREFIX = 'ap:{q:tool_source_migrations}';
@@ -30,16 +31,12 @@ export interface MigrationSettings {
  * that are done.
  */
 export class ToolSourceMigrations implements MigrationQueue {
-  private readonly bull: Redis;
-  private readonly queue: Queue;
-  private worker: Worker | null = null;
-  private workerConn: Redis | null = null;
-  private timer: NodeJS.Timeout | null = null;
+  private readonly host: QueueHost;
 
   constructor(private readonly d: { redisUrl: string; redis: Redis; service: ToolSourceService; logger: Logger; settings: MigrationSettings }) {
-    this.bull = connectRedis(d.redisUrl, { name: 'api:tool-source-migrations', blocking: true });
-    this.bull.on('error', (err: Error) => d.logger.warn({ err: err.message }, 'tool source migration queue connection error'));
-    this.queue = new Queue(QUEUE, { connection: this.bull, prefix: TOOL_SOURCE_MIGRATION_QUEUE_PREFIX });
+    this.host = new QueueHost({
+      name: 'tool-source-migrations', label: 'tool source migration', queue: QUEUE, prefix: TOOL_SOURCE_MIGRATION_QUEUE_PREFIX, redisUrl: d.redisUrl, log: d.logger,
+    });
   }
 
   async intend(ws: string, sourceId: string, revision: number): Promise<void> {
@@ -48,7 +45,7 @@ export class ToolSourceMigrations implements MigrationQueue {
 
   async enqueue(ws: string, sourceId: string, revision: number): Promise<void> {
     const data: MigrationData = { workspace_id: ws, tool_source_id: sourceId, revision };
-    await this.queue.add('migrate', data, { jobId: jobId(data), attempts: 10, backoff: { type: 'exponential', delay: 500 }, removeOnComplete: 1000, removeOnFail: 1000 });
+    await this.host.queue.add('migrate', data, { jobId: jobId(data), attempts: 10, backoff: { type: 'exponential', delay: 500 }, removeOnComplete: 1000, removeOnFail: 1000 });
   }
 
   private async run(data: MigrationData): Promise<void> {
@@ -70,31 +67,19 @@ export class ToolSourceMigrations implements MigrationQueue {
         await this.d.redis.zrem(INTENTS, intents[i]!);
         continue;
       }
-      if (!unpublished && !(await this.queue.getJob(jobId(data)))) await this.enqueue(ws, sourceId, data.revision);
+      if (!unpublished && !(await this.host.queue.getJob(jobId(data)))) await this.enqueue(ws, sourceId, data.revision);
     }
   }
 
   start(): void {
-    if (this.worker) return;
-    const conn = this.bull.duplicate({ connectionName: 'agentplane:api:tool-source-migrations-worker' });
-    this.workerConn = conn;
-    conn.on('error', (err: Error) => this.d.logger.warn({ err: err.message }, 'tool source migration worker connection error'));
-    this.worker = new Worker(QUEUE, async (job: Job) => this.run(job.data as MigrationData), {
-      connection: conn, prefix: TOOL_SOURCE_MIGRATION_QUEUE_PREFIX, concurrency: 4,
-      lockDuration: this.d.settings.lockMs, stalledInterval: Math.max(1000, Math.floor(this.d.settings.lockMs / 2)), maxStalledCount: 5,
+    const worker = this.host.startWorker(async (job: Job) => this.run(job.data as MigrationData), {
+      concurrency: 4, lockDuration: this.d.settings.lockMs, stalledInterval: Math.max(1000, Math.floor(this.d.settings.lockMs / 2)), maxStalledCount: 5,
     });
-    this.worker.on('error', (err) => this.d.logger.warn({ err: err.message }, 'tool source migration worker error'));
-    const sweep = () => void this.sweep().catch((err: unknown) => this.d.logger.warn({ err }, 'tool source migration sweep failed'));
-    this.timer = setInterval(sweep, this.d.settings.sweepMs);
-    this.timer.unref();
-    sweep();
+    if (!worker) return;
+    this.host.sweepEvery(this.d.settings.sweepMs, () => this.sweep(), 'tool source migration sweep failed')();
   }
 
-  async close(): Promise<void> {
-    if (this.timer) clearInterval(this.timer);
-    await this.worker?.close().catch(() => undefined);
-    await this.workerConn?.quit().catch(() => this.workerConn?.disconnect());
-    await this.queue.close().catch(() => undefined);
-    await this.bull.quit().catch(() => this.bull.disconnect());
+  close(): Promise<void> {
+    return this.host.close();
   }
 }

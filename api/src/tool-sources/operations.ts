@@ -1,6 +1,7 @@
 import { Id, Nullable, Obj, Page, PageQuery, Timestamp, Type } from '@agentplane/core';
 import { ADMINS, READERS } from '../http/caller.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
+import { pageOf, workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
 
 const readers = { kind: 'bearer', roles: READERS } as const;
@@ -116,22 +117,16 @@ export const toolSourceOperations: Operation[] = [
       return json(201, await deps.toolSources.publishPackage(requireWorkspace(caller), caller.credentialId, body));
     },
   }),
-  defineOperation({
-    operationId: 'toolSources.listProviderPackages', method: 'GET', path: '/v1/provider-packages', summary: 'List the reviewed provider packages of the Workspace',
+  workspaceRead({
+    operationId: 'toolSources.listProviderPackages', path: '/v1/provider-packages', summary: 'List the reviewed provider packages of the Workspace',
     auth: readers, query: PageQuery({}), response: Page(ProviderPackageSchema), mcp: 'full',
-    async handler({ caller, query, deps }) {
-      return json(200, await deps.toolSources.listPackages(requireWorkspace(caller), { limit: query.limit ?? 20, page: query.page }));
-    },
-  }),
-  defineOperation({
-    operationId: 'toolSources.getProviderPackage', method: 'GET', path: '/v1/provider-packages/{provider_package_id}', summary: 'Read a provider package',
+  }, (ws, { query, deps }) => deps.toolSources.listPackages(ws, pageOf(query))),
+  workspaceRead({
+    operationId: 'toolSources.getProviderPackage', path: '/v1/provider-packages/{provider_package_id}', summary: 'Read a provider package',
     auth: readers, params: PackagePath, response: ProviderPackageSchema, mcp: 'full',
-    async handler({ caller, params, deps }) {
-      return json(200, await deps.toolSources.getPackage(requireWorkspace(caller), params.provider_package_id));
-    },
-  }),
-  defineOperation({
-    operationId: 'toolSources.createToolSource', method: 'POST', path: '/v1/tool-sources',
+  }, (ws, { params, deps }) => deps.toolSources.getPackage(ws, params.provider_package_id)),
+  workspaceWrite('POST', {
+    operationId: 'toolSources.createToolSource', path: '/v1/tool-sources',
     summary: 'Register an external A2A agent as a tool source under a reviewed provider package',
     audit: { target: 'response' }, auth: admins, idempotency: 'optional', mcp: 'full', successStatus: 201,
     body: Obj({
@@ -141,35 +136,23 @@ export const toolSourceOperations: Operation[] = [
       source: SourceInput,
     }),
     response: ToolSourceSchema,
-    async handler({ caller, body, deps }) {
-      return json(201, await deps.toolSources.createSource(requireWorkspace(caller), body));
-    },
-  }),
-  defineOperation({
-    operationId: 'toolSources.listToolSources', method: 'GET', path: '/v1/tool-sources', summary: 'List the tool sources of the Workspace',
+  }, (ws, { body, deps }) => deps.toolSources.createSource(ws, body)),
+  workspaceRead({
+    operationId: 'toolSources.listToolSources', path: '/v1/tool-sources', summary: 'List the tool sources of the Workspace',
     auth: readers, query: PageQuery({}), response: Page(ToolSourceSchema), mcp: 'full',
-    async handler({ caller, query, deps }) {
-      return json(200, await deps.toolSources.listSources(requireWorkspace(caller), { limit: query.limit ?? 20, page: query.page }));
-    },
-  }),
-  defineOperation({
-    operationId: 'toolSources.getToolSource', method: 'GET', path: '/v1/tool-sources/{tool_source_id}', summary: 'Read a tool source, its discovery and its always-ask tools',
+  }, (ws, { query, deps }) => deps.toolSources.listSources(ws, pageOf(query))),
+  workspaceRead({
+    operationId: 'toolSources.getToolSource', path: '/v1/tool-sources/{tool_source_id}', summary: 'Read a tool source, its discovery and its always-ask tools',
     auth: readers, params: SourcePath, response: ToolSourceSchema, mcp: 'full',
-    async handler({ caller, params, deps }) {
-      return json(200, await deps.toolSources.getSource(requireWorkspace(caller), params.tool_source_id));
-    },
-  }),
-  defineOperation({
-    operationId: 'toolSources.syncToolSource', method: 'POST', path: '/v1/tool-sources/{tool_source_id}/sync',
+  }, (ws, { params, deps }) => deps.toolSources.getSource(ws, params.tool_source_id)),
+  workspaceWrite('POST', {
+    operationId: 'toolSources.syncToolSource', path: '/v1/tool-sources/{tool_source_id}/sync',
     summary: 'Fetch the agent card (credential-free GET), verify its signature and publish its skills as always-ask tools',
     audit: { target: 'tool_source_id' }, auth: admins, params: SourcePath, mcp: 'full', successStatus: 200,
     response: ToolSourceSchema,
-    async handler({ caller, params, deps }) {
-      return json(200, await deps.toolSources.sync(requireWorkspace(caller), params.tool_source_id));
-    },
-  }),
-  defineOperation({
-    operationId: 'toolSources.rotateToolSource', method: 'POST', path: '/v1/tool-sources/{tool_source_id}/source-revisions',
+  }, (ws, { params, deps }) => deps.toolSources.sync(ws, params.tool_source_id)),
+  workspaceWrite('POST', {
+    operationId: 'toolSources.rotateToolSource', path: '/v1/tool-sources/{tool_source_id}/source-revisions',
     summary: 'Rotate trust: publish a candidate source under a higher, compatible provider package once its card verifies (credential-free card GET only)',
     audit: { target: 'tool_source_id' }, auth: admins, params: SourcePath, idempotency: 'required', mcp: 'full', successStatus: 201,
     body: Obj({
@@ -179,28 +162,20 @@ export const toolSourceOperations: Operation[] = [
       dependent_connections: Type.Array(Obj({ id: Id('connection'), version: Type.Integer({ minimum: 1 }) }), { maxItems: 1000 }),
     }),
     response: ToolSourceSchema,
-    async handler({ caller, params, body, deps }) {
-      return json(201, await deps.toolSources.rotate(requireWorkspace(caller), params.tool_source_id, body));
-    },
-  }),
-  defineOperation({
-    operationId: 'toolSources.createToolSourceConnection', method: 'POST', path: '/v1/tool-sources/{tool_source_id}/connections',
+  }, (ws, { params, body, deps }) => deps.toolSources.rotate(ws, params.tool_source_id, body)),
+  workspaceWrite('POST', {
+    operationId: 'toolSources.createToolSourceConnection', path: '/v1/tool-sources/{tool_source_id}/connections',
     summary: 'Create a Connection of kind a2a_tool_source, pinned to the source\'s current revision (a dependent that rotation migrates)',
     audit: { target: 'response' }, auth: admins, params: SourcePath, idempotency: 'optional', mcp: 'full', successStatus: 201,
     body: Obj({ name: Type.String({ minLength: 1, maxLength: 200 }) }),
     response: ToolSourceConnectionSchema,
-    async handler({ caller, params, body, deps }) {
-      return json(201, await deps.toolSources.createConnection(requireWorkspace(caller), params.tool_source_id, body));
-    },
-  }),
-  defineOperation({
-    operationId: 'toolSources.listToolSourceConnections', method: 'GET', path: '/v1/tool-sources/{tool_source_id}/connections',
+  }, (ws, { params, body, deps }) => deps.toolSources.createConnection(ws, params.tool_source_id, body)),
+  workspaceRead({
+    operationId: 'toolSources.listToolSourceConnections', path: '/v1/tool-sources/{tool_source_id}/connections',
     summary: 'List the Connections that depend on a tool source, with their versions and pinned revisions',
     auth: readers, params: SourcePath, query: PageQuery({}), response: Page(ToolSourceConnectionSchema), mcp: 'full',
-    async handler({ caller, params, query, deps }) {
-      const ws = requireWorkspace(caller);
-      await deps.toolSources.getSource(ws, params.tool_source_id);
-      return json(200, await deps.toolSources.listConnections(ws, params.tool_source_id, { limit: query.limit ?? 20, page: query.page }));
-    },
+  }, async (ws, { params, query, deps }) => {
+    await deps.toolSources.getSource(ws, params.tool_source_id);
+    return deps.toolSources.listConnections(ws, params.tool_source_id, pageOf(query));
   }),
 ];

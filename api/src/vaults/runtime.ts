@@ -1,7 +1,7 @@
 import type Koa from 'koa';
 import { ApiError, Counter } from '@agentplane/core';
 import type { ApiDeps } from '../deps.js';
-import { bearerToken } from '../http/authenticate.js';
+import { runtimeGrant } from '../http/runtime-route.js';
 import { readJsonBody } from '../http/body.js';
 import type { RuntimeBearerVerifier } from '@agentplane/domain';
 
@@ -20,18 +20,7 @@ export function runtimeGitCredentials(deps: ApiDeps, verifier: RuntimeBearerVeri
   const served = new Counter({ name: 'agentplane_runtime_git_credentials_total', help: 'Git credentials asked for by runners, by outcome', labelNames: ['outcome'], registers: [deps.metrics] });
   return async (ctx, next) => {
     if (ctx.path !== RUNTIME_GIT_PATH) return next();
-    if (ctx.method !== 'POST') {
-      ctx.set('Allow', 'POST');
-      throw new ApiError('validation.not_found', `no operation at ${ctx.method} ${ctx.path}; use POST`);
-    }
-    const token = bearerToken(ctx.headers.authorization);
-    const grant = token ? await verifier.verify(token) : null;
-    if (!grant) {
-      served.inc({ outcome: 'unauthorized' });
-      throw new ApiError('auth.invalid_key', 'missing, unknown or expired runtime bearer (it lives only while its lease holds the Session)', {
-        headers: { 'WWW-Authenticate': 'Bearer error="invalid_token"' },
-      });
-    }
+    const grant = await runtimeGrant(ctx, 'POST', verifier, () => served.inc({ outcome: 'unauthorized' }));
     const body = (await readJsonBody(ctx.req, 16 * 1024)) as { url?: unknown } | undefined;
     const url = body?.url;
     if (typeof url !== 'string' || body === undefined || Object.keys(body).length !== 1) throw new ApiError('validation.malformed', 'body: exactly {url}');

@@ -1,10 +1,11 @@
 import { request as httpRequest, type IncomingMessage } from 'node:http';
 import { request as httpsRequest } from 'node:https';
 import type { LookupFunction } from 'node:net';
-import { Queue, Worker, type Job } from 'bullmq';
+import type { Job, Queue } from 'bullmq';
 import { Webhook } from 'standardwebhooks';
 import { BUCKETS, Counter, Histogram, type Logger, type Metrics } from '@agentplane/core';
-import { connectRedis, tags, type EventLog, type LogEvent, type Redis } from '@agentplane/store';
+import { tags, type EventLog, type LogEvent, type Redis } from '@agentplane/store';
+import { QueueHost } from '../queue-host.js';
 import type { SessionEventTap, TappedAppend } from '../events/tap.js';
 import { EgressRefused, resolveAllowed, type EgressPolicy } from './ssrf.js';
 import { webhookKeys, type WebhookStore } from './store.js';
@@ -53,20 +54,16 @@ class DeliveryError extends Error {}
  * endpoint and leaves the cursor on it, so re-enabling resumes there.
  */
 export class WebhookDispatcher {
-  private readonly bull: Redis;
+  private readonly host: QueueHost;
   readonly queue: Queue;
-  private worker: Worker | null = null;
-  private workerConn: Redis | null = null;
-  private sweepTimer: NodeJS.Timeout | null = null;
   private workspaces: { at: number; set: Set<string> } = { at: 0, set: new Set() };
   private readonly endpointCache = new Map<string, { at: number; list: EndpointDoc[] }>();
   private readonly counter: Counter<'outcome'>;
   private readonly latency: Histogram;
 
   constructor(private readonly d: { redisUrl: string; redis: Redis; store: WebhookStore; log: EventLog; tap: SessionEventTap; logger: Logger; metrics: Metrics; settings: DeliverySettings; onDisabled?: (e: EndpointDoc, reason: string) => Promise<void> }) {
-    this.bull = connectRedis(d.redisUrl, { name: 'api:webhooks', blocking: true });
-    this.bull.on('error', (err: Error) => d.logger.warn({ err: err.message }, 'webhooks queue connection error'));
-    this.queue = new Queue(QUEUE, { connection: this.bull, prefix: WEBHOOK_QUEUE_PREFIX });
+    this.host = new QueueHost({ name: 'webhooks', label: 'webhooks', queue: QUEUE, prefix: WEBHOOK_QUEUE_PREFIX, redisUrl: d.redisUrl, log: d.logger });
+    this.queue = this.host.queue;
     this.counter = new Counter({ name: 'agentplane_webhook_deliveries_total', help: 'Outbound webhook delivery attempts by outcome', labelNames: ['outcome'], registers: [d.metrics] });
     this.latency = new Histogram({ name: 'agentplane_webhook_delivery_duration_seconds', help: 'Outbound webhook delivery latency', buckets: [...BUCKETS.http], registers: [d.metrics] });
   }
@@ -244,32 +241,20 @@ export class WebhookDispatcher {
   }
 
   start(): void {
-    if (this.worker) return;
-    const conn = this.bull.duplicate({ connectionName: 'agentplane:api:webhooks-worker' });
-    this.workerConn = conn;
-    conn.on('error', (err: Error) => this.d.logger.warn({ err: err.message }, 'webhooks worker connection error'));
     const s = this.d.settings;
-    this.worker = new Worker(QUEUE, async (job: Job) => this.lane(job as Job<LaneData>), {
-      connection: conn, prefix: WEBHOOK_QUEUE_PREFIX, concurrency: 32,
-      settings: { backoffStrategy: (attemptsMade: number) => retryDelay(attemptsMade, s.retryBaseMs, s.retryMaxMs) },
+    const worker = this.host.startWorker(async (job: Job) => this.lane(job as Job<LaneData>), {
+      concurrency: 32, settings: { backoffStrategy: (attemptsMade: number) => retryDelay(attemptsMade, s.retryBaseMs, s.retryMaxMs) },
     });
-    this.worker.on('error', (err) => this.d.logger.warn({ err: err.message }, 'webhooks worker error'));
-    this.worker.on('failed', (job, err) => {
+    if (!worker) return;
+    worker.on('failed', (job, err) => {
       if (!job || job.attemptsMade < s.maxAttempts) return;
       void this.disable(job.data as LaneData, err.message).catch((e: unknown) => this.d.logger.error({ err: e }, 'disabling a failing webhook endpoint failed'));
     });
     this.d.tap.on(async (ws) => (await this.workspaceSet()).has(ws), (a) => this.onAppend(a));
-    const sweep = () => void this.sweep().catch((err: unknown) => this.d.logger.warn({ err }, 'webhook sweep failed'));
-    this.sweepTimer = setInterval(sweep, s.sweepIntervalMs);
-    this.sweepTimer.unref();
-    sweep();
+    this.host.sweepEvery(s.sweepIntervalMs, () => this.sweep(), 'webhook sweep failed')();
   }
 
-  async close(): Promise<void> {
-    if (this.sweepTimer) clearInterval(this.sweepTimer);
-    await this.worker?.close().catch(() => undefined);
-    await this.workerConn?.quit().catch(() => this.workerConn?.disconnect());
-    await this.queue.close().catch(() => undefined);
-    await this.bull.quit().catch(() => this.bull.disconnect());
+  close(): Promise<void> {
+    return this.host.close();
   }
 }

@@ -1,8 +1,7 @@
 import { ApiError, Id, newId, nowIso, Nullable, Obj, Page, PageQuery, Timestamp, Type } from '@agentplane/core';
-import { tags } from '@agentplane/store';
 import { ADMINS, READERS } from '../http/caller.js';
-import { defineOperation, json, type Operation } from '../http/operation.js';
-import { requireWorkspace } from '../http/workspace-scope.js';
+import type { Operation } from '../http/operation.js';
+import { listWorkspaceDocs, workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { ENDPOINTS, publicEndpoint, type EndpointDoc } from './model.js';
 import { checkEndpointUrl } from './ssrf.js';
 
@@ -27,42 +26,33 @@ const DeliverySchema = Obj({
 });
 
 export const webhookOperations: Operation[] = [
-  defineOperation({
-    operationId: 'webhookEndpoints.createWebhookEndpoint', method: 'POST', path: '/v1/webhook-endpoints',
+  workspaceWrite('POST', {
+    operationId: 'webhookEndpoints.createWebhookEndpoint', path: '/v1/webhook-endpoints',
     summary: 'Create an outbound webhook endpoint; its signing secret is returned once', auth: { kind: 'bearer', roles: ADMINS },
     audit: { target: 'response' }, body: Obj({ url: Url, event_types: Type.Optional(EventTypes), description: Type.Optional(Description) }),
     response: EndpointSchema, successStatus: 201, idempotency: 'optional', sensitive: true, mcp: 'never',
-    async handler({ caller, body, deps }) {
-      const ws = requireWorkspace(caller);
-      const url = checkEndpointUrl(body.url, deps.config.webhooks.egress);
-      const now = nowIso();
-      const e: EndpointDoc = {
-        id: newId('webhookEndpoint'), type: 'webhook_endpoint', workspace_id: ws, url: url.toString(), description: body.description ?? null,
-        event_types: body.event_types ?? [], status: 'enabled', disabled_reason: null, disabled_at: null, secret_generation: 1,
-        previous_secret_expires_at: null, version: 1, created_at: now, updated_at: now,
-      };
-      const secret = await deps.webhooks.store.create(e);
-      deps.webhooks.forget(ws);
-      return json(201, { ...publicEndpoint(e), signing_secret: secret });
-    },
+  }, async (ws, { body, deps }) => {
+    const url = checkEndpointUrl(body.url, deps.config.webhooks.egress);
+    const now = nowIso();
+    const e: EndpointDoc = {
+      id: newId('webhookEndpoint'), type: 'webhook_endpoint', workspace_id: ws, url: url.toString(), description: body.description ?? null,
+      event_types: body.event_types ?? [], status: 'enabled', disabled_reason: null, disabled_at: null, secret_generation: 1,
+      previous_secret_expires_at: null, version: 1, created_at: now, updated_at: now,
+    };
+    const secret = await deps.webhooks.store.create(e);
+    deps.webhooks.forget(ws);
+    return { ...publicEndpoint(e), signing_secret: secret };
   }),
-  defineOperation({
-    operationId: 'webhookEndpoints.listWebhookEndpoints', method: 'GET', path: '/v1/webhook-endpoints',
+  workspaceRead({
+    operationId: 'webhookEndpoints.listWebhookEndpoints', path: '/v1/webhook-endpoints',
     summary: 'List webhook endpoints, oldest first', auth: { kind: 'bearer', roles: READERS }, query: PageQuery({}), response: Page(EndpointSchema), mcp: 'full',
-    async handler({ caller, query, deps }) {
-      const ws = requireWorkspace(caller);
-      return json(200, await deps.docs.list<EndpointDoc>(tags.workspace(ws), ENDPOINTS, { limit: query.limit ?? 20, page: query.page, order: 'asc' }));
-    },
-  }),
-  defineOperation({
-    operationId: 'webhookEndpoints.getWebhookEndpoint', method: 'GET', path: '/v1/webhook-endpoints/{webhook_endpoint_id}',
+  }, (ws, { query, deps }) => listWorkspaceDocs<EndpointDoc>(deps, ws, ENDPOINTS, query)),
+  workspaceRead({
+    operationId: 'webhookEndpoints.getWebhookEndpoint', path: '/v1/webhook-endpoints/{webhook_endpoint_id}',
     summary: 'Read a webhook endpoint (never its secret)', auth: { kind: 'bearer', roles: READERS }, params: EndpointPath, response: EndpointSchema, mcp: 'full',
-    async handler({ caller, params, deps }) {
-      return json(200, publicEndpoint(await deps.webhooks.store.get(requireWorkspace(caller), params.webhook_endpoint_id)));
-    },
-  }),
-  defineOperation({
-    operationId: 'webhookEndpoints.updateWebhookEndpoint', method: 'POST', path: '/v1/webhook-endpoints/{webhook_endpoint_id}',
+  }, async (ws, { params, deps }) => publicEndpoint(await deps.webhooks.store.get(ws, params.webhook_endpoint_id))),
+  workspaceWrite('POST', {
+    operationId: 'webhookEndpoints.updateWebhookEndpoint', path: '/v1/webhook-endpoints/{webhook_endpoint_id}',
     summary: 'Change a webhook endpoint (compare-and-swap); `status: enabled` resumes deliveries where they stopped',
     auth: { kind: 'bearer', roles: ADMINS }, audit: { target: 'webhook_endpoint_id' }, params: EndpointPath,
     body: Obj({
@@ -70,76 +60,67 @@ export const webhookOperations: Operation[] = [
       status: Type.Optional(Type.Union([Type.Literal('enabled'), Type.Literal('disabled')])),
     }),
     response: EndpointSchema, idempotency: 'optional', mcp: 'full',
-    async handler({ caller, params, body, deps }) {
-      const ws = requireWorkspace(caller);
-      const url = body.url !== undefined ? checkEndpointUrl(body.url, deps.config.webhooks.egress).toString() : undefined;
-      const before = await deps.webhooks.store.get(ws, params.webhook_endpoint_id);
-      const next = await deps.webhooks.store.update(ws, params.webhook_endpoint_id, (cur) => ({
-        ...cur,
-        ...(url !== undefined ? { url } : {}),
-        ...(body.event_types !== undefined ? { event_types: body.event_types } : {}),
-        ...(body.description !== undefined ? { description: body.description } : {}),
-        ...(body.status === 'enabled' ? { status: 'enabled' as const, disabled_reason: null, disabled_at: null } : {}),
-        ...(body.status === 'disabled' && cur.status !== 'disabled' ? { status: 'disabled' as const, disabled_reason: 'operator' as const, disabled_at: nowIso() } : {}),
-      }), body.expected_version);
-      deps.webhooks.forget(ws);
-      if (before.status === 'disabled' && next.status === 'enabled') await deps.webhooks.resume(ws, next.id);
-      return json(200, publicEndpoint(next));
-    },
+  }, async (ws, { params, body, deps }) => {
+    const url = body.url !== undefined ? checkEndpointUrl(body.url, deps.config.webhooks.egress).toString() : undefined;
+    const before = await deps.webhooks.store.get(ws, params.webhook_endpoint_id);
+    const next = await deps.webhooks.store.update(ws, params.webhook_endpoint_id, (cur) => ({
+      ...cur,
+      ...(url !== undefined ? { url } : {}),
+      ...(body.event_types !== undefined ? { event_types: body.event_types } : {}),
+      ...(body.description !== undefined ? { description: body.description } : {}),
+      ...(body.status === 'enabled' ? { status: 'enabled' as const, disabled_reason: null, disabled_at: null } : {}),
+      ...(body.status === 'disabled' && cur.status !== 'disabled' ? { status: 'disabled' as const, disabled_reason: 'operator' as const, disabled_at: nowIso() } : {}),
+    }), body.expected_version);
+    deps.webhooks.forget(ws);
+    if (before.status === 'disabled' && next.status === 'enabled') await deps.webhooks.resume(ws, next.id);
+    return publicEndpoint(next);
   }),
-  defineOperation({
-    operationId: 'webhookEndpoints.deleteWebhookEndpoint', method: 'DELETE', path: '/v1/webhook-endpoints/{webhook_endpoint_id}',
+  workspaceWrite('DELETE', {
+    operationId: 'webhookEndpoints.deleteWebhookEndpoint', path: '/v1/webhook-endpoints/{webhook_endpoint_id}',
     summary: 'Delete a webhook endpoint, its cursors and its delivery log', auth: { kind: 'bearer', roles: ADMINS },
     audit: { target: 'webhook_endpoint_id' }, params: EndpointPath, query: Obj({ expected_version: Type.Optional(Type.Integer({ minimum: 1 })) }),
     response: Obj({ id: Id('webhookEndpoint'), type: Type.Literal('webhook_endpoint_deleted') }), mcp: 'full',
-    async handler({ caller, params, query, deps }) {
-      const ws = requireWorkspace(caller);
-      const e = await deps.webhooks.store.get(ws, params.webhook_endpoint_id);
-      if (query.expected_version !== undefined && e.version !== query.expected_version) {
-        throw new ApiError('validation.conflict', `version ${query.expected_version} is stale; the current version is ${e.version}`);
-      }
-      await deps.webhooks.store.remove(ws, e.id);
-      deps.webhooks.forget(ws);
-      return json(200, { id: e.id, type: 'webhook_endpoint_deleted' });
-    },
+  }, async (ws, { params, query, deps }) => {
+    const e = await deps.webhooks.store.get(ws, params.webhook_endpoint_id);
+    if (query.expected_version !== undefined && e.version !== query.expected_version) {
+      throw new ApiError('validation.conflict', `version ${query.expected_version} is stale; the current version is ${e.version}`);
+    }
+    await deps.webhooks.store.remove(ws, e.id);
+    deps.webhooks.forget(ws);
+    return { id: e.id, type: 'webhook_endpoint_deleted' };
   }),
-  defineOperation({
-    operationId: 'webhookEndpoints.rotateWebhookEndpointSecret', method: 'POST', path: '/v1/webhook-endpoints/{webhook_endpoint_id}/rotate-secret',
+  workspaceWrite('POST', {
+    operationId: 'webhookEndpoints.rotateWebhookEndpointSecret', path: '/v1/webhook-endpoints/{webhook_endpoint_id}/rotate-secret',
     summary: 'Issue a new signing secret (returned once); deliveries carry both signatures for overlap_seconds',
     auth: { kind: 'bearer', roles: ADMINS }, audit: { target: 'webhook_endpoint_id' }, params: EndpointPath,
     body: Obj({ expected_version: Type.Integer({ minimum: 1 }), overlap_seconds: Type.Optional(Type.Integer({ minimum: 0, maximum: 7 * 24 * 3600 })) }),
     response: EndpointSchema, idempotency: 'optional', sensitive: true, mcp: 'never',
-    async handler({ caller, params, body, deps }) {
-      const ws = requireWorkspace(caller);
-      const cur = await deps.webhooks.store.get(ws, params.webhook_endpoint_id);
-      if (cur.version !== body.expected_version) throw new ApiError('validation.conflict', `version ${body.expected_version} is stale; the current version is ${cur.version}`);
-      const r = await deps.webhooks.store.rotateSecret(ws, cur.id, (body.overlap_seconds ?? 24 * 3600) * 1000);
-      const next = await deps.webhooks.store.update(ws, cur.id, (e) => ({
-        ...e, secret_generation: r.generation, previous_secret_expires_at: r.previousExpiresMs > 0 ? new Date(r.previousExpiresMs).toISOString() : null,
-      }), body.expected_version);
-      return json(200, { ...publicEndpoint(next), signing_secret: r.secret });
-    },
+  }, async (ws, { params, body, deps }) => {
+    const cur = await deps.webhooks.store.get(ws, params.webhook_endpoint_id);
+    if (cur.version !== body.expected_version) throw new ApiError('validation.conflict', `version ${body.expected_version} is stale; the current version is ${cur.version}`);
+    const r = await deps.webhooks.store.rotateSecret(ws, cur.id, (body.overlap_seconds ?? 24 * 3600) * 1000);
+    const next = await deps.webhooks.store.update(ws, cur.id, (e) => ({
+      ...e, secret_generation: r.generation, previous_secret_expires_at: r.previousExpiresMs > 0 ? new Date(r.previousExpiresMs).toISOString() : null,
+    }), body.expected_version);
+    return { ...publicEndpoint(next), signing_secret: r.secret };
   }),
-  defineOperation({
-    operationId: 'webhookEndpoints.testWebhookEndpoint', method: 'POST', path: '/v1/webhook-endpoints/{webhook_endpoint_id}/test',
+  workspaceWrite('POST', {
+    operationId: 'webhookEndpoints.testWebhookEndpoint', path: '/v1/webhook-endpoints/{webhook_endpoint_id}/test',
     summary: 'Send one synthetic webhook.test delivery (seq 0, session_id null) to the endpoint at expected_version',
     auth: { kind: 'bearer', roles: ADMINS }, audit: { target: 'webhook_endpoint_id' }, params: EndpointPath,
     body: Obj({ expected_version: Type.Integer({ minimum: 1 }) }),
     response: Obj({ delivered: Type.Boolean(), status_code: Type.Integer() }), idempotency: 'optional', mcp: 'full',
-    async handler({ caller, params, body, deps }) {
-      const e = await deps.webhooks.store.get(requireWorkspace(caller), params.webhook_endpoint_id);
-      if (e.version !== body.expected_version) throw new ApiError('validation.conflict', `version ${body.expected_version} is stale; the current version is ${e.version}`);
-      return json(200, await deps.webhooks.test(e));
-    },
+  }, async (ws, { params, body, deps }) => {
+    const e = await deps.webhooks.store.get(ws, params.webhook_endpoint_id);
+    if (e.version !== body.expected_version) throw new ApiError('validation.conflict', `version ${body.expected_version} is stale; the current version is ${e.version}`);
+    return deps.webhooks.test(e);
   }),
-  defineOperation({
-    operationId: 'webhookEndpoints.listWebhookDeliveries', method: 'GET', path: '/v1/webhook-endpoints/{webhook_endpoint_id}/deliveries',
+  workspaceRead({
+    operationId: 'webhookEndpoints.listWebhookDeliveries', path: '/v1/webhook-endpoints/{webhook_endpoint_id}/deliveries',
     summary: 'The delivery log of an endpoint, newest first: every attempt with its status code and latency (the last 1,000 kept)',
     auth: { kind: 'bearer', roles: READERS }, params: EndpointPath, query: PageQuery({}, 1000), response: Page(DeliverySchema), mcp: 'full',
-    async handler({ caller, params, query, deps }) {
-      const ws = requireWorkspace(caller);
-      await deps.webhooks.store.get(ws, params.webhook_endpoint_id);
-      return json(200, await deps.webhooks.store.deliveries(ws, params.webhook_endpoint_id, query.limit ?? 20, query.page));
-    },
+  }, async (ws, { params, query, deps }) => {
+    await deps.webhooks.store.get(ws, params.webhook_endpoint_id);
+    return deps.webhooks.store.deliveries(ws, params.webhook_endpoint_id, query.limit ?? 20, query.page);
   }),
 ];
