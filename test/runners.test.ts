@@ -408,6 +408,29 @@ describe('leases through the gateway (delivery interface) and SIGTERM drain', ()
     expect(await deliverToRunner(redis, ws, `runner_${'9'.repeat(32)}`, offer('lease-x', 0))).toBe(false);
   });
 
+  it('an offer sent to a stale node hint is forwarded once to the node holding the socket; a dead hint falls back to the presence', async () => {
+    const { dir, runnerId } = await pairedToGateway('hint-box');
+    const daemon = startDaemon(dir);
+    await waitFor('presence', async () => ((await presenceOf(runnerId))?.status === 'ready' ? true : undefined), 15_000);
+    const route = (await new PresenceStore(redis).get(ws, runnerId))?.route.node_id;
+    // The API's own gateway node is live but does not hold this runner's socket.
+    const nodes = ((await redis.pubsub('CHANNELS', 'ap:gateway:node:*')) as string[]).map((c) => c.slice('ap:gateway:node:'.length));
+    const stale = nodes.find((n) => n !== route);
+    expect(route).toBeDefined();
+    expect(stale).toBeDefined();
+    const accepts = await frameCount('in', 'lease.accept');
+    expect(await deliverToRunner(redis, ws, runnerId, offer('lease-h1', 200), { nodeId: stale as string })).toBe(true);
+    await waitFor('forwarded offer accepted', async () => ((await frameCount('in', 'lease.accept')) === accepts + 1 ? true : undefined), 5000);
+    expect(await deliverToRunner(redis, ws, runnerId, offer('lease-h2', 200), { nodeId: 'gw_nobody_listens' })).toBe(true);
+    await waitFor('looked-up offer accepted', async () => ((await frameCount('in', 'lease.accept')) === accepts + 2 ? true : undefined), 5000);
+    // A hinted frame for a runner connected nowhere is dropped, not bounced between nodes.
+    expect(await deliverToRunner(redis, ws, `runner_${'8'.repeat(32)}`, offer('lease-h3', 0), { nodeId: stale as string })).toBe(true);
+    const exited = new Promise<number | null>((r) => daemon.once('exit', (code) => r(code)));
+    daemon.kill('SIGTERM');
+    expect(await exited).toBe(0);
+    expect(await frameCount('in', 'lease.accept')).toBe(accepts + 2);
+  });
+
   it('a second SIGTERM cancels held work (lease.fail) and the daemon exits', async () => {
     const { dir, runnerId } = await pairedToGateway('cancel-box');
     const daemon = startDaemon(dir);

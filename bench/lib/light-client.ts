@@ -1,5 +1,6 @@
 // A cheap HTTP client for load benches: node:http with a keep-alive agent instead of fetch, and a
 // bare SSE reader that parses only what it needs. The bench's client is not the product: its CPU
+import { wallMs } from './report.js';
 // per request should stay small beside the platform's, while still making the same real requests.
 import { Agent, request, type IncomingMessage } from 'node:http';
 import { SERVICE_VERSION, type ClientOptions } from '@agentplane/client';
@@ -67,7 +68,7 @@ export class LightClient {
             if (line.startsWith('id:')) id = line.length > 3;
             else if (line.startsWith('data:')) data += line.slice(line[5] === ' ' ? 6 : 5);
           }
-          if (id && (JSON.parse(data) as { type?: string }).type === type) return Date.now();
+          if (id && (JSON.parse(data) as { type?: string }).type === type) return wallMs();
         }
       }
     } finally {

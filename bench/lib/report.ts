@@ -1,4 +1,13 @@
 /** Small helpers shared by the benchmarks: percentiles and a two-column "ours vs floor" table. */
+
+/**
+ * Wall-clock milliseconds with sub-millisecond resolution, comparable across the processes of
+ * one machine (each process's time origin is read off the same clock): latencies of a few
+ * milliseconds measured with Date.now() are rounded to whole milliseconds, ratios with them too.
+ */
+export function wallMs(): number {
+  return performance.timeOrigin + performance.now();
+}
 export function percentile(sorted: readonly number[], p: number): number {
   if (sorted.length === 0) return Number.NaN;
   const i = Math.min(sorted.length - 1, Math.max(0, Math.ceil((p / 100) * sorted.length) - 1));

@@ -32,7 +32,7 @@ function runner(secret: string): Promise<void> {
         resolve();
       } else if (m.type === 'lease.offer') {
         const o = m.payload as unknown as Offer;
-        process.send?.({ kind: 'leased', session_id: o.session_id, at: Date.now() });
+        process.send?.({ kind: 'leased', session_id: o.session_id, at: performance.timeOrigin + performance.now() });
         held++;
         const ref = { lease_id: o.lease_id, attempt: o.attempt };
         ws.send(frame('lease.accept', id(), ref));

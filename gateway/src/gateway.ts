@@ -30,6 +30,11 @@ export interface NodeDelivery {
   generation?: number;
   /** A complete frame built with `frame()`. */
   frame: string;
+  /**
+   * Sent to a node named by a routing hint: a node that does not hold the runner forwards the
+   * frame once to the node of the runner's presence in this Workspace.
+   */
+  forward_in?: string;
 }
 
 export interface GatewayOptions {
@@ -488,11 +493,27 @@ export class Gateway {
     const d = msg as NodeDelivery;
     const c = this.byRunner.get(d.runner_id);
     if (!c || c.state !== 'live' || (d.generation !== undefined && d.generation !== c.generationValue)) {
+      if (d.forward_in !== undefined && !c) return void this.forward(d, d.forward_in);
       this.log.debug({ runner: d.runner_id }, 'delivery for a runner not connected here; dropped');
       return;
     }
     c.ws.send(d.frame);
     this.metricFrames.inc({ direction: 'out', type: 'delivered' });
+  }
+
+  /** A hinted delivery for a runner connected elsewhere: once to the node of its presence. */
+  private async forward(d: NodeDelivery, workspaceId: string): Promise<void> {
+    try {
+      const stored = await this.presence.get(workspaceId, d.runner_id);
+      if (!stored || stored.route.node_id === this.options.nodeId) {
+        this.log.debug({ runner: d.runner_id }, 'hinted delivery for a runner without a presence elsewhere; dropped');
+        return;
+      }
+      const { forward_in: _hint, ...once } = d;
+      await this.deps.redis.publish(gatewayNodeChannel(stored.route.node_id), JSON.stringify(once));
+    } catch (err) {
+      this.log.warn({ err: err instanceof Error ? err.message : String(err), runner: d.runner_id }, 'forwarding a hinted delivery failed');
+    }
   }
 
   /** Stop accepting, close every socket with 1001 (runners reconnect elsewhere), unsubscribe. */
@@ -508,11 +529,21 @@ export class Gateway {
  * Route a frame to a runner wherever its socket is: read its presence route and publish on
  * that gateway node's channel. False when the runner has no live presence.
  */
-export async function deliverToRunner(redis: Redis, workspaceId: string, runnerId: string, frameText: string, generation?: number): Promise<boolean> {
+export async function deliverToRunner(
+  redis: Redis, workspaceId: string, runnerId: string, frameText: string,
+  options: { generation?: number; nodeId?: string } = {},
+): Promise<boolean> {
+  const { generation, nodeId } = options;
+  const base: NodeDelivery = { runner_id: runnerId, frame: frameText, ...(generation !== undefined ? { generation } : {}) };
+  if (nodeId) {
+    // Straight to the node the caller saw the runner on: one round trip instead of two. A node
+    // that no longer holds the socket forwards it once, along the runner's current presence.
+    const hinted: NodeDelivery = { ...base, forward_in: workspaceId };
+    if ((await redis.publish(gatewayNodeChannel(nodeId), JSON.stringify(hinted))) > 0) return true;
+  }
   const stored = await new PresenceStore(redis).get(workspaceId, runnerId);
   if (!stored) return false;
-  const d: NodeDelivery = { runner_id: runnerId, frame: frameText, ...(generation !== undefined ? { generation } : {}) };
-  const receivers = await redis.publish(gatewayNodeChannel(stored.route.node_id), JSON.stringify(d));
+  const receivers = await redis.publish(gatewayNodeChannel(stored.route.node_id), JSON.stringify(base));
   // On a Redis Cluster PUBLISH counts only the subscribers of the node it ran on (the message
   // itself reaches every node): there a live presence is the best answer, and a node that died
   // with its presence still fresh costs the sender its own timeout, as a lost frame would.

@@ -116,9 +116,19 @@ export class PresenceStore {
     poolId: string,
     options: { limit: number; page?: string | undefined },
   ): Promise<{ data: RunnerPresence[]; next_page: string | null }> {
+    const page = await this.listPoolStored(ws, poolId, options);
+    return { data: page.data.map((s) => s.presence), next_page: page.next_page };
+  }
+
+  /** Like listPool, with each presence's route (which gateway node holds the socket). */
+  async listPoolStored(
+    ws: string,
+    poolId: string,
+    options: { limit: number; page?: string | undefined },
+  ): Promise<{ data: StoredPresence[]; next_page: string | null }> {
     const key = presenceKeys.poolIds(ws, poolId);
     let after = options.page ? decodeCursor(options.page).member : '';
-    const data: RunnerPresence[] = [];
+    const data: StoredPresence[] = [];
     const batch = Math.max(options.limit + 1, 100);
     for (;;) {
       const ids = await this.redis.zrangebylex(key, after ? `(${after}` : '-', '+', 'LIMIT', 0, batch);
@@ -135,7 +145,7 @@ export class PresenceStore {
             if (dead.length > 0) await this.redis.zrem(key, ...dead);
             return { data, next_page: encodeCursor({ score: 0, member: after }) };
           }
-          data.push((JSON.parse(raw) as StoredPresence).presence);
+          data.push(JSON.parse(raw) as StoredPresence);
         }
         after = id;
       }

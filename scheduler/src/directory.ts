@@ -8,6 +8,8 @@ export interface RunnerView {
   capabilities: RunnerCapabilities;
   /** When the presence was last written (its `available_slots` reflect leases up to then). */
   seen_at?: string;
+  /** The gateway node holding the runner's socket when its presence was written (a routing hint). */
+  node_id?: string;
 }
 
 /** Where the scheduler reads which runners exist and which are ready. */
@@ -28,7 +30,19 @@ export interface LeaseOffer extends Omit<LeaseRecord, 'reply_to'> {
 /** `recorded`: accepted, and the Run already records the lease (the gateway wrote it before answering). */
 export type OfferOutcome = 'accepted' | 'recorded' | 'rejected' | 'timeout';
 
+/** A lease as planned when its Run is taken, before a runner is chosen. */
+export type LeasePlan = Omit<LeaseOffer, 'runner_id' | 'offer_expires_at_ms'>;
+
+/** What every offer of one lease carries besides its record (the turn spec), prepared once. */
+export type OfferBody = Promise<Record<string, unknown>>;
+
 /** Delivers an offer to a runner (through whichever gateway holds its socket) and reports the answer. */
 export interface OfferChannel {
-  offer(offer: LeaseOffer, timeoutMs: number): Promise<OfferOutcome>;
+  /**
+   * Start preparing the offers' body as soon as the Run is taken, so its reads overlap the
+   * dispatcher's own checks. A body that fails makes each offer that carries it `rejected`.
+   */
+  prepare(plan: LeasePlan): OfferBody;
+  /** `nodeId`: the runner's gateway node as its presence said (a hint; delivery falls back to a lookup). */
+  offer(offer: LeaseOffer, timeoutMs: number, body: OfferBody, nodeId?: string): Promise<OfferOutcome>;
 }

@@ -7,7 +7,7 @@ import { createLogger } from '@agentplane/core';
 import { CancelMarks, DEFAULT_LEASE_CONFIG, LeaseFence, LeaseKeeper, RunQueues, type Lease, type LeaseConfig, type RunJobData, type RunnerCapabilities } from '@agentplane/lease';
 import { connectRedis, startEmbeddedRedis, type EmbeddedRedis, type Redis } from '@agentplane/store';
 import { PoolDispatcher, type DispatchHooks } from './dispatcher.js';
-import type { LeaseOffer, OfferChannel, RunnerDirectory, RunnerView } from './directory.js';
+import type { LeaseOffer, OfferBody, OfferChannel, RunnerDirectory, RunnerView } from './directory.js';
 
 const log = createLogger({ name: 'test', level: 'silent' });
 const config: LeaseConfig = { ...DEFAULT_LEASE_CONFIG, leaseMs: 2000, heartbeatMs: 600, offerTimeoutMs: 500, stalledIntervalMs: 500, backoffMs: 100, fenceMarginMs: 300 };
@@ -52,7 +52,13 @@ class Fleet implements RunnerDirectory, OfferChannel {
   async enrolled(): Promise<RunnerCapabilities[]> {
     return [...this.runners.values()].map((r) => r.view.capabilities);
   }
-  async offer(o: LeaseOffer): Promise<'accepted' | 'rejected' | 'timeout'> {
+  prepared = 0;
+  prepare(): OfferBody {
+    this.prepared++;
+    return Promise.resolve({});
+  }
+  async offer(o: LeaseOffer, _timeoutMs: number, body: OfferBody): Promise<'accepted' | 'rejected' | 'timeout'> {
+    await body;
     this.offers++;
     await this.onOffer?.(o);
     const r = this.runners.get(o.runner_id);

@@ -3,7 +3,7 @@ import { UnrecoverableError, Worker, type Job } from 'bullmq';
 import { ATTR, extractTrace, inSpan, SpanKind, type Logger } from '@agentplane/core';
 import { matchCapabilities, matchNow, queuePrefix, RUN_QUEUE, type CancelMarks, type LeaseConfig, type RunJobData, type RunQueues } from '@agentplane/lease';
 import type { Redis } from '@agentplane/store';
-import type { OfferChannel, RunnerDirectory, RunnerView } from './directory.js';
+import type { LeasePlan, OfferChannel, RunnerDirectory, RunnerView } from './directory.js';
 
 /** What the scheduler reports about a Run while placing it (Run status, session events, metrics). */
 export interface DispatchHooks {
@@ -187,6 +187,20 @@ export class PoolDispatcher {
       await this.o.hooks.exhausted(job.data.run_id, job.deferredFailure);
       return;
     }
+    const plan: LeasePlan = {
+      lease_id: token,
+      run_id: job.data.run_id,
+      session_id: job.data.session_id,
+      thread_id: job.data.thread_id,
+      workspace_id: job.data.workspace_id,
+      pool_id: job.data.pool_id,
+      attempt: job.attemptsStarted,
+      lease_ms: this.o.config.leaseMs,
+      heartbeat_ms: this.o.config.heartbeatMs,
+    };
+    // A first attempt's offer body is prepared while the checks below run. A later attempt's
+    // waits until the earlier attempts' ends are recorded: the spec reads what they wrote.
+    const early = job.attemptsStarted <= 1 ? this.o.offers.prepare(plan) : undefined;
     const [marked] = await Promise.all([
       this.o.cancels.marked(job.data.session_id, job.data.run_id),
       this.o.hooks.retaken(job).catch((err: unknown) => this.o.log.warn({ err, run: job.id }, 'recording the earlier attempts failed')),
@@ -217,6 +231,7 @@ export class PoolDispatcher {
       return this.giveBack(job, token, this.o.capacityRetryMs ?? 1000);
     }
 
+    const body = early ?? this.o.offers.prepare(plan);
     // Keep the lock while offers are out; the runner's acceptance replaces it with a full lease.
     const keep = setInterval(() => void job.extendLock(token, this.o.config.leaseMs).catch(() => undefined), Math.max(500, this.o.config.offerTimeoutMs / 2));
     try {
@@ -225,20 +240,10 @@ export class PoolDispatcher {
         let outcome;
         try {
           outcome = await this.o.offers.offer(
-            {
-              lease_id: token,
-              run_id: job.data.run_id,
-              session_id: job.data.session_id,
-              thread_id: job.data.thread_id,
-              workspace_id: job.data.workspace_id,
-              pool_id: job.data.pool_id,
-              attempt: job.attemptsStarted,
-              runner_id: runner.runner_id,
-              lease_ms: this.o.config.leaseMs,
-              heartbeat_ms: this.o.config.heartbeatMs,
-              offer_expires_at_ms: Date.now() + this.o.config.offerTimeoutMs,
-            },
+            { ...plan, runner_id: runner.runner_id, offer_expires_at_ms: Date.now() + this.o.config.offerTimeoutMs },
             this.o.config.offerTimeoutMs,
+            body,
+            runner.node_id,
           );
         } finally {
           const left = (this.reserved.get(runner.runner_id) ?? 1) - 1;

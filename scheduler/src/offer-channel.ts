@@ -3,7 +3,7 @@ import { deliverToRunner } from '@agentplane/gateway';
 import { LeaseFence, offerReplyChannel, type LeaseRecords, type OfferReply } from '@agentplane/lease';
 import { frame } from '@agentplane/protocol';
 import type { Redis } from '@agentplane/store';
-import type { LeaseOffer, OfferChannel, OfferOutcome } from './directory.js';
+import type { LeaseOffer, LeasePlan, OfferBody, OfferChannel, OfferOutcome } from './directory.js';
 
 /**
  * Offers travel as `lease.offer` frames through whichever gateway node holds the runner's
@@ -23,7 +23,7 @@ export class RedisOfferChannel implements OfferChannel {
     private readonly subscriber: Redis,
     instanceId: string,
     private readonly records: LeaseRecords,
-    private readonly buildSpec: (offer: LeaseOffer) => Promise<Record<string, unknown>>,
+    private readonly buildSpec: (plan: LeasePlan) => Promise<Record<string, unknown>>,
     private readonly log: Logger,
   ) {
     this.channel = offerReplyChannel(instanceId);
@@ -43,12 +43,19 @@ export class RedisOfferChannel implements OfferChannel {
     await this.subscriber.subscribe(this.channel);
   }
 
-  async offer(o: LeaseOffer, timeoutMs: number): Promise<OfferOutcome> {
-    // The record and the spec are independent reads and writes: both go out at once.
+  prepare(plan: LeasePlan): OfferBody {
+    const body = this.buildSpec(plan);
+    // Awaited by each offer that carries it; a Run that ends before any offer never awaits it.
+    body.catch(() => undefined);
+    return body;
+  }
+
+  async offer(o: LeaseOffer, timeoutMs: number, body: OfferBody, nodeId?: string): Promise<OfferOutcome> {
+    // The record and the spec are independent writes and reads: both are under way at once.
     const put = this.records.put({ ...o, reply_to: this.channel }, Math.max(timeoutMs * 3, o.lease_ms));
     let spec: Record<string, unknown>;
     try {
-      [spec] = await Promise.all([this.buildSpec(o), put]);
+      [spec] = await Promise.all([body, put]);
     } catch (err) {
       await put.catch(() => undefined);
       this.log.warn({ err: err instanceof Error ? err.message : String(err), run: o.run_id }, 'cannot prepare the offer');
@@ -63,13 +70,13 @@ export class RedisOfferChannel implements OfferChannel {
         [ATTR.messagingDestinationName]: 'lease.offer', [ATTR.messagingMessageId]: o.lease_id, 'agentplane.runner.id': o.runner_id, 'agentplane.run.id': o.run_id,
       },
     }, async (span) => {
-      const outcome = await this.deliverOffer(o, spec, timeoutMs);
+      const outcome = await this.deliverOffer(o, spec, timeoutMs, nodeId);
       span.setAttribute('agentplane.offer.outcome', outcome);
       return outcome;
     });
   }
 
-  private async deliverOffer(o: LeaseOffer, spec: Record<string, unknown>, timeoutMs: number): Promise<OfferOutcome> {
+  private async deliverOffer(o: LeaseOffer, spec: Record<string, unknown>, timeoutMs: number, nodeId: string | undefined): Promise<OfferOutcome> {
     const answer = new Promise<OfferOutcome>((resolve) => {
       let settled = false;
       const finish = (outcome: OfferOutcome) => {
@@ -92,7 +99,7 @@ export class RedisOfferChannel implements OfferChannel {
       lease_id: o.lease_id, attempt: o.attempt, run_id: o.run_id, session_id: o.session_id, thread_id: o.thread_id,
       accept_within_ms: timeoutMs, lease_ttl_ms: o.lease_ms, spec,
     }, undefined, injectTrace());
-    if (!(await deliverToRunner(this.redis, o.workspace_id, o.runner_id, text))) {
+    if (!(await deliverToRunner(this.redis, o.workspace_id, o.runner_id, text, { ...(nodeId ? { nodeId } : {}) }))) {
       this.waiters.get(o.lease_id)?.({ lease_id: o.lease_id, outcome: 'rejected', reason: 'runner not connected' });
     }
     const outcome = await answer;

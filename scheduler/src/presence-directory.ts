@@ -29,10 +29,10 @@ export class PresenceDirectory implements RunnerDirectory {
     const views: RunnerView[] = [];
     let page: string | undefined;
     do {
-      const res = await this.presence.listPool(ws, poolId, { limit: 500, page });
-      for (const p of res.data) {
+      const res = await this.presence.listPoolStored(ws, poolId, { limit: 500, page });
+      for (const { presence: p, route } of res.data) {
         const caps = p.capabilities as unknown as RunnerCapabilities;
-        views.push({ runner_id: p.runner, pool_id: poolId, status: p.status, capabilities: caps, seen_at: p.last_seen_at });
+        views.push({ runner_id: p.runner, pool_id: poolId, status: p.status, capabilities: caps, seen_at: p.last_seen_at, node_id: route.node_id });
         let known = this.seen.get(poolId);
         if (!known) this.seen.set(poolId, (known = new Map()));
         known.set(p.runner, caps);

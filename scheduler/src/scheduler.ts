@@ -9,7 +9,7 @@ import { SecretBox } from '@agentplane/core';
 import { connectRedis, DocumentStore, tags, type Redis, type StoredDoc } from '@agentplane/store';
 import type { SchedulerConfig } from './config.js';
 import { PoolDispatcher, type DispatchHooks } from './dispatcher.js';
-import type { LeaseOffer } from './directory.js';
+import type { LeasePlan } from './directory.js';
 import { runHooks } from './hooks.js';
 import { reconcilePool, repairStalls } from './reconciler.js';
 import { SchedulerMetrics } from './metrics.js';
@@ -87,7 +87,7 @@ export class Scheduler {
     this.offers = new RedisOfferChannel(this.redis, this.sub, this.instanceId, new LeaseRecords(this.redis), (o) => this.spec(o), log);
   }
 
-  private async spec(o: LeaseOffer): Promise<Record<string, unknown>> {
+  private async spec(o: LeasePlan): Promise<Record<string, unknown>> {
     // The Run and its Session in one round trip (the Session is read once, for the spec and the vaults).
     const [run, session] = await Promise.all([this.store.run(o.session_id, o.run_id), this.store.get(o.workspace_id, o.session_id).catch(() => null)]);
     if (!run) throw new Error(`run ${o.run_id} not found`);
