@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { context, SpanKind, SpanStatusCode, trace, TraceFlags } from '@opentelemetry/api';
+import { context, createTraceState, SpanKind, SpanStatusCode, trace, TraceFlags } from '@opentelemetry/api';
 import { BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor } from '@opentelemetry/sdk-trace-node';
 import { JsonTraceSerializer, ProtobufTraceSerializer } from '@opentelemetry/otlp-transformer';
 import { resourceFromAttributes } from '@opentelemetry/resources';
@@ -13,6 +13,7 @@ function finishedSpans() {
   const tracer = provider.getTracer('agentplane', '0.1.0');
   const remote = trace.setSpanContext(context.active(), {
     traceId: '0af7651916cd43dd8448eb211c80319c', spanId: 'b7ad6b7169203331', traceFlags: TraceFlags.SAMPLED, isRemote: true,
+    traceState: createTraceState('vendor=abc'),
   });
   const server = tracer.startSpan('GET /v1/sessions/{id}', { kind: SpanKind.SERVER, attributes: { 'http.request.method': 'GET', 'http.response.status_code': 200 } }, remote);
   const child = tracer.startSpan('append session_events', {
@@ -21,7 +22,7 @@ function finishedSpans() {
     links: [{ context: { traceId: '4bf92f3577b34da6a3ce929d0e0e4736', spanId: '00f067aa0ba902b7', traceFlags: 1 }, attributes: { why: 'cause' } }],
   }, trace.setSpan(context.active(), server));
   child.addEvent('retry', { attempt: 2 });
-  child.setStatus({ code: SpanStatusCode.ERROR });
+  child.setStatus({ code: SpanStatusCode.ERROR, message: 'the append failed' });
   child.end();
   server.end();
   tracer.startSpan('root', { kind: SpanKind.INTERNAL }).end();
@@ -45,5 +46,11 @@ describe('span export off the event loop', () => {
     expect(server.kind).toBe(SpanKind.SERVER);
     const root = fromWire(structuredClone(toWire(spans[2]!)), resource);
     expect(root.parentSpanContext).toBeUndefined();
+    const child = fromWire(structuredClone(toWire(spans[0]!)), resource);
+    expect(child.spanContext().traceState?.serialize()).toBe('vendor=abc');
+    expect(child.status).toEqual({ code: SpanStatusCode.ERROR, message: 'the append failed' });
+    expect(child.attributes).toEqual({ 'agentplane.append.events': 3, 'agentplane.flag': true, 'agentplane.list': ['a', 'b'] });
+    expect(child.events.map((e) => e.name)).toEqual(['retry']);
+    expect(child.links).toHaveLength(1);
   });
 });
