@@ -419,16 +419,25 @@ describe('leases through the gateway (delivery interface) and SIGTERM drain', ()
     expect(route).toBeDefined();
     expect(stale).toBeDefined();
     const accepts = await frameCount('in', 'lease.accept');
+    const completes = await frameCount('in', 'lease.complete');
     expect(await deliverToRunner(redis, ws, runnerId, offer('lease-h1', 200), { nodeId: stale as string })).toBe(true);
     await waitFor('forwarded offer accepted', async () => ((await frameCount('in', 'lease.accept')) === accepts + 1 ? true : undefined), 5000);
     expect(await deliverToRunner(redis, ws, runnerId, offer('lease-h2', 200), { nodeId: 'gw_nobody_listens' })).toBe(true);
     await waitFor('looked-up offer accepted', async () => ((await frameCount('in', 'lease.accept')) === accepts + 2 ? true : undefined), 5000);
     // A hinted frame for a runner connected nowhere is dropped, not bounced between nodes.
     expect(await deliverToRunner(redis, ws, `runner_${'8'.repeat(32)}`, offer('lease-h3', 0), { nodeId: stale as string })).toBe(true);
+    // The same offer delivered twice (a frame may reach a runner twice) runs once. (After the
+    // first two ended: this runner has two slots.)
+    await waitFor('two leases completed', async () => ((await frameCount('in', 'lease.complete')) >= completes + 2 ? true : undefined), 10_000);
+    expect(await deliverToRunner(redis, ws, runnerId, offer('lease-h4', 1000))).toBe(true);
+    expect(await deliverToRunner(redis, ws, runnerId, offer('lease-h4', 1000))).toBe(true);
+    await waitFor('three leases completed', async () => ((await frameCount('in', 'lease.complete')) >= completes + 3 ? true : undefined), 10_000);
+    // SIGTERM waits for held work: a second run of lease-h4 would be accepted and completed too.
     const exited = new Promise<number | null>((r) => daemon.once('exit', (code) => r(code)));
     daemon.kill('SIGTERM');
     expect(await exited).toBe(0);
-    expect(await frameCount('in', 'lease.accept')).toBe(accepts + 2);
+    expect(await frameCount('in', 'lease.accept')).toBe(accepts + 3);
+    expect(await frameCount('in', 'lease.complete')).toBe(completes + 3);
   });
 
   it('a second SIGTERM cancels held work (lease.fail) and the daemon exits', async () => {

@@ -539,7 +539,9 @@ export async function deliverToRunner(
     // Straight to the node the caller saw the runner on: one round trip instead of two. A node
     // that no longer holds the socket forwards it once, along the runner's current presence.
     const hinted: NodeDelivery = { ...base, forward_in: workspaceId };
-    if ((await redis.publish(gatewayNodeChannel(nodeId), JSON.stringify(hinted))) > 0) return true;
+    // On a Redis Cluster the count covers one node's subscribers only, while the message reaches
+    // every node: a second publish there could deliver the frame twice.
+    if ((await redis.publish(gatewayNodeChannel(nodeId), JSON.stringify(hinted))) > 0 || isCluster(redis)) return true;
   }
   const stored = await new PresenceStore(redis).get(workspaceId, runnerId);
   if (!stored) return false;

@@ -477,6 +477,12 @@ export class RunnerAgent {
 
   private handleOffer(offer: Payload<'lease.offer'>, span: Span | undefined): void {
     const ref = { lease_id: offer.lease_id, attempt: offer.attempt };
+    if (this.held.has(`${ref.lease_id}#${ref.attempt}`)) {
+      // The same offer delivered twice: the lease is already taken and running here.
+      span?.setAttribute('agentplane.lease.outcome', 'duplicate');
+      span?.end();
+      return;
+    }
     const reject = (reason: string) => {
       this.metrics?.leases.inc({ outcome: 'rejected' });
       span?.setAttribute('agentplane.lease.outcome', 'rejected');
