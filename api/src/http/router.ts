@@ -198,8 +198,11 @@ export function buildRouter(operations: readonly Operation[], deps: ApiDeps): Op
         if (result.kind === 'stream') {
           ctx.respond = false;
           const ac = new AbortController();
-          ctx.req.on('close', () => ac.abort());
-          ctx.res.on('close', () => ac.abort());
+          const gone = () => {
+            if (!ac.signal.aborted) ac.abort(CLIENT_GONE);
+          };
+          ctx.req.on('close', gone);
+          ctx.res.on('close', gone);
           status = 200;
           await result.write(ctx.res, ac.signal);
           return;
@@ -222,6 +225,13 @@ export function buildRouter(operations: readonly Operation[], deps: ApiDeps): Op
 
   return { router, prepared };
 }
+
+/**
+ * Why a stream's signal aborts when its client leaves: one shared reason (a bare `abort()` builds
+ * a DOMException, stack trace included, on every call, and both the request and the response
+ * report the close).
+ */
+const CLIENT_GONE = new Error('the client closed the connection');
 
 /**
  * After the router: no operation at this method and path → 404 `validation.not_found` (the
