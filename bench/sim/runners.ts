@@ -3,6 +3,7 @@
 // Reports to the parent over IPC: {kind: 'leased', session_id, at} when an offer arrives.
 import { WebSocket } from 'ws';
 import { frame } from '@agentplane/protocol';
+import { wallMs } from '../lib/report.js';
 
 const [baseUrl, secretsJson] = [process.argv[2] as string, process.argv[3] as string];
 const secrets = JSON.parse(secretsJson) as string[];
@@ -32,7 +33,7 @@ function runner(secret: string): Promise<void> {
         resolve();
       } else if (m.type === 'lease.offer') {
         const o = m.payload as unknown as Offer;
-        process.send?.({ kind: 'leased', session_id: o.session_id, at: performance.timeOrigin + performance.now() });
+        process.send?.({ kind: 'leased', session_id: o.session_id, at: wallMs() });
         held++;
         const ref = { lease_id: o.lease_id, attempt: o.attempt };
         ws.send(frame('lease.accept', id(), ref));

@@ -14,6 +14,15 @@ import {
 import { DeploymentService, HARNESS_PROFILE_KEYS, headView, profileView, SANDBOX_PROFILE_KEYS, type RevisionDoc } from './service.js';
 
 const svc = (deps: ApiDeps) => new DeploymentService(deps);
+
+/** One page of a Workspace's HarnessProfiles or SandboxProfiles (latest revisions), as served. */
+async function profilePage(deps: ApiDeps, kind: 'harness' | 'sandbox', ws: string, query: { limit?: number | undefined; page?: string | undefined; key?: string | undefined }) {
+  const s = svc(deps);
+  const page = kind === 'harness'
+    ? await s.listProfiles(s.harnessProfiles, HARNESS_PROFILE_KEYS, ws, query)
+    : await s.listProfiles(s.sandboxProfiles, SANDBOX_PROFILE_KEYS, ws, query);
+  return { data: page.data.map(profileView), next_page: page.next_page };
+}
 const readers = { kind: 'bearer', roles: READERS } as const;
 /** Writes need a Workspace root or admin key. */
 const admins = { kind: 'bearer', roles: ADMINS } as const;
@@ -211,11 +220,7 @@ export const deploymentOperations: Operation[] = [
   namedWorkspaceRead({
     operationId: 'harnessProfiles.listHarnessProfiles', path: '/v1/organizations/workspaces/{workspace_id}/harness-profiles',
     summary: 'List HarnessProfiles (latest revisions; exact `key` filter)', auth: readers, params: WsPath, query: ProfileListQuery, response: Page(HarnessProfileSchema), mcp: 'full',
-  }, async (ws, { query, deps }) => {
-    const s = svc(deps);
-    const page = await s.listProfiles(s.harnessProfiles, HARNESS_PROFILE_KEYS, ws, query);
-    return { data: page.data.map(profileView), next_page: page.next_page };
-  }),
+  }, async (ws, { query, deps }) => profilePage(deps, 'harness', ws, query)),
   workspaceRead({
     operationId: 'harnessProfiles.getHarnessProfile', path: '/v1/harness-profiles/{harness_profile_id}',
     summary: 'Read a HarnessProfile (latest revision)', auth: readers, params: HprofPath, response: HarnessProfileSchema, mcp: 'full',
@@ -250,23 +255,18 @@ export const deploymentOperations: Operation[] = [
   namedWorkspaceRead({
     operationId: 'sandboxProfiles.listSandboxProfiles', path: '/v1/organizations/workspaces/{workspace_id}/sandbox-profiles',
     summary: 'List SandboxProfiles (latest revisions; exact `key` filter)', auth: readers, params: WsPath, query: ProfileListQuery, response: Page(SandboxProfileSchema), mcp: 'full',
-  }, async (ws, { query, deps }) => {
-    const s = svc(deps);
-    const page = await s.listProfiles(s.sandboxProfiles, SANDBOX_PROFILE_KEYS, ws, query);
-    return { data: page.data.map(profileView), next_page: page.next_page };
-  }),
+  }, async (ws, { query, deps }) => profilePage(deps, 'sandbox', ws, query)),
   workspaceRead({
     operationId: 'sandboxProfiles.getSandboxProfile', path: '/v1/sandbox-profiles/{sandbox_profile_id}',
     summary: 'Read a SandboxProfile (latest revision)', auth: readers, params: SprofPath, response: SandboxProfileSchema, mcp: 'full',
   }, async (ws, { params, deps }) => profileView(await svc(deps).sandboxProfiles.get(ws, params.sandbox_profile_id))),
-  defineOperation({
-    operationId: 'sandboxProfiles.publishSandboxProfileRevision', method: 'POST', path: '/v1/sandbox-profiles/{sandbox_profile_id}/revisions',
+  workspaceWrite('POST', {
+    operationId: 'sandboxProfiles.publishSandboxProfileRevision', path: '/v1/sandbox-profiles/{sandbox_profile_id}/revisions',
     audit: { target: 'sandbox_profile_id' }, summary: 'Publish the next immutable revision (complete, fenced on expected_revision_number)',
     auth: admins, params: SprofPath, body: SandboxRevisionBody, response: SandboxProfileSchema, successStatus: 201, idempotency: 'optional', mcp: 'full',
-    async handler({ caller, params, body, deps }) {
-      const config = sandboxConfig(body);
-      return json(201, profileView(await svc(deps).sandboxProfiles.newVersion(requireWorkspace(caller), params.sandbox_profile_id, body.expected_revision_number, (cur) => ({ ...cur, ...config }))));
-    },
+  }, async (ws, { params, body, deps }) => {
+    const config = sandboxConfig(body);
+    return profileView(await svc(deps).sandboxProfiles.newVersion(ws, params.sandbox_profile_id, body.expected_revision_number, (cur) => ({ ...cur, ...config })));
   }),
   workspaceRead({
     operationId: 'sandboxProfiles.getSandboxProfileRevision', path: '/v1/sandbox-profiles/{sandbox_profile_id}/revisions/{revision_number}',
