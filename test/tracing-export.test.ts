@@ -1,0 +1,102 @@
+import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { context, SpanKind, SpanStatusCode, trace, TraceFlags } from '@opentelemetry/api';
+import { BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor, type ReadableSpan } from '@opentelemetry/sdk-trace-node';
+import { JsonTraceSerializer, ProtobufTraceSerializer } from '@opentelemetry/otlp-transformer';
+import { resourceFromAttributes } from '@opentelemetry/resources';
+import { freePort } from '@agentplane/store';
+// The exporter is loaded by tracing.ts only when tracing is on; it is tested here from the build,
+// where its export thread's script sits beside it.
+import { ThreadSpanExporter } from '../packages/core/dist/tracing-export.js';
+
+/**
+ * The span exporter as a process runs it: a worker thread, the SDK's OTLP/HTTP transport and the
+ * standard OTEL_EXPORTER_OTLP_* settings, against a real HTTP receiver. What arrives is exactly
+ * what the SDK's own serializers write for the same spans, in either encoding.
+ */
+interface Received { path: string; headers: IncomingHttpHeaders; body: Buffer }
+
+const RESOURCE = { 'service.name': 'export-test', 'service.version': '0.1.0' };
+let receiver: Server;
+let port = 0;
+let status = 200;
+const received: Received[] = [];
+/** The variables these tests set (removed after each: a worker thread copies the process's environment). */
+const SET_HERE = ['OTEL_EXPORTER_OTLP_ENDPOINT', 'OTEL_EXPORTER_OTLP_TRACES_ENDPOINT', 'OTEL_EXPORTER_OTLP_HEADERS'];
+
+beforeAll(async () => {
+  port = await freePort();
+  receiver = createServer((req, res) => {
+    const chunks: Buffer[] = [];
+    req.on('data', (c: Buffer) => chunks.push(c));
+    req.on('end', () => {
+      received.push({ path: req.url ?? '', headers: req.headers, body: Buffer.concat(chunks) });
+      res.writeHead(status, { 'content-type': 'application/json' }).end('{}');
+    });
+  });
+  await new Promise<void>((r) => receiver.listen(port, '127.0.0.1', () => r()));
+});
+afterAll(async () => {
+  await new Promise<void>((r) => receiver.close(() => r()));
+});
+afterEach(() => {
+  for (const name of SET_HERE) delete process.env[name];
+  received.length = 0;
+  status = 200;
+});
+
+function finishedSpans(count: number): ReadableSpan[] {
+  const memory = new InMemorySpanExporter();
+  const provider = new BasicTracerProvider({ resource: resourceFromAttributes(RESOURCE), spanProcessors: [new SimpleSpanProcessor(memory)] });
+  const tracer = provider.getTracer('agentplane', '0.1.0');
+  const remote = trace.setSpanContext(context.active(), { traceId: '0af7651916cd43dd8448eb211c80319c', spanId: 'b7ad6b7169203331', traceFlags: TraceFlags.SAMPLED, isRemote: true });
+  for (let i = 0; i < count; i++) {
+    const server = tracer.startSpan('GET /v1/principals/{principal_id}', { kind: SpanKind.SERVER, attributes: { 'http.request.method': 'GET', 'url.path': `/v1/principals/prn_${i}`, 'agentplane.request_id': `req_${i}` } }, remote);
+    tracer.startSpan('read', { attributes: { 'db.system.name': 'redis', n: i, ok: i % 2 === 0 } }, trace.setSpan(context.active(), server)).end();
+    server.setStatus({ code: i % 3 === 0 ? SpanStatusCode.ERROR : SpanStatusCode.UNSET });
+    server.setAttribute('http.response.status_code', 200);
+    server.end();
+  }
+  return memory.getFinishedSpans();
+}
+
+async function exportOnce(protocol: 'http/protobuf' | 'http/json', spans: ReadableSpan[]): Promise<number> {
+  process.env.OTEL_EXPORTER_OTLP_ENDPOINT = `http://127.0.0.1:${port}`;
+  const exporter = new ThreadSpanExporter({ resource: RESOURCE, protocol });
+  try {
+    return await new Promise<number>((resolve) => exporter.export(spans, (r) => resolve(r.code)));
+  } finally {
+    await exporter.shutdown();
+  }
+}
+
+describe('span export thread', () => {
+  it('sends OTLP/protobuf: the SDK serializer\'s bytes, to /v1/traces, as application/x-protobuf', async () => {
+    const spans = finishedSpans(50);
+    expect(await exportOnce('http/protobuf', spans)).toBe(0);
+    expect(received).toHaveLength(1);
+    const [got] = received as [Received];
+    expect(got.path).toBe('/v1/traces');
+    expect(got.headers['content-type']).toBe('application/x-protobuf');
+    expect(got.body).toEqual(Buffer.from(ProtobufTraceSerializer.serializeRequest(spans) as Uint8Array));
+  });
+
+  it('sends OTLP/JSON: the SDK serializer\'s document', async () => {
+    const spans = finishedSpans(5);
+    expect(await exportOnce('http/json', spans)).toBe(0);
+    expect(received).toHaveLength(1);
+    const [got] = received as [Received];
+    expect(got.headers['content-type']).toBe('application/json');
+    expect(JSON.parse(got.body.toString('utf8'))).toEqual(JSON.parse(Buffer.from(JsonTraceSerializer.serializeRequest(spans) as Uint8Array).toString('utf8')));
+  });
+
+  it('honours the traces endpoint and headers variables, and reports a refused export as failed', async () => {
+    process.env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = `http://127.0.0.1:${port}/custom/traces`;
+    process.env.OTEL_EXPORTER_OTLP_HEADERS = 'x-tenant=acme';
+    status = 400;
+    expect(await exportOnce('http/protobuf', finishedSpans(1))).toBe(1);
+    expect(received).toHaveLength(1);
+    expect(received[0]?.path).toBe('/custom/traces');
+    expect(received[0]?.headers['x-tenant']).toBe('acme');
+  });
+});
