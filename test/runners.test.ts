@@ -424,8 +424,18 @@ describe('leases through the gateway (delivery interface) and SIGTERM drain', ()
     await waitFor('forwarded offer accepted', async () => ((await frameCount('in', 'lease.accept')) === accepts + 1 ? true : undefined), 5000);
     expect(await deliverToRunner(redis, ws, runnerId, offer('lease-h2', 200), { nodeId: 'gw_nobody_listens' })).toBe(true);
     await waitFor('looked-up offer accepted', async () => ((await frameCount('in', 'lease.accept')) === accepts + 2 ? true : undefined), 5000);
-    // A hinted frame for a runner connected nowhere is dropped, not bounced between nodes.
-    expect(await deliverToRunner(redis, ws, `runner_${'8'.repeat(32)}`, offer('lease-h3', 0), { nodeId: stale as string })).toBe(true);
+    // A hinted frame for a runner connected nowhere is dropped, not bounced between nodes, and the
+    // node says so at once on the channel the sender named.
+    const sub = redis.duplicate();
+    try {
+      const told = new Promise<string>((resolve) => sub.on('message', (_ch: string, m: string) => resolve(m)));
+      await sub.subscribe('test:undelivered');
+      const undelivered = { channel: 'test:undelivered', message: 'lease-h3 not delivered' };
+      expect(await deliverToRunner(redis, ws, `runner_${'8'.repeat(32)}`, offer('lease-h3', 0), { nodeId: stale as string, undelivered })).toBe(true);
+      expect(await told).toBe('lease-h3 not delivered');
+    } finally {
+      sub.disconnect();
+    }
     // The same offer delivered twice (a frame may reach a runner twice) runs once. (After the
     // first two ended: this runner has two slots.)
     await waitFor('two leases completed', async () => ((await frameCount('in', 'lease.complete')) >= completes + 2 ? true : undefined), 10_000);

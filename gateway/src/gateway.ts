@@ -35,6 +35,12 @@ export interface NodeDelivery {
    * frame once to the node of the runner's presence in this Workspace.
    */
   forward_in?: string;
+  /**
+   * Published on `channel` by the node that finds the frame cannot be delivered (the runner is
+   * connected nowhere, on another generation, or not live): the sender learns it at once instead
+   * of waiting out its own timeout. Sent by one node at most.
+   */
+  undelivered?: { channel: string; message: string };
 }
 
 export interface GatewayOptions {
@@ -495,6 +501,7 @@ export class Gateway {
     if (!c || c.state !== 'live' || (d.generation !== undefined && d.generation !== c.generationValue)) {
       if (d.forward_in !== undefined && !c) return void this.forward(d, d.forward_in);
       this.log.debug({ runner: d.runner_id }, 'delivery for a runner not connected here; dropped');
+      void this.undelivered(d);
       return;
     }
     c.ws.send(d.frame);
@@ -507,13 +514,24 @@ export class Gateway {
       const stored = await this.presence.get(workspaceId, d.runner_id);
       if (!stored || stored.route.node_id === this.options.nodeId) {
         this.log.debug({ runner: d.runner_id }, 'hinted delivery for a runner without a presence elsewhere; dropped');
-        return;
+        return void (await this.undelivered(d));
       }
       const { forward_in: _hint, ...once } = d;
-      await this.deps.redis.publish(gatewayNodeChannel(stored.route.node_id), JSON.stringify(once));
+      // Nobody listening there (its node died with the presence still fresh): nobody else will say so.
+      if ((await this.deps.redis.publish(gatewayNodeChannel(stored.route.node_id), JSON.stringify(once))) === 0 && !isCluster(this.deps.redis)) {
+        await this.undelivered(d);
+      }
     } catch (err) {
       this.log.warn({ err: err instanceof Error ? err.message : String(err), runner: d.runner_id }, 'forwarding a hinted delivery failed');
     }
+  }
+
+  /** Tell the sender of a frame this node could not deliver (when it asked to be told). */
+  private async undelivered(d: NodeDelivery): Promise<void> {
+    if (!d.undelivered) return;
+    await this.deps.redis.publish(d.undelivered.channel, d.undelivered.message).catch((err: unknown) => {
+      this.log.warn({ err: err instanceof Error ? err.message : String(err), runner: d.runner_id }, 'cannot report an undelivered frame');
+    });
   }
 
   /** Stop accepting, close every socket with 1001 (runners reconnect elsewhere), unsubscribe. */
@@ -531,10 +549,12 @@ export class Gateway {
  */
 export async function deliverToRunner(
   redis: Redis, workspaceId: string, runnerId: string, frameText: string,
-  options: { generation?: number; nodeId?: string } = {},
+  options: { generation?: number; nodeId?: string; undelivered?: NodeDelivery['undelivered'] } = {},
 ): Promise<boolean> {
-  const { generation, nodeId } = options;
-  const base: NodeDelivery = { runner_id: runnerId, frame: frameText, ...(generation !== undefined ? { generation } : {}) };
+  const { generation, nodeId, undelivered } = options;
+  const base: NodeDelivery = {
+    runner_id: runnerId, frame: frameText, ...(generation !== undefined ? { generation } : {}), ...(undelivered ? { undelivered } : {}),
+  };
   if (nodeId) {
     // Straight to the node the caller saw the runner on: one round trip instead of two. A node
     // that no longer holds the socket forwards it once, along the runner's current presence.

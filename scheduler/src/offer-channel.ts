@@ -99,8 +99,12 @@ export class RedisOfferChannel implements OfferChannel {
       lease_id: o.lease_id, attempt: o.attempt, run_id: o.run_id, session_id: o.session_id, thread_id: o.thread_id,
       accept_within_ms: timeoutMs, lease_ttl_ms: o.lease_ms, spec,
     }, undefined, injectTrace());
-    if (!(await deliverToRunner(this.redis, o.workspace_id, o.runner_id, text, { ...(nodeId ? { nodeId } : {}) }))) {
-      this.waiters.get(o.lease_id)?.({ lease_id: o.lease_id, outcome: 'rejected', reason: 'runner not connected' });
+    const notConnected: OfferReply = { lease_id: o.lease_id, outcome: 'rejected', reason: 'runner not connected' };
+    // A gateway node that finds the runner gone (it closed since the directory listed it) answers
+    // for it at once: the next runner is offered without waiting out this offer's window.
+    const undelivered = { channel: this.channel, message: JSON.stringify(notConnected) };
+    if (!(await deliverToRunner(this.redis, o.workspace_id, o.runner_id, text, { ...(nodeId ? { nodeId } : {}), undelivered }))) {
+      this.waiters.get(o.lease_id)?.(notConnected);
     }
     const outcome = await answer;
     if (outcome === 'timeout' && (await this.fence.holds(o.session_id, o.lease_id))) return 'accepted';
