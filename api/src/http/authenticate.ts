@@ -1,7 +1,7 @@
 import { ApiError } from '@agentplane/core';
 import { tags } from '@agentplane/store';
 import type { ApiDeps } from '../deps.js';
-import type { Organization, Principal, Workspace } from '@agentplane/domain';
+import type { AuthRecord, Organization, Principal, Workspace } from '@agentplane/domain';
 import type { Caller } from './caller.js';
 import type { AuthPolicy } from './operation.js';
 
@@ -21,29 +21,49 @@ export function bearerToken(authorization: string | undefined): string | null {
  * (Organization and Workspace not disabled) and, for Principal-bound bearers, the Principal.
  * Each is read through the process's read cache, which Redis invalidates on every change, so a
  * revoked key, a disabled tenancy or a suspended Principal is refused on the next request.
+ * When the cache holds all of them the Caller is returned at once (no promise: this is every
+ * authenticated request's path); otherwise they are read and a promise is returned.
  */
-export async function authenticate(
-  headers: Readonly<Record<string, string | undefined>>,
-  deps: ApiDeps,
-): Promise<Caller> {
+export function authenticate(headers: Readonly<Record<string, string | undefined>>, deps: ApiDeps): Caller | Promise<Caller> {
   const token = bearerToken(headers.authorization);
   if (!token) throw invalidKey();
+  const selector = headers[WORKSPACE_SELECTOR_HEADER];
+  const record = deps.credentials.peek(token);
+  if (record === null) throw invalidKey();
+  if (record !== undefined) {
+    const workspaceId = workspaceOf(record, selector);
+    const org = deps.docs.peekCached<Organization>(tags.org(record.organization_id), record.organization_id);
+    const ws = workspaceId ? deps.docs.peekCached<Workspace>(tags.workspace(workspaceId), workspaceId) : null;
+    const principal = principalRef(record) ? deps.docs.peekCached<Principal>(tags.workspace(record.workspace_id ?? ''), record.principal_id ?? '') : null;
+    if (org !== undefined && ws !== undefined && principal !== undefined) return callerOf(record, workspaceId, org, ws, principal);
+  }
+  return readCaller(token, selector, deps);
+}
+
+async function readCaller(token: string, selector: string | undefined, deps: ApiDeps): Promise<Caller> {
   const record = await deps.credentials.resolve(token);
   if (!record) throw invalidKey();
-
-  const selector = headers[WORKSPACE_SELECTOR_HEADER];
-  if (record.workspace_id !== null && selector !== undefined) {
-    throw new ApiError('validation.malformed', 'workspace selector headers are rejected for workspace-bound credentials');
-  }
-  const workspaceId = record.workspace_id ?? selector ?? null;
-
+  const workspaceId = workspaceOf(record, selector);
   const [org, ws, principal] = await Promise.all([
     deps.docs.getCached<Organization>(tags.org(record.organization_id), record.organization_id),
     workspaceId ? deps.docs.getCached<Workspace>(tags.workspace(workspaceId), workspaceId) : Promise.resolve(null),
-    record.principal_id && record.workspace_id
-      ? deps.docs.getCached<Principal>(tags.workspace(record.workspace_id), record.principal_id)
-      : Promise.resolve(null),
+    principalRef(record) ? deps.docs.getCached<Principal>(tags.workspace(record.workspace_id ?? ''), record.principal_id ?? '') : Promise.resolve(null),
   ]);
+  return callerOf(record, workspaceId, org, ws, principal);
+}
+
+/** The Workspace a request acts in: the credential's own, else the selector header's (organization keys only). */
+function workspaceOf(record: AuthRecord, selector: string | undefined): string | null {
+  if (record.workspace_id !== null && selector !== undefined) {
+    throw new ApiError('validation.malformed', 'workspace selector headers are rejected for workspace-bound credentials');
+  }
+  return record.workspace_id ?? selector ?? null;
+}
+
+/** Whether the credential is bound to a Principal of its Workspace (whose status is then read). */
+const principalRef = (record: AuthRecord): boolean => Boolean(record.principal_id && record.workspace_id);
+
+function callerOf(record: AuthRecord, workspaceId: string | null, org: Organization | null, ws: Workspace | null, principal: Principal | null): Caller {
   if (!org) throw invalidKey();
   if (org.status === 'disabled') throw new ApiError('auth.disabled_tenancy', 'the organization is disabled');
 

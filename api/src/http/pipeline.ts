@@ -169,12 +169,20 @@ async function run(
   const { op } = prepared;
   let caller: Caller = ANONYMOUS;
   if (op.auth.kind === 'bearer') {
-    caller = raw.admitted ?? (await authenticate(raw.headers, deps));
+    if (raw.admitted) {
+      caller = raw.admitted;
+    } else {
+      // Answered from the read cache without a promise on the hot path.
+      const known = authenticate(raw.headers, deps);
+      caller = known instanceof Promise ? await known : known;
+    }
     progress.caller = caller;
     authorize(caller, op.auth);
   }
   checkVersion(op, raw.headers);
-  if (caller.kind !== 'anonymous' && !raw.admitted) await enforceRateLimit(deps.redis, caller.credentialId, caller.rateLimitPerMinute);
+  if (caller.kind !== 'anonymous' && !raw.admitted && caller.rateLimitPerMinute !== null && caller.rateLimitPerMinute > 0) {
+    await enforceRateLimit(deps.redis, caller.credentialId, caller.rateLimitPerMinute);
+  }
 
   const params = prepared.validatePath ? prepared.validatePath({ ...raw.params }) : EMPTY;
   progress.params = params as Record<string, unknown>;

@@ -42,3 +42,31 @@ describe('BoundedCache', () => {
     expect([c.get('c'), c.get('d')]).toEqual(['zzzz', 'dddddd']);
   });
 });
+
+describe('BoundedCache eviction by second chance', () => {
+  it('keeps entries read since they were last moved, and evicts each unread one in age order', () => {
+    const c = new BoundedCache<string, number>(3);
+    c.set('a', 1);
+    c.set('b', 2);
+    c.set('c', 3);
+    c.get('a');
+    c.get('b');
+    c.set('d', 4); // a and b were read: c, the oldest unread, goes
+    expect([c.get('c'), c.size]).toEqual([undefined, 3]);
+    c.get('d');
+    c.get('b');
+    c.set('e', 5); // d and b were read again: a, the oldest unread, goes
+    expect([...['a', 'b', 'd', 'e'].map((k) => c.get(k) !== undefined)]).toEqual([false, true, true, true]);
+  });
+
+  it('a value set over the bound is kept even when everything else was read', () => {
+    const c = new BoundedCache<string, number>(2);
+    c.set('a', 1);
+    c.set('b', 2);
+    c.get('a');
+    c.get('b');
+    c.set('c', 3);
+    expect(c.get('c')).toBe(3);
+    expect(c.size).toBe(2);
+  });
+});

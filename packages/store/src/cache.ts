@@ -1,11 +1,13 @@
 /**
- * A per-process map with a bounded number of entries (least recently used go first), an
+ * A per-process map with a bounded number of entries (least recently used go first, by second
+ * chance: a hit only marks its entry, and eviction moves a marked entry to the young end once
+ * instead of dropping it, so a hit costs no map writes), an
  * optional total weight (e.g. string lengths) and an optional maximum age. For values that
  * never change once written (immutable versions, write-once claims) or that are only ever used
  * as a guess checked against Redis.
  */
 export class BoundedCache<K, V> {
-  private readonly entries = new Map<K, { value: V; at: number; weight: number }>();
+  private readonly entries = new Map<K, { value: V; at: number; weight: number; used: boolean }>();
   private weight = 0;
 
   constructor(
@@ -28,10 +30,11 @@ export class BoundedCache<K, V> {
   get(key: K): V | undefined {
     const e = this.entries.get(key);
     if (!e) return undefined;
-    this.remove(key);
-    if (this.expired(e.at)) return undefined;
-    this.entries.set(key, e);
-    this.weight += e.weight;
+    if (this.expired(e.at)) {
+      this.remove(key);
+      return undefined;
+    }
+    e.used = true;
     return e.value;
   }
 
@@ -47,12 +50,21 @@ export class BoundedCache<K, V> {
     this.remove(key);
     const weight = this.options.weigh?.(value) ?? 0;
     if (this.options.maxWeight !== undefined && weight > this.options.maxWeight) return;
-    this.entries.set(key, { value, at: Date.now(), weight });
+    this.entries.set(key, { value, at: Date.now(), weight, used: false });
     this.weight += weight;
     while (this.entries.size > this.maxEntries || (this.options.maxWeight !== undefined && this.weight > this.options.maxWeight)) {
-      const oldest = this.entries.keys().next();
+      const oldest = this.entries.entries().next();
       if (oldest.done) break;
-      this.remove(oldest.value);
+      const [k, e] = oldest.value;
+      if (k === key && this.entries.size === 1) break;
+      if (e.used || k === key) {
+        // Read since it was last moved (or the value just set): a second chance at the young end.
+        e.used = false;
+        this.entries.delete(k);
+        this.entries.set(k, e);
+        continue;
+      }
+      this.remove(k);
     }
   }
 

@@ -135,6 +135,17 @@ export class ReadCache {
     if (err && was && !this.closed) this.options.onError?.(err);
   }
 
+  /**
+   * The value of a string key when the cache holds it now (null: the key is known absent);
+   * undefined when it does not, or while the cache is not serving (then read with `get`).
+   */
+  peek(key: string): string | null | undefined {
+    if (!this.serving || !this.reader) return undefined;
+    const hit = this.values.get(key);
+    if (hit !== undefined) this.hits++;
+    return hit;
+  }
+
   /** The value of a string key: from the cache when it holds it, else read (and kept). */
   get(key: string): Promise<string | null> {
     if (!this.serving || !this.reader) return this.redis.get(key);
@@ -197,6 +208,11 @@ export class ReadCache {
 export function cachedGet(redis: Redis, key: string): Promise<string | null> {
   const cache = attached.get(redis);
   return cache ? cache.get(key) : redis.get(key);
+}
+
+/** `key`'s value if the cache started on `redis` holds it now (see ReadCache.peek), else undefined. */
+export function cachedPeek(redis: Redis, key: string): string | null | undefined {
+  return attached.get(redis)?.peek(key);
 }
 
 /** Call after a write on `redis` to these keys was answered: this process's cache drops them. */

@@ -1,5 +1,5 @@
 import { newSecret, secretDigest } from '@agentplane/core';
-import { cachedGet, forgetWritten, keys, type Redis } from '@agentplane/store';
+import { cachedGet, cachedPeek, forgetWritten, keys, type Redis } from '@agentplane/store';
 import type { AuthRecord } from './model.js';
 
 /** Bearer secret prefixes; a leaked secret says what it is. */
@@ -27,6 +27,12 @@ export class CredentialIndex {
   async put(digest: string, record: AuthRecord): Promise<void> {
     await this.redis.set(keys.auth(digest), JSON.stringify(record));
     forgetWritten(this.redis, [keys.auth(digest)]);
+  }
+
+  /** The auth record from the read cache without waiting: undefined when the cache cannot answer now (use resolve). */
+  peek(secret: string): AuthRecord | null | undefined {
+    const raw = cachedPeek(this.redis, keys.auth(secretDigest(secret)));
+    return raw === undefined ? undefined : raw === null ? null : (JSON.parse(raw) as AuthRecord);
   }
 
   async resolve(secret: string): Promise<AuthRecord | null> {
