@@ -32,9 +32,9 @@ export function authenticate(headers: Readonly<Record<string, string | undefined
   if (record === null) throw invalidKey();
   if (record !== undefined) {
     const workspaceId = workspaceOf(record, selector);
-    const org = deps.docs.peekCached<Organization>(tags.org(record.organization_id), record.organization_id);
-    const ws = workspaceId ? deps.docs.peekCached<Workspace>(tags.workspace(workspaceId), workspaceId) : null;
-    const principal = principalRef(record) ? deps.docs.peekCached<Principal>(tags.workspace(record.workspace_id ?? ''), record.principal_id ?? '') : null;
+    const org = deps.docs.peekShared<Organization>(tags.org(record.organization_id), record.organization_id);
+    const ws = workspaceId ? deps.docs.peekShared<Workspace>(tags.workspace(workspaceId), workspaceId) : null;
+    const principal = principalRef(record) ? deps.docs.peekShared<Principal>(tags.workspace(record.workspace_id ?? ''), record.principal_id ?? '') : null;
     if (org !== undefined && ws !== undefined && principal !== undefined) return callerOf(record, workspaceId, org, ws, principal);
   }
   return readCaller(token, selector, deps);
@@ -53,7 +53,7 @@ async function readCaller(token: string, selector: string | undefined, deps: Api
 }
 
 /** The Workspace a request acts in: the credential's own, else the selector header's (organization keys only). */
-function workspaceOf(record: AuthRecord, selector: string | undefined): string | null {
+function workspaceOf(record: Readonly<AuthRecord>, selector: string | undefined): string | null {
   if (record.workspace_id !== null && selector !== undefined) {
     throw new ApiError('validation.malformed', 'workspace selector headers are rejected for workspace-bound credentials');
   }
@@ -61,9 +61,11 @@ function workspaceOf(record: AuthRecord, selector: string | undefined): string |
 }
 
 /** Whether the credential is bound to a Principal of its Workspace (whose status is then read). */
-const principalRef = (record: AuthRecord): boolean => Boolean(record.principal_id && record.workspace_id);
+const principalRef = (record: Readonly<AuthRecord>): boolean => Boolean(record.principal_id && record.workspace_id);
 
-function callerOf(record: AuthRecord, workspaceId: string | null, org: Organization | null, ws: Workspace | null, principal: Principal | null): Caller {
+function callerOf(
+  record: Readonly<AuthRecord>, workspaceId: string | null, org: Readonly<Organization> | null, ws: Readonly<Workspace> | null, principal: Readonly<Principal> | null,
+): Caller {
   if (!org) throw invalidKey();
   if (org.status === 'disabled') throw new ApiError('auth.disabled_tenancy', 'the organization is disabled');
 

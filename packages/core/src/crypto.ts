@@ -1,8 +1,12 @@
+import * as nodeCrypto from 'node:crypto';
 import { createCipheriv, createDecipheriv, createHash, randomBytes, timingSafeEqual } from 'node:crypto';
 
-/** Hex SHA-256 of a string. */
+/** node's one-shot digest (20.12 and later): no Hash object per call. */
+const oneShot = (nodeCrypto as { hash?: (algorithm: string, data: string | Buffer, encoding: 'hex') => string }).hash;
+
+/** Hex SHA-256 of a string (every authenticated request digests its bearer). */
 export function sha256Hex(value: string | Buffer): string {
-  return createHash('sha256').update(value).digest('hex');
+  return oneShot ? oneShot('sha256', value, 'hex') : createHash('sha256').update(value).digest('hex');
 }
 
 /** A fresh secret with a readable prefix, e.g. `ap_key_…`. 32 random bytes, base64url. */

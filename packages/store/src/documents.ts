@@ -3,7 +3,7 @@ import type { Redis } from 'ioredis';
 import { keys, type Tag } from './keys.js';
 import { decodeCursor, encodeCursor } from './cursor.js';
 import { LuaScript } from './script.js';
-import { cachedGet, cachedPeek, forgetWritten } from './read-cache.js';
+import { cachedGet, cachedPeek, cachedPeekShared, forgetWritten } from './read-cache.js';
 
 /** Fields every stored resource has. `version` is the compare-and-swap counter. */
 export interface StoredDoc {
@@ -83,10 +83,12 @@ export class DocumentStore {
    * Like get, through the process's read cache when one is started on this connection
    * (`ReadCache`): for hot documents read on every request (tenancy, Principals, Sessions).
    */
-  /** A document from the read cache without waiting: undefined when the cache cannot answer now (use getCached). */
-  peekCached<T extends StoredDoc>(tag: Tag, id: string): T | null | undefined {
-    const raw = cachedPeek(this.redis, keys.doc(tag, id));
-    return raw === undefined ? undefined : raw === null ? null : (JSON.parse(raw) as T);
+  /**
+   * A document from the read cache without waiting, as one parsed copy shared by every reader
+   * (read it, never change it); undefined when the cache cannot answer now (use getCached).
+   */
+  peekShared<T extends StoredDoc>(tag: Tag, id: string): Readonly<T> | null | undefined {
+    return cachedPeekShared<T>(this.redis, keys.doc(tag, id));
   }
 
   getCached<T extends StoredDoc>(tag: Tag, id: string): Promise<T | null> {

@@ -148,3 +148,34 @@ describe('ReadCache', () => {
     }
   });
 });
+
+describe('ReadCache peeks', () => {
+  it('peek answers only what the cache holds; peekShared parses once per text and sees every change', async () => {
+    const mine = new Redis(server.url);
+    const other = new Redis(server.url);
+    const cache = await started(mine);
+    try {
+      await other.set('rc:{p}:doc', JSON.stringify({ v: 1 }));
+      expect(cache.peek('rc:{p}:doc')).toBeUndefined(); // never read: not held
+      expect(cache.peekShared('rc:{p}:doc')).toBeUndefined();
+      await cache.get('rc:{p}:doc');
+      const first = cache.peekShared<{ v: number }>('rc:{p}:doc');
+      expect(first).toEqual({ v: 1 });
+      expect(Object.isFrozen(first)).toBe(true);
+      expect(cache.peekShared('rc:{p}:doc')).toBe(first); // the same parsed copy
+      await other.set('rc:{p}:doc', JSON.stringify({ v: 2 }));
+      await until(() => cache.peek('rc:{p}:doc') === undefined);
+      expect(cache.peekShared('rc:{p}:doc')).toBeUndefined();
+      await cache.get('rc:{p}:doc');
+      expect(cache.peekShared('rc:{p}:doc')).toEqual({ v: 2 });
+      await other.del('rc:{p}:doc');
+      await until(() => cache.peek('rc:{p}:doc') === undefined);
+      await cache.get('rc:{p}:doc');
+      expect([cache.peek('rc:{p}:doc'), cache.peekShared('rc:{p}:doc')]).toEqual([null, null]);
+    } finally {
+      await cache.close();
+      mine.disconnect();
+      other.disconnect();
+    }
+  });
+});

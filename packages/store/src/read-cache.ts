@@ -50,6 +50,8 @@ const attached = new WeakMap<Redis, ReadCache>();
 export class ReadCache {
   private readonly values: BoundedCache<string, string | null>;
   private readonly flights = new Map<string, Flight>();
+  /** Parsed values for `peekShared`, each valid only while the cache holds the very text it came from. */
+  private readonly parsed: BoundedCache<string, { raw: string; value: unknown }>;
   private reader: Redis | null = null;
   private subscriber: Redis | null = null;
   private serving = false;
@@ -66,6 +68,7 @@ export class ReadCache {
       maxWeight: options.maxChars ?? 64 * 1024 * 1024,
       weigh: (v) => (v === null ? 16 : v.length),
     });
+    this.parsed = new BoundedCache(Math.min(options.maxEntries ?? 20_000, 4_096));
   }
 
   /** Is the cache serving reads now? */
@@ -146,6 +149,21 @@ export class ReadCache {
     return hit;
   }
 
+  /**
+   * Like `peek`, parsed as JSON, and the parsed value shared by every reader until the key's text
+   * changes (frozen at its top level): for values read and never changed, such as a bearer's
+   * credential record and the tenancy it names, parsed once instead of on every request.
+   */
+  peekShared<T>(key: string): Readonly<T> | null | undefined {
+    const raw = this.peek(key);
+    if (raw === undefined || raw === null) return raw;
+    const known = this.parsed.get(key);
+    if (known !== undefined && known.raw === raw) return known.value as Readonly<T>;
+    const value = Object.freeze(JSON.parse(raw) as T);
+    this.parsed.set(key, { raw, value });
+    return value;
+  }
+
   /** The value of a string key: from the cache when it holds it, else read (and kept). */
   get(key: string): Promise<string | null> {
     if (!this.serving || !this.reader) return this.redis.get(key);
@@ -213,6 +231,11 @@ export function cachedGet(redis: Redis, key: string): Promise<string | null> {
 /** `key`'s value if the cache started on `redis` holds it now (see ReadCache.peek), else undefined. */
 export function cachedPeek(redis: Redis, key: string): string | null | undefined {
   return attached.get(redis)?.peek(key);
+}
+
+/** `key`'s value parsed and shared (see ReadCache.peekShared) if the cache started on `redis` holds it now. */
+export function cachedPeekShared<T>(redis: Redis, key: string): Readonly<T> | null | undefined {
+  return attached.get(redis)?.peekShared<T>(key);
 }
 
 /** Call after a write on `redis` to these keys was answered: this process's cache drops them. */

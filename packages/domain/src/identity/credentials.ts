@@ -1,5 +1,5 @@
 import { newSecret, secretDigest } from '@agentplane/core';
-import { cachedGet, cachedPeek, forgetWritten, keys, type Redis } from '@agentplane/store';
+import { cachedGet, cachedPeekShared, forgetWritten, keys, type Redis } from '@agentplane/store';
 import type { AuthRecord } from './model.js';
 
 /** Bearer secret prefixes; a leaked secret says what it is. */
@@ -29,10 +29,12 @@ export class CredentialIndex {
     forgetWritten(this.redis, [keys.auth(digest)]);
   }
 
-  /** The auth record from the read cache without waiting: undefined when the cache cannot answer now (use resolve). */
-  peek(secret: string): AuthRecord | null | undefined {
-    const raw = cachedPeek(this.redis, keys.auth(secretDigest(secret)));
-    return raw === undefined ? undefined : raw === null ? null : (JSON.parse(raw) as AuthRecord);
+  /**
+   * The auth record from the read cache without waiting (one parsed copy shared by every request:
+   * read it, never change it); undefined when the cache cannot answer now (use resolve).
+   */
+  peek(secret: string): Readonly<AuthRecord> | null | undefined {
+    return cachedPeekShared<AuthRecord>(this.redis, keys.auth(secretDigest(secret)));
   }
 
   async resolve(secret: string): Promise<AuthRecord | null> {
