@@ -106,13 +106,21 @@ function checkVersion(op: Operation, headers: RawRequest['headers']): void {
  * authenticated caller: done, refused or failed; an idempotent replay is not a new record).
  * Returns the response to send; throws ApiError for the client's mistakes.
  */
-export async function execute(prepared: PreparedOperation, raw: RawRequest, deps: ApiDeps): Promise<{ caller: Caller; result: OperationResult }> {
+export function execute(prepared: PreparedOperation, raw: RawRequest, deps: ApiDeps): Promise<{ caller: Caller; result: OperationResult }> {
   const requestId = raw.requestId ?? currentRequestId() ?? newRequestId();
   const progress: Progress = { caller: ANONYMOUS, params: raw.params, replayed: false };
   const audit = prepared.op.audit;
+  // Nothing to record (reads): no wrapper around the run, so no extra promises per request.
+  if (!audit) return run(prepared, raw, deps, requestId, progress);
+  return audited(prepared, raw, deps, requestId, progress, audit);
+}
+
+async function audited(
+  prepared: PreparedOperation, raw: RawRequest, deps: ApiDeps, requestId: string, progress: Progress, audit: Exclude<Operation['audit'], false | undefined>,
+): Promise<{ caller: Caller; result: OperationResult }> {
   try {
     const out = await run(prepared, raw, deps, requestId, progress);
-    if (audit && !progress.replayed) {
+    if (!progress.replayed) {
       const status = out.result.kind === 'stream' ? 200 : out.result.status;
       await writeAudit(deps, prepared.op.operationId, audit.target, progress, requestId, {
         outcome: status < 400 ? 'succeeded' : status === 403 ? 'denied' : 'failed', status, detail: null,
@@ -121,7 +129,7 @@ export async function execute(prepared: PreparedOperation, raw: RawRequest, deps
     }
     return out;
   } catch (err) {
-    if (audit && progress.caller.kind !== 'anonymous') {
+    if (progress.caller.kind !== 'anonymous') {
       const status = err instanceof ApiError ? err.status : 500;
       await writeAudit(deps, prepared.op.operationId, audit.target, progress, requestId, {
         outcome: status === 403 || status === 401 ? 'denied' : status >= 500 ? 'error' : 'failed', status,
