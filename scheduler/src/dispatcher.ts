@@ -3,7 +3,7 @@ import { UnrecoverableError, Worker, type Job } from 'bullmq';
 import { ATTR, extractTrace, inSpan, SpanKind, type Logger } from '@agentplane/core';
 import { matchCapabilities, matchNow, queuePrefix, RUN_QUEUE, type CancelMarks, type LeaseConfig, type RunJobData, type RunQueues } from '@agentplane/lease';
 import type { Redis } from '@agentplane/store';
-import type { LeasePlan, OfferChannel, RunnerDirectory, RunnerView } from './directory.js';
+import type { LeasePlan, OfferChannel, OfferOutcome, RunnerDirectory, RunnerView } from './directory.js';
 
 /** What the scheduler reports about a Run while placing it (Run status, session events, metrics). */
 export interface DispatchHooks {
@@ -24,6 +24,8 @@ export interface DispatchHooks {
   interrupted(job: Job<RunJobData>): Promise<void>;
   /** The Run was interrupted while its offer was out, and the runner took it: cancel it there. */
   cancelLease(job: Job<RunJobData>, runnerId: string, leaseId: string, attempt: number): Promise<void>;
+  /** How one offer ended (for the offers metric). */
+  offerAnswered?(outcome: OfferOutcome): void;
 }
 
 export interface DispatcherOptions {
@@ -250,6 +252,7 @@ export class PoolDispatcher {
           if (left <= 0) this.reserved.delete(runner.runner_id);
           else this.reserved.set(runner.runner_id, left);
         }
+        this.o.hooks.offerAnswered?.(outcome);
         if (outcome === 'accepted' || outcome === 'recorded') {
           const g = this.granted.get(runner.runner_id);
           this.granted.set(runner.runner_id, { seen: runner.seen_at, n: g && g.seen === runner.seen_at ? g.n + 1 : 1 });

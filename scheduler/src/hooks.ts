@@ -48,6 +48,9 @@ export function runHooks(d: {
         recorded ? undefined : d.lifecycle.leased(job.data.session_id, job.data.run_id, { lease_id: leaseId, runner_id: runnerId, attempt }),
       ]);
     },
+    offerAnswered(outcome) {
+      d.metrics.offered(d.poolId, outcome);
+    },
     async waiting(job: Job<RunJobData>, reason: string) {
       await d.lifecycle.waiting(job.data.session_id, job.data.run_id, reason);
     },

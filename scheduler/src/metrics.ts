@@ -25,6 +25,11 @@ export class SchedulerMetrics {
   private readonly expiries = new Counter({
     name: 'agentplane_run_lease_expiries_total', help: 'Leases that expired unrenewed (the runner went silent), by pool', labelNames: ['pool'] as const, registers: [this.registry],
   });
+  private readonly offers = new Counter({
+    name: 'agentplane_lease_offers_total',
+    help: 'Lease offers by pool and how they ended (accepted; rejected: declined, or the runner was connected nowhere; timeout: no answer in OFFER_TIMEOUT_MS)',
+    labelNames: ['pool', 'outcome'] as const, registers: [this.registry],
+  });
   private readonly counts = new Map<string, Record<string, number>>();
 
   constructor() {
@@ -42,6 +47,10 @@ export class SchedulerMetrics {
     this.leases.inc({ pool: poolId });
     this.waitSeconds.observe({ pool: poolId }, Math.max(0, Date.now() - job.accepted_at_ms) / 1000);
     this.enqueueSeconds.observe({ pool: poolId }, Math.max(0, job.enqueued_at_ms - job.accepted_at_ms) / 1000);
+  }
+
+  offered(poolId: string, outcome: 'accepted' | 'recorded' | 'rejected' | 'timeout'): void {
+    this.offers.inc({ pool: poolId, outcome: outcome === 'recorded' ? 'accepted' : outcome });
   }
 
   leaseExpired(poolId: string): void {
