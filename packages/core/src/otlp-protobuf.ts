@@ -56,6 +56,42 @@ export class ProtoWriter {
     }
   }
 
+  /** A string field (wire type 2). */
+  stringField(field: number, s: string): void {
+    this.tag(field, 2);
+    this.string(s);
+  }
+
+  /** A bytes field written from hex digits (a trace or span id). */
+  hexField(field: number, hex: string): void {
+    this.tag(field, 2);
+    this.hex(hex);
+  }
+
+  /** A varint field (wire type 0). */
+  varintField(field: number, value: number): void {
+    this.tag(field, 0);
+    this.varint(value);
+  }
+
+  /** A fixed64 nanosecond time stamp field (wire type 1). */
+  timeField(field: number, t: HrTime): void {
+    this.tag(field, 1);
+    this.hrTime(t);
+  }
+
+  /** A fixed32 field (wire type 5). */
+  fixed32Field(field: number, value: number): void {
+    this.tag(field, 5);
+    this.fixed32(value);
+  }
+
+  /** Start an embedded message field: its tag, then `begin()`; close it with `end()`. */
+  beginField(field: number): number {
+    this.tag(field, 2);
+    return this.begin();
+  }
+
   /** A varint: unsigned 32-bit values directly, anything else as a 64-bit two's complement integer. */
   varint(value: number): void {
     this.ensure(10);
@@ -203,22 +239,13 @@ function split64(value: number): [number, number] {
 function anyValue(w: ProtoWriter, value: unknown): void {
   switch (typeof value) {
     case 'string':
-      w.tag(1, 2);
-      w.string(value);
-      return;
+      return w.stringField(1, value);
     case 'boolean':
-      w.tag(2, 0);
-      w.varint(value ? 1 : 0);
-      return;
+      return w.varintField(2, value ? 1 : 0);
     case 'number':
-      if (Number.isInteger(value) && value >= MIN_INT64 && value < MAX_INT64) {
-        w.tag(3, 0);
-        w.varint(value);
-      } else {
-        w.tag(4, 1);
-        w.double(value);
-      }
-      return;
+      if (Number.isInteger(value) && value >= MIN_INT64 && value < MAX_INT64) return w.varintField(3, value);
+      w.tag(4, 1);
+      return w.double(value);
     default:
       break;
   }
@@ -226,22 +253,17 @@ function anyValue(w: ProtoWriter, value: unknown): void {
     w.tag(7, 2);
     w.bytes(value);
   } else if (Array.isArray(value)) {
-    w.tag(5, 2);
-    const list = w.begin();
+    const list = w.beginField(5);
     for (const item of value) {
-      w.tag(1, 2);
-      const at = w.begin();
+      const at = w.beginField(1);
       anyValue(w, item);
       w.end(at);
     }
     w.end(list);
   } else if (typeof value === 'object' && value !== null) {
-    w.tag(6, 2);
-    const list = w.begin();
+    const list = w.beginField(6);
     for (const key in value) {
-      if (!Object.prototype.hasOwnProperty.call(value, key)) continue;
-      w.tag(1, 2);
-      keyValue(w, key, (value as Record<string, unknown>)[key]);
+      if (Object.prototype.hasOwnProperty.call(value, key)) keyValue(w, 1, key, (value as Record<string, unknown>)[key]);
     }
     w.end(list);
   }
@@ -259,20 +281,18 @@ function writeKey(w: ProtoWriter, key: string): void {
   let bytes = encodedKeys.get(key);
   if (!bytes) {
     const kw = new ProtoWriter(key.length * 3 + 8);
-    kw.tag(1, 2);
-    kw.string(key);
+    kw.stringField(1, key);
     bytes = kw.take();
     if (encodedKeys.size < MAX_ENCODED_KEYS) encodedKeys.set(key, bytes);
   }
   w.raw(bytes);
 }
 
-/** One KeyValue message (its tag already written). */
-function keyValue(w: ProtoWriter, key: string, value: unknown): void {
-  const at = w.begin();
+/** One KeyValue message as field `field`. */
+function keyValue(w: ProtoWriter, field: number, key: string, value: unknown): void {
+  const at = w.beginField(field);
   writeKey(w, key);
-  w.tag(2, 2);
-  const v = w.begin();
+  const v = w.beginField(2);
   anyValue(w, value);
   w.end(v);
   w.end(at);
@@ -280,90 +300,54 @@ function keyValue(w: ProtoWriter, key: string, value: unknown): void {
 
 function attributes(w: ProtoWriter, attrs: Attributes, field: number): void {
   for (const key in attrs) {
-    if (!Object.prototype.hasOwnProperty.call(attrs, key)) continue;
-    w.tag(field, 2);
-    keyValue(w, key, attrs[key] as AttributeValue | undefined);
+    if (Object.prototype.hasOwnProperty.call(attrs, key)) keyValue(w, field, key, attrs[key] as AttributeValue | undefined);
   }
 }
 
+/** One Span message as field 2 of ScopeSpans (field numbers of opentelemetry/proto/trace/v1). */
 function span(w: ProtoWriter, s: ReadableSpan): void {
   const ctx = s.spanContext();
   const parent = s.parentSpanContext;
-  const at = w.begin();
-  w.tag(1, 2);
-  w.hex(ctx.traceId);
-  w.tag(2, 2);
-  w.hex(ctx.spanId);
+  const at = w.beginField(2);
+  w.hexField(1, ctx.traceId);
+  w.hexField(2, ctx.spanId);
   const state = ctx.traceState?.serialize();
-  if (state) {
-    w.tag(3, 2);
-    w.string(state);
-  }
-  if (parent?.spanId) {
-    w.tag(4, 2);
-    w.hex(parent.spanId);
-  }
-  w.tag(5, 2);
-  w.string(s.name);
+  if (state) w.stringField(3, state);
+  if (parent?.spanId) w.hexField(4, parent.spanId);
+  w.stringField(5, s.name);
   // The API's kinds start at INTERNAL = 0; OTLP's at UNSPECIFIED = 0.
   const kind = s.kind == null ? 0 : s.kind + 1;
-  if (kind !== 0) {
-    w.tag(6, 0);
-    w.varint(kind);
-  }
-  w.tag(7, 1);
-  w.hrTime(s.startTime);
-  w.tag(8, 1);
-  w.hrTime(s.endTime);
+  if (kind !== 0) w.varintField(6, kind);
+  w.timeField(7, s.startTime);
+  w.timeField(8, s.endTime);
   attributes(w, s.attributes, 9);
-  w.tag(10, 0);
-  w.varint(s.droppedAttributesCount);
+  w.varintField(10, s.droppedAttributesCount);
   for (const e of s.events) {
-    w.tag(11, 2);
-    const ev = w.begin();
-    w.tag(1, 1);
-    w.hrTime(e.time);
-    w.tag(2, 2);
-    w.string(e.name);
+    const ev = w.beginField(11);
+    w.timeField(1, e.time);
+    w.stringField(2, e.name);
     if (e.attributes) attributes(w, e.attributes, 3);
-    w.tag(4, 0);
-    w.varint(e.droppedAttributesCount || 0);
+    w.varintField(4, e.droppedAttributesCount || 0);
     w.end(ev);
   }
-  w.tag(12, 0);
-  w.varint(s.droppedEventsCount);
+  w.varintField(12, s.droppedEventsCount);
   for (const l of s.links) {
-    w.tag(13, 2);
-    const lk = w.begin();
-    w.tag(1, 2);
-    w.hex(l.context.traceId);
-    w.tag(2, 2);
-    w.hex(l.context.spanId);
+    const lk = w.beginField(13);
+    w.hexField(1, l.context.traceId);
+    w.hexField(2, l.context.spanId);
     const linkState = l.context.traceState?.serialize();
-    if (linkState) {
-      w.tag(3, 2);
-      w.string(linkState);
-    }
+    if (linkState) w.stringField(3, linkState);
     if (l.attributes) attributes(w, l.attributes, 4);
-    w.tag(5, 0);
-    w.varint(l.droppedAttributesCount || 0);
-    w.tag(6, 5);
-    w.fixed32(spanFlags(l.context.traceFlags, l.context.isRemote));
+    w.varintField(5, l.droppedAttributesCount || 0);
+    w.fixed32Field(6, spanFlags(l.context.traceFlags, l.context.isRemote));
     w.end(lk);
   }
-  w.tag(14, 0);
-  w.varint(s.droppedLinksCount);
-  w.tag(15, 2);
-  const st = w.begin();
-  if (s.status.message) {
-    w.tag(2, 2);
-    w.string(s.status.message);
-  }
-  w.tag(3, 0);
-  w.varint(s.status.code);
+  w.varintField(14, s.droppedLinksCount);
+  const st = w.beginField(15);
+  if (s.status.message) w.stringField(2, s.status.message);
+  w.varintField(3, s.status.code);
   w.end(st);
-  w.tag(16, 5);
-  w.fixed32(spanFlags(ctx.traceFlags, parent?.isRemote));
+  w.fixed32Field(16, spanFlags(ctx.traceFlags, parent?.isRemote));
   w.end(at);
 }
 
@@ -375,45 +359,34 @@ const resourceBytes = new WeakMap<Resource, Uint8Array>();
 /** The InstrumentationScope message (field 1 of ScopeSpans) of each scope, encoded once. */
 const scopeBytes = new WeakMap<Scope, Uint8Array>();
 
-function encodedResource(resource: Resource): Uint8Array {
-  let bytes = resourceBytes.get(resource);
+/** `message(w)` written once per `key` and kept: the same bytes for every later batch. */
+function encodedOnce<K extends object>(cache: WeakMap<K, Uint8Array>, key: K, message: (w: ProtoWriter) => void): Uint8Array {
+  let bytes = cache.get(key);
   if (!bytes) {
     const w = new ProtoWriter(1024);
-    w.tag(1, 2);
-    const at = w.begin();
-    if (resource.attributes) attributes(w, resource.attributes, 1);
-    w.tag(2, 0);
-    w.varint(0);
-    w.end(at);
-    resourceBytes.set(resource, (bytes = w.take()));
+    message(w);
+    cache.set(key, (bytes = w.take()));
   }
   return bytes;
 }
 
-function encodedScope(scope: Scope): Uint8Array {
-  let bytes = scopeBytes.get(scope);
-  if (!bytes) {
-    const w = new ProtoWriter(256);
-    w.tag(1, 2);
-    const at = w.begin();
-    w.tag(1, 2);
-    w.string(scope.name);
-    if (scope.version) {
-      w.tag(2, 2);
-      w.string(scope.version);
-    }
-    const attrs = (scope as { attributes?: Attributes }).attributes;
-    if (attrs) attributes(w, attrs, 3);
-    const dropped = (scope as { droppedAttributesCount?: number }).droppedAttributesCount;
-    if (dropped) {
-      w.tag(4, 0);
-      w.varint(dropped);
-    }
-    w.end(at);
-    scopeBytes.set(scope, (bytes = w.take()));
-  }
-  return bytes;
-}
+const encodedResource = (resource: Resource): Uint8Array => encodedOnce(resourceBytes, resource, (w) => {
+  const at = w.beginField(1);
+  if (resource.attributes) attributes(w, resource.attributes, 1);
+  w.varintField(2, 0);
+  w.end(at);
+});
+
+const encodedScope = (scope: Scope): Uint8Array => encodedOnce(scopeBytes, scope, (w) => {
+  const at = w.beginField(1);
+  w.stringField(1, scope.name);
+  if (scope.version) w.stringField(2, scope.version);
+  const attrs = (scope as { attributes?: Attributes }).attributes;
+  if (attrs) attributes(w, attrs, 3);
+  const dropped = (scope as { droppedAttributesCount?: number }).droppedAttributesCount;
+  if (dropped) w.varintField(4, dropped);
+  w.end(at);
+});
 
 /** An ExportTraceServiceRequest holding `spans`, written to `w` (grouped by resource, then scope, in first-seen order). */
 export function encodeTraceRequest(w: ProtoWriter, spans: readonly ReadableSpan[]): void {
@@ -426,27 +399,16 @@ export function encodeTraceRequest(w: ProtoWriter, spans: readonly ReadableSpan[
     list.push(s);
   }
   for (const [resource, scopes] of groups) {
-    w.tag(1, 2);
-    const rs = w.begin();
+    const rs = w.beginField(1);
     w.raw(encodedResource(resource));
     for (const [scope, list] of scopes) {
-      w.tag(2, 2);
-      const ss = w.begin();
+      const ss = w.beginField(2);
       w.raw(encodedScope(scope));
-      for (const s of list) {
-        w.tag(2, 2);
-        span(w, s);
-      }
-      if (scope.schemaUrl) {
-        w.tag(3, 2);
-        w.string(scope.schemaUrl);
-      }
+      for (const s of list) span(w, s);
+      if (scope.schemaUrl) w.stringField(3, scope.schemaUrl);
       w.end(ss);
     }
-    if (resource.schemaUrl) {
-      w.tag(3, 2);
-      w.string(resource.schemaUrl);
-    }
+    if (resource.schemaUrl) w.stringField(3, resource.schemaUrl);
     w.end(rs);
   }
 }

@@ -37,145 +37,117 @@ async function started(redis: Redis, options = {}): Promise<ReadCache> {
   return cache;
 }
 
+/**
+ * A cache started on its own connection (`mine`) and a second connection for another process's
+ * writes (`other`); all closed after `fn`.
+ */
+async function withCache(fn: (c: { cache: ReadCache; mine: Redis; other: Redis }) => Promise<void>, options = {}): Promise<void> {
+  const mine = new Redis(server.url);
+  const other = new Redis(server.url);
+  try {
+    const cache = await started(mine, options);
+    try {
+      await fn({ cache, mine, other });
+    } finally {
+      await cache.close();
+    }
+  } finally {
+    mine.disconnect();
+    other.disconnect();
+  }
+}
+
 describe('ReadCache', () => {
-  it('serves a read from memory, and another connection\'s write is seen once Redis invalidates it', async () => {
-    const mine = new Redis(server.url);
-    const other = new Redis(server.url);
-    const cache = await started(mine);
-    try {
-      await other.set('rc:{a}:k', 'one');
-      expect(await cache.get('rc:{a}:k')).toBe('one');
-      const misses = cache.misses;
-      expect(await cache.get('rc:{a}:k')).toBe('one');
-      expect(cache.misses).toBe(misses);
-      expect(cache.hits).toBeGreaterThan(0);
-      // Redis sends the invalidation before it answers the writer.
-      await other.set('rc:{a}:k', 'two');
-      await until(async () => (await cache.get('rc:{a}:k')) === 'two');
-      // A deleted key (a revoked credential) reads as absent.
-      await other.del('rc:{a}:k');
-      await until(async () => (await cache.get('rc:{a}:k')) === null);
-      // An absent key is cached as absent, and tracked: creating it invalidates.
-      expect(await cache.get('rc:{a}:absent')).toBeNull();
-      await other.set('rc:{a}:absent', 'now');
-      await until(async () => (await cache.get('rc:{a}:absent')) === 'now');
-    } finally {
-      await cache.close();
-      mine.disconnect();
-      other.disconnect();
-    }
-  });
+  it('serves a read from memory, and another connection\'s write is seen once Redis invalidates it', () => withCache(async ({ cache, other }) => {
+    await other.set('rc:{a}:k', 'one');
+    expect(await cache.get('rc:{a}:k')).toBe('one');
+    const misses = cache.misses;
+    expect(await cache.get('rc:{a}:k')).toBe('one');
+    expect(cache.misses).toBe(misses);
+    expect(cache.hits).toBeGreaterThan(0);
+    // Redis sends the invalidation before it answers the writer.
+    await other.set('rc:{a}:k', 'two');
+    await until(async () => (await cache.get('rc:{a}:k')) === 'two');
+    // A deleted key (a revoked credential) reads as absent.
+    await other.del('rc:{a}:k');
+    await until(async () => (await cache.get('rc:{a}:k')) === null);
+    // An absent key is cached as absent, and tracked: creating it invalidates.
+    expect(await cache.get('rc:{a}:absent')).toBeNull();
+    await other.set('rc:{a}:absent', 'now');
+    await until(async () => (await cache.get('rc:{a}:absent')) === 'now');
+  }));
 
-  it('a write made by this process through a script or forgetWritten is read back at once', async () => {
-    const mine = new Redis(server.url);
-    const cache = await started(mine);
+  it('a write made by this process through a script or forgetWritten is read back at once', () => withCache(async ({ mine }) => {
     const docs = new DocumentStore(mine);
-    try {
-      const tag = tags.workspace('wrkspc_rc');
-      const now = new Date().toISOString();
-      await docs.create(tag, { id: 'prin_rc', version: 1, created_at: now, updated_at: now });
-      expect((await docs.getCached(tag, 'prin_rc'))?.version).toBe(1);
-      await docs.update(tag, 'prin_rc', (d) => ({ ...d }));
-      // No wait: the script's keys were dropped locally when Redis answered.
-      expect((await docs.getCached(tag, 'prin_rc'))?.version).toBe(2);
-      await docs.remove(tag, 'prin_rc');
-      expect(await docs.getCached(tag, 'prin_rc')).toBeNull();
+    const tag = tags.workspace('wrkspc_rc');
+    const now = new Date().toISOString();
+    await docs.create(tag, { id: 'prin_rc', version: 1, created_at: now, updated_at: now });
+    expect((await docs.getCached(tag, 'prin_rc'))?.version).toBe(1);
+    await docs.update(tag, 'prin_rc', (d) => ({ ...d }));
+    // No wait: the script's keys were dropped locally when Redis answered.
+    expect((await docs.getCached(tag, 'prin_rc'))?.version).toBe(2);
+    await docs.remove(tag, 'prin_rc');
+    expect(await docs.getCached(tag, 'prin_rc')).toBeNull();
 
-      const k = keys.auth('rcdigest');
-      await mine.set(k, 'live');
-      expect(await cachedGet(mine, k)).toBe('live');
-      await mine.del(k);
-      forgetWritten(mine, [k]);
-      expect(await cachedGet(mine, k)).toBeNull();
-    } finally {
-      await cache.close();
-      mine.disconnect();
-    }
-  });
+    const k = keys.auth('rcdigest');
+    await mine.set(k, 'live');
+    expect(await cachedGet(mine, k)).toBe('live');
+    await mine.del(k);
+    forgetWritten(mine, [k]);
+    expect(await cachedGet(mine, k)).toBeNull();
+  }));
 
-  it('a read under way when its key changes is not kept', async () => {
-    const mine = new Redis(server.url);
-    const cache = await started(mine);
-    try {
-      await mine.set('rc:{b}:k', 'old');
-      const reading = cache.get('rc:{b}:k');
-      cache.forget(['rc:{b}:k']); // what an invalidation arriving mid-read does
-      expect(await reading).toBe('old');
-      await mine.set('rc:{b}:k', 'new');
-      expect(await cache.get('rc:{b}:k')).toBe('new');
-    } finally {
-      await cache.close();
-      mine.disconnect();
-    }
-  });
+  it('a read under way when its key changes is not kept', () => withCache(async ({ cache, mine }) => {
+    await mine.set('rc:{b}:k', 'old');
+    const reading = cache.get('rc:{b}:k');
+    cache.forget(['rc:{b}:k']); // what an invalidation arriving mid-read does
+    expect(await reading).toBe('old');
+    await mine.set('rc:{b}:k', 'new');
+    expect(await cache.get('rc:{b}:k')).toBe('new');
+  }));
 
-  it('stops serving while its invalidation connection is down, and serves again after', async () => {
-    const mine = new Redis(server.url);
-    const admin = new Redis(server.url);
-    const cache = await started(mine);
-    try {
-      await admin.set('rc:{c}:k', 'a');
-      expect(await cache.get('rc:{c}:k')).toBe('a');
-      await admin.client('KILL', 'TYPE', 'pubsub');
-      await until(() => !cache.active);
-      // Off: every read goes to Redis, nothing is kept.
-      await admin.set('rc:{c}:k', 'b');
-      expect(await cache.get('rc:{c}:k')).toBe('b');
-      await until(() => cache.active);
-      await admin.set('rc:{c}:k', 'c');
-      await until(async () => (await cache.get('rc:{c}:k')) === 'c');
-    } finally {
-      await cache.close();
-      mine.disconnect();
-      admin.disconnect();
-    }
-  });
+  it('stops serving while its invalidation connection is down, and serves again after', () => withCache(async ({ cache, other: admin }) => {
+    await admin.set('rc:{c}:k', 'a');
+    expect(await cache.get('rc:{c}:k')).toBe('a');
+    await admin.client('KILL', 'TYPE', 'pubsub');
+    await until(() => !cache.active);
+    // Off: every read goes to Redis, nothing is kept.
+    await admin.set('rc:{c}:k', 'b');
+    expect(await cache.get('rc:{c}:k')).toBe('b');
+    await until(() => cache.active);
+    await admin.set('rc:{c}:k', 'c');
+    await until(async () => (await cache.get('rc:{c}:k')) === 'c');
+  }));
 
-  it('keeps nothing older than maxAgeMs', async () => {
-    const mine = new Redis(server.url);
-    const cache = await started(mine, { maxAgeMs: 1 });
-    try {
-      await mine.set('rc:{d}:k', 'x');
-      await cache.get('rc:{d}:k');
-      const misses = cache.misses;
-      const t = Date.now();
-      await until(() => Date.now() > t + 2);
-      await cache.get('rc:{d}:k');
-      expect(cache.misses).toBe(misses + 1);
-    } finally {
-      await cache.close();
-      mine.disconnect();
-    }
-  });
+  it('keeps nothing older than maxAgeMs', () => withCache(async ({ cache, mine }) => {
+    await mine.set('rc:{d}:k', 'x');
+    await cache.get('rc:{d}:k');
+    const misses = cache.misses;
+    const t = Date.now();
+    await until(() => Date.now() > t + 2);
+    await cache.get('rc:{d}:k');
+    expect(cache.misses).toBe(misses + 1);
+  }, { maxAgeMs: 1 }));
 });
 
 describe('ReadCache peeks', () => {
-  it('peek answers only what the cache holds; peekShared parses once per text and sees every change', async () => {
-    const mine = new Redis(server.url);
-    const other = new Redis(server.url);
-    const cache = await started(mine);
-    try {
-      await other.set('rc:{p}:doc', JSON.stringify({ v: 1 }));
-      expect(cache.peek('rc:{p}:doc')).toBeUndefined(); // never read: not held
-      expect(cache.peekShared('rc:{p}:doc')).toBeUndefined();
-      await cache.get('rc:{p}:doc');
-      const first = cache.peekShared<{ v: number }>('rc:{p}:doc');
-      expect(first).toEqual({ v: 1 });
-      expect(Object.isFrozen(first)).toBe(true);
-      expect(cache.peekShared('rc:{p}:doc')).toBe(first); // the same parsed copy
-      await other.set('rc:{p}:doc', JSON.stringify({ v: 2 }));
-      await until(() => cache.peek('rc:{p}:doc') === undefined);
-      expect(cache.peekShared('rc:{p}:doc')).toBeUndefined();
-      await cache.get('rc:{p}:doc');
-      expect(cache.peekShared('rc:{p}:doc')).toEqual({ v: 2 });
-      await other.del('rc:{p}:doc');
-      await until(() => cache.peek('rc:{p}:doc') === undefined);
-      await cache.get('rc:{p}:doc');
-      expect([cache.peek('rc:{p}:doc'), cache.peekShared('rc:{p}:doc')]).toEqual([null, null]);
-    } finally {
-      await cache.close();
-      mine.disconnect();
-      other.disconnect();
-    }
-  });
+  it('peek answers only what the cache holds; peekShared parses once per text and sees every change', () => withCache(async ({ cache, other }) => {
+    await other.set('rc:{p}:doc', JSON.stringify({ v: 1 }));
+    expect(cache.peek('rc:{p}:doc')).toBeUndefined(); // never read: not held
+    expect(cache.peekShared('rc:{p}:doc')).toBeUndefined();
+    await cache.get('rc:{p}:doc');
+    const first = cache.peekShared<{ v: number }>('rc:{p}:doc');
+    expect(first).toEqual({ v: 1 });
+    expect(Object.isFrozen(first)).toBe(true);
+    expect(cache.peekShared('rc:{p}:doc')).toBe(first); // the same parsed copy
+    await other.set('rc:{p}:doc', JSON.stringify({ v: 2 }));
+    await until(() => cache.peek('rc:{p}:doc') === undefined);
+    expect(cache.peekShared('rc:{p}:doc')).toBeUndefined();
+    await cache.get('rc:{p}:doc');
+    expect(cache.peekShared('rc:{p}:doc')).toEqual({ v: 2 });
+    await other.del('rc:{p}:doc');
+    await until(() => cache.peek('rc:{p}:doc') === undefined);
+    await cache.get('rc:{p}:doc');
+    expect([cache.peek('rc:{p}:doc'), cache.peekShared('rc:{p}:doc')]).toEqual([null, null]);
+  }));
 });
