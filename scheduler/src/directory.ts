@@ -27,14 +27,20 @@ export interface LeaseOffer extends Omit<LeaseRecord, 'reply_to'> {
   offer_expires_at_ms: number;
 }
 
-/** `recorded`: accepted, and the Run already records the lease (the gateway wrote it before answering). */
-export type OfferOutcome = 'accepted' | 'recorded' | 'rejected' | 'timeout';
+/**
+ * `recorded`: accepted, and the Run already records the lease (the gateway wrote it before
+ * answering). `withdrawn`: never sent, its body was withdrawn (the Run was interrupted meanwhile).
+ */
+export type OfferOutcome = 'accepted' | 'recorded' | 'rejected' | 'timeout' | 'withdrawn';
 
 /** A lease as planned when its Run is taken, before a runner is chosen. */
 export type LeasePlan = Omit<LeaseOffer, 'runner_id' | 'offer_expires_at_ms'>;
 
-/** What every offer of one lease carries besides its record (the turn spec), prepared once. */
-export type OfferBody = Promise<Record<string, unknown>>;
+/**
+ * What every offer of one lease carries besides its record (the turn spec), prepared once; null
+ * when it was withdrawn before any offer went out (no offer carrying it is sent).
+ */
+export type OfferBody = Promise<Record<string, unknown> | null>;
 
 /** Delivers an offer to a runner (through whichever gateway holds its socket) and reports the answer. */
 export interface OfferChannel {

@@ -57,8 +57,8 @@ class Fleet implements RunnerDirectory, OfferChannel {
     this.prepared++;
     return Promise.resolve({});
   }
-  async offer(o: LeaseOffer, _timeoutMs: number, body: OfferBody): Promise<'accepted' | 'rejected' | 'timeout'> {
-    await body;
+  async offer(o: LeaseOffer, _timeoutMs: number, body: OfferBody): Promise<'accepted' | 'rejected' | 'timeout' | 'withdrawn'> {
+    if ((await body) === null) return 'withdrawn';
     this.offers++;
     await this.onOffer?.(o);
     const r = this.runners.get(o.runner_id);

@@ -3,7 +3,7 @@ import { UnrecoverableError, Worker, type Job } from 'bullmq';
 import { ATTR, extractTrace, inSpan, SpanKind, type Logger } from '@agentplane/core';
 import { matchCapabilities, matchNow, queuePrefix, RUN_QUEUE, type CancelMarks, type LeaseConfig, type RunJobData, type RunQueues } from '@agentplane/lease';
 import type { Redis } from '@agentplane/store';
-import type { LeasePlan, OfferChannel, OfferOutcome, RunnerDirectory, RunnerView } from './directory.js';
+import type { LeasePlan, OfferBody, OfferChannel, OfferOutcome, RunnerDirectory, RunnerView } from './directory.js';
 
 /** What the scheduler reports about a Run while placing it (Run status, session events, metrics). */
 export interface DispatchHooks {
@@ -25,7 +25,7 @@ export interface DispatchHooks {
   /** The Run was interrupted while its offer was out, and the runner took it: cancel it there. */
   cancelLease(job: Job<RunJobData>, runnerId: string, leaseId: string, attempt: number): Promise<void>;
   /** How one offer ended (for the offers metric). */
-  offerAnswered?(outcome: OfferOutcome): void;
+  offerAnswered?(outcome: Exclude<OfferOutcome, 'withdrawn'>): void;
 }
 
 export interface DispatcherOptions {
@@ -42,6 +42,16 @@ export interface DispatcherOptions {
   capacityRetryMs?: number;
   /** Interrupts of Runs a dispatcher holds (see `CancelMarks`). */
   cancels: CancelMarks;
+}
+
+/**
+ * An offer body that resolves only once the placement's checks passed: null (withdrawn) when they
+ * found a cancel mark, so the offer carrying it is never sent.
+ */
+function withheldUntil(checked: Promise<boolean>, body: OfferBody): OfferBody {
+  const withheld = Promise.all([body, checked]).then(([spec, marked]) => (marked ? null : spec));
+  withheld.catch(() => undefined);
+  return withheld;
 }
 
 /**
@@ -200,14 +210,16 @@ export class PoolDispatcher {
       lease_ms: this.o.config.leaseMs,
       heartbeat_ms: this.o.config.heartbeatMs,
     };
-    // A first attempt's offer body is prepared while the checks below run. A later attempt's
-    // waits until the earlier attempts' ends are recorded: the spec reads what they wrote.
-    const early = job.attemptsStarted <= 1 ? this.o.offers.prepare(plan) : undefined;
-    const [marked] = await Promise.all([
+    // The checks (a cancel mark; the earlier attempts' ends) run beside the first offer's
+    // preparation: its body's reads and its lease record. A first attempt's body is prepared at
+    // once; a later attempt's waits until the earlier attempts' ends are recorded (the spec reads
+    // what they wrote). No offer is sent before the checks pass.
+    const checked = Promise.all([
       this.o.cancels.marked(job.data.session_id, job.data.run_id),
       this.o.hooks.retaken(job).catch((err: unknown) => this.o.log.warn({ err, run: job.id }, 'recording the earlier attempts failed')),
-    ]);
-    if (marked) return this.cancelTaken(job, token);
+    ]).then(([marked]) => marked);
+    checked.catch(() => undefined);
+    const early = job.attemptsStarted <= 1 ? this.o.offers.prepare(plan) : undefined;
     const req = job.data.requirements;
     const { runners } = await this.freeCapacity();
     // Most effective free slots first; equal runners in random order, so load spreads.
@@ -219,6 +231,7 @@ export class PoolDispatcher {
       .map((x) => x.r);
 
     if (candidates.length === 0) {
+      if (await checked) return this.cancelTaken(job, token);
       const everyone = [...runners.map((r) => r.capabilities), ...(await this.o.directory.enrolled(this.o.poolId))];
       const verdicts = everyone.map((c) => matchCapabilities(req, c));
       if (everyone.length > 0 && verdicts.every((v) => !v.ok)) {
@@ -233,7 +246,7 @@ export class PoolDispatcher {
       return this.giveBack(job, token, this.o.capacityRetryMs ?? 1000);
     }
 
-    const body = early ?? this.o.offers.prepare(plan);
+    const body = withheldUntil(checked, early ?? checked.then((marked) => (marked ? null : this.o.offers.prepare(plan))));
     // Keep the lock while offers are out; the runner's acceptance replaces it with a full lease.
     const keep = setInterval(() => void job.extendLock(token, this.o.config.leaseMs).catch(() => undefined), Math.max(500, this.o.config.offerTimeoutMs / 2));
     try {
@@ -252,6 +265,8 @@ export class PoolDispatcher {
           if (left <= 0) this.reserved.delete(runner.runner_id);
           else this.reserved.set(runner.runner_id, left);
         }
+        // Withdrawn: a cancel mark was found, and the offer was never sent.
+        if (outcome === 'withdrawn') return this.cancelTaken(job, token);
         this.o.hooks.offerAnswered?.(outcome);
         if (outcome === 'accepted' || outcome === 'recorded') {
           const g = this.granted.get(runner.runner_id);

@@ -53,7 +53,7 @@ export class RedisOfferChannel implements OfferChannel {
   async offer(o: LeaseOffer, timeoutMs: number, body: OfferBody, nodeId?: string): Promise<OfferOutcome> {
     // The record and the spec are independent writes and reads: both are under way at once.
     const put = this.records.put({ ...o, reply_to: this.channel }, Math.max(timeoutMs * 3, o.lease_ms));
-    let spec: Record<string, unknown>;
+    let spec: Record<string, unknown> | null;
     try {
       [spec] = await Promise.all([body, put]);
     } catch (err) {
@@ -61,6 +61,10 @@ export class RedisOfferChannel implements OfferChannel {
       this.log.warn({ err: err instanceof Error ? err.message : String(err), run: o.run_id }, 'cannot prepare the offer');
       await this.records.remove(o.lease_id, o.runner_id);
       return 'rejected';
+    }
+    if (spec === null) {
+      await this.records.remove(o.lease_id, o.runner_id);
+      return 'withdrawn';
     }
     // The offer frame carries this span's context: the runner's lease span continues the trace.
     return inSpan('send lease.offer', {

@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import type { Logger } from '@agentplane/core';
 import {
-  bindingShapings, buildTurnSpec, ConnectionService, CredentialIndex, FileStore, IdentityService, OutcomeService, ProjectHeadReader, RedisRuntimeBearers, SkillReader, RunEngine, RunLifecycle, RunnerService,
+  bindingShapings, buildTurnSpec, ConnectionService, readAll, CredentialIndex, FileStore, IdentityService, OutcomeService, ProjectHeadReader, RedisRuntimeBearers, SkillReader, RunEngine, RunLifecycle, RunnerService,
   SessionStore, ThreadRuntime, VersionedStore, sandboxProfileStore, type ConnectionGrant, type Environment, type RunDoc, type SandboxProfile, type ToolShaping,
 } from '@agentplane/domain';
 import { activePools, CancelMarks, LeaseFence, LeaseRecords, RunQueues } from '@agentplane/lease';
@@ -61,8 +61,10 @@ export class Scheduler {
     this.queues = new RunQueues(this.bull, config.lease);
     this.cancels = new CancelMarks(this.redis);
     this.store = new SessionStore(this.redis, config.appendDurability);
-    this.environments = new VersionedStore<Environment>(this.redis, 'environments', 'environment');
-    this.sandboxProfiles = sandboxProfileStore(this.redis);
+    // Every turn spec reads its Environment (or SandboxProfile) version: versions never change, so
+    // the scheduler keeps the ones it read.
+    this.environments = new VersionedStore<Environment>(this.redis, 'environments', 'environment', { cacheVersions: true });
+    this.sandboxProfiles = sandboxProfileStore(this.redis, { cacheVersions: true });
     const docs = new DocumentStore(this.redis);
     this.docs = docs;
     const credentials = new CredentialIndex(this.redis);
@@ -88,11 +90,14 @@ export class Scheduler {
   }
 
   private async spec(o: LeasePlan): Promise<Record<string, unknown>> {
-    // The Run and its Session in one round trip (the Session is read once, for the spec and the vaults).
+    // The Run, its Session and the Session's event log in one round trip (the Session is read
+    // once, for the spec and the vaults; the log needs only the Session's id, not the Run).
+    const events = readAll(this.store.log, o.session_id);
+    events.catch(() => undefined);
     const [run, session] = await Promise.all([this.store.run(o.session_id, o.run_id), this.store.get(o.workspace_id, o.session_id).catch(() => null)]);
     if (!run) throw new Error(`run ${o.run_id} not found`);
     const sources = { store: this.store, environments: this.environments, sandboxProfiles: this.sandboxProfiles, files: this.files, projects: this.projects, skills: this.skills };
-    const spec = await buildTurnSpec(sources, run, undefined, session ?? undefined);
+    const spec = await buildTurnSpec(sources, run, undefined, { ...(session ? { session } : {}), events });
     const resolved = this.connections && run.agent.mcp_servers.some((s) => s.type !== 'a2a_tool_source')
       ? await this.connections.resolveAgentServers(run.workspace_id, run.agent.mcp_servers)
       : undefined;

@@ -341,16 +341,19 @@ export class SessionService {
       await this.d.outcomes?.admit(session, thread, p);
     }
     const queue = input.type === 'user.message';
-    const { event, thread: seen } = await this.appendOne(session.id, input, threadId, idemKey ? `drive:${sha256Hex(idemKey)}` : undefined, queue);
-    // The append script queued the message and read the thread: a busy thread is not written.
-    if (queue) await this.d.runtime.submitUserMessage(session, threadId, event.id, { queued: true, thread: seen });
+    // A message into a thread that could start a turn (as last read) records the start's intent
+    // beside the append, not after it.
+    const intent = queue ? this.d.runtime.intendStart(session.id, thread) : undefined;
+    const { event, thread: seen, queued } = await this.appendOne(session.id, input, threadId, idemKey ? `drive:${sha256Hex(idemKey)}` : undefined, queue);
+    // The append script queued the message, read the thread and returned the queue: a busy thread is not written.
+    if (queue) await this.d.runtime.submitUserMessage(session, threadId, event.id, { queued: true, thread: seen, ...(queued ? { queue: queued } : {}), ...(intent ? { intent } : {}) });
     if (input.type === 'user.define_outcome') await this.d.outcomes?.defined(session, threadId, event);
     if (input.type === 'user.interrupt') await this.d.runtime.interrupt(session, threadId);
     return { status: 201, event };
   }
 
   /** Appends the drive event; with `queue`, the same script queues it for the thread's next turn and reads the thread. */
-  private async appendOne(sessionId: string, input: DriveInput, threadId: string, producerKey: string | undefined, queue = false): Promise<{ event: LogEvent; thread: ThreadDoc | null }> {
+  private async appendOne(sessionId: string, input: DriveInput, threadId: string, producerKey: string | undefined, queue = false): Promise<{ event: LogEvent; thread: ThreadDoc | null; queued?: string[] }> {
     const r = await this.d.store.log.append(
       sessionId,
       [{ type: input.type, payload: input.payload, session_thread_id: threadId, ...(producerKey ? { producer_key: producerKey } : {}) }],
@@ -362,7 +365,7 @@ export class SessionService {
     }
     const ev = r.events[0];
     if (!ev) throw new ApiError('validation.not_found', 'the original event is no longer retained');
-    return { event: ev, thread: r.peeked ? this.d.store.rememberedThread(r.peeked) : null };
+    return { event: ev, thread: r.peeked ? this.d.store.rememberedThread(r.peeked) : null, ...(r.queued ? { queued: r.queued } : {}) };
   }
 
   /** `user.custom_tool_result` / `user.tool_confirmation` / `user.question_answer`: only for the exact current wait generation. */

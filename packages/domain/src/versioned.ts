@@ -1,5 +1,5 @@
 import { ApiError, nowIso } from '@agentplane/core';
-import { decodeCursor, encodeCursor, keys, LuaScript, tags, type Redis, type StoredDoc } from '@agentplane/store';
+import { BoundedCache, decodeCursor, encodeCursor, keys, LuaScript, tags, type Redis, type StoredDoc } from '@agentplane/store';
 
 /**
  * Workspace-owned resources with immutable versions (Agents, Environments).
@@ -40,11 +40,17 @@ return 1`,
 );
 
 export class VersionedStore<T extends VersionedDoc> {
+  /** Version texts read before (versions never change once written); only when asked for. */
+  private readonly versions: BoundedCache<string, string> | undefined;
+
   constructor(
     private readonly redis: Redis,
     private readonly collection: string,
     private readonly what: string,
-  ) {}
+    options: { cacheVersions?: boolean } = {},
+  ) {
+    this.versions = options.cacheVersions ? new BoundedCache<string, string>(2_000, { maxWeight: 8 * 1024 * 1024, weigh: (t) => t.length }) : undefined;
+  }
 
   private headKey = (ws: string, id: string) => keys.doc(tags.workspace(ws), id);
   private versionKey = (ws: string, id: string, n: number) => keys.doc(tags.workspace(ws), `${id}:v${n}`);
@@ -73,8 +79,13 @@ export class VersionedStore<T extends VersionedDoc> {
   }
 
   async getVersion(ws: string, id: string, n: number): Promise<T> {
-    const raw = await this.redis.get(this.versionKey(ws, id, n));
-    if (!raw) throw new ApiError('validation.not_found', `${this.what} version ${n} not found`);
+    const key = this.versionKey(ws, id, n);
+    let raw = this.versions?.get(key);
+    if (raw === undefined) {
+      raw = (await this.redis.get(key)) ?? undefined;
+      if (raw !== undefined) this.versions?.set(key, raw);
+    }
+    if (raw === undefined) throw new ApiError('validation.not_found', `${this.what} version ${n} not found`);
     return JSON.parse(raw) as T;
   }
 

@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { Redis } from 'ioredis';
 import { startEmbeddedRedis, type EmbeddedRedis } from './embedded-redis.js';
-import { EventLog, eventLogKeys, ISO_LUA, type LiveMessage } from './event-log.js';
+import { EventLog, eventLogKeys, ISO_LUA, QUEUE_HEAD, type LiveMessage } from './event-log.js';
 import { DocumentStore } from './documents.js';
 import { keys, tags } from './keys.js';
 import { EventHub, type HubMessage } from './event-hub.js';
@@ -167,6 +167,8 @@ describe('event log', () => {
     expect(replay.events[0]?.id).toBe(a.events[0]?.id);
     const [ida, idb] = [a.events[0]?.id ?? '', b.events[0]?.id ?? ''];
     expect(await redis.lrange(list, 0, -1)).toEqual([ida, idb]);
+    // The queue comes back as the script left it (a replay pushes nothing).
+    expect([a.queued, b.queued, replay.queued]).toEqual([[ida], [ida, idb], [ida, idb]]);
     // Without a peeked document: null, and the plain append result is unchanged.
     const none = await log.append(s, [{ type: 'x', payload: {} }], { enqueue: { list: keys.scoped(tag, 'inputs:sthr_2'), peek: keys.doc(tag, 'sthr_2') } });
     expect(none.ok && none.peeked).toBeNull();
@@ -180,6 +182,16 @@ describe('event log', () => {
     const ok = await start([ida]);
     expect(ok.ok).toBe(true);
     expect(await redis.lrange(list, 0, -1)).toEqual([idb]);
+
+    // A queue longer than QUEUE_HEAD is not returned (the caller reads it): no reply grows with it.
+    await redis.rpush(list, ...Array.from({ length: QUEUE_HEAD - 2 }, (_, i) => `evt_q${i}`));
+    const full = await log.append(s, [{ type: 'user.message', payload: {} }], { enqueue: { list, peek } });
+    const over = await log.append(s, [{ type: 'user.message', payload: {} }], { enqueue: { list, peek } });
+    if (!full.ok || !over.ok) throw new Error('append failed');
+    expect(full.queued).toHaveLength(QUEUE_HEAD);
+    expect(full.queued?.at(-1)).toBe(full.events[0]?.id);
+    expect(over.queued).toBeUndefined();
+    expect(over.peeked).toBe(JSON.stringify({ id: 'sthr_1', version: 2 }));
   });
 
   it('update: a guessed current document saves the read and is always checked', async () => {

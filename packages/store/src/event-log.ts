@@ -65,7 +65,8 @@ export interface AppendOptions {
   /**
    * Queue the appended events in the same script: the id of every event this call appended
    * (not the replays of earlier appends) is pushed onto the list `list`, and the JSON of the
-   * document at `peek` is returned as read right after (`peeked`). Both keys are in the Session's
+   * document at `peek` is returned as read right after (`peeked`), with the list as it is then
+   * (`queued`, when it holds at most `QUEUE_HEAD` ids). Both keys are in the Session's
    * slot. The drive path queues a `user.message` for its thread's next turn this way: no
    * compare-and-swap on the thread, so messages into one busy thread never contend.
    */
@@ -77,6 +78,8 @@ export type AppendResult =
     ok: true; events: LogEvent[]; /** per event: true when it was a replay of an earlier append */ duplicate: boolean[]; last_seq: number;
     /** With `enqueue`: the `peek` document's JSON (null when absent). */
     peeked?: string | null;
+    /** With `enqueue`: the list's ids right after this append, when it holds at most `QUEUE_HEAD` (else absent). */
+    queued?: string[];
   }
   | { ok: false; reason: 'erased' }
   | { ok: false; reason: 'fenced'; detail: 'mismatch' | 'expired' };
@@ -239,14 +242,26 @@ end
 return out
 end`;
 
-/* KEYS 7 and 8 (optional): the enqueue list and the peeked document (AppendOptions.enqueue). */
+/** The most queued ids an append with `enqueue` returns (a longer queue is read by the caller). */
+export const QUEUE_HEAD = 32;
+
+/*
+ * KEYS 7 and 8 (optional): the enqueue list and the peeked document (AppendOptions.enqueue).
+ * Then the peeked document and the list's length, and the list itself when it is short.
+ */
 const APPEND = new LuaScript('event_log_append', `${APPEND_LUA}
 local out = append(KEYS, ARGV)
 if KEYS[7] and out[1] == 'ok' then
+  local len = 0
   for i = 3, #out - 1, 2 do
-    if out[i + 1] == 'new' then redis.call('RPUSH', KEYS[7], string.match(out[i], '^{"id":"([^"]+)"')) end
+    if out[i + 1] == 'new' then len = redis.call('RPUSH', KEYS[7], string.match(out[i], '^{"id":"([^"]+)"')) end
   end
+  if len == 0 then len = redis.call('LLEN', KEYS[7]) end
   out[#out + 1] = redis.call('GET', KEYS[8]) or ''
+  out[#out + 1] = tostring(len)
+  if len <= ${QUEUE_HEAD} then
+    for _, id in ipairs(redis.call('LRANGE', KEYS[7], 0, -1)) do out[#out + 1] = id end
+  end
 end
 return out`);
 
@@ -390,7 +405,9 @@ function appendResult(r: string[], count: number, peeked = false): AppendResult 
   }
   if (!peeked) return { ok: true, events: out, duplicate, last_seq: Number(r[1]) };
   const doc = r[end];
-  return { ok: true, events: out, duplicate, last_seq: Number(r[1]), peeked: doc === undefined || doc === '' ? null : doc };
+  const length = Number(r[end + 1]);
+  const queued = length <= QUEUE_HEAD ? r.slice(end + 2, end + 2 + length) : undefined;
+  return { ok: true, events: out, duplicate, last_seq: Number(r[1]), peeked: doc === undefined || doc === '' ? null : doc, ...(queued ? { queued } : {}) };
 }
 
 /** Span attributes of an append: the Session, how many events and their types (never their payloads). */

@@ -47,8 +47,8 @@ export interface SandboxProfile extends VersionedDoc {
 export function harnessProfileStore(redis: Redis): VersionedStore<HarnessProfile> {
   return new VersionedStore<HarnessProfile>(redis, 'harness_profiles', 'harness profile');
 }
-export function sandboxProfileStore(redis: Redis): VersionedStore<SandboxProfile> {
-  return new VersionedStore<SandboxProfile>(redis, 'sandbox_profiles', 'sandbox profile');
+export function sandboxProfileStore(redis: Redis, options: { cacheVersions?: boolean } = {}): VersionedStore<SandboxProfile> {
+  return new VersionedStore<SandboxProfile>(redis, 'sandbox_profiles', 'sandbox profile', options);
 }
 
 /**

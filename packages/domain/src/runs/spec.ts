@@ -5,7 +5,7 @@ import type { VersionedStore } from '../versioned.js';
 import type { Environment } from '../environments/model.js';
 import { sandboxVersion, type SandboxProfile } from '../deployments/profiles.js';
 import type { FileStore } from '../files/store.js';
-import { tags, type DocumentStore } from '@agentplane/store';
+import { tags, type DocumentStore, type LogEvent } from '@agentplane/store';
 import type { RunDoc, SessionDoc, SessionResource } from '../sessions/model.js';
 import type { SessionStore } from '../sessions/store.js';
 import { conversationOf, readAll, type Responses } from './history.js';
@@ -206,15 +206,21 @@ export interface SpecSources {
   skills?: SkillReader;
 }
 
-/** `session`: the Run's Session if the caller read it already (it is read otherwise). */
-export async function buildTurnSpec(src: SpecSources, run: RunDoc, maxHistoryBytes = 512 * 1024, session?: SessionDoc): Promise<TurnSpec> {
+/** Reads a caller made already (or started, beside its read of the Run): each is made here otherwise. */
+export interface SpecPrefetch {
+  session?: SessionDoc;
+  /** The Session's whole event log (`readAll`). */
+  events?: Promise<LogEvent[]>;
+}
+
+export async function buildTurnSpec(src: SpecSources, run: RunDoc, maxHistoryBytes = 512 * 1024, prefetched: SpecPrefetch = {}): Promise<TurnSpec> {
   // Independent reads, all at once.
   const [s, env, events] = await Promise.all([
-    session ?? src.store.get(run.workspace_id, run.session_id),
+    prefetched.session ?? src.store.get(run.workspace_id, run.session_id),
     sandboxVersion(src, run.workspace_id, run.environment_id, run.environment_version),
-    readAll(src.store.log, run.session_id),
+    prefetched.events ?? readAll(src.store.log, run.session_id),
   ]);
-  session = s;
+  const session: SessionDoc = s;
   const isPrimary = session._primary_thread_id === run.session_thread_id;
   if (run.grader) {
     // A grader Run sees none of the thread's conversation: only its own context (docs/OUTCOMES.md).

@@ -23,6 +23,12 @@ export interface TurnScheduler {
   waitsResolved(sessionId: string, threadId: string, runId: string | null): Promise<void>;
 }
 
+/** A turn start's intent recorded ahead of the start (`ThreadRuntime.intendStart`). */
+export interface TurnIntent {
+  runId: string;
+  recorded: Promise<void>;
+}
+
 /** A thread that may start a turn now: idle, no Run, no unanswered wait of its generation. */
 function startable(t: ThreadDoc): boolean {
   if (t.status !== 'idle' || t._active_run_id !== null) return false;
@@ -90,7 +96,13 @@ export class ThreadRuntime {
     session: SessionDoc,
     threadId: string,
     eventId: string | null,
-    options: { queued?: boolean; thread?: ThreadDoc | null } = {},
+    options: {
+      queued?: boolean; thread?: ThreadDoc | null;
+      /** With `queued`: the input queue as the append script left it (not read again). */
+      queue?: string[];
+      /** The start's intent, recorded beside the append (`intendStart`): its Run id is the first attempt's. */
+      intent?: TurnIntent;
+    } = {},
   ): Promise<{ run: RunDoc | null }> {
     let seen = options.thread ?? null;
     if (eventId !== null && !options.queued) seen = await this.store.enqueueInput(session.id, threadId, eventId);
@@ -99,12 +111,16 @@ export class ThreadRuntime {
       if (!startable(seen)) return { run: null };
     }
     for (let attempt = 0; attempt < 16; attempt++) {
-      const runId = newId('run');
+      const runId = attempt === 0 && options.intent ? options.intent.runId : newId('run');
       // The scheduler records its intent before the Run is committed (crash repair), only for a
       // start that will be tried: a message into a busy thread costs no write. A message just
-      // queued makes a start likely: the intent and the queue read go out together.
+      // queued makes a start likely: the intent and the queue read go out together (the drive
+      // path recorded it beside its append, and its append script returned the queue).
       const announce = () => this.scheduler().runStarting?.(session.id, runId);
-      const [queued] = await Promise.all([this.store.queuedInputs(session.id, threadId), eventId !== null && attempt === 0 ? announce() : undefined]);
+      const [queued] = await Promise.all([
+        (attempt === 0 ? options.queue : undefined) ?? this.store.queuedInputs(session.id, threadId),
+        eventId !== null && attempt === 0 ? (options.intent?.recorded ?? announce()) : undefined,
+      ]);
       if (queued.length === 0 && (seen === null || (seen._queued_inputs ?? []).length === 0)) return { run: null };
       if (eventId === null || attempt > 0) await announce();
       try {
@@ -126,6 +142,21 @@ export class ThreadRuntime {
       }
     }
     throw new ApiError('validation.conflict', 'too much contention on this thread; the message is queued and starts with the next turn');
+  }
+
+  /**
+   * The intent to start a turn, recorded before it is known whether the turn starts: the drive
+   * path records it beside its append when the thread (as last read) could start one, saving a
+   * round trip; `submitUserMessage` then starts the turn under its Run id. None for a thread that
+   * cannot start a turn now. An intent whose turn never starts is dropped by the enqueue repair
+   * (it finds no Run committed under it).
+   */
+  intendStart(sessionId: string, thread: ThreadDoc): TurnIntent | undefined {
+    if (!startable(thread)) return undefined;
+    const runId = newId('run');
+    const recorded = Promise.resolve(this.scheduler().runStarting?.(sessionId, runId));
+    recorded.catch(() => undefined);
+    return { runId, recorded };
   }
 
   /**
