@@ -5,6 +5,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { HttpClient } from '@agentplane/client';
+import { LeaseRecords } from '@agentplane/lease';
 import { AppendNotReplicatedError, connectRedis, EventLog, eventLogKeys, keys, LuaScript, tags, type Redis } from '@agentplane/store';
 import { RUNNER_CLI, startDaemon } from './harness/daemon.js';
 import { startApiNode, startFailoverProxy, startSchedulerNode, type ApiNode, type FailoverProxy, type NodeProcess } from './harness/cluster-platform.js';
@@ -139,6 +140,26 @@ describe('the platform on a Redis Cluster with several API nodes and schedulers'
     // An undeclared key in another slot is refused by the server as well.
     const sneaky = new LuaScript('test:undeclared', "redis.call('SET', KEYS[1], '1'); return redis.call('GET', ARGV[1])");
     await expect(sneaky.run(redis, [keys.scoped(ws, 'a')], [keys.scoped(tags.session('sess_far_away'), 'x')])).rejects.toThrow(/slot|non local|cluster/i);
+  });
+
+  it('writes, finds and removes a lease record whose runner index lives on another master', async () => {
+    // Two hash tags on two masters: a pipeline across them is refused by the cluster client, so
+    // the record and the index must go out as separate commands (this failed most offers once).
+    const records = new LeaseRecords(redis);
+    const runner = 'runner_records_across_masters';
+    const index = keys.global(`runner_leases:${runner}`);
+    let leaseId = '';
+    for (let i = 0; !leaseId && i < 200; i++) {
+      if ((await cluster.masterOf(keys.global(`lease:l${i}`))) !== (await cluster.masterOf(index))) leaseId = `l${i}`;
+    }
+    expect(leaseId).not.toBe('');
+    const record = { lease_id: leaseId, run_id: 'run_x', session_id: 'sess_x', thread_id: 'sthr_x', workspace_id: 'wrkspc_x', pool_id: 'rpool_x', attempt: 1, runner_id: runner, reply_to: 'ap:x' };
+    await records.put(record, 60_000);
+    expect(await records.get(leaseId)).toEqual(record);
+    expect(await records.orphansOf(runner, new Set())).toEqual([record]);
+    await records.remove(leaseId, runner);
+    expect(await records.get(leaseId)).toBeNull();
+    expect(await redis.smembers(index)).toEqual([]);
   });
 
   const SLOW_TOOL = SCRIPT([

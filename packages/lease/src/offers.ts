@@ -35,17 +35,17 @@ export class LeaseRecords {
   constructor(private readonly redis: Redis) {}
 
   async put(record: LeaseRecord, ttlMs: number): Promise<void> {
-    // Two keys in two slots (each its own hash tag), so no one script: the record is the truth,
-    // the index only finds it. Both go out in one round trip; a crash that writes only the index
-    // leaves an entry the next read prunes, one that writes only the record leaves an offer a
-    // reconnecting runner cannot be asked about, which expires with its offer.
-    const res = await this.redis.pipeline()
-      .set(recordKey(record.lease_id), JSON.stringify(record), 'PX', ttlMs)
-      .sadd(runnerIndexKey(record.runner_id), record.lease_id)
-      .pexpire(runnerIndexKey(record.runner_id), Math.max(ttlMs, INDEX_TTL_MS))
-      .exec();
-    const failed = res?.find(([err]) => err)?.[0];
-    if (failed) throw failed;
+    // Two keys in two slots (each its own hash tag), so no one script and no one pipeline (on a
+    // cluster a pipeline must stay on one node): the record is the truth, the index only finds
+    // it. The commands go out together (one write per node, one round trip); a crash that
+    // writes only the index leaves an entry the next read prunes, one that writes only the
+    // record leaves an offer a reconnecting runner cannot be asked about, which expires with it.
+    const index = runnerIndexKey(record.runner_id);
+    await Promise.all([
+      this.redis.set(recordKey(record.lease_id), JSON.stringify(record), 'PX', ttlMs),
+      this.redis.sadd(index, record.lease_id),
+      this.redis.pexpire(index, Math.max(ttlMs, INDEX_TTL_MS)),
+    ]);
   }
 
   /**
@@ -75,8 +75,8 @@ export class LeaseRecords {
   }
 
   async remove(leaseId: string, runnerId: string): Promise<void> {
-    await this.redis.del(recordKey(leaseId));
-    await this.redis.srem(runnerIndexKey(runnerId), leaseId);
+    // Both at once (two slots): an index entry whose record is gone is pruned on read anyway.
+    await Promise.all([this.redis.del(recordKey(leaseId)), this.redis.srem(runnerIndexKey(runnerId), leaseId)]);
   }
 
   async reply(record: LeaseRecord, reply: OfferReply): Promise<void> {
