@@ -16,6 +16,9 @@ import { SchedulerMetrics } from './metrics.js';
 import { RedisOfferChannel } from './offer-channel.js';
 import { PresenceDirectory } from './presence-directory.js';
 
+/** How often each pool's fair-share ranks are pruned of Runs that never got a job. */
+const RANK_PRUNE_EVERY_MS = 60_000;
+
 /**
  * One scheduler process: finds pools with work, runs a PoolDispatcher per pool, and keeps
  * the Run documents and threads in step with what BullMQ decides. Stateless: any number may
@@ -31,7 +34,7 @@ export class Scheduler {
   private readonly pools = new Map<string, string>();
   private readonly dispatchers = new Map<string, PoolDispatcher>();
   /** Per pool: its hooks and how far BullMQ's stalled records have been replayed. */
-  private readonly served = new Map<string, { hooks: DispatchHooks; stalls: string }>();
+  private readonly served = new Map<string, { hooks: DispatchHooks; stalls: string; prunedAt?: number }>();
   private readonly directory: PresenceDirectory;
   private readonly offers: RedisOfferChannel;
   private readonly lifecycle: RunLifecycle;
@@ -174,9 +177,24 @@ export class Scheduler {
     for (const [pool, served] of this.served) {
       await reconcilePool(pool, this.queues, this.lifecycle, this.log);
       served.stalls = await repairStalls(pool, this.queues, (run) => served.hooks.stalled(run), served.stalls, this.log);
+      await this.pruneRanks(pool, served);
     }
     const repaired = await this.engine.repairUnqueued(this.config.enqueueRepairAfterMs);
     if (repaired.length > 0) this.log.info({ runs: repaired }, 'enqueued Runs whose enqueue was interrupted');
+  }
+
+  /**
+   * Fair-share ranks taken for a turn start that never committed a Run (the API took the rank
+   * beside the start's intent and died, or lost the start) would count against their workspace
+   * forever: once a minute, ranks older than a start can take without a job are removed.
+   */
+  private async pruneRanks(pool: string, served: { prunedAt?: number }): Promise<void> {
+    const ws = this.pools.get(pool);
+    const now = Date.now();
+    if (!ws || now - (served.prunedAt ?? 0) < RANK_PRUNE_EVERY_MS) return;
+    served.prunedAt = now;
+    const removed = await this.queues.pruneRanks(pool, ws, now - Math.max(RANK_PRUNE_EVERY_MS, 6 * this.config.enqueueRepairAfterMs));
+    if (removed > 0) this.log.info({ pool, removed }, 'removed fair-share ranks of Runs that never got a job');
   }
 
   async stop(): Promise<void> {

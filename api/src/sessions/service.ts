@@ -343,7 +343,7 @@ export class SessionService {
     const queue = input.type === 'user.message';
     // A message into a thread that could start a turn (as last read) records the start's intent
     // beside the append, not after it.
-    const intent = queue ? this.d.runtime.intendStart(session.id, thread) : undefined;
+    const intent = queue ? this.d.runtime.intendStart(session, thread) : undefined;
     const { event, thread: seen, queued } = await this.appendOne(session.id, input, threadId, idemKey ? `drive:${sha256Hex(idemKey)}` : undefined, queue);
     // The append script queued the message, read the thread and returned the queue: a busy thread is not written.
     if (queue) await this.d.runtime.submitUserMessage(session, threadId, event.id, { queued: true, thread: seen, ...(queued ? { queue: queued } : {}), ...(intent ? { intent } : {}) });

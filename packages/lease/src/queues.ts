@@ -40,6 +40,23 @@ const RANK = new LuaScript(
 return redis.call('ZCARD', KEYS[1])`,
 );
 
+/*
+ * Ranks whose Run never got a job: members scored before ARGV[1] (ms) without a job hash are
+ * removed, at most ARGV[3] looked at. KEYS[1]: the fair set; ARGV[2]: the job key prefix
+ * (`<queue prefix>:runs:`, the same hash tag). Returns how many were removed.
+ */
+const PRUNE_RANKS = new LuaScript(
+  'fair_prune',
+  `local gone = 0
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))) do
+  if redis.call('EXISTS', ARGV[2] .. id) == 0 then
+    redis.call('ZREM', KEYS[1], id)
+    gone = gone + 1
+  end
+end
+return gone`,
+);
+
 export class RunQueues {
   private readonly queues = new Map<string, Queue>();
 
@@ -57,19 +74,34 @@ export class RunQueues {
     return q;
   }
 
-  async enqueue(data: Omit<RunJobData, 'rank' | 'enqueued_at_ms' | 'trace'>): Promise<RunJobData> {
+  /**
+   * The Run's fair-share rank in its pool (taking it if it has none yet; idempotent). Taken
+   * ahead of the enqueue (`enqueue(data, rank)`) it saves a round trip; a rank whose Run never
+   * gets a job is removed by `pruneRanks`.
+   */
+  async rank(poolId: string, workspaceId: string, runId: string): Promise<number> {
+    return Number(await RANK.run(this.connection, [fairKey(poolId, workspaceId)], [runId, Date.now()]));
+  }
+
+  /** Remove ranks taken before `before` (ms) whose Run has no job (its turn never started, or its job is gone). */
+  async pruneRanks(poolId: string, workspaceId: string, before: number, limit = 500): Promise<number> {
+    return Number(await PRUNE_RANKS.run(this.connection, [fairKey(poolId, workspaceId)], [before, `${queuePrefix(poolId)}:${RUN_QUEUE}:`, limit]));
+  }
+
+  /** `rank`: taken ahead with `rank()` (else taken here first). */
+  async enqueue(data: Omit<RunJobData, 'rank' | 'enqueued_at_ms' | 'trace'>, rank?: number): Promise<RunJobData> {
     return inSpan(`send ${RUN_QUEUE}`, {
       kind: SpanKind.PRODUCER,
       attributes: {
         [ATTR.messagingSystem]: 'bullmq', [ATTR.messagingOperationType]: 'send', [ATTR.messagingOperationName]: 'send',
         [ATTR.messagingDestinationName]: RUN_QUEUE, [ATTR.messagingMessageId]: data.run_id, 'agentplane.pool.id': data.pool_id,
       },
-    }, () => this.add(data));
+    }, () => this.add(data, rank));
   }
 
-  private async add(data: Omit<RunJobData, 'rank' | 'enqueued_at_ms' | 'trace'>): Promise<RunJobData> {
+  private async add(data: Omit<RunJobData, 'rank' | 'enqueued_at_ms' | 'trace'>, ranked?: number): Promise<RunJobData> {
     const trace = injectTrace();
-    const rank = Number(await RANK.run(this.connection, [fairKey(data.pool_id, data.workspace_id)], [data.run_id, Date.now()]));
+    const rank = ranked ?? (await this.rank(data.pool_id, data.workspace_id, data.run_id));
     const full: RunJobData = { ...data, rank, enqueued_at_ms: Date.now(), ...(trace ? { trace } : {}) };
     const opts: JobsOptions = {
       jobId: data.run_id,

@@ -7,7 +7,7 @@ import type { VersionedStore } from '../versioned.js';
 import type { Environment } from '../environments/model.js';
 import { sandboxProfileStore, sandboxVersion, type SandboxProfile } from '../deployments/profiles.js';
 import type { RunnerService } from '../runners/service.js';
-import type { RunDoc } from '../sessions/model.js';
+import type { RunDoc, SessionDoc } from '../sessions/model.js';
 import type { SessionStore } from '../sessions/store.js';
 import type { TurnScheduler } from '../sessions/turns.js';
 import type { RunLifecycle } from './lifecycle.js';
@@ -44,6 +44,8 @@ export class RunEngine implements TurnScheduler {
   private readonly requirements = new BoundedCache<string, RunRequirements>(CACHE_ENTRIES);
   /** Workspace → its default pool id: claimed once (HSETNX) and never reassigned. */
   private readonly defaultPools = new BoundedCache<string, string>(CACHE_ENTRIES);
+  /** Fair-share ranks taken beside a turn start's intent (`runStarting`), by Run id, until its enqueue. */
+  private readonly ranks = new BoundedCache<string, { poolId: string; workspaceId: string; rank: Promise<number> }>(CACHE_ENTRIES, { maxAgeMs: 60_000 });
 
   constructor(private readonly d: RunEngineDeps) {
     this.fence = new LeaseFence(d.redis);
@@ -52,8 +54,30 @@ export class RunEngine implements TurnScheduler {
     this.sandboxProfiles = sandboxProfileStore(d.redis);
   }
 
-  runStarting(sessionId: string, runId: string): Promise<void> {
+  /**
+   * With the Session at hand, the Run's fair-share rank is taken beside the intent, so the job
+   * is added right after the commit (one round trip fewer before the scheduler can take it).
+   */
+  runStarting(sessionId: string, runId: string, session?: Pick<SessionDoc, 'workspace_id' | 'agent_deployment'>): Promise<void> {
+    if (session) {
+      const pinned = session.agent_deployment?.runner_pool_id ?? null;
+      const ws = session.workspace_id;
+      const poolId = pinned ?? this.defaultPools.get(ws);
+      // Only when the pool is known without a read (the read would cost the round trip saved).
+      if (poolId) {
+        const rank = this.d.queues.rank(poolId, ws, runId);
+        rank.catch(() => undefined);
+        this.ranks.set(runId, { poolId, workspaceId: ws, rank });
+      }
+    }
     return this.outbox.add(sessionId, runId);
+  }
+
+  /** The start announced under `runId` did not happen: its rank goes at once (its intent is dropped by the repair). */
+  runNotStarting(runId: string, taken = this.ranks.get(runId)): void {
+    if (!taken) return;
+    this.ranks.delete(runId);
+    void taken.rank.then(() => this.d.queues.dequeued(taken.poolId, taken.workspaceId, runId)).catch(() => undefined);
   }
 
   private async requirementsOf(run: RunDoc): Promise<RunRequirements> {
@@ -83,6 +107,11 @@ export class RunEngine implements TurnScheduler {
     // A Run under a deployment revision goes to the pool the revision names; others to the default pool.
     const pinned = run.agent_deployment?.runner_pool_id ?? null;
     const [requirements, poolId] = await Promise.all([this.requirementsOf(run), pinned ?? this.defaultPoolId(run.workspace_id)]);
+    const taken = this.ranks.get(run.id);
+    if (taken) this.ranks.delete(run.id);
+    const mine = taken !== undefined && taken.poolId === poolId && taken.workspaceId === run.workspace_id;
+    if (taken && !mine) this.runNotStarting(run.id, taken);
+    const rank = mine ? await taken.rank.catch(() => undefined) : undefined;
     await Promise.all([
       this.d.queues.enqueue({
         run_id: run.id,
@@ -92,7 +121,7 @@ export class RunEngine implements TurnScheduler {
         pool_id: poolId,
         requirements,
         accepted_at_ms: Date.parse(run.created_at),
-      }),
+      }, rank),
       this.d.redis.hset(runSessionsKey(run.workspace_id), run.id, run.session_id),
       markPoolActive(this.d.redis, poolId, run.workspace_id),
     ]);

@@ -135,27 +135,35 @@ describe('turn start', () => {
     const store = new SessionStore(redis);
     const rec = recording();
     const intents: string[] = [];
-    const runtime = new ThreadRuntime(store, () => ({ ...rec.scheduler, runStarting: async (_session, runId) => void intents.push(runId) }));
+    const dropped: string[] = [];
+    const runtime = new ThreadRuntime(store, () => ({
+      ...rec.scheduler,
+      // The Session comes with the intent (the scheduler takes the Run's fair-share rank beside it).
+      runStarting: async (_sessionId, runId, withSession) => void intents.push(`${runId}@${withSession?.id}`),
+      runNotStarting: (runId) => void dropped.push(runId),
+    }));
     const { session, threadId } = await idleSession(store);
     const idle = await store.thread(session.id, threadId);
-    const intent = runtime.intendStart(session.id, idle);
+    const intent = runtime.intendStart(session, idle);
     if (!intent) throw new Error('an idle thread gets an intent');
     // As the drive path's append script: the message queued, the thread and the queue read back.
     const msg = newId('event');
     const seen = await store.enqueueInput(session.id, threadId, msg);
     const { run } = await runtime.submitUserMessage(session, threadId, msg, { queued: true, thread: seen, queue: [msg], intent });
     expect(run).toMatchObject({ id: intent.runId, input_event_ids: [msg] });
-    expect(intents).toEqual([intent.runId]); // recorded once, before the commit
+    expect(intents).toEqual([`${intent.runId}@${session.id}`]); // recorded once, before the commit
     expect(rec.queued).toEqual([run]);
+    expect(dropped).toEqual([]);
 
     // Running now: no intent for it. One made from the stale idle copy starts nothing; the
     // message waits in the queue for the turn end, and the intent is left for the enqueue repair.
-    expect(runtime.intendStart(session.id, await store.thread(session.id, threadId))).toBeUndefined();
-    const stale = runtime.intendStart(session.id, idle);
+    expect(runtime.intendStart(session, await store.thread(session.id, threadId))).toBeUndefined();
+    const stale = runtime.intendStart(session, idle);
     const next = newId('event');
     const busy = await store.enqueueInput(session.id, threadId, next);
     expect(await runtime.submitUserMessage(session, threadId, next, { queued: true, thread: busy, queue: [next], ...(stale ? { intent: stale } : {}) })).toEqual({ run: null });
     expect(rec.queued).toEqual([run]);
+    expect(dropped).toEqual([stale?.runId]); // what was taken for it is given back at once
     expect(await store.queuedInputs(session.id, threadId)).toEqual([next]);
     expect(await redis.zcard(keys.index(tags.session(session.id), 'runs'))).toBe(1);
   });

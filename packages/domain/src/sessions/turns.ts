@@ -14,7 +14,9 @@ export interface TurnScheduler {
    * A turn is about to start with this Run id (before the Run is committed): lets the scheduler
    * record its intent, so a crash between the commit and `runQueued` is repaired.
    */
-  runStarting?(sessionId: string, runId: string): Promise<void>;
+  runStarting?(sessionId: string, runId: string, session?: SessionDoc): Promise<void>;
+  /** The start announced under `runId` did not happen (no Run was committed under it). */
+  runNotStarting?(runId: string): void;
   /** A turn started: `run` (as just written, version 1) was recorded as `queued` in the Session slot. */
   runQueued(run: RunDoc): Promise<void>;
   /** `user.interrupt` on a thread whose turn is active. */
@@ -107,6 +109,8 @@ export class ThreadRuntime {
     let seen = options.thread ?? null;
     if (eventId !== null && !options.queued) seen = await this.store.enqueueInput(session.id, threadId, eventId);
     if (seen) {
+      const unused = options.intent;
+      if (unused && (seen.status === 'terminated' || !startable(seen))) this.scheduler().runNotStarting?.(unused.runId);
       if (seen.status === 'terminated') throw new ApiError('runtime.invalid_transition', 'the thread is terminated');
       if (!startable(seen)) return { run: null };
     }
@@ -116,14 +120,15 @@ export class ThreadRuntime {
       // start that will be tried: a message into a busy thread costs no write. A message just
       // queued makes a start likely: the intent and the queue read go out together (the drive
       // path recorded it beside its append, and its append script returned the queue).
-      const announce = () => this.scheduler().runStarting?.(session.id, runId);
-      const [queued] = await Promise.all([
-        (attempt === 0 ? options.queue : undefined) ?? this.store.queuedInputs(session.id, threadId),
-        eventId !== null && attempt === 0 ? (options.intent?.recorded ?? announce()) : undefined,
-      ]);
-      if (queued.length === 0 && (seen === null || (seen._queued_inputs ?? []).length === 0)) return { run: null };
-      if (eventId === null || attempt > 0) await announce();
+      const announce = () => this.scheduler().runStarting?.(session.id, runId, session);
+      let started = false;
       try {
+        const [queued] = await Promise.all([
+          (attempt === 0 ? options.queue : undefined) ?? this.store.queuedInputs(session.id, threadId),
+          eventId !== null && attempt === 0 ? (options.intent?.recorded ?? announce()) : undefined,
+        ]);
+        if (queued.length === 0 && (seen === null || (seen._queued_inputs ?? []).length === 0)) return { run: null };
+        if (eventId === null || attempt > 0) await announce();
         const { run } = await this.store.startTurn(session, threadId, (t) => {
           if (t.status === 'terminated') throw new ApiError('runtime.invalid_transition', 'the thread is terminated');
           const legacy = t._queued_inputs ?? [];
@@ -134,11 +139,16 @@ export class ThreadRuntime {
           };
         });
         if (!run) return { run: null };
+        started = true;
         await this.scheduler().runQueued(run);
         return { run };
       } catch (err) {
         if (err instanceof InputQueueMoved) continue;
         throw err;
+      } finally {
+        // What the scheduler took for this start ahead of the commit (a fair-share rank) goes
+        // when no Run was committed under it.
+        if (!started) this.scheduler().runNotStarting?.(runId);
       }
     }
     throw new ApiError('validation.conflict', 'too much contention on this thread; the message is queued and starts with the next turn');
@@ -151,10 +161,10 @@ export class ThreadRuntime {
    * cannot start a turn now. An intent whose turn never starts is dropped by the enqueue repair
    * (it finds no Run committed under it).
    */
-  intendStart(sessionId: string, thread: ThreadDoc): TurnIntent | undefined {
+  intendStart(session: SessionDoc, thread: ThreadDoc): TurnIntent | undefined {
     if (!startable(thread)) return undefined;
     const runId = newId('run');
-    const recorded = Promise.resolve(this.scheduler().runStarting?.(sessionId, runId));
+    const recorded = Promise.resolve(this.scheduler().runStarting?.(session.id, runId, session));
     recorded.catch(() => undefined);
     return { runId, recorded };
   }
