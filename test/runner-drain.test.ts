@@ -3,7 +3,7 @@ import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { RUNNER_CLI } from './harness/daemon.js';
+import { DAEMON_READY_MS, RUNNER_CLI, WITH_DAEMON_MS } from './harness/daemon.js';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
 
 /**
@@ -51,7 +51,7 @@ async function statusOf(runnerId: string): Promise<string | undefined> {
   return r.data.find((x) => x.runner === runnerId)?.status;
 }
 const waitStatus = (runnerId: string, want: string | undefined) =>
-  waitFor(`runner ${want ?? 'gone'}`, async () => ((await statusOf(runnerId)) === want ? true : undefined), 15_000);
+  waitFor(`runner ${want ?? 'gone'}`, async () => ((await statusOf(runnerId)) === want ? true : undefined), DAEMON_READY_MS);
 
 describe('drain and resume through the API', () => {
   it('a drained runner stays connected and idle; resume makes it ready again', async () => {
@@ -69,7 +69,7 @@ describe('drain and resume through the API', () => {
     expect(d.exitCode).toBeNull();
     // Resuming a runner that is not drained is a no-op, not an error.
     expect((await p.root.request('POST', `/v1/runners/${runnerId}/resume`)).status).toBe(200);
-  });
+  }, WITH_DAEMON_MS);
 
   it('with --exit-when-drained the idle daemon leaves; a resume clears the drain for its next start', async () => {
     const { dir, runnerId } = await paired('exit-box');
@@ -85,7 +85,7 @@ describe('drain and resume through the API', () => {
     expect((await p.root.request('POST', `/v1/runners/${runnerId}/resume`)).status).toBe(200);
     start(dir, ['--exit-when-drained']);
     await waitStatus(runnerId, 'ready');
-  });
+  }, WITH_DAEMON_MS + DAEMON_READY_MS);
 
   it('a pool resume brings its connected runners back, except one drained on its own', async () => {
     const pool = await p.root.post<{ id: string }>('/v1/runner-pools', { name: 'resume-pool', placement: 'byoc' });
@@ -106,7 +106,7 @@ describe('drain and resume through the API', () => {
     expect(await statusOf(b.runnerId)).toBe('draining');
     expect((await p.root.request('POST', `/v1/runners/${b.runnerId}/resume`)).status).toBe(200);
     await waitStatus(b.runnerId, 'ready');
-  });
+  }, WITH_DAEMON_MS);
 
   it('a SIGTERM drain is the operator leaving: a resume does not undo it', async () => {
     const { dir, runnerId } = await paired('term-box');
@@ -116,7 +116,7 @@ describe('drain and resume through the API', () => {
     d.kill('SIGTERM');
     await p.root.request('POST', `/v1/runners/${runnerId}/resume`);
     expect(await exited).toBe(0);
-  });
+  }, WITH_DAEMON_MS);
 
   it('errors: an unknown runner is 404, a wrong id prefix 400', async () => {
     const unknown = await p.root.request('POST', `/v1/runners/runner_${'0'.repeat(32)}/resume`);

@@ -1,7 +1,7 @@
 import type { ChildProcess } from 'node:child_process';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { HttpClient } from '@agentplane/client';
-import { pairDaemon, startDaemon } from './harness/daemon.js';
+import { DAEMON_READY_MS, pairDaemon, startDaemon } from './harness/daemon.js';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
 
 /**
@@ -35,7 +35,7 @@ afterAll(async () => {
 async function daemon(dir: string, runnerId: string): Promise<ChildProcess> {
   const proc = startDaemon(dir);
   daemons.push(proc);
-  await waitFor('runner ready', async () => ((await api.get<{ data: { runner: string; status: string }[] }>('/v1/runner-pools/presences')).data.some((x) => x.runner === runnerId && x.status === 'ready') ? true : undefined), 30_000);
+  await waitFor('runner ready', async () => ((await api.get<{ data: { runner: string; status: string }[] }>('/v1/runner-pools/presences')).data.some((x) => x.runner === runnerId && x.status === 'ready') ? true : undefined), DAEMON_READY_MS);
   return proc;
 }
 
@@ -84,5 +84,5 @@ describe('a runner restarted mid-Run', () => {
     expect(runs).toHaveLength(1);
     expect(runs[0]?.status).toBe('succeeded');
     expect(runs[0]?.attempts.map((a) => a.runner_id)).toEqual([runnerId, runnerId]);
-  }, 150_000);
+  }, 150_000 + DAEMON_READY_MS);
 });

@@ -8,6 +8,7 @@ import { connectRedis, freePort, keys, tags, type Redis } from '@agentplane/stor
 import { frame, type RunnerPresence } from '@agentplane/protocol';
 import { deliverToRunner, PresenceStore } from '@agentplane/gateway';
 import { ROOT_DIR, startPlatform, waitFor, type Platform } from './harness/platform.js';
+import { DAEMON_READY_MS, WITH_DAEMON_MS } from './harness/daemon.js';
 import { connectRawRunner, runnerConnectUrl, welcomeOf, type RawRunner } from './harness/raw-runner.js';
 
 const CLI = join(ROOT_DIR, 'runner-daemon/dist/cli.js');
@@ -195,7 +196,7 @@ describe('runner daemon, gateway and presence', () => {
     const pres = await waitFor('presence', async () => {
       const x = await presenceOf(runnerId);
       return x?.status === 'ready' ? x : undefined;
-    }, 15_000);
+    }, DAEMON_READY_MS);
     expect(pres.generation).toBeGreaterThanOrEqual(1);
     expect(pres.owner).toEqual({ principal, machine_label: 'workstation' });
     expect(pres.capabilities.protocol_versions).toEqual([1]);
@@ -250,12 +251,12 @@ describe('runner daemon, gateway and presence', () => {
     expect(await presenceOf(runnerId)).toBeDefined();
     await waitFor('presence to expire', async () => ((await presenceOf(runnerId)) ? undefined : true), 10_000);
     expect(Date.now() - killedAt).toBeGreaterThanOrEqual(TTL_MS - HEARTBEAT_MS - 200);
-  });
+  }, WITH_DAEMON_MS);
 
   it('survives an API restart: the daemon reconnects with a new generation', async () => {
     const { dir, runnerId } = await pairedDaemonDir(await newPrincipal(), 'restart-box');
     startDaemon(dir);
-    const first = await waitFor('presence', async () => ((await presenceOf(runnerId))?.status === 'ready' ? (await presenceOf(runnerId))! : undefined), 15_000);
+    const first = await waitFor('presence', async () => ((await presenceOf(runnerId))?.status === 'ready' ? (await presenceOf(runnerId))! : undefined), DAEMON_READY_MS);
     const apiPid = p.pids().api!;
     process.kill(apiPid, 'SIGKILL');
     const next = await waitFor('reconnect', async () => {
@@ -270,7 +271,7 @@ describe('runner daemon, gateway and presence', () => {
     }, 30_000);
     expect(next.generation).toBe(first.generation + 1);
     expect(next.status).toBe('ready');
-  });
+  }, WITH_DAEMON_MS);
 
   it('closes the socket within seconds when the credential is revoked or the owner Principal suspended', async () => {
     const principal = await newPrincipal();
@@ -391,7 +392,7 @@ describe('leases through the gateway (delivery interface) and SIGTERM drain', ()
   it('delivers an offer from another process via the node channel; SIGTERM finishes held work, then exits', async () => {
     const { dir, runnerId } = await pairedToGateway('lease-box');
     const daemon = startDaemon(dir);
-    await waitFor('presence', async () => ((await presenceOf(runnerId))?.status === 'ready' ? true : undefined), 15_000);
+    await waitFor('presence', async () => ((await presenceOf(runnerId))?.status === 'ready' ? true : undefined), DAEMON_READY_MS);
     const accepts = await frameCount('in', 'lease.accept');
     const completes = await frameCount('in', 'lease.complete');
     const renewals = await frameCount('in', 'lease.heartbeat');
@@ -406,12 +407,12 @@ describe('leases through the gateway (delivery interface) and SIGTERM drain', ()
     expect(await frameCount('in', 'lease.heartbeat')).toBeGreaterThan(renewals); // renewed at a third of the TTL
     // An offer for a runner nobody holds is not delivered.
     expect(await deliverToRunner(redis, ws, `runner_${'9'.repeat(32)}`, offer('lease-x', 0))).toBe(false);
-  });
+  }, WITH_DAEMON_MS);
 
   it('an offer sent to a stale node hint is forwarded once to the node holding the socket; a dead hint falls back to the presence', async () => {
     const { dir, runnerId } = await pairedToGateway('hint-box');
     const daemon = startDaemon(dir);
-    await waitFor('presence', async () => ((await presenceOf(runnerId))?.status === 'ready' ? true : undefined), 15_000);
+    await waitFor('presence', async () => ((await presenceOf(runnerId))?.status === 'ready' ? true : undefined), DAEMON_READY_MS);
     const route = (await new PresenceStore(redis).get(ws, runnerId))?.route.node_id;
     // The API's own gateway node is live but does not hold this runner's socket.
     const nodes = ((await redis.pubsub('CHANNELS', 'ap:gateway:node:*')) as string[]).map((c) => c.slice('ap:gateway:node:'.length));
@@ -448,12 +449,12 @@ describe('leases through the gateway (delivery interface) and SIGTERM drain', ()
     expect(await exited).toBe(0);
     expect(await frameCount('in', 'lease.accept')).toBe(accepts + 3);
     expect(await frameCount('in', 'lease.complete')).toBe(completes + 3);
-  });
+  }, WITH_DAEMON_MS);
 
   it('a second SIGTERM cancels held work (lease.fail) and the daemon exits', async () => {
     const { dir, runnerId } = await pairedToGateway('cancel-box');
     const daemon = startDaemon(dir);
-    await waitFor('presence', async () => ((await presenceOf(runnerId))?.status === 'ready' ? true : undefined), 15_000);
+    await waitFor('presence', async () => ((await presenceOf(runnerId))?.status === 'ready' ? true : undefined), DAEMON_READY_MS);
     const accepts = await frameCount('in', 'lease.accept');
     const fails = await frameCount('in', 'lease.fail');
     expect(await deliverToRunner(redis, ws, runnerId, offer('lease-b', 600_000))).toBe(true);
@@ -466,7 +467,7 @@ describe('leases through the gateway (delivery interface) and SIGTERM drain', ()
     expect(await exited).toBe(0);
     expect(Date.now() - t0).toBeLessThan(5000);
     expect(await frameCount('in', 'lease.fail')).toBe(fails + 1);
-  });
+  }, WITH_DAEMON_MS);
 });
 
 describe('npm start', () => {

@@ -6,7 +6,7 @@ import { Redis } from 'ioredis';
 import { queuePrefix, RUN_QUEUE } from '@agentplane/lease';
 import { EnqueueOutbox, SessionStore, ThreadRuntime, type TurnScheduler } from '@agentplane/domain';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
-import { pairDaemon, startDaemon } from './harness/daemon.js';
+import { DAEMON_READY_MS, pairDaemon, startDaemon, WITH_DAEMON_MS } from './harness/daemon.js';
 import Docker from 'dockerode';
 
 /**
@@ -50,7 +50,7 @@ async function daemon(label: string, existing?: { dir: string; runnerId: string 
   const proc = startDaemon(dir, ['--sandbox-report-seconds', '1']);
   daemons.push(proc);
   byRunner.set(runnerId, proc);
-  await waitFor(`${label} ready`, async () => ((await api.get<{ data: { runner: string; status: string }[] }>('/v1/runner-pools/presences')).data.some((x) => x.runner === runnerId && x.status === 'ready') ? true : undefined), 30_000);
+  await waitFor(`${label} ready`, async () => ((await api.get<{ data: { runner: string; status: string }[] }>('/v1/runner-pools/presences')).data.some((x) => x.runner === runnerId && x.status === 'ready') ? true : undefined), DAEMON_READY_MS);
   return { proc, runnerId, dir };
 }
 
@@ -118,7 +118,7 @@ describe('crash paths', () => {
         return left.containers === 0 && left.volumes === 0 ? true : undefined;
       }, 20_000);
     }
-  }, 120_000);
+  }, WITH_DAEMON_MS + 2 * DAEMON_READY_MS);
 
   it('the scheduler dies after BullMQ moved a lost lease back to wait, before it recorded the loss: the reschedule is still recorded once, before the next attempt', async () => {
     await Promise.all([daemon('box-c'), daemon('box-d')]);
@@ -184,7 +184,7 @@ describe('crash paths', () => {
         // already gone
       }
     }
-  });
+  }, WITH_DAEMON_MS);
 
   it('the API dies between the turn start and the enqueue: the scheduler enqueues the Run, and the turn completes', async () => {
     await daemon('box-outbox');
@@ -218,7 +218,7 @@ describe('crash paths', () => {
     } finally {
       redis.disconnect();
     }
-  });
+  }, WITH_DAEMON_MS);
 
   it('kill -9 the scheduler: queued Runs are not lost and are leased once it is back', async () => {
     const before = p.pids().scheduler as number;
@@ -311,5 +311,5 @@ describe('crash paths', () => {
     const id = await turn([{ then: [{ reply: 'redis came back' }] }]);
     const evs = await waitEvents(id, (e) => e.some((x) => x.type === 'session.status_idle'), 40_000);
     expect(JSON.stringify(evs.filter((e) => e.type === 'agent.message'))).toContain('redis came back');
-  });
+  }, WITH_DAEMON_MS);
 });

@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { HttpClient } from '@agentplane/client';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
 import { customToolRoundTrip, idleCount, SCRIPT, startTurnPlatform, untilEvents, type Json, type TurnEvent, type TurnPlatform } from './harness/turns.js';
-import { pairDaemon, startDaemon } from './harness/daemon.js';
+import { DAEMON_READY_MS, pairDaemon, startDaemon, WITH_DAEMON_MS } from './harness/daemon.js';
 import { startMcpUpstream } from './harness/mcp-upstream.js';
 
 /**
@@ -188,7 +188,7 @@ describe('runner drain with held work (SIGTERM)', () => {
     const daemon = startDaemon(dir);
     const exited = new Promise<number | null>((r) => daemon.once('exit', (code) => r(code)));
     try {
-      await waitFor('ready runner', async () => ((await q.root.get<{ data: { runner: string; status: string }[] }>('/v1/runner-pools/presences')).data.some((x) => x.runner === runnerId && x.status === 'ready') ? true : undefined), 30_000);
+      await waitFor('ready runner', async () => ((await q.root.get<{ data: { runner: string; status: string }[] }>('/v1/runner-pools/presences')).data.some((x) => x.runner === runnerId && x.status === 'ready') ? true : undefined), DAEMON_READY_MS);
       const id = await sleepyTurn(3);
       await waitEvents(id, (evs) => evs.some((e) => e.type === 'agent.tool_use'));
       daemon.kill('SIGTERM');
@@ -201,14 +201,14 @@ describe('runner drain with held work (SIGTERM)', () => {
     } finally {
       daemon.kill('SIGKILL');
     }
-  });
+  }, WITH_DAEMON_MS);
 
   it('a second SIGTERM cancels held work and the daemon exits at once', async () => {
     const { dir, runnerId } = await pairDaemon(q, owner, 'cancel-box');
     const daemon = startDaemon(dir);
     const exited = new Promise<number | null>((r) => daemon.once('exit', (code) => r(code)));
     try {
-      await waitFor('ready runner', async () => ((await q.root.get<{ data: { runner: string; status: string }[] }>('/v1/runner-pools/presences')).data.some((x) => x.runner === runnerId && x.status === 'ready') ? true : undefined), 30_000);
+      await waitFor('ready runner', async () => ((await q.root.get<{ data: { runner: string; status: string }[] }>('/v1/runner-pools/presences')).data.some((x) => x.runner === runnerId && x.status === 'ready') ? true : undefined), DAEMON_READY_MS);
       const id = await sleepyTurn(600);
       await waitEvents(id, (evs) => evs.some((e) => e.type === 'agent.tool_use'));
       daemon.kill('SIGTERM');
@@ -220,7 +220,7 @@ describe('runner drain with held work (SIGTERM)', () => {
     } finally {
       daemon.kill('SIGKILL');
     }
-  });
+  }, WITH_DAEMON_MS);
 });
 
 describe('a brief disconnect inside the lease', () => {

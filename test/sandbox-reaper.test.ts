@@ -3,7 +3,7 @@ import { randomBytes } from 'node:crypto';
 import { mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, onTestFinished } from 'vitest';
 import Docker from 'dockerode';
 import type { HttpClient } from '@agentplane/client';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
@@ -125,6 +125,9 @@ describe('sandboxes that outlive their platform', () => {
 
     const p2 = await startPlatform({ runner: true, scheduler: true, dataDir, env: ENV, startTimeoutMs: 180_000 });
     platforms.push(p2);
+    // Stopped when this test ends, passed or not: its runner reaps every sandbox of this scope
+    // whose runner it does not know, and the next tests' runners are such runners.
+    onTestFinished(() => p2.stop());
     // Said once at start, with the command that prunes them.
     const notice = await waitFor('the earlier-platform notice', () => {
       const found = logLines(p2).filter((l) => typeof l.msg === 'string' && l.msg.includes('of an earlier platform'));
@@ -138,13 +141,16 @@ describe('sandboxes that outlive their platform', () => {
       const left = await managed(oldRunner);
       return left.containers.length === 0 && left.volumes.length === 0 ? true : undefined;
     }, 90_000);
-    const reaped = logLines(p2).filter((l) => typeof l.msg === 'string' && l.msg.startsWith('reaped the') && l.runner === oldRunner);
+    // Each removal is logged after Docker reports it: the lines may trail the removals a little.
+    const reaped = await waitFor('a log line per reaped container and volume', () => {
+      const lines = logLines(p2).filter((l) => typeof l.msg === 'string' && l.msg.startsWith('reaped the') && l.runner === oldRunner);
+      return lines.length >= 2 * sessions.length ? lines : undefined;
+    }, 30_000);
     expect(reaped.map((l) => `${String(l.kind)}:${String(l.session)}`).sort()).toEqual(
       [...sessions.map((s) => `container:${s}`), ...sessions.map((s) => `volume:${s}`)].sort(),
     );
     expect(reaped.every((l) => l.reason === 'credential_gone')).toBe(true);
     expect(await plainAlive()).toBe(true);
-    await p2.stop();
   }, 480_000);
 });
 

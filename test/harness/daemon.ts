@@ -6,6 +6,16 @@ import { ROOT_DIR, waitFor, type Platform } from './platform.js';
 
 export const RUNNER_CLI = join(ROOT_DIR, 'runner-daemon/dist/cli.js');
 
+/**
+ * How long a test waits for a started daemon to be ready. Before it connects, a daemon checks its
+ * sandbox image, reaps sandboxes of an earlier life and runs a canary sandbox under every
+ * isolation tier it would claim: about ten seconds on an idle 2-core machine, several times that
+ * while other suites load Docker. A daemon that never connects still fails the wait.
+ */
+export const DAEMON_READY_MS = 90_000;
+/** A test timeout with room for a daemon start (`DAEMON_READY_MS`) and the test's own work. */
+export const WITH_DAEMON_MS = DAEMON_READY_MS + 90_000;
+
 /** Pair a fresh runner config dir with a single-use code for `principal`, as a person would. */
 export async function pairDaemon(p: Platform, principal: string, label: string): Promise<{ dir: string; runnerId: string }> {
   const r = await p.root.request<{ code: string }>('POST', '/v1/runner-pairings', {
