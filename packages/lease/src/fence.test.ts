@@ -1,27 +1,13 @@
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { connectRedis, EventLog, startEmbeddedRedis, type EmbeddedRedis, type Redis } from '@agentplane/store';
+import { describe, expect, it } from 'vitest';
+import { EventLog } from '@agentplane/store';
 import { LeaseFence } from './fence.js';
+import { useEmbeddedRedis } from './redis.test-support.js';
 
-let server: EmbeddedRedis;
-let redis: Redis;
-let dir: string;
-
-beforeAll(async () => {
-  dir = mkdtempSync(join(tmpdir(), 'fence-'));
-  server = await startEmbeddedRedis({ dir });
-  redis = connectRedis(server.url, { name: 'test' });
-});
-afterAll(async () => {
-  redis?.disconnect();
-  await server?.stop();
-  rmSync(dir, { recursive: true, force: true });
-});
+const redisOf = useEmbeddedRedis('fence');
 
 describe('lease fences of one Session', () => {
   it('holds one fence per Run side by side; a newer attempt of a Run drops the older token; appends check their own token', async () => {
+    const redis = redisOf();
     const fence = new LeaseFence(redis);
     const log = new EventLog(redis);
     const s = `sess_${'a'.repeat(32)}`;

@@ -1,26 +1,10 @@
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { connectRedis, startEmbeddedRedis, type EmbeddedRedis, type Redis } from '@agentplane/store';
+import { describe, expect, it } from 'vitest';
 import { DEFAULT_LEASE_CONFIG } from './config.js';
 import { queuePrefix, RunQueues } from './queues.js';
+import { useEmbeddedRedis } from './redis.test-support.js';
 import type { RunRequirements } from './requirements.js';
 
-let server: EmbeddedRedis;
-let redis: Redis;
-let dir: string;
-
-beforeAll(async () => {
-  dir = mkdtempSync(join(tmpdir(), 'queues-'));
-  server = await startEmbeddedRedis({ dir });
-  redis = connectRedis(server.url, { name: 'test' });
-});
-afterAll(async () => {
-  redis?.disconnect();
-  await server?.stop();
-  rmSync(dir, { recursive: true, force: true });
-});
+const redisOf = useEmbeddedRedis('queues');
 
 const POOL = 'rpool_ranks';
 const WS = 'wrkspc_ranks';
@@ -29,6 +13,7 @@ const job = (run: string) => ({ run_id: run, session_id: 'sess_x', thread_id: 's
 
 describe('fair-share ranks taken ahead of the enqueue', () => {
   it('a rank taken ahead is the job priority; ranks whose Run never got a job are pruned once old enough, the others kept', async () => {
+    const redis = redisOf();
     const queues = new RunQueues(redis, DEFAULT_LEASE_CONFIG);
     // Taken ahead, then enqueued with it: the job carries that rank, nothing is ranked twice.
     const ahead = await queues.rank(POOL, WS, 'run_a');

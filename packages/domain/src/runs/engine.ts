@@ -74,9 +74,8 @@ export class RunEngine implements TurnScheduler {
   }
 
   /** The start announced under `runId` did not happen: its rank goes at once (its intent is dropped by the repair). */
-  runNotStarting(runId: string, taken = this.ranks.get(runId)): void {
+  runNotStarting(runId: string, taken = this.ranks.take(runId)): void {
     if (!taken) return;
-    this.ranks.delete(runId);
     void taken.rank.then(() => this.d.queues.dequeued(taken.poolId, taken.workspaceId, runId)).catch(() => undefined);
   }
 
@@ -107,8 +106,7 @@ export class RunEngine implements TurnScheduler {
     // A Run under a deployment revision goes to the pool the revision names; others to the default pool.
     const pinned = run.agent_deployment?.runner_pool_id ?? null;
     const [requirements, poolId] = await Promise.all([this.requirementsOf(run), pinned ?? this.defaultPoolId(run.workspace_id)]);
-    const taken = this.ranks.get(run.id);
-    if (taken) this.ranks.delete(run.id);
+    const taken = this.ranks.take(run.id);
     const mine = taken !== undefined && taken.poolId === poolId && taken.workspaceId === run.workspace_id;
     if (taken && !mine) this.runNotStarting(run.id, taken);
     const rank = mine ? await taken.rank.catch(() => undefined) : undefined;

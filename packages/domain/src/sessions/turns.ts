@@ -109,8 +109,8 @@ export class ThreadRuntime {
     let seen = options.thread ?? null;
     if (eventId !== null && !options.queued) seen = await this.store.enqueueInput(session.id, threadId, eventId);
     if (seen) {
-      const unused = options.intent;
-      if (unused && (seen.status === 'terminated' || !startable(seen))) this.scheduler().runNotStarting?.(unused.runId);
+      // A terminated thread is not startable either: the intent's rank goes in both cases.
+      if (options.intent && !startable(seen)) this.scheduler().runNotStarting?.(options.intent.runId);
       if (seen.status === 'terminated') throw new ApiError('runtime.invalid_transition', 'the thread is terminated');
       if (!startable(seen)) return { run: null };
     }
