@@ -20,7 +20,7 @@ interface Ev { seq: number; type: string; payload: Json }
 const SCRIPT = (rules: unknown[]) => `\`\`\`scripted\n${JSON.stringify({ rules })}\n\`\`\``;
 
 beforeAll(async () => {
-  p = await startPlatform({ runner: false, scheduler: true, env: { LEASE_MS: '60000', RUN_BACKOFF_MS: '100', RUNNER_HEARTBEAT_INTERVAL_MS: '1000' } });
+  p = await startPlatform({ runner: false, scheduler: true, env: { LEASE_MS: '120000', RUN_BACKOFF_MS: '100', RUNNER_HEARTBEAT_INTERVAL_MS: '1000' } });
   api = p.root;
   owner = (await api.post<{ id: string }>(`/v1/organizations/workspaces/${p.bootstrap.workspace_id}/principals`, {
     external_subject_id: 'owner', principal_type: 'person', display_name: 'Owner',
@@ -70,9 +70,10 @@ describe('a runner restarted mid-Run', () => {
 
     await daemon(dir, runnerId);
     const restartedAt = Date.now();
-    const resched = await waitEvents(s.id, (e) => e.some((x) => x.type === 'session.thread_status_rescheduled'), 15_000);
-    // Far inside the 60 s lease: only the reconnect could have ended it.
-    expect(Date.now() - restartedAt).toBeLessThan(15_000);
+    // Far inside the 120 s lease: only the reconnect could have ended it (a loaded machine may
+    // take a while to get there, so the bound leaves room without nearing the lease).
+    const resched = await waitEvents(s.id, (e) => e.some((x) => x.type === 'session.thread_status_rescheduled'), 40_000);
+    expect(Date.now() - restartedAt).toBeLessThan(40_000);
     expect(resched.filter((e) => e.type === 'session.thread_status_rescheduled')).toHaveLength(1);
 
     const evs = await waitEvents(s.id, (e) => e.some((x) => x.type === 'session.status_idle'), 40_000);
