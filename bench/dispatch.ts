@@ -19,6 +19,12 @@ const RATES = (process.env.BENCH_RATES ?? '50,200,500,1000').split(',').map(Numb
 const SECONDS = Number(process.env.BENCH_SECONDS ?? 4);
 /** `deployment`: every Session is created against an AgentDeployment revision pinned to the runners' pool. */
 const SESSIONS = process.env.BENCH_SESSIONS === 'deployment' ? 'deployment' : 'plain';
+/**
+ * `BENCH_STREAM_FIRST=1`: each Run's SSE stream is open before its message is sent (a client
+ * that watches before it speaks). Default: the stream opens as the message is sent, so the API
+ * serves both at once.
+ */
+const STREAM_FIRST = process.env.BENCH_STREAM_FIRST === '1';
 
 /** A deployment whose revision pins the default pool (where the simulated runners are) and the split topology. */
 async function deployment(api: HttpClient, ws: string): Promise<string> {
@@ -55,7 +61,11 @@ export async function setup(p: Platform): Promise<{ api: HttpClient; principal: 
   return { api, principal, envId, secrets, newSession: () => api.post<{ id: string }>('/v1/sessions', { agent: { name: 'b', model: 'default' }, environment_id: envId }) };
 }
 
-export interface Level { rate: number; lease: ReturnType<typeof summarize>; visible: ReturnType<typeof summarize>; done: number; sent: number }
+export interface Level {
+  rate: number; lease: ReturnType<typeof summarize>; visible: ReturnType<typeof summarize>;
+  /** message sent → the POST's answer read (the job exists by then; the Run's own record follows). */
+  answered: ReturnType<typeof summarize>; done: number; sent: number;
+}
 
 /** CPU time (user + system, ms) a process has used so far, from /proc (Linux). */
 export function cpuMs(pid: number | undefined): number {
@@ -89,6 +99,7 @@ export async function level(api: HttpClient, principal: string, newSession: () =
   onSending?.();
   const t0 = new Map<string, number>();
   const visible: number[] = [];
+  const acks: number[] = [];
   const waits: Promise<void>[] = [];
   const started = Date.now();
   const body = { type: 'user.message', payload: { content: 'go', authored_by: principal, caused_by: { kind: 'api' } } };
@@ -100,13 +111,18 @@ export async function level(api: HttpClient, principal: string, newSession: () =
     waits.push((async () => {
       const ac = new AbortController();
       const timer = setTimeout(() => ac.abort(), 30_000);
-      const first = client.firstOf(`/v1/sessions/${id}/events/stream`, 'agent.message', ac.signal);
+      let opened: () => void = () => undefined;
+      const open = new Promise<void>((r) => (opened = r));
+      const first = client.firstOf(`/v1/sessions/${id}/events/stream`, 'agent.message', ac.signal, opened);
       // A stream refused while the message is being sent is counted as not done, not a crash.
       first.catch(() => undefined);
+      // A client that watches before it speaks: the message goes once its stream is open.
+      if (STREAM_FIRST) await Promise.race([open, first.catch(() => undefined)]);
       const sentAt = wallMs();
       t0.set(id, sentAt);
       try {
         await client.post(`/v1/sessions/${id}/events`, body);
+        acks.push(wallMs() - sentAt);
         visible.push((await first) - sentAt);
       } catch {
         // refused or timed out: counted as not done
@@ -119,7 +135,7 @@ export async function level(api: HttpClient, principal: string, newSession: () =
   await Promise.all(waits);
   client.close();
   const leaseLat = sessions.filter((s) => leased.has(s) && t0.has(s)).map((s) => (leased.get(s) as number) - (t0.get(s) as number));
-  return { rate, lease: summarize(leaseLat), visible: summarize(visible), done: visible.length, sent: total };
+  return { rate, lease: summarize(leaseLat), visible: summarize(visible), answered: summarize(acks), done: visible.length, sent: total };
 }
 
 /**
@@ -189,7 +205,7 @@ async function floor(redisUrl: string, rate: number): Promise<ReturnType<typeof 
 }
 
 async function main(): Promise<void> {
-  process.stdout.write(`bench:dispatch  ${RUNNERS} simulated runners, rates ${RATES.join('/')} Runs/s, ${SECONDS}s each, ${SESSIONS} Sessions\n`);
+  process.stdout.write(`bench:dispatch  ${RUNNERS} simulated runners, rates ${RATES.join('/')} Runs/s, ${SECONDS}s each, ${SESSIONS} Sessions${STREAM_FIRST ? ', each stream open before its message' : ''}\n`);
   const p = await startPlatform({ scheduler: true, runner: false, env: { LOG_LEVEL: 'warn', RUNNER_HEARTBEAT_INTERVAL_MS: '5000', PAIRING_REDEEM_PER_MINUTE: '100000' } });
   try {
     const { api, principal, secrets, newSession } = await setup(p);
@@ -214,7 +230,7 @@ async function main(): Promise<void> {
       const ours = await level(api, principal, newSession, rate, leased, () => { before = snap(); });
       process.stdout.write(`  CPU ms per Run: ${cpuPerRun(before, snap(), ours.sent)}\n`);
       const fl = await floor(p.redisUrl(), rate);
-      process.stdout.write(`  completed ${ours.done}/${ours.sent}\n`);
+      process.stdout.write(`  completed ${ours.done}/${ours.sent}; message→POST answered p50 ${ours.answered.p50.toFixed(2)} ms, p99 ${ours.answered.p99.toFixed(2)} ms\n`);
       if (ours.done === ours.sent && ours.lease.p99 < 1000) sustainable = rate;
       rows.push(
         { metric: `${rate}/s message→lease p50`, ours: ours.lease.p50, floor: fl.p50, unit: 'ms' },

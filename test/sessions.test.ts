@@ -450,6 +450,32 @@ describe('threads', () => {
     expect(evs.data.map((e) => e.type)).toEqual(['session.thread_status_rescheduled', 'session.status_idle']);
   });
 
+  it('a user.message into a terminated, missing or foreign thread is refused and appends nothing', async () => {
+    const s = await newSession();
+    const other = await newSession();
+    const doc = await sessionDoc(s.id);
+    const otherDoc = await sessionDoc(other.id);
+    const child = await store.spawnChild(doc);
+    await runtime.terminate(doc, child.id);
+    const seq = async () => (await store.log.state(s.id)).seq;
+    const before = await seq();
+    // Sent at once after the change (this API may not have the thread in its read cache yet),
+    // and again: refused both times, by the same error, with nothing appended.
+    for (let i = 0; i < 2; i++) {
+      const dead = await api.request('POST', `/v1/sessions/${s.id}/events`, { body: msg('late', { session_thread_id: child.id }) });
+      expect(dead.status).toBe(409);
+      expect(errType(dead)).toBe('runtime.invalid_transition');
+      const foreign = await api.request('POST', `/v1/sessions/${s.id}/events`, { body: msg('x', { session_thread_id: otherDoc._primary_thread_id }) });
+      expect(foreign.status).toBe(404);
+      expect(errType(foreign)).toBe('validation.not_found');
+    }
+    expect(await seq()).toBe(before);
+    expect(await store.queuedInputs(s.id, child.id)).toEqual([]);
+    // The live primary thread still takes messages.
+    expect((await api.request('POST', `/v1/sessions/${s.id}/events`, { body: msg('hi') })).status).toBe(201);
+    expect(await seq()).toBeGreaterThan(before);
+  });
+
   it('events: after vs page (never both), primary condensed, child complete', async () => {
     const s = await newSession({ initial_events: [msg('a')] });
     const doc = await sessionDoc(s.id);

@@ -45,8 +45,9 @@ export class LightClient {
    * Open an SSE stream and resolve with the time the first event of `type` arrives (an event with
    * an id, whose JSON body's `type` is `type`). Rejects when the stream fails or `signal` aborts.
    */
-  async firstOf(path: string, type: string, signal: AbortSignal): Promise<number> {
+  async firstOf(path: string, type: string, signal: AbortSignal, onOpen?: () => void): Promise<number> {
     const res = await this.open('GET', path, { accept: 'text/event-stream' }, undefined, signal);
+    onOpen?.();
     if (res.statusCode !== 200) {
       res.resume();
       throw new Error(`stream ${path} answered ${res.statusCode}`);

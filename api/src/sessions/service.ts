@@ -321,28 +321,33 @@ export class SessionService {
       throw new ApiError('validation.malformed', 'body.payload: a user.question_answer carries exactly one of answers and declined');
     }
     const threadId = p.session_thread_id ?? session._primary_thread_id;
+    const queue = input.type === 'user.message';
+    // A user.message needs its thread only as this process's read cache holds it now: when the
+    // cache cannot answer at once, the append script itself refuses a missing or terminated
+    // thread (one round trip, not two in a row). Other inputs read it.
+    const known = queue ? this.d.store.peekThread(session.id, threadId) : undefined;
     // The checks are independent reads: made at once, reported in a fixed order (the author,
     // then the thread, then the budget), so a request with several faults always gets the same one.
+    // (A message whose thread was not known is refused for its thread by the append, after the budget.)
     const [author, read, admitted] = await Promise.allSettled([
       this.d.identity.activePrincipal(session.workspace_id, p.authored_by, 'authored_by'),
-      answering ? Promise.resolve(null) : this.d.store.thread(session.id, threadId),
+      answering ? Promise.resolve(null) : queue ? threadKnown(known) : this.d.store.thread(session.id, threadId),
       input.type === 'user.message' || input.type === 'user.define_outcome' ? this.d.admitTurn?.(session) : Promise.resolve(),
     ]);
     if (author.status === 'rejected') throw author.reason;
     if (answering) return this.answer(session, input);
     if (read.status === 'rejected') throw read.reason;
-    const thread = read.value as ThreadDoc;
-    if (thread.status === 'terminated' && (input.type === 'user.message' || input.type === 'user.interrupt')) {
+    const thread = read.value as Readonly<ThreadDoc> | undefined;
+    if (thread?.status === 'terminated' && (input.type === 'user.message' || input.type === 'user.interrupt')) {
       throw new ApiError('runtime.invalid_transition', 'the thread is terminated');
     }
     if (admitted.status === 'rejected') throw admitted.reason;
-    if (input.type === 'user.define_outcome') {
+    if (input.type === 'user.define_outcome' && thread) {
       if (thread.status === 'terminated') throw new ApiError('runtime.invalid_transition', 'the thread is terminated');
       await this.d.outcomes?.admit(session, thread, p);
     }
-    const queue = input.type === 'user.message';
-    // A message into a thread that could start a turn (as last read) records the start's intent
-    // beside the append, not after it.
+    // A message into a thread that could start a turn (as last read, or not known without a
+    // read) records the start's intent beside the append, not after it.
     const intent = queue ? this.d.runtime.intendStart(session, thread) : undefined;
     const { event, thread: seen, queued } = await this.appendOne(session.id, input, threadId, idemKey ? `drive:${sha256Hex(idemKey)}` : undefined, queue);
     // The append script queued the message, read the thread and returned the queue: a busy thread is not written.
@@ -357,10 +362,14 @@ export class SessionService {
     const r = await this.d.store.log.append(
       sessionId,
       [{ type: input.type, payload: input.payload, session_thread_id: threadId, ...(producerKey ? { producer_key: producerKey } : {}) }],
-      queue ? { enqueue: { list: inputQueueKey(sessionId, threadId), peek: keys.doc(tags.session(sessionId), threadId) } } : {},
+      queue ? { enqueue: { list: inputQueueKey(sessionId, threadId), peek: keys.doc(tags.session(sessionId), threadId), refuseStatus: 'terminated' } } : {},
     );
     if (!r.ok) {
       if (r.reason === 'erased') throw new ApiError('validation.not_found', 'the session was deleted and its event log erased');
+      if (r.reason === 'refused') {
+        if (r.detail === 'status') throw new ApiError('runtime.invalid_transition', 'the thread is terminated');
+        throw new ApiError('validation.not_found', 'thread not found');
+      }
       throw new ApiError('runtime.invalid_transition', 'the event log refused the append');
     }
     const ev = r.events[0];
@@ -439,4 +448,10 @@ function withMetered(base: Usage, metered: TokenUsage | null): Usage {
     cache_read_input_tokens: base.cache_read_input_tokens + metered.cached_input_tokens,
     cache_creation_input_tokens: base.cache_creation_input_tokens + metered.cache_write_input_tokens,
   };
+}
+
+/** A thread the read cache answered for: known absent is a 404; undefined (not known) is left to the append. */
+function threadKnown(t: Readonly<ThreadDoc> | null | undefined): Promise<Readonly<ThreadDoc> | undefined> {
+  if (t === null) return Promise.reject(new ApiError('validation.not_found', 'thread not found'));
+  return Promise.resolve(t);
 }

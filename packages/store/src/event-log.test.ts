@@ -194,6 +194,28 @@ describe('event log', () => {
     expect(over.peeked).toBe(JSON.stringify({ id: 'sthr_1', version: 2 }));
   });
 
+  it('append with enqueue and refuseStatus: an absent or refused document appends and queues nothing', async () => {
+    const s = sess();
+    const tag = tags.session(s);
+    const list = keys.scoped(tag, 'inputs:sthr_1');
+    const peek = keys.doc(tag, 'sthr_1');
+    const guarded = { enqueue: { list, peek, refuseStatus: 'terminated' } };
+    const send = () => log.append(s, [{ type: 'user.message', payload: {} }], guarded);
+    expect(await send()).toEqual({ ok: false, reason: 'refused', detail: 'absent' });
+    await redis.set(peek, JSON.stringify({ id: 'sthr_1', version: 1, status: 'terminated', nested: { status: 'idle' } }));
+    expect(await send()).toEqual({ ok: false, reason: 'refused', detail: 'status' });
+    expect((await log.state(s)).seq).toBe(0);
+    expect(await redis.llen(list)).toBe(0);
+    // Only the document's own status counts (not a nested one), and any other status appends.
+    await redis.set(peek, JSON.stringify({ id: 'sthr_1', version: 2, status: 'idle', nested: { status: 'terminated' } }));
+    const ok = await send();
+    expect(ok.ok && ok.queued?.length).toBe(1);
+    expect((await log.state(s)).seq).toBe(1);
+    // An erased log is reported as such, before the document is looked at.
+    await log.erase(s);
+    expect(await send()).toEqual({ ok: false, reason: 'erased' });
+  });
+
   it('update: a guessed current document saves the read and is always checked', async () => {
     const conn = new Redis(server.url);
     const docs = new DocumentStore(conn);

@@ -69,8 +69,12 @@ export interface AppendOptions {
    * (`queued`, when it holds at most `QUEUE_HEAD` ids). Both keys are in the Session's
    * slot. The drive path queues a `user.message` for its thread's next turn this way: no
    * compare-and-swap on the thread, so messages into one busy thread never contend.
+   *
+   * With `refuseStatus`, the same script first checks the `peek` document: nothing is appended
+   * when it is absent (`refused`, `absent`) or its `status` is `refuseStatus` (`refused`,
+   * `status`). The drive path sends a message without reading its thread first this way.
    */
-  enqueue?: { list: string; peek: string };
+  enqueue?: { list: string; peek: string; refuseStatus?: string };
 }
 
 export type AppendResult =
@@ -82,7 +86,9 @@ export type AppendResult =
     queued?: string[];
   }
   | { ok: false; reason: 'erased' }
-  | { ok: false; reason: 'fenced'; detail: 'mismatch' | 'expired' };
+  | { ok: false; reason: 'fenced'; detail: 'mismatch' | 'expired' }
+  /** With `enqueue.refuseStatus`: the peeked document is absent, or its status is the refused one. */
+  | { ok: false; reason: 'refused'; detail: 'absent' | 'status' };
 
 /** A document written by \`EventLog.commit\` (its key and any index key in the Session's slot). */
 export interface CommitDoc {
@@ -246,10 +252,22 @@ end`;
 export const QUEUE_HEAD = 32;
 
 /*
- * KEYS 7 and 8 (optional): the enqueue list and the peeked document (AppendOptions.enqueue).
+ * KEYS 7 and 8 (optional): the enqueue list and the peeked document (AppendOptions.enqueue);
+ * then ARGV's last (after the events) is the refused status ('' for none): an absent peeked
+ * document, or one with that status, refuses the append before anything is written.
  * Then the peeked document and the list's length, and the list itself when it is short.
  */
 const APPEND = new LuaScript('event_log_append', `${APPEND_LUA}
+if KEYS[8] then
+  local refuse = ARGV[6 + tonumber(ARGV[4]) * 4]
+  if refuse and refuse ~= '' then
+    if redis.call('HEXISTS', KEYS[2], 'erased') == 1 then return {'erased'} end
+    local doc = redis.call('GET', KEYS[8])
+    if not doc then return {'refused', 'absent'} end
+    local ok, d = pcall(cjson.decode, doc)
+    if ok and type(d) == 'table' and d['status'] == refuse then return {'refused', 'status'} end
+  end
+end
 local out = append(KEYS, ARGV)
 if KEYS[7] and out[1] == 'ok' then
   local len = 0
@@ -393,6 +411,7 @@ function appendArgs(sessionId: string, events: readonly AppendEvent[], options: 
 function appendResult(r: string[], count: number, peeked = false): AppendResult {
   if (r[0] === 'erased') return { ok: false, reason: 'erased' };
   if (r[0] === 'fenced') return { ok: false, reason: 'fenced', detail: r[1] === 'expired' ? 'expired' : 'mismatch' };
+  if (r[0] === 'refused') return { ok: false, reason: 'refused', detail: r[1] === 'status' ? 'status' : 'absent' };
   const out: LogEvent[] = [];
   const duplicate: boolean[] = [];
   const end = 2 + 2 * count;
@@ -480,8 +499,12 @@ export class EventLog {
       return { ok: true, events: [], duplicate: [], last_seq: st.seq };
     }
     const keyList = logKeys(sessionId);
-    if (options.enqueue) keyList.push(options.enqueue.list, options.enqueue.peek);
-    const r = (await this.runDurably(APPEND, keyList, appendArgs(sessionId, events, options))) as string[];
+    const args = appendArgs(sessionId, events, options);
+    if (options.enqueue) {
+      keyList.push(options.enqueue.list, options.enqueue.peek);
+      args.push(options.enqueue.refuseStatus ?? '');
+    }
+    const r = (await this.runDurably(APPEND, keyList, args)) as string[];
     return appendResult(r, events.length, options.enqueue !== undefined);
   }
 

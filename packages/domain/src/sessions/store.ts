@@ -170,6 +170,16 @@ export class SessionStore {
     return t;
   }
 
+  /**
+   * The thread as this process's read cache holds it now, without waiting: undefined when the
+   * cache cannot answer at once, null when the thread is known to be absent. Shared: never change it.
+   */
+  peekThread(sessionId: string, threadId: string): Readonly<ThreadDoc> | null | undefined {
+    const t = this.docs.peekShared<ThreadDoc>(sessionTag(sessionId), threadId);
+    if (t === undefined) return undefined;
+    return t !== null && t.type === 'session_thread' && t.session_id === sessionId ? t : null;
+  }
+
   async thread(sessionId: string, threadId: string): Promise<ThreadDoc> {
     const t = await this.docs.getCached<ThreadDoc>(sessionTag(sessionId), threadId);
     if (!t || t.type !== 'session_thread' || t.session_id !== sessionId) throw new ApiError('validation.not_found', 'thread not found');

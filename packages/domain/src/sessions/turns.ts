@@ -32,7 +32,7 @@ export interface TurnIntent {
 }
 
 /** A thread that may start a turn now: idle, no Run, no unanswered wait of its generation. */
-function startable(t: ThreadDoc): boolean {
+function startable(t: Readonly<ThreadDoc>): boolean {
   if (t.status !== 'idle' || t._active_run_id !== null) return false;
   return !Object.values(t._waits).some((w) => w.generation === t._wait_generation && w.answered_event_id === null);
 }
@@ -158,11 +158,12 @@ export class ThreadRuntime {
    * The intent to start a turn, recorded before it is known whether the turn starts: the drive
    * path records it beside its append when the thread (as last read) could start one, saving a
    * round trip; `submitUserMessage` then starts the turn under its Run id. None for a thread that
-   * cannot start a turn now. An intent whose turn never starts is dropped by the enqueue repair
-   * (it finds no Run committed under it).
+   * cannot start a turn now. A thread not known without a read (undefined) may start one: the
+   * intent is recorded. An intent whose turn never starts is dropped by the enqueue repair
+   * (it finds no Run committed under it); its fair-share rank goes at once.
    */
-  intendStart(session: SessionDoc, thread: ThreadDoc): TurnIntent | undefined {
-    if (!startable(thread)) return undefined;
+  intendStart(session: SessionDoc, thread: Readonly<ThreadDoc> | undefined): TurnIntent | undefined {
+    if (thread && !startable(thread)) return undefined;
     const runId = newId('run');
     const recorded = Promise.resolve(this.scheduler().runStarting?.(session.id, runId, session));
     recorded.catch(() => undefined);
