@@ -310,9 +310,13 @@ export class AutomationService {
     this.subsCache.delete(ws);
   }
 
-  private async wantsWorkspace(ws: string): Promise<boolean> {
-    if (Date.now() - this.subWorkspaces.at > 1000) this.subWorkspaces = { at: Date.now(), set: new Set(await this.d.store.redis.smembers(automationKeys.subscribers())) };
-    return this.subWorkspaces.set.has(ws);
+  /** Whether the Workspace has subscription Automations (a one-second cache: answered at once while fresh). */
+  private wantsWorkspace(ws: string): boolean | Promise<boolean> {
+    if (Date.now() - this.subWorkspaces.at <= 1000) return this.subWorkspaces.set.has(ws);
+    return this.d.store.redis.smembers(automationKeys.subscribers()).then((members) => {
+      this.subWorkspaces = { at: Date.now(), set: new Set(members) };
+      return this.subWorkspaces.set.has(ws);
+    });
   }
 
   private async subscriptionsOf(ws: string): Promise<AutomationDoc[]> {
@@ -388,8 +392,9 @@ export class AutomationService {
         await this.fail(f, 'start_failed');
       }).catch((e: unknown) => this.d.log.error({ err: e }, 'recording a failed firing failed'));
     });
-    this.d.tap.on((ws) => this.wantsWorkspace(ws), (t) => this.onAppend(t));
-    this.d.tap.on(async () => true, (t) => this.nudgeWatch(t));
+    this.d.tap.on({ wants: (f) => this.wantsWorkspace(f.workspace_id) }, (t) => this.onAppend(t));
+    // A firing's Session, and only the appends that may end its turn.
+    this.d.tap.on({ wants: (f) => f.firing_id !== null, types: TURN_END_TYPES }, (t) => this.nudgeWatch(t));
     this.host.sweepEvery(this.d.sweepIntervalMs, () => this.sweep(), 'firing outbox sweep failed')();
   }
 
@@ -418,6 +423,9 @@ export class AutomationService {
 }
 
 /** Whether an event ends the firing's turn, and how. `requires_action` is a Run boundary, not the end. */
+/** The event types that can end a firing's turn (`turnEnd`). */
+const TURN_END_TYPES = ['session.status_completed', 'session.status_failed', 'session.status_canceled', 'session.status_idle'] as const;
+
 export function turnEnd(type: string, payload: unknown): { outcome: FiringOutcome; stop: string } | null {
   if (type === 'session.status_completed') return { outcome: 'succeeded', stop: 'completed' };
   if (type === 'session.status_failed') return { outcome: 'failed', stop: 'failed' };

@@ -17,28 +17,44 @@ export interface TappedAppend {
 
 export type AppendListener = (a: TappedAppend) => Promise<void>;
 
-interface SessionFacts { workspace_id: string; automation_id: string | null; firing_id: string | null; agent_id: string | null }
+/** What the tap knows of a Session without reading its log. */
+export interface SessionFacts { workspace_id: string; automation_id: string | null; firing_id: string | null; agent_id: string | null }
+
+/** Which appends a listener is handed. */
+export interface TapInterest {
+  /** Asked first, from the Session's facts alone (cheaply, often without a promise). */
+  wants: (facts: SessionFacts) => boolean | Promise<boolean>;
+  /**
+   * Only appends that may hold an event of one of these types (default: every append). An append
+   * whose live message carries its events is tested on the message's text, before any parse; one
+   * that does not (a large append) is always handed over.
+   */
+  types?: readonly string[];
+}
+
+interface Listener { wants: TapInterest['wants']; needles: string[] | null; fn: AppendListener }
 
 /**
  * One pattern subscription per api process to every Session log's live channel
  * (`ap:{s:*}:live`), shared by the webhook deliveries and the subscription triggers. Pub/sub is
  * not durable: listeners that need every event keep their own cursor and sweep the log.
+ *
+ * Every append of every Session reaches every api process here, so an append nobody wants costs
+ * a map lookup and a few substring tests: no parse, no read, no promise.
  */
 export class SessionEventTap {
   private conn: Redis | null = null;
-  private readonly listeners: { wants: (ws: string) => Promise<boolean>; fn: AppendListener }[] = [];
+  private readonly listeners: Listener[] = [];
   private readonly facts = new Map<string, SessionFacts | null>();
 
   constructor(private readonly d: { redis: Redis; docs: DocumentStore; log: EventLog; logger: Logger }) {}
 
-  /** `wants` is asked first (cheaply) whether the Workspace matters to the listener at all. */
-  on(wants: (ws: string) => Promise<boolean>, fn: AppendListener): void {
-    this.listeners.push({ wants, fn });
+  on(interest: TapInterest, fn: AppendListener): void {
+    // An event's own type is written as `"type":"<type>"` in its JSON (a string value's quotes are escaped).
+    this.listeners.push({ wants: interest.wants, needles: interest.types ? interest.types.map((t) => `"type":${JSON.stringify(t)}`) : null, fn });
   }
 
-  private async factsOf(sessionId: string): Promise<SessionFacts | null> {
-    const known = this.facts.get(sessionId);
-    if (known !== undefined) return known;
+  private async readFacts(sessionId: string): Promise<SessionFacts | null> {
     const doc = await this.d.docs.get<{
       id: string; version: number; created_at: string; updated_at: string; workspace_id: string; automation_id?: string; agent?: { id?: string }; metadata?: Record<string, string>;
     }>(tags.session(sessionId), sessionId);
@@ -51,15 +67,33 @@ export class SessionEventTap {
   }
 
   /**
-   * The Session's facts and the listeners' interest come first: a message is parsed only when a
-   * listener wants its Workspace (most appends, in most Workspaces, interest none).
+   * One live message of a Session's log (what the subscription hands over). The Session's facts,
+   * the listeners' interest and the message's text come first: a message is parsed only when a
+   * listener wants it (most appends, in most Workspaces, interest none).
    */
-  private async dispatch(sessionId: string, message: string): Promise<void> {
-    if (this.listeners.length === 0) return;
-    const f = await this.factsOf(sessionId);
-    if (!f) return;
+  receive(sessionId: string, message: string): Promise<void> | undefined {
+    if (this.listeners.length === 0) return undefined;
+    const known = this.facts.get(sessionId);
+    if (known === null) return undefined;
+    if (known === undefined) return this.readFacts(sessionId).then((f) => (f ? this.hand(sessionId, message, f) : undefined));
+    return this.hand(sessionId, message, known);
+  }
+
+  private hand(sessionId: string, message: string, f: SessionFacts): Promise<void> | undefined {
+    const inline = message.includes(',"events":[');
+    let asked: { l: Listener; wants: boolean | Promise<boolean> }[] | undefined;
+    for (const l of this.listeners) {
+      if (inline && l.needles && !l.needles.some((n) => message.includes(n))) continue;
+      const wants = l.wants(f);
+      if (wants === false) continue;
+      (asked ??= []).push({ l, wants });
+    }
+    return asked ? this.deliver(sessionId, message, f, asked) : undefined;
+  }
+
+  private async deliver(sessionId: string, message: string, f: SessionFacts, asked: { l: Listener; wants: boolean | Promise<boolean> }[]): Promise<void> {
     const wanted: AppendListener[] = [];
-    for (const l of this.listeners) if (await l.wants(f.workspace_id)) wanted.push(l.fn);
+    for (const a of asked) if (await a.wants) wanted.push(a.l.fn);
     if (wanted.length === 0) return;
     let msg: LiveMessage;
     try {
@@ -84,7 +118,12 @@ export class SessionEventTap {
     conn.on('pmessage', (_p: string, channel: string, message: string) => {
       const m = /\{s:(sess_[0-9a-f]{32})\}/.exec(channel);
       if (!m?.[1]) return;
-      this.dispatch(m[1], message).catch((err: unknown) => this.d.logger.warn({ err }, 'event tap failed on an append'));
+      const failed = (err: unknown) => this.d.logger.warn({ err }, 'event tap failed on an append');
+      try {
+        this.receive(m[1], message)?.catch(failed);
+      } catch (err) {
+        failed(err);
+      }
     });
     this.conn = conn;
   }

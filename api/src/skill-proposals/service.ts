@@ -593,7 +593,7 @@ export class SkillProposalService {
       this.d.log.warn({ proposal: data.proposal_id, err: err.message }, 'skill authoring failed');
       void this.failAuthoring(data.workspace_id, data.proposal_id, 'internal').catch((e: unknown) => this.d.log.error({ err: e }, 'recording failed authoring failed'));
     });
-    this.d.tap.on(async () => true, (t) => this.nudge(t));
+    this.d.tap.on({ wants: () => true, types: ['session.outcome_ended'] }, (t) => this.nudge(t));
     this.host.sweepEvery(SWEEP_MS, () => this.sweep(), 'skill proposal sweep failed');
   }
 

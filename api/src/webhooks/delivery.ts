@@ -204,9 +204,13 @@ export class WebhookDispatcher {
 
   // ---- the event tap -------------------------------------------------------------------------
 
-  private async workspaceSet(): Promise<Set<string>> {
-    if (Date.now() - this.workspaces.at > 1000) this.workspaces = { at: Date.now(), set: new Set(await this.d.redis.smembers(webhookKeys.workspaces())) };
-    return this.workspaces.set;
+  /** Whether the Workspace has (or had) endpoints (a one-second cache: answered at once while fresh). */
+  private wantsWorkspace(ws: string): boolean | Promise<boolean> {
+    if (Date.now() - this.workspaces.at <= 1000) return this.workspaces.set.has(ws);
+    return this.d.redis.smembers(webhookKeys.workspaces()).then((members) => {
+      this.workspaces = { at: Date.now(), set: new Set(members) };
+      return this.workspaces.set.has(ws);
+    });
   }
 
   private async endpointsOf(ws: string): Promise<EndpointDoc[]> {
@@ -250,7 +254,7 @@ export class WebhookDispatcher {
       if (!job || job.attemptsMade < s.maxAttempts) return;
       void this.disable(job.data as LaneData, err.message).catch((e: unknown) => this.d.logger.error({ err: e }, 'disabling a failing webhook endpoint failed'));
     });
-    this.d.tap.on(async (ws) => (await this.workspaceSet()).has(ws), (a) => this.onAppend(a));
+    this.d.tap.on({ wants: (f) => this.wantsWorkspace(f.workspace_id) }, (a) => this.onAppend(a));
     this.host.sweepEvery(s.sweepIntervalMs, () => this.sweep(), 'webhook sweep failed')();
   }
 
