@@ -72,7 +72,8 @@ export interface AppendOptions {
    *
    * With `refuseStatus`, the same script first checks the `peek` document: nothing is appended
    * when it is absent (`refused`, `absent`) or its `status` is `refuseStatus` (`refused`,
-   * `status`). The drive path sends a message without reading its thread first this way.
+   * `status`). The drive path sends a message without reading its thread first this way. The
+   * document is looked at as `JSON.stringify` writes it (`"status":"<value>"`, no spaces).
    */
   enqueue?: { list: string; peek: string; refuseStatus?: string };
 }
@@ -264,8 +265,12 @@ if KEYS[8] then
     if redis.call('HEXISTS', KEYS[2], 'erased') == 1 then return {'erased'} end
     local doc = redis.call('GET', KEYS[8])
     if not doc then return {'refused', 'absent'} end
-    local ok, d = pcall(cjson.decode, doc)
-    if ok and type(d) == 'table' and d['status'] == refuse then return {'refused', 'status'} end
+    -- Decoded only when the status's text appears at all (a thread's document holds its Agent:
+    -- often kilobytes, and a plain search costs far less than a decode).
+    if string.find(doc, '"status":' .. cjson.encode(refuse), 1, true) then
+      local ok, d = pcall(cjson.decode, doc)
+      if ok and type(d) == 'table' and d['status'] == refuse then return {'refused', 'status'} end
+    end
   end
 end
 local out = append(KEYS, ARGV)
