@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Redis } from 'ioredis';
 import { HttpClient, streamEvents, type SseFrame } from '@agentplane/client';
-import { SessionStore, ThreadRuntime, recordOnlyTurnScheduler, type SessionDoc } from '@agentplane/domain';
+import { EnqueueOutbox, SessionStore, ThreadRuntime, recordOnlyTurnScheduler, type SessionDoc } from '@agentplane/domain';
 import { startPlatform, type Platform } from './harness/platform.js';
 
 let p: Platform;
@@ -474,6 +474,18 @@ describe('threads', () => {
     // The live primary thread still takes messages.
     expect((await api.request('POST', `/v1/sessions/${s.id}/events`, { body: msg('hi') })).status).toBe(201);
     expect(await seq()).toBeGreaterThan(before);
+  });
+
+  it('messages into a busy thread are queued without recording a start intent', async () => {
+    const s = await newSession();
+    const doc = await sessionDoc(s.id);
+    // The first message starts a turn (its Run waits: no runner serves it here); the rest queue behind it.
+    expect((await api.request('POST', `/v1/sessions/${s.id}/events`, { body: msg('first') })).status).toBe(201);
+    for (let i = 0; i < 5; i++) expect((await api.request('POST', `/v1/sessions/${s.id}/events`, { body: msg(`more ${i}`) })).status).toBe(201);
+    expect(await store.queuedInputs(s.id, doc._primary_thread_id)).toHaveLength(5);
+    // No intent left behind for the repair to drop: the API knew the thread was busy.
+    const pending = (await new EnqueueOutbox(redis).due(-60_000)).filter((e) => e.session_id === s.id);
+    expect(pending).toEqual([]);
   });
 
   it('events: after vs page (never both), primary condensed, child complete', async () => {

@@ -171,13 +171,19 @@ export class SessionStore {
   }
 
   /**
-   * The thread as this process's read cache holds it now, without waiting: undefined when the
-   * cache cannot answer at once, null when the thread is known to be absent. Shared: never change it.
+   * The thread as this process knows it now, without waiting: from the read cache, else as this
+   * process last read or wrote it (the compare-and-swap guesses: a thread taking messages is
+   * known from the last append's reply). Undefined when neither knows it, null when the cache
+   * knows it is absent. Possibly stale: for decisions Redis checks again. Never change it.
    */
   peekThread(sessionId: string, threadId: string): Readonly<ThreadDoc> | null | undefined {
+    const ours = (t: Readonly<ThreadDoc>): boolean => t.type === 'session_thread' && t.session_id === sessionId;
     const t = this.docs.peekShared<ThreadDoc>(sessionTag(sessionId), threadId);
-    if (t === undefined) return undefined;
-    return t !== null && t.type === 'session_thread' && t.session_id === sessionId ? t : null;
+    if (t !== undefined) return t !== null && ours(t) ? t : null;
+    const guess = this.recentThreads.get(`${sessionId}/${threadId}`);
+    if (guess === undefined) return undefined;
+    const g = JSON.parse(guess) as ThreadDoc;
+    return ours(g) && g.id === threadId ? g : undefined;
   }
 
   async thread(sessionId: string, threadId: string): Promise<ThreadDoc> {
