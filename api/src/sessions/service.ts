@@ -322,8 +322,8 @@ export class SessionService {
     }
     const threadId = p.session_thread_id ?? session._primary_thread_id;
     const queue = input.type === 'user.message';
-    // A user.message needs its thread only as this process's read cache holds it now: when the
-    // cache cannot answer at once, the append script itself refuses a missing or terminated
+    // A user.message needs its thread only as this process knows it without a read (read cache,
+    // or as last read or written here): the append script itself refuses a missing or terminated
     // thread (one round trip, not two in a row). Other inputs read it.
     const known = queue ? this.d.store.peekThread(session.id, threadId) : undefined;
     // The checks are independent reads: made at once, reported in a fixed order (the author,
