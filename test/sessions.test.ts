@@ -307,6 +307,23 @@ describe('drive events', () => {
     expect((await store.thread(s.id, t.id)).status).toBe('idle');
   });
 
+  it('a message sent while the API still takes the thread for idle (another process started a turn) is queued, not a second turn', async () => {
+    const s = await newSession();
+    const doc = await sessionDoc(s.id);
+    // The API created the Session and knows its thread as idle; another process starts a turn.
+    const other = await store.log.append(s.id, [{ type: 'user.message', payload: { content: 'elsewhere', authored_by: principal, caused_by: { kind: 'api' } }, session_thread_id: doc._primary_thread_id }]);
+    if (!other.ok) throw new Error('append failed');
+    await runtime.submitUserMessage(doc, doc._primary_thread_id, other.events[0]?.id ?? '');
+    const t = await store.thread(s.id, doc._primary_thread_id);
+    expect(t.status).toBe('running');
+    const e = await api.request<Json & { id: string }>('POST', `/v1/sessions/${s.id}/events`, { body: msg('here') });
+    expect(e.status).toBe(201);
+    expect(await store.queuedInputs(s.id, t.id)).toEqual([e.body.id]);
+    expect((await store.thread(s.id, t.id))._active_run_id).toBe(t._active_run_id);
+    const types = (await store.log.range(s.id, 0, 100)).map((x) => x.type);
+    expect(types.filter((x) => x === 'session.status_running')).toHaveLength(1);
+  });
+
   it('requires authored_by of a live Principal of this workspace and caused_by', async () => {
     const s = await newSession();
     const r1 = await api.request('POST', `/v1/sessions/${s.id}/events`, { body: { type: 'user.message', payload: { content: 'x', caused_by: { kind: 'api' } } } });

@@ -349,7 +349,15 @@ export class SessionService {
     // A message into a thread that could start a turn (as last read, or not known without a
     // read) records the start's intent beside the append, not after it.
     const intent = queue ? this.d.runtime.intendStart(session, thread) : undefined;
-    const { event, thread: seen, queued } = await this.appendOne(session.id, input, threadId, idemKey ? `drive:${sha256Hex(idemKey)}` : undefined, queue);
+    const producerKey = idemKey ? `drive:${sha256Hex(idemKey)}` : undefined;
+    // A message into a thread known to be able to start: the message and the start in one script.
+    if (intent && thread) {
+      const started = await this.d.runtime.startWithMessage(session, thread, {
+        type: input.type, payload: input.payload, session_thread_id: threadId, ...(producerKey ? { producer_key: producerKey } : {}),
+      }, intent);
+      if (started) return { status: 201, event: started.event };
+    }
+    const { event, thread: seen, queued } = await this.appendOne(session.id, input, threadId, producerKey, queue);
     // The append script queued the message, read the thread and returned the queue: a busy thread is not written.
     if (queue) await this.d.runtime.submitUserMessage(session, threadId, event.id, { queued: true, thread: seen, ...(queued ? { queue: queued } : {}), ...(intent ? { intent } : {}) });
     if (input.type === 'user.define_outcome') await this.d.outcomes?.defined(session, threadId, event);

@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { Redis } from 'ioredis';
 import { startEmbeddedRedis, type EmbeddedRedis } from './embedded-redis.js';
-import { EventLog, eventLogKeys, ISO_LUA, QUEUE_HEAD, type LiveMessage } from './event-log.js';
+import { EventLog, eventLogKeys, ISO_LUA, newEventId, QUEUE_HEAD, type LiveMessage } from './event-log.js';
 import { DocumentStore } from './documents.js';
 import { keys, tags } from './keys.js';
 import { EventHub, type HubMessage } from './event-hub.js';
@@ -214,6 +214,30 @@ describe('event log', () => {
     // An erased log is reported as such, before the document is looked at.
     await log.erase(s);
     expect(await send()).toEqual({ ok: false, reason: 'erased' });
+  });
+
+  it('commit with emptyList and fresh: a queued message or a replayed producer key writes nothing; an event keeps the id it was given', async () => {
+    const s = sess();
+    const tag = tags.session(s);
+    const list = keys.scoped(tag, 'inputs:sthr_1');
+    const doc = keys.doc(tag, 'run_1');
+    const id = newEventId();
+    const start = () => log.commit(s, [{ key: doc, body: JSON.stringify({ id: 'run_1', version: 1, input: id }), expectedVersion: null }],
+      [{ type: 'user.message', payload: {}, producer_key: 'drive:k', id }, { type: 'session.status_running', payload: {} }], { emptyList: list, fresh: true });
+    await redis.rpush(list, 'evt_waiting');
+    expect(await start()).toEqual({ ok: false, reason: 'queue' });
+    await redis.del(list);
+    const replayed = await log.append(s, [{ type: 'user.message', payload: {}, producer_key: 'drive:k' }]);
+    expect(await start()).toEqual({ ok: false, reason: 'replay' });
+    expect(await redis.exists(doc)).toBe(0);
+    expect((await log.state(s)).seq).toBe(replayed.ok ? replayed.last_seq : -1);
+    // A fresh producer key: written whole, the message under the id named ahead.
+    const other = await log.commit(s, [{ key: doc, body: '{"id":"run_1","version":1}', expectedVersion: null }],
+      [{ type: 'user.message', payload: {}, producer_key: 'drive:other', id }, { type: 'session.status_running', payload: {} }], { emptyList: list, fresh: true });
+    if (!other.ok) throw new Error(`commit refused: ${other.reason}`);
+    expect(other.events.map((e) => e.type)).toEqual(['user.message', 'session.status_running']);
+    expect(other.events[0]?.id).toBe(id);
+    expect(await redis.exists(doc)).toBe(1);
   });
 
   it('update: a guessed current document saves the read and is always checked', async () => {

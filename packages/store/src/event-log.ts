@@ -50,6 +50,8 @@ export interface AppendEvent {
   session_thread_id?: string | null;
   /** Retrying an append with the same producer key returns the originally assigned event. */
   producer_key?: string;
+  /** The event's id when the caller names it ahead (`newEventId()`), e.g. to refer to it in a document of the same commit. */
+  id?: string;
   /**
    * Integer counters added to the stats hash in the same script (e.g. `usage.input_tokens`).
    * Every event also counts `events` and `events.<type>`, for the session and its thread.
@@ -105,6 +107,10 @@ export interface CommitDoc {
 export interface CommitOptions extends Pick<AppendOptions, 'producerKey'> {
   /** Take these ids off the head of a list in the same script (a turn consuming its queued inputs). */
   dequeue?: CommitDequeue;
+  /** Instead of `dequeue`: this list (in the Session's slot) must be empty, or nothing is written (`queue`). */
+  emptyList?: string;
+  /** Nothing is written (`replay`) when an event's producer key names an earlier append. */
+  fresh?: boolean;
 }
 
 export type CommitResult =
@@ -112,8 +118,10 @@ export type CommitResult =
   /** Nothing was written: document \`index\` (0-based) failed its check; \`current\` is its JSON when stale. */
   | { ok: false; reason: 'stale'; index: number; current: string }
   | { ok: false; reason: 'missing' | 'exists'; index: number }
-  /** Nothing was written: the `dequeue` list no longer starts with the expected ids. */
-  | { ok: false; reason: 'queue' };
+  /** Nothing was written: the `dequeue` list no longer starts with the expected ids (or, with `emptyList`, is not empty). */
+  | { ok: false; reason: 'queue' }
+  /** Nothing was written (`fresh`): an event's producer key names an earlier append. */
+  | { ok: false; reason: 'replay' };
 
 /** Commit option: remove these ids from the head of `list` (they must be its first entries). */
 export interface CommitDequeue {
@@ -249,6 +257,9 @@ end
 return out
 end`;
 
+/** A new event id (`evt_` and 32 hex digits), as the log assigns them. */
+export const newEventId = (): string => `evt_${randomBytes(16).toString('hex')}`;
+
 /** The most queued ids an append with `enqueue` returns (a longer queue is read by the caller). */
 export const QUEUE_HEAD = 32;
 
@@ -296,6 +307,7 @@ return out`);
  *       dequeue list when k > 0
  * ARGV: as APPEND, then m | per document: expected version ('' = new) | JSON | indexed '1'/'0' |
  *       score | member, then k | the k ids the dequeue list must start with (removed from it)
+ *       (k = -1: the list must be empty) | fresh ('1': no event's producer key may be known)
  */
 const COMMIT = new LuaScript(
   'event_log_commit',
@@ -331,6 +343,14 @@ if k > 0 then
   if #have ~= k then return {'queue'} end
   for j = 1, k do
     if have[j] ~= ARGV[q + j] then return {'queue'} end
+  end
+elseif k < 0 then
+  if redis.call('LLEN', KEYS[ki]) > 0 then return {'queue'} end
+end
+if ARGV[q + math.max(k, 0) + 1] == '1' then
+  for i = 0, tonumber(ARGV[4]) - 1 do
+    local pk = ARGV[6 + i * 4]
+    if pk ~= '' and redis.call('HEXISTS', KEYS[3], pk) == 1 then return {'replay'} end
   end
 end
 for i = 1, m do
@@ -408,7 +428,7 @@ function appendArgs(sessionId: string, events: readonly AppendEvent[], options: 
       type: ev.type,
       payload: ev.payload ?? {},
     }).slice(1);
-    args.push(pk, `evt_${randomBytes(16).toString('hex')}`, tail, encodeCounters(ev));
+    args.push(pk, ev.id ?? newEventId(), tail, encodeCounters(ev));
   });
   return args;
 }
@@ -542,13 +562,18 @@ export class EventLog {
     if (dq && dq.ids.length > 0) {
       keyList.push(dq.list);
       args.push(dq.ids.length, ...dq.ids);
+    } else if (options.emptyList !== undefined) {
+      keyList.push(options.emptyList);
+      args.push(-1);
     } else {
       args.push(0);
     }
+    args.push(options.fresh ? '1' : '');
     const r = (await this.runDurably(COMMIT, keyList, args)) as string[];
     if (r[0] === 'stale') return { ok: false, reason: 'stale', index: Number(r[1]) - 1, current: r[2] as string };
     if (r[0] === 'missing' || r[0] === 'exists') return { ok: false, reason: r[0], index: Number(r[1]) - 1 };
     if (r[0] === 'queue') return { ok: false, reason: 'queue' };
+    if (r[0] === 'replay') return { ok: false, reason: 'replay' };
     return appendResult(r, events.length);
   }
 

@@ -73,6 +73,16 @@ export class RunEngine implements TurnScheduler {
     return this.outbox.add(sessionId, runId);
   }
 
+  /**
+   * The intent's record (the outbox entry) and the Session's writes share one connection when the
+   * engine and the Session store were given the same client, and a single Redis runs a
+   * connection's commands in the order sent: a start sent after the record cannot land without it.
+   * Not so on a Cluster (the outbox and the Session live on different nodes).
+   */
+  get intentAhead(): boolean {
+    return this.d.redis === this.d.store.redis && !(this.d.redis as unknown as { isCluster?: boolean }).isCluster;
+  }
+
   /** The start announced under `runId` did not happen: its rank goes at once (its intent is dropped by the repair). */
   runNotStarting(runId: string, taken = this.ranks.take(runId)): void {
     if (!taken) return;

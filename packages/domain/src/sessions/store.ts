@@ -1,5 +1,5 @@
 import { ApiError, newId, nowIso } from '@agentplane/core';
-import { BoundedCache, DocumentStore, EventLog, forgetWritten, keys, LuaScript, tags, type EventLogDurability, type Redis } from '@agentplane/store';
+import { BoundedCache, DocumentStore, EventLog, forgetWritten, keys, LuaScript, newEventId, tags, type AppendEvent, type EventLogDurability, type LogEvent, type Redis } from '@agentplane/store';
 import type { AgentSnapshot } from '../agents/model.js';
 import type { GraderRunInfo, RunDoc, SessionDoc, SessionTombstone, ThreadDoc } from './model.js';
 
@@ -87,6 +87,8 @@ export class SessionStore {
     const multi = this.redis.multi();
     for (const idx of listIndexes(session, true)) multi.zadd(keys.index(ws, idx), score, session.id);
     await multi.exec();
+    // A new Session's first message usually follows at once: its thread is known without a read.
+    this.rememberThread(primary);
   }
 
   /** The live Session of this workspace, or 404 (another workspace's Session looks absent; an erased one too, with a message saying so). */
@@ -257,6 +259,41 @@ export class SessionStore {
     });
     this.rememberThread(thread);
     return { thread, run };
+  }
+
+  /**
+   * A message that starts its thread's turn, in one script: the message, the thread's
+   * compare-and-swap from `known` (as the caller knows it) to `next`, the Run (its one input: the
+   * message) and `session.status_running`. Nothing is written, and null comes back, when the
+   * thread moved on from `known`, messages wait in its input queue, or the message replays an
+   * earlier append (its producer key): the caller then appends and starts as usual. An erased
+   * Session refuses with 404.
+   */
+  async startTurnWithMessage(
+    session: SessionDoc, known: Readonly<ThreadDoc>, message: AppendEvent, next: ThreadDoc, runId: string,
+  ): Promise<{ event: LogEvent; thread: ThreadDoc; run: RunDoc } | null> {
+    const tag = sessionTag(session.id);
+    const threadId = known.id;
+    const id = newEventId();
+    const thread: ThreadDoc = { ...next, version: known.version + 1, updated_at: nowIso() };
+    // A child thread runs its own frozen member snapshot; the primary follows the Session's agent.
+    const run = newRunDoc(known.parent_thread_id === null ? session : { ...session, agent: known.agent }, threadId, { runId, inputs: [id] });
+    const r = await this.log.commit(session.id, [
+      { key: keys.doc(tag, threadId), body: JSON.stringify(thread), expectedVersion: known.version },
+      { key: keys.doc(tag, run.id), body: JSON.stringify(run), expectedVersion: null, index: { key: keys.index(tag, 'runs'), score: Date.parse(run.created_at), member: run.id } },
+    ], [
+      { ...message, id, session_thread_id: threadId },
+      { type: 'session.status_running', payload: { run_id: run.id }, session_thread_id: threadId, producer_key: `status:${run.id}:running` },
+    ], { emptyList: inputQueueKey(session.id, threadId), fresh: true });
+    if (!r.ok) {
+      if (r.reason === 'erased') throw new ApiError('validation.not_found', 'the session was deleted and its event log erased');
+      if (r.reason === 'stale' && r.index === 0) this.recentThreads.set(`${session.id}/${threadId}`, r.current);
+      return null;
+    }
+    const event = r.events[0];
+    if (!event) return null;
+    this.rememberThread(thread);
+    return { event, thread, run };
   }
 
   private rememberThread(t: ThreadDoc): void {

@@ -1,6 +1,7 @@
 import { ApiError, crashPoint, newId } from '@agentplane/core';
 import type { RunDoc, SessionDoc, ThreadDoc, WaitKind } from './model.js';
 import { InputQueueMoved, sessionTag, type SessionStore } from './store.js';
+import type { AppendEvent, LogEvent } from '@agentplane/store';
 import { Coordinator } from './coordinator.js';
 
 /**
@@ -15,6 +16,12 @@ export interface TurnScheduler {
    * record its intent, so a crash between the commit and `runQueued` is repaired.
    */
   runStarting?(sessionId: string, runId: string, session?: SessionDoc): Promise<void>;
+  /**
+   * True when `runStarting`'s record goes out on the connection the Session's writes use (one
+   * Redis, not a Cluster): Redis runs it before any write sent after it, so a start may commit
+   * without waiting for its answer.
+   */
+  readonly intentAhead?: boolean;
   /** The start announced under `runId` did not happen (no Run was committed under it). */
   runNotStarting?(runId: string): void;
   /** A turn started: `run` (as just written, version 1) was recorded as `queued` in the Session slot. */
@@ -29,6 +36,8 @@ export interface TurnScheduler {
 export interface TurnIntent {
   runId: string;
   recorded: Promise<void>;
+  /** The record is sure to be written before any later write of the Session (`TurnScheduler.intentAhead`). */
+  ahead: boolean;
 }
 
 /** A thread that may start a turn now: idle, no Run, no unanswered wait of its generation. */
@@ -165,9 +174,34 @@ export class ThreadRuntime {
   intendStart(session: SessionDoc, thread: Readonly<ThreadDoc> | undefined): TurnIntent | undefined {
     if (thread && !startable(thread)) return undefined;
     const runId = newId('run');
-    const recorded = Promise.resolve(this.scheduler().runStarting?.(session.id, runId, session));
+    const scheduler = this.scheduler();
+    const recorded = Promise.resolve(scheduler.runStarting?.(session.id, runId, session));
     recorded.catch(() => undefined);
-    return { runId, recorded };
+    return { runId, recorded, ahead: scheduler.runStarting !== undefined && scheduler.intentAhead === true };
+  }
+
+  /**
+   * A user.message into a thread that, as this process knows it (`known`), can start a turn now:
+   * the message and the turn's start in one script (`SessionStore.startTurnWithMessage`), one
+   * round trip instead of two, then the Run goes to the scheduler. Only with an intent recorded
+   * ahead of every later write (`TurnIntent.ahead`), so the crash repair still finds the Run.
+   * Null, with nothing written, when the thread moved on, messages wait in its queue or the
+   * message is a replay: the caller appends it and starts the turn as usual (same intent).
+   */
+  async startWithMessage(session: SessionDoc, known: Readonly<ThreadDoc>, message: AppendEvent, intent: TurnIntent): Promise<{ event: LogEvent; run: RunDoc } | null> {
+    if (!intent.ahead || !startable(known) || (known._queued_inputs ?? []).length > 0) return null;
+    const next: ThreadDoc = { ...withoutLegacyQueue(known as ThreadDoc), status: 'running', _active_run_id: intent.runId, _running_since_ms: Date.now(), _stop_reason: null };
+    let started: Awaited<ReturnType<SessionStore['startTurnWithMessage']>>;
+    try {
+      started = await this.store.startTurnWithMessage(session, known, message, next, intent.runId);
+    } catch (err) {
+      // No Run was committed under the intent: its rank goes (as in submitUserMessage).
+      this.scheduler().runNotStarting?.(intent.runId);
+      throw err;
+    }
+    if (!started) return null;
+    await this.scheduler().runQueued(started.run);
+    return { event: started.event, run: started.run };
   }
 
   /**
