@@ -184,13 +184,25 @@ export function sseStream(spec: StreamSpec): StreamResult {
           end();
         } else if (!signal.aborted && !spec.shutdown.aborted) {
           watch = await spec.hub.watch(spec.sessionId, (m) => (live ? enqueue(m) : buffered.push(m)), { deltas: spec.deltas !== null });
-          const st = await spec.log.state(spec.sessionId);
+          // The log's state and the replay's first page in one round trip (both read after the
+          // subscription is confirmed; a page that misses what retention trimmed meanwhile is a gap).
+          const [st, first] = await Promise.all([spec.log.state(spec.sessionId), spec.log.range(spec.sessionId, last, READ_PAGE)]);
           if (st.erased) {
             gap(last + 1, st.seq, 'erased');
             end();
           } else {
             if (last + 1 < st.low) gap(last + 1, st.low - 1, 'retention');
-            await backfill();
+            // The replayed frames leave in one write.
+            res.socket?.cork();
+            try {
+              deliver(first);
+            } finally {
+              res.socket?.uncork();
+            }
+            if (first.length === READ_PAGE) {
+              if (res.writableLength > REPLAY_HIGH_WATER_BYTES) await drained();
+              await backfill();
+            }
             live = true;
             for (const m of buffered.splice(0)) enqueue(m);
           }
