@@ -9,6 +9,7 @@ import type { SessionService } from '../sessions/service.js';
 import type { SessionDoc, ThreadDoc } from '@agentplane/domain';
 import { expandPrompt } from './prompt.js';
 import type { SessionEventTap, TappedAppend } from '../events/tap.js';
+import { CachedMemberSet } from '../events/member-set.js';
 import { automationKeys, type AutomationStore } from './store.js';
 import {
   AUTOMATIONS, TERMINAL_FIRING, type AdmissionDisposition, type AutomationDoc, type FiringDoc, type FiringOutcome, type FiringSourceKind,
@@ -55,6 +56,7 @@ export class AutomationService {
   constructor(private readonly d: AutomationServiceDeps) {
     this.host = new QueueHost({ name: 'automations', label: 'automations', queue: QUEUE, prefix: AUTOMATION_QUEUE_PREFIX, redisUrl: d.redisUrl, log: d.log });
     this.queue = this.host.queue;
+    this.subWorkspaces = new CachedMemberSet(d.store.redis, automationKeys.subscribers());
     this.firings = new Counter({ name: 'agentplane_automation_firings_total', help: 'Automation firings by source and final status', labelNames: ['source', 'status'], registers: [d.metrics] });
   }
 
@@ -300,23 +302,19 @@ export class AutomationService {
 
   // ---- subscriptions -------------------------------------------------------------------------
 
-  private subWorkspaces: { at: number; set: Set<string> } = { at: 0, set: new Set() };
+  private readonly subWorkspaces: CachedMemberSet;
   private readonly subsCache = new Map<string, { at: number; list: AutomationDoc[] }>();
 
   /** A Workspace gained a subscription Automation: the tap starts looking at its Sessions. */
   async subscribed(ws: string): Promise<void> {
     await this.d.store.redis.sadd(automationKeys.subscribers(), ws);
-    this.subWorkspaces.at = 0;
+    this.subWorkspaces.invalidate();
     this.subsCache.delete(ws);
   }
 
-  /** Whether the Workspace has subscription Automations (a one-second cache: answered at once while fresh). */
+  /** Whether the Workspace has subscription Automations (answered at once while the cache is fresh). */
   private wantsWorkspace(ws: string): boolean | Promise<boolean> {
-    if (Date.now() - this.subWorkspaces.at <= 1000) return this.subWorkspaces.set.has(ws);
-    return this.d.store.redis.smembers(automationKeys.subscribers()).then((members) => {
-      this.subWorkspaces = { at: Date.now(), set: new Set(members) };
-      return this.subWorkspaces.set.has(ws);
-    });
+    return this.subWorkspaces.has(ws);
   }
 
   private async subscriptionsOf(ws: string): Promise<AutomationDoc[]> {

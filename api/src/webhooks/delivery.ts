@@ -7,6 +7,7 @@ import { BUCKETS, Counter, Histogram, type Logger, type Metrics } from '@agentpl
 import { tags, type EventLog, type LogEvent, type Redis } from '@agentplane/store';
 import { QueueHost } from '../queue-host.js';
 import type { SessionEventTap, TappedAppend } from '../events/tap.js';
+import { CachedMemberSet } from '../events/member-set.js';
 import { EgressRefused, resolveAllowed, type EgressPolicy } from './ssrf.js';
 import { webhookKeys, type WebhookStore } from './store.js';
 import type { EndpointDoc } from './model.js';
@@ -56,7 +57,8 @@ class DeliveryError extends Error {}
 export class WebhookDispatcher {
   private readonly host: QueueHost;
   readonly queue: Queue;
-  private workspaces: { at: number; set: Set<string> } = { at: 0, set: new Set() };
+  /** Workspaces that have (or had) endpoints. */
+  private readonly workspaces: CachedMemberSet;
   private readonly endpointCache = new Map<string, { at: number; list: EndpointDoc[] }>();
   private readonly counter: Counter<'outcome'>;
   private readonly latency: Histogram;
@@ -64,6 +66,7 @@ export class WebhookDispatcher {
   constructor(private readonly d: { redisUrl: string; redis: Redis; store: WebhookStore; log: EventLog; tap: SessionEventTap; logger: Logger; metrics: Metrics; settings: DeliverySettings; onDisabled?: (e: EndpointDoc, reason: string) => Promise<void> }) {
     this.host = new QueueHost({ name: 'webhooks', label: 'webhooks', queue: QUEUE, prefix: WEBHOOK_QUEUE_PREFIX, redisUrl: d.redisUrl, log: d.logger });
     this.queue = this.host.queue;
+    this.workspaces = new CachedMemberSet(d.redis, webhookKeys.workspaces());
     this.counter = new Counter({ name: 'agentplane_webhook_deliveries_total', help: 'Outbound webhook delivery attempts by outcome', labelNames: ['outcome'], registers: [d.metrics] });
     this.latency = new Histogram({ name: 'agentplane_webhook_delivery_duration_seconds', help: 'Outbound webhook delivery latency', buckets: [...BUCKETS.http], registers: [d.metrics] });
   }
@@ -204,15 +207,6 @@ export class WebhookDispatcher {
 
   // ---- the event tap -------------------------------------------------------------------------
 
-  /** Whether the Workspace has (or had) endpoints (a one-second cache: answered at once while fresh). */
-  private wantsWorkspace(ws: string): boolean | Promise<boolean> {
-    if (Date.now() - this.workspaces.at <= 1000) return this.workspaces.set.has(ws);
-    return this.d.redis.smembers(webhookKeys.workspaces()).then((members) => {
-      this.workspaces = { at: Date.now(), set: new Set(members) };
-      return this.workspaces.set.has(ws);
-    });
-  }
-
   private async endpointsOf(ws: string): Promise<EndpointDoc[]> {
     const c = this.endpointCache.get(ws);
     if (c && Date.now() - c.at < 1000) return c.list;
@@ -223,7 +217,7 @@ export class WebhookDispatcher {
 
   forget(ws: string): void {
     this.endpointCache.delete(ws);
-    this.workspaces.at = 0;
+    this.workspaces.invalidate();
   }
 
   private async onAppend(a: TappedAppend): Promise<void> {
@@ -254,7 +248,7 @@ export class WebhookDispatcher {
       if (!job || job.attemptsMade < s.maxAttempts) return;
       void this.disable(job.data as LaneData, err.message).catch((e: unknown) => this.d.logger.error({ err: e }, 'disabling a failing webhook endpoint failed'));
     });
-    this.d.tap.on({ wants: (f) => this.wantsWorkspace(f.workspace_id) }, (a) => this.onAppend(a));
+    this.d.tap.on({ wants: (f) => this.workspaces.has(f.workspace_id) }, (a) => this.onAppend(a));
     this.host.sweepEvery(s.sweepIntervalMs, () => this.sweep(), 'webhook sweep failed')();
   }
 

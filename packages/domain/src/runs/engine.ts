@@ -2,7 +2,7 @@ import { newId, type Logger } from '@agentplane/core';
 import { deliverToRunner } from '@agentplane/gateway';
 import { CancelMarks, LeaseFence, markPoolActive, type RunQueues, type RunRequirements } from '@agentplane/lease';
 import { frame } from '@agentplane/protocol';
-import { BoundedCache, type Redis } from '@agentplane/store';
+import { BoundedCache, isCluster, type Redis } from '@agentplane/store';
 import type { VersionedStore } from '../versioned.js';
 import type { Environment } from '../environments/model.js';
 import { sandboxProfileStore, sandboxVersion, type SandboxProfile } from '../deployments/profiles.js';
@@ -80,7 +80,7 @@ export class RunEngine implements TurnScheduler {
    * Not so on a Cluster (the outbox and the Session live on different nodes).
    */
   get intentAhead(): boolean {
-    return this.d.redis === this.d.store.redis && !(this.d.redis as unknown as { isCluster?: boolean }).isCluster;
+    return this.d.redis === this.d.store.redis && !isCluster(this.d.redis);
   }
 
   /** The start announced under `runId` did not happen: its rank goes at once (its intent is dropped by the repair). */

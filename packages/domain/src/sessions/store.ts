@@ -1,5 +1,5 @@
 import { ApiError, newId, nowIso } from '@agentplane/core';
-import { BoundedCache, DocumentStore, EventLog, forgetWritten, keys, LuaScript, newEventId, tags, type AppendEvent, type EventLogDurability, type LogEvent, type Redis } from '@agentplane/store';
+import { BoundedCache, DocumentStore, EventLog, forgetWritten, keys, LuaScript, newEventId, tags, type AppendEvent, type CommitDoc, type EventLogDurability, type LogEvent, type Redis } from '@agentplane/store';
 import type { AgentSnapshot } from '../agents/model.js';
 import type { GraderRunInfo, RunDoc, SessionDoc, SessionTombstone, ThreadDoc } from './model.js';
 
@@ -239,13 +239,10 @@ export class SessionStore {
       ...(hint !== undefined ? { current: JSON.parse(hint) as ThreadDoc } : {}),
       write: async (next, expected) => {
         if (!start || !session) return this.docs.swap(tag, threadId, next, expected);
-        // A child thread runs its own frozen member snapshot; the primary follows the Session's agent.
-        const candidate = newRunDoc(next.parent_thread_id === null ? session : { ...session, agent: next.agent }, threadId, start);
-        const r = await this.log.commit(sessionId, [
-          { key: keys.doc(tag, threadId), body: JSON.stringify(next), expectedVersion: expected },
-          { key: keys.doc(tag, candidate.id), body: JSON.stringify(candidate), expectedVersion: null, index: { key: keys.index(tag, 'runs'), score: Date.parse(candidate.created_at), member: candidate.id } },
-        ], [{ type: 'session.status_running', payload: { run_id: candidate.id }, session_thread_id: threadId, producer_key: `status:${candidate.id}:running` }],
-        start.dequeue && start.dequeue.length > 0 ? { dequeue: { list: inputQueueKey(sessionId, threadId), ids: start.dequeue } } : {});
+        const candidate = turnRun(session, next, start);
+        const { docs, running } = turnStartWrites(next, expected, candidate);
+        const r = await this.log.commit(sessionId, docs, [running],
+          start.dequeue && start.dequeue.length > 0 ? { dequeue: { list: inputQueueKey(sessionId, threadId), ids: start.dequeue } } : {});
         if (r.ok) {
           run = candidate;
           return { kind: 'written' };
@@ -272,19 +269,13 @@ export class SessionStore {
   async startTurnWithMessage(
     session: SessionDoc, known: Readonly<ThreadDoc>, message: AppendEvent, next: ThreadDoc, runId: string,
   ): Promise<{ event: LogEvent; thread: ThreadDoc; run: RunDoc } | null> {
-    const tag = sessionTag(session.id);
     const threadId = known.id;
     const id = newEventId();
     const thread: ThreadDoc = { ...next, version: known.version + 1, updated_at: nowIso() };
-    // A child thread runs its own frozen member snapshot; the primary follows the Session's agent.
-    const run = newRunDoc(known.parent_thread_id === null ? session : { ...session, agent: known.agent }, threadId, { runId, inputs: [id] });
-    const r = await this.log.commit(session.id, [
-      { key: keys.doc(tag, threadId), body: JSON.stringify(thread), expectedVersion: known.version },
-      { key: keys.doc(tag, run.id), body: JSON.stringify(run), expectedVersion: null, index: { key: keys.index(tag, 'runs'), score: Date.parse(run.created_at), member: run.id } },
-    ], [
-      { ...message, id, session_thread_id: threadId },
-      { type: 'session.status_running', payload: { run_id: run.id }, session_thread_id: threadId, producer_key: `status:${run.id}:running` },
-    ], { emptyList: inputQueueKey(session.id, threadId), fresh: true });
+    const run = turnRun(session, thread, { runId, inputs: [id] });
+    const { docs, running } = turnStartWrites(thread, known.version, run);
+    const r = await this.log.commit(session.id, docs, [{ ...message, id, session_thread_id: threadId }, running],
+      { emptyList: inputQueueKey(session.id, threadId), fresh: true });
     if (!r.ok) {
       if (r.reason === 'erased') throw new ApiError('validation.not_found', 'the session was deleted and its event log erased');
       if (r.reason === 'stale' && r.index === 0) this.recentThreads.set(`${session.id}/${threadId}`, r.current);
@@ -357,6 +348,23 @@ export function newThreadDoc(session: Pick<SessionDoc, 'id' | 'workspace_id' | '
     parent_thread_id: parent, status: 'idle', archived_at: null, _spawn: 0, _active_run_id: null,
     _wait_generation: 0, _waits: {}, _running_since_ms: null, _running_ms_total: 0, _startup_ms: null, _frozen_stats: null,
     _stop_reason: null, version: 1, created_at: now, updated_at: now,
+  };
+}
+
+/** The Run of a turn start: a child thread runs its own frozen member snapshot; the primary follows the Session's agent. */
+function turnRun(session: SessionDoc, thread: Readonly<ThreadDoc>, start: TurnStart): RunDoc {
+  return newRunDoc(thread.parent_thread_id === null ? session : { ...session, agent: thread.agent }, thread.id, start);
+}
+
+/** A turn start's writes in the Session's slot: the thread's compare-and-swap, the new Run (listed in `runs`) and `session.status_running`. */
+function turnStartWrites(thread: ThreadDoc, expected: number, run: RunDoc): { docs: CommitDoc[]; running: AppendEvent } {
+  const tag = sessionTag(run.session_id);
+  return {
+    docs: [
+      { key: keys.doc(tag, thread.id), body: JSON.stringify(thread), expectedVersion: expected },
+      { key: keys.doc(tag, run.id), body: JSON.stringify(run), expectedVersion: null, index: { key: keys.index(tag, 'runs'), score: Date.parse(run.created_at), member: run.id } },
+    ],
+    running: { type: 'session.status_running', payload: { run_id: run.id }, session_thread_id: thread.id, producer_key: `status:${run.id}:running` },
   };
 }
 

@@ -46,9 +46,10 @@ function startable(t: Readonly<ThreadDoc>): boolean {
   return !Object.values(t._waits).some((w) => w.generation === t._wait_generation && w.answered_event_id === null);
 }
 
-function withoutLegacyQueue(t: ThreadDoc): ThreadDoc {
+/** The thread as a turn under `runId` starts it (its legacy in-document queue, if any, taken as inputs). */
+function runningThread(t: Readonly<ThreadDoc>, runId: string): ThreadDoc {
   const { _queued_inputs: _legacy, ...rest } = t;
-  return rest;
+  return { ...rest, status: 'running', _active_run_id: runId, _running_since_ms: Date.now(), _stop_reason: null };
 }
 
 export const recordOnlyTurnScheduler: TurnScheduler = {
@@ -142,10 +143,7 @@ export class ThreadRuntime {
           if (t.status === 'terminated') throw new ApiError('runtime.invalid_transition', 'the thread is terminated');
           const legacy = t._queued_inputs ?? [];
           if (legacy.length + queued.length === 0 || !startable(t)) return null;
-          return {
-            thread: { ...withoutLegacyQueue(t), status: 'running', _active_run_id: runId, _running_since_ms: Date.now(), _stop_reason: null },
-            start: { runId, inputs: [...legacy, ...queued], dequeue: queued },
-          };
+          return { thread: runningThread(t, runId), start: { runId, inputs: [...legacy, ...queued], dequeue: queued } };
         });
         if (!run) return { run: null };
         started = true;
@@ -190,7 +188,7 @@ export class ThreadRuntime {
    */
   async startWithMessage(session: SessionDoc, known: Readonly<ThreadDoc>, message: AppendEvent, intent: TurnIntent): Promise<{ event: LogEvent; run: RunDoc } | null> {
     if (!intent.ahead || !startable(known) || (known._queued_inputs ?? []).length > 0) return null;
-    const next: ThreadDoc = { ...withoutLegacyQueue(known as ThreadDoc), status: 'running', _active_run_id: intent.runId, _running_since_ms: Date.now(), _stop_reason: null };
+    const next = runningThread(known, intent.runId);
     let started: Awaited<ReturnType<SessionStore['startTurnWithMessage']>>;
     try {
       started = await this.store.startTurnWithMessage(session, known, message, next, intent.runId);
