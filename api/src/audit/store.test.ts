@@ -33,6 +33,8 @@ describe('audit log store', () => {
     for (let i = 0; i < 5; i++) expect(await log.append(w, rec(`a${i}`))).toBe(i + 1);
     const first = await log.export(w, { after: 0, limit: 2 });
     expect(first.data.map((r) => r.id)).toEqual([1, 2]);
+    // The record reads back whole, its id and Workspace beside what was appended.
+    expect(first.data[0]).toEqual({ ...rec('a0'), id: 1, workspace_id: w, time: expect.stringMatching(/^\d{4}-\d\d-\d\dT/) });
     expect(first.next_after).toBe(2);
     const rest = await log.export(w, { after: 2, limit: 10 });
     expect(rest.data.map((r) => r.action)).toEqual(['a2', 'a3', 'a4']);
