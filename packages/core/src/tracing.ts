@@ -88,6 +88,7 @@ export async function startTracing(service: string): Promise<Tracing> {
     import('@opentelemetry/semantic-conventions'),
     import('./tracing-export.js'),
   ]);
+  const { PooledIdGenerator } = await import('./trace-ids.js');
   const resource = resourceFromAttributes({ [ATTR_SERVICE_NAME]: env('OTEL_SERVICE_NAME') ?? service, [ATTR_SERVICE_VERSION]: '0.1.0' });
   // The OTLP encoding (http/protobuf, the OTLP default, costs about half of http/json's bytes)
   // and the HTTP export run on a worker thread: the event loop pays only for each span's
@@ -95,6 +96,7 @@ export async function startTracing(service: string): Promise<Tracing> {
   const exporter = new ThreadSpanExporter({ resource: resource.attributes, protocol: otlpProtocol() });
   const provider = new NodeTracerProvider({
     resource,
+    idGenerator: new PooledIdGenerator(),
     spanProcessors: [new BatchSpanProcessor(exporter, batchDefaults())],
   });
   // The active context lives in the request scope's async-local store (one store, not two);
