@@ -1,7 +1,7 @@
 /**
  * Trace and span ids for the tracer provider (the SDK's `IdGenerator` extension point): cut from
- * a pool of random hex refilled from the system's CSPRNG, one call per 8 KiB of ids (about 170
- * spans), instead of the SDK's default of `Math.random` written into a buffer and hex-encoded per
+ * a pool of random hex refilled from the system's CSPRNG, one call per 8 KiB of hex (about 170
+ * root spans, 512 child spans), instead of the SDK's default of `Math.random` written into a buffer and hex-encoded per
  * id. W3C trace context forbids all-zero ids: such a draw is replaced.
  */
 import { randomBytes } from 'node:crypto';

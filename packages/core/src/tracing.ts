@@ -82,13 +82,13 @@ export async function startTracing(service: string): Promise<Tracing> {
     active = { enabled: false, shutdown: async () => undefined };
     return active;
   }
-  const [{ resourceFromAttributes }, { BatchSpanProcessor, NodeTracerProvider }, { ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION }, { ThreadSpanExporter }] = await Promise.all([
+  const [{ resourceFromAttributes }, { BatchSpanProcessor, NodeTracerProvider }, { ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION }, { ThreadSpanExporter }, { PooledIdGenerator }] = await Promise.all([
     import('@opentelemetry/resources'),
     import('@opentelemetry/sdk-trace-node'),
     import('@opentelemetry/semantic-conventions'),
     import('./tracing-export.js'),
+    import('./trace-ids.js'),
   ]);
-  const { PooledIdGenerator } = await import('./trace-ids.js');
   const resource = resourceFromAttributes({ [ATTR_SERVICE_NAME]: env('OTEL_SERVICE_NAME') ?? service, [ATTR_SERVICE_VERSION]: '0.1.0' });
   // The OTLP encoding (http/protobuf, the OTLP default, costs about half of http/json's bytes)
   // and the HTTP export run on a worker thread: the event loop pays only for each span's
