@@ -41,6 +41,32 @@ describe('wire conventions', () => {
     expect(r.headers.get('service-workspace-id')).toBe(p.bootstrap.workspace_id);
   });
 
+  it('matches routes case-insensitively, with a trailing slash, for HEAD as GET, with path parameters decoded', async () => {
+    const ws = p.bootstrap.workspace_id;
+    const created = await p.root.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/principals`, {
+      external_subject_id: 'route-shapes', principal_type: 'service', display_name: 'Routes',
+    });
+    const get = (path: string, method = 'GET') => fetch(`${p.baseUrl}${path}`, {
+      method, headers: { authorization: `Bearer ${p.bootstrap.root_key}`, 'service-version': '2026-08-27' },
+    });
+    for (const path of [`/v1/principals/${created.id}`, `/v1/principals/${created.id}/`, `/V1/Principals/${created.id}`]) {
+      const r = await get(path);
+      expect(r.status, path).toBe(200);
+      expect(((await r.json()) as { id: string }).id).toBe(created.id);
+    }
+    // The id's characters percent-encoded: the parameter reaches the operation decoded.
+    const encoded = [...created.id].map((c) => `%${c.charCodeAt(0).toString(16).padStart(2, '0')}`).join('');
+    const r2 = await get(`/v1/principals/${encoded}`);
+    expect(r2.status).toBe(200);
+    expect(((await r2.json()) as { id: string }).id).toBe(created.id);
+    const head = await get(`/v1/principals/${created.id}`, 'HEAD');
+    expect(head.status).toBe(200);
+    expect(await head.text()).toBe('');
+    // Two trailing slashes name no route.
+    const r3 = await get(`/v1/principals/${created.id}//`);
+    expect(r3.status).toBe(404);
+  });
+
   it('413 validation.payload_too_large over 4 MiB', async () => {
     const big = JSON.stringify({ display_name: 'x'.repeat(4 * 1024 * 1024 + 10) });
     const r = await p.root.request('POST', `/v1/organizations/workspaces/${p.bootstrap.workspace_id}/principals`, { rawBody: big });

@@ -108,7 +108,7 @@ export function errorBoundary(deps: ApiDeps): Koa.Middleware {
  * turn (with ~200 routes, matching them all was ~5% of an API process's CPU under load).
  */
 export class OperationRoutes {
-  private readonly areas = new Map<string, { router: Router; middleware: ReturnType<Router['routes']> }>();
+  private readonly areas = new Map<string, { router: Router }>();
 
   /** The area key of a path: its first two segments, lower-cased (routes match case-insensitively). */
   static areaOf(path: string): string {
@@ -123,14 +123,26 @@ export class OperationRoutes {
     const known = this.areas.get(key);
     if (known) return known.router;
     const router = new Router();
-    this.areas.set(key, { router, middleware: router.routes() });
+    this.areas.set(key, { router });
     return router;
   }
 
+  /**
+   * Dispatches to the first route registered for the path and method, as the router's own
+   * middleware would (its routes never call `next`), with the router's matching and parameter
+   * decoding, but without the per-request work that middleware adds for features these routes
+   * do not use (host matching, nested routers, a composed chain built per request).
+   */
   routes(): Koa.Middleware {
     return (ctx, next) => {
-      const area = this.areas.get(OperationRoutes.areaOf(ctx.path));
-      return area ? area.middleware(ctx as Parameters<typeof area.middleware>[0], next) : next();
+      const path = ctx.path;
+      const area = this.areas.get(OperationRoutes.areaOf(path));
+      if (!area) return next();
+      const layer = area.router.match(path, ctx.method).pathAndMethod.find((l) => l.methods.length > 0);
+      const handler = layer?.stack[0];
+      if (!layer || !handler) return next();
+      ctx.params = layer.params(path, layer.captures(path));
+      return Promise.resolve(handler(ctx as Parameters<typeof handler>[0], next));
     };
   }
 
