@@ -15,10 +15,19 @@ export const koaPath = (path: string): string => path.replace(/\{([a-z_]+)\}/g, 
 
 const METHODS_WITH_BODY = new Set(['POST', 'PATCH', 'PUT', 'DELETE']);
 
+/**
+ * The request's headers with one string per name. Node joins repeated request headers itself,
+ * but for a few (`set-cookie`), so the object is used as it is unless one of those came.
+ */
 function flattenHeaders(headers: Koa.Context['headers']): Record<string, string | undefined> {
-  const out: Record<string, string | undefined> = {};
-  for (const [k, v] of Object.entries(headers)) out[k] = Array.isArray(v) ? v.join(', ') : v;
-  return out;
+  for (const k in headers) {
+    if (Array.isArray(headers[k])) {
+      const out: Record<string, string | undefined> = {};
+      for (const [name, v] of Object.entries(headers)) out[name] = Array.isArray(v) ? v.join(', ') : v;
+      return out;
+    }
+  }
+  return headers as Record<string, string | undefined>;
 }
 
 export function sendError(ctx: Koa.Context, err: ApiError, deps: ApiDeps): void {
@@ -202,7 +211,7 @@ export function buildRouter(operations: readonly Operation[], deps: ApiDeps): Op
           method: op.method as HttpMethod,
           headers: flattenHeaders(ctx.headers),
           params: { ...(ctx.params as Record<string, string>) },
-          query: { ...ctx.query },
+          query: ctx.querystring === '' ? {} : { ...ctx.query },
           body,
           requestId,
           ...(op.upload ? { stream: ctx.req } : {}),
