@@ -1,4 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import http from 'node:http';
 import { HttpClient } from '@agentplane/client';
 import { startPlatform, type Platform } from './harness/platform.js';
 import { startApiNode, type ApiNode } from './harness/cluster-platform.js';
@@ -137,6 +138,35 @@ describe('API keys', () => {
     const rot = await p.root.request('POST', `/v1/api-keys/${id}/rotate`, { body: {}, idempotencyKey: 'rot-revoked' });
     expect(rot.status).toBe(409);
     expect(errType(rot)).toBe('runtime.invalid_transition');
+  });
+
+  it('on one kept-alive connection, each request is the bearer it carries, and a revoked key is refused on the next', async () => {
+    const a = await newKey('developer', wsA);
+    const b = await newKey('developer', wsB);
+    const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+    const reused: boolean[] = [];
+    const get = (token: string) => new Promise<{ status: number; workspace: string | undefined }>((resolve, reject) => {
+      const req = http.get(`${p.baseUrl}/v1/support/capabilities`, { agent, headers: { authorization: `Bearer ${token}`, 'service-version': '2026-08-27' } }, (res) => {
+        res.resume();
+        res.on('end', () => resolve({ status: res.statusCode ?? 0, workspace: res.headers['service-workspace-id'] as string | undefined }));
+      });
+      req.on('socket', () => reused.push(req.reusedSocket));
+      req.on('error', reject);
+    });
+    try {
+      expect(await get(a.secret)).toEqual({ status: 200, workspace: wsA });
+      expect(await get(b.secret)).toEqual({ status: 200, workspace: wsB });
+      expect(await get(a.secret)).toEqual({ status: 200, workspace: wsA });
+      expect((await get(`${a.secret}x`)).status).toBe(401);
+      expect(await get(a.secret)).toEqual({ status: 200, workspace: wsA });
+      expect((await p.root.request('POST', `/v1/api-keys/${a.id}/revoke`, { body: {} })).status).toBe(200);
+      expect((await get(a.secret)).status).toBe(401);
+      expect(await get(b.secret)).toEqual({ status: 200, workspace: wsB });
+      // Every request after the first went over the first one's connection.
+      expect(reused).toEqual([false, true, true, true, true, true, true]);
+    } finally {
+      agent.destroy();
+    }
   });
 
   it('lists metadata with cursor pagination and never a secret', async () => {

@@ -136,7 +136,7 @@ export function a2aEdge(deps: ApiDeps): Koa.Middleware {
     // 1. A Principal credential with audience a2a: nothing else (an api_mcp bearer is refused here).
     let caller: Caller;
     try {
-      caller = await authenticate(headers, deps);
+      caller = await authenticate(headers, deps, ctx.req.socket);
       if (caller.kind !== 'principal_credential') throw new ApiError('auth.invalid_key', 'A2A takes a Principal access credential with audience a2a');
       if (caller.audience !== 'a2a') throw new ApiError('auth.invalid_key', `a credential with audience '${caller.audience ?? 'none'}' is not accepted by the A2A endpoint`);
     } catch (err) {

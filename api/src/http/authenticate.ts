@@ -1,4 +1,4 @@
-import { ApiError } from '@agentplane/core';
+import { ApiError, secretDigest } from '@agentplane/core';
 import { tags } from '@agentplane/store';
 import type { ApiDeps } from '../deps.js';
 import type { AuthRecord, Organization, Principal, Workspace } from '@agentplane/domain';
@@ -24,11 +24,12 @@ export function bearerToken(authorization: string | undefined): string | null {
  * When the cache holds all of them the Caller is returned at once (no promise: this is every
  * authenticated request's path); otherwise they are read and a promise is returned.
  */
-export function authenticate(headers: Readonly<Record<string, string | undefined>>, deps: ApiDeps): Caller | Promise<Caller> {
-  const token = bearerToken(headers.authorization);
-  if (!token) throw invalidKey();
+export function authenticate(headers: Readonly<Record<string, string | undefined>>, deps: ApiDeps, connection?: object): Caller | Promise<Caller> {
+  const bearer = bearerOf(headers.authorization, connection);
+  if (!bearer) throw invalidKey();
+  const { token, digest } = bearer;
   const selector = headers[WORKSPACE_SELECTOR_HEADER];
-  const record = deps.credentials.peek(token);
+  const record = deps.credentials.peek(token, digest);
   if (record === null) throw invalidKey();
   if (record !== undefined) {
     const workspaceId = workspaceOf(record, selector);
@@ -37,11 +38,30 @@ export function authenticate(headers: Readonly<Record<string, string | undefined
     const principal = principalRef(record) ? deps.docs.peekShared<Principal>(tags.workspace(record.workspace_id ?? ''), record.principal_id ?? '') : null;
     if (org !== undefined && ws !== undefined && principal !== undefined) return callerOf(record, workspaceId, org, ws, principal);
   }
-  return readCaller(token, selector, deps);
+  return readCaller(token, digest, selector, deps);
 }
 
-async function readCaller(token: string, selector: string | undefined, deps: ApiDeps): Promise<Caller> {
-  const record = await deps.credentials.resolve(token);
+/**
+ * The last bearer each connection presented, with its digest: a client sends the same
+ * Authorization header on every request of a kept-alive connection, and digesting it was a few
+ * percent of an authenticated GET's CPU. Kept only while the connection (the socket object)
+ * lives; the credential itself is still looked up, through the read cache, on every request.
+ */
+const lastBearer = new WeakMap<object, { authorization: string; token: string; digest: string }>();
+
+function bearerOf(authorization: string | undefined, connection: object | undefined): { token: string; digest: string } | null {
+  if (!authorization) return null;
+  const last = connection ? lastBearer.get(connection) : undefined;
+  if (last && last.authorization === authorization) return last;
+  const token = bearerToken(authorization);
+  if (!token) return null;
+  const bearer = { authorization, token, digest: secretDigest(token) };
+  if (connection) lastBearer.set(connection, bearer);
+  return bearer;
+}
+
+async function readCaller(token: string, digest: string, selector: string | undefined, deps: ApiDeps): Promise<Caller> {
+  const record = await deps.credentials.resolve(token, digest);
   if (!record) throw invalidKey();
   const workspaceId = workspaceOf(record, selector);
   const [org, ws, principal] = await Promise.all([

@@ -30,6 +30,8 @@ export interface RawRequest {
    * not counted twice; authorisation, version, validation and idempotency still run.
    */
   admitted?: Caller;
+  /** The connection (socket) the request came on: a bearer is digested once per connection. */
+  connection?: object;
   /** The edge's id for this request; generated when absent. */
   requestId?: string;
   /** MCP `tools/call`: the tool name, an ActionPolicy call of kind `api` checked before the handler. */
@@ -181,7 +183,7 @@ async function run(
       caller = raw.admitted;
     } else {
       // Answered from the read cache without a promise on the hot path.
-      const known = authenticate(raw.headers, deps);
+      const known = authenticate(raw.headers, deps, raw.connection);
       caller = known instanceof Promise ? await known : known;
     }
     progress.caller = caller;

@@ -214,6 +214,7 @@ export function buildRouter(operations: readonly Operation[], deps: ApiDeps): Op
           query: ctx.querystring === '' ? {} : { ...ctx.query },
           body,
           requestId,
+          connection: ctx.req.socket,
           ...(op.upload ? { stream: ctx.req } : {}),
         };
         const { caller, result } = await execute(p, raw, deps);

@@ -212,7 +212,7 @@ export function mcpEdge(operations: readonly Operation[], prepared: ReadonlyMap<
     // 3. Bearer: API keys with their full role, api_mcp Principal credentials; nothing else.
     let caller: Caller;
     try {
-      caller = await authenticate(headers, deps);
+      caller = await authenticate(headers, deps, ctx.req.socket);
     } catch (err) {
       if (err instanceof ApiError) return authFailure(ctx, err);
       throw err;

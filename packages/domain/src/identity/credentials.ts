@@ -33,14 +33,15 @@ export class CredentialIndex {
    * The auth record from the read cache without waiting (one parsed copy shared by every request:
    * read it, never change it); undefined when the cache cannot answer now (use resolve).
    */
-  peek(secret: string): Readonly<AuthRecord> | null | undefined {
-    return cachedPeekShared<AuthRecord>(this.redis, keys.auth(secretDigest(secret)));
+  peek(secret: string, digest = secretDigest(secret)): Readonly<AuthRecord> | null | undefined {
+    return cachedPeekShared<AuthRecord>(this.redis, keys.auth(digest));
   }
 
-  async resolve(secret: string): Promise<AuthRecord | null> {
+  /** `digest`: the secret's `secretDigest`, when the caller has it already. */
+  async resolve(secret: string, digest = secretDigest(secret)): Promise<AuthRecord | null> {
     // Through the process's read cache: Redis invalidates it on every change of the key, so a
     // revoked bearer is refused on the next request (docs/ARCHITECTURE.md, "The read cache").
-    const raw = await cachedGet(this.redis, keys.auth(secretDigest(secret)));
+    const raw = await cachedGet(this.redis, keys.auth(digest));
     return raw ? (JSON.parse(raw) as AuthRecord) : null;
   }
 
