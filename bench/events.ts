@@ -232,9 +232,9 @@ async function main(): Promise<void> {
     let perConnKiB = Number.NaN;
     if (apiPid) {
       // A first, smaller round warms the code the streams run, so the figure is the streams' own.
-      await oursLatency(p, log, p.bootstrap.root_key, { viewers: 50, sessions: 1, appends: 0, intervalMs: 0 }, [idle]);
+      await oursLatency(p, log, p.bootstrap.root_key, { name: 'warm-up', viewers: 50, sessions: 1, appends: 0, intervalMs: 0 }, [idle]);
       await sleep(500);
-      const measured = await oursLatency(p, log, p.bootstrap.root_key, { viewers: 1000, sessions: 1, appends: 0, intervalMs: 0 }, [idle], { pid: apiPid, before: rssKiB(apiPid) });
+      const measured = await oursLatency(p, log, p.bootstrap.root_key, { name: 'idle', viewers: 1000, sessions: 1, appends: 0, intervalMs: 0 }, [idle], { pid: apiPid, before: rssKiB(apiPid) });
       perConnKiB = measured.perConnKiB ?? Number.NaN;
     }
 
