@@ -197,10 +197,12 @@ describe('/v1/runtime/mcp/{connection_id}', () => {
     const past = await grant({ [connectionId]: { default: 'allow' } });
     await expect(bearers.mint({ ...past, expires_at: new Date(Date.now() - 1000).toISOString() })).rejects.toThrow();
 
-    const short = await grant({ [connectionId]: { default: 'allow' } }, 300);
+    // A fence held for a second and not renewed: served while it holds, refused once it lapses
+    // (waited for, not slept on: a slow machine may take longer than the fence to answer).
+    const short = await grant({ [connectionId]: { default: 'allow' } }, 1000);
     const bearer = await bearers.mint(short);
     expect((await post(`/v1/runtime/mcp/${connectionId}`, bearer)).status).toBe(200);
-    await new Promise((r) => setTimeout(r, 400)); // the lease was not renewed: the fence lapses
+    await expect.poll(async () => (await post(`/v1/runtime/mcp/${connectionId}`, bearer)).status, { timeout: 15_000, interval: 100 }).toBe(401);
     const r = await post(`/v1/runtime/mcp/${connectionId}`, bearer);
     expect(r.status).toBe(401);
     expect(r.headers.get('www-authenticate')).toContain('invalid_token');
