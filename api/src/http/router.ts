@@ -16,8 +16,9 @@ export const koaPath = (path: string): string => path.replace(/\{([a-z_]+)\}/g, 
 const METHODS_WITH_BODY = new Set(['POST', 'PATCH', 'PUT', 'DELETE']);
 
 /**
- * The request's headers with one string per name. Node joins repeated request headers itself,
- * but for a few (`set-cookie`), so the object is used as it is unless one of those came.
+ * The request's headers with one string per name. Node already gives one string per name for a
+ * request's headers (a repeated one joined, or only its first kept) but for `set-cookie`, a
+ * list; so the object is used as it is unless a list came.
  */
 function flattenHeaders(headers: Koa.Context['headers']): Record<string, string | undefined> {
   for (const k in headers) {
