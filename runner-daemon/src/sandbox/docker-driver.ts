@@ -389,7 +389,8 @@ export class DockerDriver implements SandboxDriver {
 
   /**
    * Starts `argv` under the process-group wrapper (so a kill takes its whole tree) as a hijacked
-   * exec stream. A container found not running (killed to bound a cancel, died) is restarted once.
+   * exec stream. A container found not running (killed to bound a cancel, died) is restarted once,
+   * unless the sandbox was suspended or removed meanwhile.
    */
   private async startWrapped(
     tracked: Tracked, sandbox: Sandbox, execId: string, argv: string[], options: { cwd?: string; env?: Record<string, string> }, stdin: boolean,
@@ -406,6 +407,9 @@ export class DockerDriver implements SandboxDriver {
     try {
       const exec = await createExec().catch(async (err: unknown) => {
         if (statusCode(err) !== 409) throw err;
+        // Suspended or removed since this exec began (a lost lease, an idle sweep, the Session's
+        // end): it stays down. Restarting it here would run the command after the lease is gone.
+        if (this.live.get(sandbox.sessionId) !== tracked) throw new SandboxError('not_found', `the sandbox of ${sandbox.sessionId} was stopped`);
         this.log.warn({ session: sandbox.sessionId }, 'sandbox container was not running: restarting it');
         await withTimeout(tracked.container.start(), this.startTimeoutMs, () => new Error('restart timeout'));
         tracked.oomKills = -1;
@@ -414,6 +418,7 @@ export class DockerDriver implements SandboxDriver {
       const stream = (await exec.start({ hijack: true, stdin })) as NodeJS.ReadWriteStream;
       return { exec, stream };
     } catch (err) {
+      if (err instanceof SandboxError) throw err;
       throw new SandboxError('exec_failed', `docker exec failed: ${(err as Error).message}`, { cause: err });
     }
   }

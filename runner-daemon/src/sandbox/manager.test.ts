@@ -56,13 +56,16 @@ describe('sandbox manager', () => {
     const prepared = await manager.prepare(other, {});
     await driver.writeFiles(prepared.sandbox, [{ path: 'kept.txt', data: Buffer.from('kept') }]);
     // Killed mid-run, or refused because the sandbox stopped before the exec began: either way it
-    // does not finish normally (the outcome is read at once, so no rejection goes unhandled).
-    const sleeper = driver.exec(prepared.sandbox, ['sleep', '600'], { timeoutMs: 60_000 }).then(
-      (r) => r.exitCode,
+    // does not finish normally (the outcome is read at once, so no rejection goes unhandled), and
+    // it is never left to run out its timeout in a container brought back up after the loss.
+    const sleeper = driver.exec(prepared.sandbox, ['sleep', '600'], { timeoutMs: 20_000 }).then(
+      (r) => (r.timedOut ? 'timed out' : r.exitCode),
       (err: unknown) => (err as { reason?: string }).reason ?? 'error',
     );
     await manager.leaseLost(other.id);
-    expect([await sleeper]).not.toContain(0);
+    const outcome = await sleeper;
+    expect(outcome).not.toBe(0);
+    expect(outcome).not.toBe('timed out');
     expect((await docker.getContainer(prepared.sandbox.ref).inspect()).State.Running).toBe(false);
     manager.runEnded(other.id);
     const again = await manager.prepare(other, {});
@@ -73,9 +76,8 @@ describe('sandbox manager', () => {
     expect(manager.sessions()).toContain(other.id);
     await expect(manager.prepare(other, {})).rejects.toMatchObject({ reason: 'not_found' });
     manager.runEnded(other.id);
-    await new Promise((r) => setTimeout(r, 1500));
-    expect(manager.sessions()).not.toContain(other.id);
-    expect(await driver.sandboxSessions(runnerId)).not.toContain(other.id);
+    await expect.poll(() => manager.sessions(), { timeout: 20_000 }).not.toContain(other.id);
+    await expect.poll(() => driver.sandboxSessions(runnerId), { timeout: 20_000 }).not.toContain(other.id);
     manager.stop();
   }, 60_000);
 
