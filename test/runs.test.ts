@@ -212,7 +212,8 @@ describe('runner drain with held work (SIGTERM)', () => {
       const id = await sleepyTurn(600);
       await waitEvents(id, (evs) => evs.some((e) => e.type === 'agent.tool_use'));
       daemon.kill('SIGTERM');
-      await new Promise((r) => setTimeout(r, 500));
+      // The first signal has been taken (the runner reports itself draining) before the second.
+      await waitFor('draining presence', async () => ((await q.root.get<{ data: { runner: string; status: string }[] }>('/v1/runner-pools/presences')).data.some((x) => x.runner === runnerId && x.status === 'draining') ? true : undefined), 10_000);
       const t0 = Date.now();
       daemon.kill('SIGTERM');
       expect(await exited).toBe(0);

@@ -627,16 +627,21 @@ describe('SSE', () => {
     const s = await newSession();
     const withDeltas = new AbortController();
     const plain = new AbortController();
-    const itD = await open(`/v1/sessions/${s.id}/events/stream`, { signal: withDeltas.signal, query: { event_deltas: 'agent.message' } });
-    const itP = await open(`/v1/sessions/${s.id}/events/stream`, { signal: plain.signal });
+    const itD = streamEvents(api, `/v1/sessions/${s.id}/events/stream`, { signal: withDeltas.signal, query: { event_deltas: 'agent.message' } });
+    const itP = streamEvents(api, `/v1/sessions/${s.id}/events/stream`, { signal: plain.signal });
+    // Previews are not kept: a stream sees those published after it subscribed. A stream
+    // subscribes before it reads the log, so its first frame says it is live.
+    await store.log.append(s.id, [{ type: 'agent.message', payload: { content: 'first' } }]);
+    expect(await collect(itD, 1)).toMatchObject([{ id: '1', event: 'agent.message' }]);
+    expect(await collect(itP, 1)).toMatchObject([{ id: '1', event: 'agent.message' }]);
     await store.log.publishDelta(s.id, { session_thread_id: null, type: 'agent.message', message_id: 'm1', index: 0, text: 'Hel' });
     await store.log.publishDelta(s.id, { session_thread_id: null, type: 'agent.thinking', message_id: 'm1', index: 0, text: 'hmm' });
     await store.log.append(s.id, [{ type: 'agent.message', payload: { content: 'Hello' } }]);
     const d = await collect(itD, 2);
     expect(d[0]).toMatchObject({ id: undefined, event: 'agent.message.delta' });
-    expect(d[1]).toMatchObject({ id: '1', event: 'agent.message' });
+    expect(d[1]).toMatchObject({ id: '2', event: 'agent.message' });
     const pl = await collect(itP, 1);
-    expect(pl[0]).toMatchObject({ id: '1', event: 'agent.message' });
+    expect(pl[0]).toMatchObject({ id: '2', event: 'agent.message' });
     withDeltas.abort();
     plain.abort();
     expect((await api.request('GET', `/v1/sessions/${s.id}/events/stream`, { query: { event_deltas: 'agent.tool_use' } })).status).toBe(400);
