@@ -25,11 +25,10 @@ export function bearerToken(authorization: string | undefined): string | null {
  * authenticated request's path); otherwise they are read and a promise is returned.
  */
 export function authenticate(headers: Readonly<Record<string, string | undefined>>, deps: ApiDeps, connection?: object): Caller | Promise<Caller> {
-  const bearer = bearerOf(headers.authorization, connection);
-  if (!bearer) throw invalidKey();
-  const { token, digest } = bearer;
+  const digest = bearerDigest(headers.authorization, connection);
+  if (!digest) throw invalidKey();
   const selector = headers[WORKSPACE_SELECTOR_HEADER];
-  const record = deps.credentials.peek(token, digest);
+  const record = deps.credentials.peek(digest);
   if (record === null) throw invalidKey();
   if (record !== undefined) {
     const workspaceId = workspaceOf(record, selector);
@@ -38,7 +37,7 @@ export function authenticate(headers: Readonly<Record<string, string | undefined
     const principal = principalRef(record) ? deps.docs.peekShared<Principal>(tags.workspace(record.workspace_id ?? ''), record.principal_id ?? '') : null;
     if (org !== undefined && ws !== undefined && principal !== undefined) return callerOf(record, workspaceId, org, ws, principal);
   }
-  return readCaller(token, digest, selector, deps);
+  return readCaller(digest, selector, deps);
 }
 
 /**
@@ -47,21 +46,22 @@ export function authenticate(headers: Readonly<Record<string, string | undefined
  * percent of an authenticated GET's CPU. Kept only while the connection (the socket object)
  * lives; the credential itself is still looked up, through the read cache, on every request.
  */
-const lastBearer = new WeakMap<object, { authorization: string; token: string; digest: string }>();
+const lastBearer = new WeakMap<object, { authorization: string; digest: string }>();
 
-function bearerOf(authorization: string | undefined, connection: object | undefined): { token: string; digest: string } | null {
+/** The `secretDigest` of the request's bearer; null when the header holds none. */
+function bearerDigest(authorization: string | undefined, connection: object | undefined): string | null {
   if (!authorization) return null;
   const last = connection ? lastBearer.get(connection) : undefined;
-  if (last && last.authorization === authorization) return last;
+  if (last && last.authorization === authorization) return last.digest;
   const token = bearerToken(authorization);
   if (!token) return null;
-  const bearer = { authorization, token, digest: secretDigest(token) };
-  if (connection) lastBearer.set(connection, bearer);
-  return bearer;
+  const digest = secretDigest(token);
+  if (connection) lastBearer.set(connection, { authorization, digest });
+  return digest;
 }
 
-async function readCaller(token: string, digest: string, selector: string | undefined, deps: ApiDeps): Promise<Caller> {
-  const record = await deps.credentials.resolve(token, digest);
+async function readCaller(digest: string, selector: string | undefined, deps: ApiDeps): Promise<Caller> {
+  const record = await deps.credentials.resolve(digest);
   if (!record) throw invalidKey();
   const workspaceId = workspaceOf(record, selector);
   const [org, ws, principal] = await Promise.all([

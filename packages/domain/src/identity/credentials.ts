@@ -30,15 +30,16 @@ export class CredentialIndex {
   }
 
   /**
-   * The auth record from the read cache without waiting (one parsed copy shared by every request:
-   * read it, never change it); undefined when the cache cannot answer now (use resolve).
+   * The auth record of a bearer, by its `secretDigest`, from the read cache without waiting (one
+   * parsed copy shared by every request: read it, never change it); undefined when the cache
+   * cannot answer now (use resolve).
    */
-  peek(secret: string, digest = secretDigest(secret)): Readonly<AuthRecord> | null | undefined {
+  peek(digest: string): Readonly<AuthRecord> | null | undefined {
     return cachedPeekShared<AuthRecord>(this.redis, keys.auth(digest));
   }
 
-  /** `digest`: the secret's `secretDigest`, when the caller has it already. */
-  async resolve(secret: string, digest = secretDigest(secret)): Promise<AuthRecord | null> {
+  /** The auth record of a bearer, by its `secretDigest`. */
+  async resolve(digest: string): Promise<AuthRecord | null> {
     // Through the process's read cache: Redis invalidates it on every change of the key, so a
     // revoked bearer is refused on the next request (docs/ARCHITECTURE.md, "The read cache").
     const raw = await cachedGet(this.redis, keys.auth(digest));
