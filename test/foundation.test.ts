@@ -67,6 +67,36 @@ describe('wire conventions', () => {
     expect(r3.status).toBe(404);
   });
 
+  it('answers JSON with its status, type and byte length (non-ASCII text), and HEAD with the same headers and no body', async () => {
+    const ws = p.bootstrap.workspace_id;
+    const headers = { authorization: `Bearer ${p.bootstrap.root_key}`, 'service-version': '2026-08-27', 'content-type': 'application/json' };
+    const created = await fetch(`${p.baseUrl}/v1/organizations/workspaces/${ws}/principals`, {
+      method: 'POST', headers, body: JSON.stringify({ external_subject_id: 'json-shape', principal_type: 'service', display_name: 'Zoë 🚀 名前' }),
+    });
+    expect(created.status).toBe(201);
+    expect(created.headers.get('content-type')).toBe('application/json; charset=utf-8');
+    expect(created.headers.get('request-id')).toMatch(/^req_/);
+    const createdBytes = Buffer.from(await created.arrayBuffer());
+    expect(Number(created.headers.get('content-length'))).toBe(createdBytes.length);
+    const { id } = JSON.parse(createdBytes.toString('utf8')) as { id: string };
+    const get = await fetch(`${p.baseUrl}/v1/principals/${id}`, { headers });
+    const bytes = Buffer.from(await get.arrayBuffer());
+    expect(get.status).toBe(200);
+    expect(Number(get.headers.get('content-length'))).toBe(bytes.length);
+    expect((JSON.parse(bytes.toString('utf8')) as { display_name: string }).display_name).toBe('Zoë 🚀 名前');
+    expect(get.headers.get('service-workspace-id')).toBe(ws);
+    const head = await fetch(`${p.baseUrl}/v1/principals/${id}`, { method: 'HEAD', headers });
+    expect(head.status).toBe(200);
+    expect(head.headers.get('content-type')).toBe('application/json; charset=utf-8');
+    expect(Number(head.headers.get('content-length'))).toBe(bytes.length);
+    expect((await head.arrayBuffer()).byteLength).toBe(0);
+    // Errors keep their own shape.
+    const missing = await fetch(`${p.baseUrl}/v1/principals/prin_${'0'.repeat(32)}`, { headers });
+    expect(missing.status).toBe(404);
+    expect(missing.headers.get('content-type')).toBe('application/json; charset=utf-8');
+    expect(((await missing.json()) as { error: { type: string } }).error.type).toBe('validation.not_found');
+  });
+
   it('413 validation.payload_too_large over 4 MiB', async () => {
     const big = JSON.stringify({ display_name: 'x'.repeat(4 * 1024 * 1024 + 10) });
     const r = await p.root.request('POST', `/v1/organizations/workspaces/${p.bootstrap.workspace_id}/principals`, { rawBody: big });

@@ -76,7 +76,7 @@ async function tracedRequest(ctx: Koa.Context, next: Koa.Next): Promise<void> {
     throw err;
   } finally {
     // A stream (SSE) answers 200 and ends when the client leaves.
-    const status = ctx.respond === false ? 200 : ctx.status;
+    const status = ctx.respond === false ? ctx.res.statusCode : ctx.status;
     span.setAttribute(ATTR_HTTP_RESPONSE_STATUS_CODE, status);
     if (status >= 500) span.setStatus({ code: SpanStatusCode.ERROR });
     span.end();
@@ -105,8 +105,8 @@ export function errorBoundary(deps: ApiDeps): Koa.Middleware {
       }
     } finally {
       // A per-request line only at debug: at the default level nothing is built for it.
-      if (ctx.respond !== false && deps.log.isLevelEnabled('debug')) {
-        deps.log.debug({ method: ctx.method, path: ctx.path, status: ctx.status, ms: Number(process.hrtime.bigint() - started) / 1e6 }, 'request');
+      if (deps.log.isLevelEnabled('debug')) {
+        deps.log.debug({ method: ctx.method, path: ctx.path, status: ctx.res.statusCode, ms: Number(process.hrtime.bigint() - started) / 1e6 }, 'request');
       }
     }
   };
@@ -232,9 +232,13 @@ export function buildRouter(operations: readonly Operation[], deps: ApiDeps): Op
           await result.write(ctx.res, ac.signal);
           return;
         }
-        ctx.status = result.status;
         status = result.status;
-        for (const [k, v] of Object.entries(result.headers ?? {})) ctx.set(k, v);
+        if (result.headers) for (const [k, v] of Object.entries(result.headers)) ctx.set(k, v);
+        if (result.status !== 204 && isJsonBody(result.body)) {
+          sendJson(ctx, result.status, result.body);
+          return;
+        }
+        ctx.status = result.status;
         if (result.status !== 204) ctx.body = result.body ?? null;
       } catch (err) {
         status = err instanceof ApiError ? err.status : 500;
@@ -249,6 +253,27 @@ export function buildRouter(operations: readonly Operation[], deps: ApiDeps): Op
   }
 
   return { router, prepared };
+}
+
+/** A body Koa would serialise as JSON (a plain object or an array; not a string, Buffer or stream). */
+function isJsonBody(body: unknown): body is object {
+  return typeof body === 'object' && body !== null && !Buffer.isBuffer(body) && typeof (body as { pipe?: unknown }).pipe !== 'function';
+}
+
+/**
+ * Answer a JSON body as Koa's response would (status, `application/json; charset=utf-8`, its
+ * length; no body on HEAD), written at once: Koa's body setter and its \`respond\` look the type up,
+ * guess at streams and buffers and go through its delegates on every request.
+ */
+function sendJson(ctx: Koa.Context, status: number, body: object): void {
+  const text = JSON.stringify(body);
+  const res = ctx.res;
+  ctx.respond = false;
+  res.statusCode = status;
+  res.setHeader('Content-Type', 'application/json; charset=utf-8');
+  res.setHeader('Content-Length', Buffer.byteLength(text));
+  if (ctx.method === 'HEAD') res.end();
+  else res.end(text);
 }
 
 /**
