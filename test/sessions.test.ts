@@ -66,11 +66,16 @@ async function collect(it: AsyncGenerator<SseFrame>, n: number, timeoutMs = 10_0
   }
   return out;
 }
-/** Open a stream now (the client generator connects on its first read) and wait until it is live. */
-async function open(path: string, opts: Parameters<typeof streamEvents>[2] = {}): Promise<AsyncGenerator<SseFrame>> {
-  const it = streamEvents(api, path, opts);
+/**
+ * Open a stream now (the client generator connects on its first read) and wait until it is live:
+ * its headers come once it is subscribed and has read the log.
+ */
+async function open(path: string, opts: Parameters<typeof streamEvents>[2] = {}, client: HttpClient = api): Promise<AsyncGenerator<SseFrame>> {
+  let opened!: () => void;
+  const live = new Promise<void>((resolve) => { opened = resolve; });
+  const it = streamEvents(client, path, { ...opts, onOpen: opened });
   const first = it.next();
-  await new Promise((r) => setTimeout(r, 300));
+  await Promise.race([live, first]);
   async function* rest(): AsyncGenerator<SseFrame> {
     const f = await first;
     if (f.done) return;
@@ -647,6 +652,17 @@ describe('SSE', () => {
     expect((await api.request('GET', `/v1/sessions/${s.id}/events/stream`, { query: { event_deltas: 'agent.tool_use' } })).status).toBe(400);
   });
 
+  it('a stream that has its headers is subscribed: a preview published at once is shown', async () => {
+    for (let i = 0; i < 5; i++) {
+      const s = await newSession();
+      const ac = new AbortController();
+      const it = await open(`/v1/sessions/${s.id}/events/stream`, { signal: ac.signal, query: { event_deltas: 'agent.message' } });
+      await store.log.publishDelta(s.id, { session_thread_id: null, type: 'agent.message', message_id: `m${i}`, index: 0, text: 'Hel' });
+      expect(await collect(it, 1)).toMatchObject([{ id: undefined, event: 'agent.message.delta' }]);
+      ac.abort();
+    }
+  });
+
   it('retention trims show up as a gap frame; a live erase ends the stream with a gap', async () => {
     const s = await newSession();
     await store.log.append(s.id, Array.from({ length: 6 }, () => ({ type: 'agent.message', payload: {} })));
@@ -736,9 +752,7 @@ describe('fan-out and shutdown', () => {
       }
       expect(text).toContain(': keep-alive\n\n');
       await reader?.cancel();
-      const it = streamEvents(q.root, `/v1/sessions/${s.id}/events/stream`);
-      const first = it.next();
-      await new Promise((r) => setTimeout(r, 300));
+      const first = (await open(`/v1/sessions/${s.id}/events/stream`, {}, q.root)).next();
       const started = Date.now();
       const stopped = q.stop();
       const r = await Promise.race([first.then(() => 'ended', () => 'ended'), new Promise((res) => setTimeout(() => res('hung'), 8000))]);

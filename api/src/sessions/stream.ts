@@ -80,7 +80,9 @@ export function sseStream(spec: StreamSpec): StreamResult {
         connection: 'keep-alive',
         'x-accel-buffering': 'no',
       });
-      res.flushHeaders();
+      // The headers leave with the replay's first frames, in one write, once the subscription is
+      // confirmed and the first page read (at the latest when the stream goes live): a client that
+      // has the headers knows the stream is subscribed.
       openStreams++;
       let last = spec.cursor;
       let ended = false;
@@ -109,8 +111,11 @@ export function sseStream(spec: StreamSpec): StreamResult {
           waiters.add(done);
           if (ended) done();
         });
+      // Whether anything was written yet (the headers leave with the first write).
+      let started = false;
       const write = (chunk: string) => {
         if (ended) return;
+        started = true;
         res.write(chunk);
         if (res.writableLength > MAX_BUFFERED_BYTES) end();
       };
@@ -120,6 +125,19 @@ export function sseStream(spec: StreamSpec): StreamResult {
         last = to;
       };
       const deliver = (events: readonly LogEvent[]) => {
+        // A batch's frames leave in one write.
+        if (events.length > 1) {
+          res.socket?.cork();
+          try {
+            deliverEach(events);
+          } finally {
+            res.socket?.uncork();
+          }
+        } else {
+          deliverEach(events);
+        }
+      };
+      const deliverEach = (events: readonly LogEvent[]) => {
         for (const e of events) {
           if (e.seq <= last) continue;
           if (e.seq > last + 1) gap(last + 1, e.seq - 1, 'retention');
@@ -192,10 +210,11 @@ export function sseStream(spec: StreamSpec): StreamResult {
             end();
           } else {
             if (last + 1 < st.low) gap(last + 1, st.low - 1, 'retention');
-            // The replayed frames leave in one write.
+            // The headers and the replayed frames leave in one write.
             res.socket?.cork();
             try {
-              deliver(first);
+              deliverEach(first);
+              if (!started) res.flushHeaders();
             } finally {
               res.socket?.uncork();
             }

@@ -12,6 +12,12 @@ export interface StreamOptions {
   lastEventId?: string;
   query?: Record<string, string | number | boolean | undefined>;
   signal?: AbortSignal;
+  /**
+   * Called once the stream answered 200. The platform sends a stream's headers only after it
+   * subscribed to the Session's live events and read the log's first page: from then on, nothing
+   * appended is missed.
+   */
+  onOpen?: () => void;
 }
 
 /**
@@ -25,6 +31,7 @@ export async function* streamEvents(client: HttpClient, path: string, options: S
     const text = await res.text();
     throw new Error(`stream ${path} answered ${res.status}: ${text}`);
   }
+  options.onOpen?.();
   const queue: SseFrame[] = [];
   const parser = createParser({
     onEvent: (m: EventSourceMessage) => queue.push({ id: m.id, event: m.event, data: m.data }),
