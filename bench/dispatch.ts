@@ -155,9 +155,19 @@ export async function commandsPerRun(redisUrl: string, runs: (start: () => void)
     const cmd = String(args[0]).toUpperCase();
     c.set(cmd, (c.get(cmd) ?? 0) + 1);
   });
+  // Socket reads Redis made (INFO's total_reads_processed): commands that reached it in one
+  // client write count once, so this is how many writes the clients spent on the Runs.
+  const stats = new Redis(redisUrl);
+  const reads = async () => Number(/total_reads_processed:(\d+)/.exec(await stats.info('stats'))?.[1] ?? Number.NaN);
+  let readsAtStart: Promise<number> = Promise.resolve(Number.NaN);
   // Sessions are created before the level starts sending: only the Runs are counted.
-  const n = await runs(() => (on = true));
+  const n = await runs(() => {
+    on = true;
+    readsAtStart = reads();
+  });
   await new Promise((r) => setTimeout(r, 200));
+  const readsPerRun = ((await reads()) - (await readsAtStart)) / n;
+  stats.disconnect();
   monitor.disconnect();
   const names = new Map<string, string>();
   const list = (await mon.client('LIST')) as string;
@@ -179,7 +189,7 @@ export async function commandsPerRun(redisUrl: string, runs: (start: () => void)
     const total = [...c.values()].reduce((a, b) => a + b, 0);
     const top = [...c].sort((a, b) => b[1] - a[1]).slice(0, 8).map(([cmd, k]) => `${cmd} ${(k / n).toFixed(1)}`).join(', ');
     return `  ${name}: ${(total / n).toFixed(1)} per Run (${top})`;
-  }).join('\n');
+  }).concat(`  socket reads Redis made per Run (client writes; every client, MONITOR's own excluded): ${readsPerRun.toFixed(1)}`).join('\n');
 }
 
 async function floor(redisUrl: string, rate: number): Promise<ReturnType<typeof summarize>> {

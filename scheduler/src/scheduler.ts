@@ -61,7 +61,7 @@ export class Scheduler {
     this.bull = connectRedis(config.redisUrl, { name: 'scheduler:bullmq', blocking: true });
     this.sub = connectRedis(config.redisUrl, { name: 'scheduler:offers', blocking: true });
     for (const c of [this.redis, this.bull, this.sub]) c.on('error', (err: Error) => log.warn({ err: err.message }, 'redis connection error'));
-    this.queues = new RunQueues(this.bull, config.lease);
+    this.queues = new RunQueues(this.bull, config.lease, this.redis);
     this.cancels = new CancelMarks(this.redis);
     this.store = new SessionStore(this.redis, config.appendDurability);
     // Every turn spec reads its Environment (or SandboxProfile) version: versions never change, so

@@ -31,7 +31,7 @@ export function createRunsModule(d: {
   // BullMQ wants a connection that never gives up on a command.
   const bull = connectRedis(d.config.redisUrl, { name: 'api:queues', blocking: true });
   bull.on('error', (err: Error) => d.log.warn({ err: err.message }, 'queue connection error'));
-  const queues = new RunQueues(bull, d.config.lease);
+  const queues = new RunQueues(bull, d.config.lease, d.redis);
   const fence = new LeaseFence(d.redis);
   const keeper = new LeaseKeeper(queues, fence, d.config.lease);
   const records = new LeaseRecords(d.redis);

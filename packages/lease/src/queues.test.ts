@@ -14,7 +14,9 @@ const job = (run: string) => ({ run_id: run, session_id: 'sess_x', thread_id: 's
 describe('fair-share ranks taken ahead of the enqueue', () => {
   it('a rank taken ahead is the job priority; ranks whose Run never got a job are pruned once old enough, the others kept', async () => {
     const redis = redisOf();
-    const queues = new RunQueues(redis, DEFAULT_LEASE_CONFIG);
+    // The fair-share commands on their own auto-pipelined connection, as the api and scheduler run them.
+    const commands = redis.duplicate({ enableAutoPipelining: true });
+    const queues = new RunQueues(redis, DEFAULT_LEASE_CONFIG, commands);
     // Taken ahead, then enqueued with it: the job carries that rank, nothing is ranked twice.
     const ahead = await queues.rank(POOL, WS, 'run_a');
     expect(ahead).toBe(1);
@@ -33,6 +35,11 @@ describe('fair-share ranks taken ahead of the enqueue', () => {
     expect(await redis.zrange(fair, 0, -1)).toEqual(['run_a']);
     // Without a rank taken ahead, the enqueue takes it.
     expect((await queues.enqueue(job('run_b'))).rank).toBe(2);
+    // Leased (or removed): the Run leaves the fair set, and the next one of its workspace ranks first.
+    await queues.dequeued(POOL, WS, 'run_a');
+    expect(await redis.zrange(fair, 0, -1)).toEqual(['run_b']);
+    expect(await queues.rank(POOL, WS, 'run_c')).toBe(2);
     await queues.queue(POOL).close();
+    commands.disconnect();
   });
 });

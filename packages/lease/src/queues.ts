@@ -60,10 +60,21 @@ return gone`,
 export class RunQueues {
   private readonly queues = new Map<string, Queue>();
 
+  /**
+   * `connection` carries BullMQ's queues (it never gives up on a command). The fair-share set
+   * and the reads of the queue's keys go on `commands` when given: a request-path connection
+   * that auto-pipelines, so a rank taken beside an append, or a dequeue beside a lease's other
+   * writes, shares their socket write instead of making its own.
+   */
+  private readonly commands: Redis;
+
   constructor(
     private readonly connection: Redis,
     readonly config: LeaseConfig,
-  ) {}
+    commands?: Redis,
+  ) {
+    this.commands = commands ?? connection;
+  }
 
   queue(poolId: string): Queue {
     let q = this.queues.get(poolId);
@@ -80,12 +91,12 @@ export class RunQueues {
    * gets a job is removed by `pruneRanks`.
    */
   async rank(poolId: string, workspaceId: string, runId: string): Promise<number> {
-    return Number(await RANK.run(this.connection, [fairKey(poolId, workspaceId)], [runId, Date.now()]));
+    return Number(await RANK.run(this.commands, [fairKey(poolId, workspaceId)], [runId, Date.now()]));
   }
 
   /** Remove ranks taken before `before` (ms) whose Run has no job (its turn never started, or its job is gone). */
   async pruneRanks(poolId: string, workspaceId: string, before: number, limit = 500): Promise<number> {
-    return Number(await PRUNE_RANKS.run(this.connection, [fairKey(poolId, workspaceId)], [before, `${queuePrefix(poolId)}:${RUN_QUEUE}:`, limit]));
+    return Number(await PRUNE_RANKS.run(this.commands, [fairKey(poolId, workspaceId)], [before, `${queuePrefix(poolId)}:${RUN_QUEUE}:`, limit]));
   }
 
   /** `rank`: taken ahead with `rank()` (else taken here first). */
@@ -117,7 +128,7 @@ export class RunQueues {
 
   /** The Run left the queue for good (leased, removed, unservable, exhausted); idempotent. */
   async dequeued(poolId: string, workspaceId: string, runId: string): Promise<void> {
-    await this.connection.zrem(fairKey(poolId, workspaceId), runId);
+    await this.commands.zrem(fairKey(poolId, workspaceId), runId);
   }
 
   async job(poolId: string, runId: string): Promise<Job<RunJobData> | undefined> {
@@ -130,7 +141,7 @@ export class RunQueues {
    */
   async finishedBefore(poolId: string, state: 'completed' | 'failed', before: number, limit = 100): Promise<Job<RunJobData>[]> {
     const q = this.queue(poolId);
-    const ids = await this.connection.zrangebyscore(q.toKey(state), '-inf', before, 'LIMIT', 0, limit);
+    const ids = await this.commands.zrangebyscore(q.toKey(state), '-inf', before, 'LIMIT', 0, limit);
     const jobs = await Promise.all(ids.map((id) => Job.fromId<RunJobData>(q, id)));
     return jobs.filter((j): j is Job<RunJobData> => !!j?.data);
   }
@@ -167,7 +178,7 @@ export class RunQueues {
    * in the same script that moves the job, so it survives the process that ran the check.
    */
   async stalledAfter(poolId: string, cursor: string, count = 1000): Promise<{ runIds: string[]; cursor: string; more: boolean }> {
-    const entries = await this.connection.xrange(this.queue(poolId).toKey('events'), cursor === '-' ? '-' : `(${cursor}`, '+', 'COUNT', count);
+    const entries = await this.commands.xrange(this.queue(poolId).toKey('events'), cursor === '-' ? '-' : `(${cursor}`, '+', 'COUNT', count);
     const runIds = new Set<string>();
     for (const [, fields] of entries) {
       const f = new Map<string, string>();
