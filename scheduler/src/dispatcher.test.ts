@@ -134,6 +134,31 @@ describe('lease engine (BullMQ)', () => {
     expect(await s.fence.holds(lease.session_id, lease.lease_id)).toBe(false);
   });
 
+  it('offers the runners with the most free slots first, at most MAX_OFFERS of them, and skips the full ones', async () => {
+    const s = setup(1, { ...config, maxOffers: 2 });
+    const offered: string[] = [];
+    s.fleet.onOffer = async (o) => void offered.push(o.runner_id);
+    // Ten runners: one full, one with four slots and one with three, both declining; the rest one slot.
+    s.fleet.add('runner_full', 0);
+    s.fleet.add('runner_four', 4, false);
+    s.fleet.add('runner_three', 3, false);
+    for (let i = 0; i < 7; i++) s.fleet.add(`runner_one_${i}`, 1);
+    await s.enqueue(30);
+    await until('two offers declined', () => offered.length >= 2);
+    // The two best were offered, best first; both declined, so the Run waits for a later try
+    // (a third offer would have gone to a one-slot runner, which accepts).
+    expect(offered.slice(0, 2)).toEqual(['runner_four', 'runner_three']);
+    await until('waiting', () => s.events.some((e) => e.kind === 'waiting' && e.detail === 'offered runners did not accept in time'));
+    expect(s.events.some((e) => e.kind === 'leased')).toBe(false);
+    // The declining runners leave: one-slot runners are offered next, in random order.
+    s.fleet.runners.delete('runner_four');
+    s.fleet.runners.delete('runner_three');
+    await until('leased', () => s.events.some((e) => e.kind === 'leased'));
+    const runner = s.events.find((e) => e.kind === 'leased')?.detail ?? '';
+    expect(runner).toMatch(/^runner_one_/);
+    expect(offered).not.toContain('runner_full');
+  });
+
   it('a runner that stops heartbeating loses the lease; the Run is leased again elsewhere and the old token is dead', async () => {
     const s = setup();
     s.fleet.add('runner_a');

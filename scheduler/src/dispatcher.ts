@@ -126,6 +126,31 @@ export class PoolDispatcher {
     return (this.reserved.get(r.runner_id) ?? 0) + since;
   }
 
+  /**
+   * The runners to offer a Run to, best first, at most `maxOffers`: those that can take it now,
+   * most effective free slots first, equal ones in random order (so load spreads). Each runner's
+   * load is counted once, and only the best few are picked out, not the whole pool sorted.
+   */
+  private candidates(runners: readonly RunnerView[], req: RunJobData['requirements']): RunnerView[] {
+    const fit: { r: RunnerView; free: number; k: number }[] = [];
+    for (const r of runners) {
+      const load = this.load(r);
+      if (matchNow(req, r.capabilities, load).ok) fit.push({ r, free: (r.capabilities.available_slots ?? 0) - load, k: Math.random() });
+    }
+    const picked: RunnerView[] = [];
+    for (let n = Math.min(this.o.config.maxOffers, fit.length); picked.length < n;) {
+      let best = picked.length;
+      for (let i = best + 1; i < fit.length; i++) {
+        const a = fit[i]!;
+        const b = fit[best]!;
+        if (a.free > b.free || (a.free === b.free && a.k < b.k)) best = i;
+      }
+      [fit[picked.length], fit[best]] = [fit[best]!, fit[picked.length]!];
+      picked.push(fit[picked.length]!.r);
+    }
+    return picked;
+  }
+
   private sleep(ms: number): Promise<void> {
     return new Promise((resolve) => {
       const t = setTimeout(resolve, ms);
@@ -222,13 +247,7 @@ export class PoolDispatcher {
     const early = job.attemptsStarted <= 1 ? this.o.offers.prepare(plan) : undefined;
     const req = job.data.requirements;
     const { runners } = await this.freeCapacity();
-    // Most effective free slots first; equal runners in random order, so load spreads.
-    const free = (r: RunnerView) => (r.capabilities.available_slots ?? 0) - this.load(r);
-    const candidates = runners
-      .filter((r) => matchNow(req, r.capabilities, this.load(r)).ok)
-      .map((r) => ({ r, k: Math.random() }))
-      .sort((a, b) => free(b.r) - free(a.r) || a.k - b.k)
-      .map((x) => x.r);
+    const candidates = this.candidates(runners, req);
 
     if (candidates.length === 0) {
       if (await checked) return this.cancelTaken(job, token);
@@ -250,7 +269,7 @@ export class PoolDispatcher {
     // Keep the lock while offers are out; the runner's acceptance replaces it with a full lease.
     const keep = setInterval(() => void job.extendLock(token, this.o.config.leaseMs).catch(() => undefined), Math.max(500, this.o.config.offerTimeoutMs / 2));
     try {
-      for (const runner of candidates.slice(0, this.o.config.maxOffers)) {
+      for (const runner of candidates) {
         this.reserved.set(runner.runner_id, (this.reserved.get(runner.runner_id) ?? 0) + 1);
         let outcome;
         try {
