@@ -262,7 +262,7 @@ function isJsonBody(body: unknown): body is object {
 
 /**
  * Answer a JSON body as Koa's response would (status, `application/json; charset=utf-8`, its
- * length; no body on HEAD), written at once: Koa's body setter and its \`respond\` look the type up,
+ * length; no body on HEAD), written at once: Koa's body setter and its `respond` look the type up,
  * guess at streams and buffers and go through its delegates on every request.
  */
 function sendJson(ctx: Koa.Context, status: number, body: object): void {
