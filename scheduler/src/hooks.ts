@@ -52,7 +52,7 @@ export function runHooks(d: {
       d.metrics.offered(d.poolId, outcome);
     },
     async waiting(job: Job<RunJobData>, reason: string) {
-      await d.lifecycle.waiting(job.data.session_id, job.data.run_id, reason);
+      await d.lifecycle.waiting(job.data.session_id, job.data.run_id, reason, job.data.pool_id);
     },
     async stalled(runId: string) {
       const job = await d.queues.job(d.poolId, runId);

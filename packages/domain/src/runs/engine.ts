@@ -181,6 +181,10 @@ export class RunEngine implements TurnScheduler {
       if (r === 'canceled') return this.d.lifecycle.canceled(sessionId, runId, 'interrupted while queued');
       held = r === 'active';
       if (held) await this.cancels.mark(sessionId, runId);
+    } else if (run.status === 'queued' || run.status === 'waiting') {
+      // Its pool is not on the Run yet (the write of the enqueue has not landed): the dispatcher
+      // that takes the job honours the mark, as for a job it holds.
+      await this.cancels.mark(sessionId, runId);
     }
     if (await this.cancelLease(sessionId, run.workspace_id, runId)) return;
     if (held && pool && (await this.d.queues.cancelQueued(pool, runId)) === 'canceled') {

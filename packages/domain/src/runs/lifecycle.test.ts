@@ -96,3 +96,39 @@ describe('lost leases', () => {
     expect((await store.run(t.sessionId, t.runId))?.attempts?.[0]).toMatchObject({ outcome: 'infrastructure_failure', cause: 'sandbox failed to start' });
   });
 });
+
+describe('a Run placed before its enqueue is recorded', () => {
+  it('a scheduler that says the Run waits before the api records the enqueue: both land, and the pool is known either way', async () => {
+    const { session, threadId } = await idleSession(store);
+    const { run } = await new ThreadRuntime(store, () => recordOnlyTurnScheduler).submitUserMessage(session, threadId, newId('event'));
+    if (!run) throw new Error('no turn started');
+    const pool = `rpool_${'1'.repeat(32)}`;
+    // The scheduler took the job and found no runner before the api's write of the enqueue.
+    await lifecycle.waiting(session.id, run.id, 'every matching runner is busy or offline', pool);
+    let doc = await store.run(session.id, run.id);
+    expect(doc).toMatchObject({ status: 'waiting', runner_pool_id: pool });
+    // The api's write, with the Run as it created it (a stale guess): recorded all the same.
+    await lifecycle.enqueued(session.id, run.id, pool, run);
+    doc = await store.run(session.id, run.id);
+    expect(doc?.status).toBe('waiting');
+    expect(doc?.runner_pool_id).toBe(pool);
+    expect(doc?.timestamps?.enqueued_at).toEqual(expect.any(String));
+    // Recorded once: a repeated report changes nothing.
+    const version = doc?.version;
+    await lifecycle.enqueued(session.id, run.id, pool);
+    expect((await store.run(session.id, run.id))?.version).toBe(version);
+  });
+
+  it('the enqueue is recorded on a Run already leased, and not on one that ended', async () => {
+    const t = await leasedTurn();
+    const pool = `rpool_${'2'.repeat(32)}`;
+    await lifecycle.enqueued(t.sessionId, t.runId, pool);
+    expect(await store.run(t.sessionId, t.runId)).toMatchObject({ status: 'running', runner_pool_id: pool });
+    const ended = await leasedTurn();
+    await lifecycle.canceled(ended.sessionId, ended.runId, 'interrupted');
+    await lifecycle.enqueued(ended.sessionId, ended.runId, pool);
+    const doc = await store.run(ended.sessionId, ended.runId);
+    expect(doc?.status).toBe('canceled');
+    expect(doc?.timestamps?.enqueued_at ?? null).toBeNull();
+  });
+});

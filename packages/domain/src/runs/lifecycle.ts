@@ -74,15 +74,27 @@ export class RunLifecycle {
     return (r.attempts ?? []).map((a) => (a.ended_at === null && (leaseId === null || a.lease_id === leaseId) ? { ...a, ended_at: nowIso(), outcome, cause } : a));
   }
 
-  /** `current`: the Run as its creator just wrote it, so the common case needs no read (the CAS checks it). */
+  /**
+   * The Run's job is in its pool's queue: the pool and the time are recorded, whatever the Run's
+   * status by now (a scheduler may take the job, and even say it waits, before this write lands;
+   * the interrupt of a queued Run finds its job through the pool). `current`: the Run as its
+   * creator just wrote it, so the common case needs no read (the CAS checks it).
+   */
   async enqueued(sessionId: string, runId: string, poolId: string, current?: RunDoc): Promise<void> {
+    // Taken before the write: a retried compare-and-swap still records when the job was added.
+    const at = nowIso();
     await this.move(sessionId, runId, (r) =>
-      r.status !== 'queued' || r.timestamps?.enqueued_at ? null : { ...r, runner_pool_id: poolId, timestamps: { ...this.ts(r), enqueued_at: nowIso() }, attempts: r.attempts ?? [] }, current);
+      TERMINAL.has(r.status) || r.timestamps?.enqueued_at ? null : {
+        ...r, runner_pool_id: r.runner_pool_id ?? poolId, timestamps: { ...this.ts(r), enqueued_at: at }, attempts: r.attempts ?? [],
+      }, current);
   }
 
-  async waiting(sessionId: string, runId: string, reason: string): Promise<void> {
+  /** `poolId`: the pool whose queue holds the Run's job, recorded if the Run does not say yet. */
+  async waiting(sessionId: string, runId: string, reason: string, poolId?: string): Promise<void> {
     const res = await this.move(sessionId, runId, (r) =>
-      (r.status !== 'queued' && r.status !== 'waiting') || r.waiting_reason === reason ? null : { ...r, status: 'waiting', waiting_reason: reason });
+      (r.status !== 'queued' && r.status !== 'waiting') || r.waiting_reason === reason ? null : {
+        ...r, status: 'waiting', waiting_reason: reason, ...(poolId && !r.runner_pool_id ? { runner_pool_id: poolId } : {}),
+      });
     if (res?.moved) {
       await this.store.log.append(sessionId, [{
         type: 'session.run_waiting', payload: { run_id: runId, reason }, session_thread_id: res.run.session_thread_id,
