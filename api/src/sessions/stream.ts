@@ -124,19 +124,17 @@ export function sseStream(spec: StreamSpec): StreamResult {
         write(`id: ${to}\nevent: gap\ndata: ${JSON.stringify({ type: 'gap', from_seq: from, to_seq: to, reason })}\n\n`);
         last = to;
       };
-      const deliver = (events: readonly LogEvent[]) => {
-        // A batch's frames leave in one write.
-        if (events.length > 1) {
-          res.socket?.cork();
-          try {
-            deliverEach(events);
-          } finally {
-            res.socket?.uncork();
-          }
-        } else {
-          deliverEach(events);
+      /** What `fn` writes leaves in one socket write. */
+      const inOneWrite = (fn: () => void) => {
+        res.socket?.cork();
+        try {
+          fn();
+        } finally {
+          res.socket?.uncork();
         }
       };
+      // A batch's frames leave in one write.
+      const deliver = (events: readonly LogEvent[]) => (events.length > 1 ? inOneWrite(() => deliverEach(events)) : deliverEach(events));
       const deliverEach = (events: readonly LogEvent[]) => {
         for (const e of events) {
           if (e.seq <= last) continue;
@@ -211,13 +209,10 @@ export function sseStream(spec: StreamSpec): StreamResult {
           } else {
             if (last + 1 < st.low) gap(last + 1, st.low - 1, 'retention');
             // The headers and the replayed frames leave in one write.
-            res.socket?.cork();
-            try {
+            inOneWrite(() => {
               deliverEach(first);
               if (!started) res.flushHeaders();
-            } finally {
-              res.socket?.uncork();
-            }
+            });
             if (first.length === READ_PAGE) {
               if (res.writableLength > REPLAY_HIGH_WATER_BYTES) await drained();
               await backfill();

@@ -90,10 +90,10 @@ export class RunLifecycle {
   }
 
   /** `poolId`: the pool whose queue holds the Run's job, recorded if the Run does not say yet. */
-  async waiting(sessionId: string, runId: string, reason: string, poolId?: string): Promise<void> {
+  async waiting(sessionId: string, runId: string, reason: string, poolId: string): Promise<void> {
     const res = await this.move(sessionId, runId, (r) =>
       (r.status !== 'queued' && r.status !== 'waiting') || r.waiting_reason === reason ? null : {
-        ...r, status: 'waiting', waiting_reason: reason, ...(poolId && !r.runner_pool_id ? { runner_pool_id: poolId } : {}),
+        ...r, status: 'waiting', waiting_reason: reason, runner_pool_id: r.runner_pool_id ?? poolId,
       });
     if (res?.moved) {
       await this.store.log.append(sessionId, [{
