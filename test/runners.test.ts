@@ -200,7 +200,7 @@ describe('runner daemon, gateway and presence', () => {
     expect(pres.generation).toBeGreaterThanOrEqual(1);
     expect(pres.owner).toEqual({ principal, machine_label: 'workstation' });
     expect(pres.capabilities.protocol_versions).toEqual([1]);
-    expect(pres.capabilities.plane_protocols).toEqual(['model-gateway-v1']);
+    expect(pres.capabilities.plane_protocols).toEqual(['model-gateway-v1', 'lease-spec-v1']);
     expect(pres.capabilities.drivers).toContain('docker'); // dockerd answers on this machine
     expect(pres.capabilities.drivers).toContain('process');
     const docker = pres.capabilities.providers.find((x) => x.id === 'docker')!;
@@ -407,6 +407,37 @@ describe('leases through the gateway (delivery interface) and SIGTERM drain', ()
     expect(await frameCount('in', 'lease.heartbeat')).toBeGreaterThan(renewals); // renewed at a third of the TTL
     // An offer for a runner nobody holds is not delivered.
     expect(await deliverToRunner(redis, ws, `runner_${'9'.repeat(32)}`, offer('lease-x', 0))).toBe(false);
+  }, WITH_DAEMON_MS);
+
+  it('an offer without its spec (lease-spec-v1): accepted at once, run once the spec follows; a spec ahead of its offer waits for it; an error fails the lease', async () => {
+    const { dir, runnerId } = await pairedToGateway('spec-box');
+    const daemon = startDaemon(dir);
+    await waitFor('presence', async () => ((await presenceOf(runnerId))?.status === 'ready' ? true : undefined), DAEMON_READY_MS);
+    expect((await presenceOf(runnerId))?.capabilities.plane_protocols).toContain('lease-spec-v1');
+    const ahead = (leaseId: string) => frame('lease.offer', `o-${leaseId}`, {
+      lease_id: leaseId, attempt: 1, run_id: `run_${'1'.repeat(32)}`, session_id: `sess_${'2'.repeat(32)}`, accept_within_ms: 5000, lease_ttl_ms: 3000,
+    });
+    const specOf = (leaseId: string, body: { spec?: Record<string, unknown>; error?: string }) => frame('lease.spec', `s-${leaseId}`, { lease_id: leaseId, attempt: 1, ...body });
+    const count = () => Promise.all([frameCount('in', 'lease.accept'), frameCount('in', 'lease.complete'), frameCount('in', 'lease.fail')]);
+    const [accepts, completes, fails] = await count();
+    // The spec follows the offer: accepted before the spec is in, completed after it.
+    expect(await deliverToRunner(redis, ws, runnerId, ahead('lease-s1'))).toBe(true);
+    await waitFor('lease.accept', async () => ((await frameCount('in', 'lease.accept')) > accepts ? true : undefined), 5000);
+    expect(await frameCount('in', 'lease.complete')).toBe(completes);
+    expect(await deliverToRunner(redis, ws, runnerId, specOf('lease-s1', { spec: { driver: 'noop', duration_ms: 0 } }))).toBe(true);
+    await waitFor('lease.complete', async () => ((await frameCount('in', 'lease.complete')) > completes ? true : undefined), 5000);
+    // A spec that overtook its offer is kept until the offer comes.
+    expect(await deliverToRunner(redis, ws, runnerId, specOf('lease-s2', { spec: { driver: 'noop', duration_ms: 0 } }))).toBe(true);
+    expect(await deliverToRunner(redis, ws, runnerId, ahead('lease-s2'))).toBe(true);
+    await waitFor('second lease.complete', async () => ((await frameCount('in', 'lease.complete')) > completes + 1 ? true : undefined), 5000);
+    // A spec the control plane could not build, and one this runner cannot run, fail the lease.
+    expect(await deliverToRunner(redis, ws, runnerId, ahead('lease-s3'))).toBe(true);
+    expect(await deliverToRunner(redis, ws, runnerId, specOf('lease-s3', { error: 'the control plane could not prepare the turn spec' }))).toBe(true);
+    expect(await deliverToRunner(redis, ws, runnerId, ahead('lease-s4'))).toBe(true);
+    expect(await deliverToRunner(redis, ws, runnerId, specOf('lease-s4', { spec: { driver: 'nonsense' } }))).toBe(true);
+    await waitFor('two lease.fail', async () => ((await frameCount('in', 'lease.fail')) >= fails + 2 ? true : undefined), 5000);
+    expect((await count())[1]).toBe(completes + 2);
+    daemon.kill('SIGTERM');
   }, WITH_DAEMON_MS);
 
   it('an offer sent to a stale node hint is forwarded once to the node holding the socket; a dead hint falls back to the presence', async () => {

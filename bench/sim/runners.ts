@@ -1,8 +1,10 @@
 // Simulated runners for bench:dispatch: N real WebSocket clients speaking the runner protocol.
-// Each accepts every offer at once, appends one agent.message event, then completes the lease.
+// Each accepts every offer at once, appends one agent.message event once it has the offer's spec
+// (in the offer, or in the lease.spec frame that follows it: they speak lease-spec-v1), then
+// completes the lease.
 // Reports to the parent over IPC: {kind: 'leased', session_id, at} when an offer arrives.
 import { WebSocket } from 'ws';
-import { frame } from '@agentplane/protocol';
+import { frame, LEASE_SPEC_PROTOCOL, MODEL_GATEWAY_PROTOCOL } from '@agentplane/protocol';
 import { wallMs } from '../lib/report.js';
 
 const [baseUrl, secretsJson] = [process.argv[2] as string, process.argv[3] as string];
@@ -11,15 +13,19 @@ const SLOTS = 16;
 let seq = 0;
 const id = () => `s${(++seq).toString(36)}`;
 
-interface Offer { lease_id: string; attempt: number; session_id: string; run_id: string }
+interface Offer { lease_id: string; attempt: number; session_id: string; run_id: string; spec?: unknown }
 
 function runner(secret: string): Promise<void> {
   return new Promise((resolve, reject) => {
     const ws = new WebSocket(`${baseUrl.replace('http', 'ws')}/v1/runners/connect`, { headers: { authorization: `Bearer ${secret}` } });
     let held = 0;
+    /** Accepted offers waiting for their spec, by lease id: their Session. */
+    const awaiting = new Map<string, string>();
+    const work = (ref: { lease_id: string; attempt: number }, sessionId: string) =>
+      ws.send(frame('events.batch', id(), { ...ref, session_id: sessionId, events: [{ producer_key: `${ref.lease_id}:0`, type: 'agent.message', payload: { content: [{ type: 'text', text: 'hi' }] } }] }));
     let heartbeat: NodeJS.Timeout | undefined;
     const caps = () => ({
-      protocol_versions: [1], available_slots: Math.max(0, SLOTS - held), drivers: ['docker'], plane_protocols: ['model-gateway-v1'],
+      protocol_versions: [1], available_slots: Math.max(0, SLOTS - held), drivers: ['docker'], plane_protocols: [MODEL_GATEWAY_PROTOCOL, LEASE_SPEC_PROTOCOL],
       providers: [{ id: 'docker', drivers: ['docker'], tiers: ['container'], network_modes: ['none'], retention_modes: ['durable'],
         maximum_resources: { cpu_millis: 64_000, memory_mib: 65_536, disk_mib: 1_000_000, max_duration_seconds: 86_400 } }],
     });
@@ -37,12 +43,21 @@ function runner(secret: string): Promise<void> {
         held++;
         const ref = { lease_id: o.lease_id, attempt: o.attempt };
         ws.send(frame('lease.accept', id(), ref));
-        ws.send(frame('events.batch', id(), { ...ref, session_id: o.session_id, events: [{ producer_key: `${o.lease_id}:0`, type: 'agent.message', payload: { content: [{ type: 'text', text: 'hi' }] } }] }));
+        if (o.spec) work(ref, o.session_id);
+        else awaiting.set(o.lease_id, o.session_id);
+      } else if (m.type === 'lease.spec') {
+        const sessionId = awaiting.get(String(m.payload.lease_id));
+        if (sessionId === undefined) return;
+        awaiting.delete(String(m.payload.lease_id));
+        const ref = { lease_id: String(m.payload.lease_id), attempt: Number(m.payload.attempt) };
+        if (m.payload.spec) work(ref, sessionId);
+        else ws.send(frame('lease.fail', id(), { ...ref, failure_class: 'infrastructure', reason: String(m.payload.error ?? 'no spec') }));
       } else if (m.type === 'events.ack') {
         const ref = { lease_id: String(m.payload.lease_id), attempt: Number(m.payload.attempt) };
         ws.send(frame('lease.complete', id(), { ...ref, result: { stop_reason: { type: 'end_turn' } } }));
         held = Math.max(0, held - 1);
       } else if (m.type === 'lease.revoked') {
+        awaiting.delete(String(m.payload.lease_id));
         held = Math.max(0, held - 1);
       }
     });

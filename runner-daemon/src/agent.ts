@@ -16,10 +16,19 @@ import { connectUrl } from './probe.js';
 
 export const DAEMON_VERSION = '0.1.0';
 
+/**
+ * An offer with its spec, as an executor sees it: an offer whose spec followed in `lease.spec`
+ * (`lease-spec-v1`) is handed over once the spec is in.
+ */
+export type LeaseOffer = Payload<'lease.offer'> & { spec: Record<string, unknown> };
+
+/** Specs that reached this daemon before their offer (a frame forwarded between gateway nodes may overtake it). */
+const EARLY_SPECS = 256;
+
 /** What an executor gets for one accepted lease. Every write carries the lease's fencing token. */
 export interface LeaseHandle {
   readonly lease: LeaseRef;
-  readonly offer: Payload<'lease.offer'>;
+  readonly offer: LeaseOffer;
   /** Aborted on lease.cancel, lease.revoked, or the drain deadline. */
   readonly signal: AbortSignal;
   sendEvents(sessionId: string, events: Payload<'events.batch'>['events']): void;
@@ -43,7 +52,7 @@ export type ToolDecision = Pick<Payload<'tool.decision'>, 'decision' | 'rule_id'
 /** Runs the work of a lease; resolve = lease.complete, reject = lease.fail. Sandbox drivers plug in here. */
 export interface LeaseExecutor {
   /** A reason to reject the offer (e.g. an unknown driver), or null to accept it. */
-  refuse(offer: Payload<'lease.offer'>): string | null;
+  refuse(offer: LeaseOffer): string | null;
   run(handle: LeaseHandle): Promise<Record<string, unknown> | undefined>;
   /** Sessions whose sandboxes this executor keeps (reported, so those of ended Sessions are released). */
   sandboxes?(): string[];
@@ -81,6 +90,10 @@ export class RunnerAgent {
   private factsAt = 0;
   private lastCapsJson = '';
   private readonly held = new Map<string, HeldLease>();
+  /** Accepted offers whose spec is still to come (`lease.spec`), by `<lease>#<attempt>`. */
+  private readonly awaitingSpec = new Map<string, (spec: Payload<'lease.spec'>) => void>();
+  /** `lease.spec` frames that came before their offer, by `<lease>#<attempt>` (bounded). */
+  private readonly earlySpecs = new Map<string, Payload<'lease.spec'>>();
   private drainDeadline: number | null = null;
   /** Who asked for the drain: the control plane's can be lifted (resume), a local one (signal, CLI) cannot. */
   private drainSource: 'control_plane' | 'local' | null = null;
@@ -333,6 +346,15 @@ export class RunnerAgent {
         return;
       case 'lease.offer':
         return this.onOffer(msg.payload, { ...(msg.traceparent ? { traceparent: msg.traceparent } : {}), ...(msg.tracestate ? { tracestate: msg.tracestate } : {}) });
+      case 'lease.spec': {
+        const key = `${msg.payload.lease_id}#${msg.payload.attempt}`;
+        const waiting = this.awaitingSpec.get(key);
+        if (waiting) return waiting(msg.payload);
+        if (this.held.has(key)) return;
+        this.earlySpecs.set(key, msg.payload);
+        if (this.earlySpecs.size > EARLY_SPECS) this.earlySpecs.delete(this.earlySpecs.keys().next().value as string);
+        return;
+      }
       case 'lease.revoked': {
         const h = this.held.get(`${msg.payload.lease_id}#${msg.payload.attempt}`);
         if (h) {
@@ -477,37 +499,47 @@ export class RunnerAgent {
 
   private handleOffer(offer: Payload<'lease.offer'>, span: Span | undefined): void {
     const ref = { lease_id: offer.lease_id, attempt: offer.attempt };
-    if (this.held.has(`${ref.lease_id}#${ref.attempt}`)) {
+    const key = `${ref.lease_id}#${ref.attempt}`;
+    if (this.held.has(key)) {
       // The same offer delivered twice: the lease is already taken and running here.
       span?.setAttribute('agentplane.lease.outcome', 'duplicate');
       span?.end();
       return;
     }
     const reject = (reason: string) => {
+      this.earlySpecs.delete(key);
       this.metrics?.leases.inc({ outcome: 'rejected' });
       span?.setAttribute('agentplane.lease.outcome', 'rejected');
       span?.end();
       this.send('lease.reject', { ...ref, reason });
     };
     if (this.status === 'draining') return reject('runner is draining');
-    if (!this.executor) return reject('no executor is installed on this runner');
-    const refusal = this.executor.refuse(offer);
+    const executor = this.executor;
+    if (!executor) return reject('no executor is installed on this runner');
+    // An offer whose spec follows is judged on it once it is in (a refusal then fails the lease).
+    const refusal = offer.spec ? executor.refuse(offer as LeaseOffer) : null;
     if (refusal) return reject(refusal);
     if (this.facts && buildCapabilities(this.facts, this.policy, this.held.size).available_slots <= 0) return reject('no free slot');
     const abort = new AbortController();
-    const key = `${ref.lease_id}#${ref.attempt}`;
     this.send('lease.accept', ref);
     const renew = setInterval(() => this.send('lease.heartbeat', ref), Math.max(500, Math.floor(offer.lease_ttl_ms / 3)));
-    const handle: LeaseHandle = {
-      lease: ref, offer, signal: abort.signal,
+    const handleFor = (full: LeaseOffer): LeaseHandle => ({
+      lease: ref, offer: full, signal: abort.signal,
       sendEvents: (sessionId, events) => void this.send('events.batch', { ...ref, session_id: sessionId, events }),
       model: this.modelClientFor(ref),
       deliverEvents: (sessionId, events, giveUpMs = 120_000) => this.deliverEvents(key, ref, sessionId, events, giveUpMs),
       checkTool: (check, giveUpMs = 60_000) => this.checkTool(key, ref, check, giveUpMs),
-    };
-    const executor = this.executor;
+    });
+    const full: Promise<LeaseOffer | null> = offer.spec ? Promise.resolve(offer as LeaseOffer) : this.specFor(key, offer, abort.signal).then((spec) => {
+      if (spec === null) return null;
+      const withSpec = { ...offer, spec };
+      const refused = executor.refuse(withSpec);
+      if (refused) throw new InfrastructureFailure(`this runner cannot run the offered spec: ${refused}`);
+      return withSpec;
+    });
     const endTimer = this.metrics?.leaseSeconds.startTimer();
-    const done = executor.run(handle).then(
+    // Cancelled (user.interrupt) before its spec came: the turn ends interrupted, nothing ran.
+    const done = full.then((o) => (o === null ? { stop_reason: { type: 'interrupted' } } : executor.run(handleFor(o)))).then(
       (result) => {
         this.metrics?.leases.inc({ outcome: 'completed' });
         span?.setAttribute('agentplane.lease.outcome', 'completed');
@@ -530,6 +562,48 @@ export class RunnerAgent {
       this.maybeFinishDrain();
     });
     this.held.set(key, { ref, sessionId: offer.session_id, abort, done, revoked: null });
+  }
+
+  /**
+   * The spec of an accepted offer that came without one: from its `lease.spec` frame (already
+   * here, or awaited). Null when the lease is cancelled first (`lease.cancel`). An infrastructure
+   * failure (the Run is retried) when the frame says the spec could not be built, when the lease
+   * is revoked or the drain deadline passes first, or when none comes in time (the scheduler that
+   * made the offer died).
+   */
+  private specFor(key: string, offer: Payload<'lease.offer'>, signal: AbortSignal): Promise<Record<string, unknown> | null> {
+    const waitMs = Math.max(10_000, offer.accept_within_ms * 2);
+    return new Promise((resolve, reject) => {
+      const settle = (p: Payload<'lease.spec'>) => {
+        cleanup();
+        if (p.spec) resolve(p.spec);
+        else reject(new InfrastructureFailure(`the control plane could not prepare this lease: ${p.error ?? 'no spec'}`));
+      };
+      const onAbort = () => {
+        cleanup();
+        if (!this.held.get(key)?.revoked && this.status !== 'draining') return resolve(null);
+        const reason: unknown = signal.reason;
+        reject(new InfrastructureFailure(`the lease ended before its spec arrived: ${reason instanceof Error ? reason.message : String(reason)}`));
+      };
+      const timer = setTimeout(() => {
+        cleanup();
+        reject(new InfrastructureFailure(`no spec arrived within ${waitMs} ms of the offer`));
+      }, waitMs);
+      const cleanup = () => {
+        clearTimeout(timer);
+        signal.removeEventListener('abort', onAbort);
+        this.awaitingSpec.delete(key);
+      };
+      const early = this.earlySpecs.get(key);
+      if (early) {
+        this.earlySpecs.delete(key);
+        settle(early);
+        return;
+      }
+      if (signal.aborted) return onAbort();
+      signal.addEventListener('abort', onAbort, { once: true });
+      this.awaitingSpec.set(key, settle);
+    });
   }
 
   private startHeartbeat(): void {

@@ -3,7 +3,7 @@ import { arch, cpus, platform } from 'node:os';
 import { delimiter, join } from 'node:path';
 import Docker from 'dockerode';
 import * as si from 'systeminformation';
-import { MODEL_GATEWAY_PROTOCOL, RUNNER_PROTOCOL_VERSIONS, type ProviderCapability, type RunnerCapabilities } from '@agentplane/protocol';
+import { LEASE_SPEC_PROTOCOL, MODEL_GATEWAY_PROTOCOL, RUNNER_PROTOCOL_VERSIONS, type ProviderCapability, type RunnerCapabilities } from '@agentplane/protocol';
 
 /**
  * Honest capabilities: every field comes from the host (systeminformation) or the Docker
@@ -193,7 +193,7 @@ export function buildCapabilities(facts: HostFacts, policy: SlotPolicy, held: nu
     protocol_versions: [...RUNNER_PROTOCOL_VERSIONS],
     available_slots: availableSlots(facts, policy, held),
     drivers: [...new Set(providers.flatMap((p) => p.drivers))],
-    plane_protocols: [MODEL_GATEWAY_PROTOCOL],
+    plane_protocols: [MODEL_GATEWAY_PROTOCOL, LEASE_SPEC_PROTOCOL],
     providers,
   };
 }

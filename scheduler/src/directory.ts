@@ -49,6 +49,11 @@ export interface OfferChannel {
    * dispatcher's own checks. A body that fails makes each offer that carries it `rejected`.
    */
   prepare(plan: LeasePlan): OfferBody;
-  /** `nodeId`: the runner's gateway node as its presence said (a hint; delivery falls back to a lookup). */
-  offer(offer: LeaseOffer, timeoutMs: number, body: OfferBody, nodeId?: string): Promise<OfferOutcome>;
+  /**
+   * `nodeId`: the runner's gateway node as its presence said (a hint; delivery falls back to a
+   * lookup). `specFollows`: the runner speaks `lease-spec-v1`, so the offer goes at once without
+   * the body, which follows in a `lease.spec` frame once it is ready (and is never sent when it
+   * was withdrawn): the runner's acceptance and the lease's claim overlap the body's preparation.
+   */
+  offer(offer: LeaseOffer, timeoutMs: number, body: OfferBody, nodeId?: string, specFollows?: boolean): Promise<OfferOutcome>;
 }

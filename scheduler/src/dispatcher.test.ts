@@ -42,6 +42,8 @@ class Fleet implements RunnerDirectory, OfferChannel {
   offers = 0;
   /** Runs while an offer is out, before the runner answers (an interrupt arriving then). */
   onOffer: ((o: LeaseOffer) => Promise<void>) | undefined;
+  /** Runs once a runner's acceptance claimed the lease, before the dispatcher hears of it. */
+  onAccepted: ((o: LeaseOffer) => Promise<void>) | undefined;
   constructor(private readonly keeper: LeaseKeeper, private readonly pool: string) {}
   add(id: string, slots = 1, accept = true): void {
     this.runners.set(id, { view: { runner_id: id, pool_id: this.pool, status: 'ready', capabilities: caps(slots) }, accept, leases: [] });
@@ -68,6 +70,7 @@ class Fleet implements RunnerDirectory, OfferChannel {
     if (res !== 'ok') return 'rejected';
     r.leases.push(lease);
     r.view.capabilities.available_slots = (r.view.capabilities.available_slots ?? 1) - 1;
+    await this.onAccepted?.(o);
     return 'accepted';
   }
 }
@@ -278,8 +281,9 @@ describe('lease engine (BullMQ)', () => {
       const s = setup();
       s.fleet.add('runner_a', 1, false);
       s.fleet.onOffer = (o) => s.cancels.mark(o.session_id, o.run_id);
-      const { run_id: run } = await s.enqueue(3001);
+      const { run_id: run, session_id: session } = await s.enqueue(3001);
       await until('interrupted', () => s.events.some((e) => e.kind === 'interrupted' && e.run === run));
+      await until('the mark cleared', async () => !(await s.cancels.marked(session, run)));
       expect(await s.queues.job(s.poolId, run)).toBeUndefined();
       const offers = s.fleet.offers;
       await new Promise((r) => setTimeout(r, 300));
@@ -288,10 +292,29 @@ describe('lease engine (BullMQ)', () => {
       expect(s.events.some((e) => e.kind === 'leased')).toBe(false);
     });
 
-    it('marked while the offer is out and accepted: the lease is cancelled on that runner, once', async () => {
+    it('marked while the offer is out, then accepted: the lease is never claimed and the Run ends', async () => {
       const s = setup();
       s.fleet.add('runner_a');
-      s.fleet.onOffer = (o) => s.cancels.mark(o.session_id, o.run_id);
+      let leaseId = '';
+      s.fleet.onOffer = (o) => {
+        leaseId = o.lease_id;
+        return s.cancels.mark(o.session_id, o.run_id);
+      };
+      const { run_id: run, session_id: session } = await s.enqueue(3003);
+      await until('interrupted', () => s.events.some((e) => e.kind === 'interrupted' && e.run === run));
+      expect(s.fleet.runners.get('runner_a')?.leases).toHaveLength(0);
+      expect(leaseId).not.toBe('');
+      expect(await s.fence.holds(session, leaseId)).toBe(false);
+      expect(s.events.some((e) => e.kind === 'leased' || e.kind === 'cancelLease')).toBe(false);
+      // The turn ends first, then the job leaves the queue and the mark is cleared.
+      await until('the mark cleared', async () => !(await s.cancels.marked(session, run)));
+      expect(await s.queues.job(s.poolId, run)).toBeUndefined();
+    });
+
+    it('marked once the lease is claimed: the lease is cancelled on that runner, once', async () => {
+      const s = setup();
+      s.fleet.add('runner_a');
+      s.fleet.onAccepted = (o) => s.cancels.mark(o.session_id, o.run_id);
       const { run_id: run, session_id: session } = await s.enqueue(3002);
       await until('lease cancelled', () => s.events.some((e) => e.kind === 'cancelLease' && e.run === run));
       expect(s.events.filter((e) => e.kind === 'leased')).toHaveLength(1);

@@ -2,6 +2,7 @@ import { randomUUID } from 'node:crypto';
 import { UnrecoverableError, Worker, type Job } from 'bullmq';
 import { ATTR, extractTrace, inSpan, SpanKind, type Logger } from '@agentplane/core';
 import { matchCapabilities, matchNow, queuePrefix, RUN_QUEUE, type CancelMarks, type LeaseConfig, type RunJobData, type RunQueues } from '@agentplane/lease';
+import { LEASE_SPEC_PROTOCOL } from '@agentplane/protocol';
 import type { Redis } from '@agentplane/store';
 import type { LeasePlan, OfferBody, OfferChannel, OfferOutcome, RunnerDirectory, RunnerView } from './directory.js';
 
@@ -238,7 +239,9 @@ export class PoolDispatcher {
     // The checks (a cancel mark; the earlier attempts' ends) run beside the first offer's
     // preparation: its body's reads and its lease record. A first attempt's body is prepared at
     // once; a later attempt's waits until the earlier attempts' ends are recorded (the spec reads
-    // what they wrote). No offer is sent before the checks pass.
+    // what they wrote). No body is sent before the checks pass; a first attempt's offer to a
+    // runner that takes its spec later (`lease-spec-v1`) goes at once, without it: a cancel mark
+    // then refuses the lease's claim at the gateway, and the Run ends below.
     const checked = Promise.all([
       this.o.cancels.marked(job.data.session_id, job.data.run_id),
       this.o.hooks.retaken(job).catch((err: unknown) => this.o.log.warn({ err, run: job.id }, 'recording the earlier attempts failed')),
@@ -278,6 +281,7 @@ export class PoolDispatcher {
             this.o.config.offerTimeoutMs,
             body,
             runner.node_id,
+            early !== undefined && runner.capabilities.plane_protocols?.includes(LEASE_SPEC_PROTOCOL) === true,
           );
         } finally {
           const left = (this.reserved.get(runner.runner_id) ?? 1) - 1;
@@ -300,6 +304,9 @@ export class PoolDispatcher {
           }
           return;
         }
+        // Not taken. An offer that went ahead of its checks may have met a cancel mark (found by
+        // the checks, or made since: the gateway refused the lease's claim): the Run ends here.
+        if ((await checked) || (await this.o.cancels.marked(job.data.session_id, job.data.run_id))) return this.cancelTaken(job, token);
       }
     } finally {
       clearInterval(keep);

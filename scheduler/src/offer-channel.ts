@@ -1,7 +1,8 @@
 import { ATTR, injectTrace, inSpan, newId, SpanKind, type Logger } from '@agentplane/core';
+import { isCluster } from '@agentplane/store';
 import { deliverToRunner } from '@agentplane/gateway';
 import { LeaseFence, offerReplyChannel, type LeaseRecords, type OfferReply } from '@agentplane/lease';
-import { frame } from '@agentplane/protocol';
+import { frame, type Payload } from '@agentplane/protocol';
 import type { Redis } from '@agentplane/store';
 import type { LeaseOffer, LeasePlan, OfferBody, OfferChannel, OfferOutcome } from './directory.js';
 
@@ -50,9 +51,10 @@ export class RedisOfferChannel implements OfferChannel {
     return body;
   }
 
-  async offer(o: LeaseOffer, timeoutMs: number, body: OfferBody, nodeId?: string): Promise<OfferOutcome> {
+  async offer(o: LeaseOffer, timeoutMs: number, body: OfferBody, nodeId?: string, specFollows = false): Promise<OfferOutcome> {
     // The record and the spec are independent writes and reads: both are under way at once.
     const put = this.records.put({ ...o, reply_to: this.channel }, Math.max(timeoutMs * 3, o.lease_ms));
+    if (specFollows) return this.offerAhead(o, timeoutMs, body, put, nodeId);
     let spec: Record<string, unknown> | null;
     try {
       [spec] = await Promise.all([body, put]);
@@ -80,7 +82,59 @@ export class RedisOfferChannel implements OfferChannel {
     });
   }
 
-  private async deliverOffer(o: LeaseOffer, spec: Record<string, unknown>, timeoutMs: number, nodeId: string | undefined): Promise<OfferOutcome> {
+  /**
+   * An offer sent ahead of its spec (`lease-spec-v1`). The runner can accept only once the lease
+   * record is in Redis: on one Redis the record's write and the offer's publish go out on this
+   * connection in that order and run in it; on a Cluster they are on different nodes, so the write
+   * is awaited first. The spec follows on the same route once it is built and the checks passed;
+   * a withdrawn body sends nothing (the Run's cancel mark refuses the lease's claim, and the
+   * dispatcher ends the Run), a body that failed sends its error (the runner fails the attempt as
+   * an infrastructure failure), and nothing is sent once the runner is known not to hold the offer.
+   */
+  private async offerAhead(o: LeaseOffer, timeoutMs: number, body: OfferBody, put: Promise<void>, nodeId: string | undefined): Promise<OfferOutcome> {
+    if (isCluster(this.redis)) {
+      try {
+        await put;
+      } catch (err) {
+        this.log.warn({ err: err instanceof Error ? err.message : String(err), run: o.run_id }, 'cannot prepare the offer');
+        await this.records.remove(o.lease_id, o.runner_id).catch(() => undefined);
+        return 'rejected';
+      }
+    } else {
+      put.catch((err: unknown) => this.log.warn({ err: err instanceof Error ? err.message : String(err), run: o.run_id }, 'cannot record the offer'));
+    }
+    return inSpan('send lease.offer', {
+      kind: SpanKind.PRODUCER,
+      attributes: {
+        [ATTR.messagingSystem]: 'agentplane.runner', [ATTR.messagingOperationType]: 'send', [ATTR.messagingOperationName]: 'send',
+        [ATTR.messagingDestinationName]: 'lease.offer', [ATTR.messagingMessageId]: o.lease_id, 'agentplane.runner.id': o.runner_id, 'agentplane.run.id': o.run_id,
+        'agentplane.offer.spec_follows': true,
+      },
+    }, async (span) => {
+      let refused = false;
+      const follow = body.then(
+        (spec) => (spec === null || refused ? undefined : this.sendSpec(o, { spec }, nodeId)),
+        (err: unknown) => {
+          this.log.warn({ err: err instanceof Error ? err.message : String(err), run: o.run_id }, 'cannot prepare the offer');
+          return refused ? undefined : this.sendSpec(o, { error: 'the control plane could not prepare the turn spec' }, nodeId);
+        },
+      );
+      follow.catch((err: unknown) => this.log.warn({ err: err instanceof Error ? err.message : String(err), run: o.run_id }, 'cannot send the lease spec'));
+      const outcome = await this.deliverOffer(o, undefined, timeoutMs, nodeId);
+      refused = outcome !== 'accepted' && outcome !== 'recorded';
+      span.setAttribute('agentplane.offer.outcome', outcome);
+      return outcome;
+    });
+  }
+
+  /** The spec (or why there is none) of an offer sent ahead of it, along the offer's route. */
+  private async sendSpec(o: LeaseOffer, body: Pick<Payload<'lease.spec'>, 'spec' | 'error'>, nodeId: string | undefined): Promise<void> {
+    const text = frame('lease.spec', newId('event'), { lease_id: o.lease_id, attempt: o.attempt, ...body });
+    await deliverToRunner(this.redis, o.workspace_id, o.runner_id, text, nodeId ? { nodeId } : {});
+  }
+
+  /** `spec` undefined: it follows (`offerAhead`). */
+  private async deliverOffer(o: LeaseOffer, spec: Record<string, unknown> | undefined, timeoutMs: number, nodeId: string | undefined): Promise<OfferOutcome> {
     const answer = new Promise<OfferOutcome>((resolve) => {
       let settled = false;
       const finish = (outcome: OfferOutcome) => {
@@ -101,7 +155,7 @@ export class RedisOfferChannel implements OfferChannel {
     });
     const text = frame('lease.offer', newId('event'), {
       lease_id: o.lease_id, attempt: o.attempt, run_id: o.run_id, session_id: o.session_id, thread_id: o.thread_id,
-      accept_within_ms: timeoutMs, lease_ttl_ms: o.lease_ms, spec,
+      accept_within_ms: timeoutMs, lease_ttl_ms: o.lease_ms, ...(spec ? { spec } : {}),
     }, undefined, injectTrace());
     const notConnected: OfferReply = { lease_id: o.lease_id, outcome: 'rejected', reason: 'runner not connected' };
     // A gateway node that finds the runner gone (it closed since the directory listed it) answers

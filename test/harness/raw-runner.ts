@@ -37,10 +37,10 @@ export function runnerConnectUrl(baseUrl: string): string {
 }
 
 /**
- * Connects with `secret` (a runner credential), says `hello` and resolves once `welcome` has
+ * Connects with `secret` (a runner credential), says `hello` (by default `HELLO`) and resolves once `welcome` has
  * arrived (within 5 s). A socket that fails to get there is terminated before the error is thrown.
  */
-export async function connectRawRunner<F extends RunnerFrame = RunnerFrame>(target: { baseUrl: string }, secret: string): Promise<RawRunner<F>> {
+export async function connectRawRunner<F extends RunnerFrame = RunnerFrame>(target: { baseUrl: string }, secret: string, hello: Payload<'hello'> = HELLO): Promise<RawRunner<F>> {
   const sock = new WebSocket(runnerConnectUrl(target.baseUrl), { headers: { authorization: `Bearer ${secret}` } });
   const frames: F[] = [];
   const raw: string[] = [];
@@ -55,7 +55,7 @@ export async function connectRawRunner<F extends RunnerFrame = RunnerFrame>(targ
       sock.once('open', () => resolve());
       sock.once('error', reject);
     });
-    sock.send(frame('hello', 'h1', HELLO));
+    sock.send(frame('hello', 'h1', hello));
     await waitFor('welcome', () => (frames.some((f) => f.type === 'welcome') ? true : undefined), 5000);
   } catch (err) {
     sock.terminate();

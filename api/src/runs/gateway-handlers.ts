@@ -93,8 +93,12 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     }
     const outcome = await d.keeper.accept(leaseOf(rec));
     if (outcome !== 'ok') {
+      // The record goes first: a frame the runner sends for this lease afterwards (a failure, as
+      // it stops) finds no lease and cannot end the attempt the scheduler still holds.
+      await d.records.remove(rec.lease_id, rec.runner_id);
       await d.records.reply(rec, { lease_id: rec.lease_id, outcome: 'rejected', reason: outcome });
-      return void revoke(conn, msg.payload, outcome === 'taken' ? 'the lease belongs to another runner' : 'the offer expired');
+      const why = outcome === 'taken' ? 'the lease belongs to another runner' : outcome === 'canceled' ? 'the Run was interrupted' : 'the offer expired';
+      return void revoke(conn, msg.payload, why);
     }
     // The Run records the lease (leased and started in one move) before the scheduler hears of
     // it, so the answer tells it there is nothing left to record.

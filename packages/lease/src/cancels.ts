@@ -3,7 +3,9 @@ import { keys, tags, type Redis } from '@agentplane/store';
 /** How long an unhonoured mark is kept: longer than any Run waits in a queue in practice. */
 const MARK_TTL_MS = 24 * 3600_000;
 
-const markKey = (sessionId: string, runId: string): string => keys.scoped(tags.session(sessionId), `run_cancel:${runId}`);
+/** In the Session's slot, beside its fence: the fence claim refuses a marked Run (`LeaseFence.claim`). */
+export const cancelMarkKey = (sessionId: string, runId: string): string => keys.scoped(tags.session(sessionId), `run_cancel:${runId}`);
+const markKey = cancelMarkKey;
 
 /**
  * Interrupts of Runs a scheduler holds while placing them (taken from the queue, offers out):

@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { EventLog } from '@agentplane/store';
+import { CancelMarks } from './cancels.js';
 import { LeaseFence } from './fence.js';
 import { useEmbeddedRedis } from './redis.test-support.js';
 
@@ -31,5 +32,20 @@ describe('lease fences of one Session', () => {
     expect(await fence.current(s, 'run_2')).toEqual({});
     expect(await fence.extend(s, 'child-1b', 60_000)).toBe('ok');
     expect(await fence.extend(s, 'child-2', 60_000)).toBe('lost');
+  });
+
+  it('never claims a lease for a Run with a cancel mark, and writes nothing for it', async () => {
+    const redis = redisOf();
+    const fence = new LeaseFence(redis);
+    const marks = new CancelMarks(redis);
+    const s = `sess_${'b'.repeat(32)}`;
+    await marks.mark(s, 'run_9');
+    expect(await fence.claim({ sessionId: s, token: 'lease-9', runnerId: 'r1', attempt: 1, runId: 'run_9' }, 60_000)).toBe('canceled');
+    expect(await fence.holds(s, 'lease-9')).toBe(false);
+    expect(await fence.current(s, 'run_9')).toEqual({});
+    // Another Run of the same Session is not affected; once the mark is cleared the Run can be leased.
+    expect(await fence.claim({ sessionId: s, token: 'lease-8', runnerId: 'r1', attempt: 1, runId: 'run_8' }, 60_000)).toBe('ok');
+    await marks.clear(s, 'run_9');
+    expect(await fence.claim({ sessionId: s, token: 'lease-9', runnerId: 'r1', attempt: 1, runId: 'run_9' }, 60_000)).toBe('ok');
   });
 });

@@ -1,4 +1,5 @@
 import { keys, tags, LuaScript, type Redis } from '@agentplane/store';
+import { cancelMarkKey } from './cancels.js';
 
 /**
  * The lease fences of one Session, in the Session's own hash slot (`ap:{s:<sess>}:lease`), so
@@ -14,10 +15,15 @@ export const fenceKey = (sessionId: string): string => keys.scoped(tags.session(
 
 const NOW = `local t = redis.call('TIME'); local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)`;
 
-/** ARGV: token | runner | attempt | run | ttl ms. */
+/**
+ * KEYS: the fence | the Run's cancel mark (`CancelMarks`, same slot). ARGV: token | runner |
+ * attempt | run | ttl ms. A Run with a cancel mark (interrupted while a scheduler held it) is
+ * never leased: 'canceled', nothing written.
+ */
 const CLAIM = new LuaScript(
-  'lease_claim_multi',
+  'lease_claim_multi_v2',
   `${NOW}
+if redis.call('EXISTS', KEYS[2]) == 1 then return 'canceled' end
 local info = redis.call('HGET', KEYS[1], 'i:' .. ARGV[1])
 if info and string.sub(info, 1, string.len(ARGV[2]) + 1) ~= ARGV[2] .. '|' then return 'taken' end
 local old = redis.call('HGET', KEYS[1], 'r:' .. ARGV[4])
@@ -83,8 +89,9 @@ export interface FenceClaim {
 export class LeaseFence {
   constructor(private readonly redis: Redis) {}
 
-  async claim(c: FenceClaim, ttlMs: number): Promise<'ok' | 'taken'> {
-    return (await CLAIM.run(this.redis, [fenceKey(c.sessionId)], [c.token, c.runnerId, c.attempt, c.runId, ttlMs])) as 'ok' | 'taken';
+  /** `canceled`: the Run carries a cancel mark (`CancelMarks`), so no lease is claimed for it. */
+  async claim(c: FenceClaim, ttlMs: number): Promise<'ok' | 'taken' | 'canceled'> {
+    return (await CLAIM.run(this.redis, [fenceKey(c.sessionId), cancelMarkKey(c.sessionId, c.runId)], [c.token, c.runnerId, c.attempt, c.runId, ttlMs])) as 'ok' | 'taken' | 'canceled';
   }
 
   async extend(sessionId: string, token: string, ttlMs: number): Promise<'ok' | 'lost'> {

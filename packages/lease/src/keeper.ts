@@ -51,8 +51,12 @@ export class LeaseKeeper {
     return Math.max(1000, this.config.leaseMs - this.config.fenceMarginMs);
   }
 
-  /** Accept an offer: take the lock for a full lease, then claim the Session fence. */
-  async accept(lease: Lease): Promise<'ok' | 'lost' | 'taken'> {
+  /**
+   * Accept an offer: take the lock for a full lease, then claim the Session fence. `canceled`:
+   * the Run was interrupted while its offer was out (its cancel mark refuses the claim); the
+   * scheduler that holds the job ends it.
+   */
+  async accept(lease: Lease): Promise<'ok' | 'lost' | 'taken' | 'canceled'> {
     const job = await this.jobFor(lease);
     if (!job) return 'lost';
     const extended = await job.extendLock(lease.lease_id, this.config.leaseMs).catch(() => 0);

@@ -41,6 +41,8 @@ export interface ProviderCapabilities {
 export interface RunnerCapabilities {
   available_slots?: number;
   drivers?: string[];
+  /** Protocols beside the runner protocol itself (`model-gateway-v1`, `lease-spec-v1`, …). */
+  plane_protocols?: string[];
   providers?: ProviderCapabilities[];
 }
 

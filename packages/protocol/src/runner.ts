@@ -8,6 +8,11 @@ import { Obj, Type, validator, ApiError, type Static, type TSchema } from '@agen
 /** Protocol versions this build speaks, newest first. */
 export const RUNNER_PROTOCOL_VERSIONS = [1] as const;
 export const RUNNER_CONNECT_PATH = '/v1/runners/connect';
+/**
+ * A runner that lists this in `plane_protocols` takes offers whose spec follows in a
+ * `lease.spec` frame (docs/PROTOCOL.md, "Offers whose spec follows").
+ */
+export const LEASE_SPEC_PROTOCOL = 'lease-spec-v1';
 /** WebSocket subprotocol token; the version itself is negotiated in hello/welcome. */
 export const RUNNER_SUBPROTOCOL = 'agentplane.runner';
 
@@ -254,8 +259,21 @@ export const PAYLOADS = {
     accept_within_ms: Type.Integer({ minimum: 100 }),
     /** Lease length; renew with lease.heartbeat at about a third of it. */
     lease_ttl_ms: Type.Integer({ minimum: 1000 }),
-    /** The work itself (scheduler-defined: environment, agent snapshot, inputs). */
-    spec: Type.Record(Type.String(), Type.Unknown()),
+    /**
+     * The work itself (scheduler-defined: environment, agent snapshot, inputs). Absent only for a
+     * runner that declares `lease-spec-v1` in `plane_protocols`: the spec then follows in a
+     * `lease.spec` frame, so the runner accepts (and the lease is claimed) while it is built.
+     */
+    spec: Opt(Type.Record(Type.String(), Type.Unknown())),
+  }),
+  /**
+   * The spec of an offer sent without one (`lease-spec-v1`): exactly one of `spec` and `error`.
+   * `error`: the spec could not be built; the runner fails the lease as an infrastructure failure.
+   */
+  'lease.spec': Obj({
+    ...LeaseRef,
+    spec: Opt(Type.Record(Type.String(), Type.Unknown())),
+    error: Opt(Str(512)),
   }),
   'lease.cancel': Obj({ ...LeaseRef, reason: Str(512), grace_ms: Type.Integer({ minimum: 0 }) }),
   'lease.revoked': Obj({ ...LeaseRef, reason: Str(512) }),
@@ -296,7 +314,7 @@ export const RUNNER_TO_GATEWAY = [
   'events.batch', 'model.request', 'model.cancel', 'tool.check', 'sandboxes.report', 'ack', 'error',
 ] as const satisfies readonly MessageType[];
 export const GATEWAY_TO_RUNNER = [
-  'welcome', 'heartbeat.ack', 'drain', 'resume', 'lease.offer', 'lease.cancel', 'lease.revoked', 'events.ack',
+  'welcome', 'heartbeat.ack', 'drain', 'resume', 'lease.offer', 'lease.spec', 'lease.cancel', 'lease.revoked', 'events.ack',
   'model.delta', 'model.end', 'tool.decision', 'sandboxes.release', 'ack', 'error',
 ] as const satisfies readonly MessageType[];
 

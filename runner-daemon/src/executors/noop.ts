@@ -1,5 +1,4 @@
-import type { Payload } from '@agentplane/protocol';
-import type { LeaseExecutor, LeaseHandle } from '../agent.js';
+import type { LeaseExecutor, LeaseHandle, LeaseOffer } from '../agent.js';
 
 const MAX_NOOP_MS = 3_600_000;
 
@@ -9,7 +8,7 @@ const MAX_NOOP_MS = 3_600_000;
  * heartbeats → complete, drain with held work) run before a sandbox driver is installed.
  */
 export const noopExecutor: LeaseExecutor = {
-  refuse(offer: Payload<'lease.offer'>): string | null {
+  refuse(offer: LeaseOffer): string | null {
     const driver = offer.spec.driver;
     if (driver !== 'noop') return `driver '${typeof driver === 'string' ? driver : 'unspecified'}' is not installed on this runner`;
     const d = offer.spec.duration_ms;

@@ -1,0 +1,154 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { WebSocket } from 'ws';
+import { HttpClient } from '@agentplane/client';
+import { cancelMarkKey } from '@agentplane/lease';
+import { frame, LEASE_SPEC_PROTOCOL, MODEL_GATEWAY_PROTOCOL, type Payload } from '@agentplane/protocol';
+import { connectRedis, type Redis } from '@agentplane/store';
+import { startPlatform, waitFor, type Platform } from './harness/platform.js';
+import { connectRawRunner, type RawRunner, type RunnerFrame } from './harness/raw-runner.js';
+import { idleCount, untilEvents, type TurnEvent } from './harness/turns.js';
+
+/**
+ * Offers whose spec follows (`lease-spec-v1`): the scheduler offers a first attempt at once,
+ * without its turn spec, to a runner that says it takes the spec later; the runner accepts (and
+ * the lease is claimed) while the spec is built, and the spec comes in a `lease.spec` frame. A
+ * runner that does not say so gets the spec inside the offer, as before. A Run interrupted while
+ * such an offer is out is never leased: its cancel mark refuses the lease's claim at the gateway.
+ * These runners are protocol clients written here, so every frame is seen.
+ */
+let p: Platform;
+let redis: Redis;
+let api: HttpClient;
+let principal = '';
+let envId = '';
+const sockets: WebSocket[] = [];
+
+const hello = (planes: string[]): Payload<'hello'> => ({
+  protocol_versions: [1], daemon_version: 'test', status: 'ready', held_leases: [],
+  capabilities: {
+    protocol_versions: [1], available_slots: 4, drivers: ['docker'], plane_protocols: planes,
+    providers: [{
+      id: 'docker', drivers: ['docker'], tiers: ['container'], network_modes: ['none'], retention_modes: ['durable'],
+      maximum_resources: { cpu_millis: 64_000, memory_mib: 65_536, disk_mib: 1_000_000, max_duration_seconds: 86_400 },
+    }],
+  },
+});
+
+type Frame = RunnerFrame<Record<string, unknown>>;
+
+async function pairedRunner(label: string, planes: string[]): Promise<RawRunner<Frame>> {
+  const pairing = await p.root.post<{ code: string }>('/v1/runner-pairings', { principal_id: principal, machine_label: label, expires_in_seconds: 600 }, { idempotencyKey: `pair-${label}` });
+  const { secret } = await p.anon.post<{ secret: string }>('/v1/runner-pairings/redeem', { code: pairing.code });
+  const r = await connectRawRunner<Frame>(p, secret, hello(planes));
+  sockets.push(r.sock);
+  return r;
+}
+
+/** Closes a runner and waits until the directory no longer lists it as ready. */
+async function closeRunner(r: RawRunner<Frame>): Promise<void> {
+  r.sock.close(1000);
+  await r.closed;
+  await waitFor('no ready runner', async () => {
+    const listed = await p.root.get<{ data: { status: string }[] }>('/v1/runner-pools/presences');
+    return listed.data.some((x) => x.status === 'ready') ? undefined : true;
+  }, 10_000);
+}
+
+const nextFrame = (r: RawRunner<Frame>, type: string, after = 0): Promise<Frame> =>
+  waitFor(type, () => r.frames.slice(after).find((f) => f.type === type), 15_000);
+
+async function sessionWithMessage(): Promise<string> {
+  const s = await api.post<{ id: string }>('/v1/sessions', { agent: { name: 'a', model: 'default' }, environment_id: envId });
+  await api.post(`/v1/sessions/${s.id}/events`, { type: 'user.message', payload: { content: 'hi', authored_by: principal, caused_by: { kind: 'api' } } });
+  return s.id;
+}
+
+/** The Session's events up to its turn's end (its stream, replayed from the start). */
+const events = (sessionId: string): Promise<TurnEvent[]> => untilEvents(api, sessionId, (evs) => idleCount(evs) >= 1, 15_000);
+
+beforeAll(async () => {
+  p = await startPlatform({ scheduler: true, runner: false, env: { LOG_LEVEL: 'warn', OFFER_TIMEOUT_MS: '10000' } });
+  redis = connectRedis(p.redisUrl(), { name: 'test' });
+  const ws = p.bootstrap.workspace_id;
+  const key = await p.root.post<{ secret: string }>(`/v1/organizations/${p.bootstrap.organization_id}/api-keys`, {
+    display_name: 'app', role: 'developer', scope: { type: 'workspace', workspace_id: ws },
+  }, { idempotencyKey: 'lease-spec-dev-key' });
+  api = new HttpClient({ baseUrl: p.baseUrl, token: key.secret });
+  principal = (await p.root.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/principals`, {
+    external_subject_id: 'user-1', principal_type: 'person', display_name: 'User One',
+  })).id;
+  envId = (await api.post<{ id: string }>('/v1/environments', { name: 'sandbox', image: 'agentplane/sandbox:latest' })).id;
+}, 120_000);
+
+afterAll(async () => {
+  for (const s of sockets) s.terminate();
+  redis?.disconnect();
+  await p?.stop();
+});
+
+describe('offers whose spec follows (lease-spec-v1)', () => {
+  it('the offer comes without its spec, the runner accepts at once, the spec follows and the turn completes', async () => {
+    const r = await pairedRunner('spec-follows', [MODEL_GATEWAY_PROTOCOL, LEASE_SPEC_PROTOCOL]);
+    const sessionId = await sessionWithMessage();
+    const offer = await nextFrame(r, 'lease.offer');
+    expect(offer.payload.session_id).toBe(sessionId);
+    expect(offer.payload).not.toHaveProperty('spec');
+    const ref = { lease_id: String(offer.payload.lease_id), attempt: Number(offer.payload.attempt) };
+    // Accepted before the spec is in: the lease is claimed while it is built.
+    r.sock.send(frame('lease.accept', 'a1', ref));
+    const spec = await nextFrame(r, 'lease.spec');
+    expect(spec.payload).toMatchObject({ ...ref, spec: { run_id: offer.payload.run_id, session_id: sessionId } });
+    expect(spec.payload).not.toHaveProperty('error');
+    await waitFor('the Run running', async () => ((await api.get<{ status: string }>(`/v1/runs/${String(offer.payload.run_id)}`)).status === 'running' ? true : undefined), 10_000);
+    const before = r.frames.length;
+    r.sock.send(frame('events.batch', 'b1', { ...ref, session_id: sessionId, events: [{ producer_key: `${ref.lease_id}:0`, type: 'agent.message', payload: { content: [{ type: 'text', text: 'hello' }] } }] }));
+    await nextFrame(r, 'events.ack', before);
+    r.sock.send(frame('lease.complete', 'c1', { ...ref, result: { stop_reason: { type: 'end_turn' } } }));
+    await waitFor('the Run succeeded', async () => ((await api.get<{ status: string }>(`/v1/runs/${String(offer.payload.run_id)}`)).status === 'succeeded' ? true : undefined), 10_000);
+    const evs = await events(sessionId);
+    expect(evs.filter((e) => e.type === 'agent.message')).toHaveLength(1);
+    expect(evs.find((e) => e.type === 'session.status_idle')?.payload.stop_reason).toMatchObject({ type: 'end_turn' });
+    await closeRunner(r);
+  }, 60_000);
+
+  it('a runner that does not speak lease-spec-v1 gets the spec inside the offer and no lease.spec frame', async () => {
+    const r = await pairedRunner('spec-inline', [MODEL_GATEWAY_PROTOCOL]);
+    const sessionId = await sessionWithMessage();
+    const offer = await nextFrame(r, 'lease.offer');
+    expect(offer.payload.spec).toMatchObject({ run_id: offer.payload.run_id, session_id: sessionId });
+    const ref = { lease_id: String(offer.payload.lease_id), attempt: Number(offer.payload.attempt) };
+    r.sock.send(frame('lease.accept', 'a1', ref));
+    await waitFor('the Run running', async () => ((await api.get<{ status: string }>(`/v1/runs/${String(offer.payload.run_id)}`)).status === 'running' ? true : undefined), 10_000);
+    r.sock.send(frame('lease.complete', 'c1', { ...ref, result: { stop_reason: { type: 'end_turn' } } }));
+    await waitFor('the Run succeeded', async () => ((await api.get<{ status: string }>(`/v1/runs/${String(offer.payload.run_id)}`)).status === 'succeeded' ? true : undefined), 10_000);
+    expect(r.frames.some((f) => f.type === 'lease.spec')).toBe(false);
+    await closeRunner(r);
+  }, 60_000);
+
+  it('a Run interrupted while its offer is out is never leased: the acceptance is refused and the turn ends interrupted', async () => {
+    const r = await pairedRunner('spec-interrupted', [MODEL_GATEWAY_PROTOCOL, LEASE_SPEC_PROTOCOL]);
+    const sessionId = await sessionWithMessage();
+    const offer = await nextFrame(r, 'lease.offer');
+    const runId = String(offer.payload.run_id);
+    const ref = { lease_id: String(offer.payload.lease_id), attempt: Number(offer.payload.attempt) };
+    // The scheduler holds the job while the offer is out: the interrupt leaves a cancel mark.
+    await api.post(`/v1/sessions/${sessionId}/events`, { type: 'user.interrupt', payload: { authored_by: principal, caused_by: { kind: 'api' } } });
+    await waitFor('the cancel mark', async () => ((await redis.exists(cancelMarkKey(sessionId, runId))) === 1 ? true : undefined), 10_000);
+    const before = r.frames.length;
+    r.sock.send(frame('lease.accept', 'a1', ref));
+    const revoked = await nextFrame(r, 'lease.revoked', before);
+    expect(revoked.payload).toMatchObject({ ...ref, reason: 'the Run was interrupted' });
+    await waitFor('the Run canceled', async () => ((await api.get<{ status: string }>(`/v1/runs/${runId}`)).status === 'canceled' ? true : undefined), 10_000);
+    const run = await api.get<{ attempts: unknown[] }>(`/v1/runs/${runId}`);
+    expect(run.attempts).toHaveLength(0);
+    // A write under the refused lease is fenced: nothing reaches the log.
+    const fenced = r.frames.length;
+    r.sock.send(frame('events.batch', 'b1', { ...ref, session_id: sessionId, events: [{ producer_key: `${ref.lease_id}:0`, type: 'agent.message', payload: { content: [{ type: 'text', text: 'late' }] } }] }));
+    await nextFrame(r, 'lease.revoked', fenced);
+    const evs = await events(sessionId);
+    expect(evs.some((e) => e.type === 'agent.message')).toBe(false);
+    expect(evs.find((e) => e.type === 'session.status_idle')?.payload.stop_reason).toMatchObject({ type: 'interrupted' });
+    await waitFor('the mark cleared', async () => ((await redis.exists(cancelMarkKey(sessionId, runId))) === 0 ? true : undefined), 10_000);
+    await closeRunner(r);
+  }, 60_000);
+});
