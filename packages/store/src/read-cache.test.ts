@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Redis } from 'ioredis';
 import { startEmbeddedRedis, type EmbeddedRedis } from './embedded-redis.js';
-import { cachedGet, forgetWritten, ReadCache } from './read-cache.js';
+import { cachedGet, forgetWritten, primeCache, ReadCache } from './read-cache.js';
 import { DocumentStore } from './documents.js';
 import { keys, tags } from './keys.js';
 
@@ -58,6 +58,22 @@ async function withCache(fn: (c: { cache: ReadCache; mine: Redis; other: Redis }
 }
 
 describe('ReadCache', () => {
+  it('a key primed after this process wrote it is served without a read, and still invalidated by a later change', async () => {
+    await withCache(async ({ cache, mine, other }) => {
+      const docs = new DocumentStore(mine);
+      const tag = tags.session('sess_prime');
+      await docs.create(tag, { id: 'sess_prime', type: 'session', version: 1, created_at: new Date().toISOString() });
+      const key = keys.doc(tag, 'sess_prime');
+      expect(cache.peek(key)).toBeUndefined(); // its own write dropped it
+      primeCache(mine, [key]);
+      await until(() => cache.peek(key) !== undefined);
+      expect(JSON.parse(cache.peek(key) as string)).toMatchObject({ id: 'sess_prime', version: 1 });
+      await other.set(key, JSON.stringify({ id: 'sess_prime', version: 2 }));
+      await until(() => cache.peek(key) === undefined);
+      expect(JSON.parse((await cachedGet(mine, key)) as string)).toMatchObject({ version: 2 });
+    });
+  });
+
   it('serves a read from memory, and another connection\'s write is seen once Redis invalidates it', () => withCache(async ({ cache, other }) => {
     await other.set('rc:{a}:k', 'one');
     expect(await cache.get('rc:{a}:k')).toBe('one');

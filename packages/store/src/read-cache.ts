@@ -238,6 +238,19 @@ export function cachedPeekShared<T>(redis: Redis, key: string): Readonly<T> | nu
   return attached.get(redis)?.peekShared<T>(key);
 }
 
+/**
+ * Reads these keys through the cache started on `redis` (when there is one) without waiting: for
+ * a document this process has just written and is about to read again (a new Session, read by its
+ * stream's open and its first message a moment later), so that later read is a hit instead of a
+ * round trip. Call after the write was answered. It is a tracked read like any other: a change by
+ * anyone afterwards invalidates it.
+ */
+export function primeCache(redis: Redis, keyList: readonly string[]): void {
+  const cache = attached.get(redis);
+  if (!cache) return;
+  for (const k of keyList) cache.get(k).catch(() => undefined);
+}
+
 /** Call after a write on `redis` to these keys was answered: this process's cache drops them. */
 export function forgetWritten(redis: Redis, keyList: readonly string[]): void {
   attached.get(redis)?.forget(keyList);

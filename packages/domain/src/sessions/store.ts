@@ -1,5 +1,5 @@
 import { ApiError, newId, nowIso } from '@agentplane/core';
-import { BoundedCache, DocumentStore, EventLog, forgetWritten, keys, LuaScript, newEventId, tags, type AppendEvent, type CommitDoc, type EventLogDurability, type LogEvent, type Redis } from '@agentplane/store';
+import { BoundedCache, DocumentStore, EventLog, forgetWritten, keys, LuaScript, newEventId, primeCache, tags, type AppendEvent, type CommitDoc, type EventLogDurability, type LogEvent, type Redis } from '@agentplane/store';
 import type { AgentSnapshot } from '../agents/model.js';
 import type { GraderRunInfo, RunDoc, SessionDoc, SessionTombstone, ThreadDoc } from './model.js';
 
@@ -82,6 +82,8 @@ export class SessionStore {
     // Spawn order, not creation time, orders threads: primary first.
     await this.redis.zadd(keys.index(tag, 'threads'), 0, primary.id);
     await this.docs.create(tag, session);
+    // Its stream and its first message read it next: read it into the cache now, off their path.
+    primeCache(this.redis, [keys.doc(tag, session.id)]);
     const ws = tags.workspace(session.workspace_id);
     const score = Date.parse(session.created_at);
     const multi = this.redis.multi();
