@@ -62,7 +62,8 @@ describe('ReadCache', () => {
     await withCache(async ({ cache, mine, other }) => {
       const docs = new DocumentStore(mine);
       const tag = tags.session('sess_prime');
-      await docs.create(tag, { id: 'sess_prime', type: 'session', version: 1, created_at: new Date().toISOString() });
+      const now = new Date().toISOString();
+      await docs.create(tag, { id: 'sess_prime', version: 1, created_at: now, updated_at: now });
       const key = keys.doc(tag, 'sess_prime');
       expect(cache.peek(key)).toBeUndefined(); // its own write dropped it
       primeCache(mine, [key]);
