@@ -1,3 +1,4 @@
+import { request as httpRequest } from 'node:http';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { HttpClient } from '@agentplane/client';
 import { startPlatform, type Platform } from './harness/platform.js';
@@ -95,6 +96,39 @@ describe('wire conventions', () => {
     expect(missing.status).toBe(404);
     expect(missing.headers.get('content-type')).toBe('application/json; charset=utf-8');
     expect(((await missing.json()) as { error: { type: string } }).error.type).toBe('validation.not_found');
+  });
+
+  it('reads a body sent whole, sent chunked, or trickled in pieces; refuses JSON it cannot parse', async () => {
+    const path = `/v1/organizations/workspaces/${p.bootstrap.workspace_id}/principals`;
+    const send = (chunks: string[], headers: Record<string, string>): Promise<{ status: number; body: { id?: string; error?: { type: string } } }> =>
+      new Promise((resolve, reject) => {
+        const url = new URL(p.baseUrl);
+        const req = httpRequest({
+          host: url.hostname, port: url.port, method: 'POST', path,
+          headers: { authorization: `Bearer ${p.bootstrap.root_key}`, 'service-version': '2026-08-27', 'content-type': 'application/json', ...headers },
+        }, (res) => {
+          let text = '';
+          res.setEncoding('utf8');
+          res.on('data', (c: string) => (text += c));
+          res.on('end', () => resolve({ status: res.statusCode ?? 0, body: JSON.parse(text) as { id?: string; error?: { type: string } } }));
+        });
+        req.on('error', reject);
+        // The pieces go in separate writes (whether the server reads them together or apart, the body is the same).
+        const next = (i: number): void => {
+          if (i === chunks.length - 1) return void req.end(chunks[i]);
+          req.write(chunks[i]);
+          setImmediate(() => next(i + 1));
+        };
+        next(0);
+      });
+    const doc = (name: string) => JSON.stringify({ external_subject_id: name, principal_type: 'service', display_name: name });
+    const whole = doc('body-whole');
+    expect(await send([whole], { 'content-length': String(Buffer.byteLength(whole)) })).toMatchObject({ status: 201, body: { id: expect.stringMatching(/^prin_/) } });
+    expect(await send([doc('body-chunked')], { 'transfer-encoding': 'chunked' })).toMatchObject({ status: 201 });
+    const pieces = doc('body-pieces');
+    expect(await send([pieces.slice(0, 10), pieces.slice(10, 30), pieces.slice(30)], { 'content-length': String(Buffer.byteLength(pieces)) })).toMatchObject({ status: 201 });
+    const broken = '{"external_subject_id": "x", ';
+    expect(await send([broken], { 'content-length': String(broken.length) })).toMatchObject({ status: 400, body: { error: { type: 'validation.malformed' } } });
   });
 
   it('413 validation.payload_too_large over 4 MiB', async () => {
