@@ -68,15 +68,20 @@ export class RedisOfferChannel implements OfferChannel {
       await this.records.remove(o.lease_id, o.runner_id);
       return 'withdrawn';
     }
-    // The offer frame carries this span's context: the runner's lease span continues the trace.
+    return this.traced(o, false, () => this.deliverOffer(o, spec, timeoutMs, nodeId));
+  }
+
+  /** The offer's PRODUCER span: the offer frame carries its context, and the runner's lease span continues the trace. */
+  private traced(o: LeaseOffer, specFollows: boolean, send: () => Promise<OfferOutcome>): Promise<OfferOutcome> {
     return inSpan('send lease.offer', {
       kind: SpanKind.PRODUCER,
       attributes: {
         [ATTR.messagingSystem]: 'agentplane.runner', [ATTR.messagingOperationType]: 'send', [ATTR.messagingOperationName]: 'send',
         [ATTR.messagingDestinationName]: 'lease.offer', [ATTR.messagingMessageId]: o.lease_id, 'agentplane.runner.id': o.runner_id, 'agentplane.run.id': o.run_id,
+        ...(specFollows ? { 'agentplane.offer.spec_follows': true } : {}),
       },
     }, async (span) => {
-      const outcome = await this.deliverOffer(o, spec, timeoutMs, nodeId);
+      const outcome = await send();
       span.setAttribute('agentplane.offer.outcome', outcome);
       return outcome;
     });
@@ -103,14 +108,7 @@ export class RedisOfferChannel implements OfferChannel {
     } else {
       put.catch((err: unknown) => this.log.warn({ err: err instanceof Error ? err.message : String(err), run: o.run_id }, 'cannot record the offer'));
     }
-    return inSpan('send lease.offer', {
-      kind: SpanKind.PRODUCER,
-      attributes: {
-        [ATTR.messagingSystem]: 'agentplane.runner', [ATTR.messagingOperationType]: 'send', [ATTR.messagingOperationName]: 'send',
-        [ATTR.messagingDestinationName]: 'lease.offer', [ATTR.messagingMessageId]: o.lease_id, 'agentplane.runner.id': o.runner_id, 'agentplane.run.id': o.run_id,
-        'agentplane.offer.spec_follows': true,
-      },
-    }, async (span) => {
+    return this.traced(o, true, async () => {
       let refused = false;
       const follow = body.then(
         (spec) => (spec === null || refused ? undefined : this.sendSpec(o, { spec }, nodeId)),
@@ -122,7 +120,6 @@ export class RedisOfferChannel implements OfferChannel {
       follow.catch((err: unknown) => this.log.warn({ err: err instanceof Error ? err.message : String(err), run: o.run_id }, 'cannot send the lease spec'));
       const outcome = await this.deliverOffer(o, undefined, timeoutMs, nodeId);
       refused = outcome !== 'accepted' && outcome !== 'recorded';
-      span.setAttribute('agentplane.offer.outcome', outcome);
       return outcome;
     });
   }
