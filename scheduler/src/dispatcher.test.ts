@@ -45,9 +45,11 @@ class Fleet implements RunnerDirectory, OfferChannel {
   /** Runs once a runner's acceptance claimed the lease, before the dispatcher hears of it. */
   onAccepted: ((o: LeaseOffer) => Promise<void>) | undefined;
   constructor(private readonly keeper: LeaseKeeper, private readonly pool: string) {}
-  add(id: string, slots = 1, accept = true): void {
-    this.runners.set(id, { view: { runner_id: id, pool_id: this.pool, status: 'ready', capabilities: caps(slots) }, accept, leases: [] });
+  add(id: string, slots = 1, accept = true, planes?: string[]): void {
+    this.runners.set(id, { view: { runner_id: id, pool_id: this.pool, status: 'ready', capabilities: { ...caps(slots), ...(planes ? { plane_protocols: planes } : {}) } }, accept, leases: [] });
   }
+  /** Offers sent ahead of their body, each with the body as it came. */
+  ahead: { body: Promise<Record<string, unknown> | null> }[] = [];
   async live(): Promise<RunnerView[]> {
     return [...this.runners.values()].map((r) => r.view);
   }
@@ -59,8 +61,9 @@ class Fleet implements RunnerDirectory, OfferChannel {
     this.prepared++;
     return Promise.resolve({});
   }
-  async offer(o: LeaseOffer, _timeoutMs: number, body: OfferBody): Promise<'accepted' | 'rejected' | 'timeout' | 'withdrawn'> {
-    if ((await body) === null) return 'withdrawn';
+  async offer(o: LeaseOffer, _timeoutMs: number, body: OfferBody, _node?: string, specFollows = false): Promise<'accepted' | 'rejected' | 'timeout' | 'withdrawn'> {
+    if (specFollows) this.ahead.push({ body });
+    else if ((await body) === null) return 'withdrawn';
     this.offers++;
     await this.onOffer?.(o);
     const r = this.runners.get(o.runner_id);
@@ -263,7 +266,39 @@ describe('lease engine (BullMQ)', () => {
     expect(new Set(leased).size).toBe(40);
   });
 
+  it('a first attempt goes to a lease-spec-v1 runner without waiting for its body, which follows; a later attempt carries it', async () => {
+    const s = setup();
+    s.fleet.add('runner_spec', 1, true, ['lease-spec-v1']);
+    const { run_id: run } = await s.enqueue(2500);
+    await until('leased', () => s.events.some((e) => e.kind === 'leased' && e.run === run));
+    expect(s.fleet.ahead).toHaveLength(1);
+    expect(await s.fleet.ahead[0]?.body).toEqual({});
+    expect(s.fleet.prepared).toBe(1);
+    // The lease is lost (no heartbeats): the next attempt's offer carries its body, whichever runner takes it.
+    const lease = s.fleet.runners.get('runner_spec')?.leases[0] as Lease;
+    expect(lease.attempt).toBe(1);
+    s.fleet.add('runner_spec_b', 1, true, ['lease-spec-v1']);
+    await until('leased again', () => s.events.filter((e) => e.kind === 'leased' && e.run === run).length >= 2, 15_000);
+    expect(s.fleet.ahead).toHaveLength(1);
+  });
+
   describe('an interrupt of a Run a dispatcher holds (cancel mark)', () => {
+    it('a Run taken with a mark and offered ahead of its checks is never leased, and ends', async () => {
+      const s = setup();
+      s.fleet.add('runner_spec', 1, true, ['lease-spec-v1']);
+      const run = `run_${String(3005).padStart(32, '0')}`;
+      const session = `sess_${String(3005).padStart(32, '0')}`;
+      await s.cancels.mark(session, run);
+      await s.enqueue(3005);
+      await until('interrupted', () => s.events.some((e) => e.kind === 'interrupted' && e.run === run));
+      expect(s.fleet.ahead).toHaveLength(1);
+      expect(await s.fleet.ahead[0]?.body).toBeNull();
+      expect(s.fleet.runners.get('runner_spec')?.leases).toHaveLength(0);
+      expect(s.events.some((e) => e.kind === 'leased')).toBe(false);
+      await until('the mark cleared', async () => !(await s.cancels.marked(session, run)));
+      expect(await s.queues.job(s.poolId, run)).toBeUndefined();
+    });
+
     it('a Run taken with a mark ends without an offer and leaves the queue', async () => {
       const s = setup();
       s.fleet.add('runner_a');
