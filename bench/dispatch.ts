@@ -134,7 +134,6 @@ export async function level(api: HttpClient, principal: string, newSession: () =
   }
   await Promise.all(waits);
   client.close();
-  if (process.env.AP_STAMP) { const { appendFileSync } = await import('node:fs'); appendFileSync('/tmp/stamps/bench.txt', sessions.filter((s) => t0.has(s)).map((s) => `${s} sent ${(t0.get(s) as number).toFixed(3)}` + (leased.has(s) ? `\n${s} runner ${(leased.get(s) as number).toFixed(3)}` : '')).join('\n') + '\n'); }
   const leaseLat = sessions.filter((s) => leased.has(s) && t0.has(s)).map((s) => (leased.get(s) as number) - (t0.get(s) as number));
   return { rate, lease: summarize(leaseLat), visible: summarize(visible), answered: summarize(acks), done: visible.length, sent: total };
 }
@@ -217,7 +216,7 @@ async function floor(redisUrl: string, rate: number): Promise<ReturnType<typeof 
 
 async function main(): Promise<void> {
   process.stdout.write(`bench:dispatch  ${RUNNERS} simulated runners, rates ${RATES.join('/')} Runs/s, ${SECONDS}s each, ${SESSIONS} Sessions${STREAM_FIRST ? ', each stream open before its message' : ''}\n`);
-  const p = await startPlatform({ scheduler: true, runner: false, env: { ...(process.env.AP_STAMP ? { AP_STAMP: '1' } : {}), LOG_LEVEL: 'warn', RUNNER_HEARTBEAT_INTERVAL_MS: '5000', PAIRING_REDEEM_PER_MINUTE: '100000' } });
+  const p = await startPlatform({ scheduler: true, runner: false, env: { LOG_LEVEL: 'warn', RUNNER_HEARTBEAT_INTERVAL_MS: '5000', PAIRING_REDEEM_PER_MINUTE: '100000' } });
   try {
     const { api, principal, secrets, newSession } = await setup(p);
     const { leased, stop: stopRunners, pid: simPid } = await startSimulatedRunners(p, secrets);
