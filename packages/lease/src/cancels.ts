@@ -5,7 +5,6 @@ const MARK_TTL_MS = 24 * 3600_000;
 
 /** In the Session's slot, beside its fence: the fence claim refuses a marked Run (`LeaseFence.claim`). */
 export const cancelMarkKey = (sessionId: string, runId: string): string => keys.scoped(tags.session(sessionId), `run_cancel:${runId}`);
-const markKey = cancelMarkKey;
 
 /**
  * Interrupts of Runs a scheduler holds while placing them (taken from the queue, offers out):
@@ -18,14 +17,14 @@ export class CancelMarks {
   constructor(private readonly redis: Redis) {}
 
   async mark(sessionId: string, runId: string): Promise<void> {
-    await this.redis.set(markKey(sessionId, runId), '1', 'PX', MARK_TTL_MS);
+    await this.redis.set(cancelMarkKey(sessionId, runId), '1', 'PX', MARK_TTL_MS);
   }
 
   async marked(sessionId: string, runId: string): Promise<boolean> {
-    return (await this.redis.exists(markKey(sessionId, runId))) === 1;
+    return (await this.redis.exists(cancelMarkKey(sessionId, runId))) === 1;
   }
 
   async clear(sessionId: string, runId: string): Promise<void> {
-    await this.redis.del(markKey(sessionId, runId));
+    await this.redis.del(cancelMarkKey(sessionId, runId));
   }
 }
