@@ -14,6 +14,9 @@ import type { LeaseOffer, LeasePlan, OfferBody, OfferChannel, OfferOutcome } fro
  */
 const FENCE_POLL_MS = 250;
 
+/** An error's message for the log (never its stack). */
+const reasonOf = (err: unknown): string => (err instanceof Error ? err.message : String(err));
+
 export class RedisOfferChannel implements OfferChannel {
   readonly channel: string;
   private readonly waiters = new Map<string, (reply: OfferReply) => void>();
@@ -60,7 +63,7 @@ export class RedisOfferChannel implements OfferChannel {
       [spec] = await Promise.all([body, put]);
     } catch (err) {
       await put.catch(() => undefined);
-      this.log.warn({ err: err instanceof Error ? err.message : String(err), run: o.run_id }, 'cannot prepare the offer');
+      this.log.warn({ err: reasonOf(err), run: o.run_id }, 'cannot prepare the offer');
       await this.records.remove(o.lease_id, o.runner_id);
       return 'rejected';
     }
@@ -101,23 +104,23 @@ export class RedisOfferChannel implements OfferChannel {
       try {
         await put;
       } catch (err) {
-        this.log.warn({ err: err instanceof Error ? err.message : String(err), run: o.run_id }, 'cannot prepare the offer');
+        this.log.warn({ err: reasonOf(err), run: o.run_id }, 'cannot prepare the offer');
         await this.records.remove(o.lease_id, o.runner_id).catch(() => undefined);
         return 'rejected';
       }
     } else {
-      put.catch((err: unknown) => this.log.warn({ err: err instanceof Error ? err.message : String(err), run: o.run_id }, 'cannot record the offer'));
+      put.catch((err: unknown) => this.log.warn({ err: reasonOf(err), run: o.run_id }, 'cannot record the offer'));
     }
     return this.traced(o, true, async () => {
       let refused = false;
       const follow = body.then(
         (spec) => (spec === null || refused ? undefined : this.sendSpec(o, { spec }, nodeId)),
         (err: unknown) => {
-          this.log.warn({ err: err instanceof Error ? err.message : String(err), run: o.run_id }, 'cannot prepare the offer');
+          this.log.warn({ err: reasonOf(err), run: o.run_id }, 'cannot prepare the offer');
           return refused ? undefined : this.sendSpec(o, { error: 'the control plane could not prepare the turn spec' }, nodeId);
         },
       );
-      follow.catch((err: unknown) => this.log.warn({ err: err instanceof Error ? err.message : String(err), run: o.run_id }, 'cannot send the lease spec'));
+      follow.catch((err: unknown) => this.log.warn({ err: reasonOf(err), run: o.run_id }, 'cannot send the lease spec'));
       const outcome = await this.deliverOffer(o, undefined, timeoutMs, nodeId);
       refused = outcome !== 'accepted' && outcome !== 'recorded';
       return outcome;
