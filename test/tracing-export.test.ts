@@ -5,14 +5,14 @@ import { BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor, type Re
 import { JsonTraceSerializer, ProtobufTraceSerializer } from '@opentelemetry/otlp-transformer';
 import { resourceFromAttributes } from '@opentelemetry/resources';
 import { freePort } from '@agentplane/store';
-// The exporter is loaded by tracing.ts only when tracing is on; it is tested here from the build,
-// where its export thread's script sits beside it.
-import { ThreadSpanExporter } from '../packages/core/dist/tracing-export.js';
+// The export processor is loaded by tracing.ts only when tracing is on; it is tested here from the build.
+import { exportProcessor, protobufSender } from '../packages/core/dist/tracing-export.js';
 
 /**
- * The span exporter as a process runs it: a worker thread, the SDK's OTLP/HTTP transport and the
- * standard OTEL_EXPORTER_OTLP_* settings, against a real HTTP receiver. What arrives is exactly
- * what the SDK's own serializers write for the same spans, in either encoding.
+ * Span export as a process runs it: the span processor of each OTLP encoding, the SDK's
+ * OTLP/HTTP transport and the standard OTEL_EXPORTER_OTLP_* settings, against a real HTTP
+ * receiver. What arrives is exactly what the SDK's own serializers write for the same spans, in
+ * either encoding.
  */
 interface Received { path: string; headers: IncomingHttpHeaders; body: Buffer }
 
@@ -21,7 +21,7 @@ let receiver: Server;
 let port = 0;
 let status = 200;
 const received: Received[] = [];
-/** The variables these tests set (removed after each: a worker thread copies the process's environment). */
+/** The variables these tests set (removed after each). */
 const SET_HERE = ['OTEL_EXPORTER_OTLP_ENDPOINT', 'OTEL_EXPORTER_OTLP_TRACES_ENDPOINT', 'OTEL_EXPORTER_OTLP_HEADERS'];
 
 beforeAll(async () => {
@@ -45,9 +45,12 @@ afterEach(() => {
   status = 200;
 });
 
-function finishedSpans(count: number): ReadableSpan[] {
+/** `count` SERVER spans with a child each, exported through `protocol`'s processor; the spans as the SDK kept them. */
+async function exportSpans(protocol: 'http/protobuf' | 'http/json', count: number): Promise<ReadableSpan[]> {
+  process.env.OTEL_EXPORTER_OTLP_ENDPOINT = `http://127.0.0.1:${port}`;
   const memory = new InMemorySpanExporter();
-  const provider = new BasicTracerProvider({ resource: resourceFromAttributes(RESOURCE), spanProcessors: [new SimpleSpanProcessor(memory)] });
+  const processor = await exportProcessor(protocol, { maxExportBatchSize: 512, maxQueueSize: 2048, scheduledDelayMillis: 60_000 });
+  const provider = new BasicTracerProvider({ resource: resourceFromAttributes(RESOURCE), spanProcessors: [new SimpleSpanProcessor(memory), processor] });
   const tracer = provider.getTracer('agentplane', '0.1.0');
   const remote = trace.setSpanContext(context.active(), { traceId: '0af7651916cd43dd8448eb211c80319c', spanId: 'b7ad6b7169203331', traceFlags: TraceFlags.SAMPLED, isRemote: true });
   for (let i = 0; i < count; i++) {
@@ -57,23 +60,15 @@ function finishedSpans(count: number): ReadableSpan[] {
     server.setAttribute('http.response.status_code', 200);
     server.end();
   }
-  return memory.getFinishedSpans();
+  await provider.forceFlush();
+  const spans = [...memory.getFinishedSpans()];
+  await provider.shutdown();
+  return spans;
 }
 
-async function exportOnce(protocol: 'http/protobuf' | 'http/json', spans: ReadableSpan[]): Promise<number> {
-  process.env.OTEL_EXPORTER_OTLP_ENDPOINT = `http://127.0.0.1:${port}`;
-  const exporter = new ThreadSpanExporter({ resource: RESOURCE, protocol });
-  try {
-    return await new Promise<number>((resolve) => exporter.export(spans, (r) => resolve(r.code)));
-  } finally {
-    await exporter.shutdown();
-  }
-}
-
-describe('span export thread', () => {
+describe('span export', () => {
   it('sends OTLP/protobuf: the SDK serializer\'s bytes, to /v1/traces, as application/x-protobuf', async () => {
-    const spans = finishedSpans(50);
-    expect(await exportOnce('http/protobuf', spans)).toBe(0);
+    const spans = await exportSpans('http/protobuf', 50);
     expect(received).toHaveLength(1);
     const [got] = received as [Received];
     expect(got.path).toBe('/v1/traces');
@@ -82,8 +77,7 @@ describe('span export thread', () => {
   });
 
   it('sends OTLP/JSON: the SDK serializer\'s document', async () => {
-    const spans = finishedSpans(5);
-    expect(await exportOnce('http/json', spans)).toBe(0);
+    const spans = await exportSpans('http/json', 5);
     expect(received).toHaveLength(1);
     const [got] = received as [Received];
     expect(got.headers['content-type']).toBe('application/json');
@@ -94,7 +88,9 @@ describe('span export thread', () => {
     process.env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = `http://127.0.0.1:${port}/custom/traces`;
     process.env.OTEL_EXPORTER_OTLP_HEADERS = 'x-tenant=acme';
     status = 400;
-    expect(await exportOnce('http/protobuf', finishedSpans(1))).toBe(1);
+    const sender = await protobufSender();
+    expect(await sender.send(new Uint8Array([10, 0]), 1)).toBe(false);
+    await sender.shutdown();
     expect(received).toHaveLength(1);
     expect(received[0]?.path).toBe('/custom/traces');
     expect(received[0]?.headers['x-tenant']).toBe('acme');

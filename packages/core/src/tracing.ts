@@ -3,8 +3,8 @@
  * ask for OTLP (`OTEL_TRACES_EXPORTER=otlp`, or an `OTEL_EXPORTER_OTLP_ENDPOINT` /
  * `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`), exported over OTLP/HTTP (protobuf unless
  * `OTEL_EXPORTER_OTLP_PROTOCOL=http/json`). Sampling, batching and the
- * exporter's endpoint, headers and timeout come from the SDK's own OTEL_* variables. Spans are
- * encoded and sent on a worker thread (tracing-export.ts), not on the event loop.
+ * exporter's endpoint, headers and timeout come from the SDK's own OTEL_* variables. With
+ * OTLP/protobuf each span is encoded as it ends and let go (tracing-export.ts).
  *
  * Trace context crosses processes as W3C `traceparent`/`tracestate`: HTTP headers into the API,
  * the Run's queue job (`RunJobData.trace`), and the runner protocol's frame envelope.
@@ -55,17 +55,21 @@ export function otlpProtocol(): 'http/protobuf' | 'http/json' {
 }
 
 /**
- * Batching defaults where `OTEL_BSP_*` leaves them unset. Batches are the SDK's 512 spans:
- * each export costs the export thread about 2 ms whatever its size (an HTTP request from a
- * thread whose code stays cold), so 128-span batches cost it about 3x the CPU per span of
- * 512-span ones, while encoding 512 spans holds the event loop under a millisecond. Sent at
- * least every second (the SDK's 5 s leaves a quiet process's spans waiting), and up to 4,096
- * queued (bursts of a busy API are not dropped while an export is in flight).
+ * Batching, from `OTEL_BSP_*` as the SDK reads them, with two defaults of the platform's own.
+ * Batches are the SDK's 512 spans (an export costs about the same whatever its size, so larger
+ * batches cost less per span). Sent at least every second (the SDK's 5 s leaves a quiet process's
+ * spans waiting), and up to 4,096 waiting (bursts of a busy API are not dropped while an export is
+ * in flight).
  */
-function batchDefaults(): { scheduledDelayMillis?: number; maxQueueSize?: number } {
+function batchOptions(): { scheduledDelayMillis: number; maxQueueSize: number; maxExportBatchSize: number } {
+  const number = (name: string, fallback: number): number => {
+    const v = Number(env(name));
+    return env(name) !== undefined && Number.isFinite(v) && v > 0 ? v : fallback;
+  };
   return {
-    ...(env('OTEL_BSP_SCHEDULE_DELAY') === undefined ? { scheduledDelayMillis: 1000 } : {}),
-    ...(env('OTEL_BSP_MAX_QUEUE_SIZE') === undefined ? { maxQueueSize: 4096 } : {}),
+    scheduledDelayMillis: number('OTEL_BSP_SCHEDULE_DELAY', 1000),
+    maxQueueSize: number('OTEL_BSP_MAX_QUEUE_SIZE', 4096),
+    maxExportBatchSize: number('OTEL_BSP_MAX_EXPORT_BATCH_SIZE', 512),
   };
 }
 
@@ -82,7 +86,7 @@ export async function startTracing(service: string): Promise<Tracing> {
     active = { enabled: false, shutdown: async () => undefined };
     return active;
   }
-  const [{ resourceFromAttributes }, { BatchSpanProcessor, NodeTracerProvider }, { ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION }, { ThreadSpanExporter }, { PooledIdGenerator }] = await Promise.all([
+  const [{ resourceFromAttributes }, { NodeTracerProvider }, { ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION }, { exportProcessor }, { PooledIdGenerator }] = await Promise.all([
     import('@opentelemetry/resources'),
     import('@opentelemetry/sdk-trace-node'),
     import('@opentelemetry/semantic-conventions'),
@@ -90,14 +94,12 @@ export async function startTracing(service: string): Promise<Tracing> {
     import('./trace-ids.js'),
   ]);
   const resource = resourceFromAttributes({ [ATTR_SERVICE_NAME]: env('OTEL_SERVICE_NAME') ?? service, [ATTR_SERVICE_VERSION]: '0.1.0' });
-  // The OTLP encoding (http/protobuf, the OTLP default, costs about half of http/json's bytes)
-  // and the HTTP export run on a worker thread: the event loop pays only for each span's
-  // creation and a structured clone of the finished batch.
-  const exporter = new ThreadSpanExporter({ resource: resource.attributes, protocol: otlpProtocol() });
+  // OTLP/protobuf (the OTLP default, under half of http/json's bytes) is encoded span by span as
+  // each ends, by the platform's processor; http/json goes through the SDK's batch processor.
   const provider = new NodeTracerProvider({
     resource,
     idGenerator: new PooledIdGenerator(),
-    spanProcessors: [new BatchSpanProcessor(exporter, batchDefaults())],
+    spanProcessors: [await exportProcessor(otlpProtocol(), batchOptions())],
   });
   // The active context lives in the request scope's async-local store (one store, not two);
   // the propagator is W3C trace context.
