@@ -1,13 +1,13 @@
 /**
- * OTLP/protobuf encoding of finished spans, in one pass on the thread that finished them.
+ * OTLP/protobuf encoding of finished spans, in one pass.
  *
  * The bytes are those of the SDK's own `ProtobufTraceSerializer` (a unit test holds the two
  * equal, field for field and byte for byte): the same grouping by resource and instrumentation
  * scope, the same field order, the same fields written when zero. What differs is the cost: one
  * pass instead of a size estimate then a write, the resource and scope messages encoded once per
  * process instead of once per batch, ids written from their hex without a buffer per id, and
- * ASCII strings copied a character at a time. A batch then crosses to the export thread as one
- * transferred buffer (no structured clone of the spans) and the thread only sends it.
+ * ASCII strings copied a character at a time. Spans are encoded one by one as they end
+ * (`TraceRequestBuilder`, used by otlp-span-processor.ts), and a batch is framed around them.
  */
 import type { Attributes, AttributeValue, HrTime } from '@opentelemetry/api';
 import type { ReadableSpan } from '@opentelemetry/sdk-trace-node';
