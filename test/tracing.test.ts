@@ -2,7 +2,7 @@ import { createServer, type Server } from 'node:http';
 import { randomBytes } from 'node:crypto';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { freePort } from '@agentplane/store';
-import { waitFor } from './harness/platform.js';
+import { startPlatform, waitFor } from './harness/platform.js';
 import { idleCount, SCRIPT, startTurnPlatform, untilEvents, type TurnPlatform } from './harness/turns.js';
 
 /**
@@ -21,8 +21,11 @@ const KIND = { INTERNAL: 1, SERVER: 2, CLIENT: 3, PRODUCER: 4, CONSUMER: 5 } as 
 
 let t: TurnPlatform;
 let receiver: Server;
+let receiverUrl = '';
 const bodies: string[] = [];
 const spans: Exported[] = [];
+/** OTLP/protobuf requests received (the default encoding, from the platform started without http/json). */
+const protobufBodies: Buffer[] = [];
 
 beforeAll(async () => {
   const port = await freePort();
@@ -30,8 +33,11 @@ beforeAll(async () => {
     const chunks: Buffer[] = [];
     req.on('data', (c: Buffer) => chunks.push(c));
     req.on('end', () => {
-      const text = Buffer.concat(chunks).toString('utf8');
-      if (req.url === '/v1/traces' && req.method === 'POST') {
+      const raw = Buffer.concat(chunks);
+      const text = raw.toString('utf8');
+      if (req.headers['content-type'] === 'application/x-protobuf') {
+        protobufBodies.push(raw);
+      } else if (req.url === '/v1/traces' && req.method === 'POST') {
         bodies.push(text);
         const body = JSON.parse(text) as { resourceSpans?: { resource?: { attributes?: OtlpAttr[] }; scopeSpans?: { spans?: OtlpSpan[] }[] }[] };
         for (const rs of body.resourceSpans ?? []) {
@@ -43,6 +49,7 @@ beforeAll(async () => {
     });
   });
   await new Promise<void>((r) => receiver.listen(port, '127.0.0.1', () => r()));
+  receiverUrl = `http://127.0.0.1:${port}`;
   t = await startTurnPlatform({
     name: 'tracing',
     env: { OTEL_TRACES_EXPORTER: 'otlp', OTEL_EXPORTER_OTLP_ENDPOINT: `http://127.0.0.1:${port}`, OTEL_EXPORTER_OTLP_PROTOCOL: 'http/json', OTEL_BSP_SCHEDULE_DELAY: '100' },
@@ -146,4 +153,46 @@ describe('one trace per turn', () => {
     expect(all).not.toContain(COMMAND);
     expect(all).not.toContain('tracing-command');
   });
+});
+
+describe('the SERVER span of a request', () => {
+  it('carries the route, the operation and the status answered, without an error status for a client mistake', async () => {
+    const traceId = randomBytes(16).toString('hex');
+    const missing = await t.api.request('GET', '/v1/principals/prin_00000000000000000000000000000000', { headers: { traceparent: `00-${traceId}-${randomBytes(8).toString('hex')}-01` } });
+    expect(missing.status).toBe(404);
+    const span = await waitFor('the request span', () => spans.find((s) => s.span.traceId === traceId && s.span.kind === KIND.SERVER)?.span, 30_000);
+    expect(span.name).toBe('GET /v1/principals/{principal_id}');
+    expect(attr(span, 'http.route')?.stringValue).toBe('/v1/principals/{principal_id}');
+    expect(attr(span, 'agentplane.operation')?.stringValue).toBeTruthy();
+    expect(attr(span, 'url.path')?.stringValue).toBe('/v1/principals/prin_00000000000000000000000000000000');
+    expect(Number(attr(span, 'http.response.status_code')?.intValue)).toBe(404);
+    expect((span as OtlpSpan & { status?: { code?: number } }).status?.code ?? 0).not.toBe(2);
+  });
+
+  it('is not recorded for a caller whose traceparent is not sampled', async () => {
+    const unsampled = randomBytes(16).toString('hex');
+    const sampled = randomBytes(16).toString('hex');
+    const path = '/v1/principals/prin_00000000000000000000000000000001';
+    await t.api.request('GET', path, { headers: { traceparent: `00-${unsampled}-${randomBytes(8).toString('hex')}-00` } });
+    await t.api.request('GET', path, { headers: { traceparent: `00-${sampled}-${randomBytes(8).toString('hex')}-01` } });
+    // Spans leave in the order they ended: once the later, sampled one is here, the first would be too.
+    await waitFor('the sampled request span', () => spans.find((s) => s.span.traceId === sampled), 30_000);
+    expect(spans.some((s) => s.span.traceId === unsampled)).toBe(false);
+  });
+
+  it('is exported as OTLP/protobuf by default', async () => {
+    const p = await startPlatform({ env: { LOG_LEVEL: 'warn', OTEL_TRACES_EXPORTER: 'otlp', OTEL_EXPORTER_OTLP_ENDPOINT: receiverUrl, OTEL_BSP_SCHEDULE_DELAY: '100' } });
+    try {
+      const traceId = randomBytes(16).toString('hex');
+      const r = await p.root.request('GET', '/v1/principals/prin_00000000000000000000000000000002', { headers: { traceparent: `00-${traceId}-${randomBytes(8).toString('hex')}-01` } });
+      expect(r.status).toBe(404);
+      // Protobuf carries the trace id as its 16 bytes and strings as UTF-8.
+      const id = Buffer.from(traceId, 'hex');
+      const body = await waitFor('a protobuf export with the request span', () => protobufBodies.find((b) => b.includes(id)), 30_000);
+      expect(body.includes(Buffer.from('GET /v1/principals/{principal_id}'))).toBe(true);
+      expect(body.includes(Buffer.from('agentplane-api'))).toBe(true);
+    } finally {
+      await p.stop();
+    }
+  }, 120_000);
 });
