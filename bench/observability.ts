@@ -5,9 +5,9 @@
 // platform's processes (from /proc): at full load, and in paired rounds where both APIs take the
 // same fixed offered rate at the same time with their processes sharing one core (whatever else
 // loads the machine then slows both alike; the figure is the median of the rounds' on/off
-// ratios); the api's event loop (main thread) CPU is shown beside its whole process's, since
-// spans are encoded and exported on a worker thread; plus the cost of the tracing calls on a hot
-// path when tracing is off (per call, against a plain call).
+// ratios); the api's event loop (main thread) CPU is shown beside its whole process's (the rest
+// is V8's collector threads and libuv's pool); plus the cost of the tracing calls on a hot path
+// when tracing is off (per call, against a plain call).
 import { execFileSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { createServer } from 'node:http';

@@ -61,15 +61,16 @@ export function otlpProtocol(): 'http/protobuf' | 'http/json' {
  * spans waiting), and up to 4,096 waiting (bursts of a busy API are not dropped while an export is
  * in flight).
  */
-function batchOptions(): { scheduledDelayMillis: number; maxQueueSize: number; maxExportBatchSize: number } {
-  const number = (name: string, fallback: number): number => {
+export function batchOptions(): { scheduledDelayMillis: number; maxQueueSize: number; maxExportBatchSize: number } {
+  // A value that is not a number (or, for the sizes, not at least 1) is ignored, as the SDK does.
+  const number = (name: string, fallback: number, least: number): number => {
     const v = Number(env(name));
-    return env(name) !== undefined && Number.isFinite(v) && v > 0 ? v : fallback;
+    return env(name) !== undefined && Number.isFinite(v) && v >= least ? v : fallback;
   };
   return {
-    scheduledDelayMillis: number('OTEL_BSP_SCHEDULE_DELAY', 1000),
-    maxQueueSize: number('OTEL_BSP_MAX_QUEUE_SIZE', 4096),
-    maxExportBatchSize: number('OTEL_BSP_MAX_EXPORT_BATCH_SIZE', 512),
+    scheduledDelayMillis: number('OTEL_BSP_SCHEDULE_DELAY', 1000, 0),
+    maxQueueSize: number('OTEL_BSP_MAX_QUEUE_SIZE', 4096, 1),
+    maxExportBatchSize: number('OTEL_BSP_MAX_EXPORT_BATCH_SIZE', 512, 1),
   };
 }
 
