@@ -6,7 +6,7 @@ import { JsonTraceSerializer, ProtobufTraceSerializer } from '@opentelemetry/otl
 import { resourceFromAttributes } from '@opentelemetry/resources';
 import { freePort } from '@agentplane/store';
 // The export processor is loaded by tracing.ts only when tracing is on; it is tested here from the build.
-import { exportProcessor, protobufSender } from '../packages/core/dist/tracing-export.js';
+import { exportProcessor, ProtobufSpanExporter, protobufSender } from '../packages/core/dist/tracing-export.js';
 
 /**
  * Span export as a process runs it: the span processor of each OTLP encoding, the SDK's
@@ -87,10 +87,13 @@ describe('span export', () => {
   it('honours the traces endpoint and headers variables, and reports a refused export as failed', async () => {
     process.env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = `http://127.0.0.1:${port}/custom/traces`;
     process.env.OTEL_EXPORTER_OTLP_HEADERS = 'x-tenant=acme';
+    // The spans of an earlier export, sent again by the exporter: the refusal is its FAILED result.
+    const spans = await exportSpans('http/protobuf', 1);
+    received.length = 0;
     status = 400;
-    const sender = await protobufSender();
-    expect(await sender.send(new Uint8Array([10, 0]), 1)).toBe(false);
-    await sender.shutdown();
+    const exporter = new ProtobufSpanExporter(await protobufSender());
+    expect(await new Promise<number>((resolve) => exporter.export(spans, (r) => resolve(r.code)))).toBe(1);
+    await exporter.shutdown();
     expect(received).toHaveLength(1);
     expect(received[0]?.path).toBe('/custom/traces');
     expect(received[0]?.headers['x-tenant']).toBe('acme');

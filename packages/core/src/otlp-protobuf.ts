@@ -1,13 +1,15 @@
 /**
- * OTLP/protobuf encoding of finished spans, in one pass.
+ * OTLP/protobuf encoding of finished spans, in one pass, a batch at a time.
  *
  * The bytes are those of the SDK's own `ProtobufTraceSerializer` (a unit test holds the two
  * equal, field for field and byte for byte): the same grouping by resource and instrumentation
  * scope, the same field order, the same fields written when zero. What differs is the cost: one
  * pass instead of a size estimate then a write, the resource and scope messages encoded once per
  * process instead of once per batch, ids written from their hex without a buffer per id, and
- * ASCII strings copied a character at a time. Spans are encoded one by one as they end
- * (`TraceRequestBuilder`, used by otlp-span-processor.ts), and a batch is framed around them.
+ * ASCII strings copied a character at a time. A batch is encoded when it is exported, in one
+ * loop over its spans: measured against encoding each span as it ends, the API spent about 5% less
+ * CPU per traced request (the encoder's code stays hot through the loop, while a span encoded at
+ * its end runs it cold, between requests).
  */
 import type { Attributes, AttributeValue, HrTime } from '@opentelemetry/api';
 import type { ReadableSpan } from '@opentelemetry/sdk-trace-node';
@@ -27,11 +29,6 @@ export class ProtoWriter {
 
   constructor(initialBytes = 64 * 1024) {
     this.buf = Buffer.allocUnsafe(initialBytes);
-  }
-
-  /** The bytes written so far, in place (valid until the next write). */
-  written(): Uint8Array {
-    return this.buf.subarray(0, this.pos);
   }
 
   /** The bytes written so far, copied into their own buffer, and the writer emptied. */
@@ -393,57 +390,27 @@ const encodedScope = (scope: Scope): Uint8Array => encodedOnce(scopeBytes, scope
   w.end(at);
 });
 
-/**
- * An ExportTraceServiceRequest being filled: each span is encoded when it is added (its Span
- * message kept with the others of its resource and scope) and the span itself is not held, so a
- * batch waiting for its export keeps bytes, not objects. `writeTo` frames them: grouped by
- * resource, then scope, in first-seen order, as the SDK's serializer groups them.
- */
-export class TraceRequestBuilder {
-  private readonly groups = new Map<Resource, Map<Scope, ProtoWriter>>();
-  /** Spans added. */
-  count = 0;
-
-  add(s: ReadableSpan): void {
-    let scopes = this.groups.get(s.resource);
-    if (!scopes) this.groups.set(s.resource, (scopes = new Map()));
-    let w = scopes.get(s.instrumentationScope);
-    if (!w) scopes.set(s.instrumentationScope, (w = new ProtoWriter(this.count === 0 ? 128 * 1024 : 16 * 1024)));
-    span(w, s);
-    this.count++;
-  }
-
-  /** Emptied for another request (its buffers are kept). */
-  reset(): void {
-    for (const scopes of this.groups.values()) for (const w of scopes.values()) w.pos = 0;
-    this.count = 0;
-  }
-
-  /** The whole request, written to `w`. */
-  writeTo(w: ProtoWriter): void {
-    for (const [resource, scopes] of this.groups) {
-      let written = false;
-      for (const spans of scopes.values()) written ||= spans.pos > 0;
-      if (!written) continue;
-      const rs = w.beginField(1);
-      w.raw(encodedResource(resource));
-      for (const [scope, spans] of scopes) {
-        if (spans.pos === 0) continue;
-        const ss = w.beginField(2);
-        w.raw(encodedScope(scope));
-        w.raw(spans.written());
-        if (scope.schemaUrl) w.stringField(3, scope.schemaUrl);
-        w.end(ss);
-      }
-      if (resource.schemaUrl) w.stringField(3, resource.schemaUrl);
-      w.end(rs);
-    }
-  }
-}
-
 /** An ExportTraceServiceRequest holding `spans`, written to `w` (grouped by resource, then scope, in first-seen order). */
 export function encodeTraceRequest(w: ProtoWriter, spans: readonly ReadableSpan[]): void {
-  const request = new TraceRequestBuilder();
-  for (const s of spans) request.add(s);
-  request.writeTo(w);
+  const groups = new Map<Resource, Map<Scope, ReadableSpan[]>>();
+  for (const s of spans) {
+    let scopes = groups.get(s.resource);
+    if (!scopes) groups.set(s.resource, (scopes = new Map()));
+    let list = scopes.get(s.instrumentationScope);
+    if (!list) scopes.set(s.instrumentationScope, (list = []));
+    list.push(s);
+  }
+  for (const [resource, scopes] of groups) {
+    const rs = w.beginField(1);
+    w.raw(encodedResource(resource));
+    for (const [scope, list] of scopes) {
+      const ss = w.beginField(2);
+      w.raw(encodedScope(scope));
+      for (const s of list) span(w, s);
+      if (scope.schemaUrl) w.stringField(3, scope.schemaUrl);
+      w.end(ss);
+    }
+    if (resource.schemaUrl) w.stringField(3, resource.schemaUrl);
+    w.end(rs);
+  }
 }

@@ -4,7 +4,7 @@
  * `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`), exported over OTLP/HTTP (protobuf unless
  * `OTEL_EXPORTER_OTLP_PROTOCOL=http/json`). Sampling, batching and the
  * exporter's endpoint, headers and timeout come from the SDK's own OTEL_* variables. With
- * OTLP/protobuf each span is encoded as it ends and let go (tracing-export.ts).
+ * OTLP/protobuf each batch is encoded in one pass by the platform's encoder (tracing-export.ts).
  *
  * Trace context crosses processes as W3C `traceparent`/`tracestate`: HTTP headers into the API,
  * the Run's queue job (`RunJobData.trace`), and the runner protocol's frame envelope.
@@ -95,8 +95,8 @@ export async function startTracing(service: string): Promise<Tracing> {
     import('./trace-ids.js'),
   ]);
   const resource = resourceFromAttributes({ [ATTR_SERVICE_NAME]: env('OTEL_SERVICE_NAME') ?? service, [ATTR_SERVICE_VERSION]: '0.1.0' });
-  // OTLP/protobuf (the OTLP default, under half of http/json's bytes) is encoded span by span as
-  // each ends, by the platform's processor; http/json goes through the SDK's batch processor.
+  // The SDK's batch processor; OTLP/protobuf (the OTLP default, under half of http/json's bytes)
+  // encoded by the platform's encoder, http/json by the SDK's exporter.
   const provider = new NodeTracerProvider({
     resource,
     idGenerator: new PooledIdGenerator(),
