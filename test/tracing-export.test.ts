@@ -6,7 +6,7 @@ import { JsonTraceSerializer, ProtobufTraceSerializer } from '@opentelemetry/otl
 import { resourceFromAttributes } from '@opentelemetry/resources';
 import { freePort } from '@agentplane/store';
 // The export processor is loaded by tracing.ts only when tracing is on; it is tested here from the build.
-import { exportProcessor, ProtobufSpanExporter, protobufSender } from '../packages/core/dist/tracing-export.js';
+import { exportProcessor, protobufExporter } from '../packages/core/dist/tracing-export.js';
 
 /**
  * Span export as a process runs it: the span processor of each OTLP encoding, the SDK's
@@ -91,7 +91,7 @@ describe('span export', () => {
     const spans = await exportSpans('http/protobuf', 1);
     received.length = 0;
     status = 400;
-    const exporter = new ProtobufSpanExporter(await protobufSender());
+    const exporter = await protobufExporter();
     expect(await new Promise<number>((resolve) => exporter.export(spans, (r) => resolve(r.code)))).toBe(1);
     await exporter.shutdown();
     expect(received).toHaveLength(1);

@@ -1,5 +1,5 @@
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { batchOptions, otlpProtocol, tracingRequested } from './tracing.js';
+import { batchDefaults, otlpProtocol, tracingRequested } from './tracing.js';
 
 /** The OTEL_* variables these tests read: cleared before each, as they were after each. */
 const READ_HERE = [
@@ -41,15 +41,10 @@ describe('tracing configuration from OTEL_*', () => {
     expect(otlpProtocol()).toBe('http/protobuf');
   });
 
-  it('batches with the platform defaults, the OTEL_BSP_* values given, and ignores nonsense', () => {
-    expect(batchOptions()).toEqual({ scheduledDelayMillis: 1000, maxQueueSize: 4096, maxExportBatchSize: 512 });
+  it('batches with the platform defaults where OTEL_BSP_* is unset, and leaves what is set to the SDK', () => {
+    expect(batchDefaults()).toEqual({ scheduledDelayMillis: 1000, maxQueueSize: 4096 });
     process.env.OTEL_BSP_SCHEDULE_DELAY = '0';
     process.env.OTEL_BSP_MAX_QUEUE_SIZE = '100';
-    process.env.OTEL_BSP_MAX_EXPORT_BATCH_SIZE = '50';
-    expect(batchOptions()).toEqual({ scheduledDelayMillis: 0, maxQueueSize: 100, maxExportBatchSize: 50 });
-    process.env.OTEL_BSP_SCHEDULE_DELAY = 'soon';
-    process.env.OTEL_BSP_MAX_QUEUE_SIZE = '0';
-    process.env.OTEL_BSP_MAX_EXPORT_BATCH_SIZE = '-3';
-    expect(batchOptions()).toEqual({ scheduledDelayMillis: 1000, maxQueueSize: 4096, maxExportBatchSize: 512 });
+    expect(batchDefaults()).toEqual({});
   });
 });

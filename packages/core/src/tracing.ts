@@ -55,22 +55,16 @@ export function otlpProtocol(): 'http/protobuf' | 'http/json' {
 }
 
 /**
- * Batching, from `OTEL_BSP_*` as the SDK reads them, with two defaults of the platform's own.
- * Batches are the SDK's 512 spans (an export costs about the same whatever its size, so larger
- * batches cost less per span). Sent at least every second (the SDK's 5 s leaves a quiet process's
- * spans waiting), and up to 4,096 waiting (bursts of a busy API are not dropped while an export is
- * in flight).
+ * The platform's batching defaults where `OTEL_BSP_*` leaves them unset (the SDK's batch processor
+ * reads every `OTEL_BSP_*` variable that is set). Batches are the SDK's 512 spans (an export costs
+ * about the same whatever its size, so larger batches cost less per span). Sent at least every
+ * second (the SDK's 5 s leaves a quiet process's spans waiting), and up to 4,096 waiting (bursts
+ * of a busy API are not dropped while an export is in flight).
  */
-export function batchOptions(): { scheduledDelayMillis: number; maxQueueSize: number; maxExportBatchSize: number } {
-  // A value that is not a number (or, for the sizes, not at least 1) is ignored, as the SDK does.
-  const number = (name: string, fallback: number, least: number): number => {
-    const v = Number(env(name));
-    return env(name) !== undefined && Number.isFinite(v) && v >= least ? v : fallback;
-  };
+export function batchDefaults(): { scheduledDelayMillis?: number; maxQueueSize?: number } {
   return {
-    scheduledDelayMillis: number('OTEL_BSP_SCHEDULE_DELAY', 1000, 0),
-    maxQueueSize: number('OTEL_BSP_MAX_QUEUE_SIZE', 4096, 1),
-    maxExportBatchSize: number('OTEL_BSP_MAX_EXPORT_BATCH_SIZE', 512, 1),
+    ...(env('OTEL_BSP_SCHEDULE_DELAY') === undefined ? { scheduledDelayMillis: 1000 } : {}),
+    ...(env('OTEL_BSP_MAX_QUEUE_SIZE') === undefined ? { maxQueueSize: 4096 } : {}),
   };
 }
 
@@ -100,7 +94,7 @@ export async function startTracing(service: string): Promise<Tracing> {
   const provider = new NodeTracerProvider({
     resource,
     idGenerator: new PooledIdGenerator(),
-    spanProcessors: [await exportProcessor(otlpProtocol(), batchOptions())],
+    spanProcessors: [await exportProcessor(otlpProtocol(), batchDefaults())],
   });
   // The active context lives in the request scope's async-local store (one store, not two);
   // the propagator is W3C trace context.
