@@ -15,10 +15,9 @@ import { createHash } from 'node:crypto';
 import { existsSync, lstatSync, readdirSync, readFileSync, readlinkSync, realpathSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { dirname, join } from 'node:path';
-import { Readable } from 'node:stream';
 import { promisify } from 'node:util';
 import Docker from 'dockerode';
-import { assembleRootfs, DEFAULT_MANIFEST_PATH, imageExists, loadManifest, SandboxImageError, type SandboxImage } from './image.js';
+import { assembleRootfs, DEFAULT_MANIFEST_PATH, imageChanges, imageExists, importRootfs, loadManifest, SandboxImageError, type SandboxImage } from './image.js';
 import { createTar, type TarEntry } from './tar.js';
 
 const execFileAsync = promisify(execFile);
@@ -201,25 +200,7 @@ export async function ensureBrowserImage(options: EnsureBrowserImageOptions = {}
   }
   const archive = createTar(entries);
   progress(`browser image: importing ${(archive.length / 1048576).toFixed(0)} MiB as ${tag}`);
-  const changes = [
-    ...Object.entries({ ...manifest.env, NODE_PATH: BROWSER_NODE_PATH }).map(([k, v]) => `ENV ${k}=${v}`),
-    `USER ${manifest.user.uid}:${manifest.user.gid}`,
-    `WORKDIR ${manifest.workspace}`,
-    'CMD ["/usr/bin/sleep","infinity"]',
-  ];
-  try {
-    const stream = (await docker.importImage(Readable.from([archive]) as unknown as string, { repo: repository, tag: contentHash, changes })) as NodeJS.ReadableStream;
-    await new Promise<void>((resolve, reject) => {
-      docker.modem.followProgress(stream, (err: Error | null, out: Array<{ error?: string }>) => {
-        const failure = err ?? (out.find((o) => o.error)?.error ? new Error(out.find((o) => o.error)?.error) : null);
-        if (failure) reject(failure);
-        else resolve();
-      });
-    });
-  } catch (err) {
-    throw new SandboxImageError('import_failed', `importing ${tag} failed: ${(err as Error).message}`);
-  }
-  await docker.getImage(tag).tag({ repo: repository, tag: 'latest' });
+  await importRootfs(docker, archive, repository, contentHash, imageChanges(manifest, { ...manifest.env, NODE_PATH: BROWSER_NODE_PATH }));
   const res = result(true);
   progress(`browser image: built ${tag} (and ${latest}) in ${res.durationMs} ms`);
   return res;

@@ -57,6 +57,37 @@ export class SandboxImageError extends Error {
 
 export const DEFAULT_MANIFEST_PATH = new URL('../../../docker/sandbox/manifest.json', import.meta.url);
 
+/** The image settings of a sandbox rootfs: its environment, the non-root user, the workspace, an idle command. */
+export function imageChanges(manifest: SandboxImageManifest, env: Record<string, string>): string[] {
+  return [
+    ...Object.entries(env).map(([k, v]) => `ENV ${k}=${v}`),
+    `USER ${manifest.user.uid}:${manifest.user.gid}`,
+    `WORKDIR ${manifest.workspace}`,
+    'CMD ["/usr/bin/sleep","infinity"]',
+  ];
+}
+
+/**
+ * Imports a rootfs tar as `repository:tag` (POST /images/create?fromSrc=-, what `docker import`
+ * does: no registry is contacted), then tags it `latest`.
+ */
+export async function importRootfs(docker: Docker, archive: Buffer, repository: string, tag: string, changes: string[]): Promise<void> {
+  try {
+    const stream = (await docker.importImage(Readable.from([archive]) as unknown as string, { repo: repository, tag, changes })) as NodeJS.ReadableStream;
+    await new Promise<void>((resolve, reject) => {
+      docker.modem.followProgress(stream, (err: Error | null, out: Array<{ error?: string }>) => {
+        const reported = out.find((o) => o.error)?.error;
+        const failure = err ?? (reported ? new Error(reported) : null);
+        if (failure) reject(failure);
+        else resolve();
+      });
+    });
+  } catch (err) {
+    throw new SandboxImageError('import_failed', `importing ${repository}:${tag} failed: ${(err as Error).message}`);
+  }
+  await docker.getImage(`${repository}:${tag}`).tag({ repo: repository, tag: 'latest' });
+}
+
 export function loadManifest(path: string | URL = DEFAULT_MANIFEST_PATH): SandboxImageManifest {
   const parsed: unknown = JSON.parse(readFileSync(path, 'utf8'));
   const m = parsed as Partial<SandboxImageManifest>;
@@ -230,30 +261,7 @@ export async function ensureSandboxImage(options: EnsureSandboxImageOptions = {}
   }
   const archive = createTar(rootfs.entries);
   progress(`sandbox image: importing ${(archive.length / 1048576).toFixed(1)} MiB as ${tag}`);
-  const changes = [
-    ...Object.entries(manifest.env).map(([k, v]) => `ENV ${k}=${v}`),
-    `USER ${manifest.user.uid}:${manifest.user.gid}`,
-    `WORKDIR ${manifest.workspace}`,
-    'CMD ["/usr/bin/sleep","infinity"]',
-  ];
-  try {
-    // POST /images/create?fromSrc=- with the rootfs tar as the body (what `docker import` does).
-    const stream = (await docker.importImage(Readable.from([archive]) as unknown as string, {
-      repo: manifest.repository,
-      tag: rootfs.contentHash,
-      changes,
-    })) as NodeJS.ReadableStream;
-    await new Promise<void>((resolve, reject) => {
-      docker.modem.followProgress(stream, (err: Error | null, out: Array<{ error?: string }>) => {
-        const failure = err ?? (out.find((o) => o.error)?.error ? new Error(out.find((o) => o.error)?.error) : null);
-        if (failure) reject(failure);
-        else resolve();
-      });
-    });
-  } catch (err) {
-    throw new SandboxImageError('import_failed', `importing ${tag} failed: ${(err as Error).message}`);
-  }
-  await docker.getImage(tag).tag({ repo: manifest.repository, tag: 'latest' });
+  await importRootfs(docker, archive, manifest.repository, rootfs.contentHash, imageChanges(manifest, manifest.env));
   const res = result(true);
   progress(`sandbox image: built ${tag} (and ${latest}) in ${res.durationMs} ms`);
   return res;
