@@ -1,6 +1,5 @@
-import { randomBytes } from 'node:crypto';
 import type { Redis } from 'ioredis';
-import { ATTR, envInt, inSpan, SpanKind, tracingEnabled, type Attributes, type Env } from '@agentplane/core';
+import { ATTR, envInt, inSpan, newId, SpanKind, tracingEnabled, type Attributes, type Env } from '@agentplane/core';
 import { keys, tags } from './keys.js';
 import { LuaScript } from './script.js';
 
@@ -257,8 +256,11 @@ end
 return out
 end`;
 
-/** A new event id (`evt_` and 32 hex digits), as the log assigns them. */
-export const newEventId = (): string => `evt_${randomBytes(16).toString('hex')}`;
+/**
+ * A new event id (`evt_` and 32 hex digits), as the log assigns them: from the id pool, not a
+ * CSPRNG call of its own (one per appended event was 2–3% of a busy API's CPU).
+ */
+export const newEventId = (): string => newId('event');
 
 /** The most queued ids an append with `enqueue` returns (a longer queue is read by the caller). */
 export const QUEUE_HEAD = 32;
