@@ -16,7 +16,7 @@ import { Redis } from 'ioredis';
 import { MEMORY_INDEX_OPTIONS, MemoryStores } from '@agentplane/api';
 import { DocumentStore } from '@agentplane/store';
 import { startPlatform } from '../test/harness/platform.js';
-import { printTable, summarize, type Row } from './lib/report.js';
+import { printTable, summarize } from './lib/report.js';
 import { progress } from './lib/progress.js';
 
 const DOCS = Number(process.env.BENCH_MEMORY_DOCS ?? 100_000);

@@ -1,6 +1,6 @@
 import type { Logger } from '@agentplane/core';
 import type { RunLifecycle, TurnResult } from '@agentplane/domain';
-import type { RunJobData, RunQueues } from '@agentplane/lease';
+import type { RunQueues } from '@agentplane/lease';
 
 /** Finished jobs are left alone this long, so the normal path (the gateway) reports them first. */
 const GRACE_MS = 3000;

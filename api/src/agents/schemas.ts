@@ -1,5 +1,5 @@
-import { Id, LogicalKey, Metadata, Nullable, Obj, Timestamp, Type, type Static } from '@agentplane/core';
-import { Permission, BUILTIN_TOOLS, BuiltinTool, CustomTool, Tool, Tools, McpServer, McpServers, Multiagent, type McpServerT, type ToolT } from '@agentplane/domain';
+import { Id, LogicalKey, Metadata, Nullable, Obj, Timestamp, Type } from '@agentplane/core';
+import { Tools, McpServers, Multiagent } from '@agentplane/domain';
 
 
 /** An Agent's skill selections: Skills of the Workspace by name, each at one version (docs/SKILLS.md). */

@@ -8,7 +8,6 @@ import { pageOf, workspaceRead, workspaceWrite } from '../http/workspace-operati
 import { requireWorkspace } from '../http/workspace-scope.js';
 import { FILE_LIMITS, FileSchema, publicFile, type FileDoc } from '@agentplane/domain';
 import { receiveFileUpload, type StagedUpload } from './upload.js';
-import { StorageError } from '@agentplane/domain';
 
 const FilePath = Obj({ file_id: Id('file') });
 const readers = { kind: 'bearer', roles: READERS } as const;

@@ -1,5 +1,4 @@
 import type { IncomingMessage } from 'node:http';
-import { randomBytes } from 'node:crypto';
 import { ApiError, currentRequestId, isId, newRequestId, validator, type TSchema } from '@agentplane/core';
 import { tags } from '@agentplane/store';
 import type { ApiDeps } from '../deps.js';

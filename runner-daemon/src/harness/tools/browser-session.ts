@@ -6,7 +6,7 @@
  * accessibility snapshots, and turns a dead browser or a crashed page into a clear error for the
  * call that met it, starting afresh on the next call.
  */
-import type { Browser, BrowserContext, Page } from 'playwright-core';
+import type { Browser, Page } from 'playwright-core';
 
 /** Chromium's flags in the sandbox: no network to reach, no GPU, no setuid sandbox (the container is the sandbox). */
 export const CHROMIUM_FLAGS = [
@@ -64,7 +64,6 @@ export class BrowserInterrupted extends Error {
 export class BrowserSession {
   private launched: LaunchedBrowser | null = null;
   private starting: Promise<LaunchedBrowser> | null = null;
-  private context: BrowserContext | null = null;
   private current: Page | null = null;
   /** Why the browser or page died, set by its events; read by the call that was using it. */
   private death: string | null = null;
@@ -95,7 +94,6 @@ export class BrowserSession {
       launched.browser.on('disconnected', () => this.died('the browser process exited'));
     }
     const context = await this.launched.browser.newContext({ viewport: { ...VIEWPORT }, deviceScaleFactor: 1, acceptDownloads: false, serviceWorkers: 'block' });
-    this.context = context;
     const page = await context.newPage();
     page.on('crash', () => this.died('the page crashed'));
     page.on('close', () => {
@@ -109,7 +107,6 @@ export class BrowserSession {
   private async reset(): Promise<void> {
     const launched = this.launched;
     this.launched = null;
-    this.context = null;
     this.current = null;
     this.death = null;
     if (launched) await launched.close().catch(() => undefined);
