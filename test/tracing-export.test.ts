@@ -98,4 +98,21 @@ describe('span export', () => {
     expect(received[0]?.path).toBe('/custom/traces');
     expect(received[0]?.headers['x-tenant']).toBe('acme');
   });
+
+  it('fails a batch it cannot encode without sending it, and the next batch is whole', async () => {
+    const spans = await exportSpans('http/protobuf', 1);
+    received.length = 0;
+    const [good] = spans as [ReadableSpan];
+    // Encoded after a good span: the failure comes with part of the request already written.
+    const broken = Object.create(good, { spanContext: { value: () => { throw new Error('unreadable span'); } } }) as ReadableSpan;
+    const exporter = await protobufExporter();
+    const result = await new Promise<{ code: number; error?: Error }>((resolve) => exporter.export([good, broken], resolve));
+    expect(result.code).toBe(1);
+    expect(result.error?.message).toBe('unreadable span');
+    expect(await new Promise<number>((resolve) => exporter.export([good], (r) => resolve(r.code)))).toBe(0);
+    await exporter.forceFlush();
+    await exporter.shutdown();
+    expect(received).toHaveLength(1);
+    expect(received[0]?.body).toEqual(Buffer.from(ProtobufTraceSerializer.serializeRequest([good]) as Uint8Array));
+  });
 });

@@ -13,6 +13,8 @@ import { encodeTraceRequest, ProtoWriter } from './otlp-protobuf.js';
 export type BatchOptions = Partial<{ maxQueueSize: number; maxExportBatchSize: number; scheduledDelayMillis: number }>;
 
 type ExportCallback = Parameters<SpanExporter['export']>[1];
+/** The SDK's `ExportResultCode` (its enum lives in @opentelemetry/core, not a dependency here). */
+const ExportResultCode = { FAILED: 1 } as const;
 
 /**
  * A SpanExporter writing OTLP/protobuf with the platform's encoder and sending it with the SDK's
@@ -35,12 +37,21 @@ export async function protobufExporter(): Promise<SpanExporter> {
   const writer = new ProtoWriter(256 * 1024);
   return {
     export(spans, done: ExportCallback): void {
-      encodeTraceRequest(writer, spans);
-      delegate.export({ bytes: writer.take(), count: spans.length }, done);
+      let bytes: Uint8Array;
+      try {
+        encodeTraceRequest(writer, spans);
+        bytes = writer.take();
+      } catch (err) {
+        // A batch that cannot be encoded fails as an export does (the batch processor counts it
+        // and goes on), and leaves nothing half-written for the next one.
+        writer.take();
+        done({ code: ExportResultCode.FAILED, error: err instanceof Error ? err : new Error(String(err)) });
+        return;
+      }
+      delegate.export({ bytes, count: spans.length }, done);
     },
     shutdown: () => delegate.shutdown(),
-    // Each batch is answered only once its export settled: nothing is held here.
-    forceFlush: async () => undefined,
+    forceFlush: () => delegate.forceFlush(),
   };
 }
 
