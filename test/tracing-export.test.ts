@@ -110,7 +110,7 @@ describe('span export', () => {
     expect(result.code).toBe(1);
     expect(result.error?.message).toBe('unreadable span');
     expect(await new Promise<number>((resolve) => exporter.export([good], (r) => resolve(r.code)))).toBe(0);
-    await exporter.forceFlush();
+    await exporter.forceFlush?.();
     await exporter.shutdown();
     expect(received).toHaveLength(1);
     expect(received[0]?.body).toEqual(Buffer.from(ProtobufTraceSerializer.serializeRequest([good]) as Uint8Array));
