@@ -5,6 +5,7 @@ import { spawn } from 'node:child_process';
 import { join } from 'node:path';
 import autocannon from 'autocannon';
 import { startPlatform, ROOT_DIR } from '../test/harness/platform.js';
+import { loadHttp } from './lib/http-load.js';
 import { printTable, type HttpLoad } from './lib/report.js';
 import { costMeter, cpuMicros, formatCost } from './lib/cost.js';
 
@@ -23,8 +24,8 @@ async function load(url: string, headers: Record<string, string>, pid: number, o
   const fixed = await autocannon({ url, headers, connections: CONNECTIONS, amount: COST_REQUESTS });
   const cpu = (cpuMicros(pid) - cpu0) / fixed.requests.total;
   await meter?.end(fixed.requests.total);
-  const r = await autocannon({ url, headers, connections: CONNECTIONS, duration: DURATION });
-  return { p50: r.latency.p50, p99: r.latency.p99, rps: r.requests.average, errors: r.errors, non2xx: r.non2xx, cpuMicros: cpu };
+  const { result: r, p50, p99 } = await loadHttp({ url, headers, connections: CONNECTIONS, duration: DURATION });
+  return { p50, p99, rps: r.requests.average, errors: r.errors, non2xx: r.non2xx, cpuMicros: cpu };
 }
 
 async function main(): Promise<void> {

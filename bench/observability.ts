@@ -11,10 +11,10 @@
 import { execFileSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { createServer } from 'node:http';
-import autocannon from 'autocannon';
 import { freePort } from '@agentplane/store';
 import { injectTrace, inSpan } from '@agentplane/core';
 import { startPlatform, type Platform } from '../test/harness/platform.js';
+import { loadHttp } from './lib/http-load.js';
 import { printTable, type HttpLoad, type Row } from './lib/report.js';
 import { cpuMs, level, setup, startSimulatedRunners, type Level } from './dispatch.js';
 
@@ -65,11 +65,11 @@ function mainThreadMs(pid: number | undefined): number {
 async function httpLoad(target: Target, duration: number, rate?: number): Promise<Load> {
   const before = cpuMs(target.pid());
   const loopBefore = mainThreadMs(target.pid());
-  const r = await autocannon({ url: target.url, headers: target.headers, connections: CONNECTIONS, duration, ...(rate ? { overallRate: rate } : {}) });
+  const { result: r, p50, p99 } = await loadHttp({ url: target.url, headers: target.headers, connections: CONNECTIONS, duration, ...(rate ? { overallRate: rate } : {}) });
   const cpu = cpuMs(target.pid()) - before;
   const loop = mainThreadMs(target.pid()) - loopBefore;
   const n = Math.max(1, r.requests.total);
-  return { p50: r.latency.p50, p99: r.latency.p99, rps: r.requests.average, errors: r.errors, non2xx: r.non2xx, cpuUs: (cpu * 1000) / n, loopUs: (loop * 1000) / n };
+  return { p50, p99, rps: r.requests.average, errors: r.errors, non2xx: r.non2xx, cpuUs: (cpu * 1000) / n, loopUs: (loop * 1000) / n };
 }
 
 interface Target { url: string; headers: Record<string, string>; pid: () => number | undefined }

@@ -17,6 +17,7 @@ import {
   type Attributes, type Context, type ContextManager, type Span, type Tracer,
 } from '@opentelemetry/api';
 import { inScope, scopedTrace, setScopedTrace, withScopedTrace } from './request-context.js';
+import { DeferredTracer } from './tracing-deferred.js';
 
 export { context, SpanKind, SpanStatusCode, trace, type Attributes, type Context, type Span };
 
@@ -81,7 +82,7 @@ export async function startTracing(service: string): Promise<Tracing> {
     active = { enabled: false, shutdown: async () => undefined };
     return active;
   }
-  const [{ resourceFromAttributes }, { NodeTracerProvider }, { ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION }, { exportProcessor }, { PooledIdGenerator }] = await Promise.all([
+  const [{ resourceFromAttributes }, sdk, { ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION }, { exportProcessor }, { PooledIdGenerator }] = await Promise.all([
     import('@opentelemetry/resources'),
     import('@opentelemetry/sdk-trace-node'),
     import('@opentelemetry/semantic-conventions'),
@@ -91,19 +92,49 @@ export async function startTracing(service: string): Promise<Tracing> {
   const resource = resourceFromAttributes({ [ATTR_SERVICE_NAME]: env('OTEL_SERVICE_NAME') ?? service, [ATTR_SERVICE_VERSION]: '0.1.0' });
   // The SDK's batch processor; OTLP/protobuf (the OTLP default, under half of http/json's bytes)
   // encoded by the platform's encoder, http/json by the SDK's exporter.
-  const provider = new NodeTracerProvider({
+  const ids = new PooledIdGenerator();
+  const sampler = samplerFromEnv(sdk);
+  const provider = new sdk.NodeTracerProvider({
     resource,
-    idGenerator: new PooledIdGenerator(),
+    idGenerator: ids,
+    sampler,
     spanProcessors: [await exportProcessor(otlpProtocol(), batchDefaults())],
   });
   // The active context lives in the request scope's async-local store (one store, not two);
   // the propagator is W3C trace context.
   provider.register({ contextManager: new ScopeContextManager() });
+  // The platform's spans are recorded ahead of the SDK and handed to it in batches
+  // (tracing-deferred.ts), with the provider's own sampler and ids.
+  const deferred = new DeferredTracer(provider.getTracer('agentplane', '0.1.0'), sampler, ids);
+  cachedTracer = deferred;
   active = {
     enabled: true,
-    shutdown: () => provider.shutdown().catch(() => undefined),
+    shutdown: () => {
+      deferred.flush();
+      return provider.shutdown().catch(() => undefined);
+    },
   };
   return active;
+}
+
+type Sdk = typeof import('@opentelemetry/sdk-trace-node');
+
+/**
+ * The sampler `OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG` name, as the SDK's provider
+ * builds it when given none (the same names, default `parentbased_always_on`, ratio 1 when the
+ * argument is missing or outside [0, 1]). Built here because the deferred tracer asks it too.
+ */
+export function samplerFromEnv(sdk: Pick<Sdk, 'AlwaysOnSampler' | 'AlwaysOffSampler' | 'ParentBasedSampler' | 'TraceIdRatioBasedSampler'>): InstanceType<Sdk['ParentBasedSampler']> | InstanceType<Sdk['AlwaysOnSampler']> | InstanceType<Sdk['AlwaysOffSampler']> | InstanceType<Sdk['TraceIdRatioBasedSampler']> {
+  const arg = Number(env('OTEL_TRACES_SAMPLER_ARG'));
+  const ratio = env('OTEL_TRACES_SAMPLER_ARG') !== undefined && Number.isFinite(arg) && arg >= 0 && arg <= 1 ? arg : 1;
+  switch (env('OTEL_TRACES_SAMPLER')?.toLowerCase()) {
+    case 'always_on': return new sdk.AlwaysOnSampler();
+    case 'always_off': return new sdk.AlwaysOffSampler();
+    case 'traceidratio': return new sdk.TraceIdRatioBasedSampler(ratio);
+    case 'parentbased_always_off': return new sdk.ParentBasedSampler({ root: new sdk.AlwaysOffSampler() });
+    case 'parentbased_traceidratio': return new sdk.ParentBasedSampler({ root: new sdk.TraceIdRatioBasedSampler(ratio) });
+    default: return new sdk.ParentBasedSampler({ root: new sdk.AlwaysOnSampler() });
+  }
 }
 
 /** OpenTelemetry's context manager over the request scope's async-local store. */
@@ -141,7 +172,7 @@ const NOOP_SPAN: Span = trace.wrapSpanContext(INVALID_SPAN_CONTEXT);
 
 let cachedTracer: Tracer | undefined;
 
-/** The platform's tracer (looked up once: the global provider does not change after start). */
+/** The platform's tracer: the deferred tracer once tracing started, else the global (no-op) one. */
 export const tracer = (): Tracer => (cachedTracer ??= trace.getTracer('agentplane', '0.1.0'));
 
 /** The W3C context of the active span (empty when tracing is off or nothing is active). */

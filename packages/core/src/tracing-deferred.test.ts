@@ -1,0 +1,113 @@
+import { ROOT_CONTEXT, SpanKind, SpanStatusCode, trace, TraceFlags, type Context } from '@opentelemetry/api';
+import {
+  AlwaysOnSampler, BasicTracerProvider, InMemorySpanExporter, ParentBasedSampler, SimpleSpanProcessor, TraceIdRatioBasedSampler,
+  type ReadableSpan, type Sampler,
+} from '@opentelemetry/sdk-trace-node';
+import { describe, expect, it } from 'vitest';
+import { PooledIdGenerator } from './trace-ids.js';
+import { DeferredTracer } from './tracing-deferred.js';
+
+/** A deferred tracer over an SDK provider exporting to memory, as startTracing wires them. */
+function setup(sampler: Sampler = new ParentBasedSampler({ root: new AlwaysOnSampler() })) {
+  const ids = new PooledIdGenerator();
+  const exporter = new InMemorySpanExporter();
+  const provider = new BasicTracerProvider({ idGenerator: ids, sampler, spanProcessors: [new SimpleSpanProcessor(exporter)] });
+  const sdk = provider.getTracer('test');
+  const tracer = new DeferredTracer(sdk, sampler, ids);
+  return { tracer, sdk, exported: (): ReadableSpan[] => exporter.getFinishedSpans() };
+}
+
+const remoteParent = (sampled: boolean): Context => trace.setSpanContext(ROOT_CONTEXT, {
+  traceId: '0af7651916cd43dd8448eb211c80319c', spanId: 'b7ad6b7169203331', traceFlags: sampled ? TraceFlags.SAMPLED : TraceFlags.NONE, isRemote: true,
+});
+
+describe('the deferred tracer', () => {
+  it('hands nothing to the SDK until flushed, then spans with the ids, times and fields they ran with', () => {
+    const { tracer, exported } = setup();
+    const before = Date.now();
+    const span = tracer.startSpan('GET', { kind: SpanKind.SERVER, attributes: { 'a': 1 } }, remoteParent(true));
+    span.setAttribute('b', 'two');
+    span.setAttributes({ c: true });
+    span.addEvent('ev', { n: 3 });
+    span.updateName('GET /v1/x');
+    span.setStatus({ code: SpanStatusCode.ERROR });
+    span.end();
+    span.setAttribute('late', 1); // after the end: ignored, as by the SDK
+    expect(exported()).toHaveLength(0);
+    tracer.flush();
+    const [s] = exported();
+    expect(s).toBeDefined();
+    if (!s) return;
+    expect(s.spanContext()).toMatchObject({ traceId: span.spanContext().traceId, spanId: span.spanContext().spanId, traceFlags: TraceFlags.SAMPLED });
+    expect(s.spanContext().traceId).toBe('0af7651916cd43dd8448eb211c80319c');
+    expect(s.parentSpanContext?.spanId).toBe('b7ad6b7169203331');
+    expect(s.name).toBe('GET /v1/x');
+    expect(s.kind).toBe(SpanKind.SERVER);
+    expect(s.attributes).toEqual({ a: 1, b: 'two', c: true });
+    expect(s.events.map((e) => [e.name, e.attributes])).toEqual([['ev', { n: 3 }]]);
+    expect(s.status.code).toBe(SpanStatusCode.ERROR);
+    // Times are those of the span's run, not of the flush.
+    const startMs = s.startTime[0] * 1e3 + s.startTime[1] / 1e6;
+    const endMs = s.endTime[0] * 1e3 + s.endTime[1] / 1e6;
+    expect(startMs).toBeGreaterThanOrEqual(before - 1);
+    expect(endMs).toBeGreaterThanOrEqual(startMs);
+    expect(endMs).toBeLessThanOrEqual(Date.now() + 1);
+  });
+
+  it('gives children, deferred or made by the SDK at once, the running span as their parent', () => {
+    const { tracer, sdk, exported } = setup();
+    const root = tracer.startSpan('root', {}, ROOT_CONTEXT);
+    const inRoot = trace.setSpan(ROOT_CONTEXT, root);
+    const child = tracer.startSpan('child', {}, inRoot);
+    const direct = sdk.startSpan('direct', {}, inRoot);
+    direct.end();
+    child.end();
+    root.end();
+    tracer.flush();
+    const byName = new Map(exported().map((s) => [s.name, s]));
+    const rootId = root.spanContext().spanId;
+    expect(byName.get('root')?.parentSpanContext).toBeUndefined();
+    expect(byName.get('child')?.parentSpanContext?.spanId).toBe(rootId);
+    expect(byName.get('direct')?.parentSpanContext?.spanId).toBe(rootId);
+    expect(new Set(exported().map((s) => s.spanContext().traceId))).toEqual(new Set([root.spanContext().traceId]));
+  });
+
+  it('samples at the start as the SDK does at the flush: an unsampled span is not recorded and carries its flag', () => {
+    const { tracer, exported } = setup(new ParentBasedSampler({ root: new TraceIdRatioBasedSampler(0.5) }));
+    const unsampled = tracer.startSpan('x', {}, remoteParent(false));
+    expect(unsampled.isRecording()).toBe(false);
+    expect(unsampled.spanContext().traceFlags).toBe(TraceFlags.NONE);
+    unsampled.end();
+    const spans = Array.from({ length: 200 }, (_, i) => tracer.startSpan(`root-${i}`, {}, ROOT_CONTEXT));
+    for (const s of spans) s.end();
+    tracer.flush();
+    const sampled = spans.filter((s) => s.spanContext().traceFlags === TraceFlags.SAMPLED).map((s) => s.spanContext().spanId);
+    // Some of each (a 0.5 ratio over 200 random trace ids), and exactly those the start sampled.
+    expect(sampled.length).toBeGreaterThan(0);
+    expect(sampled.length).toBeLessThan(200);
+    expect(exported().map((s) => s.spanContext().spanId).sort()).toEqual([...sampled].sort());
+  });
+
+  it('flushes on its own: at once past a full batch, and on a timer for a few', async () => {
+    const { tracer, exported } = setup();
+    const settled = (n: number): Promise<void> => new Promise((resolve) => {
+      const check = (): void => void (exported().length >= n ? resolve() : setImmediate(check));
+      check();
+    });
+    tracer.startSpan('one', {}, ROOT_CONTEXT).end();
+    await settled(1);
+    for (let i = 0; i < 300; i++) tracer.startSpan(`s${i}`, {}, ROOT_CONTEXT).end();
+    await settled(301);
+    expect(exported()).toHaveLength(301);
+  });
+
+  it('runs a callback in a new active span with startActiveSpan', () => {
+    const { tracer, exported } = setup();
+    const seen = tracer.startActiveSpan('active', (span) => {
+      span.end();
+      return span.spanContext().spanId;
+    });
+    tracer.flush();
+    expect(exported().map((s) => s.spanContext().spanId)).toEqual([seen]);
+  });
+});
