@@ -1,5 +1,6 @@
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { batchDefaults, otlpProtocol, tracingRequested } from './tracing.js';
+import * as sdk from '@opentelemetry/sdk-trace-node';
+import { batchDefaults, otlpProtocol, samplerFromEnv, tracingRequested } from './tracing.js';
 
 /** The OTEL_* variables these tests read: cleared before each, as they were after each. */
 const READ_HERE = [
@@ -46,5 +47,44 @@ describe('tracing configuration from OTEL_*', () => {
     process.env.OTEL_BSP_SCHEDULE_DELAY = '0';
     process.env.OTEL_BSP_MAX_QUEUE_SIZE = '100';
     expect(batchDefaults()).toEqual({});
+  });
+});
+
+describe('the sampler from OTEL_TRACES_SAMPLER', () => {
+  const names = (): string => samplerFromEnv(sdk).toString();
+  beforeEach(() => {
+    for (const name of ['OTEL_TRACES_SAMPLER', 'OTEL_TRACES_SAMPLER_ARG']) {
+      saved.set(name, process.env[name]);
+      delete process.env[name];
+    }
+  });
+
+  it('is parent based, always on, by default and for a name it does not know (as the SDK)', () => {
+    expect(names()).toBe(new sdk.ParentBasedSampler({ root: new sdk.AlwaysOnSampler() }).toString());
+    process.env.OTEL_TRACES_SAMPLER = 'sometimes';
+    expect(names()).toBe(new sdk.ParentBasedSampler({ root: new sdk.AlwaysOnSampler() }).toString());
+  });
+
+  it('takes each name the SDK documents, with its ratio when it has one', () => {
+    process.env.OTEL_TRACES_SAMPLER = 'always_off';
+    expect(names()).toBe('AlwaysOffSampler');
+    process.env.OTEL_TRACES_SAMPLER = 'always_on';
+    expect(names()).toBe('AlwaysOnSampler');
+    process.env.OTEL_TRACES_SAMPLER = 'parentbased_always_off';
+    expect(names()).toBe(new sdk.ParentBasedSampler({ root: new sdk.AlwaysOffSampler() }).toString());
+    process.env.OTEL_TRACES_SAMPLER = 'traceidratio';
+    process.env.OTEL_TRACES_SAMPLER_ARG = '0.25';
+    expect(names()).toBe('TraceIdRatioBased{0.25}');
+    process.env.OTEL_TRACES_SAMPLER = 'parentbased_traceidratio';
+    expect(names()).toBe(new sdk.ParentBasedSampler({ root: new sdk.TraceIdRatioBasedSampler(0.25) }).toString());
+  });
+
+  it('takes a ratio of 1 when the argument is missing or outside [0, 1]', () => {
+    process.env.OTEL_TRACES_SAMPLER = 'traceidratio';
+    expect(names()).toBe('TraceIdRatioBased{1}');
+    process.env.OTEL_TRACES_SAMPLER_ARG = '1.5';
+    expect(names()).toBe('TraceIdRatioBased{1}');
+    process.env.OTEL_TRACES_SAMPLER_ARG = 'half';
+    expect(names()).toBe('TraceIdRatioBased{1}');
   });
 });
