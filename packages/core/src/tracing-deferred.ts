@@ -151,6 +151,7 @@ export class DeferredTracer implements Tracer {
   private queue: DeferredSpan[] = [];
   private timer: NodeJS.Timeout | undefined;
   private immediate: NodeJS.Immediate | undefined;
+  private warnedIds = false;
 
   constructor(
     private readonly sdkTracer: Tracer,
@@ -230,6 +231,12 @@ export class DeferredTracer implements Tracer {
       this.ids.clearPreset();
     }
     if (!span.isRecording()) return;
+    if (span.spanContext().spanId !== ctx.spanId && !this.warnedIds) {
+      // The SDK took no preset id (a change in how it asks for ids): children and other
+      // processes name a parent that is exported under another id.
+      this.warnedIds = true;
+      diag.warn('deferred spans: the SDK did not take the span ids recorded at their start');
+    }
     if (s.recorded) {
       for (const r of s.recorded) {
         if (r.kind === 'event') span.addEvent(r.name, r.attributes, r.time);
