@@ -23,14 +23,7 @@ import {
   type Attributes, type AttributeValue, type Context, type Exception, type Link, type Span, type SpanContext,
   type SpanOptions, type SpanStatus, type TimeInput, type Tracer,
 } from '@opentelemetry/api';
-
-/** The SDK sampler's shape (sdk-trace's `Sampler`), as the platform calls it. */
-export interface DeferredSampler {
-  shouldSample(ctx: Context, traceId: string, name: string, kind: SpanKind, attributes: Attributes, links: Link[]): {
-    decision: SamplingDecision;
-    traceState?: SpanContext['traceState'];
-  };
-}
+import type { Sampler } from '@opentelemetry/sdk-trace-node';
 
 /** Ids for new spans, and a way to have the SDK take the ids chosen at a span's start. */
 export interface PresetIdGenerator {
@@ -64,7 +57,7 @@ class DeferredSpan implements Span {
   attributes: Attributes | undefined;
   status: SpanStatus | undefined;
   recorded: Recorded[] | undefined;
-  endTime = 0;
+  endTime: TimeInput = 0;
   private ended = false;
 
   constructor(
@@ -128,7 +121,7 @@ class DeferredSpan implements Span {
   end(endTime?: TimeInput): void {
     if (this.ended) return;
     this.ended = true;
-    this.endTime = typeof endTime === 'number' ? endTime : endTime === undefined ? nowMs() : toMs(endTime);
+    this.endTime = endTime ?? nowMs();
     this.owner.ended(this);
   }
 
@@ -140,8 +133,6 @@ class DeferredSpan implements Span {
     if (!this.ended) (this.recorded ??= []).push({ kind: 'exception', exception, time: time ?? nowMs() });
   }
 }
-
-const toMs = (t: TimeInput): number => (typeof t === 'number' ? t : t instanceof Date ? t.getTime() : t[0] * 1e3 + t[1] / 1e6);
 
 /**
  * A `Tracer` whose spans are made by `sdkTracer` in batches after they end (module comment).
@@ -155,7 +146,7 @@ export class DeferredTracer implements Tracer {
 
   constructor(
     private readonly sdkTracer: Tracer,
-    private readonly sampler: DeferredSampler,
+    private readonly sampler: Sampler,
     private readonly ids: PresetIdGenerator,
   ) {}
 

@@ -7,6 +7,7 @@ const READ_HERE = [
   'OTEL_SDK_DISABLED', 'OTEL_TRACES_EXPORTER', 'OTEL_EXPORTER_OTLP_ENDPOINT', 'OTEL_EXPORTER_OTLP_TRACES_ENDPOINT',
   'OTEL_EXPORTER_OTLP_PROTOCOL', 'OTEL_EXPORTER_OTLP_TRACES_PROTOCOL',
   'OTEL_BSP_SCHEDULE_DELAY', 'OTEL_BSP_MAX_QUEUE_SIZE', 'OTEL_BSP_MAX_EXPORT_BATCH_SIZE',
+  'OTEL_TRACES_SAMPLER', 'OTEL_TRACES_SAMPLER_ARG',
 ];
 const saved = new Map<string, string | undefined>();
 beforeEach(() => {
@@ -52,12 +53,6 @@ describe('tracing configuration from OTEL_*', () => {
 
 describe('the sampler from OTEL_TRACES_SAMPLER', () => {
   const names = (): string => samplerFromEnv(sdk).toString();
-  beforeEach(() => {
-    for (const name of ['OTEL_TRACES_SAMPLER', 'OTEL_TRACES_SAMPLER_ARG']) {
-      saved.set(name, process.env[name]);
-      delete process.env[name];
-    }
-  });
 
   it('is parent based, always on, by default and for a name it does not know (as the SDK)', () => {
     expect(names()).toBe(new sdk.ParentBasedSampler({ root: new sdk.AlwaysOnSampler() }).toString());

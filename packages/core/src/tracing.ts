@@ -118,13 +118,14 @@ export async function startTracing(service: string): Promise<Tracing> {
 }
 
 type Sdk = typeof import('@opentelemetry/sdk-trace-node');
+type Sampler = import('@opentelemetry/sdk-trace-node').Sampler;
 
 /**
  * The sampler `OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG` name, as the SDK's provider
  * builds it when given none (the same names, default `parentbased_always_on`, ratio 1 when the
  * argument is missing or outside [0, 1]). Built here because the deferred tracer asks it too.
  */
-export function samplerFromEnv(sdk: Pick<Sdk, 'AlwaysOnSampler' | 'AlwaysOffSampler' | 'ParentBasedSampler' | 'TraceIdRatioBasedSampler'>): InstanceType<Sdk['ParentBasedSampler']> | InstanceType<Sdk['AlwaysOnSampler']> | InstanceType<Sdk['AlwaysOffSampler']> | InstanceType<Sdk['TraceIdRatioBasedSampler']> {
+export function samplerFromEnv(sdk: Pick<Sdk, 'AlwaysOnSampler' | 'AlwaysOffSampler' | 'ParentBasedSampler' | 'TraceIdRatioBasedSampler'>): Sampler {
   const arg = Number(env('OTEL_TRACES_SAMPLER_ARG'));
   const ratio = env('OTEL_TRACES_SAMPLER_ARG') !== undefined && Number.isFinite(arg) && arg >= 0 && arg <= 1 ? arg : 1;
   switch (env('OTEL_TRACES_SAMPLER')?.toLowerCase()) {
