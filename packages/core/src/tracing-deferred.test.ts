@@ -1,19 +1,23 @@
-import { ROOT_CONTEXT, SpanKind, SpanStatusCode, trace, TraceFlags, type Context } from '@opentelemetry/api';
+import { createTraceState, ROOT_CONTEXT, SpanKind, SpanStatusCode, trace, TraceFlags, type Context } from '@opentelemetry/api';
 import {
   AlwaysOnSampler, BasicTracerProvider, InMemorySpanExporter, ParentBasedSampler, SimpleSpanProcessor, TraceIdRatioBasedSampler,
   type ReadableSpan, type Sampler,
 } from '@opentelemetry/sdk-trace-node';
 import { describe, expect, it } from 'vitest';
 import { PooledIdGenerator } from './trace-ids.js';
-import { DeferredTracer } from './tracing-deferred.js';
+import { DeferredTracer, SdkReplay } from './tracing-deferred.js';
 
-/** A deferred tracer over an SDK provider exporting to memory, as startTracing wires them. */
+/**
+ * A deferred tracer whose records reach an SDK provider exporting to memory as JSON, as they
+ * reach the exporter thread (startTracing).
+ */
 function setup(sampler: Sampler = new ParentBasedSampler({ root: new AlwaysOnSampler() })) {
-  const ids = new PooledIdGenerator();
+  const providerIds = new PooledIdGenerator();
   const exporter = new InMemorySpanExporter();
-  const provider = new BasicTracerProvider({ idGenerator: ids, sampler, spanProcessors: [new SimpleSpanProcessor(exporter)] });
+  const provider = new BasicTracerProvider({ idGenerator: providerIds, sampler, spanProcessors: [new SimpleSpanProcessor(exporter)] });
   const sdk = provider.getTracer('test');
-  const tracer = new DeferredTracer(sdk, sampler, ids);
+  const replay = new SdkReplay(sdk, providerIds);
+  const tracer = new DeferredTracer(sampler, new PooledIdGenerator(), (records) => replay.write(JSON.parse(JSON.stringify(records)) as typeof records));
   return { tracer, sdk, exported: (): ReadableSpan[] => exporter.getFinishedSpans() };
 }
 
@@ -99,6 +103,31 @@ describe('the deferred tracer', () => {
     for (let i = 0; i < 300; i++) tracer.startSpan(`s${i}`, {}, ROOT_CONTEXT).end();
     await settled(301);
     expect(exported()).toHaveLength(301);
+  });
+
+  it('carries trace state, links, exceptions and event times given as dates through the records', () => {
+    const { tracer, exported } = setup();
+    const parent = trace.setSpanContext(ROOT_CONTEXT, {
+      traceId: '0af7651916cd43dd8448eb211c80319c', spanId: 'b7ad6b7169203331', traceFlags: TraceFlags.SAMPLED, isRemote: true,
+      traceState: createTraceState('vendor=abc'),
+    });
+    const linked = { traceId: '4bf92f3577b34da6a3ce929d0e0e4736', spanId: '00f067aa0ba902b7', traceFlags: TraceFlags.SAMPLED };
+    const at = new Date(Date.now() - 5);
+    const span = tracer.startSpan('work', { links: [{ context: linked, attributes: { why: 'job' } }] }, parent);
+    span.addEvent('stamped', at);
+    span.recordException(Object.assign(new Error('boom'), { code: 'E_X' }));
+    span.addLink({ context: linked });
+    span.end();
+    tracer.flush();
+    const [s] = exported();
+    expect(s?.spanContext().traceState?.get('vendor')).toBe('abc');
+    expect(s?.parentSpanContext).toMatchObject({ spanId: 'b7ad6b7169203331', isRemote: true });
+    expect(s?.links.map((l) => [l.context.spanId, l.attributes])).toEqual([['00f067aa0ba902b7', { why: 'job' }], ['00f067aa0ba902b7', undefined]]);
+    const [stamped, exception] = s?.events ?? [];
+    expect(stamped?.name).toBe('stamped');
+    expect((stamped?.time[0] ?? 0) * 1e3 + (stamped?.time[1] ?? 0) / 1e6).toBeCloseTo(at.getTime(), 0);
+    expect(exception?.name).toBe('exception');
+    expect(exception?.attributes).toMatchObject({ 'exception.message': 'boom', 'exception.type': 'E_X' });
   });
 
   it('runs a callback in a new active span with startActiveSpan', () => {

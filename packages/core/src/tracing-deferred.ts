@@ -9,18 +9,21 @@
  * the sampler's decision (taken at the start with the provider's own sampler, so the context
  * handed to children and to other processes carries the right flags), its start time, and what
  * is set on it. Ended spans wait in a queue; every `FLUSH_MS`, or at once past `FLUSH_AT` spans,
- * each is made into an SDK span in one hot loop: `startSpan` with the recorded start time and
- * attributes, its ids given by the id generator (the SDK's `IdGenerator` extension point), its
- * events, links and status replayed, then `end` with the recorded end time. From there on it is
- * the SDK's span: its limits and attribute checks, its span processor, batching and exporter.
+ * they are written as plain records (`SpanRecord`) to a sink: in a process, the exporter thread
+ * (tracing-worker.ts), which makes each into an SDK span there with `SdkReplay`, off the event
+ * loop that serves requests. `SdkReplay` makes them in one hot loop: `startSpan` with the
+ * recorded start time and attributes, its ids given by the id generator (the SDK's `IdGenerator`
+ * extension point), its events, links and status replayed, then `end` with the recorded end
+ * time. From there on it is the SDK's span: its limits and attribute checks, its span processor,
+ * batching and exporter.
  *
  * The samplers the platform configures (OTEL_TRACES_SAMPLER: always on or off, trace id ratio,
  * parent based) decide on the trace id and the parent alone, so the SDK's second call decides as
  * the first did; a span the SDK would not record is dropped there.
  */
 import {
-  context, diag, INVALID_SPAN_CONTEXT, SamplingDecision, SpanKind, trace, TraceFlags,
-  type Attributes, type AttributeValue, type Context, type Exception, type Link, type Span, type SpanContext,
+  context, createTraceState, diag, INVALID_SPAN_CONTEXT, ROOT_CONTEXT, SamplingDecision, SpanKind, trace, TraceFlags,
+  type Attributes, type AttributeValue, type Context, type Exception, type HrTime, type Link, type Span, type SpanContext,
   type SpanOptions, type SpanStatus, type TimeInput, type Tracer,
 } from '@opentelemetry/api';
 import type { Sampler } from '@opentelemetry/sdk-trace-node';
@@ -52,6 +55,73 @@ type Recorded =
   | { kind: 'exception'; exception: Exception; time: TimeInput }
   | { kind: 'link'; link: Link };
 
+/** A span context as plain JSON (its trace state serialised). */
+export interface ContextRecord {
+  traceId: string;
+  spanId: string;
+  traceFlags: number;
+  traceState?: string;
+  isRemote?: boolean;
+}
+
+/** A time as plain JSON: milliseconds since the epoch, or the SDK's `[seconds, nanoseconds]`. */
+type TimeRecord = number | HrTime;
+
+/** What happened on a span besides its fields, in order. */
+export type RecordedRecord =
+  | { kind: 'event'; name: string; attributes?: Attributes; time: TimeRecord }
+  | { kind: 'exception'; exception: Exception; time: TimeRecord }
+  | { kind: 'link'; context: ContextRecord; attributes?: Attributes };
+
+/** An ended span as plain JSON: what a sink receives, and what `SdkReplay` makes an SDK span of. */
+export interface SpanRecord {
+  name: string;
+  kind: SpanKind;
+  context: ContextRecord;
+  parent?: ContextRecord;
+  links?: { context: ContextRecord; attributes?: Attributes }[];
+  startTime: TimeRecord;
+  endTime: TimeRecord;
+  attributes?: Attributes;
+  status?: SpanStatus;
+  recorded?: RecordedRecord[];
+}
+
+/** Where ended spans go, a batch at a time. */
+export type SpanSink = (spans: SpanRecord[]) => void;
+
+const timeRecord = (t: TimeInput): TimeRecord => (t instanceof Date ? t.getTime() : t);
+
+function contextRecord(c: SpanContext): ContextRecord {
+  const out: ContextRecord = { traceId: c.traceId, spanId: c.spanId, traceFlags: c.traceFlags };
+  if (c.traceState) out.traceState = c.traceState.serialize();
+  if (c.isRemote) out.isRemote = true;
+  return out;
+}
+
+function spanContextOf(r: ContextRecord): SpanContext {
+  return {
+    traceId: r.traceId, spanId: r.spanId, traceFlags: r.traceFlags,
+    ...(r.traceState ? { traceState: createTraceState(r.traceState) } : {}),
+    ...(r.isRemote ? { isRemote: true } : {}),
+  };
+}
+
+/** An exception's fields the SDK reads (an Error's own are not enumerable, so JSON would drop them). */
+function exceptionRecord(e: Exception): Exception {
+  if (typeof e === 'string') return e;
+  const out: { name?: string; message?: string; stack?: string; code?: string | number } = {};
+  if (e.name !== undefined) out.name = e.name;
+  if (e.message !== undefined) out.message = e.message;
+  if (e.stack !== undefined) out.stack = e.stack;
+  if (e.code !== undefined) out.code = e.code;
+  return out as Exception;
+}
+
+function linkRecord(l: Link): { context: ContextRecord; attributes?: Attributes } {
+  return l.attributes ? { context: contextRecord(l.context), attributes: l.attributes } : { context: contextRecord(l.context) };
+}
+
 /** A running span: plain fields until it ends and is handed to the SDK. */
 class DeferredSpan implements Span {
   attributes: Attributes | undefined;
@@ -65,7 +135,7 @@ class DeferredSpan implements Span {
     private readonly ctx: SpanContext,
     public name: string,
     readonly kind: SpanKind,
-    readonly parent: Context,
+    readonly parent: SpanContext | undefined,
     readonly links: Link[] | undefined,
     readonly startTime: TimeInput,
     attributes: Attributes | undefined,
@@ -132,22 +202,39 @@ class DeferredSpan implements Span {
   recordException(exception: Exception, time?: TimeInput): void {
     if (!this.ended) (this.recorded ??= []).push({ kind: 'exception', exception, time: time ?? nowMs() });
   }
+
+  /** The ended span as a plain record. */
+  toRecord(): SpanRecord {
+    const r: SpanRecord = { name: this.name, kind: this.kind, context: contextRecord(this.ctx), startTime: timeRecord(this.startTime), endTime: timeRecord(this.endTime) };
+    if (this.parent) r.parent = contextRecord(this.parent);
+    if (this.links) r.links = this.links.map(linkRecord);
+    if (this.attributes) r.attributes = this.attributes;
+    if (this.status) r.status = this.status;
+    if (this.recorded) {
+      r.recorded = this.recorded.map((e): RecordedRecord => {
+        if (e.kind === 'event') return e.attributes ? { kind: 'event', name: e.name, attributes: e.attributes, time: timeRecord(e.time) } : { kind: 'event', name: e.name, time: timeRecord(e.time) };
+        if (e.kind === 'exception') return { kind: 'exception', exception: exceptionRecord(e.exception), time: timeRecord(e.time) };
+        return { kind: 'link', ...linkRecord(e.link) };
+      });
+    }
+    return r;
+  }
 }
 
 /**
- * A `Tracer` whose spans are made by `sdkTracer` in batches after they end (module comment).
- * `sampler` and `ids` must be the ones the SDK's provider was given.
+ * A `Tracer` whose spans are written to `sink` as records in batches after they end (module
+ * comment). `sampler` must decide as the SDK provider's that makes them into SDK spans (the same
+ * kind, built from the same settings), and `ids` give their ids.
  */
 export class DeferredTracer implements Tracer {
   private queue: DeferredSpan[] = [];
   private timer: NodeJS.Timeout | undefined;
   private immediate: NodeJS.Immediate | undefined;
-  private warnedIds = false;
 
   constructor(
-    private readonly sdkTracer: Tracer,
     private readonly sampler: Sampler,
-    private readonly ids: PresetIdGenerator,
+    private readonly ids: Pick<PresetIdGenerator, 'generateTraceId' | 'generateSpanId'>,
+    private readonly sink: SpanSink,
   ) {}
 
   startSpan(name: string, options: SpanOptions = {}, ctx: Context = context.active()): Span {
@@ -166,7 +253,7 @@ export class DeferredTracer implements Tracer {
       ...(traceState ? { traceState } : {}),
     };
     if (result.decision === SamplingDecision.NOT_RECORD) return trace.wrapSpanContext(spanContext);
-    return new DeferredSpan(this, spanContext, name, kind, ctx, options.links, options.startTime ?? nowMs(), options.attributes);
+    return new DeferredSpan(this, spanContext, name, kind, validParent ? parent : undefined, options.links, options.startTime ?? nowMs(), options.attributes);
   }
 
   startActiveSpan<F extends (span: Span) => unknown>(name: string, fn: F): ReturnType<F>;
@@ -191,51 +278,71 @@ export class DeferredTracer implements Tracer {
     }
   }
 
-  /** Hand every ended span to the SDK now (also before the provider shuts down). */
+  /** Write every ended span to the sink now (also before the exporter shuts down). */
   flush(): void {
     if (this.timer !== undefined) clearTimeout(this.timer);
     if (this.immediate !== undefined) clearImmediate(this.immediate);
     this.timer = undefined;
     this.immediate = undefined;
+    if (this.queue.length === 0) return;
     const batch = this.queue;
     this.queue = [];
-    for (const s of batch) {
+    const records = new Array<SpanRecord>(batch.length);
+    for (let i = 0; i < batch.length; i++) records[i] = (batch[i] as DeferredSpan).toRecord();
+    try {
+      this.sink(records);
+    } catch (err) {
+      diag.error('spans dropped: the exporter refused them', err);
+    }
+  }
+}
+
+/**
+ * Makes span records into SDK spans of `sdkTracer`, with the ids they ran with (`ids` must be the
+ * id generator of the tracer's provider) and their recorded times and fields.
+ */
+export class SdkReplay {
+  private warnedIds = false;
+
+  constructor(private readonly sdkTracer: Tracer, private readonly ids: PresetIdGenerator) {}
+
+  write(records: readonly SpanRecord[]): void {
+    for (const r of records) {
       try {
-        this.toSdk(s);
+        this.replay(r);
       } catch (err) {
         diag.error('span dropped: the SDK refused it', err);
       }
     }
   }
 
-  private toSdk(s: DeferredSpan): void {
-    const ctx = s.spanContext();
-    this.ids.preset(ctx.traceId, ctx.spanId);
+  private replay(r: SpanRecord): void {
+    this.ids.preset(r.context.traceId, r.context.spanId);
     let span: Span;
     try {
-      span = this.sdkTracer.startSpan(s.name, {
-        kind: s.kind, startTime: s.startTime,
-        ...(s.attributes ? { attributes: s.attributes } : {}),
-        ...(s.links ? { links: s.links } : {}),
-      }, s.parent);
+      span = this.sdkTracer.startSpan(r.name, {
+        kind: r.kind, startTime: r.startTime,
+        ...(r.attributes ? { attributes: r.attributes } : {}),
+        ...(r.links ? { links: r.links.map((l) => (l.attributes ? { context: spanContextOf(l.context), attributes: l.attributes } : { context: spanContextOf(l.context) })) } : {}),
+      }, r.parent ? trace.setSpanContext(ROOT_CONTEXT, spanContextOf(r.parent)) : ROOT_CONTEXT);
     } finally {
       this.ids.clearPreset();
     }
     if (!span.isRecording()) return;
-    if (span.spanContext().spanId !== ctx.spanId && !this.warnedIds) {
+    if (span.spanContext().spanId !== r.context.spanId && !this.warnedIds) {
       // The SDK took no preset id (a change in how it asks for ids): children and other
       // processes name a parent that is exported under another id.
       this.warnedIds = true;
       diag.warn('deferred spans: the SDK did not take the span ids recorded at their start');
     }
-    if (s.recorded) {
-      for (const r of s.recorded) {
-        if (r.kind === 'event') span.addEvent(r.name, r.attributes, r.time);
-        else if (r.kind === 'exception') span.recordException(r.exception, r.time);
-        else span.addLink(r.link);
+    if (r.recorded) {
+      for (const e of r.recorded) {
+        if (e.kind === 'event') span.addEvent(e.name, e.attributes, e.time);
+        else if (e.kind === 'exception') span.recordException(e.exception, e.time);
+        else span.addLink(e.attributes ? { context: spanContextOf(e.context), attributes: e.attributes } : { context: spanContextOf(e.context) });
       }
     }
-    if (s.status) span.setStatus(s.status);
-    span.end(s.endTime);
+    if (r.status) span.setStatus(r.status);
+    span.end(r.endTime);
   }
 }

@@ -5,6 +5,8 @@
  * `OTEL_EXPORTER_OTLP_PROTOCOL=http/json`). Sampling, batching and the
  * exporter's endpoint, headers and timeout come from the SDK's own OTEL_* variables. With
  * OTLP/protobuf each batch is encoded in one pass by the platform's encoder (tracing-export.ts).
+ * Spans are recorded on the event loop and made, batched and exported on an exporter thread
+ * (tracing-deferred.ts, tracing-worker.ts).
  *
  * Trace context crosses processes as W3C `traceparent`/`tracestate`: HTTP headers into the API,
  * the Run's queue job (`RunJobData.trace`), and the runner protocol's frame envelope.
@@ -13,11 +15,12 @@
  * input or output, prompt, command line or secret is put on a span.
  */
 import {
-  context, INVALID_SPAN_CONTEXT, propagation, ROOT_CONTEXT, SpanKind, SpanStatusCode, trace,
+  context, diag, INVALID_SPAN_CONTEXT, propagation, ROOT_CONTEXT, SpanKind, SpanStatusCode, trace,
   type Attributes, type Context, type ContextManager, type Span, type Tracer,
 } from '@opentelemetry/api';
 import { inScope, scopedTrace, setScopedTrace, withScopedTrace } from './request-context.js';
 import { DeferredTracer } from './tracing-deferred.js';
+import type { ExporterData, ExporterMessage, ExporterReply } from './tracing-worker.js';
 
 export { context, SpanKind, SpanStatusCode, trace, type Attributes, type Context, type Span };
 
@@ -82,40 +85,58 @@ export async function startTracing(service: string): Promise<Tracing> {
     active = { enabled: false, shutdown: async () => undefined };
     return active;
   }
-  const [{ resourceFromAttributes }, sdk, { ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION }, { exportProcessor }, { PooledIdGenerator }] = await Promise.all([
-    import('@opentelemetry/resources'),
+  const [sdk, { PooledIdGenerator }, { Worker }] = await Promise.all([
     import('@opentelemetry/sdk-trace-node'),
-    import('@opentelemetry/semantic-conventions'),
-    import('./tracing-export.js'),
     import('./trace-ids.js'),
+    import('node:worker_threads'),
   ]);
-  const resource = resourceFromAttributes({ [ATTR_SERVICE_NAME]: env('OTEL_SERVICE_NAME') ?? service, [ATTR_SERVICE_VERSION]: '0.1.0' });
-  // The SDK's batch processor; OTLP/protobuf (the OTLP default, under half of http/json's bytes)
-  // encoded by the platform's encoder, http/json by the SDK's exporter.
-  const ids = new PooledIdGenerator();
-  const sampler = samplerFromEnv(sdk);
-  const provider = new sdk.NodeTracerProvider({
-    resource,
-    idGenerator: ids,
-    sampler,
-    spanProcessors: [await exportProcessor(otlpProtocol(), batchDefaults())],
+  // The active context lives in the request scope's async-local store (one store, not two); the
+  // propagator is W3C trace context. This provider only registers them: it makes no span.
+  new sdk.NodeTracerProvider().register({ contextManager: new ScopeContextManager() });
+  // The platform's spans are recorded on the event loop (tracing-deferred.ts) and made into SDK
+  // spans, batched and exported on the exporter thread (tracing-worker.ts), whose provider has
+  // the same sampler (built from the same OTEL_* settings) and takes the recorded ids.
+  const worker = new Worker(new URL('./tracing-worker.js', import.meta.url), { workerData: { service, version: VERSION } satisfies ExporterData });
+  worker.unref();
+  let exporting = true;
+  worker.on('error', (err) => {
+    exporting = false;
+    diag.error('the span exporter thread failed: spans are no longer exported', err);
   });
-  // The active context lives in the request scope's async-local store (one store, not two);
-  // the propagator is W3C trace context.
-  provider.register({ contextManager: new ScopeContextManager() });
-  // The platform's spans are recorded ahead of the SDK and handed to it in batches
-  // (tracing-deferred.ts), with the provider's own sampler and ids.
-  const deferred = new DeferredTracer(provider.getTracer('agentplane', '0.1.0'), sampler, ids);
+  worker.on('exit', () => {
+    exporting = false;
+  });
+  const deferred = new DeferredTracer(samplerFromEnv(sdk), new PooledIdGenerator(), (records) => {
+    if (exporting) worker.postMessage({ kind: 'spans', json: JSON.stringify(records) } satisfies ExporterMessage);
+  });
   cachedTracer = deferred;
   active = {
     enabled: true,
     shutdown: () => {
       deferred.flush();
-      return provider.shutdown().catch(() => undefined);
+      if (!exporting) return Promise.resolve();
+      // The thread exports what it holds, then answers; a thread that cannot is stopped.
+      return new Promise<void>((resolve) => {
+        const done = (): void => {
+          clearTimeout(timer);
+          exporting = false;
+          resolve();
+        };
+        const timer = setTimeout(() => void worker.terminate().finally(done), SHUTDOWN_MS);
+        worker.on('message', (m: ExporterReply) => {
+          if (m.kind === 'closed') done();
+        });
+        worker.once('exit', done);
+        worker.postMessage({ kind: 'shutdown' } satisfies ExporterMessage);
+      });
     },
   };
   return active;
 }
+
+const VERSION = '0.1.0';
+/** How long a shutdown waits for the exporter thread's last export. */
+const SHUTDOWN_MS = 10_000;
 
 type Sdk = typeof import('@opentelemetry/sdk-trace-node');
 type Sampler = import('@opentelemetry/sdk-trace-node').Sampler;

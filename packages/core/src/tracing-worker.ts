@@ -1,0 +1,56 @@
+/**
+ * The exporter thread of a process with tracing on (tracing.ts starts it): spans recorded on the
+ * event loop arrive here as JSON batches of `SpanRecord`s, are made into SDK spans by `SdkReplay`
+ * and go through the SDK's batch processor and OTLP/HTTP exporter from this thread, so the
+ * process's event loop, which serves its requests, runs none of that.
+ *
+ * Messages from the process: `{ kind: 'spans', json }`, then `{ kind: 'shutdown' }` (flush and
+ * stop; answered `{ kind: 'closed' }`). The thread reads the same OTEL_* environment as the
+ * process (sampler, batching, endpoint, headers).
+ */
+import { parentPort, workerData } from 'node:worker_threads';
+import type { SpanRecord } from './tracing-deferred.js';
+
+export type ExporterMessage = { kind: 'spans'; json: string } | { kind: 'shutdown' };
+export type ExporterReply = { kind: 'ready' } | { kind: 'closed' };
+
+export interface ExporterData {
+  service: string;
+  version: string;
+}
+
+async function main(): Promise<void> {
+  const port = parentPort;
+  if (!port) throw new Error('tracing-worker runs as a worker thread');
+  const data = workerData as ExporterData;
+  const [{ resourceFromAttributes }, sdk, { ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION }, { exportProcessor }, { PooledIdGenerator }, { SdkReplay }, tracing] = await Promise.all([
+    import('@opentelemetry/resources'),
+    import('@opentelemetry/sdk-trace-node'),
+    import('@opentelemetry/semantic-conventions'),
+    import('./tracing-export.js'),
+    import('./trace-ids.js'),
+    import('./tracing-deferred.js'),
+    import('./tracing.js'),
+  ]);
+  const ids = new PooledIdGenerator();
+  const provider = new sdk.BasicTracerProvider({
+    resource: resourceFromAttributes({ [ATTR_SERVICE_NAME]: process.env.OTEL_SERVICE_NAME?.trim() || data.service, [ATTR_SERVICE_VERSION]: data.version }),
+    idGenerator: ids,
+    sampler: tracing.samplerFromEnv(sdk),
+    spanProcessors: [await exportProcessor(tracing.otlpProtocol(), tracing.batchDefaults())],
+  });
+  const replay = new SdkReplay(provider.getTracer('agentplane', data.version), ids);
+  port.on('message', (msg: ExporterMessage) => {
+    if (msg.kind === 'spans') {
+      replay.write(JSON.parse(msg.json) as SpanRecord[]);
+      return;
+    }
+    provider.shutdown().catch(() => undefined).finally(() => {
+      port.postMessage({ kind: 'closed' } satisfies ExporterReply);
+      port.close();
+    });
+  });
+  port.postMessage({ kind: 'ready' } satisfies ExporterReply);
+}
+
+void main();
