@@ -71,7 +71,7 @@ type TimeRecord = number | HrTime;
 export type RecordedRecord =
   | { kind: 'event'; name: string; attributes?: Attributes; time: TimeRecord }
   | { kind: 'exception'; exception: Exception; time: TimeRecord }
-  | { kind: 'link'; context: ContextRecord; attributes?: Attributes };
+  | ({ kind: 'link' } & LinkRecord);
 
 /** An ended span as plain JSON: what a sink receives, and what `SdkReplay` makes an SDK span of. */
 export interface SpanRecord {
@@ -79,7 +79,7 @@ export interface SpanRecord {
   kind: SpanKind;
   context: ContextRecord;
   parent?: ContextRecord;
-  links?: { context: ContextRecord; attributes?: Attributes }[];
+  links?: LinkRecord[];
   startTime: TimeRecord;
   endTime: TimeRecord;
   attributes?: Attributes;
@@ -118,8 +118,14 @@ function exceptionRecord(e: Exception): Exception {
   return out as Exception;
 }
 
-function linkRecord(l: Link): { context: ContextRecord; attributes?: Attributes } {
+type LinkRecord = { context: ContextRecord; attributes?: Attributes };
+
+function linkRecord(l: Link): LinkRecord {
   return l.attributes ? { context: contextRecord(l.context), attributes: l.attributes } : { context: contextRecord(l.context) };
+}
+
+function linkOf(l: LinkRecord): Link {
+  return l.attributes ? { context: spanContextOf(l.context), attributes: l.attributes } : { context: spanContextOf(l.context) };
 }
 
 /** A running span: plain fields until it ends and is handed to the SDK. */
@@ -323,7 +329,7 @@ export class SdkReplay {
       span = this.sdkTracer.startSpan(r.name, {
         kind: r.kind, startTime: r.startTime,
         ...(r.attributes ? { attributes: r.attributes } : {}),
-        ...(r.links ? { links: r.links.map((l) => (l.attributes ? { context: spanContextOf(l.context), attributes: l.attributes } : { context: spanContextOf(l.context) })) } : {}),
+        ...(r.links ? { links: r.links.map(linkOf) } : {}),
       }, r.parent ? trace.setSpanContext(ROOT_CONTEXT, spanContextOf(r.parent)) : ROOT_CONTEXT);
     } finally {
       this.ids.clearPreset();
@@ -339,7 +345,7 @@ export class SdkReplay {
       for (const e of r.recorded) {
         if (e.kind === 'event') span.addEvent(e.name, e.attributes, e.time);
         else if (e.kind === 'exception') span.recordException(e.exception, e.time);
-        else span.addLink(e.attributes ? { context: spanContextOf(e.context), attributes: e.attributes } : { context: spanContextOf(e.context) });
+        else span.addLink(linkOf(e));
       }
     }
     if (r.status) span.setStatus(r.status);

@@ -90,9 +90,6 @@ export async function startTracing(service: string): Promise<Tracing> {
     import('./trace-ids.js'),
     import('node:worker_threads'),
   ]);
-  // The active context lives in the request scope's async-local store (one store, not two); the
-  // propagator is W3C trace context. This provider only registers them: it makes no span.
-  new sdk.NodeTracerProvider().register({ contextManager: new ScopeContextManager() });
   // The platform's spans are recorded on the event loop (tracing-deferred.ts) and made into SDK
   // spans, batched and exported on the exporter thread (tracing-worker.ts), whose provider has
   // the same sampler (built from the same OTEL_* settings) and takes the recorded ids.
@@ -109,6 +106,15 @@ export async function startTracing(service: string): Promise<Tracing> {
   const deferred = new DeferredTracer(samplerFromEnv(sdk), new PooledIdGenerator(), (records) => {
     if (exporting) worker.postMessage({ kind: 'spans', json: JSON.stringify(records) } satisfies ExporterMessage);
   });
+  // Registered globally: the active context in the request scope's async-local store (one
+  // store, not two), the W3C trace context propagator, and a provider that hands this tracer to
+  // anything asking the OpenTelemetry API for one (it makes no span itself).
+  class PlatformProvider extends sdk.NodeTracerProvider {
+    override getTracer(): Tracer {
+      return deferred;
+    }
+  }
+  new PlatformProvider().register({ contextManager: new ScopeContextManager() });
   cachedTracer = deferred;
   active = {
     enabled: true,
@@ -195,7 +201,7 @@ const NOOP_SPAN: Span = trace.wrapSpanContext(INVALID_SPAN_CONTEXT);
 let cachedTracer: Tracer | undefined;
 
 /** The platform's tracer: the deferred tracer once tracing started, else the global (no-op) one. */
-export const tracer = (): Tracer => (cachedTracer ??= trace.getTracer('agentplane', '0.1.0'));
+export const tracer = (): Tracer => (cachedTracer ??= trace.getTracer('agentplane', VERSION));
 
 /** The W3C context of the active span (empty when tracing is off or nothing is active). */
 export function injectTrace(ctx: Context = context.active()): TraceCarrier | undefined {
