@@ -180,6 +180,22 @@ describe('the SERVER span of a request', () => {
     expect(spans.some((s) => s.span.traceId === unsampled)).toBe(false);
   });
 
+  it('is exported when the platform stops, though its batch was not due yet', async () => {
+    // A minute between timed exports: only the stop's flush (the recorded spans to the exporter
+    // thread, the thread's batch to the receiver) can send this span before the API exits.
+    const p = await startPlatform({ env: { LOG_LEVEL: 'warn', OTEL_TRACES_EXPORTER: 'otlp', OTEL_EXPORTER_OTLP_ENDPOINT: receiverUrl, OTEL_BSP_SCHEDULE_DELAY: '60000' } });
+    const traceId = randomBytes(16).toString('hex');
+    const id = Buffer.from(traceId, 'hex');
+    try {
+      const r = await p.root.request('GET', '/v1/principals/prin_00000000000000000000000000000003', { headers: { traceparent: `00-${traceId}-${randomBytes(8).toString('hex')}-01` } });
+      expect(r.status).toBe(404);
+      expect(protobufBodies.some((b) => b.includes(id))).toBe(false);
+    } finally {
+      await p.stop();
+    }
+    expect(protobufBodies.some((b) => b.includes(id))).toBe(true);
+  }, 120_000);
+
   it('is exported as OTLP/protobuf by default', async () => {
     const p = await startPlatform({ env: { LOG_LEVEL: 'warn', OTEL_TRACES_EXPORTER: 'otlp', OTEL_EXPORTER_OTLP_ENDPOINT: receiverUrl, OTEL_BSP_SCHEDULE_DELAY: '100' } });
     try {
