@@ -1,5 +1,8 @@
 import { createServer, type Server } from 'node:http';
 import { randomBytes } from 'node:crypto';
+import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { freePort } from '@agentplane/store';
 import { startPlatform, waitFor } from './harness/platform.js';
@@ -194,6 +197,31 @@ describe('the SERVER span of a request', () => {
       await p.stop();
     }
     expect(protobufBodies.some((b) => b.includes(id))).toBe(true);
+  }, 120_000);
+
+  it('reports failed exports in the process log', async () => {
+    // Nothing listens on the endpoint: every export fails, and the SDK's report of it reaches the
+    // API's log from the exporter thread.
+    const dataDir = mkdtempSync(join(tmpdir(), 'agentplane-test-'));
+    const closed = await freePort();
+    const p = await startPlatform({
+      dataDir,
+      env: { LOG_LEVEL: 'warn', OTEL_TRACES_EXPORTER: 'otlp', OTEL_EXPORTER_OTLP_ENDPOINT: `http://127.0.0.1:${closed}`, OTEL_BSP_SCHEDULE_DELAY: '100', OTEL_EXPORTER_OTLP_TIMEOUT: '1000' },
+    });
+    try {
+      await p.root.request('GET', '/v1/principals/prin_00000000000000000000000000000004');
+      const logLines = (): { name?: string; component?: string; level?: number; msg?: string }[] => readdirSync(dataDir)
+        .filter((f) => f.startsWith('platform-') && f.endsWith('.log'))
+        .flatMap((f) => readFileSync(join(dataDir, f), 'utf8').split('\n'))
+        .filter((l) => l.startsWith('{'))
+        .map((l) => JSON.parse(l) as { name?: string; component?: string; level?: number; msg?: string });
+      const line = await waitFor('the failed export in the api log', () => logLines().find((l) => l.name === 'api' && l.component === 'tracing'), 60_000);
+      expect(line.level).toBeGreaterThanOrEqual(40);
+      expect(line.msg).toBeTruthy();
+    } finally {
+      await p.stop();
+      rmSync(dataDir, { recursive: true, force: true });
+    }
   }, 120_000);
 
   it('is exported as OTLP/protobuf by default', async () => {

@@ -25,9 +25,9 @@ Environment:
 `);
     return;
   }
-  const tracing = await startTracing('agentplane-api');
   const config = loadApiConfig(process.env);
   const log = createLogger({ name: 'api', level: config.logLevel });
+  const tracing = await startTracing('agentplane-api', log);
   const api = createApi(config, log);
   const { port } = await api.listen();
   log.info({ port, host: config.host }, 'api listening');

@@ -22,8 +22,8 @@ Environment:
     return;
   }
   const env = process.env;
-  const tracing = await startTracing('agentplane-gateway');
   const log = createLogger({ name: 'gateway', level: envString(env, 'LOG_LEVEL', 'info') as 'info' });
+  const tracing = await startTracing('agentplane-gateway', log);
   const redis = connectRedis(envString(env, 'REDIS_URL'), { name: 'gateway' });
   redis.on('error', (err: Error) => log.warn({ err: err.message }, 'redis connection error'));
   const metrics = createMetrics();

@@ -268,8 +268,8 @@ async function start(flags: Flags): Promise<number> {
   const config = loadDaemonConfig(process.env, flags);
   const cred = loadCredential(config.configDir);
   if (!cred) throw new UsageError(`no runner credential at ${credentialPath(config.configDir)}; run \`agentplane-runner pair\` first`, false);
-  const tracing = await startTracing('agentplane-runner');
   const log = createLogger({ name: 'runner', level: config.logLevel }).child({ runner: cred.runner_id });
+  const tracing = await startTracing('agentplane-runner', log);
   const docker = dockerClient(config.dockerSocket);
   const agent = new RunnerAgent(cred, config, log, docker);
   // Prometheus metrics on an optional listen address (off unless RUNNER_METRICS_ADDR is set).

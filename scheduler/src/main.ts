@@ -29,9 +29,9 @@ async function main(): Promise<void> {
     process.stdout.write(HELP);
     return;
   }
-  const tracing = await startTracing('agentplane-scheduler');
   const config = loadSchedulerConfig(process.env);
   const log = createLogger({ name: 'scheduler', level: config.logLevel });
+  const tracing = await startTracing('agentplane-scheduler', log);
   const scheduler = new Scheduler(config, log);
   await scheduler.start();
   let stopping = false;

@@ -9,10 +9,12 @@
  * process (sampler, batching, endpoint, headers).
  */
 import { parentPort, workerData } from 'node:worker_threads';
+import { diag, DiagLogLevel } from '@opentelemetry/api';
 import type { SpanRecord } from './tracing-deferred.js';
 
 export type ExporterMessage = { kind: 'spans'; json: string } | { kind: 'shutdown' };
-export type ExporterReply = { kind: 'ready' } | { kind: 'closed' };
+/** `diag`: a warning or error the SDK reported on the thread (a failed export), for the process's log. */
+export type ExporterReply = { kind: 'ready' } | { kind: 'closed' } | { kind: 'diag'; level: 'warn' | 'error'; message: string };
 
 export interface ExporterData {
   service: string;
@@ -23,6 +25,13 @@ async function main(): Promise<void> {
   const port = parentPort;
   if (!port) throw new Error('tracing-worker runs as a worker thread');
   const data = workerData as ExporterData;
+  // The SDK reports failed exports through its diagnostic logger: handed to the process's log.
+  const say = (level: 'warn' | 'error') => (message: string, ...args: unknown[]): void => {
+    const detail = args.map((a) => (a instanceof Error ? a.message : typeof a === 'string' ? a : JSON.stringify(a) ?? String(a)));
+    port.postMessage({ kind: 'diag', level, message: [message, ...detail].join(' ') } satisfies ExporterReply);
+  };
+  const quiet = (): void => undefined;
+  diag.setLogger({ error: say('error'), warn: say('warn'), info: quiet, debug: quiet, verbose: quiet }, DiagLogLevel.WARN);
   const [{ resourceFromAttributes }, sdk, { ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION }, { exportProcessor }, { PooledIdGenerator }, { SdkReplay }, tracing] = await Promise.all([
     import('@opentelemetry/resources'),
     import('@opentelemetry/sdk-trace-node'),

@@ -15,9 +15,10 @@
  * input or output, prompt, command line or secret is put on a span.
  */
 import {
-  context, diag, INVALID_SPAN_CONTEXT, propagation, ROOT_CONTEXT, SpanKind, SpanStatusCode, trace,
+  context, diag, DiagLogLevel, INVALID_SPAN_CONTEXT, propagation, ROOT_CONTEXT, SpanKind, SpanStatusCode, trace,
   type Attributes, type Context, type ContextManager, type Span, type Tracer,
 } from '@opentelemetry/api';
+import type { Logger } from './logger.js';
 import { inScope, scopedTrace, setScopedTrace, withScopedTrace } from './request-context.js';
 import { DeferredTracer } from './tracing-deferred.js';
 import type { ExporterData, ExporterMessage, ExporterReply } from './tracing-worker.js';
@@ -74,12 +75,18 @@ export function batchDefaults(): { scheduledDelayMillis?: number; maxQueueSize?:
 
 let active: Tracing | null = null;
 
+/** Where tracing reports its own trouble: a failed export, a failed exporter thread. */
+export type TracingLog = Pick<Logger, 'warn' | 'error'>;
+
+/** The same report at most once a minute (an unreachable collector fails every export). */
+const REPORT_EVERY_MS = 60_000;
+
 /**
  * Start tracing for this process (once). `service` is the default `service.name`
  * (`OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES` override it). The SDK is loaded only when
  * tracing is on: a process with tracing off pays nothing for it at start.
  */
-export async function startTracing(service: string): Promise<Tracing> {
+export async function startTracing(service: string, log?: TracingLog): Promise<Tracing> {
   if (active) return active;
   if (!tracingRequested()) {
     active = { enabled: false, shutdown: async () => undefined };
@@ -96,9 +103,22 @@ export async function startTracing(service: string): Promise<Tracing> {
   const worker = new Worker(new URL('./tracing-worker.js', import.meta.url), { workerData: { service, version: VERSION } satisfies ExporterData });
   worker.unref();
   let exporting = true;
+  const reported = new Map<string, number>();
+  const report = (level: 'warn' | 'error', message: string, err?: unknown): void => {
+    const now = Date.now();
+    if (now - (reported.get(message) ?? -Infinity) < REPORT_EVERY_MS) return;
+    reported.set(message, now);
+    log?.[level]({ component: 'tracing', ...(err === undefined ? {} : { err }) }, message);
+  };
+  // What the OpenTelemetry API reports on this thread (a span the tracer could not hand on).
+  const quiet = (): void => undefined;
+  diag.setLogger({ error: (m) => report('error', m), warn: (m) => report('warn', m), info: quiet, debug: quiet, verbose: quiet }, DiagLogLevel.WARN);
+  worker.on('message', (m: ExporterReply) => {
+    if (m.kind === 'diag') report(m.level, m.message);
+  });
   worker.on('error', (err) => {
     exporting = false;
-    diag.error('the span exporter thread failed: spans are no longer exported', err);
+    report('error', 'the span exporter thread failed: spans are no longer exported', err);
   });
   worker.on('exit', () => {
     exporting = false;
