@@ -160,9 +160,10 @@ export class WebhookDispatcher {
         at = batch[batch.length - 1]!.seq;
         continue;
       }
-      // Events the filter skips before `next` move the cursor with it.
-      if (at !== cursor && !(await this.d.store.advance(ws, id, sid, cursor, at))) return;
-      const from = at;
+      // The cursor stays where this job found it until `next` is delivered, and then moves past
+      // it and the events the filter skipped before it in one step: a cursor moved ahead of the
+      // send would let the tap or the sweep start a second job at the new cursor, which would
+      // send `next` again while this one still is.
       const r = await this.send(endpoint, next.id, deliveryBody(ws, next));
       const ok = r.status_code >= 200 && r.status_code < 300;
       await this.d.store.record(ws, id, {
@@ -170,14 +171,14 @@ export class WebhookDispatcher {
         latency_ms: r.latency_ms, outcome: ok ? 'succeeded' : 'failed', error: r.error ?? (ok ? null : `status_${r.status_code}`), test: false,
       });
       if (!ok) {
-        // Retried from the same cursor (which now sits just before this event).
-        if (from !== cursor) {
-          await this.enqueueLane(ws, id, sid, from);
-          return;
-        }
-        throw new DeliveryError(r.error ?? `status ${r.status_code}`);
+        const reason = r.error ?? `status ${r.status_code}`;
+        // The last attempt disables the endpoint before the job is marked failed, so that the
+        // sweep (which resumes the lanes of enabled endpoints) cannot start the lane over first.
+        if (job.attemptsMade + 1 >= this.d.settings.maxAttempts) await this.disable(job.data, reason);
+        // Retried from the same cursor, skipping the same events again.
+        throw new DeliveryError(reason);
       }
-      if (!(await this.d.store.advance(ws, id, sid, from, next.seq))) return;
+      if (!(await this.d.store.advance(ws, id, sid, cursor, next.seq))) return;
       const state = await this.d.log.state(sid);
       if (state.seq > next.seq) await this.enqueueLane(ws, id, sid, next.seq);
       return;
