@@ -14,9 +14,10 @@ import type { SpanRecord } from './tracing-deferred.js';
 
 export type ExporterMessage = { kind: 'spans'; json: string } | { kind: 'shutdown' };
 /** `diag`: a warning or error the SDK reported on the thread (a failed export), for the process's log. */
-export type ExporterReply = { kind: 'ready' } | { kind: 'closed' } | { kind: 'diag'; level: 'warn' | 'error'; message: string };
+export type ExporterReply = { kind: 'closed' } | { kind: 'diag'; level: 'warn' | 'error'; message: string };
 
 export interface ExporterData {
+  /** `service.name`, as the process resolved it (`OTEL_SERVICE_NAME` or the process's own). */
   service: string;
   version: string;
 }
@@ -43,7 +44,7 @@ async function main(): Promise<void> {
   ]);
   const ids = new PooledIdGenerator();
   const provider = new sdk.BasicTracerProvider({
-    resource: resourceFromAttributes({ [ATTR_SERVICE_NAME]: process.env.OTEL_SERVICE_NAME?.trim() || data.service, [ATTR_SERVICE_VERSION]: data.version }),
+    resource: resourceFromAttributes({ [ATTR_SERVICE_NAME]: data.service, [ATTR_SERVICE_VERSION]: data.version }),
     idGenerator: ids,
     sampler: tracing.samplerFromEnv(sdk),
     spanProcessors: [await exportProcessor(tracing.otlpProtocol(), tracing.batchDefaults())],
@@ -59,7 +60,6 @@ async function main(): Promise<void> {
       port.close();
     });
   });
-  port.postMessage({ kind: 'ready' } satisfies ExporterReply);
 }
 
 void main();

@@ -100,7 +100,7 @@ export async function startTracing(service: string, log?: TracingLog): Promise<T
   // The platform's spans are recorded on the event loop (tracing-deferred.ts) and made into SDK
   // spans, batched and exported on the exporter thread (tracing-worker.ts), whose provider has
   // the same sampler (built from the same OTEL_* settings) and takes the recorded ids.
-  const worker = new Worker(new URL('./tracing-worker.js', import.meta.url), { workerData: { service, version: VERSION } satisfies ExporterData });
+  const worker = new Worker(new URL('./tracing-worker.js', import.meta.url), { workerData: { service: env('OTEL_SERVICE_NAME') ?? service, version: VERSION } satisfies ExporterData });
   worker.unref();
   let exporting = true;
   const reported = new Map<string, number>();
