@@ -1,18 +1,18 @@
 /**
  * The exporter thread of a process with tracing on (tracing.ts starts it): spans recorded on the
- * event loop arrive here as JSON batches of `SpanRecord`s, are made into SDK spans by `SdkReplay`
+ * event loop arrive here as batches of `SpanRecord`s (`SpanBatch`), are made into SDK spans by `SdkReplay`
  * and go through the SDK's batch processor and OTLP/HTTP exporter from this thread, so the
  * process's event loop, which serves its requests, runs none of that.
  *
- * Messages from the process: `{ kind: 'spans', json }`, then `{ kind: 'shutdown' }` (flush and
+ * Messages from the process: `{ kind: 'spans', ...SpanBatch }`, then `{ kind: 'shutdown' }` (flush and
  * stop; answered `{ kind: 'closed' }`). The thread reads the same OTEL_* environment as the
  * process (sampler, batching, endpoint, headers).
  */
 import { parentPort, workerData } from 'node:worker_threads';
 import { diag, DiagLogLevel } from '@opentelemetry/api';
-import type { SpanRecord } from './tracing-deferred.js';
+import type { SpanBatch } from './tracing-deferred.js';
 
-export type ExporterMessage = { kind: 'spans'; json: string } | { kind: 'shutdown' };
+export type ExporterMessage = ({ kind: 'spans' } & SpanBatch) | { kind: 'shutdown' };
 /** `diag`: a warning or error the SDK reported on the thread (a failed export), for the process's log. */
 export type ExporterReply = { kind: 'closed' } | { kind: 'diag'; level: 'warn' | 'error'; message: string };
 
@@ -33,7 +33,7 @@ async function main(): Promise<void> {
   };
   const quiet = (): void => undefined;
   diag.setLogger({ error: say('error'), warn: say('warn'), info: quiet, debug: quiet, verbose: quiet }, DiagLogLevel.WARN);
-  const [{ resourceFromAttributes }, sdk, { ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION }, { exportProcessor }, { PooledIdGenerator }, { SdkReplay }, tracing] = await Promise.all([
+  const [{ resourceFromAttributes }, sdk, { ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION }, { exportProcessor }, { PooledIdGenerator }, { SdkReplay, recordsOf }, tracing] = await Promise.all([
     import('@opentelemetry/resources'),
     import('@opentelemetry/sdk-trace-node'),
     import('@opentelemetry/semantic-conventions'),
@@ -52,7 +52,7 @@ async function main(): Promise<void> {
   const replay = new SdkReplay(provider.getTracer('agentplane', data.version), ids);
   port.on('message', (msg: ExporterMessage) => {
     if (msg.kind === 'spans') {
-      replay.write(JSON.parse(msg.json) as SpanRecord[]);
+      replay.write(recordsOf(msg));
       return;
     }
     provider.shutdown().catch(() => undefined).finally(() => {

@@ -20,7 +20,7 @@ import {
 } from '@opentelemetry/api';
 import type { Logger } from './logger.js';
 import { inScope, scopedTrace, setScopedTrace, withScopedTrace } from './request-context.js';
-import { DeferredTracer } from './tracing-deferred.js';
+import { DeferredTracer, postSpans } from './tracing-deferred.js';
 import type { ExporterData, ExporterMessage, ExporterReply } from './tracing-worker.js';
 
 export { context, SpanKind, SpanStatusCode, trace, type Attributes, type Context, type Span };
@@ -124,7 +124,7 @@ export async function startTracing(service: string, log?: TracingLog): Promise<T
     exporting = false;
   });
   const deferred = new DeferredTracer(samplerFromEnv(sdk), new PooledIdGenerator(), (records) => {
-    if (exporting) worker.postMessage({ kind: 'spans', json: JSON.stringify(records) } satisfies ExporterMessage);
+    if (exporting) postSpans(worker, records);
   });
   // Registered globally: the active context in the request scope's async-local store (one
   // store, not two), the W3C trace context propagator, and a provider that hands this tracer to
