@@ -47,13 +47,20 @@ function flatten(headers: Koa.Context['headers']): Record<string, string | undef
   return out;
 }
 
+/** The request id in a handler call's arguments (its ServerCallContext carries the call's state). */
+function requestIdIn(args: readonly unknown[]): string | undefined {
+  const ctx = args.find((a): a is ServerCallContext => a instanceof ServerCallContext);
+  return (ctx?.state.get(CALL_STATE_KEY) as A2aCall | undefined)?.requestId;
+}
+
 /** Handler failures that are not A2A errors: the platform's own typed errors keep their type; anything else is an incident. */
 function shield(handler: A2ARequestHandler, log: Logger): A2ARequestHandler {
-  const convert = (err: unknown): unknown => {
+  const convert = (err: unknown, args: readonly unknown[]): unknown => {
     if (err instanceof A2AError) return err;
     if (err instanceof ApiError) return new Error(`${err.type}: ${err.message}`);
-    const inc = incident('internal error');
-    log.error({ err, incident: inc.incident }, 'A2A request handler failed');
+    const requestId = requestIdIn(args);
+    const inc = incident('internal error', requestId);
+    log.error({ err, incident: inc.incident, request_id: requestId }, 'A2A request handler failed');
     return new Error(inc.message);
   };
   return new Proxy(handler, {
@@ -62,14 +69,14 @@ function shield(handler: A2ARequestHandler, log: Logger): A2ARequestHandler {
       if (typeof value !== 'function') return value;
       return (...args: unknown[]) => {
         const r: unknown = (value as (...a: unknown[]) => unknown).apply(target, args);
-        if (r instanceof Promise) return r.catch((err: unknown) => { throw convert(err); });
+        if (r instanceof Promise) return r.catch((err: unknown) => { throw convert(err, args); });
         if (isObj(r) && Symbol.asyncIterator in r) {
           const gen = r as unknown as AsyncGenerator<unknown>;
           return (async function* shielded() {
             try {
               yield* gen;
             } catch (err) {
-              throw convert(err);
+              throw convert(err, args);
             }
           })();
         }
@@ -240,7 +247,7 @@ export function a2aEdge(deps: ApiDeps): Koa.Middleware {
     ctx.res.on('close', onClose);
     const call: A2aCall = {
       deps, caller: { ...caller, principalId, workspaceId: p.workspaceId }, placement, card,
-      signal: AbortSignal.any([abort.signal, deps.shutdownSignal]),
+      signal: AbortSignal.any([abort.signal, deps.shutdownSignal]), requestId,
     };
     const context = new ServerCallContext({
       requestedVersion: version, user: { isAuthenticated: true, userName: principalId }, state: new Map([[CALL_STATE_KEY, call]]),

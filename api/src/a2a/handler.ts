@@ -31,6 +31,8 @@ export interface A2aCall {
   signal: AbortSignal;
   /** The task the request turned out to act on (for its audit record). */
   target?: string;
+  /** The HTTP request's id (its audit record and any incident name it). */
+  requestId: string;
 }
 
 export const CALL_STATE_KEY = 'agentplane.a2a';

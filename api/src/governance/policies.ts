@@ -125,7 +125,7 @@ export class PolicyStore {
     try {
       d = (await this.current(ws)).evaluate(call);
     } catch (err) {
-      this.log.error({ err, workspace: ws, tool: call.name }, 'action policy evaluation failed; denying');
+      this.log.error({ err, workspace: ws, tool: call.name, request_id: ctx.request_id ?? undefined }, 'action policy evaluation failed; denying');
       failed = true;
       d = { decision: 'deny', rule_id: null, explanation: `${call.kind} tool '${call.name}': denied because the ActionPolicy evaluation failed (fail closed)`, matched: [] };
     }
@@ -138,7 +138,7 @@ export class PolicyStore {
         status: null, detail: failed ? 'evaluation_failed' : d.rule_id ?? 'default_allow', request_id: ctx.request_id ?? null,
       });
     } catch (err) {
-      this.log.error({ err, workspace: ws }, 'audit append of a policy decision failed');
+      this.log.error({ err, workspace: ws, request_id: ctx.request_id ?? undefined }, 'audit append of a policy decision failed');
     }
     return d;
   }

@@ -82,6 +82,7 @@ export interface OperationRequest<P, Q, B> {
   requestId: string;
   idempotencyKey: string | undefined;
   deps: ApiDeps;
+  /** The request's logger: its lines carry `request_id`. */
   log: Logger;
 }
 

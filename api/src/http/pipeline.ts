@@ -1,5 +1,5 @@
 import type { IncomingMessage } from 'node:http';
-import { ApiError, currentRequestId, isId, newRequestId, validator, type TSchema } from '@agentplane/core';
+import { ApiError, currentRequestId, isId, newRequestId, validator, type Logger, type TSchema } from '@agentplane/core';
 import { tags } from '@agentplane/store';
 import type { ApiDeps } from '../deps.js';
 import { ANONYMOUS, type Caller } from './caller.js';
@@ -223,6 +223,7 @@ async function run(
     if (upload) await upload.discard(body as Record<string, unknown>, deps).catch(() => undefined);
   };
 
+  let requestLog: Logger | undefined;
   const req = {
     caller,
     params,
@@ -232,7 +233,10 @@ async function run(
     requestId,
     idempotencyKey: mode === 'none' ? undefined : idemKey,
     deps,
-    log: deps.log,
+    // The request's logger (its lines name the request), made when a handler first logs.
+    get log(): Logger {
+      return (requestLog ??= deps.log.child({ request_id: requestId }));
+    },
   };
 
   if (mode === 'none' || idemKey === undefined) {

@@ -115,15 +115,16 @@ export function errorBoundary(deps: ApiDeps): Koa.Middleware {
       if (err instanceof ApiError) {
         sendError(ctx, err, deps);
       } else {
-        const inc = incident('internal error');
-        deps.log.child({ request_id: requestIdOf(ctx) }).error({ err, incident: inc.incident, method: ctx.method, path: ctx.path }, 'unhandled error');
+        const requestId = requestIdOf(ctx);
+        const inc = incident('internal error', requestId);
+        deps.log.error({ err, incident: inc.incident, method: ctx.method, path: ctx.path, request_id: requestId }, 'unhandled error');
         sendError(ctx, new ApiError('runtime.internal', inc.message), deps);
       }
     } finally {
       if (span) endRequestSpan(ctx, span, failure);
       // A per-request line only at debug: at the default level nothing is built for it.
       if (deps.log.isLevelEnabled('debug')) {
-        deps.log.debug({ method: ctx.method, path: ctx.path, status: ctx.res.statusCode, ms: Number(process.hrtime.bigint() - started) / 1e6 }, 'request');
+        deps.log.debug({ method: ctx.method, path: ctx.path, status: ctx.res.statusCode, ms: Number(process.hrtime.bigint() - started) / 1e6, request_id: requestIdOf(ctx) }, 'request');
       }
     }
   };

@@ -47,6 +47,8 @@ export interface CallContext {
   caller: Caller;
   /** The original request's lower-cased headers (bearer, workspace selector). */
   headers: Readonly<Record<string, string | undefined>>;
+  /** The HTTP request's id: the operation's audit record and any incident name it. */
+  requestId: string;
 }
 
 /**
@@ -135,6 +137,7 @@ export class ToolDispatcher {
       body: a.body,
       admitted: ctx.caller,
       mcpTool: p.tool.name,
+      requestId: ctx.requestId,
     };
     const prepared = this.prepared.get(p.op.operationId);
     if (!prepared) throw new Error(`operation ${p.op.operationId} is not prepared`);
@@ -156,8 +159,8 @@ export class ToolDispatcher {
       return { content: [{ type: 'text', text }], isError: result.status >= 400, _meta: meta };
     } catch (err) {
       if (err instanceof ApiError) return apiErrorResult(err, this.deps);
-      const inc = incident('internal error');
-      this.deps.log.error({ err, incident: inc.incident, tool: p.tool.name }, 'unhandled error in an MCP tool call');
+      const inc = incident('internal error', ctx.requestId);
+      this.deps.log.error({ err, incident: inc.incident, tool: p.tool.name, request_id: ctx.requestId }, 'unhandled error in an MCP tool call');
       return apiErrorResult(new ApiError('runtime.internal', inc.message), this.deps);
     }
   }

@@ -9,6 +9,7 @@ import type { PreparedOperation } from '../http/pipeline.js';
 import { ToolCatalog } from './catalog.js';
 import { apiErrorResult, ToolDispatcher } from './dispatch.js';
 import { enforceRateLimit } from '../http/rate-limit.js';
+import { requestIdOf } from '../http/router.js';
 import {
   decodeHeaderValue, ErrorCode, HEADER_METHOD, HEADER_NAME, HEADER_PROTOCOL_VERSION, isPlainObject,
   LEGACY_FALLBACK_VERSION, LEGACY_VERSIONS, MAX_MESSAGE_BYTES, McpProtocolError, META_CLIENT_CAPABILITIES,
@@ -148,7 +149,7 @@ export function mcpEdge(operations: readonly Operation[], prepared: ReadonlyMap<
     send(ctx, err.status, rpcError(null, { code: ErrorCode.Unauthorized, message: err.message, data: err.toWire(deps.config.docsUrl) }), extra);
   };
 
-  async function handleMessage(msg: JsonRpcRequest, era: Era, caller: Caller, headers: Headers, catalogChoice: 'compact' | 'full'): Promise<Record<string, unknown>> {
+  async function handleMessage(msg: JsonRpcRequest, era: Era, caller: Caller, headers: Headers, catalogChoice: 'compact' | 'full', requestId: string): Promise<Record<string, unknown>> {
     const params = msg.params ?? {};
     const modern = era.kind === 'modern';
     const stamp = (r: Record<string, unknown>) => (modern ? { ...r, resultType: 'complete' } : r);
@@ -184,7 +185,7 @@ export function mcpEdge(operations: readonly Operation[], prepared: ReadonlyMap<
       }
       case 'tools/call': {
         if (typeof params.name !== 'string' || params.name.length === 0) throw new McpProtocolError(ErrorCode.InvalidParams, 'tools/call: name must be a string');
-        const result = await dispatcher.call(params.name, params.arguments, { caller, headers });
+        const result = await dispatcher.call(params.name, params.arguments, { caller, headers, requestId });
         return stamp({ ...result });
       }
       default:
@@ -264,7 +265,7 @@ export function mcpEdge(operations: readonly Operation[], prepared: ReadonlyMap<
         send(ctx, err.status, rpcError(id, { code: ErrorCode.RateLimited, message: err.message, data: err.toWire(deps.config.docsUrl) }), err.headers);
         return;
       }
-      const result = await handleMessage(msg, era, caller, headers, catalogChoice);
+      const result = await handleMessage(msg, era, caller, headers, catalogChoice, requestIdOf(ctx));
       requests.inc({ method, outcome: result.isError === true ? 'tool_error' : 'ok' });
       send(ctx, 200, rpcResult(id, result), caller.workspaceId ? { 'Service-Workspace-Id': caller.workspaceId } : {});
     } catch (err) {
@@ -290,8 +291,9 @@ export function mcpEdge(operations: readonly Operation[], prepared: ReadonlyMap<
         // Unexpected failures (Redis unreachable, a bug): a JSON-RPC internal error with an
         // opaque incident reference; the stack goes to the log only.
         if (ctx.headerSent || ctx.respond === false) throw err;
-        const inc = incident('internal error');
-        deps.log.error({ err, incident: inc.incident, path: ctx.path }, 'unhandled error on the MCP edge');
+        const requestId = requestIdOf(ctx);
+        const inc = incident('internal error', requestId);
+        deps.log.error({ err, incident: inc.incident, path: ctx.path, request_id: requestId }, 'unhandled error on the MCP edge');
         const wire = new ApiError('runtime.internal', inc.message).toWire(deps.config.docsUrl);
         send(ctx, 500, rpcError(null, { code: ErrorCode.InternalError, message: wire.error.message, data: wire }));
       }

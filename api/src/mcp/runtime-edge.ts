@@ -5,6 +5,7 @@ import { incident } from '@agentplane/core';
 import type { RuntimeBearerVerifier, RuntimeGrant } from '@agentplane/domain';
 import type { ApiDeps } from '../deps.js';
 import { bearerToken } from '../http/authenticate.js';
+import { requestIdOf } from '../http/router.js';
 import { ErrorCode, MAX_MESSAGE_BYTES, rpcError } from './protocol.js';
 import { sdkConsoleToLog } from './runtime.js';
 
@@ -73,8 +74,9 @@ export function runtimeMcpEdge<C>(deps: ApiDeps, verifier: RuntimeBearerVerifier
       await serve(req, ctx.res);
     } catch (err) {
       if (ctx.headerSent || ctx.respond === false) throw err;
-      const inc = incident('internal error');
-      deps.log.error({ err, incident: inc.incident, path: ctx.path }, `unhandled error on the ${edge.name} endpoint`);
+      const requestId = requestIdOf(ctx);
+      const inc = incident('internal error', requestId);
+      deps.log.error({ err, incident: inc.incident, path: ctx.path, request_id: requestId }, `unhandled error on the ${edge.name} endpoint`);
       fail(ctx, { status: 500, code: ErrorCode.InternalError, message: inc.message });
     }
   };

@@ -6,6 +6,7 @@ import { ApiError, Counter, incident, isId, type Logger, newId } from '@agentpla
 import { tags } from '@agentplane/store';
 import type { ApiDeps } from '../deps.js';
 import { bearerToken } from '../http/authenticate.js';
+import { requestIdOf } from '../http/router.js';
 import type { Connection } from '@agentplane/domain';
 import { ConnectionService } from '@agentplane/domain';
 import { ErrorCode, MAX_MESSAGE_BYTES, rpcError } from './protocol.js';
@@ -247,8 +248,9 @@ export function runtimeMcp(deps: ApiDeps, options: RuntimeMcpOptions): Koa.Middl
       await handle(ctx, m);
     } catch (err) {
       if (ctx.headerSent || ctx.respond === false) throw err;
-      const inc = incident('internal error');
-      deps.log.error({ err, incident: inc.incident, path: ctx.path }, 'unhandled error on the runtime MCP endpoint');
+      const requestId = requestIdOf(ctx);
+      const inc = incident('internal error', requestId);
+      deps.log.error({ err, incident: inc.incident, path: ctx.path, request_id: requestId }, 'unhandled error on the runtime MCP endpoint');
       fail(ctx, 500, ErrorCode.InternalError, inc.message);
     }
   };

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { createLogger, redactSecrets } from './logger.js';
-import { withRequestScope } from './request-context.js';
+import { keepRequestScopes, withRequestScope } from './request-context.js';
 
 function capture() {
   const lines: string[] = [];
@@ -93,7 +93,8 @@ describe('redactSecrets', () => {
 });
 
 describe('request scope', () => {
-  it('puts the request id on every line inside the scope, once, and on none outside it', async () => {
+  it('puts the request id on every line inside the scope, once, and on none outside it (scopes kept: tracing on)', async () => {
+    keepRequestScopes();
     const { log, lines, last } = capture();
     await withRequestScope({ requestId: 'req_scope' }, async () => {
       log.info('inside');

@@ -19,7 +19,7 @@ import {
   type Attributes, type Context, type ContextManager, type Span, type Tracer,
 } from '@opentelemetry/api';
 import type { Logger } from './logger.js';
-import { inScope, scopedTrace, setScopedTrace, withScopedTrace } from './request-context.js';
+import { inScope, keepRequestScopes, scopedTrace, setScopedTrace, withScopedTrace } from './request-context.js';
 import { DeferredTracer, postSpans } from './tracing-deferred.js';
 import type { ExporterData, ExporterMessage, ExporterReply } from './tracing-worker.js';
 
@@ -134,6 +134,8 @@ export async function startTracing(service: string, log?: TracingLog): Promise<T
       return deferred;
     }
   }
+  // The trace context lives in the request scope's async-local store: keep the scopes there.
+  keepRequestScopes();
   new PlatformProvider().register({ contextManager: new ScopeContextManager() });
   cachedTracer = deferred;
   active = {
