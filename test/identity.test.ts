@@ -243,9 +243,17 @@ describe('Principals and access credentials', () => {
     const c = await p.root.post<{ secret: string }>(`/v1/principals/${prin}/access-credentials`, {}, { idempotencyKey: 'cred-s' });
     const bearer = new HttpClient({ baseUrl: p.baseUrl, token: c.secret });
     expect((await bearer.request('GET', '/v1/support/capabilities')).status).toBe(200);
+    // Read twice (the second answered from the read cache's shared copy as stored), then changed:
+    // every read shows the Principal as it is now.
+    const read = async () => (await p.root.get<{ status: string; version: number }>(`/v1/principals/${prin}`));
+    const before = await read();
+    expect(await read()).toEqual(before);
     await p.root.post(`/v1/principals/${prin}/suspend`, {});
+    expect(await read()).toMatchObject({ status: 'suspended', version: before.version + 1 });
+    expect(await read()).toMatchObject({ status: 'suspended', version: before.version + 1 });
     expect((await bearer.request('GET', '/v1/support/capabilities')).status).toBe(401);
     await p.root.post(`/v1/principals/${prin}/resume`, {});
+    expect(await read()).toMatchObject({ status: 'active', version: before.version + 2 });
     expect((await bearer.request('GET', '/v1/support/capabilities')).status).toBe(200);
     const del = await p.root.request<{ type: string }>('DELETE', `/v1/principals/${prin}`);
     expect(del.body.type).toBe('principal_deleted');
@@ -380,9 +388,17 @@ describe('two API processes', () => {
     const c = await p.root.post<{ secret: string }>(`/v1/principals/${prin}/access-credentials`, {}, { idempotencyKey: 'cred-two-api' });
     const bearer = via(other.baseUrl, c.secret);
     expect((await bearer.request('GET', '/v1/support/capabilities')).status).toBe(200);
+    // Read twice (the second answered from the read cache's shared copy as stored), then changed:
+    // every read shows the Principal as it is now.
+    const read = async () => (await p.root.get<{ status: string; version: number }>(`/v1/principals/${prin}`));
+    const before = await read();
+    expect(await read()).toEqual(before);
     await p.root.post(`/v1/principals/${prin}/suspend`, {});
+    expect(await read()).toMatchObject({ status: 'suspended', version: before.version + 1 });
+    expect(await read()).toMatchObject({ status: 'suspended', version: before.version + 1 });
     expect((await bearer.request('GET', '/v1/support/capabilities')).status).toBe(401);
     await p.root.post(`/v1/principals/${prin}/resume`, {});
+    expect(await read()).toMatchObject({ status: 'active', version: before.version + 2 });
     expect((await bearer.request('GET', '/v1/support/capabilities')).status).toBe(200);
 
     const ws = await p.root.post<{ id: string }>(`/v1/organizations/${org}/workspaces`, { name: 'disabled-elsewhere' });

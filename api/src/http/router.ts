@@ -4,6 +4,7 @@ import {
   ApiError, BUCKETS, Counter, enterScopeSpan, extractTrace, failSpan, Histogram, incident, newRequestId, requestIdFrom, SpanKind, SpanStatusCode,
   statusLabel, tracingEnabled, withRequestScope, type Attributes, type Span,
 } from '@agentplane/core';
+import { storedJsonOf } from '@agentplane/store';
 import { ATTR_HTTP_REQUEST_METHOD, ATTR_HTTP_RESPONSE_STATUS_CODE, ATTR_HTTP_ROUTE, ATTR_URL_PATH, ATTR_URL_SCHEME } from '@opentelemetry/semantic-conventions';
 import type { ApiDeps } from '../deps.js';
 import { drainRequest, readJsonBody } from './body.js';
@@ -278,7 +279,8 @@ function isJsonBody(body: unknown): body is object {
  * guess at streams and buffers and go through its delegates on every request.
  */
 function sendJson(ctx: Koa.Context, status: number, body: object): void {
-  const text = JSON.stringify(body);
+  // A stored document answered as read (a shared read-cache copy) goes out as its stored text.
+  const text = storedJsonOf(body) ?? JSON.stringify(body);
   const res = ctx.res;
   ctx.respond = false;
   res.statusCode = status;

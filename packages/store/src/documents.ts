@@ -91,6 +91,15 @@ export class DocumentStore {
     return cachedPeekShared<T>(this.redis, keys.doc(tag, id));
   }
 
+  /**
+   * A document to answer as it is (read-only): the cache's shared parsed copy when it holds the
+   * key now (no parse, and `storedJsonOf` gives its stored text), else as `getCached`.
+   */
+  getShared<T extends StoredDoc>(tag: Tag, id: string): Promise<Readonly<T> | null> {
+    const shared = this.peekShared<T>(tag, id);
+    return shared !== undefined ? Promise.resolve(shared) : this.getCached<T>(tag, id);
+  }
+
   getCached<T extends StoredDoc>(tag: Tag, id: string): Promise<T | null> {
     const key = keys.doc(tag, id);
     // A hit settles in one promise (an async function would add two more per read).

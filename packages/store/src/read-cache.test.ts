@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Redis } from 'ioredis';
 import { startEmbeddedRedis, type EmbeddedRedis } from './embedded-redis.js';
-import { cachedGet, forgetWritten, primeCache, ReadCache } from './read-cache.js';
+import { cachedGet, forgetWritten, primeCache, ReadCache, storedJsonOf } from './read-cache.js';
 import { DocumentStore } from './documents.js';
 import { keys, tags } from './keys.js';
 
@@ -157,11 +157,17 @@ describe('ReadCache peeks', () => {
     expect(first).toEqual({ v: 1 });
     expect(Object.isFrozen(first)).toBe(true);
     expect(cache.peekShared('rc:{p}:doc')).toBe(first); // the same parsed copy
+    // Its stored text, to answer it as it is; a copy or another object has none.
+    expect(storedJsonOf(first as object)).toBe(JSON.stringify({ v: 1 }));
+    expect(storedJsonOf({ ...first })).toBeUndefined();
     await other.set('rc:{p}:doc', JSON.stringify({ v: 2 }));
     await until(() => cache.peek('rc:{p}:doc') === undefined);
     expect(cache.peekShared('rc:{p}:doc')).toBeUndefined();
     await cache.get('rc:{p}:doc');
-    expect(cache.peekShared('rc:{p}:doc')).toEqual({ v: 2 });
+    const second = cache.peekShared<{ v: number }>('rc:{p}:doc');
+    expect(second).toEqual({ v: 2 });
+    expect(storedJsonOf(second as object)).toBe(JSON.stringify({ v: 2 }));
+    expect(storedJsonOf(first as object)).toBe(JSON.stringify({ v: 1 })); // an old copy keeps its own text
     await other.del('rc:{p}:doc');
     await until(() => cache.peek('rc:{p}:doc') === undefined);
     await cache.get('rc:{p}:doc');

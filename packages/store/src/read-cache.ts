@@ -47,6 +47,22 @@ const attached = new WeakMap<Redis, ReadCache>();
  * One Redis only: on a Redis Cluster tracking would be per node, so `start` leaves the cache off
  * there and every read goes to the cluster.
  */
+/**
+ * The JSON text each shared parsed value (`peekShared`) was parsed from: the very text the
+ * document was stored as, so a reader that answers the value unchanged can send it as it is
+ * (`storedJsonOf`) instead of serialising it again.
+ */
+const storedText = new WeakMap<object, string>();
+
+/**
+ * The stored JSON text of a value `peekShared` handed out, when `value` is one: byte for byte
+ * what `JSON.stringify(value)` gives, for documents written with `JSON.stringify` (as the
+ * document store writes them) and never changed since (shared values are read-only).
+ */
+export function storedJsonOf(value: object): string | undefined {
+  return storedText.get(value);
+}
+
 export class ReadCache {
   private readonly values: BoundedCache<string, string | null>;
   private readonly flights = new Map<string, Flight>();
@@ -161,6 +177,7 @@ export class ReadCache {
     if (known !== undefined && known.raw === raw) return known.value as Readonly<T>;
     const value = Object.freeze(JSON.parse(raw) as T);
     this.parsed.set(key, { raw, value });
+    if (typeof value === 'object' && value !== null) storedText.set(value, raw);
     return value;
   }
 

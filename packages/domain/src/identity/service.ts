@@ -160,8 +160,9 @@ export class IdentityService {
     return p;
   }
 
-  async getPrincipal(workspaceId: string, id: string): Promise<Principal> {
-    const p = await this.docs.getCached<Principal>(tags.workspace(workspaceId), id);
+  /** A Principal to read (shared with other readers: never change it). */
+  async getPrincipal(workspaceId: string, id: string): Promise<Readonly<Principal>> {
+    const p = await this.docs.getShared<Principal>(tags.workspace(workspaceId), id);
     if (!p || p.status === 'deleted') throw new ApiError('validation.not_found', 'principal not found');
     return p;
   }
