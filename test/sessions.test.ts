@@ -109,16 +109,23 @@ describe('agents and environments', () => {
   it('agent versions are immutable; a new version never changes an old one', async () => {
     const a = await api.post<Json & { id: string; version: number }>('/v1/agents', { name: 'v', model: 'default' });
     expect(a).toMatchObject({ type: 'agent', version: 1, tools: [], mcp_servers: [], archived_at: null });
+    // Reads of the head go through the read cache: each write shows on the next read.
+    expect(await api.get(`/v1/agents/${a.id}`)).toMatchObject({ version: 1 });
+    expect(await api.get(`/v1/agents/${a.id}`)).toMatchObject({ version: 1 });
     const v2 = await api.post<Json>(`/v1/agents/${a.id}`, { expected_version: 1, system: 'new' });
     expect(v2).toMatchObject({ version: 2, system: 'new' });
+    expect(await api.get(`/v1/agents/${a.id}`)).toMatchObject({ version: 2, system: 'new' });
+    expect(await api.post<Json>(`/v1/agents/${a.id}`, { expected_version: 2, system: 'newer' })).toMatchObject({ version: 3 });
+    expect(await api.get(`/v1/agents/${a.id}`)).toMatchObject({ version: 3, system: 'newer' });
     const stale = await api.request('POST', `/v1/agents/${a.id}`, { body: { expected_version: 1, system: 'x' } });
     expect(stale.status).toBe(409);
     expect(errType(stale)).toBe('validation.conflict');
     expect(await api.get(`/v1/agents/${a.id}/versions/1`)).toMatchObject({ version: 1, system: null });
     const versions = await api.get<{ data: Json[] }>(`/v1/agents/${a.id}/versions`);
-    expect(versions.data.map((v) => v.version)).toEqual([1, 2]);
+    expect(versions.data.map((v) => v.version)).toEqual([1, 2, 3]);
     const archived = await api.post<Json>(`/v1/agents/${a.id}/archive`);
     expect(archived.archived_at).not.toBeNull();
+    expect(await api.get(`/v1/agents/${a.id}`)).toMatchObject({ version: 3, archived_at: archived.archived_at });
     expect(await api.post<Json>(`/v1/agents/${a.id}/archive`)).toEqual(archived);
     const list = await api.get<{ data: Json[] }>('/v1/agents', { limit: 100 });
     expect(list.data.some((x) => x.id === a.id)).toBe(false);

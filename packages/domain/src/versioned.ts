@@ -1,5 +1,5 @@
 import { ApiError, nowIso } from '@agentplane/core';
-import { BoundedCache, decodeCursor, encodeCursor, keys, LuaScript, tags, type Redis, type StoredDoc } from '@agentplane/store';
+import { BoundedCache, cachedGet, decodeCursor, encodeCursor, forgetWritten, keys, LuaScript, tags, type Redis, type StoredDoc } from '@agentplane/store';
 
 /**
  * Workspace-owned resources with immutable versions (Agents, Environments).
@@ -62,6 +62,8 @@ export class VersionedStore<T extends VersionedDoc> {
       [this.headKey(ws, doc.id), this.versionKey(ws, doc.id, doc.version), keys.index(tags.workspace(ws), this.collection), this.versionsIndex(ws, doc.id)],
       [expected === null ? '' : String(expected), JSON.stringify(doc), withVersion ? JSON.stringify({ ...doc, archived_at: null }) : '', doc.version, Date.parse(doc.created_at), doc.id],
     );
+    // This process reads its own write next, not the head its read cache held.
+    forgetWritten(this.redis, [this.headKey(ws, doc.id)]);
     if (r === -1) throw new ApiError('validation.not_found', `${this.what} not found`);
     if (r === -2) throw new ApiError('validation.conflict', `${this.what} version ${expected ?? 0} is stale`);
     if (r === -3) throw new ApiError('validation.conflict', `${this.what} already exists`);
@@ -72,8 +74,21 @@ export class VersionedStore<T extends VersionedDoc> {
     return doc;
   }
 
+  /** The head, through the process's read cache (a Session's creation and a read of the resource read it). */
   async get(ws: string, id: string): Promise<T> {
-    const raw = await this.redis.get(this.headKey(ws, id));
+    return this.parseHead(await cachedGet(this.redis, this.headKey(ws, id)));
+  }
+
+  /**
+   * The head as Redis has it now, for a read-modify-write: a head held by the read cache may be
+   * a write behind for the moment its invalidation takes, and a compare-and-swap or an
+   * `expectedVersion` check on it would fail for nothing.
+   */
+  private async current(ws: string, id: string): Promise<T> {
+    return this.parseHead(await this.redis.get(this.headKey(ws, id)));
+  }
+
+  private parseHead(raw: string | null): T {
     if (!raw) throw new ApiError('validation.not_found', `${this.what} not found`);
     return JSON.parse(raw) as T;
   }
@@ -92,7 +107,7 @@ export class VersionedStore<T extends VersionedDoc> {
   /** A new immutable version from the head. `expectedVersion` fences against concurrent writers. */
   async newVersion(ws: string, id: string, expectedVersion: number | undefined, mutate: (cur: T) => T): Promise<T> {
     for (let attempt = 0; attempt < 8; attempt++) {
-      const cur = await this.get(ws, id);
+      const cur = await this.current(ws, id);
       if (cur.archived_at !== null) throw new ApiError('runtime.invalid_transition', `an archived ${this.what} takes no new versions`);
       if (expectedVersion !== undefined && cur.version !== expectedVersion) {
         throw new ApiError('validation.conflict', `version ${expectedVersion} is stale; the current version is ${cur.version}`);
@@ -111,7 +126,7 @@ export class VersionedStore<T extends VersionedDoc> {
   /** One-way and retry-safe: archiving an archived head returns it unchanged. */
   async archive(ws: string, id: string): Promise<T> {
     for (let attempt = 0; attempt < 8; attempt++) {
-      const cur = await this.get(ws, id);
+      const cur = await this.current(ws, id);
       if (cur.archived_at !== null) return cur;
       const next = { ...cur, archived_at: nowIso(), updated_at: nowIso() };
       try {
