@@ -1,5 +1,5 @@
 import { ApiError, nowIso } from '@agentplane/core';
-import { BoundedCache, cachedGet, decodeCursor, encodeCursor, forgetWritten, keys, LuaScript, tags, type Redis, type StoredDoc } from '@agentplane/store';
+import { BoundedCache, cachedGet, decodeCursor, encodeCursor, keys, LuaScript, tags, type Redis, type StoredDoc } from '@agentplane/store';
 
 /**
  * Workspace-owned resources with immutable versions (Agents, Environments).
@@ -62,8 +62,6 @@ export class VersionedStore<T extends VersionedDoc> {
       [this.headKey(ws, doc.id), this.versionKey(ws, doc.id, doc.version), keys.index(tags.workspace(ws), this.collection), this.versionsIndex(ws, doc.id)],
       [expected === null ? '' : String(expected), JSON.stringify(doc), withVersion ? JSON.stringify({ ...doc, archived_at: null }) : '', doc.version, Date.parse(doc.created_at), doc.id],
     );
-    // This process reads its own write next, not the head its read cache held.
-    forgetWritten(this.redis, [this.headKey(ws, doc.id)]);
     if (r === -1) throw new ApiError('validation.not_found', `${this.what} not found`);
     if (r === -2) throw new ApiError('validation.conflict', `${this.what} version ${expected ?? 0} is stale`);
     if (r === -3) throw new ApiError('validation.conflict', `${this.what} already exists`);
@@ -74,7 +72,11 @@ export class VersionedStore<T extends VersionedDoc> {
     return doc;
   }
 
-  /** The head, through the process's read cache (a Session's creation and a read of the resource read it). */
+  /**
+   * The head, through the process's read cache (a Session's creation and a read of the resource
+   * read it). The write script drops the head from this process's cache when Redis answers it
+   * (`LuaScript`), so this process reads its own writes.
+   */
   async get(ws: string, id: string): Promise<T> {
     return this.parseHead(await cachedGet(this.redis, this.headKey(ws, id)));
   }
