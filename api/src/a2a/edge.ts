@@ -9,7 +9,7 @@ import type Koa from 'koa';
 import { formatSSEErrorEvent, formatSSEEvent, SSE_HEADERS } from '@a2a-js/sdk';
 import { A2AError, UnsupportedOperationError, VersionNotSupportedError } from '@a2a-js/sdk/errors';
 import { JsonRpcTransportHandler, ServerCallContext, validateVersion, type A2ARequestHandler } from '@a2a-js/sdk/server';
-import { ApiError, closedLabel, Counter, incident, type Logger } from '@agentplane/core';
+import { ApiError, closedLabel, Counter, reportIncident, type Logger } from '@agentplane/core';
 import type { ApiDeps } from '../deps.js';
 import { authenticate } from '../http/authenticate.js';
 import { readJsonBody } from '../http/body.js';
@@ -58,10 +58,7 @@ function shield(handler: A2ARequestHandler, log: Logger): A2ARequestHandler {
   const convert = (err: unknown, args: readonly unknown[]): unknown => {
     if (err instanceof A2AError) return err;
     if (err instanceof ApiError) return new Error(`${err.type}: ${err.message}`);
-    const requestId = requestIdIn(args);
-    const inc = incident('internal error', requestId);
-    log.error({ err, incident: inc.incident, request_id: requestId }, 'A2A request handler failed');
-    return new Error(inc.message);
+    return new Error(reportIncident(log, err, 'A2A request handler failed', requestIdIn(args)).message);
   };
   return new Proxy(handler, {
     get(target, prop, receiver) {

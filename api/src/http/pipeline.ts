@@ -1,5 +1,5 @@
 import type { IncomingMessage } from 'node:http';
-import { ApiError, currentRequestId, isId, newRequestId, validator, type Logger, type TSchema } from '@agentplane/core';
+import { ApiError, isId, newRequestId, validator, type Logger, type TSchema } from '@agentplane/core';
 import { tags } from '@agentplane/store';
 import type { ApiDeps } from '../deps.js';
 import { ANONYMOUS, type Caller } from './caller.js';
@@ -31,8 +31,8 @@ export interface RawRequest {
   admitted?: Caller;
   /** The connection (socket) the request came on: a bearer is digested once per connection. */
   connection?: object;
-  /** The edge's id for this request; generated when absent. */
-  requestId?: string;
+  /** The edge's id for this request (the `Request-Id` it answers with). */
+  requestId: string;
   /** MCP `tools/call`: the tool name, an ActionPolicy call of kind `api` checked before the handler. */
   mcpTool?: string;
 }
@@ -108,7 +108,7 @@ function checkVersion(op: Operation, headers: RawRequest['headers']): void {
  * Returns the response to send; throws ApiError for the client's mistakes.
  */
 export function execute(prepared: PreparedOperation, raw: RawRequest, deps: ApiDeps): Promise<{ caller: Caller; result: OperationResult }> {
-  const requestId = raw.requestId ?? currentRequestId() ?? newRequestId();
+  const { requestId } = raw;
   const progress: Progress = { caller: ANONYMOUS, params: raw.params, replayed: false };
   const audit = prepared.op.audit;
   // Nothing to record (reads): no wrapper around the run, so no extra promises per request.

@@ -1,7 +1,7 @@
 import type Koa from 'koa';
 import Router from '@koa/router';
 import {
-  ApiError, BUCKETS, Counter, enterScopeSpan, extractTrace, failSpan, Histogram, incident, newRequestId, requestIdFrom, SpanKind, SpanStatusCode,
+  ApiError, BUCKETS, Counter, enterScopeSpan, extractTrace, failSpan, Histogram, newRequestId, reportIncident, requestIdFrom, SpanKind, SpanStatusCode,
   statusLabel, tracingEnabled, withRequestScope, type Attributes, type Span,
 } from '@agentplane/core';
 import { storedJsonOf } from '@agentplane/store';
@@ -116,9 +116,7 @@ export function errorBoundary(deps: ApiDeps): Koa.Middleware {
       if (err instanceof ApiError) {
         sendError(ctx, err, deps);
       } else {
-        const requestId = requestIdOf(ctx);
-        const inc = incident('internal error', requestId);
-        deps.log.error({ err, incident: inc.incident, method: ctx.method, path: ctx.path, request_id: requestId }, 'unhandled error');
+        const inc = reportIncident(deps.log, err, 'unhandled error', requestIdOf(ctx), { method: ctx.method, path: ctx.path });
         sendError(ctx, new ApiError('runtime.internal', inc.message), deps);
       }
     } finally {

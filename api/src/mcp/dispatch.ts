@@ -1,4 +1,4 @@
-import { ApiError, incident, type WireError } from '@agentplane/core';
+import { ApiError, reportIncident, type WireError } from '@agentplane/core';
 import type { ApiDeps } from '../deps.js';
 import type { Caller } from '../http/caller.js';
 import { WORKSPACE_SELECTOR_HEADER } from '../http/authenticate.js';
@@ -159,8 +159,7 @@ export class ToolDispatcher {
       return { content: [{ type: 'text', text }], isError: result.status >= 400, _meta: meta };
     } catch (err) {
       if (err instanceof ApiError) return apiErrorResult(err, this.deps);
-      const inc = incident('internal error', ctx.requestId);
-      this.deps.log.error({ err, incident: inc.incident, tool: p.tool.name, request_id: ctx.requestId }, 'unhandled error in an MCP tool call');
+      const inc = reportIncident(this.deps.log, err, 'unhandled error in an MCP tool call', ctx.requestId, { tool: p.tool.name });
       return apiErrorResult(new ApiError('runtime.internal', inc.message), this.deps);
     }
   }

@@ -1,5 +1,5 @@
 import type Koa from 'koa';
-import { ApiError, BUCKETS, closedLabel, Counter, Histogram, incident } from '@agentplane/core';
+import { ApiError, BUCKETS, closedLabel, Counter, Histogram, reportIncident } from '@agentplane/core';
 import type { ApiDeps } from '../deps.js';
 import { authenticate } from '../http/authenticate.js';
 import { readJsonBody } from '../http/body.js';
@@ -291,9 +291,7 @@ export function mcpEdge(operations: readonly Operation[], prepared: ReadonlyMap<
         // Unexpected failures (Redis unreachable, a bug): a JSON-RPC internal error with an
         // opaque incident reference; the stack goes to the log only.
         if (ctx.headerSent || ctx.respond === false) throw err;
-        const requestId = requestIdOf(ctx);
-        const inc = incident('internal error', requestId);
-        deps.log.error({ err, incident: inc.incident, path: ctx.path, request_id: requestId }, 'unhandled error on the MCP edge');
+        const inc = reportIncident(deps.log, err, 'unhandled error on the MCP edge', requestIdOf(ctx), { path: ctx.path });
         const wire = new ApiError('runtime.internal', inc.message).toWire(deps.config.docsUrl);
         send(ctx, 500, rpcError(null, { code: ErrorCode.InternalError, message: wire.error.message, data: wire }));
       }

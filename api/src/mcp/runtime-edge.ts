@@ -1,7 +1,7 @@
 import type Koa from 'koa';
 import { createMcpHandler, type AuthInfo, type Server } from '@modelcontextprotocol/server';
 import { toNodeHandler } from '@modelcontextprotocol/node';
-import { incident } from '@agentplane/core';
+import { reportIncident } from '@agentplane/core';
 import type { RuntimeBearerVerifier, RuntimeGrant } from '@agentplane/domain';
 import type { ApiDeps } from '../deps.js';
 import { bearerToken } from '../http/authenticate.js';
@@ -74,9 +74,7 @@ export function runtimeMcpEdge<C>(deps: ApiDeps, verifier: RuntimeBearerVerifier
       await serve(req, ctx.res);
     } catch (err) {
       if (ctx.headerSent || ctx.respond === false) throw err;
-      const requestId = requestIdOf(ctx);
-      const inc = incident('internal error', requestId);
-      deps.log.error({ err, incident: inc.incident, path: ctx.path, request_id: requestId }, `unhandled error on the ${edge.name} endpoint`);
+      const inc = reportIncident(deps.log, err, `unhandled error on the ${edge.name} endpoint`, requestIdOf(ctx), { path: ctx.path });
       fail(ctx, { status: 500, code: ErrorCode.InternalError, message: inc.message });
     }
   };

@@ -2,7 +2,7 @@ import type Koa from 'koa';
 import { Client, StreamableHTTPClientTransport } from '@modelcontextprotocol/client';
 import { createMcpHandler, ProtocolError, ProtocolErrorCode, Server, type AuthInfo, type CallToolResult, type Tool } from '@modelcontextprotocol/server';
 import { toNodeHandler } from '@modelcontextprotocol/node';
-import { ApiError, Counter, incident, isId, type Logger, newId } from '@agentplane/core';
+import { ApiError, Counter, isId, reportIncident, type Logger, newId } from '@agentplane/core';
 import { tags } from '@agentplane/store';
 import type { ApiDeps } from '../deps.js';
 import { bearerToken } from '../http/authenticate.js';
@@ -248,9 +248,7 @@ export function runtimeMcp(deps: ApiDeps, options: RuntimeMcpOptions): Koa.Middl
       await handle(ctx, m);
     } catch (err) {
       if (ctx.headerSent || ctx.respond === false) throw err;
-      const requestId = requestIdOf(ctx);
-      const inc = incident('internal error', requestId);
-      deps.log.error({ err, incident: inc.incident, path: ctx.path, request_id: requestId }, 'unhandled error on the runtime MCP endpoint');
+      const inc = reportIncident(deps.log, err, 'unhandled error on the runtime MCP endpoint', requestIdOf(ctx), { path: ctx.path });
       fail(ctx, 500, ErrorCode.InternalError, inc.message);
     }
   };

@@ -116,3 +116,16 @@ export function incident(what: string, requestId: string | undefined = currentRe
   const ref = `inc_${randomBytes(8).toString('hex')}`;
   return { incident: ref, message: `${what}; incident reference ${ref}${requestId ? `, request id ${requestId}` : ''}` };
 }
+
+/**
+ * An unexpected failure while serving request `requestId`: logged at error with its incident
+ * reference, the request id and `fields` (the error's stack goes to the log only), and returned
+ * as the incident whose message the client is given.
+ */
+export function reportIncident(
+  log: { error(obj: object, msg: string): void }, err: unknown, msg: string, requestId: string | undefined, fields: Record<string, unknown> = {},
+): { incident: string; message: string } {
+  const inc = incident('internal error', requestId);
+  log.error({ err, incident: inc.incident, ...fields, ...(requestId === undefined ? {} : { request_id: requestId }) }, msg);
+  return inc;
+}
