@@ -27,7 +27,7 @@ Environment:
   }
   const config = loadApiConfig(process.env);
   const log = createLogger({ name: 'api', level: config.logLevel });
-  const tracing = await startTracing('agentplane-api', log);
+  const tracing = await startTracing('agentplane-api', log, { propagation: 'explicit' });
   const api = createApi(config, log);
   const { port } = await api.listen();
   log.info({ port, host: config.host }, 'api listening');

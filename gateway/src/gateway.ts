@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { STATUS_CODES, type IncomingMessage, type Server } from 'node:http';
 import type { Duplex } from 'node:stream';
 import { WebSocketServer, type WebSocket } from 'ws';
-import { ApiError, closedLabel, context, Counter, extractTrace, Gauge, statusLabel, tracingEnabled, type Logger, type Metrics } from '@agentplane/core';
+import { ApiError, closedLabel, Counter, extractTrace, Gauge, ROOT_CONTEXT, statusLabel, tracingEnabled, type Context, type Logger, type Metrics } from '@agentplane/core';
 import { isCluster, type Redis } from '@agentplane/store';
 import {
   CLOSE, CLOSE_REASON, FrameError, RUNNER_CONNECT_PATH, RUNNER_DEFAULTS, RUNNER_PROTOCOL_VERSIONS, frame, negotiateVersion,
@@ -83,7 +83,11 @@ export interface RunnerConnection {
   close(code: number, reason?: string): void;
 }
 
-export type FrameHandler<T extends RunnerToGatewayType = RunnerToGatewayType> = (conn: RunnerConnection, msg: Envelope<T>) => Promise<void> | void;
+/**
+ * A frame's handler. `trace`: the context of the runner span the frame was sent in (its
+ * envelope's traceparent; the root context when none), the parent of the spans made for it.
+ */
+export type FrameHandler<T extends RunnerToGatewayType = RunnerToGatewayType> = (conn: RunnerConnection, msg: Envelope<T>, trace: Context) => Promise<void> | void;
 export type HandlerTable = { [T in RunnerToGatewayType]?: FrameHandler<T> };
 
 export interface GatewayDeps {
@@ -267,9 +271,8 @@ export class Gateway {
       }
       this.metricFrames.inc({ direction: 'in', type: msg.type });
       // A frame sent inside a runner span (envelope traceparent): its handler continues that trace.
-      const handled = tracingEnabled() && msg.traceparent
-        ? context.with(extractTrace({ traceparent: msg.traceparent, ...(msg.tracestate ? { tracestate: msg.tracestate } : {}) }), () => this.dispatch(conn, msg))
-        : this.dispatch(conn, msg);
+      const trace = tracingEnabled() && msg.traceparent ? extractTrace({ traceparent: msg.traceparent, ...(msg.tracestate ? { tracestate: msg.tracestate } : {}) }) : ROOT_CONTEXT;
+      const handled = this.dispatch(conn, msg, trace);
       handled.catch((err: unknown) => {
         this.log.error({ err, runner: identity.runnerId, type: msg.type }, 'runner frame handler failed');
         conn.send('error', { code: 'internal', message: 'the gateway failed to handle this frame', retryable: true }, msg.id);
@@ -292,7 +295,7 @@ export class Gateway {
     return true;
   }
 
-  private async dispatch(conn: Conn, msg: RunnerMessage): Promise<void> {
+  private async dispatch(conn: Conn, msg: RunnerMessage, trace: Context): Promise<void> {
     if (msg.type === 'hello') {
       if (conn.state !== 'hello') return this.closeConn(conn, CLOSE.PROTOCOL_VIOLATION, 'hello sent twice');
       return this.onHello(conn, msg);
@@ -317,7 +320,7 @@ export class Gateway {
       conn.send('error', { code: 'unsupported', message: `no handler for '${msg.type}' on this control plane yet`, retryable: false }, msg.id);
       return;
     }
-    await handler(conn, msg);
+    await handler(conn, msg, trace);
   }
 
   private presenceOf(conn: Conn, now: number): RunnerPresence {

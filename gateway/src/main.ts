@@ -23,7 +23,7 @@ Environment:
   }
   const env = process.env;
   const log = createLogger({ name: 'gateway', level: envString(env, 'LOG_LEVEL', 'info') as 'info' });
-  const tracing = await startTracing('agentplane-gateway', log);
+  const tracing = await startTracing('agentplane-gateway', log, { propagation: 'explicit' });
   const redis = connectRedis(envString(env, 'REDIS_URL'), { name: 'gateway' });
   redis.on('error', (err: Error) => log.warn({ err: err.message }, 'redis connection error'));
   const metrics = createMetrics();

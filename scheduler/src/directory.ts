@@ -1,3 +1,4 @@
+import type { Context } from '@agentplane/core';
 import type { LeaseRecord, RunnerCapabilities } from '@agentplane/lease';
 
 /** A runner as the scheduler sees it: from its presence (never lease authority, only a hint). */
@@ -54,6 +55,7 @@ export interface OfferChannel {
    * lookup). `specFollows`: the runner speaks `lease-spec-v1`, so the offer goes at once without
    * the body, which follows in a `lease.spec` frame once it is ready (and is never sent when it
    * was withdrawn): the runner's acceptance and the lease's claim overlap the body's preparation.
+   * `trace`: the placement's trace context (the offer span's parent).
    */
-  offer(offer: LeaseOffer, timeoutMs: number, body: OfferBody, nodeId?: string, specFollows?: boolean): Promise<OfferOutcome>;
+  offer(offer: LeaseOffer, timeoutMs: number, body: OfferBody, nodeId?: string, specFollows?: boolean, trace?: Context): Promise<OfferOutcome>;
 }

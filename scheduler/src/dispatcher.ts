@@ -1,6 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import { UnrecoverableError, Worker, type Job } from 'bullmq';
-import { ATTR, extractTrace, inSpan, SpanKind, type Logger } from '@agentplane/core';
+import { ATTR, extractTrace, inSpan, SpanKind, type Context, type Logger } from '@agentplane/core';
 import { matchCapabilities, matchNow, queuePrefix, RUN_QUEUE, type CancelMarks, type LeaseConfig, type RunJobData, type RunQueues } from '@agentplane/lease';
 import { LEASE_SPEC_PROTOCOL } from '@agentplane/protocol';
 import type { Redis } from '@agentplane/store';
@@ -213,10 +213,11 @@ export class PoolDispatcher {
         [ATTR.messagingDestinationName]: RUN_QUEUE, [ATTR.messagingMessageId]: job.data.run_id, 'agentplane.pool.id': this.o.poolId,
         'agentplane.run.attempt': job.attemptsStarted,
       },
-    }, () => this.place(job, token));
+    }, (_span, ctx) => this.place(job, token, ctx));
   }
 
-  private async place(job: Job<RunJobData>, token: string): Promise<void> {
+  /** `trace`: the placement span's context (the parent of the offers' spans). */
+  private async place(job: Job<RunJobData>, token: string, trace: Context): Promise<void> {
     this.markedWaiting.delete(job.data.run_id);
     // A Run that lost more leases than allowed comes back from the stalled check marked, not
     // failed: BullMQ fails it only inside its own processor, which this dispatcher does not use.
@@ -282,6 +283,7 @@ export class PoolDispatcher {
             body,
             runner.node_id,
             early !== undefined && runner.capabilities.plane_protocols?.includes(LEASE_SPEC_PROTOCOL) === true,
+            trace,
           );
         } finally {
           const left = (this.reserved.get(runner.runner_id) ?? 1) - 1;

@@ -31,7 +31,7 @@ async function main(): Promise<void> {
   }
   const config = loadSchedulerConfig(process.env);
   const log = createLogger({ name: 'scheduler', level: config.logLevel });
-  const tracing = await startTracing('agentplane-scheduler', log);
+  const tracing = await startTracing('agentplane-scheduler', log, { propagation: 'explicit' });
   const scheduler = new Scheduler(config, log);
   await scheduler.start();
   let stopping = false;

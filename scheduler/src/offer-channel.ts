@@ -1,4 +1,4 @@
-import { ATTR, injectTrace, inSpan, newId, SpanKind, type Logger } from '@agentplane/core';
+import { ATTR, injectTrace, inSpan, newId, SpanKind, type Context, type Logger } from '@agentplane/core';
 import { isCluster } from '@agentplane/store';
 import { deliverToRunner } from '@agentplane/gateway';
 import { LeaseFence, offerReplyChannel, type LeaseRecords, type OfferReply } from '@agentplane/lease';
@@ -54,10 +54,10 @@ export class RedisOfferChannel implements OfferChannel {
     return body;
   }
 
-  async offer(o: LeaseOffer, timeoutMs: number, body: OfferBody, nodeId?: string, specFollows = false): Promise<OfferOutcome> {
+  async offer(o: LeaseOffer, timeoutMs: number, body: OfferBody, nodeId?: string, specFollows = false, trace?: Context): Promise<OfferOutcome> {
     // The record and the spec are independent writes and reads: both are under way at once.
     const put = this.records.put({ ...o, reply_to: this.channel }, Math.max(timeoutMs * 3, o.lease_ms));
-    if (specFollows) return this.offerAhead(o, timeoutMs, body, put, nodeId);
+    if (specFollows) return this.offerAhead(o, timeoutMs, body, put, nodeId, trace);
     let spec: Record<string, unknown> | null;
     try {
       [spec] = await Promise.all([body, put]);
@@ -71,11 +71,14 @@ export class RedisOfferChannel implements OfferChannel {
       await this.records.remove(o.lease_id, o.runner_id);
       return 'withdrawn';
     }
-    return this.traced(o, false, () => this.deliverOffer(o, spec, timeoutMs, nodeId));
+    return this.traced(o, false, trace, (ctx) => this.deliverOffer(o, spec, timeoutMs, nodeId, ctx));
   }
 
-  /** The offer's PRODUCER span: the offer frame carries its context, and the runner's lease span continues the trace. */
-  private traced(o: LeaseOffer, specFollows: boolean, send: () => Promise<OfferOutcome>): Promise<OfferOutcome> {
+  /**
+   * The offer's PRODUCER span, child of `trace` (the placement's span): the offer frame carries
+   * its context, and the runner's lease span continues the trace.
+   */
+  private traced(o: LeaseOffer, specFollows: boolean, trace: Context | undefined, send: (ctx: Context) => Promise<OfferOutcome>): Promise<OfferOutcome> {
     return inSpan('send lease.offer', {
       kind: SpanKind.PRODUCER,
       attributes: {
@@ -83,8 +86,9 @@ export class RedisOfferChannel implements OfferChannel {
         [ATTR.messagingDestinationName]: 'lease.offer', [ATTR.messagingMessageId]: o.lease_id, 'agentplane.runner.id': o.runner_id, 'agentplane.run.id': o.run_id,
         ...(specFollows ? { 'agentplane.offer.spec_follows': true } : {}),
       },
-    }, async (span) => {
-      const outcome = await send();
+      parent: trace,
+    }, async (span, ctx) => {
+      const outcome = await send(ctx);
       span.setAttribute('agentplane.offer.outcome', outcome);
       return outcome;
     });
@@ -99,7 +103,7 @@ export class RedisOfferChannel implements OfferChannel {
    * dispatcher ends the Run), a body that failed sends its error (the runner fails the attempt as
    * an infrastructure failure), and nothing is sent once the runner is known not to hold the offer.
    */
-  private async offerAhead(o: LeaseOffer, timeoutMs: number, body: OfferBody, put: Promise<void>, nodeId: string | undefined): Promise<OfferOutcome> {
+  private async offerAhead(o: LeaseOffer, timeoutMs: number, body: OfferBody, put: Promise<void>, nodeId: string | undefined, trace: Context | undefined): Promise<OfferOutcome> {
     if (isCluster(this.redis)) {
       try {
         await put;
@@ -111,7 +115,7 @@ export class RedisOfferChannel implements OfferChannel {
     } else {
       put.catch((err: unknown) => this.log.warn({ err: reasonOf(err), run: o.run_id }, 'cannot record the offer'));
     }
-    return this.traced(o, true, async () => {
+    return this.traced(o, true, trace, async (ctx) => {
       let refused = false;
       const follow = body.then(
         (spec) => (spec === null || refused ? undefined : this.sendSpec(o, { spec }, nodeId)),
@@ -121,7 +125,7 @@ export class RedisOfferChannel implements OfferChannel {
         },
       );
       follow.catch((err: unknown) => this.log.warn({ err: reasonOf(err), run: o.run_id }, 'cannot send the lease spec'));
-      const outcome = await this.deliverOffer(o, undefined, timeoutMs, nodeId);
+      const outcome = await this.deliverOffer(o, undefined, timeoutMs, nodeId, ctx);
       refused = outcome !== 'accepted' && outcome !== 'recorded';
       return outcome;
     });
@@ -134,7 +138,7 @@ export class RedisOfferChannel implements OfferChannel {
   }
 
   /** `spec` undefined: it follows (`offerAhead`). */
-  private async deliverOffer(o: LeaseOffer, spec: Record<string, unknown> | undefined, timeoutMs: number, nodeId: string | undefined): Promise<OfferOutcome> {
+  private async deliverOffer(o: LeaseOffer, spec: Record<string, unknown> | undefined, timeoutMs: number, nodeId: string | undefined, ctx: Context): Promise<OfferOutcome> {
     const answer = new Promise<OfferOutcome>((resolve) => {
       let settled = false;
       const finish = (outcome: OfferOutcome) => {
@@ -156,7 +160,7 @@ export class RedisOfferChannel implements OfferChannel {
     const text = frame('lease.offer', newId('event'), {
       lease_id: o.lease_id, attempt: o.attempt, run_id: o.run_id, session_id: o.session_id, thread_id: o.thread_id,
       accept_within_ms: timeoutMs, lease_ttl_ms: o.lease_ms, ...(spec ? { spec } : {}),
-    }, undefined, injectTrace());
+    }, undefined, injectTrace(ctx));
     const notConnected: OfferReply = { lease_id: o.lease_id, outcome: 'rejected', reason: 'runner not connected' };
     // A gateway node that finds the runner gone (it closed since the directory listed it) answers
     // for it at once: the next runner is offered without waiting out this offer's window.

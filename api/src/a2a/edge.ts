@@ -10,6 +10,7 @@ import { formatSSEErrorEvent, formatSSEEvent, SSE_HEADERS } from '@a2a-js/sdk';
 import { A2AError, UnsupportedOperationError, VersionNotSupportedError } from '@a2a-js/sdk/errors';
 import { JsonRpcTransportHandler, ServerCallContext, validateVersion, type A2ARequestHandler } from '@a2a-js/sdk/server';
 import { ApiError, closedLabel, Counter, reportIncident, type Logger } from '@agentplane/core';
+import { traceOf } from '../http/router.js';
 import type { ApiDeps } from '../deps.js';
 import { authenticate } from '../http/authenticate.js';
 import { readJsonBody } from '../http/body.js';
@@ -244,7 +245,7 @@ export function a2aEdge(deps: ApiDeps): Koa.Middleware {
     ctx.res.on('close', onClose);
     const call: A2aCall = {
       deps, caller: { ...caller, principalId, workspaceId: p.workspaceId }, placement, card,
-      signal: AbortSignal.any([abort.signal, deps.shutdownSignal]), requestId,
+      signal: AbortSignal.any([abort.signal, deps.shutdownSignal]), requestId, trace: traceOf(ctx),
     };
     const context = new ServerCallContext({
       requestedVersion: version, user: { isAuthenticated: true, userName: principalId }, state: new Map([[CALL_STATE_KEY, call]]),

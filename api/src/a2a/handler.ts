@@ -11,7 +11,7 @@ import {
   TaskNotCancelableError, TaskNotFoundError, UnsupportedOperationError,
 } from '@a2a-js/sdk/errors';
 import type { A2ARequestHandler, ServerCallContext } from '@a2a-js/sdk/server';
-import { ApiError, isId } from '@agentplane/core';
+import { ApiError, isId, type Context } from '@agentplane/core';
 import { keys, tags, type LogEvent } from '@agentplane/store';
 import type { SessionDoc } from '@agentplane/domain';
 import type { ApiDeps } from '../deps.js';
@@ -33,6 +33,8 @@ export interface A2aCall {
   target?: string;
   /** The HTTP request's id (its audit record and any incident name it). */
   requestId: string;
+  /** The HTTP request's trace context (tracing on): the parent of the spans made for it. */
+  trace?: Context | undefined;
 }
 
 export const CALL_STATE_KEY = 'agentplane.a2a';
@@ -201,7 +203,7 @@ export class SessionTaskHandler implements A2ARequestHandler {
           throw new UnsupportedOperationError(`task ${s.id} is in a terminal state (${TaskState[tracker.state]}); continue the conversation by contextId`);
         }
       }
-      await c.deps.sessions.drive(s, { type: 'user.message', payload }, idem);
+      await c.deps.sessions.drive(s, { type: 'user.message', payload }, idem, c.trace);
       await c.deps.redis.hset(key, message.messageId, s.id);
       return { session: s, messageId: message.messageId };
     }
@@ -225,7 +227,7 @@ export class SessionTaskHandler implements A2ARequestHandler {
         title: `A2A: ${scope.display_name}`,
         metadata: { [META.installation]: installation.id, [META.scope]: scope.id, [META.principal]: c.caller.principalId },
         initial_events: [{ type: 'user.message', payload }],
-      }, idem);
+      }, idem, { trace: c.trace });
     } catch (err) {
       await c.deps.redis.hdel(key, message.messageId);
       throw err;
@@ -352,7 +354,7 @@ export class SessionTaskHandler implements A2ARequestHandler {
     // CancelTask is the Session's user.interrupt; the task is canceled when the turn ends interrupted.
     await c.deps.sessions.drive(s, {
       type: 'user.interrupt', payload: { authored_by: c.caller.principalId, caused_by: { kind: 'a2a', id: `cancel:${s.id}` } },
-    }, undefined);
+    }, undefined, c.trace);
     // Bounded: a turn that does not stop within the wait is returned as it stands.
     const bounded: A2aCall = { ...c, signal: AbortSignal.any([c.signal, AbortSignal.timeout(CANCEL_WAIT_MS)]) };
     for await (const e of this.follow(bounded, s.id, seq)) {

@@ -128,9 +128,9 @@ export const deploymentOperations: Operation[] = [
     summary: "Create a Session under the deployment's current revision (its agent release, sandbox, pool and topology)",
     auth: { kind: 'bearer', roles: WRITERS }, params: DeploymentPath, body: DeploymentSessionBody,
     response: Type.Unsafe<Record<string, unknown>>({ type: 'object', description: 'Session (docs/API.md)' }), successStatus: 201, idempotency: 'optional', mcp: 'full',
-  }, async (ws, { params, body, idempotencyKey, deps }) => {
+  }, async (ws, { params, body, idempotencyKey, deps, trace }) => {
     const deployment = await svc(deps).sessionPin(ws, params.agent_deployment_id);
-    return deps.sessions.create(ws, body, idempotencyKey, { deployment });
+    return deps.sessions.create(ws, body, idempotencyKey, { deployment, trace });
   }),
 
   // ---- Deploy ----

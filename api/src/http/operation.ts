@@ -3,7 +3,7 @@ import type { Static, TSchema } from '@agentplane/core';
 import type { Role } from '@agentplane/domain';
 import type { Caller } from './caller.js';
 import type { ApiDeps } from '../deps.js';
-import type { Logger } from '@agentplane/core';
+import type { Context, Logger } from '@agentplane/core';
 import type { PermissionAction } from '../governance/permissions.js';
 
 export type HttpMethod = 'GET' | 'POST' | 'PATCH' | 'PUT' | 'DELETE';
@@ -80,6 +80,12 @@ export interface OperationRequest<P, Q, B> {
   headers: Readonly<Record<string, string | undefined>>;
   /** This request's id (the `Request-Id` response header; audit records carry it). */
   requestId: string;
+  /**
+   * The trace context of the request's span, when tracing is on: hand it (as `trace`/`parent`)
+   * to the work that makes spans for the request, whose parent it is (there is no active context
+   * in the API: docs/ARCHITECTURE.md).
+   */
+  trace: Context | undefined;
   idempotencyKey: string | undefined;
   deps: ApiDeps;
   /** The request's logger: its lines carry `request_id`. */

@@ -1,5 +1,5 @@
 import type { IncomingMessage } from 'node:http';
-import { ApiError, isId, newRequestId, validator, type Logger, type TSchema } from '@agentplane/core';
+import { ApiError, isId, newRequestId, validator, type Context, type Logger, type TSchema } from '@agentplane/core';
 import { tags } from '@agentplane/store';
 import type { ApiDeps } from '../deps.js';
 import { ANONYMOUS, type Caller } from './caller.js';
@@ -33,6 +33,8 @@ export interface RawRequest {
   connection?: object;
   /** The edge's id for this request (the `Request-Id` it answers with). */
   requestId: string;
+  /** The trace context of the request's span (tracing on): the parent of the spans made for it. */
+  trace?: Context | undefined;
   /** MCP `tools/call`: the tool name, an ActionPolicy call of kind `api` checked before the handler. */
   mcpTool?: string;
 }
@@ -231,6 +233,7 @@ async function run(
     body,
     headers: raw.headers,
     requestId,
+    trace: raw.trace,
     idempotencyKey: mode === 'none' ? undefined : idemKey,
     deps,
     // The request's logger (its lines name the request), made when a handler first logs.

@@ -1,8 +1,8 @@
 import type Koa from 'koa';
 import Router from '@koa/router';
 import {
-  ApiError, BUCKETS, Counter, enterScopeSpan, extractTrace, failSpan, Histogram, newRequestId, reportIncident, requestIdFrom, SpanKind, SpanStatusCode,
-  statusLabel, tracingEnabled, withRequestScope, type Attributes, type Span,
+  ApiError, BUCKETS, Counter, extractTrace, failSpan, Histogram, newRequestId, reportIncident, requestIdFrom, SpanKind, SpanStatusCode, startSpan,
+  statusLabel, tracingEnabled, type Attributes, type Context, type Span,
 } from '@agentplane/core';
 import { storedJsonOf } from '@agentplane/store';
 import { ATTR_HTTP_REQUEST_METHOD, ATTR_HTTP_RESPONSE_STATUS_CODE, ATTR_HTTP_ROUTE, ATTR_URL_PATH, ATTR_URL_SCHEME } from '@opentelemetry/semantic-conventions';
@@ -40,8 +40,8 @@ export function sendError(ctx: Koa.Context, err: ApiError, deps: ApiDeps): void 
 
 /**
  * First of all: the request's id (the caller's `X-Request-Id`, else the trace id of its
- * `traceparent`, else a new one) on every response, errors included, in `ctx.state.requestId`
- * and in the scope every log line of the request reads it from.
+ * `traceparent`, else a new one) on every response, errors included, and in
+ * `ctx.state.requestId`, from where it is handed to what names the request.
  */
 export function requestId(): Koa.Middleware {
   // Plain functions returning the chain's promise: no extra async frame per request.
@@ -49,7 +49,7 @@ export function requestId(): Koa.Middleware {
     const id = requestIdFrom(ctx.headers);
     ctx.state.requestId = id;
     ctx.set('Request-Id', id);
-    return withRequestScope({ requestId: id }, next);
+    return next();
   };
 }
 
@@ -62,15 +62,21 @@ interface Routed {
 
 /**
  * With tracing on: the request's SERVER span, child of the caller's W3C `traceparent` when it
- * sent one. It covers the rest of the request's scope (requestId() opened it) and becomes the
- * scope's active span in place, without a nested scope. Its attributes (HTTP semantic
- * conventions, and the route and operation once routed) are set in one call when it ends: the
- * SDK checks each attribute once instead of three times, and the samplers the platform offers
- * (always on or off, trace id ratio, parent based) read none at the start. The path carries ids
- * only; no query, header or body goes on the span.
+ * sent one. Its context (`ctx.state.trace`) is handed to the operation (`req.trace`), the
+ * parent of the spans made for the request (the API propagates trace context explicitly:
+ * tracing.ts). Its attributes (HTTP semantic conventions, and the route and operation once
+ * routed) are set in one call when it ends: the SDK checks each attribute once instead of three
+ * times, and the samplers the platform offers (always on or off, trace id ratio, parent based)
+ * read none at the start. The path carries ids only; no query, header or body goes on the span.
  */
-const startRequestSpan = (ctx: Koa.Context): Span | undefined =>
-  enterScopeSpan(ctx.method, { kind: SpanKind.SERVER, parent: extractTrace(ctx.headers) });
+function startRequestSpan(ctx: Koa.Context): Span {
+  const { span, context } = startSpan(ctx.method, { kind: SpanKind.SERVER, parent: extractTrace(ctx.headers) });
+  ctx.state.trace = context;
+  return span;
+}
+
+/** The request's trace context (its SERVER span's), when tracing is on. */
+export const traceOf = (ctx: Koa.Context): Context | undefined => ctx.state.trace as Context | undefined;
 
 /** End the request's span with the status answered (a stream, SSE, answers 200 and ends when the client leaves). */
 function endRequestSpan(ctx: Koa.Context, span: Span, failure: unknown): void {
@@ -226,6 +232,7 @@ export function buildRouter(operations: readonly Operation[], deps: ApiDeps): Op
           query: ctx.querystring === '' ? {} : { ...ctx.query },
           body,
           requestId,
+          trace: traceOf(ctx),
           connection: ctx.req.socket,
           ...(op.upload ? { stream: ctx.req } : {}),
         };

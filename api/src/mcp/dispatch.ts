@@ -1,4 +1,4 @@
-import { ApiError, reportIncident, type WireError } from '@agentplane/core';
+import { ApiError, reportIncident, type Context, type WireError } from '@agentplane/core';
 import type { ApiDeps } from '../deps.js';
 import type { Caller } from '../http/caller.js';
 import { WORKSPACE_SELECTOR_HEADER } from '../http/authenticate.js';
@@ -49,6 +49,8 @@ export interface CallContext {
   headers: Readonly<Record<string, string | undefined>>;
   /** The HTTP request's id: the operation's audit record and any incident name it. */
   requestId: string;
+  /** The HTTP request's trace context (tracing on): the parent of the spans the call makes. */
+  trace?: Context | undefined;
 }
 
 /**
@@ -138,6 +140,7 @@ export class ToolDispatcher {
       admitted: ctx.caller,
       mcpTool: p.tool.name,
       requestId: ctx.requestId,
+      trace: ctx.trace,
     };
     const prepared = this.prepared.get(p.op.operationId);
     if (!prepared) throw new Error(`operation ${p.op.operationId} is not prepared`);

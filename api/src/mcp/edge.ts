@@ -1,5 +1,5 @@
 import type Koa from 'koa';
-import { ApiError, BUCKETS, closedLabel, Counter, Histogram, reportIncident } from '@agentplane/core';
+import { ApiError, BUCKETS, closedLabel, Counter, Histogram, reportIncident, type Context } from '@agentplane/core';
 import type { ApiDeps } from '../deps.js';
 import { authenticate } from '../http/authenticate.js';
 import { readJsonBody } from '../http/body.js';
@@ -9,7 +9,7 @@ import type { PreparedOperation } from '../http/pipeline.js';
 import { ToolCatalog } from './catalog.js';
 import { apiErrorResult, ToolDispatcher } from './dispatch.js';
 import { enforceRateLimit } from '../http/rate-limit.js';
-import { requestIdOf } from '../http/router.js';
+import { requestIdOf, traceOf } from '../http/router.js';
 import {
   decodeHeaderValue, ErrorCode, HEADER_METHOD, HEADER_NAME, HEADER_PROTOCOL_VERSION, isPlainObject,
   LEGACY_FALLBACK_VERSION, LEGACY_VERSIONS, MAX_MESSAGE_BYTES, McpProtocolError, META_CLIENT_CAPABILITIES,
@@ -149,7 +149,7 @@ export function mcpEdge(operations: readonly Operation[], prepared: ReadonlyMap<
     send(ctx, err.status, rpcError(null, { code: ErrorCode.Unauthorized, message: err.message, data: err.toWire(deps.config.docsUrl) }), extra);
   };
 
-  async function handleMessage(msg: JsonRpcRequest, era: Era, caller: Caller, headers: Headers, catalogChoice: 'compact' | 'full', requestId: string): Promise<Record<string, unknown>> {
+  async function handleMessage(msg: JsonRpcRequest, era: Era, caller: Caller, headers: Headers, catalogChoice: 'compact' | 'full', requestId: string, trace: Context | undefined): Promise<Record<string, unknown>> {
     const params = msg.params ?? {};
     const modern = era.kind === 'modern';
     const stamp = (r: Record<string, unknown>) => (modern ? { ...r, resultType: 'complete' } : r);
@@ -185,7 +185,7 @@ export function mcpEdge(operations: readonly Operation[], prepared: ReadonlyMap<
       }
       case 'tools/call': {
         if (typeof params.name !== 'string' || params.name.length === 0) throw new McpProtocolError(ErrorCode.InvalidParams, 'tools/call: name must be a string');
-        const result = await dispatcher.call(params.name, params.arguments, { caller, headers, requestId });
+        const result = await dispatcher.call(params.name, params.arguments, { caller, headers, requestId, trace });
         return stamp({ ...result });
       }
       default:
@@ -265,7 +265,7 @@ export function mcpEdge(operations: readonly Operation[], prepared: ReadonlyMap<
         send(ctx, err.status, rpcError(id, { code: ErrorCode.RateLimited, message: err.message, data: err.toWire(deps.config.docsUrl) }), err.headers);
         return;
       }
-      const result = await handleMessage(msg, era, caller, headers, catalogChoice, requestIdOf(ctx));
+      const result = await handleMessage(msg, era, caller, headers, catalogChoice, requestIdOf(ctx), traceOf(ctx));
       requests.inc({ method, outcome: result.isError === true ? 'tool_error' : 'ok' });
       send(ctx, 200, rpcResult(id, result), caller.workspaceId ? { 'Service-Workspace-Id': caller.workspaceId } : {});
     } catch (err) {

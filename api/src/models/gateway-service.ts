@@ -1,6 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import {
-  ApiError, ATTR, BUCKETS, check, context as otelContext, Counter, Histogram, LOGICAL_KEY_PATTERN, SpanKind, SpanStatusCode, tracer, tracingEnabled, type Logger, type Metrics, type Span,
+  ApiError, ATTR, BUCKETS, check, context as otelContext, Counter, Histogram, LOGICAL_KEY_PATTERN, SpanKind, SpanStatusCode, tracer, tracingEnabled, type Logger, type Metrics, type Span, type Context,
 } from '@agentplane/core';
 import { tags, type DocumentStore, type StoredDoc } from '@agentplane/store';
 import { ZERO_USAGE, type ModelError, type ModelRequest, type ModelStreamEvent } from '@agentplane/protocol';
@@ -31,6 +31,8 @@ export interface ModelStepContext {
    * step whose routing key is that profile's key uses that revision's candidates.
    */
   routing_pin?: { model_routing_profile_id: string; model_routing_profile_revision_number: number } | null | undefined;
+  /** The trace context the step is asked in (the parent of its provider calls' spans). */
+  trace?: Context | undefined;
 }
 
 /** A candidate that passed the constraints, with its credential. */
@@ -194,7 +196,7 @@ export class ModelGatewayService {
             [ATTR.genAiOperationName]: 'chat', [ATTR.genAiProviderName]: credential.provider_key, [ATTR.genAiRequestModel]: candidate.provider_model,
             'agentplane.model.routing_key': request.routing_key,
           },
-        }, otelContext.active())
+        }, context.trace ?? otelContext.active())
         : undefined;
       try {
         const adapter = this.adapters[credential.provider_key];

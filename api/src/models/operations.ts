@@ -129,10 +129,10 @@ export const modelOperations: Operation[] = [
     audit: { target: 'workspace_id' },
     summary: 'Run one model step through the routing profile and stream model-gateway-v1 events (SSE)',
     auth: { kind: 'bearer', roles: WRITERS }, params: WsPath, body: ModelRequestBody, mcp: 'never',
-    async handler({ caller, params, body, deps }) {
+    async handler({ caller, params, body, deps, trace }) {
       await workspaceInBoundary(caller, params.workspace_id, deps);
       const request: ModelRequest = { ...body, tools: body.tools ?? [] } as ModelRequest;
-      return streamStep(deps, await deps.models.gateway.plan(params.workspace_id, request, {}));
+      return streamStep(deps, await deps.models.gateway.plan(params.workspace_id, request, { trace }));
     },
   }),
 

@@ -152,7 +152,7 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     await d.records.touch(rec.lease_id, recordTtl);
   });
 
-  gw.on('lease.complete', async (conn, msg) => {
+  gw.on('lease.complete', async (conn, msg, trace) => {
     const rec = await recordFor(conn, msg.payload);
     if (!rec) return void revoke(conn, msg.payload, 'unknown lease');
     const result = (msg.payload.result ?? {}) as Partial<TurnResult>;
@@ -166,7 +166,7 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
       stop_reason: (result.stop_reason ?? { type: 'end_turn' }) as TurnResult['stop_reason'],
       ...(waits ? { waits } : {}),
       ...(result.grader ? { grader: boundedGraderResult(result.grader) } : {}),
-    });
+    }, trace);
     // Approvals resolved while the Run was still ending answer their waits now.
     if (waits) await d.approvals.settleWaits(rec.workspace_id, rec.session_id, waits).catch((err: unknown) => d.logger.error({ err, run: rec.run_id }, 'settling approval waits failed'));
     // The end is on the Run: the job and the lease record go (a crash before this leaves them
@@ -191,7 +191,7 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     await d.records.remove(rec.lease_id, rec.runner_id);
   });
 
-  gw.on('events.batch', async (conn, msg) => {
+  gw.on('events.batch', async (conn, msg, trace) => {
     const p = msg.payload;
     const rec = await recordFor(conn, p);
     if (!rec || rec.session_id !== p.session_id) return void revoke(conn, p, 'unknown lease');
@@ -199,7 +199,7 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     const res = await d.log.append(
       rec.session_id,
       p.events.map((e) => ({ type: e.type, payload: e.payload, session_thread_id: rec.thread_id, producer_key: e.producer_key })),
-      { fence: rec.lease_id },
+      { fence: rec.lease_id, trace },
     );
     endAppend({ outcome: res.ok ? 'ok' : 'fenced' });
     if (res.ok) appended.inc(res.events.length);
@@ -234,7 +234,7 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     };
   };
 
-  gw.on('model.request', async (conn, msg) => {
+  gw.on('model.request', async (conn, msg, trace) => {
     const p = msg.payload;
     const rec = await recordFor(conn, p);
     if (!rec) {
@@ -245,7 +245,7 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     const streams = streamsOf(conn);
     await streams.open(rec.workspace_id, p.stream_id, p.request, {
       session_id: rec.session_id, thread_id: rec.thread_id, run_id: rec.run_id, session_budget: session?.budget ?? null,
-      routing_pin: session?.agent_deployment ?? null,
+      routing_pin: session?.agent_deployment ?? null, trace,
     }, previews(rec.session_id, rec.thread_id));
     if (streams.size === 0 && modelStreams.get(conn.id) === streams) modelStreams.delete(conn.id);
   });

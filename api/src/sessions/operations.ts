@@ -39,7 +39,7 @@ export const sessionOperations: Operation[] = [
     audit: { target: 'response' },
     auth: { ...writers, principal: true }, permission: { action: 'invoke', target: 'body.agent' },
     body: CreateSessionBody, response: SessionSchema, successStatus: 201, idempotency: 'optional', mcp: 'compact',
-  }, (ws, { body, idempotencyKey, deps }) => deps.sessions.create(ws, body, idempotencyKey)),
+  }, (ws, { body, idempotencyKey, deps, trace }) => deps.sessions.create(ws, body, idempotencyKey, { trace })),
   defineOperation({
     operationId: 'sessions.listSessions', method: 'GET', path: '/v1/sessions',
     summary: 'List Sessions, newest first; archived ones only when asked', auth: readers, query: ListSessionsQuery,
@@ -174,10 +174,10 @@ export const sessionOperations: Operation[] = [
     audit: { target: 'session_id' },
     auth: { ...writers, principal: true }, permission: { action: 'steer', target: 'session_id', authorIsCaller: true }, actionPolicy: 'drive',
     params: SessionPath, body: DriveEventBody, response: EventSchema, successStatus: 201, idempotency: 'optional', mcp: 'compact',
-    async handler({ caller, params, body, idempotencyKey, deps }) {
+    async handler({ caller, params, body, idempotencyKey, deps, trace }) {
       const payload = checkDrivePayload(body.type, body.payload);
       const s = await deps.sessions.store.get(requireWorkspace(caller), params.session_id);
-      const { status, event } = await deps.sessions.drive(s, { type: body.type, payload }, idempotencyKey);
+      const { status, event } = await deps.sessions.drive(s, { type: body.type, payload }, idempotencyKey, trace);
       return json(status, event);
     },
   }),

@@ -1,5 +1,5 @@
 import type { TokenUsage } from '@agentplane/protocol';
-import { ApiError, canonicalJson, newId, nowIso, sha256Hex } from '@agentplane/core';
+import { ApiError, canonicalJson, newId, nowIso, sha256Hex, type Context } from '@agentplane/core';
 import { getEach, keys, tags, type LogEvent } from '@agentplane/store';
 import { checkMultiagent, newAgent, snapshotOf, type Agent, type AgentSnapshot, type DeploymentPin, type SpecSkill } from '@agentplane/domain';
 import type { VersionedStore } from '@agentplane/domain';
@@ -121,6 +121,8 @@ export class SessionService {
       id?: string;
       /** Skills every Run of the Session places beside the Agent's (a skill verification's drafted skill). */
       skills?: SpecSkill[];
+      /** The trace context of the request creating it (the parent of its initial events' spans). */
+      trace?: Context | undefined;
     } = {},
   ): Promise<Record<string, unknown>> {
     if (options.id) {
@@ -169,11 +171,11 @@ export class SessionService {
     await this.d.store.create(session, primary);
     if (initial.length > 0) {
       const r = await this.d.store.log.append(session.id, initial.map((e) => ({ type: e.type, payload: e.payload, session_thread_id: primary.id })), {
-        producerKey: idemKey ? `create:${sha256Hex(idemKey)}` : undefined,
+        producerKey: idemKey ? `create:${sha256Hex(idemKey)}` : undefined, trace: options.trace,
       });
       if (r.ok) {
         for (const ev of r.events) {
-          if (ev.type === 'user.message') await this.d.runtime.submitUserMessage(session, primary.id, ev.id);
+          if (ev.type === 'user.message') await this.d.runtime.submitUserMessage(session, primary.id, ev.id, { trace: options.trace });
           if (ev.type === 'user.define_outcome') await this.d.outcomes?.defined(session, primary.id, ev);
         }
       }
@@ -313,7 +315,8 @@ export class SessionService {
 
   // ---- drive events --------------------------------------------------------------------------
 
-  async drive(session: SessionDoc, input: DriveInput, idemKey: string | undefined): Promise<DriveOutcome> {
+  /** `trace`: the context of the request driving the Session (the parent of its appends' and its Run's spans). */
+  async drive(session: SessionDoc, input: DriveInput, idemKey: string | undefined, trace?: Context): Promise<DriveOutcome> {
     if (session.archived_at !== null) throw new ApiError('runtime.invalid_transition', 'the session is archived: it keeps its reads but takes no new work');
     const p = input.payload;
     const answering = input.type === 'user.custom_tool_result' || input.type === 'user.tool_confirmation' || input.type === 'user.question_answer';
@@ -335,7 +338,7 @@ export class SessionService {
       input.type === 'user.message' || input.type === 'user.define_outcome' ? this.d.admitTurn?.(session) : Promise.resolve(),
     ]);
     if (author.status === 'rejected') throw author.reason;
-    if (answering) return this.answer(session, input);
+    if (answering) return this.answer(session, input, trace);
     if (read.status === 'rejected') throw read.reason;
     const thread = read.value as Readonly<ThreadDoc> | undefined;
     if (thread?.status === 'terminated' && (input.type === 'user.message' || input.type === 'user.interrupt')) {
@@ -354,23 +357,23 @@ export class SessionService {
     if (intent && thread) {
       const started = await this.d.runtime.startWithMessage(session, thread, {
         type: input.type, payload: input.payload, session_thread_id: threadId, ...(producerKey ? { producer_key: producerKey } : {}),
-      }, intent);
+      }, intent, trace);
       if (started) return { status: 201, event: started.event };
     }
-    const { event, thread: seen, queued } = await this.appendOne(session.id, input, threadId, producerKey, queue);
+    const { event, thread: seen, queued } = await this.appendOne(session.id, input, threadId, producerKey, queue, trace);
     // The append script queued the message, read the thread and returned the queue: a busy thread is not written.
-    if (queue) await this.d.runtime.submitUserMessage(session, threadId, event.id, { queued: true, thread: seen, ...(queued ? { queue: queued } : {}), ...(intent ? { intent } : {}) });
+    if (queue) await this.d.runtime.submitUserMessage(session, threadId, event.id, { queued: true, thread: seen, ...(queued ? { queue: queued } : {}), ...(intent ? { intent } : {}), trace });
     if (input.type === 'user.define_outcome') await this.d.outcomes?.defined(session, threadId, event);
     if (input.type === 'user.interrupt') await this.d.runtime.interrupt(session, threadId);
     return { status: 201, event };
   }
 
   /** Appends the drive event; with `queue`, the same script queues it for the thread's next turn and reads the thread. */
-  private async appendOne(sessionId: string, input: DriveInput, threadId: string, producerKey: string | undefined, queue = false): Promise<{ event: LogEvent; thread: ThreadDoc | null; queued?: string[] }> {
+  private async appendOne(sessionId: string, input: DriveInput, threadId: string, producerKey: string | undefined, queue: boolean, trace: Context | undefined): Promise<{ event: LogEvent; thread: ThreadDoc | null; queued?: string[] }> {
     const r = await this.d.store.log.append(
       sessionId,
       [{ type: input.type, payload: input.payload, session_thread_id: threadId, ...(producerKey ? { producer_key: producerKey } : {}) }],
-      queue ? { enqueue: { list: inputQueueKey(sessionId, threadId), peek: keys.doc(tags.session(sessionId), threadId), refuseStatus: 'terminated' } } : {},
+      queue ? { enqueue: { list: inputQueueKey(sessionId, threadId), peek: keys.doc(tags.session(sessionId), threadId), refuseStatus: 'terminated' }, trace } : { trace },
     );
     if (!r.ok) {
       if (r.reason === 'erased') throw new ApiError('validation.not_found', 'the session was deleted and its event log erased');
@@ -386,7 +389,7 @@ export class SessionService {
   }
 
   /** `user.custom_tool_result` / `user.tool_confirmation` / `user.question_answer`: only for the exact current wait generation. */
-  private async answer(session: SessionDoc, input: DriveInput): Promise<DriveOutcome> {
+  private async answer(session: SessionDoc, input: DriveInput, trace: Context | undefined): Promise<DriveOutcome> {
     const p = input.payload;
     const toolUseId = p.tool_use_id as string;
     const kind: WaitKind = input.type === 'user.custom_tool_result' ? 'custom_tool' : input.type === 'user.question_answer' ? 'question' : 'confirmation';
@@ -420,7 +423,7 @@ export class SessionService {
     if (wait.answered_event_id !== null) return this.replayAnswer(session.id, wait, fp);
     if (wait.generation !== thread._wait_generation) throw new ApiError('runtime.invalid_transition', `the wait on ${toolUseId} is no longer current`);
 
-    const { event } = await this.appendOne(session.id, input, thread.id, `answer:${thread.id}:${toolUseId}:${wait.generation}`);
+    const { event } = await this.appendOne(session.id, input, thread.id, `answer:${thread.id}:${toolUseId}:${wait.generation}`, false, trace);
     const { caused_by: _c2, ...stored } = event.payload as DrivePayload;
     if (sha256Hex(canonicalJson({ type: event.type, payload: stored })) !== fp) {
       throw new ApiError('validation.conflict', `${toolUseId} was already answered with another result`);

@@ -1,6 +1,5 @@
 import { describe, expect, it } from 'vitest';
 import { createLogger, redactSecrets } from './logger.js';
-import { keepRequestScopes, withRequestScope } from './request-context.js';
 
 function capture() {
   const lines: string[] = [];
@@ -89,22 +88,5 @@ describe('redactSecrets', () => {
     expect(out).toEqual({ keep: clean, deep: { token: '[redacted]' } });
     expect(out.keep).toBe(clean);
     expect(input.deep.token).toBe(SECRET);
-  });
-});
-
-describe('request scope', () => {
-  it('puts the request id on every line inside the scope, once, and on none outside it (scopes kept: tracing on)', async () => {
-    keepRequestScopes();
-    const { log, lines, last } = capture();
-    await withRequestScope({ requestId: 'req_scope' }, async () => {
-      log.info('inside');
-      expect(last()).toMatchObject({ request_id: 'req_scope', msg: 'inside' });
-      log.child({ request_id: 'req_scope' }).info('child');
-      expect(lines.at(-1)?.match(/"request_id"/g)).toHaveLength(1);
-      log.child({ component: 'x' }).warn('nested child');
-      expect(last()).toMatchObject({ request_id: 'req_scope', component: 'x' });
-    });
-    log.info('outside');
-    expect(last().request_id).toBeUndefined();
   });
 });

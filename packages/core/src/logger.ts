@@ -1,5 +1,4 @@
 import { pino, type DestinationStream, type Logger, type LevelWithSilent } from 'pino';
-import { currentRequestId } from './request-context.js';
 
 export type { Logger };
 
@@ -101,11 +100,6 @@ export function createLogger(options: LoggerOptions): Logger {
     level: options.level ?? 'info',
     base: { service: options.name, pid: process.pid },
     timestamp: pino.stdTimeFunctions.isoTime,
-    // Inside a request's scope every line names the request (a request's child logger already does).
-    mixin: (_obj: object, _level: number, logger: Logger): Record<string, unknown> => {
-      const requestId = currentRequestId();
-      return requestId === undefined || 'request_id' in logger.bindings() ? {} : { request_id: requestId };
-    },
     formatters: { log: (obj: Record<string, unknown>) => redactSecrets(obj) },
     // Errors are already serialised (and redacted) by the formatter; a plain object passes.
     serializers: { err: (e: unknown): unknown => (e instanceof Error ? redactSecrets(serializeError(e)) : e) },

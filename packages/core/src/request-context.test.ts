@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { currentRequestId, incident, keepRequestScopes, requestIdFrom, traceIdOf, withRequestScope } from './request-context.js';
+import { incident, requestIdFrom, traceIdOf } from './request-context.js';
 import { closedLabel, statusLabel } from './metrics.js';
 
 const TP = '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01';
@@ -24,25 +24,9 @@ describe('request ids', () => {
     expect(traceIdOf(undefined)).toBeUndefined();
   });
 
-  // Before the next test: once kept, scopes stay kept for the process.
-  it('keeps no async-local scope unless asked (tracing off): the id is given explicitly', async () => {
-    const seen = await withRequestScope({ requestId: 'req_off' }, async () => {
-      await new Promise((r) => setTimeout(r, 1));
-      return currentRequestId();
-    });
-    expect(seen).toBeUndefined();
+  it('names the request in an incident message when given its id', () => {
     expect(incident('internal error', 'req_given').message).toMatch(/^internal error; incident reference inc_[0-9a-f]{16}, request id req_given$/);
-  });
-
-  it('names the request in incident messages inside its scope only, once scopes are kept (tracing on)', async () => {
-    keepRequestScopes();
     expect(incident('internal error').message).toMatch(/^internal error; incident reference inc_[0-9a-f]{16}$/);
-    await withRequestScope({ requestId: 'req_x' }, async () => {
-      await new Promise((r) => setTimeout(r, 1));
-      expect(currentRequestId()).toBe('req_x');
-      expect(incident('internal error').message).toMatch(/^internal error; incident reference inc_[0-9a-f]{16}, request id req_x$/);
-    });
-    expect(currentRequestId()).toBeUndefined();
   });
 });
 

@@ -11,6 +11,17 @@
  * Trace context crosses processes as W3C `traceparent`/`tracestate`: HTTP headers into the API,
  * the Run's queue job (`RunJobData.trace`), and the runner protocol's frame envelope.
  *
+ * Inside a process it travels one of two ways, chosen by the process at start
+ * (`TracingOptions.propagation`). `async`: OpenTelemetry's active context, kept in an
+ * async-local store (the scheduler and the runner, whose spans nest deep in their own loops).
+ * `explicit`: no store at all, so a span's parent is handed to it as a value (`parent`), from
+ * the request's SERVER span or the runner frame's envelope down to the appends, the job and the
+ * model call made for them (the API and the gateway: on Node 20 an AsyncLocalStorage, once
+ * entered, hooks every promise the process makes, which cost the API 10-16% of its CPU per
+ * request and per Run). Code shared by both kinds of process passes parents explicitly where it
+ * has them; without one, a span's parent is the active context (the root, in an `explicit`
+ * process).
+ *
  * Attributes name things (ids, models, counts, statuses), never content: no message text, tool
  * input or output, prompt, command line or secret is put on a span.
  */
@@ -19,16 +30,22 @@ import {
   type Attributes, type Context, type ContextManager, type Span, type Tracer,
 } from '@opentelemetry/api';
 import type { Logger } from './logger.js';
-import { inScope, keepRequestScopes, scopedTrace, setScopedTrace, withScopedTrace } from './request-context.js';
+import { AsyncLocalStorage } from 'node:async_hooks';
 import { DeferredTracer, postSpans } from './tracing-deferred.js';
 import type { ExporterData, ExporterMessage, ExporterReply } from './tracing-worker.js';
 
-export { context, SpanKind, SpanStatusCode, trace, type Attributes, type Context, type Span };
+export { context, ROOT_CONTEXT, SpanKind, SpanStatusCode, trace, type Attributes, type Context, type Span };
 
 /** W3C trace context as carried in a job or a frame. */
 export interface TraceCarrier {
   traceparent?: string;
   tracestate?: string;
+}
+
+/** How a process hands the trace context on (module comment). */
+export interface TracingOptions {
+  /** `async` (default): an async-local active context. `explicit`: parents are passed as values. */
+  propagation?: 'async' | 'explicit';
 }
 
 /** What `startTracing` returns: whether spans are exported, and a flush for shutdown. */
@@ -86,7 +103,7 @@ const REPORT_EVERY_MS = 60_000;
  * (`OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES` override it). The SDK is loaded only when
  * tracing is on: a process with tracing off pays nothing for it at start.
  */
-export async function startTracing(service: string, log?: TracingLog): Promise<Tracing> {
+export async function startTracing(service: string, log?: TracingLog, options: TracingOptions = {}): Promise<Tracing> {
   if (active) return active;
   if (!tracingRequested()) {
     active = { enabled: false, shutdown: async () => undefined };
@@ -126,17 +143,16 @@ export async function startTracing(service: string, log?: TracingLog): Promise<T
   const deferred = new DeferredTracer(samplerFromEnv(sdk), new PooledIdGenerator(), (records) => {
     if (exporting) postSpans(worker, records);
   });
-  // Registered globally: the active context in the request scope's async-local store (one
-  // store, not two), the W3C trace context propagator, and a provider that hands this tracer to
-  // anything asking the OpenTelemetry API for one (it makes no span itself).
+  // Registered globally: the W3C trace context propagator, a provider that hands this tracer to
+  // anything asking the OpenTelemetry API for one (it makes no span itself), and with `async`
+  // propagation the active context in an async-local store (with `explicit`, none: the
+  // OpenTelemetry API's no-op manager, whose active context is always the root).
   class PlatformProvider extends sdk.NodeTracerProvider {
     override getTracer(): Tracer {
       return deferred;
     }
   }
-  // The trace context lives in the request scope's async-local store: keep the scopes there.
-  keepRequestScopes();
-  new PlatformProvider().register({ contextManager: new ScopeContextManager() });
+  new PlatformProvider().register({ contextManager: options.propagation === 'explicit' ? null : new AsyncContextManager() });
   cachedTracer = deferred;
   active = {
     enabled: true,
@@ -187,14 +203,16 @@ export function samplerFromEnv(sdk: Pick<Sdk, 'AlwaysOnSampler' | 'AlwaysOffSamp
   }
 }
 
-/** OpenTelemetry's context manager over the request scope's async-local store. */
-class ScopeContextManager implements ContextManager {
+/** OpenTelemetry's context manager over an async-local store (`async` propagation). */
+class AsyncContextManager implements ContextManager {
+  private readonly store = new AsyncLocalStorage<Context>();
+
   active(): Context {
-    return (scopedTrace() as Context | undefined) ?? ROOT_CONTEXT;
+    return this.store.getStore() ?? ROOT_CONTEXT;
   }
 
   with<A extends unknown[], F extends (...args: A) => ReturnType<F>>(ctx: Context, fn: F, thisArg?: ThisParameterType<F>, ...args: A): ReturnType<F> {
-    return withScopedTrace(ctx, () => fn.apply(thisArg, args));
+    return this.store.run(ctx, () => fn.apply(thisArg, args));
   }
 
   bind<T>(ctx: Context, target: T): T {
@@ -247,31 +265,30 @@ export function extractTrace(carrier: TraceCarrier | Readonly<Record<string, str
   });
 }
 
-/**
- * Run `fn` in a new active span; it ends when `fn` settles, with an error status (exception
- * type only, never its message) when `fn` throws.
- */
-export function inSpan<T>(
-  name: string,
-  options: { kind?: SpanKind; attributes?: Attributes; parent?: Context },
-  fn: (span: Span) => Promise<T>,
-): Promise<T> {
-  // Tracing off: a plain call, no extra promise.
-  return tracingEnabled() ? recordSpan(name, options, fn) : fn(NOOP_SPAN);
+/** What a span is started with: its parent defaults to the active context. */
+export interface SpanStart {
+  kind?: SpanKind;
+  attributes?: Attributes;
+  parent?: Context | undefined;
 }
 
-function recordSpan<T>(
-  name: string,
-  options: { kind?: SpanKind; attributes?: Attributes; parent?: Context },
-  fn: (span: Span) => Promise<T>,
-): Promise<T> {
-  const parent = options.parent ?? context.active();
-  const spanOptions = options.attributes ? { kind: options.kind ?? SpanKind.INTERNAL, attributes: options.attributes } : { kind: options.kind ?? SpanKind.INTERNAL };
+/**
+ * Run `fn` in a new span, active while it runs (with `async` propagation) and handed to it with
+ * its context (the parent of what `fn` starts, with `explicit` propagation); it ends when `fn`
+ * settles, with an error status (exception type only, never its message) when `fn` throws.
+ */
+export function inSpan<T>(name: string, options: SpanStart, fn: (span: Span, ctx: Context) => Promise<T>): Promise<T> {
+  // Tracing off: a plain call, no extra promise.
+  return tracingEnabled() ? recordSpan(name, options, fn) : fn(NOOP_SPAN, ROOT_CONTEXT);
+}
+
+function recordSpan<T>(name: string, options: SpanStart, fn: (span: Span, ctx: Context) => Promise<T>): Promise<T> {
+  const { span, context: ctx } = startSpan(name, options);
   // Plain callbacks rather than async wrappers: no extra promises per span on a hot path.
-  return tracer().startActiveSpan(name, spanOptions, parent, (span) => {
+  return context.with(ctx, () => {
     let running: Promise<T>;
     try {
-      running = fn(span);
+      running = fn(span, ctx);
     } catch (err) {
       failSpan(span, err);
       span.end();
@@ -292,16 +309,13 @@ function recordSpan<T>(
 }
 
 /**
- * Start a span that covers the rest of the current request scope and make it the scope's active
- * span in place (one async-local scope per request, not a nested one per span). The caller ends
- * it. Undefined when tracing is off or there is no request scope (then use `inSpan`).
+ * Start a span (the caller ends it) and the context it is the active span of: the parent to
+ * hand to the work done inside it.
  */
-export function enterScopeSpan(name: string, options: { kind?: SpanKind; attributes?: Attributes; parent?: Context }): Span | undefined {
-  if (!tracingEnabled() || !inScope()) return undefined;
+export function startSpan(name: string, options: SpanStart): { span: Span; context: Context } {
   const parent = options.parent ?? context.active();
   const span = tracer().startSpan(name, options.attributes ? { kind: options.kind ?? SpanKind.INTERNAL, attributes: options.attributes } : { kind: options.kind ?? SpanKind.INTERNAL }, parent);
-  setScopedTrace(trace.setSpan(parent, span));
-  return span;
+  return { span, context: trace.setSpan(parent, span) };
 }
 
 /** Mark a span failed: the error's class, not its message (which may quote content). */

@@ -1,5 +1,5 @@
 import { Job, Queue, type JobsOptions } from 'bullmq';
-import { ATTR, injectTrace, inSpan, SpanKind, type TraceCarrier } from '@agentplane/core';
+import { ATTR, injectTrace, inSpan, SpanKind, type Context, type TraceCarrier } from '@agentplane/core';
 import { LuaScript, type Redis } from '@agentplane/store';
 import type { LeaseConfig } from './config.js';
 import type { RunRequirements } from './requirements.js';
@@ -99,19 +99,21 @@ export class RunQueues {
     return Number(await PRUNE_RANKS.run(this.commands, [fairKey(poolId, workspaceId)], [before, `${queuePrefix(poolId)}:${RUN_QUEUE}:`, limit]));
   }
 
-  /** `rank`: taken ahead with `rank()` (else taken here first). */
-  async enqueue(data: Omit<RunJobData, 'rank' | 'enqueued_at_ms' | 'trace'>, rank?: number): Promise<RunJobData> {
+  /** `rank`: taken ahead with `rank()` (else taken here first). `trace`: the context the Run is queued in (the send span's parent). */
+  async enqueue(data: Omit<RunJobData, 'rank' | 'enqueued_at_ms' | 'trace'>, rank?: number, trace?: Context): Promise<RunJobData> {
     return inSpan(`send ${RUN_QUEUE}`, {
       kind: SpanKind.PRODUCER,
       attributes: {
         [ATTR.messagingSystem]: 'bullmq', [ATTR.messagingOperationType]: 'send', [ATTR.messagingOperationName]: 'send',
         [ATTR.messagingDestinationName]: RUN_QUEUE, [ATTR.messagingMessageId]: data.run_id, 'agentplane.pool.id': data.pool_id,
       },
-    }, () => this.add(data, rank));
+      parent: trace,
+    }, (_span, ctx) => this.add(data, rank, ctx));
   }
 
-  private async add(data: Omit<RunJobData, 'rank' | 'enqueued_at_ms' | 'trace'>, ranked?: number): Promise<RunJobData> {
-    const trace = injectTrace();
+  private async add(data: Omit<RunJobData, 'rank' | 'enqueued_at_ms' | 'trace'>, ranked: number | undefined, ctx: Context): Promise<RunJobData> {
+    // The job carries the send span's context: the scheduler's span for it is its child.
+    const trace = injectTrace(ctx);
     const rank = ranked ?? (await this.rank(data.pool_id, data.workspace_id, data.run_id));
     const full: RunJobData = { ...data, rank, enqueued_at_ms: Date.now(), ...(trace ? { trace } : {}) };
     const opts: JobsOptions = {

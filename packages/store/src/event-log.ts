@@ -1,5 +1,5 @@
 import type { Redis } from 'ioredis';
-import { ATTR, envInt, inSpan, newId, SpanKind, tracingEnabled, type Attributes, type Env } from '@agentplane/core';
+import { ATTR, envInt, inSpan, newId, SpanKind, tracingEnabled, type Attributes, type Context, type Env } from '@agentplane/core';
 import { keys, tags } from './keys.js';
 import { LuaScript } from './script.js';
 
@@ -77,6 +77,8 @@ export interface AppendOptions {
    * document is looked at as `JSON.stringify` writes it (`"status":"<value>"`, no spaces).
    */
   enqueue?: { list: string; peek: string; refuseStatus?: string };
+  /** The trace context the append is made in (its span's parent): docs/ARCHITECTURE.md, tracing. */
+  trace?: Context | undefined;
 }
 
 export type AppendResult =
@@ -103,7 +105,7 @@ export interface CommitDoc {
   index?: { key: string; score: number; member: string };
 }
 
-export interface CommitOptions extends Pick<AppendOptions, 'producerKey'> {
+export interface CommitOptions extends Pick<AppendOptions, 'producerKey' | 'trace'> {
   /** Take these ids off the head of a list in the same script (a turn consuming its queued inputs). */
   dequeue?: CommitDequeue;
   /** Instead of `dequeue`: this list (in the Session's slot) must be empty, or nothing is written (`queue`). */
@@ -512,7 +514,7 @@ export class EventLog {
    */
   async append(sessionId: string, events: readonly AppendEvent[], options: AppendOptions = {}): Promise<AppendResult> {
     if (events.length === 0 || !tracingEnabled()) return this.appendNow(sessionId, events, options);
-    return inSpan('append session_events', { kind: SpanKind.CLIENT, attributes: appendAttributes(sessionId, events) }, async (span) => {
+    return inSpan('append session_events', { kind: SpanKind.CLIENT, attributes: appendAttributes(sessionId, events), parent: options.trace }, async (span) => {
       const r = await this.appendNow(sessionId, events, options);
       span.setAttribute('agentplane.append.outcome', r.ok ? 'ok' : r.reason);
       return r;
@@ -543,7 +545,7 @@ export class EventLog {
    */
   async commit(sessionId: string, docs: readonly CommitDoc[], events: readonly AppendEvent[], options: CommitOptions = {}): Promise<CommitResult> {
     if (!tracingEnabled()) return this.commitNow(sessionId, docs, events, options);
-    return inSpan('append session_events', { kind: SpanKind.CLIENT, attributes: { ...appendAttributes(sessionId, events), 'agentplane.append.documents': docs.length } }, async (span) => {
+    return inSpan('append session_events', { kind: SpanKind.CLIENT, attributes: { ...appendAttributes(sessionId, events), 'agentplane.append.documents': docs.length }, parent: options.trace }, async (span) => {
       const r = await this.commitNow(sessionId, docs, events, options);
       span.setAttribute('agentplane.append.outcome', r.ok ? 'ok' : r.reason);
       return r;

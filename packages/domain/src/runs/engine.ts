@@ -1,4 +1,4 @@
-import { newId, type Logger } from '@agentplane/core';
+import { newId, type Context, type Logger } from '@agentplane/core';
 import { deliverToRunner } from '@agentplane/gateway';
 import { CancelMarks, LeaseFence, markPoolActive, type RunQueues, type RunRequirements } from '@agentplane/lease';
 import { frame } from '@agentplane/protocol';
@@ -112,7 +112,7 @@ export class RunEngine implements TurnScheduler {
    * and its pool watched, so they may precede the job); the Run records its pool and
    * `enqueued_at` once the job exists.
    */
-  async runQueued(run: RunDoc): Promise<void> {
+  async runQueued(run: RunDoc, trace?: Context): Promise<void> {
     // A Run under a deployment revision goes to the pool the revision names; others to the default pool.
     const pinned = run.agent_deployment?.runner_pool_id ?? null;
     const [requirements, poolId] = await Promise.all([this.requirementsOf(run), pinned ?? this.defaultPoolId(run.workspace_id)]);
@@ -129,7 +129,7 @@ export class RunEngine implements TurnScheduler {
         pool_id: poolId,
         requirements,
         accepted_at_ms: Date.parse(run.created_at),
-      }, rank),
+      }, rank, trace),
       this.d.redis.hset(runSessionsKey(run.workspace_id), run.id, run.session_id),
       markPoolActive(this.d.redis, poolId, run.workspace_id),
     ]);

@@ -1,4 +1,4 @@
-import { crashPoint, nowIso, type Logger } from '@agentplane/core';
+import { crashPoint, nowIso, type Context, type Logger } from '@agentplane/core';
 import { BoundedCache, tags } from '@agentplane/store';
 import type { GraderRunResult, RunAttempt, RunDoc, RunStatus, WaitKind } from '../sessions/model.js';
 import type { SessionStore } from '../sessions/store.js';
@@ -143,8 +143,8 @@ export class RunLifecycle {
     await this.move(sessionId, runId, (r) => (r.timestamps?.first_event_at ? null : { ...r, timestamps: { ...this.ts(r), first_event_at: nowIso() } }));
   }
 
-  /** The runner finished the turn. */
-  async succeeded(sessionId: string, runId: string, leaseId: string | null, result: TurnResult): Promise<void> {
+  /** The runner finished the turn. `trace`: the context of the runner's report (the turn end's spans' parent). */
+  async succeeded(sessionId: string, runId: string, leaseId: string | null, result: TurnResult, trace?: Context): Promise<void> {
     const res = await this.move(sessionId, runId, (r) =>
       TERMINAL.has(r.status) ? null : {
         ...r, status: 'succeeded', stop_reason: result.stop_reason, attempts: this.endAttempt(r, leaseId, 'succeeded', null),
@@ -154,7 +154,7 @@ export class RunLifecycle {
     if (!res || (!res.moved && res.run.status !== 'succeeded')) return;
     crashPoint('run-succeeded-written');
     const session = await this.store.get(res.run.workspace_id, sessionId);
-    await this.runtime.endTurn(session, res.run.session_thread_id, result.stop_reason, result.waits ?? [], { runId, fresh: true });
+    await this.runtime.endTurn(session, res.run.session_thread_id, result.stop_reason, result.waits ?? [], { runId, fresh: true, trace });
   }
 
   /** An attempt failed for an infrastructure reason and will be retried (`leaseId` null: every open attempt was lost). */

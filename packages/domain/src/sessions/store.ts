@@ -1,4 +1,4 @@
-import { ApiError, newId, nowIso } from '@agentplane/core';
+import { ApiError, newId, nowIso, type Context } from '@agentplane/core';
 import { BoundedCache, DocumentStore, EventLog, forgetWritten, keys, LuaScript, newEventId, primeCache, tags, type AppendEvent, type CommitDoc, type EventLogDurability, type LogEvent, type Redis } from '@agentplane/store';
 import type { AgentSnapshot } from '../agents/model.js';
 import type { GraderRunInfo, RunDoc, SessionDoc, SessionTombstone, ThreadDoc } from './model.js';
@@ -214,8 +214,9 @@ export class SessionStore {
     session: SessionDoc,
     threadId: string,
     mutate: (t: ThreadDoc) => { thread: ThreadDoc; start?: TurnStart } | null,
+    trace?: Context,
   ): Promise<{ thread: ThreadDoc; run: RunDoc | null }> {
-    return this.changeThread(session.id, threadId, mutate, session);
+    return this.changeThread(session.id, threadId, mutate, session, trace);
   }
 
   private async changeThread(
@@ -223,6 +224,7 @@ export class SessionStore {
     threadId: string,
     mutate: (t: ThreadDoc) => { thread: ThreadDoc; start?: TurnStart } | null,
     session?: SessionDoc,
+    trace?: Context,
   ): Promise<{ thread: ThreadDoc; run: RunDoc | null }> {
     const tag = sessionTag(sessionId);
     const hint = this.recentThreads.take(`${sessionId}/${threadId}`);
@@ -244,7 +246,7 @@ export class SessionStore {
         const candidate = turnRun(session, next, start);
         const { docs, running } = turnStartWrites(next, expected, candidate);
         const r = await this.log.commit(sessionId, docs, [running],
-          start.dequeue && start.dequeue.length > 0 ? { dequeue: { list: inputQueueKey(sessionId, threadId), ids: start.dequeue } } : {});
+          start.dequeue && start.dequeue.length > 0 ? { dequeue: { list: inputQueueKey(sessionId, threadId), ids: start.dequeue }, trace } : { trace });
         if (r.ok) {
           run = candidate;
           return { kind: 'written' };
@@ -269,7 +271,7 @@ export class SessionStore {
    * Session refuses with 404.
    */
   async startTurnWithMessage(
-    session: SessionDoc, known: Readonly<ThreadDoc>, message: AppendEvent, next: ThreadDoc, runId: string,
+    session: SessionDoc, known: Readonly<ThreadDoc>, message: AppendEvent, next: ThreadDoc, runId: string, trace?: Context,
   ): Promise<{ event: LogEvent; thread: ThreadDoc; run: RunDoc } | null> {
     const threadId = known.id;
     const id = newEventId();
@@ -277,7 +279,7 @@ export class SessionStore {
     const run = turnRun(session, thread, { runId, inputs: [id] });
     const { docs, running } = turnStartWrites(thread, known.version, run);
     const r = await this.log.commit(session.id, docs, [{ ...message, id, session_thread_id: threadId }, running],
-      { emptyList: inputQueueKey(session.id, threadId), fresh: true });
+      { emptyList: inputQueueKey(session.id, threadId), fresh: true, trace });
     if (!r.ok) {
       if (r.reason === 'erased') throw new ApiError('validation.not_found', 'the session was deleted and its event log erased');
       if (r.reason === 'stale' && r.index === 0) this.recentThreads.set(`${session.id}/${threadId}`, r.current);

@@ -1,4 +1,4 @@
-import { ApiError, crashPoint, newId } from '@agentplane/core';
+import { ApiError, crashPoint, newId, type Context } from '@agentplane/core';
 import type { RunDoc, SessionDoc, ThreadDoc, WaitKind } from './model.js';
 import { InputQueueMoved, sessionTag, type SessionStore } from './store.js';
 import type { AppendEvent, LogEvent } from '@agentplane/store';
@@ -25,7 +25,7 @@ export interface TurnScheduler {
   /** The start announced under `runId` did not happen (no Run was committed under it). */
   runNotStarting?(runId: string): void;
   /** A turn started: `run` (as just written, version 1) was recorded as `queued` in the Session slot. */
-  runQueued(run: RunDoc): Promise<void>;
+  runQueued(run: RunDoc, trace?: Context): Promise<void>;
   /** `user.interrupt` on a thread whose turn is active. */
   interruptRequested(sessionId: string, threadId: string, runId: string): Promise<void>;
   /** Every wait of the thread's current generation is answered: the waiting Run may continue. */
@@ -114,6 +114,8 @@ export class ThreadRuntime {
       queue?: string[];
       /** The start's intent, recorded beside the append (`intendStart`): its Run id is the first attempt's. */
       intent?: TurnIntent;
+      /** The trace context the turn starts in (its writes' and its job's spans' parent). */
+      trace?: Context | undefined;
     } = {},
   ): Promise<{ run: RunDoc | null }> {
     let seen = options.thread ?? null;
@@ -144,10 +146,10 @@ export class ThreadRuntime {
           const legacy = t._queued_inputs ?? [];
           if (legacy.length + queued.length === 0 || !startable(t)) return null;
           return { thread: runningThread(t, runId), start: { runId, inputs: [...legacy, ...queued], dequeue: queued } };
-        });
+        }, options.trace);
         if (!run) return { run: null };
         started = true;
-        await this.scheduler().runQueued(run);
+        await this.scheduler().runQueued(run, options.trace);
         return { run };
       } catch (err) {
         if (err instanceof InputQueueMoved) continue;
@@ -186,19 +188,19 @@ export class ThreadRuntime {
    * Null, with nothing written, when the thread moved on, messages wait in its queue or the
    * message is a replay: the caller appends it and starts the turn as usual (same intent).
    */
-  async startWithMessage(session: SessionDoc, known: Readonly<ThreadDoc>, message: AppendEvent, intent: TurnIntent): Promise<{ event: LogEvent; run: RunDoc } | null> {
+  async startWithMessage(session: SessionDoc, known: Readonly<ThreadDoc>, message: AppendEvent, intent: TurnIntent, trace?: Context): Promise<{ event: LogEvent; run: RunDoc } | null> {
     if (!intent.ahead || !startable(known) || (known._queued_inputs ?? []).length > 0) return null;
     const next = runningThread(known, intent.runId);
     let started: Awaited<ReturnType<SessionStore['startTurnWithMessage']>>;
     try {
-      started = await this.store.startTurnWithMessage(session, known, message, next, intent.runId);
+      started = await this.store.startTurnWithMessage(session, known, message, next, intent.runId, trace);
     } catch (err) {
       // No Run was committed under the intent: its rank goes (as in submitUserMessage).
       this.scheduler().runNotStarting?.(intent.runId);
       throw err;
     }
     if (!started) return null;
-    await this.scheduler().runQueued(started.run);
+    await this.scheduler().runQueued(started.run, trace);
     return { event: started.event, run: started.run };
   }
 
@@ -242,10 +244,12 @@ export class ThreadRuntime {
    *
    * `fresh`: `session` was read just now, after the Run ended (no second read of it here); the
    * thread returned is then the one this end wrote, unless the end started the next turn.
+   *
+   * `trace`: the context the end is reported in (the parent of its appends' and the next turn's spans).
    */
   async endTurn(
     session: SessionDoc, threadId: string, stop: StopReason, waits: { tool_use_id: string; kind: WaitKind }[] = [],
-    options: { runId?: string; fresh?: boolean } = {},
+    options: { runId?: string; fresh?: boolean; trace?: Context | undefined } = {},
   ): Promise<ThreadDoc> {
     const runId = options.runId ?? null;
     const now = Date.now();
@@ -282,7 +286,7 @@ export class ThreadRuntime {
     crashPoint('turn-end-written');
     await this.store.log.append(session.id, [{
       type: 'session.status_idle', payload: { stop_reason: stop }, session_thread_id: threadId, ...(runId !== null ? { producer_key: `run:${runId}:idle` } : {}),
-    }]);
+    }], { trace: options.trace });
     // An archived Session takes no new work: queued messages stay in the log but start no turn.
     const live = options.fresh ? session : await this.store.docs.get<SessionDoc>(sessionTag(session.id), session.id);
     if (live?.type === 'session' && (live.agent.multiagent || next.parent_thread_id !== null)) await this.coordinator.turnEnded(live, next);
@@ -292,7 +296,7 @@ export class ThreadRuntime {
     if (stop.type !== 'requires_action' && live?.type === 'session' && live.archived_at === null) {
       // Everything queued during the turn becomes the input of the next one, in arrival order
       // (the queue is read after the thread became idle: see submitUserMessage).
-      const { run } = await this.submitUserMessage(live, threadId, null, { thread: next });
+      const { run } = await this.submitUserMessage(live, threadId, null, { thread: next, trace: options.trace });
       if (options.fresh && !run) return next;
     }
     return this.store.thread(session.id, threadId);
