@@ -1,19 +1,19 @@
 // bench:observability — what tracing costs. bench:dispatch at 50 Runs/s and bench:api's
 // authenticated GET, each against a platform with tracing off (the floor) and one with tracing on
-// (100% sampling, OTLP/HTTP to a local sink in this process), both running at once and loaded in
-// alternating rounds (medians reported); plus the CPU time per request and per Run of the
+// (100% sampling, OTLP/HTTP to a local sink in a process of its own), both running at once and loaded in
+// alternating rounds, in two phases (each side started first in one: the start order biases the
+// figures; medians pooled over both phases reported); plus the CPU time per request and per Run of the
 // platform's processes (from /proc): at full load, and in paired rounds where both APIs take the
 // same fixed offered rate at the same time with their processes sharing one core (whatever else
 // loads the machine then slows both alike; the figure is the median of the rounds' on/off
 // ratios); the api's event loop (main thread) CPU is shown beside its whole process's (the rest
 // is V8's collector threads and libuv's pool); plus the cost of the tracing calls on a hot path
 // when tracing is off (per call, against a plain call).
-import { execFileSync } from 'node:child_process';
+import { execFileSync, fork } from 'node:child_process';
 import { readFileSync } from 'node:fs';
-import { createServer } from 'node:http';
-import { freePort } from '@agentplane/store';
+import { join } from 'node:path';
 import { injectTrace, inSpan } from '@agentplane/core';
-import { startPlatform, type Platform } from '../test/harness/platform.js';
+import { startPlatform, ROOT_DIR, type Platform } from '../test/harness/platform.js';
 import { loadHttp } from './lib/http-load.js';
 import { printTable, type HttpLoad, type Row } from './lib/report.js';
 import { cpuMs, level, setup, startSimulatedRunners, type Level } from './dispatch.js';
@@ -26,21 +26,40 @@ const CPU_RATE = Number(process.env.BENCH_CPU_RATE ?? 400);
 /** Seconds per paired CPU round: long enough that /proc's 10 ms ticks are under 1% of the figure. */
 const CPU_SECONDS = Number(process.env.BENCH_CPU_SECONDS ?? 10);
 const RATE = Number(process.env.BENCH_RATE ?? 50);
+/**
+ * `BENCH_AA=1`: both sides untraced (an A/A run): what the bench reads as a cost where there is
+ * none, the bias and noise of its own set-up (which platform started first, which core each got).
+ */
+const AA = process.env.BENCH_AA === '1';
 
-/** A local OTLP/HTTP sink: accepts every export, counts requests and bytes. */
-async function startSink(): Promise<{ url: string; exports: () => { requests: number; bytes: number }; close(): Promise<void> }> {
-  let requests = 0;
-  let bytes = 0;
-  const server = createServer((req, res) => {
-    req.on('data', (c: Buffer) => (bytes += c.length));
-    req.on('end', () => {
-      requests++;
-      res.writeHead(200, { 'content-type': 'application/json' }).end('{}');
+/**
+ * A local OTLP/HTTP sink in a process of its own (bench/sim/otlp-sink.ts): accepts every export,
+ * counts requests and bytes. Not in this process, whose event loop times the requests and Runs.
+ */
+async function startSink(): Promise<{ url: string; exports: () => Promise<{ requests: number; bytes: number }>; close(): Promise<void> }> {
+  const child = fork(join(ROOT_DIR, 'bench/sim/otlp-sink.ts'), [], { execArgv: ['--import', 'tsx'], stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
+  const port = await new Promise<number>((resolve, reject) => {
+    child.once('error', reject);
+    child.on('message', (m: { kind: string; port?: number }) => {
+      if (m.kind === 'listening' && m.port) resolve(m.port);
     });
   });
-  const port = await freePort();
-  await new Promise<void>((r) => server.listen(port, '127.0.0.1', () => r()));
-  return { url: `http://127.0.0.1:${port}`, exports: () => ({ requests, bytes }), close: () => new Promise((r) => server.close(() => r())) };
+  return {
+    url: `http://127.0.0.1:${port}`,
+    exports: () => new Promise((resolve) => {
+      const onCount = (m: { kind: string; requests?: number; bytes?: number }) => {
+        if (m.kind !== 'count') return;
+        child.off('message', onCount);
+        resolve({ requests: m.requests ?? 0, bytes: m.bytes ?? 0 });
+      };
+      child.on('message', onCount);
+      child.send({ kind: 'count' });
+    }),
+    close: () => new Promise((resolve) => {
+      child.once('exit', () => resolve());
+      child.disconnect();
+    }),
+  };
 }
 
 interface Load extends HttpLoad {
@@ -177,15 +196,24 @@ async function offPathCost(): Promise<{ traced: number; plain: number }> {
   return { traced, plain };
 }
 
-async function main(): Promise<void> {
-  process.stdout.write(`bench:observability  api: ${CONNECTIONS} connections, ${DURATION}s; dispatch: ${RATE} Runs/s; ${ROUNDS} alternating rounds\n`);
-  const offPath = await offPathCost();
-  const sink = await startSink();
+type Order = 'on first' | 'off first';
+
+/** One phase: both sides started in `order`, loaded in alternating rounds, then stopped. */
+async function phase(order: Order, sinkUrl: string): Promise<{
+  api: { off: Load[]; on: Load[] }; fixed: Awaited<ReturnType<typeof pairedCpu>>; dispatch: { off: DispatchLoad[]; on: DispatchLoad[] }; pinned: boolean;
+}> {
   const sides: { off?: Side; on?: Side } = {};
+  const traced: Record<string, string> = AA ? {} : { OTEL_TRACES_EXPORTER: 'otlp', OTEL_EXPORTER_OTLP_ENDPOINT: sinkUrl, OTEL_TRACES_SAMPLER: 'always_on' };
   try {
-    process.stdout.write('starting a platform with tracing off and one with tracing on (100% sampling, OTLP/HTTP to a local sink) …\n');
-    sides.off = await startSide({});
-    sides.on = await startSide({ OTEL_TRACES_EXPORTER: 'otlp', OTEL_EXPORTER_OTLP_ENDPOINT: sink.url, OTEL_TRACES_SAMPLER: 'always_on' });
+    const first = order === 'on first' ? 'agentplane column' : 'floor column';
+    process.stdout.write(`phase: the ${first}'s platform${AA ? '' : order === 'on first' ? ' (traced)' : ' (untraced)'} started first …\n`);
+    if (order === 'on first') {
+      sides.on = await startSide(traced);
+      sides.off = await startSide({});
+    } else {
+      sides.off = await startSide({});
+      sides.on = await startSide(traced);
+    }
     const both = sides as Required<typeof sides>;
     const targets = { off: await principalUrl(both.off.api), on: await principalUrl(both.on.api) };
     for (const side of ['off', 'on'] as const) await httpLoad(targets[side], 2); // warm-up
@@ -194,6 +222,29 @@ async function main(): Promise<void> {
     const fixed = await pairedCpu(targets);
     for (const side of ['off', 'on'] as const) await both[side].dispatchRun(RATE); // warm-up
     const dispatch = await compare('dispatch', (side) => both[side].dispatchRun(RATE));
+    return { api, fixed, dispatch, pinned };
+  } finally {
+    await sides.off?.stop();
+    await sides.on?.stop();
+  }
+}
+
+async function main(): Promise<void> {
+  process.stdout.write(`bench:observability  api: ${CONNECTIONS} connections, ${DURATION}s; dispatch: ${RATE} Runs/s; ${ROUNDS} alternating rounds in each of two phases\n`);
+  process.stdout.write(AA
+    ? 'A/A run (BENCH_AA=1): two platforms, both with tracing off\n'
+    : 'a platform with tracing off and one with tracing on (100% sampling, OTLP/HTTP to a local sink)\n');
+  const offPath = await offPathCost();
+  const sink = await startSink();
+  try {
+    // Two phases, each side started first in one of them: in A/A runs (both sides untraced) the
+    // platform started first served 6-12% less at full load than the one started second, in
+    // every run, whichever it was. Pooled over both phases, that bias falls on both sides alike.
+    const phases = [await phase('on first', sink.url), await phase('off first', sink.url)];
+    const api = { off: phases.flatMap((x) => x.api.off), on: phases.flatMap((x) => x.api.on) };
+    const fixed = { off: phases.flatMap((x) => x.fixed.off), on: phases.flatMap((x) => x.fixed.on), ratios: phases.flatMap((x) => x.fixed.ratios) };
+    const dispatch = { off: phases.flatMap((x) => x.dispatch.off), on: phases.flatMap((x) => x.dispatch.on) };
+    const pinned = phases.every((x) => x.pinned);
     const m = <T>(xs: T[], f: (x: T) => number): number => median(xs.map(f));
     const rows: Row[] = [
       { metric: 'api GET latency p50', ours: m(api.on, (x) => x.p50), floor: m(api.off, (x) => x.p50), unit: 'ms' },
@@ -212,17 +263,21 @@ async function main(): Promise<void> {
       { metric: `dispatch ${RATE}/s Runs completed`, ours: m(dispatch.on, (x) => x.done), floor: m(dispatch.off, (x) => x.done), unit: 'Runs', higherIsBetter: true },
       { metric: `dispatch ${RATE}/s api+scheduler CPU per Run`, ours: m(dispatch.on, (x) => x.cpuUs), floor: m(dispatch.off, (x) => x.cpuUs), unit: 'µs' },
     ];
-    printTable(`tracing on (agentplane column) vs tracing off (floor column): medians of ${ROUNDS} alternating rounds`, rows);
+    printTable(`tracing on (agentplane column) vs tracing off (floor column): medians of ${2 * ROUNDS} alternating rounds, ${ROUNDS} with each side started first`, rows);
+    // Each phase's own ratios (on/off medians), for how far the start order moved them.
+    const ratio = (i: number, f: (x: Load) => number) => (m(phases[i]?.api.on ?? [], f) / m(phases[i]?.api.off ?? [], f)).toFixed(2);
+    for (const [i, order] of (['on first', 'off first'] as const).entries()) {
+      process.stdout.write(`phase ${order}: api GET throughput ${(m(phases[i]?.api.off ?? [], (x) => x.rps) / m(phases[i]?.api.on ?? [], (x) => x.rps)).toFixed(2)}x, ` +
+        `p50 ${ratio(i, (x) => x.p50)}x, p99 ${ratio(i, (x) => x.p99)}x, CPU per request ${ratio(i, (x) => x.cpuUs)}x, event loop ${ratio(i, (x) => x.loopUs)}x\n`);
+    }
     const ratios = fixed.ratios.map((r) => r.toFixed(2)).join(', ');
     process.stdout.write(`api CPU per request, on/off per paired round: ${ratios}; median ${median(fixed.ratios).toFixed(2)}x` +
       ` (${pinned ? 'both APIs on one core' : 'taskset not found: the APIs were not pinned'})\n`);
-    const { requests, bytes } = sink.exports();
+    const { requests, bytes } = await sink.exports();
     process.stdout.write(`OTLP exports received by the sink: ${requests} requests, ${(bytes / 1024 / 1024).toFixed(1)} MiB\n`);
     const errs = (xs: Load[]) => xs.reduce((a, x) => a + x.errors + x.non2xx, 0);
     process.stdout.write(`api errors: off ${errs([...api.off, ...fixed.off])}, on ${errs([...api.on, ...fixed.on])}\n`);
   } finally {
-    await sides.off?.stop();
-    await sides.on?.stop();
     await sink.close();
   }
   printTable('tracing off: the tracing calls of a hot path (span + context injection) vs a plain async call', [

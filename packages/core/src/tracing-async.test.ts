@@ -1,6 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { context, inSpan, startTracing, trace, type Span, type Tracing } from './tracing.js';
-import type { DeferredSpan } from './tracing-deferred.js';
 
 // One tracing start per process: this file's process keeps the active context in an async-local
 // store (the scheduler's and the runner's way); tracing-explicit.test.ts checks the other way.
@@ -14,7 +13,8 @@ afterAll(async () => {
   delete process.env.OTEL_EXPORTER_OTLP_ENDPOINT;
 });
 
-const parentOf = (span: Span): string | undefined => (span as DeferredSpan).toRecord().parent?.spanId;
+/** The parent span id a recorded span will be exported with. */
+const parentOf = (span: Span): string | undefined => (span as unknown as { toRecord(): { parent?: { spanId: string } } }).toRecord().parent?.spanId;
 
 describe('async-local trace context propagation', () => {
   it('makes a span active for what runs inside it, across awaits, and not after', async () => {

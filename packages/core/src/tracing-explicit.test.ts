@@ -1,6 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { context, inSpan, ROOT_CONTEXT, startSpan, startTracing, trace, type Span, type Tracing } from './tracing.js';
-import type { DeferredSpan } from './tracing-deferred.js';
 
 // One tracing start per process: this file's process propagates explicitly (the API's way);
 // tracing-async.test.ts checks the other way. Spans are exported nowhere (an unused port).
@@ -14,7 +13,8 @@ afterAll(async () => {
   delete process.env.OTEL_EXPORTER_OTLP_ENDPOINT;
 });
 
-const parentOf = (span: Span): string | undefined => (span as DeferredSpan).toRecord().parent?.spanId;
+/** The parent span id a recorded span will be exported with. */
+const parentOf = (span: Span): string | undefined => (span as unknown as { toRecord(): { parent?: { spanId: string } } }).toRecord().parent?.spanId;
 
 describe('explicit trace context propagation', () => {
   it('keeps no active context: a context entered is not seen inside, before or after an await', async () => {
