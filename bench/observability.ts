@@ -2,7 +2,7 @@
 // authenticated GET, each against a platform with tracing off (the floor) and one with tracing on
 // (100% sampling, OTLP/HTTP to a local sink in a process of its own), both running at once and loaded in
 // alternating rounds, in two phases (each side started first in one: the start order biases the
-// figures; medians pooled over both phases reported); plus the CPU time per request and per Run of the
+// figures; each figure is the geometric mean of the two phases' medians); plus the CPU time per request and per Run of the
 // platform's processes (from /proc): at full load, and in paired rounds where both APIs take the
 // same fixed offered rate at the same time with their processes sharing one core (whatever else
 // loads the machine then slows both alike; the figure is the median of the rounds' on/off
@@ -200,7 +200,7 @@ type Order = 'on first' | 'off first';
 
 /** One phase: both sides started in `order`, loaded in alternating rounds, then stopped. */
 async function phase(order: Order, sinkUrl: string): Promise<{
-  api: { off: Load[]; on: Load[] }; fixed: Awaited<ReturnType<typeof pairedCpu>>; dispatch: { off: DispatchLoad[]; on: DispatchLoad[] }; pinned: boolean;
+  order: Order; api: { off: Load[]; on: Load[] }; fixed: Awaited<ReturnType<typeof pairedCpu>>; dispatch: { off: DispatchLoad[]; on: DispatchLoad[] }; pinned: boolean;
 }> {
   const sides: { off?: Side; on?: Side } = {};
   const traced: Record<string, string> = AA ? {} : { OTEL_TRACES_EXPORTER: 'otlp', OTEL_EXPORTER_OTLP_ENDPOINT: sinkUrl, OTEL_TRACES_SAMPLER: 'always_on' };
@@ -222,7 +222,7 @@ async function phase(order: Order, sinkUrl: string): Promise<{
     const fixed = await pairedCpu(targets);
     for (const side of ['off', 'on'] as const) await both[side].dispatchRun(RATE); // warm-up
     const dispatch = await compare('dispatch', (side) => both[side].dispatchRun(RATE));
-    return { api, fixed, dispatch, pinned };
+    return { order, api, fixed, dispatch, pinned };
   } finally {
     await sides.off?.stop();
     await sides.on?.stop();
@@ -237,46 +237,54 @@ async function main(): Promise<void> {
   const offPath = await offPathCost();
   const sink = await startSink();
   try {
-    // Two phases, each side started first in one of them: in A/A runs (both sides untraced) the
-    // platform started first served 6-12% less at full load than the one started second, in
-    // every run, whichever it was. Pooled over both phases, that bias falls on both sides alike.
+    // Two phases, each side started first in one: on this kind of machine the start order alone
+    // moved the figures (an A/A run, both sides untraced: the platform started second served 6%
+    // more at full load; two traced runs alike but for the start order: 0.98x and 1.24x).
     const phases = [await phase('on first', sink.url), await phase('off first', sink.url)];
-    const api = { off: phases.flatMap((x) => x.api.off), on: phases.flatMap((x) => x.api.on) };
-    const fixed = { off: phases.flatMap((x) => x.fixed.off), on: phases.flatMap((x) => x.fixed.on), ratios: phases.flatMap((x) => x.fixed.ratios) };
-    const dispatch = { off: phases.flatMap((x) => x.dispatch.off), on: phases.flatMap((x) => x.dispatch.on) };
     const pinned = phases.every((x) => x.pinned);
-    const m = <T>(xs: T[], f: (x: T) => number): number => median(xs.map(f));
+    // Each figure: the geometric mean of the two phases' medians. Its ratio is the geometric mean
+    // of the two phases' ratios, in which a bias that multiplies one start order's ratio and
+    // divides the other's cancels.
+    type Part = (typeof phases)[number];
+    const gm = <T>(pick: (x: Part) => T[], f: (x: T) => number): number => Math.sqrt(phases.reduce((a, x) => a * median(pick(x).map(f)), 1));
+    const api = { off: (x: Part) => x.api.off, on: (x: Part) => x.api.on };
+    const fixed = { off: (x: Part) => x.fixed.off, on: (x: Part) => x.fixed.on };
+    const dispatch = { off: (x: Part) => x.dispatch.off, on: (x: Part) => x.dispatch.on };
     const rows: Row[] = [
-      { metric: 'api GET latency p50', ours: m(api.on, (x) => x.p50), floor: m(api.off, (x) => x.p50), unit: 'ms' },
-      { metric: 'api GET latency p99', ours: m(api.on, (x) => x.p99), floor: m(api.off, (x) => x.p99), unit: 'ms' },
-      { metric: 'api GET throughput', ours: m(api.on, (x) => x.rps), floor: m(api.off, (x) => x.rps), unit: 'req/s', higherIsBetter: true },
-      { metric: 'api GET CPU per request (full load)', ours: m(api.on, (x) => x.cpuUs), floor: m(api.off, (x) => x.cpuUs), unit: 'µs' },
-      { metric: 'api GET event-loop CPU per request (full load)', ours: m(api.on, (x) => x.loopUs), floor: m(api.off, (x) => x.loopUs), unit: 'µs' },
-      { metric: `api GET CPU per request (paired, ${CPU_RATE} req/s)`, ours: m(fixed.on, (x) => x.cpuUs), floor: m(fixed.off, (x) => x.cpuUs), unit: 'µs' },
-      { metric: `api GET event-loop CPU per request (paired, ${CPU_RATE} req/s)`, ours: m(fixed.on, (x) => x.loopUs), floor: m(fixed.off, (x) => x.loopUs), unit: 'µs' },
-      { metric: `api GET latency p50 (paired, ${CPU_RATE} req/s)`, ours: m(fixed.on, (x) => x.p50), floor: m(fixed.off, (x) => x.p50), unit: 'ms' },
-      { metric: `api GET latency p99 (paired, ${CPU_RATE} req/s)`, ours: m(fixed.on, (x) => x.p99), floor: m(fixed.off, (x) => x.p99), unit: 'ms' },
-      { metric: `dispatch ${RATE}/s message→lease p50`, ours: m(dispatch.on, (x) => x.lease.p50), floor: m(dispatch.off, (x) => x.lease.p50), unit: 'ms' },
-      { metric: `dispatch ${RATE}/s message→lease p99`, ours: m(dispatch.on, (x) => x.lease.p99), floor: m(dispatch.off, (x) => x.lease.p99), unit: 'ms' },
-      { metric: `dispatch ${RATE}/s message→first event p50`, ours: m(dispatch.on, (x) => x.visible.p50), floor: m(dispatch.off, (x) => x.visible.p50), unit: 'ms' },
-      { metric: `dispatch ${RATE}/s message→first event p99`, ours: m(dispatch.on, (x) => x.visible.p99), floor: m(dispatch.off, (x) => x.visible.p99), unit: 'ms' },
-      { metric: `dispatch ${RATE}/s Runs completed`, ours: m(dispatch.on, (x) => x.done), floor: m(dispatch.off, (x) => x.done), unit: 'Runs', higherIsBetter: true },
-      { metric: `dispatch ${RATE}/s api+scheduler CPU per Run`, ours: m(dispatch.on, (x) => x.cpuUs), floor: m(dispatch.off, (x) => x.cpuUs), unit: 'µs' },
+      { metric: 'api GET latency p50', ours: gm(api.on, (x) => x.p50), floor: gm(api.off, (x) => x.p50), unit: 'ms' },
+      { metric: 'api GET latency p99', ours: gm(api.on, (x) => x.p99), floor: gm(api.off, (x) => x.p99), unit: 'ms' },
+      { metric: 'api GET throughput', ours: gm(api.on, (x) => x.rps), floor: gm(api.off, (x) => x.rps), unit: 'req/s', higherIsBetter: true },
+      { metric: 'api GET CPU per request (full load)', ours: gm(api.on, (x) => x.cpuUs), floor: gm(api.off, (x) => x.cpuUs), unit: 'µs' },
+      { metric: 'api GET event-loop CPU per request (full load)', ours: gm(api.on, (x) => x.loopUs), floor: gm(api.off, (x) => x.loopUs), unit: 'µs' },
+      { metric: `api GET CPU per request (paired, ${CPU_RATE} req/s)`, ours: gm(fixed.on, (x) => x.cpuUs), floor: gm(fixed.off, (x) => x.cpuUs), unit: 'µs' },
+      { metric: `api GET event-loop CPU per request (paired, ${CPU_RATE} req/s)`, ours: gm(fixed.on, (x) => x.loopUs), floor: gm(fixed.off, (x) => x.loopUs), unit: 'µs' },
+      { metric: `api GET latency p50 (paired, ${CPU_RATE} req/s)`, ours: gm(fixed.on, (x) => x.p50), floor: gm(fixed.off, (x) => x.p50), unit: 'ms' },
+      { metric: `api GET latency p99 (paired, ${CPU_RATE} req/s)`, ours: gm(fixed.on, (x) => x.p99), floor: gm(fixed.off, (x) => x.p99), unit: 'ms' },
+      { metric: `dispatch ${RATE}/s message→lease p50`, ours: gm(dispatch.on, (x) => x.lease.p50), floor: gm(dispatch.off, (x) => x.lease.p50), unit: 'ms' },
+      { metric: `dispatch ${RATE}/s message→lease p99`, ours: gm(dispatch.on, (x) => x.lease.p99), floor: gm(dispatch.off, (x) => x.lease.p99), unit: 'ms' },
+      { metric: `dispatch ${RATE}/s message→first event p50`, ours: gm(dispatch.on, (x) => x.visible.p50), floor: gm(dispatch.off, (x) => x.visible.p50), unit: 'ms' },
+      { metric: `dispatch ${RATE}/s message→first event p99`, ours: gm(dispatch.on, (x) => x.visible.p99), floor: gm(dispatch.off, (x) => x.visible.p99), unit: 'ms' },
+      { metric: `dispatch ${RATE}/s Runs completed`, ours: gm(dispatch.on, (x) => x.done), floor: gm(dispatch.off, (x) => x.done), unit: 'Runs', higherIsBetter: true },
+      { metric: `dispatch ${RATE}/s api+scheduler CPU per Run`, ours: gm(dispatch.on, (x) => x.cpuUs), floor: gm(dispatch.off, (x) => x.cpuUs), unit: 'µs' },
     ];
-    printTable(`tracing on (agentplane column) vs tracing off (floor column): medians of ${2 * ROUNDS} alternating rounds, ${ROUNDS} with each side started first`, rows);
+    printTable(`tracing on (agentplane column) vs tracing off (floor column): medians of ${ROUNDS} alternating rounds in each phase, geometric mean of the two phases`, rows);
     // Each phase's own ratios (on/off medians), for how far the start order moved them.
-    const ratio = (i: number, f: (x: Load) => number) => (m(phases[i]?.api.on ?? [], f) / m(phases[i]?.api.off ?? [], f)).toFixed(2);
-    for (const [i, order] of (['on first', 'off first'] as const).entries()) {
-      process.stdout.write(`phase ${order}: api GET throughput ${(m(phases[i]?.api.off ?? [], (x) => x.rps) / m(phases[i]?.api.on ?? [], (x) => x.rps)).toFixed(2)}x, ` +
-        `p50 ${ratio(i, (x) => x.p50)}x, p99 ${ratio(i, (x) => x.p99)}x, CPU per request ${ratio(i, (x) => x.cpuUs)}x, event loop ${ratio(i, (x) => x.loopUs)}x\n`);
+    for (const x of phases) {
+      const r = (f: (l: Load) => number) => (median(x.api.on.map(f)) / median(x.api.off.map(f))).toFixed(2);
+      const d = (f: (l: DispatchLoad) => number) => (median(x.dispatch.on.map(f)) / median(x.dispatch.off.map(f))).toFixed(2);
+      process.stdout.write(`phase ${x.order}: api GET throughput ${(median(x.api.off.map((l) => l.rps)) / median(x.api.on.map((l) => l.rps))).toFixed(2)}x, ` +
+        `p50 ${r((l) => l.p50)}x, p99 ${r((l) => l.p99)}x, CPU per request ${r((l) => l.cpuUs)}x, event loop ${r((l) => l.loopUs)}x; ` +
+        `dispatch lease p50 ${d((l) => l.lease.p50)}x, p99 ${d((l) => l.lease.p99)}x\n`);
     }
-    const ratios = fixed.ratios.map((r) => r.toFixed(2)).join(', ');
-    process.stdout.write(`api CPU per request, on/off per paired round: ${ratios}; median ${median(fixed.ratios).toFixed(2)}x` +
+    const paired = phases.flatMap((x) => x.fixed.ratios);
+    const ratios = paired.map((r) => r.toFixed(2)).join(', ');
+    process.stdout.write(`api CPU per request, on/off per paired round: ${ratios}; median ${median(paired).toFixed(2)}x` +
       ` (${pinned ? 'both APIs on one core' : 'taskset not found: the APIs were not pinned'})\n`);
     const { requests, bytes } = await sink.exports();
     process.stdout.write(`OTLP exports received by the sink: ${requests} requests, ${(bytes / 1024 / 1024).toFixed(1)} MiB\n`);
     const errs = (xs: Load[]) => xs.reduce((a, x) => a + x.errors + x.non2xx, 0);
-    process.stdout.write(`api errors: off ${errs([...api.off, ...fixed.off])}, on ${errs([...api.on, ...fixed.on])}\n`);
+    const loads = (side: 'off' | 'on') => phases.flatMap((x) => [...x.api[side], ...x.fixed[side]]);
+    process.stdout.write(`api errors: off ${errs(loads('off'))}, on ${errs(loads('on'))}\n`);
   } finally {
     await sink.close();
   }
