@@ -74,9 +74,9 @@ function resolveOperation(decision: 'approve' | 'deny', summary: string): Operat
     audit: { target: 'approval_id' }, summary,
     auth: { kind: 'bearer', roles: ADMINS, principal: true }, permission: { action: 'approve', target: 'approval_id' },
     params: ApprovalPath, body: ResolveBody, response: ActionApprovalSchema, idempotency: 'optional',
-    async handler({ caller, params, body, deps }) {
+    async handler({ caller, params, body, deps, trace }) {
       return json(200, await deps.approvals.resolve(requireWorkspace(caller), params.approval_id, decision,
-        { expectedVersion: body.expected_version, reason: body.reason }, actorOf(caller)));
+        { expectedVersion: body.expected_version, reason: body.reason, trace }, actorOf(caller)));
     },
   });
 }

@@ -1,4 +1,4 @@
-import { ApiError, newId, nowIso, type Logger } from '@agentplane/core';
+import { ApiError, newId, nowIso, type Context, type Logger } from '@agentplane/core';
 import type { DelayedJobs } from '@agentplane/lease';
 import { keys, tags, type DocumentStore, type LogEvent, type Redis, type StoredDoc } from '@agentplane/store';
 import type { AuditActor, AuditLog } from '../audit/store.js';
@@ -58,6 +58,8 @@ export interface ToolUseContext {
   thread_id: string;
   run_id: string;
   runner_id: string;
+  /** The trace context of the runner's check (the parent of the approval's spans). */
+  trace?: Context | undefined;
 }
 
 export interface ToolUseCheck {
@@ -201,7 +203,7 @@ export class ApprovalService {
     await this.d.sessions.log.append(ctx.session_id, [{
       type: 'session.action_approval_requested', session_thread_id: ctx.thread_id, producer_key: `approval:${id}:requested`,
       payload: { approval_id: id, tool_use_id: q.tool_use_id, tool: { kind: doc.tool.kind, name: doc.tool.name }, rule_id: ruleId, expires_at: doc.expires_at },
-    }]);
+    }], { trace: ctx.trace });
     await this.record(ctx.workspace_id, { id: principals[0] ?? ctx.run_id, credential_id: ctx.runner_id }, 'action_approval.requested', id, 'requested', ruleId);
     return doc;
   }
@@ -211,7 +213,11 @@ export class ApprovalService {
    * swap; `expectedVersion` makes a stale view 409 `validation.conflict`). An approval that is no
    * longer pending (resolved, expired, or past its expiry) is 409 `runtime.invalid_transition`.
    */
-  async resolve(ws: string, id: string, verdict: 'approve' | 'deny', opts: { expectedVersion?: number | undefined; reason?: string | null | undefined }, actor: AuditActor): Promise<ActionApproval> {
+  async resolve(
+    ws: string, id: string, verdict: 'approve' | 'deny',
+    opts: { expectedVersion?: number | undefined; reason?: string | null | undefined; /** The resolving request's trace context. */ trace?: Context | undefined },
+    actor: AuditActor,
+  ): Promise<ActionApproval> {
     const current = await this.get(ws, id);
     const session = await this.d.sessions.get(ws, current.session_id);
     if (current.status === 'pending' && session.archived_at !== null) {
@@ -225,7 +231,7 @@ export class ApprovalService {
       if (a.status !== 'pending') throw new ApiError('runtime.invalid_transition', `action approval ${id} is already ${a.status}; it can be resolved once`);
       return { ...a, status: verdict === 'approve' ? 'approved' : 'denied', resolved_at: nowIso(), resolved_by: actor, reason: opts.reason ?? null };
     }, { expectedVersion: opts.expectedVersion, notFound: 'action approval', current });
-    await this.settle(next);
+    await this.settle(next, opts.trace);
     return next;
   }
 
@@ -251,7 +257,7 @@ export class ApprovalService {
    * generation, the turn continues. Idempotent: called after every resolution and again after
    * the Run that asked registers its waits (the approval may be resolved before the Run ended).
    */
-  async settle(a: ActionApproval): Promise<void> {
+  async settle(a: ActionApproval, trace?: Context): Promise<void> {
     if (a.status === 'pending') return;
     const type = a.status === 'expired' ? 'session.action_approval_expired' : 'session.action_approval_resolved';
     const r = await this.d.sessions.log.append(a.session_id, [{
@@ -260,7 +266,7 @@ export class ApprovalService {
         approval_id: a.id, tool_use_id: a.tool_use_id, status: a.status,
         ...(a.status === 'expired' ? { expires_at: a.expires_at } : { resolved_by: a.resolved_by?.id ?? null, reason: a.reason }),
       },
-    }]);
+    }], { trace });
     if (!r.ok) return; // the Session was deleted: nothing waits any more
     const event = r.events[0] as LogEvent;
     let resolved = false;

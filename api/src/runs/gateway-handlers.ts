@@ -256,7 +256,7 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
    * ActionPolicies are those of the lease's Workspace, for the Run's author Principals; a
    * `require_approval` opens (or reads) the use's ActionApproval.
    */
-  gw.on('tool.check', async (conn, msg) => {
+  gw.on('tool.check', async (conn, msg, trace) => {
     const p = msg.payload;
     const answer = (decision: 'allow' | 'deny' | 'require_approval', rule_id: string | null, message: string) =>
       conn.send('tool.decision', { lease_id: p.lease_id, attempt: p.attempt, tool_use_id: p.tool_use_id, decision, rule_id, message: message.slice(0, 2048) }, msg.id);
@@ -264,7 +264,7 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     if (!rec) return void answer('deny', null, 'tool calls need a live lease held by this runner');
     try {
       const decided = await d.approvals.checkToolUse(
-        { workspace_id: rec.workspace_id, session_id: rec.session_id, thread_id: rec.thread_id, run_id: rec.run_id, runner_id: rec.runner_id },
+        { workspace_id: rec.workspace_id, session_id: rec.session_id, thread_id: rec.thread_id, run_id: rec.run_id, runner_id: rec.runner_id, trace },
         { tool_use_id: p.tool_use_id, tool: p.tool, input: p.input },
       );
       answer(decided.decision, decided.rule_id, decided.message);
