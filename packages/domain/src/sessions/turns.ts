@@ -24,7 +24,10 @@ export interface TurnScheduler {
   readonly intentAhead?: boolean;
   /** The start announced under `runId` did not happen (no Run was committed under it). */
   runNotStarting?(runId: string): void;
-  /** A turn started: `run` (as just written, version 1) was recorded as `queued` in the Session slot. */
+  /**
+   * A turn started: `run` (as just written, version 1) was recorded as `queued` in the Session
+   * slot. `trace`: the context the turn started in (the parent of its job's span).
+   */
   runQueued(run: RunDoc, trace?: Context): Promise<void>;
   /** `user.interrupt` on a thread whose turn is active. */
   interruptRequested(sessionId: string, threadId: string, runId: string): Promise<void>;
