@@ -48,7 +48,7 @@ export interface OutcomeDriver {
   /** Before the define event is appended: refuses what the thread cannot take. */
   admit(session: SessionDoc, thread: ThreadDoc, payload: DrivePayload): Promise<void>;
   /** After it is appended: records the outcome and starts its first turn. */
-  defined(session: SessionDoc, threadId: string, event: LogEvent): Promise<unknown>;
+  defined(session: SessionDoc, threadId: string, event: LogEvent, trace?: Context): Promise<unknown>;
 }
 
 /** The create body; `agent` and `environment_id` are absent only for a Session created against a deployment. */
@@ -176,7 +176,7 @@ export class SessionService {
       if (r.ok) {
         for (const ev of r.events) {
           if (ev.type === 'user.message') await this.d.runtime.submitUserMessage(session, primary.id, ev.id, { trace: options.trace });
-          if (ev.type === 'user.define_outcome') await this.d.outcomes?.defined(session, primary.id, ev);
+          if (ev.type === 'user.define_outcome') await this.d.outcomes?.defined(session, primary.id, ev, options.trace);
         }
       }
     }
@@ -363,7 +363,7 @@ export class SessionService {
     const { event, thread: seen, queued } = await this.appendOne(session.id, input, threadId, producerKey, queue, trace);
     // The append script queued the message, read the thread and returned the queue: a busy thread is not written.
     if (queue) await this.d.runtime.submitUserMessage(session, threadId, event.id, { queued: true, thread: seen, ...(queued ? { queue: queued } : {}), ...(intent ? { intent } : {}), trace });
-    if (input.type === 'user.define_outcome') await this.d.outcomes?.defined(session, threadId, event);
+    if (input.type === 'user.define_outcome') await this.d.outcomes?.defined(session, threadId, event, trace);
     if (input.type === 'user.interrupt') await this.d.runtime.interrupt(session, threadId);
     return { status: 201, event };
   }

@@ -1,4 +1,4 @@
-import { ApiError, newId, nowIso, sha256Hex, type Logger } from '@agentplane/core';
+import { ApiError, newId, nowIso, sha256Hex, type Context, type Logger } from '@agentplane/core';
 import { keys, LuaScript, tags, type LogEvent, type StoredDoc } from '@agentplane/store';
 import type { FileStore } from '../files/store.js';
 import type { SessionDoc, ThreadDoc } from '../sessions/model.js';
@@ -127,8 +127,11 @@ export class OutcomeService {
     await this.graderModel(session, p.grader_model as string | undefined);
   }
 
-  /** The define event was appended: record the outcome and start its first turn. Retry-safe. */
-  async defined(session: SessionDoc, threadId: string, event: LogEvent): Promise<OutcomeDoc> {
+  /**
+   * The define event was appended: record the outcome and start its first turn. Retry-safe.
+   * `trace`: the context of the request that defined it (the parent of its spans).
+   */
+  async defined(session: SessionDoc, threadId: string, event: LogEvent, trace?: Context): Promise<OutcomeDoc> {
     const p = event.payload as DrivePayload;
     const id = hashId('outc', event.id);
     const now = nowIso();
@@ -144,13 +147,13 @@ export class OutcomeService {
     await this.d.store.redis.hsetnx(this.activeKey(session.id), threadId, id);
     await this.append(session.id, threadId, 'session.outcome_started', {
       outcome_id: id, description: doc.description, max_iterations: doc.max_iterations, grader_model: doc.grader_model,
-    }, `outcome:${id}:started`);
-    await this.d.runtime.submitUserMessage(session, threadId, event.id);
+    }, `outcome:${id}:started`, trace);
+    await this.d.runtime.submitUserMessage(session, threadId, event.id, { trace });
     return (await this.get(session.id, id)) ?? doc;
   }
 
-  private async append(sessionId: string, threadId: string, type: string, payload: Record<string, unknown>, producerKey: string): Promise<LogEvent | null> {
-    const r = await this.d.store.log.append(sessionId, [{ type, payload, session_thread_id: threadId, producer_key: producerKey }]);
+  private async append(sessionId: string, threadId: string, type: string, payload: Record<string, unknown>, producerKey: string, trace: Context | undefined): Promise<LogEvent | null> {
+    const r = await this.d.store.log.append(sessionId, [{ type, payload, session_thread_id: threadId, producer_key: producerKey }], { trace });
     return r.ok ? (r.events[0] ?? null) : null;
   }
 
@@ -161,31 +164,34 @@ export class OutcomeService {
     }, { notFound: 'outcome' });
   }
 
-  /** The turn-end hook (`ThreadRuntime.onTurnEnded`): grade, revise or end the thread's outcome. */
-  async turnEnded(session: SessionDoc, threadId: string, endedRunId: string | null, stop: StopReason): Promise<boolean> {
+  /**
+   * The turn-end hook (`ThreadRuntime.onTurnEnded`): grade, revise or end the thread's outcome.
+   * `trace`: the context the turn's end was reported in (the parent of the outcome's spans).
+   */
+  async turnEnded(session: SessionDoc, threadId: string, endedRunId: string | null, stop: StopReason, trace?: Context): Promise<boolean> {
     const o = await this.active(session.id, threadId);
     if (!o) return false;
     if (session.archived_at !== null) {
       // An archived Session takes no new work: no grading, no revision.
-      await this.finish(o, 'interrupted', 'the session was archived');
+      await this.finish(o, 'interrupted', 'the session was archived', undefined, trace);
       return false;
     }
     try {
       if (o.status === 'grading') {
         if (endedRunId !== o.grader_run_id) return false;
-        return await this.graded(session, o, endedRunId, stop);
+        return await this.graded(session, o, endedRunId, stop, trace);
       }
-      if (stop.type === 'end_turn') return await this.startGrading(session, o);
-      await this.finish(o, stop.type === 'interrupted' ? 'interrupted' : 'failed', `the agent's turn ended with ${stop.type}`);
+      if (stop.type === 'end_turn') return await this.startGrading(session, o, trace);
+      await this.finish(o, stop.type === 'interrupted' ? 'interrupted' : 'failed', `the agent's turn ended with ${stop.type}`, undefined, trace);
       return false;
     } catch (err) {
       this.d.log.warn({ err: err instanceof Error ? err.message : String(err), outcome: o.id }, 'outcome step failed; the outcome ends failed');
-      await this.finish(o, 'failed', 'the platform could not continue the outcome').catch(() => undefined);
+      await this.finish(o, 'failed', 'the platform could not continue the outcome', undefined, trace).catch(() => undefined);
       return false;
     }
   }
 
-  private async startGrading(session: SessionDoc, o: OutcomeDoc): Promise<boolean> {
+  private async startGrading(session: SessionDoc, o: OutcomeDoc, trace: Context | undefined): Promise<boolean> {
     const iteration = o.evaluation_count + 1;
     const evaluationId = hashId('oeval', `${o.id}:${iteration}`);
     const runId = newId('run');
@@ -199,27 +205,27 @@ export class OutcomeService {
       t.status !== 'idle' || t._active_run_id !== null ? null : {
         thread: { ...t, status: 'running', _active_run_id: runId, _running_since_ms: Date.now(), _stop_reason: null },
         start: { runId, inputs: [], grader: { outcome_id: o.id, evaluation_id: evaluationId, iteration, routing_key: o.grader_model } },
-      });
+      }, trace);
     if (!run) {
-      await this.finish(cur, 'failed', 'the thread was not free for grading');
+      await this.finish(cur, 'failed', 'the thread was not free for grading', undefined, trace);
       return false;
     }
     // The grader Run is the thread's active Run from here on, so user.interrupt reaches it.
     await this.append(session.id, o.thread_id, 'session.outcome_evaluation_started', {
       outcome_id: o.id, evaluation_id: evaluationId, iteration, run_id: runId,
-    }, `outcome:${o.id}:evaluation:${iteration}:started`);
-    await this.d.scheduler().runQueued(run);
+    }, `outcome:${o.id}:evaluation:${iteration}:started`, trace);
+    await this.d.scheduler().runQueued(run, trace);
     return true;
   }
 
-  private async graded(session: SessionDoc, o: OutcomeDoc, runId: string | null, stop: StopReason): Promise<boolean> {
+  private async graded(session: SessionDoc, o: OutcomeDoc, runId: string | null, stop: StopReason, trace: Context | undefined): Promise<boolean> {
     const run = runId ? await this.d.store.run(session.id, runId) : null;
     const ev = o.current_evaluation ?? { id: hashId('oeval', `${o.id}:${o.evaluation_count + 1}`), iteration: o.evaluation_count + 1, started_at: o.updated_at };
     const usage = run?.grader_result?.usage ?? null;
     const criteria = rubricCriteria(await this.rubricText(o).catch(() => ''));
     if (stop.type === 'interrupted') {
-      await this.record(session, o, { id: ev.id, outcome_id: o.id, iteration: ev.iteration, result: 'interrupted', criteria: [], explanation: null, run_id: runId, usage, started_at: ev.started_at, ended_at: nowIso() });
-      await this.finish(o, 'interrupted', 'interrupted during grading', ev.iteration);
+      await this.record(session, o, { id: ev.id, outcome_id: o.id, iteration: ev.iteration, result: 'interrupted', criteria: [], explanation: null, run_id: runId, usage, started_at: ev.started_at, ended_at: nowIso() }, o.revision_count, trace);
+      await this.finish(o, 'interrupted', 'interrupted during grading', ev.iteration, trace);
       return false;
     }
     const verdict = run?.grader_result && stop.type === 'end_turn' ? parseVerdict(run.grader_result.output, criteria) : null;
@@ -229,32 +235,32 @@ export class OutcomeService {
       run_id: runId, usage, started_at: ev.started_at, ended_at: nowIso(),
     };
     const revise = record.result === 'needs_revision' && ev.iteration < o.max_iterations;
-    const event = await this.record(session, o, record, revise ? o.revision_count + 1 : o.revision_count);
-    if (record.result === 'satisfied') await this.finish(o, 'satisfied', null, ev.iteration);
-    else if (record.result === 'failed') await this.finish(o, 'failed', record.explanation, ev.iteration);
-    else if (!revise) await this.finish(o, 'max_iterations_reached', null, ev.iteration);
+    const event = await this.record(session, o, record, revise ? o.revision_count + 1 : o.revision_count, trace);
+    if (record.result === 'satisfied') await this.finish(o, 'satisfied', null, ev.iteration, trace);
+    else if (record.result === 'failed') await this.finish(o, 'failed', record.explanation, ev.iteration, trace);
+    else if (!revise) await this.finish(o, 'max_iterations_reached', null, ev.iteration, trace);
     else {
       const next = await this.update(o, (c) => (c.status !== 'grading' || c.current_evaluation?.id !== ev.id ? null : {
         ...c, status: 'working', grader_run_id: null, current_evaluation: null, evaluation_count: ev.iteration, revision_count: c.revision_count + 1,
       }));
       if (next.status !== 'working' || !event) return false;
       // The explanation is the next turn's input: no client event needed.
-      const { run: revision } = await this.d.runtime.submitUserMessage(session, o.thread_id, event.id);
+      const { run: revision } = await this.d.runtime.submitUserMessage(session, o.thread_id, event.id, { trace });
       return revision !== null;
     }
     return false;
   }
 
   /** Appends `session.outcome_evaluation_ended` and adds the evaluation to the Session's `outcome_evaluations`. */
-  private async record(session: SessionDoc, o: OutcomeDoc, e: OutcomeEvaluation, revisions = o.revision_count): Promise<LogEvent | null> {
+  private async record(session: SessionDoc, o: OutcomeDoc, e: OutcomeEvaluation, revisions: number, trace: Context | undefined): Promise<LogEvent | null> {
     await this.d.store.update(session.workspace_id, session.id, (s) =>
       (s.outcome_evaluations as OutcomeEvaluation[]).some((x) => x.id === e.id) ? null : { ...s, outcome_evaluations: [...s.outcome_evaluations, e], updated_at: nowIso() });
     return this.append(session.id, o.thread_id, 'session.outcome_evaluation_ended', {
       ...e, evaluation_id: e.id, evaluation_count: e.iteration, revision_count: revisions,
-    }, `outcome:${o.id}:evaluation:${e.iteration}:ended`);
+    }, `outcome:${o.id}:evaluation:${e.iteration}:ended`, trace);
   }
 
-  private async finish(o: OutcomeDoc, result: OutcomeResult, reason: string | null, evaluations?: number): Promise<void> {
+  private async finish(o: OutcomeDoc, result: OutcomeResult, reason: string | null, evaluations: number | undefined, trace: Context | undefined): Promise<void> {
     const done = await this.update(o, (c) => (c.status === 'ended' ? null : {
       ...c, status: 'ended', result, grader_run_id: null, current_evaluation: null, ended_at: nowIso(),
       evaluation_count: evaluations ?? c.evaluation_count,
@@ -263,7 +269,7 @@ export class OutcomeService {
     await this.append(o.session_id, o.thread_id, 'session.outcome_ended', {
       outcome_id: o.id, result: done.result, evaluation_count: done.evaluation_count, revision_count: done.revision_count,
       ...(reason ? { reason } : {}),
-    }, `outcome:${o.id}:ended`);
+    }, `outcome:${o.id}:ended`, trace);
   }
 
   rubricText(o: Pick<OutcomeDoc, 'rubric' | 'workspace_id'>): Promise<string> {

@@ -62,10 +62,11 @@ export const recordOnlyTurnScheduler: TurnScheduler = {
 };
 
 /**
- * A turn of `threadId` ended (`endedRunId`: the Run it ran). Returns true when the hook started
- * the thread's next Run itself (a grader Run, a revision), so queued messages wait for it.
+ * A turn of `threadId` ended (`endedRunId`: the Run it ran; `trace`: the context its end was
+ * reported in). Returns true when the hook started the thread's next Run itself (a grader Run, a
+ * revision), so queued messages wait for it.
  */
-export type TurnEndHook = (session: SessionDoc, threadId: string, endedRunId: string | null, stop: StopReason) => Promise<boolean>;
+export type TurnEndHook = (session: SessionDoc, threadId: string, endedRunId: string | null, stop: StopReason, trace?: Context) => Promise<boolean>;
 
 export type StopReason = { type: 'end_turn' } | { type: 'requires_action'; tool_use_ids: string[] } | { type: 'retries_exhausted' } | { type: 'interrupted' } | { type: string };
 
@@ -294,7 +295,7 @@ export class ThreadRuntime {
     const live = options.fresh ? session : await this.store.docs.get<SessionDoc>(sessionTag(session.id), session.id);
     if (live?.type === 'session' && (live.agent.multiagent || next.parent_thread_id !== null)) await this.coordinator.turnEnded(live, next);
     if (stop.type !== 'requires_action' && this.turnEnded && live?.type === 'session' && next.status !== 'terminated') {
-      if (await this.turnEnded(live, threadId, endedRunId, stop)) return this.store.thread(session.id, threadId);
+      if (await this.turnEnded(live, threadId, endedRunId, stop, options.trace)) return this.store.thread(session.id, threadId);
     }
     if (stop.type !== 'requires_action' && live?.type === 'session' && live.archived_at === null) {
       // Everything queued during the turn becomes the input of the next one, in arrival order
