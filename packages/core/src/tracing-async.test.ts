@@ -1,20 +1,10 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { context, inSpan, startTracing, trace, type Span, type Tracing } from './tracing.js';
+import { describe, expect, it } from 'vitest';
+import { context, inSpan, trace } from './tracing.js';
+import { parentOf, tracingForFile } from './tracing.test-support.js';
 
 // One tracing start per process: this file's process keeps the active context in an async-local
-// store (the scheduler's and the runner's way); tracing-explicit.test.ts checks the other way.
-let tracing: Tracing;
-beforeAll(async () => {
-  process.env.OTEL_EXPORTER_OTLP_ENDPOINT = 'http://127.0.0.1:9';
-  tracing = await startTracing('async-test', { warn: () => undefined, error: () => undefined });
-});
-afterAll(async () => {
-  await tracing.shutdown();
-  delete process.env.OTEL_EXPORTER_OTLP_ENDPOINT;
-});
-
-/** The parent span id a recorded span will be exported with. */
-const parentOf = (span: Span): string | undefined => (span as unknown as { toRecord(): { parent?: { spanId: string } } }).toRecord().parent?.spanId;
+// store (the runner daemon's way); tracing-explicit.test.ts checks the other way.
+tracingForFile('async-test', 'async');
 
 describe('async-local trace context propagation', () => {
   it('makes a span active for what runs inside it, across awaits, and not after', async () => {

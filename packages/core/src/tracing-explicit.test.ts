@@ -1,24 +1,14 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { context, inSpan, ROOT_CONTEXT, startSpan, startTracing, trace, type Span, type Tracing } from './tracing.js';
+import { describe, expect, it } from 'vitest';
+import { context, inSpan, ROOT_CONTEXT, startSpan, trace } from './tracing.js';
+import { parentOf, tracingForFile } from './tracing.test-support.js';
 
-// One tracing start per process: this file's process propagates explicitly (the API's way);
-// tracing-async.test.ts checks the other way. Spans are exported nowhere (an unused port).
-let tracing: Tracing;
-beforeAll(async () => {
-  process.env.OTEL_EXPORTER_OTLP_ENDPOINT = 'http://127.0.0.1:9';
-  tracing = await startTracing('explicit-test', { warn: () => undefined, error: () => undefined }, { propagation: 'explicit' });
-});
-afterAll(async () => {
-  await tracing.shutdown();
-  delete process.env.OTEL_EXPORTER_OTLP_ENDPOINT;
-});
-
-/** The parent span id a recorded span will be exported with. */
-const parentOf = (span: Span): string | undefined => (span as unknown as { toRecord(): { parent?: { spanId: string } } }).toRecord().parent?.spanId;
+// One tracing start per process: this file's process propagates explicitly (the API's, the
+// gateway's and the scheduler's way); tracing-async.test.ts checks the other way.
+const tracing = tracingForFile('explicit-test', 'explicit');
 
 describe('explicit trace context propagation', () => {
   it('keeps no active context: a context entered is not seen inside, before or after an await', async () => {
-    expect(tracing.enabled).toBe(true);
+    expect(tracing().enabled).toBe(true);
     const { span, context: ctx } = startSpan('outer', {});
     const seen = await context.with(ctx, async () => {
       const now = context.active();

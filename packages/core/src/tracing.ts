@@ -12,25 +12,25 @@
  * the Run's queue job (`RunJobData.trace`), and the runner protocol's frame envelope.
  *
  * Inside a process it travels one of two ways, chosen by the process at start
- * (`TracingOptions.propagation`). `async`: OpenTelemetry's active context, kept in an
- * async-local store (the scheduler and the runner, whose spans nest deep in their own loops).
- * `explicit`: no store at all, so a span's parent is handed to it as a value (`parent`), from
- * the request's SERVER span or the runner frame's envelope down to the appends, the job and the
- * model call made for them (the API and the gateway: on Node 20 an AsyncLocalStorage, once
- * entered, hooks every promise the process makes, which cost the API 10-16% of its CPU per
- * request and per Run). Code shared by both kinds of process passes parents explicitly where it
- * has them; without one, a span's parent is the active context (the root, in an `explicit`
- * process).
+ * (`TracingOptions.propagation`). `explicit` (the API, the gateway and the scheduler): no store
+ * at all, so a span's parent is handed to it as a value (`parent`), from the request's SERVER
+ * span, the runner frame's envelope or the placement's span down to the appends, the job, the
+ * offer and the model call made for them (on Node 20 an AsyncLocalStorage, once entered, hooks
+ * every promise the process makes, which cost the API 10-16% of its CPU per request and per
+ * Run). `async` (the runner daemon, whose spans nest deep in its own loops): OpenTelemetry's
+ * active context, kept in an async-local store. Code shared by both kinds of process passes
+ * parents explicitly where it has them; without one, a span's parent is the active context (the
+ * root, in an `explicit` process).
  *
  * Attributes name things (ids, models, counts, statuses), never content: no message text, tool
  * input or output, prompt, command line or secret is put on a span.
  */
+import { AsyncLocalStorage } from 'node:async_hooks';
 import {
   context, diag, DiagLogLevel, INVALID_SPAN_CONTEXT, propagation, ROOT_CONTEXT, SpanKind, SpanStatusCode, trace,
   type Attributes, type Context, type ContextManager, type Span, type Tracer,
 } from '@opentelemetry/api';
 import type { Logger } from './logger.js';
-import { AsyncLocalStorage } from 'node:async_hooks';
 import { DeferredTracer, postSpans } from './tracing-deferred.js';
 import type { ExporterData, ExporterMessage, ExporterReply } from './tracing-worker.js';
 

@@ -25,6 +25,22 @@ interface Flight {
 const attached = new WeakMap<Redis, ReadCache>();
 
 /**
+ * The JSON text each shared parsed value (`peekShared`) was parsed from: the very text the
+ * document was stored as, so a reader that answers the value unchanged can send it as it is
+ * (`storedJsonOf`) instead of serialising it again.
+ */
+const storedText = new WeakMap<object, string>();
+
+/**
+ * The stored JSON text of a value `peekShared` handed out, when `value` is one: byte for byte
+ * what `JSON.stringify(value)` gives, for documents written with `JSON.stringify` (as the
+ * document store writes them) and never changed since (shared values are read-only).
+ */
+export function storedJsonOf(value: object): string | undefined {
+  return storedText.get(value);
+}
+
+/**
  * A per-process cache of hot string keys (credential records, tenancy and Principal documents,
  * policy versions …) kept correct by Redis server-assisted client-side caching: the reader
  * connection has `CLIENT TRACKING ON REDIRECT <subscriber>`, so Redis itself sends an
@@ -47,22 +63,6 @@ const attached = new WeakMap<Redis, ReadCache>();
  * One Redis only: on a Redis Cluster tracking would be per node, so `start` leaves the cache off
  * there and every read goes to the cluster.
  */
-/**
- * The JSON text each shared parsed value (`peekShared`) was parsed from: the very text the
- * document was stored as, so a reader that answers the value unchanged can send it as it is
- * (`storedJsonOf`) instead of serialising it again.
- */
-const storedText = new WeakMap<object, string>();
-
-/**
- * The stored JSON text of a value `peekShared` handed out, when `value` is one: byte for byte
- * what `JSON.stringify(value)` gives, for documents written with `JSON.stringify` (as the
- * document store writes them) and never changed since (shared values are read-only).
- */
-export function storedJsonOf(value: object): string | undefined {
-  return storedText.get(value);
-}
-
 export class ReadCache {
   private readonly values: BoundedCache<string, string | null>;
   private readonly flights = new Map<string, Flight>();
