@@ -158,6 +158,43 @@ describe('one trace per turn', () => {
   });
 });
 
+describe('a Run that waits, then is interrupted', () => {
+  it('records its wait in the turn\'s trace and its end in the interrupt\'s or the turn\'s', async () => {
+    // No runner can serve this Environment: the scheduler records the wait (an append it makes
+    // for the job the API queued), and the Run ends when the caller interrupts it.
+    const huge = (await t.api.post<{ id: string }>('/v1/environments', {
+      name: 'huge-traced', image: 'agentplane/sandbox:latest', resources: { cpu_millis: 256_000, memory_mib: 1_048_576, disk_mib: 4096, max_duration_seconds: 60 },
+    })).id;
+    const sessionId = (await t.api.post<{ id: string }>('/v1/sessions', { agent: { name: 'waits', model: 'default' }, environment_id: huge })).id;
+    const turnTrace = randomBytes(16).toString('hex');
+    const sent = await t.api.request('POST', `/v1/sessions/${sessionId}/events`, { body: t.msg('wait'), headers: { traceparent: `00-${turnTrace}-${randomBytes(8).toString('hex')}-01` } });
+    expect(sent.status).toBeLessThan(300);
+    await untilEvents(t.api, sessionId, (e) => e.some((x) => x.type === 'session.run_waiting'), 30_000);
+    const typesOf = (s: OtlpSpan) => JSON.stringify(attr(s, 'agentplane.events.types') ?? '');
+    const waitAppend = await waitFor('the wait\'s append in the turn\'s trace', () =>
+      spans.find((s) => s.span.traceId === turnTrace && s.span.name === 'append session_events' && typesOf(s.span).includes('session.run_waiting')), 30_000);
+    expect(waitAppend.service).toBe('agentplane-scheduler');
+    // Its parent is the placement of the job the API queued for this turn.
+    const parent = spans.find((s) => s.span.spanId === waitAppend.span.parentSpanId);
+    expect(parent?.span.name).toBe('process runs');
+
+    const interruptTrace = randomBytes(16).toString('hex');
+    const interrupted = await t.api.request('POST', `/v1/sessions/${sessionId}/events`, {
+      body: { type: 'user.interrupt', payload: { authored_by: t.principal, caused_by: { kind: 'api' } } },
+      headers: { traceparent: `00-${interruptTrace}-${randomBytes(8).toString('hex')}-01` },
+    });
+    expect(interrupted.status).toBeLessThan(300);
+    const events = await untilEvents(t.api, sessionId, (e) => idleCount(e) >= 1, 30_000);
+    expect(events.find((e) => e.type === 'session.status_idle')?.payload.stop_reason).toMatchObject({ type: 'interrupted' });
+    // The interrupt ends the queued Run itself, or the scheduler holding the job does on its
+    // next check: either way the end's append belongs to one of the two traces, not a new one.
+    const idleAppend = await waitFor('the end\'s append', () =>
+      spans.find((s) => s.span.name === 'append session_events' && typesOf(s.span).includes('session.status_idle') &&
+        [turnTrace, interruptTrace].includes(s.span.traceId)), 30_000);
+    expect(idleAppend.span.parentSpanId).toBeTruthy();
+  }, 90_000);
+});
+
 describe('the SERVER span of a request', () => {
   it('carries the route, the operation and the status answered, without an error status for a client mistake', async () => {
     const traceId = randomBytes(16).toString('hex');

@@ -10,7 +10,11 @@ import type { LeasePlan, OfferBody, OfferChannel, OfferOutcome, RunnerDirectory,
 export interface DispatchHooks {
   /** `recorded`: the Run already records this lease (the gateway wrote it before answering). */
   leased(job: Job<RunJobData>, runnerId: string, leaseId: string, attempt: number, recorded: boolean): Promise<void>;
-  waiting(job: Job<RunJobData>, reason: string): Promise<void>;
+  /**
+   * `trace` (here and below): the placement's context, the parent of the records' spans; without
+   * it, the trace the API put on the job.
+   */
+  waiting(job: Job<RunJobData>, reason: string, trace?: Context): Promise<void>;
   /** A lease was lost (lock expired): the Run goes back to the queue. */
   stalled(runId: string): Promise<void>;
   /**
@@ -18,11 +22,11 @@ export interface DispatchHooks {
    * over. Called before anything is offered, so a loss that was never recorded (the process
    * that saw the stall died) is recorded ahead of the new attempt's events.
    */
-  retaken(job: Job<RunJobData>): Promise<void>;
+  retaken(job: Job<RunJobData>, trace?: Context): Promise<void>;
   /** The Run lost more leases than allowed (`RUN_MAX_LOST_LEASES`): it fails for good. */
   exhausted(runId: string, reason: string): Promise<void>;
   /** The Run was interrupted while this dispatcher held it, and its job is gone: the turn ends. */
-  interrupted(job: Job<RunJobData>): Promise<void>;
+  interrupted(job: Job<RunJobData>, trace?: Context): Promise<void>;
   /** The Run was interrupted while its offer was out, and the runner took it: cancel it there. */
   cancelLease(job: Job<RunJobData>, runnerId: string, leaseId: string, attempt: number): Promise<void>;
   /** How one offer ended (for the offers metric). */
@@ -245,7 +249,7 @@ export class PoolDispatcher {
     // then refuses the lease's claim at the gateway, and the Run ends below.
     const checked = Promise.all([
       this.o.cancels.marked(job.data.session_id, job.data.run_id),
-      this.o.hooks.retaken(job).catch((err: unknown) => this.o.log.warn({ err, run: job.id }, 'recording the earlier attempts failed')),
+      this.o.hooks.retaken(job, trace).catch((err: unknown) => this.o.log.warn({ err, run: job.id }, 'recording the earlier attempts failed')),
     ]).then(([marked]) => marked);
     checked.catch(() => undefined);
     const early = job.attemptsStarted <= 1 ? this.o.offers.prepare(plan) : undefined;
@@ -254,19 +258,19 @@ export class PoolDispatcher {
     const candidates = this.candidates(runners, req);
 
     if (candidates.length === 0) {
-      if (await checked) return this.cancelTaken(job, token);
+      if (await checked) return this.cancelTaken(job, token, trace);
       const everyone = [...runners.map((r) => r.capabilities), ...(await this.o.directory.enrolled(this.o.poolId))];
       const verdicts = everyone.map((c) => matchCapabilities(req, c));
       if (everyone.length > 0 && verdicts.every((v) => !v.ok)) {
         // Nobody here can serve it (e.g. a gvisor Environment in a pool of runc-only runners): it
         // waits, saying why, for a runner that can (or for an interrupt), checked less often.
         const reason = `no runner in the pool can serve this Run: ${verdicts.map((v) => (v.ok ? '' : v.reason)).filter(Boolean)[0] ?? 'unknown'}`;
-        await this.o.hooks.waiting(job, reason);
-        return this.giveBack(job, token, Math.max(2_000, 5 * (this.o.capacityRetryMs ?? 1000)));
+        await this.o.hooks.waiting(job, reason, trace);
+        return this.giveBack(job, token, Math.max(2_000, 5 * (this.o.capacityRetryMs ?? 1000)), trace);
       }
       const reason = everyone.length === 0 ? 'no runner is enrolled in the pool' : 'every matching runner is busy or offline';
-      await this.o.hooks.waiting(job, reason);
-      return this.giveBack(job, token, this.o.capacityRetryMs ?? 1000);
+      await this.o.hooks.waiting(job, reason, trace);
+      return this.giveBack(job, token, this.o.capacityRetryMs ?? 1000, trace);
     }
 
     const body = withheldUntil(checked, early ?? checked.then((marked) => (marked ? null : this.o.offers.prepare(plan))));
@@ -291,7 +295,7 @@ export class PoolDispatcher {
           else this.reserved.set(runner.runner_id, left);
         }
         // Withdrawn: a cancel mark was found, and the offer was never sent.
-        if (outcome === 'withdrawn') return this.cancelTaken(job, token);
+        if (outcome === 'withdrawn') return this.cancelTaken(job, token, trace);
         this.o.hooks.offerAnswered?.(outcome);
         if (outcome === 'accepted' || outcome === 'recorded') {
           const g = this.granted.get(runner.runner_id);
@@ -308,13 +312,13 @@ export class PoolDispatcher {
         }
         // Not taken. An offer that went ahead of its checks may have met a cancel mark (found by
         // the checks, or made since: the gateway refused the lease's claim): the Run ends here.
-        if ((await checked) || (await this.o.cancels.marked(job.data.session_id, job.data.run_id))) return this.cancelTaken(job, token);
+        if ((await checked) || (await this.o.cancels.marked(job.data.session_id, job.data.run_id))) return this.cancelTaken(job, token, trace);
       }
     } finally {
       clearInterval(keep);
     }
-    await this.o.hooks.waiting(job, 'offered runners did not accept in time');
-    await this.giveBack(job, token, this.o.capacityRetryMs ?? 1000);
+    await this.o.hooks.waiting(job, 'offered runners did not accept in time', trace);
+    await this.giveBack(job, token, this.o.capacityRetryMs ?? 1000, trace);
   }
 
   /**
@@ -322,19 +326,19 @@ export class PoolDispatcher {
    * check comes after the move, so a mark made before it is seen here, and one made after it
    * finds the job back in the queue, where the interrupt removes it itself.
    */
-  private async giveBack(job: Job<RunJobData>, token: string, delayMs: number): Promise<void> {
+  private async giveBack(job: Job<RunJobData>, token: string, delayMs: number, trace: Context): Promise<void> {
     await job.moveToDelayed(Date.now() + delayMs, token).catch(() => undefined);
     const { session_id: sessionId, run_id: runId } = job.data;
     if (!(await this.o.cancels.marked(sessionId, runId))) return;
-    if ((await this.o.queues.cancelQueued(this.o.poolId, runId)) === 'canceled') await this.o.hooks.interrupted(job);
+    if ((await this.o.queues.cancelQueued(this.o.poolId, runId)) === 'canceled') await this.o.hooks.interrupted(job, trace);
     await this.o.cancels.clear(sessionId, runId);
   }
 
   /** A job taken with an interrupt marked on it: the turn ends and the job leaves the queue. */
-  private async cancelTaken(job: Job<RunJobData>, token: string): Promise<void> {
+  private async cancelTaken(job: Job<RunJobData>, token: string, trace: Context): Promise<void> {
     // The turn ends first: a crash before the job is gone leaves it to stall back and be taken
     // again, still marked; the end is a compare-and-swap that happens once.
-    await this.o.hooks.interrupted(job);
+    await this.o.hooks.interrupted(job, trace);
     await job.moveToFailed(new UnrecoverableError('interrupted while queued'), token, false).catch(() => undefined);
     await job.remove().catch(() => undefined);
     await this.o.cancels.clear(job.data.session_id, job.data.run_id);

@@ -1,5 +1,5 @@
 import type { Job } from 'bullmq';
-import { newId, type Logger } from '@agentplane/core';
+import { extractTrace, newId, type Context, type Logger } from '@agentplane/core';
 import { deliverToRunner } from '@agentplane/gateway';
 import { frame } from '@agentplane/protocol';
 import type { Redis } from '@agentplane/store';
@@ -9,6 +9,9 @@ import type { DispatchHooks } from './dispatcher.js';
 import type { SchedulerMetrics } from './metrics.js';
 
 const LEASE_LOST = 'lease lost: the runner stopped renewing it';
+
+/** The turn's trace context the API put on the job: the parent of what is recorded for its Run here. */
+const traceOf = (data: RunJobData): Context => extractTrace(data.trace);
 
 /**
  * Every attempt numbered below the returned bound is over, for a job just read from Redis:
@@ -34,7 +37,7 @@ export function runHooks(d: {
     const job = await data(runId);
     if (!job) return;
     await d.queues.dequeued(d.poolId, job.workspace_id, runId);
-    await d.lifecycle.failed(job.session_id, runId, null, { class: 'infrastructure', code: 'retries_exhausted', message: reason });
+    await d.lifecycle.failed(job.session_id, runId, null, { class: 'infrastructure', code: 'retries_exhausted', message: reason }, traceOf(job));
   };
   const lost = (n: number) => {
     if (n > 0) d.metrics.rescheduled(d.poolId, 'lease_lost', n);
@@ -51,8 +54,8 @@ export function runHooks(d: {
     offerAnswered(outcome) {
       d.metrics.offered(d.poolId, outcome);
     },
-    async waiting(job: Job<RunJobData>, reason: string) {
-      await d.lifecycle.waiting(job.data.session_id, job.data.run_id, reason, job.data.pool_id);
+    async waiting(job: Job<RunJobData>, reason: string, trace?: Context) {
+      await d.lifecycle.waiting(job.data.session_id, job.data.run_id, reason, job.data.pool_id, trace ?? traceOf(job.data));
     },
     async stalled(runId: string) {
       const job = await d.queues.job(d.poolId, runId);
@@ -62,17 +65,17 @@ export function runHooks(d: {
       if (job.deferredFailure) return exhausted(runId, job.deferredFailure);
       const below = await settledBelow(job);
       if (below === null) return;
-      lost(await d.lifecycle.leaseLost(job.data.session_id, runId, below, LEASE_LOST));
+      lost(await d.lifecycle.leaseLost(job.data.session_id, runId, below, LEASE_LOST, traceOf(job.data)));
     },
-    async retaken(job: Job<RunJobData>) {
+    async retaken(job: Job<RunJobData>, trace?: Context) {
       // The first attempt has nothing before it; a later one may follow a loss nobody recorded.
       if (job.attemptsStarted <= 1) return;
-      lost(await d.lifecycle.leaseLost(job.data.session_id, job.data.run_id, job.attemptsStarted, LEASE_LOST));
+      lost(await d.lifecycle.leaseLost(job.data.session_id, job.data.run_id, job.attemptsStarted, LEASE_LOST, trace ?? traceOf(job.data)));
     },
     exhausted,
-    async interrupted(job: Job<RunJobData>) {
+    async interrupted(job: Job<RunJobData>, trace?: Context) {
       await d.queues.dequeued(d.poolId, job.data.workspace_id, job.data.run_id);
-      await d.lifecycle.canceled(job.data.session_id, job.data.run_id, 'interrupted while queued');
+      await d.lifecycle.canceled(job.data.session_id, job.data.run_id, 'interrupted while queued', trace ?? traceOf(job.data));
     },
     async cancelLease(job: Job<RunJobData>, runnerId: string, leaseId: string, attempt: number) {
       const payload = { lease_id: leaseId, attempt, reason: 'user.interrupt', grace_ms: d.interruptGraceMs };

@@ -1,4 +1,4 @@
-import type { Logger } from '@agentplane/core';
+import { extractTrace, type Logger } from '@agentplane/core';
 import type { RunLifecycle, TurnResult } from '@agentplane/domain';
 import type { RunQueues } from '@agentplane/lease';
 
@@ -20,7 +20,7 @@ export async function reconcilePool(poolId: string, queues: RunQueues, lifecycle
     await lifecycle.succeeded(job.data.session_id, job.data.run_id, null, {
       stop_reason: result.stop_reason ?? { type: 'end_turn' },
       ...(result.waits ? { waits: result.waits } : {}),
-    });
+    }, extractTrace(job.data.trace));
     await job.remove().catch(() => undefined);
     done++;
   }
@@ -33,7 +33,7 @@ export async function reconcilePool(poolId: string, queues: RunQueues, lifecycle
       class: agent ? 'work' : 'infrastructure',
       code: /no runner in the pool can serve/.test(reason) ? 'no_eligible_runner' : agent ? 'work_failed' : 'retries_exhausted',
       message: reason,
-    });
+    }, extractTrace(job.data.trace));
     await queues.dequeued(poolId, job.data.workspace_id, job.data.run_id);
     await job.remove().catch(() => undefined);
     done++;

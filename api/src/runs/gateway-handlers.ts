@@ -174,7 +174,7 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     await Promise.all([d.keeper.finished(leaseOf(rec)).catch(() => undefined), d.records.remove(rec.lease_id, rec.runner_id)]);
   });
 
-  gw.on('lease.fail', async (conn, msg) => {
+  gw.on('lease.fail', async (conn, msg, trace) => {
     const rec = await recordFor(conn, msg.payload);
     if (!rec) return void revoke(conn, msg.payload, 'unknown lease');
     const cls = msg.payload.failure_class === 'work' ? 'agent' : 'infrastructure';
@@ -182,11 +182,11 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     firstEventSeen.delete(rec.lease_id);
     known.delete(rec.lease_id);
     acceptedAt.delete(rec.lease_id);
-    if (verdict === 'retry') await d.lifecycle.rescheduled(rec.session_id, rec.run_id, rec.lease_id, msg.payload.reason);
+    if (verdict === 'retry') await d.lifecycle.rescheduled(rec.session_id, rec.run_id, rec.lease_id, msg.payload.reason, trace);
     else if (verdict === 'final') {
       await d.lifecycle.failed(rec.session_id, rec.run_id, rec.lease_id, {
         class: msg.payload.failure_class, code: cls === 'agent' ? 'work_failed' : 'retries_exhausted', message: msg.payload.reason,
-      });
+      }, trace);
     }
     await d.records.remove(rec.lease_id, rec.runner_id);
   });

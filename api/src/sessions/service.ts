@@ -364,7 +364,7 @@ export class SessionService {
     // The append script queued the message, read the thread and returned the queue: a busy thread is not written.
     if (queue) await this.d.runtime.submitUserMessage(session, threadId, event.id, { queued: true, thread: seen, ...(queued ? { queue: queued } : {}), ...(intent ? { intent } : {}), trace });
     if (input.type === 'user.define_outcome') await this.d.outcomes?.defined(session, threadId, event, trace);
-    if (input.type === 'user.interrupt') await this.d.runtime.interrupt(session, threadId);
+    if (input.type === 'user.interrupt') await this.d.runtime.interrupt(session, threadId, trace);
     return { status: 201, event };
   }
 

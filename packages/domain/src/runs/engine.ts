@@ -171,14 +171,14 @@ export class RunEngine implements TurnScheduler {
    * one of them sees the other's write (the dispatcher checks after each of its moves, the
    * interrupt after its mark), so the Run ends without polling.
    */
-  async interruptRequested(sessionId: string, _threadId: string, runId: string): Promise<void> {
+  async interruptRequested(sessionId: string, _threadId: string, runId: string, trace?: Context): Promise<void> {
     const run = await this.d.store.run(sessionId, runId);
     if (!run || run.status === 'succeeded' || run.status === 'failed' || run.status === 'canceled') return;
     const pool = (run.status === 'queued' || run.status === 'waiting') ? run.runner_pool_id : undefined;
     let held = false;
     if (pool) {
       const r = await this.d.queues.cancelQueued(pool, runId);
-      if (r === 'canceled') return this.d.lifecycle.canceled(sessionId, runId, 'interrupted while queued');
+      if (r === 'canceled') return this.d.lifecycle.canceled(sessionId, runId, 'interrupted while queued', trace);
       held = r === 'active';
       if (held) await this.cancels.mark(sessionId, runId);
     } else if (run.status === 'queued' || run.status === 'waiting') {
@@ -189,7 +189,7 @@ export class RunEngine implements TurnScheduler {
     if (await this.cancelLease(sessionId, run.workspace_id, runId)) return;
     if (held && pool && (await this.d.queues.cancelQueued(pool, runId)) === 'canceled') {
       await this.cancels.clear(sessionId, runId);
-      await this.d.lifecycle.canceled(sessionId, runId, 'interrupted while queued');
+      await this.d.lifecycle.canceled(sessionId, runId, 'interrupted while queued', trace);
     }
   }
 

@@ -89,8 +89,12 @@ export class RunLifecycle {
       }, current);
   }
 
-  /** `poolId`: the pool whose queue holds the Run's job, recorded if the Run does not say yet. */
-  async waiting(sessionId: string, runId: string, reason: string, poolId: string): Promise<void> {
+  /**
+   * `poolId`: the pool whose queue holds the Run's job, recorded if the Run does not say yet.
+   * `trace` (here and in the moves below): the context of the turn's work that saw it (the
+   * placement, the job the API queued, the runner's report), the parent of the record's spans.
+   */
+  async waiting(sessionId: string, runId: string, reason: string, poolId: string, trace?: Context): Promise<void> {
     const res = await this.move(sessionId, runId, (r) =>
       (r.status !== 'queued' && r.status !== 'waiting') || r.waiting_reason === reason ? null : {
         ...r, status: 'waiting', waiting_reason: reason, runner_pool_id: r.runner_pool_id ?? poolId,
@@ -99,7 +103,7 @@ export class RunLifecycle {
       await this.store.log.append(sessionId, [{
         type: 'session.run_waiting', payload: { run_id: runId, reason }, session_thread_id: res.run.session_thread_id,
         producer_key: `run:${runId}:waiting:${(res.run.attempts ?? []).length}:${reason}`,
-      }]);
+      }], { trace });
     }
   }
 
@@ -158,8 +162,8 @@ export class RunLifecycle {
   }
 
   /** An attempt failed for an infrastructure reason and will be retried (`leaseId` null: every open attempt was lost). */
-  async rescheduled(sessionId: string, runId: string, leaseId: string | null, cause: string): Promise<void> {
-    await this.endLost(sessionId, runId, (a) => leaseId === null || a.lease_id === leaseId, leaseId === null ? 'lost' : 'infrastructure_failure', cause);
+  async rescheduled(sessionId: string, runId: string, leaseId: string | null, cause: string, trace?: Context): Promise<void> {
+    await this.endLost(sessionId, runId, (a) => leaseId === null || a.lease_id === leaseId, leaseId === null ? 'lost' : 'infrastructure_failure', cause, trace);
   }
 
   /**
@@ -168,8 +172,8 @@ export class RunLifecycle {
    * notices first (the stalled handler, the sweep of BullMQ's stalled records, the dispatch of
    * the next attempt); returns how many attempts this call ended.
    */
-  async leaseLost(sessionId: string, runId: string, below: number, cause: string): Promise<number> {
-    return this.endLost(sessionId, runId, (a) => a.attempt < below, 'lost', cause);
+  async leaseLost(sessionId: string, runId: string, below: number, cause: string, trace?: Context): Promise<number> {
+    return this.endLost(sessionId, runId, (a) => a.attempt < below, 'lost', cause, trace);
   }
 
   /**
@@ -179,7 +183,7 @@ export class RunLifecycle {
    * on the Run. Until then the attempt stays open, so any later call finds it again, and the
    * producer key turns the repeated append into a no-op: never lost, never duplicated.
    */
-  private async endLost(sessionId: string, runId: string, pick: (a: RunAttempt) => boolean, outcome: RunAttempt['outcome'], cause: string): Promise<number> {
+  private async endLost(sessionId: string, runId: string, pick: (a: RunAttempt) => boolean, outcome: RunAttempt['outcome'], cause: string, trace?: Context): Promise<number> {
     const run = await this.store.run(sessionId, runId);
     if (!run || TERMINAL.has(run.status)) return 0;
     const lost = (run.attempts ?? []).filter((a) => a.ended_at === null && pick(a)).sort((a, b) => a.attempt - b.attempt);
@@ -195,7 +199,7 @@ export class RunLifecycle {
     if (thread?._active_run_id === runId && thread.status === 'rescheduling') {
       await this.store.log.append(sessionId, lost.map((a) => ({
         type: 'session.thread_status_rescheduled', payload: {}, session_thread_id: threadId, producer_key: `run:${runId}:rescheduled:${a.attempt}`,
-      })));
+      })), { trace });
     }
     const ids = new Set(lost.map((a) => a.lease_id));
     const res = await this.move(sessionId, runId, (r) => {
@@ -209,7 +213,7 @@ export class RunLifecycle {
   }
 
   /** Final failure: retries exhausted, unservable, or the agent's own failure. */
-  async failed(sessionId: string, runId: string, leaseId: string | null, failure: { class: string; code: string; message: string }): Promise<void> {
+  async failed(sessionId: string, runId: string, leaseId: string | null, failure: { class: string; code: string; message: string }, trace?: Context): Promise<void> {
     const res = await this.move(sessionId, runId, (r) =>
       TERMINAL.has(r.status) ? null : {
         ...r, status: 'failed', failure, attempts: this.endAttempt(r, leaseId, failure.class === 'work' ? 'work_failure' : 'lost', failure.message),
@@ -218,14 +222,14 @@ export class RunLifecycle {
     if (!res || (!res.moved && res.run.status !== 'failed')) return;
     const session = await this.store.get(res.run.workspace_id, sessionId);
     const stop: StopReason = failure.code === 'retries_exhausted' ? { type: 'retries_exhausted' } : { type: 'error', error: { code: failure.code, message: failure.message } } as StopReason;
-    await this.runtime.endTurn(session, res.run.session_thread_id, stop, [], { runId, fresh: true });
+    await this.runtime.endTurn(session, res.run.session_thread_id, stop, [], { runId, fresh: true, trace });
   }
 
-  async canceled(sessionId: string, runId: string, reason: string): Promise<void> {
+  async canceled(sessionId: string, runId: string, reason: string, trace?: Context): Promise<void> {
     const res = await this.move(sessionId, runId, (r) =>
       TERMINAL.has(r.status) ? null : { ...r, status: 'canceled', attempts: this.endAttempt(r, null, 'canceled', reason), timestamps: { ...this.ts(r), ended_at: nowIso() } });
     if (!res || (!res.moved && res.run.status !== 'canceled')) return;
     const session = await this.store.get(res.run.workspace_id, sessionId);
-    await this.runtime.endTurn(session, res.run.session_thread_id, { type: 'interrupted' }, [], { runId, fresh: true });
+    await this.runtime.endTurn(session, res.run.session_thread_id, { type: 'interrupted' }, [], { runId, fresh: true, trace });
   }
 }

@@ -30,7 +30,8 @@ export interface TurnScheduler {
    */
   runQueued(run: RunDoc, trace?: Context): Promise<void>;
   /** `user.interrupt` on a thread whose turn is active. */
-  interruptRequested(sessionId: string, threadId: string, runId: string): Promise<void>;
+  /** `trace`: the interrupt's context (the parent of the Run's end records when it ends here). */
+  interruptRequested(sessionId: string, threadId: string, runId: string, trace?: Context): Promise<void>;
   /** Every wait of the thread's current generation is answered: the waiting Run may continue. */
   waitsResolved(sessionId: string, threadId: string, runId: string | null): Promise<void>;
 }
@@ -212,9 +213,9 @@ export class ThreadRuntime {
    * `user.interrupt`. On a coordinator's primary thread it also interrupts every busy child
    * thread, and a coordinator waiting on its delegation uses ends its turn `interrupted`.
    */
-  async interrupt(session: SessionDoc, threadId: string): Promise<void> {
+  async interrupt(session: SessionDoc, threadId: string, trace?: Context): Promise<void> {
     const t = await this.store.thread(session.id, threadId);
-    if (t._active_run_id) await this.scheduler().interruptRequested(session.id, threadId, t._active_run_id);
+    if (t._active_run_id) await this.scheduler().interruptRequested(session.id, threadId, t._active_run_id, trace);
     if (threadId !== session._primary_thread_id || !session.agent.multiagent) return;
     if (await this.coordinator.interruptWaits(session, t)) {
       const after = await this.store.thread(session.id, threadId);
@@ -224,7 +225,7 @@ export class ThreadRuntime {
     const children = await this.store.threads(session.id, ids);
     await Promise.all(children.map(async (c) => {
       if (c && c._active_run_id && (c.status === 'running' || c.status === 'rescheduling')) {
-        await this.scheduler().interruptRequested(session.id, c.id, c._active_run_id);
+        await this.scheduler().interruptRequested(session.id, c.id, c._active_run_id, trace);
       }
     }));
   }
