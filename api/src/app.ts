@@ -139,7 +139,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
   });
   new Gauge({ name: 'agentplane_sse_streams', help: 'Session SSE streams open in this process', registers: [metrics], collect() { this.set(activeStreams()); } });
   registerRedisMetrics(metrics, redis, log);
-  new Gauge({ name: 'agentplane_event_hub_channels', help: 'Session channels this process is subscribed to', registers: [metrics], collect() { this.set(eventHub.channelCount); } });
+  new Gauge({ name: 'agentplane_event_hub_channels', help: 'Session channels some viewer of this process watches', registers: [metrics], collect() { this.set(eventHub.channelCount); } });
   return {
     runs,
     files,

@@ -16,17 +16,28 @@ interface ChannelEntry {
   ready: Promise<void>;
 }
 
+/** Channels left by their last viewer are unsubscribed together, at most this long after. */
+const UNSUBSCRIBE_EVERY_MS = 100;
+
 /**
  * The per-process fan-out of live session events: ONE subscriber connection for the whole
  * process, channel subscriptions ref-counted by viewers. A thousand SSE viewers on a thousand
  * sessions cost one Redis connection and one SUBSCRIBE per watched session, never a blocking
  * read per stream. Each message is parsed once and handed to every viewer of its channel.
  *
+ * A channel whose last viewer left stays subscribed until the next batch of unsubscriptions
+ * (`UNSUBSCRIBE_EVERY_MS`): one UNSUBSCRIBE names every channel left meanwhile, instead of one
+ * command per closed stream, and a viewer that comes back in the meantime finds the channel
+ * still subscribed.
+ *
  * After the subscriber reconnects, every viewer gets `{kind: 'resync'}`: messages published
  * while it was away are lost, so viewers re-read the log from their last delivered seq.
  */
 export class EventHub {
   private readonly channels = new Map<string, ChannelEntry>();
+  /** Subscribed channels with no viewer left, to unsubscribe in the next batch. */
+  private readonly leaving = new Set<string>();
+  private leaveTimer: NodeJS.Timeout | undefined;
   private closed = false;
   private everReady = false;
 
@@ -51,9 +62,9 @@ export class EventHub {
     });
   }
 
-  /** Number of channels this process is subscribed to (metrics, tests). */
+  /** Number of channels some viewer of this process watches (metrics, tests). */
   get channelCount(): number {
-    return this.channels.size;
+    return this.channels.size - this.leaving.size;
   }
 
   /**
@@ -82,6 +93,7 @@ export class EventHub {
       entry = { listeners: new Set(), ready: this.sub.subscribe(channel).then(() => undefined) };
       this.channels.set(channel, entry);
     }
+    this.leaving.delete(channel);
     entry.listeners.add(listener);
     return entry.ready;
   }
@@ -90,11 +102,22 @@ export class EventHub {
     const entry = this.channels.get(channel);
     if (!entry) return;
     entry.listeners.delete(listener);
-    if (entry.listeners.size === 0) {
-      this.channels.delete(channel);
-      // Commands on one connection run in order: a later SUBSCRIBE of the same channel wins.
-      if (!this.closed) this.sub.unsubscribe(channel).catch(() => undefined);
+    if (entry.listeners.size > 0 || this.closed) return;
+    this.leaving.add(channel);
+    if (this.leaveTimer === undefined) {
+      this.leaveTimer = setTimeout(() => this.leave(), UNSUBSCRIBE_EVERY_MS);
+      this.leaveTimer.unref();
     }
+  }
+
+  /** Unsubscribe, in one command, every channel still without a viewer. */
+  private leave(): void {
+    this.leaveTimer = undefined;
+    const gone = [...this.leaving];
+    this.leaving.clear();
+    for (const c of gone) this.channels.delete(c);
+    // Commands on one connection run in order: a later SUBSCRIBE of the same channel wins.
+    if (gone.length > 0 && !this.closed) this.sub.unsubscribe(...gone).catch(() => undefined);
   }
 
   private dispatch(channel: string, text: string): void {
@@ -111,6 +134,8 @@ export class EventHub {
 
   async close(): Promise<void> {
     this.closed = true;
+    clearTimeout(this.leaveTimer);
+    this.leaving.clear();
     this.channels.clear();
     await this.sub.quit().catch(() => this.sub.disconnect());
   }

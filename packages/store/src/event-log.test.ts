@@ -293,6 +293,26 @@ describe('event log', () => {
     await hub.close();
   });
 
+  it('hub: channels left by their last viewer are unsubscribed together; a viewer back in time keeps its channel', async () => {
+    const hub = new EventHub(new Redis(server.url));
+    const [s1, s2, s3] = [sess(), sess(), sess()];
+    const subscribed = async () => new Set((await redis.pubsub('CHANNELS', '*')) as string[]);
+    const watches = await Promise.all([s1, s2, s3].map((s) => hub.watch(s, () => undefined)));
+    expect(await subscribed()).toEqual(new Set([s1, s2, s3].map((s) => eventLogKeys.liveChannel(s))));
+    for (const w of watches) w.close();
+    expect(hub.channelCount).toBe(0);
+    // Back before the batch: the channel is still subscribed and its appends arrive.
+    const got: HubMessage[] = [];
+    const again = await hub.watch(s2, (m) => got.push(m));
+    expect(hub.channelCount).toBe(1);
+    await vi.waitFor(async () => expect(await subscribed()).toEqual(new Set([eventLogKeys.liveChannel(s2)])), { timeout: 5000, interval: 20 });
+    await log.append(s2, [{ type: 'kept', payload: {} }]);
+    await vi.waitFor(() => expect(got.map((m) => m.kind)).toEqual(['events']), { timeout: 5000, interval: 20 });
+    again.close();
+    await vi.waitFor(async () => expect((await subscribed()).size).toBe(0), { timeout: 5000, interval: 20 });
+    await hub.close();
+  });
+
   it('hub: after the subscriber reconnects, viewers are told to resync and stay subscribed', async () => {
     const subConn = new Redis(server.url);
     const hub = new EventHub(subConn);
