@@ -84,6 +84,12 @@ export class LeaseKeeper {
     return this.fence.extend(lease.session_id, lease.lease_id, this.fenceTtl);
   }
 
+  /**
+   * The runner finished the attempt. The fence's release is sent, not awaited: it goes out before
+   * anything the caller writes next in the Session's slot (the Run's end, the turn's end), on the
+   * same connection and often in the same socket write, and Redis runs it first. A release that
+   * fails leaves the fence to expire, as a crash here would.
+   */
   async complete(lease: Lease, result: unknown): Promise<'ok' | 'lost'> {
     const job = await this.jobFor(lease);
     if (!job || !(await this.fence.holds(lease.session_id, lease.lease_id))) return 'lost';
@@ -92,7 +98,7 @@ export class LeaseKeeper {
     } catch {
       return 'lost';
     } finally {
-      await this.fence.release(lease.session_id, lease.lease_id);
+      this.fence.release(lease.session_id, lease.lease_id).catch(() => undefined);
       this.forget(lease);
     }
     return 'ok';
