@@ -6,12 +6,14 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { freePort } from '@agentplane/store';
 import { startPlatform, waitFor } from './harness/platform.js';
+import { readTraceRequest } from './harness/otlp-proto.js';
 import { idleCount, SCRIPT, startTurnPlatform, untilEvents, type TurnPlatform } from './harness/turns.js';
 
 /**
  * OpenTelemetry with the standard OTEL_* variables: one turn exports, to an OTLP/HTTP receiver
  * started here, a single trace that continues the caller's traceparent across the API, the
- * scheduler and the runner, parent to child, with no message text in it.
+ * scheduler and the runner, parent to child, with no message text in it. The turn's platform
+ * exports OTLP/protobuf (the default; the receiver reads it); OTLP/JSON is checked on its own.
  */
 interface OtlpValue { stringValue?: string; intValue?: string | number; boolValue?: boolean; doubleValue?: number; arrayValue?: { values: OtlpValue[] } }
 interface OtlpAttr { key: string; value: OtlpValue }
@@ -25,10 +27,13 @@ const KIND = { INTERNAL: 1, SERVER: 2, CLIENT: 3, PRODUCER: 4, CONSUMER: 5 } as 
 let t: TurnPlatform;
 let receiver: Server;
 let receiverUrl = '';
+/** Every export body received, as text (what the no-content check reads). */
 const bodies: string[] = [];
 const spans: Exported[] = [];
-/** OTLP/protobuf requests received (the default encoding, from the platform started without http/json). */
+/** OTLP/protobuf requests received (the default encoding). */
 const protobufBodies: Buffer[] = [];
+/** OTLP/JSON requests received, parsed. */
+const jsonSpans: Exported[] = [];
 
 beforeAll(async () => {
   const port = await freePort();
@@ -38,14 +43,18 @@ beforeAll(async () => {
     req.on('end', () => {
       const raw = Buffer.concat(chunks);
       const text = raw.toString('utf8');
-      if (req.headers['content-type'] === 'application/x-protobuf') {
+      if (req.url !== '/v1/traces' || req.method !== 'POST') {
+        // not an export
+      } else if (req.headers['content-type'] === 'application/x-protobuf') {
+        bodies.push(text);
         protobufBodies.push(raw);
-      } else if (req.url === '/v1/traces' && req.method === 'POST') {
+        spans.push(...readTraceRequest(raw));
+      } else {
         bodies.push(text);
         const body = JSON.parse(text) as { resourceSpans?: { resource?: { attributes?: OtlpAttr[] }; scopeSpans?: { spans?: OtlpSpan[] }[] }[] };
         for (const rs of body.resourceSpans ?? []) {
           const service = rs.resource?.attributes?.find((a) => a.key === 'service.name')?.value.stringValue ?? '?';
-          for (const ss of rs.scopeSpans ?? []) for (const span of ss.spans ?? []) spans.push({ service, span });
+          for (const ss of rs.scopeSpans ?? []) for (const span of ss.spans ?? []) jsonSpans.push({ service, span });
         }
       }
       res.writeHead(200, { 'content-type': 'application/json' }).end('{}');
@@ -55,7 +64,7 @@ beforeAll(async () => {
   receiverUrl = `http://127.0.0.1:${port}`;
   t = await startTurnPlatform({
     name: 'tracing',
-    env: { OTEL_TRACES_EXPORTER: 'otlp', OTEL_EXPORTER_OTLP_ENDPOINT: `http://127.0.0.1:${port}`, OTEL_EXPORTER_OTLP_PROTOCOL: 'http/json', OTEL_BSP_SCHEDULE_DELAY: '100' },
+    env: { OTEL_TRACES_EXPORTER: 'otlp', OTEL_EXPORTER_OTLP_ENDPOINT: `http://127.0.0.1:${port}`, OTEL_BSP_SCHEDULE_DELAY: '100' },
   });
 }, 150_000);
 afterAll(async () => {
@@ -261,17 +270,19 @@ describe('the SERVER span of a request', () => {
     }
   }, 120_000);
 
-  it('is exported as OTLP/protobuf by default', async () => {
-    const p = await startPlatform({ env: { LOG_LEVEL: 'warn', OTEL_TRACES_EXPORTER: 'otlp', OTEL_EXPORTER_OTLP_ENDPOINT: receiverUrl, OTEL_BSP_SCHEDULE_DELAY: '100' } });
+  it('is exported as OTLP/JSON when asked, with the same span', async () => {
+    // OTLP/JSON takes the other path: records made into SDK spans on the exporter thread.
+    const p = await startPlatform({ env: { LOG_LEVEL: 'warn', OTEL_TRACES_EXPORTER: 'otlp', OTEL_EXPORTER_OTLP_ENDPOINT: receiverUrl, OTEL_EXPORTER_OTLP_PROTOCOL: 'http/json', OTEL_BSP_SCHEDULE_DELAY: '100' } });
     try {
       const traceId = randomBytes(16).toString('hex');
-      const r = await p.root.request('GET', '/v1/principals/prin_00000000000000000000000000000002', { headers: { traceparent: `00-${traceId}-${randomBytes(8).toString('hex')}-01` } });
+      const callerSpan = randomBytes(8).toString('hex');
+      const r = await p.root.request('GET', '/v1/principals/prin_00000000000000000000000000000002', { headers: { traceparent: `00-${traceId}-${callerSpan}-01` } });
       expect(r.status).toBe(404);
-      // Protobuf carries the trace id as its 16 bytes and strings as UTF-8.
-      const id = Buffer.from(traceId, 'hex');
-      const body = await waitFor('a protobuf export with the request span', () => protobufBodies.find((b) => b.includes(id)), 30_000);
-      expect(body.includes(Buffer.from('GET /v1/principals/{principal_id}'))).toBe(true);
-      expect(body.includes(Buffer.from('agentplane-api'))).toBe(true);
+      const got = await waitFor('a JSON export with the request span', () => jsonSpans.find((s) => s.span.traceId === traceId), 30_000);
+      expect(got.service).toBe('agentplane-api');
+      expect(got.span).toMatchObject({ name: 'GET /v1/principals/{principal_id}', kind: KIND.SERVER, parentSpanId: callerSpan });
+      expect(attr(got.span, 'http.route')?.stringValue).toBe('/v1/principals/{principal_id}');
+      expect(Number(attr(got.span, 'http.response.status_code')?.intValue)).toBe(404);
     } finally {
       await p.stop();
     }

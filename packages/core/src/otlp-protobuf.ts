@@ -11,8 +11,36 @@
  * CPU per traced request (the encoder's code stays hot through the loop, while a span encoded at
  * its end runs it cold, between requests).
  */
-import type { Attributes, AttributeValue, HrTime } from '@opentelemetry/api';
+import type { Attributes, AttributeValue, HrTime, SpanContext, SpanKind, SpanStatus } from '@opentelemetry/api';
 import type { ReadableSpan } from '@opentelemetry/sdk-trace-node';
+
+/** The fields of an ended span the encoder reads: the SDK's `ReadableSpan` has them, and so has `SpanData` (tracing-span-data.ts). */
+export interface EncodableSpan {
+  name: string;
+  kind: SpanKind;
+  spanContext(): SpanContext;
+  parentSpanContext?: SpanContext | undefined;
+  startTime: HrTime;
+  endTime: HrTime;
+  attributes: Attributes;
+  droppedAttributesCount: number;
+  events: readonly { time: HrTime; name: string; attributes?: Attributes | undefined; droppedAttributesCount?: number | undefined }[];
+  droppedEventsCount: number;
+  links: readonly { context: SpanContext; attributes?: Attributes | undefined; droppedAttributesCount?: number | undefined }[];
+  droppedLinksCount: number;
+  status: SpanStatus;
+}
+
+/**
+ * A span already encoded (its Span message as field 2 of ScopeSpans, `encodeSpan`'s bytes), with
+ * the resource and scope it is exported under: how the exporter thread holds the spans the event
+ * loop encoded, in the SDK's batch processor.
+ */
+export interface EncodedSpan {
+  encoded: Uint8Array;
+  resource: ReadableSpan['resource'];
+  instrumentationScope: ReadableSpan['instrumentationScope'];
+}
 
 /** OTLP span flags: the low byte is the W3C trace flags; bit 8 says whether bit 9 (remote parent) is known. */
 const HAS_IS_REMOTE = 0x100;
@@ -307,7 +335,7 @@ function attributes(w: ProtoWriter, attrs: Attributes, field: number): void {
 }
 
 /** One Span message as field 2 of ScopeSpans (field numbers of opentelemetry/proto/trace/v1). */
-function span(w: ProtoWriter, s: ReadableSpan): void {
+export function encodeSpan(w: ProtoWriter, s: EncodableSpan): void {
   const ctx = s.spanContext();
   const parent = s.parentSpanContext;
   const at = w.beginField(2);
@@ -390,9 +418,12 @@ const encodedScope = (scope: Scope): Uint8Array => encodedOnce(scopeBytes, scope
   w.end(at);
 });
 
-/** An ExportTraceServiceRequest holding `spans`, written to `w` (grouped by resource, then scope, in first-seen order). */
-export function encodeTraceRequest(w: ProtoWriter, spans: readonly ReadableSpan[]): void {
-  const groups = new Map<Resource, Map<Scope, ReadableSpan[]>>();
+/**
+ * An ExportTraceServiceRequest holding `spans`, written to `w` (grouped by resource, then scope,
+ * in first-seen order); a span already encoded is copied as it is.
+ */
+export function encodeTraceRequest(w: ProtoWriter, spans: readonly (ReadableSpan | EncodedSpan)[]): void {
+  const groups = new Map<Resource, Map<Scope, (ReadableSpan | EncodedSpan)[]>>();
   for (const s of spans) {
     let scopes = groups.get(s.resource);
     if (!scopes) groups.set(s.resource, (scopes = new Map()));
@@ -406,7 +437,10 @@ export function encodeTraceRequest(w: ProtoWriter, spans: readonly ReadableSpan[
     for (const [scope, list] of scopes) {
       const ss = w.beginField(2);
       w.raw(encodedScope(scope));
-      for (const s of list) span(w, s);
+      for (const s of list) {
+        if ('encoded' in s) w.raw(s.encoded);
+        else encodeSpan(w, s);
+      }
       if (scope.schemaUrl) w.stringField(3, scope.schemaUrl);
       w.end(ss);
     }

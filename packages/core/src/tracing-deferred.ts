@@ -27,6 +27,8 @@ import {
   type SpanOptions, type SpanStatus, type TimeInput, type Tracer,
 } from '@opentelemetry/api';
 import type { Sampler } from '@opentelemetry/sdk-trace-node';
+import { encodeSpan, ProtoWriter } from './otlp-protobuf.js';
+import { spanData, statusAfter, type RawSpan, type RecordedCall } from './tracing-span-data.js';
 
 /** Ids for new spans, and a way to have the SDK take the ids chosen at a span's start. */
 export interface PresetIdGenerator {
@@ -50,10 +52,7 @@ const SUPPRESS_TRACING = Symbol.for('OpenTelemetry SDK Context Key SUPPRESS_TRAC
 const origin = performance.timeOrigin;
 const nowMs = (): number => origin + performance.now();
 
-type Recorded =
-  | { kind: 'event'; name: string; attributes: Attributes | undefined; time: TimeInput }
-  | { kind: 'exception'; exception: Exception; time: TimeInput }
-  | { kind: 'link'; link: Link };
+type Recorded = RecordedCall;
 
 /** A span context as plain data (its trace state serialised). */
 export interface ContextRecord {
@@ -87,8 +86,18 @@ export interface SpanRecord {
   recorded?: RecordedRecord[];
 }
 
-/** Where ended spans go, a batch at a time. */
+/** Where ended spans go, a batch at a time: as records (`SpanSink`), or encoded (`EncodedSink`). */
 export type SpanSink = (spans: SpanRecord[]) => void;
+
+/**
+ * Where ended spans go as OTLP/protobuf: `bytes` holds the sampled spans of a batch, each a Span
+ * message as field 2 of ScopeSpans (otlp-protobuf.ts `encodeSpan`), made by the SDK's span rules
+ * (tracing-span-data.ts); span i ends at `ends[i]`. Both buffers are the sink's to keep (they can
+ * be transferred to another thread).
+ */
+export interface EncodedSink {
+  encoded(bytes: Uint8Array, ends: Uint32Array): void;
+}
 
 const timeRecord = (t: TimeInput): TimeRecord => (t instanceof Date ? t.getTime() : t);
 
@@ -129,7 +138,7 @@ function linkOf(l: LinkRecord): Link {
 }
 
 /** A running span: plain fields until it ends and is handed to the SDK. */
-class DeferredSpan implements Span {
+class DeferredSpan implements Span, RawSpan {
   attributes: Attributes | undefined;
   status: SpanStatus | undefined;
   recorded: Recorded[] | undefined;
@@ -150,6 +159,10 @@ class DeferredSpan implements Span {
   }
 
   spanContext(): SpanContext {
+    return this.ctx;
+  }
+
+  get context(): SpanContext {
     return this.ctx;
   }
 
@@ -185,7 +198,7 @@ class DeferredSpan implements Span {
   }
 
   setStatus(status: SpanStatus): this {
-    if (!this.ended) this.status = status;
+    if (!this.ended) this.status = statusAfter(this.status, status);
     return this;
   }
 
@@ -236,11 +249,12 @@ export class DeferredTracer implements Tracer {
   private queue: DeferredSpan[] = [];
   private timer: NodeJS.Timeout | undefined;
   private immediate: NodeJS.Immediate | undefined;
+  private writer: ProtoWriter | undefined;
 
   constructor(
     private readonly sampler: Sampler,
     private readonly ids: Pick<PresetIdGenerator, 'generateTraceId' | 'generateSpanId'>,
-    private readonly sink: SpanSink,
+    private readonly sink: SpanSink | EncodedSink,
   ) {}
 
   startSpan(name: string, options: SpanOptions = {}, ctx: Context = context.active()): Span {
@@ -293,10 +307,39 @@ export class DeferredTracer implements Tracer {
     if (this.queue.length === 0) return;
     const batch = this.queue;
     this.queue = [];
+    if (typeof this.sink !== 'function') return this.flushEncoded(batch, this.sink);
     const records = new Array<SpanRecord>(batch.length);
     for (let i = 0; i < batch.length; i++) records[i] = (batch[i] as DeferredSpan).toRecord();
     try {
       this.sink(records);
+    } catch (err) {
+      diag.error('spans dropped: the exporter refused them', err);
+    }
+  }
+
+  /**
+   * The sampled spans of `batch` encoded in one loop (the encoder's code stays hot through it)
+   * and handed to `sink`. A span the encoder refuses is dropped alone.
+   */
+  private flushEncoded(batch: readonly DeferredSpan[], sink: EncodedSink): void {
+    const w = (this.writer ??= new ProtoWriter(64 * 1024));
+    const ends = new Uint32Array(batch.length);
+    let n = 0;
+    for (const span of batch) {
+      if ((span.spanContext().traceFlags & TraceFlags.SAMPLED) === 0) continue;
+      const start = w.pos;
+      try {
+        encodeSpan(w, spanData(span));
+        ends[n++] = w.pos;
+      } catch (err) {
+        w.pos = start;
+        diag.error('span dropped: it could not be encoded', err);
+      }
+    }
+    const bytes = w.take();
+    if (n === 0) return;
+    try {
+      sink.encoded(bytes, ends.slice(0, n));
     } catch (err) {
       diag.error('spans dropped: the exporter refused them', err);
     }

@@ -31,7 +31,7 @@ import {
   type Attributes, type Context, type ContextManager, type Span, type Tracer,
 } from '@opentelemetry/api';
 import type { Logger } from './logger.js';
-import { DeferredTracer, postSpans } from './tracing-deferred.js';
+import { DeferredTracer, postSpans, type EncodedSink, type SpanSink } from './tracing-deferred.js';
 import type { ExporterData, ExporterMessage, ExporterReply } from './tracing-worker.js';
 
 export { context, ROOT_CONTEXT, SpanKind, SpanStatusCode, trace, type Attributes, type Context, type Span };
@@ -140,9 +140,19 @@ export async function startTracing(service: string, log?: TracingLog, options: T
   worker.on('exit', () => {
     exporting = false;
   });
-  const deferred = new DeferredTracer(samplerFromEnv(sdk), new PooledIdGenerator(), (records) => {
-    if (exporting) postSpans(worker, records);
-  });
+  // OTLP/protobuf (the default): the spans leave this thread encoded, their bytes transferred (not
+  // copied) to the exporter thread, which batches and sends them. OTLP/JSON: as records, made into
+  // SDK spans there for the SDK's JSON exporter.
+  const sink: SpanSink | EncodedSink = otlpProtocol() === 'http/protobuf'
+    ? {
+      encoded(bytes, ends) {
+        if (exporting) worker.postMessage({ kind: 'encoded', bytes, ends } satisfies ExporterMessage, [bytes.buffer as ArrayBuffer, ends.buffer as ArrayBuffer]);
+      },
+    }
+    : (records) => {
+      if (exporting) postSpans(worker, records);
+    };
+  const deferred = new DeferredTracer(samplerFromEnv(sdk), new PooledIdGenerator(), sink);
   // Registered globally: the W3C trace context propagator, a provider that hands this tracer to
   // anything asking the OpenTelemetry API for one (it makes no span itself), and with `async`
   // propagation the active context in an async-local store (with `explicit`, none: the
