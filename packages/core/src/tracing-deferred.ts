@@ -1,6 +1,6 @@
 /**
- * The platform's tracer: spans recorded as plain values while they run and handed to the
- * OpenTelemetry SDK's tracer in batches after they end.
+ * The platform's tracer: spans recorded as plain values while they run and handed on in batches
+ * after they end, encoded (OTLP/protobuf) or as records for the OpenTelemetry SDK's tracer.
  *
  * What a span costs a request is mostly the SDK's code and data touched cold, once per request,
  * between the requests of a process that shares its cores with its load and Redis (docs/OPERATIONS.md,
@@ -9,9 +9,12 @@
  * the sampler's decision (taken at the start with the provider's own sampler, so the context
  * handed to children and to other processes carries the right flags), its start time, and what
  * is set on it. Ended spans wait in a queue; every `FLUSH_MS`, or at once past `FLUSH_AT` spans,
- * they are written as plain records (`SpanRecord`) to a sink: in a process, the exporter thread
- * (tracing-worker.ts), which makes each into an SDK span there with `SdkReplay`, off the event
- * loop that serves requests. `SdkReplay` makes them in one hot loop: `startSpan` with the
+ * they are handed to a sink, one of two kinds. An `EncodedSink` (OTLP/protobuf, the default)
+ * gets the batch's sampled spans as OTLP Span messages, made by the SDK span's own rules
+ * (tracing-span-data.ts) and encoded in one loop; the exporter thread (tracing-worker.ts) batches
+ * and sends the bytes. A `SpanSink` gets plain records (`SpanRecord`): the exporter thread makes
+ * each into an SDK span with `SdkReplay`, off the event loop that serves requests (OTLP/JSON,
+ * and tests). `SdkReplay` makes them in one hot loop: `startSpan` with the
  * recorded start time and attributes, its ids given by the id generator (the SDK's `IdGenerator`
  * extension point), its events, links and status replayed, then `end` with the recorded end
  * time. From there on it is the SDK's span: its limits and attribute checks, its span processor,
