@@ -14,7 +14,7 @@
 import type { Attributes, AttributeValue, HrTime, SpanContext, SpanKind, SpanStatus } from '@opentelemetry/api';
 import type { ReadableSpan } from '@opentelemetry/sdk-trace-node';
 
-/** The fields of an ended span the encoder reads: the SDK's `ReadableSpan` has them, and so has `SpanData` (tracing-span-data.ts). */
+/** The fields of an ended span the encoder reads: the SDK's `ReadableSpan` has them, and so has what tracing-span-data.ts makes of a deferred span. */
 export interface EncodableSpan {
   name: string;
   kind: SpanKind;

@@ -14,38 +14,22 @@
  */
 import { diag, SpanStatusCode, type Attributes, type AttributeValue, type Exception, type HrTime, type Link, type SpanContext, type SpanKind, type SpanStatus, type TimeInput } from '@opentelemetry/api';
 import { hrTime, isAttributeValue, isTimeInputHrTime, millisToHrTime, sanitizeAttributes } from '@opentelemetry/core';
+import type { EncodableSpan } from './otlp-protobuf.js';
 
 /** The SDK provider's default span limits (the platform's providers set none). */
 const LIMIT = 128;
 
-export interface SpanEventData {
+interface SpanEventData {
   name: string;
   attributes?: Attributes;
   time: HrTime;
   droppedAttributesCount: number;
 }
 
-export interface SpanLinkData {
+interface SpanLinkData {
   context: SpanContext;
   attributes?: Attributes;
   droppedAttributesCount?: number;
-}
-
-/** The fields of an ended span the OTLP encoder reads (a subset of the SDK's `ReadableSpan`). */
-export interface SpanData {
-  name: string;
-  kind: SpanKind;
-  spanContext(): SpanContext;
-  parentSpanContext?: SpanContext | undefined;
-  startTime: HrTime;
-  endTime: HrTime;
-  attributes: Attributes;
-  droppedAttributesCount: number;
-  events: SpanEventData[];
-  droppedEventsCount: number;
-  links: SpanLinkData[];
-  droppedLinksCount: number;
-  status: SpanStatus;
 }
 
 /** What a deferred span recorded after its links given at the start, in call order. */
@@ -110,7 +94,7 @@ function limited(raw: Attributes | undefined): { attributes: Attributes; dropped
 }
 
 /** The exported form of a raw span record (module comment). */
-export function spanData(s: RawSpan): SpanData {
+export function spanData(s: RawSpan): EncodableSpan {
   const attributes: Attributes = {};
   let droppedAttributesCount = 0;
   let count = 0;
