@@ -3,7 +3,7 @@ import { mkdtempSync, readFileSync, existsSync, createWriteStream, rmSync } from
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { HttpClient } from '@agentplane/client';
-import { freePort } from '@agentplane/store';
+import { freePort, parentDeathWrapper } from '@agentplane/store';
 
 export const ROOT_DIR = resolve(import.meta.dirname, '..', '..');
 
@@ -60,7 +60,11 @@ export async function startPlatform(options: StartOptions = {}): Promise<Platfor
   const port = options.port ?? (await freePort());
   const logFile = join(dataDir, `platform-${Date.now()}.log`);
   const log = createWriteStream(logFile);
-  const proc = spawn(process.execPath, [join(ROOT_DIR, 'platform/dist/main.js')], {
+  // The platform gets SIGTERM when the process that started it dies without stopping it (a test
+  // worker or a bench killed, a closed output pipe): it stops its own children, so no platform
+  // is left loading the machine for the tests and benches that follow.
+  const [cmd = process.execPath, ...pre] = [...parentDeathWrapper(), process.execPath];
+  const proc = spawn(cmd, [...pre, join(ROOT_DIR, 'platform/dist/main.js')], {
     env: {
       PATH: process.env.PATH ?? '/usr/bin:/bin',
       HOME: process.env.HOME ?? '/tmp',
