@@ -3,8 +3,9 @@
  * OTLP/protobuf (the default): each batch is encoded in one pass by otlp-protobuf.ts (the SDK
  * serializer's bytes at a fraction of its cost) and sent with the SDK's own OTLP/HTTP export
  * delegate, so HTTP, retries, the concurrency limit and the standard OTEL_EXPORTER_OTLP_*
- * settings stay the SDK's. OTLP/JSON: the SDK's OTLP/HTTP JSON exporter as it comes. Both run on
- * the event loop.
+ * settings stay the SDK's; spans the event loop already encoded (`EncodedSpan`) are copied as
+ * they are. OTLP/JSON: the SDK's OTLP/HTTP JSON exporter as it comes. Both run on the exporter
+ * thread (tracing-worker.ts).
  */
 import type { SpanExporter, SpanProcessor } from '@opentelemetry/sdk-trace-node';
 import { encodeTraceRequest, ProtoWriter } from './otlp-protobuf.js';
