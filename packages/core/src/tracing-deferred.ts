@@ -165,10 +165,6 @@ class DeferredSpan implements Span, RawSpan {
     return this.ctx;
   }
 
-  get context(): SpanContext {
-    return this.ctx;
-  }
-
   setAttribute(key: string, value: AttributeValue): this {
     if (!this.ended) (this.attributes ??= {})[key] = value;
     return this;

@@ -42,7 +42,7 @@ export type RecordedCall =
 export interface RawSpan {
   name: string;
   kind: SpanKind;
-  context: SpanContext;
+  spanContext(): SpanContext;
   parent: SpanContext | undefined;
   links: Link[] | undefined;
   startTime: TimeInput;
@@ -58,12 +58,12 @@ function performanceOffset(): number {
   return Date.now() - (performance.timeOrigin + performance.now());
 }
 
-/** A time input as the SDK's span converts it (`SpanImpl._getTime`); `fallback` when there is none. */
-function hrOf(t: TimeInput | undefined, fallback: HrTime): HrTime {
+/** A time input as the SDK's span converts it (`SpanImpl._getTime`); now when there is none. */
+function hrOf(t: TimeInput | undefined): HrTime {
   if (typeof t === 'number') return t <= performance.now() ? hrTime(t + performanceOffset()) : millisToHrTime(t);
   if (t instanceof Date) return millisToHrTime(t.getTime());
   if (t !== undefined && isTimeInputHrTime(t)) return t;
-  return fallback;
+  return millisToHrTime(Date.now());
 }
 
 /** The status a span holds after `setStatus(next)` when it held `current` (the SDK's rules). */
@@ -119,7 +119,7 @@ export function spanData(s: RawSpan): EncodableSpan {
       count++;
     }
   }
-  const startTime = hrOf(s.startTime, millisToHrTime(Date.now()));
+  const startTime = hrOf(s.startTime);
   const events: SpanEventData[] = [];
   const links: SpanLinkData[] = [];
   let droppedEventsCount = 0;
@@ -141,7 +141,7 @@ export function spanData(s: RawSpan): EncodableSpan {
       droppedEventsCount++;
     }
     const { attributes: a, dropped } = limited(raw);
-    events.push({ name, attributes: a, time: hrOf(time, millisToHrTime(Date.now())), droppedAttributesCount: dropped });
+    events.push({ name, attributes: a, time: hrOf(time), droppedAttributesCount: dropped });
   };
   for (const link of s.links ?? []) addLink(link);
   for (const call of s.recorded ?? []) {
@@ -153,9 +153,9 @@ export function spanData(s: RawSpan): EncodableSpan {
       else diag.warn(`Failed to record an exception ${String(call.exception)}`);
     }
   }
-  let endTime = hrOf(s.endTime, millisToHrTime(Date.now()));
+  let endTime = hrOf(s.endTime);
   if (endTime[0] < startTime[0] || (endTime[0] === startTime[0] && endTime[1] < startTime[1])) endTime = [startTime[0], startTime[1]];
-  const context = s.context;
+  const context = s.spanContext();
   return {
     name: s.name, kind: s.kind, spanContext: () => context, parentSpanContext: s.parent, startTime, endTime,
     attributes, droppedAttributesCount, events, droppedEventsCount, links, droppedLinksCount,
