@@ -91,6 +91,21 @@ describe('OTLP/protobuf encoding', () => {
     expect(ourBytes(all, writer)).toEqual(first);
   });
 
+  it('detached bytes stay as written while the writer goes on in a buffer of its own', () => {
+    const writer = new ProtoWriter(16);
+    writer.stringField(1, 'x'.repeat(100));
+    const first = writer.detach();
+    const copy = Buffer.from(first);
+    expect(first.length).toBe(102);
+    writer.stringField(1, 'y'.repeat(100));
+    const second = writer.detach();
+    expect(Buffer.from(first)).toEqual(copy);
+    expect(second.buffer).not.toBe(first.buffer);
+    expect(Buffer.from(second).subarray(2).toString()).toBe('y'.repeat(100));
+    // Its own ArrayBuffer: transferable to another thread without taking anything else along.
+    expect(() => structuredClone(second, { transfer: [second.buffer as ArrayBuffer] })).not.toThrow();
+  });
+
   it('an empty batch is an empty request', () => {
     expect(ourBytes([])).toEqual(sdkBytes([]));
   });

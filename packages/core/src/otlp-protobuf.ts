@@ -67,6 +67,19 @@ export class ProtoWriter {
     return out;
   }
 
+  /**
+   * The bytes written so far, in the writer's own buffer, which the writer gives up (it goes on
+   * in a new one of the same size): for bytes handed to another thread, a copy saved. A buffer
+   * this size has an ArrayBuffer of its own (Node pools only small ones), so transferring it moves
+   * nothing else.
+   */
+  detach(): Uint8Array {
+    const out = this.buf.subarray(0, this.pos);
+    this.buf = Buffer.allocUnsafe(Math.max(this.buf.length, 8192));
+    this.pos = 0;
+    return out;
+  }
+
   private ensure(n: number): void {
     if (this.pos + n <= this.buf.length) return;
     let size = this.buf.length * 2;

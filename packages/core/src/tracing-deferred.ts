@@ -335,8 +335,11 @@ export class DeferredTracer implements Tracer {
         diag.error('span dropped: it could not be encoded', err);
       }
     }
-    const bytes = w.take();
-    if (n === 0) return;
+    if (n === 0) {
+      w.pos = 0;
+      return;
+    }
+    const bytes = w.detach();
     try {
       sink.encoded(bytes, ends.slice(0, n));
     } catch (err) {
