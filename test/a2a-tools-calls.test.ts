@@ -1,4 +1,4 @@
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Redis } from 'ioredis';
@@ -6,6 +6,7 @@ import { EventLog } from '@agentplane/store';
 import { A2aToolCalls, type A2aCallInput, type A2aCallSettings, type ToolSourceDoc } from '@agentplane/api';
 import { startPlatform, type Platform } from './harness/platform.js';
 import { signCard, cardJson, signingKey, startSdkPeer, type SdkPeer } from './harness/a2a-peer.js';
+import { spawnOwned } from './harness/spawn.js';
 
 type Json = Record<string, unknown>;
 
@@ -51,7 +52,7 @@ async function invocations(): Promise<Json[]> {
 /** Starts a call in a child process and resolves once the peer has seen its first GetTask. */
 async function callInChild(callId: string, text: string, deadlineMs: number): Promise<ChildProcess> {
   const before = peer.calls.length;
-  const child = spawn(process.execPath, ['--import', 'tsx', join(ROOT, 'test/fixtures/a2a-call-child.ts'), JSON.stringify({ redisUrl: p.redisUrl(), settings: settings(deadlineMs), input: input(callId, text) })], {
+  const child = spawnOwned(process.execPath, ['--import', 'tsx', join(ROOT, 'test/fixtures/a2a-call-child.ts'), JSON.stringify({ redisUrl: p.redisUrl(), settings: settings(deadlineMs), input: input(callId, text) })], {
     cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'],
   });
   const exited = new Promise<void>((r) => child.once('exit', () => r()));

@@ -1,10 +1,10 @@
-import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { spawnSync, type ChildProcess } from 'node:child_process';
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { HttpClient, type ApiResponse } from '@agentplane/client';
-import { RUNNER_CLI } from './harness/daemon.js';
+import { RUNNER_CLI, startDaemon } from './harness/daemon.js';
 import { waitFor, type Platform } from './harness/platform.js';
 import { idleCount, SCRIPT, startTurnPlatform, untilEvents, type Json, type TurnPlatform } from './harness/turns.js';
 
@@ -315,7 +315,7 @@ describe('a Session under a pinned revision', () => {
     const out = spawnSync(process.execPath, [RUNNER_CLI, 'pair', '--code', pair.body.code, '--url', p.baseUrl, '--config-dir', dir, '--label', 'deploy-box', '--json', '--pool', pool.id], { encoding: 'utf8' });
     expect(out.status, out.stdout + out.stderr).toBe(0);
     const runnerId = (JSON.parse(out.stdout) as { runner_id: string }).runner_id;
-    children.push(spawn(process.execPath, [RUNNER_CLI, 'start', '--config-dir', dir, '--reconnect-base-ms', '200', '--reconnect-cap-ms', '1000', '--log-level', 'warn'], { stdio: ['ignore', 'ignore', 'inherit'] }));
+    children.push(startDaemon(dir));
     await waitFor('the pool runner ready', async () => {
       const r = await p.root.get<{ data: { runner: string; status: string }[] }>('/v1/runner-pools/presences');
       return r.data.some((x) => x.runner === runnerId && x.status === 'ready') ? true : undefined;

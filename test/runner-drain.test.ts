@@ -1,9 +1,9 @@
-import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { spawnSync, type ChildProcess } from 'node:child_process';
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { DAEMON_READY_MS, RUNNER_CLI, WITH_DAEMON_MS } from './harness/daemon.js';
+import { DAEMON_READY_MS, RUNNER_CLI, startDaemon, WITH_DAEMON_MS } from './harness/daemon.js';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
 
 /**
@@ -41,7 +41,7 @@ async function paired(label: string, pool?: string): Promise<{ dir: string; runn
 }
 
 function start(dir: string, extra: string[] = []): ChildProcess {
-  const c = spawn(process.execPath, [RUNNER_CLI, 'start', '--config-dir', dir, '--reconnect-base-ms', '200', '--reconnect-cap-ms', '1000', '--log-level', 'warn', ...extra], { stdio: ['ignore', 'ignore', 'inherit'] });
+  const c = startDaemon(dir, extra);
   children.push(c);
   return c;
 }

@@ -1,4 +1,4 @@
-import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { spawnSync, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -8,7 +8,8 @@ import { connectRedis, freePort, keys, tags, type Redis } from '@agentplane/stor
 import { frame, type RunnerPresence } from '@agentplane/protocol';
 import { deliverToRunner, PresenceStore } from '@agentplane/gateway';
 import { ROOT_DIR, startPlatform, waitFor, type Platform } from './harness/platform.js';
-import { DAEMON_READY_MS, WITH_DAEMON_MS } from './harness/daemon.js';
+import { DAEMON_READY_MS, startDaemon as startHarnessDaemon, WITH_DAEMON_MS } from './harness/daemon.js';
+import { spawnOwned } from './harness/spawn.js';
 import { connectRawRunner, runnerConnectUrl, welcomeOf, type RawRunner } from './harness/raw-runner.js';
 
 const CLI = join(ROOT_DIR, 'runner-daemon/dist/cli.js');
@@ -68,9 +69,7 @@ async function presences(query: Record<string, string> = {}): Promise<RunnerPres
 const presenceOf = async (runner: string) => (await presences()).find((x) => x.runner === runner);
 
 function startDaemon(configDir: string): ChildProcess {
-  const c = spawn(process.execPath, [CLI, 'start', '--config-dir', configDir, '--reconnect-base-ms', '200', '--reconnect-cap-ms', '1000', '--log-level', 'warn'], {
-    stdio: ['ignore', 'ignore', 'inherit'],
-  });
+  const c = startHarnessDaemon(configDir);
   children.push(c);
   return c;
 }
@@ -374,7 +373,7 @@ async function pairedToGateway(label: string): Promise<{ dir: string; runnerId: 
 describe('leases through the gateway (delivery interface) and SIGTERM drain', () => {
   beforeAll(async () => {
     const port = await freePort();
-    gatewayProc = spawn(process.execPath, [join(ROOT_DIR, 'gateway/dist/main.js')], {
+    gatewayProc = spawnOwned(process.execPath, [join(ROOT_DIR, 'gateway/dist/main.js')], {
       env: { PATH: process.env.PATH ?? '', REDIS_URL: p.redisUrl(), PORT: String(port), LOG_LEVEL: 'warn', RUNNER_HEARTBEAT_INTERVAL_MS: String(HEARTBEAT_MS), RUNNER_PRESENCE_TTL_MS: String(TTL_MS) },
       stdio: ['ignore', 'ignore', 'inherit'],
     });

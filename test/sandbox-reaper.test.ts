@@ -1,4 +1,4 @@
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -8,6 +8,7 @@ import Docker from 'dockerode';
 import type { HttpClient } from '@agentplane/client';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
 import { pairDaemon, RUNNER_CLI, startDaemon } from './harness/daemon.js';
+import { spawnOwned } from './harness/spawn.js';
 
 /**
  * Sandboxes that outlive their runner or their whole platform, with real Docker: the cycle a new
@@ -81,11 +82,11 @@ async function sessionWithSandbox(ctx: { api: HttpClient; owner: string; envId: 
 
 function cli(args: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
   return new Promise((done) => {
-    const child = spawn(process.execPath, [RUNNER_CLI, ...args], { env: { ...process.env, AGENTPLANE_SANDBOX_SCOPE: SCOPE }, stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawnOwned(process.execPath, [RUNNER_CLI, ...args], { env: { ...process.env, AGENTPLANE_SANDBOX_SCOPE: SCOPE }, stdio: ['ignore', 'pipe', 'pipe'] });
     let stdout = '';
     let stderr = '';
-    child.stdout.setEncoding('utf8').on('data', (d: string) => (stdout += d));
-    child.stderr.setEncoding('utf8').on('data', (d: string) => (stderr += d));
+    child.stdout?.setEncoding('utf8').on('data', (d: string) => (stdout += d));
+    child.stderr?.setEncoding('utf8').on('data', (d: string) => (stderr += d));
     child.on('close', (code) => done({ code, stdout, stderr }));
   });
 }

@@ -3,13 +3,14 @@
  * scheduler) with REDIS_URL pointing at the cluster, plus further API nodes and schedulers started
  * as their own processes on the same cluster and master key, as an operator runs them.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { createWriteStream, readFileSync } from 'node:fs';
 import { connect, createServer, type Socket } from 'node:net';
 import { join } from 'node:path';
 import { HttpClient } from '@agentplane/client';
 import { freePort } from '@agentplane/store';
 import { ROOT_DIR, waitFor, type Platform } from './platform.js';
+import { spawnOwned } from './spawn.js';
 
 export interface NodeProcess {
   name: string;
@@ -30,7 +31,7 @@ export interface ApiNode extends NodeProcess {
 function spawnNode(name: string, script: string, env: Record<string, string>, logDir: string): NodeProcess {
   const logFile = join(logDir, `${name}-${Date.now()}.log`);
   const log = createWriteStream(logFile);
-  const proc = spawn(process.execPath, [script], {
+  const proc = spawnOwned(process.execPath, [script], {
     env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: process.env.HOME ?? '/tmp', LOG_LEVEL: process.env.TEST_LOG_LEVEL ?? 'info', ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
   });

@@ -1,8 +1,9 @@
-import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { spawnSync, type ChildProcess } from 'node:child_process';
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { ROOT_DIR, waitFor, type Platform } from './platform.js';
+import { spawnOwned } from './spawn.js';
 
 export const RUNNER_CLI = join(ROOT_DIR, 'runner-daemon/dist/cli.js');
 
@@ -30,7 +31,7 @@ export async function pairDaemon(p: Platform, principal: string, label: string):
 
 /** `runner-daemon start` on a paired dir, reconnecting fast (tests restart things). */
 export function startDaemon(configDir: string, extraArgs: string[] = []): ChildProcess {
-  return spawn(process.execPath, [RUNNER_CLI, 'start', '--config-dir', configDir, '--reconnect-base-ms', '200', '--reconnect-cap-ms', '1000', '--log-level', 'warn', ...extraArgs], {
+  return spawnOwned(process.execPath, [RUNNER_CLI, 'start', '--config-dir', configDir, '--reconnect-base-ms', '200', '--reconnect-cap-ms', '1000', '--log-level', 'warn', ...extraArgs], {
     stdio: ['ignore', 'ignore', 'inherit'],
   });
 }

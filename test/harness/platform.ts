@@ -1,9 +1,10 @@
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { mkdtempSync, readFileSync, existsSync, createWriteStream, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { HttpClient } from '@agentplane/client';
-import { freePort, parentDeathWrapper } from '@agentplane/store';
+import { freePort } from '@agentplane/store';
+import { spawnOwned } from './spawn.js';
 
 export const ROOT_DIR = resolve(import.meta.dirname, '..', '..');
 
@@ -63,8 +64,7 @@ export async function startPlatform(options: StartOptions = {}): Promise<Platfor
   // The platform gets SIGTERM when the process that started it dies without stopping it (a test
   // worker or a bench killed, a closed output pipe): it stops its own children, so no platform
   // is left loading the machine for the tests and benches that follow.
-  const [cmd = process.execPath, ...pre] = [...parentDeathWrapper(), process.execPath];
-  const proc = spawn(cmd, [...pre, join(ROOT_DIR, 'platform/dist/main.js')], {
+  const proc = spawnOwned(process.execPath, [join(ROOT_DIR, 'platform/dist/main.js')], {
     env: {
       PATH: process.env.PATH ?? '/usr/bin:/bin',
       HOME: process.env.HOME ?? '/tmp',

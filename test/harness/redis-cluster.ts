@@ -3,14 +3,14 @@
  * 3 replicas, `redis-cli --cluster create --cluster-replicas 1`), password-protected, no
  * persistence. Starts in a few seconds; `url` is the platform's cluster form of REDIS_URL.
  */
-import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { spawnSync, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
-import { parentDeathWrapper } from '@agentplane/store';
+import { spawnOwned } from './spawn.js';
 
 export interface ClusterNodeInfo {
   port: number;
@@ -76,7 +76,6 @@ export async function startRedisCluster(options: { nodeTimeoutMs?: number } = {}
   const ports = await clusterPorts(6);
   const procs = new Map<number, ChildProcess>();
   const clients: Redis[] = [];
-  const [cmd = 'redis-server', ...pre] = [...parentDeathWrapper(), 'redis-server'];
   const launch = (port: number): void => {
     const nodeDir = join(dir, String(port));
     mkdirSync(nodeDir, { recursive: true });
@@ -88,7 +87,7 @@ export async function startRedisCluster(options: { nodeTimeoutMs?: number } = {}
       'appendonly no', 'save ""', 'hz 100', 'daemonize no', 'logfile ""',
       `requirepass "${password}"`, `masterauth "${password}"`,
     ].join('\n');
-    const child = spawn(cmd, [...pre, '-'], { stdio: ['pipe', 'ignore', 'ignore'] });
+    const child = spawnOwned('redis-server', ['-'], { stdio: ['pipe', 'ignore', 'ignore'] });
     child.stdin?.end(`${conf}\n`);
     procs.set(port, child);
   };
