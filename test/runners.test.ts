@@ -8,11 +8,10 @@ import { connectRedis, freePort, keys, tags, type Redis } from '@agentplane/stor
 import { frame, type RunnerPresence } from '@agentplane/protocol';
 import { deliverToRunner, PresenceStore } from '@agentplane/gateway';
 import { ROOT_DIR, startPlatform, waitFor, type Platform } from './harness/platform.js';
-import { DAEMON_READY_MS, startDaemon as startHarnessDaemon, WITH_DAEMON_MS } from './harness/daemon.js';
+import { DAEMON_READY_MS, RUNNER_CLI as CLI, startDaemon as startHarnessDaemon, WITH_DAEMON_MS } from './harness/daemon.js';
 import { spawnOwned } from './harness/spawn.js';
 import { connectRawRunner, runnerConnectUrl, welcomeOf, type RawRunner } from './harness/raw-runner.js';
 
-const CLI = join(ROOT_DIR, 'runner-daemon/dist/cli.js');
 const HEARTBEAT_MS = 400;
 const TTL_MS = 2000;
 

@@ -55,8 +55,6 @@ const SUPPRESS_TRACING = Symbol.for('OpenTelemetry SDK Context Key SUPPRESS_TRAC
 const origin = performance.timeOrigin;
 const nowMs = (): number => origin + performance.now();
 
-type Recorded = RecordedCall;
-
 /** A span context as plain data (its trace state serialised). */
 export interface ContextRecord {
   traceId: string;
@@ -144,7 +142,7 @@ function linkOf(l: LinkRecord): Link {
 class DeferredSpan implements Span, RawSpan {
   attributes: Attributes | undefined;
   status: SpanStatus | undefined;
-  recorded: Recorded[] | undefined;
+  recorded: RecordedCall[] | undefined;
   endTime: TimeInput = 0;
   private ended = false;
 
@@ -335,13 +333,11 @@ export class DeferredTracer implements Tracer {
         diag.error('span dropped: it could not be encoded', err);
       }
     }
-    if (n === 0) {
-      w.pos = 0;
-      return;
-    }
+    // Nothing written (no sampled span, or none encodable): the writer is still empty.
+    if (n === 0) return;
     const bytes = w.detach();
     try {
-      sink.encoded(bytes, ends.slice(0, n));
+      sink.encoded(bytes, ends.subarray(0, n));
     } catch (err) {
       diag.error('spans dropped: the exporter refused them', err);
     }
