@@ -1,5 +1,5 @@
 import { afterEach, describe, expect, it } from 'vitest';
-import { backoffDelay, callPeer, parseRetryAfter, type PollPolicy } from '@agentplane/api';
+import { backoffDelay, callPeer, parseRetryAfter, peerClient, type PollPolicy } from '@agentplane/api';
 import { startSdkPeer, type SdkPeer } from './harness/a2a-peer.js';
 
 const POLICY: PollPolicy = { initialMs: 20, factor: 2, maxMs: 80, jitter: 0.25, maxRetryAfterMs: 5_000, requestTimeoutMs: 2_000 };
@@ -73,14 +73,31 @@ describe('one consumed call against a loopback A2A peer', () => {
   it('a peer that never completes loses to the hard deadline: indeterminate, and no call after it', async () => {
     const peer = await startSdkPeer();
     peers.push(peer);
+    // When each request leaves the caller: "no call after the deadline" is about what the caller
+    // issues (a request sent just before it may reach the peer just after it on a loaded machine).
+    const client = await peerClient(discoveryOf(peer));
+    const issued: number[] = [];
+    const timed = new Proxy(client, {
+      get(target, key, receiver) {
+        const value: unknown = Reflect.get(target, key, receiver);
+        if (typeof value !== 'function') return value;
+        const fn = value as (...args: unknown[]) => unknown;
+        return key === 'sendMessage' || key === 'getTask'
+          ? (...args: unknown[]) => (issued.push(Date.now()), fn.apply(target, args))
+          : fn.bind(target);
+      },
+    });
     const deadlineAt = Date.now() + 400;
-    const out = await callPeer({ discovery: discoveryOf(peer), headers: {}, text: 'forever', messageId: 'msg-3', deadlineAt, policy: POLICY });
+    const out = await callPeer({ discovery: discoveryOf(peer), headers: {}, text: 'forever', messageId: 'msg-3', deadlineAt, policy: POLICY }, timed);
     expect(out.status).toBe('indeterminate');
     expect(out.task_id).toBeTruthy();
     // It gives up at most one capped, jittered delay (80 ms + 25 %) before the deadline, when the next poll could not come before it.
     expect(Date.now()).toBeGreaterThanOrEqual(deadlineAt - 101);
     expect(peer.calls.filter((c) => c.method === 'SendMessage')).toHaveLength(1);
-    expect(peer.calls.every((c) => c.at <= deadlineAt)).toBe(true);
+    // Every request the peer saw was one of those timed, and none was issued after the deadline.
+    expect(issued.length).toBe(out.polls + 1);
+    expect(peer.calls.length).toBeLessThanOrEqual(issued.length);
+    expect(issued.every((at) => at <= deadlineAt)).toBe(true);
     // Polls are capped at maxMs apart, so a 400 ms deadline sees a bounded handful.
     expect(out.polls).toBeGreaterThanOrEqual(1);
     expect(out.polls).toBeLessThan(40);
