@@ -218,6 +218,21 @@ describe('the SERVER span of a request', () => {
     expect((span as OtlpSpan & { status?: { code?: number } }).status?.code ?? 0).not.toBe(2);
   });
 
+  it('names its trace in Request-Id, unless the caller chose the id (then the span carries it)', async () => {
+    const path = '/v1/principals/prin_00000000000000000000000000000002';
+    const own = await t.api.request('GET', path);
+    const ownId = own.headers.get('request-id') ?? '';
+    expect(ownId).toMatch(/^[0-9a-f]{32}$/);
+    const ownSpan = await waitFor('the request span named by its Request-Id', () => spans.find((s) => s.span.traceId === ownId && s.span.kind === KIND.SERVER)?.span, 30_000);
+    expect(attr(ownSpan, 'url.path')?.stringValue).toBe(path);
+    expect(attr(ownSpan, 'agentplane.request_id')).toBeUndefined();
+    const chosen = `caller-${randomBytes(6).toString('hex')}`;
+    const given = await t.api.request('GET', path, { headers: { 'x-request-id': chosen } });
+    expect(given.headers.get('request-id')).toBe(chosen);
+    const givenSpan = await waitFor('the request span carrying the caller\'s id', () => spans.find((s) => s.span.kind === KIND.SERVER && attr(s.span, 'agentplane.request_id')?.stringValue === chosen)?.span, 30_000);
+    expect(givenSpan.traceId).not.toBe(ownId);
+  });
+
   it('is not recorded for a caller whose traceparent is not sampled', async () => {
     const unsampled = randomBytes(16).toString('hex');
     const sampled = randomBytes(16).toString('hex');

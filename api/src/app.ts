@@ -32,7 +32,7 @@ import { activeStreams } from './sessions/stream.js';
 import type { ApiConfig } from './config.js';
 import type { ApiDeps } from './deps.js';
 import { IdempotencyStore } from './http/idempotency.js';
-import { buildRouter, errorBoundary, requestId, unmatchedRoute } from './http/router.js';
+import { buildRouter, requestBoundary, unmatchedRoute } from './http/router.js';
 import { MCP_PATH, mcpEdge } from './mcp/edge.js';
 import { a2aEdge } from './a2a/edge.js';
 import { runtimeMcp } from './mcp/runtime.js';
@@ -211,8 +211,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
 
   const app = new Koa({ proxy: false });
   app.silent = true;
-  app.use(requestId());
-  app.use(errorBoundary(deps));
+  app.use(requestBoundary(deps));
   app.use((ctx, next) => {
     if (ctx.method !== 'GET') return next();
     if (ctx.path === '/healthz') {

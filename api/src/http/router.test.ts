@@ -5,7 +5,7 @@ import Koa from 'koa';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createLogger } from '@agentplane/core';
 import type { ApiDeps } from '../deps.js';
-import { errorBoundary, requestId } from './router.js';
+import { requestBoundary } from './router.js';
 
 /**
  * The request boundary with tracing off (no async-local request scope): a failure after an
@@ -22,8 +22,7 @@ describe('the request boundary', () => {
     const deps = { config: { docsUrl: 'https://docs.example/errors' }, log } as unknown as ApiDeps;
     const app = new Koa();
     app.silent = true;
-    app.use(requestId());
-    app.use(errorBoundary(deps));
+    app.use(requestBoundary(deps));
     app.use(async () => {
       await new Promise((r) => setImmediate(r));
       throw new Error('boom');

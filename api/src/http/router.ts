@@ -2,7 +2,7 @@ import type Koa from 'koa';
 import Router from '@koa/router';
 import {
   ApiError, BUCKETS, Counter, extractTrace, failSpan, Histogram, newRequestId, reportIncident, requestIdFrom, SpanKind, SpanStatusCode, startSpan,
-  statusLabel, tracingEnabled, type Attributes, type Context, type Span,
+  statusLabel, trace, tracingEnabled, type Attributes, type Context, type Span,
 } from '@agentplane/core';
 import { storedJsonOf } from '@agentplane/store';
 import { ATTR_HTTP_REQUEST_METHOD, ATTR_HTTP_RESPONSE_STATUS_CODE, ATTR_HTTP_ROUTE, ATTR_URL_PATH, ATTR_URL_SCHEME } from '@opentelemetry/semantic-conventions';
@@ -38,21 +38,6 @@ export function sendError(ctx: Koa.Context, err: ApiError, deps: ApiDeps): void 
   ctx.body = err.toWire(deps.config.docsUrl);
 }
 
-/**
- * First of all: the request's id (the caller's `X-Request-Id`, else the trace id of its
- * `traceparent`, else a new one) on every response, errors included, and in
- * `ctx.state.requestId`, from where it is handed to what names the request.
- */
-export function requestId(): Koa.Middleware {
-  // Plain functions returning the chain's promise: no extra async frame per request.
-  return (ctx, next) => {
-    const id = requestIdFrom(ctx.headers);
-    ctx.state.requestId = id;
-    ctx.set('Request-Id', id);
-    return next();
-  };
-}
-
 /** What the operation router learned about a request, for its span (in `ctx.state.routed`). */
 interface Routed {
   name: string;
@@ -84,9 +69,11 @@ function endRequestSpan(ctx: Koa.Context, span: Span, failure: unknown): void {
   if (!span.isRecording()) return span.end();
   const status = ctx.respond === false ? ctx.res.statusCode : ctx.status;
   const attributes: Attributes = {
-    [ATTR_HTTP_REQUEST_METHOD]: ctx.method, [ATTR_URL_PATH]: ctx.path, [ATTR_URL_SCHEME]: 'http',
-    [ATTR_HTTP_RESPONSE_STATUS_CODE]: status, 'agentplane.request_id': String(ctx.state.requestId),
+    [ATTR_HTTP_REQUEST_METHOD]: ctx.method, [ATTR_URL_PATH]: ctx.path, [ATTR_URL_SCHEME]: 'http', [ATTR_HTTP_RESPONSE_STATUS_CODE]: status,
   };
+  // The request id, when the caller chose it: otherwise it is the span's own trace id.
+  const id = requestIdOf(ctx);
+  if (id !== span.spanContext().traceId) attributes['agentplane.request_id'] = id;
   const routed = ctx.state.routed as Routed | undefined;
   if (routed) {
     span.updateName(routed.name);
@@ -101,19 +88,26 @@ function endRequestSpan(ctx: Koa.Context, span: Span, failure: unknown): void {
   span.end();
 }
 
-/** The id `requestId()` chose for this request. */
+/** The id `requestBoundary()` chose for this request. */
 export const requestIdOf = (ctx: Koa.Context): string => (typeof ctx.state.requestId === 'string' ? ctx.state.requestId : newRequestId());
 
 /**
- * The request's boundary, in one async frame (each frame costs every request a promise): with
- * tracing on, its SERVER span; unexpected failures mapped to 500 `runtime.internal` with an
- * opaque incident reference (the stack goes to the log, never to the client; client mistakes are
+ * The request's boundary, first of all and in one async frame (each frame costs every request a
+ * promise): with tracing on, its SERVER span; the request's id (the caller's `X-Request-Id`, else
+ * the trace id: the request span's with tracing on, else a valid `traceparent`'s; else a new one)
+ * on every response, errors included, and in `ctx.state.requestId`, from where it is handed to
+ * what names the request; unexpected failures mapped to 500 `runtime.internal` with an opaque
+ * incident reference (the stack goes to the log, never to the client; client mistakes are
  * ApiErrors); at debug level, a line per request.
  */
-export function errorBoundary(deps: ApiDeps): Koa.Middleware {
+export function requestBoundary(deps: ApiDeps): Koa.Middleware {
   return async (ctx, next) => {
     const started = process.hrtime.bigint();
     const span = tracingEnabled() ? startRequestSpan(ctx) : undefined;
+    const spanContext = span?.spanContext();
+    const id = requestIdFrom(ctx.headers, spanContext && trace.isSpanContextValid(spanContext) ? spanContext.traceId : undefined);
+    ctx.state.requestId = id;
+    ctx.set('Request-Id', id);
     let failure: unknown;
     try {
       await next();

@@ -13,6 +13,10 @@ describe('request ids', () => {
     expect(requestIdFrom({ 'x-request-id': 'a'.repeat(129) })).toMatch(/^req_/);
     expect(requestIdFrom({ 'x-request-id': 'a'.repeat(128) })).toBe('a'.repeat(128));
     expect(requestIdFrom({ 'x-request-id': 'x\r\nSet-Cookie: y' })).toMatch(/^req_/);
+    // With tracing on, the request span's trace id stands in for a new id (a caller's id still wins).
+    const own = 'aaaabbbbccccddddeeeeffff00001111';
+    expect(requestIdFrom({}, own)).toBe(own);
+    expect(requestIdFrom({ 'x-request-id': 'mine' }, own)).toBe('mine');
   });
 
   it('accepts only valid traceparents', () => {

@@ -33,14 +33,16 @@ export function traceIdOf(traceparent: string | undefined): string | undefined {
 
 /**
  * The request id of an incoming request: the caller's `X-Request-Id` when it is well formed,
- * else the trace id of a valid `traceparent`, else a new `req_` id. Anything else the caller
- * sent is ignored (never echoed), so the id is always safe to log and to put in a header.
+ * else `traceId` (the trace of the request's own span, with tracing on: it continues a valid
+ * `traceparent`'s), else the trace id of a valid `traceparent`, else a new `req_` id. Anything
+ * else the caller sent is ignored (never echoed), so the id is always safe to log and to put in
+ * a header.
  */
-export function requestIdFrom(headers: Readonly<Record<string, string | string[] | undefined>>): string {
+export function requestIdFrom(headers: Readonly<Record<string, string | string[] | undefined>>, traceId?: string): string {
   const first = (v: string | string[] | undefined) => (Array.isArray(v) ? v[0] : v);
   const given = first(headers['x-request-id'])?.trim();
   if (given && CALLER_REQUEST_ID.test(given)) return given;
-  return traceIdOf(first(headers.traceparent)) ?? newRequestId();
+  return traceId ?? traceIdOf(first(headers.traceparent)) ?? newRequestId();
 }
 
 /** An opaque incident reference for a 500, and the message that names it and the request. */

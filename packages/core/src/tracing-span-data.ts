@@ -93,12 +93,30 @@ function limited(raw: Attributes | undefined): { attributes: Attributes; dropped
   return { attributes, dropped, count };
 }
 
+/**
+ * Whether a span's attributes are exported as they are: no more than the limit, each with a
+ * key and a valid value (what nearly every span holds; then no copy is made).
+ */
+function exportedAsIs(raw: Attributes): boolean {
+  let count = 0;
+  for (const key in raw) {
+    if (!Object.prototype.hasOwnProperty.call(raw, key)) return false;
+    const value = raw[key];
+    if (value == null || key.length === 0 || !isAttributeValue(value) || ++count > LIMIT) return false;
+  }
+  return true;
+}
+
+const NO_ATTRIBUTES: Attributes = Object.freeze({});
+
 /** The exported form of a raw span record (module comment). */
 export function spanData(s: RawSpan): EncodableSpan {
-  const attributes: Attributes = {};
+  // A span's record is not written after it ended: its attributes, when already as exported, are used as they are.
+  const asIs = s.attributes === undefined ? NO_ATTRIBUTES : exportedAsIs(s.attributes) ? s.attributes : undefined;
+  const attributes: Attributes = asIs ?? {};
   let droppedAttributesCount = 0;
   let count = 0;
-  if (s.attributes) {
+  if (s.attributes && asIs === undefined) {
     for (const key in s.attributes) {
       if (!Object.prototype.hasOwnProperty.call(s.attributes, key)) continue;
       const value = s.attributes[key] as AttributeValue | undefined;
