@@ -759,10 +759,13 @@ describe('fan-out and shutdown', () => {
       }
       expect(text).toContain(': keep-alive\n\n');
       await reader?.cancel();
-      const first = (await open(`/v1/sessions/${s.id}/events/stream`, {}, q.root)).next();
+      // Several streams at once: every one of them ends.
+      const streams = await Promise.all([1, 2, 3].map(() => open(`/v1/sessions/${s.id}/events/stream`, {}, q.root)));
+      const firsts = streams.map((st) => st.next());
       const started = Date.now();
       const stopped = q.stop();
-      const r = await Promise.race([first.then(() => 'ended', () => 'ended'), new Promise((res) => setTimeout(() => res('hung'), 8000))]);
+      const ended = Promise.all(firsts.map((f) => f.then(() => 'ended', () => 'ended'))).then(() => 'ended');
+      const r = await Promise.race([ended, new Promise((res) => setTimeout(() => res('hung'), 8000))]);
       expect(r).toBe('ended');
       const streamEndedMs = Date.now() - started;
       await stopped;

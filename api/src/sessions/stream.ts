@@ -12,6 +12,28 @@ const MAX_BUFFERED_BYTES = 8 * 1024 * 1024;
 /** Replay stops reading the log while this much is waiting for the socket. */
 const REPLAY_HIGH_WATER_BYTES = 1024 * 1024;
 
+/**
+ * What to run when a shutdown signal aborts, per signal: one listener on the signal for every
+ * open stream. An EventTarget checks a new listener against each one it holds (and removal
+ * walks them too), so a listener per stream made every stream's open and close cost a step per
+ * stream open in the process.
+ */
+const onShutdown = new WeakMap<AbortSignal, Set<() => void>>();
+function whenShutDown(signal: AbortSignal, fn: () => void): () => void {
+  let fns = onShutdown.get(signal);
+  if (!fns) {
+    const all = new Set<() => void>();
+    fns = all;
+    onShutdown.set(signal, all);
+    signal.addEventListener('abort', () => {
+      for (const f of [...all]) f();
+    }, { once: true });
+  }
+  const own = fns;
+  own.add(fn);
+  return () => void own.delete(fn);
+}
+
 let openStreams = 0;
 /** SSE streams currently open in this process (metrics). */
 export const activeStreams = (): number => openStreams;
@@ -182,7 +204,7 @@ export function sseStream(spec: StreamSpec): StreamResult {
       const onAbort = () => end();
       res.on('error', onAbort);
       signal.addEventListener('abort', onAbort);
-      spec.shutdown.addEventListener('abort', onAbort);
+      const forgetShutdown = whenShutDown(spec.shutdown, onAbort);
       const keepalive = setInterval(() => write(': keep-alive\n\n'), spec.keepaliveMs ?? KEEPALIVE_MS);
       keepalive.unref();
 
@@ -229,7 +251,7 @@ export function sseStream(spec: StreamSpec): StreamResult {
         clearInterval(keepalive);
         watch?.close();
         signal.removeEventListener('abort', onAbort);
-        spec.shutdown.removeEventListener('abort', onAbort);
+        forgetShutdown();
         openStreams--;
         end();
       }
