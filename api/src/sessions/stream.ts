@@ -19,19 +19,21 @@ const REPLAY_HIGH_WATER_BYTES = 1024 * 1024;
  * stream open in the process.
  */
 const onShutdown = new WeakMap<AbortSignal, Set<() => void>>();
-function whenShutDown(signal: AbortSignal, fn: () => void): () => void {
+function shutdownSet(signal: AbortSignal): Set<() => void> {
   let fns = onShutdown.get(signal);
   if (!fns) {
     const all = new Set<() => void>();
-    fns = all;
-    onShutdown.set(signal, all);
     signal.addEventListener('abort', () => {
       for (const f of [...all]) f();
     }, { once: true });
+    onShutdown.set(signal, (fns = all));
   }
-  const own = fns;
-  own.add(fn);
-  return () => void own.delete(fn);
+  return fns;
+}
+function whenShutDown(signal: AbortSignal, fn: () => void): () => void {
+  const fns = shutdownSet(signal);
+  fns.add(fn);
+  return () => void fns.delete(fn);
 }
 
 let openStreams = 0;

@@ -109,34 +109,42 @@ function exportedAsIs(raw: Attributes): boolean {
 
 const NO_ATTRIBUTES: Attributes = Object.freeze({});
 
+/**
+ * A span's attributes as exported, and how many the limit dropped: the span's own object when
+ * nothing is left out (a span's record is not written after it ended), else a copy made by the
+ * SDK's checks (invalid keys and values warned about and skipped, the first 128 kept).
+ */
+function spanAttributes(raw: Attributes | undefined): { attributes: Attributes; dropped: number } {
+  if (raw === undefined) return { attributes: NO_ATTRIBUTES, dropped: 0 };
+  if (exportedAsIs(raw)) return { attributes: raw, dropped: 0 };
+  const attributes: Attributes = {};
+  let dropped = 0;
+  let count = 0;
+  for (const key in raw) {
+    if (!Object.prototype.hasOwnProperty.call(raw, key)) continue;
+    const value = raw[key] as AttributeValue | undefined;
+    if (value == null) continue;
+    if (key.length === 0) {
+      diag.warn(`Invalid attribute key: ${key}`);
+      continue;
+    }
+    if (!isAttributeValue(value)) {
+      diag.warn(`Invalid attribute value set for key: ${key}`);
+      continue;
+    }
+    if (count >= LIMIT) {
+      dropped++;
+      continue;
+    }
+    attributes[key] = value;
+    count++;
+  }
+  return { attributes, dropped };
+}
+
 /** The exported form of a raw span record (module comment). */
 export function spanData(s: RawSpan): EncodableSpan {
-  // A span's record is not written after it ended: its attributes, when already as exported, are used as they are.
-  const asIs = s.attributes === undefined ? NO_ATTRIBUTES : exportedAsIs(s.attributes) ? s.attributes : undefined;
-  const attributes: Attributes = asIs ?? {};
-  let droppedAttributesCount = 0;
-  let count = 0;
-  if (s.attributes && asIs === undefined) {
-    for (const key in s.attributes) {
-      if (!Object.prototype.hasOwnProperty.call(s.attributes, key)) continue;
-      const value = s.attributes[key] as AttributeValue | undefined;
-      if (value == null) continue;
-      if (key.length === 0) {
-        diag.warn(`Invalid attribute key: ${key}`);
-        continue;
-      }
-      if (!isAttributeValue(value)) {
-        diag.warn(`Invalid attribute value set for key: ${key}`);
-        continue;
-      }
-      if (count >= LIMIT) {
-        droppedAttributesCount++;
-        continue;
-      }
-      attributes[key] = value;
-      count++;
-    }
-  }
+  const { attributes, dropped: droppedAttributesCount } = spanAttributes(s.attributes);
   const startTime = hrOf(s.startTime);
   const events: SpanEventData[] = [];
   const links: SpanLinkData[] = [];
