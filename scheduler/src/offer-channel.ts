@@ -1,7 +1,7 @@
 import { ATTR, injectTrace, inSpan, newId, SpanKind, type Context, type Logger } from '@agentplane/core';
 import { isCluster } from '@agentplane/store';
 import { deliverToRunner } from '@agentplane/gateway';
-import { LeaseFence, offerReplyChannel, type LeaseRecords, type OfferReply } from '@agentplane/lease';
+import { LeaseFence, leaseRecordTtlMs, offerReplyChannel, type LeaseRecords, type OfferReply } from '@agentplane/lease';
 import { frame, type Payload } from '@agentplane/protocol';
 import type { Redis } from '@agentplane/store';
 import type { LeaseOffer, LeasePlan, OfferBody, OfferChannel, OfferOutcome } from './directory.js';
@@ -55,8 +55,10 @@ export class RedisOfferChannel implements OfferChannel {
   }
 
   async offer(o: LeaseOffer, timeoutMs: number, body: OfferBody, nodeId?: string, specFollows = false, trace?: Context): Promise<OfferOutcome> {
-    // The record and the spec are independent writes and reads: both are under way at once.
-    const put = this.records.put({ ...o, reply_to: this.channel }, Math.max(timeoutMs * 3, o.lease_ms));
+    // The record and the spec are independent writes and reads: both are under way at once. The
+    // record lives as long as an accepted lease's (the acceptance does not write it again); an
+    // offer not taken removes it.
+    const put = this.records.put({ ...o, reply_to: this.channel }, Math.max(timeoutMs * 3, leaseRecordTtlMs(o.lease_ms)));
     if (specFollows) return this.offerAhead(o, timeoutMs, body, put, nodeId, trace);
     let spec: Record<string, unknown> | null;
     try {

@@ -1,6 +1,6 @@
 import { BUCKETS, Counter, Histogram, type Logger, type Metrics } from '@agentplane/core';
 import type { Gateway, RunnerConnection } from '@agentplane/gateway';
-import type { Lease, LeaseConfig, LeaseKeeper, LeaseRecord, LeaseRecords } from '@agentplane/lease';
+import { leaseRecordTtlMs, type Lease, type LeaseConfig, type LeaseKeeper, type LeaseRecord, type LeaseRecords } from '@agentplane/lease';
 import type { LeaseRef } from '@agentplane/protocol';
 import type { EventLog } from '@agentplane/store';
 import type { ModelsModule } from '../models/module.js';
@@ -32,7 +32,7 @@ const leaseOf = (rec: LeaseRecord): Lease => ({
  * checked against the lease record (this runner, this attempt) and then fenced by the lock token.
  */
 export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
-  const recordTtl = d.lease.leaseMs * 3;
+  const recordTtl = leaseRecordTtlMs(d.lease.leaseMs);
   const firstEventSeen = new Set<string>();
   /** When each lease accepted here was accepted (time to first event), until its first event. */
   const acceptedAt = new Map<string, number>();
@@ -101,11 +101,9 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
       return void revoke(conn, msg.payload, why);
     }
     // The Run records the lease (leased and started in one move) before the scheduler hears of
-    // it, so the answer tells it there is nothing left to record.
-    await Promise.all([
-      d.records.touch(rec.lease_id, recordTtl),
-      d.lifecycle.accepted(rec.session_id, rec.run_id, { lease_id: rec.lease_id, runner_id: rec.runner_id, attempt: rec.attempt }),
-    ]);
+    // it, so the answer tells it there is nothing left to record. (The lease record was written
+    // to live as long as a lease's: heartbeats renew it from here.)
+    await d.lifecycle.accepted(rec.session_id, rec.run_id, { lease_id: rec.lease_id, runner_id: rec.runner_id, attempt: rec.attempt });
     await d.records.reply(rec, { lease_id: rec.lease_id, outcome: 'accepted', recorded: true });
     known.set(rec.lease_id, rec);
     // Leases lost without a last frame leave an entry: keep the map bounded.

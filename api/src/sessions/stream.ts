@@ -70,6 +70,8 @@ export interface StreamSpec {
 /** Parse `Last-Event-ID` (header) or `last_event_id` (query): a non-negative sequence number. */
 export async function checkedCursor(log: EventLog, sessionId: string, header: string | undefined, query: number | undefined): Promise<number> {
   const cursor = resumeCursor(header, query);
+  // No cursor (or 0): nothing to check, and no read.
+  if (cursor === 0) return cursor;
   const st = await log.state(sessionId);
   if (cursor > st.seq) throw new ApiError('validation.malformed', `Last-Event-ID ${cursor} is beyond the end of this log (${st.seq})`);
   return cursor;

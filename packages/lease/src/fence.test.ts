@@ -48,4 +48,22 @@ describe('lease fences of one Session', () => {
     await marks.clear(s, 'run_9');
     expect(await fence.claim({ sessionId: s, token: 'lease-9', runnerId: 'r1', attempt: 1, runId: 'run_9' }, 60_000)).toBe('ok');
   });
+
+  it('releases a live fence in the check that finds it live, and leaves an expired or unknown one as it is', async () => {
+    const redis = redisOf();
+    const fence = new LeaseFence(redis);
+    const log = new EventLog(redis);
+    const s = `sess_${'c'.repeat(32)}`;
+    expect(await fence.claim({ sessionId: s, token: 'live', runnerId: 'r1', attempt: 1, runId: 'run_1' }, 60_000)).toBe('ok');
+    // A fence that expired (a claim whose time is already past) is not released by the check.
+    expect(await fence.claim({ sessionId: s, token: 'expired', runnerId: 'r1', attempt: 1, runId: 'run_2' }, -1_000)).toBe('ok');
+    expect(await fence.releaseLive(s, 'live')).toBe(true);
+    expect(await fence.holds(s, 'live')).toBe(false);
+    expect(await fence.current(s, 'run_1')).toEqual({});
+    expect(await log.append(s, [{ type: 'a', payload: {} }], { fence: 'live' })).toMatchObject({ ok: false, reason: 'fenced' });
+    expect(await fence.releaseLive(s, 'live')).toBe(false);
+    expect(await fence.releaseLive(s, 'expired')).toBe(false);
+    expect(await fence.current(s, 'run_2')).toMatchObject({ token: 'expired', run_id: 'run_2' });
+    expect(await fence.releaseLive(s, 'never-claimed')).toBe(false);
+  });
 });

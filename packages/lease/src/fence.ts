@@ -52,16 +52,27 @@ if ttl >= 0 and ttl < tonumber(ARGV[2]) + 86400000 then redis.call('PEXPIRE', KE
 return 'ok'`,
 );
 
-const RELEASE = new LuaScript(
-  'lease_release_multi',
-  `local info = redis.call('HGET', KEYS[1], 'i:' .. ARGV[1])
-if not redis.call('HGET', KEYS[1], 't:' .. ARGV[1]) then return 0 end
+/** Drops the fence of token ARGV[1] (its expiry, its info and the Run's pointer to it). */
+const DROP = `local info = redis.call('HGET', KEYS[1], 'i:' .. ARGV[1])
 redis.call('HDEL', KEYS[1], 't:' .. ARGV[1], 'i:' .. ARGV[1])
 if info then
   local run = string.match(info, '^[^|]*|[^|]*|(.*)$')
   if run and redis.call('HGET', KEYS[1], 'r:' .. run) == ARGV[1] then redis.call('HDEL', KEYS[1], 'r:' .. run) end
 end
-return 1`,
+return 1`;
+
+const RELEASE = new LuaScript(
+  'lease_release_multi',
+  `if not redis.call('HGET', KEYS[1], 't:' .. ARGV[1]) then return 0 end
+${DROP}`,
+);
+
+/** A fence still live is released: 1; an expired or unknown one is left as it is: 0. */
+const RELEASE_LIVE = new LuaScript(
+  'lease_release_live',
+  `${NOW}
+if tonumber(redis.call('HGET', KEYS[1], 't:' .. ARGV[1]) or '0') < now then return 0 end
+${DROP}`,
 );
 
 const CHECK = new LuaScript(
@@ -100,6 +111,14 @@ export class LeaseFence {
 
   async release(sessionId: string, token: string): Promise<boolean> {
     return (await RELEASE.run(this.redis, [fenceKey(sessionId)], [token])) === 1;
+  }
+
+  /**
+   * Release the fence only while it is live (one round trip for a check and a release): false
+   * when it had expired or was never claimed, and then nothing changes.
+   */
+  async releaseLive(sessionId: string, token: string): Promise<boolean> {
+    return (await RELEASE_LIVE.run(this.redis, [fenceKey(sessionId)], [token])) === 1;
   }
 
   async holds(sessionId: string, token: string): Promise<boolean> {

@@ -85,20 +85,20 @@ export class LeaseKeeper {
   }
 
   /**
-   * The runner finished the attempt. The fence's release is sent, not awaited: it goes out before
-   * anything the caller writes next in the Session's slot (the Run's end, the turn's end), on the
-   * same connection and often in the same socket write, and Redis runs it first. A release that
-   * fails leaves the fence to expire, as a crash here would.
+   * The runner finished the attempt. The fence is released as it is checked (one round trip),
+   * before the job moves: the job still holds this lease's lock, so no other attempt can claim
+   * the fence meanwhile, and a move that fails finds the fence released, as it would have been
+   * anyway. The runner reports the end only after its last events were acknowledged, so no
+   * write of its own meets the released fence.
    */
   async complete(lease: Lease, result: unknown): Promise<'ok' | 'lost'> {
     const job = await this.jobFor(lease);
-    if (!job || !(await this.fence.holds(lease.session_id, lease.lease_id))) return 'lost';
+    if (!job || !(await this.fence.releaseLive(lease.session_id, lease.lease_id))) return 'lost';
     try {
       await job.moveToCompleted(result, lease.lease_id, false);
     } catch {
       return 'lost';
     } finally {
-      this.fence.release(lease.session_id, lease.lease_id).catch(() => undefined);
       this.forget(lease);
     }
     return 'ok';

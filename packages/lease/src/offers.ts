@@ -18,6 +18,13 @@ export interface LeaseRecord {
   reply_to: string;
 }
 
+/**
+ * How long a lease record lives: written with it by the offering scheduler, so an accepted
+ * offer's record needs no refresh until the lease's first heartbeat (each heartbeat renews it).
+ * Three lease periods: a late frame of a lease that was just lost still finds its record.
+ */
+export const leaseRecordTtlMs = (leaseMs: number): number => leaseMs * 3;
+
 /** The runner index outlives any one record it lists. */
 const INDEX_TTL_MS = 24 * 3600_000;
 

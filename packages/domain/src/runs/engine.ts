@@ -29,6 +29,11 @@ export interface RunEngineDeps {
 
 /** Per-process caches of lookups that never change once they exist. */
 const CACHE_ENTRIES = 4096;
+/**
+ * A pool's active mark is never removed, so this process writes it once and then again only
+ * this often (in case Redis lost it), not once per Run.
+ */
+const POOL_MARK_REFRESH_MS = 10_000;
 
 /**
  * The API's side of scheduling (the `TurnScheduler` the Sessions module calls): a queued Run
@@ -46,6 +51,8 @@ export class RunEngine implements TurnScheduler {
   private readonly defaultPools = new BoundedCache<string, string>(CACHE_ENTRIES);
   /** Fair-share ranks taken beside a turn start's intent (`runStarting`), by Run id, until its enqueue. */
   private readonly ranks = new BoundedCache<string, { poolId: string; workspaceId: string; rank: Promise<number> }>(CACHE_ENTRIES, { maxAgeMs: 60_000 });
+  /** Pool id → the Workspace this process marked it active for, lately. */
+  private readonly markedPools = new BoundedCache<string, string>(CACHE_ENTRIES, { maxAgeMs: POOL_MARK_REFRESH_MS });
 
   constructor(private readonly d: RunEngineDeps) {
     this.fence = new LeaseFence(d.redis);
@@ -131,9 +138,16 @@ export class RunEngine implements TurnScheduler {
         accepted_at_ms: Date.parse(run.created_at),
       }, rank, trace),
       this.d.redis.hset(runSessionsKey(run.workspace_id), run.id, run.session_id),
-      markPoolActive(this.d.redis, poolId, run.workspace_id),
+      this.markActive(poolId, run.workspace_id),
     ]);
     await Promise.all([this.d.lifecycle.enqueued(run.session_id, run.id, poolId, run), this.outbox.remove(run.session_id, run.id)]);
+  }
+
+  /** The pool's active mark (the scheduler watches marked pools), unless this process wrote it lately. */
+  private async markActive(poolId: string, workspaceId: string): Promise<void> {
+    if (this.markedPools.get(poolId) === workspaceId) return;
+    await markPoolActive(this.d.redis, poolId, workspaceId);
+    this.markedPools.set(poolId, workspaceId);
   }
 
   /**
