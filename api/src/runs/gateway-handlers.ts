@@ -194,21 +194,21 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     const rec = await recordFor(conn, p);
     if (!rec || rec.session_id !== p.session_id) return void revoke(conn, p, 'unknown lease');
     const endAppend = appendSeconds.startTimer();
-    const res = await d.log.append(
-      rec.session_id,
-      p.events.map((e) => ({ type: e.type, payload: e.payload, session_thread_id: rec.thread_id, producer_key: e.producer_key })),
-      { fence: rec.lease_id, trace },
-    );
+    const events = p.events.map((e) => ({ type: e.type, payload: e.payload, session_thread_id: rec.thread_id, producer_key: e.producer_key }));
+    const first = !firstEventSeen.has(rec.lease_id);
+    // A lease's first batch records the Run's first event in the same script.
+    const res = first
+      ? await d.lifecycle.appendFirstEvents(rec.session_id, rec.run_id, events, { fence: rec.lease_id, trace })
+      : await d.log.append(rec.session_id, events, { fence: rec.lease_id, trace });
     endAppend({ outcome: res.ok ? 'ok' : 'fenced' });
     if (res.ok) appended.inc(res.events.length);
     if (!res.ok) return void revoke(conn, p, res.reason === 'erased' ? 'the session was deleted' : 'the lease was lost: writes are fenced');
     conn.send('events.ack', { lease_id: p.lease_id, attempt: p.attempt, seqs: res.events.map((e) => e.seq) }, msg.id);
-    if (!firstEventSeen.has(rec.lease_id)) {
+    if (first) {
       firstEventSeen.add(rec.lease_id);
       const at = acceptedAt.get(rec.lease_id);
       acceptedAt.delete(rec.lease_id);
       if (at !== undefined) firstEventSeconds.observe((performance.now() - at) / 1000);
-      await d.lifecycle.firstEvent(rec.session_id, rec.run_id);
     }
   });
 

@@ -152,6 +152,27 @@ describe('event log', () => {
     expect(await redis.get(threadKey)).toBe(JSON.stringify({ id: 'sthr_1', version: 4, list: [] }));
   });
 
+  it('commit with a lease fence: a stale or expired token refuses the documents as well as the events', async () => {
+    const s = sess();
+    const tag = tags.session(s);
+    const docs = new DocumentStore(redis);
+    const now = new Date().toISOString();
+    await docs.create(tag, { id: 'run_1', version: 2, created_at: now, updated_at: now });
+    const runKey = keys.doc(tag, 'run_1');
+    const stored = await redis.get(runKey);
+    const write = (fence: string, producer: string) => log.commit(s, [{ key: runKey, body: JSON.stringify({ id: 'run_1', version: 3 }), expectedVersion: 2 }],
+      [{ type: 'agent.message', payload: {}, producer_key: producer }], { fence });
+    expect(await write('tok', 'p1')).toEqual({ ok: false, reason: 'fenced', detail: 'mismatch' });
+    await log.setLease(s, 'tok', Date.now() - 1_000);
+    expect(await write('tok', 'p1')).toEqual({ ok: false, reason: 'fenced', detail: 'expired' });
+    expect(await redis.get(runKey)).toBe(stored);
+    expect((await log.state(s)).seq).toBe(0);
+    await log.setLease(s, 'tok', Date.now() + 60_000);
+    const ok = await write('tok', 'p1');
+    expect(ok.ok && ok.events.map((e) => [e.seq, e.type])).toEqual([[1, 'agent.message']]);
+    expect(await redis.get(runKey)).toBe(JSON.stringify({ id: 'run_1', version: 3 }));
+  });
+
   it('append with enqueue: new events are queued once and the peeked document comes back; commit dequeues only the expected head', async () => {
     const s = sess();
     const tag = tags.session(s);

@@ -105,7 +105,7 @@ export interface CommitDoc {
   index?: { key: string; score: number; member: string };
 }
 
-export interface CommitOptions extends Pick<AppendOptions, 'producerKey' | 'trace'> {
+export interface CommitOptions extends Pick<AppendOptions, 'fence' | 'producerKey' | 'trace'> {
   /** Take these ids off the head of a list in the same script (a turn consuming its queued inputs). */
   dequeue?: CommitDequeue;
   /** Instead of `dequeue`: this list (in the Session's slot) must be empty, or nothing is written (`queue`). */
@@ -194,15 +194,19 @@ end`;
  *       producer key | event id | JSON tail (after the opening brace) | counters "f=n;f=n"
  */
 const APPEND_LUA = `${ISO_LUA}
+local function fenced(KEYS, ARGV, now_ms)
+  if ARGV[1] == '' then return nil end
+  local exp = redis.call('HGET', KEYS[5], 't:' .. ARGV[1])
+  if not exp then return {'fenced', 'mismatch'} end
+  if tonumber(exp) <= now_ms then return {'fenced', 'expired'} end
+  return nil
+end
 local function append(KEYS, ARGV)
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if redis.call('HEXISTS', KEYS[2], 'erased') == 1 then return {'erased'} end
-if ARGV[1] ~= '' then
-  local exp = redis.call('HGET', KEYS[5], 't:' .. ARGV[1])
-  if not exp then return {'fenced', 'mismatch'} end
-  if tonumber(exp) <= now_ms then return {'fenced', 'expired'} end
-end
+local refused = fenced(KEYS, ARGV, now_ms)
+if refused then return refused end
 local created = iso(now_ms)
 local seq = tonumber(redis.call('HGET', KEYS[2], 'seq') or '0')
 local ttl = tonumber(ARGV[2])
@@ -304,9 +308,10 @@ end
 return out`);
 
 /*
- * Document writes and an append in one script, all or nothing: every document is checked
- * first (compare-and-swap on \`version\`, or must not exist yet), then written, then the events
- * are appended exactly as by APPEND (which never refuses once the erased check passed: no fence).
+ * Document writes and an append in one script, all or nothing: the lease fence (when one is
+ * given) and every document are checked first (compare-and-swap on \`version\`, or must not exist
+ * yet), then the documents are written, then the events are appended exactly as by APPEND
+ * (which no longer refuses once those checks passed).
  * KEYS: the six log keys, then per document its key and, if indexed, its index key, then the
  *       dequeue list when k > 0
  * ARGV: as APPEND, then m | per document: expected version ('' = new) | JSON | indexed '1'/'0' |
@@ -317,6 +322,11 @@ const COMMIT = new LuaScript(
   'event_log_commit',
   `${APPEND_LUA}
 if redis.call('HEXISTS', KEYS[2], 'erased') == 1 then return {'erased'} end
+if ARGV[1] ~= '' then
+  local t = redis.call('TIME')
+  local refused = fenced(KEYS, ARGV, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+  if refused then return refused end
+end
 local a = 6 + tonumber(ARGV[4]) * 4
 local m = tonumber(ARGV[a])
 local ki = 7
@@ -541,7 +551,8 @@ export class EventLog {
    * Write documents of this Session's slot and append events, atomically: every document is
    * checked first (its \`version\` for a compare-and-swap, absence for a new one); if any check
    * fails nothing is written. Then the events are appended exactly as by \`append\` (producer
-   * keys, counters, PUBLISH). No lease fence: the runner side appends through \`append\`.
+   * keys, counters, PUBLISH). With \`fence\`, a stale or expired lease token refuses the whole
+   * commit (\`fenced\`) before anything is written.
    */
   async commit(sessionId: string, docs: readonly CommitDoc[], events: readonly AppendEvent[], options: CommitOptions = {}): Promise<CommitResult> {
     if (!tracingEnabled()) return this.commitNow(sessionId, docs, events, options);

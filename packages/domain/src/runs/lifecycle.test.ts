@@ -132,3 +132,31 @@ describe('a Run placed before its enqueue is recorded', () => {
     expect(doc?.timestamps?.enqueued_at ?? null).toBeNull();
   });
 });
+
+describe('a lease\'s first events', () => {
+  const message = (key: string) => [{ type: 'agent.message', payload: { content: [] }, producer_key: key }];
+
+  it('record the Run\'s first event in the append that carries them, only when the lease holds; later ones are appended alone', async () => {
+    const t = await leasedTurn();
+    // No fence claimed for this token: neither the events nor the Run's first event are written.
+    expect(await lifecycle.appendFirstEvents(t.sessionId, t.runId, message('k0'), { fence: 'lease-1' })).toMatchObject({ ok: false, reason: 'fenced' });
+    expect((await store.run(t.sessionId, t.runId))?.timestamps?.first_event_at).toBeNull();
+    const seq = (await store.log.state(t.sessionId)).seq;
+
+    await store.log.setLease(t.sessionId, 'lease-1', Date.now() + 60_000);
+    const first = await lifecycle.appendFirstEvents(t.sessionId, t.runId, message('k1'), { fence: 'lease-1' });
+    expect(first.ok && first.events.map((e) => e.seq)).toEqual([seq + 1]);
+    const run = await store.run(t.sessionId, t.runId);
+    expect(run?.timestamps?.first_event_at).toEqual(expect.any(String));
+    expect(run?.status).toBe('running');
+
+    // Again (another batch that thought it was first): appended alone, the Run unchanged.
+    const again = await lifecycle.appendFirstEvents(t.sessionId, t.runId, message('k2'), { fence: 'lease-1' });
+    expect(again.ok && again.events.map((e) => e.seq)).toEqual([seq + 2]);
+    expect(await store.run(t.sessionId, t.runId)).toEqual(run);
+
+    // A Run that is gone: the events are appended alone.
+    const gone = await lifecycle.appendFirstEvents(t.sessionId, 'run_gone', message('k3'), { fence: 'lease-1' });
+    expect(gone.ok && gone.events.map((e) => e.seq)).toEqual([seq + 3]);
+  });
+});

@@ -1,5 +1,5 @@
-import { crashPoint, nowIso, type Context, type Logger } from '@agentplane/core';
-import { BoundedCache, tags } from '@agentplane/store';
+import { ApiError, crashPoint, nowIso, type Context, type Logger } from '@agentplane/core';
+import { BoundedCache, keys, tags, type AppendEvent, type AppendResult } from '@agentplane/store';
 import type { GraderRunResult, RunAttempt, RunDoc, RunStatus, WaitKind } from '../sessions/model.js';
 import type { SessionStore } from '../sessions/store.js';
 import type { StopReason, ThreadRuntime } from '../sessions/turns.js';
@@ -143,8 +143,48 @@ export class RunLifecycle {
     if (res?.moved) await this.runtime.markStarted(sessionId, res.run.session_thread_id).catch(() => undefined);
   }
 
-  async firstEvent(sessionId: string, runId: string): Promise<void> {
-    await this.move(sessionId, runId, (r) => (r.timestamps?.first_event_at ? null : { ...r, timestamps: { ...this.ts(r), first_event_at: nowIso() } }));
+  /**
+   * A lease's first events and the Run's `first_event_at` in one script: the Run's
+   * compare-and-swap rides on the fenced append (a stale or lost lease refuses both), one round
+   * trip instead of two, and the Run never records a first event that is not in the log. A Run
+   * that already records its first event, or that is gone, gets the events appended alone.
+   */
+  async appendFirstEvents(sessionId: string, runId: string, events: readonly AppendEvent[], options: { fence: string; trace?: Context | undefined }): Promise<AppendResult> {
+    const tag = tags.session(sessionId);
+    const guess = this.guess(runId);
+    // What the commit answered (set inside the write, which the update may run more than once).
+    const out: { result: AppendResult | null } = { result: null };
+    try {
+      const run = await this.store.docs.update<RunDoc>(tag, runId, (r) => (r.timestamps?.first_event_at ? null : { ...r, timestamps: { ...this.ts(r), first_event_at: nowIso() } }), {
+        notFound: 'run',
+        ...(guess ? { current: guess } : {}),
+        write: async (next, expected) => {
+          const r = await this.store.log.commit(sessionId, [{ key: keys.doc(tag, runId), body: JSON.stringify(next), expectedVersion: expected }], events, options);
+          if (r.ok) {
+            out.result = r;
+            return { kind: 'written' };
+          }
+          switch (r.reason) {
+            case 'stale':
+              return { kind: 'stale', current: r.current };
+            case 'missing':
+              return { kind: 'missing' };
+            case 'fenced':
+            case 'erased':
+              // Refused whole: nothing was written, and the loop ends here with the refusal.
+              out.result = r;
+              return { kind: 'written' };
+            default:
+              throw new Error(`the first events of run ${runId} met an unexpected '${r.reason}'`);
+          }
+        },
+      });
+      if (out.result?.ok) this.recent.set(runId, JSON.stringify(run));
+    } catch (err) {
+      // Only a Run that is gone falls through to a plain append (a failed write is the caller's).
+      if (out.result !== null || !(err instanceof ApiError && err.type === 'validation.not_found')) throw err;
+    }
+    return out.result ?? this.store.log.append(sessionId, events, options);
   }
 
   /** The runner finished the turn. `trace`: the context of the runner's report (the turn end's spans' parent). */
