@@ -9,8 +9,8 @@ import { SCRIPT, startTurnPlatform, untilEvents, type TurnEvent, type TurnPlatfo
 /**
  * The API dies inside a turn's end, at the two points recovery must repair (named crash points,
  * `AGENTPLANE_CRASH_AT`): after the Run is written `succeeded` but before the thread is, and
- * after the thread is idle but before `session.status_idle` is appended and the queued message
- * starts. The supervisor restarts the API; the scheduler's reconciliation replays the finished
+ * after the thread is idle (with its `session.status_idle`, written by the same script) but
+ * before the queued message starts. The supervisor restarts the API; the scheduler's reconciliation replays the finished
  * job and the turn end completes: one `session.status_idle` per turn, the queued message runs,
  * no event twice.
  */
@@ -84,7 +84,7 @@ describe('a crash inside a turn end', () => {
     await crashInsideTurnEnd('run-succeeded-written');
   }, 180_000);
 
-  it('after the thread is idle, before session.status_idle and the queued message: both happen once', async () => {
+  it('after the thread is idle and session.status_idle appended, before the queued message: it starts once', async () => {
     await crashInsideTurnEnd('turn-end-written');
   }, 180_000);
 });

@@ -168,3 +168,36 @@ describe('turn start', () => {
     expect(await redis.zcard(keys.index(tags.session(session.id), 'runs'))).toBe(1);
   });
 });
+
+describe('turn end', () => {
+  it('writes the thread and its session.status_idle in one script; a repeated end appends nothing more; an erased Session\'s thread is written alone', async () => {
+    const store = new SessionStore(redis);
+    const rec = recording();
+    const runtime = new ThreadRuntime(store, () => rec.scheduler);
+    const { session, threadId } = await idleSession(store);
+    const { run } = await runtime.submitUserMessage(session, threadId, newId('event'));
+    if (!run) throw new Error('no turn started');
+    const idles = async () => (await store.log.range(session.id, 0, 100)).filter((e) => e.type === 'session.status_idle');
+
+    // The thread changed elsewhere since this process saw it: the end is made on the stored one.
+    await new SessionStore(other).updateThread(session.id, threadId, (t) => ({ ...t, _startup_ms: 5 }));
+    const idle = { type: 'session.status_idle', payload: { stop_reason: { type: 'end_turn' } }, session_thread_id: threadId, producer_key: `run:${run.id}:idle` };
+    const end = (t: Parameters<Parameters<SessionStore['endTurnWith']>[2]>[0]) => (t.status === 'running' ? { ...t, status: 'idle' as const, _active_run_id: null } : null);
+    const first = await store.endTurnWith(session.id, threadId, end, idle);
+    expect(first.appended).toBe(true);
+    expect(first.thread).toMatchObject({ status: 'idle', _startup_ms: 5 });
+    expect(await idles()).toHaveLength(1);
+    expect(await store.thread(session.id, threadId)).toEqual(first.thread);
+
+    const again = await store.endTurnWith(session.id, threadId, end, idle);
+    expect(again).toEqual({ thread: first.thread, appended: false });
+    expect(await idles()).toHaveLength(1);
+
+    await store.updateThread(session.id, threadId, (t) => ({ ...t, status: 'running' }));
+    const seq = (await store.log.state(session.id)).seq;
+    await store.log.erase(session.id);
+    const erased = await store.endTurnWith(session.id, threadId, end, idle);
+    expect(erased).toMatchObject({ appended: false, thread: { status: 'idle' } });
+    expect((await store.log.state(session.id))).toMatchObject({ seq, erased: true });
+  });
+});

@@ -262,7 +262,10 @@ export class ThreadRuntime {
     let moved = false;
     // A coordinator's delegation tool uses wait for the control plane, not for a client.
     const delegations = stop.type === 'requires_action' ? await this.coordinator.classify(session, threadId, waits) : new Map<string, never>();
-    const next = await this.store.updateThread(session.id, threadId, (t) => {
+    const idle: AppendEvent = {
+      type: 'session.status_idle', payload: { stop_reason: stop }, session_thread_id: threadId, ...(runId !== null ? { producer_key: `run:${runId}:idle` } : {}),
+    };
+    const { thread: next, appended } = await this.store.endTurnWith(session.id, threadId, (t) => {
       endedRunId = t._active_run_id;
       moved = false;
       if (t.status === 'terminated') return null;
@@ -282,16 +285,16 @@ export class ThreadRuntime {
         return { ...base, _wait_generation: gen, _waits: w };
       }
       return { ...base, _active_run_id: null };
-    });
+    }, idle, options.trace);
     if (runId !== null && !moved && next.status !== 'terminated') {
       // Already ended: repair the later steps only while this Run's end is the thread's last move.
       if (next.status !== 'idle' || next._ended_run_id !== runId) return next;
       endedRunId = runId;
     }
     crashPoint('turn-end-written');
-    await this.store.log.append(session.id, [{
-      type: 'session.status_idle', payload: { stop_reason: stop }, session_thread_id: threadId, ...(runId !== null ? { producer_key: `run:${runId}:idle` } : {}),
-    }], { trace: options.trace });
+    // The end's own write appended the event; a repeated end (or one that did not move the
+    // thread) appends it here, once per Run (its producer key).
+    if (!appended) await this.store.log.append(session.id, [idle], { trace: options.trace });
     // An archived Session takes no new work: queued messages stay in the log but start no turn.
     const live = options.fresh ? session : await this.store.docs.get<SessionDoc>(sessionTag(session.id), session.id);
     if (live?.type === 'session' && (live.agent.multiagent || next.parent_thread_id !== null)) await this.coordinator.turnEnded(live, next);
