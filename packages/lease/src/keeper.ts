@@ -38,7 +38,8 @@ export class LeaseKeeper {
   private async jobFor(lease: Lease): Promise<Job<RunJobData> | undefined> {
     const cached = this.jobs.get(lease.lease_id);
     if (cached) return cached;
-    const job = await this.queues.job(lease.pool_id, lease.run_id);
+    // A first attempt's job as this process queued it, else read back.
+    const job = (lease.attempt === 1 ? this.queues.firstAttemptJob(lease.pool_id, lease.run_id) : undefined) ?? await this.queues.job(lease.pool_id, lease.run_id);
     if (job) this.jobs.set(lease.lease_id, job);
     return job;
   }

@@ -1,6 +1,6 @@
 import { Job, Queue, type JobsOptions } from 'bullmq';
 import { ATTR, injectTrace, inSpan, SpanKind, type Context, type TraceCarrier } from '@agentplane/core';
-import { LuaScript, type Redis } from '@agentplane/store';
+import { BoundedCache, LuaScript, type Redis } from '@agentplane/store';
 import type { LeaseConfig } from './config.js';
 import type { RunRequirements } from './requirements.js';
 
@@ -59,6 +59,12 @@ return gone`,
 
 export class RunQueues {
   private readonly queues = new Map<string, Queue>();
+  /**
+   * Jobs this process added, by pool and Run, for a minute: the acceptance of a Run's first
+   * lease (usually through the API that queued it) takes the job from here instead of reading it
+   * back. A job as added is what a first attempt needs: its id and options, no attempt made.
+   */
+  private readonly added = new BoundedCache<string, Job<RunJobData>>(4096, { maxAgeMs: 60_000 });
 
   /**
    * `connection` carries BullMQ's queues (it never gives up on a command). The fair-share set
@@ -124,13 +130,21 @@ export class RunQueues {
       removeOnComplete: { age: 24 * 3600 },
       removeOnFail: { age: 7 * 24 * 3600 },
     };
-    await this.queue(data.pool_id).add('run', full, opts);
+    this.added.set(`${data.pool_id}/${data.run_id}`, await this.queue(data.pool_id).add('run', full, opts));
     return full;
   }
 
   /** The Run left the queue for good (leased, removed, unservable, exhausted); idempotent. */
   async dequeued(poolId: string, workspaceId: string, runId: string): Promise<void> {
     await this.commands.zrem(fairKey(poolId, workspaceId), runId);
+  }
+
+  /**
+   * The job of a Run's first attempt as this process added it (see `added`), once; undefined
+   * when this process did not add it lately. Never for a later attempt: its counters moved.
+   */
+  firstAttemptJob(poolId: string, runId: string): Job<RunJobData> | undefined {
+    return this.added.take(`${poolId}/${runId}`);
   }
 
   async job(poolId: string, runId: string): Promise<Job<RunJobData> | undefined> {
