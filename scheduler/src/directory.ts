@@ -15,8 +15,11 @@ export interface RunnerView {
 
 /** Where the scheduler reads which runners exist and which are ready. */
 export interface RunnerDirectory {
-  /** Runners of the pool with a live presence. */
-  live(poolId: string): Promise<RunnerView[]>;
+  /**
+   * Runners of the pool with a live presence: possibly a view up to a second old, refreshed
+   * meanwhile (presence is a hint); `fresh`: read now unless the view was read just now.
+   */
+  live(poolId: string, fresh?: boolean): Promise<RunnerView[]>;
   /** Last known capabilities of every runner ever enrolled in the pool (for "can never be served"). */
   enrolled(poolId: string): Promise<RunnerCapabilities[]>;
 }

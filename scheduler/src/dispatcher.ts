@@ -116,8 +116,9 @@ export class PoolDispatcher {
     await this.worker.close();
   }
 
-  private async freeCapacity(): Promise<{ runners: RunnerView[]; free: number }> {
-    const runners = (await this.o.directory.live(this.o.poolId)).filter((r) => r.status === 'ready');
+  /** `fresh`: not from a view the directory may serve while it refreshes it (see `RunnerDirectory.live`). */
+  private async freeCapacity(fresh = false): Promise<{ runners: RunnerView[]; free: number }> {
+    const runners = (await this.o.directory.live(this.o.poolId, fresh)).filter((r) => r.status === 'ready');
     let free = 0;
     for (const r of runners) free += Math.max(0, (r.capabilities.available_slots ?? 0) - this.load(r));
     return { runners, free };
@@ -169,7 +170,9 @@ export class PoolDispatcher {
   private async loop(): Promise<void> {
     while (!this.stopped) {
       try {
-        const { runners, free } = await this.freeCapacity();
+        let { runners, free } = await this.freeCapacity();
+        // A view that shows no room may be one the directory is refreshing: look again, read now.
+        if (free - this.inFlight <= 0) ({ runners, free } = await this.freeCapacity(true));
         if (free - this.inFlight <= 0) {
           if (Date.now() - this.lastWaitingScan > 1000) await this.reportWaiting(runners.length === 0);
           await this.sleep(250);
@@ -254,8 +257,13 @@ export class PoolDispatcher {
     checked.catch(() => undefined);
     const early = job.attemptsStarted <= 1 ? this.o.offers.prepare(plan) : undefined;
     const req = job.data.requirements;
-    const { runners } = await this.freeCapacity();
-    const candidates = this.candidates(runners, req);
+    let { runners } = await this.freeCapacity();
+    let candidates = this.candidates(runners, req);
+    // Nobody in a view the directory may be refreshing: look again, read now, before giving up.
+    if (candidates.length === 0) {
+      ({ runners } = await this.freeCapacity(true));
+      candidates = this.candidates(runners, req);
+    }
 
     if (candidates.length === 0) {
       if (await checked) return this.cancelTaken(job, token, trace);

@@ -12,18 +12,46 @@ export class PresenceDirectory implements RunnerDirectory {
   /** Last capabilities seen per pool and runner (for "no runner can ever serve this Run"). */
   private readonly seen = new Map<string, Map<string, RunnerCapabilities>>();
   private readonly cache = new Map<string, { at: number; views: RunnerView[] }>();
+  /** The read of a pool's presences under way, if any: callers meanwhile share it. */
+  private readonly reading = new Map<string, Promise<RunnerView[]>>();
 
+  /**
+   * `cacheMs`: a pool's view is served as read for this long. `staleMs`: until then an older view
+   * is still served at once while one read refreshes it in the background, so a placement never
+   * waits on that read (presence is only a hint: the runner's answer decides, and an offer to a
+   * runner that left is refused at once by its gateway). Older than that, or none: read now.
+   */
   constructor(
     redis: Redis,
     private readonly workspaceOf: (poolId: string) => string | undefined,
     private readonly cacheMs = 100,
+    private readonly staleMs = 1000,
   ) {
     this.presence = new PresenceStore(redis);
   }
 
-  async live(poolId: string): Promise<RunnerView[]> {
+  async live(poolId: string, fresh = false): Promise<RunnerView[]> {
     const hit = this.cache.get(poolId);
-    if (hit && Date.now() - hit.at < this.cacheMs) return hit.views;
+    const age = hit ? Date.now() - hit.at : Number.POSITIVE_INFINITY;
+    if (hit && age < this.cacheMs) return hit.views;
+    const read = this.refresh(poolId);
+    if (hit && age < this.staleMs && !fresh) {
+      read.catch(() => undefined);
+      return hit.views;
+    }
+    return read;
+  }
+
+  private refresh(poolId: string): Promise<RunnerView[]> {
+    let read = this.reading.get(poolId);
+    if (!read) {
+      read = this.read(poolId).finally(() => this.reading.delete(poolId));
+      this.reading.set(poolId, read);
+    }
+    return read;
+  }
+
+  private async read(poolId: string): Promise<RunnerView[]> {
     const ws = this.workspaceOf(poolId);
     if (!ws) return [];
     const views: RunnerView[] = [];

@@ -1,0 +1,62 @@
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { PresenceStore } from '@agentplane/gateway';
+import { connectRedis, startEmbeddedRedis, type EmbeddedRedis, type Redis } from '@agentplane/store';
+import { PresenceDirectory } from './presence-directory.js';
+
+let server: EmbeddedRedis;
+let redis: Redis;
+let dir: string;
+
+beforeAll(async () => {
+  dir = mkdtempSync(join(tmpdir(), 'presence-dir-'));
+  server = await startEmbeddedRedis({ dir });
+  redis = connectRedis(server.url, { name: 'test' });
+});
+afterAll(async () => {
+  redis?.disconnect();
+  await server?.stop();
+  rmSync(dir, { recursive: true, force: true });
+});
+
+const WS = 'wrkspc_dir';
+const POOL = 'rpool_dir';
+
+async function present(runner: string): Promise<void> {
+  const now = Date.now();
+  await new PresenceStore(redis).write(WS, {
+    presence: {
+      runner, runner_pool: POOL, generation: 1, placement: 'local', status: 'ready', placement_conformance_digests: [],
+      capabilities: { protocol_versions: [1], available_slots: 1, drivers: ['docker'], providers: [] },
+      last_seen_at: new Date(now).toISOString(), expires_at: new Date(now + 60_000).toISOString(),
+    },
+    route: { node_id: 'gw_1', connection_id: 'c_1', credential_id: 'rcred_1' },
+  }, 60_000);
+}
+
+const ids = (views: { runner_id: string }[]) => views.map((v) => v.runner_id).sort();
+
+describe('the presence directory', () => {
+  it('serves a view while it is refreshed in the background, shares one read between callers, and reads now when asked to', async () => {
+    // Every view is past `cacheMs` at once, and served while a refresh runs for a minute.
+    const directory = new PresenceDirectory(redis, () => WS, 0, 60_000);
+    await present('runner_a');
+    expect(ids(await directory.live(POOL))).toEqual(['runner_a']);
+
+    await present('runner_b');
+    // The view held is served at once; the refresh it started is the one both callers share.
+    const [served, again] = await Promise.all([directory.live(POOL), directory.live(POOL)]);
+    expect(ids(served)).toEqual(['runner_a']);
+    expect(again).toBe(served);
+    // Asked for a fresh view: the read under way (or a new one) is waited for.
+    expect(ids(await directory.live(POOL, true))).toEqual(['runner_a', 'runner_b']);
+
+    // A view older than `staleMs` is never served: the read is waited for.
+    const strict = new PresenceDirectory(redis, () => WS, 0, 0);
+    expect(ids(await strict.live(POOL))).toEqual(['runner_a', 'runner_b']);
+    await present('runner_c');
+    expect(ids(await strict.live(POOL))).toEqual(['runner_a', 'runner_b', 'runner_c']);
+  });
+});
