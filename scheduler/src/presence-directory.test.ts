@@ -29,7 +29,7 @@ async function present(runner: string): Promise<void> {
   await new PresenceStore(redis).write(WS, {
     presence: {
       runner, runner_pool: POOL, generation: 1, placement: 'local', status: 'ready', placement_conformance_digests: [],
-      capabilities: { protocol_versions: [1], available_slots: 1, drivers: ['docker'], providers: [] },
+      capabilities: { protocol_versions: [1], available_slots: 1, drivers: ['docker'], plane_protocols: [], providers: [] },
       last_seen_at: new Date(now).toISOString(), expires_at: new Date(now + 60_000).toISOString(),
     },
     route: { node_id: 'gw_1', connection_id: 'c_1', credential_id: 'rcred_1' },

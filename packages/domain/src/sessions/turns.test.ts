@@ -201,3 +201,29 @@ describe('turn end', () => {
     expect((await store.log.state(session.id))).toMatchObject({ seq, erased: true });
   });
 });
+
+describe('startup time', () => {
+  it('is written at the thread\'s first start only; a start of a thread known to carry it reads and writes nothing', async () => {
+    const store = new SessionStore(redis);
+    const rec = recording();
+    const runtime = new ThreadRuntime(store, () => rec.scheduler);
+    const { session, threadId } = await idleSession(store);
+    await runtime.submitUserMessage(session, threadId, newId('event'));
+    await runtime.markStarted(session.id, threadId);
+    const marked = await store.thread(session.id, threadId);
+    expect(marked._startup_ms).toEqual(expect.any(Number));
+
+    const calls = async () => {
+      const stats = await redis.info('commandstats');
+      return ['get', 'evalsha', 'eval'].reduce((n, c) => n + Number(new RegExp(`cmdstat_${c}:calls=(\\d+)`).exec(stats)?.[1] ?? 0), 0);
+    };
+    const before = await calls();
+    await runtime.markStarted(session.id, threadId);
+    expect(await calls()).toBe(before);
+
+    // A process that does not know the thread reads it and leaves it as it is.
+    await new ThreadRuntime(new SessionStore(other), () => rec.scheduler).markStarted(session.id, threadId);
+    expect(await calls()).toBeGreaterThan(before);
+    expect(await store.thread(session.id, threadId)).toEqual(marked);
+  });
+});

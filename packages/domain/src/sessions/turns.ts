@@ -231,8 +231,12 @@ export class ThreadRuntime {
   }
 
   /** Runtime side: the Run's sandbox came up (startup time is measured from turn start). */
-  async markStarted(sessionId: string, threadId: string): Promise<ThreadDoc> {
-    return this.store.updateThread(sessionId, threadId, (t) =>
+  async markStarted(sessionId: string, threadId: string): Promise<void> {
+    // The startup time is written once, at the thread's first start, and never changes after: a
+    // thread this process knows to carry it already needs neither a write nor a read.
+    const known = this.store.peekThread(sessionId, threadId);
+    if (known && known._startup_ms !== null) return;
+    await this.store.updateThread(sessionId, threadId, (t) =>
       t._running_since_ms === null || t._startup_ms !== null ? null : { ...t, _startup_ms: Date.now() - t._running_since_ms });
   }
 
