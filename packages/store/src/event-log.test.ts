@@ -173,6 +173,28 @@ describe('event log', () => {
     expect(await redis.get(runKey)).toBe(JSON.stringify({ id: 'run_1', version: 3 }));
   });
 
+  it('commit with peekList: the list as the script left it comes back (its ids while short); a refused commit returns none', async () => {
+    const s = sess();
+    const tag = tags.session(s);
+    const list = keys.scoped(tag, 'inputs:sthr_1');
+    const doc = keys.doc(tag, 'sthr_1');
+    await redis.set(doc, JSON.stringify({ id: 'sthr_1', version: 1 }));
+    await redis.rpush(list, 'evt_a', 'evt_b');
+    const end = (expected: number, producer: string) => log.commit(s, [{ key: doc, body: JSON.stringify({ id: 'sthr_1', version: expected + 1 }), expectedVersion: expected }],
+      [{ type: 'session.status_idle', payload: {}, producer_key: producer }], { peekList: list });
+    const r = await end(1, 'idle:1');
+    expect(r.ok && r.queued).toEqual(['evt_a', 'evt_b']);
+    expect(r.ok && r.events.map((e) => e.type)).toEqual(['session.status_idle']);
+    expect(await end(1, 'idle:2')).toMatchObject({ ok: false, reason: 'stale' });
+    // A queue longer than QUEUE_HEAD is left to the caller to read.
+    await redis.rpush(list, ...Array.from({ length: QUEUE_HEAD }, (_, i) => `evt_${i}`));
+    const long = await end(2, 'idle:3');
+    expect(long.ok && long.queued).toBeUndefined();
+    // Without peekList, no queue comes back.
+    const plain = await log.commit(s, [{ key: doc, body: JSON.stringify({ id: 'sthr_1', version: 4 }), expectedVersion: 3 }], [{ type: 'a', payload: {} }]);
+    expect(plain.ok && 'queued' in plain).toBe(false);
+  });
+
   it('append with enqueue: new events are queued once and the peeked document comes back; commit dequeues only the expected head', async () => {
     const s = sess();
     const tag = tags.session(s);

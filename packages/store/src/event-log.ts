@@ -112,6 +112,12 @@ export interface CommitOptions extends Pick<AppendOptions, 'fence' | 'producerKe
   emptyList?: string;
   /** Nothing is written (`replay`) when an event's producer key names an earlier append. */
   fresh?: boolean;
+  /**
+   * A list in the Session's slot (a thread's input queue) read by the same script once the
+   * commit is written: the result's \`queued\` holds it when it has at most \`QUEUE_HEAD\` ids
+   * (a longer one is the caller's to read).
+   */
+  peekList?: string;
 }
 
 export type CommitResult =
@@ -316,7 +322,9 @@ return out`);
  *       dequeue list when k > 0
  * ARGV: as APPEND, then m | per document: expected version ('' = new) | JSON | indexed '1'/'0' |
  *       score | member, then k | the k ids the dequeue list must start with (removed from it)
- *       (k = -1: the list must be empty) | fresh ('1': no event's producer key may be known)
+ *       (k = -1: the list must be empty) | fresh ('1': no event's producer key may be known) |
+       peek ('1': the last key is a list returned after the append, as APPEND's enqueue does:
+       '' (no document), its length and, when short, its ids)
  */
 const COMMIT = new LuaScript(
   'event_log_commit',
@@ -373,7 +381,18 @@ for i = 1, m do
   if d.index then redis.call('ZADD', d.index, d.score, d.member) end
 end
 if k > 0 then redis.call('LTRIM', KEYS[ki], k, -1) end
-return append(KEYS, ARGV)`,
+local out = append(KEYS, ARGV)
+if ARGV[q + math.max(k, 0) + 2] == '1' and out[1] == 'ok' then
+  local peek = KEYS[ki]
+  if k ~= 0 then peek = KEYS[ki + 1] end
+  local len = redis.call('LLEN', peek)
+  out[#out + 1] = ''
+  out[#out + 1] = tostring(len)
+  if len <= ${QUEUE_HEAD} then
+    for _, id in ipairs(redis.call('LRANGE', peek, 0, -1)) do out[#out + 1] = id end
+  end
+end
+return out`,
 );
 
 /* KEYS: stream, meta, producers, producers:ts, stats, lease. ARGV: live channel. */
@@ -584,12 +603,14 @@ export class EventLog {
       args.push(0);
     }
     args.push(options.fresh ? '1' : '');
+    if (options.peekList !== undefined) keyList.push(options.peekList);
+    args.push(options.peekList !== undefined ? '1' : '');
     const r = (await this.runDurably(COMMIT, keyList, args)) as string[];
     if (r[0] === 'stale') return { ok: false, reason: 'stale', index: Number(r[1]) - 1, current: r[2] as string };
     if (r[0] === 'missing' || r[0] === 'exists') return { ok: false, reason: r[0], index: Number(r[1]) - 1 };
     if (r[0] === 'queue') return { ok: false, reason: 'queue' };
     if (r[0] === 'replay') return { ok: false, reason: 'replay' };
-    return appendResult(r, events.length);
+    return appendResult(r, events.length, options.peekList !== undefined);
   }
 
   async state(sessionId: string): Promise<LogState> {

@@ -265,15 +265,18 @@ export class SessionStore {
   /**
    * A compare-and-swap on a thread that ends its turn, with `idle` (its `session.status_idle`)
    * appended by the same script: the end is recorded whole or not at all. `appended`: this call
-   * wrote the thread (and so the event); false when `mutate` left the thread as it was. The
-   * thread of an erased Session is written alone (its log takes nothing more).
+   * wrote the thread (and so the event); false when `mutate` left the thread as it was. `queued`:
+   * the thread's input queue as that script left it (when short; read after the thread's end, as
+   * the next turn's start needs). The thread of an erased Session is written alone (its log takes
+   * nothing more).
    */
   async endTurnWith(
     sessionId: string, threadId: string, mutate: (t: ThreadDoc) => ThreadDoc | null, idle: AppendEvent, trace?: Context,
-  ): Promise<{ thread: ThreadDoc; appended: boolean }> {
+  ): Promise<{ thread: ThreadDoc; appended: boolean; queued?: string[] }> {
     const tag = sessionTag(sessionId);
     const hint = this.recentThreads.take(`${sessionId}/${threadId}`);
     let appended = false;
+    let queued: string[] | undefined;
     const thread = await this.docs.update<ThreadDoc>(tag, threadId, (t) => {
       appended = false;
       return mutate(t);
@@ -281,9 +284,11 @@ export class SessionStore {
       notFound: 'thread',
       ...(hint !== undefined ? { current: JSON.parse(hint) as ThreadDoc } : {}),
       write: async (next, expected) => {
-        const r = await this.log.commit(sessionId, [{ key: keys.doc(tag, threadId), body: JSON.stringify(next), expectedVersion: expected }], [idle], { trace });
+        const r = await this.log.commit(sessionId, [{ key: keys.doc(tag, threadId), body: JSON.stringify(next), expectedVersion: expected }], [idle],
+          { trace, peekList: inputQueueKey(sessionId, threadId) });
         if (r.ok) {
           appended = true;
+          queued = r.queued;
           return { kind: 'written' };
         }
         if (r.reason === 'erased') return this.docs.swap(tag, threadId, next, expected);
@@ -293,7 +298,7 @@ export class SessionStore {
       },
     });
     this.rememberThread(thread);
-    return { thread, appended };
+    return { thread, appended, ...(queued ? { queued } : {}) };
   }
 
   /**

@@ -183,8 +183,11 @@ describe('turn end', () => {
     await new SessionStore(other).updateThread(session.id, threadId, (t) => ({ ...t, _startup_ms: 5 }));
     const idle = { type: 'session.status_idle', payload: { stop_reason: { type: 'end_turn' } }, session_thread_id: threadId, producer_key: `run:${run.id}:idle` };
     const end = (t: Parameters<Parameters<SessionStore['endTurnWith']>[2]>[0]) => (t.status === 'running' ? { ...t, status: 'idle' as const, _active_run_id: null } : null);
+    // A message queued during the turn comes back with the end (read by its script).
+    await store.enqueueInput(session.id, threadId, 'evt_queued');
     const first = await store.endTurnWith(session.id, threadId, end, idle);
     expect(first.appended).toBe(true);
+    expect(first.queued).toEqual(['evt_queued']);
     expect(first.thread).toMatchObject({ status: 'idle', _startup_ms: 5 });
     expect(await idles()).toHaveLength(1);
     expect(await store.thread(session.id, threadId)).toEqual(first.thread);

@@ -115,7 +115,7 @@ export class ThreadRuntime {
     eventId: string | null,
     options: {
       queued?: boolean; thread?: ThreadDoc | null;
-      /** With `queued`: the input queue as the append script left it (not read again). */
+      /** The input queue as a script just left it (the drive's append, the turn end's commit): not read again. */
       queue?: string[];
       /** The start's intent, recorded beside the append (`intendStart`): its Run id is the first attempt's. */
       intent?: TurnIntent;
@@ -269,7 +269,7 @@ export class ThreadRuntime {
     const idle: AppendEvent = {
       type: 'session.status_idle', payload: { stop_reason: stop }, session_thread_id: threadId, ...(runId !== null ? { producer_key: `run:${runId}:idle` } : {}),
     };
-    const { thread: next, appended } = await this.store.endTurnWith(session.id, threadId, (t) => {
+    const { thread: next, appended, queued } = await this.store.endTurnWith(session.id, threadId, (t) => {
       endedRunId = t._active_run_id;
       moved = false;
       if (t.status === 'terminated') return null;
@@ -308,7 +308,8 @@ export class ThreadRuntime {
     if (stop.type !== 'requires_action' && live?.type === 'session' && live.archived_at === null) {
       // Everything queued during the turn becomes the input of the next one, in arrival order
       // (the queue is read after the thread became idle: see submitUserMessage).
-      const { run } = await this.submitUserMessage(live, threadId, null, { thread: next, trace: options.trace });
+      // The queue as the end's own script read it (after the thread's end): not read again.
+      const { run } = await this.submitUserMessage(live, threadId, null, { thread: next, trace: options.trace, ...(queued ? { queue: queued } : {}) });
       if (options.fresh && !run) return next;
     }
     return this.store.thread(session.id, threadId);
