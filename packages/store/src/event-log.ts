@@ -323,8 +323,8 @@ return out`);
  * ARGV: as APPEND, then m | per document: expected version ('' = new) | JSON | indexed '1'/'0' |
  *       score | member, then k | the k ids the dequeue list must start with (removed from it)
  *       (k = -1: the list must be empty) | fresh ('1': no event's producer key may be known) |
-       peek ('1': the last key is a list returned after the append, as APPEND's enqueue does:
-       '' (no document), its length and, when short, its ids)
+ *       peek ('1': the last key is a list returned after the append, as APPEND's enqueue does:
+ *       '' (no document), its length and, when short, its ids)
  */
 const COMMIT = new LuaScript(
   'event_log_commit',
