@@ -71,11 +71,6 @@ export class PresenceDirectory implements RunnerDirectory {
     return views;
   }
 
-  /** The cached view is stale after an offer changed a runner's load. */
-  invalidate(poolId: string): void {
-    this.cache.delete(poolId);
-  }
-
   async enrolled(poolId: string): Promise<RunnerCapabilities[]> {
     return [...(this.seen.get(poolId)?.values() ?? [])];
   }
