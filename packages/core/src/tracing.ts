@@ -78,15 +78,21 @@ export function otlpProtocol(): 'http/protobuf' | 'http/json' {
 
 /**
  * The platform's batching defaults where `OTEL_BSP_*` leaves them unset (the SDK's batch processor
- * reads every `OTEL_BSP_*` variable that is set). Batches are the SDK's 512 spans (an export costs
- * about the same whatever its size, so larger batches cost less per span). Sent at least every
- * second (the SDK's 5 s leaves a quiet process's spans waiting), and up to 4,096 waiting (bursts
- * of a busy API are not dropped while an export is in flight).
+ * reads every `OTEL_BSP_*` variable that is set). Batches of up to 2,048 spans, four times the
+ * SDK's 512: an export's cost is mostly per request (its HTTP round trip and socket wake-ups),
+ * not per byte, so a busy API's exporter thread spends about a third less per span (measured
+ * under `bench:observability`'s load: 4.5 → 2.9 µs per traced request; 4,096 saved nothing more).
+ * Sent at least every second (the SDK's 5 s leaves a quiet process's spans waiting), and up to
+ * 8,192 waiting (bursts of a busy API are not dropped while an export is in flight). A smaller
+ * `OTEL_BSP_MAX_QUEUE_SIZE` bounds the batch too (the SDK requires batch ≤ queue).
  */
-export function batchDefaults(): { scheduledDelayMillis?: number; maxQueueSize?: number } {
+export function batchDefaults(): { scheduledDelayMillis?: number; maxQueueSize?: number; maxExportBatchSize?: number } {
+  const queue = env('OTEL_BSP_MAX_QUEUE_SIZE');
+  const queueSize = queue === undefined ? 8192 : Number(queue);
   return {
     ...(env('OTEL_BSP_SCHEDULE_DELAY') === undefined ? { scheduledDelayMillis: 1000 } : {}),
-    ...(env('OTEL_BSP_MAX_QUEUE_SIZE') === undefined ? { maxQueueSize: 4096 } : {}),
+    ...(queue === undefined ? { maxQueueSize: queueSize } : {}),
+    ...(env('OTEL_BSP_MAX_EXPORT_BATCH_SIZE') === undefined ? { maxExportBatchSize: Number.isFinite(queueSize) && queueSize > 0 ? Math.min(2048, queueSize) : 2048 } : {}),
   };
 }
 
