@@ -125,7 +125,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
     },
   });
   const permissions = new PermissionStore(redis, docs);
-  const tap = new SessionEventTap({ redis, docs, log: sessionStore.log, logger: log });
+  const tap = new SessionEventTap({ hub: eventHub, docs, log: sessionStore.log, logger: log });
   const automations = new AutomationService({
     redisUrl: config.redisUrl, store: new AutomationStore(redis, docs, secretBox), sessions, identity, permissions, policies, log, metrics,
     sweepIntervalMs: config.automationSweepMs, tap, missedAfterMs: config.automationMissedAfterMs,

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { createLogger } from '@agentplane/core';
-import type { DocumentStore, EventLog, LogEvent, Redis } from '@agentplane/store';
+import type { DocumentStore, EventHub, EventLog, LogEvent } from '@agentplane/store';
 import { SessionEventTap, type TappedAppend } from './tap.js';
 
 const SESSION = `sess_${'a'.repeat(32)}`;
@@ -13,7 +13,7 @@ function tapWith(facts: Record<string, unknown> | null, stored: LogEvent[] = [])
   const reads = { docs: 0, log: 0 };
   const docs = { get: async () => (reads.docs++, facts) } as unknown as DocumentStore;
   const log = { range: async () => (reads.log++, stored) } as unknown as EventLog;
-  const tap = new SessionEventTap({ redis: {} as Redis, docs, log, logger: createLogger({ name: 'test', level: 'silent' }) });
+  const tap = new SessionEventTap({ hub: {} as EventHub, docs, log, logger: createLogger({ name: 'test', level: 'silent' }) });
   return { tap, reads };
 }
 

@@ -1,5 +1,5 @@
 import type { Logger } from '@agentplane/core';
-import { eventLogKeys, tags, type DocumentStore, type EventLog, type LiveMessage, type LogEvent, type Redis } from '@agentplane/store';
+import { tags, type DocumentStore, type EventHub, type EventLog, type LiveMessage, type LogEvent } from '@agentplane/store';
 
 /** What a listener learns about one committed append. */
 export interface TappedAppend {
@@ -35,19 +35,21 @@ export interface TapInterest {
 interface Listener { wants: TapInterest['wants']; needles: string[] | null; fn: AppendListener }
 
 /**
- * One pattern subscription per api process to every Session log's live channel
- * (`ap:{s:*}:live`), shared by the webhook deliveries and the subscription triggers. Pub/sub is
- * not durable: listeners that need every event keep their own cursor and sweep the log.
+ * Every Session log's live message this api process hears, from the process's event hub (its
+ * one pattern subscription to `ap:{s:*}:live`, which also feeds the SSE streams), shared by the
+ * webhook deliveries and the subscription triggers. Pub/sub is not durable: listeners that need
+ * every event keep their own cursor and sweep the log.
  *
  * Every append of every Session reaches every api process here, so an append nobody wants costs
  * a map lookup and a few substring tests: no parse, no read, no promise.
  */
 export class SessionEventTap {
-  private conn: Redis | null = null;
+  private started = false;
+  private closed = false;
   private readonly listeners: Listener[] = [];
   private readonly facts = new Map<string, SessionFacts | null>();
 
-  constructor(private readonly d: { redis: Redis; docs: DocumentStore; log: EventLog; logger: Logger }) {}
+  constructor(private readonly d: { hub: EventHub; docs: DocumentStore; log: EventLog; logger: Logger }) {}
 
   on(interest: TapInterest, fn: AppendListener): void {
     // An event's own type is written as `"type":"<type>"` in its JSON (a string value's quotes are escaped).
@@ -111,11 +113,10 @@ export class SessionEventTap {
   }
 
   start(): void {
-    if (this.conn) return;
-    const conn = this.d.redis.duplicate({ connectionName: 'agentplane:api:event-tap', maxRetriesPerRequest: null });
-    conn.on('error', (err: Error) => this.d.logger.warn({ err: err.message }, 'event tap connection error'));
-    void conn.psubscribe(eventLogKeys.liveChannel('*'));
-    conn.on('pmessage', (_p: string, channel: string, message: string) => {
+    if (this.started) return;
+    this.started = true;
+    this.d.hub.onEveryLive((channel, message) => {
+      if (this.closed || this.listeners.length === 0) return;
       const m = /\{s:(sess_[0-9a-f]{32})\}/.exec(channel);
       if (!m?.[1]) return;
       const failed = (err: unknown) => this.d.logger.warn({ err }, 'event tap failed on an append');
@@ -125,10 +126,10 @@ export class SessionEventTap {
         failed(err);
       }
     });
-    this.conn = conn;
   }
 
+  /** Stop handing appends to the listeners (the hub's connection is closed with the hub). */
   async close(): Promise<void> {
-    await this.conn?.quit().catch(() => this.conn?.disconnect());
+    this.closed = true;
   }
 }

@@ -336,21 +336,44 @@ describe('event log', () => {
     await hub.close();
   });
 
-  it('hub: channels left by their last viewer are unsubscribed together; a viewer back in time keeps its channel', async () => {
+  it('hub: live channels need no subscription of their own; every append reaches the firehose once', async () => {
+    const hub = new EventHub(new Redis(server.url));
+    const heard: string[] = [];
+    hub.onEveryLive((channel) => heard.push(channel));
+    const [s1, s2] = [sess(), sess()];
+    const got: HubMessage[] = [];
+    const w = await hub.watch(s1, (m) => got.push(m));
+    // One pattern subscription serves every Session: no channel is subscribed for the viewer.
+    expect(await redis.pubsub('CHANNELS', '*')).toEqual([]);
+    expect(await redis.pubsub('NUMPAT')).toBe(1);
+    await log.append(s1, [{ type: 'watched', payload: {} }]);
+    await log.append(s2, [{ type: 'unwatched', payload: {} }]);
+    await vi.waitFor(() => expect(heard).toEqual([eventLogKeys.liveChannel(s1), eventLogKeys.liveChannel(s2)]), { timeout: 5000, interval: 20 });
+    // The viewer got its own Session's append, once; the other Session's went to the firehose only.
+    expect(got.map((m) => (m.kind === 'events' ? m.events?.[0]?.type : m.kind))).toEqual(['watched']);
+    w.close();
+    expect(hub.channelCount).toBe(0);
+    await log.append(s1, [{ type: 'after', payload: {} }]);
+    await vi.waitFor(() => expect(heard).toHaveLength(3), { timeout: 5000, interval: 20 });
+    expect(got).toHaveLength(1);
+    await hub.close();
+  });
+
+  it('hub: previews channels left by their last viewer are unsubscribed together; a viewer back in time keeps its channel', async () => {
     const hub = new EventHub(new Redis(server.url));
     const [s1, s2, s3] = [sess(), sess(), sess()];
     const subscribed = async () => new Set((await redis.pubsub('CHANNELS', '*')) as string[]);
-    const watches = await Promise.all([s1, s2, s3].map((s) => hub.watch(s, () => undefined)));
-    expect(await subscribed()).toEqual(new Set([s1, s2, s3].map((s) => eventLogKeys.liveChannel(s))));
+    const watches = await Promise.all([s1, s2, s3].map((s) => hub.watch(s, () => undefined, { deltas: true })));
+    expect(await subscribed()).toEqual(new Set([s1, s2, s3].map((s) => eventLogKeys.deltaChannel(s))));
     for (const w of watches) w.close();
     expect(hub.channelCount).toBe(0);
-    // Back before the batch: the channel is still subscribed and its appends arrive.
+    // Back before the batch: the channel is still subscribed and its previews arrive.
     const got: HubMessage[] = [];
-    const again = await hub.watch(s2, (m) => got.push(m));
-    expect(hub.channelCount).toBe(1);
-    await vi.waitFor(async () => expect(await subscribed()).toEqual(new Set([eventLogKeys.liveChannel(s2)])), { timeout: 5000, interval: 20 });
-    await log.append(s2, [{ type: 'kept', payload: {} }]);
-    await vi.waitFor(() => expect(got.map((m) => m.kind)).toEqual(['events']), { timeout: 5000, interval: 20 });
+    const again = await hub.watch(s2, (m) => got.push(m), { deltas: true });
+    expect(hub.channelCount).toBe(2);
+    await vi.waitFor(async () => expect(await subscribed()).toEqual(new Set([eventLogKeys.deltaChannel(s2)])), { timeout: 5000, interval: 20 });
+    await log.publishDelta(s2, { session_thread_id: null, type: 'agent.message', message_id: 'm1', index: 0, text: 'kept' });
+    await vi.waitFor(() => expect(got.map((m) => m.kind)).toEqual(['delta']), { timeout: 5000, interval: 20 });
     again.close();
     await vi.waitFor(async () => expect((await subscribed()).size).toBe(0), { timeout: 5000, interval: 20 });
     await hub.close();
