@@ -106,7 +106,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
     store: sessionStore, runtime: threadRuntime, scheduler: () => turns.scheduler, log, files,
     hasProfile: async (ws, key) => (await models.profiles.resolve(ws, key)) !== null,
   });
-  threadRuntime.onTurnEnded((session, threadId, runId, stop, trace) => outcomes.turnEnded(session, threadId, runId, stop, trace));
+  threadRuntime.onTurnEnded((session, threadId, runId, stop, trace, activeOutcome) => outcomes.turnEnded(session, threadId, runId, stop, trace, activeOutcome));
   const eventHub = new EventHub(subscriber);
   const policies = new PolicyStore(redis, docs, audit, log);
   // Approval expiries are BullMQ delayed jobs (their own never-give-up connection).

@@ -86,7 +86,7 @@ export class Scheduler {
     this.skills = new SkillReader(this.redis, docs);
     // Turns this scheduler ends (retries exhausted, interrupted while queued) move their outcome on too.
     const outcomes = new OutcomeService({ store: this.store, runtime, scheduler: () => this.engine, log, files: this.files });
-    runtime.onTurnEnded((session, threadId, runId, stop) => outcomes.turnEnded(session, threadId, runId, stop));
+    runtime.onTurnEnded((session, threadId, runId, stop, _trace, activeOutcome) => outcomes.turnEnded(session, threadId, runId, stop, undefined, activeOutcome));
     this.bearers = new RedisRuntimeBearers(this.redis, new LeaseFence(this.redis));
     this.connections = config.masterKey ? new ConnectionService(docs, new SecretBox(config.masterKey)) : undefined;
     this.offers = new RedisOfferChannel(this.redis, this.sub, this.instanceId, new LeaseRecords(this.redis), (o) => this.spec(o), log);

@@ -11,7 +11,7 @@ const inline = (events: LogEvent[]) => JSON.stringify({ kind: 'events', from: ev
 /** A tap over stubs that count the reads it makes (no Redis: the subscription is not started). */
 function tapWith(facts: Record<string, unknown> | null, stored: LogEvent[] = []) {
   const reads = { docs: 0, log: 0 };
-  const docs = { get: async () => (reads.docs++, facts) } as unknown as DocumentStore;
+  const docs = { getShared: async () => (reads.docs++, facts) } as unknown as DocumentStore;
   const log = { range: async () => (reads.log++, stored) } as unknown as EventLog;
   const tap = new SessionEventTap({ hub: {} as EventHub, docs, log, logger: createLogger({ name: 'test', level: 'silent' }) });
   return { tap, reads };

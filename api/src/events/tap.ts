@@ -56,8 +56,13 @@ export class SessionEventTap {
     this.listeners.push({ wants: interest.wants, needles: interest.types ? interest.types.map((t) => `"type":${JSON.stringify(t)}`) : null, fn });
   }
 
+  /**
+   * A Session's facts never change once it exists: read through the process's read cache (a
+   * Session this process serves, or whose stream it holds, is usually there already, so hearing
+   * its first append costs no read).
+   */
   private async readFacts(sessionId: string): Promise<SessionFacts | null> {
-    const doc = await this.d.docs.get<{
+    const doc = await this.d.docs.getShared<{
       id: string; version: number; created_at: string; updated_at: string; workspace_id: string; automation_id?: string; agent?: { id?: string }; metadata?: Record<string, string>;
     }>(tags.session(sessionId), sessionId);
     const f = doc

@@ -195,6 +195,34 @@ describe('event log', () => {
     expect(plain.ok && 'queued' in plain).toBe(false);
   });
 
+  it('commit with reads: values read after the write come back in order, absent ones as null, beside peekList and a dequeue', async () => {
+    const s = sess();
+    const tag = tags.session(s);
+    const doc = keys.doc(tag, 'sthr_1');
+    const hash = keys.scoped(tag, 'outcomes:active');
+    const str = keys.scoped(tag, 'note');
+    const list = keys.scoped(tag, 'inputs:sthr_1');
+    await redis.set(doc, JSON.stringify({ id: 'sthr_1', version: 1 }));
+    await redis.hset(hash, 'sthr_1', 'outc_1');
+    await redis.set(str, 'before');
+    await redis.rpush(list, 'evt_a', 'evt_b');
+    const reads = [{ key: hash, field: 'sthr_1' }, { key: hash, field: 'sthr_2' }, { key: str }, { key: keys.scoped(tag, 'none') }];
+    // The read is made after the commit's own writes: a document the commit writes reads as written.
+    const r = await log.commit(s, [{ key: str, body: 'after', expectedVersion: null }, { key: doc, body: JSON.stringify({ id: 'sthr_1', version: 2 }), expectedVersion: 1 }],
+      [{ type: 'session.status_idle', payload: {} }], { reads, peekList: list });
+    // `str` exists already: the commit refuses it as a new document, and reads nothing.
+    expect(r).toMatchObject({ ok: false, reason: 'exists', index: 0 });
+    await redis.del(str);
+    const ok = await log.commit(s, [{ key: str, body: 'after', expectedVersion: null }, { key: doc, body: JSON.stringify({ id: 'sthr_1', version: 2 }), expectedVersion: 1 }],
+      [{ type: 'e1', payload: {} }, { type: 'e2', payload: {} }], { reads, peekList: list, dequeue: { list, ids: ['evt_a'] } });
+    expect(ok.ok && ok.read).toEqual(['outc_1', null, 'after', null]);
+    expect(ok.ok && ok.queued).toEqual(['evt_b']);
+    expect(ok.ok && ok.events.map((e) => e.type)).toEqual(['e1', 'e2']);
+    // Without reads, none come back.
+    const plain = await log.commit(s, [{ key: doc, body: JSON.stringify({ id: 'sthr_1', version: 3 }), expectedVersion: 2 }], [{ type: 'a', payload: {} }]);
+    expect(plain.ok && 'read' in plain).toBe(false);
+  });
+
   it('append with enqueue: new events are queued once and the peeked document comes back; commit dequeues only the expected head', async () => {
     const s = sess();
     const tag = tags.session(s);

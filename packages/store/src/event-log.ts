@@ -88,6 +88,8 @@ export type AppendResult =
     peeked?: string | null;
     /** With `enqueue`: the list's ids right after this append, when it holds at most `QUEUE_HEAD` (else absent). */
     queued?: string[];
+    /** With the commit's `reads`: each value as the script read it after the write (null when absent). */
+    read?: (string | null)[];
   }
   | { ok: false; reason: 'erased' }
   | { ok: false; reason: 'fenced'; detail: 'mismatch' | 'expired' }
@@ -118,6 +120,18 @@ export interface CommitOptions extends Pick<AppendOptions, 'fence' | 'producerKe
    * (a longer one is the caller's to read).
    */
   peekList?: string;
+  /**
+   * Keys in the Session's slot read by the same script once the commit is written (a GET, or an
+   * HGET of `field`): the result's `read`, in this order. What the caller would read next, without
+   * a round trip of its own (a turn's end reads the thread's active outcome).
+   */
+  reads?: readonly CommitRead[];
+}
+
+/** One value a commit reads after its write: the string at `key`, or `field` of the hash at `key`. */
+export interface CommitRead {
+  key: string;
+  field?: string;
 }
 
 export type CommitResult =
@@ -323,8 +337,10 @@ return out`);
  * ARGV: as APPEND, then m | per document: expected version ('' = new) | JSON | indexed '1'/'0' |
  *       score | member, then k | the k ids the dequeue list must start with (removed from it)
  *       (k = -1: the list must be empty) | fresh ('1': no event's producer key may be known) |
- *       peek ('1': the last key is a list returned after the append, as APPEND's enqueue does:
- *       '' (no document), its length and, when short, its ids)
+ *       peek ('1': the key after those is a list returned after the append, as APPEND's enqueue
+ *       does: '' (no document), its length and, when short, its ids) | r | the r reads' hash fields
+ *       ('' = GET), their keys last in KEYS; the r values read (false when absent) follow the
+ *       events in the reply, before the peek's
  */
 const COMMIT = new LuaScript(
   'event_log_commit',
@@ -382,9 +398,20 @@ for i = 1, m do
 end
 if k > 0 then redis.call('LTRIM', KEYS[ki], k, -1) end
 local out = append(KEYS, ARGV)
-if ARGV[q + math.max(k, 0) + 2] == '1' and out[1] == 'ok' then
-  local peek = KEYS[ki]
-  if k ~= 0 then peek = KEYS[ki + 1] end
+local pf = q + math.max(k, 0) + 2
+local peek = KEYS[ki]
+if k ~= 0 then peek = KEYS[ki + 1] end
+local nr = tonumber(ARGV[pf + 1] or '0')
+if nr > 0 and out[1] == 'ok' then
+  local rk = ki
+  if k ~= 0 then rk = rk + 1 end
+  if ARGV[pf] == '1' then rk = rk + 1 end
+  for i = 1, nr do
+    local field = ARGV[pf + 1 + i]
+    if field == '' then out[#out + 1] = redis.call('GET', KEYS[rk + i - 1]) else out[#out + 1] = redis.call('HGET', KEYS[rk + i - 1], field) end
+  end
+end
+if ARGV[pf] == '1' and out[1] == 'ok' then
   local len = redis.call('LLEN', peek)
   out[#out + 1] = ''
   out[#out + 1] = tostring(len)
@@ -466,7 +493,7 @@ function appendArgs(sessionId: string, events: readonly AppendEvent[], options: 
   return args;
 }
 
-function appendResult(r: string[], count: number, peeked = false): AppendResult {
+function appendResult(r: (string | null)[], count: number, peeked = false, reads = 0): AppendResult {
   if (r[0] === 'erased') return { ok: false, reason: 'erased' };
   if (r[0] === 'fenced') return { ok: false, reason: 'fenced', detail: r[1] === 'expired' ? 'expired' : 'mismatch' };
   if (r[0] === 'refused') return { ok: false, reason: 'refused', detail: r[1] === 'status' ? 'status' : 'absent' };
@@ -480,11 +507,14 @@ function appendResult(r: string[], count: number, peeked = false): AppendResult 
     out.push(JSON.parse(body) as LogEvent);
     duplicate.push(r[i + 1] === 'dup');
   }
-  if (!peeked) return { ok: true, events: out, duplicate, last_seq: Number(r[1]) };
-  const doc = r[end];
-  const length = Number(r[end + 1]);
-  const queued = length <= QUEUE_HEAD ? r.slice(end + 2, end + 2 + length) : undefined;
-  return { ok: true, events: out, duplicate, last_seq: Number(r[1]), peeked: doc === undefined || doc === '' ? null : doc, ...(queued ? { queued } : {}) };
+  const read = reads > 0 ? r.slice(end, end + reads).map((v) => v ?? null) : undefined;
+  const base = { ok: true as const, events: out, duplicate, last_seq: Number(r[1]), ...(read ? { read } : {}) };
+  if (!peeked) return base;
+  const at = end + reads;
+  const doc = r[at];
+  const length = Number(r[at + 1]);
+  const queued = length <= QUEUE_HEAD ? (r.slice(at + 2, at + 2 + length) as string[]) : undefined;
+  return { ...base, peeked: doc === undefined || doc === null || doc === '' ? null : doc, ...(queued ? { queued } : {}) };
 }
 
 /** Span attributes of an append: the Session, how many events and their types (never their payloads). */
@@ -605,12 +635,18 @@ export class EventLog {
     args.push(options.fresh ? '1' : '');
     if (options.peekList !== undefined) keyList.push(options.peekList);
     args.push(options.peekList !== undefined ? '1' : '');
-    const r = (await this.runDurably(COMMIT, keyList, args)) as string[];
+    const reads = options.reads ?? [];
+    args.push(reads.length);
+    for (const rd of reads) {
+      keyList.push(rd.key);
+      args.push(rd.field ?? '');
+    }
+    const r = (await this.runDurably(COMMIT, keyList, args)) as (string | null)[];
     if (r[0] === 'stale') return { ok: false, reason: 'stale', index: Number(r[1]) - 1, current: r[2] as string };
     if (r[0] === 'missing' || r[0] === 'exists') return { ok: false, reason: r[0], index: Number(r[1]) - 1 };
     if (r[0] === 'queue') return { ok: false, reason: 'queue' };
     if (r[0] === 'replay') return { ok: false, reason: 'replay' };
-    return appendResult(r, events.length, options.peekList !== undefined);
+    return appendResult(r, events.length, options.peekList !== undefined, reads.length);
   }
 
   async state(sessionId: string): Promise<LogState> {

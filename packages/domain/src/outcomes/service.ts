@@ -1,8 +1,8 @@
 import { ApiError, newId, nowIso, sha256Hex, type Context, type Logger } from '@agentplane/core';
-import { keys, LuaScript, tags, type LogEvent, type StoredDoc } from '@agentplane/store';
+import { LuaScript, tags, type LogEvent, type StoredDoc } from '@agentplane/store';
 import type { FileStore } from '../files/store.js';
 import type { SessionDoc, ThreadDoc } from '../sessions/model.js';
-import type { SessionStore } from '../sessions/store.js';
+import { activeOutcomesKey, type SessionStore } from '../sessions/store.js';
 import type { StopReason, ThreadRuntime, TurnScheduler } from '../sessions/turns.js';
 import { GRADER_LIMITS, parseVerdict, rubricCriteria, type CriterionVerdict, type Verdict } from './grader.js';
 
@@ -86,15 +86,16 @@ export class OutcomeService {
   }
 
   private activeKey(sessionId: string): string {
-    return keys.scoped(this.tag(sessionId), 'outcomes:active');
+    return activeOutcomesKey(sessionId);
   }
 
   get(sessionId: string, id: string): Promise<OutcomeDoc | null> {
     return readOutcome(this.d.store, sessionId, id);
   }
 
-  async active(sessionId: string, threadId: string): Promise<OutcomeDoc | null> {
-    const id = await this.d.store.redis.hget(this.activeKey(sessionId), threadId);
+  /** `known`: the thread's active outcome id as a script just read it (null: none); read here when absent. */
+  async active(sessionId: string, threadId: string, known?: string | null): Promise<OutcomeDoc | null> {
+    const id = known !== undefined ? known : await this.d.store.redis.hget(this.activeKey(sessionId), threadId);
     const doc = id ? await this.get(sessionId, id) : null;
     return doc && doc.status !== 'ended' ? doc : null;
   }
@@ -168,8 +169,8 @@ export class OutcomeService {
    * The turn-end hook (`ThreadRuntime.onTurnEnded`): grade, revise or end the thread's outcome.
    * `trace`: the context the turn's end was reported in (the parent of the outcome's spans).
    */
-  async turnEnded(session: SessionDoc, threadId: string, endedRunId: string | null, stop: StopReason, trace?: Context): Promise<boolean> {
-    const o = await this.active(session.id, threadId);
+  async turnEnded(session: SessionDoc, threadId: string, endedRunId: string | null, stop: StopReason, trace?: Context, activeOutcome?: string | null): Promise<boolean> {
+    const o = await this.active(session.id, threadId, activeOutcome);
     if (!o) return false;
     if (session.archived_at !== null) {
       // An archived Session takes no new work: no grading, no revision.

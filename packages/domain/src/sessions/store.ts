@@ -20,6 +20,11 @@ export function inputQueueKey(sessionId: string, threadId: string): string {
   return keys.scoped(sessionTag(sessionId), `inputs:${threadId}`);
 }
 
+/** Thread id → the id of its outcome under way (docs/OUTCOMES.md): a hash in the Session's slot. */
+export function activeOutcomesKey(sessionId: string): string {
+  return keys.scoped(sessionTag(sessionId), 'outcomes:active');
+}
+
 export function listIndexes(s: Pick<SessionDoc, 'agent' | 'automation_id'>, live: boolean): string[] {
   const suffixes = live ? ['all', 'live'] : ['all'];
   const out = suffixes.map((x) => `sessions:${x}`);
@@ -143,7 +148,7 @@ export class SessionStore {
     for (const t of [...threadIds, ...runIds]) m.del(keys.doc(tag, t));
     for (const t of threadIds) m.del(inputQueueKey(id, t));
     for (const o of await this.redis.zrange(keys.index(tag, 'outcomes'), 0, -1)) m.del(keys.doc(tag, o));
-    m.del(keys.index(tag, 'threads'), keys.index(tag, 'runs'), keys.index(tag, 'outcomes'), keys.scoped(tag, 'outcomes:active'), keys.scoped(tag, 'spawn'), keys.scoped(tag, 'delegations'));
+    m.del(keys.index(tag, 'threads'), keys.index(tag, 'runs'), keys.index(tag, 'outcomes'), activeOutcomesKey(id), keys.scoped(tag, 'spawn'), keys.scoped(tag, 'delegations'));
     m.set(keys.doc(tag, id), JSON.stringify(tomb));
     await m.exec();
     forgetWritten(this.redis, [keys.doc(tag, id), ...threadIds.map((t) => keys.doc(tag, t))]);
@@ -267,16 +272,18 @@ export class SessionStore {
    * appended by the same script: the end is recorded whole or not at all. `appended`: this call
    * wrote the thread (and so the event); false when `mutate` left the thread as it was. `queued`:
    * the thread's input queue as that script left it (when short; read after the thread's end, as
-   * the next turn's start needs). The thread of an erased Session is written alone (its log takes
-   * nothing more).
+   * the next turn's start needs). `activeOutcome`: the id of the thread's outcome under way as
+   * the same script read it (null: none), the turn-end hook's first read; absent when the call
+   * did not append. The thread of an erased Session is written alone (its log takes nothing more).
    */
   async endTurnWith(
     sessionId: string, threadId: string, mutate: (t: ThreadDoc) => ThreadDoc | null, idle: AppendEvent, trace?: Context,
-  ): Promise<{ thread: ThreadDoc; appended: boolean; queued?: string[] }> {
+  ): Promise<{ thread: ThreadDoc; appended: boolean; queued?: string[]; activeOutcome?: string | null }> {
     const tag = sessionTag(sessionId);
     const hint = this.recentThreads.take(`${sessionId}/${threadId}`);
     let appended = false;
     let queued: string[] | undefined;
+    let activeOutcome: string | null | undefined;
     const thread = await this.docs.update<ThreadDoc>(tag, threadId, (t) => {
       appended = false;
       return mutate(t);
@@ -285,10 +292,11 @@ export class SessionStore {
       ...(hint !== undefined ? { current: JSON.parse(hint) as ThreadDoc } : {}),
       write: async (next, expected) => {
         const r = await this.log.commit(sessionId, [{ key: keys.doc(tag, threadId), body: JSON.stringify(next), expectedVersion: expected }], [idle],
-          { trace, peekList: inputQueueKey(sessionId, threadId) });
+          { trace, peekList: inputQueueKey(sessionId, threadId), reads: [{ key: activeOutcomesKey(sessionId), field: threadId }] });
         if (r.ok) {
           appended = true;
           queued = r.queued;
+          activeOutcome = r.read?.[0] ?? null;
           return { kind: 'written' };
         }
         if (r.reason === 'erased') return this.docs.swap(tag, threadId, next, expected);
@@ -298,7 +306,7 @@ export class SessionStore {
       },
     });
     this.rememberThread(thread);
-    return { thread, appended, ...(queued ? { queued } : {}) };
+    return { thread, appended, ...(queued ? { queued } : {}), ...(appended && activeOutcome !== undefined ? { activeOutcome } : {}) };
   }
 
   /**

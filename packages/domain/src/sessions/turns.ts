@@ -67,7 +67,11 @@ export const recordOnlyTurnScheduler: TurnScheduler = {
  * reported in). Returns true when the hook started the thread's next Run itself (a grader Run, a
  * revision), so queued messages wait for it.
  */
-export type TurnEndHook = (session: SessionDoc, threadId: string, endedRunId: string | null, stop: StopReason, trace?: Context) => Promise<boolean>;
+/**
+ * What a turn's end hands its hook. `activeOutcome`, when given: the id of the thread's outcome
+ * under way (null: none) as the end's own script read it, so the hook need not read it again.
+ */
+export type TurnEndHook = (session: SessionDoc, threadId: string, endedRunId: string | null, stop: StopReason, trace?: Context, activeOutcome?: string | null) => Promise<boolean>;
 
 export type StopReason = { type: 'end_turn' } | { type: 'requires_action'; tool_use_ids: string[] } | { type: 'retries_exhausted' } | { type: 'interrupted' } | { type: string };
 
@@ -269,7 +273,7 @@ export class ThreadRuntime {
     const idle: AppendEvent = {
       type: 'session.status_idle', payload: { stop_reason: stop }, session_thread_id: threadId, ...(runId !== null ? { producer_key: `run:${runId}:idle` } : {}),
     };
-    const { thread: next, appended, queued } = await this.store.endTurnWith(session.id, threadId, (t) => {
+    const { thread: next, appended, queued, activeOutcome } = await this.store.endTurnWith(session.id, threadId, (t) => {
       endedRunId = t._active_run_id;
       moved = false;
       if (t.status === 'terminated') return null;
@@ -303,7 +307,7 @@ export class ThreadRuntime {
     const live = options.fresh ? session : await this.store.docs.get<SessionDoc>(sessionTag(session.id), session.id);
     if (live?.type === 'session' && (live.agent.multiagent || next.parent_thread_id !== null)) await this.coordinator.turnEnded(live, next);
     if (stop.type !== 'requires_action' && this.turnEnded && live?.type === 'session' && next.status !== 'terminated') {
-      if (await this.turnEnded(live, threadId, endedRunId, stop, options.trace)) return this.store.thread(session.id, threadId);
+      if (await this.turnEnded(live, threadId, endedRunId, stop, options.trace, activeOutcome)) return this.store.thread(session.id, threadId);
     }
     if (stop.type !== 'requires_action' && live?.type === 'session' && live.archived_at === null) {
       // Everything queued during the turn becomes the input of the next one, in arrival order
