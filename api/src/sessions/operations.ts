@@ -176,7 +176,7 @@ export const sessionOperations: Operation[] = [
     params: SessionPath, body: DriveEventBody, response: EventSchema, successStatus: 201, idempotency: 'optional', mcp: 'compact',
     async handler({ caller, params, body, idempotencyKey, deps, trace }) {
       const payload = checkDrivePayload(body.type, body.payload);
-      const s = await deps.sessions.store.get(requireWorkspace(caller), params.session_id);
+      const s = await deps.sessions.store.getShared(requireWorkspace(caller), params.session_id);
       const { status, event } = await deps.sessions.drive(s, { type: body.type, payload }, idempotencyKey, trace);
       return json(status, event);
     },

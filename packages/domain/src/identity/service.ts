@@ -168,8 +168,9 @@ export class IdentityService {
   }
 
   /** An active Principal of this workspace, or 404 (absent, suspended and deleted look alike to callers). */
-  async activePrincipal(workspaceId: string, id: string, what = 'principal'): Promise<Principal> {
-    const p = await this.docs.getCached<Principal>(tags.workspace(workspaceId), id);
+  /** The Principal, when active; the read cache's shared copy (read it, never change it). */
+  async activePrincipal(workspaceId: string, id: string, what = 'principal'): Promise<Readonly<Principal>> {
+    const p = await this.docs.getShared<Principal>(tags.workspace(workspaceId), id);
     if (!p || p.status !== 'active') throw new ApiError('validation.not_found', `${what} ${id} is not an active Principal of this workspace`);
     return p;
   }

@@ -106,9 +106,20 @@ export class SessionStore {
     return doc;
   }
 
-  /** Like get, but an erased Session returns its tombstone (streams report the gap). */
-  async getOrTombstone(workspaceId: string, id: string): Promise<SessionDoc | SessionTombstone> {
-    const doc = await this.docs.getCached<SessionDoc | SessionTombstone>(sessionTag(id), id);
+  /**
+   * Like get, as the read cache's one parsed copy shared by every reader (no parse when cached):
+   * for a request that only reads the Session (a drive event). Never change it.
+   */
+  async getShared(workspaceId: string, id: string): Promise<Readonly<SessionDoc>> {
+    const doc = await this.docs.getShared<SessionDoc | SessionTombstone>(sessionTag(id), id);
+    if (!doc || doc.workspace_id !== workspaceId) throw new ApiError('validation.not_found', 'session not found');
+    if (doc.type === 'session_tombstone') throw new ApiError('validation.not_found', 'the session was deleted and its event log erased');
+    return doc;
+  }
+
+  /** Like getShared (read it, never change it), but an erased Session returns its tombstone (streams report the gap). */
+  async getOrTombstone(workspaceId: string, id: string): Promise<Readonly<SessionDoc | SessionTombstone>> {
+    const doc = await this.docs.getShared<SessionDoc | SessionTombstone>(sessionTag(id), id);
     if (!doc || doc.workspace_id !== workspaceId) throw new ApiError('validation.not_found', 'session not found');
     return doc;
   }
