@@ -29,8 +29,25 @@ if tostring(v) ~= ARGV[1] then return cur end
 redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL')
 return 1`;
 
+/*
+ * CAS_LUA on KEYS[1], then, once that is written, the second document (KEYS[2], same slot)
+ * written only if its stored version is still ARGV[3]: {1, 1} both, {1, 0} the first alone.
+ */
+const CAS_WITH_LUA = `
+local cur = redis.call('GET', KEYS[1])
+if not cur then return {-1} end
+if tostring(cjson.decode(cur)['version']) ~= ARGV[1] then return {0, cur} end
+redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL')
+local other = redis.call('GET', KEYS[2])
+if other and tostring(cjson.decode(other)['version']) == ARGV[3] then
+  redis.call('SET', KEYS[2], ARGV[4], 'KEEPTTL')
+  return {1, 1}
+end
+return {1, 0}`;
+
 const createScript = new LuaScript('doc_create', CREATE_LUA);
 const casScript = new LuaScript('doc_cas', CAS_LUA);
+const casWithScript = new LuaScript('doc_cas_with', CAS_WITH_LUA);
 
 /**
  * Outcome of one compare-and-swap attempt: written, the document is gone, or the version was
@@ -134,6 +151,20 @@ export class DocumentStore {
     if (r === 1) return { kind: 'written' };
     if (typeof r === 'string') return { kind: 'stale', current: r };
     return { kind: 'missing' };
+  }
+
+  /**
+   * `swap`, and in the same script, once `next` is written, a second document of the same tag
+   * written only if its stored version is still `also.expected` (a write that may ride along:
+   * `alsoWritten` says whether it did; it never stops the first).
+   */
+  async swapWith(tag: Tag, id: string, next: StoredDoc, expected: number, also: { id: string; next: StoredDoc; expected: number }): Promise<{ outcome: SwapOutcome; alsoWritten: boolean }> {
+    const r = (await casWithScript.run(this.redis, [keys.doc(tag, id), keys.doc(tag, also.id)], [
+      String(expected), JSON.stringify(next), String(also.expected), JSON.stringify(also.next),
+    ])) as [number, (string | number)?];
+    if (r[0] === 1) return { outcome: { kind: 'written' }, alsoWritten: r[1] === 1 };
+    if (r[0] === 0 && typeof r[1] === 'string') return { outcome: { kind: 'stale', current: r[1] }, alsoWritten: false };
+    return { outcome: { kind: 'missing' }, alsoWritten: false };
   }
 
   /**

@@ -311,6 +311,28 @@ describe('event log', () => {
     expect(await redis.exists(doc)).toBe(1);
   });
 
+  it('swapWith: the second document rides on the first one\'s write only at its expected version, and never stops it', async () => {
+    const docs = new DocumentStore(redis);
+    const tag = tags.session(sess());
+    const now = new Date().toISOString();
+    const doc = (id: string, version: number, n: number) => ({ id, version, created_at: now, updated_at: now, n });
+    await docs.create(tag, doc('a', 1, 0));
+    await docs.create(tag, doc('b', 1, 0));
+    const read = async (id: string) => JSON.parse((await redis.get(keys.doc(tag, id))) ?? 'null') as { version: number; n: number } | null;
+    expect(await docs.swapWith(tag, 'a', doc('a', 2, 1), 1, { id: 'b', next: doc('b', 2, 1), expected: 1 })).toEqual({ outcome: { kind: 'written' }, alsoWritten: true });
+    expect(await read('b')).toMatchObject({ version: 2, n: 1 });
+    // The second is stale: the first is written alone.
+    expect(await docs.swapWith(tag, 'a', doc('a', 3, 2), 2, { id: 'b', next: doc('b', 2, 9), expected: 1 })).toEqual({ outcome: { kind: 'written' }, alsoWritten: false });
+    expect(await read('a')).toMatchObject({ version: 3, n: 2 });
+    expect(await read('b')).toMatchObject({ version: 2, n: 1 });
+    // The first is stale (its current document comes back) or missing: nothing is written.
+    const stale = await docs.swapWith(tag, 'a', doc('a', 3, 7), 2, { id: 'b', next: doc('b', 3, 7), expected: 2 });
+    expect(stale.alsoWritten).toBe(false);
+    expect(stale.outcome.kind === 'stale' && (JSON.parse(stale.outcome.current) as { n: number }).n).toBe(2);
+    expect(await docs.swapWith(tag, 'zz', doc('zz', 2, 1), 1, { id: 'b', next: doc('b', 3, 7), expected: 2 })).toEqual({ outcome: { kind: 'missing' }, alsoWritten: false });
+    expect(await read('b')).toMatchObject({ version: 2, n: 1 });
+  });
+
   it('update: a guessed current document saves the read and is always checked', async () => {
     const conn = new Redis(server.url);
     const docs = new DocumentStore(conn);

@@ -3,7 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createLogger, newId } from '@agentplane/core';
-import { connectRedis, startEmbeddedRedis, type EmbeddedRedis, type Redis } from '@agentplane/store';
+import { connectRedis, keys, startEmbeddedRedis, tags, type EmbeddedRedis, type Redis } from '@agentplane/store';
 import { SessionStore } from '../sessions/store.js';
 import { recordOnlyTurnScheduler, ThreadRuntime } from '../sessions/turns.js';
 import { idleSession } from '../sessions/fixtures.test-support.js';
@@ -40,6 +40,49 @@ async function leasedTurn(): Promise<{ sessionId: string; threadId: string; runI
 
 const rescheduledEvents = async (sessionId: string) =>
   (await store.log.range(sessionId, 0, 100)).filter((e) => e.type === 'session.thread_status_rescheduled');
+
+const scriptCalls = async (): Promise<number> => {
+  const stats = await redis.info('commandstats');
+  return ['evalsha', 'eval'].reduce((n, c) => n + Number(new RegExp(`cmdstat_${c}:calls=(\\d+)`).exec(stats)?.[1] ?? 0), 0);
+};
+
+describe('acceptance', () => {
+  /** A Session whose primary thread has a queued Run, as the process that started it knows them. */
+  async function queuedTurn(): Promise<{ sessionId: string; threadId: string; runId: string }> {
+    const { session, threadId } = await idleSession(store);
+    const { run } = await new ThreadRuntime(store, () => recordOnlyTurnScheduler).submitUserMessage(session, threadId, newId('event'));
+    if (!run) throw new Error('no turn started');
+    return { sessionId: session.id, threadId, runId: run.id };
+  }
+  const lease = { lease_id: 'lease-a', runner_id: 'runner_a', attempt: 1 };
+
+  it('the thread\'s startup mark rides on the Run\'s move when the thread is known here; a stale guess is marked after it', async () => {
+    // A first acceptance loads the scripts (a script's first run may take two calls).
+    const warm = await queuedTurn();
+    await lifecycle.accepted(warm.sessionId, warm.runId, lease);
+    const t = await queuedTurn();
+    const before = await scriptCalls();
+    await lifecycle.accepted(t.sessionId, t.runId, lease);
+    // The Run's move and the thread's mark: one script.
+    expect((await scriptCalls()) - before).toBe(1);
+    expect(await store.run(t.sessionId, t.runId)).toMatchObject({ status: 'running', attempts: [{ lease_id: 'lease-a', outcome: 'running' }] });
+    const marked = await store.thread(t.sessionId, t.threadId);
+    expect(marked._startup_ms).toEqual(expect.any(Number));
+    expect(marked.status).toBe('running');
+
+    // Another process changed the thread since this one wrote it: the mark's guess is stale, the
+    // Run still moves, and the mark is written after it, once.
+    const u = await queuedTurn();
+    await new SessionStore(redis).updateThread(u.sessionId, u.threadId, (th) => ({ ...th }));
+    // (Read past this process's thread guesses, which a read through the store would refresh.)
+    const version = (JSON.parse((await redis.get(keys.doc(tags.session(u.sessionId), u.threadId))) ?? '{}') as { version: number }).version;
+    await lifecycle.accepted(u.sessionId, u.runId, lease);
+    expect((await store.run(u.sessionId, u.runId))?.status).toBe('running');
+    const later = await store.thread(u.sessionId, u.threadId);
+    expect(later._startup_ms).toEqual(expect.any(Number));
+    expect(later.version).toBe(version + 1);
+  });
+});
 
 describe('lost leases', () => {
   it('every path that notices the loss records it, together: one event, one ended attempt', async () => {

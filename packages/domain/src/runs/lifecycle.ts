@@ -1,5 +1,5 @@
 import { ApiError, crashPoint, nowIso, type Context, type Logger } from '@agentplane/core';
-import { BoundedCache, keys, tags, type AppendEvent, type AppendResult } from '@agentplane/store';
+import { BoundedCache, keys, tags, type AppendEvent, type AppendResult, type SwapOutcome } from '@agentplane/store';
 import type { GraderRunResult, RunAttempt, RunDoc, RunStatus, WaitKind } from '../sessions/model.js';
 import type { SessionStore } from '../sessions/store.js';
 import type { StopReason, ThreadRuntime } from '../sessions/turns.js';
@@ -37,7 +37,9 @@ export class RunLifecycle {
     private readonly log: Logger,
   ) {}
 
-  private async move(sessionId: string, runId: string, change: (r: RunDoc) => RunDoc | null, current?: RunDoc): Promise<{ run: RunDoc; moved: boolean } | null> {
+  private async move(
+    sessionId: string, runId: string, change: (r: RunDoc) => RunDoc | null, current?: RunDoc, write?: (next: RunDoc, expected: number) => Promise<SwapOutcome>,
+  ): Promise<{ run: RunDoc; moved: boolean } | null> {
     let moved = false;
     const guess = current ?? this.guess(runId);
     try {
@@ -50,7 +52,7 @@ export class RunLifecycle {
           moved = next !== null;
           return next;
         },
-        { notFound: 'run', ...(guess ? { current: guess } : {}) },
+        { notFound: 'run', ...(guess ? { current: guess } : {}), ...(write ? { write } : {}) },
       );
       if (TERMINAL.has(run.status)) this.recent.delete(runId);
       else this.recent.set(runId, JSON.stringify(run));
@@ -122,6 +124,7 @@ export class RunLifecycle {
    * lease only moves on to running.
    */
   async accepted(sessionId: string, runId: string, lease: { lease_id: string; runner_id: string; attempt: number }): Promise<void> {
+    const marking = this.startupMarking(sessionId, runId);
     const res = await this.move(sessionId, runId, (r) => {
       if (TERMINAL.has(r.status)) return null;
       const known = (r.attempts ?? []).some((a) => a.lease_id === lease.lease_id);
@@ -130,17 +133,42 @@ export class RunLifecycle {
       const t = this.ts(r);
       const attempts = known ? r.attempts ?? [] : [...(r.attempts ?? []), { attempt: lease.attempt, lease_id: lease.lease_id, runner_id: lease.runner_id, leased_at: at, ended_at: null, outcome: 'running', cause: null } satisfies RunAttempt];
       return { ...r, status: 'running', waiting_reason: null, attempts, timestamps: { ...t, leased_at: t.leased_at ?? at, started_at: t.started_at ?? at } };
-    });
-    if (res?.moved) await this.runtime.markStarted(sessionId, res.run.session_thread_id).catch(() => undefined);
+    }, undefined, marking.write);
+    if (res?.moved && !marking.marked()) await this.runtime.markStarted(sessionId, res.run.session_thread_id).catch(() => undefined);
+  }
+
+  /**
+   * A Run's move to running that writes its thread's startup mark in the same script when the
+   * thread is known here without a read (`ThreadRuntime.plannedStartupMark`): one round trip
+   * instead of two. `marked()`: the mark went with the move (else `markStarted` follows it).
+   */
+  private startupMarking(sessionId: string, runId: string): { write: (next: RunDoc, expected: number) => Promise<SwapOutcome>; marked: () => boolean } {
+    let marked = false;
+    return {
+      marked: () => marked,
+      write: async (next, expected) => {
+        marked = false;
+        const tag = tags.session(sessionId);
+        const mark = this.runtime.plannedStartupMark(sessionId, next.session_thread_id);
+        if (!mark) return this.store.docs.swap(tag, runId, next, expected);
+        const r = await this.store.docs.swapWith(tag, runId, next, expected, mark);
+        if (r.alsoWritten) {
+          marked = true;
+          this.runtime.startupMarked(mark.next);
+        }
+        return r.outcome;
+      },
+    };
   }
 
   async started(sessionId: string, runId: string): Promise<void> {
+    const marking = this.startupMarking(sessionId, runId);
     const res = await this.move(sessionId, runId, (r) => {
       if (r.status !== 'leased') return null;
       const t = this.ts(r);
       return { ...r, status: 'running', timestamps: { ...t, started_at: t.started_at ?? nowIso() } };
-    });
-    if (res?.moved) await this.runtime.markStarted(sessionId, res.run.session_thread_id).catch(() => undefined);
+    }, undefined, marking.write);
+    if (res?.moved && !marking.marked()) await this.runtime.markStarted(sessionId, res.run.session_thread_id).catch(() => undefined);
   }
 
   /**

@@ -349,6 +349,11 @@ export class SessionStore {
     return { event, thread, run };
   }
 
+  /** A thread this process just wrote by other means (a write riding on another document's script): the next compare-and-swap's guess. */
+  noteThreadWritten(t: ThreadDoc): void {
+    this.rememberThread(t);
+  }
+
   private rememberThread(t: ThreadDoc): void {
     this.recentThreads.set(`${t.session_id}/${t.id}`, JSON.stringify(t));
   }

@@ -235,6 +235,26 @@ export class ThreadRuntime {
   }
 
   /** Runtime side: the Run's sandbox came up (startup time is measured from turn start). */
+  /**
+   * The startup mark `markStarted` would write, planned from the thread as this process knows it
+   * without a read (`peekThread`), for a caller to write beside a document of its own in one
+   * script (`DocumentStore.swapWith`, checked against `expected`): undefined when the thread is
+   * not known here, null when it needs no mark. After a write that did not take it (a stale
+   * guess), `markStarted` does the rest.
+   */
+  plannedStartupMark(sessionId: string, threadId: string): { id: string; next: ThreadDoc; expected: number } | null | undefined {
+    const known = this.store.peekThread(sessionId, threadId);
+    if (!known) return known === null ? null : undefined;
+    if (known._startup_ms !== null || known._running_since_ms === null) return null;
+    const next: ThreadDoc = { ...known, _startup_ms: Date.now() - known._running_since_ms, version: known.version + 1, updated_at: new Date().toISOString() };
+    return { id: threadId, next, expected: known.version };
+  }
+
+  /** A planned startup mark was written (beside another document): this process knows the thread as it is now. */
+  startupMarked(thread: ThreadDoc): void {
+    this.store.noteThreadWritten(thread);
+  }
+
   async markStarted(sessionId: string, threadId: string): Promise<void> {
     // The startup time is written once, at the thread's first start, and never changes after: a
     // thread this process knows to carry it already needs neither a write nor a read.
