@@ -64,12 +64,10 @@ export const recordOnlyTurnScheduler: TurnScheduler = {
 
 /**
  * A turn of `threadId` ended (`endedRunId`: the Run it ran; `trace`: the context its end was
- * reported in). Returns true when the hook started the thread's next Run itself (a grader Run, a
- * revision), so queued messages wait for it.
- */
-/**
- * What a turn's end hands its hook. `activeOutcome`, when given: the id of the thread's outcome
- * under way (null: none) as the end's own script read it, so the hook need not read it again.
+ * reported in; `activeOutcome`, when given: the id of the thread's outcome under way, null for
+ * none, as the end's own script read it, so the hook need not read it again). Returns true when
+ * the hook started the thread's next Run itself (a grader Run, a revision), so queued messages
+ * wait for it.
  */
 export type TurnEndHook = (session: SessionDoc, threadId: string, endedRunId: string | null, stop: StopReason, trace?: Context, activeOutcome?: string | null) => Promise<boolean>;
 
@@ -234,7 +232,6 @@ export class ThreadRuntime {
     }));
   }
 
-  /** Runtime side: the Run's sandbox came up (startup time is measured from turn start). */
   /**
    * The startup mark `markStarted` would write, planned from the thread as this process knows it
    * without a read (`peekThread`), for a caller to write beside a document of its own in one
@@ -255,6 +252,7 @@ export class ThreadRuntime {
     this.store.noteThreadWritten(thread);
   }
 
+  /** Runtime side: the Run's sandbox came up (startup time is measured from turn start). */
   async markStarted(sessionId: string, threadId: string): Promise<void> {
     // The startup time is written once, at the thread's first start, and never changes after: a
     // thread this process knows to carry it already needs neither a write nor a read.
