@@ -399,13 +399,15 @@ end
 if k > 0 then redis.call('LTRIM', KEYS[ki], k, -1) end
 local out = append(KEYS, ARGV)
 local pf = q + math.max(k, 0) + 2
-local peek = KEYS[ki]
-if k ~= 0 then peek = KEYS[ki + 1] end
+-- The keys after the documents: the dequeue (or empty) list when k ~= 0, the peeked list when
+-- peek is '1', then the reads' keys.
+local pk = ki
+if k ~= 0 then pk = ki + 1 end
+local peek = KEYS[pk]
+local rk = pk
+if ARGV[pf] == '1' then rk = pk + 1 end
 local nr = tonumber(ARGV[pf + 1] or '0')
 if nr > 0 and out[1] == 'ok' then
-  local rk = ki
-  if k ~= 0 then rk = rk + 1 end
-  if ARGV[pf] == '1' then rk = rk + 1 end
   for i = 1, nr do
     local field = ARGV[pf + 1 + i]
     if field == '' then out[#out + 1] = redis.call('GET', KEYS[rk + i - 1]) else out[#out + 1] = redis.call('HGET', KEYS[rk + i - 1], field) end
