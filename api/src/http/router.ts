@@ -1,8 +1,8 @@
 import type Koa from 'koa';
 import Router from '@koa/router';
 import {
-  ApiError, BUCKETS, Counter, extractTrace, failSpan, Histogram, newRequestId, reportIncident, requestIdFrom, SpanKind, SpanStatusCode, startSpan,
-  statusLabel, trace, tracingEnabled, type Attributes, type Context, type Span,
+  ApiError, BUCKETS, Counter, extractTrace, failSpan, Histogram, newRequestId, reportIncident, requestIdFrom, SpanKind, SpanStatusCode, spanTraceId, startSpan,
+  statusLabel, tracingEnabled, type Attributes, type Context, type Span,
 } from '@agentplane/core';
 import { storedJsonOf } from '@agentplane/store';
 import { ATTR_HTTP_REQUEST_METHOD, ATTR_HTTP_RESPONSE_STATUS_CODE, ATTR_HTTP_ROUTE, ATTR_URL_PATH, ATTR_URL_SCHEME } from '@opentelemetry/semantic-conventions';
@@ -104,8 +104,7 @@ export function requestBoundary(deps: ApiDeps): Koa.Middleware {
   return async (ctx, next) => {
     const started = process.hrtime.bigint();
     const span = tracingEnabled() ? startRequestSpan(ctx) : undefined;
-    const spanContext = span?.spanContext();
-    const id = requestIdFrom(ctx.headers, spanContext && trace.isSpanContextValid(spanContext) ? spanContext.traceId : undefined);
+    const id = requestIdFrom(ctx.headers, span && spanTraceId(span));
     ctx.state.requestId = id;
     ctx.set('Request-Id', id);
     let failure: unknown;

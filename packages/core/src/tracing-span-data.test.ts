@@ -60,6 +60,13 @@ describe('a deferred span encoded on the event loop', () => {
     }));
   });
 
+  it('is the SDK span under a parent the deferred tracer made (its ids taken without the API check)', () => {
+    const parentTracer = new DeferredTracer(new AlwaysOnSampler(), new PooledIdGenerator(), { encoded: () => undefined });
+    const parent = parentTracer.startSpan('parent', {}, remote());
+    same(both('child', { kind: SpanKind.CLIENT }, trace.setSpan(ROOT_CONTEXT, parent), (s) => s.setAttribute('db.system.name', 'redis')));
+    parent.end();
+  });
+
   it('drops what the SDK drops: invalid values and keys, over 128 attributes (counted)', () => {
     const many: Attributes = {};
     for (let i = 0; i < 200; i++) many[`k${i}`] = i;

@@ -58,9 +58,13 @@ function performanceOffset(): number {
   return Date.now() - (performance.timeOrigin + performance.now());
 }
 
-/** A time input as the SDK's span converts it (`SpanImpl._getTime`); now when there is none. */
-function hrOf(t: TimeInput | undefined): HrTime {
-  if (typeof t === 'number') return t <= performance.now() ? hrTime(t + performanceOffset()) : millisToHrTime(t);
+/**
+ * A time input as the SDK's span converts it (`SpanImpl._getTime`: a number no later than
+ * `performance.now()` is a performance time, any other an epoch time); now when there is none.
+ * `perfNow`: `performance.now()` read once for a batch of spans that all ended before it.
+ */
+function hrOf(t: TimeInput | undefined, perfNow: number): HrTime {
+  if (typeof t === 'number') return t <= perfNow ? hrTime(t + performanceOffset()) : millisToHrTime(t);
   if (t instanceof Date) return millisToHrTime(t.getTime());
   if (t !== undefined && isTimeInputHrTime(t)) return t;
   return millisToHrTime(Date.now());
@@ -142,10 +146,25 @@ function spanAttributes(raw: Attributes | undefined): { attributes: Attributes; 
   return { attributes, dropped };
 }
 
-/** The exported form of a raw span record (module comment). */
-export function spanData(s: RawSpan): EncodableSpan {
+const NONE: readonly never[] = Object.freeze([]);
+const UNSET: SpanStatus = Object.freeze({ code: SpanStatusCode.UNSET });
+
+/**
+ * The exported form of a raw span record (module comment). `perfNow`: `performance.now()` read
+ * after the span ended (once for a batch); the SDK tells performance times from epoch times by it.
+ */
+export function spanData(s: RawSpan, perfNow: number = performance.now()): EncodableSpan {
   const { attributes, dropped: droppedAttributesCount } = spanAttributes(s.attributes);
-  const startTime = hrOf(s.startTime);
+  const startTime = hrOf(s.startTime, perfNow);
+  const context = s.spanContext();
+  if (s.links === undefined && s.recorded === undefined) {
+    // Nearly every span: no links, events or exceptions to apply the limits to.
+    return {
+      name: s.name, kind: s.kind, spanContext: () => context, parentSpanContext: s.parent, startTime, endTime: notBefore(hrOf(s.endTime, perfNow), startTime),
+      attributes, droppedAttributesCount, events: NONE, droppedEventsCount: 0, links: NONE, droppedLinksCount: 0,
+      status: s.status ?? UNSET,
+    };
+  }
   const events: SpanEventData[] = [];
   const links: SpanLinkData[] = [];
   let droppedEventsCount = 0;
@@ -167,7 +186,7 @@ export function spanData(s: RawSpan): EncodableSpan {
       droppedEventsCount++;
     }
     const { attributes: a, dropped } = limited(raw);
-    events.push({ name, attributes: a, time: hrOf(time), droppedAttributesCount: dropped });
+    events.push({ name, attributes: a, time: hrOf(time, perfNow), droppedAttributesCount: dropped });
   };
   for (const link of s.links ?? []) addLink(link);
   for (const call of s.recorded ?? []) {
@@ -179,14 +198,16 @@ export function spanData(s: RawSpan): EncodableSpan {
       else diag.warn(`Failed to record an exception ${String(call.exception)}`);
     }
   }
-  let endTime = hrOf(s.endTime);
-  if (endTime[0] < startTime[0] || (endTime[0] === startTime[0] && endTime[1] < startTime[1])) endTime = [startTime[0], startTime[1]];
-  const context = s.spanContext();
   return {
-    name: s.name, kind: s.kind, spanContext: () => context, parentSpanContext: s.parent, startTime, endTime,
+    name: s.name, kind: s.kind, spanContext: () => context, parentSpanContext: s.parent, startTime, endTime: notBefore(hrOf(s.endTime, perfNow), startTime),
     attributes, droppedAttributesCount, events, droppedEventsCount, links, droppedLinksCount,
-    status: s.status ?? { code: SpanStatusCode.UNSET },
+    status: s.status ?? UNSET,
   };
+}
+
+/** An end before the start is moved to the start (as the SDK's span does). */
+function notBefore(end: HrTime, start: HrTime): HrTime {
+  return end[0] < start[0] || (end[0] === start[0] && end[1] < start[1]) ? [start[0], start[1]] : end;
 }
 
 /** An exception's event attributes as the SDK's `recordException` makes them, or null when it has neither type nor message. */

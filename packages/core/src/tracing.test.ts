@@ -1,6 +1,7 @@
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import * as sdk from '@opentelemetry/sdk-trace-node';
-import { batchDefaults, otlpProtocol, samplerFromEnv, tracingRequested } from './tracing.js';
+import { trace, INVALID_SPAN_CONTEXT, TraceFlags } from '@opentelemetry/api';
+import { batchDefaults, otlpProtocol, samplerFromEnv, spanTraceId, tracingRequested } from './tracing.js';
 
 /** The OTEL_* variables these tests read: cleared before each, as they were after each. */
 const READ_HERE = [
@@ -84,5 +85,13 @@ describe('the sampler from OTEL_TRACES_SAMPLER', () => {
     expect(names()).toBe('TraceIdRatioBased{1}');
     process.env.OTEL_TRACES_SAMPLER_ARG = 'half';
     expect(names()).toBe('TraceIdRatioBased{1}');
+  });
+});
+
+describe('a span\'s trace id (spanTraceId)', () => {
+  it('is the id of a span with valid ids, and none for the invalid span of suppressed or absent tracing', () => {
+    const valid = trace.wrapSpanContext({ traceId: '0af7651916cd43dd8448eb211c80319c', spanId: 'b7ad6b7169203331', traceFlags: TraceFlags.NONE });
+    expect(spanTraceId(valid)).toBe('0af7651916cd43dd8448eb211c80319c');
+    expect(spanTraceId(trace.wrapSpanContext(INVALID_SPAN_CONTEXT))).toBeUndefined();
   });
 });
