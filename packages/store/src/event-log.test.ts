@@ -92,7 +92,8 @@ describe('event log', () => {
     await log.append(s, [{ type: 'agent.message', payload: {}, session_thread_id: 'sthr_a', counters: { 'usage.output_tokens': 5 } }]);
     const c = await log.counters(s);
     expect(c['s.usage.output_tokens']).toBe('12');
-    expect(c['t.sthr_a.events.agent.message']).toBe('2');
+    expect(c['t.sthr_a.usage.output_tokens']).toBe('12');
+    expect(c['s.events.agent.message']).toBe('2');
   });
 
   it('erase drops content, keeps the marker, refuses appends', async () => {

@@ -221,10 +221,10 @@ local function fenced(KEYS, ARGV, now_ms)
   if tonumber(exp) <= now_ms then return {'fenced', 'expired'} end
   return nil
 end
-local function append(KEYS, ARGV)
+local function append(KEYS, ARGV, erased_checked)
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if redis.call('HEXISTS', KEYS[2], 'erased') == 1 then return {'erased'} end
+if not erased_checked and redis.call('HEXISTS', KEYS[2], 'erased') == 1 then return {'erased'} end
 local refused = fenced(KEYS, ARGV, now_ms)
 if refused then return refused end
 local created = iso(now_ms)
@@ -298,11 +298,16 @@ export const QUEUE_HEAD = 32;
  * Then the peeked document and the list's length, and the list itself when it is short.
  */
 const APPEND = new LuaScript('event_log_append', `${APPEND_LUA}
+-- The peeked document as read for the refusal (the append does not write it), and whether the
+-- erased mark was checked there.
+local doc = nil
+local erased_checked = false
 if KEYS[8] then
   local refuse = ARGV[6 + tonumber(ARGV[4]) * 4]
   if refuse and refuse ~= '' then
     if redis.call('HEXISTS', KEYS[2], 'erased') == 1 then return {'erased'} end
-    local doc = redis.call('GET', KEYS[8])
+    erased_checked = true
+    doc = redis.call('GET', KEYS[8])
     if not doc then return {'refused', 'absent'} end
     -- Decoded only when the status's text appears at all (a thread's document holds its Agent:
     -- often kilobytes, and a plain search costs far less than a decode).
@@ -312,14 +317,14 @@ if KEYS[8] then
     end
   end
 end
-local out = append(KEYS, ARGV)
+local out = append(KEYS, ARGV, erased_checked)
 if KEYS[7] and out[1] == 'ok' then
   local len = 0
   for i = 3, #out - 1, 2 do
     if out[i + 1] == 'new' then len = redis.call('RPUSH', KEYS[7], string.match(out[i], '^{"id":"([^"]+)"')) end
   end
   if len == 0 then len = redis.call('LLEN', KEYS[7]) end
-  out[#out + 1] = redis.call('GET', KEYS[8]) or ''
+  out[#out + 1] = doc or redis.call('GET', KEYS[8]) or ''
   out[#out + 1] = tostring(len)
   if len <= ${QUEUE_HEAD} then
     for _, id in ipairs(redis.call('LRANGE', KEYS[7], 0, -1)) do out[#out + 1] = id end
@@ -450,10 +455,14 @@ redis.call('HSET', KEYS[2], 'low', want)
 return want`,
 );
 
+/**
+ * An event's counters: the Session's events, in all and by type, and what the event adds
+ * (usage), for the Session and for its thread. (Events are not counted per thread: nothing
+ * reads such counts, and each was two more writes per event in the append script.)
+ */
 function encodeCounters(ev: AppendEvent): string {
   const threadId = ev.session_thread_id ?? null;
   const parts = ['s.events=1', `s.events.${ev.type}=1`];
-  if (threadId) parts.push(`t.${threadId}.events=1`, `t.${threadId}.events.${ev.type}=1`);
   for (const [name, value] of Object.entries(ev.counters ?? {})) {
     if (!Number.isInteger(value) || value === 0 || /[=;]/.test(name)) continue;
     parts.push(`s.${name}=${value}`);
