@@ -91,7 +91,12 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     if (!rec || rec.attempt !== ref.attempt || rec.runner_id !== conn.identity.runnerId || rec.workspace_id !== conn.identity.workspaceId) {
       return void revoke(conn, msg.payload, 'unknown or expired offer');
     }
-    const outcome = await d.keeper.accept(leaseOf(rec));
+    // The fence is claimed by the Run's move to running (leased and started in one move), in one
+    // script: the Run records the lease before the scheduler hears of it, so the answer tells it
+    // there is nothing left to record. (The lease record was written to live as long as a
+    // lease's: heartbeats renew it from here.)
+    const lease = { lease_id: rec.lease_id, runner_id: rec.runner_id, attempt: rec.attempt };
+    const outcome = await d.keeper.accept(leaseOf(rec), (fence, claim, ttlMs) => d.lifecycle.accepted(rec.session_id, rec.run_id, lease, { fence, claim, ttlMs }));
     if (outcome !== 'ok') {
       // The record goes first: a frame the runner sends for this lease afterwards (a failure, as
       // it stops) finds no lease and cannot end the attempt the scheduler still holds.
@@ -100,10 +105,6 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
       const why = outcome === 'taken' ? 'the lease belongs to another runner' : outcome === 'canceled' ? 'the Run was interrupted' : 'the offer expired';
       return void revoke(conn, msg.payload, why);
     }
-    // The Run records the lease (leased and started in one move) before the scheduler hears of
-    // it, so the answer tells it there is nothing left to record. (The lease record was written
-    // to live as long as a lease's: heartbeats renew it from here.)
-    await d.lifecycle.accepted(rec.session_id, rec.run_id, { lease_id: rec.lease_id, runner_id: rec.runner_id, attempt: rec.attempt });
     await d.records.reply(rec, { lease_id: rec.lease_id, outcome: 'accepted', recorded: true });
     known.set(rec.lease_id, rec);
     // Leases lost without a last frame leave an entry: keep the map bounded.

@@ -1,4 +1,4 @@
-import { keys, tags, LuaScript, type Redis } from '@agentplane/store';
+import { DOC_SWAP_LUA, docSwapResult, keys, tags, LuaScript, type Redis, type SwapOutcome } from '@agentplane/store';
 import { cancelMarkKey } from './cancels.js';
 
 /**
@@ -16,30 +16,47 @@ export const fenceKey = (sessionId: string): string => keys.scoped(tags.session(
 const NOW = `local t = redis.call('TIME'); local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)`;
 
 /**
- * KEYS: the fence | the Run's cancel mark (`CancelMarks`, same slot). ARGV: token | runner |
- * attempt | run | ttl ms. A Run with a cancel mark (interrupted while a scheduler held it) is
- * never leased: 'canceled', nothing written.
+ * Lua: `claim(fence, mark, token, runner, attempt, run, ttl_ms)` ('ok', 'taken' or 'canceled';
+ * `now` computed). The fence key and the Run's cancel mark (`CancelMarks`, same slot). A Run
+ * with a cancel mark (interrupted while a scheduler held it) is never leased: 'canceled', nothing
+ * written.
  */
-const CLAIM = new LuaScript(
-  'lease_claim_multi_v2',
-  `${NOW}
-if redis.call('EXISTS', KEYS[2]) == 1 then return 'canceled' end
-local info = redis.call('HGET', KEYS[1], 'i:' .. ARGV[1])
-if info and string.sub(info, 1, string.len(ARGV[2]) + 1) ~= ARGV[2] .. '|' then return 'taken' end
-local old = redis.call('HGET', KEYS[1], 'r:' .. ARGV[4])
-if old and old ~= ARGV[1] then redis.call('HDEL', KEYS[1], 't:' .. old, 'i:' .. old) end
--- Fences that expired long ago (a lost lease never released) are pruned here.
-local all = redis.call('HGETALL', KEYS[1])
-for i = 1, #all, 2 do
-  local f = all[i]
-  if string.sub(f, 1, 2) == 't:' and tonumber(all[i + 1]) < now - 3600000 then
-    redis.call('HDEL', KEYS[1], f, 'i:' .. string.sub(f, 3))
+const CLAIM_LUA = `
+local function claim(fence, mark, token, runner, attempt, run, ttl_ms)
+  if redis.call('EXISTS', mark) == 1 then return 'canceled' end
+  local info = redis.call('HGET', fence, 'i:' .. token)
+  if info and string.sub(info, 1, string.len(runner) + 1) ~= runner .. '|' then return 'taken' end
+  local old = redis.call('HGET', fence, 'r:' .. run)
+  if old and old ~= token then redis.call('HDEL', fence, 't:' .. old, 'i:' .. old) end
+  -- Fences that expired long ago (a lost lease never released) are pruned here.
+  local all = redis.call('HGETALL', fence)
+  for i = 1, #all, 2 do
+    local f = all[i]
+    if string.sub(f, 1, 2) == 't:' and tonumber(all[i + 1]) < now - 3600000 then
+      redis.call('HDEL', fence, f, 'i:' .. string.sub(f, 3))
+    end
   end
-end
-redis.call('HSET', KEYS[1], 't:' .. ARGV[1], now + tonumber(ARGV[5]), 'r:' .. ARGV[4], ARGV[1], 'i:' .. ARGV[1], ARGV[2] .. '|' .. ARGV[3] .. '|' .. ARGV[4])
-redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[5]) + 86400000)
-return 'ok'`,
-);
+  redis.call('HSET', fence, 't:' .. token, now + tonumber(ttl_ms), 'r:' .. run, token, 'i:' .. token, runner .. '|' .. attempt .. '|' .. run)
+  redis.call('PEXPIRE', fence, tonumber(ttl_ms) + 86400000)
+  return 'ok'
+end`;
+
+/** KEYS: the fence | the Run's cancel mark. ARGV: token | runner | attempt | run | ttl ms. */
+const CLAIM = new LuaScript('lease_claim_multi_v2', `${NOW}${CLAIM_LUA}
+return claim(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])`);
+
+/**
+ * The claim, then, only once it is made, a document compare-and-swap in the same slot
+ * (`doc_swap`: the Run's move to running, and its thread's startup mark riding along).
+ * KEYS: the fence | the cancel mark | the document | the second document (optional).
+ * ARGV: as CLAIM, then expected | JSON, then (with the second document) its expected | JSON.
+ * Returns {claim} when refused, else {'ok', doc_swap's answer…}.
+ */
+const CLAIM_AND_SWAP = new LuaScript('lease_claim_swap', `${NOW}${CLAIM_LUA}${DOC_SWAP_LUA}
+local c = claim(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
+if c ~= 'ok' then return {c} end
+local r = doc_swap(KEYS[3], ARGV[6], ARGV[7], KEYS[4], ARGV[8], ARGV[9])
+return {'ok', r[1], r[2]}`);
 
 const EXTEND = new LuaScript(
   'lease_extend_multi',
@@ -97,12 +114,35 @@ export interface FenceClaim {
   runId: string;
 }
 
+/** A document written by `LeaseFence.claimAndSwap`: its key, the version it must still be at, its new JSON. */
+export interface SwappedDoc {
+  key: string;
+  expected: number;
+  json: string;
+}
+
 export class LeaseFence {
   constructor(private readonly redis: Redis) {}
 
   /** `canceled`: the Run carries a cancel mark (`CancelMarks`), so no lease is claimed for it. */
   async claim(c: FenceClaim, ttlMs: number): Promise<'ok' | 'taken' | 'canceled'> {
     return (await CLAIM.run(this.redis, [fenceKey(c.sessionId), cancelMarkKey(c.sessionId, c.runId)], [c.token, c.runnerId, c.attempt, c.runId, ttlMs])) as 'ok' | 'taken' | 'canceled';
+  }
+
+  /**
+   * `claim`, and once it is made, in the same script, a compare-and-swap of a document of the
+   * Session's slot (`doc`, and `also` riding along as `DocumentStore.swapWith` does): one round
+   * trip for an acceptance's claim and its Run's move. A refused claim writes nothing; a stale
+   * or missing document leaves the claim made (a retry claims again, which changes nothing).
+   */
+  async claimAndSwap(
+    c: FenceClaim, ttlMs: number, doc: SwappedDoc, also?: SwappedDoc,
+  ): Promise<{ claim: 'taken' | 'canceled' } | { claim: 'ok'; outcome: SwapOutcome; alsoWritten: boolean }> {
+    const keyList = [fenceKey(c.sessionId), cancelMarkKey(c.sessionId, c.runId), doc.key, ...(also ? [also.key] : [])];
+    const args: (string | number)[] = [c.token, c.runnerId, c.attempt, c.runId, ttlMs, String(doc.expected), doc.json, ...(also ? [String(also.expected), also.json] : [])];
+    const r = (await CLAIM_AND_SWAP.run(this.redis, keyList, args)) as unknown[];
+    if (r[0] !== 'ok') return { claim: r[0] === 'canceled' ? 'canceled' : 'taken' };
+    return { claim: 'ok', ...docSwapResult(r.slice(1)) };
   }
 
   async extend(sessionId: string, token: string, ttlMs: number): Promise<'ok' | 'lost'> {

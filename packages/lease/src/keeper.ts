@@ -1,6 +1,6 @@
 import { UnrecoverableError, type Job } from 'bullmq';
 import type { LeaseConfig } from './config.js';
-import { LeaseFence } from './fence.js';
+import { LeaseFence, type FenceClaim } from './fence.js';
 import type { RunJobData, RunQueues } from './queues.js';
 
 /** One accepted Run attempt held by one runner. `lease_id` is the BullMQ lock token. */
@@ -20,6 +20,9 @@ export interface LeaseFailure {
   code: string;
   message: string;
 }
+
+/** Claims a lease's Session fence (`LeaseFence.claim`, or a claim with writes of its own). */
+export type FenceClaimer = (fence: LeaseFence, claim: FenceClaim, ttlMs: number) => Promise<'ok' | 'taken' | 'canceled'>;
 
 /**
  * The runner side of a lease, used by the gateway when runner frames arrive. Every operation
@@ -55,9 +58,10 @@ export class LeaseKeeper {
   /**
    * Accept an offer: take the lock for a full lease, then claim the Session fence. `canceled`:
    * the Run was interrupted while its offer was out (its cancel mark refuses the claim); the
-   * scheduler that holds the job ends it.
+   * scheduler that holds the job ends it. `claim`: how the fence is claimed, when the caller
+   * has writes to make with it (`LeaseFence.claimAndSwap`); by default `LeaseFence.claim`.
    */
-  async accept(lease: Lease): Promise<'ok' | 'lost' | 'taken' | 'canceled'> {
+  async accept(lease: Lease, claim: FenceClaimer = (fence, c, ttlMs) => fence.claim(c, ttlMs)): Promise<'ok' | 'lost' | 'taken' | 'canceled'> {
     const job = await this.jobFor(lease);
     if (!job) return 'lost';
     const extended = await job.extendLock(lease.lease_id, this.config.leaseMs).catch(() => 0);
@@ -65,11 +69,7 @@ export class LeaseKeeper {
       this.forget(lease);
       return 'lost';
     }
-    const claimed = await this.fence.claim(
-      { sessionId: lease.session_id, token: lease.lease_id, runnerId: lease.runner_id, attempt: lease.attempt, runId: lease.run_id },
-      this.fenceTtl,
-    );
-    return claimed;
+    return claim(this.fence, { sessionId: lease.session_id, token: lease.lease_id, runnerId: lease.runner_id, attempt: lease.attempt, runId: lease.run_id }, this.fenceTtl);
   }
 
   /** Renew the lease. 'lost' means the runner must stop the Run at once. */

@@ -29,21 +29,38 @@ if tostring(v) ~= ARGV[1] then return cur end
 redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL')
 return 1`;
 
-/*
- * CAS_LUA on KEYS[1], then, once that is written, the second document (KEYS[2], same slot)
- * written only if its stored version is still ARGV[3]: {1, 1} both, {1, 0} the first alone.
+/**
+ * Lua: `doc_swap(key, expected, json, also_key, also_expected, also_json)`, the compare-and-swap
+ * of `swapWith` for other scripts of the document's slot: `key` written if its stored version is
+ * still `expected`, then, once it is, the second document (`also_key`, same slot; nil for none)
+ * written only if its stored version is still `also_expected`. Returns {1, 1} both written, {1, 0}
+ * the first alone, {0, current JSON} stale, {-1} missing.
  */
-const CAS_WITH_LUA = `
-local cur = redis.call('GET', KEYS[1])
-if not cur then return {-1} end
-if tostring(cjson.decode(cur)['version']) ~= ARGV[1] then return {0, cur} end
-redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL')
-local other = redis.call('GET', KEYS[2])
-if other and tostring(cjson.decode(other)['version']) == ARGV[3] then
-  redis.call('SET', KEYS[2], ARGV[4], 'KEEPTTL')
-  return {1, 1}
-end
-return {1, 0}`;
+export const DOC_SWAP_LUA = `
+local function doc_swap(key, expected, json, also_key, also_expected, also_json)
+  local cur = redis.call('GET', key)
+  if not cur then return {-1} end
+  if tostring(cjson.decode(cur)['version']) ~= expected then return {0, cur} end
+  redis.call('SET', key, json, 'KEEPTTL')
+  if not also_key then return {1, 0} end
+  local other = redis.call('GET', also_key)
+  if other and tostring(cjson.decode(other)['version']) == also_expected then
+    redis.call('SET', also_key, also_json, 'KEEPTTL')
+    return {1, 1}
+  end
+  return {1, 0}
+end`;
+
+/** What `doc_swap` (DOC_SWAP_LUA) answered, as an outcome and whether the second document was written. */
+export function docSwapResult(r: readonly unknown[]): { outcome: SwapOutcome; alsoWritten: boolean } {
+  if (r[0] === 1) return { outcome: { kind: 'written' }, alsoWritten: r[1] === 1 };
+  if (r[0] === 0 && typeof r[1] === 'string') return { outcome: { kind: 'stale', current: r[1] }, alsoWritten: false };
+  return { outcome: { kind: 'missing' }, alsoWritten: false };
+}
+
+/* DOC_SWAP_LUA on KEYS[1] and KEYS[2]: ARGV expected | JSON | the second's expected | its JSON. */
+const CAS_WITH_LUA = `${DOC_SWAP_LUA}
+return doc_swap(KEYS[1], ARGV[1], ARGV[2], KEYS[2], ARGV[3], ARGV[4])`;
 
 const createScript = new LuaScript('doc_create', CREATE_LUA);
 const casScript = new LuaScript('doc_cas', CAS_LUA);
@@ -159,12 +176,9 @@ export class DocumentStore {
    * `alsoWritten` says whether it did; it never stops the first).
    */
   async swapWith(tag: Tag, id: string, next: StoredDoc, expected: number, also: { id: string; next: StoredDoc; expected: number }): Promise<{ outcome: SwapOutcome; alsoWritten: boolean }> {
-    const r = (await casWithScript.run(this.redis, [keys.doc(tag, id), keys.doc(tag, also.id)], [
+    return docSwapResult((await casWithScript.run(this.redis, [keys.doc(tag, id), keys.doc(tag, also.id)], [
       String(expected), JSON.stringify(next), String(also.expected), JSON.stringify(also.next),
-    ])) as [number, (string | number)?];
-    if (r[0] === 1) return { outcome: { kind: 'written' }, alsoWritten: r[1] === 1 };
-    if (r[0] === 0 && typeof r[1] === 'string') return { outcome: { kind: 'stale', current: r[1] }, alsoWritten: false };
-    return { outcome: { kind: 'missing' }, alsoWritten: false };
+    ])) as unknown[]);
   }
 
   /**

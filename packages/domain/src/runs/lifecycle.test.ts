@@ -7,6 +7,7 @@ import { connectRedis, keys, startEmbeddedRedis, tags, type EmbeddedRedis, type 
 import { SessionStore } from '../sessions/store.js';
 import { recordOnlyTurnScheduler, ThreadRuntime } from '../sessions/turns.js';
 import { idleSession } from '../sessions/fixtures.test-support.js';
+import { CancelMarks, LeaseFence } from '@agentplane/lease';
 import { RunLifecycle } from './lifecycle.js';
 
 let server: EmbeddedRedis;
@@ -81,6 +82,60 @@ describe('acceptance', () => {
     const later = await store.thread(u.sessionId, u.threadId);
     expect(later._startup_ms).toEqual(expect.any(Number));
     expect(later.version).toBe(version + 1);
+  });
+});
+
+describe('acceptance with the lease\'s fence claim', () => {
+  async function queuedTurn(): Promise<{ sessionId: string; threadId: string; runId: string }> {
+    const { session, threadId } = await idleSession(store);
+    const { run } = await new ThreadRuntime(store, () => recordOnlyTurnScheduler).submitUserMessage(session, threadId, newId('event'));
+    if (!run) throw new Error('no turn started');
+    return { sessionId: session.id, threadId, runId: run.id };
+  }
+  const fence = () => new LeaseFence(redis);
+  const claimOf = (t: { sessionId: string; runId: string }, token: string, runner = 'runner_a') => ({
+    fence: fence(), ttlMs: 30_000, claim: { sessionId: t.sessionId, token, runnerId: runner, attempt: 1, runId: t.runId },
+  });
+  const lease = (token: string, runner = 'runner_a') => ({ lease_id: token, runner_id: runner, attempt: 1 });
+
+  it('claims the fence and moves the Run (with the thread\'s startup mark) in one script', async () => {
+    const warm = await queuedTurn();
+    expect(await lifecycle.accepted(warm.sessionId, warm.runId, lease('tok-warm'), claimOf(warm, 'tok-warm'))).toBe('ok');
+    const t = await queuedTurn();
+    const before = await scriptCalls();
+    expect(await lifecycle.accepted(t.sessionId, t.runId, lease('tok-1'), claimOf(t, 'tok-1'))).toBe('ok');
+    expect((await scriptCalls()) - before).toBe(1);
+    expect(await fence().holds(t.sessionId, 'tok-1')).toBe(true);
+    expect(await store.run(t.sessionId, t.runId)).toMatchObject({ status: 'running', attempts: [{ lease_id: 'tok-1', outcome: 'running' }] });
+    expect((await store.thread(t.sessionId, t.threadId))._startup_ms).toEqual(expect.any(Number));
+  });
+
+  it('a refused claim (a cancel mark, another runner\'s lease) writes nothing', async () => {
+    const t = await queuedTurn();
+    await new CancelMarks(redis).mark(t.sessionId, t.runId);
+    expect(await lifecycle.accepted(t.sessionId, t.runId, lease('tok-c'), claimOf(t, 'tok-c'))).toBe('canceled');
+    expect(await fence().holds(t.sessionId, 'tok-c')).toBe(false);
+    expect((await store.run(t.sessionId, t.runId))?.status).toBe('queued');
+
+    const u = await queuedTurn();
+    expect(await fence().claim({ sessionId: u.sessionId, token: 'tok-b', runnerId: 'runner_b', attempt: 1, runId: u.runId }, 30_000)).toBe('ok');
+    expect(await lifecycle.accepted(u.sessionId, u.runId, lease('tok-b'), claimOf(u, 'tok-b', 'runner_a'))).toBe('taken');
+    expect((await store.run(u.sessionId, u.runId))?.status).toBe('queued');
+  });
+
+  it('a stale guess of the Run still claims once and moves it; a Run past the move gets the claim alone', async () => {
+    const t = await queuedTurn();
+    // Another process moved the Run since this one last wrote it: the first write is stale.
+    await new RunLifecycle(store, new ThreadRuntime(store, () => recordOnlyTurnScheduler), createLogger({ name: 'test', level: 'silent' }))
+      .waiting(t.sessionId, t.runId, 'every matching runner is busy or offline', 'rpool_x');
+    expect(await lifecycle.accepted(t.sessionId, t.runId, lease('tok-s'), claimOf(t, 'tok-s'))).toBe('ok');
+    expect(await fence().holds(t.sessionId, 'tok-s')).toBe(true);
+    expect((await store.run(t.sessionId, t.runId))?.status).toBe('running');
+
+    // Accepted again with the same lease (a repeated frame): no move, the claim is still made.
+    await fence().release(t.sessionId, 'tok-s');
+    expect(await lifecycle.accepted(t.sessionId, t.runId, lease('tok-s'), claimOf(t, 'tok-s'))).toBe('ok');
+    expect(await fence().holds(t.sessionId, 'tok-s')).toBe(true);
   });
 });
 

@@ -1,5 +1,6 @@
 import { ApiError, crashPoint, nowIso, type Context, type Logger } from '@agentplane/core';
 import { BoundedCache, keys, tags, type AppendEvent, type AppendResult, type SwapOutcome } from '@agentplane/store';
+import type { FenceClaim, LeaseFence } from '@agentplane/lease';
 import type { GraderRunResult, RunAttempt, RunDoc, RunStatus, WaitKind } from '../sessions/model.js';
 import type { SessionStore } from '../sessions/store.js';
 import type { StopReason, ThreadRuntime } from '../sessions/turns.js';
@@ -13,6 +14,23 @@ export interface TurnResult {
   waits?: { tool_use_id: string; kind: WaitKind }[];
   /** A grader Run's report (docs/OUTCOMES.md). */
   grader?: GraderRunResult;
+}
+
+/**
+ * The fence claim of a lease being accepted, made by the Run's move to running in the same script
+ * (`RunLifecycle.accepted`): one round trip for both.
+ */
+export interface AcceptClaim {
+  fence: LeaseFence;
+  claim: FenceClaim;
+  ttlMs: number;
+}
+
+/** The fence claim made with the Run's move was refused: nothing was written. */
+class ClaimRefused extends Error {
+  constructor(readonly reason: 'taken' | 'canceled') {
+    super(`the lease's claim was refused (${reason})`);
+  }
 }
 
 /**
@@ -58,6 +76,7 @@ export class RunLifecycle {
       else this.recent.set(runId, JSON.stringify(run));
       return { run, moved };
     } catch (err) {
+      if (err instanceof ClaimRefused) throw err;
       this.log.warn({ err: err instanceof Error ? err.message : String(err), run: runId }, 'run update skipped');
       return null;
     }
@@ -123,33 +142,63 @@ export class RunLifecycle {
    * compare-and-swap instead of two). A Run another reporter already recorded as leased by this
    * lease only moves on to running.
    */
-  async accepted(sessionId: string, runId: string, lease: { lease_id: string; runner_id: string; attempt: number }): Promise<void> {
-    const marking = this.startupMarking(sessionId, runId);
-    const res = await this.move(sessionId, runId, (r) => {
-      if (TERMINAL.has(r.status)) return null;
-      const known = (r.attempts ?? []).some((a) => a.lease_id === lease.lease_id);
-      if (known && r.status !== 'leased') return null;
-      const at = nowIso();
-      const t = this.ts(r);
-      const attempts = known ? r.attempts ?? [] : [...(r.attempts ?? []), { attempt: lease.attempt, lease_id: lease.lease_id, runner_id: lease.runner_id, leased_at: at, ended_at: null, outcome: 'running', cause: null } satisfies RunAttempt];
-      return { ...r, status: 'running', waiting_reason: null, attempts, timestamps: { ...t, leased_at: t.leased_at ?? at, started_at: t.started_at ?? at } };
-    }, undefined, marking.write);
+  async accepted(sessionId: string, runId: string, lease: { lease_id: string; runner_id: string; attempt: number }, claim?: AcceptClaim): Promise<'ok' | 'taken' | 'canceled'> {
+    const marking = this.startupMarking(sessionId, runId, claim);
+    let res: Awaited<ReturnType<RunLifecycle['move']>>;
+    try {
+      res = await this.move(sessionId, runId, (r) => {
+        if (TERMINAL.has(r.status)) return null;
+        const known = (r.attempts ?? []).some((a) => a.lease_id === lease.lease_id);
+        if (known && r.status !== 'leased') return null;
+        const at = nowIso();
+        const t = this.ts(r);
+        const attempts = known ? r.attempts ?? [] : [...(r.attempts ?? []), { attempt: lease.attempt, lease_id: lease.lease_id, runner_id: lease.runner_id, leased_at: at, ended_at: null, outcome: 'running', cause: null } satisfies RunAttempt];
+        return { ...r, status: 'running', waiting_reason: null, attempts, timestamps: { ...t, leased_at: t.leased_at ?? at, started_at: t.started_at ?? at } };
+      }, undefined, marking.write);
+    } catch (err) {
+      if (err instanceof ClaimRefused) return err.reason;
+      throw err;
+    }
+    // No write carried the claim (the Run is past this move already, or gone): it goes alone.
+    if (claim && !marking.claimed()) {
+      const alone = await claim.fence.claim(claim.claim, claim.ttlMs);
+      if (alone !== 'ok') return alone;
+    }
     if (res?.moved && !marking.marked()) await this.runtime.markStarted(sessionId, res.run.session_thread_id).catch(() => undefined);
+    return 'ok';
   }
 
   /**
    * A Run's move to running that writes its thread's startup mark in the same script when the
    * thread is known here without a read (`ThreadRuntime.plannedStartupMark`): one round trip
    * instead of two. `marked()`: the mark went with the move (else `markStarted` follows it).
+   * With `claim`, the first write also claims the lease's fence, first, in the same script
+   * (`LeaseFence.claimAndSwap`; a refusal throws `ClaimRefused`, nothing written); `claimed()`
+   * says whether a write made it (a retry after a stale version writes without claiming again).
    */
-  private startupMarking(sessionId: string, runId: string): { write: (next: RunDoc, expected: number) => Promise<SwapOutcome>; marked: () => boolean } {
+  private startupMarking(sessionId: string, runId: string, claim?: AcceptClaim): {
+    write: (next: RunDoc, expected: number) => Promise<SwapOutcome>; marked: () => boolean; claimed: () => boolean;
+  } {
     let marked = false;
+    let claimed = false;
     return {
       marked: () => marked,
+      claimed: () => claimed,
       write: async (next, expected) => {
         marked = false;
         const tag = tags.session(sessionId);
         const mark = this.runtime.plannedStartupMark(sessionId, next.session_thread_id);
+        if (claim && !claimed) {
+          const r = await claim.fence.claimAndSwap(claim.claim, claim.ttlMs, { key: keys.doc(tag, runId), expected, json: JSON.stringify(next) },
+            mark ? { key: keys.doc(tag, mark.id), expected: mark.expected, json: JSON.stringify(mark.next) } : undefined);
+          if (r.claim !== 'ok') throw new ClaimRefused(r.claim);
+          claimed = true;
+          if (r.alsoWritten && mark) {
+            marked = true;
+            this.runtime.startupMarked(mark.next);
+          }
+          return r.outcome;
+        }
         if (!mark) return this.store.docs.swap(tag, runId, next, expected);
         const r = await this.store.docs.swapWith(tag, runId, next, expected, mark);
         if (r.alsoWritten) {
