@@ -20,6 +20,8 @@ import { printTable, summarize, type Row } from './lib/report.js';
 import { costMeter, formatCost } from './lib/cost.js';
 
 const SECONDS = Number(process.env.BENCH_SECONDS ?? 2);
+/** Timed runs of the drive events over HTTP; their median is reported. */
+const DRIVE_ROUNDS = Math.max(1, Number(process.env.BENCH_DRIVE_ROUNDS ?? 3));
 const agent = new Agent({ keepAlive: false, maxSockets: Infinity });
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const out = (s: string) => process.stdout.write(`${s}\n`);
@@ -262,9 +264,16 @@ async function main(): Promise<void> {
       await autocannon({ url: driveUrl, method: 'POST', headers: driveHeaders, body: driveBody, connections: 16, amount: n });
       driveCost = formatCost('POST /events', await meter.end(n));
     }
-    const driven = await drive(SECONDS);
-    if (driven.non2xx > 0 || driven.errors > 0) out(`  (${driven.non2xx} drive events refused, ${driven.errors} errors)`);
-    const oursHttp = (driven.requests.total - driven.non2xx) / SECONDS;
+    // Several timed runs, their median reported: one run's figure moved by half from one minute to
+    // the next on this kind of machine.
+    const perRound: number[] = [];
+    for (let round = 0; round < DRIVE_ROUNDS; round++) {
+      const driven = await drive(SECONDS);
+      if (driven.non2xx > 0 || driven.errors > 0) out(`  (${driven.non2xx} drive events refused, ${driven.errors} errors)`);
+      perRound.push((driven.requests.total - driven.non2xx) / SECONDS);
+    }
+    const oursHttp = [...perRound].sort((a, b) => a - b)[Math.floor(perRound.length / 2)] as number;
+    out(`  drive events/s per run: ${perRound.map((x) => x.toFixed(0)).join(', ')}; median ${oursHttp.toFixed(0)}`);
     rows.push({ metric: 'POST /events over HTTP (16 in flight)', ours: oursHttp, floor: floorOne, unit: 'ev/s', higherIsBetter: true });
 
     // ---- 2. delivery latency ----
