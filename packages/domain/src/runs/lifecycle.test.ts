@@ -39,6 +39,14 @@ async function leasedTurn(): Promise<{ sessionId: string; threadId: string; runI
   return { sessionId: session.id, threadId, runId: run.id };
 }
 
+/** A Session whose primary thread has a queued Run, as the process that started it knows them. */
+async function queuedTurn(): Promise<{ sessionId: string; threadId: string; runId: string }> {
+  const { session, threadId } = await idleSession(store);
+  const { run } = await new ThreadRuntime(store, () => recordOnlyTurnScheduler).submitUserMessage(session, threadId, newId('event'));
+  if (!run) throw new Error('no turn started');
+  return { sessionId: session.id, threadId, runId: run.id };
+}
+
 const rescheduledEvents = async (sessionId: string) =>
   (await store.log.range(sessionId, 0, 100)).filter((e) => e.type === 'session.thread_status_rescheduled');
 
@@ -48,13 +56,6 @@ const scriptCalls = async (): Promise<number> => {
 };
 
 describe('acceptance', () => {
-  /** A Session whose primary thread has a queued Run, as the process that started it knows them. */
-  async function queuedTurn(): Promise<{ sessionId: string; threadId: string; runId: string }> {
-    const { session, threadId } = await idleSession(store);
-    const { run } = await new ThreadRuntime(store, () => recordOnlyTurnScheduler).submitUserMessage(session, threadId, newId('event'));
-    if (!run) throw new Error('no turn started');
-    return { sessionId: session.id, threadId, runId: run.id };
-  }
   const lease = { lease_id: 'lease-a', runner_id: 'runner_a', attempt: 1 };
 
   it('the thread\'s startup mark rides on the Run\'s move when the thread is known here; a stale guess is marked after it', async () => {
@@ -86,12 +87,6 @@ describe('acceptance', () => {
 });
 
 describe('acceptance with the lease\'s fence claim', () => {
-  async function queuedTurn(): Promise<{ sessionId: string; threadId: string; runId: string }> {
-    const { session, threadId } = await idleSession(store);
-    const { run } = await new ThreadRuntime(store, () => recordOnlyTurnScheduler).submitUserMessage(session, threadId, newId('event'));
-    if (!run) throw new Error('no turn started');
-    return { sessionId: session.id, threadId, runId: run.id };
-  }
   const fence = () => new LeaseFence(redis);
   const claimOf = (t: { sessionId: string; runId: string }, token: string, runner = 'runner_a') => ({
     fence: fence(), ttlMs: 30_000, claim: { sessionId: t.sessionId, token, runnerId: runner, attempt: 1, runId: t.runId },
