@@ -2,7 +2,8 @@
 // authenticated GET, each against a platform with tracing off (the floor) and one with tracing on
 // (100% sampling, OTLP/HTTP to a local sink in a process of its own), both running at once and loaded in
 // alternating rounds, in two phases (each side started first in one: the start order biases the
-// figures; each figure is the geometric mean of the two phases' medians); plus the CPU time per request and per Run of the
+// figures; each figure is the geometric mean of the two phases' medians), the API rounds with both
+// APIs on one core and the load on another (taskset); plus the CPU time per request and per Run of the
 // platform's processes (from /proc): at full load, and in paired rounds where both APIs take the
 // same fixed offered rate at the same time with their processes sharing one core (whatever else
 // loads the machine then slows both alike; the figure is the median of the rounds' on/off
@@ -11,6 +12,7 @@
 // when tracing is off (per call, against a plain call).
 import { execFileSync, fork } from 'node:child_process';
 import { readFileSync } from 'node:fs';
+import { availableParallelism } from 'node:os';
 import { join } from 'node:path';
 import { injectTrace, inSpan } from '@agentplane/core';
 import { startPlatform, ROOT_DIR, type Platform } from '../test/harness/platform.js';
@@ -151,15 +153,17 @@ async function startSide(env: Record<string, string>): Promise<Side> {
   };
 }
 
-/** Both APIs' processes (all threads) on one core, when taskset is there: false when it is not. */
-function shareOneCore(pids: (number | undefined)[]): boolean {
+/** Processes (all threads) on the given cores (a taskset list such as `0` or `0-1`): false when taskset is not there. */
+function pin(pids: (number | undefined)[], cores: string): boolean {
   try {
-    for (const pid of pids) if (pid) execFileSync('taskset', ['-acp', '0', String(pid)], { stdio: 'ignore' });
+    for (const pid of pids) if (pid) execFileSync('taskset', ['-acp', cores, String(pid)], { stdio: 'ignore' });
     return true;
   } catch {
     return false;
   }
 }
+
+const CORES = availableParallelism();
 
 /** Paired rounds: both APIs loaded at once at CPU_RATE; per round, each side's CPU per request. */
 async function pairedCpu(targets: { off: Target; on: Target }): Promise<{ off: Load[]; on: Load[]; ratios: number[] }> {
@@ -216,10 +220,15 @@ async function phase(order: Order, sinkUrl: string): Promise<{
     }
     const both = sides as Required<typeof sides>;
     const targets = { off: await principalUrl(both.off.api), on: await principalUrl(both.on.api) };
+    // Both APIs on one core and, with a second core, the load (autocannon, in this process) on
+    // another, for the API rounds: left to the kernel, where each process landed decided more
+    // than tracing did (the platform started first served a sixth less, whichever it was).
+    const pinned = pin([targets.off.pid(), targets.on.pid()], '0');
+    const loadPinned = pinned && CORES > 1 && pin([process.pid], '1');
     for (const side of ['off', 'on'] as const) await httpLoad(targets[side], 2); // warm-up
     const api = await compare('api', (side) => httpLoad(targets[side], DURATION));
-    const pinned = shareOneCore([targets.off.pid(), targets.on.pid()]);
     const fixed = await pairedCpu(targets);
+    if (loadPinned) pin([process.pid], `0-${CORES - 1}`);
     for (const side of ['off', 'on'] as const) await both[side].dispatchRun(RATE); // warm-up
     const dispatch = await compare('dispatch', (side) => both[side].dispatchRun(RATE));
     return { order, api, fixed, dispatch, pinned };
@@ -279,7 +288,7 @@ async function main(): Promise<void> {
     const paired = phases.flatMap((x) => x.fixed.ratios);
     const ratios = paired.map((r) => r.toFixed(2)).join(', ');
     process.stdout.write(`api CPU per request, on/off per paired round: ${ratios}; median ${median(paired).toFixed(2)}x` +
-      ` (${pinned ? 'both APIs on one core' : 'taskset not found: the APIs were not pinned'})\n`);
+      ` (${pinned ? 'both APIs on one core, the load on another' : 'taskset not found: the APIs were not pinned'})\n`);
     const { requests, bytes } = await sink.exports();
     process.stdout.write(`OTLP exports received by the sink: ${requests} requests, ${(bytes / 1024 / 1024).toFixed(1)} MiB\n`);
     const errs = (xs: Load[]) => xs.reduce((a, x) => a + x.errors + x.non2xx, 0);
