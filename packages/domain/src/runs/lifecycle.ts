@@ -140,7 +140,9 @@ export class RunLifecycle {
   /**
    * The runner accepted the lease and starts the turn: `leased` and `started` in one move (one
    * compare-and-swap instead of two). A Run another reporter already recorded as leased by this
-   * lease only moves on to running.
+   * lease only moves on to running. With `claim`, the lease's fence is claimed by the same script
+   * as the move (alone when the Run needs no move); a refused claim writes nothing and is the
+   * answer (`taken`, `canceled`).
    */
   async accepted(sessionId: string, runId: string, lease: { lease_id: string; runner_id: string; attempt: number }, claim?: AcceptClaim): Promise<'ok' | 'taken' | 'canceled'> {
     const marking = this.startupMarking(sessionId, runId, claim);
