@@ -233,7 +233,10 @@ async function run(
     body,
     headers: raw.headers,
     requestId,
-    trace: raw.trace,
+    // Read through: a request's trace context is made only if something under it asks for it.
+    get trace() {
+      return raw.trace;
+    },
     idempotencyKey: mode === 'none' ? undefined : idemKey,
     deps,
     // The request's logger (its lines name the request), made when a handler first logs.

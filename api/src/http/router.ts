@@ -1,7 +1,7 @@
 import type Koa from 'koa';
 import Router from '@koa/router';
 import {
-  ApiError, BUCKETS, Counter, extractTrace, failSpan, Histogram, newRequestId, reportIncident, requestIdFrom, SpanKind, SpanStatusCode, spanTraceId, startSpan,
+  ApiError, BUCKETS, Counter, extractTrace, failSpan, Histogram, newRequestId, reportIncident, requestIdFrom, SpanKind, SpanStatusCode, spanTraceId, startSpanLazily,
   statusLabel, tracingEnabled, type Attributes, type Context, type Span,
 } from '@agentplane/core';
 import { storedJsonOf } from '@agentplane/store';
@@ -47,7 +47,7 @@ interface Routed {
 
 /**
  * With tracing on: the request's SERVER span, child of the caller's W3C `traceparent` when it
- * sent one. Its context (`ctx.state.trace`) is handed to the operation (`req.trace`), the
+ * sent one. Its context (`traceOf`, made when first asked for) is handed to the operation (`req.trace`), the
  * parent of the spans made for the request (the API propagates trace context explicitly:
  * tracing.ts). Its attributes (HTTP semantic conventions, and the route and operation once
  * routed) are set in one call when it ends: the SDK checks each attribute once instead of three
@@ -55,13 +55,16 @@ interface Routed {
  * read none at the start. The path carries ids only; no query, header or body goes on the span.
  */
 function startRequestSpan(ctx: Koa.Context): Span {
-  const { span, context } = startSpan(ctx.method, { kind: SpanKind.SERVER, parent: extractTrace(ctx.headers) });
+  const { span, context } = startSpanLazily(ctx.method, { kind: SpanKind.SERVER, parent: extractTrace(ctx.headers) });
   ctx.state.trace = context;
   return span;
 }
 
-/** The request's trace context (its SERVER span's), when tracing is on. */
-export const traceOf = (ctx: Koa.Context): Context | undefined => ctx.state.trace as Context | undefined;
+/**
+ * The request's trace context (its SERVER span's), when tracing is on: made when first asked for
+ * (most requests served from the read cache start nothing under their span).
+ */
+export const traceOf = (ctx: Koa.Context): Context | undefined => (ctx.state.trace as (() => Context) | undefined)?.();
 
 /** End the request's span with the status answered (a stream, SSE, answers 200 and ends when the client leaves). */
 function endRequestSpan(ctx: Koa.Context, span: Span, failure: unknown): void {
@@ -225,7 +228,10 @@ export function buildRouter(operations: readonly Operation[], deps: ApiDeps): Op
           query: ctx.querystring === '' ? {} : { ...ctx.query },
           body,
           requestId,
-          trace: traceOf(ctx),
+          // Made only if the operation asks (traceOf).
+          get trace() {
+            return traceOf(ctx);
+          },
           connection: ctx.req.socket,
           ...(op.upload ? { stream: ctx.req } : {}),
         };

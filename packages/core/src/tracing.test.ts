@@ -1,7 +1,7 @@
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import * as sdk from '@opentelemetry/sdk-trace-node';
 import { trace, INVALID_SPAN_CONTEXT, TraceFlags } from '@opentelemetry/api';
-import { batchDefaults, otlpProtocol, samplerFromEnv, spanTraceId, tracingRequested } from './tracing.js';
+import { batchDefaults, otlpProtocol, samplerFromEnv, spanTraceId, startSpanLazily, tracingRequested } from './tracing.js';
 
 /** The OTEL_* variables these tests read: cleared before each, as they were after each. */
 const READ_HERE = [
@@ -93,5 +93,15 @@ describe('a span\'s trace id (spanTraceId)', () => {
     const valid = trace.wrapSpanContext({ traceId: '0af7651916cd43dd8448eb211c80319c', spanId: 'b7ad6b7169203331', traceFlags: TraceFlags.NONE });
     expect(spanTraceId(valid)).toBe('0af7651916cd43dd8448eb211c80319c');
     expect(spanTraceId(trace.wrapSpanContext(INVALID_SPAN_CONTEXT))).toBeUndefined();
+  });
+});
+
+describe('a span whose context is made when asked for (startSpanLazily)', () => {
+  it('makes the context once, with the span active in it', () => {
+    const { span, context } = startSpanLazily('lazy', {});
+    const first = context();
+    expect(context()).toBe(first);
+    expect(trace.getSpan(first)).toBe(span);
+    span.end();
   });
 });

@@ -335,6 +335,17 @@ export function startSpan(name: string, options: SpanStart): { span: Span; conte
 }
 
 /**
+ * `startSpan` whose context is made when first asked for (then kept): for a span most of whose
+ * work starts nothing under it (a request served from the read cache needs no context).
+ */
+export function startSpanLazily(name: string, options: SpanStart): { span: Span; context: () => Context } {
+  const parent = options.parent ?? context.active();
+  const span = tracer().startSpan(name, options.attributes ? { kind: options.kind ?? SpanKind.INTERNAL, attributes: options.attributes } : { kind: options.kind ?? SpanKind.INTERNAL }, parent);
+  let made: Context | undefined;
+  return { span, context: () => (made ??= trace.setSpan(parent, span)) };
+}
+
+/**
  * The trace id of a span the platform's tracer made, or undefined for an invalid one (a span
  * started under suppressed tracing, or any span with tracing off). The tracer makes only valid
  * ids or the all-zero ones, so one comparison replaces the API's check (two regular expressions).
