@@ -20,15 +20,6 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX') then
 end
 return 0`;
 
-/* A stale version returns the current document, so the caller's next attempt needs no read. */
-const CAS_LUA = `
-local cur = redis.call('GET', KEYS[1])
-if not cur then return -1 end
-local v = cjson.decode(cur)['version']
-if tostring(v) ~= ARGV[1] then return cur end
-redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL')
-return 1`;
-
 /**
  * Lua: `doc_swap(key, expected, json, also_key, also_expected, also_json)`, the compare-and-swap
  * of `swapWith` for other scripts of the document's slot: `key` written if its stored version is
@@ -58,13 +49,16 @@ export function docSwapResult(r: readonly unknown[]): { outcome: SwapOutcome; al
   return { outcome: { kind: 'missing' }, alsoWritten: false };
 }
 
-/* DOC_SWAP_LUA on KEYS[1] and KEYS[2]: ARGV expected | JSON | the second's expected | its JSON. */
-const CAS_WITH_LUA = `${DOC_SWAP_LUA}
+/*
+ * DOC_SWAP_LUA on KEYS[1], and on KEYS[2] when given. ARGV: expected | JSON, then the second's
+ * expected | JSON. A stale version answers the current document, so the caller's next attempt
+ * needs no read.
+ */
+const CAS_LUA = `${DOC_SWAP_LUA}
 return doc_swap(KEYS[1], ARGV[1], ARGV[2], KEYS[2], ARGV[3], ARGV[4])`;
 
 const createScript = new LuaScript('doc_create', CREATE_LUA);
-const casScript = new LuaScript('doc_cas', CAS_LUA);
-const casWithScript = new LuaScript('doc_cas_with', CAS_WITH_LUA);
+const casScript = new LuaScript('doc_cas_v2', CAS_LUA);
 
 /**
  * Outcome of one compare-and-swap attempt: written, the document is gone, or the version was
@@ -164,10 +158,7 @@ export class DocumentStore {
 
   /** One compare-and-swap attempt: store `next` if the stored version is `expected`. */
   async swap(tag: Tag, id: string, next: StoredDoc, expected: number): Promise<SwapOutcome> {
-    const r = await casScript.run(this.redis, [keys.doc(tag, id)], [String(expected), JSON.stringify(next)]);
-    if (r === 1) return { kind: 'written' };
-    if (typeof r === 'string') return { kind: 'stale', current: r };
-    return { kind: 'missing' };
+    return docSwapResult((await casScript.run(this.redis, [keys.doc(tag, id)], [String(expected), JSON.stringify(next)])) as unknown[]).outcome;
   }
 
   /**
@@ -176,7 +167,7 @@ export class DocumentStore {
    * `alsoWritten` says whether it did; it never stops the first).
    */
   async swapWith(tag: Tag, id: string, next: StoredDoc, expected: number, also: { id: string; next: StoredDoc; expected: number }): Promise<{ outcome: SwapOutcome; alsoWritten: boolean }> {
-    return docSwapResult((await casWithScript.run(this.redis, [keys.doc(tag, id), keys.doc(tag, also.id)], [
+    return docSwapResult((await casScript.run(this.redis, [keys.doc(tag, id), keys.doc(tag, also.id)], [
       String(expected), JSON.stringify(next), String(also.expected), JSON.stringify(also.next),
     ])) as unknown[]);
   }

@@ -190,20 +190,19 @@ export class RunLifecycle {
         marked = false;
         const tag = tags.session(sessionId);
         const mark = this.runtime.plannedStartupMark(sessionId, next.session_thread_id);
+        let r: { outcome: SwapOutcome; alsoWritten: boolean };
         if (claim && !claimed) {
-          const r = await claim.fence.claimAndSwap(claim.claim, claim.ttlMs, { key: keys.doc(tag, runId), expected, json: JSON.stringify(next) },
+          const c = await claim.fence.claimAndSwap(claim.claim, claim.ttlMs, { key: keys.doc(tag, runId), expected, json: JSON.stringify(next) },
             mark ? { key: keys.doc(tag, mark.id), expected: mark.expected, json: JSON.stringify(mark.next) } : undefined);
-          if (r.claim !== 'ok') throw new ClaimRefused(r.claim);
+          if (c.claim !== 'ok') throw new ClaimRefused(c.claim);
           claimed = true;
-          if (r.alsoWritten && mark) {
-            marked = true;
-            this.runtime.startupMarked(mark.next);
-          }
-          return r.outcome;
+          r = c;
+        } else if (!mark) {
+          return this.store.docs.swap(tag, runId, next, expected);
+        } else {
+          r = await this.store.docs.swapWith(tag, runId, next, expected, mark);
         }
-        if (!mark) return this.store.docs.swap(tag, runId, next, expected);
-        const r = await this.store.docs.swapWith(tag, runId, next, expected, mark);
-        if (r.alsoWritten) {
+        if (r.alsoWritten && mark) {
           marked = true;
           this.runtime.startupMarked(mark.next);
         }
