@@ -324,13 +324,19 @@ function recordSpan<T>(name: string, options: SpanStart, fn: (span: Span, ctx: C
   });
 }
 
+/** A span started under `options.parent` (default: the active context), and that parent. */
+function startUnder(name: string, options: SpanStart): { span: Span; parent: Context } {
+  const parent = options.parent ?? context.active();
+  const kind = options.kind ?? SpanKind.INTERNAL;
+  return { span: tracer().startSpan(name, options.attributes ? { kind, attributes: options.attributes } : { kind }, parent), parent };
+}
+
 /**
  * Start a span (the caller ends it) and the context it is the active span of: the parent to
  * hand to the work done inside it.
  */
 export function startSpan(name: string, options: SpanStart): { span: Span; context: Context } {
-  const parent = options.parent ?? context.active();
-  const span = tracer().startSpan(name, options.attributes ? { kind: options.kind ?? SpanKind.INTERNAL, attributes: options.attributes } : { kind: options.kind ?? SpanKind.INTERNAL }, parent);
+  const { span, parent } = startUnder(name, options);
   return { span, context: trace.setSpan(parent, span) };
 }
 
@@ -339,8 +345,7 @@ export function startSpan(name: string, options: SpanStart): { span: Span; conte
  * work starts nothing under it (a request served from the read cache needs no context).
  */
 export function startSpanLazily(name: string, options: SpanStart): { span: Span; context: () => Context } {
-  const parent = options.parent ?? context.active();
-  const span = tracer().startSpan(name, options.attributes ? { kind: options.kind ?? SpanKind.INTERNAL, attributes: options.attributes } : { kind: options.kind ?? SpanKind.INTERNAL }, parent);
+  const { span, parent } = startUnder(name, options);
   let made: Context | undefined;
   return { span, context: () => (made ??= trace.setSpan(parent, span)) };
 }
