@@ -5,7 +5,7 @@ import {
 } from '@opentelemetry/sdk-trace-node';
 import { once } from 'node:events';
 import { MessageChannel } from 'node:worker_threads';
-import { describe, expect, it } from 'vitest';
+import { describe, expect, it, vi } from 'vitest';
 import { PooledIdGenerator } from './trace-ids.js';
 import { DeferredTracer, postSpans, recordsOf, SdkReplay, type SpanBatch, type SpanRecord } from './tracing-deferred.js';
 
@@ -166,6 +166,41 @@ describe('the deferred tracer', () => {
       expect(fallback.records).toEqual([{ ...record, attributes: { a: 1 } }]);
     } finally {
       port1.close();
+    }
+  });
+
+  it('sends encoded spans to the exporter thread in one message at most every 500 ms, at once when asked or past 256 KiB', () => {
+    vi.useFakeTimers();
+    try {
+      const sent: { bytes: number; spans: number }[] = [];
+      const sampler = new ParentBasedSampler({ root: new AlwaysOnSampler() });
+      const tracer = new DeferredTracer(sampler, new PooledIdGenerator(), { encoded: (bytes, ends) => void sent.push({ bytes: bytes.length, spans: ends.length }) });
+      // Spans ended 60 ms apart are encoded in two batches, and wait to leave together.
+      tracer.startSpan('a', {}, ROOT_CONTEXT).end();
+      vi.advanceTimersByTime(60);
+      tracer.startSpan('b', {}, ROOT_CONTEXT).end();
+      vi.advanceTimersByTime(60);
+      vi.advanceTimersByTime(380);
+      expect(sent).toEqual([]);
+      // 500 ms after the first was encoded (50 ms after it ended).
+      vi.advanceTimersByTime(60);
+      expect(sent.map((m) => m.spans)).toEqual([2]);
+      // An unsampled span is not sent; a flush sends what waits at once.
+      tracer.startSpan('c', {}, remoteParent(false)).end();
+      tracer.startSpan('d', {}, ROOT_CONTEXT).end();
+      tracer.flush();
+      expect(sent.map((m) => m.spans)).toEqual([2, 1]);
+      tracer.flush();
+      expect(sent).toHaveLength(2);
+      // Past 256 KiB waiting, the batch leaves as soon as it is encoded.
+      const big = 'x'.repeat(1000);
+      for (let i = 0; i < 300; i++) tracer.startSpan('big', { attributes: { name: big } }, ROOT_CONTEXT).end();
+      vi.advanceTimersByTime(0);
+      expect(sent).toHaveLength(3);
+      expect(sent[2]?.spans).toBe(300);
+      expect(sent[2]?.bytes).toBeGreaterThanOrEqual(256 * 1024);
+    } finally {
+      vi.useRealTimers();
     }
   });
 });
