@@ -1,15 +1,17 @@
 // bench:observability — what tracing costs. bench:dispatch at 50 Runs/s and bench:api's
 // authenticated GET, each against a platform with tracing off (the floor) and one with tracing on
-// (100% sampling, OTLP/HTTP to a local sink in a process of its own), both running at once and loaded in
-// alternating rounds, in two phases (each side started first in one: the start order biases the
-// figures; each figure is the geometric mean of the two phases' medians), the API rounds with both
-// APIs on one core and the load on another (taskset); plus the CPU time per request and per Run of the
-// platform's processes (from /proc): at full load, and in paired rounds where both APIs take the
-// same fixed offered rate at the same time with their processes sharing one core (whatever else
-// loads the machine then slows both alike; the figure is the median of the rounds' on/off
-// ratios); the api's event loop (main thread) CPU is shown beside its whole process's (the rest
-// is V8's collector threads and libuv's pool); plus the cost of the tracing calls on a hot path
-// when tracing is off (per call, against a plain call).
+// (100% sampling, OTLP/HTTP to a local sink in a process of its own), both running at once, in two
+// phases (each side started first in one: the start order biases the figures; each figure is the
+// geometric mean of the two phases'). Every round loads both sides at the same time, so whatever
+// the machine does meanwhile (its speed moved by a third within minutes on the machines this was
+// built on) slows both alike: the API rounds with both APIs sharing one core and the load and
+// their Redis servers on the other (taskset), at full load and at a fixed offered rate; the
+// dispatch rounds at 50 Runs/s each, their latency samples pooled per phase. CPU time per request
+// and per Run comes from /proc: the whole process's (the exporter thread, V8's collector threads
+// and libuv's pool included) and the event loop's (main thread). At full load the kernel shares
+// the core by thread, so the traced API, one thread more, gets a little more of it: its CPU per
+// request is the cost, its throughput understates it. Plus the cost of the tracing calls on a hot
+// path when tracing is off (per call, against a plain call).
 import { execFileSync, fork } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { availableParallelism } from 'node:os';
@@ -17,7 +19,7 @@ import { join } from 'node:path';
 import { injectTrace, inSpan } from '@agentplane/core';
 import { startPlatform, ROOT_DIR, type Platform } from '../test/harness/platform.js';
 import { loadHttp } from './lib/http-load.js';
-import { printTable, type HttpLoad, type Row } from './lib/report.js';
+import { printTable, summarize, type HttpLoad, type Row } from './lib/report.js';
 import { cpuMs, level, setup, startSimulatedRunners, type Level } from './dispatch.js';
 
 const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 64);
@@ -106,18 +108,18 @@ async function principalUrl(p: Platform): Promise<Target> {
 const median = (xs: number[]): number => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] as number;
 
 /**
- * Both platforms run at once and are loaded in turn, ROUNDS times each (off, on, off, on, …):
- * drift in the machine's load hits both alike. Each figure is the median of its rounds.
+ * Both sides loaded at the same time, ROUNDS times: whatever the machine does meanwhile slows
+ * both alike (their loads share it, symmetrically). Each figure is the median of its rounds.
  */
-async function compare<T>(label: string, run: (side: 'off' | 'on') => Promise<T>): Promise<{ off: T[]; on: T[] }> {
-  const off: T[] = [];
-  const on: T[] = [];
-  for (let round = 1; round <= ROUNDS; round++) {
-    process.stdout.write(`${label} round ${round}/${ROUNDS} …\n`);
-    off.push(await run('off'));
-    on.push(await run('on'));
+async function together<T>(label: string, run: (side: 'off' | 'on') => Promise<T>, rounds = ROUNDS): Promise<{ off: T[]; on: T[] }> {
+  const got: { off: T[]; on: T[] } = { off: [], on: [] };
+  for (let round = 1; round <= rounds; round++) {
+    process.stdout.write(`${label} round ${round}/${rounds} …\n`);
+    const [off, on] = await Promise.all([run('off'), run('on')]);
+    got.off.push(off);
+    got.on.push(on);
   }
-  return { off, on };
+  return got;
 }
 
 interface Side { api: Platform; dispatch: Platform; dispatchRun: (rate: number) => Promise<DispatchLoad>; stop(): Promise<void> }
@@ -202,7 +204,7 @@ async function offPathCost(): Promise<{ traced: number; plain: number }> {
 
 type Order = 'on first' | 'off first';
 
-/** One phase: both sides started in `order`, loaded in alternating rounds, then stopped. */
+/** One phase: both sides started in `order`, loaded together in rounds, then stopped. */
 async function phase(order: Order, sinkUrl: string): Promise<{
   order: Order; api: { off: Load[]; on: Load[] }; fixed: Awaited<ReturnType<typeof pairedCpu>>; dispatch: { off: DispatchLoad[]; on: DispatchLoad[] }; pinned: boolean;
 }> {
@@ -224,13 +226,15 @@ async function phase(order: Order, sinkUrl: string): Promise<{
     // another, for the API rounds: left to the kernel, where each process landed decided more
     // than tracing did (the platform started first served a sixth less, whichever it was).
     const pinned = pin([targets.off.pid(), targets.on.pid()], '0');
-    const loadPinned = pinned && CORES > 1 && pin([process.pid], '1');
-    for (const side of ['off', 'on'] as const) await httpLoad(targets[side], 2); // warm-up
-    const api = await compare('api', (side) => httpLoad(targets[side], DURATION));
+    // Their Redis servers beside the load: left to the kernel, one could share the APIs' core.
+    const redis = [both.off.api.pids().redis, both.on.api.pids().redis];
+    const loadPinned = pinned && CORES > 1 && pin([process.pid, ...redis], '1');
+    await together('api warm-up', (side) => httpLoad(targets[side], 2), 1);
+    const api = await together('api, both at full load', (side) => httpLoad(targets[side], DURATION));
     const fixed = await pairedCpu(targets);
-    if (loadPinned) pin([process.pid], `0-${CORES - 1}`);
+    if (loadPinned) pin([process.pid, ...redis], `0-${CORES - 1}`);
     for (const side of ['off', 'on'] as const) await both[side].dispatchRun(RATE); // warm-up
-    const dispatch = await compare('dispatch', (side) => both[side].dispatchRun(RATE));
+    const dispatch = await together('dispatch', (side) => both[side].dispatchRun(RATE));
     return { order, api, fixed, dispatch, pinned };
   } finally {
     await sides.off?.stop();
@@ -239,7 +243,7 @@ async function phase(order: Order, sinkUrl: string): Promise<{
 }
 
 async function main(): Promise<void> {
-  process.stdout.write(`bench:observability  api: ${CONNECTIONS} connections, ${DURATION}s; dispatch: ${RATE} Runs/s; ${ROUNDS} alternating rounds in each of two phases\n`);
+  process.stdout.write(`bench:observability  api: ${CONNECTIONS} connections, ${DURATION}s; dispatch: ${RATE} Runs/s; ${ROUNDS} rounds in each of two phases, both sides loaded at once\n`);
   process.stdout.write(AA
     ? 'A/A run (BENCH_AA=1): two platforms, both with tracing off\n'
     : 'a platform with tracing off and one with tracing on (100% sampling, OTLP/HTTP to a local sink)\n');
@@ -256,27 +260,31 @@ async function main(): Promise<void> {
     // divides the other's cancels.
     type Part = (typeof phases)[number];
     const gm = <T>(pick: (x: Part) => T[], f: (x: T) => number): number => Math.sqrt(phases.reduce((a, x) => a * median(pick(x).map(f)), 1));
+    // A dispatch latency: each phase's percentile over its rounds' samples pooled (a 4 s level at
+    // 50 Runs/s has 200, whose p99 is its second worst), then the geometric mean of the phases.
+    const pooled = (pick: (x: Part) => DispatchLoad[], samples: (l: DispatchLoad) => number[], which: 'p50' | 'p99'): number =>
+      Math.sqrt(phases.reduce((a, x) => a * summarize(pick(x).flatMap(samples))[which], 1));
     const api = { off: (x: Part) => x.api.off, on: (x: Part) => x.api.on };
     const fixed = { off: (x: Part) => x.fixed.off, on: (x: Part) => x.fixed.on };
     const dispatch = { off: (x: Part) => x.dispatch.off, on: (x: Part) => x.dispatch.on };
     const rows: Row[] = [
-      { metric: 'api GET latency p50', ours: gm(api.on, (x) => x.p50), floor: gm(api.off, (x) => x.p50), unit: 'ms' },
-      { metric: 'api GET latency p99', ours: gm(api.on, (x) => x.p99), floor: gm(api.off, (x) => x.p99), unit: 'ms' },
-      { metric: 'api GET throughput', ours: gm(api.on, (x) => x.rps), floor: gm(api.off, (x) => x.rps), unit: 'req/s', higherIsBetter: true },
-      { metric: 'api GET CPU per request (full load)', ours: gm(api.on, (x) => x.cpuUs), floor: gm(api.off, (x) => x.cpuUs), unit: 'µs' },
-      { metric: 'api GET event-loop CPU per request (full load)', ours: gm(api.on, (x) => x.loopUs), floor: gm(api.off, (x) => x.loopUs), unit: 'µs' },
+      { metric: 'api GET latency p50 (both at full load)', ours: gm(api.on, (x) => x.p50), floor: gm(api.off, (x) => x.p50), unit: 'ms' },
+      { metric: 'api GET latency p99 (both at full load)', ours: gm(api.on, (x) => x.p99), floor: gm(api.off, (x) => x.p99), unit: 'ms' },
+      { metric: 'api GET throughput (both at full load)', ours: gm(api.on, (x) => x.rps), floor: gm(api.off, (x) => x.rps), unit: 'req/s', higherIsBetter: true },
+      { metric: 'api GET CPU per request (both at full load)', ours: gm(api.on, (x) => x.cpuUs), floor: gm(api.off, (x) => x.cpuUs), unit: 'µs' },
+      { metric: 'api GET event-loop CPU per request (both at full load)', ours: gm(api.on, (x) => x.loopUs), floor: gm(api.off, (x) => x.loopUs), unit: 'µs' },
       { metric: `api GET CPU per request (paired, ${CPU_RATE} req/s)`, ours: gm(fixed.on, (x) => x.cpuUs), floor: gm(fixed.off, (x) => x.cpuUs), unit: 'µs' },
       { metric: `api GET event-loop CPU per request (paired, ${CPU_RATE} req/s)`, ours: gm(fixed.on, (x) => x.loopUs), floor: gm(fixed.off, (x) => x.loopUs), unit: 'µs' },
       { metric: `api GET latency p50 (paired, ${CPU_RATE} req/s)`, ours: gm(fixed.on, (x) => x.p50), floor: gm(fixed.off, (x) => x.p50), unit: 'ms' },
       { metric: `api GET latency p99 (paired, ${CPU_RATE} req/s)`, ours: gm(fixed.on, (x) => x.p99), floor: gm(fixed.off, (x) => x.p99), unit: 'ms' },
-      { metric: `dispatch ${RATE}/s message→lease p50`, ours: gm(dispatch.on, (x) => x.lease.p50), floor: gm(dispatch.off, (x) => x.lease.p50), unit: 'ms' },
-      { metric: `dispatch ${RATE}/s message→lease p99`, ours: gm(dispatch.on, (x) => x.lease.p99), floor: gm(dispatch.off, (x) => x.lease.p99), unit: 'ms' },
-      { metric: `dispatch ${RATE}/s message→first event p50`, ours: gm(dispatch.on, (x) => x.visible.p50), floor: gm(dispatch.off, (x) => x.visible.p50), unit: 'ms' },
-      { metric: `dispatch ${RATE}/s message→first event p99`, ours: gm(dispatch.on, (x) => x.visible.p99), floor: gm(dispatch.off, (x) => x.visible.p99), unit: 'ms' },
+      { metric: `dispatch ${RATE}/s message→lease p50`, ours: pooled(dispatch.on, (x) => x.samples.lease, 'p50'), floor: pooled(dispatch.off, (x) => x.samples.lease, 'p50'), unit: 'ms' },
+      { metric: `dispatch ${RATE}/s message→lease p99`, ours: pooled(dispatch.on, (x) => x.samples.lease, 'p99'), floor: pooled(dispatch.off, (x) => x.samples.lease, 'p99'), unit: 'ms' },
+      { metric: `dispatch ${RATE}/s message→first event p50`, ours: pooled(dispatch.on, (x) => x.samples.visible, 'p50'), floor: pooled(dispatch.off, (x) => x.samples.visible, 'p50'), unit: 'ms' },
+      { metric: `dispatch ${RATE}/s message→first event p99`, ours: pooled(dispatch.on, (x) => x.samples.visible, 'p99'), floor: pooled(dispatch.off, (x) => x.samples.visible, 'p99'), unit: 'ms' },
       { metric: `dispatch ${RATE}/s Runs completed`, ours: gm(dispatch.on, (x) => x.done), floor: gm(dispatch.off, (x) => x.done), unit: 'Runs', higherIsBetter: true },
       { metric: `dispatch ${RATE}/s api+scheduler CPU per Run`, ours: gm(dispatch.on, (x) => x.cpuUs), floor: gm(dispatch.off, (x) => x.cpuUs), unit: 'µs' },
     ];
-    printTable(`tracing on (agentplane column) vs tracing off (floor column): medians of ${ROUNDS} alternating rounds in each phase, geometric mean of the two phases`, rows);
+    printTable(`tracing on (agentplane column) vs tracing off (floor column): medians of ${ROUNDS} rounds in each phase (dispatch latency: percentiles of the pooled samples), geometric mean of the two phases`, rows);
     // Each phase's own ratios (on/off medians), for how far the start order moved them.
     for (const x of phases) {
       const r = (f: (l: Load) => number) => (median(x.api.on.map(f)) / median(x.api.off.map(f))).toFixed(2);
@@ -285,6 +293,8 @@ async function main(): Promise<void> {
         `p50 ${r((l) => l.p50)}x, p99 ${r((l) => l.p99)}x, CPU per request ${r((l) => l.cpuUs)}x, event loop ${r((l) => l.loopUs)}x; ` +
         `dispatch lease p50 ${d((l) => l.lease.p50)}x, p99 ${d((l) => l.lease.p99)}x\n`);
     }
+    const full = phases.flatMap((x) => x.api.on.map((l, i) => l.cpuUs / (x.api.off[i] as Load).cpuUs));
+    process.stdout.write(`api CPU per request at full load, on/off per round: ${full.map((r) => r.toFixed(2)).join(', ')}; median ${median(full).toFixed(2)}x\n`);
     const paired = phases.flatMap((x) => x.fixed.ratios);
     const ratios = paired.map((r) => r.toFixed(2)).join(', ');
     process.stdout.write(`api CPU per request, on/off per paired round: ${ratios}; median ${median(paired).toFixed(2)}x` +
