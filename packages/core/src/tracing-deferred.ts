@@ -10,9 +10,10 @@
  * handed to children and to other processes carries the right flags), its start time, and what
  * is set on it. Ended spans wait in a queue; every `FLUSH_MS`, or at once past `FLUSH_AT` spans,
  * they are handed to a sink, one of two kinds. An `EncodedSink` (OTLP/protobuf, the default)
- * gets the batch's sampled spans as OTLP Span messages, made by the SDK span's own rules
- * (tracing-span-data.ts) and encoded in one loop; the exporter thread (tracing-worker.ts) batches
- * and sends the bytes. A `SpanSink` gets plain records (`SpanRecord`): the exporter thread makes
+ * gets the sampled spans as OTLP Span messages, made by the SDK span's own rules
+ * (tracing-span-data.ts) and encoded a batch at a time in one loop, then sent on together at most
+ * every `POST_MS` (or past `POST_BYTES`); the exporter thread (tracing-worker.ts) batches and
+ * sends the bytes. A `SpanSink` gets plain records (`SpanRecord`): the exporter thread makes
  * each into an SDK span with `SdkReplay`, off the event loop that serves requests (OTLP/JSON,
  * and tests). `SdkReplay` makes them in one hot loop: `startSpan` with the
  * recorded start time and attributes, its ids given by the id generator (the SDK's `IdGenerator`
