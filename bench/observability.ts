@@ -167,21 +167,6 @@ function pin(pids: (number | undefined)[], cores: string): boolean {
 
 const CORES = availableParallelism();
 
-/** Paired rounds: both APIs loaded at once at CPU_RATE; per round, each side's CPU per request. */
-async function pairedCpu(targets: { off: Target; on: Target }): Promise<{ off: Load[]; on: Load[]; ratios: number[] }> {
-  const off: Load[] = [];
-  const on: Load[] = [];
-  const ratios: number[] = [];
-  for (let round = 1; round <= ROUNDS; round++) {
-    process.stdout.write(`api CPU, paired at ${CPU_RATE} req/s each, round ${round}/${ROUNDS} …\n`);
-    const [a, b] = await Promise.all([httpLoad(targets.off, CPU_SECONDS, CPU_RATE), httpLoad(targets.on, CPU_SECONDS, CPU_RATE)]);
-    off.push(a);
-    on.push(b);
-    ratios.push(b.cpuUs / a.cpuUs);
-  }
-  return { off, on, ratios };
-}
-
 /** ns per call of the tracing calls a hot path makes with tracing off, and of a plain call. */
 async function offPathCost(): Promise<{ traced: number; plain: number }> {
   const N = 200_000;
@@ -206,7 +191,7 @@ type Order = 'on first' | 'off first';
 
 /** One phase: both sides started in `order`, loaded together in rounds, then stopped. */
 async function phase(order: Order, sinkUrl: string): Promise<{
-  order: Order; api: { off: Load[]; on: Load[] }; fixed: Awaited<ReturnType<typeof pairedCpu>>; dispatch: { off: DispatchLoad[]; on: DispatchLoad[] }; pinned: boolean;
+  order: Order; api: { off: Load[]; on: Load[] }; fixed: { off: Load[]; on: Load[] }; dispatch: { off: DispatchLoad[]; on: DispatchLoad[] }; pinned: boolean;
 }> {
   const sides: { off?: Side; on?: Side } = {};
   const traced: Record<string, string> = AA ? {} : { OTEL_TRACES_EXPORTER: 'otlp', OTEL_EXPORTER_OTLP_ENDPOINT: sinkUrl, OTEL_TRACES_SAMPLER: 'always_on' };
@@ -231,7 +216,7 @@ async function phase(order: Order, sinkUrl: string): Promise<{
     const loadPinned = pinned && CORES > 1 && pin([process.pid, ...redis], '1');
     await together('api warm-up', (side) => httpLoad(targets[side], 2), 1);
     const api = await together('api, both at full load', (side) => httpLoad(targets[side], DURATION));
-    const fixed = await pairedCpu(targets);
+    const fixed = await together(`api CPU, paired at ${CPU_RATE} req/s each`, (side) => httpLoad(targets[side], CPU_SECONDS, CPU_RATE));
     if (loadPinned) pin([process.pid, ...redis], `0-${CORES - 1}`);
     for (const side of ['off', 'on'] as const) await both[side].dispatchRun(RATE); // warm-up
     const dispatch = await together('dispatch', (side) => both[side].dispatchRun(RATE));
@@ -293,9 +278,10 @@ async function main(): Promise<void> {
         `p50 ${r((l) => l.p50)}x, p99 ${r((l) => l.p99)}x, CPU per request ${r((l) => l.cpuUs)}x, event loop ${r((l) => l.loopUs)}x; ` +
         `dispatch lease p50 ${d((l) => l.lease.p50)}x, p99 ${d((l) => l.lease.p99)}x\n`);
     }
-    const full = phases.flatMap((x) => x.api.on.map((l, i) => l.cpuUs / (x.api.off[i] as Load).cpuUs));
+    const cpuRatios = (pick: (x: Part) => { off: Load[]; on: Load[] }): number[] => phases.flatMap((x) => pick(x).on.map((l, i) => l.cpuUs / (pick(x).off[i] as Load).cpuUs));
+    const full = cpuRatios((x) => x.api);
     process.stdout.write(`api CPU per request at full load, on/off per round: ${full.map((r) => r.toFixed(2)).join(', ')}; median ${median(full).toFixed(2)}x\n`);
-    const paired = phases.flatMap((x) => x.fixed.ratios);
+    const paired = cpuRatios((x) => x.fixed);
     const ratios = paired.map((r) => r.toFixed(2)).join(', ');
     process.stdout.write(`api CPU per request, on/off per paired round: ${ratios}; median ${median(paired).toFixed(2)}x` +
       ` (${pinned ? 'both APIs on one core, the load on another' : 'taskset not found: the APIs were not pinned'})\n`);
