@@ -257,9 +257,8 @@ export class DeferredTracer implements Tracer {
   private timer: NodeJS.Timeout | undefined;
   private immediate: NodeJS.Immediate | undefined;
   private writer: ProtoWriter | undefined;
-  /** Where each encoded span not yet handed on ends in the writer, and how many there are. */
-  private ends = new Uint32Array(FLUSH_AT);
-  private encodedCount = 0;
+  /** Where each encoded span not yet handed on ends in the writer. */
+  private ends: number[] = [];
   /** Hands the encoded spans on once the first of them has waited `POST_MS`. */
   private postTimer: NodeJS.Timeout | undefined;
 
@@ -332,7 +331,7 @@ export class DeferredTracer implements Tracer {
     if (typeof this.sink !== 'function') {
       if (batch.length > 0) this.encode(batch);
       if (all || (this.writer?.pos ?? 0) >= POST_BYTES) this.post(this.sink);
-      else if (this.encodedCount > 0 && this.postTimer === undefined) {
+      else if (this.ends.length > 0 && this.postTimer === undefined) {
         const sink = this.sink;
         this.postTimer = setTimeout(() => this.post(sink), POST_MS);
         this.postTimer.unref();
@@ -355,11 +354,6 @@ export class DeferredTracer implements Tracer {
    */
   private encode(batch: readonly DeferredSpan[]): void {
     const w = (this.writer ??= new ProtoWriter(64 * 1024));
-    if (this.ends.length < this.encodedCount + batch.length) {
-      const grown = new Uint32Array(Math.max(this.ends.length * 2, this.encodedCount + batch.length));
-      grown.set(this.ends.subarray(0, this.encodedCount));
-      this.ends = grown;
-    }
     // Every span of the batch ended before this: one clock read for all (tracing-span-data.ts).
     const perfNow = performance.now();
     for (const span of batch) {
@@ -367,7 +361,7 @@ export class DeferredTracer implements Tracer {
       const start = w.pos;
       try {
         encodeSpan(w, spanData(span, perfNow));
-        this.ends[this.encodedCount++] = w.pos;
+        this.ends.push(w.pos);
       } catch (err) {
         w.pos = start;
         diag.error('span dropped: it could not be encoded', err);
@@ -379,12 +373,11 @@ export class DeferredTracer implements Tracer {
   private post(sink: EncodedSink): void {
     if (this.postTimer !== undefined) clearTimeout(this.postTimer);
     this.postTimer = undefined;
-    const n = this.encodedCount;
     // Nothing written (no sampled span, or none encodable): the writer is still empty.
-    if (n === 0 || this.writer === undefined) return;
+    if (this.ends.length === 0 || this.writer === undefined) return;
     const bytes = this.writer.detach();
-    const ends = this.ends.slice(0, n);
-    this.encodedCount = 0;
+    const ends = Uint32Array.from(this.ends);
+    this.ends = [];
     try {
       sink.encoded(bytes, ends);
     } catch (err) {
