@@ -247,8 +247,9 @@ async function main(): Promise<void> {
     const gm = <T>(pick: (x: Part) => T[], f: (x: T) => number): number => Math.sqrt(phases.reduce((a, x) => a * median(pick(x).map(f)), 1));
     // A dispatch latency: each phase's percentile over its rounds' samples pooled (a 4 s level at
     // 50 Runs/s has 200, whose p99 is its second worst), then the geometric mean of the phases.
+    const pooledIn = (loads: DispatchLoad[], samples: (l: DispatchLoad) => number[], which: 'p50' | 'p99'): number => summarize(loads.flatMap(samples))[which];
     const pooled = (pick: (x: Part) => DispatchLoad[], samples: (l: DispatchLoad) => number[], which: 'p50' | 'p99'): number =>
-      Math.sqrt(phases.reduce((a, x) => a * summarize(pick(x).flatMap(samples))[which], 1));
+      Math.sqrt(phases.reduce((a, x) => a * pooledIn(pick(x), samples, which), 1));
     const api = { off: (x: Part) => x.api.off, on: (x: Part) => x.api.on };
     const fixed = { off: (x: Part) => x.fixed.off, on: (x: Part) => x.fixed.on };
     const dispatch = { off: (x: Part) => x.dispatch.off, on: (x: Part) => x.dispatch.on };
@@ -273,10 +274,10 @@ async function main(): Promise<void> {
     // Each phase's own ratios (on/off medians), for how far the start order moved them.
     for (const x of phases) {
       const r = (f: (l: Load) => number) => (median(x.api.on.map(f)) / median(x.api.off.map(f))).toFixed(2);
-      const d = (f: (l: DispatchLoad) => number) => (median(x.dispatch.on.map(f)) / median(x.dispatch.off.map(f))).toFixed(2);
+      const d = (which: 'p50' | 'p99') => (pooledIn(x.dispatch.on, (l) => l.samples.lease, which) / pooledIn(x.dispatch.off, (l) => l.samples.lease, which)).toFixed(2);
       process.stdout.write(`phase ${x.order}: api GET throughput ${(median(x.api.off.map((l) => l.rps)) / median(x.api.on.map((l) => l.rps))).toFixed(2)}x, ` +
         `p50 ${r((l) => l.p50)}x, p99 ${r((l) => l.p99)}x, CPU per request ${r((l) => l.cpuUs)}x, event loop ${r((l) => l.loopUs)}x; ` +
-        `dispatch lease p50 ${d((l) => l.lease.p50)}x, p99 ${d((l) => l.lease.p99)}x\n`);
+        `dispatch lease p50 ${d('p50')}x, p99 ${d('p99')}x\n`);
     }
     const cpuRatios = (pick: (x: Part) => { off: Load[]; on: Load[] }): number[] => phases.flatMap((x) => pick(x).on.map((l, i) => l.cpuUs / (pick(x).off[i] as Load).cpuUs));
     const full = cpuRatios((x) => x.api);
