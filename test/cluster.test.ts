@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { HttpClient } from '@agentplane/client';
 import { LeaseRecords } from '@agentplane/lease';
-import { AppendNotReplicatedError, connectRedis, EventLog, eventLogKeys, keys, LuaScript, tags, type Redis } from '@agentplane/store';
+import { AppendNotReplicatedError, connectRedis, EventHub, EventLog, eventLogKeys, keys, LuaScript, tags, type HubMessage, type Redis } from '@agentplane/store';
 import { RUNNER_CLI, startDaemon } from './harness/daemon.js';
 import { startApiNode, startFailoverProxy, startSchedulerNode, type ApiNode, type FailoverProxy, type NodeProcess } from './harness/cluster-platform.js';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
@@ -223,7 +223,43 @@ describe('the platform on a Redis Cluster with several API nodes and schedulers'
     expect(reconnectMs).toBeLessThan(10_000);
   }, 120_000);
 
+  it('moves the event hub with its cluster subscriber: when the node holding it dies, viewers are told to resync and appends arrive live again', async () => {
+    const sub = redis.duplicate({ connectionName: 'agentplane:hub-move-test', maxRetriesPerRequest: null });
+    sub.on('error', () => undefined);
+    const hub = new EventHub(sub);
+    const got: HubMessage[] = [];
+    const sessionId = `sess_hubmove${Date.now().toString(36)}`;
+    const w = await hub.watch(sessionId, (m) => got.push(m));
+    // The node whose connection holds the hub's pattern subscription.
+    const holder = async (): Promise<number | undefined> => {
+      for (const port of cluster.ports) {
+        const node = cluster.node(port);
+        const list = String(await node.call('CLIENT', 'LIST').catch(() => ''));
+        node.disconnect();
+        if (list.split('\n').some((l) => l.includes('hub-move-test') && / psub=[1-9]/.test(l))) return port;
+      }
+      return undefined;
+    };
+    const port = await waitFor('the hub subscribed on some node', holder, 10_000);
+    const log = new EventLog(redis);
+    try {
+      await cluster.kill(port);
+      await waitFor('a resync', () => (got.some((m) => m.kind === 'resync') ? true : undefined), 30_000);
+      expect(await waitFor('the subscription on another node', async () => { const at = await holder(); return at !== undefined && at !== port ? at : undefined; }, 10_000)).not.toBe(port);
+      // The Session's slot may have been on the killed master: append once it is writable again.
+      await waitFor('an append', () => log.append(sessionId, [{ type: 'agent.message', payload: { n: 1 }, session_thread_id: null }]).then((r) => (r.ok ? true : undefined), () => undefined), 30_000);
+      await waitFor('the append heard live', () => (got.some((m) => m.kind === 'events') ? true : undefined), 10_000);
+    } finally {
+      w.close();
+      await hub.close();
+      await cluster.restart(port);
+      await cluster.waitHealthy(60_000);
+    }
+  }, 150_000);
+
   it('fails a Redis master over mid-turn: the turn completes and no acknowledged event is lost (appends wait for a replica)', async () => {
+    // Every master with a replica in sync (an earlier test may have restarted a node).
+    await cluster.waitHealthy(60_000);
     let id = await bashSession();
     // The Session's slot must have a replica to promote.
     for (let i = 0; (await cluster.replicaOf(await cluster.masterOf(eventLogKeys.stream(id)))) === undefined && i < 20; i++) id = await bashSession();
@@ -231,7 +267,18 @@ describe('the platform on a Redis Cluster with several API nodes and schedulers'
     const replica = await cluster.replicaOf(master);
     expect(replica).toBeDefined();
     const seen: TurnEvent[] = [];
-    const stream = untilEvents(onB, id, (e) => { seen.splice(0, seen.length, ...e); return e.some((x) => x.type === 'session.status_idle'); }, 90_000);
+    // Read as an SSE client does: a stream that ends early (its node gave up reading a failing
+    // master) is opened again after the last event it delivered.
+    const stream = (async () => {
+      const deadline = Date.now() + 120_000;
+      while (Date.now() < deadline && !seen.some((x) => x.type === 'session.status_idle')) {
+        const before = [...seen];
+        await untilEvents(onB, id, (e) => { seen.splice(0, seen.length, ...before, ...e); return e.some((x) => x.type === 'session.status_idle'); }, deadline - Date.now(), before.at(-1) ? String(before.at(-1)!.seq) : undefined);
+      }
+      return seen;
+    })();
+    // Awaited below; a test that fails before must not leave it unhandled.
+    stream.catch(() => undefined);
     await onA.post(`/v1/sessions/${id}/events`, msg('go'));
     await waitFor('the tool call', () => (seen.some((e) => e.type === 'agent.tool_use') ? true : undefined), 60_000);
     const beforeKill = [...seen];
@@ -244,7 +291,9 @@ describe('the platform on a Redis Cluster with several API nodes and schedulers'
     // the old master is back as its replica: a supervisor restarts it, as here.
     await cluster.restart(master);
     const all = await stream;
-    expect(all.find((e) => e.type === 'session.status_idle')?.payload.stop_reason).toMatchObject({ type: 'end_turn' });
+    const idle = all.find((e) => e.type === 'session.status_idle');
+    expect(idle, `no end of turn ${Date.now() - killedAt} ms after the kill; the stream showed ${all.map((e) => e.type).join(', ')}`).toBeDefined();
+    expect(idle?.payload.stop_reason).toMatchObject({ type: 'end_turn' });
     // Read back from the promoted master: every event a reader saw before the kill is still
     // there, same id and seq; the sequence has no holes.
     const thread = (await onB.get<{ data: { id: string }[] }>(`/v1/sessions/${id}/threads`)).data[0]!.id;
@@ -254,9 +303,10 @@ describe('the platform on a Redis Cluster with several API nodes and schedulers'
     const seqs = log.map((e) => e.seq);
     expect(new Set(seqs).size).toBe(seqs.length);
     expect(failoverMs).toBeLessThan(30_000);
-  }, 150_000);
+  }, 180_000);
 
   it('measures what asynchronous replication loses on a master failure, and that WAIT refuses to acknowledge what a replica lacks', async () => {
+    await cluster.waitHealthy(60_000);
     // A Session tag whose master still has a replica.
     let sessionId = '';
     let master = 0;

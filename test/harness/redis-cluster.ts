@@ -43,7 +43,7 @@ export interface RedisClusterHandle {
   kill(port: number): Promise<void>;
   /** Start a killed node again on its port and node file: it rejoins (a failed-over master as a replica). */
   restart(port: number): Promise<void>;
-  /** Wait until every live node says cluster_state:ok and sees the same slot owners. */
+  /** Wait until every live node says cluster_state:ok and sees the same slot owners, and every replica is in sync. */
   waitHealthy(timeoutMs?: number): Promise<void>;
   stop(): Promise<void>;
 }
@@ -184,6 +184,10 @@ export async function startRedisCluster(options: { nodeTimeoutMs?: number } = {}
             await c.connect();
             const info = String(await c.call('CLUSTER', 'INFO'));
             if (!info.includes('cluster_state:ok') || !/cluster_slots_ok:16384/.test(info)) ok = false;
+            // A replica (a restarted master rejoins as one) counts once it has synced: until then
+            // appends that wait for a replica are refused.
+            const replication = String(await c.call('INFO', 'replication'));
+            if (replication.includes('role:slave') && !replication.includes('master_link_status:up')) ok = false;
           } catch {
             ok = false;
           } finally {

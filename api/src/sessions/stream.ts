@@ -1,5 +1,5 @@
 import type { ServerResponse } from 'node:http';
-import { ApiError } from '@agentplane/core';
+import { ApiError, backoffDelay } from '@agentplane/core';
 import type { DeltaMessage, EventHub, EventLog, HubMessage, LogEvent } from '@agentplane/store';
 import type { StreamResult } from '../http/operation.js';
 
@@ -11,6 +11,14 @@ const READ_PAGE = 500;
 const MAX_BUFFERED_BYTES = 8 * 1024 * 1024;
 /** Replay stops reading the log while this much is waiting for the socket. */
 const REPLAY_HIGH_WATER_BYTES = 1024 * 1024;
+/**
+ * A live stream's read of the log (a backfill, a resync) that fails is tried again this long
+ * before the stream ends: a Redis failover or restart takes seconds, and the viewer's stream
+ * outlives it (each read resumes from the last delivered event, so a retry repeats nothing).
+ */
+const READ_RETRY_MS = 20_000;
+const READ_RETRY_BASE_MS = 100;
+const READ_RETRY_CAP_MS = 2_000;
 
 /**
  * What to run when a shutdown signal aborts, per signal: one listener on the signal for every
@@ -65,6 +73,8 @@ export interface StreamSpec {
   hub: EventHub;
   shutdown: AbortSignal;
   keepaliveMs?: number;
+  /** How long a failing live read is tried again before the stream ends (`READ_RETRY_MS`). */
+  readRetryMs?: number;
 }
 
 /** Parse `Last-Event-ID` (header) or `last_event_id` (query): a non-negative sequence number. */
@@ -215,8 +225,28 @@ export function sseStream(spec: StreamSpec): StreamResult {
       let live = false;
       const buffered: HubMessage[] = [];
       let chain: Promise<void> = Promise.resolve();
+      const handleRetrying = async (m: HubMessage) => {
+        const giveUpAt = Date.now() + (spec.readRetryMs ?? READ_RETRY_MS);
+        for (let attempt = 0; ; attempt++) {
+          try {
+            return await handle(m);
+          } catch (err) {
+            if (ended || Date.now() >= giveUpAt) throw err;
+          }
+          // An ending stream (client gone, shutdown) wakes the wait.
+          await new Promise<void>((resolve) => {
+            const wake = () => {
+              clearTimeout(t);
+              waiters.delete(wake);
+              resolve();
+            };
+            const t = setTimeout(wake, Math.max(1, backoffDelay(attempt, READ_RETRY_BASE_MS, READ_RETRY_CAP_MS)));
+            waiters.add(wake);
+          });
+        }
+      };
       const enqueue = (m: HubMessage) => {
-        chain = chain.then(() => handle(m)).catch(() => end());
+        chain = chain.then(() => handleRetrying(m)).catch(() => end());
       };
       let watch: { close(): void } | null = null;
       try {

@@ -1,5 +1,15 @@
 import type { Redis } from 'ioredis';
 import { eventLogKeys, type DeltaMessage, type LiveMessage } from './event-log.js';
+import { isCluster } from './redis.js';
+
+/** What the hub uses of ioredis's cluster subscriber (the holder of a Cluster's subscriptions). */
+interface ClusterSubscriberLike {
+  getInstance(): SubscriberConnection | null;
+}
+interface SubscriberConnection {
+  readonly status: string;
+  once(event: 'end' | 'ready', listener: () => void): unknown;
+}
 
 /** What a viewer receives: committed appends, erasure, previews, or "you may have missed something". */
 export type HubMessage = LiveMessage | { kind: 'delta'; delta: DeltaMessage } | { kind: 'resync' };
@@ -68,21 +78,69 @@ export class EventHub {
         this.everReady = true;
         return;
       }
-      // Re-subscribe explicitly and wait for the confirmation (replies come in order, so the
-      // client's own automatic re-subscription is confirmed too) before viewers re-read the log:
-      // anything appended after that point arrives live.
-      this.patternReady = this.subscribePattern();
-      const channels = [...this.deltas.keys()];
-      Promise.all([this.patternReady, channels.length > 0 ? this.sub.subscribe(...channels) : 0]).then(
-        () => {
-          const viewers = new Set<HubListener>();
-          for (const set of this.live.values()) for (const l of set) viewers.add(l);
-          for (const c of channels) for (const l of this.deltas.get(c)?.listeners ?? []) viewers.add(l);
-          for (const l of viewers) l({ kind: 'resync' });
-        },
-        () => undefined,
-      );
+      this.resubscribe();
     });
+    this.followClusterSubscriber();
+  }
+
+  /**
+   * Re-subscribe explicitly and wait for the confirmation (replies come in order, so the client's
+   * own automatic re-subscription is confirmed too) before viewers re-read the log: anything
+   * appended after that point arrives live.
+   */
+  private resubscribe(): void {
+    if (this.closed) return;
+    this.patternReady = this.subscribePattern();
+    const channels = [...this.deltas.keys()];
+    Promise.all([this.patternReady, channels.length > 0 ? this.sub.subscribe(...channels) : 0]).then(
+      () => {
+        const viewers = new Set<HubListener>();
+        for (const set of this.live.values()) for (const l of set) viewers.add(l);
+        for (const c of channels) for (const l of this.deltas.get(c)?.listeners ?? []) viewers.add(l);
+        for (const l of viewers) l({ kind: 'resync' });
+      },
+      () => undefined,
+    );
+  }
+
+  /**
+   * On a Redis Cluster the client's subscriptions live on one connection to one node, which the
+   * client replaces by a connection to another node when that node goes away (ioredis's
+   * ClusterSubscriber) and re-subscribes there, without any event on the client: what was
+   * published in between is lost, and a viewer whose Session appended its last event of a turn
+   * then would wait for an event already in the log. Follow that connection; each time it is
+   * replaced, re-subscribe and tell viewers to resync, as after a reconnect.
+   */
+  private followClusterSubscriber(): void {
+    const holder = (this.sub as unknown as { subscriber?: unknown }).subscriber;
+    if (!isCluster(this.sub) || !holder || typeof (holder as ClusterSubscriberLike).getInstance !== 'function') return;
+    const cs = holder as ClusterSubscriberLike;
+    let current: SubscriberConnection | null = null;
+    let seen = false;
+    const check = () => {
+      if (this.closed) return;
+      const next = cs.getInstance();
+      if (next === current) return;
+      current = next;
+      if (!next) return;
+      next.once('end', () => setImmediate(check));
+      // The first connection is the one the pattern subscription was made on.
+      if (!seen) {
+        seen = true;
+        return;
+      }
+      // Only once the new connection is ready (the client re-subscribes it on its own): a
+      // subscription sent while it still runs its ready check breaks that check.
+      const resync = () => {
+        if (current === next) this.resubscribe();
+      };
+      if (next.status === 'ready') resync();
+      else next.once('ready', resync);
+    };
+    this.sub.on('ready', check);
+    this.sub.on('+node', check);
+    this.sub.on('refresh', check);
+    check();
   }
 
   private subscribePattern(): Promise<void> {
