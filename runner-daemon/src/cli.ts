@@ -273,7 +273,7 @@ async function start(flags: Flags): Promise<number> {
   const docker = dockerClient(config.dockerSocket);
   const agent = new RunnerAgent(cred, config, log, docker);
   // Prometheus metrics on an optional listen address (off unless RUNNER_METRICS_ADDR is set).
-  const metrics = new RunnerMetrics(() => agent.heldCount);
+  const metrics = new RunnerMetrics(() => agent.heldCount, { served: Boolean(config.metricsAddr) });
   agent.metrics = metrics;
   const metricsServer = config.metricsAddr ? await serveMetrics(metrics.registry, config.metricsAddr, log) : undefined;
   let reaper: SandboxReaper | undefined;

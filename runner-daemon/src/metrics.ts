@@ -6,26 +6,33 @@ export type LeaseOutcome = 'rejected' | 'completed' | 'failed_work' | 'failed_in
 
 /**
  * The daemon's Prometheus metrics (served only when RUNNER_METRICS_ADDR is set): leases by
- * outcome and how long they were held, sandbox preparation time, and the runtime defaults.
+ * outcome and how long they were held, sandbox preparation time, and the runtime defaults. The
+ * runtime defaults are collected only when served (`served`): their event-loop monitor would
+ * otherwise wake an idle runner 100 times a second for nobody.
  */
 export class RunnerMetrics {
-  readonly registry: Metrics = createMetrics();
-  readonly leases = new Counter({
-    name: 'agentplane_runner_leases_total', help: 'Lease offers this runner handled, by outcome (rejected, completed, failed_work, failed_infrastructure)',
-    labelNames: ['outcome'] as const, registers: [this.registry],
-  });
-  readonly leaseSeconds = new Histogram({
-    name: 'agentplane_runner_lease_duration_seconds', help: 'Accepted lease → completed or failed (one turn) on this runner',
-    buckets: [...BUCKETS.lease], registers: [this.registry],
-  });
-  readonly sandboxStartSeconds = new Histogram({
-    name: 'agentplane_runner_sandbox_start_seconds', help: 'Sandbox created or resumed and its resources materialised, before a turn, by driver (docker, process)',
-    labelNames: ['driver'] as const, buckets: [...BUCKETS.sandboxStart], registers: [this.registry],
-  });
-  readonly connected = new Gauge({ name: 'agentplane_runner_connected', help: '1 while the runner holds a live connection to the control plane', registers: [this.registry] });
+  readonly registry: Metrics;
+  readonly leases: Counter<'outcome'>;
+  readonly leaseSeconds: Histogram;
+  readonly sandboxStartSeconds: Histogram<'driver'>;
+  readonly connected: Gauge;
 
-  constructor(held: () => number) {
-    new Gauge({ name: 'agentplane_runner_held_leases', help: 'Leases this runner holds now', registers: [this.registry], collect() { this.set(held()); } });
+  constructor(held: () => number, options: { served: boolean } = { served: true }) {
+    const registry = (this.registry = createMetrics({ runtime: options.served }));
+    this.leases = new Counter({
+      name: 'agentplane_runner_leases_total', help: 'Lease offers this runner handled, by outcome (rejected, completed, failed_work, failed_infrastructure)',
+      labelNames: ['outcome'] as const, registers: [registry],
+    });
+    this.leaseSeconds = new Histogram({
+      name: 'agentplane_runner_lease_duration_seconds', help: 'Accepted lease → completed or failed (one turn) on this runner',
+      buckets: [...BUCKETS.lease], registers: [registry],
+    });
+    this.sandboxStartSeconds = new Histogram({
+      name: 'agentplane_runner_sandbox_start_seconds', help: 'Sandbox created or resumed and its resources materialised, before a turn, by driver (docker, process)',
+      labelNames: ['driver'] as const, buckets: [...BUCKETS.sandboxStart], registers: [registry],
+    });
+    this.connected = new Gauge({ name: 'agentplane_runner_connected', help: '1 while the runner holds a live connection to the control plane', registers: [registry] });
+    new Gauge({ name: 'agentplane_runner_held_leases', help: 'Leases this runner holds now', registers: [registry], collect() { this.set(held()); } });
   }
 }
 
