@@ -1,8 +1,10 @@
 import { spawnSync, type ChildProcess } from 'node:child_process';
-import { mkdtempSync } from 'node:fs';
+import { mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Redis } from 'ioredis';
+import { keys, tags } from '@agentplane/store';
 import { DAEMON_READY_MS, RUNNER_CLI, startDaemon, WITH_DAEMON_MS } from './harness/daemon.js';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
 
@@ -116,6 +118,43 @@ describe('drain and resume through the API', () => {
     d.kill('SIGTERM');
     await p.root.request('POST', `/v1/runners/${runnerId}/resume`);
     expect(await exited).toBe(0);
+  }, WITH_DAEMON_MS);
+
+  it('a drain, a resume or a revocation recorded while the gateway\'s subscriber was away reaches the runner once it is back', async () => {
+    const { dir, runnerId } = await paired('missed-box');
+    const credentialId = (JSON.parse(readFileSync(join(dir, 'runner.json'), 'utf8')) as { runner_credential_id: string }).runner_credential_id;
+    start(dir);
+    await waitStatus(runnerId, 'ready');
+    const redis = new Redis(p.redisUrl());
+    try {
+      const key = keys.doc(tags.workspace(ws), credentialId);
+      // What the drain and resume operations store, written without their broadcast: as if it
+      // had been published while the gateway's subscriber was reconnecting.
+      const setDrain = async (drain: unknown) => {
+        const doc = JSON.parse((await redis.get(key)) as string) as Record<string, unknown>;
+        await redis.set(key, JSON.stringify({ ...doc, drain }));
+      };
+      const dropSubscriber = async () => {
+        const killed = await redis.call('CLIENT', 'KILL', 'TYPE', 'pubsub', 'SKIPME', 'yes', 'USER', 'default');
+        expect(Number(killed)).toBeGreaterThan(0);
+      };
+      await setDrain({ deadline: new Date(Date.now() + 60_000).toISOString(), reason: 'missed broadcast', requested_at: new Date().toISOString() });
+      // Nothing tells the runner yet.
+      expect(await statusOf(runnerId)).toBe('ready');
+      await dropSubscriber();
+      await waitStatus(runnerId, 'draining');
+      await setDrain(null);
+      await dropSubscriber();
+      await waitStatus(runnerId, 'ready');
+      // A revocation stored without its broadcast: the socket is closed once the subscriber is back.
+      const doc = JSON.parse((await redis.get(key)) as string) as Record<string, unknown>;
+      await redis.set(key, JSON.stringify({ ...doc, status: 'revoked' }));
+      await dropSubscriber();
+      // Well inside the periodic revalidation (30 s), the backstop that would find it otherwise.
+      await waitFor('the revoked runner gone', async () => ((await statusOf(runnerId)) === undefined ? true : undefined), 10_000);
+    } finally {
+      redis.disconnect();
+    }
   }, WITH_DAEMON_MS);
 
   it('errors: an unknown runner is 404, a wrong id prefix 400', async () => {

@@ -110,6 +110,25 @@ export async function stillAuthorized(redis: Redis, id: RunnerIdentity): Promise
   return 'ok';
 }
 
+/**
+ * What a live connection should have heard, read afresh: whether it is still allowed (as
+ * `stillAuthorized`) and the drain in force for it now (its own, else its pool's), or null.
+ */
+export async function currentStanding(redis: Redis, id: RunnerIdentity): Promise<{ verdict: 'ok' | 401 | 403; drain: { deadline: string; reason: string } | null }> {
+  const ws = tags.workspace(id.workspaceId);
+  const [credRaw, principalRaw, wsRaw, poolRaw] = await redis.mget(
+    keys.doc(ws, id.credentialId),
+    id.owner ? keys.doc(ws, id.owner.principal) : keys.doc(ws, 'none'),
+    keys.doc(ws, id.workspaceId),
+    poolDocKey(id.workspaceId, id.runnerPoolId),
+  );
+  const status = (raw: string | null | undefined) => (raw ? (JSON.parse(raw) as StatusView).status : null);
+  if (status(credRaw) !== 'active') return { verdict: 401, drain: null };
+  if ((id.owner && status(principalRaw) !== 'active') || status(wsRaw) !== 'active') return { verdict: 403, drain: null };
+  const own = (JSON.parse(credRaw as string) as CredView).drain;
+  return { verdict: 'ok', drain: own ? { deadline: own.deadline, reason: own.reason } : poolDrainOf(poolRaw ?? null) };
+}
+
 export const poolDocKey = (ws: string, poolId: string): string => keys.doc(tags.workspace(ws), poolId);
 
 /** The pool's drain state, if it is draining (from the pool document's JSON). */

@@ -3,13 +3,13 @@ import { STATUS_CODES, type IncomingMessage, type Server } from 'node:http';
 import type { Duplex } from 'node:stream';
 import { WebSocketServer, type WebSocket } from 'ws';
 import { ApiError, closedLabel, Counter, extractTrace, Gauge, ROOT_CONTEXT, statusLabel, tracingEnabled, type Context, type Logger, type Metrics } from '@agentplane/core';
-import { isCluster, type Redis } from '@agentplane/store';
+import { isCluster, onSubscriberReplaced, type Redis } from '@agentplane/store';
 import {
   CLOSE, CLOSE_REASON, FrameError, RUNNER_CONNECT_PATH, RUNNER_DEFAULTS, RUNNER_PROTOCOL_VERSIONS, frame, negotiateVersion,
   parseFrame, type GatewayToRunnerType, type LeaseRef, type Payload, type RunnerMessage, type RunnerPresence,
   type RunnerStatus, type RunnerToGatewayType, type Envelope,
 } from '@agentplane/protocol';
-import { AuthFailure, authenticateRunner, bearerFrom, poolDocKey, poolDrainOf, stillAuthorized, type RunnerIdentity } from './auth.js';
+import { AuthFailure, authenticateRunner, bearerFrom, currentStanding, poolDocKey, poolDrainOf, stillAuthorized, type RunnerIdentity } from './auth.js';
 import { GATEWAY_CONTROL_CHANNEL, gatewayNodeChannel, PresenceStore } from './presence.js';
 
 /** Principal suspensions and deletions, published by the identity service. */
@@ -146,10 +146,43 @@ export class Gateway {
     this.metricFrames = new Counter({ name: 'agentplane_gateway_frames_total', help: 'Runner protocol frames by direction and type', labelNames: ['direction', 'type'] as const, registers: [deps.metrics] });
     this.metricCloses = new Counter({ name: 'agentplane_gateway_closes_total', help: 'Runner sockets closed, by close code (codes outside the protocol count as other)', labelNames: ['code'] as const, registers: [deps.metrics] });
     this.metricRejects = new Counter({ name: 'agentplane_gateway_upgrade_rejections_total', help: 'Refused runner upgrades by HTTP status', labelNames: ['status'] as const, registers: [deps.metrics] });
-    this.sub = deps.redis.duplicate();
+    this.sub = deps.redis.duplicate({ connectionName: 'agentplane:gateway:control' });
     this.sub.on('error', (err: Error) => this.log.warn({ err: err.message }, 'gateway subscriber error'));
-    void this.sub.subscribe(GATEWAY_CONTROL_CHANNEL, PRINCIPAL_CHANGES_CHANNEL, gatewayNodeChannel(this.options.nodeId));
+    void this.sub.subscribe(...this.channels());
     this.sub.on('message', (channel: string, message: string) => this.onBroadcast(channel, message));
+    onSubscriberReplaced(this.sub, () => void this.resync());
+  }
+
+  private channels(): string[] {
+    return [GATEWAY_CONTROL_CHANNEL, PRINCIPAL_CHANGES_CHANNEL, gatewayNodeChannel(this.options.nodeId)];
+  }
+
+  /**
+   * The subscriber's connection was replaced (a reconnect, or on a cluster a move to another
+   * node): revocations, suspensions, drains and resumes published meanwhile were lost. Once the
+   * subscriptions are confirmed again, every live connection is checked against what is stored
+   * now: one no longer allowed is closed as a revocation would have closed it, a drain in force
+   * is sent (the runner keeps the earlier deadline of two), and a runner that reports a drain
+   * no longer in force is told to resume (it lifts only a drain the control plane asked for).
+   */
+  private async resync(): Promise<void> {
+    if (this.closing) return;
+    try {
+      await this.sub.subscribe(...this.channels());
+    } catch (err) {
+      this.log.warn({ err: err instanceof Error ? err.message : String(err) }, 'gateway could not re-subscribe; the connections are checked at their next revalidation');
+      return;
+    }
+    const live = [...this.conns.values()].filter((c) => c.state === 'live');
+    this.log.info({ connections: live.length }, 'gateway subscriber replaced: checking live connections against stored state');
+    await Promise.all(live.map(async (conn) => {
+      const standing = await currentStanding(this.deps.redis, conn.identity).catch(() => null);
+      if (!standing || conn.state !== 'live') return;
+      conn.lastRevalidate = Date.now();
+      if (standing.verdict !== 'ok') return this.closeConn(conn, standing.verdict === 401 ? CLOSE.UNAUTHORIZED : CLOSE.FORBIDDEN);
+      if (standing.drain) conn.send('drain', standing.drain);
+      else if (conn.status === 'draining') conn.send('resume', { reason: 'no drain is in force (rechecked after the control plane reconnected)' });
+    }));
   }
 
   /**

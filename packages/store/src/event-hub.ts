@@ -1,15 +1,6 @@
 import type { Redis } from 'ioredis';
 import { eventLogKeys, type DeltaMessage, type LiveMessage } from './event-log.js';
-import { isCluster } from './redis.js';
-
-/** What the hub uses of ioredis's cluster subscriber (the holder of a Cluster's subscriptions). */
-interface ClusterSubscriberLike {
-  getInstance(): SubscriberConnection | null;
-}
-interface SubscriberConnection {
-  readonly status: string;
-  once(event: 'end' | 'ready', listener: () => void): unknown;
-}
+import { onSubscriberReplaced } from './subscriber.js';
 
 /** What a viewer receives: committed appends, erasure, previews, or "you may have missed something". */
 export type HubMessage = LiveMessage | { kind: 'delta'; delta: DeltaMessage } | { kind: 'resync' };
@@ -65,7 +56,6 @@ export class EventHub {
   private readonly firehose: FirehoseListener[] = [];
   private leaveTimer: NodeJS.Timeout | undefined;
   private closed = false;
-  private everReady = false;
   /** The pattern subscription, confirmed (a watch waits for it before its caller reads the log). */
   private patternReady: Promise<void>;
 
@@ -73,14 +63,8 @@ export class EventHub {
     sub.on('pmessage', (_pattern: string, channel: string, text: string) => this.dispatchLive(channel, text));
     sub.on('message', (channel: string, text: string) => this.dispatchDelta(channel, text));
     this.patternReady = this.subscribePattern();
-    sub.on('ready', () => {
-      if (!this.everReady) {
-        this.everReady = true;
-        return;
-      }
-      this.resubscribe();
-    });
-    this.followClusterSubscriber();
+    // After a reconnect (or, on a cluster, a move to another node) messages were lost meanwhile.
+    onSubscriberReplaced(sub, () => this.resubscribe());
   }
 
   /**
@@ -101,46 +85,6 @@ export class EventHub {
       },
       () => undefined,
     );
-  }
-
-  /**
-   * On a Redis Cluster the client's subscriptions live on one connection to one node, which the
-   * client replaces by a connection to another node when that node goes away (ioredis's
-   * ClusterSubscriber) and re-subscribes there, without any event on the client: what was
-   * published in between is lost, and a viewer whose Session appended its last event of a turn
-   * then would wait for an event already in the log. Follow that connection; each time it is
-   * replaced, re-subscribe and tell viewers to resync, as after a reconnect.
-   */
-  private followClusterSubscriber(): void {
-    const holder = (this.sub as unknown as { subscriber?: unknown }).subscriber;
-    if (!isCluster(this.sub) || !holder || typeof (holder as ClusterSubscriberLike).getInstance !== 'function') return;
-    const cs = holder as ClusterSubscriberLike;
-    let current: SubscriberConnection | null = null;
-    let seen = false;
-    const check = () => {
-      if (this.closed) return;
-      const next = cs.getInstance();
-      if (next === current) return;
-      current = next;
-      if (!next) return;
-      next.once('end', () => setImmediate(check));
-      // The first connection is the one the pattern subscription was made on.
-      if (!seen) {
-        seen = true;
-        return;
-      }
-      // Only once the new connection is ready (the client re-subscribes it on its own): a
-      // subscription sent while it still runs its ready check breaks that check.
-      const resync = () => {
-        if (current === next) this.resubscribe();
-      };
-      if (next.status === 'ready') resync();
-      else next.once('ready', resync);
-    };
-    this.sub.on('ready', check);
-    this.sub.on('+node', check);
-    this.sub.on('refresh', check);
-    check();
   }
 
   private subscribePattern(): Promise<void> {

@@ -6,5 +6,6 @@ export * from './script.js';
 export * from './embedded-redis.js';
 export * from './event-log.js';
 export * from './event-hub.js';
+export * from './subscriber.js';
 export * from './cache.js';
 export * from './read-cache.js';
