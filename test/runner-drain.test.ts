@@ -128,27 +128,26 @@ describe('drain and resume through the API', () => {
     const redis = new Redis(p.redisUrl());
     try {
       const key = keys.doc(tags.workspace(ws), credentialId);
-      // What the drain and resume operations store, written without their broadcast: as if it
-      // had been published while the gateway's subscriber was reconnecting.
-      const setDrain = async (drain: unknown) => {
+      // What the drain, resume and revoke operations store, written without their broadcast: as
+      // if it had been published while the gateway's subscriber was reconnecting.
+      const patch = async (fields: Record<string, unknown>) => {
         const doc = JSON.parse((await redis.get(key)) as string) as Record<string, unknown>;
-        await redis.set(key, JSON.stringify({ ...doc, drain }));
+        await redis.set(key, JSON.stringify({ ...doc, ...fields }));
       };
       const dropSubscriber = async () => {
         const killed = await redis.call('CLIENT', 'KILL', 'TYPE', 'pubsub', 'SKIPME', 'yes', 'USER', 'default');
         expect(Number(killed)).toBeGreaterThan(0);
       };
-      await setDrain({ deadline: new Date(Date.now() + 60_000).toISOString(), reason: 'missed broadcast', requested_at: new Date().toISOString() });
+      await patch({ drain: { deadline: new Date(Date.now() + 60_000).toISOString(), reason: 'missed broadcast', requested_at: new Date().toISOString() } });
       // Nothing tells the runner yet.
       expect(await statusOf(runnerId)).toBe('ready');
       await dropSubscriber();
       await waitStatus(runnerId, 'draining');
-      await setDrain(null);
+      await patch({ drain: null });
       await dropSubscriber();
       await waitStatus(runnerId, 'ready');
       // A revocation stored without its broadcast: the socket is closed once the subscriber is back.
-      const doc = JSON.parse((await redis.get(key)) as string) as Record<string, unknown>;
-      await redis.set(key, JSON.stringify({ ...doc, status: 'revoked' }));
+      await patch({ status: 'revoked' });
       await dropSubscriber();
       // Well inside the periodic revalidation (30 s), the backstop that would find it otherwise.
       await waitFor('the revoked runner gone', async () => ((await statusOf(runnerId)) === undefined ? true : undefined), 10_000);

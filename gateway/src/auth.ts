@@ -97,22 +97,10 @@ export async function authenticateRunner(redis: Redis, token: string | null): Pr
   };
 }
 
-/** Is this identity still allowed (backstop for a missed revocation message, and for a disabled Workspace)? */
-export async function stillAuthorized(redis: Redis, id: RunnerIdentity): Promise<'ok' | 401 | 403> {
-  const [credRaw, principalRaw, wsRaw] = await redis.mget(
-    keys.doc(tags.workspace(id.workspaceId), id.credentialId),
-    id.owner ? keys.doc(tags.workspace(id.workspaceId), id.owner.principal) : keys.doc(tags.workspace(id.workspaceId), 'none'),
-    keys.doc(tags.workspace(id.workspaceId), id.workspaceId),
-  );
-  if (!credRaw || (JSON.parse(credRaw) as StatusView).status !== 'active') return 401;
-  if (id.owner && (!principalRaw || (JSON.parse(principalRaw) as StatusView).status !== 'active')) return 403;
-  if (!wsRaw || (JSON.parse(wsRaw) as StatusView).status !== 'active') return 403;
-  return 'ok';
-}
-
 /**
- * What a live connection should have heard, read afresh: whether it is still allowed (as
- * `stillAuthorized`) and the drain in force for it now (its own, else its pool's), or null.
+ * What a live connection should have heard, read afresh (one MGET): whether it is still allowed
+ * (the credential active, else 401; its owner Principal and Workspace active, else 403) and the
+ * drain in force for it now (its own, else its pool's), or null.
  */
 export async function currentStanding(redis: Redis, id: RunnerIdentity): Promise<{ verdict: 'ok' | 401 | 403; drain: { deadline: string; reason: string } | null }> {
   const ws = tags.workspace(id.workspaceId);
@@ -127,6 +115,11 @@ export async function currentStanding(redis: Redis, id: RunnerIdentity): Promise
   if ((id.owner && status(principalRaw) !== 'active') || status(wsRaw) !== 'active') return { verdict: 403, drain: null };
   const own = (JSON.parse(credRaw as string) as CredView).drain;
   return { verdict: 'ok', drain: own ? { deadline: own.deadline, reason: own.reason } : poolDrainOf(poolRaw ?? null) };
+}
+
+/** Is this identity still allowed (backstop for a missed revocation message, and for a disabled Workspace)? */
+export async function stillAuthorized(redis: Redis, id: RunnerIdentity): Promise<'ok' | 401 | 403> {
+  return (await currentStanding(redis, id)).verdict;
 }
 
 export const poolDocKey = (ws: string, poolId: string): string => keys.doc(tags.workspace(ws), poolId);
