@@ -242,6 +242,9 @@ describe('the platform on a Redis Cluster with several API nodes and schedulers'
     };
     const port = await waitFor('the hub subscribed on some node', holder, 10_000);
     const log = new EventLog(redis);
+    // A master's replica must take its slots over before it comes back: restarted earlier (the
+    // nodes keep no data), it would serve them again, empty.
+    const replica = await cluster.replicaOf(port);
     try {
       await cluster.kill(port);
       await waitFor('a resync', () => (got.some((m) => m.kind === 'resync') ? true : undefined), 30_000);
@@ -252,6 +255,9 @@ describe('the platform on a Redis Cluster with several API nodes and schedulers'
     } finally {
       w.close();
       await hub.close();
+      if (replica !== undefined) {
+        await waitFor('the replica promoted', async () => ((await cluster.nodes().catch(() => [])).some((n) => n.port === replica && n.role === 'master') ? true : undefined), 30_000);
+      }
       await cluster.restart(port);
       await cluster.waitHealthy(60_000);
     }
