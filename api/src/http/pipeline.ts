@@ -174,6 +174,40 @@ async function writeAudit(
   }
 }
 
+/**
+ * What a handler is given. A class rather than an object literal with getters: a literal with an
+ * accessor gets slow properties, and its getters' closures kept the whole request alive past
+ * young-generation collections (see RestRequest in router.ts).
+ */
+class HandlerRequest {
+  private requestLog: Logger | undefined;
+  readonly headers: Readonly<Record<string, string | undefined>>;
+  readonly requestId: string;
+
+  constructor(
+    readonly caller: Caller,
+    readonly params: unknown,
+    readonly query: unknown,
+    readonly body: unknown,
+    private readonly raw: RawRequest,
+    readonly idempotencyKey: string | undefined,
+    readonly deps: ApiDeps,
+  ) {
+    this.headers = raw.headers;
+    this.requestId = raw.requestId;
+  }
+
+  /** Read through: a request's trace context is made only if something under it asks for it. */
+  get trace(): Context | undefined {
+    return this.raw.trace;
+  }
+
+  /** The request's logger (its lines name the request), made when a handler first logs. */
+  get log(): Logger {
+    return (this.requestLog ??= this.deps.log.child({ request_id: this.requestId }));
+  }
+}
+
 async function run(
   prepared: PreparedOperation, raw: RawRequest, deps: ApiDeps, requestId: string, progress: Progress,
 ): Promise<{ caller: Caller; result: OperationResult }> {
@@ -225,25 +259,7 @@ async function run(
     if (upload) await upload.discard(body as Record<string, unknown>, deps).catch(() => undefined);
   };
 
-  let requestLog: Logger | undefined;
-  const req = {
-    caller,
-    params,
-    query,
-    body,
-    headers: raw.headers,
-    requestId,
-    // Read through: a request's trace context is made only if something under it asks for it.
-    get trace() {
-      return raw.trace;
-    },
-    idempotencyKey: mode === 'none' ? undefined : idemKey,
-    deps,
-    // The request's logger (its lines name the request), made when a handler first logs.
-    get log(): Logger {
-      return (requestLog ??= deps.log.child({ request_id: requestId }));
-    },
-  };
+  const req = new HandlerRequest(caller, params, query, body, raw, mode === 'none' ? undefined : idemKey, deps);
 
   if (mode === 'none' || idemKey === undefined) {
     try {
