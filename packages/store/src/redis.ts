@@ -1,4 +1,9 @@
 import { Cluster, Redis, type ClusterNode, type ClusterOptions, type RedisOptions } from 'ioredis';
+import { installLeanPipelines } from './lean-pipeline.js';
+
+// Every ioredis pipeline of this process (ours, auto-pipelining's, BullMQ's) without the
+// per-instance accessor that kept it alive until a full collection (lean-pipeline.ts).
+installLeanPipelines();
 
 export type { Redis };
 
