@@ -175,9 +175,9 @@ async function writeAudit(
 }
 
 /**
- * What a handler is given. A class rather than an object literal with getters: a literal with an
- * accessor gets slow properties, and its getters' closures kept the whole request alive past
- * young-generation collections (see RestRequest in router.ts).
+ * What a handler is given. A class rather than an object literal with getters: the getters'
+ * closures, made per request, kept the whole request alive past young-generation collections
+ * (see RestRequest in router.ts).
  */
 class HandlerRequest {
   private requestLog: Logger | undefined;

@@ -35,10 +35,10 @@ function flattenHeaders(headers: Koa.Context['headers']): Record<string, string 
 
 /**
  * A REST request as the pipeline sees it. A class, not an object literal with a `trace` getter:
- * V8 gives each evaluated literal that has an accessor slow (dictionary) properties, and that
- * getter's closure held the whole request (Koa context, Node's request and response) from a
- * table the young-generation collector treated as live, so about a quarter of every request's
- * allocation was promoted and waited for a full collection (docs/RUNS.md, "Garbage").
+ * V8 keeps what an accessor made per object reaches alive through young-generation collections
+ * until a full one, and that getter's closure reached the whole request (Koa's context, Node's
+ * request and response): about a quarter of every request's allocation was promoted to the old
+ * generation (docs/RUNS.md, "Garbage: what the young generation kept").
  */
 class RestRequest implements RawRequest {
   readonly headers: Readonly<Record<string, string | undefined>>;
