@@ -179,7 +179,7 @@ async function writeAudit(
  * closures, made per request, kept the whole request alive past young-generation collections
  * (see RestRequest in router.ts).
  */
-class HandlerRequest {
+export class HandlerRequest {
   private requestLog: Logger | undefined;
   readonly headers: Readonly<Record<string, string | undefined>>;
   readonly requestId: string;

@@ -40,7 +40,7 @@ function flattenHeaders(headers: Koa.Context['headers']): Record<string, string 
  * request and response): about a quarter of every request's allocation was promoted to the old
  * generation (docs/RUNS.md, "Garbage: what the young generation kept").
  */
-class RestRequest implements RawRequest {
+export class RestRequest implements RawRequest {
   readonly headers: Readonly<Record<string, string | undefined>>;
   readonly params: Record<string, string>;
   readonly query: Record<string, unknown>;
