@@ -75,8 +75,7 @@ export function installLeanPipelines(): boolean {
 
   function LeanPipeline(redis: PipelineHost): object {
     const p = Object.create(proto) as Record<string, unknown>;
-    // Commander's constructor.
-    p.options = {};
+    // Commander's constructor (its empty `options` is replaced by the client's below).
     p.scriptsSet = {};
     p.addedBuiltinSet = new Set<string>();
     // Pipeline's, but `length` (on the prototype).
