@@ -115,4 +115,49 @@ describe('span export', () => {
     expect(received).toHaveLength(1);
     expect(received[0]?.body).toEqual(Buffer.from(ProtobufTraceSerializer.serializeRequest([good]) as Uint8Array));
   });
+
+  it('keeps the bytes of an export in flight while the next batch is written, and reuses a buffer only after its export', async () => {
+    const [first, second] = (await exportSpans('http/protobuf', 1)) as [ReadableSpan, ReadableSpan];
+    // Batches of several MB, so that much of a body still waits in its socket (the receiver reads
+    // nothing until both requests are there) while the other batch is encoded.
+    const batchA = Array<ReadableSpan>(40_000).fill(first);
+    const batchB = Array<ReadableSpan>(40_000).fill(second);
+    const bodies: Buffer[] = [];
+    const waiting: (() => void)[] = [];
+    const slow = createServer((req, res) => {
+      req.pause();
+      waiting.push(() => {
+        const chunks: Buffer[] = [];
+        req.on('data', (c: Buffer) => chunks.push(c));
+        req.on('end', () => {
+          bodies.push(Buffer.concat(chunks));
+          res.writeHead(200, { 'content-type': 'application/json' }).end('{}');
+        });
+        req.resume();
+      });
+      if (waiting.length === 2) for (const go of waiting.splice(0)) go();
+    });
+    const slowPort = await freePort();
+    await new Promise<void>((r) => slow.listen(slowPort, '127.0.0.1', () => r()));
+    try {
+      process.env.OTEL_EXPORTER_OTLP_ENDPOINT = `http://127.0.0.1:${slowPort}`;
+      const exporter = await protobufExporter();
+      const run = (batch: ReadableSpan[]): Promise<number> => new Promise((resolve) => exporter.export(batch, (r) => resolve(r.code)));
+      expect(await Promise.all([run(batchA), run(batchB)])).toEqual([0, 0]);
+      // Both writers are idle now: the next two batches are written into them, in flight together again.
+      expect(await Promise.all([run(batchB), run(batchA)])).toEqual([0, 0]);
+      await exporter.shutdown();
+      const want = (batch: ReadableSpan[]): Buffer => Buffer.from(ProtobufTraceSerializer.serializeRequest(batch) as Uint8Array);
+      const [a, b] = [want(batchA), want(batchB)];
+      expect(a.length).toBeGreaterThan(2 * 1024 * 1024);
+      expect(bodies).toHaveLength(4);
+      // Arrival order within a pair is not fixed; each body is one of the two batches, whole
+      // (compared as names: a diff of MBs of bytes is no use).
+      const which = (body: Buffer): string => (body.equals(a) ? 'A' : body.equals(b) ? 'B' : `neither (${body.length} bytes)`);
+      expect(bodies.slice(0, 2).map(which).sort()).toEqual(['A', 'B']);
+      expect(bodies.slice(2).map(which).sort()).toEqual(['A', 'B']);
+    } finally {
+      await new Promise<void>((r) => slow.close(() => r()));
+    }
+  });
 });

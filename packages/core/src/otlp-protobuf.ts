@@ -67,6 +67,11 @@ export class ProtoWriter {
     return out;
   }
 
+  /** The bytes written so far, in the writer's own buffer (valid until the writer writes again). */
+  view(): Uint8Array {
+    return this.buf.subarray(0, this.pos);
+  }
+
   /**
    * The bytes written so far, in the writer's own buffer, which the writer gives up (it goes on
    * in a new one of the same size): for bytes handed to another thread, a copy saved. A buffer

@@ -16,6 +16,8 @@ export type BatchOptions = Partial<{ maxQueueSize: number; maxExportBatchSize: n
 type ExportCallback = Parameters<SpanExporter['export']>[1];
 /** The SDK's `ExportResultCode` (its enum lives in @opentelemetry/core, not a dependency here). */
 const ExportResultCode = { FAILED: 1 } as const;
+/** Writers kept for the next batches (exports run a few at a time at most). */
+const MAX_IDLE_WRITERS = 4;
 
 /**
  * A SpanExporter writing OTLP/protobuf with the platform's encoder and sending it with the SDK's
@@ -35,21 +37,35 @@ export async function protobufExporter(): Promise<SpanExporter> {
     { name: 'span', countItems: (r) => r.count },
     undefined,
   );
-  const writer = new ProtoWriter(256 * 1024);
+  // Each batch is written into a writer of its own and sent from the writer's buffer, which goes
+  // back to `idle` once the export succeeded (nothing refers to it then). Fresh memory for every
+  // batch (a new buffer to copy the bytes into) cost far more than the copy: on a virtual machine
+  // each new page of a batch's buffer faults in, about 1.6 ms for a batch of 2,048 GET spans
+  // against 0.02 ms to fill a buffer already in use. A failed export's writer is dropped: the
+  // transport may still hold its bytes.
+  const idle: ProtoWriter[] = [];
   return {
     export(spans, done: ExportCallback): void {
+      const writer = idle.pop() ?? new ProtoWriter(256 * 1024);
       let bytes: Uint8Array;
       try {
         encodeTraceRequest(writer, spans);
-        bytes = writer.take();
+        bytes = writer.view();
       } catch (err) {
         // A batch that cannot be encoded fails as an export does (the batch processor counts it
         // and goes on), and leaves nothing half-written for the next one.
-        writer.take();
+        writer.pos = 0;
+        idle.push(writer);
         done({ code: ExportResultCode.FAILED, error: err instanceof Error ? err : new Error(String(err)) });
         return;
       }
-      delegate.export({ bytes, count: spans.length }, done);
+      delegate.export({ bytes, count: spans.length }, (result) => {
+        if (result.code !== ExportResultCode.FAILED && idle.length < MAX_IDLE_WRITERS) {
+          writer.pos = 0;
+          idle.push(writer);
+        }
+        done(result);
+      });
     },
     shutdown: () => delegate.shutdown(),
     forceFlush: () => delegate.forceFlush(),
