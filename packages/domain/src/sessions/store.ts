@@ -69,11 +69,20 @@ return redis.call('GET', KEYS[2])`);
  */
 const THREAD_GUESSES = { entries: 4096, maxWeight: 8 * 1024 * 1024, maxAgeMs: 10_000 };
 
+/**
+ * A remembered thread: its JSON, and the JSON parsed once for `peekThread`'s readers (who never
+ * change it). A compare-and-swap parses its own copy from the JSON: its mutation may change it.
+ */
+interface ThreadGuess {
+  raw: string;
+  parsed?: ThreadDoc;
+}
+
 export class SessionStore {
   readonly docs: DocumentStore;
   readonly log: EventLog;
-  private readonly recentThreads = new BoundedCache<string, string>(THREAD_GUESSES.entries, {
-    maxAgeMs: THREAD_GUESSES.maxAgeMs, maxWeight: THREAD_GUESSES.maxWeight, weigh: (json) => json.length,
+  private readonly recentThreads = new BoundedCache<string, ThreadGuess>(THREAD_GUESSES.entries, {
+    maxAgeMs: THREAD_GUESSES.maxAgeMs, maxWeight: THREAD_GUESSES.maxWeight, weigh: (guess) => guess.raw.length,
   });
 
   constructor(readonly redis: Redis, durability?: EventLogDurability) {
@@ -186,7 +195,7 @@ export class SessionStore {
   rememberedThread(raw: string): ThreadDoc | null {
     const t = JSON.parse(raw) as ThreadDoc;
     if (t.type !== 'session_thread') return null;
-    this.recentThreads.set(`${t.session_id}/${t.id}`, raw);
+    this.recentThreads.set(`${t.session_id}/${t.id}`, { raw });
     return t;
   }
 
@@ -202,7 +211,7 @@ export class SessionStore {
     if (t !== undefined) return t !== null && ours(t) ? t : null;
     const guess = this.recentThreads.get(`${sessionId}/${threadId}`);
     if (guess === undefined) return undefined;
-    const g = JSON.parse(guess) as ThreadDoc;
+    const g = (guess.parsed ??= JSON.parse(guess.raw) as ThreadDoc);
     return ours(g) && g.id === threadId ? g : undefined;
   }
 
@@ -256,7 +265,7 @@ export class SessionStore {
       return out.thread;
     }, {
       notFound: 'thread',
-      ...(hint !== undefined ? { current: JSON.parse(hint) as ThreadDoc } : {}),
+      ...(hint !== undefined ? { current: JSON.parse(hint.raw) as ThreadDoc } : {}),
       write: async (next, expected) => {
         if (!start || !session) return this.docs.swap(tag, threadId, next, expected);
         const candidate = turnRun(session, next, start);
@@ -300,7 +309,7 @@ export class SessionStore {
       return mutate(t);
     }, {
       notFound: 'thread',
-      ...(hint !== undefined ? { current: JSON.parse(hint) as ThreadDoc } : {}),
+      ...(hint !== undefined ? { current: JSON.parse(hint.raw) as ThreadDoc } : {}),
       write: async (next, expected) => {
         const r = await this.log.commit(sessionId, [{ key: keys.doc(tag, threadId), body: JSON.stringify(next), expectedVersion: expected }], [idle],
           { trace, peekList: inputQueueKey(sessionId, threadId), reads: [{ key: activeOutcomesKey(sessionId), field: threadId }] });
@@ -340,7 +349,7 @@ export class SessionStore {
       { emptyList: inputQueueKey(session.id, threadId), fresh: true, trace });
     if (!r.ok) {
       if (r.reason === 'erased') throw new ApiError('validation.not_found', 'the session was deleted and its event log erased');
-      if (r.reason === 'stale' && r.index === 0) this.recentThreads.set(`${session.id}/${threadId}`, r.current);
+      if (r.reason === 'stale' && r.index === 0) this.recentThreads.set(`${session.id}/${threadId}`, { raw: r.current });
       return null;
     }
     const event = r.events[0];
@@ -355,7 +364,7 @@ export class SessionStore {
   }
 
   private rememberThread(t: ThreadDoc): void {
-    this.recentThreads.set(`${t.session_id}/${t.id}`, JSON.stringify(t));
+    this.recentThreads.set(`${t.session_id}/${t.id}`, { raw: JSON.stringify(t) });
   }
 
   async threadIds(sessionId: string, afterSpawn: number, limit: number): Promise<{ ids: string[]; scores: number[] }> {
