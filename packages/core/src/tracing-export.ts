@@ -44,6 +44,10 @@ export async function protobufExporter(): Promise<SpanExporter> {
   // against 0.02 ms to fill a buffer already in use. A failed export's writer is dropped: the
   // transport may still hold its bytes.
   const idle: ProtoWriter[] = [];
+  const release = (writer: ProtoWriter): void => {
+    writer.pos = 0;
+    if (idle.length < MAX_IDLE_WRITERS) idle.push(writer);
+  };
   return {
     export(spans, done: ExportCallback): void {
       const writer = idle.pop() ?? new ProtoWriter(256 * 1024);
@@ -54,16 +58,12 @@ export async function protobufExporter(): Promise<SpanExporter> {
       } catch (err) {
         // A batch that cannot be encoded fails as an export does (the batch processor counts it
         // and goes on), and leaves nothing half-written for the next one.
-        writer.pos = 0;
-        idle.push(writer);
+        release(writer);
         done({ code: ExportResultCode.FAILED, error: err instanceof Error ? err : new Error(String(err)) });
         return;
       }
       delegate.export({ bytes, count: spans.length }, (result) => {
-        if (result.code !== ExportResultCode.FAILED && idle.length < MAX_IDLE_WRITERS) {
-          writer.pos = 0;
-          idle.push(writer);
-        }
+        if (result.code !== ExportResultCode.FAILED) release(writer);
         done(result);
       });
     },
