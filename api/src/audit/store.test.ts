@@ -61,4 +61,35 @@ describe('audit log store', () => {
     expect(page.data.map((r) => r.id)).toEqual([1101]);
     expect(page.next_after).toBeNull();
   });
+
+  it('records appended in one tick go in one script, numbered in call order, batches capped', async () => {
+    const log = new AuditLog(redis, 30 * DAY);
+    const [a, b] = [ws(), ws()];
+    const calls = async () => Number(/cmdstat_evalsha:calls=(\d+)/.exec(await redis.info('commandstats'))?.[1] ?? 0);
+    const before = await calls();
+    // 70 records of one Workspace and 3 of another, all in the same tick.
+    const ids = await Promise.all([
+      ...Array.from({ length: 70 }, (_, i) => log.append(a, rec(`a${i}`))),
+      ...Array.from({ length: 3 }, (_, i) => log.append(b, rec(`b${i}`))),
+    ]);
+    expect(ids).toEqual([...Array.from({ length: 70 }, (_, i) => i + 1), 1, 2, 3]);
+    // 64 + 6 for the first Workspace, 3 for the other: three scripts, not 73.
+    expect((await calls()) - before).toBe(3);
+    const page = await log.export(a, { after: 0, limit: 100 });
+    expect(page.data.map((r) => [r.id, r.action])).toEqual(Array.from({ length: 70 }, (_, i) => [i + 1, `a${i}`]));
+    // The next tick's record follows the batch's.
+    expect(await log.append(a, rec('later'))).toBe(71);
+  });
+
+  it('a batch that cannot be stored refuses every record in it, and stores none', async () => {
+    // A client that is not connected and does not queue: every command is refused at once.
+    const lost = new Redis(server.url, { maxRetriesPerRequest: 0, enableOfflineQueue: false, lazyConnect: true });
+    lost.on('error', () => undefined);
+    const log = new AuditLog(lost, 30 * DAY);
+    const w = ws();
+    const results = await Promise.allSettled([log.append(w, rec('x')), log.append(w, rec('y'))]);
+    expect(results.map((r) => r.status)).toEqual(['rejected', 'rejected']);
+    lost.disconnect();
+    expect((await new AuditLog(redis, 30 * DAY).export(w, { after: 0, limit: 10 })).data).toEqual([]);
+  });
 });

@@ -43,11 +43,14 @@ class ClaimRefused extends Error {
  */
 export class RunLifecycle {
   /**
-   * Run documents this process wrote last, as JSON: the first guess of the next move of the same
-   * Run (a runner's accept, start, first event and end reach the same process in a row), which
-   * saves the read. Only a guess: the compare-and-swap checks its version.
+   * Run documents this process wrote last: the first guess of the next move of the same Run (a
+   * runner's accept, start, first event and end reach the same process in a row), which saves
+   * the read. Only a guess: the compare-and-swap checks its version. Kept as the object that was
+   * written, frozen, not as its JSON: every move builds a new document from it (spreads, never
+   * writes into it), so one copy serves each later move without a parse, and the write's own
+   * document is kept without encoding it once more.
    */
-  private readonly recent = new BoundedCache<string, string>(RECENT_RUNS.entries, { maxAgeMs: RECENT_RUNS.maxAgeMs });
+  private readonly recent = new BoundedCache<string, Readonly<RunDoc>>(RECENT_RUNS.entries, { maxAgeMs: RECENT_RUNS.maxAgeMs });
 
   constructor(
     private readonly store: SessionStore,
@@ -73,7 +76,7 @@ export class RunLifecycle {
         { notFound: 'run', ...(guess ? { current: guess } : {}), ...(write ? { write } : {}) },
       );
       if (TERMINAL.has(run.status)) this.recent.delete(runId);
-      else this.recent.set(runId, JSON.stringify(run));
+      else this.remember(run);
       return { run, moved };
     } catch (err) {
       if (err instanceof ClaimRefused) throw err;
@@ -83,8 +86,12 @@ export class RunLifecycle {
   }
 
   private guess(runId: string): RunDoc | undefined {
-    const json = this.recent.get(runId);
-    return json === undefined ? undefined : (JSON.parse(json) as RunDoc);
+    // Frozen at the top level: a change that wrote into it would throw, not corrupt the guess.
+    return this.recent.get(runId) as RunDoc | undefined;
+  }
+
+  private remember(run: RunDoc): void {
+    this.recent.set(run.id, Object.freeze(run));
   }
 
   private ts(r: RunDoc): NonNullable<RunDoc['timestamps']> {
@@ -257,7 +264,7 @@ export class RunLifecycle {
           }
         },
       });
-      if (out.result?.ok) this.recent.set(runId, JSON.stringify(run));
+      if (out.result?.ok) this.remember(run);
     } catch (err) {
       // Only a Run that is gone falls through to a plain append (a failed write is the caller's).
       if (out.result !== null || !(err instanceof ApiError && err.type === 'validation.not_found')) throw err;
