@@ -288,6 +288,52 @@ describe('event log', () => {
     expect(await send()).toEqual({ ok: false, reason: 'erased' });
   });
 
+  it('appends with enqueue into one list in one tick go in one script: each caller its own events, in call order', async () => {
+    const s = sess();
+    const tag = tags.session(s);
+    const list = keys.scoped(tag, 'inputs:sthr_1');
+    const peek = keys.doc(tag, 'sthr_1');
+    await redis.set(peek, JSON.stringify({ id: 'sthr_1', version: 1, status: 'running' }));
+    const guarded = { enqueue: { list, peek, refuseStatus: 'terminated' } };
+    const calls = async () => Number(/cmdstat_evalsha:calls=(\d+)/.exec(await redis.info('commandstats'))?.[1] ?? 0);
+    const live: LiveMessage[] = [];
+    const sub = redis.duplicate();
+    await sub.subscribe(eventLogKeys.liveChannel(s));
+    sub.on('message', (_c: string, m: string) => live.push(JSON.parse(m) as LiveMessage));
+    const before = await calls();
+    // Five messages sent together (one a replay of another's producer key, one a pair), and an
+    // append into another list of the same Session, which is not joined to them.
+    const [a, b, pair, replay, c, other] = await Promise.all([
+      log.append(s, [{ type: 'user.message', payload: { n: 'a' }, producer_key: 'a' }], guarded),
+      log.append(s, [{ type: 'user.message', payload: { n: 'b' } }], guarded),
+      log.append(s, [{ type: 'user.message', payload: { n: 'p1' } }, { type: 'user.message', payload: { n: 'p2' } }], guarded),
+      log.append(s, [{ type: 'user.message', payload: { n: 'a again' }, producer_key: 'a' }], guarded),
+      log.append(s, [{ type: 'user.message', payload: { n: 'c' } }], guarded),
+      log.append(s, [{ type: 'x', payload: {} }], { enqueue: { list: keys.scoped(tag, 'inputs:sthr_2'), peek: keys.doc(tag, 'sthr_2') } }),
+    ]);
+    expect((await calls()) - before).toBe(2);
+    for (const r of [a, b, pair, replay, c, other]) if (!r.ok) throw new Error('append failed');
+    const names = (r: typeof a) => (r.ok ? r.events.map((e) => (e.payload as { n?: string }).n) : []);
+    expect([a, b, pair, replay, c].map(names)).toEqual([['a'], ['b'], ['p1', 'p2'], ['a'], ['c']]);
+    expect([a, b, pair, replay, c].map((r) => r.ok && r.duplicate)).toEqual([[false], [false], [false, false], [true], [false]]);
+    expect([a, b, pair, c].map((r) => r.ok && r.events.map((e) => e.seq))).toEqual([[1], [2], [3, 4], [5]]);
+    // Each caller sees the queue and the document as the whole batch left them.
+    const ids = [a, b, pair, c].flatMap((r) => (r.ok ? r.events.map((e) => e.id) : []));
+    expect(await redis.lrange(list, 0, -1)).toEqual(ids);
+    for (const r of [a, b, pair, replay, c]) expect(r.ok && [r.queued, r.peeked]).toEqual([ids, JSON.stringify({ id: 'sthr_1', version: 1, status: 'running' })]);
+    expect(other.ok && other.peeked).toBeNull();
+    // One live message for the five appended events (the other list's append has its own).
+    await vi.waitFor(() => expect(live).toHaveLength(2));
+    expect(live.map((m) => (m.kind === 'events' ? [m.from, m.to] : m.kind))).toEqual([[1, 5], [6, 6]]);
+    sub.disconnect();
+
+    // A refusal refuses every caller of the batch, and nothing is written.
+    await redis.set(peek, JSON.stringify({ id: 'sthr_1', version: 2, status: 'terminated' }));
+    const refused = await Promise.all([1, 2, 3].map(() => log.append(s, [{ type: 'user.message', payload: {} }], guarded)));
+    expect(refused).toEqual(Array.from({ length: 3 }, () => ({ ok: false, reason: 'refused', detail: 'status' })));
+    expect((await log.state(s)).seq).toBe(6);
+  });
+
   it('commit with emptyList and fresh: a queued message or a replayed producer key writes nothing; an event keeps the id it was given', async () => {
     const s = sess();
     const tag = tags.session(s);

@@ -566,7 +566,19 @@ export class AppendNotReplicatedError extends Error {
   }
 }
 
+/** Appends with `enqueue` into one list waiting for the end of the tick (`EventLog.appendQueued`). */
+interface QueuedAppends {
+  sessionId: string;
+  enqueue: NonNullable<AppendOptions['enqueue']>;
+  events: AppendEvent[];
+  /** Per caller, in call order: how many of `events` are its own. */
+  callers: { count: number; resolve: (r: AppendResult) => void; reject: (err: unknown) => void }[];
+}
+
 export class EventLog {
+  /** Appends with `enqueue` of this tick not sent yet, by Session, list, document and refusal. */
+  private readonly queued = new Map<string, QueuedAppends>();
+
   constructor(private readonly redis: Redis, private readonly durability: EventLogDurability = { waitReplicas: 0, waitTimeoutMs: 0 }) {}
 
   private async runDurably(script: LuaScript, keyList: readonly string[], args: readonly (string | number | Buffer)[]): Promise<unknown> {
@@ -597,6 +609,7 @@ export class EventLog {
       if (st.erased) return { ok: false, reason: 'erased' };
       return { ok: true, events: [], duplicate: [], last_seq: st.seq };
     }
+    if (options.enqueue && options.fence === undefined && options.producerKey === undefined) return this.appendQueued(sessionId, events, options.enqueue);
     const keyList = logKeys(sessionId);
     const args = appendArgs(sessionId, events, options);
     if (options.enqueue) {
@@ -605,6 +618,67 @@ export class EventLog {
     }
     const r = (await this.runDurably(APPEND, keyList, args)) as string[];
     return appendResult(r, events.length, options.enqueue !== undefined);
+  }
+
+  /**
+   * Appends queued into the same list in the same turn of the event loop (messages into one busy
+   * thread, sent concurrently) go in one script, sent once every connection that was ready in
+   * that turn has been read (`setImmediate`: each request arrives in an I/O callback of its own,
+   * so a flush at the end of the tick would join nothing): one command and one live message
+   * instead of one each. Each caller gets its own events, in call order, with the peeked document and the
+   * queue as they were after the whole batch; a refusal (the document absent or refused, the log
+   * erased) refuses every caller, as each would have been refused alone. Only appends without a
+   * fence or a batch producer key are joined, and only with others into the same list: an append
+   * of another kind never waits behind them.
+   */
+  private appendQueued(sessionId: string, events: readonly AppendEvent[], enqueue: NonNullable<AppendOptions['enqueue']>): Promise<AppendResult> {
+    if (events.length > MAX_APPEND_BATCH) throw new RangeError(`at most ${MAX_APPEND_BATCH} events per append`);
+    const key = `${sessionId}\n${enqueue.list}\n${enqueue.peek}\n${enqueue.refuseStatus ?? ''}`;
+    let batch = this.queued.get(key);
+    if (batch && batch.events.length + events.length > MAX_APPEND_BATCH) {
+      this.queued.delete(key);
+      this.sendQueued(batch);
+      batch = undefined;
+    }
+    if (!batch) {
+      if (this.queued.size === 0) setImmediate(() => this.flushQueued());
+      batch = { sessionId, enqueue, events: [], callers: [] };
+      this.queued.set(key, batch);
+    }
+    batch.events.push(...events);
+    const own = batch;
+    return new Promise<AppendResult>((resolve, reject) => own.callers.push({ count: events.length, resolve, reject }));
+  }
+
+  private flushQueued(): void {
+    const batches = [...this.queued.values()];
+    this.queued.clear();
+    for (const b of batches) this.sendQueued(b);
+  }
+
+  private sendQueued(b: QueuedAppends): void {
+    const keyList = logKeys(b.sessionId);
+    keyList.push(b.enqueue.list, b.enqueue.peek);
+    const args = appendArgs(b.sessionId, b.events, {});
+    args.push(b.enqueue.refuseStatus ?? '');
+    this.runDurably(APPEND, keyList, args).then((raw) => {
+      const r = raw as (string | null)[];
+      if (r[0] !== 'ok') {
+        const refused = appendResult(r, 0);
+        for (const c of b.callers) c.resolve(refused);
+        return;
+      }
+      // Per caller: its own events' pairs (body, new/dup), then what follows every event.
+      const total = b.events.length;
+      const after = r.slice(2 + 2 * total);
+      let at = 0;
+      for (const c of b.callers) {
+        c.resolve(appendResult([r[0], r[1] ?? null, ...r.slice(2 + 2 * at, 2 + 2 * (at + c.count)), ...after], c.count, true));
+        at += c.count;
+      }
+    }, (err: unknown) => {
+      for (const c of b.callers) c.reject(err);
+    });
   }
 
   /**
