@@ -92,4 +92,12 @@ describe('audit log store', () => {
     lost.disconnect();
     expect((await new AuditLog(redis, 30 * DAY).export(w, { after: 0, limit: 10 })).data).toEqual([]);
   });
+
+  it('a record that cannot be encoded is refused alone, as a rejected promise', async () => {
+    const log = new AuditLog(redis, 30 * DAY);
+    const w = ws();
+    const [ok, bad] = await Promise.allSettled([log.append(w, rec('fine')), log.append(w, rec('bad'), Number.NaN)]);
+    expect([ok.status, bad.status]).toEqual(['fulfilled', 'rejected']);
+    expect((await log.export(w, { after: 0, limit: 10 })).data.map((r) => r.action)).toEqual(['fine']);
+  });
 });

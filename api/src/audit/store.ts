@@ -105,15 +105,20 @@ export class AuditLog {
    * the promise continuations of the tick): one command instead of one each, ids in call order.
    */
   append(workspaceId: string, record: NewAuditRecord, now = Date.now()): Promise<number> {
-    const body = { ...record, workspace_id: workspaceId, time: new Date(now).toISOString() };
+    let json: string;
+    try {
+      // Without its opening brace (the script writes `{"id":<seq>,` before it).
+      json = JSON.stringify({ ...record, workspace_id: workspaceId, time: new Date(now).toISOString() }).slice(1);
+    } catch (err) {
+      return Promise.reject(err as Error);
+    }
     let batch = this.pending.get(workspaceId);
     if (!batch) {
       if (this.pending.size === 0) process.nextTick(() => this.flush());
       batch = { args: [], cutoff: now - this.retentionMs, waiters: [] };
       this.pending.set(workspaceId, batch);
     }
-    // Without its opening brace (the script writes `{"id":<seq>,` before it).
-    batch.args.push(now, JSON.stringify(body).slice(1));
+    batch.args.push(now, json);
     batch.cutoff = Math.min(batch.cutoff, now - this.retentionMs);
     const stored = new Promise<number>((resolve, reject) => batch.waiters.push({ resolve, reject }));
     if (batch.waiters.length >= MAX_BATCH) {

@@ -334,6 +334,25 @@ describe('event log', () => {
     expect((await log.state(s)).seq).toBe(6);
   });
 
+  it('a joined append whose event cannot be encoded fails alone; the others of its tick are appended', async () => {
+    const s = sess();
+    const tag = tags.session(s);
+    const list = keys.scoped(tag, 'inputs:sthr_1');
+    const peek = keys.doc(tag, 'sthr_1');
+    await redis.set(peek, JSON.stringify({ id: 'sthr_1', version: 1, status: 'running' }));
+    const circular: Record<string, unknown> = {};
+    circular.self = circular;
+    const [a, bad, c] = await Promise.allSettled([
+      log.append(s, [{ type: 'user.message', payload: { n: 'a' } }], { enqueue: { list, peek } }),
+      log.append(s, [{ type: 'user.message', payload: circular }], { enqueue: { list, peek } }),
+      log.append(s, [{ type: 'user.message', payload: { n: 'c' } }], { enqueue: { list, peek } }),
+    ]);
+    expect(bad.status).toBe('rejected');
+    const names = [a, c].map((r) => (r.status === 'fulfilled' && r.value.ok ? r.value.events.map((e) => (e.payload as { n?: string }).n) : r.status));
+    expect(names).toEqual([['a'], ['c']]);
+    expect(await redis.llen(list)).toBe(2);
+  });
+
   it('commit with emptyList and fresh: a queued message or a replayed producer key writes nothing; an event keeps the id it was given', async () => {
     const s = sess();
     const tag = tags.session(s);

@@ -488,11 +488,19 @@ function logKeys(sessionId: string): string[] {
 
 function appendArgs(sessionId: string, events: readonly AppendEvent[], options: AppendOptions): (string | number)[] {
   if (events.length > MAX_APPEND_BATCH) throw new RangeError(`at most ${MAX_APPEND_BATCH} events per append`);
-  const args: (string | number)[] = [
-    options.fence ?? '', PRODUCER_KEY_TTL_MS, eventLogKeys.liveChannel(sessionId), events.length, LIVE_INLINE_MAX_BYTES,
-  ];
+  return [...appendHead(sessionId, events.length, options.fence), ...eventArgs(sessionId, events, options.producerKey)];
+}
+
+/** The arguments before the events': fence, producer-key TTL, live channel, count, inline maximum. */
+function appendHead(sessionId: string, count: number, fence: string | undefined): (string | number)[] {
+  return [fence ?? '', PRODUCER_KEY_TTL_MS, eventLogKeys.liveChannel(sessionId), count, LIVE_INLINE_MAX_BYTES];
+}
+
+/** Four arguments per event: producer key, event id, JSON tail (after the opening brace), counters. */
+function eventArgs(sessionId: string, events: readonly AppendEvent[], producerKey: string | undefined): string[] {
+  const args: string[] = [];
   events.forEach((ev, i) => {
-    const pk = ev.producer_key ?? (options.producerKey !== undefined ? `${options.producerKey}#${i}` : '');
+    const pk = ev.producer_key ?? (producerKey !== undefined ? `${producerKey}#${i}` : '');
     const tail = JSON.stringify({
       session_id: sessionId,
       session_thread_id: ev.session_thread_id ?? null,
@@ -570,7 +578,9 @@ export class AppendNotReplicatedError extends Error {
 interface QueuedAppends {
   sessionId: string;
   enqueue: NonNullable<AppendOptions['enqueue']>;
-  events: AppendEvent[];
+  /** How many events, and their script arguments (encoded in each caller's own call). */
+  count: number;
+  args: string[];
   /** Per caller, in call order: how many of `events` are its own. */
   callers: { count: number; resolve: (r: AppendResult) => void; reject: (err: unknown) => void }[];
 }
@@ -633,19 +643,22 @@ export class EventLog {
    */
   private appendQueued(sessionId: string, events: readonly AppendEvent[], enqueue: NonNullable<AppendOptions['enqueue']>): Promise<AppendResult> {
     if (events.length > MAX_APPEND_BATCH) throw new RangeError(`at most ${MAX_APPEND_BATCH} events per append`);
+    // Encoded here, so an event that cannot be encoded fails its own caller only.
+    const args = eventArgs(sessionId, events, undefined);
     const key = `${sessionId}\n${enqueue.list}\n${enqueue.peek}\n${enqueue.refuseStatus ?? ''}`;
     let batch = this.queued.get(key);
-    if (batch && batch.events.length + events.length > MAX_APPEND_BATCH) {
+    if (batch && batch.count + events.length > MAX_APPEND_BATCH) {
       this.queued.delete(key);
       this.sendQueued(batch);
       batch = undefined;
     }
     if (!batch) {
       if (this.queued.size === 0) setImmediate(() => this.flushQueued());
-      batch = { sessionId, enqueue, events: [], callers: [] };
+      batch = { sessionId, enqueue, count: 0, args: [], callers: [] };
       this.queued.set(key, batch);
     }
-    batch.events.push(...events);
+    batch.count += events.length;
+    for (const a of args) batch.args.push(a);
     const own = batch;
     return new Promise<AppendResult>((resolve, reject) => own.callers.push({ count: events.length, resolve, reject }));
   }
@@ -659,8 +672,7 @@ export class EventLog {
   private sendQueued(b: QueuedAppends): void {
     const keyList = logKeys(b.sessionId);
     keyList.push(b.enqueue.list, b.enqueue.peek);
-    const args = appendArgs(b.sessionId, b.events, {});
-    args.push(b.enqueue.refuseStatus ?? '');
+    const args = [...appendHead(b.sessionId, b.count, undefined), ...b.args, b.enqueue.refuseStatus ?? ''];
     this.runDurably(APPEND, keyList, args).then((raw) => {
       const r = raw as (string | null)[];
       if (r[0] !== 'ok') {
@@ -669,8 +681,7 @@ export class EventLog {
         return;
       }
       // Per caller: its own events' pairs (body, new/dup), then what follows every event.
-      const total = b.events.length;
-      const after = r.slice(2 + 2 * total);
+      const after = r.slice(2 + 2 * b.count);
       let at = 0;
       for (const c of b.callers) {
         c.resolve(appendResult([r[0], r[1] ?? null, ...r.slice(2 + 2 * at, 2 + 2 * (at + c.count)), ...after], c.count, true));
