@@ -574,19 +574,19 @@ export class AppendNotReplicatedError extends Error {
   }
 }
 
-/** Appends with `enqueue` into one list waiting for the end of the tick (`EventLog.appendQueued`). */
+/** Appends with `enqueue` into one list waiting for the end of this turn of the event loop (`EventLog.appendQueued`). */
 interface QueuedAppends {
   sessionId: string;
   enqueue: NonNullable<AppendOptions['enqueue']>;
   /** How many events, and their script arguments (encoded in each caller's own call). */
   count: number;
   args: string[];
-  /** Per caller, in call order: how many of `events` are its own. */
+  /** Per caller, in call order: how many of the batch's events are its own. */
   callers: { count: number; resolve: (r: AppendResult) => void; reject: (err: unknown) => void }[];
 }
 
 export class EventLog {
-  /** Appends with `enqueue` of this tick not sent yet, by Session, list, document and refusal. */
+  /** Appends with `enqueue` of this turn of the event loop not sent yet, by Session, list, document and refusal. */
   private readonly queued = new Map<string, QueuedAppends>();
 
   constructor(private readonly redis: Redis, private readonly durability: EventLogDurability = { waitReplicas: 0, waitTimeoutMs: 0 }) {}
@@ -673,23 +673,31 @@ export class EventLog {
     const keyList = logKeys(b.sessionId);
     keyList.push(b.enqueue.list, b.enqueue.peek);
     const args = [...appendHead(b.sessionId, b.count, undefined), ...b.args, b.enqueue.refuseStatus ?? ''];
-    this.runDurably(APPEND, keyList, args).then((raw) => {
-      const r = raw as (string | null)[];
-      if (r[0] !== 'ok') {
-        const refused = appendResult(r, 0);
-        for (const c of b.callers) c.resolve(refused);
-        return;
-      }
-      // Per caller: its own events' pairs (body, new/dup), then what follows every event.
-      const after = r.slice(2 + 2 * b.count);
-      let at = 0;
-      for (const c of b.callers) {
-        c.resolve(appendResult([r[0], r[1] ?? null, ...r.slice(2 + 2 * at, 2 + 2 * (at + c.count)), ...after], c.count, true));
-        at += c.count;
-      }
-    }, (err: unknown) => {
+    const failAll = (err: unknown) => {
       for (const c of b.callers) c.reject(err);
-    });
+    };
+    this.runDurably(APPEND, keyList, args).then((raw) => {
+      try {
+        const r = raw as (string | null)[];
+        if (r[0] !== 'ok') {
+          const refused = appendResult(r, 0);
+          for (const c of b.callers) c.resolve(refused);
+          return;
+        }
+        // Per caller: its own events' pairs (body, new/dup), then what follows every event.
+        const after = r.slice(2 + 2 * b.count);
+        let at = 0;
+        const results = b.callers.map((c) => {
+          const from = at;
+          at += c.count;
+          return appendResult(['ok', r[1] ?? null, ...r.slice(2 + 2 * from, 2 + 2 * at), ...after], c.count, true);
+        });
+        b.callers.forEach((c, i) => c.resolve(results[i] as AppendResult));
+      } catch (err) {
+        // A reply that cannot be read fails every caller (none was answered yet).
+        failAll(err);
+      }
+    }, failAll);
   }
 
   /**
