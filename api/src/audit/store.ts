@@ -1,4 +1,4 @@
-import { keys, LuaScript, tags, type Redis } from '@agentplane/store';
+import { Joiner, keys, LuaScript, tags, type Redis } from '@agentplane/store';
 
 /** Who acted: the Principal when the credential is bound to one, else the key or credential itself. */
 export interface AuditActor {
@@ -73,11 +73,11 @@ return first
 /** The most records one script appends; a fuller batch is sent at once and a new one started. */
 const MAX_BATCH = 64;
 
-interface Batch {
-  /** Per record: its time (ms) and its JSON without the opening brace. */
-  args: (string | number)[];
-  cutoff: number;
-  waiters: { resolve: (seq: number) => void; reject: (err: unknown) => void }[];
+/** One record waiting for its batch: the Workspace, its time (ms), its JSON without the opening brace. */
+interface PendingRecord {
+  workspaceId: string;
+  now: number;
+  json: string;
 }
 
 const SCAN_BATCH = 500;
@@ -89,8 +89,12 @@ const SCAN_BUDGET = 20_000;
  * (`ap:{w:<id>}:audit`, sequence counter `ap:{w:<id>}:audit:seq`).
  */
 export class AuditLog {
-  /** Records of this tick not sent yet, by Workspace. */
-  private readonly pending = new Map<string, Batch>();
+  /** Records of one Workspace appended in the same tick, joined (`append`). */
+  private readonly pending = new Joiner<PendingRecord, number>({
+    schedule: (flush) => process.nextTick(flush),
+    send: (records) => this.send(records),
+    maxWeight: MAX_BATCH,
+  });
 
   constructor(private readonly redis: Redis, private readonly retentionMs: number) {}
 
@@ -112,34 +116,17 @@ export class AuditLog {
     } catch (err) {
       return Promise.reject(err as Error);
     }
-    let batch = this.pending.get(workspaceId);
-    if (!batch) {
-      if (this.pending.size === 0) process.nextTick(() => this.flush());
-      batch = { args: [], cutoff: now - this.retentionMs, waiters: [] };
-      this.pending.set(workspaceId, batch);
-    }
-    batch.args.push(now, json);
-    batch.cutoff = Math.min(batch.cutoff, now - this.retentionMs);
-    const stored = new Promise<number>((resolve, reject) => batch.waiters.push({ resolve, reject }));
-    if (batch.waiters.length >= MAX_BATCH) {
-      this.pending.delete(workspaceId);
-      this.send(workspaceId, batch);
-    }
-    return stored;
+    return this.pending.add(workspaceId, { workspaceId, now, json });
   }
 
-  private flush(): void {
-    const batches = [...this.pending];
-    this.pending.clear();
-    for (const [workspaceId, batch] of batches) this.send(workspaceId, batch);
-  }
-
-  private send(workspaceId: string, batch: Batch): void {
-    const tag = tags.workspace(workspaceId);
-    APPEND.run(this.redis, [keys.scoped(tag, 'audit'), keys.scoped(tag, 'audit:seq')], [batch.waiters.length, batch.cutoff, ...batch.args]).then(
-      (first) => batch.waiters.forEach((w, i) => w.resolve(Number(first) + i)),
-      (err: unknown) => batch.waiters.forEach((w) => w.reject(err)),
-    );
+  /** One script for a Workspace's batch: resolves with each record's id, in order. */
+  private async send(records: PendingRecord[]): Promise<number[]> {
+    const tag = tags.workspace((records[0] as PendingRecord).workspaceId);
+    const cutoff = Math.min(...records.map((r) => r.now)) - this.retentionMs;
+    const first = Number(await APPEND.run(this.redis, [keys.scoped(tag, 'audit'), keys.scoped(tag, 'audit:seq')], [
+      records.length, cutoff, ...records.flatMap((r) => [r.now, r.json]),
+    ]));
+    return records.map((_, i) => first + i);
   }
 
   /**

@@ -27,6 +27,15 @@ afterAll(async () => {
   rmSync(dir, { recursive: true, force: true });
 });
 
+/** A new Session whose thread `sthr_1` is running: its input queue and its document's keys. */
+async function busyThread(): Promise<{ s: string; tag: ReturnType<typeof tags.session>; list: string; peek: string }> {
+  const s = sess();
+  const tag = tags.session(s);
+  const peek = keys.doc(tag, 'sthr_1');
+  await redis.set(peek, JSON.stringify({ id: 'sthr_1', version: 1, status: 'running' }));
+  return { s, tag, list: keys.scoped(tag, 'inputs:sthr_1'), peek };
+}
+
 describe('event log', () => {
   it('assigns 1,2,3… as stream ids and stamps ids and times', async () => {
     const s = sess();
@@ -289,11 +298,7 @@ describe('event log', () => {
   });
 
   it('appends with enqueue into one list in one tick go in one script: each caller its own events, in call order', async () => {
-    const s = sess();
-    const tag = tags.session(s);
-    const list = keys.scoped(tag, 'inputs:sthr_1');
-    const peek = keys.doc(tag, 'sthr_1');
-    await redis.set(peek, JSON.stringify({ id: 'sthr_1', version: 1, status: 'running' }));
+    const { s, tag, list, peek } = await busyThread();
     const guarded = { enqueue: { list, peek, refuseStatus: 'terminated' } };
     const calls = async () => Number(/cmdstat_evalsha:calls=(\d+)/.exec(await redis.info('commandstats'))?.[1] ?? 0);
     const live: LiveMessage[] = [];
@@ -335,11 +340,7 @@ describe('event log', () => {
   });
 
   it('a joined append whose event cannot be encoded fails alone; the others of its tick are appended', async () => {
-    const s = sess();
-    const tag = tags.session(s);
-    const list = keys.scoped(tag, 'inputs:sthr_1');
-    const peek = keys.doc(tag, 'sthr_1');
-    await redis.set(peek, JSON.stringify({ id: 'sthr_1', version: 1, status: 'running' }));
+    const { s, list, peek } = await busyThread();
     const circular: Record<string, unknown> = {};
     circular.self = circular;
     const [a, bad, c] = await Promise.allSettled([

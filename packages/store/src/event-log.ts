@@ -2,6 +2,7 @@ import type { Redis } from 'ioredis';
 import { ATTR, envInt, inSpan, newId, SpanKind, tracingEnabled, type Attributes, type Context, type Env } from '@agentplane/core';
 import { keys, tags } from './keys.js';
 import { LuaScript } from './script.js';
+import { Joiner } from './joiner.js';
 
 /**
  * The durable, append-only, totally ordered event log of one Session.
@@ -574,20 +575,23 @@ export class AppendNotReplicatedError extends Error {
   }
 }
 
-/** Appends with `enqueue` into one list waiting for the end of this turn of the event loop (`EventLog.appendQueued`). */
-interface QueuedAppends {
+/** One caller's append with `enqueue`, waiting to be joined with others into the same list (`EventLog.appendQueued`). */
+interface QueuedAppend {
   sessionId: string;
   enqueue: NonNullable<AppendOptions['enqueue']>;
-  /** How many events, and their script arguments (encoded in each caller's own call). */
+  /** How many events, and their script arguments (encoded in the caller's own call). */
   count: number;
   args: string[];
-  /** Per caller, in call order: how many of the batch's events are its own. */
-  callers: { count: number; resolve: (r: AppendResult) => void; reject: (err: unknown) => void }[];
 }
 
 export class EventLog {
-  /** Appends with `enqueue` of this turn of the event loop not sent yet, by Session, list, document and refusal. */
-  private readonly queued = new Map<string, QueuedAppends>();
+  /** Appends with `enqueue`, joined by Session, list, document and refusal (`appendQueued`). */
+  private readonly queued = new Joiner<QueuedAppend, AppendResult>({
+    schedule: (flush) => setImmediate(flush),
+    send: (items) => this.sendQueued(items),
+    maxWeight: MAX_APPEND_BATCH,
+    weigh: (a) => a.count,
+  });
 
   constructor(private readonly redis: Redis, private readonly durability: EventLogDurability = { waitReplicas: 0, waitTimeoutMs: 0 }) {}
 
@@ -645,59 +649,25 @@ export class EventLog {
     if (events.length > MAX_APPEND_BATCH) throw new RangeError(`at most ${MAX_APPEND_BATCH} events per append`);
     // Encoded here, so an event that cannot be encoded fails its own caller only.
     const args = eventArgs(sessionId, events, undefined);
-    const key = `${sessionId}\n${enqueue.list}\n${enqueue.peek}\n${enqueue.refuseStatus ?? ''}`;
-    let batch = this.queued.get(key);
-    if (batch && batch.count + events.length > MAX_APPEND_BATCH) {
-      this.queued.delete(key);
-      this.sendQueued(batch);
-      batch = undefined;
-    }
-    if (!batch) {
-      if (this.queued.size === 0) setImmediate(() => this.flushQueued());
-      batch = { sessionId, enqueue, count: 0, args: [], callers: [] };
-      this.queued.set(key, batch);
-    }
-    batch.count += events.length;
-    for (const a of args) batch.args.push(a);
-    const own = batch;
-    return new Promise<AppendResult>((resolve, reject) => own.callers.push({ count: events.length, resolve, reject }));
+    return this.queued.add(`${sessionId}\n${enqueue.list}\n${enqueue.peek}\n${enqueue.refuseStatus ?? ''}`, { sessionId, enqueue, count: events.length, args });
   }
 
-  private flushQueued(): void {
-    const batches = [...this.queued.values()];
-    this.queued.clear();
-    for (const b of batches) this.sendQueued(b);
-  }
-
-  private sendQueued(b: QueuedAppends): void {
-    const keyList = logKeys(b.sessionId);
-    keyList.push(b.enqueue.list, b.enqueue.peek);
-    const args = [...appendHead(b.sessionId, b.count, undefined), ...b.args, b.enqueue.refuseStatus ?? ''];
-    const failAll = (err: unknown) => {
-      for (const c of b.callers) c.reject(err);
-    };
-    this.runDurably(APPEND, keyList, args).then((raw) => {
-      try {
-        const r = raw as (string | null)[];
-        if (r[0] !== 'ok') {
-          const refused = appendResult(r, 0);
-          for (const c of b.callers) c.resolve(refused);
-          return;
-        }
-        // Per caller: its own events' pairs (body, new/dup), then what follows every event.
-        const after = r.slice(2 + 2 * b.count);
-        let at = 0;
-        const results = b.callers.map((c) => {
-          const from = at;
-          at += c.count;
-          return appendResult(['ok', r[1] ?? null, ...r.slice(2 + 2 * from, 2 + 2 * at), ...after], c.count, true);
-        });
-        b.callers.forEach((c, i) => c.resolve(results[i] as AppendResult));
-      } catch (err) {
-        // A reply that cannot be read fails every caller (none was answered yet).
-        failAll(err);
-      }
-    }, failAll);
+  /** One script for appends that share a key: each caller gets its own events' results. */
+  private async sendQueued(items: QueuedAppend[]): Promise<AppendResult[]> {
+    const { sessionId, enqueue } = items[0] as QueuedAppend;
+    const count = items.reduce((n, a) => n + a.count, 0);
+    const keyList = logKeys(sessionId);
+    keyList.push(enqueue.list, enqueue.peek);
+    const r = (await this.runDurably(APPEND, keyList, [...appendHead(sessionId, count, undefined), ...items.flatMap((a) => a.args), enqueue.refuseStatus ?? ''])) as (string | null)[];
+    if (r[0] !== 'ok') return items.map(() => appendResult(r, 0));
+    // Per caller: its own events' pairs (body, new/dup), then what follows every event.
+    const after = r.slice(2 + 2 * count);
+    let at = 0;
+    return items.map((a) => {
+      const from = at;
+      at += a.count;
+      return appendResult(['ok', r[1] ?? null, ...r.slice(2 + 2 * from, 2 + 2 * at), ...after], a.count, true);
+    });
   }
 
   /**

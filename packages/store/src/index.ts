@@ -9,3 +9,4 @@ export * from './event-hub.js';
 export * from './subscriber.js';
 export * from './cache.js';
 export * from './read-cache.js';
+export * from './joiner.js';
