@@ -7,7 +7,7 @@ import { createServer } from 'node:http';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { Queue, Worker } from 'bullmq';
-import { Redis } from 'ioredis';
+import { singleRedis } from '@agentplane/store';
 import { Webhook } from 'standardwebhooks';
 import { startPlatform, waitFor, ROOT_DIR } from '../test/harness/platform.js';
 import { printTable, summarize } from './lib/report.js';
@@ -109,7 +109,7 @@ async function main(): Promise<void> {
     floorProc.kill('SIGTERM');
 
     out('floor: raw BullMQ add → worker start …');
-    const conn = new Redis(p.redisUrl(), { maxRetriesPerRequest: null });
+    const conn = singleRedis(p.redisSocketUrl(), { maxRetriesPerRequest: null });
     const queue = new Queue('bench-floor', { connection: conn, prefix: 'bench:{q:floor}' });
     const started = new Map<string, number>();
     const pickups: number[] = [];

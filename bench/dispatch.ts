@@ -11,6 +11,7 @@ import { pathToFileURL } from 'node:url';
 import { Queue, Worker } from 'bullmq';
 import { Redis } from 'ioredis';
 import type { HttpClient } from '@agentplane/client';
+import { singleRedis } from '@agentplane/store';
 import { startPlatform, ROOT_DIR, type Platform } from '../test/harness/platform.js';
 import { LightClient } from './lib/light-client.js';
 import { printTable, summarize, wallMs } from './lib/report.js';
@@ -202,10 +203,10 @@ export async function commandsPerRun(redisUrl: string, runs: (start: () => void)
 }
 
 async function floor(redisUrl: string, rate: number): Promise<number[]> {
-  const conn = new Redis(redisUrl, { maxRetriesPerRequest: null });
+  const conn = singleRedis(redisUrl, { maxRetriesPerRequest: null });
   const q = new Queue('bench-floor', { connection: conn, prefix: '{bench}' });
   const lat: number[] = [];
-  const workerConn = new Redis(redisUrl, { maxRetriesPerRequest: null });
+  const workerConn = singleRedis(redisUrl, { maxRetriesPerRequest: null });
   const worker = new Worker('bench-floor', async (job) => void lat.push(wallMs() - (job.data as { at: number }).at), { connection: workerConn, prefix: '{bench}', concurrency: 50 });
   const total = Math.round(rate * SECONDS);
   const started = Date.now();
@@ -225,7 +226,11 @@ async function floor(redisUrl: string, rate: number): Promise<number[]> {
 
 async function main(): Promise<void> {
   process.stdout.write(`bench:dispatch  ${RUNNERS} simulated runners, rates ${RATES.join('/')} Runs/s, ${SECONDS}s each, ${SESSIONS} Sessions${STREAM_FIRST ? ', each stream open before its message' : ''}\n`);
-  const p = await startPlatform({ scheduler: true, runner: false, env: { LOG_LEVEL: 'warn', RUNNER_HEARTBEAT_INTERVAL_MS: '5000', PAIRING_REDEEM_PER_MINUTE: '100000' } });
+  const p = await startPlatform({
+    scheduler: true, runner: false,
+    // MONITOR tells connections apart by their address: over the Unix socket every client has the same.
+    env: { LOG_LEVEL: 'warn', RUNNER_HEARTBEAT_INTERVAL_MS: '5000', PAIRING_REDEEM_PER_MINUTE: '100000', ...(process.env.BENCH_MONITOR ? { REDIS_SOCKET: 'false' } : {}) },
+  });
   try {
     const { api, principal, secrets, newSession } = await setup(p);
     const { leased, stop: stopRunners, pid: simPid } = await startSimulatedRunners(p, secrets);
@@ -256,7 +261,7 @@ async function main(): Promise<void> {
         const one = await level(api, principal, newSession, rate, leased, () => { before = snap(); });
         process.stdout.write(`  CPU ms per Run: ${cpuPerRun(before, snap(), one.sent)}\n`);
         levels.push(one);
-        floorSamples.push(...(await floor(p.redisUrl(), rate)));
+        floorSamples.push(...(await floor(p.redisSocketUrl(), rate)));
       }
       const pooled = (pick: (l: Level) => number[]) => summarize(levels.flatMap(pick));
       const ours = {

@@ -13,8 +13,7 @@ import { request, Agent, type IncomingMessage } from 'node:http';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import autocannon from 'autocannon';
-import { Redis } from 'ioredis';
-import { EventLog } from '@agentplane/store';
+import { EventLog, singleRedis } from '@agentplane/store';
 import { startPlatform, ROOT_DIR, type Platform } from '../test/harness/platform.js';
 import { printTable, summarize, type Row } from './lib/report.js';
 import { costMeter, formatCost } from './lib/cost.js';
@@ -133,13 +132,13 @@ async function oursLatency(p: Platform, log: EventLog, token: string, sc: Scenar
 /** Floor: XADD -> XREAD BLOCK, one blocking connection per reader. */
 async function floorLatency(url: string, sc: Scenario, tag: string): Promise<number[]> {
   const lat: number[] = [];
-  const writer = new Redis(url);
+  const writer = singleRedis(url);
   const keysList = Array.from({ length: sc.sessions }, (_, i) => `bench:floor:{${tag}:${i}}`);
   for (const k of keysList) await writer.xadd(k, '*', 'e', '{"t":-1}');
   let stop = false;
   let warm = 0;
   const readers = await openMany(sc.viewers, async (i) => {
-    const r = new Redis(url, { maxRetriesPerRequest: null });
+    const r = singleRedis(url, { maxRetriesPerRequest: null });
     const key = keysList[i % sc.sessions] as string;
     let last = '0-0';
     void (async () => {
@@ -190,8 +189,9 @@ async function floorMemory(n: number): Promise<number> {
 async function main(): Promise<void> {
   out(`bench:events  (${SECONDS}s per throughput run; loopback; shared machine, so expect noise)`);
   const p = await startPlatform({ runner: false, env: { LOG_LEVEL: 'warn' } });
-  const url = p.redisUrl();
-  const redis = new Redis(url);
+  // The same way to Redis as the platform's processes (its Unix socket): the floors use it too.
+  const url = p.redisSocketUrl();
+  const redis = singleRedis(url);
   const log = new EventLog(redis);
   const rows: Row[] = [];
   try {

@@ -2,10 +2,24 @@ import { readFileSync, statSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { spawn } from 'node:child_process';
+import { Redis } from 'ioredis';
 import { afterAll, describe, expect, it } from 'vitest';
 import { ROOT_DIR, startPlatform, waitFor } from './harness/platform.js';
 
 const dataDir = mkdtempSync(join(tmpdir(), 'agentplane-lifecycle-'));
+
+/** The addresses the platform's own connections (named `agentplane:…`) come from. */
+async function platformClientAddresses(url: string): Promise<Set<string>> {
+  const r = new Redis(url);
+  try {
+    const list = (await r.client('LIST')) as string;
+    const named = list.split('\n').filter((l) => / name=agentplane:/.test(l));
+    expect(named.length).toBeGreaterThan(3);
+    return new Set(named.map((l) => /addr=(\S+)/.exec(l)?.[1] ?? '?'));
+  } finally {
+    r.disconnect();
+  }
+}
 afterAll(() => rmSync(dataDir, { recursive: true, force: true }));
 
 describe('npm start life cycle', () => {
@@ -19,11 +33,18 @@ describe('npm start life cycle', () => {
     const principal = await first.root.post<{ id: string }>(`/v1/organizations/workspaces/${first.bootstrap.workspace_id}/principals`, {
       external_subject_id: 'survivor', principal_type: 'person', display_name: 'Survivor',
     });
+    // The platform's processes reach the embedded Redis by its Unix socket, which only this user may open.
+    const socket = join(dataDir, 'redis', 'redis.sock');
+    expect(statSync(socket).isSocket()).toBe(true);
+    expect(statSync(socket).mode & 0o777).toBe(0o700);
+    expect(await platformClientAddresses(first.redisUrl())).toEqual(new Set([`${socket}:0`]));
     await first.stop();
     expect(first.proc.exitCode).toBe(0);
     const before = readFileSync(file, 'utf8');
 
-    const second = await startPlatform({ dataDir });
+    // REDIS_SOCKET=false: over loopback TCP instead.
+    const second = await startPlatform({ dataDir, env: { REDIS_SOCKET: 'false' } });
+    expect([...(await platformClientAddresses(second.redisUrl()))].every((a) => a.startsWith('127.0.0.1:'))).toBe(true);
     expect(readFileSync(file, 'utf8')).toBe(before);
     // The AOF kept everything: same org, same principal, same key.
     const again = await second.root.get<{ id: string }>(`/v1/principals/${principal.id}`);

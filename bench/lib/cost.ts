@@ -6,7 +6,7 @@
  * as heartbeats shows up as a small share).
  */
 import { readFileSync } from 'node:fs';
-import { Redis } from 'ioredis';
+import { singleRedis } from '@agentplane/store';
 
 const TICKS_PER_SECOND = 100; // USER_HZ on Linux
 
@@ -36,7 +36,7 @@ export interface Cost {
  * `end(requests)` stops and returns the cost per request since.
  */
 export async function costMeter(pid: number, redisUrl: string): Promise<{ end(requests: number): Promise<Cost> }> {
-  const client = new Redis(redisUrl, { lazyConnect: true });
+  const client = singleRedis(redisUrl, { lazyConnect: true });
   await client.connect();
   const monitor = await client.monitor();
   const counts = new Map<string, number>();

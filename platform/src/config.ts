@@ -10,6 +10,8 @@ export interface PlatformConfig {
   /** An external Redis; when absent a private redis-server is started under dataDir/redis. */
   redisUrl: string | undefined;
   redisHz: number;
+  /** The processes reach the embedded Redis by its Unix socket (else over loopback TCP). */
+  redisSocket: boolean;
   logLevel: 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
   docsUrl: string | undefined;
   startScheduler: boolean;
@@ -55,6 +57,7 @@ export function loadPlatformConfig(env: Env): PlatformConfig {
     host: envString(env, 'HOST', '127.0.0.1'),
     redisUrl: envOptional(env, 'REDIS_URL'),
     redisHz: envInt(env, 'REDIS_HZ', 100, 1, 500),
+    redisSocket: envBool(env, 'REDIS_SOCKET', true),
     logLevel: envEnum(env, 'LOG_LEVEL', ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const, 'info'),
     docsUrl: envOptional(env, 'DOCS_URL'),
     startScheduler: envBool(env, 'START_SCHEDULER', true),

@@ -3,7 +3,7 @@ import { mkdtempSync, readFileSync, existsSync, createWriteStream, rmSync } from
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { HttpClient } from '@agentplane/client';
-import { freePort } from '@agentplane/store';
+import { freePort, unixSocketUrl } from '@agentplane/store';
 import { spawnOwned } from './spawn.js';
 
 export const ROOT_DIR = resolve(import.meta.dirname, '..', '..');
@@ -38,8 +38,13 @@ export interface Platform {
   proc: ChildProcess;
   logFile: string;
   pids(): Record<string, number | undefined>;
-  /** Redis URL of the embedded server. */
+  /** Redis URL of the embedded server, over loopback TCP (a plain `new Redis(url)` takes it). */
   redisUrl(): string;
+  /**
+   * The URL the platform's own processes reach the embedded server by: its Unix socket when it
+   * has one (`unix://…`; open it with `singleRedis`), else the TCP one. Benches' raw floors use it.
+   */
+  redisSocketUrl(): string;
   stop(): Promise<void>;
 }
 
@@ -114,7 +119,7 @@ export async function startPlatform(options: StartOptions = {}): Promise<Platfor
     throw err;
   }
   const bootstrap = JSON.parse(readFileSync(bootstrapFile, 'utf8')) as Bootstrap;
-  return {
+  const platform: Platform = {
     baseUrl,
     port,
     dataDir,
@@ -129,9 +134,15 @@ export async function startPlatform(options: StartOptions = {}): Promise<Platfor
       const port = readFileSync(join(dataDir, 'redis', 'port'), 'utf8').trim();
       return `redis://:${password}@127.0.0.1:${port}`;
     },
+    redisSocketUrl: () => {
+      const socket = join(dataDir, 'redis', 'redis.sock');
+      if (!existsSync(socket)) return platform.redisUrl();
+      return unixSocketUrl(socket, readFileSync(join(dataDir, 'redis', 'password'), 'utf8').trim());
+    },
     async stop() {
       await terminate();
       if (!options.dataDir && !process.env.KEEP_TEST_DATA) rmSync(dataDir, { recursive: true, force: true });
     },
   };
+  return platform;
 }

@@ -4,9 +4,19 @@ import { mkdirSync, readFileSync, writeFileSync, existsSync, rmSync } from 'node
 import { createServer } from 'node:net';
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
+import { unixSocketUrl } from './redis.js';
+
+/** sun_path holds 108 bytes on Linux (104 on the BSDs), its terminating NUL included. */
+const MAX_SOCKET_PATH = 100;
 
 export interface EmbeddedRedis {
+  /** Over loopback TCP (`redis://:password@127.0.0.1:port`). */
   url: string;
+  /**
+   * Over its Unix socket (`unix://<dir>/redis.sock?password=…`), the cheaper way for processes on
+   * this machine; absent where the path would be too long for a socket address.
+   */
+  socketUrl?: string;
   port: number;
   process: ChildProcess;
   stop(): Promise<void>;
@@ -135,9 +145,13 @@ export async function startEmbeddedRedis(options: EmbeddedRedisOptions): Promise
   const stale = await stopStaleServer(pidFile);
   if (stale !== undefined) options.onLog?.(`stopped a redis-server (pid ${stale}) left running on ${options.dir}`);
   const port = options.port ?? (await freePort());
+  const socket = join(options.dir, 'redis.sock');
+  const useSocket = Buffer.byteLength(socket) <= MAX_SOCKET_PATH && process.platform !== 'win32';
   const args = [
     '--port', String(port),
     '--bind', '127.0.0.1',
+    // The socket lives in the 0700 directory, itself 0700: only this user reaches it.
+    ...(useSocket ? ['--unixsocket', socket, '--unixsocketperm', '700'] : []),
     '--protected-mode', 'yes',
     '--dir', options.dir,
     '--appendonly', 'yes',
@@ -184,6 +198,7 @@ export async function startEmbeddedRedis(options: EmbeddedRedisOptions): Promise
 
   return {
     url,
+    ...(useSocket ? { socketUrl: unixSocketUrl(socket, password) } : {}),
     port,
     process: child,
     async stop() {
