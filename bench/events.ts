@@ -139,6 +139,9 @@ async function floorLatency(url: string, sc: Scenario, tag: string): Promise<num
   let warm = 0;
   const readers = await openMany(sc.viewers, async (i) => {
     const r = singleRedis(url, { maxRetriesPerRequest: null });
+    // Connected before the next hundred start: a Unix socket refuses connections past its listen
+    // backlog at once (EAGAIN) where loopback TCP only delays them.
+    await new Promise((resolve) => r.once('ready', resolve));
     const key = keysList[i % sc.sessions] as string;
     let last = '0-0';
     void (async () => {
