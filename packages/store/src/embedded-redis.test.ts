@@ -1,9 +1,10 @@
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { Redis } from 'ioredis';
 import { startEmbeddedRedis, type EmbeddedRedis } from './embedded-redis.js';
+import { singleRedis, unixSocketUrl } from './redis.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'agentplane-embedded-redis-'));
 const started: EmbeddedRedis[] = [];
@@ -38,4 +39,33 @@ describe('embedded redis-server', () => {
     expect(await c2.get('survives')).toBe('yes');
     c2.disconnect();
   });
+
+  it('listens on a Unix socket in its directory, and on TCP alone where a socket cannot be bound there', async () => {
+    // A socket file left behind by a killed server does not stop the next start.
+    mkdirSync(join(dir, 'sock'), { recursive: true });
+    writeFileSync(join(dir, 'sock', 'redis.sock'), '');
+    const withSocket = await startEmbeddedRedis({ dir: join(dir, 'sock') });
+    started.push(withSocket);
+    expect(withSocket.socketUrl).toBe(unixSocketUrl(join(dir, 'sock', 'redis.sock'), readFileSync(join(dir, 'sock', 'password'), 'utf8').trim()));
+    const viaSocket = singleRedis(withSocket.socketUrl as string);
+    await viaSocket.set('k', 'v');
+    viaSocket.disconnect();
+    const viaTcp = new Redis(withSocket.url);
+    expect(await viaTcp.get('k')).toBe('v');
+    viaTcp.disconnect();
+
+    // A path too long for a socket address; and a directory in the socket's place.
+    const long = join(dir, 'x'.repeat(100));
+    const blocked = join(dir, 'blocked');
+    mkdirSync(join(blocked, 'redis.sock'), { recursive: true });
+    for (const d of [long, blocked]) {
+      const r = await startEmbeddedRedis({ dir: d });
+      started.push(r);
+      expect(r.socketUrl).toBeUndefined();
+      const c = new Redis(r.url);
+      expect(await c.ping()).toBe('PONG');
+      c.disconnect();
+    }
+  });
 });
+

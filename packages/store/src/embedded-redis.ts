@@ -127,6 +127,29 @@ export async function freePort(): Promise<number> {
 }
 
 /**
+ * Whether a Unix socket can be bound at `path`: its address fits a socket address, and the file
+ * system under it takes sockets (some mounted or network file systems refuse them, and a
+ * redis-server told to listen there would not start). Probed by binding it for a moment.
+ */
+async function socketUsable(path: string): Promise<boolean> {
+  if (process.platform === 'win32' || Buffer.byteLength(path) > MAX_SOCKET_PATH) return false;
+  try {
+    // A socket file a killed server left behind: redis-server replaces it, so may the probe.
+    rmSync(path, { force: true });
+  } catch {
+    return false; // not a file that can go (a directory of that name)
+  }
+  return new Promise((resolve) => {
+    const srv = createServer();
+    srv.once('error', () => resolve(false));
+    srv.listen(path, () => srv.close(() => {
+      rmSync(path, { force: true });
+      resolve(true);
+    }));
+  });
+}
+
+/**
  * A private redis-server for one platform: loopback only, password-protected,
  * append-only file on (fsync every second) under `dir`.
  *
@@ -146,7 +169,7 @@ export async function startEmbeddedRedis(options: EmbeddedRedisOptions): Promise
   if (stale !== undefined) options.onLog?.(`stopped a redis-server (pid ${stale}) left running on ${options.dir}`);
   const port = options.port ?? (await freePort());
   const socket = join(options.dir, 'redis.sock');
-  const useSocket = Buffer.byteLength(socket) <= MAX_SOCKET_PATH && process.platform !== 'win32';
+  const useSocket = await socketUsable(socket);
   const args = [
     '--port', String(port),
     '--bind', '127.0.0.1',
