@@ -6,6 +6,10 @@ export interface RunnerView {
   runner_id: string;
   pool_id: string;
   status: 'starting' | 'ready' | 'draining';
+  /**
+   * As the presence reported them. Apart from `available_slots`, never changed in place: a
+   * runner's new presence is a new object (the dispatcher keeps what it matched per object).
+   */
   capabilities: RunnerCapabilities;
   /** When the presence was last written (its `available_slots` reflect leases up to then). */
   seen_at?: string;

@@ -1,9 +1,10 @@
 import { randomUUID } from 'node:crypto';
 import { UnrecoverableError, Worker, type Job } from 'bullmq';
 import { ATTR, extractTrace, inSpan, SpanKind, type Context, type Logger } from '@agentplane/core';
-import { matchCapabilities, matchNow, queuePrefix, RUN_QUEUE, type CancelMarks, type LeaseConfig, type RunJobData, type RunQueues } from '@agentplane/lease';
+import { matchCapabilities, queuePrefix, RUN_QUEUE, type CancelMarks, type LeaseConfig, type RunJobData, type RunQueues } from '@agentplane/lease';
 import { LEASE_SPEC_PROTOCOL } from '@agentplane/protocol';
 import type { Redis } from '@agentplane/store';
+import { StaticFit } from './static-fit.js';
 import type { LeasePlan, OfferBody, OfferChannel, OfferOutcome, RunnerDirectory, RunnerView } from './directory.js';
 
 /** What the scheduler reports about a Run while placing it (Run status, session events, metrics). */
@@ -80,6 +81,8 @@ export class PoolDispatcher {
   private inFlight = 0;
   /** Runs already reported as waiting for capacity (so the report is made once per wait). */
   private readonly markedWaiting = new Set<string>();
+  /** Which runners could serve which Runs, per presence view (see StaticFit). */
+  private readonly fit = new StaticFit();
   private lastWaitingScan = 0;
   private wake: (() => void) | undefined;
 
@@ -139,9 +142,10 @@ export class PoolDispatcher {
    */
   private candidates(runners: readonly RunnerView[], req: RunJobData['requirements']): RunnerView[] {
     const fit: { r: RunnerView; free: number; k: number }[] = [];
+    const key = StaticFit.key(req);
     for (const r of runners) {
-      const load = this.load(r);
-      if (matchNow(req, r.capabilities, load).ok) fit.push({ r, free: (r.capabilities.available_slots ?? 0) - load, k: Math.random() });
+      const free = (r.capabilities.available_slots ?? 0) - this.load(r);
+      if (free > 0 && this.fit.fits(r.capabilities, req, key)) fit.push({ r, free, k: Math.random() });
     }
     const picked: RunnerView[] = [];
     for (let n = Math.min(this.o.config.maxOffers, fit.length); picked.length < n;) {
