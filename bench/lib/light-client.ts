@@ -101,8 +101,6 @@ interface Conn {
   socket: Socket;
   reader?: (text: string) => void;
   onEnd?: (err?: Error) => void;
-  /** Whether an answer has arrived on it yet (a reused socket the server closed is retried). */
-  used: boolean;
 }
 
 export class LightClient {
@@ -129,7 +127,7 @@ export class LightClient {
   private connect(): Promise<Conn> {
     return new Promise((resolve, reject) => {
       const socket = connect({ host: this.host, port: this.port, noDelay: true });
-      const conn: Conn = { socket, used: false };
+      const conn: Conn = { socket };
       socket.setEncoding('latin1');
       socket.on('data', (text: string) => conn.reader?.(text));
       const ended = (err?: Error) => {
@@ -170,7 +168,6 @@ export class LightClient {
         else resolve(answer);
       };
       conn.reader = (text) => {
-        conn.used = true;
         try {
           if (answer.feed(text)) finish();
         } catch (err) {
@@ -190,13 +187,12 @@ export class LightClient {
     for (let attempt = 0; ; attempt++) {
       const reused = this.idle.pop();
       const conn = reused ?? (await this.connect());
-      const wasUsed = conn.used;
       let answer: Answer;
       try {
         answer = await this.exchange(conn, request, new Answer());
       } catch (err) {
         // A kept-alive socket the server closed while idle: once more on a new one.
-        if (reused && wasUsed && attempt === 0) continue;
+        if (reused && attempt === 0) continue;
         throw err;
       }
       if (answer.close) conn.socket.destroy();

@@ -51,6 +51,10 @@ export function isClusterUrl(url: string): boolean {
   return /^rediss?\+cluster:\/\//i.test(url.trim());
 }
 
+export function isUnixSocketUrl(url: string): boolean {
+  return /^unix:\/\//i.test(url.trim());
+}
+
 /** Parse a `REDIS_URL` (single or cluster form). Throws a plain Error naming what is wrong. */
 export function parseRedisUrl(url: string): RedisTarget {
   const raw = url.trim();
@@ -72,7 +76,7 @@ export function parseRedisUrl(url: string): RedisTarget {
     const password = colon >= 0 ? decodeURIComponent(auth.slice(colon + 1)) : decodeURIComponent(auth);
     return { cluster: true, nodes, tls: CLUSTER_SCHEMES[scheme]!, ...(username ? { username } : {}), ...(password ? { password } : {}) };
   }
-  if (/^unix:\/\//i.test(raw)) return unixTarget(raw);
+  if (isUnixSocketUrl(raw)) return unixTarget(raw);
   const u = new URL(raw);
   const db = u.pathname.replace(/^\//, '');
   return {
@@ -140,7 +144,7 @@ function clusterClient(target: RedisTarget, redisOptions: RedisOptions, options:
  * plain connection to the same server the platform uses.
  */
 export function singleRedis(url: string, options: RedisOptions = {}): Redis {
-  if (!/^unix:\/\//i.test(url.trim())) return new Redis(url, options);
+  if (!isUnixSocketUrl(url)) return new Redis(url, options);
   const { path, username, password, db } = parseRedisUrl(url);
   return new Redis({ ...options, path, ...(username ? { username } : {}), ...(password ? { password } : {}), ...(db !== undefined ? { db } : {}) });
 }
