@@ -126,9 +126,22 @@ export class PresenceStore {
     poolId: string,
     options: { limit: number; page?: string | undefined },
   ): Promise<{ data: StoredPresence[]; next_page: string | null }> {
+    const page = await this.listPoolRaw(ws, poolId, options);
+    return { data: page.data.map((raw) => JSON.parse(raw) as StoredPresence), next_page: page.next_page };
+  }
+
+  /**
+   * Like listPoolStored, each presence as its stored JSON text (a `StoredPresence`): a reader
+   * that reads the pool again and again can tell an unchanged presence by its text, unparsed.
+   */
+  async listPoolRaw(
+    ws: string,
+    poolId: string,
+    options: { limit: number; page?: string | undefined },
+  ): Promise<{ data: string[]; next_page: string | null }> {
     const key = presenceKeys.poolIds(ws, poolId);
     let after = options.page ? decodeCursor(options.page).member : '';
-    const data: StoredPresence[] = [];
+    const data: string[] = [];
     const batch = Math.max(options.limit + 1, 100);
     for (;;) {
       const ids = await this.redis.zrangebylex(key, after ? `(${after}` : '-', '+', 'LIMIT', 0, batch);
@@ -145,7 +158,7 @@ export class PresenceStore {
             if (dead.length > 0) await this.redis.zrem(key, ...dead);
             return { data, next_page: encodeCursor({ score: 0, member: after }) };
           }
-          data.push(JSON.parse(raw) as StoredPresence);
+          data.push(raw);
         }
         after = id;
       }

@@ -21,7 +21,10 @@ export interface RunnerView {
 export interface RunnerDirectory {
   /**
    * Runners of the pool with a live presence: possibly a view up to a second old, refreshed
-   * meanwhile (presence is a hint); `fresh`: read now unless the view was read just now.
+   * meanwhile (presence is a hint); `fresh`: read now unless the view was read just now. A view
+   * may be served again as the same array, and a runner whose presence did not change as the
+   * same object: their readers never change either (the dispatcher keeps what it worked out per
+   * array and per capabilities object).
    */
   live(poolId: string, fresh?: boolean): Promise<RunnerView[]>;
   /** Last known capabilities of every runner ever enrolled in the pool (for "can never be served"). */

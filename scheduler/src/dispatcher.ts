@@ -83,6 +83,8 @@ export class PoolDispatcher {
   private readonly markedWaiting = new Set<string>();
   /** Which runners could serve which Runs, per presence view (see StaticFit). */
   private readonly fit = new StaticFit();
+  /** The ready runners of each view the directory served (see `ready`). */
+  private readonly readyOf = new WeakMap<readonly RunnerView[], RunnerView[]>();
   private lastWaitingScan = 0;
   private wake: (() => void) | undefined;
 
@@ -119,12 +121,29 @@ export class PoolDispatcher {
     await this.worker.close();
   }
 
-  /** `fresh`: not from a view the directory may serve while it refreshes it (see `RunnerDirectory.live`). */
-  private async freeCapacity(fresh = false): Promise<{ runners: RunnerView[]; free: number }> {
-    const runners = (await this.o.directory.live(this.o.poolId, fresh)).filter((r) => r.status === 'ready');
+  /**
+   * The pool's ready runners. `fresh`: not from a view the directory may serve while it refreshes
+   * it (see `RunnerDirectory.live`). A view the directory serves again (the same array, as it
+   * does between two reads) is filtered once.
+   */
+  private async ready(fresh = false): Promise<RunnerView[]> {
+    const all = await this.o.directory.live(this.o.poolId, fresh);
+    let ready = this.readyOf.get(all);
+    if (!ready) this.readyOf.set(all, (ready = all.filter((r) => r.status === 'ready')));
+    return ready;
+  }
+
+  /**
+   * Whether `runners` have more free slots than the placements under way may take: counted only
+   * until they do (with room to spare, after the first runner or two), not over the whole pool.
+   */
+  private hasRoom(runners: readonly RunnerView[]): boolean {
     let free = 0;
-    for (const r of runners) free += Math.max(0, (r.capabilities.available_slots ?? 0) - this.load(r));
-    return { runners, free };
+    for (const r of runners) {
+      free += Math.max(0, (r.capabilities.available_slots ?? 0) - this.load(r));
+      if (free > this.inFlight) return true;
+    }
+    return false;
   }
 
   /** Slots of a runner taken since its presence was written: offers out plus leases granted. */
@@ -174,10 +193,10 @@ export class PoolDispatcher {
   private async loop(): Promise<void> {
     while (!this.stopped) {
       try {
-        let { runners, free } = await this.freeCapacity();
+        let runners = await this.ready();
         // A view that shows no room may be one the directory is refreshing: look again, read now.
-        if (free - this.inFlight <= 0) ({ runners, free } = await this.freeCapacity(true));
-        if (free - this.inFlight <= 0) {
+        if (!this.hasRoom(runners)) runners = await this.ready(true);
+        if (!this.hasRoom(runners)) {
           if (Date.now() - this.lastWaitingScan > 1000) await this.reportWaiting(runners.length === 0);
           await this.sleep(250);
           continue;
@@ -261,11 +280,11 @@ export class PoolDispatcher {
     checked.catch(() => undefined);
     const early = job.attemptsStarted <= 1 ? this.o.offers.prepare(plan) : undefined;
     const req = job.data.requirements;
-    let { runners } = await this.freeCapacity();
+    let runners = await this.ready();
     let candidates = this.candidates(runners, req);
     // Nobody in a view the directory may be refreshing: look again, read now, before giving up.
     if (candidates.length === 0) {
-      ({ runners } = await this.freeCapacity(true));
+      runners = await this.ready(true);
       candidates = this.candidates(runners, req);
     }
 

@@ -24,12 +24,12 @@ afterAll(async () => {
 const WS = 'wrkspc_dir';
 const POOL = 'rpool_dir';
 
-async function present(runner: string): Promise<void> {
-  const now = Date.now();
+async function present(runner: string, slots = 1, at = Date.now()): Promise<void> {
+  const now = at;
   await new PresenceStore(redis).write(WS, {
     presence: {
       runner, runner_pool: POOL, generation: 1, placement: 'local', status: 'ready', placement_conformance_digests: [],
-      capabilities: { protocol_versions: [1], available_slots: 1, drivers: ['docker'], plane_protocols: [], providers: [] },
+      capabilities: { protocol_versions: [1], available_slots: slots, drivers: ['docker'], plane_protocols: [], providers: [] },
       last_seen_at: new Date(now).toISOString(), expires_at: new Date(now + 60_000).toISOString(),
     },
     route: { node_id: 'gw_1', connection_id: 'c_1', credential_id: 'rcred_1' },
@@ -58,5 +58,24 @@ describe('the presence directory', () => {
     expect(ids(await strict.live(POOL))).toEqual(['runner_a', 'runner_b']);
     await present('runner_c');
     expect(ids(await strict.live(POOL))).toEqual(['runner_a', 'runner_b', 'runner_c']);
+  });
+
+  it('keeps the view of a runner whose presence did not change, and reads a changed one anew', async () => {
+    const directory = new PresenceDirectory(redis, () => WS, 0, 0);
+    const at = Date.now();
+    await present('runner_k1', 2, at);
+    await present('runner_k2', 2, at);
+    const pool = POOL;
+    const one = new Map((await directory.live(pool)).map((v) => [v.runner_id, v]));
+    // runner_k2 reports a slot taken (a new presence); runner_k1's is written again as it was.
+    await present('runner_k1', 2, at);
+    await present('runner_k2', 1, at + 1);
+    const two = new Map((await directory.live(pool)).map((v) => [v.runner_id, v]));
+    expect(two.get('runner_k1')).toBe(one.get('runner_k1'));
+    expect(two.get('runner_k1')?.capabilities).toBe(one.get('runner_k1')?.capabilities);
+    expect(two.get('runner_k2')).not.toBe(one.get('runner_k2'));
+    expect(two.get('runner_k2')?.capabilities.available_slots).toBe(1);
+    expect(one.get('runner_k2')?.capabilities.available_slots).toBe(2);
+    expect(two.get('runner_k2')?.seen_at).toBe(new Date(at + 1).toISOString());
   });
 });

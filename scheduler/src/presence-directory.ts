@@ -1,4 +1,4 @@
-import { PresenceStore } from '@agentplane/gateway';
+import { PresenceStore, type StoredPresence } from '@agentplane/gateway';
 import type { RunnerCapabilities } from '@agentplane/lease';
 import type { Redis } from '@agentplane/store';
 import type { RunnerDirectory, RunnerView } from './directory.js';
@@ -12,6 +12,12 @@ export class PresenceDirectory implements RunnerDirectory {
   /** Last capabilities seen per pool and runner (for "no runner can ever serve this Run"). */
   private readonly seen = new Map<string, Map<string, RunnerCapabilities>>();
   private readonly cache = new Map<string, { at: number; views: RunnerView[] }>();
+  /**
+   * Each pool's views of its last read, by the presence's stored text: a presence unchanged since
+   * (most of them, between two heartbeats) keeps its view object, unparsed, and with it what the
+   * dispatcher remembers about that object (see StaticFit).
+   */
+  private readonly lastRead = new Map<string, Map<string, RunnerView>>();
   /** The read of a pool's presences under way, if any: callers meanwhile share it. */
   private readonly reading = new Map<string, Promise<RunnerView[]>>();
 
@@ -55,18 +61,27 @@ export class PresenceDirectory implements RunnerDirectory {
     const ws = this.workspaceOf(poolId);
     if (!ws) return [];
     const views: RunnerView[] = [];
+    const before = this.lastRead.get(poolId);
+    const now = new Map<string, RunnerView>();
+    let known = this.seen.get(poolId);
+    if (!known) this.seen.set(poolId, (known = new Map()));
     let page: string | undefined;
     do {
-      const res = await this.presence.listPoolStored(ws, poolId, { limit: 500, page });
-      for (const { presence: p, route } of res.data) {
-        const caps = p.capabilities as unknown as RunnerCapabilities;
-        views.push({ runner_id: p.runner, pool_id: poolId, status: p.status, capabilities: caps, seen_at: p.last_seen_at, node_id: route.node_id });
-        let known = this.seen.get(poolId);
-        if (!known) this.seen.set(poolId, (known = new Map()));
-        known.set(p.runner, caps);
+      const res = await this.presence.listPoolRaw(ws, poolId, { limit: 500, page });
+      for (const raw of res.data) {
+        let view = before?.get(raw);
+        if (!view) {
+          const { presence: p, route } = JSON.parse(raw) as StoredPresence;
+          const caps = p.capabilities as unknown as RunnerCapabilities;
+          view = { runner_id: p.runner, pool_id: poolId, status: p.status, capabilities: caps, seen_at: p.last_seen_at, node_id: route.node_id };
+          known.set(p.runner, caps);
+        }
+        now.set(raw, view);
+        views.push(view);
       }
       page = res.next_page ?? undefined;
     } while (page);
+    this.lastRead.set(poolId, now);
     this.cache.set(poolId, { at: Date.now(), views });
     return views;
   }
