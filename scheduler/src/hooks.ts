@@ -46,7 +46,7 @@ export function runHooks(d: {
     async leased(job: Job<RunJobData>, runnerId: string, leaseId: string, attempt: number, recorded: boolean) {
       d.metrics.leased(d.poolId, job.data);
       await Promise.all([
-        d.queues.dequeued(d.poolId, job.data.workspace_id, job.data.run_id),
+        d.queues.dequeued(d.poolId, job.data.workspace_id, job.data.run_id, { leased: true }),
         // An acceptance learnt from the fence (the answer was lost) may not be on the Run yet.
         recorded ? undefined : d.lifecycle.leased(job.data.session_id, job.data.run_id, { lease_id: leaseId, runner_id: runnerId, attempt }),
       ]);

@@ -1,6 +1,7 @@
+import { Worker, type Job } from 'bullmq';
 import { describe, expect, it } from 'vitest';
 import { DEFAULT_LEASE_CONFIG } from './config.js';
-import { queuePrefix, RunQueues } from './queues.js';
+import { queuePrefix, RUN_QUEUE, RunQueues, type RunJobData } from './queues.js';
 import { useEmbeddedRedis } from './redis.test-support.js';
 import type { RunRequirements } from './requirements.js';
 
@@ -35,11 +36,72 @@ describe('fair-share ranks taken ahead of the enqueue', () => {
     expect(await redis.zrange(fair, 0, -1)).toEqual(['run_a']);
     // Without a rank taken ahead, the enqueue takes it.
     expect((await queues.enqueue(job('run_b'))).rank).toBe(2);
-    // Leased (or removed): the Run leaves the fair set, and the next one of its workspace ranks first.
+    // Removed: the Run leaves the fair set; the next one of its workspace comes after run_b.
     await queues.dequeued(POOL, WS, 'run_a');
     expect(await redis.zrange(fair, 0, -1)).toEqual(['run_b']);
-    expect(await queues.rank(POOL, WS, 'run_c')).toBe(2);
+    expect(await queues.rank(POOL, WS, 'run_c')).toBe(3);
     await queues.queue(POOL).close();
     commands.disconnect();
   });
 });
+
+describe('the order a backlog is served in', () => {
+  /** Queue each Run as the API does (rank taken, then the job), in the given workspace of `pool`. */
+  const queueRuns = async (queues: RunQueues, pool: string, ws: string, runs: string[]): Promise<void> => {
+    for (const run of runs) await queues.enqueue({ ...job(run), workspace_id: ws, pool_id: pool }, await queues.rank(pool, ws, run));
+  };
+  /** Take `n` jobs in the order BullMQ hands them out, each leased (and so dequeued) as it is taken. */
+  const take = async (queues: RunQueues, worker: Worker<RunJobData>, pool: string, n: number): Promise<string[]> => {
+    const out: string[] = [];
+    for (let i = 0; i < n; i++) {
+      const j = (await worker.getNextJob(`token-${pool}-${i}`, { block: false })) as Job<RunJobData> | undefined;
+      if (!j) break;
+      await queues.dequeued(pool, j.data.workspace_id, j.data.run_id, { leased: true });
+      out.push(j.data.run_id);
+    }
+    return out;
+  };
+
+  it('first in, first out within a workspace, however far its backlog drains between arrivals', async () => {
+    const redis = redisOf();
+    const pool = 'rpool_fifo';
+    const queues = new RunQueues(redis, DEFAULT_LEASE_CONFIG);
+    const worker = new Worker<RunJobData>(RUN_QUEUE, null, { connection: redis.duplicate({ maxRetriesPerRequest: null }), prefix: queuePrefix(pool), autorun: false });
+    await queueRuns(queues, pool, WS, ['a1', 'a2', 'a3', 'a4', 'a5']);
+    expect(await take(queues, worker, pool, 3)).toEqual(['a1', 'a2', 'a3']);
+    // Two were still waiting when these came: they go after them, not before.
+    await queueRuns(queues, pool, WS, ['a6', 'a7']);
+    expect(await take(queues, worker, pool, 2)).toEqual(['a4', 'a5']);
+    await queueRuns(queues, pool, WS, ['a8']);
+    expect(await take(queues, worker, pool, 10)).toEqual(['a6', 'a7', 'a8']);
+    // A set an earlier version wrote (scored by the time ranked) does not push new ranks to the end.
+    await redis.zadd(`${queuePrefix(pool)}:fair:wrkspc_old`, Date.now(), 'run_old');
+    expect(await queues.rank(pool, 'wrkspc_old', 'run_new')).toBe(1);
+    expect(await queues.rank(pool, 'wrkspc_old', 'run_newer')).toBe(2);
+    await worker.close();
+    await queues.queue(pool).close();
+  });
+
+  it('workspaces in turn: a backlog delays another workspace by at most one Run, wherever its drain is', async () => {
+    const redis = redisOf();
+    const pool = 'rpool_turns';
+    const queues = new RunQueues(redis, DEFAULT_LEASE_CONFIG);
+    const worker = new Worker<RunJobData>(RUN_QUEUE, null, { connection: redis.duplicate({ maxRetriesPerRequest: null }), prefix: queuePrefix(pool), autorun: false });
+    await queueRuns(queues, pool, 'wrkspc_busy', ['b1', 'b2', 'b3', 'b4', 'b5', 'b6', 'b7', 'b8']);
+    expect(await take(queues, worker, pool, 4)).toEqual(['b1', 'b2', 'b3', 'b4']);
+    // A second workspace arrives mid-drain with a backlog of its own: the two take turns.
+    await queueRuns(queues, pool, 'wrkspc_new', ['n1', 'n2', 'n3']);
+    const order = await take(queues, worker, pool, 20);
+    expect(order.filter((r) => r.startsWith('b'))).toEqual(['b5', 'b6', 'b7', 'b8']);
+    expect(order.filter((r) => r.startsWith('n'))).toEqual(['n1', 'n2', 'n3']);
+    expect(order.indexOf('n1')).toBeLessThanOrEqual(1);
+    expect(order.indexOf('n2')).toBeLessThanOrEqual(3);
+    expect(order.indexOf('n3')).toBeLessThanOrEqual(5);
+    // Once nothing of the pool waits, the rounds start over: a later Run ranks first again.
+    await queueRuns(queues, pool, 'wrkspc_new', ['later']);
+    expect(await queues.rank(pool, 'wrkspc_new', 'later')).toBe(1);
+    await worker.close();
+    await queues.queue(pool).close();
+  });
+});
+

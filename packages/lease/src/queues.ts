@@ -7,7 +7,6 @@ import type { RunRequirements } from './requirements.js';
 /** BullMQ queue of one runner pool. Its prefix carries a hash tag: every key of the queue is in one slot. */
 export const queuePrefix = (poolId: string): string => `ap:{q:${poolId}}`;
 export const RUN_QUEUE = 'runs';
-const fairKey = (poolId: string, workspaceId: string): string => `${queuePrefix(poolId)}:fair:${workspaceId}`;
 
 /** BullMQ's highest usable priority number (lower runs first). */
 const MAX_PRIORITY = 2_097_151;
@@ -29,30 +28,86 @@ export interface RunJobData {
 }
 
 /**
- * Fair share across workspaces: a Run's priority is its rank among its workspace's queued
- * Runs in the pool (1 = next of that workspace), kept as a sorted set per workspace. Equal ranks run FIFO, so the pool serves
- * workspaces round-robin: one workspace's backlog of 10,000 delays another's single Run by at
- * most one dispatch per other active workspace.
+ * Fair share across workspaces, first in, first out within each: a Run's BullMQ priority is its
+ * **rank**, the round it is served in. Every workspace's next Run is in the current round (the
+ * rank of the Run last leased), and each later one of the same workspace in the round after the
+ * one before it; BullMQ serves the lowest rank first and equal ranks in the order they came. So
+ * the pool serves its busy workspaces in turn (one workspace's backlog of 10,000 delays another's
+ * single Run by at most one dispatch per other busy workspace), and a workspace's own Runs never
+ * overtake each other. When no Run of the pool is ranked and not yet leased, the rounds start
+ * over at 1; a backlog that never drains for over two million rounds has its later Runs share the
+ * last rank (first in, first out across workspaces too) until it does.
+ *
+ * Keys, all in the pool queue's hash tag: `fair:<ws>`, a workspace's ranked Runs not yet leased
+ * (score: the rank); `fair_taken:<ws>`, when each was ranked (for the prune); `fair_round`, the
+ * current round; `fair_ws`, the workspaces with ranked Runs not yet leased.
+ */
+const fairKeys = (poolId: string, workspaceId: string): string[] => {
+  const p = queuePrefix(poolId);
+  return [`${p}:fair:${workspaceId}`, `${p}:fair_taken:${workspaceId}`, `${p}:fair_round`, `${p}:fair_ws`];
+};
+
+/**
+ * A Run's rank (its own if it has one). KEYS: fairKeys; ARGV[1]: the Run, ARGV[2]: now (ms),
+ * ARGV[3]: the highest rank, ARGV[4]: the workspace. The workspace's last rank is the highest
+ * score not above ARGV[3] (a set written by an earlier version scored its Runs by time).
  */
 const RANK = new LuaScript(
   'fair_rank',
-  `redis.call('ZADD', KEYS[1], 'NX', ARGV[2], ARGV[1])
-return redis.call('ZCARD', KEYS[1])`,
+  `local held = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if held then return tonumber(held) end
+local max = tonumber(ARGV[3])
+local rank = tonumber(redis.call('GET', KEYS[3]) or '0')
+local last = redis.call('ZREVRANGEBYSCORE', KEYS[1], max, '-inf', 'WITHSCORES', 'LIMIT', 0, 1)[2]
+if last then rank = math.max(rank, tonumber(last) + 1) end
+if rank < 1 then rank = 1 elseif rank > max then rank = max end
+redis.call('ZADD', KEYS[1], rank, ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+redis.call('SADD', KEYS[4], ARGV[4])
+return rank`,
+);
+
+/**
+ * A Run leaves its workspace's ranks. KEYS: fairKeys; ARGV[1]: the Run, ARGV[2]: the workspace,
+ * ARGV[3]: '1' when it was leased (the current round moves up to its rank), ARGV[4]: the highest
+ * rank. The last ranked Run of the pool to go ends the rounds.
+ */
+const UNRANK = new LuaScript(
+  'fair_unrank',
+  `local r = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not r then return 0 end
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+r = tonumber(r)
+if ARGV[3] == '1' and r <= tonumber(ARGV[4]) and r > tonumber(redis.call('GET', KEYS[3]) or '0') then redis.call('SET', KEYS[3], r) end
+if redis.call('ZCARD', KEYS[1]) == 0 then
+  redis.call('DEL', KEYS[2])
+  redis.call('SREM', KEYS[4], ARGV[2])
+  if redis.call('SCARD', KEYS[4]) == 0 then redis.call('DEL', KEYS[3]) end
+end
+return 1`,
 );
 
 /*
- * Ranks whose Run never got a job: members scored before ARGV[1] (ms) without a job hash are
- * removed, at most ARGV[3] looked at. KEYS[1]: the fair set; ARGV[2]: the job key prefix
- * (`<queue prefix>:runs:`, the same hash tag). Returns how many were removed.
+ * Ranks whose Run never got a job: of the workspace's lowest ARGV[3] ranks (where such ranks end
+ * up as the rounds pass them), those taken before ARGV[1] (ms; a rank with no time recorded
+ * counts as old) without a job hash are removed. KEYS: fairKeys; ARGV[2]: the job key prefix
+ * (`<queue prefix>:runs:`, the same hash tag); ARGV[4]: the workspace. Returns how many went.
  */
 const PRUNE_RANKS = new LuaScript(
   'fair_prune',
   `local gone = 0
-for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))) do
-  if redis.call('EXISTS', ARGV[2] .. id) == 0 then
+for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[3]) - 1)) do
+  if tonumber(redis.call('HGET', KEYS[2], id) or '0') < tonumber(ARGV[1]) and redis.call('EXISTS', ARGV[2] .. id) == 0 then
     redis.call('ZREM', KEYS[1], id)
+    redis.call('HDEL', KEYS[2], id)
     gone = gone + 1
   end
+end
+if gone > 0 and redis.call('ZCARD', KEYS[1]) == 0 then
+  redis.call('DEL', KEYS[2])
+  redis.call('SREM', KEYS[4], ARGV[4])
+  if redis.call('SCARD', KEYS[4]) == 0 then redis.call('DEL', KEYS[3]) end
 end
 return gone`,
 );
@@ -97,12 +152,12 @@ export class RunQueues {
    * gets a job is removed by `pruneRanks`.
    */
   async rank(poolId: string, workspaceId: string, runId: string): Promise<number> {
-    return Number(await RANK.run(this.commands, [fairKey(poolId, workspaceId)], [runId, Date.now()]));
+    return Number(await RANK.run(this.commands, fairKeys(poolId, workspaceId), [runId, Date.now(), MAX_PRIORITY, workspaceId]));
   }
 
   /** Remove ranks taken before `before` (ms) whose Run has no job (its turn never started, or its job is gone). */
   async pruneRanks(poolId: string, workspaceId: string, before: number, limit = 500): Promise<number> {
-    return Number(await PRUNE_RANKS.run(this.commands, [fairKey(poolId, workspaceId)], [before, `${queuePrefix(poolId)}:${RUN_QUEUE}:`, limit]));
+    return Number(await PRUNE_RANKS.run(this.commands, fairKeys(poolId, workspaceId), [before, `${queuePrefix(poolId)}:${RUN_QUEUE}:`, limit, workspaceId]));
   }
 
   /** `rank`: taken ahead with `rank()` (else taken here first). `trace`: the context the Run is queued in (the send span's parent). */
@@ -134,9 +189,12 @@ export class RunQueues {
     return full;
   }
 
-  /** The Run left the queue for good (leased, removed, unservable, exhausted); idempotent. */
-  async dequeued(poolId: string, workspaceId: string, runId: string): Promise<void> {
-    await this.commands.zrem(fairKey(poolId, workspaceId), runId);
+  /**
+   * The Run left the queue for good (leased, removed, unservable, exhausted); idempotent.
+   * `leased`: it left because a runner took it, so its round is the pool's current one.
+   */
+  async dequeued(poolId: string, workspaceId: string, runId: string, options: { leased?: boolean } = {}): Promise<void> {
+    await UNRANK.run(this.commands, fairKeys(poolId, workspaceId), [runId, workspaceId, options.leased ? '1' : '0', MAX_PRIORITY]);
   }
 
   /**
