@@ -7,12 +7,14 @@ import { waitFor } from './harness/platform.js';
 import { SCRIPT, startTurnPlatform, untilEvents, type TurnEvent, type TurnPlatform } from './harness/turns.js';
 
 /**
- * The API dies inside a turn's end, at the two points recovery must repair (named crash points,
- * `AGENTPLANE_CRASH_AT`): after the Run is written `succeeded` but before the thread is, and
- * after the thread is idle (with its `session.status_idle`, written by the same script) but
- * before the queued message starts. The supervisor restarts the API; the scheduler's reconciliation replays the finished
- * job and the turn end completes: one `session.status_idle` per turn, the queued message runs,
- * no event twice.
+ * A process dies inside a turn's end, at the points recovery must repair (named crash points,
+ * `AGENTPLANE_CRASH_AT`): the API after the runner's completion is on the BullMQ job but before
+ * the Run or the thread records it, and then the scheduler, whose reconciliation of the completed
+ * job ends the turn, after it wrote the Run `succeeded` but before the thread; or the API after
+ * the turn's end (the Run `succeeded`, the thread idle and its `session.status_idle`, all written
+ * by one script) but before the queued message starts. The supervisor restarts what died; the
+ * scheduler's reconciliation replays the finished job and the turn end completes: one
+ * `session.status_idle` per turn, the queued message runs, no event twice.
  */
 const markers = mkdtempSync(join(tmpdir(), 'turn-end-crash-'));
 const platforms: TurnPlatform[] = [];
@@ -41,11 +43,12 @@ function noDuplicates(events: TurnEvent[]): void {
   expect(new Set(events.map((e) => e.seq)).size).toBe(events.length);
 }
 
-async function crashInsideTurnEnd(point: string): Promise<void> {
-  const marker = join(markers, point);
-  const t = await startTurnPlatform({ name: `crash-${point}`, env: { AGENTPLANE_CRASH_AT: `${point}:${marker}` } });
+async function crashInsideTurnEnd(points: { point: string; process: 'api' | 'scheduler' }[]): Promise<void> {
+  const name = points.map((p) => p.point).join('+');
+  const marker = (point: string) => join(markers, `${name}-${point}`);
+  const t = await startTurnPlatform({ name: `crash-${name}`, env: { AGENTPLANE_CRASH_AT: points.map((p) => `${p.point}:${marker(p.point)}`).join(',') } });
   platforms.push(t);
-  const apiPid = t.p.pids().api;
+  const pidsBefore = t.p.pids();
   const s = await t.api.post<{ id: string }>('/v1/sessions', { agent: AGENT, environment_id: t.envId });
   await t.api.post(`/v1/sessions/${s.id}/events`, t.msg('first'));
   await untilEvents(t.api, s.id, (e) => e.some((x) => x.type === 'agent.tool_use'));
@@ -56,8 +59,10 @@ async function crashInsideTurnEnd(point: string): Promise<void> {
     const e = await log(t.api, s.id).catch(() => []);
     return e.filter((x) => x.type === 'session.status_idle').length >= 2 ? e : undefined;
   }, 90_000);
-  expect(existsSync(marker)).toBe(true);
-  expect(t.p.pids().api).not.toBe(apiPid);
+  for (const p of points) {
+    expect(existsSync(marker(p.point))).toBe(true);
+    expect(t.p.pids()[p.process]).not.toBe(pidsBefore[p.process]);
+  }
   const idles = events.filter((e) => e.type === 'session.status_idle');
   expect(idles.map((e) => (e.payload.stop_reason as { type: string }).type)).toEqual(['end_turn', 'end_turn']);
   const replies = events.filter((e) => e.type === 'agent.message').map((e) => JSON.stringify(e.payload));
@@ -80,11 +85,11 @@ async function crashInsideTurnEnd(point: string): Promise<void> {
 }
 
 describe('a crash inside a turn end', () => {
-  it('after the Run is written succeeded, before the thread: the reconciliation ends the turn and starts the queued message', async () => {
-    await crashInsideTurnEnd('run-succeeded-written');
+  it('after the job completed, before the Run and the thread; then the reconciliation, after the Run is written succeeded: the turn ends and the queued message starts', async () => {
+    await crashInsideTurnEnd([{ point: 'run-completed', process: 'api' }, { point: 'run-succeeded-written', process: 'scheduler' }]);
   }, 180_000);
 
-  it('after the thread is idle and session.status_idle appended, before the queued message: it starts once', async () => {
-    await crashInsideTurnEnd('turn-end-written');
+  it('after the Run is succeeded and the thread idle with session.status_idle appended, before the queued message: it starts once', async () => {
+    await crashInsideTurnEnd([{ point: 'turn-end-written', process: 'api' }]);
   }, 180_000);
 });

@@ -1,4 +1,4 @@
-import { BUCKETS, Counter, Histogram, type Logger, type Metrics } from '@agentplane/core';
+import { BUCKETS, Counter, crashPoint, Histogram, type Logger, type Metrics } from '@agentplane/core';
 import type { Gateway, RunnerConnection } from '@agentplane/gateway';
 import { leaseRecordTtlMs, type Lease, type LeaseConfig, type LeaseKeeper, type LeaseRecord, type LeaseRecords } from '@agentplane/lease';
 import type { LeaseRef } from '@agentplane/protocol';
@@ -156,6 +156,9 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     if (!rec) return void revoke(conn, msg.payload, 'unknown lease');
     const result = (msg.payload.result ?? {}) as Partial<TurnResult>;
     if ((await d.keeper.complete(leaseOf(rec), result)) === 'lost') return void revoke(conn, msg.payload, 'the lease was lost before completion');
+    // The job is completed, and neither the Run nor the thread records it yet: the scheduler's
+    // reconciliation of completed jobs ends the turn if this process dies here.
+    crashPoint('run-completed');
     firstEventSeen.delete(rec.lease_id);
     known.delete(rec.lease_id);
     acceptedAt.delete(rec.lease_id);

@@ -253,3 +253,57 @@ describe('a lease\'s first events', () => {
     expect(gone.ok && gone.events.map((e) => e.seq)).toEqual([seq + 3]);
   });
 });
+
+describe('a turn\'s end', () => {
+  const idles = async (sessionId: string) => (await store.log.range(sessionId, 0, 100)).filter((e) => e.type === 'session.status_idle');
+  const result = { stop_reason: { type: 'end_turn' as const } };
+
+  it('writes the Run succeeded in the turn end\'s own script when this process wrote the Run last', async () => {
+    const warm = await leasedTurn();
+    await lifecycle.succeeded(warm.sessionId, warm.runId, 'lease-1', result);
+    const t = await leasedTurn();
+    const before = await scriptCalls();
+    await lifecycle.succeeded(t.sessionId, t.runId, 'lease-1', result);
+    // The Run, the thread and session.status_idle: one script.
+    expect((await scriptCalls()) - before).toBe(1);
+    expect(await store.run(t.sessionId, t.runId)).toMatchObject({ status: 'succeeded', stop_reason: { type: 'end_turn' }, attempts: [{ lease_id: 'lease-1', outcome: 'succeeded' }] });
+    expect((await store.thread(t.sessionId, t.threadId)).status).toBe('idle');
+    expect(await idles(t.sessionId)).toHaveLength(1);
+    // Reported again (the scheduler's reconciliation): nothing moves, nothing is appended twice.
+    await lifecycle.succeeded(t.sessionId, t.runId, null, result);
+    await new RunLifecycle(store, new ThreadRuntime(store, () => recordOnlyTurnScheduler), createLogger({ name: 'test', level: 'silent' })).succeeded(t.sessionId, t.runId, null, result);
+    expect(await idles(t.sessionId)).toHaveLength(1);
+    expect((await store.run(t.sessionId, t.runId))?.status).toBe('succeeded');
+  });
+
+  it('a Run that moved since this process wrote it writes nothing with the thread: it is ended on its own, or not at all', async () => {
+    // Another process canceled the Run: its end is not written, and this end does not end the turn.
+    const t = await leasedTurn();
+    const other = new RunLifecycle(store, new ThreadRuntime(store, () => recordOnlyTurnScheduler), createLogger({ name: 'test', level: 'silent' }));
+    await other.canceled(t.sessionId, t.runId, 'interrupted');
+    const canceledThread = await store.thread(t.sessionId, t.threadId);
+    await lifecycle.succeeded(t.sessionId, t.runId, 'lease-1', result);
+    expect((await store.run(t.sessionId, t.runId))?.status).toBe('canceled');
+    expect((await store.thread(t.sessionId, t.threadId)).version).toBe(canceledThread.version);
+
+    // Another process wrote the Run since (its version moved; it still runs): the end is written
+    // after a read, once, and the turn ends once.
+    const u = await leasedTurn();
+    await store.docs.update(tags.session(u.sessionId), u.runId, (r) => ({ ...r }));
+    await lifecycle.succeeded(u.sessionId, u.runId, 'lease-1', result);
+    expect((await store.run(u.sessionId, u.runId))?.status).toBe('succeeded');
+    expect((await store.thread(u.sessionId, u.threadId)).status).toBe('idle');
+    expect(await idles(u.sessionId)).toHaveLength(1);
+  });
+
+  it('a thread no longer in the Run\'s turn is not ended by it; the Run still records its end', async () => {
+    const t = await leasedTurn();
+    // The thread is in another Run's turn by the time this end is reported.
+    await store.updateThread(t.sessionId, t.threadId, (th) => ({ ...th, _active_run_id: 'run_other' }));
+    const thread = await store.thread(t.sessionId, t.threadId);
+    await lifecycle.succeeded(t.sessionId, t.runId, 'lease-1', result);
+    expect((await store.run(t.sessionId, t.runId))?.status).toBe('succeeded');
+    expect((await store.thread(t.sessionId, t.threadId)).version).toBe(thread.version);
+    expect(await idles(t.sessionId)).toHaveLength(0);
+  });
+});

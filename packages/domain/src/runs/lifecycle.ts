@@ -2,7 +2,7 @@ import { ApiError, crashPoint, nowIso, type Context, type Logger } from '@agentp
 import { BoundedCache, keys, tags, type AppendEvent, type AppendResult, type SwapOutcome } from '@agentplane/store';
 import type { FenceClaim, LeaseFence } from '@agentplane/lease';
 import type { GraderRunResult, RunAttempt, RunDoc, RunStatus, WaitKind } from '../sessions/model.js';
-import type { SessionStore } from '../sessions/store.js';
+import { RideRefused, type RunRide, type SessionStore } from '../sessions/store.js';
 import type { StopReason, ThreadRuntime } from '../sessions/turns.js';
 
 const TERMINAL: ReadonlySet<RunStatus> = new Set(['succeeded', 'failed', 'canceled']);
@@ -274,12 +274,34 @@ export class RunLifecycle {
 
   /** The runner finished the turn. `trace`: the context of the runner's report (the turn end's spans' parent). */
   async succeeded(sessionId: string, runId: string, leaseId: string | null, result: TurnResult, trace?: Context): Promise<void> {
-    const res = await this.move(sessionId, runId, (r) =>
-      TERMINAL.has(r.status) ? null : {
-        ...r, status: 'succeeded', stop_reason: result.stop_reason, attempts: this.endAttempt(r, leaseId, 'succeeded', null),
-        ...(r.grader && result.grader ? { grader_result: result.grader } : {}),
-        timestamps: { ...this.ts(r), ended_at: nowIso() },
-      });
+    const change = (r: RunDoc): RunDoc | null => TERMINAL.has(r.status) ? null : {
+      ...r, status: 'succeeded', stop_reason: result.stop_reason, attempts: this.endAttempt(r, leaseId, 'succeeded', null),
+      ...(r.grader && result.grader ? { grader_result: result.grader } : {}),
+      timestamps: { ...this.ts(r), ended_at: nowIso() },
+    };
+    // The Run as this process last wrote it (its accept and first event usually came here): its
+    // end rides on the turn end's script, one write instead of two, and the Run and its thread
+    // end together. Anything else (no such Run here, or it moved since, or the thread is not in
+    // this Run's turn) writes nothing there, and the Run is written first, the turn ended after.
+    const guess = this.guess(runId);
+    const next = guess ? change(guess) : null;
+    if (guess && next) {
+      const ride: RunRide = {
+        key: keys.doc(tags.session(sessionId), runId),
+        body: JSON.stringify({ ...next, version: guess.version + 1, updated_at: nowIso() }),
+        expectedVersion: guess.version,
+      };
+      try {
+        const session = await this.store.get(guess.workspace_id, sessionId);
+        await this.runtime.endTurn(session, guess.session_thread_id, result.stop_reason, result.waits ?? [], { runId, fresh: true, trace, run: ride });
+        return;
+      } catch (err) {
+        if (!(err instanceof RideRefused)) throw err;
+      } finally {
+        if (ride.written) this.recent.delete(runId);
+      }
+    }
+    const res = await this.move(sessionId, runId, change);
     if (!res || (!res.moved && res.run.status !== 'succeeded')) return;
     crashPoint('run-succeeded-written');
     const session = await this.store.get(res.run.workspace_id, sessionId);

@@ -54,6 +54,23 @@ export class InputQueueMoved extends Error {
 }
 
 /**
+ * A document written by a turn end's own script beside the thread (its compare-and-swap from
+ * `expectedVersion`), or not at all: the Run whose end it is. `written` is set once the end's
+ * script wrote it; a turn end that cannot write it with the thread (the thread does not move, the
+ * document moved or is gone, the Session's log is erased) writes nothing and throws `RideRefused`.
+ */
+export interface RunRide extends CommitDoc {
+  written?: boolean;
+}
+
+/** A turn end carrying a `RunRide` wrote nothing: the caller writes the Run and ends the turn on its own. */
+export class RideRefused extends Error {
+  constructor(why: string) {
+    super(`the Run's end could not ride on the turn end: ${why}`);
+  }
+}
+
+/**
  * Lua: queue a user.message for the thread's next turn unless it is queued already, and return the
  * thread document. KEYS: the input queue, the thread document. ARGV: the event id.
  */
@@ -297,7 +314,7 @@ export class SessionStore {
    * did not append. The thread of an erased Session is written alone (its log takes nothing more).
    */
   async endTurnWith(
-    sessionId: string, threadId: string, mutate: (t: ThreadDoc) => ThreadDoc | null, idle: AppendEvent, trace?: Context,
+    sessionId: string, threadId: string, mutate: (t: ThreadDoc) => ThreadDoc | null, idle: AppendEvent, trace?: Context, ride?: RunRide,
   ): Promise<{ thread: ThreadDoc; appended: boolean; queued?: string[]; activeOutcome?: string | null }> {
     const tag = sessionTag(sessionId);
     const hint = this.recentThreads.take(`${sessionId}/${threadId}`);
@@ -311,14 +328,17 @@ export class SessionStore {
       notFound: 'thread',
       ...(hint !== undefined ? { current: JSON.parse(hint.raw) as ThreadDoc } : {}),
       write: async (next, expected) => {
-        const r = await this.log.commit(sessionId, [{ key: keys.doc(tag, threadId), body: JSON.stringify(next), expectedVersion: expected }], [idle],
+        const thread = { key: keys.doc(tag, threadId), body: JSON.stringify(next), expectedVersion: expected };
+        const r = await this.log.commit(sessionId, ride ? [thread, { key: ride.key, body: ride.body, expectedVersion: ride.expectedVersion }] : [thread], [idle],
           { trace, peekList: inputQueueKey(sessionId, threadId), reads: [{ key: activeOutcomesKey(sessionId), field: threadId }] });
         if (r.ok) {
           appended = true;
           queued = r.queued;
           activeOutcome = r.read?.[0] ?? null;
+          if (ride) ride.written = true;
           return { kind: 'written' };
         }
+        if (ride && (r.reason === 'erased' || ((r.reason === 'stale' || r.reason === 'missing') && r.index === 1))) throw new RideRefused(r.reason);
         if (r.reason === 'erased') return this.docs.swap(tag, threadId, next, expected);
         if (r.reason === 'stale') return { kind: 'stale', current: r.current };
         if (r.reason === 'missing') return { kind: 'missing' };

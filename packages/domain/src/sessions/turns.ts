@@ -1,6 +1,6 @@
 import { ApiError, crashPoint, newId, type Context } from '@agentplane/core';
 import type { RunDoc, SessionDoc, ThreadDoc, WaitKind } from './model.js';
-import { InputQueueMoved, sessionTag, type SessionStore } from './store.js';
+import { InputQueueMoved, RideRefused, sessionTag, type RunRide, type SessionStore } from './store.js';
 import type { AppendEvent, LogEvent } from '@agentplane/store';
 import { Coordinator } from './coordinator.js';
 
@@ -277,10 +277,14 @@ export class ThreadRuntime {
    * thread returned is then the one this end wrote, unless the end started the next turn.
    *
    * `trace`: the context the end is reported in (the parent of its appends' and the next turn's spans).
+   *
+   * `run`: the Run's own end, written by the same script as the thread's (see `RunRide`); when it
+   * cannot be (the thread does not move: its end is not this call's to write), nothing is written
+   * and `RideRefused` is thrown before any later step.
    */
   async endTurn(
     session: SessionDoc, threadId: string, stop: StopReason, waits: { tool_use_id: string; kind: WaitKind }[] = [],
-    options: { runId?: string; fresh?: boolean; trace?: Context | undefined } = {},
+    options: { runId?: string; fresh?: boolean; trace?: Context | undefined; run?: RunRide } = {},
   ): Promise<ThreadDoc> {
     const runId = options.runId ?? null;
     const now = Date.now();
@@ -311,7 +315,8 @@ export class ThreadRuntime {
         return { ...base, _wait_generation: gen, _waits: w };
       }
       return { ...base, _active_run_id: null };
-    }, idle, options.trace);
+    }, idle, options.trace, options.run);
+    if (options.run && !options.run.written) throw new RideRefused('the thread did not move');
     if (runId !== null && !moved && next.status !== 'terminated') {
       // Already ended: repair the later steps only while this Run's end is the thread's last move.
       if (next.status !== 'idle' || next._ended_run_id !== runId) return next;
