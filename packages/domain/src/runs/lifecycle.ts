@@ -285,15 +285,16 @@ export class RunLifecycle {
     // this Run's turn) writes nothing there, and the Run is written first, the turn ended after.
     const guess = this.guess(runId);
     const next = guess ? change(guess) : null;
-    if (guess && next) {
+    // (A Session that cannot be read now takes the other order too: the Run's end is written first.)
+    const known = guess && next ? await this.store.get(guess.workspace_id, sessionId).catch(() => null) : null;
+    if (guess && next && known) {
       const ride: RunRide = {
         key: keys.doc(tags.session(sessionId), runId),
         body: JSON.stringify({ ...next, version: guess.version + 1, updated_at: nowIso() }),
         expectedVersion: guess.version,
       };
       try {
-        const session = await this.store.get(guess.workspace_id, sessionId);
-        await this.runtime.endTurn(session, guess.session_thread_id, result.stop_reason, result.waits ?? [], { runId, fresh: true, trace, run: ride });
+        await this.runtime.endTurn(known, guess.session_thread_id, result.stop_reason, result.waits ?? [], { runId, fresh: true, trace, run: ride });
         return;
       } catch (err) {
         if (!(err instanceof RideRefused)) throw err;
