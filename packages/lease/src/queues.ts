@@ -48,6 +48,16 @@ const fairKeys = (poolId: string, workspaceId: string): string[] => {
 };
 
 /**
+ * Lua, KEYS as fairKeys: a workspace left with no ranked Run drops its times and leaves the busy
+ * workspaces (`ws`: the ARGV holding its id); the last one to leave ends the pool's rounds.
+ */
+const LEFT_EMPTY = (ws: string): string => `if redis.call('ZCARD', KEYS[1]) == 0 then
+  redis.call('DEL', KEYS[2])
+  redis.call('SREM', KEYS[4], ${ws})
+  if redis.call('SCARD', KEYS[4]) == 0 then redis.call('DEL', KEYS[3]) end
+end`;
+
+/**
  * A Run's rank (its own if it has one). KEYS: fairKeys; ARGV[1]: the Run, ARGV[2]: now (ms),
  * ARGV[3]: the highest rank, ARGV[4]: the workspace. The workspace's last rank is the highest
  * score not above ARGV[3] (a set written by an earlier version scored its Runs by time).
@@ -80,11 +90,7 @@ redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
 r = tonumber(r)
 if ARGV[3] == '1' and r <= tonumber(ARGV[4]) and r > tonumber(redis.call('GET', KEYS[3]) or '0') then redis.call('SET', KEYS[3], r) end
-if redis.call('ZCARD', KEYS[1]) == 0 then
-  redis.call('DEL', KEYS[2])
-  redis.call('SREM', KEYS[4], ARGV[2])
-  if redis.call('SCARD', KEYS[4]) == 0 then redis.call('DEL', KEYS[3]) end
-end
+${LEFT_EMPTY('ARGV[2]')}
 return 1`,
 );
 
@@ -104,10 +110,8 @@ for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[3]) - 1)) do
     gone = gone + 1
   end
 end
-if gone > 0 and redis.call('ZCARD', KEYS[1]) == 0 then
-  redis.call('DEL', KEYS[2])
-  redis.call('SREM', KEYS[4], ARGV[4])
-  if redis.call('SCARD', KEYS[4]) == 0 then redis.call('DEL', KEYS[3]) end
+if gone > 0 then
+${LEFT_EMPTY('ARGV[4]')}
 end
 return gone`,
 );

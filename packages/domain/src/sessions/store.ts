@@ -329,7 +329,7 @@ export class SessionStore {
       ...(hint !== undefined ? { current: JSON.parse(hint.raw) as ThreadDoc } : {}),
       write: async (next, expected) => {
         const thread = { key: keys.doc(tag, threadId), body: JSON.stringify(next), expectedVersion: expected };
-        const r = await this.log.commit(sessionId, ride ? [thread, { key: ride.key, body: ride.body, expectedVersion: ride.expectedVersion }] : [thread], [idle],
+        const r = await this.log.commit(sessionId, ride ? [thread, ride] : [thread], [idle],
           { trace, peekList: inputQueueKey(sessionId, threadId), reads: [{ key: activeOutcomesKey(sessionId), field: threadId }] });
         if (r.ok) {
           appended = true;
