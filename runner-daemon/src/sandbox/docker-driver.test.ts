@@ -1,5 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import Docker from 'dockerode';
+import { createLogger } from '@agentplane/core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DockerDriver } from './docker-driver.js';
 import { ensureSandboxImage } from './image.js';
@@ -177,8 +178,15 @@ describe('docker sandbox driver', () => {
     const orphan = { id: sid() };
     await other.ensure(keep, {});
     await other.ensure(orphan, {});
-    const reaped = await driver.reapOrphans(`${runnerId}-reap`, [keep.id]);
+    // Logged the way the daemon logs (its logger names the runner): each key once per line.
+    const lines: string[] = [];
+    const logger = createLogger({ name: 'runner', level: 'info', destination: { write: (line: string) => void lines.push(line) } }).child({ runner: runnerId });
+    const reaper = new DockerDriver({ runnerId, docker, logger });
+    const reaped = await reaper.reapOrphans(`${runnerId}-reap`, [keep.id]);
     expect(reaped).toEqual([orphan.id]);
+    const line = lines.find((l) => l.includes('reaped orphan sandboxes')) ?? '';
+    expect(line.match(/"runner":/g)).toHaveLength(1);
+    expect(JSON.parse(line)).toMatchObject({ runner: runnerId, sandboxes_of: `${runnerId}-reap`, sessions: [orphan.id] });
     const left = await docker.listContainers({
       all: true,
       filters: JSON.stringify({ label: [`${SANDBOX_LABELS.runner}=${runnerId}-reap`] }),

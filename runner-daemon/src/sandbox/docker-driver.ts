@@ -720,7 +720,9 @@ export class DockerDriver implements SandboxDriver {
       await this.removeVolume(v.Name).catch((err: unknown) => this.log.warn({ volume: v.Name, err: (err as Error).message }, 'volume not reaped'));
       reaped.add(session);
     }
-    if (reaped.size > 0) this.log.info({ runner: runnerId, sessions: [...reaped] }, 'reaped orphan sandboxes');
+    // `sandboxes_of`, not `runner`: the daemon's logger already names this runner as `runner`,
+    // and the reaped sandboxes may be another (gone) runner's.
+    if (reaped.size > 0) this.log.info({ sandboxes_of: runnerId, sessions: [...reaped] }, 'reaped orphan sandboxes');
     return [...reaped];
   }
 }
