@@ -97,7 +97,8 @@ export async function runGrader(
     throw err;
   }
   if (handle.signal.aborted || !ended) return { stop_reason: { type: 'interrupted' } };
-  o.log.info({ lease: handle.lease.lease_id, chars: output.length }, 'grader step done');
+  // The turn's logger names the Run and the lease already.
+  o.log.info({ chars: output.length }, 'grader step done');
   // The report rides on lease.complete: kept well inside the frame limit whatever the files held.
   const text = `${g.prompt}${files}`;
   return {

@@ -61,7 +61,10 @@ describe.skipIf(!ok)('sandbox reaper', () => {
     expect((await planReap({ docker })).reapable.some((i) => i.name === gone)).toBe(false);
 
     let now = 1_000_000;
-    const reaper = new SandboxReaper({ docker, scope, selfRunnerId: 'runner_self', graceMs: 5000, intervalMs: 0, logger: createLogger({ name: 'test', level: 'silent' }), now: () => now });
+    // Logged as the daemon logs (its logger named, and bound to its own runner).
+    const lines: string[] = [];
+    const logger = createLogger({ name: 'runner', level: 'info', destination: { write: (line: string) => void lines.push(line) } }).child({ runner: 'runner_self' });
+    const reaper = new SandboxReaper({ docker, scope, selfRunnerId: 'runner_self', graceMs: 5000, intervalMs: 0, logger, now: () => now });
     expect((await reaper.pass()).reaped).toEqual([]); // first seen: the grace period starts
     now += 4999;
     expect((await reaper.pass()).reaped).toEqual([]);
@@ -70,5 +73,14 @@ describe.skipIf(!ok)('sandbox reaper', () => {
     expect(await exists(gone)).toBe(false);
     expect(await exists(old)).toBe(false);
     for (const kept of [down, legacy, elsewhere, self, unmanaged]) expect(await exists(kept), kept).toBe(true);
+    // One line per item when its grace period starts and one when it goes, each naming the gone
+    // runner and the item under keys of their own: every key once.
+    const about = (msg: string) => lines.filter((l) => l.includes(msg)).map((l) => JSON.parse(l) as Record<string, unknown>);
+    expect(about('will be reaped after the grace period').map((l) => l.resource).sort()).toEqual([gone, old].sort());
+    expect(about('reaped the volume of a gone runner').map((l) => [l.resource, l.gone_runner]).sort()).toEqual([[gone, 'runner_gone'], [old, 'runner_old']].sort());
+    for (const l of lines) {
+      expect(l.match(/"runner":/g), l).toHaveLength(1);
+      expect(l.match(/"name":/g), l).toHaveLength(1);
+    }
   }, 60_000);
 });

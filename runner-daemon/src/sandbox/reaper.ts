@@ -182,6 +182,14 @@ async function stillManaged(docker: Docker, item: ManagedItem): Promise<boolean>
   }
 }
 
+/**
+ * A reaped item's log fields. Not `name` and `runner`: a line's `name` is its logger's and the
+ * daemon's logger names its own runner as `runner`, while the item is a gone runner's.
+ */
+function logged(item: ManagedItem): { kind: ManagedItem['kind']; resource: string; gone_runner: string } {
+  return { kind: item.kind, resource: item.name, gone_runner: item.runner };
+}
+
 /** Removes planned items (containers first), one log line per reaped item. */
 export async function reapItems(docker: Docker, items: ReapPlan['reapable'], log?: Logger): Promise<ReapResult> {
   const out: ReapResult = { reaped: [], failed: [] };
@@ -192,12 +200,12 @@ export async function reapItems(docker: Docker, items: ReapPlan['reapable'], log
       if (item.kind === 'container') await docker.getContainer(item.id).remove({ force: true, v: true });
       else await removeVolume(docker, item.id);
       out.reaped.push(item);
-      log?.info({ kind: item.kind, name: item.name, runner: item.runner, session: item.session, reason: item.reason }, `reaped the ${item.kind} of a gone runner`);
+      log?.info({ ...logged(item), session: item.session, reason: item.reason }, `reaped the ${item.kind} of a gone runner`);
     } catch (err) {
       if (statusCode(err) === 404) continue;
       const error = err instanceof Error ? err.message : String(err);
       out.failed.push({ ...item, error });
-      log?.warn({ kind: item.kind, name: item.name, runner: item.runner, err: error }, `could not reap the ${item.kind} of a gone runner`);
+      log?.warn({ ...logged(item), err: error }, `could not reap the ${item.kind} of a gone runner`);
     }
   }
   return out;
@@ -275,7 +283,7 @@ export class SandboxReaper {
       if (first === undefined) {
         this.firstSeen.set(key, now);
         if (this.o.graceMs > 0) {
-          this.o.logger.info({ kind: item.kind, name: item.name, runner: item.runner, reason: item.reason, grace_ms: this.o.graceMs }, `the ${item.kind} of a gone runner will be reaped after the grace period`);
+          this.o.logger.info({ ...logged(item), reason: item.reason, grace_ms: this.o.graceMs }, `the ${item.kind} of a gone runner will be reaped after the grace period`);
           continue;
         }
       } else if (now - first < this.o.graceMs) continue;
