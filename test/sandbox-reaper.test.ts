@@ -144,7 +144,7 @@ describe('sandboxes that outlive their platform', () => {
     }, 90_000);
     // Each removal is logged after Docker reports it: the lines may trail the removals a little.
     const reaped = await waitFor('a log line per reaped container and volume', () => {
-      const lines = logLines(p2).filter((l) => typeof l.msg === 'string' && l.msg.startsWith('reaped the') && l.runner === oldRunner);
+      const lines = logLines(p2).filter((l) => typeof l.msg === 'string' && l.msg.startsWith('reaped the') && l.gone_runner === oldRunner);
       return lines.length >= 2 * sessions.length ? lines : undefined;
     }, 30_000);
     expect(reaped.map((l) => `${String(l.kind)}:${String(l.session)}`).sort()).toEqual(

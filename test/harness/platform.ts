@@ -4,6 +4,7 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { HttpClient } from '@agentplane/client';
 import { freePort, unixSocketUrl } from '@agentplane/store';
+import { linesRepeatingKeys } from './log-lines.js';
 import { spawnOwned } from './spawn.js';
 
 export const ROOT_DIR = resolve(import.meta.dirname, '..', '..');
@@ -97,7 +98,7 @@ export async function startPlatform(options: StartOptions = {}): Promise<Platfor
       await exited;
       clearTimeout(timer);
     }
-    log.end();
+    await new Promise<void>((resolve) => log.end(resolve));
   };
   try {
     // Generous: a loaded 2-core machine can take a while to start five processes.
@@ -141,7 +142,11 @@ export async function startPlatform(options: StartOptions = {}): Promise<Platfor
     },
     async stop() {
       await terminate();
+      // Every line the platform's processes wrote names each field once (./log-lines.ts). A log
+      // already gone (a second stop, a test that removed the data directory) has no lines.
+      const repeating = linesRepeatingKeys(logFile);
       if (!options.dataDir && !process.env.KEEP_TEST_DATA) rmSync(dataDir, { recursive: true, force: true });
+      if (repeating.length > 0) throw new Error(`log lines that repeat a key (${repeating.length}):\n${repeating.slice(0, 5).join('\n')}`);
     },
   };
   return platform;
