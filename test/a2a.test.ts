@@ -313,6 +313,26 @@ describe('A2A rejections', () => {
     expect(tasks.tasks.every((x) => textOf(x) !== 'Echo: x')).toBe(true);
   });
 
+  it('audit records name methods from a closed set and errors by type, never by what the caller sent', async () => {
+    const send = async (method: string, params: Record<string, unknown>) => {
+      const r = await fetch(endpoint, {
+        method: 'POST', headers: { authorization: `Bearer ${userSecret}`, 'a2a-version': '1.0', 'content-type': 'application/json' },
+        body: JSON.stringify({ jsonrpc: '2.0', id: 11, method, params }),
+      });
+      expect(r.status).toBe(200);
+      return { id: r.headers.get('request-id'), body: await r.json() as { error?: { code: number } } };
+    };
+    const madeUp = await send('My secret note: hunter2', {});
+    expect(madeUp.body.error?.code).toBe(-32601);
+    const missing = await send('GetTask', { id: 'secret-content hunter2' });
+    expect(missing.body.error?.code).toBe(-32001);
+    const records = (await t.p.root.post<{ data: { action: string; detail: string | null; request_id: string }[] }>('/v1/audit/export', {})).data;
+    const byRequest = (id: string | null) => records.filter((r) => r.request_id === id).map((r) => ({ action: r.action, detail: r.detail }));
+    expect(byRequest(madeUp.id)).toEqual([{ action: 'a2a.other', detail: 'MethodNotFoundError' }]);
+    expect(byRequest(missing.id)).toEqual([{ action: 'a2a.GetTask', detail: 'TaskNotFoundError' }]);
+    expect(JSON.stringify(records)).not.toContain('hunter2');
+  });
+
   it('refuses a missing or wrong A2A-Version with VersionNotSupportedError', async () => {
     const missing = await clientFor(userSecret, (h) => h.delete('a2a-version'));
     await rejected(missing.sendMessage(msg('x')), 'VersionNotSupportedError');

@@ -56,10 +56,10 @@ function signed(secret: string, body: string, opts: { id?: string; at?: Date } =
   };
 }
 
-async function deliver(path: string, body: string, headers: Record<string, string>): Promise<{ status: number; body: Record<string, unknown> }> {
+async function deliver(path: string, body: string, headers: Record<string, string>): Promise<{ status: number; body: Record<string, unknown>; headers: Record<string, string> }> {
   const res = await fetch(`${p.baseUrl}${path}`, { method: 'POST', headers, body });
   const text = await res.text();
-  return { status: res.status, body: text ? (JSON.parse(text) as Record<string, unknown>) : {} };
+  return { status: res.status, body: text ? (JSON.parse(text) as Record<string, unknown>) : {}, headers: Object.fromEntries(res.headers) };
 }
 
 beforeAll(async () => {
@@ -131,6 +131,9 @@ describe('manual fire, receipt, Session and trace', () => {
 
     const firings = await api.get<{ data: Firing[] }>(`/v1/automations/${a.id}/firings`, { source: 'manual', status: 'completed' });
     expect(firings.data.map((x) => x.id)).toEqual([f.id]);
+    // Firings of an Automation that is not in this Workspace: 404, as for every sub-collection.
+    const nowhere = await api.request('GET', '/v1/automations/auto_00000000000000000000000000000001/firings');
+    expect([nowhere.status, errType(nowhere)]).toEqual([404, 'validation.not_found']);
     expect((await api.get<Automation>(`/v1/automations/${a.id}`)).metrics).toMatchObject({ fires: 1, succeeded: 1, admission_refusals: 0 });
   });
 
@@ -273,13 +276,18 @@ describe('signed webhook deliveries', () => {
     expect((await deliver(path, fine, signed(secret, fine))).status).toBe(202);
     const many = JSON.stringify(new Array(100_000).fill(1));
     expect((await deliver(path, many, signed(secret, many))).status).toBe(400);
+    // Signed, but not JSON: the caller's mistake (400), not a refused signature.
+    const notJson = await deliver(path, 'notjson', signed(secret, 'notjson'));
+    expect([notJson.status, (notJson.body.error as { type: string }).type]).toEqual([400, 'validation.malformed']);
 
     const f = await settled(String(ok.body.id));
     expect(f).toMatchObject({ status: 'completed', outcome: 'succeeded' });
 
-    // The delivery is in the audit log, credential-free.
-    const audit = await p.root.post<{ data: { actor: { id: string }; outcome: string }[] }>('/v1/audit/export', { action: 'automations.ingestAutomationWebhook', target: a.id });
+    // The delivery is in the audit log, credential-free, once: its redelivery is not a second record.
+    const audit = await p.root.post<{ data: { actor: { id: string }; outcome: string; request_id: string }[] }>('/v1/audit/export', { action: 'automations.ingestAutomationWebhook', target: a.id });
     expect(audit.data[0]).toMatchObject({ actor: { id: 'anonymous' }, outcome: 'succeeded' });
+    expect(audit.data.filter((r) => r.request_id === ok.headers['request-id'])).toHaveLength(1);
+    expect(audit.data.filter((r) => r.request_id === replay.headers['request-id'])).toEqual([]);
   });
 
   it('rotating the secret keeps the previous one valid during the overlap, and not after', async () => {

@@ -440,5 +440,32 @@ describe('callers', () => {
       path: { workspace_id: ws() }, body: { external_subject_id: 'v', principal_type: 'person', display_name: 'V' }, idempotency_key: 'v-1' } } }, h);
     expect(call.body.result.isError).toBe(true);
     expect((JSON.parse(call.body.result.content[0]?.text ?? '{}') as { error: { type: string } }).error.type).toBe('policy.denied');
+    // A malformed envelope does not get ahead of the role: the viewer is refused, not corrected.
+    const bare = await rpc({ jsonrpc: '2.0', id: 3, method: 'tools/call', params: { name: 'principals_createPrincipal', arguments: {
+      path: { workspace_id: ws() }, body: { external_subject_id: 'v', principal_type: 'person', display_name: 'V' }, bogus: 1 } } }, h);
+    expect((JSON.parse(bare.body.result.content[0]?.text ?? '{}') as { error: { type: string } }).error.type).toBe('policy.denied');
+  });
+
+  it('a tool call refused for its arguments is recorded in the audit log, like a REST request refused for its body', async () => {
+    const errorType = (r: Awaited<ReturnType<typeof rpc>>) => (JSON.parse(r.body.result.content[0]?.text ?? '{}') as { error: { type: string; message: string } }).error;
+    const audited = async (requestId: string | null) =>
+      (await p.root.post<{ data: { action: string; outcome: string; status: number; detail: string | null; request_id: string }[] }>('/v1/audit/export', { action: 'principals.createPrincipal' }))
+        .data.filter((r) => r.request_id === requestId);
+    const body = { external_subject_id: 'audit-me', principal_type: 'person', display_name: 'A' };
+    const cases: [string, Record<string, unknown>, string][] = [
+      ['an unknown argument', { path: { workspace_id: ws() }, body, idempotency_key: 'audit-1', bogus: 1 }, "arguments: unknown field 'bogus'"],
+      ['no idempotency_key', { path: { workspace_id: ws() }, body }, 'principals_createPrincipal requires idempotency_key'],
+      ['a path that is not an object', { path: 'x', body, idempotency_key: 'audit-2' }, 'arguments: path must be an object'],
+    ];
+    for (const [what, args, message] of cases) {
+      const r = await rpc({ jsonrpc: '2.0', id: 9, method: 'tools/call', params: { name: 'principals_createPrincipal', arguments: args } }, { 'mcp-protocol-version': '2025-11-25' });
+      expect([what, r.body.result.isError, errorType(r).type]).toEqual([what, true, 'validation.malformed']);
+      expect(errorType(r).message).toContain(message);
+      const records = await audited(r.headers.get('request-id'));
+      expect([what, records]).toEqual([what, [expect.objectContaining({ outcome: 'failed', status: 400, detail: 'validation.malformed' })]]);
+    }
+    // Nothing was created by any of them.
+    const principals = await p.root.get<{ data: { external_subject_id: string }[] }>(`/v1/organizations/workspaces/${ws()}/principals`, { limit: 100 });
+    expect(principals.data.filter((x) => x.external_subject_id === 'audit-me')).toEqual([]);
   });
 });

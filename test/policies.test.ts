@@ -43,6 +43,9 @@ describe('ActionPolicies', () => {
       [{ effect: 'deny', tool: { kind: 'builtin', name: 'ba[' } }, 400],
       [{ effect: 'deny', tool: { kind: 'builtin', name: 'write' }, arguments: { path_glob: '/etc/{a,' } }, 400],
       [{ effect: 'deny', tool: { kind: 'builtin', name: 'read' }, arguments: { command_prefix: 'rm' } }, 400],
+      // A path pattern on a tool that has no path argument could never match.
+      [{ effect: 'deny', tool: { kind: 'builtin', name: 'bash' }, arguments: { path_glob: '/x/**' } }, 400],
+      [{ effect: 'deny', tool: { kind: 'builtin', name: 'ba*' }, arguments: { path_glob: '/x/**' } }, 400],
       [{ effect: 'deny', tool: { kind: 'builtin', name: 'bash', connection_id: theirConn.id } }, 400],
       [{ effect: 'deny', tool: { kind: 'builtin', name: 'bash' }, surprise: 1 }, 400],
       [{ effect: 'deny', tool: { kind: 'builtin', name: 'bash' }, principal_id: theirPrincipal }, 404],

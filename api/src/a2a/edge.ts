@@ -9,7 +9,7 @@ import type Koa from 'koa';
 import { formatSSEErrorEvent, formatSSEEvent, SSE_HEADERS } from '@a2a-js/sdk';
 import { A2AError, UnsupportedOperationError, VersionNotSupportedError } from '@a2a-js/sdk/errors';
 import { JsonRpcTransportHandler, ServerCallContext, validateVersion, type A2ARequestHandler } from '@a2a-js/sdk/server';
-import { ApiError, closedLabel, Counter, reportIncident, type Logger } from '@agentplane/core';
+import { ApiError, closedLabel, Counter, ERROR_STATUS, reportIncident, type Logger } from '@agentplane/core';
 import { traceOf } from '../http/router.js';
 import type { ApiDeps } from '../deps.js';
 import { authenticate } from '../http/authenticate.js';
@@ -27,6 +27,9 @@ const MAX_BODY_BYTES = 4 * 1024 * 1024;
 export const A2A_METHODS = ['SendMessage', 'SendStreamingMessage', 'GetTask', 'ListTasks', 'CancelTask', 'SubscribeToTask'] as const;
 type A2aMethod = (typeof A2A_METHODS)[number];
 const METRIC_METHODS = [...A2A_METHODS, 'card', 'other'] as const;
+/** An audit record's action names a method from a closed set: a made-up method is `a2a.other`. */
+const AUDIT_METHODS = [...A2A_METHODS, 'request'] as const;
+const auditMethod = (method: string): string => closedLabel(method, AUDIT_METHODS);
 const OUTCOMES = ['ok', 'rpc_error', 'unauthenticated', 'denied', 'not_found', 'rate_limited', 'not_modified'] as const;
 
 /** What each method needs on the installed agent and on the SurfaceScope (docs/A2A.md, "Governance"). */
@@ -37,6 +40,26 @@ function actionsFor(method: A2aMethod, continuing: boolean): PermissionAction[] 
     case 'CancelTask': return ['steer'];
     default: return ['observe'];
   }
+}
+
+/** JSON-RPC and A2A error codes by name (A2A 1.0, section 8): an audit record's `detail`. */
+const RPC_ERROR_NAMES: Readonly<Record<number, string>> = {
+  [-32700]: 'JSONParseError', [-32600]: 'InvalidRequestError', [-32601]: 'MethodNotFoundError', [-32602]: 'InvalidParamsError',
+  [-32603]: 'InternalError', [-32001]: 'TaskNotFoundError', [-32002]: 'TaskNotCancelableError',
+  [-32003]: 'PushNotificationNotSupportedError', [-32004]: 'UnsupportedOperationError', [-32005]: 'ContentTypeNotSupportedError',
+  [-32006]: 'InvalidAgentResponseError', [-32007]: 'AuthenticatedExtendedCardNotConfiguredError',
+  [-32008]: 'ExtensionSupportRequiredError', [-32009]: 'VersionNotSupportedError',
+};
+
+/**
+ * What an audit record says of a JSON-RPC error: the platform's error type when the handler
+ * failed with one (its message starts with it), else the error code's name; never the message,
+ * which may repeat what the caller sent.
+ */
+export function rpcErrorDetail(error: { code?: unknown; message?: unknown }): string {
+  const head = /^([a-z_]+\.[a-z_]+): /.exec(typeof error.message === 'string' ? error.message : '')?.[1];
+  if (head && head in ERROR_STATUS) return head;
+  return (typeof error.code === 'number' ? RPC_ERROR_NAMES[error.code] : undefined) ?? 'rpc_error';
 }
 
 type Json = Record<string, unknown>;
@@ -128,10 +151,10 @@ export function a2aEdge(deps: ApiDeps): Koa.Middleware {
     try {
       await deps.audit.append(c.workspaceId, {
         actor: { id: c.caller.principalId ?? c.caller.credentialId, credential_id: c.caller.credentialId },
-        action: `a2a.${method}`, target, outcome, status, detail, request_id: c.requestId,
+        action: `a2a.${auditMethod(method)}`, target, outcome, status, detail, request_id: c.requestId,
       });
     } catch (err) {
-      deps.log.error({ err, action: `a2a.${method}`, request_id: c.requestId }, 'audit append failed');
+      deps.log.error({ err, action: `a2a.${auditMethod(method)}`, request_id: c.requestId }, 'audit append failed');
     }
   }
 
@@ -256,7 +279,7 @@ export function a2aEdge(deps: ApiDeps): Koa.Middleware {
       if (!(Symbol.asyncIterator in out)) {
         const failed = 'error' in out && out.error !== undefined;
         count(method, failed ? 'rpc_error' : 'ok');
-        await audit(base, method, target(), failed ? 'failed' : 'succeeded', 200, failed ? String((out.error as { message?: unknown }).message ?? '').slice(0, 200) || null : null);
+        await audit(base, method, target(), failed ? 'failed' : 'succeeded', 200, failed ? rpcErrorDetail(out.error as { code?: unknown; message?: unknown }) : null);
         ctx.status = 200;
         ctx.type = 'application/json';
         ctx.body = JSON.stringify(out);

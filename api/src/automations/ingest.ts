@@ -33,7 +33,8 @@ export const deliveryBody: UploadBody = {
 /**
  * Standard Webhooks verification: HMAC-SHA256 over `<webhook-id>.<webhook-timestamp>.<body>`
  * with any of `secrets` (the current one, and the previous one during a rotation's overlap);
- * the timestamp must be within 5 minutes of now. 401 `auth.invalid_key` otherwise.
+ * the timestamp must be within 5 minutes of now. 401 `auth.invalid_key` otherwise. Only the
+ * signature is checked here: the caller parses the body (a signed body that is not JSON is a 400).
  */
 export function verifyDelivery(raw: string, headers: Readonly<Record<string, string | undefined>>, secrets: readonly string[]): void {
   const id = headers['webhook-id'];
@@ -47,6 +48,9 @@ export function verifyDelivery(raw: string, headers: Readonly<Record<string, str
       new Webhook(secret).verify(raw, { 'webhook-id': id, 'webhook-timestamp': ts, 'webhook-signature': sig });
       return;
     } catch (err) {
+      // The library parses the body once the signature matches: a body that is not JSON is the
+      // caller's signed mistake (400 from the caller's parse), not a signature refused.
+      if (err instanceof SyntaxError) return;
       last = err instanceof Error ? err.message : String(err);
       if (/timestamp/i.test(last)) break;
     }

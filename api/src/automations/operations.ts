@@ -225,7 +225,11 @@ export const automationOperations: Operation[] = [
   }, async (ws, { params, query, deps }) => {
     const { status, source } = query;
     const filter = status || source ? (f: FiringDoc) => (!status || f.status === status) && (!source || f.source.kind === source) : undefined;
-    const page = await deps.docs.list<FiringDoc>(tags.workspace(ws), firingsOf(params.automation_id), { limit: query.limit ?? 20, page: query.page, order: query.order ?? 'desc' }, filter);
+    // An Automation not in this Workspace is a 404, as for every other sub-collection.
+    const [, page] = await Promise.all([
+      deps.automations.store.get(ws, params.automation_id),
+      deps.docs.list<FiringDoc>(tags.workspace(ws), firingsOf(params.automation_id), { limit: query.limit ?? 20, page: query.page, order: query.order ?? 'desc' }, filter),
+    ]);
     return { data: page.data.map(publicFiring), next_page: page.next_page };
   }),
   workspaceRead({
@@ -302,7 +306,7 @@ export const automationOperations: Operation[] = [
       const earlier = await deps.automations.store.claimDelivery(a.workspace_id, a.id, deliveryId, firingId);
       if (earlier) {
         const f = await deps.automations.store.docs.get<FiringDoc>(tags.workspace(a.workspace_id), earlier);
-        if (f) return json(200, { ...publicFiring(f), duplicate: true });
+        if (f) return { ...json(200, { ...publicFiring(f), duplicate: true }), replay: true };
         throw new ApiError('validation.conflict', 'a delivery with this webhook-id is being processed');
       }
       try {

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { GlobError } from '@agentplane/core';
-import { PolicySet, type PolicyRule } from './policy-eval.js';
+import { namesFileTool, PolicySet, type PolicyRule } from './policy-eval.js';
 
 let n = 0;
 const rule = (r: Partial<PolicyRule> & Pick<PolicyRule, 'effect'>): PolicyRule => ({
@@ -84,5 +84,10 @@ describe('ActionPolicy evaluation', () => {
     const d = new PolicySet([hostile]).evaluate({ kind: 'custom', name: 'a'.repeat(250) });
     expect(d.decision).toBe('allow');
     expect(Date.now() - started).toBeLessThan(1000);
+  });
+
+  it('knows which tool names a path pattern can apply to', () => {
+    for (const name of ['read', 'grep', '{write,edit}', 'wr*', '*', '?ist', 'a[']) expect([name, namesFileTool(name)]).toEqual([name, true]);
+    for (const name of ['bash', 'ba*', '{bash,web_fetch}', 'readme']) expect([name, namesFileTool(name)]).toEqual([name, false]);
   });
 });

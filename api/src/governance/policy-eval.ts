@@ -65,9 +65,27 @@ interface Compiled {
 /** Shell control characters: a command holding them can still match deny/approval prefixes, never an allow prefix. */
 const SHELL_CONTROL = /[;&|`$<>(){}\n\r\\]/;
 const EFFECT_RANK: Record<PolicyEffect, number> = { deny: 3, require_approval: 2, allow: 1 };
-const FILE_TOOLS = new Set(['read', 'write', 'edit', 'glob', 'list', 'grep']);
+/** The builtin tools whose `path` argument a rule's `path_glob` matches. */
+export const FILE_TOOL_NAMES: readonly string[] = ['read', 'write', 'edit', 'glob', 'list', 'grep'];
+const FILE_TOOLS = new Set(FILE_TOOL_NAMES);
 
 const isPattern = (name: string): boolean => /[*?[{\\]/.test(name);
+
+/**
+ * Whether a rule's tool name (a name or a name pattern) can name a builtin file tool, the only
+ * tools a `path_glob` applies to. A pattern that does not compile answers true: its own check
+ * reports it.
+ */
+export function namesFileTool(toolName: string): boolean {
+  if (!isPattern(toolName)) return FILE_TOOLS.has(toolName);
+  if (toolName === '*') return true;
+  try {
+    const glob = compileGlob(toolName, { segments: false });
+    return [...FILE_TOOLS].some((name) => glob.test(name));
+  } catch {
+    return true;
+  }
+}
 
 /** Compile-time check of a rule's patterns; throws GlobError with the reason. */
 export function compileRule(rule: PolicyRule, order: number): Compiled {

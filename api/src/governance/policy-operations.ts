@@ -6,7 +6,7 @@ import { listWorkspaceDocs, workspaceRead, workspaceWrite } from '../http/worksp
 import { requireWorkspace } from '../http/workspace-scope.js';
 import type { ApiDeps } from '../deps.js';
 import type { Principal } from '@agentplane/domain';
-import { POLICY_EFFECTS, TOOL_KINDS } from './policy-eval.js';
+import { FILE_TOOL_NAMES, namesFileTool, POLICY_EFFECTS, TOOL_KINDS } from './policy-eval.js';
 import { POLICIES, type ActionPolicy, type ActionPolicyInput } from './policies.js';
 import { MAX_APPROVAL_EXPIRY_SECONDS } from '../approvals/limits.js';
 
@@ -67,8 +67,8 @@ async function input(deps: ApiDeps, ws: string, b: BodyIn): Promise<ActionPolicy
   if (out.arguments.command_prefix && !(out.tool.kind === 'builtin' && out.tool.name === 'bash')) {
     throw new ApiError('validation.malformed', "body.arguments.command_prefix: only for the builtin tool 'bash'");
   }
-  if (out.arguments.path_glob && out.tool.kind !== 'builtin') {
-    throw new ApiError('validation.malformed', 'body.arguments.path_glob: only for builtin file tools');
+  if (out.arguments.path_glob && (out.tool.kind !== 'builtin' || !namesFileTool(out.tool.name))) {
+    throw new ApiError('validation.malformed', `body.arguments.path_glob: only for builtin file tools (${FILE_TOOL_NAMES.join(', ')})`);
   }
   if (out.tool.connection_id && out.tool.kind !== 'mcp') throw new ApiError('validation.malformed', "body.tool.connection_id: only for kind 'mcp'");
   if (out.principal_id) {

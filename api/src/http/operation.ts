@@ -62,6 +62,11 @@ export interface JsonResult {
   status: number;
   body: unknown;
   headers?: Record<string, string>;
+  /**
+   * The answer repeats an earlier request's (a redelivered webhook, recognised by its own id):
+   * like an Idempotency-Key replay, it is not a new audit record.
+   */
+  replay?: true;
 }
 
 export interface StreamResult {

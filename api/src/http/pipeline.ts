@@ -37,6 +37,13 @@ export interface RawRequest {
   trace?: Context | undefined;
   /** MCP `tools/call`: the tool name, an ActionPolicy call of kind `api` checked before the handler. */
   mcpTool?: string;
+  /**
+   * What the edge found wrong with the call's own envelope (an MCP tool call's arguments that are
+   * not `{path, query, body, idempotency_key}`): raised where the request is validated, after
+   * authentication and authorisation, so it is refused in the order a REST request's malformed
+   * body is, and recorded like one.
+   */
+  refused?: ApiError;
 }
 
 export { newRequestId };
@@ -123,7 +130,7 @@ async function audited(
 ): Promise<{ caller: Caller; result: OperationResult }> {
   try {
     const out = await run(prepared, raw, deps, requestId, progress);
-    if (!progress.replayed) {
+    if (!progress.replayed && !(out.result.kind !== 'stream' && out.result.replay)) {
       const status = out.result.kind === 'stream' ? 200 : out.result.status;
       await writeAudit(deps, prepared.op.operationId, audit.target, progress, requestId, {
         outcome: status < 400 ? 'succeeded' : status === 403 ? 'denied' : 'failed', status, detail: null,
@@ -229,6 +236,7 @@ async function run(
     await enforceRateLimit(deps.redis, caller.credentialId, caller.rateLimitPerMinute);
   }
 
+  if (raw.refused) throw raw.refused;
   const params = prepared.validatePath ? prepared.validatePath({ ...raw.params }) : EMPTY;
   progress.params = params as Record<string, unknown>;
   const query = prepared.validateQuery ? prepared.validateQuery({ ...raw.query }) : rejectUnexpectedQuery(raw.query);

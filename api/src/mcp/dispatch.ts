@@ -41,6 +41,27 @@ export function apiErrorResult(err: ApiError, deps: ApiDeps): ToolResult {
   return result;
 }
 
+/**
+ * What is wrong with a tool call's arguments as an envelope (`{path, query, body,
+ * idempotency_key}`, the key required for every mutation); the parts' contents are the
+ * operation's schemas' to check.
+ */
+function argumentsProblem(p: ProjectedTool, a: unknown): ApiError | undefined {
+  if (!isPlainObject(a)) return new ApiError('validation.malformed', 'arguments must be an object {path, query, body}');
+  const unknown = Object.keys(a).find((k) => !ARGUMENT_KEYS.has(k) || (k === 'idempotency_key' && !p.requiresKey));
+  if (unknown) return new ApiError('validation.malformed', `arguments: unknown field '${unknown}'`);
+  for (const part of ['path', 'query'] as const) {
+    if (a[part] !== undefined && !isPlainObject(a[part])) return new ApiError('validation.malformed', `arguments: ${part} must be an object`);
+  }
+  if (a.idempotency_key !== undefined && typeof a.idempotency_key !== 'string') {
+    return new ApiError('validation.malformed', 'arguments: idempotency_key must be a string');
+  }
+  if (p.requiresKey && a.idempotency_key === undefined) {
+    return new ApiError('validation.malformed', `${p.tool.name} requires idempotency_key (the Idempotency-Key of ${p.op.method} ${p.op.path})`);
+  }
+  return undefined;
+}
+
 /** The calling context of one MCP HTTP request. */
 export interface CallContext {
   /** Authenticated and already counted against its rate limit by the edge. */
@@ -103,22 +124,12 @@ export class ToolDispatcher {
   }
 
   private async dispatch(p: ProjectedTool, args: unknown, ctx: CallContext): Promise<ToolResult> {
-    const a = args === undefined ? {} : args;
-    if (!isPlainObject(a)) return apiErrorResult(new ApiError('validation.malformed', 'arguments must be an object {path, query, body}'), this.deps);
-    const unknown = Object.keys(a).find((k) => !ARGUMENT_KEYS.has(k) || (k === 'idempotency_key' && !p.requiresKey));
-    if (unknown) return apiErrorResult(new ApiError('validation.malformed', `arguments: unknown field '${unknown}'`), this.deps);
-    for (const part of ['path', 'query'] as const) {
-      if (a[part] !== undefined && !isPlainObject(a[part])) {
-        return apiErrorResult(new ApiError('validation.malformed', `arguments: ${part} must be an object`), this.deps);
-      }
-    }
-    const key = a.idempotency_key;
-    if (p.requiresKey && key === undefined) {
-      return apiErrorResult(new ApiError('validation.malformed', `${p.tool.name} requires idempotency_key (the Idempotency-Key of ${p.op.method} ${p.op.path})`), this.deps);
-    }
-    if (key !== undefined && typeof key !== 'string') {
-      return apiErrorResult(new ApiError('validation.malformed', 'arguments: idempotency_key must be a string'), this.deps);
-    }
+    const given = args === undefined ? {} : args;
+    // A malformed envelope still goes through the pipeline (refused there, after authorisation,
+    // and recorded), with nothing of it passed on.
+    const refused = argumentsProblem(p, given);
+    const a: Record<string, unknown> = refused || !isPlainObject(given) ? {} : given;
+    const key = typeof a.idempotency_key === 'string' ? a.idempotency_key : undefined;
 
     const headers: Record<string, string | undefined> = { authorization: ctx.headers.authorization };
     const selector = ctx.headers[WORKSPACE_SELECTOR_HEADER];
@@ -141,6 +152,7 @@ export class ToolDispatcher {
       mcpTool: p.tool.name,
       requestId: ctx.requestId,
       trace: ctx.trace,
+      ...(refused ? { refused } : {}),
     };
     const prepared = this.prepared.get(p.op.operationId);
     if (!prepared) throw new Error(`operation ${p.op.operationId} is not prepared`);
