@@ -279,6 +279,7 @@ describe('sessions', () => {
       ['GET', `/v1/sessions/${s.id}/threads/${threadId}`, undefined],
       ['GET', `/v1/sessions/${s.id}/threads/${threadId}/events`, undefined],
       ['GET', `/v1/sessions/${s.id}/runs`, undefined],
+      ['GET', `/v1/sessions/${s.id}/usage`, undefined],
       ['POST', `/v1/sessions/${s.id}/archive`, undefined],
     ];
     for (const [method, path, body] of reads) {
@@ -536,6 +537,36 @@ describe('threads', () => {
     expect(p2.data[0]?.type).toBe('session.status_running');
     const after = await api.get<{ data: Json[] }>(`/v1/sessions/${s.id}/threads/${doc._primary_thread_id}/events`, { after: 2 });
     expect(after.data.map((e) => e.seq)).toEqual([4]);
+    // A cursor past what an integer can say exactly is refused, never handed to storage.
+    for (const huge of ['1e21', '18446744073709551615', '9007199254740993']) {
+      const r = await api.request('GET', `/v1/sessions/${s.id}/threads/${child.id}/events`, { query: { after: huge } });
+      expect([huge, r.status, errType(r)]).toEqual([huge, 400, 'validation.malformed']);
+    }
+  });
+
+  it('usage names only the Session\'s own threads and Runs', async () => {
+    const mine = await newSession();
+    const other = await newSession();
+    const otherThread = (await sessionDoc(other.id))._primary_thread_id;
+    const ownThread = (await sessionDoc(mine.id))._primary_thread_id;
+    expect((await api.request('GET', `/v1/sessions/${mine.id}/usage`, { query: { thread_id: ownThread } })).status).toBe(200);
+    for (const query of [{ thread_id: otherThread }, { run_id: 'run_00000000000000000000000000000000' }]) {
+      const r = await api.request('GET', `/v1/sessions/${mine.id}/usage`, { query });
+      expect([JSON.stringify(query), r.status, errType(r)]).toEqual([JSON.stringify(query), 404, 'validation.not_found']);
+    }
+  });
+
+  it('error answers to an authenticated caller name its Workspace, as successes do', async () => {
+    const s = await newSession();
+    const cases: Array<[string, string, Json | undefined, number]> = [
+      ['GET', `/v1/sessions/sess_00000000000000000000000000000000`, undefined, 404],
+      ['GET', `/v1/sessions/${s.id}/threads/x`, undefined, 400],
+      ['POST', `/v1/agents/${agentId}`, { expected_version: 99, description: 'stale' }, 409],
+    ];
+    for (const [method, path, body, status] of cases) {
+      const r = await api.request(method, path, body === undefined ? {} : { body });
+      expect([path, r.status, r.headers.get('service-workspace-id')]).toEqual([path, status, p.bootstrap.workspace_id]);
+    }
   });
 });
 
@@ -619,6 +650,16 @@ describe('SSE', () => {
     const rest = await collect(it, 2999, 30_000);
     expect(first.value?.id).toBe('1');
     expect(rest.map((f) => Number(f.id))).toEqual(Array.from({ length: 2999 }, (_, i) => i + 2));
+  });
+
+  it('HEAD on a stream answers its headers and ends, instead of holding the request open', async () => {
+    const s = await newSession({ initial_events: [msg('head')] });
+    const threadId = (await sessionDoc(s.id))._primary_thread_id;
+    for (const path of [`/v1/sessions/${s.id}/events/stream`, `/v1/sessions/${s.id}/threads/${threadId}/stream`]) {
+      const r = await fetch(`${p.baseUrl}${path}`, { method: 'HEAD', headers: api.headers(), signal: AbortSignal.timeout(15_000) });
+      expect([path, r.status, r.headers.get('content-type')]).toEqual([path, 200, 'text/event-stream; charset=utf-8']);
+      expect(await r.text()).toBe('');
+    }
   });
 
   it('Last-Event-ID header and last_event_id query; malformed cursor is 400', async () => {

@@ -44,6 +44,8 @@ export interface RawRequest {
    * body is, and recorded like one.
    */
   refused?: ApiError;
+  /** Told who the caller is as soon as the bearer is resolved (the REST edge names its Workspace). */
+  authenticated?(caller: Caller): void;
 }
 
 export { newRequestId };
@@ -229,6 +231,7 @@ async function run(
       caller = known instanceof Promise ? await known : known;
     }
     progress.caller = caller;
+    raw.authenticated?.(caller);
     authorize(caller, op.auth);
   }
   checkVersion(op, raw.headers);

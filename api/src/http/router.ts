@@ -11,6 +11,7 @@ import type { ApiDeps } from '../deps.js';
 import { drainRequest, readJsonBody } from './body.js';
 import { execute, prepare, type PreparedOperation, type RawRequest } from './pipeline.js';
 import type { HttpMethod, Operation } from './operation.js';
+import type { Caller } from './caller.js';
 
 /** `/v1/sessions/{session_id}` → `/v1/sessions/:session_id` */
 export const koaPath = (path: string): string => path.replace(/\{([a-z_]+)\}/g, ':$1');
@@ -64,6 +65,11 @@ export class RestRequest implements RawRequest {
   /** Made only if the operation asks (traceOf). */
   get trace(): Context | undefined {
     return traceOf(this.ctx);
+  }
+
+  /** Every authenticated response names the resolved Workspace, refusals and errors included. */
+  authenticated(caller: Caller): void {
+    if (caller.workspaceId) this.ctx.set('Service-Workspace-Id', caller.workspaceId);
   }
 }
 
@@ -257,8 +263,7 @@ export function buildRouter(operations: readonly Operation[], deps: ApiDeps): Op
       try {
         const body = !op.upload && METHODS_WITH_BODY.has(ctx.method) ? await readJsonBody(ctx.req, op.bodyLimitBytes ?? deps.config.bodyLimitBytes) : undefined;
         const raw = new RestRequest(ctx, op.method as HttpMethod, body, requestId, op.upload !== undefined);
-        const { caller, result } = await execute(p, raw, deps);
-        if (caller.workspaceId) ctx.set('Service-Workspace-Id', caller.workspaceId);
+        const { result } = await execute(p, raw, deps);
         if (result.kind === 'stream') {
           ctx.respond = false;
           const ac = new AbortController();

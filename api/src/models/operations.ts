@@ -177,10 +177,15 @@ export const modelOperations: Operation[] = [
     if (query.thread_id && query.run_id) throw new ApiError('validation.malformed', 'query: give thread_id or run_id, not both');
     // The Session document decides the boundary; counters recorded for a Session id with no
     // document (a step attributed by a runner before the Session was read) carry their own.
-    const session = await deps.docs.get<StoredDoc & { workspace_id?: string }>(tags.session(params.session_id), params.session_id);
+    const session = await deps.docs.get<StoredDoc & { workspace_id?: string; type?: string }>(tags.session(params.session_id), params.session_id);
     const owner = session ? session.workspace_id : await deps.models.usage.sessionWorkspace(params.session_id);
     if (owner !== ws) throw new ApiError('validation.not_found', 'session not found');
+    // A deleted Session answers 404 on every operation, this one included.
+    if (session?.type === 'session_tombstone') throw new ApiError('validation.not_found', 'the session was deleted and its event log erased');
     const s = params.session_id;
+    // A thread or Run named must be the Session's own (a documented Session only: see above).
+    if (session && query.thread_id) await deps.sessions.store.thread(s, query.thread_id);
+    if (session && query.run_id && !(await deps.sessions.store.run(s, query.run_id))) throw new ApiError('validation.not_found', `run ${query.run_id} not found in this session`);
     const summary = await deps.models.usage.read(
       query.thread_id ? { kind: 'thread', session_id: s, thread_id: query.thread_id }
         : query.run_id ? { kind: 'run', session_id: s, run_id: query.run_id } : { kind: 'session', session_id: s });

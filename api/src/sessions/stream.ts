@@ -116,6 +116,11 @@ export function sseStream(spec: StreamSpec): StreamResult {
         connection: 'keep-alive',
         'x-accel-buffering': 'no',
       });
+      // HEAD: the stream's status and headers, and no stream (one that never ends would hang the caller).
+      if (res.req.method === 'HEAD') {
+        res.end();
+        return;
+      }
       // The headers leave with the replay's first frames, in one write, once the subscription is
       // confirmed and the first page read (at the latest when the stream goes live): a client that
       // has the headers knows the stream is subscribed.

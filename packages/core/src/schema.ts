@@ -34,8 +34,13 @@ const paramCache = new WeakMap<TSchema, ValidateFunction>();
 
 export type RequestPart = 'body' | 'query' | 'path' | 'header' | 'message' | 'config';
 
+const literal = (v: unknown): string => (typeof v === 'string' ? `'${v}'` : JSON.stringify(v));
+
 function describe(part: string, e: ErrorObject): string {
   const where = `${part}${e.instancePath.replace(/\//g, '.')}`;
+  if (e.keyword === 'one_of_literals') return `${where}: must be one of ${(e.params as { allowed: unknown[] }).allowed.map(literal).join(', ')}`;
+  if (e.keyword === 'enum') return `${where}: must be one of ${((e.params as { allowedValues?: unknown[] }).allowedValues ?? []).map(literal).join(', ')}`;
+  if (e.keyword === 'const') return `${where}: must be ${literal((e.params as { allowedValue?: unknown }).allowedValue)}`;
   if (e.keyword === 'additionalProperties') {
     return `${where}: unknown field '${String((e.params as { additionalProperty: string }).additionalProperty)}'`;
   }
@@ -46,22 +51,107 @@ function describe(part: string, e: ErrorObject): string {
   return `${where}: ${e.message ?? 'is invalid'}`;
 }
 
+type Json = Record<string, unknown>;
+const isObject = (v: unknown): v is Json => typeof v === 'object' && v !== null && !Array.isArray(v);
+
+/** What a JSON pointer (`#/a/0/b`, `/a/0/b`) names in `root`; undefined when nothing. */
+function at(root: unknown, pointer: string): unknown {
+  let node = root;
+  for (const raw of pointer.replace(/^#/, '').split('/').slice(1)) {
+    const key = raw.replace(/~1/g, '/').replace(/~0/g, '~');
+    if (Array.isArray(node)) node = node[Number(key)];
+    else if (isObject(node)) node = node[key];
+    else return undefined;
+  }
+  return node;
+}
+
 /**
- * Compile once, validate many; rejects with `validation.malformed` naming the first problem
- * (where it is: `label`, default the part's name, then the JSON path).
+ * The error that says what is wrong, out of what a failed union (`anyOf`, `oneOf`) reports: one
+ * error per alternative tried, then the union's own. The alternative meant is the one whose
+ * constant properties (a `type` or `mode` discriminator) the value carries; else the one whose
+ * JSON type the value has and that got furthest into it. A union of constants is one error
+ * listing them. Any other failure is reported as ajv found it first.
+ */
+export function explainErrors(errors: readonly ErrorObject[], schema: unknown, value: unknown): ErrorObject | undefined {
+  const union = errors.at(-1);
+  if (!union || (union.keyword !== 'anyOf' && union.keyword !== 'oneOf')) return errors[0];
+  const prefix = `${union.schemaPath}/`;
+  const branches = at(schema, union.schemaPath);
+  if (!Array.isArray(branches)) return errors[0];
+  const byBranch = new Map<number, ErrorObject[]>();
+  for (const e of errors.slice(0, -1)) {
+    if (!e.schemaPath.startsWith(prefix)) continue;
+    const i = Number(e.schemaPath.slice(prefix.length).split('/')[0]);
+    if (!byBranch.has(i)) byBranch.set(i, []);
+    byBranch.get(i)?.push(e);
+  }
+  if (byBranch.size === 0) return errors[0];
+  const v = at(value, union.instancePath === '' ? '' : `#${union.instancePath}`);
+  const consts = branches.map((b) => (isObject(b) && 'const' in b ? { value: b.const } : undefined));
+  if (consts.every((c) => c !== undefined)) {
+    return { ...union, keyword: 'one_of_literals', params: { allowed: consts.map((c) => c?.value) }, message: 'must be one of the allowed values' };
+  }
+  const pick = (i: number): ErrorObject | undefined => {
+    const own = byBranch.get(i);
+    return own && own.length > 0 ? explainErrors(own, schema, value) : undefined;
+  };
+  // A discriminated alternative: every constant property it declares has the value's value.
+  if (isObject(v)) {
+    const claimed = branches.findIndex((b) => {
+      const props = isObject(b) && isObject(b.properties) ? Object.entries(b.properties) : [];
+      const fixed = props.filter(([, p]) => isObject(p) && 'const' in p);
+      return fixed.length > 0 && fixed.every(([k, p]) => v[k] === (p as Json).const);
+    });
+    if (claimed >= 0) return pick(claimed) ?? errors[0];
+  }
+  // Else the alternative of the value's JSON type that got the furthest.
+  let best: { error: ErrorObject; depth: number } | undefined;
+  for (const i of [...byBranch.keys()].sort((a, b) => a - b)) {
+    const e = pick(i);
+    if (!e) continue;
+    const wrongType = e.keyword === 'type' && e.instancePath === union.instancePath;
+    const depth = wrongType ? -1 : e.instancePath.split('/').length;
+    if (!best || depth > best.depth) best = { error: e, depth };
+  }
+  return best?.error ?? errors[0];
+}
+
+/**
+ * A copy of `schema` in which every integer is a safe one: a number past 2^53 cannot be told
+ * from its neighbours, and one sent in exponent form would reach storage as such.
+ */
+function withSafeIntegers(schema: unknown): unknown {
+  if (Array.isArray(schema)) return schema.map(withSafeIntegers);
+  if (!isObject(schema)) return schema;
+  const out: Json = {};
+  for (const [k, v] of Object.entries(schema)) out[k] = k === 'const' || k === 'enum' || k === 'default' || k === 'examples' ? v : withSafeIntegers(v);
+  const type = out.type;
+  if (type === 'integer' || (Array.isArray(type) && type.includes('integer'))) {
+    out.maximum = Math.min(typeof out.maximum === 'number' ? out.maximum : Number.MAX_SAFE_INTEGER, Number.MAX_SAFE_INTEGER);
+    out.minimum = Math.max(typeof out.minimum === 'number' ? out.minimum : Number.MIN_SAFE_INTEGER, Number.MIN_SAFE_INTEGER);
+  }
+  return out;
+}
+
+/**
+ * Compile once, validate many; rejects with `validation.malformed` naming the problem (where it
+ * is: `label`, default the part's name, then the JSON path; of a failed union, the alternative
+ * meant: `explainErrors`).
  */
 export function validator<S extends TSchema>(schema: S, part: RequestPart = 'body', label: string = part): (value: unknown) => Static<S> {
   const coerce = part === 'query' || part === 'path' || part === 'header' || part === 'config';
   const store = coerce ? paramCache : cache;
   let fn = store.get(schema);
   if (!fn) {
-    fn = (coerce ? paramAjv : bodyAjv).compile(schema);
+    fn = (coerce ? paramAjv : bodyAjv).compile(withSafeIntegers(schema) as TSchema);
     store.set(schema, fn);
   }
   const compiled = fn;
+  const compiledSchema = compiled.schema;
   return (value: unknown): Static<S> => {
     if (compiled(value)) return value as Static<S>;
-    const first = compiled.errors?.[0];
+    const first = explainErrors(compiled.errors ?? [], compiledSchema, value);
     throw new ApiError('validation.malformed', first ? describe(label, first) : `${label} is invalid`);
   };
 }

@@ -1,0 +1,63 @@
+import { describe, expect, it } from 'vitest';
+import { ApiError } from './errors.js';
+import { Nullable, Obj, Type, validator } from './schema.js';
+
+const message = (fn: (v: unknown) => unknown, value: unknown): string => {
+  try {
+    fn(value);
+  } catch (err) {
+    if (err instanceof ApiError) return err.message;
+    throw err;
+  }
+  return 'accepted';
+};
+
+describe('validation messages', () => {
+  const Resource = Type.Union([
+    Obj({ type: Type.Literal('file'), file_id: Type.String(), mount_path: Type.Optional(Type.String()) }),
+    Obj({ type: Type.Literal('repository'), url: Type.String(), ref: Type.Optional(Type.String()) }),
+  ]);
+  const Agent = Type.Union([
+    Type.String(),
+    Obj({ name: Type.String(), model: Type.String(), tools: Type.Optional(Type.Array(Type.String())) }),
+    Obj({ id: Type.String(), version: Type.Integer({ minimum: 1 }) }),
+  ]);
+  const Network = Type.Union([
+    Obj({ mode: Type.Literal('none') }),
+    Obj({ mode: Type.Literal('allowlist'), allowed_hosts: Type.Array(Type.String(), { minItems: 1 }) }),
+  ]);
+  const Content = Type.Union([Type.String(), Type.Array(Obj({ type: Type.Literal('text'), text: Type.String() }), { minItems: 1 })]);
+  const body = validator(Obj({
+    agent: Type.Optional(Agent), resource: Type.Optional(Resource), network: Type.Optional(Network), content: Type.Optional(Content),
+    order: Type.Optional(Type.Union([Type.Literal('asc'), Type.Literal('desc')])), note: Type.Optional(Nullable(Type.String())),
+  }));
+
+  it('names the problem of the alternative a union value was meant for', () => {
+    expect(message(body, { agent: { name: 'x', model: 'default', bogus: 1 } })).toBe("body.agent: unknown field 'bogus'");
+    expect(message(body, { agent: { id: 'agent_1', version: 0 } })).toBe('body.agent.version: must be >= 1');
+    expect(message(body, { agent: { name: 'x' } })).toBe("body.agent: missing required field 'model'");
+    expect(message(body, { agent: 5 })).toBe('body.agent: must be string');
+    expect(message(body, { resource: { type: 'file', file_id: 'f', extra: 1 } })).toBe("body.resource: unknown field 'extra'");
+    expect(message(body, { resource: { type: 'repository' } })).toBe("body.resource: missing required field 'url'");
+    expect(message(body, { network: { mode: 'allowlist' } })).toBe("body.network: missing required field 'allowed_hosts'");
+    expect(message(body, { content: [] })).toBe('body.content: must NOT have fewer than 1 items');
+    expect(message(body, { content: [{ type: 'text', text: 'hi', x: 1 }] })).toBe("body.content.0: unknown field 'x'");
+    expect(message(body, { note: 5 })).toBe('body.note: must be string');
+    expect(message(body, { agent: 'ok', resource: { type: 'file', file_id: 'f' }, content: 'hi', note: null })).toBe('accepted');
+  });
+
+  it('lists the allowed values of a union of constants and of an enum', () => {
+    expect(message(body, { order: 'sideways' })).toBe("body.order: must be one of 'asc', 'desc'");
+    const query = validator(Obj({ state: Type.Optional(Type.Unsafe<string>({ type: 'string', enum: ['open', 'closed'] })) }), 'query');
+    expect(message(query, { state: 'ajar' })).toBe("query.state: must be one of 'open', 'closed'");
+  });
+
+  it('takes only safe integers, even where the schema sets no bound', () => {
+    const query = validator(Obj({ after: Type.Optional(Type.Integer({ minimum: 0 })), n: Type.Optional(Type.Integer({ maximum: 10 })) }), 'query');
+    expect(message(query, { after: '9007199254740991' })).toBe('accepted');
+    expect(message(query, { after: '1e21' })).toBe('query.after: must be <= 9007199254740991');
+    expect(message(query, { after: '18446744073709551615' })).toBe('query.after: must be <= 9007199254740991');
+    expect(message(query, { n: '11' })).toBe('query.n: must be <= 10');
+    expect(message(query, { n: '-9007199254740993' })).toBe('query.n: must be >= -9007199254740991');
+  });
+});
