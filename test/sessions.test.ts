@@ -266,9 +266,18 @@ describe('sessions', () => {
   });
 
   it('delete erases the log: session_deleted, retry-safe, stream reports a gap and never old content', async () => {
-    const s = await newSession({ initial_events: [msg('secret words')] });
+    const created = { agent: agentId, environment_id: envId, title: 'secret title', initial_events: [msg('secret words')] };
+    const s = (await api.request<Json & { id: string }>('POST', '/v1/sessions', { body: created, idempotencyKey: 'erased-create' })).body;
     const threadId = (await sessionDoc(s.id))._primary_thread_id;
+    const sent = await api.request<Json>('POST', `/v1/sessions/${s.id}/events`, { body: msg('secret send'), idempotencyKey: 'erased-send' });
+    expect(sent.status).toBe(201);
     expect(await api.delete(`/v1/sessions/${s.id}`)).toEqual({ id: s.id, type: 'session_deleted' });
+    // A retry under the same Idempotency-Key answers what is there now: nothing of the erased content.
+    for (const [path, body, key] of [['/v1/sessions', created, 'erased-create'], [`/v1/sessions/${s.id}/events`, msg('secret send'), 'erased-send']] as const) {
+      const again = await api.request('POST', path, { body, idempotencyKey: key });
+      expect([path, again.status, errType(again)]).toEqual([path, 404, 'validation.not_found']);
+      expect(JSON.stringify(again.body)).not.toMatch(/secret/);
+    }
     expect(await api.delete(`/v1/sessions/${s.id}`)).toEqual({ id: s.id, type: 'session_deleted' });
     // An erased Session, its threads and its events are absent resources: 404 of the catalog,
     // whose message says that the Session was deleted.

@@ -159,6 +159,16 @@ export interface Operation<P extends TSchema = TSchema, Q extends TSchema = TSch
    * returning false makes the retry fail closed with `idempotency.conflict`.
    */
   replayable?: (storedBody: unknown, deps: ApiDeps) => Promise<boolean>;
+  /**
+   * Erasure-safe replay, for an operation whose answer holds content an erasure must take away
+   * (a Session, a drive event): an Idempotency-Key keeps only `keep(body)` of a success (opaque
+   * ids), and its replay answers `rehydrate(kept)`, read live at that moment, so a replay after
+   * the resource was erased is its 404, never the erased content.
+   */
+  erasureSafe?: {
+    keep(body: unknown): unknown;
+    rehydrate(kept: unknown, req: { caller: Caller; params: unknown; deps: ApiDeps }): Promise<unknown>;
+  };
   handler(req: OperationRequest<Static<P>, Static<Q>, Static<B>>): Promise<OperationResult>;
 }
 

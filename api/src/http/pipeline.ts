@@ -9,7 +9,7 @@ import { fingerprint, IDEMPOTENCY_KEY_RE } from './idempotency.js';
 import type { AuditOutcome } from '../audit/store.js';
 import { targetTypeOf, type CheckTarget } from '../governance/permissions.js';
 import type { ToolCall } from '../governance/policy-eval.js';
-import { CURRENT_VERSION, type PermissionDeclaration, type HttpMethod, type JsonResult, type Operation, type OperationResult } from './operation.js';
+import { CURRENT_VERSION, type PermissionDeclaration, type HttpMethod, type Operation, type OperationResult } from './operation.js';
 
 /** One request as the pipeline sees it, whichever edge it came in on (REST or MCP). */
 export interface RawRequest {
@@ -297,6 +297,9 @@ async function run(
     if (op.replayable && begun.result.status < 300 && !(await op.replayable(begun.result.body, deps))) {
       throw new ApiError('idempotency.conflict', 'the original response holds a secret that is no longer live; it is not replayed');
     }
+    if (op.erasureSafe && begun.result.status < 300) {
+      return { caller, result: { ...begun.result, body: await op.erasureSafe.rehydrate(begun.result.body, { caller, params, deps }) } };
+    }
     return { caller, result: begun.result };
   }
   let result: OperationResult;
@@ -315,7 +318,8 @@ async function run(
     await deps.idempotency.abandon(begun);
     return { caller, result };
   }
-  await deps.idempotency.complete(begun, result as JsonResult, op.sensitive ?? false);
+  const kept = op.erasureSafe && result.status < 300 ? { ...result, body: op.erasureSafe.keep(result.body) } : result;
+  await deps.idempotency.complete(begun, kept, op.sensitive ?? false);
   return { caller, result };
 }
 

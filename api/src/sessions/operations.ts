@@ -33,12 +33,34 @@ async function liveSession(deps: ApiDeps, ws: string, id: string): Promise<Sessi
   return deps.sessions.store.get(ws, id);
 }
 
+/** A Session's answer, kept by an Idempotency-Key as its id only and replayed as the Session is now. */
+const sessionReplay: NonNullable<Operation['erasureSafe']> = {
+  keep: (body) => ({ id: (body as { id: string }).id }),
+  rehydrate: async (kept, { caller, deps }) => deps.sessions.view(await liveSession(deps, requireWorkspace(caller), (kept as { id: string }).id)),
+};
+
+/** A drive event's answer, kept as its place in the log and replayed from the log (404 once erased). */
+const eventReplay: NonNullable<Operation['erasureSafe']> = {
+  keep: (body) => {
+    const e = body as LogEvent;
+    return { id: e.id, seq: e.seq, session_id: e.session_id };
+  },
+  rehydrate: async (kept, { caller, deps }) => {
+    const k = kept as { id: string; seq: number; session_id: string };
+    await liveSession(deps, requireWorkspace(caller), k.session_id);
+    const [event] = await deps.sessions.store.log.range(k.session_id, k.seq - 1, 1, k.seq);
+    if (!event || event.id !== k.id) throw new ApiError('validation.not_found', `event ${k.id} is no longer in the session's log (retention)`);
+    return event;
+  },
+};
+
 export const sessionOperations: Operation[] = [
   workspaceWrite('POST', {
     operationId: 'sessions.createSession', path: '/v1/sessions', summary: 'Create a Session',
     audit: { target: 'response' },
     auth: { ...writers, principal: true }, permission: { action: 'invoke', target: 'body.agent' },
     body: CreateSessionBody, response: SessionSchema, successStatus: 201, idempotency: 'optional', mcp: 'compact',
+    erasureSafe: sessionReplay,
   }, (ws, { body, idempotencyKey, deps, trace }) => deps.sessions.create(ws, body, idempotencyKey, { trace })),
   defineOperation({
     operationId: 'sessions.listSessions', method: 'GET', path: '/v1/sessions',
@@ -61,6 +83,7 @@ export const sessionOperations: Operation[] = [
     audit: { target: 'session_id' },
     summary: 'Update a Session; supplied collections fully replace; agent changes govern later Runs only', auth: writers,
     params: SessionPath, body: UpdateSessionBody, response: SessionSchema, idempotency: 'optional', mcp: 'compact',
+    erasureSafe: sessionReplay,
     async handler({ caller, params, body, deps }) {
       const ws = requireWorkspace(caller);
       if (body.vault_ids !== undefined) await deps.vaults.requireAll(ws, body.vault_ids);
@@ -174,6 +197,7 @@ export const sessionOperations: Operation[] = [
     audit: { target: 'session_id' },
     auth: { ...writers, principal: true }, permission: { action: 'steer', target: 'session_id', authorIsCaller: true }, actionPolicy: 'drive',
     params: SessionPath, body: DriveEventBody, response: EventSchema, successStatus: 201, idempotency: 'optional', mcp: 'compact',
+    erasureSafe: eventReplay,
     async handler({ caller, params, body, idempotencyKey, deps, trace }) {
       const payload = checkDrivePayload(body.type, body.payload);
       const s = await deps.sessions.store.getShared(requireWorkspace(caller), params.session_id);
