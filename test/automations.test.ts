@@ -23,7 +23,7 @@ const MARKER = 'PROMPT-MARKER-7f3a';
 const REPLY = 'REPLY-MARKER-91bd';
 
 interface Firing { id: string; status: string; outcome: string | null; session_id: string | null; run_id: string | null; attempt_count: number; source: { kind: string; delivery_id?: string }; error: string | null; admission: { disposition: string } }
-interface Automation { id: string; version: number; status: string; signing_secret?: string; next_fire_at: string | null; metrics: Record<string, number>; webhook: { ingest_path: string } | null }
+interface Automation { id: string; version: number; status: string; signing_secret?: string; next_fire_at: string | null; metrics: Record<string, number>; webhook: { ingest_path: string } | null; agent: { id: string; version: number | null } }
 
 async function newServicePrincipal(name: string, grant = true): Promise<string> {
   const ws = p.bootstrap.workspace_id;
@@ -213,6 +213,20 @@ describe('manual fire, receipt, Session and trace', () => {
     expect([cron.status, errType(cron)]).toEqual([400, 'validation.malformed']);
     const tz = await api.request('POST', '/v1/automations', { body: { name: 'x', principal_id: service, agent: agentId, environment_id: envId, prompt: 'p', trigger: { type: 'schedule', cron: '* * * * *', timezone: 'Mars/Olympus' } } });
     expect([tz.status, errType(tz)]).toEqual([400, 'validation.malformed']);
+  });
+});
+
+describe('automation bodies', () => {
+  it('takes back the agent reference it answers, and explains a bad schedule', async () => {
+    const a = await createAutomation({ trigger: { type: 'webhook' } });
+    expect(a.agent).toEqual({ id: agentId, version: null });
+    const same = await createAutomation({ trigger: { type: 'webhook' }, agent: a.agent });
+    expect(same.agent).toEqual({ id: agentId, version: null });
+    const zero = await api.request('POST', '/v1/automations', { body: {
+      name: 'zero', principal_id: service, agent: agentId, environment_id: envId, prompt: 'x', trigger: { type: 'schedule', interval_seconds: 0 },
+    } });
+    expect([zero.status, errType(zero)]).toEqual([400, 'validation.malformed']);
+    expect((zero.body as { error: { message: string } }).error.message).toMatch(/interval_seconds: must be >= 1/);
   });
 });
 

@@ -68,7 +68,7 @@ async function checkRefs(deps: ApiDeps, ws: string, r: { principal_id?: string |
   if (r.environment_id) await deps.environments.get(ws, r.environment_id);
 }
 
-const agentRef = (a: string | { id: string; version?: number | undefined }): AutomationDoc['agent'] =>
+const agentRef = (a: string | { id: string; version?: number | null | undefined }): AutomationDoc['agent'] =>
   typeof a === 'string' ? { id: a, version: null } : { id: a.id, version: a.version ?? null };
 
 async function view(deps: ApiDeps, a: AutomationDoc, extra: Record<string, unknown> = {}): Promise<Record<string, unknown>> {

@@ -19,7 +19,8 @@ export const TriggerInput = Type.Union([
     filter: Type.Optional(Obj({ webhook_endpoint_ids: Type.Optional(Type.Array(Id('webhookEndpoint'), { maxItems: 64, uniqueItems: true })) })),
   }),
 ]);
-export const AgentRefInput = Type.Union([Id('agent'), Obj({ id: Id('agent'), version: Type.Optional(Type.Integer({ minimum: 1 })) })]);
+/** An Agent id, or `{id, version}` as an Automation answers it (`version` null or absent: the current version at each firing). */
+export const AgentRefInput = Type.Union([Id('agent'), Obj({ id: Id('agent'), version: Type.Optional(Nullable(Type.Integer({ minimum: 1 }))) })]);
 export const BudgetInput = Obj({ max_list_cost: Obj({ amount: Type.Number({ minimum: 0, maximum: 1_000_000_000 }), currency: Type.Optional(Type.Literal('USD')) }) });
 /** Byte length is checked after validation (64 KiB of UTF-8); characters bound it here. */
 export const Prompt = Type.String({ minLength: 1, maxLength: MAX_PROMPT_BYTES });

@@ -43,6 +43,12 @@ describe('validation messages', () => {
     expect(message(body, { content: [] })).toBe('body.content: must NOT have fewer than 1 items');
     expect(message(body, { content: [{ type: 'text', text: 'hi', x: 1 }] })).toBe("body.content.0: unknown field 'x'");
     expect(message(body, { note: 5 })).toBe('body.note: must be string');
+    const schedule = validator(Type.Union([
+      Obj({ type: Type.Literal('schedule'), cron: Type.String() }),
+      Obj({ type: Type.Literal('schedule'), interval_seconds: Type.Integer({ minimum: 1 }) }),
+    ]));
+    expect(message(schedule, { type: 'schedule', interval_seconds: 0 })).toBe('body.interval_seconds: must be >= 1');
+    expect(message(schedule, { type: 'schedule' })).toBe("body: missing required field 'cron'");
     expect(message(body, { agent: 'ok', resource: { type: 'file', file_id: 'f' }, content: 'hi', note: null })).toBe('accepted');
   });
 

@@ -68,9 +68,9 @@ function at(root: unknown, pointer: string): unknown {
 
 /**
  * The error that says what is wrong, out of what a failed union (`anyOf`, `oneOf`) reports: one
- * error per alternative tried, then the union's own. The alternative meant is the one whose
- * constant properties (a `type` or `mode` discriminator) the value carries; else the one whose
- * JSON type the value has and that got furthest into it. A union of constants is one error
+ * error per alternative tried, then the union's own. The alternative meant is one whose
+ * constant properties (a `type` or `mode` discriminator) the value carries, and of several such
+ * (or of all, when none) the one whose JSON type the value has and that got furthest into it. A union of constants is one error
  * listing them. Any other failure is reported as ajv found it first.
  */
 export function explainErrors(errors: readonly ErrorObject[], schema: unknown, value: unknown): ErrorObject | undefined {
@@ -96,18 +96,18 @@ export function explainErrors(errors: readonly ErrorObject[], schema: unknown, v
     const own = byBranch.get(i);
     return own && own.length > 0 ? explainErrors(own, schema, value) : undefined;
   };
-  // A discriminated alternative: every constant property it declares has the value's value.
-  if (isObject(v)) {
-    const claimed = branches.findIndex((b) => {
+  // The discriminated alternatives: every constant property they declare has the value's value.
+  const claimed = isObject(v)
+    ? [...byBranch.keys()].filter((i) => {
+      const b = branches[i] as unknown;
       const props = isObject(b) && isObject(b.properties) ? Object.entries(b.properties) : [];
       const fixed = props.filter(([, p]) => isObject(p) && 'const' in p);
       return fixed.length > 0 && fixed.every(([k, p]) => v[k] === (p as Json).const);
-    });
-    if (claimed >= 0) return pick(claimed) ?? errors[0];
-  }
-  // Else the alternative of the value's JSON type that got the furthest.
+    })
+    : [];
+  // Of those (else of all), the alternative of the value's JSON type that got the furthest.
   let best: { error: ErrorObject; depth: number } | undefined;
-  for (const i of [...byBranch.keys()].sort((a, b) => a - b)) {
+  for (const i of (claimed.length > 0 ? claimed : [...byBranch.keys()]).sort((a, b) => a - b)) {
     const e = pick(i);
     if (!e) continue;
     const wrongType = e.keyword === 'type' && e.instancePath === union.instancePath;
