@@ -720,6 +720,7 @@ export class RunnerAgent {
       runner_id: this.cred.runner_id,
       last_heartbeat_ack_at: this.lastAckIso,
       reconnect_attempt: this.attempt,
+      drain: this.drainSource,
       updated_at: nowIso(),
     };
   }

@@ -1,11 +1,12 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createServer, type Server } from 'node:http';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, rmSync, watch } from 'node:fs';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { saveState } from './config.js';
+import { loadState, saveCredential, statePath } from './config.js';
+import { acquireDaemonLock, lockDir, processStart, type DaemonLock } from './lock.js';
 import { connectUrl } from './probe.js';
 
 /** The runner CLI as users run it: `node runner-daemon/dist/cli.js …`, exit code and output. */
@@ -17,9 +18,9 @@ const tmp = (): string => {
   return d;
 };
 /** Runs the CLI without blocking this process (the test's own HTTP server must keep answering). */
-const cli = (args: string[], timeout = 90_000): Promise<{ code: number | null; stdout: string; stderr: string; timedOut: boolean }> =>
+const cli = (args: string[], timeout = 90_000, env: Record<string, string> = {}): Promise<{ code: number | null; stdout: string; stderr: string; timedOut: boolean }> =>
   new Promise((done) => {
-    const child = spawn(process.execPath, [CLI, ...args], { env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: tmp() }, stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn(process.execPath, [CLI, ...args], { env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: tmp(), ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
     let stdout = '';
     let stderr = '';
     child.stdout.setEncoding('utf8').on('data', (d: string) => (stdout += d));
@@ -34,6 +35,10 @@ const cli = (args: string[], timeout = 90_000): Promise<{ code: number | null; s
       done({ code, stdout, stderr, timedOut });
     });
   });
+const credential = (baseUrl: string): Parameters<typeof saveCredential>[1] => ({
+  base_url: baseUrl, secret: 's', runner_id: 'runner_cli', runner_credential_id: 'rcred_cli', runner_pool_id: 'rpool_cli',
+  workspace_id: 'wksp_cli', machine_label: 'box', paired_at: '2026-01-01T00:00:00.000Z',
+});
 const json = (s: string): { ok: boolean; error?: { type: string; message: string } } & Record<string, unknown> => JSON.parse(s.trim().split('\n').pop() ?? '{}');
 
 afterAll(() => {
@@ -49,7 +54,7 @@ describe('agentplane-runner: usage and configuration errors', { timeout: 240_000
       cli(['start', '--sandbox-reap-grace-seconds=-1', '--config-dir', tmp()]),
     ]);
     expect(r.code).toBe(2);
-    expect(r.stderr).toContain("--slots must be an integer in [0, 1024], got 'lots'");
+    expect(r.stderr).toContain("--slots must be an integer in [1, 1024], got 'lots'");
     expect(r.stderr).not.toMatch(/\bv must/);
     expect(hb.code).toBe(2);
     expect(json(hb.stdout).error).toEqual({ type: 'config', message: "--heartbeat-ms must be an integer in [100, 9007199254740991], got '5'" });
@@ -93,34 +98,282 @@ describe('agentplane-runner: usage and configuration errors', { timeout: 240_000
     expect(unpaired.code).toBe(2);
     expect(json(unpaired.stdout).error?.message).toContain('no runner credential');
   });
-});
 
-describe('agentplane-runner drain --wait', { timeout: 240_000 }, () => {
-  let stubborn: ChildProcess | undefined;
-  afterAll(() => {
-    stubborn?.kill('SIGKILL');
+  it('no command is a usage error (exit 2); --help and help <command> are not', async () => {
+    const [none, noneJson, help, helpDrain, helpBogus] = await Promise.all([cli([]), cli(['--json']), cli(['--help']), cli(['help', 'drain']), cli(['help', 'bogus'])]);
+    expect(none.code).toBe(2);
+    expect(none.stderr).toContain('no command given');
+    expect(none.stderr).toContain('Usage: agentplane-runner <command>');
+    expect(none.stdout).toBe('');
+    expect(noneJson.code).toBe(2);
+    expect(json(noneJson.stdout).error).toEqual({ type: 'usage', message: 'no command given' });
+    expect(help.code).toBe(0);
+    expect(help.stdout).toContain('Usage: agentplane-runner <command>');
+    expect(helpDrain.code).toBe(0);
+    expect(helpDrain.stdout).toContain('Usage: agentplane-runner drain');
+    expect(helpBogus.code).toBe(2);
   });
 
-  it('gives up after --timeout with a non-zero exit code when the daemon does not exit', async () => {
-    // A "daemon" that ignores SIGTERM, as one finishing a long Run does.
-    stubborn = spawn(process.execPath, ['-e', "process.on('SIGTERM', () => {}); process.stdout.write('ready\\n'); setInterval(() => {}, 1000)"], { stdio: ['ignore', 'pipe', 'ignore'] });
-    await new Promise((r) => stubborn?.stdout?.once('data', r));
+  it("an unknown option shows the subcommand's usage, not the top-level one", async () => {
+    const [pair, service] = await Promise.all([cli(['pair', '--bogus']), cli(['service', 'status', '--bogus'])]);
+    expect(pair.code).toBe(2);
+    expect(pair.stderr).toContain("Unknown option '--bogus'");
+    expect(pair.stderr).toContain('Usage: agentplane-runner pair');
+    expect(pair.stderr).not.toContain('Usage: agentplane-runner <command>');
+    expect(service.code).toBe(2);
+    expect(service.stderr).toContain('Usage: agentplane-runner service');
+  });
+
+  it('refuses --slots 0 and RUNNER_MAX_SLOTS=0 (a runner that takes no work is a drained one)', async () => {
+    const [flag, env, help] = await Promise.all([
+      cli(['start', '--slots', '0', '--config-dir', tmp(), '--json']),
+      cli(['start', '--config-dir', tmp(), '--json'], 90_000, { RUNNER_MAX_SLOTS: '0' }),
+      cli(['start', '--help']),
+    ]);
+    expect(flag.code).toBe(2);
+    expect(json(flag.stdout).error).toEqual({ type: 'config', message: "--slots must be an integer in [1, 1024], got '0'" });
+    expect(env.code).toBe(2);
+    expect(json(env.stdout).error).toEqual({ type: 'config', message: "RUNNER_MAX_SLOTS must be an integer in [1, 1024], got '0'" });
+    expect(help.stdout).toContain('1 to 1024');
+  });
+
+  it('drain without a daemon answers with the documented error object', async () => {
     const dir = tmp();
-    saveState(dir, {
-      pid: stubborn.pid ?? 0, status: 'ready', connected: true, generation: 1, base_url: 'http://127.0.0.1:1', runner_id: 'runner_x',
-      last_heartbeat_ack_at: null, reconnect_attempt: 0, updated_at: new Date().toISOString(),
+    const [j, human] = await Promise.all([cli(['drain', '--json', '--config-dir', dir]), cli(['drain', '--config-dir', dir])]);
+    expect(j.code).toBe(1);
+    expect(json(j.stdout)).toEqual({ ok: false, running: false, error: { type: 'not_running', message: `no running daemon on ${dir}` } });
+    expect(human.code).toBe(1);
+    expect(human.stderr).toContain('no running daemon');
+  });
+
+  it('service install checks that --user exists; --user is in its help', async () => {
+    const dir = tmp();
+    saveCredential(dir, credential('http://127.0.0.1:1'));
+    const unitDir = tmp();
+    const [unknown, help] = await Promise.all([
+      cli(['service', 'install', '--user', 'agentplane-no-such-user-7f3a', '--no-systemctl', '--unit-dir', unitDir, '--config-dir', dir, '--json']),
+      cli(['service', '--help']),
+    ]);
+    expect(unknown.code).toBe(2);
+    expect(json(unknown.stdout).error?.type).toBe('config');
+    expect(json(unknown.stdout).error?.message).toContain("no user 'agentplane-no-such-user-7f3a'");
+    expect(readdirSync(unitDir)).toEqual([]);
+    expect(help.stdout).toMatch(/^ {2}--user <user> /m);
+    expect(help.stdout).toContain('--no-systemctl systemd is not asked');
+  });
+});
+
+/**
+ * A stand-in daemon: counts SIGTERMs and prints `TERM <n>` for each; with `record`, it notes the
+ * drain in its state file on the first, as the real daemon does. Lines on stdin ask for the count.
+ */
+interface FakeDaemon {
+  child: ChildProcess;
+  /** Resolves when a line matching `re` was printed (or already was). */
+  line(re: RegExp): Promise<string>;
+  /** How many SIGTERMs it has handled, once it has answered. */
+  count(): Promise<number>;
+}
+const fakes: ChildProcess[] = [];
+async function fakeDaemon(dir: string, record: boolean): Promise<FakeDaemon> {
+  const script = `
+    const fs = require('node:fs');
+    const [dir, record] = process.argv.slice(1);
+    let n = 0;
+    const write = (drain) => {
+      fs.writeFileSync(dir + '/state.json.tmp', JSON.stringify({ pid: process.pid, status: 'ready', connected: true, generation: 1,
+        base_url: 'http://127.0.0.1:1', runner_id: 'runner_x', last_heartbeat_ack_at: null, reconnect_attempt: 0, drain, updated_at: new Date().toISOString() }));
+      fs.renameSync(dir + '/state.json.tmp', dir + '/state.json');
+    };
+    write(null);
+    process.on('SIGTERM', () => { n += 1; if (n === 1 && record === 'record') write('local'); process.stdout.write('TERM ' + n + '\\n'); });
+    process.stdin.on('data', () => process.stdout.write('COUNT ' + n + '\\n'));
+    process.stdout.write('ready\\n');
+    setInterval(() => {}, 1000);`;
+  const child = spawn(process.execPath, ['-e', script, dir, record ? 'record' : 'ignore'], { stdio: ['pipe', 'pipe', 'ignore'] });
+  fakes.push(child);
+  const lines: string[] = [];
+  const waiters: Array<{ re: RegExp; done: (l: string) => void }> = [];
+  let buf = '';
+  child.stdout.setEncoding('utf8').on('data', (d: string) => {
+    buf += d;
+    for (let i = buf.indexOf('\n'); i >= 0; i = buf.indexOf('\n')) {
+      const l = buf.slice(0, i);
+      buf = buf.slice(i + 1);
+      lines.push(l);
+      for (const w of waiters.splice(0)) if (w.re.test(l)) w.done(l); else waiters.push(w);
+    }
+  });
+  const line = (re: RegExp): Promise<string> => {
+    const seen = lines.find((l) => re.test(l));
+    return seen !== undefined ? Promise.resolve(seen) : new Promise((done) => waiters.push({ re, done }));
+  };
+  await line(/^ready$/);
+  let asked = 0;
+  const count = async (): Promise<number> => {
+    asked += 1;
+    const want = lines.filter((l) => l.startsWith('COUNT ')).length + 1;
+    const answered = new Promise<string>((done) => {
+      const check = (): void => {
+        const answers = lines.filter((l) => l.startsWith('COUNT '));
+        if (answers.length >= want) done(answers[want - 1] ?? '');
+        else waiters.push({ re: /^COUNT /, done: () => check() });
+      };
+      check();
     });
+    child.stdin.write(`${asked}\n`);
+    return Number((await answered).slice('COUNT '.length));
+  };
+  return { child, line, count };
+}
+
+describe('agentplane-runner drain', { timeout: 240_000 }, () => {
+  afterAll(() => {
+    for (const f of fakes) if (f.exitCode === null && f.signalCode === null) f.kill('SIGKILL');
+  });
+
+  it('drain --wait again does not signal a daemon that has not yet noted its drain; --timeout gives up with exit code 1', async () => {
+    // A daemon that does not exit (a long Run) and has not written its drain to state.json yet.
+    const dir = tmp();
+    const d = await fakeDaemon(dir, false);
+    const first = await cli(['drain', '--json', '--config-dir', dir]);
+    expect(first.code, first.stdout + first.stderr).toBe(0);
+    expect(json(first.stdout)).toMatchObject({ ok: true, signalled: true, already_draining: false, exited: false });
+    await d.line(/^TERM 1$/);
+
     const started = Date.now();
-    const r = await cli(['drain', '--wait', '--timeout', '1', '--json', '--config-dir', dir], 120_000);
-    expect(r.timedOut).toBe(false); // without --timeout it would wait forever
-    expect(r.code).toBe(1);
-    expect(json(r.stdout)).toMatchObject({ ok: false, exited: false, timed_out: true });
+    const again = await cli(['drain', '--wait', '--timeout', '1', '--json', '--config-dir', dir], 120_000);
+    expect(again.timedOut).toBe(false); // without --timeout it would wait forever
+    expect(again.code).toBe(1);
+    expect(json(again.stdout)).toMatchObject({ ok: false, signalled: false, already_draining: true, exited: false, timed_out: true });
     expect(Date.now() - started).toBeLessThan(120_000);
-    expect(stubborn.exitCode).toBeNull();
+    const human = await cli(['drain', '--wait', '--timeout', '0', '--config-dir', dir]);
+    expect(human.stdout).toContain('already draining');
+    expect(human.stdout).toContain('waits again without signalling it');
+    expect(await d.count()).toBe(1);
+    expect(d.child.exitCode).toBeNull();
 
     const bad = await cli(['drain', '--wait', '--timeout', 'soon', '--config-dir', dir]);
     expect(bad.code).toBe(2);
-    expect(bad.stderr).toContain("--timeout must be an integer");
+    expect(bad.stderr).toContain('--timeout must be an integer');
+  });
+
+  it('a daemon that noted its drain (systemctl stop, a signal) is not signalled; --cancel escalates', async () => {
+    const dir = tmp();
+    const d = await fakeDaemon(dir, true);
+    d.child.kill('SIGTERM'); // e.g. systemctl stop
+    await d.line(/^TERM 1$/);
+    expect(loadState(dir)?.drain).toBe('local');
+    const r = await cli(['drain', '--json', '--config-dir', dir]);
+    expect(r.code).toBe(0);
+    expect(json(r.stdout)).toMatchObject({ ok: true, signalled: false, already_draining: true, canceled: false });
+    expect(await d.count()).toBe(1);
+
+    const cancel = await cli(['drain', '--cancel', '--json', '--config-dir', dir]);
+    expect(cancel.code).toBe(0);
+    expect(json(cancel.stdout)).toMatchObject({ ok: true, signalled: false, canceled: true });
+    await d.line(/^TERM 2$/);
+  });
+
+  it('--cancel on a daemon not draining yet drains it first, then cancels once it took the drain', async () => {
+    const dir = tmp();
+    const d = await fakeDaemon(dir, true);
+    const r = await cli(['drain', '--cancel', '--json', '--config-dir', dir]);
+    expect(r.code, r.stdout + r.stderr).toBe(0);
+    expect(json(r.stdout)).toMatchObject({ ok: true, signalled: true, canceled: true });
+    await d.line(/^TERM 2$/);
+    expect(await d.count()).toBe(2);
+  });
+});
+
+/** `start` for real: no Docker (the process driver), an unreachable control plane (it keeps reconnecting). */
+function daemon(dir: string): ChildProcess {
+  const child = spawn(process.execPath, [CLI, 'start', '--config-dir', dir, '--log-level', 'error'], {
+    env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: tmp(), DOCKER_SOCKET: join(tmp(), 'no-docker.sock') }, stdio: ['ignore', 'ignore', 'pipe'],
+  });
+  fakes.push(child);
+  return child;
+}
+const exitOf = (c: ChildProcess): Promise<number | null> =>
+  c.exitCode !== null || c.signalCode !== null ? Promise.resolve(c.exitCode) : new Promise((r) => c.once('exit', (code) => r(code)));
+/** Resolves once state.json names the daemon (it is up, its signal handlers set); rejects if it exits first. */
+function up(dir: string, c: ChildProcess): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const watcher = watch(dir);
+    const settle = (err?: Error): void => {
+      watcher.close();
+      c.off('exit', onExit);
+      if (err) reject(err);
+      else resolve();
+    };
+    const check = (): void => {
+      if (loadState(dir)?.pid === c.pid) settle();
+    };
+    const onExit = (code: number | null): void => settle(new Error(`daemon exited with ${code}`));
+    watcher.on('change', check);
+    c.once('exit', onExit);
+    check();
+  });
+}
+const kill9 = async (c: ChildProcess): Promise<void> => {
+  const gone = exitOf(c);
+  c.kill('SIGKILL');
+  await gone;
+};
+
+describe('agentplane-runner start: one daemon per config dir', { timeout: 240_000 }, () => {
+  const held: DaemonLock[] = [];
+  afterAll(() => {
+    for (const l of held) l.release();
+    for (const f of fakes) if (f.exitCode === null && f.signalCode === null) f.kill('SIGKILL');
+  });
+
+  it('refuses to start while a live daemon holds the config dir: exit code 3, nothing touched', async () => {
+    const dir = tmp();
+    saveCredential(dir, credential('http://127.0.0.1:1'));
+    const live = await fakeDaemon(tmp(), false);
+    const pid = live.child.pid ?? 0;
+    held.push(acquireDaemonLock(dir, { pid, start: processStart(pid) }));
+    const [j, human] = await Promise.all([cli(['start', '--json', '--config-dir', dir]), cli(['start', '--config-dir', dir])]);
+    expect(j.code).toBe(3);
+    expect(json(j.stdout)).toMatchObject({ ok: false, pid, error: { type: 'already_running' } });
+    expect(human.code).toBe(3);
+    expect(human.stderr).toContain(`another runner daemon (pid ${pid}) is running or starting on ${dir}`);
+    expect(existsSync(statePath(dir))).toBe(false);
+  });
+
+  it('starts after a daemon killed with kill -9 (stale lock), and releases the lock on exit', async () => {
+    const dir = tmp();
+    saveCredential(dir, credential('http://127.0.0.1:1'));
+    const first = daemon(dir);
+    await up(dir, first);
+    expect(readdirSync(lockDir(dir)).map((n) => n.split(/[-.]/)[0])).toEqual([String(first.pid)]);
+    await kill9(first);
+    expect(readdirSync(lockDir(dir))).toHaveLength(1); // stale: nobody removed it
+
+    const second = daemon(dir);
+    await up(dir, second);
+    expect(readdirSync(lockDir(dir)).map((n) => n.split(/[-.]/)[0])).toEqual([String(second.pid)]);
+    const exited = exitOf(second);
+    second.kill('SIGTERM');
+    expect(await exited).toBe(0);
+    expect(readdirSync(lockDir(dir))).toEqual([]);
+  });
+
+  it('of two starts at once, at most one runs; the other exits with code 3', async () => {
+    const dir = tmp();
+    saveCredential(dir, credential('http://127.0.0.1:1'));
+    const both = [daemon(dir), daemon(dir)];
+    const outcomes = await Promise.all(both.map((c) => Promise.race([exitOf(c), up(dir, c).then(() => 'running' as const, () => exitOf(c))])));
+    expect(outcomes.filter((o) => o === 'running').length).toBeLessThanOrEqual(1);
+    for (const o of outcomes) if (o !== 'running') expect(o).toBe(3);
+    const running = both.find((_, i) => outcomes[i] === 'running');
+    if (running) {
+      const exited = exitOf(running);
+      running.kill('SIGTERM');
+      expect(await exited).toBe(0);
+    }
+    expect(readdirSync(lockDir(dir))).toEqual([]);
   });
 });
 
@@ -137,6 +390,10 @@ describe('a control-plane URL with a base path', { timeout: 240_000 }, () => {
         }));
         return;
       }
+      if (req.method === 'POST' && req.url === '/denied/v1/runner-pairings/redeem') {
+        res.writeHead(401, { 'content-type': 'application/json' }).end(JSON.stringify({ error: { type: 'auth.invalid_key', message: 'the pairing code is not valid' } }));
+        return;
+      }
       res.writeHead(404, { 'content-type': 'application/json' }).end(JSON.stringify({ error: { type: 'not_found', message: req.url } }));
     });
     await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
@@ -149,6 +406,24 @@ describe('a control-plane URL with a base path', { timeout: 240_000 }, () => {
     expect(seen).toContain('POST /agentplane/v1/runner-pairings/redeem');
     expect(r.code, r.stdout + r.stderr).toBe(0);
     expect(json(r.stdout)).toMatchObject({ ok: true, runner_id: 'runner_1' });
+  });
+
+  it('pair: the control plane refusing is error type api, with its own error kept', async () => {
+    const denied = base.replace(/\/agentplane$/, '/denied');
+    const [j, human] = await Promise.all([
+      cli(['pair', '--code', 'USED-CODE', '--url', denied, '--json', '--config-dir', tmp()]),
+      cli(['pair', '--code', 'USED-CODE', '--url', denied, '--config-dir', tmp()]),
+    ]);
+    expect(j.code).toBe(1);
+    expect(json(j.stdout)).toEqual({
+      ok: false, status: 401,
+      error: {
+        type: 'api', message: 'pair failed: HTTP 401 auth.invalid_key: the pairing code is not valid', status: 401,
+        api_error: { type: 'auth.invalid_key', message: 'the pairing code is not valid' },
+      },
+    });
+    expect(human.code).toBe(1);
+    expect(human.stderr).toContain('pair failed: HTTP 401 auth.invalid_key');
   });
 
   it('the gateway URL keeps the path', () => {

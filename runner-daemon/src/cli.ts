@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-import { existsSync } from 'node:fs';
+import { existsSync, rmSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { hostname } from 'node:os';
@@ -12,7 +12,8 @@ import { RunnerAgent } from './agent.js';
 import { dockerClient } from './capabilities.js';
 import { credentialPath, loadCredential, loadDaemonConfig, loadState, saveCredential, type DaemonConfig, type RunnerCredentialFile } from './config.js';
 import { runDoctor } from './doctor.js';
-import { DEFAULT_UNIT_DIR, DEFAULT_UNIT_NAME, defaultUnitOptions, installService, serviceStatus, uninstallService, validUnitName, type ServiceContext, type ServiceResult } from './service.js';
+import { acquireDaemonLock, claimDrainRequest, clearDrainRequests, DaemonRunningError, drainRequestedAt, drainRequestPath, processLive } from './lock.js';
+import { DEFAULT_UNIT_DIR, DEFAULT_UNIT_NAME, defaultUnitOptions, installService, serviceStatus, uninstallService, userExists, validUnitName, validUserName, type ServiceContext, type ServiceResult } from './service.js';
 import { RunnerMetrics, serveMetrics } from './metrics.js';
 import { firstWilling, noopExecutor, turnExecutor } from './executors/index.js';
 import { SandboxManager } from './sandbox/manager.js';
@@ -20,15 +21,19 @@ import { DockerDriver, ensureSandboxImageIfDocker, planReap, reapItems, selectDr
 
 const COMMON = `
 Common options:
-  --config-dir <dir>   where runner.json (0600) and state.json live
+  --config-dir <dir>   where runner.json (0600), state.json and daemon.lock live
                        (default $AGENTPLANE_RUNNER_HOME or ~/.agentplane/runner)
-  --json               machine-readable output
+  --json               machine-readable output; errors too: {"ok": false, "error": {"type", "message"}}
+                       with type usage or config (exit code 2), network, api (the control plane
+                       refused; its own error in error.api_error), not_running (drain: no daemon),
+                       already_running (start: exit code 3) or internal (exit code 1)
   -h, --help           this help`;
 
 const HELP: Record<string, string> = {
   main: `agentplane-runner: the runner daemon
 
 Usage: agentplane-runner <command> [options]
+       agentplane-runner help [<command>]     (or <command> --help)
 
 Commands:
   pair     redeem a pairing code and store the runner credential
@@ -40,6 +45,7 @@ Commands:
            lists the sandboxes of gone runners that prune would remove
   prune    remove the sandboxes and workspace volumes of gone runners of this machine
   service  install|uninstall|status: run the daemon as a systemd service
+Without a command: this help on standard error, exit code 2.
 ${COMMON}`,
   pair: `Usage: agentplane-runner pair --code <code> --url <base url> [--label <name>] [--pool <rpool_id>]
 
@@ -53,7 +59,9 @@ Managed pools: mints a runner credential with no owner using a runner-role API k
 ${COMMON}`,
   start: `Usage: agentplane-runner start [--heartbeat-ms <ms>] [--slots <n>] [--drain-deadline-ms <ms>]
 
-Connects with the stored credential and stays connected: reconnects with capped exponential
+One daemon per config dir: start refuses (exit code 3, error type already_running) while a live
+daemon holds <config-dir>/daemon.lock; an entry left by a daemon that is gone (kill -9, a crash)
+is removed. Connects with the stored credential and stays connected: reconnects with capped exponential
 backoff and jitter (1 s doubling to 64 s), reports honest capabilities and free slots in
 heartbeats. SIGTERM: drain (no new work, finish held work, exit). A second SIGTERM, or the
 drain deadline (default 1 h), cancels held work. A drain the control plane asks for (a runner or
@@ -61,7 +69,8 @@ pool drain through the API) leaves the daemon connected and idle until it is res
 (POST /v1/runners/{id}/resume, or the pool's resume); --exit-when-drained makes it exit instead.
 Options:
   --heartbeat-ms <ms>        override the gateway's heartbeat interval
-  --slots <n>                cap on concurrent work (default: CPU count, bounded by free memory)
+  --slots <n>                cap on concurrent work, 1 to 1024 (default: CPU count; always bounded
+                             by free memory); to take no work, drain the runner instead
   --slot-memory-mib <mib>    memory reserved per slot (default 512)
   --drain-deadline-ms <ms>   drain deadline on SIGTERM (default 3600000)
   --exit-when-drained        exit once a control-plane drain has finished the held work
@@ -96,19 +105,29 @@ ${COMMON}`,
 Prints the running daemon's status (pid, connected, generation, last heartbeat).
 Exit code 0 when connected, 1 otherwise.
 ${COMMON}`,
-  drain: `Usage: agentplane-runner drain [--wait [--timeout <seconds>]]
+  drain: `Usage: agentplane-runner drain [--wait [--timeout <seconds>]] [--cancel]
 
-Sends SIGTERM to the running daemon: it stops taking work, finishes held work and exits.
---wait blocks until it has exited, at most --timeout seconds (default 3600, the daemon's default
-drain deadline); exit code 1 when it is still running then. (The control-plane API also drains:
-POST /v1/runners/{id}/drain.)
+Sends SIGTERM to the running daemon: it stops taking work, finishes held work and exits (held work
+still running at its drain deadline is canceled). A daemon already draining on a local request
+(an earlier drain, systemctl stop, a signal) is not signalled again, since a second signal
+cancels its held work: drain then only reports it (and waits, with --wait), so running
+\`drain --wait\` again is safe.
+Options:
+  --wait               block until the daemon has exited, at most --timeout seconds
+  --timeout <seconds>  how long --wait waits (default 3600, the daemon's default drain deadline)
+  --cancel             escalate: cancel the held work now (the daemon's second signal), drain first
+                       if it is not draining yet
+Exit code 0 when the drain was asked (with --wait: the daemon exited); 1 when no daemon runs
+(error type not_running) or, with --wait, it is still running at the timeout.
+(The control-plane API also drains: POST /v1/runners/{id}/drain.)
 ${COMMON}`,
   doctor: `Usage: agentplane-runner doctor [--image <image>]
 
 Checks, each with pass/fail and the fix: paired, control plane reachable, runner credential
-accepted, Docker engine answers, sandbox image present, canary container starts and is torn down,
-git available (repository resources are cloned on this machine). Then lists the sandboxes and
-workspace volumes \`prune\` would remove (never fails a check).
+accepted (failed as unknown when the control plane cannot be reached), Docker engine answers,
+sandbox image present, canary container starts and is torn down, git available (repository
+resources are cloned on this machine). Then lists the sandboxes and workspace volumes \`prune\`
+would remove (never fails a check).
 Exit code 0 when every check passes.
 ${COMMON}`,
   service: `Usage: agentplane-runner service install|uninstall|status [--name <unit>] [--user <user>]
@@ -128,10 +147,13 @@ uninstall stops (drains) and disables the unit and removes the file; status show
 Several runners on one machine: one config dir and one --name each.
 Options:
   --name <unit>       unit name without .service (default agentplane-runner)
+  --user <user>       the account the daemon runs as; it must exist on this machine (default: the
+                      invoking user, $SUDO_USER under sudo)
   --unit-dir <dir>    where the unit file goes (default /etc/systemd/system)
   --no-start          write and load the unit, do not enable or start it
   --no-systemctl      only write (or remove) the file; no systemctl calls (image builds, checks)
-Exit code 0 on success; status: 0 when the service is active.
+Exit code 0 on success (2 for an unknown --user). status: 0 when the service is active, 1 otherwise;
+with --no-systemctl systemd is not asked: 0 when the unit file is installed ("active": null).
 ${COMMON}`,
   prune: `Usage: agentplane-runner prune [--dry-run]
 
@@ -150,51 +172,61 @@ ${COMMON}`,
 
 type Flags = Record<string, string | boolean>;
 
-function parse(argv: string[]): { command: string; flags: Flags } {
-  const { values, positionals } = parseArgs({
-    args: argv,
-    allowPositionals: true,
-    strict: true,
-    options: {
-      help: { type: 'boolean', short: 'h' },
-      json: { type: 'boolean' },
-      wait: { type: 'boolean' },
-      timeout: { type: 'string' },
-      'dry-run': { type: 'boolean' },
-      'config-dir': { type: 'string' },
-      code: { type: 'string' },
-      url: { type: 'string' },
-      label: { type: 'string' },
-      pool: { type: 'string' },
-      'api-key': { type: 'string' },
-      image: { type: 'string' },
-      'heartbeat-ms': { type: 'string' },
-      slots: { type: 'string' },
-      'slot-memory-mib': { type: 'string' },
-      'drain-deadline-ms': { type: 'string' },
-      'exit-when-drained': { type: 'boolean' },
-      tiers: { type: 'string' },
-      'acp-harness': { type: 'string' },
-      browser: { type: 'boolean' },
-      'browser-image': { type: 'string' },
-      'reconnect-base-ms': { type: 'string' },
-      'reconnect-cap-ms': { type: 'string' },
-      'sandbox-idle-suspend-seconds': { type: 'string' },
-      'sandbox-idle-expire-seconds': { type: 'string' },
-      'sandbox-report-seconds': { type: 'string' },
-      'repository-max-mib': { type: 'string' },
-      'sandbox-reap-interval-seconds': { type: 'string' },
-      'sandbox-reap-grace-seconds': { type: 'string' },
-      'log-level': { type: 'string' },
-      name: { type: 'string' },
-      user: { type: 'string' },
-      'unit-dir': { type: 'string' },
-      'no-start': { type: 'boolean' },
-      'no-systemctl': { type: 'boolean' },
-    },
-  });
-  if (positionals[0] === 'service') return { command: 'service', flags: { ...(values as Flags), action: positionals[1] ?? '' } };
-  return { command: positionals[0] ?? 'help', flags: values as Flags };
+/** Every option of every command (each command reads the ones it knows). */
+const OPTIONS = {
+  help: { type: 'boolean', short: 'h' },
+  json: { type: 'boolean' },
+  wait: { type: 'boolean' },
+  cancel: { type: 'boolean' },
+  timeout: { type: 'string' },
+  'dry-run': { type: 'boolean' },
+  'config-dir': { type: 'string' },
+  code: { type: 'string' },
+  url: { type: 'string' },
+  label: { type: 'string' },
+  pool: { type: 'string' },
+  'api-key': { type: 'string' },
+  image: { type: 'string' },
+  'heartbeat-ms': { type: 'string' },
+  slots: { type: 'string' },
+  'slot-memory-mib': { type: 'string' },
+  'drain-deadline-ms': { type: 'string' },
+  'exit-when-drained': { type: 'boolean' },
+  tiers: { type: 'string' },
+  'acp-harness': { type: 'string' },
+  browser: { type: 'boolean' },
+  'browser-image': { type: 'string' },
+  'reconnect-base-ms': { type: 'string' },
+  'reconnect-cap-ms': { type: 'string' },
+  'sandbox-idle-suspend-seconds': { type: 'string' },
+  'sandbox-idle-expire-seconds': { type: 'string' },
+  'sandbox-report-seconds': { type: 'string' },
+  'repository-max-mib': { type: 'string' },
+  'sandbox-reap-interval-seconds': { type: 'string' },
+  'sandbox-reap-grace-seconds': { type: 'string' },
+  'log-level': { type: 'string' },
+  name: { type: 'string' },
+  user: { type: 'string' },
+  'unit-dir': { type: 'string' },
+  'no-start': { type: 'boolean' },
+  'no-systemctl': { type: 'boolean' },
+} as const;
+
+/** `command` is '' when none was given; `topic` is what `help <command>` asks about. */
+function parse(argv: string[]): { command: string; topic: string | undefined; flags: Flags } {
+  const { values, positionals } = parseArgs({ args: argv, allowPositionals: true, strict: true, options: OPTIONS });
+  if (positionals[0] === 'service') return { command: 'service', topic: undefined, flags: { ...(values as Flags), action: positionals[1] ?? '' } };
+  return { command: positionals[0] ?? '', topic: positionals[1], flags: values as Flags };
+}
+
+/** The command named in arguments that did not parse (an unknown option), for its usage. */
+function commandOf(argv: string[]): string | undefined {
+  try {
+    const first = parseArgs({ args: argv, allowPositionals: true, strict: false, options: OPTIONS }).positionals[0];
+    return first !== undefined && COMMANDS.has(first) ? first : undefined;
+  } catch {
+    return undefined;
+  }
 }
 
 const out = (flags: Flags, human: string, data: unknown): void => {
@@ -235,8 +267,10 @@ async function redeemOrEnroll(command: 'pair' | 'enroll', flags: Flags): Promise
     error?: { type: string; message: string };
   };
   if (res.status !== 201 || !body.secret || !body.runner_credential) {
-    out(flags, `${command} failed: HTTP ${res.status} ${body.error?.type ?? ''} ${body.error?.message ?? ''}`.trim(), { ok: false, status: res.status, error: body.error ?? null });
-    return 1;
+    // The control plane's own error (e.g. auth.invalid_key for a used or expired code) is kept
+    // under error.api_error; the CLI's error type is `api`.
+    const why = body.error ? `${body.error.type}: ${body.error.message}` : res.status === 201 ? 'no credential in the answer' : 'no error in the answer';
+    throw new CliError('api', `${command} failed: HTTP ${res.status} ${why}`, 1, { status: res.status }, { status: res.status, api_error: body.error ?? null });
   }
   const rc = body.runner_credential;
   const file: RunnerCredentialFile = {
@@ -268,6 +302,10 @@ async function start(flags: Flags): Promise<number> {
   const config = loadDaemonConfig(process.env, flags);
   const cred = loadCredential(config.configDir);
   if (!cred) throw new UsageError(`no runner credential at ${credentialPath(config.configDir)}; run \`agentplane-runner pair\` first`, false);
+  // One daemon per config dir, taken before anything touches the sandboxes an earlier life left:
+  // a second daemon would supersede this one's connection and stop its sandboxes.
+  const lock = acquireDaemonLock(config.configDir);
+  clearDrainRequests(config.configDir);
   const log = createLogger({ name: 'runner', level: config.logLevel }).child({ runner: cred.runner_id });
   const tracing = await startTracing('agentplane-runner', log);
   const docker = dockerClient(config.dockerSocket);
@@ -360,17 +398,13 @@ async function start(flags: Flags): Promise<number> {
   metricsServer?.close();
   await tracing.shutdown();
   log.info('runner stopped');
+  rmSync(drainRequestPath(config.configDir, process.pid), { force: true });
+  lock.release();
   return 0;
 }
 
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
-}
+/** The daemon process runs (as any user; a zombie does not count). */
+const alive = (pid: number): boolean => processLive({ pid, start: null });
 
 function status(flags: Flags): number {
   const config = loadDaemonConfig(process.env, flags);
@@ -381,6 +415,7 @@ function status(flags: Flags): number {
     paired: !!cred, runner_id: cred?.runner_id ?? null, runner_pool_id: cred?.runner_pool_id ?? null, base_url: cred?.base_url ?? null,
     running, pid: running ? state!.pid : null, status: running ? state!.status : 'stopped', connected: running && state!.connected,
     generation: running ? state!.generation : null, last_heartbeat_ack_at: state?.last_heartbeat_ack_at ?? null,
+    drain: running ? (state!.drain ?? null) : null,
   };
   const human = !cred
     ? 'not paired (run `agentplane-runner pair`)'
@@ -389,35 +424,71 @@ function status(flags: Flags): number {
         `pool        ${data.runner_pool_id}`,
         `control     ${data.base_url}`,
         `daemon      ${running ? `running (pid ${data.pid})` : 'not running'}`,
-        `status      ${data.status}${data.connected ? `, connected (generation ${data.generation})` : running ? ', disconnected (reconnecting)' : ''}`,
+        `status      ${data.status}${data.connected ? `, connected (generation ${data.generation})` : running ? ', disconnected (reconnecting)' : ''}${data.drain ? ` (drain asked by ${data.drain === 'local' ? 'a local signal' : 'the control plane'})` : ''}`,
         `last ack    ${data.last_heartbeat_ack_at ?? '-'}`,
       ].join('\n');
   out(flags, human, data);
   return data.connected ? 0 : 1;
 }
 
+/** How long `drain --cancel` waits for the daemon to take the drain before it cancels (its second signal). */
+const CANCEL_HANDSHAKE_MS = 30_000;
+
+const pause = (deadline: number): Promise<void> => new Promise((r) => setTimeout(r, Math.min(200, Math.max(1, deadline - Date.now()))));
+
+function signalDaemon(pid: number): void {
+  try {
+    process.kill(pid, 'SIGTERM');
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'EPERM') throw new Error(`not allowed to signal daemon ${pid}: run drain as its user (or root)`);
+    throw err;
+  }
+}
+
 async function drain(flags: Flags): Promise<number> {
   const config = loadDaemonConfig(process.env, flags);
+  const dir = config.configDir;
   const timeoutMs = envInt({ '--timeout': typeof flags.timeout === 'string' ? flags.timeout : undefined }, '--timeout', 3600, 0) * 1000;
-  const state = loadState(config.configDir);
-  if (!state || state.status === 'stopped' || !alive(state.pid)) {
-    out(flags, 'no running daemon', { ok: false, running: false });
-    return 1;
+  const state = loadState(dir);
+  if (!state || state.status === 'stopped' || !alive(state.pid)) throw new CliError('not_running', `no running daemon on ${dir}`, 1, { running: false });
+  const pid = state.pid;
+  // A second signal makes a draining daemon cancel its held work, so a daemon already draining on
+  // a local request is not signalled again: it says so in its state file once it took the signal,
+  // and the drain request file (created exclusively) covers the moment before.
+  const signalled = state.drain !== 'local' && claimDrainRequest(dir, pid);
+  if (signalled) signalDaemon(pid);
+  let canceled = false;
+  if (flags.cancel) {
+    // Escalation: the second signal, sent once the daemon took the first (two sent at once may
+    // arrive as one).
+    const until = Date.now() + CANCEL_HANDSHAKE_MS;
+    while (alive(pid) && loadState(dir)?.drain !== 'local' && Date.now() < until) await pause(until);
+    if (alive(pid)) {
+      if (loadState(dir)?.drain !== 'local') throw new Error(`daemon ${pid} did not take the drain within ${CANCEL_HANDSHAKE_MS / 1000} s; its held work was not canceled`);
+      signalDaemon(pid);
+      canceled = true;
+    }
   }
-  process.kill(state.pid, 'SIGTERM');
+  const requestedAt = drainRequestedAt(dir, pid);
+  const since = requestedAt ? `drain requested at ${requestedAt}` : 'on a signal: systemctl stop, Ctrl-C or kill';
+  const asked = signalled
+    ? `drain requested (pid ${pid})`
+    : `daemon ${pid} is already draining (${since}); not signalled again${flags.cancel ? '' : ' (`drain --cancel` cancels its held work)'}`;
+  const said = canceled ? `${asked}\nasked daemon ${pid} to cancel its held work` : asked;
+  const result = { pid, signalled, already_draining: !signalled, canceled };
   if (!flags.wait) {
-    out(flags, `drain requested (pid ${state.pid})`, { ok: true, pid: state.pid, exited: false });
+    out(flags, said, { ok: true, ...result, exited: false });
     return 0;
   }
   const deadline = Date.now() + timeoutMs;
-  while (alive(state.pid) && Date.now() < deadline) await new Promise((r) => setTimeout(r, Math.min(200, Math.max(1, deadline - Date.now()))));
-  if (alive(state.pid)) {
-    out(flags, `daemon ${state.pid} still running after ${timeoutMs / 1000} s (it is draining; wait again or see \`agentplane-runner status\`)`, {
-      ok: false, pid: state.pid, exited: false, timed_out: true,
+  while (alive(pid) && Date.now() < deadline) await pause(deadline);
+  if (alive(pid)) {
+    out(flags, `${said}\ndaemon ${pid} still running after ${timeoutMs / 1000} s (it is draining; \`agentplane-runner drain --wait\` waits again without signalling it, \`drain --cancel\` cancels its held work; see \`agentplane-runner status\`)`, {
+      ok: false, ...result, exited: false, timed_out: true,
     });
     return 1;
   }
-  out(flags, `daemon ${state.pid} drained and exited`, { ok: true, pid: state.pid, exited: true });
+  out(flags, `${said}\ndaemon ${pid} drained and exited`, { ok: true, ...result, exited: true });
   return 0;
 }
 
@@ -473,6 +544,21 @@ class UsageError extends Error {
   }
 }
 
+type ErrorType = 'usage' | 'config' | 'network' | 'api' | 'not_running' | 'already_running' | 'internal';
+
+/**
+ * A failure with its own `--json` error type and exit code; `fields` go next to `error` in the
+ * JSON answer, `detail` into it.
+ */
+class CliError extends Error {
+  constructor(
+    readonly type: ErrorType, message: string, readonly exitCode: number,
+    readonly fields: Record<string, unknown> = {}, readonly detail: Record<string, unknown> = {},
+  ) {
+    super(message);
+  }
+}
+
 const SERVICE_ENV = /^(RUNNER_METRICS_ADDR|RUNNER_MAX_SLOTS|RUNNER_TIERS|RUNNER_EXIT_WHEN_DRAINED|DOCKER_SOCKET|HTTPS?_PROXY|NO_PROXY|AGENTPLANE_SANDBOX_SCOPE|OTEL_[A-Z0-9_]+)$/;
 
 function service(flags: Flags): number {
@@ -484,14 +570,19 @@ function service(flags: Flags): number {
   let r: ServiceResult;
   if (action === 'install') {
     if (!existsSync(credentialPath(config.configDir))) throw new UsageError(`not paired: no credential in ${config.configDir} (run pair or enroll first)`, false);
+    const user = typeof flags.user === 'string' ? flags.user : defaultUnitOptions(config.configDir).user;
+    if (!validUserName(user)) throw new UsageError(`--user '${user}' is not a user name`);
+    // systemd would only find out when the unit starts (status 217/USER, restarted every 5 s).
+    const known = userExists(user);
+    if (known === false) throw new ConfigError(`--user: no user '${user}' on this machine (create it first, e.g. useradd --system ${user}, and give it the Docker socket)`);
+    if (known === null) throw new ConfigError(`--user: could not check that user '${user}' exists (the id command failed)`);
     const startArgs: string[] = [];
     for (const f of ['slots', 'tiers', 'slot-memory-mib', 'heartbeat-ms', 'log-level'] as const) if (typeof flags[f] === 'string') startArgs.push(`--${f}`, flags[f]);
     const deadline = typeof flags['drain-deadline-ms'] === 'string' ? Number(flags['drain-deadline-ms']) : 3_600_000;
     if (!Number.isInteger(deadline) || deadline < 0) throw new UsageError('--drain-deadline-ms must be a non-negative integer');
     const environment = Object.fromEntries(Object.entries(process.env).filter((e): e is [string, string] => SERVICE_ENV.test(e[0]) && typeof e[1] === 'string'));
     r = installService(ctx, {
-      ...defaultUnitOptions(config.configDir), name, drainDeadlineMs: deadline, startArgs, environment,
-      ...(typeof flags.user === 'string' ? { user: flags.user } : {}),
+      ...defaultUnitOptions(config.configDir), name, drainDeadlineMs: deadline, startArgs, environment, user,
     }, !flags['no-start']);
   } else if (action === 'uninstall') {
     r = uninstallService(ctx, name);
@@ -516,9 +607,22 @@ const COMMANDS = new Map<string, (flags: Flags) => Promise<number> | number>([
   ['service', service],
 ] satisfies Array<[CommandName, (flags: Flags) => Promise<number> | number]>);
 
-/** Why a command failed, for `--json`: `usage` and `config` exit 2, `network` and `internal` exit 1. */
-function classify(err: unknown): { type: 'usage' | 'config' | 'network' | 'internal'; message: string; code: number } {
+interface Classified {
+  type: ErrorType;
+  message: string;
+  code: number;
+  fields?: Record<string, unknown>;
+  detail?: Record<string, unknown>;
+}
+
+/**
+ * Why a command failed, for `--json`: `usage` and `config` exit 2, `already_running` 3, `network`,
+ * `api`, `not_running` and `internal` exit 1.
+ */
+function classify(err: unknown): Classified {
   const message = err instanceof Error ? err.message : String(err);
+  if (err instanceof CliError) return { type: err.type, message, code: err.exitCode, fields: err.fields, detail: err.detail };
+  if (err instanceof DaemonRunningError) return { type: 'already_running', message, code: 3, fields: { pid: err.holder.pid } };
   if (err instanceof UsageError) return { type: 'usage', message, code: 2 };
   if (err instanceof ConfigError) return { type: 'config', message, code: 2 };
   // fetch() rejects with a TypeError whose cause carries the socket error (ECONNREFUSED, ENOTFOUND, …).
@@ -531,7 +635,7 @@ function classify(err: unknown): { type: 'usage' | 'config' | 'network' | 'inter
 function fail(json: boolean, command: string | undefined, err: unknown): number {
   const e = classify(err);
   if (json) {
-    process.stdout.write(`${JSON.stringify({ ok: false, error: { type: e.type, message: e.message } })}\n`);
+    process.stdout.write(`${JSON.stringify({ ok: false, ...e.fields, error: { type: e.type, message: e.message, ...e.detail } })}\n`);
   } else {
     const usage = err instanceof UsageError && err.showUsage ? `\n\n${(command && HELP[command]) || HELP.main}` : '';
     process.stderr.write(`agentplane-runner${command ? ` ${command}` : ''}: ${e.message}${usage}\n`);
@@ -540,17 +644,23 @@ function fail(json: boolean, command: string | undefined, err: unknown): number 
 }
 
 async function main(argv: string[]): Promise<number> {
-  let parsed: { command: string; flags: Flags };
+  let parsed: ReturnType<typeof parse>;
   try {
     parsed = parse(argv);
   } catch (err) {
-    // The flags did not parse, so --json is looked for in the raw arguments.
-    return fail(argv.includes('--json'), undefined, new UsageError(err instanceof Error ? err.message : String(err)));
+    // The flags did not parse, so --json and the command are looked for in the raw arguments.
+    return fail(argv.includes('--json'), commandOf(argv), new UsageError(err instanceof Error ? err.message : String(err)));
   }
-  const { command, flags } = parsed;
+  const { command, topic, flags } = parsed;
   const json = !!flags.json;
-  if (command === 'help') {
+  if (command === '' && flags.help) {
     process.stdout.write(`${HELP.main}\n`);
+    return 0;
+  }
+  if (command === '') return fail(json, undefined, new UsageError('no command given'));
+  if (command === 'help') {
+    if (topic !== undefined && !COMMANDS.has(topic)) return fail(json, undefined, new UsageError(`unknown command '${topic}'`));
+    process.stdout.write(`${HELP[topic ?? 'main']}\n`);
     return 0;
   }
   const run = COMMANDS.get(command);

@@ -10,7 +10,7 @@ export interface DaemonConfig {
   configDir: string;
   /** Heartbeat interval override; default: what the gateway says in welcome. */
   heartbeatIntervalMs: number | undefined;
-  /** Upper bound on slots offered (default: CPU count). */
+  /** Upper bound on slots offered, 1 to 1024 (default: CPU count). */
   maxSlots: number | undefined;
   /** Memory reserved per slot when computing available_slots. */
   slotMemoryMib: number;
@@ -77,7 +77,7 @@ export function loadDaemonConfig(env: Env, flags: Record<string, string | boolea
   return Object.freeze({
     configDir: resolve(flag('config-dir') ?? envString(env, 'AGENTPLANE_RUNNER_HOME', join(homedir(), '.agentplane', 'runner'))),
     heartbeatIntervalMs: optionalInt('heartbeat-ms', 'RUNNER_HEARTBEAT_INTERVAL_MS', 100),
-    maxSlots: optionalInt('slots', 'RUNNER_MAX_SLOTS', 0, 1024),
+    maxSlots: optionalInt('slots', 'RUNNER_MAX_SLOTS', 1, 1024),
     slotMemoryMib: int('slot-memory-mib', 'RUNNER_SLOT_MEMORY_MIB', 512, 64),
     sandboxImage: flag('image') ?? envString(env, 'SANDBOX_IMAGE', 'agentplane/sandbox:latest'),
     dockerSocket: envOptional(env, 'DOCKER_SOCKET'),
@@ -123,6 +123,11 @@ export interface RunnerStateFile {
   runner_id: string;
   last_heartbeat_ack_at: string | null;
   reconnect_attempt: number;
+  /**
+   * Who asked this daemon to drain: `local` (a signal: `drain`, systemctl stop, Ctrl-C; it then
+   * leaves, and one more signal cancels its held work), `control_plane` (the API), or null.
+   */
+  drain?: 'local' | 'control_plane' | null;
   updated_at: string;
 }
 

@@ -12,6 +12,8 @@ export interface Check {
   detail: string;
   /** What to do when it fails. */
   fix?: string;
+  /** Could not be checked (fails, as its outcome is unknown). */
+  unknown?: boolean;
 }
 
 const run = promisify(execFile);
@@ -19,7 +21,8 @@ const run = promisify(execFile);
 const timeout = <T>(p: Promise<T>, ms: number, what: string): Promise<T> =>
   Promise.race([p, new Promise<never>((_, rej) => setTimeout(() => rej(new Error(`${what} timed out after ${ms} ms`)), ms).unref())]);
 
-async function checkControlPlane(cred: RunnerCredentialFile | null): Promise<Check[]> {
+/** Paired, control plane reachable, runner credential accepted (reported, as unknown, even when it cannot be checked). */
+export async function checkControlPlane(cred: RunnerCredentialFile | null): Promise<Check[]> {
   if (!cred) {
     return [{ name: 'paired', ok: false, detail: 'no runner credential in the config directory', fix: 'run `agentplane-runner pair --code <code> --url <base url>`' }];
   }
@@ -31,6 +34,8 @@ async function checkControlPlane(cred: RunnerCredentialFile | null): Promise<Che
       : { name: 'control plane reachable', ok: false, detail: `${cred.base_url}/healthz answered ${r.status}`, fix: 'check that the API is running and healthy' });
   } catch (err) {
     out.push({ name: 'control plane reachable', ok: false, detail: `${cred.base_url}: ${err instanceof Error ? err.message : String(err)}`, fix: 'check the URL, DNS, proxy and firewall between this machine and the API' });
+    // Not omitted: a credential nobody could check is not a passed check.
+    out.push({ name: 'runner credential accepted', ok: false, unknown: true, detail: 'unknown: not checked, the control plane cannot be reached', fix: 'make the control plane reachable, then run doctor again' });
     return out;
   }
   // Upgrade only (no hello): proves the credential without disturbing a running daemon.

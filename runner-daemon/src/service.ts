@@ -44,6 +44,24 @@ export function validUnitName(name: string): boolean {
   return UNIT_NAME.test(name) && !name.endsWith('.service');
 }
 
+/** A user name or numeric uid as `User=` takes it (nothing that could break the unit file's line). */
+const USER_NAME = /^[A-Za-z0-9_][A-Za-z0-9_.-]{0,255}\$?$/;
+
+export function validUserName(name: string): boolean {
+  return USER_NAME.test(name);
+}
+
+/**
+ * Whether the account exists on this machine (local or from NSS: `id` asks both); null when that
+ * cannot be told (no `id` command).
+ */
+export function userExists(name: string): boolean | null {
+  if (!validUserName(name)) return false;
+  const r = spawnSync('id', ['-u', '--', name], { encoding: 'utf8' });
+  if (r.error) return null;
+  return r.status === 0;
+}
+
 /** The unit file text. */
 export function renderUnit(o: UnitOptions): string {
   const exec = [o.nodePath, o.cliPath, 'start', '--config-dir', o.configDir, '--drain-deadline-ms', String(o.drainDeadlineMs), ...o.startArgs].map(quote).join(' ');
@@ -91,6 +109,8 @@ export interface ServiceResult {
   unit: string;
   path: string;
   message: string;
+  /** status: whether systemd says the unit is active; null with --no-systemctl (not asked). */
+  active?: boolean | null;
   /** `systemctl show` properties, for status. */
   properties?: Record<string, string>;
 }
@@ -135,12 +155,18 @@ export function uninstallService(ctx: ServiceContext, name: string): ServiceResu
 export function serviceStatus(ctx: ServiceContext, name: string): ServiceResult {
   const path = unitPath(ctx, name);
   const unit = `${name}.service`;
-  if (!existsSync(path)) return { ok: false, unit, path, message: `${unit} is not installed (no ${path})` };
-  if (!ctx.systemctl) return { ok: true, unit, path, message: `${unit} is installed at ${path}`, properties: { ExecStart: /^ExecStart=(.*)$/m.exec(readFileSync(path, 'utf8'))?.[1] ?? '' } };
+  if (!existsSync(path)) return { ok: false, unit, path, active: false, message: `${unit} is not installed (no ${path})` };
+  // Without systemctl nobody is asked whether it runs: ok means installed, and active is unknown.
+  if (!ctx.systemctl) {
+    return {
+      ok: true, unit, path, active: null, message: `${unit} is installed at ${path} (whether it is active was not asked: --no-systemctl)`,
+      properties: { ExecStart: /^ExecStart=(.*)$/m.exec(readFileSync(path, 'utf8'))?.[1] ?? '' },
+    };
+  }
   const show = systemctl(['show', unit, '--property=LoadState,ActiveState,SubState,MainPID,NRestarts,ExecMainStartTimestamp']);
   const properties = Object.fromEntries(show.out.split('\n').filter((l) => l.includes('=')).map((l) => [l.slice(0, l.indexOf('=')), l.slice(l.indexOf('=') + 1)]));
   const active = properties.ActiveState === 'active';
-  return { ok: show.ok && active, unit, path, properties, message: `${unit}: ${properties.ActiveState ?? 'unknown'} (${properties.SubState ?? '?'}), pid ${properties.MainPID ?? '?'}, restarts ${properties.NRestarts ?? '?'}` };
+  return { ok: show.ok && active, unit, path, active, properties, message: `${unit}: ${properties.ActiveState ?? 'unknown'} (${properties.SubState ?? '?'}), pid ${properties.MainPID ?? '?'}, restarts ${properties.NRestarts ?? '?'}` };
 }
 
 /** Defaults from this process: the node binary and the cli.js next to this module, the invoking user. */

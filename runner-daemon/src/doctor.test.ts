@@ -1,0 +1,34 @@
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { describe, expect, it } from 'vitest';
+import type { RunnerCredentialFile } from './config.js';
+import { checkControlPlane } from './doctor.js';
+
+/** A local port nothing listens on (a server's, once closed). */
+async function closedPort(): Promise<number> {
+  const server = createServer();
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  const { port } = server.address() as AddressInfo;
+  await new Promise<void>((r) => server.close(() => r()));
+  return port;
+}
+
+const cred = (baseUrl: string): RunnerCredentialFile => ({
+  base_url: baseUrl, secret: 's', runner_id: 'runner_1', runner_credential_id: 'rcred_1', runner_pool_id: 'rpool_1',
+  workspace_id: 'wksp_1', machine_label: 'box', paired_at: '2026-01-01T00:00:00.000Z',
+});
+
+describe('doctor: control plane checks', () => {
+  it('reports the credential check as failed (unknown) when the control plane cannot be reached, instead of omitting it', async () => {
+    const checks = await checkControlPlane(cred(`http://127.0.0.1:${await closedPort()}`));
+    expect(checks.map((c) => c.name)).toEqual(['paired', 'control plane reachable', 'runner credential accepted']);
+    expect(checks[1]).toMatchObject({ ok: false });
+    expect(checks[2]).toMatchObject({ ok: false, unknown: true });
+    expect(checks[2]?.detail).toMatch(/^unknown/);
+    expect(checks[2]?.fix).toBeTruthy();
+  });
+
+  it('without a credential there is nothing to check but pairing', async () => {
+    expect(await checkControlPlane(null)).toMatchObject([{ name: 'paired', ok: false }]);
+  });
+});
