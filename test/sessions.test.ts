@@ -811,6 +811,20 @@ describe('fan-out and shutdown', () => {
       }
       expect(text).toContain(': keep-alive\n\n');
       await reader?.cancel();
+      // A stream opened with a key that is then revoked ends at its next keep-alive.
+      const key = await q.root.post<{ id: string; secret: string }>(`/v1/organizations/${q.bootstrap.organization_id}/api-keys`, {
+        display_name: 'watcher', role: 'viewer', scope: { type: 'workspace', workspace_id: q.bootstrap.workspace_id },
+      }, { idempotencyKey: 'sse-watcher' });
+      const watched = await fetch(q.root.url(`/v1/sessions/${s.id}/events/stream`), { headers: { ...q.root.headers(), authorization: `Bearer ${key.secret}` } });
+      expect(watched.status).toBe(200);
+      const watcher = watched.body?.getReader();
+      const first = await watcher?.read();
+      expect(first?.done).toBe(false);
+      await q.root.post(`/v1/api-keys/${key.id}/revoke`, {});
+      const endedAt = Date.now() + 10_000;
+      let done = false;
+      while (!done && Date.now() < endedAt) done = (await watcher?.read())?.done ?? true;
+      expect(done).toBe(true);
       // Several streams at once: every one of them ends.
       const streams = await Promise.all([1, 2, 3].map(() => open(`/v1/sessions/${s.id}/events/stream`, {}, q.root)));
       const firsts = streams.map((st) => st.next());

@@ -4,6 +4,7 @@ import { READERS, WRITERS } from '../http/caller.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
 import { workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
+import { stillAuthenticated } from '../http/authenticate.js';
 import { normaliseMcp, normaliseTools } from '@agentplane/domain';
 import type { ApiDeps } from '../deps.js';
 import type { SessionDoc } from '@agentplane/domain';
@@ -219,7 +220,7 @@ export const sessionOperations: Operation[] = [
         sessionId: params.session_id, cursor: await checkedCursor(deps.sessions.store.log, params.session_id, headers['last-event-id'], query.last_event_id),
         filter: (e) => condensed(e.session_thread_id, e.type),
         deltas: deltas ? (d) => deltas(d) && condensed(d.session_thread_id, d.type) : null, erased: doc.type === 'session_tombstone', log: deps.sessions.store.log, hub: deps.eventHub,
-        shutdown: deps.shutdownSignal, keepaliveMs: deps.config.sseKeepaliveMs,
+        shutdown: deps.shutdownSignal, keepaliveMs: deps.config.sseKeepaliveMs, stillAllowed: stillAuthenticated(headers, deps),
       });
     },
   }),

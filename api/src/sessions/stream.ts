@@ -75,6 +75,11 @@ export interface StreamSpec {
   keepaliveMs?: number;
   /** How long a failing live read is tried again before the stream ends (`READ_RETRY_MS`). */
   readRetryMs?: number;
+  /**
+   * Whether the caller may still watch, asked at every keep-alive: a stream whose credential was
+   * revoked (or whose Principal was suspended) since it opened ends there.
+   */
+  stillAllowed?: () => Promise<boolean>;
 }
 
 /** Parse `Last-Event-ID` (header) or `last_event_id` (query): a non-negative sequence number. */
@@ -224,7 +229,11 @@ export function sseStream(spec: StreamSpec): StreamResult {
       res.on('error', onAbort);
       signal.addEventListener('abort', onAbort);
       const forgetShutdown = whenShutDown(spec.shutdown, onAbort);
-      const keepalive = setInterval(() => write(': keep-alive\n\n'), spec.keepaliveMs ?? KEEPALIVE_MS);
+      const allowed = spec.stillAllowed;
+      const keepalive = setInterval(() => {
+        if (!allowed) return write(': keep-alive\n\n');
+        void allowed().then((ok) => (ok ? write(': keep-alive\n\n') : end()), () => write(': keep-alive\n\n'));
+      }, spec.keepaliveMs ?? KEEPALIVE_MS);
       keepalive.unref();
 
       let live = false;

@@ -4,6 +4,7 @@ import { READERS, WRITERS } from '../http/caller.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
 import { workspaceRead } from '../http/workspace-operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
+import { stillAuthenticated } from '../http/authenticate.js';
 import type { ApiDeps } from '../deps.js';
 import { threadStats, type SessionDoc, type ThreadDoc } from '@agentplane/domain';
 import { deltaFilter } from './operations.js';
@@ -130,6 +131,7 @@ export const threadOperations: Operation[] = [
           ? (d) => deltas(d) && (d.session_thread_id === params.thread_id || (d.session_thread_id === null && params.thread_id === session._primary_thread_id))
           : null,
         erased: false, log: deps.sessions.store.log, hub: deps.eventHub, shutdown: deps.shutdownSignal, keepaliveMs: deps.config.sseKeepaliveMs,
+        stillAllowed: stillAuthenticated(headers, deps),
       });
     },
   }),
