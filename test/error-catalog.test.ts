@@ -1,3 +1,4 @@
+import { connect } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startPlatform, type Platform } from './harness/platform.js';
 
@@ -82,6 +83,32 @@ describe('error types: the catalog and nothing else', () => {
     expect(checked).toBeGreaterThan(100);
     // The document declares the whole catalog (so a client generated from it knows every type).
     expect([...seen].sort()).toEqual(Object.keys(CATALOG).sort());
+  });
+
+  it('a request the HTTP parser refuses still gets a Request-Id and, for a 400, the error body', async () => {
+    const url = new URL(p.baseUrl);
+    const raw = (request: string) => new Promise<string>((resolve, reject) => {
+      const socket = connect(Number(url.port), url.hostname, () => socket.end(request));
+      let text = '';
+      socket.on('data', (c: Buffer) => { text += c.toString('utf8'); });
+      socket.on('close', () => resolve(text));
+      // A reset after the answer (the server closing on a request it did not read whole) ends it too.
+      socket.on('error', (err) => (text ? resolve(text) : reject(err)));
+    });
+    for (const request of ['FOO /v1/agents HTTP/1.1\r\nHost: x\r\n\r\n', 'GET /v1/agents HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n']) {
+      const answer = await raw(request);
+      const [head = '', body = ''] = answer.split('\r\n\r\n');
+      expect(head.split('\r\n')[0]).toBe('HTTP/1.1 400 Bad Request');
+      expect(head).toMatch(/\r\nRequest-Id: \S+/);
+      expect(errType(JSON.parse(body) as unknown)).toBe('validation.malformed');
+    }
+    // An unreadable body does not get ahead of the credential: a bad key with a bad body is a 401.
+    for (const [type, body] of [['text/plain', 'hello'], ['application/json', '{bad']]) {
+      const r = await fetch(`${p.baseUrl}/v1/agents`, { method: 'POST', body, headers: { authorization: 'Bearer ap_key_not_a_real_one', 'service-version': '2026-08-27', 'content-type': type } });
+      expect([type, r.status, errType(await r.json())]).toEqual([type, 401, 'auth.invalid_key']);
+    }
+    const huge = await raw(`GET /v1/agents HTTP/1.1\r\nHost: x\r\nX-Big: ${'a'.repeat(64 * 1024)}\r\n\r\n`);
+    expect(huge).toMatch(/^HTTP\/1\.1 431 [^\r]*\r\nRequest-Id: \S+/);
   });
 
   it('the answers that used to leave the catalog now stay in it', async () => {

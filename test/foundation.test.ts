@@ -183,6 +183,13 @@ describe('wire conventions', () => {
     expect(denied.status).toBe(403);
     const sel = await viewer.request('GET', '/v1/support/capabilities', { headers: { 'service-workspace-id': ws } });
     expect(sel.status).toBe(400);
+    // An organization key's selector must be a Workspace id: anything else is malformed, not absent.
+    for (const selector of ['garbage', `prin_${'0'.repeat(32)}`]) {
+      const bad = await p.root.request<{ error: { type: string } }>('GET', '/v1/support/capabilities', { headers: { 'service-workspace-id': selector } });
+      expect([selector, bad.status, bad.body.error.type]).toEqual([selector, 400, 'validation.malformed']);
+    }
+    const absent = await p.root.request('GET', '/v1/support/capabilities', { headers: { 'service-workspace-id': `wrkspc_${'0'.repeat(32)}` } });
+    expect(absent.status).toBe(404);
     const meta = await p.root.request<Record<string, unknown>>('GET', `/v1/api-keys/${created.body.id}`);
     expect(meta.body.secret).toBeUndefined();
 

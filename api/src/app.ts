@@ -1,7 +1,8 @@
 import { OutcomeService } from '@agentplane/domain';
 import { createServer, type Server } from 'node:http';
+import type { Duplex } from 'node:stream';
 import Koa from 'koa';
-import { createLogger, createMetrics, Gauge, METRICS_CONTENT_TYPE, SecretBox, type Logger } from '@agentplane/core';
+import { ApiError, createLogger, createMetrics, Gauge, METRICS_CONTENT_TYPE, newRequestId, SecretBox, type Logger } from '@agentplane/core';
 import { connectRedis, DocumentStore, EventHub, ReadCache, type Redis } from '@agentplane/store';
 import type { Agent } from '@agentplane/domain';
 import { VersionedStore } from '@agentplane/domain';
@@ -251,6 +252,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
   app.use(unmatchedRoute(router));
 
   const server = createServer({ keepAliveTimeout: 65_000, requestTimeout: 0, headersTimeout: 30_000 }, app.callback());
+  server.on('clientError', (err: NodeJS.ErrnoException, socket: Duplex) => answerUnparsed(err, socket, config.docsUrl));
   const gateway: Gateway | null = config.gatewayEmbedded
     ? attachGateway(server, {
         redis, log, metrics: deps.metrics,
@@ -312,4 +314,24 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
       await redis.quit().catch(() => redis.disconnect());
     },
   };
+}
+
+/**
+ * A request Node's parser refused before the API saw it (an unknown method such as `FOO`, a
+ * malformed request line or header, headers over the limit) still gets a Request-Id and, for a
+ * 400, the API's error body, instead of a bare status line. The connection closes after it.
+ */
+function answerUnparsed(err: NodeJS.ErrnoException, socket: Duplex, docsUrl: string): void {
+  if (err.code === 'ECONNRESET' || !socket.writable) {
+    socket.destroy();
+    return;
+  }
+  const requestId = newRequestId();
+  if (err.code === 'HPE_HEADER_OVERFLOW' || err.code === 'ERR_HTTP_REQUEST_TIMEOUT') {
+    const status = err.code === 'HPE_HEADER_OVERFLOW' ? '431 Request Header Fields Too Large' : '408 Request Timeout';
+    socket.end(`HTTP/1.1 ${status}\r\nRequest-Id: ${requestId}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n`);
+    return;
+  }
+  const body = JSON.stringify(new ApiError('validation.malformed', 'the request could not be parsed as HTTP/1.1 (unknown method, or a malformed request line or header)').toWire(docsUrl));
+  socket.end(`HTTP/1.1 400 Bad Request\r\nRequest-Id: ${requestId}\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`);
 }

@@ -1,4 +1,4 @@
-import { ApiError, secretDigest } from '@agentplane/core';
+import { ApiError, isId, secretDigest } from '@agentplane/core';
 import { tags } from '@agentplane/store';
 import type { ApiDeps } from '../deps.js';
 import type { AuthRecord, Organization, Principal, Workspace } from '@agentplane/domain';
@@ -76,6 +76,9 @@ async function readCaller(digest: string, selector: string | undefined, deps: Ap
 function workspaceOf(record: Readonly<AuthRecord>, selector: string | undefined): string | null {
   if (record.workspace_id !== null && selector !== undefined) {
     throw new ApiError('validation.malformed', 'workspace selector headers are rejected for workspace-bound credentials');
+  }
+  if (selector !== undefined && !isId('workspace', selector)) {
+    throw new ApiError('validation.malformed', `${WORKSPACE_SELECTOR_HEADER} must be a Workspace id (wrkspc_…)`);
   }
   return record.workspace_id ?? selector ?? null;
 }

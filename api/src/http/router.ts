@@ -47,6 +47,8 @@ export class RestRequest implements RawRequest {
   readonly query: Record<string, unknown>;
   readonly connection: object;
   readonly stream: IncomingMessage | undefined;
+  /** A body that could not be read as JSON: refused by the pipeline once the caller is known. */
+  refused: ApiError | undefined = undefined;
 
   constructor(
     private readonly ctx: Koa.Context,
@@ -261,8 +263,20 @@ export function buildRouter(operations: readonly Operation[], deps: ApiDeps): Op
       const requestId = requestIdOf(ctx);
       if (tracingEnabled()) ctx.state.routed = routed;
       try {
-        const body = !op.upload && METHODS_WITH_BODY.has(ctx.method) ? await readJsonBody(ctx.req, op.bodyLimitBytes ?? deps.config.bodyLimitBytes) : undefined;
+        let body: unknown;
+        let unreadable: ApiError | undefined;
+        if (!op.upload && METHODS_WITH_BODY.has(ctx.method)) {
+          try {
+            body = await readJsonBody(ctx.req, op.bodyLimitBytes ?? deps.config.bodyLimitBytes);
+          } catch (err) {
+            // A body that is not JSON is refused where the pipeline validates, after the caller is
+            // known: a bad key with a bad body is a 401, not a lesson in JSON. (Too large: at once.)
+            if (!(err instanceof ApiError) || err.status !== 400) throw err;
+            unreadable = err;
+          }
+        }
         const raw = new RestRequest(ctx, op.method as HttpMethod, body, requestId, op.upload !== undefined);
+        if (unreadable) raw.refused = unreadable;
         const { result } = await execute(p, raw, deps);
         if (result.kind === 'stream') {
           ctx.respond = false;

@@ -199,7 +199,7 @@ export class DocumentStore {
         }
         throw new ApiError(
           'validation.conflict',
-          `version ${options.expectedVersion} is stale; the current version is ${current.version}`,
+          `expected version ${options.expectedVersion} does not match the current version ${current.version}`,
         );
       }
       let next: T | null;
@@ -222,7 +222,7 @@ export class DocumentStore {
       if (r.kind === 'written') return next;
       if (r.kind === 'missing') throw notFound();
       if (options.expectedVersion !== undefined) {
-        throw new ApiError('validation.conflict', `version ${options.expectedVersion} is stale`);
+        throw new ApiError('validation.conflict', `expected version ${options.expectedVersion} does not match the current version`);
       }
       current = JSON.parse(r.current) as T;
       guessed = false;
