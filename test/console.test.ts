@@ -265,6 +265,25 @@ describe('in the browser', () => {
     await page.setViewportSize({ width: 1280, height: 800 });
   }, 90_000);
 
+  it('a Session that is not there is one message and a way back, not a working page', async () => {
+    // Not a Session id at all: nothing is asked of the API.
+    const requestsBefore = b.requests.length;
+    await page.goto(`${proxy.url}/console/#/sessions/sess_doesnotexist`);
+    await page.locator('[data-testid="session-missing"]').getByText('is not a Session id').waitFor();
+    expect(b.requests.slice(requestsBefore).filter((u) => u.includes('/v1/sessions/'))).toEqual([]);
+    // A well-formed id of no Session: its one read answers 404; no stream or side panel is opened.
+    const missing = `sess_${'0'.repeat(32)}`;
+    const errorsBefore = b.errors.length;
+    await page.goto(`${proxy.url}/console/#/sessions/${missing}`);
+    const view = page.locator('[data-testid="session-missing"]');
+    await view.getByRole('link', { name: 'Back to Sessions' }).waitFor();
+    expect(await page.locator('form.composer').count()).toBe(0);
+    expect(b.requests.filter((u) => u.includes(`/v1/sessions/${missing}/`))).toEqual([]);
+    // That one 404 is the only failure the page logs (taken out before the check below).
+    await expect.poll(() => b.errors.length - errorsBefore, { timeout: 10_000 }).toBe(1);
+    expect(b.errors.splice(errorsBefore)).toEqual([expect.stringMatching(/\b404\b/)]);
+  });
+
   it('made no request to another origin and logged no error', () => {
     const foreign = b.requests.filter((u) => !u.startsWith(`${proxy.url}/`));
     expect(foreign).toEqual([]);

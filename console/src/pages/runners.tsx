@@ -88,7 +88,7 @@ export function RunnersPage({ ctx }: { ctx: Ctx }) {
                   <td class="mono small">{r.runner}</td>
                   <td class="mono small">{r.runner_pool}</td>
                   <td><Badge value={r.status} /></td>
-                  <td>{r.owner ? `${r.owner.machine_label} (${r.owner.principal.slice(0, 12)}…)` : <span class="muted">managed</span>}</td>
+                  <td>{r.owner ? `${r.owner.machine_label} (${r.owner.principal.slice(0, 12)}…)` : <span class="muted">{r.placement === 'managed' ? 'managed' : 'no owner'}</span>}</td>
                   <td><Capabilities caps={r.capabilities} /></td>
                   <td data-last-seen={r.last_seen_at}>{fmtAgo(r.last_seen_at, now)}</td>
                   <td class="actions">{r.status !== 'draining'

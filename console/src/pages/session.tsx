@@ -13,6 +13,8 @@ interface UsageView { summary: { usage: { input_tokens: number; output_tokens: n
 interface Principal { id: string; display_name?: string | null; external_subject_id?: string }
 
 const AUTHOR_KEY = 'agentplane.console.author';
+/** A Session id as the API writes it: a page for anything else asks the API nothing. */
+const SESSION_ID = /^sess_[0-9a-f]{32}$/;
 
 /** Text of a message payload: a string, or the text of its text/thinking blocks. */
 export function contentText(content: unknown): string {
@@ -130,10 +132,17 @@ export function SessionPage({ ctx, id }: { ctx: Ctx; id: string }) {
   const endRef = useRef<HTMLDivElement>(null);
   const follow = useRef(true);
 
-  const session = useAsync(async () => (await ok(ctx.api.GET('/v1/sessions/{session_id}', { params: { path: { session_id: id } } }))) as unknown as SessionView, [id, idleCount]);
-  const threads = useAsync(async () => ((await ok(ctx.api.GET('/v1/sessions/{session_id}/threads', { params: { path: { session_id: id } } }))) as unknown as { data: Thread[] }).data, [id, idleCount]);
-  const runs = useAsync(async () => ((await ok(ctx.api.GET('/v1/sessions/{session_id}/runs', { params: { path: { session_id: id } } }))) as { data: RunView[] }).data, [id, idleCount]);
-  const usage = useAsync(async () => (await ok(ctx.api.GET('/v1/sessions/{session_id}/usage', { params: { path: { session_id: id } } }))) as UsageView, [id, idleCount]);
+  // A Session that is not there (a mistyped or deleted id) is one read and one message: its
+  // stream and side panel are asked for only once the Session itself was read.
+  const wellFormed = SESSION_ID.test(id);
+  const session = useAsync(async () => {
+    if (!wellFormed) throw new Error(`'${id}' is not a Session id (sess_ and 32 hex digits)`);
+    return (await ok(ctx.api.GET('/v1/sessions/{session_id}', { params: { path: { session_id: id } } }))) as unknown as SessionView;
+  }, [id, idleCount]);
+  const known = session.data?.id === id;
+  const threads = useAsync(async () => (known ? ((await ok(ctx.api.GET('/v1/sessions/{session_id}/threads', { params: { path: { session_id: id } } }))) as unknown as { data: Thread[] }).data : undefined), [id, idleCount, known]);
+  const runs = useAsync(async () => (known ? ((await ok(ctx.api.GET('/v1/sessions/{session_id}/runs', { params: { path: { session_id: id } } }))) as { data: RunView[] }).data : undefined), [id, idleCount, known]);
+  const usage = useAsync(async () => (known ? (await ok(ctx.api.GET('/v1/sessions/{session_id}/usage', { params: { path: { session_id: id } } }))) as UsageView : undefined), [id, idleCount, known]);
   const principals = useAsync(async () => ((await ok(ctx.api.GET('/v1/organizations/workspaces/{workspace_id}/principals', { params: { path: { workspace_id: ctx.workspaceId } } }))) as { data: Principal[] }).data, [ctx.workspaceId]);
 
   useEffect(() => {
@@ -160,6 +169,7 @@ export function SessionPage({ ctx, id }: { ctx: Ctx; id: string }) {
   useEffect(() => {
     setEvents([]);
     pending.current = [];
+    if (!known) return undefined;
     const close = openSessionStream(ctx.auth, `/v1/sessions/${encodeURIComponent(id)}/events/stream`, {
       onEvents: (batch) => {
         // Coalesce network chunks into one render per animation frame (a replay arrives in many).
@@ -181,7 +191,7 @@ export function SessionPage({ ctx, id }: { ctx: Ctx; id: string }) {
       if (frame.current !== undefined) cancelAnimationFrame(frame.current);
       frame.current = undefined;
     };
-  }, [id, ctx.auth]);
+  }, [id, ctx.auth, known]);
 
   useEffect(() => {
     if (follow.current) endRef.current?.scrollIntoView({ block: 'end' });
@@ -272,7 +282,19 @@ export function SessionPage({ ctx, id }: { ctx: Ctx; id: string }) {
     }
   }
 
-  const s = session.data;
+  if (!known && session.error) {
+    return (
+      <div class="page-head" data-testid="session-missing">
+        <div>
+          <h1>Session</h1>
+          <div class="muted mono small">{id}</div>
+          <ErrorBanner error={session.error} />
+          <p><a href="#/sessions">Back to Sessions</a></p>
+        </div>
+      </div>
+    );
+  }
+  const s = known ? session.data : undefined;
   const u = usage.data?.summary;
   const archived = !!s?.archived_at;
   return (
