@@ -103,7 +103,7 @@ describe('error types: the catalog and nothing else', () => {
       expect(errType(JSON.parse(body) as unknown)).toBe('validation.malformed');
     }
     // An unreadable body does not get ahead of the credential: a bad key with a bad body is a 401.
-    for (const [type, body] of [['text/plain', 'hello'], ['application/json', '{bad']]) {
+    for (const [type, body] of [['text/plain', 'hello'], ['application/json', '{bad']] as const) {
       const r = await fetch(`${p.baseUrl}/v1/agents`, { method: 'POST', body, headers: { authorization: 'Bearer ap_key_not_a_real_one', 'service-version': '2026-08-27', 'content-type': type } });
       expect([type, r.status, errType(await r.json())]).toEqual([type, 401, 'auth.invalid_key']);
     }
