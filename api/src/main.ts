@@ -1,13 +1,11 @@
+import { parseArgs } from 'node:util';
 import { createLogger, startTracing } from '@agentplane/core';
 import { createApi } from './app.js';
 import { loadApiConfig } from './config.js';
 
-/** `node api/dist/main.js`: one API process (REST, SSE, MCP, and by default the runner gateway). */
-async function main(): Promise<void> {
-  if (process.argv.includes('--help') || process.argv.includes('-h')) {
-    process.stdout.write(`agentplane API server
+const HELP = `agentplane API server
 
-Usage: node api/dist/main.js
+Usage: node api/dist/main.js [--help]
 
 Environment:
   REDIS_URL          Redis to use (required)
@@ -20,9 +18,29 @@ Environment:
   RUNNER_HEARTBEAT_INTERVAL_MS, RUNNER_PRESENCE_TTL_MS, RUNNER_MAX_FRAME_BYTES
                      runner heartbeat interval (5000), presence TTL (20000), largest frame (1 MiB)
   PAIRING_REDEEM_PER_MINUTE  pairing-code redemptions accepted per minute, platform-wide (60)
+  SHUTDOWN_GRACE_MS  graceful stop on SIGTERM/SIGINT: open requests and streams get this long;
+                     the process exits 10 s after it regardless (default 10000)
   OTEL_*             OpenTelemetry tracing, off by default: OTEL_TRACES_EXPORTER=otlp or
                      OTEL_EXPORTER_OTLP_ENDPOINT turns on OTLP/HTTP export (docs/OPERATIONS.md)
-`);
+  (more settings: docs/OPERATIONS.md)
+`;
+
+/** The command line: unknown flags and arguments are refused (exit 2, with the usage). */
+function parseCommandLine(argv: string[]): { help: boolean } {
+  try {
+    const { values } = parseArgs({ args: argv, strict: true, allowPositionals: false, options: { help: { type: 'boolean', short: 'h' } } });
+    return { help: values.help === true };
+  } catch (err) {
+    const first = (err instanceof Error ? err.message : String(err)).split(/\.(?: |$)/)[0] ?? '';
+    process.stderr.write(`api: ${first.charAt(0).toLowerCase()}${first.slice(1)}\n\n${HELP}`);
+    process.exit(2);
+  }
+}
+
+/** `node api/dist/main.js`: one API process (REST, SSE, MCP, and by default the runner gateway). */
+async function main(): Promise<void> {
+  if (parseCommandLine(process.argv.slice(2)).help) {
+    process.stdout.write(HELP);
     return;
   }
   const config = loadApiConfig(process.env);
@@ -35,6 +53,7 @@ Environment:
   const stop = (signal: string) => {
     if (stopping) return;
     stopping = true;
+    const started = Date.now();
     log.info({ signal }, 'api shutting down');
     // A graceful stop that cannot finish (Redis gone while BullMQ workers close) must not keep
     // the process alive: after the grace period and 10 s more it exits anyway.
@@ -44,7 +63,10 @@ Environment:
     }, config.shutdownGraceMs + 10_000);
     hard.unref();
     api.close().then(tracing.shutdown).then(
-      () => process.exit(0),
+      () => {
+        log.info({ ms: Date.now() - started }, 'api stopped');
+        process.exit(0);
+      },
       (err: unknown) => {
         log.error({ err }, 'api shutdown failed');
         process.exit(1);

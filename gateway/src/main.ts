@@ -1,15 +1,13 @@
 import { createServer } from 'node:http';
+import { parseArgs } from 'node:util';
 import { createLogger, createMetrics, envInt, envString, METRICS_CONTENT_TYPE, startTracing } from '@agentplane/core';
 import { connectRedis } from '@agentplane/store';
 import { RUNNER_DEFAULTS } from '@agentplane/protocol';
 import { attachGateway } from './gateway.js';
 
-/** `node gateway/dist/main.js`: the runner gateway on its own (when the API does not embed it). */
-async function main(): Promise<void> {
-  if (process.argv.includes('--help') || process.argv.includes('-h')) {
-    process.stdout.write(`agentplane runner gateway (standalone)
+const HELP = `agentplane runner gateway (standalone)
 
-Usage: node gateway/dist/main.js
+Usage: node gateway/dist/main.js [--help]
 
 Environment:
   REDIS_URL                        Redis shared with the API (required)
@@ -18,10 +16,29 @@ Environment:
   RUNNER_PRESENCE_TTL_MS           presence TTL (default ${RUNNER_DEFAULTS.presenceTtlMs})
   RUNNER_MAX_FRAME_BYTES           largest accepted frame (default ${RUNNER_DEFAULTS.maxFrameBytes})
   LOG_LEVEL                        pino level (default info)
-`);
+  SHUTDOWN_GRACE_MS                graceful stop on SIGTERM/SIGINT; the process exits after it regardless (default 10000)
+`;
+
+/** The command line: unknown flags and arguments are refused (exit 2, with the usage). */
+function parseCommandLine(argv: string[]): { help: boolean } {
+  try {
+    const { values } = parseArgs({ args: argv, strict: true, allowPositionals: false, options: { help: { type: 'boolean', short: 'h' } } });
+    return { help: values.help === true };
+  } catch (err) {
+    const first = (err instanceof Error ? err.message : String(err)).split(/\.(?: |$)/)[0] ?? '';
+    process.stderr.write(`gateway: ${first.charAt(0).toLowerCase()}${first.slice(1)}\n\n${HELP}`);
+    process.exit(2);
+  }
+}
+
+/** `node gateway/dist/main.js`: the runner gateway on its own (when the API does not embed it). */
+async function main(): Promise<void> {
+  if (parseCommandLine(process.argv.slice(2)).help) {
+    process.stdout.write(HELP);
     return;
   }
   const env = process.env;
+  const graceMs = envInt(env, 'SHUTDOWN_GRACE_MS', 10_000, 0);
   const log = createLogger({ name: 'gateway', level: envString(env, 'LOG_LEVEL', 'info') as 'info' });
   const tracing = await startTracing('agentplane-gateway', log, { propagation: 'explicit' });
   const redis = connectRedis(envString(env, 'REDIS_URL'), { name: 'gateway' });
@@ -55,15 +72,26 @@ Environment:
   const addr = server.address();
   log.info({ port: typeof addr === 'object' && addr ? addr.port : port }, 'gateway listening');
   if (process.send) process.send({ ready: true, port: typeof addr === 'object' && addr ? addr.port : port });
-  const stop = async () => {
+  let stopping = false;
+  const stop = async (signal: string) => {
+    if (stopping) return;
+    stopping = true;
+    const started = Date.now();
+    log.info({ signal }, 'gateway shutting down');
+    // A stop that cannot finish (Redis gone) must not keep the process alive.
+    setTimeout(() => {
+      log.warn({ after_ms: graceMs }, 'shutdown did not finish in time; exiting');
+      process.exit(1);
+    }, graceMs).unref();
     await gw.close();
     server.close();
     await redis.quit().catch(() => redis.disconnect());
     await tracing.shutdown();
+    log.info({ ms: Date.now() - started }, 'gateway stopped');
     process.exit(0);
   };
-  process.on('SIGTERM', () => void stop());
-  process.on('SIGINT', () => void stop());
+  process.on('SIGTERM', () => void stop('SIGTERM'));
+  process.on('SIGINT', () => void stop('SIGINT'));
 }
 
 main().catch((err: unknown) => {

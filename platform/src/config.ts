@@ -20,6 +20,10 @@ export interface PlatformConfig {
   startRunner: boolean;
   /** Restart a child process that dies unexpectedly. */
   restartChildren: boolean;
+  /** On a stop: how long the local runner finishes held work before it cancels what is left. */
+  runnerDrainDeadlineMs: number;
+  /** On a stop: how long the api and the scheduler get for a graceful stop (handed to them as SHUTDOWN_GRACE_MS). */
+  shutdownGraceMs: number;
   /** Runner gateway settings passed through to the API (RUNNER_HEARTBEAT_INTERVAL_MS, RUNNER_PRESENCE_TTL_MS, RUNNER_MAX_FRAME_BYTES, PAIRING_REDEEM_PER_MINUTE). */
   runnerEnv: Readonly<Record<string, string>>;
   /** Lease timing handed to the api and scheduler unchanged (LEASE_MS, OFFER_TIMEOUT_MS, …). */
@@ -64,6 +68,8 @@ export function loadPlatformConfig(env: Env): PlatformConfig {
     schedulerPort: envInt(env, 'SCHEDULER_PORT', 0, 0, 65535),
     startRunner: envBool(env, 'START_RUNNER', true),
     restartChildren: envBool(env, 'RESTART_CHILDREN', true),
+    runnerDrainDeadlineMs: envInt(env, 'RUNNER_DRAIN_DEADLINE_MS', 10_000, 0, 3_600_000),
+    shutdownGraceMs: envInt(env, 'SHUTDOWN_GRACE_MS', 10_000, 0, 600_000),
     leaseEnv: Object.freeze(Object.fromEntries([...LEASE_ENV, ...APPEND_DURABILITY_ENV, 'CAPACITY_RETRY_MS', 'INTERRUPT_GRACE_MS', 'POOL_SCAN_MS', 'ENQUEUE_REPAIR_AFTER_MS'].flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : [])))),
     runnerEnv: Object.freeze(Object.fromEntries(RUNNER_ENV.flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : [])))),
     localRunnerEnv: Object.freeze(Object.fromEntries(LOCAL_RUNNER_ENV.flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : [])))),

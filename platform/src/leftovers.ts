@@ -1,6 +1,6 @@
 import type { Logger } from '@agentplane/core';
 import { dockerClient, loadCredential } from '@agentplane/runner-daemon';
-import { DockerDriver, planReap } from '@agentplane/runner-daemon/sandbox';
+import { DockerDriver, planReap, SANDBOX_LABELS } from '@agentplane/runner-daemon/sandbox';
 
 export interface LeftoverOptions {
   runnerDir: string;
@@ -32,4 +32,30 @@ export async function reportEarlierSandboxes(o: LeftoverOptions): Promise<{ cont
       '(the local runner also removes those whose runner is gone after SANDBOX_REAP_GRACE_SECONDS)',
   );
   return { containers, volumes, prunable: plan.reapable.length };
+}
+
+/**
+ * After the local runner has exited on a stop: containers of its that still run (it was killed
+ * before it could stop them) are killed, so no sandbox keeps running after the platform. Their
+ * workspace volumes stay, as after the runner's own clean stop. Gives up after `timeoutMs`.
+ */
+export async function stopRunnerSandboxes(o: Pick<LeftoverOptions, 'runnerDir' | 'dockerSocket'> & { timeoutMs?: number }): Promise<number> {
+  const runner = loadCredential(o.runnerDir)?.runner_id;
+  if (!runner) return 0;
+  const docker = dockerClient(o.dockerSocket);
+  const work = (async () => {
+    const filters = JSON.stringify({ label: [`${SANDBOX_LABELS.managed}=true`, `${SANDBOX_LABELS.runner}=${runner}`], status: ['running', 'paused', 'restarting'] });
+    const running = await docker.listContainers({ filters });
+    await Promise.all(running.map((c) => docker.getContainer(c.Id).kill({ signal: 'SIGKILL' }).catch(() => undefined)));
+    return running.length;
+  })();
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<number>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`no answer from Docker within ${o.timeoutMs ?? 5000} ms`)), o.timeoutMs ?? 5000);
+  });
+  try {
+    return await Promise.race([work, timeout]);
+  } finally {
+    clearTimeout(timer);
+  }
 }

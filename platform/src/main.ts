@@ -2,17 +2,18 @@ import { randomBytes } from 'node:crypto';
 import { existsSync, mkdirSync, renameSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { join } from 'node:path';
+import { parseArgs } from 'node:util';
 import { createLogger } from '@agentplane/core';
 import { connectRedis, DocumentStore, startEmbeddedRedis, RedisServerMissingError, waitForRedis, type EmbeddedRedis } from '@agentplane/store';
 import { bootstrapPlatform, CredentialIndex, IdentityService, RunnerService } from '@agentplane/domain';
 import { ensureLocalRunner } from './local-runner.js';
-import { reportEarlierSandboxes } from './leftovers.js';
+import { reportEarlierSandboxes, stopRunnerSandboxes } from './leftovers.js';
 import { loadPlatformConfig } from './config.js';
 import { Supervisor } from './supervisor.js';
 
 const HELP = `agentplane: start the whole platform on this machine
 
-Usage: npm start            (or: node platform/dist/main.js [--bootstrap-only])
+Usage: npm start            (or: node platform/dist/main.js [--bootstrap-only] [--help])
 
 Starts a private redis-server (AOF on, under $DATA_DIR/redis) unless REDIS_URL is set,
 bootstraps an Organization, a Workspace and a root API key on first boot, then runs the
@@ -33,24 +34,48 @@ Environment:
   RUNNER_METRICS_ADDR  host:port where the local runner serves /metrics (default: not served)
   OTEL_*            OpenTelemetry tracing for every process, off by default (docs/OPERATIONS.md)
   START_RUNNER      start a local runner paired to the default workspace (default true)
+  RUNNER_DRAIN_DEADLINE_MS  on a stop, how long the local runner finishes held work before it
+                    cancels the rest (default 10000)
+  SHUTDOWN_GRACE_MS on a stop, the api's and the scheduler's graceful stop (default 10000)
   CONSOLE_ENABLED   serve the web console at /console (default true)
   CONSOLE_DIR       the built console to serve (default the repository's console/dist)
   SANDBOX_IDLE_SUSPEND_SECONDS, SANDBOX_IDLE_EXPIRE_SECONDS, SANDBOX_REPORT_SECONDS,
   SANDBOX_REAP_INTERVAL_SECONDS, SANDBOX_REAP_GRACE_SECONDS, AGENTPLANE_SANDBOX_SCOPE,
   REPOSITORY_MAX_MIB, RUNNER_MAX_SLOTS, GIT_SSL_CAINFO, SSH_AUTH_SOCK, HTTPS_PROXY
                     passed to the local runner (see agentplane-runner start --help)
+
+Stopping (Ctrl-C, SIGTERM, SIGHUP): the local runner first (it finishes held work until
+RUNNER_DRAIN_DEADLINE_MS, then cancels the rest and stops its sandboxes), then the API and the
+scheduler, then the embedded redis-server. A second Ctrl-C (a second or more after the first)
+makes the runner cancel its held work at once.
 `;
+
+/** The command line: unknown flags and arguments are refused (exit 2, with the usage). */
+function parseCommandLine(argv: string[]): { help: boolean; bootstrapOnly: boolean } {
+  try {
+    const { values } = parseArgs({
+      args: argv, strict: true, allowPositionals: false,
+      options: { help: { type: 'boolean', short: 'h' }, 'bootstrap-only': { type: 'boolean' } },
+    });
+    return { help: values.help === true, bootstrapOnly: values['bootstrap-only'] === true };
+  } catch (err) {
+    const first = (err instanceof Error ? err.message : String(err)).split(/\.(?: |$)/)[0] ?? '';
+    process.stderr.write(`agentplane: ${first.charAt(0).toLowerCase()}${first.slice(1)}\n\n${HELP}`);
+    process.exit(2);
+  }
+}
 
 const require = createRequire(import.meta.url);
 const entry = (pkg: string, file: string): string => join(require.resolve(`${pkg}/package.json`), '..', 'dist', file);
 
 async function main(): Promise<void> {
-  if (process.argv.includes('--help') || process.argv.includes('-h')) {
+  const args = parseCommandLine(process.argv.slice(2));
+  if (args.help) {
     process.stdout.write(HELP);
     return;
   }
   const config = loadPlatformConfig(process.env);
-  if (process.argv.includes('--bootstrap-only') && !config.redisUrl) {
+  if (args.bootstrapOnly && !config.redisUrl) {
     process.stderr.write('--bootstrap-only needs REDIS_URL (the shared Redis the other processes use)\n');
     process.exit(2);
   }
@@ -60,6 +85,7 @@ async function main(): Promise<void> {
   const masterKeyFile = join(config.dataDir, 'master.key');
   if (!existsSync(masterKeyFile)) writeFileSync(masterKeyFile, randomBytes(32).toString('hex'), { mode: 0o600 });
 
+  let stopping = false;
   let embedded: EmbeddedRedis | undefined;
   let redisUrl = config.redisUrl;
   let writePids: () => void = () => undefined;
@@ -81,7 +107,7 @@ async function main(): Promise<void> {
             }, (err: unknown) => {
               log.error({ err: err instanceof Error ? err.message : String(err) }, 'redis-server restart failed');
               if (attempt < 10) retry(attempt + 1);
-              else void shutdown(1);
+              else void shutdown(1, 'redis-server restart failed');
             });
           }, Math.min(200 * 2 ** attempt, 5000));
         };
@@ -121,7 +147,7 @@ async function main(): Promise<void> {
     await ensureLocalRunner(redis, new RunnerService(docs, redis, credentials, identity), boot.workspace_id, runnerDir, baseUrl, log);
   }
   await redis.quit();
-  if (process.argv.includes('--bootstrap-only')) {
+  if (args.bootstrapOnly) {
     // A multi-node deployment's one-shot first boot (docker/compose.cluster.yaml): the processes
     // run on their own.
     log.info({ organization_id: boot.organization_id, workspace_id: boot.workspace_id }, 'bootstrap done');
@@ -153,14 +179,21 @@ async function main(): Promise<void> {
   supervisor.start({
     name: 'api',
     script: entry('@agentplane/api', 'main.js'),
-    env: { ...common, ...config.runnerEnv, ...config.modelEnv, ...config.leaseEnv, ...config.sessionEnv, PORT: String(config.port), HOST: config.host, PUBLIC_BASE_URL: baseUrl },
+    env: {
+      ...common, ...config.runnerEnv, ...config.modelEnv, ...config.leaseEnv, ...config.sessionEnv, PORT: String(config.port), HOST: config.host, PUBLIC_BASE_URL: baseUrl,
+      SHUTDOWN_GRACE_MS: String(config.shutdownGraceMs),
+    },
+    // The api exits on its own 10 s after its grace period; this is the bound behind it.
+    stopGraceMs: config.shutdownGraceMs + 15_000,
   });
 
   if (config.startScheduler) {
     supervisor.start({
       name: 'scheduler',
       script: entry('@agentplane/scheduler', 'main.js'),
-      env: { ...common, ...config.leaseEnv, SCHEDULER_PORT: String(config.schedulerPort) },
+      env: { ...common, ...config.leaseEnv, SCHEDULER_PORT: String(config.schedulerPort), SHUTDOWN_GRACE_MS: String(config.shutdownGraceMs) },
+      // The scheduler exits on its own at the end of its grace period; this is the bound behind it.
+      stopGraceMs: config.shutdownGraceMs + 5_000,
     });
   }
 
@@ -168,22 +201,53 @@ async function main(): Promise<void> {
     supervisor.start({
       name: 'runner',
       script: entry('@agentplane/runner-daemon', 'cli.js'),
-      args: ['start', '--config-dir', runnerDir],
+      // SIGTERM drains: held work may finish until the drain deadline, then it is cancelled and
+      // the runner's sandboxes are stopped. A second SIGTERM cancels at once.
+      args: ['start', '--config-dir', runnerDir, '--drain-deadline-ms', String(config.runnerDrainDeadlineMs)],
       env: { ...common, ...config.localRunnerEnv },
+      secondSignalAfterMs: config.runnerDrainDeadlineMs + 5_000,
+      runnerDir,
+      stopGraceMs: config.runnerDrainDeadlineMs + 20_000,
     });
   }
 
-  let stopping = false;
-  const shutdown = async (code: number) => {
-    if (stopping) return;
+  // In order: the runner first, while the API it reports to still runs; then the API and the
+  // scheduler; the redis-server they all use last.
+  let started = 0;
+  const shutdown = async (code: number, reason: string): Promise<void> => {
+    if (stopping) {
+      // Under `npm start` one Ctrl-C arrives twice (from the terminal, and forwarded by npm): a
+      // signal within a second of the first is that one. A later one is a second Ctrl-C: held
+      // work is cancelled now rather than at the drain deadline.
+      if (Date.now() - started < 1000) return;
+      if (supervisor.hurry('runner')) log.info({ signal: reason }, 'already stopping; the local runner cancels its held work now');
+      else log.info({ signal: reason }, 'already stopping');
+      return;
+    }
     stopping = true;
-    log.info('stopping the platform');
-    await supervisor.stop();
-    await embedded?.stop();
+    started = Date.now();
+    log.info({ reason, runner_drain_deadline_ms: config.runnerDrainDeadlineMs }, 'stopping the platform');
+    await supervisor.stopStage(['runner']);
+    if (config.startRunner) {
+      const left = await stopRunnerSandboxes({ runnerDir, dockerSocket: process.env.DOCKER_SOCKET }).catch((err: unknown) => {
+        log.debug({ err: err instanceof Error ? err.message : String(err) }, 'could not look for sandboxes the local runner left running');
+        return 0;
+      });
+      if (left > 0) log.warn({ containers: left }, 'the local runner left sandbox containers running; killed them');
+    }
+    await supervisor.stopStage(['api', 'scheduler']);
+    await supervisor.stopRest();
+    if (embedded) {
+      log.info('stopping the embedded redis-server');
+      await embedded.stop();
+    }
+    log.info({ code, ms: Date.now() - started }, 'platform stopped');
     process.exit(code);
   };
-  process.on('SIGINT', () => void shutdown(0));
-  process.on('SIGTERM', () => void shutdown(0));
+  process.on('SIGINT', () => void shutdown(0, 'SIGINT'));
+  process.on('SIGTERM', () => void shutdown(0, 'SIGTERM'));
+  // The terminal went away: the children, in process groups of their own, are not told; stop them.
+  process.on('SIGHUP', () => void shutdown(0, 'SIGHUP'));
   log.info({ url: baseUrl, dataDir: config.dataDir }, 'agentplane is starting');
 }
 

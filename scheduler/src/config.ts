@@ -1,5 +1,5 @@
 import { readFileSync } from 'node:fs';
-import { ConfigError, envInt, envOptional, envString, type Env } from '@agentplane/core';
+import { ConfigError, envEnum, envInt, envOptional, envString, type Env } from '@agentplane/core';
 import { leaseConfigFrom, type LeaseConfig } from '@agentplane/lease';
 import { appendDurabilityFrom, type EventLogDurability } from '@agentplane/store';
 
@@ -20,6 +20,8 @@ export interface SchedulerConfig {
   /** Port for /healthz and /metrics (0 = an ephemeral port, unset = off). */
   port: number | undefined;
   host: string;
+  /** How long a graceful stop may take (SHUTDOWN_GRACE_MS): then the process exits regardless. */
+  shutdownGraceMs: number;
   /**
    * The platform master key (MASTER_KEY or MASTER_KEY_FILE), needed only to mint runtime MCP
    * bearers for agents with MCP servers. Without it such Runs get no MCP tools.
@@ -41,7 +43,7 @@ export function loadSchedulerConfig(env: Env): SchedulerConfig {
   return Object.freeze({
     redisUrl: envString(env, 'REDIS_URL'),
     appendDurability: appendDurabilityFrom(env),
-    logLevel: envString(env, 'LOG_LEVEL', 'info') as SchedulerConfig['logLevel'],
+    logLevel: envEnum(env, 'LOG_LEVEL', ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const, 'info'),
     lease: leaseConfigFrom(env),
     poolScanMs: envInt(env, 'POOL_SCAN_MS', 1000, 50),
     capacityRetryMs: envInt(env, 'CAPACITY_RETRY_MS', 1000, 10),
@@ -49,6 +51,7 @@ export function loadSchedulerConfig(env: Env): SchedulerConfig {
     interruptGraceMs: envInt(env, 'INTERRUPT_GRACE_MS', 10_000, 0),
     port: port === undefined ? undefined : envInt(env, 'SCHEDULER_PORT', 0, 0, 65535),
     host: envString(env, 'SCHEDULER_HOST', '127.0.0.1'),
+    shutdownGraceMs: envInt(env, 'SHUTDOWN_GRACE_MS', 10_000, 0),
     masterKey: masterKeyFrom(env),
   });
 }

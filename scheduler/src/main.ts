@@ -1,15 +1,18 @@
 import { createServer } from 'node:http';
-import { createLogger, METRICS_CONTENT_TYPE, startTracing } from '@agentplane/core';
+import { parseArgs } from 'node:util';
+import { ConfigError, createLogger, METRICS_CONTENT_TYPE, startTracing } from '@agentplane/core';
 import { loadSchedulerConfig } from './config.js';
 import { Scheduler } from './scheduler.js';
 
 const HELP = `agentplane scheduler: places Runs on runners (BullMQ lease engine)
 
-Usage: node scheduler/dist/main.js
+Usage: node scheduler/dist/main.js [--help]
 
 Environment:
   REDIS_URL            Redis to use (required)
   LEASE_MS             lease length (default 30000); runners renew every third
+  LEASE_HEARTBEAT_MS   how often a lease is renewed (default a third of LEASE_MS)
+  FENCE_MARGIN_MS      how much earlier than the lease a Session's fence expires (default 1000, at most LEASE_MS/4)
   OFFER_TIMEOUT_MS     time a runner has to accept an offer (default 5000)
   MAX_OFFERS           offers per dispatch before the Run waits (default 3)
   RUN_MAX_ATTEMPTS     leases a Run may fail with infrastructure errors (default 5)
@@ -17,15 +20,35 @@ Environment:
   RUN_MAX_LOST_LEASES  lost leases a Run survives (default 3)
   STALLED_INTERVAL_MS  how often expired leases are detected (default 5000)
   POOL_SCAN_MS         how often pools, finished jobs and interrupted enqueues are swept (default 1000)
+  CAPACITY_RETRY_MS    how long a Run no runner can take now waits before it is tried again (default 1000)
   ENQUEUE_REPAIR_AFTER_MS  a started Run not in its queue after this long is enqueued (default 10000)
+  INTERRUPT_GRACE_MS   how long a Run interrupted on its runner gets to stop before it is cancelled (default 10000)
+  MASTER_KEY[_FILE]    the platform master key (32 bytes, hex or base64); without it Runs of agents
+                       with MCP servers get no MCP tools
+  EVENT_APPEND_WAIT_REPLICAS, EVENT_APPEND_WAIT_TIMEOUT_MS
+                       WAIT for replicas after each Session event append (default off; docs/CLUSTER.md)
   SCHEDULER_PORT       serve /healthz and /metrics here (0 = ephemeral; unset = off)
-  LOG_LEVEL            fatal|error|warn|info|debug|trace|silent
+  SCHEDULER_HOST       address /healthz and /metrics listen on (default 127.0.0.1)
+  SHUTDOWN_GRACE_MS    graceful stop on SIGTERM/SIGINT; the process exits after it regardless (default 10000)
+  LOG_LEVEL            fatal|error|warn|info|debug|trace|silent (default info)
   OTEL_*               OpenTelemetry tracing, off by default: OTEL_TRACES_EXPORTER=otlp or
                        OTEL_EXPORTER_OTLP_ENDPOINT turns on OTLP/HTTP export (docs/OPERATIONS.md)
 `;
 
+/** The command line: unknown flags and arguments are refused (exit 2, with the usage). */
+function parseCommandLine(argv: string[]): { help: boolean } {
+  try {
+    const { values } = parseArgs({ args: argv, strict: true, allowPositionals: false, options: { help: { type: 'boolean', short: 'h' } } });
+    return { help: values.help === true };
+  } catch (err) {
+    const first = (err instanceof Error ? err.message : String(err)).split(/\.(?: |$)/)[0] ?? '';
+    process.stderr.write(`scheduler: ${first.charAt(0).toLowerCase()}${first.slice(1)}\n\n${HELP}`);
+    process.exit(2);
+  }
+}
+
 async function main(): Promise<void> {
-  if (process.argv.includes('--help') || process.argv.includes('-h')) {
+  if (parseCommandLine(process.argv.slice(2)).help) {
     process.stdout.write(HELP);
     return;
   }
@@ -55,9 +78,19 @@ async function main(): Promise<void> {
   const stop = (signal: string) => {
     if (stopping) return;
     stopping = true;
+    const started = Date.now();
     log.info({ signal }, 'scheduler shutting down');
+    // A graceful stop that cannot finish (BullMQ's close waits on a Redis that is gone) must not
+    // keep the process alive: after the grace period it exits anyway.
+    setTimeout(() => {
+      log.warn({ after_ms: config.shutdownGraceMs }, 'shutdown did not finish in time; exiting');
+      process.exit(1);
+    }, config.shutdownGraceMs).unref();
     server?.close();
-    scheduler.stop().then(tracing.shutdown).then(() => process.exit(0), (err: unknown) => {
+    scheduler.stop().then(tracing.shutdown).then(() => {
+      log.info({ ms: Date.now() - started }, 'scheduler stopped');
+      process.exit(0);
+    }, (err: unknown) => {
       log.error({ err }, 'scheduler shutdown failed');
       process.exit(1);
     });
@@ -67,6 +100,8 @@ async function main(): Promise<void> {
 }
 
 main().catch((err: unknown) => {
-  process.stderr.write(`scheduler failed to start: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
+  // A setting's mistake is one line; anything else keeps its stack.
+  const text = err instanceof ConfigError ? err.message : err instanceof Error ? (err.stack ?? err.message) : String(err);
+  process.stderr.write(`scheduler failed to start: ${text}\n`);
   process.exit(1);
 });

@@ -1,0 +1,69 @@
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
+import type { Logger } from '@agentplane/core';
+import { Supervisor } from '../platform/dist/supervisor.js';
+import { waitFor } from './harness/platform.js';
+
+/**
+ * The supervisor's stop of a child that does not stop: SIGTERM, SIGTERM again when its spec asks,
+ * then SIGKILL at the end of its grace period, each step logged.
+ */
+const dir = mkdtempSync(join(tmpdir(), 'agentplane-supervisor-'));
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+interface Logged { level: 'info' | 'warn'; fields: Record<string, unknown>; msg: string }
+
+function recorder(): { log: Logger; lines: Logged[] } {
+  const lines: Logged[] = [];
+  const at = (level: Logged['level']) => (fields: Record<string, unknown>, msg: string) => lines.push({ level, fields, msg });
+  const log = { info: at('info'), warn: at('warn'), error: at('warn'), debug: () => undefined } as unknown as Logger;
+  return { log, lines };
+}
+
+describe('platform supervisor', () => {
+  it('a child that ignores SIGTERM gets it again, then SIGKILL at its grace period, and the log says so', async () => {
+    const script = join(dir, 'stubborn.mjs');
+    const count = join(dir, 'signals');
+    writeFileSync(count, '0');
+    writeFileSync(script, `import { writeFileSync } from 'node:fs';
+let n = 0;
+process.on('SIGTERM', () => writeFileSync(${JSON.stringify(count)}, String(++n)));
+writeFileSync(${JSON.stringify(count)}, 'ready');
+setInterval(() => undefined, 1000);
+`);
+    const { log, lines } = recorder();
+    const supervisor = new Supervisor(log, false);
+    const proc = supervisor.start({ name: 'stubborn', script, env: {}, stopGraceMs: 1500, secondSignalAfterMs: 500 });
+    await waitFor('the child to start', () => (readFileSync(count, 'utf8') === 'ready' ? true : undefined), 30_000);
+    const [result] = await supervisor.stopStage(['stubborn']);
+    expect(result).toMatchObject({ name: 'stubborn', killed: true });
+    expect(proc.signalCode).toBe('SIGKILL');
+    expect(readFileSync(count, 'utf8')).toBe('2');
+    expect(lines.map((l) => `${l.level} ${l.msg}`)).toEqual([
+      'info stopping platform process',
+      'warn platform process still stopping; sending SIGTERM again',
+      'warn platform process did not stop in time; killing it (SIGKILL)',
+      'info platform process stopped',
+    ]);
+    expect(lines[2]?.fields).toMatchObject({ child: 'stubborn', after_ms: 1500 });
+  });
+
+  it('stops stage by stage: the next stage starts once the one before has exited', async () => {
+    const script = join(dir, 'polite.mjs');
+    writeFileSync(script, `process.on('SIGTERM', () => setTimeout(() => process.exit(0), 300));
+setInterval(() => undefined, 1000);
+`);
+    const { log, lines } = recorder();
+    const supervisor = new Supervisor(log, false);
+    for (const name of ['first', 'second', 'third']) supervisor.start({ name, script, env: {}, stopGraceMs: 10_000 });
+    await supervisor.stopStage(['first']);
+    await supervisor.stopStage(['second', 'third']);
+    const order = lines.map((l) => `${l.msg === 'platform process stopped' ? 'stopped' : 'stopping'} ${String(l.fields.child)}`);
+    expect(order.slice(0, 2)).toEqual(['stopping first', 'stopped first']);
+    expect(order.slice(2, 4).sort()).toEqual(['stopping second', 'stopping third']);
+    expect(order.slice(4).sort()).toEqual(['stopped second', 'stopped third']);
+    expect(lines.every((l) => l.level === 'info')).toBe(true);
+  });
+});
