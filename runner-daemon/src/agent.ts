@@ -658,7 +658,10 @@ export class RunnerAgent {
     if (this.heartbeatTimer) this.startHeartbeat(); // tell the gateway now
     const wait = Math.max(0, this.drainDeadline - Date.now());
     if (this.drainTimer) clearTimeout(this.drainTimer);
-    this.drainTimer = setTimeout(() => this.cancelAll('drain deadline reached'), wait);
+    this.drainTimer = setTimeout(() => {
+      if (this.held.size > 0) this.log.warn({ held: this.held.size }, 'drain deadline reached: canceling held work');
+      this.cancelAll('drain deadline reached');
+    }, wait);
     this.drainTimer.unref();
     this.maybeFinishDrain();
   }
