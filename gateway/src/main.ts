@@ -1,6 +1,6 @@
 import { createServer } from 'node:http';
 import { parseArgs } from 'node:util';
-import { createLogger, createMetrics, envInt, envString, METRICS_CONTENT_TYPE, startTracing } from '@agentplane/core';
+import { ApiError, createLogger, createMetrics, envInt, envString, METRICS_CONTENT_TYPE, startTracing } from '@agentplane/core';
 import { connectRedis } from '@agentplane/store';
 import { RUNNER_DEFAULTS } from '@agentplane/protocol';
 import { attachGateway } from './gateway.js';
@@ -44,6 +44,8 @@ async function main(): Promise<void> {
   const redis = connectRedis(envString(env, 'REDIS_URL'), { name: 'gateway' });
   redis.on('error', (err: Error) => log.warn({ err: err.message }, 'redis connection error'));
   const metrics = createMetrics();
+  // The error body of the API's catalog, its `more` link included.
+  const notFound = JSON.stringify(new ApiError('validation.not_found', 'the gateway serves /v1/runners/connect, /healthz and /metrics').toWire(envString(env, 'DOCS_URL', 'https://docs.agentplane.dev')));
   const server = createServer((req, res) => {
     if (req.url === '/healthz') {
       res.writeHead(200, { 'content-type': 'application/json' }).end('{"status":"ok"}');
@@ -56,15 +58,16 @@ async function main(): Promise<void> {
         },
       );
     } else {
-      res.writeHead(404, { 'content-type': 'application/json' }).end('{"error":{"type":"validation.not_found","message":"not found"}}');
+      res.writeHead(404, { 'content-type': 'application/json' }).end(notFound);
     }
   });
   const gw = attachGateway(server, {
     redis, log, metrics,
     options: {
-      heartbeatIntervalMs: envInt(env, 'RUNNER_HEARTBEAT_INTERVAL_MS', RUNNER_DEFAULTS.heartbeatIntervalMs, 100),
-      presenceTtlMs: envInt(env, 'RUNNER_PRESENCE_TTL_MS', RUNNER_DEFAULTS.presenceTtlMs, 300),
-      maxFrameBytes: envInt(env, 'RUNNER_MAX_FRAME_BYTES', RUNNER_DEFAULTS.maxFrameBytes, 1024),
+      // The same ranges as the api's (api/src/config.ts).
+      heartbeatIntervalMs: envInt(env, 'RUNNER_HEARTBEAT_INTERVAL_MS', RUNNER_DEFAULTS.heartbeatIntervalMs, 100, 600_000),
+      presenceTtlMs: envInt(env, 'RUNNER_PRESENCE_TTL_MS', RUNNER_DEFAULTS.presenceTtlMs, 300, 3_600_000),
+      maxFrameBytes: envInt(env, 'RUNNER_MAX_FRAME_BYTES', RUNNER_DEFAULTS.maxFrameBytes, 1024, 64 * 1024 * 1024),
     },
   });
   const port = envInt(env, 'PORT', 8081, 0, 65535);

@@ -14,6 +14,10 @@ export interface PlatformConfig {
   redisSocket: boolean;
   logLevel: 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
   docsUrl: string | undefined;
+  /** The address clients reach the API at (Agent Cards, ingest paths); default the listen address. */
+  publicBaseUrl: string | undefined;
+  /** Where the scheduler serves /metrics and /healthz (its own default when unset). */
+  schedulerHost: string | undefined;
   startScheduler: boolean;
   /** Where the scheduler serves /healthz and /metrics (0: an ephemeral port). */
   schedulerPort: number;
@@ -48,6 +52,11 @@ const LOCAL_RUNNER_ENV = [
 
 const RUNNER_ENV = ['RUNNER_HEARTBEAT_INTERVAL_MS', 'RUNNER_PRESENCE_TTL_MS', 'RUNNER_MAX_FRAME_BYTES', 'PAIRING_REDEEM_PER_MINUTE'] as const;
 
+/** The api's own settings of the README's and docs/OPERATIONS.md's tables, passed through unchanged. */
+const API_ENV = [
+  'ACTION_APPROVAL_EXPIRY_SECONDS', 'AUDIT_RETENTION_DAYS', 'BODY_LIMIT_BYTES', 'IDEMPOTENCY_TTL_SECONDS', 'MEMORY_INDEXED_STORES', 'METRICS_ENABLED',
+] as const;
+
 /** API settings of automations and outbound webhooks, passed through to the api process (docs/AUTOMATIONS.md). */
 const AUTOMATION_ENV = [
   'AGENTPLANE_MODE', 'AUTOMATION_SWEEP_MS', 'AUTOMATION_MISSED_AFTER_MS', 'WEBHOOK_MAX_ATTEMPTS', 'WEBHOOK_RETRY_BASE_MS', 'WEBHOOK_RETRY_MAX_MS', 'WEBHOOK_TIMEOUT_MS',
@@ -64,6 +73,8 @@ export function loadPlatformConfig(env: Env): PlatformConfig {
     redisSocket: envBool(env, 'REDIS_SOCKET', true),
     logLevel: envEnum(env, 'LOG_LEVEL', ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const, 'info'),
     docsUrl: envOptional(env, 'DOCS_URL'),
+    publicBaseUrl: envOptional(env, 'PUBLIC_BASE_URL'),
+    schedulerHost: envOptional(env, 'SCHEDULER_HOST'),
     startScheduler: envBool(env, 'START_SCHEDULER', true),
     schedulerPort: envInt(env, 'SCHEDULER_PORT', 0, 0, 65535),
     startRunner: envBool(env, 'START_RUNNER', true),
@@ -76,7 +87,7 @@ export function loadPlatformConfig(env: Env): PlatformConfig {
     otelEnv: Object.freeze(Object.fromEntries(Object.entries(env).filter((e): e is [string, string] => e[0].startsWith('OTEL_') && e[0] !== 'OTEL_SERVICE_NAME' && typeof e[1] === 'string'))),
     // NODE_EXTRA_CA_CERTS: a private CA the api trusts for outbound TLS (e.g. A2A tool source peers).
     // A2A_TOOLS_*: the api's A2A tool source settings (docs/A2A_TOOLS.md).
-    sessionEnv: Object.fromEntries(['SSE_KEEPALIVE_MS', 'CONSOLE_ENABLED', 'CONSOLE_DIR', 'NODE_EXTRA_CA_CERTS', ...AUTOMATION_ENV, ...Object.keys(env).filter((k) => k.startsWith('A2A_TOOLS_'))].flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : []))),
+    sessionEnv: Object.fromEntries(['SSE_KEEPALIVE_MS', 'CONSOLE_ENABLED', 'CONSOLE_DIR', 'NODE_EXTRA_CA_CERTS', ...API_ENV, ...AUTOMATION_ENV, ...Object.keys(env).filter((k) => k.startsWith('A2A_TOOLS_'))].flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : []))),
     modelEnv: Object.fromEntries(
       ['MODEL_PRICES_FILE', 'MODEL_PROVIDER_TIMEOUT_MS'].flatMap((name) => {
         const v = envOptional(env, name);

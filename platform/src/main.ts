@@ -39,10 +39,17 @@ Environment:
   SHUTDOWN_GRACE_MS on a stop, the api's and the scheduler's graceful stop (default 10000)
   CONSOLE_ENABLED   serve the web console at /console (default true)
   CONSOLE_DIR       the built console to serve (default the repository's console/dist)
+  PUBLIC_BASE_URL   the address clients reach the API at (default http://HOST:PORT)
+  SCHEDULER_HOST    where the scheduler listens for /metrics (default 127.0.0.1)
   SANDBOX_IDLE_SUSPEND_SECONDS, SANDBOX_IDLE_EXPIRE_SECONDS, SANDBOX_REPORT_SECONDS,
   SANDBOX_REAP_INTERVAL_SECONDS, SANDBOX_REAP_GRACE_SECONDS, AGENTPLANE_SANDBOX_SCOPE,
-  REPOSITORY_MAX_MIB, RUNNER_MAX_SLOTS, GIT_SSL_CAINFO, SSH_AUTH_SOCK, HTTPS_PROXY
+  REPOSITORY_MAX_MIB, RUNNER_MAX_SLOTS, RUNNER_SLOT_MEMORY_MIB, RUNNER_TIERS, RUNNER_BROWSER,
+  RUNNER_BROWSER_IMAGE, RUNNER_EXIT_WHEN_DRAINED, RUNNER_ACP_HARNESSES, DOCKER_SOCKET,
+  GIT_SSL_CAINFO, GIT_SSH_COMMAND, SSH_AUTH_SOCK, HTTPS_PROXY, HTTP_PROXY, NO_PROXY
                     passed to the local runner (see agentplane-runner start --help)
+  The api's and the scheduler's own settings (leases, models, automations, webhooks, audit,
+  memory, limits) are passed to them unchanged: the README's settings table and
+  docs/OPERATIONS.md ("Other settings") list them.
 
 Stopping (Ctrl-C, SIGTERM, SIGHUP): the local runner first (it finishes held work until
 RUNNER_DRAIN_DEADLINE_MS, then cancels the rest and stops its sandboxes), then the API and the
@@ -180,7 +187,7 @@ async function main(): Promise<void> {
     name: 'api',
     script: entry('@agentplane/api', 'main.js'),
     env: {
-      ...common, ...config.runnerEnv, ...config.modelEnv, ...config.leaseEnv, ...config.sessionEnv, PORT: String(config.port), HOST: config.host, PUBLIC_BASE_URL: baseUrl,
+      ...common, ...config.runnerEnv, ...config.modelEnv, ...config.leaseEnv, ...config.sessionEnv, PORT: String(config.port), HOST: config.host, PUBLIC_BASE_URL: config.publicBaseUrl ?? baseUrl,
       SHUTDOWN_GRACE_MS: String(config.shutdownGraceMs),
     },
     // The api exits on its own 10 s after its grace period; this is the bound behind it.
@@ -191,7 +198,7 @@ async function main(): Promise<void> {
     supervisor.start({
       name: 'scheduler',
       script: entry('@agentplane/scheduler', 'main.js'),
-      env: { ...common, ...config.leaseEnv, SCHEDULER_PORT: String(config.schedulerPort), SHUTDOWN_GRACE_MS: String(config.shutdownGraceMs) },
+      env: { ...common, ...config.leaseEnv, SCHEDULER_PORT: String(config.schedulerPort), ...(config.schedulerHost ? { SCHEDULER_HOST: config.schedulerHost } : {}), SHUTDOWN_GRACE_MS: String(config.shutdownGraceMs) },
       // The scheduler exits on its own at the end of its grace period; this is the bound behind it.
       stopGraceMs: config.shutdownGraceMs + 5_000,
     });

@@ -77,7 +77,7 @@ describe('agentplane-runner: usage and configuration errors', { timeout: 240_000
     const [unknownFlag, missing, config, network, unpaired] = await Promise.all([
       cli(['status', '--bogus', '--json']),
       cli(['pair', '--code', 'X', '--json', '--config-dir', tmp()]),
-      cli(['status', '--json', '--log-level', 'loud', '--config-dir', tmp()]),
+      cli(['start', '--json', '--log-level', 'loud', '--config-dir', tmp()]),
       cli(['pair', '--code', 'X', '--url', 'http://127.0.0.1:9/agentplane', '--json', '--config-dir', tmp()]),
       cli(['start', '--json', '--config-dir', tmp()]),
     ]);
@@ -122,6 +122,21 @@ describe('agentplane-runner: usage and configuration errors', { timeout: 240_000
     expect(pair.stderr).not.toContain('Usage: agentplane-runner <command>');
     expect(service.code).toBe(2);
     expect(service.stderr).toContain('Usage: agentplane-runner service');
+  });
+
+  it("each command takes only its own options and words: another command's option is a usage error", async () => {
+    const [drainDry, statusSlots, statusWord, startImage] = await Promise.all([
+      cli(['drain', '--dry-run', '--config-dir', tmp()]), cli(['status', '--slots', '4', '--config-dir', tmp()]),
+      cli(['status', 'extra', '--config-dir', tmp()]), cli(['start', '--help']),
+    ]);
+    expect([drainDry.code, statusSlots.code, statusWord.code]).toEqual([2, 2, 2]);
+    expect(drainDry.stderr).toContain('drain does not take --dry-run');
+    expect(drainDry.stderr).toContain('Usage: agentplane-runner drain');
+    expect(statusSlots.stderr).toContain('status does not take --slots');
+    expect(statusWord.stderr).toContain("status does not take 'extra'");
+    expect(startImage.code).toBe(0);
+    expect(startImage.stdout).toContain('--image <image>');
+    expect(startImage.stdout).toContain('SANDBOX_IMAGE');
   });
 
   it('refuses --slots 0 and RUNNER_MAX_SLOTS=0 (a runner that takes no work is a drained one)', async () => {

@@ -57,7 +57,7 @@ ${COMMON}`,
 Managed pools: mints a runner credential with no owner using a runner-role API key
 (POST /v1/runner-pools/{id}/enrollments) and stores it like pair does.
 ${COMMON}`,
-  start: `Usage: agentplane-runner start [--heartbeat-ms <ms>] [--slots <n>] [--drain-deadline-ms <ms>]
+  start: `Usage: agentplane-runner start [--image <image>] [--slots <n>] [--drain-deadline-ms <ms>] [options below]
 
 One daemon per config dir: start refuses (exit code 3, error type already_running) while a live
 daemon holds <config-dir>/daemon.lock; an entry left by a daemon that is gone (kill -9, a crash)
@@ -68,6 +68,7 @@ drain deadline (default 1 h), cancels held work. A drain the control plane asks 
 pool drain through the API) leaves the daemon connected and idle until it is resumed
 (POST /v1/runners/{id}/resume, or the pool's resume); --exit-when-drained makes it exit instead.
 Options:
+  --image <image>            the sandbox image (default agentplane/sandbox:latest; env SANDBOX_IMAGE)
   --heartbeat-ms <ms>        override the gateway's heartbeat interval
   --slots <n>                cap on concurrent work, 1 to 1024 (default: CPU count; always bounded
                              by free memory); to take no work, drain the runner instead
@@ -91,7 +92,9 @@ Options:
   --sandbox-reap-interval-seconds <s>  how often sandboxes of gone runners of this machine are looked for (default 300; 0 only at start)
   --sandbox-reap-grace-seconds <s>     how long such a sandbox is seen before it is removed (default 900)
   --log-level <level>        pino level (default info)
-Environment: AGENTPLANE_RUNNER_HOME, RUNNER_MAX_SLOTS, RUNNER_EXIT_WHEN_DRAINED (true|false), RUNNER_TIERS,
+Environment (each the same as its option): AGENTPLANE_RUNNER_HOME, SANDBOX_IMAGE, RUNNER_MAX_SLOTS,
+RUNNER_SLOT_MEMORY_MIB, RUNNER_HEARTBEAT_INTERVAL_MS, RUNNER_DRAIN_DEADLINE_MS, RUNNER_RECONNECT_BASE_MS,
+RUNNER_RECONNECT_CAP_MS, RUNNER_EXIT_WHEN_DRAINED (true|false), RUNNER_TIERS, RUNNER_ACP_HARNESSES,
 RUNNER_BROWSER (true|false), RUNNER_BROWSER_IMAGE, SANDBOX_IDLE_SUSPEND_SECONDS,
 SANDBOX_IDLE_EXPIRE_SECONDS, SANDBOX_REPORT_SECONDS, SANDBOX_REAP_INTERVAL_SECONDS,
 SANDBOX_REAP_GRACE_SECONDS, AGENTPLANE_SANDBOX_SCOPE, REPOSITORY_MAX_MIB, DOCKER_SOCKET, LOG_LEVEL,
@@ -212,11 +215,41 @@ const OPTIONS = {
   'no-systemctl': { type: 'boolean' },
 } as const;
 
+type Option = keyof typeof OPTIONS;
+const START_OPTIONS: readonly Option[] = [
+  'image', 'heartbeat-ms', 'slots', 'slot-memory-mib', 'drain-deadline-ms', 'exit-when-drained', 'tiers', 'acp-harness', 'browser',
+  'browser-image', 'reconnect-base-ms', 'reconnect-cap-ms', 'sandbox-idle-suspend-seconds', 'sandbox-idle-expire-seconds',
+  'sandbox-report-seconds', 'repository-max-mib', 'sandbox-reap-interval-seconds', 'sandbox-reap-grace-seconds', 'log-level',
+];
+/** What each command takes besides --help, --json and --config-dir, and how many words after its name. */
+const COMMAND_OPTIONS: Readonly<Record<string, { options: readonly Option[]; words: number }>> = {
+  pair: { options: ['code', 'url', 'label', 'pool'], words: 0 },
+  enroll: { options: ['api-key', 'pool', 'url', 'label'], words: 0 },
+  start: { options: START_OPTIONS, words: 0 },
+  status: { options: [], words: 0 },
+  drain: { options: ['wait', 'timeout', 'cancel'], words: 0 },
+  doctor: { options: ['image'], words: 0 },
+  prune: { options: ['dry-run'], words: 0 },
+  service: { options: ['name', 'user', 'unit-dir', 'no-start', 'no-systemctl', 'slots', 'tiers', 'slot-memory-mib', 'heartbeat-ms', 'drain-deadline-ms', 'log-level'], words: 1 },
+  help: { options: [], words: 1 },
+};
+const COMMON_OPTIONS: readonly string[] = ['help', 'json', 'config-dir'];
+
 /** `command` is '' when none was given; `topic` is what `help <command>` asks about. */
 function parse(argv: string[]): { command: string; topic: string | undefined; flags: Flags } {
   const { values, positionals } = parseArgs({ args: argv, allowPositionals: true, strict: true, options: OPTIONS });
-  if (positionals[0] === 'service') return { command: 'service', topic: undefined, flags: { ...(values as Flags), action: positionals[1] ?? '' } };
-  return { command: positionals[0] ?? '', topic: positionals[1], flags: values as Flags };
+  const command = positionals[0] ?? '';
+  const allowed = Object.hasOwn(COMMAND_OPTIONS, command) ? COMMAND_OPTIONS[command] : undefined;
+  // An option another command takes is as much a mistake here as an unknown one (`drain --dry-run`
+  // would drain): each command takes only its own.
+  if (allowed && !values.help) {
+    const foreign = Object.keys(values).find((k) => !COMMON_OPTIONS.includes(k) && !(allowed.options as readonly string[]).includes(k));
+    if (foreign) throw new TypeError(`${command} does not take --${foreign}`);
+    const extra = positionals.slice(1 + allowed.words);
+    if (extra.length > 0) throw new TypeError(`${command} does not take '${extra[0] ?? ''}'`);
+  }
+  if (command === 'service') return { command: 'service', topic: undefined, flags: { ...(values as Flags), action: positionals[1] ?? '' } };
+  return { command, topic: positionals[1], flags: values as Flags };
 }
 
 /** The command named in arguments that did not parse (an unknown option), for its usage. */

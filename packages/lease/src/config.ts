@@ -34,24 +34,25 @@ export const DEFAULT_LEASE_CONFIG: LeaseConfig = Object.freeze({
 
 /** Parse the lease settings (shared by the API/gateway and the scheduler config modules). */
 export function leaseConfigFrom(env: Readonly<Record<string, string | undefined>>): LeaseConfig {
-  const int = (name: string, fallback: number, min: number): number => {
+  const int = (name: string, fallback: number, min: number, max = Number.MAX_SAFE_INTEGER): number => {
     const raw = env[name];
     if (raw === undefined || raw === '') return fallback;
     const n = Number(raw);
-    if (!Number.isInteger(n) || n < min) throw new Error(`${name} must be an integer >= ${min}, got '${raw}'`);
+    if (!Number.isInteger(n) || n < min || n > max) throw new Error(`${name} must be an integer from ${min} to ${max}, got '${raw}'`);
     return n;
   };
   const leaseMs = int('LEASE_MS', DEFAULT_LEASE_CONFIG.leaseMs, 2000);
   return Object.freeze({
     leaseMs,
-    heartbeatMs: int('LEASE_HEARTBEAT_MS', Math.floor(leaseMs / 3), 100),
+    // A renewal must come well inside the lease, and the fence must leave most of it usable.
+    heartbeatMs: int('LEASE_HEARTBEAT_MS', Math.floor(leaseMs / 3), 100, Math.floor(leaseMs / 2)),
     offerTimeoutMs: int('OFFER_TIMEOUT_MS', DEFAULT_LEASE_CONFIG.offerTimeoutMs, 100),
     maxOffers: int('MAX_OFFERS', DEFAULT_LEASE_CONFIG.maxOffers, 1),
     maxAttempts: int('RUN_MAX_ATTEMPTS', DEFAULT_LEASE_CONFIG.maxAttempts, 1),
     backoffMs: int('RUN_BACKOFF_MS', DEFAULT_LEASE_CONFIG.backoffMs, 0),
     maxStalledCount: int('RUN_MAX_LOST_LEASES', DEFAULT_LEASE_CONFIG.maxStalledCount, 0),
     stalledIntervalMs: int('STALLED_INTERVAL_MS', Math.min(DEFAULT_LEASE_CONFIG.stalledIntervalMs, Math.floor(leaseMs / 2)), 100),
-    fenceMarginMs: int('FENCE_MARGIN_MS', Math.min(DEFAULT_LEASE_CONFIG.fenceMarginMs, Math.floor(leaseMs / 4)), 0),
+    fenceMarginMs: int('FENCE_MARGIN_MS', Math.min(DEFAULT_LEASE_CONFIG.fenceMarginMs, Math.floor(leaseMs / 4)), 0, Math.floor(leaseMs / 4)),
   });
 }
 

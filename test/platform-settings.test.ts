@@ -1,0 +1,27 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { startPlatform, type Platform } from './harness/platform.js';
+
+/**
+ * `npm start` runs the api as a child process: the api's own settings set for the platform must
+ * reach it (a setting the README lists that silently does nothing is worse than none).
+ */
+let p: Platform;
+
+beforeAll(async () => {
+  p = await startPlatform({ env: { METRICS_ENABLED: 'false', BODY_LIMIT_BYTES: '2048', PUBLIC_BASE_URL: 'https://agents.example.com' } });
+});
+afterAll(async () => {
+  await p?.stop();
+});
+
+describe('settings under npm start', () => {
+  it('the api gets its own settings: metrics off, the body limit, the public address', async () => {
+    expect((await fetch(`${p.baseUrl}/metrics`)).status).toBe(404);
+    const big = await p.root.request<{ error: { type: string } }>('POST', '/v1/agents', { body: { name: 'big', model: 'default', system: 'x'.repeat(4096) } });
+    expect([big.status, big.body.error.type]).toEqual([413, 'validation.payload_too_large']);
+    const small = await p.root.request('POST', '/v1/agents', { body: { name: 'small', model: 'default' } });
+    expect(small.status).toBe(201);
+    const doc = await p.root.get<{ servers: { url: string }[] }>('/v1/openapi.json');
+    expect(doc.servers[0]?.url).toBe('https://agents.example.com');
+  });
+});
