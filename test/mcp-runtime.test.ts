@@ -1,6 +1,8 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Client, StreamableHTTPClientTransport } from '@modelcontextprotocol/client';
 import { randomBytes } from 'node:crypto';
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { ConnectionService, RedisRuntimeBearers, type RuntimeGrant } from '@agentplane/domain';
 import { SecretBox } from '@agentplane/core';
 import { LeaseFence } from '@agentplane/lease';
@@ -130,6 +132,35 @@ describe('/v1/runtime/mcp/{connection_id}', () => {
       expect(ask.isError).toBe(true);
     } finally {
       await client.close();
+    }
+  });
+
+  it('an upstream that quotes the credential it was sent never gets it into a result or an error', async () => {
+    const token = 'leaky-upstream-token-9876543210';
+    const leaky = createServer((req, res) => {
+      req.resume();
+      req.on('end', () => res.writeHead(500, { 'content-type': 'text/plain' }).end(`internal error; request had Authorization: ${req.headers.authorization ?? ''}`));
+    });
+    await new Promise<void>((r) => leaky.listen(0, '127.0.0.1', r));
+    try {
+      const url = `http://127.0.0.1:${(leaky.address() as AddressInfo).port}/mcp`;
+      const conn = await p.root.post<{ id: string }>('/v1/connections', { name: 'leaky', url, auth: { type: 'bearer', token } });
+      const bearer = await bearers.mint(await grant({ [conn.id]: { default: 'allow', tools: {} } }));
+      const client = await runtimeClient(conn.id, bearer);
+      try {
+        const listed = await client.listTools().then(() => 'listed', (err: unknown) => String(err instanceof Error ? err.message : err));
+        expect(listed).toContain('unreachable');
+        const called = await client.callTool({ name: 'anything', arguments: {} });
+        expect(called.isError).toBe(true);
+        for (const text of [listed, JSON.stringify(called)]) {
+          expect(text).toContain('[redacted]');
+          expect(text).not.toContain('9876543210');
+        }
+      } finally {
+        await client.close();
+      }
+    } finally {
+      leaky.close();
     }
   });
 

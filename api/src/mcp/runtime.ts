@@ -2,7 +2,7 @@ import type Koa from 'koa';
 import { Client, StreamableHTTPClientTransport } from '@modelcontextprotocol/client';
 import { createMcpHandler, ProtocolError, ProtocolErrorCode, Server, type AuthInfo, type CallToolResult, type Tool } from '@modelcontextprotocol/server';
 import { toNodeHandler } from '@modelcontextprotocol/node';
-import { ApiError, Counter, isId, reportIncident, type Logger, newId } from '@agentplane/core';
+import { ApiError, Counter, isId, reportIncident, scrubSecrets, type Logger, newId } from '@agentplane/core';
 import { tags } from '@agentplane/store';
 import type { ApiDeps } from '../deps.js';
 import { bearerToken } from '../http/authenticate.js';
@@ -69,10 +69,20 @@ class Upstream {
     try {
       await client.connect(transport, { timeout: this.timeoutMs });
     } catch (err) {
-      throw new ProtocolError(ProtocolErrorCode.InternalError, `the MCP server of connection ${this.connection.id} is unreachable: ${(err as Error).message}`);
+      throw new ProtocolError(ProtocolErrorCode.InternalError, this.scrub(`the MCP server of connection ${this.connection.id} is unreachable: ${(err as Error).message}`));
     }
     this.client = client;
     return client;
+  }
+
+  /**
+   * `text` without the credential this upstream was sent (a Session vault secret or the
+   * Connection's token): an upstream's error may quote the request's Authorization header, and
+   * such text ends up in a tool result the event log keeps.
+   */
+  scrub(text: string): string {
+    const sent = Object.values(this.headers).flatMap((v) => [v, v.replace(/^\s*\S+\s+/, '')]);
+    return scrubSecrets(text, sent.filter((v) => v.length >= 8));
   }
 
   async close(): Promise<void> {
@@ -164,6 +174,9 @@ export function runtimeMcp(deps: ApiDeps, options: RuntimeMcpOptions): Koa.Middl
     server.setRequestHandler('tools/list', async () => {
       try {
         return { tools: await listTools(up, cg, timeoutMs) };
+      } catch (err) {
+        if (err instanceof ProtocolError) throw err;
+        throw new ProtocolError(ProtocolErrorCode.InternalError, up.scrub(`the upstream tools/list failed: ${(err as Error).message}`));
       } finally {
         await up.close();
       }
@@ -218,7 +231,7 @@ export function runtimeMcp(deps: ApiDeps, options: RuntimeMcpOptions): Koa.Middl
         }
       } catch (err) {
         const message = err instanceof ProtocolError ? err.message : `the upstream call failed: ${(err as Error).message}`;
-        result = { content: [{ type: 'text', text: message }], isError: true };
+        result = { content: [{ type: 'text', text: up.scrub(message) }], isError: true };
       } finally {
         await up.close();
       }

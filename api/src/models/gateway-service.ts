@@ -1,6 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import {
-  ApiError, ATTR, BUCKETS, check, context as otelContext, Counter, Histogram, LOGICAL_KEY_PATTERN, SpanKind, SpanStatusCode, tracer, tracingEnabled, type Logger, type Metrics, type Span, type Context,
+  ApiError, ATTR, BUCKETS, check, context as otelContext, Counter, Histogram, LOGICAL_KEY_PATTERN, scrubSecret, SpanKind, SpanStatusCode, tracer, tracingEnabled, type Logger, type Metrics, type Span, type Context,
 } from '@agentplane/core';
 import { tags, type DocumentStore, type StoredDoc } from '@agentplane/store';
 import { ZERO_USAGE, type ModelError, type ModelRequest, type ModelStreamEvent } from '@agentplane/protocol';
@@ -282,17 +282,7 @@ export class ModelGatewayService {
 }
 
 /** Remove a secret, and any 8+ character run of it, from a provider message. */
-export function scrubSecret(text: string, secret: string | null): string {
-  if (!secret) return text;
-  let out = text.split(secret).join('[redacted]');
-  if (secret.length >= 16) {
-    // Masked echoes such as `sk-abc1****wxyz` keep a prefix or suffix of the key.
-    for (let len = Math.min(secret.length - 1, 24); len >= 8; len--) {
-      out = out.split(secret.slice(0, len)).join('[redacted]').split(secret.slice(-len)).join('[redacted]');
-    }
-  }
-  return out;
-}
+export { scrubSecret };
 
 export function toModelError(err: unknown): ModelError {
   if (err instanceof ApiError) {

@@ -2,6 +2,7 @@ export * from './ids.js';
 export * from './errors.js';
 export * from './logger.js';
 export * from './crypto.js';
+export * from './scrub.js';
 export * from './canonical-json.js';
 export * from './schema.js';
 export * from './config.js';
