@@ -198,13 +198,15 @@ describe('stopping the platform', () => {
     expect(after.filter((l) => l.name === 'platform' && l.level >= 40)).toEqual([]);
 
     // The runner's report reached the API before it stopped: on the same data, no runner, the
-    // Run's attempt is over.
+    // Run's attempt is over, as an infrastructure failure: the turn is not ended (nobody
+    // interrupted it), it waits to be retried.
     const again = await start({ START_RUNNER: 'false', START_SCHEDULER: 'false' }, p);
-    const runs = (await client(again).get<{ data: { status: string; stop_reason: { type: string } | null; attempts: { ended_at: string | null }[] }[] }>(`/v1/sessions/${session}/runs`)).data;
+    const runs = (await client(again).get<{ data: { status: string; stop_reason: { type: string } | null; attempts: { ended_at: string | null; outcome: string | null }[] }[] }>(`/v1/sessions/${session}/runs`)).data;
     expect(runs).toHaveLength(1);
-    expect(runs[0]?.stop_reason?.type).toBe('interrupted');
+    expect(runs[0]?.stop_reason).toBeNull();
+    expect(['succeeded', 'failed', 'canceled']).not.toContain(runs[0]?.status);
     expect(runs[0]?.attempts).toHaveLength(1);
-    expect(runs[0]?.attempts[0]?.ended_at).toBeTruthy();
+    expect(runs[0]?.attempts[0]).toMatchObject({ ended_at: expect.any(String), outcome: 'infrastructure_failure' });
     process.kill(-(again.proc.pid as number), 'SIGINT');
     expect((await again.exited).code).toBe(0);
   }, 300_000);

@@ -539,7 +539,12 @@ export class RunnerAgent {
     });
     const endTimer = this.metrics?.leaseSeconds.startTimer();
     // Cancelled (user.interrupt) before its spec came: the turn ends interrupted, nothing ran.
-    const done = full.then((o) => (o === null ? { stop_reason: { type: 'interrupted' } } : executor.run(handleFor(o)))).then(
+    const done = full.then((o) => (o === null ? { stop_reason: { type: 'interrupted' } } : executor.run(handleFor(o)))).then((result) => {
+      // The executor ends aborted work as interrupted; aborted because this runner stops, the
+      // lease fails instead, so the Run is retried rather than ended.
+      if (abort.signal.reason instanceof InfrastructureFailure) throw abort.signal.reason;
+      return result;
+    }).then(
       (result) => {
         this.metrics?.leases.inc({ outcome: 'completed' });
         span?.setAttribute('agentplane.lease.outcome', 'completed');
@@ -690,7 +695,9 @@ export class RunnerAgent {
 
   /** Second SIGTERM: cancel held work now. */
   cancelAll(reason: string): void {
-    for (const h of this.held.values()) h.abort.abort(new Error(reason));
+    // The runner stops, not the user: the Runs it cancels are infrastructure failures, retried
+    // (possibly elsewhere), never turns ended `interrupted` (docs/RUNS.md).
+    for (const h of this.held.values()) h.abort.abort(new InfrastructureFailure(`the runner stopped: ${reason}`));
     this.maybeFinishDrain();
   }
 
