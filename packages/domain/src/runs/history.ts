@@ -37,8 +37,16 @@ export function questionAnswerText(p: Payload): string {
  * The model conversation of one thread, rebuilt from its event log: user messages, the agent's
  * messages and tool uses, tool results. Blocking tool uses answered by drive events come back as
  * `responses` for the harness to resolve (execute a confirmed tool, pass a custom result on).
+ *
+ * A message sent while a turn ran is in the log where it arrived, but it is the input of a later
+ * turn: it goes where that turn starts (the `session.status_running` naming it among its
+ * `input_event_ids`), after the earlier turn's answer, never inside it. `queued`: messages still
+ * waiting in the thread's input queue for a turn not started yet: not in this conversation at
+ * all. (A log written before turn starts named their inputs keeps each message where it is.)
  */
-export function conversationOf(events: readonly LogEvent[], threadId: string, isPrimary: boolean): { history: ModelMessage[]; responses: Responses } {
+export function conversationOf(
+  events: readonly LogEvent[], threadId: string, isPrimary: boolean, queued: ReadonlySet<string> = new Set(),
+): { history: ModelMessage[]; responses: Responses } {
   const history: ModelMessage[] = [];
   const responses: Responses = { custom_tool_results: {}, confirmations: {}, question_answers: {} };
   const push = (role: 'user' | 'assistant', block: ContentBlock) => {
@@ -46,13 +54,33 @@ export function conversationOf(events: readonly LogEvent[], threadId: string, is
     if (last && last.role === role) last.content.push(block);
     else history.push({ role, content: [block] });
   };
+  const mine = (e: LogEvent) => e.session_thread_id === threadId || (isPrimary && e.session_thread_id === null);
+  // Messages a turn start names as its inputs wait for it; the others stay where they are.
+  const takenByATurn = new Set<string>();
   for (const e of events) {
-    const mine = e.session_thread_id === threadId || (isPrimary && e.session_thread_id === null);
-    if (!mine) continue;
+    if (e.type !== 'session.status_running' || !mine(e)) continue;
+    const ids = (e.payload as Payload | null)?.input_event_ids;
+    if (Array.isArray(ids)) for (const id of ids) takenByATurn.add(String(id));
+  }
+  const waiting = new Map<string, string>();
+  for (const e of events) {
+    if (!mine(e)) continue;
     const p = (e.payload ?? {}) as Payload;
     switch (e.type) {
       case 'user.message':
-        push('user', { type: 'text', text: textOf(p.content) });
+        if (queued.has(e.id)) break;
+        if (takenByATurn.has(e.id)) waiting.set(e.id, textOf(p.content));
+        else push('user', { type: 'text', text: textOf(p.content) });
+        break;
+      case 'session.status_running':
+        if (Array.isArray(p.input_event_ids)) {
+          for (const id of p.input_event_ids) {
+            const text = waiting.get(String(id));
+            if (text === undefined) continue;
+            waiting.delete(String(id));
+            push('user', { type: 'text', text });
+          }
+        }
         break;
       // An outcome's first turn answers its description; a revision answers the grader's explanation.
       case 'user.define_outcome':

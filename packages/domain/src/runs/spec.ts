@@ -239,7 +239,14 @@ export async function buildTurnSpec(src: SpecSources, run: RunDoc, maxHistoryByt
       grader,
     };
   }
-  const { history, responses } = conversationOf(events, run.session_thread_id, isPrimary);
+  // Read after the log: a message in the log and still queued is a later turn's (the append and
+  // the queueing are one script, and only a turn start, never during this one, takes the queue).
+  const [queue, thread] = await Promise.all([
+    src.store.queuedInputs(run.session_id, run.session_thread_id),
+    src.store.thread(run.session_id, run.session_thread_id).catch(() => null),
+  ]);
+  const queued = new Set([...queue, ...(thread?._queued_inputs ?? [])]);
+  const { history, responses } = conversationOf(events, run.session_thread_id, isPrimary, queued);
   // A Session's own skills (a verification's draft) take the place of an Agent's skill of the same name.
   const own = session._skills ?? [];
   const selected = src.skills ? await src.skills.resolve(run.workspace_id, run.agent.skills ?? []) : [];

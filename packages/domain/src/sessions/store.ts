@@ -460,7 +460,13 @@ function turnStartWrites(thread: ThreadDoc, expected: number, run: RunDoc): { do
       { key: keys.doc(tag, thread.id), body: JSON.stringify(thread), expectedVersion: expected },
       { key: keys.doc(tag, run.id), body: JSON.stringify(run), expectedVersion: null, index: { key: keys.index(tag, 'runs'), score: Date.parse(run.created_at), member: run.id } },
     ],
-    running: { type: 'session.status_running', payload: { run_id: run.id }, session_thread_id: thread.id, producer_key: `status:${run.id}:running` },
+    // The messages the turn takes (sent earlier, maybe while another turn ran): a conversation
+    // rebuilt from the log puts them here, where their turn starts (runs/history.ts).
+    running: {
+      type: 'session.status_running',
+      payload: run.input_event_ids && run.input_event_ids.length > 0 ? { run_id: run.id, input_event_ids: run.input_event_ids } : { run_id: run.id },
+      session_thread_id: thread.id, producer_key: `status:${run.id}:running`,
+    },
   };
 }
 
