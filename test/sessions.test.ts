@@ -240,6 +240,21 @@ describe('sessions', () => {
     expect(await api.get(`/v1/sessions/${s.id}/resources/${added.id}`)).toMatchObject({ id: added.id });
     expect(await api.delete(`/v1/sessions/${s.id}/resources/${added.id}`)).toEqual({ id: added.id, type: 'session_resource_deleted' });
     expect((await api.request('GET', `/v1/sessions/${s.id}/resources/${added.id}`)).status).toBe(404);
+    // Where a resource goes is checked when it is written, not when a Run first places it.
+    const repo = 'https://example.com/r.git';
+    for (const [resource, field] of [
+      [{ type: 'repository', url: repo, mount_path: '/../../etc' }, 'resources[0].mount_path'],
+      [{ type: 'repository', url: repo, mount_path: '/workspace/.agentplane/materialized.json' }, 'resources[0].mount_path'],
+      [{ type: 'repository', url: repo, mount_path: '/a/./b' }, 'resources[0].mount_path'],
+    ] as const) {
+      const r = await api.request('POST', '/v1/sessions', { body: { agent: agentId, environment_id: envId, resources: [resource] } });
+      expect([resource.mount_path, r.status, errType(r)]).toEqual([resource.mount_path, 400, 'validation.malformed']);
+      expect(errMsg(r)).toContain(field);
+    }
+    const root = await api.request('POST', `/v1/sessions/${s.id}/resources`, { body: { type: 'repository', url: repo, mount_path: '/workspace' } });
+    expect(root.status).toBe(201);
+    const moved = await api.request('POST', `/v1/sessions/${s.id}/resources/${(root.body as { id: string }).id}`, { body: { mount_path: '/x/../../y' } });
+    expect([moved.status, errType(moved)]).toEqual([400, 'validation.malformed']);
   });
 
   it('two workspaces cannot see each other’s sessions', async () => {

@@ -13,6 +13,7 @@ import {
   SessionPath, StreamQuery, UpdateSessionBody,
 } from './schemas.js';
 import { checkedCursor, sseStream } from './stream.js';
+import { checkMountPath } from './service.js';
 
 const readers = { kind: 'bearer', roles: READERS } as const;
 const writers = { kind: 'bearer', roles: WRITERS } as const;
@@ -171,6 +172,7 @@ export const sessionOperations: Operation[] = [
         if (body.ref !== undefined && r.type !== 'repository') throw new ApiError('validation.malformed', 'body.ref: only repository resources have a ref');
         if (body.access !== undefined && r.type !== 'memory') throw new ApiError('validation.malformed', 'body.access: only memory resources have an access mode');
         if (body.mount_path !== undefined && r.type === 'memory') throw new ApiError('validation.malformed', 'body.mount_path: memory resources are not mounted');
+        checkMountPath(r.type, body.mount_path, 'body.mount_path');
         const next = { ...r, ...body, version: r.version + 1, updated_at: new Date().toISOString() };
         out = next;
         return { ...cur, resources: cur.resources.map((x) => (x.id === r.id ? next : x)) };

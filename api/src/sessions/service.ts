@@ -184,8 +184,9 @@ export class SessionService {
   }
 
   /** A `file` resource must name a File, a `memory` resource a MemoryStore, of this Workspace (404 otherwise, as for any other id). */
-  async checkResources(workspaceId: string, resources: Array<{ type: string; file_id?: string; memory_store_id?: string; project_id?: string; revision_number?: number }>): Promise<void> {
+  async checkResources(workspaceId: string, resources: Array<{ type: string; file_id?: string; memory_store_id?: string; project_id?: string; revision_number?: number; mount_path?: string | null }>): Promise<void> {
     const { files, memory, projects } = this.d;
+    resources.forEach((r, i) => checkMountPath(r.type, r.mount_path, `resources[${i}].mount_path`));
     for (const r of resources) {
       if (projects && r.type === 'uploaded_project' && r.project_id) {
         await projects.get(workspaceId, r.project_id);
@@ -465,4 +466,19 @@ function withMetered(base: Usage, metered: TokenUsage | null): Usage {
 function threadKnown(t: Readonly<ThreadDoc> | null | undefined): Promise<Readonly<ThreadDoc> | undefined> {
   if (t === null) return Promise.reject(new ApiError('validation.not_found', 'thread not found'));
   return Promise.resolve(t);
+}
+
+/**
+ * Where a resource is placed in the sandbox workspace (`/workspace` or `/`, then a path): checked
+ * when it is written (400), not when a Run first places it. No `.` or `..` segment (a path that
+ * would leave the workspace), nothing under `/.agentplane` (the platform's own marker files), and
+ * a file needs a path of its own, not the workspace root.
+ */
+export function checkMountPath(type: string, mountPath: string | null | undefined, field = 'mount_path'): void {
+  if (mountPath === null || mountPath === undefined) return;
+  const rel = mountPath === '/workspace' || mountPath.startsWith('/workspace/') ? mountPath.slice('/workspace'.length) : mountPath;
+  const segments = rel.split('/').filter((x) => x !== '');
+  if (segments.some((x) => x === '.' || x === '..')) throw new ApiError('validation.malformed', `${field}: no '.' or '..' segment (the path must stay inside the workspace)`);
+  if (segments[0] === '.agentplane') throw new ApiError('validation.malformed', `${field}: /.agentplane is reserved for the platform`);
+  if (type === 'file' && segments.length === 0) throw new ApiError('validation.malformed', `${field}: a file needs a path of its own, not the workspace root`);
 }
