@@ -51,7 +51,8 @@ describe('turn start', () => {
     expect(await store.thread(session.id, threadId)).toMatchObject({ status: 'running', _active_run_id: run?.id, version: 2 });
     expect(await store.queuedInputs(session.id, threadId)).toEqual([]);
     const events = await store.log.range(session.id, 0, 10);
-    expect(events.map((e) => [e.type, e.payload])).toEqual([['session.status_running', { run_id: run?.id }]]);
+    // The start names the messages it takes (a conversation rebuilt from the log places them there).
+    expect(events.map((e) => [e.type, e.payload])).toEqual([['session.status_running', { run_id: run?.id, input_event_ids: [msg] }]]);
   });
 
   it('a thread changed elsewhere since this process saw it: the change is made on the stored thread', async () => {
