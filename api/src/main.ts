@@ -1,5 +1,4 @@
-import { parseArgs } from 'node:util';
-import { createLogger, startTracing } from '@agentplane/core';
+import { createLogger, startTracing, strictCommandLine } from '@agentplane/core';
 import { createApi } from './app.js';
 import { loadApiConfig } from './config.js';
 
@@ -25,21 +24,10 @@ Environment:
   (more settings: docs/OPERATIONS.md)
 `;
 
-/** The command line: unknown flags and arguments are refused (exit 2, with the usage). */
-function parseCommandLine(argv: string[]): { help: boolean } {
-  try {
-    const { values } = parseArgs({ args: argv, strict: true, allowPositionals: false, options: { help: { type: 'boolean', short: 'h' } } });
-    return { help: values.help === true };
-  } catch (err) {
-    const first = (err instanceof Error ? err.message : String(err)).split(/\.(?: |$)/)[0] ?? '';
-    process.stderr.write(`api: ${first.charAt(0).toLowerCase()}${first.slice(1)}\n\n${HELP}`);
-    process.exit(2);
-  }
-}
 
 /** `node api/dist/main.js`: one API process (REST, SSE, MCP, and by default the runner gateway). */
 async function main(): Promise<void> {
-  if (parseCommandLine(process.argv.slice(2)).help) {
+  if (strictCommandLine('api', HELP, process.argv.slice(2)).help) {
     process.stdout.write(HELP);
     return;
   }

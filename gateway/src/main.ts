@@ -1,6 +1,5 @@
 import { createServer } from 'node:http';
-import { parseArgs } from 'node:util';
-import { ApiError, createLogger, createMetrics, envInt, envString, METRICS_CONTENT_TYPE, startTracing } from '@agentplane/core';
+import { ApiError, createLogger, createMetrics, envInt, envString, METRICS_CONTENT_TYPE, startTracing, strictCommandLine } from '@agentplane/core';
 import { connectRedis } from '@agentplane/store';
 import { RUNNER_DEFAULTS } from '@agentplane/protocol';
 import { attachGateway } from './gateway.js';
@@ -19,21 +18,10 @@ Environment:
   SHUTDOWN_GRACE_MS                graceful stop on SIGTERM/SIGINT; the process exits after it regardless (default 10000)
 `;
 
-/** The command line: unknown flags and arguments are refused (exit 2, with the usage). */
-function parseCommandLine(argv: string[]): { help: boolean } {
-  try {
-    const { values } = parseArgs({ args: argv, strict: true, allowPositionals: false, options: { help: { type: 'boolean', short: 'h' } } });
-    return { help: values.help === true };
-  } catch (err) {
-    const first = (err instanceof Error ? err.message : String(err)).split(/\.(?: |$)/)[0] ?? '';
-    process.stderr.write(`gateway: ${first.charAt(0).toLowerCase()}${first.slice(1)}\n\n${HELP}`);
-    process.exit(2);
-  }
-}
 
 /** `node gateway/dist/main.js`: the runner gateway on its own (when the API does not embed it). */
 async function main(): Promise<void> {
-  if (parseCommandLine(process.argv.slice(2)).help) {
+  if (strictCommandLine('gateway', HELP, process.argv.slice(2)).help) {
     process.stdout.write(HELP);
     return;
   }

@@ -2,8 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { existsSync, mkdirSync, renameSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { join } from 'node:path';
-import { parseArgs } from 'node:util';
-import { createLogger } from '@agentplane/core';
+import { createLogger, strictCommandLine } from '@agentplane/core';
 import { connectRedis, DocumentStore, startEmbeddedRedis, RedisServerMissingError, waitForRedis, type EmbeddedRedis } from '@agentplane/store';
 import { bootstrapPlatform, CredentialIndex, IdentityService, RunnerService } from '@agentplane/domain';
 import { ensureLocalRunner } from './local-runner.js';
@@ -57,26 +56,13 @@ scheduler, then the embedded redis-server. A second Ctrl-C (a second or more aft
 makes the runner cancel its held work at once.
 `;
 
-/** The command line: unknown flags and arguments are refused (exit 2, with the usage). */
-function parseCommandLine(argv: string[]): { help: boolean; bootstrapOnly: boolean } {
-  try {
-    const { values } = parseArgs({
-      args: argv, strict: true, allowPositionals: false,
-      options: { help: { type: 'boolean', short: 'h' }, 'bootstrap-only': { type: 'boolean' } },
-    });
-    return { help: values.help === true, bootstrapOnly: values['bootstrap-only'] === true };
-  } catch (err) {
-    const first = (err instanceof Error ? err.message : String(err)).split(/\.(?: |$)/)[0] ?? '';
-    process.stderr.write(`agentplane: ${first.charAt(0).toLowerCase()}${first.slice(1)}\n\n${HELP}`);
-    process.exit(2);
-  }
-}
 
 const require = createRequire(import.meta.url);
 const entry = (pkg: string, file: string): string => join(require.resolve(`${pkg}/package.json`), '..', 'dist', file);
 
 async function main(): Promise<void> {
-  const args = parseCommandLine(process.argv.slice(2));
+  const cli = strictCommandLine('agentplane', HELP, process.argv.slice(2), ['bootstrap-only']);
+  const args = { help: cli.help, bootstrapOnly: cli.flags.has('bootstrap-only') };
   if (args.help) {
     process.stdout.write(HELP);
     return;

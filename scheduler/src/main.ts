@@ -1,6 +1,5 @@
 import { createServer } from 'node:http';
-import { parseArgs } from 'node:util';
-import { ConfigError, createLogger, METRICS_CONTENT_TYPE, startTracing } from '@agentplane/core';
+import { ConfigError, createLogger, METRICS_CONTENT_TYPE, startTracing, strictCommandLine } from '@agentplane/core';
 import { loadSchedulerConfig } from './config.js';
 import { Scheduler } from './scheduler.js';
 
@@ -35,20 +34,9 @@ Environment:
                        OTEL_EXPORTER_OTLP_ENDPOINT turns on OTLP/HTTP export (docs/OPERATIONS.md)
 `;
 
-/** The command line: unknown flags and arguments are refused (exit 2, with the usage). */
-function parseCommandLine(argv: string[]): { help: boolean } {
-  try {
-    const { values } = parseArgs({ args: argv, strict: true, allowPositionals: false, options: { help: { type: 'boolean', short: 'h' } } });
-    return { help: values.help === true };
-  } catch (err) {
-    const first = (err instanceof Error ? err.message : String(err)).split(/\.(?: |$)/)[0] ?? '';
-    process.stderr.write(`scheduler: ${first.charAt(0).toLowerCase()}${first.slice(1)}\n\n${HELP}`);
-    process.exit(2);
-  }
-}
 
 async function main(): Promise<void> {
-  if (parseCommandLine(process.argv.slice(2)).help) {
+  if (strictCommandLine('scheduler', HELP, process.argv.slice(2)).help) {
     process.stdout.write(HELP);
     return;
   }

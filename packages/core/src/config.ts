@@ -1,3 +1,4 @@
+import { parseArgs } from 'node:util';
 import { ApiError } from './errors.js';
 
 /**
@@ -51,3 +52,21 @@ export function envEnum<T extends string>(env: Env, name: string, values: readon
 }
 
 export { ApiError };
+
+/**
+ * A process's command line, parsed strictly: `--help`/`-h` and the boolean `flags` given, nothing
+ * else. An unknown flag or a stray argument is one line on stderr (`<name>: …`), the usage, and
+ * exit code 2: a typo never starts a process with settings it did not mean.
+ */
+export function strictCommandLine(name: string, usage: string, argv: readonly string[], flags: readonly string[] = []): { help: boolean; flags: Set<string> } {
+  try {
+    const options: Record<string, { type: 'boolean'; short?: string }> = { help: { type: 'boolean', short: 'h' } };
+    for (const f of flags) options[f] = { type: 'boolean' };
+    const { values } = parseArgs({ args: [...argv], strict: true, allowPositionals: false, options });
+    return { help: values.help === true, flags: new Set(flags.filter((f) => values[f] === true)) };
+  } catch (err) {
+    const first = (err instanceof Error ? err.message : String(err)).split(/\.(?: |$)/)[0] ?? '';
+    process.stderr.write(`${name}: ${first.charAt(0).toLowerCase()}${first.slice(1)}\n\n${usage}`);
+    process.exit(2);
+  }
+}
