@@ -1,10 +1,11 @@
 import { spawn, type ChildProcess } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { freePort } from '@agentplane/store';
 import { ROOT_DIR, waitFor } from './harness/platform.js';
+import { alive, Leftovers } from './harness/processes.js';
 
 /**
  * `npm start` at a terminal, then Ctrl-C: the terminal signals the whole foreground process
@@ -21,31 +22,12 @@ interface Started {
   pids: () => Record<string, number | undefined>;
 }
 
-const dirs: string[] = [];
-const leftovers: number[] = [];
-afterAll(() => {
-  for (const pid of leftovers) {
-    try {
-      process.kill(pid, 'SIGKILL');
-    } catch {
-      /* gone */
-    }
-  }
-  for (const d of dirs) rmSync(d, { recursive: true, force: true });
-});
-
-const alive = (pid: number): boolean => {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
-};
+const left = new Leftovers();
+afterAll(() => left.cleanUp());
 
 async function start(env: Record<string, string>): Promise<Started> {
   const dataDir = mkdtempSync(join(tmpdir(), 'agentplane-signals-'));
-  dirs.push(dataDir);
+  left.dirs.push(dataDir);
   const port = await freePort();
   const proc = spawn(process.execPath, [join(ROOT_DIR, 'platform/dist/main.js')], {
     env: {
@@ -74,7 +56,7 @@ async function start(env: Record<string, string>): Promise<Started> {
       return undefined;
     }
   }, 90_000);
-  for (const pid of Object.values(pids())) if (pid) leftovers.push(pid);
+  for (const pid of Object.values(pids())) if (pid) left.pids.push(pid);
   return { proc, dataDir, stdout: () => out.split('\n').filter((l) => l.length > 0), stderr: () => err, exited, pids };
 }
 

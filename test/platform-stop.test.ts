@@ -1,5 +1,5 @@
 import { spawn, type ChildProcess } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import Docker from 'dockerode';
@@ -7,6 +7,7 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { HttpClient } from '@agentplane/client';
 import { freePort } from '@agentplane/store';
 import { ROOT_DIR, waitFor } from './harness/platform.js';
+import { alive, Leftovers } from './harness/processes.js';
 
 /**
  * How the platform ends: killed outright (every process it started ends too, within bounds), a
@@ -31,27 +32,8 @@ interface Started {
 }
 
 const docker = new Docker({ socketPath: process.env.DOCKER_SOCKET ?? '/var/run/docker.sock' });
-const dirs: string[] = [];
-const leftovers: number[] = [];
-afterAll(() => {
-  for (const pid of leftovers) {
-    try {
-      process.kill(pid, 'SIGKILL');
-    } catch {
-      /* gone */
-    }
-  }
-  for (const d of dirs) rmSync(d, { recursive: true, force: true });
-});
-
-const alive = (pid: number): boolean => {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
-};
+const left = new Leftovers();
+afterAll(() => left.cleanUp());
 
 const parse = (line: string): LogLine => {
   try {
@@ -63,7 +45,7 @@ const parse = (line: string): LogLine => {
 
 async function start(env: Record<string, string>, again?: Started): Promise<Started> {
   const dataDir = again?.dataDir ?? mkdtempSync(join(tmpdir(), 'agentplane-stop-'));
-  if (!again) dirs.push(dataDir);
+  if (!again) left.dirs.push(dataDir);
   const port = again?.port ?? (await freePort());
   // A sandbox scope of its own (a sub-scope of the run's, removed at its end).
   const scope = `${process.env.AGENTPLANE_SANDBOX_SCOPE ?? 'test'}-stop-${port}`;
@@ -93,7 +75,7 @@ async function start(env: Record<string, string>, again?: Started): Promise<Star
     }
   }, 90_000);
   if (env.START_RUNNER !== 'false') await waitFor('the runner to connect', () => (lines().some((l) => l.msg === 'connected to the control plane') ? true : undefined), 120_000);
-  for (const pid of Object.values(pids())) if (pid) leftovers.push(pid);
+  for (const pid of Object.values(pids())) if (pid) left.pids.push(pid);
   return { proc, dataDir, port, scope, lines, stderr: () => err, exited, pids };
 }
 
