@@ -32,13 +32,6 @@ async function main(): Promise<void> {
   const port = parentPort;
   if (!port) throw new Error('tracing-worker runs as a worker thread');
   const data = workerData as ExporterData;
-  // The SDK reports failed exports through its diagnostic logger: handed to the process's log.
-  const say = (level: 'warn' | 'error') => (message: string, ...args: unknown[]): void => {
-    const detail = args.map((a) => (a instanceof Error ? a.message : typeof a === 'string' ? a : JSON.stringify(a) ?? String(a)));
-    port.postMessage({ kind: 'diag', level, message: [message, ...detail].join(' ') } satisfies ExporterReply);
-  };
-  const quiet = (): void => undefined;
-  diag.setLogger({ error: say('error'), warn: say('warn'), info: quiet, debug: quiet, verbose: quiet }, DiagLogLevel.WARN);
   const [{ resourceFromAttributes }, sdk, { ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION }, { exportProcessor }, { PooledIdGenerator }, { SdkReplay, recordsOf }, tracing] = await Promise.all([
     import('@opentelemetry/resources'),
     import('@opentelemetry/sdk-trace-node'),
@@ -48,6 +41,19 @@ async function main(): Promise<void> {
     import('./tracing-deferred.js'),
     import('./tracing.js'),
   ]);
+  // The SDK reports failed exports through its diagnostic logger: handed to the process's log.
+  // The same report goes to the process at most once a minute, as the process logs it: a
+  // collector that fails (or answers oddly) every export must not wake the event loop each time.
+  const reported = new Map<string, number>();
+  const say = (level: 'warn' | 'error') => (message: string, ...args: unknown[]): void => {
+    const now = Date.now();
+    if (now - (reported.get(message) ?? -Infinity) < tracing.REPORT_EVERY_MS) return;
+    reported.set(message, now);
+    const detail = args.map((a) => (a instanceof Error ? a.message : typeof a === 'string' ? a : JSON.stringify(a) ?? String(a)));
+    port.postMessage({ kind: 'diag', level, message: [message, ...detail].join(' ') } satisfies ExporterReply);
+  };
+  const quiet = (): void => undefined;
+  diag.setLogger({ error: say('error'), warn: say('warn'), info: quiet, debug: quiet, verbose: quiet }, DiagLogLevel.WARN);
   const ids = new PooledIdGenerator();
   const resource = resourceFromAttributes({ [ATTR_SERVICE_NAME]: data.service, [ATTR_SERVICE_VERSION]: data.version });
   const processor = await exportProcessor(tracing.otlpProtocol(), tracing.batchDefaults());

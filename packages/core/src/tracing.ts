@@ -102,7 +102,7 @@ let active: Tracing | null = null;
 export type TracingLog = Pick<Logger, 'warn' | 'error'>;
 
 /** The same report at most once a minute (an unreachable collector fails every export). */
-const REPORT_EVERY_MS = 60_000;
+export const REPORT_EVERY_MS = 60_000;
 
 /**
  * Start tracing for this process (once). `service` is the default `service.name`
