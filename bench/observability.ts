@@ -25,6 +25,13 @@ import { cpuMs, level, setup, startSimulatedRunners, type Level } from './dispat
 const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 64);
 const DURATION = Number(process.env.BENCH_SECONDS ?? 5);
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 5);
+/**
+ * Dispatch rounds per phase: more than the API's, since a dispatch p99 is read from the pooled
+ * samples (200 a round at 50 Runs/s): with 5 rounds it was the 10th slowest of 1,000, moved by a
+ * single stall of the shared machine (per-round on/off ratios 0.6x–2.7x in one run); with 10, the
+ * 20th of 2,000.
+ */
+const DISPATCH_ROUNDS = Number(process.env.BENCH_DISPATCH_ROUNDS ?? 10);
 /** The offered load (req/s) of each API in the paired CPU rounds: well under what one core serves. */
 const CPU_RATE = Number(process.env.BENCH_CPU_RATE ?? 400);
 /** Seconds per paired CPU round: long enough that /proc's 10 ms ticks are under 1% of the figure. */
@@ -219,7 +226,7 @@ async function phase(order: Order, sinkUrl: string): Promise<{
     const fixed = await together(`api CPU, paired at ${CPU_RATE} req/s each`, (side) => httpLoad(targets[side], CPU_SECONDS, CPU_RATE));
     if (loadPinned) pin([process.pid, ...redis], `0-${CORES - 1}`);
     for (const side of ['off', 'on'] as const) await both[side].dispatchRun(RATE); // warm-up
-    const dispatch = await together('dispatch', (side) => both[side].dispatchRun(RATE));
+    const dispatch = await together('dispatch', (side) => both[side].dispatchRun(RATE), DISPATCH_ROUNDS);
     return { order, api, fixed, dispatch, pinned };
   } finally {
     await sides.off?.stop();
@@ -228,7 +235,7 @@ async function phase(order: Order, sinkUrl: string): Promise<{
 }
 
 async function main(): Promise<void> {
-  process.stdout.write(`bench:observability  api: ${CONNECTIONS} connections, ${DURATION}s; dispatch: ${RATE} Runs/s; ${ROUNDS} rounds in each of two phases, both sides loaded at once\n`);
+  process.stdout.write(`bench:observability  api: ${CONNECTIONS} connections, ${DURATION}s; dispatch: ${RATE} Runs/s; ${ROUNDS} rounds (dispatch ${DISPATCH_ROUNDS}) in each of two phases, both sides loaded at once\n`);
   process.stdout.write(AA
     ? 'A/A run (BENCH_AA=1): two platforms, both with tracing off\n'
     : 'a platform with tracing off and one with tracing on (100% sampling, OTLP/HTTP to a local sink)\n');
@@ -270,7 +277,7 @@ async function main(): Promise<void> {
       { metric: `dispatch ${RATE}/s Runs completed`, ours: gm(dispatch.on, (x) => x.done), floor: gm(dispatch.off, (x) => x.done), unit: 'Runs', higherIsBetter: true },
       { metric: `dispatch ${RATE}/s api+scheduler CPU per Run`, ours: gm(dispatch.on, (x) => x.cpuUs), floor: gm(dispatch.off, (x) => x.cpuUs), unit: 'µs' },
     ];
-    printTable(`tracing on (agentplane column) vs tracing off (floor column): medians of ${ROUNDS} rounds in each phase (dispatch latency: percentiles of the pooled samples), geometric mean of the two phases`, rows);
+    printTable(`tracing on (agentplane column) vs tracing off (floor column): medians of ${ROUNDS} rounds in each phase (dispatch: ${DISPATCH_ROUNDS} rounds, latency as percentiles of the pooled samples), geometric mean of the two phases`, rows);
     // Each phase's own ratios (on/off medians), for how far the start order moved them.
     for (const x of phases) {
       const r = (f: (l: Load) => number) => (median(x.api.on.map(f)) / median(x.api.off.map(f))).toFixed(2);
