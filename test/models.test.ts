@@ -213,13 +213,38 @@ describe('routing, fallback and eligibility', () => {
       expect(textOf(r.events)).toBe('Served by the fallback.');
       expect(endOf(r.events)).toMatchObject({ provider: 'anthropic', model: 'claude-sonnet-4-5' });
     }
-    // Every candidate throttled: a retryable error with the provider's shortest Retry-After.
+    // Every candidate throttled: the workspace's providers' rate limits were reached (not the
+    // platform's capacity), retryable after the provider's shortest Retry-After.
     oaiFlaky.behavior = { ...oaiFlaky.behavior, mode: 'rate_limit', retryAfter: '9' };
     ant.behavior = { ...ant.behavior, mode: 'rate_limit', retryAfter: '4' };
     const r = await step({ routing_key: 'resilient', messages: user('hello') });
-    expect(r.events).toEqual([{ type: 'error', error: expect.objectContaining({ type: 'model.platform_capacity_reached', retryable: true, retry_after_seconds: 4 }) }]);
+    expect(r.events).toEqual([{ type: 'error', error: expect.objectContaining({ type: 'budget.exceeded', retryable: true, retry_after_seconds: 4 }) }]);
     ant.behavior = { ...ant.behavior, mode: 'text' };
     oaiFlaky.behavior = { ...oaiFlaky.behavior, mode: 'text' };
+  });
+
+  it("the workspace's own providers failing is never the platform's capacity: server errors, an unreachable provider, a cut stream", async () => {
+    await credential('down', { provider_key: 'openai', base_url: 'http://127.0.0.1:9/v1', secret: OPENAI_SECRET });
+    await profile('own-providers', [
+      { credential_key: 'flaky', provider_model: 'local-model' },
+      { credential_key: 'down', provider_model: 'local-model' },
+    ]);
+    const internal = expect.objectContaining({ type: 'runtime.internal', retryable: true, message: expect.stringMatching(/; incident reference inc_[0-9a-f]{16}$/) });
+    // One candidate answers 503, the other cannot be reached.
+    oaiFlaky.behavior = { ...oaiFlaky.behavior, mode: 'server_error' };
+    const failed = await step({ routing_key: 'own-providers', messages: user('hello') });
+    expect(failed.events).toEqual([{ type: 'error', error: internal }]);
+    // One throttled, one unreachable: not every failure was a rate limit.
+    oaiFlaky.behavior = { ...oaiFlaky.behavior, mode: 'rate_limit', retryAfter: '3' };
+    const mixed = await step({ routing_key: 'own-providers', messages: user('hello') });
+    expect(mixed.events).toEqual([{ type: 'error', error: internal }]);
+    // The stream drops after the first words: no fallback (the output already went out).
+    oaiFlaky.behavior = { ...oaiFlaky.behavior, mode: 'cut', text: 'one two three four five six', chunkDelayMs: 20 };
+    const cut = await step({ routing_key: 'own-providers', messages: user('hello') });
+    expect(textOf(cut.events)).toBe('one two ');
+    expect(cut.events.at(-1)).toEqual({ type: 'error', error: internal });
+    expect(JSON.stringify([failed, mixed, cut])).not.toContain('platform_capacity_reached');
+    oaiFlaky.behavior = { ...oaiFlaky.behavior, mode: 'text', chunkDelayMs: 0 };
   });
 
   it('an auth failure is not retried, and the echoed key is scrubbed', async () => {

@@ -1,6 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import {
-  ApiError, ATTR, BUCKETS, check, context as otelContext, Counter, Histogram, LOGICAL_KEY_PATTERN, scrubSecret, SpanKind, SpanStatusCode, tracer, tracingEnabled, type Logger, type Metrics, type Span, type Context,
+  ApiError, ATTR, BUCKETS, check, context as otelContext, Counter, Histogram, incident, LOGICAL_KEY_PATTERN, scrubSecret, SpanKind, SpanStatusCode, tracer, tracingEnabled, type Logger, type Metrics, type Span, type Context,
 } from '@agentplane/core';
 import { tags, type DocumentStore, type StoredDoc } from '@agentplane/store';
 import { ZERO_USAGE, type ModelError, type ModelRequest, type ModelStreamEvent } from '@agentplane/protocol';
@@ -98,8 +98,9 @@ export class ModelGatewayService {
   /**
    * The entry point for the runner gateway. Never throws: every failure is an `error` event
    * of a catalog type (`model.no_eligible_model`, also when a provider refuses the request;
-   * `budget.exceeded`; `model.platform_capacity_reached` when every candidate failed
-   * retryably; `validation.malformed`; `runtime.internal`). Aborting `signal`
+   * `budget.exceeded`, also when the providers' rate limits stopped every candidate;
+   * `runtime.internal` when a provider failed otherwise (server error, cut stream, timeout,
+   * unreachable) or anything unexpected happened; `validation.malformed`). Aborting `signal`
    * aborts the provider request and ends the stream with `end` / stop_reason `canceled`.
    */
   async *runModelStep(workspaceId: string, request: ModelRequest | unknown, signal: AbortSignal, context: ModelStepContext = {}): AsyncGenerator<ModelStreamEvent> {
@@ -262,22 +263,34 @@ export class ModelGatewayService {
         failures.push(new ProviderError(err.kind, scrub(err.message), { status: err.status, retryAfterSeconds: err.retryAfterSeconds }));
         if (emitted) {
           // Output already reached the harness; falling back would splice two answers together.
-          yield { type: 'error', error: { type: 'model.platform_capacity_reached', message: scrub(`${credential.key}/${candidate.provider_model} failed mid-stream: ${err.message}`), retryable: true } };
+          yield { type: 'error', error: this.providerFailure(stepId, [err], scrub(`${credential.key}/${candidate.provider_model} failed mid-stream: ${err.message}`)) };
           return;
         }
       } finally {
         span?.end();
       }
     }
-    const hints = failures.map((f) => f.retryAfterSeconds).filter((s): s is number => s !== null);
-    const error: ModelError = {
-      type: 'model.platform_capacity_reached',
-      message: `every eligible candidate failed: ${failures.map((f) => f.message).join('; ')}`,
-      retryable: true,
-    };
-    if (hints.length > 0) error.retry_after_seconds = Math.max(1, Math.ceil(Math.min(...hints)));
     this.metricSteps?.inc({ provider: 'none', outcome: 'provider_unavailable' });
-    yield { type: 'error', error };
+    yield { type: 'error', error: this.providerFailure(stepId, failures, `every eligible candidate failed: ${failures.map((f) => f.message).join('; ')}`) };
+  }
+
+  /**
+   * The step's error after retryable provider failures. Every credential a routing profile names
+   * is the workspace's own, so these are the workspace's providers failing, never the platform's
+   * capacity (`model.platform_capacity_reached` is kept for that): throttled by their rate limits
+   * or quotas throughout, `budget.exceeded` (retryable when a provider said when); a server
+   * error, a cut stream, a timeout or an unreachable provider, `runtime.internal`, whose message
+   * names an incident reference that the log line carries too.
+   */
+  private providerFailure(stepId: string, failures: readonly ProviderError[], message: string): ModelError {
+    const hints = failures.map((f) => f.retryAfterSeconds).filter((s): s is number => s !== null);
+    const retryAfter = hints.length > 0 ? { retry_after_seconds: Math.max(1, Math.ceil(Math.min(...hints))) } : {};
+    if (failures.every((f) => f.kind === 'rate_limited')) {
+      return { type: 'budget.exceeded', message: `the model provider's rate limit was reached: ${message}`, retryable: hints.length > 0, ...retryAfter };
+    }
+    const inc = incident(message);
+    this.log.warn({ step_id: stepId, incident: inc.incident, failures: failures.map((f) => f.kind) }, 'model step failed: the model provider failed');
+    return { type: 'runtime.internal', message: inc.message, retryable: true, ...retryAfter };
   }
 }
 

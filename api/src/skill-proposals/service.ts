@@ -163,8 +163,10 @@ export class SkillProposalService {
       else if (ev.type === 'end') usage = ev.usage;
       else if (ev.type === 'error') {
         this.d.log.warn({ proposal: id, err: ev.error.message, type: ev.error.type }, 'skill authoring model step failed');
-        // A provider that is only unavailable for now is retried by the job; anything else fails the proposal.
-        if (ev.error.type === 'model.platform_capacity_reached') throw new Error(ev.error.message);
+        // A provider that is only unavailable for now is retried by the job; a reached limit (a
+        // budget, a provider's rate limit) clears only with that limit, and it and anything else
+        // fail the proposal.
+        if (ev.error.retryable && ev.error.type !== 'budget.exceeded') throw new Error(ev.error.message);
         return this.failAuthoring(ws, id, 'authoring_failed');
       }
     }
