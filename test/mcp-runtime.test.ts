@@ -260,6 +260,30 @@ describe('/v1/runtime/mcp/{connection_id}', () => {
     expect((await post(`/v1/runtime/mcp/${connectionId}`, p.bootstrap.root_key)).status).toBe(401);
   });
 
+  it('every refusal carries the wire error body of its catalog type in the JSON-RPC error data', async () => {
+    const refusal = async (r: Response, status: number, code: number, type: string) => {
+      expect(r.status).toBe(status);
+      const body = await r.json() as { id: unknown; error: { code: number; message: string; data?: { error?: { type: string; message: string; more: string } } } };
+      expect(body.id).toBeNull();
+      expect(body.error.code).toBe(code);
+      expect(body.error.data).toEqual({ error: { type, message: body.error.message, more: expect.stringMatching(/\/reference\/errors#/) } });
+      expect(body.error.data?.error?.more.endsWith(`#${type.replace(/[._]/g, '-')}`)).toBe(true);
+    };
+    await refusal(await post(`/v1/runtime/mcp/${connectionId}`, 'ap_rt_not-a-bearer'), 401, -32001, 'auth.invalid_key');
+    const other = await bearers.mint(await grant({}, 60_000, hex('d')));
+    await refusal(await post(`/v1/runtime/mcp/${connectionId}`, other), 403, -32001, 'policy.denied');
+    const gone = `conn_${hex('e')}`;
+    const bearer = await bearers.mint(await grant({ [gone]: { default: 'allow' } }));
+    await refusal(await post(`/v1/runtime/mcp/${gone}`, bearer), 404, -32600, 'validation.not_found');
+    const withOrigin = await fetch(`${p.baseUrl}/v1/runtime/mcp/${connectionId}`, {
+      method: 'POST', headers: { authorization: `Bearer ${bearer}`, 'content-type': 'application/json', origin: 'https://example.com' }, body: '{}',
+    });
+    await refusal(withOrigin, 403, -32600, 'policy.denied');
+    // The memory store and tool source endpoints refuse the same way.
+    await refusal(await post(`/v1/runtime/memory/memstore_${hex('f')}`, other), 403, -32001, 'policy.denied');
+    await refusal(await post(`/v1/runtime/toolsource/tsrc_${hex('f')}`, 'ap_rt_not-a-bearer'), 401, -32001, 'auth.invalid_key');
+  });
+
   it('an archived connection is gone for every Run', async () => {
     const c = await p.root.request<{ id: string }>('POST', '/v1/connections', { body: { name: 'short-lived', url: upstream.url } });
     const bearer = await bearers.mint(await grant({ [c.body.id]: { default: 'allow' } }));

@@ -1,20 +1,47 @@
 import type Koa from 'koa';
 import { createMcpHandler, type AuthInfo, type Server } from '@modelcontextprotocol/server';
 import { toNodeHandler } from '@modelcontextprotocol/node';
-import { reportIncident } from '@agentplane/core';
+import { ApiError, reportIncident, type Logger } from '@agentplane/core';
 import type { RuntimeBearerVerifier, RuntimeGrant } from '@agentplane/domain';
 import type { ApiDeps } from '../deps.js';
 import { bearerToken } from '../http/authenticate.js';
 import { requestIdOf } from '../http/router.js';
 import { ErrorCode, MAX_MESSAGE_BYTES, rpcError } from './protocol.js';
-import { sdkConsoleToLog } from './runtime.js';
 
-/** A refusal of a runtime MCP request: HTTP status, JSON-RPC code and message. */
+/**
+ * A refusal of a runtime MCP request: the JSON-RPC code, and the catalog error whose status
+ * frames the answer and whose wire error body is the JSON-RPC error's `data` (as on `/v1/mcp`).
+ */
 export interface RuntimeRefusal {
-  status: number;
   code: number;
-  message: string;
+  error: ApiError;
 }
+
+/** Answer a refused runtime MCP request (no JSON-RPC id: the request was not read); a 401 carries the bearer challenge. */
+export function refuseRuntimeRequest(ctx: Koa.Context, docsUrl: string, r: RuntimeRefusal): void {
+  if (r.error.status === 401) ctx.set('WWW-Authenticate', 'Bearer error="invalid_token"');
+  ctx.status = r.error.status;
+  ctx.type = 'application/json';
+  ctx.body = JSON.stringify(rpcError(null, { code: r.code, message: r.error.message, data: r.error.toWire(docsUrl) }));
+}
+
+/** A method other than POST: 405 with `Allow` (no catalog type has that status). */
+export function runtimeMethodNotAllowed(ctx: Koa.Context): void {
+  ctx.set('Allow', 'POST');
+  ctx.status = 405;
+  ctx.type = 'application/json';
+  ctx.body = JSON.stringify(rpcError(null, { code: ErrorCode.InvalidRequest, message: `${ctx.method} is not served here; use POST` }));
+}
+
+/** Refusals every runtime endpoint shares (Connections, memory stores, tool sources). */
+export const runtimeRefusals = {
+  origin: (): RuntimeRefusal => ({ code: ErrorCode.InvalidRequest, error: new ApiError('policy.denied', 'requests carrying an Origin header are refused') }),
+  bearer: (): RuntimeRefusal => ({ code: ErrorCode.Unauthorized, error: new ApiError('auth.invalid_key', 'missing, unknown or expired runtime bearer') }),
+  /** The grant does not reach the resource. */
+  denied: (message: string): RuntimeRefusal => ({ code: ErrorCode.Unauthorized, error: new ApiError('policy.denied', message) }),
+  notFound: (what: string): RuntimeRefusal => ({ code: ErrorCode.InvalidRequest, error: new ApiError('validation.not_found', `${what} not found`) }),
+  internal: (message: string): RuntimeRefusal => ({ code: ErrorCode.InternalError, error: new ApiError('runtime.internal', message) }),
+};
 
 export interface RuntimeMcpEdge<C> {
   /** `POST <path>`: the first capture group is the resource id. */
@@ -27,7 +54,7 @@ export interface RuntimeMcpEdge<C> {
   buildServer(context: C): Server;
 }
 
-const isRefusal = (v: unknown): v is RuntimeRefusal => typeof v === 'object' && v !== null && 'status' in v && 'code' in v && 'message' in v;
+const isRefusal = (v: unknown): v is RuntimeRefusal => typeof v === 'object' && v !== null && 'code' in v && 'error' in v && v.error instanceof ApiError;
 
 /**
  * One Run's MCP endpoint over a resource (a memory store, a tool source), authenticated by the
@@ -45,27 +72,17 @@ export function runtimeMcpEdge<C>(deps: ApiDeps, verifier: RuntimeBearerVerifier
   ));
   const serve = toNodeHandler(handler, { maxRequestBodySize: MAX_MESSAGE_BYTES, onerror: (err) => deps.log.warn({ err: err.message }, `${edge.name} adapter error`) });
 
-  const fail = (ctx: Koa.Context, r: RuntimeRefusal, extra: Record<string, string> = {}) => {
-    for (const [k, v] of Object.entries(extra)) ctx.set(k, v);
-    ctx.status = r.status;
-    ctx.type = 'application/json';
-    ctx.body = JSON.stringify(rpcError(null, { code: r.code, message: r.message }));
-  };
+  const fail = (ctx: Koa.Context, r: RuntimeRefusal) => refuseRuntimeRequest(ctx, deps.config.docsUrl, r);
 
   return async (ctx, next) => {
     const m = edge.path.exec(ctx.path);
     if (!m) return next();
     try {
-      if (ctx.method !== 'POST') {
-        ctx.set('Allow', 'POST');
-        return fail(ctx, { status: 405, code: ErrorCode.InvalidRequest, message: `${ctx.method} is not served here; use POST` });
-      }
-      if (ctx.headers.origin !== undefined) return fail(ctx, { status: 403, code: ErrorCode.InvalidRequest, message: 'requests carrying an Origin header are refused' });
+      if (ctx.method !== 'POST') return runtimeMethodNotAllowed(ctx);
+      if (ctx.headers.origin !== undefined) return fail(ctx, runtimeRefusals.origin());
       const token = bearerToken(ctx.headers.authorization);
       const grant = token ? await verifier.verify(token) : null;
-      if (!grant) {
-        return fail(ctx, { status: 401, code: ErrorCode.Unauthorized, message: 'missing, unknown or expired runtime bearer' }, { 'WWW-Authenticate': 'Bearer error="invalid_token"' });
-      }
+      if (!grant) return fail(ctx, runtimeRefusals.bearer());
       const context = await edge.authorize(grant, m[1] ?? '');
       if (isRefusal(context)) return fail(ctx, context);
       const req = ctx.req as typeof ctx.req & { auth?: AuthInfo };
@@ -75,7 +92,24 @@ export function runtimeMcpEdge<C>(deps: ApiDeps, verifier: RuntimeBearerVerifier
     } catch (err) {
       if (ctx.headerSent || ctx.respond === false) throw err;
       const inc = reportIncident(deps.log, err, `unhandled error on the ${edge.name} endpoint`, requestIdOf(ctx), { path: ctx.path });
-      fail(ctx, { status: 500, code: ErrorCode.InternalError, message: inc.message });
+      fail(ctx, runtimeRefusals.internal(inc.message));
     }
   };
+}
+
+/**
+ * Run a synchronous SDK call with `console.warn`/`console.log` routed to the structured log at
+ * debug level, so that nothing unstructured reaches stdout or stderr.
+ */
+export function sdkConsoleToLog<T>(log: Logger, fn: () => T): T {
+  const { warn, log: info } = console;
+  const route = (...args: unknown[]): void => log.debug({ sdk: '@modelcontextprotocol/server', notice: args.map(String).join(' ') }, 'MCP SDK notice');
+  console.warn = route;
+  console.log = route;
+  try {
+    return fn();
+  } finally {
+    console.warn = warn;
+    console.log = info;
+  }
 }

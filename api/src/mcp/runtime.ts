@@ -2,14 +2,15 @@ import type Koa from 'koa';
 import { Client, StreamableHTTPClientTransport } from '@modelcontextprotocol/client';
 import { createMcpHandler, ProtocolError, ProtocolErrorCode, Server, type AuthInfo, type CallToolResult, type Tool } from '@modelcontextprotocol/server';
 import { toNodeHandler } from '@modelcontextprotocol/node';
-import { ApiError, Counter, isId, reportIncident, scrubSecrets, type Logger, newId } from '@agentplane/core';
+import { ApiError, Counter, isId, reportIncident, scrubSecrets, newId } from '@agentplane/core';
 import { tags } from '@agentplane/store';
 import type { ApiDeps } from '../deps.js';
 import { bearerToken } from '../http/authenticate.js';
 import { requestIdOf } from '../http/router.js';
 import type { Connection } from '@agentplane/domain';
 import { ConnectionService } from '@agentplane/domain';
-import { ErrorCode, MAX_MESSAGE_BYTES, rpcError } from './protocol.js';
+import { MAX_MESSAGE_BYTES } from './protocol.js';
+import { refuseRuntimeRequest, runtimeMethodNotAllowed, runtimeRefusals, sdkConsoleToLog, type RuntimeRefusal } from './runtime-edge.js';
 import { argumentsOutsideSchema, exposedName, permissionOf, upstreamName, type ConnectionGrant, type RuntimeBearerVerifier, type RuntimeGrant } from '@agentplane/domain';
 
 export const RUNTIME_PATH = /^\/v1\/runtime\/mcp\/([^/]+)$/;
@@ -157,12 +158,7 @@ export function runtimeMcp(deps: ApiDeps, options: RuntimeMcpOptions): Koa.Middl
     return token ? { Authorization: `Bearer ${token}` } : {};
   }
 
-  const fail = (ctx: Koa.Context, status: number, code: number, message: string, extra: Record<string, string> = {}) => {
-    for (const [k, v] of Object.entries(extra)) ctx.set(k, v);
-    ctx.status = status;
-    ctx.type = 'application/json';
-    ctx.body = JSON.stringify(rpcError(null, { code, message }));
-  };
+  const fail = (ctx: Koa.Context, r: RuntimeRefusal) => refuseRuntimeRequest(ctx, deps.config.docsUrl, r);
 
   /** One SDK server per request (both eras): the grant and Connection come in through authInfo. */
   function buildServer(context: RequestContext): Server {
@@ -262,49 +258,27 @@ export function runtimeMcp(deps: ApiDeps, options: RuntimeMcpOptions): Koa.Middl
     } catch (err) {
       if (ctx.headerSent || ctx.respond === false) throw err;
       const inc = reportIncident(deps.log, err, 'unhandled error on the runtime MCP endpoint', requestIdOf(ctx), { path: ctx.path });
-      fail(ctx, 500, ErrorCode.InternalError, inc.message);
+      fail(ctx, runtimeRefusals.internal(inc.message));
     }
   };
 
   async function handle(ctx: Koa.Context, m: RegExpExecArray): Promise<void> {
-    if (ctx.method !== 'POST') {
-      ctx.set('Allow', 'POST');
-      return fail(ctx, 405, ErrorCode.InvalidRequest, `${ctx.method} is not served here; use POST`);
-    }
-    if (ctx.headers.origin !== undefined) return fail(ctx, 403, ErrorCode.InvalidRequest, 'requests carrying an Origin header are refused');
+    if (ctx.method !== 'POST') return runtimeMethodNotAllowed(ctx);
+    if (ctx.headers.origin !== undefined) return fail(ctx, runtimeRefusals.origin());
     const token = bearerToken(ctx.headers.authorization);
     const grant: RuntimeGrant | null = token ? await options.verifier.verify(token) : null;
-    if (!grant) {
-      return fail(ctx, 401, ErrorCode.Unauthorized, 'missing, unknown or expired runtime bearer', { 'WWW-Authenticate': 'Bearer error="invalid_token"' });
-    }
+    if (!grant) return fail(ctx, runtimeRefusals.bearer());
     const connectionId = m[1] ?? '';
     const cg = isId('connection', connectionId) ? grant.connections[connectionId] : undefined;
-    if (!cg) return fail(ctx, 403, ErrorCode.Unauthorized, `run ${grant.run_id} has no connection ${connectionId}`);
+    if (!cg) return fail(ctx, runtimeRefusals.denied(`run ${grant.run_id} has no connection ${connectionId}`));
     const connection = await deps.docs.get<Connection>(tags.workspace(grant.workspace_id), connectionId);
     if (!connection || connection.workspace_id !== grant.workspace_id || connection.status !== 'active') {
-      return fail(ctx, 404, ErrorCode.InvalidRequest, `connection ${connectionId} not found`);
+      return fail(ctx, runtimeRefusals.notFound(`connection ${connectionId}`));
     }
     const context: RequestContext = { grant, connectionGrant: cg, connection, headers: await upstreamHeaders(grant, connection) };
     const req = ctx.req as typeof ctx.req & { auth?: AuthInfo };
     req.auth = { token: token ?? '', clientId: grant.run_id, scopes: [], expiresAt: Math.floor(Date.parse(grant.expires_at) / 1000), extra: { context } };
     ctx.respond = false;
     await serve(req, ctx.res);
-  }
-}
-
-/**
- * Run a synchronous SDK call with `console.warn`/`console.log` routed to the structured log at
- * debug level, so that nothing unstructured reaches stdout or stderr.
- */
-export function sdkConsoleToLog<T>(log: Logger, fn: () => T): T {
-  const { warn, log: info } = console;
-  const route = (...args: unknown[]): void => log.debug({ sdk: '@modelcontextprotocol/server', notice: args.map(String).join(' ') }, 'MCP SDK notice');
-  console.warn = route;
-  console.log = route;
-  try {
-    return fn();
-  } finally {
-    console.warn = warn;
-    console.log = info;
   }
 }

@@ -2,8 +2,7 @@ import type Koa from 'koa';
 import { Server, type CallToolResult, type Tool } from '@modelcontextprotocol/server';
 import { ApiError, closedLabel, Counter, isId } from '@agentplane/core';
 import type { ApiDeps } from '../deps.js';
-import { ErrorCode } from '../mcp/protocol.js';
-import { runtimeMcpEdge } from '../mcp/runtime-edge.js';
+import { runtimeMcpEdge, runtimeRefusals } from '../mcp/runtime-edge.js';
 import type { RuntimeBearerVerifier, RuntimeGrant } from '@agentplane/domain';
 import { checkPath, MEMORY_LIMITS, type MemoryAuthor } from './model.js';
 
@@ -161,7 +160,7 @@ export function runtimeMemory(deps: ApiDeps, verifier: RuntimeBearerVerifier): K
     name: 'runtime memory',
     async authorize(grant, storeId) {
       const access = isId('memoryStore', storeId) ? grant.memory?.[storeId] : undefined;
-      if (!access) return { status: 403, code: ErrorCode.Unauthorized, message: `run ${grant.run_id} has no memory store ${storeId}` };
+      if (!access) return runtimeRefusals.denied(`run ${grant.run_id} has no memory store ${storeId}`);
       return { grant, storeId, access };
     },
     buildServer,

@@ -3,8 +3,7 @@ import { Server, type CallToolResult } from '@modelcontextprotocol/server';
 import { ApiError, Counter, isId } from '@agentplane/core';
 import type { RuntimeBearerVerifier, RuntimeGrant } from '@agentplane/domain';
 import type { ApiDeps } from '../deps.js';
-import { ErrorCode } from '../mcp/protocol.js';
-import { runtimeMcpEdge } from '../mcp/runtime-edge.js';
+import { runtimeMcpEdge, runtimeRefusals } from '../mcp/runtime-edge.js';
 import { PeerCustodian, type PeerCustody } from './custody.js';
 import type { ToolSourceDoc } from './service.js';
 
@@ -85,9 +84,9 @@ export function runtimeToolSource(deps: ApiDeps, verifier: RuntimeBearerVerifier
     path: RUNTIME_TOOL_SOURCE_PATH,
     name: 'runtime tool source',
     async authorize(grant, id) {
-      if (!isId('toolSource', id) || !(grant.tool_sources ?? []).includes(id)) return { status: 403, code: ErrorCode.Unauthorized, message: `run ${grant.run_id} has no tool source ${id}` };
+      if (!isId('toolSource', id) || !(grant.tool_sources ?? []).includes(id)) return runtimeRefusals.denied(`run ${grant.run_id} has no tool source ${id}`);
       const source = await deps.toolSources.getSource(grant.workspace_id, id).catch(() => null);
-      if (!source) return { status: 404, code: ErrorCode.InvalidRequest, message: `tool source ${id} not found` };
+      if (!source) return runtimeRefusals.notFound(`tool source ${id}`);
       return { grant, source };
     },
     buildServer,
