@@ -1,3 +1,4 @@
+import { readFileSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { HttpClient } from '@agentplane/client';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
@@ -121,6 +122,43 @@ describe('turns end to end', () => {
       const evs = await until(id, (e) => idleCount(e) >= 1);
       expect(JSON.stringify(evs.filter((e) => e.type === 'agent.tool_result'))).toContain('echo: through the lease');
       expect(JSON.stringify(evs.filter((e) => e.type === 'agent.message'))).toContain('MCP said: echo: through the lease');
+    } finally {
+      await upstream.close();
+    }
+  });
+
+  it("an unreachable MCP server's tools are left out of the turn; the other server's tools still run", async () => {
+    const upstream = await startMcpUpstream();
+    // A server that is down: a loopback port nothing listens on any more.
+    const closed = await startMcpUpstream();
+    const downUrl = closed.url;
+    await closed.close();
+    try {
+      await p.root.post('/v1/connections', { name: 'upstream-up', url: upstream.url });
+      const down = await p.root.post<{ id: string }>('/v1/connections', { name: 'upstream-down', url: downUrl });
+      const id = await session(
+        SCRIPT([
+          { when: { user_contains: 'echo' }, then: [{ tool: 'up__echo', input: { text: 'despite the other server' } }] },
+          { when: { on: 'tool_result' }, then: [{ reply: 'MCP said: {{tool_result}}' }] },
+        ]),
+      );
+      await api.post(`/v1/sessions/${id}`, {
+        agent: {
+          mcp_servers: [
+            { name: 'down', type: 'url', url: downUrl, permission: 'always_allow' },
+            { name: 'up', type: 'url', url: upstream.url, permission: 'always_allow' },
+          ],
+        },
+      });
+      await api.post(`/v1/sessions/${id}/events`, msg('echo please'));
+      const evs = await until(id, (e) => idleCount(e) >= 1);
+      expect(evs.find((e) => e.type === 'session.status_idle')?.payload.stop_reason).toMatchObject({ type: 'end_turn' });
+      expect(JSON.stringify(evs.filter((e) => e.type === 'agent.tool_result'))).toContain('echo: despite the other server');
+      expect(JSON.stringify(evs.filter((e) => e.type === 'agent.message'))).toContain('MCP said: echo: despite the other server');
+      // The runner's log says which Connection was left out.
+      const line = await waitFor('the log line naming the unreachable connection', () =>
+        readFileSync(p.logFile, 'utf8').split('\n').find((l) => l.includes(down.id) && l.includes('left out')), 10_000);
+      expect(JSON.parse(line)).toMatchObject({ server: 'down', connection_id: down.id });
     } finally {
       await upstream.close();
     }

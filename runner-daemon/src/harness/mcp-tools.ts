@@ -19,7 +19,9 @@ const TOOL_NAME = /[^a-zA-Z0-9_-]/g;
  * The agent's MCP tools for one Run, through the control plane's runtime endpoint
  * (`/v1/runtime/mcp/{connection_id}`) with the lease's runtime bearer. Each tool is offered
  * to the model as `<server>__<tool>`. The bearer is accepted only once the lease fence is
- * claimed, so connecting is retried briefly right after the lease is accepted.
+ * claimed, so connecting is retried briefly right after the lease is accepted. A server that
+ * cannot be reached (or whose tools cannot be listed) is left out, with a log line naming its
+ * Connection; the turn runs with the other servers' tools.
  */
 export async function connectMcpTools(baseUrl: string, runtime: RuntimeMcp, log: Logger, signal: AbortSignal): Promise<McpTools> {
   const clients: Client[] = [];
@@ -40,11 +42,20 @@ export async function connectMcpTools(baseUrl: string, runtime: RuntimeMcp, log:
       }
     }
     if (!client) {
-      log.warn({ server: server.name }, 'MCP server unreachable through the runtime endpoint; its tools are left out');
+      log.warn({ server: server.name, connection_id: server.connection_id }, 'MCP server unreachable through the runtime endpoint; its tools are left out');
+      continue;
+    }
+    // The endpoint answers for the Connection's own server: one that is down (or fails its
+    // tools/list) costs the turn that server's tools, never the turn.
+    let listed: Awaited<ReturnType<Client['listTools']>>;
+    try {
+      listed = await client.listTools();
+    } catch (err) {
+      await client.close().catch(() => undefined);
+      log.warn({ server: server.name, connection_id: server.connection_id, err: (err as Error).message }, 'MCP server unreachable (its tools/list failed); its tools are left out of this turn');
       continue;
     }
     clients.push(client);
-    const listed = await client.listTools();
     const c = client;
     for (const t of listed.tools) {
       const name = `${server.name}__${t.name}`.replace(TOOL_NAME, '_').slice(0, 64);
