@@ -333,6 +333,28 @@ describe('A2A rejections', () => {
     expect(JSON.stringify(records)).not.toContain('hunter2');
   });
 
+  it('a body that is not JSON is the JSON-RPC parse error (-32700), admitted and audited like any request', async () => {
+    const post = (body: string, authorization = `Bearer ${userSecret}`) => fetch(endpoint, {
+      method: 'POST', headers: { authorization, 'a2a-version': '1.0', 'content-type': 'application/json' }, body,
+    });
+    type Answer = { jsonrpc: string; id: unknown; error?: { code: number; message: string } };
+    const cut = await post('{"jsonrpc":"2.0","id":5,"method":"GetTask","params":{"id":');
+    expect(cut.status).toBe(200);
+    expect(await cut.json() as Answer).toMatchObject({ jsonrpc: '2.0', id: null, error: { code: -32700, message: 'the request body is not valid JSON' } });
+    const empty = await post('');
+    expect(empty.status).toBe(200);
+    expect(await empty.json() as Answer).toMatchObject({ id: null, error: { code: -32700 } });
+    // JSON that is not a valid request keeps its own codes: params that are not an object are invalid params.
+    const badParams = await post('{"jsonrpc":"2.0","id":6,"method":"GetTask","params":"x"}');
+    expect(await badParams.json() as Answer).toMatchObject({ id: 6, error: { code: -32602 } });
+    // Admission comes first: without a credential it is still 401, whatever the body.
+    expect((await post('{not json', 'Bearer nope')).status).toBe(401);
+    const records = (await t.p.root.post<{ data: { action: string; outcome: string; detail: string | null; request_id: string }[] }>('/v1/audit/export', { action: 'a2a.other', limit: 1000 })).data;
+    const of = (r: Response) => records.filter((x) => x.request_id === r.headers.get('request-id')).map((x) => ({ action: x.action, outcome: x.outcome, detail: x.detail }));
+    expect(of(cut)).toEqual([{ action: 'a2a.other', outcome: 'failed', detail: 'JSONParseError' }]);
+    expect(of(empty)).toEqual([{ action: 'a2a.other', outcome: 'failed', detail: 'JSONParseError' }]);
+  });
+
   it('refuses a missing or wrong A2A-Version with VersionNotSupportedError', async () => {
     const missing = await clientFor(userSecret, (h) => h.delete('a2a-version'));
     await rejected(missing.sendMessage(msg('x')), 'VersionNotSupportedError');

@@ -7,13 +7,13 @@
  */
 import type Koa from 'koa';
 import { formatSSEErrorEvent, formatSSEEvent, SSE_HEADERS } from '@a2a-js/sdk';
-import { A2AError, UnsupportedOperationError, VersionNotSupportedError } from '@a2a-js/sdk/errors';
+import { A2A_ERROR_CODE, A2AError, JsonRpcRequestMalformedError, UnsupportedOperationError, VersionNotSupportedError } from '@a2a-js/sdk/errors';
 import { JsonRpcTransportHandler, ServerCallContext, validateVersion, type A2ARequestHandler } from '@a2a-js/sdk/server';
 import { ApiError, closedLabel, Counter, ERROR_STATUS, reportIncident, type Logger } from '@agentplane/core';
 import { traceOf } from '../http/router.js';
 import type { ApiDeps } from '../deps.js';
 import { authenticate } from '../http/authenticate.js';
-import { readJsonBody } from '../http/body.js';
+import { isUnparseableJson, readJsonBody } from '../http/body.js';
 import type { Caller } from '../http/caller.js';
 import { enforceRateLimit } from '../http/rate-limit.js';
 import type { PermissionAction } from '../governance/permissions.js';
@@ -198,14 +198,18 @@ export function a2aEdge(deps: ApiDeps): Koa.Middleware {
       await audit(base, 'request', p.installationId, 'failed', err.status, err.type);
       return wire(ctx, err);
     }
-    // 3. One JSON-RPC message.
+    // 3. One JSON-RPC message. A body that is not JSON (none at all, or one that does not parse)
+    // is the JSON-RPC parse error, answered at dispatch (7) after the same checks as any request.
     let body: unknown;
+    let notJson: string | null = null;
     try {
       body = await readJsonBody(ctx.req, MAX_BODY_BYTES);
+      if (body === undefined) notJson = 'the request has no body; one JSON-RPC request is expected';
     } catch (err) {
       if (!(err instanceof ApiError)) throw err;
       body = undefined;
       if (err.status === 413) return wire(ctx, err);
+      if (isUnparseableJson(err)) notJson = err.message;
     }
     const msg = isObj(body) ? body : null;
     const method = typeof msg?.method === 'string' ? msg.method : 'invalid';
@@ -275,7 +279,11 @@ export function a2aEdge(deps: ApiDeps): Koa.Middleware {
     });
     const target = () => call.target ?? placement.installation.id;
     try {
-      const out = await transport.handle(body === undefined ? '' : (body as Json), context);
+      // The SDK transport maps a body it cannot parse to invalid params (-32602): the parse error
+      // (-32700) is answered here instead.
+      const out = notJson !== null
+        ? { jsonrpc: '2.0' as const, id: null, error: JsonRpcTransportHandler.mapToJSONRPCError(new JsonRpcRequestMalformedError({ message: notJson, envelopeCode: A2A_ERROR_CODE.PARSE_ERROR })) }
+        : await transport.handle(body === undefined ? '' : (body as Json), context);
       if (!(Symbol.asyncIterator in out)) {
         const failed = 'error' in out && out.error !== undefined;
         count(method, failed ? 'rpc_error' : 'ok');

@@ -28,9 +28,14 @@ export async function readJsonBody(req: IncomingMessage, limit: number): Promise
   if (text.length === 0) return undefined;
   try {
     return JSON.parse(text) as unknown;
-  } catch {
-    throw new ApiError('validation.malformed', 'the request body is not valid JSON');
+  } catch (err) {
+    throw new ApiError('validation.malformed', 'the request body is not valid JSON', { cause: err });
   }
+}
+
+/** Whether `readJsonBody` failed because the body it read does not parse as JSON. */
+export function isUnparseableJson(err: unknown): boolean {
+  return err instanceof ApiError && err.cause instanceof SyntaxError;
 }
 
 async function streamedBody(req: IncomingMessage, limit: number, declared: string | undefined): Promise<string> {
