@@ -213,13 +213,32 @@ describe('routing, fallback and eligibility', () => {
       expect(textOf(r.events)).toBe('Served by the fallback.');
       expect(endOf(r.events)).toMatchObject({ provider: 'anthropic', model: 'claude-sonnet-4-5' });
     }
-    // Every candidate throttled: the workspace's providers' rate limits were reached (not the
-    // platform's capacity), retryable after the provider's shortest Retry-After.
-    oaiFlaky.behavior = { ...oaiFlaky.behavior, mode: 'rate_limit', retryAfter: '9' };
-    ant.behavior = { ...ant.behavior, mode: 'rate_limit', retryAfter: '4' };
+    // Every candidate throttled for longer than a step waits: the workspace's providers' rate
+    // limits were reached (not the platform's capacity), retryable after the shortest Retry-After.
+    oaiFlaky.behavior = { ...oaiFlaky.behavior, mode: 'rate_limit', retryAfter: '90' };
+    ant.behavior = { ...ant.behavior, mode: 'rate_limit', retryAfter: '40' };
+    const before = ant.requests.length;
     const r = await step({ routing_key: 'resilient', messages: user('hello') });
-    expect(r.events).toEqual([{ type: 'error', error: expect.objectContaining({ type: 'budget.exceeded', retryable: true, retry_after_seconds: 4 }) }]);
+    expect(r.events).toEqual([{ type: 'error', error: expect.objectContaining({ type: 'budget.exceeded', retryable: true, retry_after_seconds: 40 }) }]);
+    expect(ant.requests.length).toBe(before + 1);
     ant.behavior = { ...ant.behavior, mode: 'text' };
+    oaiFlaky.behavior = { ...oaiFlaky.behavior, mode: 'text' };
+  });
+
+  it('waits out a short throttle of every candidate and tries them again, twice at most', async () => {
+    await profile('throttled', [{ credential_key: 'flaky', provider_model: 'local-model' }]);
+    // Throttled once (Retry-After: 1), then served: the step is served after the wait.
+    oaiFlaky.behavior = { ...oaiFlaky.behavior, mode: 'rate_limit', retryAfter: '1', failTimes: 1, text: 'Served after the wait.' };
+    let before = oaiFlaky.requests.length;
+    const served = await step({ routing_key: 'throttled', messages: user('hello') });
+    expect(textOf(served.events)).toBe('Served after the wait.');
+    expect(oaiFlaky.requests.length).toBe(before + 2);
+    // Throttled throughout: two waits, three tries, then the limit is the step's error.
+    oaiFlaky.behavior = { ...oaiFlaky.behavior, mode: 'rate_limit', retryAfter: '1', failTimes: null };
+    before = oaiFlaky.requests.length;
+    const limited = await step({ routing_key: 'throttled', messages: user('hello') });
+    expect(limited.events).toEqual([{ type: 'error', error: expect.objectContaining({ type: 'budget.exceeded', retryable: true, retry_after_seconds: 1 }) }]);
+    expect(oaiFlaky.requests.length).toBe(before + 3);
     oaiFlaky.behavior = { ...oaiFlaky.behavior, mode: 'text' };
   });
 

@@ -181,8 +181,33 @@ export class ModelGatewayService {
 
   /** Stream the plan's candidates in order until one serves the step. Never throws. */
   async *execute(plan: StepPlan, signal: AbortSignal): AsyncGenerator<ModelStreamEvent> {
+    const stepId = plan.context.step_id ?? randomUUID();
+    for (let waited = 0; ; waited++) {
+      const failures = yield* this.pass(plan, stepId, signal);
+      if (failures === null) return;
+      // Every candidate throttled: wait out a short throttle and try them again, as the
+      // providers' own SDKs do; a limit that clears later ends the step (`budget.exceeded`).
+      const wait = waited < THROTTLE_WAITS ? throttleWait(failures, waited) : null;
+      if (wait !== null) {
+        this.log.info({ step_id: stepId, wait_seconds: wait }, 'model providers throttled every candidate; trying again after their wait');
+        if (await abortableDelay(wait * 1000, signal)) continue;
+        const first = plan.candidates[0];
+        yield { type: 'end', stop_reason: 'canceled', usage: { ...ZERO_USAGE }, provider: first?.credential.provider_key ?? 'none', model: first?.candidate.provider_model ?? '' };
+        return;
+      }
+      this.metricSteps?.inc({ provider: 'none', outcome: 'provider_unavailable' });
+      yield { type: 'error', error: this.providerFailure(stepId, failures, `every eligible candidate failed: ${failures.map((f) => f.message).join('; ')}`) };
+      return;
+    }
+  }
+
+  /**
+   * One pass over the plan's candidates in order until one serves the step: its events are the
+   * step's. Returns null once the step has ended (served, or an `error` or a canceled `end`
+   * yielded), or every candidate's failure when each failed retryably before any output.
+   */
+  private async *pass(plan: StepPlan, stepId: string, signal: AbortSignal): AsyncGenerator<ModelStreamEvent, ProviderError[] | null> {
     const { request, context, workspaceId } = plan;
-    const stepId = context.step_id ?? randomUUID();
     const failures: ProviderError[] = [];
     for (const { candidate, credential } of plan.candidates) {
       let emitted = false;
@@ -228,7 +253,7 @@ export class ModelGatewayService {
           }
           this.log.debug({ step_id: stepId, model_credential_id: credential.id, provider: credential.provider_key, model: ev.model, ms: Math.round(performance.now() - started) }, 'model step served');
           yield { ...ev, provider: credential.provider_key };
-          return;
+          return null;
         }
         throw new ProviderError('server', `${credential.provider_key} ended without an end event`);
       } catch (err) {
@@ -237,17 +262,17 @@ export class ModelGatewayService {
         if (!ProviderError.is(err)) {
           if (signal.aborted) {
             yield { type: 'end', stop_reason: 'canceled', usage: { ...ZERO_USAGE }, provider: credential.provider_key, model: candidate.provider_model };
-            return;
+            return null;
           }
           this.metricSteps?.inc({ provider: credential.provider_key, outcome: 'failed' });
           this.log.error({ err: (err as Error).message, step_id: stepId, model_credential_id: credential.id }, 'model step failed');
           yield { type: 'error', error: toModelError(err) };
-          return;
+          return null;
         }
         if (err.kind === 'canceled') {
           this.metricSteps?.inc({ provider: credential.provider_key, outcome: 'canceled' });
           yield { type: 'end', stop_reason: 'canceled', usage: { ...ZERO_USAGE }, provider: credential.provider_key, model: candidate.provider_model };
-          return;
+          return null;
         }
         this.log.warn({
           step_id: stepId, model_credential_id: credential.id, credential_key: credential.key, provider: credential.provider_key,
@@ -257,21 +282,20 @@ export class ModelGatewayService {
         if (!err.retryable) {
           this.metricSteps?.inc({ provider: credential.provider_key, outcome: 'provider_rejected' });
           yield { type: 'error', error: { type: 'model.no_eligible_model', message: scrub(`${credential.key}/${candidate.provider_model}: ${err.message}`), retryable: false } };
-          return;
+          return null;
         }
         this.metricSteps?.inc({ provider: credential.provider_key, outcome: emitted ? 'provider_unavailable' : 'fallback' });
         failures.push(new ProviderError(err.kind, scrub(err.message), { status: err.status, retryAfterSeconds: err.retryAfterSeconds }));
         if (emitted) {
           // Output already reached the harness; falling back would splice two answers together.
           yield { type: 'error', error: this.providerFailure(stepId, [err], scrub(`${credential.key}/${candidate.provider_model} failed mid-stream: ${err.message}`)) };
-          return;
+          return null;
         }
       } finally {
         span?.end();
       }
     }
-    this.metricSteps?.inc({ provider: 'none', outcome: 'provider_unavailable' });
-    yield { type: 'error', error: this.providerFailure(stepId, failures, `every eligible candidate failed: ${failures.map((f) => f.message).join('; ')}`) };
+    return failures;
   }
 
   /**
@@ -292,6 +316,38 @@ export class ModelGatewayService {
     this.log.warn({ step_id: stepId, incident: inc.incident, failures: failures.map((f) => f.kind) }, 'model step failed: the model provider failed');
     return { type: 'runtime.internal', message: inc.message, retryable: true, ...retryAfter };
   }
+}
+
+/** How many times a step waits out its providers' throttling before it fails `budget.exceeded`. */
+const THROTTLE_WAITS = 2;
+/** The longest throttle (seconds) a step waits out; a limit that clears later ends the step. */
+const THROTTLE_WAIT_MAX_SECONDS = 10;
+
+/**
+ * The seconds to wait before trying the candidates again, when every one of `failures` was a
+ * rate limit: the shortest Retry-After the providers sent, or without one 1 s then 2 s; null when
+ * not every failure was a rate limit or the wait is longer than a step waits.
+ */
+export function throttleWait(failures: readonly ProviderError[], waited: number): number | null {
+  if (failures.length === 0 || !failures.every((f) => f.kind === 'rate_limited')) return null;
+  const hints = failures.map((f) => f.retryAfterSeconds).filter((s): s is number => s !== null);
+  const wait = hints.length > 0 ? Math.max(0, Math.min(...hints)) : 2 ** waited;
+  return wait <= THROTTLE_WAIT_MAX_SECONDS ? wait : null;
+}
+
+/** Resolves true after `ms`, or false as soon as `signal` aborts. */
+function abortableDelay(ms: number, signal: AbortSignal): Promise<boolean> {
+  if (signal.aborted) return Promise.resolve(false);
+  return new Promise((resolve) => {
+    const done = (ok: boolean): void => {
+      clearTimeout(timer);
+      signal.removeEventListener('abort', onAbort);
+      resolve(ok);
+    };
+    const onAbort = (): void => done(false);
+    const timer = setTimeout(() => done(true), ms);
+    signal.addEventListener('abort', onAbort, { once: true });
+  });
 }
 
 /** Remove a secret, and any 8+ character run of it, from a provider message. */
