@@ -75,6 +75,30 @@ describe('MemoryStore documents (REST)', () => {
     expect((await api.request('GET', `/v1/memory-stores/memstore_${'0'.repeat(32)}`)).status).toBe(404);
   });
 
+  it('a store update that changes nothing keeps its version; an empty body is 400', async () => {
+    const store = await newStore('heads');
+    interface Head { name: string; description: string | null; metadata: Json; version: number; updated_at: string }
+    const update = (body: Json) => api.request<Head>('POST', `/v1/memory-stores/${store}`, { body });
+    const head = await api.get<Head>(`/v1/memory-stores/${store}`);
+    expect(head.version).toBe(1);
+
+    const empty = await update({});
+    expect(empty.status).toBe(400);
+    expect(errType(empty)).toBe('validation.malformed');
+    for (const body of [{ expected_version: 1 }, { name: 'heads' }, { description: null, metadata: {} }]) {
+      const same = await update(body);
+      expect(same.status).toBe(200);
+      expect(same.body).toMatchObject({ version: 1, updated_at: head.updated_at });
+    }
+    const renamed = await update({ expected_version: 1, name: 'heads-2', metadata: { team: 'ops' } });
+    expect(renamed.body).toMatchObject({ name: 'heads-2', metadata: { team: 'ops' }, version: 2 });
+    expect((await update({ metadata: { team: 'ops' } })).body.version).toBe(2);
+    const stale = await update({ expected_version: 1, name: 'heads-2' });
+    expect(stale.status).toBe(409);
+    expect(errType(stale)).toBe('validation.conflict');
+    expect((await api.get<Head>(`/v1/memory-stores/${store}`)).version).toBe(2);
+  });
+
   it('holds documents of up to 100 kB and refuses one byte more', async () => {
     const store = await newStore('limits');
     const ok = await put(store, { path: 'big.txt', content: 'a'.repeat(100_000) });

@@ -56,7 +56,7 @@ export const memoryOperations: Operation[] = [
     body: Obj({
       expected_version: Type.Optional(Type.Integer({ minimum: 1 })), name: Type.Optional(Type.String({ minLength: 1, maxLength: 200 })),
       description: Type.Optional(Nullable(Type.String({ maxLength: 2000 }))), metadata: Type.Optional(Metadata()),
-    }),
+    }, { minProperties: 1 }),
     response: MemoryStoreSchema,
     async handler({ caller, params, body, deps }) {
       const { expected_version, ...patch } = body;

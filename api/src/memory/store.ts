@@ -49,6 +49,11 @@ export function memoryKeys(storeId: string) {
   };
 }
 
+function sameMetadata(a: Record<string, string>, b: Record<string, string>): boolean {
+  const ka = Object.keys(a);
+  return ka.length === Object.keys(b).length && ka.every((k) => Object.hasOwn(b, k) && a[k] === b[k]);
+}
+
 /** `c1_` + hex of `<kind>:<value>`: opaque cursors for lexical listings and search offsets. */
 export function encodeMemoryCursor(kind: string, value: string): string {
   return `c1_${Buffer.from(`${kind}:${value}`, 'utf8').toString('hex')}`;
@@ -92,13 +97,17 @@ export class MemoryStores {
   }
 
   async updateStore(workspaceId: string, storeId: string, patch: { name?: string | undefined; description?: string | null | undefined; metadata?: Record<string, string> | undefined }, expectedVersion?: number): Promise<MemoryStoreDoc> {
-    await this.getStore(workspaceId, storeId);
-    return this.docs.update<MemoryStoreDoc>(tags.workspace(workspaceId), storeId, (s) => ({
-      ...s,
-      ...(patch.name !== undefined ? { name: patch.name } : {}),
-      ...(patch.description !== undefined ? { description: patch.description } : {}),
-      ...(patch.metadata !== undefined ? { metadata: patch.metadata } : {}),
-    }), { expectedVersion, notFound: 'memory store' });
+    const current = await this.getStore(workspaceId, storeId);
+    // A patch that changes nothing writes nothing: the store keeps its version and updated_at.
+    return this.docs.update<MemoryStoreDoc>(tags.workspace(workspaceId), storeId, (s) => {
+      const next = {
+        ...s,
+        ...(patch.name !== undefined ? { name: patch.name } : {}),
+        ...(patch.description !== undefined ? { description: patch.description } : {}),
+        ...(patch.metadata !== undefined ? { metadata: patch.metadata } : {}),
+      };
+      return next.name === s.name && next.description === s.description && sameMetadata(next.metadata, s.metadata) ? null : next;
+    }, { expectedVersion, notFound: 'memory store', current });
   }
 
   /** The head goes first (the store is gone for readers at once), then every key of its tag. */
