@@ -115,6 +115,22 @@ describe('webhook endpoints', () => {
     }
   });
 
+  it('accepts only event types of the catalog, on create and on update', async () => {
+    for (const event_types of [['session.status_idel'], ['user.message', 'session.turn_ended'], ['custom.event']]) {
+      const r = await api.request<{ error: { message: string } }>('POST', '/v1/webhook-endpoints', { body: { url: rx.url, event_types } });
+      expect([event_types, r.status, errType(r)]).toEqual([event_types, 400, 'validation.malformed']);
+      expect(r.body.error.message).toContain("'session.status_idle'");
+    }
+    const e = await api.post<Endpoint & { event_types: string[] }>('/v1/webhook-endpoints', {
+      url: rx.url, event_types: ['user.message', 'agent.tool_use', 'session.status_idle', 'session.outcome_ended', 'exec.tool_invocation', 'webhook.test'],
+    });
+    expect(e.event_types).toHaveLength(6);
+    const bad = await api.request('POST', `/v1/webhook-endpoints/${e.id}`, { body: { expected_version: e.version, event_types: ['agent.messages'] } });
+    expect([bad.status, errType(bad)]).toEqual([400, 'validation.malformed']);
+    expect((await api.get<Endpoint>(`/v1/webhook-endpoints/${e.id}`)).version).toBe(e.version);
+    await api.request('DELETE', `/v1/webhook-endpoints/${e.id}`);
+  });
+
   it('sends a signed webhook.test delivery (seq 0, session_id null) at the expected version, and reports a failing receiver', async () => {
     const e = await api.post<Endpoint>('/v1/webhook-endpoints', { url: rx.url, event_types: ['session.status_idle'] });
     expect(e.signing_secret).toMatch(/^whsec_/);

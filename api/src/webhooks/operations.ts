@@ -1,4 +1,5 @@
 import { ApiError, Id, newId, nowIso, Nullable, Obj, Page, PageQuery, Timestamp, Type } from '@agentplane/core';
+import { WEBHOOK_EVENT_TYPES } from '../events/catalog.js';
 import { ADMINS, READERS } from '../http/caller.js';
 import type { Operation } from '../http/operation.js';
 import { listWorkspaceDocs, workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
@@ -6,7 +7,8 @@ import { ENDPOINTS, publicEndpoint, type EndpointDoc } from './model.js';
 import { checkEndpointUrl } from './ssrf.js';
 
 const EndpointPath = Obj({ webhook_endpoint_id: Id('webhookEndpoint') });
-const EventType = Type.String({ pattern: '^[a-z][a-z0-9_]*(\\.[a-z0-9_]+)+$', maxLength: 128 });
+/** One name of the event catalog; any other is 400 `validation.malformed` listing the allowed ones. */
+const EventType = Type.Union(WEBHOOK_EVENT_TYPES.map((t) => Type.Literal(t)));
 const EventTypes = Type.Array(EventType, { maxItems: 64, uniqueItems: true });
 const Url = Type.String({ minLength: 8, maxLength: 2048 });
 const Description = Nullable(Type.String({ maxLength: 500 }));
