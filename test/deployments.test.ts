@@ -133,6 +133,12 @@ describe('deployment heads: the route table and the state table', () => {
     expect([stale.status, errType(stale)]).toEqual([409, 'validation.conflict']);
     const onlyVersion = await admin.request('PATCH', `/v1/agent-deployments/${head.id}`, { body: { expected_resource_version: 2 } });
     expect([onlyVersion.status, errType(onlyVersion)]).toEqual([400, 'validation.malformed']);
+    // A PATCH to the values the head already has writes nothing: same resource_version and updated_at.
+    for (const body of [{ expected_resource_version: 2, display_name: 'Renamed' }, { expected_resource_version: 2, status: 'active' }]) {
+      const same = await admin.request<Head & { updated_at: string }>('PATCH', `/v1/agent-deployments/${head.id}`, { body });
+      expect(same.status).toBe(200);
+      expect(same.body).toMatchObject({ display_name: 'Renamed', resource_version: 2, updated_at: (renamed.body as Head & { updated_at: string }).updated_at });
+    }
     const denied = await dev.request('PATCH', `/v1/agent-deployments/${head.id}`, { body: { expected_resource_version: 2, display_name: 'x' } });
     expect([denied.status, errType(denied)]).toEqual([403, 'policy.denied']);
     const archived = await admin.request<Head>('PATCH', `/v1/agent-deployments/${head.id}`, { body: { expected_resource_version: 2, status: 'archived' } });
@@ -265,6 +271,10 @@ describe('connection bindings', () => {
     expect([missingRev.status, errType(missingRev)]).toEqual([404, 'validation.not_found']);
     const stale = await admin.request('PATCH', `/v1/agent-deployment-connection-bindings/${bid}`, { body: { expected_resource_version: 1, display_name: 'x' } });
     expect([stale.status, errType(stale)]).toEqual([409, 'validation.conflict']);
+    for (const body of [{ expected_resource_version: 3 }, { expected_resource_version: 3, display_name: 'Tools', status: 'active' }]) {
+      const same = await admin.request<Head>('PATCH', `/v1/agent-deployment-connection-bindings/${bid}`, { body });
+      expect([same.status, same.body.resource_version, same.body.display_name]).toEqual([200, 3, 'Tools']);
+    }
     const patched = await admin.request<Head>('PATCH', `/v1/agent-deployment-connection-bindings/${bid}`, { body: { expected_resource_version: 3, status: 'archived' } });
     expect([patched.status, patched.body.status]).toEqual([200, 'archived']);
     const unsel = await admin.request('POST', `/v1/agent-deployments/${head.id}/revisions`, { body: revisionBody(3, { connection_binding_selections: sel(2) }) });

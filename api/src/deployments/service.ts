@@ -144,7 +144,7 @@ export class DeploymentService {
         next.status = 'archived';
         next.archived_at = nowIso();
       }
-      return next;
+      return next.display_name === cur.display_name && next.status === cur.status ? null : next;
     }, 'agent deployment');
   }
 
@@ -426,7 +426,7 @@ export class DeploymentService {
       const next = { ...cur };
       if (body.display_name !== undefined) next.display_name = body.display_name;
       if (body.status !== undefined) next.status = body.status;
-      return next;
+      return next.display_name === cur.display_name && next.status === cur.status ? null : next;
     }, 'connection binding');
   }
 

@@ -109,7 +109,8 @@ export class HeadStore {
   }
 
   /** Read-modify-write of a head, fenced on its resource_version (409 `validation.conflict` when stale). */
-  async update<T extends StoredDoc>(ws: string, id: string, expected: number, mutate: (cur: T) => T, what: string): Promise<T> {
+  /** Compare-and-swap on the head; `mutate` returning null (nothing changes) writes nothing and answers the head as it is. */
+  async update<T extends StoredDoc>(ws: string, id: string, expected: number, mutate: (cur: T) => T | null, what: string): Promise<T> {
     return this.docs.update<T>(tags.workspace(ws), id, mutate, { expectedVersion: expected, notFound: what });
   }
 
