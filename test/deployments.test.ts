@@ -156,6 +156,26 @@ describe('deployment heads: the route table and the state table', () => {
   });
 });
 
+describe('an organization key on a path that names another Workspace', () => {
+  it('acts in that Workspace: the response and the audit record name it, not the selected one', async () => {
+    const other = (await p.root.post<{ id: string }>(`/v1/organizations/${org}/workspaces`, { name: 'named-in-path' })).id;
+    const selectors: Record<string, string>[] = [{}, { 'service-workspace-id': ws }];
+    for (const headers of selectors) {
+      const key = `hp-${Object.keys(headers).length}`;
+      const created = await p.root.request<{ id: string; workspace_id: string }>('POST', `/v1/organizations/workspaces/${other}/harness-profiles`, { headers, body: { key, kind: 'builtin' } });
+      expect([created.status, created.body.workspace_id, created.headers.get('service-workspace-id')]).toEqual([201, other, other]);
+      const listed = await p.root.request('GET', `/v1/organizations/workspaces/${other}/agent-deployments`, { headers });
+      expect([listed.status, listed.headers.get('service-workspace-id')]).toEqual([200, other]);
+      const audited = async (workspaceId: string) => (await p.root.with({ workspaceId }).post<{ data: { target: string | null }[] }>('/v1/audit/export', {
+        action: 'harnessProfiles.createHarnessProfile', target: created.body.id,
+      })).data.length;
+      expect([await audited(other), await audited(ws)]).toEqual([1, 0]);
+    }
+    const outside = await admin.request('GET', `/v1/organizations/workspaces/${other}/agent-deployments`);
+    expect([outside.status, errType(outside)]).toEqual([404, 'validation.not_found']);
+  });
+});
+
 describe('revisions', () => {
   it('publish advances the head; an identical replay is idempotent; stale is 409; reads take version 2026-08-24', async () => {
     const a = await agent('revs');

@@ -10,6 +10,7 @@ import type { AuditOutcome } from '../audit/store.js';
 import { targetTypeOf, type CheckTarget } from '../governance/permissions.js';
 import type { ToolCall } from '../governance/policy-eval.js';
 import { CURRENT_VERSION, type PermissionDeclaration, type HttpMethod, type Operation, type OperationResult } from './operation.js';
+import { workspaceInBoundary } from './workspace-scope.js';
 
 /** One request as the pipeline sees it, whichever edge it came in on (REST or MCP). */
 export interface RawRequest {
@@ -250,6 +251,17 @@ async function run(
     body = prepared.validateBody(raw.body === undefined ? {} : raw.body);
   } else if (raw.body !== undefined && !(typeof raw.body === 'object' && raw.body !== null && Object.keys(raw.body).length === 0)) {
     throw new ApiError('validation.malformed', 'this operation takes no request body');
+  }
+
+  // A path that names a Workspace (`/v1/organizations/workspaces/{workspace_id}/…`) is where an
+  // organization key acts, whatever its selector header says: the response, the audit record
+  // and the idempotency scope name that Workspace once it is found inside the organization.
+  const named = (params as { workspace_id?: unknown }).workspace_id;
+  if (caller.scope === 'organization' && caller.kind !== 'anonymous' && typeof named === 'string' && named !== caller.workspaceId) {
+    await workspaceInBoundary(caller, named, deps);
+    caller = { ...caller, workspaceId: named };
+    progress.caller = caller;
+    raw.authenticated?.(caller);
   }
 
   if (caller.kind === 'principal_credential' && op.permission) await checkPermission(op.permission, caller, params as Record<string, unknown>, body, deps);
