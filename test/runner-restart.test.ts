@@ -81,9 +81,21 @@ describe('a runner restarted mid-Run', () => {
     expect(JSON.stringify(evs.filter((e) => e.type === 'agent.message'))).toContain('finished');
     const seqs = evs.map((e) => e.seq);
     expect(new Set(seqs).size).toBe(seqs.length);
-    const runs = (await api.get<{ data: { status: string; attempts: { runner_id: string; outcome: string }[] }[] }>(`/v1/sessions/${s.id}/runs`)).data;
+    const runs = (await api.get<{ data: { id: string; status: string; attempts: { runner_id: string; outcome: string; cause: string | null }[] }[] }>(`/v1/sessions/${s.id}/runs`)).data;
     expect(runs).toHaveLength(1);
     expect(runs[0]?.status).toBe('succeeded');
     expect(runs[0]?.attempts.map((a) => a.runner_id)).toEqual([runnerId, runnerId]);
+    const runId = runs[0]?.id;
+    // The thread's status as a stream shows it: running, rescheduled (naming the lost attempt and
+    // why), running again when the retried attempt starts (before any of its events), idle.
+    const statuses = evs.filter((e) => e.type.startsWith('session.status_') || e.type === 'session.thread_status_rescheduled');
+    expect(statuses.map((e) => [e.type, e.payload])).toEqual([
+      ['session.status_running', expect.objectContaining({ run_id: runId })],
+      ['session.thread_status_rescheduled', { run_id: runId, attempt: 1, cause: runs[0]?.attempts[0]?.cause }],
+      ['session.status_running', { run_id: runId, attempt: 2 }],
+      ['session.status_idle', expect.objectContaining({ stop_reason: { type: 'end_turn' } })],
+    ]);
+    const resumedAt = statuses[2]?.seq ?? 0;
+    expect(evs.filter((e) => e.seq > (statuses[1]?.seq ?? 0) && e.seq < resumedAt && e.type.startsWith('agent.'))).toEqual([]);
   }, 150_000 + DAEMON_READY_MS);
 });

@@ -103,6 +103,12 @@ describe('crash paths', () => {
     expect(run?.status).toBe('succeeded');
     expect(run?.attempts.map((x) => x.runner_id)).toEqual([a.runnerId, b.runnerId]);
     expect(run?.attempts[0]?.outcome).toBe('lost');
+    // The thread runs again when the retried attempt starts, as a first attempt's turn does:
+    // rescheduled (naming the lost attempt), then running (naming the new one), then idle.
+    const statuses = evs.filter((e) => e.type.startsWith('session.status_') || e.type === 'session.thread_status_rescheduled');
+    expect(statuses.map((e) => [e.type, e.payload.attempt])).toEqual([
+      ['session.status_running', undefined], ['session.thread_status_rescheduled', 1], ['session.status_running', 2], ['session.status_idle', undefined],
+    ]);
 
     // The killed runner left its sandbox behind. Restarted, it stops the orphan and keeps the
     // workspace of the still-live Session; once the Session is archived, both runners remove theirs.

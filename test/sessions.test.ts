@@ -467,11 +467,15 @@ describe('threads', () => {
     expect(errType(prim)).toBe('runtime.primary_thread');
     // running child → 409 invalid_transition
     const running = await store.spawnChild(doc);
-    await store.updateThread(s.id, running.id, (t) => ({ ...t, status: 'running', _running_since_ms: Date.now() }));
+    const runId = `run_${'7'.repeat(32)}`;
+    await store.updateThread(s.id, running.id, (t) => ({ ...t, status: 'running', _active_run_id: runId, _running_since_ms: Date.now() }));
     expect(errType(await arch(running.id))).toBe('runtime.invalid_transition');
-    // running → rescheduling (transient failure) emits the rescheduled event; archive still 409
-    await runtime.reschedule(doc, running.id);
+    // running → rescheduling (transient failure) emits the rescheduled event, naming the Run's
+    // lost attempt and why; archive still 409
+    await runtime.reschedule(doc, running.id, 1, 'lease lost');
     expect((await store.thread(s.id, running.id)).status).toBe('rescheduling');
+    const rescheduled = (await store.log.range(s.id, 0, 100)).filter((e) => e.type === 'session.thread_status_rescheduled');
+    expect(rescheduled.map((e) => [e.session_thread_id, e.payload])).toEqual([[running.id, { run_id: runId, attempt: 1, cause: 'lease lost' }]]);
     expect(errType(await arch(running.id))).toBe('runtime.invalid_transition');
     // rescheduling → retries exhausted → idle with stop_reason retries_exhausted, still addressable
     const idle = await runtime.retriesExhausted(doc, running.id);

@@ -53,6 +53,14 @@ describe('TaskTracker: a Session log as an A2A task', () => {
     expect(q.state).toBe(TaskState.TASK_STATE_COMPLETED);
   });
 
+  it('a retried attempt of a turn (its running status names the attempt) does not take the messages queued behind the turn', () => {
+    const t = run([user('a'), ev('session.status_running', { run_id: 'run_x' }), user('queued'), ev('session.thread_status_rescheduled', { run_id: 'run_x', attempt: 1, cause: 'lost' })]);
+    expect(t.apply(ev('session.status_running', { run_id: 'run_x', attempt: 2 }))).toEqual([]);
+    expect(t.state).toBe(TaskState.TASK_STATE_WORKING);
+    t.apply(idle('end_turn'));
+    expect(t.state).toBe(TaskState.TASK_STATE_SUBMITTED);
+  });
+
   it('ignores child threads of a coordinator', () => {
     const t = run([user('a'), ev('session.status_running'), ev('agent.message', { content: 'child' }, 'sthr_child'), idle('end_turn')]);
     expect(t.task().artifacts).toEqual([]);

@@ -95,8 +95,11 @@ export class TaskTracker {
     }
     let next = stateAfter(e);
     if (next === null) return out;
-    if (e.type === 'session.status_running') this.pending = 0;
-    else if (this.pending > 0 && next !== TaskState.TASK_STATE_FAILED) next = TaskState.TASK_STATE_SUBMITTED;
+    // A turn's start takes the messages sent before it; a later attempt of the same turn
+    // (`attempt` set: the one before was lost) takes none.
+    if (e.type === 'session.status_running') {
+      if (p.attempt === undefined) this.pending = 0;
+    } else if (this.pending > 0 && next !== TaskState.TASK_STATE_FAILED) next = TaskState.TASK_STATE_SUBMITTED;
     if (next === this.state) return out;
     this.state = next;
     this.timestamp = e.created_at;

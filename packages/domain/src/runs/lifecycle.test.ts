@@ -9,6 +9,7 @@ import { recordOnlyTurnScheduler, ThreadRuntime } from '../sessions/turns.js';
 import { idleSession } from '../sessions/fixtures.test-support.js';
 import { CancelMarks, LeaseFence } from '@agentplane/lease';
 import { RunLifecycle } from './lifecycle.js';
+import type { RunAttempt, RunDoc } from '../sessions/model.js';
 
 let server: EmbeddedRedis;
 let redis: Redis;
@@ -187,6 +188,60 @@ describe('lost leases', () => {
     expect(await lifecycle.leaseLost(t.sessionId, t.runId, 2, 'lost')).toBe(0);
     expect(await rescheduledEvents(t.sessionId)).toHaveLength(1);
     expect((await store.run(t.sessionId, t.runId))?.attempts?.[0]).toMatchObject({ outcome: 'infrastructure_failure', cause: 'sandbox failed to start' });
+  });
+
+  it('the rescheduled event names the Run, the lost attempt and why', async () => {
+    const t = await leasedTurn();
+    expect(await lifecycle.leaseLost(t.sessionId, t.runId, 2, 'lease lost: the runner stopped renewing it')).toBe(1);
+    expect((await rescheduledEvents(t.sessionId)).map((e) => [e.session_thread_id, e.payload])).toEqual([
+      [t.threadId, { run_id: t.runId, attempt: 1, cause: 'lease lost: the runner stopped renewing it' }],
+    ]);
+  });
+});
+
+describe('a retried attempt', () => {
+  const runningEvents = async (sessionId: string) =>
+    (await store.log.range(sessionId, 0, 100)).filter((e) => e.type === 'session.status_running').map((e) => e.payload);
+
+  it('runs its thread again when it starts, with session.status_running naming the attempt, once however often the start is reported', async () => {
+    const t = await leasedTurn();
+    expect(await lifecycle.leaseLost(t.sessionId, t.runId, 2, 'lost')).toBe(1);
+    expect((await store.thread(t.sessionId, t.threadId)).status).toBe('rescheduling');
+    const retry = { lease_id: 'lease-2', runner_id: 'runner_b', attempt: 2 };
+    expect(await lifecycle.accepted(t.sessionId, t.runId, retry)).toBe('ok');
+    const thread = await store.thread(t.sessionId, t.threadId);
+    expect([thread.status, thread._active_run_id]).toEqual(['running', t.runId]);
+    expect(await runningEvents(t.sessionId)).toEqual([{ run_id: t.runId, input_event_ids: expect.any(Array) }, { run_id: t.runId, attempt: 2 }]);
+    // The start reported again (a repeated frame, another process): nothing more.
+    await lifecycle.accepted(t.sessionId, t.runId, retry);
+    await new RunLifecycle(store, new ThreadRuntime(store, () => recordOnlyTurnScheduler), createLogger({ name: 'test', level: 'silent' })).accepted(t.sessionId, t.runId, retry);
+    expect(await runningEvents(t.sessionId)).toHaveLength(2);
+    expect((await store.thread(t.sessionId, t.threadId)).version).toBe(thread.version);
+    // Its loss reschedules the thread again, and the next attempt runs it again.
+    expect(await lifecycle.leaseLost(t.sessionId, t.runId, 3, 'lost')).toBe(1);
+    await lifecycle.leased(t.sessionId, t.runId, { lease_id: 'lease-3', runner_id: 'runner_a', attempt: 3 });
+    await lifecycle.started(t.sessionId, t.runId);
+    expect((await store.thread(t.sessionId, t.threadId)).status).toBe('running');
+    expect((await runningEvents(t.sessionId)).slice(2)).toEqual([{ run_id: t.runId, attempt: 3 }]);
+    expect(await rescheduledEvents(t.sessionId)).toHaveLength(2);
+  });
+
+  it('a start whose thread move a crash cut off is completed when the start is reported again', async () => {
+    const t = await leasedTurn();
+    expect(await lifecycle.leaseLost(t.sessionId, t.runId, 2, 'lost')).toBe(1);
+    // The Run moved to running with attempt 2; the process died before the thread's move.
+    const attempt: RunAttempt = { attempt: 2, lease_id: 'lease-2', runner_id: 'runner_b', leased_at: new Date().toISOString(), ended_at: null, outcome: 'running', cause: null };
+    await store.docs.update<RunDoc>(tags.session(t.sessionId), t.runId, (r) => ({ ...r, status: 'running', attempts: [...(r.attempts ?? []), attempt] }));
+    expect((await store.thread(t.sessionId, t.threadId)).status).toBe('rescheduling');
+    expect(await lifecycle.accepted(t.sessionId, t.runId, { lease_id: 'lease-2', runner_id: 'runner_b', attempt: 2 })).toBe('ok');
+    expect((await store.thread(t.sessionId, t.threadId)).status).toBe('running');
+    expect((await runningEvents(t.sessionId)).slice(1)).toEqual([{ run_id: t.runId, attempt: 2 }]);
+  });
+
+  it('a first attempt\'s start appends nothing: the turn\'s start said it runs', async () => {
+    const t = await queuedTurn();
+    await lifecycle.accepted(t.sessionId, t.runId, { lease_id: 'lease-1', runner_id: 'runner_a', attempt: 1 });
+    expect(await runningEvents(t.sessionId)).toHaveLength(1);
   });
 });
 

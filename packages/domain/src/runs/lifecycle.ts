@@ -3,7 +3,7 @@ import { BoundedCache, keys, tags, type AppendEvent, type AppendResult, type Swa
 import type { FenceClaim, LeaseFence } from '@agentplane/lease';
 import type { GraderRunResult, RunAttempt, RunDoc, RunStatus, WaitKind } from '../sessions/model.js';
 import { RideRefused, type RunRide, type SessionStore } from '../sessions/store.js';
-import type { StopReason, ThreadRuntime } from '../sessions/turns.js';
+import { rescheduledEvent, type StopReason, type ThreadRuntime } from '../sessions/turns.js';
 
 const TERMINAL: ReadonlySet<RunStatus> = new Set(['succeeded', 'failed', 'canceled']);
 const RECENT_RUNS = { entries: 4096, maxAgeMs: 60_000 };
@@ -174,7 +174,24 @@ export class RunLifecycle {
       if (alone !== 'ok') return alone;
     }
     if (res?.moved && !marking.marked()) await this.runtime.markStarted(sessionId, res.run.session_thread_id).catch(() => undefined);
+    if (res) await this.resumeRetried(sessionId, res.run, lease.lease_id);
     return 'ok';
+  }
+
+  /**
+   * A later attempt of a Run started: its thread, `rescheduling` since the attempt before it
+   * ended, runs again (`ThreadRuntime.resumed`, with `session.status_running`). A first attempt
+   * needs nothing (the turn's start moved the thread) and costs no read. Decided on the Run as
+   * the move left or found it: a start reported again completes a thread's move a crash cut off,
+   * and otherwise writes nothing.
+   */
+  private async resumeRetried(sessionId: string, run: RunDoc, leaseId: string): Promise<void> {
+    const attempts = run.attempts ?? [];
+    const mine = attempts.find((a) => a.lease_id === leaseId && a.ended_at === null);
+    if (run.status !== 'running' || !mine || attempts.length < 2) return;
+    await this.runtime.resumed(sessionId, run.session_thread_id, run.id, mine.attempt).catch((err: unknown) => {
+      this.log.warn({ err: err instanceof Error ? err.message : String(err), run: run.id }, 'the retried attempt\'s thread was not moved back to running');
+    });
   }
 
   /**
@@ -226,6 +243,8 @@ export class RunLifecycle {
       return { ...r, status: 'running', timestamps: { ...t, started_at: t.started_at ?? nowIso() } };
     }, undefined, marking.write);
     if (res?.moved && !marking.marked()) await this.runtime.markStarted(sessionId, res.run.session_thread_id).catch(() => undefined);
+    const open = res?.run.attempts?.find((a) => a.ended_at === null);
+    if (res && open) await this.resumeRetried(sessionId, res.run, open.lease_id);
   }
 
   /**
@@ -345,9 +364,7 @@ export class RunLifecycle {
     });
     // Only the thread's own turn is rescheduled: an ended turn or another Run's turn gets no event.
     if (thread?._active_run_id === runId && thread.status === 'rescheduling') {
-      await this.store.log.append(sessionId, lost.map((a) => ({
-        type: 'session.thread_status_rescheduled', payload: {}, session_thread_id: threadId, producer_key: `run:${runId}:rescheduled:${a.attempt}`,
-      })), { trace });
+      await this.store.log.append(sessionId, lost.map((a) => rescheduledEvent(threadId, runId, a.attempt, cause)), { trace });
     }
     const ids = new Set(lost.map((a) => a.lease_id));
     const res = await this.move(sessionId, runId, (r) => {

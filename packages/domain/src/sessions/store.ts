@@ -350,6 +350,39 @@ export class SessionStore {
   }
 
   /**
+   * A compare-and-swap on a thread with `event` appended by the same script: both or neither.
+   * `appended`: this call wrote them; false when `mutate` left the thread as it was. The thread
+   * of an erased Session is written alone (its log takes nothing more).
+   */
+  async updateThreadWith(
+    sessionId: string, threadId: string, mutate: (t: ThreadDoc) => ThreadDoc | null, event: AppendEvent, trace?: Context,
+  ): Promise<{ thread: ThreadDoc; appended: boolean }> {
+    const tag = sessionTag(sessionId);
+    const hint = this.recentThreads.take(`${sessionId}/${threadId}`);
+    let appended = false;
+    const thread = await this.docs.update<ThreadDoc>(tag, threadId, (t) => {
+      appended = false;
+      return mutate(t);
+    }, {
+      notFound: 'thread',
+      ...(hint !== undefined ? { current: JSON.parse(hint.raw) as ThreadDoc } : {}),
+      write: async (next, expected) => {
+        const r = await this.log.commit(sessionId, [{ key: keys.doc(tag, threadId), body: JSON.stringify(next), expectedVersion: expected }], [event], { trace });
+        if (r.ok) {
+          appended = true;
+          return { kind: 'written' };
+        }
+        if (r.reason === 'erased') return this.docs.swap(tag, threadId, next, expected);
+        if (r.reason === 'stale') return { kind: 'stale', current: r.current };
+        if (r.reason === 'missing') return { kind: 'missing' };
+        throw new Error(`thread ${threadId} could not be written with its event: ${r.reason}`);
+      },
+    });
+    this.rememberThread(thread);
+    return { thread, appended };
+  }
+
+  /**
    * A message that starts its thread's turn, in one script: the message, the thread's
    * compare-and-swap from `known` (as the caller knows it) to `next`, the Run (its one input: the
    * message) and `session.status_running`. Nothing is written, and null comes back, when the

@@ -56,6 +56,16 @@ function runningThread(t: Readonly<ThreadDoc>, runId: string): ThreadDoc {
   return { ...rest, status: 'running', _active_run_id: runId, _running_since_ms: Date.now(), _stop_reason: null };
 }
 
+/**
+ * `session.thread_status_rescheduled`: `attempt` of the thread's Run `runId` ended without a result
+ * (`cause`) and the Run is queued again. Once per attempt: its producer key makes a repeat a no-op.
+ */
+export function rescheduledEvent(threadId: string, runId: string, attempt: number, cause: string): AppendEvent {
+  return {
+    type: 'session.thread_status_rescheduled', payload: { run_id: runId, attempt, cause }, session_thread_id: threadId, producer_key: `run:${runId}:rescheduled:${attempt}`,
+  };
+}
+
 export const recordOnlyTurnScheduler: TurnScheduler = {
   runQueued: async () => undefined,
   interruptRequested: async () => undefined,
@@ -342,14 +352,29 @@ export class ThreadRuntime {
     return this.store.thread(session.id, threadId);
   }
 
-  /** Runtime side: a transient runner failure with retries left. */
-  async reschedule(session: SessionDoc, threadId: string): Promise<ThreadDoc> {
+  /** Runtime side: a transient runner failure with retries left (`attempt` of the thread's Run ended, for `cause`). */
+  async reschedule(session: SessionDoc, threadId: string, attempt: number, cause: string): Promise<ThreadDoc> {
     const t = await this.store.updateThread(session.id, threadId, (cur) => {
-      if (cur.status !== 'running') throw new ApiError('runtime.invalid_transition', `a ${cur.status} thread cannot be rescheduled`);
+      if (cur.status !== 'running' || cur._active_run_id === null) throw new ApiError('runtime.invalid_transition', `a ${cur.status} thread cannot be rescheduled`);
       return { ...cur, status: 'rescheduling' };
     });
-    await this.store.log.append(session.id, [{ type: 'session.thread_status_rescheduled', payload: {}, session_thread_id: threadId }]);
+    await this.store.log.append(session.id, [rescheduledEvent(threadId, t._active_run_id ?? '', attempt, cause)]);
     return t;
+  }
+
+  /**
+   * Runtime side: a later attempt of the thread's Run started (its lease was accepted). The
+   * thread, `rescheduling` since the attempt before it ended, runs again, and
+   * `session.status_running` says so as at the turn's start (`{run_id, attempt}`, producer key
+   * `status:<run>:running:<attempt>`), written by one script with the thread. A thread in any
+   * other state (running already, its turn ended, another Run's turn) is left as it is, so a
+   * start reported again writes nothing more.
+   */
+  async resumed(sessionId: string, threadId: string, runId: string, attempt: number, trace?: Context): Promise<void> {
+    await this.store.updateThreadWith(sessionId, threadId, (t) =>
+      t.status === 'rescheduling' && t._active_run_id === runId ? { ...t, status: 'running' } : null, {
+      type: 'session.status_running', payload: { run_id: runId, attempt }, session_thread_id: threadId, producer_key: `status:${runId}:running:${attempt}`,
+    }, trace);
   }
 
   /** Runtime side: rescheduling gave up; the thread stays addressable. */
