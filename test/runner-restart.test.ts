@@ -85,6 +85,8 @@ describe('a runner restarted mid-Run', () => {
     expect(runs).toHaveLength(1);
     expect(runs[0]?.status).toBe('succeeded');
     expect(runs[0]?.attempts.map((a) => a.runner_id)).toEqual([runnerId, runnerId]);
+    // The restart lost the first attempt's lease: recorded `lost`, like an expired lease.
+    expect(runs[0]?.attempts.map((a) => a.outcome)).toEqual(['lost', 'succeeded']);
     const runId = runs[0]?.id;
     // The thread's status as a stream shows it: running, rescheduled (naming the lost attempt and
     // why), running again when the retried attempt starts (before any of its events), idle.

@@ -131,7 +131,7 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
       firstEventSeen.delete(rec.lease_id);
       known.delete(rec.lease_id);
       d.logger.info({ run: rec.run_id, lease: rec.lease_id, runner: rec.runner_id, verdict }, 'lease abandoned by a restarted runner');
-      if (verdict === 'retry') await d.lifecycle.rescheduled(rec.session_id, rec.run_id, rec.lease_id, reason);
+      if (verdict === 'retry') await d.lifecycle.abandoned(rec.session_id, rec.run_id, rec.lease_id, reason);
       else if (verdict === 'final') {
         await d.lifecycle.failed(rec.session_id, rec.run_id, rec.lease_id, { class: 'infrastructure', code: 'retries_exhausted', message: reason });
       }

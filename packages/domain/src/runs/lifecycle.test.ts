@@ -197,6 +197,17 @@ describe('lost leases', () => {
       [t.threadId, { run_id: t.runId, attempt: 1, cause: 'lease lost: the runner stopped renewing it' }],
     ]);
   });
+
+  it('an attempt its restarted runner no longer holds is recorded lost, not as a reported failure', async () => {
+    const t = await leasedTurn();
+    await lifecycle.abandoned(t.sessionId, t.runId, 'lease-1', 'the runner restarted without this lease');
+    await lifecycle.abandoned(t.sessionId, t.runId, 'lease-1', 'the runner restarted without this lease');
+    const run = await store.run(t.sessionId, t.runId);
+    expect(run?.status).toBe('queued');
+    expect(run?.attempts).toMatchObject([{ attempt: 1, outcome: 'lost', cause: 'the runner restarted without this lease' }]);
+    expect((await store.thread(t.sessionId, t.threadId)).status).toBe('rescheduling');
+    expect(await rescheduledEvents(t.sessionId)).toHaveLength(1);
+  });
 });
 
 describe('a retried attempt', () => {

@@ -334,6 +334,14 @@ export class RunLifecycle {
   }
 
   /**
+   * The runner came back without this lease (its process restarted) and the Run will be retried:
+   * the attempt was lost, as if its lease had expired, only noticed sooner.
+   */
+  async abandoned(sessionId: string, runId: string, leaseId: string, cause: string, trace?: Context): Promise<void> {
+    await this.endLost(sessionId, runId, (a) => a.lease_id === leaseId, 'lost', cause, trace);
+  }
+
+  /**
    * The lease engine has moved past every attempt numbered below `below` (BullMQ's attempt
    * counter only grows): those still open lost their lease without a report. Called by whoever
    * notices first (the stalled handler, the sweep of BullMQ's stalled records, the dispatch of
