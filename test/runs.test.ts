@@ -174,6 +174,20 @@ describe('turns end to end', () => {
     expect(Date.now() - started).toBeLessThan(20_000);
     expect(evs.find((e) => e.type === 'session.status_idle')?.payload.stop_reason).toMatchObject({ type: 'interrupted' });
   });
+
+  it('the turn an archived Session still runs can be interrupted: archiving stops new work, not the work under way', async () => {
+    const id = await session(SCRIPT([{ when: { user_contains: 'sleep' }, then: [{ tool: 'bash', input: { command: 'sleep 600' } }] }]));
+    await api.post(`/v1/sessions/${id}/events`, msg('sleep please'));
+    await until(id, (e) => e.some((x) => x.type === 'agent.tool_use'));
+    await api.post(`/v1/sessions/${id}/archive`);
+    expect((await api.request('POST', `/v1/sessions/${id}/events`, { body: msg('more') })).status).toBe(409);
+    const started = Date.now();
+    const r = await api.request('POST', `/v1/sessions/${id}/events`, { body: { type: 'user.interrupt', payload: { authored_by: principal, caused_by: { kind: 'api' } } } });
+    expect(r.status).toBe(201);
+    const evs = await until(id, (e) => idleCount(e) >= 1);
+    expect(Date.now() - started).toBeLessThan(20_000);
+    expect(evs.find((e) => e.type === 'session.status_idle')?.payload.stop_reason).toMatchObject({ type: 'interrupted' });
+  });
 });
 
 describe('runner drain with held work (SIGTERM)', () => {

@@ -42,6 +42,9 @@ afterAll(async () => {
 const msg = (content: string, extra: Json = {}) => ({
   type: 'user.message', payload: { content, authored_by: principal, caused_by: { kind: 'api' }, ...extra },
 });
+const interrupt = (extra: Json = {}) => ({
+  type: 'user.interrupt', payload: { authored_by: principal, caused_by: { kind: 'api' }, ...extra },
+});
 async function newSession(extra: Json = {}): Promise<Json & { id: string }> {
   return api.post<Json & { id: string }>('/v1/sessions', { agent: agentId, environment_id: envId, ...extra });
 }
@@ -224,6 +227,25 @@ describe('sessions', () => {
     const r = await api.request('POST', `/v1/sessions/${s.id}/events`, { body: msg('hi') });
     expect(r.status).toBe(409);
     expect(errType(r)).toBe('runtime.invalid_transition');
+  });
+
+  it('an archived Session takes no new message, but the turn it still runs can be interrupted', async () => {
+    const s = await newSession();
+    await api.post(`/v1/sessions/${s.id}/events`, msg('a long job'));
+    const doc = await sessionDoc(s.id);
+    const runId = (await store.thread(s.id, doc._primary_thread_id))._active_run_id ?? '';
+    expect((await store.run(s.id, runId))?.status).toBe('queued');
+    await api.post(`/v1/sessions/${s.id}/archive`);
+    expect(errType(await api.request('POST', `/v1/sessions/${s.id}/events`, { body: msg('more') }))).toBe('runtime.invalid_transition');
+    const r = await api.request<Json>('POST', `/v1/sessions/${s.id}/events`, { body: interrupt() });
+    expect(r.status).toBe(201);
+    expect(r.body).toMatchObject({ type: 'user.interrupt' });
+    // The queued Run never runs: the turn ends interrupted, and nothing starts after it.
+    expect((await store.run(s.id, runId))?.status).toBe('canceled');
+    const t = await store.thread(s.id, doc._primary_thread_id);
+    expect([t.status, t._stop_reason, t._active_run_id]).toEqual(['idle', { type: 'interrupted' }, null]);
+    const types = (await store.log.range(s.id, 0, 100)).map((e) => e.type);
+    expect(types).toEqual(['user.message', 'session.status_running', 'user.interrupt', 'session.status_idle']);
   });
 
   it('resources sub-routes', async () => {

@@ -318,7 +318,10 @@ export class SessionService {
 
   /** `trace`: the context of the request driving the Session (the parent of its appends' and its Run's spans). */
   async drive(session: SessionDoc, input: DriveInput, idemKey: string | undefined, trace?: Context): Promise<DriveOutcome> {
-    if (session.archived_at !== null) throw new ApiError('runtime.invalid_transition', 'the session is archived: it keeps its reads but takes no new work');
+    // Archiving stops new work, not the work under way: a turn still running can be interrupted.
+    if (session.archived_at !== null && input.type !== 'user.interrupt') {
+      throw new ApiError('runtime.invalid_transition', 'the session is archived: it keeps its reads but takes no new work (a running turn can still be interrupted)');
+    }
     const p = input.payload;
     const answering = input.type === 'user.custom_tool_result' || input.type === 'user.tool_confirmation' || input.type === 'user.question_answer';
     if (input.type === 'user.question_answer' && (p.answers === undefined) === (p.declined === undefined)) {
