@@ -366,6 +366,24 @@ describe('drive events', () => {
     expect((await store.thread(s.id, t.id)).status).toBe('idle');
   });
 
+  it('user.interrupt on an idle thread is recorded as sent and changes nothing', async () => {
+    const s = await newSession();
+    const doc = await sessionDoc(s.id);
+    const before = await store.thread(s.id, doc._primary_thread_id);
+    const r = await api.request<Json>('POST', `/v1/sessions/${s.id}/events`, { body: interrupt() });
+    expect(r.status).toBe(201);
+    expect(r.body).toMatchObject({ type: 'user.interrupt', seq: 1, session_thread_id: doc._primary_thread_id });
+    const after = await store.thread(s.id, doc._primary_thread_id);
+    expect([after.status, after.version, after._stop_reason]).toEqual(['idle', before.version, null]);
+    expect((await api.get<{ data: Json[] }>(`/v1/sessions/${s.id}/runs`)).data).toEqual([]);
+    // It is not held against the next turn: a message starts one as usual.
+    await api.post(`/v1/sessions/${s.id}/events`, msg('go on'));
+    const t = await store.thread(s.id, doc._primary_thread_id);
+    expect(t.status).toBe('running');
+    expect((await store.run(s.id, t._active_run_id ?? ''))?.status).toBe('queued');
+    expect((await store.log.range(s.id, 0, 100)).map((e) => e.type)).toEqual(['user.interrupt', 'user.message', 'session.status_running']);
+  });
+
   it('a message sent while the API still takes the thread for idle (another process started a turn) is queued, not a second turn', async () => {
     const s = await newSession();
     const doc = await sessionDoc(s.id);
