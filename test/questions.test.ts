@@ -122,6 +122,40 @@ describe('questions', () => {
     expect(current.status).toBe(201);
   });
 
+  it('user.interrupt ends the wait on a question: the turn ends interrupted, a late answer is no longer current, the next message runs a new turn', async () => {
+    const id = (await api.post<{ id: string }>('/v1/sessions', {
+      agent: {
+        name: 'asker', model: 'default', tools: [{ type: 'builtin', name: 'ask_user' }],
+        system: SCRIPT([
+          { when: { user_contains: 'colour' }, then: [{ tool: 'ask_user', input: QUESTION }] },
+          { when: { user_contains: 'instead' }, then: [{ reply: 'fresh turn; before: {{tool_results}}' }] },
+        ]),
+      },
+      environment_id: envId,
+    })).id;
+    await api.post(`/v1/sessions/${id}/events`, msg('pick a colour'));
+    const first = await untilEvents(api, id, (e) => idleCount(e) >= 1);
+    const toolUseId = String(first.find((e) => e.type === 'agent.tool_use')?.payload.id);
+    expect(idleOf(first, 0)).toEqual({ type: 'requires_action', tool_use_ids: [toolUseId] });
+
+    // The Run that asked has ended, so nothing runs to be stopped: the interrupt ends the wait.
+    expect((await send(id, { type: 'user.interrupt', payload: { authored_by: principal, caused_by: { kind: 'api' } } })).status).toBe(201);
+    const ended = await untilEvents(api, id, (e) => idleCount(e) >= 2);
+    expect(idleOf(ended, 1)).toEqual({ type: 'interrupted' });
+    expect(ended.find((e) => e.type === 'agent.tool_result')?.payload).toMatchObject({ tool_use_id: toolUseId, is_error: true, interrupted: true });
+    const late = await send(id, answer(toolUseId, { answers: [{ selected: ['red'] }, { text: 'late' }] }));
+    expect([late.status, errType(late)]).toEqual([409, 'runtime.invalid_transition']);
+    expect(errMsg(late)).toContain('no longer current');
+
+    // The next message starts a new turn (not a continuation), and the model reads the use closed.
+    await api.post(`/v1/sessions/${id}/events`, msg('something else instead'));
+    const all = await untilEvents(api, id, (e) => idleCount(e) >= 3);
+    expect(idleOf(all, 2)).toEqual({ type: 'end_turn' });
+    expect(JSON.stringify(all.filter((e) => e.type === 'agent.message'))).toContain('fresh turn; before: Interrupted by user.interrupt');
+    const runs = (await api.get<{ data: Json[] }>(`/v1/sessions/${id}/runs`)).data;
+    expect(runs.map((r) => [r.status, r.continues_run_id ?? null])).toEqual([['succeeded', null], ['succeeded', null]]);
+  });
+
   it('a declined question is reported to the agent', async () => {
     const id = await session();
     await api.post(`/v1/sessions/${id}/events`, msg('pick a colour'));

@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Redis } from 'ioredis';
 import { HttpClient, streamEvents, type SseFrame } from '@agentplane/client';
-import { EnqueueOutbox, SessionStore, ThreadRuntime, recordOnlyTurnScheduler, type SessionDoc } from '@agentplane/domain';
+import { EnqueueOutbox, SessionStore, ThreadRuntime, recordOnlyTurnScheduler, sessionTag, type RunDoc, type SessionDoc, type WaitKind } from '@agentplane/domain';
 import { startPlatform, type Platform } from './harness/platform.js';
 
 let p: Platform;
@@ -384,6 +384,90 @@ describe('drive events', () => {
     expect((await store.log.range(s.id, 0, 100)).map((e) => e.type)).toEqual(['user.interrupt', 'user.message', 'session.status_running']);
   });
 
+  /**
+   * The turn of `threadId` ends `requires_action` on `waits` as a runner's end reports it: its Run
+   * succeeded, and the thread keeps it while it waits. Returns that Run's id.
+   */
+  async function waitOn(sessionId: string, threadId: string, waits: { tool_use_id: string; kind: WaitKind }[]): Promise<string> {
+    const runId = (await store.thread(sessionId, threadId))._active_run_id ?? '';
+    await store.docs.update<RunDoc>(sessionTag(sessionId), runId, (r) => ({ ...r, status: 'succeeded' }));
+    await runtime.endTurn(await sessionDoc(sessionId), threadId, { type: 'requires_action', tool_use_ids: waits.map((w) => w.tool_use_id) }, waits, { runId });
+    return runId;
+  }
+  const answerOf = (kind: WaitKind, toolUseId: string, extra: Json = {}) => {
+    const common = { tool_use_id: toolUseId, authored_by: principal, caused_by: { kind: 'api' }, ...extra };
+    if (kind === 'custom_tool') return { type: 'user.custom_tool_result', payload: { ...common, result: 'late' } };
+    if (kind === 'confirmation') return { type: 'user.tool_confirmation', payload: { ...common, result: 'allow' } };
+    return { type: 'user.question_answer', payload: { ...common, answers: [{ text: 'late' }] } };
+  };
+  const pendingWaits = (t: { _wait_generation: number; _waits: Record<string, { generation: number; answered_event_id: string | null }> }) =>
+    Object.entries(t._waits).filter(([, w]) => w.generation === t._wait_generation && w.answered_event_id === null).map(([id]) => id);
+
+  it('user.interrupt ends a wait on an action (custom tool, confirmation, question): idle interrupted, a late answer is no longer current, a repeat changes nothing, the next message starts a turn', async () => {
+    for (const kind of ['custom_tool', 'confirmation', 'question'] as const) {
+      const s = await newSession({ initial_events: [msg('go')] });
+      const primary = (await sessionDoc(s.id))._primary_thread_id;
+      const toolUseId = `toolu_${kind.replace('_', '')}`;
+      const runId = await waitOn(s.id, primary, [{ tool_use_id: toolUseId, kind }]);
+      const before = (await store.log.range(s.id, 0, 100)).length;
+
+      const r = await api.request<Json>('POST', `/v1/sessions/${s.id}/events`, { body: interrupt() });
+      expect(r.status).toBe(201);
+      const t = await store.thread(s.id, primary);
+      expect([t.status, t._active_run_id, t._stop_reason, pendingWaits(t)]).toEqual(['idle', null, { type: 'interrupted' }, []]);
+      // The interrupt, the use closed as interrupted and the turn's end, in that order; no Run started.
+      const after = (await store.log.range(s.id, before, 100)).map((e) => [e.type, e.payload]);
+      expect(after).toEqual([
+        ['user.interrupt', expect.objectContaining({ authored_by: principal })],
+        ['agent.tool_result', { tool_use_id: toolUseId, content: expect.stringContaining('Interrupted') as unknown, is_error: true, interrupted: true }],
+        ['session.status_idle', { stop_reason: { type: 'interrupted' } }],
+      ]);
+      expect((await api.get<{ data: Json[] }>(`/v1/sessions/${s.id}/runs`)).data.map((x) => [x.id, x.status])).toEqual([[runId, 'succeeded']]);
+
+      // A late answer is refused as one to a wait that is no longer current, with or without the thread.
+      for (const extra of [{}, { session_thread_id: primary }]) {
+        const late = await api.request('POST', `/v1/sessions/${s.id}/events`, { body: answerOf(kind, toolUseId, extra) });
+        expect([late.status, errType(late)]).toEqual([409, 'runtime.invalid_transition']);
+        expect(errMsg(late)).toContain('no longer current');
+      }
+
+      // A repeated interrupt is recorded and changes nothing more.
+      const seen = (await store.log.range(s.id, 0, 100)).length;
+      expect((await api.request('POST', `/v1/sessions/${s.id}/events`, { body: interrupt() })).status).toBe(201);
+      expect((await store.thread(s.id, primary)).version).toBe(t.version);
+      expect((await store.log.range(s.id, seen, 100)).map((e) => e.type)).toEqual(['user.interrupt']);
+
+      // The next message starts a new turn, not a continuation of the interrupted one.
+      const next = await api.post<Json & { id: string }>(`/v1/sessions/${s.id}/events`, msg('something else'));
+      const t2 = await store.thread(s.id, primary);
+      expect(t2.status).toBe('running');
+      const run = await store.run(s.id, t2._active_run_id ?? '');
+      expect(run).toMatchObject({ status: 'queued', input_event_ids: [next.id] });
+      expect(run?.continues_run_id ?? null).toBeNull();
+    }
+  });
+
+  it('user.interrupt on a wait whose answers are partly in: every use of the generation is closed; a message queued during the wait starts the next turn', async () => {
+    const s = await newSession({ initial_events: [msg('go')] });
+    const primary = (await sessionDoc(s.id))._primary_thread_id;
+    const runId = await waitOn(s.id, primary, [{ tool_use_id: 'toolu_a', kind: 'custom_tool' }, { tool_use_id: 'toolu_b', kind: 'confirmation' }]);
+    expect((await api.request('POST', `/v1/sessions/${s.id}/events`, { body: answerOf('custom_tool', 'toolu_a') })).status).toBe(201);
+    const queued = await api.post<Json & { id: string }>(`/v1/sessions/${s.id}/events`, msg('meanwhile'));
+    expect((await store.thread(s.id, primary))._active_run_id).toBe(runId);
+
+    await api.post(`/v1/sessions/${s.id}/events`, interrupt());
+    const evs = await store.log.range(s.id, 0, 100);
+    expect(evs.filter((e) => e.type === 'agent.tool_result').map((e) => [(e.payload as Json).tool_use_id, (e.payload as Json).interrupted])).toEqual([['toolu_a', true], ['toolu_b', true]]);
+    expect(evs.filter((e) => e.type === 'session.status_idle').map((e) => (e.payload as { stop_reason: Json }).stop_reason.type)).toEqual(['requires_action', 'interrupted']);
+    // The queued message is the next turn's input, as after any turn end other than requires_action.
+    const t = await store.thread(s.id, primary);
+    expect(t.status).toBe('running');
+    expect(t._active_run_id).not.toBe(runId);
+    expect(await store.run(s.id, t._active_run_id ?? '')).toMatchObject({ status: 'queued', input_event_ids: [queued.id] });
+    const late = await api.request('POST', `/v1/sessions/${s.id}/events`, { body: answerOf('confirmation', 'toolu_b') });
+    expect([late.status, errType(late)]).toEqual([409, 'runtime.invalid_transition']);
+  });
+
   it('a message sent while the API still takes the thread for idle (another process started a turn) is queued, not a second turn', async () => {
     const s = await newSession();
     const doc = await sessionDoc(s.id);
@@ -476,6 +560,37 @@ describe('drive events', () => {
 });
 
 describe('threads', () => {
+  it('a child thread waiting on an action is archived after user.interrupt naming it; the primary is left as it is', async () => {
+    const s = await newSession();
+    const doc = await sessionDoc(s.id);
+    const child = await store.spawnChild(doc);
+    await api.post(`/v1/sessions/${s.id}/events`, msg('work', { session_thread_id: child.id }));
+    const runId = (await store.thread(s.id, child.id))._active_run_id ?? '';
+    await store.docs.update<RunDoc>(sessionTag(s.id), runId, (r) => ({ ...r, status: 'succeeded' }));
+    await runtime.endTurn(doc, child.id, { type: 'requires_action', tool_use_ids: ['toolu_c'] }, [{ tool_use_id: 'toolu_c', kind: 'question' }], { runId });
+    const arch = () => api.request<Json>('POST', `/v1/sessions/${s.id}/threads/${child.id}/archive`);
+    const refused = await arch();
+    expect([refused.status, errType(refused)]).toEqual([409, 'runtime.invalid_transition']);
+
+    const primaryBefore = await store.thread(s.id, doc._primary_thread_id);
+    const r = await api.request<Json>('POST', `/v1/sessions/${s.id}/events`, { body: interrupt({ session_thread_id: child.id }) });
+    expect(r.status).toBe(201);
+    const t = await store.thread(s.id, child.id);
+    expect([t.status, t._active_run_id, t._stop_reason]).toEqual(['idle', null, { type: 'interrupted' }]);
+    const stops = (await api.get<{ data: Json[] }>(`/v1/sessions/${s.id}/threads/${child.id}/events`)).data
+      .filter((e) => e.type === 'session.status_idle').map((e) => (e.payload as { stop_reason: Json }).stop_reason.type);
+    expect(stops).toEqual(['requires_action', 'interrupted']);
+    expect((await store.thread(s.id, doc._primary_thread_id)).version).toBe(primaryBefore.version);
+    const late = await api.request('POST', `/v1/sessions/${s.id}/events`, {
+      body: { type: 'user.question_answer', payload: { tool_use_id: 'toolu_c', declined: true, authored_by: principal, caused_by: { kind: 'api' } } },
+    });
+    expect([late.status, errType(late)]).toEqual([409, 'runtime.invalid_transition']);
+
+    const archived = await arch();
+    expect(archived.status).toBe(200);
+    expect(archived.body).toMatchObject({ status: 'terminated' });
+  });
+
   it('list: primary first then spawn order; limit cap 1,000; foreign thread is 404', async () => {
     const s = await newSession();
     const doc = await sessionDoc(s.id);

@@ -436,6 +436,8 @@ export class SessionService {
     const next = await this.d.store.updateThread(session.id, thread.id, (t) => {
       const w = t._waits[toolUseId];
       if (!w || w.answered_event_id !== null) return null;
+      // The wait ended (an interrupt) or a newer one began after this answer's checks.
+      if (w.generation !== t._wait_generation) throw new ApiError('runtime.invalid_transition', `the wait on ${toolUseId} is no longer current`);
       const waits = { ...t._waits, [toolUseId]: { ...w, answered_event_id: event.id, answered_seq: event.seq, answer_fingerprint: fp } };
       resolved = Object.values(waits).every((x) => x.generation !== t._wait_generation || x.answered_event_id !== null);
       return { ...t, _waits: waits };

@@ -122,4 +122,49 @@ describe('coordinator', () => {
     const idles = (await store.log.range(session.id, 0, 200)).filter((e) => e.type === 'session.status_idle' && e.session_thread_id === primary);
     expect(idles.map((e) => (e.payload as { stop_reason: { type: string } }).stop_reason.type)).toEqual(['requires_action', 'interrupted']);
   });
+  it('user.interrupt of a coordinator whose waits mix delegation and client uses ends them all', async () => {
+    const store = new SessionStore(redis);
+    const rec = recording();
+    const runtime = new ThreadRuntime(store, () => rec.scheduler);
+    const { session, primary } = await coordinatorSession(store, runtime);
+    const waits = await modelUses(store, session, primary, [
+      { id: 'toolu_a', name: 'start_thread', input: { agent: 'worker', task: 'a' } },
+      { id: 'toolu_w3', name: 'wait_threads', input: {} },
+      { id: 'toolu_client', name: 'lookup', input: {} },
+    ]);
+    await runtime.endTurn(session, primary, { type: 'requires_action', tool_use_ids: waits.map((w) => w.tool_use_id) }, waits);
+    const [child] = (await store.threadIds(session.id, 0, 10)).ids;
+    await runtime.interrupt(session, primary);
+    const t = await store.thread(session.id, primary);
+    expect(t).toMatchObject({ status: 'idle', _active_run_id: null, _stop_reason: { type: 'interrupted' } });
+    expect(Object.values(t._waits).filter((w) => w.generation === t._wait_generation)).toEqual([]);
+    expect(rec.interrupted).toContain(child);
+    expect(rec.resolved).toEqual([]);
+    const log = (await store.log.range(session.id, 0, 200)).filter((e) => e.session_thread_id === primary);
+    const results = log.filter((e) => e.type === 'agent.tool_result').map((e) => e.payload as { tool_use_id: string; interrupted?: boolean });
+    expect(results.filter((r) => r.interrupted).map((r) => r.tool_use_id).sort()).toEqual(['toolu_client', 'toolu_w3']);
+    expect(log.filter((e) => e.type === 'session.status_idle').map((e) => (e.payload as { stop_reason: { type: string } }).stop_reason.type)).toEqual(['requires_action', 'interrupted']);
+  });
+
+  it('user.interrupt of a child that waits on its client settles it: the coordinator\'s wait_threads is answered', async () => {
+    const store = new SessionStore(redis);
+    const rec = recording();
+    const runtime = new ThreadRuntime(store, () => rec.scheduler);
+    const { session, primary } = await coordinatorSession(store, runtime);
+    const waits = await modelUses(store, session, primary, [
+      { id: 'toolu_b', name: 'start_thread', input: { agent: 'worker', task: 'b' } },
+      { id: 'toolu_w4', name: 'wait_threads', input: {} },
+    ]);
+    await runtime.endTurn(session, primary, { type: 'requires_action', tool_use_ids: waits.map((w) => w.tool_use_id) }, waits);
+    const [child] = (await store.threadIds(session.id, 0, 10)).ids;
+    await runtime.endTurn(session, child!, { type: 'requires_action', tool_use_ids: ['toolu_ask'] }, [{ tool_use_id: 'toolu_ask', kind: 'custom_tool' }]);
+    expect((await store.thread(session.id, primary))._waits.toolu_w4?.answered_event_id).toBeNull();
+
+    await runtime.interrupt(session, child!);
+    expect(await store.thread(session.id, child!)).toMatchObject({ status: 'idle', _active_run_id: null, _stop_reason: { type: 'interrupted' } });
+    expect(rec.resolved).toEqual([primary]);
+    const answer = (await store.log.range(session.id, 0, 200)).find((e) => e.type === 'agent.tool_result' && (e.payload as { tool_use_id: string }).tool_use_id === 'toolu_w4');
+    const { results } = JSON.parse(String((answer?.payload as { content: string }).content)) as { results: { session_thread_id: string; stop_reason: unknown }[] };
+    expect(results).toEqual([expect.objectContaining({ session_thread_id: child, stop_reason: { type: 'interrupted' } })]);
+  });
 });

@@ -350,46 +350,6 @@ export class Coordinator {
     });
     if (resolved && next.status === 'idle') await this.scheduler().waitsResolved(session.id, threadId, next._active_run_id);
   }
-
-  /**
-   * `user.interrupt` on a coordinator that waits on its delegation uses: each is answered as
-   * interrupted and the coordinator's turn ends `interrupted` (it does not continue on its own).
-   * Returns true when it ended the turn.
-   */
-  async interruptWaits(session: SessionDoc, coordinator: ThreadDoc): Promise<boolean> {
-    const uses = pendingNow(coordinator).filter(([, w]) => w.kind === 'delegation');
-    if (uses.length === 0 || coordinator.status !== 'idle') return false;
-    if (pendingNow(coordinator).length !== uses.length) return false;
-    const answered: Record<string, { id: string; seq: number }> = {};
-    for (const [id, w] of uses) {
-      const r = await this.store.log.append(session.id, [{
-        type: 'agent.tool_result',
-        payload: { tool_use_id: id, content: 'Interrupted by user.interrupt before the child threads finished.', is_error: true, delegation: true },
-        session_thread_id: coordinator.id,
-        producer_key: `delegation:${id}:${w.generation}`,
-      }]);
-      if (r.ok && r.events[0]) answered[id] = { id: r.events[0].id, seq: r.events[0].seq };
-    }
-    let ended = false;
-    await this.store.updateThread(session.id, coordinator.id, (t) => {
-      ended = false;
-      if (t.status !== 'idle' || t._active_run_id !== coordinator._active_run_id) return null;
-      const waits = { ...t._waits };
-      for (const [id, ev] of Object.entries(answered)) {
-        const w = waits[id];
-        if (w && w.answered_event_id === null) waits[id] = { ...w, answered_event_id: ev.id, answered_seq: ev.seq, answer_fingerprint: null };
-      }
-      if (Object.values(waits).some((x) => x.generation === t._wait_generation && x.answered_event_id === null)) return null;
-      ended = true;
-      return { ...t, _waits: waits, _active_run_id: null, _stop_reason: { type: 'interrupted' } };
-    });
-    if (!ended) return false;
-    await this.store.log.append(session.id, [{
-      type: 'session.status_idle', payload: { stop_reason: { type: 'interrupted' } }, session_thread_id: coordinator.id,
-      producer_key: `delegation:interrupt:${coordinator._active_run_id ?? ''}:${coordinator._wait_generation}`,
-    }]);
-    return true;
-  }
 }
 
 /** Member Agent versions are immutable: names are cached per process for the spec builders. */

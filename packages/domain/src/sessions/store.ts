@@ -312,9 +312,11 @@ export class SessionStore {
    * the next turn's start needs). `activeOutcome`: the id of the thread's outcome under way as
    * the same script read it (null: none), the turn-end hook's first read; absent when the call
    * did not append. The thread of an erased Session is written alone (its log takes nothing more).
+   * `idle` may be a function, called when the thread is written (after `mutate`), for an end whose
+   * events depend on the thread as `mutate` found it (the last of them its `session.status_idle`).
    */
   async endTurnWith(
-    sessionId: string, threadId: string, mutate: (t: ThreadDoc) => ThreadDoc | null, idle: AppendEvent, trace?: Context, ride?: RunRide,
+    sessionId: string, threadId: string, mutate: (t: ThreadDoc) => ThreadDoc | null, idle: AppendEvent | (() => AppendEvent[]), trace?: Context, ride?: RunRide,
   ): Promise<{ thread: ThreadDoc; appended: boolean; queued?: string[]; activeOutcome?: string | null }> {
     const tag = sessionTag(sessionId);
     const hint = this.recentThreads.take(`${sessionId}/${threadId}`);
@@ -329,7 +331,7 @@ export class SessionStore {
       ...(hint !== undefined ? { current: JSON.parse(hint.raw) as ThreadDoc } : {}),
       write: async (next, expected) => {
         const thread = { key: keys.doc(tag, threadId), body: JSON.stringify(next), expectedVersion: expected };
-        const r = await this.log.commit(sessionId, ride ? [thread, ride] : [thread], [idle],
+        const r = await this.log.commit(sessionId, ride ? [thread, ride] : [thread], typeof idle === 'function' ? idle() : [idle],
           { trace, peekList: inputQueueKey(sessionId, threadId), reads: [{ key: activeOutcomesKey(sessionId), field: threadId }] });
         if (r.ok) {
           appended = true;

@@ -1,7 +1,7 @@
 import { ApiError, crashPoint, newId, type Context } from '@agentplane/core';
 import type { RunDoc, SessionDoc, ThreadDoc, WaitKind } from './model.js';
 import { InputQueueMoved, RideRefused, sessionTag, type RunRide, type SessionStore } from './store.js';
-import type { AppendEvent, LogEvent } from '@agentplane/store';
+import { newEventId, type AppendEvent, type LogEvent } from '@agentplane/store';
 import { Coordinator } from './coordinator.js';
 
 /**
@@ -48,6 +48,14 @@ export interface TurnIntent {
 function startable(t: Readonly<ThreadDoc>): boolean {
   if (t.status !== 'idle' || t._active_run_id !== null) return false;
   return !Object.values(t._waits).some((w) => w.generation === t._wait_generation && w.answered_event_id === null);
+}
+
+/**
+ * A thread that waits on an action: its turn ended `requires_action` and keeps its Run (the
+ * continuation starts from it) until the waits are answered and the next Run starts.
+ */
+function waitsOnAction(t: Readonly<ThreadDoc>): boolean {
+  return t.status === 'idle' && t._active_run_id !== null;
 }
 
 /** The thread as a turn under `runId` starts it (its legacy in-document queue, if any, taken as inputs). */
@@ -222,17 +230,26 @@ export class ThreadRuntime {
   }
 
   /**
-   * `user.interrupt`. On a coordinator's primary thread it also interrupts every busy child
-   * thread, and a coordinator waiting on its delegation uses ends its turn `interrupted`.
+   * `user.interrupt`. A running (or rescheduling) thread's Run is asked to stop; a thread that
+   * waits on an action ends its wait here (`interruptWait`), and so does one whose Run ended
+   * `requires_action` before the interrupt reached it. On a coordinator's primary thread it also
+   * interrupts every busy child thread.
    */
   async interrupt(session: SessionDoc, threadId: string, trace?: Context): Promise<void> {
-    const t = await this.store.thread(session.id, threadId);
-    if (t._active_run_id) await this.scheduler().interruptRequested(session.id, threadId, t._active_run_id, trace);
-    if (threadId !== session._primary_thread_id || !session.agent.multiagent) return;
-    if (await this.coordinator.interruptWaits(session, t)) {
-      const after = await this.store.thread(session.id, threadId);
-      if (session.archived_at === null) await this.submitUserMessage(session, threadId, null, { thread: after });
+    let t = await this.store.thread(session.id, threadId);
+    const asked = t.status === 'running' || t.status === 'rescheduling' ? t._active_run_id : null;
+    if (asked !== null) {
+      await this.scheduler().interruptRequested(session.id, threadId, asked, trace);
+      t = await this.store.thread(session.id, threadId);
     }
+    if (waitsOnAction(t)) {
+      const { thread: now, ended } = await this.interruptWait(session, threadId, trace);
+      // The waits were answered and the continuation Run started meanwhile: that Run is stopped.
+      if (!ended && now._active_run_id !== null && now._active_run_id !== asked && (now.status === 'running' || now.status === 'rescheduling')) {
+        await this.scheduler().interruptRequested(session.id, threadId, now._active_run_id, trace);
+      }
+    }
+    if (threadId !== session._primary_thread_id || !session.agent.multiagent) return;
     const { ids } = await this.store.threadIds(session.id, 0, 1000);
     const children = await this.store.threads(session.id, ids);
     await Promise.all(children.map(async (c) => {
@@ -240,6 +257,65 @@ export class ThreadRuntime {
         await this.scheduler().interruptRequested(session.id, c.id, c._active_run_id, trace);
       }
     }));
+  }
+
+  /**
+   * `user.interrupt` on a thread that waits on an action: its turn ended `requires_action` on
+   * custom tool results, confirmations, question answers, ActionApprovals or (a coordinator) its
+   * delegation uses, and its next Run has not started (the waits may all be answered already).
+   * The ended Run has succeeded, so there is nothing for the scheduler to stop: the wait itself
+   * ends, in one script with its events. Each use of the wait generation that has no tool result
+   * in the log gets an `agent.tool_result` saying it was interrupted (`is_error`, `interrupted`),
+   * so the conversation stays well formed, and `session.status_idle` `{type: interrupted}` ends
+   * the turn. The thread is idle with no Run, and its wait generation moves on: a late answer
+   * to the cancelled wait is refused as no longer current, and an ActionApproval resolved later
+   * continues nothing. A thread that no longer waits is left as it is (`ended` false), so a
+   * repeated interrupt writes nothing more. After the write, as after any turn end: a
+   * coordinator's `wait_threads` on this child is answered, an outcome under way ends
+   * `interrupted`, and messages queued during the wait start the next turn.
+   */
+  private async interruptWait(session: SessionDoc, threadId: string, trace?: Context): Promise<{ thread: ThreadDoc; ended: boolean }> {
+    const stop: StopReason = { type: 'interrupted' };
+    let events: AppendEvent[] = [];
+    let endedRunId: string | null = null;
+    let moved = false;
+    const { thread: next, queued, activeOutcome } = await this.store.endTurnWith(session.id, threadId, (t) => {
+      moved = false;
+      if (!waitsOnAction(t)) return null;
+      moved = true;
+      endedRunId = t._active_run_id;
+      const gen = t._wait_generation;
+      const waits = { ...t._waits };
+      events = [];
+      for (const [id, w] of Object.entries(t._waits)) {
+        if (w.generation !== gen) continue;
+        if (w.kind === 'delegation') {
+          // A delegation use answered already has its agent.tool_result; an open one is answered
+          // under the key of its answer, so the coordinator's own answer can no longer land.
+          if (w.answered_event_id !== null) continue;
+          const eventId = newEventId();
+          events.push({
+            id: eventId, type: 'agent.tool_result', session_thread_id: threadId, producer_key: `delegation:${id}:${gen}`,
+            payload: { tool_use_id: id, content: 'Interrupted by user.interrupt before the child threads finished.', is_error: true, delegation: true, interrupted: true },
+          });
+          waits[id] = { ...w, answered_event_id: eventId, answer_fingerprint: null };
+          continue;
+        }
+        // A drive answer or an ActionApproval's resolution is not a tool result yet: the
+        // continuation Run that would have turned it into one never runs.
+        events.push({
+          type: 'agent.tool_result', session_thread_id: threadId, producer_key: `interrupt:${id}:${gen}`,
+          payload: { tool_use_id: id, content: 'Interrupted by user.interrupt before the turn continued.', is_error: true, interrupted: true },
+        });
+      }
+      events.push({ type: 'session.status_idle', payload: { stop_reason: stop }, session_thread_id: threadId, producer_key: `interrupt:${t._active_run_id ?? ''}:${gen}:idle` });
+      return { ...t, _active_run_id: null, _stop_reason: stop, _wait_generation: gen + 1, _waits: waits };
+    }, () => events, trace);
+    if (!moved) return { thread: next, ended: false };
+    if (session.agent.multiagent || next.parent_thread_id !== null) await this.coordinator.turnEnded(session, next);
+    if (this.turnEnded && (await this.turnEnded(session, threadId, endedRunId, stop, trace, activeOutcome))) return { thread: next, ended: true };
+    if (session.archived_at === null) await this.submitUserMessage(session, threadId, null, { thread: next, trace, ...(queued ? { queue: queued } : {}) });
+    return { thread: next, ended: true };
   }
 
   /**
