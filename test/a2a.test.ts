@@ -169,7 +169,7 @@ describe('A2A JSON-RPC', () => {
     expect(audit.data.filter((r) => r.target === task.id && r.outcome === 'succeeded' && r.actor.id === userPrincipal).length).toBeGreaterThanOrEqual(3);
   });
 
-  it('a turn that waits on the caller (a custom tool) returns input-required: blocking ends at an interrupted state', async () => {
+  it('a turn that waits on the caller (a custom tool) returns input-required: blocking ends at an interrupted state; CancelTask ends the wait', async () => {
     const agent = (await t.api.post<{ id: string }>('/v1/agents', {
       name: 'a2a-tools', model: 'default',
       system: SCRIPT([{ when: { user_contains: 'look' }, then: [{ tool: 'lookup', input: { q: '{{user}}' } }] }, { then: [{ reply: 'ok' }] }]),
@@ -186,6 +186,9 @@ describe('A2A JSON-RPC', () => {
     })).createFromUrl(url, '');
     const task = asTask(await client.sendMessage(msg('look it up')));
     expect(task.status?.state).toBe(TaskState.TASK_STATE_INPUT_REQUIRED);
+    // Nothing runs while the task waits on its caller: CancelTask (user.interrupt) ends the wait itself.
+    const canceled = await client.cancelTask({ tenant: '', id: task.id, metadata: undefined });
+    expect(canceled.status?.state).toBe(TaskState.TASK_STATE_CANCELED);
   });
 
   it('returnImmediately returns the submitted or working task', async () => {
