@@ -257,6 +257,13 @@ describe('sessions', () => {
     const store = (await api.post<{ id: string }>('/v1/memory-stores', { name: 'session-store' })).id;
     const added = await api.post<Json & { id: string }>(`/v1/sessions/${s.id}/resources`, { type: 'memory', memory_store_id: store });
     expect(added).toMatchObject({ type: 'memory', access: 'read_only' });
+    // A store is one resource of a Session at most: added again, or twice in a new Session.
+    const again = await api.request('POST', `/v1/sessions/${s.id}/resources`, { body: { type: 'memory', memory_store_id: store, access: 'read_write' } });
+    expect([again.status, errType(again)]).toEqual([400, 'validation.malformed']);
+    expect(errMsg(again)).toContain('already a resource of this session');
+    const twice = await api.request('POST', '/v1/sessions', { body: { agent: agentId, environment_id: envId, resources: [{ type: 'memory', memory_store_id: store }, { type: 'memory', memory_store_id: store, access: 'read_write' }] } });
+    expect([twice.status, errType(twice)]).toEqual([400, 'validation.malformed']);
+    expect(errMsg(twice)).toContain('resources[1]');
     expect(await api.post(`/v1/sessions/${s.id}/resources/${added.id}`, { access: 'read_write' })).toMatchObject({ access: 'read_write' });
     expect((await api.request('POST', `/v1/sessions/${s.id}/resources/${added.id}`, { body: { ref: 'main' } })).status).toBe(400);
     expect(await api.get(`/v1/sessions/${s.id}/resources/${added.id}`)).toMatchObject({ id: added.id });

@@ -13,7 +13,7 @@ import {
   SessionPath, StreamQuery, UpdateSessionBody,
 } from './schemas.js';
 import { checkedCursor, sseStream } from './stream.js';
-import { checkMountPath } from './service.js';
+import { checkMountPath, refuseSecondMemoryStore } from './service.js';
 
 const readers = { kind: 'bearer', roles: READERS } as const;
 const writers = { kind: 'bearer', roles: WRITERS } as const;
@@ -145,6 +145,7 @@ export const sessionOperations: Operation[] = [
       await deps.sessions.store.update(requireWorkspace(caller), params.session_id, (cur) => {
         if (cur.archived_at !== null) throw new ApiError('runtime.invalid_transition', 'an archived session cannot be changed');
         if (cur.resources.length >= 64) throw new ApiError('validation.malformed', 'a session holds at most 64 resources');
+        refuseSecondMemoryStore(cur.resources, r, 'body');
         return { ...cur, resources: [...cur.resources, r] };
       });
       return json(201, r);

@@ -187,6 +187,7 @@ export class SessionService {
   async checkResources(workspaceId: string, resources: Array<{ type: string; file_id?: string; memory_store_id?: string; project_id?: string; revision_number?: number; mount_path?: string | null }>): Promise<void> {
     const { files, memory, projects } = this.d;
     resources.forEach((r, i) => checkMountPath(r.type, r.mount_path, `resources[${i}].mount_path`));
+    resources.forEach((r, i) => refuseSecondMemoryStore(resources.slice(0, i), r, `resources[${i}]`));
     for (const r of resources) {
       if (projects && r.type === 'uploaded_project' && r.project_id) {
         await projects.get(workspaceId, r.project_id);
@@ -486,4 +487,15 @@ export function checkMountPath(type: string, mountPath: string | null | undefine
   if (segments.some((x) => x === '.' || x === '..')) throw new ApiError('validation.malformed', `${field}: no '.' or '..' segment (the path must stay inside the workspace)`);
   if (segments[0] === '.agentplane') throw new ApiError('validation.malformed', `${field}: /.agentplane is reserved for the platform`);
   if (type === 'file' && segments.length === 0) throw new ApiError('validation.malformed', `${field}: a file needs a path of its own, not the workspace root`);
+}
+
+/**
+ * A MemoryStore is one resource of a Session at most: a second would show the agent the same
+ * store twice (as `memory` and `memory_2`), with two access modes. 400 naming `field`.
+ */
+export function refuseSecondMemoryStore(existing: ReadonlyArray<{ type: string; memory_store_id?: string }>, r: { type: string; memory_store_id?: string }, field: string): void {
+  if (r.type !== 'memory' || r.memory_store_id === undefined) return;
+  if (existing.some((x) => x.type === 'memory' && x.memory_store_id === r.memory_store_id)) {
+    throw new ApiError('validation.malformed', `${field}: memory store ${r.memory_store_id} is already a resource of this session`);
+  }
 }
