@@ -81,13 +81,13 @@ describe('whole-platform crash', () => {
     const seqs = evs.map((e) => e.seq);
     expect(new Set(seqs).size).toBe(seqs.length);
     expect(seqs).toEqual([...seqs].sort((a, b) => a - b));
-    const runs = (await api.get<{ data: { id: string; status: string; attempts: { outcome: string }[] }[] }>(`/v1/sessions/${s.id}/runs`)).data;
+    const runs = (await api.get<{ data: { id: string; status: string; attempts: { attempt: number; outcome: string }[] }[] }>(`/v1/sessions/${s.id}/runs`)).data;
     expect(runs).toHaveLength(1);
     expect(runs[0]?.status).toBe('succeeded');
     expect(runs[0]?.attempts.map((a) => a.outcome)).toEqual(['lost', 'succeeded']);
     // The retried attempt's start says the thread runs again, once, naming the Run and the attempt.
     const running = evs.filter((e) => e.type === 'session.status_running');
-    expect(running.map((e) => e.payload)).toEqual([expect.objectContaining({ run_id: runs[0]?.id }), { run_id: runs[0]?.id, attempt: 2 }]);
+    expect(running.map((e) => e.payload)).toEqual([expect.objectContaining({ run_id: runs[0]?.id }), { run_id: runs[0]?.id, attempt: runs[0]?.attempts[1]?.attempt }]);
     const rescheduledAt = evs.find((e) => e.type === 'session.thread_status_rescheduled')?.seq ?? 0;
     expect(running[1]?.seq).toBeGreaterThan(rescheduledAt);
   }, 240_000);

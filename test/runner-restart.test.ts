@@ -81,7 +81,7 @@ describe('a runner restarted mid-Run', () => {
     expect(JSON.stringify(evs.filter((e) => e.type === 'agent.message'))).toContain('finished');
     const seqs = evs.map((e) => e.seq);
     expect(new Set(seqs).size).toBe(seqs.length);
-    const runs = (await api.get<{ data: { id: string; status: string; attempts: { runner_id: string; outcome: string; cause: string | null }[] }[] }>(`/v1/sessions/${s.id}/runs`)).data;
+    const runs = (await api.get<{ data: { id: string; status: string; attempts: { attempt: number; runner_id: string; outcome: string; cause: string | null }[] }[] }>(`/v1/sessions/${s.id}/runs`)).data;
     expect(runs).toHaveLength(1);
     expect(runs[0]?.status).toBe('succeeded');
     expect(runs[0]?.attempts.map((a) => a.runner_id)).toEqual([runnerId, runnerId]);
@@ -93,8 +93,10 @@ describe('a runner restarted mid-Run', () => {
     const statuses = evs.filter((e) => e.type.startsWith('session.status_') || e.type === 'session.thread_status_rescheduled');
     expect(statuses.map((e) => [e.type, e.payload])).toEqual([
       ['session.status_running', expect.objectContaining({ run_id: runId })],
-      ['session.thread_status_rescheduled', { run_id: runId, attempt: 1, cause: runs[0]?.attempts[0]?.cause }],
-      ['session.status_running', { run_id: runId, attempt: 2 }],
+      ['session.thread_status_rescheduled', { run_id: runId, attempt: runs[0]?.attempts[0]?.attempt, cause: runs[0]?.attempts[0]?.cause }],
+      // The retried attempt's number is the Run's record of it: an offer the reconnecting runner
+      // never accepted takes a number too.
+      ['session.status_running', { run_id: runId, attempt: runs[0]?.attempts[1]?.attempt }],
       ['session.status_idle', expect.objectContaining({ stop_reason: { type: 'end_turn' } })],
     ]);
     const resumedAt = statuses[2]?.seq ?? 0;
