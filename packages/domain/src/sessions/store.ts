@@ -1,5 +1,5 @@
 import { ApiError, newId, nowIso, type Context } from '@agentplane/core';
-import { BoundedCache, DocumentStore, EventLog, forgetWritten, keys, LuaScript, newEventId, primeCache, tags, type AppendEvent, type CommitDoc, type EventLogDurability, type LogEvent, type Redis } from '@agentplane/store';
+import { BoundedCache, DocumentStore, EventLog, forgetWritten, keys, LuaScript, newEventId, primeCache, tags, type AppendEvent, type CommitDoc, type CommitResult, type SwapOutcome, type Tag, type EventLogDurability, type LogEvent, type Redis } from '@agentplane/store';
 import type { AgentSnapshot } from '../agents/model.js';
 import type { GraderRunInfo, RunDoc, SessionDoc, SessionTombstone, ThreadDoc } from './model.js';
 
@@ -341,14 +341,25 @@ export class SessionStore {
           return { kind: 'written' };
         }
         if (ride && (r.reason === 'erased' || ((r.reason === 'stale' || r.reason === 'missing') && r.index === 1))) throw new RideRefused(r.reason);
-        if (r.reason === 'erased') return this.docs.swap(tag, threadId, next, expected);
-        if (r.reason === 'stale') return { kind: 'stale', current: r.current };
-        if (r.reason === 'missing') return { kind: 'missing' };
-        throw new Error(`the turn end of thread ${threadId} could not be recorded: ${r.reason}`);
+        return this.threadNotCommitted(r, tag, threadId, next, expected, `the turn end of thread ${threadId} could not be recorded`);
       },
     });
     this.rememberThread(thread);
     return { thread, appended, ...(queued ? { queued } : {}), ...(appended && activeOutcome !== undefined ? { activeOutcome } : {}) };
+  }
+
+  /**
+   * A thread's compare-and-swap with events whose commit did not go through, answered as
+   * `docs.update`'s write answers: the thread of an erased Session is written alone (its log
+   * takes nothing more); a stale or missing thread is retried or refused there; anything else is
+   * a fault (`what`).
+   */
+  private threadNotCommitted(r: CommitResult, tag: Tag, threadId: string, next: ThreadDoc, expected: number, what: string): Promise<SwapOutcome> | SwapOutcome {
+    if (r.ok) return { kind: 'written' };
+    if (r.reason === 'erased') return this.docs.swap(tag, threadId, next, expected);
+    if (r.reason === 'stale') return { kind: 'stale', current: r.current };
+    if (r.reason === 'missing') return { kind: 'missing' };
+    throw new Error(`${what}: ${r.reason}`);
   }
 
   /**
@@ -374,10 +385,7 @@ export class SessionStore {
           appended = true;
           return { kind: 'written' };
         }
-        if (r.reason === 'erased') return this.docs.swap(tag, threadId, next, expected);
-        if (r.reason === 'stale') return { kind: 'stale', current: r.current };
-        if (r.reason === 'missing') return { kind: 'missing' };
-        throw new Error(`thread ${threadId} could not be written with its event: ${r.reason}`);
+        return this.threadNotCommitted(r, tag, threadId, next, expected, `thread ${threadId} could not be written with its event`);
       },
     });
     this.rememberThread(thread);
