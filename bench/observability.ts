@@ -7,11 +7,9 @@
 // built on) slows both alike: the API rounds with both APIs sharing one core and the load and
 // their Redis servers on the other (taskset), at full load and at a fixed offered rate; the
 // dispatch rounds at 50 Runs/s each, their latency samples pooled per phase. CPU time per request
-// and per Run comes from /proc: the whole process's (the exporter thread, V8's collector threads
-// and libuv's pool included) and the event loop's (main thread). At full load the kernel shares
-// the core by thread, so the traced API, one thread more, gets a little more of it: its CPU per
-// request is the cost, its throughput understates it. Plus the cost of the tracing calls on a hot
-// path when tracing is off (per call, against a plain call).
+// and per Run comes from /proc: the whole process's (V8's collector threads and libuv's pool
+// included) and the event loop's (main thread). Plus the cost of the tracing calls on a hot path
+// when tracing is off (per call, against a plain call).
 import { execFileSync, fork } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { availableParallelism } from 'node:os';

@@ -262,7 +262,7 @@ describe('the SERVER span of a request', () => {
 
   it('reports failed exports in the process log', async () => {
     // Nothing listens on the endpoint: every export fails, and the SDK's report of it reaches the
-    // API's log from the exporter thread.
+    // API's log.
     const dataDir = mkdtempSync(join(tmpdir(), 'agentplane-test-'));
     const closed = await freePort();
     const p = await startPlatform({
@@ -286,7 +286,7 @@ describe('the SERVER span of a request', () => {
   }, 120_000);
 
   it('is exported as OTLP/JSON when asked, with the same span', async () => {
-    // OTLP/JSON takes the other path: records made into SDK spans on the exporter thread.
+    // OTLP/JSON takes the other path: records made into SDK spans for the SDK's JSON exporter.
     const p = await startPlatform({ env: { LOG_LEVEL: 'warn', OTEL_TRACES_EXPORTER: 'otlp', OTEL_EXPORTER_OTLP_ENDPOINT: receiverUrl, OTEL_EXPORTER_OTLP_PROTOCOL: 'http/json', OTEL_BSP_SCHEDULE_DELAY: '100' } });
     try {
       const traceId = randomBytes(16).toString('hex');

@@ -33,8 +33,8 @@ export interface EncodableSpan {
 
 /**
  * A span already encoded (its Span message as field 2 of ScopeSpans, `encodeSpan`'s bytes), with
- * the resource and scope it is exported under: how the exporter thread holds the spans the event
- * loop encoded, in the SDK's batch processor.
+ * the resource and scope it is exported under: how the SDK's batch processor holds the spans the
+ * event loop encoded.
  */
 export interface EncodedSpan {
   encoded: Uint8Array;

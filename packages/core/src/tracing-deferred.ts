@@ -12,10 +12,9 @@
  * they are handed to a sink, one of two kinds. An `EncodedSink` (OTLP/protobuf, the default)
  * gets the sampled spans as OTLP Span messages, made by the SDK span's own rules
  * (tracing-span-data.ts) and encoded a batch at a time in one loop, then sent on together at most
- * every `POST_MS` (or past `POST_BYTES`); the exporter thread (tracing-worker.ts) batches and
- * sends the bytes. A `SpanSink` gets plain records (`SpanRecord`): the exporter thread makes
- * each into an SDK span with `SdkReplay`, off the event loop that serves requests (OTLP/JSON,
- * and tests). `SdkReplay` makes them in one hot loop: `startSpan` with the
+ * every `POST_MS` (or past `POST_BYTES`); the SDK's batch processor batches and sends the bytes
+ * (tracing-export.ts). A `SpanSink` gets plain records (`SpanRecord`), each made into an SDK span
+ * with `SdkReplay` (OTLP/JSON, and tests). `SdkReplay` makes them in one hot loop: `startSpan` with the
  * recorded start time and attributes, its ids given by the id generator (the SDK's `IdGenerator`
  * extension point), its events, links and status replayed, then `end` with the recorded end
  * time. From there on it is the SDK's span: its limits and attribute checks, its span processor,
@@ -49,10 +48,9 @@ const FLUSH_MS = 50;
 /** …and at once (on the next turn of the event loop) when this many wait. */
 const FLUSH_AT = 256;
 /**
- * Encoded spans leave for the exporter thread at most this often (the first waiting span's age)…
- * Each message wakes that thread, which costs the process far more than encoding a batch (on a
- * 2-core VM about 250-500 µs of CPU per message, against the spans' few µs each), while the
- * exporter's batch processor sends at most once a second anyway.
+ * Encoded spans are handed to the exporter at most this often (the first waiting span's age)…
+ * its batch processor sends at most once a second anyway, and each hand-off detaches the
+ * writer's buffer (a new one for the next spans).
  */
 const POST_MS = 500;
 /** …or at once when this many bytes wait. */
@@ -385,28 +383,6 @@ export class DeferredTracer implements Tracer {
     }
   }
 }
-
-/**
- * A batch of records on its way to the exporter thread: the records themselves (the thread gets
- * them by structured clone, about half the event loop's cost of a JSON string: numbers and ids
- * are copied, not printed), or, when a record holds a value structured clone refuses (a function
- * set as an attribute by mistake), the batch as JSON, which leaves such values out as the SDK
- * would have.
- */
-export type SpanBatch = { records: SpanRecord[] } | { json: string };
-
-/** Post `records` to the exporter thread's `port` as `{ kind: 'spans', ...SpanBatch }`. */
-export function postSpans(port: { postMessage(message: unknown): void }, records: SpanRecord[]): void {
-  try {
-    port.postMessage({ kind: 'spans', records });
-  } catch (err) {
-    if (!(err instanceof Error && err.name === 'DataCloneError')) throw err;
-    port.postMessage({ kind: 'spans', json: JSON.stringify(records) });
-  }
-}
-
-/** The records of a batch as the exporter thread received it. */
-export const recordsOf = (batch: SpanBatch): SpanRecord[] => ('records' in batch ? batch.records : (JSON.parse(batch.json) as SpanRecord[]));
 
 /**
  * Makes span records into SDK spans of `sdkTracer`, with the ids they ran with (`ids` must be the

@@ -4,11 +4,11 @@
  * serializer's bytes at a fraction of its cost) and sent with the SDK's own OTLP/HTTP export
  * delegate, so HTTP, retries, the concurrency limit and the standard OTEL_EXPORTER_OTLP_*
  * settings stay the SDK's; spans the event loop already encoded (`EncodedSpan`) are copied as
- * they are. OTLP/JSON: the SDK's OTLP/HTTP JSON exporter as it comes. Both run on the exporter
- * thread (tracing-worker.ts).
+ * they are (`encodedExport`). OTLP/JSON: the SDK's OTLP/HTTP JSON exporter as it comes. Both run
+ * on the process's event loop: an export is one HTTP request a second at most.
  */
-import type { SpanExporter, SpanProcessor } from '@opentelemetry/sdk-trace-node';
-import { encodeTraceRequest, ProtoWriter } from './otlp-protobuf.js';
+import type { ReadableSpan, SpanExporter, SpanProcessor } from '@opentelemetry/sdk-trace-node';
+import { encodeTraceRequest, ProtoWriter, type EncodedSpan } from './otlp-protobuf.js';
 
 /** The batch settings the platform gives the SDK's batch processor (it reads OTEL_BSP_* for the rest). */
 export type BatchOptions = Partial<{ maxQueueSize: number; maxExportBatchSize: number; scheduledDelayMillis: number }>;
@@ -78,4 +78,45 @@ export async function exportProcessor(protocol: 'http/protobuf' | 'http/json', o
   if (protocol === 'http/protobuf') return new BatchSpanProcessor(await protobufExporter(), options);
   const { OTLPTraceExporter } = await import('@opentelemetry/exporter-trace-otlp-http');
   return new BatchSpanProcessor(new OTLPTraceExporter(), options);
+}
+
+/** Spans the event loop encoded, batched and exported on the same thread (`encodedExport`). */
+export interface EncodedExport {
+  /** The spans whose bytes end at each of `ends` in `bytes`, in order. */
+  write(bytes: Uint8Array, ends: Uint32Array): void;
+  /** Export what waits, then stop. */
+  shutdown(): Promise<void>;
+}
+
+/**
+ * OTLP/protobuf export of spans already encoded (tracing-deferred.ts): the SDK's batch processor
+ * and OTLP/HTTP delegate, on the thread that recorded them, under this process's resource
+ * (`service.name`, `service.version`) and the platform's scope.
+ */
+export async function encodedExport(service: string, version: string, options: BatchOptions): Promise<EncodedExport> {
+  const [{ resourceFromAttributes }, { ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION }, { TraceFlags }] = await Promise.all([
+    import('@opentelemetry/resources'),
+    import('@opentelemetry/semantic-conventions'),
+    import('@opentelemetry/api'),
+  ]);
+  const { BatchSpanProcessor } = await import('@opentelemetry/sdk-trace-node');
+  const processor = new BatchSpanProcessor(await protobufExporter(), options);
+  const resource = resourceFromAttributes({ [ATTR_SERVICE_NAME]: service, [ATTR_SERVICE_VERSION]: version });
+  // An encoded span in the batch processor: the processor reads its trace flags (every encoded
+  // span was sampled) and its resource; the exporter copies its bytes.
+  const scope = { name: 'agentplane', version };
+  const sampled = { traceId: '', spanId: '', traceFlags: TraceFlags.SAMPLED };
+  const spanContext = (): typeof sampled => sampled;
+  return {
+    write(bytes, ends) {
+      let from = 0;
+      for (const end of ends) {
+        const span: EncodedSpan & Pick<ReadableSpan, 'spanContext'> = { encoded: bytes.subarray(from, end), resource, instrumentationScope: scope, spanContext };
+        // The processor takes any object with those fields; its type names the SDK's span.
+        processor.onEnd(span as unknown as ReadableSpan);
+        from = end;
+      }
+    },
+    shutdown: () => processor.shutdown(),
+  };
 }

@@ -10,7 +10,7 @@
  * equal for the same calls.
  *
  * This is how the OTLP/protobuf export path (the default) skips making an SDK span per span: the
- * event loop encodes a batch of these in one loop and hands the bytes to the exporter thread.
+ * event loop encodes a batch of these in one loop and hands the bytes to the exporter.
  */
 import { diag, SpanStatusCode, type Attributes, type AttributeValue, type Exception, type HrTime, type Link, type SpanContext, type SpanKind, type SpanStatus, type TimeInput } from '@opentelemetry/api';
 import { hrTime, isAttributeValue, isTimeInputHrTime, millisToHrTime, sanitizeAttributes } from '@opentelemetry/core';

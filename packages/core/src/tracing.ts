@@ -5,8 +5,9 @@
  * `OTEL_EXPORTER_OTLP_PROTOCOL=http/json`). Sampling, batching and the
  * exporter's endpoint, headers and timeout come from the SDK's own OTEL_* variables. With
  * OTLP/protobuf each batch is encoded in one pass by the platform's encoder (tracing-export.ts).
- * Spans are recorded on the event loop and made, batched and exported on an exporter thread
- * (tracing-deferred.ts, tracing-worker.ts).
+ * Spans are recorded on the event loop as plain records and handed on in batches (tracing-deferred.ts):
+ * with OTLP/protobuf encoded there a batch at a time and sent from the same loop by the SDK's
+ * batch processor and OTLP/HTTP transport (tracing-export.ts), one request a second at most.
  *
  * Trace context crosses processes as W3C `traceparent`/`tracestate`: HTTP headers into the API,
  * the Run's queue job (`RunJobData.trace`), and the runner protocol's frame envelope.
@@ -31,8 +32,7 @@ import {
   type Attributes, type Context, type ContextManager, type Span, type Tracer,
 } from '@opentelemetry/api';
 import type { Logger } from './logger.js';
-import { DeferredTracer, postSpans, type EncodedSink, type SpanSink } from './tracing-deferred.js';
-import type { ExporterData, ExporterMessage, ExporterReply } from './tracing-worker.js';
+import { DeferredTracer, type EncodedSink, type SpanSink } from './tracing-deferred.js';
 
 export { context, ROOT_CONTEXT, SpanKind, SpanStatusCode, trace, type Attributes, type Context, type Span };
 
@@ -80,7 +80,7 @@ export function otlpProtocol(): 'http/protobuf' | 'http/json' {
  * The platform's batching defaults where `OTEL_BSP_*` leaves them unset (the SDK's batch processor
  * reads every `OTEL_BSP_*` variable that is set). Batches of up to 2,048 spans, four times the
  * SDK's 512: an export's cost is mostly per request (its HTTP round trip and socket wake-ups),
- * not per byte, so a busy API's exporter thread spends about a third less per span (measured
+ * not per byte, so a busy API's exporter spent about a third less per span (measured
  * under `bench:observability`'s load: 4.5 → 2.9 µs per traced request; 4,096 saved nothing more).
  * Sent at least every second (the SDK's 5 s leaves a quiet process's spans waiting), and up to
  * 8,192 waiting (bursts of a busy API are not dropped while an export is in flight). A smaller
@@ -98,7 +98,7 @@ export function batchDefaults(): { scheduledDelayMillis?: number; maxQueueSize?:
 
 let active: Tracing | null = null;
 
-/** Where tracing reports its own trouble: a failed export, a failed exporter thread. */
+/** Where tracing reports its own trouble: a failed export, a span it could not hand on. */
 export type TracingLog = Pick<Logger, 'warn' | 'error'>;
 
 /** The same report at most once a minute (an unreachable collector fails every export). */
@@ -115,50 +115,25 @@ export async function startTracing(service: string, log?: TracingLog, options: T
     active = { enabled: false, shutdown: async () => undefined };
     return active;
   }
-  const [sdk, { PooledIdGenerator }, { Worker }] = await Promise.all([
+  const [sdk, { PooledIdGenerator }] = await Promise.all([
     import('@opentelemetry/sdk-trace-node'),
     import('./trace-ids.js'),
-    import('node:worker_threads'),
   ]);
-  // The platform's spans are recorded on the event loop (tracing-deferred.ts) and made into SDK
-  // spans, batched and exported on the exporter thread (tracing-worker.ts), whose provider has
-  // the same sampler (built from the same OTEL_* settings) and takes the recorded ids.
-  const worker = new Worker(new URL('./tracing-worker.js', import.meta.url), { workerData: { service: env('OTEL_SERVICE_NAME') ?? service, version: VERSION } satisfies ExporterData });
-  worker.unref();
-  let exporting = true;
   const reported = new Map<string, number>();
-  const report = (level: 'warn' | 'error', message: string, err?: unknown): void => {
+  // Keyed by the message alone: the values beside it (an error's text) may differ each time.
+  const report = (level: 'warn' | 'error', message: string, err?: unknown, detail: unknown[] = []): void => {
     const now = Date.now();
     if (now - (reported.get(message) ?? -Infinity) < REPORT_EVERY_MS) return;
     reported.set(message, now);
-    log?.[level]({ component: 'tracing', ...(err === undefined ? {} : { err }) }, message);
+    log?.[level]({ component: 'tracing', ...(err === undefined ? {} : { err }) }, withDetail(message, detail));
   };
-  // What the OpenTelemetry API reports on this thread (a span the tracer could not hand on).
+  // What the OpenTelemetry SDK and API report on this thread (a failed export, a span the tracer
+  // could not hand on).
   const quiet = (): void => undefined;
-  diag.setLogger({ error: (m) => report('error', m), warn: (m) => report('warn', m), info: quiet, debug: quiet, verbose: quiet }, DiagLogLevel.WARN);
-  worker.on('message', (m: ExporterReply) => {
-    if (m.kind === 'diag') report(m.level, m.message);
-  });
-  worker.on('error', (err) => {
-    exporting = false;
-    report('error', 'the span exporter thread failed: spans are no longer exported', err);
-  });
-  worker.on('exit', () => {
-    exporting = false;
-  });
-  // OTLP/protobuf (the default): the spans leave this thread encoded, their bytes transferred (not
-  // copied) to the exporter thread, which batches and sends them. OTLP/JSON: as records, made into
-  // SDK spans there for the SDK's JSON exporter.
-  const sink: SpanSink | EncodedSink = otlpProtocol() === 'http/protobuf'
-    ? {
-      encoded(bytes, ends) {
-        if (exporting) worker.postMessage({ kind: 'encoded', bytes, ends } satisfies ExporterMessage, [bytes.buffer as ArrayBuffer, ends.buffer as ArrayBuffer]);
-      },
-    }
-    : (records) => {
-      if (exporting) postSpans(worker, records);
-    };
-  const deferred = new DeferredTracer(samplerFromEnv(sdk), new PooledIdGenerator(), sink);
+  diag.setLogger({ error: (m, ...args) => report('error', m, undefined, args), warn: (m, ...args) => report('warn', m, undefined, args), info: quiet, debug: quiet, verbose: quiet }, DiagLogLevel.WARN);
+  const name = env('OTEL_SERVICE_NAME') ?? service;
+  const exporter = otlpProtocol() === 'http/protobuf' ? await protobufExport(name) : await jsonExporter(name);
+  const deferred = new DeferredTracer(samplerFromEnv(sdk), new PooledIdGenerator(), exporter.sink);
   // Registered globally: the W3C trace context propagator, a provider that hands this tracer to
   // anything asking the OpenTelemetry API for one (it makes no span itself), and with `async`
   // propagation the active context in an async-local store (with `explicit`, none: the
@@ -174,28 +149,61 @@ export async function startTracing(service: string, log?: TracingLog, options: T
     enabled: true,
     shutdown: () => {
       deferred.flush();
-      if (!exporting) return Promise.resolve();
-      // The thread exports what it holds, then answers; a thread that cannot is stopped.
-      return new Promise<void>((resolve) => {
-        const done = (): void => {
-          clearTimeout(timer);
-          exporting = false;
-          resolve();
-        };
-        const timer = setTimeout(() => void worker.terminate().finally(done), SHUTDOWN_MS);
-        worker.on('message', (m: ExporterReply) => {
-          if (m.kind === 'closed') done();
-        });
-        worker.once('exit', done);
-        worker.postMessage({ kind: 'shutdown' } satisfies ExporterMessage);
-      });
+      return exporter.shutdown();
     },
   };
   return active;
 }
 
+/** Where the deferred tracer hands its spans, and how they are flushed at shutdown. */
+interface Exporter {
+  sink: SpanSink | EncodedSink;
+  shutdown(): Promise<void>;
+}
+
+/** A diagnostic's message with the values the SDK passed beside it (an error's message). */
+const withDetail = (message: string, args: unknown[]): string =>
+  [message, ...args.map((a) => (a instanceof Error ? a.message : typeof a === 'string' ? a : JSON.stringify(a) ?? String(a)))].join(' ');
+
+/** At most `ms` for `work`, then on (a collector that does not answer must not hold a shutdown). */
+const bounded = (work: Promise<unknown>, ms: number): Promise<void> => new Promise<void>((resolve) => {
+  const timer = setTimeout(resolve, ms);
+  void work.catch(() => undefined).finally(() => {
+    clearTimeout(timer);
+    resolve();
+  });
+});
+
+/** OTLP/protobuf: spans encoded on the event loop, batched and sent from it (tracing-export.ts). */
+async function protobufExport(service: string): Promise<Exporter> {
+  const { encodedExport } = await import('./tracing-export.js');
+  const exporter = await encodedExport(service, VERSION, batchDefaults());
+  return { sink: { encoded: (bytes, ends) => exporter.write(bytes, ends) }, shutdown: () => bounded(exporter.shutdown(), SHUTDOWN_MS) };
+}
+
+/**
+ * OTLP/JSON: the records made into SDK spans (`SdkReplay`, with the ids they ran with) under a
+ * provider of their own with the same sampler, exported by the SDK's OTLP/HTTP JSON exporter.
+ */
+async function jsonExporter(service: string): Promise<Exporter> {
+  const [sdk, { resourceFromAttributes }, { ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION }, { exportProcessor }, { PooledIdGenerator }, { SdkReplay }] = await Promise.all([
+    import('@opentelemetry/sdk-trace-node'),
+    import('@opentelemetry/resources'),
+    import('@opentelemetry/semantic-conventions'),
+    import('./tracing-export.js'),
+    import('./trace-ids.js'),
+    import('./tracing-deferred.js'),
+  ]);
+  const ids = new PooledIdGenerator();
+  const resource = resourceFromAttributes({ [ATTR_SERVICE_NAME]: service, [ATTR_SERVICE_VERSION]: VERSION });
+  const processor = await exportProcessor('http/json', batchDefaults());
+  const provider = new sdk.BasicTracerProvider({ resource, idGenerator: ids, sampler: samplerFromEnv(sdk), spanProcessors: [processor] });
+  const replay = new SdkReplay(provider.getTracer('agentplane', VERSION), ids);
+  return { sink: (records) => replay.write(records), shutdown: () => bounded(provider.shutdown(), SHUTDOWN_MS) };
+}
+
 const VERSION = '0.1.0';
-/** How long a shutdown waits for the exporter thread's last export. */
+/** How long a shutdown waits for the last export. */
 const SHUTDOWN_MS = 10_000;
 
 type Sdk = typeof import('@opentelemetry/sdk-trace-node');
