@@ -140,36 +140,47 @@ describe('the deferred tracer', () => {
     expect(exported().map((s) => s.spanContext().spanId)).toEqual([seen]);
   });
 
-  it('hands encoded spans to the exporter in one call at most every 500 ms, at once when asked or past 256 KiB', () => {
+  it('hands encoded spans to the exporter in one call 500 ms after the first ended, at once when asked or past 256 KiB', () => {
     vi.useFakeTimers();
     try {
       const sent: { bytes: number; spans: number }[] = [];
       const sampler = new ParentBasedSampler({ root: new AlwaysOnSampler() });
       const tracer = new DeferredTracer(sampler, new PooledIdGenerator(), { encoded: (bytes, ends) => void sent.push({ bytes: bytes.length, spans: ends.length }) });
-      // Spans ended 60 ms apart are encoded in two batches, and wait to leave together.
+      // Spans ended 60 ms apart wait to leave together.
       tracer.startSpan('a', {}, ROOT_CONTEXT).end();
       vi.advanceTimersByTime(60);
       tracer.startSpan('b', {}, ROOT_CONTEXT).end();
-      vi.advanceTimersByTime(60);
-      vi.advanceTimersByTime(380);
+      vi.advanceTimersByTime(439);
       expect(sent).toEqual([]);
-      // 500 ms after the first was encoded (50 ms after it ended).
-      vi.advanceTimersByTime(60);
+      // 500 ms after the first ended.
+      vi.advanceTimersByTime(1);
       expect(sent.map((m) => m.spans)).toEqual([2]);
+      // The next span starts a new wait.
+      tracer.startSpan('b2', {}, ROOT_CONTEXT).end();
+      vi.advanceTimersByTime(499);
+      expect(sent).toHaveLength(1);
+      vi.advanceTimersByTime(1);
+      expect(sent.map((m) => m.spans)).toEqual([2, 1]);
       // An unsampled span is not sent; a flush sends what waits at once.
       tracer.startSpan('c', {}, remoteParent(false)).end();
       tracer.startSpan('d', {}, ROOT_CONTEXT).end();
       tracer.flush();
-      expect(sent.map((m) => m.spans)).toEqual([2, 1]);
+      expect(sent.map((m) => m.spans)).toEqual([2, 1, 1]);
       tracer.flush();
-      expect(sent).toHaveLength(2);
+      expect(sent).toHaveLength(3);
       // Past 256 KiB waiting, the batch leaves as soon as it is encoded.
       const big = 'x'.repeat(1000);
       for (let i = 0; i < 300; i++) tracer.startSpan('big', { attributes: { name: big } }, ROOT_CONTEXT).end();
       vi.advanceTimersByTime(0);
-      expect(sent).toHaveLength(3);
-      expect(sent[2]?.spans).toBe(300);
-      expect(sent[2]?.bytes).toBeGreaterThanOrEqual(256 * 1024);
+      expect(sent).toHaveLength(4);
+      expect(sent[3]?.spans).toBe(300);
+      expect(sent[3]?.bytes).toBeGreaterThanOrEqual(256 * 1024);
+      // Past 256 spans waiting they are encoded at once, but wait for their time to leave.
+      for (let i = 0; i < 260; i++) tracer.startSpan('small', {}, ROOT_CONTEXT).end();
+      vi.advanceTimersByTime(0);
+      expect(sent).toHaveLength(4);
+      vi.advanceTimersByTime(500);
+      expect(sent[4]?.spans).toBe(260);
     } finally {
       vi.useRealTimers();
     }

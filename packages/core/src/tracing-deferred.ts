@@ -8,12 +8,11 @@
  * there). Here a running span is a small record: its ids (from the same pool as the SDK's),
  * the sampler's decision (taken at the start with the provider's own sampler, so the context
  * handed to children and to other processes carries the right flags), its start time, and what
- * is set on it. Ended spans wait in a queue; every `FLUSH_MS`, or at once past `FLUSH_AT` spans,
- * they are handed to a sink, one of two kinds. An `EncodedSink` (OTLP/protobuf, the default)
- * gets the sampled spans as OTLP Span messages, made by the SDK span's own rules
- * (tracing-span-data.ts) and encoded a batch at a time in one loop, then sent on together at most
- * every `POST_MS` (or past `POST_BYTES`); the SDK's batch processor batches and sends the bytes
- * (tracing-export.ts). A `SpanSink` gets plain records (`SpanRecord`), each made into an SDK span
+ * is set on it. Ended spans wait in a queue and are handed to a sink `FLUSH_MS` after the first of
+ * them ended, one of two kinds. An `EncodedSink` (OTLP/protobuf, the default) gets the sampled
+ * spans as OTLP Span messages, made by the SDK span's own rules (tracing-span-data.ts) and encoded
+ * a batch at a time in one loop (sooner, once `FLUSH_AT` spans wait), sent on together (sooner,
+ * past `POST_BYTES`); the SDK's batch processor batches and sends the bytes (tracing-export.ts). A `SpanSink` gets plain records (`SpanRecord`), each made into an SDK span
  * with `SdkReplay` (OTLP/JSON, and tests). `SdkReplay` makes them in one hot loop: `startSpan` with the
  * recorded start time and attributes, its ids given by the id generator (the SDK's `IdGenerator`
  * extension point), its events, links and status replayed, then `end` with the recorded end
@@ -43,17 +42,15 @@ export interface PresetIdGenerator {
   clearPreset(): void;
 }
 
-/** Ended spans are handed on (encoded, or to a `SpanSink`) at least this often… */
-const FLUSH_MS = 50;
-/** …and at once (on the next turn of the event loop) when this many wait. */
-const FLUSH_AT = 256;
 /**
- * Encoded spans are handed to the exporter at most this often (the first waiting span's age)…
- * its batch processor sends at most once a second anyway, and each hand-off detaches the
- * writer's buffer (a new one for the next spans).
+ * Ended spans are handed on (encoded, or to a `SpanSink`) this long after the first of them ended.
+ * Each hand-off is a timer's wake-up of the event loop, work done cold between requests; the
+ * exporter's batch processor sends at most every few seconds anyway.
  */
-const POST_MS = 500;
-/** …or at once when this many bytes wait. */
+const FLUSH_MS = 500;
+/** …but encoded at once (on the next turn of the event loop) when this many wait… */
+const FLUSH_AT = 256;
+/** …and handed on at once when this many encoded bytes wait. */
 const POST_BYTES = 256 * 1024;
 
 /** The key `suppressTracing` (@opentelemetry/core) sets in a context. */
@@ -257,8 +254,6 @@ export class DeferredTracer implements Tracer {
   private writer: ProtoWriter | undefined;
   /** Where each encoded span not yet handed on ends in the writer. */
   private ends: number[] = [];
-  /** Hands the encoded spans on once the first of them has waited `POST_MS`. */
-  private postTimer: NodeJS.Timeout | undefined;
 
   constructor(
     private readonly sampler: Sampler,
@@ -302,12 +297,11 @@ export class DeferredTracer implements Tracer {
   /** A span ended: queue it for the SDK. */
   ended(span: DeferredSpan): void {
     this.queue.push(span);
-    if (this.queue.length >= FLUSH_AT) {
-      this.immediate ??= setImmediate(() => this.handOn(false));
-    } else if (this.timer === undefined) {
-      this.timer = setTimeout(() => this.handOn(false), FLUSH_MS);
+    if (this.timer === undefined) {
+      this.timer = setTimeout(() => this.handOn(true), FLUSH_MS);
       this.timer.unref();
     }
+    if (this.queue.length >= FLUSH_AT) this.immediate ??= setImmediate(() => this.handOn(false));
   }
 
   /** Write every ended span to the sink now (also before the exporter shuts down). */
@@ -317,23 +311,20 @@ export class DeferredTracer implements Tracer {
 
   /**
    * Hand the ended spans on: records to a `SpanSink`; to an `EncodedSink`, encoded now and sent
-   * once they are `POST_BYTES` or their first has waited `POST_MS` (`all`: sent now).
+   * when `due` (the first waiting span's time is up, or a flush), or once `POST_BYTES` wait.
    */
-  private handOn(all: boolean): void {
-    if (this.timer !== undefined) clearTimeout(this.timer);
+  private handOn(due: boolean): void {
     if (this.immediate !== undefined) clearImmediate(this.immediate);
-    this.timer = undefined;
     this.immediate = undefined;
+    if (due) {
+      if (this.timer !== undefined) clearTimeout(this.timer);
+      this.timer = undefined;
+    }
     const batch = this.queue;
     if (batch.length > 0) this.queue = [];
     if (typeof this.sink !== 'function') {
       if (batch.length > 0) this.encode(batch);
-      if (all || (this.writer?.pos ?? 0) >= POST_BYTES) this.post(this.sink);
-      else if (this.ends.length > 0 && this.postTimer === undefined) {
-        const sink = this.sink;
-        this.postTimer = setTimeout(() => this.post(sink), POST_MS);
-        this.postTimer.unref();
-      }
+      if (due || (this.writer?.pos ?? 0) >= POST_BYTES) this.post(this.sink);
       return;
     }
     if (batch.length === 0) return;
@@ -369,8 +360,6 @@ export class DeferredTracer implements Tracer {
 
   /** The encoded spans waiting, to `sink` in one message (nothing when none wait). */
   private post(sink: EncodedSink): void {
-    if (this.postTimer !== undefined) clearTimeout(this.postTimer);
-    this.postTimer = undefined;
     // Nothing written (no sampled span, or none encodable): the writer is still empty.
     if (this.ends.length === 0 || this.writer === undefined) return;
     const bytes = this.writer.detach();

@@ -45,7 +45,7 @@ describe('tracing configuration from OTEL_*', () => {
   });
 
   it('batches with the platform defaults where OTEL_BSP_* is unset, and leaves what is set to the SDK', () => {
-    expect(batchDefaults()).toEqual({ scheduledDelayMillis: 1000, maxQueueSize: 8192, maxExportBatchSize: 2048 });
+    expect(batchDefaults()).toEqual({ maxQueueSize: 8192, maxExportBatchSize: 2048 });
     process.env.OTEL_BSP_SCHEDULE_DELAY = '0';
     process.env.OTEL_BSP_MAX_QUEUE_SIZE = '100';
     // A queue smaller than the platform's batch bounds the batch (the SDK wants batch ≤ queue).
