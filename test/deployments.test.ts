@@ -25,6 +25,7 @@ let msg: TurnPlatform['msg'];
 const children: ChildProcess[] = [];
 
 const errType = (r: ApiResponse<unknown>) => (r.body as { error?: { type?: string } }).error?.type;
+const errMessage = (r: ApiResponse<unknown>) => (r.body as { error?: { message?: string } }).error?.message;
 type Head = { id: string; key: string; status: string; current_revision_number: number; resource_version: number; archived_at: string | null; display_name: string | null };
 type Rev = { id: string; revision_number: number; resolved_configuration_sha256: string; published_by: Json; execution_target: Json; connection_binding_selections: Json[] };
 
@@ -132,7 +133,7 @@ describe('deployment heads: the route table and the state table', () => {
     const stale = await admin.request('PATCH', `/v1/agent-deployments/${head.id}`, { body: { expected_resource_version: 1, display_name: 'Late' } });
     expect([stale.status, errType(stale)]).toEqual([409, 'validation.conflict']);
     const onlyVersion = await admin.request('PATCH', `/v1/agent-deployments/${head.id}`, { body: { expected_resource_version: 2 } });
-    expect([onlyVersion.status, errType(onlyVersion)]).toEqual([400, 'validation.malformed']);
+    expect([onlyVersion.status, errType(onlyVersion), errMessage(onlyVersion)]).toEqual([400, 'validation.malformed', "body: nothing to change: set at least one of 'display_name', 'status'"]);
     // A PATCH to the values the head already has writes nothing: same resource_version and updated_at.
     for (const body of [{ expected_resource_version: 2, display_name: 'Renamed' }, { expected_resource_version: 2, status: 'active' }]) {
       const same = await admin.request<Head & { updated_at: string }>('PATCH', `/v1/agent-deployments/${head.id}`, { body });
@@ -221,6 +222,9 @@ describe('revisions', () => {
       const r = await post(body);
       expect([r.status, errType(r)], JSON.stringify(body)).toEqual([status, type]);
     }
+    // An unknown target type is named as such, with the types there are.
+    const remote = await post(revisionBody(1, { execution_target: { ...target, type: 'remote' } }));
+    expect(errMessage(remote)).toBe("body.execution_target.type: must be one of 'managed', 'connected'");
     const splitOnly = await admin.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/harness-profiles`, { key: 'split-only', kind: 'builtin', supported_topologies: ['split'] });
     const colocated = await post(revisionBody(1, { execution_target: { ...target, harness_profile_id: splitOnly.id, harness_topology: 'colocated' } }));
     expect([colocated.status, errType(colocated)]).toEqual([400, 'validation.malformed']);
@@ -285,6 +289,14 @@ describe('connection bindings', () => {
     expect(await pinned()).toEqual(sel(2));
     expect((await viewer.get<Json>(`/v1/agent-deployment-connection-bindings/${bid}/revisions/1`)).tool_selection).toEqual(['search']);
     expect(await viewer.get<Head>(`/v1/agent-deployment-connection-bindings/${bid}`)).toMatchObject({ id: bid, current_revision_number: 2, resource_version: 3, status: 'active' });
+    // The key is unique within the deployment: the same key on another deployment is free.
+    const clash = await admin.request('POST', `/v1/agent-deployments/${head.id}/connection-bindings`, { body: { agent_deployment_id: head.id, integration_connection_id: conn.id, key: 'tools' } });
+    expect([clash.status, errType(clash), errMessage(clash)]).toEqual([409, 'validation.conflict', `the key 'tools' is taken by another connection binding of agent deployment ${head.id}`]);
+    const other = await admin.post<Head>(`/v1/organizations/workspaces/${ws}/agent-deployments`, { agent_id: await agent('bound-other'), key: 'bound-other' });
+    const elsewhere = await admin.request('POST', `/v1/agent-deployments/${other.id}/connection-bindings`, { body: { agent_deployment_id: other.id, integration_connection_id: conn.id, key: 'tools' } });
+    expect(elsewhere.status).toBe(201);
+    const empty = await admin.request('PATCH', `/v1/agent-deployment-connection-bindings/${bid}`, { body: {} });
+    expect([empty.status, errType(empty), errMessage(empty)]).toEqual([400, 'validation.malformed', "body: missing required field 'expected_resource_version'"]);
     const devPatch = await dev.request('PATCH', `/v1/agent-deployment-connection-bindings/${bid}`, { body: { expected_resource_version: 3, display_name: 'x' } });
     expect([devPatch.status, errType(devPatch)]).toEqual([403, 'policy.denied']);
     const missingRev = await viewer.request('GET', `/v1/agent-deployment-connection-bindings/${bid}/revisions/3`);

@@ -412,7 +412,7 @@ export class DeploymentService {
       id: newId('agentDeploymentConnectionBinding'), workspace_id: ws, agent_deployment_id: adep, integration_connection_id: input.integration_connection_id,
       key: input.key, display_name: input.display_name ?? null, status: 'active', current_revision_number: 0, version: 1, created_at: now, updated_at: now,
     };
-    await this.heads.create(ws, doc, { collection: BINDING_KEYS(adep), key: doc.key }, BINDINGS(adep), 'connection binding');
+    await this.heads.create(ws, doc, { collection: BINDING_KEYS(adep), key: doc.key, within: `agent deployment ${adep}` }, BINDINGS(adep), 'connection binding');
     return doc;
   }
 

@@ -81,13 +81,16 @@ export class HeadStore {
   private revIndex = (ws: string, id: string) => keys.index(tags.workspace(ws), `revisions:${id}`);
   private baseKey = (ws: string, id: string) => keys.scoped(tags.workspace(ws), `rev_base:${id}`);
 
-  /** Create a head under a unique key. Conflicts are 409 `validation.conflict`. */
-  async create(ws: string, doc: StoredDoc, uniq: { collection: string; key: string }, index: string, what: string): Promise<void> {
+  /**
+   * Create a head under a unique key (unique in `uniq.collection`, which `uniq.within` names for
+   * the caller: default the workspace). Conflicts are 409 `validation.conflict`.
+   */
+  async create(ws: string, doc: StoredDoc, uniq: { collection: string; key: string; within?: string }, index: string, what: string): Promise<void> {
     const tag = tags.workspace(ws);
     const r = await CREATE.run(this.redis, [keys.doc(tag, doc.id), keys.unique(tag, uniq.collection), keys.index(tag, index)],
       [JSON.stringify(doc), uniq.key, doc.id, Date.parse(doc.created_at)]);
     if (r === -3) throw new ApiError('validation.conflict', `${what} ${doc.id} already exists`);
-    if (r === -5) throw new ApiError('validation.conflict', `the key '${uniq.key}' is taken by another ${what} of this workspace`);
+    if (r === -5) throw new ApiError('validation.conflict', `the key '${uniq.key}' is taken by another ${what} of ${uniq.within ?? 'this workspace'}`);
   }
 
   async get<T extends StoredDoc>(ws: string, id: string, what: string): Promise<T> {

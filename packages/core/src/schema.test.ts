@@ -58,6 +58,26 @@ describe('validation messages', () => {
     expect(message(query, { state: 'ajar' })).toBe("query.state: must be one of 'open', 'closed'");
   });
 
+  it('names a union\'s discriminator when the value has none of its values, or lacks it', () => {
+    expect(message(body, { network: { mode: 'bogus' } })).toBe("body.network.mode: must be one of 'none', 'allowlist'");
+    expect(message(body, { resource: { type: 'volume', file_id: 'f' } })).toBe("body.resource.type: must be one of 'file', 'repository'");
+    expect(message(body, { resource: { file_id: 'f' } })).toBe("body.resource: missing required field 'type'");
+    // A known discriminator value still reports that alternative's own problem.
+    expect(message(body, { network: { mode: 'none', extra: 1 } })).toBe("body.network: unknown field 'extra'");
+  });
+
+  it('says what a body setting too few fields lacks: a required field, else one of the fields to change', () => {
+    const patch = validator(Obj(
+      { expected_version: Type.Integer({ minimum: 1 }), name: Type.Optional(Type.String()), status: Type.Optional(Type.String()) },
+      { minProperties: 2 },
+    ));
+    expect(message(patch, {})).toBe("body: missing required field 'expected_version'");
+    expect(message(patch, { expected_version: 1 })).toBe("body: nothing to change: set at least one of 'name', 'status'");
+    expect(message(patch, { expected_version: 1, name: 'x' })).toBe('accepted');
+    const optional = validator(Obj({ name: Type.Optional(Type.String()) }, { minProperties: 1 }));
+    expect(message(optional, {})).toBe("body: nothing to change: set at least one of 'name'");
+  });
+
   it('takes only safe integers, even where the schema sets no bound', () => {
     const query = validator(Obj({ after: Type.Optional(Type.Integer({ minimum: 0 })), n: Type.Optional(Type.Integer({ maximum: 10 })) }), 'query');
     expect(message(query, { after: '9007199254740991' })).toBe('accepted');

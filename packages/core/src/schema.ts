@@ -48,6 +48,7 @@ function describe(part: string, e: ErrorObject): string {
   if (e.keyword === 'required') {
     return `${where}: missing required field '${String((e.params as { missingProperty: string }).missingProperty)}'`;
   }
+  if (e.keyword === 'at_least_one_of') return `${where}: nothing to change: set at least one of ${(e.params as { fields: string[] }).fields.map(literal).join(', ')}`;
   return `${where}: ${e.message ?? 'is invalid'}`;
 }
 
@@ -105,6 +106,12 @@ export function explainErrors(errors: readonly ErrorObject[], schema: unknown, v
       return fixed.length > 0 && fixed.every(([k, p]) => v[k] === (p as Json).const);
     })
     : [];
+  // None claimed, though every alternative is an object told apart by one constant property (a
+  // `type`): that property is what is wrong, missing or none of the alternatives' values.
+  if (claimed.length === 0 && isObject(v)) {
+    const wrong = discriminatorError(branches, v, union.instancePath);
+    if (wrong) return { ...union, ...wrong };
+  }
   // Of those (else of all), the alternative of the value's JSON type that got the furthest.
   let best: { error: ErrorObject; depth: number } | undefined;
   for (const i of (claimed.length > 0 ? claimed : [...byBranch.keys()]).sort((a, b) => a - b)) {
@@ -115,6 +122,38 @@ export function explainErrors(errors: readonly ErrorObject[], schema: unknown, v
     if (!best || depth > best.depth) best = { error: e, depth };
   }
   return best?.error ?? errors[0];
+}
+
+/**
+ * Of a union whose every alternative is an object with a constant property `k` (its
+ * discriminator), the error of a value that lacks `k` or whose `k` is none of the constants.
+ */
+function discriminatorError(branches: unknown[], v: Json, path: string): Pick<ErrorObject, 'keyword' | 'params' | 'instancePath'> | undefined {
+  const constsOf = (b: unknown): [string, unknown][] =>
+    isObject(b) && isObject(b.properties) ? Object.entries(b.properties).filter(([, p]) => isObject(p) && 'const' in p).map(([k, p]) => [k, (p as Json).const]) : [];
+  const first = constsOf(branches[0]).map(([k]) => k);
+  const key = first.find((k) => branches.every((b) => constsOf(b).some(([bk]) => bk === k)));
+  if (key === undefined) return undefined;
+  if (!(key in v)) return { keyword: 'required', params: { missingProperty: key }, instancePath: path };
+  const allowed = [...new Set(branches.map((b) => constsOf(b).find(([k]) => k === key)?.[1]))];
+  if (allowed.some((a) => a === v[key])) return undefined;
+  return { keyword: 'one_of_literals', params: { allowed }, instancePath: `${path}/${key}` };
+}
+
+/**
+ * A failed `minProperties` as what it means: a required field missing (ajv checks the count
+ * first), else an object that sets none of the fields it must set one of (a patch that changes
+ * nothing), naming them.
+ */
+function minPropertiesError(e: ErrorObject, schema: unknown, value: unknown): ErrorObject {
+  const object = at(schema, e.schemaPath.replace(/\/minProperties$/, ''));
+  const v = at(value, e.instancePath === '' ? '' : `#${e.instancePath}`);
+  if (!isObject(object) || !isObject(object.properties) || !isObject(v)) return e;
+  const required = Array.isArray(object.required) ? object.required.filter((k): k is string => typeof k === 'string') : [];
+  const missing = required.find((k) => !(k in v));
+  if (missing !== undefined) return { ...e, keyword: 'required', params: { missingProperty: missing } };
+  const fields = Object.keys(object.properties).filter((k) => !required.includes(k));
+  return fields.length > 0 ? { ...e, keyword: 'at_least_one_of', params: { fields } } : e;
 }
 
 /**
@@ -151,7 +190,8 @@ export function validator<S extends TSchema>(schema: S, part: RequestPart = 'bod
   const compiledSchema = compiled.schema;
   return (value: unknown): Static<S> => {
     if (compiled(value)) return value as Static<S>;
-    const first = explainErrors(compiled.errors ?? [], compiledSchema, value);
+    let first = explainErrors(compiled.errors ?? [], compiledSchema, value);
+    if (first?.keyword === 'minProperties') first = minPropertiesError(first, compiledSchema, value);
     throw new ApiError('validation.malformed', first ? describe(label, first) : `${label} is invalid`);
   };
 }
