@@ -310,6 +310,32 @@ describe('coordinator sessions', () => {
     expect(next).toEqual(['requires_action', 'interrupted', 'end_turn']);
   }, 120_000);
 
+  it('user.interrupt on the Session also ends the wait of a child blocked on a client\'s answer', async () => {
+    const c = await coordinator(fanOut(['blocked task'], 'asker'));
+    await say(c.session, 'ask');
+    const child = await waitFor('the child to wait on its custom tool', async () => {
+      const t = (await threads(c.session))[1];
+      return t && idleStops(await threadEvents(c.session, t.id), t.id).includes('requires_action') ? t : undefined;
+    }, 60_000);
+    const use = (await threadEvents(c.session, child.id)).find((e) => e.type === 'agent.tool_use');
+    await api.post(`/v1/sessions/${c.session}/events`, { type: 'user.interrupt', payload: { authored_by: owner, caused_by: { kind: 'api' } } });
+    const evs = await turnOver(c.session, c.primary, 30_000);
+    expect(idleStops(evs, c.primary)).toEqual(['requires_action', 'interrupted']);
+    const childEvs = await waitFor('the child\'s wait to end', async () => {
+      const e = await threadEvents(c.session, child.id);
+      return idleStops(e, child.id).length >= 2 ? e : undefined;
+    }, 30_000);
+    expect(idleStops(childEvs, child.id)).toEqual(['requires_action', 'interrupted']);
+    expect(childEvs.find((e) => e.type === 'agent.tool_result' && e.payload.tool_use_id === use?.payload.id)?.payload).toMatchObject({ is_error: true, interrupted: true });
+    // The cancelled wait takes no late answer, and the child can now be archived.
+    const late = await api.request('POST', `/v1/sessions/${c.session}/events`, {
+      body: { type: 'user.custom_tool_result', payload: { tool_use_id: String(use?.payload.id), result: 'late', session_thread_id: child.id, authored_by: owner, caused_by: { kind: 'api' } } },
+    });
+    expect(late.status).toBe(409);
+    const archived = await api.post<Thread>(`/v1/sessions/${c.session}/threads/${child.id}/archive`, {});
+    expect(archived.status).toBe('terminated');
+  }, 120_000);
+
   it('delegation tools pass the ActionPolicy gate: a denied start_thread starts nothing', async () => {
     const policy = await p.root.post<{ id: string }>('/v1/action-policies', { effect: 'deny', tool: { kind: 'custom', name: 'start_thread' }, description: 'no delegation' });
     try {

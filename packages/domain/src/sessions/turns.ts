@@ -233,7 +233,8 @@ export class ThreadRuntime {
    * `user.interrupt`. A running (or rescheduling) thread's Run is asked to stop; a thread that
    * waits on an action ends its wait here (`interruptWait`), and so does one whose Run ended
    * `requires_action` before the interrupt reached it. On a coordinator's primary thread it also
-   * interrupts every busy child thread.
+   * interrupts every child: a running or rescheduling one's Run is asked to stop, and one waiting
+   * on a client's answer ends its wait as above (the user stopping the Session stops all of it).
    */
   async interrupt(session: SessionDoc, threadId: string, trace?: Context): Promise<void> {
     let t = await this.store.thread(session.id, threadId);
@@ -253,8 +254,11 @@ export class ThreadRuntime {
     const { ids } = await this.store.threadIds(session.id, 0, 1000);
     const children = await this.store.threads(session.id, ids);
     await Promise.all(children.map(async (c) => {
-      if (c && c._active_run_id && (c.status === 'running' || c.status === 'rescheduling')) {
+      if (!c || c.id === threadId) return;
+      if (c._active_run_id && (c.status === 'running' || c.status === 'rescheduling')) {
         await this.scheduler().interruptRequested(session.id, c.id, c._active_run_id, trace);
+      } else if (waitsOnAction(c)) {
+        await this.interruptWait(session, c.id, trace);
       }
     }));
   }
