@@ -5,7 +5,7 @@
  * delegate, so HTTP, retries, the concurrency limit and the standard OTEL_EXPORTER_OTLP_*
  * settings stay the SDK's; spans the event loop already encoded (`EncodedSpan`) are copied as
  * they are (`encodedExport`). OTLP/JSON: the SDK's OTLP/HTTP JSON exporter as it comes. Both run
- * on the process's event loop: an export is one HTTP request a second at most.
+ * on the process's event loop: an export is one HTTP request, every 5 s or once a batch is full.
  */
 import type { ReadableSpan, SpanExporter, SpanProcessor } from '@opentelemetry/sdk-trace-node';
 import { encodeTraceRequest, ProtoWriter, type EncodedSpan } from './otlp-protobuf.js';

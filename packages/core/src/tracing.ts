@@ -7,7 +7,7 @@
  * OTLP/protobuf each batch is encoded in one pass by the platform's encoder (tracing-export.ts).
  * Spans are recorded on the event loop as plain records and handed on in batches (tracing-deferred.ts):
  * with OTLP/protobuf encoded there a batch at a time and sent from the same loop by the SDK's
- * batch processor and OTLP/HTTP transport (tracing-export.ts), one request a second at most.
+ * batch processor and OTLP/HTTP transport (tracing-export.ts), every 5 s or once a batch is full.
  *
  * Trace context crosses processes as W3C `traceparent`/`tracestate`: HTTP headers into the API,
  * the Run's queue job (`RunJobData.trace`), and the runner protocol's frame envelope.
@@ -122,16 +122,16 @@ export async function startTracing(service: string, log?: TracingLog, options: T
   ]);
   const reported = new Map<string, number>();
   // Keyed by the message alone: the values beside it (an error's text) may differ each time.
-  const report = (level: 'warn' | 'error', message: string, err?: unknown, detail: unknown[] = []): void => {
+  const report = (level: 'warn' | 'error', message: string, detail: unknown[]): void => {
     const now = Date.now();
     if (now - (reported.get(message) ?? -Infinity) < REPORT_EVERY_MS) return;
     reported.set(message, now);
-    log?.[level]({ component: 'tracing', ...(err === undefined ? {} : { err }) }, withDetail(message, detail));
+    log?.[level]({ component: 'tracing' }, withDetail(message, detail));
   };
   // What the OpenTelemetry SDK and API report on this thread (a failed export, a span the tracer
   // could not hand on).
   const quiet = (): void => undefined;
-  diag.setLogger({ error: (m, ...args) => report('error', m, undefined, args), warn: (m, ...args) => report('warn', m, undefined, args), info: quiet, debug: quiet, verbose: quiet }, DiagLogLevel.WARN);
+  diag.setLogger({ error: (m, ...args) => report('error', m, args), warn: (m, ...args) => report('warn', m, args), info: quiet, debug: quiet, verbose: quiet }, DiagLogLevel.WARN);
   const name = env('OTEL_SERVICE_NAME') ?? service;
   const exporter = otlpProtocol() === 'http/protobuf' ? await protobufExport(name) : await jsonExporter(name);
   const deferred = new DeferredTracer(samplerFromEnv(sdk), new PooledIdGenerator(), exporter.sink);
