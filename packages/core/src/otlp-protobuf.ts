@@ -72,19 +72,6 @@ export class ProtoWriter {
     return this.buf.subarray(0, this.pos);
   }
 
-  /**
-   * The bytes written so far, in the writer's own buffer, which the writer gives up (it goes on
-   * in a new one of the same size): for bytes handed to another thread, a copy saved. A buffer
-   * this size has an ArrayBuffer of its own (Node pools only small ones), so transferring it moves
-   * nothing else.
-   */
-  detach(): Uint8Array {
-    const out = this.buf.subarray(0, this.pos);
-    this.buf = Buffer.allocUnsafe(Math.max(this.buf.length, 8192));
-    this.pos = 0;
-    return out;
-  }
-
   private ensure(n: number): void {
     if (this.pos + n <= this.buf.length) return;
     let size = this.buf.length * 2;
@@ -435,6 +422,35 @@ const encodedScope = (scope: Scope): Uint8Array => encodedOnce(scopeBytes, scope
   if (dropped) w.varintField(4, dropped);
   w.end(at);
 });
+
+/** An ExportTraceServiceRequest's one ResourceSpans and ScopeSpans, begun (`beginScopeSpans`). */
+export interface OpenScopeSpans {
+  resourceAt: number;
+  scopeAt: number;
+  resource: Resource;
+  scope: Scope;
+}
+
+/**
+ * Begin an ExportTraceServiceRequest of one resource and one scope in `w` (empty): the spans'
+ * encoded bytes (`encodeSpan`'s) are then written after it as they come, and `endScopeSpans`
+ * closes it. The bytes are `encodeTraceRequest`'s for the same spans.
+ */
+export function beginScopeSpans(w: ProtoWriter, resource: Resource, scope: Scope): OpenScopeSpans {
+  const resourceAt = w.beginField(1);
+  w.raw(encodedResource(resource));
+  const scopeAt = w.beginField(2);
+  w.raw(encodedScope(scope));
+  return { resourceAt, scopeAt, resource, scope };
+}
+
+/** Close what `beginScopeSpans` began: `w` then holds the whole request. */
+export function endScopeSpans(w: ProtoWriter, open: OpenScopeSpans): void {
+  if (open.scope.schemaUrl) w.stringField(3, open.scope.schemaUrl);
+  w.end(open.scopeAt);
+  if (open.resource.schemaUrl) w.stringField(3, open.resource.schemaUrl);
+  w.end(open.resourceAt);
+}
 
 /**
  * An ExportTraceServiceRequest holding `spans`, written to `w` (grouped by resource, then scope,

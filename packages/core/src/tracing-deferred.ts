@@ -103,6 +103,7 @@ export type SpanSink = (spans: SpanRecord[]) => void;
  * be transferred to another thread).
  */
 export interface EncodedSink {
+  /** The spans whose bytes end at each of `ends` in `bytes`: valid during the call only (copy what is kept). */
   encoded(bytes: Uint8Array, ends: Uint32Array): void;
 }
 
@@ -363,9 +364,11 @@ export class DeferredTracer implements Tracer {
   private post(sink: EncodedSink): void {
     // Nothing written (no sampled span, or none encodable): the writer is still empty.
     if (this.ends.length === 0 || this.writer === undefined) return;
-    const bytes = this.writer.detach();
+    // The sink copies what it keeps: the writer goes on in the same buffer.
+    const bytes = this.writer.view();
     const ends = Uint32Array.from(this.ends);
     this.ends = [];
+    this.writer.pos = 0;
     try {
       sink.encoded(bytes, ends);
     } catch (err) {

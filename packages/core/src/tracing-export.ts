@@ -7,8 +7,8 @@
  * they are (`encodedExport`). OTLP/JSON: the SDK's OTLP/HTTP JSON exporter as it comes. Both run
  * on the process's event loop: an export is one HTTP request, every 5 s or once a batch is full.
  */
-import type { ReadableSpan, SpanExporter, SpanProcessor } from '@opentelemetry/sdk-trace-node';
-import { encodeTraceRequest, ProtoWriter, type EncodedSpan } from './otlp-protobuf.js';
+import type { SpanExporter, SpanProcessor } from '@opentelemetry/sdk-trace-node';
+import { beginScopeSpans, encodeTraceRequest, endScopeSpans, ProtoWriter, type OpenScopeSpans } from './otlp-protobuf.js';
 
 /** The batch settings the platform gives the SDK's batch processor (it reads OTEL_BSP_* for the rest). */
 export type BatchOptions = Partial<{ maxQueueSize: number; maxExportBatchSize: number; scheduledDelayMillis: number }>;
@@ -19,24 +19,31 @@ const ExportResultCode = { FAILED: 1 } as const;
 /** Writers kept for the next batches (exports run a few at a time at most). */
 const MAX_IDLE_WRITERS = 4;
 
-/**
- * A SpanExporter writing OTLP/protobuf with the platform's encoder and sending it with the SDK's
- * OTLP/HTTP export delegate: what the SDK's OTLPTraceExporter (protobuf) builds, with the
- * encoding already done.
- */
-export async function protobufExporter(): Promise<SpanExporter> {
+/** An encoded ExportTraceServiceRequest and how many spans it holds. */
+interface EncodedRequest { bytes: Uint8Array; count: number }
+
+/** The SDK's OTLP/HTTP export delegate for requests already encoded as protobuf. */
+async function protobufDelegate(): Promise<{ export(r: EncodedRequest, done: ExportCallback): void; shutdown(): Promise<void>; forceFlush(): Promise<void> }> {
   const [{ convertLegacyHttpOptions, createOtlpHttpExportDelegate }, { ProtobufTraceSerializer }] = await Promise.all([
     import('@opentelemetry/otlp-exporter-base/node-http'),
     import('@opentelemetry/otlp-transformer'),
   ]);
-  interface Encoded { bytes: Uint8Array; count: number }
-  const delegate = createOtlpHttpExportDelegate<Encoded, unknown>(
+  return createOtlpHttpExportDelegate<EncodedRequest, unknown>(
     convertLegacyHttpOptions({}, 'TRACES', 'v1/traces', { 'Content-Type': 'application/x-protobuf' }),
     { serializeRequest: (r) => r.bytes, deserializeResponse: (b) => ProtobufTraceSerializer.deserializeResponse(b) },
     'otlp_http_span_exporter',
     { name: 'span', countItems: (r) => r.count },
     undefined,
   );
+}
+
+/**
+ * A SpanExporter writing OTLP/protobuf with the platform's encoder and sending it with the SDK's
+ * OTLP/HTTP export delegate: what the SDK's OTLPTraceExporter (protobuf) builds, with the
+ * encoding already done.
+ */
+export async function protobufExporter(): Promise<SpanExporter> {
+  const delegate = await protobufDelegate();
   // Each batch is written into a writer of its own and sent from the writer's buffer, which goes
   // back to `idle` once the export succeeded (nothing refers to it then). Fresh memory for every
   // batch (a new buffer to copy the bytes into) cost far more than the copy: on a virtual machine
@@ -82,41 +89,109 @@ export async function exportProcessor(protocol: 'http/protobuf' | 'http/json', o
 
 /** Spans the event loop encoded, batched and exported on the same thread (`encodedExport`). */
 export interface EncodedExport {
-  /** The spans whose bytes end at each of `ends` in `bytes`, in order. */
+  /** The spans whose bytes end at each of `ends` in `bytes`, in order (copied: `bytes` may be reused). */
   write(bytes: Uint8Array, ends: Uint32Array): void;
   /** Export what waits, then stop. */
   shutdown(): Promise<void>;
 }
 
+/** How spans are batched: the SDK batch processor's settings (`OTEL_BSP_*`). */
+export interface BatchSettings { scheduledDelayMillis: number; maxQueueSize: number; maxExportBatchSize: number }
+
+/** A batch being filled: the request itself, its resource and scope written at its head. */
+interface OpenBatch { writer: ProtoWriter; open: OpenScopeSpans; spans: number }
+
 /**
- * OTLP/protobuf export of spans already encoded (tracing-deferred.ts): the SDK's batch processor
- * and OTLP/HTTP delegate, on the thread that recorded them, under this process's resource
- * (`service.name`, `service.version`) and the platform's scope.
+ * OTLP/protobuf export of spans already encoded (tracing-deferred.ts), batched as the batch
+ * processor of the SDK batches (`OTEL_BSP_*`: sent every `scheduledDelayMillis`, or as soon as
+ * `maxExportBatchSize` spans wait; one export at a time; past `maxQueueSize` waiting, new spans are
+ * dropped and counted) but held as bytes: each batch is the request itself, in a writer taken
+ * from a small pool, its resource and scope written at its head and each span's bytes copied in
+ * as they come. No object per span is held until its export, and no fresh memory per batch:
+ * a span's bytes cost a copy, and the request is sent from the writer's own buffer, which goes
+ * back to the pool once the export succeeded (a failed export's writer is dropped: the
+ * transport may still hold its bytes). Sent with the SDK's OTLP/HTTP export delegate
+ * (`OTEL_EXPORTER_OTLP_*`), under this process's resource and the platform's scope.
  */
-export async function encodedExport(service: string, version: string, options: BatchOptions): Promise<EncodedExport> {
-  const [{ resourceFromAttributes }, { ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION }, { TraceFlags }] = await Promise.all([
+export async function encodedExport(service: string, version: string, settings: BatchSettings): Promise<EncodedExport> {
+  const [{ resourceFromAttributes }, { ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION }, { diag }] = await Promise.all([
     import('@opentelemetry/resources'),
     import('@opentelemetry/semantic-conventions'),
     import('@opentelemetry/api'),
   ]);
-  const { BatchSpanProcessor } = await import('@opentelemetry/sdk-trace-node');
-  const processor = new BatchSpanProcessor(await protobufExporter(), options);
+  const delegate = await protobufDelegate();
   const resource = resourceFromAttributes({ [ATTR_SERVICE_NAME]: service, [ATTR_SERVICE_VERSION]: version });
-  // An encoded span in the batch processor: the processor reads its trace flags (every encoded
-  // span was sampled) and its resource; the exporter copies its bytes.
   const scope = { name: 'agentplane', version };
-  const sampled = { traceId: '', spanId: '', traceFlags: TraceFlags.SAMPLED };
-  const spanContext = (): typeof sampled => sampled;
+  const idle: ProtoWriter[] = [];
+  const ready: OpenBatch[] = [];
+  let filling: OpenBatch | undefined;
+  let waiting = 0;
+  let exporting = false;
+  let timer: NodeJS.Timeout | undefined;
+  let drained: (() => void) | undefined;
+  const batch = (): OpenBatch => {
+    const writer = idle.pop() ?? new ProtoWriter(256 * 1024);
+    writer.pos = 0;
+    return { writer, open: beginScopeSpans(writer, resource, scope), spans: 0 };
+  };
+  const pump = (): void => {
+    const next = exporting ? undefined : ready.shift();
+    if (!next) {
+      if (!exporting && ready.length === 0 && filling === undefined) drained?.();
+      return;
+    }
+    exporting = true;
+    endScopeSpans(next.writer, next.open);
+    delegate.export({ bytes: next.writer.view(), count: next.spans }, (result) => {
+      exporting = false;
+      waiting -= next.spans;
+      if (result.code === ExportResultCode.FAILED) diag.error('spans not exported', result.error);
+      else if (idle.length < MAX_IDLE_WRITERS) idle.push(next.writer);
+      pump();
+    });
+  };
+  const due = (): void => {
+    if (timer !== undefined) clearTimeout(timer);
+    timer = undefined;
+    if (filling) ready.push(filling);
+    filling = undefined;
+    pump();
+  };
   return {
     write(bytes, ends) {
       let from = 0;
-      for (const end of ends) {
-        const span: EncodedSpan & Pick<ReadableSpan, 'spanContext'> = { encoded: bytes.subarray(from, end), resource, instrumentationScope: scope, spanContext };
-        // The processor takes any object with those fields; its type names the SDK's span.
-        processor.onEnd(span as unknown as ReadableSpan);
-        from = end;
+      let dropped = 0;
+      for (let i = 0; i < ends.length;) {
+        if (waiting >= settings.maxQueueSize) {
+          dropped += ends.length - i;
+          break;
+        }
+        const b = (filling ??= batch());
+        // As many of the spans as the batch and the queue take, copied in one piece.
+        const n = Math.min(ends.length - i, settings.maxExportBatchSize - b.spans, settings.maxQueueSize - waiting);
+        const to = ends[i + n - 1] as number;
+        b.writer.raw(bytes.subarray(from, to));
+        b.spans += n;
+        waiting += n;
+        from = to;
+        i += n;
+        if (b.spans >= settings.maxExportBatchSize) {
+          ready.push(b);
+          filling = undefined;
+        }
+      }
+      if (dropped > 0) diag.warn('spans dropped: the export queue is full (OTEL_BSP_MAX_QUEUE_SIZE)');
+      if (ready.length > 0) pump();
+      if (filling && timer === undefined) {
+        timer = setTimeout(due, settings.scheduledDelayMillis);
+        timer.unref();
       }
     },
-    shutdown: () => processor.shutdown(),
+    async shutdown() {
+      const done = new Promise<void>((resolve) => (drained = resolve));
+      due();
+      await done;
+      await delegate.shutdown();
+    },
   };
 }

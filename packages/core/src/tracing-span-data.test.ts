@@ -30,7 +30,7 @@ function both(name: string, options: { kind?: SpanKind; attributes?: Attributes;
   const sdkTracer = provider.getTracer('agentplane', '0.1.0');
 
   let encoded: { bytes: Uint8Array; ends: Uint32Array } | undefined;
-  const deferred = new DeferredTracer(sampler, new PooledIdGenerator(), { encoded: (bytes, ends) => void (encoded = { bytes, ends }) });
+  const deferred = new DeferredTracer(sampler, new PooledIdGenerator(), { encoded: (bytes, ends) => void (encoded = { bytes: bytes.slice(), ends }) });
   const ours = deferred.startSpan(name, { ...options, startTime: options.startTime ?? T0 }, parent);
   providerIds.preset(ours.spanContext().traceId, ours.spanContext().spanId);
   const theirs = sdkTracer.startSpan(name, { ...options, startTime: options.startTime ?? T0 }, parent);

@@ -97,6 +97,23 @@ export function batchDefaults(): { maxQueueSize?: number; maxExportBatchSize?: n
   };
 }
 
+/**
+ * The batching settings as the SDK's batch processor resolves them (`OTEL_BSP_SCHEDULE_DELAY`,
+ * default 5,000 ms; `OTEL_BSP_MAX_QUEUE_SIZE` and `OTEL_BSP_MAX_EXPORT_BATCH_SIZE`, with the
+ * platform's defaults, `batchDefaults`; a batch no larger than the queue), for the platform's
+ * own batching of encoded spans (tracing-export.ts).
+ */
+export function batchSettings(): { scheduledDelayMillis: number; maxQueueSize: number; maxExportBatchSize: number } {
+  const number = (name: string, fallback: number): number => {
+    const v = Number(env(name));
+    return env(name) !== undefined && Number.isFinite(v) && v >= 0 ? v : fallback;
+  };
+  const defaults = batchDefaults();
+  const maxQueueSize = Math.max(1, number('OTEL_BSP_MAX_QUEUE_SIZE', defaults.maxQueueSize ?? 2048));
+  const maxExportBatchSize = Math.max(1, Math.min(maxQueueSize, number('OTEL_BSP_MAX_EXPORT_BATCH_SIZE', defaults.maxExportBatchSize ?? 512)));
+  return { scheduledDelayMillis: number('OTEL_BSP_SCHEDULE_DELAY', 5000), maxQueueSize, maxExportBatchSize };
+}
+
 let active: Tracing | null = null;
 
 /** Where tracing reports its own trouble: a failed export, a span it could not hand on. */
@@ -178,7 +195,7 @@ const bounded = (work: Promise<unknown>, ms: number): Promise<void> => new Promi
 /** OTLP/protobuf: spans encoded on the event loop, batched and sent from it (tracing-export.ts). */
 async function protobufExport(service: string): Promise<Exporter> {
   const { encodedExport } = await import('./tracing-export.js');
-  const exporter = await encodedExport(service, VERSION, batchDefaults());
+  const exporter = await encodedExport(service, VERSION, batchSettings());
   return { sink: { encoded: (bytes, ends) => exporter.write(bytes, ends) }, shutdown: () => bounded(exporter.shutdown(), SHUTDOWN_MS) };
 }
 
