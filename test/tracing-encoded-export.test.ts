@@ -1,0 +1,113 @@
+import { createServer, type Server } from 'node:http';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { SpanKind } from '@opentelemetry/api';
+import { BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor, type ReadableSpan } from '@opentelemetry/sdk-trace-node';
+import { ProtobufTraceSerializer } from '@opentelemetry/otlp-transformer';
+import { resourceFromAttributes } from '@opentelemetry/resources';
+import { freePort } from '@agentplane/store';
+// Loaded by tracing.ts only when tracing is on; tested here from the build.
+import { encodedExport } from '../packages/core/dist/tracing-export.js';
+import { encodeSpan, ProtoWriter } from '../packages/core/dist/otlp-protobuf.js';
+
+/**
+ * The export of spans the event loop encoded (the default, OTLP/protobuf): batched as request
+ * bytes, by the SDK batch processor's rules, sent with the SDK's OTLP/HTTP transport to a real
+ * receiver. Each request is exactly what the SDK's serializer writes for the same spans.
+ */
+let receiver: Server;
+let port = 0;
+const bodies: Buffer[] = [];
+
+beforeAll(async () => {
+  port = await freePort();
+  receiver = createServer((req, res) => {
+    const chunks: Buffer[] = [];
+    req.on('data', (c: Buffer) => chunks.push(c));
+    req.on('end', () => {
+      bodies.push(Buffer.concat(chunks));
+      res.writeHead(200, { 'content-type': 'application/x-protobuf' }).end();
+    });
+  });
+  await new Promise<void>((r) => receiver.listen(port, '127.0.0.1', () => r()));
+  process.env.OTEL_EXPORTER_OTLP_ENDPOINT = `http://127.0.0.1:${port}`;
+});
+afterAll(async () => {
+  delete process.env.OTEL_EXPORTER_OTLP_ENDPOINT;
+  await new Promise<void>((r) => receiver.close(() => r()));
+});
+afterEach(() => {
+  bodies.length = 0;
+});
+
+/** `n` SDK spans under the resource and scope `encodedExport('export-test', '0.1.0')` exports under. */
+function sdkSpans(n: number): ReadableSpan[] {
+  const memory = new InMemorySpanExporter();
+  const provider = new BasicTracerProvider({
+    resource: resourceFromAttributes({ 'service.name': 'export-test', 'service.version': '0.1.0' }),
+    spanProcessors: [new SimpleSpanProcessor(memory)],
+  });
+  const tracer = provider.getTracer('agentplane', '0.1.0');
+  for (let i = 0; i < n; i++) tracer.startSpan(`GET ${i}`, { kind: SpanKind.SERVER, attributes: { 'url.path': `/v1/x/${i}`, n: i } }).end();
+  return memory.getFinishedSpans();
+}
+
+/** The spans encoded one after another in one buffer, as the tracer hands them on. */
+function encoded(spans: ReadableSpan[]): { bytes: Uint8Array; ends: Uint32Array } {
+  const w = new ProtoWriter(16);
+  const ends: number[] = [];
+  for (const s of spans) {
+    encodeSpan(w, s);
+    ends.push(w.pos);
+  }
+  return { bytes: w.view(), ends: Uint32Array.from(ends) };
+}
+
+const request = (spans: ReadableSpan[]): Buffer => Buffer.from(ProtobufTraceSerializer.serializeRequest(spans) as Uint8Array);
+
+const until = async (what: () => boolean): Promise<void> => {
+  const deadline = Date.now() + 10_000;
+  while (!what()) {
+    if (Date.now() > deadline) throw new Error('timed out');
+    await new Promise((r) => setTimeout(r, 10));
+  }
+};
+
+describe('encoded span export', () => {
+  it('sends a full batch at once, the rest when due or at shutdown, each request the SDK serializer\'s bytes', async () => {
+    const spans = sdkSpans(5);
+    const exporter = await encodedExport('export-test', '0.1.0', { scheduledDelayMillis: 60_000, maxQueueSize: 100, maxExportBatchSize: 2 });
+    const { bytes, ends } = encoded(spans);
+    exporter.write(bytes, ends);
+    // The caller's buffer is copied: writing over it changes nothing sent.
+    bytes.fill(0);
+    await until(() => bodies.length === 2);
+    await exporter.shutdown();
+    expect(bodies).toHaveLength(3);
+    expect(bodies).toEqual([request(spans.slice(0, 2)), request(spans.slice(2, 4)), request(spans.slice(4))]);
+  });
+
+  it('sends what waits once the schedule delay has passed', async () => {
+    const spans = sdkSpans(3);
+    const exporter = await encodedExport('export-test', '0.1.0', { scheduledDelayMillis: 50, maxQueueSize: 100, maxExportBatchSize: 100 });
+    const first = encoded(spans.slice(0, 2));
+    exporter.write(first.bytes, first.ends);
+    const second = encoded(spans.slice(2));
+    exporter.write(second.bytes, second.ends);
+    await until(() => bodies.length === 1);
+    expect(bodies[0]).toEqual(request(spans));
+    await exporter.shutdown();
+    expect(bodies).toHaveLength(1);
+  });
+
+  it('drops the spans past the queue size, and takes new ones once an export has made room', async () => {
+    const spans = sdkSpans(6);
+    const exporter = await encodedExport('export-test', '0.1.0', { scheduledDelayMillis: 50, maxQueueSize: 3, maxExportBatchSize: 10 });
+    const five = encoded(spans.slice(0, 5));
+    exporter.write(five.bytes, five.ends);
+    await until(() => bodies.length === 1);
+    const sixth = encoded(spans.slice(5));
+    exporter.write(sixth.bytes, sixth.ends);
+    await exporter.shutdown();
+    expect(bodies).toEqual([request(spans.slice(0, 3)), request(spans.slice(5))]);
+  });
+});
