@@ -12,7 +12,7 @@
  * them ended, one of two kinds. An `EncodedSink` (OTLP/protobuf, the default) gets the sampled
  * spans as OTLP Span messages, made by the SDK span's own rules (tracing-span-data.ts) and encoded
  * a batch at a time in one loop (sooner, once `FLUSH_AT` spans wait), sent on together (sooner,
- * past `POST_BYTES`); the SDK's batch processor batches and sends the bytes (tracing-export.ts).
+ * past `POST_BYTES`); the exporter batches and sends the bytes (tracing-export.ts).
  * A `SpanSink` gets plain records (`SpanRecord`), each made into an SDK span with `SdkReplay`
  * (OTLP/JSON, and tests). `SdkReplay` makes them in one hot loop: `startSpan` with the
  * recorded start time and attributes, its ids given by the id generator (the SDK's `IdGenerator`

@@ -1,11 +1,12 @@
 /**
- * Span export, chosen by the OTLP encoding; batching is the SDK's BatchSpanProcessor in both.
- * OTLP/protobuf (the default): each batch is encoded in one pass by otlp-protobuf.ts (the SDK
- * serializer's bytes at a fraction of its cost) and sent with the SDK's own OTLP/HTTP export
- * delegate, so HTTP, retries, the concurrency limit and the standard OTEL_EXPORTER_OTLP_*
- * settings stay the SDK's; spans the event loop already encoded (`EncodedSpan`) are copied as
- * they are (`encodedExport`). OTLP/JSON: the SDK's OTLP/HTTP JSON exporter as it comes. Both run
- * on the process's event loop: an export is one HTTP request, every 5 s or once a batch is full.
+ * Span export, chosen by the OTLP encoding. OTLP/protobuf (the default): spans the event loop
+ * encoded are batched as request bytes (`encodedExport`, by the SDK batch processor's rules) and
+ * sent with the SDK's own OTLP/HTTP export delegate, so HTTP, retries, the concurrency limit and
+ * the standard OTEL_EXPORTER_OTLP_* settings stay the SDK's; `protobufExporter` is the same
+ * encoding and transport as a SpanExporter of SDK spans (otlp-protobuf.ts writes the SDK
+ * serializer's bytes at a fraction of its cost). OTLP/JSON: the SDK's BatchSpanProcessor and
+ * OTLP/HTTP JSON exporter as they come. Both run on the process's event loop: an export is one
+ * HTTP request, every 5 s or once a batch is full.
  */
 import type { SpanExporter, SpanProcessor } from '@opentelemetry/sdk-trace-node';
 import { beginScopeSpans, encodeTraceRequest, endScopeSpans, ProtoWriter, type OpenScopeSpans } from './otlp-protobuf.js';
