@@ -1,43 +1,33 @@
-import { createServer, type Server } from 'node:http';
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { SpanKind } from '@opentelemetry/api';
 import { BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor, type ReadableSpan } from '@opentelemetry/sdk-trace-node';
 import { ProtobufTraceSerializer } from '@opentelemetry/otlp-transformer';
 import { resourceFromAttributes } from '@opentelemetry/resources';
-import { freePort } from '@agentplane/store';
 // Loaded by tracing.ts only when tracing is on; tested here from the build.
 import { encodedExport } from '../packages/core/dist/tracing-export.js';
 import { encodeSpan, ProtoWriter } from '../packages/core/dist/otlp-protobuf.js';
+import { startOtlpReceiver, type OtlpReceiver } from './harness/otlp-receiver.js';
 
 /**
  * The export of spans the event loop encoded (the default, OTLP/protobuf): batched as request
  * bytes, by the SDK batch processor's rules, sent with the SDK's OTLP/HTTP transport to a real
  * receiver. Each request is exactly what the SDK's serializer writes for the same spans.
  */
-let receiver: Server;
-let port = 0;
-const bodies: Buffer[] = [];
+let receiver: OtlpReceiver;
 
 beforeAll(async () => {
-  port = await freePort();
-  receiver = createServer((req, res) => {
-    const chunks: Buffer[] = [];
-    req.on('data', (c: Buffer) => chunks.push(c));
-    req.on('end', () => {
-      bodies.push(Buffer.concat(chunks));
-      res.writeHead(200, { 'content-type': 'application/x-protobuf' }).end();
-    });
-  });
-  await new Promise<void>((r) => receiver.listen(port, '127.0.0.1', () => r()));
-  process.env.OTEL_EXPORTER_OTLP_ENDPOINT = `http://127.0.0.1:${port}`;
+  receiver = await startOtlpReceiver();
+  process.env.OTEL_EXPORTER_OTLP_ENDPOINT = receiver.url;
 });
 afterAll(async () => {
   delete process.env.OTEL_EXPORTER_OTLP_ENDPOINT;
-  await new Promise<void>((r) => receiver.close(() => r()));
+  await receiver.close();
 });
-afterEach(() => {
-  bodies.length = 0;
+beforeEach(() => {
+  receiver.received.length = 0;
 });
+/** The bodies received so far. */
+const received = (): Buffer[] => receiver.received.map((r) => r.body);
 
 /** `n` SDK spans under the resource and scope `encodedExport('export-test', '0.1.0')` exports under. */
 function sdkSpans(n: number): ReadableSpan[] {
@@ -80,10 +70,10 @@ describe('encoded span export', () => {
     exporter.write(bytes, ends);
     // The caller's buffer is copied: writing over it changes nothing sent.
     bytes.fill(0);
-    await until(() => bodies.length === 2);
+    await until(() => received().length === 2);
     await exporter.shutdown();
-    expect(bodies).toHaveLength(3);
-    expect(bodies).toEqual([request(spans.slice(0, 2)), request(spans.slice(2, 4)), request(spans.slice(4))]);
+    expect(received()).toHaveLength(3);
+    expect(received()).toEqual([request(spans.slice(0, 2)), request(spans.slice(2, 4)), request(spans.slice(4))]);
   });
 
   it('sends what waits once the schedule delay has passed', async () => {
@@ -93,10 +83,10 @@ describe('encoded span export', () => {
     exporter.write(first.bytes, first.ends);
     const second = encoded(spans.slice(2));
     exporter.write(second.bytes, second.ends);
-    await until(() => bodies.length === 1);
-    expect(bodies[0]).toEqual(request(spans));
+    await until(() => received().length === 1);
+    expect(received()[0]).toEqual(request(spans));
     await exporter.shutdown();
-    expect(bodies).toHaveLength(1);
+    expect(received()).toHaveLength(1);
   });
 
   it('drops the spans past the queue size, and takes new ones once an export has made room', async () => {
@@ -104,10 +94,10 @@ describe('encoded span export', () => {
     const exporter = await encodedExport('export-test', '0.1.0', { scheduledDelayMillis: 50, maxQueueSize: 3, maxExportBatchSize: 10 });
     const five = encoded(spans.slice(0, 5));
     exporter.write(five.bytes, five.ends);
-    await until(() => bodies.length === 1);
+    await until(() => received().length === 1);
     const sixth = encoded(spans.slice(5));
     exporter.write(sixth.bytes, sixth.ends);
     await exporter.shutdown();
-    expect(bodies).toEqual([request(spans.slice(0, 3)), request(spans.slice(5))]);
+    expect(received()).toEqual([request(spans.slice(0, 3)), request(spans.slice(5))]);
   });
 });

@@ -1,10 +1,11 @@
-import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
+import { createServer } from 'node:http';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { context, SpanKind, SpanStatusCode, trace, TraceFlags } from '@opentelemetry/api';
 import { BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor, type ReadableSpan } from '@opentelemetry/sdk-trace-node';
 import { JsonTraceSerializer, ProtobufTraceSerializer } from '@opentelemetry/otlp-transformer';
 import { resourceFromAttributes } from '@opentelemetry/resources';
 import { freePort } from '@agentplane/store';
+import { startOtlpReceiver, type OtlpReceiver, type Received } from './harness/otlp-receiver.js';
 // The export processor is loaded by tracing.ts only when tracing is on; it is tested here from the build.
 import { exportProcessor, protobufExporter } from '../packages/core/dist/tracing-export.js';
 
@@ -14,40 +15,28 @@ import { exportProcessor, protobufExporter } from '../packages/core/dist/tracing
  * receiver. What arrives is exactly what the SDK's own serializers write for the same spans, in
  * either encoding.
  */
-interface Received { path: string; headers: IncomingHttpHeaders; body: Buffer }
-
 const RESOURCE = { 'service.name': 'export-test', 'service.version': '0.1.0' };
-let receiver: Server;
-let port = 0;
-let status = 200;
-const received: Received[] = [];
+let receiver: OtlpReceiver;
+let received: Received[] = [];
 /** The variables these tests set (removed after each). */
 const SET_HERE = ['OTEL_EXPORTER_OTLP_ENDPOINT', 'OTEL_EXPORTER_OTLP_TRACES_ENDPOINT', 'OTEL_EXPORTER_OTLP_HEADERS'];
 
 beforeAll(async () => {
-  port = await freePort();
-  receiver = createServer((req, res) => {
-    const chunks: Buffer[] = [];
-    req.on('data', (c: Buffer) => chunks.push(c));
-    req.on('end', () => {
-      received.push({ path: req.url ?? '', headers: req.headers, body: Buffer.concat(chunks) });
-      res.writeHead(status, { 'content-type': 'application/json' }).end('{}');
-    });
-  });
-  await new Promise<void>((r) => receiver.listen(port, '127.0.0.1', () => r()));
+  receiver = await startOtlpReceiver();
+  received = receiver.received;
 });
 afterAll(async () => {
-  await new Promise<void>((r) => receiver.close(() => r()));
+  await receiver.close();
 });
 afterEach(() => {
   for (const name of SET_HERE) delete process.env[name];
   received.length = 0;
-  status = 200;
+  receiver.status = 200;
 });
 
 /** `count` SERVER spans with a child each, exported through `protocol`'s processor; the spans as the SDK kept them. */
 async function exportSpans(protocol: 'http/protobuf' | 'http/json', count: number): Promise<ReadableSpan[]> {
-  process.env.OTEL_EXPORTER_OTLP_ENDPOINT = `http://127.0.0.1:${port}`;
+  process.env.OTEL_EXPORTER_OTLP_ENDPOINT = receiver.url;
   const memory = new InMemorySpanExporter();
   const processor = await exportProcessor(protocol, { maxExportBatchSize: 512, maxQueueSize: 2048, scheduledDelayMillis: 60_000 });
   const provider = new BasicTracerProvider({ resource: resourceFromAttributes(RESOURCE), spanProcessors: [new SimpleSpanProcessor(memory), processor] });
@@ -85,12 +74,12 @@ describe('span export', () => {
   });
 
   it('honours the traces endpoint and headers variables, and reports a refused export as failed', async () => {
-    process.env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = `http://127.0.0.1:${port}/custom/traces`;
+    process.env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = `${receiver.url}/custom/traces`;
     process.env.OTEL_EXPORTER_OTLP_HEADERS = 'x-tenant=acme';
     // The spans of an earlier export, sent again by the exporter: the refusal is its FAILED result.
     const spans = await exportSpans('http/protobuf', 1);
     received.length = 0;
-    status = 400;
+    receiver.status = 400;
     const exporter = await protobufExporter();
     expect(await new Promise<number>((resolve) => exporter.export(spans, (r) => resolve(r.code)))).toBe(1);
     await exporter.shutdown();
