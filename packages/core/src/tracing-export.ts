@@ -8,6 +8,7 @@
  * OTLP/HTTP JSON exporter as they come. Both run on the process's event loop: an export is one
  * HTTP request, every 5 s or once a batch is full.
  */
+import { diag } from '@opentelemetry/api';
 import type { SpanExporter, SpanProcessor } from '@opentelemetry/sdk-trace-node';
 import { beginScopeSpans, encodeTraceRequest, endScopeSpans, ProtoWriter, type OpenScopeSpans } from './otlp-protobuf.js';
 
@@ -115,10 +116,9 @@ interface OpenBatch { writer: ProtoWriter; open: OpenScopeSpans; spans: number }
  * (`OTEL_EXPORTER_OTLP_*`), under this process's resource and the platform's scope.
  */
 export async function encodedExport(service: string, version: string, settings: BatchSettings): Promise<EncodedExport> {
-  const [{ resourceFromAttributes }, { ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION }, { diag }] = await Promise.all([
+  const [{ resourceFromAttributes }, { ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION }] = await Promise.all([
     import('@opentelemetry/resources'),
     import('@opentelemetry/semantic-conventions'),
-    import('@opentelemetry/api'),
   ]);
   const delegate = await protobufDelegate();
   const resource = resourceFromAttributes({ [ATTR_SERVICE_NAME]: service, [ATTR_SERVICE_VERSION]: version });
