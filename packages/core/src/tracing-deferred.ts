@@ -49,10 +49,21 @@ export interface PresetIdGenerator {
  * exporter's batch processor sends at most every few seconds anyway.
  */
 const FLUSH_MS = 500;
-/** …but encoded at once (on the next turn of the event loop) when this many wait… */
-const FLUSH_AT = 256;
+/**
+ * …but encoded at once (on the next turn of the event loop) when this many wait… Few enough that
+ * a span is rarely alive at a young-generation collection: with 256, a traced API at full load
+ * held a few hundred ended spans most of the time, its scavenges took twice as long (median
+ * 1.36 against 0.60 ms with tracing off, measured with `--trace-gc`) and its old generation grew
+ * by some 3 MB a second of dead spans until a mark-compact; with 128, 64 or 32 the scavenges cost
+ * what they cost untraced, within 0.1 ms, and nothing piled up (docs/OPERATIONS.md).
+ */
+const FLUSH_AT = 64;
 /** …and handed on at once when this many encoded bytes wait. */
 const POST_BYTES = 256 * 1024;
+
+/** What a sampler is shown for a span started without attributes or links (samplers only read them). */
+const NO_ATTRIBUTES: Attributes = Object.freeze({});
+const NO_LINKS: Link[] = Object.freeze([]) as unknown as Link[];
 
 /** The key `suppressTracing` (@opentelemetry/core) sets in a context. */
 const SUPPRESS_TRACING = Symbol.for('OpenTelemetry SDK Context Key SUPPRESS_TRACING');
@@ -274,7 +285,7 @@ export class DeferredTracer implements Tracer {
     const traceId = validParent ? parent.traceId : this.ids.generateTraceId();
     const spanId = this.ids.generateSpanId();
     const kind = options.kind ?? SpanKind.INTERNAL;
-    const result = this.sampler.shouldSample(ctx, traceId, name, kind, options.attributes ?? {}, options.links ?? []);
+    const result = this.sampler.shouldSample(ctx, traceId, name, kind, options.attributes ?? NO_ATTRIBUTES, options.links ?? NO_LINKS);
     const traceState = result.traceState ?? (validParent ? parent.traceState : undefined);
     const spanContext: SpanContext = {
       traceId, spanId,
