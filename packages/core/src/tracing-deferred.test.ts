@@ -140,7 +140,7 @@ describe('the deferred tracer', () => {
     expect(exported().map((s) => s.spanContext().spanId)).toEqual([seen]);
   });
 
-  it('hands encoded spans to the exporter in one call 500 ms after the first ended, at once when asked or past 256 KiB', () => {
+  it('hands encoded spans to the exporter in one call 500 ms after the first ended, at once when asked or past 256 KiB (encoded once 64 wait)', () => {
     vi.useFakeTimers();
     try {
       const sent: { bytes: number; spans: number }[] = [];
@@ -175,12 +175,25 @@ describe('the deferred tracer', () => {
       expect(sent).toHaveLength(4);
       expect(sent[3]?.spans).toBe(300);
       expect(sent[3]?.bytes).toBeGreaterThanOrEqual(256 * 1024);
-      // Past 256 spans waiting they are encoded at once, but wait for their time to leave.
-      for (let i = 0; i < 260; i++) tracer.startSpan('small', {}, ROOT_CONTEXT).end();
+      // Past 64 spans waiting they are encoded at once (on the next turn of the event loop):
+      // 63 spans of 4.5 KB wait, unencoded, for their time; the 64th has them encoded, and past
+      // 256 KiB they leave.
+      const mid = 'x'.repeat(4500);
+      for (let i = 0; i < 63; i++) tracer.startSpan('mid', { attributes: { name: mid } }, ROOT_CONTEXT).end();
       vi.advanceTimersByTime(0);
       expect(sent).toHaveLength(4);
+      tracer.startSpan('mid', { attributes: { name: mid } }, ROOT_CONTEXT).end();
+      vi.advanceTimersByTime(0);
+      expect(sent).toHaveLength(5);
+      expect(sent[4]?.spans).toBe(64);
+      expect(sent[4]?.bytes).toBeGreaterThanOrEqual(256 * 1024);
+      // Small spans past 64 are encoded at once too, but wait for their time to leave.
       vi.advanceTimersByTime(500);
-      expect(sent[4]?.spans).toBe(260);
+      for (let i = 0; i < 70; i++) tracer.startSpan('small', {}, ROOT_CONTEXT).end();
+      vi.advanceTimersByTime(0);
+      expect(sent).toHaveLength(5);
+      vi.advanceTimersByTime(500);
+      expect(sent[5]?.spans).toBe(70);
     } finally {
       vi.useRealTimers();
     }

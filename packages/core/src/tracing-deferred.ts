@@ -54,7 +54,7 @@ const FLUSH_MS = 500;
  * a span is rarely alive at a young-generation collection: with 256, a traced API at full load
  * held a few hundred ended spans most of the time, its scavenges took twice as long (median
  * 1.36 against 0.60 ms with tracing off, measured with `--trace-gc`) and its old generation grew
- * by some 3 MB a second of dead spans until a mark-compact; with 128, 64 or 32 the scavenges cost
+ * by 2–3 MB a second of dead spans until a mark-compact; with 128, 64 or 32 the scavenges cost
  * what they cost untraced, within 0.1 ms, and nothing piled up (docs/OPERATIONS.md).
  */
 const FLUSH_AT = 64;
