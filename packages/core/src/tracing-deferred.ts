@@ -110,8 +110,8 @@ export type SpanSink = (spans: SpanRecord[]) => void;
 /**
  * Where ended spans go as OTLP/protobuf: `bytes` holds the sampled spans of a batch, each a Span
  * message as field 2 of ScopeSpans (otlp-protobuf.ts `encodeSpan`), made by the SDK's span rules
- * (tracing-span-data.ts); span i ends at `ends[i]`. Both buffers are the sink's to keep (they can
- * be transferred to another thread).
+ * (tracing-span-data.ts); span i ends at `ends[i]`. `bytes` is a view of the tracer's own writer,
+ * which goes on in the same buffer after the call: the sink copies what it keeps; `ends` is its own.
  */
 export interface EncodedSink {
   /** The spans whose bytes end at each of `ends` in `bytes`: valid during the call only (copy what is kept). */

@@ -6,8 +6,9 @@
  * exporter's endpoint, headers and timeout come from the SDK's own OTEL_* variables. With
  * OTLP/protobuf each batch is encoded in one pass by the platform's encoder (tracing-export.ts).
  * Spans are recorded on the event loop as plain records and handed on in batches (tracing-deferred.ts):
- * with OTLP/protobuf encoded there a batch at a time and sent from the same loop by the SDK's
- * batch processor and OTLP/HTTP transport (tracing-export.ts), every 5 s or once a batch is full.
+ * with OTLP/protobuf encoded there a batch at a time, batched as request bytes by the SDK batch
+ * processor's rules and sent from the same loop with the SDK's OTLP/HTTP transport
+ * (tracing-export.ts), every 5 s or once a batch is full.
  *
  * Trace context crosses processes as W3C `traceparent`/`tracestate`: HTTP headers into the API,
  * the Run's queue job (`RunJobData.trace`), and the runner protocol's frame envelope.
