@@ -1,6 +1,6 @@
 import type { IncomingMessage } from 'node:http';
 import type Koa from 'koa';
-import Router from '@koa/router';
+import Router, { type RouterMiddleware } from '@koa/router';
 import {
   ApiError, BUCKETS, Counter, extractTrace, failSpan, Histogram, newRequestId, reportIncident, requestIdFrom, SpanKind, SpanStatusCode, spanTraceId, startSpanLazily,
   statusLabel, tracingEnabled, type Attributes, type Context, type Span,
@@ -180,7 +180,8 @@ export function requestBoundary(deps: ApiDeps): Koa.Middleware {
  * turn (with ~200 routes, matching them all was ~5% of an API process's CPU under load).
  */
 export class OperationRoutes {
-  private readonly areas = new Map<string, { router: Router }>();
+  /** Per area: its router (for `match`: the methods a path serves) and its routes by method, in registration order. */
+  private readonly areas = new Map<string, { router: Router; byMethod: Map<string, RouteLayer[]> }>();
 
   /** The area key of a path: its first two segments, lower-cased (routes match case-insensitively). */
   static areaOf(path: string): string {
@@ -189,32 +190,43 @@ export class OperationRoutes {
     return (j < 0 ? path : path.slice(0, j)).toLowerCase();
   }
 
-  /** The router of the area `path` belongs to, created on first use. */
-  routerFor(path: string): Router {
+  /** Registers `handler` at `method` and `path` (a `:param` path) in the path's area. */
+  add(method: 'get' | 'post' | 'patch' | 'put' | 'delete', path: string, handler: RouterMiddleware): void {
     const key = OperationRoutes.areaOf(path);
-    const known = this.areas.get(key);
-    if (known) return known.router;
-    const router = new Router();
-    this.areas.set(key, { router });
-    return router;
+    let area = this.areas.get(key);
+    if (!area) this.areas.set(key, (area = { router: new Router(), byMethod: new Map() }));
+    area.router[method](path, handler);
+    const layer = area.router.stack[area.router.stack.length - 1];
+    if (!layer) throw new Error(`route ${method} ${path} was not registered`);
+    // A GET route also serves HEAD (the router lists both).
+    for (const m of layer.methods) {
+      const list = area.byMethod.get(m);
+      if (list) list.push(layer);
+      else area.byMethod.set(m, [layer]);
+    }
   }
 
   /**
    * Dispatches to the first route registered for the path and method, as the router's own
-   * middleware would (its routes never call `next`), with the router's matching and parameter
-   * decoding, but without the per-request work that middleware adds for features these routes
-   * do not use (host matching, nested routers, a composed chain built per request).
+   * middleware would (its routes never call `next`), with the router's parameter decoding, but
+   * tested only against the area's routes of that method (the router's own matching tests every
+   * route of the area and logs each test through its debug hook, which builds arguments even when
+   * off), and without the per-request work that middleware adds for features these routes do not
+   * use (host matching, nested routers, a composed chain built per request).
    */
   routes(): Koa.Middleware {
     return (ctx, next) => {
       const path = ctx.path;
-      const area = this.areas.get(OperationRoutes.areaOf(path));
-      if (!area) return next();
-      const layer = area.router.match(path, ctx.method).pathAndMethod.find((l) => l.methods.length > 0);
-      const handler = layer?.stack[0];
-      if (!layer || !handler) return next();
-      ctx.params = layer.params(path, layer.captures(path));
-      return Promise.resolve(handler(ctx as Parameters<typeof handler>[0], next));
+      const layers = this.areas.get(OperationRoutes.areaOf(path))?.byMethod.get(ctx.method);
+      if (!layers) return next();
+      for (const layer of layers) {
+        if (!layer.match(path)) continue;
+        const handler = layer.stack[0];
+        if (!handler) return next();
+        ctx.params = layer.params(path, layer.captures(path));
+        return Promise.resolve(handler(ctx as Parameters<typeof handler>[0], next));
+      }
+      return next();
     };
   }
 
@@ -222,6 +234,8 @@ export class OperationRoutes {
     return this.areas.get(OperationRoutes.areaOf(path))?.router.match(path, method) ?? null;
   }
 }
+
+type RouteLayer = Router['stack'][number];
 
 export interface OperationRouter {
   router: OperationRoutes;
@@ -257,7 +271,7 @@ export function buildRouter(operations: readonly Operation[], deps: ApiDeps): Op
       if (!child) opRequests.set(label, (child = requests.labels({ operation: op.operationId, status: label })));
       child.inc();
     };
-    router.routerFor(path)[method](path, async (ctx) => {
+    router.add(method, path, async (ctx) => {
       const started = process.hrtime.bigint();
       let status = 500;
       const requestId = requestIdOf(ctx);
