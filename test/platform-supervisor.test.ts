@@ -15,10 +15,18 @@ afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
 interface Logged { level: 'info' | 'warn'; fields: Record<string, unknown>; msg: string }
 
-function recorder(): { log: Logger; lines: Logged[] } {
+/**
+ * A logger that keeps its lines. Its `flush` (the lines written) answers at once, or, with
+ * `hold`, only when the test calls the flush it was handed.
+ */
+function recorder(options: { hold?: (flushed: () => void) => void } = {}): { log: Logger; lines: Logged[] } {
   const lines: Logged[] = [];
   const at = (level: Logged['level']) => (fields: Record<string, unknown>, msg: string) => lines.push({ level, fields, msg });
-  const log = { info: at('info'), warn: at('warn'), error: at('warn'), debug: () => undefined } as unknown as Logger;
+  const flush = (cb?: () => void): void => {
+    if (options.hold) options.hold(() => cb?.());
+    else cb?.();
+  };
+  const log = { info: at('info'), warn: at('warn'), error: at('warn'), debug: () => undefined, flush } as unknown as Logger;
   return { log, lines };
 }
 
@@ -65,5 +73,33 @@ setInterval(() => undefined, 1000);
     expect(order.slice(2, 4).sort()).toEqual(['stopping second', 'stopping third']);
     expect(order.slice(4).sort()).toEqual(['stopped second', 'stopped third']);
     expect(lines.every((l) => l.level === 'info')).toBe(true);
+  });
+
+  it('signals no child of a stage before the lines logged up to its stop are written (children share its stdout)', async () => {
+    const script = join(dir, 'polite.mjs');
+    writeFileSync(script, `process.on('SIGTERM', () => process.exit(0));
+setInterval(() => undefined, 1000);
+`);
+    const steps: string[] = [];
+    // The write completes a turn of the event loop after it was asked for: a stop that signalled
+    // without waiting for it would have signalled by then.
+    const { log, lines } = recorder({ hold: (flushed) => {
+      steps.push('flush asked');
+      setImmediate(() => {
+        steps.push('flushed');
+        flushed();
+      });
+    } });
+    const supervisor = new Supervisor(log, false);
+    const proc = supervisor.start({ name: 'polite', script, env: {}, stopGraceMs: 10_000 });
+    const kill = proc.kill.bind(proc);
+    proc.kill = (signal?: NodeJS.Signals | number) => {
+      steps.push(`kill ${String(signal)}`);
+      return kill(signal);
+    };
+    const [result] = await supervisor.stopStage(['polite']);
+    expect(result).toMatchObject({ name: 'polite', killed: false });
+    expect(steps).toEqual(['flush asked', 'flushed', 'kill SIGTERM']);
+    expect(lines.map((l) => l.msg)).toEqual(['stopping platform process', 'platform process stopped']);
   });
 });

@@ -27,6 +27,9 @@ export interface StopResult {
   ms: number;
 }
 
+/** How long a stage's stop waits for the lines logged before it to be written. */
+const LOG_FLUSH_WAIT_MS = 1000;
+
 /**
  * Runs the platform's processes and restarts any that die unexpectedly (capped backoff).
  *
@@ -85,10 +88,23 @@ export class Supervisor {
   /** Stop these children together; resolves when every one has exited. */
   async stopStage(names: readonly string[]): Promise<StopResult[]> {
     this.stopping = true;
-    return Promise.all(names.flatMap((name) => {
+    const stage = names.flatMap((name) => {
       const child = this.children.get(name);
-      return child ? [this.stopChild(name, child.spec, child.proc)] : [];
-    }));
+      return child ? [{ name, ...child }] : [];
+    });
+    for (const { name, proc } of stage) if (proc.exitCode === null && proc.signalCode === null) this.log.info({ child: name }, 'stopping platform process');
+    // What was logged up to here is written before any child of the stage hears of the stop: the
+    // logger writes stdout asynchronously and the children share it, so a child's own first line
+    // of stopping could otherwise come before the line that says why. (Not longer than a second:
+    // a stdout nobody reads must not keep the children from being stopped.)
+    await new Promise<void>((resolve) => {
+      const timer = setTimeout(resolve, LOG_FLUSH_WAIT_MS);
+      this.log.flush(() => {
+        clearTimeout(timer);
+        resolve();
+      });
+    });
+    return Promise.all(stage.map(({ name, spec, proc }) => this.stopChild(name, spec, proc)));
   }
 
   /** Every child not stopped yet, together. */
@@ -125,7 +141,6 @@ export class Supervisor {
         this.log.info({ child: name, code, signal, ms: Date.now() - started }, 'platform process stopped');
         resolve({ name, killed, ms: Date.now() - started });
       });
-      this.log.info({ child: name }, 'stopping platform process');
       proc.kill('SIGTERM');
     });
   }
