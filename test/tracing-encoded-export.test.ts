@@ -1,3 +1,4 @@
+import { createServer } from 'node:http';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { SpanKind } from '@opentelemetry/api';
 import { BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor, type ReadableSpan } from '@opentelemetry/sdk-trace-node';
@@ -6,6 +7,7 @@ import { resourceFromAttributes } from '@opentelemetry/resources';
 // Loaded by tracing.ts only when tracing is on; tested here from the build.
 import { encodedExport } from '../packages/core/dist/tracing-export.js';
 import { encodeSpan, ProtoWriter } from '../packages/core/dist/otlp-protobuf.js';
+import { freePort } from '@agentplane/store';
 import { startOtlpReceiver, type OtlpReceiver } from './harness/otlp-receiver.js';
 
 /**
@@ -25,6 +27,7 @@ afterAll(async () => {
 });
 beforeEach(() => {
   receiver.received.length = 0;
+  receiver.status = 200;
 });
 /** The bodies received so far. */
 const received = (): Buffer[] => receiver.received.map((r) => r.body);
@@ -99,5 +102,83 @@ describe('encoded span export', () => {
     exporter.write(sixth.bytes, sixth.ends);
     await exporter.shutdown();
     expect(received()).toEqual([request(spans.slice(0, 3)), request(spans.slice(5))]);
+  });
+  it('goes to the traces endpoint with the headers OTEL_EXPORTER_OTLP_* name, as application/x-protobuf; a refused batch is not sent again', async () => {
+    process.env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = `${receiver.url}/custom/traces`;
+    process.env.OTEL_EXPORTER_OTLP_HEADERS = 'x-tenant=acme';
+    try {
+      const spans = sdkSpans(2);
+      const exporter = await encodedExport('export-test', '0.1.0', { scheduledDelayMillis: 60_000, maxQueueSize: 10, maxExportBatchSize: 1 });
+      receiver.status = 400;
+      const first = encoded(spans.slice(0, 1));
+      exporter.write(first.bytes, first.ends);
+      await until(() => received().length === 1);
+      receiver.status = 200;
+      const second = encoded(spans.slice(1));
+      exporter.write(second.bytes, second.ends);
+      await exporter.shutdown();
+      expect(receiver.received.map((r) => [r.path, r.headers['content-type'], r.headers['x-tenant']])).toEqual([
+        ['/custom/traces', 'application/x-protobuf', 'acme'],
+        ['/custom/traces', 'application/x-protobuf', 'acme'],
+      ]);
+      // The refused batch's buffer is not reused for the next (the transport may still hold it).
+      expect(received()).toEqual([request(spans.slice(0, 1)), request(spans.slice(1))]);
+    } finally {
+      delete process.env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT;
+      delete process.env.OTEL_EXPORTER_OTLP_HEADERS;
+    }
+  });
+
+  it('keeps the bytes of an export in flight while the next batches are written, and reuses a buffer only after its export', async () => {
+    const [a, b] = sdkSpans(2) as [ReadableSpan, ReadableSpan];
+    // Batches of several MB, so that much of a body still waits in its socket while the receiver
+    // holds the first request unread and the next batch is written.
+    const batchA = Array<ReadableSpan>(40_000).fill(a);
+    const batchB = Array<ReadableSpan>(40_000).fill(b);
+    const bodies: Buffer[] = [];
+    let held: (() => void) | undefined;
+    let firstArrived: () => void = () => undefined;
+    const arrived = new Promise<void>((r) => (firstArrived = r));
+    const slow = createServer((req, res) => {
+      const read = (): void => {
+        const chunks: Buffer[] = [];
+        req.on('data', (c: Buffer) => chunks.push(c));
+        req.on('end', () => {
+          bodies.push(Buffer.concat(chunks));
+          res.writeHead(200, { 'content-type': 'application/x-protobuf' }).end();
+        });
+        req.resume();
+      };
+      if (held === undefined) {
+        req.pause();
+        held = read;
+        firstArrived();
+      } else read();
+    });
+    const port = await freePort();
+    await new Promise<void>((r) => slow.listen(port, '127.0.0.1', () => r()));
+    const endpoint = process.env.OTEL_EXPORTER_OTLP_ENDPOINT;
+    process.env.OTEL_EXPORTER_OTLP_ENDPOINT = `http://127.0.0.1:${port}`;
+    try {
+      const exporter = await encodedExport('export-test', '0.1.0', { scheduledDelayMillis: 60_000, maxQueueSize: 200_000, maxExportBatchSize: 40_000 });
+      const [encA, encB] = [encoded(batchA), encoded(batchB)];
+      exporter.write(encA.bytes, encA.ends);
+      await arrived;
+      // Written while the first request is in flight, unread: into a buffer of its own.
+      exporter.write(encB.bytes, encB.ends);
+      held?.();
+      await until(() => bodies.length === 1);
+      // The first export is done: its buffer takes the third batch while the second is in flight.
+      exporter.write(encA.bytes, encA.ends);
+      await exporter.shutdown();
+      const [wantA, wantB] = [request(batchA), request(batchB)];
+      expect(wantA.length).toBeGreaterThan(2 * 1024 * 1024);
+      // Compared as names: a diff of MBs of bytes is no use.
+      const which = (body: Buffer): string => (body.equals(wantA) ? 'A' : body.equals(wantB) ? 'B' : `neither (${body.length} bytes)`);
+      expect(bodies.map(which)).toEqual(['A', 'B', 'A']);
+    } finally {
+      process.env.OTEL_EXPORTER_OTLP_ENDPOINT = endpoint;
+      await new Promise<void>((r) => slow.close(() => r()));
+    }
   });
 });

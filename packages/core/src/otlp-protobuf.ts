@@ -31,17 +31,6 @@ export interface EncodableSpan {
   status: SpanStatus;
 }
 
-/**
- * A span already encoded (its Span message as field 2 of ScopeSpans, `encodeSpan`'s bytes), with
- * the resource and scope it is exported under: how the SDK's batch processor holds the spans the
- * event loop encoded.
- */
-export interface EncodedSpan {
-  encoded: Uint8Array;
-  resource: ReadableSpan['resource'];
-  instrumentationScope: ReadableSpan['instrumentationScope'];
-}
-
 /** OTLP span flags: the low byte is the W3C trace flags; bit 8 says whether bit 9 (remote parent) is known. */
 const HAS_IS_REMOTE = 0x100;
 const IS_REMOTE = 0x200;
@@ -454,10 +443,12 @@ export function endScopeSpans(w: ProtoWriter, open: OpenScopeSpans): void {
 
 /**
  * An ExportTraceServiceRequest holding `spans`, written to `w` (grouped by resource, then scope,
- * in first-seen order); a span already encoded is copied as it is.
+ * in first-seen order). The export itself writes one resource and scope as spans come
+ * (`beginScopeSpans`); this whole-request form is what the encoder is checked against the SDK's
+ * serializer with.
  */
-export function encodeTraceRequest(w: ProtoWriter, spans: readonly (ReadableSpan | EncodedSpan)[]): void {
-  const groups = new Map<Resource, Map<Scope, (ReadableSpan | EncodedSpan)[]>>();
+export function encodeTraceRequest(w: ProtoWriter, spans: readonly ReadableSpan[]): void {
+  const groups = new Map<Resource, Map<Scope, ReadableSpan[]>>();
   for (const s of spans) {
     let scopes = groups.get(s.resource);
     if (!scopes) groups.set(s.resource, (scopes = new Map()));
@@ -471,10 +462,7 @@ export function encodeTraceRequest(w: ProtoWriter, spans: readonly (ReadableSpan
     for (const [scope, list] of scopes) {
       const ss = w.beginField(2);
       w.raw(encodedScope(scope));
-      for (const s of list) {
-        if ('encoded' in s) w.raw(s.encoded);
-        else encodeSpan(w, s);
-      }
+      for (const s of list) encodeSpan(w, s);
       if (scope.schemaUrl) w.stringField(3, scope.schemaUrl);
       w.end(ss);
     }

@@ -2,18 +2,14 @@
  * Span export, chosen by the OTLP encoding. OTLP/protobuf (the default): spans the event loop
  * encoded are batched as request bytes (`encodedExport`, by the SDK batch processor's rules) and
  * sent with the SDK's own OTLP/HTTP export delegate, so HTTP, retries, the concurrency limit and
- * the standard OTEL_EXPORTER_OTLP_* settings stay the SDK's; `protobufExporter` is the same
- * encoding and transport as a SpanExporter of SDK spans (otlp-protobuf.ts writes the SDK
+ * the standard OTEL_EXPORTER_OTLP_* settings stay the SDK's (otlp-protobuf.ts writes the SDK
  * serializer's bytes at a fraction of its cost). OTLP/JSON: the SDK's BatchSpanProcessor and
  * OTLP/HTTP JSON exporter as they come. Both run on the process's event loop: an export is one
  * HTTP request, every 5 s or once a batch is full.
  */
 import { diag } from '@opentelemetry/api';
 import type { SpanExporter, SpanProcessor } from '@opentelemetry/sdk-trace-node';
-import { beginScopeSpans, encodeTraceRequest, endScopeSpans, ProtoWriter, type OpenScopeSpans } from './otlp-protobuf.js';
-
-/** The batch settings the platform gives the SDK's batch processor (it reads OTEL_BSP_* for the rest). */
-export type BatchOptions = Partial<{ maxQueueSize: number; maxExportBatchSize: number; scheduledDelayMillis: number }>;
+import { beginScopeSpans, endScopeSpans, ProtoWriter, type OpenScopeSpans } from './otlp-protobuf.js';
 
 type ExportCallback = Parameters<SpanExporter['export']>[1];
 /** The SDK's `ExportResultCode` (its enum lives in @opentelemetry/core, not a dependency here). */
@@ -39,54 +35,13 @@ async function protobufDelegate(): Promise<{ export(r: EncodedRequest, done: Exp
   );
 }
 
-/**
- * A SpanExporter writing OTLP/protobuf with the platform's encoder and sending it with the SDK's
- * OTLP/HTTP export delegate: what the SDK's OTLPTraceExporter (protobuf) builds, with the
- * encoding already done.
- */
-export async function protobufExporter(): Promise<SpanExporter> {
-  const delegate = await protobufDelegate();
-  // Each batch is written into a writer of its own and sent from the writer's buffer, which goes
-  // back to `idle` once the export succeeded (nothing refers to it then). Fresh memory for every
-  // batch (a new buffer to copy the bytes into) cost far more than the copy: on a virtual machine
-  // each new page of a batch's buffer faults in, about 1.6 ms for a batch of 2,048 GET spans
-  // against 0.02 ms to fill a buffer already in use. A failed export's writer is dropped: the
-  // transport may still hold its bytes.
-  const idle: ProtoWriter[] = [];
-  const release = (writer: ProtoWriter): void => {
-    writer.pos = 0;
-    if (idle.length < MAX_IDLE_WRITERS) idle.push(writer);
-  };
-  return {
-    export(spans, done: ExportCallback): void {
-      const writer = idle.pop() ?? new ProtoWriter(256 * 1024);
-      let bytes: Uint8Array;
-      try {
-        encodeTraceRequest(writer, spans);
-        bytes = writer.view();
-      } catch (err) {
-        // A batch that cannot be encoded fails as an export does (the batch processor counts it
-        // and goes on), and leaves nothing half-written for the next one.
-        release(writer);
-        done({ code: ExportResultCode.FAILED, error: err instanceof Error ? err : new Error(String(err)) });
-        return;
-      }
-      delegate.export({ bytes, count: spans.length }, (result) => {
-        if (result.code !== ExportResultCode.FAILED) release(writer);
-        done(result);
-      });
-    },
-    shutdown: () => delegate.shutdown(),
-    forceFlush: () => delegate.forceFlush(),
-  };
-}
-
-/** The span processor exporting over OTLP/HTTP in `protocol`, batching as `options` say. */
-export async function exportProcessor(protocol: 'http/protobuf' | 'http/json', options: BatchOptions): Promise<SpanProcessor> {
-  const { BatchSpanProcessor } = await import('@opentelemetry/sdk-trace-node');
-  if (protocol === 'http/protobuf') return new BatchSpanProcessor(await protobufExporter(), options);
-  const { OTLPTraceExporter } = await import('@opentelemetry/exporter-trace-otlp-http');
-  return new BatchSpanProcessor(new OTLPTraceExporter(), options);
+/** OTLP/JSON: the SDK's batch processor, batching as `settings` say, and its OTLP/HTTP JSON exporter. */
+export async function jsonExportProcessor(settings: BatchSettings): Promise<SpanProcessor> {
+  const [{ BatchSpanProcessor }, { OTLPTraceExporter }] = await Promise.all([
+    import('@opentelemetry/sdk-trace-node'),
+    import('@opentelemetry/exporter-trace-otlp-http'),
+  ]);
+  return new BatchSpanProcessor(new OTLPTraceExporter(), settings);
 }
 
 /** Spans the event loop encoded, batched and exported on the same thread (`encodedExport`). */

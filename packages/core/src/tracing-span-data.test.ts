@@ -3,7 +3,7 @@ import { AlwaysOnSampler, BasicTracerProvider, InMemorySpanExporter, ParentBased
 import { ProtobufTraceSerializer } from '@opentelemetry/otlp-transformer';
 import { resourceFromAttributes } from '@opentelemetry/resources';
 import { describe, expect, it } from 'vitest';
-import { encodeTraceRequest, ProtoWriter, type EncodedSpan } from './otlp-protobuf.js';
+import { beginScopeSpans, endScopeSpans, ProtoWriter } from './otlp-protobuf.js';
 import { PooledIdGenerator } from './trace-ids.js';
 import { DeferredTracer } from './tracing-deferred.js';
 
@@ -43,9 +43,11 @@ function both(name: string, options: { kind?: SpanKind; attributes?: Attributes;
   const [sdkSpan] = memory.getFinishedSpans() as ReadableSpan[];
   if (!sdkSpan || !encoded) throw new Error('a span is missing');
   expect(encoded.ends).toHaveLength(1);
-  const mine: EncodedSpan = { encoded: encoded.bytes.subarray(0, encoded.ends[0]), resource: sdkSpan.resource, instrumentationScope: sdkSpan.instrumentationScope };
+  // The span's bytes in a request under the SDK span's resource and scope, as the export writes it.
   const w = new ProtoWriter(64);
-  encodeTraceRequest(w, [mine]);
+  const open = beginScopeSpans(w, sdkSpan.resource, sdkSpan.instrumentationScope);
+  w.raw(encoded.bytes.subarray(0, encoded.ends[0]));
+  endScopeSpans(w, open);
   return { sdk: Buffer.from(ProtobufTraceSerializer.serializeRequest([sdkSpan]) as Uint8Array), ours: Buffer.from(w.take()) };
 }
 

@@ -1,7 +1,7 @@
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import * as sdk from '@opentelemetry/sdk-trace-node';
 import { trace, INVALID_SPAN_CONTEXT, TraceFlags } from '@opentelemetry/api';
-import { batchDefaults, otlpProtocol, samplerFromEnv, spanTraceId, startSpanLazily, tracingRequested } from './tracing.js';
+import { batchSettings, otlpProtocol, samplerFromEnv, spanTraceId, startSpanLazily, tracingRequested } from './tracing.js';
 
 /** The OTEL_* variables these tests read: cleared before each, as they were after each. */
 const READ_HERE = [
@@ -44,14 +44,17 @@ describe('tracing configuration from OTEL_*', () => {
     expect(otlpProtocol()).toBe('http/protobuf');
   });
 
-  it('batches with the platform defaults where OTEL_BSP_* is unset, and leaves what is set to the SDK', () => {
-    expect(batchDefaults()).toEqual({ maxQueueSize: 8192, maxExportBatchSize: 2048 });
+  it('batches with the platform defaults where OTEL_BSP_* is unset, and as set where it is', () => {
+    expect(batchSettings()).toEqual({ scheduledDelayMillis: 5000, maxQueueSize: 8192, maxExportBatchSize: 2048 });
     process.env.OTEL_BSP_SCHEDULE_DELAY = '0';
     process.env.OTEL_BSP_MAX_QUEUE_SIZE = '100';
     // A queue smaller than the platform's batch bounds the batch (the SDK wants batch ≤ queue).
-    expect(batchDefaults()).toEqual({ maxExportBatchSize: 100 });
+    expect(batchSettings()).toEqual({ scheduledDelayMillis: 0, maxQueueSize: 100, maxExportBatchSize: 100 });
     process.env.OTEL_BSP_MAX_EXPORT_BATCH_SIZE = '50';
-    expect(batchDefaults()).toEqual({});
+    expect(batchSettings()).toEqual({ scheduledDelayMillis: 0, maxQueueSize: 100, maxExportBatchSize: 50 });
+    // What is not a number is as if unset.
+    process.env.OTEL_BSP_MAX_QUEUE_SIZE = 'many';
+    expect(batchSettings()).toEqual({ scheduledDelayMillis: 0, maxQueueSize: 8192, maxExportBatchSize: 50 });
   });
 });
 

@@ -34,6 +34,7 @@ import {
 } from '@opentelemetry/api';
 import type { Logger } from './logger.js';
 import { DeferredTracer, type EncodedSink, type SpanSink } from './tracing-deferred.js';
+import type { BatchSettings } from './tracing-export.js';
 
 export { context, ROOT_CONTEXT, SpanKind, SpanStatusCode, trace, type Attributes, type Context, type Span };
 
@@ -78,40 +79,26 @@ export function otlpProtocol(): 'http/protobuf' | 'http/json' {
 }
 
 /**
- * The platform's batching defaults where `OTEL_BSP_*` leaves them unset (the SDK's batch processor
- * reads every `OTEL_BSP_*` variable that is set). Batches of up to 2,048 spans, four times the
- * SDK's 512: an export's cost is mostly per request (its HTTP round trip and socket wake-ups),
- * not per byte, so a busy API's exporter spent about a third less per span (measured
- * under `bench:observability`'s load: 4.5 → 2.9 µs per traced request; 4,096 saved nothing more).
- * Sent every 5 s (the SDK's default), or as soon as a batch is full, and up to 8,192 waiting
- * (bursts of a busy API are not dropped while an export is in flight): an export costs its
- * process 1–3 ms of CPU on a small VM whatever its size, a cost per second that a quiet process
- * pays five times less. A smaller `OTEL_BSP_MAX_QUEUE_SIZE` bounds the batch too (the SDK
- * requires batch ≤ queue).
- */
-export function batchDefaults(): { maxQueueSize?: number; maxExportBatchSize?: number } {
-  const queue = env('OTEL_BSP_MAX_QUEUE_SIZE');
-  const queueSize = queue === undefined ? 8192 : Number(queue);
-  return {
-    ...(queue === undefined ? { maxQueueSize: queueSize } : {}),
-    ...(env('OTEL_BSP_MAX_EXPORT_BATCH_SIZE') === undefined ? { maxExportBatchSize: Number.isFinite(queueSize) && queueSize > 0 ? Math.min(2048, queueSize) : 2048 } : {}),
-  };
-}
-
-/**
  * The batching settings as the SDK's batch processor resolves them (`OTEL_BSP_SCHEDULE_DELAY`,
- * default 5,000 ms; `OTEL_BSP_MAX_QUEUE_SIZE` and `OTEL_BSP_MAX_EXPORT_BATCH_SIZE`, with the
- * platform's defaults, `batchDefaults`; a batch no larger than the queue), for the platform's
- * own batching of encoded spans (tracing-export.ts).
+ * default 5,000 ms; `OTEL_BSP_MAX_QUEUE_SIZE` and `OTEL_BSP_MAX_EXPORT_BATCH_SIZE`; a batch no
+ * larger than the queue), with the platform's defaults where those two are unset. Batches of up
+ * to 2,048 spans, four times the SDK's 512: an export's cost is mostly per request (its HTTP
+ * round trip and socket wake-ups), not per byte, so a busy API's exporter spent about a third
+ * less per span (measured under `bench:observability`'s load: 4.5 → 2.9 µs per traced request;
+ * 4,096 saved nothing more). Sent every 5 s (the SDK's default), or as soon as a batch is full,
+ * and up to 8,192 waiting (bursts of a busy API are not dropped while an export is in flight): an
+ * export costs its process 1–3 ms of CPU on a small VM whatever its size, a cost per second that a
+ * quiet process pays five times less. A smaller `OTEL_BSP_MAX_QUEUE_SIZE` bounds the batch too.
+ * Both encodings batch by these: the encoded spans' own batching (tracing-export.ts) and the SDK's
+ * batch processor under OTLP/JSON, given them resolved.
  */
-export function batchSettings(): { scheduledDelayMillis: number; maxQueueSize: number; maxExportBatchSize: number } {
+export function batchSettings(): BatchSettings {
   const number = (name: string, fallback: number): number => {
     const v = Number(env(name));
     return env(name) !== undefined && Number.isFinite(v) && v >= 0 ? v : fallback;
   };
-  const defaults = batchDefaults();
-  const maxQueueSize = Math.max(1, number('OTEL_BSP_MAX_QUEUE_SIZE', defaults.maxQueueSize ?? 2048));
-  const maxExportBatchSize = Math.max(1, Math.min(maxQueueSize, number('OTEL_BSP_MAX_EXPORT_BATCH_SIZE', defaults.maxExportBatchSize ?? 512)));
+  const maxQueueSize = Math.max(1, number('OTEL_BSP_MAX_QUEUE_SIZE', 8192));
+  const maxExportBatchSize = Math.max(1, Math.min(maxQueueSize, number('OTEL_BSP_MAX_EXPORT_BATCH_SIZE', 2048)));
   return { scheduledDelayMillis: number('OTEL_BSP_SCHEDULE_DELAY', 5000), maxQueueSize, maxExportBatchSize };
 }
 
@@ -205,7 +192,7 @@ async function protobufExport(service: string): Promise<Exporter> {
  * provider of their own with the same sampler, exported by the SDK's OTLP/HTTP JSON exporter.
  */
 async function jsonExporter(service: string): Promise<Exporter> {
-  const [sdk, { resourceFromAttributes }, { ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION }, { exportProcessor }, { PooledIdGenerator }, { SdkReplay }] = await Promise.all([
+  const [sdk, { resourceFromAttributes }, { ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION }, { jsonExportProcessor }, { PooledIdGenerator }, { SdkReplay }] = await Promise.all([
     import('@opentelemetry/sdk-trace-node'),
     import('@opentelemetry/resources'),
     import('@opentelemetry/semantic-conventions'),
@@ -215,7 +202,7 @@ async function jsonExporter(service: string): Promise<Exporter> {
   ]);
   const ids = new PooledIdGenerator();
   const resource = resourceFromAttributes({ [ATTR_SERVICE_NAME]: service, [ATTR_SERVICE_VERSION]: VERSION });
-  const processor = await exportProcessor('http/json', batchDefaults());
+  const processor = await jsonExportProcessor(batchSettings());
   const provider = new sdk.BasicTracerProvider({ resource, idGenerator: ids, sampler: samplerFromEnv(sdk), spanProcessors: [processor] });
   const replay = new SdkReplay(provider.getTracer('agentplane', VERSION), ids);
   return { sink: (records) => replay.write(records), shutdown: () => bounded(provider.shutdown(), SHUTDOWN_MS) };
