@@ -50,6 +50,8 @@ export interface EncodedExport {
   write(bytes: Uint8Array, ends: Uint32Array): void;
   /** Export what waits, then stop. */
   shutdown(): Promise<void>;
+  /** Spans taken and not yet exported (waiting for their batch, or in an export not yet answered). */
+  readonly waiting: number;
 }
 
 /** How spans are batched: the SDK batch processor's settings (`OTEL_BSP_*`). */
@@ -114,6 +116,9 @@ export async function encodedExport(service: string, version: string, settings: 
     pump();
   };
   return {
+    get waiting() {
+      return waiting;
+    },
     write(bytes, ends) {
       let from = 0;
       let dropped = 0;
