@@ -263,6 +263,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
     registerRunHandlers(gateway, {
       keeper: deps.runs.keeper, records: deps.runs.records, lifecycle: deps.runs.lifecycle, log: deps.sessions.store.log,
       store: deps.sessions.store, models: deps.models, lease: config.lease, logger: log, approvals: deps.approvals, metrics: deps.metrics,
+      interruptGraceMs: config.interruptGraceMs,
     });
     registerSandboxRelease(gateway, deps.docs);
   }

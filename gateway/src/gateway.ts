@@ -41,6 +41,11 @@ export interface NodeDelivery {
    * of waiting out its own timeout. Sent by one node at most.
    */
   undelivered?: { channel: string; message: string };
+  /**
+   * The frame is this `lease.cancel`: the node holding the runner also repeats it in every
+   * `heartbeat.ack` until the runner stops listing the lease.
+   */
+  cancel?: Payload<'lease.cancel'>;
 }
 
 export interface GatewayOptions {
@@ -540,6 +545,7 @@ export class Gateway {
       void this.undelivered(d);
       return;
     }
+    if (d.cancel) return c.cancelLease(d.cancel, d.cancel.reason, d.cancel.grace_ms);
     c.ws.send(d.frame);
     this.metricFrames.inc({ direction: 'out', type: 'delivered' });
   }
@@ -585,11 +591,11 @@ export class Gateway {
  */
 export async function deliverToRunner(
   redis: Redis, workspaceId: string, runnerId: string, frameText: string,
-  options: { generation?: number; nodeId?: string; undelivered?: NodeDelivery['undelivered'] } = {},
+  options: { generation?: number; nodeId?: string; undelivered?: NodeDelivery['undelivered']; cancel?: Payload<'lease.cancel'> } = {},
 ): Promise<boolean> {
-  const { generation, nodeId, undelivered } = options;
+  const { generation, nodeId, undelivered, cancel } = options;
   const base: NodeDelivery = {
-    runner_id: runnerId, frame: frameText, ...(generation !== undefined ? { generation } : {}), ...(undelivered ? { undelivered } : {}),
+    runner_id: runnerId, frame: frameText, ...(generation !== undefined ? { generation } : {}), ...(undelivered ? { undelivered } : {}), ...(cancel ? { cancel } : {}),
   };
   if (nodeId) {
     // Straight to the node the caller saw the runner on: one round trip instead of two. A node

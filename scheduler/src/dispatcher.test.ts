@@ -346,7 +346,7 @@ describe('lease engine (BullMQ)', () => {
       expect(await s.queues.job(s.poolId, run)).toBeUndefined();
     });
 
-    it('marked once the lease is claimed: the lease is cancelled on that runner, once', async () => {
+    it('marked once the lease is claimed: the lease is cancelled on that runner, once, and the mark kept', async () => {
       const s = setup();
       s.fleet.add('runner_a');
       s.fleet.onAccepted = (o) => s.cancels.mark(o.session_id, o.run_id);
@@ -355,7 +355,8 @@ describe('lease engine (BullMQ)', () => {
       expect(s.events.filter((e) => e.kind === 'leased')).toHaveLength(1);
       expect(s.events.find((e) => e.kind === 'cancelLease')?.detail).toBe('runner_a');
       expect(s.events.some((e) => e.kind === 'interrupted')).toBe(false);
-      expect(await s.cancels.marked(session, run)).toBe(false);
+      // The mark stays: the lease's heartbeats find it should the lease.cancel be lost.
+      expect(await s.cancels.marked(session, run)).toBe(true);
     });
   });
 });

@@ -335,10 +335,8 @@ export class PoolDispatcher {
             this.o.hooks.leased(job, runner.runner_id, token, job.attemptsStarted, outcome === 'recorded'),
             this.o.cancels.marked(job.data.session_id, job.data.run_id),
           ]);
-          if (interrupted) {
-            await this.o.hooks.cancelLease(job, runner.runner_id, token, job.attemptsStarted);
-            await this.o.cancels.clear(job.data.session_id, job.data.run_id);
-          }
+          // The mark stays: the lease's heartbeats find it too, should this lease.cancel be lost.
+          if (interrupted) await this.o.hooks.cancelLease(job, runner.runner_id, token, job.attemptsStarted);
           return;
         }
         // Not taken. An offer that went ahead of its checks may have met a cancel mark (found by

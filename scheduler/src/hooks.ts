@@ -79,7 +79,7 @@ export function runHooks(d: {
     },
     async cancelLease(job: Job<RunJobData>, runnerId: string, leaseId: string, attempt: number) {
       const payload = { lease_id: leaseId, attempt, reason: 'user.interrupt', grace_ms: d.interruptGraceMs };
-      await deliverToRunner(d.redis, job.data.workspace_id, runnerId, frame('lease.cancel', newId('event'), payload));
+      await deliverToRunner(d.redis, job.data.workspace_id, runnerId, frame('lease.cancel', newId('event'), payload), { cancel: payload });
     },
   };
 }

@@ -21,6 +21,8 @@ export interface RunHandlerDeps {
   /** ActionPolicies and ActionApprovals: the tool-call boundary asks them through `tool.check`. */
   approvals: ApprovalService;
   metrics: Metrics;
+  /** The grace a cancelled Run's tools get before they are killed (`lease.cancel`'s `grace_ms`). */
+  interruptGraceMs: number;
 }
 
 const leaseOf = (rec: LeaseRecord): Lease => ({
@@ -147,7 +149,12 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
   gw.on('lease.heartbeat', async (conn, msg) => {
     const rec = await recordFor(conn, msg.payload);
     if (!rec) return void revoke(conn, msg.payload, 'unknown lease');
-    if ((await d.keeper.heartbeat(leaseOf(rec))) === 'lost') return void revoke(conn, msg.payload, 'the lease was lost (it expired and the Run was rescheduled)');
+    const beat = await d.keeper.heartbeat(leaseOf(rec));
+    if (beat === 'lost') return void revoke(conn, msg.payload, 'the lease was lost (it expired and the Run was rescheduled)');
+    // An interrupt whose lease.cancel never reached this runner (sent to the node it had left, or
+    // lost on the way): its mark is found here, and the cancellation repeats in every
+    // heartbeat.ack until the runner drops the lease.
+    if (beat === 'canceled') conn.cancelLease(msg.payload, 'user.interrupt', d.interruptGraceMs);
     await d.records.touch(rec.lease_id, recordTtl);
   });
 

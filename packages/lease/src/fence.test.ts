@@ -49,6 +49,23 @@ describe('lease fences of one Session', () => {
     expect(await fence.claim({ sessionId: s, token: 'lease-9', runnerId: 'r1', attempt: 1, runId: 'run_9' }, 60_000)).toBe('ok');
   });
 
+  it('extends a leased Run\'s fence and answers canceled once the Run carries a cancel mark', async () => {
+    const redis = redisOf();
+    const fence = new LeaseFence(redis);
+    const marks = new CancelMarks(redis);
+    const s = `sess_${'d'.repeat(32)}`;
+    expect(await fence.claim({ sessionId: s, token: 'lease-1', runnerId: 'r1', attempt: 1, runId: 'run_1' }, 1_000)).toBe('ok');
+    expect(await fence.extend(s, 'lease-1', 60_000, 'run_1')).toBe('ok');
+    await marks.mark(s, 'run_1');
+    // Marked after its lease: still extended (the runner ends the attempt under it), and told.
+    expect(await fence.extend(s, 'lease-1', 60_000, 'run_1')).toBe('canceled');
+    expect(Number((await fence.current(s, 'run_1')).expires_at_ms)).toBeGreaterThan(Date.now() + 30_000);
+    expect(await fence.holds(s, 'lease-1')).toBe(true);
+    // Without the Run, the mark is not looked at; a lost fence stays lost, marked or not.
+    expect(await fence.extend(s, 'lease-1', 60_000)).toBe('ok');
+    expect(await fence.extend(s, 'lease-2', 60_000, 'run_1')).toBe('lost');
+  });
+
   it('releases a live fence in the check that finds it live, and leaves an expired or unknown one as it is', async () => {
     const redis = redisOf();
     const fence = new LeaseFence(redis);

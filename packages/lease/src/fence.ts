@@ -66,6 +66,7 @@ if exp < now then return 'lost' end
 redis.call('HSET', KEYS[1], 't:' .. ARGV[1], now + tonumber(ARGV[2]))
 local ttl = redis.call('PTTL', KEYS[1])
 if ttl >= 0 and ttl < tonumber(ARGV[2]) + 86400000 then redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]) + 86400000) end
+if KEYS[2] and redis.call('EXISTS', KEYS[2]) == 1 then return 'canceled' end
 return 'ok'`,
 );
 
@@ -145,8 +146,14 @@ export class LeaseFence {
     return { claim: 'ok', ...docSwapResult(r.slice(1)) };
   }
 
-  async extend(sessionId: string, token: string, ttlMs: number): Promise<'ok' | 'lost'> {
-    return (await EXTEND.run(this.redis, [fenceKey(sessionId)], [token, ttlMs])) as 'ok' | 'lost';
+  /**
+   * Extend a live fence. Given the Run, a cancel mark on it answers `canceled` (the fence is
+   * extended all the same: the runner ends the attempt and reports it under this lease), so a
+   * heartbeat repairs a `lease.cancel` that never reached the runner.
+   */
+  async extend(sessionId: string, token: string, ttlMs: number, runId?: string): Promise<'ok' | 'lost' | 'canceled'> {
+    const keyList = runId ? [fenceKey(sessionId), cancelMarkKey(sessionId, runId)] : [fenceKey(sessionId)];
+    return (await EXTEND.run(this.redis, keyList, [token, ttlMs])) as 'ok' | 'lost' | 'canceled';
   }
 
   async release(sessionId: string, token: string): Promise<boolean> {

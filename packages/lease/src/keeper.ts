@@ -72,8 +72,12 @@ export class LeaseKeeper {
     return claim(this.fence, { sessionId: lease.session_id, token: lease.lease_id, runnerId: lease.runner_id, attempt: lease.attempt, runId: lease.run_id }, this.fenceTtl);
   }
 
-  /** Renew the lease. 'lost' means the runner must stop the Run at once. */
-  async heartbeat(lease: Lease): Promise<'ok' | 'lost'> {
+  /**
+   * Renew the lease. 'lost' means the runner must stop the Run at once; 'canceled' that the
+   * lease was renewed but the Run carries a cancel mark (an interrupt): the runner is to stop it
+   * and report the attempt's end, as on `lease.cancel`.
+   */
+  async heartbeat(lease: Lease): Promise<'ok' | 'lost' | 'canceled'> {
     const job = await this.jobFor(lease);
     if (!job) return 'lost';
     const extended = await job.extendLock(lease.lease_id, this.config.leaseMs).catch(() => 0);
@@ -82,7 +86,7 @@ export class LeaseKeeper {
       this.forget(lease);
       return 'lost';
     }
-    return this.fence.extend(lease.session_id, lease.lease_id, this.fenceTtl);
+    return this.fence.extend(lease.session_id, lease.lease_id, this.fenceTtl, lease.run_id);
   }
 
   /**

@@ -199,6 +199,12 @@ export class RunEngine implements TurnScheduler {
       // Its pool is not on the Run yet (the write of the enqueue has not landed): the dispatcher
       // that takes the job honours the mark, as for a job it holds.
       await this.cancels.mark(sessionId, runId);
+    } else {
+      // A leased Run: the mark outlives the lease.cancel frame, so the runner's next lease
+      // heartbeat repairs a frame that never reached it (its fence extension finds the mark),
+      // and an attempt retried after a crash ends instead of running the turn again.
+      const [, sent] = await Promise.all([this.cancels.mark(sessionId, runId), this.cancelLease(sessionId, run.workspace_id, runId)]);
+      if (sent) return;
     }
     if (await this.cancelLease(sessionId, run.workspace_id, runId)) return;
     if (held && pool && (await this.d.queues.cancelQueued(pool, runId)) === 'canceled') {
@@ -212,7 +218,7 @@ export class RunEngine implements TurnScheduler {
     const lease = await this.fence.current(sessionId, runId);
     if (lease.run_id !== runId || !lease.token || !lease.runner_id) return false;
     const payload = { lease_id: lease.token, attempt: Number(lease.attempt ?? 1), reason: 'user.interrupt', grace_ms: this.d.interruptGraceMs };
-    await deliverToRunner(this.d.redis, workspaceId, lease.runner_id, frame('lease.cancel', newId('event'), payload));
+    await deliverToRunner(this.d.redis, workspaceId, lease.runner_id, frame('lease.cancel', newId('event'), payload), { cancel: payload });
     return true;
   }
 
