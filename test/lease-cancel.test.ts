@@ -5,7 +5,7 @@ import { cancelMarkKey } from '@agentplane/lease';
 import { frame, MODEL_GATEWAY_PROTOCOL, type Payload } from '@agentplane/protocol';
 import { connectRedis, type Redis } from '@agentplane/store';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
-import { connectRawRunner, type RawRunner, type RunnerFrame } from './harness/raw-runner.js';
+import { connectRawRunner, dockerHello, type RawRunner, type RunnerFrame } from './harness/raw-runner.js';
 import { idleCount, untilEvents } from './harness/turns.js';
 
 /**
@@ -25,19 +25,8 @@ const sockets: WebSocket[] = [];
 
 type Frame = RunnerFrame<Record<string, unknown>>;
 
-const hello = (held: Payload<'hello'>['held_leases']): Payload<'hello'> => ({
-  protocol_versions: [1], daemon_version: 'test', status: 'ready', held_leases: held,
-  capabilities: {
-    protocol_versions: [1], available_slots: 1, drivers: ['docker'], plane_protocols: [MODEL_GATEWAY_PROTOCOL],
-    providers: [{
-      id: 'docker', drivers: ['docker'], tiers: ['container'], network_modes: ['none'], retention_modes: ['durable'],
-      maximum_resources: { cpu_millis: 64_000, memory_mib: 65_536, disk_mib: 1_000_000, max_duration_seconds: 86_400 },
-    }],
-  },
-});
-
 async function connect(held: Payload<'hello'>['held_leases'] = []): Promise<RawRunner<Frame>> {
-  const r = await connectRawRunner<Frame>(p, secret, hello(held));
+  const r = await connectRawRunner<Frame>(p, secret, dockerHello([MODEL_GATEWAY_PROTOCOL], { held }));
   sockets.push(r.sock);
   return r;
 }

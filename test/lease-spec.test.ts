@@ -5,7 +5,7 @@ import { cancelMarkKey } from '@agentplane/lease';
 import { frame, LEASE_SPEC_PROTOCOL, MODEL_GATEWAY_PROTOCOL, type Payload } from '@agentplane/protocol';
 import { connectRedis, type Redis } from '@agentplane/store';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
-import { connectRawRunner, type RawRunner, type RunnerFrame } from './harness/raw-runner.js';
+import { connectRawRunner, dockerHello, type RawRunner, type RunnerFrame } from './harness/raw-runner.js';
 import { idleCount, untilEvents, type TurnEvent } from './harness/turns.js';
 
 /**
@@ -23,16 +23,7 @@ let principal = '';
 let envId = '';
 const sockets: WebSocket[] = [];
 
-const hello = (planes: string[]): Payload<'hello'> => ({
-  protocol_versions: [1], daemon_version: 'test', status: 'ready', held_leases: [],
-  capabilities: {
-    protocol_versions: [1], available_slots: 4, drivers: ['docker'], plane_protocols: planes,
-    providers: [{
-      id: 'docker', drivers: ['docker'], tiers: ['container'], network_modes: ['none'], retention_modes: ['durable'],
-      maximum_resources: { cpu_millis: 64_000, memory_mib: 65_536, disk_mib: 1_000_000, max_duration_seconds: 86_400 },
-    }],
-  },
-});
+const hello = (planes: string[]): Payload<'hello'> => dockerHello(planes, { slots: 4 });
 
 type Frame = RunnerFrame<Record<string, unknown>>;
 

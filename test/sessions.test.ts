@@ -240,12 +240,13 @@ describe('sessions', () => {
     const r = await api.request<Json>('POST', `/v1/sessions/${s.id}/events`, { body: interrupt() });
     expect(r.status).toBe(201);
     expect(r.body).toMatchObject({ type: 'user.interrupt' });
-    // The queued Run never runs: the turn ends interrupted, and nothing starts after it.
+    // The queued Run never runs: the turn ends interrupted, nothing starts after it, and the
+    // archived Session, its last turn over, ends canceled.
     expect((await store.run(s.id, runId))?.status).toBe('canceled');
     const t = await store.thread(s.id, doc._primary_thread_id);
-    expect([t.status, t._stop_reason, t._active_run_id]).toEqual(['idle', { type: 'interrupted' }, null]);
+    expect([t.status, t._stop_reason, t._active_run_id, t._closed]).toEqual(['idle', { type: 'interrupted' }, null, true]);
     const types = (await store.log.range(s.id, 0, 100)).map((e) => e.type);
-    expect(types).toEqual(['user.message', 'session.status_running', 'user.interrupt', 'session.status_idle']);
+    expect(types).toEqual(['user.message', 'session.status_running', 'user.interrupt', 'session.status_idle', 'session.status_canceled']);
   });
 
   it('resources sub-routes', async () => {

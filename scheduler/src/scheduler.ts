@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto';
 import type { Logger } from '@agentplane/core';
 import {
   bindingShapings, buildTurnSpec, ConnectionService, readAll, CredentialIndex, FileStore, IdentityService, OutcomeService, ProjectHeadReader, RedisRuntimeBearers, SkillReader, RunEngine, RunLifecycle, RunnerService,
-  SessionStore, ThreadRuntime, VersionedStore, sandboxProfileStore, type ConnectionGrant, type Environment, type SandboxProfile, type ToolShaping,
+  SessionStore, ThreadRuntime, VersionedStore, type SessionCloser, sandboxProfileStore, type ConnectionGrant, type Environment, type SandboxProfile, type ToolShaping,
 } from '@agentplane/domain';
 import { activePools, CancelMarks, LeaseFence, LeaseRecords, RunQueues } from '@agentplane/lease';
 import { SecretBox } from '@agentplane/core';
@@ -44,6 +44,7 @@ export class Scheduler {
    * scheduler ended), and repairs Runs whose enqueue a crash interrupted.
    */
   private readonly engine: RunEngine;
+  private readonly closer: SessionCloser;
   private readonly store: SessionStore;
   private readonly environments: VersionedStore<Environment>;
   private readonly sandboxProfiles: VersionedStore<SandboxProfile>;
@@ -75,6 +76,7 @@ export class Scheduler {
     let engine: RunEngine | undefined;
     const runtime = new ThreadRuntime(this.store, () => engine as RunEngine);
     this.lifecycle = new RunLifecycle(this.store, runtime, log);
+    this.closer = runtime.closer;
     engine = new RunEngine({
       redis: this.redis, queues: this.queues, lifecycle: this.lifecycle, store: this.store, environments: this.environments, runners, log,
       interruptGraceMs: config.interruptGraceMs,
@@ -181,6 +183,10 @@ export class Scheduler {
     }
     const repaired = await this.engine.repairUnqueued(this.config.enqueueRepairAfterMs);
     if (repaired.length > 0) this.log.info({ runs: repaired }, 'enqueued Runs whose enqueue was interrupted');
+    // Archived Sessions whose terminal status event a crash left unwritten (same delay: an
+    // archive writes its own within a round trip or two of its entry).
+    const closed = await this.closer.repair(this.config.enqueueRepairAfterMs);
+    if (closed.length > 0) this.log.info({ sessions: closed }, 'wrote the terminal status event of archived Sessions');
   }
 
   /**

@@ -31,6 +31,24 @@ export const HELLO: Payload<'hello'> = {
   capabilities: { protocol_versions: [1], available_slots: 1, drivers: ['process'], plane_protocols: ['model-gateway-v1'], providers: [] },
 };
 
+/**
+ * The `hello` of a ready runner with a `docker` provider (a container tier without network, room
+ * for any Environment's resources), `slots` free, the plane protocols it speaks and the leases it
+ * still holds from an earlier connection.
+ */
+export function dockerHello(planes: string[], options: { slots?: number; held?: Payload<'hello'>['held_leases'] } = {}): Payload<'hello'> {
+  return {
+    protocol_versions: [1], daemon_version: 'test', status: 'ready', held_leases: options.held ?? [],
+    capabilities: {
+      protocol_versions: [1], available_slots: options.slots ?? 1, drivers: ['docker'], plane_protocols: planes,
+      providers: [{
+        id: 'docker', drivers: ['docker'], tiers: ['container'], network_modes: ['none'], retention_modes: ['durable'],
+        maximum_resources: { cpu_millis: 64_000, memory_mib: 65_536, disk_mib: 1_000_000, max_duration_seconds: 86_400 },
+      }],
+    },
+  };
+}
+
 /** The WebSocket URL runners connect to on a platform at `baseUrl`. */
 export function runnerConnectUrl(baseUrl: string): string {
   return `${baseUrl.replace('http', 'ws')}/v1/runners/connect`;

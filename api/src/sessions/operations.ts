@@ -114,7 +114,7 @@ export const sessionOperations: Operation[] = [
     audit: { target: 'session_id' },
     summary: 'Archive a Session (one-way, retry-safe): no new work, reads stay', auth: writers, params: SessionPath,
     response: SessionSchema, idempotency: 'optional', mcp: 'compact',
-  }, async (ws, { params, deps }) => deps.sessions.view(await deps.sessions.store.archive(ws, params.session_id))),
+  }, async (ws, { params, deps }) => deps.sessions.view(await deps.sessions.archive(ws, params.session_id))),
   workspaceWrite('DELETE', {
     operationId: 'sessions.deleteSession', path: '/v1/sessions/{session_id}',
     audit: { target: 'session_id' },

@@ -1,5 +1,5 @@
 import type { TokenUsage } from '@agentplane/protocol';
-import { ApiError, canonicalJson, newId, nowIso, sha256Hex, type Context } from '@agentplane/core';
+import { ApiError, canonicalJson, crashPoint, newId, nowIso, sha256Hex, type Context } from '@agentplane/core';
 import { getEach, keys, tags, type LogEvent } from '@agentplane/store';
 import { checkMultiagent, newAgent, snapshotOf, type Agent, type AgentSnapshot, type DeploymentPin, type SpecSkill } from '@agentplane/domain';
 import type { VersionedStore } from '@agentplane/domain';
@@ -216,6 +216,20 @@ export class SessionService {
   }
 
   // ---- views ---------------------------------------------------------------------------------
+
+  /**
+   * Archive (one-way, retry-safe). Its terminal status event follows once no turn is under way
+   * (now, or at the end of its last turn); the Session is written down for the scheduler's sweep
+   * before the archive, so a crash in between leaves the close to the sweep.
+   */
+  async archive(workspaceId: string, id: string): Promise<SessionDoc> {
+    await this.d.store.getShared(workspaceId, id);
+    await this.d.runtime.closer.archiving(id);
+    const s = await this.d.store.archive(workspaceId, id);
+    crashPoint('session-archived');
+    await this.d.runtime.closer.settle(id);
+    return s;
+  }
 
   async view(s: SessionDoc): Promise<Record<string, unknown>> {
     const [primary, counters, metered] = await Promise.all([

@@ -10,6 +10,7 @@ export * from './runners/service.js';
 export * from './agents/tools.js';
 export * from './agents/model.js';
 export * from './agents/multiagent.js';
+export * from './sessions/closing.js';
 export * from './sessions/coordinator.js';
 export * from './environments/model.js';
 export * from './deployments/profiles.js';

@@ -103,6 +103,11 @@ export interface ThreadDoc extends StoredDoc {
    * versions): a repeated end report of that Run re-runs the turn end's later steps (crash repair).
    */
   _ended_run_id?: string | null;
+  /**
+   * Set once the Session's terminal status event is written (`SessionStore.closeSettled`): the
+   * thread starts no turn from then on, so that event stays the Session's last status event.
+   */
+  _closed?: boolean;
 }
 
 export interface ThreadStats {

@@ -15,6 +15,9 @@ import type { GraderRunInfo, RunDoc, SessionDoc, SessionTombstone, ThreadDoc } f
  */
 export const sessionTag = tags.session;
 
+/** The most threads a Session's close marks in its one script (a coordinator's children included). */
+const MAX_CLOSED_THREADS = 10_000;
+
 /** The list of user.message ids queued for a thread's next turn (in the Session's slot). */
 export function inputQueueKey(sessionId: string, threadId: string): string {
   return keys.scoped(sessionTag(sessionId), `inputs:${threadId}`);
@@ -277,6 +280,8 @@ export class SessionStore {
       run = null;
       const out = mutate(t);
       if (out === null) return null;
+      // The Session's terminal status event is written: no turn starts after it.
+      if (out.start && t._closed) return null;
       if (out.start && !session) throw new Error('startTurn needs the Session');
       start = out.start;
       return out.thread;
@@ -422,6 +427,40 @@ export class SessionStore {
   }
 
   /** A thread this process just wrote by other means (a write riding on another document's script): the next compare-and-swap's guess. */
+  /**
+   * The Session's terminal status event, once. When the Session is archived and no thread has a
+   * turn under way (none `running` or `rescheduling`), one script marks every thread closed (a
+   * compare-and-swap on each: a thread that moved meanwhile makes it stale, and it is tried
+   * again) and appends the event `terminal` builds from the primary thread. A closed thread
+   * starts no turn (`changeThread`) and ends no wait, so that event stays the Session's last
+   * status event. `open`: not archived; `busy`: a turn is under way (its end settles the
+   * Session); `closed`: written now or before; `gone`: no such Session, or its log was erased.
+   */
+  async closeSettled(sessionId: string, terminal: (primary: Readonly<ThreadDoc> | undefined) => AppendEvent): Promise<'open' | 'busy' | 'closed' | 'gone'> {
+    const tag = sessionTag(sessionId);
+    for (let attempt = 0; attempt < 8; attempt++) {
+      const s = await this.docs.get<SessionDoc | SessionTombstone>(tag, sessionId);
+      if (!s || s.type !== 'session') return 'gone';
+      if (s.archived_at === null) return 'open';
+      const { ids } = await this.threadIds(sessionId, -1, MAX_CLOSED_THREADS);
+      const threads = (await this.threads(sessionId, ids)).filter((t) => t.type === 'session_thread' && t.session_id === sessionId);
+      if (threads.length === 0) return 'gone';
+      if (threads.every((t) => t._closed === true)) return 'closed';
+      if (threads.some((t) => t.status === 'running' || t.status === 'rescheduling')) return 'busy';
+      const now = nowIso();
+      const next = threads.map((t): ThreadDoc => ({ ...t, _closed: true, version: t.version + 1, updated_at: now }));
+      const r = await this.log.commit(sessionId, next.map((t, i) => ({ key: keys.doc(tag, t.id), body: JSON.stringify(t), expectedVersion: (threads[i] as ThreadDoc).version })),
+        [terminal(threads.find((t) => t.parent_thread_id === null))]);
+      if (r.ok) {
+        for (const t of next) this.rememberThread(t);
+        return 'closed';
+      }
+      if (r.reason === 'erased') return 'gone';
+      if (r.reason !== 'stale' && r.reason !== 'missing') throw new Error(`the terminal status of Session ${sessionId} could not be written: ${r.reason}`);
+    }
+    return 'busy';
+  }
+
   noteThreadWritten(t: ThreadDoc): void {
     this.rememberThread(t);
   }

@@ -1,6 +1,7 @@
 import { ApiError, crashPoint, newId, type Context } from '@agentplane/core';
 import type { RunDoc, SessionDoc, ThreadDoc, WaitKind } from './model.js';
 import { InputQueueMoved, RideRefused, sessionTag, type RunRide, type SessionStore } from './store.js';
+import { SessionCloser } from './closing.js';
 import { newEventId, type AppendEvent, type LogEvent } from '@agentplane/store';
 import { Coordinator } from './coordinator.js';
 
@@ -46,7 +47,7 @@ export interface TurnIntent {
 
 /** A thread that may start a turn now: idle, no Run, no unanswered wait of its generation. */
 function startable(t: Readonly<ThreadDoc>): boolean {
-  if (t.status !== 'idle' || t._active_run_id !== null) return false;
+  if (t.status !== 'idle' || t._active_run_id !== null || t._closed === true) return false;
   return !Object.values(t._waits).some((w) => w.generation === t._wait_generation && w.answered_event_id === null);
 }
 
@@ -106,12 +107,15 @@ export class ThreadRuntime {
   private turnEnded: TurnEndHook | undefined;
   /** Coordinator Sessions: delegation tool uses and child threads (docs/COORDINATION.md). */
   readonly coordinator: Coordinator;
+  /** An archived Session's terminal status event, once its last turn is over. */
+  readonly closer: SessionCloser;
 
   constructor(
     private readonly store: SessionStore,
     private readonly scheduler: () => TurnScheduler,
   ) {
     this.coordinator = new Coordinator(store, this, scheduler);
+    this.closer = new SessionCloser(store, store.redis);
   }
 
   /** Installs the one turn-end hook (the outcomes module). */
@@ -285,7 +289,8 @@ export class ThreadRuntime {
     let moved = false;
     const { thread: next, queued, activeOutcome } = await this.store.endTurnWith(session.id, threadId, (t) => {
       moved = false;
-      if (!waitsOnAction(t)) return null;
+      // A closed Session's terminal status event is its last: its waits stay as they are.
+      if (!waitsOnAction(t) || t._closed === true) return null;
       moved = true;
       endedRunId = t._active_run_id;
       const gen = t._wait_generation;
@@ -319,6 +324,7 @@ export class ThreadRuntime {
     if (session.agent.multiagent || next.parent_thread_id !== null) await this.coordinator.turnEnded(session, next);
     if (this.turnEnded && (await this.turnEnded(session, threadId, endedRunId, stop, trace, activeOutcome))) return { thread: next, ended: true };
     if (session.archived_at === null) await this.submitUserMessage(session, threadId, null, { thread: next, trace, ...(queued ? { queue: queued } : {}) });
+    else await this.closer.settle(session.id);
     return { thread: next, ended: true };
   }
 
@@ -428,6 +434,9 @@ export class ThreadRuntime {
       // The queue as the end's own script read it (after the thread's end): not read again.
       const { run } = await this.submitUserMessage(live, threadId, null, { thread: next, trace: options.trace, ...(queued ? { queue: queued } : {}) });
       if (options.fresh && !run) return next;
+    } else if (live?.type === 'session' && live.archived_at !== null) {
+      // The end of an archived Session's last turn: its terminal status event follows.
+      await this.closer.settle(session.id);
     }
     return this.store.thread(session.id, threadId);
   }

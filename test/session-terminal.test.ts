@@ -1,0 +1,163 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import type { WebSocket } from 'ws';
+import { HttpClient } from '@agentplane/client';
+import { frame, MODEL_GATEWAY_PROTOCOL } from '@agentplane/protocol';
+import { startPlatform, waitFor, type Platform } from './harness/platform.js';
+import { connectRawRunner, dockerHello, type RawRunner, type RunnerFrame } from './harness/raw-runner.js';
+import { untilEvents, type TurnEvent } from './harness/turns.js';
+
+/**
+ * An archived Session's terminal status event (`session.status_completed`, `_canceled` or
+ * `_failed`, by how its primary thread's last turn ended): written once, when no turn is under
+ * way any more (at the archive, or at the end of its last turn), and always the Session's last
+ * status event. The runner is a protocol client written here, so each turn ends when the test
+ * says. A crash between the archive and its close leaves the close to the scheduler's sweep.
+ */
+let p: Platform;
+let api: HttpClient;
+let runner: RawRunner<Frame>;
+let principal = '';
+let envId = '';
+const sockets: WebSocket[] = [];
+const markers = mkdtempSync(join(tmpdir(), 'session-terminal-'));
+const others: Platform[] = [];
+
+type Frame = RunnerFrame<Record<string, unknown>>;
+const TERMINAL = ['session.status_completed', 'session.status_canceled', 'session.status_failed'];
+const STATUS = /^session\.(status_|thread_status_)/;
+
+const drive = (type: 'user.message' | 'user.interrupt', content?: string) => ({
+  type, payload: { ...(content !== undefined ? { content } : {}), authored_by: principal, caused_by: { kind: 'api' } },
+});
+
+const nextFrame = (r: RawRunner<Frame>, type: string, after = 0): Promise<Frame> =>
+  waitFor(type, () => r.frames.slice(after).find((f) => f.type === type), 15_000);
+
+/** A Session whose turn is leased to the test's runner and running: its lease and Run. */
+async function runningTurn(): Promise<{ sessionId: string; runId: string; ref: { lease_id: string; attempt: number } }> {
+  const before = runner.frames.length;
+  const s = await api.post<{ id: string }>('/v1/sessions', { agent: { name: 'a', model: 'default' }, environment_id: envId });
+  await api.post(`/v1/sessions/${s.id}/events`, drive('user.message', 'hi'));
+  const offer = await nextFrame(runner, 'lease.offer', before);
+  expect(offer.payload.session_id).toBe(s.id);
+  const runId = String(offer.payload.run_id);
+  const ref = { lease_id: String(offer.payload.lease_id), attempt: Number(offer.payload.attempt) };
+  runner.sock.send(frame('lease.accept', `a-${runId}`, ref));
+  await waitFor('the Run running', async () => ((await api.get<{ status: string }>(`/v1/runs/${runId}`)).status === 'running' ? true : undefined), 10_000);
+  return { sessionId: s.id, runId, ref };
+}
+
+async function endTurn(t: { runId: string; ref: { lease_id: string; attempt: number } }, stop: string): Promise<void> {
+  runner.sock.send(frame('lease.complete', `c-${t.runId}`, { ...t.ref, result: { stop_reason: { type: stop } } }));
+  await waitFor('the Run ended', async () => ((await api.get<{ status: string }>(`/v1/runs/${t.runId}`)).status === 'succeeded' ? true : undefined), 10_000);
+}
+
+/**
+ * The log up to a `user.interrupt` sent after everything else (an archived Session records one
+ * even with nothing to stop): what came before it is the whole log as it will stay.
+ */
+async function settledLog(on: HttpClient, sessionId: string): Promise<TurnEvent[]> {
+  const last = await on.post<{ id: string }>(`/v1/sessions/${sessionId}/events`, drive('user.interrupt'));
+  const events = await untilEvents(on, sessionId, (e) => e.some((x) => x.id === last.id), 20_000);
+  expect(events.at(-1)?.id).toBe(last.id);
+  return events;
+}
+
+/** The terminal event is there once, after every other status event. */
+function terminalOf(events: TurnEvent[]): TurnEvent {
+  const terminal = events.filter((e) => TERMINAL.includes(e.type));
+  expect(terminal).toHaveLength(1);
+  const t = terminal[0] as TurnEvent;
+  const lastStatus = events.filter((e) => STATUS.test(e.type)).at(-1);
+  expect(lastStatus?.id).toBe(t.id);
+  expect(t.session_thread_id ?? null).toBeNull();
+  return t;
+}
+
+async function setUp(platform: Platform): Promise<{ api: HttpClient; principal: string; envId: string }> {
+  const ws = platform.bootstrap.workspace_id;
+  const key = await platform.root.post<{ secret: string }>(`/v1/organizations/${platform.bootstrap.organization_id}/api-keys`, {
+    display_name: 'app', role: 'developer', scope: { type: 'workspace', workspace_id: ws },
+  }, { idempotencyKey: 'terminal-dev-key' });
+  const client = new HttpClient({ baseUrl: platform.baseUrl, token: key.secret });
+  const who = (await platform.root.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/principals`, {
+    external_subject_id: 'user-1', principal_type: 'person', display_name: 'User One',
+  })).id;
+  const env = (await client.post<{ id: string }>('/v1/environments', { name: 'sandbox', image: 'agentplane/sandbox:latest' })).id;
+  return { api: client, principal: who, envId: env };
+}
+
+beforeAll(async () => {
+  p = await startPlatform({ scheduler: true, runner: false, env: { LOG_LEVEL: 'warn' } });
+  ({ api, principal, envId } = await setUp(p));
+  const pairing = await p.root.post<{ code: string }>('/v1/runner-pairings', { principal_id: principal, machine_label: 'terminal-box', expires_in_seconds: 600 }, { idempotencyKey: 'pair-terminal-box' });
+  const { secret } = await p.anon.post<{ secret: string }>('/v1/runner-pairings/redeem', { code: pairing.code });
+  runner = await connectRawRunner<Frame>(p, secret, dockerHello([MODEL_GATEWAY_PROTOCOL], { slots: 4 }));
+  sockets.push(runner.sock);
+}, 120_000);
+
+afterAll(async () => {
+  for (const s of sockets) s.terminate();
+  await p?.stop();
+  for (const o of others) await o.stop();
+  rmSync(markers, { recursive: true, force: true });
+});
+
+describe('an archived Session\'s terminal status event', () => {
+  it('archived when idle: session.status_completed at once, once, as its last status event', async () => {
+    const t = await runningTurn();
+    await endTurn(t, 'end_turn');
+    expect((await api.request('POST', `/v1/sessions/${t.sessionId}/archive`)).status).toBe(200);
+    const [done] = (await untilEvents(api, t.sessionId, (e) => e.some((x) => TERMINAL.includes(x.type)), 15_000)).filter((e) => TERMINAL.includes(e.type));
+    expect(done?.type).toBe('session.status_completed');
+    expect(done?.payload.stop_reason).toEqual({ type: 'end_turn' });
+    // The archive again (retry-safe) writes nothing more; a message is refused.
+    expect((await api.request('POST', `/v1/sessions/${t.sessionId}/archive`)).status).toBe(200);
+    expect((await api.request('POST', `/v1/sessions/${t.sessionId}/events`, { body: drive('user.message', 'more') })).status).toBe(409);
+    terminalOf(await settledLog(api, t.sessionId));
+  }, 60_000);
+
+  it('archived mid-turn: nothing until the turn ends; interrupted, the Session ends session.status_canceled after the turn\'s idle', async () => {
+    const t = await runningTurn();
+    expect((await api.request('POST', `/v1/sessions/${t.sessionId}/archive`)).status).toBe(200);
+    const before = runner.frames.length;
+    await api.post(`/v1/sessions/${t.sessionId}/events`, drive('user.interrupt'));
+    const cancel = await nextFrame(runner, 'lease.cancel', before);
+    expect(cancel.payload).toMatchObject(t.ref);
+    await endTurn(t, 'interrupted');
+    const events = await untilEvents(api, t.sessionId, (e) => e.some((x) => TERMINAL.includes(x.type)), 15_000);
+    const idle = events.findIndex((e) => e.type === 'session.status_idle');
+    const terminal = events.findIndex((e) => TERMINAL.includes(e.type));
+    expect(idle).toBeGreaterThan(-1);
+    expect(terminal).toBeGreaterThan(idle);
+    expect(events[terminal]?.type).toBe('session.status_canceled');
+    expect(events[terminal]?.payload.stop_reason).toEqual({ type: 'interrupted' });
+    terminalOf(await settledLog(api, t.sessionId));
+  }, 60_000);
+
+  it('a Session that never ran a turn ends session.status_completed with no stop reason', async () => {
+    const s = await api.post<{ id: string }>('/v1/sessions', { agent: { name: 'a', model: 'default' }, environment_id: envId });
+    await api.post(`/v1/sessions/${s.id}/archive`, {});
+    const done = terminalOf(await settledLog(api, s.id));
+    expect(done.type).toBe('session.status_completed');
+    expect(done.payload.stop_reason).toBeNull();
+  }, 30_000);
+
+  it('the API killed between the archive and its close: the scheduler\'s sweep writes the terminal event', async () => {
+    const marker = join(markers, 'session-archived');
+    const q = await startPlatform({ scheduler: true, runner: false, env: { LOG_LEVEL: 'warn', AGENTPLANE_CRASH_AT: `session-archived:${marker}`, ENQUEUE_REPAIR_AFTER_MS: '500' } });
+    others.push(q);
+    const on = await setUp(q);
+    const s = await on.api.post<{ id: string }>('/v1/sessions', { agent: { name: 'a', model: 'default' }, environment_id: on.envId });
+    const apiBefore = q.pids().api;
+    // The API dies after the archive's write, before the close: the request gets no answer.
+    await expect(on.api.post(`/v1/sessions/${s.id}/archive`, {})).rejects.toThrow();
+    await waitFor('the API restarted', () => (q.pids().api !== undefined && q.pids().api !== apiBefore ? true : undefined), 30_000);
+    const events = await waitFor('the terminal event', () => untilEvents(on.api, s.id, (e) => e.some((x) => TERMINAL.includes(x.type)), 5_000).catch(() => undefined), 60_000);
+    expect(events.filter((e) => TERMINAL.includes(e.type)).map((e) => e.type)).toEqual(['session.status_completed']);
+    expect((await on.api.get<{ archived_at: string | null }>(`/v1/sessions/${s.id}`)).archived_at).not.toBeNull();
+  }, 120_000);
+});
