@@ -426,7 +426,6 @@ export class SessionStore {
     return { event, thread, run };
   }
 
-  /** A thread this process just wrote by other means (a write riding on another document's script): the next compare-and-swap's guess. */
   /**
    * The Session's terminal status event, once. When the Session is archived and no thread has a
    * turn under way (none `running` or `rescheduling`), one script marks every thread closed (a
@@ -461,6 +460,7 @@ export class SessionStore {
     return 'busy';
   }
 
+  /** A thread this process just wrote by other means (a write riding on another document's script): the next compare-and-swap's guess. */
   noteThreadWritten(t: ThreadDoc): void {
     this.rememberThread(t);
   }
