@@ -72,7 +72,9 @@ async function main(): Promise<void> {
     process.stderr.write('--bootstrap-only needs REDIS_URL (the shared Redis the other processes use)\n');
     process.exit(2);
   }
-  const log = createLogger({ name: 'platform', level: config.logLevel });
+  // Written at once: a child's first line of stopping must not reach the shared stdout before
+  // the platform's line saying why (a stop stage signals its children right after logging).
+  const log = createLogger({ name: 'platform', level: config.logLevel, sync: true });
   mkdirSync(config.dataDir, { recursive: true, mode: 0o700 });
 
   const masterKeyFile = join(config.dataDir, 'master.key');

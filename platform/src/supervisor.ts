@@ -94,9 +94,10 @@ export class Supervisor {
     });
     for (const { name, proc } of stage) if (proc.exitCode === null && proc.signalCode === null) this.log.info({ child: name }, 'stopping platform process');
     // What was logged up to here is written before any child of the stage hears of the stop: the
-    // logger writes stdout asynchronously and the children share it, so a child's own first line
-    // of stopping could otherwise come before the line that says why. (Not longer than a second:
-    // a stdout nobody reads must not keep the children from being stopped.)
+    // children share stdout, so a child's own first line of stopping could otherwise come before
+    // the line that says why. The platform's logger writes each line before the call returns
+    // (`createLogger`'s `sync`); a logger that buffers is flushed here (not longer than a second:
+    // a stdout nobody reads must not keep the children from being stopped).
     await new Promise<void>((resolve) => {
       const timer = setTimeout(resolve, LOG_FLUSH_WAIT_MS);
       this.log.flush(() => {

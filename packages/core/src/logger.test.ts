@@ -1,4 +1,5 @@
 import { describe, expect, it } from 'vitest';
+import { spawnSync } from 'node:child_process';
 import { createLogger, redactSecrets } from './logger.js';
 
 function capture() {
@@ -88,5 +89,18 @@ describe('redactSecrets', () => {
     expect(out).toEqual({ keep: clean, deep: { token: '[redacted]' } });
     expect(out.keep).toBe(clean);
     expect(input.deep.token).toBe(SECRET);
+  });
+});
+
+describe('createLogger with sync', () => {
+  /** A process that logs one line and at once kills itself: what reached its stdout. */
+  const loggedThenKilled = (sync: boolean): string => {
+    const core = new URL('../dist/index.js', import.meta.url).href;
+    const script = `const { createLogger } = await import(${JSON.stringify(core)}); createLogger({ name: 't', sync: ${sync} }).info('written before the kill'); process.kill(process.pid, 'SIGKILL');`;
+    return spawnSync(process.execPath, ['--input-type=module', '-e', script], { encoding: 'utf8' }).stdout;
+  };
+
+  it('writes a line to stdout before the call returns: a process killed right after has it out', () => {
+    for (let i = 0; i < 5; i++) expect(loggedThenKilled(true)).toContain('written before the kill');
   });
 });

@@ -7,6 +7,12 @@ export interface LoggerOptions {
   level?: LevelWithSilent;
   /** Where lines go; stdout by default. */
   destination?: DestinationStream;
+  /**
+   * Lines to stdout are written before the call that logs them returns (pino's default writes
+   * them a moment later, from Node's thread pool). For a process whose children share its stdout
+   * and must not be heard before it: the platform, whose stop lines say why its children stop.
+   */
+  sync?: boolean;
 }
 
 /**
@@ -104,7 +110,8 @@ export function createLogger(options: LoggerOptions): Logger {
     // Errors are already serialised (and redacted) by the formatter; a plain object passes.
     serializers: { err: (e: unknown): unknown => (e instanceof Error ? redactSecrets(serializeError(e)) : e) },
   };
-  const root = options.destination ? pino(opts, options.destination) : pino(opts);
+  const destination = options.destination ?? (options.sync ? pino.destination({ dest: process.stdout.fd ?? 1, sync: true }) : undefined);
+  const root = destination ? pino(opts, destination) : pino(opts);
   // Child bindings skip the log formatter: redact them on the way in. Children inherit this
   // `child` (they are prototype-linked to the root), so grandchildren are covered too.
   const protoChild = root.child as unknown as (this: Logger, bindings: Record<string, unknown>, o?: object) => Logger;
