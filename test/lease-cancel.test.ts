@@ -5,8 +5,8 @@ import { cancelMarkKey } from '@agentplane/lease';
 import { frame, MODEL_GATEWAY_PROTOCOL, type Payload } from '@agentplane/protocol';
 import { connectRedis, type Redis } from '@agentplane/store';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
-import { connectRawRunner, dockerHello, type RawRunner, type RunnerFrame } from './harness/raw-runner.js';
-import { idleCount, untilEvents } from './harness/turns.js';
+import { connectRawRunner, dockerHello, pairedRunnerSecret, type RawRunner, type RunnerFrame } from './harness/raw-runner.js';
+import { developerWorkspace, idleCount, untilEvents } from './harness/turns.js';
 
 /**
  * An interrupt whose `lease.cancel` never reaches the runner holding the lease (sent while the
@@ -39,18 +39,9 @@ const interrupt = { type: 'user.interrupt', payload: { authored_by: '', caused_b
 beforeAll(async () => {
   p = await startPlatform({ scheduler: true, runner: false, env: { LOG_LEVEL: 'warn' } });
   redis = connectRedis(p.redisUrl(), { name: 'test' });
-  const ws = p.bootstrap.workspace_id;
-  const key = await p.root.post<{ secret: string }>(`/v1/organizations/${p.bootstrap.organization_id}/api-keys`, {
-    display_name: 'app', role: 'developer', scope: { type: 'workspace', workspace_id: ws },
-  }, { idempotencyKey: 'lease-cancel-dev-key' });
-  api = new HttpClient({ baseUrl: p.baseUrl, token: key.secret });
-  principal = (await p.root.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/principals`, {
-    external_subject_id: 'user-1', principal_type: 'person', display_name: 'User One',
-  })).id;
+  ({ api, principal, envId } = await developerWorkspace(p, 'lease-cancel'));
   interrupt.payload.authored_by = principal;
-  envId = (await api.post<{ id: string }>('/v1/environments', { name: 'sandbox', image: 'agentplane/sandbox:latest' })).id;
-  const pairing = await p.root.post<{ code: string }>('/v1/runner-pairings', { principal_id: principal, machine_label: 'cancel-box', expires_in_seconds: 600 }, { idempotencyKey: 'pair-cancel-box' });
-  ({ secret } = await p.anon.post<{ secret: string }>('/v1/runner-pairings/redeem', { code: pairing.code }));
+  secret = await pairedRunnerSecret(p, principal, 'cancel-box');
 }, 120_000);
 
 afterAll(async () => {

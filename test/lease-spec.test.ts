@@ -5,8 +5,8 @@ import { cancelMarkKey } from '@agentplane/lease';
 import { frame, LEASE_SPEC_PROTOCOL, MODEL_GATEWAY_PROTOCOL, type Payload } from '@agentplane/protocol';
 import { connectRedis, type Redis } from '@agentplane/store';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
-import { connectRawRunner, dockerHello, type RawRunner, type RunnerFrame } from './harness/raw-runner.js';
-import { idleCount, untilEvents, type TurnEvent } from './harness/turns.js';
+import { connectRawRunner, dockerHello, pairedRunnerSecret, type RawRunner, type RunnerFrame } from './harness/raw-runner.js';
+import { developerWorkspace, idleCount, untilEvents, type TurnEvent } from './harness/turns.js';
 
 /**
  * Offers whose spec follows (`lease-spec-v1`): the scheduler offers a first attempt at once,
@@ -28,9 +28,7 @@ const hello = (planes: string[]): Payload<'hello'> => dockerHello(planes, { slot
 type Frame = RunnerFrame<Record<string, unknown>>;
 
 async function pairedRunner(label: string, planes: string[]): Promise<RawRunner<Frame>> {
-  const pairing = await p.root.post<{ code: string }>('/v1/runner-pairings', { principal_id: principal, machine_label: label, expires_in_seconds: 600 }, { idempotencyKey: `pair-${label}` });
-  const { secret } = await p.anon.post<{ secret: string }>('/v1/runner-pairings/redeem', { code: pairing.code });
-  const r = await connectRawRunner<Frame>(p, secret, hello(planes));
+  const r = await connectRawRunner<Frame>(p, await pairedRunnerSecret(p, principal, label), hello(planes));
   sockets.push(r.sock);
   return r;
 }
@@ -60,15 +58,7 @@ const events = (sessionId: string): Promise<TurnEvent[]> => untilEvents(api, ses
 beforeAll(async () => {
   p = await startPlatform({ scheduler: true, runner: false, env: { LOG_LEVEL: 'warn', OFFER_TIMEOUT_MS: '10000' } });
   redis = connectRedis(p.redisUrl(), { name: 'test' });
-  const ws = p.bootstrap.workspace_id;
-  const key = await p.root.post<{ secret: string }>(`/v1/organizations/${p.bootstrap.organization_id}/api-keys`, {
-    display_name: 'app', role: 'developer', scope: { type: 'workspace', workspace_id: ws },
-  }, { idempotencyKey: 'lease-spec-dev-key' });
-  api = new HttpClient({ baseUrl: p.baseUrl, token: key.secret });
-  principal = (await p.root.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/principals`, {
-    external_subject_id: 'user-1', principal_type: 'person', display_name: 'User One',
-  })).id;
-  envId = (await api.post<{ id: string }>('/v1/environments', { name: 'sandbox', image: 'agentplane/sandbox:latest' })).id;
+  ({ api, principal, envId } = await developerWorkspace(p, 'lease-spec'));
 }, 120_000);
 
 afterAll(async () => {

@@ -6,8 +6,8 @@ import type { WebSocket } from 'ws';
 import { HttpClient } from '@agentplane/client';
 import { frame, MODEL_GATEWAY_PROTOCOL } from '@agentplane/protocol';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
-import { connectRawRunner, dockerHello, type RawRunner, type RunnerFrame } from './harness/raw-runner.js';
-import { untilEvents, type TurnEvent } from './harness/turns.js';
+import { connectRawRunner, dockerHello, pairedRunnerSecret, type RawRunner, type RunnerFrame } from './harness/raw-runner.js';
+import { developerWorkspace, untilEvents, type TurnEvent } from './harness/turns.js';
 
 /**
  * An archived Session's terminal status event (`session.status_completed`, `_canceled` or
@@ -77,25 +77,10 @@ function terminalOf(events: TurnEvent[]): TurnEvent {
   return t;
 }
 
-async function setUp(platform: Platform): Promise<{ api: HttpClient; principal: string; envId: string }> {
-  const ws = platform.bootstrap.workspace_id;
-  const key = await platform.root.post<{ secret: string }>(`/v1/organizations/${platform.bootstrap.organization_id}/api-keys`, {
-    display_name: 'app', role: 'developer', scope: { type: 'workspace', workspace_id: ws },
-  }, { idempotencyKey: 'terminal-dev-key' });
-  const client = new HttpClient({ baseUrl: platform.baseUrl, token: key.secret });
-  const who = (await platform.root.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/principals`, {
-    external_subject_id: 'user-1', principal_type: 'person', display_name: 'User One',
-  })).id;
-  const env = (await client.post<{ id: string }>('/v1/environments', { name: 'sandbox', image: 'agentplane/sandbox:latest' })).id;
-  return { api: client, principal: who, envId: env };
-}
-
 beforeAll(async () => {
   p = await startPlatform({ scheduler: true, runner: false, env: { LOG_LEVEL: 'warn' } });
-  ({ api, principal, envId } = await setUp(p));
-  const pairing = await p.root.post<{ code: string }>('/v1/runner-pairings', { principal_id: principal, machine_label: 'terminal-box', expires_in_seconds: 600 }, { idempotencyKey: 'pair-terminal-box' });
-  const { secret } = await p.anon.post<{ secret: string }>('/v1/runner-pairings/redeem', { code: pairing.code });
-  runner = await connectRawRunner<Frame>(p, secret, dockerHello([MODEL_GATEWAY_PROTOCOL], { slots: 4 }));
+  ({ api, principal, envId } = await developerWorkspace(p, 'terminal'));
+  runner = await connectRawRunner<Frame>(p, await pairedRunnerSecret(p, principal, 'terminal-box'), dockerHello([MODEL_GATEWAY_PROTOCOL], { slots: 4 }));
   sockets.push(runner.sock);
 }, 120_000);
 
@@ -150,7 +135,7 @@ describe('an archived Session\'s terminal status event', () => {
     const marker = join(markers, 'session-archived');
     const q = await startPlatform({ scheduler: true, runner: false, env: { LOG_LEVEL: 'warn', AGENTPLANE_CRASH_AT: `session-archived:${marker}`, ENQUEUE_REPAIR_AFTER_MS: '500' } });
     others.push(q);
-    const on = await setUp(q);
+    const on = await developerWorkspace(q, 'terminal-crash');
     const s = await on.api.post<{ id: string }>('/v1/sessions', { agent: { name: 'a', model: 'default' }, environment_id: on.envId });
     const apiBefore = q.pids().api;
     // The API dies after the archive's write, before the close: the request gets no answer.

@@ -615,6 +615,15 @@ export async function deliverToRunner(
 }
 
 /**
+ * `lease.cancel` to the runner holding a lease, wherever its socket is (`deliverToRunner`): the
+ * node holding it sends the frame and repeats it in every `heartbeat.ack` until the runner stops
+ * listing the lease.
+ */
+export function cancelOnRunner(redis: Redis, workspaceId: string, runnerId: string, payload: Payload<'lease.cancel'>, eventId: string): Promise<boolean> {
+  return deliverToRunner(redis, workspaceId, runnerId, frame('lease.cancel', eventId, payload), { cancel: payload });
+}
+
+/**
  * Attach the runner gateway to an HTTP server: upgrades on the runner path go to it. Upgrades on
  * other paths are left to other listeners, or refused when there are none.
  */

@@ -1,7 +1,6 @@
 import type { Job } from 'bullmq';
 import { extractTrace, newId, type Context, type Logger } from '@agentplane/core';
-import { deliverToRunner } from '@agentplane/gateway';
-import { frame } from '@agentplane/protocol';
+import { cancelOnRunner } from '@agentplane/gateway';
 import type { Redis } from '@agentplane/store';
 import type { RunJobData, RunQueues } from '@agentplane/lease';
 import type { RunLifecycle } from '@agentplane/domain';
@@ -79,7 +78,7 @@ export function runHooks(d: {
     },
     async cancelLease(job: Job<RunJobData>, runnerId: string, leaseId: string, attempt: number) {
       const payload = { lease_id: leaseId, attempt, reason: 'user.interrupt', grace_ms: d.interruptGraceMs };
-      await deliverToRunner(d.redis, job.data.workspace_id, runnerId, frame('lease.cancel', newId('event'), payload), { cancel: payload });
+      await cancelOnRunner(d.redis, job.data.workspace_id, runnerId, payload, newId('event'));
     },
   };
 }

@@ -5,7 +5,7 @@
  */
 import { WebSocket } from 'ws';
 import { frame, type Payload } from '@agentplane/protocol';
-import { waitFor } from './platform.js';
+import { waitFor, type Platform } from './platform.js';
 
 /** A frame as the gateway sends it; tests narrow `payload` with the type parameter. */
 export interface RunnerFrame<P = unknown> {
@@ -47,6 +47,12 @@ export function dockerHello(planes: string[], options: { slots?: number; held?: 
       }],
     },
   };
+}
+
+/** A runner credential's secret, from a pairing for `principal` redeemed at once. */
+export async function pairedRunnerSecret(p: Pick<Platform, 'root' | 'anon'>, principal: string, label: string): Promise<string> {
+  const pairing = await p.root.post<{ code: string }>('/v1/runner-pairings', { principal_id: principal, machine_label: label, expires_in_seconds: 600 }, { idempotencyKey: `pair-${label}` });
+  return (await p.anon.post<{ secret: string }>('/v1/runner-pairings/redeem', { code: pairing.code })).secret;
 }
 
 /** The WebSocket URL runners connect to on a platform at `baseUrl`. */

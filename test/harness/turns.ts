@@ -34,21 +34,29 @@ export interface TurnPlatform {
   msg(content: string): { type: 'user.message'; payload: Json };
 }
 
-export async function startTurnPlatform(options: { name: string; env?: Record<string, string>; environment?: Json }): Promise<TurnPlatform> {
-  const p = await startPlatform({ runner: true, scheduler: true, env: { ...FAST_LEASES, ...options.env } });
+/**
+ * A developer API key of the bootstrap Workspace (its client), a person Principal to author drive
+ * events, and an Environment (`environment` adds to or replaces the default body's fields).
+ */
+export async function developerWorkspace(p: Platform, name: string, environment: Json = {}): Promise<{ api: HttpClient; principal: string; envId: string }> {
   const ws = p.bootstrap.workspace_id;
   const key = await p.root.post<{ secret: string }>(`/v1/organizations/${p.bootstrap.organization_id}/api-keys`, {
     display_name: 'app', role: 'developer', scope: { type: 'workspace', workspace_id: ws },
-  }, { idempotencyKey: `${options.name}-dev-key` });
+  }, { idempotencyKey: `${name}-dev-key` });
   const api = new HttpClient({ baseUrl: p.baseUrl, token: key.secret });
   const principal = (await p.root.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/principals`, {
     external_subject_id: 'user-1', principal_type: 'person', display_name: 'User One',
   })).id;
-  const envId = (await api.post<{ id: string }>('/v1/environments', {
-    name: 'sandbox', image: 'agentplane/sandbox:latest',
+  const envId = (await api.post<{ id: string }>('/v1/environments', { name: 'sandbox', image: 'agentplane/sandbox:latest', ...environment })).id;
+  return { api, principal, envId };
+}
+
+export async function startTurnPlatform(options: { name: string; env?: Record<string, string>; environment?: Json }): Promise<TurnPlatform> {
+  const p = await startPlatform({ runner: true, scheduler: true, env: { ...FAST_LEASES, ...options.env } });
+  const { api, principal, envId } = await developerWorkspace(p, options.name, {
     resources: { cpu_millis: 1000, memory_mib: 256, disk_mib: 512, max_duration_seconds: 120 },
     ...options.environment,
-  })).id;
+  });
   await waitFor('a ready runner', async () => {
     const r = await p.root.get<{ data: { status: string }[] }>('/v1/runner-pools/presences');
     return r.data.some((x) => x.status === 'ready') ? true : undefined;

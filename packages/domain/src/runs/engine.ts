@@ -1,7 +1,6 @@
 import { newId, type Context, type Logger } from '@agentplane/core';
-import { deliverToRunner } from '@agentplane/gateway';
+import { cancelOnRunner } from '@agentplane/gateway';
 import { CancelMarks, LeaseFence, markPoolActive, type RunQueues, type RunRequirements } from '@agentplane/lease';
-import { frame } from '@agentplane/protocol';
 import { BoundedCache, isCluster, type Redis } from '@agentplane/store';
 import type { VersionedStore } from '../versioned.js';
 import type { Environment } from '../environments/model.js';
@@ -203,8 +202,8 @@ export class RunEngine implements TurnScheduler {
       // A leased Run: the mark outlives the lease.cancel frame, so the runner's next lease
       // heartbeat repairs a frame that never reached it (its fence extension finds the mark),
       // and an attempt retried after a crash ends instead of running the turn again.
-      const [, sent] = await Promise.all([this.cancels.mark(sessionId, runId), this.cancelLease(sessionId, run.workspace_id, runId)]);
-      if (sent) return;
+      await Promise.all([this.cancels.mark(sessionId, runId), this.cancelLease(sessionId, run.workspace_id, runId)]);
+      return;
     }
     if (await this.cancelLease(sessionId, run.workspace_id, runId)) return;
     if (held && pool && (await this.d.queues.cancelQueued(pool, runId)) === 'canceled') {
@@ -218,7 +217,7 @@ export class RunEngine implements TurnScheduler {
     const lease = await this.fence.current(sessionId, runId);
     if (lease.run_id !== runId || !lease.token || !lease.runner_id) return false;
     const payload = { lease_id: lease.token, attempt: Number(lease.attempt ?? 1), reason: 'user.interrupt', grace_ms: this.d.interruptGraceMs };
-    await deliverToRunner(this.d.redis, workspaceId, lease.runner_id, frame('lease.cancel', newId('event'), payload), { cancel: payload });
+    await cancelOnRunner(this.d.redis, workspaceId, lease.runner_id, payload, newId('event'));
     return true;
   }
 
