@@ -44,7 +44,7 @@ import { allOperations } from './routes.js';
 import { RunnerService } from '@agentplane/domain';
 import { createRunsModule } from './runs/module.js';
 import { registerRunHandlers } from './runs/gateway-handlers.js';
-import { attachGateway, PresenceStore, type Gateway } from '@agentplane/gateway';
+import { attachGateway, linkUrlFor, PresenceStore, type Gateway } from '@agentplane/gateway';
 import { createModelsModule } from './models/module.js';
 import { CONSOLE_PREFIX, consoleStatic } from './console/static.js';
 import { AutomationService } from './automations/service.js';
@@ -284,7 +284,9 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
         server.once('error', reject);
         server.listen(config.port, config.host, () => {
           const addr = server.address();
-          resolve({ port: typeof addr === 'object' && addr ? addr.port : config.port });
+          const port = typeof addr === 'object' && addr ? addr.port : config.port;
+          if (gateway && config.gatewayLinkUrl !== null) gateway.advertiseLink(linkUrlFor(config.host, port, config.gatewayLinkUrl));
+          resolve({ port });
         });
       }),
     async close() {

@@ -29,6 +29,11 @@ export interface ApiConfig {
   shutdownGraceMs: number;
   /** Host the runner WebSocket gateway in this process. */
   gatewayEmbedded: boolean;
+  /**
+   * Where schedulers reach this gateway node's link (GATEWAY_LINK_URL; null: `off`, no link, frames
+   * come by pub/sub; undefined: derived from the listen address).
+   */
+  gatewayLinkUrl: string | null | undefined;
   metricsEnabled: boolean;
   /** Period of the SSE keep-alive comment on session streams. */
   sseKeepaliveMs: number;
@@ -81,6 +86,15 @@ function loadMasterKey(env: Env): Buffer {
   return key;
 }
 
+/** GATEWAY_LINK_URL: a ws:// or wss:// URL, or `off`. */
+export function gatewayLinkUrlFrom(env: Env): string | null | undefined {
+  const raw = envOptional(env, 'GATEWAY_LINK_URL');
+  if (raw === undefined) return undefined;
+  if (raw === 'off') return null;
+  if (!/^wss?:\/\/[^/\s]+\/?$/.test(raw)) throw new ConfigError(`GATEWAY_LINK_URL must be ws://host:port, wss://host:port or off (got ${JSON.stringify(raw)})`);
+  return raw;
+}
+
 export function loadApiConfig(env: Env): ApiConfig {
   const port = envInt(env, 'PORT', 8080, 0, 65535);
   const host = envString(env, 'HOST', '127.0.0.1');
@@ -98,6 +112,7 @@ export function loadApiConfig(env: Env): ApiConfig {
     auditRetentionMs: envInt(env, 'AUDIT_RETENTION_DAYS', 400, 1, 3650) * 24 * 3600 * 1000,
     shutdownGraceMs: envInt(env, 'SHUTDOWN_GRACE_MS', 10_000, 0),
     gatewayEmbedded: envBool(env, 'GATEWAY_EMBEDDED', true),
+    gatewayLinkUrl: gatewayLinkUrlFrom(env),
     metricsEnabled: envBool(env, 'METRICS_ENABLED', true),
     sseKeepaliveMs: envInt(env, 'SSE_KEEPALIVE_MS', 15_000, 100, 300_000),
     lease: leaseConfigFrom(env),

@@ -14,6 +14,8 @@ Environment:
   PUBLIC_BASE_URL    URL clients use to reach this API
   LOG_LEVEL          fatal|error|warn|info|debug|trace|silent (default info)
   GATEWAY_EMBEDDED   host the runner WebSocket gateway on /v1/runners/connect (default true)
+  GATEWAY_LINK_URL   where schedulers reach this node's link (ws://host:port; default: the listen
+                     address, 127.0.0.1 for 0.0.0.0); off: frames for runners come by Redis pub/sub
   RUNNER_HEARTBEAT_INTERVAL_MS, RUNNER_PRESENCE_TTL_MS, RUNNER_MAX_FRAME_BYTES
                      runner heartbeat interval (5000), presence TTL (20000), largest frame (1 MiB)
   PAIRING_REDEEM_PER_MINUTE  pairing-code redemptions accepted per minute, platform-wide (60)

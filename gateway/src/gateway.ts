@@ -11,6 +11,7 @@ import {
 } from '@agentplane/protocol';
 import { AuthFailure, authenticateRunner, bearerFrom, currentStanding, poolDocKey, poolDrainOf, stillAuthorized, type RunnerIdentity } from './auth.js';
 import { GATEWAY_CONTROL_CHANNEL, gatewayNodeChannel, PresenceStore } from './presence.js';
+import { advertiseLink, GATEWAY_LINK_PATH, takeLinkTicket, type LinkFrame, type NodeLinks } from './link.js';
 
 /** Principal suspensions and deletions, published by the identity service. */
 export const PRINCIPAL_CHANGES_CHANNEL = 'ap:principal-changes';
@@ -139,6 +140,13 @@ export class Gateway {
   private closing = false;
   private msgSeq = 0;
   private readonly connectedListeners: ConnectedListener[] = [];
+  /** Open node links (senders' direct sockets), and the reply channels each one named. */
+  private readonly links = new Set<WebSocket>();
+  /** Link frames carry a runner frame as a JSON string (escaping makes it larger). */
+  private readonly linkWss: WebSocketServer;
+  private readonly linkByChannel = new Map<string, WebSocket>();
+  private readonly metricLinkFrames: Counter<'direction'>;
+  private advertised: { stop(): Promise<void> } | null = null;
 
   constructor(private readonly deps: GatewayDeps) {
     this.options = { ...DEFAULT_GATEWAY_OPTIONS, nodeId: `gw_${randomBytes(8).toString('hex')}`, ...deps.options };
@@ -146,10 +154,12 @@ export class Gateway {
     this.presence = new PresenceStore(deps.redis);
     this.handlers = { ...deps.handlers };
     this.wss = new WebSocketServer({ noServer: true, maxPayload: this.options.maxFrameBytes, perMessageDeflate: false, clientTracking: false });
+    this.linkWss = new WebSocketServer({ noServer: true, maxPayload: this.options.maxFrameBytes * 2 + 65_536, perMessageDeflate: false, clientTracking: false });
     const conns = this.conns;
     new Gauge({ name: 'agentplane_gateway_connected_runners', help: 'Runner sockets open on this gateway node', registers: [deps.metrics], collect() { this.set(conns.size); } });
     this.metricFrames = new Counter({ name: 'agentplane_gateway_frames_total', help: 'Runner protocol frames by direction and type', labelNames: ['direction', 'type'] as const, registers: [deps.metrics] });
     this.metricCloses = new Counter({ name: 'agentplane_gateway_closes_total', help: 'Runner sockets closed, by close code (codes outside the protocol count as other)', labelNames: ['code'] as const, registers: [deps.metrics] });
+    this.metricLinkFrames = new Counter({ name: 'agentplane_gateway_link_frames_total', help: 'Frames on node links: deliveries in, replies out', labelNames: ['direction'] as const, registers: [deps.metrics] });
     this.metricRejects = new Counter({ name: 'agentplane_gateway_upgrade_rejections_total', help: 'Refused runner upgrades by HTTP status', labelNames: ['status'] as const, registers: [deps.metrics] });
     this.sub = deps.redis.duplicate({ connectionName: 'agentplane:gateway:control' });
     this.sub.on('error', (err: Error) => this.log.warn({ err: err.message }, 'gateway subscriber error'));
@@ -215,6 +225,7 @@ export class Gateway {
   /** Handle an HTTP upgrade on our path; returns false for other paths (the caller may handle them). */
   handleUpgrade(req: IncomingMessage, socket: Duplex, head: Buffer): boolean {
     const url = new URL(req.url ?? '/', 'http://gateway');
+    if (url.pathname === GATEWAY_LINK_PATH) return this.upgradeLink(req, socket, head);
     if (url.pathname !== this.options.path) return false;
     if (this.closing) {
       this.reject(socket, new ApiError('runtime.internal', 'the gateway is shutting down; reconnect to another instance or retry'));
@@ -235,6 +246,77 @@ export class Gateway {
       },
     );
     return true;
+  }
+
+  /**
+   * Advertise this node's link endpoint (docs/ARCHITECTURE.md, "Node links"): schedulers then send
+   * its runners' frames over a direct socket instead of through Redis pub/sub.
+   */
+  advertiseLink(url: string): void {
+    if (this.closing || this.advertised) return;
+    this.advertised = advertiseLink(this.deps.redis, this.options.nodeId, url, this.log);
+    this.log.info({ url }, 'gateway link advertised');
+  }
+
+  /** A sender's link upgrade: accepted only with a one-time ticket written for this node. */
+  private upgradeLink(req: IncomingMessage, socket: Duplex, head: Buffer): boolean {
+    if (this.closing) {
+      this.reject(socket, new ApiError('runtime.internal', 'the gateway is shutting down'));
+      return true;
+    }
+    takeLinkTicket(this.deps.redis, this.options.nodeId, bearerFrom(req.headers.authorization) ?? undefined).then(
+      (ok) => {
+        if (!ok) return this.reject(socket, new ApiError('auth.invalid_key', 'unknown, used or expired link ticket'));
+        this.linkWss.handleUpgrade(req, socket, head, (ws) => this.acceptLink(ws));
+      },
+      (err: unknown) => {
+        this.log.warn({ err: err instanceof Error ? err.message : String(err) }, 'link upgrade failed');
+        this.reject(socket, new ApiError('runtime.internal', 'the gateway cannot check the link ticket right now; retry'));
+      },
+    );
+    return true;
+  }
+
+  private acceptLink(ws: WebSocket): void {
+    if (this.closing) return void ws.close(CLOSE.GOING_AWAY);
+    this.links.add(ws);
+    const channels: string[] = [];
+    ws.on('message', (data) => {
+      let f: LinkFrame;
+      try {
+        f = JSON.parse(String(data)) as LinkFrame;
+      } catch {
+        return;
+      }
+      if (f.k === 'd' && f.d && typeof f.d.runner_id === 'string' && typeof f.d.frame === 'string') {
+        this.metricLinkFrames.inc({ direction: 'in' });
+        this.deliver(f.d);
+      } else if (f.k === 'hello' && Array.isArray(f.reply_channels)) {
+        for (const ch of f.reply_channels) {
+          if (typeof ch !== 'string') continue;
+          channels.push(ch);
+          this.linkByChannel.set(ch, ws);
+        }
+      }
+    });
+    ws.on('error', () => undefined);
+    ws.on('close', () => {
+      this.links.delete(ws);
+      for (const ch of channels) if (this.linkByChannel.get(ch) === ws) this.linkByChannel.delete(ch);
+    });
+  }
+
+  /**
+   * A message for a sender's channel: over the sender's link when it named the channel on one,
+   * else published (the channel's subscribers get it either way). Resolves once sent.
+   */
+  async sendToChannel(channel: string, message: string): Promise<void> {
+    const ws = this.linkByChannel.get(channel);
+    if (ws && ws.readyState === ws.OPEN) {
+      this.metricLinkFrames.inc({ direction: 'out' });
+      return void ws.send(JSON.stringify({ k: 'r', channel, message } satisfies LinkFrame));
+    }
+    await this.deps.redis.publish(channel, message);
   }
 
   /** Refuse an upgrade with a plain HTTP answer: the wire error body of a catalog type. */
@@ -537,7 +619,11 @@ export class Gateway {
       return;
     }
     // Our node channel: a frame for one of our runners.
-    const d = msg as NodeDelivery;
+    this.deliver(msg as NodeDelivery);
+  }
+
+  /** A frame for one of our runners (from our node channel or a node link). */
+  private deliver(d: NodeDelivery): void {
     const c = this.byRunner.get(d.runner_id);
     if (!c || c.state !== 'live' || (d.generation !== undefined && d.generation !== c.generationValue)) {
       if (d.forward_in !== undefined && !c) return void this.forward(d, d.forward_in);
@@ -571,7 +657,7 @@ export class Gateway {
   /** Tell the sender of a frame this node could not deliver (when it asked to be told). */
   private async undelivered(d: NodeDelivery): Promise<void> {
     if (!d.undelivered) return;
-    await this.deps.redis.publish(d.undelivered.channel, d.undelivered.message).catch((err: unknown) => {
+    await this.sendToChannel(d.undelivered.channel, d.undelivered.message).catch((err: unknown) => {
       this.log.warn({ err: err instanceof Error ? err.message : String(err), runner: d.runner_id }, 'cannot report an undelivered frame');
     });
   }
@@ -579,21 +665,26 @@ export class Gateway {
   /** Stop accepting, close every socket with 1001 (runners reconnect elsewhere), unsubscribe. */
   async close(): Promise<void> {
     this.closing = true;
+    await this.advertised?.stop();
+    for (const ws of this.links) ws.close(CLOSE.GOING_AWAY);
     for (const c of [...this.conns.values()]) this.closeConn(c, CLOSE.GOING_AWAY, 'gateway restarting');
     await this.sub.quit().catch(() => this.sub.disconnect());
     await new Promise<void>((r) => this.wss.close(() => r()));
+    await new Promise<void>((r) => this.linkWss.close(() => r()));
   }
 }
 
 /**
  * Route a frame to a runner wherever its socket is: read its presence route and publish on
- * that gateway node's channel. False when the runner has no live presence.
+ * that gateway node's channel. False when the runner has no live presence. With `nodeId` (the
+ * node the caller saw the runner on), straight to that node: over its link when `links` has one
+ * open, else published on its channel.
  */
 export async function deliverToRunner(
   redis: Redis, workspaceId: string, runnerId: string, frameText: string,
-  options: { generation?: number; nodeId?: string; undelivered?: NodeDelivery['undelivered']; cancel?: Payload<'lease.cancel'> } = {},
+  options: { generation?: number; nodeId?: string; undelivered?: NodeDelivery['undelivered']; cancel?: Payload<'lease.cancel'>; links?: NodeLinks } = {},
 ): Promise<boolean> {
-  const { generation, nodeId, undelivered, cancel } = options;
+  const { generation, nodeId, undelivered, cancel, links } = options;
   const base: NodeDelivery = {
     runner_id: runnerId, frame: frameText, ...(generation !== undefined ? { generation } : {}), ...(undelivered ? { undelivered } : {}), ...(cancel ? { cancel } : {}),
   };
@@ -601,6 +692,8 @@ export async function deliverToRunner(
     // Straight to the node the caller saw the runner on: one round trip instead of two. A node
     // that no longer holds the socket forwards it once, along the runner's current presence.
     const hinted: NodeDelivery = { ...base, forward_in: workspaceId };
+    // Over the node's link when one is open: one hop, no Redis in between.
+    if (links?.send(nodeId, hinted)) return true;
     // On a Redis Cluster the count covers one node's subscribers only, while the message reaches
     // every node: a second publish there could deliver the frame twice.
     if ((await redis.publish(gatewayNodeChannel(nodeId), JSON.stringify(hinted))) > 0 || isCluster(redis)) return true;

@@ -1,8 +1,9 @@
 import { createServer } from 'node:http';
-import { ApiError, createLogger, createMetrics, envInt, envString, METRICS_CONTENT_TYPE, startTracing, strictCommandLine } from '@agentplane/core';
+import { ApiError, ConfigError, createLogger, createMetrics, envInt, envOptional, envString, METRICS_CONTENT_TYPE, startTracing, strictCommandLine } from '@agentplane/core';
 import { connectRedis } from '@agentplane/store';
 import { RUNNER_DEFAULTS } from '@agentplane/protocol';
 import { attachGateway } from './gateway.js';
+import { linkUrlFor } from './link.js';
 
 const HELP = `agentplane runner gateway (standalone)
 
@@ -14,6 +15,8 @@ Environment:
   RUNNER_HEARTBEAT_INTERVAL_MS     heartbeat interval told to runners (default ${RUNNER_DEFAULTS.heartbeatIntervalMs})
   RUNNER_PRESENCE_TTL_MS           presence TTL (default ${RUNNER_DEFAULTS.presenceTtlMs})
   RUNNER_MAX_FRAME_BYTES           largest accepted frame (default ${RUNNER_DEFAULTS.maxFrameBytes})
+  GATEWAY_LINK_URL                 where schedulers reach this node's link (ws://host:port; default: the
+                                   listen address, 127.0.0.1 for 0.0.0.0); off: frames come by pub/sub
   LOG_LEVEL                        pino level (default info)
   SHUTDOWN_GRACE_MS                graceful stop on SIGTERM/SIGINT; the process exits after it regardless (default 10000)
 `;
@@ -59,8 +62,12 @@ async function main(): Promise<void> {
     },
   });
   const port = envInt(env, 'PORT', 8081, 0, 65535);
-  await new Promise<void>((r) => server.listen(port, envString(env, 'HOST', '127.0.0.1'), () => r()));
+  const host = envString(env, 'HOST', '127.0.0.1');
+  const linkUrl = envOptional(env, 'GATEWAY_LINK_URL');
+  if (linkUrl !== undefined && linkUrl !== 'off' && !/^wss?:\/\/[^/\s]+\/?$/.test(linkUrl)) throw new ConfigError('GATEWAY_LINK_URL must be ws://host:port, wss://host:port or off');
+  await new Promise<void>((r) => server.listen(port, host, () => r()));
   const addr = server.address();
+  if (linkUrl !== 'off') gw.advertiseLink(linkUrlFor(host, typeof addr === 'object' && addr ? addr.port : port, linkUrl));
   log.info({ port: typeof addr === 'object' && addr ? addr.port : port }, 'gateway listening');
   if (process.send) process.send({ ready: true, port: typeof addr === 'object' && addr ? addr.port : port });
   let stopping = false;

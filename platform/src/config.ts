@@ -55,6 +55,7 @@ const RUNNER_ENV = ['RUNNER_HEARTBEAT_INTERVAL_MS', 'RUNNER_PRESENCE_TTL_MS', 'R
 /** The api's own settings of the README's and docs/OPERATIONS.md's tables, passed through unchanged. */
 const API_ENV = [
   'ACTION_APPROVAL_EXPIRY_SECONDS', 'AUDIT_RETENTION_DAYS', 'BODY_LIMIT_BYTES', 'IDEMPOTENCY_TTL_SECONDS', 'MEMORY_INDEXED_STORES', 'METRICS_ENABLED',
+  'GATEWAY_LINK_URL',
 ] as const;
 
 /** API settings of automations and outbound webhooks, passed through to the api process (docs/AUTOMATIONS.md). */
@@ -81,7 +82,7 @@ export function loadPlatformConfig(env: Env): PlatformConfig {
     restartChildren: envBool(env, 'RESTART_CHILDREN', true),
     runnerDrainDeadlineMs: envInt(env, 'RUNNER_DRAIN_DEADLINE_MS', 10_000, 0, 3_600_000),
     shutdownGraceMs: envInt(env, 'SHUTDOWN_GRACE_MS', 10_000, 0, 600_000),
-    leaseEnv: Object.freeze(Object.fromEntries([...LEASE_ENV, ...APPEND_DURABILITY_ENV, 'CAPACITY_RETRY_MS', 'INTERRUPT_GRACE_MS', 'POOL_SCAN_MS', 'ENQUEUE_REPAIR_AFTER_MS'].flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : [])))),
+    leaseEnv: Object.freeze(Object.fromEntries([...LEASE_ENV, ...APPEND_DURABILITY_ENV, 'CAPACITY_RETRY_MS', 'INTERRUPT_GRACE_MS', 'POOL_SCAN_MS', 'ENQUEUE_REPAIR_AFTER_MS', 'GATEWAY_LINKS'].flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : [])))),
     runnerEnv: Object.freeze(Object.fromEntries(RUNNER_ENV.flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : [])))),
     localRunnerEnv: Object.freeze(Object.fromEntries(LOCAL_RUNNER_ENV.flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : [])))),
     otelEnv: Object.freeze(Object.fromEntries(Object.entries(env).filter((e): e is [string, string] => e[0].startsWith('OTEL_') && e[0] !== 'OTEL_SERVICE_NAME' && typeof e[1] === 'string'))),

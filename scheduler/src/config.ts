@@ -1,5 +1,5 @@
 import { readFileSync } from 'node:fs';
-import { ConfigError, envEnum, envInt, envOptional, envString, type Env } from '@agentplane/core';
+import { ConfigError, envBool, envEnum, envInt, envOptional, envString, type Env } from '@agentplane/core';
 import { leaseConfigFrom, type LeaseConfig } from '@agentplane/lease';
 import { appendDurabilityFrom, type EventLogDurability } from '@agentplane/store';
 
@@ -27,6 +27,8 @@ export interface SchedulerConfig {
    * bearers for agents with MCP servers. Without it such Runs get no MCP tools.
    */
   masterKey: Buffer | undefined;
+  /** Send runners' frames over direct links to the gateway nodes that advertise one (GATEWAY_LINKS). */
+  gatewayLinks: boolean;
 }
 
 function masterKeyFrom(env: Env): Buffer | undefined {
@@ -53,5 +55,6 @@ export function loadSchedulerConfig(env: Env): SchedulerConfig {
     host: envString(env, 'SCHEDULER_HOST', '127.0.0.1'),
     shutdownGraceMs: envInt(env, 'SHUTDOWN_GRACE_MS', 10_000, 0),
     masterKey: masterKeyFrom(env),
+    gatewayLinks: envBool(env, 'GATEWAY_LINKS', true),
   });
 }

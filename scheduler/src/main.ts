@@ -26,6 +26,8 @@ Environment:
                        with MCP servers get no MCP tools
   EVENT_APPEND_WAIT_REPLICAS, EVENT_APPEND_WAIT_TIMEOUT_MS
                        WAIT for replicas after each Session event append (default off; docs/CLUSTER.md)
+  GATEWAY_LINKS        send runners' frames over direct links to the gateway nodes that advertise
+                       one (default true; false: through Redis pub/sub only)
   SCHEDULER_PORT       serve /healthz and /metrics here (0 = ephemeral; unset = off)
   SCHEDULER_HOST       address /healthz and /metrics listen on (default 127.0.0.1)
   SHUTDOWN_GRACE_MS    graceful stop on SIGTERM/SIGINT; the process exits after it regardless (default 10000)

@@ -1,6 +1,6 @@
-import { ATTR, injectTrace, inSpan, newId, SpanKind, type Context, type Logger } from '@agentplane/core';
+import { ATTR, injectTrace, inSpan, newId, SpanKind, type Context, type Logger, type Metrics } from '@agentplane/core';
 import { isCluster } from '@agentplane/store';
-import { deliverToRunner } from '@agentplane/gateway';
+import { deliverToRunner, NodeLinks } from '@agentplane/gateway';
 import { LeaseFence, leaseRecordTtlMs, offerReplyChannel, type LeaseRecords, type OfferReply } from '@agentplane/lease';
 import { frame, type Payload } from '@agentplane/protocol';
 import type { Redis } from '@agentplane/store';
@@ -8,9 +8,11 @@ import type { LeaseOffer, LeasePlan, OfferBody, OfferChannel, OfferOutcome } fro
 
 /**
  * Offers travel as `lease.offer` frames through whichever gateway node holds the runner's
- * socket (its presence route). The gateway answers on this scheduler's reply channel once the
- * runner accepted (and the lock was extended to a full lease) or declined. A lost answer is
- * recovered from the Session fence: if the lease id holds it, the offer was accepted.
+ * socket (its presence route): over the scheduler's link to that node when one is open, else
+ * published on the node's channel. The gateway answers on this scheduler's reply channel (over
+ * the same link when there is one) once the runner accepted (and the lock was extended to a
+ * full lease) or declined. A lost answer is recovered from the Session fence: if the lease id
+ * holds it, the offer was accepted.
  */
 const FENCE_POLL_MS = 250;
 
@@ -21,6 +23,8 @@ export class RedisOfferChannel implements OfferChannel {
   readonly channel: string;
   private readonly waiters = new Map<string, (reply: OfferReply) => void>();
   private readonly fence: LeaseFence;
+  /** Direct sockets to gateway nodes (none: every frame is published). */
+  readonly links: NodeLinks | undefined;
 
   constructor(
     private readonly redis: Redis,
@@ -29,10 +33,11 @@ export class RedisOfferChannel implements OfferChannel {
     private readonly records: LeaseRecords,
     private readonly buildSpec: (plan: LeasePlan) => Promise<Record<string, unknown>>,
     private readonly log: Logger,
+    links?: { metrics?: Metrics },
   ) {
     this.channel = offerReplyChannel(instanceId);
     this.fence = new LeaseFence(redis);
-    subscriber.on('message', (ch: string, message: string) => {
+    const answer = (ch: string, message: string) => {
       if (ch !== this.channel) return;
       try {
         const reply = JSON.parse(message) as OfferReply;
@@ -40,7 +45,18 @@ export class RedisOfferChannel implements OfferChannel {
       } catch {
         this.log.warn('unreadable offer reply');
       }
-    });
+    };
+    subscriber.on('message', answer);
+    this.links = links ? new NodeLinks({ redis, log, replyChannels: [this.channel], onReply: answer, ...(links.metrics ? { metrics: links.metrics } : {}) }) : undefined;
+  }
+
+  close(): void {
+    this.links?.close();
+  }
+
+  /** How a frame goes to the node the directory saw its runner on. */
+  private route(nodeId: string | undefined): { nodeId?: string; links?: NodeLinks } {
+    return nodeId ? { nodeId, ...(this.links ? { links: this.links } : {}) } : {};
   }
 
   async start(): Promise<void> {
@@ -136,7 +152,7 @@ export class RedisOfferChannel implements OfferChannel {
   /** The spec (or why there is none) of an offer sent ahead of it, along the offer's route. */
   private async sendSpec(o: LeaseOffer, body: Pick<Payload<'lease.spec'>, 'spec' | 'error'>, nodeId: string | undefined): Promise<void> {
     const text = frame('lease.spec', newId('event'), { lease_id: o.lease_id, attempt: o.attempt, ...body });
-    await deliverToRunner(this.redis, o.workspace_id, o.runner_id, text, nodeId ? { nodeId } : {});
+    await deliverToRunner(this.redis, o.workspace_id, o.runner_id, text, this.route(nodeId));
   }
 
   /** `spec` undefined: it follows (`offerAhead`). */
@@ -167,7 +183,7 @@ export class RedisOfferChannel implements OfferChannel {
     // A gateway node that finds the runner gone (it closed since the directory listed it) answers
     // for it at once: the next runner is offered without waiting out this offer's window.
     const undelivered = { channel: this.channel, message: JSON.stringify(notConnected) };
-    if (!(await deliverToRunner(this.redis, o.workspace_id, o.runner_id, text, { ...(nodeId ? { nodeId } : {}), undelivered }))) {
+    if (!(await deliverToRunner(this.redis, o.workspace_id, o.runner_id, text, { ...this.route(nodeId), undelivered }))) {
       this.waiters.get(o.lease_id)?.(notConnected);
     }
     const outcome = await answer;

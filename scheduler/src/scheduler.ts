@@ -91,7 +91,7 @@ export class Scheduler {
     runtime.onTurnEnded((session, threadId, runId, stop, _trace, activeOutcome) => outcomes.turnEnded(session, threadId, runId, stop, undefined, activeOutcome));
     this.bearers = new RedisRuntimeBearers(this.redis, new LeaseFence(this.redis));
     this.connections = config.masterKey ? new ConnectionService(docs, new SecretBox(config.masterKey)) : undefined;
-    this.offers = new RedisOfferChannel(this.redis, this.sub, this.instanceId, new LeaseRecords(this.redis), (o) => this.spec(o), log);
+    this.offers = new RedisOfferChannel(this.redis, this.sub, this.instanceId, new LeaseRecords(this.redis), (o) => this.spec(o), log, config.gatewayLinks ? { metrics: this.metrics.registry } : undefined);
   }
 
   private async spec(o: LeasePlan): Promise<Record<string, unknown>> {
@@ -207,6 +207,7 @@ export class Scheduler {
     this.stopped = true;
     if (this.scanTimer) clearInterval(this.scanTimer);
     await Promise.all([...this.dispatchers.values()].map((d) => d.stop()));
+    this.offers.close();
     await this.queues.close();
     for (const c of [this.sub, this.bull, this.redis]) await c.quit().catch(() => c.disconnect());
   }

@@ -1,6 +1,6 @@
 import { BUCKETS, Counter, crashPoint, Histogram, type Logger, type Metrics } from '@agentplane/core';
 import type { Gateway, RunnerConnection } from '@agentplane/gateway';
-import { leaseRecordTtlMs, type Lease, type LeaseConfig, type LeaseKeeper, type LeaseRecord, type LeaseRecords } from '@agentplane/lease';
+import { leaseRecordTtlMs, type Lease, type LeaseConfig, type LeaseKeeper, type LeaseRecord, type LeaseRecords, type OfferReply } from '@agentplane/lease';
 import type { LeaseRef } from '@agentplane/protocol';
 import type { EventLog } from '@agentplane/store';
 import type { ModelsModule } from '../models/module.js';
@@ -68,6 +68,9 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
    */
   const known = new Map<string, LeaseRecord>();
   
+  /** An offer's answer to the scheduler that made it: over its node link when it has one here, else published. */
+  const reply = (rec: LeaseRecord, answer: OfferReply): Promise<void> => gw.sendToChannel(rec.reply_to, JSON.stringify(answer));
+
   async function recordFor(conn: RunnerConnection, ref: LeaseRef): Promise<LeaseRecord | null> {
     await accepting.get(ref.lease_id);
     const rec = known.get(ref.lease_id) ?? await d.records.get(ref.lease_id);
@@ -88,7 +91,9 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
   });
 
   async function acceptLease(conn: RunnerConnection, ref: LeaseRef): Promise<void> {
-    const rec = await d.records.get(ref.lease_id);
+    // An offer sent over a node link can overtake, by a hair, the write of its record that the
+    // scheduler flushed to Redis just before it: a record not found is read once more.
+    const rec = (await d.records.get(ref.lease_id)) ?? (await d.records.get(ref.lease_id));
     const msg = { payload: ref };
     if (!rec || rec.attempt !== ref.attempt || rec.runner_id !== conn.identity.runnerId || rec.workspace_id !== conn.identity.workspaceId) {
       return void revoke(conn, msg.payload, 'unknown or expired offer');
@@ -103,11 +108,11 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
       // The record goes first: a frame the runner sends for this lease afterwards (a failure, as
       // it stops) finds no lease and cannot end the attempt the scheduler still holds.
       await d.records.remove(rec.lease_id, rec.runner_id);
-      await d.records.reply(rec, { lease_id: rec.lease_id, outcome: 'rejected', reason: outcome });
+      await reply(rec, { lease_id: rec.lease_id, outcome: 'rejected', reason: outcome });
       const why = outcome === 'taken' ? 'the lease belongs to another runner' : outcome === 'canceled' ? 'the Run was interrupted' : 'the offer expired';
       return void revoke(conn, msg.payload, why);
     }
-    await d.records.reply(rec, { lease_id: rec.lease_id, outcome: 'accepted', recorded: true });
+    await reply(rec, { lease_id: rec.lease_id, outcome: 'accepted', recorded: true });
     known.set(rec.lease_id, rec);
     // Leases lost without a last frame leave an entry: keep the map bounded.
     if (known.size > 10_000) known.delete(known.keys().next().value as string);
@@ -127,7 +132,7 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
       const reason = 'the runner restarted without this lease';
       const verdict = await d.keeper.abandon(leaseOf(rec), reason);
       if (verdict === 'not_accepted') {
-        await d.records.reply(rec, { lease_id: rec.lease_id, outcome: 'rejected', reason });
+        await reply(rec, { lease_id: rec.lease_id, outcome: 'rejected', reason });
         continue;
       }
       firstEventSeen.delete(rec.lease_id);
@@ -143,7 +148,7 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
 
   gw.on('lease.reject', async (conn, msg) => {
     const rec = await recordFor(conn, msg.payload);
-    if (rec) await d.records.reply(rec, { lease_id: rec.lease_id, outcome: 'rejected', reason: msg.payload.reason });
+    if (rec) await reply(rec, { lease_id: rec.lease_id, outcome: 'rejected', reason: msg.payload.reason });
   });
 
   gw.on('lease.heartbeat', async (conn, msg) => {

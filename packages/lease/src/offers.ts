@@ -1,4 +1,4 @@
-import { keys, type Redis } from '@agentplane/store';
+import { isCluster, keys, type Redis } from '@agentplane/store';
 
 /**
  * An offer (and, once accepted, the lease) as the gateway needs to find it from a runner frame
@@ -41,6 +41,11 @@ export const offerReplyChannel = (instanceId: string): string => `ap:scheduler:$
 export class LeaseRecords {
   constructor(private readonly redis: Redis) {}
 
+  /**
+   * On a single Redis the commands are written to the connection before this returns (an explicit
+   * pipeline, not the auto-pipeline's next flush): a frame sent to the gateway node right after,
+   * over a socket of its own, cannot reach it before the record is on its way to Redis.
+   */
   async put(record: LeaseRecord, ttlMs: number): Promise<void> {
     // Two keys in two slots (each its own hash tag), so no one script and no one pipeline (on a
     // cluster a pipeline must stay on one node): the record is the truth, the index only finds
@@ -48,6 +53,16 @@ export class LeaseRecords {
     // writes only the index leaves an entry the next read prunes, one that writes only the
     // record leaves an offer a reconnecting runner cannot be asked about, which expires with it.
     const index = runnerIndexKey(record.runner_id);
+    if (!isCluster(this.redis)) {
+      const results = await this.redis.pipeline()
+        .set(recordKey(record.lease_id), JSON.stringify(record), 'PX', ttlMs)
+        .sadd(index, record.lease_id)
+        .pexpire(index, Math.max(ttlMs, INDEX_TTL_MS))
+        .exec();
+      const failed = results?.find(([err]) => err);
+      if (failed?.[0]) throw failed[0];
+      return;
+    }
     await Promise.all([
       this.redis.set(recordKey(record.lease_id), JSON.stringify(record), 'PX', ttlMs),
       this.redis.sadd(index, record.lease_id),

@@ -119,6 +119,16 @@ export class RunEngine implements TurnScheduler {
    * `enqueued_at` once the job exists.
    */
   async runQueued(run: RunDoc, trace?: Context): Promise<void> {
+    try {
+      await this.enqueue(run, trace);
+    } catch (err) {
+      // The turn start's outbox entry stays: the scheduler's repair enqueues the Run.
+      this.d.log.warn({ err: err instanceof Error ? err.message : String(err), run: run.id }, 'enqueuing a started Run failed; the enqueue repair takes it');
+      throw err;
+    }
+  }
+
+  private async enqueue(run: RunDoc, trace?: Context): Promise<void> {
     // A Run under a deployment revision goes to the pool the revision names; others to the default pool.
     const pinned = run.agent_deployment?.runner_pool_id ?? null;
     const [requirements, poolId] = await Promise.all([this.requirementsOf(run), pinned ?? this.defaultPoolId(run.workspace_id)]);
@@ -162,7 +172,7 @@ export class RunEngine implements TurnScheduler {
         const run = await this.d.store.run(p.session_id, p.run_id).catch(() => null);
         if (run && run.status === 'queued' && !run.timestamps?.enqueued_at) {
           this.d.log.warn({ run: run.id, session: run.session_id, since_ms: p.since_ms }, 'a started Run was never enqueued; enqueuing it now');
-          await this.runQueued(run);
+          await this.enqueue(run);
           repaired.push(run.id);
         } else {
           await this.outbox.remove(p.session_id, p.run_id);

@@ -178,7 +178,7 @@ export class ThreadRuntime {
         }, options.trace);
         if (!run) return { run: null };
         started = true;
-        await this.scheduler().runQueued(run, options.trace);
+        await this.queueRun(run, options.trace);
         return { run };
       } catch (err) {
         if (err instanceof InputQueueMoved) continue;
@@ -229,8 +229,23 @@ export class ThreadRuntime {
       throw err;
     }
     if (!started) return null;
-    await this.scheduler().runQueued(started.run, trace);
+    await this.queueRun(started.run, trace);
     return { event: started.event, run: started.run };
+  }
+
+  /**
+   * A committed Run goes to its queue. The caller goes on once the job's add is on its way to
+   * Redis, not once it is answered: the rest (the Run's pool and `enqueued_at`, the outbox
+   * entry's removal) happens while the caller answers its client, and whatever fails after the
+   * commit is the enqueue repair's (the start's outbox entry stays until the Run is enqueued; the
+   * engine logs the failure). The add is sent from the connection's auto-pipeline, which flushes
+   * from `setImmediate`: two turns of the event loop later it has left, so the caller's own work
+   * (the response) does not delay it.
+   */
+  private async queueRun(run: RunDoc, trace?: Context): Promise<void> {
+    const queued = this.scheduler().runQueued(run, trace);
+    queued.catch(() => undefined);
+    await Promise.race([queued, new Promise<void>((r) => setImmediate(() => setImmediate(r)))]);
   }
 
   /**
