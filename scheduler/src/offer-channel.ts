@@ -15,6 +15,10 @@ import type { LeaseOffer, LeasePlan, OfferBody, OfferChannel, OfferOutcome } fro
  * holds it, the offer was accepted.
  */
 const FENCE_POLL_MS = 250;
+/** Offers out (sent, not answered) at or above which offers are published rather than sent on a link. */
+const LINK_MAX_OFFERS_OUT = 4;
+
+type Route = { nodeId?: string; links?: NodeLinks };
 
 /** An error's message for the log (never its stack). */
 const reasonOf = (err: unknown): string => (err instanceof Error ? err.message : String(err));
@@ -54,9 +58,17 @@ export class RedisOfferChannel implements OfferChannel {
     this.links?.close();
   }
 
-  /** How a frame goes to the node the directory saw its runner on. */
-  private route(nodeId: string | undefined): { nodeId?: string; links?: NodeLinks } {
-    return nodeId ? { nodeId, ...(this.links ? { links: this.links } : {}) } : {};
+  /**
+   * How an offer's frames go to the node the directory saw its runner on: over the node's link
+   * while this scheduler has few offers out, else published. A frame on a link is a write system
+   * call of its own, where a publish shares the auto-pipeline's one write with the placement's
+   * other commands; with many offers out the scheduler is busy, and the hop the link saves is
+   * lost in its queue anyway (`bench:dispatch`: +0.1 ms of scheduler CPU per Run at 500 Runs/s
+   * with every offer on the link).
+   */
+  private route(nodeId: string | undefined): Route {
+    if (!nodeId) return {};
+    return this.links && this.waiters.size < LINK_MAX_OFFERS_OUT ? { nodeId, links: this.links } : { nodeId };
   }
 
   async start(): Promise<void> {
@@ -89,7 +101,7 @@ export class RedisOfferChannel implements OfferChannel {
       await this.records.remove(o.lease_id, o.runner_id);
       return 'withdrawn';
     }
-    return this.traced(o, false, trace, (ctx) => this.deliverOffer(o, spec, timeoutMs, nodeId, ctx));
+    return this.traced(o, false, trace, (ctx) => this.deliverOffer(o, spec, timeoutMs, this.route(nodeId), ctx));
   }
 
   /**
@@ -133,30 +145,32 @@ export class RedisOfferChannel implements OfferChannel {
     } else {
       put.catch((err: unknown) => this.log.warn({ err: reasonOf(err), run: o.run_id }, 'cannot record the offer'));
     }
+    // The spec follows the offer's route.
+    const route = this.route(nodeId);
     return this.traced(o, true, trace, async (ctx) => {
       let refused = false;
       const follow = body.then(
-        (spec) => (spec === null || refused ? undefined : this.sendSpec(o, { spec }, nodeId)),
+        (spec) => (spec === null || refused ? undefined : this.sendSpec(o, { spec }, route)),
         (err: unknown) => {
           this.log.warn({ err: reasonOf(err), run: o.run_id }, 'cannot prepare the offer');
-          return refused ? undefined : this.sendSpec(o, { error: 'the control plane could not prepare the turn spec' }, nodeId);
+          return refused ? undefined : this.sendSpec(o, { error: 'the control plane could not prepare the turn spec' }, route);
         },
       );
       follow.catch((err: unknown) => this.log.warn({ err: reasonOf(err), run: o.run_id }, 'cannot send the lease spec'));
-      const outcome = await this.deliverOffer(o, undefined, timeoutMs, nodeId, ctx);
+      const outcome = await this.deliverOffer(o, undefined, timeoutMs, route, ctx);
       refused = outcome !== 'accepted' && outcome !== 'recorded';
       return outcome;
     });
   }
 
   /** The spec (or why there is none) of an offer sent ahead of it, along the offer's route. */
-  private async sendSpec(o: LeaseOffer, body: Pick<Payload<'lease.spec'>, 'spec' | 'error'>, nodeId: string | undefined): Promise<void> {
+  private async sendSpec(o: LeaseOffer, body: Pick<Payload<'lease.spec'>, 'spec' | 'error'>, route: Route): Promise<void> {
     const text = frame('lease.spec', newId('event'), { lease_id: o.lease_id, attempt: o.attempt, ...body });
-    await deliverToRunner(this.redis, o.workspace_id, o.runner_id, text, this.route(nodeId));
+    await deliverToRunner(this.redis, o.workspace_id, o.runner_id, text, route);
   }
 
   /** `spec` undefined: it follows (`offerAhead`). */
-  private async deliverOffer(o: LeaseOffer, spec: Record<string, unknown> | undefined, timeoutMs: number, nodeId: string | undefined, ctx: Context): Promise<OfferOutcome> {
+  private async deliverOffer(o: LeaseOffer, spec: Record<string, unknown> | undefined, timeoutMs: number, route: Route, ctx: Context): Promise<OfferOutcome> {
     const answer = new Promise<OfferOutcome>((resolve) => {
       let settled = false;
       const finish = (outcome: OfferOutcome) => {
@@ -183,7 +197,7 @@ export class RedisOfferChannel implements OfferChannel {
     // A gateway node that finds the runner gone (it closed since the directory listed it) answers
     // for it at once: the next runner is offered without waiting out this offer's window.
     const undelivered = { channel: this.channel, message: JSON.stringify(notConnected) };
-    if (!(await deliverToRunner(this.redis, o.workspace_id, o.runner_id, text, { ...this.route(nodeId), undelivered }))) {
+    if (!(await deliverToRunner(this.redis, o.workspace_id, o.runner_id, text, { ...route, undelivered }))) {
       this.waiters.get(o.lease_id)?.(notConnected);
     }
     const outcome = await answer;
