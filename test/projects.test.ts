@@ -43,7 +43,11 @@ describe('Projects (REST)', () => {
     expect(pushed.status).toBe(201);
     expect(pushed.body).toMatchObject({ revision_number: 2, base_revision_number: 1 });
     expect(pushed.body.files.map((f) => f.path)).toEqual(['run.sh', 'src/main.py']);
-    expect((await api.get<{ latest_revision_number: number }>(`/v1/projects/${id}`)).latest_revision_number).toBe(2);
+    const afterPush = await api.get<{ latest_revision_number: number; version: number; created_at: string; updated_at: string }>(`/v1/projects/${id}`);
+    expect(afterPush.latest_revision_number).toBe(2);
+    // A new revision moves the head on.
+    expect(afterPush.version).toBe(2);
+    expect(Date.parse(afterPush.updated_at)).toBeGreaterThanOrEqual(Date.parse(afterPush.created_at));
     // Revision 1 is immutable.
     expect((await api.get<Revision>(`/v1/projects/${id}/revisions/1`)).files).toHaveLength(3);
 
@@ -55,6 +59,10 @@ describe('Projects (REST)', () => {
     const tree = await api.request<Revision>('POST', `/v1/projects/${id}/revisions`, { body: { files: [file('a', 'a')], expected_revision_number: 2 } });
     expect(tree.status).toBe(201);
     expect(tree.body.revision_number).toBe(3);
+    // The stale attempts moved nothing; the revision did.
+    const afterTree = await api.get<{ version: number; updated_at: string }>(`/v1/projects/${id}`);
+    expect(afterTree.version).toBe(3);
+    expect(Date.parse(afterTree.updated_at)).toBeGreaterThanOrEqual(Date.parse(afterPush.updated_at));
 
     const tooMany = await api.request('POST', `/v1/projects/${id}/push`, {
       body: { base_revision_number: 3, changes: Array.from({ length: 65 }, (_, i) => ({ path: `f${i}`, content_base64: b64('x') })) },

@@ -121,7 +121,13 @@ export class ProjectService {
     const staged = this.stageTree(files, 'body.files');
     const latest = await this.latestNumber(projectId);
     if (expected !== undefined && expected !== latest) throw new ApiError('validation.conflict', `expected_revision_number ${expected} is stale; the latest revision is ${latest}`);
-    return this.commit(projectId, latest + 1, staged, 'revision', latest);
+    return this.touched(workspaceId, projectId, await this.commit(projectId, latest + 1, staged, 'revision', latest));
+  }
+
+  /** A new revision changes the head: its `version` and `updated_at` move on (compare-and-swap). */
+  private async touched(workspaceId: string, projectId: string, revision: ProjectRevision): Promise<ProjectRevision> {
+    await this.docs.update<ProjectDoc>(tags.workspace(workspaceId), projectId, (cur) => ({ ...cur }), { notFound: `project ${projectId}` });
+    return revision;
   }
 
   /** Up to 64 changed or deleted files on top of `base`, which must be the latest revision. */
@@ -150,7 +156,7 @@ export class ProjectService {
     const staged = [...tree.values()];
     checkTree(staged.map((s) => s.entry.path), 'body.changes');
     checkBudget(staged.map((s) => s.entry), 'the pushed revision');
-    return this.commit(projectId, latest + 1, staged, 'push', base);
+    return this.touched(workspaceId, projectId, await this.commit(projectId, latest + 1, staged, 'push', base));
   }
 
   /** Every file of a revision with its bytes (for the runner that mounts it). */
