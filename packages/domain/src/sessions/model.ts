@@ -108,6 +108,12 @@ export interface ThreadDoc extends StoredDoc {
    * thread starts no turn from then on, so that event stays the Session's last status event.
    */
   _closed?: boolean;
+  /**
+   * Set when the Session was archived while one of its turns was under way
+   * (`SessionStore.closeSettled` found it busy): a turn's end reads it in the thread it writes,
+   * whatever Session document it was handed, so it starts nothing more and closes the Session.
+   */
+  _archived?: boolean;
 }
 
 export interface ThreadStats {

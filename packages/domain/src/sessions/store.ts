@@ -280,8 +280,8 @@ export class SessionStore {
       run = null;
       const out = mutate(t);
       if (out === null) return null;
-      // The Session's terminal status event is written: no turn starts after it.
-      if (out.start && t._closed) return null;
+      // The Session's terminal status event is written, or the Session is archived: no turn starts.
+      if (out.start && (t._closed === true || t._archived === true)) return null;
       if (out.start && !session) throw new Error('startTurn needs the Session');
       start = out.start;
       return out.thread;
@@ -445,8 +445,21 @@ export class SessionStore {
       const threads = (await this.threads(sessionId, ids)).filter((t) => t.type === 'session_thread' && t.session_id === sessionId);
       if (threads.length === 0) return 'gone';
       if (threads.every((t) => t._closed === true)) return 'closed';
-      if (threads.some((t) => t.status === 'running' || t.status === 'rescheduling')) return 'busy';
       const now = nowIso();
+      if (threads.some((t) => t.status === 'running' || t.status === 'rescheduling')) {
+        // A turn under way: every thread is marked archived (a compare-and-swap each), so a
+        // turn's end finds the archive in the very thread it writes, even when it was handed the
+        // Session as it was before the archive, and closes the Session itself. A turn that ended
+        // before its thread was marked did not see the mark: the threads are looked at again.
+        for (const t of threads) {
+          if (t._archived === true) continue;
+          const marked = await this.docs.update<ThreadDoc>(tag, t.id, (cur) => (cur._archived === true || cur._closed === true ? null : { ...cur, _archived: true }), { current: t, notFound: 'thread' });
+          this.rememberThread(marked);
+        }
+        const now2 = await this.threads(sessionId, ids);
+        if (now2.some((t) => t.status === 'running' || t.status === 'rescheduling')) return 'busy';
+        continue;
+      }
       const next = threads.map((t): ThreadDoc => ({ ...t, _closed: true, version: t.version + 1, updated_at: now }));
       const r = await this.log.commit(sessionId, next.map((t, i) => ({ key: keys.doc(tag, t.id), body: JSON.stringify(t), expectedVersion: (threads[i] as ThreadDoc).version })),
         [terminal(threads.find((t) => t.parent_thread_id === null))]);

@@ -8,6 +8,7 @@ import type { RunDoc } from './model.js';
 import { SessionStore } from './store.js';
 import { idleSession } from './fixtures.test-support.js';
 import { ThreadRuntime, type TurnScheduler } from './turns.js';
+import { SessionCloser } from './closing.js';
 
 let server: EmbeddedRedis;
 let redis: Redis;
@@ -229,5 +230,28 @@ describe('startup time', () => {
     await new ThreadRuntime(new SessionStore(other), () => rec.scheduler).markStarted(session.id, threadId);
     expect(await calls()).toBeGreaterThan(before);
     expect(await store.thread(session.id, threadId)).toEqual(marked);
+  });
+});
+
+describe('an archive during a turn', () => {
+  it('is seen by the turn end handed the Session as it was before: no queued message starts, and the terminal event follows', async () => {
+    const store = new SessionStore(redis);
+    const rec = recording();
+    const runtime = new ThreadRuntime(store, () => rec.scheduler);
+    const { session, threadId } = await idleSession(store);
+    await store.thread(session.id, threadId);
+    const { run } = await runtime.submitUserMessage(session, threadId, newId('event'));
+    expect(run).not.toBeNull();
+    // A message queued behind the running turn, then the archive, whose close finds the turn under way.
+    await store.enqueueInput(session.id, threadId, newId('event'));
+    await store.archive(session.workspace_id, session.id);
+    expect(await new SessionCloser(store, redis).settle(session.id)).toBe('busy');
+    // The turn's end was handed the Session as read before the archive (archived_at null).
+    expect(session.archived_at).toBeNull();
+    await runtime.endTurn(session, threadId, { type: 'end_turn' }, [], { runId: run?.id as string, fresh: true });
+    const types = (await store.log.range(session.id, 0, 20)).map((e) => e.type);
+    expect(types).toEqual(['session.status_running', 'session.status_idle', 'session.status_completed']);
+    expect(rec.queued).toHaveLength(1);
+    expect(await store.thread(session.id, threadId)).toMatchObject({ status: 'idle', _closed: true });
   });
 });

@@ -47,7 +47,7 @@ export interface TurnIntent {
 
 /** A thread that may start a turn now: idle, no Run, no unanswered wait of its generation. */
 function startable(t: Readonly<ThreadDoc>): boolean {
-  if (t.status !== 'idle' || t._active_run_id !== null || t._closed === true) return false;
+  if (t.status !== 'idle' || t._active_run_id !== null || t._closed === true || t._archived === true) return false;
   return !Object.values(t._waits).some((w) => w.generation === t._wait_generation && w.answered_event_id === null);
 }
 
@@ -438,7 +438,10 @@ export class ThreadRuntime {
     // thread) appends it here, once per Run (its producer key).
     if (!appended) await this.store.log.append(session.id, [idle], { trace: options.trace });
     // An archived Session takes no new work: queued messages stay in the log but start no turn.
-    const live = options.fresh ? session : await this.store.docs.get<SessionDoc>(sessionTag(session.id), session.id);
+    // A Session handed in fresh may predate an archive made during the turn: the thread just
+    // written says so (`_archived`).
+    const read = options.fresh ? session : await this.store.docs.get<SessionDoc>(sessionTag(session.id), session.id);
+    const live = read?.type === 'session' && read.archived_at === null && next._archived === true ? { ...read, archived_at: next.updated_at } : read;
     if (live?.type === 'session' && (live.agent.multiagent || next.parent_thread_id !== null)) await this.coordinator.turnEnded(live, next);
     if (stop.type !== 'requires_action' && this.turnEnded && live?.type === 'session' && next.status !== 'terminated') {
       if (await this.turnEnded(live, threadId, endedRunId, stop, options.trace, activeOutcome)) return this.store.thread(session.id, threadId);
