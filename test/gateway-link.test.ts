@@ -6,6 +6,7 @@ import { GATEWAY_LINK_PATH, linkUrlOf } from '@agentplane/gateway';
 import { connectRedis, freePort, keys, type Redis } from '@agentplane/store';
 import { waitFor } from './harness/platform.js';
 import { idleCount, SCRIPT, startTurnPlatform, untilEvents, type TurnPlatform } from './harness/turns.js';
+import { sample } from './harness/metrics.js';
 
 /**
  * Node links (docs/ARCHITECTURE.md): the scheduler sends a runner's frames straight to the gateway
@@ -13,18 +14,6 @@ import { idleCount, SCRIPT, startTurnPlatform, untilEvents, type TurnPlatform } 
  * link gets them by pub/sub, as before. A link upgrade needs a one-time ticket written for that
  * node.
  */
-
-/** The sum of one counter's samples with these labels in exposition text. */
-function sample(text: string, name: string, labels: Record<string, string>): number {
-  let total = 0;
-  for (const line of text.split('\n')) {
-    const m = /^([a-zA-Z_:][a-zA-Z0-9_:]*)\{(.*)\} (\S+)$/.exec(line);
-    if (!m || m[1] !== name) continue;
-    const have = Object.fromEntries([...(m[2] ?? '').matchAll(/([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"/g)].map((x) => [x[1], x[2]]));
-    if (Object.entries(labels).every(([k, v]) => have[k] === v)) total += Number(m[3]);
-  }
-  return total;
-}
 
 async function started(env: Record<string, string>, name: string): Promise<{ t: TurnPlatform; schedulerMetrics: () => Promise<string> }> {
   const port = await freePort();

@@ -5,6 +5,7 @@ import { freePort } from '@agentplane/store';
 import { ROOT_DIR, waitFor } from './harness/platform.js';
 import { promtool, promtoolPresent } from './harness/promtool.js';
 import { idleCount, SCRIPT, startTurnPlatform, untilEvents, type TurnPlatform } from './harness/turns.js';
+import { sample } from './harness/metrics.js';
 
 /**
  * Operators' view of a platform: Prometheus metrics of every process (valid exposition text,
@@ -36,18 +37,6 @@ const metricsOf = async (base: string): Promise<string> => {
   expect(r.headers.get('content-type')).toMatch(/^text\/plain; version=0\.0\.4/);
   return r.text();
 };
-
-/** The value of one sample, by metric name and exact labels (any label order); 0 when absent. */
-function sample(text: string, name: string, labels: Record<string, string> = {}): number {
-  let total = 0;
-  for (const line of text.split('\n')) {
-    const m = /^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$/.exec(line);
-    if (!m || m[1] !== name) continue;
-    const have = Object.fromEntries([...(m[2] ?? '').matchAll(/([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"/g)].map((x) => [x[1], x[2]]));
-    if (Object.entries(labels).every(([k, v]) => have[k] === v)) total += Number(m[3]);
-  }
-  return total;
-}
 
 /**
  * The platform's own series (runtime metrics vary by themselves: GC kinds, handle types). The

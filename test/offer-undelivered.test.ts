@@ -4,6 +4,7 @@ import { PresenceStore } from '@agentplane/gateway';
 import { connectRedis, freePort, type Redis } from '@agentplane/store';
 import { waitFor } from './harness/platform.js';
 import { idleCount, SCRIPT, startTurnPlatform, untilEvents, type TurnPlatform } from './harness/turns.js';
+import { sample } from './harness/metrics.js';
 
 /**
  * An offer to a runner the directory still lists but that is connected nowhere (it closed its
@@ -25,18 +26,6 @@ afterAll(async () => {
   redis?.disconnect();
   await t?.p.stop();
 });
-
-/** The sum of one counter's samples with these labels in exposition text. */
-function sample(text: string, name: string, labels: Record<string, string>): number {
-  let total = 0;
-  for (const line of text.split('\n')) {
-    const m = /^([a-zA-Z_:][a-zA-Z0-9_:]*)\{(.*)\} (\S+)$/.exec(line);
-    if (!m || m[1] !== name) continue;
-    const have = Object.fromEntries([...(m[2] ?? '').matchAll(/([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"/g)].map((x) => [x[1], x[2]]));
-    if (Object.entries(labels).every(([k, v]) => have[k] === v)) total += Number(m[3]);
-  }
-  return total;
-}
 
 const offers = async (outcome: string): Promise<number> => sample(await (await fetch(`${schedulerUrl}/metrics`)).text(), 'agentplane_lease_offers_total', { outcome });
 
