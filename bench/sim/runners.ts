@@ -24,6 +24,28 @@ function runner(secret: string): Promise<void> {
     const work = (ref: { lease_id: string; attempt: number }, sessionId: string) =>
       ws.send(frame('events.batch', id(), { ...ref, session_id: sessionId, events: [{ producer_key: `${ref.lease_id}:0`, type: 'agent.message', payload: { content: [{ type: 'text', text: 'hi' }] } }] }));
     let heartbeat: NodeJS.Timeout | undefined;
+    // As the daemon does: a freed slot is reported at once when the control plane counts this
+    // runner full (the slots of its last heartbeat all taken by offers accepted since).
+    let reported = SLOTS;
+    let acceptedSince = 0;
+    let lastEarly = 0;
+    let early: NodeJS.Timeout | undefined;
+    const beat = () => {
+      reported = Math.max(0, SLOTS - held);
+      acceptedSince = 0;
+      ws.send(frame('heartbeat', id(), { status: 'ready', available_slots: reported, held_leases: [] }));
+    };
+    const slotFreed = () => {
+      if (!heartbeat || early || reported - acceptedSince > 0) return;
+      const go = () => {
+        early = undefined;
+        lastEarly = Date.now();
+        beat();
+      };
+      const wait = lastEarly + 250 - Date.now();
+      if (wait <= 0) go();
+      else early = setTimeout(go, wait);
+    };
     const caps = () => ({
       protocol_versions: [1], available_slots: Math.max(0, SLOTS - held), drivers: ['docker'], plane_protocols: [MODEL_GATEWAY_PROTOCOL, LEASE_SPEC_PROTOCOL],
       providers: [{ id: 'docker', drivers: ['docker'], tiers: ['container'], network_modes: ['none'], retention_modes: ['durable'],
@@ -35,12 +57,13 @@ function runner(secret: string): Promise<void> {
       const m = JSON.parse(d.toString()) as { type: string; payload: Record<string, unknown> };
       if (m.type === 'welcome') {
         const every = Number(m.payload.heartbeat_interval_ms);
-        heartbeat = setInterval(() => ws.send(frame('heartbeat', id(), { status: 'ready', available_slots: Math.max(0, SLOTS - held), held_leases: [] })), every);
+        heartbeat = setInterval(beat, every);
         resolve();
       } else if (m.type === 'lease.offer') {
         const o = m.payload as unknown as Offer;
         process.send?.({ kind: 'leased', session_id: o.session_id, at: wallMs() });
         held++;
+        acceptedSince++;
         const ref = { lease_id: o.lease_id, attempt: o.attempt };
         ws.send(frame('lease.accept', id(), ref));
         if (o.spec) work(ref, o.session_id);
@@ -56,12 +79,17 @@ function runner(secret: string): Promise<void> {
         const ref = { lease_id: String(m.payload.lease_id), attempt: Number(m.payload.attempt) };
         ws.send(frame('lease.complete', id(), { ...ref, result: { stop_reason: { type: 'end_turn' } } }));
         held = Math.max(0, held - 1);
+        slotFreed();
       } else if (m.type === 'lease.revoked') {
         awaiting.delete(String(m.payload.lease_id));
         held = Math.max(0, held - 1);
+        slotFreed();
       }
     });
-    ws.on('close', () => clearInterval(heartbeat));
+    ws.on('close', () => {
+      clearInterval(heartbeat);
+      clearTimeout(early);
+    });
   });
 }
 

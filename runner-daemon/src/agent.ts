@@ -71,6 +71,9 @@ interface HeldLease {
   revoked: string | null;
 }
 
+/** Early heartbeats (a slot freed while the control plane counts the runner full) are at least this far apart. */
+const EARLY_BEAT_MIN_MS = 250;
+
 /**
  * One runner daemon's connection to the control plane: hello with capabilities, heartbeats,
  * reconnect with capped exponential backoff and jitter, drain on request or SIGTERM.
@@ -84,6 +87,11 @@ export class RunnerAgent {
   private msgSeq = 0;
   private heartbeatTimer: NodeJS.Timeout | null = null;
   private heartbeatMs: number;
+  /** `available_slots` in the last heartbeat sent, and the offers accepted since (the scheduler's view of this runner). */
+  private reportedSlots = 0;
+  private acceptedSinceReport = 0;
+  private lastEarlyBeatAt = 0;
+  private earlyBeat: NodeJS.Timeout | null = null;
   private lastAckAt = 0;
   private lastAckIso: string | null = null;
   private facts: HostFacts | null = null;
@@ -220,6 +228,8 @@ export class RunnerAgent {
       });
       ws.on('open', () => {
         this.lastCaps(caps);
+        this.reportedSlots = caps.available_slots;
+        this.acceptedSinceReport = 0;
         this.send('hello', {
           protocol_versions: [...RUNNER_PROTOCOL_VERSIONS],
           daemon_version: DAEMON_VERSION,
@@ -522,6 +532,7 @@ export class RunnerAgent {
     if (this.facts && buildCapabilities(this.facts, this.policy, this.held.size).available_slots <= 0) return reject('no free slot');
     const abort = new AbortController();
     this.send('lease.accept', ref);
+    this.acceptedSinceReport++;
     const renew = setInterval(() => this.send('lease.heartbeat', ref), Math.max(500, Math.floor(offer.lease_ttl_ms / 3)));
     const handleFor = (full: LeaseOffer): LeaseHandle => ({
       lease: ref, offer: full, signal: abort.signal,
@@ -564,6 +575,7 @@ export class RunnerAgent {
       span?.end();
       clearInterval(renew);
       this.held.delete(key);
+      this.slotFreed();
       this.maybeFinishDrain();
     });
     this.held.set(key, { ref, sessionId: offer.session_id, abort, done, revoked: null });
@@ -632,9 +644,11 @@ export class RunnerAgent {
       void _s;
       const changed = caps !== undefined && JSON.stringify(rest) !== this.lastCapsJson;
       if (changed && caps) this.lastCaps(caps);
+      this.reportedSlots = this.status === 'draining' ? 0 : (caps?.available_slots ?? 0);
+      this.acceptedSinceReport = 0;
       this.send('heartbeat', {
         status: this.status,
-        available_slots: this.status === 'draining' ? 0 : (caps?.available_slots ?? 0),
+        available_slots: this.reportedSlots,
         held_leases: this.heldRefs(),
         ...(changed && caps ? { capabilities: caps } : {}),
       });
@@ -646,6 +660,29 @@ export class RunnerAgent {
   private stopHeartbeat(): void {
     if (this.heartbeatTimer) clearInterval(this.heartbeatTimer);
     this.heartbeatTimer = null;
+    if (this.earlyBeat) clearTimeout(this.earlyBeat);
+    this.earlyBeat = null;
+  }
+
+  /**
+   * A lease ended. When the control plane counts this runner full (the slots of its last
+   * heartbeat all taken by offers accepted since), the free slot is reported at once, not at the
+   * next heartbeat: a busy pool's runner would otherwise sit idle for up to a heartbeat interval
+   * after each turn. At most one such early heartbeat every EARLY_BEAT_MIN_MS.
+   */
+  private slotFreed(): void {
+    if (!this.heartbeatTimer || this.status !== 'ready' || this.stopped) return;
+    if (this.reportedSlots - this.acceptedSinceReport > 0 || this.earlyBeat) return;
+    const wait = this.lastEarlyBeatAt + EARLY_BEAT_MIN_MS - Date.now();
+    const go = () => {
+      this.earlyBeat = null;
+      if (!this.heartbeatTimer || this.status !== 'ready' || this.stopped) return;
+      this.lastEarlyBeatAt = Date.now();
+      this.startHeartbeat();
+    };
+    if (wait <= 0) return go();
+    this.earlyBeat = setTimeout(go, wait);
+    this.earlyBeat.unref();
   }
 
   /**
