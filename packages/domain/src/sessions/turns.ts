@@ -236,9 +236,10 @@ export class ThreadRuntime {
   /**
    * A committed Run goes to its queue. The caller goes on once the job's add is on its way to
    * Redis, not once it is answered: the rest (the Run's pool and `enqueued_at`, the outbox
-   * entry's removal) happens while the caller answers its client, and whatever fails after the
-   * commit is the enqueue repair's (the start's outbox entry stays until the Run is enqueued; the
-   * engine logs the failure). The add is sent from the connection's auto-pipeline, which flushes
+   * entry's removal) happens while the caller answers its client, and what fails after that is
+   * the enqueue repair's (the start's outbox entry stays until the Run is enqueued; the engine
+   * logs the failure; a failure before the add left still reaches the caller, the Run committed
+   * either way). The add is sent from the connection's auto-pipeline, which flushes
    * from `setImmediate`: two turns of the event loop later it has left, so the caller's own work
    * (the response) does not delay it.
    */
