@@ -2,6 +2,7 @@ import { readFileSync } from 'node:fs';
 import type { A2aCallSettings } from './tool-sources/calls.js';
 import type { MigrationSettings } from './tool-sources/migrations.js';
 import type { DeliverySettings } from './webhooks/delivery.js';
+import { gatewayLinkUrlFrom } from '@agentplane/gateway';
 import { leaseConfigFrom, type LeaseConfig } from '@agentplane/lease';
 import { appendDurabilityFrom, type EventLogDurability } from '@agentplane/store';
 import { DEFAULT_APPROVAL_EXPIRY_SECONDS, MAX_APPROVAL_EXPIRY_SECONDS } from './approvals/limits.js';
@@ -84,15 +85,6 @@ function loadMasterKey(env: Env): Buffer {
   const key = /^[0-9a-f]{64}$/i.test(text) ? Buffer.from(text, 'hex') : Buffer.from(text, 'base64');
   if (key.length !== 32) throw new ConfigError('the master key must decode to exactly 32 bytes');
   return key;
-}
-
-/** GATEWAY_LINK_URL: a ws:// or wss:// URL, or `off`. */
-export function gatewayLinkUrlFrom(env: Env): string | null | undefined {
-  const raw = envOptional(env, 'GATEWAY_LINK_URL');
-  if (raw === undefined) return undefined;
-  if (raw === 'off') return null;
-  if (!/^wss?:\/\/[^/\s]+\/?$/.test(raw)) throw new ConfigError(`GATEWAY_LINK_URL must be ws://host:port, wss://host:port or off (got ${JSON.stringify(raw)})`);
-  return raw;
 }
 
 export function loadApiConfig(env: Env): ApiConfig {

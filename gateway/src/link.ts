@@ -1,6 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import { WebSocket } from 'ws';
-import { Counter, secretDigest, type Logger, type Metrics } from '@agentplane/core';
+import { ConfigError, Counter, envOptional, secretDigest, type Env, type Logger, type Metrics } from '@agentplane/core';
 import { keys, type Redis } from '@agentplane/store';
 import type { NodeDelivery } from './gateway.js';
 
@@ -76,6 +76,18 @@ export async function takeLinkTicket(redis: Redis, nodeId: string, ticket: strin
   return (await redis.getdel(ticketKey(secretDigest(ticket)))) === nodeId;
 }
 
+/**
+ * `GATEWAY_LINK_URL`: a `ws://` or `wss://` origin, or `off` (null: advertise no link). Undefined
+ * when unset (the listen address is used, `linkUrlFor`).
+ */
+export function gatewayLinkUrlFrom(env: Env): string | null | undefined {
+  const raw = envOptional(env, 'GATEWAY_LINK_URL');
+  if (raw === undefined) return undefined;
+  if (raw === 'off') return null;
+  if (!/^wss?:\/\/[^/\s]+\/?$/.test(raw)) throw new ConfigError(`GATEWAY_LINK_URL must be ws://host:port, wss://host:port or off (got ${JSON.stringify(raw)})`);
+  return raw;
+}
+
 /** The ws URL a node's link is reached at, from the address its server listens on. */
 export function linkUrlFor(host: string, port: number, explicit?: string): string {
   if (explicit) return explicit.replace(/\/+$/, '');
@@ -138,11 +150,6 @@ export class NodeLinks {
     link.ws.send(text);
     this.sends.inc({ route: 'link' });
     return true;
-  }
-
-  /** Whether a link to the node is open (for tests and metrics). */
-  isOpen(nodeId: string): boolean {
-    return this.links.get(nodeId)?.open === true;
   }
 
   private open(nodeId: string): void {

@@ -1,9 +1,9 @@
 import { createServer } from 'node:http';
-import { ApiError, ConfigError, createLogger, createMetrics, envInt, envOptional, envString, METRICS_CONTENT_TYPE, startTracing, strictCommandLine } from '@agentplane/core';
+import { ApiError, createLogger, createMetrics, envInt, envString, METRICS_CONTENT_TYPE, startTracing, strictCommandLine } from '@agentplane/core';
 import { connectRedis } from '@agentplane/store';
 import { RUNNER_DEFAULTS } from '@agentplane/protocol';
 import { attachGateway } from './gateway.js';
-import { linkUrlFor } from './link.js';
+import { gatewayLinkUrlFrom, linkUrlFor } from './link.js';
 
 const HELP = `agentplane runner gateway (standalone)
 
@@ -30,6 +30,7 @@ async function main(): Promise<void> {
   }
   const env = process.env;
   const graceMs = envInt(env, 'SHUTDOWN_GRACE_MS', 10_000, 0);
+  const linkUrl = gatewayLinkUrlFrom(env);
   const log = createLogger({ name: 'gateway', level: envString(env, 'LOG_LEVEL', 'info') as 'info' });
   const tracing = await startTracing('agentplane-gateway', log, { propagation: 'explicit' });
   const redis = connectRedis(envString(env, 'REDIS_URL'), { name: 'gateway' });
@@ -63,11 +64,9 @@ async function main(): Promise<void> {
   });
   const port = envInt(env, 'PORT', 8081, 0, 65535);
   const host = envString(env, 'HOST', '127.0.0.1');
-  const linkUrl = envOptional(env, 'GATEWAY_LINK_URL');
-  if (linkUrl !== undefined && linkUrl !== 'off' && !/^wss?:\/\/[^/\s]+\/?$/.test(linkUrl)) throw new ConfigError('GATEWAY_LINK_URL must be ws://host:port, wss://host:port or off');
   await new Promise<void>((r) => server.listen(port, host, () => r()));
   const addr = server.address();
-  if (linkUrl !== 'off') gw.advertiseLink(linkUrlFor(host, typeof addr === 'object' && addr ? addr.port : port, linkUrl));
+  if (linkUrl !== null) gw.advertiseLink(linkUrlFor(host, typeof addr === 'object' && addr ? addr.port : port, linkUrl));
   log.info({ port: typeof addr === 'object' && addr ? addr.port : port }, 'gateway listening');
   if (process.send) process.send({ ready: true, port: typeof addr === 'object' && addr ? addr.port : port });
   let stopping = false;

@@ -28,7 +28,7 @@ export class RedisOfferChannel implements OfferChannel {
   private readonly waiters = new Map<string, (reply: OfferReply) => void>();
   private readonly fence: LeaseFence;
   /** Direct sockets to gateway nodes (none: every frame is published). */
-  readonly links: NodeLinks | undefined;
+  private readonly links: NodeLinks | undefined;
 
   constructor(
     private readonly redis: Redis,
@@ -86,8 +86,12 @@ export class RedisOfferChannel implements OfferChannel {
     // The record and the spec are independent writes and reads: both are under way at once. The
     // record lives as long as an accepted lease's (the acceptance does not write it again); an
     // offer not taken removes it.
-    const put = this.records.put({ ...o, reply_to: this.channel }, Math.max(timeoutMs * 3, leaseRecordTtlMs(o.lease_ms)));
-    if (specFollows) return this.offerAhead(o, timeoutMs, body, put, nodeId, trace);
+    // An offer sent ahead of its spec over a link overtakes the auto-pipeline: its record is
+    // written to the connection at once (`LeaseRecords.put`'s `now`). Any other offer's record
+    // goes ahead of its publish on the same connection, or is awaited before the offer is sent.
+    const route = this.route(nodeId);
+    const put = this.records.put({ ...o, reply_to: this.channel }, Math.max(timeoutMs * 3, leaseRecordTtlMs(o.lease_ms)), { now: specFollows && route.links !== undefined });
+    if (specFollows) return this.offerAhead(o, timeoutMs, body, put, route, trace);
     let spec: Record<string, unknown> | null;
     try {
       [spec] = await Promise.all([body, put]);
@@ -101,7 +105,7 @@ export class RedisOfferChannel implements OfferChannel {
       await this.records.remove(o.lease_id, o.runner_id);
       return 'withdrawn';
     }
-    return this.traced(o, false, trace, (ctx) => this.deliverOffer(o, spec, timeoutMs, this.route(nodeId), ctx));
+    return this.traced(o, false, trace, (ctx) => this.deliverOffer(o, spec, timeoutMs, route, ctx));
   }
 
   /**
@@ -133,7 +137,7 @@ export class RedisOfferChannel implements OfferChannel {
    * dispatcher ends the Run), a body that failed sends its error (the runner fails the attempt as
    * an infrastructure failure), and nothing is sent once the runner is known not to hold the offer.
    */
-  private async offerAhead(o: LeaseOffer, timeoutMs: number, body: OfferBody, put: Promise<void>, nodeId: string | undefined, trace: Context | undefined): Promise<OfferOutcome> {
+  private async offerAhead(o: LeaseOffer, timeoutMs: number, body: OfferBody, put: Promise<void>, route: Route, trace: Context | undefined): Promise<OfferOutcome> {
     if (isCluster(this.redis)) {
       try {
         await put;
@@ -146,7 +150,6 @@ export class RedisOfferChannel implements OfferChannel {
       put.catch((err: unknown) => this.log.warn({ err: reasonOf(err), run: o.run_id }, 'cannot record the offer'));
     }
     // The spec follows the offer's route.
-    const route = this.route(nodeId);
     return this.traced(o, true, trace, async (ctx) => {
       let refused = false;
       const follow = body.then(

@@ -42,18 +42,19 @@ export class LeaseRecords {
   constructor(private readonly redis: Redis) {}
 
   /**
-   * On a single Redis the commands are written to the connection before this returns (an explicit
-   * pipeline, not the auto-pipeline's next flush): a frame sent to the gateway node right after,
-   * over a socket of its own, cannot reach it before the record is on its way to Redis.
+   * `now`: on a single Redis the commands are written to the connection before this returns (an
+   * explicit pipeline, not the auto-pipeline's next flush), so a frame sent to the gateway node
+   * right after, over a socket of its own, cannot reach it before the record is on its way to
+   * Redis. Otherwise they join the auto-pipeline (one write with the caller's other commands).
    */
-  async put(record: LeaseRecord, ttlMs: number): Promise<void> {
+  async put(record: LeaseRecord, ttlMs: number, options: { now?: boolean } = {}): Promise<void> {
     // Two keys in two slots (each its own hash tag), so no one script and no one pipeline (on a
     // cluster a pipeline must stay on one node): the record is the truth, the index only finds
     // it. The commands go out together (one write per node, one round trip); a crash that
     // writes only the index leaves an entry the next read prunes, one that writes only the
     // record leaves an offer a reconnecting runner cannot be asked about, which expires with it.
     const index = runnerIndexKey(record.runner_id);
-    if (!isCluster(this.redis)) {
+    if (options.now === true && !isCluster(this.redis)) {
       const results = await this.redis.pipeline()
         .set(recordKey(record.lease_id), JSON.stringify(record), 'PX', ttlMs)
         .sadd(index, record.lease_id)
@@ -99,10 +100,6 @@ export class LeaseRecords {
   async remove(leaseId: string, runnerId: string): Promise<void> {
     // Both at once (two slots): an index entry whose record is gone is pruned on read anyway.
     await Promise.all([this.redis.del(recordKey(leaseId)), this.redis.srem(runnerIndexKey(runnerId), leaseId)]);
-  }
-
-  async reply(record: LeaseRecord, reply: OfferReply): Promise<void> {
-    await this.redis.publish(record.reply_to, JSON.stringify(reply));
   }
 }
 

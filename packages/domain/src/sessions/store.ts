@@ -445,7 +445,6 @@ export class SessionStore {
       const threads = (await this.threads(sessionId, ids)).filter((t) => t.type === 'session_thread' && t.session_id === sessionId);
       if (threads.length === 0) return 'gone';
       if (threads.every((t) => t._closed === true)) return 'closed';
-      const now = nowIso();
       if (threads.some((t) => t.status === 'running' || t.status === 'rescheduling')) {
         // A turn under way: every thread is marked archived (a compare-and-swap each), so a
         // turn's end finds the archive in the very thread it writes, even when it was handed the
@@ -456,10 +455,11 @@ export class SessionStore {
           const marked = await this.docs.update<ThreadDoc>(tag, t.id, (cur) => (cur._archived === true || cur._closed === true ? null : { ...cur, _archived: true }), { current: t, notFound: 'thread' });
           this.rememberThread(marked);
         }
-        const now2 = await this.threads(sessionId, ids);
-        if (now2.some((t) => t.status === 'running' || t.status === 'rescheduling')) return 'busy';
+        const after = await this.threads(sessionId, ids);
+        if (after.some((t) => t.status === 'running' || t.status === 'rescheduling')) return 'busy';
         continue;
       }
+      const now = nowIso();
       const next = threads.map((t): ThreadDoc => ({ ...t, _closed: true, version: t.version + 1, updated_at: now }));
       const r = await this.log.commit(sessionId, next.map((t, i) => ({ key: keys.doc(tag, t.id), body: JSON.stringify(t), expectedVersion: (threads[i] as ThreadDoc).version })),
         [terminal(threads.find((t) => t.parent_thread_id === null))]);
