@@ -5,7 +5,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import type { Job } from 'bullmq';
 import { createLogger } from '@agentplane/core';
 import { CancelMarks, DEFAULT_LEASE_CONFIG, LeaseFence, LeaseKeeper, RunQueues, type Lease, type LeaseConfig, type RunJobData, type RunnerCapabilities } from '@agentplane/lease';
-import { connectRedis, startEmbeddedRedis, type EmbeddedRedis, type Redis } from '@agentplane/store';
+import { connectRedis, keys, startEmbeddedRedis, tags, type EmbeddedRedis, type Redis } from '@agentplane/store';
 import { PoolDispatcher, type DispatchHooks } from './dispatcher.js';
 import type { LeaseOffer, OfferBody, OfferChannel, RunnerDirectory, RunnerView } from './directory.js';
 
@@ -121,9 +121,15 @@ function setup(n = 1, cfg: LeaseConfig = config) {
     d.start();
     dispatchers.push(d);
   }
-  const enqueue = (i: number, ws = 'wrkspc_a') =>
-    queues.enqueue({ run_id: `run_${String(i).padStart(32, '0')}`, session_id: `sess_${String(i).padStart(32, '0')}`, thread_id: 'sthr_x', workspace_id: ws, pool_id: poolId, requirements, accepted_at_ms: Date.now() });
-  return { poolId, queues, fence, keeper, fleet, events, enqueue, cancels };
+  const ids = (i: number) => ({ run: `run_${String(i).padStart(32, '0')}`, session: `sess_${String(i).padStart(32, '0')}` });
+  // A Run's job is added once the Run is committed: a job without its Run is dropped (`phantom`).
+  const job = (i: number, ws: string) => queues.enqueue({ run_id: ids(i).run, session_id: ids(i).session, thread_id: 'sthr_x', workspace_id: ws, pool_id: poolId, requirements, accepted_at_ms: Date.now() });
+  const enqueue = async (i: number, ws = 'wrkspc_a') => {
+    await redis.set(keys.doc(tags.session(ids(i).session), ids(i).run), JSON.stringify({ id: ids(i).run, type: 'run', version: 1 }));
+    return job(i, ws);
+  };
+  const phantom = (i: number, ws = 'wrkspc_a') => job(i, ws);
+  return { poolId, queues, fence, keeper, fleet, events, enqueue, phantom, cancels };
 }
 
 describe('lease engine (BullMQ)', () => {
@@ -280,6 +286,22 @@ describe('lease engine (BullMQ)', () => {
     s.fleet.add('runner_spec_b', 1, true, ['lease-spec-v1']);
     await until('leased again', () => s.events.filter((e) => e.kind === 'leased' && e.run === run).length >= 2, 15_000);
     expect(s.fleet.ahead).toHaveLength(1);
+  });
+
+  describe('a job whose Run was never committed (sent behind a start that did not commit)', () => {
+    it('is dropped: never leased, offered ahead only with no body, and gone from the queue', async () => {
+      const s = setup();
+      s.fleet.add('runner_plain', 1);
+      await s.phantom(3101);
+      const run = `run_${String(3101).padStart(32, '0')}`;
+      await until('dropped', () => s.events.some((e) => e.kind === 'interrupted' && e.run === run));
+      expect(s.fleet.offers).toBe(0);
+      expect(s.events.some((e) => e.kind === 'leased')).toBe(false);
+      await until('the job gone', async () => (await s.queues.job(s.poolId, run)) === undefined);
+      // A committed Run behind it is served as usual.
+      await s.enqueue(3102);
+      await until('the next leased', () => s.events.some((e) => e.kind === 'leased' && e.run === `run_${String(3102).padStart(32, '0')}`));
+    });
   });
 
   describe('an interrupt of a Run a dispatcher holds (cancel mark)', () => {

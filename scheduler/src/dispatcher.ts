@@ -267,16 +267,17 @@ export class PoolDispatcher {
       lease_ms: this.o.config.leaseMs,
       heartbeat_ms: this.o.config.heartbeatMs,
     };
-    // The checks (a cancel mark; the earlier attempts' ends) run beside the first offer's
-    // preparation: its body's reads and its lease record. A first attempt's body is prepared at
-    // once; a later attempt's waits until the earlier attempts' ends are recorded (the spec reads
-    // what they wrote). No body is sent before the checks pass; a first attempt's offer to a
-    // runner that takes its spec later (`lease-spec-v1`) goes at once, without it: a cancel mark
-    // then refuses the lease's claim at the gateway, and the Run ends below.
+    // The checks (a cancel mark, or no Run: a job sent behind a start that did not commit; the
+    // earlier attempts' ends) run beside the first offer's preparation: its body's reads and its
+    // lease record. A first attempt's body is prepared at once; a later attempt's waits until the
+    // earlier attempts' ends are recorded (the spec reads what they wrote). No body is sent
+    // before the checks pass; a first attempt's offer to a runner that takes its spec later
+    // (`lease-spec-v1`) goes at once, without it: a cancel mark (or no Run) then refuses the
+    // lease's claim at the gateway, and the Run ends below.
     const checked = Promise.all([
-      this.o.cancels.marked(job.data.session_id, job.data.run_id),
+      this.o.cancels.barred(job.data.session_id, job.data.run_id),
       this.o.hooks.retaken(job, trace).catch((err: unknown) => this.o.log.warn({ err, run: job.id }, 'recording the earlier attempts failed')),
-    ]).then(([marked]) => marked);
+    ]).then(([barred]) => barred);
     checked.catch(() => undefined);
     const early = job.attemptsStarted <= 1 ? this.o.offers.prepare(plan) : undefined;
     const req = job.data.requirements;
@@ -363,7 +364,10 @@ export class PoolDispatcher {
     await this.o.cancels.clear(sessionId, runId);
   }
 
-  /** A job taken with an interrupt marked on it: the turn ends and the job leaves the queue. */
+  /**
+   * A job taken with an interrupt marked on it, or with no Run (its start did not commit): the
+   * turn ends (nothing to end for no Run) and the job leaves the queue.
+   */
   private async cancelTaken(job: Job<RunJobData>, token: string, trace: Context): Promise<void> {
     // The turn ends first: a crash before the job is gone leaves it to stall back and be taken
     // again, still marked; the end is a compare-and-swap that happens once.

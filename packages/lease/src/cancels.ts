@@ -24,6 +24,20 @@ export class CancelMarks {
     return (await this.redis.exists(cancelMarkKey(sessionId, runId))) === 1;
   }
 
+  /**
+   * True when the Run must not run: it carries a mark, or it was never committed (a job sent
+   * behind a turn start that did not commit: `RunQueues.sendBehind`; the add runs after the
+   * start, so a job's Run is missing only if it never will be there). One round trip, in the
+   * Session's slot.
+   */
+  async barred(sessionId: string, runId: string): Promise<boolean> {
+    const [marked, run] = await Promise.all([
+      this.redis.exists(cancelMarkKey(sessionId, runId)),
+      this.redis.exists(keys.doc(tags.session(sessionId), runId)),
+    ]);
+    return marked === 1 || run === 0;
+  }
+
   async clear(sessionId: string, runId: string): Promise<void> {
     await this.redis.del(cancelMarkKey(sessionId, runId));
   }

@@ -105,3 +105,34 @@ describe('the order a backlog is served in', () => {
   });
 });
 
+
+describe('a job sent behind its start (sendBehind)', () => {
+  it('waits at the lowest priority, behind every ranked job, until it gets its rank; a withdrawn one goes', async () => {
+    const redis = redisOf();
+    const commands = redis.duplicate({ enableAutoPipelining: true });
+    const pool = 'rpool_behind';
+    const queues = new RunQueues(redis, DEFAULT_LEASE_CONFIG, commands);
+    expect(queues.sendsBehind(commands)).toBe(true);
+    expect(queues.sendsBehind(redis)).toBe(false);
+    const data = (run: string) => ({ ...job(run), pool_id: pool });
+    const order = async () => (await queues.queue(pool).getJobs(['prioritized'], 0, -1, true)).map((j) => j.id);
+    await queues.enqueue(data('run_ranked_2'), 2);
+    const sent = await queues.sendBehind(data('run_behind'));
+    await queues.enqueue(data('run_ranked_5'), 5);
+    // Before its rank is known it overtakes no one, even Runs queued after it.
+    expect(sent.data.rank).toBeUndefined();
+    expect(await order()).toEqual(['run_ranked_2', 'run_ranked_5', 'run_behind']);
+    // Ranked: in its place (a Run of the same rank queued before it still goes first).
+    await queues.ranked(sent, 2);
+    expect((await queues.job(pool, 'run_behind'))?.priority).toBe(2);
+    expect(await order()).toEqual(['run_ranked_2', 'run_behind', 'run_ranked_5']);
+    // A job gone (a start that did not commit withdrew it) is left alone by a late rank.
+    const lost = await queues.sendBehind(data('run_lost'));
+    await queues.withdraw(pool, 'run_lost');
+    expect(await queues.job(pool, 'run_lost')).toBeUndefined();
+    await queues.ranked(lost, 1);
+    expect(await queues.job(pool, 'run_lost')).toBeUndefined();
+    await queues.close();
+    commands.disconnect();
+  });
+});

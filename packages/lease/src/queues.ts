@@ -1,6 +1,6 @@
 import { Job, Queue, type JobsOptions } from 'bullmq';
 import { ATTR, injectTrace, inSpan, SpanKind, type Context, type TraceCarrier } from '@agentplane/core';
-import { BoundedCache, LuaScript, type Redis } from '@agentplane/store';
+import { BoundedCache, isCluster, LuaScript, type Redis } from '@agentplane/store';
 import type { LeaseConfig } from './config.js';
 import type { RunRequirements } from './requirements.js';
 
@@ -22,7 +22,8 @@ export interface RunJobData {
   /** Wall-clock ms when the Run was accepted by the API. */
   accepted_at_ms: number;
   enqueued_at_ms: number;
-  rank: number;
+  /** The fair-share rank the job was added at; absent for a job sent behind its start (`RunQueues.sendBehind`), ranked later. */
+  rank?: number;
   /** W3C context of the enqueuing span (tracing on only): the scheduler's span continues the trace. */
   trace?: TraceCarrier;
 }
@@ -118,6 +119,8 @@ return gone`,
 
 export class RunQueues {
   private readonly queues = new Map<string, Queue>();
+  /** The pools' queues on `commands`, for jobs sent behind a write of that connection (`sendBehind`). */
+  private readonly behindQueues = new Map<string, Queue>();
   /**
    * Jobs this process added, by pool and Run, for a minute: the acceptance of a Run's first
    * lease (usually through the API that queued it) takes the job from here instead of reading it
@@ -177,20 +180,86 @@ export class RunQueues {
   }
 
   private async add(data: Omit<RunJobData, 'rank' | 'enqueued_at_ms' | 'trace'>, ranked: number | undefined, ctx: Context): Promise<RunJobData> {
+    const rank = ranked ?? (await this.rank(data.pool_id, data.workspace_id, data.run_id));
+    const full = this.jobData(data, rank, ctx);
+    this.added.set(`${data.pool_id}/${data.run_id}`, await this.queue(data.pool_id).add('run', full, this.jobOptions(data.run_id, rank)));
+    return full;
+  }
+
+  private jobData(data: Omit<RunJobData, 'rank' | 'enqueued_at_ms' | 'trace'>, rank: number | undefined, ctx: Context): RunJobData {
     // The job carries the send span's context: the scheduler's span for it is its child.
     const trace = injectTrace(ctx);
-    const rank = ranked ?? (await this.rank(data.pool_id, data.workspace_id, data.run_id));
-    const full: RunJobData = { ...data, rank, enqueued_at_ms: Date.now(), ...(trace ? { trace } : {}) };
-    const opts: JobsOptions = {
-      jobId: data.run_id,
+    return { ...data, ...(rank !== undefined ? { rank } : {}), enqueued_at_ms: Date.now(), ...(trace ? { trace } : {}) };
+  }
+
+  private jobOptions(runId: string, rank: number): JobsOptions {
+    return {
+      jobId: runId,
       priority: Math.min(Math.max(1, rank), MAX_PRIORITY),
       attempts: this.config.maxAttempts,
       backoff: { type: 'exponential', delay: this.config.backoffMs },
       removeOnComplete: { age: 24 * 3600 },
       removeOnFail: { age: 7 * 24 * 3600 },
     };
-    this.added.set(`${data.pool_id}/${data.run_id}`, await this.queue(data.pool_id).add('run', full, opts));
-    return full;
+  }
+
+  /**
+   * True when a job sent with `sendBehind` goes out on `redis` after every command issued on it
+   * before: `redis` is the connection this instance sends its commands on, to a single Redis
+   * (which runs one connection's commands in the order sent; a Cluster splits them by slot).
+   */
+  sendsBehind(redis: Redis): boolean {
+    return this.commands === redis && !isCluster(redis);
+  }
+
+  /**
+   * A Run's job, sent on the commands connection behind the write that starts the Run, before
+   * that write is answered: one round trip fewer before a scheduler can take it. Call it right
+   * after issuing the start on that connection (`sendsBehind`): Redis runs the add after the
+   * start, so the job never exists before its Run does. Its fair-share rank, taken beside the
+   * start, is not known yet: the job goes in at the lowest priority, where it overtakes no one
+   * (a Run taken there was next anyway), until `ranked` moves it to its rank. A start that did
+   * not commit leaves a job for no Run: `withdraw` removes it, and a scheduler that took it first
+   * finds no Run and drops it. Resolves once the job is added.
+   */
+  sendBehind(data: Omit<RunJobData, 'rank' | 'enqueued_at_ms' | 'trace'>, trace?: Context): Promise<Job<RunJobData>> {
+    return inSpan(`send ${RUN_QUEUE}`, {
+      kind: SpanKind.PRODUCER,
+      attributes: {
+        [ATTR.messagingSystem]: 'bullmq', [ATTR.messagingOperationType]: 'send', [ATTR.messagingOperationName]: 'send',
+        [ATTR.messagingDestinationName]: RUN_QUEUE, [ATTR.messagingMessageId]: data.run_id, 'agentplane.pool.id': data.pool_id,
+      },
+      parent: trace,
+    }, (_span, ctx) => this.behindQueue(data.pool_id).add('run', this.jobData(data, undefined, ctx), this.jobOptions(data.run_id, MAX_PRIORITY)));
+  }
+
+  /** A job sent behind its start (`sendBehind`), once the start committed: it may be taken by its first attempt's acceptance here. */
+  sentBehind(job: Job<RunJobData>): void {
+    this.added.set(`${job.data.pool_id}/${job.data.run_id}`, job);
+  }
+
+  /**
+   * A job sent behind its start gets its fair-share rank. Nothing to do once a scheduler took it
+   * (its priority only orders the queue) or it is gone.
+   */
+  async ranked(job: Job<RunJobData>, rank: number): Promise<void> {
+    const priority = Math.min(Math.max(1, rank), MAX_PRIORITY);
+    if (priority === MAX_PRIORITY) return;
+    await job.changePriority({ priority }).catch(() => undefined);
+  }
+
+  /** The job sent behind a start that did not commit goes (unless a scheduler holds it: it finds no Run and drops it). */
+  async withdraw(poolId: string, runId: string): Promise<void> {
+    await this.behindQueue(poolId).remove(runId).catch(() => undefined);
+  }
+
+  private behindQueue(poolId: string): Queue {
+    let q = this.behindQueues.get(poolId);
+    if (!q) {
+      q = new Queue(RUN_QUEUE, { connection: this.commands, prefix: queuePrefix(poolId) });
+      this.behindQueues.set(poolId, q);
+    }
+    return q;
   }
 
   /**
@@ -276,6 +345,6 @@ export class RunQueues {
   }
 
   async close(): Promise<void> {
-    await Promise.all([...this.queues.values()].map((q) => q.close()));
+    await Promise.all([...this.queues.values(), ...this.behindQueues.values()].map((q) => q.close()));
   }
 }

@@ -1,7 +1,7 @@
 import type { Redis } from 'ioredis';
 import { ATTR, envInt, inSpan, newId, SpanKind, tracingEnabled, type Attributes, type Context, type Env } from '@agentplane/core';
 import { keys, tags } from './keys.js';
-import { LuaScript } from './script.js';
+import { isNoScript, LuaScript } from './script.js';
 import { Joiner } from './joiner.js';
 
 /**
@@ -127,6 +127,13 @@ export interface CommitOptions extends Pick<AppendOptions, 'fence' | 'producerKe
    * a round trip of its own (a turn's end reads the thread's active outcome).
    */
   reads?: readonly CommitRead[];
+  /**
+   * Called once the commit's command is issued on the connection, before it is answered: what
+   * it sends on the same connection goes out behind the commit, and a single Redis runs it after
+   * the commit. With it, a commit whose script the server does not hold is not sent again
+   * (`unloaded`): what went behind it ran first.
+   */
+  behind?: () => void;
 }
 
 /** One value a commit reads after its write: the string at `key`, or `field` of the hash at `key`. */
@@ -143,7 +150,9 @@ export type CommitResult =
   /** Nothing was written: the `dequeue` list no longer starts with the expected ids (or, with `emptyList`, is not empty). */
   | { ok: false; reason: 'queue' }
   /** Nothing was written (`fresh`): an event's producer key names an earlier append. */
-  | { ok: false; reason: 'replay' };
+  | { ok: false; reason: 'replay' }
+  /** Nothing was written (`behind`): the server did not hold the script (a restart, SCRIPT FLUSH). */
+  | { ok: false; reason: 'unloaded' };
 
 /** Commit option: remove these ids from the head of `list` (they must be its first entries). */
 export interface CommitDequeue {
@@ -595,10 +604,10 @@ export class EventLog {
 
   constructor(private readonly redis: Redis, private readonly durability: EventLogDurability = { waitReplicas: 0, waitTimeoutMs: 0 }) {}
 
-  private async runDurably(script: LuaScript, keyList: readonly string[], args: readonly (string | number | Buffer)[]): Promise<unknown> {
+  private async runDurably(script: LuaScript, keyList: readonly string[], args: readonly (string | number | Buffer)[], options: { reload?: boolean } = {}): Promise<unknown> {
     const { waitReplicas, waitTimeoutMs } = this.durability;
-    if (waitReplicas <= 0) return script.run(this.redis, keyList, args);
-    const { result, acked } = await script.runAndWait(this.redis, keyList, args, waitReplicas, waitTimeoutMs);
+    if (waitReplicas <= 0) return script.run(this.redis, keyList, args, options);
+    const { result, acked } = await script.runAndWait(this.redis, keyList, args, waitReplicas, waitTimeoutMs, options);
     // A refused append (stale fence, duplicate) wrote nothing that needs a replica.
     if (acked < waitReplicas && Array.isArray(result) && result[0] === 'ok') throw new AppendNotReplicatedError(acked, waitReplicas);
     return result;
@@ -715,7 +724,19 @@ export class EventLog {
       keyList.push(rd.key);
       args.push(rd.field ?? '');
     }
-    const r = (await this.runDurably(COMMIT, keyList, args)) as (string | null)[];
+    let r: (string | null)[];
+    if (options.behind) {
+      const sent = this.runDurably(COMMIT, keyList, args, { reload: false });
+      options.behind();
+      try {
+        r = (await sent) as (string | null)[];
+      } catch (err) {
+        if (isNoScript(err)) return { ok: false, reason: 'unloaded' };
+        throw err;
+      }
+    } else {
+      r = (await this.runDurably(COMMIT, keyList, args)) as (string | null)[];
+    }
     if (r[0] === 'stale') return { ok: false, reason: 'stale', index: Number(r[1]) - 1, current: r[2] as string };
     if (r[0] === 'missing' || r[0] === 'exists') return { ok: false, reason: r[0], index: Number(r[1]) - 1 };
     if (r[0] === 'queue') return { ok: false, reason: 'queue' };

@@ -19,6 +19,9 @@ import { createRequire } from 'node:module';
  * so an ioredis upgrade that changes its constructor fails the test instead of going unseen.
  */
 
+/** On a client: how many times it defined a script or added a builtin (`countDefinitions`). */
+const DEFINED: unique symbol = Symbol.for('agentplane.definedCommands') as never;
+
 interface ScriptLike {
   sha: string;
 }
@@ -30,6 +33,7 @@ interface PipelineHost {
   options: unknown;
   scriptsSet: Record<string, ScriptLike>;
   addedBuiltinSet: Set<string>;
+  [DEFINED]?: number;
   [method: string]: unknown;
 }
 
@@ -41,6 +45,38 @@ interface PipelineModule {
 
 const require = createRequire(import.meta.url);
 const LEAN = Symbol.for('agentplane.leanPipeline');
+
+interface CommanderModule {
+  default: { prototype: Record<string | symbol, unknown> };
+}
+
+/**
+ * Every client counts its definitions (`defineCommand`, `addBuiltinCommand`, on ioredis's
+ * `Commander`, which the single and cluster clients extend), so a pipeline's shared shape knows
+ * when to rebuild without looking at every script. False when the module is not as expected.
+ */
+function countDefinitions(): boolean {
+  let mod: CommanderModule;
+  try {
+    mod = require('ioredis/built/utils/Commander') as CommanderModule;
+  } catch {
+    return false;
+  }
+  const proto = mod.default?.prototype;
+  if (!proto) return false;
+  if (proto[DEFINED]) return true;
+  for (const method of ['defineCommand', 'addBuiltinCommand']) {
+    const original = proto[method];
+    if (typeof original !== 'function') return false;
+    proto[method] = function counted(this: Record<symbol, number>, ...args: unknown[]): unknown {
+      const r: unknown = (original as (...a: unknown[]) => unknown).apply(this, args);
+      this[DEFINED] = (this[DEFINED] ?? 0) + 1;
+      return r;
+    };
+  }
+  proto[DEFINED] = 0;
+  return true;
+}
 
 let original: PipelineConstructor | undefined;
 
@@ -73,8 +109,39 @@ export function installLeanPipelines(): boolean {
     });
   }
 
+  if (!countDefinitions()) return false;
+
+  /**
+   * What every pipeline of one client shares: its scripts' and added builtins' methods, on a
+   * prototype of its own (ioredis copies them onto each pipeline: with BullMQ's sixty-odd
+   * scripts defined on a client, about 130 properties written per pipeline, each auto-pipelined
+   * batch included), and the sha → script map exec reads. Rebuilt when the client defines more.
+   */
+  const shapes = new WeakMap<object, { proto: object; shaToScript: Record<string, ScriptLike>; version: number }>();
+  const shapeOf = (redis: PipelineHost): { proto: object; shaToScript: Record<string, ScriptLike> } => {
+    const version = (redis[DEFINED] as number | undefined) ?? 0;
+    const known = shapes.get(redis);
+    if (known && known.version === version) return known;
+    const shared = Object.create(proto) as Record<string, unknown>;
+    const shaToScript: Record<string, ScriptLike> = {};
+    for (const name of Object.keys(redis.scriptsSet)) {
+      const script = redis.scriptsSet[name] as ScriptLike;
+      shaToScript[script.sha] = script;
+      shared[name] = redis[name];
+      shared[`${name}Buffer`] = redis[`${name}Buffer`];
+    }
+    for (const name of redis.addedBuiltinSet) {
+      shared[name] = redis[name];
+      shared[`${name}Buffer`] = redis[`${name}Buffer`];
+    }
+    const shape = { proto: shared, shaToScript, version };
+    shapes.set(redis, shape);
+    return shape;
+  };
+
   function LeanPipeline(redis: PipelineHost): object {
-    const p = Object.create(proto) as Record<string, unknown>;
+    const shape = shapeOf(redis);
+    const p = Object.create(shape.proto) as Record<string, unknown>;
     // Commander's constructor (its empty `options` is replaced by the client's below).
     p.scriptsSet = {};
     p.addedBuiltinSet = new Set<string>();
@@ -85,20 +152,10 @@ export function installLeanPipelines(): boolean {
     p._queue = [];
     p._result = [];
     p._transactions = 0;
-    const shaToScript: Record<string, ScriptLike> = {};
-    p._shaToScript = shaToScript;
+    // Read by exec only: shared by the client's pipelines.
+    p._shaToScript = shape.shaToScript;
     p.isCluster = redis.constructor.name === 'Cluster' || redis.isCluster;
     p.options = redis.options;
-    for (const name of Object.keys(redis.scriptsSet)) {
-      const script = redis.scriptsSet[name] as ScriptLike;
-      shaToScript[script.sha] = script;
-      p[name] = redis[name];
-      p[`${name}Buffer`] = redis[`${name}Buffer`];
-    }
-    for (const name of redis.addedBuiltinSet) {
-      p[name] = redis[name];
-      p[`${name}Buffer`] = redis[`${name}Buffer`];
-    }
     p.promise = new Promise((resolve, reject) => {
       p.resolve = resolve;
       p.reject = reject;

@@ -13,11 +13,16 @@ export class LuaScript {
     this.sha = createHash('sha1').update(source).digest('hex');
   }
 
-  async run(redis: Redis, keyList: readonly string[], args: readonly (string | number | Buffer)[]): Promise<unknown> {
+  /**
+   * `reload: false`: a script the server does not hold (NOSCRIPT: a restart, SCRIPT FLUSH) is
+   * not sent again in full: the error is the caller's (`isNoScript`). For a caller that sent
+   * commands behind this one, which a resend would come after.
+   */
+  async run(redis: Redis, keyList: readonly string[], args: readonly (string | number | Buffer)[], options: { reload?: boolean } = {}): Promise<unknown> {
     try {
       return await redis.evalsha(this.sha, keyList.length, ...keyList, ...args);
     } catch (err) {
-      if (err instanceof Error && err.message.startsWith('NOSCRIPT')) {
+      if (options.reload !== false && isNoScript(err)) {
         return await redis.eval(this.source, keyList.length, ...keyList, ...args);
       }
       throw err;
@@ -32,7 +37,7 @@ export class LuaScript {
    * cluster both go to the master of the keys' slot). Returns the script's result and how many
    * replicas acknowledged every write made so far on that connection.
    */
-  async runAndWait(redis: Redis, keyList: readonly string[], args: readonly (string | number | Buffer)[], replicas: number, timeoutMs: number): Promise<{ result: unknown; acked: number }> {
+  async runAndWait(redis: Redis, keyList: readonly string[], args: readonly (string | number | Buffer)[], replicas: number, timeoutMs: number, options: { reload?: boolean } = {}): Promise<{ result: unknown; acked: number }> {
     const once = async (bySha: boolean): Promise<{ result: unknown; acked: number }> => {
       const p = redis.pipeline();
       if (bySha) p.evalsha(this.sha, keyList.length, ...keyList, ...args);
@@ -48,10 +53,15 @@ export class LuaScript {
     try {
       return await once(true);
     } catch (err) {
-      if (err instanceof Error && err.message.startsWith('NOSCRIPT')) return await once(false);
+      if (options.reload !== false && isNoScript(err)) return await once(false);
       throw err;
     } finally {
       forgetWritten(redis, keyList);
     }
   }
+}
+
+/** The server does not hold the script (it restarted, or its scripts were flushed). */
+export function isNoScript(err: unknown): boolean {
+  return err instanceof Error && err.message.startsWith('NOSCRIPT');
 }

@@ -26,6 +26,9 @@ export interface RunEngineDeps {
   interruptGraceMs: number;
 }
 
+/** The requirements cache's key: Environment versions are immutable. */
+const requirementsKey = (run: RunDoc): string => `${run.workspace_id}/${run.environment_id}/${run.environment_version}`;
+
 /** Per-process caches of lookups that never change once they exist. */
 const CACHE_ENTRIES = 4096;
 /**
@@ -95,8 +98,48 @@ export class RunEngine implements TurnScheduler {
     void taken.rank.then(() => this.d.queues.dequeued(taken.poolId, taken.workspaceId, runId)).catch(() => undefined);
   }
 
+  /**
+   * The Run's job right behind its start (`TurnScheduler.sendBehind`), on the connection the
+   * start went out on: only when that is the connection the queues send on, to a single Redis,
+   * and the job is known without a read (its pool and requirements cached, its rank taken beside
+   * the intent). The Run-to-Session mapping and the pool's active mark go just ahead of it.
+   */
+  sendBehind(run: RunDoc, trace?: Context): ((committed: RunDoc | null) => Promise<void>) | undefined {
+    if (!this.intentAhead || !this.d.queues.sendsBehind(this.d.store.redis)) return undefined;
+    const ws = run.workspace_id;
+    const poolId = run.agent_deployment?.runner_pool_id ?? this.defaultPools.get(ws);
+    const requirements = this.requirements.get(requirementsKey(run));
+    const taken = this.ranks.get(run.id);
+    if (!poolId || !requirements || !taken || taken.poolId !== poolId || taken.workspaceId !== ws) return undefined;
+    this.ranks.take(run.id);
+    const ahead = Promise.all([this.d.redis.hset(runSessionsKey(ws), run.id, run.session_id), this.markActive(poolId, ws)]);
+    const added = this.d.queues.sendBehind({
+      run_id: run.id, session_id: run.session_id, thread_id: run.session_thread_id, workspace_id: ws, pool_id: poolId, requirements, accepted_at_ms: Date.parse(run.created_at),
+    }, trace);
+    ahead.catch(() => undefined);
+    added.catch(() => undefined);
+    return async (committed) => {
+      if (!committed) {
+        this.runNotStarting(run.id, taken);
+        await this.d.queues.withdraw(poolId, run.id);
+        return;
+      }
+      try {
+        const [job] = await Promise.all([added, ahead]);
+        this.d.queues.sentBehind(job);
+        const rank = await taken.rank.catch(() => this.d.queues.rank(poolId, ws, run.id));
+        await Promise.all([this.d.queues.ranked(job, rank), this.d.lifecycle.enqueued(run.session_id, run.id, poolId, committed), this.outbox.remove(run.session_id, run.id)]);
+      } catch (err) {
+        // Queued again the usual way (the job id is the Run's: an add that did land is kept);
+        // should that fail too, the start's outbox entry stays for the enqueue repair.
+        this.d.log.warn({ err: err instanceof Error ? err.message : String(err), run: run.id }, 'the job sent behind a started Run was not confirmed; enqueuing it again');
+        await this.runQueued(committed, trace).catch(() => undefined);
+      }
+    };
+  }
+
   private async requirementsOf(run: RunDoc): Promise<RunRequirements> {
-    const key = `${run.workspace_id}/${run.environment_id}/${run.environment_version}`;
+    const key = requirementsKey(run);
     const hit = this.requirements.get(key);
     if (hit) return hit;
     const req = requirementsOf(await sandboxVersion({ environments: this.d.environments, sandboxProfiles: this.sandboxProfiles }, run.workspace_id, run.environment_id, run.environment_version));

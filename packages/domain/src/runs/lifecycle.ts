@@ -168,7 +168,10 @@ export class RunLifecycle {
       if (err instanceof ClaimRefused) return err.reason;
       throw err;
     }
-    // No write carried the claim (the Run is past this move already, or gone): it goes alone.
+    // No Run to move: a job sent behind a turn start that did not commit
+    // (`RunQueues.sendBehind`) is never leased (read only here, off the common path).
+    if (!res && claim && !(await this.store.run(sessionId, runId))) return 'canceled';
+    // No write carried the claim (the Run is past this move already): it goes alone.
     if (claim && !marking.claimed()) {
       const alone = await claim.fence.claim(claim.claim, claim.ttlMs);
       if (alone !== 'ok') return alone;

@@ -407,6 +407,8 @@ export class SessionStore {
    */
   async startTurnWithMessage(
     session: SessionDoc, known: Readonly<ThreadDoc>, message: AppendEvent, next: ThreadDoc, runId: string, trace?: Context,
+    /** Called with the Run once the start is issued, before it is answered (`CommitOptions.behind`). */
+    behind?: (run: RunDoc) => void,
   ): Promise<{ event: LogEvent; thread: ThreadDoc; run: RunDoc } | null> {
     const threadId = known.id;
     const id = newEventId();
@@ -414,7 +416,7 @@ export class SessionStore {
     const run = turnRun(session, thread, { runId, inputs: [id] });
     const { docs, running } = turnStartWrites(thread, known.version, run);
     const r = await this.log.commit(session.id, docs, [{ ...message, id, session_thread_id: threadId }, running],
-      { emptyList: inputQueueKey(session.id, threadId), fresh: true, trace });
+      { emptyList: inputQueueKey(session.id, threadId), fresh: true, trace, ...(behind ? { behind: () => behind(run) } : {}) });
     if (!r.ok) {
       if (r.reason === 'erased') throw new ApiError('validation.not_found', 'the session was deleted and its event log erased');
       if (r.reason === 'stale' && r.index === 0) this.recentThreads.set(`${session.id}/${threadId}`, { raw: r.current });

@@ -171,6 +171,74 @@ describe('turn start', () => {
   });
 });
 
+describe('a job sent behind the start (TurnScheduler.sendBehind)', () => {
+  /**
+   * A scheduler that sends, behind each start, a read of the Run's document on the start's own
+   * connection (as the lease engine sends the Run's job there): what Redis runs after the start.
+   */
+  function behindScheduler() {
+    const rec = recording();
+    const behind: { runId: string; sawRun: Promise<number>; settled?: RunDoc | null }[] = [];
+    const dropped: string[] = [];
+    const scheduler: TurnScheduler = {
+      ...rec.scheduler,
+      intentAhead: true,
+      runStarting: async () => undefined,
+      runNotStarting: (runId) => void dropped.push(runId),
+      sendBehind: (run) => {
+        const entry: (typeof behind)[number] = { runId: run.id, sawRun: redis.exists(keys.doc(tags.session(run.session_id), run.id)) };
+        behind.push(entry);
+        return async (committed) => void (entry.settled = committed);
+      },
+    };
+    return { rec, behind, dropped, scheduler };
+  }
+
+  it('goes out before the start is answered, runs after it (the Run is there), and is settled with the Run', async () => {
+    const store = new SessionStore(redis);
+    const b = behindScheduler();
+    const runtime = new ThreadRuntime(store, () => b.scheduler);
+    const { session, threadId } = await idleSession(store);
+    const idle = await store.thread(session.id, threadId);
+    const intent = runtime.intendStart(session, idle);
+    if (!intent) throw new Error('an idle thread gets an intent');
+    const started = await runtime.startWithMessage(session, idle, { type: 'user.message', payload: { content: 'hi' } }, intent);
+    expect(started?.run.id).toBe(intent.runId);
+    expect(b.behind.map((x) => x.runId)).toEqual([intent.runId]);
+    expect(await b.behind[0]?.sawRun).toBe(1);
+    // The rest (rank, enqueue record) follows the answer; runQueued is not called as well.
+    await new Promise((r) => setImmediate(r));
+    expect(b.behind[0]?.settled).toEqual(started?.run);
+    expect(b.rec.queued).toEqual([]);
+    expect(intent.spent).toBeUndefined();
+  });
+
+  it('behind a start that did not commit: it finds no Run, is settled with null, and the message starts under another Run id', async () => {
+    const store = new SessionStore(redis);
+    const b = behindScheduler();
+    const runtime = new ThreadRuntime(store, () => b.scheduler);
+    const { session, threadId } = await idleSession(store);
+    const idle = await store.thread(session.id, threadId);
+    // Another process starts a turn first: this process's copy of the thread is stale.
+    const first = newId('event');
+    expect((await new ThreadRuntime(new SessionStore(other), () => recording().scheduler).submitUserMessage(session, threadId, first)).run).not.toBeNull();
+    const intent = runtime.intendStart(session, idle);
+    if (!intent) throw new Error('the stale copy is idle');
+    expect(await runtime.startWithMessage(session, idle, { type: 'user.message', payload: { content: 'hi' } }, intent)).toBeNull();
+    expect(await b.behind[0]?.sawRun).toBe(0);
+    await new Promise((r) => setImmediate(r));
+    expect(b.behind[0]?.settled).toBeNull();
+    expect(intent.spent).toBe(true);
+    // The caller appends and queues the message as usual: a busy thread starts nothing, and the
+    // spent intent is not used again (its Run id named a job that found no Run).
+    const msg = newId('event');
+    const busy = await store.enqueueInput(session.id, threadId, msg);
+    expect(await runtime.submitUserMessage(session, threadId, msg, { queued: true, thread: busy, queue: [msg], intent })).toEqual({ run: null });
+    expect(await store.run(session.id, intent.runId)).toBeNull();
+    expect(await store.queuedInputs(session.id, threadId)).toEqual([msg]);
+  });
+});
+
 describe('turn end', () => {
   it('writes the thread and its session.status_idle in one script; a repeated end appends nothing more; an erased Session\'s thread is written alone', async () => {
     const store = new SessionStore(redis);

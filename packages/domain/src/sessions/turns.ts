@@ -26,6 +26,17 @@ export interface TurnScheduler {
   /** The start announced under `runId` did not happen (no Run was committed under it). */
   runNotStarting?(runId: string): void;
   /**
+   * The Run's job, sent right behind its start on the connection the start went out on, before
+   * the start is answered (`RunQueues.sendBehind`): one round trip fewer before a scheduler can
+   * take it. Called synchronously once the start is issued; undefined when the job cannot go so
+   * (a Cluster, the pool or requirements not known here without a read, no rank taken): the Run
+   * is then queued with `runQueued` once committed. The returned function is called once the
+   * start is answered: with the Run when it committed (the job gets its rank, the Run its enqueue
+   * record), with null when it did not or its answer was lost (the job and the rank go; a Run
+   * committed all the same is enqueued again by the repair).
+   */
+  sendBehind?(run: RunDoc, trace?: Context): ((committed: RunDoc | null) => Promise<void>) | undefined;
+  /**
    * A turn started: `run` (as just written, version 1) was recorded as `queued` in the Session
    * slot. `trace`: the context the turn started in (the parent of its job's span).
    */
@@ -43,6 +54,11 @@ export interface TurnIntent {
   recorded: Promise<void>;
   /** The record is sure to be written before any later write of the Session (`TurnScheduler.intentAhead`). */
   ahead: boolean;
+  /**
+   * A job went behind a start under `runId` that did not commit (`TurnScheduler.sendBehind`):
+   * the id is not used again (a scheduler may hold that job and drop it for want of its Run).
+   */
+  spent?: boolean;
 }
 
 /** A thread that may start a turn now: idle, no Run, no unanswered wait of its generation. */
@@ -147,6 +163,10 @@ export class ThreadRuntime {
       trace?: Context | undefined;
     } = {},
   ): Promise<{ run: RunDoc | null }> {
+    if (options.intent?.spent) {
+      const { intent: _spent, ...rest } = options;
+      options = rest;
+    }
     let seen = options.thread ?? null;
     if (eventId !== null && !options.queued) seen = await this.store.enqueueInput(session.id, threadId, eventId);
     if (seen) {
@@ -215,21 +235,44 @@ export class ThreadRuntime {
    * round trip instead of two, then the Run goes to the scheduler. Only with an intent recorded
    * ahead of every later write (`TurnIntent.ahead`), so the crash repair still finds the Run.
    * Null, with nothing written, when the thread moved on, messages wait in its queue or the
-   * message is a replay: the caller appends it and starts the turn as usual (same intent).
+   * message is a replay: the caller appends it and starts the turn as usual (same intent, under
+   * another Run id when a job went behind the start: `TurnIntent.spent`). When the scheduler can,
+   * the Run's job goes right behind the start (`TurnScheduler.sendBehind`).
    */
   async startWithMessage(session: SessionDoc, known: Readonly<ThreadDoc>, message: AppendEvent, intent: TurnIntent, trace?: Context): Promise<{ event: LogEvent; run: RunDoc } | null> {
     if (!intent.ahead || !startable(known) || (known._queued_inputs ?? []).length > 0) return null;
     const next = runningThread(known, intent.runId);
+    const scheduler = this.scheduler();
+    // The Run's job goes right behind the start, when the scheduler can send it so.
+    let settle: ((committed: RunDoc | null) => Promise<void>) | undefined;
+    const behind = scheduler.sendBehind ? (run: RunDoc) => void (settle = scheduler.sendBehind?.(run, trace)) : undefined;
+    const settled = (committed: RunDoc | null) => settle?.(committed).catch(() => undefined);
     let started: Awaited<ReturnType<SessionStore['startTurnWithMessage']>>;
     try {
-      started = await this.store.startTurnWithMessage(session, known, message, next, intent.runId, trace);
+      started = await this.store.startTurnWithMessage(session, known, message, next, intent.runId, trace, behind);
     } catch (err) {
-      // No Run was committed under the intent: its rank goes (as in submitUserMessage).
-      this.scheduler().runNotStarting?.(intent.runId);
+      // No Run was committed under the intent (or the answer was lost: the repair enqueues a Run
+      // committed all the same): its rank goes (as in submitUserMessage), and its job if one went.
+      if (settle) {
+        void settled(null);
+        intent.spent = true;
+      } else {
+        scheduler.runNotStarting?.(intent.runId);
+      }
       throw err;
     }
-    if (!started) return null;
-    await this.queueRun(started.run, trace);
+    if (!started) {
+      // The caller appends the message and starts the turn as usual, under another Run id.
+      if (settle) {
+        void settled(null);
+        intent.spent = true;
+      }
+      return null;
+    }
+    // With the job sent, what is left (its rank, the Run's enqueue record) is not the caller's to
+    // wait for, and waits for the caller's own work (the response) to be done.
+    if (settle) setImmediate(() => void settled(started.run));
+    else await this.queueRun(started.run, trace);
     return { event: started.event, run: started.run };
   }
 
