@@ -117,6 +117,18 @@ end
 return gone`,
 );
 
+/** A Run's job sent in a PRODUCER span (`trace`: its parent); `send` gets the span's context, which the job carries. */
+function sent<T>(data: Pick<RunJobData, 'run_id' | 'pool_id'>, trace: Context | undefined, send: (ctx: Context) => Promise<T>): Promise<T> {
+  return inSpan(`send ${RUN_QUEUE}`, {
+    kind: SpanKind.PRODUCER,
+    attributes: {
+      [ATTR.messagingSystem]: 'bullmq', [ATTR.messagingOperationType]: 'send', [ATTR.messagingOperationName]: 'send',
+      [ATTR.messagingDestinationName]: RUN_QUEUE, [ATTR.messagingMessageId]: data.run_id, 'agentplane.pool.id': data.pool_id,
+    },
+    parent: trace,
+  }, (_span, ctx) => send(ctx));
+}
+
 export class RunQueues {
   private readonly queues = new Map<string, Queue>();
   /** The pools' queues on `commands`, for jobs sent behind a write of that connection (`sendBehind`). */
@@ -169,14 +181,7 @@ export class RunQueues {
 
   /** `rank`: taken ahead with `rank()` (else taken here first). `trace`: the context the Run is queued in (the send span's parent). */
   async enqueue(data: Omit<RunJobData, 'rank' | 'enqueued_at_ms' | 'trace'>, rank?: number, trace?: Context): Promise<RunJobData> {
-    return inSpan(`send ${RUN_QUEUE}`, {
-      kind: SpanKind.PRODUCER,
-      attributes: {
-        [ATTR.messagingSystem]: 'bullmq', [ATTR.messagingOperationType]: 'send', [ATTR.messagingOperationName]: 'send',
-        [ATTR.messagingDestinationName]: RUN_QUEUE, [ATTR.messagingMessageId]: data.run_id, 'agentplane.pool.id': data.pool_id,
-      },
-      parent: trace,
-    }, (_span, ctx) => this.add(data, rank, ctx));
+    return sent(data, trace, (ctx) => this.add(data, rank, ctx));
   }
 
   private async add(data: Omit<RunJobData, 'rank' | 'enqueued_at_ms' | 'trace'>, ranked: number | undefined, ctx: Context): Promise<RunJobData> {
@@ -223,14 +228,7 @@ export class RunQueues {
    * finds no Run and drops it. Resolves once the job is added.
    */
   sendBehind(data: Omit<RunJobData, 'rank' | 'enqueued_at_ms' | 'trace'>, trace?: Context): Promise<Job<RunJobData>> {
-    return inSpan(`send ${RUN_QUEUE}`, {
-      kind: SpanKind.PRODUCER,
-      attributes: {
-        [ATTR.messagingSystem]: 'bullmq', [ATTR.messagingOperationType]: 'send', [ATTR.messagingOperationName]: 'send',
-        [ATTR.messagingDestinationName]: RUN_QUEUE, [ATTR.messagingMessageId]: data.run_id, 'agentplane.pool.id': data.pool_id,
-      },
-      parent: trace,
-    }, (_span, ctx) => this.behindQueue(data.pool_id).add('run', this.jobData(data, undefined, ctx), this.jobOptions(data.run_id, MAX_PRIORITY)));
+    return sent(data, trace, (ctx) => this.behindQueue(data.pool_id).add('run', this.jobData(data, undefined, ctx), this.jobOptions(data.run_id, MAX_PRIORITY)));
   }
 
   /** A job sent behind its start (`sendBehind`), once the start committed: it may be taken by its first attempt's acceptance here. */
