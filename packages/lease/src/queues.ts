@@ -117,6 +117,19 @@ end
 return gone`,
 );
 
+/** The pool's queue on `connection`, made once per `made`. */
+function poolQueue(made: Map<string, Queue>, connection: Redis, poolId: string): Queue {
+  let q = made.get(poolId);
+  if (!q) {
+    q = new Queue(RUN_QUEUE, { connection, prefix: queuePrefix(poolId) });
+    made.set(poolId, q);
+  }
+  return q;
+}
+
+/** A rank as a BullMQ priority (1 is served first; ranks past the highest share it). */
+const priorityOf = (rank: number): number => Math.min(Math.max(1, rank), MAX_PRIORITY);
+
 /** A Run's job sent in a PRODUCER span (`trace`: its parent); `send` gets the span's context, which the job carries. */
 function sent<T>(data: Pick<RunJobData, 'run_id' | 'pool_id'>, trace: Context | undefined, send: (ctx: Context) => Promise<T>): Promise<T> {
   return inSpan(`send ${RUN_QUEUE}`, {
@@ -157,12 +170,7 @@ export class RunQueues {
   }
 
   queue(poolId: string): Queue {
-    let q = this.queues.get(poolId);
-    if (!q) {
-      q = new Queue(RUN_QUEUE, { connection: this.connection, prefix: queuePrefix(poolId) });
-      this.queues.set(poolId, q);
-    }
-    return q;
+    return poolQueue(this.queues, this.connection, poolId);
   }
 
   /**
@@ -200,7 +208,7 @@ export class RunQueues {
   private jobOptions(runId: string, rank: number): JobsOptions {
     return {
       jobId: runId,
-      priority: Math.min(Math.max(1, rank), MAX_PRIORITY),
+      priority: priorityOf(rank),
       attempts: this.config.maxAttempts,
       backoff: { type: 'exponential', delay: this.config.backoffMs },
       removeOnComplete: { age: 24 * 3600 },
@@ -231,17 +239,14 @@ export class RunQueues {
     return sent(data, trace, (ctx) => this.behindQueue(data.pool_id).add('run', this.jobData(data, undefined, ctx), this.jobOptions(data.run_id, MAX_PRIORITY)));
   }
 
-  /** A job sent behind its start (`sendBehind`), once the start committed: it may be taken by its first attempt's acceptance here. */
-  sentBehind(job: Job<RunJobData>): void {
-    this.added.set(`${job.data.pool_id}/${job.data.run_id}`, job);
-  }
-
   /**
-   * A job sent behind its start gets its fair-share rank. Nothing to do once a scheduler took it
-   * (its priority only orders the queue) or it is gone.
+   * A job sent behind its start (`sendBehind`), once the start committed, gets its fair-share
+   * rank (nothing to move once a scheduler took it: its priority only orders the queue; nor once
+   * it is gone), and may be taken by its first attempt's acceptance here (`firstAttemptJob`).
    */
   async ranked(job: Job<RunJobData>, rank: number): Promise<void> {
-    const priority = Math.min(Math.max(1, rank), MAX_PRIORITY);
+    this.added.set(`${job.data.pool_id}/${job.data.run_id}`, job);
+    const priority = priorityOf(rank);
     if (priority === MAX_PRIORITY) return;
     await job.changePriority({ priority }).catch(() => undefined);
   }
@@ -252,12 +257,7 @@ export class RunQueues {
   }
 
   private behindQueue(poolId: string): Queue {
-    let q = this.behindQueues.get(poolId);
-    if (!q) {
-      q = new Queue(RUN_QUEUE, { connection: this.commands, prefix: queuePrefix(poolId) });
-      this.behindQueues.set(poolId, q);
-    }
-    return q;
+    return poolQueue(this.behindQueues, this.commands, poolId);
   }
 
   /**

@@ -162,6 +162,27 @@ describe('event log', () => {
     expect(await redis.get(threadKey)).toBe(JSON.stringify({ id: 'sthr_1', version: 4, list: [] }));
   });
 
+  it('commit with something sent behind it: it runs after the commit; a script the server lost is refused, not resent after it', async () => {
+    const s = sess();
+    const doc = keys.doc(tags.session(s), 'sthr_1');
+    let behind: Promise<number> | undefined;
+    const write = (version: number) => log.commit(s, [{ key: doc, body: JSON.stringify({ id: 'sthr_1', version }), expectedVersion: version === 1 ? null : version - 1 }],
+      [{ type: 'a', payload: {} }], { behind: () => void (behind = redis.exists(doc)) });
+    expect(await write(1)).toMatchObject({ ok: true });
+    expect(await behind).toBe(1); // sent before the answer, run after the commit
+    // The server lost its scripts (a restart, SCRIPT FLUSH): what went behind ran first, so the
+    // commit is not sent again in full: refused, nothing written.
+    await redis.script('FLUSH');
+    expect(await write(2)).toEqual({ ok: false, reason: 'unloaded' });
+    expect(await behind).toBe(1);
+    expect(JSON.parse((await redis.get(doc)) ?? '{}')).toMatchObject({ version: 1 });
+    expect((await log.state(s)).seq).toBe(1);
+    // Without anything behind it, the same commit loads the script again and is written.
+    await redis.script('FLUSH');
+    expect(await log.commit(s, [{ key: doc, body: JSON.stringify({ id: 'sthr_1', version: 2 }), expectedVersion: 1 }], [{ type: 'a', payload: {} }])).toMatchObject({ ok: true });
+    expect((await log.state(s)).seq).toBe(2);
+  });
+
   it('commit with a lease fence: a stale or expired token refuses the documents as well as the events', async () => {
     const s = sess();
     const tag = tags.session(s);

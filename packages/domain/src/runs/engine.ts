@@ -126,7 +126,6 @@ export class RunEngine implements TurnScheduler {
       }
       try {
         const [job] = await Promise.all([added, ahead]);
-        this.d.queues.sentBehind(job);
         const rank = await taken.rank.catch(() => this.d.queues.rank(poolId, ws, run.id));
         await Promise.all([this.d.queues.ranked(job, rank), this.d.lifecycle.enqueued(run.session_id, run.id, poolId, committed), this.outbox.remove(run.session_id, run.id)]);
       } catch (err) {

@@ -194,12 +194,17 @@ describe('a job sent behind the start (TurnScheduler.sendBehind)', () => {
     return { rec, behind, dropped, scheduler };
   }
 
-  it('goes out before the start is answered, runs after it (the Run is there), and is settled with the Run', async () => {
+  /** An idle Session, its thread as this process read it, and a runtime on `behindScheduler`. */
+  async function idleBehind() {
     const store = new SessionStore(redis);
     const b = behindScheduler();
     const runtime = new ThreadRuntime(store, () => b.scheduler);
     const { session, threadId } = await idleSession(store);
-    const idle = await store.thread(session.id, threadId);
+    return { store, b, runtime, session, threadId, idle: await store.thread(session.id, threadId) };
+  }
+
+  it('goes out before the start is answered, runs after it (the Run is there), and is settled with the Run', async () => {
+    const { b, runtime, session, idle } = await idleBehind();
     const intent = runtime.intendStart(session, idle);
     if (!intent) throw new Error('an idle thread gets an intent');
     const started = await runtime.startWithMessage(session, idle, { type: 'user.message', payload: { content: 'hi' } }, intent);
@@ -214,11 +219,7 @@ describe('a job sent behind the start (TurnScheduler.sendBehind)', () => {
   });
 
   it('behind a start that did not commit: it finds no Run, is settled with null, and the message starts under another Run id', async () => {
-    const store = new SessionStore(redis);
-    const b = behindScheduler();
-    const runtime = new ThreadRuntime(store, () => b.scheduler);
-    const { session, threadId } = await idleSession(store);
-    const idle = await store.thread(session.id, threadId);
+    const { store, b, runtime, session, threadId, idle } = await idleBehind();
     // Another process starts a turn first: this process's copy of the thread is stale.
     const first = newId('event');
     expect((await new ThreadRuntime(new SessionStore(other), () => recording().scheduler).submitUserMessage(session, threadId, first)).run).not.toBeNull();
@@ -228,6 +229,7 @@ describe('a job sent behind the start (TurnScheduler.sendBehind)', () => {
     expect(await b.behind[0]?.sawRun).toBe(0);
     await new Promise((r) => setImmediate(r));
     expect(b.behind[0]?.settled).toBeNull();
+    expect(b.dropped).toEqual([]); // the settle gives the rank back, not the runtime as well
     expect(intent.spent).toBe(true);
     // The caller appends and queues the message as usual: a busy thread starts nothing, and the
     // spent intent is not used again (its Run id named a job that found no Run).

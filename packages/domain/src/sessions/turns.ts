@@ -247,26 +247,24 @@ export class ThreadRuntime {
     let settle: ((committed: RunDoc | null) => Promise<void>) | undefined;
     const behind = scheduler.sendBehind ? (run: RunDoc) => void (settle = scheduler.sendBehind?.(run, trace)) : undefined;
     const settled = (committed: RunDoc | null) => settle?.(committed).catch(() => undefined);
+    // No Run under the intent (or none known): its job and rank go, and its Run id is not used again.
+    const withdraw = () => {
+      void settled(null);
+      intent.spent = true;
+    };
     let started: Awaited<ReturnType<SessionStore['startTurnWithMessage']>>;
     try {
       started = await this.store.startTurnWithMessage(session, known, message, next, intent.runId, trace, behind);
     } catch (err) {
       // No Run was committed under the intent (or the answer was lost: the repair enqueues a Run
       // committed all the same): its rank goes (as in submitUserMessage), and its job if one went.
-      if (settle) {
-        void settled(null);
-        intent.spent = true;
-      } else {
-        scheduler.runNotStarting?.(intent.runId);
-      }
+      if (settle) withdraw();
+      else scheduler.runNotStarting?.(intent.runId);
       throw err;
     }
     if (!started) {
       // The caller appends the message and starts the turn as usual, under another Run id.
-      if (settle) {
-        void settled(null);
-        intent.spent = true;
-      }
+      if (settle) withdraw();
       return null;
     }
     // With the job sent, what is left (its rank, the Run's enqueue record) is not the caller's to
