@@ -231,6 +231,47 @@ describe('crash paths', () => {
     }
   }, WITH_DAEMON_MS);
 
+  it('the job sent behind a committed start never lands: the Run records its enqueue, yet the scheduler enqueues it, and the turn completes', async () => {
+    await daemon('box-behind');
+    const s = await api.post<{ id: string }>('/v1/sessions', {
+      agent: { name: 'a', model: 'default', system: SCRIPT([{ then: [{ reply: 'queued by the repair' }] }]), tools: [] }, environment_id: envId,
+    });
+    const pool = (await api.get<{ data: { id: string; name: string }[] }>('/v1/runner-pools')).data.find((x) => x.name === 'default')?.id;
+    if (!pool) throw new Error('no default pool');
+    // The drive path's single script (the message and the turn start), the Run written with its
+    // pool and enqueue time as when its job goes right behind the start; the job is never sent.
+    const redis = new Redis(p.redisUrl());
+    try {
+      const store = new SessionStore(redis);
+      const outbox = new EnqueueOutbox(redis);
+      const lost: TurnScheduler = {
+        intentAhead: true,
+        runStarting: (sessionId, runId) => outbox.add(sessionId, runId),
+        sendBehind: (run) => ({
+          run: { ...run, runner_pool_id: pool, timestamps: { accepted_at: run.created_at, enqueued_at: new Date().toISOString(), leased_at: null, started_at: null, first_event_at: null, ended_at: null }, attempts: [] },
+          send: () => async () => undefined,
+        }),
+        runQueued: async () => undefined,
+        interruptRequested: async () => undefined,
+        waitsResolved: async () => undefined,
+      };
+      const session = await store.get(p.bootstrap.workspace_id, s.id);
+      const thread = await store.thread(s.id, session._primary_thread_id);
+      const runtime = new ThreadRuntime(store, () => lost);
+      const intent = runtime.intendStart(session, thread);
+      if (!intent) throw new Error('an idle thread gets an intent');
+      const started = await runtime.startWithMessage(session, thread, { type: 'user.message', payload: { content: 'hello?', authored_by: owner, caused_by: { kind: 'api' } } }, intent);
+      expect(started?.run.timestamps?.enqueued_at).toEqual(expect.any(String));
+      const evs = await waitEvents(s.id, (e) => e.some((x) => x.type === 'session.status_idle'), 40_000);
+      expect(JSON.stringify(evs.filter((e) => e.type === 'agent.message'))).toContain('queued by the repair');
+      const [done] = await runsOf(s.id);
+      expect(done?.status).toBe('succeeded');
+      expect((await outbox.due(0)).filter((x) => x.session_id === s.id)).toEqual([]);
+    } finally {
+      redis.disconnect();
+    }
+  }, WITH_DAEMON_MS);
+
   it('kill -9 the scheduler: queued Runs are not lost and are leased once it is back', async () => {
     const before = p.pids().scheduler as number;
     process.kill(before, 'SIGKILL');

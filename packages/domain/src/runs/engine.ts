@@ -1,4 +1,4 @@
-import { newId, type Context, type Logger } from '@agentplane/core';
+import { newId, nowIso, type Context, type Logger } from '@agentplane/core';
 import { cancelOnRunner } from '@agentplane/gateway';
 import { CancelMarks, LeaseFence, markPoolActive, type RunQueues, type RunRequirements } from '@agentplane/lease';
 import { BoundedCache, isCluster, type Redis } from '@agentplane/store';
@@ -8,8 +8,8 @@ import { sandboxProfileStore, sandboxVersion, type SandboxProfile } from '../dep
 import type { RunnerService } from '../runners/service.js';
 import type { RunDoc, SessionDoc } from '../sessions/model.js';
 import type { SessionStore } from '../sessions/store.js';
-import type { TurnScheduler } from '../sessions/turns.js';
-import type { RunLifecycle } from './lifecycle.js';
+import type { JobBehind, TurnScheduler } from '../sessions/turns.js';
+import { withEnqueue, type RunLifecycle } from './lifecycle.js';
 import { requirementsOf } from './spec.js';
 import { runSessionsKey } from './keys.js';
 import { EnqueueOutbox } from './outbox.js';
@@ -24,6 +24,13 @@ export interface RunEngineDeps {
   log: Logger;
   /** How long a running Run gets to stop after user.interrupt before it is cancelled outright. */
   interruptGraceMs: number;
+}
+
+/** A fair-share rank taken for a Run ahead of its enqueue (`RunEngine.runStarting`). */
+interface TakenRank {
+  poolId: string;
+  workspaceId: string;
+  rank: Promise<number>;
 }
 
 /** The requirements cache's key: Environment versions are immutable. */
@@ -52,7 +59,7 @@ export class RunEngine implements TurnScheduler {
   /** Workspace → its default pool id: claimed once (HSETNX) and never reassigned. */
   private readonly defaultPools = new BoundedCache<string, string>(CACHE_ENTRIES);
   /** Fair-share ranks taken beside a turn start's intent (`runStarting`), by Run id, until its enqueue. */
-  private readonly ranks = new BoundedCache<string, { poolId: string; workspaceId: string; rank: Promise<number> }>(CACHE_ENTRIES, { maxAgeMs: 60_000 });
+  private readonly ranks = new BoundedCache<string, TakenRank>(CACHE_ENTRIES, { maxAgeMs: 60_000 });
   /** Pool id → the Workspace this process marked it active for, lately. */
   private readonly markedPools = new BoundedCache<string, string>(CACHE_ENTRIES, { maxAgeMs: POOL_MARK_REFRESH_MS });
 
@@ -102,9 +109,11 @@ export class RunEngine implements TurnScheduler {
    * The Run's job right behind its start (`TurnScheduler.sendBehind`), on the connection the
    * start went out on: only when that is the connection the queues send on, to a single Redis,
    * and the job is known without a read (its pool and requirements cached, its rank taken beside
-   * the intent). The Run-to-Session mapping and the pool's active mark go just ahead of it.
+   * the intent). The start writes the Run with its enqueue recorded (the job is added right
+   * behind that write), so no move of the Run follows. The Run-to-Session mapping and the pool's
+   * active mark go just ahead of the job.
    */
-  sendBehind(run: RunDoc, trace?: Context): ((committed: RunDoc | null) => Promise<void>) | undefined {
+  sendBehind(run: RunDoc, trace?: Context): JobBehind | undefined {
     if (!this.intentAhead || !this.d.queues.sendsBehind(this.d.store.redis)) return undefined;
     const ws = run.workspace_id;
     const poolId = run.agent_deployment?.runner_pool_id ?? this.defaultPools.get(ws);
@@ -112,6 +121,11 @@ export class RunEngine implements TurnScheduler {
     const taken = this.ranks.get(run.id);
     if (!poolId || !requirements || !taken || taken.poolId !== poolId || taken.workspaceId !== ws) return undefined;
     this.ranks.take(run.id);
+    return { run: withEnqueue(run, poolId, nowIso()), send: () => this.sendJobBehind(run, requirements, taken, trace) };
+  }
+
+  private sendJobBehind(run: RunDoc, requirements: RunRequirements, taken: TakenRank, trace?: Context): (committed: RunDoc | null) => Promise<void> {
+    const { poolId, workspaceId: ws } = taken;
     const ahead = Promise.all([this.d.redis.hset(runSessionsKey(ws), run.id, run.session_id), this.markActive(poolId, ws)]);
     const added = this.d.queues.sendBehind({
       run_id: run.id, session_id: run.session_id, thread_id: run.session_thread_id, workspace_id: ws, pool_id: poolId, requirements, accepted_at_ms: Date.parse(run.created_at),
@@ -124,10 +138,12 @@ export class RunEngine implements TurnScheduler {
         await this.d.queues.withdraw(poolId, run.id);
         return;
       }
+      // The Run as written is the guess of its next move (the acceptance), as an enqueue move's would be.
+      this.d.lifecycle.written(committed);
       try {
         const [job] = await Promise.all([added, ahead]);
         const rank = await taken.rank.catch(() => this.d.queues.rank(poolId, ws, run.id));
-        await Promise.all([this.d.queues.ranked(job, rank), this.d.lifecycle.enqueued(run.session_id, run.id, poolId, committed), this.outbox.remove(run.session_id, run.id)]);
+        await Promise.all([this.d.queues.ranked(job, rank), this.outbox.remove(run.session_id, run.id)]);
       } catch (err) {
         // Queued again the usual way (the job id is the Run's: an add that did land is kept);
         // should that fail too, the start's outbox entry stays for the enqueue repair.
@@ -194,6 +210,12 @@ export class RunEngine implements TurnScheduler {
     await Promise.all([this.d.lifecycle.enqueued(run.session_id, run.id, poolId, run), this.outbox.remove(run.session_id, run.id)]);
   }
 
+  /** A queued Run's enqueue was recorded and its job is in the pool the Run names. */
+  private async jobExists(run: RunDoc): Promise<boolean> {
+    if (!run.timestamps?.enqueued_at || !run.runner_pool_id) return false;
+    return (await this.d.queues.job(run.runner_pool_id, run.id)) !== undefined;
+  }
+
   /** The pool's active mark (the scheduler watches marked pools), unless this process wrote it lately. */
   private async markActive(poolId: string, workspaceId: string): Promise<void> {
     if (this.markedPools.get(poolId) === workspaceId) return;
@@ -205,6 +227,8 @@ export class RunEngine implements TurnScheduler {
    * Runs whose turn started more than `olderThanMs` ago but whose enqueue never finished (the
    * process died in between): enqueue them now. Idempotent: the job id is the Run id, and a Run
    * that is no longer queued, already enqueued, or was never committed only leaves the outbox.
+   * A Run whose start recorded its enqueue (its job sent right behind the start, `sendBehind`)
+   * is enqueued again when its job is missing (the add behind a committed start failed).
    * Returns the Run ids enqueued.
    */
   async repairUnqueued(olderThanMs: number): Promise<string[]> {
@@ -212,7 +236,7 @@ export class RunEngine implements TurnScheduler {
     for (const p of await this.outbox.due(olderThanMs)) {
       try {
         const run = await this.d.store.run(p.session_id, p.run_id).catch(() => null);
-        if (run && run.status === 'queued' && !run.timestamps?.enqueued_at) {
+        if (run && run.status === 'queued' && !(await this.jobExists(run))) {
           this.d.log.warn({ run: run.id, session: run.session_id, since_ms: p.since_ms }, 'a started Run was never enqueued; enqueuing it now');
           await this.enqueue(run);
           repaired.push(run.id);
@@ -244,7 +268,10 @@ export class RunEngine implements TurnScheduler {
     if (pool) {
       const r = await this.d.queues.cancelQueued(pool, runId);
       if (r === 'canceled') return this.d.lifecycle.canceled(sessionId, runId, 'interrupted while queued', trace);
-      held = r === 'active';
+      // A job held (taken, offers out), or none yet (its start wrote the Run with its pool and the
+      // job sent behind it is not added yet, or only the repair adds it): the dispatcher that
+      // takes it honours the mark, and a job that arrives meanwhile is removed below.
+      held = r === 'active' || r === 'absent';
       if (held) await this.cancels.mark(sessionId, runId);
     } else if (run.status === 'queued' || run.status === 'waiting') {
       // Its pool is not on the Run yet (the write of the enqueue has not landed): the dispatcher

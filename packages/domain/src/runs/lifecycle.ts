@@ -6,6 +6,16 @@ import { RideRefused, type RunRide, type SessionStore } from '../sessions/store.
 import { rescheduledEvent, type StopReason, type ThreadRuntime } from '../sessions/turns.js';
 
 const TERMINAL: ReadonlySet<RunStatus> = new Set(['succeeded', 'failed', 'canceled']);
+
+/** A Run's timestamps, as recorded or (none yet) as a new Run's. */
+function timestampsOf(r: RunDoc): NonNullable<RunDoc['timestamps']> {
+  return r.timestamps ?? { accepted_at: r.created_at, enqueued_at: null, leased_at: null, started_at: null, first_event_at: null, ended_at: null };
+}
+
+/** The Run with its enqueue recorded: the pool whose queue holds its job (unless it names one already) and the time the job was added. */
+export function withEnqueue(r: RunDoc, poolId: string, at: string): RunDoc {
+  return { ...r, runner_pool_id: r.runner_pool_id ?? poolId, timestamps: { ...timestampsOf(r), enqueued_at: at }, attempts: r.attempts ?? [] };
+}
 const RECENT_RUNS = { entries: 4096, maxAgeMs: 60_000 };
 
 export interface TurnResult {
@@ -95,7 +105,12 @@ export class RunLifecycle {
   }
 
   private ts(r: RunDoc): NonNullable<RunDoc['timestamps']> {
-    return r.timestamps ?? { accepted_at: r.created_at, enqueued_at: null, leased_at: null, started_at: null, first_event_at: null, ended_at: null };
+    return timestampsOf(r);
+  }
+
+  /** A Run as another part of this process wrote it (its start, with the enqueue recorded: `withEnqueue`): the guess of its next move. */
+  written(run: RunDoc): void {
+    if (!TERMINAL.has(run.status)) this.remember({ ...run });
   }
 
   private endAttempt(r: RunDoc, leaseId: string | null, outcome: RunAttempt['outcome'], cause: string | null): RunAttempt[] {
@@ -111,10 +126,7 @@ export class RunLifecycle {
   async enqueued(sessionId: string, runId: string, poolId: string, current?: RunDoc): Promise<void> {
     // Taken before the write: a retried compare-and-swap still records when the job was added.
     const at = nowIso();
-    await this.move(sessionId, runId, (r) =>
-      TERMINAL.has(r.status) || r.timestamps?.enqueued_at ? null : {
-        ...r, runner_pool_id: r.runner_pool_id ?? poolId, timestamps: { ...this.ts(r), enqueued_at: at }, attempts: r.attempts ?? [],
-      }, current);
+    await this.move(sessionId, runId, (r) => (TERMINAL.has(r.status) || r.timestamps?.enqueued_at ? null : withEnqueue(r, poolId, at)), current);
   }
 
   /**

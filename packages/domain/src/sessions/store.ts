@@ -407,16 +407,22 @@ export class SessionStore {
    */
   async startTurnWithMessage(
     session: SessionDoc, known: Readonly<ThreadDoc>, message: AppendEvent, next: ThreadDoc, runId: string, trace?: Context,
-    /** Called with the Run once the start is issued, before it is answered (`CommitOptions.behind`). */
-    behind?: (run: RunDoc) => void,
+    /**
+     * Asked with the Run about to be written: what goes right behind the start, if anything (the
+     * Run to write instead, and `send`, called once the start is issued, before it is answered:
+     * `CommitOptions.behind`).
+     */
+    behind?: (run: RunDoc) => { run: RunDoc; send: () => void } | undefined,
   ): Promise<{ event: LogEvent; thread: ThreadDoc; run: RunDoc } | null> {
     const threadId = known.id;
     const id = newEventId();
     const thread: ThreadDoc = { ...next, version: known.version + 1, updated_at: nowIso() };
-    const run = turnRun(session, thread, { runId, inputs: [id] });
+    const built = turnRun(session, thread, { runId, inputs: [id] });
+    const job = behind?.(built);
+    const run = job?.run ?? built;
     const { docs, running } = turnStartWrites(thread, known.version, run);
     const r = await this.log.commit(session.id, docs, [{ ...message, id, session_thread_id: threadId }, running],
-      { emptyList: inputQueueKey(session.id, threadId), fresh: true, trace, ...(behind ? { behind: () => behind(run) } : {}) });
+      { emptyList: inputQueueKey(session.id, threadId), fresh: true, trace, ...(job ? { behind: job.send } : {}) });
     if (!r.ok) {
       if (r.reason === 'erased') throw new ApiError('validation.not_found', 'the session was deleted and its event log erased');
       if (r.reason === 'stale' && r.index === 0) this.recentThreads.set(`${session.id}/${threadId}`, { raw: r.current });

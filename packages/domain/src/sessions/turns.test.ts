@@ -185,11 +185,15 @@ describe('a job sent behind the start (TurnScheduler.sendBehind)', () => {
       intentAhead: true,
       runStarting: async () => undefined,
       runNotStarting: (runId) => void dropped.push(runId),
-      sendBehind: (run) => {
-        const entry: (typeof behind)[number] = { runId: run.id, sawRun: redis.exists(keys.doc(tags.session(run.session_id), run.id)) };
-        behind.push(entry);
-        return async (committed) => void (entry.settled = committed);
-      },
+      // The start writes the Run as the scheduler hands it back (with its enqueue recorded).
+      sendBehind: (run) => ({
+        run: { ...run, runner_pool_id: 'rpool_behind' },
+        send: () => {
+          const entry: (typeof behind)[number] = { runId: run.id, sawRun: redis.exists(keys.doc(tags.session(run.session_id), run.id)) };
+          behind.push(entry);
+          return async (committed) => void (entry.settled = committed);
+        },
+      }),
     };
     return { rec, behind, dropped, scheduler };
   }
@@ -203,8 +207,8 @@ describe('a job sent behind the start (TurnScheduler.sendBehind)', () => {
     return { store, b, runtime, session, threadId, idle: await store.thread(session.id, threadId) };
   }
 
-  it('goes out before the start is answered, runs after it (the Run is there), and is settled with the Run', async () => {
-    const { b, runtime, session, idle } = await idleBehind();
+  it('goes out before the start is answered, runs after it (the Run, as the scheduler handed it back, is there), and is settled with the Run', async () => {
+    const { store, b, runtime, session, idle } = await idleBehind();
     const intent = runtime.intendStart(session, idle);
     if (!intent) throw new Error('an idle thread gets an intent');
     const started = await runtime.startWithMessage(session, idle, { type: 'user.message', payload: { content: 'hi' } }, intent);
@@ -214,6 +218,8 @@ describe('a job sent behind the start (TurnScheduler.sendBehind)', () => {
     // The rest (rank, enqueue record) follows the answer; runQueued is not called as well.
     await new Promise((r) => setImmediate(r));
     expect(b.behind[0]?.settled).toEqual(started?.run);
+    expect(started?.run.runner_pool_id).toBe('rpool_behind');
+    expect((await store.run(session.id, intent.runId))?.runner_pool_id).toBe('rpool_behind');
     expect(b.rec.queued).toEqual([]);
     expect(intent.spent).toBeUndefined();
   });

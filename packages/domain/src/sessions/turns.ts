@@ -28,14 +28,13 @@ export interface TurnScheduler {
   /**
    * The Run's job, sent right behind its start on the connection the start went out on, before
    * the start is answered (`RunQueues.sendBehind`): one round trip fewer before a scheduler can
-   * take it. Called synchronously once the start is issued; undefined when the job cannot go so
-   * (a Cluster, the pool or requirements not known here without a read, no rank taken): the Run
-   * is then queued with `runQueued` once committed. The returned function is called once the
-   * start is answered: with the Run when it committed (the job gets its rank, the Run its enqueue
-   * record), with null when it did not or its answer was lost (the job and the rank go; a Run
-   * committed all the same is enqueued again by the repair).
+   * take it. Asked with the Run about to be written; undefined when the job cannot go so (a
+   * Cluster, the pool or requirements not known here without a read, no rank taken): the Run is
+   * then queued with `runQueued` once committed. Else the start writes `JobBehind.run` (the Run
+   * with its enqueue record: the job is added in the same write) and calls `send` synchronously
+   * once the start is issued.
    */
-  sendBehind?(run: RunDoc, trace?: Context): ((committed: RunDoc | null) => Promise<void>) | undefined;
+  sendBehind?(run: RunDoc, trace?: Context): JobBehind | undefined;
   /**
    * A turn started: `run` (as just written, version 1) was recorded as `queued` in the Session
    * slot. `trace`: the context the turn started in (the parent of its job's span).
@@ -59,6 +58,18 @@ export interface TurnIntent {
    * the id is not used again (a scheduler may hold that job and drop it for want of its Run).
    */
   spent?: boolean;
+}
+
+/** A Run's job sent right behind its start (`TurnScheduler.sendBehind`). */
+export interface JobBehind {
+  /** The Run as its start writes it: its pool and `enqueued_at` recorded (the job is added right behind the write). */
+  run: RunDoc;
+  /**
+   * Sends the job. The returned function is called once the start is answered: with the Run when
+   * it committed (the job gets its rank), with null when it did not or its answer was lost (the
+   * job and the rank go; a Run committed all the same is enqueued again by the repair).
+   */
+  send(): (committed: RunDoc | null) => Promise<void>;
 }
 
 /** A thread that may start a turn now: idle, no Run, no unanswered wait of its generation. */
@@ -245,7 +256,10 @@ export class ThreadRuntime {
     const scheduler = this.scheduler();
     // The Run's job goes right behind the start, when the scheduler can send it so.
     let settle: ((committed: RunDoc | null) => Promise<void>) | undefined;
-    const behind = scheduler.sendBehind ? (run: RunDoc) => void (settle = scheduler.sendBehind?.(run, trace)) : undefined;
+    const behind = scheduler.sendBehind ? (run: RunDoc) => {
+      const job = scheduler.sendBehind?.(run, trace);
+      return job && { run: job.run, send: () => void (settle = job.send()) };
+    } : undefined;
     const settled = (committed: RunDoc | null) => settle?.(committed).catch(() => undefined);
     // No Run under the intent (or none known): its job and rank go, and its Run id is not used again.
     const withdraw = () => {
