@@ -1,3 +1,4 @@
+import { readFileSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startPlatform, type Platform } from './harness/platform.js';
 
@@ -8,7 +9,7 @@ import { startPlatform, type Platform } from './harness/platform.js';
 let p: Platform;
 
 beforeAll(async () => {
-  p = await startPlatform({ env: { METRICS_ENABLED: 'false', BODY_LIMIT_BYTES: '2048', PUBLIC_BASE_URL: 'https://agents.example.com' } });
+  p = await startPlatform({ env: { METRICS_ENABLED: 'false', BODY_LIMIT_BYTES: '2048', PUBLIC_BASE_URL: 'https://agents.example.com', API_SEMI_SPACE_MIB: '32' } });
 });
 afterAll(async () => {
   await p?.stop();
@@ -23,5 +24,10 @@ describe('settings under npm start', () => {
     expect(small.status).toBe(201);
     const doc = await p.root.get<{ servers: { url: string }[] }>('/v1/openapi.json');
     expect(doc.servers[0]?.url).toBe('https://agents.example.com');
+  });
+
+  it('the api runs with the young generation it is given (API_SEMI_SPACE_MIB)', () => {
+    const args = readFileSync(`/proc/${String(p.pids().api)}/cmdline`, 'utf8').split('\0');
+    expect(args).toContain('--max-semi-space-size=32');
   });
 });

@@ -22,6 +22,11 @@ export interface PlatformConfig {
   /** Where the scheduler serves /healthz and /metrics (0: an ephemeral port). */
   schedulerPort: number;
   startRunner: boolean;
+  /**
+   * The api's young-generation semi-space limit (MiB; 0: V8's own, 16). A larger one lets more of
+   * a request's short-lived objects die before a scavenge copies them (docs/RUNS.md).
+   */
+  apiSemiSpaceMib: number;
   /** Restart a child process that dies unexpectedly. */
   restartChildren: boolean;
   /** On a stop: how long the local runner finishes held work before it cancels what is left. */
@@ -80,6 +85,7 @@ export function loadPlatformConfig(env: Env): PlatformConfig {
     schedulerPort: envInt(env, 'SCHEDULER_PORT', 0, 0, 65535),
     startRunner: envBool(env, 'START_RUNNER', true),
     restartChildren: envBool(env, 'RESTART_CHILDREN', true),
+    apiSemiSpaceMib: envInt(env, 'API_SEMI_SPACE_MIB', 64, 0, 1024),
     runnerDrainDeadlineMs: envInt(env, 'RUNNER_DRAIN_DEADLINE_MS', 10_000, 0, 3_600_000),
     shutdownGraceMs: envInt(env, 'SHUTDOWN_GRACE_MS', 10_000, 0, 600_000),
     leaseEnv: Object.freeze(Object.fromEntries([...LEASE_ENV, ...APPEND_DURABILITY_ENV, 'CAPACITY_RETRY_MS', 'INTERRUPT_GRACE_MS', 'POOL_SCAN_MS', 'ENQUEUE_REPAIR_AFTER_MS', 'GATEWAY_LINKS'].flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : [])))),

@@ -174,6 +174,7 @@ async function main(): Promise<void> {
   supervisor.start({
     name: 'api',
     script: entry('@agentplane/api', 'main.js'),
+    nodeArgs: config.apiSemiSpaceMib > 0 ? [`--max-semi-space-size=${config.apiSemiSpaceMib}`] : [],
     env: {
       ...common, ...config.runnerEnv, ...config.modelEnv, ...config.leaseEnv, ...config.sessionEnv, PORT: String(config.port), HOST: config.host, PUBLIC_BASE_URL: config.publicBaseUrl ?? baseUrl,
       SHUTDOWN_GRACE_MS: String(config.shutdownGraceMs),

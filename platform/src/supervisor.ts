@@ -6,6 +6,8 @@ export interface ChildSpec {
   name: string;
   /** Node entry script. */
   script: string;
+  /** Options for node itself, ahead of the script (V8 flags). */
+  nodeArgs?: string[];
   args?: string[];
   env: Record<string, string>;
   /**
@@ -58,7 +60,7 @@ export class Supervisor {
     const watch = new URL(this.watch);
     watch.search = new URLSearchParams({ name: spec.name, exit_ms: String(spec.stopGraceMs), ...(spec.runnerDir ? { runner_dir: spec.runnerDir } : {}) }).toString();
     const [cmd = process.execPath, ...pre] = [...this.wrapper, process.execPath];
-    const proc = spawn(cmd, [...pre, '--import', watch.href, spec.script, ...(spec.args ?? [])], {
+    const proc = spawn(cmd, [...pre, ...(spec.nodeArgs ?? []), '--import', watch.href, spec.script, ...(spec.args ?? [])], {
       env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: process.env.HOME ?? '/tmp', ...spec.env },
       stdio: ['ignore', 'inherit', 'inherit'],
       detached: true,
