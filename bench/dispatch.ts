@@ -72,6 +72,8 @@ export interface Level {
   answered: ReturnType<typeof summarize>; done: number; sent: number;
   /** The samples of each figure (ms), for pooling the rounds of a level. */
   samples: { lease: number[]; visible: number[]; answered: number[] };
+  /** Runs not done: the Session and what the bench's client saw (a refused POST, a stream that failed or timed out). */
+  missed: { session: string; why: string }[];
 }
 
 /** CPU time (user + system, ms) a process has used so far, from /proc (Linux). */
@@ -108,6 +110,7 @@ export async function level(api: HttpClient, principal: string, newSession: () =
   const visible: number[] = [];
   const acks: number[] = [];
   const waits: Promise<void>[] = [];
+  const missed: Level['missed'] = [];
   const started = Date.now();
   const body = { type: 'user.message', payload: { content: 'go', authored_by: principal, caused_by: { kind: 'api' } } };
   for (let i = 0; i < total; i++) {
@@ -127,12 +130,15 @@ export async function level(api: HttpClient, principal: string, newSession: () =
       if (STREAM_FIRST) await Promise.race([open, first.catch(() => undefined)]);
       const sentAt = wallMs();
       t0.set(id, sentAt);
+      let stage = 'the message';
       try {
         await client.post(`/v1/sessions/${id}/events`, body);
         acks.push(wallMs() - sentAt);
+        stage = 'the stream';
         visible.push((await first) - sentAt);
-      } catch {
-        // refused or timed out: counted as not done
+      } catch (err) {
+        // refused or timed out: counted as not done, and said why
+        missed.push({ session: id, why: `${stage}: ${ac.signal.aborted ? 'no agent.message within 30 s' : err instanceof Error ? err.message : String(err)}` });
       } finally {
         clearTimeout(timer);
         ac.abort();
@@ -144,8 +150,17 @@ export async function level(api: HttpClient, principal: string, newSession: () =
   const leaseLat = sessions.filter((s) => leased.has(s) && t0.has(s)).map((s) => (leased.get(s) as number) - (t0.get(s) as number));
   return {
     rate, lease: summarize(leaseLat), visible: summarize(visible), answered: summarize(acks), done: visible.length, sent: total,
-    samples: { lease: leaseLat, visible, answered: acks },
+    samples: { lease: leaseLat, visible, answered: acks }, missed,
   };
+}
+
+/** Runs a level did not see done (a few of them): what the client saw, and the Run's status on the platform. */
+async function reportMissed(api: HttpClient, missed: Level['missed']): Promise<void> {
+  for (const m of missed.slice(0, 5)) {
+    const runs = await api.get<{ data: { id: string; status: string }[] }>(`/v1/sessions/${m.session}/runs`).then((r) => r.data.map((x) => `${x.id} ${x.status}`).join(', ') || 'no Run', (err: unknown) => `Runs not read: ${String(err)}`);
+    process.stdout.write(`  not done: ${m.session} (${m.why}); on the platform: ${runs}\n`);
+  }
+  if (missed.length > 5) process.stdout.write(`  … and ${missed.length - 5} more not done\n`);
 }
 
 /**
@@ -244,6 +259,7 @@ async function main(): Promise<void> {
     // discovery still to be made: a warm-up level, reported but not in the table.
     const warm = await level(api, principal, newSession, 50, leased);
     process.stdout.write(`warm-up at 50 Runs/s (not in the table): message→lease p50 ${warm.lease.p50.toFixed(1)} ms, p99 ${warm.lease.p99.toFixed(1)} ms, ${warm.done}/${warm.sent} done\n`);
+    await reportMissed(api, warm.missed);
     const rows = [];
     let sustainable = 0;
     for (const rate of RATES) {
@@ -270,6 +286,7 @@ async function main(): Promise<void> {
       };
       const fl = summarize(floorSamples);
       process.stdout.write(`  completed ${ours.done}/${ours.sent}; message→POST answered p50 ${ours.answered.p50.toFixed(2)} ms, p99 ${ours.answered.p99.toFixed(2)} ms\n`);
+      await reportMissed(api, levels.flatMap((l) => l.missed));
       if (rounds > 1) {
         process.stdout.write(`  message→lease p50 per round: ${levels.map((l) => l.lease.p50.toFixed(2)).join(', ')} ms\n`);
       }
