@@ -238,6 +238,9 @@ describe('crash paths', () => {
     });
     const pool = (await api.get<{ data: { id: string; name: string }[] }>('/v1/runner-pools')).data.find((x) => x.name === 'default')?.id;
     if (!pool) throw new Error('no default pool');
+    // A start with something behind it is refused while Redis does not hold the commit script
+    // (`unloaded`): a turn through the API first, which loads it whatever ran before this test.
+    await turn([{ then: [{ reply: 'loads the scripts' }] }]);
     // The drive path's single script (the message and the turn start), the Run written with its
     // pool and enqueue time as when its job goes right behind the start; the job is never sent.
     const redis = new Redis(p.redisUrl());

@@ -201,6 +201,10 @@ describe('a job sent behind the start (TurnScheduler.sendBehind)', () => {
   /** An idle Session, its thread as this process read it, and a runtime on `behindScheduler`. */
   async function idleBehind() {
     const store = new SessionStore(redis);
+    // A start with something behind it is refused while Redis does not hold the commit script
+    // (`unloaded`): a turn started the usual way first loads it, whatever ran before.
+    const loader = await idleSession(store);
+    await new ThreadRuntime(store, () => recording().scheduler).submitUserMessage(loader.session, loader.threadId, newId('event'));
     const b = behindScheduler();
     const runtime = new ThreadRuntime(store, () => b.scheduler);
     const { session, threadId } = await idleSession(store);
