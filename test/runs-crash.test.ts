@@ -197,6 +197,15 @@ describe('crash paths', () => {
     }
   }, WITH_DAEMON_MS);
 
+  /** A turn whose enqueue the API never finished: the scheduler's repair enqueued it, it ran to its end, and its outbox entry is gone. */
+  async function expectRepaired(sessionId: string, outbox: EnqueueOutbox, reply: string): Promise<void> {
+    const evs = await waitEvents(sessionId, (e) => e.some((x) => x.type === 'session.status_idle'), 40_000);
+    expect(JSON.stringify(evs.filter((e) => e.type === 'agent.message'))).toContain(reply);
+    const [done] = await runsOf(sessionId);
+    expect(done?.status).toBe('succeeded');
+    expect((await outbox.due(0)).filter((x) => x.session_id === sessionId)).toEqual([]);
+  }
+
   it('the API dies between the turn start and the enqueue: the scheduler enqueues the Run, and the turn completes', async () => {
     await daemon('box-outbox');
     const s = await api.post<{ id: string; }>('/v1/sessions', {
@@ -221,11 +230,7 @@ describe('crash paths', () => {
       if (!appended.ok) throw new Error('append refused');
       const { run } = await new ThreadRuntime(store, () => crashed).submitUserMessage(session, session._primary_thread_id, appended.events[0]?.id ?? null);
       expect(run?.status).toBe('queued');
-      const evs = await waitEvents(s.id, (e) => e.some((x) => x.type === 'session.status_idle'), 40_000);
-      expect(JSON.stringify(evs.filter((e) => e.type === 'agent.message'))).toContain('picked up after all');
-      const [done] = await runsOf(s.id);
-      expect(done?.status).toBe('succeeded');
-      expect((await outbox.due(0)).filter((x) => x.session_id === s.id)).toEqual([]);
+      await expectRepaired(s.id, outbox, 'picked up after all');
     } finally {
       redis.disconnect();
     }
@@ -265,11 +270,7 @@ describe('crash paths', () => {
       if (!intent) throw new Error('an idle thread gets an intent');
       const started = await runtime.startWithMessage(session, thread, { type: 'user.message', payload: { content: 'hello?', authored_by: owner, caused_by: { kind: 'api' } } }, intent);
       expect(started?.run.timestamps?.enqueued_at).toEqual(expect.any(String));
-      const evs = await waitEvents(s.id, (e) => e.some((x) => x.type === 'session.status_idle'), 40_000);
-      expect(JSON.stringify(evs.filter((e) => e.type === 'agent.message'))).toContain('queued by the repair');
-      const [done] = await runsOf(s.id);
-      expect(done?.status).toBe('succeeded');
-      expect((await outbox.due(0)).filter((x) => x.session_id === s.id)).toEqual([]);
+      await expectRepaired(s.id, outbox, 'queued by the repair');
     } finally {
       redis.disconnect();
     }
