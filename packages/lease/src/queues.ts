@@ -28,6 +28,9 @@ export interface RunJobData {
   trace?: TraceCarrier;
 }
 
+/** A Run's job as its producer gives it: the queue adds its rank, enqueue time and trace context. */
+export type NewRunJob = Omit<RunJobData, 'rank' | 'enqueued_at_ms' | 'trace'>;
+
 /**
  * Fair share across workspaces, first in, first out within each: a Run's BullMQ priority is its
  * **rank**, the round it is served in. Every workspace's next Run is in the current round (the
@@ -188,18 +191,18 @@ export class RunQueues {
   }
 
   /** `rank`: taken ahead with `rank()` (else taken here first). `trace`: the context the Run is queued in (the send span's parent). */
-  async enqueue(data: Omit<RunJobData, 'rank' | 'enqueued_at_ms' | 'trace'>, rank?: number, trace?: Context): Promise<RunJobData> {
+  async enqueue(data: NewRunJob, rank?: number, trace?: Context): Promise<RunJobData> {
     return sent(data, trace, (ctx) => this.add(data, rank, ctx));
   }
 
-  private async add(data: Omit<RunJobData, 'rank' | 'enqueued_at_ms' | 'trace'>, ranked: number | undefined, ctx: Context): Promise<RunJobData> {
+  private async add(data: NewRunJob, ranked: number | undefined, ctx: Context): Promise<RunJobData> {
     const rank = ranked ?? (await this.rank(data.pool_id, data.workspace_id, data.run_id));
     const full = this.jobData(data, rank, ctx);
     this.added.set(`${data.pool_id}/${data.run_id}`, await this.queue(data.pool_id).add('run', full, this.jobOptions(data.run_id, rank)));
     return full;
   }
 
-  private jobData(data: Omit<RunJobData, 'rank' | 'enqueued_at_ms' | 'trace'>, rank: number | undefined, ctx: Context): RunJobData {
+  private jobData(data: NewRunJob, rank: number | undefined, ctx: Context): RunJobData {
     // The job carries the send span's context: the scheduler's span for it is its child.
     const trace = injectTrace(ctx);
     return { ...data, ...(rank !== undefined ? { rank } : {}), enqueued_at_ms: Date.now(), ...(trace ? { trace } : {}) };
@@ -235,7 +238,7 @@ export class RunQueues {
    * not commit leaves a job for no Run: `withdraw` removes it, and a scheduler that took it first
    * finds no Run and drops it. Resolves once the job is added.
    */
-  sendBehind(data: Omit<RunJobData, 'rank' | 'enqueued_at_ms' | 'trace'>, trace?: Context): Promise<Job<RunJobData>> {
+  sendBehind(data: NewRunJob, trace?: Context): Promise<Job<RunJobData>> {
     return sent(data, trace, (ctx) => this.behindQueue(data.pool_id).add('run', this.jobData(data, undefined, ctx), this.jobOptions(data.run_id, MAX_PRIORITY)));
   }
 

@@ -1,6 +1,6 @@
 import { newId, nowIso, type Context, type Logger } from '@agentplane/core';
 import { cancelOnRunner } from '@agentplane/gateway';
-import { CancelMarks, LeaseFence, markPoolActive, type RunQueues, type RunRequirements } from '@agentplane/lease';
+import { CancelMarks, LeaseFence, markPoolActive, type NewRunJob, type RunQueues, type RunRequirements } from '@agentplane/lease';
 import { BoundedCache, isCluster, type Redis } from '@agentplane/store';
 import type { VersionedStore } from '../versioned.js';
 import type { Environment } from '../environments/model.js';
@@ -31,6 +31,14 @@ interface TakenRank {
   poolId: string;
   workspaceId: string;
   rank: Promise<number>;
+}
+
+/** A Run's job as its pool's queue holds it. */
+function jobOf(run: RunDoc, poolId: string, requirements: RunRequirements): NewRunJob {
+  return {
+    run_id: run.id, session_id: run.session_id, thread_id: run.session_thread_id, workspace_id: run.workspace_id, pool_id: poolId, requirements,
+    accepted_at_ms: Date.parse(run.created_at),
+  };
 }
 
 /** The requirements cache's key: Environment versions are immutable. */
@@ -126,10 +134,8 @@ export class RunEngine implements TurnScheduler {
 
   private sendJobBehind(run: RunDoc, requirements: RunRequirements, taken: TakenRank, trace?: Context): (committed: RunDoc | null) => Promise<void> {
     const { poolId, workspaceId: ws } = taken;
-    const ahead = Promise.all([this.d.redis.hset(runSessionsKey(ws), run.id, run.session_id), this.markActive(poolId, ws)]);
-    const added = this.d.queues.sendBehind({
-      run_id: run.id, session_id: run.session_id, thread_id: run.session_thread_id, workspace_id: ws, pool_id: poolId, requirements, accepted_at_ms: Date.parse(run.created_at),
-    }, trace);
+    const ahead = this.findable(run, poolId);
+    const added = this.d.queues.sendBehind(jobOf(run, poolId, requirements), trace);
     ahead.catch(() => undefined);
     added.catch(() => undefined);
     return async (committed) => {
@@ -194,19 +200,7 @@ export class RunEngine implements TurnScheduler {
     const mine = taken !== undefined && taken.poolId === poolId && taken.workspaceId === run.workspace_id;
     if (taken && !mine) this.runNotStarting(run.id, taken);
     const rank = mine ? await taken.rank.catch(() => undefined) : undefined;
-    await Promise.all([
-      this.d.queues.enqueue({
-        run_id: run.id,
-        session_id: run.session_id,
-        thread_id: run.session_thread_id,
-        workspace_id: run.workspace_id,
-        pool_id: poolId,
-        requirements,
-        accepted_at_ms: Date.parse(run.created_at),
-      }, rank, trace),
-      this.d.redis.hset(runSessionsKey(run.workspace_id), run.id, run.session_id),
-      this.markActive(poolId, run.workspace_id),
-    ]);
+    await Promise.all([this.d.queues.enqueue(jobOf(run, poolId, requirements), rank, trace), this.findable(run, poolId)]);
     await Promise.all([this.d.lifecycle.enqueued(run.session_id, run.id, poolId, run), this.outbox.remove(run.session_id, run.id)]);
   }
 
@@ -214,6 +208,14 @@ export class RunEngine implements TurnScheduler {
   private async jobExists(run: RunDoc): Promise<boolean> {
     if (!run.timestamps?.enqueued_at || !run.runner_pool_id) return false;
     return (await this.d.queues.job(run.runner_pool_id, run.id)) !== undefined;
+  }
+
+  /**
+   * What only makes an existing Run findable and its pool watched, so it may precede the job: the
+   * Run-to-Session mapping and the pool's active mark.
+   */
+  private async findable(run: RunDoc, poolId: string): Promise<void> {
+    await Promise.all([this.d.redis.hset(runSessionsKey(run.workspace_id), run.id, run.session_id), this.markActive(poolId, run.workspace_id)]);
   }
 
   /** The pool's active mark (the scheduler watches marked pools), unless this process wrote it lately. */
