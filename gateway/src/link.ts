@@ -135,8 +135,8 @@ export class NodeLinks {
    * Send a delivery over the node's link. False when there is none open (the caller publishes):
    * the first call for a node starts opening one. The frame is written at once: a Redis write the
    * node will read when it acts on the frame must already be written to its connection (an
-   * explicit pipeline, as `LeaseRecords.put` does on a single Redis), not waiting in an
-   * auto-pipeline for its next flush.
+   * explicit pipeline with the turn's held-back writes flushed, as `LeaseRecords.put` does on a
+   * single Redis), not held back for the turn's one write.
    */
   send(nodeId: string, d: NodeDelivery): boolean {
     if (this.closed) return false;

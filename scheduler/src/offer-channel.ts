@@ -61,7 +61,7 @@ export class RedisOfferChannel implements OfferChannel {
   /**
    * How an offer's frames go to the node the directory saw its runner on: over the node's link
    * while this scheduler has few offers out, else published. A frame on a link is a write system
-   * call of its own, where a publish shares the auto-pipeline's one write with the placement's
+   * call of its own, where a publish shares the connection's one write of the turn with the placement's
    * other commands; with many offers out the scheduler is busy, and the hop the link saves is
    * lost in its queue anyway (`bench:dispatch`: +0.1 ms of scheduler CPU per Run at 500 Runs/s
    * with every offer on the link).
@@ -86,8 +86,8 @@ export class RedisOfferChannel implements OfferChannel {
     // The record and the spec are independent writes and reads: both are under way at once. The
     // record lives as long as an accepted lease's (the acceptance does not write it again); an
     // offer not taken removes it.
-    // An offer sent ahead of its spec over a link overtakes the auto-pipeline: its record is
-    // written to the connection at once (`LeaseRecords.put`'s `now`). Any other offer's record
+    // An offer sent ahead of its spec over a link overtakes the turn's held-back writes: its
+    // record is written to the connection at once (`LeaseRecords.put`'s `now`). Any other offer's record
     // goes ahead of its publish on the same connection, or is awaited before the offer is sent.
     const route = this.route(nodeId);
     const put = this.records.put({ ...o, reply_to: this.channel }, Math.max(timeoutMs * 3, leaseRecordTtlMs(o.lease_ms)), { now: specFollows && route.links !== undefined });

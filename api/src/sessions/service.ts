@@ -320,7 +320,7 @@ export class SessionService {
 
   private async getMany(ids: string[]): Promise<(SessionDoc | null)[]> {
     // Each Session has its own hash tag (so, on a cluster, its own slot): one GET per key,
-    // sent together by auto-pipelining.
+    // written together (one socket write per turn).
     const res = await getEach(this.d.store.redis, ids.map((id) => keys.doc(tags.session(id), id)));
     return res.map((v) => {
       if (typeof v !== 'string') return null;

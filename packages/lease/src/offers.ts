@@ -1,4 +1,4 @@
-import { isCluster, keys, type Redis } from '@agentplane/store';
+import { flushTickWrites, isCluster, keys, type Redis } from '@agentplane/store';
 
 /**
  * An offer (and, once accepted, the lease) as the gateway needs to find it from a runner frame
@@ -43,9 +43,9 @@ export class LeaseRecords {
 
   /**
    * `now`: on a single Redis the commands are written to the connection before this returns (an
-   * explicit pipeline, not the auto-pipeline's next flush), so a frame sent to the gateway node
-   * right after, over a socket of its own, cannot reach it before the record is on its way to
-   * Redis. Otherwise they join the auto-pipeline (one write with the caller's other commands).
+   * explicit pipeline, and the turn's held-back writes flushed), so a frame sent to the gateway
+   * node right after, over a socket of its own, cannot reach it before the record is on its way
+   * to Redis. Otherwise they share the turn's one write with the caller's other commands.
    */
   async put(record: LeaseRecord, ttlMs: number, options: { now?: boolean } = {}): Promise<void> {
     // Two keys in two slots (each its own hash tag), so no one script and no one pipeline (on a
@@ -55,11 +55,14 @@ export class LeaseRecords {
     // record leaves an offer a reconnecting runner cannot be asked about, which expires with it.
     const index = runnerIndexKey(record.runner_id);
     if (options.now === true && !isCluster(this.redis)) {
-      const results = await this.redis.pipeline()
+      const written = this.redis.pipeline()
         .set(recordKey(record.lease_id), JSON.stringify(record), 'PX', ttlMs)
         .sadd(index, record.lease_id)
         .pexpire(index, Math.max(ttlMs, INDEX_TTL_MS))
         .exec();
+      // Held back behind the turn's other commands when the connection wrote some this turn.
+      flushTickWrites();
+      const results = await written;
       const failed = results?.find(([err]) => err);
       if (failed?.[0]) throw failed[0];
       return;

@@ -15,8 +15,8 @@ const job = (run: string) => ({ run_id: run, session_id: 'sess_x', thread_id: 's
 describe('fair-share ranks taken ahead of the enqueue', () => {
   it('a rank taken ahead is the job priority; ranks whose Run never got a job are pruned once old enough, the others kept', async () => {
     const redis = redisOf();
-    // The fair-share commands on their own auto-pipelined connection, as the api and scheduler run them.
-    const commands = redis.duplicate({ enableAutoPipelining: true });
+    // The fair-share commands on a connection of their own, as the api and scheduler run them.
+    const commands = redis.duplicate();
     const queues = new RunQueues(redis, DEFAULT_LEASE_CONFIG, commands);
     // Taken ahead, then enqueued with it: the job carries that rank, nothing is ranked twice.
     const ahead = await queues.rank(POOL, WS, 'run_a');
@@ -109,7 +109,7 @@ describe('the order a backlog is served in', () => {
 describe('a job sent behind its start (sendBehind)', () => {
   it('waits at the lowest priority, behind every ranked job, until it gets its rank; a withdrawn one goes', async () => {
     const redis = redisOf();
-    const commands = redis.duplicate({ enableAutoPipelining: true });
+    const commands = redis.duplicate();
     const pool = 'rpool_behind';
     const queues = new RunQueues(redis, DEFAULT_LEASE_CONFIG, commands);
     expect(queues.sendsBehind(commands)).toBe(true);

@@ -159,8 +159,8 @@ export class RunQueues {
   /**
    * `connection` carries BullMQ's queues (it never gives up on a command). The fair-share set
    * and the reads of the queue's keys go on `commands` when given: a request-path connection
-   * that auto-pipelines, so a rank taken beside an append, or a dequeue beside a lease's other
-   * writes, shares their socket write instead of making its own.
+   * whose commands of a turn share one write (every platform connection's do), so a rank taken
+   * beside an append, or a dequeue beside a lease's other writes, shares their socket write.
    */
   private readonly commands: Redis;
 

@@ -1,7 +1,8 @@
 import { Cluster, Redis, type ClusterNode, type ClusterOptions, type RedisOptions } from 'ioredis';
 import { installLeanPipelines } from './lean-pipeline.js';
+import { coalesceTickWrites } from './tick-writes.js';
 
-// Every ioredis pipeline of this process (ours, auto-pipelining's, BullMQ's) without the
+// Every ioredis pipeline of this process (ours, BullMQ's) without the
 // per-instance accessor that kept it alive until a full collection (lean-pipeline.ts).
 installLeanPipelines();
 
@@ -112,6 +113,18 @@ export function unixSocketUrl(path: string, password?: string): string {
   return `unix://${encodeURI(path).replace(/[?#]/g, encodeURIComponent)}${password ? `?password=${encodeURIComponent(password)}` : ''}`;
 }
 
+/** The client, its writes coalesced per turn, as are those of every client duplicated from it. */
+function coalescing(client: Redis): Redis {
+  coalesceTickWrites(client);
+  const original = client.duplicate.bind(client);
+  Object.defineProperty(client, 'duplicate', {
+    configurable: true,
+    writable: true,
+    value: (override?: Partial<RedisOptions>): Redis => coalescing(original(override)),
+  });
+  return client;
+}
+
 function clusterClient(target: RedisTarget, redisOptions: RedisOptions, options: Omit<ClusterOptions, 'redisOptions'>): Cluster {
   const nodes: ClusterNode[] = target.nodes.map((n) => ({ host: n.host, port: n.port }));
   const cluster = new Cluster(nodes, {
@@ -130,12 +143,12 @@ function clusterClient(target: RedisTarget, redisOptions: RedisOptions, options:
     configurable: true,
     writable: true,
     value: (first?: ClusterNode[] | RedisOptions, second?: ClusterOptions): Cluster => {
-      if (first === undefined || Array.isArray(first)) return original(first, second);
+      if (first === undefined || Array.isArray(first)) return coalesceTickWrites(original(first, second));
       const { maxRetriesPerRequest, ...rest } = first;
       return clusterClient(target, { ...redisOptions, ...rest, ...(maxRetriesPerRequest !== undefined ? { maxRetriesPerRequest } : {}) }, options);
     },
   });
-  return cluster;
+  return coalesceTickWrites(cluster);
 }
 
 /**
@@ -159,19 +172,17 @@ export function connectRedis(url: string, options: RedisConnectOptions): Redis {
   const retryStrategy = (times: number): number => Math.min(50 * 2 ** Math.min(times, 6), 2000);
   const base: RedisOptions = {
     connectionName: `agentplane:${options.name}`,
-    // Commands issued in the same tick (many requests' lookups under load) share one socket write:
-    // one syscall instead of one per command. Not for BullMQ's blocking connections.
-    enableAutoPipelining: !options.blocking,
     lazyConnect: false,
     retryStrategy,
     maxRetriesPerRequest: options.blocking ? null : 3,
     enableOfflineQueue: true,
   };
-  if (!isClusterUrl(url)) return singleRedis(url, base);
+  // Commands issued in the same turn of the event loop (many requests' lookups under load) share
+  // one socket write, and a batch does not wait for the one before it (tick-writes.ts); the
+  // connections BullMQ and the stores duplicate from this one do the same.
+  if (!isClusterUrl(url)) return coalescing(singleRedis(url, base));
   const target = parseRedisUrl(url);
-  const { enableAutoPipelining, ...nodeOptions } = base;
-  const cluster = clusterClient(target, nodeOptions, {
-    enableAutoPipelining,
+  const cluster = clusterClient(target, base, {
     enableOfflineQueue: true,
     clusterRetryStrategy: retryStrategy,
     // A failover moves slots: retry MOVED/TRYAGAIN/CLUSTERDOWN for a few seconds instead of failing.
@@ -208,8 +219,8 @@ export async function waitForRedis(redis: Redis, timeoutMs = 10_000): Promise<vo
 
 /**
  * GET of keys that may live in different hash tags (so different slots): one MGET on a single
- * Redis would be refused with CROSSSLOT on a cluster. The GETs share one pipeline write anyway
- * (auto-pipelining), so this costs no extra round trip.
+ * Redis would be refused with CROSSSLOT on a cluster. The GETs share one socket write anyway
+ * (tick-writes.ts), so this costs no extra round trip.
  */
 export function getEach(redis: Redis, keyList: readonly string[]): Promise<(string | null)[]> {
   return Promise.all(keyList.map((k) => redis.get(k)));

@@ -294,7 +294,7 @@ export class ThreadRuntime {
    * entry's removal) happens while the caller answers its client, and what fails after that is
    * the enqueue repair's (the start's outbox entry stays until the Run is enqueued; the engine
    * logs the failure; a failure before the add left still reaches the caller, the Run committed
-   * either way). The add is sent from the connection's auto-pipeline, which flushes
+   * either way). The add is held back for its connection's one write of the turn, which leaves
    * from `setImmediate`: two turns of the event loop later it has left, so the caller's own work
    * (the response) does not delay it.
    */
