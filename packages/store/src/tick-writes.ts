@@ -43,10 +43,8 @@ let scheduled = false;
 
 function release(): void {
   scheduled = false;
-  for (const socket of corked) {
-    // A socket closed meanwhile was uncorked by its destruction; `uncork` is a no-op then.
-    while (socket.writableCorked > 0) socket.uncork();
-  }
+  // Each socket was corked once this turn: one `uncork` undoes that and nothing anyone else did.
+  for (const socket of corked) socket.uncork();
   corked.clear();
 }
 
