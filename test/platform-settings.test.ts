@@ -1,3 +1,4 @@
+import { execFileSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startPlatform, type Platform } from './harness/platform.js';
@@ -24,6 +25,15 @@ describe('settings under npm start', () => {
     expect(small.status).toBe(201);
     const doc = await p.root.get<{ servers: { url: string }[] }>('/v1/openapi.json');
     expect(doc.servers[0]?.url).toBe('https://agents.example.com');
+  });
+
+  it('the api listens with a backlog for bursts of connections (the system\'s cap, not node\'s 511)', () => {
+    const port = new URL(p.baseUrl).port;
+    // For a listening socket `ss` shows its backlog as Send-Q.
+    const line = execFileSync('ss', ['-Hltn', `sport = :${port}`], { encoding: 'utf8' }).trim().split('\n')[0] ?? '';
+    const backlog = Number(line.split(/\s+/)[2]);
+    const cap = Number(readFileSync('/proc/sys/net/core/somaxconn', 'utf8'));
+    expect(backlog).toBe(Math.min(4096, cap));
   });
 
   it('the api runs with the young generation it is given (API_SEMI_SPACE_MIB)', () => {

@@ -2,7 +2,7 @@ import { OutcomeService } from '@agentplane/domain';
 import { createServer, type Server } from 'node:http';
 import type { Duplex } from 'node:stream';
 import Koa from 'koa';
-import { ApiError, createLogger, createMetrics, Gauge, METRICS_CONTENT_TYPE, newRequestId, SecretBox, type Logger } from '@agentplane/core';
+import { ApiError, createLogger, createMetrics, Gauge, LISTEN_BACKLOG, METRICS_CONTENT_TYPE, newRequestId, SecretBox, type Logger } from '@agentplane/core';
 import { connectRedis, DocumentStore, EventHub, ReadCache, type Redis } from '@agentplane/store';
 import type { Agent } from '@agentplane/domain';
 import { VersionedStore } from '@agentplane/domain';
@@ -282,7 +282,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
     listen: () =>
       new Promise((resolve, reject) => {
         server.once('error', reject);
-        server.listen(config.port, config.host, () => {
+        server.listen({ port: config.port, host: config.host, backlog: LISTEN_BACKLOG }, () => {
           const addr = server.address();
           const port = typeof addr === 'object' && addr ? addr.port : config.port;
           if (gateway && config.gatewayLinkUrl !== null) gateway.advertiseLink(linkUrlFor(config.host, port, config.gatewayLinkUrl));

@@ -1,7 +1,7 @@
 // Simulated runners for bench:dispatch: N real WebSocket clients speaking the runner protocol.
 // Each accepts every offer at once, appends one agent.message event once it has the offer's spec
-// (in the offer, or in the lease.spec frame that follows it: they speak lease-spec-v1), then
-// completes the lease.
+// (in the offer, or in its lease.spec frame: they speak lease-spec-v1; a spec that overtook its
+// offer is kept for it, as the daemon keeps one), then completes the lease.
 // Reports to the parent over IPC: {kind: 'leased', session_id, at} when an offer arrives.
 import { WebSocket } from 'ws';
 import { frame, LEASE_SPEC_PROTOCOL, MODEL_GATEWAY_PROTOCOL } from '@agentplane/protocol';
@@ -21,6 +21,16 @@ function runner(secret: string): Promise<void> {
     let held = 0;
     /** Accepted offers waiting for their spec, by lease id: their Session. */
     const awaiting = new Map<string, string>();
+    /**
+     * Specs that came before their offer, by lease id, as the daemon keeps them: an offer sent
+     * by pub/sub while the scheduler's link to the node opens can be overtaken by its spec, sent
+     * over the link once it is open.
+     */
+    const earlySpecs = new Map<string, Record<string, unknown>>();
+    const withSpec = (ref: { lease_id: string; attempt: number }, sessionId: string, p: Record<string, unknown>) => {
+      if (p.spec) work(ref, sessionId);
+      else ws.send(frame('lease.fail', id(), { ...ref, failure_class: 'infrastructure', reason: String(p.error ?? 'no spec') }));
+    };
     const work = (ref: { lease_id: string; attempt: number }, sessionId: string) =>
       ws.send(frame('events.batch', id(), { ...ref, session_id: sessionId, events: [{ producer_key: `${ref.lease_id}:0`, type: 'agent.message', payload: { content: [{ type: 'text', text: 'hi' }] } }] }));
     let heartbeat: NodeJS.Timeout | undefined;
@@ -66,15 +76,21 @@ function runner(secret: string): Promise<void> {
         acceptedSince++;
         const ref = { lease_id: o.lease_id, attempt: o.attempt };
         ws.send(frame('lease.accept', id(), ref));
+        const spec = earlySpecs.get(o.lease_id);
+        earlySpecs.delete(o.lease_id);
         if (o.spec) work(ref, o.session_id);
+        else if (spec) withSpec(ref, o.session_id, spec);
         else awaiting.set(o.lease_id, o.session_id);
       } else if (m.type === 'lease.spec') {
-        const sessionId = awaiting.get(String(m.payload.lease_id));
-        if (sessionId === undefined) return;
-        awaiting.delete(String(m.payload.lease_id));
-        const ref = { lease_id: String(m.payload.lease_id), attempt: Number(m.payload.attempt) };
-        if (m.payload.spec) work(ref, sessionId);
-        else ws.send(frame('lease.fail', id(), { ...ref, failure_class: 'infrastructure', reason: String(m.payload.error ?? 'no spec') }));
+        const leaseId = String(m.payload.lease_id);
+        const sessionId = awaiting.get(leaseId);
+        if (sessionId === undefined) {
+          earlySpecs.set(leaseId, m.payload);
+          if (earlySpecs.size > 1000) earlySpecs.delete(earlySpecs.keys().next().value as string);
+          return;
+        }
+        awaiting.delete(leaseId);
+        withSpec({ lease_id: leaseId, attempt: Number(m.payload.attempt) }, sessionId, m.payload);
       } else if (m.type === 'events.ack') {
         const ref = { lease_id: String(m.payload.lease_id), attempt: Number(m.payload.attempt) };
         ws.send(frame('lease.complete', id(), { ...ref, result: { stop_reason: { type: 'end_turn' } } }));

@@ -1,5 +1,5 @@
 import { createServer } from 'node:http';
-import { ApiError, createLogger, createMetrics, envInt, envString, METRICS_CONTENT_TYPE, startTracing, strictCommandLine } from '@agentplane/core';
+import { ApiError, createLogger, createMetrics, envInt, envString, LISTEN_BACKLOG, METRICS_CONTENT_TYPE, startTracing, strictCommandLine } from '@agentplane/core';
 import { connectRedis } from '@agentplane/store';
 import { RUNNER_DEFAULTS } from '@agentplane/protocol';
 import { attachGateway } from './gateway.js';
@@ -64,7 +64,7 @@ async function main(): Promise<void> {
   });
   const port = envInt(env, 'PORT', 8081, 0, 65535);
   const host = envString(env, 'HOST', '127.0.0.1');
-  await new Promise<void>((r) => server.listen(port, host, () => r()));
+  await new Promise<void>((r) => server.listen({ port, host, backlog: LISTEN_BACKLOG }, () => r()));
   const addr = server.address();
   if (linkUrl !== null) gw.advertiseLink(linkUrlFor(host, typeof addr === 'object' && addr ? addr.port : port, linkUrl));
   log.info({ port: typeof addr === 'object' && addr ? addr.port : port }, 'gateway listening');

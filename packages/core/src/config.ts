@@ -7,6 +7,17 @@ import { ApiError } from './errors.js';
  */
 export type Env = Readonly<Record<string, string | undefined>>;
 
+/**
+ * The listen backlog of the platform's HTTP servers (api, gateway): connections the kernel
+ * completes and queues before the process accepts them, capped by `net.core.somaxconn` (4096 on
+ * current Linux), as Go's servers take it from the system. Node's default of 511 overflows when a
+ * burst of clients connects while the process is busy: a connection the queue had no room for
+ * waits on the kernel's SYN-ACK retries and, after about 30 s, is reset (`bench:dispatch` at
+ * 1,000 Runs/s saw up to 4% of its messages reset that way on a slow machine, each before the api
+ * read it), where a queued one is served as soon as the process gets to it.
+ */
+export const LISTEN_BACKLOG = 4096;
+
 export class ConfigError extends Error {
   constructor(message: string) {
     super(message);
