@@ -142,6 +142,25 @@ describe('the platform on a Redis Cluster with several API nodes and schedulers'
     await expect(sneaky.run(redis, [keys.scoped(ws, 'a')], [keys.scoped(tags.session('sess_far_away'), 'x')])).rejects.toThrow(/slot|non local|cluster/i);
   });
 
+  it('writes the commands of one turn to each master in one socket write', async () => {
+    const masters = (redis as unknown as { nodes(role: 'master'): Redis[] }).nodes('master');
+    expect(masters.length).toBeGreaterThanOrEqual(3);
+    await Promise.all(masters.map((m) => m.ping()));
+    const writes = masters.map((m) => {
+      const socket = (m as unknown as { stream: { _write: (...a: unknown[]) => void; _writev?: (...a: unknown[]) => void } }).stream;
+      const counter = { n: 0 };
+      const write = socket._write.bind(socket);
+      socket._write = (...a: unknown[]) => { counter.n++; write(...a); };
+      const writev = socket._writev?.bind(socket);
+      if (writev) socket._writev = (...a: unknown[]) => { counter.n++; writev(...a); };
+      return counter;
+    });
+    // Sixty keys in sixty hash tags: spread over every master, twenty or so each, in one turn.
+    const tagged = Array.from({ length: 60 }, (_, i) => keys.scoped(tags.session(`sess_tick${i}`), 'x'));
+    await Promise.all(tagged.map((k) => redis.set(k, '1')));
+    expect(writes.map((w) => w.n)).toEqual(masters.map(() => 1));
+  });
+
   it('writes, finds and removes a lease record whose runner index lives on another master', async () => {
     // Two hash tags on two masters: a pipeline across them is refused by the cluster client, so
     // the record and the index must go out as separate commands (this failed most offers once).

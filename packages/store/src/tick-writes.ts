@@ -55,10 +55,13 @@ export function flushTickWrites(): void {
 
 /** Makes `client` (a single-server client, or each node client of a cluster) coalesce its writes per turn. Returns it. */
 export function coalesceTickWrites<T extends Redis | Cluster>(client: T): T {
-  const c = client as unknown as Coalesced & { isCluster?: boolean; on(event: '+node', fn: (node: Redis) => void): unknown };
+  const c = client as unknown as Coalesced & { isCluster?: boolean; on(event: '+node', fn: (node: Redis) => void): unknown; nodes(role: 'all'): Redis[] };
   if (c.isCluster === true) {
-    // Node clients are made as the cluster's topology is learned (and again after a failover).
+    // Node clients are made as the cluster's topology is learned (and again after a failover),
+    // the first ones after the constructor returns (it resolves the seed nodes asynchronously);
+    // any made before this call are taken as they are.
     c.on('+node', (node) => coalesceTickWrites(node));
+    for (const node of c.nodes('all')) coalesceTickWrites(node);
     return client;
   }
   if (c[TICK_WRITES]) return client;
