@@ -10,8 +10,8 @@ import type { Cluster, Redis } from 'ioredis';
  * and on loopback the sender's write also runs the receiving side's network path. ioredis's own
  * auto-pipelining gets that saving, but keeps one batch in flight per connection: commands issued
  * while a batch is out wait for its answer before they are written, so every request waits on
- * the requests before it (at 200 Runs/s `bench:dispatch` read lease p50 46–75 ms with it, 8–34 ms
- * with this), and it builds a pipeline, a callback and a deferred answer per command on top of
+ * the requests before it (alternating runs of `bench:dispatch` at 200 Runs/s read a lease p50 of
+ * 10–76 ms with it and 8–25 ms with this, lower in every pair: docs/RUNS.md), and it builds a pipeline, a callback and a deferred answer per command on top of
  * the command itself.
  *
  * Here the first command a client writes in a turn corks its socket and the turn's check phase
