@@ -88,8 +88,22 @@ export function cpuMs(pid: number | undefined): number {
   }
 }
 
-/** CPU ms per Run of each process over one level: where a Run's cost goes. */
-export function cpuPerRun(before: Record<string, number>, after: Record<string, number>, runs: number): string {
+/**
+ * Write system calls (`write`, `writev`, `sendmsg`, …) a process has made so far, from /proc
+ * (Linux): every frame, answer and Redis command batch that leaves a process is one, and unlike
+ * CPU time the count does not move with the machine's speed.
+ */
+export function writeCalls(pid: number | undefined): number {
+  if (!pid) return Number.NaN;
+  try {
+    return Number(/^syscw: (\d+)$/m.exec(readFileSync(`/proc/${pid}/io`, 'utf8'))?.[1] ?? Number.NaN);
+  } catch {
+    return Number.NaN;
+  }
+}
+
+/** CPU ms (or another counter) per Run of each process over one level: where a Run's cost goes. */
+export function perRun(before: Record<string, number>, after: Record<string, number>, runs: number): string {
   return Object.keys(after).map((k) => `${k} ${((after[k] as number) - (before[k] as number)) / runs >= 0 ? (((after[k] as number) - (before[k] as number)) / runs).toFixed(2) : '?'}`).join(', ');
 }
 
@@ -269,13 +283,20 @@ async function main(): Promise<void> {
       const rounds = rate <= LATENCY_RATE ? LATENCY_ROUNDS : 1;
       process.stdout.write(`rate ${rate}/s${rounds > 1 ? ` (${rounds} rounds, ours and the floor in turn)` : ''} …\n`);
       const pids: Record<string, number | undefined> = { ...(p.pids() as Record<string, number | undefined>), 'sim runners': simPid, bench: process.pid };
-      const snap = () => Object.fromEntries(['api', 'scheduler', 'redis', 'sim runners', 'bench'].map((k) => [k, cpuMs(pids[k])]));
+      const names = ['api', 'scheduler', 'redis', 'sim runners', 'bench'];
+      const snap = () => Object.fromEntries(names.map((k) => [k, cpuMs(pids[k])]));
+      const writes = () => Object.fromEntries(names.map((k) => [k, writeCalls(pids[k])]));
       const levels: Level[] = [];
       const floorSamples: number[] = [];
       for (let round = 0; round < rounds; round++) {
         let before = snap();
-        const one = await level(api, principal, newSession, rate, leased, () => { before = snap(); });
-        process.stdout.write(`  CPU ms per Run: ${cpuPerRun(before, snap(), one.sent)}\n`);
+        let writesBefore = writes();
+        const one = await level(api, principal, newSession, rate, leased, () => {
+          before = snap();
+          writesBefore = writes();
+        });
+        process.stdout.write(`  CPU ms per Run: ${perRun(before, snap(), one.sent)}\n`);
+        process.stdout.write(`  write system calls per Run: ${perRun(writesBefore, writes(), one.sent)}\n`);
         levels.push(one);
         floorSamples.push(...(await floor(p.redisSocketUrl(), rate)));
       }
