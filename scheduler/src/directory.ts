@@ -62,9 +62,10 @@ export interface OfferChannel {
   prepare(plan: LeasePlan): OfferBody;
   /**
    * `nodeId`: the runner's gateway node as its presence said (a hint; delivery falls back to a
-   * lookup). `specFollows`: the runner speaks `lease-spec-v1`, so the offer goes at once without
+   * lookup). `specFollows`: the runner speaks `lease-spec-v1`, so the offer may go at once without
    * the body, which follows in a `lease.spec` frame once it is ready (and is never sent when it
    * was withdrawn): the runner's acceptance and the lease's claim overlap the body's preparation.
+   * A channel with many offers out may send the body inside the offer all the same.
    * `trace`: the placement's trace context (the offer span's parent).
    */
   offer(offer: LeaseOffer, timeoutMs: number, body: OfferBody, nodeId?: string, specFollows?: boolean, trace?: Context): Promise<OfferOutcome>;

@@ -17,6 +17,14 @@ import type { LeaseOffer, LeasePlan, OfferBody, OfferChannel, OfferOutcome } fro
 const FENCE_POLL_MS = 250;
 /** Offers out (sent, not answered) at or above which offers are published rather than sent on a link. */
 const LINK_MAX_OFFERS_OUT = 4;
+/**
+ * Offers out at or above which an offer waits for its spec and carries it, even to a runner that
+ * takes its spec later (`lease-spec-v1`). Sending the offer ahead takes the spec's reads off the
+ * path to the lease, but costs a second frame through every hop (this scheduler, Redis or the
+ * link, the gateway node, the runner); with this many offers out the scheduler is busy, and the
+ * milliseconds the early offer saves are lost in its queue anyway.
+ */
+const SPEC_AHEAD_MAX_OFFERS_OUT = LINK_MAX_OFFERS_OUT;
 
 type Route = { nodeId?: string; links?: NodeLinks };
 
@@ -90,8 +98,9 @@ export class RedisOfferChannel implements OfferChannel {
     // record is written to the connection at once (`LeaseRecords.put`'s `now`). Any other offer's record
     // goes ahead of its publish on the same connection, or is awaited before the offer is sent.
     const route = this.route(nodeId);
-    const put = this.records.put({ ...o, reply_to: this.channel }, Math.max(timeoutMs * 3, leaseRecordTtlMs(o.lease_ms)), { now: specFollows && route.links !== undefined });
-    if (specFollows) return this.offerAhead(o, timeoutMs, body, put, route, trace);
+    const ahead = specFollows && this.waiters.size < SPEC_AHEAD_MAX_OFFERS_OUT;
+    const put = this.records.put({ ...o, reply_to: this.channel }, Math.max(timeoutMs * 3, leaseRecordTtlMs(o.lease_ms)), { now: ahead && route.links !== undefined });
+    if (ahead) return this.offerAhead(o, timeoutMs, body, put, route, trace);
     let spec: Record<string, unknown> | null;
     try {
       [spec] = await Promise.all([body, put]);
