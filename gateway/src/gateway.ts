@@ -11,7 +11,7 @@ import {
 } from '@agentplane/protocol';
 import { AuthFailure, authenticateRunner, bearerFrom, currentStanding, poolDocKey, poolDrainOf, stillAuthorized, type RunnerIdentity } from './auth.js';
 import { GATEWAY_CONTROL_CHANNEL, gatewayNodeChannel, PresenceStore } from './presence.js';
-import { advertiseLink, GATEWAY_LINK_PATH, takeLinkTicket, type LinkFrame, type NodeLinks } from './link.js';
+import { advertiseLink, corkForTurn, GATEWAY_LINK_PATH, takeLinkTicket, type LinkFrame, type NodeLinks } from './link.js';
 
 /** Principal suspensions and deletions, published by the identity service. */
 export const PRINCIPAL_CHANGES_CHANNEL = 'ap:principal-changes';
@@ -107,6 +107,8 @@ export interface GatewayDeps {
 
 interface Conn extends RunnerConnection {
   ws: WebSocket;
+  /** Holds the socket's writes to the turn's end (`corkForTurn`): call before each `ws.send`. */
+  cork: () => void;
   state: 'hello' | 'live' | 'closed';
   capabilities: Payload<'hello'>['capabilities'] | null;
   availableSlots: number;
@@ -145,6 +147,8 @@ export class Gateway {
   /** Link frames carry a runner frame as a JSON string (escaping makes it larger). */
   private readonly linkWss: WebSocketServer;
   private readonly linkByChannel = new Map<string, WebSocket>();
+  /** Each open link's socket, corked for the rest of the turn by a reply (`corkForTurn`). */
+  private readonly linkCorks = new WeakMap<WebSocket, () => void>();
   private readonly metricLinkFrames: Counter<'direction'>;
   private advertised: { stop(): Promise<void> } | null = null;
 
@@ -233,7 +237,7 @@ export class Gateway {
     }
     authenticateRunner(this.deps.redis, bearerFrom(req.headers.authorization)).then(
       (identity) => {
-        this.wss.handleUpgrade(req, socket, head, (ws) => this.accept(ws, identity));
+        this.wss.handleUpgrade(req, socket, head, (ws) => this.accept(ws, identity, socket));
       },
       (err: unknown) => {
         if (err instanceof AuthFailure) {
@@ -267,7 +271,7 @@ export class Gateway {
     takeLinkTicket(this.deps.redis, this.options.nodeId, bearerFrom(req.headers.authorization) ?? undefined).then(
       (ok) => {
         if (!ok) return this.reject(socket, new ApiError('auth.invalid_key', 'unknown, used or expired link ticket'));
-        this.linkWss.handleUpgrade(req, socket, head, (ws) => this.acceptLink(ws));
+        this.linkWss.handleUpgrade(req, socket, head, (ws) => this.acceptLink(ws, socket));
       },
       (err: unknown) => {
         this.log.warn({ err: err instanceof Error ? err.message : String(err) }, 'link upgrade failed');
@@ -277,9 +281,10 @@ export class Gateway {
     return true;
   }
 
-  private acceptLink(ws: WebSocket): void {
+  private acceptLink(ws: WebSocket, socket: Duplex): void {
     if (this.closing) return void ws.close(CLOSE.GOING_AWAY);
     this.links.add(ws);
+    this.linkCorks.set(ws, corkForTurn(socket));
     const channels: string[] = [];
     ws.on('message', (data) => {
       let f: LinkFrame;
@@ -308,12 +313,14 @@ export class Gateway {
 
   /**
    * A message for a sender's channel: over the sender's link when it named the channel on one,
-   * else published (the channel's subscribers get it either way). Resolves once sent.
+   * else published (the channel's subscribers get it either way). Resolves once sent (a frame on
+   * a link leaves with the turn's other frames on it, at the turn's end).
    */
   async sendToChannel(channel: string, message: string): Promise<void> {
     const ws = this.linkByChannel.get(channel);
     if (ws && ws.readyState === ws.OPEN) {
       this.metricLinkFrames.inc({ direction: 'out' });
+      this.linkCorks.get(ws)?.();
       return void ws.send(JSON.stringify({ k: 'r', channel, message } satisfies LinkFrame));
     }
     await this.deps.redis.publish(channel, message);
@@ -332,13 +339,17 @@ export class Gateway {
     return `g${(++this.msgSeq).toString(36)}`;
   }
 
-  private accept(ws: WebSocket, identity: RunnerIdentity): void {
+  private accept(ws: WebSocket, identity: RunnerIdentity, socket: Duplex): void {
     const gw = this;
     const now = Date.now();
+    // Frames for one runner in one turn (offers and acknowledgements answered from one read of
+    // Redis's answers) leave in one write.
+    const cork = corkForTurn(socket);
     const conn: Conn = {
       id: `c_${randomBytes(8).toString('hex')}`,
       identity,
       ws,
+      cork,
       state: 'hello',
       status: 'starting',
       capabilities: null,
@@ -359,6 +370,7 @@ export class Gateway {
       },
       send(type, payload, re) {
         if (ws.readyState !== ws.OPEN) return false;
+        cork();
         ws.send(frame(type, gw.nextId(), payload, re));
         gw.metricFrames.inc({ direction: 'out', type });
         return true;
@@ -632,6 +644,7 @@ export class Gateway {
       return;
     }
     if (d.cancel) return c.cancelLease(d.cancel, d.cancel.reason, d.cancel.grace_ms);
+    c.cork();
     c.ws.send(d.frame);
     this.metricFrames.inc({ direction: 'out', type: 'delivered' });
   }
