@@ -107,6 +107,15 @@ export function perRun(before: Record<string, number>, after: Record<string, num
   return Object.keys(after).map((k) => `${k} ${((after[k] as number) - (before[k] as number)) / runs >= 0 ? (((after[k] as number) - (before[k] as number)) / runs).toFixed(2) : '?'}`).join(', ');
 }
 
+/** Each of `names`' counter growth over one level as a multiple of `reference`'s. */
+export function relativeTo(reference: string, before: Record<string, number>, after: Record<string, number>, names: string[]): string {
+  const base = (after[reference] as number) - (before[reference] as number);
+  return names.map((k) => {
+    const x = ((after[k] as number) - (before[k] as number)) / base;
+    return `${k} ${Number.isFinite(x) && x >= 0 ? x.toFixed(2) : '?'}`;
+  }).join(', ');
+}
+
 export async function level(api: HttpClient, principal: string, newSession: () => Promise<{ id: string }>, rate: number, leased: Map<string, number>, onSending?: () => void): Promise<Level> {
   const total = Math.max(1, Math.round(rate * SECONDS));
   // Sessions first (not measured). A keep-alive socket the server closed while idle is retried once.
@@ -295,7 +304,12 @@ async function main(): Promise<void> {
           before = snap();
           writesBefore = writes();
         });
-        process.stdout.write(`  CPU ms per Run: ${perRun(before, snap(), one.sent)}\n`);
+        const after = snap();
+        process.stdout.write(`  CPU ms per Run: ${perRun(before, after, one.sent)}\n`);
+        // The simulated runners' code is the same whatever the platform's build: the platform's
+        // CPU as a multiple of theirs, in the same minutes, compares builds across the machine's
+        // changes of speed better than milliseconds do.
+        process.stdout.write(`  CPU per Run as a multiple of the simulated runners': ${relativeTo('sim runners', before, after, ['api', 'scheduler', 'redis'])}\n`);
         process.stdout.write(`  write system calls per Run: ${perRun(writesBefore, writes(), one.sent)}\n`);
         levels.push(one);
         floorSamples.push(...(await floor(p.redisSocketUrl(), rate)));
