@@ -3,7 +3,7 @@ import { STATUS_CODES, type IncomingMessage, type Server } from 'node:http';
 import type { Duplex } from 'node:stream';
 import { WebSocketServer, type WebSocket } from 'ws';
 import { ApiError, closedLabel, Counter, extractTrace, Gauge, ROOT_CONTEXT, statusLabel, tracingEnabled, type Context, type Logger, type Metrics } from '@agentplane/core';
-import { isCluster, onSubscriberReplaced, type Redis } from '@agentplane/store';
+import { corkForTurn, isCluster, onSubscriberReplaced, type Redis } from '@agentplane/store';
 import {
   CLOSE, CLOSE_REASON, FrameError, RUNNER_CONNECT_PATH, RUNNER_DEFAULTS, RUNNER_PROTOCOL_VERSIONS, frame, negotiateVersion,
   parseFrame, type GatewayToRunnerType, type LeaseRef, type Payload, type RunnerMessage, type RunnerPresence,
@@ -11,7 +11,7 @@ import {
 } from '@agentplane/protocol';
 import { AuthFailure, authenticateRunner, bearerFrom, currentStanding, poolDocKey, poolDrainOf, stillAuthorized, type RunnerIdentity } from './auth.js';
 import { GATEWAY_CONTROL_CHANNEL, gatewayNodeChannel, PresenceStore } from './presence.js';
-import { advertiseLink, corkForTurn, GATEWAY_LINK_PATH, takeLinkTicket, type LinkFrame, type NodeLinks } from './link.js';
+import { advertiseLink, GATEWAY_LINK_PATH, takeLinkTicket, type LinkFrame, type NodeLinks } from './link.js';
 
 /** Principal suspensions and deletions, published by the identity service. */
 export const PRINCIPAL_CHANGES_CHANNEL = 'ap:principal-changes';
@@ -107,8 +107,8 @@ export interface GatewayDeps {
 
 interface Conn extends RunnerConnection {
   ws: WebSocket;
-  /** Holds the socket's writes to the turn's end (`corkForTurn`): call before each `ws.send`. */
-  cork: () => void;
+  /** The upgraded connection under `ws`: its frames of one turn leave in one write (`corkForTurn` before each `ws.send`). */
+  socket: Duplex;
   state: 'hello' | 'live' | 'closed';
   capabilities: Payload<'hello'>['capabilities'] | null;
   availableSlots: number;
@@ -147,8 +147,8 @@ export class Gateway {
   /** Link frames carry a runner frame as a JSON string (escaping makes it larger). */
   private readonly linkWss: WebSocketServer;
   private readonly linkByChannel = new Map<string, WebSocket>();
-  /** Each open link's socket, corked for the rest of the turn by a reply (`corkForTurn`). */
-  private readonly linkCorks = new WeakMap<WebSocket, () => void>();
+  /** Each open link's connection, corked for the rest of the turn by a reply (`corkForTurn`). */
+  private readonly linkSockets = new WeakMap<WebSocket, Duplex>();
   private readonly metricLinkFrames: Counter<'direction'>;
   private advertised: { stop(): Promise<void> } | null = null;
 
@@ -284,7 +284,7 @@ export class Gateway {
   private acceptLink(ws: WebSocket, socket: Duplex): void {
     if (this.closing) return void ws.close(CLOSE.GOING_AWAY);
     this.links.add(ws);
-    this.linkCorks.set(ws, corkForTurn(socket));
+    this.linkSockets.set(ws, socket);
     const channels: string[] = [];
     ws.on('message', (data) => {
       let f: LinkFrame;
@@ -320,7 +320,8 @@ export class Gateway {
     const ws = this.linkByChannel.get(channel);
     if (ws && ws.readyState === ws.OPEN) {
       this.metricLinkFrames.inc({ direction: 'out' });
-      this.linkCorks.get(ws)?.();
+      const socket = this.linkSockets.get(ws);
+      if (socket) corkForTurn(socket);
       return void ws.send(JSON.stringify({ k: 'r', channel, message } satisfies LinkFrame));
     }
     await this.deps.redis.publish(channel, message);
@@ -342,14 +343,11 @@ export class Gateway {
   private accept(ws: WebSocket, identity: RunnerIdentity, socket: Duplex): void {
     const gw = this;
     const now = Date.now();
-    // Frames for one runner in one turn (offers and acknowledgements answered from one read of
-    // Redis's answers) leave in one write.
-    const cork = corkForTurn(socket);
     const conn: Conn = {
       id: `c_${randomBytes(8).toString('hex')}`,
       identity,
       ws,
-      cork,
+      socket,
       state: 'hello',
       status: 'starting',
       capabilities: null,
@@ -370,7 +368,9 @@ export class Gateway {
       },
       send(type, payload, re) {
         if (ws.readyState !== ws.OPEN) return false;
-        cork();
+        // Frames for one runner in one turn (offers and acknowledgements answered from one read
+        // of Redis's answers) leave in one write.
+        corkForTurn(socket);
         ws.send(frame(type, gw.nextId(), payload, re));
         gw.metricFrames.inc({ direction: 'out', type });
         return true;
@@ -644,7 +644,7 @@ export class Gateway {
       return;
     }
     if (d.cancel) return c.cancelLease(d.cancel, d.cancel.reason, d.cancel.grace_ms);
-    c.cork();
+    corkForTurn(c.socket);
     c.ws.send(d.frame);
     this.metricFrames.inc({ direction: 'out', type: 'delivered' });
   }

@@ -3,8 +3,9 @@ import type { AddressInfo, Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
 import { WebSocket, WebSocketServer } from 'ws';
 import { ConfigError } from '@agentplane/core';
+import { corkForTurn } from '@agentplane/store';
 import { describe, expect, it } from 'vitest';
-import { corkForTurn, gatewayLinkUrlFrom, linkUrlFor } from './link.js';
+import { gatewayLinkUrlFrom, linkUrlFor } from './link.js';
 
 describe('GATEWAY_LINK_URL', () => {
   it('is a ws:// or wss:// origin, off, or unset', () => {
@@ -26,7 +27,7 @@ describe('GATEWAY_LINK_URL', () => {
   });
 });
 
-describe('corkForTurn', () => {
+describe('a gateway socket corked for the turn (corkForTurn)', () => {
   it('sends the frames of one turn in one socket write, in order, and later turns in writes of their own', async () => {
     const wss = new WebSocketServer({ noServer: true });
     const server: Server = createServer();
@@ -57,10 +58,9 @@ describe('corkForTurn', () => {
           orig(...a);
         };
       }
-      const cork = corkForTurn(socket);
       const first = all(3);
       for (const text of ['a', 'b', 'c']) {
-        cork();
+        corkForTurn(socket);
         ws.send(text);
       }
       // Still held: nothing of the turn has been written yet.
@@ -71,9 +71,9 @@ describe('corkForTurn', () => {
       expect(writes).toBe(1);
       // The next turn corks again.
       const second = all(5);
-      cork();
+      corkForTurn(socket);
       ws.send('d');
-      cork();
+      corkForTurn(socket);
       ws.send('e');
       expect(writes).toBe(1);
       await second;

@@ -103,28 +103,6 @@ interface Link {
   alive: boolean;
 }
 
-/**
- * Frames written to `socket` in one turn of the event loop leave in one write: the first call of
- * a turn corks the socket, and the turn's check phase (`setImmediate`) uncorks it. A gateway
- * node answers many offers in one turn under load (the Redis answers of many acceptances come
- * back in one read), and a runner is sent offers and acknowledgements from one read as well; one
- * write for them, where each frame took a system call of its own, and one read on the other
- * side. Call it before each `ws.send` on the socket (node links and runner sockets do).
- */
-export function corkForTurn(socket: { cork(): void; uncork(): void }): () => void {
-  let corked = false;
-  const release = () => {
-    corked = false;
-    socket.uncork();
-  };
-  return () => {
-    if (corked) return;
-    corked = true;
-    socket.cork();
-    setImmediate(release);
-  };
-}
-
 export interface NodeLinksOptions {
   redis: Redis;
   log: Logger;

@@ -10,4 +10,4 @@ export * from './subscriber.js';
 export * from './cache.js';
 export * from './read-cache.js';
 export * from './joiner.js';
-export { flushTickWrites } from './tick-writes.js';
+export { corkForTurn, flushTickWrites, type Corkable } from './tick-writes.js';

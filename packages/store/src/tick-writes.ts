@@ -11,8 +11,8 @@ import type { Cluster, Redis } from 'ioredis';
  * auto-pipelining gets that saving, but keeps one batch in flight per connection: commands issued
  * while a batch is out wait for its answer before they are written, so every request waits on
  * the requests before it (alternating runs of `bench:dispatch` at 200 Runs/s read a lease p50 of
- * 10–76 ms with it and 8–25 ms with this, lower in every pair: docs/RUNS.md), and it builds a pipeline, a callback and a deferred answer per command on top of
- * the command itself.
+ * 10–76 ms with it and 8–25 ms with this, lower in every pair: docs/RUNS.md), and it builds a
+ * pipeline, a callback and a deferred answer per command on top of the command itself.
  *
  * Here the first command a client writes in a turn corks its socket and the turn's check phase
  * (`setImmediate`, run after the I/O callbacks of the turn, as ioredis's auto-pipeline does)
@@ -24,6 +24,9 @@ import type { Cluster, Redis } from 'ioredis';
  * A write that another process must find before it acts on a message sent over another socket
  * (a frame to a gateway node, whose handler then reads Redis) is pushed out first with
  * `flushTickWrites()`.
+ *
+ * Other sockets take the same turn's hold with `corkForTurn` (the gateway's runner sockets and
+ * node links: the frames of one turn to one peer leave in one write).
  */
 
 const TICK_WRITES: unique symbol = Symbol.for('agentplane.tickWrites');
@@ -37,8 +40,15 @@ interface Coalesced {
   status: string;
 }
 
+/** A writable stream whose writes can be held (a `net.Socket`, an upgraded HTTP connection). */
+export interface Corkable {
+  cork(): void;
+  uncork(): void;
+  readonly writable: boolean;
+}
+
 /** Sockets corked in this turn, uncorked at its check phase or by `flushTickWrites`. */
-const corked = new Set<Socket>();
+const corked = new Set<Corkable>();
 let scheduled = false;
 
 function release(): void {
@@ -48,9 +58,24 @@ function release(): void {
   corked.clear();
 }
 
-/** Writes every command this process's coalescing clients hold back in the current turn, now. */
+/** Writes everything held back in the current turn (coalescing clients' commands, `corkForTurn`'s sockets), now. */
 export function flushTickWrites(): void {
   if (corked.size > 0) release();
+}
+
+/**
+ * Holds `socket`'s writes until the end of the current turn (its check phase) or
+ * `flushTickWrites()`, when they leave in one write. Call it before each write of the turn;
+ * calls after the first are free.
+ */
+export function corkForTurn(socket: Corkable): void {
+  if (corked.has(socket) || !socket.writable) return;
+  socket.cork();
+  corked.add(socket);
+  if (!scheduled) {
+    scheduled = true;
+    setImmediate(release);
+  }
 }
 
 /** Makes `client` (a single-server client, or each node client of a cluster) coalesce its writes per turn. Returns it. */
@@ -69,17 +94,7 @@ export function coalesceTickWrites<T extends Redis | Cluster>(client: T): T {
   const send = c.sendCommand;
   c.sendCommand = function sendCoalesced(this: Coalesced, command, stream) {
     // `stream` is set by an explicit pipeline, which writes its commands in one piece itself.
-    if (stream === undefined && this.status === 'ready') {
-      const socket = this.stream;
-      if (socket !== undefined && !corked.has(socket) && socket.writable) {
-        socket.cork();
-        corked.add(socket);
-        if (!scheduled) {
-          scheduled = true;
-          setImmediate(release);
-        }
-      }
-    }
+    if (stream === undefined && this.status === 'ready' && this.stream !== undefined) corkForTurn(this.stream);
     return send.call(this, command, stream);
   } as SendCommand;
   return client;
