@@ -312,7 +312,14 @@ async function main(): Promise<void> {
         process.stdout.write(`  CPU per Run as a multiple of the simulated runners': ${relativeTo('sim runners', before, after, ['api', 'scheduler', 'redis'])}\n`);
         process.stdout.write(`  write system calls per Run: ${perRun(writesBefore, writes(), one.sent)}\n`);
         levels.push(one);
-        floorSamples.push(...(await floor(p.redisSocketUrl(), rate)));
+        // The floor's own CPU per job (its Queue and Worker run in this process): what a job
+        // costs BullMQ alone, against what a Run costs the platform.
+        const floorPids = { 'bench (Queue and Worker)': process.pid, redis: pids.redis };
+        const floorBefore = Object.fromEntries(Object.entries(floorPids).map(([k, pid]) => [k, cpuMs(pid)]));
+        const lat = await floor(p.redisSocketUrl(), rate);
+        const floorAfter = Object.fromEntries(Object.entries(floorPids).map(([k, pid]) => [k, cpuMs(pid)]));
+        process.stdout.write(`  the floor's CPU ms per job: ${perRun(floorBefore, floorAfter, Math.max(1, lat.length))}\n`);
+        floorSamples.push(...lat);
       }
       const pooled = (pick: (l: Level) => number[]) => summarize(levels.flatMap(pick));
       const ours = {
