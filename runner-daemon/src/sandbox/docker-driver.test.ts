@@ -112,6 +112,25 @@ describe('docker sandbox driver', () => {
     await driver.destroy(session.id);
   });
 
+  it('an interrupt that comes while the exec is being started still kills the command', async () => {
+    const session = { id: sid() };
+    const sb = await driver.ensure(session, {});
+    // A first exec reads the container's OOM count: the next one goes straight to starting.
+    await driver.exec(sb, ['true']);
+    const controller = new AbortController();
+    const started = Date.now();
+    const running = driver.exec(sb, { script: 'sleep 600' }, { signal: controller.signal });
+    // The exec is being created in the engine now (past its check of the signal, before it listens).
+    controller.abort();
+    const res = await running;
+    expect(res.killed).toBe(true);
+    expect(res.exitCode).toBe(137);
+    expect(Date.now() - started).toBeLessThan(5_000);
+    const ps = await driver.exec(sb, ['ps', '-eo', 'args']);
+    expect(ps.stdout).not.toContain('sleep 600');
+    await driver.destroy(session.id);
+  });
+
   it('spawns a command with open stdio (the colocated harness) and kills its process group', async () => {
     const session = { id: sid() };
     const sb = await driver.ensure(session, {});

@@ -462,6 +462,9 @@ export class DockerDriver implements SandboxDriver {
     const timer = setTimeout(() => kill('timeout'), timeoutMs);
     const onAbort = (): void => kill('abort');
     options.signal?.addEventListener('abort', onAbort, { once: true });
+    // An abort that came while the exec was being created and started has fired already: a
+    // listener added after it never runs, and the command would run to its own end.
+    if (options.signal?.aborted) onAbort();
     try {
       await ended;
     } finally {
