@@ -157,6 +157,8 @@ export class RelayClient {
 
   /** Calls an MCP tool through the runner (the sandbox has no network). */
   callTool(toolUseId: string, name: string, input: unknown, signal: AbortSignal): Promise<{ content: string; is_error: boolean }> {
+    // Interrupted before it was asked for (the signal's event has fired already): not sent at all.
+    if (signal.aborted) return Promise.resolve({ content: 'Interrupted before the tool ran.', is_error: true });
     const id = `t${++this.seq}`;
     return new Promise((resolve) => {
       const onAbort = (): void => {

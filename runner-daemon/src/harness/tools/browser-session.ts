@@ -127,6 +127,9 @@ export class BrowserSession {
       if (err instanceof BrowserCrashError) throw err;
       throw new BrowserCrashError(`the browser could not start: ${(err as Error).message.split('\n')[0]}${diag ? `\n${diag}` : ''}`);
     }
+    // Interrupted while the browser or its page was starting: that event has fired already, and
+    // the op is not begun.
+    if (signal?.aborted) throw new BrowserInterrupted();
     let onDeath!: (why: string) => void;
     const death = new Promise<never>((_, reject) => {
       onDeath = (why) => reject(new BrowserCrashError(why));
