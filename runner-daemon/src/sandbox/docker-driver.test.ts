@@ -6,7 +6,7 @@ import { DockerDriver } from './docker-driver.js';
 import { ensureSandboxImage } from './image.js';
 import { materializeResources } from './resources.js';
 import { createTar } from './tar.js';
-import { assuranceFlags, driverSatisfies, SANDBOX_LABELS } from './types.js';
+import { assuranceFlags, driverSatisfies, SANDBOX_LABELS, type ExecResult, type Sandbox } from './types.js';
 
 const runnerId = `rtest-${randomBytes(4).toString('hex')}`;
 const docker = new Docker();
@@ -27,6 +27,16 @@ beforeAll(async () => {
 afterAll(async () => {
   await driver.reapOrphans(runnerId, []);
 });
+
+/** An interrupted `sleep 600` was killed, within bound, and nothing of it is left in the sandbox. */
+async function expectKilledInBound(sb: Sandbox, res: ExecResult, started: number): Promise<void> {
+  expect(res.killed).toBe(true);
+  expect(res.exitCode).toBe(137);
+  // Bound: the 3 s cancel bound (then the container is killed) plus exec latency under load.
+  expect(Date.now() - started).toBeLessThan(5_000);
+  const ps = await driver.exec(sb, ['ps', '-eo', 'args']);
+  expect(ps.stdout).not.toContain('sleep 600');
+}
 
 describe('docker sandbox driver', () => {
   it('keeps workspace files between commands, Runs and a container restart', async () => {
@@ -103,12 +113,7 @@ describe('docker sandbox driver', () => {
     const started = Date.now();
     setTimeout(() => controller.abort(), 300);
     const res = await driver.exec(sb, { script: 'sleep 600 & sleep 600' }, { signal: controller.signal });
-    expect(res.killed).toBe(true);
-    expect(res.exitCode).toBe(137);
-    // Bound: the 3 s cancel bound (then the container is killed) plus exec latency under load.
-    expect(Date.now() - started).toBeLessThan(5_000);
-    const ps = await driver.exec(sb, ['ps', '-eo', 'args']);
-    expect(ps.stdout).not.toContain('sleep 600');
+    await expectKilledInBound(sb, res, started);
     await driver.destroy(session.id);
   });
 
@@ -122,12 +127,7 @@ describe('docker sandbox driver', () => {
     const running = driver.exec(sb, { script: 'sleep 600' }, { signal: controller.signal });
     // The exec is being created in the engine now (past its check of the signal, before it listens).
     controller.abort();
-    const res = await running;
-    expect(res.killed).toBe(true);
-    expect(res.exitCode).toBe(137);
-    expect(Date.now() - started).toBeLessThan(5_000);
-    const ps = await driver.exec(sb, ['ps', '-eo', 'args']);
-    expect(ps.stdout).not.toContain('sleep 600');
+    await expectKilledInBound(sb, await running, started);
     await driver.destroy(session.id);
   });
 
