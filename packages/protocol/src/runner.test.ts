@@ -15,6 +15,17 @@ describe('runner frames', () => {
     expect(() => parseFrame(JSON.stringify({ v: 2, type: 'ack', id: 'x', payload: {} }), 'runner')).toThrow(/unsupported envelope version/);
     expect(() => parseFrame(JSON.stringify({ v: 1, type: 'lease.fail', id: 'x', payload: { lease_id: 'l', attempt: 0, failure_class: 'work', reason: 'r' } }), 'runner')).toThrow(FrameError);
   });
+  it("admits only the agent's own event types in a runner's events.batch", () => {
+    const batch = (type: string) => JSON.stringify({
+      v: 1, type: 'events.batch', id: 'x',
+      payload: { lease_id: 'l', attempt: 1, session_id: 's', events: [{ producer_key: 'l:0', type, payload: {} }] },
+    });
+    expect(parseFrame(batch('agent.tool_use'), 'runner').type).toBe('events.batch');
+    // A turn's status, a user's message and a name that smuggles a counter are the control plane's or nobody's.
+    for (const type of ['session.status_idle', 'user.message', 'exec.tool_invocation', 'x;last_event_at', 'agent.message=1']) {
+      expect(() => parseFrame(batch(type), 'runner'), type).toThrow(FrameError);
+    }
+  });
   it('refuses to build an invalid frame', () => {
     expect(() => frame('heartbeat', 'x', { status: 'ready', available_slots: -1, held_leases: [] })).toThrow(FrameError);
   });

@@ -74,6 +74,15 @@ export const CLOSE_REASON: Readonly<Record<number, string>> = Object.freeze({
 // ---- Shared shapes ------------------------------------------------------------------------
 
 const Str = (max = 256) => Type.String({ minLength: 1, maxLength: max });
+
+/**
+ * The Session event types a runner may append (`events.batch`): the agent's own events. The
+ * turn's status (`session.*`), the drive events (`user.*`) and tool invocations the control
+ * plane runs itself are written by the control plane only, so a runner cannot end a turn, speak
+ * for a user or forge a platform event in a Session's log.
+ */
+export const RUNNER_EVENT_TYPES = ['agent.message', 'agent.thinking', 'agent.tool_use', 'agent.tool_result', 'agent.plan'] as const;
+export type RunnerEventType = (typeof RUNNER_EVENT_TYPES)[number];
 const NonNeg = () => Type.Integer({ minimum: 0 });
 const Opt = Type.Optional;
 
@@ -192,7 +201,7 @@ export const PAYLOADS = {
       Obj({
         /** Idempotency: the same producer key is appended once; a retry gets the first seq back. */
         producer_key: Str(200),
-        type: Str(128),
+        type: Type.Union(RUNNER_EVENT_TYPES.map((t) => Type.Literal(t))),
         payload: Type.Unknown(),
       }),
       { minItems: 1, maxItems: 256 },
