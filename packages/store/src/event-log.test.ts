@@ -1,9 +1,11 @@
 import { mkdtempSync, rmSync } from 'node:fs';
+import { connect, createServer, type AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { Redis } from 'ioredis';
 import { startEmbeddedRedis, type EmbeddedRedis } from './embedded-redis.js';
+import { connectRedis } from './redis.js';
 import { EventLog, eventLogKeys, ISO_LUA, newEventId, QUEUE_HEAD, type LiveMessage } from './event-log.js';
 import { DocumentStore } from './documents.js';
 import { keys, tags } from './keys.js';
@@ -84,6 +86,51 @@ describe('event log', () => {
     expect(counters['s.events']).toBe('4');
   });
 
+  it('an append its client sends again after a dropped connection is appended once, with or without a producer key', async () => {
+    // A proxy that passes everything but, once armed, drops both sides right after the next
+    // script reached Redis and before its answer: the client reconnects and sends it again.
+    let armed = false;
+    const proxy = createServer((client) => {
+      const up = connect(server.port, '127.0.0.1');
+      let dropAnswer = false;
+      client.on('data', (d) => {
+        if (armed && /evalsha/i.test(d.toString('latin1'))) {
+          armed = false;
+          dropAnswer = true;
+        }
+        up.write(d);
+      });
+      up.on('data', (d) => {
+        if (!dropAnswer) return void client.write(d);
+        client.destroy();
+        up.destroy();
+      });
+      for (const sock of [client, up]) sock.on('error', () => undefined);
+      client.on('close', () => up.destroy());
+      up.on('close', () => client.destroy());
+    });
+    await new Promise<void>((resolve) => proxy.listen(0, '127.0.0.1', resolve));
+    const { password } = new URL(server.url);
+    const client = connectRedis(`redis://:${password}@127.0.0.1:${(proxy.address() as AddressInfo).port}`, { name: 'resend-test' });
+    client.on('error', () => undefined);
+    try {
+      const viaProxy = new EventLog(client);
+      for (const ev of [{ type: 'user.message', payload: { n: 1 } }, { type: 'user.message', payload: { n: 2 }, producer_key: 'drive:x' }]) {
+        const s = sess();
+        await viaProxy.append(s, [{ type: 'warm', payload: {} }]); // connected, scripts loaded
+        armed = true;
+        // Answered once, on the new connection, after the script ran on Redis twice.
+        const r = await viaProxy.append(s, [ev]);
+        expect(armed).toBe(false);
+        expect(r.ok && r.events.map((e) => e.seq)).toEqual([2]);
+        expect((await log.range(s, 0, 10)).map((e) => e.type)).toEqual(['warm', 'user.message']);
+      }
+    } finally {
+      client.disconnect();
+      proxy.close();
+    }
+  });
+
   it('checks the lease fence against the Redis clock', async () => {
     const s = sess();
     expect(await log.append(s, [{ type: 'a', payload: {} }], { fence: 'tok' })).toEqual({ ok: false, reason: 'fenced', detail: 'mismatch' });
@@ -103,6 +150,20 @@ describe('event log', () => {
     expect(c['s.usage.output_tokens']).toBe('12');
     expect(c['t.sthr_a.usage.output_tokens']).toBe('12');
     expect(c['s.events.agent.message']).toBe('2');
+  });
+
+  it('a type holding the counters\' separators counts only as an event, and the log goes on', async () => {
+    const s = sess();
+    await log.append(s, [{ type: 'agent.message', payload: {} }]);
+    // `x;last_event_at` once became a counter named `last_event_at` (a time, not a number): the
+    // script failed after its XADD, and every later append of the Session failed with it.
+    const odd = await log.append(s, [{ type: 'x;last_event_at', payload: {} }, { type: 'y=1', payload: {} }]);
+    expect(odd.ok && odd.events.map((e) => e.seq)).toEqual([2, 3]);
+    const next = await log.append(s, [{ type: 'agent.message', payload: {} }]);
+    expect(next.ok && next.events.map((e) => e.seq)).toEqual([4]);
+    const c = await log.counters(s);
+    expect(c['s.events']).toBe('4');
+    expect(Object.keys(c).filter((k) => k.includes(';') || k.includes('='))).toEqual([]);
   });
 
   it('erase drops content, keeps the marker, refuses appends', async () => {

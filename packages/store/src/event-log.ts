@@ -29,6 +29,13 @@ import { Joiner } from './joiner.js';
 
 /** How long a producer key is remembered: a retry within this window never duplicates. */
 export const PRODUCER_KEY_TTL_MS = 7 * 24 * 3600 * 1000;
+/**
+ * How long an event appended without a producer key is known by its id (`id:<evt id>` in the
+ * producer keys): a Redis client sends a command again on its new connection when the old one
+ * dropped before the answer came (ioredis does so by default), and a script that had run would
+ * otherwise append its events twice. A resend comes within seconds of the reconnect, or never.
+ */
+export const RESEND_GUARD_MS = 10 * 60 * 1000;
 /** Live messages carry the events inline up to this many bytes; past it, only the range. */
 export const LIVE_INLINE_MAX_BYTES = 64 * 1024;
 /** Most events one append call may carry. */
@@ -248,8 +255,14 @@ local size = 0
 for i = 0, n - 1 do
   local b = 6 + i * 4
   local pk = ARGV[b]
-  local existing = false
-  if pk ~= '' then existing = redis.call('HGET', KEYS[3], pk) end
+  -- No producer key: the event's id stands for one, for a short while (RESEND_GUARD_MS), and is
+  -- recorded as if from that long ago, so the prune below drops it once that while is over.
+  local since = now_ms
+  if pk == '' then
+    pk = 'id:' .. ARGV[b + 1]
+    since = now_ms - ttl + ${RESEND_GUARD_MS}
+  end
+  local existing = redis.call('HGET', KEYS[3], pk)
   if existing then
     local rows = redis.call('XRANGE', KEYS[1], existing .. '-0', existing .. '-0')
     local body = ''
@@ -260,10 +273,8 @@ for i = 0, n - 1 do
     seq = seq + 1
     local body = '{"id":"' .. ARGV[b + 1] .. '","seq":' .. seq .. ',"created_at":"' .. created .. '",' .. ARGV[b + 2]
     redis.call('XADD', KEYS[1], seq .. '-0', 'e', body)
-    if pk ~= '' then
-      redis.call('HSET', KEYS[3], pk, seq)
-      redis.call('ZADD', KEYS[4], now_ms, pk)
-    end
+    redis.call('HSET', KEYS[3], pk, seq)
+    redis.call('ZADD', KEYS[4], since, pk)
     for f, v in string.gmatch(ARGV[b + 3], '([^=;]+)=(-?%d+)') do redis.call('HINCRBY', KEYS[6], f, v) end
     fresh[#fresh + 1] = body
     size = size + #body
@@ -472,7 +483,9 @@ return want`,
  */
 function encodeCounters(ev: AppendEvent): string {
   const threadId = ev.session_thread_id ?? null;
-  const parts = ['s.events=1', `s.events.${ev.type}=1`];
+  // The counters travel as `name=value;…`: a type or name holding either separator would write
+  // another counter (or a field that is not one, failing the script after its first write).
+  const parts = /[=;]/.test(ev.type) ? ['s.events=1'] : ['s.events=1', `s.events.${ev.type}=1`];
   for (const [name, value] of Object.entries(ev.counters ?? {})) {
     if (!Number.isInteger(value) || value === 0 || /[=;]/.test(name)) continue;
     parts.push(`s.${name}=${value}`);
