@@ -1,4 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createHash } from 'node:crypto';
 import { Redis } from 'ioredis';
 import { HttpClient, streamEvents, type SseFrame } from '@agentplane/client';
 import { EnqueueOutbox, SessionStore, ThreadRuntime, recordOnlyTurnScheduler, sessionTag, type RunDoc, type SessionDoc, type WaitKind } from '@agentplane/domain';
@@ -516,6 +517,25 @@ describe('drive events', () => {
     const doc = await sessionDoc(s.id);
     const evs = await api.get<{ data: Json[] }>(`/v1/sessions/${s.id}/threads/${doc._primary_thread_id}/events`);
     expect(evs.data.filter((e) => e.type === 'user.message')).toHaveLength(1);
+  });
+
+  it('an Idempotency-Key used again after its record has gone sends the new message, not the old one', async () => {
+    const s = await newSession();
+    const a = await api.request<Json>('POST', `/v1/sessions/${s.id}/events`, { body: msg('first'), idempotencyKey: 'drive-expired' });
+    expect(a.status).toBe(201);
+    // The record's day is over (its key removed, as its TTL would): the log's own guard, which
+    // lives a week, must not answer a different message with the first one.
+    const records = await redis.keys(`*:idem:${createHash('sha256').update('drive-expired').digest('hex')}`);
+    expect(records).toHaveLength(1);
+    await redis.del(...records);
+    const b = await api.request<Json>('POST', `/v1/sessions/${s.id}/events`, { body: msg('second'), idempotencyKey: 'drive-expired' });
+    expect(b.status).toBe(201);
+    expect(b.body.id).not.toBe(a.body.id);
+    const doc = await sessionDoc(s.id);
+    const evs = await api.get<{ data: Json[] }>(`/v1/sessions/${s.id}/threads/${doc._primary_thread_id}/events`);
+    const sent = evs.data.filter((e) => e.type === 'user.message').map((e) => JSON.stringify(e.payload));
+    expect(sent).toHaveLength(2);
+    expect([sent[0]?.includes('first'), sent[1]?.includes('second')]).toEqual([true, true]);
   });
 
   it('tool results only for the exact current wait generation; exact replay returns the original', async () => {

@@ -371,7 +371,11 @@ export class SessionService {
     // A message into a thread that could start a turn (as last read, or not known without a
     // read) records the start's intent beside the append, not after it.
     const intent = queue ? this.d.runtime.intendStart(session, thread) : undefined;
-    const producerKey = idemKey ? `drive:${sha256Hex(idemKey)}` : undefined;
+    // The log's own guard against a retry whose first attempt was appended but never answered
+    // (the API died, or the idempotency record was not written). It names the request, not only
+    // its key: the key's record lives a day and the log's producer keys a week, so the same key
+    // with another body after the record has gone is a new message, not the old one again.
+    const producerKey = idemKey ? `drive:${sha256Hex(`${idemKey}\0${canonicalJson([input.type, threadId, input.payload])}`)}` : undefined;
     // A message into a thread known to be able to start: the message and the start in one script.
     if (intent && thread) {
       const started = await this.d.runtime.startWithMessage(session, thread, {
