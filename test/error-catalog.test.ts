@@ -59,6 +59,10 @@ function declaredTypes(response: unknown): string[] | undefined {
 
 const errType = (body: unknown): string | undefined => (body as { error?: { type?: string } }).error?.type;
 
+/** An agent whose custom tool's input schema nests `depth` levels. */
+const deepAgent = (depth: number) =>
+  `{"name":"deep","model":"default","tools":[{"type":"custom","name":"t","description":"d","input_schema":{"type":"object","properties":{"a":${'{"x":'.repeat(depth)}1${'}'.repeat(depth)}}}}]}`;
+
 describe('error types: the catalog and nothing else', () => {
   it('every error response the OpenAPI document declares names catalog types only, each under its catalog status', () => {
     const paths = doc.paths as Record<string, Record<string, { operationId: string; responses: Record<string, unknown> }>>;
@@ -118,6 +122,9 @@ describe('error types: the catalog and nothing else', () => {
       ['an unknown path', '/v1/nope', { method: 'GET' }, 404, 'validation.not_found'],
       ['a text/plain body', '/v1/agents', { method: 'POST', body: 'hello', headers: { 'content-type': 'text/plain' } }, 400, 'validation.malformed'],
       ['JSON where a multipart upload is expected', '/v1/files', { method: 'POST', body: '{}', headers: { 'content-type': 'application/json' } }, 400, 'validation.malformed'],
+      // Nested past 256 levels: refused before any recursive code (the key's fingerprint, storage) overflowed into a 500.
+      ['a body nested 5,000 levels deep, with an Idempotency-Key', '/v1/agents', { method: 'POST', body: deepAgent(5000), headers: { 'content-type': 'application/json', 'idempotency-key': 'deep-1' } }, 400, 'validation.malformed'],
+      ['a tool schema nested 10,000 levels deep', '/v1/agents', { method: 'POST', body: deepAgent(10_000), headers: { 'content-type': 'application/json' } }, 400, 'validation.malformed'],
     ];
     for (const [what, path, init, status, type] of cases) {
       const r = await fetch(`${p.baseUrl}${path}`, {
@@ -128,5 +135,13 @@ describe('error types: the catalog and nothing else', () => {
       expect([r.status, errType(body)], what).toEqual([status, type]);
       expect(CATALOG[errType(body) ?? '']).toBe(r.status);
     }
+    // The MCP edge reads its messages the same way: a JSON-RPC parse error carrying the wire error.
+    const mcp = await fetch(`${p.baseUrl}/v1/mcp`, {
+      method: 'POST',
+      body: `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","arguments":{"a":${'['.repeat(5000)}${']'.repeat(5000)}}}}`,
+      headers: { authorization: `Bearer ${p.bootstrap.root_key}`, 'content-type': 'application/json', accept: 'application/json, text/event-stream', 'mcp-protocol-version': '2025-06-18' },
+    });
+    const rpc = (await mcp.json()) as { error?: { code?: number; data?: unknown } };
+    expect([mcp.status, rpc.error?.code, errType(rpc.error?.data)]).toEqual([400, -32700, 'validation.malformed']);
   });
 });

@@ -1,6 +1,6 @@
 import type { IncomingMessage } from 'node:http';
 import getRawBody from 'raw-body';
-import { ApiError } from '@agentplane/core';
+import { ApiError, jsonDepth, MAX_JSON_NESTING } from '@agentplane/core';
 
 const tooLarge = (limit: number) =>
   new ApiError('validation.payload_too_large', `the request body exceeds the limit of ${limit} bytes`);
@@ -26,6 +26,7 @@ export async function readJsonBody(req: IncomingMessage, limit: number): Promise
   if (whole !== undefined && whole.length > limit) throw tooLarge(limit);
   const text = whole !== undefined ? whole.toString('utf8') : await streamedBody(req, limit, declared);
   if (text.length === 0) return undefined;
+  if (jsonDepth(text) > MAX_JSON_NESTING) throw new ApiError('validation.malformed', `the request body's JSON nests deeper than ${MAX_JSON_NESTING} levels`);
   try {
     return JSON.parse(text) as unknown;
   } catch (err) {

@@ -4,6 +4,7 @@ export * from './logger.js';
 export * from './crypto.js';
 export * from './scrub.js';
 export * from './canonical-json.js';
+export * from './json-depth.js';
 export * from './schema.js';
 export * from './config.js';
 export * from './time.js';

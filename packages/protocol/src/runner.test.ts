@@ -10,6 +10,9 @@ describe('runner frames', () => {
   });
   it('rejects non-JSON, unknown fields, wrong direction and bad payloads with FrameError', () => {
     expect(() => parseFrame('{', 'runner')).toThrow(FrameError);
+    // A payload nested past the platform's limit never reaches the parser or the log.
+    const deep = '['.repeat(300) + ']'.repeat(300);
+    expect(() => parseFrame(`{"v":1,"type":"events.batch","id":"x","payload":{"lease_id":"l","attempt":1,"session_id":"s","events":[{"producer_key":"k","type":"agent.message","payload":${deep}}]}}`, 'runner')).toThrow(/nests deeper than 256/);
     expect(() => parseFrame(JSON.stringify({ v: 1, type: 'ack', id: 'x', payload: {}, extra: 1 }), 'runner')).toThrow(/unknown field 'extra'/);
     expect(() => parseFrame(JSON.stringify({ v: 1, type: 'welcome', id: 'x', payload: {} }), 'runner')).toThrow(/unknown message type 'welcome' from the runner/);
     expect(() => parseFrame(JSON.stringify({ v: 2, type: 'ack', id: 'x', payload: {} }), 'runner')).toThrow(/unsupported envelope version/);

@@ -3,7 +3,7 @@
  * envelope `{v, type, id, re?, payload}`. Both ends validate every frame against the schemas
  * below (unknown fields rejected). docs/PROTOCOL.md describes every message.
  */
-import { Obj, Type, validator, ApiError, type Static, type TSchema } from '@agentplane/core';
+import { Obj, Type, validator, ApiError, jsonDepth, MAX_JSON_NESTING, type Static, type TSchema } from '@agentplane/core';
 
 /** Protocol versions this build speaks, newest first. */
 export const RUNNER_PROTOCOL_VERSIONS = [1] as const;
@@ -376,6 +376,7 @@ export function parseFrame(data: string, from: 'runner'): RunnerMessage;
 export function parseFrame(data: string, from: 'gateway'): GatewayMessage;
 export function parseFrame(data: string, from: 'runner' | 'gateway'): AnyEnvelope {
   let value: unknown;
+  if (jsonDepth(data) > MAX_JSON_NESTING) throw new FrameError(`frame nests deeper than ${MAX_JSON_NESTING} levels`);
   try {
     value = JSON.parse(data);
   } catch {
