@@ -140,6 +140,32 @@ describe('API keys', () => {
     expect(errType(rot)).toBe('runtime.invalid_transition');
   });
 
+  it("the organization's last live root key is neither re-roled nor revoked; one of two is", async () => {
+    type Key = { id: string; role: string; status: string; scope: { type: string } };
+    const live = async () => {
+      const all: Key[] = [];
+      for (let page: string | null | undefined; ;) {
+        const r = await p.root.get<{ data: Key[]; next_page: string | null }>(`/v1/organizations/${org}/api-keys`, { limit: 100, ...(page ? { page } : {}) });
+        all.push(...r.data);
+        if (!(page = r.next_page)) break;
+      }
+      return all.filter((k) => k.status === 'active' && k.role === 'root' && k.scope.type === 'organization');
+    };
+    // Down to the bootstrap key (the oldest) alone: earlier tests may have made other root keys.
+    const [bootstrap, ...others] = await live();
+    for (const k of others) expect((await p.root.request('POST', `/v1/api-keys/${k.id}/revoke`, { body: {} })).status).toBe(200);
+    const id = (bootstrap as Key).id;
+    for (const [method, path, body] of [['PATCH', `/v1/api-keys/${id}`, { role: 'viewer' }], ['POST', `/v1/api-keys/${id}/revoke`, {}]] as const) {
+      const r = await p.root.request(method, path, { body });
+      expect([r.status, errType(r)], `${method} ${path}`).toEqual([409, 'runtime.invalid_transition']);
+    }
+    expect((await p.root.request('GET', '/v1/support/capabilities')).status).toBe(200);
+    // With a second root key, either may go.
+    const second = await newKey('root', null);
+    expect((await p.root.request('PATCH', `/v1/api-keys/${second.id}`, { body: { role: 'admin' } })).status).toBe(200);
+    expect((await p.root.request('PATCH', `/v1/api-keys/${id}`, { body: { role: 'viewer' } })).status).toBe(409);
+  });
+
   it('on one kept-alive connection, each request is the bearer it carries, and a revoked key is refused on the next', async () => {
     const a = await newKey('developer', wsA);
     const b = await newKey('developer', wsB);

@@ -90,12 +90,39 @@ export class IdentityService {
     return k;
   }
 
+  /**
+   * Whether the organization keeps a live organization-scoped root key besides `exceptId`: only
+   * such a key manages keys, so the last one re-roled or revoked would leave nobody able to
+   * issue another through the API. (Two root keys changed at the same moment could still both
+   * pass; a key is never changed without a root caller, so that takes two at once.)
+   */
+  private async otherLiveRoot(orgId: string, exceptId: string): Promise<boolean> {
+    let page: string | undefined;
+    for (;;) {
+      const r = await this.docs.list<ApiKey>(tags.org(orgId), 'api_keys', { limit: 200, order: 'asc', ...(page ? { page } : {}) },
+        (k) => k.id !== exceptId && k.status === 'active' && k.role === 'root' && k.scope.type === 'organization');
+      if (r.data.length > 0) return true;
+      if (!r.next_page) return false;
+      page = r.next_page;
+    }
+  }
+
+  /** Refuses a change that takes the organization's last live root key away (see `otherLiveRoot`). */
+  private async keepOneRoot(orgId: string, id: string, losesRoot: (k: ApiKey) => boolean): Promise<void> {
+    const k = await this.getApiKey(orgId, id);
+    if (k.status !== 'active' || k.role !== 'root' || k.scope.type !== 'organization' || !losesRoot(k)) return;
+    if (!(await this.otherLiveRoot(orgId, id))) {
+      throw new ApiError('runtime.invalid_transition', `${id} is the organization's last live root key: create another root key before re-roling or revoking it`);
+    }
+  }
+
   async patchApiKey(
     orgId: string,
     id: string,
     patch: { display_name?: string | undefined; role?: Role | undefined; rate_limit_per_minute?: number | null | undefined },
     expectedVersion?: number,
   ): Promise<ApiKey> {
+    if (patch.role !== undefined) await this.keepOneRoot(orgId, id, () => patch.role !== 'root');
     const next = await this.docs.update<ApiKey>(
       tags.org(orgId),
       id,
@@ -131,6 +158,7 @@ export class IdentityService {
   }
 
   async revokeApiKey(orgId: string, id: string, expectedVersion?: number): Promise<ApiKey> {
+    await this.keepOneRoot(orgId, id, () => true);
     const next = await this.docs.update<ApiKey>(
       tags.org(orgId),
       id,
