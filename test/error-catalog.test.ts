@@ -115,6 +115,18 @@ describe('error types: the catalog and nothing else', () => {
     expect(huge).toMatch(/^HTTP\/1\.1 431 [^\r]*\r\nRequest-Id: \S+/);
   });
 
+  it('an id is checked against its prefix in a query and inside a body, as in a path', async () => {
+    const zeros = '0'.repeat(32);
+    const headers = { authorization: `Bearer ${p.bootstrap.root_key}`, 'service-version': '2026-08-27', 'content-type': 'application/json' };
+    const list = await fetch(`${p.baseUrl}/v1/sessions?automation_id=sess_${zeros}`, { headers });
+    expect([list.status, errType(await list.json())]).toEqual([400, 'validation.malformed']);
+    const agent = await fetch(`${p.baseUrl}/v1/agents`, {
+      method: 'POST', headers,
+      body: JSON.stringify({ name: 'bad-ref', model: 'default', mcp_servers: [{ name: 'm', type: 'a2a_tool_source', tool_source_id: 'tsrc_abc' }] }),
+    });
+    expect([agent.status, errType(await agent.json())]).toEqual([400, 'validation.malformed']);
+  });
+
   it('the answers that used to leave the catalog now stay in it', async () => {
     const cases: Array<[string, string, RequestInit, number, string]> = [
       ['an unserved method on a collection', '/v1/agents', { method: 'PUT', body: '{}', headers: { 'content-type': 'application/json' } }, 404, 'validation.not_found'],

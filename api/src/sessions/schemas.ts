@@ -133,7 +133,7 @@ export const ListSessionsQuery = Obj({
   page: Type.Optional(Cursor()),
   order: Type.Optional(Type.Union([Type.Literal('desc'), Type.Literal('asc')])),
   agent_id: Type.Optional(Id('agent')),
-  automation_id: Type.Optional(Type.String({ pattern: '^[a-z]+_[0-9a-f]{32}$' })),
+  automation_id: Type.Optional(Id('automation')),
   created_after: Type.Optional(Type.String({ format: 'date-time' })),
   created_before: Type.Optional(Type.String({ format: 'date-time' })),
   include_archived: Type.Optional(Type.Boolean()),

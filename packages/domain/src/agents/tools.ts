@@ -1,5 +1,5 @@
 /** The tool and MCP server entries an Agent (and the snapshot each Run carries) declares. */
-import { Obj, Type, type Static } from '@agentplane/core';
+import { Id, Obj, Type, type Static } from '@agentplane/core';
 
 export const Permission = Type.Union([Type.Literal('always_allow'), Type.Literal('always_ask')]);
 export const BUILTIN_TOOLS = [
@@ -37,7 +37,7 @@ export const UrlMcpServer = Obj({
 export const A2aToolSourceServer = Obj({
   name: ToolName,
   type: Type.Literal('a2a_tool_source'),
-  tool_source_id: Type.String({ pattern: '^tsrc_[A-Za-z0-9]+$', maxLength: 64 }),
+  tool_source_id: Id('toolSource'),
   permission: Type.Optional(Type.Literal('always_ask')),
 });
 export const McpServer = Type.Union([UrlMcpServer, A2aToolSourceServer]);
