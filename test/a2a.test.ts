@@ -286,6 +286,23 @@ describe('A2A rejections', () => {
     await expect(p).rejects.toMatchObject({ name });
   };
 
+  it('refuses ListTasks params it cannot read, and a body that is not application/json, instead of answering as if none were given', async () => {
+    const rpc = async (params: Record<string, unknown>, contentType = 'application/json') => {
+      const r = await fetch(endpoint, {
+        method: 'POST', headers: { authorization: `Bearer ${userSecret}`, 'a2a-version': '1.0', 'content-type': contentType },
+        body: JSON.stringify({ jsonrpc: '2.0', id: 9, method: 'ListTasks', params }),
+      });
+      return { status: r.status, body: (await r.json()) as { error?: { code?: number }; result?: unknown } };
+    };
+    for (const params of [{ pageSize: 'abc' }, { status: 'zzz' }, { statusTimestampAfter: 'garbage' }]) {
+      const r = await rpc(params);
+      expect([r.status, r.body.error?.code], JSON.stringify(params)).toEqual([200, -32602]);
+    }
+    expect((await rpc({ pageSize: 5 })).body.result).toBeDefined();
+    const plain = await rpc({}, 'text/plain');
+    expect([plain.status, plain.body.error?.code, plain.body.result]).toEqual([200, -32700, undefined]);
+  });
+
   it('refuses push notifications, extensions and extension URIs, referenceTaskIds, non-text parts, ZDR and the tenant field', async () => {
     const client = await clientFor(userSecret);
     await rejected(client.sendMessage(msg('x', {}, { configuration: { taskPushNotificationConfig: { url: 'https://example.com/hook' } } })), 'PushNotificationNotSupportedError');

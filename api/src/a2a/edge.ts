@@ -13,7 +13,7 @@ import { ApiError, closedLabel, Counter, ERROR_STATUS, reportIncident, type Logg
 import { traceOf } from '../http/router.js';
 import type { ApiDeps } from '../deps.js';
 import { authenticate } from '../http/authenticate.js';
-import { isUnparseableJson, readJsonBody } from '../http/body.js';
+import { readJsonBody } from '../http/body.js';
 import type { Caller } from '../http/caller.js';
 import { enforceRateLimit } from '../http/rate-limit.js';
 import type { PermissionAction } from '../governance/permissions.js';
@@ -209,7 +209,8 @@ export function a2aEdge(deps: ApiDeps): Koa.Middleware {
       if (!(err instanceof ApiError)) throw err;
       body = undefined;
       if (err.status === 413) return wire(ctx, err);
-      if (isUnparseableJson(err)) notJson = err.message;
+      // Not JSON, not application/json, nested too deep, cut short: no message to dispatch.
+      notJson = err.message;
     }
     const msg = isObj(body) ? body : null;
     const method = typeof msg?.method === 'string' ? msg.method : 'invalid';

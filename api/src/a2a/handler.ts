@@ -310,6 +310,11 @@ export class SessionTaskHandler implements A2ARequestHandler {
   async listTasks(params: ListTasksRequest, ctx: ServerCallContext): Promise<ListTasksResponse> {
     const c = callOf(ctx);
     if (ctx.tenant !== undefined) throw new UnsupportedOperationError('the A2A tenant field is not accepted');
+    // The transport's decoding turns what it cannot read into NaN or an unknown enum value:
+    // refused here, not taken as "no filter" or a page of nothing.
+    if (params.pageSize !== undefined && !Number.isInteger(params.pageSize)) throw new RequestMalformedError('pageSize must be an integer');
+    if (params.status !== undefined && (params.status < 0 || TaskState[params.status] === undefined)) throw new RequestMalformedError('status is not a TaskState');
+    if (params.statusTimestampAfter && Number.isNaN(Date.parse(params.statusTimestampAfter))) throw new RequestMalformedError('statusTimestampAfter must be an RFC 3339 timestamp');
     const pageSize = Math.min(Math.max(params.pageSize ?? 50, 1), MAX_LIST_PAGE);
     let offset = 0;
     if (params.pageToken) {
