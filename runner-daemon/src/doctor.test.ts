@@ -2,7 +2,8 @@ import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { describe, expect, it } from 'vitest';
 import type { RunnerCredentialFile } from './config.js';
-import { checkControlPlane } from './doctor.js';
+import { canaryOptions, checkControlPlane } from './doctor.js';
+import { SANDBOX_LABELS } from './sandbox/types.js';
 
 /** A local port nothing listens on (a server's, once closed). */
 async function closedPort(): Promise<number> {
@@ -30,5 +31,20 @@ describe('doctor: control plane checks', () => {
 
   it('without a credential there is nothing to check but pairing', async () => {
     expect(await checkControlPlane(null)).toMatchObject([{ name: 'paired', ok: false }]);
+  });
+});
+
+describe('doctor: the canary container', () => {
+  it('is labelled managed and its runner\'s, like a sandbox, so that the reapers find one left behind', () => {
+    const config = { configDir: '/home/runner/.agentplane/runner', sandboxScope: 'scope_1' };
+    const { Labels } = canaryOptions('agentplane/sandbox:latest', config, cred('http://127.0.0.1:1'));
+    expect(Labels).toMatchObject({
+      [SANDBOX_LABELS.managed]: 'true', [SANDBOX_LABELS.runner]: 'runner_1', [SANDBOX_LABELS.home]: config.configDir,
+      [SANDBOX_LABELS.workspace]: 'wksp_1', [SANDBOX_LABELS.scope]: 'scope_1', 'dev.agentplane.canary': 'true',
+    });
+    // Never a Session's: it is not adopted as a kept workspace.
+    expect(Labels).not.toHaveProperty(SANDBOX_LABELS.session);
+    // Unpaired: no runner yet, but still managed and attributed to this config directory.
+    expect(canaryOptions('agentplane/sandbox:latest', config, null).Labels).toMatchObject({ [SANDBOX_LABELS.managed]: 'true', [SANDBOX_LABELS.home]: config.configDir });
   });
 });

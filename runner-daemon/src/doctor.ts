@@ -5,6 +5,7 @@ import { apiUrl } from '@agentplane/core';
 import { dockerFacts } from './capabilities.js';
 import type { DaemonConfig, RunnerCredentialFile } from './config.js';
 import { probeCredential } from './probe.js';
+import { attributionLabels, canaryLabels } from './sandbox/types.js';
 
 export interface Check {
   name: string;
@@ -54,7 +55,27 @@ export async function checkControlPlane(cred: RunnerCredentialFile | null): Prom
   return out;
 }
 
-async function checkDocker(docker: Docker, image: string): Promise<Check[]> {
+/**
+ * The doctor's canary container: no network, read-only root, no capabilities. Labelled like the
+ * runner's own sandboxes, so that a doctor killed before removing it leaves nothing the reapers
+ * would not find.
+ */
+export function canaryOptions(image: string, config: Pick<DaemonConfig, 'configDir' | 'sandboxScope'>, cred: RunnerCredentialFile | null): Docker.ContainerCreateOptions {
+  const attribution = attributionLabels({
+    home: config.configDir,
+    ...(cred ? { workspaceId: cred.workspace_id } : {}),
+    ...(config.sandboxScope ? { scope: config.sandboxScope } : {}),
+  });
+  return {
+    Image: image,
+    Cmd: ['/bin/sh', '-c', 'exit 0'],
+    Labels: canaryLabels(cred?.runner_id, attribution),
+    NetworkDisabled: true,
+    HostConfig: { NetworkMode: 'none', ReadonlyRootfs: true, CapDrop: ['ALL'], SecurityOpt: ['no-new-privileges'], PidsLimit: 64, Memory: 64 * 1024 * 1024, AutoRemove: false },
+  };
+}
+
+async function checkDocker(docker: Docker, image: string, canary: Docker.ContainerCreateOptions): Promise<Check[]> {
   const facts = await dockerFacts(docker);
   if (!facts) {
     return [{ name: 'docker engine answers', ok: false, detail: 'no answer from the Docker engine', fix: 'start dockerd and make its socket readable by this user (e.g. add the user to the docker group), or set DOCKER_SOCKET' }];
@@ -71,13 +92,7 @@ async function checkDocker(docker: Docker, image: string): Promise<Check[]> {
   let container: Docker.Container | undefined;
   try {
     container = await timeout(
-      docker.createContainer({
-        Image: image,
-        Cmd: ['/bin/sh', '-c', 'exit 0'],
-        Labels: { 'dev.agentplane.canary': 'true' },
-        NetworkDisabled: true,
-        HostConfig: { NetworkMode: 'none', ReadonlyRootfs: true, CapDrop: ['ALL'], SecurityOpt: ['no-new-privileges'], PidsLimit: 64, Memory: 64 * 1024 * 1024, AutoRemove: false },
-      }),
+      docker.createContainer(canary),
       15000,
       'canary create',
     );
@@ -109,6 +124,6 @@ async function checkGit(): Promise<Check> {
 }
 
 export async function runDoctor(config: DaemonConfig, cred: RunnerCredentialFile | null, docker: Docker): Promise<Check[]> {
-  const [cp, dk, git] = await Promise.all([checkControlPlane(cred), checkDocker(docker, config.sandboxImage), checkGit()]);
+  const [cp, dk, git] = await Promise.all([checkControlPlane(cred), checkDocker(docker, config.sandboxImage, canaryOptions(config.sandboxImage, config, cred)), checkGit()]);
   return [...cp, ...dk, git];
 }

@@ -26,8 +26,9 @@ export async function confinedPath(driver: SandboxDriver, sandbox: Sandbox, path
 
 export async function readConfined(driver: SandboxDriver, sandbox: Sandbox, path: string): Promise<string> {
   const r = await driver.exec(sandbox, ['bash', '-c', `${CONFINE}\ncat -- "$p"`, 'read', path, sandbox.workspace], { timeoutMs: 30_000, maxOutputBytes: MAX_FILE_BYTES });
-  if (r.exitCode !== 0) throw refused(r.stderr, path);
+  // Before the exit code: output cut at the cap may have ended the command.
   if (r.truncated) throw new acp.RequestError(-32602, `${path} is larger than ${MAX_FILE_BYTES} bytes`);
+  if (r.exitCode !== 0) throw refused(r.stderr, path);
   return r.stdout;
 }
 
@@ -39,11 +40,66 @@ export async function writeConfined(driver: SandboxDriver, sandbox: Sandbox, pat
   if (r.exitCode !== 0) throw refused(r.stderr, path);
 }
 
+/**
+ * Most output a terminal keeps, whatever `outputByteLimit` the agent asks for: the agent chooses
+ * the limit, the runner holds the bytes (per terminal, for as long as the terminal lives).
+ */
+export const MAX_TERMINAL_OUTPUT_BYTES = 1024 * 1024;
+
+/**
+ * A terminal's output: the last `limit` bytes, cut at a character boundary (ACP: truncation
+ * drops the beginning). Chunks are kept as they came and only the dropped head is cut off, so
+ * a long output costs time linear in its length; they are joined only when read.
+ */
+export class OutputTail {
+  private chunks: Buffer[] = [];
+  /** Index of the first kept chunk (dropped ones before it are released on compaction). */
+  private head = 0;
+  private size = 0;
+  truncated = false;
+
+  constructor(readonly limit: number) {}
+
+  add(chunk: Buffer): void {
+    if (chunk.length === 0) return;
+    this.chunks.push(chunk);
+    this.size += chunk.length;
+    if (this.size <= this.limit) return;
+    this.truncated = true;
+    this.drop(this.size - this.limit);
+    // A UTF-8 continuation byte is no character's start: drop it too.
+    while (this.size > 0 && ((this.chunks[this.head]?.[0] ?? 0) & 0xc0) === 0x80) this.drop(1);
+  }
+
+  text(): string {
+    return Buffer.concat(this.chunks.slice(this.head)).toString('utf8');
+  }
+
+  private drop(bytes: number): void {
+    let left = bytes;
+    while (left > 0) {
+      const first = this.chunks[this.head];
+      if (!first) break;
+      if (first.length <= left) {
+        this.head += 1;
+        this.size -= first.length;
+        left -= first.length;
+      } else {
+        this.chunks[this.head] = first.subarray(left);
+        this.size -= left;
+        left = 0;
+      }
+    }
+    if (this.head > 64 && this.head * 2 > this.chunks.length) {
+      this.chunks = this.chunks.slice(this.head);
+      this.head = 0;
+    }
+  }
+}
+
 interface Terminal {
   proc: SandboxProcess;
-  out: Buffer;
-  truncated: boolean;
-  limit: number;
+  out: OutputTail;
   exit: { exitCode: number | null; signal: string | null } | undefined;
   done: Promise<void>;
 }
@@ -57,22 +113,14 @@ export class Terminals {
     private readonly sandbox: Sandbox,
   ) {}
 
-  async create(command: string, args: string[], cwd: string, env: Record<string, string>, limit = 1024 * 1024): Promise<string> {
+  async create(command: string, args: string[], cwd: string, env: Record<string, string>, limit = MAX_TERMINAL_OUTPUT_BYTES): Promise<string> {
     const argv = args.length > 0 ? [command, ...args] : ['bash', '-c', command];
     const proc = await this.driver.spawn(this.sandbox, argv, { cwd, env });
     proc.stdin.end();
     const id = `term_${randomBytes(8).toString('hex')}`;
-    const t: Terminal = { proc, out: Buffer.alloc(0), truncated: false, limit, exit: undefined, done: Promise.resolve() };
-    const add = (c: Buffer): void => {
-      t.out = Buffer.concat([t.out, c]);
-      if (t.out.length > t.limit) {
-        // Keep the end, cut at a character boundary.
-        let cut = t.out.length - t.limit;
-        while (cut < t.out.length && ((t.out[cut] ?? 0) & 0xc0) === 0x80) cut += 1;
-        t.out = t.out.subarray(cut);
-        t.truncated = true;
-      }
-    };
+    const kept = Number.isFinite(limit) ? Math.min(Math.max(0, Math.floor(limit)), MAX_TERMINAL_OUTPUT_BYTES) : MAX_TERMINAL_OUTPUT_BYTES;
+    const t: Terminal = { proc, out: new OutputTail(kept), exit: undefined, done: Promise.resolve() };
+    const add = (c: Buffer): void => t.out.add(c);
     proc.stdout.on('data', add);
     proc.stderr.on('data', add);
     const streamsEnded = Promise.all([new Promise((r) => proc.stdout.once('end', r)), new Promise((r) => proc.stderr.once('end', r))]);
@@ -92,7 +140,7 @@ export class Terminals {
 
   output(id: string): acp.TerminalOutputResponse {
     const t = this.get(id);
-    return { output: t.out.toString('utf8'), truncated: t.truncated, ...(t.exit ? { exitStatus: t.exit } : {}) };
+    return { output: t.out.text(), truncated: t.out.truncated, ...(t.exit ? { exitStatus: t.exit } : {}) };
   }
 
   async waitForExit(id: string): Promise<acp.WaitForTerminalExitResponse> {

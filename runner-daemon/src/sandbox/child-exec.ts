@@ -18,7 +18,19 @@ export interface ChildOptions {
   /** Told each child's pid when it starts and when it has ended (for reapers). */
   onStart?(pid: number): void;
   onEnd?(pid: number): void;
+  /**
+   * Ends what a killed command left outside its process group (a descendant that called setsid):
+   * a timeout or abort must not leave it running, nor holding the command's stdout open.
+   */
+  killEscaped?(): Promise<void>;
 }
+
+/**
+ * How long output already written may still arrive once the command has exited or was killed. A
+ * descendant that left the process group can hold stdout open long after: waiting for the
+ * streams to close would wait for it.
+ */
+const OUTPUT_GRACE_MS = 250;
 
 /** SIGKILL to a process group; a group that is already gone is not an error. */
 export function killGroup(pid: number): void {
@@ -41,6 +53,46 @@ function start(argv: string[], o: ChildOptions, stdin: 'pipe' | 'ignore'): Child
   return spawn(file, args, { cwd: o.cwd, env: o.env, detached: true, stdio: [stdin, 'pipe', 'pipe'] });
 }
 
+interface Ended {
+  code: number | null;
+  signal: NodeJS.Signals | null;
+  spawnError?: Error;
+}
+
+/**
+ * The end of a command: when its streams close, or at the latest a short grace after it exited
+ * or was killed (`afterKill`). Its streams are then destroyed: nothing keeps reading them.
+ */
+function whenEnded(child: ChildProcess): { ended: Promise<Ended>; afterKill(): void } {
+  let afterKill = (): void => {};
+  const ended = new Promise<Ended>((resolve) => {
+    let exited: Ended = { code: null, signal: null };
+    let grace: NodeJS.Timeout | undefined;
+    let settled = false;
+    const settle = (e: Ended): void => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(grace);
+      child.stdout?.destroy();
+      child.stderr?.destroy();
+      resolve(e);
+    };
+    afterKill = (): void => {
+      // Past the grace, one more poll of the event loop first: output (or the streams' close)
+      // already waiting when a busy loop fired the timer late is read before the end.
+      grace ??= setTimeout(() => setImmediate(() => settle(exited)), OUTPUT_GRACE_MS);
+    };
+    child.on('error', (err) => settle({ code: null, signal: null, spawnError: err }));
+    child.on('exit', (code, signal) => {
+      exited = { code, signal };
+      afterKill();
+    });
+    child.on('close', (code, signal) => settle({ code, signal }));
+  });
+  // The executor ran already: afterKill is the grace timer's.
+  return { ended, afterKill };
+}
+
 /** Runs a command to its end under the exec contract (caps, timeout, abort). */
 export async function execChild(argv: string[], o: ChildOptions, options: ExecOptions = {}): Promise<ExecResult> {
   const started = Date.now();
@@ -59,27 +111,33 @@ export async function execChild(argv: string[], o: ChildOptions, options: ExecOp
     child.stdin.on('error', () => {});
     child.stdin.end(options.stdin);
   }
+  const end = whenEnded(child);
   let timedOut = false;
   let killed = false;
+  const kill = (): void => {
+    if (pid) killGroup(pid);
+    void o.killEscaped?.().catch(() => undefined);
+    end.afterKill();
+  };
   const timer = setTimeout(() => {
     timedOut = true;
-    if (pid) killGroup(pid);
+    kill();
   }, options.timeoutMs ?? EXEC_DEFAULTS.timeoutMs);
   const onAbort = (): void => {
     killed = true;
-    if (pid) killGroup(pid);
+    kill();
   };
   options.signal?.addEventListener('abort', onAbort, { once: true });
-  const { code, signal, spawnError } = await new Promise<{ code: number | null; signal: NodeJS.Signals | null; spawnError?: Error }>((resolve) => {
-    child.on('error', (err) => resolve({ code: null, signal: null, spawnError: err }));
-    child.on('close', (c, s) => resolve({ code: c, signal: s }));
-  });
+  const { code, signal, spawnError } = await end.ended;
   clearTimeout(timer);
   options.signal?.removeEventListener('abort', onAbort);
   if (pid) o.onEnd?.(pid);
   if (spawnError) throw new SandboxError('exec_failed', `spawn ${argv[0]}: ${spawnError.message}`, { cause: spawnError });
-  // The leader may be gone while members of its group still run: finish them too.
-  if (pid && (timedOut || killed)) killGroup(pid);
+  // The leader may be gone while members of its group, or what left it, still run: finish them too.
+  if (pid && (timedOut || killed)) {
+    killGroup(pid);
+    await o.killEscaped?.().catch(() => undefined);
+  }
   return {
     exitCode: timedOut || killed ? 137 : exitCodeOf(code, signal),
     stdout: stdout.text(),

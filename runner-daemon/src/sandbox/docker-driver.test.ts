@@ -2,11 +2,11 @@ import { randomBytes } from 'node:crypto';
 import Docker from 'dockerode';
 import { createLogger } from '@agentplane/core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { DockerDriver } from './docker-driver.js';
+import { DockerDriver, runawayBytes } from './docker-driver.js';
 import { ensureSandboxImage } from './image.js';
 import { materializeResources } from './resources.js';
 import { createTar } from './tar.js';
-import { assuranceFlags, driverSatisfies, SANDBOX_LABELS, type ExecResult, type Sandbox } from './types.js';
+import { assuranceFlags, driverSatisfies, EXEC_DEFAULTS, SANDBOX_LABELS, type ExecResult, type Sandbox } from './types.js';
 
 const runnerId = `rtest-${randomBytes(4).toString('hex')}`;
 const docker = new Docker();
@@ -164,11 +164,24 @@ describe('docker sandbox driver', () => {
     const big = await driver.exec(sb, { script: 'head -c 3000000 /dev/zero | tr "\\0" x' }, { maxOutputBytes: 1000 });
     expect(big.truncated).toBe(true);
     expect(big.stdout.length).toBe(1000);
+    // Past the cap but under the runaway bound: the command runs to its end.
     expect(big.exitCode).toBe(0);
     const stdin = await driver.exec(sb, ['wc', '-c'], { stdin: 'hello' });
     expect(stdin.stdout.trim()).toBe('5');
     await driver.destroy(session.id);
   });
+
+  it('ends a command that writes without bound instead of letting it run to its timeout', async () => {
+    const session = { id: sid() };
+    const sb = await driver.ensure(session, {});
+    const endless = await driver.exec(sb, ['cat', '/dev/zero'], { timeoutMs: 60_000 });
+    expect(endless).toMatchObject({ exitCode: 137, truncated: true, timedOut: false, killed: false });
+    expect(endless.stdout.length).toBe(EXEC_DEFAULTS.maxOutputBytes);
+    expect(endless.stderr).toContain(`output truncated at ${EXEC_DEFAULTS.maxOutputBytes} bytes; the command was ended after writing more than ${runawayBytes(EXEC_DEFAULTS.maxOutputBytes)} bytes`);
+    expect(endless.durationMs).toBeLessThan(20_000);
+    expect((await driver.exec(sb, ['ps', '-eo', 'args'])).stdout).not.toContain('cat /dev/zero');
+    await driver.destroy(session.id);
+  }, 30_000);
 
   it('materialises file and repository resources once, owned by the sandbox user', async () => {
     const session = { id: sid() };
@@ -243,6 +256,21 @@ describe('docker sandbox driver', () => {
     await driver.destroy(session.id);
   });
 
+  it('labels its tier canaries managed and its own, so that a runner killed during one leaves nothing unreaped', async () => {
+    const created: Array<Record<string, string> | undefined> = [];
+    class Recording extends Docker {
+      override createContainer(options: Docker.ContainerCreateOptions): Promise<Docker.Container> {
+        created.push(options.Labels);
+        return super.createContainer(options);
+      }
+    }
+    const probing = new DockerDriver({ runnerId, docker: new Recording(), tiers: ['container'] });
+    expect((await probing.verifyTiers()).find((v) => v.tier === 'container')).toMatchObject({ ok: true });
+    expect(created).toHaveLength(1);
+    expect(created[0]).toMatchObject({ [SANDBOX_LABELS.managed]: 'true', [SANDBOX_LABELS.runner]: runnerId, 'dev.agentplane.canary': 'true' });
+    expect(created[0]).not.toHaveProperty(SANDBOX_LABELS.session);
+  });
+
   it('reports only assurances it implements and satisfies container Environments once a canary ran', async () => {
     const verdicts = await driver.verifyTiers();
     expect(verdicts.find((v) => v.tier === 'container')).toMatchObject({ ok: true, runtime: undefined });
@@ -253,5 +281,46 @@ describe('docker sandbox driver', () => {
     expect(assuranceFlags(driver.assurances())).toEqual({
       network_isolation: true, bounded_start: true, bounded_cancel: true, teardown: true, compute_accounting: true,
     });
+  });
+});
+
+/** An engine that refuses to remove the named containers (a 500, not a 404 or 409) and records every removal. */
+function refusingEngine(containers: Array<{ id: string; session: string }>, refuse: Set<string>): { docker: Docker; removed: string[] } {
+  const removed: string[] = [];
+  const labels = (session: string): Record<string, string> => ({ [SANDBOX_LABELS.managed]: 'true', [SANDBOX_LABELS.session]: session });
+  const engine = {
+    listContainers: async () => containers.map((c) => ({ Id: c.id, Labels: labels(c.session) })),
+    listVolumes: async () => ({ Volumes: [] }),
+    getContainer: (id: string) => ({
+      remove: async () => {
+        if (refuse.has(id)) throw Object.assign(new Error('engine answered 500'), { statusCode: 500 });
+        removed.push(id);
+      },
+    }),
+    getVolume: (name: string) => ({
+      remove: async () => {
+        removed.push(name);
+      },
+    }),
+  };
+  return { docker: engine as unknown as Docker, removed };
+}
+
+describe('docker sandbox driver when the engine fails', () => {
+  it('reaps every other container when one cannot be removed', async () => {
+    const containers = [{ id: 'c1', session: 'sess_1' }, { id: 'c2', session: 'sess_2' }, { id: 'c3', session: 'sess_3' }];
+    const { docker: engine, removed } = refusingEngine(containers, new Set(['c2']));
+    const failing = new DockerDriver({ runnerId, docker: engine, defaultImage: 'unused' });
+    expect(await failing.reapOrphans(runnerId, [])).toEqual(['sess_1', 'sess_3']);
+    expect(removed).toEqual(['c1', 'c3']);
+  });
+
+  it('removes the workspace volume even when removing the container fails, then reports the failure', async () => {
+    const refuse = new Set<string>();
+    const { docker: engine, removed } = refusingEngine([], refuse);
+    const failing = new DockerDriver({ runnerId, docker: engine, defaultImage: 'unused' });
+    refuse.add(failing.containerName('sess_1'));
+    await expect(failing.destroy('sess_1')).rejects.toThrow('engine answered 500');
+    expect(removed).toEqual([failing.volumeName('sess_1')]);
   });
 });

@@ -21,6 +21,7 @@ import {
   SANDBOX_SCOPE_ENV,
   SandboxError,
   attributionLabels,
+  canaryLabels,
   type SandboxAttribution,
   type Command,
   type ComputeUsage,
@@ -168,7 +169,7 @@ export class DockerDriver implements SandboxDriver {
     const image = await this.resolveImage({});
     const opts = this.containerOptions(`agentplane-canary-${randomBytes(6).toString('hex')}`, image, {}, undefined, runtime);
     const container = await this.docker.createContainer({
-      ...opts, Cmd: ['/bin/sh', '-c', 'exit 0'], Labels: { ...this.extraLabels, 'dev.agentplane.canary': 'true' },
+      ...opts, Cmd: ['/bin/sh', '-c', 'exit 0'], Labels: canaryLabels(this.runnerId, this.extraLabels),
       HostConfig: { ...opts.HostConfig, AutoRemove: false },
     });
     try {
@@ -431,8 +432,8 @@ export class DockerDriver implements SandboxDriver {
     const argv = Array.isArray(command) ? command : ['bash', '-c', command.script];
     const timeoutMs = options.timeoutMs ?? EXEC_DEFAULTS.timeoutMs;
     const maxOutput = options.maxOutputBytes ?? EXEC_DEFAULTS.maxOutputBytes;
-    const stdout = new CappedBuffer(maxOutput);
-    const stderr = new CappedBuffer(maxOutput);
+    const stdout = new CappedBuffer(maxOutput, runawayBytes(maxOutput));
+    const stderr = new CappedBuffer(maxOutput, runawayBytes(maxOutput));
     const hasStdin = options.stdin !== undefined;
     if (options.signal?.aborted) {
       return { exitCode: 137, stdout: '', stderr: '', truncated: false, timedOut: false, killed: true, oomKilled: false, durationMs: 0 };
@@ -452,13 +453,21 @@ export class DockerDriver implements SandboxDriver {
 
     let timedOut = false;
     let killed = false;
+    let capped = false;
     let killing: Promise<void> | undefined;
-    const kill = (why: 'timeout' | 'abort'): void => {
+    const kill = (why: 'timeout' | 'abort' | 'cap'): void => {
       if (killing) return;
       if (why === 'timeout') timedOut = true;
-      else killed = true;
+      else if (why === 'abort') killed = true;
+      else capped = true;
       killing = this.killTree(tracked, execId, ended, stream);
     };
+    // Output past the cap is only discarded, and a chatty command (a build, an install) runs on to
+    // its end. One that writes without bound (`cat /dev/zero`, `yes`) would burn CPU here and in
+    // the sandbox until its timeout: it is ended once a stream passes the runaway bound.
+    const onRunaway = (): void => kill('cap');
+    stdout.once('runaway', onRunaway);
+    stderr.once('runaway', onRunaway);
     const timer = setTimeout(() => kill('timeout'), timeoutMs);
     const onAbort = (): void => kill('abort');
     options.signal?.addEventListener('abort', onAbort, { once: true });
@@ -487,9 +496,10 @@ export class DockerDriver implements SandboxDriver {
       errText = errText.replace(setsidNote, '');
       exitCode = 137;
     }
-    if (timedOut || killed) exitCode = 137;
+    if (timedOut || killed || capped) exitCode = 137;
+    if (capped) errText = withNote(errText, `… [output truncated at ${maxOutput} bytes; the command was ended after writing more than ${runawayBytes(maxOutput)} bytes to one stream]`);
     let oomKilled = false;
-    if (exitCode === 137 && !timedOut && !killed) {
+    if (exitCode === 137 && !timedOut && !killed && !capped) {
       const count = await this.readOomKills(tracked);
       oomKilled = count > tracked.oomKills;
       tracked.oomKills = Math.max(count, tracked.oomKills);
@@ -677,8 +687,13 @@ export class DockerDriver implements SandboxDriver {
 
   async destroy(sessionId: string): Promise<void> {
     this.live.delete(sessionId);
-    await this.removeContainer(this.containerName(sessionId));
-    await this.removeVolume(this.volumeName(sessionId));
+    // The volume is tried even when removing the container failed: that failure may have left no
+    // container behind, and the workspace would then stay forever. The first failure is still
+    // thrown: the caller keeps the sandbox and tries again.
+    const container = await this.removeContainer(this.containerName(sessionId)).then(() => undefined, (err: unknown) => ({ err }));
+    const volume = await this.removeVolume(this.volumeName(sessionId)).then(() => undefined, (err: unknown) => ({ err }));
+    const failed = container ?? volume;
+    if (failed) throw failed.err;
   }
 
   async suspend(sessionId: string): Promise<void> {
@@ -712,9 +727,15 @@ export class DockerDriver implements SandboxDriver {
     for (const c of containers) {
       const session = c.Labels[SANDBOX_LABELS.session] ?? '';
       if (keep.has(session)) continue;
-      await this.removeContainer(c.Id);
+      // One container that cannot go now does not keep the others (or the caller's start) back.
+      const removed = await this.removeContainer(c.Id).then(() => true, (err: unknown) => {
+        this.log.warn({ container: c.Id, err: (err as Error).message }, 'container not reaped');
+        return false;
+      });
+      if (!removed) continue;
       if (runnerId === this.runnerId) this.live.delete(session);
-      reaped.add(session);
+      // A canary has no Session.
+      if (session) reaped.add(session);
     }
     const { Volumes } = await this.docker.listVolumes({ filters: JSON.stringify(filters) });
     for (const v of Volumes ?? []) {
@@ -728,6 +749,19 @@ export class DockerDriver implements SandboxDriver {
     if (reaped.size > 0) this.log.info({ sandboxes_of: runnerId, sessions: [...reaped] }, 'reaped orphan sandboxes');
     return [...reaped];
   }
+}
+
+/**
+ * How much a command may write to one stream before it is taken for a runaway and ended: far
+ * more than a chatty build prints, reached by an unbounded writer within a second.
+ */
+export function runawayBytes(maxOutput: number): number {
+  return Math.max(64 * maxOutput, 64 * 1024 * 1024);
+}
+
+/** Text with a note on a line of its own at the end. */
+function withNote(text: string, note: string): string {
+  return `${text}${text && !text.endsWith('\n') ? '\n' : ''}${note}\n`;
 }
 
 /** A workspace-relative path without `..` escapes. */

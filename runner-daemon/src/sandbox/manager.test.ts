@@ -111,3 +111,61 @@ describe('sandbox manager', () => {
     await manager.sessionEnded('sess_y');
   });
 });
+
+/** A driver whose engine fails where a test says: reaping always, a removal once per listed Session. */
+class FailingDriver extends ProcessDriver {
+  kept: string[] = [];
+  failDestroyOnce = new Set<string>();
+  destroyed: string[] = [];
+
+  override async sandboxSessions(): Promise<string[]> {
+    return this.kept;
+  }
+
+  override async reapOrphans(): Promise<string[]> {
+    throw new Error('engine answered 500');
+  }
+
+  override async destroy(sessionId: string): Promise<void> {
+    if (this.failDestroyOnce.delete(sessionId)) throw new Error('engine answered 500');
+    this.destroyed.push(sessionId);
+  }
+
+  override async suspend(): Promise<void> {}
+}
+
+describe('sandbox manager when the engine fails', () => {
+  it('still adopts the kept workspaces and arms the sweep when reaping fails at start', async () => {
+    const failing = new FailingDriver({ runnerId, dataDir });
+    failing.kept = ['sess_a', 'sess_b'];
+    let clock = 1_000;
+    const manager = new SandboxManager({ driver: failing, runnerId, idleExpireMs: 1_000, sweepIntervalMs: 10, now: () => clock });
+    await expect(manager.start()).rejects.toThrow('engine answered 500');
+    expect(manager.sessions()).toEqual(['sess_a', 'sess_b']);
+    clock += 1_000;
+    // Only the sweep timer removes them now.
+    await expect.poll(() => failing.destroyed.sort(), { timeout: 5_000 }).toEqual(['sess_a', 'sess_b']);
+    expect(manager.sessions()).toEqual([]);
+    manager.stop();
+  });
+
+  it('keeps a sandbox whose removal failed listed until a later sweep removes it, and one failure does not stop the sweep', async () => {
+    const failing = new FailingDriver({ runnerId, dataDir });
+    failing.kept = ['sess_ended', 'sess_idle_1', 'sess_idle_2'];
+    let clock = 1_000;
+    const manager = new SandboxManager({ driver: failing, runnerId, idleSuspendMs: 0, idleExpireMs: 1_000, sweepIntervalMs: 0, now: () => clock });
+    await manager.start().catch(() => undefined);
+
+    failing.failDestroyOnce = new Set(['sess_ended', 'sess_idle_1']);
+    await expect(manager.sessionEnded('sess_ended')).rejects.toThrow('engine answered 500');
+    expect(manager.sessions()).toContain('sess_ended');
+    await expect(manager.prepare({ id: 'sess_ended' }, { tier: 'process' })).rejects.toMatchObject({ reason: 'not_found' });
+
+    // The ended Session is removed again; of the expired ones, the first fails and the second still goes.
+    clock += 1_000;
+    expect(await manager.sweep()).toEqual({ suspended: [], expired: ['sess_ended', 'sess_idle_2'] });
+    expect(manager.sessions()).toEqual(['sess_idle_1']);
+    expect(await manager.sweep()).toEqual({ suspended: [], expired: ['sess_idle_1'] });
+    expect(manager.sessions()).toEqual([]);
+  });
+});

@@ -25,8 +25,13 @@ interface Entry {
   activeRuns: number;
   lastUsed: number;
   suspended: boolean;
-  /** The Session ended while a Run was still using the sandbox: removed when the Run ends. */
+  /**
+   * The Session ended: the sandbox is removed once no Run uses it. A removal that failed is
+   * retried by the sweep; the entry stays listed (and reported) until one succeeds.
+   */
   ended: boolean;
+  /** A removal in progress. */
+  removing?: Promise<void>;
 }
 
 export class SandboxManager {
@@ -48,9 +53,21 @@ export class SandboxManager {
    * its files, an ended one is released on the first report, a forgotten one expires.
    */
   async start(): Promise<string[]> {
-    const known = await this.driver.sandboxSessions(this.options.runnerId);
-    const reaped = await this.driver.reapOrphans(this.options.runnerId, [], { keepWorkspacesOf: known });
-    for (const id of known) if (!this.entries.has(id)) this.entries.set(id, { activeRuns: 0, lastUsed: this.now(), suspended: true, ended: false });
+    try {
+      const known = await this.driver.sandboxSessions(this.options.runnerId);
+      try {
+        return await this.driver.reapOrphans(this.options.runnerId, [], { keepWorkspacesOf: known });
+      } finally {
+        // Even when reaping failed: the kept workspaces are still this runner's to report and expire.
+        for (const id of known) if (!this.entries.has(id)) this.entries.set(id, { activeRuns: 0, lastUsed: this.now(), suspended: true, ended: false });
+      }
+    } finally {
+      // Without the sweep nothing idle would ever be suspended, expired or removed again.
+      this.armSweep();
+    }
+  }
+
+  private armSweep(): void {
     const interval = this.options.sweepIntervalMs ?? 30_000;
     if (interval > 0 && !this.timer) {
       this.timer = setInterval(() => {
@@ -58,7 +75,6 @@ export class SandboxManager {
       }, interval);
       this.timer.unref();
     }
-    return reaped;
   }
 
   stop(): void {
@@ -98,6 +114,8 @@ export class SandboxManager {
     if (!driverSatisfies(this.driver, requirements)) {
       throw new SandboxError('tier_unsatisfied', `the ${this.driver.name} driver (tier ${this.driver.tier}) cannot run this Environment`);
     }
+    // An idle expiry in progress finishes first: its removal must not race this Run's sandbox.
+    await this.entries.get(session.id)?.removing?.catch(() => undefined);
     const entry = this.entries.get(session.id) ?? { activeRuns: 0, lastUsed: this.now(), suspended: false, ended: false };
     if (entry.ended) throw new SandboxError('not_found', `session ${session.id} has ended; its sandbox is being removed`);
     this.entries.set(session.id, entry);
@@ -120,9 +138,23 @@ export class SandboxManager {
     entry.activeRuns = Math.max(0, entry.activeRuns - 1);
     entry.lastUsed = this.now();
     if (entry.ended && entry.activeRuns === 0) {
-      this.entries.delete(sessionId);
-      this.driver.destroy(sessionId).catch((err: unknown) => this.log.warn({ session: sessionId, err: (err as Error).message }, 'sandbox removal failed'));
+      this.remove(sessionId, entry).catch((err: unknown) => this.log.warn({ session: sessionId, err: (err as Error).message }, 'sandbox removal failed; retried by the sweep'));
     }
+  }
+
+  /**
+   * Removes the sandbox and its workspace. The entry goes only once that succeeded: until then
+   * the sandbox is still listed in `sessions()` (so reported) and the sweep tries again.
+   */
+  private remove(sessionId: string, entry: Entry): Promise<void> {
+    entry.removing ??= this.driver.destroy(sessionId).then(
+      () => {
+        if (this.entries.get(sessionId) === entry && entry.activeRuns === 0) this.entries.delete(sessionId);
+      },
+    ).finally(() => {
+      entry.removing = undefined;
+    });
+    return entry.removing;
   }
 
   /**
@@ -145,11 +177,16 @@ export class SandboxManager {
       await this.driver.suspend(sessionId).catch(() => undefined);
       return;
     }
-    this.entries.delete(sessionId);
-    await this.driver.destroy(sessionId);
+    const ending = entry ?? { activeRuns: 0, lastUsed: this.now(), suspended: true, ended: true };
+    ending.ended = true;
+    this.entries.set(sessionId, ending);
+    await this.remove(sessionId, ending);
   }
 
-  /** Suspends and expires idle sandboxes; returns what it did. */
+  /**
+   * Suspends and expires idle sandboxes, and removes again those of ended Sessions whose removal
+   * failed (reported as expired); returns what it did. One sandbox failing does not stop the pass.
+   */
   async sweep(): Promise<{ suspended: string[]; expired: string[] }> {
     const suspendAfter = this.options.idleSuspendMs ?? 10 * 60_000;
     const expireAfter = this.options.idleExpireMs ?? 24 * 3600_000;
@@ -159,14 +196,17 @@ export class SandboxManager {
     for (const [sessionId, entry] of [...this.entries]) {
       if (entry.activeRuns > 0) continue;
       const idle = now - entry.lastUsed;
-      if (expireAfter > 0 && idle >= expireAfter) {
-        this.entries.delete(sessionId);
-        await this.driver.destroy(sessionId);
-        expired.push(sessionId);
-      } else if (suspendAfter > 0 && idle >= suspendAfter && !entry.suspended) {
-        entry.suspended = true;
-        await this.driver.suspend(sessionId);
-        suspended.push(sessionId);
+      try {
+        if (entry.ended || (expireAfter > 0 && idle >= expireAfter)) {
+          await this.remove(sessionId, entry);
+          expired.push(sessionId);
+        } else if (suspendAfter > 0 && idle >= suspendAfter && !entry.suspended) {
+          entry.suspended = true;
+          await this.driver.suspend(sessionId);
+          suspended.push(sessionId);
+        }
+      } catch (err) {
+        this.log.warn({ session: sessionId, err: (err as Error).message }, 'sandbox sweep failed for this sandbox');
       }
     }
     return { suspended, expired };

@@ -1,13 +1,18 @@
 import { Writable } from 'node:stream';
 
-/** Keeps the first `limit` bytes written to it and counts the rest. */
+/**
+ * Keeps the first `limit` bytes written to it and counts the rest. Emits `runaway` once when
+ * what it was given passes `runawayBytes` (if set): a command still writing that much is not
+ * producing output anyone reads.
+ */
 export class CappedBuffer extends Writable {
   private readonly chunks: Buffer[] = [];
   private kept = 0;
   truncated = false;
   total = 0;
+  private ranAway = false;
 
-  constructor(private readonly limit: number) {
+  constructor(private readonly limit: number, private readonly runawayBytes = Number.POSITIVE_INFINITY) {
     super();
   }
 
@@ -18,6 +23,10 @@ export class CappedBuffer extends Writable {
 
   add(chunk: Buffer): boolean {
     this.total += chunk.length;
+    if (!this.ranAway && this.total > this.runawayBytes) {
+      this.ranAway = true;
+      this.emit('runaway');
+    }
     const room = this.limit - this.kept;
     if (room <= 0) {
       if (chunk.length > 0) this.truncated = true;

@@ -67,6 +67,31 @@ describe('process driver (no Docker)', () => {
     expect(slow.exitCode).toBe(137);
     expect(await driver.reapOrphans('r-proc', [])).toContain(session.id);
   });
+
+  it('a descendant that left the process group and holds stdout open does not hold the command', async () => {
+    const driver = new ProcessDriver({ runnerId: 'r-proc', dataDir });
+    const session = { id: `sess_${randomBytes(6).toString('hex')}` };
+    const sandbox = await driver.ensure(session, {});
+    const tag = randomBytes(4).toString('hex');
+    const escape = (marker: string): string => `setsid bash -c 'exec -a ${marker} sleep 30' & echo x`;
+    const running = (marker: string): boolean => execFileSync('ps', ['-eo', 'args'], { encoding: 'utf8' }).includes(marker);
+
+    // The command itself ends at once: its result comes then, not when the escaped sleep ends.
+    const done = await driver.exec(sandbox, { script: escape(`agentplane-left-${tag}`) }, { timeoutMs: 20_000 });
+    expect(done).toMatchObject({ exitCode: 0, stdout: 'x\n', timedOut: false });
+    expect(done.durationMs).toBeLessThan(5_000);
+
+    // Timed out: it reports the timeout within bound, and what escaped its group is killed too.
+    const slow = await driver.exec(sandbox, { script: `${escape(`agentplane-timed-${tag}`)}; sleep 30` }, { timeoutMs: 1_000 });
+    expect(slow).toMatchObject({ exitCode: 137, stdout: 'x\n', timedOut: true });
+    expect(slow.durationMs).toBeLessThan(5_000);
+    await expect.poll(() => running(`agentplane-timed-${tag}`), { timeout: 3_000 }).toBe(false);
+    // A command that ended by itself leaves what it started to the session (removed with it).
+    expect(running(`agentplane-left-${tag}`)).toBe(true);
+    await driver.destroy(session.id);
+    await expect.poll(() => running(`agentplane-left-${tag}`), { timeout: 3_000 }).toBe(false);
+  }, 15_000);
+
   it('spawns a command with open stdio and kills its process group', async () => {
     const driver = new ProcessDriver({ runnerId: 'r-proc', dataDir });
     const sandbox = await driver.ensure({ id: `sess_${randomBytes(6).toString('hex')}` }, {});

@@ -5,6 +5,7 @@
  * output caps and process-group kills, and nothing more. `driverSatisfies` never selects it for
  * an Environment that requires (or defaults to) tier `container`.
  */
+import { randomBytes } from 'node:crypto';
 import { chmod, mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { createLogger, type Logger } from '@agentplane/core';
@@ -89,11 +90,20 @@ export class ProcessDriver implements SandboxDriver {
   private childOptions(sandbox: Sandbox, cwd: string | undefined, env: Record<string, string> | undefined): ChildOptions {
     const pids = this.children.get(sandbox.sessionId) ?? new Set<number>();
     this.children.set(sandbox.sessionId, pids);
+    // Per command, not per session: a killed command takes along only what it started, never the
+    // session's other commands.
+    const command = randomBytes(8).toString('hex');
     return {
       cwd: cwd ? (cwd.startsWith('/') ? cwd : join(sandbox.workspace, cwd)) : sandbox.workspace,
-      env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: sandbox.workspace, LANG: 'C.UTF-8', ...env, [SESSION_MARKER]: this.marker(sandbox.sessionId) },
+      env: {
+        PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: sandbox.workspace, LANG: 'C.UTF-8', ...env,
+        [SESSION_MARKER]: this.marker(sandbox.sessionId), [COMMAND_MARKER]: command,
+      },
       onStart: (pid) => pids.add(pid),
       onEnd: (pid) => pids.delete(pid),
+      killEscaped: async () => {
+        await killMarked((m) => m === command, COMMAND_MARKER);
+      },
     };
   }
 
@@ -166,17 +176,19 @@ export class ProcessDriver implements SandboxDriver {
 
 /** Environment variable `<runner>/<session>` on every process a process sandbox starts. */
 const SESSION_MARKER = 'AGENTPLANE_SANDBOX';
+/** Environment variable naming the command a process belongs to (it finds one that left the command's group). */
+const COMMAND_MARKER = 'AGENTPLANE_SANDBOX_COMMAND';
 
-/** Kills every process (and its group) whose marker matches; returns the markers it killed. */
-async function killMarked(match: (marker: string) => boolean): Promise<string[]> {
+/** Kills every process (and its group) whose marker `variable` matches; returns the markers it killed. */
+async function killMarked(match: (marker: string) => boolean, variable = SESSION_MARKER): Promise<string[]> {
   const entries = await readdir('/proc').catch(() => [] as string[]);
   const killed = new Set<string>();
   for (const name of entries) {
     if (!/^\d+$/.test(name) || Number(name) === process.pid) continue;
     const environ = await readFile(`/proc/${name}/environ`, 'latin1').catch(() => '');
-    const entry = environ.split('\0').find((kv) => kv.startsWith(`${SESSION_MARKER}=`));
+    const entry = environ.split('\0').find((kv) => kv.startsWith(`${variable}=`));
     if (!entry) continue;
-    const marker = entry.slice(SESSION_MARKER.length + 1);
+    const marker = entry.slice(variable.length + 1);
     if (!match(marker)) continue;
     killGroup(Number(name));
     try {

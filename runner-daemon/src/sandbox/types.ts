@@ -59,7 +59,11 @@ export interface ExecOptions {
   stdin?: string | Buffer;
   /** Wall-clock limit; the process tree is killed when it passes. Default 120 s. */
   timeoutMs?: number;
-  /** Per stream; output past it is discarded and `truncated` is set. Default 1 MiB. */
+  /**
+   * Per stream; output past it is discarded and `truncated` is set. A driver may end a command
+   * that writes far past it without bound (exit code 137, a note at the end of stderr): a caller
+   * that wants the capped output checks `truncated` before the exit code. Default 1 MiB.
+   */
   maxOutputBytes?: number;
   signal?: AbortSignal;
 }
@@ -221,6 +225,20 @@ export function attributionLabels(a: SandboxAttribution): Record<string, string>
     ...(a.workspaceId ? { [SANDBOX_LABELS.workspace]: a.workspaceId } : {}),
     ...(a.home ? { [SANDBOX_LABELS.home]: a.home, [SANDBOX_LABELS.host]: a.host ?? hostname() } : {}),
     ...(a.scope ? { [SANDBOX_LABELS.scope]: a.scope } : {}),
+  };
+}
+
+/**
+ * A throwaway canary container's labels: managed and its runner's, like a sandbox, so that the
+ * reapers remove one left behind by a runner (or doctor) killed half-way; no Session, so that it
+ * is never adopted as a Session's workspace.
+ */
+export function canaryLabels(runnerId: string | undefined, attribution: Record<string, string>): Record<string, string> {
+  return {
+    ...attribution,
+    [SANDBOX_LABELS.managed]: 'true',
+    ...(runnerId ? { [SANDBOX_LABELS.runner]: runnerId } : {}),
+    'dev.agentplane.canary': 'true',
   };
 }
 

@@ -104,7 +104,8 @@ export const readTool: BuiltinTool = {
       signal: ctx.signal,
       maxOutputBytes: TOOL_LIMITS.maxResultChars * 4,
     });
-    if (res.exitCode !== 0) return error(res.stderr.trim() || `read failed (exit ${res.exitCode})`, metaOf(res));
+    // Output cut at the cap may have ended the command: what came is still the file's beginning.
+    if (res.exitCode !== 0 && !res.truncated) return error(res.stderr.trim() || `read failed (exit ${res.exitCode})`, metaOf(res));
     const out = capText(res.stdout);
     return { content: out.text || '(empty)', is_error: false, meta: { ...metaOf(res), truncated: res.truncated || out.truncated } };
   },
@@ -179,8 +180,9 @@ export const editTool: BuiltinTool = {
       signal: ctx.signal,
       maxOutputBytes: TOOL_LIMITS.maxFileBytes,
     });
-    if (res.exitCode !== 0) return error(res.stderr.trim() || `cannot read ${args.path}`, metaOf(res));
+    // Before the exit code: output cut at the cap may have ended the command.
     if (res.truncated) return error(`${args.path} is larger than ${TOOL_LIMITS.maxFileBytes} bytes; edit it with bash instead`);
+    if (res.exitCode !== 0) return error(res.stderr.trim() || `cannot read ${args.path}`, metaOf(res));
     const found = occurrences(res.stdout, args.old_string);
     if (found === 0) return error(`old_string was not found in ${args.path}`);
     if (found > 1 && !args.replace_all) {
@@ -328,7 +330,7 @@ export const listTool: BuiltinTool = {
       ['bash', '-c', 'cd -- "$1" && find . -mindepth 1 -maxdepth "$2" -name .git -prune -o -printf "%y %P\\n" | head -n 5000', 'list', resolvePath(ctx, path ?? '.'), String(levels)],
       { timeoutMs: clampTimeout(ctx, 30_000), signal: ctx.signal, maxOutputBytes: 4 * 1024 * 1024 },
     );
-    if (res.exitCode !== 0) return error(res.stderr.trim() || `list failed (exit ${res.exitCode})`, metaOf(res));
+    if (res.exitCode !== 0 && !res.truncated) return error(res.stderr.trim() || `list failed (exit ${res.exitCode})`, metaOf(res));
     const lines = res.stdout
       .split('\n')
       .filter(Boolean)
@@ -374,7 +376,7 @@ export const grepTool: BuiltinTool = {
     });
     // grep: 0 = matches, 1 = none, 2 = error; 141 = head closed the pipe after max results.
     if (res.exitCode === 1) return { content: 'no matches', is_error: false, meta: metaOf(res) };
-    if (res.exitCode !== 0 && res.exitCode !== 141) return error(res.stderr.trim() || `grep failed (exit ${res.exitCode})`, metaOf(res));
+    if (res.exitCode !== 0 && res.exitCode !== 141 && !res.truncated) return error(res.stderr.trim() || `grep failed (exit ${res.exitCode})`, metaOf(res));
     const out = capText(res.stdout.replace(/^\.\//gm, ''));
     return { content: out.text, is_error: false, meta: { ...metaOf(res), truncated: res.truncated || out.truncated } };
   },
@@ -411,7 +413,7 @@ export const skillTool: BuiltinTool = {
       signal: ctx.signal,
       maxOutputBytes: TOOL_LIMITS.maxResultChars * 4,
     });
-    if (res.exitCode !== 0) return error(res.stderr.trim() || `opening skill ${name} failed (exit ${res.exitCode})`, metaOf(res));
+    if (res.exitCode !== 0 && !res.truncated) return error(res.stderr.trim() || `opening skill ${name} failed (exit ${res.exitCode})`, metaOf(res));
     const out = capText(`Skill ${name} (directory ${SKILLS_DIR}/${name}/):\n\n${res.stdout}`);
     return { content: out.text, is_error: false, meta: { ...metaOf(res), truncated: res.truncated || out.truncated } };
   },
