@@ -31,13 +31,17 @@ beforeAll(async () => {
 }, 60_000);
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
-async function turn(sessionId: string, rules: unknown[], history: ModelMessage[], gate?: (q: GateQuery) => Promise<{ decision: 'allow' | 'deny' | 'require_approval'; rule_id: string | null; message: string }>) {
+async function turn(
+  sessionId: string, rules: unknown[], history: ModelMessage[],
+  gate?: (q: GateQuery) => Promise<{ decision: 'allow' | 'deny' | 'require_approval'; rule_id: string | null; message: string }>,
+  deliver?: (e: AcpEvent) => Promise<void>,
+) {
   const sandbox = await driver.ensure({ id: sessionId }, {});
   const events: AcpEvent[] = [];
   const checks: GateQuery[] = [];
   const outcome = await runAcp({
     driver, sandbox, model, log, signal: new AbortController().signal,
-    sink: { emit: async (e) => void events.push(e) },
+    sink: { emit: async (e) => (deliver ? deliver(e) : void events.push(e)) },
     argv: harnessArgv(harness, FIXTURE_COMMAND, 'process') ?? [],
     routingKey: 'default', instructions: script(rules), history, sessions: new Map(),
     gate: async (q) => {
@@ -74,6 +78,21 @@ describe('the ACP client (process driver)', () => {
     expect(checks.map((c) => [c.tool.name, (c.input as { command?: string }).command])).toEqual([['bash', 'echo hi'], ['edit', undefined]]);
     expect(events[4]).toMatchObject({ payload: { content: 'hi\n', is_error: false } });
     expect(readFileSync(join(sandbox.workspace, 'sub/f.txt'), 'utf8')).toBe('data');
+  });
+
+  it('an event that could not be delivered fails the turn instead of ending it as if it had been', async () => {
+    const sent: string[] = [];
+    const delivery = new Error('the control plane did not take the events');
+    const deliver = async (e: AcpEvent) => {
+      // The agent's message is refused (as a delivery that gave up would be); nothing after it is sent.
+      if (e.type === 'agent.message') throw delivery;
+      sent.push(e.type);
+    };
+    await expect(turn('sess_undelivered', [
+      { when: { user_contains: 'go' }, then: [{ reply: 'On it.' }, { tool: 'run', input: { command: 'echo hi' } }] },
+      { when: { after_tool: 'run' }, then: [{ reply: 'Done.' }] },
+    ], [user('go')], undefined, deliver)).rejects.toBe(delivery);
+    expect(sent).not.toContain('agent.tool_use');
   });
 
   it('refuses fs access outside the workspace', async () => {

@@ -187,11 +187,26 @@ class AcpRun {
 
   constructor(private readonly o: AcpRunOptions) {}
 
-  /** Events go out in order; a failed delivery fails the Run. */
+  /** The first event that could not be delivered: the Run fails with it at its end. */
+  private undelivered: unknown = undefined;
+
+  /**
+   * Events go out in order; a failed delivery fails the Run. Most callers do not wait on the
+   * returned promise: the Run's end rethrows the first failure (`delivered`).
+   */
   private emit(event: AcpEvent): Promise<void> {
-    const next = this.chain.then(() => this.o.sink.emit(event));
-    this.chain = next.catch(() => undefined);
+    // Past a failure nothing more is sent (each would wait out the same delivery deadline).
+    const next = this.chain.then(() => (this.undelivered === undefined ? this.o.sink.emit(event) : Promise.reject(this.undelivered)));
+    this.chain = next.catch((err: unknown) => {
+      this.undelivered ??= err;
+    });
     return next;
+  }
+
+  /** Every event emitted so far has been delivered, or the first failure is thrown. */
+  private async delivered(): Promise<void> {
+    await this.chain;
+    if (this.undelivered !== undefined) throw this.undelivered;
   }
 
   private flush(): Promise<void> {
@@ -481,7 +496,7 @@ class AcpRun {
     for (const t of this.tools.values()) {
       if (t.emitted && !t.done) this.toolResult(t, { content: o.signal.aborted ? 'Interrupted before the tool finished.' : 'The agent ended the turn before the tool finished.', is_error: true });
     }
-    await this.chain;
+    await this.delivered();
     const interrupted = o.signal.aborted;
     // A spent budget ends the turn with its own stop reason, however the agent took the refusal.
     if (!interrupted && this.modelError?.type === 'budget.exceeded') throw new HarnessError('model_error', this.modelError.message, this.modelError);
