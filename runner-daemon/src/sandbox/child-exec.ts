@@ -160,11 +160,12 @@ export async function spawnChild(argv: string[], o: ChildOptions): Promise<Sandb
   });
   if (pid) o.onStart?.(pid);
   let killed = false;
-  const ended = new Promise<{ exitCode: number; killed: boolean }>((resolve) => {
-    child.on('close', (code, signal) => {
-      if (pid) o.onEnd?.(pid);
-      resolve({ exitCode: killed ? 137 : exitCodeOf(code, signal), killed });
-    });
+  // As for execChild: a descendant that left the group and holds stdout open keeps neither the
+  // process's end nor a kill waiting.
+  const end = whenEnded(child);
+  const ended = end.ended.then(({ code, signal }) => {
+    if (pid) o.onEnd?.(pid);
+    return { exitCode: killed ? 137 : exitCodeOf(code, signal), killed };
   });
   const stdin = child.stdin ?? new PassThrough();
   stdin.on('error', () => {});
@@ -176,8 +177,11 @@ export async function spawnChild(argv: string[], o: ChildOptions): Promise<Sandb
     async kill() {
       killed = true;
       if (pid) killGroup(pid);
+      void o.killEscaped?.().catch(() => undefined);
+      end.afterKill();
       await ended;
       if (pid) killGroup(pid);
+      await o.killEscaped?.().catch(() => undefined);
     },
   };
 }

@@ -109,4 +109,19 @@ describe('process driver (no Docker)', () => {
     await new Promise((r) => setTimeout(r, 100));
     expect(execFileSync('ps', ['-eo', 'args'], { encoding: 'utf8' })).not.toContain(marker);
   });
+
+  it('a spawned command is killed at once even when what it started left its group holding stdout', async () => {
+    const driver = new ProcessDriver({ runnerId: 'r-proc', dataDir });
+    const sandbox = await driver.ensure({ id: `sess_${randomBytes(6).toString('hex')}` }, {});
+    const marker = `agentplane-spawn-left-${randomBytes(4).toString('hex')}`;
+    const proc = await driver.spawn(sandbox, { script: `setsid bash -c 'exec -a ${marker} sleep 30' & echo started; sleep 30` });
+    const running = () => execFileSync('ps', ['-eo', 'args'], { encoding: 'utf8' }).includes(marker);
+    // Out of the group before the kill (the echo may come first).
+    await expect.poll(running, { timeout: 3_000 }).toBe(true);
+    const started = Date.now();
+    await proc.kill();
+    expect(await proc.wait()).toEqual({ exitCode: 137, killed: true });
+    expect(Date.now() - started).toBeLessThan(5_000);
+    await expect.poll(running, { timeout: 3_000 }).toBe(false);
+  }, 15_000);
 });
