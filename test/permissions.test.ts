@@ -136,6 +136,52 @@ describe('PermissionAssignments', () => {
     expect((await client.request('GET', `/v1/sessions/${sB}`)).status).toBe(403);
   });
 
+  it('a Session created with its first messages is governed as those messages: author, ActionPolicies, usage reads', async () => {
+    const prin = await principal('first-messages');
+    const other = await principal('someone-else');
+    const client = as((await credential(prin)).secret);
+    await grant(prin, { type: 'agent', id: agentA }, ['invoke', 'steer', 'observe']);
+    const withFirst = (author: string) => ({ agent: agentA, environment_id: envId, initial_events: [drive(author, 'first')] });
+    // As another Principal: refused, as the drive endpoint refuses it.
+    const forged = await client.request('POST', '/v1/sessions', { body: withFirst(other) });
+    expect([forged.status, errType(forged)]).toEqual([403, 'policy.denied']);
+    const own = await client.request<{ id: string }>('POST', '/v1/sessions', { body: withFirst(prin) });
+    expect(own.status).toBe(201);
+    // A drive deny for this Principal holds for the first messages too, whoever sends them.
+    const rule = await p.root.post<{ id: string }>('/v1/action-policies', { effect: 'deny', tool: { kind: 'drive', name: 'user.message' }, principal_id: prin });
+    try {
+      expect((await client.request('POST', '/v1/sessions', { body: withFirst(prin) })).status).toBe(403);
+      expect((await p.root.request('POST', '/v1/sessions', { body: withFirst(prin) })).status).toBe(403);
+      expect((await p.root.request('POST', '/v1/sessions', { body: withFirst(other) })).status).toBe(201);
+    } finally {
+      await p.root.request('DELETE', `/v1/action-policies/${rule.id}`);
+    }
+    // Usage is read like the Session: `observe` on it.
+    expect((await client.request('GET', `/v1/sessions/${own.body.id}/usage`)).status).toBe(200);
+    const usage = await client.request('GET', `/v1/sessions/${await session(agentB)}/usage`);
+    expect([usage.status, errType(usage)]).toEqual([403, 'policy.denied']);
+  });
+
+  it('a Principal attaches to its Session only what it could reach itself', async () => {
+    const prin = await principal('attacher');
+    const client = as((await credential(prin)).secret);
+    await grant(prin, { type: 'agent', id: agentA }, ['invoke']);
+    const store = (await p.root.post<{ id: string }>('/v1/memory-stores', { name: 'attach-me' })).id;
+    const attach = (access: 'read_only' | 'read_write') => client.request('POST', '/v1/sessions', {
+      body: { agent: agentA, environment_id: envId, resources: [{ type: 'memory', memory_store_id: store, access }] },
+    });
+    expect((await attach('read_only')).status).toBe(403);
+    await grant(prin, { type: 'memory_store', id: store }, ['read']);
+    expect((await attach('read_only')).status).toBe(201);
+    expect((await attach('read_write')).status).toBe(403);
+    await grant(prin, { type: 'memory_store', id: store }, ['manage']);
+    expect((await attach('read_write')).status).toBe(201);
+    // Vaults (credentials) need `manage` on the Workspace.
+    const vault = (await p.root.post<{ id: string }>('/v1/vaults', { name: 'attach-vault' })).id;
+    const withVault = await client.request('POST', '/v1/sessions', { body: { agent: agentA, environment_id: envId, vault_ids: [vault] } });
+    expect([withVault.status, errType(withVault)]).toEqual([403, 'policy.denied']);
+  });
+
   it('rejects unknown actions, malformed targets and other Workspaces\' targets, writing nothing', async () => {
     const prin = await principal('bad-input');
     const count = async () => (await p.root.get<{ data: unknown[] }>('/v1/permission-assignments', { principal_id: prin, limit: 100 })).data.length;

@@ -126,7 +126,7 @@ export const deploymentOperations: Operation[] = [
     operationId: 'agentDeployments.createDeploymentSession', path: '/v1/agent-deployments/{agent_deployment_id}/sessions',
     audit: { target: 'response' },
     summary: "Create a Session under the deployment's current revision (its agent release, sandbox, pool and topology)",
-    auth: { kind: 'bearer', roles: WRITERS }, params: DeploymentPath, body: DeploymentSessionBody,
+    auth: { kind: 'bearer', roles: WRITERS }, actionPolicy: 'initial_events', params: DeploymentPath, body: DeploymentSessionBody,
     response: Type.Unsafe<Record<string, unknown>>({ type: 'object', description: 'Session (docs/API.md)' }), successStatus: 201, idempotency: 'optional', mcp: 'full',
   }, async (ws, { params, body, idempotencyKey, deps, trace }) => {
     const deployment = await svc(deps).sessionPin(ws, params.agent_deployment_id);

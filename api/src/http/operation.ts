@@ -48,8 +48,14 @@ export interface PermissionDeclaration {
    * `body.agent` (the Agent a new Session runs; an inline agent needs the grant on the Workspace).
    */
   target: string;
-  /** Drive events: the payload's `authored_by` must be the calling Principal itself. */
+  /** The request's drive events (see `actionPolicy`): each payload's `authored_by` must be the calling Principal itself. */
   authorIsCaller?: boolean;
+  /**
+   * The body's `resources` and `vault_ids` are attached to a Session by the caller, whose Runs
+   * then read (or write) them: a `memory` resource needs `read` on its MemoryStore (`manage` for
+   * `read_write`); any other resource, and any vault, `manage` on the Workspace.
+   */
+  attachments?: boolean;
 }
 
 export type IdempotencyMode = 'none' | 'optional' | 'required';
@@ -140,13 +146,16 @@ export interface Operation<P extends TSchema = TSchema, Q extends TSchema = TSch
   mcp?: McpExposure;
   /** Required on every non-GET operation: the pipeline appends one audit record per attempt. */
   audit?: AuditDeclaration;
-  /** Principal credentials: the assignment required (operations admitting them must declare one, but for GETs with no target). */
+  /** Principal credentials: the assignment required (operations admitting them must declare one, but GETs whose path names no resource). */
   permission?: PermissionDeclaration;
   /**
-   * `drive`: the drive event is an ActionPolicy call of kind `drive` named by its `type`, made for
-   * its `authored_by` Principal; the pipeline refuses it unless the policies allow it.
+   * Where the request's drive events are: `drive`, the body is one; `initial_events`, the body's
+   * `initial_events` (a Session created with its first messages). Each is an ActionPolicy call
+   * of kind `drive` named by its `type`, made for its `authored_by` Principal; the pipeline
+   * refuses the request unless the policies allow every one (and, with `authorIsCaller`, a
+   * Principal credential authors each itself).
    */
-  actionPolicy?: 'drive';
+  actionPolicy?: 'drive' | 'initial_events';
   /**
    * MCP: the operation belongs to the closed, read-only catalog a Principal credential gets on
    * `/v1/mcp` (the contract's exact AgentDefinition, MemoryStore and SurfaceScope reads). Only

@@ -264,8 +264,9 @@ async function run(
     raw.authenticated?.(caller);
   }
 
-  if (caller.kind === 'principal_credential' && op.permission) await checkPermission(op.permission, caller, params as Record<string, unknown>, body, deps);
-  if (raw.mcpTool !== undefined || op.actionPolicy === 'drive') await checkPolicies(op, raw.mcpTool, caller, params as Record<string, unknown>, body, deps, requestId);
+  const drives = driveEventsOf(op, body);
+  if (caller.kind === 'principal_credential' && op.permission) await checkPermission(op.permission, caller, params as Record<string, unknown>, body, drives, deps);
+  if (raw.mcpTool !== undefined || drives.length > 0) await checkPolicies(raw.mcpTool, caller, params as Record<string, unknown>, body, drives, deps, requestId);
 
   const mode = op.idempotency ?? 'none';
   const idemKey = raw.headers['idempotency-key'];
@@ -335,8 +336,21 @@ async function run(
   return { caller, result };
 }
 
+interface DriveCall {
+  type: string;
+  payload: { authored_by?: unknown } | undefined;
+}
+
+/** The drive events a request carries, where its operation declares them (`actionPolicy`). */
+function driveEventsOf(op: Operation, body: unknown): DriveCall[] {
+  if (op.actionPolicy === undefined || typeof body !== 'object' || body === null) return [];
+  const events = op.actionPolicy === 'drive' ? [body] : (body as { initial_events?: unknown }).initial_events;
+  if (!Array.isArray(events)) return [];
+  return events.map((e: { type?: unknown; payload?: { authored_by?: unknown } }) => ({ type: String(e.type), payload: e.payload }));
+}
+
 /** The live PermissionAssignment check for a Principal credential (403 `policy.denied`). */
-async function checkPermission(decl: PermissionDeclaration, caller: Caller, params: Record<string, unknown>, body: unknown, deps: ApiDeps): Promise<void> {
+async function checkPermission(decl: PermissionDeclaration, caller: Caller, params: Record<string, unknown>, body: unknown, drives: readonly DriveCall[], deps: ApiDeps): Promise<void> {
   const ws = caller.workspaceId ?? '';
   const principal = caller.principalId ?? '';
   let target: CheckTarget = { type: 'workspace', id: ws };
@@ -360,12 +374,32 @@ async function checkPermission(decl: PermissionDeclaration, caller: Caller, para
     }
   }
   await deps.permissions.require(ws, principal, decl.action, target);
+  if (decl.attachments) await checkAttachments(ws, principal, body, deps);
   if (decl.authorIsCaller) {
-    const author = (body as { payload?: { authored_by?: unknown } }).payload?.authored_by;
-    if (author !== undefined && author !== principal) {
-      throw new ApiError('policy.denied', `a Principal credential drives as its own Principal: authored_by must be ${principal}`);
+    for (const d of drives) {
+      const author = d.payload?.authored_by;
+      if (author !== undefined && author !== principal) {
+        throw new ApiError('policy.denied', `a Principal credential drives as its own Principal: authored_by must be ${principal}`);
+      }
     }
   }
+}
+
+/**
+ * What a Principal attaches to a Session its Runs can use, and it can read back through them: no
+ * more than it could reach itself (see `PermissionDeclaration.attachments`).
+ */
+async function checkAttachments(ws: string, principal: string, body: unknown, deps: ApiDeps): Promise<void> {
+  const b = body as { resources?: Array<{ type?: unknown; memory_store_id?: unknown; access?: unknown }>; vault_ids?: unknown[] };
+  let others = (b.vault_ids?.length ?? 0) > 0;
+  for (const r of b.resources ?? []) {
+    if (r.type === 'memory' && typeof r.memory_store_id === 'string') {
+      await deps.permissions.require(ws, principal, r.access === 'read_write' ? 'manage' : 'read', { type: 'memory_store', id: r.memory_store_id });
+    } else {
+      others = true;
+    }
+  }
+  if (others) await deps.permissions.require(ws, principal, 'manage', { type: 'workspace', id: ws });
 }
 
 /**
@@ -373,17 +407,16 @@ async function checkPermission(decl: PermissionDeclaration, caller: Caller, para
  * by event type, for the event's author). Only `allow` passes: a `require_approval` cannot be
  * waited for at these boundaries and is refused naming the rule.
  */
-async function checkPolicies(op: Operation, mcpTool: string | undefined, caller: Caller, params: Record<string, unknown>, body: unknown, deps: ApiDeps, requestId: string): Promise<void> {
+async function checkPolicies(mcpTool: string | undefined, caller: Caller, params: Record<string, unknown>, body: unknown, drives: readonly DriveCall[], deps: ApiDeps, requestId: string): Promise<void> {
   const ws = caller.workspaceId;
   if (!ws) return;
   const actor = { id: caller.principalId ?? caller.credentialId, credential_id: caller.credentialId };
   const target = str(params.session_id) ?? str(params.agent_id) ?? null;
   const calls: ToolCall[] = [];
   if (mcpTool !== undefined) calls.push({ kind: 'api', name: mcpTool, principal_id: caller.principalId ?? undefined, input: body });
-  if (op.actionPolicy === 'drive') {
-    const b = body as { type?: unknown; payload?: { authored_by?: unknown } };
-    const author = typeof b.payload?.authored_by === 'string' ? b.payload.authored_by : caller.principalId ?? undefined;
-    calls.push({ kind: 'drive', name: String(b.type), principal_id: author, input: b.payload });
+  for (const d of drives) {
+    const author = typeof d.payload?.authored_by === 'string' ? d.payload.authored_by : caller.principalId ?? undefined;
+    calls.push({ kind: 'drive', name: d.type, principal_id: author, input: d.payload });
   }
   for (const call of calls) {
     const d = await deps.policies.decide(ws, call, { actor, target, request_id: requestId });

@@ -252,8 +252,10 @@ export function buildRouter(operations: readonly Operation[], deps: ApiDeps): Op
   for (const op of operations) {
     if (prepared.has(op.operationId)) throw new Error(`duplicate operationId ${op.operationId}`);
     if (op.method !== 'GET' && op.audit === undefined) throw new Error(`${op.operationId} mutates but declares no audit record`);
-    if (op.method !== 'GET' && op.auth.kind === 'bearer' && op.auth.principal && !op.permission) {
-      throw new Error(`${op.operationId} admits Principal credentials to a mutation without a PermissionAssignment check`);
+    // A Principal credential reaches a mutation, or a read of a named resource, only through the
+    // PermissionAssignment the operation declares (its grants are per resource, unlike a role).
+    if (op.auth.kind === 'bearer' && op.auth.principal && !op.permission && (op.method !== 'GET' || op.path.includes('{'))) {
+      throw new Error(`${op.operationId} admits Principal credentials to ${op.method === 'GET' ? 'a read of a named resource' : 'a mutation'} without a PermissionAssignment check`);
     }
     const p = prepare(op);
     prepared.set(op.operationId, p);

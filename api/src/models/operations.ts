@@ -171,7 +171,7 @@ export const modelOperations: Operation[] = [
   workspaceRead({
     operationId: 'models.getSessionUsage', path: '/v1/sessions/{session_id}/usage',
     summary: 'Model token usage and list cost of a Session, or of one of its threads or Runs',
-    auth: { kind: 'bearer', roles: READERS, principal: true }, params: SessionPath,
+    auth: { kind: 'bearer', roles: READERS, principal: true }, permission: { action: 'observe', target: 'session_id' }, params: SessionPath,
     query: Obj({ thread_id: Type.Optional(Id('thread')), run_id: Type.Optional(Id('run')) }), response: SessionUsageSchema, mcp: 'compact',
   }, async (ws, { params, query, deps }) => {
     if (query.thread_id && query.run_id) throw new ApiError('validation.malformed', 'query: give thread_id or run_id, not both');

@@ -60,7 +60,7 @@ export const sessionOperations: Operation[] = [
   workspaceWrite('POST', {
     operationId: 'sessions.createSession', path: '/v1/sessions', summary: 'Create a Session',
     audit: { target: 'response' },
-    auth: { ...writers, principal: true }, permission: { action: 'invoke', target: 'body.agent' },
+    auth: { ...writers, principal: true }, permission: { action: 'invoke', target: 'body.agent', authorIsCaller: true, attachments: true }, actionPolicy: 'initial_events',
     body: CreateSessionBody, response: SessionSchema, successStatus: 201, idempotency: 'optional', mcp: 'compact',
     erasureSafe: sessionReplay,
   }, (ws, { body, idempotencyKey, deps, trace }) => deps.sessions.create(ws, body, idempotencyKey, { trace })),
