@@ -286,6 +286,22 @@ describe('A2A rejections', () => {
     await expect(p).rejects.toMatchObject({ name });
   };
 
+  it('continuing a task needs steer however the message names it (contextId or context_id)', async () => {
+    const invoker = await createPrincipal(t.p.root, ws, 'invoke-only');
+    await grant(invoker, { type: 'agent', id: agentId }, ['invoke', 'observe']);
+    await grant(invoker, { type: 'surface_scope', id: channelId }, ['invoke', 'observe']);
+    const secret = (await createCredential(t.p.root, invoker, 'a2a')).secret;
+    // Its own task: starting one needs invoke only.
+    const first = asTask(await (await clientFor(secret)).sendMessage(msg('a task to continue')));
+    for (const ref of [{ contextId: first.id }, { context_id: first.id }, { task_id: first.id }]) {
+      const r = await fetch(endpoint, {
+        method: 'POST', headers: { authorization: `Bearer ${secret}`, 'a2a-version': '1.0', 'content-type': 'application/json' },
+        body: JSON.stringify({ jsonrpc: '2.0', id: 3, method: 'SendMessage', params: { message: { messageId: `m-${Object.keys(ref)[0]}`, role: 'ROLE_USER', parts: [{ text: 'more' }], ...ref } } }),
+      });
+      expect(r.status, JSON.stringify(ref)).toBe(403);
+    }
+  });
+
   it('refuses ListTasks params it cannot read, and a body that is not application/json, instead of answering as if none were given', async () => {
     const rpc = async (params: Record<string, unknown>, contentType = 'application/json') => {
       const r = await fetch(endpoint, {

@@ -6,7 +6,7 @@
  * writes the request's audit record.
  */
 import type Koa from 'koa';
-import { formatSSEErrorEvent, formatSSEEvent, SSE_HEADERS } from '@a2a-js/sdk';
+import { formatSSEErrorEvent, formatSSEEvent, Message, SSE_HEADERS } from '@a2a-js/sdk';
 import { A2A_ERROR_CODE, A2AError, JsonRpcRequestMalformedError, UnsupportedOperationError, VersionNotSupportedError } from '@a2a-js/sdk/errors';
 import { JsonRpcTransportHandler, ServerCallContext, validateVersion, type A2ARequestHandler } from '@a2a-js/sdk/server';
 import { ApiError, closedLabel, Counter, ERROR_STATUS, reportIncident, type Logger } from '@agentplane/core';
@@ -244,8 +244,10 @@ export function a2aEdge(deps: ApiDeps): Koa.Middleware {
         if (await deps.installations.installationOfPrincipal(p.workspaceId, principalId)) {
           throw new ApiError('policy.denied', 'an A2A task never connects two agents inside one Workspace: this Principal is an installed agent');
         }
-        const message = isObj(params.message) ? params.message : {};
-        const continuing = typeof message.taskId === 'string' && message.taskId !== '' || typeof message.contextId === 'string' && message.contextId !== '';
+        // Read as the SDK's own decoding will (it also takes `task_id` and `context_id`), so
+        // what decides the grants needed is what the handler then acts on.
+        const message = Message.fromJSON(isObj(params.message) ? params.message : {});
+        const continuing = message.taskId !== '' || message.contextId !== '';
         const chain = (await deps.surfaceScopes.inheritanceChain(p.workspaceId, placement.scope.id)).map((s) => s.id);
         for (const action of actionsFor(known, continuing)) {
           await deps.permissions.require(p.workspaceId, principalId, action, { type: 'agent', id: placement.agent.id });
