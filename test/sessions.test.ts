@@ -4,6 +4,7 @@ import { Redis } from 'ioredis';
 import { HttpClient, streamEvents, type SseFrame } from '@agentplane/client';
 import { EnqueueOutbox, SessionStore, ThreadRuntime, recordOnlyTurnScheduler, sessionTag, type RunDoc, type SessionDoc, type WaitKind } from '@agentplane/domain';
 import { startPlatform, type Platform } from './harness/platform.js';
+import { createCredential, createPrincipal } from './harness/governance.js';
 
 let p: Platform;
 let redis: Redis;
@@ -1027,6 +1028,19 @@ describe('fan-out and shutdown', () => {
       let done = false;
       while (!done && Date.now() < endedAt) done = (await watcher?.read())?.done ?? true;
       expect(done).toBe(true);
+      // A Principal's stream ends at the next keep-alive once its `observe` grant is gone.
+      const prin = await createPrincipal(q.root, q.bootstrap.workspace_id, 'stream-watcher');
+      const assignment = await q.root.post<{ id: string }>('/v1/permission-assignments', { principal_id: prin, target: { type: 'session', id: s.id }, actions: ['observe'] });
+      const secret = (await createCredential(q.root, prin, 'api_mcp')).secret;
+      const granted = await fetch(q.root.url(`/v1/sessions/${s.id}/events/stream`), { headers: { ...q.root.headers(), authorization: `Bearer ${secret}` } });
+      expect(granted.status).toBe(200);
+      const viewer = granted.body?.getReader();
+      expect((await viewer?.read())?.done).toBe(false);
+      await q.root.request('DELETE', `/v1/permission-assignments/${assignment.id}`);
+      const cutAt = Date.now() + 10_000;
+      let cut = false;
+      while (!cut && Date.now() < cutAt) cut = (await viewer?.read())?.done ?? true;
+      expect(cut).toBe(true);
       // Several streams at once: every one of them ends.
       const streams = await Promise.all([1, 2, 3].map(() => open(`/v1/sessions/${s.id}/events/stream`, {}, q.root)));
       const firsts = streams.map((st) => st.next());

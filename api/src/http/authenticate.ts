@@ -122,23 +122,6 @@ function callerOf(
 }
 
 /** Does the caller's kind and role satisfy the operation's policy? */
-/**
- * For an answer that lasts (an SSE stream): whether the bearer that opened it still
- * authenticates now (not revoked or expired, its Principal not suspended). A failure to find out
- * (storage unreachable) is not a no: it rejects, and the caller decides.
- */
-export function stillAuthenticated(headers: Readonly<Record<string, string | undefined>>, deps: ApiDeps): () => Promise<boolean> {
-  return async () => {
-    try {
-      await authenticate(headers, deps);
-      return true;
-    } catch (err) {
-      if (err instanceof ApiError) return false;
-      throw err;
-    }
-  };
-}
-
 export function authorize(caller: Caller, policy: Extract<AuthPolicy, { kind: 'bearer' }>): void {
   switch (caller.kind) {
     case 'api_key':

@@ -101,6 +101,11 @@ export interface OperationRequest<P, Q, B> {
   deps: ApiDeps;
   /** The request's logger: its lines carry `request_id`. */
   log: Logger;
+  /**
+   * For work that outlives the request (a stream): whether its credential still authenticates
+   * and, for a Principal, the operation's declared PermissionAssignment still holds.
+   */
+  stillAllowed: () => Promise<boolean>;
 }
 
 /**

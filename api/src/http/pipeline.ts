@@ -195,6 +195,7 @@ export class HandlerRequest {
   readonly requestId: string;
 
   constructor(
+    private readonly op: Operation,
     readonly caller: Caller,
     readonly params: unknown,
     readonly query: unknown,
@@ -205,6 +206,26 @@ export class HandlerRequest {
   ) {
     this.headers = raw.headers;
     this.requestId = raw.requestId;
+  }
+
+  /**
+   * Whether the caller may still do what it began, for work that outlives the request's checks
+   * (a stream asks at each keep-alive): its credential still authenticates and, for a Principal,
+   * the PermissionAssignment the operation declares still holds. A function, to pass along.
+   */
+  get stillAllowed(): () => Promise<boolean> {
+    return async () => {
+      try {
+        const caller = await authenticate(this.raw.headers, this.deps);
+        if (caller.kind === 'principal_credential' && this.op.permission) {
+          await checkPermission(this.op.permission, caller, this.params as Record<string, unknown>, this.body, [], this.deps);
+        }
+        return true;
+      } catch (err) {
+        if (err instanceof ApiError) return false;
+        throw err;
+      }
+    };
   }
 
   /** Read through: a request's trace context is made only if something under it asks for it. */
@@ -283,7 +304,7 @@ async function run(
     if (upload) await upload.discard(body as Record<string, unknown>, deps).catch(() => undefined);
   };
 
-  const req = new HandlerRequest(caller, params, query, body, raw, mode === 'none' ? undefined : idemKey, deps);
+  const req = new HandlerRequest(op, caller, params, query, body, raw, mode === 'none' ? undefined : idemKey, deps);
 
   if (mode === 'none' || idemKey === undefined) {
     try {

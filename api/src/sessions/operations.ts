@@ -4,7 +4,6 @@ import { READERS, WRITERS } from '../http/caller.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
 import { workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
-import { stillAuthenticated } from '../http/authenticate.js';
 import { normaliseMcp, normaliseTools } from '@agentplane/domain';
 import type { ApiDeps } from '../deps.js';
 import type { SessionDoc } from '@agentplane/domain';
@@ -213,7 +212,7 @@ export const sessionOperations: Operation[] = [
     operationId: 'sessions.streamEvents', method: 'GET', path: '/v1/sessions/{session_id}/events/stream',
     summary: 'SSE: replay after Last-Event-ID, then live', auth: { ...readers, principal: true },
     permission: { action: 'observe', target: 'session_id' }, params: SessionPath, query: StreamQuery, mcp: 'never',
-    async handler({ caller, params, query, headers, deps }) {
+    async handler({ caller, params, query, headers, deps, stillAllowed }) {
       const doc = await deps.sessions.store.getOrTombstone(requireWorkspace(caller), params.session_id);
       // The condensed Session view: child threads show only their status events (their thread streams have the rest).
       const primary = doc.type === 'session' ? doc._primary_thread_id : null;
@@ -223,7 +222,7 @@ export const sessionOperations: Operation[] = [
         sessionId: params.session_id, cursor: await checkedCursor(deps.sessions.store.log, params.session_id, headers['last-event-id'], query.last_event_id),
         filter: (e) => condensed(e.session_thread_id, e.type),
         deltas: deltas ? (d) => deltas(d) && condensed(d.session_thread_id, d.type) : null, erased: doc.type === 'session_tombstone', log: deps.sessions.store.log, hub: deps.eventHub,
-        shutdown: deps.shutdownSignal, keepaliveMs: deps.config.sseKeepaliveMs, stillAllowed: stillAuthenticated(headers, deps),
+        shutdown: deps.shutdownSignal, keepaliveMs: deps.config.sseKeepaliveMs, stillAllowed,
       });
     },
   }),

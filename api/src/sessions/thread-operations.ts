@@ -4,7 +4,6 @@ import { READERS, WRITERS } from '../http/caller.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
 import { workspaceRead } from '../http/workspace-operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
-import { stillAuthenticated } from '../http/authenticate.js';
 import type { ApiDeps } from '../deps.js';
 import { threadStats, type SessionDoc, type ThreadDoc } from '@agentplane/domain';
 import { deltaFilter } from './operations.js';
@@ -121,7 +120,7 @@ export const threadOperations: Operation[] = [
   defineOperation({
     operationId: 'threads.streamThread', method: 'GET', path: '/v1/sessions/{session_id}/threads/{thread_id}/stream',
     summary: "SSE of a thread's events: replay after Last-Event-ID, then live", auth: readers, params: ThreadPath, query: StreamQuery, mcp: 'never',
-    async handler({ caller, params, query, headers, deps }) {
+    async handler({ caller, params, query, headers, deps, stillAllowed }) {
       const { session } = await sessionAndThread(deps, requireWorkspace(caller), params.session_id, params.thread_id);
       const deltas = deltaFilter(query.event_deltas);
       return sseStream({
@@ -131,7 +130,7 @@ export const threadOperations: Operation[] = [
           ? (d) => deltas(d) && (d.session_thread_id === params.thread_id || (d.session_thread_id === null && params.thread_id === session._primary_thread_id))
           : null,
         erased: false, log: deps.sessions.store.log, hub: deps.eventHub, shutdown: deps.shutdownSignal, keepaliveMs: deps.config.sseKeepaliveMs,
-        stillAllowed: stillAuthenticated(headers, deps),
+        stillAllowed,
       });
     },
   }),
