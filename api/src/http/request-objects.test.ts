@@ -4,6 +4,7 @@ import { ANONYMOUS } from './caller.js';
 import { HandlerRequest, type RawRequest } from './pipeline.js';
 import { RestRequest } from './router.js';
 import type { ApiDeps } from '../deps.js';
+import type { Operation } from './operation.js';
 
 /** Own properties defined with a getter or a setter (none may be made per request: docs/RUNS.md, "Garbage"). */
 const ownAccessors = (o: object): string[] =>
@@ -40,7 +41,8 @@ describe('per-request objects', () => {
     let children = 0;
     const log = { child: (b: Record<string, unknown>) => (children++, { bindings: b }) };
     const raw = { method: 'GET', headers: {}, params: {}, query: {}, body: undefined, requestId: 'req_9', trace: undefined } satisfies RawRequest;
-    const req = new HandlerRequest(ANONYMOUS, {}, {}, {}, raw, undefined, { log } as unknown as ApiDeps);
+    const op = { operationId: 'x.get', method: 'GET', path: '/v1/x', auth: { kind: 'none' } } as unknown as Operation;
+    const req = new HandlerRequest(op, ANONYMOUS, {}, {}, {}, raw, undefined, { log } as unknown as ApiDeps);
     expect(ownAccessors(req)).toEqual([]);
     expect(children).toBe(0);
     expect(req.log).toBe(req.log);
