@@ -21,6 +21,9 @@ describe('webhook egress guard', () => {
     expect(() => checkEndpointUrl('https://user:pw@hooks.example.com/', prod)).toThrow(/credentials/);
     expect(() => checkEndpointUrl('https://127.0.0.1/', prod)).toThrow(/loopback/);
     expect(() => checkEndpointUrl('https://localhost/', prod)).toThrow(/loopback/);
+    // The root dot names the same host.
+    expect(() => checkEndpointUrl('https://localhost./x', prod)).toThrow(/loopback/);
+    expect(() => checkEndpointUrl('https://foo.localhost./x', prod)).toThrow(/loopback/);
     expect(() => checkEndpointUrl('https://169.254.169.254/latest', prod)).toThrow(/private/);
     expect(() => checkEndpointUrl('https://[::ffff:10.0.0.1]/', dev)).toThrow(/private/);
     expect(checkEndpointUrl('http://127.0.0.1:9999/hook', dev).port).toBe('9999');

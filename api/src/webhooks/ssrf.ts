@@ -60,7 +60,8 @@ export function checkEndpointUrl(raw: string, policy: EgressPolicy): URL {
   }
   if (url.username || url.password) throw new ApiError('validation.malformed', 'body.url: credentials in the URL are not accepted');
   if (url.hash) throw new ApiError('validation.malformed', 'body.url: a fragment is not accepted');
-  const host = url.hostname.replace(/^\[|\]$/g, '').toLowerCase();
+  // A fully qualified name's root dot (`localhost.`) names the same host.
+  const host = url.hostname.replace(/^\[|\]$/g, '').toLowerCase().replace(/\.$/, '');
   const literal = isIP(host) !== 0;
   const loopback = LOOPBACK_NAMES.has(host) || host.endsWith('.localhost') || (literal && classify(host) === 'loopback');
   if (url.protocol !== 'https:' && !(url.protocol === 'http:' && (policy.allowPrivate || (policy.development && loopback)))) {
