@@ -34,7 +34,7 @@ import type { Sandbox, SandboxDriver, SandboxProcess } from '../sandbox/types.js
 import { bridgeForwarder, FORWARDER_SOURCE } from './forwarder.js';
 import { QUIET_AGENT_ENV } from './install.js';
 import { startModelEndpoint } from './model-endpoint.js';
-import { mcpProxy, type RuntimeMcpGrant } from './mcp-proxy.js';
+import { mcpProxy, type McpCallCheck, type RuntimeMcpGrant } from './mcp-proxy.js';
 import { Terminals, confinedPath, readConfined, writeConfined } from './sandbox-io.js';
 
 /** What the sink receives beyond the built-in loop's events. */
@@ -278,12 +278,11 @@ class AcpRun {
     }
   }
 
-  /** `session/request_permission`: the control plane's ActionPolicy decides. */
-  private async permission(p: acp.RequestPermissionRequest): Promise<acp.RequestPermissionResponse> {
-    const t = this.toolUse({ ...p.toolCall, title: p.toolCall.title ?? null });
-    await this.flush();
-    await this.chain;
-    const q: GateQuery = { tool_use_id: t.id, tool: { kind: 'builtin', name: t.name }, input: t.input };
+  /**
+   * The control plane's ActionPolicies on one tool use; an open ActionApproval is waited for
+   * (polled) while the Run lasts. A failed check denies (fail closed).
+   */
+  private async decide(q: GateQuery): Promise<GateDecision> {
     const ask = async (): Promise<GateDecision> => {
       if (!this.o.gate) return { decision: 'allow', rule_id: null, message: 'no ActionPolicies on this runner' };
       try {
@@ -292,15 +291,39 @@ class AcpRun {
         return { decision: 'deny', rule_id: null, message: `the policy check failed (${err instanceof Error ? err.message : String(err)}); denied (fail closed)` };
       }
     };
-    this.phase('permission asked');
     let d = await ask();
-    this.phase('permission answered');
-    // An ActionApproval is open: the agent waits on its request while the approver decides.
     while (d.decision === 'require_approval' && !this.o.signal.aborted && !this.stop.signal.aborted) {
       await sleep(this.o.approvalPollMs ?? 1000, AbortSignal.any([this.o.signal, this.stop.signal]));
       if (this.o.signal.aborted || this.stop.signal.aborted) break;
       d = await ask();
     }
+    return d;
+  }
+
+  /**
+   * A `tools/call` the agent sends to one of the Run's MCP servers: null to send it, else the
+   * refusal it gets. The runtime bearer allows every call of a granted Connection; the built-in
+   * loop asks before calling, and here the same rules hold: an `always_ask` tool needs a
+   * confirmation an ACP agent's call cannot wait for, and the ActionPolicies decide the rest.
+   */
+  private readonly mcpCall: McpCallCheck = async (server, call) => {
+    if (server.permission !== 'always_allow') {
+      return `Not run: tool '${call.name}' of the MCP server '${server.name}' is always_ask (each call needs the user's confirmation), which a call from an ACP agent cannot wait for.`;
+    }
+    const d = await this.decide({ tool_use_id: `mcp_${randomBytes(12).toString('hex')}`, tool: { kind: 'mcp', name: call.name, connection_id: server.connection_id }, input: call.arguments });
+    if (this.o.signal.aborted || this.stop.signal.aborted) return 'Interrupted before the tool ran.';
+    return d.decision === 'allow' ? null : policyRefusal(d);
+  };
+
+  /** `session/request_permission`: the control plane's ActionPolicy decides. */
+  private async permission(p: acp.RequestPermissionRequest): Promise<acp.RequestPermissionResponse> {
+    const t = this.toolUse({ ...p.toolCall, title: p.toolCall.title ?? null });
+    await this.flush();
+    await this.chain;
+    const q: GateQuery = { tool_use_id: t.id, tool: { kind: 'builtin', name: t.name }, input: t.input };
+    this.phase('permission asked');
+    const d = await this.decide(q);
+    this.phase('permission answered');
     if (this.o.signal.aborted || this.stop.signal.aborted) return { outcome: { outcome: 'cancelled' } };
     if (d.decision === 'allow') {
       const opt = p.options.find((x) => x.kind === 'allow_once') ?? p.options.find((x) => x.kind === 'allow_always');
@@ -319,7 +342,7 @@ class AcpRun {
       onUsage: (u) => (this.usage = addUsage(this.usage, u)),
       onError: (e) => (this.modelError = e),
       onStep: (t) => o.log.debug({ session: o.sandbox.sessionId, first_event_ms: Number(t.first_event_ms.toFixed(3)), total_ms: Number(t.total_ms.toFixed(3)) }, 'acp model step'),
-      ...(o.mcp ? { extra: mcpProxy(o.mcp, this.stop.signal) } : {}),
+      ...(o.mcp ? { extra: mcpProxy(o.mcp, this.stop.signal, this.mcpCall) } : {}),
     });
     let forwarder: SandboxProcess | undefined;
     let agent: SandboxProcess | undefined;
