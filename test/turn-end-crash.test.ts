@@ -9,12 +9,15 @@ import { SCRIPT, startTurnPlatform, untilEvents, type TurnEvent, type TurnPlatfo
 /**
  * A process dies inside a turn's end, at the points recovery must repair (named crash points,
  * `AGENTPLANE_CRASH_AT`): the API after the runner's completion is on the BullMQ job but before
- * the Run or the thread records it, and then the scheduler, whose reconciliation of the completed
- * job ends the turn, after it wrote the Run `succeeded` but before the thread; or the API after
- * the turn's end (the Run `succeeded`, the thread idle and its `session.status_idle`, all written
- * by one script) but before the queued message starts. The supervisor restarts what died; the
- * scheduler's reconciliation replays the finished job and the turn end completes: one
- * `session.status_idle` per turn, the queued message runs, no event twice.
+ * the Run or the thread records it, and then whichever process repeats the end (the API the
+ * runner sends its unanswered completion to again, or the scheduler, whose reconciliation
+ * replays the completed job) after it wrote the Run `succeeded` but before the thread; the API
+ * after the turn's end (the Run `succeeded`, the thread idle and its `session.status_idle`, all
+ * written by one script) but before the queued message starts; or the API after it checked the
+ * completion's fence, before the job moved to completed (the job still active under the lease).
+ * The supervisor restarts what died; the runner sends its completion again and the scheduler's
+ * reconciliation replays a finished job, and the turn end completes: one `session.status_idle`
+ * per turn, the queued message runs, no event twice, and the finished turn never runs again.
  */
 const markers = mkdtempSync(join(tmpdir(), 'turn-end-crash-'));
 const platforms: TurnPlatform[] = [];
@@ -43,10 +46,13 @@ function noDuplicates(events: TurnEvent[]): void {
   expect(new Set(events.map((e) => e.seq)).size).toBe(events.length);
 }
 
-async function crashInsideTurnEnd(points: { point: string; process: 'api' | 'scheduler' }[]): Promise<void> {
+/** Where a crash point is met: in one process, or in whichever repeats the end first. */
+type CrashedIn = 'api' | 'scheduler' | 'api or scheduler';
+
+async function crashInsideTurnEnd(points: { point: string; process: CrashedIn }[], env: Record<string, string> = {}): Promise<void> {
   const name = points.map((p) => p.point).join('+');
   const marker = (point: string) => join(markers, `${name}-${point}`);
-  const t = await startTurnPlatform({ name: `crash-${name}`, env: { AGENTPLANE_CRASH_AT: points.map((p) => `${p.point}:${marker(p.point)}`).join(',') } });
+  const t = await startTurnPlatform({ name: `crash-${name}`, env: { ...env, AGENTPLANE_CRASH_AT: points.map((p) => `${p.point}:${marker(p.point)}`).join(',') } });
   platforms.push(t);
   const pidsBefore = t.p.pids();
   const s = await t.api.post<{ id: string }>('/v1/sessions', { agent: AGENT, environment_id: t.envId });
@@ -61,8 +67,12 @@ async function crashInsideTurnEnd(points: { point: string; process: 'api' | 'sch
   }, 90_000);
   for (const p of points) {
     expect(existsSync(marker(p.point))).toBe(true);
-    expect(t.p.pids()[p.process]).not.toBe(pidsBefore[p.process]);
+    const processes = p.process === 'api or scheduler' ? ['api', 'scheduler'] : [p.process];
+    expect(processes.some((name) => t.p.pids()[name] !== pidsBefore[name])).toBe(true);
   }
+  // The first turn ran once: its tool once, no attempt lost and run again.
+  expect(events.filter((e) => e.type === 'agent.tool_use')).toHaveLength(1);
+  expect(events.some((e) => e.type === 'session.thread_status_rescheduled')).toBe(false);
   const idles = events.filter((e) => e.type === 'session.status_idle');
   expect(idles.map((e) => (e.payload.stop_reason as { type: string }).type)).toEqual(['end_turn', 'end_turn']);
   const replies = events.filter((e) => e.type === 'agent.message').map((e) => JSON.stringify(e.payload));
@@ -85,8 +95,14 @@ async function crashInsideTurnEnd(points: { point: string; process: 'api' | 'sch
 }
 
 describe('a crash inside a turn end', () => {
-  it('after the job completed, before the Run and the thread; then the reconciliation, after the Run is written succeeded: the turn ends and the queued message starts', async () => {
-    await crashInsideTurnEnd([{ point: 'run-completed', process: 'api' }, { point: 'run-succeeded-written', process: 'scheduler' }]);
+  it('after the job completed, before the Run and the thread; then the repeat of the end, after the Run is written succeeded: the turn ends and the queued message starts', async () => {
+    await crashInsideTurnEnd([{ point: 'run-completed', process: 'api' }, { point: 'run-succeeded-written', process: 'api or scheduler' }]);
+  }, 180_000);
+
+  it('after the completion\'s fence was checked, before the job moved to completed: the runner sends the completion again, and the turn ends once without running again', async () => {
+    // The lease outlives the API's restart and the runner's reconnect (its backoff can reach
+    // seconds), as a production lease does: the lease is kept, not lost and run again.
+    await crashInsideTurnEnd([{ point: 'lease-complete-checked', process: 'api' }], { LEASE_MS: '20000' });
   }, 180_000);
 
   it('after the Run is succeeded and the thread idle with session.status_idle appended, before the queued message: it starts once', async () => {

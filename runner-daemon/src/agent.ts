@@ -69,10 +69,27 @@ interface HeldLease {
   done: Promise<void>;
   /** Set by lease.revoked: the lease is gone and every write would be fenced. */
   revoked: string | null;
+  /** The work is done and its end (lease.complete) was sent: the lease is held until the end is answered. */
+  ending: boolean;
+  /** Settles the wait for the end's answer now (the lease was lost, or the runner stops). */
+  settleEnd: ((answer: EndAnswer) => void) | null;
+  /** Set when the runner stops waiting for the end's answer. */
+  endGivenUp: boolean;
 }
+
+/** How a sent lease.complete was answered: recorded, refused for good, to be sent again, or not (yet). */
+type EndAnswer = 'acked' | 'refused' | 'retry' | 'none';
 
 /** Early heartbeats (a slot freed while the control plane counts the runner full) are at least this far apart. */
 const EARLY_BEAT_MIN_MS = 250;
+
+/**
+ * A lease's end (lease.complete) goes again when unanswered this long; unsent (no live socket),
+ * it is tried again this often; after a retryable error, this long after it.
+ */
+const END_RESEND_MS = 3000;
+const END_UNSENT_RETRY_MS = 250;
+const END_ERROR_RETRY_MS = 1000;
 
 /**
  * One runner daemon's connection to the control plane: hello with capabilities, heartbeats,
@@ -125,6 +142,10 @@ export class RunnerAgent {
   private readonly eventAcks = new Map<string, (seqs: number[]) => void>();
   /** Tool checks waiting for their tool.decision, by frame id. */
   private readonly toolDecisions = new Map<string, (d: ToolDecision) => void>();
+  /** Leases' ends (lease.complete) waiting for their answer, by frame id. */
+  private readonly endAnswers = new Map<string, (answer: EndAnswer) => void>();
+  /** The socket is open and the gateway welcomed it: lease frames may go. */
+  private live = false;
   private reportTimer: NodeJS.Timeout | null = null;
 
   constructor(
@@ -252,6 +273,8 @@ export class RunnerAgent {
       });
       ws.on('error', (err) => this.log.warn({ err: err.message }, 'runner socket error'));
       ws.on('close', (code, reason) => {
+        this.live = false;
+        this.resendEnds();
         this.stopHeartbeat();
         this.metrics?.connected.set(0);
         if (this.ws === ws) this.ws = null;
@@ -326,6 +349,8 @@ export class RunnerAgent {
       case 'welcome': {
         const p = msg.payload;
         this.generation = p.generation;
+        this.live = true;
+        this.resendEnds();
         this.heartbeatMs = this.config.heartbeatIntervalMs ?? p.heartbeat_interval_ms;
         if (this.status === 'starting') this.status = 'ready';
         this.lastAckAt = Date.now();
@@ -392,16 +417,23 @@ export class RunnerAgent {
       case 'model.end':
         this.modelStreams.get(msg.payload.stream_id)?.(msg.payload.event as ModelStreamEvent, msg.type === 'model.end');
         return;
+      case 'ack':
+        if (msg.re) this.endAnswers.get(msg.re)?.('acked');
+        return;
       case 'error':
         this.log.warn({ error_code: msg.payload.code, message: msg.payload.message, re: msg.re }, 'gateway reported an error');
+        if (msg.re) this.endAnswers.get(msg.re)?.(msg.payload.retryable ? 'retry' : 'refused');
         return;
       default:
-        this.log.debug({ type: msg.type as GatewayToRunnerType }, 'frame not used by this daemon yet');
+        this.log.debug({ type: (msg as { type: GatewayToRunnerType }).type }, 'frame not used by this daemon yet');
     }
   }
 
   /** The lease is gone: stop the work now and let the executor kill what still runs for it. */
   private loseLease(h: HeldLease, reason: string): void {
+    // Done already, it only waited for its end's answer: nothing of it runs (the Session's sandbox
+    // may serve its next turn by now), so nothing is stopped.
+    if (h.ending) return this.giveUpEnd(h);
     h.abort.abort(new Error(reason));
     this.executor?.leaseLost?.(h.sessionId).catch((err: unknown) =>
       this.log.warn({ session: h.sessionId, err: err instanceof Error ? err.message : String(err) }, 'stopping the sandbox of a lost lease failed'));
@@ -559,7 +591,7 @@ export class RunnerAgent {
       (result) => {
         this.metrics?.leases.inc({ outcome: 'completed' });
         span?.setAttribute('agentplane.lease.outcome', 'completed');
-        this.send('lease.complete', { ...ref, ...(result ? { result } : {}) });
+        return this.sendEnd(key, { ...ref, ...(result ? { result } : {}) });
       },
       (err: unknown) => {
         const failureClass: 'infrastructure' | 'work' = abort.signal.aborted || err instanceof InfrastructureFailure ? 'infrastructure' : 'work';
@@ -578,7 +610,51 @@ export class RunnerAgent {
       this.slotFreed();
       this.maybeFinishDrain();
     });
-    this.held.set(key, { ref, sessionId: offer.session_id, abort, done, revoked: null });
+    this.held.set(key, { ref, sessionId: offer.session_id, abort, done, revoked: null, ending: false, settleEnd: null, endGivenUp: false });
+  }
+
+  /**
+   * Sends the lease's end (`lease.complete`) until the gateway answers it: `ack` (recorded),
+   * `lease.revoked` (the lease is gone: nothing to record), or an error no retry can help. Until
+   * then the lease stays held, listed in `held_leases` (a reconnect resumes it, instead of the
+   * gateway failing it as `runner_restarted`) and renewed, and the frame goes again after a
+   * reconnect, a retryable error, or no answer in time: a result lost with a dead socket, or with
+   * the control plane process that read it, is not lost with the lease. The gateway answers a
+   * repeat as it answered the first. The runner stopping (`cancelAll`) ends the wait.
+   */
+  private async sendEnd(key: string, payload: Payload<'lease.complete'>): Promise<void> {
+    for (;;) {
+      const held = this.held.get(key);
+      if (!held || held.revoked !== null || held.endGivenUp) return;
+      held.ending = true;
+      const id = `r${(++this.msgSeq).toString(36)}`;
+      const answered = new Promise<EndAnswer>((resolve) => {
+        this.endAnswers.set(id, resolve);
+        held.settleEnd = resolve;
+      });
+      const sent = this.live && this.sendWithId('lease.complete', id, payload);
+      let timer: NodeJS.Timeout | undefined;
+      const answer = await Promise.race([answered, new Promise<EndAnswer>((r) => (timer = setTimeout(() => r('none'), sent ? END_RESEND_MS : END_UNSENT_RETRY_MS)))]);
+      clearTimeout(timer);
+      this.endAnswers.delete(id);
+      held.settleEnd = null;
+      if (answer === 'acked' || answer === 'refused') return;
+      if (answer === 'retry') await new Promise((r) => setTimeout(r, END_ERROR_RETRY_MS));
+    }
+  }
+
+  /**
+   * Ends waiting for their answer go again now: their socket closed (no answer comes on it), or a
+   * new one was welcomed (they go on it).
+   */
+  private resendEnds(): void {
+    for (const h of this.held.values()) h.settleEnd?.('none');
+  }
+
+  /** Stops waiting for the answer to a lease's end: the lease was lost, or the runner stops. */
+  private giveUpEnd(h: HeldLease): void {
+    h.endGivenUp = true;
+    h.settleEnd?.('refused');
   }
 
   /**
@@ -734,7 +810,10 @@ export class RunnerAgent {
   cancelAll(reason: string): void {
     // The runner stops, not the user: the Runs it cancels are infrastructure failures, retried
     // (possibly elsewhere), never turns ended `interrupted` (docs/RUNS.md).
-    for (const h of this.held.values()) h.abort.abort(new InfrastructureFailure(`the runner stopped: ${reason}`));
+    for (const h of this.held.values()) {
+      h.abort.abort(new InfrastructureFailure(`the runner stopped: ${reason}`));
+      if (h.ending) this.giveUpEnd(h);
+    }
     this.maybeFinishDrain();
   }
 

@@ -124,12 +124,12 @@ function setup(n = 1, cfg: LeaseConfig = config) {
   const ids = (i: number) => ({ run: `run_${String(i).padStart(32, '0')}`, session: `sess_${String(i).padStart(32, '0')}` });
   // A Run's job is added once the Run is committed: a job without its Run is dropped (`phantom`).
   const job = (i: number, ws: string) => queues.enqueue({ run_id: ids(i).run, session_id: ids(i).session, thread_id: 'sthr_x', workspace_id: ws, pool_id: poolId, requirements, accepted_at_ms: Date.now() });
-  const enqueue = async (i: number, ws = 'wrkspc_a') => {
-    await redis.set(keys.doc(tags.session(ids(i).session), ids(i).run), JSON.stringify({ id: ids(i).run, type: 'run', version: 1 }));
+  const enqueue = async (i: number, ws = 'wrkspc_a', status = 'queued') => {
+    await redis.set(keys.doc(tags.session(ids(i).session), ids(i).run), JSON.stringify({ id: ids(i).run, type: 'run', version: 1, status }));
     return job(i, ws);
   };
   const phantom = (i: number, ws = 'wrkspc_a') => job(i, ws);
-  return { poolId, queues, fence, keeper, fleet, events, enqueue, phantom, cancels };
+  return { poolId, queues, fence, keeper, fleet, events, hooks: h, enqueue, phantom, cancels };
 }
 
 describe('lease engine (BullMQ)', () => {
@@ -304,7 +304,43 @@ describe('lease engine (BullMQ)', () => {
     });
   });
 
+  describe('a job whose Run has ended (an interrupt recorded the end, then died before it removed the job)', () => {
+    it('is dropped: never offered nor leased, and gone from the queue', async () => {
+      const s = setup();
+      s.fleet.add('runner_a');
+      const { run_id: run } = await s.enqueue(3201, 'wrkspc_a', 'canceled');
+      await until('dropped', () => s.events.some((e) => e.kind === 'interrupted' && e.run === run));
+      await until('the job gone', async () => (await s.queues.job(s.poolId, run)) === undefined);
+      expect(s.fleet.offers).toBe(0);
+      expect(s.events.some((e) => e.kind === 'leased')).toBe(false);
+    });
+  });
+
   describe('an interrupt of a Run a dispatcher holds (cancel mark)', () => {
+    it('marked as the Run goes back to the queue: the turn ends before the job goes, so a crash in between leaves the job to the next take, which ends it', async () => {
+      const s = setup();
+      // Nobody here can serve the Run: it waits, and goes back to the queue, marked meanwhile.
+      s.fleet.runners.set('tiny', { view: { runner_id: 'tiny', pool_id: s.poolId, status: 'ready', capabilities: { available_slots: 1, providers: [{ drivers: ['process'], tiers: ['process'], network_modes: ['host'] }] } }, accept: true, leases: [] });
+      const record = s.hooks.waiting;
+      s.hooks.waiting = async (job, reason, trace) => {
+        await record(job, reason, trace);
+        await s.cancels.mark(job.data.session_id, job.data.run_id);
+      };
+      // The first end of the turn dies half way (the process crashed in it).
+      const end = s.hooks.interrupted;
+      let ends = 0;
+      s.hooks.interrupted = async (job, trace) => {
+        if (++ends === 1) throw new Error('crashed while ending the turn');
+        await end(job, trace);
+      };
+      const { run_id: run, session_id: session } = await s.enqueue(3202);
+      await until('the turn ended', () => s.events.some((e) => e.kind === 'interrupted' && e.run === run), 20_000);
+      expect(ends).toBe(2);
+      await until('the job gone', async () => (await s.queues.job(s.poolId, run)) === undefined);
+      await until('the mark cleared', async () => !(await s.cancels.marked(session, run)));
+      expect(s.fleet.offers).toBe(0);
+    });
+
     it('a Run taken with a mark and offered ahead of its checks is never leased, and ends', async () => {
       const s = setup();
       s.fleet.add('runner_spec', 1, true, ['lease-spec-v1']);

@@ -340,9 +340,10 @@ export class PoolDispatcher {
           if (interrupted) await this.o.hooks.cancelLease(job, runner.runner_id, token, job.attemptsStarted);
           return;
         }
-        // Not taken. An offer that went ahead of its checks may have met a cancel mark (found by
-        // the checks, or made since: the gateway refused the lease's claim): the Run ends here.
-        if ((await checked) || (await this.o.cancels.marked(job.data.session_id, job.data.run_id))) return this.cancelTaken(job, token, trace);
+        // Not taken. An offer that went ahead of its checks may have met a cancel mark or an
+        // ended Run (found by the checks, or since: the gateway refused the lease's claim): the
+        // Run ends here.
+        if ((await checked) || (await this.o.cancels.barred(job.data.session_id, job.data.run_id))) return this.cancelTaken(job, token, trace);
       }
     } finally {
       clearInterval(keep);
@@ -354,13 +355,17 @@ export class PoolDispatcher {
   /**
    * Return a job to the queue for a later try, then honour an interrupt marked meanwhile: the
    * check comes after the move, so a mark made before it is seen here, and one made after it
-   * finds the job back in the queue, where the interrupt removes it itself.
+   * finds the job back in the queue, where the interrupt removes it itself. The turn ends before
+   * the job goes: a crash in between leaves the job, still barred, for the next take to drop; the
+   * other order left a queued Run with no job, which nothing would end. (The mark refuses any
+   * lease meanwhile, so ending the Run cannot stop one that runs.)
    */
   private async giveBack(job: Job<RunJobData>, token: string, delayMs: number, trace: Context): Promise<void> {
     await job.moveToDelayed(Date.now() + delayMs, token).catch(() => undefined);
     const { session_id: sessionId, run_id: runId } = job.data;
-    if (!(await this.o.cancels.marked(sessionId, runId))) return;
-    if ((await this.o.queues.cancelQueued(this.o.poolId, runId)) === 'canceled') await this.o.hooks.interrupted(job, trace);
+    if (!(await this.o.cancels.barred(sessionId, runId))) return;
+    await this.o.hooks.interrupted(job, trace);
+    await this.o.queues.cancelQueued(this.o.poolId, runId);
     await this.o.cancels.clear(sessionId, runId);
   }
 

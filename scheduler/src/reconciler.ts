@@ -1,42 +1,66 @@
 import { extractTrace, type Logger } from '@agentplane/core';
-import type { RunLifecycle, TurnResult } from '@agentplane/domain';
-import type { RunQueues } from '@agentplane/lease';
+import { boundedGraderResult, type RunLifecycle, type TurnResult } from '@agentplane/domain';
+import type { RunJobData, RunQueues } from '@agentplane/lease';
+import type { Job } from 'bullmq';
 
 /** Finished jobs are left alone this long, so the normal path (the gateway) reports them first. */
 const GRACE_MS = 3000;
 
 /**
+ * The turn's end a completed job carries: the gateway completes the job with the end it records
+ * (stop reason, the waits as the approvals mapped them, a grader Run's report), so a replay ends
+ * the turn as the live path would have. (A grader's report is bounded again: a job completed by
+ * an earlier version carries the runner's own.)
+ */
+export function turnEndOf(returnvalue: unknown): TurnResult {
+  const result = (returnvalue ?? {}) as Partial<TurnResult>;
+  const grader = result.grader ? boundedGraderResult(result.grader) : undefined;
+  return {
+    stop_reason: result.stop_reason ?? { type: 'end_turn' },
+    ...(result.waits ? { waits: result.waits } : {}),
+    ...(grader ? { grader } : {}),
+  };
+}
+
+/**
  * Crash safety for the moves that happen outside the scheduler's hands: BullMQ has finished a
  * Run (completed by a runner, failed for good) but the process that should have ended the turn
  * died first. Every move of the Run life cycle is a compare-and-swap that no-ops once the Run is
- * terminal, so reporting again is safe; a reconciled job is then removed from the queue.
+ * terminal, so reporting again is safe; a reconciled job is then removed from the queue. A job
+ * whose end could not be recorded (Redis unreachable, say) stays for the next scan.
  */
-export async function reconcilePool(poolId: string, queues: RunQueues, lifecycle: RunLifecycle, log: Logger, now = Date.now()): Promise<number> {
+export async function reconcilePool(poolId: string, queues: RunQueues, lifecycle: Pick<RunLifecycle, 'succeeded' | 'failed'>, log: Logger, now = Date.now()): Promise<number> {
   let done = 0;
+  const each = async (job: Job<RunJobData>, end: () => Promise<void>): Promise<void> => {
+    try {
+      await end();
+      done++;
+    } catch (err) {
+      log.warn({ err: err instanceof Error ? err.message : String(err), pool: poolId, run: job.data.run_id }, 'reconciling a finished run failed; retried on the next scan');
+    }
+  };
   // The normal path removes a finished job once the Run records its end: only jobs finished
   // before the grace period are read at all.
   for (const job of await queues.finishedBefore(poolId, 'completed', now - GRACE_MS)) {
-    const result = (job.returnvalue ?? {}) as Partial<TurnResult>;
-    await lifecycle.succeeded(job.data.session_id, job.data.run_id, null, {
-      stop_reason: result.stop_reason ?? { type: 'end_turn' },
-      ...(result.waits ? { waits: result.waits } : {}),
-    }, extractTrace(job.data.trace));
-    await job.remove().catch(() => undefined);
-    done++;
+    await each(job, async () => {
+      await lifecycle.succeeded(job.data.session_id, job.data.run_id, null, turnEndOf(job.returnvalue), extractTrace(job.data.trace));
+      await job.remove().catch(() => undefined);
+    });
   }
   for (const job of await queues.finishedBefore(poolId, 'failed', now - GRACE_MS)) {
-    const reason = job.failedReason ?? 'failed';
-    // Lost leases over the limit are failed as unrecoverable too, but they are no work failure.
-    const lostTooOften = /stalled more than allowable limit/.test(reason);
-    const agent = !lostTooOften && (/UnrecoverableError/.test(job.stacktrace?.join('\n') ?? '') || /no runner in the pool can serve/.test(reason));
-    await lifecycle.failed(job.data.session_id, job.data.run_id, null, {
-      class: agent ? 'work' : 'infrastructure',
-      code: /no runner in the pool can serve/.test(reason) ? 'no_eligible_runner' : agent ? 'work_failed' : 'retries_exhausted',
-      message: reason,
-    }, extractTrace(job.data.trace));
-    await queues.dequeued(poolId, job.data.workspace_id, job.data.run_id);
-    await job.remove().catch(() => undefined);
-    done++;
+    await each(job, async () => {
+      const reason = job.failedReason ?? 'failed';
+      // Lost leases over the limit are failed as unrecoverable too, but they are no work failure.
+      const lostTooOften = /stalled more than allowable limit/.test(reason);
+      const agent = !lostTooOften && (/UnrecoverableError/.test(job.stacktrace?.join('\n') ?? '') || /no runner in the pool can serve/.test(reason));
+      await lifecycle.failed(job.data.session_id, job.data.run_id, null, {
+        class: agent ? 'work' : 'infrastructure',
+        code: /no runner in the pool can serve/.test(reason) ? 'no_eligible_runner' : agent ? 'work_failed' : 'retries_exhausted',
+        message: reason,
+      }, extractTrace(job.data.trace));
+      await queues.dequeued(poolId, job.data.workspace_id, job.data.run_id);
+      await job.remove().catch(() => undefined);
+    });
   }
   if (done > 0) log.info({ pool: poolId, reconciled: done }, 'reconciled finished runs');
   return done;

@@ -2,7 +2,7 @@ import { BUCKETS, Counter, crashPoint, Histogram, type Logger, type Metrics } fr
 import type { Gateway, RunnerConnection } from '@agentplane/gateway';
 import { leaseRecordTtlMs, type Lease, type LeaseConfig, type LeaseKeeper, type LeaseRecord, type LeaseRecords, type OfferReply } from '@agentplane/lease';
 import type { LeaseRef } from '@agentplane/protocol';
-import type { EventLog } from '@agentplane/store';
+import { BoundedCache, type EventLog } from '@agentplane/store';
 import type { ModelsModule } from '../models/module.js';
 import { ModelStreams } from '../models/model-streams.js';
 import type { RunLifecycle, SessionStore, TurnResult } from '@agentplane/domain';
@@ -25,6 +25,15 @@ export interface RunHandlerDeps {
   interruptGraceMs: number;
 }
 
+/**
+ * Leases whose first event batch was appended here. An entry goes when the lease ends here (or is
+ * revoked); ends seen elsewhere (the runner moved to another node, or died) are bounded by count
+ * and age: a lease forgotten early only takes the first batch's path again, which then appends
+ * alone (the Run already records its first event).
+ */
+const FIRST_EVENTS_KEPT = 10_000;
+const FIRST_EVENT_KEPT_MS = 10 * 60_000;
+
 const leaseOf = (rec: LeaseRecord): Lease => ({
   lease_id: rec.lease_id, run_id: rec.run_id, session_id: rec.session_id, pool_id: rec.pool_id, attempt: rec.attempt, runner_id: rec.runner_id,
 });
@@ -35,7 +44,7 @@ const leaseOf = (rec: LeaseRecord): Lease => ({
  */
 export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
   const recordTtl = leaseRecordTtlMs(d.lease.leaseMs);
-  const firstEventSeen = new Set<string>();
+  const firstEventSeen = new BoundedCache<string, true>(FIRST_EVENTS_KEPT, { maxAgeMs: FIRST_EVENT_KEPT_MS });
   /** When each lease accepted here was accepted (time to first event), until its first event. */
   const acceptedAt = new Map<string, number>();
   const appendSeconds = new Histogram({
@@ -51,6 +60,8 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
 
   const revoke = (conn: RunnerConnection, ref: LeaseRef, reason: string) => {
     known.delete(ref.lease_id);
+    firstEventSeen.delete(ref.lease_id);
+    acceptedAt.delete(ref.lease_id);
     return conn.send('lease.revoked', { lease_id: ref.lease_id, attempt: ref.attempt, reason });
   };
 
@@ -163,29 +174,45 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     await d.records.touch(rec.lease_id, recordTtl);
   });
 
+  /**
+   * The turn's end as the Run records it: a use under an ActionApproval waits for the approval,
+   * not for a drive event, and a grader's report is bounded.
+   */
+  async function turnEnd(rec: LeaseRecord, result: Partial<TurnResult>): Promise<TurnResult> {
+    const waits = result.waits ? await d.approvals.waitKinds(rec.workspace_id, rec.session_id, rec.run_id, result.waits) : undefined;
+    const grader = result.grader ? boundedGraderResult(result.grader) : undefined;
+    return {
+      stop_reason: (result.stop_reason ?? { type: 'end_turn' }) as TurnResult['stop_reason'],
+      ...(waits ? { waits } : {}),
+      ...(grader ? { grader } : {}),
+    };
+  }
+
+  /**
+   * The runner keeps the lease until this frame is answered (`ack`, or `lease.revoked`) and sends
+   * it again after a reconnect or an error: every step here may be repeated (the keeper answers a
+   * complete of a job this lease completed already `ok`, and the turn end applies once).
+   */
   gw.on('lease.complete', async (conn, msg, trace) => {
     const rec = await recordFor(conn, msg.payload);
     if (!rec) return void revoke(conn, msg.payload, 'unknown lease');
-    const result = (msg.payload.result ?? {}) as Partial<TurnResult>;
-    if ((await d.keeper.complete(leaseOf(rec), result)) === 'lost') return void revoke(conn, msg.payload, 'the lease was lost before completion');
+    // The job carries the end as recorded here, so the scheduler's replay of a completed job
+    // (after a crash below) ends the turn the same way.
+    const end = await turnEnd(rec, (msg.payload.result ?? {}) as Partial<TurnResult>);
+    if ((await d.keeper.complete(leaseOf(rec), end)) === 'lost') return void revoke(conn, msg.payload, 'the lease was lost before completion');
     // The job is completed, and neither the Run nor the thread records it yet: the scheduler's
     // reconciliation of completed jobs ends the turn if this process dies here.
     crashPoint('run-completed');
     firstEventSeen.delete(rec.lease_id);
     known.delete(rec.lease_id);
     acceptedAt.delete(rec.lease_id);
-    // A use under an ActionApproval waits for the approval, not for a drive event.
-    const waits = result.waits ? await d.approvals.waitKinds(rec.workspace_id, rec.session_id, rec.run_id, result.waits) : undefined;
-    await d.lifecycle.succeeded(rec.session_id, rec.run_id, rec.lease_id, {
-      stop_reason: (result.stop_reason ?? { type: 'end_turn' }) as TurnResult['stop_reason'],
-      ...(waits ? { waits } : {}),
-      ...(result.grader ? { grader: boundedGraderResult(result.grader) } : {}),
-    }, trace);
+    await d.lifecycle.succeeded(rec.session_id, rec.run_id, rec.lease_id, end, trace);
     // Approvals resolved while the Run was still ending answer their waits now.
-    if (waits) await d.approvals.settleWaits(rec.workspace_id, rec.session_id, waits).catch((err: unknown) => d.logger.error({ err, run: rec.run_id }, 'settling approval waits failed'));
+    if (end.waits) await d.approvals.settleWaits(rec.workspace_id, rec.session_id, end.waits).catch((err: unknown) => d.logger.error({ err, run: rec.run_id }, 'settling approval waits failed'));
     // The end is on the Run: the job and the lease record go (a crash before this leaves them
     // to the scheduler's sweep and to their expiry).
     await Promise.all([d.keeper.finished(leaseOf(rec)).catch(() => undefined), d.records.remove(rec.lease_id, rec.runner_id)]);
+    conn.send('ack', {}, msg.id);
   });
 
   gw.on('lease.fail', async (conn, msg, trace) => {
@@ -211,7 +238,7 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     if (!rec || rec.session_id !== p.session_id) return void revoke(conn, p, 'unknown lease');
     const endAppend = appendSeconds.startTimer();
     const events = p.events.map((e) => ({ type: e.type, payload: e.payload, session_thread_id: rec.thread_id, producer_key: e.producer_key }));
-    const first = !firstEventSeen.has(rec.lease_id);
+    const first = firstEventSeen.get(rec.lease_id) === undefined;
     // A lease's first batch records the Run's first event in the same script.
     const res = first
       ? await d.lifecycle.appendFirstEvents(rec.session_id, rec.run_id, events, { fence: rec.lease_id, trace })
@@ -221,7 +248,7 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     if (!res.ok) return void revoke(conn, p, res.reason === 'erased' ? 'the session was deleted' : 'the lease was lost: writes are fenced');
     conn.send('events.ack', { lease_id: p.lease_id, attempt: p.attempt, seqs: res.events.map((e) => e.seq) }, msg.id);
     if (first) {
-      firstEventSeen.add(rec.lease_id);
+      firstEventSeen.set(rec.lease_id, true);
       const at = acceptedAt.get(rec.lease_id);
       acceptedAt.delete(rec.lease_id);
       if (at !== undefined) firstEventSeconds.observe((performance.now() - at) / 1000);

@@ -1,4 +1,6 @@
 import { UnrecoverableError, type Job } from 'bullmq';
+import { crashPoint } from '@agentplane/core';
+import { BoundedCache } from '@agentplane/store';
 import type { LeaseConfig } from './config.js';
 import { LeaseFence, type FenceClaim } from './fence.js';
 import type { RunJobData, RunQueues } from './queues.js';
@@ -21,6 +23,14 @@ export interface LeaseFailure {
   message: string;
 }
 
+/**
+ * Jobs kept per lease, so a lease's frames skip reading its job back. An entry is dropped on every
+ * end this process sees; ends it never sees (the runner died, or finished on another node) are
+ * bounded by count and age: a job read again costs a round trip, never a wrong answer.
+ */
+const JOBS_KEPT = 10_000;
+const JOB_KEPT_MS = 10 * 60_000;
+
 /** Claims a lease's Session fence (`LeaseFence.claim`, or a claim with writes of its own). */
 export type FenceClaimer = (fence: LeaseFence, claim: FenceClaim, ttlMs: number) => Promise<'ok' | 'taken' | 'canceled'>;
 
@@ -30,7 +40,7 @@ export type FenceClaimer = (fence: LeaseFence, claim: FenceClaim, ttlMs: number)
  * stale runner's writes before BullMQ even notices the stall.
  */
 export class LeaseKeeper {
-  private readonly jobs = new Map<string, Job<RunJobData>>();
+  private readonly jobs = new BoundedCache<string, Job<RunJobData>>(JOBS_KEPT, { maxAgeMs: JOB_KEPT_MS });
 
   constructor(
     private readonly queues: RunQueues,
@@ -51,6 +61,11 @@ export class LeaseKeeper {
     this.jobs.delete(lease.lease_id);
   }
 
+  /** How many leases' jobs are kept now. */
+  get jobsKept(): number {
+    return this.jobs.size;
+  }
+
   private get fenceTtl(): number {
     return Math.max(1000, this.config.leaseMs - this.config.fenceMarginMs);
   }
@@ -69,7 +84,10 @@ export class LeaseKeeper {
       this.forget(lease);
       return 'lost';
     }
-    return claim(this.fence, { sessionId: lease.session_id, token: lease.lease_id, runnerId: lease.runner_id, attempt: lease.attempt, runId: lease.run_id }, this.fenceTtl);
+    const claimed = await claim(this.fence, { sessionId: lease.session_id, token: lease.lease_id, runnerId: lease.runner_id, attempt: lease.attempt, runId: lease.run_id }, this.fenceTtl);
+    // A refused claim ends the lease here: the gateway drops its record and revokes it.
+    if (claimed !== 'ok') this.forget(lease);
+    return claimed;
   }
 
   /**
@@ -86,27 +104,47 @@ export class LeaseKeeper {
       this.forget(lease);
       return 'lost';
     }
-    return this.fence.extend(lease.session_id, lease.lease_id, this.fenceTtl, lease.run_id);
+    const fenced = await this.fence.extend(lease.session_id, lease.lease_id, this.fenceTtl, lease.run_id);
+    if (fenced === 'lost') this.forget(lease);
+    return fenced;
   }
 
   /**
-   * The runner finished the attempt. The fence is released as it is checked (one round trip),
-   * before the job moves: the job still holds this lease's lock, so no other attempt can claim
-   * the fence meanwhile, and a move that fails finds the fence released, as it would have been
-   * anyway. The runner reports the end only after its last events were acknowledged, so no
-   * write of its own meets the released fence.
+   * The runner finished the attempt: the fence is checked, the job moves to completed under this
+   * lease's lock, and only then is the fence released. A crash before the move leaves the job
+   * active and the fence held, so the complete the runner sends again (it keeps the lease until
+   * this is answered) completes it; a crash after it leaves the job completed, and a complete of
+   * the same lease sent again is answered `ok` (`completedBy`). While the job holds this lease's
+   * lock no other attempt can claim the fence, and the runner reports the end only after its last
+   * events were acknowledged, so no write meets the fence it leaves held until it expires.
    */
   async complete(lease: Lease, result: unknown): Promise<'ok' | 'lost'> {
     const job = await this.jobFor(lease);
-    if (!job || !(await this.fence.releaseLive(lease.session_id, lease.lease_id))) return 'lost';
+    if (!job) return 'lost';
     try {
-      await job.moveToCompleted(result, lease.lease_id, false);
-    } catch {
-      return 'lost';
+      if (!(await this.completeJob(job, lease, result)) && !(await this.completedBy(lease))) return 'lost';
+      crashPoint('lease-job-completed');
+      await this.fence.release(lease.session_id, lease.lease_id);
+      return 'ok';
     } finally {
       this.forget(lease);
     }
-    return 'ok';
+  }
+
+  /** True when this call moved the job to completed: the fence was live and the lock this lease's. */
+  private async completeJob(job: Job<RunJobData>, lease: Lease, result: unknown): Promise<boolean> {
+    if (!(await this.fence.holds(lease.session_id, lease.lease_id))) return false;
+    crashPoint('lease-complete-checked');
+    return job.moveToCompleted(result, lease.lease_id, false).then(() => true, () => false);
+  }
+
+  /**
+   * The Run's job was completed by this lease's attempt already (a complete sent again after its
+   * answer was lost). BullMQ counts every take of a job, so no other lease shares the attempt.
+   */
+  private async completedBy(lease: Lease): Promise<boolean> {
+    const job = await this.queues.job(lease.pool_id, lease.run_id);
+    return job !== undefined && job.attemptsStarted === lease.attempt && (await job.getState()) === 'completed';
   }
 
   /**

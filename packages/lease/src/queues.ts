@@ -145,6 +145,16 @@ function sent<T>(data: Pick<RunJobData, 'run_id' | 'pool_id'>, trace: Context | 
   }, (_span, ctx) => send(ctx));
 }
 
+/** Where a Run's job is (`RunQueues.jobPlace`). */
+export type JobPlace = 'queued' | 'active' | 'finished' | 'absent';
+
+async function placeOf(job: Job<RunJobData>): Promise<JobPlace> {
+  const state = await job.getState();
+  if (state === 'active') return 'active';
+  if (state === 'completed' || state === 'failed') return 'finished';
+  return state === 'unknown' ? 'absent' : 'queued';
+}
+
 export class RunQueues {
   private readonly queues = new Map<string, Queue>();
   /** The pools' queues on `commands`, for jobs sent behind a write of that connection (`sendBehind`). */
@@ -300,6 +310,15 @@ export class RunQueues {
   }
 
   /**
+   * Where a Run's job is: `queued` (waiting its turn: removable), `active` (a scheduler holds it,
+   * placing it or leased), `finished` (completed or failed), `absent` (no such job).
+   */
+  async jobPlace(poolId: string, runId: string): Promise<JobPlace> {
+    const job = await this.job(poolId, runId);
+    return job ? placeOf(job) : 'absent';
+  }
+
+  /**
    * Removes a Run's job that is not taken: `canceled` when it was removed; `active` when a
    * scheduler holds it (placing it, or leased); `finished` when it completed or failed; `absent`
    * when there is no such job.
@@ -307,9 +326,8 @@ export class RunQueues {
   async cancelQueued(poolId: string, runId: string): Promise<'canceled' | 'active' | 'finished' | 'absent'> {
     const job = await this.job(poolId, runId);
     if (!job) return 'absent';
-    const state = await job.getState();
-    if (state === 'active') return 'active';
-    if (state === 'completed' || state === 'failed') return 'finished';
+    const state = await placeOf(job);
+    if (state !== 'queued') return state;
     try {
       await job.remove();
     } catch {

@@ -1,4 +1,4 @@
-import { newId, nowIso, type Context, type Logger } from '@agentplane/core';
+import { crashPoint, newId, nowIso, type Context, type Logger } from '@agentplane/core';
 import { cancelOnRunner } from '@agentplane/gateway';
 import { CancelMarks, LeaseFence, markPoolActive, type NewRunJob, type RunQueues, type RunRequirements } from '@agentplane/lease';
 import { BoundedCache, isCluster, type Redis } from '@agentplane/store';
@@ -32,6 +32,8 @@ interface TakenRank {
   workspaceId: string;
   rank: Promise<number>;
 }
+
+const INTERRUPTED_QUEUED = 'interrupted while queued';
 
 /** A Run's job as its pool's queue holds it. */
 function jobOf(run: RunDoc, poolId: string, requirements: RunRequirements): NewRunJob {
@@ -264,16 +266,20 @@ export class RunEngine implements TurnScheduler {
    */
   async interruptRequested(sessionId: string, _threadId: string, runId: string, trace?: Context): Promise<void> {
     const run = await this.d.store.run(sessionId, runId);
-    if (!run || run.status === 'succeeded' || run.status === 'failed' || run.status === 'canceled') return;
+    if (!run || run.status === 'succeeded' || run.status === 'failed') return;
+    // Cancelled already: the turn's end is carried out again (a crash may have cut it short; it
+    // applies once), so an interrupt sent again repairs it.
+    if (run.status === 'canceled') return void (await this.d.lifecycle.canceled(sessionId, runId, INTERRUPTED_QUEUED, trace));
     const pool = (run.status === 'queued' || run.status === 'waiting') ? run.runner_pool_id : undefined;
     let held = false;
     if (pool) {
-      const r = await this.d.queues.cancelQueued(pool, runId);
-      if (r === 'canceled') return this.d.lifecycle.canceled(sessionId, runId, 'interrupted while queued', trace);
+      const place = await this.d.queues.jobPlace(pool, runId);
+      if (place === 'queued' && (await this.endQueued(sessionId, runId, pool, trace))) return;
       // A job held (taken, offers out), or none yet (its start wrote the Run with its pool and the
-      // job sent behind it is not added yet, or only the repair adds it): the dispatcher that
-      // takes it honours the mark, and a job that arrives meanwhile is removed below.
-      held = r === 'active' || r === 'absent';
+      // job sent behind it is not added yet, or only the repair adds it), or a Run taken since the
+      // read: the dispatcher that takes it honours the mark, a lease claimed meanwhile is
+      // cancelled below, and a job that arrives meanwhile is removed below.
+      held = place !== 'finished';
       if (held) await this.cancels.mark(sessionId, runId);
     } else if (run.status === 'queued' || run.status === 'waiting') {
       // Its pool is not on the Run yet (the write of the enqueue has not landed): the dispatcher
@@ -287,10 +293,23 @@ export class RunEngine implements TurnScheduler {
       return;
     }
     if (await this.cancelLease(sessionId, run.workspace_id, runId)) return;
-    if (held && pool && (await this.d.queues.cancelQueued(pool, runId)) === 'canceled') {
+    if (held && pool && (await this.d.queues.jobPlace(pool, runId)) === 'queued' && (await this.endQueued(sessionId, runId, pool, trace))) {
       await this.cancels.clear(sessionId, runId);
-      await this.d.lifecycle.canceled(sessionId, runId, 'interrupted while queued', trace);
     }
+  }
+
+  /**
+   * A queued Run is interrupted: its end is recorded first, and only then does its job go. A
+   * crash in between leaves a job whose Run has ended, which the dispatcher that takes it drops
+   * (`CancelMarks.barred`) and the lease claim refuses (`RunLifecycle.accepted`); the other order
+   * left a queued Run with no job, which nothing would ever end. False when the Run was taken
+   * meanwhile (it is no longer queued): it is cancelled on its runner instead.
+   */
+  private async endQueued(sessionId: string, runId: string, pool: string, trace?: Context): Promise<boolean> {
+    if (!(await this.d.lifecycle.canceled(sessionId, runId, INTERRUPTED_QUEUED, trace, { onlyQueued: true }))) return false;
+    crashPoint('interrupt-run-canceled');
+    await this.d.queues.cancelQueued(pool, runId);
+    return true;
   }
 
   /** Sends `lease.cancel` to the runner holding the Run's lease; false when no lease holds it. */

@@ -133,6 +133,48 @@ describe('acceptance with the lease\'s fence claim', () => {
     expect(await lifecycle.accepted(t.sessionId, t.runId, lease('tok-s'), claimOf(t, 'tok-s'))).toBe('ok');
     expect(await fence().holds(t.sessionId, 'tok-s')).toBe(true);
   });
+
+  it('an ended Run is never leased (a job an interrupt left behind): the claim is refused, or given back when a stale write made it', async () => {
+    const other = new RunLifecycle(store, new ThreadRuntime(store, () => recordOnlyTurnScheduler), createLogger({ name: 'test', level: 'silent' }));
+    const t = await queuedTurn();
+    expect(await other.canceled(t.sessionId, t.runId, 'interrupted while queued', undefined, { onlyQueued: true })).toBe(true);
+    expect(await lifecycle.accepted(t.sessionId, t.runId, lease('tok-e'), claimOf(t, 'tok-e'))).toBe('canceled');
+    expect(await fence().holds(t.sessionId, 'tok-e')).toBe(false);
+    expect((await store.run(t.sessionId, t.runId))?.status).toBe('canceled');
+
+    // This process wrote the Run last, then another one ended it: the claim rides on a stale
+    // write (the claim is made, the Run's swap refused), and is given back.
+    const u = await queuedTurn();
+    lifecycle.written((await store.run(u.sessionId, u.runId)) as RunDoc);
+    expect(await other.canceled(u.sessionId, u.runId, 'interrupted while queued', undefined, { onlyQueued: true })).toBe(true);
+    expect(await lifecycle.accepted(u.sessionId, u.runId, lease('tok-f'), claimOf(u, 'tok-f'))).toBe('canceled');
+    expect(await fence().holds(u.sessionId, 'tok-f')).toBe(false);
+
+    // Only a Run still waiting for a runner is cancelled that way: a leased one is left running.
+    const v = await queuedTurn();
+    expect(await lifecycle.accepted(v.sessionId, v.runId, lease('tok-g'), claimOf(v, 'tok-g'))).toBe('ok');
+    expect(await other.canceled(v.sessionId, v.runId, 'interrupted while queued', undefined, { onlyQueued: true })).toBe(false);
+    expect((await store.run(v.sessionId, v.runId))?.status).toBe('running');
+  });
+});
+
+describe('a move that cannot be written', () => {
+  const result = { stop_reason: { type: 'end_turn' as const } };
+
+  it('fails the call (Redis unreachable), so the caller does not go on as if the end were recorded; a Run that is gone is skipped', async () => {
+    const t = await leasedTurn();
+    const down = connectRedis(server.url, { name: 'test-down' });
+    const downStore = new SessionStore(down);
+    const cut = new RunLifecycle(downStore, new ThreadRuntime(downStore, () => recordOnlyTurnScheduler), createLogger({ name: 'test', level: 'silent' }));
+    down.disconnect();
+    await expect(cut.succeeded(t.sessionId, t.runId, 'lease-1', result)).rejects.toThrow();
+    await expect(cut.failed(t.sessionId, t.runId, 'lease-1', { class: 'infrastructure', code: 'retries_exhausted', message: 'x' })).rejects.toThrow();
+    await expect(cut.canceled(t.sessionId, t.runId, 'interrupted')).rejects.toThrow();
+    expect((await store.run(t.sessionId, t.runId))?.status).toBe('running');
+    // A late report of a Run that is gone (its Session deleted) is no failure.
+    await expect(lifecycle.succeeded(t.sessionId, 'run_gone', null, result)).resolves.toBeUndefined();
+    await expect(lifecycle.canceled(t.sessionId, 'run_gone', 'interrupted')).resolves.toBe(false);
+  });
 });
 
 describe('lost leases', () => {

@@ -89,8 +89,12 @@ export class RunLifecycle {
       else this.remember(run);
       return { run, moved };
     } catch (err) {
-      if (err instanceof ClaimRefused) throw err;
-      this.log.warn({ err: err instanceof Error ? err.message : String(err), run: runId }, 'run update skipped');
+      // Only a Run that is gone is skipped (a late report of a Run whose Session was deleted).
+      // Anything else (Redis unreachable, a refused write, contention) wrote nothing, and the
+      // caller must not go on as if it had: a job removed after an end that was not recorded
+      // would leave the Run and its thread running for ever.
+      if (!(err instanceof ApiError && err.type === 'validation.not_found')) throw err;
+      this.log.warn({ err: err.message, run: runId }, 'run update skipped: the Run is gone');
       return null;
     }
   }
@@ -161,7 +165,7 @@ export class RunLifecycle {
    * compare-and-swap instead of two). A Run another reporter already recorded as leased by this
    * lease only moves on to running. With `claim`, the lease's fence is claimed by the same script
    * as the move (alone when the Run needs no move); a refused claim writes nothing and is the
-   * answer (`taken`, `canceled`).
+   * answer (`taken`, `canceled`). A Run that has ended answers `canceled`, its fence not claimed.
    */
   async accepted(sessionId: string, runId: string, lease: { lease_id: string; runner_id: string; attempt: number }, claim?: AcceptClaim): Promise<'ok' | 'taken' | 'canceled'> {
     const marking = this.startupMarking(sessionId, runId, claim);
@@ -179,6 +183,13 @@ export class RunLifecycle {
     } catch (err) {
       if (err instanceof ClaimRefused) return err.reason;
       throw err;
+    }
+    // An ended Run is never leased: an interrupt records a queued Run's end before it removes the
+    // job, so a job left behind may still be offered. A claim made by a write that then met the
+    // ended Run (its compare-and-swap went stale) is given back.
+    if (res && TERMINAL.has(res.run.status)) {
+      if (claim && marking.claimed()) await claim.fence.release(claim.claim.sessionId, claim.claim.token);
+      return 'canceled';
     }
     // No Run to move: a job sent behind a turn start that did not commit
     // (`RunQueues.sendBehind`) is never leased (read only here, off the common path).
@@ -413,11 +424,18 @@ export class RunLifecycle {
     await this.runtime.endTurn(session, res.run.session_thread_id, stop, [], { runId, fresh: true, trace });
   }
 
-  async canceled(sessionId: string, runId: string, reason: string, trace?: Context): Promise<void> {
+  /**
+   * The Run ends `canceled` and its turn `interrupted`; true when the Run is canceled (by this
+   * call or before it). `onlyQueued`: only a Run still waiting for a runner (queued, waiting) is
+   * moved; one a lease was claimed for meanwhile is left to be cancelled on its runner.
+   */
+  async canceled(sessionId: string, runId: string, reason: string, trace?: Context, options: { onlyQueued?: boolean } = {}): Promise<boolean> {
+    const movable = (r: RunDoc): boolean => !TERMINAL.has(r.status) && (!options.onlyQueued || r.status === 'queued' || r.status === 'waiting');
     const res = await this.move(sessionId, runId, (r) =>
-      TERMINAL.has(r.status) ? null : { ...r, status: 'canceled', attempts: this.endAttempt(r, null, 'canceled', reason), timestamps: { ...this.ts(r), ended_at: nowIso() } });
-    if (!res || (!res.moved && res.run.status !== 'canceled')) return;
+      !movable(r) ? null : { ...r, status: 'canceled', attempts: this.endAttempt(r, null, 'canceled', reason), timestamps: { ...this.ts(r), ended_at: nowIso() } });
+    if (!res || (!res.moved && res.run.status !== 'canceled')) return false;
     const session = await this.store.get(res.run.workspace_id, sessionId);
     await this.runtime.endTurn(session, res.run.session_thread_id, { type: 'interrupted' }, [], { runId, fresh: true, trace });
+    return true;
   }
 }

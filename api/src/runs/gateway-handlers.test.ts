@@ -1,0 +1,106 @@
+import { describe, expect, it } from 'vitest';
+import { context, createLogger, createMetrics } from '@agentplane/core';
+import type { RunLifecycle, SessionStore, TurnResult } from '@agentplane/domain';
+import type { FrameHandler, Gateway, RunnerConnection } from '@agentplane/gateway';
+import { DEFAULT_LEASE_CONFIG, type LeaseKeeper, type LeaseRecord, type LeaseRecords } from '@agentplane/lease';
+import type { GatewayToRunnerType, Payload, RunnerToGatewayType } from '@agentplane/protocol';
+import type { AppendResult, EventLog } from '@agentplane/store';
+import type { ApprovalService } from '../approvals/service.js';
+import type { ModelsModule } from '../models/module.js';
+import { registerRunHandlers } from './gateway-handlers.js';
+
+const REC: LeaseRecord = {
+  lease_id: 'lease-1', run_id: 'run_1', session_id: 'sess_1', thread_id: 'sthr_1', workspace_id: 'wrkspc_1', pool_id: 'rpool_1', attempt: 1, runner_id: 'runner_1', reply_to: 'reply',
+};
+
+interface Sent { type: string; payload: unknown; re: string | undefined }
+
+/** An append's answer, as much of it as the handlers read. */
+const appended = (seq: number): AppendResult => ({ ok: true, events: [{ seq }] }) as unknown as AppendResult;
+
+/**
+ * The run handlers over stand-ins: a gateway that only collects them, a connection that records
+ * what is sent, and the lease, Run and approval services as plain functions of the test.
+ */
+function harness(over: { keeper?: Partial<LeaseKeeper>; lifecycle?: Partial<RunLifecycle>; log?: Partial<EventLog> } = {}) {
+  const handlers = new Map<string, FrameHandler>();
+  const gw = {
+    on: (type: RunnerToGatewayType, handler: FrameHandler) => void handlers.set(type, handler),
+    onConnected: () => undefined,
+    sendToChannel: async () => undefined,
+  } as unknown as Gateway;
+  const sent: Sent[] = [];
+  const conn = {
+    id: 'conn_1', identity: { runnerId: REC.runner_id, workspaceId: REC.workspace_id }, generation: 1, protocolVersion: 1, status: 'ready',
+    send: <T extends GatewayToRunnerType>(type: T, payload: Payload<T>, re?: string) => {
+      sent.push({ type, payload, re });
+      return true;
+    },
+    cancelLease: () => undefined,
+    close: () => undefined,
+  } as unknown as RunnerConnection;
+  const records = { get: async () => REC, remove: async () => undefined, touch: async () => undefined, orphansOf: async () => [] } as unknown as LeaseRecords;
+  // A use under an ActionApproval waits for the approval.
+  const approvals = {
+    waitKinds: async (_ws: string, _s: string, _r: string, waits: TurnResult['waits']) => (waits ?? []).map((w) => ({ ...w, kind: 'approval' as const })),
+    settleWaits: async () => undefined,
+  } as unknown as ApprovalService;
+  registerRunHandlers(gw, {
+    keeper: over.keeper as LeaseKeeper, records, lifecycle: over.lifecycle as RunLifecycle, log: over.log as EventLog, store: {} as SessionStore,
+    models: {} as ModelsModule, lease: DEFAULT_LEASE_CONFIG, logger: createLogger({ name: 'test', level: 'silent' }), approvals, metrics: createMetrics(),
+    interruptGraceMs: 1000,
+  });
+  const frame = (type: RunnerToGatewayType, id: string, payload: Record<string, unknown>) =>
+    (handlers.get(type) as FrameHandler)(conn, { v: 1, type, id, payload } as never, context.active());
+  return { sent, frame };
+}
+
+describe('the run handlers', () => {
+  it('lease.complete: the job is completed with the end the Run records (waits as the approvals map them, the grader\'s report bounded), and the frame is acknowledged', async () => {
+    const completed: unknown[] = [];
+    const ended: TurnResult[] = [];
+    const h = harness({
+      keeper: {
+        complete: async (_lease, result) => {
+          completed.push(result);
+          return 'ok';
+        },
+        finished: async () => undefined,
+      },
+      lifecycle: { succeeded: async (_s, _r, _l, result) => void ended.push(result) },
+    });
+    const grader = { input: { system: 'grade', messages: [] }, output: 'ok', usage: { input_tokens: 2, note: 'dropped' } };
+    await h.frame('lease.complete', 'c1', {
+      lease_id: REC.lease_id, attempt: 1, result: { stop_reason: { type: 'requires_action' }, waits: [{ tool_use_id: 'toolu_1', kind: 'custom_tool' }], grader, usage: { input_tokens: 9 } },
+    });
+    const end = { stop_reason: { type: 'requires_action' }, waits: [{ tool_use_id: 'toolu_1', kind: 'approval' }], grader: { ...grader, usage: { input_tokens: 2 } } };
+    // The job carries what a replay of it (the scheduler's reconciliation) must record.
+    expect(completed).toEqual([end]);
+    expect(ended).toEqual([end]);
+    expect(h.sent).toEqual([{ type: 'ack', payload: {}, re: 'c1' }]);
+  });
+
+  it('a revoked lease leaves nothing behind: a later batch of it takes the first batch\'s path again', async () => {
+    const first: string[] = [];
+    const h = harness({
+      keeper: { heartbeat: async () => 'lost' },
+      lifecycle: {
+        appendFirstEvents: async (_s, runId) => {
+          first.push(runId);
+          return appended(1);
+        },
+      },
+      log: { append: async () => appended(2) },
+    });
+    const batch = (id: string) => h.frame('events.batch', id, {
+      lease_id: REC.lease_id, attempt: 1, session_id: REC.session_id, events: [{ producer_key: id, type: 'agent.message', payload: {} }],
+    });
+    await batch('b1');
+    await batch('b2');
+    expect(first).toHaveLength(1);
+    await h.frame('lease.heartbeat', 'h1', { lease_id: REC.lease_id, attempt: 1 });
+    expect(h.sent.some((s) => s.type === 'lease.revoked')).toBe(true);
+    await batch('b3');
+    expect(first).toHaveLength(2);
+  });
+});
