@@ -7,7 +7,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { constants } from 'node:os';
 import { PassThrough } from 'node:stream';
-import { CappedBuffer } from './output.js';
+import { CappedBuffer, runawayBytes, runawayNote, withNote } from './output.js';
 import { EXEC_DEFAULTS, SandboxError, type ExecOptions, type ExecResult, type SandboxProcess } from './types.js';
 
 export interface ChildOptions {
@@ -97,8 +97,8 @@ function whenEnded(child: ChildProcess): { ended: Promise<Ended>; afterKill(): v
 export async function execChild(argv: string[], o: ChildOptions, options: ExecOptions = {}): Promise<ExecResult> {
   const started = Date.now();
   const maxOutput = options.maxOutputBytes ?? EXEC_DEFAULTS.maxOutputBytes;
-  const stdout = new CappedBuffer(maxOutput);
-  const stderr = new CappedBuffer(maxOutput);
+  const stdout = new CappedBuffer(maxOutput, runawayBytes(maxOutput));
+  const stderr = new CappedBuffer(maxOutput, runawayBytes(maxOutput));
   if (options.signal?.aborted) {
     return { exitCode: 137, stdout: '', stderr: '', truncated: false, timedOut: false, killed: true, oomKilled: false, durationMs: 0 };
   }
@@ -128,20 +128,28 @@ export async function execChild(argv: string[], o: ChildOptions, options: ExecOp
     kill();
   };
   options.signal?.addEventListener('abort', onAbort, { once: true });
+  // A command writing without bound is ended, as the docker driver ends one (output.ts).
+  let capped = false;
+  const onRunaway = (): void => {
+    capped = true;
+    kill();
+  };
+  stdout.once('runaway', onRunaway);
+  stderr.once('runaway', onRunaway);
   const { code, signal, spawnError } = await end.ended;
   clearTimeout(timer);
   options.signal?.removeEventListener('abort', onAbort);
   if (pid) o.onEnd?.(pid);
   if (spawnError) throw new SandboxError('exec_failed', `spawn ${argv[0]}: ${spawnError.message}`, { cause: spawnError });
   // The leader may be gone while members of its group, or what left it, still run: finish them too.
-  if (pid && (timedOut || killed)) {
+  if (pid && (timedOut || killed || capped)) {
     killGroup(pid);
     await o.killEscaped?.().catch(() => undefined);
   }
   return {
-    exitCode: timedOut || killed ? 137 : exitCodeOf(code, signal),
+    exitCode: timedOut || killed || capped ? 137 : exitCodeOf(code, signal),
     stdout: stdout.text(),
-    stderr: stderr.text(),
+    stderr: capped ? withNote(stderr.text(), runawayNote(maxOutput)) : stderr.text(),
     truncated: stdout.truncated || stderr.truncated,
     timedOut,
     killed,

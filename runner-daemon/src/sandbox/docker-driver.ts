@@ -13,7 +13,7 @@ import { ensureSandboxImage, loadManifest } from './image.js';
 import { browserRepository, ensureBrowserImage } from './browser-image.js';
 import { BrowserProbe, type BrowserVerdict } from './browser-probe.js';
 import { TierProbe, type IsolationTier, type TierVerdict } from './tiers.js';
-import { CappedBuffer, sleep, withTimeout } from './output.js';
+import { CappedBuffer, runawayBytes, runawayNote, sleep, withNote, withTimeout } from './output.js';
 import { createTar, type TarEntry } from './tar.js';
 import {
   EXEC_DEFAULTS,
@@ -497,7 +497,7 @@ export class DockerDriver implements SandboxDriver {
       exitCode = 137;
     }
     if (timedOut || killed || capped) exitCode = 137;
-    if (capped) errText = withNote(errText, `… [output truncated at ${maxOutput} bytes; the command was ended after writing more than ${runawayBytes(maxOutput)} bytes to one stream]`);
+    if (capped) errText = withNote(errText, runawayNote(maxOutput));
     let oomKilled = false;
     if (exitCode === 137 && !timedOut && !killed && !capped) {
       const count = await this.readOomKills(tracked);
@@ -751,18 +751,6 @@ export class DockerDriver implements SandboxDriver {
   }
 }
 
-/**
- * How much a command may write to one stream before it is taken for a runaway and ended: far
- * more than a chatty build prints, reached by an unbounded writer within a second.
- */
-export function runawayBytes(maxOutput: number): number {
-  return Math.max(64 * maxOutput, 64 * 1024 * 1024);
-}
-
-/** Text with a note on a line of its own at the end. */
-function withNote(text: string, note: string): string {
-  return `${text}${text && !text.endsWith('\n') ? '\n' : ''}${note}\n`;
-}
 
 /** A workspace-relative path without `..` escapes. */
 export function normaliseRelative(path: string): string {

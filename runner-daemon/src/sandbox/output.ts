@@ -74,3 +74,21 @@ export async function withTimeout<T>(promise: Promise<T>, ms: number, onTimeout:
     if (timer) clearTimeout(timer);
   }
 }
+
+/**
+ * How much a command may write to one stream before it is taken for a runaway and ended: far
+ * more than a chatty build prints, reached by an unbounded writer within a second.
+ */
+export function runawayBytes(maxOutput: number): number {
+  return Math.max(64 * maxOutput, 64 * 1024 * 1024);
+}
+
+/** The note at the end of a runaway command's stderr. */
+export function runawayNote(maxOutput: number): string {
+  return `… [output truncated at ${maxOutput} bytes; the command was ended after writing more than ${runawayBytes(maxOutput)} bytes to one stream]`;
+}
+
+/** Text with a note on a line of its own at the end. */
+export function withNote(text: string, note: string): string {
+  return `${text}${text && !text.endsWith('\n') ? '\n' : ''}${note}\n`;
+}

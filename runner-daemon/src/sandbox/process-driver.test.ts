@@ -8,6 +8,7 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { bashTool, runTool, writeTool, readTool } from '../harness/tools/builtin.js';
 import { DockerDriver } from './docker-driver.js';
 import { ProcessDriver } from './process-driver.js';
+import { runawayBytes } from './output.js';
 import { selectDriver } from './select.js';
 import { driverSatisfies } from './types.js';
 
@@ -91,6 +92,18 @@ describe('process driver (no Docker)', () => {
     await driver.destroy(session.id);
     await expect.poll(() => running(`agentplane-left-${tag}`), { timeout: 3_000 }).toBe(false);
   }, 15_000);
+
+  it('ends a command that writes without bound instead of letting it run to its timeout', async () => {
+    const driver = new ProcessDriver({ runnerId: 'r-proc', dataDir });
+    const sandbox = await driver.ensure({ id: `sess_${randomBytes(6).toString('hex')}` }, {});
+    const endless = await driver.exec(sandbox, ['cat', '/dev/zero'], { timeoutMs: 60_000, maxOutputBytes: 1000 });
+    expect(endless).toMatchObject({ exitCode: 137, truncated: true, timedOut: false, killed: false });
+    expect(endless.stdout.length).toBe(1000);
+    expect(endless.stderr).toContain(`the command was ended after writing more than ${runawayBytes(1000)} bytes`);
+    // A chatty command under the bound runs to its end, its output capped.
+    const chatty = await driver.exec(sandbox, { script: 'head -c 3000000 /dev/zero | tr "\\0" x; echo done >&2' }, { maxOutputBytes: 1000 });
+    expect(chatty).toMatchObject({ exitCode: 0, truncated: true, stderr: 'done\n' });
+  }, 30_000);
 
   it('spawns a command with open stdio and kills its process group', async () => {
     const driver = new ProcessDriver({ runnerId: 'r-proc', dataDir });
