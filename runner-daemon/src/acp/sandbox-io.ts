@@ -7,6 +7,7 @@
 import { randomBytes } from 'node:crypto';
 import * as acp from '@agentclientprotocol/sdk';
 import type { Sandbox, SandboxDriver, SandboxProcess } from '../sandbox/types.js';
+import { OutputTail } from '../sandbox/output.js';
 
 const CONFINE = `w=$(realpath -m -- "$2") && cd -- "$w" && p=$(realpath -m -- "$1") || exit 3
 case "$p" in "$w"|"$w"/*) ;; *) echo "outside the workspace: $1" >&2; exit 3;; esac`;
@@ -45,57 +46,6 @@ export async function writeConfined(driver: SandboxDriver, sandbox: Sandbox, pat
  * the limit, the runner holds the bytes (per terminal, for as long as the terminal lives).
  */
 export const MAX_TERMINAL_OUTPUT_BYTES = 1024 * 1024;
-
-/**
- * A terminal's output: the last `limit` bytes, cut at a character boundary (ACP: truncation
- * drops the beginning). Chunks are kept as they came and only the dropped head is cut off, so
- * a long output costs time linear in its length; they are joined only when read.
- */
-export class OutputTail {
-  private chunks: Buffer[] = [];
-  /** Index of the first kept chunk (dropped ones before it are released on compaction). */
-  private head = 0;
-  private size = 0;
-  truncated = false;
-
-  constructor(readonly limit: number) {}
-
-  add(chunk: Buffer): void {
-    if (chunk.length === 0) return;
-    this.chunks.push(chunk);
-    this.size += chunk.length;
-    if (this.size <= this.limit) return;
-    this.truncated = true;
-    this.drop(this.size - this.limit);
-    // A UTF-8 continuation byte is no character's start: drop it too.
-    while (this.size > 0 && ((this.chunks[this.head]?.[0] ?? 0) & 0xc0) === 0x80) this.drop(1);
-  }
-
-  text(): string {
-    return Buffer.concat(this.chunks.slice(this.head)).toString('utf8');
-  }
-
-  private drop(bytes: number): void {
-    let left = bytes;
-    while (left > 0) {
-      const first = this.chunks[this.head];
-      if (!first) break;
-      if (first.length <= left) {
-        this.head += 1;
-        this.size -= first.length;
-        left -= first.length;
-      } else {
-        this.chunks[this.head] = first.subarray(left);
-        this.size -= left;
-        left = 0;
-      }
-    }
-    if (this.head > 64 && this.head * 2 > this.chunks.length) {
-      this.chunks = this.chunks.slice(this.head);
-      this.head = 0;
-    }
-  }
-}
 
 interface Terminal {
   proc: SandboxProcess;

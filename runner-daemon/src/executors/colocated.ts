@@ -32,6 +32,7 @@ import { parseHarnessLine } from '../harness/colocated/validate.js';
 import type { Sandbox, SandboxDriver, SandboxProcess } from '../sandbox/types.js';
 import type { FileStore } from '../harness/tools/types.js';
 import { pngSize } from '../harness/tools/browser-session.js';
+import { OutputTail } from '../sandbox/output.js';
 
 /** The bundle `npm run build` writes (runner-daemon/dist/colocated/harness.mjs; the same path from src/ and dist/). */
 export const HARNESS_BUNDLE_URL = new URL('../../dist/colocated/harness.mjs', import.meta.url);
@@ -146,19 +147,6 @@ function relayTools(agent: AgentConfig): RelayTool[] {
   );
 }
 
-/** Keeps the last `limit` bytes written (the harness's stderr, for failure reasons). */
-class Tail {
-  private buf = Buffer.alloc(0);
-  constructor(private readonly limit: number) {}
-  add(chunk: Buffer): void {
-    this.buf = Buffer.concat([this.buf, chunk]);
-    if (this.buf.length > this.limit) this.buf = this.buf.subarray(this.buf.length - this.limit);
-  }
-  text(): string {
-    return this.buf.toString('utf8').trim();
-  }
-}
-
 type Ending =
   | { kind: 'done'; stop: IdleStopReason }
   | { kind: 'error'; message: string }
@@ -181,7 +169,8 @@ class Relay {
   private readonly audit: RunAudit;
   private readonly external: Map<string, Extract<AgentConfig['tools'][number], { type: 'external' }>>;
   private readonly streams = new Map<string, AbortController>();
-  private readonly stderr = new Tail(4096);
+  /** The harness's stderr, its end kept for failure reasons. */
+  private readonly stderr = new OutputTail(4096);
   private readonly cancelMs: number;
   private usage: TokenUsage = { ...ZERO_USAGE };
   private lastModelError: ModelError | undefined;
@@ -325,10 +314,10 @@ class Relay {
         throw new ColocatedHarnessError('relay', `the colocated harness broke the relay protocol (${ending.err.reason}): ${ending.err.message}`, { cause: ending.err });
       case 'exit': {
         if (interrupted) return result({ type: 'interrupted' });
-        const why = ending.code === 127 && /node/.test(this.stderr.text())
+        const why = ending.code === 127 && /node/.test(this.stderr.text().trim())
           ? 'the sandbox image has no `node` on its PATH (the colocated topology needs Node.js 20 or later in the image)'
           : `the colocated harness exited with code ${ending.code} before it finished the Run`;
-        const tail = this.stderr.text();
+        const tail = this.stderr.text().trim();
         throw new ColocatedHarnessError('harness_exited', tail ? `${why}: ${tail.slice(-1000)}` : why);
       }
     }

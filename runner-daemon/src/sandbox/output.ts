@@ -92,3 +92,55 @@ export function runawayNote(maxOutput: number): string {
 export function withNote(text: string, note: string): string {
   return `${text}${text && !text.endsWith('\n') ? '\n' : ''}${note}\n`;
 }
+
+/**
+ * The last `limit` bytes of an output (an ACP terminal's: truncation drops the beginning; a
+ * harness's stderr, for failure reasons), cut at a character boundary. Chunks are kept as they
+ * came and only the dropped head is cut off, so a long output costs time linear in its length;
+ * they are joined only when read.
+ */
+export class OutputTail {
+  private chunks: Buffer[] = [];
+  /** Index of the first kept chunk (dropped ones before it are released on compaction). */
+  private head = 0;
+  private size = 0;
+  truncated = false;
+
+  constructor(readonly limit: number) {}
+
+  add(chunk: Buffer): void {
+    if (chunk.length === 0) return;
+    this.chunks.push(chunk);
+    this.size += chunk.length;
+    if (this.size <= this.limit) return;
+    this.truncated = true;
+    this.drop(this.size - this.limit);
+    // A UTF-8 continuation byte is no character's start: drop it too.
+    while (this.size > 0 && ((this.chunks[this.head]?.[0] ?? 0) & 0xc0) === 0x80) this.drop(1);
+  }
+
+  text(): string {
+    return Buffer.concat(this.chunks.slice(this.head)).toString('utf8');
+  }
+
+  private drop(bytes: number): void {
+    let left = bytes;
+    while (left > 0) {
+      const first = this.chunks[this.head];
+      if (!first) break;
+      if (first.length <= left) {
+        this.head += 1;
+        this.size -= first.length;
+        left -= first.length;
+      } else {
+        this.chunks[this.head] = first.subarray(left);
+        this.size -= left;
+        left = 0;
+      }
+    }
+    if (this.head > 64 && this.head * 2 > this.chunks.length) {
+      this.chunks = this.chunks.slice(this.head);
+      this.head = 0;
+    }
+  }
+}
