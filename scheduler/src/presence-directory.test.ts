@@ -1,24 +1,14 @@
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
+import { useEmbeddedRedis } from '@agentplane/store/testing';
 import { PresenceStore } from '@agentplane/gateway';
-import { connectRedis, startEmbeddedRedis, type EmbeddedRedis, type Redis } from '@agentplane/store';
+import { type Redis } from '@agentplane/store';
 import { PresenceDirectory } from './presence-directory.js';
 
-let server: EmbeddedRedis;
 let redis: Redis;
-let dir: string;
 
+const testRedis = useEmbeddedRedis('presence-dir');
 beforeAll(async () => {
-  dir = mkdtempSync(join(tmpdir(), 'presence-dir-'));
-  server = await startEmbeddedRedis({ dir });
-  redis = connectRedis(server.url, { name: 'test' });
-});
-afterAll(async () => {
-  redis?.disconnect();
-  await server?.stop();
-  rmSync(dir, { recursive: true, force: true });
+  redis = testRedis();
 });
 
 const WS = 'wrkspc_dir';

@@ -1,31 +1,21 @@
 import { randomUUID } from 'node:crypto';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
+import { useEmbeddedRedis } from '@agentplane/store/testing';
 import { Worker, type Job } from 'bullmq';
 import { createLogger } from '@agentplane/core';
 import type { RunLifecycle, TurnResult } from '@agentplane/domain';
 import { DEFAULT_LEASE_CONFIG, queuePrefix, RUN_QUEUE, RunQueues, type RunJobData, type RunRequirements } from '@agentplane/lease';
-import { connectRedis, startEmbeddedRedis, type EmbeddedRedis, type Redis } from '@agentplane/store';
+import { type Redis } from '@agentplane/store';
 import { reconcilePool } from './reconciler.js';
 
 const log = createLogger({ name: 'test', level: 'silent' });
 const POOL = 'rpool_reconcile';
 const SESSION = `sess_${'r'.repeat(32)}`;
 
-let server: EmbeddedRedis;
 let redis: Redis;
-let dir: string;
+const testRedis = useEmbeddedRedis('reconcile');
 beforeAll(async () => {
-  dir = mkdtempSync(join(tmpdir(), 'reconcile-'));
-  server = await startEmbeddedRedis({ dir });
-  redis = connectRedis(server.url, { name: 'test' });
-});
-afterAll(async () => {
-  redis?.disconnect();
-  await server?.stop();
-  rmSync(dir, { recursive: true, force: true });
+  redis = testRedis();
 });
 
 /** The lifecycle's ends as the reconciliation reports them; `failing` Runs fail their report (Redis unreachable). */

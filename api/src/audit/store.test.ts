@@ -1,13 +1,8 @@
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { useEmbeddedRedis } from '@agentplane/store/testing';
 import { Redis } from 'ioredis';
-import { startEmbeddedRedis, type EmbeddedRedis } from '@agentplane/store';
 import { AuditLog, type NewAuditRecord } from './store.js';
 
-let server: EmbeddedRedis;
-let dir: string;
 let redis: Redis;
 const DAY = 24 * 3600 * 1000;
 const ws = () => `wrkspc_${Math.random().toString(16).slice(2).padEnd(32, '0').slice(0, 32)}`;
@@ -15,15 +10,12 @@ const rec = (action: string): NewAuditRecord => ({
   actor: { id: 'key_1', credential_id: 'key_1' }, action, target: null, outcome: 'succeeded', status: 200, detail: null, request_id: null,
 });
 
+const testRedis = useEmbeddedRedis('audit');
 beforeAll(async () => {
-  dir = mkdtempSync(join(tmpdir(), 'audit-'));
-  server = await startEmbeddedRedis({ dir });
-  redis = new Redis(server.url);
+  redis = new Redis(testRedis.server().url);
 });
 afterAll(async () => {
   redis?.disconnect();
-  await server?.stop();
-  rmSync(dir, { recursive: true, force: true });
 });
 
 describe('audit log store', () => {
@@ -83,7 +75,7 @@ describe('audit log store', () => {
 
   it('a batch that cannot be stored refuses every record in it, and stores none', async () => {
     // A client that is not connected and does not queue: every command is refused at once.
-    const lost = new Redis(server.url, { maxRetriesPerRequest: 0, enableOfflineQueue: false, lazyConnect: true });
+    const lost = new Redis(testRedis.server().url, { maxRetriesPerRequest: 0, enableOfflineQueue: false, lazyConnect: true });
     lost.on('error', () => undefined);
     const log = new AuditLog(lost, 30 * DAY);
     const w = ws();

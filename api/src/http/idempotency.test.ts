@@ -1,27 +1,17 @@
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
+import { useEmbeddedRedis } from '@agentplane/store/testing';
 import { ApiError, SecretBox } from '@agentplane/core';
-import { connectRedis, startEmbeddedRedis, type EmbeddedRedis, type Redis } from '@agentplane/store';
+import { type Redis } from '@agentplane/store';
 import { fingerprint, IdempotencyStore } from './idempotency.js';
 
-let server: EmbeddedRedis;
 let redis: Redis;
-let dir: string;
 let store: IdempotencyStore;
 
+const testRedis = useEmbeddedRedis('idem');
 beforeAll(async () => {
-  dir = mkdtempSync(join(tmpdir(), 'idem-'));
-  server = await startEmbeddedRedis({ dir });
-  redis = connectRedis(server.url, { name: 'test' });
+  redis = testRedis();
   store = new IdempotencyStore(redis, new SecretBox(randomBytes(32)), 3600);
-});
-afterAll(async () => {
-  redis.disconnect();
-  await server.stop();
-  rmSync(dir, { recursive: true, force: true });
 });
 
 const typeOf = async (p: Promise<unknown>) => {

@@ -1,33 +1,23 @@
-import { mkdtempSync, rmSync } from 'node:fs';
 import { connect, createServer, type AddressInfo } from 'node:net';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
+import { useEmbeddedRedis } from './testing.js';
 import { Redis } from 'ioredis';
-import { startEmbeddedRedis, type EmbeddedRedis } from './embedded-redis.js';
 import { connectRedis } from './redis.js';
 import { EventLog, eventLogKeys, ISO_LUA, newEventId, QUEUE_HEAD, type LiveMessage } from './event-log.js';
 import { DocumentStore } from './documents.js';
 import { keys, tags } from './keys.js';
 import { EventHub, type HubMessage } from './event-hub.js';
 
-let server: EmbeddedRedis;
-let dir: string;
 let redis: Redis;
 let log: EventLog;
 const sess = () => `sess_${Math.random().toString(16).slice(2).padEnd(32, '0').slice(0, 32)}`;
 
+const testRedis = useEmbeddedRedis('evlog');
 beforeAll(async () => {
-  dir = mkdtempSync(join(tmpdir(), 'evlog-'));
-  server = await startEmbeddedRedis({ dir });
-  redis = new Redis(server.url);
+  redis = new Redis(testRedis.server().url);
   log = new EventLog(redis);
 });
-afterAll(async () => {
-  redis?.disconnect();
-  await server?.stop();
-  rmSync(dir, { recursive: true, force: true });
-});
+afterAll(() => redis?.disconnect());
 
 /** A new Session whose thread `sthr_1` is running: its input queue and its document's keys. */
 async function busyThread(): Promise<{ s: string; tag: ReturnType<typeof tags.session>; list: string; peek: string }> {
@@ -91,7 +81,7 @@ describe('event log', () => {
     // script reached Redis and before its answer: the client reconnects and sends it again.
     let armed = false;
     const proxy = createServer((client) => {
-      const up = connect(server.port, '127.0.0.1');
+      const up = connect(testRedis.server().port, '127.0.0.1');
       let dropAnswer = false;
       client.on('data', (d) => {
         if (armed && /evalsha/i.test(d.toString('latin1'))) {
@@ -110,7 +100,7 @@ describe('event log', () => {
       up.on('close', () => client.destroy());
     });
     await new Promise<void>((resolve) => proxy.listen(0, '127.0.0.1', resolve));
-    const { password } = new URL(server.url);
+    const { password } = new URL(testRedis.server().url);
     const client = connectRedis(`redis://:${password}@127.0.0.1:${(proxy.address() as AddressInfo).port}`, { name: 'resend-test' });
     client.on('error', () => undefined);
     try {
@@ -483,7 +473,7 @@ describe('event log', () => {
   });
 
   it('update: a guessed current document saves the read and is always checked', async () => {
-    const conn = new Redis(server.url);
+    const conn = new Redis(testRedis.server().url);
     const docs = new DocumentStore(conn);
     const tag = tags.session(sess());
     const now = new Date().toISOString();
@@ -512,7 +502,7 @@ describe('event log', () => {
   });
 
   it('hub: one connection fans out, ref-counted subscriptions, inline events', async () => {
-    const hub = new EventHub(new Redis(server.url));
+    const hub = new EventHub(new Redis(testRedis.server().url));
     const s1 = sess();
     const s2 = sess();
     const got: HubMessage[][] = [[], [], []];
@@ -536,7 +526,7 @@ describe('event log', () => {
   });
 
   it('hub: live channels need no subscription of their own; every append reaches the firehose once', async () => {
-    const hub = new EventHub(new Redis(server.url));
+    const hub = new EventHub(new Redis(testRedis.server().url));
     const heard: string[] = [];
     hub.onEveryLive((channel) => heard.push(channel));
     const [s1, s2] = [sess(), sess()];
@@ -559,7 +549,7 @@ describe('event log', () => {
   });
 
   it('hub: previews channels left by their last viewer are unsubscribed together; a viewer back in time keeps its channel', async () => {
-    const hub = new EventHub(new Redis(server.url));
+    const hub = new EventHub(new Redis(testRedis.server().url));
     const [s1, s2, s3] = [sess(), sess(), sess()];
     const subscribed = async () => new Set((await redis.pubsub('CHANNELS', '*')) as string[]);
     const watches = await Promise.all([s1, s2, s3].map((s) => hub.watch(s, () => undefined, { deltas: true })));
@@ -579,7 +569,7 @@ describe('event log', () => {
   });
 
   it('hub: after the subscriber reconnects, viewers are told to resync and stay subscribed', async () => {
-    const subConn = new Redis(server.url);
+    const subConn = new Redis(testRedis.server().url);
     const hub = new EventHub(subConn);
     const s = sess();
     const got: HubMessage[] = [];

@@ -1,25 +1,12 @@
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
+import { useEmbeddedRedis } from './testing.js';
 import { Redis } from 'ioredis';
-import { startEmbeddedRedis, type EmbeddedRedis } from './embedded-redis.js';
 import { cachedGet, forgetWritten, primeCache, ReadCache, storedJsonOf } from './read-cache.js';
 import { DocumentStore } from './documents.js';
 import { keys, tags } from './keys.js';
 
-let dir: string;
-let server: EmbeddedRedis;
 
-beforeAll(async () => {
-  dir = mkdtempSync(join(tmpdir(), 'read-cache-test-'));
-  server = await startEmbeddedRedis({ dir });
-});
-
-afterAll(async () => {
-  await server.stop();
-  rmSync(dir, { recursive: true, force: true });
-});
+const testRedis = useEmbeddedRedis('read-cache-test');
 
 /** Polls without sleeping a fixed time: resolves when `pred` holds (or fails after 5 s). */
 async function until(pred: () => boolean | Promise<boolean>): Promise<void> {
@@ -42,8 +29,8 @@ async function started(redis: Redis, options = {}): Promise<ReadCache> {
  * writes (`other`); all closed after `fn`.
  */
 async function withCache(fn: (c: { cache: ReadCache; mine: Redis; other: Redis }) => Promise<void>, options = {}): Promise<void> {
-  const mine = new Redis(server.url);
-  const other = new Redis(server.url);
+  const mine = new Redis(testRedis.server().url);
+  const other = new Redis(testRedis.server().url);
   try {
     const cache = await started(mine, options);
     try {

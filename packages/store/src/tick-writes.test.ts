@@ -1,30 +1,20 @@
-import { mkdtempSync, rmSync } from 'node:fs';
 import type { Socket } from 'node:net';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, describe, expect, it } from 'vitest';
+import { useEmbeddedRedis } from './testing.js';
 import { Redis } from 'ioredis';
-import { startEmbeddedRedis, type EmbeddedRedis } from './embedded-redis.js';
 import { connectRedis } from './redis.js';
 import { flushTickWrites } from './tick-writes.js';
 
-let dir: string;
-let server: EmbeddedRedis;
 const clients: Redis[] = [];
 
-beforeAll(async () => {
-  dir = mkdtempSync(join(tmpdir(), 'tick-writes-test-'));
-  server = await startEmbeddedRedis({ dir });
-});
+const testRedis = useEmbeddedRedis('tick-writes-test');
 
 afterAll(async () => {
   for (const c of clients) c.disconnect();
-  await server.stop();
-  rmSync(dir, { recursive: true, force: true });
 });
 
 async function ready(name: string): Promise<Redis> {
-  const redis = connectRedis(server.url, { name });
+  const redis = connectRedis(testRedis.server().url, { name });
   clients.push(redis);
   await redis.ping();
   return redis;

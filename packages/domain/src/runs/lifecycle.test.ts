@@ -1,9 +1,7 @@
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
+import { useEmbeddedRedis } from '@agentplane/store/testing';
 import { createLogger, newId } from '@agentplane/core';
-import { connectRedis, keys, startEmbeddedRedis, tags, type EmbeddedRedis, type Redis } from '@agentplane/store';
+import { connectRedis, keys, tags, type Redis } from '@agentplane/store';
 import { SessionStore } from '../sessions/store.js';
 import { recordOnlyTurnScheduler, ThreadRuntime } from '../sessions/turns.js';
 import { idleSession } from '../sessions/fixtures.test-support.js';
@@ -11,23 +9,15 @@ import { CancelMarks, LeaseFence } from '@agentplane/lease';
 import { RunLifecycle } from './lifecycle.js';
 import type { RunAttempt, RunDoc } from '../sessions/model.js';
 
-let server: EmbeddedRedis;
 let redis: Redis;
-let dir: string;
 let store: SessionStore;
 let lifecycle: RunLifecycle;
 
+const testRedis = useEmbeddedRedis('lifecycle');
 beforeAll(async () => {
-  dir = mkdtempSync(join(tmpdir(), 'lifecycle-'));
-  server = await startEmbeddedRedis({ dir });
-  redis = connectRedis(server.url, { name: 'test' });
+  redis = testRedis();
   store = new SessionStore(redis);
   lifecycle = new RunLifecycle(store, new ThreadRuntime(store, () => recordOnlyTurnScheduler), createLogger({ name: 'test', level: 'silent' }));
-});
-afterAll(async () => {
-  redis?.disconnect();
-  await server?.stop();
-  rmSync(dir, { recursive: true, force: true });
 });
 
 /** A Session whose primary thread runs a turn with attempt 1 leased. */
@@ -163,7 +153,7 @@ describe('a move that cannot be written', () => {
 
   it('fails the call (Redis unreachable), so the caller does not go on as if the end were recorded; a Run that is gone is skipped', async () => {
     const t = await leasedTurn();
-    const down = connectRedis(server.url, { name: 'test-down' });
+    const down = connectRedis(testRedis.server().url, { name: 'test-down' });
     const downStore = new SessionStore(down);
     const cut = new RunLifecycle(downStore, new ThreadRuntime(downStore, () => recordOnlyTurnScheduler), createLogger({ name: 'test', level: 'silent' }));
     down.disconnect();

@@ -1,8 +1,6 @@
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { connectRedis, startEmbeddedRedis, type EmbeddedRedis, type Redis } from '@agentplane/store';
+import { beforeAll, describe, expect, it } from 'vitest';
+import { useEmbeddedRedis } from '@agentplane/store/testing';
+import { type Redis } from '@agentplane/store';
 import { newAgent, type Agent } from '../agents/model.js';
 import { VersionedStore } from '../versioned.js';
 import type { RunDoc, SessionDoc } from './model.js';
@@ -10,19 +8,11 @@ import { SessionStore } from './store.js';
 import { idleSession } from './fixtures.test-support.js';
 import { ThreadRuntime, type TurnScheduler } from './turns.js';
 
-let server: EmbeddedRedis;
 let redis: Redis;
-let dir: string;
 
+const testRedis = useEmbeddedRedis('coordinator');
 beforeAll(async () => {
-  dir = mkdtempSync(join(tmpdir(), 'coordinator-'));
-  server = await startEmbeddedRedis({ dir });
-  redis = connectRedis(server.url, { name: 'test' });
-});
-afterAll(async () => {
-  redis?.disconnect();
-  await server?.stop();
-  rmSync(dir, { recursive: true, force: true });
+  redis = testRedis();
 });
 
 function recording() {

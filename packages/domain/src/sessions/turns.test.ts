@@ -1,31 +1,20 @@
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
+import { useEmbeddedRedis } from '@agentplane/store/testing';
 import { newId } from '@agentplane/core';
-import { connectRedis, keys, startEmbeddedRedis, tags, type EmbeddedRedis, type Redis } from '@agentplane/store';
+import { keys, tags, type Redis } from '@agentplane/store';
 import type { RunDoc } from './model.js';
 import { SessionStore } from './store.js';
 import { idleSession } from './fixtures.test-support.js';
 import { ThreadRuntime, type TurnScheduler } from './turns.js';
 import { SessionCloser } from './closing.js';
 
-let server: EmbeddedRedis;
 let redis: Redis;
 let other: Redis;
-let dir: string;
 
+const testRedis = useEmbeddedRedis('turns');
 beforeAll(async () => {
-  dir = mkdtempSync(join(tmpdir(), 'turns-'));
-  server = await startEmbeddedRedis({ dir });
-  redis = connectRedis(server.url, { name: 'test' });
-  other = connectRedis(server.url, { name: 'test:other' });
-});
-afterAll(async () => {
-  redis?.disconnect();
-  other?.disconnect();
-  await server?.stop();
-  rmSync(dir, { recursive: true, force: true });
+  redis = testRedis();
+  other = testRedis.connect('test:other');
 });
 
 function recording(): { scheduler: TurnScheduler; queued: RunDoc[] } {
