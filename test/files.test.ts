@@ -159,6 +159,19 @@ describe('Files API', () => {
     expect(r.body).toMatchObject({ filename: 'passwd', content_type: 'text/plain' });
   });
 
+  it('names the download with RFC 8187 filename*: only attr-char is left unescaped', async () => {
+    const up = await api.uploadFile<FileHead>("it's (1)*.csv", new TextEncoder().encode('a,b\n'), { contentType: 'text/csv' });
+    expect(up.status, JSON.stringify(up.body)).toBe(201);
+    expect(up.body.filename).toBe("it's (1)*.csv");
+    const download = await fetch(`${p.baseUrl}/v1/files/${up.body.id}/content`, { headers: { authorization: `Bearer ${devKey}`, 'service-version': '2026-08-27' } });
+    expect(download.status).toBe(200);
+    await download.arrayBuffer();
+    const disposition = download.headers.get('content-disposition') ?? '';
+    expect(disposition).toBe("attachment; filename*=UTF-8''it%27s%20%281%29%2A.csv");
+    // RFC 8187: value-chars = *( pct-encoded / attr-char ).
+    expect(disposition.slice("attachment; filename*=UTF-8''".length)).toMatch(/^(?:%[0-9A-F]{2}|[A-Za-z0-9!#$&+\-.^_`|~])*$/);
+  });
+
   it('keeps a non-ASCII file name: UTF-8 in filename, and RFC 5987 filename*', async () => {
     const name = 'résumé-日本.txt';
     const encoded = "UTF-8''r%C3%A9sum%C3%A9-%E6%97%A5%E6%9C%AC.txt";

@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Client, StreamableHTTPClientTransport } from '@modelcontextprotocol/client';
 import { HttpClient } from '@agentplane/client';
@@ -7,6 +8,7 @@ import { connectRedis, type Redis } from '@agentplane/store';
 import type { Platform } from './harness/platform.js';
 import { idleCount, SCRIPT, startTurnPlatform, untilEvents, type Json, type TurnPlatform } from './harness/turns.js';
 import { createCredential, createPrincipal, errType } from './harness/governance.js';
+import { mcpCall, toolBody } from './harness/mcp-call.js';
 
 /**
  * MemoryStores end to end: documents with compare-and-swap versions and history, the 100 kB
@@ -179,6 +181,96 @@ describe('MemoryStore documents (REST)', () => {
     expect(write.status).toBe(403);
     await p.root.request('DELETE', `/v1/permission-assignments/${grant.id}`);
     expect((await as.request('GET', `/v1/memory-stores/${store}/document`, { query: { path: 'x.md' } })).status).toBe(403);
+  });
+});
+
+describe('MemoryStore cursors and path validation', () => {
+  /** A cursor as the API writes them: `c1_` + hex of its text (forged here). */
+  const cursor = (text: string) => `c1_${Buffer.from(text, 'utf8').toString('hex')}`;
+  const binding = (...parts: string[]) => createHash('sha256').update(parts.join('\0')).digest('hex').slice(0, 16);
+  type Listing = { data: { path: string; version: number }[]; next_page: string | null };
+
+  it('a history page cursor is a version of the same path: anything else is 400, never 500 or page 1', async () => {
+    const store = await newStore('history-cursors');
+    for (let i = 0; i < 3; i++) await put(store, { path: 'h/a.md', content: `a${i}` });
+    await put(store, { path: 'h/b.md', content: 'b' });
+    const versions = (query: Record<string, string | number>) => api.request<Listing>('GET', `/v1/memory-stores/${store}/document/versions`, { query });
+
+    const first = await versions({ path: 'h/a.md', limit: 2 });
+    expect(first.body.data.map((v) => v.version)).toEqual([3, 2]);
+    const next = first.body.next_page ?? '';
+    expect((await versions({ path: 'h/a.md', limit: 2, page: next })).body.data.map((v) => v.version)).toEqual([1]);
+
+    // Not a number, a number past any version, zero, and another path's cursor.
+    const bad = [
+      cursor('version:abc'), cursor('version:1e400'), cursor(`version:${binding('h/a.md')}:abc`), cursor(`version:${binding('h/a.md')}:1e400`),
+      cursor(`version:${binding('h/a.md')}:0`), cursor(`version:${binding('h/a.md')}:99999999999999999999`), cursor(`version:${binding('h/a.md')}:2.5`),
+    ];
+    for (const page of bad) {
+      const r = await versions({ path: 'h/a.md', page });
+      expect(r.status, Buffer.from(page.slice(3), 'hex').toString()).toBe(400);
+      expect(errType(r)).toBe('validation.malformed');
+    }
+    const otherPath = await versions({ path: 'h/b.md', page: next });
+    expect(otherPath.status).toBe(400);
+    expect(errType(otherPath)).toBe('validation.malformed');
+
+    // The same operation through MCP answers the same error, not runtime.internal.
+    const viaMcp = await mcpCall(p.baseUrl, p.bootstrap.root_key, 'memoryStores_listDocumentVersions', {
+      path: { memory_store_id: store }, query: { path: 'h/a.md', page: cursor('version:abc') },
+    });
+    expect(viaMcp.result?.isError).toBe(true);
+    expect((toolBody(viaMcp.result).error as Json).type).toBe('validation.malformed');
+  });
+
+  it('a listing cursor stays under its path_prefix: another prefix\'s cursor is 400, a forged one is clamped', async () => {
+    const store = await newStore('prefix-cursors');
+    for (const path of ['a.md', 'b/c.md', 'idem/1.md', 'idem/2.md', 'idem/\u{10FFFF}.md', 'idemx.md', 'z.md']) await put(store, { path, content: path });
+    const list = (query: Record<string, string | number>) => api.request<Listing>('GET', `/v1/memory-stores/${store}/documents`, { query });
+
+    const page1 = await list({ path_prefix: 'idem/', limit: 2 });
+    expect(page1.body.data.map((d) => d.path)).toEqual(['idem/1.md', 'idem/2.md']);
+    const page2 = await list({ path_prefix: 'idem/', limit: 2, page: page1.body.next_page ?? '' });
+    // Every path under the prefix, the highest code point included; nothing past it.
+    expect(page2.body.data.map((d) => d.path)).toEqual(['idem/\u{10FFFF}.md']);
+    expect(page2.body.next_page).toBeNull();
+
+    // A cursor of another listing (no prefix, another prefix), or of the older unbound form: 400.
+    const all = await list({ limit: 1 });
+    for (const [query, page] of [[{ path_prefix: 'idem/' }, all.body.next_page ?? ''], [{ path_prefix: 'b/' }, page1.body.next_page ?? ''], [{}, page1.body.next_page ?? ''], [{ path_prefix: 'idem/' }, cursor('path:a')]] as const) {
+      const r = await list({ ...query, page });
+      expect(r.status, JSON.stringify(query)).toBe(400);
+      expect(errType(r)).toBe('validation.malformed');
+    }
+    // A cursor bound to the prefix but naming a path below it starts at the prefix; one past it is an empty page.
+    expect((await list({ path_prefix: 'idem/', page: cursor(`path:${binding('idem/')}:a`) })).body.data.map((d) => d.path)).toEqual(['idem/1.md', 'idem/2.md', 'idem/\u{10FFFF}.md']);
+    const past = await list({ path_prefix: 'idem/', page: cursor(`path:${binding('idem/')}:zzz`) });
+    expect(past.status).toBe(200);
+    expect(past.body.data).toEqual([]);
+  });
+
+  it('refuses paths, contents and names that are not well-formed Unicode (a lone surrogate)', async () => {
+    const store = await newStore('surrogates');
+    for (const body of [
+      { path: 'x\ud800y', content: 'lone high surrogate' },
+      { path: 'x\udc00y', content: 'lone low surrogate' },
+      { path: 'ok.md', content: 'a\ud800' },
+      { path: 'ok.md', content: 'a', metadata: { k: 'v\udfff' } },
+    ]) {
+      const r = await put(store, body);
+      expect(r.status, JSON.stringify(body)).toBe(400);
+      expect(errType(r)).toBe('validation.malformed');
+    }
+    // So the path of U+FFFD, which a lone surrogate would have become in Redis, is a path of its own.
+    const replacement = await put(store, { path: 'x\uFFFDy', content: 'replacement character', expected_version: 0 });
+    expect(replacement.status).toBe(201);
+    expect((await api.get<Doc>(`/v1/memory-stores/${store}/document`, { path: 'x\uFFFDy' })).content).toBe('replacement character');
+    // A pair is well-formed.
+    expect((await put(store, { path: 'emoji-\ud83d\ude00.md', content: '\ud83d\ude00' })).status).toBe(201);
+
+    const badName = await api.request('POST', '/v1/memory-stores', { body: { name: 'notes \ud800' } });
+    expect(badName.status).toBe(400);
+    expect(errType(badName)).toBe('validation.malformed');
   });
 });
 

@@ -82,6 +82,31 @@ describe('Projects (REST)', () => {
     expect(clash.status).toBe(400);
   });
 
+  it('a content-only push keeps the file\'s mode; executable changes it; a new file is not executable unless it says so', async () => {
+    const created = await api.post<{ id: string }>('/v1/projects', { name: 'modes', files: [file('run.sh', '#!/bin/sh\necho 1\n', true), file('notes.txt', 'n')] });
+    const push = (changes: Json[], base: number) => api.request<Revision>('POST', `/v1/projects/${created.id}/push`, { body: { base_revision_number: base, changes } });
+    const modes = (r: { body: Revision }) => Object.fromEntries(r.body.files.map((f) => [f.path, f.executable]));
+
+    const contentOnly = await push([{ path: 'run.sh', content_base64: b64('#!/bin/sh\necho 2\n') }, { path: 'new.sh', content_base64: b64('#!/bin/sh\n') }], 1);
+    expect(contentOnly.status).toBe(201);
+    expect(modes(contentOnly)).toEqual({ 'run.sh': true, 'notes.txt': false, 'new.sh': false });
+    const cleared = await push([{ path: 'run.sh', content_base64: b64('#!/bin/sh\necho 3\n'), executable: false }, { path: 'notes.txt', content_base64: b64('m'), executable: true }], 2);
+    expect(modes(cleared)).toEqual({ 'run.sh': false, 'notes.txt': true, 'new.sh': false });
+    expect(modes(await push([{ path: 'notes.txt', content_base64: b64('o') }], 3))).toMatchObject({ 'notes.txt': true, 'run.sh': false });
+  });
+
+  it('refuses paths and names that are not well-formed Unicode (a lone surrogate)', async () => {
+    for (const body of [{ name: 'p', files: [file('src/x\ud800.txt', 'x')] }, { name: 'name \udc00', files: [file('a.txt', 'a')] }]) {
+      const r = await api.request('POST', '/v1/projects', { body });
+      expect(r.status, JSON.stringify(body)).toBe(400);
+      expect(errType(r)).toBe('validation.malformed');
+    }
+    const id = (await api.post<{ id: string }>('/v1/projects', { name: 'wf', files: [file('a.txt', 'a')] })).id;
+    const push = await api.request('POST', `/v1/projects/${id}/push`, { body: { base_revision_number: 1, changes: [{ path: 'b\udfff', content_base64: b64('b') }] } });
+    expect(push.status).toBe(400);
+    expect(errType(push)).toBe('validation.malformed');
+  });
+
   it('enforces 1,024 files, 10 MiB per file and 20 MiB per revision (400), and the JSON envelope (413)', async () => {
     const files = (n: number) => Array.from({ length: n }, (_, i) => file(`f/${i}.txt`, String(i)));
     expect((await api.request('POST', '/v1/projects', { body: { name: 'max', files: files(1024) } })).status).toBe(201);

@@ -31,7 +31,8 @@ beforeAll(async () => {
   git = await startGitServer();
   await git.createRepo('private', { 'README.md': '# private\n', 'secret-plan.txt': 'launch on tuesday\n' }, { auth: { username: 'x-access-token', password: TOKEN_A } });
   upstream = await startMcpUpstream({ token: MCP_TOKEN, tools: [{ name: 'ping', description: 'Ping', reply: 'pong' }] });
-  t = await startTurnPlatform({ name: 'vaults', env: { GIT_SSL_CAINFO: git.caFile } });
+  // Its MCP upstreams listen on loopback: reachable in development mode only (the outbound address guard).
+  t = await startTurnPlatform({ name: 'vaults', env: { GIT_SSL_CAINFO: git.caFile, AGENTPLANE_MODE: 'development' } });
   ({ p } = t);
   // Vaults are written with admin keys: the root key of the bootstrap.
   api = p.root;
@@ -81,6 +82,53 @@ describe('Vault secrets (REST)', () => {
     expect(names).not.toContain('vaults_putSecret');
     const missing = await api.request('POST', '/v1/sessions', { body: { agent: { name: 'x', model: 'default' }, environment_id: t.envId, vault_ids: [`vlt_${'0'.repeat(32)}`] } });
     expect(missing.status).toBe(404);
+  });
+});
+
+describe('Vault secret values and header names', () => {
+  it('a value is at most 16 KiB of UTF-8 (bytes, not characters)', async () => {
+    const vault = await newVault('sizes');
+    const at = (value: string) => putSecret(vault, 'sized', { kind: 'git_https', match: 'https://git.example.com/org', value });
+    expect((await at('a'.repeat(16_384))).status).toBe(200);
+    // 5,461 × 3 bytes + 1 = 16,384 bytes: at the limit.
+    expect((await at(`${'€'.repeat(5_461)}a`)).status).toBe(200);
+    for (const value of ['€'.repeat(16_384), `${'€'.repeat(5_461)}ab`, 'a'.repeat(16_385)]) {
+      const r = await at(value);
+      expect(r.status, `${value.length} characters`).toBe(400);
+      expect(errType(r)).toBe('validation.malformed');
+    }
+    const v = await api.get<{ secrets: Json[] }>(`/v1/vaults/${vault}`);
+    expect(v.secrets).toEqual([expect.objectContaining({ name: 'sized', generation: 2 })]);
+  });
+
+  it('an mcp_header secret cannot set a framing or hop-by-hop header, and header values are visible ASCII', async () => {
+    const vault = await newVault('headers');
+    const header = (header_name: string, value = 'token-123') => putSecret(vault, 'h', { kind: 'mcp_header', match: 'https://mcp.example.com', header_name, value });
+    for (const name of ['Host', 'content-length', 'Transfer-Encoding', 'CONNECTION', 'Keep-Alive', 'Upgrade', 'TE', 'Trailer', 'Proxy-Connection', 'Content-Type', 'Mcp-Session-Id', 'mcp-protocol-version']) {
+      const r = await header(name);
+      expect(r.status, name).toBe(400);
+      expect(errType(r)).toBe('validation.malformed');
+    }
+    for (const value of ['a\u2028b', 'a\u0085b', 'caf\u00e9', 'tab\there\u007f', ' leading', 'trailing\t', 'x\u0000']) {
+      for (const r of [await header('X-Api-Key', value), await putSecret(vault, 'b', { kind: 'mcp_bearer', match: 'https://mcp.example.com', value })]) {
+        expect(r.status, JSON.stringify(value)).toBe(400);
+        expect(errType(r)).toBe('validation.malformed');
+      }
+    }
+    expect((await header('X-Api-Key', 'key with spaces\tand tab')).status).toBe(200);
+    expect((await header('Authorization', 'Token abc=')).status).toBe(200);
+    // Other kinds never go into a header as they are: a git password may be any text.
+    expect((await putSecret(vault, 'g', { kind: 'git_https', match: 'https://git.example.com', value: 'p\u00e4ss\u2028word' })).status).toBe(200);
+  });
+
+  it('refuses vault names and secret values that are not well-formed Unicode (a lone surrogate)', async () => {
+    const name = await api.request('POST', '/v1/vaults', { body: { name: 'ci \ud800' } });
+    expect(name.status).toBe(400);
+    expect(errType(name)).toBe('validation.malformed');
+    const vault = await newVault('lone');
+    const value = await putSecret(vault, 'g', { kind: 'git_https', match: 'https://git.example.com', value: 'password\udc00' });
+    expect(value.status).toBe(400);
+    expect(errType(value)).toBe('validation.malformed');
   });
 });
 

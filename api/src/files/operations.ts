@@ -74,6 +74,15 @@ export const fileOperations: Operation[] = [
 ];
 
 /**
+ * A value for `filename*` (RFC 8187 `value-chars`): UTF-8, percent-encoded except `attr-char`.
+ * `encodeURIComponent` leaves `'`, `(`, `)` and `*` as they are, which `attr-char` does not allow
+ * (`'` even delimits the charset and language), so they are escaped too.
+ */
+export function rfc8187(value: string): string {
+  return encodeURIComponent(value).replace(/['()*]/g, (c) => `%${c.charCodeAt(0).toString(16).toUpperCase()}`);
+}
+
+/**
  * Writes a File as an attachment. The content type is the uploaded one, but `nosniff` and
  * `attachment` keep a browser from rendering it; the ETag is the content digest.
  */
@@ -81,7 +90,7 @@ export async function sendFileContent(res: ServerResponse, file: FileDoc, conten
   res.writeHead(200, {
     'Content-Type': file.content_type,
     'Content-Length': String(file.size_bytes),
-    'Content-Disposition': `attachment; filename*=UTF-8''${encodeURIComponent(file.filename)}`,
+    'Content-Disposition': `attachment; filename*=UTF-8''${rfc8187(file.filename)}`,
     'X-Content-Type-Options': 'nosniff',
     ETag: `"${file.sha256}"`,
     'Cache-Control': 'private, max-age=0',

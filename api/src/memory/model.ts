@@ -93,14 +93,34 @@ export const MemorySearchResultSchema = Obj({
   snippet: Type.String(),
 });
 
-/** The schema's pattern admits `a/./b` and `..`; segments are checked here. */
+/**
+ * 400 for a string that is not well-formed UTF-16 (a lone surrogate, which JSON's `\ud800` can
+ * carry): Redis keeps UTF-8, where it would become U+FFFD and collide with that character.
+ */
+export function checkWellFormed(value: string, field: string): void {
+  if (!(value as string & { isWellFormed(): boolean }).isWellFormed()) {
+    throw new ApiError('validation.malformed', `${field}: not well-formed Unicode (a lone surrogate)`);
+  }
+}
+
+/** Metadata keys and values: well-formed strings (the schema checks their count and lengths). */
+export function checkMetadata(metadata: Record<string, string> | undefined, field = 'metadata'): void {
+  for (const [k, v] of Object.entries(metadata ?? {})) {
+    checkWellFormed(k, `${field} key`);
+    checkWellFormed(v, `${field}.${k}`);
+  }
+}
+
+/** The schema's pattern admits `a/./b` and `..`; segments (and well-formedness) are checked here. */
 export function checkPath(path: string, field = 'path'): void {
+  checkWellFormed(path, field);
   if (path.split('/').some((s) => s === '' || s === '.' || s === '..')) {
     throw new ApiError('validation.malformed', `${field}: a path has no empty, '.' or '..' segment`);
   }
 }
 
 export function checkContent(content: string, field = 'content'): number {
+  checkWellFormed(content, field);
   const bytes = Buffer.byteLength(content, 'utf8');
   if (bytes > MEMORY_LIMITS.maxContentBytes) {
     throw new ApiError('validation.malformed', `${field}: ${bytes} bytes; a memory document holds at most ${MEMORY_LIMITS.maxContentBytes} bytes (100 kB)`);

@@ -7,7 +7,7 @@ import {
   checkPath, MEMORY_LIMITS, MemoryDocumentEntrySchema, MemoryDocumentSchema, MemoryPath, MemorySearchResultSchema, MemoryStoreSchema, MemoryVersionSchema,
   type MemoryAuthor, type MemoryDocument,
 } from './model.js';
-import { decodeMemoryCursor, encodeMemoryCursor } from './store.js';
+import { cursorBinding, decodeBoundCursor, encodeBoundCursor } from './store.js';
 
 const StorePath = Obj({ memory_store_id: Id('memoryStore') });
 /** Reads admit Principal access credentials holding `read` on the store (or the Workspace). */
@@ -22,6 +22,17 @@ export function authorOf(caller: Caller): MemoryAuthor {
 }
 
 const entry = (d: MemoryDocument) => ({ path: d.path, version: d.version, size_bytes: d.size_bytes, metadata: d.metadata, updated_at: d.updated_at });
+
+/**
+ * The version a history cursor continues below, from a cursor bound to the path it was issued
+ * for: 400 for another path's cursor or a version that is not a safe integer of at least 1.
+ */
+export function decodeVersionCursor(cursor: string, path: string, field: string): number {
+  const value = decodeBoundCursor('version', cursor, field, cursorBinding(path), 'path\'s history');
+  const version = /^[1-9][0-9]*$/.test(value) ? Number(value) : NaN;
+  if (!Number.isSafeInteger(version)) throw new ApiError('validation.malformed', `${field}: not a cursor of this path's history`);
+  return version;
+}
 
 /**
  * MemoryStores: durable, searchable agent memory (docs/MEMORY.md). A store's documents are
@@ -81,9 +92,11 @@ export const memoryOperations: Operation[] = [
     response: Page(MemoryDocumentEntrySchema),
   }, async (ws, { params, query, deps }) => {
     await deps.memory.getStore(ws, params.memory_store_id);
-    const after = query.page !== undefined ? decodeMemoryCursor('path', query.page, 'query.page') : undefined;
+    // The cursor is bound to the prefix it was issued under (another prefix's cursor is 400).
+    const binding = cursorBinding(query.path_prefix ?? '');
+    const after = query.page !== undefined ? decodeBoundCursor('path', query.page, 'query.page', binding, 'listing (path_prefix)') : undefined;
     const r = await deps.memory.stores.list(params.memory_store_id, { prefix: query.path_prefix, limit: query.limit ?? 100, after });
-    return { data: r.data.map(entry), next_page: r.next !== null ? encodeMemoryCursor('path', r.next) : null };
+    return { data: r.data.map(entry), next_page: r.next !== null ? encodeBoundCursor('path', binding, r.next) : null };
   }),
   workspaceRead({
     operationId: 'memoryStores.getDocument', path: '/v1/memory-stores/{memory_store_id}/document',
@@ -109,8 +122,9 @@ export const memoryOperations: Operation[] = [
     }),
     response: MemoryDocumentSchema,
     async handler({ caller, params, body, deps }) {
-      await deps.memory.getStore(requireWorkspace(caller), params.memory_store_id);
-      const r = await deps.memory.stores.write(params.memory_store_id, { path: body.path, content: body.content, metadata: body.metadata, expectedVersion: body.expected_version }, authorOf(caller));
+      const ws = requireWorkspace(caller);
+      await deps.memory.getStore(ws, params.memory_store_id);
+      const r = await deps.memory.stores.write(params.memory_store_id, { path: body.path, content: body.content, metadata: body.metadata, expectedVersion: body.expected_version }, authorOf(caller), ws);
       return json(r.created ? 201 : 200, r.document);
     },
   }),
@@ -121,9 +135,10 @@ export const memoryOperations: Operation[] = [
     query: Obj({ path: MemoryPath(), expected_version: Type.Optional(Type.Integer({ minimum: 1 })) }),
     response: MemoryVersionSchema,
     async handler({ caller, params, query, deps }) {
-      await deps.memory.getStore(requireWorkspace(caller), params.memory_store_id);
+      const ws = requireWorkspace(caller);
+      await deps.memory.getStore(ws, params.memory_store_id);
       checkPath(query.path, 'query.path');
-      return json(200, await deps.memory.stores.remove(params.memory_store_id, query.path, query.expected_version, authorOf(caller)));
+      return json(200, await deps.memory.stores.remove(params.memory_store_id, query.path, query.expected_version, authorOf(caller), ws));
     },
   }),
   workspaceRead({
@@ -134,10 +149,10 @@ export const memoryOperations: Operation[] = [
     response: Page(MemoryVersionSchema),
   }, async (ws, { params, query, deps }) => {
     await deps.memory.getStore(ws, params.memory_store_id);
-    const before = query.page !== undefined ? Number(decodeMemoryCursor('version', query.page, 'query.page')) : undefined;
+    const before = query.page !== undefined ? decodeVersionCursor(query.page, query.path, 'query.page') : undefined;
     const r = await deps.memory.stores.history(params.memory_store_id, query.path, query.limit ?? 20, before);
     if (r.data.length === 0 && before === undefined) throw new ApiError('validation.not_found', `no document was ever written at ${query.path}`);
-    return { data: r.data, next_page: r.next_version !== null ? encodeMemoryCursor('version', String(r.next_version)) : null };
+    return { data: r.data, next_page: r.next_version !== null ? encodeBoundCursor('version', cursorBinding(query.path), String(r.next_version)) : null };
   }),
   workspaceRead({
     operationId: 'memoryStores.searchMemory', path: '/v1/memory-stores/{memory_store_id}/search',

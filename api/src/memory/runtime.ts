@@ -108,7 +108,7 @@ export function runtimeMemory(deps: ApiDeps, verifier: RuntimeBearerVerifier): K
         return text(await mem.search(ctx.storeId, { query: arg(input, 'query', true), limit: Math.min(Math.max(limit, 1), 50), cursor: arg(input, 'cursor') }, 'input'));
       }
       case 'create': {
-        const r = await mem.stores.write(ctx.storeId, { path: pathArg(input), content: arg(input, 'content', true), expectedVersion: 0 }, author);
+        const r = await mem.stores.write(ctx.storeId, { path: pathArg(input), content: arg(input, 'content', true), expectedVersion: 0 }, author, ctx.grant.workspace_id);
         return text({ path: r.document.path, version: r.document.version, created: true });
       }
       case 'edit': {
@@ -125,11 +125,11 @@ export function runtimeMemory(deps: ApiDeps, verifier: RuntimeBearerVerifier): K
           if (current.content.indexOf(oldText, at + 1) >= 0) return text(`old_text occurs more than once in ${path}; give more context`, true);
           content = current.content.slice(0, at) + (arg(input, 'new_text') ?? '') + current.content.slice(at + oldText.length);
         }
-        const r = await mem.stores.write(ctx.storeId, { path, content, expectedVersion: expected ?? current.version }, author);
+        const r = await mem.stores.write(ctx.storeId, { path, content, expectedVersion: expected ?? current.version }, author, ctx.grant.workspace_id);
         return text({ path, version: r.document.version });
       }
       default: {
-        const marker = await mem.stores.remove(ctx.storeId, pathArg(input), intArg(input, 'expected_version'), author);
+        const marker = await mem.stores.remove(ctx.storeId, pathArg(input), intArg(input, 'expected_version'), author, ctx.grant.workspace_id);
         return text({ path: marker.path, deleted: true, version: marker.version });
       }
     }

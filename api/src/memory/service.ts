@@ -1,8 +1,8 @@
-import { ApiError, sha256Hex } from '@agentplane/core';
+import { ApiError } from '@agentplane/core';
 import type { DocumentStore, Redis } from '@agentplane/store';
 import { MEMORY_LIMITS, type MemoryDocument, type MemoryStoreDoc } from './model.js';
 import { MemorySearch } from './search.js';
-import { decodeMemoryCursor, encodeMemoryCursor, MemoryStores } from './store.js';
+import { cursorBinding, decodeBoundCursor, encodeBoundCursor, MemoryStores } from './store.js';
 
 export interface MemorySearchPage {
   results: { path: string; score: number; version: number; metadata: Record<string, string>; updated_at: string; snippet: string }[];
@@ -50,12 +50,12 @@ export class MemoryService {
     const query = input.query.trim();
     if (query === '') throw new ApiError('validation.malformed', `${field}.query: empty`);
     if (query.length > MEMORY_LIMITS.maxQueryChars) throw new ApiError('validation.malformed', `${field}.query: at most ${MEMORY_LIMITS.maxQueryChars} characters`);
-    const binding = sha256Hex(`${query}\0${input.path_prefix ?? ''}`).slice(0, 16);
+    const binding = cursorBinding(query, input.path_prefix ?? '');
     let offset = 0;
     if (input.cursor !== undefined) {
-      const [bound, at] = decodeMemoryCursor('search', input.cursor, `${field}.cursor`).split(':');
-      offset = Number(at);
-      if (bound !== binding || !Number.isInteger(offset) || offset < 0) throw new ApiError('validation.malformed', `${field}.cursor: not a cursor of this query`);
+      const at = decodeBoundCursor('search', input.cursor, `${field}.cursor`, binding, 'query');
+      offset = /^(0|[1-9][0-9]*)$/.test(at) ? Number(at) : NaN;
+      if (!Number.isSafeInteger(offset)) throw new ApiError('validation.malformed', `${field}.cursor: not a cursor of this query`);
     }
     let hits = await this.index.search(storeId, query);
     if (input.path_prefix) hits = hits.filter((h) => h.path.startsWith(input.path_prefix as string));
@@ -66,6 +66,6 @@ export class MemoryService {
       return d ? [{ path: d.path, score: Number(h.score.toFixed(4)), version: d.version, metadata: d.metadata, updated_at: d.updated_at, snippet: snippetOf(d.content, h.terms) }] : [];
     });
     const next = offset + input.limit;
-    return { results, next_cursor: next < hits.length ? encodeMemoryCursor('search', `${binding}:${next}`) : null };
+    return { results, next_cursor: next < hits.length ? encodeBoundCursor('search', binding, String(next)) : null };
   }
 }

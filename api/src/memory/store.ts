@@ -1,20 +1,22 @@
 import { ApiError, newId, nowIso, sha256Hex } from '@agentplane/core';
 import { keys, LuaScript, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
-import { checkContent, checkPath, type MemoryAuthor, type MemoryDocument, type MemoryStoreDoc, type MemoryVersion } from './model.js';
+import { checkContent, checkMetadata, checkPath, checkWellFormed, type MemoryAuthor, type MemoryDocument, type MemoryStoreDoc, type MemoryVersion } from './model.js';
 
 const INDEX = 'memory_stores';
 /** Entries of a store's change log kept for search indexes to catch up from (older: full rebuild). */
 export const CHANGE_LOG_LENGTH = 10_000;
 
 /**
- * One document write (or delete) of one store, all in the store's slot: compare-and-swap on the
- * path's version counter (the version the caller read), then the current document, the path
- * listing, the version history and the change log.
+ * One document write (or delete) of one store, all in the store's slot: the store must still
+ * exist (its `alive` marker, which its deletion removes before clearing its keys: -1 otherwise),
+ * then compare-and-swap on the path's version counter (the version the caller read), then the
+ * current document, the path listing, the version history and the change log.
  *
- * KEYS: docs, ver, paths, hist, changes. ARGV: path, seen version, doc JSON ('' = delete),
+ * KEYS: docs, ver, paths, hist, changes, alive. ARGV: path, seen version, doc JSON ('' = delete),
  * new version, history entry JSON, change-log length.
  */
 const WRITE = new LuaScript('memory_write', `
+if redis.call('EXISTS', KEYS[6]) == 0 then return -1 end
 local seen = redis.call('HGET', KEYS[2], ARGV[1]) or '0'
 if seen ~= ARGV[2] then return 0 end
 if ARGV[3] == '' then
@@ -41,6 +43,8 @@ export interface WriteInput {
 export function memoryKeys(storeId: string) {
   const tag = tags.memoryStore(storeId);
   return {
+    /** Set while the store exists: document writes check it in their script. */
+    alive: keys.scoped(tag, 'alive'),
     docs: keys.scoped(tag, 'docs'),
     ver: keys.scoped(tag, 'ver'),
     paths: keys.scoped(tag, 'paths'),
@@ -66,6 +70,24 @@ export function decodeMemoryCursor(kind: string, cursor: string, field: string):
   return text.slice(kind.length + 1);
 }
 
+/** What binds a cursor to the request that issued it: 16 hex of the SHA-256 of its parameters. */
+export function cursorBinding(...parts: readonly string[]): string {
+  return sha256Hex(parts.join('\0')).slice(0, 16);
+}
+
+/** `c1_` + hex of `<kind>:<binding>:<value>`: a cursor that continues only the listing it came from. */
+export function encodeBoundCursor(kind: string, binding: string, value: string): string {
+  return encodeMemoryCursor(kind, `${binding}:${value}`);
+}
+
+/** The value of a bound cursor; 400 for a cursor of another kind or of another listing (path, prefix, query). */
+export function decodeBoundCursor(kind: string, cursor: string, field: string, binding: string, what: string): string {
+  const text = decodeMemoryCursor(kind, cursor, field);
+  const at = text.indexOf(':');
+  if (at < 0 || text.slice(0, at) !== binding) throw new ApiError('validation.malformed', `${field}: not a cursor of this ${what}`);
+  return text.slice(at + 1);
+}
+
 /**
  * MemoryStores in Redis: heads are Workspace documents listed in `{w:<ws>}:idx:memory_stores`;
  * everything of one store's documents lives under its own tag `{m:<memstore_id>}` (docs/MEMORY.md).
@@ -77,12 +99,20 @@ export class MemoryStores {
   ) {}
 
   async createStore(workspaceId: string, input: { name: string; description?: string | null | undefined; metadata?: Record<string, string> | undefined }): Promise<MemoryStoreDoc> {
+    checkHead(input, 'body');
     const now = nowIso();
     const doc: MemoryStoreDoc = {
       id: newId('memoryStore'), type: 'memory_store', workspace_id: workspaceId, name: input.name,
       description: input.description ?? null, metadata: input.metadata ?? {}, version: 1, created_at: now, updated_at: now,
     };
-    await this.docs.create(tags.workspace(workspaceId), doc, [INDEX]);
+    // The marker first: a store is writable as soon as its head can be read.
+    await this.redis.set(memoryKeys(doc.id).alive, '1');
+    try {
+      await this.docs.create(tags.workspace(workspaceId), doc, [INDEX]);
+    } catch (err) {
+      await this.redis.unlink(memoryKeys(doc.id).alive);
+      throw err;
+    }
     return doc;
   }
 
@@ -97,6 +127,7 @@ export class MemoryStores {
   }
 
   async updateStore(workspaceId: string, storeId: string, patch: { name?: string | undefined; description?: string | null | undefined; metadata?: Record<string, string> | undefined }, expectedVersion?: number): Promise<MemoryStoreDoc> {
+    checkHead(patch, 'body');
     const current = await this.getStore(workspaceId, storeId);
     // A patch that changes nothing writes nothing: the store keeps its version and updated_at.
     return this.docs.update<MemoryStoreDoc>(tags.workspace(workspaceId), storeId, (s) => {
@@ -110,11 +141,16 @@ export class MemoryStores {
     }, { expectedVersion, notFound: 'memory store', current });
   }
 
-  /** The head goes first (the store is gone for readers at once), then every key of its tag. */
+  /**
+   * The head goes first (the store is gone for readers at once), then its `alive` marker (from
+   * then on the write script refuses every write, including one whose existence check passed
+   * before), then every key of its tag: the paths of `:ver` are complete once no write can land.
+   */
   async removeStore(workspaceId: string, storeId: string): Promise<void> {
     await this.getStore(workspaceId, storeId);
     await this.docs.remove(tags.workspace(workspaceId), storeId, [INDEX]);
     const k = memoryKeys(storeId);
+    await this.redis.del(k.alive);
     const paths = await this.redis.hkeys(k.ver);
     for (let i = 0; i < paths.length; i += 500) await this.redis.unlink(...paths.slice(i, i + 500).map((p) => k.hist(p)));
     await this.redis.unlink(k.docs, k.ver, k.paths, k.changes);
@@ -153,12 +189,18 @@ export class MemoryStores {
     return { data: raws.map((r) => JSON.parse(r) as MemoryVersion).reverse(), next_version: low > 0 ? low + 1 : null };
   }
 
-  /** Current documents by path in lexical order (no content), optionally under a prefix. */
+  /**
+   * Current documents by path in lexical order (no content), optionally under a prefix. `after`
+   * (the last path of the previous page) never reaches below the prefix: the range starts at the
+   * later of the two. Redis orders members by their UTF-8 bytes, and no UTF-8 string holds the
+   * byte 0xFF, so `prefix` + 0xFF bounds every path under the prefix.
+   */
   async list(storeId: string, options: { prefix?: string | undefined; limit: number; after?: string | undefined }): Promise<{ data: MemoryDocument[]; next: string | null }> {
     const k = memoryKeys(storeId);
     const prefix = options.prefix ?? '';
-    const min = options.after !== undefined ? `(${options.after}` : prefix === '' ? '-' : `[${prefix}`;
-    const max = prefix === '' ? '+' : `(${prefix}\u{10FFFF}`;
+    const after = options.after !== undefined && Buffer.compare(Buffer.from(options.after, 'utf8'), Buffer.from(prefix, 'utf8')) >= 0 ? options.after : undefined;
+    const min = after !== undefined ? `(${after}` : prefix === '' ? '-' : `[${prefix}`;
+    const max = prefix === '' ? '+' : Buffer.concat([Buffer.from(`(${prefix}`, 'utf8'), Buffer.from([0xff])]);
     const paths = await this.redis.zrangebylex(k.paths, min, max, 'LIMIT', 0, options.limit + 1);
     const page = paths.slice(0, options.limit);
     const docs = (await this.readMany(storeId, page)).filter((d): d is MemoryDocument => d !== null);
@@ -167,11 +209,14 @@ export class MemoryStores {
 
   /**
    * Creates or replaces a document under compare-and-swap. A stale `expectedVersion` (or 0 for
-   * an existing document) is 409 `validation.conflict`; without one, a lost race is retried.
+   * an existing document) is 409 `validation.conflict`; without one, a lost race is retried. A
+   * store deleted meanwhile is 404 `validation.not_found` (nothing written). `workspaceId` lets a
+   * store created before stores carried their `alive` marker be given one (adopt).
    */
-  async write(storeId: string, input: WriteInput, author: MemoryAuthor): Promise<{ document: MemoryDocument; created: boolean }> {
+  async write(storeId: string, input: WriteInput, author: MemoryAuthor, workspaceId?: string): Promise<{ document: MemoryDocument; created: boolean }> {
     checkPath(input.path, 'body.path');
     const size = checkContent(input.content, 'body.content');
+    checkMetadata(input.metadata, 'body.metadata');
     for (let attempt = 0; attempt < 16; attempt++) {
       const { seen, current } = await this.snapshot(storeId, input.path);
       this.expect(input.expectedVersion, current, input.path);
@@ -182,13 +227,13 @@ export class MemoryStores {
         created_at: current?.created_at ?? now, updated_at: now, updated_by: author,
       };
       const json = JSON.stringify(doc);
-      if (await this.apply(storeId, input.path, seen, json, doc.version, json)) return { document: doc, created: current === null };
+      if (await this.apply(storeId, input.path, seen, json, doc.version, json, workspaceId)) return { document: doc, created: current === null };
     }
     throw new ApiError('validation.conflict', `too many concurrent writers on ${input.path}; retry`);
   }
 
-  /** Deletes a document (its history stays readable, ending in a deletion marker). 404 when absent. */
-  async remove(storeId: string, path: string, expectedVersion: number | undefined, author: MemoryAuthor): Promise<MemoryVersion> {
+  /** Deletes a document (its history stays readable, ending in a deletion marker). 404 when absent or when the store is gone. */
+  async remove(storeId: string, path: string, expectedVersion: number | undefined, author: MemoryAuthor, workspaceId?: string): Promise<MemoryVersion> {
     for (let attempt = 0; attempt < 16; attempt++) {
       const { seen, current } = await this.snapshot(storeId, path);
       if (!current) throw new ApiError('validation.not_found', `no document at ${path}`);
@@ -197,7 +242,7 @@ export class MemoryStores {
       const marker: MemoryVersion = {
         type: 'memory_document_deleted', memory_store_id: storeId, path, version: seen + 1, created_at: current.created_at, updated_at: now, updated_by: author,
       };
-      if (await this.apply(storeId, path, seen, '', marker.version, JSON.stringify(marker))) return marker;
+      if (await this.apply(storeId, path, seen, '', marker.version, JSON.stringify(marker), workspaceId)) return marker;
     }
     throw new ApiError('validation.conflict', `too many concurrent writers on ${path}; retry`);
   }
@@ -216,9 +261,32 @@ export class MemoryStores {
     return { seen: Number(ver ?? 0), current: raw === null ? null : (JSON.parse(raw) as MemoryDocument) };
   }
 
-  private async apply(storeId: string, path: string, seen: number, json: string, version: number, history: string): Promise<boolean> {
+  /** One run of the write script: true when written, false when the path moved on (retry); 404 when the store is gone. */
+  private async apply(storeId: string, path: string, seen: number, json: string, version: number, history: string, workspaceId: string | undefined): Promise<boolean> {
     const k = memoryKeys(storeId);
-    const r = await WRITE.run(this.redis, [k.docs, k.ver, k.paths, k.hist(path), k.changes], [path, String(seen), json, String(version), history, String(CHANGE_LOG_LENGTH)]);
+    const run = () => WRITE.run(this.redis, [k.docs, k.ver, k.paths, k.hist(path), k.changes, k.alive], [path, String(seen), json, String(version), history, String(CHANGE_LOG_LENGTH)]);
+    let r = await run();
+    if (r === -1 && workspaceId !== undefined && (await this.adopt(workspaceId, storeId))) r = await run();
+    if (r === -1) throw new ApiError('validation.not_found', `memory store ${storeId} not found`);
     return r === 1;
   }
+
+  /**
+   * A store without its `alive` marker whose head still exists was created before stores carried
+   * one: it gets it now. A store being deleted has lost its head before its marker, so it is not
+   * given one again.
+   */
+  private async adopt(workspaceId: string, storeId: string): Promise<boolean> {
+    const head = await this.docs.get<MemoryStoreDoc>(tags.workspace(workspaceId), storeId);
+    if (!head || head.type !== 'memory_store' || head.workspace_id !== workspaceId) return false;
+    await this.redis.set(memoryKeys(storeId).alive, '1', 'NX');
+    return true;
+  }
+}
+
+/** A store's name, description and metadata: well-formed strings. */
+function checkHead(input: { name?: string | undefined; description?: string | null | undefined; metadata?: Record<string, string> | undefined }, field: string): void {
+  if (input.name !== undefined) checkWellFormed(input.name, `${field}.name`);
+  if (typeof input.description === 'string') checkWellFormed(input.description, `${field}.description`);
+  checkMetadata(input.metadata, `${field}.metadata`);
 }

@@ -1,5 +1,6 @@
 import { ApiError, Id, Obj, Timestamp, Type } from '@agentplane/core';
 import type { StoredDoc } from '@agentplane/store';
+import { checkWellFormed } from '../memory/model.js';
 
 const MiB = 1024 * 1024;
 
@@ -82,8 +83,12 @@ export const ProjectSchema = Obj({
   updated_at: Timestamp(),
 });
 
-/** A relative path inside the tree: no leading `/`, no empty, `.` or `..` segment, no control character or backslash. */
+/**
+ * A relative path inside the tree: no leading `/`, no empty, `.` or `..` segment, no control
+ * character or backslash, well-formed Unicode (a lone surrogate would become U+FFFD on disk).
+ */
 export function checkProjectPath(path: string, field: string): void {
+  checkWellFormed(path, field);
   if (path.startsWith('/') || /[\0-\x1f\x7f\\]/.test(path) || path.split('/').some((s) => s === '' || s === '.' || s === '..')) {
     throw new ApiError('validation.malformed', `${field}: '${path.slice(0, 80)}' is not a relative path (no leading '/', empty, '.' or '..' segment, backslash or control character)`);
   }

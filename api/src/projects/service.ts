@@ -1,14 +1,30 @@
 import { createHash } from 'node:crypto';
 import { ApiError, newId, nowIso } from '@agentplane/core';
 import { keys, LuaScript, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
+import { checkWellFormed } from '../memory/model.js';
 import { checkProjectPath, decodeContent, PROJECT_LIMITS, type ManifestEntry, type ProjectDoc, type ProjectRevision } from './model.js';
 
 const INDEX = 'projects';
 
-/** Appends revision `ARGV[1]` only if the project holds exactly `ARGV[1] - 1` revisions. KEYS: revs. */
+/**
+ * Appends revision `ARGV[1]` only if the project still exists (its `alive` marker: -1 otherwise)
+ * and holds exactly `ARGV[1] - 1` revisions (0 otherwise). KEYS: revs, alive.
+ */
 const APPEND = new LuaScript('project_append_revision', `
+if redis.call('EXISTS', KEYS[2]) == 0 then return -1 end
 if redis.call('HLEN', KEYS[1]) ~= tonumber(ARGV[1]) - 1 then return 0 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return 1`);
+
+/**
+ * Stores one file content by digest (kept if present) and lists the digest in `:blobs`, only if
+ * the project still exists (-1 otherwise): a content written after the project's deletion began
+ * would be listed nowhere its deletion looks. KEYS: blob, blobs, alive. ARGV: content, digest.
+ */
+const PUT_BLOB = new LuaScript('project_put_blob', `
+if redis.call('EXISTS', KEYS[3]) == 0 then return -1 end
+redis.call('SET', KEYS[1], ARGV[1], 'NX')
+redis.call('SADD', KEYS[2], ARGV[2])
 return 1`);
 
 export interface TreeFileInput {
@@ -31,7 +47,11 @@ interface Staged {
 
 function projectKeys(projectId: string) {
   const tag = tags.project(projectId);
-  return { revs: keys.scoped(tag, 'revs'), blobs: keys.scoped(tag, 'blobs'), blob: (digest: string) => keys.scoped(tag, `blob:${digest}`) };
+  return {
+    revs: keys.scoped(tag, 'revs'), blobs: keys.scoped(tag, 'blobs'), blob: (digest: string) => keys.scoped(tag, `blob:${digest}`),
+    /** Set while the project exists: the scripts that write its contents and revisions check it. */
+    alive: keys.scoped(tag, 'alive'),
+  };
 }
 
 /** No path may be both a file and a directory of another file. */
@@ -74,12 +94,21 @@ export class ProjectService {
   ) {}
 
   async create(workspaceId: string, name: string, files: readonly TreeFileInput[]): Promise<{ project: ProjectDoc; revision: ProjectRevision }> {
+    checkWellFormed(name, 'body.name');
     const staged = this.stageTree(files, 'body.files');
     const now = nowIso();
     const project: ProjectDoc = { id: newId('project'), type: 'project', workspace_id: workspaceId, name, version: 1, created_at: now, updated_at: now };
-    const revision = await this.commit(project.id, 1, staged, 'create', null);
-    await this.docs.create(tags.workspace(workspaceId), project, [INDEX]);
-    return { project, revision };
+    const k = projectKeys(project.id);
+    await this.redis.set(k.alive, '1');
+    try {
+      const revision = await this.commit(workspaceId, project.id, 1, staged, 'create', null);
+      await this.docs.create(tags.workspace(workspaceId), project, [INDEX]);
+      return { project, revision };
+    } catch (err) {
+      // Nobody knows the id yet: what was written of it goes.
+      await this.clear(project.id);
+      throw err;
+    }
   }
 
   async get(workspaceId: string, projectId: string): Promise<ProjectDoc> {
@@ -106,13 +135,25 @@ export class ProjectService {
     return JSON.parse(raw) as ProjectRevision;
   }
 
+  /**
+   * The head goes first (the project is gone for readers at once), then its keys: the `alive`
+   * marker first, so no content or revision is written after it (a commit whose existence check
+   * passed before the deletion is refused by its scripts), then the revisions and every content
+   * `:blobs` lists, which is complete from then on.
+   */
   async remove(workspaceId: string, projectId: string): Promise<void> {
     await this.get(workspaceId, projectId);
     await this.docs.remove(tags.workspace(workspaceId), projectId, [INDEX]);
+    await this.clear(projectId);
+  }
+
+  private async clear(projectId: string): Promise<void> {
     const k = projectKeys(projectId);
+    await this.redis.del(k.alive);
+    await this.redis.unlink(k.revs);
     const digests = await this.redis.smembers(k.blobs);
     for (let i = 0; i < digests.length; i += 500) await this.redis.unlink(...digests.slice(i, i + 500).map((d) => k.blob(d)));
-    await this.redis.unlink(k.revs, k.blobs);
+    await this.redis.unlink(k.blobs);
   }
 
   /** A complete new tree. `expected` (the revision number the caller last saw) makes a concurrent revision a 409. */
@@ -121,7 +162,7 @@ export class ProjectService {
     const staged = this.stageTree(files, 'body.files');
     const latest = await this.latestNumber(projectId);
     if (expected !== undefined && expected !== latest) throw new ApiError('validation.conflict', `expected_revision_number ${expected} is stale; the latest revision is ${latest}`);
-    return this.touched(workspaceId, projectId, await this.commit(projectId, latest + 1, staged, 'revision', latest));
+    return this.touched(workspaceId, projectId, await this.commit(workspaceId, projectId, latest + 1, staged, 'revision', latest));
   }
 
   /** A new revision changes the head: its `version` and `updated_at` move on (compare-and-swap). */
@@ -151,22 +192,26 @@ export class ProjectService {
         return;
       }
       if (c.content_base64 === undefined) throw new ApiError('validation.malformed', `${field}: content_base64 or delete is required`);
-      tree.set(c.path, this.stageFile(c.path, c.content_base64, c.executable ?? false, `${field}.content_base64`));
+      // A content-only change keeps the file's mode; a new file is not executable unless it says so.
+      tree.set(c.path, this.stageFile(c.path, c.content_base64, c.executable ?? tree.get(c.path)?.entry.executable ?? false, `${field}.content_base64`));
     });
     const staged = [...tree.values()];
     checkTree(staged.map((s) => s.entry.path), 'body.changes');
     checkBudget(staged.map((s) => s.entry), 'the pushed revision');
-    return this.touched(workspaceId, projectId, await this.commit(projectId, latest + 1, staged, 'push', base));
+    return this.touched(workspaceId, projectId, await this.commit(workspaceId, projectId, latest + 1, staged, 'push', base));
   }
 
-  /** Every file of a revision with its bytes (for the runner that mounts it). */
+  /**
+   * Every file of a revision with its bytes (for the runner that mounts it). A content missing
+   * means the project is being deleted (its contents go after its head): 404 like the project.
+   */
   async readFiles(projectId: string, n: number): Promise<Array<ManifestEntry & { content: Buffer }>> {
     const rev = await this.revision(projectId, n);
     const k = projectKeys(projectId);
     const out: Array<ManifestEntry & { content: Buffer }> = [];
     for (const e of rev.files) {
       const content = await this.redis.getBuffer(k.blob(e.sha256.slice('sha256:'.length)));
-      if (!content) throw new Error(`content ${e.sha256} of project ${projectId} is missing`);
+      if (!content) throw new ApiError('validation.not_found', `project ${projectId} not found (the content of revision ${n}'s ${e.path.slice(0, 80)} is gone)`);
       out.push({ ...e, content });
     }
     return out;
@@ -193,22 +238,44 @@ export class ProjectService {
     });
   }
 
-  /** Contents first (by digest, idempotent), then the manifest, appended only if `n` is next. */
-  private async commit(projectId: string, n: number, staged: readonly Staged[], source: ProjectRevision['source'], base: number | null): Promise<ProjectRevision> {
+  /**
+   * Contents first (by digest, idempotent), then the manifest, appended only if `n` is next; each
+   * by a script that refuses once the project's deletion began (404, nothing more written).
+   */
+  private async commit(workspaceId: string, projectId: string, n: number, staged: readonly Staged[], source: ProjectRevision['source'], base: number | null): Promise<ProjectRevision> {
     const k = projectKeys(projectId);
+    const run = async (write: () => Promise<unknown>): Promise<unknown> => {
+      let r = await write();
+      if (r === -1 && (await this.adopt(workspaceId, projectId))) r = await write();
+      if (r === -1) throw new ApiError('validation.not_found', `project ${projectId} not found`);
+      return r;
+    };
     for (const s of staged) {
       if (!s.content) continue;
       const digest = s.entry.sha256.slice('sha256:'.length);
-      await this.redis.set(k.blob(digest), s.content, 'NX');
-      await this.redis.sadd(k.blobs, digest);
+      const content = s.content;
+      await run(() => PUT_BLOB.run(this.redis, [k.blob(digest), k.blobs, k.alive], [content, digest]));
     }
     const files = staged.map((s) => s.entry).sort((a, b) => (a.path < b.path ? -1 : a.path > b.path ? 1 : 0));
     const revision: ProjectRevision = {
       type: 'project_revision', project_id: projectId, revision_number: n, source, base_revision_number: base, files,
       file_count: files.length, total_bytes: checkBudget(files, 'the revision'), created_at: nowIso(),
     };
-    const ok = await APPEND.run(this.redis, [k.revs], [String(n), JSON.stringify(revision)]);
+    const json = JSON.stringify(revision);
+    const ok = await run(() => APPEND.run(this.redis, [k.revs, k.alive], [String(n), json]));
     if (ok !== 1) throw new ApiError('validation.conflict', `another revision of project ${projectId} was written at the same time; fetch the latest and retry`);
     return revision;
+  }
+
+  /**
+   * A project without its `alive` marker whose head still exists was created before projects
+   * carried one: it gets it now. A project being deleted has lost its head before its marker, so
+   * it is not given one again.
+   */
+  private async adopt(workspaceId: string, projectId: string): Promise<boolean> {
+    const head = await this.docs.get<ProjectDoc>(tags.workspace(workspaceId), projectId);
+    if (!head || head.type !== 'project' || head.workspace_id !== workspaceId) return false;
+    await this.redis.set(projectKeys(projectId).alive, '1', 'NX');
+    return true;
   }
 }

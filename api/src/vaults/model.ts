@@ -62,6 +62,7 @@ export const VaultSchema = Obj({
 export const SecretInput = Obj({
   kind: Kind,
   match: Type.String({ minLength: 8, maxLength: 2048 }),
+  /** At most `maxValueBytes` of UTF-8: the schema caps characters, the service bytes. */
   value: Type.String({ minLength: 1, maxLength: VAULT_LIMITS.maxValueBytes }),
   header_name: Type.Optional(Type.String({ pattern: "^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$" })),
   username: Type.Optional(Type.String({ minLength: 1, maxLength: 256, pattern: '^[^:\\u0000-\\u001f\\u007f]+$' })),

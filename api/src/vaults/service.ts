@@ -1,10 +1,12 @@
 import { ApiError, newId, nowIso, type SecretBox } from '@agentplane/core';
 import { tags, type DocumentStore, type ListPage } from '@agentplane/store';
+import { checkWellFormed } from '../memory/model.js';
 import { checkPeerCredential } from './peer-credentials.js';
 import { VAULT_LIMITS, type SecretKind, type VaultDoc, type VaultSecret } from './model.js';
 
 const INDEX = 'vaults';
-const hint = (value: string) => (value.length <= 8 ? '…' : `…${value.slice(-4)}`);
+/** The value's last 4 characters (whole code points), for a value longer than 8. */
+const hint = (value: string) => (value.length <= 8 ? '…' : `…${Array.from(value.slice(-8)).slice(-4).join('')}`);
 const aad = (vaultId: string, name: string, generation: number) => `vault:${vaultId}:${name}:${generation}`;
 
 /** A secret resolved for one use: the plaintext never leaves the process that asked. */
@@ -18,6 +20,38 @@ export interface ResolvedSecret {
   match: string;
   generation: number;
   value: string;
+}
+
+/**
+ * Header names an `mcp_header` secret may not set (compared in lower case): hop-by-hop and
+ * framing headers, which would break the proxy's request to the server or its connection, and
+ * the headers the MCP transport sets itself.
+ */
+export const FORBIDDEN_HEADER_NAMES: ReadonlySet<string> = new Set([
+  'connection', 'keep-alive', 'proxy-connection', 'proxy-authenticate', 'proxy-authorization', 'te', 'trailer', 'transfer-encoding', 'upgrade',
+  'host', 'content-length', 'content-encoding', 'content-type', 'expect', 'accept',
+  'mcp-session-id', 'mcp-protocol-version', 'mcp-method', 'mcp-name', 'last-event-id',
+]);
+
+/**
+ * A value sent as an HTTP header value (`mcp_header`, and `mcp_bearer` after `Bearer `): visible
+ * ASCII, with spaces and tabs inside only. Node would also pass bytes 0x80-0xFF (U+0085, `é`), as
+ * Latin-1, which is not what the writer meant; a character beyond that fails the request.
+ */
+const HEADER_VALUE = /^[\x21-\x7e](?:[\t\x20-\x7e]*[\x21-\x7e])?$/;
+
+/** The value's checks of every kind, and of the kinds sent in a header; 400 `validation.malformed`. */
+export function checkSecretValue(kind: SecretKind, value: string, headerName: string | undefined): void {
+  checkWellFormed(value, 'body.value');
+  const bytes = Buffer.byteLength(value, 'utf8');
+  if (bytes > VAULT_LIMITS.maxValueBytes) throw new ApiError('validation.malformed', `body.value: ${bytes} bytes; a secret value is at most ${VAULT_LIMITS.maxValueBytes} bytes (16 KiB) of UTF-8`);
+  if (/[\r\n\0]/.test(value)) throw new ApiError('validation.malformed', 'body.value: no line breaks or NUL characters');
+  if (headerName !== undefined && FORBIDDEN_HEADER_NAMES.has(headerName.toLowerCase())) {
+    throw new ApiError('validation.malformed', `body.header_name: ${headerName} is a header the MCP proxy sets or that frames the request; an mcp_header secret cannot set it`);
+  }
+  if ((kind === 'mcp_header' || kind === 'mcp_bearer') && !HEADER_VALUE.test(value)) {
+    throw new ApiError('validation.malformed', `body.value: an ${kind} value is sent in an HTTP header: visible ASCII characters only, with spaces or tabs only between them`);
+  }
 }
 
 /** `match` checked and normalised: an absolute http(s) URL without credentials, query or fragment; no trailing `/`. */
@@ -64,6 +98,8 @@ export class VaultService {
   ) {}
 
   async create(workspaceId: string, input: { name: string; description?: string | null | undefined }): Promise<VaultDoc> {
+    checkWellFormed(input.name, 'body.name');
+    if (typeof input.description === 'string') checkWellFormed(input.description, 'body.description');
     const now = nowIso();
     const doc: VaultDoc = {
       id: newId('vault'), type: 'vault', workspace_id: workspaceId, name: input.name, description: input.description ?? null, secrets: [],
@@ -101,7 +137,7 @@ export class VaultService {
     if (input.kind === 'mcp_header' && !input.header_name) throw new ApiError('validation.malformed', 'body.header_name: required for an mcp_header secret');
     if (input.kind !== 'mcp_header' && input.header_name !== undefined) throw new ApiError('validation.malformed', 'body.header_name: only mcp_header secrets name a header');
     if (input.kind !== 'git_https' && input.username !== undefined) throw new ApiError('validation.malformed', 'body.username: only git_https secrets have a username');
-    if (/[\r\n\0]/.test(input.value)) throw new ApiError('validation.malformed', 'body.value: no line breaks or NUL characters');
+    checkSecretValue(input.kind, input.value, input.header_name);
     if (input.kind === 'a2a_oauth2' || input.kind === 'a2a_mtls') checkPeerCredential(input.kind, input.value);
     await this.get(workspaceId, vaultId);
     return this.docs.update<VaultDoc>(tags.workspace(workspaceId), vaultId, (v) => {

@@ -1,0 +1,87 @@
+import { beforeAll, describe, expect, it } from 'vitest';
+import { useEmbeddedRedis } from '@agentplane/store/testing';
+import { newId } from '@agentplane/core';
+import { DocumentStore, type Redis } from '@agentplane/store';
+import { ProjectService } from './service.js';
+
+/**
+ * A Project deleted while a revision is written, and a revision read while its contents go: the
+ * racing orders are made deterministic by running the deletion from inside the writer's calls.
+ */
+const testRedis = useEmbeddedRedis('projects');
+let redis: Redis;
+let projects: ProjectService;
+
+beforeAll(() => {
+  redis = testRedis();
+  projects = new ProjectService(redis, new DocumentStore(redis));
+});
+
+const file = (path: string, text: string) => ({ path, content_base64: Buffer.from(text).toString('base64') });
+
+async function projectKeys(projectId: string): Promise<string[]> {
+  const found: string[] = [];
+  let cursor = '0';
+  do {
+    const [next, batch] = await redis.scan(cursor, 'MATCH', `ap:{p:${projectId}}:*`, 'COUNT', 1000);
+    found.push(...batch);
+    cursor = next;
+  } while (cursor !== '0');
+  return found.sort();
+}
+
+/**
+ * A ProjectService on a connection of its own whose `nth` script call (1 = the first) first runs
+ * `before`: the revision's existence check is behind it, that many of its writes are ahead.
+ */
+function racingService(nth: number, before: () => Promise<void>): ProjectService {
+  const conn = testRedis.connect(`racing-${newId('event')}`);
+  const evalsha = conn.evalsha.bind(conn) as (...args: unknown[]) => Promise<unknown>;
+  let calls = 0;
+  (conn as unknown as { evalsha: (...args: unknown[]) => Promise<unknown> }).evalsha = async (...args: unknown[]) => {
+    if (++calls === nth) await before();
+    return evalsha(...args);
+  };
+  return new ProjectService(conn, new DocumentStore(conn));
+}
+
+describe('deleting a Project while a revision is written', () => {
+  const tree = [file('README.md', 'new readme'), file('src/big.txt', 'x'.repeat(100_000)), file('src/other.txt', 'other')];
+
+  it('deleted before the revision\'s first content is written: 404, and no key of the project is left', async () => {
+    const ws = newId('workspace');
+    const { project } = await projects.create(ws, 'racing', [file('README.md', 'v1')]);
+    const racing = racingService(1, () => projects.remove(ws, project.id));
+    await expect(racing.addRevision(ws, project.id, tree, undefined)).rejects.toMatchObject({ type: 'validation.not_found', status: 404 });
+    expect(await projectKeys(project.id)).toEqual([]);
+  });
+
+  it('deleted between the revision\'s contents and its manifest: 404, and no key of the project is left', async () => {
+    const ws = newId('workspace');
+    const { project } = await projects.create(ws, 'racing-late', [file('README.md', 'v1')]);
+    // Scripts 1-3 store the three contents; the 4th appends the manifest.
+    const racing = racingService(4, () => projects.remove(ws, project.id));
+    await expect(racing.push(ws, project.id, 1, tree)).rejects.toMatchObject({ type: 'validation.not_found' });
+    expect(await projectKeys(project.id)).toEqual([]);
+  });
+
+  it('a project created before projects carried their marker is given one by its next revision', async () => {
+    const ws = newId('workspace');
+    const { project } = await projects.create(ws, 'older', [file('a.txt', 'a')]);
+    await redis.del(`ap:{p:${project.id}}:alive`);
+    expect((await projects.addRevision(ws, project.id, [file('a.txt', 'b')], 1)).revision_number).toBe(2);
+    await projects.remove(ws, project.id);
+    expect(await projectKeys(project.id)).toEqual([]);
+  });
+});
+
+describe('reading a revision whose contents are gone', () => {
+  it('is 404 validation.not_found (the project is being deleted), not an untyped error', async () => {
+    const ws = newId('workspace');
+    const { project, revision } = await projects.create(ws, 'reader', [file('a.txt', 'a'), file('b.txt', 'b')]);
+    expect((await projects.readFiles(project.id, 1)).map((f) => f.content.toString())).toEqual(['a', 'b']);
+    const digest = revision.files[1]?.sha256.slice('sha256:'.length) ?? '';
+    await redis.del(`ap:{p:${project.id}}:blob:${digest}`);
+    await expect(projects.readFiles(project.id, 1)).rejects.toMatchObject({ type: 'validation.not_found', status: 404 });
+  });
+});
