@@ -17,7 +17,8 @@ let envId: string;
 let msg: TurnPlatform['msg'];
 
 beforeAll(async () => {
-  ({ p, api, principal, envId, msg } = await startTurnPlatform({ name: 'colocated', environment: { harness_topology: 'colocated' } }));
+  // Its MCP upstreams listen on loopback: reachable in development mode only (the outbound address guard).
+  ({ p, api, principal, envId, msg } = await startTurnPlatform({ name: 'colocated', env: { AGENTPLANE_MODE: 'development' }, environment: { harness_topology: 'colocated' } }));
 }, 120_000);
 afterAll(async () => {
   await p?.stop();

@@ -18,7 +18,8 @@ let upstream: McpUpstream;
 
 beforeAll(async () => {
   upstream = await startMcpUpstream({ tools: [{ name: 'ping', description: 'Ping', reply: 'pong' }, { name: 'secret', description: 'Secret', reply: 'classified' }] });
-  ({ p, api: dev, msg } = await startTurnPlatform({ name: 'deployment-bindings' }));
+  // Its MCP upstreams listen on loopback: reachable in development mode only (the outbound address guard).
+  ({ p, api: dev, msg } = await startTurnPlatform({ name: 'deployment-bindings', env: { AGENTPLANE_MODE: 'development' } }));
   const k = await p.root.post<{ secret: string }>(`/v1/organizations/${p.bootstrap.organization_id}/api-keys`, {
     display_name: 'admin', role: 'admin', scope: { type: 'workspace', workspace_id: p.bootstrap.workspace_id },
   }, { idempotencyKey: 'bindings-admin' });

@@ -17,7 +17,8 @@ let envId: string;
 let msg: TurnPlatform['msg'];
 
 beforeAll(async () => {
-  ({ p, api, principal, envId, msg } = await startTurnPlatform({ name: 'governance-runs' }));
+  // Its MCP upstreams listen on loopback: reachable in development mode only (the outbound address guard).
+  ({ p, api, principal, envId, msg } = await startTurnPlatform({ name: 'governance-runs', env: { AGENTPLANE_MODE: 'development' } }));
 }, 180_000);
 afterAll(async () => {
   await p?.stop();

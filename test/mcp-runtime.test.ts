@@ -20,7 +20,8 @@ let fence: LeaseFence;
 
 beforeAll(async () => {
   [p, upstream] = await Promise.all([
-    startPlatform(),
+    // Its MCP upstreams listen on loopback: reachable in development mode only (the outbound address guard).
+    startPlatform({ env: { AGENTPLANE_MODE: 'development' } }),
     startMcpUpstream({
       token: UPSTREAM_TOKEN,
       tools: [

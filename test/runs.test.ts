@@ -20,7 +20,8 @@ let msg: TurnPlatform['msg'];
 type Ev = TurnEvent;
 
 beforeAll(async () => {
-  ({ p, api, principal, envId, msg } = await startTurnPlatform({ name: 'runs' }));
+  // Its MCP upstreams listen on loopback: reachable in development mode only (the outbound address guard).
+  ({ p, api, principal, envId, msg } = await startTurnPlatform({ name: 'runs', env: { AGENTPLANE_MODE: 'development' } }));
 }, 120_000);
 afterAll(async () => {
   await p?.stop();

@@ -94,7 +94,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
   const vaults = new VaultService(docs, secretBox);
   const projects = new ProjectService(redis, docs);
   const skills = new SkillService(redis, docs);
-  const skillSources = new SkillSourceService(docs, config.skillSourcesAllowLocal);
+  const skillSources = new SkillSourceService(docs, config.skillSourcesAllowLocal, config.webhooks.egress);
   const a2aCalls = new A2aToolCalls(redis, sessionStore.log, { ...config.a2aTools.calls, egress: config.webhooks.egress, callbackBaseUrl: config.publicBaseUrl });
   const toolSources = new ToolSourceService(docs, { egress: config.webhooks.egress, cardTimeoutMs: config.a2aTools.cardTimeoutMs });
   const toolSourceMigrations = new ToolSourceMigrations({ redisUrl: config.redisUrl, redis, service: toolSources, logger: log, settings: config.a2aTools.migrations });

@@ -49,7 +49,8 @@ export interface AcpPlatform {
 
 export async function startAcpPlatform(): Promise<AcpPlatform> {
   const tarball = await packFixtureAgent();
-  const p = await startPlatform({ runner: false, scheduler: true, env: { ...FAST_LEASES } });
+  // Its MCP upstreams listen on loopback: reachable in development mode only (the outbound address guard).
+  const p = await startPlatform({ runner: false, scheduler: true, env: { ...FAST_LEASES, AGENTPLANE_MODE: 'development' } });
   const api = p.root;
   const principal = (await api.post<{ id: string }>(`/v1/organizations/workspaces/${p.bootstrap.workspace_id}/principals`, {
     external_subject_id: 'acp-user', principal_type: 'person', display_name: 'ACP User',

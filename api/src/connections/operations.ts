@@ -8,6 +8,7 @@ import type { ApiDeps } from '../deps.js';
 import type { Connection } from '@agentplane/domain';
 import { ConnectionAuthInput, ConnectionName, ConnectionSchema, ConnectionUrl, view } from './schemas.js';
 import { ConnectionService } from '@agentplane/domain';
+import { checkConnectionUrl } from './url.js';
 
 const ConnPath = Obj({ connection_id: Id('connection') });
 const service = (deps: ApiDeps) => new ConnectionService(deps.docs, deps.secretBox);
@@ -22,7 +23,10 @@ export const connectionOperations: Operation[] = [
     response: ConnectionSchema, successStatus: 201, idempotency: 'optional',
     // Accepts a credential: REST-only.
     mcp: 'never',
-  }, async (ws, { body, deps }) => view(await service(deps).create(ws, body))),
+  }, async (ws, { body, deps }) => {
+    checkConnectionUrl(body.url, deps.config.webhooks.egress);
+    return view(await service(deps).create(ws, body));
+  }),
   workspaceRead({
     operationId: 'connections.listConnections', path: '/v1/connections',
     summary: 'List the Connections of the Workspace', auth: { kind: 'bearer', roles: READERS },
@@ -57,6 +61,7 @@ export const connectionOperations: Operation[] = [
     mcp: 'never',
     async handler({ caller, params, body, deps }) {
       const { expected_version, ...patch } = body;
+      if (patch.url !== undefined) checkConnectionUrl(patch.url, deps.config.webhooks.egress);
       return json(200, view(await service(deps).update(requireWorkspace(caller), params.connection_id, patch, expected_version)));
     },
   }),

@@ -58,6 +58,16 @@ export interface PermissionDeclaration {
   attachments?: boolean;
 }
 
+/**
+ * A drive event an operation makes itself rather than carries in its body (a skill proposal's
+ * verification drives its Session with `user.define_outcome`): the event's type, and the body
+ * field naming the Principal it is authored by (absent from the body: the calling Principal).
+ */
+export interface MadeDrive {
+  type: string;
+  authorField: string;
+}
+
 export type IdempotencyMode = 'none' | 'optional' | 'required';
 
 /** Where an operation shows up on the MCP edge. */
@@ -155,12 +165,13 @@ export interface Operation<P extends TSchema = TSchema, Q extends TSchema = TSch
   permission?: PermissionDeclaration;
   /**
    * Where the request's drive events are: `drive`, the body is one; `initial_events`, the body's
-   * `initial_events` (a Session created with its first messages). Each is an ActionPolicy call
-   * of kind `drive` named by its `type`, made for its `authored_by` Principal; the pipeline
-   * refuses the request unless the policies allow every one (and, with `authorIsCaller`, a
-   * Principal credential authors each itself).
+   * `initial_events` (a Session created with its first messages); a `MadeDrive`, the one event
+   * the operation makes itself. Each is an ActionPolicy call of kind `drive` named by its
+   * `type`, made for its `authored_by` Principal; the pipeline refuses the request unless the
+   * policies allow every one (and, with `authorIsCaller`, a Principal credential authors each
+   * itself).
    */
-  actionPolicy?: 'drive' | 'initial_events';
+  actionPolicy?: 'drive' | 'initial_events' | MadeDrive;
   /**
    * MCP: the operation belongs to the closed, read-only catalog a Principal credential gets on
    * `/v1/mcp` (the contract's exact AgentDefinition, MemoryStore and SurfaceScope reads). Only

@@ -362,9 +362,13 @@ interface DriveCall {
   payload: { authored_by?: unknown } | undefined;
 }
 
-/** The drive events a request carries, where its operation declares them (`actionPolicy`). */
+/** The drive events a request carries or makes, where its operation declares them (`actionPolicy`). */
 function driveEventsOf(op: Operation, body: unknown): DriveCall[] {
   if (op.actionPolicy === undefined || typeof body !== 'object' || body === null) return [];
+  if (typeof op.actionPolicy === 'object') {
+    const author = (body as Record<string, unknown>)[op.actionPolicy.authorField];
+    return [{ type: op.actionPolicy.type, payload: author === undefined ? undefined : { authored_by: author } }];
+  }
   const events = op.actionPolicy === 'drive' ? [body] : (body as { initial_events?: unknown }).initial_events;
   if (!Array.isArray(events)) return [];
   return events.map((e: { type?: unknown; payload?: { authored_by?: unknown } }) => ({ type: String(e.type), payload: e.payload }));

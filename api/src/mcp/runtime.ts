@@ -10,6 +10,8 @@ import { requestIdOf } from '../http/router.js';
 import type { Connection } from '@agentplane/domain';
 import { ConnectionService } from '@agentplane/domain';
 import { MAX_MESSAGE_BYTES } from './protocol.js';
+import { guardedFetch } from './egress.js';
+import type { EgressPolicy } from '../webhooks/ssrf.js';
 import { refuseRuntimeRequest, runtimeMethodNotAllowed, runtimeRefusals, sdkConsoleToLog, type RuntimeRefusal } from './runtime-edge.js';
 import { argumentsOutsideSchema, exposedName, permissionOf, upstreamName, type ConnectionGrant, type RuntimeBearerVerifier, type RuntimeGrant } from '@agentplane/domain';
 
@@ -59,13 +61,16 @@ class Upstream {
     private readonly connection: Connection,
     private readonly headers: Record<string, string>,
     private readonly timeoutMs: number,
+    private readonly egress: EgressPolicy,
   ) {}
 
   async get(): Promise<Client> {
     if (this.client) return this.client;
     const client = new Client(SERVER_INFO, { capabilities: {}, listMaxPages: LIST_MAX_PAGES });
+    // Every request to the server passes the outbound address guard (a Connection's host may
+    // resolve to an internal address long after its URL was written).
     const transport = new StreamableHTTPClientTransport(new URL(this.connection.url), {
-      requestInit: { headers: this.headers },
+      requestInit: { headers: this.headers }, fetch: guardedFetch(this.egress),
     });
     try {
       await client.connect(transport, { timeout: this.timeoutMs });
@@ -164,7 +169,7 @@ export function runtimeMcp(deps: ApiDeps, options: RuntimeMcpOptions): Koa.Middl
   function buildServer(context: RequestContext): Server {
     const { grant, connectionGrant: cg, connection } = context;
     const connectionId = connection.id;
-    const up = new Upstream(connection, context.headers, timeoutMs);
+    const up = new Upstream(connection, context.headers, timeoutMs, deps.config.webhooks.egress);
     const server = new Server(SERVER_INFO, { capabilities: { tools: { listChanged: false } } });
     server.onclose = () => void up.close();
     server.setRequestHandler('tools/list', async () => {

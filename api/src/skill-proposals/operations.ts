@@ -86,6 +86,9 @@ export const skillProposalOperations: Operation[] = [
     operationId: 'skillProposals.verifySkillProposal', method: 'POST', path: '/v1/skill-proposals/{id}/verify',
     summary: 'Verify the drafted skill in one isolated Session graded by the Outcome grader (resumable)',
     audit: { target: 'id' }, auth: writers, params: ProposalPath, idempotency: 'optional', mcp: 'full', successStatus: 200,
+    // The verification Session's drive, made by the handler for the requester: the same drive
+    // ActionPolicy check as `POST /v1/sessions/{id}/events` with this event by that Principal.
+    actionPolicy: { type: 'user.define_outcome', authorField: 'principal' },
     body: Obj({ expected_version: Type.Integer({ minimum: 1 }), principal: Type.Optional(Id('principal')) }),
     response: SkillProposalSchema,
     async handler({ caller, params, body, deps }) {

@@ -12,7 +12,7 @@ import type { IdentityService } from '@agentplane/domain';
 import type { ModelsModule } from '../models/module.js';
 import type { SkillService } from '../skills/service.js';
 import type { SessionEventTap, TappedAppend } from '../events/tap.js';
-import { git, Scratch, remoteHead } from '../skill-sources/git.js';
+import { Scratch, remoteHead, type GitRemote } from '../skill-sources/git.js';
 import { isBranchName, type SkillSourceService } from '../skill-sources/service.js';
 import { consistencyViolation, publicProposal, type ProposalError, type SkillProposalDoc, type SubmissionAttempt, type VerificationResult } from './model.js';
 import { authoringRequest, parseAuthoredSkill, renderTranscript, TRANSCRIPT_LIMIT_CHARS } from './authoring.js';
@@ -398,7 +398,8 @@ export class SkillProposalService {
       if (p.version !== body.expected_version) throw new ApiError('validation.conflict', `expected_version ${body.expected_version} is stale; the current version is ${p.version}`);
       const branch = body.branch ?? `skills/${name}-${id.slice(-8)}`;
       if (!isBranchName(branch) || branch === source.default_branch) throw new ApiError('validation.malformed', 'body.branch: a new branch name (not the default branch)');
-      const { scratch, head } = await Scratch.fetch(source.url, source.default_branch);
+      const remote = await this.d.sources.remote(source);
+      const { scratch, head } = await Scratch.fetch(remote, source.default_branch);
       try {
         if (!head) throw new ApiError('validation.conflict', `the source has no branch '${source.default_branch}'`);
         const baseFiles = await scratch.readDir(head, dir);
@@ -408,7 +409,7 @@ export class SkillProposalService {
           if (actual !== body.expected_base_digest) throw new ApiError('validation.conflict', `expected_base_digest does not match the base (${actual})`);
         }
         // The branch must be new: checked before anything is recorded (the push checks again).
-        if ((await remoteHead(source.url, branch)) !== null) throw new ApiError('validation.conflict', `branch '${branch}' already exists in the skill source`);
+        if ((await remoteHead(remote, branch)) !== null) throw new ApiError('validation.conflict', `branch '${branch}' already exists in the skill source`);
         const startedAt = nowIso();
         const prepared = await scratch.commit(head, dir, draftFiles(p), commitMessage(p), gitDate(startedAt));
         const attempt: SubmissionAttempt = {
@@ -420,7 +421,7 @@ export class SkillProposalService {
           return { ...cur, status: 'submitting', submission_attempt: attempt };
         }, { expectedVersion: body.expected_version });
         try {
-          await this.push(scratch, source.url, attempt);
+          await this.push(scratch, remote, attempt);
         } catch (err) {
           // Someone else took the branch meanwhile: nothing of ours is there, so the proposal goes back to verified.
           if (err instanceof ApiError && err.type === 'validation.conflict') {
@@ -437,12 +438,13 @@ export class SkillProposalService {
       }
     } else if (p.status === 'submitting' && pending) {
       // Recovery: the recorded attempt is made again exactly (same base, content and dates, so the same commit).
-      const { scratch } = await Scratch.fetch(source.url, source.default_branch);
+      const remote = await this.d.sources.remote(source);
+      const { scratch } = await Scratch.fetch(remote, source.default_branch);
       try {
-        await fetchCommit(scratch, source.url, pending.base_commit_sha);
+        await scratch.fetchCommit(remote, pending.base_commit_sha);
         const again = await scratch.commit(pending.base_commit_sha, dir, draftFiles(p), commitMessage(p), gitDate(pending.started_at));
         if (again !== pending.prepared_commit_sha) throw new Error(`recovering submission of ${id}: the prepared commit could not be made again`);
-        await this.push(scratch, source.url, pending);
+        await this.push(scratch, remote, pending);
       } finally {
         await scratch.close();
       }
@@ -459,15 +461,15 @@ export class SkillProposalService {
   }
 
   /** Pushes the prepared commit unless the branch already holds it; a branch that moved elsewhere is a conflict. */
-  private async push(scratch: Scratch, url: string, a: SubmissionAttempt): Promise<void> {
-    const current = await remoteHead(url, a.branch);
+  private async push(scratch: Scratch, remote: GitRemote, a: SubmissionAttempt): Promise<void> {
+    const current = await remoteHead(remote, a.branch);
     if (current === a.prepared_commit_sha) return;
     if (current !== null) throw new ApiError('validation.conflict', `branch '${a.branch}' of the skill source already exists at another commit`);
     try {
-      await scratch.push(url, a.prepared_commit_sha, a.branch, null);
+      await scratch.push(remote, a.prepared_commit_sha, a.branch, null);
     } catch (err) {
       // Refused or failed: what the branch holds now tells which.
-      const now = await remoteHead(url, a.branch).catch(() => null);
+      const now = await remoteHead(remote, a.branch).catch(() => null);
       if (now === a.prepared_commit_sha) return;
       if (now !== null) throw new ApiError('validation.conflict', `branch '${a.branch}' of the skill source was created at another commit while it was pushed`);
       throw err;
@@ -493,7 +495,7 @@ export class SkillProposalService {
     if (p.status !== 'submitted' || !p.submission || !p.skill) return false;
     if (p.adoption) return true;
     const source = await this.d.sources.get(ws, p.submission.skill_source);
-    const { scratch, head } = await Scratch.fetch(source.url, source.default_branch);
+    const { scratch, head } = await Scratch.fetch(await this.d.sources.remote(source), source.default_branch);
     let files: SkillFile[];
     try {
       if (!head) return false;
@@ -607,12 +609,3 @@ export class SkillProposalService {
 const emptyDigest = () => `sha256:${createHash('sha256').update('').digest('hex')}`;
 const gitDate = (iso: string) => `${Math.floor(Date.parse(iso) / 1000)} +0000`;
 const commitMessage = (p: SkillProposalDoc) => `Add skill ${p.skill?.name ?? ''}\n\n${p.skill?.description ?? ''}\n\nSkill-Proposal: ${p.id}\nContent-Sha256: ${p.skill?.content_sha256 ?? ''}\n`;
-
-/** Makes sure the scratch repository holds `commit` (a recovery after the default branch moved on). */
-async function fetchCommit(scratch: Scratch, url: string, commit: string): Promise<void> {
-  try {
-    await git(['cat-file', '-e', `${commit}^{commit}`], { cwd: scratch.dir });
-  } catch {
-    await git(['fetch', '--quiet', '--no-tags', '--', url, commit], { cwd: scratch.dir });
-  }
-}

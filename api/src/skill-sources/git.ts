@@ -35,9 +35,19 @@ export function git(args: readonly string[], options: { cwd?: string; env?: Node
   });
 }
 
+/**
+ * Where git reaches a skill source for one operation: its address, and the git settings (in
+ * git's environment) that hold its host to the address the outbound guard checked
+ * (`SkillSourceService.remote`). A local repository has none.
+ */
+export interface GitRemote {
+  url: string;
+  env: Readonly<Record<string, string>>;
+}
+
 /** The commit a remote branch points at, or null when the branch does not exist. */
-export async function remoteHead(url: string, branch: string): Promise<string | null> {
-  const out = (await git(['ls-remote', '--', url, `refs/heads/${branch}`])).toString('utf8').trim();
+export async function remoteHead(remote: GitRemote, branch: string): Promise<string | null> {
+  const out = (await git(['ls-remote', '--', remote.url, `refs/heads/${branch}`], { env: { ...remote.env } })).toString('utf8').trim();
   const sha = out.split(/\s+/)[0];
   return sha && /^[0-9a-f]{40}([0-9a-f]{24})?$/.test(sha) ? sha : null;
 }
@@ -46,13 +56,13 @@ export async function remoteHead(url: string, branch: string): Promise<string | 
 export class Scratch {
   private constructor(readonly dir: string) {}
 
-  static async fetch(url: string, branch: string): Promise<{ scratch: Scratch; head: string | null }> {
+  static async fetch(remote: GitRemote, branch: string): Promise<{ scratch: Scratch; head: string | null }> {
     const dir = await mkdtemp(join(tmpdir(), 'agentplane-skill-source-'));
     const scratch = new Scratch(dir);
     try {
       await git(['init', '--quiet', '--bare', dir]);
-      const head = await remoteHead(url, branch);
-      if (head) await git(['fetch', '--quiet', '--no-tags', '--depth', '1', '--', url, `+refs/heads/${branch}:refs/remotes/source/${branch}`], { cwd: dir });
+      const head = await remoteHead(remote, branch);
+      if (head) await git(['fetch', '--quiet', '--no-tags', '--depth', '1', '--', remote.url, `+refs/heads/${branch}:refs/remotes/source/${branch}`], { cwd: dir, env: { ...remote.env } });
       return { scratch, head };
     } catch (err) {
       await scratch.close();
@@ -111,8 +121,17 @@ export class Scratch {
    * Pushes `commit` to `branch` only if the branch is where `expected` says (null: it must not
    * exist): the compare-and-swap that keeps a concurrent writer's branch intact.
    */
-  async push(url: string, commit: string, branch: string, expected: string | null): Promise<void> {
-    await git(['push', '--quiet', `--force-with-lease=refs/heads/${branch}:${expected ?? ''}`, '--', url, `${commit}:refs/heads/${branch}`], { cwd: this.dir });
+  async push(remote: GitRemote, commit: string, branch: string, expected: string | null): Promise<void> {
+    await git(['push', '--quiet', `--force-with-lease=refs/heads/${branch}:${expected ?? ''}`, '--', remote.url, `${commit}:refs/heads/${branch}`], { cwd: this.dir, env: { ...remote.env } });
+  }
+
+  /** Makes sure this repository holds `commit` (a recovery after the default branch moved on). */
+  async fetchCommit(remote: GitRemote, commit: string): Promise<void> {
+    try {
+      await git(['cat-file', '-e', `${commit}^{commit}`], { cwd: this.dir });
+    } catch {
+      await git(['fetch', '--quiet', '--no-tags', '--', remote.url, commit], { cwd: this.dir, env: { ...remote.env } });
+    }
   }
 
   async close(): Promise<void> {

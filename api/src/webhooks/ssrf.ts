@@ -3,11 +3,13 @@ import { lookup } from 'node:dns/promises';
 import { ApiError } from '@agentplane/core';
 
 /**
- * The SSRF guard of outbound webhook deliveries (docs/AUTOMATIONS.md, "Outbound requests").
- * A delivery may only reach a public address: loopback, private, link-local, carrier-grade NAT,
- * unique-local, multicast and unspecified ranges are refused, checked on the endpoint's URL when
- * it is written and again on every address its host resolves to at delivery time (the request
- * then connects to the very address that was checked, so DNS rebinding cannot swap it).
+ * The SSRF guard of the control plane's outbound requests to addresses a Workspace chooses
+ * (docs/AUTOMATIONS.md, "Outbound requests"): webhook deliveries, A2A tool sources, MCP
+ * Connections and skill sources. A request may only reach a public address: loopback, private,
+ * link-local, carrier-grade NAT, unique-local, multicast and unspecified ranges are refused,
+ * checked on the URL when it is written and again on every address its host resolves to when
+ * the request is made (which then connects to the very address that was checked, so DNS
+ * rebinding cannot swap it).
  *
  * `development`: loopback addresses (and plain `http://`) are allowed, so a local receiver works.
  * `allowPrivate`: the operator allows every range (a platform inside a private network).
@@ -50,6 +52,31 @@ export function addressAllowed(address: string, policy: EgressPolicy): boolean {
 
 const LOOPBACK_NAMES = new Set(['localhost', 'localhost.localdomain', 'ip6-localhost']);
 
+/**
+ * A host as written in a URL, read the way the guard reads it: without IPv6 brackets, in lower
+ * case, without a fully qualified name's root dot (`localhost.` names the same host); whether it
+ * is a literal address, and whether it names loopback (a `localhost` name or a loopback literal).
+ */
+export function readHost(hostname: string): { host: string; literal: boolean; loopback: boolean } {
+  const host = hostname.replace(/^\[|\]$/g, '').toLowerCase().replace(/\.$/, '');
+  const literal = isIP(host) !== 0;
+  const loopback = LOOPBACK_NAMES.has(host) || host.endsWith('.localhost') || (literal && classify(host) === 'loopback');
+  return { host, literal, loopback };
+}
+
+/**
+ * The checks of a host as written, before any lookup: a loopback name or address only in
+ * development mode, any other private or reserved literal only where the operator allows private
+ * networks. 400 `validation.malformed` naming `field` otherwise. A name that resolves to such an
+ * address passes here; the check at connect time (`resolveAllowed`) refuses it.
+ */
+export function checkHost(hostname: string, policy: EgressPolicy, field = 'body.url'): { host: string; literal: boolean; loopback: boolean } {
+  const h = readHost(hostname);
+  if (h.loopback && !policy.development && !policy.allowPrivate) throw new ApiError('validation.malformed', `${field}: loopback addresses are only allowed in development mode`);
+  if (h.literal && !addressAllowed(h.host, policy)) throw new ApiError('validation.malformed', `${field}: private and reserved addresses are not reachable from this platform`);
+  return h;
+}
+
 /** Checks an endpoint URL as written: 400 `validation.malformed` when it can never be delivered to. */
 export function checkEndpointUrl(raw: string, policy: EgressPolicy): URL {
   let url: URL;
@@ -60,15 +87,11 @@ export function checkEndpointUrl(raw: string, policy: EgressPolicy): URL {
   }
   if (url.username || url.password) throw new ApiError('validation.malformed', 'body.url: credentials in the URL are not accepted');
   if (url.hash) throw new ApiError('validation.malformed', 'body.url: a fragment is not accepted');
-  // A fully qualified name's root dot (`localhost.`) names the same host.
-  const host = url.hostname.replace(/^\[|\]$/g, '').toLowerCase().replace(/\.$/, '');
-  const literal = isIP(host) !== 0;
-  const loopback = LOOPBACK_NAMES.has(host) || host.endsWith('.localhost') || (literal && classify(host) === 'loopback');
+  const { loopback } = readHost(url.hostname);
   if (url.protocol !== 'https:' && !(url.protocol === 'http:' && (policy.allowPrivate || (policy.development && loopback)))) {
     throw new ApiError('validation.malformed', 'body.url: https is required (plain http only for loopback receivers in development mode)');
   }
-  if (loopback && !policy.development && !policy.allowPrivate) throw new ApiError('validation.malformed', 'body.url: loopback receivers are only allowed in development mode');
-  if (literal && !addressAllowed(host, policy)) throw new ApiError('validation.malformed', 'body.url: private and reserved addresses are not reachable from this platform');
+  checkHost(url.hostname, policy);
   return url;
 }
 
