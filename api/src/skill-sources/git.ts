@@ -21,7 +21,11 @@ export function git(args: readonly string[], options: { cwd?: string; env?: Node
       cwd: options.cwd, encoding: 'buffer', timeout: GIT_TIMEOUT_MS, maxBuffer: MAX_OUTPUT,
       env: {
         PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: tmpdir(), GIT_TERMINAL_PROMPT: '0', GIT_CONFIG_NOSYSTEM: '1', GIT_CONFIG_GLOBAL: '/dev/null',
-        GIT_ASKPASS: '/bin/false', ...options.env,
+        GIT_ASKPASS: '/bin/false',
+        // A private remote's credentials are the api host's SSH agent (docs/SKILLS.md); its
+        // GIT_SSH_COMMAND is folded into the pinned ssh command (`SkillSourceService.remote`).
+        ...(process.env.SSH_AUTH_SOCK ? { SSH_AUTH_SOCK: process.env.SSH_AUTH_SOCK } : {}),
+        ...options.env,
       },
     }, (err, stdout, stderr) => {
       if (err) {

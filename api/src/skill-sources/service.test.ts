@@ -35,6 +35,18 @@ describe('skill source addresses and the outbound guard', () => {
     expect(await service().remote(source('/srv/git/skills.git'))).toEqual({ url: '/srv/git/skills.git', env: {} });
   });
 
+  it('extends the api host\'s own GIT_SSH_COMMAND (its key, its known hosts) with the pin', async () => {
+    const before = process.env.GIT_SSH_COMMAND;
+    process.env.GIT_SSH_COMMAND = 'ssh -i /keys/deploy -o UserKnownHostsFile=/keys/known_hosts';
+    try {
+      const ssh = await service().remote(source('git@localhost:team/s.git'));
+      expect(ssh.env.GIT_CONFIG_VALUE_0).toMatch(/^ssh -i \/keys\/deploy -o UserKnownHostsFile=\/keys\/known_hosts -o HostName=(127\.0\.0\.1|::1) -o HostKeyAlias=localhost$/);
+    } finally {
+      if (before === undefined) delete process.env.GIT_SSH_COMMAND;
+      else process.env.GIT_SSH_COMMAND = before;
+    }
+  });
+
   it('refuses a host that resolves to an internal address before git runs', async () => {
     await expect(service(prod).remote(source('https://localhost/s.git'))).rejects.toThrow(/resolves to a private or reserved address/);
     await expect(service(prod).remote(source('ssh://git@127.0.0.1/s.git'))).rejects.toMatchObject({ type: 'validation.malformed' });

@@ -141,8 +141,10 @@ export class SkillSourceService {
       // The address as parsed here, so that curl reads the very host name the entry names.
       return { url: new URL(source.url).href, env: gitConfigEnv(pairs) };
     }
-    // ssh connects to the address checked whatever spelling of the host git hands it.
-    return { url: source.url, env: gitConfigEnv([['core.sshCommand', `ssh -o HostName=${target.address} -o HostKeyAlias=${bare}`]]) };
+    // ssh connects to the address checked whatever spelling of the host git hands it; the api
+    // host's own GIT_SSH_COMMAND (a key, a known-hosts file) is the command the pin extends.
+    const ssh = process.env.GIT_SSH_COMMAND?.trim() || 'ssh';
+    return { url: source.url, env: gitConfigEnv([['core.sshCommand', `${ssh} -o HostName=${target.address} -o HostKeyAlias=${bare}`]]) };
   }
 
   async get(ws: string, id: string): Promise<SkillSourceDoc> {
