@@ -22,8 +22,14 @@ let service: string;
 const MARKER = 'PROMPT-MARKER-7f3a';
 const REPLY = 'REPLY-MARKER-91bd';
 
-interface Firing { id: string; status: string; outcome: string | null; session_id: string | null; run_id: string | null; attempt_count: number; source: { kind: string; delivery_id?: string }; error: string | null; admission: { disposition: string } }
-interface Automation { id: string; version: number; status: string; signing_secret?: string; next_fire_at: string | null; metrics: Record<string, number>; webhook: { ingest_path: string } | null; agent: { id: string; version: number | null } }
+interface Firing {
+  id: string; status: string; outcome: string | null; session_id: string | null; run_id: string | null; attempt_count: number; error: string | null;
+  source: { kind: string; delivery_id?: string; scheduled_at?: string; event_id?: string }; admission: { disposition: string; check_configured: boolean };
+}
+interface Automation {
+  id: string; version: number; status: string; signing_secret?: string; next_fire_at: string | null; metrics: Record<string, number>; webhook: { ingest_path: string } | null;
+  agent: { id: string; version: number | null }; created_at: string; updated_at: string;
+}
 
 async function newServicePrincipal(name: string, grant = true): Promise<string> {
   const ws = p.bootstrap.workspace_id;
@@ -81,10 +87,12 @@ describe('manual fire, receipt, Session and trace', () => {
     const r = await api.request<Firing & { workspace_id: string }>('POST', `/v1/automations/${a.id}/fire`, { body: { event: { ticket: 42 } } });
     expect(r.status).toBe(202);
     expect(r.body).toMatchObject({ status: 'pending', attempt_count: 0, source: { kind: 'manual' }, outcome: null, session_id: null, run_id: null, error: null });
+    // No budget: the firing has no spend check of its own.
+    expect(r.body.admission).toEqual({ disposition: 'pending', check_configured: false });
     expect(r.body.id).toMatch(/^afire_[0-9a-f]{32}$/);
 
     const f = await settled(r.body.id);
-    expect(f).toMatchObject({ status: 'completed', outcome: 'succeeded', attempt_count: 1, admission: { disposition: 'admitted' } });
+    expect(f).toMatchObject({ status: 'completed', outcome: 'succeeded', attempt_count: 1, admission: { disposition: 'admitted', check_configured: false } });
     expect(f.session_id).toMatch(/^sess_/);
     expect(f.run_id).toMatch(/^run_/);
     const session = await api.get<{ automation_id: string; metadata: Record<string, string> }>(`/v1/sessions/${f.session_id}`);
@@ -200,6 +208,12 @@ describe('manual fire, receipt, Session and trace', () => {
     expect([r.status, errType(r)]).toEqual([409, 'runtime.invalid_transition']);
     const stale = await api.request('POST', `/v1/automations/${b.id}/resume`, { body: { expected_version: b.version } });
     expect([stale.status, errType(stale)]).toEqual([409, 'validation.conflict']);
+
+    // A budget is a spend check of the firing's own: check_configured says so.
+    const budgeted = await createAutomation({ budget: { max_list_cost: { amount: 5 } }, trigger: { type: 'webhook' } });
+    const receipt = await api.post<Firing>(`/v1/automations/${budgeted.id}/fire`, {});
+    expect(receipt.admission).toEqual({ disposition: 'pending', check_configured: true });
+    expect((await settled(receipt.id)).admission).toEqual({ disposition: 'admitted', check_configured: true });
   });
 
   it('refuses a prompt whose {{event}} expansion passes 64 KiB with 400 and writes no receipt', async () => {
@@ -233,12 +247,21 @@ describe('automation bodies', () => {
 describe('schedules (BullMQ Job Schedulers)', () => {
   it('fires every second while active; pausing removes the scheduler, resuming restores it, deleting removes it', async () => {
     const a = await createAutomation({ max_concurrent_firings: 5, trigger: { type: 'schedule', interval_seconds: 1 } });
+    // Every second from now: the first tick is one interval after the create, not at once.
+    expect(Date.parse(String(a.next_fire_at))).toBeGreaterThanOrEqual(Date.parse(a.created_at) + 1000);
     const list = () => api.get<{ data: Firing[] }>(`/v1/automations/${a.id}/firings`, { source: 'schedule', limit: 100 });
     await waitFor('two scheduled firings', async () => ((await list()).data.length >= 2 ? true : undefined), 30_000);
+    // Each firing carries the time its tick was due: the first is the next_fire_at the create
+    // answered, the next ones a whole number of intervals later.
+    const ticks = (await list()).data.map((f) => Date.parse(String(f.source.scheduled_at))).reverse();
+    expect(ticks[0]).toBeGreaterThanOrEqual(Date.parse(a.created_at) + 1000);
+    expect(new Date(ticks[0]!).toISOString()).toBe(a.next_fire_at);
+    for (const t of ticks.slice(1)) expect((t - ticks[0]!) % 1000).toBe(0);
+    expect(new Set(ticks).size).toBe(ticks.length);
     const paused = await api.post<Automation>(`/v1/automations/${a.id}/pause`, { expected_version: a.version });
     expect(paused).toMatchObject({ status: 'paused', next_fire_at: null });
     const resumed = await api.post<Automation>(`/v1/automations/${a.id}/resume`, { expected_version: paused.version });
-    expect(resumed.next_fire_at).toMatch(/^\d{4}-/);
+    expect(Date.parse(String(resumed.next_fire_at))).toBeGreaterThanOrEqual(Date.parse(resumed.updated_at) + 1000);
     const before = (await list()).data.length;
     await waitFor('a firing after resuming', async () => ((await list()).data.length > before ? true : undefined), 30_000);
     const scheduled = (await list()).data;
@@ -249,6 +272,10 @@ describe('schedules (BullMQ Job Schedulers)', () => {
     const gone = await api.request('DELETE', `/v1/automations/${a.id}`, { query: { expected_version: resumed.version } });
     expect(gone.body).toEqual({ id: a.id, type: 'automation_deleted' });
     expect((await api.request('GET', `/v1/automations/${a.id}`)).status).toBe(404);
+    // Its firings stay readable, and listed.
+    const after = await api.request<{ data: Firing[] }>('GET', `/v1/automations/${a.id}/firings`, { query: { source: 'schedule', limit: 100 } });
+    expect(after.status).toBe(200);
+    expect(after.body.data.map((f) => f.id)).toEqual(expect.arrayContaining(scheduled.map((f) => f.id)));
   });
 });
 
@@ -270,6 +297,11 @@ describe('signed webhook deliveries', () => {
     const replay = await deliver(path, body, headers);
     expect(replay.status).toBe(200);
     expect(replay.body).toMatchObject({ id: ok.body.id, duplicate: true });
+
+    // The signature covers the bytes as sent: a body that starts with a byte order mark verifies.
+    const bom = '\uFEFF{"alert":"with a byte order mark"}';
+    const withBom = await deliver(path, bom, signed(secret, bom));
+    expect([withBom.status, withBom.body.status]).toEqual([202, 'pending']);
 
     const bad = await deliver(path, body, { ...signed(secret, body), 'webhook-signature': 'v1,' + Buffer.alloc(32).toString('base64') });
     expect([bad.status, (bad.body.error as { type: string }).type]).toEqual([401, 'auth.invalid_key']);
@@ -343,6 +375,10 @@ describe('feedback labels', () => {
 
     const first = await api.get<{ data: { id: string }[]; next_page: string | null }>(`/v1/automation-firings/${f.id}/feedback`, { limit: 2 });
     expect(first.data).toHaveLength(2);
+    // Exactly the Firing feedback label's fields, as create answers them.
+    const labelFields = ['id', 'workspace_id', 'automation_id', 'firing_id', 'authored_by', 'disposition', 'version', 'created_at', 'updated_at'].sort();
+    for (const l of first.data) expect(Object.keys(l).sort()).toEqual(labelFields);
+    expect(Object.keys(labels[0]!).sort()).toEqual(labelFields);
     expect(first.next_page).toMatch(/^c1_/);
     const second = await api.get<{ data: { id: string }[]; next_page: string | null }>(`/v1/automation-firings/${f.id}/feedback`, { limit: 2, page: String(first.next_page) });
     expect([...first.data, ...second.data].map((l) => l.id)).toEqual(labels.map((l) => l.id));
@@ -398,6 +434,66 @@ describe('subscriptions', () => {
     expect(own.data.map((x) => x.id)).not.toContain(two);
   });
 
+  it('two Automations subscribed to each other\'s turns fire a bounded chain: the loop ends with a refused firing', async () => {
+    const looping = (await api.post<{ id: string }>('/v1/agents', {
+      name: 'looping', model: 'default', system: SCRIPT([{ when: { user_contains: MARKER }, then: [{ reply: `${REPLY} again` }] }]),
+    })).id;
+    await p.root.post('/v1/permission-assignments', { principal_id: service, target: { type: 'agent', id: looping }, actions: ['invoke'] });
+    // Both run the looping Agent and subscribe to every turn of its Sessions: each fires on the other's Sessions.
+    const make = () => createAutomation({
+      agent: looping, prompt: `${MARKER} follow up on {{event.session_id}}`, max_concurrent_firings: 10,
+      trigger: { type: 'subscription', event: 'session.turn_ended', filter: { agent_ids: [looping] } },
+    });
+    const [a, b] = [await make(), await make()];
+    const firings = async (id: string) => (await api.get<{ data: Firing[] }>(`/v1/automations/${id}/firings`, { order: 'asc', limit: 100 })).data;
+    await api.post('/v1/sessions', {
+      agent: looping, environment_id: envId,
+      initial_events: [{ type: 'user.message', payload: { content: `${MARKER} start`, authored_by: service, caused_by: { kind: 'api' } } }],
+    });
+    // The Session's turn fires A and B; A's Session fires B, B's fires A; the Sessions of those
+    // would fire an Automation already in their chain: refused, and the chain ends there.
+    const refused = await waitFor('each chain to end with a refused firing', async () => {
+      const [fa, fb] = [await firings(a.id), await firings(b.id)];
+      const ends = [...fa, ...fb].filter((f) => f.status === 'refused');
+      return ends.length >= 2 ? ends : undefined;
+    }, 120_000);
+    for (const f of refused) expect(f).toMatchObject({ error: 'automation_loop', admission: { disposition: 'refused_loop' }, session_id: null, source: { kind: 'subscription' } });
+    const all = [...(await firings(a.id)), ...(await firings(b.id))];
+    await Promise.all(all.map((f) => settled(f.id)));
+    const [fa, fb] = [await firings(a.id), await firings(b.id)];
+    expect(fa.map((f) => f.status).sort()).toEqual(['completed', 'completed', 'refused']);
+    expect(fb.map((f) => f.status).sort()).toEqual(['completed', 'completed', 'refused']);
+  }, 180_000);
+
+  it('session.turn_ended fires once per agent turn of an outcome, not for the end of its grader Run', async () => {
+    const graded = (await api.post<{ id: string }>('/v1/agents', {
+      name: 'graded', model: 'default', system: SCRIPT([{ when: { user_contains: MARKER }, then: [{ reply: `${REPLY} answer` }] }]),
+    })).id;
+    const s = await createAutomation({
+      max_concurrent_firings: 5, trigger: { type: 'subscription', event: 'session.turn_ended', filter: { agent_ids: [graded] } },
+    });
+    const firings = async () => (await api.get<{ data: Firing[] }>(`/v1/automations/${s.id}/firings`, { order: 'asc', limit: 100 })).data;
+    const rubric = `- The answer is there\n\n\`\`\`scripted\n${JSON.stringify({ rules: [{ then: [{ verdict: 'satisfied' }] }] })}\n\`\`\`\n`;
+    const session = (await api.post<{ id: string }>('/v1/sessions', {
+      agent: graded, environment_id: envId,
+      initial_events: [{ type: 'user.define_outcome', payload: { description: `${MARKER} the answer`, rubric, authored_by: service, caused_by: { kind: 'api' } } }],
+    })).id;
+    const events = await untilEvents(api, session, (e) => e.some((x) => x.type === 'session.outcome_ended'), 90_000);
+    expect(events.find((x) => x.type === 'session.outcome_ended')?.payload).toMatchObject({ result: 'satisfied', evaluation_count: 1 });
+    // The agent's turn and the grader Run each ended with session.status_idle end_turn.
+    const idles = events.filter((x) => x.type === 'session.status_idle');
+    const graderStart = events.find((x) => x.type === 'session.outcome_evaluation_started')!;
+    const [agentEnd, graderEnd] = [idles.find((x) => x.seq < graderStart.seq)!, idles.find((x) => x.seq > graderStart.seq)!];
+    expect([agentEnd, graderEnd].map((x) => (x.payload.stop_reason as { type: string }).type)).toEqual(['end_turn', 'end_turn']);
+    // One more agent turn in the Session: its firing comes after anything the earlier ends fired.
+    await api.post(`/v1/sessions/${session}/events`, { type: 'user.message', payload: { content: `${MARKER} and then`, authored_by: service, caused_by: { kind: 'api' } } });
+    const later = await untilEvents(api, session, (e) => e.filter((x) => x.type === 'session.status_idle').length >= 3, 90_000);
+    const lastEnd = later.filter((x) => x.type === 'session.status_idle')[2]!;
+    await waitFor('the firing of the later turn', async () => ((await firings()).some((f) => f.source.event_id === lastEnd.id) ? true : undefined), 60_000);
+    expect((await firings()).map((f) => f.source.event_id)).toEqual([agentEnd.id, lastEnd.id]);
+    await Promise.all((await firings()).map((f) => settled(f.id)));
+  }, 180_000);
+
   it('webhook_endpoint.disabled fires when a delivery exhausts its attempts', async () => {
     const receiver = createServer((req, res) => {
       req.resume();
@@ -420,9 +516,12 @@ describe('subscriptions', () => {
 });
 
 describe('missed schedule fires across a restart', () => {
-  it('on_missed fire_once fires the overdue tick once after the restart; skip records it as skipped', async () => {
+  it('on_missed fire_once fires the overdue tick once after the restart; skip records it as skipped; on-time ticks are never skipped', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'agentplane-missed-'));
-    const env = { AUTOMATION_MISSED_AFTER_MS: '1500', AUTOMATION_SWEEP_MS: '500' };
+    // The interval is longer than the missed threshold: an on-time tick must still fire.
+    const intervalMs = 3000;
+    const missedAfterMs = 2000;
+    const env = { AUTOMATION_MISSED_AFTER_MS: String(missedAfterMs), AUTOMATION_SWEEP_MS: '500' };
     let q = await startPlatform({ dataDir: dir, env });
     try {
       const ws = q.bootstrap.workspace_id;
@@ -433,23 +532,33 @@ describe('missed schedule fires across a restart', () => {
       const agent = (await root.post<{ id: string }>('/v1/agents', { name: 'a', model: 'default' })).id;
       const make = (on_missed: string) => root.post<{ id: string }>('/v1/automations', {
         name: on_missed, principal_id: bot, agent, environment_id: env2, prompt: 'tick {{event.scheduled_at}}', max_concurrent_firings: 100,
-        trigger: { type: 'schedule', interval_seconds: 2, on_missed },
+        trigger: { type: 'schedule', interval_seconds: intervalMs / 1000, on_missed },
       });
       const once = await make('fire_once');
       const skip = await make('skip');
       const list = (c: typeof root, id: string) => c.get<{ data: (Firing & { created_at: string; source: { scheduled_at?: string } })[] }>(`/v1/automations/${id}/firings`, { limit: 100 });
       await waitFor('a tick of each', async () => ((await list(root, once.id)).data.length > 0 && (await list(root, skip.id)).data.length > 0 ? true : undefined), 30_000);
+      // On time: a tick whose period is longer than the threshold is not a missed one.
+      const onTime = (await list(root, skip.id)).data;
+      expect(onTime.map((f) => [f.status, f.error])).not.toContainEqual(['skipped', 'missed_schedule']);
       await q.stop();
       const stoppedAt = Date.now();
+      // The tick pending at the stop was due at most one interval after it: once the threshold has
+      // passed beyond that, it is overdue by more than the threshold when the platform is back.
+      const overdueFrom = stoppedAt + intervalMs + missedAfterMs;
+      await waitFor('the pending tick to be overdue past the threshold', () => (Date.now() > overdueFrom ? true : undefined), intervalMs + missedAfterMs + 5000);
+      const restartedAt = Date.now();
       q = await startPlatform({ dataDir: dir, env });
       const after = q.root.with({ workspaceId: ws });
       const overdue = <F extends { created_at: string; source: { scheduled_at?: string } }>(fs: F[]): F[] =>
-        fs.filter((f) => Date.parse(f.created_at) > stoppedAt && Date.parse(String(f.source.scheduled_at)) < stoppedAt);
+        fs.filter((f) => Date.parse(f.created_at) > stoppedAt && Date.parse(String(f.source.scheduled_at)) < restartedAt);
       const skipped = await waitFor('the overdue tick skipped', async () => overdue((await list(after, skip.id)).data)[0], 30_000);
       expect(skipped).toMatchObject({ status: 'skipped', error: 'missed_schedule', session_id: null, attempt_count: 0 });
+      expect(Date.parse(String(skipped.source.scheduled_at))).toBeLessThanOrEqual(stoppedAt + intervalMs);
       const fired = await waitFor('the overdue tick fired', async () => overdue((await list(after, once.id)).data)[0], 30_000);
       expect(fired.status).not.toBe('skipped');
       expect(overdue((await list(after, once.id)).data)).toHaveLength(1);
+      expect(overdue((await list(after, skip.id)).data)).toHaveLength(1);
       expect((await after.get<{ metrics: { skipped: number } }>(`/v1/automations/${skip.id}`)).metrics.skipped).toBeGreaterThanOrEqual(1);
     } finally {
       await q.stop();

@@ -115,6 +115,19 @@ describe('webhook endpoints', () => {
     }
   });
 
+  it('refuses port 0 (no port a delivery can reach), on create and on update', async () => {
+    const zero = rx.url.replace(/:\d+\//, ':0/');
+    for (const url of ['https://hooks.example.com:0/hook', 'https://hooks.example.com:00/hook', zero]) {
+      const r = await api.request('POST', '/v1/webhook-endpoints', { body: { url } });
+      expect([url, r.status, errType(r)]).toEqual([url, 400, 'validation.malformed']);
+    }
+    const e = await api.post<Endpoint & { url: string }>('/v1/webhook-endpoints', { url: rx.url });
+    const r = await api.request('POST', `/v1/webhook-endpoints/${e.id}`, { body: { expected_version: e.version, url: zero } });
+    expect([r.status, errType(r)]).toEqual([400, 'validation.malformed']);
+    expect((await api.get<{ url: string }>(`/v1/webhook-endpoints/${e.id}`)).url).toBe(rx.url);
+    await api.request('DELETE', `/v1/webhook-endpoints/${e.id}`);
+  });
+
   it('accepts only event types of the catalog, on create and on update', async () => {
     for (const event_types of [['session.status_idel'], ['user.message', 'session.turn_ended'], ['custom.event']]) {
       const r = await api.request<{ error: { message: string } }>('POST', '/v1/webhook-endpoints', { body: { url: rx.url, event_types } });
@@ -152,6 +165,17 @@ describe('webhook endpoints', () => {
     }
     const log = await api.get<{ data: { event_type: string; status_code: number; test: boolean }[] }>(`/v1/webhook-endpoints/${e.id}/deliveries`);
     expect(log.data.slice(0, 2).map((d) => [d.event_type, d.status_code, d.test])).toEqual([['webhook.test', 503, true], ['webhook.test', 200, true]]);
+
+    // The log pages with the cursors it issues; a forged one is a 400, never a server error.
+    const first = await api.get<{ data: { status_code: number }[]; next_page: string | null }>(`/v1/webhook-endpoints/${e.id}/deliveries`, { limit: 1 });
+    expect(first.next_page).toMatch(/^c1_\d+s\d+$/);
+    const second = await api.get<{ data: { status_code: number }[]; next_page: string | null }>(`/v1/webhook-endpoints/${e.id}/deliveries`, { limit: 1, page: String(first.next_page) });
+    expect([...first.data, ...second.data].map((d) => d.status_code)).toEqual([503, 200]);
+    for (const page of ['c1_99999999999999999999999s0', 'c1_1s99999999999999999999999', 'c1_1s', 'c1_12-3']) {
+      const forged = await api.request('GET', `/v1/webhook-endpoints/${e.id}/deliveries`, { query: { page } });
+      expect([page, forged.status, errType(forged)]).toEqual([page, 400, 'validation.malformed']);
+    }
+    expect(await api.get(`/v1/webhook-endpoints/${e.id}/deliveries`, { page: 'c1_0s0' })).toEqual({ data: [], next_page: null });
     await api.request('DELETE', `/v1/webhook-endpoints/${e.id}`);
   });
 

@@ -43,7 +43,8 @@ export type FiringStatus = 'pending' | 'running' | 'completed' | 'refused' | 'sk
 export const TERMINAL_FIRING: ReadonlySet<FiringStatus> = new Set(['completed', 'refused', 'skipped', 'failed']);
 export type FiringOutcome = 'succeeded' | 'failed' | 'canceled';
 
-export type AdmissionDisposition = 'pending' | 'admitted' | 'refused_budget' | 'refused_concurrency' | 'refused_governance' | 'refused_paused' | 'not_applicable';
+export type AdmissionDisposition =
+  | 'pending' | 'admitted' | 'refused_budget' | 'refused_concurrency' | 'refused_governance' | 'refused_paused' | 'refused_loop' | 'not_applicable';
 
 export interface FiringDoc extends StoredDoc {
   type: 'automation_firing';
@@ -65,6 +66,11 @@ export interface FiringDoc extends StoredDoc {
   stop_reason: string | null;
   /** Subscriptions: which filters the event passed (names only). */
   _filtering?: { event_type: string; filters: string[] };
+  /**
+   * Subscriptions: the Automations whose firings made the Session whose turn fired this one, and
+   * the Sessions before it, oldest first (absent: none did). Admission refuses a loop or a long chain.
+   */
+  _chain?: string[];
   /** The expanded prompt (kept private: never in a view or the trace). */
   _prompt: string;
   /** Attempt history (time and error code only). */
@@ -92,7 +98,13 @@ export function publicAutomation(a: AutomationDoc): Record<string, unknown> {
   return { ...a };
 }
 
+/** A feedback label as the contract's Firing feedback label lists its fields (no `type`). */
+export function publicFeedback(l: FeedbackDoc): Record<string, unknown> {
+  const { type: _t, ...rest } = l;
+  return rest;
+}
+
 export function publicFiring(f: FiringDoc): Record<string, unknown> {
-  const { _prompt: _p, _attempts: _a, through_sequence: _t, _filtering: _f, ...rest } = f;
+  const { _prompt: _p, _attempts: _a, through_sequence: _t, _filtering: _f, _chain: _c, ...rest } = f;
   return rest;
 }

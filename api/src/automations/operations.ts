@@ -7,12 +7,12 @@ import { listWorkspaceDocs, workspaceRead, workspaceWrite } from '../http/worksp
 import { requireWorkspace } from '../http/workspace-scope.js';
 import type { ApiDeps } from '../deps.js';
 import { MAX_PROMPT_BYTES } from './prompt.js';
-import { deliveryBody, verifyDelivery } from './ingest.js';
+import { acceptDelivery, deliveryBody, deliveryText, verifyDelivery } from './ingest.js';
 import { parseLimitedJson } from './json-limits.js';
 import { buildTrace } from './trace.js';
 import { newSigningSecret } from './store.js';
 import {
-  AUTOMATIONS, feedbackOf, firingsOf, publicAutomation, publicFiring, TERMINAL_FIRING,
+  AUTOMATIONS, feedbackOf, firingsOf, publicAutomation, publicFeedback, publicFiring, TERMINAL_FIRING,
   type AutomationDoc, type FeedbackDoc, type FiringDoc, type Trigger,
 } from './model.js';
 import {
@@ -107,7 +107,7 @@ export const automationOperations: Operation[] = [
     const secret = trigger.type === 'webhook' ? newSigningSecret() : null;
     await deps.automations.store.create(a, secret);
     if (trigger.type === 'subscription') await deps.automations.subscribed(ws);
-    await deps.automations.syncSchedule(a, a.id);
+    await deps.automations.syncSchedule(ws, a.id);
     return view(deps, a, secret ? { signing_secret: secret } : {});
   }),
   workspaceRead({
@@ -150,7 +150,7 @@ export const automationOperations: Operation[] = [
           ...(trigger ? { trigger } : {}),
         };
       }, body.expected_version);
-      await deps.automations.syncSchedule(next, next.id);
+      await deps.automations.syncSchedule(ws, next.id);
       return json(200, await view(deps, next));
     },
   }),
@@ -164,8 +164,9 @@ export const automationOperations: Operation[] = [
     if (query.expected_version !== undefined && a.version !== query.expected_version) {
       throw new ApiError('validation.conflict', `version ${query.expected_version} is stale; the current version is ${a.version}`);
     }
-    await deps.automations.syncSchedule(null, a.id);
+    // The document first: a crash after it leaves a scheduler the reconciliation removes.
     await deps.automations.store.remove(ws, a.id);
+    await deps.automations.syncSchedule(ws, a.id);
     return { id: a.id, type: 'automation_deleted' };
   }),
   ...(['pause', 'resume'] as const).map((verb) => defineOperation({
@@ -179,7 +180,7 @@ export const automationOperations: Operation[] = [
       const ws = requireWorkspace(caller);
       const status = verb === 'pause' ? 'paused' : 'active';
       const next = await deps.automations.store.update(ws, params.automation_id, (cur) => (cur.status === status ? null : { ...cur, status }), body.expected_version);
-      await deps.automations.syncSchedule(next, next.id);
+      await deps.automations.syncSchedule(ws, next.id);
       return json(200, await view(deps, next));
     },
   })),
@@ -190,15 +191,9 @@ export const automationOperations: Operation[] = [
     body: Obj({ expected_version: Type.Integer({ minimum: 1 }), overlap_seconds: Type.Optional(Type.Integer({ minimum: 0, maximum: 7 * 24 * 3600 })) }),
     response: AutomationSchema, idempotency: 'optional', sensitive: true, mcp: 'never',
   }, async (ws, { params, body, deps }) => {
-    const cur = await deps.automations.store.get(ws, params.automation_id);
-    if (cur.trigger.type !== 'webhook' || !cur.webhook) throw new ApiError('runtime.invalid_transition', 'only an Automation with a webhook trigger has a signing secret');
-    if (cur.version !== body.expected_version) throw new ApiError('validation.conflict', `version ${body.expected_version} is stale; the current version is ${cur.version}`);
     const overlapMs = (body.overlap_seconds ?? DEFAULT_OVERLAP_SECONDS) * 1000;
-    const r = await deps.automations.store.rotateSecret(ws, cur.id, overlapMs);
-    const next = await deps.automations.store.update(ws, cur.id, (a) => ({
-      ...a, webhook: { ingest_path: a.webhook?.ingest_path ?? `/v1/ingest/automations/${a.id}`, secret_generation: r.generation, previous_secret_expires_at: r.previousExpiresMs > 0 ? new Date(r.previousExpiresMs).toISOString() : null },
-    }), body.expected_version);
-    return view(deps, next, { signing_secret: r.secret });
+    const r = await deps.automations.store.rotateSecret(ws, params.automation_id, body.expected_version, overlapMs);
+    return view(deps, r.doc, { signing_secret: r.secret });
   }),
   workspaceWrite('POST', {
     operationId: 'automations.fireAutomation', path: '/v1/automations/{automation_id}/fire',
@@ -214,7 +209,7 @@ export const automationOperations: Operation[] = [
   }),
   workspaceRead({
     operationId: 'automations.listAutomationFirings', path: '/v1/automations/{automation_id}/firings',
-    summary: 'List the firings of an Automation, newest first; filter by status and source',
+    summary: 'List the firings of an Automation, newest first (also once it is deleted); filter by status and source',
     auth: { kind: 'bearer', roles: READERS }, params: AutomationPath,
     query: PageQuery({
       status: Type.Optional(Type.Union(['pending', 'running', 'completed', 'refused', 'skipped', 'failed'].map((s) => Type.Literal(s)))),
@@ -225,11 +220,15 @@ export const automationOperations: Operation[] = [
   }, async (ws, { params, query, deps }) => {
     const { status, source } = query;
     const filter = status || source ? (f: FiringDoc) => (!status || f.status === status) && (!source || f.source.kind === source) : undefined;
-    // An Automation not in this Workspace is a 404, as for every other sub-collection.
-    const [, page] = await Promise.all([
-      deps.automations.store.get(ws, params.automation_id),
+    // An Automation not in this Workspace is a 404, as for every other sub-collection. A deleted
+    // one's firings stay listed: the Workspace's firings index of that Automation says it was here.
+    const [found, page] = await Promise.all([
+      deps.automations.store.docs.get<AutomationDoc>(tags.workspace(ws), params.automation_id),
       deps.docs.list<FiringDoc>(tags.workspace(ws), firingsOf(params.automation_id), { limit: query.limit ?? 20, page: query.page, order: query.order ?? 'desc' }, filter),
     ]);
+    if (!found && (await deps.redis.exists(keys.index(tags.workspace(ws), firingsOf(params.automation_id)))) === 0) {
+      throw new ApiError('validation.not_found', `automation ${params.automation_id} not found`);
+    }
     return { data: page.data.map(publicFiring), next_page: page.next_page };
   }),
   workspaceRead({
@@ -251,7 +250,8 @@ export const automationOperations: Operation[] = [
   }, async (ws, { params, query, deps }) => {
     const f = await firingOf(deps, ws, params.firing_id);
     if (!TERMINAL_FIRING.has(f.status)) throw new ApiError('runtime.invalid_transition', `the firing is ${f.status}: feedback is for finished firings`);
-    return listWorkspaceDocs<FeedbackDoc>(deps, ws, feedbackOf(f.id), query);
+    const page = await listWorkspaceDocs<FeedbackDoc>(deps, ws, feedbackOf(f.id), query);
+    return { ...page, data: page.data.map(publicFeedback) };
   }),
   workspaceWrite('POST', {
     operationId: 'automationFirings.createAutomationFiringFeedback', path: '/v1/automation-firings/{firing_id}/feedback',
@@ -271,8 +271,7 @@ export const automationOperations: Operation[] = [
     };
     await deps.redis.hset(keys.unique(tags.workspace(ws), `firing_feedback:${f.id}`), body.authored_by, doc.id);
     await deps.automations.store.createFeedback(doc);
-    const { type: _t, ...out } = doc;
-    return out;
+    return publicFeedback(doc);
   }),
   defineOperation({
     operationId: 'automationFirings.updateAutomationFiringFeedback', method: 'POST', path: '/v1/automation-firings/{firing_id}/feedback/{feedback_id}',
@@ -286,8 +285,7 @@ export const automationOperations: Operation[] = [
         if (cur.type !== 'automation_firing_feedback' || cur.firing_id !== params.firing_id) throw new ApiError('validation.not_found', `feedback ${params.feedback_id} not found`);
         return cur.disposition === body.disposition ? null : { ...cur, disposition: body.disposition };
       }, { expectedVersion: body.expected_version, notFound: `feedback ${params.feedback_id}` });
-      const { type: _t, ...out } = next;
-      return json(200, out);
+      return json(200, publicFeedback(next));
     },
   }),
   defineOperation({
@@ -296,27 +294,19 @@ export const automationOperations: Operation[] = [
     auth: { kind: 'none' }, versions: null, audit: { target: 'automation_id' }, params: AutomationPath,
     upload: deliveryBody, response: FiringSchema, successStatus: 202, mcp: 'never',
     async handler({ params, body, headers, deps }) {
-      const raw = String((body as { raw?: unknown }).raw ?? '');
+      const raw = (body as { raw?: unknown }).raw;
+      const bytes = Buffer.isBuffer(raw) ? raw : Buffer.alloc(0);
       const a = await deps.automations.store.locate(params.automation_id);
       if (!a || a.trigger.type !== 'webhook') throw new ApiError('validation.not_found', `automation ${params.automation_id} not found or has no webhook trigger`);
-      verifyDelivery(raw, headers, await deps.automations.store.verificationSecrets(a.workspace_id, a.id));
-      const event = parseLimitedJson(raw);
+      verifyDelivery(bytes, headers, await deps.automations.store.verificationSecrets(a.workspace_id, a.id));
+      const event = parseLimitedJson(deliveryText(bytes));
       const deliveryId = String(headers['webhook-id']);
-      const firingId = newId('automationFiring');
-      const earlier = await deps.automations.store.claimDelivery(a.workspace_id, a.id, deliveryId, firingId);
-      if (earlier) {
-        const f = await deps.automations.store.docs.get<FiringDoc>(tags.workspace(a.workspace_id), earlier);
-        if (f) return { ...json(200, { ...publicFiring(f), duplicate: true }), replay: true };
-        throw new ApiError('validation.conflict', 'a delivery with this webhook-id is being processed');
-      }
-      try {
+      const r = await acceptDelivery(deps.automations.store, a.workspace_id, a.id, deliveryId, async (firingId) => {
         if (a.status !== 'active') throw new ApiError('runtime.invalid_transition', 'the automation is paused');
-        const f = await deps.automations.fire(a, { kind: 'webhook', delivery_id: deliveryId }, event, 'pending', firingId);
-        return json(202, publicFiring(f));
-      } catch (err) {
-        await deps.automations.store.forgetDelivery(a.workspace_id, a.id, deliveryId);
-        throw err;
-      }
+        return deps.automations.fire(a, { kind: 'webhook', delivery_id: deliveryId }, event, { id: firingId });
+      });
+      if (r.duplicate) return { ...json(200, { ...publicFiring(r.firing), duplicate: true }), replay: true };
+      return json(202, publicFiring(r.firing));
     },
   }),
 ];

@@ -1,18 +1,18 @@
-import { DelayedError, type Queue, type Job } from 'bullmq';
+import { DelayedError, type Queue, type Job, type JobSchedulerJson, type RepeatOptions } from 'bullmq';
 import { ApiError, Counter, newId, nowIso, type Logger, type Metrics } from '@agentplane/core';
-import { keys, tags } from '@agentplane/store';
+import { eventLogKeys, keys, tags, type LogEvent } from '@agentplane/store';
 import { QueueHost } from '../queue-host.js';
 import type { IdentityService } from '@agentplane/domain';
 import type { PermissionStore } from '../governance/permissions.js';
 import type { PolicyStore } from '../governance/policies.js';
 import type { SessionService } from '../sessions/service.js';
-import type { SessionDoc, ThreadDoc } from '@agentplane/domain';
+import type { RunDoc, SessionDoc, ThreadDoc } from '@agentplane/domain';
 import { expandPrompt } from './prompt.js';
 import type { SessionEventTap, TappedAppend } from '../events/tap.js';
 import { CachedMemberSet } from '../events/member-set.js';
 import { automationKeys, type AutomationStore } from './store.js';
 import {
-  AUTOMATIONS, TERMINAL_FIRING, type AdmissionDisposition, type AutomationDoc, type FiringDoc, type FiringOutcome, type FiringSourceKind,
+  AUTOMATIONS, TERMINAL_FIRING, type AdmissionDisposition, type AutomationDoc, type FiringDoc, type FiringOutcome, type FiringSourceKind, type ScheduleTrigger,
 } from './model.js';
 
 /** The automations queue: its prefix carries a hash tag, so every key of the queue is in one slot. */
@@ -20,7 +20,15 @@ export const AUTOMATION_QUEUE_PREFIX = 'ap:{q:automations}';
 const QUEUE = 'automations';
 const FIRE_ATTEMPTS = 3;
 const WATCH_MAX_DELAY_MS = 10_000;
-const schedulerId = (automationId: string): string => `automation-${automationId}`;
+/** The Job Scheduler of a schedule Automation. */
+export const schedulerId = (automationId: string): string => `automation-${automationId}`;
+/** How often the schedule reconciliation runs at most (besides once at start). */
+const RECONCILE_EVERY_MS = 60_000;
+/**
+ * At most this many Automations in a row (docs/AUTOMATIONS.md, "Subscriptions"): a firing caused
+ * by a turn of a Session that a chain of this many firings made is refused.
+ */
+export const MAX_AUTOMATION_CHAIN = 5;
 
 interface TickData { workspace_id: string; automation_id: string }
 interface FiringJobData { workspace_id: string; firing_id: string; polls?: number }
@@ -66,19 +74,72 @@ export class AutomationService {
 
   // ---- schedules -----------------------------------------------------------------------------
 
-  /** The Automation's BullMQ Job Scheduler follows it: present while it is active with a schedule, removed otherwise. */
-  async syncSchedule(a: AutomationDoc | null, id: string): Promise<void> {
-    if (!a || a.status !== 'active' || a.trigger.type !== 'schedule') {
+  /**
+   * The Automation's BullMQ Job Scheduler follows its document: present while it is active with a
+   * schedule, removed otherwise. The document is read here, not taken from the caller, and read
+   * again after the scheduler was written: when it changed meanwhile (another request, or the
+   * reconciliation, wrote it), the scheduler follows again, so the last writer always leaves the
+   * scheduler matching the stored document. A scheduler that already matches is left alone (its
+   * pending tick, overdue or not, keeps its time).
+   */
+  async syncSchedule(ws: string, id: string): Promise<void> {
+    let a = await this.d.store.docs.get<AutomationDoc>(tags.workspace(ws), id);
+    for (let round = 0; round < 8; round++) {
+      await this.applySchedule(ws, id, a);
+      const after = await this.d.store.docs.get<AutomationDoc>(tags.workspace(ws), id);
+      if (scheduleKey(after) === scheduleKey(a)) return;
+      a = after;
+    }
+    this.d.log.warn({ automation_id: id }, 'the schedule kept changing while it was written; the reconciliation will finish it');
+  }
+
+  private async applySchedule(ws: string, id: string, a: AutomationDoc | null): Promise<void> {
+    const trigger = a && a.status === 'active' && a.trigger.type === 'schedule' ? a.trigger : null;
+    if (a?.trigger.type === 'schedule') await this.d.store.redis.sadd(automationKeys.schedules(), `${ws}/${id}`);
+    if (!trigger) {
       await this.queue.removeJobScheduler(schedulerId(id));
+      if (!a) await this.d.store.redis.srem(automationKeys.schedules(), `${ws}/${id}`);
       return;
     }
-    const t = a.trigger;
-    const repeat = 'cron' in t ? { pattern: t.cron, tz: t.timezone } : { every: t.interval_seconds * 1000 };
-    await this.queue.upsertJobScheduler(schedulerId(a.id), repeat, {
+    const current = await this.queue.getJobScheduler(schedulerId(id));
+    if (current && schedulerMatches(current, trigger)) return;
+    await this.queue.upsertJobScheduler(schedulerId(id), scheduleRepeat(trigger, Date.now()), {
       name: 'tick',
-      data: { workspace_id: a.workspace_id, automation_id: a.id } satisfies TickData,
+      data: { workspace_id: ws, automation_id: id } satisfies TickData,
       opts: { removeOnComplete: true, removeOnFail: { age: 24 * 3600 } },
     });
+  }
+
+  private lastReconcile = 0;
+
+  /**
+   * Job Schedulers against schedule Automations, for what a crash between a document's write and
+   * its scheduler's (or an older release) left behind: every schedule Automation gets the
+   * scheduler its document asks for, and a scheduler whose Automation is gone, paused or not a
+   * schedule is removed. Runs at start and in the sweep (at most once a minute).
+   */
+  async reconcileSchedules(): Promise<void> {
+    this.lastReconcile = Date.now();
+    const seen = new Set<string>();
+    let cursor = '0';
+    do {
+      const [next, batch] = await this.d.store.redis.sscan(automationKeys.schedules(), cursor, 'COUNT', 500);
+      cursor = next;
+      for (const m of batch) {
+        const [ws, id] = m.split('/');
+        if (!ws || !id || seen.has(id)) continue;
+        seen.add(id);
+        await this.syncSchedule(ws, id);
+      }
+    } while (cursor !== '0');
+    for (const s of await this.queue.getJobSchedulers(0, -1)) {
+      const id = s.key.startsWith('automation-') ? s.key.slice('automation-'.length) : null;
+      if (!id || seen.has(id)) continue;
+      const data = s.template?.data as Partial<TickData> | undefined;
+      const ws = data?.workspace_id ?? (await this.d.store.redis.get(automationKeys.home(id)));
+      if (ws) await this.syncSchedule(ws, id);
+      else await this.queue.removeJobScheduler(s.key);
+    }
   }
 
   async nextScheduledAt(id: string): Promise<string | null> {
@@ -92,18 +153,18 @@ export class AutomationService {
    * Writes the durable receipt (`pending`) and queues its work. The prompt is expanded here, so a
    * payload that makes it too long is refused (400) before any receipt exists.
    */
-  async fire(
-    a: AutomationDoc, source: FiringDoc['source'], event: unknown, status: 'pending' | 'skipped' = 'pending', id = newId('automationFiring'),
-    filtering?: FiringDoc['_filtering'],
-  ): Promise<FiringDoc> {
+  async fire(a: AutomationDoc, source: FiringDoc['source'], event: unknown, opts: FireOptions = {}): Promise<FiringDoc> {
+    const status = opts.status ?? 'pending';
+    const id = opts.id ?? newId('automationFiring');
     const now = nowIso();
     const prompt = expandPrompt(a.prompt, { event, firing_id: id, automation_id: a.id, source: source.kind, fired_at: now });
     const f: FiringDoc = {
       id, type: 'automation_firing', workspace_id: a.workspace_id, automation_id: a.id, source, status, attempt_count: 0,
       outcome: null, session_id: null, run_id: null, error: status === 'skipped' ? 'missed_schedule' : null,
-      admission: { disposition: status === 'skipped' ? 'not_applicable' : 'pending', check_configured: a.budget !== null || a.max_concurrent_firings > 0 },
+      admission: { disposition: status === 'skipped' ? 'not_applicable' : 'pending', check_configured: checkConfigured(a) },
       started_at: null, ended_at: null, through_sequence: 0, stop_reason: null, _prompt: prompt, _attempts: [], version: 1, created_at: now, updated_at: now,
-      ...(filtering ? { _filtering: filtering } : {}),
+      ...(opts.filtering ? { _filtering: opts.filtering } : {}),
+      ...(opts.chain && opts.chain.length > 0 ? { _chain: opts.chain } : {}),
     };
     await this.d.store.createFiring(f);
     await this.d.store.count(a.workspace_id, a.id, status === 'skipped' ? 'skipped' : 'fires');
@@ -158,6 +219,8 @@ export class AutomationService {
     const a = await this.d.store.docs.get<AutomationDoc>(tags.workspace(ws), f.automation_id);
     if (!a) return this.refuse(f, 'refused_paused', 'automation_deleted');
     if (a.status !== 'active') return this.refuse(f, 'refused_paused', 'automation_paused');
+    // A chain of Automations feeding each other's Sessions ends here (docs/AUTOMATIONS.md, "Subscriptions").
+    if (chainRefused(f._chain ?? [], a.id)) return this.refuse(f, 'refused_loop', 'automation_loop');
     // Governance: the service Principal must be active and hold `invoke` on the Agent (or the Workspace).
     try {
       await this.d.identity.activePrincipal(ws, a.principal_id);
@@ -193,7 +256,7 @@ export class AutomationService {
     const runId = await this.activeRun(ws, sessionId);
     await this.d.store.updateFiring(ws, f.id, (cur) => cur.status !== 'pending' ? null : {
       ...cur, status: 'running', session_id: sessionId, run_id: runId, started_at: nowIso(),
-      admission: { ...cur.admission, disposition: 'admitted' },
+      admission: { ...cur.admission, disposition: 'admitted', check_configured: checkConfigured(a) },
     });
     await this.enqueueWatch(ws, f.id);
   }
@@ -294,10 +357,10 @@ export class AutomationService {
     const { workspace_id: ws, automation_id: id } = job.data;
     const a = await this.d.store.docs.get<AutomationDoc>(tags.workspace(ws), id);
     if (!a || a.status !== 'active' || a.trigger.type !== 'schedule') return;
-    const dueMs = job.timestamp + (job.delay ?? 0);
+    const dueMs = tickDueMs(job, id);
     const late = Date.now() - dueMs > this.d.missedAfterMs;
     const scheduledAt = new Date(dueMs).toISOString();
-    await this.fire(a, { kind: 'schedule', scheduled_at: scheduledAt }, { scheduled_at: scheduledAt }, late && a.trigger.on_missed === 'skip' ? 'skipped' : 'pending');
+    await this.fire(a, { kind: 'schedule', scheduled_at: scheduledAt }, { scheduled_at: scheduledAt }, { status: late && a.trigger.on_missed === 'skip' ? 'skipped' : 'pending' });
   }
 
   // ---- subscriptions -------------------------------------------------------------------------
@@ -327,18 +390,63 @@ export class AutomationService {
   }
 
   /** Fires once per Automation and event, whichever api heard it first. */
-  private async fireOnce(a: AutomationDoc, eventKey: string, source: FiringDoc['source'], payload: Record<string, unknown>, filters: string[]): Promise<void> {
+  private async fireOnce(a: AutomationDoc, eventKey: string, source: FiringDoc['source'], payload: Record<string, unknown>, filters: string[], chain: string[] = []): Promise<void> {
     if (!(await this.d.store.claimEvent(a.workspace_id, a.id, eventKey))) return;
-    await this.fire(a, source, payload, 'pending', newId('automationFiring'), { event_type: String(payload.type), filters });
+    await this.fire(a, source, payload, { filtering: { event_type: String(payload.type), filters }, chain });
   }
 
-  /** `session.turn_ended`: a Session of the Workspace ended a turn (never the Automation's own Sessions). */
+  /**
+   * The Automations upstream of a Session's turns, oldest first: those of the firing that made the
+   * Session and of the firings before it (empty for a Session nobody's firing made).
+   */
+  private async chainOf(t: TappedAppend): Promise<string[]> {
+    if (!t.automation_id) return [];
+    const parent = t.firing_id ? await this.d.store.docs.get<FiringDoc>(tags.workspace(t.workspace_id), t.firing_id) : null;
+    return [...(parent?._chain ?? []), t.automation_id];
+  }
+
+  /**
+   * Whether a turn-ending `session.status_idle` ends a grader Run of an outcome (docs/OUTCOMES.md)
+   * rather than an agent turn. Only a Session that started an evaluation can have one: its Run is
+   * the one the thread's last `session.status_running` before the idle names.
+   */
+  private async endsGraderRun(sessionId: string, e: LogEvent): Promise<boolean> {
+    if (e.type !== 'session.status_idle') return false;
+    const log = this.d.sessions.store.log;
+    const evaluations = await this.d.sessions.store.redis.hget(eventLogKeys.stats(sessionId), 's.events.session.outcome_evaluation_started');
+    if (!evaluations || Number(evaluations) === 0) return false;
+    let before = e.seq;
+    for (let page = 0; page < 50; page++) {
+      const batch = await log.rangeBackward(sessionId, before, 200);
+      for (const x of batch) {
+        if (x.session_thread_id !== e.session_thread_id) continue;
+        if (x.type === 'session.outcome_evaluation_started') return true;
+        if (x.type === 'session.status_running') {
+          const runId = (x.payload as { run_id?: unknown } | null)?.run_id;
+          if (typeof runId !== 'string') return false;
+          const run = await this.d.sessions.store.docs.get<RunDoc>(tags.session(sessionId), runId);
+          return run?.grader !== undefined;
+        }
+      }
+      const last = batch[batch.length - 1];
+      if (batch.length < 200 || !last) return false;
+      before = last.seq;
+    }
+    return false;
+  }
+
+  /**
+   * `session.turn_ended`: a Session of the Workspace ended an agent turn (never the Automation's
+   * own Sessions, never the end of an outcome's grader Run).
+   */
   private async onAppend(t: TappedAppend): Promise<void> {
     const subs = (await this.subscriptionsOf(t.workspace_id)).filter((a) => a.trigger.type === 'subscription' && a.trigger.event === 'session.turn_ended');
     if (subs.length === 0) return;
+    let chain: string[] | undefined;
     for (const e of await t.events()) {
       const end = turnEnd(e.type, e.payload);
       if (!end) continue;
+      if (await this.endsGraderRun(t.session_id, e)) continue;
       for (const a of subs) {
         if (a.trigger.type !== 'subscription' || a.trigger.event !== 'session.turn_ended' || t.automation_id === a.id) continue;
         const filters: string[] = [];
@@ -350,10 +458,11 @@ export class AutomationService {
           if (!t.agent_id || !a.trigger.filter.agent_ids.includes(t.agent_id)) continue;
           filters.push('agent_ids');
         }
+        chain ??= await this.chainOf(t);
         await this.fireOnce(a, e.id, { kind: 'subscription', event_type: 'session.turn_ended', event_id: e.id }, {
           type: 'session.turn_ended', event_id: e.id, session_id: t.session_id, session_thread_id: e.session_thread_id, agent_id: t.agent_id,
           stop_reason: end.stop, seq: e.seq, occurred_at: e.created_at,
-        }, filters);
+        }, filters, chain);
       }
     }
   }
@@ -401,6 +510,9 @@ export class AutomationService {
    * `pending` one is queued again (same job id, so never twice), a `running` one gets its watcher.
    */
   async sweep(): Promise<void> {
+    if (Date.now() - this.lastReconcile >= Math.max(RECONCILE_EVERY_MS, this.d.sweepIntervalMs)) {
+      await this.reconcileSchedules().catch((err: unknown) => this.d.log.warn({ err }, 'schedule reconciliation failed'));
+    }
     const members = await this.d.store.redis.zrangebyscore(automationKeys.outbox(), '-inf', Date.now() - 5000, 'LIMIT', 0, 200);
     for (const m of members) {
       const [ws, id] = m.split('/');
@@ -420,10 +532,69 @@ export class AutomationService {
   }
 }
 
-/** Whether an event ends the firing's turn, and how. `requires_action` is a Run boundary, not the end. */
+export interface FireOptions {
+  /** `skipped`: a missed schedule tick under `on_missed: skip` (recorded, never run). */
+  status?: 'pending' | 'skipped';
+  /** The receipt's id when the caller names it ahead (an ingest delivery claims it first). */
+  id?: string;
+  /** Subscriptions: the event type and the filters it passed. */
+  filtering?: FiringDoc['_filtering'];
+  /** Subscriptions: the Automations upstream of the Session whose turn fired it, oldest first. */
+  chain?: string[];
+}
+
+/**
+ * `admission.check_configured`: whether the firing is admitted against a spend check of its own,
+ * the Automation's `budget` (the Session budget its Sessions are created with; `check_usage` in
+ * the trace is what that Session used). Workspace budgets apply to every Session either way.
+ */
+export const checkConfigured = (a: Pick<AutomationDoc, 'budget'>): boolean => a.budget !== null;
+
+/** Whether a firing of `automationId` with these Automations upstream is refused: a loop, or a chain too long. */
+export function chainRefused(chain: readonly string[], automationId: string): boolean {
+  return chain.includes(automationId) || chain.length >= MAX_AUTOMATION_CHAIN;
+}
+
+/**
+ * The BullMQ repeat options of a schedule. An interval's first tick is one interval after the
+ * scheduler is made (create, resume, a new interval), not at once; a scheduler that is only
+ * written again with the same interval keeps its times (BullMQ reads `startDate` only for a
+ * scheduler without a previous tick or whose interval changed).
+ */
+export function scheduleRepeat(t: ScheduleTrigger, nowMs: number): RepeatOptions {
+  return 'cron' in t ? { pattern: t.cron, tz: t.timezone } : { every: t.interval_seconds * 1000, startDate: nowMs + t.interval_seconds * 1000 };
+}
+
+/** Whether a stored Job Scheduler already runs the trigger's schedule. */
+export function schedulerMatches(s: JobSchedulerJson, t: ScheduleTrigger): boolean {
+  if ('cron' in t) return s.pattern === t.cron && (s.tz ?? 'UTC') === t.timezone && !s.every;
+  return Number(s.every) === t.interval_seconds * 1000 && !s.pattern;
+}
+
+/** What decides an Automation's scheduler: its schedule while active, else nothing. */
+function scheduleKey(a: AutomationDoc | null): string {
+  if (!a || a.status !== 'active' || a.trigger.type !== 'schedule') return 'none';
+  return JSON.stringify(a.trigger);
+}
+
+/**
+ * When a tick was due. A Job Scheduler names each job it makes `repeat:<scheduler id>:<due ms>`;
+ * the job's `delay` is no guide (BullMQ sets it to 0 when it promotes the delayed job, leaving
+ * `timestamp`, the time the job was made: one period early).
+ */
+export function tickDueMs(job: Pick<Job, 'id' | 'timestamp' | 'delay'>, automationId: string): number {
+  const prefix = `repeat:${schedulerId(automationId)}:`;
+  if (job.id?.startsWith(prefix)) {
+    const due = Number(job.id.slice(prefix.length));
+    if (Number.isSafeInteger(due) && due > 0) return due;
+  }
+  return job.timestamp + (job.delay ?? 0);
+}
+
 /** The event types that can end a firing's turn (`turnEnd`). */
 const TURN_END_TYPES = ['session.status_completed', 'session.status_failed', 'session.status_canceled', 'session.status_idle'] as const;
 
+/** Whether an event ends the firing's turn, and how. `requires_action` is a Run boundary, not the end. */
 export function turnEnd(type: string, payload: unknown): { outcome: FiringOutcome; stop: string } | null {
   if (type === 'session.status_completed') return { outcome: 'succeeded', stop: 'completed' };
   if (type === 'session.status_failed') return { outcome: 'failed', stop: 'failed' };

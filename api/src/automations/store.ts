@@ -1,22 +1,11 @@
-import { randomBytes } from 'node:crypto';
 import { ApiError, sha256Hex, type SecretBox } from '@agentplane/core';
 import { keys, LuaScript, tags, type DocumentStore, type Redis } from '@agentplane/store';
 import {
   AUTOMATIONS, feedbackOf, firingsOf, type AutomationDoc, type FeedbackDoc, type FiringDoc,
 } from './model.js';
+import { rotateSigningSecret, type SecretRecord } from './signing-secret.js';
 
-/** A Standard Webhooks signing secret: `whsec_` + base64 of 32 random bytes. */
-export function newSigningSecret(): string {
-  return `whsec_${randomBytes(32).toString('base64')}`;
-}
-
-/** The signing secrets of one webhook-triggered Automation, sealed at rest. */
-interface SecretRecord {
-  generation: number;
-  current: string;
-  previous: string | null;
-  previous_expires_ms: number;
-}
+export { newSigningSecret } from './signing-secret.js';
 
 /** Delivery ids are remembered for twice the replay window (a delivery older than that is refused by its timestamp). */
 export const DELIVERY_ID_TTL_SECONDS = 600;
@@ -38,6 +27,8 @@ export const automationKeys = {
   home: (id: string) => keys.global(`automation_home:${id}`),
   /** Workspaces with subscription Automations (the event tap looks only at these). */
   subscribers: () => keys.global('automation_subscribers'),
+  /** `<ws>/<auto>` of every schedule Automation: what the schedule reconciliation walks. */
+  schedules: () => keys.global('automation_schedules'),
   /** A subscription event already turned into a firing of this Automation. */
   event: (ws: string, id: string, eventKey: string) => keys.scoped(tags.workspace(ws), `automation_event:${id}:${sha256Hex(eventKey)}`),
   /** Firings whose receipt exists but whose work may not be queued yet (swept by every api). */
@@ -55,6 +46,8 @@ export class AutomationStore {
 
   async create(a: AutomationDoc, secret: string | null): Promise<void> {
     if (secret) await this.writeSecret(a.workspace_id, a.id, { generation: 1, current: this.seal(a.id, secret), previous: null, previous_expires_ms: 0 });
+    // Before the document: a crash after it leaves a schedule the reconciliation finds.
+    if (a.trigger.type === 'schedule') await this.redis.sadd(automationKeys.schedules(), `${a.workspace_id}/${a.id}`);
     await this.redis.set(automationKeys.home(a.id), a.workspace_id);
     await this.docs.create(tags.workspace(a.workspace_id), a, [AUTOMATIONS]);
   }
@@ -100,15 +93,22 @@ export class AutomationStore {
     return out;
   }
 
-  /** A new current secret; the old one keeps verifying until `overlapMs` from now. Returns the new secret and generation. */
-  async rotateSecret(ws: string, id: string, overlapMs: number): Promise<{ secret: string; generation: number; previousExpiresMs: number }> {
-    const raw = await this.redis.get(automationKeys.secret(ws, id));
-    const old = raw ? (JSON.parse(raw) as SecretRecord) : null;
-    const secret = newSigningSecret();
-    const previousExpiresMs = old && overlapMs > 0 ? Date.now() + overlapMs : 0;
-    const generation = (old?.generation ?? 0) + 1;
-    await this.writeSecret(ws, id, { generation, current: this.seal(id, secret), previous: old && overlapMs > 0 ? old.current : null, previous_expires_ms: previousExpiresMs });
-    return { secret, generation, previousExpiresMs };
+  /**
+   * A new current secret of a webhook-triggered Automation at `expectedVersion` (returned once);
+   * the old one keeps verifying until `overlapMs` from now. The secret and the document change
+   * in one compare-and-swap (see `rotateSigningSecret`).
+   */
+  rotateSecret(ws: string, id: string, expectedVersion: number, overlapMs: number): Promise<{ doc: AutomationDoc; secret: string }> {
+    return rotateSigningSecret<AutomationDoc>({
+      redis: this.redis, docs: this.docs, tag: tags.workspace(ws), id, secretKey: automationKeys.secret(ws, id), seal: (secret) => this.seal(id, secret),
+      expectedVersion, overlapMs, notFound: `automation ${id}`,
+      apply: (a, r) => {
+        if (a.trigger.type !== 'webhook' || !a.webhook) throw new ApiError('runtime.invalid_transition', 'only an Automation with a webhook trigger has a signing secret');
+        return {
+          ...a, webhook: { ...a.webhook, secret_generation: r.generation, previous_secret_expires_at: r.previousExpiresMs > 0 ? new Date(r.previousExpiresMs).toISOString() : null },
+        };
+      },
+    });
   }
 
   // ---- firings -------------------------------------------------------------------------------

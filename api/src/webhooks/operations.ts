@@ -5,6 +5,7 @@ import type { Operation } from '../http/operation.js';
 import { listWorkspaceDocs, workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { ENDPOINTS, publicEndpoint, type EndpointDoc } from './model.js';
 import { checkEndpointUrl } from './ssrf.js';
+import type { EgressPolicy } from './ssrf.js';
 
 const EndpointPath = Obj({ webhook_endpoint_id: Id('webhookEndpoint') });
 /** One name of the event catalog; any other is 400 `validation.malformed` listing the allowed ones. */
@@ -12,6 +13,16 @@ const EventType = Type.Union(WEBHOOK_EVENT_TYPES.map((t) => Type.Literal(t)));
 const EventTypes = Type.Array(EventType, { maxItems: 64, uniqueItems: true });
 const Url = Type.String({ minLength: 8, maxLength: 2048 });
 const Description = Nullable(Type.String({ maxLength: 500 }));
+
+/**
+ * An endpoint URL as the egress guard accepts it, and with a port a request can reach: port 0
+ * names no port (a delivery could only fail), 400 `validation.malformed`.
+ */
+function endpointUrl(raw: string, egress: EgressPolicy): string {
+  const url = checkEndpointUrl(raw, egress);
+  if (url.port === '0') throw new ApiError('validation.malformed', 'body.url: port 0 is not a port a delivery can reach');
+  return url.toString();
+}
 
 const EndpointSchema = Obj({
   id: Id('webhookEndpoint'), type: Type.Literal('webhook_endpoint'), workspace_id: Id('workspace'), url: Type.String(), description: Description,
@@ -34,10 +45,10 @@ export const webhookOperations: Operation[] = [
     audit: { target: 'response' }, body: Obj({ url: Url, event_types: Type.Optional(EventTypes), description: Type.Optional(Description) }),
     response: EndpointSchema, successStatus: 201, idempotency: 'optional', sensitive: true, mcp: 'never',
   }, async (ws, { body, deps }) => {
-    const url = checkEndpointUrl(body.url, deps.config.webhooks.egress);
+    const url = endpointUrl(body.url, deps.config.webhooks.egress);
     const now = nowIso();
     const e: EndpointDoc = {
-      id: newId('webhookEndpoint'), type: 'webhook_endpoint', workspace_id: ws, url: url.toString(), description: body.description ?? null,
+      id: newId('webhookEndpoint'), type: 'webhook_endpoint', workspace_id: ws, url, description: body.description ?? null,
       event_types: body.event_types ?? [], status: 'enabled', disabled_reason: null, disabled_at: null, secret_generation: 1,
       previous_secret_expires_at: null, version: 1, created_at: now, updated_at: now,
     };
@@ -63,7 +74,7 @@ export const webhookOperations: Operation[] = [
     }),
     response: EndpointSchema, idempotency: 'optional', mcp: 'full',
   }, async (ws, { params, body, deps }) => {
-    const url = body.url !== undefined ? checkEndpointUrl(body.url, deps.config.webhooks.egress).toString() : undefined;
+    const url = body.url !== undefined ? endpointUrl(body.url, deps.config.webhooks.egress) : undefined;
     const before = await deps.webhooks.store.get(ws, params.webhook_endpoint_id);
     const next = await deps.webhooks.store.update(ws, params.webhook_endpoint_id, (cur) => ({
       ...cur,
@@ -98,13 +109,8 @@ export const webhookOperations: Operation[] = [
     body: Obj({ expected_version: Type.Integer({ minimum: 1 }), overlap_seconds: Type.Optional(Type.Integer({ minimum: 0, maximum: 7 * 24 * 3600 })) }),
     response: EndpointSchema, idempotency: 'optional', sensitive: true, mcp: 'never',
   }, async (ws, { params, body, deps }) => {
-    const cur = await deps.webhooks.store.get(ws, params.webhook_endpoint_id);
-    if (cur.version !== body.expected_version) throw new ApiError('validation.conflict', `version ${body.expected_version} is stale; the current version is ${cur.version}`);
-    const r = await deps.webhooks.store.rotateSecret(ws, cur.id, (body.overlap_seconds ?? 24 * 3600) * 1000);
-    const next = await deps.webhooks.store.update(ws, cur.id, (e) => ({
-      ...e, secret_generation: r.generation, previous_secret_expires_at: r.previousExpiresMs > 0 ? new Date(r.previousExpiresMs).toISOString() : null,
-    }), body.expected_version);
-    return { ...publicEndpoint(next), signing_secret: r.secret };
+    const r = await deps.webhooks.store.rotateSecret(ws, params.webhook_endpoint_id, body.expected_version, (body.overlap_seconds ?? 24 * 3600) * 1000);
+    return { ...publicEndpoint(r.doc), signing_secret: r.secret };
   }),
   workspaceWrite('POST', {
     operationId: 'webhookEndpoints.testWebhookEndpoint', path: '/v1/webhook-endpoints/{webhook_endpoint_id}/test',

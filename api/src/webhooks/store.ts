@@ -1,9 +1,7 @@
 import { ApiError, type SecretBox } from '@agentplane/core';
 import { keys, LuaScript, tags, type DocumentStore, type Redis } from '@agentplane/store';
-import { newSigningSecret } from '../automations/store.js';
+import { newSigningSecret, rotateSigningSecret, type SecretRecord } from '../automations/signing-secret.js';
 import { ENDPOINTS, type DeliveryRecord, type EndpointDoc } from './model.js';
-
-interface SecretRecord { generation: number; current: string; previous: string | null; previous_expires_ms: number }
 
 /** How many delivery records each endpoint keeps (oldest dropped first). */
 export const DELIVERY_LOG_MAX = 1000;
@@ -69,14 +67,17 @@ export class WebhookStore {
     return out;
   }
 
-  async rotateSecret(ws: string, id: string, overlapMs: number): Promise<{ secret: string; generation: number; previousExpiresMs: number }> {
-    const raw = await this.redis.get(webhookKeys.secret(ws, id));
-    const old = raw ? (JSON.parse(raw) as SecretRecord) : null;
-    const secret = newSigningSecret();
-    const previousExpiresMs = old && overlapMs > 0 ? Date.now() + overlapMs : 0;
-    const generation = (old?.generation ?? 0) + 1;
-    await this.redis.set(webhookKeys.secret(ws, id), JSON.stringify({ generation, current: this.seal(id, secret), previous: old && overlapMs > 0 ? old.current : null, previous_expires_ms: previousExpiresMs } satisfies SecretRecord));
-    return { secret, generation, previousExpiresMs };
+  /**
+   * A new signing secret of the endpoint at `expectedVersion` (returned once); deliveries carry
+   * both signatures for `overlapMs`. The secret and the document change in one compare-and-swap
+   * (see `rotateSigningSecret`).
+   */
+  rotateSecret(ws: string, id: string, expectedVersion: number, overlapMs: number): Promise<{ doc: EndpointDoc; secret: string }> {
+    return rotateSigningSecret<EndpointDoc>({
+      redis: this.redis, docs: this.docs, tag: tags.workspace(ws), id, secretKey: webhookKeys.secret(ws, id), seal: (secret) => this.seal(id, secret),
+      expectedVersion, overlapMs, notFound: `webhook endpoint ${id}`,
+      apply: (e, r) => ({ ...e, secret_generation: r.generation, previous_secret_expires_at: r.previousExpiresMs > 0 ? new Date(r.previousExpiresMs).toISOString() : null }),
+    });
   }
 
   // ---- lanes (endpoint × Session) --------------------------------------------------------------
@@ -115,13 +116,28 @@ export class WebhookStore {
   async deliveries(ws: string, endpointId: string, limit: number, page?: string): Promise<{ data: DeliveryRecord[]; next_page: string | null }> {
     let end = '+';
     if (page) {
-      const m = /^c1_(\d+)s(\d+)$/.exec(page);
-      if (!m) throw new ApiError('validation.malformed', 'query.page: not a cursor issued by this list');
-      end = `(${m[1]}-${m[2]}`;
+      const before = parseDeliveryCursor(page);
+      // Nothing comes before the first possible id.
+      if (before === 'start') return { data: [], next_page: null };
+      end = `(${before}`;
     }
     const rows = (await this.redis.xrevrange(webhookKeys.log(ws, endpointId), end, '-', 'COUNT', limit + 1)) as [string, string[]][];
     const data = rows.slice(0, limit).map(([, fields]) => JSON.parse(fields[1] ?? '{}') as DeliveryRecord);
     const last = rows[limit - 1];
     return { data, next_page: rows.length > limit && last ? `c1_${last[0].replace('-', 's')}` : null };
   }
+}
+
+/**
+ * A delivery log cursor (`c1_<ms>s<n>`) as the stream id it names (`<ms>-<n>`), or `start` for
+ * `0-0`, before which there is nothing. Both parts must be safe integers (a stream id's parts are
+ * unsigned 64-bit; the log's are milliseconds and small sequence numbers): anything else was not
+ * issued by this list, 400 `validation.malformed`.
+ */
+export function parseDeliveryCursor(page: string): string {
+  const m = /^c1_(\d{1,16})s(\d{1,16})$/.exec(page);
+  const ms = m ? Number(m[1]) : NaN;
+  const seq = m ? Number(m[2]) : NaN;
+  if (!Number.isSafeInteger(ms) || !Number.isSafeInteger(seq)) throw new ApiError('validation.malformed', 'query.page: not a cursor issued by this list');
+  return ms === 0 && seq === 0 ? 'start' : `${ms}-${seq}`;
 }

@@ -1,0 +1,52 @@
+import { randomBytes } from 'node:crypto';
+import { beforeAll, describe, expect, it } from 'vitest';
+import { useEmbeddedRedis } from '@agentplane/store/testing';
+import { newId, SecretBox } from '@agentplane/core';
+import { DocumentStore, type Redis } from '@agentplane/store';
+import { parseDeliveryCursor, WebhookStore } from './store.js';
+
+/** The delivery log's cursors against a real stream: issued ones page it, forged ones are a 400, never a Redis error. */
+const testRedis = useEmbeddedRedis('webhook-store');
+let redis: Redis;
+let store: WebhookStore;
+
+beforeAll(() => {
+  redis = testRedis();
+  store = new WebhookStore(redis, new DocumentStore(redis), new SecretBox(randomBytes(32)));
+});
+
+const record = (seq: number) => ({
+  message_id: `evt_${seq}`, event_type: 'user.message', session_id: null, seq, attempt: 1, status_code: 200, latency_ms: 1, outcome: 'succeeded' as const, error: null, test: false,
+});
+
+describe('the delivery log\'s cursor', () => {
+  it('pages newest first with the cursors it issues', async () => {
+    const ws = newId('workspace');
+    const id = newId('webhookEndpoint');
+    for (let i = 1; i <= 5; i++) await store.record(ws, id, record(i));
+    const first = await store.deliveries(ws, id, 2);
+    expect(first.data.map((r) => r.seq)).toEqual([5, 4]);
+    const second = await store.deliveries(ws, id, 2, String(first.next_page));
+    expect(second.data.map((r) => r.seq)).toEqual([3, 2]);
+    const third = await store.deliveries(ws, id, 2, String(second.next_page));
+    expect(third).toMatchObject({ data: [{ seq: 1 }], next_page: null });
+  });
+
+  it('refuses forged cursors with 400 validation.malformed; the first possible id ends the list', async () => {
+    const ws = newId('workspace');
+    const id = newId('webhookEndpoint');
+    await store.record(ws, id, record(1));
+    for (const page of ['c1_99999999999999999999999s0', 'c1_1s99999999999999999999999', 'c1_9007199254740992s0', 'c1_1s9007199254740992', 'c1_1-2', 'c1_s1', 'x', 'c1_1s2 ']) {
+      await expect(store.deliveries(ws, id, 10, page), page).rejects.toMatchObject({ type: 'validation.malformed', status: 400 });
+    }
+    expect(await store.deliveries(ws, id, 10, 'c1_0s0')).toEqual({ data: [], next_page: null });
+    expect((await store.deliveries(ws, id, 10, 'c1_0s1')).data).toEqual([]);
+    expect((await store.deliveries(ws, id, 10, `c1_${Date.now() + 60_000}s0`)).data).toHaveLength(1);
+    expect((await store.deliveries(ws, id, 10, 'c1_9007199254740991s9007199254740991')).data).toHaveLength(1);
+  });
+
+  it('parses a cursor into the stream id it names', () => {
+    expect(parseDeliveryCursor('c1_1700000000000s3')).toBe('1700000000000-3');
+    expect(parseDeliveryCursor('c1_0s0')).toBe('start');
+  });
+});
