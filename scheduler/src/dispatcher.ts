@@ -114,6 +114,11 @@ export class PoolDispatcher {
     this.wake?.();
   }
 
+  /** No placement under way (a pool may be let go only then). */
+  get idle(): boolean {
+    return this.inFlight === 0;
+  }
+
   async stop(): Promise<void> {
     this.stopped = true;
     this.poke();

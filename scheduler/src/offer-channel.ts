@@ -12,7 +12,9 @@ import type { LeaseOffer, LeasePlan, OfferBody, OfferChannel, OfferOutcome } fro
  * published on the node's channel. The gateway answers on this scheduler's reply channel (over
  * the same link when there is one) once the runner accepted (and the lock was extended to a
  * full lease) or declined. A lost answer is recovered from the Session fence: if the lease id
- * holds it, the offer was accepted.
+ * holds it, the offer was accepted. An offer not answered in time is withdrawn in one script
+ * with the claim it races (`LeaseFence.withdrawOffer`): either the runner's claim came first
+ * and the offer was accepted, or the runner can no longer claim the lease.
  */
 const FENCE_POLL_MS = 250;
 /** Offers out (sent, not answered) at or above which offers are published rather than sent on a link. */
@@ -199,13 +201,17 @@ export class RedisOfferChannel implements OfferChannel {
       const poll = setInterval(() => {
         void this.fence.holds(o.session_id, o.lease_id).then((held) => held && finish('accepted'), () => undefined);
       }, FENCE_POLL_MS);
-      this.waiters.set(o.lease_id, (reply) => finish(reply.outcome === 'accepted' && reply.recorded ? 'recorded' : reply.outcome));
+      // An answer about another runner is about an earlier offer of this lease (refused since).
+      this.waiters.set(o.lease_id, (reply) => {
+        if (reply.runner_id !== undefined && reply.runner_id !== o.runner_id) return;
+        finish(reply.outcome === 'accepted' && reply.recorded ? 'recorded' : reply.outcome);
+      });
     });
     const text = frame('lease.offer', newId('event'), {
       lease_id: o.lease_id, attempt: o.attempt, run_id: o.run_id, session_id: o.session_id, thread_id: o.thread_id,
       accept_within_ms: timeoutMs, lease_ttl_ms: o.lease_ms, ...(spec ? { spec } : {}),
     }, undefined, injectTrace(ctx));
-    const notConnected: OfferReply = { lease_id: o.lease_id, outcome: 'rejected', reason: 'runner not connected' };
+    const notConnected: OfferReply = { lease_id: o.lease_id, runner_id: o.runner_id, outcome: 'rejected', reason: 'runner not connected' };
     // A gateway node that finds the runner gone (it closed since the directory listed it) answers
     // for it at once: the next runner is offered without waiting out this offer's window.
     const undelivered = { channel: this.channel, message: JSON.stringify(notConnected) };
@@ -213,8 +219,21 @@ export class RedisOfferChannel implements OfferChannel {
       this.waiters.get(o.lease_id)?.(notConnected);
     }
     const outcome = await answer;
-    if (outcome === 'timeout' && (await this.fence.holds(o.session_id, o.lease_id))) return 'accepted';
+    if (outcome === 'timeout' && (await this.withdraw(o)) === 'claimed') return 'accepted';
     if (outcome !== 'accepted' && outcome !== 'recorded') await this.records.remove(o.lease_id, o.runner_id);
     return outcome;
+  }
+
+  /**
+   * An offer not answered in time is withdrawn, in one script with the runner's claim, which may
+   * be on its way (its acceptance claims with the lock token this scheduler still holds and is
+   * about to offer to the next runner or give back): `claimed` when the claim came first (the
+   * offer was accepted, its answer late or lost). Else that runner's claim of this lease is
+   * refused from now on (the gateway revokes it), while the next runner's claim of the same lease
+   * id is not. Only timeouts pay this round trip. The claim may have gone alone, or its Run's
+   * move may have gone stale: the Run may not record the lease yet (`accepted`, not `recorded`).
+   */
+  private withdraw(o: LeaseOffer): Promise<'claimed' | 'withdrawn'> {
+    return this.fence.withdrawOffer(o.session_id, o.lease_id, o.runner_id, leaseRecordTtlMs(o.lease_ms));
   }
 }

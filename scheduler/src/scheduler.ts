@@ -4,7 +4,7 @@ import {
   bindingShapings, buildTurnSpec, ConnectionService, readAll, CredentialIndex, FileStore, IdentityService, OutcomeService, ProjectHeadReader, RedisRuntimeBearers, SkillReader, RunEngine, RunLifecycle, RunnerService,
   SessionStore, ThreadRuntime, VersionedStore, type SessionCloser, sandboxProfileStore, type ConnectionGrant, type Environment, type SandboxProfile, type ToolShaping,
 } from '@agentplane/domain';
-import { activePools, CancelMarks, LeaseFence, LeaseRecords, RunQueues } from '@agentplane/lease';
+import { activePools, CancelMarks, LeaseFence, LeaseRecords, POOL_WAKE_CHANNEL, poolWorkspace, recentPools, RunQueues } from '@agentplane/lease';
 import { SecretBox } from '@agentplane/core';
 import { connectRedis, DocumentStore, tags, type Redis, type StoredDoc } from '@agentplane/store';
 import type { SchedulerConfig } from './config.js';
@@ -19,6 +19,9 @@ import { PresenceDirectory } from './presence-directory.js';
 /** How often each pool's fair-share ranks are pruned of Runs that never got a job. */
 const RANK_PRUNE_EVERY_MS = 60_000;
 
+/** Whether a pool's queue holds anything (Runs to place or being run, or ends to reconcile). */
+const hasWork = (counts: Readonly<Record<string, number>>): boolean => Object.values(counts).some((n) => n > 0);
+
 /**
  * One scheduler process: finds pools with work, runs a PoolDispatcher per pool, and keeps
  * the Run documents and threads in step with what BullMQ decides. Stateless: any number may
@@ -26,7 +29,7 @@ const RANK_PRUNE_EVERY_MS = 60_000;
  */
 export class Scheduler {
   readonly instanceId = `sch_${randomBytes(6).toString('hex')}`;
-  readonly metrics = new SchedulerMetrics();
+  readonly metrics = new SchedulerMetrics(() => this.dispatchers.size);
   private readonly redis: Redis;
   private readonly bull: Redis;
   private readonly sub: Redis;
@@ -55,6 +58,11 @@ export class Scheduler {
   private readonly bearers: RedisRuntimeBearers;
   private readonly connections: ConnectionService | undefined;
   private scanTimer: NodeJS.Timeout | undefined;
+  private scanning = false;
+  /** When (Redis's clock) the whole pool registry was last looked through for queued Runs. */
+  private sweptAt = 0;
+  /** Dispatchers of idle pools still closing. */
+  private readonly retiring = new Set<Promise<void>>();
   private stopped = false;
 
   constructor(private readonly config: SchedulerConfig, private readonly log: Logger) {
@@ -79,7 +87,7 @@ export class Scheduler {
     this.closer = runtime.closer;
     engine = new RunEngine({
       redis: this.redis, queues: this.queues, lifecycle: this.lifecycle, store: this.store, environments: this.environments, runners, log,
-      interruptGraceMs: config.interruptGraceMs,
+      interruptGraceMs: config.interruptGraceMs, poolIdleMs: config.lease.poolIdleMs,
     });
     this.engine = engine;
     this.directory = new PresenceDirectory(this.redis, (pool) => this.pools.get(pool));
@@ -154,32 +162,97 @@ export class Scheduler {
 
   async start(): Promise<void> {
     await this.offers.start();
-    await this.scan();
-    this.scanTimer = setInterval(() => void this.scan().catch((err: unknown) => this.log.warn({ err }, 'pool scan failed')), this.config.poolScanMs);
+    // A pool that gets a Run after it went idle is served at once, not at the next scan.
+    this.sub.on('message', (channel: string, pool: string) => {
+      if (channel === POOL_WAKE_CHANNEL) void this.wake(pool).catch((err: unknown) => this.log.warn({ err, pool }, 'serving a woken pool failed'));
+    });
+    await this.sub.subscribe(POOL_WAKE_CHANNEL);
+    await this.scanNow();
+    this.scanTimer = setInterval(() => void this.scanNow().catch((err: unknown) => this.log.warn({ err }, 'pool scan failed')), this.config.poolScanMs);
     this.scanTimer.unref();
     this.log.info({ instance: this.instanceId }, 'scheduler started');
   }
 
+  /** The pools this scheduler dispatches now (metrics, tests). */
+  get dispatchedPools(): number {
+    return this.dispatchers.size;
+  }
+
+  /** One scan at a time: a tick that finds one running skips. */
+  private async scanNow(): Promise<void> {
+    if (this.scanning) return;
+    this.scanning = true;
+    try {
+      await this.scan();
+    } finally {
+      this.scanning = false;
+    }
+  }
+
+  /** Start dispatching `pool` (of `workspaceId`) unless this scheduler does already. */
+  private serve(pool: string, workspaceId: string): void {
+    this.pools.set(pool, workspaceId);
+    if (this.stopped || this.dispatchers.has(pool)) return;
+    const hooks = runHooks({ poolId: pool, queues: this.queues, lifecycle: this.lifecycle, metrics: this.metrics, log: this.log, redis: this.redis, interruptGraceMs: this.config.interruptGraceMs });
+    const d = new PoolDispatcher({
+      poolId: pool, queues: this.queues, connection: this.bull, directory: this.directory, offers: this.offers,
+      hooks, config: this.config.lease, log: this.log, capacityRetryMs: this.config.capacityRetryMs, cancels: this.cancels,
+    });
+    d.start();
+    this.dispatchers.set(pool, d);
+    this.served.set(pool, { hooks, stalls: '-' });
+    this.log.info({ pool, workspace: workspaceId }, 'dispatching pool');
+  }
+
+  /** A Run was queued in `pool` after it had been idle a while (its mark's wake-up). */
+  private async wake(pool: string): Promise<void> {
+    if (this.stopped || this.dispatchers.has(pool)) return;
+    const ws = this.pools.get(pool) ?? (await poolWorkspace(this.redis, pool));
+    if (ws) this.serve(pool, ws);
+  }
+
+  /**
+   * Stop dispatching an idle pool: its worker's blocking connection closes, and its per-pool
+   * sweeps stop. Its next Run's mark serves it again (a wake-up, else the next scan).
+   */
+  private retire(pool: string): void {
+    const d = this.dispatchers.get(pool);
+    if (!d) return;
+    this.dispatchers.delete(pool);
+    this.served.delete(pool);
+    this.metrics.forget(pool);
+    const stopping = d.stop().catch((err: unknown) => this.log.warn({ err, pool }, 'stopping an idle pool failed'));
+    this.retiring.add(stopping);
+    void stopping.finally(() => this.retiring.delete(stopping));
+    this.log.info({ pool }, 'pool idle: no longer dispatched');
+  }
+
   private async scan(): Promise<void> {
     if (this.stopped) return;
-    for (const [pool, ws] of await activePools(this.redis)) {
-      this.pools.set(pool, ws);
-      if (this.dispatchers.has(pool)) continue;
-      const hooks = runHooks({ poolId: pool, queues: this.queues, lifecycle: this.lifecycle, metrics: this.metrics, log: this.log, redis: this.redis, interruptGraceMs: this.config.interruptGraceMs });
-      const d = new PoolDispatcher({
-        poolId: pool, queues: this.queues, connection: this.bull, directory: this.directory, offers: this.offers,
-        hooks, config: this.config.lease, log: this.log, capacityRetryMs: this.config.capacityRetryMs, cancels: this.cancels,
-      });
-      d.start();
-      this.dispatchers.set(pool, d);
-      this.served.set(pool, { hooks, stalls: '-' });
-      this.log.info({ pool, workspace: ws }, 'dispatching pool');
+    const idleMs = this.config.lease.poolIdleMs;
+    // The pools marked lately (a Run queued within the idle window) are served...
+    const { now, pools: recent } = await recentPools(this.redis, idleMs);
+    for (const [pool, { workspaceId }] of recent) this.serve(pool, workspaceId);
+    // ...and, at start and once per idle window, every pool whose queue holds anything: Runs
+    // older than their pool's mark (queued before an outage, or before this scheduler started).
+    if (now - this.sweptAt >= idleMs) {
+      this.sweptAt = now;
+      for (const [pool, ws] of await activePools(this.redis)) {
+        if (!this.dispatchers.has(pool) && hasWork(await this.queues.depth(pool))) this.serve(pool, ws);
+      }
     }
     await this.metrics.refresh(this.queues, [...this.dispatchers.keys()]);
     for (const [pool, served] of this.served) {
       await reconcilePool(pool, this.queues, this.lifecycle, this.log);
       served.stalls = await repairStalls(pool, this.queues, (run) => served.hooks.stalled(run), served.stalls, this.log);
       await this.pruneRanks(pool, served);
+    }
+    // A pool not marked within the idle window, its queue empty and no placement under way, goes.
+    // (A Run queued meanwhile marks it again: the API marks a pool at least every quarter of the
+    // window, so a mark this old means no Run was queued since.)
+    for (const [pool, d] of this.dispatchers) {
+      const counts = this.metrics.depthOf(pool);
+      if (!recent.has(pool) && counts && !hasWork(counts) && d.idle) this.retire(pool);
     }
     const repaired = await this.engine.repairUnqueued(this.config.enqueueRepairAfterMs);
     if (repaired.length > 0) this.log.info({ runs: repaired }, 'enqueued Runs whose enqueue was interrupted');
@@ -206,7 +279,7 @@ export class Scheduler {
   async stop(): Promise<void> {
     this.stopped = true;
     if (this.scanTimer) clearInterval(this.scanTimer);
-    await Promise.all([...this.dispatchers.values()].map((d) => d.stop()));
+    await Promise.all([...[...this.dispatchers.values()].map((d) => d.stop()), ...this.retiring]);
     this.offers.close();
     await this.queues.close();
     for (const c of [this.sub, this.bull, this.redis]) await c.quit().catch(() => c.disconnect());

@@ -24,10 +24,13 @@ const appended = (seq: number): AppendResult => ({ ok: true, events: [{ seq }] }
  */
 function harness(over: { keeper?: Partial<LeaseKeeper>; lifecycle?: Partial<RunLifecycle>; log?: Partial<EventLog> } = {}) {
   const handlers = new Map<string, FrameHandler>();
+  /** Answers to the offering scheduler, and the lease records removed (how, and whose). */
+  const replies: { channel: string; answer: unknown }[] = [];
+  const removed: { how: 'remove' | 'removeOffer'; lease: string; runner: string }[] = [];
   const gw = {
     on: (type: RunnerToGatewayType, handler: FrameHandler) => void handlers.set(type, handler),
     onConnected: () => undefined,
-    sendToChannel: async () => undefined,
+    sendToChannel: async (channel: string, message: string) => void replies.push({ channel, answer: JSON.parse(message) }),
   } as unknown as Gateway;
   const sent: Sent[] = [];
   const conn = {
@@ -39,7 +42,11 @@ function harness(over: { keeper?: Partial<LeaseKeeper>; lifecycle?: Partial<RunL
     cancelLease: () => undefined,
     close: () => undefined,
   } as unknown as RunnerConnection;
-  const records = { get: async () => REC, remove: async () => undefined, touch: async () => undefined, orphansOf: async () => [] } as unknown as LeaseRecords;
+  const records = {
+    get: async () => REC, touch: async () => undefined, orphansOf: async () => [],
+    remove: async (lease: string, runner: string) => void removed.push({ how: 'remove', lease, runner }),
+    removeOffer: async (lease: string, runner: string) => void removed.push({ how: 'removeOffer', lease, runner }),
+  } as unknown as LeaseRecords;
   // A use under an ActionApproval waits for the approval.
   const approvals = {
     waitKinds: async (_ws: string, _s: string, _r: string, waits: TurnResult['waits']) => (waits ?? []).map((w) => ({ ...w, kind: 'approval' as const })),
@@ -52,7 +59,7 @@ function harness(over: { keeper?: Partial<LeaseKeeper>; lifecycle?: Partial<RunL
   });
   const frame = (type: RunnerToGatewayType, id: string, payload: Record<string, unknown>) =>
     (handlers.get(type) as FrameHandler)(conn, { v: 1, type, id, payload } as never, context.active());
-  return { sent, frame };
+  return { sent, frame, replies, removed };
 }
 
 describe('the run handlers', () => {
@@ -78,6 +85,24 @@ describe('the run handlers', () => {
     expect(completed).toEqual([end]);
     expect(ended).toEqual([end]);
     expect(h.sent).toEqual([{ type: 'ack', payload: {}, re: 'c1' }]);
+  });
+
+  it('lease.accept refused (its offer was withdrawn: the scheduler moved on): only this runner\'s offer record goes, the answer names the runner, the lease is revoked', async () => {
+    const h = harness({ keeper: { accept: async () => 'taken' } });
+    await h.frame('lease.accept', 'a1', { lease_id: REC.lease_id, attempt: 1 });
+    // The next runner offered the same lease id has a record of its own under it: it stays.
+    expect(h.removed).toEqual([{ how: 'removeOffer', lease: REC.lease_id, runner: REC.runner_id }]);
+    // An answer about this runner: the scheduler, waiting for the next runner now, ignores it.
+    expect(h.replies).toEqual([{ channel: REC.reply_to, answer: { lease_id: REC.lease_id, runner_id: REC.runner_id, outcome: 'rejected', reason: 'taken' } }]);
+    expect(h.sent).toEqual([{ type: 'lease.revoked', payload: { lease_id: REC.lease_id, attempt: 1, reason: 'the offer was withdrawn or the lease belongs to another runner' }, re: undefined }]);
+  });
+
+  it('lease.accept taken: the answer names the runner and says the Run records the lease', async () => {
+    const h = harness({ keeper: { accept: async () => 'ok' } });
+    await h.frame('lease.accept', 'a1', { lease_id: REC.lease_id, attempt: 1 });
+    expect(h.replies).toEqual([{ channel: REC.reply_to, answer: { lease_id: REC.lease_id, runner_id: REC.runner_id, outcome: 'accepted', recorded: true } }]);
+    expect(h.removed).toEqual([]);
+    expect(h.sent).toEqual([]);
   });
 
   it('a revoked lease leaves nothing behind: a later batch of it takes the first batch\'s path again', async () => {

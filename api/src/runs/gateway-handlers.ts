@@ -79,8 +79,13 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
    */
   const known = new Map<string, LeaseRecord>();
   
-  /** An offer's answer to the scheduler that made it: over its node link when it has one here, else published. */
-  const reply = (rec: LeaseRecord, answer: OfferReply): Promise<void> => gw.sendToChannel(rec.reply_to, JSON.stringify(answer));
+  /**
+   * An offer's answer to the scheduler that made it: over its node link when it has one here, else
+   * published. It names the runner it is about: the scheduler may have offered the same lease to
+   * the next runner since (an answer to an offer it withdrew must not settle that one).
+   */
+  const reply = (rec: LeaseRecord, answer: Omit<OfferReply, 'runner_id'>): Promise<void> =>
+    gw.sendToChannel(rec.reply_to, JSON.stringify({ ...answer, runner_id: rec.runner_id } satisfies OfferReply));
 
   async function recordFor(conn: RunnerConnection, ref: LeaseRef): Promise<LeaseRecord | null> {
     await accepting.get(ref.lease_id);
@@ -117,10 +122,12 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     const outcome = await d.keeper.accept(leaseOf(rec), (fence, claim, ttlMs) => d.lifecycle.accepted(rec.session_id, rec.run_id, lease, { fence, claim, ttlMs }));
     if (outcome !== 'ok') {
       // The record goes first: a frame the runner sends for this lease afterwards (a failure, as
-      // it stops) finds no lease and cannot end the attempt the scheduler still holds.
-      await d.records.remove(rec.lease_id, rec.runner_id);
+      // it stops) finds no lease and cannot end the attempt the scheduler still holds. Only this
+      // runner's: an acceptance that came after its offer was withdrawn (`taken`) may find the
+      // lease offered to the next runner already, under the same lease id.
+      await d.records.removeOffer(rec.lease_id, rec.runner_id);
       await reply(rec, { lease_id: rec.lease_id, outcome: 'rejected', reason: outcome });
-      const why = outcome === 'taken' ? 'the lease belongs to another runner' : outcome === 'canceled' ? 'the Run was interrupted' : 'the offer expired';
+      const why = outcome === 'taken' ? 'the offer was withdrawn or the lease belongs to another runner' : outcome === 'canceled' ? 'the Run was interrupted' : 'the offer expired';
       return void revoke(conn, msg.payload, why);
     }
     await reply(rec, { lease_id: rec.lease_id, outcome: 'accepted', recorded: true });

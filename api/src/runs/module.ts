@@ -38,7 +38,7 @@ export function createRunsModule(d: {
   const lifecycle = new RunLifecycle(d.store, d.runtime, d.log);
   const engine = new RunEngine({
     redis: d.redis, queues, lifecycle, store: d.store, environments: d.environments, runners: d.runners, log: d.log,
-    interruptGraceMs: d.config.interruptGraceMs,
+    interruptGraceMs: d.config.interruptGraceMs, poolIdleMs: d.config.lease.poolIdleMs,
   });
   return {
     queues, keeper, records, lifecycle, engine,

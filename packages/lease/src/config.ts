@@ -18,6 +18,12 @@ export interface LeaseConfig {
   stalledIntervalMs: number;
   /** Margin by which the Session fence expires before the BullMQ lock. */
   fenceMarginMs: number;
+  /**
+   * How long a pool goes without a Run queued (and with an empty queue) before a scheduler stops
+   * dispatching it, closing its worker's connection (docs/RUNS.md, "Idle pools"). Read by the
+   * API too: it re-marks a pool's activity a quarter of this often (`poolMarkRefreshMs`).
+   */
+  poolIdleMs: number;
 }
 
 export const DEFAULT_LEASE_CONFIG: LeaseConfig = Object.freeze({
@@ -30,6 +36,7 @@ export const DEFAULT_LEASE_CONFIG: LeaseConfig = Object.freeze({
   maxStalledCount: 3,
   stalledIntervalMs: 5_000,
   fenceMarginMs: 1_000,
+  poolIdleMs: 300_000,
 });
 
 /** Parse the lease settings (shared by the API/gateway and the scheduler config modules). */
@@ -53,8 +60,9 @@ export function leaseConfigFrom(env: Readonly<Record<string, string | undefined>
     maxStalledCount: int('RUN_MAX_LOST_LEASES', DEFAULT_LEASE_CONFIG.maxStalledCount, 0),
     stalledIntervalMs: int('STALLED_INTERVAL_MS', Math.min(DEFAULT_LEASE_CONFIG.stalledIntervalMs, Math.floor(leaseMs / 2)), 100),
     fenceMarginMs: int('FENCE_MARGIN_MS', Math.min(DEFAULT_LEASE_CONFIG.fenceMarginMs, Math.floor(leaseMs / 4)), 0, Math.floor(leaseMs / 4)),
+    poolIdleMs: int('POOL_IDLE_MS', DEFAULT_LEASE_CONFIG.poolIdleMs, 1000),
   });
 }
 
 /** Environment variables of the lease settings, for launchers that pass them through. */
-export const LEASE_ENV = ['LEASE_MS', 'LEASE_HEARTBEAT_MS', 'OFFER_TIMEOUT_MS', 'MAX_OFFERS', 'RUN_MAX_ATTEMPTS', 'RUN_BACKOFF_MS', 'RUN_MAX_LOST_LEASES', 'STALLED_INTERVAL_MS', 'FENCE_MARGIN_MS'] as const;
+export const LEASE_ENV = ['LEASE_MS', 'LEASE_HEARTBEAT_MS', 'OFFER_TIMEOUT_MS', 'MAX_OFFERS', 'RUN_MAX_ATTEMPTS', 'RUN_BACKOFF_MS', 'RUN_MAX_LOST_LEASES', 'STALLED_INTERVAL_MS', 'FENCE_MARGIN_MS', 'POOL_IDLE_MS'] as const;

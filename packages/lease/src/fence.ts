@@ -16,14 +16,24 @@ export const fenceKey = (sessionId: string): string => keys.scoped(tags.session(
 const NOW = `local t = redis.call('TIME'); local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)`;
 
 /**
- * Lua: `claim(fence, mark, token, runner, attempt, run, ttl_ms)` ('ok', 'taken' or 'canceled';
- * `now` computed). The fence key and the Run's cancel mark (`CancelMarks`, same slot). A Run
- * with a cancel mark (interrupted while a scheduler held it) is never leased: 'canceled', nothing
- * written.
+ * The runners whose offer of one lease was withdrawn (a set, in the Session's slot beside the
+ * fence): the offering scheduler gave up on them (`LeaseFence.withdrawOffer`), and a claim of
+ * this token by any of them is refused. Only timed-out offers write one.
+ */
+export const withdrawnOffersKey = (sessionId: string, token: string): string => keys.scoped(tags.session(sessionId), `offer_withdrawn:${token}`);
+
+/**
+ * Lua: `claim(fence, mark, withdrawn, token, runner, attempt, run, ttl_ms)` ('ok', 'taken' or
+ * 'canceled'; `now` computed). The fence key, the Run's cancel mark (`CancelMarks`) and the
+ * token's withdrawn offers (`withdrawnOffersKey`), all in the Session's slot. A Run with a cancel
+ * mark (interrupted while a scheduler held it) is never leased: 'canceled', nothing written. A
+ * runner whose offer of this token was withdrawn (it timed out, and the scheduler moved on) is
+ * refused as if another runner held it: 'taken', nothing written.
  */
 const CLAIM_LUA = `
-local function claim(fence, mark, token, runner, attempt, run, ttl_ms)
+local function claim(fence, mark, withdrawn, token, runner, attempt, run, ttl_ms)
   if redis.call('EXISTS', mark) == 1 then return 'canceled' end
+  if redis.call('SISMEMBER', withdrawn, runner) == 1 then return 'taken' end
   local info = redis.call('HGET', fence, 'i:' .. token)
   if info and string.sub(info, 1, string.len(runner) + 1) ~= runner .. '|' then return 'taken' end
   local old = redis.call('HGET', fence, 'r:' .. run)
@@ -41,22 +51,40 @@ local function claim(fence, mark, token, runner, attempt, run, ttl_ms)
   return 'ok'
 end`;
 
-/** KEYS: the fence | the Run's cancel mark. ARGV: token | runner | attempt | run | ttl ms. */
-const CLAIM = new LuaScript('lease_claim_multi_v2', `${NOW}${CLAIM_LUA}
-return claim(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])`);
+/**
+ * KEYS: the fence | the Run's cancel mark | the token's withdrawn offers.
+ * ARGV: token | runner | attempt | run | ttl ms.
+ */
+const CLAIM = new LuaScript('lease_claim_multi_v3', `${NOW}${CLAIM_LUA}
+return claim(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])`);
 
 /**
  * The claim, then, only once it is made, a document compare-and-swap in the same slot
  * (`doc_swap`: the Run's move to running, and its thread's startup mark riding along).
- * KEYS: the fence | the cancel mark | the document | the second document (optional).
+ * KEYS: as CLAIM, then the document | the second document (optional).
  * ARGV: as CLAIM, then expected | JSON, then (with the second document) its expected | JSON.
  * Returns {claim} when refused, else {'ok', doc_swap's answer…}.
  */
-const CLAIM_AND_SWAP = new LuaScript('lease_claim_swap', `${NOW}${CLAIM_LUA}${DOC_SWAP_LUA}
-local c = claim(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
+const CLAIM_AND_SWAP = new LuaScript('lease_claim_swap_v2', `${NOW}${CLAIM_LUA}${DOC_SWAP_LUA}
+local c = claim(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
 if c ~= 'ok' then return {c} end
-local r = doc_swap(KEYS[3], ARGV[6], ARGV[7], KEYS[4], ARGV[8], ARGV[9])
+local r = doc_swap(KEYS[4], ARGV[6], ARGV[7], KEYS[5], ARGV[8], ARGV[9])
 return {'ok', r[1], r[2]}`);
+
+/**
+ * An offer given up on, in one script with the claims it races: `claimed` when the runner's
+ * claim of this token came first (the fence's `i:<token>` names the runner), else the runner is
+ * added to the token's withdrawn offers, which refuse its claim from now on (`withdrawn`).
+ * KEYS: the fence | the token's withdrawn offers. ARGV: token | runner | ttl ms.
+ */
+const WITHDRAW_OFFER = new LuaScript(
+  'lease_offer_withdraw',
+  `local info = redis.call('HGET', KEYS[1], 'i:' .. ARGV[1])
+if info and string.sub(info, 1, string.len(ARGV[2]) + 1) == ARGV[2] .. '|' then return 'claimed' end
+redis.call('SADD', KEYS[2], ARGV[2])
+redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[3]))
+return 'withdrawn'`,
+);
 
 const EXTEND = new LuaScript(
   'lease_extend_multi',
@@ -115,6 +143,9 @@ export interface FenceClaim {
   runId: string;
 }
 
+/** The keys every claim script starts with (one slot: the Session's). */
+const claimKeys = (c: FenceClaim): string[] => [fenceKey(c.sessionId), cancelMarkKey(c.sessionId, c.runId), withdrawnOffersKey(c.sessionId, c.token)];
+
 /** A document written by `LeaseFence.claimAndSwap`: its key, the version it must still be at, its new JSON. */
 export interface SwappedDoc {
   key: string;
@@ -125,9 +156,13 @@ export interface SwappedDoc {
 export class LeaseFence {
   constructor(private readonly redis: Redis) {}
 
-  /** `canceled`: the Run carries a cancel mark (`CancelMarks`), so no lease is claimed for it. */
+  /**
+   * `canceled`: the Run carries a cancel mark (`CancelMarks`), so no lease is claimed for it.
+   * `taken`: another runner holds this token, or this runner's offer of it was withdrawn
+   * (`withdrawOffer`).
+   */
   async claim(c: FenceClaim, ttlMs: number): Promise<'ok' | 'taken' | 'canceled'> {
-    return (await CLAIM.run(this.redis, [fenceKey(c.sessionId), cancelMarkKey(c.sessionId, c.runId)], [c.token, c.runnerId, c.attempt, c.runId, ttlMs])) as 'ok' | 'taken' | 'canceled';
+    return (await CLAIM.run(this.redis, claimKeys(c), [c.token, c.runnerId, c.attempt, c.runId, ttlMs])) as 'ok' | 'taken' | 'canceled';
   }
 
   /**
@@ -139,11 +174,24 @@ export class LeaseFence {
   async claimAndSwap(
     c: FenceClaim, ttlMs: number, doc: SwappedDoc, also?: SwappedDoc,
   ): Promise<{ claim: 'taken' | 'canceled' } | { claim: 'ok'; outcome: SwapOutcome; alsoWritten: boolean }> {
-    const keyList = [fenceKey(c.sessionId), cancelMarkKey(c.sessionId, c.runId), doc.key, ...(also ? [also.key] : [])];
+    const keyList = [...claimKeys(c), doc.key, ...(also ? [also.key] : [])];
     const args: (string | number)[] = [c.token, c.runnerId, c.attempt, c.runId, ttlMs, String(doc.expected), doc.json, ...(also ? [String(also.expected), also.json] : [])];
     const r = (await CLAIM_AND_SWAP.run(this.redis, keyList, args)) as unknown[];
     if (r[0] !== 'ok') return { claim: r[0] === 'canceled' ? 'canceled' : 'taken' };
     return { claim: 'ok', ...docSwapResult(r.slice(1)) };
+  }
+
+  /**
+   * The scheduler gives up on its offer of lease `token` to `runnerId` (the offer timed out), in
+   * one script with the runner's claim, which may be on its way (the acceptance extends the
+   * job's lock, then claims, with the token the scheduler still holds): `claimed` when the claim
+   * came first (the offer was accepted after all: the lease is the runner's), else `withdrawn`,
+   * and that runner's claim of this token is refused from now on (`taken`). Another runner's
+   * claim of the same token (the next offer) is not affected. `ttlMs`: how long the withdrawal
+   * is kept, a few lease periods (past any acceptance still under way).
+   */
+  async withdrawOffer(sessionId: string, token: string, runnerId: string, ttlMs: number): Promise<'claimed' | 'withdrawn'> {
+    return (await WITHDRAW_OFFER.run(this.redis, [fenceKey(sessionId), withdrawnOffersKey(sessionId, token)], [token, runnerId, ttlMs])) as 'claimed' | 'withdrawn';
   }
 
   /**

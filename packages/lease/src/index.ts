@@ -4,5 +4,6 @@ export * from './fence.js';
 export * from './queues.js';
 export * from './keeper.js';
 export * from './offers.js';
+export * from './pools.js';
 export * from './delayed.js';
 export * from './cancels.js';

@@ -1,4 +1,4 @@
-import { flushTickWrites, isCluster, keys, type Redis } from '@agentplane/store';
+import { flushTickWrites, isCluster, keys, LuaScript, type Redis } from '@agentplane/store';
 
 /**
  * An offer (and, once accepted, the lease) as the gateway needs to find it from a runner frame
@@ -28,12 +28,28 @@ export const leaseRecordTtlMs = (leaseMs: number): number => leaseMs * 3;
 /** The runner index outlives any one record it lists. */
 const INDEX_TTL_MS = 24 * 3600_000;
 
-/** `recorded`: the answering node already wrote the lease on the Run (nothing left for the scheduler to record). */
-export type OfferReply = { lease_id: string; outcome: 'accepted' | 'rejected'; reason?: string; recorded?: boolean };
+/**
+ * `recorded`: the answering node already wrote the lease on the Run (nothing left for the
+ * scheduler to record). `runner_id`: the runner the answer is about. The offers of one lease go
+ * to one runner after another under the same lease id, so a late answer about an earlier offer
+ * (a refused claim of an offer withdrawn since) must not settle the offer out now; an answer
+ * without it is taken for the offer out.
+ */
+export type OfferReply = { lease_id: string; runner_id?: string; outcome: 'accepted' | 'rejected'; reason?: string; recorded?: boolean };
 
 const recordKey = (leaseId: string): string => keys.global(`lease:${leaseId}`);
 /** The lease ids offered to one runner (a set; members whose record expired are pruned on read). */
 const runnerIndexKey = (runnerId: string): string => keys.global(`runner_leases:${runnerId}`);
+
+/** Deletes the lease record KEYS[1] only while it is the offer to runner ARGV[1]. */
+const REMOVE_OFFER = new LuaScript(
+  'lease_record_remove_offer',
+  `local raw = redis.call('GET', KEYS[1])
+if not raw then return 0 end
+local ok, rec = pcall(cjson.decode, raw)
+if not ok or type(rec) ~= 'table' or rec['runner_id'] ~= ARGV[1] then return 0 end
+return redis.call('DEL', KEYS[1])`,
+);
 
 /** Scheduler instance channel for offer answers. */
 export const offerReplyChannel = (instanceId: string): string => `ap:scheduler:${instanceId}:offers`;
@@ -104,15 +120,13 @@ export class LeaseRecords {
     // Both at once (two slots): an index entry whose record is gone is pruned on read anyway.
     await Promise.all([this.redis.del(recordKey(leaseId)), this.redis.srem(runnerIndexKey(runnerId), leaseId)]);
   }
-}
 
-/** Pools with Runs to place: the scheduler watches this set (pool id → workspace id). */
-export const ACTIVE_POOLS_KEY = keys.global('active_pools');
-
-export async function markPoolActive(redis: Redis, poolId: string, workspaceId: string): Promise<void> {
-  await redis.hset(ACTIVE_POOLS_KEY, poolId, workspaceId);
-}
-
-export async function activePools(redis: Redis): Promise<Map<string, string>> {
-  return new Map(Object.entries(await redis.hgetall(ACTIVE_POOLS_KEY)));
+  /**
+   * `remove`, but the record only while it is still the offer to `runnerId`: an acceptance that
+   * came too late is refused while the scheduler may already have offered the lease (the same
+   * lease id) to the next runner, whose record must stay.
+   */
+  async removeOffer(leaseId: string, runnerId: string): Promise<void> {
+    await Promise.all([REMOVE_OFFER.run(this.redis, [recordKey(leaseId)], [runnerId]), this.redis.srem(runnerIndexKey(runnerId), leaseId)]);
+  }
 }

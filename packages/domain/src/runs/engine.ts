@@ -1,6 +1,6 @@
 import { crashPoint, newId, nowIso, type Context, type Logger } from '@agentplane/core';
 import { cancelOnRunner } from '@agentplane/gateway';
-import { CancelMarks, LeaseFence, markPoolActive, type NewRunJob, type RunQueues, type RunRequirements } from '@agentplane/lease';
+import { CancelMarks, DEFAULT_LEASE_CONFIG, LeaseFence, markPoolActive, poolMarkRefreshMs, type NewRunJob, type RunQueues, type RunRequirements } from '@agentplane/lease';
 import { BoundedCache, isCluster, type Redis } from '@agentplane/store';
 import type { VersionedStore } from '../versioned.js';
 import type { Environment } from '../environments/model.js';
@@ -24,6 +24,8 @@ export interface RunEngineDeps {
   log: Logger;
   /** How long a running Run gets to stop after user.interrupt before it is cancelled outright. */
   interruptGraceMs: number;
+  /** `LeaseConfig.poolIdleMs` of the schedulers (the pools' marks are refreshed from it). */
+  poolIdleMs?: number;
 }
 
 /** A fair-share rank taken for a Run ahead of its enqueue (`RunEngine.runStarting`). */
@@ -49,12 +51,6 @@ const requirementsKey = (run: RunDoc): string => `${run.workspace_id}/${run.envi
 /** Per-process caches of lookups that never change once they exist. */
 const CACHE_ENTRIES = 4096;
 /**
- * A pool's active mark is never removed, so this process writes it once and then again only
- * this often (in case Redis lost it), not once per Run.
- */
-const POOL_MARK_REFRESH_MS = 10_000;
-
-/**
  * The API's side of scheduling (the `TurnScheduler` the Sessions module calls): a queued Run
  * becomes a BullMQ job in its pool's queue; an interrupt removes a queued Run or cancels the
  * leased one on its runner; answered waits continue the turn in a new Run.
@@ -71,9 +67,14 @@ export class RunEngine implements TurnScheduler {
   /** Fair-share ranks taken beside a turn start's intent (`runStarting`), by Run id, until its enqueue. */
   private readonly ranks = new BoundedCache<string, TakenRank>(CACHE_ENTRIES, { maxAgeMs: 60_000 });
   /** Pool id → the Workspace this process marked it active for, lately. */
-  private readonly markedPools = new BoundedCache<string, string>(CACHE_ENTRIES, { maxAgeMs: POOL_MARK_REFRESH_MS });
+  private readonly markedPools: BoundedCache<string, string>;
+  private readonly poolIdleMs: number;
 
   constructor(private readonly d: RunEngineDeps) {
+    this.poolIdleMs = d.poolIdleMs ?? DEFAULT_LEASE_CONFIG.poolIdleMs;
+    // A pool's mark says a Run was queued in it lately: written once, then again only this often
+    // (not once per Run), always well inside the time after which a scheduler lets an idle pool go.
+    this.markedPools = new BoundedCache<string, string>(CACHE_ENTRIES, { maxAgeMs: poolMarkRefreshMs(this.poolIdleMs) });
     this.fence = new LeaseFence(d.redis);
     this.cancels = new CancelMarks(d.redis);
     this.outbox = new EnqueueOutbox(d.redis);
@@ -223,7 +224,7 @@ export class RunEngine implements TurnScheduler {
   /** The pool's active mark (the scheduler watches marked pools), unless this process wrote it lately. */
   private async markActive(poolId: string, workspaceId: string): Promise<void> {
     if (this.markedPools.get(poolId) === workspaceId) return;
-    await markPoolActive(this.d.redis, poolId, workspaceId);
+    await markPoolActive(this.d.redis, poolId, workspaceId, this.poolIdleMs);
     this.markedPools.set(poolId, workspaceId);
   }
 
