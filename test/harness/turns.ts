@@ -65,7 +65,11 @@ export async function startTurnPlatform(options: { name: string; env?: Record<st
   return { p, api, principal, envId, msg };
 }
 
-/** Reads the Session's stream until `stop` says so (or the time runs out); returns every event seen. */
+/**
+ * Reads the Session's stream until `stop` says so; returns every event seen. Throws when the time
+ * runs out (or the stream ends) first: a test waiting on an event that never comes fails here,
+ * never on whatever older events the stream replayed.
+ */
 export async function untilEvents(
   api: HttpClient,
   sessionId: string,
@@ -76,17 +80,24 @@ export async function untilEvents(
   const ac = new AbortController();
   const timer = setTimeout(() => ac.abort(), timeoutMs);
   const seen: TurnEvent[] = [];
+  let stopped = false;
   try {
     for await (const f of streamEvents(api, `/v1/sessions/${sessionId}/events/stream`, { signal: ac.signal, ...(lastEventId ? { lastEventId } : {}) }) as AsyncGenerator<SseFrame>) {
       if (!f.id) continue;
       seen.push(JSON.parse(f.data) as TurnEvent);
-      if (stop(seen)) break;
+      if (stop(seen)) {
+        stopped = true;
+        break;
+      }
     }
   } catch (err) {
     if (!ac.signal.aborted) throw err;
   } finally {
     clearTimeout(timer);
     ac.abort();
+  }
+  if (!stopped) {
+    throw new Error(`Session ${sessionId}: the awaited events did not come within ${timeoutMs} ms; seen: ${seen.map((e) => e.type).join(', ') || 'nothing'}`);
   }
   return seen;
 }
