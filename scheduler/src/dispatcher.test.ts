@@ -1,11 +1,9 @@
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it } from 'vitest';
+import { useEmbeddedRedis } from '@agentplane/store/testing';
 import type { Job } from 'bullmq';
 import { createLogger } from '@agentplane/core';
 import { CancelMarks, DEFAULT_LEASE_CONFIG, LeaseFence, LeaseKeeper, RunQueues, type Lease, type LeaseConfig, type RunJobData, type RunnerCapabilities } from '@agentplane/lease';
-import { connectRedis, keys, startEmbeddedRedis, tags, type EmbeddedRedis, type Redis } from '@agentplane/store';
+import { keys, tags, type Redis } from '@agentplane/store';
 import { PoolDispatcher, type DispatchHooks } from './dispatcher.js';
 import type { LeaseOffer, OfferBody, OfferChannel, RunnerDirectory, RunnerView } from './directory.js';
 
@@ -17,24 +15,9 @@ const caps = (slots: number): RunnerCapabilities => ({
 });
 const requirements = { tier: 'container', network_mode: 'none', resources: { cpu_millis: 500, memory_mib: 256, disk_mib: 100, max_duration_seconds: 60 } };
 
-let server: EmbeddedRedis;
-let dir: string;
-const conns: Redis[] = [];
-const conn = () => {
-  const c = connectRedis(server.url, { name: 'test', blocking: true });
-  conns.push(c);
-  return c;
-};
+const testRedis = useEmbeddedRedis('sched');
+const conn = (): Redis => testRedis.connect('test', { blocking: true });
 
-beforeAll(async () => {
-  dir = mkdtempSync(join(tmpdir(), 'sched-'));
-  server = await startEmbeddedRedis({ dir });
-});
-afterAll(async () => {
-  for (const c of conns) c.disconnect();
-  await server.stop();
-  rmSync(dir, { recursive: true, force: true });
-});
 
 /** Test runners that answer offers through the same LeaseKeeper API the gateway uses. */
 class Fleet implements RunnerDirectory, OfferChannel {

@@ -1,14 +1,12 @@
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it } from 'vitest';
+import { useEmbeddedRedis } from '@agentplane/store/testing';
 import type { Job } from 'bullmq';
 import { createLogger } from '@agentplane/core';
 import { gatewayNodeChannel, type NodeDelivery } from '@agentplane/gateway';
 import {
   CancelMarks, DEFAULT_LEASE_CONFIG, LeaseFence, LeaseKeeper, LeaseRecords, RunQueues, type LeaseConfig, type OfferReply, type RunJobData, type RunnerCapabilities,
 } from '@agentplane/lease';
-import { connectRedis, keys, startEmbeddedRedis, tags, type EmbeddedRedis, type Redis } from '@agentplane/store';
+import { keys, tags, type Redis } from '@agentplane/store';
 import { PoolDispatcher, type DispatchHooks } from './dispatcher.js';
 import type { RunnerDirectory, RunnerView } from './directory.js';
 import { RedisOfferChannel } from './offer-channel.js';
@@ -74,27 +72,12 @@ const isOffer = (runner: string) => (e: Entry): e is Extract<Entry, { kind: 'off
 /** The placement's end: a lease, or the Run given back (or something broke). */
 const isSettled = (e: Entry): boolean => e.kind === 'leased' || (e.kind === 'waiting' && e.reason === LATE) || e.kind === 'error';
 
-let server: EmbeddedRedis;
-let dir: string;
-const conns: Redis[] = [];
-const conn = () => {
-  const c = connectRedis(server.url, { name: 'test', blocking: true });
-  conns.push(c);
-  return c;
-};
+const testRedis = useEmbeddedRedis('withdrawal');
+const conn = (): Redis => testRedis.connect('test', { blocking: true });
 const closers: (() => Promise<void>)[] = [];
 
-beforeAll(async () => {
-  dir = mkdtempSync(join(tmpdir(), 'withdrawal-'));
-  server = await startEmbeddedRedis({ dir });
-});
 afterEach(async () => {
   for (const close of closers.splice(0).reverse()) await close();
-});
-afterAll(async () => {
-  for (const c of conns) c.disconnect();
-  await server.stop();
-  rmSync(dir, { recursive: true, force: true });
 });
 
 /**

@@ -2,7 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { EventLog } from '@agentplane/store';
 import { CancelMarks } from './cancels.js';
 import { LeaseFence } from './fence.js';
-import { useEmbeddedRedis } from './redis.test-support.js';
+import { useEmbeddedRedis } from '@agentplane/store/testing';
 
 const redisOf = useEmbeddedRedis('fence');
 

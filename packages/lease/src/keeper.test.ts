@@ -6,7 +6,7 @@ import { DEFAULT_LEASE_CONFIG } from './config.js';
 import { LeaseFence } from './fence.js';
 import { LeaseKeeper, type Lease } from './keeper.js';
 import { queuePrefix, RUN_QUEUE, RunQueues, type RunJobData } from './queues.js';
-import { useEmbeddedRedis } from './redis.test-support.js';
+import { useEmbeddedRedis } from '@agentplane/store/testing';
 import type { RunRequirements } from './requirements.js';
 
 const redisOf = useEmbeddedRedis('keeper');

@@ -7,7 +7,7 @@ import { fenceKey, LeaseFence, withdrawnOffersKey, type FenceClaim } from './fen
 import { LeaseKeeper, type Lease } from './keeper.js';
 import { LeaseRecords, type LeaseRecord } from './offers.js';
 import { queuePrefix, RUN_QUEUE, RunQueues, type RunJobData } from './queues.js';
-import { useEmbeddedRedis } from './redis.test-support.js';
+import { useEmbeddedRedis } from '@agentplane/store/testing';
 import type { RunRequirements } from './requirements.js';
 
 const redisOf = useEmbeddedRedis('offer-withdrawal');

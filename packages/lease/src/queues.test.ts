@@ -2,7 +2,7 @@ import { Worker, type Job } from 'bullmq';
 import { describe, expect, it } from 'vitest';
 import { DEFAULT_LEASE_CONFIG } from './config.js';
 import { queuePrefix, RUN_QUEUE, RunQueues, type RunJobData } from './queues.js';
-import { useEmbeddedRedis } from './redis.test-support.js';
+import { useEmbeddedRedis } from '@agentplane/store/testing';
 import type { RunRequirements } from './requirements.js';
 
 const redisOf = useEmbeddedRedis('queues');

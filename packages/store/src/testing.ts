@@ -3,16 +3,16 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll } from 'vitest';
 import { startEmbeddedRedis, type EmbeddedRedis, type EmbeddedRedisOptions } from './embedded-redis.js';
-import { connectRedis, type Redis } from './redis.js';
+import { connectRedis, type Redis, type RedisConnectOptions } from './redis.js';
 
 /**
  * The test Redis of one test file: `redis()` its main connection, `server()` the process (its
- * `url` for connections of a test's own), `connect(name)` another connection, closed with the rest.
+ * `url` for connections of a test's own), `connect(name, options)` another connection, closed with the rest.
  */
 export interface TestRedis {
   (): Redis;
   server(): EmbeddedRedis;
-  connect(name: string): Redis;
+  connect(name: string, options?: Omit<RedisConnectOptions, 'name'>): Redis;
 }
 
 /**
@@ -45,8 +45,8 @@ export function useEmbeddedRedis(name: string, options: Omit<EmbeddedRedisOption
     },
     {
       server: started,
-      connect: (connName: string): Redis => {
-        const c = connectRedis(started().url, { name: connName });
+      connect: (connName: string, connOptions: Omit<RedisConnectOptions, 'name'> = {}): Redis => {
+        const c = connectRedis(started().url, { ...connOptions, name: connName });
         connections.push(c);
         return c;
       },
