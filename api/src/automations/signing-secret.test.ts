@@ -76,15 +76,20 @@ describe('rotating an Automation\'s signing secret', () => {
   });
 });
 
+/** A new enabled endpoint document, at version 1 and secret generation 1. */
+function endpoint(): EndpointDoc {
+  const now = nowIso();
+  return {
+    id: newId('webhookEndpoint'), type: 'webhook_endpoint', workspace_id: newId('workspace'), url: 'https://hooks.example.com/x', description: null,
+    event_types: [], status: 'enabled', disabled_reason: null, disabled_at: null, secret_generation: 1, previous_secret_expires_at: null,
+    version: 1, created_at: now, updated_at: now,
+  };
+}
+
 describe('rotating a webhook endpoint\'s signing secret', () => {
   it('two rotations at one version: one answers, with the secret deliveries are signed with; the other is a conflict', async () => {
     const plain = new WebhookStore(redis, new DocumentStore(redis), box);
-    const now = nowIso();
-    const e: EndpointDoc = {
-      id: newId('webhookEndpoint'), type: 'webhook_endpoint', workspace_id: newId('workspace'), url: 'https://hooks.example.com/x', description: null,
-      event_types: [], status: 'enabled', disabled_reason: null, disabled_at: null, secret_generation: 1, previous_secret_expires_at: null,
-      version: 1, created_at: now, updated_at: now,
-    };
+    const e = endpoint();
     await plain.create(e);
     let second: Awaited<ReturnType<typeof settle<{ doc: EndpointDoc; secret: string }>>> | undefined;
     const conn = racing(webhookKeys.secret(e.workspace_id, e.id), async () => {
@@ -101,12 +106,7 @@ describe('rotating a webhook endpoint\'s signing secret', () => {
 
   it('a stale version changes nothing', async () => {
     const plain = new WebhookStore(redis, new DocumentStore(redis), box);
-    const now = nowIso();
-    const e: EndpointDoc = {
-      id: newId('webhookEndpoint'), type: 'webhook_endpoint', workspace_id: newId('workspace'), url: 'https://hooks.example.com/x', description: null,
-      event_types: [], status: 'enabled', disabled_reason: null, disabled_at: null, secret_generation: 1, previous_secret_expires_at: null,
-      version: 1, created_at: now, updated_at: now,
-    };
+    const e = endpoint();
     const secret = await plain.create(e);
     const r = await settle(plain.rotateSecret(e.workspace_id, e.id, 7, 3600_000));
     expect(r).toEqual({ ok: false, type: 'validation.conflict' });
