@@ -2,13 +2,13 @@ import { randomBytes } from 'node:crypto';
 import { existsSync, mkdirSync, renameSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { join } from 'node:path';
-import { createLogger, strictCommandLine } from '@agentplane/core';
+import { ConfigError, createLogger, strictCommandLine } from '@agentplane/core';
 import { connectRedis, DocumentStore, startEmbeddedRedis, RedisServerMissingError, waitForRedis, type EmbeddedRedis } from '@agentplane/store';
 import { bootstrapPlatform, CredentialIndex, IdentityService, RunnerService } from '@agentplane/domain';
 import { ensureLocalRunner } from './local-runner.js';
 import { reportEarlierSandboxes, stopRunnerSandboxes } from './leftovers.js';
 import { loadPlatformConfig } from './config.js';
-import { Supervisor } from './supervisor.js';
+import { Supervisor, type FatalExit } from './supervisor.js';
 
 const HELP = `agentplane: start the whole platform on this machine
 
@@ -43,8 +43,8 @@ Environment:
   SANDBOX_IDLE_SUSPEND_SECONDS, SANDBOX_IDLE_EXPIRE_SECONDS, SANDBOX_REPORT_SECONDS,
   SANDBOX_REAP_INTERVAL_SECONDS, SANDBOX_REAP_GRACE_SECONDS, AGENTPLANE_SANDBOX_SCOPE,
   REPOSITORY_MAX_MIB, RUNNER_MAX_SLOTS, RUNNER_SLOT_MEMORY_MIB, RUNNER_TIERS, RUNNER_BROWSER,
-  RUNNER_BROWSER_IMAGE, RUNNER_EXIT_WHEN_DRAINED, RUNNER_ACP_HARNESSES, DOCKER_SOCKET,
-  GIT_SSL_CAINFO, GIT_SSH_COMMAND, SSH_AUTH_SOCK, HTTPS_PROXY, HTTP_PROXY, NO_PROXY
+  RUNNER_BROWSER_IMAGE, RUNNER_EXIT_WHEN_DRAINED, RUNNER_REQUIRE_DOCKER, RUNNER_ACP_HARNESSES,
+  DOCKER_SOCKET, GIT_SSL_CAINFO, GIT_SSH_COMMAND, SSH_AUTH_SOCK, HTTPS_PROXY, HTTP_PROXY, NO_PROXY
                     passed to the local runner (see agentplane-runner start --help)
   The api's and the scheduler's own settings (leases, models, automations, webhooks, audit,
   memory, limits) are passed to them unchanged: the README's settings table and
@@ -54,6 +54,14 @@ Stopping (Ctrl-C, SIGTERM, SIGHUP): the local runner first (it finishes held wor
 RUNNER_DRAIN_DEADLINE_MS, then cancels the rest and stops its sandboxes), then the API and the
 scheduler, then the embedded redis-server. A second Ctrl-C (a second or more after the first)
 makes the runner cancel its held work at once.
+
+A process that crashes is restarted. One that exits before it was ever up (the API's port in use,
+a bad setting of its own) or that exits 5 times within a minute stops the platform, with a fatal
+line naming it and its last error.
+
+Exit codes: 0 stopped by a signal; 1 a process could not start or kept crashing, or another
+failure; 2 a bad setting (one line on stderr: PORT=abc, LOG_LEVEL=loud, START_RUNNER=maybe), an
+unknown option, redis-server missing, --bootstrap-only without REDIS_URL.
 `;
 
 
@@ -165,48 +173,18 @@ async function main(): Promise<void> {
     ...(process.env.AGENTPLANE_CRASH_AT ? { AGENTPLANE_CRASH_AT: process.env.AGENTPLANE_CRASH_AT } : {}),
   };
   const processesFile = join(config.dataDir, 'processes.json');
-  const supervisor: Supervisor = new Supervisor(log, config.restartChildren, () => writePids());
+  // A process that could not start (or keeps crashing) stops the platform: restarting it would
+  // only say the same thing forever while the platform looks as if it were starting.
+  const onFatal = (f: FatalExit): void => {
+    log.fatal({ child: f.child, code: f.code, signal: f.signal, error: f.error }, `the ${f.child} process ${f.reason}: ${f.error}; stopping the platform`);
+    void shutdown(1, `the ${f.child} process ${f.reason}`);
+  };
+  const supervisor: Supervisor = new Supervisor(log, config.restartChildren, () => writePids(), { onFatal });
   // Written whole (temp file + rename) so a reader never sees half a file.
   writePids = () => {
     writeFileSync(`${processesFile}.tmp`, `${JSON.stringify({ platform: process.pid, redis: embedded?.process.pid, ...supervisor.pids() })}\n`);
     renameSync(`${processesFile}.tmp`, processesFile);
   };
-  supervisor.start({
-    name: 'api',
-    script: entry('@agentplane/api', 'main.js'),
-    nodeArgs: config.apiSemiSpaceMib > 0 ? [`--max-semi-space-size=${config.apiSemiSpaceMib}`] : [],
-    env: {
-      ...common, ...config.runnerEnv, ...config.modelEnv, ...config.leaseEnv, ...config.sessionEnv, PORT: String(config.port), HOST: config.host, PUBLIC_BASE_URL: config.publicBaseUrl ?? baseUrl,
-      SHUTDOWN_GRACE_MS: String(config.shutdownGraceMs),
-    },
-    // The api exits on its own 10 s after its grace period; this is the bound behind it.
-    stopGraceMs: config.shutdownGraceMs + 15_000,
-  });
-
-  if (config.startScheduler) {
-    supervisor.start({
-      name: 'scheduler',
-      script: entry('@agentplane/scheduler', 'main.js'),
-      env: { ...common, ...config.leaseEnv, SCHEDULER_PORT: String(config.schedulerPort), ...(config.schedulerHost ? { SCHEDULER_HOST: config.schedulerHost } : {}), SHUTDOWN_GRACE_MS: String(config.shutdownGraceMs) },
-      // The scheduler exits on its own at the end of its grace period; this is the bound behind it.
-      stopGraceMs: config.shutdownGraceMs + 5_000,
-    });
-  }
-
-  if (config.startRunner) {
-    supervisor.start({
-      name: 'runner',
-      script: entry('@agentplane/runner-daemon', 'cli.js'),
-      // SIGTERM drains: held work may finish until the drain deadline, then it is cancelled and
-      // the runner's sandboxes are stopped. A second SIGTERM cancels at once.
-      args: ['start', '--config-dir', runnerDir, '--drain-deadline-ms', String(config.runnerDrainDeadlineMs)],
-      env: { ...common, ...config.localRunnerEnv },
-      secondSignalAfterMs: config.runnerDrainDeadlineMs + 5_000,
-      runnerDir,
-      stopGraceMs: config.runnerDrainDeadlineMs + 20_000,
-    });
-  }
-
   // In order: the runner first, while the API it reports to still runs; then the API and the
   // scheduler; the redis-server they all use last.
   let started = 0;
@@ -240,6 +218,48 @@ async function main(): Promise<void> {
     log.info({ code, ms: Date.now() - started }, 'platform stopped');
     process.exit(code);
   };
+  supervisor.start({
+    name: 'api',
+    script: entry('@agentplane/api', 'main.js'),
+    nodeArgs: config.apiSemiSpaceMib > 0 ? [`--max-semi-space-size=${config.apiSemiSpaceMib}`] : [],
+    env: {
+      ...common, ...config.runnerEnv, ...config.modelEnv, ...config.leaseEnv, ...config.sessionEnv, PORT: String(config.port), HOST: config.host, PUBLIC_BASE_URL: config.publicBaseUrl ?? baseUrl,
+      SHUTDOWN_GRACE_MS: String(config.shutdownGraceMs),
+    },
+    // The api exits on its own 10 s after its grace period; this is the bound behind it.
+    stopGraceMs: config.shutdownGraceMs + 15_000,
+    // Up once it listens: one that exits before (its port in use, a bad setting) could not start.
+    ready: 'listen',
+  });
+
+  if (config.startScheduler) {
+    supervisor.start({
+      name: 'scheduler',
+      script: entry('@agentplane/scheduler', 'main.js'),
+      env: { ...common, ...config.leaseEnv, SCHEDULER_PORT: String(config.schedulerPort), ...(config.schedulerHost ? { SCHEDULER_HOST: config.schedulerHost } : {}), SHUTDOWN_GRACE_MS: String(config.shutdownGraceMs) },
+      // The scheduler exits on its own at the end of its grace period; this is the bound behind it.
+      stopGraceMs: config.shutdownGraceMs + 5_000,
+      // It serves /healthz and /metrics once it started (SCHEDULER_PORT, an ephemeral port by default).
+      ready: 'listen',
+    });
+  }
+
+  if (config.startRunner) {
+    supervisor.start({
+      name: 'runner',
+      script: entry('@agentplane/runner-daemon', 'cli.js'),
+      // SIGTERM drains: held work may finish until the drain deadline, then it is cancelled and
+      // the runner's sandboxes are stopped. A second SIGTERM cancels at once.
+      args: ['start', '--config-dir', runnerDir, '--drain-deadline-ms', String(config.runnerDrainDeadlineMs)],
+      env: { ...common, ...config.localRunnerEnv },
+      secondSignalAfterMs: config.runnerDrainDeadlineMs + 5_000,
+      runnerDir,
+      stopGraceMs: config.runnerDrainDeadlineMs + 20_000,
+      // Up once its startup (image check, tier canaries) is done and it serves.
+      ready: 'signal',
+    });
+  }
+
   process.on('SIGINT', () => void shutdown(0, 'SIGINT'));
   process.on('SIGTERM', () => void shutdown(0, 'SIGTERM'));
   // The terminal went away: the children, in process groups of their own, are not told; stop them.
@@ -250,6 +270,11 @@ async function main(): Promise<void> {
 main().catch((err: unknown) => {
   if (err instanceof RedisServerMissingError) {
     process.stderr.write(`${err.message}\n`);
+    process.exit(2);
+  }
+  // A bad setting is one line and exit code 2, as an unknown option is (and as the runner CLI says it).
+  if (err instanceof ConfigError) {
+    process.stderr.write(`agentplane failed to start: ${err.message}\n`);
     process.exit(2);
   }
   process.stderr.write(`agentplane failed to start: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);

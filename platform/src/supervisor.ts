@@ -19,6 +19,37 @@ export interface ChildSpec {
   secondSignalAfterMs?: number;
   /** The local runner's config dir: its sandbox containers still running when it is made to exit (platform gone) are killed. */
   runnerDir?: string;
+  /**
+   * When the child counts as up: `listen` once it listens (the api, the scheduler), `signal` once
+   * it says so (the runner, after its startup); unset: at once. A child that exits before it was
+   * ever up could not start: the supervisor gives up on it instead of restarting it.
+   */
+  ready?: 'listen' | 'signal';
+}
+
+/** The supervisor gave up on a child: it could not start, or it keeps crashing. */
+export interface FatalExit {
+  child: string;
+  /** Why it is given up on, in words (`exited before it was ready`, `exited 5 times within 60 s`). */
+  reason: string;
+  code: number | null;
+  signal: NodeJS.Signals | null;
+  /** The last line the child wrote on stderr before it exited, else how it exited. */
+  error: string;
+}
+
+export interface SupervisorOptions {
+  /** Called (once) when a child is given up on; the platform then stops. */
+  onFatal?: (fatal: FatalExit) => void;
+  /** A child that exits this many times within `crashWindowMs` is given up on. Default 5. */
+  maxCrashes?: number;
+  crashWindowMs?: number;
+  /**
+   * A child with a `ready` condition that has not met it after this long, still running, counts as
+   * up anyway (a Node without the listen tracing channel, a runner whose image build takes long).
+   * Default 60 s.
+   */
+  readyFallbackMs?: number;
 }
 
 /** How a child's stop ended. */
@@ -32,6 +63,44 @@ export interface StopResult {
 /** How long a stage's stop waits for the lines logged before it to be written. */
 const LOG_FLUSH_WAIT_MS = 1000;
 
+/** Of a child's stderr, the tail kept to name its last error. */
+const STDERR_TAIL_BYTES = 4096;
+
+/** The last non-empty line of what a child wrote on stderr (bounded), or how it exited. */
+export function lastError(stderrTail: string, code: number | null, signal: NodeJS.Signals | null): string {
+  const line = stderrTail.split('\n').map((l) => l.trim()).filter(Boolean).at(-1);
+  if (line) return line.length > 500 ? `${line.slice(0, 500)}…` : line;
+  return signal ? `killed by ${signal}` : `exit code ${String(code)}`;
+}
+
+/** Resolves once the child's stderr and ready pipe have ended, or after `boundMs`. */
+function drained(proc: ChildProcess, boundMs = 1000): Promise<void> {
+  const pipes = [proc.stdio[2], proc.stdio[3]].filter((p): p is NonNullable<typeof p> => p !== null && p !== undefined && !p.destroyed);
+  if (pipes.length === 0) return Promise.resolve();
+  return new Promise<void>((resolve) => {
+    const timer = setTimeout(resolve, boundMs);
+    let open = pipes.length;
+    for (const p of pipes) {
+      p.once('close', () => {
+        open -= 1;
+        if (open === 0) {
+          clearTimeout(timer);
+          resolve();
+        }
+      });
+    }
+  });
+}
+
+interface Child {
+  spec: ChildSpec;
+  proc: ChildProcess;
+  restarts: number;
+  /** This life of the child met its ready condition. */
+  ready: boolean;
+  stderrTail: string;
+}
+
 /**
  * Runs the platform's processes and restarts any that die unexpectedly (capped backoff).
  *
@@ -41,12 +110,22 @@ const LOG_FLUSH_WAIT_MS = 1000;
  * (./parent-watch.ts) sends it SIGTERM within half a second of being re-parented and exits it
  * when its stop has not ended after its grace period.
  *
+ * A child is given up on, and the platform told (`onFatal`), when it exits before it was ever up
+ * (its first start failed: a port in use, a bad setting) or when it exits `maxCrashes` times within
+ * `crashWindowMs`: restarting it would only log the same failure forever. A child that was up and
+ * crashes now and then is restarted as before.
+ *
  * On stop: the children are stopped stage by stage (SIGTERM, a second SIGTERM when the spec asks
  * for one, SIGKILL after the grace period, logged), each stage once the one before has exited.
  */
 export class Supervisor {
-  private readonly children = new Map<string, { spec: ChildSpec; proc: ChildProcess; restarts: number }>();
+  private readonly children = new Map<string, Child>();
+  /** Children that were up at least once (any life). */
+  private readonly everReady = new Set<string>();
+  /** When each child exited, within the crash window. */
+  private readonly crashes = new Map<string, number[]>();
   private stopping = false;
+  private gaveUp = false;
   private readonly wrapper = parentDeathWrapper();
   private readonly watch = new URL('./parent-watch.js', import.meta.url);
 
@@ -54,31 +133,80 @@ export class Supervisor {
     private readonly log: Logger,
     private readonly restart: boolean,
     private readonly onChange: () => void = () => undefined,
+    private readonly options: SupervisorOptions = {},
   ) {}
 
   start(spec: ChildSpec, restarts = 0): ChildProcess {
     const watch = new URL(this.watch);
-    watch.search = new URLSearchParams({ name: spec.name, exit_ms: String(spec.stopGraceMs), ...(spec.runnerDir ? { runner_dir: spec.runnerDir } : {}) }).toString();
+    watch.search = new URLSearchParams({
+      name: spec.name, exit_ms: String(spec.stopGraceMs), ...(spec.runnerDir ? { runner_dir: spec.runnerDir } : {}), ...(spec.ready ? { ready: spec.ready } : {}),
+    }).toString();
     const [cmd = process.execPath, ...pre] = [...this.wrapper, process.execPath];
+    // stderr is relayed (its last line names a failed start); fd 3 is where the child says it is up.
     const proc = spawn(cmd, [...pre, ...(spec.nodeArgs ?? []), '--import', watch.href, spec.script, ...(spec.args ?? [])], {
       env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: process.env.HOME ?? '/tmp', ...spec.env },
-      stdio: ['ignore', 'inherit', 'inherit'],
+      stdio: ['ignore', 'inherit', 'pipe', ...(spec.ready ? (['pipe'] as const) : [])],
       detached: true,
     });
-    this.children.set(spec.name, { spec, proc, restarts });
+    const child: Child = { spec, proc, restarts, ready: false, stderrTail: '' };
+    this.children.set(spec.name, child);
     this.onChange();
-    proc.on('exit', (code, signal) => {
-      const current = this.children.get(spec.name);
-      if (current?.proc !== proc) return;
-      if (this.stopping) return;
-      this.log.warn({ child: spec.name, code, signal }, 'platform process exited');
-      if (!this.restart) return;
-      const delay = Math.min(250 * 2 ** Math.min(restarts, 5), 8000);
+    proc.stderr?.on('data', (chunk: Buffer) => {
+      process.stderr.write(chunk);
+      child.stderrTail = (child.stderrTail + chunk.toString('utf8')).slice(-STDERR_TAIL_BYTES);
+    });
+    const up = (): void => {
+      if (child.ready || this.children.get(spec.name) !== child) return;
+      child.ready = true;
+      this.everReady.add(spec.name);
+    };
+    if (spec.ready) {
+      const readyPipe = proc.stdio[3] as NodeJS.ReadableStream | null | undefined;
+      readyPipe?.on('data', up);
+      readyPipe?.on('error', () => undefined);
       setTimeout(() => {
-        if (!this.stopping) this.start(spec, restarts + 1);
-      }, delay).unref();
+        if (proc.exitCode === null && proc.signalCode === null) up();
+      }, this.options.readyFallbackMs ?? 60_000).unref();
+    } else {
+      up();
+    }
+    proc.on('exit', (code, signal) => {
+      if (this.children.get(spec.name)?.proc !== proc || this.stopping) return;
+      this.log.warn({ child: spec.name, code, signal }, 'platform process exited');
+      // What it wrote last (its ready line, its last error) may still be in the pipes: read it
+      // first (not longer than a second: a process it started may hold them open).
+      void drained(proc).then(() => this.exited(child, code, signal));
     });
     return proc;
+  }
+
+  private exited(child: Child, code: number | null, signal: NodeJS.Signals | null): void {
+    const { spec, proc, restarts } = child;
+    if (this.children.get(spec.name)?.proc !== proc || this.stopping) return;
+    const error = lastError(child.stderrTail, code, signal);
+    if (!this.everReady.has(spec.name)) return this.giveUp({ child: spec.name, reason: 'exited before it was ready', code, signal, error });
+    const window = this.options.crashWindowMs ?? 60_000;
+    const max = this.options.maxCrashes ?? 5;
+    const now = Date.now();
+    const recent = [...(this.crashes.get(spec.name) ?? []).filter((t) => now - t < window), now];
+    this.crashes.set(spec.name, recent);
+    if (recent.length >= max) return this.giveUp({ child: spec.name, reason: `exited ${recent.length} times within ${Math.round(window / 1000)} s`, code, signal, error });
+    if (!this.restart) return;
+    const delay = Math.min(250 * 2 ** Math.min(restarts, 5), 8000);
+    setTimeout(() => {
+      if (!this.stopping && !this.gaveUp) this.start(spec, restarts + 1);
+    }, delay).unref();
+  }
+
+  /** Whether the child of that name is up now (its current life met its ready condition). */
+  isReady(name: string): boolean {
+    return this.children.get(name)?.ready ?? false;
+  }
+
+  private giveUp(fatal: FatalExit): void {
+    if (this.gaveUp) return;
+    this.gaveUp = true;
+    this.options.onFatal?.(fatal);
   }
 
   pids(): Record<string, number | undefined> {

@@ -1,4 +1,4 @@
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -8,7 +8,8 @@ import type Docker from 'dockerode';
 import { createLogger } from '@agentplane/core';
 import { CLOSE, frame, parseFrame, type LeaseRef, type RunnerMessage } from '@agentplane/protocol';
 import { RunnerAgent, type LeaseExecutor } from './agent.js';
-import { loadDaemonConfig, type RunnerCredentialFile } from './config.js';
+import { loadDaemonConfig, statePath, type RunnerCredentialFile } from './config.js';
+import { RunnerMetrics } from './metrics.js';
 
 const dirs: string[] = [];
 afterAll(() => {
@@ -103,6 +104,106 @@ describe('a lease\'s end', () => {
       await resentEnd.promise;
       await released.promise;
       expect(agent.heldCount).toBe(0);
+    } finally {
+      agent.beginDrain(Date.now(), 'test over');
+      await done;
+      await gw.close();
+    }
+  });
+});
+
+/** A logger whose lines (parsed) the test reads. */
+function recordingLogger(): { log: ReturnType<typeof createLogger>; lines: Array<Record<string, unknown> & { msg: string; level: number }> } {
+  const lines: Array<Record<string, unknown> & { msg: string; level: number }> = [];
+  const log = createLogger({ name: 'test', level: 'debug', destination: { write: (l: string) => void lines.push(JSON.parse(l) as (typeof lines)[number]) } });
+  return { log, lines };
+}
+
+const credFor = (url: string): RunnerCredentialFile => ({
+  base_url: url, secret: 'ap_runner_test', runner_id: 'runner_t', runner_credential_id: 'rcred_t', runner_pool_id: 'rpool_t',
+  workspace_id: 'wrkspc_t', machine_label: 'test', paired_at: new Date().toISOString(),
+});
+
+describe('a state file that cannot be written', () => {
+  it('does not keep the daemon from running or stopping: said once at warn level, no temp file left', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'runner-agent-'));
+    dirs.push(dir);
+    // Every state write fails (its rename meets a directory), as on a disk that is full.
+    mkdirSync(statePath(dir));
+    writeFileSync(join(statePath(dir), 'in-the-way'), 'x');
+    const acks = deferred<void>();
+    let beats = 0;
+    const gw = await fakeGateway((_ws, msg) => {
+      if (msg.type === 'heartbeat' && ++beats === 3) acks.resolve();
+    });
+    const { log, lines } = recordingLogger();
+    const config = loadDaemonConfig({}, { 'config-dir': dir, 'heartbeat-ms': '100', 'reconnect-base-ms': '10', 'reconnect-cap-ms': '20' });
+    const agent = new RunnerAgent(credFor(gw.url), config, log, noDocker);
+    agent.executor = { refuse: () => null, run: async () => undefined };
+    const done = agent.run();
+    try {
+      await acks.promise; // several state writes (welcome, heartbeat acks) failed by now
+      agent.beginDrain(Date.now(), 'test over');
+      await done; // the stop writes the state too: it must not throw
+    } finally {
+      await gw.close();
+    }
+    const warned = lines.filter((l) => l.msg.startsWith('state file could not be written'));
+    expect(warned).toHaveLength(1);
+    expect(warned[0]).toMatchObject({ level: 40, path: statePath(dir) });
+    expect(readdirSync(dir).sort()).toEqual(['state.json']);
+    expect(readdirSync(statePath(dir))).toEqual(['in-the-way']);
+  });
+});
+
+describe('isolation tiers that come and go', () => {
+  it('are said at warn level when lost and when back, reported to the control plane and in the metrics', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'runner-agent-'));
+    dirs.push(dir);
+    const docker = {
+      ping: () => Promise.resolve('OK'),
+      info: () => Promise.resolve({ ServerVersion: 'test', OSType: 'linux', Architecture: 'x86_64', NCPU: 2, MemTotal: 2 ** 31, Plugins: { Network: ['bridge', 'null'] }, DockerRootDir: '/' }),
+    } as unknown as Docker;
+    const reported: string[][] = [];
+    const waiters: Array<{ want: string; done: () => void }> = [];
+    const gw = await fakeGateway((_ws, msg) => {
+      const caps = msg.type === 'hello' ? msg.payload.capabilities : msg.type === 'heartbeat' ? msg.payload.capabilities : undefined;
+      if (!caps) return;
+      const drivers = [...caps.drivers].sort();
+      reported.push(drivers);
+      for (const w of waiters.splice(0)) if (drivers.join(',') === w.want) w.done(); else waiters.push(w);
+    });
+    const reportedAs = (want: string): Promise<void> => new Promise((done) => {
+      if (reported.at(-1)?.join(',') === want) done();
+      else waiters.push({ want, done });
+    });
+    const { log, lines } = recordingLogger();
+    const config = loadDaemonConfig({}, { 'config-dir': dir, 'heartbeat-ms': '100', 'reconnect-base-ms': '10', 'reconnect-cap-ms': '20' });
+    const agent = new RunnerAgent(credFor(gw.url), config, log, docker);
+    const metrics = new RunnerMetrics(() => 0, { served: false });
+    agent.metrics = metrics;
+    let tiers = ['container'];
+    agent.tierSource = () => Promise.resolve(tiers);
+    agent.executor = { refuse: () => null, run: async () => undefined };
+    const done = agent.run();
+    try {
+      await reportedAs('docker,process');
+      expect(lines.filter((l) => l.msg.startsWith('isolation tiers'))).toEqual([]);
+
+      tiers = []; // Docker went away: no canary runs
+      agent.capabilitiesChanged();
+      await reportedAs('process');
+      const lost = lines.find((l) => l.msg.startsWith('isolation tiers lost'));
+      expect(lost).toMatchObject({ level: 40, lost: ['container'], tiers: [] });
+      expect(agent.verifiedTiers).toEqual([]);
+      expect(await metrics.registry.metrics()).toContain('agentplane_runner_isolation_tier_verified{tier="container"} 0');
+
+      tiers = ['container'];
+      agent.capabilitiesChanged();
+      await reportedAs('docker,process');
+      expect(lines.find((l) => l.msg.startsWith('isolation tiers offered again'))).toMatchObject({ level: 40, regained: ['container'] });
+      expect(await metrics.registry.metrics()).toContain('agentplane_runner_isolation_tier_verified{tier="container"} 1');
+      expect(await metrics.registry.metrics()).toContain('agentplane_runner_docker_up 1');
     } finally {
       agent.beginDrain(Date.now(), 'test over');
       await done;

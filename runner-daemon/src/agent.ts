@@ -9,7 +9,7 @@ import {
 } from '@agentplane/protocol';
 import type Docker from 'dockerode';
 import { buildCapabilities, hostFacts, memoryAvailableMib, type HostFacts, type SlotPolicy } from './capabilities.js';
-import { saveState, type DaemonConfig, type RunnerCredentialFile, type RunnerStateFile } from './config.js';
+import { saveState, statePath, type DaemonConfig, type RunnerCredentialFile, type RunnerStateFile } from './config.js';
 import { InfrastructureFailure } from './failures.js';
 import type { RunnerMetrics } from './metrics.js';
 import { connectUrl } from './probe.js';
@@ -91,6 +91,9 @@ const END_RESEND_MS = 3000;
 const END_UNSENT_RETRY_MS = 250;
 const END_ERROR_RETRY_MS = 1000;
 
+/** A state file that cannot be written (disk full, read-only) is said at warn level at most this often. */
+const STATE_WARN_EVERY_MS = 60_000;
+
 /**
  * One runner daemon's connection to the control plane: hello with capabilities, heartbeats,
  * reconnect with capped exponential backoff and jitter, drain on request or SIGTERM.
@@ -147,6 +150,9 @@ export class RunnerAgent {
   /** The socket is open and the gateway welcomed it: lease frames may go. */
   private live = false;
   private reportTimer: NodeJS.Timeout | null = null;
+  /** State file writes that failed since the last one that worked, and when that was last said. */
+  private stateWriteFailures = 0;
+  private stateWarnedAt = 0;
 
   constructor(
     private readonly cred: RunnerCredentialFile,
@@ -195,14 +201,45 @@ export class RunnerAgent {
     this.stopHeartbeat();
     if (this.reportTimer) clearInterval(this.reportTimer);
     this.status = 'draining';
-    const state = this.stateFile(false);
-    state.status = 'stopped';
-    saveState(this.config.configDir, state);
+    // A state file that cannot be written (disk full) must not keep the daemon from stopping.
+    this.writeState(false);
     this.finished();
+  }
+
+  /**
+   * Before `run()`: tells `status` and `drain` that this daemon is starting (image check, tier
+   * canaries) or, when a stop was asked during its startup, that it stopped. `drain: 'local'`
+   * records a stop asked by a signal, so a later `drain` does not signal it again.
+   */
+  publishStartup(status: 'starting' | 'stopped', drain: 'local' | null = null): void {
+    if (drain) this.drainSource = drain;
+    const state = this.stateFile(false);
+    state.status = status;
+    this.writeStateFile(state);
+  }
+
+  /** A live, welcomed connection to the control plane. */
+  get connected(): boolean {
+    return this.live;
+  }
+
+  /** The isolation tiers offered now (whose canary ran at the last facts refresh). */
+  get verifiedTiers(): string[] {
+    return [...(this.facts?.tiers ?? [])];
+  }
+
+  /**
+   * What this runner can do changed (its sandbox driver switched, Docker came back): the facts
+   * are read again and reported now, in a heartbeat when connected, else in the next hello.
+   */
+  capabilitiesChanged(): void {
+    this.factsAt = 0;
+    if (this.heartbeatTimer) this.startHeartbeat();
   }
 
   private async refreshFacts(force = false): Promise<HostFacts> {
     if (!this.facts || force || Date.now() - this.factsAt > 60_000) {
+      const before = this.facts;
       const [facts, tiers, browser] = await Promise.all([
         hostFacts(this.docker),
         this.tierSource ? this.tierSource().catch(() => []) : Promise.resolve([]),
@@ -210,8 +247,29 @@ export class RunnerAgent {
       ]);
       this.facts = { ...facts, tiers, ...(browser ? { browser } : {}), ...(this.acpSource ? { acp: this.acpSource() } : {}) };
       this.factsAt = Date.now();
+      this.noteIsolationChange(before, this.facts);
     }
     return this.facts;
+  }
+
+  /**
+   * Says (warn) when the isolation tiers offered change: lost when Docker went away or a canary
+   * stopped running (the runner then offers only what is left, perhaps only the unisolated
+   * process tier), back when they run again. The metrics follow every refresh.
+   */
+  private noteIsolationChange(before: HostFacts | null, now: HostFacts): void {
+    this.metrics?.dockerUp.set(now.docker ? 1 : 0);
+    for (const tier of ['container', 'gvisor']) this.metrics?.tierVerified.set({ tier }, now.tiers.includes(tier) ? 1 : 0);
+    if (!before) return;
+    const lost = before.tiers.filter((t) => !now.tiers.includes(t));
+    const back = now.tiers.filter((t) => !before.tiers.includes(t));
+    const docker = now.docker ? 'answering' : 'not answering';
+    if (lost.length > 0) {
+      this.log.warn({ lost, tiers: now.tiers, docker }, now.tiers.length === 0
+        ? 'isolation tiers lost: this runner offers no Docker sandbox now, only the process tier (unisolated)'
+        : 'isolation tiers lost: no longer offered until their canary runs again');
+    }
+    if (back.length > 0) this.log.warn({ regained: back, tiers: now.tiers, docker }, 'isolation tiers offered again: their canary sandbox ran');
   }
 
   async capabilities(): Promise<RunnerCapabilities> {
@@ -852,10 +910,30 @@ export class RunnerAgent {
   }
 
   private writeState(connected: boolean): void {
+    this.writeStateFile(this.stateFile(connected));
+  }
+
+  /**
+   * Never throws: a state file that cannot be written (disk full, read-only) leaves `status` and
+   * `drain` with a stale view, said at warn level at most once a minute, and again once it works.
+   */
+  private writeStateFile(state: RunnerStateFile): void {
     try {
-      saveState(this.config.configDir, this.stateFile(connected));
+      saveState(this.config.configDir, state);
+      if (this.stateWriteFailures > 0) {
+        this.log.info({ failed_writes: this.stateWriteFailures }, 'state file written again');
+        this.stateWriteFailures = 0;
+        this.stateWarnedAt = 0;
+      }
     } catch (err) {
-      this.log.debug({ err }, 'state file write failed');
+      this.stateWriteFailures += 1;
+      const now = Date.now();
+      if (now - this.stateWarnedAt < STATE_WARN_EVERY_MS) return;
+      this.stateWarnedAt = now;
+      this.log.warn({
+        err: err instanceof Error ? err.message : String(err), code: (err as NodeJS.ErrnoException).code ?? null, path: statePath(this.config.configDir),
+        failed_writes: this.stateWriteFailures,
+      }, 'state file could not be written (disk full or read-only?): `agentplane-runner status` and `drain` see a stale state until it can');
     }
   }
 }

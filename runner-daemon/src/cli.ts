@@ -1,32 +1,33 @@
 #!/usr/bin/env node
+import { channel } from 'node:diagnostics_channel';
 import { existsSync, rmSync } from 'node:fs';
-import { join, resolve } from 'node:path';
+import { resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { hostname } from 'node:os';
-import type Docker from 'dockerode';
-import { apiUrl, ConfigError, createLogger, envInt, startTracing, type Logger } from '@agentplane/core';
-import { probeInitialize } from './acp/client.js';
-import { AcpHarnesses, installHarness, type InstalledHarness } from './acp/install.js';
-import type { SandboxDriver } from './sandbox/types.js';
+import { ConfigError, createLogger, envInt, startTracing } from '@agentplane/core';
 import { RunnerAgent } from './agent.js';
 import { dockerClient } from './capabilities.js';
-import { credentialPath, loadCredential, loadDaemonConfig, loadState, saveCredential, type DaemonConfig, type RunnerCredentialFile } from './config.js';
+import { classify, CliError, EXIT, UsageError } from './cli-errors.js';
+import { credentialPath, loadCredential, loadDaemonConfig, loadState, type DaemonConfig } from './config.js';
+import { DaemonSandboxes, DockerUnavailableError } from './daemon-sandboxes.js';
 import { runDoctor } from './doctor.js';
-import { acquireDaemonLock, claimDrainRequest, clearDrainRequests, DaemonRunningError, drainRequestedAt, drainRequestPath, processLive } from './lock.js';
+import { DockerCheck, runnerHealth } from './health.js';
+import { acquireDaemonLock, claimDrainRequest, clearDrainRequests, drainRequestedAt, drainRequestPath, processLive } from './lock.js';
+import { redeemOrEnroll } from './pair.js';
 import { DEFAULT_UNIT_DIR, DEFAULT_UNIT_NAME, defaultUnitOptions, installService, serviceStatus, uninstallService, userExists, validUnitName, validUserName, type ServiceContext, type ServiceResult } from './service.js';
 import { RunnerMetrics, serveMetrics } from './metrics.js';
-import { firstWilling, noopExecutor, turnExecutor } from './executors/index.js';
-import { SandboxManager } from './sandbox/manager.js';
-import { DockerDriver, ensureSandboxImageIfDocker, planReap, reapItems, selectDriver, SandboxReaper, type ReapPlan } from './sandbox/index.js';
+import { planReap, reapItems, type ReapPlan } from './sandbox/index.js';
 
 const COMMON = `
 Common options:
   --config-dir <dir>   where runner.json (0600), state.json and daemon.lock live
                        (default $AGENTPLANE_RUNNER_HOME or ~/.agentplane/runner)
   --json               machine-readable output; errors too: {"ok": false, "error": {"type", "message"}}
-                       with type usage or config (exit code 2), network, api (the control plane
-                       refused; its own error in error.api_error), not_running (drain: no daemon),
-                       already_running (start: exit code 3) or internal (exit code 1)
+                       with type usage or config (exit code 2; config includes a disk that is full,
+                       read-only or not writable), network, api (the control plane refused; its own
+                       error in error.api_error), not_running (drain: no daemon), already_running
+                       (exit code 3), docker_unavailable (start --require-docker: exit code 4) or
+                       internal (exit code 1)
   -h, --help           this help`;
 
 const HELP: Record<string, string> = {
@@ -48,25 +49,47 @@ Commands:
 Without a command: this help on standard error, exit code 2.
 ${COMMON}`,
   pair: `Usage: agentplane-runner pair --code <code> --url <base url> [--label <name>] [--pool <rpool_id>]
+                             [--force] [--timeout <seconds>]
 
 Redeems a single-use pairing code (from POST /v1/runner-pairings) and stores the runner
-credential in <config-dir>/runner.json with mode 0600. The owner comes from the pairing.
+credential in <config-dir>/runner.json with mode 0600, the config dir made 0700. The owner comes
+from the pairing. Before the code is used: the config dir must take a test write (a disk that is
+full or read-only fails here, error type config, exit code 2, the code still unused), no daemon
+may be running on it (exit code 3), and it must not hold a credential already.
+If the credential cannot be stored after all, its id is printed so that it can be revoked
+(POST /v1/runner-credentials/{id}/revoke); on a terminal its secret is shown once.
+Options:
+  --force              replace the credential the config dir holds (the old one stays active
+                       until revoked: its id is printed)
+  --timeout <seconds>  how long to wait for the control plane's answer (default 30)
+Errors name the URL: no answer in time, a refused connection, a TLS certificate this machine
+does not trust (a private CA: NODE_EXTRA_CA_CERTS=<ca.pem>).
 ${COMMON}`,
   enroll: `Usage: agentplane-runner enroll --api-key <runner-role key> --pool <rpool_id> --url <base url> [--label <name>]
+                               [--force] [--timeout <seconds>]
 
 Managed pools: mints a runner credential with no owner using a runner-role API key
-(POST /v1/runner-pools/{id}/enrollments) and stores it like pair does.
+(POST /v1/runner-pools/{id}/enrollments) and stores it like pair does, with the same checks
+first and the same --force and --timeout.
 ${COMMON}`,
   start: `Usage: agentplane-runner start [--image <image>] [--slots <n>] [--drain-deadline-ms <ms>] [options below]
 
 One daemon per config dir: start refuses (exit code 3, error type already_running) while a live
 daemon holds <config-dir>/daemon.lock; an entry left by a daemon that is gone (kill -9, a crash)
-is removed. Connects with the stored credential and stays connected: reconnects with capped exponential
+is removed. Starting (sandbox image check, canary sandboxes: often 20 s or more) shows as status
+starting; SIGTERM or SIGINT then stops it at once (exit code 0). Sandboxes run in Docker; when the
+engine does not answer at start, the daemon uses the unisolated process driver, tries Docker
+again with backoff (the reconnect bounds below) and switches to it once it answers;
+--require-docker makes it exit instead (exit code 4, error type docker_unavailable).
+Connects with the stored credential and stays connected: reconnects with capped exponential
 backoff and jitter (1 s doubling to 64 s), reports honest capabilities and free slots in
 heartbeats. SIGTERM: drain (no new work, finish held work, exit). A second SIGTERM, or the
 drain deadline (default 1 h), cancels held work. A drain the control plane asks for (a runner or
 pool drain through the API) leaves the daemon connected and idle until it is resumed
 (POST /v1/runners/{id}/resume, or the pool's resume); --exit-when-drained makes it exit instead.
+With RUNNER_METRICS_ADDR set, GET /healthz there answers 200 when the daemon can take work and 503
+while it is starting, disconnected from the control plane, or its Docker engine does not answer:
+{"status", "connected", "driver", "docker_ok", "draining", "tiers"}.
 Options:
   --image <image>            the sandbox image (default agentplane/sandbox:latest; env SANDBOX_IMAGE)
   --heartbeat-ms <ms>        override the gateway's heartbeat interval
@@ -75,6 +98,8 @@ Options:
   --slot-memory-mib <mib>    memory reserved per slot (default 512)
   --drain-deadline-ms <ms>   drain deadline on SIGTERM (default 3600000)
   --exit-when-drained        exit once a control-plane drain has finished the held work
+  --require-docker           exit (code 4) when Docker does not answer at start, instead of running
+                             sandboxes unisolated with the process driver
   --tiers <list>             isolation tiers to offer, e.g. container or container,gvisor (default:
                              every tier whose canary sandbox runs: container (runc), gvisor (runsc))
   --acp-harness <specs>      ACP agent harnesses to install into the sandbox image, comma-separated
@@ -84,7 +109,8 @@ Options:
                              only once a canary browser opened a page, read its accessibility tree and
                              took a screenshot
   --browser-image <image>    the browser image to offer it with (implies --browser)
-  --reconnect-base-ms, --reconnect-cap-ms   backoff bounds (default 1000, 64000)
+  --reconnect-base-ms, --reconnect-cap-ms   backoff bounds (default 1000, 64000) of reconnects, and of
+                             Docker retries after a start without it
   --sandbox-idle-suspend-seconds <s>   stop an idle Session sandbox's processes (default 600; 0 never)
   --sandbox-idle-expire-seconds <s>    remove an idle Session sandbox and its workspace (default 86400; 0 never)
   --sandbox-report-seconds <s>         how often sandboxes of archived/deleted Sessions are released (default 30)
@@ -94,24 +120,25 @@ Options:
   --log-level <level>        pino level (default info)
 Environment (each the same as its option): AGENTPLANE_RUNNER_HOME, SANDBOX_IMAGE, RUNNER_MAX_SLOTS,
 RUNNER_SLOT_MEMORY_MIB, RUNNER_HEARTBEAT_INTERVAL_MS, RUNNER_DRAIN_DEADLINE_MS, RUNNER_RECONNECT_BASE_MS,
-RUNNER_RECONNECT_CAP_MS, RUNNER_EXIT_WHEN_DRAINED (true|false), RUNNER_TIERS, RUNNER_ACP_HARNESSES,
-RUNNER_BROWSER (true|false), RUNNER_BROWSER_IMAGE, SANDBOX_IDLE_SUSPEND_SECONDS,
+RUNNER_RECONNECT_CAP_MS, RUNNER_EXIT_WHEN_DRAINED (true|false), RUNNER_REQUIRE_DOCKER (true|false),
+RUNNER_TIERS, RUNNER_ACP_HARNESSES, RUNNER_BROWSER (true|false), RUNNER_BROWSER_IMAGE, SANDBOX_IDLE_SUSPEND_SECONDS,
 SANDBOX_IDLE_EXPIRE_SECONDS, SANDBOX_REPORT_SECONDS, SANDBOX_REAP_INTERVAL_SECONDS,
 SANDBOX_REAP_GRACE_SECONDS, AGENTPLANE_SANDBOX_SCOPE, REPOSITORY_MAX_MIB, DOCKER_SOCKET, LOG_LEVEL,
-RUNNER_METRICS_ADDR (host:port serving Prometheus /metrics; unset: not served), OTEL_* (OpenTelemetry
+RUNNER_METRICS_ADDR (host:port serving Prometheus /metrics and /healthz; unset: not served), OTEL_* (OpenTelemetry
 tracing, off by default: OTEL_TRACES_EXPORTER=otlp or OTEL_EXPORTER_OTLP_ENDPOINT turns on OTLP/HTTP export).
 Repository resources are fetched on this machine with git (the sandbox has no network), with
 this machine's git credentials (HTTPS credential helpers, SSH keys for git@ URLs).
 ${COMMON}`,
   status: `Usage: agentplane-runner status
 
-Prints the running daemon's status (pid, connected, generation, last heartbeat).
-Exit code 0 when connected, 1 otherwise.
+Prints the running daemon's status (pid, starting/ready/draining/disconnected, connected,
+generation, last heartbeat).
+Exit code 0 when connected, 1 otherwise (also while starting).
 ${COMMON}`,
   drain: `Usage: agentplane-runner drain [--wait [--timeout <seconds>]] [--cancel]
 
 Sends SIGTERM to the running daemon: it stops taking work, finishes held work and exits (held work
-still running at its drain deadline is canceled). A daemon already draining on a local request
+still running at its drain deadline is canceled). A daemon still starting stops at once. A daemon already draining on a local request
 (an earlier drain, systemctl stop, a signal) is not signalled again, since a second signal
 cancels its held work: drain then only reports it (and waits, with --wait), so running
 \`drain --wait\` again is safe.
@@ -145,7 +172,7 @@ it (systemctl stop, uninstall, shutdown) drains: SIGTERM to the daemon, which fi
 up to its drain deadline, then systemd kills what is left (TimeoutStopSec = deadline + 30 s).
 Logs go to the journal: journalctl -u <name> -f. These variables, when set at install time, are
 written into the unit: RUNNER_METRICS_ADDR, RUNNER_MAX_SLOTS, RUNNER_TIERS, RUNNER_EXIT_WHEN_DRAINED,
-DOCKER_SOCKET, HTTPS_PROXY, HTTP_PROXY, NO_PROXY, AGENTPLANE_SANDBOX_SCOPE, OTEL_*.
+RUNNER_REQUIRE_DOCKER, DOCKER_SOCKET, HTTPS_PROXY, HTTP_PROXY, NO_PROXY, AGENTPLANE_SANDBOX_SCOPE, OTEL_*.
 uninstall stops (drains) and disables the unit and removes the file; status shows its state.
 Several runners on one machine: one config dir and one --name each.
 Options:
@@ -195,6 +222,8 @@ const OPTIONS = {
   'slot-memory-mib': { type: 'string' },
   'drain-deadline-ms': { type: 'string' },
   'exit-when-drained': { type: 'boolean' },
+  'require-docker': { type: 'boolean' },
+  force: { type: 'boolean' },
   tiers: { type: 'string' },
   'acp-harness': { type: 'string' },
   browser: { type: 'boolean' },
@@ -217,14 +246,14 @@ const OPTIONS = {
 
 type Option = keyof typeof OPTIONS;
 const START_OPTIONS: readonly Option[] = [
-  'image', 'heartbeat-ms', 'slots', 'slot-memory-mib', 'drain-deadline-ms', 'exit-when-drained', 'tiers', 'acp-harness', 'browser',
+  'image', 'heartbeat-ms', 'slots', 'slot-memory-mib', 'drain-deadline-ms', 'exit-when-drained', 'require-docker', 'tiers', 'acp-harness', 'browser',
   'browser-image', 'reconnect-base-ms', 'reconnect-cap-ms', 'sandbox-idle-suspend-seconds', 'sandbox-idle-expire-seconds',
   'sandbox-report-seconds', 'repository-max-mib', 'sandbox-reap-interval-seconds', 'sandbox-reap-grace-seconds', 'log-level',
 ];
 /** What each command takes besides --help, --json and --config-dir, and how many words after its name. */
 const COMMAND_OPTIONS: Readonly<Record<string, { options: readonly Option[]; words: number }>> = {
-  pair: { options: ['code', 'url', 'label', 'pool'], words: 0 },
-  enroll: { options: ['api-key', 'pool', 'url', 'label'], words: 0 },
+  pair: { options: ['code', 'url', 'label', 'pool', 'force', 'timeout'], words: 0 },
+  enroll: { options: ['api-key', 'pool', 'url', 'label', 'force', 'timeout'], words: 0 },
   start: { options: START_OPTIONS, words: 0 },
   status: { options: [], words: 0 },
   drain: { options: ['wait', 'timeout', 'cancel'], words: 0 },
@@ -266,146 +295,54 @@ const out = (flags: Flags, human: string, data: unknown): void => {
   process.stdout.write(flags.json ? `${JSON.stringify(data)}\n` : `${human}\n`);
 };
 
-async function redeemOrEnroll(command: 'pair' | 'enroll', flags: Flags): Promise<number> {
+async function pairOrEnroll(command: 'pair' | 'enroll', flags: Flags): Promise<number> {
   const config = loadDaemonConfig(process.env, flags);
-  const url = flags.url;
-  if (typeof url !== 'string') throw new UsageError('--url is required');
-  if (!URL.canParse(url) || !/^https?:$/.test(new URL(url).protocol)) throw new UsageError(`--url must be an http(s) URL, got '${url}'`);
-  const label = typeof flags.label === 'string' ? flags.label : hostname();
-  let res: Response;
-  if (command === 'pair') {
-    if (typeof flags.code !== 'string') throw new UsageError('--code is required');
-    res = await fetch(apiUrl(url, '/v1/runner-pairings/redeem'), {
-      method: 'POST',
-      headers: { 'content-type': 'application/json', 'service-version': '2026-08-27' },
-      body: JSON.stringify({
-        code: flags.code,
-        runner_enrollment: { placement: 'byoc', display_name: label, ...(typeof flags.pool === 'string' ? { runner_pool_id: flags.pool } : {}) },
-      }),
-    });
-  } else {
-    if (typeof flags['api-key'] !== 'string' || typeof flags.pool !== 'string') throw new UsageError('--api-key and --pool are required');
-    res = await fetch(apiUrl(url, `/v1/runner-pools/${encodeURIComponent(flags.pool)}/enrollments`), {
-      method: 'POST',
-      headers: {
-        'content-type': 'application/json', 'service-version': '2026-08-27', authorization: `Bearer ${flags['api-key']}`,
-        'idempotency-key': `enroll-${label}-${Date.now()}`,
-      },
-      body: JSON.stringify({ machine_label: label }),
-    });
-  }
-  const body = (await res.json().catch(() => ({}))) as {
-    secret?: string;
-    runner_credential?: { id: string; runner_id: string; runner_pool_id: string; workspace_id: string };
-    error?: { type: string; message: string };
-  };
-  if (res.status !== 201 || !body.secret || !body.runner_credential) {
-    // The control plane's own error (e.g. auth.invalid_key for a used or expired code) is kept
-    // under error.api_error; the CLI's error type is `api`.
-    const why = body.error ? `${body.error.type}: ${body.error.message}` : res.status === 201 ? 'no credential in the answer' : 'no error in the answer';
-    throw new CliError('api', `${command} failed: HTTP ${res.status} ${why}`, 1, { status: res.status }, { status: res.status, api_error: body.error ?? null });
-  }
-  const rc = body.runner_credential;
-  const file: RunnerCredentialFile = {
-    base_url: url, secret: body.secret, runner_id: rc.runner_id, runner_credential_id: rc.id, runner_pool_id: rc.runner_pool_id,
-    workspace_id: rc.workspace_id, machine_label: label, paired_at: new Date().toISOString(),
-  };
-  const path = saveCredential(config.configDir, file);
-  out(flags, `paired: runner ${rc.runner_id} in pool ${rc.runner_pool_id}\ncredential stored in ${path} (mode 0600)\nnext: agentplane-runner start`, {
-    ok: true, runner_id: rc.runner_id, runner_credential_id: rc.id, runner_pool_id: rc.runner_pool_id, workspace_id: rc.workspace_id, path,
+  const str = (name: string): string | undefined => (typeof flags[name] === 'string' ? (flags[name] as string) : undefined);
+  const url = str('url');
+  if (url === undefined) throw new UsageError('--url is required');
+  const timeoutMs = envInt({ '--timeout': str('timeout') }, '--timeout', 30, 1, 3600) * 1000;
+  const r = await redeemOrEnroll({
+    command, url, configDir: config.configDir, label: str('label') ?? hostname(), code: str('code'), apiKey: str('api-key'), pool: str('pool'),
+    force: flags.force === true, timeoutMs,
+    // A secret that could not be stored is shown only to a person at a terminal, never into a log.
+    tty: Boolean(flags.json ? process.stdout.isTTY : process.stderr.isTTY),
   });
+  out(flags, r.human, r.data);
   return 0;
 }
 
-async function prepareAcpHarnesses(config: DaemonConfig, driver: SandboxDriver, docker: Docker | undefined, log: Logger): Promise<AcpHarnesses> {
-  const installed: InstalledHarness[] = [];
-  for (const spec of config.acpHarnesses) {
-    try {
-      installed.push(await installHarness(spec, join(config.configDir, 'acp'), log));
-    } catch (err) {
-      log.warn({ harness: spec, err: err instanceof Error ? err.message : String(err) }, 'ACP harness could not be installed');
-    }
-  }
-  const acp = new AcpHarnesses(installed, docker, log);
-  await acp.probe(driver, config.sandboxImage, (d, sandbox, argv) => probeInitialize(d, sandbox, argv));
-  return acp;
-}
+/** A signal stopped the daemon during its startup. */
+class StartupAborted extends Error {}
+
+/**
+ * Said when the daemon finished starting and serves (the platform's supervisor counts its local
+ * runner up from here).
+ */
+const readyChannel = channel('agentplane:ready');
 
 async function start(flags: Flags): Promise<number> {
   const config = loadDaemonConfig(process.env, flags);
   const cred = loadCredential(config.configDir);
   if (!cred) throw new UsageError(`no runner credential at ${credentialPath(config.configDir)}; run \`agentplane-runner pair\` first`, false);
-  // One daemon per config dir, taken before anything touches the sandboxes an earlier life left:
-  // a second daemon would supersede this one's connection and stop its sandboxes.
-  const lock = acquireDaemonLock(config.configDir);
-  clearDrainRequests(config.configDir);
-  const log = createLogger({ name: 'runner', level: config.logLevel }).child({ runner: cred.runner_id });
-  const tracing = await startTracing('agentplane-runner', log);
-  const docker = dockerClient(config.dockerSocket);
-  const agent = new RunnerAgent(cred, config, log, docker);
-  // Prometheus metrics on an optional listen address (off unless RUNNER_METRICS_ADDR is set).
-  const metrics = new RunnerMetrics(() => agent.heldCount, { served: Boolean(config.metricsAddr) });
-  agent.metrics = metrics;
-  const metricsServer = config.metricsAddr ? await serveMetrics(metrics.registry, config.metricsAddr, log) : undefined;
-  let reaper: SandboxReaper | undefined;
-  // The sandbox: Docker when the engine answers (image built offline if missing), else the
-  // unisolated process driver. Orphans of an earlier life of this runner are reaped first.
-  const image = await ensureSandboxImageIfDocker({ docker, onProgress: (line: string) => log.info(line) }).catch((err: unknown) => {
-    log.warn({ err: err instanceof Error ? err.message : String(err) }, 'sandbox image could not be built');
-    return undefined;
-  });
-  const driver = await selectDriver({
-    runnerId: cred.runner_id, dataDir: join(config.configDir, 'sandboxes'), docker, logger: log,
-    attribution: { workspaceId: cred.workspace_id, home: config.configDir, ...(config.sandboxScope ? { scope: config.sandboxScope } : {}) },
-    ...(config.tiers ? { tiers: config.tiers } : {}),
-    ...(config.browserImage ? { browserImage: config.browserImage } : {}),
-  });
-  const sandboxes = driver
-    ? new SandboxManager({
-        driver, runnerId: cred.runner_id, logger: log,
-        idleSuspendMs: config.sandboxIdleSuspendMs, idleExpireMs: config.sandboxIdleExpireMs,
-      })
-    : undefined;
-  if (sandboxes && driver) {
-    const reaped = await sandboxes.start().catch((err: unknown) => {
-      log.warn({ err: err instanceof Error ? err.message : String(err) }, 'could not reap sandboxes of an earlier run');
-      return [] as string[];
-    });
-    if (reaped.length > 0) log.info({ reaped: reaped.length, kept_workspaces: sandboxes.sessions().length }, 'stopped sandboxes left by an earlier run of this runner');
-    // ACP agent harnesses: installed with npm on this machine, layered into the sandbox image, probed.
-    const acp = config.acpHarnesses.length > 0 ? await prepareAcpHarnesses(config, driver, driver instanceof DockerDriver ? docker : undefined, log) : undefined;
-    if (acp) agent.acpSource = () => ({ driver: driver.name, harnesses: acp.report() });
-    agent.executor = firstWilling(turnExecutor({ sandboxes, log, baseUrl: cred.base_url, repositoryMaxBytes: config.repositoryMaxBytes, metrics, ...(acp ? { acp } : {}) }), noopExecutor);
-    if (driver instanceof DockerDriver) {
-      // Claim a tier only after a canary sandbox ran under it; re-checked with every capability refresh.
-      const verdicts = await driver.verifyTiers();
-      for (const v of verdicts) (v.ok ? log.info : log.warn).call(log, { tier: v.tier, runtime: v.runtime ?? 'default', ms: v.ms, detail: v.detail }, v.ok ? 'isolation tier verified' : 'isolation tier unavailable');
-      agent.tierSource = async () => (await driver.verifyTiers()).filter((v) => v.ok).map((v) => v.tier);
-      if (driver.browserImage) {
-        // Browser observation is claimed only once a canary browser ran in a sandbox of its image.
-        const b = await driver.verifyBrowser();
-        (b.accessibility_tree && b.screenshot ? log.info : log.warn).call(log, { image: driver.browserImage, ms: b.ms, detail: b.detail }, b.accessibility_tree && b.screenshot ? 'browser observation verified' : 'browser observation unavailable');
-        agent.browserSource = async () => {
-          const v = await driver.verifyBrowser();
-          return { accessibility_tree: v.accessibility_tree, screenshot: v.screenshot };
-        };
-      }
-    }
-    log.info({ driver: driver.name, tiers: driver.capabilities().tiers, image: image?.latest }, 'sandbox driver ready');
-    // Sandboxes of gone runners of this machine (credential deleted or revoked) go after a grace period.
-    if (driver.name === 'docker') {
-      reaper = new SandboxReaper({
-        docker, scope: config.sandboxScope, selfRunnerId: cred.runner_id, graceMs: config.sandboxReapGraceMs,
-        intervalMs: config.sandboxReapIntervalMs, logger: log,
-      });
-      reaper.start();
-    }
-  } else {
-    agent.executor = noopExecutor;
-  }
+  // Signals are handled from before the lock is taken: during the startup (image check, reaping,
+  // tier canaries, 20 s or more) one stops the daemon at once, cleanly; once it serves, one drains.
+  const startup = new AbortController();
+  const aborted = new Promise<never>((_, reject) => startup.signal.addEventListener('abort', () => reject(new StartupAborted()), { once: true }));
+  aborted.catch(() => undefined);
+  const step = <T>(p: Promise<T>): Promise<T> => Promise.race([p, aborted]);
+  let serving = false;
+  let agent: RunnerAgent | undefined;
+  let stopSignal: string | undefined;
   let signals = 0;
-  const onSignal = (sig: string) => {
+  const onSignal = (sig: string): void => {
     signals += 1;
+    if (!serving || !agent) {
+      if (signals > 1) return;
+      stopSignal = sig;
+      agent?.publishStartup('starting', 'local');
+      startup.abort();
+      return;
+    }
     if (signals === 1) {
       log.info({ signal: sig }, 'drain requested by signal; finishing held work (send again to cancel it)');
       agent.beginDrain(Date.now() + config.drainDeadlineMs, `${sig} received`);
@@ -420,14 +357,60 @@ async function start(flags: Flags): Promise<number> {
   };
   process.on('SIGTERM', () => onSignal('SIGTERM'));
   process.on('SIGINT', () => onSignal('SIGINT'));
+  // One daemon per config dir, taken before anything touches the sandboxes an earlier life left:
+  // a second daemon would supersede this one's connection and stop its sandboxes.
+  const lock = acquireDaemonLock(config.configDir);
+  clearDrainRequests(config.configDir);
+  const log = createLogger({ name: 'runner', level: config.logLevel }).child({ runner: cred.runner_id });
+  const docker = dockerClient(config.dockerSocket);
+  agent = new RunnerAgent(cred, config, log, docker);
+  // `status` and `drain` see a starting daemon from here on (start said "already running" already).
+  agent.publishStartup('starting', stopSignal ? 'local' : null);
+  const running = agent;
+  // Prometheus metrics on an optional listen address (off unless RUNNER_METRICS_ADDR is set).
+  const metrics = new RunnerMetrics(() => running.heldCount, { served: Boolean(config.metricsAddr) });
+  agent.metrics = metrics;
+  const sandboxes = new DaemonSandboxes({ config, cred, docker, log, agent, metrics });
+  const dockerCheck = new DockerCheck(docker, (ok) => metrics.dockerUp.set(ok ? 1 : 0));
+  const health = async () => runnerHealth({
+    started: serving, connected: running.connected, driver: sandboxes.driver, dockerOk: await dockerCheck.ok(),
+    draining: running.status === 'draining', tiers: running.verifiedTiers,
+  });
+  let tracing: Awaited<ReturnType<typeof startTracing>> | undefined;
+  let metricsServer: Awaited<ReturnType<typeof serveMetrics>> | undefined;
+  /** The end of a daemon that never served: no process left running, the lock given up. */
+  const stopBeforeServing = async (): Promise<void> => {
+    sandboxes.abandon();
+    metricsServer?.close();
+    await tracing?.shutdown().catch(() => undefined);
+    running.publishStartup('stopped');
+    rmSync(drainRequestPath(config.configDir, process.pid), { force: true });
+    lock.release();
+  };
+  try {
+    if (startup.signal.aborted) throw new StartupAborted();
+    tracing = await step(startTracing('agentplane-runner', log));
+    metricsServer = config.metricsAddr ? await step(serveMetrics(metrics.registry, config.metricsAddr, log, health)) : undefined;
+    // The sandbox: Docker when the engine answers (image built offline if missing), else the
+    // unisolated process driver, Docker tried again in the background. Orphans of an earlier
+    // life of this runner are reaped first.
+    await sandboxes.start(step);
+  } catch (err) {
+    await stopBeforeServing();
+    if (err instanceof StartupAborted) {
+      log.info({ signal: stopSignal ?? null }, 'stopping during startup');
+      return 0;
+    }
+    if (err instanceof DockerUnavailableError) throw new CliError('docker_unavailable', err.message, EXIT.dockerUnavailable);
+    throw err;
+  }
+  serving = true;
+  readyChannel.publish({ runner: cred.runner_id });
   await agent.run();
-  reaper?.stop();
   // A clean stop leaves no process running; the workspaces of live Sessions stay (durable
   // retention) and are released when their Session ends or their idle time expires.
-  if (sandboxes) {
-    await sandboxes.shutdown();
-    log.info({ kept_workspaces: sandboxes.sessions().length }, 'stopped this runner\'s sandboxes');
-  }
+  const kept = await sandboxes.shutdown();
+  if (sandboxes.started) log.info({ kept_workspaces: kept }, 'stopped this runner\'s sandboxes');
   metricsServer?.close();
   await tracing.shutdown();
   log.info('runner stopped');
@@ -438,6 +421,15 @@ async function start(flags: Flags): Promise<number> {
 
 /** The daemon process runs (as any user; a zombie does not count). */
 const alive = (pid: number): boolean => processLive({ pid, start: null });
+
+/** `ready, connected (generation 3)`, `disconnected (reconnecting)`, `starting (not connected yet)`, … */
+function statusLine(d: { running: boolean; status: string; connected: boolean; generation: number | null }): string {
+  if (!d.running) return d.status;
+  if (d.connected) return `${d.status}, connected (generation ${d.generation})`;
+  if (d.status === 'starting') return 'starting (sandbox image and isolation checks; not connected yet)';
+  if (d.status === 'disconnected') return 'disconnected (reconnecting)';
+  return `${d.status}, disconnected (reconnecting)`;
+}
 
 function status(flags: Flags): number {
   const config = loadDaemonConfig(process.env, flags);
@@ -457,7 +449,7 @@ function status(flags: Flags): number {
         `pool        ${data.runner_pool_id}`,
         `control     ${data.base_url}`,
         `daemon      ${running ? `running (pid ${data.pid})` : 'not running'}`,
-        `status      ${data.status}${data.connected ? `, connected (generation ${data.generation})` : running ? ', disconnected (reconnecting)' : ''}${data.drain ? ` (drain asked by ${data.drain === 'local' ? 'a local signal' : 'the control plane'})` : ''}`,
+        `status      ${statusLine(data)}${data.drain ? ` (drain asked by ${data.drain === 'local' ? 'a local signal' : 'the control plane'})` : ''}`,
         `last ack    ${data.last_heartbeat_ack_at ?? '-'}`,
       ].join('\n');
   out(flags, human, data);
@@ -570,29 +562,7 @@ async function prune(flags: Flags): Promise<number> {
   return ok ? 0 : 1;
 }
 
-/** A mistake in how the command was called: exit code 2, with the command's usage. */
-class UsageError extends Error {
-  constructor(message: string, readonly showUsage = true) {
-    super(message);
-  }
-}
-
-type ErrorType = 'usage' | 'config' | 'network' | 'api' | 'not_running' | 'already_running' | 'internal';
-
-/**
- * A failure with its own `--json` error type and exit code; `fields` go next to `error` in the
- * JSON answer, `detail` into it.
- */
-class CliError extends Error {
-  constructor(
-    readonly type: ErrorType, message: string, readonly exitCode: number,
-    readonly fields: Record<string, unknown> = {}, readonly detail: Record<string, unknown> = {},
-  ) {
-    super(message);
-  }
-}
-
-const SERVICE_ENV = /^(RUNNER_METRICS_ADDR|RUNNER_MAX_SLOTS|RUNNER_TIERS|RUNNER_EXIT_WHEN_DRAINED|DOCKER_SOCKET|HTTPS?_PROXY|NO_PROXY|AGENTPLANE_SANDBOX_SCOPE|OTEL_[A-Z0-9_]+)$/;
+const SERVICE_ENV = /^(RUNNER_METRICS_ADDR|RUNNER_MAX_SLOTS|RUNNER_TIERS|RUNNER_EXIT_WHEN_DRAINED|RUNNER_REQUIRE_DOCKER|DOCKER_SOCKET|HTTPS?_PROXY|NO_PROXY|AGENTPLANE_SANDBOX_SCOPE|OTEL_[A-Z0-9_]+)$/;
 
 function service(flags: Flags): number {
   const action = flags.action;
@@ -630,8 +600,8 @@ function service(flags: Flags): number {
 
 type CommandName = 'pair' | 'enroll' | 'start' | 'status' | 'drain' | 'doctor' | 'prune' | 'service';
 const COMMANDS = new Map<string, (flags: Flags) => Promise<number> | number>([
-  ['pair', (f) => redeemOrEnroll('pair', f)],
-  ['enroll', (f) => redeemOrEnroll('enroll', f)],
+  ['pair', (f) => pairOrEnroll('pair', f)],
+  ['enroll', (f) => pairOrEnroll('enroll', f)],
   ['start', start],
   ['status', status],
   ['drain', drain],
@@ -639,31 +609,6 @@ const COMMANDS = new Map<string, (flags: Flags) => Promise<number> | number>([
   ['prune', prune],
   ['service', service],
 ] satisfies Array<[CommandName, (flags: Flags) => Promise<number> | number]>);
-
-interface Classified {
-  type: ErrorType;
-  message: string;
-  code: number;
-  fields?: Record<string, unknown>;
-  detail?: Record<string, unknown>;
-}
-
-/**
- * Why a command failed, for `--json`: `usage` and `config` exit 2, `already_running` 3, `network`,
- * `api`, `not_running` and `internal` exit 1.
- */
-function classify(err: unknown): Classified {
-  const message = err instanceof Error ? err.message : String(err);
-  if (err instanceof CliError) return { type: err.type, message, code: err.exitCode, fields: err.fields, detail: err.detail };
-  if (err instanceof DaemonRunningError) return { type: 'already_running', message, code: 3, fields: { pid: err.holder.pid } };
-  if (err instanceof UsageError) return { type: 'usage', message, code: 2 };
-  if (err instanceof ConfigError) return { type: 'config', message, code: 2 };
-  // fetch() rejects with a TypeError whose cause carries the socket error (ECONNREFUSED, ENOTFOUND, …).
-  const cause = (err as { cause?: { code?: string; message?: string } } | null)?.cause;
-  if (err instanceof TypeError && cause) return { type: 'network', message: `${message}: ${cause.code ?? cause.message ?? 'network error'}`, code: 1 };
-  if (typeof (err as { code?: unknown } | null)?.code === 'string' && /^E[A-Z]+/.test((err as { code: string }).code)) return { type: 'network', message, code: 1 };
-  return { type: 'internal', message, code: 1 };
-}
 
 function fail(json: boolean, command: string | undefined, err: unknown): number {
   const e = classify(err);

@@ -1,4 +1,4 @@
-import { chmodSync, existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
+import { chmodSync, closeSync, existsSync, fsyncSync, mkdirSync, openSync, readFileSync, renameSync, rmSync, writeFileSync, writeSync } from 'node:fs';
 import { homedir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { ConfigError, envEnum, envInt, envOptional, envString, type Env } from '@agentplane/core';
@@ -51,6 +51,11 @@ export interface DaemonConfig {
   acpHarnesses: string[];
   /** host:port serving Prometheus /metrics; undefined: not served. */
   metricsAddr: string | undefined;
+  /**
+   * Refuse to start without Docker (exit code 4) instead of falling back to the unisolated
+   * process driver.
+   */
+  requireDocker: boolean;
 }
 
 /** The default browser variant's repository (the default sandbox image's, suffixed). */
@@ -86,6 +91,7 @@ export function loadDaemonConfig(env: Env, flags: Record<string, string | boolea
     browserImage: flag('browser-image') ?? envOptional(env, 'RUNNER_BROWSER_IMAGE')
       ?? (flags.browser === true || envEnum(env, 'RUNNER_BROWSER', ['true', 'false'] as const, 'false') === 'true' ? `${BROWSER_REPOSITORY}:latest` : undefined),
     exitWhenDrained: flags['exit-when-drained'] === true || envEnum(env, 'RUNNER_EXIT_WHEN_DRAINED', ['true', 'false'] as const, 'false') === 'true',
+    requireDocker: flags['require-docker'] === true || envEnum(env, 'RUNNER_REQUIRE_DOCKER', ['true', 'false'] as const, 'false') === 'true',
     reconnectBaseMs: int('reconnect-base-ms', 'RUNNER_RECONNECT_BASE_MS', 1_000, 10),
     reconnectCapMs: int('reconnect-cap-ms', 'RUNNER_RECONNECT_CAP_MS', 64_000, 10),
     sandboxIdleSuspendMs: int('sandbox-idle-suspend-seconds', 'SANDBOX_IDLE_SUSPEND_SECONDS', 600, 0) * 1000,
@@ -134,24 +140,74 @@ export interface RunnerStateFile {
 export const credentialPath = (dir: string): string => join(dir, 'runner.json');
 export const statePath = (dir: string): string => join(dir, 'state.json');
 
+/**
+ * Written whole: a temp file (0600) renamed over the target. A write that fails (disk full,
+ * read-only) leaves no temp file behind and the target as it was.
+ */
 function writePrivate(path: string, text: string): void {
   const tmp = `${path}.${process.pid}.tmp`;
-  writeFileSync(tmp, text, { mode: 0o600 });
-  chmodSync(tmp, 0o600);
-  renameSync(tmp, path);
+  try {
+    writeFileSync(tmp, text, { mode: 0o600 });
+    chmodSync(tmp, 0o600);
+    renameSync(tmp, path);
+  } catch (err) {
+    rmSync(tmp, { force: true });
+    throw err;
+  }
+}
+
+/** The config dir, made (or narrowed to) 0700: the credential in it is the runner's secret. */
+function privateDir(dir: string): void {
+  mkdirSync(dir, { recursive: true, mode: 0o700 });
+  chmodSync(dir, 0o700);
+}
+
+/**
+ * Before a credential is asked for: the config dir exists, is 0700, and a file the size of a
+ * credential can be written, synced and removed in it. A pairing code is single-use, so a disk
+ * that is full or read-only must be found before the code is redeemed, not after. Throws the
+ * filesystem's error (ENOSPC, EROFS, EACCES, ENOTDIR, …).
+ */
+export function checkWritableConfigDir(dir: string): void {
+  privateDir(dir);
+  const probe = join(dir, `.write-probe.${process.pid}`);
+  try {
+    const fd = openSync(probe, 'w', 0o600);
+    try {
+      writeSync(fd, Buffer.alloc(4096, 0x20));
+      fsyncSync(fd);
+    } finally {
+      closeSync(fd);
+    }
+  } finally {
+    rmSync(probe, { force: true });
+  }
 }
 
 export function saveCredential(dir: string, cred: RunnerCredentialFile): string {
-  mkdirSync(dir, { recursive: true, mode: 0o700 });
+  privateDir(dir);
   const path = credentialPath(dir);
   writePrivate(path, `${JSON.stringify(cred, null, 2)}\n`);
   return path;
 }
 
+const CREDENTIAL_FIELDS = ['base_url', 'secret', 'runner_id', 'runner_credential_id', 'runner_pool_id', 'workspace_id'] as const;
+
+/** The stored credential; null when the dir holds none. A damaged file is a ConfigError naming it. */
 export function loadCredential(dir: string): RunnerCredentialFile | null {
   const path = credentialPath(dir);
   if (!existsSync(path)) return null;
-  return JSON.parse(readFileSync(path, 'utf8')) as RunnerCredentialFile;
+  const fix = 'restore it, or pair again into this config dir with --force (the credential it held stays active until revoked)';
+  let body: unknown;
+  try {
+    body = JSON.parse(readFileSync(path, 'utf8'));
+  } catch (err) {
+    if (err instanceof SyntaxError) throw new ConfigError(`the runner credential file ${path} is not valid JSON (${err.message}): ${fix}`);
+    throw err;
+  }
+  const missing = body && typeof body === 'object' ? CREDENTIAL_FIELDS.filter((f) => typeof (body as Record<string, unknown>)[f] !== 'string') : ['(not an object)'];
+  if (missing.length > 0) throw new ConfigError(`the runner credential file ${path} is damaged (missing ${missing.join(', ')}): ${fix}`);
+  return body as RunnerCredentialFile;
 }
 
 export function saveState(dir: string, state: RunnerStateFile): void {

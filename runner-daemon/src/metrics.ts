@@ -16,6 +16,9 @@ export class RunnerMetrics {
   readonly leaseSeconds: Histogram;
   readonly sandboxStartSeconds: Histogram<'driver'>;
   readonly connected: Gauge;
+  readonly dockerUp: Gauge;
+  readonly tierVerified: Gauge<'tier'>;
+  readonly sandboxDriver: Gauge<'driver'>;
 
   constructor(held: () => number, options: { served: boolean } = { served: true }) {
     const registry = (this.registry = createMetrics({ runtime: options.served }));
@@ -32,6 +35,15 @@ export class RunnerMetrics {
       labelNames: ['driver'] as const, buckets: [...BUCKETS.sandboxStart], registers: [registry],
     });
     this.connected = new Gauge({ name: 'agentplane_runner_connected', help: '1 while the runner holds a live connection to the control plane', registers: [registry] });
+    this.dockerUp = new Gauge({ name: 'agentplane_runner_docker_up', help: '1 when the Docker engine answered its last check, 0 when it did not', registers: [registry] });
+    this.tierVerified = new Gauge({
+      name: 'agentplane_runner_isolation_tier_verified', help: '1 for each isolation tier (container, gvisor) offered now: its canary sandbox ran at the last check',
+      labelNames: ['tier'] as const, registers: [registry],
+    });
+    this.sandboxDriver = new Gauge({
+      name: 'agentplane_runner_sandbox_driver_info', help: 'The sandbox driver in use (docker, process): 1 for it, 0 for the other',
+      labelNames: ['driver'] as const, registers: [registry],
+    });
     new Gauge({ name: 'agentplane_runner_held_leases', help: 'Leases this runner holds now', registers: [registry], collect() { this.set(held()); } });
   }
 }
@@ -45,8 +57,11 @@ export function parseListenAddress(addr: string): { host: string; port: number }
   return { host: host === '' ? '127.0.0.1' : host, port };
 }
 
-/** Serve GET /metrics (and /healthz) on the given address. */
-export async function serveMetrics(registry: Metrics, addr: string, log: Logger): Promise<Server> {
+/** What GET /healthz answers: its status code and JSON body. */
+export type HealthProbe = () => Promise<{ code: number; body: unknown }>;
+
+/** Serve GET /metrics and GET /healthz (200 when `health` says so, 503 otherwise) on the given address. */
+export async function serveMetrics(registry: Metrics, addr: string, log: Logger, health?: HealthProbe): Promise<Server> {
   const { host, port } = parseListenAddress(addr);
   const server = createServer((req, res) => {
     if (req.url === '/metrics' && req.method === 'GET') {
@@ -57,8 +72,14 @@ export async function serveMetrics(registry: Metrics, addr: string, log: Logger)
           res.writeHead(500).end();
         },
       );
-    } else if (req.url === '/healthz') {
-      res.writeHead(200, { 'content-type': 'application/json' }).end('{"status":"ok"}');
+    } else if (req.url === '/healthz' && req.method === 'GET') {
+      (health ?? (() => Promise.resolve({ code: 200, body: { status: 'ok' } })))().then(
+        (h) => res.writeHead(h.code, { 'content-type': 'application/json', 'cache-control': 'no-store' }).end(JSON.stringify(h.body)),
+        (err: unknown) => {
+          log.error({ err }, 'health check failed');
+          res.writeHead(500).end();
+        },
+      );
     } else res.writeHead(404).end();
   });
   await new Promise<void>((resolve, reject) => {
