@@ -24,7 +24,9 @@ beforeAll(async () => {
   runnerUrl = `http://127.0.0.1:${runnerPort}`;
   t = await startTurnPlatform({
     name: 'observability',
-    env: { SCHEDULER_PORT: String(schedulerPort), RUNNER_METRICS_ADDR: `127.0.0.1:${runnerPort}`, LOG_LEVEL: 'debug' },
+    // The scheduler scans for pools only at its start: the turn's pool is served by its mark's
+    // wake-up, and its queue depths must be on /metrics without waiting for a scan.
+    env: { SCHEDULER_PORT: String(schedulerPort), RUNNER_METRICS_ADDR: `127.0.0.1:${runnerPort}`, LOG_LEVEL: 'debug', POOL_SCAN_MS: '3600000' },
   });
 }, 150_000);
 afterAll(async () => {

@@ -201,6 +201,8 @@ export class Scheduler {
     d.start();
     this.dispatchers.set(pool, d);
     this.served.set(pool, { hooks, stalls: '-' });
+    // Its queue depths are on /metrics from now on, not only after the next scan.
+    void this.metrics.refresh(this.queues, [pool]).catch((err: unknown) => this.log.warn({ err, pool }, 'reading a pool\'s queue depth failed'));
     this.log.info({ pool, workspace: workspaceId }, 'dispatching pool');
   }
 
