@@ -7,7 +7,7 @@ import {
   checkPath, MEMORY_LIMITS, MemoryDocumentEntrySchema, MemoryDocumentSchema, MemoryPath, MemorySearchResultSchema, MemoryStoreSchema, MemoryVersionSchema,
   type MemoryAuthor, type MemoryDocument,
 } from './model.js';
-import { cursorBinding, decodeBoundCursor, encodeBoundCursor } from './store.js';
+import { cursorBinding, decodeBoundCursor, decodeListingCursor, encodeBoundCursor, encodeListingCursor } from './store.js';
 
 const StorePath = Obj({ memory_store_id: Id('memoryStore') });
 /** Reads admit Principal access credentials holding `read` on the store (or the Workspace). */
@@ -92,11 +92,16 @@ export const memoryOperations: Operation[] = [
     response: Page(MemoryDocumentEntrySchema),
   }, async (ws, { params, query, deps }) => {
     await deps.memory.getStore(ws, params.memory_store_id);
-    // The cursor is bound to the prefix it was issued under (another prefix's cursor is 400).
+    // The cursor is bound to the prefix it was issued under (another prefix's cursor is 400). It
+    // names the page's last path, or, for a path too long to fit a cursor, that path's digest,
+    // resolved through the path's history (a digest no path of this store has is 400).
+    const what = 'listing (path_prefix)';
     const binding = cursorBinding(query.path_prefix ?? '');
-    const after = query.page !== undefined ? decodeBoundCursor('path', query.page, 'query.page', binding, 'listing (path_prefix)') : undefined;
+    const at = query.page !== undefined ? decodeListingCursor(query.page, 'query.page', binding, what) : undefined;
+    const after = at === undefined || 'path' in at ? at?.path : await deps.memory.stores.pathOf(params.memory_store_id, at.digest);
+    if (after === null) throw new ApiError('validation.malformed', `query.page: not a cursor of this ${what}`);
     const r = await deps.memory.stores.list(params.memory_store_id, { prefix: query.path_prefix, limit: query.limit ?? 100, after });
-    return { data: r.data.map(entry), next_page: r.next !== null ? encodeBoundCursor('path', binding, r.next) : null };
+    return { data: r.data.map(entry), next_page: r.next !== null ? encodeListingCursor(binding, r.next) : null };
   }),
   workspaceRead({
     operationId: 'memoryStores.getDocument', path: '/v1/memory-stores/{memory_store_id}/document',

@@ -1,4 +1,4 @@
-import { ApiError, newId, nowIso, sha256Hex } from '@agentplane/core';
+import { ApiError, Cursor, newId, nowIso, sha256Hex } from '@agentplane/core';
 import { keys, LuaScript, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
 import { checkContent, checkMetadata, checkPath, checkWellFormed, type MemoryAuthor, type MemoryDocument, type MemoryStoreDoc, type MemoryVersion } from './model.js';
 
@@ -49,8 +49,15 @@ export function memoryKeys(storeId: string) {
     ver: keys.scoped(tag, 'ver'),
     paths: keys.scoped(tag, 'paths'),
     changes: keys.scoped(tag, 'changes'),
-    hist: (path: string) => keys.scoped(tag, `hist:${sha256Hex(path).slice(0, 32)}`),
+    hist: (path: string) => keys.scoped(tag, `hist:${pathDigest(path)}`),
+    /** The same key, by the digest of its path. */
+    histOf: (digest: string) => keys.scoped(tag, `hist:${digest}`),
   };
+}
+
+/** What names a path's history key: 32 hex of the SHA-256 of the path's UTF-8. */
+export function pathDigest(path: string): string {
+  return sha256Hex(path).slice(0, 32);
 }
 
 function sameMetadata(a: Record<string, string>, b: Record<string, string>): boolean {
@@ -63,9 +70,14 @@ export function encodeMemoryCursor(kind: string, value: string): string {
   return `c1_${Buffer.from(`${kind}:${value}`, 'utf8').toString('hex')}`;
 }
 
-export function decodeMemoryCursor(kind: string, cursor: string, field: string): string {
+/** The text a `c1_` cursor holds, or '' when it holds none. */
+function cursorText(cursor: string): string {
   const m = /^c1_([0-9a-f]+)$/.exec(cursor);
-  const text = m?.[1] && m[1].length % 2 === 0 ? Buffer.from(m[1], 'hex').toString('utf8') : '';
+  return m?.[1] && m[1].length % 2 === 0 ? Buffer.from(m[1], 'hex').toString('utf8') : '';
+}
+
+export function decodeMemoryCursor(kind: string, cursor: string, field: string): string {
+  const text = cursorText(cursor);
   if (!text.startsWith(`${kind}:`)) throw new ApiError('validation.malformed', `${field}: not a cursor issued by this operation`);
   return text.slice(kind.length + 1);
 }
@@ -86,6 +98,36 @@ export function decodeBoundCursor(kind: string, cursor: string, field: string, b
   const at = text.indexOf(':');
   if (at < 0 || text.slice(0, at) !== binding) throw new ApiError('validation.malformed', `${field}: not a cursor of this ${what}`);
   return text.slice(at + 1);
+}
+
+/** The longest cursor the API takes back: the `Cursor` schema of every `page` and `next_page`. */
+export const MAX_CURSOR_CHARS = Cursor().maxLength ?? 512;
+
+/** Where a document listing continues: after `path`, or after the path whose history key `digest` names. */
+export type ListingPosition = { path: string } | { digest: string };
+
+/** Kinds of document listing cursors: the last path itself, or its digest. */
+const AFTER_PATH = 'path';
+const AFTER_DIGEST = 'path_sha';
+
+/**
+ * The `next_page` of a document listing whose page ended on `lastPath`: that path while the
+ * cursor fits `MAX_CURSOR_CHARS` (paths of up to 232 bytes of UTF-8), else the path's
+ * digest, which names its history key (119 characters whatever the path). A path's history
+ * outlives the document, so the position stays exact even when that document is deleted before
+ * the next page is asked for.
+ */
+export function encodeListingCursor(binding: string, lastPath: string): string {
+  const inline = encodeBoundCursor(AFTER_PATH, binding, lastPath);
+  return inline.length <= MAX_CURSOR_CHARS ? inline : encodeBoundCursor(AFTER_DIGEST, binding, pathDigest(lastPath));
+}
+
+/** The position a document listing cursor names; 400 for a cursor of another kind or listing, or a malformed digest. */
+export function decodeListingCursor(cursor: string, field: string, binding: string, what: string): ListingPosition {
+  if (!cursorText(cursor).startsWith(`${AFTER_DIGEST}:`)) return { path: decodeBoundCursor(AFTER_PATH, cursor, field, binding, what) };
+  const digest = decodeBoundCursor(AFTER_DIGEST, cursor, field, binding, what);
+  if (!/^[0-9a-f]{32}$/.test(digest)) throw new ApiError('validation.malformed', `${field}: not a cursor of this ${what}`);
+  return { digest };
 }
 
 /**
@@ -176,6 +218,17 @@ export class MemoryStores {
   async readVersion(storeId: string, path: string, version: number): Promise<MemoryVersion | null> {
     const raw = await this.redis.lindex(memoryKeys(storeId).hist(path), version - 1);
     return raw === null ? null : (JSON.parse(raw) as MemoryVersion);
+  }
+
+  /**
+   * The path whose history key `digest` names (its first version says which), or null when no
+   * path of this store was ever written with that digest.
+   */
+  async pathOf(storeId: string, digest: string): Promise<string | null> {
+    const raw = await this.redis.lindex(memoryKeys(storeId).histOf(digest), 0);
+    if (raw === null) return null;
+    const path = (JSON.parse(raw) as Partial<MemoryVersion>).path;
+    return typeof path === 'string' && pathDigest(path) === digest ? path : null;
   }
 
   /** History of a path, newest first, paged by version. */
