@@ -8,7 +8,9 @@
  * The tag hashes the default image's content hash with the name, size and mtime of every
  * browser file (not their bytes; playwright-core's by its version and sizes, since `npm ci` gives
  * them new mtimes), so deciding that the image is up to date reads no large file:
- * a present image costs one stat per file; a build happens only when a package changed.
+ * a present image costs one stat per file; a build happens only when a package changed. The
+ * default image's content hash comes from the labels of the default image when they record the
+ * current inputs (see `identifyRootfs`), else from reading and hashing the default rootfs.
  */
 import { execFile } from 'node:child_process';
 import { createHash } from 'node:crypto';
@@ -17,7 +19,7 @@ import { createRequire } from 'node:module';
 import { dirname, join } from 'node:path';
 import { promisify } from 'node:util';
 import Docker from 'dockerode';
-import { assembleRootfs, DEFAULT_MANIFEST_PATH, imageChanges, imageExists, importRootfs, loadManifest, SandboxImageError, type SandboxImage } from './image.js';
+import { assembleRootfs, DEFAULT_MANIFEST_PATH, identifyRootfs, imageChanges, imageExists, importRootfs, loadManifest, SandboxImageError, type SandboxImage } from './image.js';
 import { createTar, type TarEntry } from './tar.js';
 
 const execFileAsync = promisify(execFile);
@@ -157,31 +159,42 @@ export async function ensureBrowserImage(options: EnsureBrowserImageOptions = {}
   const progress = options.onProgress ?? (() => {});
   const docker = options.docker ?? new Docker();
   const manifest = loadManifest(options.manifestPath ?? DEFAULT_MANIFEST_PATH);
-  const base = await assembleRootfs(manifest);
+  const base = await identifyRootfs(manifest, docker, { force: options.force ?? false });
   const files = await browserFiles();
-  const hash = createHash('sha256').update(`browser-v1\0${base.contentHash}\0`);
   // playwright-core's files get a new mtime with every `npm ci`: its version and sizes name it.
   const pwVersion = (JSON.parse(readFileSync(join(playwrightCoreDir(), 'package.json'), 'utf8')) as { version: string }).version;
-  hash.update(`playwright-core@${pwVersion}\0`);
-  for (const f of files) {
-    const mtime = f.path.startsWith(`${BROWSER_NODE_PATH}/`) ? 0 : f.mtimeMs;
-    hash.update(`${f.path}\0${f.kind}\0${f.target ?? ''}\0${f.mode}\0${f.size}\0${mtime}\0`);
-  }
-  const contentHash = hash.digest('hex').slice(0, 16);
+  const hashOf = (baseHash: string): string => {
+    const hash = createHash('sha256').update(`browser-v1\0${baseHash}\0`);
+    hash.update(`playwright-core@${pwVersion}\0`);
+    for (const f of files) {
+      const mtime = f.path.startsWith(`${BROWSER_NODE_PATH}/`) ? 0 : f.mtimeMs;
+      hash.update(`${f.path}\0${f.kind}\0${f.target ?? ''}\0${f.mode}\0${f.size}\0${mtime}\0`);
+    }
+    return hash.digest('hex').slice(0, 16);
+  };
+  let contentHash = hashOf(base.contentHash);
   const repository = `${manifest.repository}-browser`;
-  const tag = `${repository}:${contentHash}`;
+  let tag = `${repository}:${contentHash}`;
   const latest = `${repository}:latest`;
   const bytes = base.bytes + files.reduce((n, f) => n + f.size, 0);
-  const result = (built: boolean): SandboxImage => ({ tag, latest, contentHash, built, files: base.files + files.length, bytes, durationMs: Date.now() - started });
+  const result = (built: boolean): SandboxImage => ({
+    tag, latest, contentHash, built, cached: !built && base.cached, files: base.files + files.length, bytes, durationMs: Date.now() - started,
+  });
   if (!options.force && (await imageExists(docker, tag))) {
     await docker.getImage(tag).tag({ repo: repository, tag: 'latest' });
-    progress(`browser image: ${tag} is up to date`);
+    progress(`browser image: ${tag} is up to date${base.cached ? ' by its inputs' : ''}`);
     return result(false);
   }
+  // The default rootfs is read now if its labels stood in for it (the tag follows what was read).
+  const rootfs = base.rootfs ?? (await assembleRootfs(manifest));
+  if (rootfs.contentHash !== base.contentHash) {
+    contentHash = hashOf(rootfs.contentHash);
+    tag = `${repository}:${contentHash}`;
+  }
   progress(`browser image: ${files.length} browser files, ${(bytes / 1048576).toFixed(0)} MiB in all`);
-  const entries: TarEntry[] = [...base.entries];
-  const dirs = new Set(base.entries.filter((e) => e.type === 'dir').map((e) => e.path));
-  const taken = new Set(base.entries.map((e) => e.path));
+  const entries: TarEntry[] = [...rootfs.entries];
+  const dirs = new Set(rootfs.entries.filter((e) => e.type === 'dir').map((e) => e.path));
+  const taken = new Set(rootfs.entries.map((e) => e.path));
   const addParents = (path: string): void => {
     const parts = path.split('/').filter(Boolean);
     for (let i = 1; i < parts.length; i++) {
