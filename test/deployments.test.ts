@@ -240,6 +240,23 @@ describe('revisions', () => {
     expect([s.status, errType(s)]).toEqual([409, 'runtime.invalid_transition']);
   });
 
+  it('the revision listing takes only the cursors it issued: any other is 400', async () => {
+    const a = await agent('revs-cursor');
+    const head = await admin.post<Head>(`/v1/organizations/workspaces/${ws}/agent-deployments`, { agent_id: a, key: 'revs-cursor' });
+    await admin.post(`/v1/agent-deployments/${head.id}/revisions`, revisionBody(1));
+    await admin.post(`/v1/agent-deployments/${head.id}/revisions`, revisionBody(2, { execution_target: { ...(revisionBody(2).execution_target as Json), harness_topology: 'colocated' } }));
+    const first = await viewer.get<{ data: Rev[]; next_page: string | null }>(`/v1/agent-deployments/${head.id}/revisions`, { limit: 1 });
+    expect(first.data.map((r) => r.revision_number)).toEqual([1]);
+    expect(first.next_page).not.toBeNull();
+    const second = await viewer.get<{ data: Rev[]; next_page: string | null }>(`/v1/agent-deployments/${head.id}/revisions`, { limit: 1, page: first.next_page ?? '' });
+    expect([second.data.map((r) => r.revision_number), second.next_page]).toEqual([[2], null]);
+    // Past the last revision, revision 0, a leading zero, a number too large, not base 36: none was issued.
+    for (const page of ['c1_zz', 'c1_3', 'c1_0', 'c1_01', `c1_${'z'.repeat(40)}`, 'c1_', 'c1_A', 'x1_1']) {
+      const r = await viewer.request('GET', `/v1/agent-deployments/${head.id}/revisions`, { query: { page } });
+      expect([page, r.status, errType(r)]).toEqual([page, 400, 'validation.malformed']);
+    }
+  });
+
   it('CAS race: two publishers from the same resource_version, one wins', async () => {
     const a = await agent('race');
     const head = await admin.post<Head>(`/v1/organizations/workspaces/${ws}/agent-deployments`, { agent_id: a, key: 'race' });
@@ -311,6 +328,31 @@ describe('connection bindings', () => {
     expect([patched.status, patched.body.status]).toEqual([200, 'archived']);
     const unsel = await admin.request('POST', `/v1/agent-deployments/${head.id}/revisions`, { body: revisionBody(3, { connection_binding_selections: sel(2) }) });
     expect([unsel.status, errType(unsel)]).toEqual([409, 'runtime.invalid_transition']);
+  });
+});
+
+describe('connection bindings of an archived deployment', () => {
+  it('take no change: PATCH and a new revision are 409 runtime.invalid_transition; a replay of a revision still answers it', async () => {
+    const conn = await admin.post<{ id: string }>('/v1/connections', { name: 'tools-archived', url: 'https://mcp.example.test/mcp' });
+    const head = await admin.post<Head>(`/v1/organizations/workspaces/${ws}/agent-deployments`, { agent_id: await agent('bound-archived'), key: 'bound-archived' });
+    const binding = await admin.post<Head>(`/v1/agent-deployments/${head.id}/connection-bindings`, { agent_deployment_id: head.id, integration_connection_id: conn.id, key: 'tools' });
+    const content = { tool_selection: ['search'], tool_aliases: {}, argument_policy: 'default' };
+    const r1 = await admin.request<Json>('POST', `/v1/agent-deployment-connection-bindings/${binding.id}/revisions`, { body: { expected_resource_version: 1, ...content } });
+    expect(r1.status).toBe(201);
+    const archived = await admin.request<Head>('PATCH', `/v1/agent-deployments/${head.id}`, { body: { expected_resource_version: 1, status: 'archived' } });
+    expect([archived.status, archived.body.status]).toEqual([200, 'archived']);
+    for (const body of [{ expected_resource_version: 2, display_name: 'x' }, { expected_resource_version: 2, status: 'archived' }]) {
+      const r = await admin.request('PATCH', `/v1/agent-deployment-connection-bindings/${binding.id}`, { body });
+      expect([r.status, errType(r), errMessage(r)]).toEqual([409, 'runtime.invalid_transition', 'the deployment is archived (terminal)']);
+    }
+    for (const body of [{ expected_resource_version: 2, ...content, tool_selection: ['fetch'] }, { ...content, tool_selection: ['fetch'] }]) {
+      const r = await admin.request('POST', `/v1/agent-deployment-connection-bindings/${binding.id}/revisions`, { body });
+      expect([r.status, errType(r), errMessage(r)]).toEqual([409, 'runtime.invalid_transition', 'the deployment is archived (terminal)']);
+    }
+    // The publish that made revision 1, repeated: its revision, as for a deployment revision.
+    const replay = await admin.request<Json>('POST', `/v1/agent-deployment-connection-bindings/${binding.id}/revisions`, { body: { expected_resource_version: 1, ...content } });
+    expect([replay.status, replay.body]).toEqual([200, r1.body]);
+    expect(await viewer.get<Head>(`/v1/agent-deployment-connection-bindings/${binding.id}`)).toMatchObject({ status: 'active', current_revision_number: 1, resource_version: 2, display_name: null });
   });
 });
 

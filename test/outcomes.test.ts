@@ -1,5 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Redis } from 'ioredis';
 import type { HttpClient } from '@agentplane/client';
+import { keys, tags } from '@agentplane/store';
 import { waitFor, type Platform } from './harness/platform.js';
 import { SCRIPT, startTurnPlatform, untilEvents, type Json, type TurnEvent } from './harness/turns.js';
 
@@ -174,6 +176,32 @@ describe('outcomes', () => {
     await api.post(`/v1/sessions/${id}/events`, { type: 'user.interrupt', payload: { authored_by: principal, caused_by: { kind: 'api' } } });
     const evs = await untilEvents(api, id, ended, 60_000);
     expect(outcomeEnd(evs)).toMatchObject({ result: 'interrupted', evaluation_count: 1, revision_count: 1 });
+  });
+
+  it('of defines sent together on an idle thread, one starts an outcome; the others are 409 and write nothing', async () => {
+    const id = await session(envId, SCRIPT([{ then: [{ reply: 'Done.' }] }]));
+    const satisfied = rubric([{ then: [{ verdict: 'satisfied' }] }]);
+    const rs = await Promise.all([1, 2, 3].map((n) => api.request<Json>('POST', `/v1/sessions/${id}/events`, { body: define({ description: `Outcome ${n}.`, rubric: satisfied }) })));
+    expect(rs.map((r) => r.status).sort()).toEqual([201, 409, 409]);
+    for (const r of rs.filter((x) => x.status === 409)) expect(errType(r)).toBe('runtime.invalid_transition');
+    const winner = rs.find((r) => r.status === 201)?.body as Json;
+    const evs = await untilEvents(api, id, ended, 90_000);
+    expect(outcomeEnd(evs)).toMatchObject({ result: 'satisfied', evaluation_count: 1 });
+    expect(evs.filter((e) => e.type === 'user.define_outcome').map((e) => e.id)).toEqual([winner.id]);
+    expect(evs.filter((e) => e.type === 'session.outcome_started')).toHaveLength(1);
+    // One outcome document, one agent turn and one grader Run.
+    const redis = new Redis(p.redisUrl());
+    try {
+      expect(await redis.zcard(keys.index(tags.session(id), 'outcomes'))).toBe(1);
+    } finally {
+      redis.disconnect();
+    }
+    expect((await api.get<{ data: Json[] }>(`/v1/sessions/${id}/runs`)).data).toHaveLength(2);
+    // The thread is free again once the outcome ended.
+    const next = await api.request<Json>('POST', `/v1/sessions/${id}/events`, { body: define({ rubric: satisfied }) });
+    expect(next.status).toBe(201);
+    const after = await untilEvents(api, id, (e) => e.filter((x) => x.type === 'session.outcome_ended').length >= 2, 90_000);
+    expect(after.filter((e) => e.type === 'session.outcome_ended').map((e) => (e.payload as Json).result)).toEqual(['satisfied', 'satisfied']);
   });
 
   it('takes its rubric from a File', async () => {

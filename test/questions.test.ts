@@ -122,6 +122,26 @@ describe('questions', () => {
     expect(current.status).toBe(201);
   });
 
+  it('after the Session is archived, an exact replay of an answer returns the original; a new answer is refused', async () => {
+    const s = await api.post<{ id: string }>('/v1/sessions', { agent: { name: 'idle', model: 'default', tools: [{ type: 'builtin', name: 'ask_user' }] }, environment_id: envId });
+    const doc = await store.get(p.bootstrap.workspace_id, s.id);
+    const runtime = new ThreadRuntime(store, () => recordOnlyTurnScheduler);
+    await runtime.endTurn(doc, doc._primary_thread_id, { type: 'requires_action', tool_use_ids: ['toolu_a1', 'toolu_a2'] },
+      [{ tool_use_id: 'toolu_a1', kind: 'question' }, { tool_use_id: 'toolu_a2', kind: 'question' }]);
+    const body = answer('toolu_a1', { answers: [{ selected: ['blue'] }] });
+    const ok = await send(s.id, body);
+    expect(ok.status).toBe(201);
+    expect((await api.request('POST', `/v1/sessions/${s.id}/archive`, { body: {} })).status).toBe(200);
+    const replay = await send(s.id, body);
+    expect([replay.status, replay.body]).toEqual([200, ok.body]);
+    // Not a replay: another answer to the answered wait, an answer to the open one, a message.
+    for (const other of [answer('toolu_a1', { answers: [{ selected: ['red'] }] }), answer('toolu_a2', { declined: true }), msg('more')]) {
+      const r = await send(s.id, other);
+      expect([r.status, errType(r), errMsg(r)]).toEqual([409, 'runtime.invalid_transition', expect.stringContaining('the session is archived')]);
+    }
+    expect((await store.log.range(s.id, 0, 100)).filter((e) => e.type === 'user.question_answer')).toHaveLength(1);
+  });
+
   it('user.interrupt ends the wait on a question: the turn ends interrupted, a late answer is no longer current, the next message runs a new turn', async () => {
     const id = (await api.post<{ id: string }>('/v1/sessions', {
       agent: {

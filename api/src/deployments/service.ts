@@ -292,8 +292,9 @@ export class DeploymentService {
   }
 
   async listRevisions(ws: string, id: string, q: { limit?: number | undefined; page?: string | undefined }) {
-    await this.get(ws, id);
-    const after = q.page ? decodeNumberCursor(q.page) : 0;
+    const head = await this.get(ws, id);
+    // A cursor names the last revision of the page it ended: one this deployment has published.
+    const after = q.page ? decodeNumberCursor(q.page, 1, head.current_revision_number) : 0;
     const r = await this.heads.listRevisions<RevisionDoc>(ws, id, { limit: q.limit ?? 20, after });
     return { data: r.data, next_page: r.more && r.last !== null ? `c1_${r.last.toString(36)}` : null };
   }
@@ -420,9 +421,12 @@ export class DeploymentService {
     return this.heads.get<BindingDoc>(ws, id, 'connection binding');
   }
 
-  patchBinding(ws: string, id: string, body: { expected_resource_version: number; display_name?: string | null | undefined; status?: 'active' | 'archived' | undefined }): Promise<BindingDoc> {
+  /** Archive is terminal, the binding's and its deployment's: a binding of an archived deployment takes no change. */
+  async patchBinding(ws: string, id: string, body: { expected_resource_version: number; display_name?: string | null | undefined; status?: 'active' | 'archived' | undefined }): Promise<BindingDoc> {
+    const parent = await this.bindingDeployment(ws, await this.getBinding(ws, id));
     return this.heads.update<BindingDoc>(ws, id, body.expected_resource_version, (cur) => {
       if (cur.status === 'archived') throw new ApiError('runtime.invalid_transition', 'the connection binding is archived (terminal)');
+      if (parent.status === 'archived') throw deploymentArchived();
       const next = { ...cur };
       if (body.display_name !== undefined) next.display_name = body.display_name;
       if (body.status !== undefined) next.status = body.status;
@@ -448,6 +452,7 @@ export class DeploymentService {
         throw new ApiError('validation.conflict', `resource_version ${expected} is stale; the current resource_version is ${head.version}`);
       }
       if (head.status === 'archived') throw new ApiError('runtime.invalid_transition', 'the connection binding is archived (terminal)');
+      if ((await this.bindingDeployment(ws, head)).status === 'archived') throw deploymentArchived();
       const n = head.current_revision_number + 1;
       const now = nowIso();
       const revision: BindingRevisionDoc = { agent_deployment_connection_binding_id: id, workspace_id: ws, binding_revision_number: n, ...content, published_at: now };
@@ -458,6 +463,11 @@ export class DeploymentService {
       if (body.expected_resource_version !== undefined) continue; // re-read: replay or 409 above
     }
     throw new ApiError('validation.conflict', 'too much contention on this binding; nothing was written, retry');
+  }
+
+  /** The deployment a binding belongs to (its head as stored now). */
+  private bindingDeployment(ws: string, binding: BindingDoc): Promise<DeploymentDoc> {
+    return this.get(ws, binding.agent_deployment_id);
   }
 
   async bindingRevision(ws: string, id: string, n: number): Promise<BindingRevisionDoc> {
@@ -508,9 +518,12 @@ export class DeploymentService {
 
 const uniqKey = (ws: string, collection: string) => keys.unique(tags.workspace(ws), collection);
 
-function decodeNumberCursor(cursor: string): number {
+const deploymentArchived = (): ApiError => new ApiError('runtime.invalid_transition', 'the deployment is archived (terminal)');
+
+/** `c1_<n in base 36>` as this list writes it (no leading zeros), with `min <= n <= max`; else 400. */
+function decodeNumberCursor(cursor: string, min = 0, max = Number.MAX_SAFE_INTEGER): number {
   const m = /^c1_([0-9a-z]+)$/.exec(cursor);
   const n = m?.[1] ? parseInt(m[1], 36) : NaN;
-  if (!Number.isSafeInteger(n) || n < 0) throw new ApiError('validation.malformed', 'query.page: not a cursor issued by this list');
+  if (!Number.isSafeInteger(n) || n < min || n > max || n.toString(36) !== m?.[1]) throw new ApiError('validation.malformed', 'query.page: not a cursor issued by this list');
   return n;
 }

@@ -45,8 +45,14 @@ export interface SessionServiceDeps {
 
 /** What the Sessions module asks of the outcomes module. */
 export interface OutcomeDriver {
-  /** Before the define event is appended: refuses what the thread cannot take. */
+  /** Before the define event of a new Session is appended: refuses what the thread cannot take. */
   admit(session: SessionDoc, thread: ThreadDoc, payload: DrivePayload): Promise<void>;
+  /**
+   * A define event for an existing Session: checked as `admit`, then appended in the same step
+   * that takes the thread (of two defines sent together, one only is written: the other is 409).
+   * A producer key that names an earlier append answers its event.
+   */
+  appendDefine(session: SessionDoc, thread: ThreadDoc, payload: DrivePayload, producerKey: string | undefined, trace?: Context): Promise<LogEvent>;
   /** After it is appended: records the outcome and starts its first turn. */
   defined(session: SessionDoc, threadId: string, event: LogEvent, trace?: Context): Promise<unknown>;
 }
@@ -333,12 +339,15 @@ export class SessionService {
 
   /** `trace`: the context of the request driving the Session (the parent of its appends' and its Run's spans). */
   async drive(session: SessionDoc, input: DriveInput, idemKey: string | undefined, trace?: Context): Promise<DriveOutcome> {
-    // Archiving stops new work, not the work under way: a turn still running can be interrupted.
-    if (session.archived_at !== null && input.type !== 'user.interrupt') {
-      throw new ApiError('runtime.invalid_transition', 'the session is archived: it keeps its reads but takes no new work (a running turn can still be interrupted)');
-    }
     const p = input.payload;
     const answering = input.type === 'user.custom_tool_result' || input.type === 'user.tool_confirmation' || input.type === 'user.question_answer';
+    // Archiving stops new work, not the work under way: a turn still running can be interrupted.
+    // An exact replay of an answer already recorded is no new work: it returns the original event.
+    if (session.archived_at !== null && input.type !== 'user.interrupt') {
+      const replay = answering ? await this.replayedAnswer(session, input) : null;
+      if (replay) return replay;
+      throw new ApiError('runtime.invalid_transition', 'the session is archived: it keeps its reads but takes no new work (a running turn can still be interrupted)');
+    }
     if (input.type === 'user.question_answer' && (p.answers === undefined) === (p.declined === undefined)) {
       throw new ApiError('validation.malformed', 'body.payload: a user.question_answer carries exactly one of answers and declined');
     }
@@ -364,10 +373,7 @@ export class SessionService {
       throw new ApiError('runtime.invalid_transition', 'the thread is terminated');
     }
     if (admitted.status === 'rejected') throw admitted.reason;
-    if (input.type === 'user.define_outcome' && thread) {
-      if (thread.status === 'terminated') throw new ApiError('runtime.invalid_transition', 'the thread is terminated');
-      await this.d.outcomes?.admit(session, thread, p);
-    }
+    if (input.type === 'user.define_outcome' && thread?.status === 'terminated') throw new ApiError('runtime.invalid_transition', 'the thread is terminated');
     // A message into a thread that could start a turn (as last read, or not known without a
     // read) records the start's intent beside the append, not after it.
     const intent = queue ? this.d.runtime.intendStart(session, thread) : undefined;
@@ -376,6 +382,12 @@ export class SessionService {
     // its key: the key's record lives a day and the log's producer keys a week, so the same key
     // with another body after the record has gone is a new message, not the old one again.
     const producerKey = idemKey ? `drive:${sha256Hex(`${idemKey}\0${canonicalJson([input.type, threadId, input.payload])}`)}` : undefined;
+    // A define: checked, appended and the thread taken in one step (a concurrent define is 409).
+    if (input.type === 'user.define_outcome' && thread && this.d.outcomes) {
+      const event = await this.d.outcomes.appendDefine(session, thread, p, producerKey, trace);
+      await this.d.outcomes.defined(session, threadId, event, trace);
+      return { status: 201, event };
+    }
     // A message into a thread known to be able to start: the message and the start in one script.
     if (intent && thread) {
       const started = await this.d.runtime.startWithMessage(session, thread, {
@@ -386,7 +398,6 @@ export class SessionService {
     const { event, thread: seen, queued } = await this.appendOne(session.id, input, threadId, producerKey, queue, trace);
     // The append script queued the message, read the thread and returned the queue: a busy thread is not written.
     if (queue) await this.d.runtime.submitUserMessage(session, threadId, event.id, { queued: true, thread: seen, ...(queued ? { queue: queued } : {}), ...(intent ? { intent } : {}), trace });
-    if (input.type === 'user.define_outcome') await this.d.outcomes?.defined(session, threadId, event, trace);
     if (input.type === 'user.interrupt') await this.d.runtime.interrupt(session, threadId, trace);
     return { status: 201, event };
   }
@@ -411,11 +422,9 @@ export class SessionService {
     return { event: ev, thread: r.peeked ? this.d.store.rememberedThread(r.peeked) : null, ...(r.queued ? { queued: r.queued } : {}) };
   }
 
-  /** `user.custom_tool_result` / `user.tool_confirmation` / `user.question_answer`: only for the exact current wait generation. */
-  private async answer(session: SessionDoc, input: DriveInput, trace: Context | undefined): Promise<DriveOutcome> {
-    const p = input.payload;
+  /** The thread an answer is for: the one it names, else the one waiting on its tool use (else one that waited on it). */
+  private async answerThread(session: SessionDoc, p: DrivePayload): Promise<ThreadDoc> {
     const toolUseId = p.tool_use_id as string;
-    const kind: WaitKind = input.type === 'user.custom_tool_result' ? 'custom_tool' : input.type === 'user.question_answer' ? 'question' : 'confirmation';
     let thread: ThreadDoc;
     if (p.session_thread_id) {
       thread = await this.d.store.thread(session.id, p.session_thread_id);
@@ -431,6 +440,31 @@ export class SessionService {
       if (!found) throw new ApiError('runtime.invalid_transition', `no thread waits on ${toolUseId}`);
       thread = found;
     }
+    return thread;
+  }
+
+  /** What an answer is compared by to the one recorded (its payload without `caused_by`). */
+  private answerFingerprint(input: DriveInput): string {
+    const { caused_by: _c, ...exact } = input.payload;
+    return sha256Hex(canonicalJson({ type: input.type, payload: exact }));
+  }
+
+  /** An exact replay of a recorded answer: the original event (200); null when `input` is not one. */
+  private async replayedAnswer(session: SessionDoc, input: DriveInput): Promise<DriveOutcome | null> {
+    const toolUseId = input.payload.tool_use_id as string;
+    const thread = await this.answerThread(session, input.payload).catch(() => null);
+    const wait = thread?._waits[toolUseId];
+    if (!wait || wait.answered_event_id === null || ANSWER_TYPE[wait.kind as keyof typeof ANSWER_TYPE] !== input.type) return null;
+    const fp = this.answerFingerprint(input);
+    return wait.answer_fingerprint === fp ? this.replayAnswer(session.id, wait, fp) : null;
+  }
+
+  /** `user.custom_tool_result` / `user.tool_confirmation` / `user.question_answer`: only for the exact current wait generation. */
+  private async answer(session: SessionDoc, input: DriveInput, trace: Context | undefined): Promise<DriveOutcome> {
+    const p = input.payload;
+    const toolUseId = p.tool_use_id as string;
+    const kind: WaitKind = input.type === 'user.custom_tool_result' ? 'custom_tool' : input.type === 'user.question_answer' ? 'question' : 'confirmation';
+    const thread = await this.answerThread(session, p);
     const wait = thread._waits[toolUseId];
     if (thread.status === 'terminated' && wait?.answered_event_id === null) throw new ApiError('runtime.invalid_transition', 'the thread is terminated');
     if (!wait) throw new ApiError('runtime.invalid_transition', `the thread does not wait on ${toolUseId}`);
@@ -441,8 +475,7 @@ export class SessionService {
       throw new ApiError('runtime.invalid_transition', `${toolUseId} is a delegation tool use: the platform answers it when its child threads are done; a drive event cannot answer it`);
     }
     if (wait.kind !== kind) throw new ApiError('runtime.invalid_transition', `${toolUseId} waits for a ${ANSWER_TYPE[wait.kind]}`);
-    const { caused_by: _c, ...exact } = p;
-    const fp = sha256Hex(canonicalJson({ type: input.type, payload: exact }));
+    const fp = this.answerFingerprint(input);
     if (wait.answered_event_id !== null) return this.replayAnswer(session.id, wait, fp);
     if (wait.generation !== thread._wait_generation) throw new ApiError('runtime.invalid_transition', `the wait on ${toolUseId} is no longer current`);
 

@@ -426,6 +426,34 @@ describe('event log', () => {
     expect(await redis.llen(list)).toBe(2);
   });
 
+  it('commit with claim: of two commits claiming one hash field, one is written; a held field refuses the commit whole', async () => {
+    const s = sess();
+    const tag = tags.session(s);
+    const hash = keys.scoped(tag, 'outcomes:active');
+    const list = keys.scoped(tag, 'inputs:sthr_1');
+    const define = (n: string, replaces?: string | null) => log.commit(s, [{ key: keys.doc(tag, n), body: JSON.stringify({ id: n, version: 1 }), expectedVersion: null, index: { key: keys.index(tag, 'outcomes'), score: 1, member: n } }],
+      [{ type: 'user.define_outcome', payload: { n } }], { claim: { key: hash, field: 'sthr_1', value: n, replaces }, reads: [{ key: hash, field: 'sthr_1' }], peekList: list });
+    const [a, b] = await Promise.all([define('outc_a'), define('outc_b')]);
+    expect([a, b].filter((r) => r.ok)).toHaveLength(1);
+    const winner = a.ok ? 'outc_a' : 'outc_b';
+    expect([a, b].find((r) => !r.ok)).toEqual({ ok: false, reason: 'claimed', holder: winner });
+    expect((a.ok ? a : b.ok ? b : null)?.read).toEqual([winner]);
+    expect(await redis.hgetall(hash)).toEqual({ sthr_1: winner });
+    expect(await redis.zrange(keys.index(tag, 'outcomes'), 0, -1)).toEqual([winner]);
+    expect(await redis.exists(keys.doc(tag, a.ok ? 'outc_b' : 'outc_a'))).toBe(0);
+    expect((await log.range(s, 0, 10)).map((e) => e.payload)).toEqual([{ n: winner }]);
+    // The holder it names may be replaced (one known to be over); another may not.
+    expect(await define('outc_c', 'outc_other')).toEqual({ ok: false, reason: 'claimed', holder: winner });
+    const replaced = await define('outc_c', winner);
+    expect(replaced.ok).toBe(true);
+    expect(await redis.hget(hash, 'sthr_1')).toBe('outc_c');
+    // A free field is taken whatever it names; a commit without a claim leaves the hash alone.
+    await redis.hdel(hash, 'sthr_1');
+    expect((await define('outc_d', 'outc_gone')).ok).toBe(true);
+    expect((await log.commit(s, [], [{ type: 'x', payload: {} }])).ok).toBe(true);
+    expect(await redis.hgetall(hash)).toEqual({ sthr_1: 'outc_d' });
+  });
+
   it('commit with emptyList and fresh: a queued message or a replayed producer key writes nothing; an event keeps the id it was given', async () => {
     const s = sess();
     const tag = tags.session(s);

@@ -141,6 +141,23 @@ export interface CommitOptions extends Pick<AppendOptions, 'fence' | 'producerKe
    * (`unloaded`): what went behind it ran first.
    */
   behind?: () => void;
+  /**
+   * A hash field (in the Session's slot) the commit takes: nothing is written (`claimed`, with
+   * the current holder) when the field holds a value other than `replaces`; else it is set to
+   * `value` with the documents and events. Absent `replaces`: the field must be absent. One
+   * script, so of two commits claiming the same field, one only is written (a thread's outcome
+   * under way: docs/OUTCOMES.md). Checked after `fresh`: a replay is answered as such.
+   */
+  claim?: CommitClaim;
+}
+
+/** Commit option: take the field `field` of the hash `key` for `value` (see `CommitOptions.claim`). */
+export interface CommitClaim {
+  key: string;
+  field: string;
+  value: string;
+  /** The holder the claim may replace (one known to be over); absent: the field must be free. */
+  replaces?: string | null;
 }
 
 /** One value a commit reads after its write: the string at `key`, or `field` of the hash at `key`. */
@@ -158,6 +175,8 @@ export type CommitResult =
   | { ok: false; reason: 'queue' }
   /** Nothing was written (`fresh`): an event's producer key names an earlier append. */
   | { ok: false; reason: 'replay' }
+  /** Nothing was written (`claim`): the hash field is held by `holder`. */
+  | { ok: false; reason: 'claimed'; holder: string }
   /** Nothing was written (`behind`): the server did not hold the script (a restart, SCRIPT FLUSH). */
   | { ok: false; reason: 'unloaded' };
 
@@ -365,8 +384,10 @@ return out`);
  *       (k = -1: the list must be empty) | fresh ('1': no event's producer key may be known) |
  *       peek ('1': the key after those is a list returned after the append, as APPEND's enqueue
  *       does: '' (no document), its length and, when short, its ids) | r | the r reads' hash fields
- *       ('' = GET), their keys last in KEYS; the r values read (false when absent) follow the
- *       events in the reply, before the peek's
+ *       ('' = GET), their keys after the peeked list in KEYS; the r values read (false when
+ *       absent) follow the events in the reply, before the peek's | claim ('1': the hash field
+ *       field | value | the holder it may replace ('' = none) is taken, the hash's key last in
+ *       KEYS; a field held by another holder refuses the commit: {'claimed', holder})
  */
 const COMMIT = new LuaScript(
   'event_log_commit',
@@ -417,22 +438,30 @@ if ARGV[q + math.max(k, 0) + 1] == '1' then
     if pk ~= '' and redis.call('HEXISTS', KEYS[3], pk) == 1 then return {'replay'} end
   end
 end
-for i = 1, m do
-  local d = docs[i]
-  if d.expected == '' then redis.call('SET', d.key, d.body) else redis.call('SET', d.key, d.body, 'KEEPTTL') end
-  if d.index then redis.call('ZADD', d.index, d.score, d.member) end
-end
-if k > 0 then redis.call('LTRIM', KEYS[ki], k, -1) end
-local out = append(KEYS, ARGV)
 local pf = q + math.max(k, 0) + 2
 -- The keys after the documents: the dequeue (or empty) list when k ~= 0, the peeked list when
--- peek is '1', then the reads' keys.
+-- peek is '1', then the reads' keys, then the claim's hash.
 local pk = ki
 if k ~= 0 then pk = ki + 1 end
 local peek = KEYS[pk]
 local rk = pk
 if ARGV[pf] == '1' then rk = pk + 1 end
 local nr = tonumber(ARGV[pf + 1] or '0')
+local cf = pf + 2 + nr
+local claim = nil
+if ARGV[cf] == '1' then
+  claim = {key = KEYS[rk + nr], field = ARGV[cf + 1], value = ARGV[cf + 2]}
+  local held = redis.call('HGET', claim.key, claim.field)
+  if held and held ~= ARGV[cf + 3] then return {'claimed', held} end
+end
+for i = 1, m do
+  local d = docs[i]
+  if d.expected == '' then redis.call('SET', d.key, d.body) else redis.call('SET', d.key, d.body, 'KEEPTTL') end
+  if d.index then redis.call('ZADD', d.index, d.score, d.member) end
+end
+if k > 0 then redis.call('LTRIM', KEYS[ki], k, -1) end
+if claim then redis.call('HSET', claim.key, claim.field, claim.value) end
+local out = append(KEYS, ARGV)
 if nr > 0 and out[1] == 'ok' then
   for i = 1, nr do
     local field = ARGV[pf + 1 + i]
@@ -737,6 +766,12 @@ export class EventLog {
       keyList.push(rd.key);
       args.push(rd.field ?? '');
     }
+    if (options.claim) {
+      keyList.push(options.claim.key);
+      args.push('1', options.claim.field, options.claim.value, options.claim.replaces ?? '');
+    } else {
+      args.push('');
+    }
     let r: (string | null)[];
     if (options.behind) {
       const sent = this.runDurably(COMMIT, keyList, args, { reload: false });
@@ -754,6 +789,7 @@ export class EventLog {
     if (r[0] === 'missing' || r[0] === 'exists') return { ok: false, reason: r[0], index: Number(r[1]) - 1 };
     if (r[0] === 'queue') return { ok: false, reason: 'queue' };
     if (r[0] === 'replay') return { ok: false, reason: 'replay' };
+    if (r[0] === 'claimed') return { ok: false, reason: 'claimed', holder: r[1] as string };
     return appendResult(r, events.length, options.peekList !== undefined, reads.length);
   }
 

@@ -1,5 +1,5 @@
 import { ApiError, newId, nowIso, sha256Hex, type Context, type Logger } from '@agentplane/core';
-import { LuaScript, tags, type LogEvent, type StoredDoc } from '@agentplane/store';
+import { eventLogKeys, keys, LuaScript, newEventId, tags, type LogEvent, type StoredDoc } from '@agentplane/store';
 import type { FileStore } from '../files/store.js';
 import type { SessionDoc, ThreadDoc } from '../sessions/model.js';
 import { activeOutcomesKey, type SessionStore } from '../sessions/store.js';
@@ -71,6 +71,8 @@ const CLEAR_ACTIVE = new LuaScript('outcome-clear-active',
 
 const hashId = (prefix: string, seed: string): string => `${prefix}_${sha256Hex(seed).slice(0, 32)}`;
 
+const busy = (): ApiError => new ApiError('runtime.invalid_transition', 'the thread already works on an outcome');
+
 /**
  * Outcomes: `user.define_outcome` starts a turn; each turn that ends normally is graded by a
  * grader Run on the same thread (leased and metered like any Run); `needs_revision` starts the
@@ -112,13 +114,27 @@ export class OutcomeService {
     return session.agent.model;
   }
 
-  /** Before the define event is appended: the thread takes it, and its rubric File exists. */
+  /**
+   * Before the define event is appended: the thread takes it, and its rubric File exists. Only a
+   * check: `appendDefine` makes it and takes the thread in one step (this is for a new Session's
+   * `initial_events`, whose thread nothing else can reach yet).
+   */
   async admit(session: SessionDoc, thread: ThreadDoc, p: DrivePayload): Promise<void> {
+    await this.check(session, thread, p);
+  }
+
+  /**
+   * The checks of a define: the thread is idle, works on no outcome, and the rubric File exists.
+   * Returns the thread's claim to replace: the id of an outcome that is over (it ended, or its
+   * document is gone) but still names the thread, or null when none does.
+   */
+  private async check(session: SessionDoc, thread: ThreadDoc, p: DrivePayload): Promise<string | null> {
     const waiting = Object.values(thread._waits).some((w) => w.generation === thread._wait_generation && w.answered_event_id === null);
     if (thread.status !== 'idle' || thread._active_run_id !== null || waiting) {
       throw new ApiError('runtime.invalid_transition', 'an outcome starts on an idle thread (no turn running or waiting for an answer)');
     }
-    if (await this.active(session.id, thread.id)) throw new ApiError('runtime.invalid_transition', 'the thread already works on an outcome');
+    const holder = await this.d.store.redis.hget(this.activeKey(session.id), thread.id);
+    if (holder && (await this.active(session.id, thread.id, holder))) throw busy();
     const rubric = p.rubric as RubricRef;
     if (typeof rubric !== 'string') {
       if (!this.d.files) throw new ApiError('validation.malformed', 'body.payload.rubric: File rubrics are not served here');
@@ -126,26 +142,85 @@ export class OutcomeService {
       if (file.size_bytes > GRADER_LIMITS.rubricBytes) throw new ApiError('validation.malformed', `body.payload.rubric: the File holds more than ${GRADER_LIMITS.rubricBytes} bytes`);
     }
     await this.graderModel(session, p.grader_model as string | undefined);
+    return holder;
   }
 
   /**
-   * The define event was appended: record the outcome and start its first turn. Retry-safe.
-   * `trace`: the context of the request that defined it (the parent of its spans).
+   * A `user.define_outcome` for a Session's thread: checked as `admit`, then appended with its
+   * outcome document in one script that also takes the thread (`outcomes:active`), so of two
+   * defines sent together one only is written: the other is 409 `runtime.invalid_transition` and
+   * writes nothing. A define whose producer key names an earlier append answers that append's
+   * event (a retry), without a check. `defined` follows, as for any define event.
    */
-  async defined(session: SessionDoc, threadId: string, event: LogEvent, trace?: Context): Promise<OutcomeDoc> {
-    const p = event.payload as DrivePayload;
-    const id = hashId('outc', event.id);
+  async appendDefine(session: SessionDoc, thread: ThreadDoc, p: DrivePayload, producerKey: string | undefined, trace?: Context): Promise<LogEvent> {
+    if (producerKey) {
+      const prior = await this.priorEvent(session.id, producerKey);
+      if (prior) return prior;
+    }
+    const replaces = await this.check(session, thread, p);
+    const eventId = newEventId();
+    const doc = await this.newDoc(session, thread.id, eventId, p);
+    const tag = this.tag(session.id);
+    const r = await this.d.store.log.commit(session.id,
+      [{ key: keys.doc(tag, doc.id), body: JSON.stringify(doc), expectedVersion: null, index: { key: keys.index(tag, 'outcomes'), score: Date.parse(doc.created_at), member: doc.id } }],
+      [{ id: eventId, type: 'user.define_outcome', payload: p, session_thread_id: thread.id, ...(producerKey ? { producer_key: producerKey } : {}) }],
+      { fresh: true, claim: { key: this.activeKey(session.id), field: thread.id, value: doc.id, replaces }, trace });
+    if (r.ok) {
+      const ev = r.events[0];
+      if (ev) return ev;
+    } else {
+      if (r.reason === 'claimed') throw busy();
+      if (r.reason === 'erased') throw new ApiError('validation.not_found', 'the session was deleted and its event log erased');
+      // The same request appended meanwhile: its event is the answer.
+      const prior = r.reason === 'replay' && producerKey ? await this.priorEvent(session.id, producerKey) : null;
+      if (prior) return prior;
+    }
+    throw new ApiError('runtime.invalid_transition', 'the event log refused the append');
+  }
+
+  /** The event an earlier append with this producer key was given (null: none; 404 when it is no longer retained). */
+  private async priorEvent(sessionId: string, producerKey: string): Promise<LogEvent | null> {
+    const seq = Number(await this.d.store.redis.hget(eventLogKeys.producers(sessionId), producerKey));
+    if (!Number.isInteger(seq) || seq <= 0) return null;
+    const [event] = await this.d.store.log.range(sessionId, seq - 1, 1, seq);
+    if (!event) throw new ApiError('validation.not_found', 'the original event is no longer retained');
+    return event;
+  }
+
+  private async newDoc(session: SessionDoc, threadId: string, eventId: string, p: DrivePayload): Promise<OutcomeDoc> {
     const now = nowIso();
-    const doc: OutcomeDoc = {
-      id, type: 'outcome', session_id: session.id, workspace_id: session.workspace_id, thread_id: threadId, define_event_id: event.id,
+    return {
+      id: hashId('outc', eventId), type: 'outcome', session_id: session.id, workspace_id: session.workspace_id, thread_id: threadId, define_event_id: eventId,
       description: String(p.description), rubric: p.rubric as RubricRef,
       max_iterations: Math.min(MAX_ITERATIONS_LIMIT, Math.max(1, Number(p.max_iterations ?? DEFAULT_MAX_ITERATIONS))),
       grader_model: await this.graderModel(session, p.grader_model as string | undefined),
       status: 'working', result: null, evaluation_count: 0, revision_count: 0, grader_run_id: null, current_evaluation: null, ended_at: null,
       version: 1, created_at: now, updated_at: now,
     };
-    await this.d.store.docs.create(this.tag(session.id), doc, ['outcomes']);
-    await this.d.store.redis.hsetnx(this.activeKey(session.id), threadId, id);
+  }
+
+  /**
+   * The define event was appended: record the outcome (when `appendDefine` has not already) and
+   * start its first turn. Retry-safe.
+   * `trace`: the context of the request that defined it (the parent of its spans).
+   */
+  async defined(session: SessionDoc, threadId: string, event: LogEvent, trace?: Context): Promise<OutcomeDoc> {
+    const id = hashId('outc', event.id);
+    let doc = await this.get(session.id, id);
+    if (!doc) {
+      const fresh = await this.newDoc(session, threadId, event.id, event.payload as DrivePayload);
+      await this.d.store.docs.create(this.tag(session.id), fresh, ['outcomes']);
+      doc = (await this.get(session.id, id)) ?? fresh;
+    }
+    // A retry after the outcome ended: nothing to start again.
+    if (doc.status === 'ended') return doc;
+    const claimed = (await this.d.store.redis.hsetnx(this.activeKey(session.id), threadId, id)) === 1
+      || (await this.d.store.redis.hget(this.activeKey(session.id), threadId)) === id;
+    if (!claimed) {
+      // Another outcome holds the thread (only a define that did not take it can get here): this one ends at once.
+      await this.finish(doc, 'failed', 'the thread already works on another outcome', undefined, trace);
+      return (await this.get(session.id, id)) ?? doc;
+    }
     await this.append(session.id, threadId, 'session.outcome_started', {
       outcome_id: id, description: doc.description, max_iterations: doc.max_iterations, grader_model: doc.grader_model,
     }, `outcome:${id}:started`, trace);
@@ -241,10 +316,16 @@ export class OutcomeService {
     else if (record.result === 'failed') await this.finish(o, 'failed', record.explanation, ev.iteration, trace);
     else if (!revise) await this.finish(o, 'max_iterations_reached', null, ev.iteration, trace);
     else {
-      const next = await this.update(o, (c) => (c.status !== 'grading' || c.current_evaluation?.id !== ev.id ? null : {
-        ...c, status: 'working', grader_run_id: null, current_evaluation: null, evaluation_count: ev.iteration, revision_count: c.revision_count + 1,
-      }));
-      if (next.status !== 'working' || !event) return false;
+      // Only the call that moves the outcome from this evaluation to `working` starts the
+      // revision turn: a repeated report (a stale `grading` document) finds it moved already.
+      let moved = false;
+      await this.update(o, (c) => {
+        moved = c.status === 'grading' && c.current_evaluation?.id === ev.id;
+        return !moved ? null : {
+          ...c, status: 'working', grader_run_id: null, current_evaluation: null, evaluation_count: ev.iteration, revision_count: c.revision_count + 1,
+        };
+      });
+      if (!moved || !event) return false;
       // The explanation is the next turn's input: no client event needed.
       const { run: revision } = await this.d.runtime.submitUserMessage(session, o.thread_id, event.id, { trace });
       return revision !== null;
