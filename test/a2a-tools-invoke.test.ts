@@ -104,26 +104,32 @@ describe('one consumed call against a loopback A2A peer', () => {
     peer.release();
   });
 
-  it('refuses any request outside the provider package\'s egress ceiling, before it leaves', async () => {
+  it('refuses any request outside the provider package\'s egress ceiling, or to an address the guard refuses, before it leaves', async () => {
     const peer = await startSdkPeer();
     peers.push(peer);
-    const checked: string[] = [];
+    const development = { development: true, allowPrivate: false };
     const out = await callPeer({
       discovery: discoveryOf(peer), headers: {}, text: 'x', messageId: 'msg-e', deadlineAt: Date.now() + 5_000, policy: POLICY,
-      egress: { rpcUrl: `${peer.base}/other`, checkHost: async (h) => void checked.push(h) },
+      egress: { rpcUrl: `${peer.base}/other`, policy: development },
     });
     expect(out.status).toBe('error');
     expect(out.text).toContain('egress refused');
     expect(peer.calls).toHaveLength(0);
-    expect(checked).toEqual([]);
+    // In production mode the loopback peer is a private address: refused before anything connects.
+    const refused = await callPeer({
+      discovery: discoveryOf(peer), headers: {}, text: 'x', messageId: 'msg-e1', deadlineAt: Date.now() + 5_000, policy: POLICY,
+      egress: { rpcUrl: peer.rpcUrl, policy: { development: false, allowPrivate: false } },
+    });
+    expect(refused.status).toBe('error');
+    expect(refused.text).toMatch(/egress to 127\.0\.0\.1 is refused: it resolves to a private or reserved address/);
+    expect(peer.calls).toHaveLength(0);
     const inside = callPeer({
       discovery: discoveryOf(peer), headers: {}, text: 'y', messageId: 'msg-e2', deadlineAt: Date.now() + 5_000, policy: POLICY,
-      egress: { rpcUrl: peer.rpcUrl, checkHost: async (h) => void checked.push(h) },
+      egress: { rpcUrl: peer.rpcUrl, policy: development },
       onPoll: () => peer.release(),
     });
     expect((await inside).status).toBe('completed');
-    expect(checked.length).toBe(peer.calls.length);
-    expect(new Set(checked)).toEqual(new Set(['127.0.0.1']));
+    expect(peer.calls.map((c) => c.method)).toContain('SendMessage');
   });
 
   it('a deadline already past calls nothing', async () => {

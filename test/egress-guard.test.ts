@@ -1,27 +1,32 @@
 import { lookup } from 'node:dns/promises';
+import { readFileSync } from 'node:fs';
+import { createRequire, syncBuiltinESMExports } from 'node:module';
 import { createServer, type AddressInfo, type Server, type Socket } from 'node:net';
 import { hostname } from 'node:os';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Client, StreamableHTTPClientTransport } from '@modelcontextprotocol/client';
 import type { HttpClient } from '@agentplane/client';
+import { A2aToolCalls, type A2aCallSettings, type ToolSourceDoc } from '@agentplane/api';
 import { RedisRuntimeBearers, type RuntimeGrant } from '@agentplane/domain';
 import { LeaseFence } from '@agentplane/lease';
-import { connectRedis, type Redis } from '@agentplane/store';
+import { connectRedis, EventLog, type Redis } from '@agentplane/store';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
 import { idleCount, SCRIPT, startTurnPlatform, untilEvents, type TurnPlatform } from './harness/turns.js';
 import { startMcpUpstream, type McpUpstream } from './harness/mcp-upstream.js';
 import { errMsg, errType } from './harness/governance.js';
+import { startSdkPeer, type SdkPeer } from './harness/a2a-peer.js';
 
 /**
- * The outbound address guard on the two other places a workspace member points the control
- * plane at a URL of their choosing: MCP Connections (the api connects to them for every Run's
- * tool call) and skill sources (the api runs git against them). On a platform in its default,
+ * The outbound address guard on the other places a workspace member points the control plane at
+ * a URL of their choosing: MCP Connections (the api connects to them for every Run's tool call),
+ * skill sources (the api runs git against them) and A2A tool sources (the api calls their peer
+ * for every tool call). On a platform in its default,
  * production mode, an address that is loopback, private, link-local (cloud metadata),
  * unique-local or otherwise reserved is refused when the URL is written (400
  * `validation.malformed`), and a name that resolves to one is refused when the platform is about
  * to connect, before any connection is made. `AGENTPLANE_MODE=development` allows loopback
- * (the tests' own servers) and `WEBHOOK_ALLOW_PRIVATE_NETWORKS=true` every range, exactly as for
- * webhook endpoints.
+ * (the tests' own servers) and `EGRESS_ALLOW_PRIVATE_NETWORKS=true` (formerly
+ * `WEBHOOK_ALLOW_PRIVATE_NETWORKS`, still read) every range, exactly as for webhook endpoints.
  */
 
 /**
@@ -178,11 +183,103 @@ describe('skill sources', () => {
   });
 });
 
+describe('A2A tool sources', () => {
+  /** The platform's own default: production, no private networks. */
+  const PRODUCTION: A2aCallSettings = {
+    policy: { initialMs: 20, factor: 2, maxMs: 60, jitter: 0.2, maxRetryAfterMs: 1_000, requestTimeoutMs: 1_000 },
+    deadlineMs: 5_000, sweepMs: 60_000, egress: { development: false, allowPrivate: false },
+  };
+  let peer: SdkPeer;
+  let session: { id: string; workspace_id: string };
+  let thread: string;
+  let calls: A2aToolCalls;
+  let n = 0;
+  beforeAll(async () => {
+    peer = await startSdkPeer(undefined, { instant: true });
+    const agent = (await api.post<{ id: string }>('/v1/agents', { name: 'a2a-caller', model: 'default' })).id;
+    session = await api.post<{ id: string; workspace_id: string }>('/v1/sessions', { agent, environment_id: t.envId });
+    thread = (await api.get<{ data: { id: string }[] }>(`/v1/sessions/${session.id}/threads`)).data[0]!.id;
+    calls = new A2aToolCalls(redis, new EventLog(redis), PRODUCTION);
+  });
+  afterAll(async () => {
+    await peer?.close();
+  });
+
+  /** A synced source whose peer's JSON-RPC interface is `rpcUrl` (what a sync of its signed card records). */
+  const sourceAt = (rpcUrl: string): ToolSourceDoc => ({
+    id: `tsrc_${'a'.repeat(32)}`, version: 1, created_at: new Date().toISOString(), updated_at: new Date().toISOString(),
+    type: 'tool_source', workspace_id: session.workspace_id, name: 'peer', provider: 'peer',
+    provider_package: { id: `ppkg_${'a'.repeat(32)}`, package_version: 1, digest: 'sha256:0' },
+    source: { kind: 'a2a', card_url: new URL('/.well-known/agent-card.json', rpcUrl).href, verification_keys: [] },
+    revision: 1, sync: { state: 'synced', checked_at: new Date().toISOString(), rejection: null },
+    discovery: {
+      card_digest: 'sha256:0', key_id: 'k1', agent_name: 'peer', agent_version: '1', interface: { url: rpcUrl, protocol_binding: 'JSONRPC', protocol_version: '1.0' },
+      streaming: false, push_notifications: false, security: { kind: 'bearer', scheme_name: 'bearer' },
+    },
+    tools: [{ name: 'a2a_peer_summarize', skill_id: 'summarize', description: 'Summarizes text', approval: 'always_ask' }],
+  });
+  const call = (rpcUrl: string) => calls.invoke({
+    workspace_id: session.workspace_id, session_id: session.id, session_thread_id: thread, call_id: `toolu_${String(++n).padStart(32, '0')}`,
+    source: sourceAt(rpcUrl), tool: 'a2a_peer_summarize', text: 'hello', headers: { authorization: 'Bearer from-vault' },
+  });
+  const aliased = () => {
+    const url = new URL(peer.rpcUrl);
+    url.hostname = alias!;
+    return url.href;
+  };
+
+  describe.skipIf(alias === null)('a name that resolves to an internal address', () => {
+    it('is refused when the call is made: the peer is never reached, and the call ends as an error', async () => {
+      const r = await call(aliased());
+      expect(r.outcome.status).toBe('error');
+      expect(r.outcome.text).toMatch(/private or reserved address/);
+      expect(r.event).toMatchObject({ type: 'exec.tool_invocation', payload: { status: 'error' } });
+      expect(peer.calls).toEqual([]);
+    });
+
+    it('a DNS answer that changes after the check (rebinding) cannot redirect the call: it connects to the address checked', async () => {
+      // The guard's lookup sees a public address; any other resolution of the name (a fetch of
+      // its own) still gets the real, loopback answer: what a rebinding DNS server does.
+      type Lookup = (host: string, options?: unknown) => Promise<unknown>;
+      const dns = createRequire(import.meta.url)('node:dns/promises') as { lookup: Lookup };
+      const real = dns.lookup;
+      const asked: string[] = [];
+      dns.lookup = async (host, options) => {
+        if (host !== alias) return real(host, options);
+        asked.push(host);
+        // TEST-NET-1 (RFC 5737): public to the guard, and nothing answers there.
+        return [{ address: '192.0.2.1', family: 4 }];
+      };
+      syncBuiltinESMExports();
+      try {
+        const r = await call(aliased());
+        expect(asked).toContain(alias);
+        expect(r.outcome.status).toBe('error');
+        expect(peer.calls).toEqual([]);
+      } finally {
+        dns.lookup = real;
+        syncBuiltinESMExports();
+      }
+    }, 30_000);
+  });
+
+  it('a peer the guard allows is called (development mode: loopback)', async () => {
+    const dev = new A2aToolCalls(redis, new EventLog(redis), { ...PRODUCTION, egress: { development: true, allowPrivate: false } });
+    const before = peer.calls.length;
+    const r = await dev.invoke({
+      workspace_id: session.workspace_id, session_id: session.id, session_thread_id: thread, call_id: `toolu_${String(++n).padStart(32, '0')}`,
+      source: sourceAt(peer.rpcUrl), tool: 'a2a_peer_summarize', text: 'hello', headers: { authorization: 'Bearer from-vault' },
+    });
+    expect(r.outcome).toMatchObject({ status: 'completed', text: 'done: hello' });
+    expect(peer.calls.slice(before).map((c) => c.method)).toContain('SendMessage');
+  });
+});
+
 describe('the allow settings', () => {
-  it('development mode allows loopback only; WEBHOOK_ALLOW_PRIVATE_NETWORKS allows every range', async () => {
+  it('development mode allows loopback only; EGRESS_ALLOW_PRIVATE_NETWORKS allows every range', async () => {
     const [dev, priv] = await Promise.all([
       startPlatform({ env: { AGENTPLANE_MODE: 'development', SKILL_SOURCES_ALLOW_LOCAL: 'false' } }),
-      startPlatform({ env: { WEBHOOK_ALLOW_PRIVATE_NETWORKS: 'true' } }),
+      startPlatform({ env: { EGRESS_ALLOW_PRIVATE_NETWORKS: 'true' } }),
     ]);
     try {
       const create = (q: Platform, path: string, url: string) => q.root.request('POST', path, { body: { name: 'x', url } });
@@ -197,6 +294,23 @@ describe('the allow settings', () => {
       expect((await create(priv, '/v1/skill-sources', 'ssh://git@192.168.1.1/skills.git')).status).toBe(201);
     } finally {
       await Promise.all([dev.stop(), priv.stop()]);
+    }
+  }, 120_000);
+
+  it('WEBHOOK_ALLOW_PRIVATE_NETWORKS, its former name, is still read, and the api says it is deprecated', async () => {
+    const old = await startPlatform({ env: { WEBHOOK_ALLOW_PRIVATE_NETWORKS: 'true' } });
+    try {
+      expect((await old.root.request('POST', '/v1/connections', { body: { name: 'x', url: 'http://10.0.0.5/mcp' } })).status).toBe(201);
+      expect((await old.root.request('POST', '/v1/connections', { body: { name: 'y', url: 'http://127.0.0.1:9/mcp' } })).status).toBe(201);
+      // The api's start-up lines (the platform's log is its children's stdout).
+      const warned = await waitFor('the deprecation warning', async () => readFileSync(old.logFile, 'utf8').split('\n')
+        .filter((l) => l.startsWith('{')).map((l) => JSON.parse(l) as Record<string, unknown>)
+        .find((l) => l.name === 'api' && l.setting === 'WEBHOOK_ALLOW_PRIVATE_NETWORKS'), 10_000);
+      expect(warned).toMatchObject({
+        level: 40, use: 'EGRESS_ALLOW_PRIVATE_NETWORKS', msg: 'WEBHOOK_ALLOW_PRIVATE_NETWORKS is deprecated; set EGRESS_ALLOW_PRIVATE_NETWORKS instead',
+      });
+    } finally {
+      await old.stop();
     }
   }, 120_000);
 });

@@ -11,7 +11,8 @@ import { alive, Leftovers } from './harness/processes.js';
 /**
  * `npm start` that cannot start: a bad setting is one line and exit code 2; an API that cannot
  * listen (its port in use) stops the platform with a fatal line naming it, instead of being
- * restarted forever.
+ * restarted forever. The api, the scheduler and the gateway run on their own say a bad setting
+ * the same way: one line, exit code 2.
  */
 const left = new Leftovers();
 afterAll(() => left.cleanUp());
@@ -21,11 +22,16 @@ interface Ended { code: number | null; signal: NodeJS.Signals | null; stdout: st
 function platform(env: Record<string, string>): Promise<Ended> {
   const dataDir = mkdtempSync(join(tmpdir(), 'agentplane-startup-'));
   left.dirs.push(dataDir);
-  const proc = spawn(process.execPath, [join(ROOT_DIR, 'platform/dist/main.js')], {
-    env: {
-      PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: process.env.HOME ?? '/tmp', DATA_DIR: dataDir, LOG_LEVEL: 'info',
-      AGENTPLANE_SANDBOX_SCOPE: `${process.env.AGENTPLANE_SANDBOX_SCOPE ?? 'test'}-startup`, ...env,
-    },
+  return run('platform/dist/main.js', {
+    HOME: process.env.HOME ?? '/tmp', DATA_DIR: dataDir, LOG_LEVEL: 'info',
+    AGENTPLANE_SANDBOX_SCOPE: `${process.env.AGENTPLANE_SANDBOX_SCOPE ?? 'test'}-startup`, ...env,
+  });
+}
+
+/** Runs one entry point with only `env` (and PATH) to its end. */
+function run(script: string, env: Record<string, string>): Promise<Ended> {
+  const proc = spawn(process.execPath, [join(ROOT_DIR, script)], {
+    env: { PATH: process.env.PATH ?? '/usr/bin:/bin', ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   if (proc.pid) left.pids.push(proc.pid);
@@ -45,6 +51,13 @@ describe('npm start that cannot start', () => {
     const r = await platform({ [name]: value });
     expect(r.code).toBe(2);
     expect(r.stderr).toBe(`${message}\n`);
+    expect(r.stdout).toBe('');
+  }, 30_000);
+
+  it('the outbound address guard\'s setting and its deprecated alias disagreeing: one line naming both, exit code 2', async () => {
+    const r = await platform({ EGRESS_ALLOW_PRIVATE_NETWORKS: 'false', WEBHOOK_ALLOW_PRIVATE_NETWORKS: 'true' });
+    expect(r.code).toBe(2);
+    expect(r.stderr).toBe("agentplane failed to start: EGRESS_ALLOW_PRIVATE_NETWORKS='false' and its deprecated alias WEBHOOK_ALLOW_PRIVATE_NETWORKS='true' disagree; set EGRESS_ALLOW_PRIVATE_NETWORKS only\n");
     expect(r.stdout).toBe('');
   }, 30_000);
 
@@ -71,4 +84,29 @@ describe('npm start that cannot start', () => {
       await new Promise((r) => taken.close(r));
     }
   }, 90_000);
+});
+
+describe('the api, the scheduler and the gateway run on their own, with a bad setting', () => {
+  // Never reached: each refuses its settings before it connects.
+  const redis = { REDIS_URL: 'redis://127.0.0.1:1' };
+  const key = { MASTER_KEY: '0'.repeat(64) };
+  it.each([
+    ['api', 'PORT=abc', { PORT: 'abc' }, "PORT must be an integer in [0, 65535], got 'abc'"],
+    ['api', 'LOG_LEVEL=loud', { ...redis, ...key, LOG_LEVEL: 'loud' }, "LOG_LEVEL must be one of fatal, error, warn, info, debug, trace, silent, got 'loud'"],
+    ['api', 'LEASE_MS=soon', { ...redis, ...key, LEASE_MS: 'soon' }, 'LEASE_MS must be an integer from'],
+    ['api', 'a MASTER_KEY_FILE that is not there', { ...redis, MASTER_KEY_FILE: '/nonexistent/master.key' }, 'MASTER_KEY_FILE cannot be read: ENOENT'],
+    ['api', 'EGRESS_ALLOW_PRIVATE_NETWORKS and its alias disagreeing', { ...redis, ...key, EGRESS_ALLOW_PRIVATE_NETWORKS: 'true', WEBHOOK_ALLOW_PRIVATE_NETWORKS: 'no' },
+      "EGRESS_ALLOW_PRIVATE_NETWORKS='true' and its deprecated alias WEBHOOK_ALLOW_PRIVATE_NETWORKS='no' disagree; set EGRESS_ALLOW_PRIVATE_NETWORKS only"],
+    ['scheduler', 'SCHEDULER_PORT=abc', { ...redis, SCHEDULER_PORT: 'abc' }, "SCHEDULER_PORT must be an integer in [0, 65535], got 'abc'"],
+    ['scheduler', 'LEASE_MS=soon', { ...redis, LEASE_MS: 'soon' }, 'LEASE_MS must be an integer from'],
+    ['gateway', 'PORT=abc', { ...redis, PORT: 'abc' }, "PORT must be an integer in [0, 65535], got 'abc'"],
+    ['gateway', 'LOG_LEVEL=loud', { ...redis, LOG_LEVEL: 'loud' }, "LOG_LEVEL must be one of fatal, error, warn, info, debug, trace, silent, got 'loud'"],
+  ] as const)('%s with %s: one line naming the setting, exit code 2', async (name, _label, env, message) => {
+    const r = await run(`${name}/dist/main.js`, env);
+    expect(r.code).toBe(2);
+    expect(r.stdout).toBe('');
+    expect(r.stderr.endsWith('\n')).toBe(true);
+    expect(r.stderr.split('\n')).toHaveLength(2);
+    expect(r.stderr).toContain(`${name} failed to start: ${message}`);
+  }, 30_000);
 });

@@ -220,10 +220,11 @@ describe('stopping the platform', () => {
       expect(help.code, script).toBe(0);
       expect(help.out, script).toContain('Usage: ');
       expect(help.err, script).toBe('');
-      // A missing setting is one clean line (the platform starts without any: not asked here).
+      // A missing setting is one clean line and exit code 2, as a bad one is (the platform starts
+      // without any: not asked here).
       if (name === 'agentplane') return;
       const missing = await run(script, []);
-      expect(missing.code, script).toBe(1);
+      expect(missing.code, script).toBe(2);
       expect(missing.err, script).toBe(`${name} failed to start: REDIS_URL is required\n`);
     }));
     // The scheduler's help names every setting its config reads.

@@ -6,7 +6,7 @@ import { gatewayLinkUrlFrom } from '@agentplane/gateway';
 import { leaseConfigFrom, type LeaseConfig } from '@agentplane/lease';
 import { appendDurabilityFrom, type EventLogDurability } from '@agentplane/store';
 import { DEFAULT_APPROVAL_EXPIRY_SECONDS, MAX_APPROVAL_EXPIRY_SECONDS } from './approvals/limits.js';
-import { envBool, envInt, envOptional, envString, type Env, ConfigError } from '@agentplane/core';
+import { envBool, envBoolAliased, envEnum, envInt, envOptional, envString, type Env, ConfigError } from '@agentplane/core';
 
 export interface ApiConfig {
   port: number;
@@ -55,10 +55,13 @@ export interface ApiConfig {
   /** Serve the web console at /console (CONSOLE_ENABLED) from this built directory (CONSOLE_DIR; default the repository's console/dist). */
   /**
    * Outbound webhooks: attempts per delivery, backoff base and cap, request timeout, the lane
-   * sweep interval, and the egress guard (`AGENTPLANE_MODE=development` allows loopback receivers;
-   * `WEBHOOK_ALLOW_PRIVATE_NETWORKS=true` allows private ranges).
+   * sweep interval, and the egress guard of every outbound request to an address a Workspace
+   * chooses, webhooks or not (`AGENTPLANE_MODE=development` allows loopback hosts;
+   * `EGRESS_ALLOW_PRIVATE_NETWORKS=true` allows private ranges).
    */
   webhooks: DeliverySettings;
+  /** Deprecated setting names this configuration was given, each with the name that replaces it (logged at start). */
+  deprecatedSettings?: readonly { name: string; use: string }[];
   /** How often each api sweeps firing receipts whose work a crash may have lost (ms). */
   automationSweepMs: number;
   /** Skill sources may be local repositories (`file://`, absolute paths): single-machine installs and tests only. */
@@ -77,10 +80,20 @@ export interface ApiConfig {
   memoryIndexedStores: number;
 }
 
+/** The setting that lets outbound requests to addresses a Workspace chooses reach private ranges. */
+const EGRESS_ALLOW_PRIVATE = 'EGRESS_ALLOW_PRIVATE_NETWORKS';
+/** Its former name, from when it governed webhook deliveries only: still read, deprecated. */
+const EGRESS_ALLOW_PRIVATE_ALIAS = 'WEBHOOK_ALLOW_PRIVATE_NETWORKS';
+
 function loadMasterKey(env: Env): Buffer {
   const inline = envOptional(env, 'MASTER_KEY');
   const file = envOptional(env, 'MASTER_KEY_FILE');
-  const text = inline ?? (file ? readFileSync(file, 'utf8').trim() : undefined);
+  let text: string | undefined;
+  try {
+    text = inline ?? (file ? readFileSync(file, 'utf8').trim() : undefined);
+  } catch (err) {
+    throw new ConfigError(`MASTER_KEY_FILE cannot be read: ${err instanceof Error ? err.message : String(err)}`);
+  }
   if (!text) throw new ConfigError('MASTER_KEY or MASTER_KEY_FILE is required (32 bytes, hex or base64)');
   const key = /^[0-9a-f]{64}$/i.test(text) ? Buffer.from(text, 'hex') : Buffer.from(text, 'base64');
   if (key.length !== 32) throw new ConfigError('the master key must decode to exactly 32 bytes');
@@ -90,6 +103,7 @@ function loadMasterKey(env: Env): Buffer {
 export function loadApiConfig(env: Env): ApiConfig {
   const port = envInt(env, 'PORT', 8080, 0, 65535);
   const host = envString(env, 'HOST', '127.0.0.1');
+  const egressPrivate = envBoolAliased(env, EGRESS_ALLOW_PRIVATE, EGRESS_ALLOW_PRIVATE_ALIAS, false);
   return Object.freeze({
     port,
     host,
@@ -99,7 +113,7 @@ export function loadApiConfig(env: Env): ApiConfig {
     publicBaseUrl: envString(env, 'PUBLIC_BASE_URL', `http://${host === '0.0.0.0' ? '127.0.0.1' : host}:${port}`),
     masterKey: loadMasterKey(env),
     bodyLimitBytes: envInt(env, 'BODY_LIMIT_BYTES', 4 * 1024 * 1024, 1024),
-    logLevel: (envString(env, 'LOG_LEVEL', 'info') as ApiConfig['logLevel']),
+    logLevel: envEnum(env, 'LOG_LEVEL', ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const, 'info'),
     idempotencyTtlSeconds: envInt(env, 'IDEMPOTENCY_TTL_SECONDS', 24 * 3600, 60),
     auditRetentionMs: envInt(env, 'AUDIT_RETENTION_DAYS', 400, 1, 3650) * 24 * 3600 * 1000,
     shutdownGraceMs: envInt(env, 'SHUTDOWN_GRACE_MS', 10_000, 0),
@@ -126,8 +140,9 @@ export function loadApiConfig(env: Env): ApiConfig {
       retryMaxMs: envInt(env, 'WEBHOOK_RETRY_MAX_MS', 3_600_000, 10, 24 * 3_600_000),
       timeoutMs: envInt(env, 'WEBHOOK_TIMEOUT_MS', 10_000, 100, 120_000),
       sweepIntervalMs: envInt(env, 'WEBHOOK_SWEEP_MS', 30_000, 100, 3_600_000),
-      egress: { development: envString(env, 'AGENTPLANE_MODE', 'production') === 'development', allowPrivate: envBool(env, 'WEBHOOK_ALLOW_PRIVATE_NETWORKS', false) },
+      egress: { development: envString(env, 'AGENTPLANE_MODE', 'production') === 'development', allowPrivate: egressPrivate.value },
     },
+    deprecatedSettings: egressPrivate.aliased ? [{ name: EGRESS_ALLOW_PRIVATE_ALIAS, use: EGRESS_ALLOW_PRIVATE }] : [],
     automationSweepMs: envInt(env, 'AUTOMATION_SWEEP_MS', 10_000, 100, 600_000),
     skillSourcesAllowLocal: envBool(env, 'SKILL_SOURCES_ALLOW_LOCAL', false),
     a2aTools: {

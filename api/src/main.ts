@@ -1,4 +1,4 @@
-import { createLogger, startTracing, strictCommandLine } from '@agentplane/core';
+import { ConfigError, createLogger, startTracing, strictCommandLine } from '@agentplane/core';
 import { createApi } from './app.js';
 import { loadApiConfig } from './config.js';
 
@@ -24,7 +24,19 @@ Environment:
   OTEL_*             OpenTelemetry tracing, off by default: OTEL_TRACES_EXPORTER=otlp or
                      OTEL_EXPORTER_OTLP_ENDPOINT turns on OTLP/HTTP export (docs/OPERATIONS.md)
   (more settings: docs/OPERATIONS.md)
+
+Exit codes: 0 stopped by a signal; 1 it could not start (e.g. its port in use) or its stop failed;
+2 a bad setting (one line on stderr naming it) or an unknown option.
 `;
+
+/** Everything the settings' parsing throws is a mistake in a setting (a file it names included). */
+function settings<T>(load: () => T): T {
+  try {
+    return load();
+  } catch (err) {
+    throw err instanceof ConfigError ? err : new ConfigError(err instanceof Error ? err.message : String(err));
+  }
+}
 
 
 /** `node api/dist/main.js`: one API process (REST, SSE, MCP, and by default the runner gateway). */
@@ -33,8 +45,9 @@ async function main(): Promise<void> {
     process.stdout.write(HELP);
     return;
   }
-  const config = loadApiConfig(process.env);
+  const config = settings(() => loadApiConfig(process.env));
   const log = createLogger({ name: 'api', level: config.logLevel });
+  for (const { name, use } of config.deprecatedSettings ?? []) log.warn({ setting: name, use }, `${name} is deprecated; set ${use} instead`);
   const tracing = await startTracing('agentplane-api', log, { propagation: 'explicit' });
   const api = createApi(config, log);
   const { port } = await api.listen();
@@ -68,6 +81,7 @@ async function main(): Promise<void> {
 }
 
 main().catch((err: unknown) => {
+  // One line either way; a bad setting is exit code 2, as for the platform and the runner CLI.
   process.stderr.write(`api failed to start: ${err instanceof Error ? err.message : String(err)}\n`);
-  process.exit(1);
+  process.exit(err instanceof ConfigError ? 2 : 1);
 });

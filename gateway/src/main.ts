@@ -1,5 +1,5 @@
 import { createServer } from 'node:http';
-import { ApiError, createLogger, createMetrics, envInt, envString, LISTEN_BACKLOG, METRICS_CONTENT_TYPE, startTracing, strictCommandLine } from '@agentplane/core';
+import { ApiError, ConfigError, createLogger, createMetrics, envEnum, envInt, envString, LISTEN_BACKLOG, METRICS_CONTENT_TYPE, startTracing, strictCommandLine, type Env } from '@agentplane/core';
 import { connectRedis } from '@agentplane/store';
 import { RUNNER_DEFAULTS } from '@agentplane/protocol';
 import { attachGateway } from './gateway.js';
@@ -17,10 +17,41 @@ Environment:
   RUNNER_MAX_FRAME_BYTES           largest accepted frame (default ${RUNNER_DEFAULTS.maxFrameBytes})
   GATEWAY_LINK_URL                 where schedulers reach this node's link (ws://host:port; default: the
                                    listen address, 127.0.0.1 for 0.0.0.0); off: frames come by pub/sub
-  LOG_LEVEL                        pino level (default info)
+  LOG_LEVEL                        fatal|error|warn|info|debug|trace|silent (default info)
   SHUTDOWN_GRACE_MS                graceful stop on SIGTERM/SIGINT; the process exits after it regardless (default 10000)
+
+Exit codes: 0 stopped by a signal; 1 it could not start (e.g. its port in use); 2 a bad setting
+(one line on stderr naming it) or an unknown option.
 `;
 
+
+/** The standalone gateway's settings, all read before anything starts. */
+function loadGatewayConfig(env: Env) {
+  return {
+    graceMs: envInt(env, 'SHUTDOWN_GRACE_MS', 10_000, 0),
+    linkUrl: gatewayLinkUrlFrom(env),
+    logLevel: envEnum(env, 'LOG_LEVEL', ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const, 'info'),
+    redisUrl: envString(env, 'REDIS_URL'),
+    docsUrl: envString(env, 'DOCS_URL', 'https://docs.agentplane.dev'),
+    runners: {
+      // The same ranges as the api's (api/src/config.ts).
+      heartbeatIntervalMs: envInt(env, 'RUNNER_HEARTBEAT_INTERVAL_MS', RUNNER_DEFAULTS.heartbeatIntervalMs, 100, 600_000),
+      presenceTtlMs: envInt(env, 'RUNNER_PRESENCE_TTL_MS', RUNNER_DEFAULTS.presenceTtlMs, 300, 3_600_000),
+      maxFrameBytes: envInt(env, 'RUNNER_MAX_FRAME_BYTES', RUNNER_DEFAULTS.maxFrameBytes, 1024, 64 * 1024 * 1024),
+    },
+    port: envInt(env, 'PORT', 8081, 0, 65535),
+    host: envString(env, 'HOST', '127.0.0.1'),
+  };
+}
+
+/** Everything the settings' parsing throws is a mistake in a setting. */
+function settings<T>(load: () => T): T {
+  try {
+    return load();
+  } catch (err) {
+    throw err instanceof ConfigError ? err : new ConfigError(err instanceof Error ? err.message : String(err));
+  }
+}
 
 /** `node gateway/dist/main.js`: the runner gateway on its own (when the API does not embed it). */
 async function main(): Promise<void> {
@@ -28,16 +59,15 @@ async function main(): Promise<void> {
     process.stdout.write(HELP);
     return;
   }
-  const env = process.env;
-  const graceMs = envInt(env, 'SHUTDOWN_GRACE_MS', 10_000, 0);
-  const linkUrl = gatewayLinkUrlFrom(env);
-  const log = createLogger({ name: 'gateway', level: envString(env, 'LOG_LEVEL', 'info') as 'info' });
+  const config = settings(() => loadGatewayConfig(process.env));
+  const { graceMs, linkUrl, port, host } = config;
+  const log = createLogger({ name: 'gateway', level: config.logLevel });
   const tracing = await startTracing('agentplane-gateway', log, { propagation: 'explicit' });
-  const redis = connectRedis(envString(env, 'REDIS_URL'), { name: 'gateway' });
+  const redis = connectRedis(config.redisUrl, { name: 'gateway' });
   redis.on('error', (err: Error) => log.warn({ err: err.message }, 'redis connection error'));
   const metrics = createMetrics();
   // The error body of the API's catalog, its `more` link included.
-  const notFound = JSON.stringify(new ApiError('validation.not_found', 'the gateway serves /v1/runners/connect, /healthz and /metrics').toWire(envString(env, 'DOCS_URL', 'https://docs.agentplane.dev')));
+  const notFound = JSON.stringify(new ApiError('validation.not_found', 'the gateway serves /v1/runners/connect, /healthz and /metrics').toWire(config.docsUrl));
   const server = createServer((req, res) => {
     if (req.url === '/healthz') {
       res.writeHead(200, { 'content-type': 'application/json' }).end('{"status":"ok"}');
@@ -55,15 +85,8 @@ async function main(): Promise<void> {
   });
   const gw = attachGateway(server, {
     redis, log, metrics,
-    options: {
-      // The same ranges as the api's (api/src/config.ts).
-      heartbeatIntervalMs: envInt(env, 'RUNNER_HEARTBEAT_INTERVAL_MS', RUNNER_DEFAULTS.heartbeatIntervalMs, 100, 600_000),
-      presenceTtlMs: envInt(env, 'RUNNER_PRESENCE_TTL_MS', RUNNER_DEFAULTS.presenceTtlMs, 300, 3_600_000),
-      maxFrameBytes: envInt(env, 'RUNNER_MAX_FRAME_BYTES', RUNNER_DEFAULTS.maxFrameBytes, 1024, 64 * 1024 * 1024),
-    },
+    options: config.runners,
   });
-  const port = envInt(env, 'PORT', 8081, 0, 65535);
-  const host = envString(env, 'HOST', '127.0.0.1');
   await new Promise<void>((r) => server.listen({ port, host, backlog: LISTEN_BACKLOG }, () => r()));
   const addr = server.address();
   if (linkUrl !== null) gw.advertiseLink(linkUrlFor(host, typeof addr === 'object' && addr ? addr.port : port, linkUrl));
@@ -92,6 +115,7 @@ async function main(): Promise<void> {
 }
 
 main().catch((err: unknown) => {
+  // One line either way; a bad setting is exit code 2, as for the platform and the runner CLI.
   process.stderr.write(`gateway failed to start: ${err instanceof Error ? err.message : String(err)}\n`);
-  process.exit(1);
+  process.exit(err instanceof ConfigError ? 2 : 1);
 });

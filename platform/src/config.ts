@@ -1,7 +1,7 @@
 import { LEASE_ENV } from '@agentplane/lease';
 import { APPEND_DURABILITY_ENV } from '@agentplane/store';
 import { resolve } from 'node:path';
-import { envBool, envEnum, envInt, envOptional, envString, type Env } from '@agentplane/core';
+import { envBool, envBoolAliased, envEnum, envInt, envOptional, envString, type Env } from '@agentplane/core';
 
 export interface PlatformConfig {
   dataDir: string;
@@ -63,13 +63,27 @@ const API_ENV = [
   'GATEWAY_LINK_URL',
 ] as const;
 
-/** API settings of automations and outbound webhooks, passed through to the api process (docs/AUTOMATIONS.md). */
+/**
+ * API settings of automations, outbound webhooks and the outbound address guard, passed through
+ * to the api process (docs/AUTOMATIONS.md). `WEBHOOK_ALLOW_PRIVATE_NETWORKS` is the deprecated
+ * alias of `EGRESS_ALLOW_PRIVATE_NETWORKS`: both go through, and the api reads them.
+ */
 const AUTOMATION_ENV = [
   'AGENTPLANE_MODE', 'AUTOMATION_SWEEP_MS', 'AUTOMATION_MISSED_AFTER_MS', 'WEBHOOK_MAX_ATTEMPTS', 'WEBHOOK_RETRY_BASE_MS', 'WEBHOOK_RETRY_MAX_MS', 'WEBHOOK_TIMEOUT_MS',
-  'WEBHOOK_SWEEP_MS', 'WEBHOOK_ALLOW_PRIVATE_NETWORKS', 'SKILL_SOURCES_ALLOW_LOCAL', 'SKILL_ADOPTION_POLL_MS',
+  'WEBHOOK_SWEEP_MS', 'EGRESS_ALLOW_PRIVATE_NETWORKS', 'WEBHOOK_ALLOW_PRIVATE_NETWORKS', 'SKILL_SOURCES_ALLOW_LOCAL', 'SKILL_ADOPTION_POLL_MS',
 ];
 
+/**
+ * The outbound address guard's setting and its deprecated alias may not disagree: the api would
+ * refuse to start, so the platform refuses first, as for a bad setting of its own (exit code 2),
+ * before it starts anything.
+ */
+function checkEgressAlias(env: Env): void {
+  envBoolAliased(env, 'EGRESS_ALLOW_PRIVATE_NETWORKS', 'WEBHOOK_ALLOW_PRIVATE_NETWORKS', false);
+}
+
 export function loadPlatformConfig(env: Env): PlatformConfig {
+  checkEgressAlias(env);
   return Object.freeze({
     dataDir: resolve(envString(env, 'DATA_DIR', './.data')),
     port: envInt(env, 'PORT', 8080, 0, 65535),

@@ -34,7 +34,19 @@ Environment:
   LOG_LEVEL            fatal|error|warn|info|debug|trace|silent (default info)
   OTEL_*               OpenTelemetry tracing, off by default: OTEL_TRACES_EXPORTER=otlp or
                        OTEL_EXPORTER_OTLP_ENDPOINT turns on OTLP/HTTP export (docs/OPERATIONS.md)
+
+Exit codes: 0 stopped by a signal; 1 it could not start or its stop failed; 2 a bad setting (one
+line on stderr naming it) or an unknown option.
 `;
+
+/** Everything the settings' parsing throws is a mistake in a setting (a file it names included). */
+function settings<T>(load: () => T): T {
+  try {
+    return load();
+  } catch (err) {
+    throw err instanceof ConfigError ? err : new ConfigError(err instanceof Error ? err.message : String(err));
+  }
+}
 
 
 async function main(): Promise<void> {
@@ -42,7 +54,7 @@ async function main(): Promise<void> {
     process.stdout.write(HELP);
     return;
   }
-  const config = loadSchedulerConfig(process.env);
+  const config = settings(() => loadSchedulerConfig(process.env));
   const log = createLogger({ name: 'scheduler', level: config.logLevel });
   const tracing = await startTracing('agentplane-scheduler', log, { propagation: 'explicit' });
   const scheduler = new Scheduler(config, log);
@@ -90,8 +102,9 @@ async function main(): Promise<void> {
 }
 
 main().catch((err: unknown) => {
-  // A setting's mistake is one line; anything else keeps its stack.
+  // A setting's mistake is one line and exit code 2 (as for the platform and the runner CLI);
+  // anything else keeps its stack and is exit code 1.
   const text = err instanceof ConfigError ? err.message : err instanceof Error ? (err.stack ?? err.message) : String(err);
   process.stderr.write(`scheduler failed to start: ${text}\n`);
-  process.exit(1);
+  process.exit(err instanceof ConfigError ? 2 : 1);
 });

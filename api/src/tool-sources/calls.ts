@@ -3,7 +3,7 @@ import type { Redis } from 'ioredis';
 import { ApiError, nowIso, sha256Hex } from '@agentplane/core';
 import { keys, tags, type EventLog, type LogEvent } from '@agentplane/store';
 import { callPeer, type CallOutcome, type ClientTls, type PollPolicy } from './invoke.js';
-import { resolveAllowed, type EgressPolicy } from '../webhooks/ssrf.js';
+import type { EgressPolicy } from '../webhooks/ssrf.js';
 import type { ToolSourceDoc } from './service.js';
 
 /**
@@ -56,7 +56,7 @@ export interface A2aCallSettings {
   deadlineMs: number;
   /** How often the due sweep runs. */
   sweepMs: number;
-  /** The outbound address guard applied to the peer's host before every request. */
+  /** The outbound address guard: every request's host is checked and the request connects to the checked address. */
   egress?: EgressPolicy;
   /** Public base URL push callbacks are registered under (null: push is not offered). */
   callbackBaseUrl?: string | null;
@@ -105,10 +105,8 @@ export class A2aToolCalls {
       policy: this.settings.policy, taskId: record.task_id,
       // A resumed call polls: only the attempt that registered the callback holds its Bearer.
       push,
-      egress: {
-        rpcUrl: input.source.discovery.interface.url,
-        ...(this.settings.egress ? { checkHost: async (host: string) => void (await resolveAllowed(host, this.settings.egress!)) } : {}),
-      },
+      // The outbound address guard, on the very address each request connects to.
+      egress: { rpcUrl: input.source.discovery.interface.url, policy: this.settings.egress },
       // Only the Bearer custody adapter holds a stream open; other alternatives poll.
       streaming: input.source.discovery.streaming && input.source.discovery.security.kind === 'bearer',
       onTask: async (taskId) => {

@@ -1,5 +1,6 @@
 import { ApiError } from '@agentplane/core';
-import { checkEndpointUrl, resolveAllowed, type EgressPolicy } from '../webhooks/ssrf.js';
+import { checkEndpointUrl, type EgressPolicy } from '../webhooks/ssrf.js';
+import { egressFetch } from '../webhooks/egress-fetch.js';
 import { parseMtlsCredential, parseOAuth2Credential, type OAuth2PeerCredential } from '../vaults/peer-credentials.js';
 import type { ResolvedSecret, VaultService } from '../vaults/service.js';
 import type { Discovery } from './card.js';
@@ -114,7 +115,8 @@ export class PeerCustodian {
       throw new ApiError('validation.conflict', `the credential's token endpoint is not the card's signed token endpoint ${tokenUrl}`);
     }
     const url = this.settings.egress ? checkEndpointUrl(tokenUrl, this.settings.egress) : new URL(tokenUrl);
-    if (this.settings.egress) await resolveAllowed(url.hostname, this.settings.egress);
+    // Inside the outbound address guard, connecting to the very address that was checked.
+    const send = this.settings.egress ? egressFetch({ policy: this.settings.egress }) : fetch;
     const form = new URLSearchParams({ grant_type: 'refresh_token', refresh_token: cred.refresh_token ?? '' });
     if (security.scopes.length > 0) form.set('scope', security.scopes.join(' '));
     const headers: Record<string, string> = { 'content-type': 'application/x-www-form-urlencoded', accept: 'application/json' };
@@ -123,7 +125,7 @@ export class PeerCustodian {
     } else if (cred.client_id !== null) form.set('client_id', cred.client_id);
     let res: Response;
     try {
-      res = await fetch(url, { method: 'POST', headers, body: form.toString(), redirect: 'error', signal: AbortSignal.timeout(this.settings.refreshTimeoutMs ?? 10_000) });
+      res = await send(url, { method: 'POST', headers, body: form.toString(), redirect: 'error', signal: AbortSignal.timeout(this.settings.refreshTimeoutMs ?? 10_000) });
     } catch (err) {
       throw new ApiError('validation.conflict', `the OAuth2 token endpoint could not be reached: ${(err as Error).message}`);
     }

@@ -1,10 +1,10 @@
 import { AgentCard, Role, TaskState, type Message, type Part, type Task } from '@a2a-js/sdk';
 import type { StreamResponse } from '@a2a-js/sdk';
 import { ClientFactory, ClientFactoryOptions, JsonRpcTransportFactory, type Client } from '@a2a-js/sdk/client';
-import { Agent as HttpsAgent, request as httpsRequest } from 'node:https';
-import { Readable } from 'node:stream';
 import { sha256Hex } from '@agentplane/core';
 import type { Discovery } from './card.js';
+import { egressFetch, type EgressFetch } from '../webhooks/egress-fetch.js';
+import type { EgressPolicy } from '../webhooks/ssrf.js';
 
 /**
  * Polling for an external A2A task (docs/A2A_TOOLS.md, "Invocation"). Delays grow from
@@ -128,11 +128,14 @@ export function taskText(task: Task): string {
 
 /**
  * The egress ceiling at call time: every request must be a POST to exactly the JSON-RPC URL the
- * provider package admits, and `checkHost` (the outbound address guard) passes its host first.
+ * provider package admits, and, with a `policy`, passes the outbound address guard: its host is
+ * resolved and checked, and the request connects to exactly the address that was checked
+ * (`webhooks/egress-fetch.ts`, the same fetch as MCP Connections'), so a DNS answer that changes
+ * between the check and the connection cannot reach a private address.
  */
 export interface EgressCeiling {
   rpcUrl: string;
-  checkHost?: (host: string) => Promise<void>;
+  policy?: EgressPolicy | undefined;
 }
 
 /** A client certificate (PEM) and its key (PEM). */
@@ -141,52 +144,23 @@ export interface ClientTls {
   key: string;
 }
 
-/**
- * A fetch over node's https with a client certificate (mTLS custody adapter): one TLS agent per
- * call, never pooled with other credentials. Plain `fetch` cannot present a client certificate.
- */
-function tlsFetch(tls: ClientTls): typeof fetch {
-  const agent = new HttpsAgent({ cert: tls.cert, key: tls.key, keepAlive: false });
-  return (input, init) => new Promise<Response>((resolve, reject) => {
-    const url = new URL(requestUrl(input));
-    if (url.protocol !== 'https:') {
-      reject(new Error('mTLS peers are reached over https only'));
-      return;
-    }
-    const headers: Record<string, string> = {};
-    new Headers(init?.headers).forEach((v, k) => { headers[k] = v; });
-    const body = init?.body;
-    if (body !== undefined && body !== null && typeof body !== 'string') {
-      reject(new Error('only string request bodies are sent to a peer'));
-      return;
-    }
-    const req = httpsRequest(url, { method: init?.method ?? 'GET', headers, agent, ...(init?.signal ? { signal: init.signal } : {}) }, (res) => {
-      const out = new Headers();
-      for (const [k, v] of Object.entries(res.headers)) if (v !== undefined) for (const one of Array.isArray(v) ? v : [v]) out.append(k, one);
-      const status = res.statusCode ?? 502;
-      const noBody = status === 204 || status === 304 || (init?.method ?? 'GET').toUpperCase() === 'HEAD';
-      if (noBody) res.resume();
-      resolve(new Response(noBody ? null : (Readable.toWeb(res) as ReadableStream<Uint8Array>), { status, statusText: res.statusMessage ?? '', headers: out }));
-    });
-    req.on('error', reject);
-    req.end(body ?? undefined);
-  });
-}
-
 const requestUrl = (input: Parameters<typeof fetch>[0]) => (typeof input === 'string' ? input : input instanceof URL ? input.href : input.url);
 
 /**
  * A fetch inside the egress ceiling that turns 429 and 503 into `PeerBusy` (with the
- * response's Retry-After), and never follows redirects.
+ * response's Retry-After), and never follows redirects. With a client certificate (the mTLS
+ * custody adapter) the requests go over one TLS agent per call, never pooled with other
+ * credentials (plain `fetch` cannot present a client certificate).
  */
 function guardedFetch(ceiling: EgressCeiling | undefined, tls?: ClientTls): typeof fetch {
-  const send = tls ? tlsFetch(tls) : (input: Parameters<typeof fetch>[0], init?: RequestInit) => fetch(input, { ...init, redirect: 'error' });
+  const send: EgressFetch = tls || ceiling?.policy
+    ? egressFetch({ policy: ceiling?.policy, tls })
+    : (input, init) => fetch(input, { ...init, redirect: 'error' });
   return async (input, init) => {
     if (ceiling) {
       const url = new URL(requestUrl(input));
       const method = (init?.method ?? (input instanceof Request ? input.method : 'GET')).toUpperCase();
       if (url.href !== new URL(ceiling.rpcUrl).href || method !== 'POST') throw new Error(`egress refused: ${method} ${url.href} is outside the provider package`);
-      await ceiling.checkHost?.(url.hostname);
     }
     const res = await send(input, init);
     if (res.status === 429 || res.status === 503) {

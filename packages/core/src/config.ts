@@ -55,6 +55,20 @@ export function envBool(env: Env, name: string, fallback: boolean): boolean {
   throw new ConfigError(`${name} must be a boolean, got '${raw}'`);
 }
 
+/**
+ * A boolean setting that has a deprecated former name: the current name wins, the former is read
+ * when the current is unset (`aliased`), and both set to values that disagree is refused naming
+ * both (which one was meant cannot be guessed).
+ */
+export function envBoolAliased(env: Env, name: string, deprecated: string, fallback: boolean): { value: boolean; aliased: boolean } {
+  const current = envOptional(env, name) === undefined ? undefined : envBool(env, name, fallback);
+  const former = envOptional(env, deprecated) === undefined ? undefined : envBool(env, deprecated, fallback);
+  if (current !== undefined && former !== undefined && current !== former) {
+    throw new ConfigError(`${name}='${env[name] ?? ''}' and its deprecated alias ${deprecated}='${env[deprecated] ?? ''}' disagree; set ${name} only`);
+  }
+  return { value: current ?? former ?? fallback, aliased: current === undefined && former !== undefined };
+}
+
 export function envEnum<T extends string>(env: Env, name: string, values: readonly T[], fallback: T): T {
   const raw = env[name];
   if (raw === undefined || raw === '') return fallback;
