@@ -5,6 +5,7 @@ import { join } from 'node:path';
 import { ConfigError, createLogger, strictCommandLine } from '@agentplane/core';
 import { connectRedis, DocumentStore, startEmbeddedRedis, RedisServerMissingError, waitForRedis, type EmbeddedRedis } from '@agentplane/store';
 import { bootstrapPlatform, CredentialIndex, IdentityService, RunnerService } from '@agentplane/domain';
+import { RUNNER_EXIT } from '@agentplane/runner-daemon';
 import { ensureLocalRunner } from './local-runner.js';
 import { reportEarlierSandboxes, stopRunnerSandboxes } from './leftovers.js';
 import { loadPlatformConfig } from './config.js';
@@ -57,7 +58,9 @@ makes the runner cancel its held work at once.
 
 A process that crashes is restarted. One that exits before it was ever up (the API's port in use,
 a bad setting of its own) or that exits 5 times within a minute stops the platform, with a fatal
-line naming it and its last error.
+line naming it and its last error. The local runner exiting with code 5 (its credential revoked)
+is not restarted: an error line says so, the rest runs on, and the next start gives the runner a
+new credential.
 
 Exit codes: 0 stopped by a signal; 1 a process could not start or kept crashing, or another
 failure; 2 a bad setting (one line on stderr: PORT=abc, LOG_LEVEL=loud, START_RUNNER=maybe), an
@@ -257,6 +260,11 @@ async function main(): Promise<void> {
       stopGraceMs: config.runnerDrainDeadlineMs + 20_000,
       // Up once its startup (image check, tier canaries) is done and it serves.
       ready: 'signal',
+      // Its credential refused for good (revoked): restarted, it would only be refused again. The
+      // next platform start mints it a new one.
+      finalExitCodes: {
+        [RUNNER_EXIT.credentialRefused]: 'the control plane refused its credential (revoked?); the platform runs on without a local runner until it is started again, which gives the runner a new credential',
+      },
     });
   }
 

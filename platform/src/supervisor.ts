@@ -25,6 +25,13 @@ export interface ChildSpec {
    * ever up could not start: the supervisor gives up on it instead of restarting it.
    */
   ready?: 'listen' | 'signal';
+  /**
+   * Exit codes that say restarting the child as it is cannot help, each with what it means and
+   * what to do (the runner's 5: the control plane refused its credential). A child that exits
+   * with one is reported (an error line) and left stopped: neither restarted nor given up on, so
+   * the other children keep running.
+   */
+  finalExitCodes?: Readonly<Record<number, string>>;
 }
 
 /** The supervisor gave up on a child: it could not start, or it keeps crashing. */
@@ -113,7 +120,8 @@ interface Child {
  * A child is given up on, and the platform told (`onFatal`), when it exits before it was ever up
  * (its first start failed: a port in use, a bad setting) or when it exits `maxCrashes` times within
  * `crashWindowMs`: restarting it would only log the same failure forever. A child that was up and
- * crashes now and then is restarted as before.
+ * crashes now and then is restarted as before. One that exits with a code of its spec's
+ * `finalExitCodes` is reported and left stopped.
  *
  * On stop: the children are stopped stage by stage (SIGTERM, a second SIGTERM when the spec asks
  * for one, SIGKILL after the grace period, logged), each stage once the one before has exited.
@@ -184,6 +192,11 @@ export class Supervisor {
     const { spec, proc, restarts } = child;
     if (this.children.get(spec.name)?.proc !== proc || this.stopping) return;
     const error = lastError(child.stderrTail, code, signal);
+    const final = code === null ? undefined : spec.finalExitCodes?.[code];
+    if (final !== undefined) {
+      this.log.error({ child: spec.name, code, error }, `the ${spec.name} process exited with code ${code}: ${final}; it is not restarted (${error})`);
+      return;
+    }
     if (!this.everReady.has(spec.name)) return this.giveUp({ child: spec.name, reason: 'exited before it was ready', code, signal, error });
     const window = this.options.crashWindowMs ?? 60_000;
     const max = this.options.maxCrashes ?? 5;

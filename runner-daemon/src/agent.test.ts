@@ -1,4 +1,5 @@
 import { mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -8,7 +9,7 @@ import type Docker from 'dockerode';
 import { createLogger } from '@agentplane/core';
 import { CLOSE, frame, parseFrame, type LeaseRef, type RunnerMessage } from '@agentplane/protocol';
 import { RunnerAgent, type LeaseExecutor } from './agent.js';
-import { loadDaemonConfig, statePath, type RunnerCredentialFile } from './config.js';
+import { loadDaemonConfig, loadState, statePath, type RunnerCredentialFile } from './config.js';
 import { RunnerMetrics } from './metrics.js';
 
 const dirs: string[] = [];
@@ -209,5 +210,160 @@ describe('isolation tiers that come and go', () => {
       await done;
       await gw.close();
     }
+  });
+});
+
+/**
+ * A stand-in gateway on a real HTTP server: each runner upgrade is answered with the next status
+ * of `plan` (the last one repeated): 101 takes the socket, welcomes the runner (resuming what it
+ * holds) and hands its frames to `onFrame`; any other status is a plain HTTP answer with an error
+ * body, as the gateway refuses upgrades.
+ */
+async function scriptedGateway(plan: number[], onFrame: (ws: WebSocket, msg: RunnerMessage, connection: number) => void = () => undefined): Promise<{
+  url: string; upgrades: number[]; close: () => Promise<void>;
+}> {
+  const server = createServer((_req, res) => res.writeHead(404).end());
+  const wss = new WebSocketServer({ noServer: true });
+  const upgrades: number[] = [];
+  let connections = 0;
+  let seq = 0;
+  server.on('upgrade', (req, socket, head) => {
+    const status = plan[Math.min(upgrades.length, plan.length - 1)] ?? 101;
+    upgrades.push(status);
+    if (status !== 101) {
+      const body = JSON.stringify({ error: { type: status === 401 ? 'auth.invalid_key' : 'runtime.unavailable', message: `refused with ${status}` } });
+      socket.end(`HTTP/1.1 ${status} No\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`);
+      return;
+    }
+    wss.handleUpgrade(req, socket, head, (ws) => {
+      const n = ++connections;
+      ws.on('message', (data) => {
+        const msg = parseFrame(data.toString(), 'runner');
+        const now = new Date().toISOString();
+        if (msg.type === 'hello') {
+          ws.send(frame('welcome', `g${++seq}`, {
+            protocol_version: 1, runner_id: 'runner_t', runner_pool_id: 'rpool_t', workspace_id: 'wrkspc_t', generation: n, heartbeat_interval_ms: 100,
+            presence_ttl_ms: 1000, max_frame_bytes: 1 << 20, server_time: now, resumed_leases: msg.payload.held_leases,
+          }, msg.id));
+        } else if (msg.type === 'heartbeat') {
+          ws.send(frame('heartbeat.ack', `g${++seq}`, { server_time: now, presence_expires_at: now, cancellations: [] }, msg.id));
+        } else if (msg.type === 'drained') {
+          ws.close(CLOSE.DRAINED, 'drained');
+        }
+        onFrame(ws, msg, n);
+      });
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  return {
+    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+    upgrades,
+    close: async () => {
+      for (const c of wss.clients) c.terminate();
+      server.closeAllConnections();
+      await new Promise<void>((r) => server.close(() => r()));
+    },
+  };
+}
+
+const OFFER = { ...LEASE, run_id: 'run_t', session_id: 'sess_t', accept_within_ms: 5000, lease_ttl_ms: 30_000, spec: { driver: 'test' } };
+
+describe('a control plane that refuses the credential', () => {
+  it('once, while a lease is held: the daemon reconnects, the lease resumed and its work untouched', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'runner-agent-'));
+    dirs.push(dir);
+    const accepted = deferred<void>();
+    const resumed = deferred<LeaseRef[]>();
+    const completed = deferred<void>();
+    let offered = false;
+    // Welcomed, then (the socket cut) a 401, a 503, a 401 again and a welcome: no two refusals in a row.
+    const gw = await scriptedGateway([101, 401, 503, 401, 101], (ws, msg, connection) => {
+      if (msg.type === 'heartbeat' && !offered) {
+        offered = true;
+        ws.send(frame('lease.offer', 'o1', OFFER));
+      } else if (msg.type === 'lease.accept') {
+        accepted.resolve();
+        ws.close(CLOSE.UNAUTHORIZED, 'unauthorized');
+      } else if (msg.type === 'hello' && connection === 2) {
+        resumed.resolve(msg.payload.held_leases);
+      } else if (msg.type === 'lease.complete') {
+        ws.send(frame('ack', 'a1', {}, msg.id));
+        completed.resolve();
+      }
+    });
+    const { log, lines } = recordingLogger();
+    const config = loadDaemonConfig({}, { 'config-dir': dir, 'heartbeat-ms': '100', 'reconnect-base-ms': '10', 'reconnect-cap-ms': '20' });
+    const agent = new RunnerAgent(credFor(gw.url), config, log, noDocker);
+    const finishWork = deferred<void>();
+    let signal: AbortSignal | undefined;
+    agent.executor = {
+      refuse: () => null,
+      run: async (h) => {
+        signal = h.signal;
+        // Done when the test says so, or stopped (so a failing test ends rather than hangs).
+        await Promise.race([finishWork.promise, new Promise((r) => h.signal.addEventListener('abort', r, { once: true }))]);
+        return { stop_reason: { type: 'end_turn' } };
+      },
+    };
+    const done = agent.run();
+    try {
+      await accepted.promise;
+      expect(await resumed.promise).toEqual([LEASE]);
+      expect(gw.upgrades).toEqual([101, 401, 503, 401, 101]);
+      expect(agent.credentialRefusal).toBeNull();
+      expect(signal?.aborted).toBe(false);
+      finishWork.resolve();
+      await completed.promise;
+      expect(lines.filter((l) => l.msg.startsWith('runner upgrade refused: the control plane refused'))).toHaveLength(2);
+      expect(lines.filter((l) => l.msg.startsWith('the control plane refused this runner\'s credential'))).toEqual([]);
+    } finally {
+      agent.beginDrain(Date.now(), 'test over');
+      await done;
+      await gw.close();
+    }
+    expect(agent.credentialRefusal).toBeNull();
+  });
+
+  it('twice in a row, while a lease is held: the held work is canceled (infrastructure failure) and the daemon stops, saying why', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'runner-agent-'));
+    dirs.push(dir);
+    let offered = false;
+    const gw = await scriptedGateway([101, 401], (ws, msg) => {
+      if (msg.type === 'heartbeat' && !offered) {
+        offered = true;
+        ws.send(frame('lease.offer', 'o1', OFFER));
+      } else if (msg.type === 'lease.accept') {
+        // Revoked: the live socket is closed, and every upgrade from now on refused.
+        ws.close(CLOSE.UNAUTHORIZED, 'unauthorized');
+      }
+    });
+    const { log, lines } = recordingLogger();
+    const config = loadDaemonConfig({}, { 'config-dir': dir, 'heartbeat-ms': '100', 'reconnect-base-ms': '10', 'reconnect-cap-ms': '20' });
+    const agent = new RunnerAgent(credFor(gw.url), config, log, noDocker);
+    const metrics = new RunnerMetrics(() => agent.heldCount, { served: false });
+    agent.metrics = metrics;
+    let reason: unknown;
+    agent.executor = {
+      refuse: () => null,
+      // Runs until it is told to stop.
+      run: (h) => new Promise((resolve) => h.signal.addEventListener('abort', () => {
+        reason = h.signal.reason;
+        resolve(undefined);
+      }, { once: true })),
+    };
+    try {
+      await agent.run();
+    } finally {
+      await gw.close();
+    }
+    expect(gw.upgrades).toEqual([101, 401, 401]);
+    expect(agent.credentialRefusal).toMatchObject({ http_status: 401, error_type: 'auth.invalid_key', error_message: 'refused with 401' });
+    expect(agent.heldCount).toBe(0);
+    expect((reason as Error).message).toContain('the runner stopped: the control plane refused this runner\'s credential (HTTP 401)');
+    expect(await metrics.registry.metrics()).toContain('agentplane_runner_leases_total{outcome="failed_infrastructure"} 1');
+    const said = lines.filter((l) => l.msg.startsWith('the control plane refused this runner\'s credential'));
+    expect(said).toHaveLength(1);
+    expect(said[0]).toMatchObject({ level: 50, http_status: 401, refusals: 2, held: 1 });
+    expect(loadState(dir)).toMatchObject({ status: 'stopped', connected: false, drain: 'local', credential_refused: { http_status: 401, error_message: 'refused with 401' } });
   });
 });

@@ -9,7 +9,7 @@ import {
 } from '@agentplane/protocol';
 import type Docker from 'dockerode';
 import { buildCapabilities, hostFacts, memoryAvailableMib, type HostFacts, type SlotPolicy } from './capabilities.js';
-import { saveState, statePath, type DaemonConfig, type RunnerCredentialFile, type RunnerStateFile } from './config.js';
+import { saveState, statePath, type CredentialRefusal, type DaemonConfig, type RunnerCredentialFile, type RunnerStateFile } from './config.js';
 import { InfrastructureFailure } from './failures.js';
 import type { RunnerMetrics } from './metrics.js';
 import { connectUrl } from './probe.js';
@@ -95,6 +95,38 @@ const END_ERROR_RETRY_MS = 1000;
 const STATE_WARN_EVERY_MS = 60_000;
 
 /**
+ * The control plane refusing this runner's credential at the upgrade (HTTP 401 or 403) this many
+ * times in a row, the second after a short retry, is final: the daemon stops. One refusal alone,
+ * or one between other answers (a 503 while the control plane starts, a connection refused), is
+ * not.
+ */
+export const REFUSALS_TO_STOP = 2;
+
+/** Of a refused upgrade's answer, the part read for the control plane's own words. */
+const REFUSAL_BODY_BYTES = 4096;
+/** How long the rest of a refused upgrade's answer is waited for. */
+const REFUSAL_BODY_WAIT_MS = 2000;
+
+/** How one connection ended: welcomed (it served), or the credential refused at the upgrade (401, 403). */
+interface ConnectOutcome {
+  welcomed: boolean;
+  refusal: CredentialRefusal | null;
+}
+
+/** The control plane's error type and message in a refused upgrade's body (`{"error": {"type", "message"}}`), if any. */
+function errorOfBody(body: string): { type: string | null; message: string | null } {
+  try {
+    const error = (JSON.parse(body) as { error?: { type?: unknown; message?: unknown } } | null)?.error;
+    return {
+      type: typeof error?.type === 'string' ? error.type.slice(0, 200) : null,
+      message: typeof error?.message === 'string' ? error.message.replace(/\s+/g, ' ').slice(0, 500) : null,
+    };
+  } catch {
+    return { type: null, message: null };
+  }
+}
+
+/**
  * One runner daemon's connection to the control plane: hello with capabilities, heartbeats,
  * reconnect with capped exponential backoff and jitter, drain on request or SIGTERM.
  */
@@ -153,6 +185,8 @@ export class RunnerAgent {
   /** State file writes that failed since the last one that worked, and when that was last said. */
   private stateWriteFailures = 0;
   private stateWarnedAt = 0;
+  /** Set when the control plane refused this runner's credential for good: the daemon stops. */
+  private refusal: CredentialRefusal | null = null;
 
   constructor(
     private readonly cred: RunnerCredentialFile,
@@ -176,11 +210,20 @@ export class RunnerAgent {
   }
 
   private async loop(): Promise<void> {
+    let refusals = 0;
     while (!this.stopped) {
-      const welcomed = await this.connectOnce();
+      const { welcomed, refusal } = await this.connectOnce();
       if (this.stopped) break;
       if (welcomed) this.attempt = 0;
-      const delay = backoffDelay(this.attempt++, this.config.reconnectBaseMs, this.config.reconnectCapMs);
+      refusals = refusal ? refusals + 1 : 0;
+      if (refusal && refusals >= REFUSALS_TO_STOP) {
+        await this.stopRefused(refusal, refusals);
+        break;
+      }
+      // A first refusal is tried again soon, at the base delay: only one that repeats is final.
+      const delay = refusal
+        ? backoffDelay(0, this.config.reconnectBaseMs, this.config.reconnectCapMs)
+        : backoffDelay(this.attempt++, this.config.reconnectBaseMs, this.config.reconnectCapMs);
       this.log.info({ delay_ms: delay, attempt: this.attempt }, 'reconnecting');
       this.writeState(false);
       await new Promise<void>((r) => {
@@ -196,9 +239,33 @@ export class RunnerAgent {
     this.finish();
   }
 
+  /**
+   * The control plane refused this runner's credential twice in a row (revoked, deleted, its
+   * owner or Workspace disabled): no reconnect can help, so the daemon stops, the way a local
+   * drain with its deadline reached does. Held work cannot be reported any more (its leases expire
+   * and its Runs are retried): it is cancelled at once; the caller then stops the sandboxes.
+   */
+  private async stopRefused(refusal: CredentialRefusal, refusals: number): Promise<void> {
+    this.refusal = refusal;
+    this.log.error({
+      http_status: refusal.http_status, error_type: refusal.error_type, error_message: refusal.error_message, refusals, held: this.held.size,
+    }, 'the control plane refused this runner\'s credential (revoked or deleted?): stopping; pair this machine again (agentplane-runner pair --force)');
+    const reason = `the control plane refused this runner's credential (HTTP ${refusal.http_status})`;
+    // A local drain takes no new work and leaves once idle; what is held is cancelled now.
+    this.beginDrain(Date.now() + this.config.drainDeadlineMs, reason);
+    this.cancelAll(reason);
+    await Promise.allSettled([...this.held.values()].map((h) => h.done));
+  }
+
+  /** Why the daemon stopped when the control plane refused its credential for good; null otherwise. */
+  get credentialRefusal(): CredentialRefusal | null {
+    return this.refusal;
+  }
+
   private finish(): void {
     this.stopped = true;
     this.stopHeartbeat();
+    if (this.drainTimer) clearTimeout(this.drainTimer);
     if (this.reportTimer) clearInterval(this.reportTimer);
     this.status = 'draining';
     // A state file that cannot be written (disk full) must not keep the daemon from stopping.
@@ -277,17 +344,18 @@ export class RunnerAgent {
     return buildCapabilities(facts, this.policy, this.held.size);
   }
 
-  /** One connection, from upgrade to close. True when the gateway welcomed us. */
-  private async connectOnce(): Promise<boolean> {
+  /** One connection, from upgrade to close: whether the gateway welcomed us, or refused the credential. */
+  private async connectOnce(): Promise<ConnectOutcome> {
     let caps: RunnerCapabilities;
     try {
       caps = await this.capabilities();
     } catch (err) {
       this.log.warn({ err }, 'capability detection failed');
-      return false;
+      return { welcomed: false, refusal: null };
     }
-    return new Promise<boolean>((resolve) => {
+    return new Promise<ConnectOutcome>((resolve) => {
       let welcomed = false;
+      let refusal: CredentialRefusal | null = null;
       const ws = new WebSocket(this.url, {
         headers: { authorization: `Bearer ${this.cred.secret}` },
         maxPayload: RUNNER_DEFAULTS.maxFrameBytes,
@@ -297,13 +365,32 @@ export class RunnerAgent {
       this.ws = ws;
       ws.on('unexpected-response', (_req, res) => {
         const status = res.statusCode ?? 0;
-        if (status === 401 || status === 403) {
-          this.log.error({ status }, 'the control plane refused this runner credential; pair the machine again');
-          this.attempt = Math.max(this.attempt, 16); // back off at the cap
-        } else {
+        if (status !== 401 && status !== 403) {
           this.log.warn({ status }, 'runner upgrade refused');
+          res.resume();
+          ws.terminate();
+          return;
         }
-        ws.terminate();
+        // The control plane's own words (revoked, a disabled Workspace) are in the answer's body.
+        let body = '';
+        let read = false;
+        const done = (): void => {
+          if (read) return;
+          read = true;
+          clearTimeout(timer);
+          const error = errorOfBody(body);
+          refusal = { http_status: status, error_type: error.type, error_message: error.message, at: nowIso() };
+          this.log.warn({ status, error_type: error.type, error_message: error.message }, 'runner upgrade refused: the control plane refused this runner\'s credential');
+          ws.terminate();
+        };
+        const timer = setTimeout(done, REFUSAL_BODY_WAIT_MS);
+        res.setEncoding('utf8');
+        res.on('data', (chunk: string) => {
+          if (body.length < REFUSAL_BODY_BYTES) body += chunk.slice(0, REFUSAL_BODY_BYTES - body.length);
+        });
+        res.on('end', done);
+        res.on('error', done);
+        res.on('close', done);
       });
       ws.on('open', () => {
         this.lastCaps(caps);
@@ -341,7 +428,7 @@ export class RunnerAgent {
         const level = code === CLOSE.NORMAL || code === CLOSE.DRAINED || this.drainDeadline !== null ? 'info' : 'warn';
         this.log[level]({ close_code: code, reason: reason.toString() }, 'disconnected from the control plane');
         if (code === CLOSE.SUPERSEDED) this.attempt = Math.max(this.attempt, 3);
-        resolve(welcomed);
+        resolve({ welcomed, refusal });
       });
     });
   }
@@ -905,6 +992,7 @@ export class RunnerAgent {
       last_heartbeat_ack_at: this.lastAckIso,
       reconnect_attempt: this.attempt,
       drain: this.drainSource,
+      credential_refused: this.refusal,
       updated_at: nowIso(),
     };
   }

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { classify, requestFailure } from './cli-errors.js';
+import { classify, credentialRefused, EXIT, requestFailure } from './cli-errors.js';
 
 const errno = (code: string): Error => Object.assign(new Error(`${code}: something, open '/somewhere/runner.json.1.tmp'`), { code, syscall: 'open' });
 
@@ -28,5 +28,25 @@ describe('runner CLI error types', () => {
     const err = requestFailure(new DOMException('The operation was aborted due to timeout', 'TimeoutError'), 'enroll failed', 'http://cp:8080/v1/x', 30_000);
     expect(err.message).toContain('no answer from http://cp:8080/v1/x within 30 s');
     expect(classify(err)).toMatchObject({ type: 'network', code: 1 });
+  });
+
+  it('a credential the control plane refused for good is its own type and exit code (5), said in one line with what to do', () => {
+    const cred = {
+      base_url: 'https://cp.example', secret: 'ap_runner_x', runner_id: 'runner_1', runner_credential_id: 'rcred_1', runner_pool_id: 'rpool_1',
+      workspace_id: 'wksp_1', machine_label: 'box', paired_at: '2026-01-01T00:00:00.000Z',
+    };
+    const refused = { http_status: 401 as const, error_type: 'auth.invalid_key', error_message: 'unknown or revoked credential', at: '2026-01-02T00:00:00.000Z' };
+    const c = classify(credentialRefused(refused, cred, '/srv/runner'));
+    expect(EXIT.credentialRefused).toBe(5);
+    expect(c).toMatchObject({
+      type: 'credential_refused', code: 5,
+      detail: { http_status: 401, api_error: { type: 'auth.invalid_key', message: 'unknown or revoked credential' }, runner_id: 'runner_1', url: 'https://cp.example' },
+    });
+    expect(c.message).not.toContain('\n');
+    expect(c.message).toContain('refused the credential of runner runner_1 (HTTP 401: unknown or revoked credential) twice in a row: it was revoked or deleted');
+    expect(c.message).toContain('agentplane-runner pair --force --code <code> --url https://cp.example --config-dir /srv/runner');
+    const forbidden = classify(credentialRefused({ ...refused, http_status: 403, error_type: null, error_message: null }, cred, '/srv/runner'));
+    expect(forbidden).toMatchObject({ type: 'credential_refused', code: 5, detail: { http_status: 403, api_error: null } });
+    expect(forbidden.message).toContain('(HTTP 403) twice in a row: it is not allowed to connect');
   });
 });

@@ -3,12 +3,19 @@
  * (`agentplane-runner --help` lists them).
  */
 import { ConfigError } from '@agentplane/core';
+import type { CredentialRefusal, RunnerCredentialFile } from './config.js';
 import { DaemonRunningError } from './lock.js';
 
-export type ErrorType = 'usage' | 'config' | 'network' | 'api' | 'not_running' | 'already_running' | 'docker_unavailable' | 'internal';
+export type ErrorType =
+  | 'usage' | 'config' | 'network' | 'api' | 'not_running' | 'already_running' | 'docker_unavailable' | 'credential_refused' | 'internal';
 
-/** Exit codes besides 0 (success) and 1 (every failure not listed). */
-export const EXIT = { usage: 2, config: 2, alreadyRunning: 3, dockerUnavailable: 4 } as const;
+/**
+ * Exit codes besides 0 (success) and 1 (every failure not listed). `credentialRefused`: `start`
+ * stopped because the control plane refused the runner credential for good (revoked, deleted);
+ * a supervisor must not restart the daemon on it (the systemd unit's RestartPreventExitStatus=,
+ * the platform's local runner).
+ */
+export const EXIT = { usage: 2, config: 2, alreadyRunning: 3, dockerUnavailable: 4, credentialRefused: 5 } as const;
 
 /** A mistake in how the command was called: exit code 2, with the command's usage. */
 export class UsageError extends Error {
@@ -75,6 +82,30 @@ export function requestFailure(err: unknown, what: string, url: string, timeoutM
   return new CliError('network', `${what}: cannot reach ${url}: ${code ?? text}`, 1, {}, detail);
 }
 
+/**
+ * `start` stopped because the control plane refused the runner credential for good: one line
+ * naming the control plane, the runner, the control plane's words and what to do (pair again),
+ * exit code 5.
+ */
+export function credentialRefused(refusal: CredentialRefusal, cred: RunnerCredentialFile, configDir: string): CliError {
+  const why = refusal.http_status === 401
+    ? 'it was revoked or deleted'
+    : 'it is not allowed to connect (its owner Principal, Workspace or Organization is not active, or it is not a runner credential)';
+  const words = refusal.error_message ? `: ${refusal.error_message}` : '';
+  return new CliError(
+    'credential_refused',
+    `the control plane at ${cred.base_url} refused the credential of runner ${cred.runner_id} (HTTP ${refusal.http_status}${words}) twice in a row: ` +
+      `${why}. Pair this machine again with a new pairing code: agentplane-runner pair --force --code <code> --url ${cred.base_url} ` +
+      `--config-dir ${configDir} (a managed pool's runner: enroll --force)`,
+    EXIT.credentialRefused,
+    {},
+    {
+      http_status: refusal.http_status, api_error: refusal.error_type ? { type: refusal.error_type, message: refusal.error_message } : null,
+      runner_id: cred.runner_id, runner_credential_id: cred.runner_credential_id, url: cred.base_url,
+    },
+  );
+}
+
 export interface Classified {
   type: ErrorType;
   message: string;
@@ -85,7 +116,8 @@ export interface Classified {
 
 /**
  * Why a command failed, for `--json`: `usage` and `config` exit 2, `already_running` 3,
- * `docker_unavailable` 4, `network`, `api`, `not_running` and `internal` exit 1.
+ * `docker_unavailable` 4, `credential_refused` 5, `network`, `api`, `not_running` and `internal`
+ * exit 1.
  */
 export function classify(err: unknown): Classified {
   const message = err instanceof Error ? err.message : String(err);

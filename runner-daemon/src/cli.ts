@@ -7,8 +7,8 @@ import { hostname } from 'node:os';
 import { ConfigError, createLogger, envInt, startTracing } from '@agentplane/core';
 import { RunnerAgent } from './agent.js';
 import { dockerClient } from './capabilities.js';
-import { classify, CliError, EXIT, UsageError } from './cli-errors.js';
-import { credentialPath, loadCredential, loadDaemonConfig, loadState, type DaemonConfig } from './config.js';
+import { classify, CliError, credentialRefused, EXIT, UsageError } from './cli-errors.js';
+import { credentialPath, loadCredential, loadDaemonConfig, loadState, type CredentialRefusal, type DaemonConfig } from './config.js';
 import { DaemonSandboxes, DockerUnavailableError } from './daemon-sandboxes.js';
 import { runDoctor } from './doctor.js';
 import { DockerCheck, runnerHealth } from './health.js';
@@ -26,8 +26,9 @@ Common options:
                        with type usage or config (exit code 2; config includes a disk that is full,
                        read-only or not writable), network, api (the control plane refused; its own
                        error in error.api_error), not_running (drain: no daemon), already_running
-                       (exit code 3), docker_unavailable (start --require-docker: exit code 4) or
-                       internal (exit code 1)
+                       (exit code 3), docker_unavailable (start --require-docker: exit code 4),
+                       credential_refused (start: the control plane refused the runner credential
+                       for good: exit code 5) or internal (exit code 1)
   -h, --help           this help`;
 
 const HELP: Record<string, string> = {
@@ -87,9 +88,15 @@ heartbeats. SIGTERM: drain (no new work, finish held work, exit). A second SIGTE
 drain deadline (default 1 h), cancels held work. A drain the control plane asks for (a runner or
 pool drain through the API) leaves the daemon connected and idle until it is resumed
 (POST /v1/runners/{id}/resume, or the pool's resume); --exit-when-drained makes it exit instead.
+A control plane that refuses the credential (HTTP 401 or 403 on the connect: revoked, deleted, its
+owner or Workspace disabled) twice in a row, the second time after a short retry, stops the
+daemon: held work is canceled, its sandboxes stopped, one line on stderr says to pair again
+(pair --force) and the exit code is 5 (error type credential_refused), which the systemd unit
+of \`service install\` and the platform do not restart. A single refusal, or a 5xx (a control
+plane starting up), only makes it reconnect.
 With RUNNER_METRICS_ADDR set, GET /healthz there answers 200 when the daemon can take work and 503
-while it is starting, disconnected from the control plane, or its Docker engine does not answer:
-{"status", "connected", "driver", "docker_ok", "draining", "tiers"}.
+while it is starting, disconnected from the control plane, stopping on a refused credential, or
+its Docker engine does not answer: {"status", "connected", "driver", "docker_ok", "draining", "tiers"}.
 Options:
   --image <image>            the sandbox image (default agentplane/sandbox:latest; env SANDBOX_IMAGE)
   --heartbeat-ms <ms>        override the gateway's heartbeat interval
@@ -132,7 +139,8 @@ ${COMMON}`,
   status: `Usage: agentplane-runner status
 
 Prints the running daemon's status (pid, starting/ready/draining/disconnected, connected,
-generation, last heartbeat).
+generation, last heartbeat), or that the daemon stopped because the control plane refused its
+credential (credential_refused: pair again with pair --force).
 Exit code 0 when connected, 1 otherwise (also while starting).
 ${COMMON}`,
   drain: `Usage: agentplane-runner drain [--wait [--timeout <seconds>]] [--cancel]
@@ -167,7 +175,8 @@ ${COMMON}`,
 install writes a systemd unit (<unit-dir>/<name>.service; default /etc/systemd/system/
 agentplane-runner.service, so run it as root) that runs \`agentplane-runner start\` on this config
 dir as --user (default: the invoking user, $SUDO_USER under sudo; it needs the Docker socket), then
-enables and starts it. The unit restarts the daemon on failure (every 5 s, without limit); stopping
+enables and starts it. The unit restarts the daemon on failure (every 5 s, without limit), except
+after exit code 5 (the control plane refused its credential: pair again, then systemctl start); stopping
 it (systemctl stop, uninstall, shutdown) drains: SIGTERM to the daemon, which finishes held work
 up to its drain deadline, then systemd kills what is left (TimeoutStopSec = deadline + 30 s).
 Logs go to the journal: journalctl -u <name> -f. These variables, when set at install time, are
@@ -374,7 +383,7 @@ async function start(flags: Flags): Promise<number> {
   const dockerCheck = new DockerCheck(docker, (ok) => metrics.dockerUp.set(ok ? 1 : 0));
   const health = async () => runnerHealth({
     started: serving, connected: running.connected, driver: sandboxes.driver, dockerOk: await dockerCheck.ok(),
-    draining: running.status === 'draining', tiers: running.verifiedTiers,
+    draining: running.status === 'draining', tiers: running.verifiedTiers, credentialRefused: running.credentialRefusal !== null,
   });
   let tracing: Awaited<ReturnType<typeof startTracing>> | undefined;
   let metricsServer: Awaited<ReturnType<typeof serveMetrics>> | undefined;
@@ -416,6 +425,9 @@ async function start(flags: Flags): Promise<number> {
   log.info('runner stopped');
   rmSync(drainRequestPath(config.configDir, process.pid), { force: true });
   lock.release();
+  // Refused for good: restarting it as it is would only be refused again (exit code 5).
+  const refusal = agent.credentialRefusal;
+  if (refusal) throw credentialRefused(refusal, cred, config.configDir);
   return 0;
 }
 
@@ -423,7 +435,12 @@ async function start(flags: Flags): Promise<number> {
 const alive = (pid: number): boolean => processLive({ pid, start: null });
 
 /** `ready, connected (generation 3)`, `disconnected (reconnecting)`, `starting (not connected yet)`, … */
-function statusLine(d: { running: boolean; status: string; connected: boolean; generation: number | null }): string {
+function statusLine(d: { running: boolean; status: string; connected: boolean; generation: number | null; credential_refused: CredentialRefusal | null }): string {
+  const refused = d.credential_refused;
+  if (refused) {
+    return `${d.running ? 'stopping' : 'stopped'}: the control plane refused this runner's credential (HTTP ${refused.http_status}, at ${refused.at}); ` +
+      'pair this machine again: agentplane-runner pair --force';
+  }
   if (!d.running) return d.status;
   if (d.connected) return `${d.status}, connected (generation ${d.generation})`;
   if (d.status === 'starting') return 'starting (sandbox image and isolation checks; not connected yet)';
@@ -441,6 +458,7 @@ function status(flags: Flags): number {
     running, pid: running ? state!.pid : null, status: running ? state!.status : 'stopped', connected: running && state!.connected,
     generation: running ? state!.generation : null, last_heartbeat_ack_at: state?.last_heartbeat_ack_at ?? null,
     drain: running ? (state!.drain ?? null) : null,
+    credential_refused: state?.credential_refused ?? null,
   };
   const human = !cred
     ? 'not paired (run `agentplane-runner pair`)'

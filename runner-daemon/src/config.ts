@@ -134,7 +134,21 @@ export interface RunnerStateFile {
    * leaves, and one more signal cancels its held work), `control_plane` (the API), or null.
    */
   drain?: 'local' | 'control_plane' | null;
+  /** Set when the daemon stopped because the control plane refused its credential for good. */
+  credential_refused?: CredentialRefusal | null;
   updated_at: string;
+}
+
+/**
+ * The control plane refused this runner's credential at the upgrade (HTTP 401: revoked, deleted;
+ * 403: its owner Principal or Workspace disabled) twice in a row: the daemon stopped.
+ */
+export interface CredentialRefusal {
+  http_status: 401 | 403;
+  /** The control plane's error type and message (its answer's body), when it gave them. */
+  error_type: string | null;
+  error_message: string | null;
+  at: string;
 }
 
 export const credentialPath = (dir: string): string => join(dir, 'runner.json');

@@ -17,6 +17,10 @@ describe('runner /healthz', () => {
     // The process driver needs no Docker; draining is still healthy (it finishes held work).
     expect(runnerHealth({ ...healthy, driver: 'process', dockerOk: false, tiers: [] })).toMatchObject({ code: 200, body: { status: 'ok', driver: 'process' } });
     expect(runnerHealth({ ...healthy, draining: true })).toMatchObject({ code: 200, body: { status: 'ok', draining: true } });
+    // Its credential refused for good: it stops (exit code 5), draining meanwhile.
+    expect(runnerHealth({ ...healthy, connected: false, draining: true, credentialRefused: true })).toMatchObject({
+      code: 503, body: { status: 'credential_refused', connected: false, draining: true },
+    });
   });
 
   const servers: Server[] = [];

@@ -8,10 +8,11 @@ import { DockerDriver } from './sandbox/docker-driver.js';
 export interface RunnerHealth {
   /**
    * `ok`; or why the daemon cannot take work: `starting` (image check, tier canaries),
-   * `disconnected` (no live connection to the control plane), `docker_unavailable` (its sandbox
-   * driver is Docker and the engine does not answer).
+   * `disconnected` (no live connection to the control plane), `credential_refused` (the control
+   * plane refused its credential for good: it stops), `docker_unavailable` (its sandbox driver is
+   * Docker and the engine does not answer).
    */
-  status: 'ok' | 'starting' | 'disconnected' | 'docker_unavailable';
+  status: 'ok' | 'starting' | 'disconnected' | 'credential_refused' | 'docker_unavailable';
   connected: boolean;
   /** The sandbox driver in use: `docker`, `process` (unisolated), or null while starting. */
   driver: 'docker' | 'process' | null;
@@ -30,13 +31,16 @@ export interface HealthInput {
   dockerOk: boolean;
   draining: boolean;
   tiers: string[];
+  /** The control plane refused the credential for good: the daemon is stopping (exit code 5). */
+  credentialRefused?: boolean;
 }
 
 export function runnerHealth(i: HealthInput): { code: 200 | 503; body: RunnerHealth } {
   const status: RunnerHealth['status'] = !i.started ? 'starting'
-    : !i.connected ? 'disconnected'
-      : i.driver === 'docker' && !i.dockerOk ? 'docker_unavailable'
-        : 'ok';
+    : i.credentialRefused ? 'credential_refused'
+      : !i.connected ? 'disconnected'
+        : i.driver === 'docker' && !i.dockerOk ? 'docker_unavailable'
+          : 'ok';
   return {
     code: status === 'ok' ? 200 : 503,
     body: { status, connected: i.connected, driver: i.driver, docker_ok: i.dockerOk, draining: i.draining, tiers: [...i.tiers] },

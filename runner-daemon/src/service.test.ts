@@ -33,6 +33,14 @@ describe('service --user', () => {
   });
 });
 
+describe('the unit', () => {
+  it('restarts the daemon on failure, but not after exit code 5 (its credential refused for good)', () => {
+    const text = renderUnit(unit());
+    expect(text).toMatch(/^Restart=on-failure$/m);
+    expect(text).toMatch(/^RestartPreventExitStatus=5$/m);
+  });
+});
+
 describe('service status without systemctl', () => {
   it('says the unit is installed, and that whether it is active is unknown', () => {
     const ctx = { unitDir: tmp(), systemctl: false };

@@ -2,13 +2,15 @@
  * `agentplane-runner service install|uninstall|status`: the daemon as a systemd service, the way
  * CI runners (GitHub Actions' `svc.sh`, Buildkite's packages) install theirs. One unit per config
  * dir; stop drains (SIGTERM to the daemon only, then up to the drain deadline before SIGKILL),
- * a crash restarts it, and its structured log lines go to the journal.
+ * a crash restarts it (not an exit on a refused credential, code 5), and its structured log lines
+ * go to the journal.
  */
 import { spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { userInfo } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { EXIT } from './cli-errors.js';
 
 export interface UnitOptions {
   /** Unit name without `.service` (default `agentplane-runner`). */
@@ -85,8 +87,11 @@ export function renderUnit(o: UnitOptions): string {
     'KillMode=mixed',
     'KillSignal=SIGTERM',
     `TimeoutStopSec=${Math.ceil(o.drainDeadlineMs / 1000) + STOP_MARGIN_S}`,
-    // A crash (or a non-zero exit) restarts it; a drained exit (code 0) stays stopped.
+    // A crash (or a non-zero exit) restarts it; a drained exit (code 0) stays stopped, and so does
+    // one on a credential the control plane refused for good (code 5): restarted as it is, it
+    // would only be refused again. Pair again, then start the unit.
     'Restart=on-failure',
+    `RestartPreventExitStatus=${EXIT.credentialRefused}`,
     'RestartSec=5',
     'StandardOutput=journal',
     'StandardError=journal',
