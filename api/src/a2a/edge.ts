@@ -2,12 +2,16 @@
  * The A2A v1.0 edge: per active AgentInstallation and SurfaceScope, a public Agent Card and a
  * JSON-RPC endpoint (docs/A2A.md). The SDK's JsonRpcTransportHandler parses and frames JSON-RPC
  * and its SSE helpers frame streams; this module admits each request first: credential (audience
- * `a2a`), placement, A2A-Version, refused features, PermissionAssignments and ActionPolicies, then
- * writes the request's audit record.
+ * `a2a`), placement, A2A-Version, the JSON-RPC envelope and the method's params (params.ts),
+ * refused features, PermissionAssignments and ActionPolicies, then writes the request's audit
+ * record (every request past the credential has one, refusals included).
  */
 import type Koa from 'koa';
 import { formatSSEErrorEvent, formatSSEEvent, Message, SSE_HEADERS } from '@a2a-js/sdk';
-import { A2A_ERROR_CODE, A2AError, JsonRpcRequestMalformedError, UnsupportedOperationError, VersionNotSupportedError } from '@a2a-js/sdk/errors';
+import {
+  A2A_ERROR_CODE, A2AError, JsonRpcRequestMalformedError, PushNotificationNotSupportedError, RequestMalformedError, UnsupportedOperationError,
+  VersionNotSupportedError,
+} from '@a2a-js/sdk/errors';
 import { JsonRpcTransportHandler, ServerCallContext, validateVersion, type A2ARequestHandler } from '@a2a-js/sdk/server';
 import { ApiError, closedLabel, Counter, ERROR_STATUS, reportIncident, type Logger } from '@agentplane/core';
 import { traceOf } from '../http/router.js';
@@ -22,10 +26,10 @@ import type { ToolCall } from '../governance/policy-eval.js';
 import { A2A_PREFIX, parseA2aPath, resolvePlacement, type Placement } from './placement.js';
 import { buildCard, CARD_MAX_AGE_SECONDS, cardFor } from './card.js';
 import { CALL_STATE_KEY, SessionTaskHandler, type A2aCall } from './handler.js';
+import { A2A_METHODS, checkParams, envelopeOf, namesPushConfig, ParamsError, type A2aMethod } from './params.js';
 
+export { A2A_METHODS };
 const MAX_BODY_BYTES = 4 * 1024 * 1024;
-export const A2A_METHODS = ['SendMessage', 'SendStreamingMessage', 'GetTask', 'ListTasks', 'CancelTask', 'SubscribeToTask'] as const;
-type A2aMethod = (typeof A2A_METHODS)[number];
 const METRIC_METHODS = [...A2A_METHODS, 'card', 'other'] as const;
 /** An audit record's action names a method from a closed set: a made-up method is `a2a.other`. */
 const AUDIT_METHODS = [...A2A_METHODS, 'request'] as const;
@@ -198,8 +202,8 @@ export function a2aEdge(deps: ApiDeps): Koa.Middleware {
       await audit(base, 'request', p.installationId, 'failed', err.status, err.type);
       return wire(ctx, err);
     }
-    // 3. One JSON-RPC message. A body that is not JSON (none at all, or one that does not parse)
-    // is the JSON-RPC parse error, answered at dispatch (7) after the same checks as any request.
+    // 3. The body. One that is not JSON (none at all, or one that does not parse) is the JSON-RPC
+    // parse error, answered (5) after the same checks as any request.
     let body: unknown;
     let notJson: string | null = null;
     try {
@@ -208,24 +212,29 @@ export function a2aEdge(deps: ApiDeps): Koa.Middleware {
     } catch (err) {
       if (!(err instanceof ApiError)) throw err;
       body = undefined;
-      if (err.status === 413) return wire(ctx, err);
+      if (err.status === 413) {
+        // Refused before the body was read: no method to name.
+        count('other', 'rpc_error');
+        await audit(base, 'request', placement.installation.id, 'failed', err.status, err.type);
+        return wire(ctx, err);
+      }
       // Not JSON, not application/json, nested too deep, cut short: no message to dispatch.
       notJson = err.message;
     }
     const msg = isObj(body) ? body : null;
     const method = typeof msg?.method === 'string' ? msg.method : 'invalid';
-    const id = msg && (typeof msg.id === 'string' || typeof msg.id === 'number') ? msg.id : null;
-    const params = isObj(msg?.params) ? msg.params : {};
-    const rpcError = (err: A2AError) => ({ jsonrpc: '2.0', id, error: JsonRpcTransportHandler.mapToJSONRPCError(err) });
+    // The id answered until the envelope is checked: one JSON-RPC allows, else null.
+    let id: string | number | null = msg && (typeof msg.id === 'string' || Number.isInteger(msg.id)) ? (msg.id as string | number) : null;
     const refuse = async (err: A2AError) => {
+      const error = JsonRpcTransportHandler.mapToJSONRPCError(err);
       count(method, 'rpc_error');
-      await audit(base, method, placement.installation.id, 'failed', 200, err.name);
+      await audit(base, method, placement.installation.id, 'failed', 200, rpcErrorDetail(error));
       ctx.status = 200;
       ctx.type = 'application/json';
-      ctx.body = JSON.stringify(rpcError(err));
+      ctx.body = JSON.stringify({ jsonrpc: '2.0', id, error });
     };
     const card = cardFor(placement, deps.config.publicBaseUrl);
-    // 4. A2A-Version: exactly 1.0 (an absent header is refused, not read as 0.3).
+    // 4. A2A-Version: exactly 1.0 (an absent header is refused, not read as 0.3); no extensions.
     const version = headers['a2a-version']?.trim() ?? '';
     try {
       if (version === '') throw new VersionNotSupportedError('the A2A-Version header is required (supported: 1.0)');
@@ -234,20 +243,47 @@ export function a2aEdge(deps: ApiDeps): Koa.Middleware {
       if (err instanceof A2AError) return refuse(err);
       throw err;
     }
-    // 5. Refused features that a request names outside its params' typed fields.
     if ((headers['a2a-extensions'] ?? '').trim() !== '') return refuse(new UnsupportedOperationError('protocol extensions are not supported'));
-    if ('tenant' in params) return refuse(new UnsupportedOperationError('the A2A tenant field is not accepted: the endpoint names its placement'));
-    // 6. Governance: never agent to agent inside one Workspace; PermissionAssignments; ActionPolicies.
-    const known = (A2A_METHODS as readonly string[]).includes(method) ? (method as A2aMethod) : null;
+    // 5. One JSON-RPC 2.0 request object with an id. A body that is not one is answered with id
+    // null (JSON-RPC 2.0, section 5): a parse error, else an invalid request; nothing runs.
+    if (notJson !== null) {
+      id = null;
+      return refuse(new JsonRpcRequestMalformedError({ message: notJson, envelopeCode: A2A_ERROR_CODE.PARSE_ERROR }));
+    }
+    let params: Json;
+    let known: A2aMethod | null;
+    try {
+      const envelope = envelopeOf(body);
+      id = envelope.id;
+      known = (A2A_METHODS as readonly string[]).includes(method) ? (method as A2aMethod) : null;
+      params = isObj(envelope.params) ? envelope.params : {};
+      // 6. Refused features a request names outside its typed params.
+      if ('tenant' in params) return refuse(new UnsupportedOperationError('the A2A tenant field is not accepted: the endpoint names its placement'));
+      if ((known === 'SendMessage' || known === 'SendStreamingMessage') && namesPushConfig(params)) {
+        return refuse(new PushNotificationNotSupportedError('push notifications are not supported'));
+      }
+      // 7. The method's params against its closed schema, before anything decodes them.
+      if (known) checkParams(known, envelope.params);
+    } catch (err) {
+      if (!(err instanceof ParamsError)) throw err;
+      if (err.kind === 'request') {
+        id = null;
+        return refuse(new JsonRpcRequestMalformedError({ message: err.message, envelopeCode: A2A_ERROR_CODE.INVALID_REQUEST }));
+      }
+      return refuse(new RequestMalformedError(err.message));
+    }
+    // 8. Governance: never agent to agent inside one Workspace; PermissionAssignments; ActionPolicies.
     if (known) {
       try {
         if (await deps.installations.installationOfPrincipal(p.workspaceId, principalId)) {
           throw new ApiError('policy.denied', 'an A2A task never connects two agents inside one Workspace: this Principal is an installed agent');
         }
         // Read as the SDK's own decoding will (it also takes `task_id` and `context_id`), so
-        // what decides the grants needed is what the handler then acts on.
-        const message = Message.fromJSON(isObj(params.message) ? params.message : {});
-        const continuing = message.taskId !== '' || message.contextId !== '';
+        // what decides the grants needed is what the handler then acts on. The params passed
+        // their schema: the decoding cannot trip on them.
+        const sends = known === 'SendMessage' || known === 'SendStreamingMessage';
+        const message = sends ? Message.fromJSON(params.message as Json) : null;
+        const continuing = message !== null && (message.taskId !== '' || message.contextId !== '');
         const chain = (await deps.surfaceScopes.inheritanceChain(p.workspaceId, placement.scope.id)).map((s) => s.id);
         for (const action of actionsFor(known, continuing)) {
           await deps.permissions.require(p.workspaceId, principalId, action, { type: 'agent', id: placement.agent.id });
@@ -255,7 +291,7 @@ export function a2aEdge(deps: ApiDeps): Koa.Middleware {
         }
         const actor = { id: principalId, credential_id: caller.credentialId };
         const calls: ToolCall[] = [{ kind: 'a2a', name: known, principal_id: principalId, input: params }];
-        if (known === 'SendMessage' || known === 'SendStreamingMessage') calls.push({ kind: 'drive', name: 'user.message', principal_id: principalId, input: params });
+        if (sends) calls.push({ kind: 'drive', name: 'user.message', principal_id: principalId, input: params });
         if (known === 'CancelTask') calls.push({ kind: 'drive', name: 'user.interrupt', principal_id: principalId, input: params });
         for (const call of calls) {
           const d = await deps.policies.decide(p.workspaceId, call, { actor, target: placement.installation.id, request_id: requestId });
@@ -269,7 +305,7 @@ export function a2aEdge(deps: ApiDeps): Koa.Middleware {
         return wire(ctx, err);
       }
     }
-    // 7. Dispatch through the SDK's JSON-RPC transport.
+    // 9. Dispatch through the SDK's JSON-RPC transport.
     const abort = new AbortController();
     const onClose = () => abort.abort();
     ctx.res.on('close', onClose);
@@ -282,11 +318,7 @@ export function a2aEdge(deps: ApiDeps): Koa.Middleware {
     });
     const target = () => call.target ?? placement.installation.id;
     try {
-      // The SDK transport maps a body it cannot parse to invalid params (-32602): the parse error
-      // (-32700) is answered here instead.
-      const out = notJson !== null
-        ? { jsonrpc: '2.0' as const, id: null, error: JsonRpcTransportHandler.mapToJSONRPCError(new JsonRpcRequestMalformedError({ message: notJson, envelopeCode: A2A_ERROR_CODE.PARSE_ERROR })) }
-        : await transport.handle(body === undefined ? '' : (body as Json), context);
+      const out = await transport.handle(body as Json, context);
       if (!(Symbol.asyncIterator in out)) {
         const failed = 'error' in out && out.error !== undefined;
         count(method, failed ? 'rpc_error' : 'ok');
@@ -302,12 +334,13 @@ export function a2aEdge(deps: ApiDeps): Koa.Middleware {
       try {
         first = await it.next();
       } catch (err) {
-        const e = err instanceof A2AError ? err : new Error(err instanceof Error ? err.message : 'stream failed');
+        // A platform error keeps its type (its message starts with it), as in a non-stream answer.
+        const error = JsonRpcTransportHandler.mapToJSONRPCError(err);
         count(method, 'rpc_error');
-        await audit(base, method, target(), 'failed', 200, e.name);
+        await audit(base, method, target(), 'failed', 200, rpcErrorDetail(error));
         ctx.status = 200;
         ctx.type = 'application/json';
-        ctx.body = JSON.stringify({ jsonrpc: '2.0', id, error: JsonRpcTransportHandler.mapToJSONRPCError(e) });
+        ctx.body = JSON.stringify({ jsonrpc: '2.0', id, error });
         return;
       }
       ctx.respond = false;
@@ -324,10 +357,11 @@ export function a2aEdge(deps: ApiDeps): Koa.Middleware {
           res.write(formatSSEEvent(next.value));
         }
       } catch (err) {
+        const error = JsonRpcTransportHandler.mapToJSONRPCError(err);
         outcome = 'failed';
-        detail = err instanceof Error ? err.name : 'stream_error';
+        detail = rpcErrorDetail(error);
         if (!res.writableEnded && !res.destroyed) {
-          res.write(formatSSEErrorEvent({ jsonrpc: '2.0', id, error: JsonRpcTransportHandler.mapToJSONRPCError(err) }));
+          res.write(formatSSEErrorEvent({ jsonrpc: '2.0', id, error }));
         }
       } finally {
         await it.return?.(undefined);

@@ -2,6 +2,7 @@
  * The A2A request handler: every method served from a Session and its event log. The SDK's
  * `JsonRpcTransportHandler` parses and frames JSON-RPC around it (docs/A2A.md).
  */
+import { randomUUID } from 'node:crypto';
 import {
   Role, TaskState, type AgentCard, type CancelTaskRequest, type GetTaskRequest, type ListTasksRequest, type ListTasksResponse,
   type Message, type SendMessageRequest, type StreamResponse, type SubscribeToTaskRequest, type Task, type TaskPushNotificationConfig,
@@ -12,7 +13,7 @@ import {
 } from '@a2a-js/sdk/errors';
 import type { A2ARequestHandler, ServerCallContext } from '@a2a-js/sdk/server';
 import { ApiError, isId, type Context } from '@agentplane/core';
-import { keys, tags, type LogEvent } from '@agentplane/store';
+import { keys, LuaScript, tags, type LogEvent } from '@agentplane/store';
 import type { SessionDoc } from '@agentplane/domain';
 import type { ApiDeps } from '../deps.js';
 import type { Caller } from '../http/caller.js';
@@ -43,8 +44,14 @@ const READ_PAGE = 500;
 const META = { installation: 'a2a_installation_id', scope: 'a2a_surface_scope_id', principal: 'a2a_principal_id' } as const;
 const MAX_LIST_PAGE = 100;
 const MAX_MESSAGE_ID = 255;
-/** A concurrent first send of the same messageId is waited for this long before giving up. */
+/** A concurrent send of the same messageId is waited for this long before giving up. */
 const CLAIM_WAIT_MS = 10_000;
+/**
+ * A messageId's claim (the send that holds it is creating the Session or appending the message)
+ * older than this is stale: its holder died before finishing, and the next send of that
+ * messageId takes the claim over. Far beyond what a create or an append takes.
+ */
+const CLAIM_STALE_MS = 30_000;
 /** CancelTask waits at most this long for the interrupted turn to end. */
 const CANCEL_WAIT_MS = 30_000;
 
@@ -57,6 +64,42 @@ function callOf(ctx: ServerCallContext): A2aCall {
 const scopeKey = (c: A2aCall) => `${c.placement.installation.id}:${c.placement.scope.id}:${c.caller.principalId}`;
 const tasksIndex = (c: A2aCall) => `a2a_tasks:${scopeKey(c)}`;
 const messagesKey = (c: A2aCall) => keys.unique(tags.workspace(c.placement.workspaceId), `a2a_messages:${scopeKey(c)}`);
+
+/**
+ * Claims a messageId in the messages hash (KEYS[1]), field ARGV[1], for the send holding token
+ * ARGV[2]: `{1, claim}` when this send now holds it (the field was free, or held by a claim older
+ * than ARGV[3] ms, by the server's clock); else `{0, value}`, the task id it maps to or `pending`
+ * while another send holds it. A claim is `pending:<ms>:<token>`; an undated `pending` (written
+ * before claims were dated) is dated now, so it expires too.
+ */
+const CLAIM = new LuaScript('a2a_claim_message', `
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local v = redis.call('HGET', KEYS[1], ARGV[1])
+local mine = 'pending:' .. now .. ':' .. ARGV[2]
+if not v then
+  redis.call('HSET', KEYS[1], ARGV[1], mine)
+  return {1, mine}
+end
+if v == 'pending' then
+  redis.call('HSET', KEYS[1], ARGV[1], 'pending:' .. now .. ':')
+  return {0, 'pending'}
+end
+if string.sub(v, 1, 8) == 'pending:' then
+  local at = tonumber(string.match(v, '^pending:(%d+)'))
+  if at == nil or now - at >= tonumber(ARGV[3]) then
+    redis.call('HSET', KEYS[1], ARGV[1], mine)
+    return {1, mine}
+  end
+  return {0, 'pending'}
+end
+return {0, v}
+`);
+/** Releases a claim (KEYS[1], field ARGV[1]) if it is still ARGV[2]: a send that failed leaves the messageId free. */
+const RELEASE = new LuaScript('a2a_release_message', `
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return redis.call('HDEL', KEYS[1], ARGV[1]) end
+return 0
+`);
 
 const URI_KEY = /^[a-z][a-z0-9+.-]*:\/\//i;
 function rejectExtensionKeys(meta: Record<string, unknown> | undefined, where: string): void {
@@ -119,7 +162,7 @@ export class SessionTaskHandler implements A2ARequestHandler {
   }
 
   /** Reads the log through `toSeq` (or its current end) into a tracker. */
-  private async replay(c: A2aCall, s: SessionDoc, messageId?: string): Promise<{ tracker: TaskTracker; seq: number; seen: boolean }> {
+  private async replay(c: A2aCall, s: Readonly<SessionDoc>, messageId?: string): Promise<{ tracker: TaskTracker; seq: number; seen: boolean }> {
     const log = c.deps.sessions.store.log;
     const end = (await log.state(s.id)).seq;
     const tracker = new TaskTracker(s.id, s._primary_thread_id);
@@ -177,14 +220,49 @@ export class SessionTaskHandler implements A2ARequestHandler {
 
   // ---- sending ---------------------------------------------------------------------------
 
-  /** Starts (or, for a known messageId, finds) the turn a message asks for. Returns its task. */
+  /**
+   * The messageId's task when a send already made it (`{task}`), else this send's claim on the
+   * messageId (`{claim}`). A claim another send holds is waited for (it resolves to its task, or
+   * frees the messageId), at most CLAIM_WAIT_MS; one held past CLAIM_STALE_MS is taken over.
+   */
+  private async claim(c: A2aCall, messageId: string): Promise<{ task: string } | { claim: string }> {
+    const key = messagesKey(c);
+    const token = randomUUID();
+    const deadline = Date.now() + CLAIM_WAIT_MS;
+    for (;;) {
+      const [won, value] = await CLAIM.run(c.deps.redis, [key], [messageId, token, CLAIM_STALE_MS]) as [number, string];
+      if (won === 1) return { claim: value };
+      if (value !== 'pending') return { task: value };
+      if (Date.now() > deadline || c.signal.aborted) throw new UnsupportedOperationError(`message ${messageId} is still being submitted; retry`);
+      await new Promise((r) => setTimeout(r, 50));
+    }
+  }
+
+  /**
+   * Starts (or, for a known messageId, finds) the turn a message asks for. Returns its task. The
+   * messageId is claimed first, on a new task and a continuation alike: of concurrent sends of
+   * one messageId, one creates the Session or appends the message, and the others return its task.
+   */
   private async submit(c: A2aCall, params: SendMessageRequest, ctx: ServerCallContext): Promise<{ session: SessionDoc; messageId: string }> {
     const { message, text } = checkMessage(params, ctx);
-    const ws = c.placement.workspaceId;
     const key = messagesKey(c);
-    const known = await c.deps.redis.hget(key, message.messageId);
-    if (known && known !== 'pending') return { session: await this.session(c, known), messageId: message.messageId };
-    const target = message.taskId || message.contextId;
+    const held = await this.claim(c, message.messageId);
+    if ('task' in held) return { session: await this.session(c, held.task), messageId: message.messageId };
+    let id: string;
+    try {
+      id = await this.start(c, message, text);
+    } catch (err) {
+      // Not released (Redis failing too): the claim goes stale and is taken over then.
+      await RELEASE.run(c.deps.redis, [key], [message.messageId, held.claim]).catch(() => undefined);
+      throw err;
+    }
+    await c.deps.redis.hset(key, message.messageId, id);
+    return { session: await this.session(c, id), messageId: message.messageId };
+  }
+
+  /** Under a claim on its messageId: appends the message to its task, or creates the task. Returns the task id. */
+  private async start(c: A2aCall, message: Message, text: string): Promise<string> {
+    const ws = c.placement.workspaceId;
     let payload: DrivePayload;
     try {
       // The same payload rules a REST drive event meets (text size, shapes).
@@ -193,7 +271,10 @@ export class SessionTaskHandler implements A2ARequestHandler {
       if (err instanceof ApiError) throw new RequestMalformedError(err.message);
       throw err;
     }
+    // The same message sent again after its claim was taken over replays the same create or
+    // append (same idempotency key and payload: the same Session, no second event).
     const idem = `a2a:${scopeKey(c)}:${message.messageId}`;
+    const target = message.taskId || message.contextId;
     if (target) {
       const s = await this.session(c, target);
       if (s.archived_at !== null) throw new UnsupportedOperationError(`task ${s.id} is archived and takes no messages`);
@@ -204,41 +285,19 @@ export class SessionTaskHandler implements A2ARequestHandler {
         }
       }
       await c.deps.sessions.drive(s, { type: 'user.message', payload }, idem, c.trace);
-      await c.deps.redis.hset(key, message.messageId, s.id);
-      return { session: s, messageId: message.messageId };
+      return s.id;
     }
-    // A new task: claim the messageId first so two concurrent first sends make one Session.
-    if ((await c.deps.redis.hsetnx(key, message.messageId, 'pending')) === 0) {
-      const deadline = Date.now() + CLAIM_WAIT_MS;
-      for (;;) {
-        const v = await c.deps.redis.hget(key, message.messageId);
-        if (v && v !== 'pending') return { session: await this.session(c, v), messageId: message.messageId };
-        if (v === null) return this.submit(c, params, ctx);
-        if (Date.now() > deadline || c.signal.aborted) throw new UnsupportedOperationError(`message ${message.messageId} is still being submitted; retry`);
-        await new Promise((r) => setTimeout(r, 50));
-      }
-    }
-    let view: Record<string, unknown>;
-    try {
-      const { installation, scope, agent } = c.placement;
-      view = await c.deps.sessions.create(ws, {
-        agent: { id: agent.id, version: agent.version },
-        environment_id: installation.environment_id,
-        title: `A2A: ${scope.display_name}`,
-        metadata: { [META.installation]: installation.id, [META.scope]: scope.id, [META.principal]: c.caller.principalId },
-        initial_events: [{ type: 'user.message', payload }],
-      }, idem, { trace: c.trace });
-    } catch (err) {
-      await c.deps.redis.hdel(key, message.messageId);
-      throw err;
-    }
+    const { installation, scope, agent } = c.placement;
+    const view = await c.deps.sessions.create(ws, {
+      agent: { id: agent.id, version: agent.version },
+      environment_id: installation.environment_id,
+      title: `A2A: ${scope.display_name}`,
+      metadata: { [META.installation]: installation.id, [META.scope]: scope.id, [META.principal]: c.caller.principalId },
+      initial_events: [{ type: 'user.message', payload }],
+    }, idem, { trace: c.trace });
     const id = String(view.id);
-    const tag = tags.workspace(ws);
-    await c.deps.redis.multi()
-      .hset(key, message.messageId, id)
-      .zadd(keys.index(tag, tasksIndex(c)), Date.now(), id)
-      .exec();
-    return { session: await this.session(c, id), messageId: message.messageId };
+    await c.deps.redis.zadd(keys.index(tags.workspace(ws), tasksIndex(c)), 'NX', Date.now(), id);
+    return id;
   }
 
   /** Has the tracker seen the user.message that carries this messageId? */
@@ -323,25 +382,32 @@ export class SessionTaskHandler implements A2ARequestHandler {
       offset = parseInt(m[1] as string, 36);
     }
     // Newest first; a task's identity is scoped to this Principal on this placement.
-    let ids = await c.deps.redis.zrevrange(keys.index(tags.workspace(c.placement.workspaceId), tasksIndex(c)), 0, -1);
+    const index = keys.index(tags.workspace(c.placement.workspaceId), tasksIndex(c));
+    let ids = await c.deps.redis.zrevrange(index, 0, -1);
     if (params.contextId) ids = ids.filter((id) => id === params.contextId);
+    // Only tasks whose Session still exists: a deleted Session's id leaves the index here, before
+    // anything is counted or paged, so a page is never short of a task that exists.
+    const docs = await Promise.all(ids.map((id) => c.deps.sessions.store.getShared(c.placement.workspaceId, id).catch((err: unknown) => {
+      if (err instanceof ApiError && err.type === 'validation.not_found') return null;
+      throw err;
+    })));
+    const gone = ids.filter((_, i) => docs[i] === null);
+    if (gone.length > 0) await c.deps.redis.zrem(index, ...gone);
+    const sessions = docs.filter((s): s is Readonly<SessionDoc> => s !== null);
     const after = params.statusTimestampAfter ? Date.parse(params.statusTimestampAfter) : null;
     const filtered = params.status !== TaskState.TASK_STATE_UNSPECIFIED || after !== null;
-    const load = async (id: string): Promise<Task | null> => {
-      const s = await c.deps.sessions.store.get(c.placement.workspaceId, id).catch(() => null);
-      return s ? (await this.replay(c, s)).tracker.task(params.historyLength) : null;
-    };
+    const load = async (s: Readonly<SessionDoc>): Promise<Task> => (await this.replay(c, s)).tracker.task(params.historyLength);
     const keep = (t: Task) => (params.status === TaskState.TASK_STATE_UNSPECIFIED || t.status?.state === params.status)
       && (after === null || (t.status?.timestamp !== undefined && Date.parse(t.status.timestamp) > after));
     let tasks: Task[];
     let total: number;
     if (filtered) {
-      const all = (await Promise.all(ids.map(load))).filter((t): t is Task => t !== null && keep(t));
+      const all = (await Promise.all(sessions.map(load))).filter(keep);
       total = all.length;
       tasks = all.slice(offset, offset + pageSize);
     } else {
-      total = ids.length;
-      tasks = (await Promise.all(ids.slice(offset, offset + pageSize).map(load))).filter((t): t is Task => t !== null);
+      total = sessions.length;
+      tasks = await Promise.all(sessions.slice(offset, offset + pageSize).map(load));
     }
     if (params.includeArtifacts !== true) tasks = tasks.map((t) => ({ ...t, artifacts: [] }));
     const next = offset + pageSize < total ? `c1_${(offset + pageSize).toString(36)}` : '';
