@@ -63,6 +63,11 @@ export class Scheduler {
   private sweptAt = 0;
   /** Dispatchers of idle pools still closing. */
   private readonly retiring = new Set<Promise<void>>();
+  /**
+   * When each pool's last wake-up came (this process's clock): a wake-up that comes while a scan
+   * runs, after it read the marks, keeps the pool served by that scan.
+   */
+  private readonly wokenAt = new Map<string, number>();
   private stopped = false;
 
   constructor(private readonly config: SchedulerConfig, private readonly log: Logger) {
@@ -208,6 +213,7 @@ export class Scheduler {
 
   /** A Run was queued in `pool` after it had been idle a while (its mark's wake-up). */
   private async wake(pool: string): Promise<void> {
+    this.wokenAt.set(pool, Date.now());
     if (this.stopped || this.dispatchers.has(pool)) return;
     const ws = this.pools.get(pool) ?? (await poolWorkspace(this.redis, pool));
     if (ws) this.serve(pool, ws);
@@ -231,6 +237,7 @@ export class Scheduler {
 
   private async scan(): Promise<void> {
     if (this.stopped) return;
+    const scanStarted = Date.now();
     const idleMs = this.config.lease.poolIdleMs;
     // The pools marked lately (a Run queued within the idle window) are served...
     const { now, pools: recent } = await recentPools(this.redis, idleMs);
@@ -252,10 +259,14 @@ export class Scheduler {
     // A pool not marked within the idle window, its queue empty and no placement under way, goes.
     // (A Run queued meanwhile marks it again: the API marks a pool at least every quarter of the
     // window, so a mark this old means no Run was queued since.)
+    // A wake-up since this scan began is a mark newer than the ones it read: the Run it
+    // announces may not be in the depths read either, so the pool stays.
     for (const [pool, d] of this.dispatchers) {
       const counts = this.metrics.depthOf(pool);
-      if (!recent.has(pool) && counts && !hasWork(counts) && d.idle) this.retire(pool);
+      const woken = (this.wokenAt.get(pool) ?? 0) >= scanStarted;
+      if (!recent.has(pool) && counts && !hasWork(counts) && d.idle && !woken) this.retire(pool);
     }
+    for (const [pool, at] of this.wokenAt) if (at < scanStarted) this.wokenAt.delete(pool);
     const repaired = await this.engine.repairUnqueued(this.config.enqueueRepairAfterMs);
     if (repaired.length > 0) this.log.info({ runs: repaired }, 'enqueued Runs whose enqueue was interrupted');
     // Archived Sessions whose terminal status event a crash left unwritten (same delay: an
