@@ -270,7 +270,9 @@ async function run(
     if (!raw.stream) throw new ApiError('validation.malformed', `${op.operationId} takes a ${op.upload.contentType} body, on the REST API only`);
   } else if (prepared.validateBody) {
     body = prepared.validateBody(raw.body === undefined ? {} : raw.body);
-  } else if (raw.body !== undefined && !(typeof raw.body === 'object' && raw.body !== null && Object.keys(raw.body).length === 0)) {
+  } else if (raw.body !== undefined && !isEmptyObject(raw.body)) {
+    // An empty JSON object is the only body it takes (a client that always sends one); an empty
+    // array is not an object, and is refused like any other body.
     throw new ApiError('validation.malformed', 'this operation takes no request body');
   }
 
@@ -450,6 +452,10 @@ async function checkPolicies(mcpTool: string | undefined, caller: Caller, params
       throw new ApiError('policy.denied', `${d.explanation}; an approval cannot be waited for at this boundary, so the request is refused`);
     }
   }
+}
+
+function isEmptyObject(body: unknown): boolean {
+  return typeof body === 'object' && body !== null && !Array.isArray(body) && Object.keys(body).length === 0;
 }
 
 function rejectUnexpectedQuery(query: Record<string, unknown>): Record<string, never> {

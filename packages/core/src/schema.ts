@@ -21,6 +21,10 @@ function makeAjv(coerce: boolean): Ajv {
     allowUnionTypes: true,
   });
   addFormats(ajv);
+  // RFC 3339 admits a leap second (`23:59:60`), which JavaScript's Date cannot read (NaN): a
+  // date-time is one that is both, so no handler is given a time it cannot compare or store.
+  const rfc3339 = ajv.formats['date-time'] as { validate: (s: string) => boolean; compare?: (a: string, b: string) => number | undefined };
+  ajv.addFormat('date-time', { type: 'string', validate: (s: string) => rfc3339.validate(s) && Number.isFinite(Date.parse(s)), ...(rfc3339.compare ? { compare: rfc3339.compare } : {}) });
   ajv.addKeyword('kind').addKeyword('modifier'); // TypeBox's symbols-as-keywords when serialised
   ajv.addKeyword('x-internal');
   return ajv;
