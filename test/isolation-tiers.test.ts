@@ -3,16 +3,42 @@ import { readFileSync } from 'node:fs';
 import Docker from 'dockerode';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { HttpClient } from '@agentplane/client';
-import { createPerson, startReadyDaemon } from './harness/daemon.js';
+import { ensureSandboxImage } from '../runner-daemon/src/sandbox/image.js';
+import { createPerson, pairDaemon, RUNNER_CLI, startReadyDaemon } from './harness/daemon.js';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
+import { spawnOwned } from './harness/spawn.js';
 
 /**
- * The `gvisor` tier: a runner claims it only after a canary sandbox ran under runsc, and only a
- * runner that claims it gets a gvisor Environment's Runs. Skipped where dockerd has no runsc
- * runtime (`node docker/gvisor-runtime.mjs` registers it; `.ci/run` does).
+ * The `gvisor` tier: a runner claims it only after a canary sandbox ran what a Run needs under
+ * runsc, and only a runner that claims it gets a gvisor Environment's Runs. Skipped where dockerd
+ * has no runsc runtime (`node docker/gvisor-runtime.mjs` registers it; `.ci/run` does), or where
+ * its runsc cannot run coreutils' `ls` (releases too old for the statx flags it passes): there
+ * the runner must not claim the tier, which the second suite checks.
  */
-const runtimes = await new Docker().info().then((i: { Runtimes?: Record<string, unknown> }) => Object.keys(i.Runtimes ?? {}), () => [] as string[]);
+const docker = new Docker();
+const runtimes = await docker.info().then((i: { Runtimes?: Record<string, unknown> }) => Object.keys(i.Runtimes ?? {}), () => [] as string[]);
 const hasRunsc = runtimes.includes('runsc');
+
+/** What `ls /` under runsc wrote in a container of the sandbox image, when it failed ('' when it ran). */
+async function runscLsFailure(): Promise<string> {
+  const { tag } = await ensureSandboxImage({ docker });
+  const container = await docker.createContainer({
+    Image: tag, Cmd: ['/bin/sh', '-c', 'ls / >/dev/null'], User: '10001:10001', NetworkDisabled: true,
+    Labels: { 'agentplane.managed': 'true', ...(process.env.AGENTPLANE_SANDBOX_SCOPE ? { 'agentplane.scope': process.env.AGENTPLANE_SANDBOX_SCOPE } : {}) },
+    Tty: true, HostConfig: { Runtime: 'runsc', NetworkMode: 'none', AutoRemove: false },
+  });
+  try {
+    await container.start();
+    const { StatusCode } = (await container.wait()) as { StatusCode: number };
+    if (StatusCode === 0) return '';
+    return (await container.logs({ stdout: true, stderr: true })).toString('utf8').trim() || `exit ${StatusCode}`;
+  } finally {
+    await container.remove({ force: true, v: true }).catch(() => undefined);
+  }
+}
+const lsFailure = hasRunsc ? await runscLsFailure() : '';
+const gvisorWorks = hasRunsc && !lsFailure;
+if (hasRunsc && lsFailure) console.warn(`the gvisor isolation tier test is skipped: runsc cannot run \`ls /\` here (${lsFailure}); too old for coreutils' statx flags?`);
 
 let p: Platform;
 let api: HttpClient;
@@ -41,7 +67,7 @@ async function events(sessionId: string): Promise<Ev[]> {
   return (await api.get<{ data: Ev[] }>(`/v1/sessions/${sessionId}/threads/${thread}/events`, { limit: 1000 })).data;
 }
 
-describe.skipIf(!hasRunsc)('the gvisor isolation tier', () => {
+describe.skipIf(!gvisorWorks)('the gvisor isolation tier', () => {
   it('is claimed only where verified; a gvisor Run waits for such a runner, then runs under gVisor with every isolation flag', async () => {
     // A runner told to offer runc only neither claims gvisor nor gets the Run.
     const plain = await runner('runc-only', ['--tiers', 'container']);
@@ -90,4 +116,24 @@ describe.skipIf(!hasRunsc)('the gvisor isolation tier', () => {
     expect(inspected.HostConfig.Runtime).toBe('runsc');
     expect(inspected.HostConfig.NetworkMode).toBe('none');
   }, 180_000);
+});
+
+describe.skipIf(!hasRunsc || gvisorWorks)('a runsc that cannot run what a Run needs', () => {
+  it('is not claimed: the runner offers container only and logs why gvisor is not offered', async () => {
+    const { dir, runnerId } = await pairDaemon(p, owner, 'old-runsc');
+    const proc = spawnOwned(process.execPath, [RUNNER_CLI, 'start', '--config-dir', dir, '--reconnect-base-ms', '200', '--reconnect-cap-ms', '1000', '--log-level', 'warn'], {
+      stdio: ['ignore', 'pipe', 'inherit'],
+    });
+    daemons.push(proc);
+    let out = '';
+    proc.stdout?.setEncoding('utf8').on('data', (d: string) => (out += d));
+    const lines = (): { msg?: string; tier?: string }[] => out.split('\n').filter((l) => l.startsWith('{')).map((l) => JSON.parse(l) as { msg?: string; tier?: string });
+    const presence = await waitFor('the runner ready', async () => {
+      const x = (await api.get<{ data: Presence[] }>('/v1/runner-pools/presences')).data.find((r) => r.runner === runnerId);
+      return x?.status === 'ready' ? x : undefined;
+    }, 90_000);
+    expect(presence.capabilities.providers.find((x) => x.id === 'docker')?.tiers).toEqual(['container']);
+    const line = lines().find((l) => l.tier === 'gvisor');
+    expect(line?.msg).toMatch(/^gvisor tier not offered: `ls \/` failed in the canary: ls: .*\(runsc too old\?\)$/);
+  }, 120_000);
 });

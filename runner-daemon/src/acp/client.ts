@@ -354,7 +354,9 @@ class AcpRun {
       // In a Docker sandbox the loopback is the sandbox's own: the forwarder takes a fixed port and
       // starts alongside the agent. The process driver shares the host's loopback: any free port.
       forwarder = await o.driver.spawn(o.sandbox, ['node', '-e', FORWARDER_SOURCE], { env: { AGENTPLANE_MODEL_PORT: docker ? String(SANDBOX_MODEL_PORT) : '0' } });
-      const listening = bridgeForwarder(forwarder, endpoint.port);
+      const listening = bridgeForwarder(forwarder, endpoint.port, {
+        onFailure: (err) => o.log.warn({ session: o.sandbox.sessionId, err: err.message }, 'the model forwarder was stopped: the agent has no model endpoint for the rest of this Run'),
+      });
       listening.catch(() => undefined);
       const port = docker ? SANDBOX_MODEL_PORT : await listening;
       const base = `http://127.0.0.1:${port}`;

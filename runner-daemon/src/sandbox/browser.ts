@@ -17,6 +17,67 @@ import { CHROMIUM_FLAGS, type LaunchedBrowser } from '../harness/tools/browser-s
 /** Lines of Chromium's stderr kept for a crash report. */
 const STDERR_LINES = 20;
 
+/**
+ * The longest DevTools message the bridge holds while waiting for its NUL terminator. The pipe is
+ * reachable from inside the sandbox (any process there can write to the exec's stdout), so its
+ * content is untrusted: past this bound the bridge closes and the browser session ends, rather
+ * than the runner's memory growing. Below the WebSocket's `maxPayload`, far above any real message
+ * (a full-page screenshot is a few MiB of base64).
+ */
+export const MAX_BROWSER_FRAME_BYTES = 64 * 1024 * 1024;
+
+/**
+ * Splits the browser's pipe into NUL-terminated messages, scanning each chunk once and holding at
+ * most `maxBytes` of an unfinished message: a longer one calls `onOverflow` once, and everything
+ * after it is dropped.
+ */
+export class FrameSplitter {
+  private parts: Buffer[] = [];
+  private size = 0;
+  private failed = false;
+
+  constructor(
+    private readonly onFrame: (frame: Buffer) => void,
+    private readonly onOverflow: () => void,
+    private readonly maxBytes: number = MAX_BROWSER_FRAME_BYTES,
+  ) {}
+
+  push(chunk: Buffer): void {
+    if (this.failed) return;
+    let start = 0;
+    for (let nul = chunk.indexOf(0); nul !== -1; nul = chunk.indexOf(0, start)) {
+      if (!this.take(chunk.subarray(start, nul))) return;
+      const frame = this.parts.length === 1 ? (this.parts[0] as Buffer) : Buffer.concat(this.parts, this.size);
+      this.parts = [];
+      this.size = 0;
+      start = nul + 1;
+      this.onFrame(frame);
+      if (this.failed) return;
+    }
+    this.take(chunk.subarray(start));
+  }
+
+  /** Holds nothing more and drops whatever arrives later. */
+  stop(): void {
+    this.failed = true;
+    this.parts = [];
+    this.size = 0;
+  }
+
+  private take(piece: Buffer): boolean {
+    if (this.size + piece.length > this.maxBytes) {
+      this.stop();
+      this.onOverflow();
+      return false;
+    }
+    if (piece.length > 0) {
+      this.parts.push(piece);
+      this.size += piece.length;
+    }
+    return true;
+  }
+}
+
 /** The command that starts Chromium on the exec's stdio (fd 3 ← stdin, fd 4 → stdout). */
 export function pipeCommand(profile: string): string[] {
   return ['bash', '-c', 'exec 3<&0 4>&1 1>&2; exec "$@"', 'chromium', BROWSER_BINARY, ...CHROMIUM_FLAGS, '--remote-debugging-pipe', `--user-data-dir=${profile}`, 'about:blank'];
@@ -50,20 +111,21 @@ export async function launchInSandbox(driver: Pick<SandboxDriver, 'spawn'>, sand
     wss.once('error', reject);
   });
   let socket: WebSocket | null = null;
-  let buffered: Buffer[] = [];
-  const fromBrowser = (msg: Buffer): void => {
-    if (socket?.readyState === 1) socket.send(msg.toString('utf8'));
-  };
-  proc.stdout.on('data', (chunk: Buffer) => {
-    let start = 0;
-    for (let i = chunk.indexOf(0); i !== -1; i = chunk.indexOf(0, start)) {
-      buffered.push(chunk.subarray(start, i));
-      fromBrowser(Buffer.concat(buffered));
-      buffered = [];
-      start = i + 1;
-    }
-    if (start < chunk.length) buffered.push(chunk.subarray(start));
-  });
+  /** Why the bridge closed the browser itself (undefined: it did not). */
+  let failure: string | undefined;
+  const splitter = new FrameSplitter(
+    (msg) => {
+      if (socket?.readyState === 1) socket.send(msg.toString('utf8'));
+    },
+    () => {
+      failure = `the browser's DevTools pipe carried a message longer than ${MAX_BROWSER_FRAME_BYTES} bytes (written from inside the sandbox?); the browser was closed`;
+      // The browser session ends here; the pipe's further bytes are read and dropped until the exec is gone.
+      wss.close();
+      socket?.terminate();
+      void proc.kill().catch(() => undefined);
+    },
+  );
+  proc.stdout.on('data', (chunk: Buffer) => splitter.push(chunk));
   wss.on('connection', (ws) => {
     if (socket) {
       ws.close();
@@ -85,6 +147,7 @@ export async function launchInSandbox(driver: Pick<SandboxDriver, 'spawn'>, sand
   void exited;
   const port = (wss.address() as AddressInfo).port;
   const close = async (): Promise<void> => {
+    splitter.stop();
     wss.close();
     socket?.terminate();
     await proc.kill().catch(() => undefined);
@@ -94,10 +157,10 @@ export async function launchInSandbox(driver: Pick<SandboxDriver, 'spawn'>, sand
     return { browser, close: async () => {
       await browser.close().catch(() => undefined);
       await close();
-    }, diagnostics: () => stderr.join('\n'), profile };
+    }, diagnostics: () => [...(failure ? [failure] : []), ...stderr].join('\n'), failure: () => failure, profile };
   } catch (err) {
     await close();
-    const diag = stderr.join('\n');
+    const diag = [...(failure ? [failure] : []), ...stderr].join('\n');
     throw new Error(`${(err as Error).message.split('\n')[0]}${diag ? `\n${diag}` : ''}`);
   }
 }

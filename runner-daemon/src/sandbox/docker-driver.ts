@@ -76,6 +76,23 @@ export const SANDBOX_DEFAULTS = {
   home: '/home/agent',
 } as const;
 
+/**
+ * What the tier canary runs: commands every Run relies on, each of which has failed under some
+ * runtime while `exit 0` passed (old runsc releases refuse the statx flags coreutils' `ls` and
+ * `stat` pass), and a write to and walk of the workspace volume.
+ */
+export const CANARY_STEPS: readonly string[] = [
+  'ls /',
+  'stat /',
+  `touch ${SANDBOX_DEFAULTS.workspace}/.agentplane-canary`,
+  `find ${SANDBOX_DEFAULTS.workspace}`,
+];
+
+/** The canary's script: runs each step; the first that fails writes its command, then its stderr, and exits 3. */
+export function canaryScript(steps: readonly string[] = CANARY_STEPS): string {
+  return steps.map((step) => `if ! err=$(${step} 2>&1 >/dev/null); then printf '%s\\n%s\\n' '${step}' "$err" >&2; exit 3; fi`).join('\n');
+}
+
 /** Runs `"$@"` as the leader of a new process group whose id is recorded in a pid file. */
 const WRAPPER = 'f=/tmp/.agentplane-exec-$1; shift; echo $$ > "$f"; "$@"; rc=$?; rm -f "$f"; exit $rc';
 const KILLER =
@@ -164,20 +181,42 @@ export class DockerDriver implements SandboxDriver {
     return this.tierProbe.last().filter((v) => v.ok).map((v) => v.tier);
   }
 
-  /** A throwaway sandbox with every isolation flag, under `runtime`, that must exit 0 (auto-removed). */
+  /**
+   * A throwaway sandbox with every isolation flag and a workspace volume, under `runtime`, in which
+   * `CANARY_STEPS` must each succeed through `docker exec`, as a Run's commands do; removed with its
+   * volume. Throws naming the first step that failed and what it wrote on stderr.
+   */
   private async canary(runtime: string | undefined): Promise<void> {
     const image = await this.resolveImage({});
     const opts = this.containerOptions(`agentplane-canary-${randomBytes(6).toString('hex')}`, image, {}, undefined, runtime);
     const container = await this.docker.createContainer({
-      ...opts, Cmd: ['/bin/sh', '-c', 'exit 0'], Labels: canaryLabels(this.runnerId, this.extraLabels),
-      HostConfig: { ...opts.HostConfig, AutoRemove: false },
+      ...opts, Labels: canaryLabels(this.runnerId, this.extraLabels),
+      // An anonymous volume, like a Session's workspace volume (seeded from the image, owned by the
+      // sandbox user), that goes with the container.
+      HostConfig: { ...opts.HostConfig, AutoRemove: false, Mounts: [{ Type: 'volume', Source: '', Target: SANDBOX_DEFAULTS.workspace }] },
     });
     try {
       await withTimeout(container.start(), this.startTimeoutMs, () => new Error('canary start timed out'));
-      const res = (await withTimeout(container.wait(), this.startTimeoutMs, () => new Error('canary did not exit'))) as { StatusCode?: number };
-      if (res.StatusCode !== 0) throw new Error(`canary exited with ${res.StatusCode}`);
+      const exec = await container.exec({ Cmd: ['/bin/sh', '-c', canaryScript()], AttachStdout: true, AttachStderr: true, User: `${SANDBOX_DEFAULTS.uid}:${SANDBOX_DEFAULTS.gid}` });
+      const stream = (await exec.start({ hijack: true, stdin: false })) as NodeJS.ReadableStream;
+      const out = new CappedBuffer(4096);
+      const err = new CappedBuffer(4096);
+      this.docker.modem.demuxStream(stream, out, err);
+      const ended = new Promise<void>((resolve) => {
+        stream.on('end', resolve);
+        stream.on('close', resolve);
+        stream.on('error', () => resolve());
+      });
+      await withTimeout(ended, this.startTimeoutMs, () => new Error('canary commands did not finish'));
+      const info = await exec.inspect();
+      if (info.ExitCode === 0) return;
+      const [step, ...stderr] = err.text().trim().split('\n');
+      const known = CANARY_STEPS.includes(step ?? '');
+      throw new Error(known
+        ? `\`${step}\` failed in the canary: ${stderr.join(' ').trim() || '(no output)'}${runtime ? ` (${runtime} too old?)` : ''}`
+        : `the canary commands exited with ${info.ExitCode}: ${err.text().trim().slice(0, 500)}`);
     } finally {
-      await container.remove({ force: true }).catch(() => undefined);
+      await container.remove({ force: true, v: true }).catch(() => undefined);
     }
   }
 

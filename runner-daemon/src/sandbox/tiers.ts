@@ -1,5 +1,7 @@
 /**
- * Isolation tiers of the Docker driver, claimed only once a canary sandbox has run under them.
+ * Isolation tiers of the Docker driver, claimed only once a canary sandbox has run under them
+ * the commands a Run relies on (`CANARY_STEPS`: a runtime can start containers and still fail
+ * those, like old runsc releases that refuse the statx flags coreutils pass).
  *
  * - `container`: runc (the engine's default runtime): Linux namespaces, cgroups, no capabilities,
  *   seccomp; the sandbox shares the host kernel.
@@ -32,7 +34,10 @@ export function gvisorRuntimeOf(runtimes: Record<string, { path?: string } | und
   return undefined;
 }
 
-/** Runs one canary: the caller's sandbox container options with a command that exits 0. */
+/**
+ * Runs one canary: the caller's sandbox container options, with the commands a Run relies on;
+ * throws (its message is the verdict's `detail`) when any of them fails.
+ */
 export type CanaryRun = (runtime: string | undefined) => Promise<void>;
 
 export class TierProbe {

@@ -41,6 +41,8 @@ export interface LaunchedBrowser {
   close(): Promise<void>;
   /** The last lines Chromium wrote on stderr (for a crash report). */
   diagnostics?(): string;
+  /** Why the launcher itself ended the browser, once it did (e.g. its pipe broke a bound). */
+  failure?(): string | undefined;
 }
 
 export type BrowserLauncher = () => Promise<LaunchedBrowser>;
@@ -91,7 +93,7 @@ export class BrowserSession {
       this.starting ??= this.launch().finally(() => (this.starting = null));
       const launched = await this.starting;
       this.launched = launched;
-      launched.browser.on('disconnected', () => this.died('the browser process exited'));
+      launched.browser.on('disconnected', () => this.died(launched.failure?.() ?? 'the browser process exited'));
     }
     const context = await this.launched.browser.newContext({ viewport: { ...VIEWPORT }, deviceScaleFactor: 1, acceptDownloads: false, serviceWorkers: 'block' });
     const page = await context.newPage();
