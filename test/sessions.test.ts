@@ -923,7 +923,7 @@ describe('SSE', () => {
     }
   });
 
-  it('retention trims show up as a gap frame; a live erase ends the stream with a gap', async () => {
+  it('retention trims show up as a gap frame; a live erase ends the stream with a gap, even for a viewer that had seen everything', async () => {
     const s = await newSession();
     await store.log.append(s.id, Array.from({ length: 6 }, () => ({ type: 'agent.message', payload: {} })));
     await store.log.trimThrough(s.id, 4);
@@ -935,13 +935,22 @@ describe('SSE', () => {
     const pending = collect(it, 5, 8000);
     const started = Date.now();
     await api.delete(`/v1/sessions/${s.id}`);
-    // Nothing unread was lost for this viewer: the stream just ends, well before the deadline.
-    expect(await pending).toEqual([]);
+    // Nothing unread was lost for this viewer, yet it learns why the stream ends: one closing gap
+    // frame of reason erased, its range empty (its id the cursor it holds), well before the deadline.
+    const closing = await pending;
+    expect(closing).toHaveLength(1);
+    expect(closing[0]).toMatchObject({ event: 'gap', id: '6' });
+    expect(JSON.parse(closing[0]?.data ?? '{}')).toEqual({ type: 'gap', from_seq: 7, to_seq: 6, reason: 'erased' });
     expect(Date.now() - started).toBeLessThan(5000);
     const behind = await collect(streamEvents(api, `/v1/sessions/${s.id}/events/stream`, { lastEventId: '2' }), 5, 5000);
     expect(behind).toHaveLength(1);
     expect(behind[0]).toMatchObject({ event: 'gap', id: '6' });
     expect(JSON.parse(behind[0]?.data ?? '{}')).toMatchObject({ from_seq: 3, to_seq: 6, reason: 'erased' });
+    // A reconnect at the end of the erased log is never an empty answer: the same closing frame.
+    const again = await collect(streamEvents(api, `/v1/sessions/${s.id}/events/stream`, { lastEventId: '6' }), 5, 5000);
+    expect(again).toHaveLength(1);
+    expect(again[0]).toMatchObject({ event: 'gap', id: '6' });
+    expect(JSON.parse(again[0]?.data ?? '{}')).toEqual({ type: 'gap', from_seq: 7, to_seq: 6, reason: 'erased' });
   });
 
   it('thread stream shows that thread only and resumes with Last-Event-ID', async () => {

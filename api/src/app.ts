@@ -54,6 +54,7 @@ import { ToolSourceMigrations } from './tool-sources/migrations.js';
 import { WebhookStore } from './webhooks/store.js';
 import { SessionEventTap } from './events/tap.js';
 import { registerRedisMetrics } from './observability/redis-metrics.js';
+import { readinessCheck } from './observability/readiness.js';
 import { SurfaceScopeStore } from './surface-scopes/store.js';
 import { AgentInstallationStore } from './installations/store.js';
 
@@ -109,6 +110,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
   });
   threadRuntime.onTurnEnded((session, threadId, runId, stop, trace, activeOutcome) => outcomes.turnEnded(session, threadId, runId, stop, trace, activeOutcome));
   const eventHub = new EventHub(subscriber);
+  hubConnections.set(eventHub, subscriber);
   const policies = new PolicyStore(redis, docs, audit, log);
   // Approval expiries are BullMQ delayed jobs (their own never-give-up connection).
   const approvalJobs = new DelayedJobs<ApprovalJob>('approvals', connectRedis(config.redisUrl, { name: 'api:approvals', blocking: true }));
@@ -185,6 +187,9 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
   };
 }
 
+/** The event hub's subscriber connection, for `/readyz` (live streams need it connected). */
+const hubConnections = new WeakMap<EventHub, Redis>();
+
 /** Paths served by an edge middleware rather than by the operation routes (a superset is fine). */
 function isEdgePath(path: string): boolean {
   return path === MCP_PATH || path.startsWith('/v1/runtime/') || path.startsWith('/.well-known/') || path.startsWith('/a2a/')
@@ -213,12 +218,22 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
   const app = new Koa({ proxy: false });
   app.silent = true;
   app.use(requestBoundary(deps));
+  const hubConnection = hubConnections.get(deps.eventHub);
+  const readiness = readinessCheck(redis, hubConnection ? { event_subscriber: () => hubConnection.status === 'ready' } : {});
   app.use((ctx, next) => {
     if (ctx.method !== 'GET') return next();
     if (ctx.path === '/healthz') {
       ctx.body = { status: shutdown.signal.aborted ? 'stopping' : 'ok' };
       ctx.status = shutdown.signal.aborted ? 503 : 200;
       return Promise.resolve();
+    }
+    // Readiness (a balancer's check): Redis answers and the live-event subscription is connected.
+    if (ctx.path === '/readyz') {
+      return readiness(shutdown.signal.aborted).then((r) => {
+        ctx.status = r.status;
+        ctx.body = r.body;
+        ctx.set('cache-control', 'no-store');
+      });
     }
     if (ctx.path === '/metrics' && config.metricsEnabled) {
       return deps.metrics.metrics().then((text) => {

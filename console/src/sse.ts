@@ -15,7 +15,8 @@ export interface StreamEvent {
   created_at?: string;
 }
 
-export type StreamState = 'connecting' | 'live' | 'reconnecting' | 'failed' | 'closed';
+/** `deleted`: the Session was deleted (its log erased); the stream stops there. */
+export type StreamState = 'connecting' | 'live' | 'reconnecting' | 'failed' | 'deleted' | 'closed';
 
 export interface StreamHandlers {
   /** A batch of new events (one per network chunk), in sequence order, never repeated. */
@@ -30,7 +31,8 @@ export function openSessionStream(auth: Auth, path: string, handlers: StreamHand
 
   const state = (s: StreamState, message?: string) => handlers.onState(s, { reconnects, lastSeq, ...(message ? { message } : {}) });
 
-  async function once(): Promise<'retry' | 'stop'> {
+  /** `progress`: the stream delivered something before it ended (the next attempt starts over from the shortest delay). */
+  async function once(): Promise<'retry' | 'progress' | 'stop'> {
     const headers: Record<string, string> = { ...authHeaders(auth), accept: 'text/event-stream' };
     if (lastSeq > 0) headers['last-event-id'] = String(lastSeq);
     const res = await fetch(path, { headers, signal: ac.signal, cache: 'no-store' });
@@ -51,14 +53,21 @@ export function openSessionStream(auth: Auth, path: string, handlers: StreamHand
     }
     state('live');
     let batch: StreamEvent[] = [];
+    let delivered = false;
+    // A gap of reason `erased` closes the stream for good: the Session was deleted (its range may
+    // be empty, its id then the cursor already held).
+    let erased = false;
     const parser = createParser({
       onEvent: (m: EventSourceMessage) => {
         if (!m.id) return; // uncursored delta frames are previews only
         const seq = Number(m.id);
-        if (!Number.isFinite(seq) || seq <= lastSeq) return;
+        if (!Number.isFinite(seq)) return;
+        const gap = m.event === 'gap' ? (JSON.parse(m.data) as Record<string, unknown>) : null;
+        if (gap?.reason === 'erased') erased = true;
+        if (seq <= lastSeq) return;
         lastSeq = seq;
-        if (m.event === 'gap') {
-          const gap = JSON.parse(m.data) as Record<string, unknown>;
+        delivered = true;
+        if (gap) {
           batch.push({ id: `gap-${seq}`, seq, type: 'gap', payload: gap, session_thread_id: null });
           return;
         }
@@ -77,21 +86,28 @@ export function openSessionStream(auth: Auth, path: string, handlers: StreamHand
           batch = [];
           handlers.onEvents(out);
         }
+        if (erased) break;
       }
     } finally {
       await reader.cancel().catch(() => undefined);
     }
-    return 'retry';
+    if (erased) {
+      state('deleted', 'validation.not_found: this Session was deleted');
+      return 'stop';
+    }
+    return delivered ? 'progress' : 'retry';
   }
 
   void (async () => {
     let delay = 250;
     state('connecting');
     while (!ac.signal.aborted) {
-      let outcome: 'retry' | 'stop' = 'retry';
+      let outcome: 'retry' | 'progress' | 'stop' = 'retry';
       try {
         outcome = await once();
-        if (outcome === 'retry') delay = 250;
+        // Only a stream that delivered something resets the backoff: one that answers and ends
+        // at once (nothing new) is retried ever more slowly, as a failure is.
+        if (outcome === 'progress') delay = 250;
       } catch {
         if (ac.signal.aborted) break;
       }

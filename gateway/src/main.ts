@@ -53,6 +53,9 @@ function settings<T>(load: () => T): T {
   }
 }
 
+/** How long `/readyz` waits for Redis to answer a PING before it reports Redis not ready. */
+const READY_TIMEOUT_MS = 1_000;
+
 /** `node gateway/dist/main.js`: the runner gateway on its own (when the API does not embed it). */
 async function main(): Promise<void> {
   if (strictCommandLine('gateway', HELP, process.argv.slice(2)).help) {
@@ -67,10 +70,32 @@ async function main(): Promise<void> {
   redis.on('error', (err: Error) => log.warn({ err: err.message }, 'redis connection error'));
   const metrics = createMetrics();
   // The error body of the API's catalog, its `more` link included.
-  const notFound = JSON.stringify(new ApiError('validation.not_found', 'the gateway serves /v1/runners/connect, /healthz and /metrics').toWire(config.docsUrl));
+  let stopping = false;
+  let pinging: Promise<boolean> | null = null;
+  /** Whether Redis answers a PING within READY_TIMEOUT_MS; probes meanwhile share the PING. */
+  const redisAnswers = (): Promise<boolean> => {
+    if (pinging) return pinging;
+    let timer: NodeJS.Timeout | undefined;
+    const late = new Promise<boolean>((resolve) => {
+      timer = setTimeout(() => resolve(false), READY_TIMEOUT_MS);
+      timer.unref();
+    });
+    const current = Promise.race([redis.ping().then((r) => r === 'PONG', () => false), late]).finally(() => {
+      clearTimeout(timer);
+      if (pinging === current) pinging = null;
+    });
+    pinging = current;
+    return current;
+  };
+  const notFound = JSON.stringify(new ApiError('validation.not_found', 'the gateway serves /v1/runners/connect, /healthz, /readyz and /metrics').toWire(config.docsUrl));
   const server = createServer((req, res) => {
     if (req.url === '/healthz') {
       res.writeHead(200, { 'content-type': 'application/json' }).end('{"status":"ok"}');
+    } else if (req.url === '/readyz') {
+      // Readiness: Redis answers a PING within READY_TIMEOUT_MS (runner routing, presence and revocations go through it).
+      const answer = (status: number, body: unknown) => res.writeHead(status, { 'content-type': 'application/json', 'cache-control': 'no-store' }).end(JSON.stringify(body));
+      if (stopping) answer(503, { status: 'stopping', not_ready: ['stopping'] });
+      else void redisAnswers().then((ok) => (ok ? answer(200, { status: 'ready' }) : answer(503, { status: 'not_ready', not_ready: ['redis'] })));
     } else if (req.url === '/metrics') {
       metrics.metrics().then(
         (text) => res.writeHead(200, { 'content-type': METRICS_CONTENT_TYPE }).end(text),
@@ -92,7 +117,6 @@ async function main(): Promise<void> {
   if (linkUrl !== null) gw.advertiseLink(linkUrlFor(host, typeof addr === 'object' && addr ? addr.port : port, linkUrl));
   log.info({ port: typeof addr === 'object' && addr ? addr.port : port }, 'gateway listening');
   if (process.send) process.send({ ready: true, port: typeof addr === 'object' && addr ? addr.port : port });
-  let stopping = false;
   const stop = async (signal: string) => {
     if (stopping) return;
     stopping = true;

@@ -28,8 +28,8 @@ Environment:
                        WAIT for replicas after each Session event append (default off; docs/CLUSTER.md)
   GATEWAY_LINKS        send runners' frames over direct links to the gateway nodes that advertise
                        one (default true; false: through Redis pub/sub only)
-  SCHEDULER_PORT       serve /healthz and /metrics here (0 = ephemeral; unset = off)
-  SCHEDULER_HOST       address /healthz and /metrics listen on (default 127.0.0.1)
+  SCHEDULER_PORT       serve /healthz, /readyz and /metrics here (0 = ephemeral; unset = off)
+  SCHEDULER_HOST       address /healthz, /readyz and /metrics listen on (default 127.0.0.1)
   SHUTDOWN_GRACE_MS    graceful stop on SIGTERM/SIGINT; the process exits after it regardless (default 10000)
   LOG_LEVEL            fatal|error|warn|info|debug|trace|silent (default info)
   OTEL_*               OpenTelemetry tracing, off by default: OTEL_TRACES_EXPORTER=otlp or
@@ -49,6 +49,9 @@ function settings<T>(load: () => T): T {
 }
 
 
+/** How long `/readyz` waits for Redis to answer a PING before it reports Redis not ready. */
+const READY_TIMEOUT_MS = 1_000;
+
 async function main(): Promise<void> {
   if (strictCommandLine('scheduler', HELP, process.argv.slice(2)).help) {
     process.stdout.write(HELP);
@@ -63,6 +66,16 @@ async function main(): Promise<void> {
   const server = config.port === undefined ? undefined : createServer((req, res) => {
     if (req.url === '/healthz') {
       res.writeHead(stopping ? 503 : 200, { 'content-type': 'application/json' }).end(JSON.stringify({ status: stopping ? 'stopping' : 'ok' }));
+    } else if (req.url === '/readyz') {
+      // Readiness: Redis answers a PING within READY_TIMEOUT_MS and the queue and offer connections are up.
+      const answer = (status: number, body: unknown) => res.writeHead(status, { 'content-type': 'application/json', 'cache-control': 'no-store' }).end(JSON.stringify(body));
+      if (stopping) answer(503, { status: 'stopping', not_ready: ['stopping'] });
+      else {
+        scheduler.notReady(READY_TIMEOUT_MS).then(
+          (failing) => (failing.length === 0 ? answer(200, { status: 'ready' }) : answer(503, { status: 'not_ready', not_ready: failing })),
+          () => answer(503, { status: 'not_ready', not_ready: ['redis'] }),
+        );
+      }
     } else if (req.url === '/metrics') {
       scheduler.metrics.registry.metrics().then(
         (text) => res.writeHead(200, { 'content-type': METRICS_CONTENT_TYPE }).end(text),

@@ -178,6 +178,33 @@ export class Scheduler {
     this.log.info({ instance: this.instanceId }, 'scheduler started');
   }
 
+  private pinging: Promise<boolean> | null = null;
+  /**
+   * Readiness (`/readyz`): what the scheduler needs that does not answer now, empty when ready:
+   * `redis` (no PONG within `timeoutMs`; probes meanwhile share the PING), `queues` and
+   * `offers_subscriber` (their connections are not connected).
+   */
+  async notReady(timeoutMs: number): Promise<string[]> {
+    if (!this.pinging) {
+      const answer = this.redis.ping().then((r) => r === 'PONG', () => false);
+      let timer: NodeJS.Timeout | undefined;
+      const late = new Promise<boolean>((resolve) => {
+        timer = setTimeout(() => resolve(false), timeoutMs);
+        timer.unref();
+      });
+      const current = Promise.race([answer, late]).finally(() => {
+        clearTimeout(timer);
+        if (this.pinging === current) this.pinging = null;
+      });
+      this.pinging = current;
+    }
+    const out: string[] = [];
+    if (!(await this.pinging)) out.push('redis');
+    if (this.bull.status !== 'ready') out.push('queues');
+    if (this.sub.status !== 'ready') out.push('offers_subscriber');
+    return out;
+  }
+
   /** The pools this scheduler dispatches now (metrics, tests). */
   get dispatchedPools(): number {
     return this.dispatchers.size;

@@ -1,8 +1,8 @@
 import { createServer, type Server } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import { connect, type AddressInfo } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
 import type { EventHub, EventLog, HubListener, LogEvent } from '@agentplane/store';
-import { sseStream } from './stream.js';
+import { activeStreams, sseStream } from './stream.js';
 
 const event = (seq: number): LogEvent => ({
   id: `evt_${seq}`, seq, created_at: new Date(0).toISOString(), session_id: 'sess_x', session_thread_id: null, type: 'agent.message', payload: { n: seq },
@@ -100,5 +100,45 @@ describe('SSE stream reads that fail', () => {
     await s.ended;
     expect(s.ids()).toEqual([1]);
     expect(st.reads).toBeGreaterThan(2);
+  });
+});
+
+describe('SSE viewer that stops reading', () => {
+  it('is cut off once it took nothing off its socket for the stall period while a backfill waits on it', async () => {
+    const big = (seq: number): LogEvent => ({ ...event(seq), payload: { text: 'x'.repeat(10_000) } });
+    const events: LogEvent[] = [];
+    const { hub, send } = manualHub();
+    const shutdown = new AbortController();
+    const before = activeStreams();
+    server = createServer((req, res) => {
+      const ac = new AbortController();
+      req.on('close', () => ac.abort());
+      void sseStream({ sessionId: 'sess_x', cursor: 0, filter: () => true, deltas: null, erased: false, log: flakyLog(events, { failing: 0, reads: 0 }), hub, shutdown: shutdown.signal, stallMs: 300 }).write(res, ac.signal);
+    });
+    await new Promise<void>((r) => server!.listen(0, '127.0.0.1', r));
+    // A raw viewer that reads the headers, then nothing more.
+    const sock = connect((server.address() as AddressInfo).port, '127.0.0.1');
+    await new Promise<void>((resolve) => {
+      let got = '';
+      const onData = (b: Buffer) => {
+        got += b.toString('latin1');
+        if (!got.includes('\r\n\r\n')) return;
+        sock.off('data', onData);
+        sock.pause();
+        resolve();
+      };
+      sock.on('data', onData);
+      sock.on('connect', () => sock.write('GET / HTTP/1.1\r\nHost: x\r\n\r\n'));
+    });
+    try {
+      expect(activeStreams()).toBe(before + 1);
+      // 30 MB announced without inline events (pages of 5 MB, each under the 8 MiB cut-off): the
+      // backfill fills the socket, then waits on it.
+      for (let i = 1; i <= 3000; i++) events.push(big(i));
+      send({ kind: 'events', from: 1, to: 3000 });
+      await until('the stalled viewer cut off', () => activeStreams() === before);
+    } finally {
+      sock.destroy();
+    }
   });
 });

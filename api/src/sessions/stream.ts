@@ -1,6 +1,6 @@
 import type { ServerResponse } from 'node:http';
 import { ApiError, backoffDelay } from '@agentplane/core';
-import type { DeltaMessage, EventHub, EventLog, HubMessage, LogEvent } from '@agentplane/store';
+import { LIVE_INLINE_MAX_BYTES, type DeltaMessage, type EventHub, type EventLog, type HubMessage, type LogEvent } from '@agentplane/store';
 import type { StreamResult } from '../http/operation.js';
 
 /** Default keep-alive comment period; proxies commonly cut idle streams after 30-60 s. */
@@ -9,8 +9,16 @@ export const KEEPALIVE_MS = 15_000;
 const READ_PAGE = 500;
 /** A viewer that stops reading is cut off past this much unsent data; it resumes with Last-Event-ID. */
 const MAX_BUFFERED_BYTES = 8 * 1024 * 1024;
-/** Replay stops reading the log while this much is waiting for the socket. */
+/** Replay and backfill stop reading the log while this much is waiting for the socket. */
 const REPLAY_HIGH_WATER_BYTES = 1024 * 1024;
+/**
+ * A viewer that takes nothing off its socket for this long while data waits for it (replay or
+ * backfill paused on the socket) is cut off; it resumes with Last-Event-ID. Twice the keep-alive
+ * period: a slow reader progresses within it, a stopped one no longer holds the stream.
+ */
+export const STALL_MS = 30_000;
+/** Previews (`event_deltas`) that arrive while the stream reads the log wait, up to this many; more are dropped. */
+const MAX_LATE_DELTAS = 1024;
 /**
  * A live stream's read of the log (a backfill, a resync) that fails is tried again this long
  * before the stream ends: a Redis failover or restart takes seconds, and the viewer's stream
@@ -75,6 +83,8 @@ export interface StreamSpec {
   keepaliveMs?: number;
   /** How long a failing live read is tried again before the stream ends (`READ_RETRY_MS`). */
   readRetryMs?: number;
+  /** How long a viewer may take nothing off its socket while data waits for it (`STALL_MS`). */
+  stallMs?: number;
   /**
    * Whether the caller may still watch, asked at every keep-alive: a stream whose credential was
    * revoked (or whose Principal was suspended) since it opened ends there.
@@ -105,11 +115,19 @@ export function resumeCursor(header: string | undefined, query: number | undefin
 /**
  * Replay-then-live SSE with no gap and no duplicate at the switch:
  *  1. register with the process hub (subscription confirmed) BEFORE reading the log;
- *  2. replay stored events after the cursor, buffering live messages meanwhile;
- *  3. drain the buffer, dropping what replay already delivered (seq <= last), backfilling
- *     with XRANGE when a live message jumps ahead; then stay live.
+ *  2. replay stored events after the cursor; live messages meanwhile are not kept, only the
+ *     highest seq they announce (and previews, up to `MAX_LATE_DELTAS`);
+ *  3. read the log on from the last delivered event up to that seq, then stay live: a live
+ *     message with its events inline is written at once, one that jumps ahead (or a resync) has
+ *     the log read again the same way, live messages meanwhile again only remembered.
+ * The log is the source of truth, so what a stream holds for a viewer is bounded (a page of the
+ * log and what waits in its socket) whatever is appended while it reads or waits. A viewer that
+ * stops reading is cut off once `MAX_BUFFERED_BYTES` are due to it (queued, or announced while
+ * it waits), or after `STALL_MS` with nothing taken off its socket while data waits.
  * A discontinuity in what the log returns (retention, erasure) becomes a `gap` frame whose id
- * is the end of the unreadable range, so a reconnect resumes after it.
+ * is the end of the unreadable range, so a reconnect resumes after it. An erased log always
+ * ends the stream with a `gap` frame of reason `erased` (an empty range, `from_seq` past
+ * `to_seq`, when nothing after the cursor was erased): a viewer learns the Session is gone.
  */
 export function sseStream(spec: StreamSpec): StreamResult {
   return {
@@ -136,17 +154,31 @@ export function sseStream(spec: StreamSpec): StreamResult {
       const done = new Promise<void>((resolve) => {
         finish = resolve;
       });
-      const end = () => {
+      const end = (cut = false) => {
         if (ended) return;
         ended = true;
-        if (!res.writableEnded) res.end();
+        // A viewer cut off (too much due to it, or nothing read for `stallMs`) loses what waits in
+        // its socket (an ended response would hold it until read): it resumes with Last-Event-ID.
+        if (cut) res.destroy();
+        else if (!res.writableEnded) res.end();
         for (const w of [...waiters]) w();
         finish();
       };
+      const cutOff = () => end(true);
       const waiters = new Set<() => void>();
+      const stallMs = spec.stallMs ?? STALL_MS;
+      /** Until the socket drained; a viewer that takes nothing off it for `stallMs` is cut off. */
       const drained = () =>
         new Promise<void>((resolve) => {
+          let queued = res.writableLength;
+          const stall = setInterval(() => {
+            const now = res.writableLength;
+            if (now >= queued) cutOff();
+            queued = now;
+          }, stallMs);
+          stall.unref();
           const done = () => {
+            clearInterval(stall);
             res.off('drain', done);
             res.off('close', done);
             waiters.delete(done);
@@ -163,12 +195,23 @@ export function sseStream(spec: StreamSpec): StreamResult {
         if (ended) return;
         started = true;
         res.write(chunk);
-        if (res.writableLength > MAX_BUFFERED_BYTES) end();
+        if (res.writableLength > MAX_BUFFERED_BYTES) cutOff();
       };
       const gap = (from: number, to: number, reason: string) => {
         if (to < from) return;
         write(`id: ${to}\nevent: gap\ndata: ${JSON.stringify({ type: 'gap', from_seq: from, to_seq: to, reason })}\n\n`);
         last = to;
+      };
+      /**
+       * The log was erased through `through`: the closing frame, always one (an empty range when
+       * the viewer had seen everything: its id stays the viewer's cursor), then the end.
+       */
+      const erased = (through: number) => {
+        if (ended) return;
+        const to = Math.max(last, through);
+        write(`id: ${to}\nevent: gap\ndata: ${JSON.stringify({ type: 'gap', from_seq: last + 1, to_seq: to, reason: 'erased' })}\n\n`);
+        last = to;
+        end();
       };
       /** What `fn` writes leaves in one socket write. */
       const inOneWrite = (fn: () => void) => {
@@ -179,14 +222,53 @@ export function sseStream(spec: StreamSpec): StreamResult {
           res.socket?.uncork();
         }
       };
+      const deliverOne = (e: LogEvent) => {
+        if (e.seq <= last) return;
+        if (e.seq > last + 1) gap(last + 1, e.seq - 1, 'retention');
+        if (spec.filter(e)) write(frameOf(e));
+        last = e.seq;
+      };
       // A batch's frames leave in one write.
       const deliver = (events: readonly LogEvent[]) => (events.length > 1 ? inOneWrite(() => deliverEach(events)) : deliverEach(events));
       const deliverEach = (events: readonly LogEvent[]) => {
-        for (const e of events) {
-          if (e.seq <= last) continue;
-          if (e.seq > last + 1) gap(last + 1, e.seq - 1, 'retention');
-          if (spec.filter(e)) write(frameOf(e));
-          last = e.seq;
+        for (const e of events) deliverOne(e);
+      };
+      const deltaFrame = (d: DeltaMessage) => `event: ${d.type}.delta\ndata: ${JSON.stringify(d)}\n\n`;
+
+      // While the stream reads the log (replay, backfill) live messages are not kept: only the
+      // highest seq they announce, whether a resync asked for the log's end, and a bounded list
+      // of previews, each with the seq announced before it (it is written once that is).
+      let reading = true;
+      let wantTo = 0;
+      let wantAll = false;
+      /**
+       * Bytes announced since the current read started or the socket last drained (a lower bound:
+       * an announcement without inline events counts as `LIVE_INLINE_MAX_BYTES`), due to the
+       * viewer and not written yet: with what waits in the socket, what the viewer is behind by.
+       */
+      let owed = 0;
+      const late: Array<{ after: number; frame: string }> = [];
+      const flushLate = (all: boolean) => {
+        let n = 0;
+        while (n < late.length && (all || late[n]!.after <= last)) write(late[n++]!.frame);
+        if (n > 0) late.splice(0, n);
+      };
+      /** Write a page, pausing (and re-checking the cut-off) whenever the socket holds too much. */
+      const deliverPaced = async (batch: readonly LogEvent[]) => {
+        let i = 0;
+        while (i < batch.length && !ended) {
+          inOneWrite(() => {
+            while (i < batch.length && !ended) {
+              deliverOne(batch[i++]!);
+              if (res.writableLength > REPLAY_HIGH_WATER_BYTES) break;
+            }
+          });
+          flushLate(false);
+          if (res.writableLength > REPLAY_HIGH_WATER_BYTES) {
+            await drained();
+            // The viewer took everything off its socket: it reads, whatever was announced meanwhile.
+            owed = 0;
+          }
         }
       };
       /** Read the log from `last` until `to` (or its end). */
@@ -194,56 +276,22 @@ export function sseStream(spec: StreamSpec): StreamResult {
         for (;;) {
           if (ended || (to !== undefined && last >= to)) return;
           const batch = await spec.log.range(spec.sessionId, last, READ_PAGE, to);
+          if (ended) return;
           if (batch.length === 0) {
             if (to !== undefined && last < to) gap(last + 1, to, 'retention');
             return;
           }
-          deliver(batch);
-          // Replay paces itself to the client: wait for the socket to drain before reading more.
-          if (res.writableLength > REPLAY_HIGH_WATER_BYTES) await drained();
+          // Reads pace themselves to the client: a page waits for the socket to drain.
+          await deliverPaced(batch);
           if (batch.length < READ_PAGE && to === undefined) return;
         }
       };
-      const handle = async (m: HubMessage) => {
-        if (ended) return;
-        switch (m.kind) {
-          case 'events':
-            if (m.to <= last) return;
-            if (m.events && m.from <= last + 1) deliver(m.events);
-            else await backfill(m.to);
-            return;
-          case 'erased':
-            gap(last + 1, m.through, 'erased');
-            end();
-            return;
-          case 'delta':
-            if (spec.deltas?.(m.delta)) write(`event: ${m.delta.type}.delta\ndata: ${JSON.stringify(m.delta)}\n\n`);
-            return;
-          case 'resync':
-            await backfill();
-            return;
-        }
-      };
-
-      const onAbort = () => end();
-      res.on('error', onAbort);
-      signal.addEventListener('abort', onAbort);
-      const forgetShutdown = whenShutDown(spec.shutdown, onAbort);
-      const allowed = spec.stillAllowed;
-      const keepalive = setInterval(() => {
-        if (!allowed) return write(': keep-alive\n\n');
-        void allowed().then((ok) => (ok ? write(': keep-alive\n\n') : end()), () => write(': keep-alive\n\n'));
-      }, spec.keepaliveMs ?? KEEPALIVE_MS);
-      keepalive.unref();
-
-      let live = false;
-      const buffered: HubMessage[] = [];
-      let chain: Promise<void> = Promise.resolve();
-      const handleRetrying = async (m: HubMessage) => {
+      /** A failing read is tried again for `READ_RETRY_MS` (each retry resumes from `last`). */
+      const retrying = async (read: () => Promise<void>) => {
         const giveUpAt = Date.now() + (spec.readRetryMs ?? READ_RETRY_MS);
         for (let attempt = 0; ; attempt++) {
           try {
-            return await handle(m);
+            return await read();
           } catch (err) {
             if (ended || Date.now() >= giveUpAt) throw err;
           }
@@ -259,36 +307,104 @@ export function sseStream(spec: StreamSpec): StreamResult {
           });
         }
       };
-      const enqueue = (m: HubMessage) => {
-        chain = chain.then(() => handleRetrying(m)).catch(() => end());
+      /** Read the log up to what live messages announced meanwhile, then go live. */
+      const catchUp = async () => {
+        try {
+          while (!ended) {
+            if (wantAll) {
+              wantAll = false;
+              owed = 0;
+              await retrying(() => backfill());
+            } else if (wantTo > last) {
+              const to = wantTo;
+              owed = 0;
+              await retrying(() => backfill(to));
+            } else break;
+          }
+        } catch {
+          end();
+        }
+        flushLate(true);
+        late.length = 0;
+        reading = false;
       };
+      const held = (m: HubMessage) => {
+        switch (m.kind) {
+          case 'events':
+            if (m.to <= last) return;
+            if (m.to > wantTo) wantTo = m.to;
+            if (m.events) {
+              for (const e of m.events) if (spec.filter(e)) owed += frameOf(e).length;
+            } else owed += LIVE_INLINE_MAX_BYTES;
+            if (res.writableLength + owed > MAX_BUFFERED_BYTES) cutOff();
+            return;
+          case 'erased':
+            erased(m.through);
+            return;
+          case 'delta':
+            if (late.length < MAX_LATE_DELTAS && spec.deltas?.(m.delta)) late.push({ after: wantTo, frame: deltaFrame(m.delta) });
+            return;
+          case 'resync':
+            wantAll = true;
+            return;
+        }
+      };
+      const onMessage = (m: HubMessage) => {
+        if (ended) return;
+        if (reading) return held(m);
+        switch (m.kind) {
+          case 'events':
+            if (m.to <= last) return;
+            if (m.events && m.from <= last + 1) return deliver(m.events);
+            reading = true;
+            wantTo = m.to;
+            void catchUp();
+            return;
+          case 'erased':
+            erased(m.through);
+            return;
+          case 'delta':
+            if (spec.deltas?.(m.delta)) write(deltaFrame(m.delta));
+            return;
+          case 'resync':
+            reading = true;
+            wantAll = true;
+            void catchUp();
+            return;
+        }
+      };
+
+      const onAbort = () => end();
+      res.on('error', onAbort);
+      signal.addEventListener('abort', onAbort);
+      const forgetShutdown = whenShutDown(spec.shutdown, onAbort);
+      const allowed = spec.stillAllowed;
+      const keepalive = setInterval(() => {
+        if (!allowed) return write(': keep-alive\n\n');
+        void allowed().then((ok) => (ok ? write(': keep-alive\n\n') : end()), () => write(': keep-alive\n\n'));
+      }, spec.keepaliveMs ?? KEEPALIVE_MS);
+      keepalive.unref();
+
       let watch: { close(): void } | null = null;
       try {
         if (spec.erased) {
           const st = await spec.log.state(spec.sessionId);
-          gap(last + 1, st.seq, 'erased');
-          end();
+          erased(st.seq);
         } else if (!signal.aborted && !spec.shutdown.aborted) {
-          watch = await spec.hub.watch(spec.sessionId, (m) => (live ? enqueue(m) : buffered.push(m)), { deltas: spec.deltas !== null });
+          watch = await spec.hub.watch(spec.sessionId, onMessage, { deltas: spec.deltas !== null });
           // The log's state and the replay's first page in one round trip (both read after the
           // subscription is confirmed; a page that misses what retention trimmed meanwhile is a gap).
           const [st, first] = await Promise.all([spec.log.state(spec.sessionId), spec.log.range(spec.sessionId, last, READ_PAGE)]);
           if (st.erased) {
-            gap(last + 1, st.seq, 'erased');
-            end();
-          } else {
+            erased(st.seq);
+          } else if (!ended) {
             if (last + 1 < st.low) gap(last + 1, st.low - 1, 'retention');
-            // The headers and the replayed frames leave in one write.
-            inOneWrite(() => {
-              deliverEach(first);
-              if (!started) res.flushHeaders();
-            });
-            if (first.length === READ_PAGE) {
-              if (res.writableLength > REPLAY_HIGH_WATER_BYTES) await drained();
-              await backfill();
-            }
-            live = true;
-            for (const m of buffered.splice(0)) enqueue(m);
+            // The headers and the replayed frames leave in one write (up to the high-water mark:
+            // a page of large events is paced like any read, never cut off whole).
+            await deliverPaced(first);
+            if (!started && !ended) res.flushHeaders();
+            if (first.length === READ_PAGE) await backfill();
+            void catchUp();
           }
         } else {
           end();

@@ -314,7 +314,7 @@ export function SessionPage({ ctx, id }: { ctx: Ctx; id: string }) {
             </span>
           </div>
         </div>
-        <ErrorBanner error={session.error ?? (stream.state === 'failed' ? stream.message : null)} />
+        <ErrorBanner error={session.error ?? (stream.state === 'failed' || stream.state === 'deleted' ? stream.message : null)} />
         <ol class="conversation" aria-label="Conversation" aria-live="polite" aria-relevant="additions"
           onScroll={(e) => { const el = e.currentTarget; follow.current = el.scrollHeight - el.scrollTop - el.clientHeight < 80; }}>
           {shown.map((ev) => (
