@@ -381,10 +381,18 @@ async function start(flags: Flags): Promise<number> {
   agent.metrics = metrics;
   const sandboxes = new DaemonSandboxes({ config, cred, docker, log, agent, metrics });
   const dockerCheck = new DockerCheck(docker, (ok) => metrics.dockerUp.set(ok ? 1 : 0));
-  const health = async () => runnerHealth({
-    started: serving, connected: running.connected, driver: sandboxes.driver, dockerOk: await dockerCheck.ok(),
-    draining: running.status === 'draining', tiers: running.verifiedTiers, credentialRefused: running.credentialRefusal !== null,
-  });
+  // A switch of driver means the engine was just found (or lost): an answer cached before it is stale.
+  let healthDriver = sandboxes.driver;
+  const health = async () => {
+    if (sandboxes.driver !== healthDriver) {
+      healthDriver = sandboxes.driver;
+      dockerCheck.reset();
+    }
+    return runnerHealth({
+      started: serving, connected: running.connected, driver: sandboxes.driver, dockerOk: await dockerCheck.ok(),
+      draining: running.status === 'draining', tiers: running.verifiedTiers, credentialRefused: running.credentialRefusal !== null,
+    });
+  };
   let tracing: Awaited<ReturnType<typeof startTracing>> | undefined;
   let metricsServer: Awaited<ReturnType<typeof serveMetrics>> | undefined;
   /** The end of a daemon that never served: no process left running, the lock given up. */

@@ -59,6 +59,11 @@ export class DockerCheck {
     private readonly timeoutMs = 1_500,
   ) {}
 
+  /** Forget the last answer: the next question pings (the engine was just seen to change). */
+  reset(): void {
+    this.last = null;
+  }
+
   ok(): Promise<boolean> {
     if (this.last && Date.now() - this.last.at < this.ttlMs) return Promise.resolve(this.last.ok);
     this.pending ??= DockerDriver.available(this.docker, this.timeoutMs).then((ok) => {
