@@ -149,7 +149,12 @@ export class DaemonSandboxes {
     if (driver instanceof DockerDriver) {
       // Claim a tier only after a canary sandbox ran under it; re-checked with every capability refresh.
       const verdicts = await step(driver.verifyTiers());
-      for (const v of verdicts) (v.ok ? log.info : log.warn).call(log, { tier: v.tier, runtime: v.runtime ?? 'default', ms: v.ms, detail: v.detail }, v.ok ? 'isolation tier verified' : `${v.tier} tier not offered: ${v.detail}`);
+      // A tier that fails its canary is a warning when it was asked for (RUNNER_TIERS) or is the
+      // baseline container tier; an optional tier this host cannot give (a runsc too old) is news.
+      for (const v of verdicts) {
+        const level = v.ok ? 'info' : v.tier === 'container' || config.tiers?.includes(v.tier) ? 'warn' : 'info';
+        log[level]({ tier: v.tier, runtime: v.runtime ?? 'default', ms: v.ms, detail: v.detail }, v.ok ? 'isolation tier verified' : `${v.tier} tier not offered: ${v.detail}`);
+      }
       agent.tierSource = async () => (await driver.verifyTiers()).filter((v) => v.ok).map((v) => v.tier);
       if (driver.browserImage) {
         // Browser observation is claimed only once a canary browser ran in a sandbox of its image.
