@@ -3,7 +3,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { WebSocket } from 'ws';
 import { frame, type ModelStreamEvent } from '@agentplane/protocol';
 import { FrameModelClient } from '@agentplane/models';
-import { LeaseRecords } from '@agentplane/lease';
+import { LeaseFence, LeaseRecords } from '@agentplane/lease';
 import { Redis } from 'ioredis';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
 import { startOpenAiServer, type ProviderServer } from './fixtures/provider-servers.js';
@@ -21,15 +21,19 @@ type Frame = RunnerFrame<{ stream_id?: string; event?: ModelStreamEvent } & Reco
 async function connect(): Promise<RawRunner<Frame>> {
   const runner = await connectRawRunner<Frame>(p, runnerSecret);
   // Model steps need a live lease held by this runner: record the leases these tests use, as
-  // the scheduler does when it offers a Run.
+  // the scheduler does when it offers a Run, and claim their fences, as an acceptance does.
   const runnerId = welcomeOf(runner).runner_id;
   const redis = new Redis(p.redisUrl());
   const records = new LeaseRecords(redis);
-  for (const lease_id of ['lease-1', 'lease-2', 'lease-3']) {
+  const fence = new LeaseFence(redis);
+  for (const [i, lease_id] of ['lease-1', 'lease-2', 'lease-3'].entries()) {
+    const run_id = `run_${String(i).repeat(32)}`;
+    const session_id = `sess_${'0'.repeat(32)}`;
     await records.put({
-      lease_id, attempt: 1, runner_id: runnerId, workspace_id: ws, run_id: `run_${'0'.repeat(32)}`, session_id: `sess_${'0'.repeat(32)}`,
+      lease_id, attempt: 1, runner_id: runnerId, workspace_id: ws, run_id, session_id,
       thread_id: `sthr_${'0'.repeat(32)}`, pool_id: 'rpool_test', reply_to: 'ap:test:offers',
     }, 600_000);
+    await fence.claim({ sessionId: session_id, token: lease_id, runnerId, attempt: 1, runId: run_id }, 600_000);
   }
   redis.disconnect();
   return runner;

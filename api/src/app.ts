@@ -80,7 +80,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
   const metrics = createMetrics();
   const models = createModelsModule({
     redis, docs, secretBox, log, metrics,
-    config: { pricesFile: config.modelPricesFile, providerTimeoutMs: config.modelProviderTimeoutMs },
+    config: { pricesFile: config.modelPricesFile, providerTimeoutMs: config.modelProviderTimeoutMs, stepDeadlineMs: config.modelStepDeadlineMs },
   });
   const identity = new IdentityService(docs, redis, credentials);
   const turns: { scheduler: TurnScheduler } = { scheduler: recordOnlyTurnScheduler };

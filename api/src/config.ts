@@ -52,6 +52,8 @@ export interface ApiConfig {
   modelPricesFile: string | undefined;
   /** Per provider request: time allowed to response headers and between stream chunks. */
   modelProviderTimeoutMs: number;
+  /** The overall deadline of one model step, every candidate and throttle wait in (MODEL_STEP_DEADLINE_MS). */
+  modelStepDeadlineMs: number;
   /** Serve the web console at /console (CONSOLE_ENABLED) from this built directory (CONSOLE_DIR; default the repository's console/dist). */
   /**
    * Outbound webhooks: attempts per delivery, backoff base and cap, request timeout, the lane
@@ -134,6 +136,7 @@ export function loadApiConfig(env: Env): ApiConfig {
     memoryIndexedStores: envInt(env, 'MEMORY_INDEXED_STORES', 32, 1, 10_000),
     modelPricesFile: envOptional(env, 'MODEL_PRICES_FILE'),
     modelProviderTimeoutMs: envInt(env, 'MODEL_PROVIDER_TIMEOUT_MS', 60_000, 100),
+    modelStepDeadlineMs: envInt(env, 'MODEL_STEP_DEADLINE_MS', 600_000, 1000),
     webhooks: {
       maxAttempts: envInt(env, 'WEBHOOK_MAX_ATTEMPTS', 12, 1, 100),
       retryBaseMs: envInt(env, 'WEBHOOK_RETRY_BASE_MS', 1000, 10, 3_600_000),

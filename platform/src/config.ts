@@ -37,7 +37,7 @@ export interface PlatformConfig {
   runnerEnv: Readonly<Record<string, string>>;
   /** Lease timing handed to the api and scheduler unchanged (LEASE_MS, OFFER_TIMEOUT_MS, …). */
   leaseEnv: Readonly<Record<string, string>>;
-  /** Model settings handed to the api process unchanged (MODEL_PRICES_FILE, MODEL_PROVIDER_TIMEOUT_MS). */
+  /** Model settings handed to the api process unchanged (MODEL_PRICES_FILE, MODEL_PROVIDER_TIMEOUT_MS, MODEL_STEP_DEADLINE_MS). */
   modelEnv: Record<string, string>;
   /** OpenTelemetry settings (OTEL_*, but OTEL_SERVICE_NAME: each process names itself) handed to every child. */
   otelEnv: Readonly<Record<string, string>>;
@@ -110,7 +110,7 @@ export function loadPlatformConfig(env: Env): PlatformConfig {
     // A2A_TOOLS_*: the api's A2A tool source settings (docs/A2A_TOOLS.md).
     sessionEnv: Object.fromEntries(['SSE_KEEPALIVE_MS', 'CONSOLE_ENABLED', 'CONSOLE_DIR', 'NODE_EXTRA_CA_CERTS', ...API_ENV, ...AUTOMATION_ENV, ...Object.keys(env).filter((k) => k.startsWith('A2A_TOOLS_'))].flatMap((k) => (envOptional(env, k) ? [[k, envOptional(env, k) as string]] : []))),
     modelEnv: Object.fromEntries(
-      ['MODEL_PRICES_FILE', 'MODEL_PROVIDER_TIMEOUT_MS'].flatMap((name) => {
+      ['MODEL_PRICES_FILE', 'MODEL_PROVIDER_TIMEOUT_MS', 'MODEL_STEP_DEADLINE_MS'].flatMap((name) => {
         const v = envOptional(env, name);
         return v === undefined ? [] : [[name, v]];
       }),

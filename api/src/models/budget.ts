@@ -1,5 +1,5 @@
 import { ApiError } from '@agentplane/core';
-import { cachedGet, forgetWritten, keys, tags, type Redis } from '@agentplane/store';
+import { cachedGet, forgetWritten, keys, LuaScript, tags, type Redis } from '@agentplane/store';
 import { usdToNano } from '@agentplane/models';
 import { UsageAccumulator } from './usage.js';
 
@@ -32,10 +32,54 @@ export function secondsToReset(period: 'day' | 'month', now = new Date()): numbe
 }
 
 /**
- * Refuses new model work once a Session or workspace budget is spent. Call `check` before a
- * step (the gateway service does) or before admitting new work (Session create / new turn):
- * it throws 429 `budget.exceeded`, with `Retry-After` only for a workspace `day`/`month` budget
- * (whose UTC reset is known). A step already running may overshoot by its own cost.
+ * Lua: reserve one step's estimated cost against a limit, in one script with the check.
+ * KEYS: the usage counter hash the limit is about | the sorted set of reservations (member
+ * `<step>|<nano-USD>`, score: when it expires). ARGV: limit (nano-USD) | amount | step | ttl ms.
+ * Expired reservations (a process that died mid-step) are pruned first. A step is admitted while
+ * the recorded spend plus what the steps still running reserved is under the limit: 'ok' (its
+ * estimate is added), else 'spent' (the recorded spend alone reaches it) or 'held'.
+ */
+const RESERVE = new LuaScript('model_budget_reserve', `
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+local limit = tonumber(ARGV[1])
+local spent = tonumber(redis.call('HGET', KEYS[1], 'list_cost_nano_usd') or '0')
+if spent >= limit then return 'spent' end
+local held = 0
+for _, m in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+  held = held + (tonumber(string.match(m, '|(%d+)$')) or 0)
+end
+if spent + held >= limit then return 'held' end
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[4]), ARGV[3] .. '|' .. ARGV[2])
+redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[4]) + 60000)
+return 'ok'`);
+
+/** One step's reservations (Session and workspace); `release` is idempotent and never throws. */
+export interface BudgetReservation {
+  release(): Promise<void>;
+}
+
+/** A step's estimated cost, reserved against the Session and workspace budgets (`BudgetGuard.reserve`). */
+export interface ReserveRequest extends BudgetSubject {
+  step_id: string;
+  /** The estimate, in nano-USD (the worst case the step is expected to cost). */
+  amount_nano_usd: number;
+  /** How long the reservation holds at most (the step's deadline and then some). */
+  ttl_ms: number;
+  /** The workspace budget, when the caller read it already (undefined: read here). */
+  workspace_budget?: WorkspaceBudget | null | undefined;
+}
+
+/**
+ * Refuses new model work once a Session or workspace budget is spent. Before a step the gateway
+ * service reserves the step's estimated cost (`reserve`: a Lua check-and-add against each limit,
+ * released when the step ends and its actual cost is recorded), so steps running at once cannot
+ * all pass a budget that only one of them fits in; before admitting new work (Session create /
+ * new turn) call `check`. Both throw 429 `budget.exceeded`, with `Retry-After` only for a
+ * workspace `day`/`month` budget (whose UTC reset is known). The limit is overshot by at most
+ * the cost of the last step admitted under it (admitted while spend plus reservations were
+ * still under the limit).
  */
 export class BudgetGuard {
   constructor(private readonly redis: Redis, private readonly usage: UsageAccumulator) {}
@@ -63,6 +107,66 @@ export class BudgetGuard {
     return removed;
   }
 
+  private reservedKey(scope: 'workspace' | 'session', id: string): string {
+    return keys.scoped(scope === 'workspace' ? tags.workspace(id) : tags.session(id), 'model_budget_reserved');
+  }
+
+  private workspaceScope(ws: string, wb: WorkspaceBudget, now: Date) {
+    return wb.period === 'lifetime'
+      ? { kind: 'workspace' as const, workspace_id: ws }
+      : { kind: 'workspace' as const, workspace_id: ws, period: { kind: wb.period, at: now } };
+  }
+
+  private workspaceExceeded(wb: WorkspaceBudget, now: Date, why = 'is spent'): ApiError {
+    const headers = wb.period === 'lifetime' ? undefined : { 'Retry-After': String(secondsToReset(wb.period, now)) };
+    return new ApiError('budget.exceeded', `the workspace ${wb.period === 'lifetime' ? '' : wb.period === 'day' ? 'daily ' : 'monthly '}budget of ${wb.max_list_cost.amount} USD (list cost) ${why}`, headers ? { headers } : {});
+  }
+
+  /**
+   * Reserve a step's estimated cost against the Session budget and the workspace budget, each
+   * in one script with its check (the two live in different slots: two scripts, sent at once;
+   * one refused releases the other). Throws `budget.exceeded` as `check` does. Null, with no
+   * Redis round trip, when neither budget is set. The reservation expires after `ttl_ms`, so a
+   * process that dies mid-step holds no budget for long.
+   */
+  async reserve(req: ReserveRequest, now = new Date()): Promise<BudgetReservation | null> {
+    const limit = req.session_budget?.max_list_cost.amount;
+    const session = req.session_id && limit !== undefined ? req.session_id : null;
+    const wb = req.workspace_budget !== undefined ? req.workspace_budget : await this.getWorkspaceBudget(req.workspace_id);
+    if (!session && !wb) return null;
+    const amount = String(Math.max(0, Math.round(req.amount_nano_usd)));
+    const ttl = Math.max(1000, Math.round(req.ttl_ms));
+    const sides: { key: string; member: string }[] = [];
+    const reserveOn = async (usageKey: string, key: string, limitNano: number): Promise<string> => {
+      const answer = String(await RESERVE.run(this.redis, [usageKey, key], [limitNano, amount, req.step_id, ttl]));
+      if (answer === 'ok') sides.push({ key, member: `${req.step_id}|${amount}` });
+      return answer;
+    };
+    const release = async (): Promise<void> => {
+      const taken = sides.splice(0);
+      await Promise.all(taken.map((s) => this.redis.zrem(s.key, s.member).catch(() => undefined)));
+    };
+    const settled = await Promise.allSettled([
+      session ? reserveOn(UsageAccumulator.key({ kind: 'session', session_id: session }), this.reservedKey('session', session), usdToNano(limit as number)) : 'ok',
+      wb ? reserveOn(UsageAccumulator.key(this.workspaceScope(req.workspace_id, wb, now)), this.reservedKey('workspace', req.workspace_id), usdToNano(wb.max_list_cost.amount)) : 'ok',
+    ]);
+    const failed = settled.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+    if (failed) {
+      await release();
+      throw failed.reason;
+    }
+    const [sAnswer, wAnswer] = settled.map((r) => (r as PromiseFulfilledResult<string>).value);
+    if (sAnswer !== 'ok') {
+      await release();
+      throw new ApiError('budget.exceeded', `the Session budget of ${limit} USD (list cost) ${sAnswer === 'spent' ? 'is spent' : 'is spent or held by the steps running now'}`);
+    }
+    if (wAnswer !== 'ok' && wb) {
+      await release();
+      throw this.workspaceExceeded(wb, now, wAnswer === 'spent' ? 'is spent' : 'is spent or held by the steps running now');
+    }
+    return { release };
+  }
+
   /** Throws `budget.exceeded` when a limit is reached; resolves otherwise. */
   async check(subject: BudgetSubject, now = new Date()): Promise<void> {
     const limit = subject.session_budget?.max_list_cost.amount;
@@ -74,14 +178,8 @@ export class BudgetGuard {
     }
     const wb = await this.getWorkspaceBudget(subject.workspace_id);
     if (wb) {
-      const scope = wb.period === 'lifetime'
-        ? { kind: 'workspace' as const, workspace_id: subject.workspace_id }
-        : { kind: 'workspace' as const, workspace_id: subject.workspace_id, period: { kind: wb.period, at: now } };
-      const spent = await this.usage.costNano(scope);
-      if (spent >= usdToNano(wb.max_list_cost.amount)) {
-        const headers = wb.period === 'lifetime' ? undefined : { 'Retry-After': String(secondsToReset(wb.period, now)) };
-        throw new ApiError('budget.exceeded', `the workspace ${wb.period === 'lifetime' ? '' : wb.period === 'day' ? 'daily ' : 'monthly '}budget of ${wb.max_list_cost.amount} USD (list cost) is spent`, headers ? { headers } : {});
-      }
+      const spent = await this.usage.costNano(this.workspaceScope(subject.workspace_id, wb, now));
+      if (spent >= usdToNano(wb.max_list_cost.amount)) throw this.workspaceExceeded(wb, now);
     }
   }
 }

@@ -3,11 +3,11 @@ import {
   ApiError, ATTR, BUCKETS, check, context as otelContext, Counter, Histogram, incident, LOGICAL_KEY_PATTERN, scrubSecret, SpanKind, SpanStatusCode, tracer, tracingEnabled, type Logger, type Metrics, type Span, type Context,
 } from '@agentplane/core';
 import { tags, type DocumentStore, type StoredDoc } from '@agentplane/store';
-import { ZERO_USAGE, type ModelError, type ModelRequest, type ModelStreamEvent } from '@agentplane/protocol';
+import { ZERO_USAGE, type ModelError, type ModelRequest, type ModelStreamEvent, type TokenUsage } from '@agentplane/protocol';
 import {
   estimateRequestTokens, findPrice, listCostNanoUsd, ProviderError, type PriceTable, type ProviderAdapter, type ProviderKey,
 } from '@agentplane/models';
-import type { BudgetGuard, SessionBudget } from './budget.js';
+import type { BudgetGuard, BudgetReservation, SessionBudget } from './budget.js';
 import type { ModelCredentialService } from './credentials.js';
 import type { ModelCredentialDoc, RoutingCandidate } from './model.js';
 import type { RoutingProfileService } from './profiles.js';
@@ -46,12 +46,49 @@ export interface StepPlan {
   request: ModelRequest;
   context: ModelStepContext;
   candidates: Eligible[];
+  /** The step's id (usage recording, budget reservation): the context's, or generated. */
+  stepId: string;
+  /** The step's estimated cost reserved against its budgets (null: no budget applies). */
+  reservation: BudgetReservation | null;
 }
 
 export interface GatewayServiceOptions {
   prices: PriceTable;
-  /** Per provider request: time to headers, and between chunks. */
+  /** Per provider request: time to headers, and between chunks that carry content. */
   providerTimeoutMs: number;
+  /** The whole step, from its first provider request to its end (default `DEFAULT_STEP_DEADLINE_MS`). */
+  stepDeadlineMs?: number | undefined;
+}
+
+/** The default overall deadline of one model step: 10 minutes. */
+export const DEFAULT_STEP_DEADLINE_MS = 600_000;
+
+/**
+ * The output a step's budget reservation assumes when the request sets no `max_output_tokens`
+ * (Anthropic's default maximum here too).
+ */
+export const RESERVED_OUTPUT_TOKENS = 4096;
+
+/** Characters per token of the estimates (as the request-token estimator counts). */
+const CHARS_PER_TOKEN = 4;
+
+/** The characters of output one event carries (text, thinking, a tool call's name and input). */
+function outputChars(ev: ModelStreamEvent): number {
+  if (ev.type === 'text_delta' || ev.type === 'thinking_delta') return ev.text.length;
+  if (ev.type === 'tool_use') return ev.name.length + JSON.stringify(ev.input ?? {}).length;
+  return 0;
+}
+
+/**
+ * The usage charged to a step that ended before its `end` (canceled, or its provider failed
+ * after output): the provider's own counts so far where it sent some, else the input estimated
+ * from the request; the output at least the emitted characters / 4.
+ */
+export function earlyUsage(request: ModelRequest, reported: TokenUsage | null, emittedChars: number): TokenUsage {
+  const outputEstimate = Math.ceil(emittedChars / CHARS_PER_TOKEN);
+  const base = reported ?? { ...ZERO_USAGE, input_tokens: estimateRequestTokens(request) };
+  const output = Math.max(base.output_tokens, outputEstimate);
+  return { ...base, output_tokens: output, total_tokens: base.input_tokens + output };
 }
 
 const KEY_RE = new RegExp(LOGICAL_KEY_PATTERN);
@@ -140,12 +177,17 @@ export class ModelGatewayService {
       if (session && session.workspace_id !== workspaceId) throw new ApiError('validation.not_found', 'session not found');
       context = { ...context, session_budget: session?.budget ?? null };
     }
-    // The budget check and the profile lookup are independent reads: one round trip less.
-    const [, resolved] = await Promise.all([
-      this.budgets.check({ workspace_id: workspaceId, session_id: context.session_id, session_budget: context.session_budget }),
+    // The workspace budget (cached) and the profile lookup are independent reads: one round trip less.
+    const subject = { workspace_id: workspaceId, session_id: context.session_id, session_budget: context.session_budget };
+    const [workspaceBudget, resolved] = await Promise.all([
+      this.budgets.getWorkspaceBudget(workspaceId),
       this.profiles.ensureDefaults(workspaceId).then(() => this.resolveProfile(workspaceId, request.routing_key, context.routing_pin)),
     ]);
-    if (!resolved) throw new ApiError('model.no_eligible_model', `no model routing profile has the key '${request.routing_key}'`);
+    if (!resolved) {
+      // A spent budget is the answer before a missing profile.
+      await this.budgets.check(subject);
+      throw new ApiError('model.no_eligible_model', `no model routing profile has the key '${request.routing_key}'`);
+    }
     const reasons: string[] = [];
     const eligible: Eligible[] = [];
     const inputEstimate = estimateRequestTokens(request);
@@ -156,9 +198,20 @@ export class ModelGatewayService {
       else eligible.push({ candidate: c, credential: why });
     }
     if (eligible.length === 0) {
+      await this.budgets.check(subject);
       throw new ApiError('model.no_eligible_model', `no candidate of routing profile '${request.routing_key}' (revision ${resolved.revision.revision_number}) fits: ${reasons.join('; ')}`);
     }
-    return { workspaceId, request, context, candidates: eligible };
+    const stepId = context.step_id ?? randomUUID();
+    // The step's worst case (the estimated input and all the output it may ask for, at the
+    // dearest eligible candidate's price) is reserved against its budgets until it ends.
+    const worst: TokenUsage = { ...ZERO_USAGE, input_tokens: inputEstimate, output_tokens: request.max_output_tokens ?? RESERVED_OUTPUT_TOKENS };
+    worst.total_tokens = worst.input_tokens + worst.output_tokens;
+    const estimate = Math.max(0, ...eligible.map((e) => {
+      const price = findPrice(this.options.prices, e.credential.provider_key, e.candidate.provider_model);
+      return price ? listCostNanoUsd(price, worst) : 0;
+    }));
+    const reservation = await this.budgets.reserve({ ...subject, workspace_budget: workspaceBudget, step_id: stepId, amount_nano_usd: estimate, ttl_ms: this.reservationTtlMs });
+    return { workspaceId, request, context, candidates: eligible, stepId, reservation };
   }
 
   /** Why a candidate cannot serve the request, or its credential when it can. */
@@ -179,15 +232,38 @@ export class ModelGatewayService {
     return cred;
   }
 
-  /** Stream the plan's candidates in order until one serves the step. Never throws. */
+  private get stepDeadlineMs(): number {
+    return this.options.stepDeadlineMs ?? DEFAULT_STEP_DEADLINE_MS;
+  }
+
+  /** How long a step's budget reservation holds at most: past its deadline and its throttle waits. */
+  private get reservationTtlMs(): number {
+    return this.stepDeadlineMs + THROTTLE_WAITS * THROTTLE_WAIT_MAX_SECONDS * 1000 + 60_000;
+  }
+
+  /**
+   * Stream the plan's candidates in order until one serves the step, within the step deadline.
+   * Never throws. The plan's budget reservation is released when the step ends (its cost is
+   * recorded by then), also when the caller leaves early.
+   */
   async *execute(plan: StepPlan, signal: AbortSignal): AsyncGenerator<ModelStreamEvent> {
-    const stepId = plan.context.step_id ?? randomUUID();
+    try {
+      yield* this.executeInner(plan, signal);
+    } finally {
+      await plan.reservation?.release();
+    }
+  }
+
+  private async *executeInner(plan: StepPlan, signal: AbortSignal): AsyncGenerator<ModelStreamEvent> {
+    const stepId = plan.stepId;
+    const deadlineAt = performance.now() + this.stepDeadlineMs;
     for (let waited = 0; ; waited++) {
-      const failures = yield* this.pass(plan, stepId, signal);
+      const failures = yield* this.pass(plan, stepId, signal, deadlineAt);
       if (failures === null) return;
       // Every candidate throttled: wait out a short throttle and try them again, as the
       // providers' own SDKs do; a limit that clears later ends the step (`budget.exceeded`).
-      const wait = waited < THROTTLE_WAITS ? throttleWait(failures, waited) : null;
+      const throttle = waited < THROTTLE_WAITS ? throttleWait(failures, waited) : null;
+      const wait = throttle !== null && performance.now() + throttle * 1000 < deadlineAt ? throttle : null;
       if (wait !== null) {
         this.log.info({ step_id: stepId, wait_seconds: wait }, 'model providers throttled every candidate; trying again after their wait');
         if (await abortableDelay(wait * 1000, signal)) continue;
@@ -206,11 +282,20 @@ export class ModelGatewayService {
    * step's. Returns null once the step has ended (served, or an `error` or a canceled `end`
    * yielded), or every candidate's failure when each failed retryably before any output.
    */
-  private async *pass(plan: StepPlan, stepId: string, signal: AbortSignal): AsyncGenerator<ModelStreamEvent, ProviderError[] | null> {
-    const { request, context, workspaceId } = plan;
+  private async *pass(plan: StepPlan, stepId: string, signal: AbortSignal, deadlineAt: number): AsyncGenerator<ModelStreamEvent, ProviderError[] | null> {
+    const { request, context } = plan;
     const failures: ProviderError[] = [];
     for (const { candidate, credential } of plan.candidates) {
+      const left = Math.floor(deadlineAt - performance.now());
+      if (left < MIN_CALL_MS) {
+        failures.push(new ProviderError('timeout', `the model step reached its deadline of ${this.stepDeadlineMs} ms`));
+        break;
+      }
       let emitted = false;
+      // What the step is charged when it ends before its `end` (recorded once, see `earlyUsage`).
+      let recorded = false;
+      let emittedChars = 0;
+      let reported: TokenUsage | null = null;
       let secret: string | null = null;
       // Providers echo (parts of) a rejected key in their messages; none of it leaves the gateway.
       const scrub = (text: string) => scrubSecret(text, secret);
@@ -231,26 +316,23 @@ export class ModelGatewayService {
         secret = (await this.credentials.unseal(credential)).secret;
         const stream = adapter.stream({
           request, model: candidate.provider_model, baseUrl: credential.base_url, apiKey: secret, timeoutMs: this.options.providerTimeoutMs,
+          deadlineMs: left, onUsage: (u) => { reported = u; },
         }, signal);
         for await (const ev of stream) {
           if (!emitted) this.metricTtft?.observe({ provider: credential.provider_key }, (performance.now() - started) / 1000);
           if (ev.type !== 'end') {
             emitted = true;
+            emittedChars += outputChars(ev);
             yield ev;
             continue;
           }
+          recorded = true;
           this.metricSteps?.inc({ provider: credential.provider_key, outcome: 'served' });
           span?.setAttributes({
             [ATTR.genAiResponseModel]: ev.model, [ATTR.genAiUsageInputTokens]: ev.usage.input_tokens, [ATTR.genAiUsageOutputTokens]: ev.usage.output_tokens,
             [ATTR.genAiResponseFinishReasons]: [ev.stop_reason],
           });
-          const price = findPrice(this.options.prices, credential.provider_key, ev.model);
-          const cost = price ? listCostNanoUsd(price, ev.usage) : null;
-          try {
-            await this.usage.record({ workspace_id: workspaceId, session_id: context.session_id, thread_id: context.thread_id, run_id: context.run_id, step_id: stepId }, ev.usage, cost);
-          } catch (err) {
-            this.log.error({ err: (err as Error).message, step_id: stepId }, 'model usage was not recorded');
-          }
+          await this.recordUsage(plan, stepId, credential.provider_key, ev.model, ev.usage);
           this.log.debug({ step_id: stepId, model_credential_id: credential.id, provider: credential.provider_key, model: ev.model, ms: Math.round(performance.now() - started) }, 'model step served');
           yield { ...ev, provider: credential.provider_key };
           return null;
@@ -293,9 +375,27 @@ export class ModelGatewayService {
         }
       } finally {
         span?.end();
+        // Output reached the caller and the step ended without its `end` (canceled, the
+        // provider failed, or the caller stopped reading): it is charged a best-effort usage.
+        if (emitted && !recorded) {
+          recorded = true;
+          await this.recordUsage(plan, stepId, credential.provider_key, candidate.provider_model, earlyUsage(request, reported, emittedChars));
+        }
       }
     }
     return failures;
+  }
+
+  /** Price and record one step's usage (idempotent by step id); a failure is logged, never thrown. */
+  private async recordUsage(plan: StepPlan, stepId: string, provider: string, model: string, usage: TokenUsage): Promise<void> {
+    const { context, workspaceId } = plan;
+    const price = findPrice(this.options.prices, provider, model);
+    const cost = price ? listCostNanoUsd(price, usage) : null;
+    try {
+      await this.usage.record({ workspace_id: workspaceId, session_id: context.session_id, thread_id: context.thread_id, run_id: context.run_id, step_id: stepId }, usage, cost);
+    } catch (err) {
+      this.log.error({ err: (err as Error).message, step_id: stepId }, 'model usage was not recorded');
+    }
   }
 
   /**
@@ -317,6 +417,9 @@ export class ModelGatewayService {
     return { type: 'runtime.internal', message: inc.message, retryable: true, ...retryAfter };
   }
 }
+
+/** A provider call is not started with less of the step deadline left than this (ms). */
+const MIN_CALL_MS = 50;
 
 /** How many times a step waits out its providers' throttling before it fails `budget.exceeded`. */
 const THROTTLE_WAITS = 2;

@@ -28,6 +28,8 @@ export interface ModelStreamsOptions {
  */
 export class ModelStreams {
   private readonly open_ = new Map<string, AbortController>();
+  /** The group (the lease) each open stream was opened under, when it names one. */
+  private readonly groups = new Map<string, string>();
   private readonly max: number;
 
   constructor(
@@ -46,8 +48,9 @@ export class ModelStreams {
   /**
    * Start streaming one step; resolves when its `model.end` frame was sent. `observe` sees each
    * frame of this stream before it is sent (e.g. to publish delta previews to its Session).
+   * `group` names what the stream is opened under (its lease): `cancelGroup` aborts them all.
    */
-  async open(workspaceId: string, streamId: string, request: unknown, context: ModelStepContext = {}, observe?: (frame: ModelFrame) => void): Promise<void> {
+  async open(workspaceId: string, streamId: string, request: unknown, context: ModelStepContext = {}, observe?: (frame: ModelFrame) => void, group?: string): Promise<void> {
     const send = observe ? (f: ModelFrame) => {
       observe(f);
       return this.send(f);
@@ -62,6 +65,7 @@ export class ModelStreams {
     }
     const ctl = new AbortController();
     this.open_.set(streamId, ctl);
+    if (group !== undefined) this.groups.set(streamId, group);
     try {
       let pending: ModelStreamEvent | null = null;
       for await (const ev of this.gateway.runModelStep(workspaceId, request, ctl.signal, context)) {
@@ -76,6 +80,7 @@ export class ModelStreams {
       this.log.warn({ stream_id: streamId, err: (err as Error).message }, 'model stream could not be delivered');
     } finally {
       this.open_.delete(streamId);
+      this.groups.delete(streamId);
     }
   }
 
@@ -84,6 +89,15 @@ export class ModelStreams {
     const ctl = this.open_.get(streamId);
     ctl?.abort();
     return ctl !== undefined;
+  }
+
+  /** Abort the provider requests of every stream opened under `group` (each still ends with its `model.end`). */
+  cancelGroup(group: string): number {
+    let n = 0;
+    for (const [streamId, g] of this.groups) {
+      if (g === group && this.cancel(streamId)) n++;
+    }
+    return n;
   }
 
   /** The connection is gone: abort every provider request. */

@@ -13,6 +13,8 @@ export interface ModelsConfig {
   pricesFile?: string | undefined;
   /** Per provider request: time to response headers and between stream chunks (MODEL_PROVIDER_TIMEOUT_MS). */
   providerTimeoutMs: number;
+  /** The overall deadline of one model step (MODEL_STEP_DEADLINE_MS; absent: 600000). */
+  stepDeadlineMs?: number | undefined;
 }
 
 export interface ModelsModuleDeps {
@@ -50,6 +52,6 @@ export function createModelsModule(deps: ModelsModuleDeps): ModelsModule {
   const profiles = new RoutingProfileService(deps.docs, deps.redis, credentials);
   const usage = new UsageAccumulator(deps.redis);
   const budgets = new BudgetGuard(deps.redis, usage);
-  const gateway = new ModelGatewayService(credentials, profiles, usage, budgets, adapters, { prices, providerTimeoutMs: deps.config.providerTimeoutMs }, log, deps.docs, deps.metrics);
+  const gateway = new ModelGatewayService(credentials, profiles, usage, budgets, adapters, { prices, providerTimeoutMs: deps.config.providerTimeoutMs, stepDeadlineMs: deps.config.stepDeadlineMs ?? 600_000 }, log, deps.docs, deps.metrics);
   return { credentials, profiles, usage, budgets, gateway, prices };
 }

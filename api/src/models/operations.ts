@@ -21,6 +21,24 @@ const ProfilePath = Obj({ model_routing_profile_id: Id('modelRoutingProfile') })
 const RevisionPath = Obj({ model_routing_profile_id: Id('modelRoutingProfile'), revision_number: Type.Integer({ minimum: 1 }) });
 const SessionPath = Obj({ session_id: Id('session') });
 
+/** Resolves once `res` drains, closes or errors, or `signal` aborts. */
+function drained(res: ServerResponse, signal: AbortSignal): Promise<void> {
+  if (signal.aborted || res.destroyed) return Promise.resolve();
+  return new Promise((resolve) => {
+    const done = (): void => {
+      res.off('drain', done);
+      res.off('close', done);
+      res.off('error', done);
+      signal.removeEventListener('abort', done);
+      resolve();
+    };
+    res.on('drain', done);
+    res.on('close', done);
+    res.on('error', done);
+    signal.addEventListener('abort', done, { once: true });
+  });
+}
+
 /** Server-sent model-gateway-v1 events: `event: <type>`, `data: <event JSON>`. */
 function streamStep(deps: ApiDeps, plan: StepPlan) {
   return {
@@ -34,7 +52,9 @@ function streamStep(deps: ApiDeps, plan: StepPlan) {
       res.flushHeaders();
       for await (const ev of deps.models.gateway.execute(plan, ac.signal)) {
         if (ac.signal.aborted) break;
-        res.write(`event: ${ev.type}\ndata: ${JSON.stringify(ev)}\n\n`);
+        // A client that reads slowly (or not at all) holds the stream back: the next event waits
+        // until the socket drains, instead of piling up in memory.
+        if (!res.write(`event: ${ev.type}\ndata: ${JSON.stringify(ev)}\n\n`)) await drained(res, ac.signal);
       }
       res.end();
     },

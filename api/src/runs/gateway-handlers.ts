@@ -58,10 +58,16 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
   });
   const modelStreams = new Map<string, ModelStreams>();
 
+  /** The lease's model streams on this connection stop: their provider requests are aborted. */
+  const endModelStreams = (conn: RunnerConnection, leaseId: string): void => {
+    modelStreams.get(conn.id)?.cancelGroup(leaseId);
+  };
+
   const revoke = (conn: RunnerConnection, ref: LeaseRef, reason: string) => {
     known.delete(ref.lease_id);
     firstEventSeen.delete(ref.lease_id);
     acceptedAt.delete(ref.lease_id);
+    endModelStreams(conn, ref.lease_id);
     return conn.send('lease.revoked', { lease_id: ref.lease_id, attempt: ref.attempt, reason });
   };
 
@@ -213,6 +219,7 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     firstEventSeen.delete(rec.lease_id);
     known.delete(rec.lease_id);
     acceptedAt.delete(rec.lease_id);
+    endModelStreams(conn, rec.lease_id);
     await d.lifecycle.succeeded(rec.session_id, rec.run_id, rec.lease_id, end, trace);
     // Approvals resolved while the Run was still ending answer their waits now.
     if (end.waits) await d.approvals.settleWaits(rec.workspace_id, rec.session_id, end.waits).catch((err: unknown) => d.logger.error({ err, run: rec.run_id }, 'settling approval waits failed'));
@@ -230,6 +237,7 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     firstEventSeen.delete(rec.lease_id);
     known.delete(rec.lease_id);
     acceptedAt.delete(rec.lease_id);
+    endModelStreams(conn, rec.lease_id);
     if (verdict === 'retry') await d.lifecycle.rescheduled(rec.session_id, rec.run_id, rec.lease_id, msg.payload.reason, trace);
     else if (verdict === 'final') {
       await d.lifecycle.failed(rec.session_id, rec.run_id, rec.lease_id, {
@@ -282,19 +290,27 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     };
   };
 
+  /**
+   * A model step is served only under a lease this attempt still holds: the lease record names
+   * this runner and attempt, and its Session fence is live (one read, beside the Session's). A
+   * lease revoked here meanwhile, or later, ends the step (`endModelStreams`).
+   */
   gw.on('model.request', async (conn, msg, trace) => {
     const p = msg.payload;
-    const rec = await recordFor(conn, p);
-    if (!rec) {
-      conn.send('model.end', { stream_id: p.stream_id, event: { type: 'error', error: { type: 'policy.denied', message: 'model steps need a live lease held by this runner', retryable: false } } });
-      return;
-    }
-    const session = await d.store.get(rec.workspace_id, rec.session_id).catch(() => null);
+    const deny = () => conn.send('model.end', { stream_id: p.stream_id, event: { type: 'error', error: { type: 'policy.denied', message: 'model steps need a live lease held by this runner', retryable: false } } });
+    const rec = await recordFor(conn, p).catch(() => null);
+    if (!rec) return void deny();
+    const wasKnown = known.has(rec.lease_id);
+    const [live, session] = await Promise.all([
+      d.keeper.holds(leaseOf(rec)).catch(() => false),
+      d.store.get(rec.workspace_id, rec.session_id).catch(() => null),
+    ]);
+    if (!live || (wasKnown && !known.has(rec.lease_id))) return void deny();
     const streams = streamsOf(conn);
     await streams.open(rec.workspace_id, p.stream_id, p.request, {
       session_id: rec.session_id, thread_id: rec.thread_id, run_id: rec.run_id, session_budget: session?.budget ?? null,
       routing_pin: session?.agent_deployment ?? null, trace,
-    }, previews(rec.session_id, rec.thread_id));
+    }, previews(rec.session_id, rec.thread_id), rec.lease_id);
     if (streams.size === 0 && modelStreams.get(conn.id) === streams) modelStreams.delete(conn.id);
   });
 
@@ -309,7 +325,8 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     const answer = (decision: 'allow' | 'deny' | 'require_approval', rule_id: string | null, message: string) =>
       conn.send('tool.decision', { lease_id: p.lease_id, attempt: p.attempt, tool_use_id: p.tool_use_id, decision, rule_id, message: message.slice(0, 2048) }, msg.id);
     const rec = await recordFor(conn, p).catch(() => null);
-    if (!rec) return void answer('deny', null, 'tool calls need a live lease held by this runner');
+    const live = rec !== null && await d.keeper.holds(leaseOf(rec)).catch(() => false);
+    if (!rec || !live) return void answer('deny', null, 'tool calls need a live lease held by this runner');
     try {
       const decided = await d.approvals.checkToolUse(
         { workspace_id: rec.workspace_id, session_id: rec.session_id, thread_id: rec.thread_id, run_id: rec.run_id, runner_id: rec.runner_id, trace },

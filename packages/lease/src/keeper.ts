@@ -91,6 +91,14 @@ export class LeaseKeeper {
   }
 
   /**
+   * Whether the lease is still held by its attempt: its Session fence is live (one Redis read).
+   * False once it expired unrenewed, was released, or a newer attempt of the Run claimed it.
+   */
+  async holds(lease: Pick<Lease, 'session_id' | 'lease_id'>): Promise<boolean> {
+    return this.fence.holds(lease.session_id, lease.lease_id);
+  }
+
+  /**
    * Renew the lease. 'lost' means the runner must stop the Run at once; 'canceled' that the
    * lease was renewed but the Run carries a cancel mark (an interrupt): the runner is to stop it
    * and report the attempt's end, as on `lease.cancel`.

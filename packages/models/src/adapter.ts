@@ -1,4 +1,4 @@
-import type { ModelRequest, ModelStreamEvent } from '@agentplane/protocol';
+import type { ModelRequest, ModelStreamEvent, TokenUsage } from '@agentplane/protocol';
 
 /** One provider call: the neutral request plus what the chosen candidate and credential say. */
 export interface ProviderCall {
@@ -9,8 +9,19 @@ export interface ProviderCall {
   baseUrl: string | null;
   /** The provider secret, decrypted in memory for this call only (null for keyless servers). */
   apiKey: string | null;
-  /** Time allowed until the response headers, and between two stream chunks. Default 60 s. */
+  /**
+   * Time allowed until the response headers, and between two stream messages that carry
+   * content (keep-alives such as `ping` events or empty chunks do not count). Default 60 s.
+   */
   timeoutMs?: number;
+  /** Time allowed for the whole call (the step's deadline, what is left of it). None by default. */
+  deadlineMs?: number;
+  /**
+   * Told the usage the provider reported so far, each time it reports some (Anthropic's
+   * `message_start` and `message_delta`, a Chat Completions usage chunk): what a step that ends
+   * early (canceled, cut) is charged from.
+   */
+  onUsage?: (usage: TokenUsage) => void;
 }
 
 /**

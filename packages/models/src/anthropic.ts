@@ -103,17 +103,28 @@ export class AnthropicMessagesAdapter implements ProviderAdapter {
     let stop: string | null = null;
     let model = call.model;
     let stopped = false;
-    for await (const m of postSse(this.provider, url, this.headers(call.apiKey), toMessagesBody(call.request, call.model), signal, call.timeoutMs)) {
-      let ev: StreamEvent;
+    // Each message is parsed once, by the watchdog's question (does it carry content? a `ping`
+    // does not, so a provider that only pings still times out), and used below.
+    let parsed: StreamEvent | null = null;
+    const isContent = (m: { event?: string | undefined; data: string }): boolean => {
       try {
-        ev = JSON.parse(m.data) as StreamEvent;
+        parsed = JSON.parse(m.data) as StreamEvent;
       } catch {
-        throw new ProviderError('bad_request', `${this.provider} sent a stream event that is not JSON`);
+        parsed = null;
+        return true;
       }
+      return m.event !== 'ping' && parsed.type !== 'ping';
+    };
+    const sse = postSse(this.provider, url, this.headers(call.apiKey), toMessagesBody(call.request, call.model), signal, { timeoutMs: call.timeoutMs, deadlineMs: call.deadlineMs, isContent });
+    for await (const m of sse) {
+      const ev = parsed as StreamEvent | null;
+      parsed = null;
+      if (!ev || m.data === '') throw new ProviderError('bad_request', `${this.provider} sent a stream event that is not JSON`);
       switch (ev.type) {
         case 'message_start':
           if (ev.message?.model) model = ev.message.model;
           raw = { ...raw, ...ev.message?.usage };
+          call.onUsage?.(anthropicUsage(raw));
           break;
         case 'content_block_start': {
           const b = ev.content_block;
@@ -142,6 +153,7 @@ export class AnthropicMessagesAdapter implements ProviderAdapter {
           if (ev.delta?.stop_reason) stop = ev.delta.stop_reason;
           // message_delta usage is cumulative; non-null fields replace the message_start values.
           for (const [k, v] of Object.entries(ev.usage ?? {})) if (typeof v === 'number') (raw as Record<string, number>)[k] = v;
+          if (ev.usage) call.onUsage?.(anthropicUsage(raw));
           break;
         case 'message_stop':
           stopped = true;

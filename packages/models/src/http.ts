@@ -4,10 +4,51 @@ import { sseMessages } from './sse.js';
 
 export const DEFAULT_TIMEOUT_MS = 60_000;
 
+/** The most of a non-2xx response body read for its error message (the rest is dropped). */
+export const ERROR_BODY_MAX_BYTES = 64 * 1024;
+
+export interface PostSseOptions {
+  /** Time allowed until the response headers, and between two messages that carry content. */
+  timeoutMs?: number | undefined;
+  /** Time allowed for the whole exchange, from the request to the last message (none by default). */
+  deadlineMs?: number | undefined;
+  /**
+   * Whether a message carries content (output, usage, a stop, an error): only those re-arm the
+   * idle timer, so a provider that only sends keep-alives (`ping`, empty chunks) still times
+   * out. Every message counts when absent.
+   */
+  isContent?: ((m: EventSourceMessage) => boolean) | undefined;
+}
+
+/**
+ * A response body as text, at most `maxBytes` of it (an error body can be anything a server
+ * sends: only its beginning is read, the rest of the body is cancelled).
+ */
+export async function boundedText(res: Response, maxBytes = ERROR_BODY_MAX_BYTES): Promise<string> {
+  if (!res.body) return '';
+  const reader = res.body.getReader();
+  const chunks: Uint8Array[] = [];
+  let size = 0;
+  try {
+    while (size < maxBytes) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      const part = value.byteLength > maxBytes - size ? value.subarray(0, maxBytes - size) : value;
+      chunks.push(part);
+      size += part.byteLength;
+    }
+  } finally {
+    await reader.cancel().catch(() => undefined);
+  }
+  return new TextDecoder().decode(Buffer.concat(chunks));
+}
+
 /**
  * One streaming HTTP exchange with a provider: POST JSON, then yield its SSE messages.
- * A watchdog aborts the request when the headers, or the next chunk, take longer than
- * `timeoutMs` (→ `timeout`, retryable). The caller's signal aborts the request (→ `canceled`).
+ * A watchdog aborts the request when the headers, or the next message that carries content,
+ * take longer than `timeoutMs`, or the whole exchange longer than `deadlineMs` (→ `timeout`,
+ * retryable). The caller's signal aborts the request (→ `canceled`). `options` may be the
+ * idle timeout alone.
  */
 export async function* postSse(
   provider: string,
@@ -15,24 +56,31 @@ export async function* postSse(
   headers: Record<string, string>,
   body: unknown,
   signal: AbortSignal,
-  timeoutMs = DEFAULT_TIMEOUT_MS,
+  options: PostSseOptions | number = {},
 ): AsyncGenerator<EventSourceMessage> {
+  const opts: PostSseOptions = typeof options === 'number' ? { timeoutMs: options } : options;
+  const timeoutMs = opts.timeoutMs ?? DEFAULT_TIMEOUT_MS;
   if (signal.aborted) throw new ProviderError('canceled', 'the model step was canceled');
   const ctl = new AbortController();
-  let timedOut = false;
+  let timedOut: 'idle' | 'deadline' | null = null;
   let timer: NodeJS.Timeout | undefined;
   const arm = () => {
     clearTimeout(timer);
     timer = setTimeout(() => {
-      timedOut = true;
+      timedOut ??= 'idle';
       ctl.abort();
     }, timeoutMs);
   };
+  const deadline = opts.deadlineMs === undefined ? undefined : setTimeout(() => {
+    timedOut ??= 'deadline';
+    ctl.abort();
+  }, Math.max(1, opts.deadlineMs));
   const onAbort = () => ctl.abort();
   signal.addEventListener('abort', onAbort, { once: true });
   const classify = (err: unknown): ProviderError => {
     if (ProviderError.is(err)) return err;
     if (signal.aborted) return new ProviderError('canceled', 'the model step was canceled');
+    if (timedOut === 'deadline') return new ProviderError('timeout', `${provider} did not finish within the step deadline of ${opts.deadlineMs} ms`);
     if (timedOut) return new ProviderError('timeout', `${provider} did not answer within ${timeoutMs} ms`);
     const code = (err as { cause?: { code?: string } }).cause?.code;
     return new ProviderError('network', `${provider} is unreachable${code ? ` (${code})` : ''}`);
@@ -51,20 +99,29 @@ export async function* postSse(
       throw classify(err);
     }
     if (!res.ok || !res.body) {
-      const text = await res.text().catch(() => '');
+      let text: string;
+      try {
+        text = await boundedText(res);
+      } catch (err) {
+        if (signal.aborted || timedOut) throw classify(err);
+        text = '';
+      }
       throw httpError(provider, res.status, res.headers, text);
     }
     arm();
     try {
       for await (const m of sseMessages(res.body)) {
-        arm();
+        if (!opts.isContent || opts.isContent(m)) arm();
         yield m;
       }
     } catch (err) {
       throw classify(err);
     }
+    // A body cut by the watchdog may end quietly instead of throwing.
+    if (timedOut) throw classify(new Error('timed out'));
   } finally {
     clearTimeout(timer);
+    clearTimeout(deadline);
     signal.removeEventListener('abort', onAbort);
     ctl.abort();
   }
@@ -82,8 +139,8 @@ export async function getJson(provider: string, url: string, headers: Record<str
     const code = (err as { cause?: { code?: string } }).cause?.code;
     throw new ProviderError('network', `${provider} is unreachable${code ? ` (${code})` : ''}`);
   }
+  if (!res.ok) throw httpError(provider, res.status, res.headers, await boundedText(res).catch(() => ''));
   const text = await res.text();
-  if (!res.ok) throw httpError(provider, res.status, res.headers, text);
   try {
     return JSON.parse(text) as unknown;
   } catch {

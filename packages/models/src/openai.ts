@@ -90,6 +90,15 @@ export function openAiUsage(u: NonNullable<Chunk['usage']>): TokenUsage {
   };
 }
 
+/** A chunk with output, a finish reason, usage or an error (not a keep-alive). */
+function chunkHasContent(chunk: Chunk | null): boolean {
+  if (!chunk || typeof chunk !== 'object' || chunk.error || chunk.usage) return true;
+  return (chunk.choices ?? []).some((c) => {
+    const d = c.delta ?? {};
+    return Boolean(c.finish_reason || d.content || d.reasoning_content || d.reasoning || (d.tool_calls && d.tool_calls.length > 0));
+  });
+}
+
 /**
  * OpenAI-compatible Chat Completions (`POST {base_url}/chat/completions`, `stream: true`).
  * Serves OpenAI, vLLM, Ollama (`/v1`), llama.cpp server, LM Studio and hosted compatibles.
@@ -109,17 +118,31 @@ export class OpenAiChatAdapter implements ProviderAdapter {
     let model = call.model;
     const official = new URL(url).hostname === 'api.openai.com';
     const body = toChatCompletionsBody(call.request, call.model, { maxTokensField: official ? 'max_completion_tokens' : 'max_tokens' });
-    for await (const m of postSse(this.provider, url, this.headers(call.apiKey), body, signal, call.timeoutMs)) {
-      if (m.data === '[DONE]') break;
-      let chunk: Chunk;
+    // Each chunk is parsed once, by the watchdog's question (does it carry content? a chunk with
+    // no choices and no usage, or an empty delta, does not: a keep-alive), and used below.
+    let parsed: Chunk | null = null;
+    const isContent = (m: { data: string }): boolean => {
+      parsed = null;
+      if (m.data === '[DONE]') return true;
       try {
-        chunk = JSON.parse(m.data) as Chunk;
+        parsed = JSON.parse(m.data) as Chunk;
       } catch {
-        throw new ProviderError('bad_request', `${this.provider} sent a stream chunk that is not JSON`);
+        return true;
       }
+      return chunkHasContent(parsed);
+    };
+    const sse = postSse(this.provider, url, this.headers(call.apiKey), body, signal, { timeoutMs: call.timeoutMs, deadlineMs: call.deadlineMs, isContent });
+    for await (const m of sse) {
+      if (m.data === '[DONE]') break;
+      const chunk = parsed as Chunk | null;
+      parsed = null;
+      if (!chunk || typeof chunk !== 'object') throw new ProviderError('bad_request', `${this.provider} sent a stream chunk that is not JSON`);
       if (chunk.error) throw new ProviderError('server', `${this.provider} stream error: ${chunk.error.message ?? 'unknown'}`);
       if (chunk.model) model = chunk.model;
-      if (chunk.usage) usage = openAiUsage(chunk.usage);
+      if (chunk.usage) {
+        usage = openAiUsage(chunk.usage);
+        call.onUsage?.(usage);
+      }
       const choice = chunk.choices?.[0];
       if (!choice) continue;
       const d = choice.delta ?? {};
