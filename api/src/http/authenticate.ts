@@ -33,7 +33,10 @@ export function authenticate(headers: Readonly<Record<string, string | undefined
   if (record !== undefined) {
     const workspaceId = workspaceOf(record, selector);
     const org = deps.docs.peekShared<Organization>(tags.org(record.organization_id), record.organization_id);
-    const ws = workspaceId ? deps.docs.peekShared<Workspace>(tags.workspace(workspaceId), workspaceId) : null;
+    // An organization key without a selector acts in the organization's default Workspace, whose
+    // status is checked like a selected one's (from the read cache as well).
+    const wsId = workspaceId ?? (org ? org.default_workspace_id : null);
+    const ws = wsId ? deps.docs.peekShared<Workspace>(tags.workspace(wsId), wsId) : null;
     const principal = principalRef(record) ? deps.docs.peekShared<Principal>(tags.workspace(record.workspace_id ?? ''), record.principal_id ?? '') : null;
     if (org !== undefined && ws !== undefined && principal !== undefined) return callerOf(record, workspaceId, org, ws, principal);
   }
@@ -64,11 +67,12 @@ async function readCaller(digest: string, selector: string | undefined, deps: Ap
   const record = await deps.credentials.resolve(digest);
   if (!record) throw invalidKey();
   const workspaceId = workspaceOf(record, selector);
-  const [org, ws, principal] = await Promise.all([
+  const [org, selected, principal] = await Promise.all([
     deps.docs.getCached<Organization>(tags.org(record.organization_id), record.organization_id),
     workspaceId ? deps.docs.getCached<Workspace>(tags.workspace(workspaceId), workspaceId) : Promise.resolve(null),
     principalRef(record) ? deps.docs.getCached<Principal>(tags.workspace(record.workspace_id ?? ''), record.principal_id ?? '') : Promise.resolve(null),
   ]);
+  const ws = workspaceId || !org ? selected : await deps.docs.getCached<Workspace>(tags.workspace(org.default_workspace_id), org.default_workspace_id);
   return callerOf(record, workspaceId, org, ws, principal);
 }
 
@@ -93,14 +97,16 @@ function callerOf(
   if (org.status === 'disabled') throw new ApiError('auth.disabled_tenancy', 'the organization is disabled');
 
   let resolvedWorkspace: string | null = workspaceId;
+  let defaultDisabled = false;
   if (workspaceId !== null) {
     if (!ws || ws.organization_id !== org.id) {
       if (record.workspace_id !== null) throw invalidKey();
       throw new ApiError('validation.not_found', 'workspace not found');
     }
-    if (ws.status === 'disabled') throw new ApiError('auth.disabled_tenancy', 'the workspace is disabled');
+    if (ws.status === 'disabled') throw disabledWorkspace();
   } else {
     resolvedWorkspace = org.default_workspace_id;
+    if (ws && ws.id === resolvedWorkspace && ws.status === 'disabled') defaultDisabled = true;
   }
 
   if (record.principal_id && record.kind !== 'api_key') {
@@ -108,7 +114,7 @@ function callerOf(
     if (!principal || principal.status !== 'active') throw invalidKey();
   }
 
-  return {
+  const caller: Caller = {
     kind: record.kind,
     credentialId: record.credential_id,
     organizationId: record.organization_id,
@@ -119,7 +125,24 @@ function callerOf(
     audience: record.audience,
     rateLimitPerMinute: record.rate_limit_per_minute,
   };
+  if (defaultDisabled) inDisabledDefault.add(caller);
+  return caller;
 }
+
+/** Callers whose Workspace is their organization's default one, found disabled (see `actsInDisabledDefault`). */
+const inDisabledDefault = new WeakSet<Caller>();
+
+/**
+ * Whether this organization-key caller named no Workspace and its organization's default
+ * Workspace, where it would act, is disabled. Such a caller may still call organization-level
+ * operations (manage keys and Workspaces, re-enable the default one); anything that acts in a
+ * Workspace is refused with 403 `auth.disabled_tenancy`, exactly as with the selector header.
+ */
+export function actsInDisabledDefault(caller: Caller): boolean {
+  return inDisabledDefault.has(caller);
+}
+
+export const disabledWorkspace = () => new ApiError('auth.disabled_tenancy', 'the workspace is disabled');
 
 /** Does the caller's kind and role satisfy the operation's policy? */
 export function authorize(caller: Caller, policy: Extract<AuthPolicy, { kind: 'bearer' }>): void {

@@ -35,6 +35,13 @@ export type AuditDeclaration =
   | {
       /** Where the target id comes from: a path parameter's name, or `response` (the `id` of the returned resource). */
       target: string;
+      /**
+       * With `target: 'response'`, the top-level property of the response that holds the resource
+       * (e.g. `runner_credential`), when the response nests it beside other fields: its `id` is the
+       * target and, for a credential-free call, its `workspace_id` the Workspace recorded in.
+       * Nothing else of the response is recorded.
+       */
+      resource?: string;
     };
 
 /**
@@ -111,6 +118,8 @@ export interface OperationRequest<P, Q, B> {
   deps: ApiDeps;
   /** The request's logger: its lines carry `request_id`. */
   log: Logger;
+  /** The client's address as this process sees it (the TCP peer; proxy headers are not trusted), when known. */
+  clientAddress: string | null;
   /**
    * For work that outlives the request (a stream): whether its credential still authenticates
    * and, for a Principal, the operation's declared PermissionAssignment still holds.

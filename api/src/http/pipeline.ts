@@ -3,13 +3,13 @@ import { ApiError, isId, newRequestId, validator, type Context, type Logger, typ
 import { tags } from '@agentplane/store';
 import type { ApiDeps } from '../deps.js';
 import { ANONYMOUS, type Caller } from './caller.js';
-import { authenticate, authorize } from './authenticate.js';
+import { actsInDisabledDefault, authenticate, authorize, disabledWorkspace } from './authenticate.js';
 import { enforceRateLimit } from './rate-limit.js';
 import { fingerprint, IDEMPOTENCY_KEY_RE } from './idempotency.js';
 import type { AuditOutcome } from '../audit/store.js';
 import { targetTypeOf, type CheckTarget } from '../governance/permissions.js';
 import type { ToolCall } from '../governance/policy-eval.js';
-import { CURRENT_VERSION, type PermissionDeclaration, type HttpMethod, type Operation, type OperationResult } from './operation.js';
+import { CURRENT_VERSION, type AuditDeclaration, type PermissionDeclaration, type HttpMethod, type Operation, type OperationResult } from './operation.js';
 import { workspaceInBoundary } from './workspace-scope.js';
 
 /** One request as the pipeline sees it, whichever edge it came in on (REST or MCP). */
@@ -61,6 +61,9 @@ interface Progress {
 export const VERSION_HEADER = 'service-version';
 
 const EMPTY = Object.freeze({}) as Record<string, never>;
+
+/** The operations that still reach a disabled Workspace their path names: the one that re-enables it. */
+const REACHES_DISABLED_WORKSPACE: ReadonlySet<string> = new Set(['organizations.updateWorkspace']);
 
 /**
  * A validator compiled on its first use: the API answers its first request (after a start or a
@@ -135,7 +138,7 @@ async function audited(
     const out = await run(prepared, raw, deps, requestId, progress);
     if (!progress.replayed && !(out.result.kind !== 'stream' && out.result.replay)) {
       const status = out.result.kind === 'stream' ? 200 : out.result.status;
-      await writeAudit(deps, prepared.op.operationId, audit.target, progress, requestId, {
+      await writeAudit(deps, prepared.op.operationId, audit, progress, requestId, {
         outcome: status < 400 ? 'succeeded' : status === 403 ? 'denied' : 'failed', status, detail: null,
         body: out.result.kind === 'stream' ? undefined : out.result.body,
       });
@@ -144,7 +147,7 @@ async function audited(
   } catch (err) {
     if (progress.caller.kind !== 'anonymous') {
       const status = err instanceof ApiError ? err.status : 500;
-      await writeAudit(deps, prepared.op.operationId, audit.target, progress, requestId, {
+      await writeAudit(deps, prepared.op.operationId, audit, progress, requestId, {
         outcome: status === 403 || status === 401 ? 'denied' : status >= 500 ? 'error' : 'failed', status,
         detail: err instanceof ApiError ? err.type : 'runtime.internal', body: undefined,
       });
@@ -153,18 +156,36 @@ async function audited(
   }
 }
 
+function responseResource(response: unknown, resource: string | undefined): Record<string, unknown> {
+  const asObject = (v: unknown) => (typeof v === 'object' && v !== null ? (v as Record<string, unknown>) : {});
+  const top = asObject(response);
+  return resource === undefined ? top : asObject(top[resource]);
+}
+
 function str(v: unknown): string | null {
   return typeof v === 'string' && v.length > 0 ? v : null;
 }
 
 async function writeAudit(
-  deps: ApiDeps, action: string, target: string, progress: Progress, requestId: string,
+  deps: ApiDeps, action: string, audit: Exclude<AuditDeclaration, false>, progress: Progress, requestId: string,
   r: { outcome: AuditOutcome; status: number; detail: string | null; body: unknown },
 ): Promise<void> {
-  const body = typeof r.body === 'object' && r.body !== null ? (r.body as Record<string, unknown>) : {};
+  // The resource a `response` target names: the response itself, or the property the declaration
+  // names (only its `id` and `workspace_id` are read: nothing else of the response, a secret
+  // beside it included, reaches the record).
+  const body = responseResource(r.body, audit.target === 'response' ? audit.resource : undefined);
   // A credential-free call (a pairing redemption) is recorded in the Workspace its result belongs to.
   const workspaceId = progress.caller.workspaceId ?? str(body.workspace_id);
-  if (!workspaceId) return;
+  if (!workspaceId) {
+    // Only a credential-free call that failed has no Workspace to record in; a success that
+    // finds none means the declaration does not match the response.
+    if (r.outcome === 'succeeded') deps.log.error({ action, request_id: requestId }, 'audit record dropped: no workspace in the response (check the operation\'s audit declaration)');
+    return;
+  }
+  const target = audit.target === 'response' ? str(body.id) : str(progress.params[audit.target]);
+  if (audit.target === 'response' && target === null && r.outcome === 'succeeded') {
+    deps.log.error({ action, request_id: requestId }, 'audit record without its target: no id in the response (check the operation\'s audit declaration)');
+  }
   const { caller } = progress;
   try {
     await deps.audit.append(workspaceId, {
@@ -172,7 +193,7 @@ async function writeAudit(
         ? { id: 'anonymous', credential_id: null }
         : { id: caller.principalId ?? caller.credentialId, credential_id: caller.credentialId },
       action,
-      target: target === 'response' ? str(body.id) : str(progress.params[target]),
+      target,
       outcome: r.outcome,
       status: r.status,
       detail: r.detail,
@@ -217,6 +238,7 @@ export class HandlerRequest {
     return async () => {
       try {
         const caller = await authenticate(this.raw.headers, this.deps);
+        if (actsInDisabledDefault(caller) && this.caller.workspaceId === caller.workspaceId) return false;
         if (caller.kind === 'principal_credential' && this.op.permission) {
           await checkPermission(this.op.permission, caller, this.params as Record<string, unknown>, this.body, [], this.deps);
         }
@@ -226,6 +248,15 @@ export class HandlerRequest {
         throw err;
       }
     };
+  }
+
+  /**
+   * The address of the client as this process sees it: the TCP peer of the connection (proxy
+   * headers such as X-Forwarded-For are not trusted); null when the request came another way.
+   */
+  get clientAddress(): string | null {
+    const c = this.raw.connection as { remoteAddress?: unknown } | undefined;
+    return typeof c?.remoteAddress === 'string' ? c.remoteAddress : null;
   }
 
   /** Read through: a request's trace context is made only if something under it asks for it. */
@@ -279,12 +310,20 @@ async function run(
   // A path that names a Workspace (`/v1/organizations/workspaces/{workspace_id}/…`) is where an
   // organization key acts, whatever its selector header says: the response, the audit record
   // and the idempotency scope name that Workspace once it is found inside the organization.
+  // A disabled Workspace refuses it (403 `auth.disabled_tenancy`, as the selector header would),
+  // except for the operation that re-enables it.
   const named = (params as { workspace_id?: unknown }).workspace_id;
+  const reachesDisabled = REACHES_DISABLED_WORKSPACE.has(op.operationId);
   if (caller.scope === 'organization' && caller.kind !== 'anonymous' && typeof named === 'string' && named !== caller.workspaceId) {
-    await workspaceInBoundary(caller, named, deps);
+    const ws = await workspaceInBoundary(caller, named, deps);
+    if (ws.status === 'disabled' && !reachesDisabled) throw disabledWorkspace();
     caller = { ...caller, workspaceId: named };
     progress.caller = caller;
     raw.authenticated?.(caller);
+  } else if (actsInDisabledDefault(caller) && !(op.auth.kind === 'bearer' && op.auth.organizationScope) && !(reachesDisabled && named === caller.workspaceId)) {
+    // An organization key without a selector, whose default Workspace is disabled: organization-
+    // level operations still answer, nothing acts in that Workspace.
+    throw disabledWorkspace();
   }
 
   const drives = driveEventsOf(op, body);

@@ -32,6 +32,21 @@ export const RunnerCredentialSchema = Obj({
   version: Type.Integer(), created_at: Timestamp(), updated_at: Timestamp(),
 });
 
+/**
+ * The rate-limit bucket of a redeeming client: its IPv4 address, or the /64 network of an IPv6
+ * one (a single host often holds a whole /64).
+ */
+function redeemSource(address: string | null): string {
+  if (!address) return 'unknown';
+  const v4 = /^(?:::ffff:)?(\d{1,3}(?:\.\d{1,3}){3})$/i.exec(address);
+  if (v4?.[1]) return v4[1];
+  const [head = '', tail = ''] = address.toLowerCase().split('%')[0]!.split('::');
+  const left = head ? head.split(':') : [];
+  const right = tail ? tail.split(':') : [];
+  const groups = address.includes('::') ? [...left, ...Array<string>(Math.max(0, 8 - left.length - right.length)).fill('0'), ...right] : left;
+  return `${groups.slice(0, 4).map((g) => g.replace(/^0+(?=.)/, '')).join(':')}::/64`;
+}
+
 const IssuedSchema = Obj({
   runner_credential: RunnerCredentialSchema,
   secret: Type.String({ description: 'ap_runner_… bearer, returned once' }),
@@ -116,7 +131,7 @@ export const runnerOperations: Operation[] = [
   }, (ws, { params, deps }) => deps.runners.undrainPool(ws, params.runner_pool_id)),
   defineOperation({
     operationId: 'runnerPools.enrollRunner', method: 'POST', path: '/v1/runner-pools/{runner_pool_id}/enrollments',
-    audit: { target: 'response' },
+    audit: { target: 'response', resource: 'runner_credential' },
     summary: 'Enroll a managed-pool runner with a runner-role API key; the credential is returned once (no owner)',
     auth: { kind: 'bearer', roles: ['root', 'admin', 'runner'] }, params: PoolPath, body: Obj({ machine_label: Label() }),
     response: IssuedSchema, successStatus: 201, idempotency: 'required', sensitive: true, mcp: 'never', replayable: issuedReplayable,
@@ -150,7 +165,7 @@ export const runnerOperations: Operation[] = [
   }),
   defineOperation({
     operationId: 'runnerPairings.redeemRunnerPairing', method: 'POST', path: '/v1/runner-pairings/redeem',
-    audit: { target: 'response' },
+    audit: { target: 'response', resource: 'runner_credential' },
     summary: 'Redeem a pairing code (credential-free): mints a Workspace-scoped runner credential with the pairing owner',
     auth: { kind: 'none' },
     body: Obj({
@@ -163,7 +178,11 @@ export const runnerOperations: Operation[] = [
       })),
     }),
     response: IssuedSchema, successStatus: 201, mcp: 'never',
-    async handler({ body, deps }) {
+    async handler({ body, deps, clientAddress }) {
+      // One source is limited first (a sixth of the platform-wide rate), so a single client
+      // guessing codes cannot use up the platform-wide bucket that every tenant's pairing shares.
+      const perSource = Math.max(1, Math.ceil(deps.config.pairingRedeemPerMinute / 6));
+      await enforceRateLimit(deps.redis, `runner-pairing-redeem:${redeemSource(clientAddress)}`, perSource);
       await enforceRateLimit(deps.redis, 'runner-pairing-redeem', deps.config.pairingRedeemPerMinute);
       const issued = await deps.runners.redeem(body);
       return json(201, { ...issued, connect_path: connectPath });

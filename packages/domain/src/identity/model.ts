@@ -68,6 +68,8 @@ export interface AuthRecord {
   audience: 'api_mcp' | 'a2a' | null;
   rate_limit_per_minute: number | null;
   generation_number: number;
+  /** The credential document's version the record was written from (absent on older records). */
+  document_version?: number;
 }
 
 /** Hide internal fields: documents are stored with nothing secret, so the view is the doc itself. */

@@ -52,7 +52,7 @@ export class IdentityService {
 
   // ---- API keys ------------------------------------------------------------------------------
 
-  private apiKeyRecord(k: ApiKey): AuthRecord {
+  private apiKeyRecord(k: ApiKey): AuthRecord & { document_version: number } {
     return {
       kind: 'api_key',
       credential_id: k.id,
@@ -63,6 +63,7 @@ export class IdentityService {
       audience: null,
       rate_limit_per_minute: k.rate_limit_per_minute,
       generation_number: k.generation_number,
+      document_version: k.version,
     };
   }
 
@@ -137,8 +138,9 @@ export class IdentityService {
       },
       { expectedVersion, notFound: 'API key' },
     );
-    const digest = await this.credentials.liveDigest(id);
-    if (digest) await this.credentials.put(digest, this.apiKeyRecord(next));
+    // Only the live secret of this generation is rewritten, and only while it lives: a rotation
+    // that displaced it rewrites its own record from the document after it wins (rotateApiKey).
+    await this.credentials.refresh(this.apiKeyRecord(next));
     return next;
   }
 
@@ -154,6 +156,12 @@ export class IdentityService {
       { expectedVersion, notFound: 'API key' },
     );
     await this.credentials.swap(id, { digest: issued.digest, record: this.apiKeyRecord(next) });
+    // A patch whose document write came after this rotation's may have found the old secret still
+    // live and rewritten only that one: carry its change over to the new secret.
+    const now = await this.docs.get<ApiKey>(tags.org(orgId), id);
+    if (now && now.status === 'active' && now.generation_number === next.generation_number && now.version > next.version) {
+      await this.credentials.refresh(this.apiKeyRecord(now));
+    }
     return { key: next, secret: issued.secret };
   }
 
@@ -235,11 +243,11 @@ export class IdentityService {
 
   // ---- Principal access credentials ----------------------------------------------------------
 
-  private credentialRecord(c: PrincipalAccessCredential, orgId: string): AuthRecord {
+  private credentialRecord(c: PrincipalAccessCredential, orgId: string): AuthRecord & { document_version: number } {
     return {
       kind: 'principal_credential', credential_id: c.id, organization_id: orgId, workspace_id: c.workspace_id,
       role: null, principal_id: c.principal_id, audience: c.audience, rate_limit_per_minute: null,
-      generation_number: c.generation_number,
+      generation_number: c.generation_number, document_version: c.version,
     };
   }
 
