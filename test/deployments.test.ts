@@ -386,6 +386,11 @@ describe('POST /v1/agents/{id}/deploy', () => {
     expect(list.body.data.map((d) => d.id)).toEqual([first.body.agent_deployment.id]);
     const other = await p.root.request('POST', `/v1/agents/${a}/deploy`, { body: { agent_release_number: 1, target_workspace_id: `wrkspc_${'0'.repeat(32)}` } });
     expect([other.status, errType(other)]).toEqual([404, 'validation.not_found']);
+    // A disabled target takes no deployment.
+    expect((await p.root.request('PATCH', `/v1/organizations/workspaces/${target}`, { body: { status: 'disabled' } })).status).toBe(200);
+    const disabled = await deploy();
+    expect([disabled.status, errType(disabled)]).toEqual([403, 'auth.disabled_tenancy']);
+    expect((await p.root.request('PATCH', `/v1/organizations/workspaces/${target}`, { body: { status: 'active' } })).status).toBe(200);
   });
 });
 

@@ -4,6 +4,7 @@ import { ADMINS, READERS, WRITERS, type Caller } from '../http/caller.js';
 import { CURRENT_VERSION, defineOperation, json, type Operation } from '../http/operation.js';
 import { namedWorkspaceRead, namedWorkspaceWrite, workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { requireWorkspace, workspaceInBoundary } from '../http/workspace-scope.js';
+import { disabledWorkspace } from '../http/authenticate.js';
 import type { ApiDeps } from '../deps.js';
 import {
   AgentDeploymentSchema, BindingRevisionSchema, BindingSchema, ConnectedHarnessSchema, CreateBindingBody, CreateConnectedHarnessBody,
@@ -141,7 +142,9 @@ export const deploymentOperations: Operation[] = [
     auth: { kind: 'bearer', roles: ADMINS, organizationScope: true }, params: Obj({ agent_id: Id('agent') }), body: DeployBody, response: DeployResult,
     idempotency: 'optional', mcp: 'full',
     async handler({ caller, params, body, deps }) {
-      await workspaceInBoundary(caller, body.target_workspace_id, deps);
+      // A disabled Workspace takes no deployment (403, as any request acting in it).
+      const target = await workspaceInBoundary(caller, body.target_workspace_id, deps);
+      if (target.status === 'disabled') throw disabledWorkspace();
       const r = await svc(deps).deploy(requireWorkspace(caller), params.agent_id, body.agent_release_number, body.target_workspace_id);
       return json(200, { ...r, agent_deployment: headView(r.agent_deployment) });
     },
