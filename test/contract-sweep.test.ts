@@ -1,5 +1,6 @@
 import { Agent, request } from 'node:http';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { CATALOG } from './harness/catalog.js';
 import { startPlatform, type Platform } from './harness/platform.js';
 
 /**
@@ -12,25 +13,6 @@ import { startPlatform, type Platform } from './harness/platform.js';
  * operation as its own mistake allows.
  */
 
-/** The contract's Errors catalog, type → HTTP status (as in error-catalog.test.ts). */
-const CATALOG: Record<string, number> = {
-  'validation.malformed': 400,
-  'auth.invalid_key': 401,
-  'auth.disabled_tenancy': 403,
-  'policy.denied': 403,
-  'validation.not_found': 404,
-  'validation.conflict': 409,
-  'idempotency.conflict': 409,
-  'runtime.invalid_transition': 409,
-  'runtime.primary_thread': 409,
-  'validation.payload_too_large': 413,
-  'model.no_eligible_model': 422,
-  'budget.exceeded': 429,
-  'billing.usage_limit_reached': 402,
-  'billing.payment_required': 402,
-  'model.platform_capacity_reached': 503,
-  'runtime.internal': 500,
-};
 
 const VERSION = '2026-08-27';
 /** The general request-body limit (BODY_LIMIT_BYTES, default 4 MiB). */

@@ -1,4 +1,4 @@
-import { ConfigError, createLogger, startTracing, strictCommandLine } from '@agentplane/core';
+import { ConfigError, createLogger, readSettings, startTracing, strictCommandLine } from '@agentplane/core';
 import { createApi } from './app.js';
 import { loadApiConfig } from './config.js';
 
@@ -29,14 +29,6 @@ Exit codes: 0 stopped by a signal; 1 it could not start (e.g. its port in use) o
 2 a bad setting (one line on stderr naming it) or an unknown option.
 `;
 
-/** Everything the settings' parsing throws is a mistake in a setting (a file it names included). */
-function settings<T>(load: () => T): T {
-  try {
-    return load();
-  } catch (err) {
-    throw err instanceof ConfigError ? err : new ConfigError(err instanceof Error ? err.message : String(err));
-  }
-}
 
 
 /** `node api/dist/main.js`: one API process (REST, SSE, MCP, and by default the runner gateway). */
@@ -45,7 +37,7 @@ async function main(): Promise<void> {
     process.stdout.write(HELP);
     return;
   }
-  const config = settings(() => loadApiConfig(process.env));
+  const config = readSettings(() => loadApiConfig(process.env));
   const log = createLogger({ name: 'api', level: config.logLevel });
   for (const { name, use } of config.deprecatedSettings ?? []) log.warn({ setting: name, use }, `${name} is deprecated; set ${use} instead`);
   const tracing = await startTracing('agentplane-api', log, { propagation: 'explicit' });

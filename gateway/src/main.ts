@@ -1,5 +1,5 @@
 import { createServer } from 'node:http';
-import { ApiError, ConfigError, createLogger, createMetrics, envEnum, envInt, envString, LISTEN_BACKLOG, METRICS_CONTENT_TYPE, startTracing, strictCommandLine, type Env } from '@agentplane/core';
+import { ApiError, ConfigError, createLogger, readSettings, createMetrics, envEnum, envInt, envString, LISTEN_BACKLOG, METRICS_CONTENT_TYPE, startTracing, strictCommandLine, type Env } from '@agentplane/core';
 import { connectRedis } from '@agentplane/store';
 import { RUNNER_DEFAULTS } from '@agentplane/protocol';
 import { attachGateway } from './gateway.js';
@@ -44,14 +44,6 @@ function loadGatewayConfig(env: Env) {
   };
 }
 
-/** Everything the settings' parsing throws is a mistake in a setting. */
-function settings<T>(load: () => T): T {
-  try {
-    return load();
-  } catch (err) {
-    throw err instanceof ConfigError ? err : new ConfigError(err instanceof Error ? err.message : String(err));
-  }
-}
 
 /** How long `/readyz` waits for Redis to answer a PING before it reports Redis not ready. */
 const READY_TIMEOUT_MS = 1_000;
@@ -62,7 +54,7 @@ async function main(): Promise<void> {
     process.stdout.write(HELP);
     return;
   }
-  const config = settings(() => loadGatewayConfig(process.env));
+  const config = readSettings(() => loadGatewayConfig(process.env));
   const { graceMs, linkUrl, port, host } = config;
   const log = createLogger({ name: 'gateway', level: config.logLevel });
   const tracing = await startTracing('agentplane-gateway', log, { propagation: 'explicit' });

@@ -1,5 +1,5 @@
 import { createServer } from 'node:http';
-import { ConfigError, createLogger, METRICS_CONTENT_TYPE, startTracing, strictCommandLine } from '@agentplane/core';
+import { ConfigError, createLogger, readSettings, METRICS_CONTENT_TYPE, startTracing, strictCommandLine } from '@agentplane/core';
 import { loadSchedulerConfig } from './config.js';
 import { Scheduler } from './scheduler.js';
 
@@ -39,14 +39,6 @@ Exit codes: 0 stopped by a signal; 1 it could not start or its stop failed; 2 a 
 line on stderr naming it) or an unknown option.
 `;
 
-/** Everything the settings' parsing throws is a mistake in a setting (a file it names included). */
-function settings<T>(load: () => T): T {
-  try {
-    return load();
-  } catch (err) {
-    throw err instanceof ConfigError ? err : new ConfigError(err instanceof Error ? err.message : String(err));
-  }
-}
 
 
 /** How long `/readyz` waits for Redis to answer a PING before it reports Redis not ready. */
@@ -57,7 +49,7 @@ async function main(): Promise<void> {
     process.stdout.write(HELP);
     return;
   }
-  const config = settings(() => loadSchedulerConfig(process.env));
+  const config = readSettings(() => loadSchedulerConfig(process.env));
   const log = createLogger({ name: 'scheduler', level: config.logLevel });
   const tracing = await startTracing('agentplane-scheduler', log, { propagation: 'explicit' });
   const scheduler = new Scheduler(config, log);

@@ -95,3 +95,15 @@ export function strictCommandLine(name: string, usage: string, argv: readonly st
     process.exit(2);
   }
 }
+
+/**
+ * Reads a process's settings: whatever their parsing throws is a mistake in a setting (a file a
+ * setting names included), a `ConfigError` (exit code 2, one line).
+ */
+export function readSettings<T>(load: () => T): T {
+  try {
+    return load();
+  } catch (err) {
+    throw err instanceof ConfigError ? err : new ConfigError(err instanceof Error ? err.message : String(err));
+  }
+}
