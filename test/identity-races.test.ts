@@ -172,16 +172,16 @@ describe('runner pairing redemption', () => {
   });
 
   it('limits one source before the platform-wide bucket', async () => {
-    // The default platform-wide limit is 60 a minute, a source's 10: within two fixed windows a
-    // source is refused by its 21st code at the latest, while the platform-wide bucket still has room.
+    // A source's default limit is 60 a minute, the platform's 600: within two fixed windows a
+    // source is refused by its 121st code at the latest, while the platform-wide bucket still has room.
     let refusedAt = 0;
-    for (let i = 1; i <= 21 && refusedAt === 0; i++) {
+    for (let i = 1; i <= 121 && refusedAt === 0; i++) {
       const status = await redeemFrom('127.0.0.2');
       if (status === 429) refusedAt = i;
       else expect(status).toBe(401);
     }
     expect(refusedAt).toBeGreaterThan(0);
-    expect(refusedAt).toBeLessThanOrEqual(21);
+    expect(refusedAt).toBeLessThanOrEqual(121);
     // Another source is not refused.
     expect(await redeemFrom('127.0.0.3')).toBe(401);
   });

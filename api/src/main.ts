@@ -18,7 +18,7 @@ Environment:
                      address, 127.0.0.1 for 0.0.0.0); off: frames for runners come by Redis pub/sub
   RUNNER_HEARTBEAT_INTERVAL_MS, RUNNER_PRESENCE_TTL_MS, RUNNER_MAX_FRAME_BYTES
                      runner heartbeat interval (5000), presence TTL (20000), largest frame (1 MiB)
-  PAIRING_REDEEM_PER_MINUTE  pairing-code redemptions accepted per minute, platform-wide (60)
+  PAIRING_REDEEM_PER_MINUTE  pairing-code redemptions accepted per minute per client address (60; ten times that platform-wide)
   SHUTDOWN_GRACE_MS  graceful stop on SIGTERM/SIGINT: open requests and streams get this long;
                      the process exits 10 s after it regardless (default 10000)
   OTEL_*             OpenTelemetry tracing, off by default: OTEL_TRACES_EXPORTER=otlp or

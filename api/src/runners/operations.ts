@@ -179,11 +179,12 @@ export const runnerOperations: Operation[] = [
     }),
     response: IssuedSchema, successStatus: 201, mcp: 'never',
     async handler({ body, deps, clientAddress }) {
-      // One source is limited first (a sixth of the platform-wide rate), so a single client
-      // guessing codes cannot use up the platform-wide bucket that every tenant's pairing shares.
-      const perSource = Math.max(1, Math.ceil(deps.config.pairingRedeemPerMinute / 6));
+      // One source is limited first (PAIRING_REDEEM_PER_MINUTE), and the platform as a whole at
+      // ten times that: a single client guessing codes cannot use up the platform-wide bucket
+      // that every tenant's pairing shares, and one host pairing a pool is not held back.
+      const perSource = deps.config.pairingRedeemPerMinute;
       await enforceRateLimit(deps.redis, `runner-pairing-redeem:${redeemSource(clientAddress)}`, perSource);
-      await enforceRateLimit(deps.redis, 'runner-pairing-redeem', deps.config.pairingRedeemPerMinute);
+      await enforceRateLimit(deps.redis, 'runner-pairing-redeem', perSource * 10);
       const issued = await deps.runners.redeem(body);
       return json(201, { ...issued, connect_path: connectPath });
     },
