@@ -2,7 +2,8 @@ import { execFile } from 'node:child_process';
 import { mkdtemp, rm, writeFile, mkdir } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
-import type { SkillFile } from '@agentplane/domain';
+import { ApiError } from '@agentplane/core';
+import { SKILL_LIMITS, type SkillFile } from '@agentplane/domain';
 
 const GIT_TIMEOUT_MS = 60_000;
 const MAX_OUTPUT = 8 * 1024 * 1024;
@@ -12,6 +13,16 @@ export class GitError extends Error {
     super(message);
     this.name = 'GitError';
   }
+}
+
+/** A source git cannot read (unreachable, refused, no such repository): the source's fault, 409. */
+function unreadable(err: unknown): unknown {
+  return err instanceof GitError ? new ApiError('validation.conflict', `the skill source could not be read: ${err.message}`) : err;
+}
+
+/** Skill content in a source over the contract's limits: 400, as the same files sent directly. */
+function tooLarge(message: string): ApiError {
+  return new ApiError('validation.malformed', `the skill source: ${message}`);
 }
 
 /** Runs `git` with no prompt, no user or system configuration, and a timeout. */
@@ -51,7 +62,7 @@ export interface GitRemote {
 
 /** The commit a remote branch points at, or null when the branch does not exist. */
 export async function remoteHead(remote: GitRemote, branch: string): Promise<string | null> {
-  const out = (await git(['ls-remote', '--', remote.url, `refs/heads/${branch}`], { env: { ...remote.env } })).toString('utf8').trim();
+  const out = (await git(['ls-remote', '--', remote.url, `refs/heads/${branch}`], { env: { ...remote.env } }).catch((err: unknown) => { throw unreadable(err); })).toString('utf8').trim();
   const sha = out.split(/\s+/)[0];
   return sha && /^[0-9a-f]{40}([0-9a-f]{24})?$/.test(sha) ? sha : null;
 }
@@ -66,7 +77,10 @@ export class Scratch {
     try {
       await git(['init', '--quiet', '--bare', dir]);
       const head = await remoteHead(remote, branch);
-      if (head) await git(['fetch', '--quiet', '--no-tags', '--depth', '1', '--', remote.url, `+refs/heads/${branch}:refs/remotes/source/${branch}`], { cwd: dir, env: { ...remote.env } });
+      if (head) {
+        await git(['fetch', '--quiet', '--no-tags', '--depth', '1', '--', remote.url, `+refs/heads/${branch}:refs/remotes/source/${branch}`], { cwd: dir, env: { ...remote.env } })
+          .catch((err: unknown) => { throw unreadable(err); });
+      }
       return { scratch, head };
     } catch (err) {
       await scratch.close();
@@ -76,16 +90,30 @@ export class Scratch {
 
   /** Regular files under `dir/` at `commit` (none when the directory is absent). */
   async readDir(commit: string, path: string): Promise<SkillFile[]> {
-    const listing = (await git(['ls-tree', '-r', '-z', '--full-tree', commit, '--', `${path}/`], { cwd: this.dir })).toString('utf8');
-    const files: SkillFile[] = [];
+    const listing = (await git(['ls-tree', '-r', '-z', '-l', '--full-tree', commit, '--', `${path}/`], { cwd: this.dir })).toString('utf8');
+    const rows: { mode: string; object: string; name: string }[] = [];
+    let total = 0;
     for (const row of listing.split('\0')) {
       if (!row) continue;
-      const m = /^(\d{6}) (\w+) ([0-9a-f]+)\t(.*)$/s.exec(row);
+      const m = /^(\d{6}) (\w+) ([0-9a-f]+) +(\d+|-)\t(.*)$/s.exec(row);
       if (!m || m[2] !== 'blob') continue;
       // Symbolic links (120000) and submodules are not skill content.
       if (m[1] !== '100644' && m[1] !== '100755') continue;
-      const content = await git(['cat-file', 'blob', m[3] ?? ''], { cwd: this.dir });
-      files.push({ path: (m[4] ?? '').slice(path.length + 1), content, executable: m[1] === '100755' });
+      // A source's content is refused by its listing before a byte is read: a hostile
+      // repository's huge or countless files cost one listing, not their content
+      // (`checkSkillFiles` then applies the exact limits).
+      const size = Number(m[4]);
+      const name = (m[5] ?? '').slice(path.length + 1);
+      if (size > Math.max(SKILL_LIMITS.maxFileBytes, SKILL_LIMITS.maxInstructionsBytes)) throw tooLarge(`${path}/${name}: ${size} bytes; a skill file holds at most ${SKILL_LIMITS.maxFileBytes} bytes (1 MiB)`);
+      total += size;
+      if (total > SKILL_LIMITS.maxTotalBytes + SKILL_LIMITS.maxInstructionsBytes) throw tooLarge(`${path}/: over ${SKILL_LIMITS.maxTotalBytes} bytes of files; a skill holds at most that`);
+      rows.push({ mode: m[1], object: m[3] ?? '', name });
+      if (rows.length > SKILL_LIMITS.maxFiles + 1) throw tooLarge(`${path}/: over ${SKILL_LIMITS.maxFiles} files; a skill holds at most that`);
+    }
+    const files: SkillFile[] = [];
+    for (const r of rows) {
+      const content = await git(['cat-file', 'blob', r.object], { cwd: this.dir });
+      files.push({ path: r.name, content, executable: r.mode === '100755' });
     }
     return files;
   }

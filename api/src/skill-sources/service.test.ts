@@ -21,6 +21,15 @@ describe('skill source addresses and the outbound guard', () => {
     expect(() => checkSourceUrl('ssh://git@exa$mple.com/s.git', false, prod)).toThrow(/not a git address/);
   });
 
+  it('refuses an address that carries a credential (it would be stored and shown to readers)', () => {
+    for (const url of [
+      'https://x-access-token:ghp_secret@github.com/o/r.git', 'https://ghp_secret@github.com/o/r.git', 'ssh://git:secret@github.com/o/r.git',
+    ]) expect(() => checkSourceUrl(url, false, prod), url).toThrow(/credential/);
+    // A user name alone is how ssh addresses name their account.
+    expect(() => checkSourceUrl('ssh://git@github.com/o/r.git', false, prod)).not.toThrow();
+    expect(() => checkSourceUrl('git@github.com:o/r.git', false, prod)).not.toThrow();
+  });
+
   it('holds git to the address it checked, and follows no redirect', async () => {
     const https = await service().remote(source('https://LocalHost:8443/team/s.git'));
     // Handed to git as parsed here: the resolve entry names the very host curl reads.

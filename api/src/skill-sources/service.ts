@@ -69,6 +69,19 @@ function hostOfSource(url: string): GitHost {
 export function checkSourceUrl(url: string, allowLocal: boolean, egress: EgressPolicy): void {
   if (/[\0-\x20\x7f]/.test(url) || url.startsWith('-')) throw new ApiError('validation.malformed', 'body.url: not a git address');
   if (/^https:\/\/[^/]+\/.+/.test(url) || /^ssh:\/\/[^/]+\/.+/.test(url) || /^[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[^/].*/.test(url)) {
+    // A credential in the address would be stored and shown to every reader of the source:
+    // private remotes authenticate with the api host's SSH agent (docs/SKILLS.md).
+    if (url.startsWith('https://') || url.startsWith('ssh://')) {
+      let parsed: URL;
+      try {
+        parsed = new URL(url);
+      } catch {
+        throw new ApiError('validation.malformed', 'body.url: not a git address');
+      }
+      if (parsed.password !== '' || (url.startsWith('https://') && parsed.username !== '')) {
+        throw new ApiError('validation.malformed', 'body.url: an address may not carry a credential (user or password); a private remote authenticates with the api host\'s SSH agent');
+      }
+    }
     checkHost(hostOfSource(url).host, egress);
     return;
   }
