@@ -88,6 +88,19 @@ describe('ActionPolicies', () => {
     for (const r of [broad, narrow, denyAll]) await p.root.request('DELETE', `/v1/action-policies/${r.id}`);
   });
 
+  it('a rule may name a MemoryStore: its memory tools are MCP tools of that store', async () => {
+    const store = (await p.root.post<{ id: string }>('/v1/memory-stores', { name: 'governed-notes' })).id;
+    const other = (await p.root.post<{ id: string }>('/v1/memory-stores', { name: 'other-notes' })).id;
+    const rule = await policy({ effect: 'deny', tool: { kind: 'mcp', name: 'delete', connection_id: store } });
+    expect((await p.root.get<{ tool: Json }>(`/v1/action-policies/${rule.id}`)).tool).toMatchObject({ kind: 'mcp', name: 'delete', connection_id: store });
+    const ev = (connection: string) => p.root.post<{ decision: string; rule_id: string | null }>('/v1/action-policies/evaluate', { tool: { kind: 'mcp', name: 'delete', connection_id: connection } });
+    expect(await ev(store)).toMatchObject({ decision: 'deny', rule_id: rule.id });
+    expect((await ev(other)).rule_id).not.toBe(rule.id);
+    // A store of no Workspace the caller reaches is not found.
+    expect((await p.root.request('POST', '/v1/action-policies', { body: { effect: 'deny', tool: { kind: 'mcp', name: 'delete', connection_id: `memstore_${'0'.repeat(32)}` } } })).status).toBe(404);
+    await p.root.request('DELETE', `/v1/action-policies/${rule.id}`);
+  });
+
   it('MCP tools/call is checked by tool name, live', async () => {
     const rule = await policy({ effect: 'deny', tool: { kind: 'api', name: 'agents_*' } });
     const denied = await mcpCall(p.baseUrl, p.bootstrap.root_key, 'agents_getAgent', { path: { agent_id: agent } });

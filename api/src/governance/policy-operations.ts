@@ -16,8 +16,9 @@ const Pattern = (max: number) => Type.String({ minLength: 1, maxLength: max });
 const ToolSchema = Obj({
   kind: Type.Union([Kind, Type.Literal('any')]),
   name: Pattern(256),
-  // A Connection, or a synced A2A tool source (its skills are MCP-kind tools of the Run).
-  connection_id: Type.Optional(Nullable(Type.Union([Id('connection'), Id('toolSource')]))),
+  // A Connection, a synced A2A tool source (its skills are MCP-kind tools of the Run), or a
+  // MemoryStore (its memory tools are MCP-kind tools named by the store: docs/GOVERNANCE.md).
+  connection_id: Type.Optional(Nullable(Type.Union([Id('connection'), Id('toolSource'), Id('memoryStore')]))),
 });
 const ArgumentsSchema = Obj({
   command_prefix: Type.Optional(Nullable(Pattern(1024))),
@@ -97,7 +98,7 @@ export const policyOperations: Operation[] = [
     summary: 'Dry run: which decision the current ActionPolicies give one call, and which rule decided',
     auth: { kind: 'bearer', roles: READERS },
     body: Obj({
-      tool: Obj({ kind: Kind, name: Pattern(256), connection_id: Type.Optional(Type.Union([Id('connection'), Id('toolSource')])) }),
+      tool: Obj({ kind: Kind, name: Pattern(256), connection_id: Type.Optional(Type.Union([Id('connection'), Id('toolSource'), Id('memoryStore')])) }),
       input: Type.Optional(Type.Unknown()),
       principal_id: Type.Optional(Id('principal')),
     }),
