@@ -376,6 +376,14 @@ describe('memory tools in real turns', () => {
       await rw.close();
     }
     expect((await api.get<Doc>(`/v1/memory-stores/${store}/document`, { path: 'n.md' })).content).toBe('alpha gamma');
+    // Every write attempted through the tools is an audit record, as the Run; reads are not.
+    const audit = await p.root.post<{ data: Array<{ action: string; target: string; outcome: string; status: number; actor: { id: string } }> }>('/v1/audit/export', { limit: 1000 });
+    const writes = audit.data.filter((a) => a.action.startsWith('memoryStores.runtime') && a.target === store);
+    expect(writes.map((a) => [a.action, a.outcome, a.status])).toEqual([
+      ['memoryStores.runtimeCreate', 'denied', 403], ['memoryStores.runtimeCreate', 'succeeded', 200], ['memoryStores.runtimeCreate', 'failed', 409],
+      ['memoryStores.runtimeEdit', 'succeeded', 200], ['memoryStores.runtimeEdit', 'failed', 409], ['memoryStores.runtimeCreate', 'failed', 400],
+    ]);
+    expect(writes.every((a) => a.actor.id === `run_${'e'.repeat(32)}`)).toBe(true);
 
     // Another store than the grant's, and an unknown bearer, are refused.
     const other = await newStore('not granted');

@@ -86,7 +86,7 @@ export function runtimeMemory(deps: ApiDeps, verifier: RuntimeBearerVerifier): K
     const spec = TOOLS.find((t) => t.name === tool);
     if (!spec) return text(`unknown tool '${tool}'`, true);
     if (spec.write && ctx.access !== 'read_write') {
-      return text(new ApiError('policy.denied', `memory store ${ctx.storeId} is attached read-only to this Session`).toWire(deps.config.docsUrl), true);
+      throw new ApiError('policy.denied', `memory store ${ctx.storeId} is attached read-only to this Session`);
     }
     const mem = deps.memory;
     // The store may have been deleted since the lease was granted.
@@ -140,15 +140,27 @@ export function runtimeMemory(deps: ApiDeps, verifier: RuntimeBearerVerifier): K
     server.setRequestHandler('tools/list', () => ({
       tools: TOOLS.filter((t) => !t.write || ctx.access === 'read_write').map(({ write: _w, ...t }) => t),
     }));
+    /**
+     * Every write a Run attempts through a memory tool is recorded in the Workspace's audit log,
+     * as the Run (`memoryStores.runtimeCreate`, `…Edit`, `…Delete`; target the MemoryStore), as
+     * the other runtime endpoints' writes are.
+     */
+    const record = (tool: string, outcome: 'succeeded' | 'failed' | 'denied', status: number, detail: string | null) => deps.audit.append(ctx.grant.workspace_id, {
+      actor: { id: ctx.grant.run_id, credential_id: null }, action: `memoryStores.runtime${tool.charAt(0).toUpperCase()}${tool.slice(1)}`, target: ctx.storeId,
+      outcome, status, detail, request_id: null,
+    }).catch((err: unknown) => deps.log.error({ err, memory_store_id: ctx.storeId, tool }, 'audit append failed'));
     server.setRequestHandler('tools/call', async (request): Promise<CallToolResult> => {
       const tool = request.params.name;
+      const writes = TOOLS.find((t) => t.name === tool)?.write === true;
       try {
         const r = await call(ctx, tool, (request.params.arguments ?? {}) as Record<string, unknown>);
         calls.inc({ tool: closedLabel(tool, toolNames), outcome: r.isError ? 'error' : 'ok' });
+        if (writes) await record(tool, r.isError ? 'failed' : 'succeeded', r.isError ? 400 : 200, null);
         return r;
       } catch (err) {
         if (!(err instanceof ApiError)) throw err;
         calls.inc({ tool: closedLabel(tool, toolNames), outcome: 'error' });
+        if (writes) await record(tool, err.status === 401 || err.status === 403 ? 'denied' : 'failed', err.status, err.type);
         return text(err.toWire(deps.config.docsUrl), true);
       }
     });
