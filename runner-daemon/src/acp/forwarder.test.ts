@@ -138,14 +138,18 @@ s.on('data', (d) => { got.push(d); n += d.length; if (n >= data.length) { proces
     const fwd = await driver.spawn(sb, ['node', '-e', FORWARDER_SOURCE], { env: { AGENTPLANE_MODEL_PORT: '41000' } });
     try {
       let reported: Error | undefined;
+      let started!: Promise<number>;
       const failed = new Promise<void>((resolve) => {
-        void bridgeForwarder(fwd, ep.port, {
+        started = bridgeForwarder(fwd, ep.port, {
           onFailure: (err) => {
             reported = err;
             resolve();
           },
-        }).then((port) => expect(port).toBe(41000));
+        });
       });
+      // The flood goes in once the forwarder has started: before, an over-long line fails the
+      // start itself (its promise rejects), not a running forwarder (onFailure).
+      expect(await started).toBe(41000);
       const before = process.memoryUsage().rss;
       let peak = before;
       const sample = setInterval(() => (peak = Math.max(peak, process.memoryUsage().rss)), 25);
