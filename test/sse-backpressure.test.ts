@@ -8,7 +8,7 @@ import { connect, type Socket } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Redis } from 'ioredis';
 import { SessionStore } from '@agentplane/domain';
-import { startPlatform, type Platform } from './harness/platform.js';
+import { startPlatform, waitFor, type Platform } from './harness/platform.js';
 
 let p: Platform;
 let redis: Redis;
@@ -36,16 +36,6 @@ async function metric(name: string): Promise<number> {
   const text = await (await fetch(`${p.baseUrl}/metrics`)).text();
   const m = new RegExp(`^${name} (\\S+)$`, 'm').exec(text);
   return Number(m?.[1]);
-}
-
-async function until<T>(what: string, fn: () => Promise<T | undefined> | T | undefined, timeoutMs = 60_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const v = await fn();
-    if (v !== undefined) return v;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
 }
 
 const streamRequest = (sessionId: string) =>
@@ -134,28 +124,28 @@ describe('a viewer that stops reading', () => {
     // The same appends with a reading viewer only: what the API's heap grows by anyway.
     const calm = await newStream();
     const alone = readingViewer(calm.id);
-    await until('the stream open', async () => (alone.open() && (await streams()) === 1 ? true : undefined));
+    await waitFor('the stream open', async () => (alone.open() && (await streams()) === 1 ? true : undefined), 60_000);
     const calmBefore = await metric('nodejs_heap_size_used_bytes');
     const calmFill = await fill(calm);
-    await until('the reader caught up', () => (alone.ids.length >= calmFill.count ? true : undefined));
+    await waitFor('the reader caught up', () => (alone.ids.length >= calmFill.count ? true : undefined), 60_000);
     const calmGrowth = (await metric('nodejs_heap_size_used_bytes')) - calmBefore;
     alone.close();
-    await until('the stream closed', async () => ((await streams()) === 0 ? true : undefined));
+    await waitFor('the stream closed', async () => ((await streams()) === 0 ? true : undefined), 60_000);
 
     const s = await newStream();
     const stalled = await stalledViewer(s.id);
     const reader = readingViewer(s.id);
-    await until('both streams open', async () => (reader.open() && (await streams()) === 2 ? true : undefined));
+    await waitFor('both streams open', async () => (reader.open() && (await streams()) === 2 ? true : undefined), 60_000);
     const heapBefore = await metric('nodejs_heap_size_used_bytes');
     const { bytes: appended, count } = await fill(s);
     // The reader got every event exactly once, in order (across its resumes, if any).
-    await until('the reader caught up', () => (reader.ids.length >= count ? true : undefined));
+    await waitFor('the reader caught up', () => (reader.ids.length >= count ? true : undefined), 60_000);
     expect(reader.ids).toEqual(Array.from({ length: count }, (_, k) => k + 1));
     // The stalled viewer was cut off: its stream ended in the API (only the reader's is left) …
-    await until('the stalled viewer cut off', async () => (reader.open() && (await streams()) === 1 ? true : undefined));
+    await waitFor('the stalled viewer cut off', async () => (reader.open() && (await streams()) === 1 ? true : undefined), 60_000);
     // … and its connection closes once it reads again (nothing is left waiting for it).
     stalled.sock.resume();
-    await Promise.race([stalled.closed, until('the stalled socket closed', () => undefined, 30_000)]);
+    await Promise.race([stalled.closed, waitFor('the stalled socket closed', () => undefined, 30_000)]);
     // The API did not keep what was appended for the viewer that stopped reading: its heap grew
     // less than it does for a reading viewer alone plus the appended amount (a generous bound,
     // for the collector's timing; holding it would add the appended amount to what it keeps).
