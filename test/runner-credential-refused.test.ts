@@ -1,4 +1,4 @@
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { createServer, type Server } from 'node:http';
 import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import type { AddressInfo } from 'node:net';
@@ -10,9 +10,9 @@ import { freePort } from '@agentplane/store';
 import { frame, parseFrame } from '@agentplane/protocol';
 import { credentialPath, loadState, saveCredential, type RunnerCredentialFile } from '../runner-daemon/dist/config.js';
 import { lockDir } from '../runner-daemon/dist/lock.js';
-import { createPerson, pairDaemon, RUNNER_CLI } from './harness/daemon.js';
+import { createPerson, pairDaemon } from './harness/daemon.js';
+import { runnerCli, startLoggedDaemon, type CliRun, type LoggedDaemon } from './harness/runner-cli.js';
 import { startPlatform, type Platform } from './harness/platform.js';
-import { spawnOwned } from './harness/spawn.js';
 
 /**
  * A runner daemon whose credential the control plane refuses for good (revoked, deleted: HTTP 401
@@ -34,73 +34,10 @@ afterAll(async () => {
   for (const d of dirs) rmSync(d, { recursive: true, force: true });
 });
 
-type Line = Record<string, unknown> & { msg: string; level: number };
-
-interface Daemon {
-  proc: ChildProcess;
-  lines: Line[];
-  /** Resolves with the first log line whose message starts with `msg` (or already did). */
-  line(msg: string): Promise<Line>;
-  stderr(): string;
-  stdout(): string;
-  exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
-}
-
 /** `agentplane-runner start` with the process driver (no Docker: it is up in a second), its log lines parsed. */
-function startDaemon(dir: string, env: Record<string, string> = {}, args: string[] = []): Daemon {
-  const proc = spawnOwned(process.execPath, [
-    RUNNER_CLI, 'start', '--config-dir', dir, '--log-level', 'info', '--reconnect-base-ms', '200', '--reconnect-cap-ms', '1000', ...args,
-  ], {
-    env: {
-      PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: tmp(), DOCKER_SOCKET: join(tmp(), 'no-docker.sock'),
-      ...(process.env.AGENTPLANE_SANDBOX_SCOPE ? { AGENTPLANE_SANDBOX_SCOPE: process.env.AGENTPLANE_SANDBOX_SCOPE } : {}), ...env,
-    },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
-  children.push(proc);
-  const lines: Line[] = [];
-  const waiters: Array<{ msg: string; done: (l: Line) => void }> = [];
-  let buf = '';
-  let out = '';
-  let err = '';
-  proc.stdout?.setEncoding('utf8').on('data', (d: string) => {
-    out += d;
-    buf += d;
-    for (let i = buf.indexOf('\n'); i >= 0; i = buf.indexOf('\n')) {
-      const raw = buf.slice(0, i);
-      buf = buf.slice(i + 1);
-      let l: Line;
-      try {
-        l = JSON.parse(raw) as Line;
-      } catch {
-        continue;
-      }
-      if (typeof l.msg !== 'string') continue;
-      lines.push(l);
-      for (const w of waiters.splice(0)) if (l.msg.startsWith(w.msg)) w.done(l); else waiters.push(w);
-    }
-  });
-  proc.stderr?.setEncoding('utf8').on('data', (d: string) => (err += d));
-  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((r) => proc.once('exit', (code, signal) => r({ code, signal })));
-  return {
-    proc, lines, stderr: () => err, stdout: () => out, exited,
-    line: (msg) => {
-      const seen = lines.find((l) => l.msg.startsWith(msg));
-      return seen ? Promise.resolve(seen) : new Promise((done) => waiters.push({ msg, done }));
-    },
-  };
-}
-
-interface Ran { code: number | null; stdout: string; stderr: string }
-const cli = (args: string[]): Promise<Ran> =>
-  new Promise((done) => {
-    const child = spawn(process.execPath, [RUNNER_CLI, ...args], { env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: tmp() }, stdio: ['ignore', 'pipe', 'pipe'] });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.setEncoding('utf8').on('data', (d: string) => (stdout += d));
-    child.stderr.setEncoding('utf8').on('data', (d: string) => (stderr += d));
-    child.on('close', (code) => done({ code, stdout, stderr }));
-  });
+const startDaemon = (dir: string, env: Record<string, string> = {}, args: string[] = []): LoggedDaemon =>
+  startLoggedDaemon(dir, { home: tmp(), env: { DOCKER_SOCKET: join(tmp(), 'no-docker.sock'), ...env }, args, started: (proc) => children.push(proc) });
+const cli = (args: string[]): Promise<CliRun> => runnerCli(args, tmp());
 
 describe('a daemon whose credential is revoked', { timeout: 120_000 }, () => {
   let p: Platform;

@@ -1,4 +1,4 @@
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { createServer, type IncomingMessage, type Server } from 'node:http';
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -7,9 +7,8 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { freePort } from '@agentplane/store';
 import { loadState, saveCredential, statePath } from '../runner-daemon/dist/config.js';
 import { lockDir } from '../runner-daemon/dist/lock.js';
-import { RUNNER_CLI } from './harness/daemon.js';
 import { waitFor } from './harness/platform.js';
-import { spawnOwned } from './harness/spawn.js';
+import { runnerCli, startLoggedDaemon, type CliRun, type LoggedDaemon } from './harness/runner-cli.js';
 
 /**
  * `agentplane-runner start` through its life: the startup (a Docker engine that answers its ping
@@ -61,62 +60,9 @@ async function hangingDocker(): Promise<{ socket: string; asked: Promise<string>
   return { socket, asked };
 }
 
-interface Daemon {
-  proc: ChildProcess;
-  /** Parsed log lines so far. */
-  lines: Array<Record<string, unknown> & { msg: string; level: number }>;
-  /** Resolves with the first log line whose message starts with `msg` (or already did). */
-  line(msg: string): Promise<Record<string, unknown>>;
-  stderr(): string;
-  exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
-}
-
-function startDaemon(dir: string, env: Record<string, string>, args: string[] = []): Daemon {
-  const proc = spawnOwned(process.execPath, [RUNNER_CLI, 'start', '--config-dir', dir, '--log-level', 'info', '--reconnect-base-ms', '200', '--reconnect-cap-ms', '1000', ...args], {
-    env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: tmp(), ...(process.env.AGENTPLANE_SANDBOX_SCOPE ? { AGENTPLANE_SANDBOX_SCOPE: process.env.AGENTPLANE_SANDBOX_SCOPE } : {}), ...env },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
-  children.push(proc);
-  const lines: Daemon['lines'] = [];
-  const waiters: Array<{ msg: string; done: (l: Record<string, unknown>) => void }> = [];
-  let buf = '';
-  let err = '';
-  proc.stdout?.setEncoding('utf8').on('data', (d: string) => {
-    buf += d;
-    for (let i = buf.indexOf('\n'); i >= 0; i = buf.indexOf('\n')) {
-      const raw = buf.slice(0, i);
-      buf = buf.slice(i + 1);
-      let l: Daemon['lines'][number];
-      try {
-        l = JSON.parse(raw) as Daemon['lines'][number];
-      } catch {
-        continue;
-      }
-      lines.push(l);
-      for (const w of waiters.splice(0)) if (l.msg.startsWith(w.msg)) w.done(l); else waiters.push(w);
-    }
-  });
-  proc.stderr?.setEncoding('utf8').on('data', (d: string) => (err += d));
-  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((r) => proc.once('exit', (code, signal) => r({ code, signal })));
-  return {
-    proc, lines, stderr: () => err, exited,
-    line: (msg) => {
-      const seen = lines.find((l) => l.msg.startsWith(msg));
-      return seen ? Promise.resolve(seen) : new Promise((done) => waiters.push({ msg, done }));
-    },
-  };
-}
-
-interface Ran { code: number | null; stdout: string; stderr: string }
-const cli = (args: string[]): Promise<Ran> =>
-  new Promise((done) => {
-    const child = spawn(process.execPath, [RUNNER_CLI, ...args], { env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: tmp() }, stdio: ['ignore', 'pipe', 'pipe'] });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.setEncoding('utf8').on('data', (d: string) => (stdout += d));
-    child.stderr.setEncoding('utf8').on('data', (d: string) => (stderr += d));
-    child.on('close', (code) => done({ code, stdout, stderr }));
-  });
+const startDaemon = (dir: string, env: Record<string, string>, args: string[] = []): LoggedDaemon =>
+  startLoggedDaemon(dir, { home: tmp(), env, args, started: (proc) => children.push(proc) });
+const cli = (args: string[]): Promise<CliRun> => runnerCli(args, tmp());
 const json = (s: string): Record<string, unknown> => JSON.parse(s.trim().split('\n').pop() ?? '{}') as Record<string, unknown>;
 
 describe('a daemon that is starting', { timeout: 120_000 }, () => {
@@ -167,13 +113,11 @@ describe('a daemon that requires Docker', { timeout: 120_000 }, () => {
     const flagDir = pairedDir();
     const envDir = pairedDir();
     const [flag, env] = await Promise.all([
-      new Promise<Ran & { lines: Daemon['lines'] }>((done) => {
+      new Promise<CliRun & { lines: LoggedDaemon['lines'] }>((done) => {
         const d = startDaemon(flagDir, { DOCKER_SOCKET: noDocker }, ['--require-docker', '--json']);
-        let out = '';
-        d.proc.stdout?.on('data', (c: string) => (out += c));
-        void d.exited.then((e) => done({ code: e.code, stdout: out, stderr: d.stderr(), lines: d.lines }));
+        void d.exited.then((e) => done({ code: e.code, stdout: d.stdout(), stderr: d.stderr(), lines: d.lines }));
       }),
-      new Promise<Ran>((done) => {
+      new Promise<CliRun>((done) => {
         const d = startDaemon(envDir, { DOCKER_SOCKET: noDocker, RUNNER_REQUIRE_DOCKER: 'true' });
         void d.exited.then((e) => done({ code: e.code, stdout: '', stderr: d.stderr() }));
       }),
