@@ -118,6 +118,30 @@ describe('ACP agent harness', () => {
     }
   });
 
+  it("an MCP call under require_approval is held until approved; the runtime endpoint then finds this Run's approval of the very call", async () => {
+    const upstream = await startMcpUpstream();
+    try {
+      const conn = await api.post<{ id: string }>('/v1/connections', { name: 'upstream-acp-approval', url: upstream.url });
+      const rule = (await api.post<{ id: string }>('/v1/action-policies', { effect: 'require_approval', tool: { kind: 'mcp', name: 'echo', connection_id: conn.id } })).id;
+      try {
+        const id = await session(SCRIPT([]));
+        await api.post(`/v1/sessions/${id}`, { agent: { mcp_servers: [{ name: 'ext', type: 'url', url: upstream.url, permission: 'always_allow' }] } });
+        await api.post(`/v1/sessions/${id}/events`, msg('mcp echo through the loopback'));
+        const asked = await until(id, (e) => e.some((x) => x.type === 'session.action_approval_requested'));
+        const approvalId = String(asked.find((x) => x.type === 'session.action_approval_requested')?.payload.approval_id);
+        await api.post(`/v1/action-approvals/${approvalId}/approve`, { reason: 'fine' });
+        const evs = await until(id, (e) => idleCount(e) >= 1);
+        expect(JSON.stringify(evs.filter((e) => e.type === 'agent.message').at(-1)?.payload)).toContain('MCP said: echo: through the loopback');
+        const audit = await api.post<{ data: Array<{ action: string; outcome: string }> }>('/v1/audit/export', { target: conn.id, action: 'connections.runtimeCallTool:echo' });
+        expect(audit.data.map((r) => r.outcome)).toEqual(['succeeded']);
+      } finally {
+        await api.request('DELETE', `/v1/action-policies/${rule}`);
+      }
+    } finally {
+      await upstream.close();
+    }
+  });
+
   it('a permission request denied by an ActionPolicy is refused: the command never runs, the agent is told', async () => {
     const rule = (await api.post<{ id: string }>('/v1/action-policies', { effect: 'deny', tool: { kind: 'builtin', name: 'bash' }, arguments: { command_prefix: 'touch' }, description: 'no touching' })).id;
     try {

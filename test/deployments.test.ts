@@ -394,6 +394,28 @@ describe('POST /v1/agents/{id}/deploy', () => {
   });
 });
 
+describe("ActionPolicies on a deployment Session's first messages", () => {
+  it('each decision is an audit record naming the Session the request created', async () => {
+    const head = await admin.post<Head>(`/v1/organizations/workspaces/${ws}/agent-deployments`, { agent_id: await agent('governed'), key: 'governed' });
+    await admin.post(`/v1/agent-deployments/${head.id}/revisions`, revisionBody(1));
+    const rule = (await p.root.post<{ id: string }>('/v1/action-policies', { effect: 'allow', tool: { kind: 'drive', name: 'user.message' }, principal_id: principal })).id;
+    let session: { id: string };
+    try {
+      session = await dev.post<{ id: string }>(`/v1/agent-deployments/${head.id}/sessions`, { initial_events: [msg('hello')] });
+    } finally {
+      await p.root.request('DELETE', `/v1/action-policies/${rule}`);
+    }
+    const audit = await p.root.post<{ data: { action: string; target: string | null; outcome: string; detail: string | null; request_id: string | null }[] }>('/v1/audit/export', {
+      action: 'policy.drive:user.message', limit: 1000,
+    });
+    const decided = audit.data.filter((r) => r.detail === rule);
+    expect(decided.map((r) => [r.target, r.outcome])).toEqual([[session.id, 'allowed']]);
+    // The same request's own record names the same Session.
+    const created = await p.root.post<{ data: { action: string; request_id: string | null }[] }>('/v1/audit/export', { target: session.id, action: 'agentDeployments.createDeploymentSession' });
+    expect(created.data.map((r) => r.request_id)).toEqual([decided[0]?.request_id]);
+  });
+});
+
 describe('a Session under a pinned revision', () => {
   it('runs on the named runner pool in the named topology, and its Run carries the revision', async () => {
     const pool = await p.root.post<{ id: string }>('/v1/runner-pools', { name: 'deploy-pool', placement: 'byoc' });

@@ -76,6 +76,31 @@ describe('ActionPolicies on the runner path', () => {
     }
   });
 
+  it('an MCP connection tool under require_approval: approved, the call passes the endpoint\'s own check and runs once; every call is audited', async () => {
+    const upstream = await startMcpUpstream();
+    try {
+      const conn = await p.root.post<{ id: string }>('/v1/connections', { name: 'gov-approval', url: upstream.url });
+      const rule = await policy({ effect: 'require_approval', tool: { kind: 'mcp', name: 'echo', connection_id: conn.id } });
+      const id = await session(SCRIPT([
+        { when: { user_contains: 'echo' }, then: [{ tool: 'ext__echo', input: { text: 'approved call' } }] },
+        { when: { on: 'tool_result' }, then: [{ reply: 'MCP said: {{tool_result}}' }] },
+      ]));
+      await api.post(`/v1/sessions/${id}`, { agent: { mcp_servers: [{ name: 'ext', type: 'url', url: upstream.url, permission: 'always_allow' }] } });
+      await api.post(`/v1/sessions/${id}/events`, msg('echo please'));
+      const asked = await untilEvents(api, id, (e) => e.some((x) => x.type === 'session.action_approval_requested'));
+      const approval = String(asked.find((e) => e.type === 'session.action_approval_requested')?.payload.approval_id);
+      expect((await p.root.request('POST', `/v1/action-approvals/${approval}/approve`, { body: {} })).status).toBe(200);
+      const evs = await untilEvents(api, id, (e) => idleCount(e) >= 2);
+      expect(results(evs).map((e) => [e.payload.is_error, e.payload.content])).toEqual([[false, 'echo: approved call']]);
+      await p.root.request('DELETE', `/v1/action-policies/${rule}`);
+      const audit = await p.root.post<{ data: { action: string; outcome: string; status: number | null }[] }>('/v1/audit/export', { target: conn.id });
+      const calls = audit.data.filter((r) => r.action.startsWith('connections.runtimeCallTool'));
+      expect(calls.map((r) => [r.action, r.outcome, r.status])).toEqual([['connections.runtimeCallTool:echo', 'succeeded', 200]]);
+    } finally {
+      await upstream.close();
+    }
+  });
+
   it('colocated: require_approval waits for its ActionApproval; approved it runs once, denied it is refused', async () => {
     const colocated = (await api.post<{ id: string }>('/v1/environments', {
       name: 'colocated-approvals', image: 'agentplane/sandbox:latest', harness_topology: 'colocated',

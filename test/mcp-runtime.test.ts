@@ -136,6 +136,46 @@ describe('/v1/runtime/mcp/{connection_id}', () => {
     }
   });
 
+  it("decides the Workspace's ActionPolicies itself: a call they refuse never reaches the upstream, whoever holds the bearer", async () => {
+    // A bearer used without the runner's own check first (a leaked one): the endpoint is the gate.
+    const g = await grant({ [connectionId]: { default: 'allow' } }, 60_000, hex('9'));
+    const bearer = await bearers.mint(g);
+    const deny = (await p.root.post<{ id: string }>('/v1/action-policies', { effect: 'deny', tool: { kind: 'mcp', name: 'drop_tables', connection_id: connectionId } })).id;
+    const gate = (await p.root.post<{ id: string }>('/v1/action-policies', { effect: 'require_approval', tool: { kind: 'mcp', name: 'deploy', connection_id: connectionId } })).id;
+    const wire = (r: { content: unknown }) => (JSON.parse((r.content as { text: string }[])[0]?.text ?? '{}') as { error?: { type: string; message: string } }).error;
+    const client = await runtimeClient(connectionId, bearer);
+    try {
+      const before = upstream.calls.length;
+      const denied = await client.callTool({ name: 'drop_tables', arguments: {} });
+      expect(denied.isError).toBe(true);
+      expect(wire(denied)).toMatchObject({ type: 'policy.denied', message: expect.stringContaining(deny) });
+      // Naming a tool use is not an approval: no approved ActionApproval covers the call.
+      const held = await client.callTool({ name: 'deploy', arguments: {}, _meta: { 'dev.agentplane/tool_use_id': 'toolu_never_checked' } });
+      expect(held.isError).toBe(true);
+      expect(wire(held)).toMatchObject({ type: 'policy.denied', message: expect.stringContaining(gate) });
+      expect(upstream.calls.length).toBe(before);
+      const allowed = await client.callTool({ name: 'echo', arguments: { text: 'allowed' } });
+      expect([allowed.isError ?? false, (allowed.content as { text: string }[])[0]?.text]).toEqual([false, 'echo: allowed']);
+    } finally {
+      await client.close();
+      for (const id of [deny, gate]) await p.root.request('DELETE', `/v1/action-policies/${id}`);
+    }
+    // Every call is one audit record, as the Run, allowed or not; each decision a rule made is one too, on the Session.
+    type Row = { action: string; target: string | null; outcome: string; status: number | null; detail: string | null; actor: { id: string; credential_id: string | null }; request_id: string | null };
+    const calls = (await p.root.post<{ data: Row[] }>('/v1/audit/export', { target: connectionId, limit: 1000 })).data.filter((r) => r.actor.id === g.run_id);
+    expect(calls.map((r) => [r.action, r.outcome, r.status, r.detail])).toEqual([
+      ['connections.runtimeCallTool:drop_tables', 'denied', 403, 'policy.denied'],
+      ['connections.runtimeCallTool:deploy', 'denied', 403, 'policy.denied'],
+      ['connections.runtimeCallTool:echo', 'succeeded', 200, null],
+    ]);
+    expect(calls.every((r) => r.actor.credential_id === null && typeof r.request_id === 'string')).toBe(true);
+    const decisions = (await p.root.post<{ data: Row[] }>('/v1/audit/export', { target: g.session_id, limit: 1000 })).data;
+    expect(decisions.map((r) => [r.action, r.outcome, r.detail, r.actor.id])).toEqual([
+      ['policy.mcp:drop_tables', 'denied', deny, g.run_id],
+      ['policy.mcp:deploy', 'requested', gate, g.run_id],
+    ]);
+  });
+
   it('an upstream that quotes the credential it was sent never gets it into a result or an error', async () => {
     const token = 'leaky-upstream-token-9876543210';
     const leaky = createServer((req, res) => {

@@ -397,4 +397,38 @@ describe('memory tools in real turns', () => {
     });
     expect(unknown.status).toBe(401);
   });
+
+  it("the runtime endpoint decides the Workspace's ActionPolicies itself: a denied memory tool never runs, and is recorded", async () => {
+    const store = await newStore('governed');
+    expect((await put(store, { path: 'keep.md', content: 'keep me' })).status).toBe(201);
+    const rule = (await p.root.post<{ id: string }>('/v1/action-policies', { effect: 'deny', tool: { kind: 'mcp', name: 'delete', connection_id: store } })).id;
+    // A bearer used without the runner's own check first (a leaked one): the endpoint is the gate.
+    const run = `run_${'f'.repeat(32)}`;
+    const sessionId = `sess_${'f'.repeat(32)}`;
+    await new LeaseFence(redis).claim({ sessionId, token: 'lease-governed', runnerId: 'runner_test', attempt: 1, runId: run }, 60_000);
+    const bearer = await new RedisRuntimeBearers(redis).mint({
+      run_id: run, session_id: sessionId, workspace_id: p.bootstrap.workspace_id, organization_id: p.bootstrap.organization_id,
+      lease_id: 'lease-governed', expires_at: new Date(Date.now() + 120_000).toISOString(), connections: {}, memory: { [store]: 'read_write' },
+    });
+    const c = new Client({ name: 'harness', version: '1.0.0' });
+    await c.connect(new StreamableHTTPClientTransport(new URL(`${p.baseUrl}/v1/runtime/memory/${store}`), { requestInit: { headers: { Authorization: `Bearer ${bearer}` } } }));
+    const text = (r: { content: unknown }) => (r.content as { text: string }[])[0]?.text ?? '';
+    try {
+      const refused = await c.callTool({ name: 'delete', arguments: { path: 'keep.md' } });
+      expect(refused.isError).toBe(true);
+      expect(JSON.parse(text(refused)).error).toMatchObject({ type: 'policy.denied', message: expect.stringContaining(rule) });
+      // What the rule does not name still runs.
+      expect(JSON.parse(text(await c.callTool({ name: 'view', arguments: { path: 'keep.md' } })))).toMatchObject({ content: 'keep me', version: 1 });
+    } finally {
+      await c.close();
+      await p.root.request('DELETE', `/v1/action-policies/${rule}`);
+    }
+    expect(await api.get<Doc>(`/v1/memory-stores/${store}/document`, { path: 'keep.md' })).toMatchObject({ content: 'keep me', version: 1 });
+    type Row = { action: string; target: string | null; outcome: string; status: number | null; detail: string | null; actor: { id: string }; request_id: string | null };
+    const writes = (await p.root.post<{ data: Row[] }>('/v1/audit/export', { target: store, limit: 1000 })).data.filter((a) => a.action.startsWith('memoryStores.runtime'));
+    expect(writes.map((a) => [a.action, a.outcome, a.status, a.detail, a.actor.id])).toEqual([['memoryStores.runtimeDelete', 'denied', 403, 'policy.denied', run]]);
+    expect(typeof writes[0]?.request_id).toBe('string');
+    const decisions = (await p.root.post<{ data: Row[] }>('/v1/audit/export', { target: sessionId, limit: 1000 })).data;
+    expect(decisions.map((a) => [a.action, a.outcome, a.detail, a.actor.id])).toEqual([['policy.mcp:delete', 'denied', rule, run]]);
+  });
 });

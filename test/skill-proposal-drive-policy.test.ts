@@ -108,6 +108,27 @@ describe('skill proposal verification and the drive ActionPolicy', () => {
     }
   });
 
+  it("each decision on the verify's drive is an audit record naming the skill proposal", async () => {
+    const refusedOne = await drafted();
+    const deny = await policy({ effect: 'deny', tool: { kind: 'drive', name: 'user.define_outcome' }, principal_id: principal });
+    try {
+      expect((await verify(refusedOne.id, { expected_version: refusedOne.version, principal })).status).toBe(403);
+    } finally {
+      await dropPolicy(deny.id);
+    }
+    const allowedOne = await drafted();
+    const allow = await policy({ effect: 'allow', tool: { kind: 'drive', name: 'user.define_outcome' }, principal_id: principal });
+    try {
+      expect((await verify(allowedOne.id, { expected_version: allowedOne.version, principal })).status).toBe(200);
+    } finally {
+      await dropPolicy(allow.id);
+    }
+    type Row = { action: string; target: string | null; outcome: string; detail: string | null; request_id: string | null };
+    const decisions = async (target: string) => (await p.root.post<{ data: Row[] }>('/v1/audit/export', { target, action: 'policy.drive:user.define_outcome' })).data;
+    expect((await decisions(refusedOne.id)).map((r) => [r.outcome, r.detail])).toEqual([['denied', deny.id]]);
+    expect((await decisions(allowedOne.id)).map((r) => [r.outcome, r.detail])).toEqual([['allowed', allow.id]]);
+  });
+
   it('a require_approval matching the drive refuses it too (nobody can approve at this boundary)', async () => {
     const x = await drafted();
     const rule = await policy({ effect: 'require_approval', tool: { kind: 'drive', name: 'user.*' } });

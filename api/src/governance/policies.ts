@@ -44,6 +44,16 @@ export interface DecisionContext {
   request_id?: string | null;
 }
 
+/** A decision whose audit record waits for its target (`PolicyStore.decideUnrecorded`). */
+export interface PendingDecision {
+  decision: PolicyDecision;
+  /** Writes the decision's audit record naming `target` (once; nothing for a default allow). */
+  record(target: string | null): Promise<void>;
+}
+
+/** Of several decisions on one call, the strictest stands. */
+const STRICTNESS: Record<PolicyDecision['decision'], number> = { allow: 0, require_approval: 1, deny: 2 };
+
 /**
  * ActionPolicies of each Workspace, plus the compiled set per policy-set version: every write
  * bumps `ap:{w:<ws>}:apol:version`, every decision reads it (through the process's read cache,
@@ -120,6 +130,17 @@ export class PolicyStore {
    * (fail closed) and says so in the record.
    */
   async decide(ws: string, call: ToolCall, ctx: DecisionContext): Promise<PolicyDecision> {
+    const pending = await this.decideUnrecorded(ws, call, ctx);
+    await pending.record(ctx.target);
+    return pending.decision;
+  }
+
+  /**
+   * `decide`, with the audit record written by `record(target)` once the caller knows what the
+   * decision guards (a request whose target is the resource it creates names it once created).
+   * A decision no rule made has no record; `record` writes at most once.
+   */
+  async decideUnrecorded(ws: string, call: ToolCall, ctx: Omit<DecisionContext, 'target'>): Promise<PendingDecision> {
     let d: PolicyDecision;
     let failed = false;
     try {
@@ -130,16 +151,43 @@ export class PolicyStore {
       d = { decision: 'deny', rule_id: null, explanation: `${call.kind} tool '${call.name}': denied because the ActionPolicy evaluation failed (fail closed)`, matched: [] };
     }
     // A call no rule speaks to is allowed by default and not recorded (the floor costs no write).
-    if (d.rule_id === null && !failed) return d;
-    try {
-      await this.audit.append(ws, {
-        actor: ctx.actor, action: `policy.${call.kind}:${call.name}`, target: ctx.target,
-        outcome: failed ? 'error' : d.decision === 'allow' ? 'allowed' : d.decision === 'deny' ? 'denied' : 'requested',
-        status: null, detail: failed ? 'evaluation_failed' : d.rule_id ?? 'default_allow', request_id: ctx.request_id ?? null,
-      });
-    } catch (err) {
-      this.log.error({ err, workspace: ws, request_id: ctx.request_id ?? undefined }, 'audit append of a policy decision failed');
+    if (d.rule_id === null && !failed) return { decision: d, record: async () => undefined };
+    const decision = d;
+    let recorded = false;
+    return {
+      decision,
+      record: async (target) => {
+        if (recorded) return;
+        recorded = true;
+        try {
+          await this.audit.append(ws, {
+            actor: ctx.actor, action: `policy.${call.kind}:${call.name}`, target,
+            outcome: failed ? 'error' : decision.decision === 'allow' ? 'allowed' : decision.decision === 'deny' ? 'denied' : 'requested',
+            status: null, detail: failed ? 'evaluation_failed' : decision.rule_id ?? 'default_allow', request_id: ctx.request_id ?? null,
+          });
+        } catch (err) {
+          this.log.error({ err, workspace: ws, request_id: ctx.request_id ?? undefined }, 'audit append of a policy decision failed');
+        }
+      },
+    };
+  }
+
+  /**
+   * One call made for the Principals a Run acts for (its authors): decided, and recorded, for
+   * each, the strictest decision standing (deny, then require_approval, then allow); with no
+   * author, once for no Principal. `principals` is read only when some rule of the Workspace
+   * names a Principal (otherwise the Principal cannot change the decision); when it cannot be
+   * read it rejects, and the caller fails closed.
+   */
+  async decideForPrincipals(ws: string, call: Omit<ToolCall, 'principal_id'>, principals: () => Promise<readonly string[]>, ctx: DecisionContext): Promise<PolicyDecision> {
+    const scoped = await this.current(ws).then((set) => set.principalScoped, () => true);
+    const authors = scoped ? await principals() : [];
+    let d: PolicyDecision | null = null;
+    for (const principal_id of authors.length > 0 ? authors : [undefined]) {
+      const one = await this.decide(ws, { ...call, principal_id }, ctx);
+      if (!d || STRICTNESS[one.decision] > STRICTNESS[d.decision]) d = one;
+      if (d.decision === 'deny') break;
     }
-    return d;
+    return d as PolicyDecision;
   }
 }

@@ -133,6 +133,8 @@ export class PolicySet {
   private readonly byName = new Map<string, Compiled[]>();
   private readonly patterned: Compiled[] = [];
   readonly size: number;
+  /** Some rule names a Principal: only then does a call's Principal change its decision. */
+  readonly principalScoped: boolean;
 
   constructor(rules: readonly PolicyRule[]) {
     const sorted = [...rules].sort((a, b) => a.created_at.localeCompare(b.created_at) || a.id.localeCompare(b.id));
@@ -147,6 +149,7 @@ export class PolicySet {
       }
     });
     this.size = sorted.length;
+    this.principalScoped = sorted.some((r) => Boolean(r.principal_id));
   }
 
   private matches(c: Compiled, call: ToolCall): boolean {

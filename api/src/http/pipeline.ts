@@ -56,6 +56,11 @@ interface Progress {
   caller: Caller;
   params: Record<string, unknown>;
   replayed: boolean;
+  /**
+   * ActionPolicy decisions of an operation whose target is the resource it creates: recorded once
+   * the response names it (or with no target, when the request fails).
+   */
+  decisions: Array<(target: string | null) => Promise<void>>;
 }
 
 export const VERSION_HEADER = 'service-version';
@@ -124,7 +129,7 @@ function checkVersion(op: Operation, headers: RawRequest['headers']): void {
  */
 export function execute(prepared: PreparedOperation, raw: RawRequest, deps: ApiDeps): Promise<{ caller: Caller; result: OperationResult }> {
   const { requestId } = raw;
-  const progress: Progress = { caller: ANONYMOUS, params: raw.params, replayed: false };
+  const progress: Progress = { caller: ANONYMOUS, params: raw.params, replayed: false, decisions: [] };
   const audit = prepared.op.audit;
   // Nothing to record (reads): no wrapper around the run, so no extra promises per request.
   if (!audit) return run(prepared, raw, deps, requestId, progress);
@@ -136,6 +141,10 @@ async function audited(
 ): Promise<{ caller: Caller; result: OperationResult }> {
   try {
     const out = await run(prepared, raw, deps, requestId, progress);
+    if (progress.decisions.length > 0) {
+      const created = out.result.kind === 'stream' ? null : str(responseResource(out.result.body, audit.target === 'response' ? audit.resource : undefined).id);
+      await recordDecisions(progress, out.result.kind !== 'stream' && out.result.status < 400 ? created : null);
+    }
     if (!progress.replayed && !(out.result.kind !== 'stream' && out.result.replay)) {
       const status = out.result.kind === 'stream' ? 200 : out.result.status;
       await writeAudit(deps, prepared.op.operationId, audit, progress, requestId, {
@@ -145,6 +154,7 @@ async function audited(
     }
     return out;
   } catch (err) {
+    await recordDecisions(progress, null);
     if (progress.caller.kind !== 'anonymous') {
       const status = err instanceof ApiError ? err.status : 500;
       await writeAudit(deps, prepared.op.operationId, audit, progress, requestId, {
@@ -154,6 +164,11 @@ async function audited(
     }
     throw err;
   }
+}
+
+async function recordDecisions(progress: Progress, target: string | null): Promise<void> {
+  const pending = progress.decisions.splice(0);
+  for (const record of pending) await record(target);
 }
 
 function responseResource(response: unknown, resource: string | undefined): Record<string, unknown> {
@@ -328,7 +343,7 @@ async function run(
 
   const drives = driveEventsOf(op, body);
   if (caller.kind === 'principal_credential' && op.permission) await checkPermission(op.permission, caller, params as Record<string, unknown>, body, drives, deps);
-  if (raw.mcpTool !== undefined || drives.length > 0) await checkPolicies(raw.mcpTool, caller, params as Record<string, unknown>, body, drives, deps, requestId);
+  if (raw.mcpTool !== undefined || drives.length > 0) await checkPolicies(op, raw.mcpTool, caller, params as Record<string, unknown>, body, drives, deps, requestId, progress);
 
   const mode = op.idempotency ?? 'none';
   const idemKey = raw.headers['idempotency-key'];
@@ -471,13 +486,21 @@ async function checkAttachments(ws: string, principal: string, body: unknown, de
 /**
  * ActionPolicies at the MCP edge (`api` calls, by tool name) and at session drive (`drive` calls,
  * by event type, for the event's author). Only `allow` passes: a `require_approval` cannot be
- * waited for at these boundaries and is refused naming the rule.
+ * waited for at these boundaries and is refused naming the rule. Each decision's record names the
+ * operation's target: the path parameter its audit declaration names (a skill proposal it
+ * verifies), else the Session or Agent of the path; an operation whose target is the resource it
+ * creates (a Session and its first messages) records its decisions once the response names it.
  */
-async function checkPolicies(mcpTool: string | undefined, caller: Caller, params: Record<string, unknown>, body: unknown, drives: readonly DriveCall[], deps: ApiDeps, requestId: string): Promise<void> {
+async function checkPolicies(
+  op: Operation, mcpTool: string | undefined, caller: Caller, params: Record<string, unknown>, body: unknown, drives: readonly DriveCall[],
+  deps: ApiDeps, requestId: string, progress: Progress,
+): Promise<void> {
   const ws = caller.workspaceId;
   if (!ws) return;
   const actor = { id: caller.principalId ?? caller.credentialId, credential_id: caller.credentialId };
-  const target = str(params.session_id) ?? str(params.agent_id) ?? null;
+  const declared = op.audit ? op.audit.target : undefined;
+  const creates = declared === 'response';
+  const target = (declared !== undefined && !creates ? str(params[declared]) : null) ?? str(params.session_id) ?? str(params.agent_id) ?? null;
   const calls: ToolCall[] = [];
   if (mcpTool !== undefined) calls.push({ kind: 'api', name: mcpTool, principal_id: caller.principalId ?? undefined, input: body });
   for (const d of drives) {
@@ -485,7 +508,10 @@ async function checkPolicies(mcpTool: string | undefined, caller: Caller, params
     calls.push({ kind: 'drive', name: d.type, principal_id: author, input: d.payload });
   }
   for (const call of calls) {
-    const d = await deps.policies.decide(ws, call, { actor, target, request_id: requestId });
+    const pending = await deps.policies.decideUnrecorded(ws, call, { actor, request_id: requestId });
+    const d = pending.decision;
+    if (creates && d.decision === 'allow') progress.decisions.push(pending.record);
+    else await pending.record(target);
     if (d.decision === 'deny') throw new ApiError('policy.denied', d.explanation);
     if (d.decision === 'require_approval') {
       throw new ApiError('policy.denied', `${d.explanation}; an approval cannot be waited for at this boundary, so the request is refused`);

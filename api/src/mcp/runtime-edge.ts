@@ -48,8 +48,11 @@ export interface RuntimeMcpEdge<C> {
   path: RegExp;
   /** For logs: "runtime memory", "runtime tool source", … */
   name: string;
-  /** The grant's access to the resource `id`: the server context, or a refusal. */
-  authorize(grant: RuntimeGrant, id: string): Promise<C | RuntimeRefusal>;
+  /**
+   * The grant's access to the resource `id`: the server context, or a refusal. `requestId` is the
+   * request's id (its `Request-Id` header), for the audit records its tool calls write.
+   */
+  authorize(grant: RuntimeGrant, id: string, requestId: string): Promise<C | RuntimeRefusal>;
   /** A stateless MCP server for one request. */
   buildServer(context: C): Server;
 }
@@ -83,7 +86,7 @@ export function runtimeMcpEdge<C>(deps: ApiDeps, verifier: RuntimeBearerVerifier
       const token = bearerToken(ctx.headers.authorization);
       const grant = token ? await verifier.verify(token) : null;
       if (!grant) return fail(ctx, runtimeRefusals.bearer());
-      const context = await edge.authorize(grant, m[1] ?? '');
+      const context = await edge.authorize(grant, m[1] ?? '', requestIdOf(ctx));
       if (isRefusal(context)) return fail(ctx, context);
       const req = ctx.req as typeof ctx.req & { auth?: AuthInfo };
       req.auth = { token: token ?? '', clientId: grant.run_id, scopes: [], expiresAt: Math.floor(Date.parse(grant.expires_at) / 1000), extra: { context } };

@@ -13,6 +13,7 @@ import { MAX_MESSAGE_BYTES } from './protocol.js';
 import { guardedFetch } from './egress.js';
 import type { EgressPolicy } from '../webhooks/ssrf.js';
 import { refuseRuntimeRequest, runtimeMethodNotAllowed, runtimeRefusals, sdkConsoleToLog, type RuntimeRefusal } from './runtime-edge.js';
+import { requireRuntimeToolCall, toolUseIdOf } from '../governance/run-tool-gate.js';
 import { argumentsOutsideSchema, exposedName, permissionOf, upstreamName, type ConnectionGrant, type RuntimeBearerVerifier, type RuntimeGrant } from '@agentplane/domain';
 
 export const RUNTIME_PATH = /^\/v1\/runtime\/mcp\/([^/]+)$/;
@@ -52,6 +53,8 @@ interface RequestContext {
   connection: Connection;
   /** Headers for the upstream: a Session vault secret for the Connection's URL, else the Connection's own token. */
   headers: Record<string, string>;
+  /** The request's id: its audit records carry it. */
+  requestId: string;
 }
 
 /** An MCP client to the Connection's server, opened lazily once per inbound request. */
@@ -98,14 +101,9 @@ class Upstream {
   }
 }
 
-function deniedResult(message: string, deps: ApiDeps): CallToolResult {
-  const wire = new ApiError('policy.denied', message).toWire(deps.config.docsUrl);
-  return { content: [{ type: 'text', text: JSON.stringify(wire) }], isError: true };
-}
-
-function malformedResult(message: string, deps: ApiDeps): CallToolResult {
-  const wire = new ApiError('validation.malformed', message).toWire(deps.config.docsUrl);
-  return { content: [{ type: 'text', text: JSON.stringify(wire) }], isError: true };
+/** A refused call's tool result: the wire error body of the refusal. */
+function errorResult(err: ApiError, deps: ApiDeps): CallToolResult {
+  return { content: [{ type: 'text', text: JSON.stringify(err.toWire(deps.config.docsUrl)) }], isError: true };
 }
 
 /** Every upstream tool. */
@@ -140,7 +138,8 @@ async function listTools(up: Upstream, grant: ConnectionGrant, timeoutMs: number
  * `POST /v1/runtime/mcp/{connection_id}`: a Run's view of one attached Connection, for the
  * harness executing that Run. Authenticated by a runtime bearer only (minted per lease);
  * lists the upstream tools the agent version's policy admits and proxies calls through an
- * MCP client to the external server. Stateless: one SDK server and transport per request.
+ * MCP client to the external server, each call once the Workspace's ActionPolicies allow it and
+ * each one an audit record. Stateless: one SDK server and transport per request.
  */
 export function runtimeMcp(deps: ApiDeps, options: RuntimeMcpOptions): Koa.Middleware {
   const connections = new ConnectionService(deps.docs, deps.secretBox);
@@ -182,22 +181,47 @@ export function runtimeMcp(deps: ApiDeps, options: RuntimeMcpOptions): Koa.Middl
         await up.close();
       }
     });
+    /**
+     * Every tool call the Run makes here is one audit record of the Workspace, as the Run
+     * (`connections.runtimeCallTool:<tool>`, target the Connection): succeeded, failed (the
+     * arguments refused, an unknown tool, the upstream's failure) or denied (the agent's
+     * permission, an ActionPolicy), with its status and error type.
+     */
+    const record = (tool: string, outcome: 'succeeded' | 'failed' | 'denied', status: number, detail: string | null) => deps.audit.append(grant.workspace_id, {
+      actor: { id: grant.run_id, credential_id: null }, action: `connections.runtimeCallTool:${tool}`, target: connectionId,
+      outcome, status, detail, request_id: context.requestId,
+    }).catch((err: unknown) => deps.log.error({ err, connection_id: connectionId, tool }, 'audit append failed'));
+    /** A call refused before it reached the upstream: recorded, and answered with the refusal's wire body. */
+    const refuse = async (tool: string, err: ApiError): Promise<CallToolResult> => {
+      calls.inc({ outcome: err.type === 'policy.denied' ? 'denied' : 'rejected' });
+      await record(tool, err.status === 401 || err.status === 403 ? 'denied' : 'failed', err.status, err.type);
+      return errorResult(err, deps);
+    };
     server.setRequestHandler('tools/call', async (request): Promise<CallToolResult> => {
       // Under a binding, the model calls a selected tool by its exposed name; the upstream gets its own.
       const tool = cg.shaping ? upstreamName(cg.shaping, request.params.name) : request.params.name;
       if (tool === null) {
         await up.close();
+        await record(request.params.name, 'failed', 404, 'validation.not_found');
         throw new ProtocolError(ProtocolErrorCode.InvalidParams, `unknown tool '${request.params.name}' on connection ${connectionId}`);
       }
       const args = request.params.arguments ?? {};
       const permission = permissionOf(cg, tool);
       if (permission === 'deny') {
-        calls.inc({ outcome: 'denied' });
-        return deniedResult(`the agent's policy does not allow tool '${tool}' on connection ${connectionId}`, deps);
+        return refuse(tool, new ApiError('policy.denied', `the agent's policy does not allow tool '${tool}' on connection ${connectionId}`));
       }
       if (permission === 'ask') {
         calls.inc({ outcome: 'needs_approval' });
-        return deniedResult(`tool '${tool}' needs an approval before each call; approvals are not served on this endpoint yet`, deps);
+        await record(tool, 'denied', 403, 'policy.denied');
+        return errorResult(new ApiError('policy.denied', `tool '${tool}' needs an approval before each call; approvals are not served on this endpoint yet`), deps);
+      }
+      // The Workspace's ActionPolicies, decided here as well as by the runner before it called: a
+      // denied call never reaches the upstream, whoever holds the bearer.
+      try {
+        await requireRuntimeToolCall(deps, grant, { connection_id: connectionId, name: tool, input: args, tool_use_id: toolUseIdOf(request.params._meta) }, context.requestId);
+      } catch (err) {
+        if (!(err instanceof ApiError)) throw err;
+        return refuse(tool, err);
       }
       if (cg.shaping?.argument_policy === 'strict') {
         // The upstream's current schema decides; a tool it no longer lists is unknown.
@@ -206,17 +230,18 @@ export function runtimeMcp(deps: ApiDeps, options: RuntimeMcpOptions): Koa.Middl
           listed = (await upstreamTools(up, timeoutMs)).find((t) => t.name === tool);
         } catch (err) {
           await up.close();
+          await record(tool, 'failed', 502, null);
           throw err;
         }
         if (!listed) {
           await up.close();
+          await record(tool, 'failed', 404, 'validation.not_found');
           throw new ProtocolError(ProtocolErrorCode.InvalidParams, `unknown tool '${request.params.name}' on connection ${connectionId}`);
         }
         const outside = argumentsOutsideSchema(listed.inputSchema, args);
         if (outside.length > 0) {
           await up.close();
-          calls.inc({ outcome: 'rejected' });
-          return malformedResult(`arguments.${outside[0] ?? ''}: tool '${request.params.name}' takes no argument named ${outside.map((a) => `'${a}'`).join(', ')} (the deployment's argument policy is strict)`, deps);
+          return refuse(tool, new ApiError('validation.malformed', `arguments.${outside[0] ?? ''}: tool '${request.params.name}' takes no argument named ${outside.map((a) => `'${a}'`).join(', ')} (the deployment's argument policy is strict)`));
         }
       }
       const base = { tool_use_id: newId('toolUse'), run_id: grant.run_id, session_id: grant.session_id, workspace_id: grant.workspace_id, connection_id: connectionId, tool };
@@ -237,6 +262,8 @@ export function runtimeMcp(deps: ApiDeps, options: RuntimeMcpOptions): Koa.Middl
         await up.close();
       }
       calls.inc({ outcome: result.isError ? 'error' : 'ok' });
+      // The upstream's own failure (an error result, or no answer) stands as a bad gateway.
+      await record(tool, result.isError ? 'failed' : 'succeeded', result.isError ? 502 : 200, null);
       await observer.toolCall({ ...base, phase: 'finished', is_error: result.isError === true, duration_ms: Date.now() - started });
       return result;
     });
@@ -280,7 +307,7 @@ export function runtimeMcp(deps: ApiDeps, options: RuntimeMcpOptions): Koa.Middl
     if (!connection || connection.workspace_id !== grant.workspace_id || connection.status !== 'active') {
       return fail(ctx, runtimeRefusals.notFound(`connection ${connectionId}`));
     }
-    const context: RequestContext = { grant, connectionGrant: cg, connection, headers: await upstreamHeaders(grant, connection) };
+    const context: RequestContext = { grant, connectionGrant: cg, connection, headers: await upstreamHeaders(grant, connection), requestId: requestIdOf(ctx) };
     const req = ctx.req as typeof ctx.req & { auth?: AuthInfo };
     req.auth = { token: token ?? '', clientId: grant.run_id, scopes: [], expiresAt: Math.floor(Date.parse(grant.expires_at) / 1000), extra: { context } };
     ctx.respond = false;

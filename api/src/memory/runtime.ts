@@ -4,6 +4,7 @@ import { ApiError, closedLabel, Counter, isId } from '@agentplane/core';
 import type { ApiDeps } from '../deps.js';
 import { runtimeMcpEdge, runtimeRefusals } from '../mcp/runtime-edge.js';
 import type { RuntimeBearerVerifier, RuntimeGrant } from '@agentplane/domain';
+import { requireRuntimeToolCall, toolUseIdOf } from '../governance/run-tool-gate.js';
 import { checkPath, MEMORY_LIMITS, type MemoryAuthor } from './model.js';
 
 export const RUNTIME_MEMORY_PATH = /^\/v1\/runtime\/memory\/([^/]+)$/;
@@ -12,6 +13,8 @@ interface Context {
   grant: RuntimeGrant;
   storeId: string;
   access: 'read_only' | 'read_write';
+  /** The request's id: its audit records carry it. */
+  requestId: string;
 }
 
 const str = { type: 'string' } as const;
@@ -75,19 +78,23 @@ function pathArg(input: Record<string, unknown>): string {
  * server (tools `view`, `search`, `create`, `edit`, `delete`; a read-only attachment lists only
  * the first two). Authenticated by the lease's runtime bearer only, valid while the lease holds
  * the Session fence and only for the MemoryStores the Session's `memory` resources named when the
- * lease was granted. Writes are attributed to the Run. The sandbox never talks to Redis: the
+ * lease was granted. Every call passes the Workspace's ActionPolicies here, whatever the runner
+ * decided before it called. Writes are attributed to the Run. The sandbox never talks to Redis: the
  * runner calls this endpoint on the harness's behalf.
  */
 export function runtimeMemory(deps: ApiDeps, verifier: RuntimeBearerVerifier): Koa.Middleware {
   const calls = new Counter({ name: 'agentplane_runtime_memory_tool_calls_total', help: 'Memory tool calls by tool and outcome', labelNames: ['tool', 'outcome'], registers: [deps.metrics] });
   const toolNames = TOOLS.map((t) => t.name);
 
-  async function call(ctx: Context, tool: string, input: Record<string, unknown>): Promise<CallToolResult> {
+  async function call(ctx: Context, tool: string, input: Record<string, unknown>, toolUseId: string | undefined): Promise<CallToolResult> {
     const spec = TOOLS.find((t) => t.name === tool);
     if (!spec) return text(`unknown tool '${tool}'`, true);
     if (spec.write && ctx.access !== 'read_write') {
       throw new ApiError('policy.denied', `memory store ${ctx.storeId} is attached read-only to this Session`);
     }
+    // The Workspace's ActionPolicies, decided here too (not only by the runner's check): a tool of
+    // kind `mcp` whose connection_id is the store.
+    await requireRuntimeToolCall(deps, ctx.grant, { connection_id: ctx.storeId, name: tool, input, tool_use_id: toolUseId }, ctx.requestId);
     const mem = deps.memory;
     // The store may have been deleted since the lease was granted.
     await mem.getStore(ctx.grant.workspace_id, ctx.storeId);
@@ -147,13 +154,13 @@ export function runtimeMemory(deps: ApiDeps, verifier: RuntimeBearerVerifier): K
      */
     const record = (tool: string, outcome: 'succeeded' | 'failed' | 'denied', status: number, detail: string | null) => deps.audit.append(ctx.grant.workspace_id, {
       actor: { id: ctx.grant.run_id, credential_id: null }, action: `memoryStores.runtime${tool.charAt(0).toUpperCase()}${tool.slice(1)}`, target: ctx.storeId,
-      outcome, status, detail, request_id: null,
+      outcome, status, detail, request_id: ctx.requestId,
     }).catch((err: unknown) => deps.log.error({ err, memory_store_id: ctx.storeId, tool }, 'audit append failed'));
     server.setRequestHandler('tools/call', async (request): Promise<CallToolResult> => {
       const tool = request.params.name;
       const writes = TOOLS.find((t) => t.name === tool)?.write === true;
       try {
-        const r = await call(ctx, tool, (request.params.arguments ?? {}) as Record<string, unknown>);
+        const r = await call(ctx, tool, (request.params.arguments ?? {}) as Record<string, unknown>, toolUseIdOf(request.params._meta));
         calls.inc({ tool: closedLabel(tool, toolNames), outcome: r.isError ? 'error' : 'ok' });
         if (writes) await record(tool, r.isError ? 'failed' : 'succeeded', r.isError ? 400 : 200, null);
         return r;
@@ -170,10 +177,10 @@ export function runtimeMemory(deps: ApiDeps, verifier: RuntimeBearerVerifier): K
   return runtimeMcpEdge<Context>(deps, verifier, {
     path: RUNTIME_MEMORY_PATH,
     name: 'runtime memory',
-    async authorize(grant, storeId) {
+    async authorize(grant, storeId, requestId) {
       const access = isId('memoryStore', storeId) ? grant.memory?.[storeId] : undefined;
       if (!access) return runtimeRefusals.denied(`run ${grant.run_id} has no memory store ${storeId}`);
-      return { grant, storeId, access };
+      return { grant, storeId, access, requestId };
     },
     buildServer,
   });
