@@ -2,7 +2,8 @@
  * The A2A edge's admission of what a request carries, black-box against a real platform (no
  * runner: tasks stay submitted, which is all these need): the JSON-RPC envelope, each method's
  * params against closed schemas, audit records of every refusal (an oversize body too),
- * ListTasks after a task's Session is deleted, and messageId claims (concurrent continuations, a
+ * ListTasks after a task's Session is deleted (the delete takes it out of the task index; a listing
+ * repairs an id indexed after the delete), and messageId claims (concurrent continuations, a
  * claim left behind by a send that never finished).
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -242,6 +243,64 @@ describe('A2A tasks', () => {
     // The deleted Session's id left the index.
     const index = `ap:{w:${ws}}:idx:a2a_tasks:${inst}:${scope}:${prin}`;
     expect(await redis.zrange(index, 0, -1)).toEqual([keep]);
+  });
+
+  it('a deleted task leaves its caller\'s task index with the Session, before any listing', async () => {
+    const scope = (await p.root.post<{ id: string }>('/v1/surface-scopes', { kind: 'channel', parent_id: rootId, external_installation_id: exti, display_name: '#delete' })).id;
+    const inst = (await p.root.post<{ id: string }>('/v1/agent-installations', { agent: { id: agentId }, environment_id: envId, surface_scope_ids: [scope] })).id;
+    const url = `${p.baseUrl}/a2a/v1/workspaces/${ws}/agent-installations/${inst}/surface-scopes/${scope}`;
+    const index = `ap:{w:${ws}}:idx:a2a_tasks:${inst}:${scope}:${prin}`;
+    const keep = taskOf(await rpc(send('keep'), url)).id as string;
+    const gone = taskOf(await rpc(send('delete me'), url)).id as string;
+    expect(await redis.zrevrange(index, 0, -1)).toEqual([gone, keep]);
+    expect((await p.root.request('DELETE', `/v1/sessions/${gone}`)).status).toBe(200);
+    // No listing has run: the delete itself took the task out of the index.
+    expect(await redis.zrange(index, 0, -1)).toEqual([keep]);
+    // A retried delete (the Session is a tombstone now) changes nothing.
+    expect((await p.root.request('DELETE', `/v1/sessions/${gone}`)).status).toBe(200);
+    expect(await redis.zrange(index, 0, -1)).toEqual([keep]);
+    const list = (await rpc(call('ListTasks', { pageSize: 1 }), url)).body.result as { tasks: Json[]; totalSize: number; nextPageToken: string };
+    expect({ ids: list.tasks.map((t) => t.id), total: list.totalSize, next: list.nextPageToken }).toEqual({ ids: [keep], total: 1, next: '' });
+    // A Session that is no A2A task leaves no task index behind either (and touches none).
+    const plain = await api.post<{ id: string }>('/v1/sessions', { agent: { id: agentId }, environment_id: envId });
+    expect((await p.root.request('DELETE', `/v1/sessions/${plain.id}`)).status).toBe(200);
+    expect(await redis.zrange(index, 0, -1)).toEqual([keep]);
+  });
+
+  it('an unfiltered page reads its own tasks only; an id whose Session is gone leaves the index when a page meets it', async () => {
+    const scope = (await p.root.post<{ id: string }>('/v1/surface-scopes', { kind: 'channel', parent_id: rootId, external_installation_id: exti, display_name: '#repair' })).id;
+    const inst = (await p.root.post<{ id: string }>('/v1/agent-installations', { agent: { id: agentId }, environment_id: envId, surface_scope_ids: [scope] })).id;
+    const url = `${p.baseUrl}/a2a/v1/workspaces/${ws}/agent-installations/${inst}/surface-scopes/${scope}`;
+    const index = `ap:{w:${ws}}:idx:a2a_tasks:${inst}:${scope}:${prin}`;
+    const list = async (params: Json) => {
+      const r = await rpc(call('ListTasks', params), url);
+      expect(r.body.error, r.text).toBeUndefined();
+      const body = r.body.result as { tasks: Json[]; totalSize: number; nextPageToken: string };
+      return { ids: body.tasks.map((t) => t.id), total: body.totalSize, next: body.nextPageToken };
+    };
+    const ghost = taskOf(await rpc(send('indexed again after its delete'), url)).id as string;
+    const oldest = taskOf(await rpc(send('oldest'), url)).id as string;
+    const newest = taskOf(await rpc(send('newest'), url)).id as string;
+    expect((await p.root.request('DELETE', `/v1/sessions/${ghost}`)).status).toBe(200);
+    // A send that indexed its task after the task's deletion had taken it out (the race the
+    // listing's repair is for): the deleted Session's id is back, once as the oldest entry.
+    await redis.zadd(index, 1, ghost);
+    // The first page reads its one task: the gone one, past the page, is not read (and still counted).
+    expect(await list({ pageSize: 1 })).toEqual({ ids: [newest], total: 3, next: 'c1_1' });
+    expect(await redis.zscore(index, ghost)).not.toBeNull();
+    expect(await list({ pageSize: 1, pageToken: 'c1_1' })).toEqual({ ids: [oldest], total: 3, next: 'c1_2' });
+    // The page that meets it takes it out, then counts and pages what is left: nothing.
+    expect(await list({ pageSize: 1, pageToken: 'c1_2' })).toEqual({ ids: [], total: 2, next: '' });
+    expect(await redis.zrevrange(index, 0, -1)).toEqual([newest, oldest]);
+    // Met on the first page (now the newest entry): the page is read again without it.
+    await redis.zadd(index, Date.now() + 60_000, ghost);
+    expect(await list({ pageSize: 1 })).toEqual({ ids: [newest], total: 2, next: 'c1_1' });
+    expect(await redis.zscore(index, ghost)).toBeNull();
+    // A listing by contextId of the gone task: nothing, and the id leaves the index.
+    await redis.zadd(index, 1, ghost);
+    expect(await list({ contextId: ghost })).toEqual({ ids: [], total: 0, next: '' });
+    expect(await redis.zscore(index, ghost)).toBeNull();
+    expect(await list({ contextId: oldest })).toEqual({ ids: [oldest], total: 1, next: '' });
   });
 
   it('concurrent continuations with one messageId append one message and return the same task, whatever the text', async () => {

@@ -21,6 +21,7 @@ import type { Placement } from './placement.js';
 import { checkDrivePayload, type DrivePayload } from '../sessions/schemas.js';
 import { settles, TaskTracker, TERMINAL_STATES } from './tasks.js';
 import { TEXT_PLAIN } from './card.js';
+import { META, tasksIndexName } from './task-index.js';
 
 /** What one A2A request carries into the handler (ServerCallContext state). */
 export interface A2aCall {
@@ -40,8 +41,6 @@ export interface A2aCall {
 
 export const CALL_STATE_KEY = 'agentplane.a2a';
 const READ_PAGE = 500;
-/** Session metadata naming the placement and Principal a task belongs to. */
-const META = { installation: 'a2a_installation_id', scope: 'a2a_surface_scope_id', principal: 'a2a_principal_id' } as const;
 const MAX_LIST_PAGE = 100;
 const MAX_MESSAGE_ID = 255;
 /** A concurrent send of the same messageId is waited for this long before giving up. */
@@ -62,7 +61,7 @@ function callOf(ctx: ServerCallContext): A2aCall {
 }
 
 const scopeKey = (c: A2aCall) => `${c.placement.installation.id}:${c.placement.scope.id}:${c.caller.principalId}`;
-const tasksIndex = (c: A2aCall) => `a2a_tasks:${scopeKey(c)}`;
+const tasksIndex = (c: A2aCall) => tasksIndexName(c.placement.installation.id, c.placement.scope.id, c.caller.principalId);
 const messagesKey = (c: A2aCall) => keys.unique(tags.workspace(c.placement.workspaceId), `a2a_messages:${scopeKey(c)}`);
 
 /**
@@ -296,6 +295,8 @@ export class SessionTaskHandler implements A2ARequestHandler {
       initial_events: [{ type: 'user.message', payload }],
     }, idem, { trace: c.trace });
     const id = String(view.id);
+    // Indexed after the create: a delete of the Session in between leaves its id here, which the
+    // next listing that meets it takes out (listTasks).
     await c.deps.redis.zadd(keys.index(tags.workspace(ws), tasksIndex(c)), 'NX', Date.now(), id);
     return id;
   }
@@ -381,19 +382,23 @@ export class SessionTaskHandler implements A2ARequestHandler {
       if (!m) throw new RequestMalformedError('pageToken is not a token issued by this list');
       offset = parseInt(m[1] as string, 36);
     }
-    // Newest first; a task's identity is scoped to this Principal on this placement.
-    const index = keys.index(tags.workspace(c.placement.workspaceId), tasksIndex(c));
-    let ids = await c.deps.redis.zrevrange(index, 0, -1);
-    if (params.contextId) ids = ids.filter((id) => id === params.contextId);
-    // Only tasks whose Session still exists: a deleted Session's id leaves the index here, before
-    // anything is counted or paged, so a page is never short of a task that exists.
-    const docs = await Promise.all(ids.map((id) => c.deps.sessions.store.getShared(c.placement.workspaceId, id).catch((err: unknown) => {
+    // Newest first; a task's identity is scoped to this Principal on this placement. A Session's
+    // deletion takes it out of the index (`a2aTaskListings`), so the index is what exists: an
+    // unfiltered page reads its own tasks only, and the index counts them.
+    const ws = c.placement.workspaceId;
+    const index = keys.index(tags.workspace(ws), tasksIndex(c));
+    const read = (id: string) => c.deps.sessions.store.getShared(ws, id).catch((err: unknown) => {
       if (err instanceof ApiError && err.type === 'validation.not_found') return null;
       throw err;
-    })));
-    const gone = ids.filter((_, i) => docs[i] === null);
-    if (gone.length > 0) await c.deps.redis.zrem(index, ...gone);
-    const sessions = docs.filter((s): s is Readonly<SessionDoc> => s !== null);
+    });
+    // The repair: an id whose Session is gone (one indexed by a send that raced the Session's
+    // deletion) leaves the index where a listing meets it, before that listing counts or pages.
+    const existing = async (ids: string[]): Promise<{ sessions: Array<Readonly<SessionDoc>>; pruned: boolean }> => {
+      const docs = await Promise.all(ids.map(read));
+      const gone = ids.filter((_, i) => docs[i] === null);
+      if (gone.length > 0) await c.deps.redis.zrem(index, ...gone);
+      return { sessions: docs.filter((s): s is Readonly<SessionDoc> => s !== null), pruned: gone.length > 0 };
+    };
     const after = params.statusTimestampAfter ? Date.parse(params.statusTimestampAfter) : null;
     const filtered = params.status !== TaskState.TASK_STATE_UNSPECIFIED || after !== null;
     const load = async (s: Readonly<SessionDoc>): Promise<Task> => (await this.replay(c, s)).tracker.task(params.historyLength);
@@ -402,12 +407,34 @@ export class SessionTaskHandler implements A2ARequestHandler {
     let tasks: Task[];
     let total: number;
     if (filtered) {
-      const all = (await Promise.all(sessions.map(load))).filter(keep);
+      // A task's state is in its log: a filtered listing reads every task of the index.
+      let ids = await c.deps.redis.zrevrange(index, 0, -1);
+      if (params.contextId) ids = ids.filter((id) => id === params.contextId);
+      const all = (await Promise.all((await existing(ids)).sessions.map(load))).filter(keep);
       total = all.length;
       tasks = all.slice(offset, offset + pageSize);
     } else {
-      total = sessions.length;
-      tasks = await Promise.all(sessions.slice(offset, offset + pageSize).map(load));
+      // The page's ids and the index's count; read again when the page met a deleted Session
+      // (each round takes at least one id out of the index, so the rounds end).
+      let page: Array<Readonly<SessionDoc>>;
+      for (;;) {
+        let ids: string[];
+        if (params.contextId) {
+          const indexed = (await c.deps.redis.zscore(index, params.contextId)) !== null;
+          total = indexed ? 1 : 0;
+          ids = indexed ? [params.contextId].slice(offset, offset + pageSize) : [];
+        } else {
+          const [range, count] = await Promise.all([c.deps.redis.zrevrange(index, offset, offset + pageSize - 1), c.deps.redis.zcard(index)]);
+          ids = range;
+          total = count;
+        }
+        const found = await existing(ids);
+        if (!found.pruned) {
+          page = found.sessions;
+          break;
+        }
+      }
+      tasks = await Promise.all(page.map(load));
     }
     if (params.includeArtifacts !== true) tasks = tasks.map((t) => ({ ...t, artifacts: [] }));
     const next = offset + pageSize < total ? `c1_${(offset + pageSize).toString(36)}` : '';

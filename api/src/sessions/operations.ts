@@ -13,6 +13,7 @@ import {
 } from './schemas.js';
 import { checkedCursor, sseStream } from './stream.js';
 import { checkMountPath, refuseSecondMemoryStore } from './service.js';
+import { a2aTaskListings } from '../a2a/task-index.js';
 
 const readers = { kind: 'bearer', roles: READERS } as const;
 const writers = { kind: 'bearer', roles: WRITERS } as const;
@@ -120,7 +121,8 @@ export const sessionOperations: Operation[] = [
     summary: 'Delete a Session and erase its event log (retry-safe)', auth: writers, params: SessionPath,
     response: Obj({ id: Id('session'), type: Type.Literal('session_deleted') }), mcp: 'full',
   }, async (ws, { params, deps }) => {
-    await deps.sessions.store.erase(ws, params.session_id);
+    // An A2A task's Session leaves its caller's task index with its own listings (docs/A2A.md).
+    await deps.sessions.store.erase(ws, params.session_id, { listings: a2aTaskListings });
     // Its ActionApprovals hold tool inputs: they go with the Session.
     await deps.approvals.eraseSession(ws, params.session_id);
     return { id: params.session_id, type: 'session_deleted' };

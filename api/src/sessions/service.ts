@@ -53,7 +53,10 @@ export interface OutcomeDriver {
    * A producer key that names an earlier append answers its event.
    */
   appendDefine(session: SessionDoc, thread: ThreadDoc, payload: DrivePayload, producerKey: string | undefined, trace?: Context): Promise<LogEvent>;
-  /** After it is appended: records the outcome and starts its first turn. */
+  /**
+   * After it is appended: records the outcome and starts its first turn, unless the define's own
+   * commit already did both (an outcome with `first_run_id`: then nothing is left to do).
+   */
   defined(session: SessionDoc, threadId: string, event: LogEvent, trace?: Context): Promise<unknown>;
 }
 

@@ -14,18 +14,38 @@ beforeAll(() => {
   redis = testRedis();
 });
 
-/** An OutcomeService whose runtime only counts the turns it is asked to start. */
-function service(store: SessionStore): { svc: OutcomeService; turns: string[] } {
+/**
+ * An OutcomeService whose runtime only counts the turns it is asked to start, and whose scheduler
+ * records what it is told: `scheduler` lists `starting:<run>`, `queued:<run>` and `not:<run>` in order.
+ */
+function service(store: SessionStore): { svc: OutcomeService; turns: string[]; scheduler: string[]; queued: RunDoc[] } {
   const turns: string[] = [];
+  const told: string[] = [];
+  const queued: RunDoc[] = [];
   const runtime = {
     submitUserMessage: (_s: SessionDoc, _t: string, eventId: string) => {
       turns.push(eventId);
       return Promise.resolve({ run: { id: newId('run') } });
     },
   } as unknown as ThreadRuntime;
-  const scheduler = { runQueued: () => Promise.resolve(), interruptRequested: () => Promise.resolve(), waitsResolved: () => Promise.resolve() } as TurnScheduler;
+  const scheduler: TurnScheduler = {
+    runStarting: (_s, runId) => Promise.resolve(void told.push(`starting:${runId}`)),
+    runNotStarting: (runId) => void told.push(`not:${runId}`),
+    runQueued: (run) => {
+      told.push(`queued:${run.id}`);
+      queued.push(run);
+      return Promise.resolve();
+    },
+    interruptRequested: () => Promise.resolve(),
+    waitsResolved: () => Promise.resolve(),
+  };
   const log = { warn: () => undefined, info: () => undefined, error: () => undefined, debug: () => undefined } as never;
-  return { svc: new OutcomeService({ store, runtime, scheduler: () => scheduler, log }), turns };
+  return { svc: new OutcomeService({ store, runtime, scheduler: () => scheduler, log }), turns, scheduler: told, queued };
+}
+
+/** The thread's turn ends (as a runner's report would end it): idle again, no Run. */
+async function endTurn(store: SessionStore, sessionId: string, threadId: string): Promise<void> {
+  await store.updateThread(sessionId, threadId, (t) => ({ ...t, status: 'idle', _active_run_id: null, _running_since_ms: null }));
 }
 
 const payload = (description = 'Write the report.') => ({ description, rubric: '- The report exists', authored_by: 'prin_x', caused_by: { kind: 'api' } });
@@ -47,7 +67,9 @@ describe('OutcomeService.appendDefine', () => {
     expect(lost[0]?.reason).toBeInstanceOf(ApiError);
     expect((lost[0]?.reason as ApiError).type).toBe('runtime.invalid_transition');
     const event = won[0]?.value as LogEvent;
-    expect((await events(store, session.id)).map((e) => e.id)).toEqual([event.id]);
+    const log = await events(store, session.id);
+    expect(log.map((e) => e.type)).toEqual(['user.define_outcome', 'session.outcome_started', 'session.status_running']);
+    expect(log[0]?.id).toBe(event.id);
     const tag = tags.session(session.id);
     const ids = await redis.zrange(keys.index(tag, 'outcomes'), 0, -1);
     expect(ids).toHaveLength(1);
@@ -59,23 +81,71 @@ describe('OutcomeService.appendDefine', () => {
 
   it('a retry under the same producer key answers the original event; an outcome that is over no longer holds the thread', async () => {
     const store = new SessionStore(redis);
-    const { svc, turns } = service(store);
+    const { svc, turns, queued } = service(store);
     const { session, threadId } = await idleSession(store);
     const thread = await store.thread(session.id, threadId);
     const first = await svc.appendDefine(session, thread, payload(), 'drive:k1');
     const again = await svc.appendDefine(session, thread, payload(), 'drive:k1');
     expect(again).toEqual(first);
+    // The define's own commit started its turn: `defined` has nothing left to start.
     const outcome = await svc.defined(session, threadId, first);
-    expect(turns).toEqual([first.id]);
-    // The outcome ended, but its claim was left behind (as by a crash before it was cleared).
+    expect(turns).toEqual([]);
+    expect(queued.map((r) => r.input_event_ids)).toEqual([[first.id]]);
+    expect(outcome.first_run_id).toBe(queued[0]?.id);
+    // The turn ended and the outcome with it, but its claim was left behind (as by a crash before it was cleared).
+    await endTurn(store, session.id, threadId);
     await store.docs.update<OutcomeDoc>(tags.session(session.id), outcome.id, (c) => ({ ...c, status: 'ended', result: 'failed' }));
     expect(await redis.hget(activeOutcomesKey(session.id), threadId)).toBe(outcome.id);
+    // Handed the thread as it was before the first define: it is read again.
     const next = await svc.appendDefine(session, thread, payload('next'), undefined);
     expect(next.id).not.toBe(first.id);
     expect(await redis.hget(activeOutcomesKey(session.id), threadId)).not.toBe(outcome.id);
     // A repeated define of the ended outcome starts nothing.
     await svc.defined(session, threadId, first);
-    expect(turns).toEqual([first.id]);
+    expect(turns).toEqual([]);
+    expect(queued).toHaveLength(2);
+  });
+
+  it('starts the first turn in its own commit: the Run is announced before, queued after, and takes the queued messages first', async () => {
+    const store = new SessionStore(redis);
+    const { svc, scheduler, queued } = service(store);
+    const { session, threadId } = await idleSession(store);
+    // A message left waiting in the idle thread's queue (its start never came).
+    const waiting = await store.log.append(session.id, [{ type: 'user.message', payload: { content: 'first' }, session_thread_id: threadId }]);
+    const waitingId = waiting.ok ? (waiting.events[0]?.id ?? '') : '';
+    await store.enqueueInput(session.id, threadId, waitingId);
+    const event = await svc.appendDefine(session, await store.thread(session.id, threadId), payload(), undefined);
+    const run = queued[0] as RunDoc;
+    expect(run).toMatchObject({ status: 'queued', session_thread_id: threadId, input_event_ids: [waitingId, event.id] });
+    // Announced once before the commit (the outbox entry the enqueue repair reads), under the Run committed.
+    expect(scheduler.filter((x) => x.startsWith('starting:') || x.startsWith('queued:')).slice(-2)).toEqual([`starting:${run.id}`, `queued:${run.id}`]);
+    expect(await store.queuedInputs(session.id, threadId)).toEqual([]);
+    const t = await store.thread(session.id, threadId);
+    expect(t).toMatchObject({ status: 'running', _active_run_id: run.id });
+    expect(await store.run(session.id, run.id)).toMatchObject({ id: run.id, status: 'queued' });
+    const log = await events(store, session.id);
+    const running = log.find((e) => e.type === 'session.status_running');
+    expect(running?.payload).toMatchObject({ run_id: run.id, input_event_ids: [waitingId, event.id] });
+    // The outcome names the Run that its commit started.
+    const o = await svc.active(session.id, threadId);
+    expect(o).toMatchObject({ status: 'working', define_event_id: event.id, first_run_id: run.id });
+  });
+
+  it('checks the thread as the commit finds it: a thread that started a turn meanwhile is 409 and nothing is written', async () => {
+    const store = new SessionStore(redis);
+    const { svc, scheduler } = service(store);
+    const { session, threadId } = await idleSession(store);
+    const stale = await store.thread(session.id, threadId);
+    // Another turn starts after the define read the thread, before its commit.
+    await store.updateThread(session.id, threadId, (t) => ({ ...t, status: 'running', _active_run_id: newId('run') }));
+    await expect(svc.appendDefine(session, stale, payload(), undefined)).rejects.toMatchObject({ type: 'runtime.invalid_transition' });
+    expect(await events(store, session.id)).toEqual([]);
+    expect(await redis.zcard(keys.index(tags.session(session.id), 'outcomes'))).toBe(0);
+    expect(await redis.hget(activeOutcomesKey(session.id), threadId)).toBeNull();
+    // The start announced for the refused commit was withdrawn.
+    const announced = scheduler.filter((x) => x.startsWith('starting:')).map((x) => x.slice('starting:'.length));
+    expect(announced).toHaveLength(1);
+    expect(scheduler).toContain(`not:${announced[0] ?? ''}`);
   });
 });
 

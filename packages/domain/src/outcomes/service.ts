@@ -1,9 +1,9 @@
-import { ApiError, newId, nowIso, sha256Hex, type Context, type Logger } from '@agentplane/core';
+import { ApiError, crashPoint, newId, nowIso, sha256Hex, type Context, type Logger } from '@agentplane/core';
 import { eventLogKeys, keys, LuaScript, newEventId, tags, type LogEvent, type StoredDoc } from '@agentplane/store';
 import type { FileStore } from '../files/store.js';
 import type { SessionDoc, ThreadDoc } from '../sessions/model.js';
 import { activeOutcomesKey, type SessionStore } from '../sessions/store.js';
-import type { StopReason, ThreadRuntime, TurnScheduler } from '../sessions/turns.js';
+import { runningThread, startable, type StopReason, type ThreadRuntime, type TurnScheduler } from '../sessions/turns.js';
 import { GRADER_LIMITS, parseVerdict, rubricCriteria, type CriterionVerdict, type Verdict } from './grader.js';
 
 /** A drive event's payload as the api validated it (`user.define_outcome`). */
@@ -33,6 +33,12 @@ export interface OutcomeDoc extends StoredDoc {
   grader_run_id: string | null;
   current_evaluation: { id: string; iteration: number; started_at: string } | null;
   ended_at: string | null;
+  /**
+   * The Run of the outcome's first turn, when the define's own commit started it (a define on a
+   * Session's thread); absent when the turn is started after the define's append (a new
+   * Session's `initial_events`, or an outcome written before defines started their turn).
+   */
+  first_run_id?: string;
 }
 
 /** One entry of the Session's `outcome_evaluations`. */
@@ -120,21 +126,31 @@ export class OutcomeService {
    * `initial_events`, whose thread nothing else can reach yet).
    */
   async admit(session: SessionDoc, thread: ThreadDoc, p: DrivePayload): Promise<void> {
-    await this.check(session, thread, p);
+    this.checkThread(thread);
+    await this.holderToReplace(session.id, thread.id);
+    await this.checkPayload(session, p);
+  }
+
+  /** A define needs its thread free to start a turn: idle, no Run, no unanswered wait (else 409). */
+  private checkThread(thread: Readonly<ThreadDoc>): void {
+    if (!startable(thread)) {
+      throw new ApiError('runtime.invalid_transition', 'an outcome starts on an idle thread (no turn running or waiting for an answer)');
+    }
   }
 
   /**
-   * The checks of a define: the thread is idle, works on no outcome, and the rubric File exists.
-   * Returns the thread's claim to replace: the id of an outcome that is over (it ended, or its
-   * document is gone) but still names the thread, or null when none does.
+   * The thread's claim a define may replace: the id of an outcome that is over (it ended, or its
+   * document is gone) but still names the thread, or null when none does. 409 while an outcome
+   * works on the thread.
    */
-  private async check(session: SessionDoc, thread: ThreadDoc, p: DrivePayload): Promise<string | null> {
-    const waiting = Object.values(thread._waits).some((w) => w.generation === thread._wait_generation && w.answered_event_id === null);
-    if (thread.status !== 'idle' || thread._active_run_id !== null || waiting) {
-      throw new ApiError('runtime.invalid_transition', 'an outcome starts on an idle thread (no turn running or waiting for an answer)');
-    }
-    const holder = await this.d.store.redis.hget(this.activeKey(session.id), thread.id);
-    if (holder && (await this.active(session.id, thread.id, holder))) throw busy();
+  private async holderToReplace(sessionId: string, threadId: string): Promise<string | null> {
+    const holder = await this.d.store.redis.hget(this.activeKey(sessionId), threadId);
+    if (holder && (await this.active(sessionId, threadId, holder))) throw busy();
+    return holder;
+  }
+
+  /** The define's references: its rubric File exists and is small enough; its grader's routing profile exists. */
+  private async checkPayload(session: SessionDoc, p: DrivePayload): Promise<void> {
     const rubric = p.rubric as RubricRef;
     if (typeof rubric !== 'string') {
       if (!this.d.files) throw new ApiError('validation.malformed', 'body.payload.rubric: File rubrics are not served here');
@@ -142,40 +158,85 @@ export class OutcomeService {
       if (file.size_bytes > GRADER_LIMITS.rubricBytes) throw new ApiError('validation.malformed', `body.payload.rubric: the File holds more than ${GRADER_LIMITS.rubricBytes} bytes`);
     }
     await this.graderModel(session, p.grader_model as string | undefined);
-    return holder;
   }
 
   /**
-   * A `user.define_outcome` for a Session's thread: checked as `admit`, then appended with its
-   * outcome document in one script that also takes the thread (`outcomes:active`), so of two
-   * defines sent together one only is written: the other is 409 `runtime.invalid_transition` and
-   * writes nothing. A define whose producer key names an earlier append answers that append's
-   * event (a retry), without a check. `defined` follows, as for any define event.
+   * A `user.define_outcome` for a Session's thread, written whole by one commit of the Session's
+   * event log: the define event, the outcome document, the thread's claim on it
+   * (`outcomes:active`), `session.outcome_started` and the outcome's first turn (the thread's
+   * compare-and-swap to `running`, its Run `queued` with the define as its input, and
+   * `session.status_running`). The thread is checked free (idle, no Run, no unanswered wait) as
+   * the version that the commit compares: a thread that moved meanwhile is read again and checked
+   * again, so the check and the start are one step. Of two defines sent together one only is
+   * written: the other is 409 `runtime.invalid_transition` and writes nothing. The Run's id is
+   * recorded in the enqueue outbox before the commit (`TurnScheduler.runStarting`), so a process
+   * that dies after the commit and before the Run reaches its queue leaves the Run to the
+   * scheduler's enqueue repair: a committed define always gets its turn. A define whose producer
+   * key names an earlier append answers that append's event (a retry), without a check.
    */
   async appendDefine(session: SessionDoc, thread: ThreadDoc, p: DrivePayload, producerKey: string | undefined, trace?: Context): Promise<LogEvent> {
     if (producerKey) {
       const prior = await this.priorEvent(session.id, producerKey);
       if (prior) return prior;
     }
-    const replaces = await this.check(session, thread, p);
+    await this.checkPayload(session, p);
     const eventId = newEventId();
-    const doc = await this.newDoc(session, thread.id, eventId, p);
+    const base = await this.newDoc(session, thread.id, eventId, p);
     const tag = this.tag(session.id);
-    const r = await this.d.store.log.commit(session.id,
-      [{ key: keys.doc(tag, doc.id), body: JSON.stringify(doc), expectedVersion: null, index: { key: keys.index(tag, 'outcomes'), score: Date.parse(doc.created_at), member: doc.id } }],
-      [{ id: eventId, type: 'user.define_outcome', payload: p, session_thread_id: thread.id, ...(producerKey ? { producer_key: producerKey } : {}) }],
-      { fresh: true, claim: { key: this.activeKey(session.id), field: thread.id, value: doc.id, replaces }, trace });
-    if (r.ok) {
-      const ev = r.events[0];
-      if (ev) return ev;
-    } else {
-      if (r.reason === 'claimed') throw busy();
-      if (r.reason === 'erased') throw new ApiError('validation.not_found', 'the session was deleted and its event log erased');
-      // The same request appended meanwhile: its event is the answer.
-      const prior = r.reason === 'replay' && producerKey ? await this.priorEvent(session.id, producerKey) : null;
-      if (prior) return prior;
+    const define = { id: eventId, type: 'user.define_outcome', payload: p, session_thread_id: thread.id, ...(producerKey ? { producer_key: producerKey } : {}) };
+    const started = {
+      type: 'session.outcome_started', session_thread_id: thread.id, producer_key: `outcome:${base.id}:started`,
+      payload: { outcome_id: base.id, description: base.description, max_iterations: base.max_iterations, grader_model: base.grader_model },
+    };
+    const scheduler = this.d.scheduler();
+    let known: Readonly<ThreadDoc> = thread;
+    // The thread's queued inputs, once a commit found its queue not empty: the turn takes them first.
+    let queued: string[] = [];
+    for (let attempt = 0; attempt < 16; attempt++) {
+      this.checkThread(known);
+      const replaces = await this.holderToReplace(session.id, known.id);
+      const runId = newId('run');
+      const doc: OutcomeDoc = { ...base, first_run_id: runId };
+      await scheduler.runStarting?.(session.id, runId, session);
+      let committed = false;
+      try {
+        const { result: r, run } = await this.d.store.startTurnWithEvents(session, known, runningThread(known, runId),
+          { runId, inputs: [...(known._queued_inputs ?? []), ...queued, eventId], dequeue: queued },
+          [define, started], {
+            docs: [{ key: keys.doc(tag, doc.id), body: JSON.stringify(doc), expectedVersion: null, index: { key: keys.index(tag, 'outcomes'), score: Date.parse(doc.created_at), member: doc.id } }],
+            claim: { key: this.activeKey(session.id), field: known.id, value: doc.id, replaces }, trace,
+          });
+        if (r.ok) {
+          committed = true;
+          const ev = r.events[0];
+          if (!ev) throw new ApiError('runtime.invalid_transition', 'the event log refused the append');
+          // Crash tests: the outcome and its turn are committed, the Run is not in its queue yet.
+          crashPoint('outcome-define-committed');
+          await scheduler.runQueued(run, trace);
+          return ev;
+        }
+        if (r.reason === 'claimed') throw busy();
+        if (r.reason === 'erased') throw new ApiError('validation.not_found', 'the session was deleted and its event log erased');
+        if (r.reason === 'stale' && r.index === 0) {
+          known = JSON.parse(r.current) as ThreadDoc;
+          continue;
+        }
+        if (r.reason === 'missing' && r.index === 0) throw new ApiError('validation.not_found', 'thread not found');
+        if (r.reason === 'queue') {
+          queued = await this.d.store.queuedInputs(session.id, known.id);
+          continue;
+        }
+        // The same request appended meanwhile: its event is the answer.
+        const prior = r.reason === 'replay' && producerKey ? await this.priorEvent(session.id, producerKey) : null;
+        if (prior) return prior;
+        throw new ApiError('runtime.invalid_transition', 'the event log refused the append');
+      } finally {
+        // What the scheduler took for the start ahead of the commit (a fair-share rank) goes
+        // when no Run was committed under it; the outbox entry is dropped by the repair.
+        if (!committed) scheduler.runNotStarting?.(runId);
+      }
     }
-    throw new ApiError('runtime.invalid_transition', 'the event log refused the append');
+    throw new ApiError('validation.conflict', 'too much contention on this thread; send the define again');
   }
 
   /** The event an earlier append with this producer key was given (null: none; 404 when it is no longer retained). */
@@ -212,8 +273,10 @@ export class OutcomeService {
       await this.d.store.docs.create(this.tag(session.id), fresh, ['outcomes']);
       doc = (await this.get(session.id, id)) ?? fresh;
     }
-    // A retry after the outcome ended: nothing to start again.
-    if (doc.status === 'ended') return doc;
+    // A retry after the outcome ended: nothing to start again. A define whose commit started
+    // the first turn has nothing left to do either (a Run its process did not queue is queued by
+    // the scheduler's enqueue repair).
+    if (doc.status === 'ended' || doc.first_run_id !== undefined) return doc;
     const claimed = (await this.d.store.redis.hsetnx(this.activeKey(session.id), threadId, id)) === 1
       || (await this.d.store.redis.hget(this.activeKey(session.id), threadId)) === id;
     if (!claimed) {

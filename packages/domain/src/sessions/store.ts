@@ -1,5 +1,5 @@
 import { ApiError, newId, nowIso, type Context } from '@agentplane/core';
-import { BoundedCache, DocumentStore, EventLog, forgetWritten, keys, LuaScript, newEventId, primeCache, tags, type AppendEvent, type CommitDoc, type CommitResult, type SwapOutcome, type Tag, type EventLogDurability, type LogEvent, type Redis } from '@agentplane/store';
+import { BoundedCache, DocumentStore, EventLog, forgetWritten, keys, LuaScript, newEventId, primeCache, tags, type AppendEvent, type CommitClaim, type CommitDoc, type CommitResult, type SwapOutcome, type Tag, type EventLogDurability, type LogEvent, type Redis } from '@agentplane/store';
 import type { AgentSnapshot } from '../agents/model.js';
 import type { GraderRunInfo, RunDoc, SessionDoc, SessionTombstone, ThreadDoc } from './model.js';
 
@@ -170,13 +170,18 @@ export class SessionStore {
     return s;
   }
 
-  /** Erase: lists first, then the log (with its erased marker), then the documents; retry-safe. */
-  async erase(workspaceId: string, id: string): Promise<void> {
+  /**
+   * Erase: lists first, then the log (with its erased marker), then the documents; retry-safe.
+   * `listings`: further listings of the Workspace that name the Session (index names in its
+   * `{w:<ws>}` slot, as `keys.index` takes them: an A2A caller's task index), left in the same
+   * transaction as the Session's own listings.
+   */
+  async erase(workspaceId: string, id: string, options: { listings?: (s: Readonly<SessionDoc>) => readonly string[] } = {}): Promise<void> {
     const doc = await this.getOrTombstone(workspaceId, id);
     if (doc.type === 'session_tombstone') return;
     const ws = tags.workspace(workspaceId);
     const multi = this.redis.multi();
-    for (const idx of listIndexes(doc, true)) multi.zrem(keys.index(ws, idx), id);
+    for (const idx of [...listIndexes(doc, true), ...(options.listings?.(doc) ?? [])]) multi.zrem(keys.index(ws, idx), id);
     await multi.exec();
     await this.log.erase(id);
     const tag = sessionTag(id);
@@ -432,6 +437,35 @@ export class SessionStore {
     if (!event) return null;
     this.rememberThread(thread);
     return { event, thread, run };
+  }
+
+  /**
+   * A turn that starts with events of its own, in one script: `events` first (none may name an
+   * earlier append by its producer key: `fresh`), the thread's compare-and-swap from `known` to
+   * `next`, the Run `start` describes (`queued`, listed in `runs`), its `session.status_running`,
+   * and `docs` beside them (an outcome's document). The thread's input queue must start with
+   * `start.dequeue` (taken off it), or be empty when there is none; `claim` is a hash field of
+   * the Session's slot the same script takes (`CommitOptions.claim`). The commit's answer comes
+   * back as it is, for the caller to read (a stale thread, a moved queue, a held claim, a
+   * replay), with the Run that it wrote when it is ok.
+   */
+  async startTurnWithEvents(
+    session: SessionDoc, known: Readonly<ThreadDoc>, next: ThreadDoc, start: TurnStart, events: readonly AppendEvent[],
+    options: { docs?: readonly CommitDoc[]; claim?: CommitClaim; trace?: Context | undefined } = {},
+  ): Promise<{ result: CommitResult; run: RunDoc }> {
+    const threadId = known.id;
+    const thread: ThreadDoc = { ...next, version: known.version + 1, updated_at: nowIso() };
+    const run = turnRun(session, thread, start);
+    const { docs, running } = turnStartWrites(thread, known.version, run);
+    const queue = inputQueueKey(session.id, threadId);
+    const result = await this.log.commit(session.id, [...docs, ...(options.docs ?? [])], [...events, running], {
+      fresh: true, trace: options.trace,
+      ...(start.dequeue && start.dequeue.length > 0 ? { dequeue: { list: queue, ids: start.dequeue } } : { emptyList: queue }),
+      ...(options.claim ? { claim: options.claim } : {}),
+    });
+    if (result.ok) this.rememberThread(thread);
+    else if (result.reason === 'stale' && result.index === 0) this.recentThreads.set(`${session.id}/${threadId}`, { raw: result.current });
+    return { result, run };
   }
 
   /**

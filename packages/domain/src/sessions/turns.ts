@@ -73,7 +73,7 @@ export interface JobBehind {
 }
 
 /** A thread that may start a turn now: idle, no Run, no unanswered wait of its generation. */
-function startable(t: Readonly<ThreadDoc>): boolean {
+export function startable(t: Readonly<ThreadDoc>): boolean {
   if (t.status !== 'idle' || t._active_run_id !== null || t._closed === true || t._archived === true) return false;
   return !Object.values(t._waits).some((w) => w.generation === t._wait_generation && w.answered_event_id === null);
 }
@@ -87,7 +87,7 @@ function waitsOnAction(t: Readonly<ThreadDoc>): boolean {
 }
 
 /** The thread as a turn under `runId` starts it (its legacy in-document queue, if any, taken as inputs). */
-function runningThread(t: Readonly<ThreadDoc>, runId: string): ThreadDoc {
+export function runningThread(t: Readonly<ThreadDoc>, runId: string): ThreadDoc {
   const { _queued_inputs: _legacy, ...rest } = t;
   return { ...rest, status: 'running', _active_run_id: runId, _running_since_ms: Date.now(), _stop_reason: null };
 }

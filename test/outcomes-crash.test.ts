@@ -1,0 +1,110 @@
+import { afterAll, describe, expect, it } from 'vitest';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { Job, Queue } from 'bullmq';
+import { Redis } from 'ioredis';
+import type { HttpClient } from '@agentplane/client';
+import { queuePrefix, RUN_QUEUE } from '@agentplane/lease';
+import { startPlatform, waitFor, type Platform } from './harness/platform.js';
+import { developerWorkspace, FAST_LEASES, SCRIPT, startTurnPlatform, untilEvents, type Json, type TurnEvent } from './harness/turns.js';
+
+/**
+ * The API dies inside a `user.define_outcome` (crash point `outcome-define-committed`): after the
+ * define's commit, before the outcome's first Run reaches its queue. The commit started the turn
+ * (the thread running, the Run queued with the define as its input, announced to the enqueue
+ * outbox first), so the scheduler's enqueue repair puts the Run in its queue: the outcome goes on
+ * with no client retry. (Before, the first turn was started by a second step, and the outcome
+ * stayed `working` on an idle thread until a retry under the same Idempotency-Key, at least a
+ * minute later, repaired it.) First with no runner (the Run waits in its queue: the repair's own
+ * work, seen exactly), then with one (the outcome runs to its end).
+ */
+const markers = mkdtempSync(join(tmpdir(), 'outcomes-crash-'));
+let p: Platform | undefined;
+let q: Platform | undefined;
+afterAll(async () => {
+  await p?.stop();
+  await q?.stop();
+  rmSync(markers, { recursive: true, force: true });
+});
+
+async function log(api: HttpClient, sessionId: string): Promise<TurnEvent[]> {
+  const thread = (await api.get<{ data: { id: string }[] }>(`/v1/sessions/${sessionId}/threads`)).data[0]?.id ?? '';
+  return (await api.get<{ data: TurnEvent[] }>(`/v1/sessions/${sessionId}/threads/${thread}/events`, { limit: 1000 })).data;
+}
+
+describe('a crash inside a user.define_outcome', () => {
+  it('after its commit, before its Run is queued: the outcome\'s first turn reaches its queue by itself', async () => {
+    const marker = join(markers, 'outcome-define-committed');
+    p = await startPlatform({ runner: false, scheduler: true, env: { ...FAST_LEASES, LOG_LEVEL: 'warn', AGENTPLANE_CRASH_AT: `outcome-define-committed:${marker}`, ENQUEUE_REPAIR_AFTER_MS: '500' } });
+    const { api, principal, envId } = await developerWorkspace(p, 'outcome-crash');
+    const s = await api.post<{ id: string }>('/v1/sessions', { agent: { name: 'a', model: 'default', system: SCRIPT([{ then: [{ reply: 'Done.' }] }]) }, environment_id: envId });
+    const apiBefore = p.pids().api;
+
+    // The API dies while it answers the define: the request gets no answer.
+    const define = {
+      type: 'user.define_outcome',
+      payload: { description: 'Write the report.', rubric: '- The report exists', authored_by: principal, caused_by: { kind: 'api' } },
+    };
+    await expect(api.post(`/v1/sessions/${s.id}/events`, define)).rejects.toThrow();
+    expect(existsSync(marker)).toBe(true);
+    await waitFor('the API restarted', () => (p?.pids().api !== undefined && p.pids().api !== apiBefore ? true : undefined), 30_000);
+
+    // The repair enqueues the outcome's first Run: it gets its pool.
+    const runs = () => api.get<{ data: (Json & { id: string; status: string; runner_pool_id?: string; input_event_ids?: string[] })[] }>(`/v1/sessions/${s.id}/runs`);
+    const queued = await waitFor('the first Run in its queue', async () => {
+      const r = (await runs().catch(() => ({ data: [] }))).data[0];
+      return r?.runner_pool_id ? r : undefined;
+    }, 60_000);
+    // Queued, or waiting for a runner (there is none).
+    expect(['queued', 'waiting']).toContain(queued.status);
+    expect((await runs()).data).toHaveLength(1);
+
+    // Written whole by the define's commit: the define, the outcome's start and the turn's start
+    // (then the Run's wait for a runner).
+    const events = await log(api, s.id);
+    const defineEvent = events.find((e) => e.type === 'user.define_outcome');
+    expect(events.slice(0, 3).map((e) => e.type)).toEqual(['user.define_outcome', 'session.outcome_started', 'session.status_running']);
+    expect(events.filter((e) => e.type === 'user.define_outcome' || e.type === 'session.outcome_started' || e.type === 'session.status_running')).toHaveLength(3);
+    expect(events[2]?.payload).toMatchObject({ run_id: queued.id, input_event_ids: [defineEvent?.id] });
+    expect(queued.input_event_ids).toEqual([defineEvent?.id]);
+    const thread = (await api.get<{ data: { status: string }[] }>(`/v1/sessions/${s.id}/threads`)).data[0];
+    expect(thread?.status).toBe('running');
+
+    // The job waits in the pool's queue for a runner.
+    const conn = new Redis(p.redisUrl(), { maxRetriesPerRequest: null });
+    const queue = new Queue(RUN_QUEUE, { connection: conn, prefix: queuePrefix(String(queued.runner_pool_id)) });
+    try {
+      const job = await Job.fromId(queue, queued.id);
+      expect(job ? await job.getState() : 'absent').toMatch(/^(waiting|prioritized|delayed)$/);
+    } finally {
+      await queue.close();
+      conn.disconnect();
+    }
+
+    // The outcome holds the thread: a second define is refused, and writes nothing.
+    const again = await api.request('POST', `/v1/sessions/${s.id}/events`, { body: { ...define, payload: { ...define.payload, description: 'Another.' } } });
+    expect(again.status).toBe(409);
+    expect((await log(api, s.id)).filter((e) => e.type === 'user.define_outcome')).toHaveLength(1);
+  }, 180_000);
+
+  it('with a runner: the outcome runs its turn, is graded and ends satisfied', async () => {
+    const marker = join(markers, 'outcome-define-committed-runner');
+    const t = await startTurnPlatform({ name: 'outcome-crash-runner', env: { LOG_LEVEL: 'warn', AGENTPLANE_CRASH_AT: `outcome-define-committed:${marker}`, ENQUEUE_REPAIR_AFTER_MS: '500' } });
+    q = t.p;
+    const s = await t.api.post<{ id: string }>('/v1/sessions', { agent: { name: 'a', model: 'default', system: SCRIPT([{ then: [{ reply: 'Done.' }] }]) }, environment_id: t.envId });
+    const apiBefore = q.pids().api;
+    const rubric = `- The report exists\n\n\`\`\`scripted\n${JSON.stringify({ rules: [{ then: [{ verdict: 'satisfied' }] }] })}\n\`\`\`\n`;
+    await expect(t.api.post(`/v1/sessions/${s.id}/events`, {
+      type: 'user.define_outcome', payload: { description: 'Write the report.', rubric, authored_by: t.principal, caused_by: { kind: 'api' } },
+    })).rejects.toThrow();
+    expect(existsSync(marker)).toBe(true);
+    await waitFor('the API restarted', () => (q?.pids().api !== undefined && q.pids().api !== apiBefore ? true : undefined), 30_000);
+    const events = await waitFor('the outcome\'s end', () => untilEvents(t.api, s.id, (e) => e.some((x) => x.type === 'session.outcome_ended'), 5_000).catch(() => undefined), 120_000);
+    expect(events.find((e) => e.type === 'session.outcome_ended')?.payload).toMatchObject({ result: 'satisfied', evaluation_count: 1, revision_count: 0 });
+    // One agent turn (the define's) and one grader Run.
+    const runs = (await t.api.get<{ data: (Json & { grader?: unknown })[] }>(`/v1/sessions/${s.id}/runs`)).data;
+    expect(runs.map((r) => (r.grader ? 'grader' : 'turn')).sort()).toEqual(['grader', 'turn']);
+    expect(events.filter((e) => e.type === 'user.define_outcome')).toHaveLength(1);
+  }, 240_000);
+});
