@@ -511,9 +511,9 @@ export class SkillProposalService {
       return false;
     }
     if (digest !== p.skill.content_sha256) return false;
-    const existing = await this.d.skills.reader.byName(ws, p.skill.name);
-    const latest = existing ? await this.d.skills.reader.version(existing.id, existing.latest_version) : null;
-    const adopted = latest && latest.content_sha256 === digest ? { skill: existing as NonNullable<typeof existing>, version: latest } : await this.d.skills.publish(ws, files, 'source', 'source');
+    // Published once per proposal, and never as a copy of the latest version: both settled by the
+    // skill's append script, so concurrent syncs and the adopt job publish one version between them.
+    const adopted = await this.d.skills.publish(ws, files, 'source', 'source', { claim: p.id });
     await this.update(ws, id, (cur) => cur.status !== 'submitted' || cur.adoption ? null : {
       ...cur, adoption: { skill_id: adopted.skill.id, skill_version: adopted.version.version, observed_at: nowIso() },
     });

@@ -1,18 +1,39 @@
 import { ApiError, newId, nowIso } from '@agentplane/core';
-import { LuaScript, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
+import { keys, LuaScript, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
 import {
   checkSkillFiles, SKILL_INDEX, SkillReader, skillKeys, skillNameKey, type SkillDoc, type SkillFile, type SkillSelection, type SkillVersion,
 } from '@agentplane/domain';
 
 /**
  * Appends version `ARGV[1]` of a skill only if it holds exactly `ARGV[1] - 1` versions, with its
- * files. KEYS: versions hash, files key.
+ * files. KEYS: versions hash, files key, claims hash. ARGV: n, manifest, files, then for a publish
+ * that must happen once (an adoption) its content digest and claim, else two empty strings.
+ *
+ * Such a publish is settled here, in the one script that appends, so concurrent publishers of the
+ * same content cannot each append: a claim already taken answers its version; a latest version
+ * with the same content digest is reused (and the claim recorded against it). Answers n when
+ * version n was appended, -m when version m already holds the content, 0 when another version was
+ * appended meanwhile (the caller reads the count again).
  */
 const APPEND = new LuaScript('skill_append_version', `
-if redis.call('HLEN', KEYS[1]) ~= tonumber(ARGV[1]) - 1 then return 0 end
+local claim = ARGV[5]
+if claim ~= '' then
+  local had = redis.call('HGET', KEYS[3], claim)
+  if had then return -tonumber(had) end
+end
+local len = redis.call('HLEN', KEYS[1])
+if ARGV[4] ~= '' and len > 0 then
+  local latest = cjson.decode(redis.call('HGET', KEYS[1], tostring(len)))
+  if latest.content_sha256 == ARGV[4] then
+    if claim ~= '' then redis.call('HSET', KEYS[3], claim, len) end
+    return -len
+  end
+end
+if len ~= tonumber(ARGV[1]) - 1 then return 0 end
 redis.call('SET', KEYS[2], ARGV[3])
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-return 1`);
+if claim ~= '' then redis.call('HSET', KEYS[3], claim, ARGV[1]) end
+return tonumber(ARGV[1])`);
 
 /** Claims a skill name in the Workspace (KEYS[1] = the names hash): the existing id, or ARGV[2] newly claimed. */
 const CLAIM = new LuaScript('skill_claim_name', `
@@ -22,6 +43,14 @@ redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 return ARGV[2]`);
 
 export type SkillView = SkillDoc & { latest: SkillVersion };
+
+/** A publish that must happen once (docs/SKILLS.md, "Adoption"): `claim` names it, e.g. the adopted skill proposal. */
+export interface PublishOnce {
+  claim: string;
+}
+
+/** Claims of publishes that happen once (claim -> version), in the skill's own slot beside its versions. */
+const claimsKey = (skillId: string) => keys.scoped(tags.skill(skillId), 'claims');
 
 /**
  * Skills: a head per name in the Workspace (`{w:<ws>}:doc:<skill_>`, listed in `:idx:skills`,
@@ -39,10 +68,17 @@ export class SkillService {
    * A new immutable version of the skill named by `SKILL.md`'s front matter: version 1 of a new
    * Skill, or the next version of the Workspace's Skill of that name (an archived one is
    * unarchived by a new version).
+   *
+   * `once` makes the publish idempotent (an adoption of content seen in a skill source): under
+   * its `claim`, at most one version is ever published, and content equal to the latest
+   * version's (the same directory digest) publishes nothing. Both are settled by the script that
+   * appends, so any number of concurrent publishes of the same content append one version;
+   * `created` says whether this call appended it.
    */
-  async publish(ws: string, files: readonly SkillFile[], origin: SkillVersion['origin'], field: string): Promise<{ skill: SkillDoc; version: SkillVersion }> {
+  async publish(ws: string, files: readonly SkillFile[], origin: SkillVersion['origin'], field: string, once?: PublishOnce): Promise<{ skill: SkillDoc; version: SkillVersion; created: boolean }> {
     const checked = checkSkillFiles(files, field);
     const id = String(await CLAIM.run(this.redis, [skillNameKey(ws)], [checked.name, newId('skill')]));
+    const keyList = [skillKeys(id).versions, '', claimsKey(id)];
     for (let attempt = 0; attempt < 8; attempt++) {
       const existing = await this.docs.get<SkillDoc>(tags.workspace(ws), id);
       const n = (await this.redis.hlen(skillKeys(id).versions)) + 1;
@@ -53,21 +89,35 @@ export class SkillService {
       };
       const byPath = new Map(files.map((f) => [f.path, f]));
       const stored = checked.entries.map((e) => ({ path: e.path, executable: e.executable, content_base64: (byPath.get(e.path) as SkillFile).content.toString('base64') }));
-      const ok = await APPEND.run(this.redis, [skillKeys(id).versions, skillKeys(id).files(n)], [String(n), JSON.stringify(version), JSON.stringify(stored)]);
-      if (ok !== 1) continue;
-      if (!existing) {
-        const skill: SkillDoc = {
-          id, type: 'skill', workspace_id: ws, name: checked.name, description: checked.description, latest_version: n, archived_at: null,
-          version: 1, created_at: now, updated_at: now,
-        };
-        if (await this.docs.create(tags.workspace(ws), skill, [SKILL_INDEX])) return { skill, version };
+      keyList[1] = skillKeys(id).files(n);
+      const answer = Number(await APPEND.run(this.redis, keyList, [String(n), JSON.stringify(version), JSON.stringify(stored), once ? checked.digest : '', once?.claim ?? '']));
+      if (answer === 0) continue;
+      if (answer < 0) {
+        // Already published (by this claim, or as the latest version): that version, its head brought up to it.
+        const held = await this.version(id, -answer);
+        return { skill: await this.headAt(ws, id, existing, held, now), version: held, created: false };
       }
-      const skill = await this.docs.update<SkillDoc>(tags.workspace(ws), id, (cur) => cur.latest_version >= n ? null : {
-        ...cur, latest_version: n, description: checked.description, archived_at: null,
-      }, { notFound: `skill ${id}` });
-      return { skill, version };
+      return { skill: await this.headAt(ws, id, existing, version, now), version, created: true };
     }
     throw new ApiError('validation.conflict', `another version of skill '${checked.name}' was written at the same time; retry`);
+  }
+
+  /**
+   * The skill's head at `version` at least: created with it when there is none yet (the first
+   * version), else moved forward to it (a newer head is left as it is).
+   */
+  private async headAt(ws: string, id: string, existing: SkillDoc | null, version: SkillVersion, now: string): Promise<SkillDoc> {
+    const n = version.version;
+    if (!existing) {
+      const skill: SkillDoc = {
+        id, type: 'skill', workspace_id: ws, name: version.name, description: version.description, latest_version: n, archived_at: null,
+        version: 1, created_at: now, updated_at: now,
+      };
+      if (await this.docs.create(tags.workspace(ws), skill, [SKILL_INDEX])) return skill;
+    }
+    return this.docs.update<SkillDoc>(tags.workspace(ws), id, (cur) => cur.latest_version >= n ? null : {
+      ...cur, latest_version: n, description: version.description, archived_at: null,
+    }, { notFound: `skill ${id}` });
   }
 
   async get(ws: string, id: string): Promise<SkillDoc> {
