@@ -7,7 +7,7 @@ import { LeaseFence, LeaseRecords } from '@agentplane/lease';
 import { Redis } from 'ioredis';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
 import { startOpenAiServer, type ProviderServer } from './fixtures/provider-servers.js';
-import { connectRawRunner, welcomeOf, type RawRunner, type RunnerFrame } from './harness/raw-runner.js';
+import { connectRawRunner, HELLO, welcomeOf, type RawRunner, type RunnerFrame } from './harness/raw-runner.js';
 
 const SECRET = 'sk-runner-path-SECRET-0011223344556677';
 
@@ -18,15 +18,19 @@ let runnerSecret: string;
 
 type Frame = RunnerFrame<{ stream_id?: string; event?: ModelStreamEvent } & Record<string, unknown>>;
 
+const LEASES = ['lease-1', 'lease-2', 'lease-3'];
+
 async function connect(): Promise<RawRunner<Frame>> {
-  const runner = await connectRawRunner<Frame>(p, runnerSecret);
+  // The runner names the leases as still held: a reconnect would otherwise abandon them (and
+  // drop their fences) as the leases of a restarted runner.
+  const runner = await connectRawRunner<Frame>(p, runnerSecret, { ...HELLO, held_leases: LEASES.map((lease_id) => ({ lease_id, attempt: 1 })) });
   // Model steps need a live lease held by this runner: record the leases these tests use, as
   // the scheduler does when it offers a Run, and claim their fences, as an acceptance does.
   const runnerId = welcomeOf(runner).runner_id;
   const redis = new Redis(p.redisUrl());
   const records = new LeaseRecords(redis);
   const fence = new LeaseFence(redis);
-  for (const [i, lease_id] of ['lease-1', 'lease-2', 'lease-3'].entries()) {
+  for (const [i, lease_id] of LEASES.entries()) {
     const run_id = `run_${String(i).repeat(32)}`;
     const session_id = `sess_${'0'.repeat(32)}`;
     await records.put({

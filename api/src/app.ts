@@ -329,6 +329,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
       });
       await deps.eventHub.close();
       await deps.reads.close();
+      await deps.models.leases.close();
       await redis.quit().catch(() => redis.disconnect());
     },
   };

@@ -22,7 +22,23 @@ export type GatewayControlMessage =
   | { kind: 'drain'; workspace_id: string; runner_id?: string; runner_pool_id?: string; deadline: string; reason: string }
   /** Lift a drain of one runner or of a pool (except the runners that carry a drain of their own). */
   | { kind: 'resume'; workspace_id: string; runner_id?: string; runner_pool_id?: string; except_runner_ids?: string[]; reason: string }
-  | { kind: 'supersede'; workspace_id: string; runner_id: string; generation: number; node_id: string };
+  | { kind: 'supersede'; workspace_id: string; runner_id: string; generation: number; node_id: string }
+  /**
+   * A lease ended for its runner: its Run was cancelled (`cancelOnRunner`), or the lease was
+   * revoked (a `lease.revoked` frame: lost, fenced, unknown). Not for runner sockets: every API
+   * node checks the model streams it serves under that lease against the lease's state in Redis
+   * and ends those whose lease no longer holds (docs/MODELS.md).
+   */
+  | { kind: 'lease_ended'; workspace_id: string; lease_id: string; reason: string };
+
+/**
+ * Announce on the control channel that a lease ended (`lease_ended`). Publish it only after the
+ * end is in Redis (the fence dropped, or the Run's cancel mark written): a node that hears it
+ * reads that state, and so does a node that starts serving the lease just after.
+ */
+export async function announceLeaseEnded(redis: Redis, workspaceId: string, leaseId: string, reason: string): Promise<void> {
+  await redis.publish(GATEWAY_CONTROL_CHANNEL, JSON.stringify({ kind: 'lease_ended', workspace_id: workspaceId, lease_id: leaseId, reason } satisfies GatewayControlMessage));
+}
 
 /** A frame for one runner, published on the channel of the node that holds its socket. */
 export interface NodeDelivery {
@@ -367,6 +383,10 @@ export class Gateway {
         return this.versionValue;
       },
       send(type, payload, re) {
+        // Every revocation a runner is told of passes here: announced to every node, so that the
+        // model streams served under the lease end wherever they run. Those nodes check the
+        // lease in Redis first: an announcement of a lease that still holds ends nothing.
+        if (type === 'lease.revoked') gw.leaseRevoked(identity.workspaceId, payload as Payload<'lease.revoked'>);
         if (ws.readyState !== ws.OPEN) return false;
         // Frames for one runner in one turn (offers and acknowledgements answered from one read
         // of Redis's answers) leave in one write.
@@ -414,6 +434,13 @@ export class Gateway {
     ws.on('close', (code) => {
       clearTimeout(helloTimer);
       this.onClosed(conn, code);
+    });
+  }
+
+  /** A `lease.revoked` sent to a runner, announced to every node (`lease_ended`). */
+  private leaseRevoked(workspaceId: string, p: Payload<'lease.revoked'>): void {
+    announceLeaseEnded(this.deps.redis, workspaceId, p.lease_id, p.reason).catch((err: unknown) => {
+      this.log.warn({ err: err instanceof Error ? err.message : String(err), lease: p.lease_id }, 'cannot announce a revoked lease');
     });
   }
 
@@ -612,6 +639,8 @@ export class Gateway {
     }
     if (channel === GATEWAY_CONTROL_CHANNEL) {
       const m = msg as GatewayControlMessage;
+      // For the model streams of the API nodes (they subscribe on their own), not for sockets.
+      if (m.kind === 'lease_ended') return;
       // Per-runner messages are O(1) lookups (a connect storm must not cost O(N) per connect).
       if (m.kind === 'supersede') {
         const c = this.byRunner.get(m.runner_id);
@@ -723,10 +752,18 @@ export async function deliverToRunner(
 /**
  * `lease.cancel` to the runner holding a lease, wherever its socket is (`deliverToRunner`): the
  * node holding it sends the frame and repeats it in every `heartbeat.ack` until the runner stops
- * listing the lease.
+ * listing the lease. The lease's end is announced to every node too (`lease_ended`), so the model
+ * streams served under it end on whichever node serves them. Those nodes read the Run's cancel
+ * mark, which is in Redis before this publish: the scheduler cancels a Run it found marked, and
+ * `RunEngine.interruptRequested` sends the mark ahead of the fence read this cancel waits for,
+ * on the same connection and slot.
  */
-export function cancelOnRunner(redis: Redis, workspaceId: string, runnerId: string, payload: Payload<'lease.cancel'>, eventId: string): Promise<boolean> {
-  return deliverToRunner(redis, workspaceId, runnerId, frame('lease.cancel', eventId, payload), { cancel: payload });
+export async function cancelOnRunner(redis: Redis, workspaceId: string, runnerId: string, payload: Payload<'lease.cancel'>, eventId: string): Promise<boolean> {
+  const [delivered] = await Promise.all([
+    deliverToRunner(redis, workspaceId, runnerId, frame('lease.cancel', eventId, payload), { cancel: payload }),
+    announceLeaseEnded(redis, workspaceId, payload.lease_id, payload.reason),
+  ]);
+  return delivered;
 }
 
 /**

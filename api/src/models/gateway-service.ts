@@ -8,6 +8,7 @@ import {
   estimateRequestTokens, findPrice, listCostNanoUsd, ProviderError, type PriceTable, type ProviderAdapter, type ProviderKey,
 } from '@agentplane/models';
 import type { BudgetGuard, BudgetReservation, SessionBudget } from './budget.js';
+import type { LeaseStreams } from './lease-streams.js';
 import type { ModelCredentialService } from './credentials.js';
 import type { ModelCredentialDoc, RoutingCandidate } from './model.js';
 import type { RoutingProfileService } from './profiles.js';
@@ -33,6 +34,12 @@ export interface ModelStepContext {
   routing_pin?: { model_routing_profile_id: string; model_routing_profile_revision_number: number } | null | undefined;
   /** The trace context the step is asked in (the parent of its provider calls' spans). */
   trace?: Context | undefined;
+  /**
+   * The runner lease the step is served under (with `session_id` and `run_id`): the step ends,
+   * as an aborted one does, once that lease ends, on whichever node its Run is cancelled or its
+   * lease revoked (`LeaseStreams`).
+   */
+  lease_id?: string | undefined;
 }
 
 /** A candidate that passed the constraints, with its credential. */
@@ -58,6 +65,8 @@ export interface GatewayServiceOptions {
   providerTimeoutMs: number;
   /** The whole step, from its first provider request to its end (default `DEFAULT_STEP_DEADLINE_MS`). */
   stepDeadlineMs?: number | undefined;
+  /** The steps served under runner leases, ended when their lease ends (absent: a lease ends nothing here). */
+  leases?: LeaseStreams | undefined;
 }
 
 /** The default overall deadline of one model step: 10 minutes. */
@@ -138,9 +147,28 @@ export class ModelGatewayService {
    * `budget.exceeded`, also when the providers' rate limits stopped every candidate;
    * `runtime.internal` when a provider failed otherwise (server error, cut stream, timeout,
    * unreachable) or anything unexpected happened; `validation.malformed`). Aborting `signal`
-   * aborts the provider request and ends the stream with `end` / stop_reason `canceled`.
+   * aborts the provider request and ends the stream with `end` / stop_reason `canceled`; so does
+   * the end of the lease the context names (`lease_id`).
    */
   async *runModelStep(workspaceId: string, request: ModelRequest | unknown, signal: AbortSignal, context: ModelStepContext = {}): AsyncGenerator<ModelStreamEvent> {
+    const leases = this.options.leases;
+    const { lease_id, session_id } = context;
+    if (!leases || lease_id === undefined || session_id === undefined) return yield* this.step(workspaceId, request, signal, context);
+    // Aborted by the caller or by the lease's end, whichever comes first; tracked until the step's end.
+    const ctl = new AbortController();
+    const follow = (): void => ctl.abort();
+    if (signal.aborted) ctl.abort();
+    else signal.addEventListener('abort', follow, { once: true });
+    const untrack = leases.track({ workspace_id: workspaceId, session_id, run_id: context.run_id, lease_id }, follow);
+    try {
+      yield* this.step(workspaceId, request, ctl.signal, context);
+    } finally {
+      untrack();
+      signal.removeEventListener('abort', follow);
+    }
+  }
+
+  private async *step(workspaceId: string, request: ModelRequest | unknown, signal: AbortSignal, context: ModelStepContext): AsyncGenerator<ModelStreamEvent> {
     let plan: StepPlan;
     try {
       plan = await this.plan(workspaceId, ModelGatewayService.parseRequest(request), context);

@@ -48,9 +48,11 @@ export class ModelStreams {
   /**
    * Start streaming one step; resolves when its `model.end` frame was sent. `observe` sees each
    * frame of this stream before it is sent (e.g. to publish delta previews to its Session).
-   * `group` names what the stream is opened under (its lease): `cancelGroup` aborts them all.
+   * `group` names the lease the stream is served under: `cancelGroup` aborts them all here, and
+   * the step ends when that lease ends on any node (the context's `lease_id`, `LeaseStreams`).
    */
   async open(workspaceId: string, streamId: string, request: unknown, context: ModelStepContext = {}, observe?: (frame: ModelFrame) => void, group?: string): Promise<void> {
+    if (group !== undefined && context.lease_id === undefined) context = { ...context, lease_id: group };
     const send = observe ? (f: ModelFrame) => {
       observe(f);
       return this.send(f);

@@ -5,6 +5,7 @@ import { defaultAdapters, mergePriceTables, parsePriceTable, SHIPPED_PRICES, typ
 import { BudgetGuard } from './budget.js';
 import { ModelCredentialService } from './credentials.js';
 import { ModelGatewayService } from './gateway-service.js';
+import { LeaseStreams } from './lease-streams.js';
 import { RoutingProfileService } from './profiles.js';
 import { UsageAccumulator } from './usage.js';
 
@@ -37,6 +38,12 @@ export interface ModelsModule {
   budgets: BudgetGuard;
   gateway: ModelGatewayService;
   prices: PriceTable;
+  /**
+   * The model steps this process serves under runner leases, ended wherever their lease ends
+   * (docs/MODELS.md). Its subscriber is made by the first such step and closes with the Redis
+   * connection the module was given (or with `leases.close()`).
+   */
+  leases: LeaseStreams;
 }
 
 export function loadPrices(file: string | undefined): PriceTable {
@@ -52,6 +59,9 @@ export function createModelsModule(deps: ModelsModuleDeps): ModelsModule {
   const profiles = new RoutingProfileService(deps.docs, deps.redis, credentials);
   const usage = new UsageAccumulator(deps.redis);
   const budgets = new BudgetGuard(deps.redis, usage);
-  const gateway = new ModelGatewayService(credentials, profiles, usage, budgets, adapters, { prices, providerTimeoutMs: deps.config.providerTimeoutMs, stepDeadlineMs: deps.config.stepDeadlineMs ?? 600_000 }, log, deps.docs, deps.metrics);
-  return { credentials, profiles, usage, budgets, gateway, prices };
+  const leases = new LeaseStreams(deps.redis, log);
+  const gateway = new ModelGatewayService(credentials, profiles, usage, budgets, adapters, {
+    prices, providerTimeoutMs: deps.config.providerTimeoutMs, stepDeadlineMs: deps.config.stepDeadlineMs ?? 600_000, leases,
+  }, log, deps.docs, deps.metrics);
+  return { credentials, profiles, usage, budgets, gateway, prices, leases };
 }
