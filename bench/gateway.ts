@@ -16,7 +16,7 @@ import { createLogger, SecretBox } from '@agentplane/core';
 import { connectRedis, DocumentStore } from '@agentplane/store';
 import { sseMessages } from '@agentplane/models';
 import { frame } from '@agentplane/protocol';
-import { LeaseRecords } from '@agentplane/lease';
+import { LeaseFence, LeaseRecords } from '@agentplane/lease';
 import { WebSocket } from 'ws';
 import { createModelsModule } from '@agentplane/api';
 import type { ModelRequest } from '@agentplane/protocol';
@@ -198,11 +198,15 @@ async function connectRunner(baseUrl: string, secret: string, leaseRedisUrl: str
   }));
   const runnerId = await welcome;
   // Model steps need a live lease held by this runner: record one, as the scheduler does when it offers a Run.
+  // and its Session fence claimed, as the runner's acceptance does (a model step checks it).
   const redis = connectRedis(leaseRedisUrl, { name: 'bench-lease' });
-  await new LeaseRecords(redis).put({
+  const lease = {
     lease_id: 'bench-lease', attempt: 1, runner_id: runnerId, workspace_id: leaseWorkspace, run_id: `run_${'0'.repeat(32)}`,
     session_id: `sess_${'0'.repeat(32)}`, thread_id: `sthr_${'0'.repeat(32)}`, pool_id: 'rpool_bench', reply_to: 'ap:bench:offers',
-  }, 3_600_000);
+  };
+  await new LeaseRecords(redis).put(lease, 3_600_000);
+  const fenced = await new LeaseFence(redis).claim({ sessionId: lease.session_id, token: lease.lease_id, runnerId, attempt: 1, runId: lease.run_id }, 3_600_000);
+  if (fenced !== 'ok') throw new Error(`the bench's lease fence was not claimed (${fenced})`);
   redis.disconnect();
   return {
     async *step(streamId, request) {
