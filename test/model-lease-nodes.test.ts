@@ -109,4 +109,25 @@ describe('a lease ended on one node ends its model streams on another', () => {
     const after = await api.get<{ summary: { steps: number } }>(`/v1/sessions/${session.id}/usage?run_id=${runId}`);
     expect(after.summary.steps).toBe(1);
   }, 90_000);
+
+  it("a runner's socket lost mid-stream: the provider request it was streaming is aborted at once, not at its next event", async () => {
+    provider.behavior = { ...provider.behavior, holdAfter: 3 };
+    // A runner of its own (the first one's slot still holds the cancelled lease it never gave back).
+    const r = await connectRawRunner<Frame>({ baseUrl: b.baseUrl }, await pairedRunnerSecret(p, principal, 'model-lease-nodes-box-2'), dockerHello([MODEL_GATEWAY_PROTOCOL]));
+    runners.push(r);
+    const session = await api.post<{ id: string }>('/v1/sessions', { agent: { name: 'a', model: 'default' }, environment_id: envId });
+    const offered = frameWhere(r, 'lease offer', (f) => f.type === 'lease.offer' && f.payload.session_id === session.id, 20_000);
+    await api.post(`/v1/sessions/${session.id}/events`, { type: 'user.message', payload: { content: 'hi', authored_by: principal, caused_by: { kind: 'api' } } });
+    const offer = await offered;
+    const ref = { lease_id: String(offer.payload.lease_id), attempt: Number(offer.payload.attempt) };
+    r.sock.send(frame('lease.accept', 'a2', ref));
+    await waitFor('the Run running', async () => ((await api.get<{ status: string }>(`/v1/runs/${String(offer.payload.run_id)}`)).status === 'running' ? true : undefined), 15_000);
+    const firstWords = frameWhere(r, 'the first model.delta', streamFrame('model.delta', 'lost-1'), 15_000);
+    r.sock.send(frame('model.request', 'm3', { ...ref, stream_id: 'lost-1', request }));
+    await firstWords;
+    const abortedBefore = provider.aborted;
+    // The provider holds the rest for good: only the socket's loss can end its request.
+    r.sock.terminate();
+    await waitFor('the provider to see its client go', () => (provider.aborted > abortedBefore ? true : undefined), 10_000);
+  }, 90_000);
 });

@@ -90,6 +90,8 @@ export const DEFAULT_GATEWAY_OPTIONS: Omit<GatewayOptions, 'nodeId'> = {
 
 /** Told when a runner's socket goes live, with the leases its hello names as still held. */
 export type ConnectedListener = (conn: RunnerConnection, heldLeases: readonly LeaseRef[]) => Promise<void>;
+/** Called once when a connection this node held is gone (closed, lost or replaced). */
+export type ClosedListener = (conn: RunnerConnection) => void;
 
 /** One live runner socket as handlers see it. */
 export interface RunnerConnection {
@@ -158,6 +160,7 @@ export class Gateway {
   private closing = false;
   private msgSeq = 0;
   private readonly connectedListeners: ConnectedListener[] = [];
+  private readonly closedListeners: ClosedListener[] = [];
   /** Open node links (senders' direct sockets), and the reply channels each one named. */
   private readonly links = new Set<WebSocket>();
   /** Link frames carry a runner frame as a JSON string (escaping makes it larger). */
@@ -226,6 +229,14 @@ export class Gateway {
    */
   onConnected(listener: ConnectedListener): void {
     this.connectedListeners.push(listener);
+  }
+
+  /**
+   * `listener` runs once for every connection this node forgets (its socket closed or lost): what
+   * the handlers keep per connection (its model streams) ends with it.
+   */
+  onDisconnected(listener: ClosedListener): void {
+    this.closedListeners.push(listener);
   }
 
   /** Add or replace the handler of one runner→gateway frame type. */
@@ -613,6 +624,13 @@ export class Gateway {
 
   private forget(conn: Conn): void {
     if (!this.conns.delete(conn.id)) return;
+    for (const listener of this.closedListeners) {
+      try {
+        listener(conn);
+      } catch (err) {
+        this.log.warn({ err: err instanceof Error ? err.message : String(err), runner: conn.identity.runnerId }, 'a closed-connection listener failed');
+      }
+    }
     const id = conn.identity;
     if (this.byRunner.get(id.runnerId) === conn) this.byRunner.delete(id.runnerId);
     // A graceful goodbye removes the presence at once; a lost socket leaves it to expire (the

@@ -270,6 +270,13 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     }
   });
 
+  // A connection gone (closed, lost, replaced): its provider requests are aborted now, not at
+  // their next event, and its streams' table goes with it.
+  gw.onDisconnected((conn) => {
+    modelStreams.get(conn.id)?.closeAll();
+    modelStreams.delete(conn.id);
+  });
+
   /** One ModelStreams per connection (validation, per-connection cap, cancel, socket loss). */
   const streamsOf = (conn: RunnerConnection): ModelStreams => {
     let s = modelStreams.get(conn.id);
