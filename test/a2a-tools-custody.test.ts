@@ -218,6 +218,6 @@ describe('peer credential custody', () => {
     }
     // The scan is not vacuous: the calls' events and audit records are in what was read.
     expect(redis).toContain('exec.tool_invocation');
-    expect(audit).toContain('toolSources.callA2aTool');
+    expect(audit).toContain('toolSources.runtimeCallTool:');
   });
 });

@@ -83,9 +83,10 @@ describe('A2A tool sources in Runs', () => {
     const thread = (await api.get<{ data: { id: string }[] }>(`/v1/sessions/${id}/threads`)).data[0]?.id;
     expect(thread).toMatch(/^sthr_/);
     expect(invocations[0]?.session_thread_id).toBe(thread);
-    // The call to the peer is in the audit log, as the Run.
-    const audit = await p.root.post<{ data: { outcome: string; target: string | null; actor: { id: string } }[] }>('/v1/audit/export', { action: 'toolSources.callA2aTool' });
-    expect(audit.data.filter((r) => r.target === use?.payload.id).map((r) => r.outcome)).toEqual(['succeeded']);
+    // The call to the peer is in the audit log, as the Run, target the tool source.
+    const audit = await p.root.post<{ data: { outcome: string; status: number | null; actor: { id: string; credential_id: string | null } }[] }>('/v1/audit/export', { action: 'toolSources.runtimeCallTool:a2a_peer_summarize', target: sourceId });
+    expect(audit.data.map((r) => [r.outcome, r.status, r.actor.credential_id])).toEqual([['succeeded', 200, null]]);
+    expect(audit.data[0]?.actor.id).toMatch(/^run_/);
 
     await api.post(`/v1/sessions/${id}/events`, msg('summarize again'));
     const again = await untilEvents(api, id, (e) => idleCount(e) >= 3);
@@ -116,6 +117,31 @@ describe('A2A tool sources in Runs', () => {
     expect(JSON.stringify(allowed.filter((e) => e.type === 'agent.tool_result').at(-1)?.payload.content)).toContain('done: the quarterly report');
     expect(sends()).toBe(before + 1);
     expect(allowed.filter((e) => e.type === 'exec.tool_invocation')).toHaveLength(1);
+  });
+
+  it('under a require_approval rule naming the tool source: approved, then confirmed, the call passes the endpoint\'s own check and reaches the peer once', async () => {
+    const rule = (await p.root.post<{ id: string }>('/v1/action-policies', { effect: 'require_approval', tool: { kind: 'mcp', name: 'a2a_peer_summarize', connection_id: sourceId } })).id;
+    try {
+      const id = await session();
+      const before = sends();
+      await api.post(`/v1/sessions/${id}/events`, msg('summarize please'));
+      const first = await untilEvents(api, id, (e) => idleCount(e) >= 1);
+      const approval = String(first.find((e) => e.type === 'session.action_approval_requested')?.payload.approval_id);
+      const use = String(first.filter((e) => e.type === 'agent.tool_use').at(-1)?.payload.id);
+      expect((await p.root.request('POST', `/v1/action-approvals/${approval}/approve`, { body: {} })).status).toBe(200);
+      // Approved, the always-ask use still waits for its confirmation; nothing has reached the peer.
+      await untilEvents(api, id, (e) => idleCount(e) >= 2);
+      expect(sends()).toBe(before);
+      await api.post(`/v1/sessions/${id}/events`, {
+        type: 'user.tool_confirmation', payload: { tool_use_id: use, result: 'allow', authored_by: principal, caused_by: { kind: 'api' } },
+      });
+      const done = await untilEvents(api, id, (e) => idleCount(e) >= 3);
+      expect(JSON.stringify(done.filter((e) => e.type === 'agent.tool_result').at(-1)?.payload.content)).toContain('done: the quarterly report');
+      expect(sends()).toBe(before + 1);
+      expect(done.filter((e) => e.type === 'exec.tool_invocation')).toHaveLength(1);
+    } finally {
+      await p.root.request('DELETE', `/v1/action-policies/${rule}`);
+    }
   });
 
   it('passes the ActionPolicy gate: a deny naming the tool source refuses the call before any confirmation', async () => {

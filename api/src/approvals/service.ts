@@ -3,7 +3,7 @@ import type { DelayedJobs } from '@agentplane/lease';
 import { keys, tags, type DocumentStore, type LogEvent, type Redis, type StoredDoc } from '@agentplane/store';
 import type { AuditActor, AuditLog } from '../audit/store.js';
 import type { PolicyStore } from '../governance/policies.js';
-import type { PolicyDecision, ToolKind } from '../governance/policy-eval.js';
+import type { ToolKind } from '../governance/policy-eval.js';
 import type { WaitKind } from '@agentplane/domain';
 import type { SessionStore } from '@agentplane/domain';
 import type { TurnScheduler } from '@agentplane/domain';
@@ -74,7 +74,6 @@ export interface ToolUseDecision {
   message: string;
 }
 
-const STRICTNESS: Record<PolicyDecision['decision'], number> = { allow: 0, require_approval: 1, deny: 2 };
 const PLATFORM: AuditActor = { id: 'platform', credential_id: null };
 
 /**
@@ -153,15 +152,11 @@ export class ApprovalService {
       this.d.log.error({ err, run: ctx.run_id }, 'could not read the Run author Principals; denying');
       return { decision: 'deny', rule_id: null, message: "the Run's author Principals could not be determined, so its ActionPolicies cannot be applied; denied (fail closed)" };
     }
-    const call = { kind: q.tool.kind, name: q.tool.name, connection_id: q.tool.connection_id, input: q.input };
-    const dctx = { actor: { id: ctx.run_id, credential_id: ctx.runner_id }, target: ctx.session_id };
-    let d: PolicyDecision | null = null;
-    for (const principal_id of principals.length > 0 ? principals : [undefined]) {
-      const one = await this.d.policies.decide(ctx.workspace_id, { ...call, principal_id }, dctx);
-      if (!d || STRICTNESS[one.decision] > STRICTNESS[d.decision]) d = one;
-      if (d.decision === 'deny') break;
-    }
-    const decision = d as PolicyDecision;
+    // The authors are read above whatever the rules (the approval names them): each is decided.
+    const decision = await this.d.policies.decideForPrincipals(
+      ctx.workspace_id, { kind: q.tool.kind, name: q.tool.name, connection_id: q.tool.connection_id, input: q.input }, principals,
+      { actor: { id: ctx.run_id, credential_id: ctx.runner_id }, target: ctx.session_id },
+    );
     if (decision.decision === 'deny') return { decision: 'deny', rule_id: decision.rule_id, message: decision.explanation };
     if (existing?.status === 'approved') {
       return { decision: 'allow', rule_id: existing.rule_id, message: `approved in ActionApproval ${existing.id} by ${existing.resolved_by?.id ?? 'an approver'}` };

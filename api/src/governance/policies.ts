@@ -174,14 +174,22 @@ export class PolicyStore {
 
   /**
    * One call made for the Principals a Run acts for (its authors): decided, and recorded, for
-   * each, the strictest decision standing (deny, then require_approval, then allow); with no
-   * author, once for no Principal. `principals` is read only when some rule of the Workspace
-   * names a Principal (otherwise the Principal cannot change the decision); when it cannot be
-   * read it rejects, and the caller fails closed.
+   * each, the strictest decision standing (deny, then require_approval, then allow; the first
+   * deny ends the loop); with no author, once for no Principal. Authors the caller has already
+   * read (an array) are each decided. A reader (a function) is called only when some rule of the
+   * Workspace names a Principal (otherwise the Principal cannot change the decision, which is then
+   * made once, for no Principal); when it cannot read them it rejects, and the caller fails closed.
    */
-  async decideForPrincipals(ws: string, call: Omit<ToolCall, 'principal_id'>, principals: () => Promise<readonly string[]>, ctx: DecisionContext): Promise<PolicyDecision> {
-    const scoped = await this.current(ws).then((set) => set.principalScoped, () => true);
-    const authors = scoped ? await principals() : [];
+  async decideForPrincipals(
+    ws: string, call: Omit<ToolCall, 'principal_id'>, principals: readonly string[] | (() => Promise<readonly string[]>), ctx: DecisionContext,
+  ): Promise<PolicyDecision> {
+    let authors: readonly string[];
+    if (typeof principals === 'function') {
+      const scoped = await this.current(ws).then((set) => set.principalScoped, () => true);
+      authors = scoped ? await principals() : [];
+    } else {
+      authors = principals;
+    }
     let d: PolicyDecision | null = null;
     for (const principal_id of authors.length > 0 ? authors : [undefined]) {
       const one = await this.decide(ws, { ...call, principal_id }, ctx);

@@ -5,7 +5,10 @@ import type { ApiDeps } from '../deps.js';
 import { bySession, type ActionApproval } from '../approvals/service.js';
 import type { PolicyDecision } from './policy-eval.js';
 
-/** `_meta` key of a runtime `tools/call` naming the tool use the runner checked (`tool.check`) before calling. */
+/**
+ * `_meta` key of a runtime `tools/call` naming the tool use the runner checked (`tool.check`)
+ * before calling; on the tool-source endpoint it is also the call's identity across retries.
+ */
 export const TOOL_USE_META = 'dev.agentplane/tool_use_id';
 
 /** The tool use id a runtime `tools/call` names in its `_meta`, if it names a plausible one. */
@@ -16,7 +19,7 @@ export function toolUseIdOf(meta: Record<string, unknown> | undefined): string |
 
 /** One tool call a Run makes on a runtime endpoint with its runtime bearer. */
 export interface RuntimeToolCall {
-  /** The Connection (`conn_`) or MemoryStore (`memstore_`) whose tool it is. */
+  /** The Connection (`conn_`), MemoryStore (`memstore_`) or A2A tool source (`tsrc_`) whose tool it is. */
   connection_id: string;
   /** The tool's own name (a Connection's upstream name, also under a deployment alias). */
   name: string;
@@ -29,16 +32,17 @@ export interface RuntimeToolCall {
 const RECENT_APPROVALS = 100;
 
 /**
- * The ActionPolicy gate of the runtime endpoints (a Connection's tools, the memory tools): the
- * check the runner's `tool.check` asks for before each tool use, made again by the control plane
- * when the call arrives, so that a runtime bearer used without that check (a leaked one, a harness
- * that does not ask) gets no more than the Workspace's ActionPolicies allow. The call is of kind
- * `mcp`, decided for the Run's author Principals through the same `PolicyStore` decisions as every
- * other boundary (each decision a rule makes is an audit record, actor the Run, target the
- * Session); the strictest stands. A `require_approval` passes only when an approved ActionApproval
- * covers this very call (same tool, Connection and input): the one of the tool use the call names,
- * or, when it names none, one of this Run's. Nothing is opened here: a call that needs an approval
- * and has none is refused, as at every boundary that cannot wait. Throws 403 `policy.denied`.
+ * The ActionPolicy gate of the runtime endpoints (a Connection's tools, the memory tools, an A2A
+ * tool source's tools): the check the runner's `tool.check` asks for before each tool use, made
+ * again by the control plane when the call arrives, so that a runtime bearer used without that
+ * check (a leaked one, a harness that does not ask) gets no more than the Workspace's
+ * ActionPolicies allow. The call is of kind `mcp`, decided for the Run's author Principals through
+ * the same `PolicyStore` decisions as every other boundary (each decision a rule makes is an audit
+ * record, actor the Run, target the Session); the strictest stands. A `require_approval` passes
+ * only when an approved ActionApproval covers this very call (same tool, Connection and input):
+ * the one of the tool use the call names, or, when it names none, one of this Run's. Nothing is
+ * opened here: a call that needs an approval and has none is refused, as at every boundary that
+ * cannot wait. Throws 403 `policy.denied`.
  */
 export async function requireRuntimeToolCall(
   deps: Pick<ApiDeps, 'policies' | 'approvals' | 'docs' | 'redis' | 'log'>, grant: RuntimeGrant, call: RuntimeToolCall, requestId: string | null,
