@@ -20,13 +20,19 @@ export default tseslint.config(
     },
   },
   {
-    // Processes stand on packages: none imports another process's code. The api is a process;
-    // what more than one process needs lives in packages/ (the Run life cycle in @agentplane/domain).
-    files: ['packages/**/*.ts', 'scheduler/**/*.ts', 'gateway/**/*.ts', 'runner-daemon/**/*.ts', 'platform/**/*.ts'],
+    // Processes stand on packages: none imports another process's code. The api and the runner
+    // are processes; what more than one process needs lives in packages/ (the Run life cycle in
+    // @agentplane/domain; the runner's config-dir files and exit codes in @agentplane/protocol;
+    // sandbox labels, the Docker client and the reaper in @agentplane/sandbox). Starting a
+    // process by its entry file (the platform's supervisor) is not importing it.
+    files: ['packages/**/*.ts', 'api/**/*.ts', 'scheduler/**/*.ts', 'gateway/**/*.ts', 'runner-daemon/**/*.ts', 'platform/**/*.ts'],
     rules: {
       'no-restricted-imports': ['error', {
         paths: [{ name: '@agentplane/api', message: 'the api is a process: move shared logic into a package (e.g. @agentplane/domain)' }],
-        patterns: [{ group: ['@agentplane/scheduler', '@agentplane/platform'], message: 'processes do not import other processes' }],
+        patterns: [
+          { group: ['@agentplane/runner-daemon', '@agentplane/runner-daemon/*'], message: 'the runner is a process: move what another process needs of it into a package (e.g. @agentplane/sandbox, @agentplane/protocol)' },
+          { group: ['@agentplane/scheduler', '@agentplane/scheduler/*', '@agentplane/platform', '@agentplane/platform/*'], message: 'processes do not import other processes' },
+        ],
       }],
     },
   },

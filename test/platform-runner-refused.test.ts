@@ -3,8 +3,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import type { Logger } from '@agentplane/core';
+import type { RunnerCredentialFile } from '@agentplane/protocol';
 import { Supervisor, type FatalExit } from '../platform/dist/supervisor.js';
-import type { RunnerCredentialFile } from '../runner-daemon/dist/config.js';
 import { startPlatform, type Platform } from './harness/platform.js';
 
 /**

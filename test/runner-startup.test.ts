@@ -5,7 +5,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { freePort } from '@agentplane/store';
-import { loadState, saveCredential, statePath } from '../runner-daemon/dist/config.js';
+import { loadState, saveCredential, statePath } from '@agentplane/protocol';
 import { lockDir } from '../runner-daemon/dist/lock.js';
 import { waitFor } from './harness/platform.js';
 import { runnerCli, startLoggedDaemon, type CliRun, type LoggedDaemon } from './harness/runner-cli.js';

@@ -1,6 +1,6 @@
 import type { Logger } from '@agentplane/core';
-import { dockerClient, loadCredential } from '@agentplane/runner-daemon';
-import { DockerDriver, planReap, SANDBOX_LABELS } from '@agentplane/runner-daemon/sandbox';
+import { loadCredential } from '@agentplane/protocol';
+import { dockerAvailable, dockerClient, planReap, SANDBOX_LABELS } from '@agentplane/sandbox';
 
 export interface LeftoverOptions {
   runnerDir: string;
@@ -16,7 +16,7 @@ export interface LeftoverOptions {
  */
 export async function reportEarlierSandboxes(o: LeftoverOptions): Promise<{ containers: number; volumes: number; prunable: number } | undefined> {
   const docker = dockerClient(o.dockerSocket);
-  if (!(await DockerDriver.available(docker))) return undefined;
+  if (!(await dockerAvailable(docker))) return undefined;
   const self = loadCredential(o.runnerDir)?.runner_id;
   const plan = await planReap({ docker, scope: o.scope, selfRunnerId: self, items: 'all' });
   const live = new Set(plan.runners.filter((r) => r.verdict === 'live' || r.verdict === 'self' || r.verdict === 'other_host').map((r) => r.runner));

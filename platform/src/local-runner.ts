@@ -1,10 +1,9 @@
 import { existsSync, readFileSync } from 'node:fs';
-import { join } from 'node:path';
 import { hostname } from 'node:os';
 import { secretDigest, type Logger } from '@agentplane/core';
 import { keys, type Redis } from '@agentplane/store';
 import type { RunnerService } from '@agentplane/domain';
-import { saveCredential, type RunnerCredentialFile } from '@agentplane/runner-daemon';
+import { credentialPath, saveCredential, type RunnerCredentialFile } from '@agentplane/protocol';
 
 /**
  * The local runner of `npm start`: a Workspace-scoped credential in the default pool of the
@@ -19,7 +18,7 @@ export async function ensureLocalRunner(
   baseUrl: string,
   log: Logger,
 ): Promise<void> {
-  const file = join(dir, 'runner.json');
+  const file = credentialPath(dir);
   if (existsSync(file)) {
     const current = JSON.parse(readFileSync(file, 'utf8')) as RunnerCredentialFile;
     const live = (await redis.exists(keys.auth(secretDigest(current.secret)))) === 1;

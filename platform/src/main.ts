@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import { ConfigError, createLogger, strictCommandLine } from '@agentplane/core';
 import { connectRedis, DocumentStore, startEmbeddedRedis, RedisServerMissingError, waitForRedis, type EmbeddedRedis } from '@agentplane/store';
 import { bootstrapPlatform, CredentialIndex, IdentityService, RunnerService } from '@agentplane/domain';
-import { RUNNER_EXIT } from '@agentplane/runner-daemon';
+import { RUNNER_EXIT } from '@agentplane/protocol';
 import { ensureLocalRunner } from './local-runner.js';
 import { reportEarlierSandboxes, stopRunnerSandboxes } from './leftovers.js';
 import { loadPlatformConfig } from './config.js';

@@ -9,7 +9,8 @@ import type Docker from 'dockerode';
 import { createLogger } from '@agentplane/core';
 import { CLOSE, frame, parseFrame, type LeaseRef, type RunnerMessage } from '@agentplane/protocol';
 import { RunnerAgent, type LeaseExecutor } from './agent.js';
-import { loadDaemonConfig, loadState, statePath, type RunnerCredentialFile } from './config.js';
+import { loadState, statePath, type RunnerCredentialFile } from '@agentplane/protocol';
+import { loadDaemonConfig } from './config.js';
 import { RunnerMetrics } from './metrics.js';
 
 const dirs: string[] = [];

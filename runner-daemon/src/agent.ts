@@ -3,16 +3,16 @@ import {
   ATTR, backoffDelay, context, extractTrace, failSpan, injectTrace, nowIso, SpanKind, trace, tracer, tracingEnabled, type Logger, type Span, type TraceCarrier,
 } from '@agentplane/core';
 import {
-  CLOSE, FrameError, RUNNER_DEFAULTS, RUNNER_PROTOCOL_VERSIONS, frame, parseFrame,
-  type GatewayMessage, type GatewayToRunnerType, type LeaseRef, type Payload, type RunnerCapabilities, type RunnerStatus,
-  type RunnerToGatewayType, type ModelClient, type ModelRequest, type ModelStreamEvent,
+  CLOSE, FrameError, RUNNER_DEFAULTS, RUNNER_PROTOCOL_VERSIONS, frame, parseFrame, runnerConnectUrl, saveState, statePath,
+  type CredentialRefusal, type GatewayMessage, type GatewayToRunnerType, type LeaseRef, type Payload, type RunnerCapabilities,
+  type RunnerCredentialFile, type RunnerStateFile, type RunnerStatus, type RunnerToGatewayType, type ModelClient, type ModelRequest,
+  type ModelStreamEvent,
 } from '@agentplane/protocol';
 import type Docker from 'dockerode';
 import { buildCapabilities, hostFacts, memoryAvailableMib, type HostFacts, type SlotPolicy } from './capabilities.js';
-import { saveState, statePath, type CredentialRefusal, type DaemonConfig, type RunnerCredentialFile, type RunnerStateFile } from './config.js';
+import type { DaemonConfig } from './config.js';
 import { InfrastructureFailure } from './failures.js';
 import type { RunnerMetrics } from './metrics.js';
-import { connectUrl } from './probe.js';
 
 export const DAEMON_VERSION = '0.1.0';
 
@@ -199,7 +199,7 @@ export class RunnerAgent {
   }
 
   get url(): string {
-    return connectUrl(this.cred.base_url).toString();
+    return runnerConnectUrl(this.cred.base_url).toString();
   }
 
   /** Connect and stay connected until stopped or drained. Resolves when the daemon is done. */

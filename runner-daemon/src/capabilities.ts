@@ -2,7 +2,7 @@ import { accessSync, constants } from 'node:fs';
 import { statfs } from 'node:fs/promises';
 import { arch, cpus, freemem, platform, totalmem } from 'node:os';
 import { delimiter, dirname, join } from 'node:path';
-import Docker from 'dockerode';
+import type Docker from 'dockerode';
 import * as si from 'systeminformation';
 import { LEASE_SPEC_PROTOCOL, MODEL_GATEWAY_PROTOCOL, RUNNER_PROTOCOL_VERSIONS, type ProviderCapability, type RunnerCapabilities } from '@agentplane/protocol';
 
@@ -42,10 +42,6 @@ const MIB = 1024 * 1024;
 export function normalizeArch(a: string): string {
   const m: Record<string, string> = { x86_64: 'amd64', x64: 'amd64', amd64: 'amd64', aarch64: 'arm64', arm64: 'arm64', armv7l: 'arm', arm: 'arm' };
   return m[a] ?? a;
-}
-
-export function dockerClient(socketPath?: string): Docker {
-  return socketPath ? new Docker({ socketPath }) : new Docker();
 }
 
 export async function dockerFacts(docker: Docker, timeoutMs = 3000): Promise<DockerFacts | null> {

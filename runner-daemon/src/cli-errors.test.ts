@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
-import { classify, credentialRefused, EXIT, requestFailure } from './cli-errors.js';
+import { RUNNER_EXIT } from '@agentplane/protocol';
+import { classify, credentialRefused, requestFailure } from './cli-errors.js';
 
 const errno = (code: string): Error => Object.assign(new Error(`${code}: something, open '/somewhere/runner.json.1.tmp'`), { code, syscall: 'open' });
 
@@ -37,7 +38,7 @@ describe('runner CLI error types', () => {
     };
     const refused = { http_status: 401 as const, error_type: 'auth.invalid_key', error_message: 'unknown or revoked credential', at: '2026-01-02T00:00:00.000Z' };
     const c = classify(credentialRefused(refused, cred, '/srv/runner'));
-    expect(EXIT.credentialRefused).toBe(5);
+    expect(RUNNER_EXIT.credentialRefused).toBe(5);
     expect(c).toMatchObject({
       type: 'credential_refused', code: 5,
       detail: { http_status: 401, api_error: { type: 'auth.invalid_key', message: 'unknown or revoked credential' }, runner_id: 'runner_1', url: 'https://cp.example' },

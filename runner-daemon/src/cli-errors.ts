@@ -1,21 +1,13 @@
 /**
  * How the runner CLI's commands fail: each failure has a `--json` error type and an exit code
- * (`agentplane-runner --help` lists them).
+ * (`RUNNER_EXIT` of `@agentplane/protocol`; `agentplane-runner --help` lists them).
  */
 import { ConfigError } from '@agentplane/core';
-import type { CredentialRefusal, RunnerCredentialFile } from './config.js';
+import { RUNNER_EXIT, type CredentialRefusal, type RunnerCredentialFile } from '@agentplane/protocol';
 import { DaemonRunningError } from './lock.js';
 
 export type ErrorType =
   | 'usage' | 'config' | 'network' | 'api' | 'not_running' | 'already_running' | 'docker_unavailable' | 'credential_refused' | 'internal';
-
-/**
- * Exit codes besides 0 (success) and 1 (every failure not listed). `credentialRefused`: `start`
- * stopped because the control plane refused the runner credential for good (revoked, deleted);
- * a supervisor must not restart the daemon on it (the systemd unit's RestartPreventExitStatus=,
- * the platform's local runner).
- */
-export const EXIT = { usage: 2, config: 2, alreadyRunning: 3, dockerUnavailable: 4, credentialRefused: 5 } as const;
 
 /** A mistake in how the command was called: exit code 2, with the command's usage. */
 export class UsageError extends Error {
@@ -97,7 +89,7 @@ export function credentialRefused(refusal: CredentialRefusal, cred: RunnerCreden
     `the control plane at ${cred.base_url} refused the credential of runner ${cred.runner_id} (HTTP ${refusal.http_status}${words}) twice in a row: ` +
       `${why}. Pair this machine again with a new pairing code: agentplane-runner pair --force --code <code> --url ${cred.base_url} ` +
       `--config-dir ${configDir} (a managed pool's runner: enroll --force)`,
-    EXIT.credentialRefused,
+    RUNNER_EXIT.credentialRefused,
     {},
     {
       http_status: refusal.http_status, api_error: refusal.error_type ? { type: refusal.error_type, message: refusal.error_message } : null,
@@ -122,11 +114,11 @@ export interface Classified {
 export function classify(err: unknown): Classified {
   const message = err instanceof Error ? err.message : String(err);
   if (err instanceof CliError) return { type: err.type, message, code: err.exitCode, fields: err.fields, detail: err.detail };
-  if (err instanceof DaemonRunningError) return { type: 'already_running', message, code: EXIT.alreadyRunning, fields: { pid: err.holder.pid } };
-  if (err instanceof UsageError) return { type: 'usage', message, code: EXIT.usage };
-  if (err instanceof ConfigError) return { type: 'config', message, code: EXIT.config };
+  if (err instanceof DaemonRunningError) return { type: 'already_running', message, code: RUNNER_EXIT.alreadyRunning, fields: { pid: err.holder.pid } };
+  if (err instanceof UsageError) return { type: 'usage', message, code: RUNNER_EXIT.usage };
+  if (err instanceof ConfigError) return { type: 'config', message, code: RUNNER_EXIT.config };
   // Disk full, read-only, not a directory: this machine's configuration.
-  if (isFsError(err)) return { type: 'config', message, code: EXIT.config, detail: { code: errnoOf(err) } };
+  if (isFsError(err)) return { type: 'config', message, code: RUNNER_EXIT.config, detail: { code: errnoOf(err) } };
   // fetch() rejects with a TypeError whose cause carries the socket error (ECONNREFUSED, ENOTFOUND, …).
   const cause = (err as { cause?: { code?: string; message?: string } } | null)?.cause;
   if (err instanceof TypeError && cause) return { type: 'network', message: `${message}: ${cause.code ?? cause.message ?? 'network error'}`, code: 1 };

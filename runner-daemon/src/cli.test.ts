@@ -5,9 +5,8 @@ import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { loadState, saveCredential, statePath } from './config.js';
+import { loadState, saveCredential, statePath } from '@agentplane/protocol';
 import { acquireDaemonLock, lockDir, processStart, type DaemonLock } from './lock.js';
-import { connectUrl } from './probe.js';
 
 /** The runner CLI as users run it: `node runner-daemon/dist/cli.js …`, exit code and output. */
 const CLI = resolve(import.meta.dirname, '..', 'dist', 'cli.js');
@@ -439,10 +438,5 @@ describe('a control-plane URL with a base path', { timeout: 240_000 }, () => {
     });
     expect(human.code).toBe(1);
     expect(human.stderr).toContain('pair failed: HTTP 401 auth.invalid_key');
-  });
-
-  it('the gateway URL keeps the path', () => {
-    expect(connectUrl('https://host/agentplane').toString()).toBe('wss://host/agentplane/v1/runners/connect');
-    expect(connectUrl('http://127.0.0.1:8080/').toString()).toBe('ws://127.0.0.1:8080/v1/runners/connect');
   });
 });

@@ -5,10 +5,11 @@ import { resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { hostname } from 'node:os';
 import { ConfigError, createLogger, envInt, startTracing } from '@agentplane/core';
+import { credentialPath, loadCredential, loadState, RUNNER_EXIT, type CredentialRefusal } from '@agentplane/protocol';
+import { dockerClient, planReap, reapItems, type ReapPlan } from '@agentplane/sandbox';
 import { RunnerAgent } from './agent.js';
-import { dockerClient } from './capabilities.js';
-import { classify, CliError, credentialRefused, EXIT, UsageError } from './cli-errors.js';
-import { credentialPath, loadCredential, loadDaemonConfig, loadState, type CredentialRefusal, type DaemonConfig } from './config.js';
+import { classify, CliError, credentialRefused, UsageError } from './cli-errors.js';
+import { loadDaemonConfig, type DaemonConfig } from './config.js';
 import { DaemonSandboxes, DockerUnavailableError } from './daemon-sandboxes.js';
 import { runDoctor } from './doctor.js';
 import { DockerCheck, runnerHealth } from './health.js';
@@ -16,7 +17,6 @@ import { acquireDaemonLock, claimDrainRequest, clearDrainRequests, drainRequeste
 import { redeemOrEnroll } from './pair.js';
 import { DEFAULT_UNIT_DIR, DEFAULT_UNIT_NAME, defaultUnitOptions, installService, serviceStatus, uninstallService, userExists, validUnitName, validUserName, type ServiceContext, type ServiceResult } from './service.js';
 import { RunnerMetrics, serveMetrics } from './metrics.js';
-import { planReap, reapItems, type ReapPlan } from './sandbox/index.js';
 
 const COMMON = `
 Common options:
@@ -418,7 +418,7 @@ async function start(flags: Flags): Promise<number> {
       log.info({ signal: stopSignal ?? null }, 'stopping during startup');
       return 0;
     }
-    if (err instanceof DockerUnavailableError) throw new CliError('docker_unavailable', err.message, EXIT.dockerUnavailable);
+    if (err instanceof DockerUnavailableError) throw new CliError('docker_unavailable', err.message, RUNNER_EXIT.dockerUnavailable);
     throw err;
   }
   serving = true;

@@ -10,10 +10,12 @@ import { backoffDelay, type Logger } from '@agentplane/core';
 import { probeInitialize } from './acp/client.js';
 import { AcpHarnesses, installHarness, type InstalledHarness } from './acp/install.js';
 import type { LeaseExecutor, RunnerAgent } from './agent.js';
-import type { DaemonConfig, RunnerCredentialFile } from './config.js';
+import type { RunnerCredentialFile } from '@agentplane/protocol';
+import type { DaemonConfig } from './config.js';
 import { firstWilling, noopExecutor, turnExecutor } from './executors/index.js';
 import type { RunnerMetrics } from './metrics.js';
-import { DockerDriver, ensureSandboxImageIfDocker, SandboxManager, SandboxReaper, selectDriver } from './sandbox/index.js';
+import { dockerAvailable, SandboxReaper } from '@agentplane/sandbox';
+import { DockerDriver, ensureSandboxImageIfDocker, SandboxManager, selectDriver } from './sandbox/index.js';
 import type { SandboxDriver } from './sandbox/types.js';
 
 /** Docker did not answer at start and the process driver is refused (`--require-docker`). */
@@ -194,7 +196,7 @@ export class DaemonSandboxes {
 
   private async tryDocker(attempt: number): Promise<void> {
     if (this.stopped) return;
-    if (!(await DockerDriver.available(this.o.docker))) return this.retryDocker(attempt + 1);
+    if (!(await dockerAvailable(this.o.docker))) return this.retryDocker(attempt + 1);
     if (this.stopped) return;
     this.o.log.warn('Docker answers now: switching from the process driver to the container driver');
     this.switching = this.switchToDocker();

@@ -1,9 +1,9 @@
 import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { describe, expect, it } from 'vitest';
-import type { RunnerCredentialFile } from './config.js';
+import type { RunnerCredentialFile } from '@agentplane/protocol';
 import { canaryOptions, checkControlPlane } from './doctor.js';
-import { SANDBOX_LABELS } from './sandbox/types.js';
+import { SANDBOX_LABELS } from '@agentplane/sandbox';
 
 /** A local port nothing listens on (a server's, once closed). */
 async function closedPort(): Promise<number> {

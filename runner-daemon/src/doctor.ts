@@ -3,9 +3,9 @@ import { promisify } from 'node:util';
 import type Docker from 'dockerode';
 import { apiUrl } from '@agentplane/core';
 import { dockerFacts } from './capabilities.js';
-import type { DaemonConfig, RunnerCredentialFile } from './config.js';
-import { probeCredential } from './probe.js';
-import { attributionLabels, canaryLabels } from './sandbox/types.js';
+import type { RunnerCredentialFile } from '@agentplane/protocol';
+import { attributionLabels, canaryLabels, probeCredential } from '@agentplane/sandbox';
+import type { DaemonConfig } from './config.js';
 
 export interface Check {
   name: string;

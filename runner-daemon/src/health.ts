@@ -3,7 +3,7 @@
  * it can take work, 503 otherwise, with the same fields either way.
  */
 import type Docker from 'dockerode';
-import { DockerDriver } from './sandbox/docker-driver.js';
+import { dockerAvailable } from '@agentplane/sandbox';
 
 export interface RunnerHealth {
   /**
@@ -66,7 +66,7 @@ export class DockerCheck {
 
   ok(): Promise<boolean> {
     if (this.last && Date.now() - this.last.at < this.ttlMs) return Promise.resolve(this.last.ok);
-    this.pending ??= DockerDriver.available(this.docker, this.timeoutMs).then((ok) => {
+    this.pending ??= dockerAvailable(this.docker, this.timeoutMs).then((ok) => {
       this.last = { at: Date.now(), ok };
       this.pending = null;
       this.onResult(ok);

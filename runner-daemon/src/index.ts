@@ -3,4 +3,3 @@ export * from './capabilities.js';
 export * from './config.js';
 export * from './doctor.js';
 export * from './executors/index.js';
-export { EXIT as RUNNER_EXIT } from './cli-errors.js';

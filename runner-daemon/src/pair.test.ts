@@ -5,7 +5,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { classify, CliError } from './cli-errors.js';
-import { credentialPath, saveCredential } from './config.js';
+import { credentialPath, saveCredential } from '@agentplane/protocol';
 import { acquireDaemonLock } from './lock.js';
 import { redeemOrEnroll, REQUEST_TIMEOUT_MS, type RedeemOptions } from './pair.js';
 

@@ -5,8 +5,8 @@
  * running on it, and a credential already there is replaced only with --force.
  */
 import { apiUrl } from '@agentplane/core';
-import { checkWritableConfigDir, credentialPath, loadCredential, saveCredential, type RunnerCredentialFile } from './config.js';
-import { CliError, errnoOf, EXIT, requestFailure, UsageError } from './cli-errors.js';
+import { checkWritableConfigDir, credentialPath, loadCredential, RUNNER_EXIT, saveCredential, type RunnerCredentialFile } from '@agentplane/protocol';
+import { CliError, errnoOf, requestFailure, UsageError } from './cli-errors.js';
 import { acquireDaemonLock, DaemonRunningError, type DaemonLock } from './lock.js';
 
 /** How long pair and enroll wait for the control plane's answer by default (--timeout). */
@@ -57,7 +57,7 @@ export async function redeemOrEnroll(o: RedeemOptions): Promise<RedeemResult> {
     checkWritableConfigDir(dir);
   } catch (err) {
     throw new CliError('config', `cannot write the credential into ${dir}: ${err instanceof Error ? err.message : String(err)} ` +
-      `(nothing was asked of the control plane${command === 'pair' ? '; the pairing code is still unused' : ''})`, EXIT.config, {}, { code: errnoOf(err) ?? null });
+      `(nothing was asked of the control plane${command === 'pair' ? '; the pairing code is still unused' : ''})`, RUNNER_EXIT.config, {}, { code: errnoOf(err) ?? null });
   }
   // A daemon running on this dir would keep using the credential this replaces; one starting now
   // waits for this command.
@@ -67,7 +67,7 @@ export async function redeemOrEnroll(o: RedeemOptions): Promise<RedeemResult> {
   } catch (err) {
     if (!(err instanceof DaemonRunningError)) throw err;
     throw new CliError('already_running', `a runner daemon (pid ${err.holder.pid}) is running on ${dir}: stop it first ` +
-      `(agentplane-runner drain --wait --config-dir ${dir}), or ${command} into another --config-dir`, EXIT.alreadyRunning, { pid: err.holder.pid });
+      `(agentplane-runner drain --wait --config-dir ${dir}), or ${command} into another --config-dir`, RUNNER_EXIT.alreadyRunning, { pid: err.holder.pid });
   }
   try {
     const existing = loadCredential(dir);
@@ -88,7 +88,7 @@ export async function redeemOrEnroll(o: RedeemOptions): Promise<RedeemResult> {
       const shown = o.tty ? `\nIts secret, shown once because this is a terminal (write it nowhere it could leak): ${file.secret}` : '';
       throw new CliError('config', `the control plane issued runner credential ${rc.id} (runner ${rc.runner_id}, pool ${rc.runner_pool_id}) ` +
         `but it could not be stored in ${path}: ${err instanceof Error ? err.message : String(err)}. Revoke it: ${revokeHint(rc.id)}; ` +
-        `then free the disk and ${command} again${command === 'pair' ? ' with a new pairing code' : ''}.${shown}`, EXIT.config, {
+        `then free the disk and ${command} again${command === 'pair' ? ' with a new pairing code' : ''}.${shown}`, RUNNER_EXIT.config, {
         credential_stored: false, runner_id: rc.runner_id, runner_credential_id: rc.id, runner_pool_id: rc.runner_pool_id,
         ...(o.tty ? { secret: file.secret } : {}),
       }, { code: errnoOf(err) ?? null });

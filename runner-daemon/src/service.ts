@@ -10,7 +10,7 @@ import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node
 import { userInfo } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { EXIT } from './cli-errors.js';
+import { RUNNER_EXIT } from '@agentplane/protocol';
 
 export interface UnitOptions {
   /** Unit name without `.service` (default `agentplane-runner`). */
@@ -91,7 +91,7 @@ export function renderUnit(o: UnitOptions): string {
     // one on a credential the control plane refused for good (code 5): restarted as it is, it
     // would only be refused again. Pair again, then start the unit.
     'Restart=on-failure',
-    `RestartPreventExitStatus=${EXIT.credentialRefused}`,
+    `RestartPreventExitStatus=${RUNNER_EXIT.credentialRefused}`,
     'RestartSec=5',
     'StandardOutput=journal',
     'StandardError=journal',

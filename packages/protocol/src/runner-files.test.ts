@@ -3,7 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { ConfigError } from '@agentplane/core';
-import { checkWritableConfigDir, credentialPath, loadCredential, saveCredential, saveState, statePath, type RunnerStateFile } from './config.js';
+import { checkWritableConfigDir, credentialPath, loadCredential, saveCredential, saveState, statePath, type RunnerStateFile } from './runner-files.js';
 
 const dirs: string[] = [];
 const tmp = (): string => {

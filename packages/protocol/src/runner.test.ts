@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { FrameError, frame, negotiateVersion, parseFrame } from './runner.js';
+import { FrameError, frame, negotiateVersion, parseFrame, runnerConnectUrl } from './runner.js';
 
 const caps = { protocol_versions: [1], available_slots: 1, drivers: ['process'], plane_protocols: ['model-gateway-v1'], providers: [] };
 
@@ -35,5 +35,10 @@ describe('runner frames', () => {
   it('negotiates the highest common version', () => {
     expect(negotiateVersion([1, 2, 3], [1, 2])).toBe(2);
     expect(negotiateVersion([3], [1])).toBeNull();
+  });
+
+  it('the gateway URL keeps the path', () => {
+    expect(runnerConnectUrl('https://host/agentplane').toString()).toBe('wss://host/agentplane/v1/runners/connect');
+    expect(runnerConnectUrl('http://127.0.0.1:8080/').toString()).toBe('ws://127.0.0.1:8080/v1/runners/connect');
   });
 });

@@ -3,11 +3,18 @@
  * envelope `{v, type, id, re?, payload}`. Both ends validate every frame against the schemas
  * below (unknown fields rejected). docs/PROTOCOL.md describes every message.
  */
-import { Obj, Type, validator, ApiError, jsonDepth, MAX_JSON_NESTING, type Static, type TSchema } from '@agentplane/core';
+import { Obj, Type, validator, ApiError, apiUrl, jsonDepth, MAX_JSON_NESTING, type Static, type TSchema } from '@agentplane/core';
 
 /** Protocol versions this build speaks, newest first. */
 export const RUNNER_PROTOCOL_VERSIONS = [1] as const;
 export const RUNNER_CONNECT_PATH = '/v1/runners/connect';
+
+/** The runner gateway's WebSocket URL under a control-plane base URL (base path kept). */
+export function runnerConnectUrl(baseUrl: string): URL {
+  const url = apiUrl(baseUrl, RUNNER_CONNECT_PATH);
+  url.protocol = url.protocol === 'https:' ? 'wss:' : 'ws:';
+  return url;
+}
 /**
  * A runner that lists this in `plane_protocols` takes offers whose spec follows in a
  * `lease.spec` frame (docs/PROTOCOL.md, "Offers whose spec follows").

@@ -1,6 +1,9 @@
+/**
+ * Whether a runner credential is still accepted: how the reaper tells a runner that is gone for
+ * good (revoked) from one whose control plane is merely down, and what `doctor` reports.
+ */
 import { WebSocket } from 'ws';
-import { apiUrl } from '@agentplane/core';
-import { CLOSE, RUNNER_CONNECT_PATH } from '@agentplane/protocol';
+import { CLOSE, runnerConnectUrl } from '@agentplane/protocol';
 
 export interface CredentialProbe {
   /** `accepted`: the gateway took it; `rejected`: revoked or unknown (401); `unreachable`: no verdict (403 included). */
@@ -11,13 +14,6 @@ export interface CredentialProbe {
   url: string;
 }
 
-/** The runner gateway's WebSocket URL under a control-plane base URL (base path kept). */
-export function connectUrl(baseUrl: string): URL {
-  const url = apiUrl(baseUrl, RUNNER_CONNECT_PATH);
-  url.protocol = url.protocol === 'https:' ? 'wss:' : 'ws:';
-  return url;
-}
-
 /**
  * Whether the control plane still accepts a runner credential: a WebSocket upgrade and nothing
  * more (no hello), so a daemon connected with the same credential is not disturbed.
@@ -25,7 +21,7 @@ export function connectUrl(baseUrl: string): URL {
 export function probeCredential(baseUrl: string, secret: string, timeoutMs = 5000): Promise<CredentialProbe> {
   let url: URL;
   try {
-    url = connectUrl(baseUrl);
+    url = runnerConnectUrl(baseUrl);
   } catch (err) {
     return Promise.resolve({ verdict: 'unreachable', detail: `bad control-plane URL: ${err instanceof Error ? err.message : String(err)}`, url: baseUrl });
   }

@@ -5,9 +5,9 @@ import { randomBytes } from 'node:crypto';
 import Docker from 'dockerode';
 import { afterAll, describe, expect, it } from 'vitest';
 import { createLogger } from '@agentplane/core';
-import { saveCredential } from '../config.js';
+import { saveCredential } from '@agentplane/protocol';
 import { planReap, SandboxReaper } from './reaper.js';
-import { SANDBOX_LABELS } from './types.js';
+import { SANDBOX_LABELS } from './labels.js';
 
 /** Judging other runners' sandboxes, on real Docker volumes of a scope of this test alone. */
 const docker = new Docker();

@@ -14,11 +14,11 @@
  */
 import { existsSync, readFileSync } from 'node:fs';
 import { hostname } from 'node:os';
-import { join } from 'node:path';
 import type Docker from 'dockerode';
 import type { Logger } from '@agentplane/core';
-import { probeCredential, type CredentialProbe } from '../probe.js';
-import { SANDBOX_LABELS } from './types.js';
+import { credentialPath } from '@agentplane/protocol';
+import { SANDBOX_LABELS } from './labels.js';
+import { probeCredential, type CredentialProbe } from './probe.js';
 
 export interface ManagedItem {
   kind: 'container' | 'volume';
@@ -129,7 +129,7 @@ async function judge(runner: string, home: string | null, host: string | null, o
   if (!home) return { ...base, verdict: 'unattributed', reapable: false, detail: 'no agentplane.home label (made by an older runner)' };
   const me = o.host ?? hostname();
   if (host !== me) return { ...base, verdict: 'other_host', reapable: false, detail: `made by a runner on host ${host ?? '?'} (this is ${me})` };
-  const file = join(home, 'runner.json');
+  const file = credentialPath(home);
   if (!existsSync(file)) return { ...base, verdict: 'credential_gone', reapable: true, detail: `${file} no longer exists` };
   let cred: StoredCredential;
   try {

@@ -9,7 +9,7 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { DockerDriver } from './docker-driver.js';
 import { ensureSandboxImage } from './image.js';
 import { ProcessDriver } from './process-driver.js';
-import { SANDBOX_LABELS } from './types.js';
+import { SANDBOX_LABELS } from '@agentplane/sandbox';
 
 const fixture = fileURLToPath(new URL('./fixtures/crash-child.ts', import.meta.url));
 const tsx = fileURLToPath(new URL('../../../node_modules/.bin/tsx', import.meta.url));

@@ -7,7 +7,8 @@ import { runawayBytes } from './output.js';
 import { ensureSandboxImage } from './image.js';
 import { materializeResources } from './resources.js';
 import { createTar } from './tar.js';
-import { assuranceFlags, driverSatisfies, EXEC_DEFAULTS, SANDBOX_LABELS, type ExecResult, type Sandbox } from './types.js';
+import { SANDBOX_LABELS } from '@agentplane/sandbox';
+import { assuranceFlags, driverSatisfies, EXEC_DEFAULTS, type ExecResult, type Sandbox } from './types.js';
 
 const runnerId = `rtest-${randomBytes(4).toString('hex')}`;
 const docker = new Docker();

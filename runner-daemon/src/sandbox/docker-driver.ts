@@ -9,6 +9,7 @@ import { randomBytes } from 'node:crypto';
 import { PassThrough } from 'node:stream';
 import Docker from 'dockerode';
 import { createLogger, type Logger } from '@agentplane/core';
+import { SANDBOX_LABELS, SANDBOX_SCOPE_ENV, attributionLabels, canaryLabels, type SandboxAttribution } from '@agentplane/sandbox';
 import { ensureSandboxImage, loadManifest } from './image.js';
 import { browserRepository, ensureBrowserImage } from './browser-image.js';
 import { BrowserProbe, type BrowserVerdict } from './browser-probe.js';
@@ -17,12 +18,7 @@ import { CappedBuffer, runawayBytes, runawayNote, sleep, withNote, withTimeout }
 import { createTar, type TarEntry } from './tar.js';
 import {
   EXEC_DEFAULTS,
-  SANDBOX_LABELS,
-  SANDBOX_SCOPE_ENV,
   SandboxError,
-  attributionLabels,
-  canaryLabels,
-  type SandboxAttribution,
   type Command,
   type ComputeUsage,
   type DriverCapabilities,
@@ -217,16 +213,6 @@ export class DockerDriver implements SandboxDriver {
         : `the canary commands exited with ${info.ExitCode}: ${err.text().trim().slice(0, 500)}`);
     } finally {
       await container.remove({ force: true, v: true }).catch(() => undefined);
-    }
-  }
-
-  /** Whether dockerd answers; drivers are chosen from this at daemon start. */
-  static async available(docker: Docker = new Docker(), timeoutMs = 2_000): Promise<boolean> {
-    try {
-      await withTimeout(docker.ping(), timeoutMs, () => new Error('ping timeout'));
-      return true;
-    } catch {
-      return false;
     }
   }
 

@@ -7,4 +7,3 @@ export { createTar, type TarEntry } from './tar.js';
 export { selectDriver, type SelectDriverOptions } from './select.js';
 export { SandboxManager, type SandboxManagerOptions } from './manager.js';
 export { sandboxPreflight, type PreflightCheck, type PreflightReport } from './preflight.js';
-export { surveyManaged, planReap, reapItems, SandboxReaper, type ManagedItem, type ReapPlan, type ReapResult, type RunnerJudgement, type RunnerVerdict, type SandboxReaperOptions } from './reaper.js';

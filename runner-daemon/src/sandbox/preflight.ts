@@ -4,6 +4,7 @@
  */
 import { randomBytes } from 'node:crypto';
 import Docker from 'dockerode';
+import { dockerAvailable } from '@agentplane/sandbox';
 import { DockerDriver } from './docker-driver.js';
 import { ensureSandboxImage, imageExists, loadManifest } from './image.js';
 
@@ -36,7 +37,7 @@ export async function sandboxPreflight(options: { docker?: Docker; runnerId?: st
   const done = (): PreflightReport => ({ ok: checks.every((c) => c.ok), checks });
 
   if (!(await check('docker reachable', async () => {
-    if (!(await DockerDriver.available(docker))) throw new Error('dockerd does not answer on its socket');
+    if (!(await dockerAvailable(docker))) throw new Error('dockerd does not answer on its socket');
     const info = await docker.version();
     return `Docker ${info.Version}`;
   }))) return done();

@@ -5,8 +5,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import Docker from 'dockerode';
 import { afterAll, describe, expect, it } from 'vitest';
+import { dockerAvailable } from '@agentplane/sandbox';
 import { bashTool, runTool, writeTool, readTool } from '../harness/tools/builtin.js';
-import { DockerDriver } from './docker-driver.js';
 import { ProcessDriver } from './process-driver.js';
 import { runawayBytes } from './output.js';
 import { selectDriver } from './select.js';
@@ -21,7 +21,7 @@ afterAll(() => {
 
 describe('process driver (no Docker)', () => {
   it('is selected when Docker is unavailable and is never eligible for container Environments', async () => {
-    expect(await DockerDriver.available(bogusDocker)).toBe(false);
+    expect(await dockerAvailable(bogusDocker)).toBe(false);
     const driver = await selectDriver({ runnerId: 'r-proc', dataDir, docker: bogusDocker });
     expect(driver).toBeInstanceOf(ProcessDriver);
     expect(driver!.capabilities()).toMatchObject({ tiers: ['process'], launch_kinds: ['trusted'], unisolated: true, network_modes: ['host'] });

@@ -4,10 +4,11 @@
  */
 import Docker from 'dockerode';
 import type { Logger } from '@agentplane/core';
+import { dockerAvailable, type SandboxAttribution } from '@agentplane/sandbox';
 import { DockerDriver } from './docker-driver.js';
 import { ProcessDriver } from './process-driver.js';
 import type { IsolationTier } from './tiers.js';
-import type { SandboxAttribution, SandboxDriver } from './types.js';
+import type { SandboxDriver } from './types.js';
 
 export interface SelectDriverOptions {
   runnerId: string;
@@ -26,7 +27,7 @@ export interface SelectDriverOptions {
 
 export async function selectDriver(options: SelectDriverOptions): Promise<SandboxDriver | undefined> {
   const docker = options.docker ?? new Docker();
-  if (await DockerDriver.available(docker)) {
+  if (await dockerAvailable(docker)) {
     return new DockerDriver({
       runnerId: options.runnerId, docker, logger: options.logger,
       ...(options.attribution ? { attribution: options.attribution } : {}), ...(options.tiers ? { tiers: options.tiers } : {}),

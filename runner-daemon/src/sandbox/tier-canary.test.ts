@@ -5,7 +5,7 @@ import { CANARY_STEPS, DockerDriver } from './docker-driver.js';
 import { ensureSandboxImage } from './image.js';
 import { createTar } from './tar.js';
 import { gvisorRuntimeOf } from './tiers.js';
-import { attributionLabels, canaryLabels, SANDBOX_SCOPE_ENV } from './types.js';
+import { attributionLabels, canaryLabels, SANDBOX_SCOPE_ENV } from '@agentplane/sandbox';
 
 /**
  * A tier is claimed only once its canary ran what a Run needs: coreutils that a runtime may break
