@@ -1,5 +1,5 @@
 import { execFileSync } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, unlinkSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, unlinkSync, utimesSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, expect, it } from 'vitest';
@@ -84,6 +84,12 @@ beforeAll(async () => {
   // The api's scratch repositories are made here, so the test can see that none is left behind.
   scratchDir = join(dir, 'tmp');
   mkdirSync(scratchDir);
+  // What a process killed mid-read leaves (untouched for two hours), beside a read of a live
+  // process (just made): the api's start removes the first only.
+  mkdirSync(join(scratchDir, 'agentplane-skill-source-killed', 'source.git'), { recursive: true });
+  const twoHoursAgo = new Date(Date.now() - 2 * 3_600_000);
+  utimesSync(join(scratchDir, 'agentplane-skill-source-killed'), twoHoursAgo, twoHoursAgo);
+  mkdirSync(join(scratchDir, 'agentplane-skill-work-live'));
   t = await startTurnPlatform({ name: 'skill-source-sync', env: { SKILL_SOURCES_ALLOW_LOCAL: '1', SKILL_ADOPTION_POLL_MS: '3600000', TMPDIR: scratchDir } });
   ({ p, api } = t);
 }, 180_000);
@@ -138,6 +144,12 @@ const submit = (x: P, source: string) => api.request<P>('POST', `/v1/skill-propo
 const sync = (source: string) => api.request<{ adopted_skill_proposal_ids: string[] }>('POST', `/v1/skill-sources/${source}/sync`);
 const source = async (name: string, repo: Repo) => (await api.post<{ id: string }>('/v1/skill-sources', { name, url: repo.bare })).id;
 const leftovers = () => readdirSync(scratchDir).filter((f) => f.startsWith('agentplane-skill-'));
+
+it('the api\'s start removes the scratch directory a killed process left, and not a live one', async () => {
+  await waitFor('the stale scratch directory removed', () => (existsSync(join(scratchDir, 'agentplane-skill-source-killed')) ? undefined : true), 30_000);
+  expect(existsSync(join(scratchDir, 'agentplane-skill-work-live'))).toBe(true);
+  rmSync(join(scratchDir, 'agentplane-skill-work-live'), { recursive: true });
+});
 
 it('fetches only the skill\'s own directory, without history, and no file over the limit', async () => {
   const proposal = await verifiedProposal('bounded-skill', 'Welcome the guest named Ada.', 'Greet with GREETING-OK and the name.');

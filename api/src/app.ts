@@ -16,6 +16,7 @@ import { runtimeProjects } from './projects/runtime.js';
 import { SkillService } from './skills/service.js';
 import { runtimeSkills } from './skills/runtime.js';
 import { SkillSourceService } from './skill-sources/service.js';
+import { removeStaleScratch } from './skill-sources/git.js';
 import { ToolSourceService } from './tool-sources/service.js';
 import { A2aToolCalls } from './tool-sources/calls.js';
 import { runtimeToolSource } from './tool-sources/runtime.js';
@@ -288,6 +289,11 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
   deps.eventTap.start();
   deps.a2aCalls.start((err) => deps.log.warn({ err }, 'A2A tool call sweep failed'));
   deps.toolSourceMigrations.start();
+  // Scratch repositories of skill-source reads a killed process left behind (docs/SKILLS.md).
+  removeStaleScratch().then(
+    (n) => n > 0 && log.info({ removed: n }, 'removed scratch directories of skill-source reads left by an earlier process'),
+    (err: unknown) => log.warn({ err: err instanceof Error ? err.message : String(err) }, 'could not sweep skill-source scratch directories'),
+  );
 
   return {
     server,

@@ -172,6 +172,8 @@ async function main(): Promise<void> {
     DATA_DIR: config.dataDir,
     ...config.otelEnv,
     ...(config.docsUrl ? { DOCS_URL: config.docsUrl } : {}),
+    // Where every process makes its temporary files, as the platform's own.
+    ...(process.env.TMPDIR ? { TMPDIR: process.env.TMPDIR } : {}),
     // Crash tests only (packages/core/src/crash-points.ts).
     ...(process.env.AGENTPLANE_CRASH_AT ? { AGENTPLANE_CRASH_AT: process.env.AGENTPLANE_CRASH_AT } : {}),
   };

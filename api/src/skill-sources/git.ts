@@ -1,5 +1,5 @@
 import { execFile } from 'node:child_process';
-import { appendFile, mkdtemp, rm, writeFile, mkdir } from 'node:fs/promises';
+import { appendFile, mkdtemp, readdir, rm, stat, writeFile, mkdir } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { ApiError } from '@agentplane/core';
@@ -24,6 +24,34 @@ function unreadable(err: unknown): unknown {
 /** Skill content in a source over the contract's limits: 400, as the same files sent directly. */
 function tooLarge(message: string): ApiError {
   return new ApiError('validation.malformed', `the skill source: ${message}`);
+}
+
+/** The names of this module's scratch directories under the temp folder. */
+const SCRATCH_PREFIXES = ['agentplane-skill-source-', 'agentplane-skill-work-'] as const;
+/**
+ * A scratch directory untouched this long belongs to no read in progress (each git command is
+ * bounded by `GIT_TIMEOUT_MS`, and a read writes into its directory as it goes): it was left by
+ * a process killed mid-read.
+ */
+export const STALE_SCRATCH_MS = 60 * 60_000;
+
+/**
+ * Removes the scratch directories of skill-source reads that a killed process left in the temp
+ * folder (untouched for `maxAgeMs`); reads of live processes, here or on another api process of
+ * this host, are younger. Returns how many were removed.
+ */
+export async function removeStaleScratch(maxAgeMs = STALE_SCRATCH_MS, now = Date.now()): Promise<number> {
+  const root = tmpdir();
+  const names = (await readdir(root).catch(() => [] as string[])).filter((n) => SCRATCH_PREFIXES.some((p) => n.startsWith(p)));
+  let removed = 0;
+  for (const name of names) {
+    const path = join(root, name);
+    const st = await stat(path).catch(() => null);
+    if (!st?.isDirectory() || now - st.mtimeMs < maxAgeMs) continue;
+    await rm(path, { recursive: true, force: true });
+    removed++;
+  }
+  return removed;
 }
 
 /** Runs `git` with no prompt, no user or system configuration, and a timeout. */
@@ -101,7 +129,7 @@ export class Scratch {
   }
 
   static async fetch(remote: GitRemote, branch: string): Promise<{ scratch: Scratch; head: string | null }> {
-    const root = await mkdtemp(join(tmpdir(), 'agentplane-skill-source-'));
+    const root = await mkdtemp(join(tmpdir(), SCRATCH_PREFIXES[0]));
     const scratch = new Scratch(root, remote, branch);
     try {
       await scratch.init(scratch.dir);
@@ -241,7 +269,7 @@ export class Scratch {
    * submission prepares exactly the commit it recorded).
    */
   async commit(base: string | null, dir: string, files: readonly SkillFile[], message: string, at: string): Promise<string> {
-    const work = await mkdtemp(join(tmpdir(), 'agentplane-skill-work-'));
+    const work = await mkdtemp(join(tmpdir(), SCRATCH_PREFIXES[1]));
     const env = {
       GIT_DIR: this.dir, GIT_WORK_TREE: work, GIT_INDEX_FILE: join(work, '.index'),
       GIT_AUTHOR_NAME: 'agentplane', GIT_AUTHOR_EMAIL: 'skills@agentplane.invalid', GIT_COMMITTER_NAME: 'agentplane', GIT_COMMITTER_EMAIL: 'skills@agentplane.invalid',
