@@ -30,6 +30,7 @@ function harness(over: { keeper?: Partial<LeaseKeeper>; lifecycle?: Partial<RunL
   const gw = {
     on: (type: RunnerToGatewayType, handler: FrameHandler) => void handlers.set(type, handler),
     onConnected: () => undefined,
+    onDisconnected: () => undefined,
     sendToChannel: async (channel: string, message: string) => void replies.push({ channel, answer: JSON.parse(message) }),
   } as unknown as Gateway;
   const sent: Sent[] = [];
