@@ -9,8 +9,9 @@ import { cardJson, signCard, signingKey, startSdkPeer, type SdkPeer } from './ha
 /**
  * `POST /v1/runtime/toolsource/{tool_source_id}` with a runtime bearer used directly, without the
  * runner's `tool.check` first (a leaked bearer, a harness that does not ask): the endpoint decides
- * the Workspace's ActionPolicies itself, so a call they refuse never reaches the peer, and every
- * call is one audit record as the Run.
+ * the Workspace's ActionPolicies itself, and then asks for the confirmation every tool of a source
+ * needs (always_ask), so a call refused by either never reaches the peer, and every call is one
+ * audit record as the Run. (A confirmed use reaching the peer: runtime-tool-confirmation.test.ts.)
  */
 let p: Platform;
 let peer: SdkPeer;
@@ -53,7 +54,7 @@ const text = (r: { content: unknown }) => (r.content as { text: string }[])[0]?.
 const wire = (r: { content: unknown }) => (JSON.parse(text(r)) as { error?: { type: string; message: string } }).error;
 
 describe('/v1/runtime/toolsource/{tool_source_id}', () => {
-  it("decides the Workspace's ActionPolicies itself: a refused call never reaches the peer, and every call is audited as the Run", async () => {
+  it("decides the Workspace's ActionPolicies itself, then the confirmation: a refused call never reaches the peer, and every call is audited as the Run", async () => {
     const { grant, bearer } = await leasedBearer(`run_${'e'.repeat(32)}`);
     // Rules name the tool source as their connection_id, and the tool by its own name (or a glob).
     const deny = (await p.root.post<{ id: string }>('/v1/action-policies', { effect: 'deny', tool: { kind: 'mcp', name: 'a2a_peer_translate', connection_id: sourceId } })).id;
@@ -61,7 +62,7 @@ describe('/v1/runtime/toolsource/{tool_source_id}', () => {
     const client = new Client({ name: 'harness', version: '1.0.0' });
     await client.connect(new StreamableHTTPClientTransport(new URL(`${p.baseUrl}/v1/runtime/toolsource/${sourceId}`), { requestInit: { headers: { Authorization: `Bearer ${bearer}` } } }));
     const call = (name: string, toolUseId: string, message: string) => client.callTool({ name, arguments: { text: message }, _meta: { 'dev.agentplane/tool_use_id': toolUseId } });
-    let allowed: Awaited<ReturnType<typeof call>>;
+    let unconfirmed: Awaited<ReturnType<typeof call>>;
     try {
       const before = peer.calls.length;
       const denied = await call('a2a_peer_translate', 'toolu_runtime_denied', 'never sent');
@@ -73,22 +74,24 @@ describe('/v1/runtime/toolsource/{tool_source_id}', () => {
       expect(wire(held)).toMatchObject({ type: 'policy.denied', message: expect.stringContaining(gate) });
       expect(peer.calls.length).toBe(before);
       await p.root.request('DELETE', `/v1/action-policies/${gate}`);
-      allowed = await call('a2a_peer_summarize', 'toolu_runtime_allowed', 'the report');
+      // The ActionPolicies allow it now, but the tool is always_ask and no user.tool_confirmation allowed this use.
+      unconfirmed = await call('a2a_peer_summarize', 'toolu_runtime_allowed', 'the report');
     } finally {
       await client.close();
       for (const id of [deny, gate]) await p.root.request('DELETE', `/v1/action-policies/${id}`);
     }
-    expect([allowed.isError ?? false, text(allowed)]).toEqual([false, 'done: the report']);
-    expect(sends()).toBe(1);
+    expect(unconfirmed.isError).toBe(true);
+    expect(wire(unconfirmed)).toMatchObject({ type: 'policy.denied', message: expect.stringContaining('always_ask') });
+    expect(sends()).toBe(0);
     const events = (await p.root.get<{ data: { type: string; payload: { tool_use_id: string; status: string } }[] }>(`/v1/sessions/${sessionId}/threads/${threadId}/events`, { limit: 1000 })).data;
-    expect(events.filter((e) => e.type === 'exec.tool_invocation').map((e) => [e.payload.tool_use_id, e.payload.status])).toEqual([['toolu_runtime_allowed', 'completed']]);
+    expect(events.filter((e) => e.type === 'exec.tool_invocation')).toEqual([]);
 
     type Row = { action: string; target: string | null; outcome: string; status: number | null; detail: string | null; actor: { id: string; credential_id: string | null }; request_id: string | null };
     const calls = (await p.root.post<{ data: Row[] }>('/v1/audit/export', { target: sourceId, limit: 1000 })).data.filter((r) => r.actor.id === grant.run_id);
     expect(calls.map((r) => [r.action, r.outcome, r.status, r.detail])).toEqual([
       ['toolSources.runtimeCallTool:a2a_peer_translate', 'denied', 403, 'policy.denied'],
       ['toolSources.runtimeCallTool:a2a_peer_summarize', 'denied', 403, 'policy.denied'],
-      ['toolSources.runtimeCallTool:a2a_peer_summarize', 'succeeded', 200, null],
+      ['toolSources.runtimeCallTool:a2a_peer_summarize', 'denied', 403, 'policy.denied'],
     ]);
     expect(calls.every((r) => r.actor.credential_id === null && typeof r.request_id === 'string')).toBe(true);
     // Each decision a rule made is one too, on the Session, as the Run.

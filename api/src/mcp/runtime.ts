@@ -13,7 +13,7 @@ import { MAX_MESSAGE_BYTES } from './protocol.js';
 import { guardedFetch } from './egress.js';
 import type { EgressPolicy } from '../webhooks/ssrf.js';
 import { refuseRuntimeRequest, runtimeMethodNotAllowed, runtimeRefusals, sdkConsoleToLog, type RuntimeRefusal } from './runtime-edge.js';
-import { requireRuntimeToolCall, toolUseIdOf } from '../governance/run-tool-gate.js';
+import { refusedUnconfirmed, requireRuntimeToolCall, toolUseIdOf } from '../governance/run-tool-gate.js';
 import { argumentsOutsideSchema, exposedName, permissionOf, upstreamName, type ConnectionGrant, type RuntimeBearerVerifier, type RuntimeGrant } from '@agentplane/domain';
 
 export const RUNTIME_PATH = /^\/v1\/runtime\/mcp\/([^/]+)$/;
@@ -138,8 +138,9 @@ async function listTools(up: Upstream, grant: ConnectionGrant, timeoutMs: number
  * `POST /v1/runtime/mcp/{connection_id}`: a Run's view of one attached Connection, for the
  * harness executing that Run. Authenticated by a runtime bearer only (minted per lease);
  * lists the upstream tools the agent version's policy admits and proxies calls through an
- * MCP client to the external server, each call once the Workspace's ActionPolicies allow it and
- * each one an audit record. Stateless: one SDK server and transport per request.
+ * MCP client to the external server, each call once the Workspace's ActionPolicies allow it (and,
+ * for a tool of an `always_ask` server, once the Session confirmed its use), each one an audit
+ * record. Stateless: one SDK server and transport per request.
  */
 export function runtimeMcp(deps: ApiDeps, options: RuntimeMcpOptions): Koa.Middleware {
   const connections = new ConnectionService(deps.docs, deps.secretBox);
@@ -147,7 +148,7 @@ export function runtimeMcp(deps: ApiDeps, options: RuntimeMcpOptions): Koa.Middl
   const observer: ToolCallObserver = options.observer ?? {
     toolCall: (e) => deps.log.info({ ...e }, 'runtime MCP tool call'),
   };
-  const calls = new Counter({ name: 'agentplane_runtime_mcp_tool_calls_total', help: 'Proxied runtime MCP tool calls by outcome (ok, error, denied, needs_approval, rejected)', labelNames: ['outcome'] as const, registers: [deps.metrics] });
+  const calls = new Counter({ name: 'agentplane_runtime_mcp_tool_calls_total', help: 'Proxied runtime MCP tool calls by outcome (ok, error, denied, needs_approval: an always_ask tool without a confirmed use, rejected)', labelNames: ['outcome'] as const, registers: [deps.metrics] });
 
   /**
    * The Session's vaults, read live (a rotation or a `vault_ids` change counts from the next
@@ -185,7 +186,8 @@ export function runtimeMcp(deps: ApiDeps, options: RuntimeMcpOptions): Koa.Middl
      * Every tool call the Run makes here is one audit record of the Workspace, as the Run
      * (`connections.runtimeCallTool:<tool>`, target the Connection): succeeded, failed (the
      * arguments refused, an unknown tool, the upstream's failure) or denied (the agent's
-     * permission, an ActionPolicy), with its status and error type.
+     * permission: a deny, an always_ask use not confirmed; an ActionPolicy), with its status and
+     * error type.
      */
     const record = (tool: string, outcome: 'succeeded' | 'failed' | 'denied', status: number, detail: string | null) => deps.audit.append(grant.workspace_id, {
       actor: { id: grant.run_id, credential_id: null }, action: `connections.runtimeCallTool:${tool}`, target: connectionId,
@@ -193,7 +195,7 @@ export function runtimeMcp(deps: ApiDeps, options: RuntimeMcpOptions): Koa.Middl
     }).catch((err: unknown) => deps.log.error({ err, connection_id: connectionId, tool }, 'audit append failed'));
     /** A call refused before it reached the upstream: recorded, and answered with the refusal's wire body. */
     const refuse = async (tool: string, err: ApiError): Promise<CallToolResult> => {
-      calls.inc({ outcome: err.type === 'policy.denied' ? 'denied' : 'rejected' });
+      calls.inc({ outcome: refusedUnconfirmed(err) ? 'needs_approval' : err.type === 'policy.denied' ? 'denied' : 'rejected' });
       await record(tool, err.status === 401 || err.status === 403 ? 'denied' : 'failed', err.status, err.type);
       return errorResult(err, deps);
     };
@@ -210,15 +212,14 @@ export function runtimeMcp(deps: ApiDeps, options: RuntimeMcpOptions): Koa.Middl
       if (permission === 'deny') {
         return refuse(tool, new ApiError('policy.denied', `the agent's policy does not allow tool '${tool}' on connection ${connectionId}`));
       }
-      if (permission === 'ask') {
-        calls.inc({ outcome: 'needs_approval' });
-        await record(tool, 'denied', 403, 'policy.denied');
-        return errorResult(new ApiError('policy.denied', `tool '${tool}' needs an approval before each call; approvals are not served on this endpoint yet`), deps);
-      }
-      // The Workspace's ActionPolicies, decided here as well as by the runner before it called: a
-      // denied call never reaches the upstream, whoever holds the bearer.
+      // The Workspace's ActionPolicies, decided here as well as by the runner before it called,
+      // then the agent's permission policy (an always_ask tool runs only for a confirmed use): a
+      // refused call never reaches the upstream, whoever holds the bearer.
       try {
-        await requireRuntimeToolCall(deps, grant, { connection_id: connectionId, name: tool, input: args, tool_use_id: toolUseIdOf(request.params._meta) }, context.requestId);
+        await requireRuntimeToolCall(deps, grant, {
+          connection_id: connectionId, name: tool, offered_name: request.params.name, input: args, tool_use_id: toolUseIdOf(request.params._meta),
+          server: { kind: 'connection', url: connection.url, grant: permission },
+        }, context.requestId);
       } catch (err) {
         if (!(err instanceof ApiError)) throw err;
         return refuse(tool, err);

@@ -93,8 +93,9 @@ export function runtimeMemory(deps: ApiDeps, verifier: RuntimeBearerVerifier): K
       throw new ApiError('policy.denied', `memory store ${ctx.storeId} is attached read-only to this Session`);
     }
     // The Workspace's ActionPolicies, decided here too (not only by the runner's check): a tool of
-    // kind `mcp` whose connection_id is the store.
-    await requireRuntimeToolCall(deps, ctx.grant, { connection_id: ctx.storeId, name: tool, input, tool_use_id: toolUseId }, ctx.requestId);
+    // kind `mcp` whose connection_id is the store. The memory tools are the platform's own,
+    // offered always_allow: no confirmation is asked for.
+    await requireRuntimeToolCall(deps, ctx.grant, { connection_id: ctx.storeId, name: tool, input, tool_use_id: toolUseId, server: { kind: 'memory' } }, ctx.requestId);
     const mem = deps.memory;
     // The store may have been deleted since the lease was granted.
     await mem.getStore(ctx.grant.workspace_id, ctx.storeId);

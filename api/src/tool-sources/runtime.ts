@@ -26,7 +26,8 @@ const text = (t: string, isError = false): CallToolResult => ({ content: [{ type
  * for one Run (each `always_ask`: the harness asks through `user.tool_confirmation`, and the
  * runner's `tool.check`, before it calls). Authenticated by the lease's runtime bearer only, for
  * the tool sources the agent version attached. Every call passes the Workspace's ActionPolicies
- * here too, whatever the runner decided, and is one audit record. A call is one
+ * here too, whatever the runner decided, and runs only for a tool use the Session confirmed; each
+ * is one audit record. A call is one
  * `A2aToolCalls.invoke` under the harness's tool use id, so a retried call is the same call (one
  * `exec.tool_invocation`). Peer credentials come from the Session's vaults (a secret matching the
  * peer's JSON-RPC URL) and stay in this process.
@@ -55,8 +56,8 @@ export function runtimeToolSource(deps: ApiDeps, verifier: RuntimeBearerVerifier
      * (`toolSources.runtimeCallTool:<tool>`, target the tool source), as on the Connection
      * endpoint: succeeded (the task completed), failed (the call refused for its arguments, an
      * unknown tool, an unsynced source, a credential that cannot be presented; or the peer's
-     * task did not complete: 502, detail its status), denied (an ActionPolicy) or error (this
-     * process failed), with its status and error type.
+     * task did not complete: 502, detail its status), denied (an ActionPolicy, or a use not
+     * confirmed) or error (this process failed), with its status and error type.
      */
     const record = (tool: string, outcome: 'succeeded' | 'failed' | 'denied' | 'error', status: number, detail: string | null) => deps.audit.append(ctx.grant.workspace_id, {
       actor: { id: ctx.grant.run_id, credential_id: null }, action: `toolSources.runtimeCallTool:${tool}`, target: ctx.source.id,
@@ -81,9 +82,10 @@ export function runtimeToolSource(deps: ApiDeps, verifier: RuntimeBearerVerifier
       const message = typeof input['text'] === 'string' ? input['text'] : JSON.stringify(input);
       try {
         // The Workspace's ActionPolicies, decided here as well as by the runner before it called
-        // (an `mcp` tool whose connection_id is the tool source): a denied call never reaches the
-        // peer, nor its credential the token endpoint, whoever holds the bearer.
-        await requireRuntimeToolCall(deps, ctx.grant, { connection_id: ctx.source.id, name: tool, input, tool_use_id: toolUseId }, ctx.requestId);
+        // (an `mcp` tool whose connection_id is the tool source), then the confirmation every tool
+        // of a source needs (always_ask): a refused call never reaches the peer, nor its
+        // credential the token endpoint, whoever holds the bearer.
+        await requireRuntimeToolCall(deps, ctx.grant, { connection_id: ctx.source.id, name: tool, input, tool_use_id: toolUseId, server: { kind: 'tool_source' } }, ctx.requestId);
         const custody = await peerCustody(ctx.grant, discovery);
         const r = await deps.a2aCalls.invoke({
           workspace_id: ctx.grant.workspace_id, session_id: ctx.grant.session_id, session_thread_id: ctx.grant.session_thread_id ?? null, call_id: toolUseId,

@@ -18,7 +18,8 @@ export interface ResolvedMcpServers {
   unresolved: string[];
 }
 
-const normalizeUrl = (url: string): string => {
+/** An MCP server URL as Connections are matched by: no fragment, no trailing slash. */
+export const normalizeUrl = (url: string): string => {
   try {
     const u = new URL(url);
     u.hash = '';
