@@ -6,4 +6,4 @@ export { ModelCredentialService, type CreateModelCredentialInput } from './crede
 export { RoutingProfileService, DEFAULT_MODEL_KEY } from './profiles.js';
 export { ModelStreams, type ModelFrame, type ModelStreamsOptions } from './model-streams.js';
 export type * from './model.js';
-export { LeaseStreams, type StepLease } from './lease-streams.js';
+export { LEASE_RECHECK_MS, LeaseStreams, type LeaseStreamsOptions, type StepLease } from './lease-streams.js';

@@ -19,6 +19,16 @@ interface Tracked {
 
 /** How long a step's first check waits for the subscription before it reads the lease anyway. */
 const SUBSCRIBE_WAIT_MS = 2_000;
+/**
+ * How often the leases of tracked steps are read again: a lease that ends by expiry (its runner
+ * stopped heartbeating, the scheduler rescheduled its Run) is announced by no one.
+ */
+export const LEASE_RECHECK_MS = 10_000;
+
+export interface LeaseStreamsOptions {
+  /** Re-read every tracked lease this often while steps are tracked (default `LEASE_RECHECK_MS`). */
+  recheckMs?: number;
+}
 
 /**
  * The model steps this node serves under runner leases, by lease: a lease that ends anywhere ends
@@ -35,6 +45,9 @@ const SUBSCRIBE_WAIT_MS = 2_000;
  *   could hear it, but its end is in Redis by then. An end announced after that read is heard.
  * - When the subscriber's connection is replaced (announcements may have been lost meanwhile),
  *   every tracked lease is read again.
+ * - While steps are tracked, every tracked lease is read again every `recheckMs`: a lease that
+ *   ends by expiry (no heartbeat reached it; the scheduler takes the Run back) is announced by no
+ *   one, and its steps end at the next read.
  *
  * Reading the lease rather than trusting the announcement means an announcement of a lease that
  * still holds (a runner naming a lease it does not hold) ends nothing. A read that fails ends the
@@ -48,10 +61,14 @@ export class LeaseStreams {
   /** Resolves once the subscription is confirmed, or after `SUBSCRIBE_WAIT_MS` at most. */
   private subscribed: Promise<void> | null = null;
   private closed = false;
+  /** The periodic read of every tracked lease; set while any step is tracked. */
+  private recheck: NodeJS.Timeout | null = null;
+  private readonly recheckMs: number;
 
-  constructor(private readonly redis: Redis, private readonly log: Logger) {
+  constructor(private readonly redis: Redis, private readonly log: Logger, options: LeaseStreamsOptions = {}) {
     this.fence = new LeaseFence(redis);
     this.marks = new CancelMarks(redis);
+    this.recheckMs = options.recheckMs ?? LEASE_RECHECK_MS;
   }
 
   /** Steps tracked now (tests, metrics). */
@@ -78,11 +95,15 @@ export class LeaseStreams {
     let set = this.byLease.get(lease.lease_id);
     if (!set) this.byLease.set(lease.lease_id, (set = new Set()));
     set.add(entry);
-    if (!this.closed) void this.subscription().then(() => this.check(lease.lease_id, [entry]));
+    if (!this.closed) {
+      void this.subscription().then(() => this.check(lease.lease_id, [entry]));
+      this.recheck ??= setInterval(() => void this.checkAll(), this.recheckMs).unref();
+    }
     return () => {
       const current = this.byLease.get(lease.lease_id);
       if (!current?.delete(entry)) return;
       if (current.size === 0) this.byLease.delete(lease.lease_id);
+      if (this.byLease.size === 0) this.stopRecheck();
     };
   }
 
@@ -99,9 +120,15 @@ export class LeaseStreams {
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
+    this.stopRecheck();
     const sub = this.sub;
     this.sub = null;
     if (sub) await sub.quit().catch(() => sub.disconnect());
+  }
+
+  private stopRecheck(): void {
+    if (this.recheck) clearInterval(this.recheck);
+    this.recheck = null;
   }
 
   /** The subscriber, made on first use; it goes when the connection it was made from ends. */

@@ -22,15 +22,19 @@ const appended = (seq: number): AppendResult => ({ ok: true, events: [{ seq }] }
  * The run handlers over stand-ins: a gateway that only collects them, a connection that records
  * what is sent, and the lease, Run and approval services as plain functions of the test.
  */
-function harness(over: { keeper?: Partial<LeaseKeeper>; lifecycle?: Partial<RunLifecycle>; log?: Partial<EventLog> } = {}) {
+function harness(over: { keeper?: Partial<LeaseKeeper>; lifecycle?: Partial<RunLifecycle>; log?: Partial<EventLog>; store?: Partial<SessionStore>; models?: Partial<ModelsModule> } = {}) {
   const handlers = new Map<string, FrameHandler>();
   /** Answers to the offering scheduler, and the lease records removed (how, and whose). */
   const replies: { channel: string; answer: unknown }[] = [];
   const removed: { how: 'remove' | 'removeOffer'; lease: string; runner: string }[] = [];
+  /** What the handlers are told of a connection the gateway forgets. */
+  const disconnected: ((conn: RunnerConnection) => void)[] = [];
+  /** The socket's state as `send` answers it. */
+  const socket = { open: true };
   const gw = {
     on: (type: RunnerToGatewayType, handler: FrameHandler) => void handlers.set(type, handler),
     onConnected: () => undefined,
-    onDisconnected: () => undefined,
+    onDisconnected: (listener: (conn: RunnerConnection) => void) => void disconnected.push(listener),
     sendToChannel: async (channel: string, message: string) => void replies.push({ channel, answer: JSON.parse(message) }),
   } as unknown as Gateway;
   const sent: Sent[] = [];
@@ -38,7 +42,7 @@ function harness(over: { keeper?: Partial<LeaseKeeper>; lifecycle?: Partial<RunL
     id: 'conn_1', identity: { runnerId: REC.runner_id, workspaceId: REC.workspace_id }, generation: 1, protocolVersion: 1, status: 'ready',
     send: <T extends GatewayToRunnerType>(type: T, payload: Payload<T>, re?: string) => {
       sent.push({ type, payload, re });
-      return true;
+      return socket.open;
     },
     cancelLease: () => undefined,
     close: () => undefined,
@@ -54,13 +58,18 @@ function harness(over: { keeper?: Partial<LeaseKeeper>; lifecycle?: Partial<RunL
     settleWaits: async () => undefined,
   } as unknown as ApprovalService;
   registerRunHandlers(gw, {
-    keeper: over.keeper as LeaseKeeper, records, lifecycle: over.lifecycle as RunLifecycle, log: over.log as EventLog, store: {} as SessionStore,
-    models: {} as ModelsModule, lease: DEFAULT_LEASE_CONFIG, logger: createLogger({ name: 'test', level: 'silent' }), approvals, metrics: createMetrics(),
+    keeper: over.keeper as LeaseKeeper, records, lifecycle: over.lifecycle as RunLifecycle, log: over.log as EventLog, store: (over.store ?? {}) as SessionStore,
+    models: (over.models ?? {}) as ModelsModule, lease: DEFAULT_LEASE_CONFIG, logger: createLogger({ name: 'test', level: 'silent' }), approvals, metrics: createMetrics(),
     interruptGraceMs: 1000,
   });
   const frame = (type: RunnerToGatewayType, id: string, payload: Record<string, unknown>) =>
     (handlers.get(type) as FrameHandler)(conn, { v: 1, type, id, payload } as never, context.active());
-  return { sent, frame, replies, removed };
+  /** The socket is lost: the gateway forgets the connection. */
+  const disconnect = () => {
+    socket.open = false;
+    for (const listener of disconnected) listener(conn);
+  };
+  return { sent, frame, replies, removed, disconnect };
 }
 
 describe('the run handlers', () => {
@@ -128,5 +137,37 @@ describe('the run handlers', () => {
     expect(h.sent.some((s) => s.type === 'lease.revoked')).toBe(true);
     await batch('b3');
     expect(first).toHaveLength(2);
+  });
+
+  it('a model request whose lease check was under way when its socket was lost starts no provider request', async () => {
+    let checked!: () => void;
+    const checking = new Promise<void>((r) => (checked = r));
+    const signals: AbortSignal[] = [];
+    const h = harness({
+      keeper: {
+        holds: async () => {
+          await checking;
+          return true;
+        },
+      },
+      store: { get: async () => { throw new Error('not read'); } },
+      models: {
+        gateway: {
+          // A provider that sends nothing until its request is aborted (a long think).
+          async *runModelStep(_ws: string, _request: unknown, signal: AbortSignal) {
+            signals.push(signal);
+            if (!signal.aborted) await new Promise<void>((r) => signal.addEventListener('abort', () => r(), { once: true }));
+            yield { type: 'end', stop_reason: 'canceled' };
+          },
+        } as unknown as ModelsModule['gateway'],
+      },
+    });
+    const served = h.frame('model.request', 'm1', { lease_id: REC.lease_id, attempt: 1, stream_id: 'stream-1', request: {} });
+    await new Promise((r) => setTimeout(r, 10));
+    h.disconnect();
+    checked();
+    // Nothing could abort a provider request started now before its first event: none is started.
+    await Promise.race([served, new Promise((r) => setTimeout(r, 200))]);
+    expect(signals.every((s) => s.aborted)).toBe(true);
   });
 });

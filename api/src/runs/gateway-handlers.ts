@@ -270,9 +270,17 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     }
   });
 
+  /**
+   * Connections this node has forgotten: a model request whose checks were still under way when
+   * its socket went starts no provider request (nothing would abort it before its first event,
+   * and its streams' table would outlive the connection).
+   */
+  const gone = new WeakSet<RunnerConnection>();
+
   // A connection gone (closed, lost, replaced): its provider requests are aborted now, not at
   // their next event, and its streams' table goes with it.
   gw.onDisconnected((conn) => {
+    gone.add(conn);
     modelStreams.get(conn.id)?.closeAll();
     modelStreams.delete(conn.id);
   });
@@ -313,6 +321,8 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
       d.store.get(rec.workspace_id, rec.session_id).catch(() => null),
     ]);
     if (!live || (wasKnown && !known.has(rec.lease_id))) return void deny();
+    // The socket went while the lease was read: no one is left to stream to.
+    if (gone.has(conn)) return;
     const streams = streamsOf(conn);
     await streams.open(rec.workspace_id, p.stream_id, p.request, {
       session_id: rec.session_id, thread_id: rec.thread_id, run_id: rec.run_id, session_budget: session?.budget ?? null,
