@@ -185,4 +185,49 @@ describe('always_ask tools at the runtime endpoints', () => {
     r.sock.send(frame('lease.complete', 'c2', { ...second.ref, result: { stop_reason: { type: 'end_turn' } } }));
     await untilEvents(api, sessionId, (e) => idleCount(e) >= 2, 15_000);
   });
+
+  it('an approved ActionApproval covers its use for the Run that continues after it, never for a later Run of the Session', async () => {
+    // Offers go to this test's runner only.
+    for (const s of sockets.splice(0)) s.terminate();
+    const r = await connectRawRunner<Frame>(p, await pairedRunnerSecret(p, principal, 'approving-runner'), dockerHello([MODEL_GATEWAY_PROTOCOL], { slots: 4 }));
+    sockets.push(r.sock);
+    const rule = (await p.root.post<{ id: string }>('/v1/action-policies', { effect: 'require_approval', tool: { kind: 'mcp', name: 'deploy', connection_id: connectionId } })).id;
+    const sessionId = (await api.post<{ id: string }>('/v1/sessions', {
+      agent: { name: 'approver', model: 'default', mcp_servers: [{ name: 'ops', type: 'url', url: upstream.url, permission: 'always_allow' }] },
+      environment_id: envId,
+    })).id;
+    await api.post(`/v1/sessions/${sessionId}/events`, { type: 'user.message', payload: { content: 'ship it', authored_by: principal, caused_by: { kind: 'api' } } });
+    const mcp = `/v1/runtime/mcp/${connectionId}`;
+    const use = 'toolu_deploy_approved1';
+    const first = await takeOffer(r, 0);
+    let at = r.frames.length;
+    r.sock.send(frame('tool.check', 'tc1', { ...first.ref, tool_use_id: use, tool: { kind: 'mcp', name: 'deploy', connection_id: connectionId }, input: {} }));
+    const decision = await nextFrame(r, 'tool.decision', at);
+    expect(decision.payload.decision).toBe('require_approval');
+    at = r.frames.length;
+    r.sock.send(frame('events.batch', 'b1', { ...first.ref, session_id: sessionId, events: [{ producer_key: `${first.ref.lease_id}:0`, type: 'agent.tool_use', payload: { id: use, name: 'ops__deploy', input: {}, blocking: true, awaiting: 'tool_confirmation' } }] }));
+    await nextFrame(r, 'events.ack', at);
+    r.sock.send(frame('lease.complete', 'c1', { ...first.ref, result: { stop_reason: { type: 'requires_action', tool_use_ids: [use] }, waits: [{ tool_use_id: use, kind: 'confirmation' }] } }));
+    await untilEvents(api, sessionId, (e) => idleCount(e) >= 1, 15_000);
+    const approvals = await p.root.get<{ data: { id: string }[] }>(`/v1/sessions/${sessionId}/action-approvals`);
+    const offered = r.frames.length;
+    await p.root.post(`/v1/action-approvals/${approvals.data[0]?.id ?? ''}/approve`, {});
+    const second = await takeOffer(r, offered);
+    expect(await callTool(mcp, second.bearer, 'deploy', {}, use)).toEqual({ isError: false, text: 'deployed' });
+    r.sock.send(frame('lease.complete', 'c2', { ...second.ref, result: { stop_reason: { type: 'end_turn' } } }));
+    await untilEvents(api, sessionId, (e) => idleCount(e) >= 2, 15_000);
+
+    const offered3 = r.frames.length;
+    await api.post(`/v1/sessions/${sessionId}/events`, { type: 'user.message', payload: { content: 'anything else?', authored_by: principal, caused_by: { kind: 'api' } } });
+    const third = await takeOffer(r, offered3);
+    const before = upstream.calls.length;
+    // A Run a message started names the approved use again, with the same arguments: refused.
+    const replay = await callTool(mcp, third.bearer, 'deploy', {}, use);
+    expect(replay.isError).toBe(true);
+    expect(errorType(replay)).toBe('policy.denied');
+    expect(upstream.calls.length).toBe(before);
+    await p.root.request('DELETE', `/v1/action-policies/${rule}`);
+    r.sock.send(frame('lease.complete', 'c3', { ...third.ref, result: { stop_reason: { type: 'end_turn' } } }));
+    await untilEvents(api, sessionId, (e) => idleCount(e) >= 3, 15_000);
+  }, 90_000);
 });

@@ -61,7 +61,8 @@ type GateDeps = Pick<ApiDeps, 'policies' | 'approvals' | 'docs' | 'redis' | 'log
  * the same `PolicyStore` decisions as every other boundary (each decision a rule makes is an audit
  * record, actor the Run, target the Session); the strictest stands. A `require_approval` passes
  * only when an approved ActionApproval covers this very call (same tool, Connection and input):
- * the one of the tool use the call names, or, when it names none, one of this Run's. Nothing is
+ * the one of the tool use the call names (for the Run that obtained it or continues after its
+ * wait, never a later Run), or, when it names none, one of this Run's. Nothing is
  * opened here: a call that needs an approval and has none is refused, as at every boundary that
  * cannot wait. Then the Agent's own permission policy: a tool that is `always_ask` runs only for
  * a tool use the Session confirmed (`requireConfirmedUse`). Throws 403 `policy.denied`.
@@ -82,8 +83,18 @@ export async function requireRuntimeToolCall(
     throw new ApiError('policy.denied', "the Run's author Principals could not be determined, so its ActionPolicies cannot be applied; denied (fail closed)");
   }
   if (d.decision === 'deny') throw new ApiError('policy.denied', d.explanation);
-  if (d.decision === 'require_approval' && !(await approvedCall(deps, grant, call))) {
-    throw new ApiError('policy.denied', `${d.explanation}; no approved ActionApproval covers this call, and none can be waited for here, so it is refused`);
+  if (d.decision === 'require_approval') {
+    let approved: boolean;
+    try {
+      approved = await approvedCall(deps, grant, call);
+    } catch (err) {
+      // The approvals, the Run or its thread could not be read: fail closed, as for the authors.
+      deps.log.error({ err, run: grant.run_id }, 'could not read the ActionApproval of a runtime tool call; denying it');
+      throw new ApiError('policy.denied', `${d.explanation}; the ActionApproval covering this call could not be read, so it is refused (fail closed)`);
+    }
+    if (!approved) {
+      throw new ApiError('policy.denied', `${d.explanation}; no approved ActionApproval of this Run's turn covers this call, and none can be waited for here, so it is refused`);
+    }
   }
   try {
     const asked = await askedTool(deps, grant, call);
@@ -96,12 +107,21 @@ export async function requireRuntimeToolCall(
   }
 }
 
-/** Whether an approved ActionApproval of the grant's Session covers exactly this call. */
-async function approvedCall(deps: Pick<ApiDeps, 'approvals' | 'docs' | 'redis'>, grant: RuntimeGrant, call: RuntimeToolCall): Promise<boolean> {
+/**
+ * Whether an approved ActionApproval of the grant's Session covers exactly this call. The approval
+ * of a named tool use counts for the Run that obtained it, or for the Run that continues after
+ * the use's wait (`continuesAfterWait`); a later Run of the Session (one a message started, or one
+ * past an interrupt or a later wait) cannot replay it.
+ */
+async function approvedCall(deps: GateDeps, grant: RuntimeGrant, call: RuntimeToolCall): Promise<boolean> {
   const input = canonicalJson(call.input ?? {});
-  const covers = (a: ActionApproval | null | undefined): boolean => !!a && a.status === 'approved' && a.session_id === grant.session_id
+  const covers = (a: ActionApproval | null | undefined): a is ActionApproval => !!a && a.status === 'approved' && a.session_id === grant.session_id
     && a.tool.kind === 'mcp' && a.tool.name === call.name && a.tool.connection_id === call.connection_id && canonicalJson(a.input ?? {}) === input;
-  if (call.tool_use_id !== undefined) return covers(await deps.approvals.forToolUse(grant.workspace_id, grant.session_id, call.tool_use_id));
+  if (call.tool_use_id !== undefined) {
+    const a = await deps.approvals.forToolUse(grant.workspace_id, grant.session_id, call.tool_use_id);
+    if (!covers(a)) return false;
+    return a.run_id === grant.run_id || (await continuesAfterWait(deps, grant, call.tool_use_id, a.session_thread_id));
+  }
   // No tool use named (an agent inside the sandbox calls through the runner's proxy, which checked
   // the call under an id of its own): an approval this Run obtained for this very call.
   const tag = tags.workspace(grant.workspace_id);
@@ -109,6 +129,19 @@ async function approvedCall(deps: Pick<ApiDeps, 'approvals' | 'docs' | 'redis'>,
   if (ids.length === 0) return false;
   const approvals = await deps.docs.getMany<ActionApproval>(tag, ids);
   return approvals.some((a) => a.run_id === grant.run_id && covers(a));
+}
+
+/**
+ * Whether the calling Run is the one that continues after the wait of `toolUseId`: the Run
+ * continues after answered waits, on `threadId`, and the use is an answered wait of that thread's
+ * current wait generation (an interrupt or a later wait moves the generation on).
+ */
+async function continuesAfterWait(deps: GateDeps, grant: RuntimeGrant, toolUseId: string, threadId: string): Promise<boolean> {
+  const run = await deps.sessions.store.run(grant.session_id, grant.run_id);
+  if (!run?.continues_run_id || run.session_thread_id !== threadId) return false;
+  const thread = await deps.docs.get<ThreadDoc>(tags.session(grant.session_id), threadId);
+  const wait = thread?.type === 'session_thread' ? thread._waits[toolUseId] : undefined;
+  return !!thread && !!wait && wait.generation === thread._wait_generation && wait.answered_event_id !== null;
 }
 
 /** Events read back from a confirmation, at most, for the tool use it answers. */
