@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { HttpClient } from '@agentplane/client';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
-import { developerWorkspace, untilEvents, type Json } from './harness/turns.js';
+import { authorInstructions, developerWorkspace, untilEvents, type Json } from './harness/turns.js';
 import { createPrincipal, errMsg, errType } from './harness/governance.js';
 
 /**
@@ -22,11 +22,6 @@ type Proposal = Json & { id: string; status: string; version: number; verificati
 
 const CREATE = { 'service-version': '2026-08-29' };
 
-/** The requester's instructions carry the scripted author's answer (backticks escaped so the fence stays whole). */
-function instructions(answer: unknown): string {
-  const script = JSON.stringify({ rules: [{ then: [{ reply: JSON.stringify(answer) }] }] }).replace(/`/g, '\\u0060');
-  return `Keep it short.\n\`\`\`scripted\n${script}\n\`\`\``;
-}
 const AUTHORED = {
   name: 'polite-greeting', description: 'Greets visitors politely.', instructions: 'Say hello and the visitor\'s name.',
   task: 'Greet the visitor named Ada.', rubric: '- The answer greets Ada',
@@ -41,7 +36,7 @@ const dropPolicy = (id: string) => p.root.request('DELETE', `/v1/action-policies
 
 async function drafted(): Promise<Proposal> {
   const created = await api.request<Proposal>('POST', '/v1/skill-proposals', {
-    body: { source_session_ids: [sourceSession], model_routing_profile_key: 'default', instructions: instructions(AUTHORED) }, headers: CREATE,
+    body: { source_session_ids: [sourceSession], model_routing_profile_key: 'default', instructions: authorInstructions(AUTHORED) }, headers: CREATE,
   });
   expect(created.status).toBe(201);
   return waitFor('the proposal to draft', async () => {

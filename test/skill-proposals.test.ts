@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { HttpClient } from '@agentplane/client';
 import { waitFor, type Platform } from './harness/platform.js';
-import { idleCount, SCRIPT, startTurnPlatform, untilEvents, type Json, type TurnPlatform } from './harness/turns.js';
+import { authorInstructions, idleCount, RUBRIC, SCRIPT, startTurnPlatform, untilEvents, type Json, type TurnPlatform } from './harness/turns.js';
 import { errType } from './harness/governance.js';
 
 /**
@@ -85,15 +85,10 @@ const AGENT = SCRIPT([
   { then: [{ reply: 'Hello, {{user}}' }] },
 ]);
 
-const rubric = (rules: unknown[]) => `- The answer greets with GREETING-OK and the name\n\n\`\`\`scripted\n${JSON.stringify({ rules })}\n\`\`\`\n`;
+const rubric = (rules: unknown[]) => RUBRIC(rules, ['The answer greets with GREETING-OK and the name']);
 const SATISFIED = rubric([{ when: { user_contains: 'GREETING-OK, Ada' }, then: [{ verdict: 'satisfied' }] }, { then: [{ verdict: 'needs_revision', explanation: 'no house greeting' }] }]);
 const FAILING = rubric([{ then: [{ verdict: 'needs_revision', explanation: 'Not in the house style.' }] }]);
 
-/** The requester's instructions carry the scripted author's answer (backticks escaped so the fence stays whole). */
-function instructions(answer: unknown): string {
-  const script = JSON.stringify({ rules: [{ then: [{ reply: typeof answer === 'string' ? answer : JSON.stringify(answer) }] }] }).replace(/`/g, '\\u0060');
-  return `Keep it short.\n\`\`\`scripted\n${script}\n\`\`\``;
-}
 const authored = (r: string) => ({
   name: 'house-greeting', description: 'Greets visitors in the house style.', instructions: 'Greet with GREETING-OK followed by the visitor\'s name.',
   task: 'Greet the visitor named Ada.', rubric: r,
@@ -145,7 +140,7 @@ describe('skill proposals', () => {
   });
 
   it('authors, verifies (satisfied), resumes a retried verify without a second Session, submits, and is adopted after the merge', async () => {
-    const created = await propose({ source_session_ids: sources, model_routing_profile_key: 'default', instructions: instructions(authored(SATISFIED)) });
+    const created = await propose({ source_session_ids: sources, model_routing_profile_key: 'default', instructions: authorInstructions(authored(SATISFIED)) });
     expect(created.status).toBe(201);
     expect(created.body).toMatchObject({ status: 'authoring', source_session_ids: sources, agent: agentId, model_routing_profile_key: 'default', verifications: [] });
     expect(created.body.id).toMatch(/^skp_[0-9a-f]{32}$/);
@@ -297,7 +292,7 @@ describe('skill proposals', () => {
   });
 
   it('a failing rubric ends verification_failed; verify again records a second attempt; then discard', async () => {
-    const created = await propose({ source_session_ids: [sources[1]], model_routing_profile_key: 'default', instructions: instructions(authored(FAILING)), skill_name: 'strict-greeting' });
+    const created = await propose({ source_session_ids: [sources[1]], model_routing_profile_key: 'default', instructions: authorInstructions(authored(FAILING)), skill_name: 'strict-greeting' });
     expect(created.status).toBe(201);
     const id = created.body.id;
     const drafted = await until(id, 'drafted', (x) => x.status !== 'authoring');
@@ -328,7 +323,7 @@ describe('skill proposals', () => {
   it('a verifying proposal takes no verify, submit or discard; erasing its verification Session fails the attempt', async () => {
     // The grader takes its time, so the proposal stays verifying while the requests arrive.
     const slow = rubric([{ then: [{ sleep_ms: 120_000 }, { verdict: 'satisfied' }] }]);
-    const created = await propose({ source_session_ids: [sources[0]], model_routing_profile_key: 'default', instructions: instructions(authored(slow)), skill_name: 'slow-greeting' });
+    const created = await propose({ source_session_ids: [sources[0]], model_routing_profile_key: 'default', instructions: authorInstructions(authored(slow)), skill_name: 'slow-greeting' });
     const drafted = await until(created.body.id, 'drafted', (x) => x.status !== 'authoring');
     const started = await verify(created.body.id, { expected_version: drafted.version, principal: t.principal });
     expect(started.body.status).toBe('verifying');
@@ -353,7 +348,7 @@ describe('skill proposals', () => {
   it('a verification Session that cannot start (the Agent was archived) ends the attempt verification_failed', async () => {
     const other = (await api.post<{ id: string }>('/v1/agents', { name: 'short-lived', model: 'default', system: AGENT })).id;
     const s = await api.post<{ id: string }>('/v1/sessions', { agent: other, environment_id: t.envId });
-    const created = await propose({ source_session_ids: [s.id], model_routing_profile_key: 'default', instructions: instructions(authored(SATISFIED)) });
+    const created = await propose({ source_session_ids: [s.id], model_routing_profile_key: 'default', instructions: authorInstructions(authored(SATISFIED)) });
     const drafted = await until(created.body.id, 'drafted', (x) => x.status !== 'authoring');
     expect(drafted.status).toBe('drafted');
     await api.post(`/v1/agents/${other}/archive`, undefined);
@@ -366,7 +361,7 @@ describe('skill proposals', () => {
   });
 
   it('authoring fails with the contract\'s error values: unusable answer, erased source, sources too large', async () => {
-    const bad = await propose({ source_session_ids: [sources[0]], model_routing_profile_key: 'default', instructions: instructions('this is not a skill') });
+    const bad = await propose({ source_session_ids: [sources[0]], model_routing_profile_key: 'default', instructions: authorInstructions('this is not a skill') });
     const badDone = await until(bad.body.id, 'authoring_failed', (x) => x.status !== 'authoring');
     expect(badDone).toMatchObject({ status: 'authoring_failed', error: 'authoring_failed' });
     expect(badDone.skill).toBeUndefined();
@@ -376,7 +371,7 @@ describe('skill proposals', () => {
 
     const doomed = await sourceSession('Please greet Dan.');
     expect((await api.request('DELETE', `/v1/sessions/${doomed}`)).status).toBe(200);
-    const erased = await propose({ source_session_ids: [sources[0], doomed], model_routing_profile_key: 'default', instructions: instructions(authored(SATISFIED)) });
+    const erased = await propose({ source_session_ids: [sources[0], doomed], model_routing_profile_key: 'default', instructions: authorInstructions(authored(SATISFIED)) });
     expect(erased.status).toBe(201);
     expect(await until(erased.body.id, 'authoring_failed', (x) => x.status !== 'authoring')).toMatchObject({ status: 'authoring_failed', error: 'input_session_unavailable' });
 
@@ -386,7 +381,7 @@ describe('skill proposals', () => {
     await api.post(`/v1/sessions/${bigSession.id}/events`, t.msg(`Please greet ${'Eve '.repeat(70_000)}`));
     await untilEvents(api, bigSession.id, (e) => idleCount(e) >= 1, 120_000);
     const big = bigSession.id;
-    const large = await propose({ source_session_ids: [big], model_routing_profile_key: 'default', instructions: instructions(authored(SATISFIED)) });
+    const large = await propose({ source_session_ids: [big], model_routing_profile_key: 'default', instructions: authorInstructions(authored(SATISFIED)) });
     expect(await until(large.body.id, 'authoring_failed', (x) => x.status !== 'authoring')).toMatchObject({ status: 'authoring_failed', error: 'input_sessions_too_large' });
     const discarded = await api.request<Proposal>('POST', `/v1/skill-proposals/${large.body.id}/discard`, { body: { expected_version: (await read(large.body.id)).version } });
     expect(discarded.status).toBe(200);

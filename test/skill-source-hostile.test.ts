@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import type { HttpClient } from '@agentplane/client';
 import { waitFor, type Platform } from './harness/platform.js';
-import { idleCount, SCRIPT, startTurnPlatform, untilEvents, type Json, type TurnPlatform } from './harness/turns.js';
+import { authorInstructions, idleCount, RUBRIC, SCRIPT, startTurnPlatform, untilEvents, type Json, type TurnPlatform } from './harness/turns.js';
 
 let t: TurnPlatform; let p: Platform; let api: HttpClient; let dir: string;
 const GIT_ENV = { ...process.env, GIT_AUTHOR_NAME: 't', GIT_AUTHOR_EMAIL: 't@t', GIT_COMMITTER_NAME: 't', GIT_COMMITTER_EMAIL: 't@t', GIT_CONFIG_GLOBAL: '/dev/null' };
@@ -32,12 +32,8 @@ const AGENT = SCRIPT([
   { when: { after_tool: 'skill', tool_result_contains: 'GREETING-OK' }, then: [{ reply: 'GREETING-OK, Ada!' }] },
   { then: [{ reply: 'Hello' }] },
 ]);
-const rubric = (rules: unknown[]) => `- ok\n\n\`\`\`scripted\n${JSON.stringify({ rules })}\n\`\`\`\n`;
+const rubric = (rules: unknown[]) => RUBRIC(rules, ['ok']);
 const SATISFIED = rubric([{ when: { user_contains: 'GREETING-OK, Ada' }, then: [{ verdict: 'satisfied' }] }, { then: [{ verdict: 'needs_revision', explanation: 'no' }] }]);
-function instructions(answer: unknown): string {
-  const script = JSON.stringify({ rules: [{ then: [{ reply: JSON.stringify(answer) }] }] }).replace(/`/g, '\\u0060');
-  return `Keep it short.\n\`\`\`scripted\n${script}\n\`\`\``;
-}
 type P = Json & { id: string; status: string; version: number; submission?: Json & { branch: string; commit_sha: string }; adoption?: Json & { skill_id: string; skill_version: number } };
 
 /**
@@ -56,7 +52,7 @@ it('refuses what a hostile or broken skill source holds with a 4xx, before readi
   const s = await api.post<{ id: string }>('/v1/sessions', { agent: agentId, environment_id: t.envId });
   await api.post(`/v1/sessions/${s.id}/events`, t.msg('Please greet Bob.'));
   await untilEvents(api, s.id, (e) => idleCount(e) >= 1, 120_000);
-  const created = await api.request<P>('POST', '/v1/skill-proposals', { body: { source_session_ids: [s.id], model_routing_profile_key: 'default', instructions: instructions({
+  const created = await api.request<P>('POST', '/v1/skill-proposals', { body: { source_session_ids: [s.id], model_routing_profile_key: 'default', instructions: authorInstructions({
     name: 'house-greeting', description: 'Greets visitors.', instructions: 'Greet with GREETING-OK and the name.', task: 'Greet the visitor named Ada.', rubric: SATISFIED }) }, headers: { 'service-version': '2026-08-29' } });
   const id = created.body.id;
   const drafted = await waitFor('drafted', async () => { const x = await api.get<P>(`/v1/skill-proposals/${id}`); return x.status !== 'authoring' ? x : undefined; }, 120_000);

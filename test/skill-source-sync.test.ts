@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import type { HttpClient } from '@agentplane/client';
 import { waitFor, type Platform } from './harness/platform.js';
-import { idleCount, SCRIPT, startTurnPlatform, untilEvents, type Json, type TurnPlatform } from './harness/turns.js';
+import { authorInstructions, idleCount, RUBRIC, SCRIPT, startTurnPlatform, untilEvents, type Json, type TurnPlatform } from './harness/turns.js';
 import { errMsg, errType } from './harness/governance.js';
 
 /**
@@ -102,12 +102,8 @@ const AGENT = SCRIPT([
   { when: { after_tool: 'skill', tool_result_contains: 'GREETING-OK' }, then: [{ reply: 'GREETING-OK, Ada!' }] },
   { then: [{ reply: 'Hello' }] },
 ]);
-const rubric = (rules: unknown[]) => `- ok\n\n\`\`\`scripted\n${JSON.stringify({ rules })}\n\`\`\`\n`;
+const rubric = (rules: unknown[]) => RUBRIC(rules, ['ok']);
 const SATISFIED = rubric([{ when: { user_contains: 'GREETING-OK, Ada' }, then: [{ verdict: 'satisfied' }] }, { then: [{ verdict: 'needs_revision', explanation: 'no' }] }]);
-function instructions(answer: unknown): string {
-  const script = JSON.stringify({ rules: [{ then: [{ reply: JSON.stringify(answer) }] }] }).replace(/`/g, '\\u0060');
-  return `Keep it short.\n\`\`\`scripted\n${script}\n\`\`\``;
-}
 type P = Json & {
   id: string; status: string; version: number; skill?: Json & { content_sha256: string };
   submission?: Json & { branch: string; commit_sha: string }; adoption?: Json & { skill_id: string; skill_version: number };
@@ -127,7 +123,7 @@ async function verifiedProposal(name: string, task: string, text: string): Promi
     sourceSession = s.id;
   }
   const created = await api.request<P>('POST', '/v1/skill-proposals', {
-    body: { source_session_ids: [sourceSession], model_routing_profile_key: 'default', instructions: instructions({ name, description: 'Greets visitors.', instructions: text, task, rubric: SATISFIED }) },
+    body: { source_session_ids: [sourceSession], model_routing_profile_key: 'default', instructions: authorInstructions({ name, description: 'Greets visitors.', instructions: text, task, rubric: SATISFIED }) },
     headers: { 'service-version': '2026-08-29' },
   });
   expect(created.status).toBe(201);

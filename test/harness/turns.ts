@@ -26,6 +26,19 @@ export const FAST_LEASES: Record<string, string> = {
 /** A system prompt that drives the built-in `scripted` model (docs/MODELS.md). */
 export const SCRIPT = (rules: unknown[]): string => `Be brief.\n\`\`\`scripted\n${JSON.stringify({ rules })}\n\`\`\``;
 
+/** An outcome rubric: its criteria as a list, then the scripted grader's rules. */
+export const RUBRIC = (rules: unknown[], criteria: readonly string[] = ['ok']): string =>
+  `${criteria.map((c) => `- ${c}`).join('\n')}\n\n\`\`\`scripted\n${JSON.stringify({ rules })}\n\`\`\`\n`;
+
+/**
+ * A skill proposal's instructions carrying the scripted author's answer (a string as it is,
+ * anything else as JSON; backticks escaped so the fence stays whole).
+ */
+export function authorInstructions(answer: unknown): string {
+  const script = JSON.stringify({ rules: [{ then: [{ reply: typeof answer === 'string' ? answer : JSON.stringify(answer) }] }] }).replace(/`/g, '\\u0060');
+  return `Keep it short.\n\`\`\`scripted\n${script}\n\`\`\``;
+}
+
 export interface TurnPlatform {
   p: Platform;
   api: HttpClient;
