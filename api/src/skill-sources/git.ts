@@ -93,9 +93,17 @@ export interface GitRemote {
 
 /** The commit a remote branch points at, or null when the branch does not exist. */
 export async function remoteHead(remote: GitRemote, branch: string): Promise<string | null> {
-  const out = (await git(['ls-remote', '--', remote.url, `refs/heads/${branch}`], { env: { ...remote.env } }).catch((err: unknown) => { throw unreadable(err); })).toString('utf8').trim();
-  const sha = out.split(/\s+/)[0];
-  return sha && /^[0-9a-f]{40}([0-9a-f]{24})?$/.test(sha) ? sha : null;
+  const out = (await git(['ls-remote', '--', remote.url, `refs/heads/${branch}`], { env: { ...remote.env } }).catch((err: unknown) => { throw unreadable(err); })).toString('utf8');
+  // ls-remote's pattern matches the end of a ref's name (`refs/heads/x/refs/heads/<branch>` too):
+  // only the line of the branch's own ref counts.
+  const want = `refs/heads/${branch}`;
+  for (const line of out.split('\n')) {
+    const tab = line.indexOf('\t');
+    if (tab < 0 || line.slice(tab + 1) !== want) continue;
+    const sha = line.slice(0, tab);
+    return /^[0-9a-f]{40}([0-9a-f]{24})?$/.test(sha) ? sha : null;
+  }
+  return null;
 }
 
 /**
