@@ -230,4 +230,84 @@ describe('always_ask tools at the runtime endpoints', () => {
     r.sock.send(frame('lease.complete', 'c3', { ...third.ref, result: { stop_reason: { type: 'end_turn' } } }));
     await untilEvents(api, sessionId, (e) => idleCount(e) >= 3, 15_000);
   }, 90_000);
+
+  it('a confirmed use of a name two tools are offered under covers neither of them', async () => {
+    for (const s of sockets.splice(0)) s.terminate();
+    // One server whose tools `deploy.prod` and `deploy_prod` are both offered as `ops__deploy_prod`;
+    // its `x__y` and the `y` of a server named `ops__x` are both offered as `ops__x__y`.
+    const [twins, nested] = await Promise.all([
+      startMcpUpstream({ tools: [{ name: 'deploy.prod', description: 'Deploys', reply: 'dotted' }, { name: 'deploy_prod', description: 'Deploys', reply: 'underscored' }, { name: 'x__y', description: 'X', reply: 'x then y' }] }),
+      startMcpUpstream({ tools: [{ name: 'y', description: 'Y', reply: 'y alone' }] }),
+    ]);
+    try {
+      const twinsId = (await p.root.post<{ id: string }>('/v1/connections', { name: 'twins', url: twins.url })).id;
+      const nestedId = (await p.root.post<{ id: string }>('/v1/connections', { name: 'nested', url: nested.url })).id;
+      const r = await connectRawRunner<Frame>(p, await pairedRunnerSecret(p, principal, 'colliding-runner'), dockerHello([MODEL_GATEWAY_PROTOCOL], { slots: 4 }));
+      sockets.push(r.sock);
+      const sessionId = (await api.post<{ id: string }>('/v1/sessions', {
+        agent: {
+          name: 'collider', model: 'default',
+          mcp_servers: [
+            { name: 'ops', type: 'url', url: twins.url, permission: 'always_ask' },
+            { name: 'ops__x', type: 'url', url: nested.url, permission: 'always_ask' },
+          ],
+        },
+        environment_id: envId,
+      })).id;
+      await api.post(`/v1/sessions/${sessionId}/events`, { type: 'user.message', payload: { content: 'ship it', authored_by: principal, caused_by: { kind: 'api' } } });
+      const uses = [
+        { id: 'toolu_twin01', name: 'ops__deploy_prod', input: {} },
+        { id: 'toolu_nested01', name: 'ops__x__y', input: {} },
+        { id: 'toolu_echo02', name: 'ops__echo', input: { text: 'hi' } },
+      ];
+      const first = await takeOffer(r, 0);
+      const acked = r.frames.length;
+      r.sock.send(frame('events.batch', 'b1', {
+        ...first.ref, session_id: sessionId,
+        events: uses.map((u, i) => ({ producer_key: `${first.ref.lease_id}:${i}`, type: 'agent.tool_use', payload: { ...u, blocking: true, awaiting: 'tool_confirmation' } })),
+      }));
+      await nextFrame(r, 'events.ack', acked);
+      r.sock.send(frame('lease.complete', 'c1', {
+        ...first.ref, result: { stop_reason: { type: 'requires_action', tool_use_ids: uses.map((u) => u.id) }, waits: uses.map((u) => ({ tool_use_id: u.id, kind: 'confirmation' })) },
+      }));
+      await untilEvents(api, sessionId, (e) => idleCount(e) >= 1, 15_000);
+      const offered = r.frames.length;
+      for (const u of uses) {
+        await api.post(`/v1/sessions/${sessionId}/events`, { type: 'user.tool_confirmation', payload: { tool_use_id: u.id, result: 'allow', authored_by: principal, caused_by: { kind: 'api' } } });
+      }
+
+      const second = await takeOffer(r, offered);
+      const twinsMcp = `/v1/runtime/mcp/${twinsId}`;
+      const nestedMcp = `/v1/runtime/mcp/${nestedId}`;
+      for (const [path, tool, use, other] of [
+        // Either tool of one server offered under the confirmed name.
+        [twinsMcp, 'deploy_prod', 'toolu_twin01', "its tool 'deploy.prod'"],
+        [twinsMcp, 'deploy.prod', 'toolu_twin01', "its tool 'deploy_prod'"],
+        // Either tool of two servers whose names and tool names run together alike.
+        [twinsMcp, 'x__y', 'toolu_nested01', "the Run's server 'ops__x'"],
+        [nestedMcp, 'y', 'toolu_nested01', "the Run's server 'ops'"],
+      ] as const) {
+        const refused = await callTool(path, second.bearer, tool, {}, use);
+        expect(refused.isError).toBe(true);
+        const error = (JSON.parse(refused.text) as { error: { type: string; message: string } }).error;
+        expect(error.type).toBe('policy.denied');
+        expect(error.message).toContain(other);
+        expect(error.message).toContain('cannot tell them apart');
+      }
+      // A tool whose offered name is its own still runs for its confirmed use.
+      expect(await callTool(twinsMcp, second.bearer, 'echo', { text: 'hi' }, 'toolu_echo02')).toEqual({ isError: false, text: 'echo: hi' });
+
+      type Row = { action: string; outcome: string; status: number | null; detail: string | null; actor: { id: string } };
+      const rows = async (target: string) => (await p.root.post<{ data: Row[] }>('/v1/audit/export', { target, limit: 1000 })).data
+        .filter((x) => x.actor.id === second.runId).map((x) => [x.action, x.outcome, x.status, x.detail]);
+      const denied = (tool: string) => [`connections.runtimeCallTool:${tool}`, 'denied', 403, 'policy.denied'];
+      expect(await rows(twinsId)).toEqual([denied('deploy_prod'), denied('deploy.prod'), denied('x__y'), ['connections.runtimeCallTool:echo', 'succeeded', 200, null]]);
+      expect(await rows(nestedId)).toEqual([denied('y')]);
+
+      r.sock.send(frame('lease.complete', 'c2', { ...second.ref, result: { stop_reason: { type: 'end_turn' } } }));
+      await untilEvents(api, sessionId, (e) => idleCount(e) >= 2, 15_000);
+    } finally {
+      await Promise.all([twins.close(), nested.close()]);
+    }
+  }, 90_000);
 });

@@ -27,7 +27,15 @@ export type RuntimeToolServer =
    * an `mcp_servers` entry of the Run's agent with the Connection's URL says `always_ask` (the
    * default), or when none of them names the Connection any more (its URL changed meanwhile).
    */
-  | { kind: 'connection'; url: string; grant: ToolPermission }
+  | {
+    kind: 'connection'; url: string; grant: ToolPermission;
+    /**
+     * The server's tools as the endpoint lists them (`name` the upstream's, `offered_name` the one
+     * the endpoint offers it under): read once, only to check a confirmed use's name is this
+     * tool's alone. Throws when the server cannot list them.
+     */
+    tools: () => Promise<Array<{ name: string; offered_name: string }>>;
+  }
   /** An A2A tool source: every tool of it is `always_ask`. */
   | { kind: 'tool_source' }
   /** The memory tools: the platform's own, offered `always_allow` (no Agent permission names them). */
@@ -50,7 +58,7 @@ export interface RuntimeToolCall {
 /** Approvals of a Session looked at for a call that names no tool use (its most recent ones). */
 const RECENT_APPROVALS = 100;
 
-type GateDeps = Pick<ApiDeps, 'policies' | 'approvals' | 'docs' | 'redis' | 'log' | 'sessions'>;
+type GateDeps = Pick<ApiDeps, 'policies' | 'approvals' | 'docs' | 'redis' | 'log' | 'sessions' | 'toolSources'>;
 
 /**
  * The gate of the runtime endpoints (a Connection's tools, the memory tools, an A2A tool source's
@@ -98,7 +106,7 @@ export async function requireRuntimeToolCall(
   }
   try {
     const asked = await askedTool(deps, grant, call);
-    if (asked) await requireConfirmedUse(deps, grant, call, asked.run, asked.servers);
+    if (asked) await requireConfirmedUse(deps, grant, call, asked);
   } catch (err) {
     if (err instanceof ApiError) throw err;
     // The Run, its thread or the log could not be read: fail closed, as for the authors.
@@ -172,27 +180,44 @@ function offeredName(server: string, tool: string): string {
   return `${server}__${tool}`.replace(/[^a-zA-Z0-9_-]/g, '_').slice(0, 64);
 }
 
+/** An `always_ask` tool's Run and the servers the Run's harness may offer tools under. */
+interface AskedTool {
+  /** The Run as recorded, null when it is not. */
+  run: RunDoc | null;
+  /** The names of the agent's `mcp_servers` entries this tool may have been offered under. */
+  servers: string[];
+  /**
+   * The names of the Run's other tool servers: the agent's other `mcp_servers` entries, and the
+   * memory servers the harness adds for the Session's MemoryStores (`memory`, `memory_2`, …).
+   */
+  others: string[];
+}
+
 /**
  * Whether the Agent's permission policy makes the called tool `always_ask`; if so, the Run (as
- * recorded, null when it is not) and the names of the agent's `mcp_servers` entries the tool may
- * have been offered under. The Run's agent is the version the Run executes, so a Connection's
- * permission is read from it (a grant says `allow` for an `always_ask` server: the harness asks).
+ * recorded, null when it is not), the names of the agent's `mcp_servers` entries the tool may
+ * have been offered under, and the Run's other servers. The Run's agent is the version the Run
+ * executes, so a Connection's permission is read from it (a grant says `allow` for an
+ * `always_ask` server: the harness asks).
  */
-async function askedTool(deps: GateDeps, grant: RuntimeGrant, call: RuntimeToolCall): Promise<{ run: RunDoc | null; servers: string[] } | null> {
+async function askedTool(deps: GateDeps, grant: RuntimeGrant, call: RuntimeToolCall): Promise<AskedTool | null> {
   const server = call.server;
   if (server.kind === 'memory') return null;
   const run = await deps.sessions.store.run(grant.session_id, grant.run_id);
   const entries = run?.agent.mcp_servers ?? [];
-  if (server.kind === 'tool_source') {
-    return { run, servers: entries.flatMap((s) => (s.type === 'a2a_tool_source' && s.tool_source_id === call.connection_id ? [s.name] : [])) };
-  }
+  // As the scheduler names them for the harness: `memory`, then `memory_2`, `memory_3`, …
+  const memory = Object.keys(grant.memory ?? {}).map((_, i) => (i === 0 ? 'memory' : `memory_${i + 1}`));
+  const asked = (serves: (s: (typeof entries)[number]) => boolean): AskedTool => ({
+    run, servers: entries.flatMap((s) => (serves(s) ? [s.name] : [])), others: [...entries.flatMap((s) => (serves(s) ? [] : [s.name])), ...memory],
+  });
+  if (server.kind === 'tool_source') return asked((s) => s.type === 'a2a_tool_source' && s.tool_source_id === call.connection_id);
   const url = normalizeUrl(server.url);
-  const same = entries.flatMap((s) => (s.type !== 'a2a_tool_source' && normalizeUrl(s.url) === url ? [s] : []));
-  const servers = same.map((s) => s.name);
-  if (server.grant === 'ask') return { run, servers };
+  const serves = (s: (typeof entries)[number]): boolean => s.type !== 'a2a_tool_source' && normalizeUrl(s.url) === url;
+  const same = entries.filter(serves);
+  if (server.grant === 'ask') return asked(serves);
   // A bearer for a Run with no record (only ever minted outside the lease work) has its grant to go by.
   if (!run) return null;
-  if (same.length === 0 || same.some((s) => (s.permission ?? 'always_ask') === 'always_ask')) return { run, servers };
+  if (same.length === 0 || same.some((s) => (s.permission ?? 'always_ask') === 'always_ask')) return asked(serves);
   return null;
 }
 
@@ -206,7 +231,8 @@ async function askedTool(deps: GateDeps, grant: RuntimeGrant, call: RuntimeToolC
  * tool (under a name the agent's servers offer it by) with these arguments. Anything else is
  * refused (403 `policy.denied`), before the call goes anywhere.
  */
-async function requireConfirmedUse(deps: GateDeps, grant: RuntimeGrant, call: RuntimeToolCall, run: RunDoc | null, servers: string[]): Promise<void> {
+async function requireConfirmedUse(deps: GateDeps, grant: RuntimeGrant, call: RuntimeToolCall, asked: AskedTool): Promise<void> {
+  const { run, servers } = asked;
   const toolUseId = call.tool_use_id;
   const refuse = (why: string): never => {
     throw unconfirmedRefusal(call, why);
@@ -235,6 +261,35 @@ async function requireConfirmedUse(deps: GateDeps, grant: RuntimeGrant, call: Ru
   if (!names.has(String(use.name)) || canonicalJson(use.input ?? {}) !== canonicalJson(call.input ?? {})) {
     return refuse(`${toolUseId} is a use of ${String(use.name)} with other arguments or of another tool, so its confirmation does not cover this call`);
   }
+  await requireOnlyToolNamed(deps, grant, call, asked, String(use.name));
+}
+
+/**
+ * A confirmed use names its tool by the name the harness offered it under, which distinct tools
+ * may share (`offeredName`). The confirmation covers this call only when no other tool the Run
+ * may be offered has that name: none of this server's other tools (read once, from the endpoint's
+ * own list) under any of the agent's entries for it, and no other server of the Run whose
+ * offered names begin as this one does (`<other server>__…`; their tools are not listed here, so
+ * such a server refuses the call whether or not it lists a tool of that name). The built-in
+ * harness offers no name two tools share, so it never meets this refusal. Throws 403
+ * `policy.denied` naming the collision.
+ */
+async function requireOnlyToolNamed(deps: GateDeps, grant: RuntimeGrant, call: RuntimeToolCall, asked: AskedTool, name: string): Promise<void> {
+  const collision = (what: string): ApiError => new ApiError('policy.denied', `tool '${call.name}' of ${call.connection_id} is offered to the model as '${name}', and so ${what}: a confirmation of a use of '${name}' cannot tell them apart, so it covers neither (the built-in harness offers neither)`);
+  const server = call.server;
+  let tools: Array<{ name: string; offered_name: string }>;
+  try {
+    if (server.kind === 'connection') tools = await server.tools();
+    else if (server.kind === 'tool_source') tools = (await deps.toolSources.getSource(grant.workspace_id, call.connection_id)).tools.map((t) => ({ name: t.name, offered_name: t.name }));
+    else tools = [];
+  } catch (err) {
+    deps.log.warn({ err: err instanceof Error ? err.message : String(err), run: grant.run_id, connection_id: call.connection_id }, 'could not list the tools of a runtime server to rule out a name collision; denying the call');
+    throw new ApiError('policy.denied', `the tools of ${call.connection_id} could not be listed to make sure '${name}' names tool '${call.name}' alone; denied (fail closed)`);
+  }
+  const twin = tools.find((t) => t.name !== call.name && asked.servers.some((s) => offeredName(s, t.offered_name) === name));
+  if (twin) throw collision(`is its tool '${twin.name}'`);
+  const other = asked.others.find((s) => name.startsWith(offeredName(s, '')));
+  if (other !== undefined) throw collision(`may be a tool of the Run's server '${other}'`);
 }
 
 /** The payload of the `agent.tool_use` of `toolUseId` on the thread, read back from `beforeSeq` (bounded), or null. */

@@ -119,9 +119,9 @@ async function upstreamTools(up: Upstream, timeoutMs: number): Promise<Tool[]> {
  * the deployment's binding revision when there is one: only selected tools, under their alias,
  * and under `strict` with `additionalProperties: false` on an object input schema.
  */
-async function listTools(up: Upstream, grant: ConnectionGrant, timeoutMs: number): Promise<Tool[]> {
+async function listTools(up: Upstream, grant: ConnectionGrant, timeoutMs: number, upstream?: Tool[]): Promise<Tool[]> {
   const out: Tool[] = [];
-  for (const t of await upstreamTools(up, timeoutMs)) {
+  for (const t of upstream ?? await upstreamTools(up, timeoutMs)) {
     const permission = permissionOf(grant, t.name);
     if (permission === 'deny') continue;
     const name = grant.shaping ? exposedName(grant.shaping, t.name) : t.name;
@@ -208,6 +208,10 @@ export function runtimeMcp(deps: ApiDeps, options: RuntimeMcpOptions): Koa.Middl
         throw new ProtocolError(ProtocolErrorCode.InvalidParams, `unknown tool '${request.params.name}' on connection ${connectionId}`);
       }
       const args = request.params.arguments ?? {};
+      // The upstream's catalog, read at most once for this call (the gate's check that a confirmed
+      // use's name is this tool's alone, a strict binding's schema).
+      let catalog: Promise<Tool[]> | undefined;
+      const upstreamCatalog = (): Promise<Tool[]> => (catalog ??= upstreamTools(up, timeoutMs));
       const permission = permissionOf(cg, tool);
       if (permission === 'deny') {
         return refuse(tool, new ApiError('policy.denied', `the agent's policy does not allow tool '${tool}' on connection ${connectionId}`));
@@ -218,9 +222,17 @@ export function runtimeMcp(deps: ApiDeps, options: RuntimeMcpOptions): Koa.Middl
       try {
         await requireRuntimeToolCall(deps, grant, {
           connection_id: connectionId, name: tool, offered_name: request.params.name, input: args, tool_use_id: toolUseIdOf(request.params._meta),
-          server: { kind: 'connection', url: connection.url, grant: permission },
+          server: {
+            kind: 'connection', url: connection.url, grant: permission,
+            // As tools/list offers them: the grant's denied tools left out, the binding's aliases applied.
+            tools: async () => (await listTools(up, cg, timeoutMs, await upstreamCatalog())).map((t) => ({
+              name: typeof t._meta?.['dev.agentplane/upstream_tool'] === 'string' ? t._meta['dev.agentplane/upstream_tool'] : t.name, offered_name: t.name,
+            })),
+          },
         }, context.requestId);
       } catch (err) {
+        // The gate may have opened the upstream to read its tools.
+        await up.close();
         if (!(err instanceof ApiError)) throw err;
         return refuse(tool, err);
       }
@@ -228,7 +240,7 @@ export function runtimeMcp(deps: ApiDeps, options: RuntimeMcpOptions): Koa.Middl
         // The upstream's current schema decides; a tool it no longer lists is unknown.
         let listed: Tool | undefined;
         try {
-          listed = (await upstreamTools(up, timeoutMs)).find((t) => t.name === tool);
+          listed = (await upstreamCatalog()).find((t) => t.name === tool);
         } catch (err) {
           await up.close();
           await record(tool, 'failed', 502, null);
