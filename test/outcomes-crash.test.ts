@@ -17,14 +17,19 @@ import { developerWorkspace, FAST_LEASES, SCRIPT, startTurnPlatform, untilEvents
  * with no client retry. (Before, the first turn was started by a second step, and the outcome
  * stayed `working` on an idle thread until a retry under the same Idempotency-Key, at least a
  * minute later, repaired it.) First with no runner (the Run waits in its queue: the repair's own
- * work, seen exactly), then with one (the outcome runs to its end).
+ * work, seen exactly), then with one (the outcome runs to its end). Last, a define in a new
+ * Session's `initial_events`: the create commits the initial events with the outcome and its turn
+ * the same way (before, it appended them and wrote the outcome after, so a crash between the two
+ * left a define with no outcome).
  */
 const markers = mkdtempSync(join(tmpdir(), 'outcomes-crash-'));
 let p: Platform | undefined;
 let q: Platform | undefined;
+let r: Platform | undefined;
 afterAll(async () => {
   await p?.stop();
   await q?.stop();
+  await r?.stop();
   rmSync(markers, { recursive: true, force: true });
 });
 
@@ -106,5 +111,34 @@ describe('a crash inside a user.define_outcome', () => {
     const runs = (await t.api.get<{ data: (Json & { grader?: unknown })[] }>(`/v1/sessions/${s.id}/runs`)).data;
     expect(runs.map((r) => (r.grader ? 'grader' : 'turn')).sort()).toEqual(['grader', 'turn']);
     expect(events.filter((e) => e.type === 'user.define_outcome')).toHaveLength(1);
+  }, 240_000);
+
+  it('in a new Session\'s initial_events: the create\'s one commit holds the events, the outcome and its turn, which goes on by itself', async () => {
+    const marker = join(markers, 'outcome-define-committed-create');
+    const t = await startTurnPlatform({ name: 'outcome-crash-create', env: { LOG_LEVEL: 'warn', AGENTPLANE_CRASH_AT: `outcome-define-committed:${marker}`, ENQUEUE_REPAIR_AFTER_MS: '500' } });
+    r = t.p;
+    const apiBefore = r.pids().api;
+    const rubric = `- The report exists\n\n\`\`\`scripted\n${JSON.stringify({ rules: [{ then: [{ verdict: 'satisfied' }] }] })}\n\`\`\`\n`;
+    const by = { authored_by: t.principal, caused_by: { kind: 'api' } };
+    // The API dies while it answers the create: the request gets no answer.
+    await expect(t.api.post('/v1/sessions', {
+      agent: { name: 'a', model: 'default', system: SCRIPT([{ then: [{ reply: 'Done.' }] }]) }, environment_id: t.envId,
+      initial_events: [{ type: 'user.message', payload: { content: 'Some context first.', ...by } }, { type: 'user.define_outcome', payload: { description: 'Write the report.', rubric, ...by } }],
+    }, { idempotencyKey: 'outcome-crash-create' })).rejects.toThrow();
+    expect(existsSync(marker)).toBe(true);
+    await waitFor('the API restarted', () => (r?.pids().api !== undefined && r.pids().api !== apiBefore ? true : undefined), 30_000);
+    // The Session was listed before its commit: found without the lost answer.
+    const listed = await waitFor('the Session listed', async () => (await t.api.get<{ data: { id: string }[] }>('/v1/sessions').catch(() => ({ data: [] }))).data[0], 30_000);
+    const events = await waitFor('the outcome\'s end', () => untilEvents(t.api, listed.id, (e) => e.some((x) => x.type === 'session.outcome_ended'), 5_000).catch(() => undefined), 120_000);
+    expect(events.find((e) => e.type === 'session.outcome_ended')?.payload).toMatchObject({ result: 'satisfied', evaluation_count: 1, revision_count: 0 });
+    // Written whole by the create's commit: the initial events, the outcome's start and its first
+    // turn, whose input is both initial events.
+    expect(events.slice(0, 4).map((e) => e.type)).toEqual(['user.message', 'user.define_outcome', 'session.outcome_started', 'session.status_running']);
+    expect(events[3]?.payload).toMatchObject({ input_event_ids: [events[0]?.id, events[1]?.id] });
+    expect(events.filter((e) => e.type === 'user.define_outcome' || e.type === 'session.outcome_started')).toHaveLength(2);
+    // One agent turn (the define's) and one grader Run; one Session.
+    const runs = (await t.api.get<{ data: (Json & { grader?: unknown })[] }>(`/v1/sessions/${listed.id}/runs`)).data;
+    expect(runs.map((x) => (x.grader ? 'grader' : 'turn')).sort()).toEqual(['grader', 'turn']);
+    expect((await t.api.get<{ data: unknown[] }>('/v1/sessions')).data).toHaveLength(1);
   }, 240_000);
 });

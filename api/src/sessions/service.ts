@@ -45,14 +45,20 @@ export interface SessionServiceDeps {
 
 /** What the Sessions module asks of the outcomes module. */
 export interface OutcomeDriver {
-  /** Before the define event of a new Session is appended: refuses what the thread cannot take. */
+  /** Before a new Session with a define in its initial events is written: refuses what the thread cannot take. */
   admit(session: SessionDoc, thread: ThreadDoc, payload: DrivePayload): Promise<void>;
   /**
    * A define event for an existing Session: checked as `admit`, then appended in the same step
-   * that takes the thread (of two defines sent together, one only is written: the other is 409).
-   * A producer key that names an earlier append answers its event.
+   * that takes the thread and starts the outcome's first turn (of two defines sent together, one
+   * only is written: the other is 409). A producer key that names an earlier append answers its
+   * event, also when that append was made meanwhile by the same request sent twice at once.
    */
   appendDefine(session: SessionDoc, thread: ThreadDoc, payload: DrivePayload, producerKey: string | undefined, trace?: Context): Promise<LogEvent>;
+  /**
+   * A new Session's initial events holding a define: appended with the outcome and its first turn
+   * (every initial event its input) in one step. `producerKey`: the create's batch key.
+   */
+  defineInNewSession(session: SessionDoc, thread: ThreadDoc, initial: ReadonlyArray<{ type: string; payload: DrivePayload }>, producerKey: string | undefined, trace?: Context): Promise<LogEvent[]>;
   /**
    * After it is appended: records the outcome and starts its first turn, unless the define's own
    * commit already did both (an outcome with `first_run_id`: then nothing is left to do).
@@ -178,14 +184,18 @@ export class SessionService {
     if (outcomes.length > 1) throw new ApiError('validation.malformed', 'initial_events: at most one user.define_outcome');
     if (outcomes[0] && this.d.outcomes) await this.d.outcomes.admit(session, primary, outcomes[0].payload);
     await this.d.store.create(session, primary);
-    if (initial.length > 0) {
+    const producerKey = idemKey ? `create:${sha256Hex(idemKey)}` : undefined;
+    if (outcomes[0] && this.d.outcomes) {
+      // The initial events, the outcome and its first turn in one commit (docs/OUTCOMES.md): never
+      // a define without its outcome, whatever the process meets after it.
+      await this.d.outcomes.defineInNewSession(session, primary, initial, producerKey, options.trace);
+    } else if (initial.length > 0) {
       const r = await this.d.store.log.append(session.id, initial.map((e) => ({ type: e.type, payload: e.payload, session_thread_id: primary.id })), {
-        producerKey: idemKey ? `create:${sha256Hex(idemKey)}` : undefined, trace: options.trace,
+        producerKey, trace: options.trace,
       });
       if (r.ok) {
         for (const ev of r.events) {
           if (ev.type === 'user.message') await this.d.runtime.submitUserMessage(session, primary.id, ev.id, { trace: options.trace });
-          if (ev.type === 'user.define_outcome') await this.d.outcomes?.defined(session, primary.id, ev, options.trace);
         }
       }
     }

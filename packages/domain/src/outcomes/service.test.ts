@@ -147,6 +147,67 @@ describe('OutcomeService.appendDefine', () => {
     expect(announced).toHaveLength(1);
     expect(scheduler).toContain(`not:${announced[0] ?? ''}`);
   });
+  it('the same define sent twice at once under one producer key: both answer the one event written, as a retry after it would', async () => {
+    const store = new SessionStore(redis);
+    const { svc, queued } = service(store);
+    // Repeated: the two meet at every step of the define in one round or another (the producer
+    // key's first look, the thread's check, the claim, the commit).
+    for (let round = 0; round < 8; round++) {
+      const { session, threadId } = await idleSession(store);
+      const thread = await store.thread(session.id, threadId);
+      const key = `drive:twice-${round}`;
+      const [a, b] = await Promise.all([svc.appendDefine(session, thread, payload(), key), svc.appendDefine(session, thread, payload(), key)]);
+      expect(b).toEqual(a);
+      const log = await events(store, session.id);
+      expect(log.map((e) => e.type)).toEqual(['user.define_outcome', 'session.outcome_started', 'session.status_running']);
+      expect(log[0]?.id).toBe(a.id);
+      expect(await redis.zcard(keys.index(tags.session(session.id), 'outcomes'))).toBe(1);
+      expect(queued.filter((r) => r.session_id === session.id).map((r) => r.input_event_ids)).toEqual([[a.id]]);
+    }
+  });
+
+  it('another define under another producer key, sent together, is still 409', async () => {
+    const store = new SessionStore(redis);
+    const { svc } = service(store);
+    const { session, threadId } = await idleSession(store);
+    const thread = await store.thread(session.id, threadId);
+    const rs = await Promise.allSettled([svc.appendDefine(session, thread, payload('one'), 'drive:one'), svc.appendDefine(session, thread, payload('two'), 'drive:two')]);
+    expect(rs.map((r) => r.status).sort()).toEqual(['fulfilled', 'rejected']);
+    const lost = rs.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+    expect((lost?.reason as ApiError).type).toBe('runtime.invalid_transition');
+  });
+});
+
+describe('OutcomeService.defineInNewSession', () => {
+  it('commits the initial events with the outcome and its first turn, which takes them all as its input', async () => {
+    const store = new SessionStore(redis);
+    const { svc, scheduler, queued, turns } = service(store);
+    const { session, threadId } = await idleSession(store);
+    const thread = await store.thread(session.id, threadId);
+    const message = (content: string) => ({ type: 'user.message', payload: { content, authored_by: 'prin_x', caused_by: { kind: 'api' } } });
+    const initial = [message('before'), { type: 'user.define_outcome', payload: payload() }, message('after')];
+    const written = await svc.defineInNewSession(session, thread, initial, 'create:k');
+    expect(written.map((e) => e.type)).toEqual(['user.message', 'user.define_outcome', 'user.message']);
+    const log = await events(store, session.id);
+    expect(log.map((e) => e.type)).toEqual(['user.message', 'user.define_outcome', 'user.message', 'session.outcome_started', 'session.status_running']);
+    const ids = written.map((e) => e.id);
+    const run = queued[0] as RunDoc;
+    expect(run).toMatchObject({ status: 'queued', input_event_ids: ids });
+    expect(log[4]?.payload).toMatchObject({ run_id: run.id, input_event_ids: ids });
+    expect(scheduler.filter((x) => x.startsWith('starting:') || x.startsWith('queued:'))).toEqual([`starting:${run.id}`, `queued:${run.id}`]);
+    expect(await store.thread(session.id, threadId)).toMatchObject({ status: 'running', _active_run_id: run.id });
+    const o = await svc.active(session.id, threadId);
+    expect(o).toMatchObject({ status: 'working', define_event_id: ids[1], first_run_id: run.id });
+    expect(await redis.hget(activeOutcomesKey(session.id), threadId)).toBe(o?.id);
+    // Nothing is left for `defined` to start.
+    await svc.defined(session, threadId, written[1] as LogEvent);
+    expect(turns).toEqual([]);
+    // The same create's events again (its batch key): the events written, nothing more.
+    const again = await svc.defineInNewSession(session, thread, initial, 'create:k');
+    expect(again.map((e) => e.id)).toEqual(ids);
+    expect(await events(store, session.id)).toHaveLength(5);
+    expect(queued).toHaveLength(1);
+  });
 });
 
 describe('OutcomeService.graded', () => {

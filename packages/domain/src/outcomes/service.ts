@@ -1,5 +1,5 @@
 import { ApiError, crashPoint, newId, nowIso, sha256Hex, type Context, type Logger } from '@agentplane/core';
-import { eventLogKeys, keys, LuaScript, newEventId, tags, type LogEvent, type StoredDoc } from '@agentplane/store';
+import { eventLogKeys, keys, LuaScript, newEventId, tags, type AppendEvent, type LogEvent, type StoredDoc } from '@agentplane/store';
 import type { FileStore } from '../files/store.js';
 import type { SessionDoc, ThreadDoc } from '../sessions/model.js';
 import { activeOutcomesKey, type SessionStore } from '../sessions/store.js';
@@ -34,9 +34,9 @@ export interface OutcomeDoc extends StoredDoc {
   current_evaluation: { id: string; iteration: number; started_at: string } | null;
   ended_at: string | null;
   /**
-   * The Run of the outcome's first turn, when the define's own commit started it (a define on a
-   * Session's thread); absent when the turn is started after the define's append (a new
-   * Session's `initial_events`, or an outcome written before defines started their turn).
+   * The Run of the outcome's first turn, started by the define's own commit (a define sent to a
+   * Session, or in a new Session's `initial_events`); absent for an outcome written before
+   * defines started their turn, whose turn was started after the define's append.
    */
   first_run_id?: string;
 }
@@ -121,9 +121,9 @@ export class OutcomeService {
   }
 
   /**
-   * Before the define event is appended: the thread takes it, and its rubric File exists. Only a
-   * check: `appendDefine` makes it and takes the thread in one step (this is for a new Session's
-   * `initial_events`, whose thread nothing else can reach yet).
+   * Before a new Session is written: its thread takes the define of its `initial_events`, and the
+   * rubric File exists. Only a check, made before anything of the Session is written:
+   * `defineInNewSession` makes the define and takes the thread in one step.
    */
   async admit(session: SessionDoc, thread: ThreadDoc, p: DrivePayload): Promise<void> {
     this.checkThread(thread);
@@ -162,29 +162,102 @@ export class OutcomeService {
 
   /**
    * A `user.define_outcome` for a Session's thread, written whole by one commit of the Session's
-   * event log: the define event, the outcome document, the thread's claim on it
-   * (`outcomes:active`), `session.outcome_started` and the outcome's first turn (the thread's
-   * compare-and-swap to `running`, its Run `queued` with the define as its input, and
-   * `session.status_running`). The thread is checked free (idle, no Run, no unanswered wait) as
-   * the version that the commit compares: a thread that moved meanwhile is read again and checked
-   * again, so the check and the start are one step. Of two defines sent together one only is
-   * written: the other is 409 `runtime.invalid_transition` and writes nothing. The Run's id is
-   * recorded in the enqueue outbox before the commit (`TurnScheduler.runStarting`), so a process
-   * that dies after the commit and before the Run reaches its queue leaves the Run to the
-   * scheduler's enqueue repair: a committed define always gets its turn. A define whose producer
-   * key names an earlier append answers that append's event (a retry), without a check.
+   * event log (`commitDefine`): the define event, the outcome document, the thread's claim on it
+   * (`outcomes:active`), `session.outcome_started` and the outcome's first turn. Of two defines
+   * sent together one only is written: the other is 409 `runtime.invalid_transition` and writes
+   * nothing. A define whose producer key names an earlier append answers that append's event (a
+   * retry), without a check; so does one that lost its commit to the same producer key's append
+   * (the same request sent twice at once): the thread it finds taken is taken by its own event.
    */
   async appendDefine(session: SessionDoc, thread: ThreadDoc, p: DrivePayload, producerKey: string | undefined, trace?: Context): Promise<LogEvent> {
     if (producerKey) {
       const prior = await this.priorEvent(session.id, producerKey);
       if (prior) return prior;
     }
-    await this.checkPayload(session, p);
-    const eventId = newEventId();
-    const base = await this.newDoc(session, thread.id, eventId, p);
+    try {
+      await this.checkPayload(session, p);
+      const eventId = newEventId();
+      const define: AppendEvent = { id: eventId, type: 'user.define_outcome', payload: p, session_thread_id: thread.id, ...(producerKey ? { producer_key: producerKey } : {}) };
+      const events = await this.commitDefine(session, thread, [define], trace);
+      const ev = events?.[0];
+      if (ev) return ev;
+      throw new ApiError('runtime.invalid_transition', 'the event log refused the append');
+    } catch (err) {
+      // The same request appended meanwhile (its commit won, or its producer key refused this
+      // one's): its event is the answer, as for a retry after it.
+      if (producerKey && err instanceof ApiError && err.status === 409) {
+        const prior = await this.priorEvent(session.id, producerKey);
+        if (prior) return prior;
+      }
+      throw err;
+    }
+  }
+
+  /**
+   * A new Session's `initial_events` holding a `user.define_outcome` (checked by `admit`), written
+   * by one commit of its event log like a define sent to a Session (`commitDefine`): the initial
+   * events, the outcome document, the thread's claim, `session.outcome_started` and the outcome's
+   * first turn, whose input is every initial event in order (the messages beside the define are
+   * the outcome's first input with it). A process that dies after the Session's documents are
+   * written and before this commit leaves a Session with no event; one that dies after it leaves
+   * the Run to the scheduler's enqueue repair: never a define without its outcome and turn.
+   * `producerKey`: the create's batch key (event i is keyed `<producerKey>#<i>`); an earlier
+   * append under it answers its events.
+   */
+  async defineInNewSession(session: SessionDoc, thread: ThreadDoc, initial: ReadonlyArray<{ type: string; payload: DrivePayload }>, producerKey: string | undefined, trace?: Context): Promise<LogEvent[]> {
+    if (!initial.some((e) => e.type === 'user.define_outcome')) throw new ApiError('validation.malformed', 'initial_events: no user.define_outcome');
+    const keyed = producerKey ? initial.map((_, i) => `${producerKey}#${i}`) : [];
+    // Appended before under the same keys (the same create again): those events are the answer.
+    // Looked up only once the commit refused: a new Session's log has none.
+    const prior = async (): Promise<LogEvent[] | null> => {
+      const found: LogEvent[] = [];
+      for (const k of keyed) {
+        const ev = await this.priorEvent(session.id, k);
+        if (!ev) return null;
+        found.push(ev);
+      }
+      return found.length > 0 ? found : null;
+    };
+    const events: AppendEvent[] = initial.map((e, i) => ({
+      id: newEventId(), type: e.type, payload: e.payload, session_thread_id: thread.id, ...(keyed[i] ? { producer_key: keyed[i] } : {}),
+    }));
+    try {
+      const committed = await this.commitDefine(session, thread, events, trace);
+      if (committed) return committed.slice(0, events.length);
+    } catch (err) {
+      if (!(err instanceof ApiError && err.status === 409)) throw err;
+      const after = await prior();
+      if (after) return after;
+      throw err;
+    }
+    const after = await prior();
+    if (after) return after;
+    throw new ApiError('runtime.invalid_transition', 'the event log refused the append');
+  }
+
+  /**
+   * One commit of the Session's event log that appends `clients` (client events of the thread,
+   * each with its id named ahead, exactly one of them the `user.define_outcome`) and starts the
+   * outcome: the outcome document, the thread's claim on it (`outcomes:active`),
+   * `session.outcome_started` and the outcome's first turn (the thread's compare-and-swap to
+   * `running`, its Run `queued` with `clients` as its input, after any messages still queued on
+   * the thread, and `session.status_running`). The thread is checked free (idle, no Run, no
+   * unanswered wait) as the version that the commit compares: a thread that moved meanwhile is
+   * read again and checked again, so the check and the start are one step. The Run's id is
+   * recorded in the enqueue outbox before the commit (`TurnScheduler.runStarting`), so a process
+   * that dies after the commit and before the Run reaches its queue leaves the Run to the
+   * scheduler's enqueue repair: a committed define always gets its turn. Returns the committed
+   * events (`clients` first), or null when a producer key of `clients` names an earlier append
+   * (nothing written).
+   */
+  private async commitDefine(session: SessionDoc, thread: Readonly<ThreadDoc>, clients: readonly AppendEvent[], trace: Context | undefined): Promise<LogEvent[] | null> {
+    const define = clients.find((e) => e.type === 'user.define_outcome');
+    const eventId = define?.id;
+    if (!define || !eventId || clients.some((e) => !e.id)) throw new ApiError('validation.malformed', 'a define commit names its events ahead');
+    const inputs = clients.map((e) => e.id ?? eventId);
+    const base = await this.newDoc(session, thread.id, eventId, define.payload as DrivePayload);
     const tag = this.tag(session.id);
-    const define = { id: eventId, type: 'user.define_outcome', payload: p, session_thread_id: thread.id, ...(producerKey ? { producer_key: producerKey } : {}) };
-    const started = {
+    const started: AppendEvent = {
       type: 'session.outcome_started', session_thread_id: thread.id, producer_key: `outcome:${base.id}:started`,
       payload: { outcome_id: base.id, description: base.description, max_iterations: base.max_iterations, grader_model: base.grader_model },
     };
@@ -201,19 +274,17 @@ export class OutcomeService {
       let committed = false;
       try {
         const { result: r, run } = await this.d.store.startTurnWithEvents(session, known, runningThread(known, runId),
-          { runId, inputs: [...(known._queued_inputs ?? []), ...queued, eventId], dequeue: queued },
-          [define, started], {
+          { runId, inputs: [...(known._queued_inputs ?? []), ...queued, ...inputs], dequeue: queued },
+          [...clients, started], {
             docs: [{ key: keys.doc(tag, doc.id), body: JSON.stringify(doc), expectedVersion: null, index: { key: keys.index(tag, 'outcomes'), score: Date.parse(doc.created_at), member: doc.id } }],
             claim: { key: this.activeKey(session.id), field: known.id, value: doc.id, replaces }, trace,
           });
         if (r.ok) {
           committed = true;
-          const ev = r.events[0];
-          if (!ev) throw new ApiError('runtime.invalid_transition', 'the event log refused the append');
           // Crash tests: the outcome and its turn are committed, the Run is not in its queue yet.
           crashPoint('outcome-define-committed');
           await scheduler.runQueued(run, trace);
-          return ev;
+          return r.events;
         }
         if (r.reason === 'claimed') throw busy();
         if (r.reason === 'erased') throw new ApiError('validation.not_found', 'the session was deleted and its event log erased');
@@ -226,9 +297,7 @@ export class OutcomeService {
           queued = await this.d.store.queuedInputs(session.id, known.id);
           continue;
         }
-        // The same request appended meanwhile: its event is the answer.
-        const prior = r.reason === 'replay' && producerKey ? await this.priorEvent(session.id, producerKey) : null;
-        if (prior) return prior;
+        if (r.reason === 'replay') return null;
         throw new ApiError('runtime.invalid_transition', 'the event log refused the append');
       } finally {
         // What the scheduler took for the start ahead of the commit (a fair-share rank) goes
