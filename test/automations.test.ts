@@ -216,6 +216,47 @@ describe('manual fire, receipt, Session and trace', () => {
     expect((await settled(receipt.id)).admission).toEqual({ disposition: 'admitted', check_configured: true });
   });
 
+  it('a disabled Workspace fires nothing: its ticks are refused, its deliveries 403, until it is enabled again', async () => {
+    const ws = await p.root.post<{ id: string; version: number }>(`/v1/organizations/${p.bootstrap.organization_id}/workspaces`, { name: 'to-disable' });
+    const inWs = p.root.with({ workspaceId: ws.id });
+    const bot = (await inWs.post<{ id: string }>(`/v1/organizations/workspaces/${ws.id}/principals`, { external_subject_id: 'tenancy-bot', principal_type: 'service', display_name: 'bot' })).id;
+    await inWs.post('/v1/permission-assignments', { principal_id: bot, target: { type: 'workspace', id: ws.id }, actions: ['invoke'] });
+    const env = (await inWs.post<{ id: string }>('/v1/environments', { name: 'e', image: 'agentplane/sandbox:latest', resources: { cpu_millis: 1000, memory_mib: 256, disk_mib: 512, max_duration_seconds: 60 } })).id;
+    const agent = (await inWs.post<{ id: string }>('/v1/agents', { name: 'a', model: 'default' })).id;
+    const base = { principal_id: bot, agent, environment_id: env, prompt: `${MARKER} {{event}}`, max_concurrent_firings: 100 };
+    const tick = await inWs.post<Automation>('/v1/automations', { ...base, name: 'tick', trigger: { type: 'schedule', interval_seconds: 1 } });
+    const hook = await inWs.post<Automation>('/v1/automations', { ...base, name: 'hook', trigger: { type: 'webhook' } });
+    // Disabled before the first tick is due (one interval after the create).
+    const off = await p.root.request<{ version: number }>('PATCH', `/v1/organizations/workspaces/${ws.id}`, { body: { expected_version: ws.version, status: 'disabled' } });
+    expect(off.status).toBe(200);
+    const body = '{"alert":"while disabled"}';
+    const refused = await deliver(String(hook.webhook?.ingest_path), body, signed(String(hook.signing_secret), body));
+    expect([refused.status, (refused.body.error as { type: string } | undefined)?.type]).toEqual([403, 'auth.disabled_tenancy']);
+    await new Promise((r) => setTimeout(r, 2500));
+    const enabling = Date.now();
+    const on = await p.root.request('PATCH', `/v1/organizations/workspaces/${ws.id}`, { body: { expected_version: off.body.version, status: 'active' } });
+    expect(on.status).toBe(200);
+    await inWs.post(`/v1/automations/${tick.id}/pause`, { expected_version: tick.version });
+    // The ticks due while it was disabled have receipts, each refused, none with a Session (a tick
+    // just before the enable may be admitted after it: only those well before it are looked at).
+    const firings = (await inWs.get<{ data: (Firing & { created_at: string })[] }>(`/v1/automations/${tick.id}/firings`, { limit: 100 })).data
+      .filter((f) => Date.parse(f.created_at) < enabling - 500);
+    expect(firings.length).toBeGreaterThan(0);
+    const done = await Promise.all(firings.map(async (f) => {
+      const s = await waitFor(`firing ${f.id} admitted or refused`, async () => {
+        const cur = await inWs.get<Firing>(`/v1/automation-firings/${f.id}`);
+        return cur.status === 'pending' ? undefined : cur;
+      }, 30_000);
+      return [s.status, s.error, s.admission.disposition, s.session_id];
+    }));
+    expect(done).toContainEqual(['refused', 'auth.disabled_tenancy', 'refused_governance', null]);
+    expect(done.filter((d) => d[0] !== 'refused')).toEqual([]);
+    // The refused delivery left no receipt; enabled again, the same delivery fires.
+    expect((await inWs.get<{ data: unknown[] }>(`/v1/automations/${hook.id}/firings`)).data).toEqual([]);
+    const accepted = await deliver(String(hook.webhook?.ingest_path), body, signed(String(hook.signing_secret), body));
+    expect(accepted.status).toBe(202);
+  });
+
   it('refuses a prompt whose {{event}} expansion passes 64 KiB with 400 and writes no receipt', async () => {
     const a = await createAutomation({ trigger: { type: 'webhook' } });
     const r = await api.request('POST', `/v1/automations/${a.id}/fire`, { body: { event: 'x'.repeat(70_000) } });

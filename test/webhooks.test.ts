@@ -1,4 +1,5 @@
 import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
+import { createServer as createTcpServer, type Server as TcpServer, type Socket } from 'node:net';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -59,7 +60,11 @@ class Receiver {
   }
 }
 
-const ENV = { AGENTPLANE_MODE: 'development', WEBHOOK_MAX_ATTEMPTS: '8', WEBHOOK_RETRY_BASE_MS: '200', WEBHOOK_RETRY_MAX_MS: '1000', WEBHOOK_SWEEP_MS: '1000' };
+const TIMEOUT_MS = 1000;
+const ENV = {
+  AGENTPLANE_MODE: 'development', WEBHOOK_MAX_ATTEMPTS: '8', WEBHOOK_RETRY_BASE_MS: '200', WEBHOOK_RETRY_MAX_MS: '1000', WEBHOOK_SWEEP_MS: '1000',
+  WEBHOOK_TIMEOUT_MS: String(TIMEOUT_MS),
+};
 let dataDir: string;
 let p: Platform;
 let api: HttpClient;
@@ -240,6 +245,79 @@ describe('webhook endpoints', () => {
     await waitFor('the held delivery', () => (rx.deliveries().some((d) => d.session_id === s) ? true : undefined), 15_000);
     expect(rx.deliveries().filter((d) => d.session_id === s).map((d) => d.payload.content)).toEqual(['doomed']);
     await api.request('DELETE', `/v1/webhook-endpoints/${e.id}`);
+  });
+
+  it('410 Gone from the receiver disables the endpoint at once; re-enabling delivers the event it refused', async () => {
+    const e = await api.post<Endpoint>('/v1/webhook-endpoints', { url: rx.url, event_types: ['user.message'] });
+    rx.fallback = 410;
+    let s = '';
+    try {
+      s = await newSession('gone');
+      const disabled = await waitFor('the endpoint disabled', async () => {
+        const cur = await api.get<Endpoint>(`/v1/webhook-endpoints/${e.id}`);
+        return cur.status === 'disabled' ? cur : undefined;
+      }, 30_000);
+      expect(disabled.disabled_reason).toBe('delivery_failed');
+      // One attempt, not WEBHOOK_MAX_ATTEMPTS: the receiver said it wants no more.
+      await new Promise((r) => setTimeout(r, 1500));
+      expect(rx.got.filter((g) => (JSON.parse(g.body) as Delivery).session_id === s).map((g) => g.status)).toEqual([410]);
+      const log = await api.get<{ data: { status_code: number; error: string | null }[] }>(`/v1/webhook-endpoints/${e.id}/deliveries`);
+      expect(log.data.map((d) => [d.status_code, d.error])).toEqual([[410, 'status_410']]);
+    } finally {
+      rx.fallback = 200;
+    }
+    const cur = await api.get<Endpoint>(`/v1/webhook-endpoints/${e.id}`);
+    await api.post(`/v1/webhook-endpoints/${e.id}`, { expected_version: cur.version, status: 'enabled' });
+    await waitFor('the refused delivery', () => (rx.deliveries().some((d) => d.session_id === s) ? true : undefined), 15_000);
+    expect(rx.deliveries().filter((d) => d.session_id === s).map((d) => d.payload.content)).toEqual(['gone']);
+    await api.request('DELETE', `/v1/webhook-endpoints/${e.id}`);
+  });
+
+  it('one deadline bounds the whole exchange: a trickled status line, or a body without end, does not hold a delivery', async () => {
+    const timers: NodeJS.Timeout[] = [];
+    const sockets: Socket[] = [];
+    // Answers the status line and then one header byte every 200 ms, forever: never idle, never done.
+    const trickle: TcpServer = createTcpServer((sock) => {
+      sockets.push(sock);
+      sock.on('data', () => undefined);
+      sock.on('error', () => undefined);
+      sock.write('HTTP/1.1 200 OK\r\nx-slow: ');
+      timers.push(setInterval(() => sock.write('a'), 200));
+    });
+    // Answers 200 at once, then streams its body without end.
+    const endless: Server = createServer((req, res) => {
+      req.resume();
+      res.writeHead(200, { 'content-type': 'text/plain' });
+      const t = setInterval(() => res.write(Buffer.alloc(64 * 1024, 120)), 5);
+      timers.push(t);
+      res.on('close', () => clearInterval(t));
+    });
+    const portOf = async (srv: Server | TcpServer): Promise<number> => {
+      await new Promise<void>((r) => srv.listen(0, '127.0.0.1', () => r()));
+      return (srv.address() as { port: number }).port;
+    };
+    try {
+      const cases = [
+        { url: `http://127.0.0.1:${await portOf(trickle)}/hook`, expected: { delivered: false, status_code: 0 }, error: 'timeout' },
+        { url: `http://127.0.0.1:${await portOf(endless)}/hook`, expected: { delivered: true, status_code: 200 }, error: null },
+      ];
+      for (const c of cases) {
+        const e = await api.post<Endpoint>('/v1/webhook-endpoints', { url: c.url });
+        const started = Date.now();
+        const r = await api.request('POST', `/v1/webhook-endpoints/${e.id}/test`, { body: { expected_version: e.version }, signal: AbortSignal.timeout(8000) });
+        expect([c.url, r.body]).toEqual([c.url, c.expected]);
+        expect(Date.now() - started).toBeLessThan(TIMEOUT_MS + 2000);
+        const log = await api.get<{ data: { error: string | null }[] }>(`/v1/webhook-endpoints/${e.id}/deliveries`);
+        expect(log.data.map((d) => d.error)).toEqual([c.error]);
+        await api.request('DELETE', `/v1/webhook-endpoints/${e.id}`);
+      }
+    } finally {
+      for (const t of timers) clearInterval(t);
+      for (const s of sockets) s.destroy();
+      trickle.close();
+      endless.closeAllConnections();
+      endless.close();
+    }
   });
 
   it('a platform restart in the middle of a retry loses no delivery', async () => {

@@ -299,6 +299,7 @@ export const automationOperations: Operation[] = [
       const a = await deps.automations.store.locate(params.automation_id);
       if (!a || a.trigger.type !== 'webhook') throw new ApiError('validation.not_found', `automation ${params.automation_id} not found or has no webhook trigger`);
       verifyDelivery(bytes, headers, await deps.automations.store.verificationSecrets(a.workspace_id, a.id));
+      if (await deps.automations.store.tenancyDisabled(a.workspace_id)) throw new ApiError('auth.disabled_tenancy', 'the Workspace of this automation, or its Organization, is disabled');
       const event = parseLimitedJson(deliveryText(bytes));
       const deliveryId = String(headers['webhook-id']);
       const r = await acceptDelivery(deps.automations.store, a.workspace_id, a.id, deliveryId, async (firingId) => {

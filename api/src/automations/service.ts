@@ -219,6 +219,8 @@ export class AutomationService {
     const a = await this.d.store.docs.get<AutomationDoc>(tags.workspace(ws), f.automation_id);
     if (!a) return this.refuse(f, 'refused_paused', 'automation_deleted');
     if (a.status !== 'active') return this.refuse(f, 'refused_paused', 'automation_paused');
+    // A disabled Workspace (or Organization) admits no credential; nor does it admit its Automations.
+    if (await this.d.store.tenancyDisabled(ws)) return this.refuse(f, 'refused_governance', 'auth.disabled_tenancy');
     // A chain of Automations feeding each other's Sessions ends here (docs/AUTOMATIONS.md, "Subscriptions").
     if (chainRefused(f._chain ?? [], a.id)) return this.refuse(f, 'refused_loop', 'automation_loop');
     // Governance: the service Principal must be active and hold `invoke` on the Agent (or the Workspace).

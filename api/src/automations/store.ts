@@ -1,5 +1,6 @@
 import { ApiError, sha256Hex, type SecretBox } from '@agentplane/core';
 import { keys, LuaScript, tags, type DocumentStore, type Redis } from '@agentplane/store';
+import type { Organization, Workspace } from '@agentplane/domain';
 import {
   AUTOMATIONS, feedbackOf, firingsOf, type AutomationDoc, type FeedbackDoc, type FiringDoc,
 } from './model.js';
@@ -71,6 +72,17 @@ export class AutomationStore {
   async remove(ws: string, id: string): Promise<void> {
     await this.docs.remove(tags.workspace(ws), id, [AUTOMATIONS]);
     await this.redis.del(automationKeys.secret(ws, id), automationKeys.home(id), automationKeys.metrics(ws, id));
+  }
+
+  /**
+   * Whether the Workspace, or its Organization, is administratively disabled (or gone): then no
+   * Automation of it fires, as no credential bound to it is admitted (docs/API.md).
+   */
+  async tenancyDisabled(ws: string): Promise<boolean> {
+    const w = await this.docs.get<Workspace>(tags.workspace(ws), ws);
+    if (!w || w.status === 'disabled') return true;
+    const org = await this.docs.get<Organization>(tags.org(w.organization_id), w.organization_id);
+    return !org || org.status === 'disabled';
   }
 
   // ---- signing secrets -----------------------------------------------------------------------

@@ -42,6 +42,9 @@ export function deliveryBody(ws: string, e: Pick<LogEvent, 'id' | 'type' | 'crea
   });
 }
 
+/** How much of a receiver's response body a delivery reads before it closes the connection. */
+const MAX_RESPONSE_BYTES = 64 * 1024;
+
 export interface SendResult { status_code: number; latency_ms: number; error: string | null }
 
 class DeliveryError extends Error {}
@@ -77,7 +80,11 @@ export class WebhookDispatcher {
 
   // ---- sending -------------------------------------------------------------------------------
 
-  /** One signed POST to the endpoint: the egress guard on the resolved address, a timeout, no redirects followed. */
+  /**
+   * One signed POST to the endpoint: the egress guard on the resolved address, no redirects
+   * followed, and one deadline (`timeoutMs`) for the whole exchange: the status must arrive within
+   * it, and the response body is read for no longer than that and no further than 64 KiB.
+   */
   async send(endpoint: EndpointDoc, messageId: string, body: string): Promise<SendResult> {
     const started = performance.now();
     const secrets = await this.d.store.signingSecrets(endpoint.workspace_id, endpoint.id);
@@ -101,20 +108,41 @@ export class WebhookDispatcher {
       else cb(null, target.address, target.family);
     };
     const requestFn = url.protocol === 'https:' ? httpsRequest : httpRequest;
+    const timeoutMs = this.d.settings.timeoutMs;
     return new Promise<SendResult>((resolve) => {
+      let status: number | null = null;
+      let settled = false;
+      let deadline: NodeJS.Timeout | undefined;
+      // One deadline for the whole exchange, not an idle timeout: a receiver that trickles its
+      // status line, or streams a body without end, is cut off at the same time as a silent one.
+      // A status that arrived in time is the answer; without one the attempt failed (`error`).
+      const finish = (error: string): void => {
+        if (settled) return;
+        settled = true;
+        clearTimeout(deadline);
+        req.destroy();
+        resolve(done(status ?? 0, status === null ? error : null));
+      };
       const req = requestFn(url, {
-        method: 'POST', lookup, timeout: this.d.settings.timeoutMs,
+        method: 'POST', lookup,
         headers: {
           'content-type': 'application/json', 'content-length': Buffer.byteLength(body), 'user-agent': 'agentplane-webhooks/1',
           'webhook-id': messageId, 'webhook-timestamp': String(Math.floor(at.getTime() / 1000)), 'webhook-signature': signature,
         },
       }, (res: IncomingMessage) => {
-        res.resume();
-        res.on('end', () => resolve(done(res.statusCode ?? 0, null)));
-        res.on('error', () => resolve(done(res.statusCode ?? 0, 'response_error')));
+        status = res.statusCode ?? 0;
+        // The status is the answer; the body is read only to end the exchange cleanly, and at most
+        // MAX_RESPONSE_BYTES of it (past that the connection is closed).
+        let read = 0;
+        res.on('data', (chunk: Buffer) => {
+          read += chunk.length;
+          if (read > MAX_RESPONSE_BYTES) finish('connection_failed');
+        });
+        res.on('end', () => finish('connection_failed'));
+        res.on('error', () => finish('connection_failed'));
       });
-      req.on('timeout', () => req.destroy(new Error('timeout')));
-      req.on('error', (err: Error) => resolve(done(0, err.message === 'timeout' ? 'timeout' : 'connection_failed')));
+      deadline = setTimeout(() => finish('timeout'), timeoutMs);
+      req.on('error', () => finish('connection_failed'));
       req.end(body);
     });
   }
@@ -170,6 +198,13 @@ export class WebhookDispatcher {
         message_id: next.id, event_type: next.type, session_id: sid, seq: next.seq, attempt: job.attemptsMade + 1, status_code: r.status_code,
         latency_ms: r.latency_ms, outcome: ok ? 'succeeded' : 'failed', error: r.error ?? (ok ? null : `status_${r.status_code}`), test: false,
       });
+      if (r.status_code === 410) {
+        // 410 Gone: the receiver wants no more deliveries (Standard Webhooks). The endpoint is
+        // disabled now, not after the remaining attempts; the cursor stays on the event, so
+        // enabling the endpoint again delivers from there. The step ends without a retry.
+        await this.disable(job.data, 'status 410 (gone)');
+        return;
+      }
       if (!ok) {
         const reason = r.error ?? `status ${r.status_code}`;
         // The last attempt disables the endpoint before the job is marked failed, so that the
@@ -193,7 +228,7 @@ export class WebhookDispatcher {
     });
     this.endpointCache.delete(data.workspace_id);
     if (changed) await this.d.onDisabled?.(e, reason);
-    this.d.logger.warn({ endpoint_id: e.id, session_id: data.session_id, reason }, 'webhook endpoint disabled: a delivery exhausted its attempts');
+    this.d.logger.warn({ endpoint_id: e.id, session_id: data.session_id, reason }, 'webhook endpoint disabled: a delivery exhausted its attempts or was answered 410 Gone');
   }
 
   /** After an endpoint is enabled again: every lane whose Session has events past its cursor resumes. */
