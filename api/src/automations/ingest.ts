@@ -11,7 +11,7 @@ import type { AutomationStore } from './store.js';
 export const MAX_DELIVERY_BYTES = 1024 * 1024;
 
 /** Standard Webhooks: a delivery's timestamp may be this far from now, either way. */
-const TOLERANCE_SECONDS = 5 * 60;
+export const TOLERANCE_SECONDS = 5 * 60;
 
 /** Reads the raw delivery as bytes (`{raw: Buffer}`): the signature covers the exact bytes, so nothing decodes them first. */
 export const deliveryBody: UploadBody = {

@@ -4,12 +4,17 @@ import type { Organization, Workspace } from '@agentplane/domain';
 import {
   AUTOMATIONS, feedbackOf, firingsOf, type AutomationDoc, type FeedbackDoc, type FiringDoc,
 } from './model.js';
+import { TOLERANCE_SECONDS } from './ingest.js';
 import { rotateSigningSecret, type SecretRecord } from './signing-secret.js';
 
 export { newSigningSecret } from './signing-secret.js';
 
-/** Delivery ids are remembered for twice the replay window (a delivery older than that is refused by its timestamp). */
-export const DELIVERY_ID_TTL_SECONDS = 600;
+/**
+ * Delivery ids are remembered for the whole span a timestamp is accepted in (the tolerance either
+ * way) and a minute more: a delivery accepted first at the span's start, its timestamp rounded
+ * down to the second, is refused by its timestamp before its id is forgotten.
+ */
+export const DELIVERY_ID_TTL_SECONDS = 2 * TOLERANCE_SECONDS + 60;
 
 /** Admits one more running firing unless the Automation already has `max` (atomic). */
 const ADMIT = new LuaScript('automation_admit', `
