@@ -89,6 +89,23 @@ describe('ticks of an interval schedule', () => {
   });
 });
 
+describe('a tick run again', () => {
+  it('(its worker died mid-tick, its job stalled) finds the firing it made: one firing per due time', async () => {
+    const a = await automation({ type: 'schedule', interval_seconds: 3600, on_missed: 'fire_once' });
+    const due = Date.now();
+    const job = { id: `repeat:${schedulerId(a.id)}:${due}`, timestamp: due, delay: 0, data: { workspace_id: a.workspace_id, automation_id: a.id } };
+    const tick = (service as unknown as { tick(j: typeof job): Promise<void> }).tick.bind(service);
+    await tick(job);
+    await tick(job);
+    const page = await store.docs.list<FiringDoc>(tags.workspace(a.workspace_id), firingsOf(a.id), { limit: 10, order: 'asc' });
+    expect(page.data.map((f) => f.source)).toEqual([{ kind: 'schedule', scheduled_at: new Date(due).toISOString() }]);
+    expect((await store.metrics(a.workspace_id, a.id)).fires).toBe(1);
+    // The next due time is a firing of its own.
+    await tick({ ...job, id: `repeat:${schedulerId(a.id)}:${due + 3_600_000}` });
+    expect((await store.docs.list<FiringDoc>(tags.workspace(a.workspace_id), firingsOf(a.id), { limit: 10, order: 'asc' })).data).toHaveLength(2);
+  });
+});
+
 describe('the scheduler follows the document', () => {
   it('when two changes race, the scheduler ends with the one stored last', async () => {
     const a = await automation(cron('0 1 * * *'));

@@ -1,5 +1,5 @@
 import { DelayedError, type Queue, type Job, type JobSchedulerJson, type RepeatOptions } from 'bullmq';
-import { ApiError, Counter, newId, nowIso, type Logger, type Metrics } from '@agentplane/core';
+import { ApiError, Counter, ID_PREFIXES, newId, nowIso, sha256Hex, type Logger, type Metrics } from '@agentplane/core';
 import { eventLogKeys, keys, tags, type LogEvent } from '@agentplane/store';
 import { QueueHost } from '../queue-host.js';
 import type { IdentityService } from '@agentplane/domain';
@@ -362,7 +362,11 @@ export class AutomationService {
     const dueMs = tickDueMs(job, id);
     const late = Date.now() - dueMs > this.d.missedAfterMs;
     const scheduledAt = new Date(dueMs).toISOString();
-    await this.fire(a, { kind: 'schedule', scheduled_at: scheduledAt }, { scheduled_at: scheduledAt }, { status: late && a.trigger.on_missed === 'skip' ? 'skipped' : 'pending' });
+    // A tick run again (its worker died mid-tick, its job stalled) finds the firing it made: one
+    // firing per due time. A firing made but not yet queued is the outbox's to queue.
+    const firingId = tickFiringId(id, scheduledAt);
+    if (await this.d.store.docs.get<FiringDoc>(tags.workspace(ws), firingId)) return;
+    await this.fire(a, { kind: 'schedule', scheduled_at: scheduledAt }, { scheduled_at: scheduledAt }, { id: firingId, status: late && a.trigger.on_missed === 'skip' ? 'skipped' : 'pending' });
   }
 
   // ---- subscriptions -------------------------------------------------------------------------
@@ -584,6 +588,11 @@ function scheduleKey(a: AutomationDoc | null): string {
  * the job's `delay` is no guide (BullMQ sets it to 0 when it promotes the delayed job, leaving
  * `timestamp`, the time the job was made: one period early).
  */
+/** The id of the firing of an Automation's tick due at `scheduledAt`: the same for every run of that tick. */
+export function tickFiringId(automationId: string, scheduledAt: string): string {
+  return `${ID_PREFIXES.automationFiring}_${sha256Hex(`${automationId}\0${scheduledAt}`).slice(0, 32)}`;
+}
+
 export function tickDueMs(job: Pick<Job, 'id' | 'timestamp' | 'delay'>, automationId: string): number {
   const prefix = `repeat:${schedulerId(automationId)}:`;
   if (job.id?.startsWith(prefix)) {
