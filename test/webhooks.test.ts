@@ -11,20 +11,25 @@ import { errType } from './harness/governance.js';
 
 /**
  * Outbound webhook endpoints against a local receiver: signed deliveries of Session events,
- * retries with backoff (a receiver failing twice then succeeding), order per Session, the
+ * retries with backoff (a receiver failing twice then succeeding, one throttling with
+ * Retry-After), order per Session, the
  * delivery log, permanent-failure disable and re-enable, the test delivery, the egress guard,
  * and a platform restart in the middle of a retry.
  */
-interface Received { headers: IncomingHttpHeaders; body: string; status: number }
+interface Received { headers: IncomingHttpHeaders; body: string; status: number; /** When it was answered (ms since the epoch). */ at: number }
+/** One answer of the receiver: a status, or a status with response headers (made when it answers, if a function). */
+type Answer = number | { status: number; headers: Record<string, string> | (() => Record<string, string>) };
 interface Delivery { type: string; seq: number; session_id: string | null; id: string; payload: Record<string, unknown> }
 
 class Receiver {
   readonly got: Received[] = [];
-  /** Status to answer per message id: a queue of statuses used first, then `fallback`. */
-  readonly plan = new Map<string, number[]>();
+  /** Answers per message id: a queue used first, then `fallback`. */
+  readonly plan = new Map<string, Answer[]>();
   fallback = 200;
   /** The next message id not seen before is answered 500 this many times first. */
   failNextNew = 0;
+  /** Each message id not seen before takes the next of these answer queues as its plan. */
+  readonly answerNextNew: Answer[][] = [];
   private readonly seen = new Set<string>();
   private server!: Server;
   url = '';
@@ -39,10 +44,14 @@ class Receiver {
           this.seen.add(id);
           if (this.failNextNew > 0) this.plan.set(id, new Array<number>(this.failNextNew).fill(500));
           this.failNextNew = 0;
+          const answers = this.answerNextNew.shift();
+          if (answers) this.plan.set(id, answers);
         }
-        const status = this.plan.get(id)?.shift() ?? this.fallback;
-        this.got.push({ headers: req.headers, body, status });
-        res.writeHead(status).end();
+        const answer = this.plan.get(id)?.shift() ?? this.fallback;
+        const status = typeof answer === 'number' ? answer : answer.status;
+        const headers = typeof answer === 'number' ? {} : typeof answer.headers === 'function' ? answer.headers() : answer.headers;
+        this.got.push({ headers: req.headers, body, status, at: Date.now() });
+        res.writeHead(status, headers).end();
       });
     });
     await new Promise<void>((r) => this.server.listen(0, '127.0.0.1', () => r()));
@@ -271,6 +280,66 @@ describe('webhook endpoints', () => {
     await waitFor('the refused delivery', () => (rx.deliveries().some((d) => d.session_id === s) ? true : undefined), 15_000);
     expect(rx.deliveries().filter((d) => d.session_id === s).map((d) => d.payload.content)).toEqual(['gone']);
     await api.request('DELETE', `/v1/webhook-endpoints/${e.id}`);
+  });
+
+  it('a 429 or 503 with Retry-After (seconds or an HTTP date) holds the next attempt back at least that long; the delivery then succeeds', async () => {
+    const e = await api.post<Endpoint>('/v1/webhook-endpoints', { url: rx.url, event_types: ['user.message'] });
+    try {
+      rx.answerNextNew.push(
+        [{ status: 429, headers: { 'retry-after': '2' } }, 200],
+        // An HTTP date has whole seconds: three seconds ahead, truncated, is still more than two ahead.
+        [{ status: 503, headers: () => ({ 'retry-after': new Date(Date.now() + 3000).toUTCString() }) }, 200],
+      );
+      const s = await newSession('throttled-seconds');
+      await say(s, 'throttled-date');
+      await waitFor('both deliveries', () => (rx.deliveries().filter((d) => d.session_id === s).length >= 2 ? true : undefined), 30_000);
+      const mine = rx.deliveries().filter((d) => d.session_id === s);
+      expect(mine.map((d) => d.payload.content)).toEqual(['throttled-seconds', 'throttled-date']);
+      for (const d of mine) {
+        const attempts = rx.got.filter((g) => g.headers['webhook-id'] === d.id);
+        expect(attempts.map((a) => a.status)).toEqual([d.payload.content === 'throttled-seconds' ? 429 : 503, 200]);
+        // The backoff alone would wait 100–200 ms here (WEBHOOK_RETRY_BASE_MS 200).
+        expect(attempts[1]!.at - attempts[0]!.at).toBeGreaterThanOrEqual(1900);
+      }
+      const log = await api.get<{ data: { message_id: string; attempt: number; status_code: number; retry_after_ms: number | null }[] }>(`/v1/webhook-endpoints/${e.id}/deliveries`, { limit: 100 });
+      const first = log.data.filter((d) => d.message_id === mine[0]!.id).reverse();
+      expect(first.map((d) => [d.attempt, d.status_code, d.retry_after_ms])).toEqual([[1, 429, 2000], [2, 200, null]]);
+      const second = log.data.filter((d) => d.message_id === mine[1]!.id).reverse();
+      expect(second.map((d) => [d.attempt, d.status_code])).toEqual([[1, 503], [2, 200]]);
+      expect(second[0]!.retry_after_ms).toBeGreaterThan(1000);
+      expect(second[0]!.retry_after_ms).toBeLessThanOrEqual(3000);
+      expect(second[1]!.retry_after_ms).toBeNull();
+    } finally {
+      rx.answerNextNew.length = 0;
+      await api.request('DELETE', `/v1/webhook-endpoints/${e.id}`);
+    }
+  });
+
+  it('a Retry-After that is absent, malformed or on another status keeps the normal backoff', async () => {
+    const e = await api.post<Endpoint>('/v1/webhook-endpoints', { url: rx.url, event_types: ['user.message'] });
+    try {
+      // Read loosely, each malformed value would mean a wait of 30 s or more.
+      rx.answerNextNew.push([
+        429,
+        { status: 429, headers: { 'retry-after': '30 seconds' } },
+        { status: 503, headers: { 'retry-after': '1e2' } },
+        { status: 429, headers: { 'retry-after': '2099-01-01T00:00:00Z' } },
+        { status: 500, headers: { 'retry-after': '30' } },
+        200,
+      ]);
+      const s = await newSession('not-throttled');
+      await waitFor('the delivery', () => (rx.deliveries().some((d) => d.session_id === s) ? true : undefined), 20_000);
+      const id = rx.deliveries().find((d) => d.session_id === s)!.id;
+      const attempts = rx.got.filter((g) => g.headers['webhook-id'] === id);
+      expect(attempts.map((a) => a.status)).toEqual([429, 429, 503, 429, 500, 200]);
+      for (let i = 1; i < attempts.length; i++) expect(attempts[i]!.at - attempts[i - 1]!.at).toBeLessThan(10_000);
+      const log = await api.get<{ data: { message_id: string; attempt: number; retry_after_ms: number | null }[] }>(`/v1/webhook-endpoints/${e.id}/deliveries`, { limit: 100 });
+      const mine = log.data.filter((d) => d.message_id === id).reverse();
+      expect(mine.map((d) => [d.attempt, d.retry_after_ms])).toEqual([[1, null], [2, null], [3, null], [4, null], [5, null], [6, null]]);
+    } finally {
+      rx.answerNextNew.length = 0;
+      await api.request('DELETE', `/v1/webhook-endpoints/${e.id}`);
+    }
   });
 
   it('one deadline bounds the whole exchange: a trickled status line, or a body without end, does not hold a delivery', async () => {

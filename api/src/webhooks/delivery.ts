@@ -35,6 +35,76 @@ export function retryDelay(attemptsMade: number, baseMs: number, maxMs: number, 
   return Math.round(d / 2 + (d / 2) * rand);
 }
 
+/** The longest a receiver's `Retry-After` holds back the next attempt: one hour. */
+export const RETRY_AFTER_MAX_MS = 3_600_000;
+
+/** Answers whose `Retry-After` the next attempt honours: 429 Too Many Requests, 503 Service Unavailable. */
+const THROTTLED = new Set([429, 503]);
+
+const MONTHS = ['Jan', 'Feb', 'Mar', 'Apr', 'May', 'Jun', 'Jul', 'Aug', 'Sep', 'Oct', 'Nov', 'Dec'];
+const DAY = '(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)';
+const MONTH = `(${MONTHS.join('|')})`;
+const TIME = '(\\d{2}):(\\d{2}):(\\d{2})';
+/** IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`). */
+const IMF_FIXDATE = new RegExp(`^${DAY}, (\\d{2}) ${MONTH} (\\d{4}) ${TIME} GMT$`);
+/** The obsolete RFC 850 form (`Sunday, 06-Nov-94 08:49:37 GMT`). */
+const RFC850_DATE = new RegExp(`^(?:Monday|Tuesday|Wednesday|Thursday|Friday|Saturday|Sunday), (\\d{2})-${MONTH}-(\\d{2}) ${TIME} GMT$`);
+/** The obsolete asctime form (`Sun Nov  6 08:49:37 1994`, GMT). */
+const ASCTIME_DATE = new RegExp(`^${DAY} ${MONTH} ([ \\d]\\d) ${TIME} (\\d{4})$`);
+
+/** An HTTP date (RFC 9110 §5.6.7: the three forms a recipient accepts) as epoch milliseconds; null when it is not one. */
+export function parseHttpDate(value: string, nowMs = Date.now()): number | null {
+  let parts: { day: string; month: string; year: number; h: string; m: string; s: string } | null = null;
+  let match = IMF_FIXDATE.exec(value);
+  if (match) parts = { day: match[1]!, month: match[2]!, year: Number(match[3]), h: match[4]!, m: match[5]!, s: match[6]! };
+  else if ((match = RFC850_DATE.exec(value))) {
+    // A two-digit year more than 50 years ahead is the most recent past year ending in those digits.
+    const thisYear = new Date(nowMs).getUTCFullYear();
+    let year = Math.floor(thisYear / 100) * 100 + Number(match[3]);
+    if (year > thisYear + 50) year -= 100;
+    parts = { day: match[1]!, month: match[2]!, year, h: match[4]!, m: match[5]!, s: match[6]! };
+  } else if ((match = ASCTIME_DATE.exec(value))) {
+    parts = { day: match[2]!.trim(), month: match[1]!, year: Number(match[6]), h: match[3]!, m: match[4]!, s: match[5]! };
+  }
+  if (!parts) return null;
+  const [day, month, h, m, s] = [Number(parts.day), MONTHS.indexOf(parts.month), Number(parts.h), Number(parts.m), Number(parts.s)];
+  if (h > 23 || m > 59 || s > 60) return null;
+  const at = new Date(Date.UTC(parts.year, month, day, h, m, Math.min(s, 59)));
+  // No 31 April and no day 0: a date the calendar does not have is not a date.
+  return at.getUTCDate() === day && at.getUTCMonth() === month ? at.getTime() : null;
+}
+
+/**
+ * A `Retry-After` value as the milliseconds to wait from `nowMs`: delay-seconds (digits only) or
+ * an HTTP date (one already past is 0). Null when absent or malformed (`1.5`, `-1`, `30 seconds`,
+ * a date in another form). Not capped: see `throttleDelay`.
+ */
+export function parseRetryAfter(value: string | undefined, nowMs = Date.now()): number | null {
+  const v = value?.trim();
+  if (!v) return null;
+  if (/^\d+$/.test(v)) return Number(v) * 1000;
+  const at = parseHttpDate(v, nowMs);
+  return at === null ? null : Math.max(0, at - nowMs);
+}
+
+/**
+ * How long a throttled answer asks the next attempt to wait: a valid `Retry-After` of a 429 or a
+ * 503, capped at `RETRY_AFTER_MAX_MS`; null for any other status, or without a valid header.
+ */
+export function throttleDelay(status: number, retryAfter: string | undefined, nowMs = Date.now()): number | null {
+  if (!THROTTLED.has(status)) return null;
+  const ms = parseRetryAfter(retryAfter, nowMs);
+  return ms === null ? null : Math.min(ms, RETRY_AFTER_MAX_MS);
+}
+
+/**
+ * The wait before the next attempt: the jittered backoff (`retryDelay`), or longer when the
+ * failed attempt was throttled with a `Retry-After` (already capped by `throttleDelay`), never shorter.
+ */
+export function nextAttemptDelay(attemptsMade: number, baseMs: number, maxMs: number, retryAfterMs: number | null, rand = Math.random()): number {
+  return Math.max(retryDelay(attemptsMade, baseMs, maxMs, rand), retryAfterMs ?? 0);
+}
+
 /** The JSON body of one delivery (docs/AUTOMATIONS.md, "Delivery body"). */
 export function deliveryBody(ws: string, e: Pick<LogEvent, 'id' | 'type' | 'created_at' | 'payload'> & { session_id: string | null; session_thread_id: string | null; seq: number }): string {
   return JSON.stringify({
@@ -45,17 +115,30 @@ export function deliveryBody(ws: string, e: Pick<LogEvent, 'id' | 'type' | 'crea
 /** How much of a receiver's response body a delivery reads before it closes the connection. */
 const MAX_RESPONSE_BYTES = 64 * 1024;
 
-export interface SendResult { status_code: number; latency_ms: number; error: string | null }
+export interface SendResult {
+  status_code: number;
+  latency_ms: number;
+  error: string | null;
+  /** A throttled answer's `Retry-After` (429 or 503), in ms and capped (`throttleDelay`); else null. */
+  retry_after_ms: number | null;
+}
 
-class DeliveryError extends Error {}
+/** A failed attempt; `retryAfterMs` (a throttled answer's `Retry-After`) holds back the next one. */
+class DeliveryError extends Error {
+  constructor(message: string, readonly retryAfterMs: number | null = null) {
+    super(message);
+    this.name = 'DeliveryError';
+  }
+}
 
 /**
  * Signed outbound deliveries. Every matching Session event goes to every enabled endpoint of
  * its Workspace, at least once and in order per Session: a lane (endpoint × Session) is a chain
  * of BullMQ jobs, one per cursor position, each delivering the next event and advancing the
  * cursor by compare-and-swap before queueing the next step. A failed delivery is retried by
- * BullMQ with exponential backoff and jitter; one that exhausts its attempts disables the
- * endpoint and leaves the cursor on it, so re-enabling resumes there.
+ * BullMQ with exponential backoff and jitter, held back further by a 429's or 503's
+ * `Retry-After`; one that exhausts its attempts disables the endpoint and leaves the cursor on
+ * it, so re-enabling resumes there.
  */
 export class WebhookDispatcher {
   private readonly host: QueueHost;
@@ -91,11 +174,11 @@ export class WebhookDispatcher {
     const at = new Date();
     const signature = secrets.map((s) => new Webhook(s).sign(messageId, at, body)).join(' ');
     const url = new URL(endpoint.url);
-    const done = (status_code: number, error: string | null): SendResult => {
+    const done = (status_code: number, error: string | null, retry_after_ms: number | null = null): SendResult => {
       const latency_ms = Math.round(performance.now() - started);
       this.counter.inc({ outcome: status_code >= 200 && status_code < 300 ? 'succeeded' : 'failed' });
       this.latency.observe(latency_ms / 1000);
-      return { status_code, latency_ms, error };
+      return { status_code, latency_ms, error, retry_after_ms };
     };
     let target: { address: string; family: 4 | 6 };
     try {
@@ -111,6 +194,7 @@ export class WebhookDispatcher {
     const timeoutMs = this.d.settings.timeoutMs;
     return new Promise<SendResult>((resolve) => {
       let status: number | null = null;
+      let retryAfterMs: number | null = null;
       let settled = false;
       let deadline: NodeJS.Timeout | undefined;
       // One deadline for the whole exchange, not an idle timeout: a receiver that trickles its
@@ -121,7 +205,7 @@ export class WebhookDispatcher {
         settled = true;
         clearTimeout(deadline);
         req.destroy();
-        resolve(done(status ?? 0, status === null ? error : null));
+        resolve(done(status ?? 0, status === null ? error : null, retryAfterMs));
       };
       const req = requestFn(url, {
         method: 'POST', lookup,
@@ -131,6 +215,7 @@ export class WebhookDispatcher {
         },
       }, (res: IncomingMessage) => {
         status = res.statusCode ?? 0;
+        retryAfterMs = throttleDelay(status, res.headers['retry-after']);
         // The status is the answer; the body is read only to end the exchange cleanly, and at most
         // MAX_RESPONSE_BYTES of it (past that the connection is closed).
         let read = 0;
@@ -155,7 +240,7 @@ export class WebhookDispatcher {
     const delivered = r.status_code >= 200 && r.status_code < 300;
     await this.d.store.record(endpoint.workspace_id, endpoint.id, {
       message_id: id, event_type: 'webhook.test', session_id: null, seq: 0, attempt: 1, status_code: r.status_code, latency_ms: r.latency_ms,
-      outcome: delivered ? 'succeeded' : 'failed', error: r.error, test: true,
+      outcome: delivered ? 'succeeded' : 'failed', error: r.error, retry_after_ms: r.retry_after_ms, test: true,
     });
     return { delivered, status_code: r.status_code };
   }
@@ -196,7 +281,8 @@ export class WebhookDispatcher {
       const ok = r.status_code >= 200 && r.status_code < 300;
       await this.d.store.record(ws, id, {
         message_id: next.id, event_type: next.type, session_id: sid, seq: next.seq, attempt: job.attemptsMade + 1, status_code: r.status_code,
-        latency_ms: r.latency_ms, outcome: ok ? 'succeeded' : 'failed', error: r.error ?? (ok ? null : `status_${r.status_code}`), test: false,
+        latency_ms: r.latency_ms, outcome: ok ? 'succeeded' : 'failed', error: r.error ?? (ok ? null : `status_${r.status_code}`),
+        retry_after_ms: r.retry_after_ms, test: false,
       });
       if (r.status_code === 410) {
         // 410 Gone: the receiver wants no more deliveries (Standard Webhooks). The endpoint is
@@ -210,8 +296,10 @@ export class WebhookDispatcher {
         // The last attempt disables the endpoint before the job is marked failed, so that the
         // sweep (which resumes the lanes of enabled endpoints) cannot start the lane over first.
         if (job.attemptsMade + 1 >= this.d.settings.maxAttempts) await this.disable(job.data, reason);
-        // Retried from the same cursor, skipping the same events again.
-        throw new DeliveryError(reason);
+        // Retried from the same cursor, skipping the same events again. A throttled answer (429 or
+        // 503 with a valid Retry-After) still counts as an attempt; the backoff strategy reads its
+        // Retry-After from this error and waits at least that long before the next one.
+        throw new DeliveryError(reason, r.retry_after_ms);
       }
       if (!(await this.d.store.advance(ws, id, sid, cursor, next.seq))) return;
       const state = await this.d.log.state(sid);
@@ -277,7 +365,11 @@ export class WebhookDispatcher {
   start(): void {
     const s = this.d.settings;
     const worker = this.host.startWorker(async (job: Job) => this.lane(job as Job<LaneData>), {
-      concurrency: 32, settings: { backoffStrategy: (attemptsMade: number) => retryDelay(attemptsMade, s.retryBaseMs, s.retryMaxMs) },
+      concurrency: 32,
+      settings: {
+        backoffStrategy: (attemptsMade: number, _type?: string, err?: Error) =>
+          nextAttemptDelay(attemptsMade, s.retryBaseMs, s.retryMaxMs, err instanceof DeliveryError ? err.retryAfterMs : null),
+      },
     });
     if (!worker) return;
     worker.on('failed', (job, err) => {

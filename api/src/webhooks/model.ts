@@ -34,6 +34,11 @@ export interface DeliveryRecord {
   latency_ms: number;
   outcome: 'succeeded' | 'failed';
   error: string | null;
+  /**
+   * The wait a throttled answer (429 or 503) asked for with a valid `Retry-After`, in ms, capped
+   * at one hour; the next attempt waited at least this long. Null otherwise.
+   */
+  retry_after_ms: number | null;
   test: boolean;
   at: string;
 }

@@ -35,7 +35,9 @@ const EndpointSchema = Obj({
 const DeliverySchema = Obj({
   message_id: Type.String(), event_type: Type.String(), session_id: Nullable(Id('session')), seq: Type.Integer(), attempt: Type.Integer(),
   status_code: Type.Integer(), latency_ms: Type.Integer(), outcome: Type.Union([Type.Literal('succeeded'), Type.Literal('failed')]),
-  error: Nullable(Type.String()), test: Type.Boolean(), at: Timestamp(),
+  error: Nullable(Type.String()),
+  retry_after_ms: Nullable(Type.Integer({ minimum: 0, description: "a 429's or 503's valid Retry-After in ms, capped at one hour: the least wait before the next attempt" })),
+  test: Type.Boolean(), at: Timestamp(),
 });
 
 export const webhookOperations: Operation[] = [

@@ -16,7 +16,7 @@ beforeAll(() => {
 });
 
 const record = (seq: number) => ({
-  message_id: `evt_${seq}`, event_type: 'user.message', session_id: null, seq, attempt: 1, status_code: 200, latency_ms: 1, outcome: 'succeeded' as const, error: null, test: false,
+  message_id: `evt_${seq}`, event_type: 'user.message', session_id: null, seq, attempt: 1, status_code: 200, latency_ms: 1, outcome: 'succeeded' as const, error: null, retry_after_ms: null, test: false,
 });
 
 describe('the delivery log\'s cursor', () => {

@@ -122,7 +122,11 @@ export class WebhookStore {
       end = `(${before}`;
     }
     const rows = (await this.redis.xrevrange(webhookKeys.log(ws, endpointId), end, '-', 'COUNT', limit + 1)) as [string, string[]][];
-    const data = rows.slice(0, limit).map(([, fields]) => JSON.parse(fields[1] ?? '{}') as DeliveryRecord);
+    const data = rows.slice(0, limit).map(([, fields]) => {
+      const r = JSON.parse(fields[1] ?? '{}') as DeliveryRecord;
+      // A record written before `retry_after_ms` was recorded reads it as null.
+      return { ...r, retry_after_ms: r.retry_after_ms ?? null };
+    });
     const last = rows[limit - 1];
     return { data, next_page: rows.length > limit && last ? `c1_${last[0].replace('-', 's')}` : null };
   }
