@@ -61,8 +61,28 @@ async function waitFor<T>(what: string, fn: () => Promise<T | undefined> | T | u
 
 export { waitFor };
 
-/** Start the platform exactly as the README does (`node platform/dist/main.js`), on its own port, data dir and Redis. */
+/** The api could not listen on the port the harness chose: another process of the run took it first. */
+class PortTaken extends Error {}
+
+/**
+ * Start the platform exactly as the README does (`node platform/dist/main.js`), on its own port, data dir and Redis.
+ *
+ * A port the harness chooses is free when chosen, but the test files run in parallel and another
+ * process of the run can take it before the api listens (a few seconds later, on a loaded
+ * machine): the platform then stops at once, naming EADDRINUSE, and is started again on another
+ * port (at most three times). A port the test chose is not changed.
+ */
 export async function startPlatform(options: StartOptions = {}): Promise<Platform> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await startPlatformOnce(options);
+    } catch (err) {
+      if (!(err instanceof PortTaken) || options.port !== undefined || attempt >= 3) throw err;
+    }
+  }
+}
+
+async function startPlatformOnce(options: StartOptions): Promise<Platform> {
   const dataDir = options.dataDir ?? mkdtempSync(join(tmpdir(), 'agentplane-test-'));
   const port = options.port ?? (await freePort());
   const logFile = join(dataDir, `platform-${Date.now()}.log`);
@@ -103,12 +123,17 @@ export async function startPlatform(options: StartOptions = {}): Promise<Platfor
   try {
     // Generous: a loaded 2-core machine can take a while to start five processes.
     await waitFor('the platform to start', async () => {
-      if (proc.exitCode !== null) throw new Error(`platform exited with ${proc.exitCode}; log: ${readFileSync(logFile, 'utf8').slice(-2000)}`);
+      if (proc.exitCode !== null) {
+        const text = readFileSync(logFile, 'utf8');
+        const message = `platform exited with ${proc.exitCode}; log: ${text.slice(-2000)}`;
+        throw text.includes(`EADDRINUSE: address already in use 127.0.0.1:${port}`) ? new PortTaken(message) : new Error(message);
+      }
       if (!existsSync(bootstrapFile)) return undefined;
       try {
         // Our API, not whatever else may answer on this port: the bootstrap key opens it.
         const key = (JSON.parse(readFileSync(bootstrapFile, 'utf8')) as Bootstrap).root_key;
-        const r = await new HttpClient({ baseUrl, token: key }).request('GET', '/v1/support/capabilities');
+        // Bounded: whatever else holds the port (the api could not listen) may never answer.
+        const r = await new HttpClient({ baseUrl, token: key }).request('GET', '/v1/support/capabilities', { signal: AbortSignal.timeout(5_000) });
         return r.status === 200 ? true : undefined;
       } catch {
         return undefined;
@@ -117,6 +142,7 @@ export async function startPlatform(options: StartOptions = {}): Promise<Platfor
   } catch (err) {
     // Never leave a half-started platform (and its Redis and children) running behind a failed test.
     await terminate();
+    if (err instanceof PortTaken && !options.dataDir) rmSync(dataDir, { recursive: true, force: true });
     throw err;
   }
   const bootstrap = JSON.parse(readFileSync(bootstrapFile, 'utf8')) as Bootstrap;
