@@ -65,26 +65,39 @@ export function nodeEnv(p: Platform, redisUrl: string, extra: Record<string, str
   return { REDIS_URL: redisUrl, MASTER_KEY_FILE: join(p.dataDir, 'master.key'), DATA_DIR: p.dataDir, ...extra };
 }
 
-/** One more API node (with its embedded runner gateway) on the platform's Redis. */
+/**
+ * One more API node (with its embedded runner gateway) on the platform's Redis. A port taken by
+ * another process of the run before the node listened (EADDRINUSE) is replaced by a fresh one,
+ * three tries at most, as `startPlatform` does.
+ */
 export async function startApiNode(p: Platform, redisUrl: string, name: string, extra: Record<string, string> = {}): Promise<ApiNode> {
-  const port = await freePort();
-  const baseUrl = `http://127.0.0.1:${port}`;
-  const node = spawnNode(name, join(ROOT_DIR, 'api/dist/main.js'), nodeEnv(p, redisUrl, { PORT: String(port), HOST: '127.0.0.1', PUBLIC_BASE_URL: baseUrl, ...extra }), p.dataDir);
-  const root = new HttpClient({ baseUrl, token: p.bootstrap.root_key });
-  try {
-    await waitFor(`API node ${name}`, async () => {
-      if (node.proc.exitCode !== null) throw new Error(`${name} exited with ${node.proc.exitCode}: ${readFileSync(node.logFile, 'utf8').slice(-2000)}`);
-      try {
-        return (await root.request('GET', '/v1/support/capabilities')).status === 200 ? true : undefined;
-      } catch {
-        return undefined;
-      }
-    }, 60_000);
-  } catch (err) {
-    await node.kill();
-    throw err;
+  for (let attempt = 1; ; attempt++) {
+    const port = await freePort();
+    const baseUrl = `http://127.0.0.1:${port}`;
+    const node = spawnNode(name, join(ROOT_DIR, 'api/dist/main.js'), nodeEnv(p, redisUrl, { PORT: String(port), HOST: '127.0.0.1', PUBLIC_BASE_URL: baseUrl, ...extra }), p.dataDir);
+    const root = new HttpClient({ baseUrl, token: p.bootstrap.root_key });
+    let portTaken = false;
+    try {
+      await waitFor(`API node ${name}`, async () => {
+        if (node.proc.exitCode !== null) {
+          const text = readFileSync(node.logFile, 'utf8');
+          portTaken = text.includes(`EADDRINUSE: address already in use 127.0.0.1:${port}`);
+          throw new Error(`${name} exited with ${node.proc.exitCode}: ${text.slice(-2000)}`);
+        }
+        try {
+          // Bounded: whatever else holds the port (the node could not listen) may never answer.
+          return (await root.request('GET', '/v1/support/capabilities', { signal: AbortSignal.timeout(5_000) })).status === 200 ? true : undefined;
+        } catch {
+          return undefined;
+        }
+      }, 60_000);
+    } catch (err) {
+      await node.kill();
+      if (portTaken && attempt < 3) continue;
+      throw err;
+    }
+    return { ...node, port, baseUrl, root };
   }
-  return { ...node, port, baseUrl, root };
 }
 
 /** One more scheduler on the platform's Redis. */
