@@ -147,9 +147,20 @@ async function approvedCall(deps: GateDeps, grant: RuntimeGrant, call: RuntimeTo
 async function continuesAfterWait(deps: GateDeps, grant: RuntimeGrant, toolUseId: string, threadId: string): Promise<boolean> {
   const run = await deps.sessions.store.run(grant.session_id, grant.run_id);
   if (!run?.continues_run_id || run.session_thread_id !== threadId) return false;
-  const thread = await deps.docs.get<ThreadDoc>(tags.session(grant.session_id), threadId);
+  return (await answeredWait(deps, grant.session_id, threadId, toolUseId)).wait !== null;
+}
+
+type ThreadWait = ThreadDoc['_waits'][string];
+
+/**
+ * The wait of `toolUseId` on the thread if it is answered and of the thread's current wait
+ * generation (an interrupt or a later wait moves the generation on), else null and why.
+ */
+async function answeredWait(deps: GateDeps, sessionId: string, threadId: string, toolUseId: string): Promise<{ wait: ThreadWait | null; stale: boolean }> {
+  const thread = await deps.docs.get<ThreadDoc>(tags.session(sessionId), threadId);
   const wait = thread?.type === 'session_thread' ? thread._waits[toolUseId] : undefined;
-  return !!thread && !!wait && wait.generation === thread._wait_generation && wait.answered_event_id !== null;
+  if (!thread || !wait || wait.answered_event_id === null) return { wait: null, stale: false };
+  return wait.generation === thread._wait_generation ? { wait, stale: false } : { wait: null, stale: true };
 }
 
 /** Events read back from a confirmation, at most, for the tool use it answers. */
@@ -241,12 +252,11 @@ async function requireConfirmedUse(deps: GateDeps, grant: RuntimeGrant, call: Ru
   if (!run) return refuse(`run ${grant.run_id} has no record to check the confirmation against`);
   if (!run.continues_run_id) return refuse(`run ${grant.run_id} does not continue after answered waits, so no confirmed use is its to run`);
   const sessionId = grant.session_id;
-  const thread = await deps.docs.get<ThreadDoc>(tags.session(sessionId), run.session_thread_id);
-  const wait = thread?.type === 'session_thread' ? thread._waits[toolUseId] : undefined;
-  if (!thread || !wait || wait.kind !== 'confirmation' || wait.answered_event_id === null || wait.answered_seq === undefined) {
+  const { wait, stale } = await answeredWait(deps, sessionId, run.session_thread_id, toolUseId);
+  if (stale) return refuse(`the confirmation of ${toolUseId} answered an earlier wait of the thread, not the one this Run continues`);
+  if (!wait || wait.kind !== 'confirmation' || wait.answered_seq === undefined) {
     return refuse(`no user.tool_confirmation answered ${toolUseId} on the Run's thread`);
   }
-  if (wait.generation !== thread._wait_generation) return refuse(`the confirmation of ${toolUseId} answered an earlier wait of the thread, not the one this Run continues`);
   const seq = wait.answered_seq;
   const [answer] = await deps.sessions.store.log.range(sessionId, seq - 1, 1, seq);
   const confirmation = answer?.payload as { tool_use_id?: unknown; result?: unknown } | undefined;
