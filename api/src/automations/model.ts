@@ -29,6 +29,30 @@ export interface AutomationDoc extends StoredDoc {
   trigger: Trigger;
   /** Webhook triggers: where deliveries go and the state of the signing secrets (never the secrets). */
   webhook: { ingest_path: string; secret_generation: number; previous_secret_expires_at: string | null } | null;
+  /**
+   * When the current schedule began (ms): set by a resume and by a change of the schedule's times.
+   * A tick due before it belongs to an earlier schedule (queued before a pause, or under the old
+   * times) and is dropped (docs/AUTOMATIONS.md, "Pause and resume"). Internal: never shown.
+   */
+  _schedule_since_ms?: number;
+}
+
+/** The times a schedule trigger fires at (what its Job Scheduler is made from), or null for other triggers. */
+function scheduleTimes(t: Trigger): string | null {
+  if (t.type !== 'schedule') return null;
+  return 'cron' in t ? `cron ${t.cron} ${t.timezone}` : `every ${t.interval_seconds}`;
+}
+
+/**
+ * The Automation as it is to be stored after `cur` became `next`: when `next` starts a schedule
+ * anew (resumed, or its times changed while active), it records when, so ticks of the earlier
+ * schedule still queued are dropped instead of firing beside the new one's.
+ */
+export function stampScheduleStart(cur: AutomationDoc, next: AutomationDoc, nowMs: number): AutomationDoc {
+  const times = scheduleTimes(next.trigger);
+  if (next.status !== 'active' || times === null) return next;
+  const anew = cur.status !== 'active' || scheduleTimes(cur.trigger) !== times;
+  return anew ? { ...next, _schedule_since_ms: nowMs } : next;
 }
 
 export type FiringSourceKind = 'manual' | 'schedule' | 'webhook' | 'subscription';
@@ -95,7 +119,8 @@ export const firingsOf = (automationId: string): string => `automation_firings:$
 export const feedbackOf = (firingId: string): string => `firing_feedback:${firingId}`;
 
 export function publicAutomation(a: AutomationDoc): Record<string, unknown> {
-  return { ...a };
+  const { _schedule_since_ms: _s, ...rest } = a;
+  return rest;
 }
 
 /** A feedback label as the contract's Firing feedback label lists its fields (no `type`). */

@@ -5,7 +5,7 @@ import { ApiError, createLogger, createMetrics, newId, nowIso, SecretBox } from 
 import { DocumentStore, keys, tags, type Redis } from '@agentplane/store';
 import { AutomationStore, automationKeys } from './store.js';
 import { AutomationService, chainRefused, MAX_AUTOMATION_CHAIN, schedulerId } from './service.js';
-import { firingsOf, type AutomationDoc, type FiringDoc, type Trigger } from './model.js';
+import { firingsOf, publicAutomation, type AutomationDoc, type FiringDoc, type Trigger } from './model.js';
 
 /**
  * Schedules against a real Redis and real BullMQ Job Schedulers: the time a tick was due, the
@@ -103,6 +103,54 @@ describe('a tick run again', () => {
     // The next due time is a firing of its own.
     await tick({ ...job, id: `repeat:${schedulerId(a.id)}:${due + 3_600_000}` });
     expect((await store.docs.list<FiringDoc>(tags.workspace(a.workspace_id), firingsOf(a.id), { limit: 10, order: 'asc' })).data).toHaveLength(2);
+  });
+});
+
+describe('a tick of an earlier schedule', () => {
+  const tickOf = (a: AutomationDoc, due: number) => {
+    const job = { id: `repeat:${schedulerId(a.id)}:${due}`, timestamp: due, delay: 0, data: { workspace_id: a.workspace_id, automation_id: a.id } };
+    return (service as unknown as { tick(j: typeof job): Promise<void> }).tick.call(service, job);
+  };
+  const fired = async (a: AutomationDoc) => (await store.docs.list<FiringDoc>(tags.workspace(a.workspace_id), firingsOf(a.id), { limit: 10, order: 'asc' })).data.map((f) => f.source.scheduled_at);
+
+  it('queued before a pause and run after a quick resume does not fire beside the new schedule', async () => {
+    const a = await automation({ type: 'schedule', interval_seconds: 3600, on_missed: 'fire_once' });
+    const dueBefore = Date.now() - 1;
+    // Still active: a tick due a moment ago fires (the same tick, below, does not once the schedule was paused and resumed).
+    const twin = await automation({ type: 'schedule', interval_seconds: 3600, on_missed: 'fire_once' });
+    await tickOf(twin, dueBefore);
+    expect(await fired(twin)).toEqual([new Date(dueBefore).toISOString()]);
+
+    const paused = await store.update(a.workspace_id, a.id, (cur) => ({ ...cur, status: 'paused' }));
+    const resumed = await store.update(a.workspace_id, a.id, (cur) => ({ ...cur, status: 'active' }), paused.version);
+    expect(resumed._schedule_since_ms).toBeGreaterThan(dueBefore);
+    await tickOf(a, dueBefore);
+    expect(await fired(a)).toEqual([]);
+    // The resumed schedule's own ticks fire.
+    const dueAfter = (resumed._schedule_since_ms as number) + 3_600_000;
+    await tickOf(a, dueAfter);
+    expect(await fired(a)).toEqual([new Date(dueAfter).toISOString()]);
+  });
+
+  it('made under times since changed is dropped; a change that keeps the times keeps its ticks', async () => {
+    const a = await automation(cron('0 * * * *'));
+    const due = Date.now() - 1;
+    // A change of the prompt (or of on_missed) keeps the schedule's times: its pending tick fires.
+    await store.update(a.workspace_id, a.id, (cur) => ({ ...cur, prompt: 'changed', trigger: { ...cron('0 * * * *'), on_missed: 'skip' } }));
+    await tickOf(a, due);
+    expect(await fired(a)).toEqual([new Date(due).toISOString()]);
+    const due2 = Date.now() - 1;
+    await setCron(a, '30 * * * *');
+    await tickOf(a, due2);
+    expect(await fired(a)).toEqual([new Date(due).toISOString()]);
+  });
+
+  it('is an internal mark: the Automation as shown does not carry it', async () => {
+    const a = await automation({ type: 'schedule', interval_seconds: 60, on_missed: 'fire_once' });
+    const paused = await store.update(a.workspace_id, a.id, (cur) => ({ ...cur, status: 'paused' }));
+    const resumed = await store.update(a.workspace_id, a.id, (cur) => ({ ...cur, status: 'active' }), paused.version);
+    expect(resumed._schedule_since_ms).toBeTypeOf('number');
+    expect(Object.keys(publicAutomation(resumed))).not.toContain('_schedule_since_ms');
   });
 });
 

@@ -360,6 +360,9 @@ export class AutomationService {
     const a = await this.d.store.docs.get<AutomationDoc>(tags.workspace(ws), id);
     if (!a || a.status !== 'active' || a.trigger.type !== 'schedule') return;
     const dueMs = tickDueMs(job, id);
+    // Due before the current schedule began: a tick of an earlier one (queued before a pause and
+    // run after the resume, or made under times since changed). The new scheduler makes its own.
+    if (a._schedule_since_ms !== undefined && dueMs < a._schedule_since_ms) return;
     const late = Date.now() - dueMs > this.d.missedAfterMs;
     const scheduledAt = new Date(dueMs).toISOString();
     // A tick run again (its worker died mid-tick, its job stalled) finds the firing it made: one

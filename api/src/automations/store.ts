@@ -2,7 +2,7 @@ import { ApiError, sha256Hex, type SecretBox } from '@agentplane/core';
 import { keys, LuaScript, tags, type DocumentStore, type Redis } from '@agentplane/store';
 import type { Organization, Workspace } from '@agentplane/domain';
 import {
-  AUTOMATIONS, feedbackOf, firingsOf, type AutomationDoc, type FeedbackDoc, type FiringDoc,
+  AUTOMATIONS, feedbackOf, firingsOf, stampScheduleStart, type AutomationDoc, type FeedbackDoc, type FiringDoc,
 } from './model.js';
 import { TOLERANCE_SECONDS } from './ingest.js';
 import { rotateSigningSecret, type SecretRecord } from './signing-secret.js';
@@ -70,8 +70,12 @@ export class AutomationStore {
     return ws ? this.docs.get<AutomationDoc>(tags.workspace(ws), id) : null;
   }
 
+  /** Every change of an Automation: one that starts its schedule anew records when (`stampScheduleStart`). */
   update(ws: string, id: string, mutate: (a: AutomationDoc) => AutomationDoc | null, expectedVersion?: number): Promise<AutomationDoc> {
-    return this.docs.update<AutomationDoc>(tags.workspace(ws), id, mutate, { expectedVersion, notFound: `automation ${id}` });
+    return this.docs.update<AutomationDoc>(tags.workspace(ws), id, (cur) => {
+      const next = mutate(cur);
+      return next === null ? null : stampScheduleStart(cur, next, Date.now());
+    }, { expectedVersion, notFound: `automation ${id}` });
   }
 
   async remove(ws: string, id: string): Promise<void> {
