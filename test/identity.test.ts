@@ -231,6 +231,39 @@ describe('Principals and access credentials', () => {
     expect(errType(r)).toBe('validation.conflict');
   });
 
+  it('an external_subject_id or display_name that is not well-formed Unicode is 400, and never claims another subject', async () => {
+    const create = (external_subject_id: string, display_name = 'x') => p.root.request('POST', `/v1/organizations/workspaces/${wsA}/principals`, {
+      body: { external_subject_id, principal_type: 'person', display_name },
+    });
+    // Two different lone surrogates: as UTF-8 both would be U+FFFD, the same subject.
+    for (const subject of ['subj-\ud800', 'subj-\udbff']) {
+      const r = await create(subject);
+      expect([r.status, errType(r)], JSON.stringify(subject)).toEqual([400, 'validation.malformed']);
+    }
+    const name = await create('subj-ok-name', 'name \udc00');
+    expect([name.status, errType(name)]).toEqual([400, 'validation.malformed']);
+    // Nothing was claimed by the refused ones: the well-formed neighbours are free.
+    expect((await create('subj-\ufffd')).status).toBe(201);
+    expect((await create('subj-ok-name')).status).toBe(201);
+  });
+
+  it("a deleted Principal's credential is never rotated into a new secret (404); a suspended one's is", async () => {
+    const prin = await newPrincipal(p.root, wsA, 'rotate-after-delete');
+    const c = await p.root.post<{ id: string }>(`/v1/principals/${prin}/access-credentials`, {}, { idempotencyKey: 'cred-rad' });
+    await p.root.post(`/v1/principals/${prin}/suspend`, {});
+    const whileSuspended = await p.root.request<{ generation_number: number; secret?: string }>('POST', `/v1/principal-access-credentials/${c.id}/rotate`, {
+      body: { expected_generation_number: 1 }, idempotencyKey: 'rot-rad-1' });
+    expect(whileSuspended.status).toBe(200);
+    expect(whileSuspended.body.generation_number).toBe(2);
+    expect((await p.root.request('DELETE', `/v1/principals/${prin}`)).status).toBe(200);
+    const r = await p.root.request<{ secret?: string }>('POST', `/v1/principal-access-credentials/${c.id}/rotate`, {
+      body: { expected_generation_number: 2 }, idempotencyKey: 'rot-rad-2' });
+    expect([r.status, errType(r)]).toEqual([404, 'validation.not_found']);
+    expect(r.body.secret).toBeUndefined();
+    // Nothing changed: the credential is still at the generation it was.
+    expect(await p.root.get<{ generation_number: number }>(`/v1/principal-access-credentials/${c.id}`)).toMatchObject({ generation_number: 2 });
+  });
+
   it('credential: secret once, rotation kills the old bearer, stale generation 409, revoke', async () => {
     const prin = await newPrincipal(p.root, wsA, 'cred-owner');
     const noKey = await p.root.request('POST', `/v1/principals/${prin}/access-credentials`, { body: {} });

@@ -102,6 +102,33 @@ describe('Connections (REST)', () => {
     expect(names).not.toContain('connections_createConnection');
     expect(names).not.toContain('connections_updateConnection');
   });
+
+  it('refuses, on create and on PATCH, a token that cannot go out as an Authorization header value and a name that is not well-formed Unicode', async () => {
+    const tokens = ['tok\r\nX-Injected: 1', 'tok\nen-0123456789', 'caf\u00e9-0123456789', 'lone\ud800-0123456789', ' leading-0123456789', 'trailing-0123456789\t', 'nul\u0000-0123456789'];
+    for (const token of tokens) {
+      const r = await p.root.request<{ error: { type: string; message: string } }>('POST', '/v1/connections', {
+        body: { name: 'bad-token', url: 'https://mcp.example.com/mcp', auth: { type: 'bearer', token } },
+      });
+      expect(r.status, JSON.stringify(token)).toBe(400);
+      expect(r.body.error.type).toBe('validation.malformed');
+      expect(r.body.error.message).not.toContain(token);
+    }
+    const name = await p.root.request<{ error: { type: string } }>('POST', '/v1/connections', { body: { name: 'up \ud800', url: 'https://mcp.example.com/mcp' } });
+    expect(name.status).toBe(400);
+    expect(name.body.error.type).toBe('validation.malformed');
+
+    const ok = await p.root.request<{ id: string }>('POST', '/v1/connections', {
+      body: { name: 'good-token', url: 'https://mcp.example.com/mcp', auth: { type: 'bearer', token: 'key with spaces\tand-a-tab=' } },
+    });
+    expect(ok.status).toBe(201);
+    for (const body of [{ auth: { type: 'bearer', token: 'tok\r\nX-Injected: 1' } }, { name: 'x\udc00' }]) {
+      const r = await p.root.request<{ error: { type: string } }>('PATCH', `/v1/connections/${ok.body.id}`, { body });
+      expect(r.status).toBe(400);
+      expect(r.body.error.type).toBe('validation.malformed');
+    }
+    // Nothing was written by the refused PATCHes.
+    expect(await p.root.get<{ version: number; name: string }>(`/v1/connections/${ok.body.id}`)).toMatchObject({ version: 1, name: 'good-token' });
+  });
 });
 
 describe('/v1/runtime/mcp/{connection_id}', () => {

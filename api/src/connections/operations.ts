@@ -6,7 +6,7 @@ import { workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
 import type { ApiDeps } from '../deps.js';
 import type { Connection } from '@agentplane/domain';
-import { ConnectionAuthInput, ConnectionName, ConnectionSchema, ConnectionUrl, view } from './schemas.js';
+import { checkConnectionFields, ConnectionAuthInput, ConnectionName, ConnectionSchema, ConnectionUrl, view } from './schemas.js';
 import { ConnectionService } from '@agentplane/domain';
 import { checkConnectionUrl } from './url.js';
 
@@ -24,6 +24,7 @@ export const connectionOperations: Operation[] = [
     // Accepts a credential: REST-only.
     mcp: 'never',
   }, async (ws, { body, deps }) => {
+    checkConnectionFields(body);
     checkConnectionUrl(body.url, deps.config.webhooks.egress);
     return view(await service(deps).create(ws, body));
   }),
@@ -61,6 +62,7 @@ export const connectionOperations: Operation[] = [
     mcp: 'never',
     async handler({ caller, params, body, deps }) {
       const { expected_version, ...patch } = body;
+      checkConnectionFields(patch);
       if (patch.url !== undefined) checkConnectionUrl(patch.url, deps.config.webhooks.egress);
       return json(200, view(await service(deps).update(requireWorkspace(caller), params.connection_id, patch, expected_version)));
     },

@@ -27,11 +27,45 @@ export async function readJsonBody(req: IncomingMessage, limit: number): Promise
   const text = whole !== undefined ? whole.toString('utf8') : await streamedBody(req, limit, declared);
   if (text.length === 0) return undefined;
   if (jsonDepth(text) > MAX_JSON_NESTING) throw new ApiError('validation.malformed', `the request body's JSON nests deeper than ${MAX_JSON_NESTING} levels`);
+  let value: unknown;
   try {
-    return JSON.parse(text) as unknown;
+    value = JSON.parse(text) as unknown;
   } catch (err) {
     throw new ApiError('validation.malformed', 'the request body is not valid JSON', { cause: err });
   }
+  // A lone surrogate can only come in as a `\uD800`-style escape: only such a body is walked.
+  if (SURROGATE_ESCAPE.test(text)) {
+    const where = illFormedAt(value, 'body');
+    if (where !== null) throw new ApiError('validation.malformed', `${where}: not well-formed Unicode (a lone surrogate)`);
+  }
+  return value;
+}
+
+const SURROGATE_ESCAPE = /\\u[dD][89a-fA-F]/;
+const wellFormed = (s: string): boolean => (s as string & { isWellFormed(): boolean }).isWellFormed();
+
+/**
+ * Where `value` holds a string (a value or a key) that is not well-formed UTF-16, or null. Such a
+ * string cannot be stored as it is: Redis keeps UTF-8, where a lone surrogate becomes U+FFFD, so
+ * two different names would claim one key and what is read back differs from what was sent.
+ */
+export function illFormedAt(value: unknown, path: string): string | null {
+  if (typeof value === 'string') return wellFormed(value) ? null : path;
+  if (Array.isArray(value)) {
+    for (let i = 0; i < value.length; i++) {
+      const at = illFormedAt(value[i], `${path}[${i}]`);
+      if (at !== null) return at;
+    }
+    return null;
+  }
+  if (value !== null && typeof value === 'object') {
+    for (const [k, v] of Object.entries(value)) {
+      if (!wellFormed(k)) return `${path} key`;
+      const at = illFormedAt(v, `${path}.${k}`);
+      if (at !== null) return at;
+    }
+  }
+  return null;
 }
 
 /** Whether `readJsonBody` failed because the body it read does not parse as JSON. */

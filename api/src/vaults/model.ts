@@ -23,7 +23,11 @@ export interface VaultSecret {
   match: string;
   header_name: string | null;
   username: string | null;
-  /** Rotation counter: 1 on first write, +1 on each rotation. */
+  /**
+   * Rotation counter: 1 on first write, +1 on each rotation. A name written again after its
+   * secret was deleted continues from the deleted one's generation (`retired_generations`), so a
+   * generation is never reused under a name and a stale `expected_generation` never matches.
+   */
   generation: number;
   secret_hint: string;
   updated_at: string;
@@ -37,6 +41,8 @@ export interface VaultDoc extends StoredDoc {
   name: string;
   description: string | null;
   secrets: VaultSecret[];
+  /** The last generation of each deleted secret's name (absent until one is deleted). Never shown. */
+  retired_generations?: Record<string, number>;
 }
 
 export const VAULT_LIMITS = Object.freeze({ maxSecrets: 64, maxValueBytes: 16 * 1024 });
@@ -69,7 +75,16 @@ export const SecretInput = Obj({
   expected_generation: Type.Optional(Type.Integer({ minimum: 0 })),
 });
 
-/** The head without any sealed material: what every response shows. */
-export function publicVault(v: VaultDoc): Omit<VaultDoc, 'secrets'> & { secrets: Omit<VaultSecret, 'sealed'>[] } {
-  return { ...v, secrets: v.secrets.map(({ sealed: _s, ...rest }) => rest) };
+/** The head without any sealed material or bookkeeping: what every response shows. */
+export function publicVault(v: VaultDoc): Omit<VaultDoc, 'secrets' | 'retired_generations'> & { secrets: Omit<VaultSecret, 'sealed'>[] } {
+  const { retired_generations: _r, ...head } = v;
+  return { ...head, secrets: v.secrets.map(({ sealed: _s, ...rest }) => rest) };
+}
+
+/** The generation a secret named `name` last had in this vault: its current one, else the one it had when deleted, else 0. */
+export function lastGeneration(v: VaultDoc, name: string): number {
+  const cur = v.secrets.find((s) => s.name === name);
+  if (cur) return cur.generation;
+  const retired = v.retired_generations;
+  return retired && Object.hasOwn(retired, name) ? (retired[name] ?? 0) : 0;
 }

@@ -2,12 +2,20 @@ import { ApiError, newId, nowIso, type SecretBox } from '@agentplane/core';
 import { tags, type DocumentStore, type ListPage } from '@agentplane/store';
 import { checkWellFormed } from '../memory/model.js';
 import { checkPeerCredential } from './peer-credentials.js';
-import { VAULT_LIMITS, type SecretKind, type VaultDoc, type VaultSecret } from './model.js';
+import { lastGeneration, VAULT_LIMITS, type SecretKind, type VaultDoc, type VaultSecret } from './model.js';
 
 const INDEX = 'vaults';
 /** The value's last 4 characters (whole code points), for a value longer than 8. */
 const hint = (value: string) => (value.length <= 8 ? '…' : `…${Array.from(value.slice(-8)).slice(-4).join('')}`);
 const aad = (vaultId: string, name: string, generation: number) => `vault:${vaultId}:${name}:${generation}`;
+/**
+ * The deleted names whose last generation a vault keeps (the most recently deleted): a name
+ * deleted longer ago than this many others starts again at generation 1 when written again.
+ */
+const MAX_RETIRED_NAMES = 256;
+/** A copy of `record` without `name`. */
+const withoutName = (record: Readonly<Record<string, number>>, name: string): Record<string, number> =>
+  Object.fromEntries(Object.entries(record).filter(([k]) => k !== name));
 
 /** A secret resolved for one use: the plaintext never leaves the process that asked. */
 export interface ResolvedSecret {
@@ -40,6 +48,11 @@ export const FORBIDDEN_HEADER_NAMES: ReadonlySet<string> = new Set([
  */
 const HEADER_VALUE = /^[\x21-\x7e](?:[\t\x20-\x7e]*[\x21-\x7e])?$/;
 
+/** Whether `value` can go out as an HTTP header value as written (see `HEADER_VALUE`): vault header secrets and Connection tokens. */
+export function isHeaderValue(value: string): boolean {
+  return HEADER_VALUE.test(value);
+}
+
 /** The value's checks of every kind, and of the kinds sent in a header; 400 `validation.malformed`. */
 export function checkSecretValue(kind: SecretKind, value: string, headerName: string | undefined): void {
   checkWellFormed(value, 'body.value');
@@ -49,7 +62,7 @@ export function checkSecretValue(kind: SecretKind, value: string, headerName: st
   if (headerName !== undefined && FORBIDDEN_HEADER_NAMES.has(headerName.toLowerCase())) {
     throw new ApiError('validation.malformed', `body.header_name: ${headerName} is a header the MCP proxy sets or that frames the request; an mcp_header secret cannot set it`);
   }
-  if ((kind === 'mcp_header' || kind === 'mcp_bearer') && !HEADER_VALUE.test(value)) {
+  if ((kind === 'mcp_header' || kind === 'mcp_bearer') && !isHeaderValue(value)) {
     throw new ApiError('validation.malformed', `body.value: an ${kind} value is sent in an HTTP header: visible ASCII characters only, with spaces or tabs only between them`);
   }
 }
@@ -143,25 +156,33 @@ export class VaultService {
     return this.docs.update<VaultDoc>(tags.workspace(workspaceId), vaultId, (v) => {
       const cur = v.secrets.find((s) => s.name === name);
       const expected = input.expected_generation;
+      // Absent, the secret is at generation 0 (create only); written again after a delete, it
+      // continues from the deleted one's generation, which a stale expectation still names.
       if (expected !== undefined && (cur?.generation ?? 0) !== expected) {
         throw new ApiError('validation.conflict', `expected_generation ${expected} is stale; secret ${name} is at generation ${cur?.generation ?? 0}`);
       }
       if (!cur && v.secrets.length >= VAULT_LIMITS.maxSecrets) throw new ApiError('validation.malformed', `a vault holds at most ${VAULT_LIMITS.maxSecrets} secrets`);
-      const generation = (cur?.generation ?? 0) + 1;
+      const generation = lastGeneration(v, name) + 1;
       const secret: VaultSecret = {
         name, kind: input.kind, match, header_name: input.header_name ?? null,
         username: input.kind === 'git_https' ? (input.username ?? 'x-access-token') : null,
         generation, secret_hint: hint(input.value), updated_at: nowIso(), sealed: this.box.seal(input.value, aad(vaultId, name, generation)),
       };
       const secrets = cur ? v.secrets.map((s) => (s.name === name ? secret : s)) : [...v.secrets, secret];
-      return { ...v, secrets };
+      return { ...v, secrets, ...(v.retired_generations ? { retired_generations: withoutName(v.retired_generations, name) } : {}) };
     }, { notFound: 'vault' });
   }
 
   async deleteSecret(workspaceId: string, vaultId: string, name: string): Promise<VaultDoc> {
     const v = await this.get(workspaceId, vaultId);
     if (!v.secrets.some((s) => s.name === name)) throw new ApiError('validation.not_found', `vault ${vaultId} holds no secret ${name}`);
-    return this.docs.update<VaultDoc>(tags.workspace(workspaceId), vaultId, (cur) => ({ ...cur, secrets: cur.secrets.filter((s) => s.name !== name) }), { notFound: 'vault' });
+    return this.docs.update<VaultDoc>(tags.workspace(workspaceId), vaultId, (cur) => {
+      const gone = cur.secrets.find((s) => s.name === name);
+      if (!gone) return null;
+      // Its generation is kept, so the name written again continues from it (see `putSecret`).
+      const retired = Object.entries({ ...withoutName(cur.retired_generations ?? {}, name), [name]: gone.generation }).slice(-MAX_RETIRED_NAMES);
+      return { ...cur, secrets: cur.secrets.filter((s) => s.name !== name), retired_generations: Object.fromEntries(retired) };
+    }, { notFound: 'vault' });
   }
 
   /**

@@ -292,6 +292,9 @@ export class IdentityService {
   }
 
   async rotatePrincipalCredential(orgId: string, workspaceId: string, id: string, expectedGeneration: number) {
+    // A deleted Principal's credentials are dead for good: no new secret is issued for one (404,
+    // as its credential list is). A suspended Principal's may be rotated (it may be resumed).
+    await this.getPrincipal(workspaceId, (await this.getPrincipalCredential(workspaceId, id)).principal_id);
     const issued = issueSecret('principal_credential');
     const next = await this.updateCredential(workspaceId, id, expectedGeneration, (c) => {
       if (c.status === 'revoked') throw new ApiError('runtime.invalid_transition', 'a revoked credential cannot be rotated');
