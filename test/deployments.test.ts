@@ -331,6 +331,60 @@ describe('connection bindings', () => {
   });
 });
 
+describe('a deployment revision replay after a pin it selected was archived', () => {
+  it('still answers the revision (200): the replay is recognised before the pins are checked again', async () => {
+    const conn = await admin.post<{ id: string }>('/v1/connections', { name: 'tools-replay', url: 'https://mcp.example.test/mcp' });
+    const head = await admin.post<Head>(`/v1/organizations/workspaces/${ws}/agent-deployments`, { agent_id: await agent('replay-pin'), key: 'replay-pin' });
+    const binding = await admin.post<Head>(`/v1/agent-deployments/${head.id}/connection-bindings`, { agent_deployment_id: head.id, integration_connection_id: conn.id, key: 'tools' });
+    await admin.post(`/v1/agent-deployment-connection-bindings/${binding.id}/revisions`, { tool_selection: ['search'], tool_aliases: {}, argument_policy: 'default' });
+    const body = revisionBody(1, { connection_binding_selections: [{ agent_deployment_connection_binding_id: binding.id, binding_revision_number: 1 }] });
+    const first = await admin.request<Rev>('POST', `/v1/agent-deployments/${head.id}/revisions`, { body });
+    expect(first.status).toBe(201);
+    const archived = await admin.request<Head>('PATCH', `/v1/agent-deployment-connection-bindings/${binding.id}`, { body: { expected_resource_version: 2, status: 'archived' } });
+    expect([archived.status, archived.body.status]).toEqual([200, 'archived']);
+    const replay = await admin.request<Rev>('POST', `/v1/agent-deployments/${head.id}/revisions`, { body });
+    expect([replay.status, replay.body]).toEqual([200, first.body]);
+    // A new publish that selects the archived binding is still refused.
+    const fresh = await admin.request('POST', `/v1/agent-deployments/${head.id}/revisions`, { body: { ...body, expected_resource_version: 2 } });
+    expect([fresh.status, errType(fresh)]).toEqual([409, 'runtime.invalid_transition']);
+    expect((await viewer.get<Head>(`/v1/agent-deployments/${head.id}`)).current_revision_number).toBe(1);
+  });
+});
+
+describe('binding revision names that are also Object.prototype members', () => {
+  it('are tool names like any other: an alias onto another selected tool is still a clash (400)', async () => {
+    const conn = await admin.post<{ id: string }>('/v1/connections', { name: 'tools-proto', url: 'https://mcp.example.test/mcp' });
+    const head = await admin.post<Head>(`/v1/organizations/workspaces/${ws}/agent-deployments`, { agent_id: await agent('proto-names'), key: 'proto-names' });
+    const binding = await admin.post<Head>(`/v1/agent-deployments/${head.id}/connection-bindings`, { agent_deployment_id: head.id, integration_connection_id: conn.id, key: 'tools' });
+    const clash = await admin.request('POST', `/v1/agent-deployment-connection-bindings/${binding.id}/revisions`, {
+      body: { tool_selection: ['constructor', 'toString'], tool_aliases: { constructor: 'toString' }, argument_policy: 'default' },
+    });
+    expect([clash.status, errType(clash), errMessage(clash)]).toEqual([400, 'validation.malformed', "body.tool_aliases: two selected tools would both be offered as 'toString'"]);
+    expect((await viewer.get<Head>(`/v1/agent-deployment-connection-bindings/${binding.id}`)).current_revision_number).toBe(0);
+    const plain = await admin.request('POST', `/v1/agent-deployment-connection-bindings/${binding.id}/revisions`, {
+      body: { tool_selection: ['constructor', 'toString'], tool_aliases: {}, argument_policy: 'default' },
+    });
+    expect(plain.status).toBe(201);
+  });
+});
+
+describe('a keyed deployment Session create, replayed', () => {
+  it('answers the Session as it is now, and once the Session is deleted is its 404, never the erased content', async () => {
+    const head = await admin.post<Head>(`/v1/organizations/workspaces/${ws}/agent-deployments`, { agent_id: await agent('session-replay'), key: 'session-replay' });
+    await admin.post(`/v1/agent-deployments/${head.id}/revisions`, revisionBody(1));
+    const body = { title: 'private title', metadata: { note: 'private' } };
+    const created = await dev.request<{ id: string; title: string }>('POST', `/v1/agent-deployments/${head.id}/sessions`, { body, idempotencyKey: 'deployment-session-replay' });
+    expect(created.status).toBe(201);
+    const again = await dev.request<{ id: string; title: string }>('POST', `/v1/agent-deployments/${head.id}/sessions`, { body, idempotencyKey: 'deployment-session-replay' });
+    expect([again.status, again.body.id, again.body.title]).toEqual([201, created.body.id, 'private title']);
+    const deleted = await dev.request('DELETE', `/v1/sessions/${created.body.id}`);
+    expect(deleted.status).toBe(200);
+    const replay = await dev.request('POST', `/v1/agent-deployments/${head.id}/sessions`, { body, idempotencyKey: 'deployment-session-replay' });
+    expect([replay.status, errType(replay)]).toEqual([404, 'validation.not_found']);
+    expect(JSON.stringify(replay.body)).not.toContain('private');
+  });
+});
+
 describe('connection bindings of an archived deployment', () => {
   it('take no change: PATCH and a new revision are 409 runtime.invalid_transition; a replay of a revision still answers it', async () => {
     const conn = await admin.post<{ id: string }>('/v1/connections', { name: 'tools-archived', url: 'https://mcp.example.test/mcp' });

@@ -6,6 +6,7 @@ import { namedWorkspaceRead, namedWorkspaceWrite, workspaceRead, workspaceWrite 
 import { requireWorkspace, workspaceInBoundary } from '../http/workspace-scope.js';
 import { disabledWorkspace } from '../http/authenticate.js';
 import type { ApiDeps } from '../deps.js';
+import { sessionReplay } from '../sessions/operations.js';
 import {
   AgentDeploymentSchema, BindingRevisionSchema, BindingSchema, ConnectedHarnessSchema, CreateBindingBody, CreateConnectedHarnessBody,
   CreateDeploymentBody, CreateHarnessProfileBody, CreateSandboxProfileBody, DeployBody, DeploymentSessionBody, DeployResult,
@@ -129,6 +130,7 @@ export const deploymentOperations: Operation[] = [
     summary: "Create a Session under the deployment's current revision (its agent release, sandbox, pool and topology)",
     auth: { kind: 'bearer', roles: WRITERS }, actionPolicy: 'initial_events', params: DeploymentPath, body: DeploymentSessionBody,
     response: Type.Unsafe<Record<string, unknown>>({ type: 'object', description: 'Session (docs/API.md)' }), successStatus: 201, idempotency: 'optional', mcp: 'full',
+    erasureSafe: sessionReplay,
   }, async (ws, { params, body, idempotencyKey, deps, trace }) => {
     const deployment = await svc(deps).sessionPin(ws, params.agent_deployment_id);
     return deps.sessions.create(ws, body, idempotencyKey, { deployment, trace });

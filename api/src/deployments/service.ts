@@ -213,16 +213,7 @@ export class DeploymentService {
       bound.add(b.integration_connection_id);
       if (!(await this.heads.revision(ws, id, sel.binding_revision_number))) throw new ApiError('validation.not_found', `connection binding ${id} revision ${sel.binding_revision_number} not found`);
     }
-    const config = {
-      agent_id: head.agent_id,
-      agent_release_number: body.agent_release_number,
-      model_routing_profile_id: mrp.model_routing_profile_id,
-      model_routing_profile_revision_number: mrp.model_routing_profile_revision_number,
-      execution_target,
-      skill_selections: body.skill_selections,
-      connection_binding_selections: body.connection_binding_selections,
-      roster_snapshot,
-    };
+    const config = snapshotConfig(head, body, execution_target, roster_snapshot);
     return { ...config, resolved_configuration_sha256: configurationDigest(config) };
   }
 
@@ -264,17 +255,20 @@ export class DeploymentService {
    */
   async publish(ws: string, id: string, body: PublishRevisionInput, publishedBy: RevisionDoc['published_by']): Promise<{ status: 200 | 201; revision: RevisionDoc }> {
     const head = await this.get(ws, id);
-    const resolved = await this.resolve(ws, head, body);
-    const replay = async (): Promise<RevisionDoc | null> => {
+    const replay = async (digest: string): Promise<RevisionDoc | null> => {
       const n = await this.heads.revisionFromBase(ws, id, body.expected_resource_version);
       const prior = n === null ? null : await this.heads.revision<RevisionDoc>(ws, id, n);
-      return prior && prior.resolved_configuration_sha256 === resolved.resolved_configuration_sha256 ? prior : null;
+      return prior && prior.resolved_configuration_sha256 === digest ? prior : null;
     };
     if (head.version !== body.expected_resource_version) {
-      const prior = await replay();
+      // A replay is recognised by the snapshot alone, before the pins are checked again: the
+      // revision it answers was checked when it was published, and a pin archived since (a
+      // binding, a Skill) must not turn the replay into an error.
+      const prior = await replay(configurationDigest(requestedConfig(head, body)));
       if (prior) return { status: 200, revision: prior };
       throw new ApiError('validation.conflict', `resource_version ${body.expected_resource_version} is stale; the current resource_version is ${head.version}`);
     }
+    const resolved = await this.resolve(ws, head, body);
     if (head.status === 'archived') throw new ApiError('runtime.invalid_transition', 'the deployment is archived (terminal)');
     const n = head.current_revision_number + 1;
     const now = nowIso();
@@ -286,7 +280,7 @@ export class DeploymentService {
     if (r === 'written') return { status: 201, revision };
     if (r === 'missing') throw new ApiError('validation.not_found', 'agent deployment not found');
     if (r === 'archived') throw new ApiError('runtime.invalid_transition', 'the deployment is archived (terminal)');
-    const prior = await replay();
+    const prior = await replay(resolved.resolved_configuration_sha256);
     if (prior) return { status: 200, revision: prior };
     throw new ApiError('validation.conflict', `resource_version ${body.expected_resource_version} is stale: another revision was published concurrently`);
   }
@@ -517,6 +511,31 @@ export class DeploymentService {
 }
 
 const uniqKey = (ws: string, collection: string) => keys.unique(tags.workspace(ws), collection);
+
+/** The resolved configuration of a snapshot (what its digest covers), from its checked parts. */
+function snapshotConfig(head: DeploymentDoc, body: PublishRevisionInput, execution_target: ExecutionTargetT, roster_snapshot: RevisionDoc['roster_snapshot']) {
+  return {
+    agent_id: head.agent_id,
+    agent_release_number: body.agent_release_number,
+    model_routing_profile_id: body.model_routing.model_routing_profile_id,
+    model_routing_profile_revision_number: body.model_routing.model_routing_profile_revision_number,
+    execution_target,
+    skill_selections: body.skill_selections,
+    connection_binding_selections: body.connection_binding_selections,
+    roster_snapshot,
+  };
+}
+
+/**
+ * The configuration a snapshot asks for, as `resolve` would make it once its pins check out
+ * (`runner_pool_id` made explicit, roster entries in position order), without checking them.
+ */
+function requestedConfig(head: DeploymentDoc, body: PublishRevisionInput) {
+  const target = body.execution_target;
+  const execution_target: ExecutionTargetT = target.type === 'managed' ? { ...target, runner_pool_id: target.runner_pool_id ?? null } : { ...target };
+  const roster = body.roster_snapshot ? { entries: [...body.roster_snapshot.entries].sort((a, b) => a.position - b.position) } : null;
+  return snapshotConfig(head, body, execution_target, roster);
+}
 
 const deploymentArchived = (): ApiError => new ApiError('runtime.invalid_transition', 'the deployment is archived (terminal)');
 

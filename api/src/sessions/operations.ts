@@ -35,8 +35,11 @@ async function liveSession(deps: ApiDeps, ws: string, id: string): Promise<Sessi
   return deps.sessions.store.get(ws, id);
 }
 
-/** A Session's answer, kept by an Idempotency-Key as its id only and replayed as the Session is now. */
-const sessionReplay: NonNullable<Operation['erasureSafe']> = {
+/**
+ * A Session's answer, kept by an Idempotency-Key as its id only and replayed as the Session is now
+ * (once erased, its 404, never the erased content): every operation that creates a Session.
+ */
+export const sessionReplay: NonNullable<Operation['erasureSafe']> = {
   keep: (body) => ({ id: (body as { id: string }).id }),
   rehydrate: async (kept, { caller, deps }) => deps.sessions.view(await liveSession(deps, requireWorkspace(caller), (kept as { id: string }).id)),
 };

@@ -20,6 +20,14 @@ describe('tool shaping by a binding revision', () => {
     expect(upstreamName(shaping, 'secret')).toBeNull();
   });
 
+  it('a tool named like an Object.prototype member has no alias unless given one', () => {
+    const odd: ToolShaping = { ...shaping, tool_selection: ['toString', 'constructor'], tool_aliases: { constructor: 'make' } };
+    expect(exposedName(odd, 'toString')).toBe('toString');
+    expect(upstreamName(odd, 'toString')).toBe('toString');
+    expect(upstreamName(odd, 'make')).toBe('constructor');
+    expect(upstreamName(odd, 'constructor')).toBeNull();
+  });
+
   it('strict: only top-level names of the input schema properties are admitted', () => {
     const schema = { type: 'object', properties: { text: { type: 'string' } } };
     expect(argumentsOutsideSchema(schema, { text: 'x' })).toEqual([]);

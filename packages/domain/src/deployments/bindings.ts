@@ -51,13 +51,22 @@ export async function bindingShapings(
 /** The name the model sees for an upstream tool, or null when the binding does not select it. */
 export function exposedName(shaping: ToolShaping, upstream: string): string | null {
   if (!shaping.tool_selection.includes(upstream)) return null;
-  return shaping.tool_aliases[upstream] ?? upstream;
+  return aliasOf(shaping.tool_aliases, upstream);
+}
+
+/**
+ * The name a selected tool is offered under: its alias, else its own. Only the aliases' own
+ * entries count: a tool named like an Object.prototype member (`toString`) has no alias unless
+ * one is given.
+ */
+function aliasOf(toolAliases: Readonly<Record<string, string>>, upstream: string): string {
+  return Object.hasOwn(toolAliases, upstream) ? (toolAliases[upstream] as string) : upstream;
 }
 
 /** The upstream tool a name the model used stands for, or null when no selected tool is exposed under it. */
 export function upstreamName(shaping: ToolShaping, exposed: string): string | null {
   for (const upstream of shaping.tool_selection) {
-    if ((shaping.tool_aliases[upstream] ?? upstream) === exposed) return upstream;
+    if (aliasOf(shaping.tool_aliases, upstream) === exposed) return upstream;
   }
   return null;
 }
@@ -80,7 +89,7 @@ export function argumentsOutsideSchema(inputSchema: Record<string, unknown> | un
 export function exposedNameClash(toolSelection: readonly string[], toolAliases: Record<string, string>): string | null {
   const seen = new Set<string>();
   for (const upstream of toolSelection) {
-    const name = toolAliases[upstream] ?? upstream;
+    const name = aliasOf(toolAliases, upstream);
     if (seen.has(name)) return name;
     seen.add(name);
   }
