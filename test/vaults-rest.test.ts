@@ -45,3 +45,17 @@ describe('vault secret generations', () => {
       .toEqual(expect.arrayContaining([expect.objectContaining({ name: 'other', generation: 1 })]));
   });
 });
+
+describe('peer credential values', () => {
+  it('a value with a field its kind does not take is 400 without quoting any of the value', async () => {
+    const vault = (await p.root.post<{ id: string }>('/v1/vaults', { name: 'peer-values' })).id;
+    const misplaced = 'tok-9f2c41d7e0a8b6';
+    const r = await p.root.request<{ error: { message: string } }>('PUT', `/v1/vaults/${vault}/secrets/peer`, {
+      body: { kind: 'a2a_oauth2', match: 'https://peer.example.com', value: JSON.stringify({ access_token: 'a-token-value', [misplaced]: 'x' }) },
+    });
+    expect([r.status, errType(r)]).toEqual([400, 'validation.malformed']);
+    expect(r.body.error.message).toContain('body.value');
+    expect(JSON.stringify(r.body)).not.toContain(misplaced);
+    expect(JSON.stringify(r.body)).not.toContain('a-token-value');
+  });
+});

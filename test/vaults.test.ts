@@ -171,7 +171,11 @@ describe('vault credentials for a private repository', () => {
     expect(output).toMatch(/launch on tuesday\\n[^\\"]*\/canary\.txt\\nscanned/);
 
     const all = JSON.stringify(await untilEvents(t.api, sessionId, (e) => idleCount(e) >= 1, 30_000));
-    for (const text of [all, readFileSync(p.logFile, 'utf8')]) {
+    // The release of the credential to the runner is in the audit log, as the Run, target the vault that held it.
+    const audit = await p.root.post<{ data: Json[] }>('/v1/audit/export', { action: 'vaults.releaseGitCredential', target: good });
+    expect(audit.data.map((r) => [r.outcome, r.status, (r.actor as { credential_id: unknown }).credential_id])).toEqual([['succeeded', 200, null]]);
+    expect((audit.data[0]?.actor as { id: string }).id).toMatch(/^run_/);
+    for (const text of [all, JSON.stringify(audit), readFileSync(p.logFile, 'utf8')]) {
       expect(text).not.toContain(TOKEN_A);
       expect(text).not.toContain(Buffer.from(`x-access-token:${TOKEN_A}`).toString('base64'));
     }

@@ -45,7 +45,16 @@ function parseValue<S extends TSchema>(schema: S, value: string, at: string): St
   } catch {
     throw new ApiError('validation.malformed', `${at}: must be one line of JSON`);
   }
-  return validator(schema, 'body', at)(raw);
+  try {
+    return validator(schema, 'body', at)(raw);
+  } catch (err) {
+    // The value is a secret: an unknown key is not quoted back (it could be a misplaced secret).
+    if (err instanceof ApiError && /: unknown field '/.test(err.message)) {
+      const fields = Object.keys((schema as TSchema & { properties?: Record<string, unknown> }).properties ?? {});
+      throw new ApiError('validation.malformed', `${at}: holds a field this kind does not take (its fields: ${fields.join(', ')})`);
+    }
+    throw err;
+  }
 }
 
 export function parseOAuth2Credential(value: string, at = 'body.value'): OAuth2PeerCredential {
