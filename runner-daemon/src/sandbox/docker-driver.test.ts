@@ -157,6 +157,58 @@ describe('docker sandbox driver', () => {
     await driver.destroy(session.id);
   });
 
+  it('a command the engine is slow to start still ends at its timeout or interrupt, and is killed when it does start', async () => {
+    // The real engine, except that creating an exec waits for `release` while `stall` is set.
+    let stall = false;
+    let release: () => void = () => {};
+    const released = new Promise<void>((resolve) => {
+      release = resolve;
+    });
+    let stalled = 0;
+    const created: string[][] = [];
+    const wrap = (container: Docker.Container): Docker.Container =>
+      new Proxy(container, {
+        get(target, prop, receiver) {
+          if (prop !== 'exec') return Reflect.get(target, prop, receiver) as unknown;
+          return async (opts: Docker.ExecCreateOptions) => {
+            created.push(opts.Cmd ?? []);
+            if (stall) {
+              stalled += 1;
+              await released;
+            }
+            return target.exec(opts);
+          };
+        },
+      });
+    const engine = new Proxy(docker, {
+      get(target, prop, receiver) {
+        if (prop === 'createContainer') return async (opts: Docker.ContainerCreateOptions) => wrap(await target.createContainer(opts));
+        if (prop === 'getContainer') return (id: string) => wrap(target.getContainer(id));
+        return Reflect.get(target, prop, receiver) as unknown;
+      },
+    });
+    const slow = new DockerDriver({ runnerId, docker: engine });
+    const session = { id: sid() };
+    const sb = await slow.ensure(session, {});
+    // A first exec reads the container's OOM count: the next ones go straight to starting.
+    expect((await slow.exec(sb, ['true'])).exitCode).toBe(0);
+    stall = true;
+    const timedOut = await slow.exec(sb, { script: 'sleep 600' }, { timeoutMs: 300 });
+    expect(timedOut).toMatchObject({ exitCode: 137, timedOut: true, killed: false });
+    const controller = new AbortController();
+    const interrupted = slow.exec(sb, { script: 'sleep 600' }, { signal: controller.signal });
+    await waitUntil(() => stalled === 2);
+    controller.abort();
+    expect(await interrupted).toMatchObject({ exitCode: 137, timedOut: false, killed: true });
+    // The engine answers at last: the commands it then starts are killed, not left running.
+    stall = false;
+    release();
+    const killers = (): number => created.filter((cmd) => cmd.includes('agentplane-kill')).length;
+    await waitUntil(() => killers() === 2, 15_000);
+    await expect.poll(async () => (await slow.exec(sb, ['ps', '-eo', 'args'])).stdout, { timeout: 15_000, interval: 100 }).not.toContain('sleep 600');
+    await slow.destroy(session.id);
+  });
+
   it('times out and caps output', async () => {
     const session = { id: sid() };
     const sb = await driver.ensure(session, {});

@@ -451,7 +451,6 @@ export class DockerDriver implements SandboxDriver {
 
   async exec(sandbox: Sandbox, command: Command, options: ExecOptions = {}): Promise<ExecResult> {
     const tracked = this.container(sandbox);
-    if (tracked.oomKills < 0) tracked.oomKills = await this.readOomKills(tracked);
     const started = Date.now();
     const execId = randomBytes(8).toString('hex');
     const argv = Array.isArray(command) ? command : ['bash', '-c', command.script];
@@ -464,13 +463,28 @@ export class DockerDriver implements SandboxDriver {
       return { exitCode: 137, stdout: '', stderr: '', truncated: false, timedOut: false, killed: true, oomKilled: false, durationMs: 0 };
     }
 
-    const { exec, stream } = await this.startWrapped(tracked, sandbox, execId, argv, options, hasStdin);
+    // Starting the command is bounded too: an engine slow to create or start the exec must not
+    // hold the call past its timeout or interrupt. A start that comes later is killed: within the
+    // cancel bound before this returns, else whenever it comes.
+    const starting = (async () => {
+      if (tracked.oomKills < 0) tracked.oomKills = await this.readOomKills(tracked);
+      return this.startWrapped(tracked, sandbox, execId, argv, options, hasStdin);
+    })();
+    const gaveUp = await this.startBound(starting, timeoutMs, options.signal);
+    if (gaveUp) {
+      const late = starting.then(({ stream }) => {
+        stream.resume();
+        return this.killTree(tracked, execId, streamEnd(stream), stream);
+      }, () => undefined);
+      await withTimeout(late, this.cancelTimeoutMs, () => new Error('cancel bound passed')).catch(() => undefined);
+      return {
+        exitCode: 137, stdout: '', stderr: '', truncated: false, timedOut: gaveUp === 'timeout', killed: gaveUp === 'abort', oomKilled: false,
+        durationMs: Date.now() - started,
+      };
+    }
+    const { exec, stream } = await starting;
     this.docker.modem.demuxStream(stream, stdout, stderr);
-    const ended = new Promise<void>((resolve) => {
-      stream.on('end', resolve);
-      stream.on('close', resolve);
-      stream.on('error', () => resolve());
-    });
+    const ended = streamEnd(stream);
     if (hasStdin) {
       stream.write(typeof options.stdin === 'string' ? Buffer.from(options.stdin) : (options.stdin as Buffer));
       stream.end();
@@ -539,6 +553,30 @@ export class DockerDriver implements SandboxDriver {
       oomKilled,
       durationMs: Date.now() - started,
     };
+  }
+
+  /**
+   * Waits for a command's start, at most `timeoutMs` and until `signal` aborts: undefined when it
+   * started (or failed to) in time, else what ended the wait.
+   */
+  private async startBound(starting: Promise<unknown>, timeoutMs: number, signal: AbortSignal | undefined): Promise<'timeout' | 'abort' | undefined> {
+    let timer: NodeJS.Timeout | undefined;
+    let onAbort: (() => void) | undefined;
+    try {
+      return await Promise.race([
+        starting.then(() => undefined, () => undefined),
+        new Promise<'timeout'>((resolve) => {
+          timer = setTimeout(() => resolve('timeout'), timeoutMs);
+        }),
+        new Promise<'abort'>((resolve) => {
+          onAbort = () => resolve('abort');
+          signal?.addEventListener('abort', onAbort, { once: true });
+        }),
+      ]);
+    } finally {
+      clearTimeout(timer);
+      if (onAbort) signal?.removeEventListener('abort', onAbort);
+    }
   }
 
   /**
@@ -776,6 +814,15 @@ export class DockerDriver implements SandboxDriver {
   }
 }
 
+
+/** Resolves when an exec stream has ended, closed or failed. */
+function streamEnd(stream: NodeJS.ReadableStream): Promise<void> {
+  return new Promise<void>((resolve) => {
+    stream.on('end', resolve);
+    stream.on('close', resolve);
+    stream.on('error', () => resolve());
+  });
+}
 
 /** A workspace-relative path without `..` escapes. */
 export function normaliseRelative(path: string): string {

@@ -4,9 +4,9 @@ import Docker from 'dockerode';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DockerDriver } from '../../sandbox/docker-driver.js';
 import { ensureSandboxImage } from '../../sandbox/image.js';
-import type { Sandbox } from '../../sandbox/types.js';
+import type { ExecResult, Sandbox } from '../../sandbox/types.js';
 import { bashTool, editTool, globTool, grepTool, listTool, readTool, runTool, writeTool } from './builtin.js';
-import type { ToolContext } from './types.js';
+import { TOOL_LIMITS, type ToolContext } from './types.js';
 
 const runnerId = `ttest-${randomBytes(4).toString('hex')}`;
 const docker = new Docker();
@@ -48,6 +48,42 @@ describe('built-in tools inside a docker sandbox', () => {
     expect(absent.content).toContain('no such file');
     // Writes happen in the sandbox as the sandbox user.
     expect((await driver.exec(sandbox, ['stat', '-c', '%u', 'src/app.ts'])).stdout.trim()).toBe('10001');
+  });
+
+  it('edit refuses a result larger than its file bound before building it, and leaves the file as it was', async () => {
+    const made = await driver.exec(sandbox, { script: 'mkdir -p edits && head -c 2000000 /dev/zero | tr "\\0" a > edits/many.txt' });
+    expect(made.exitCode).toBe(0);
+    // 2 000 000 one-byte matches, each replaced by 64 bytes: 128 MB, far past the 10 MiB bound.
+    const res = await runTool(editTool, ctx, { path: 'edits/many.txt', old_string: 'a', new_string: 'b'.repeat(64), replace_all: true });
+    expect(res.is_error).toBe(true);
+    expect(res.content).toContain(`larger than ${TOOL_LIMITS.maxFileBytes}`);
+    expect((await driver.exec(sandbox, ['wc', '-c', 'edits/many.txt'])).stdout.trim()).toBe('2000000 edits/many.txt');
+    // Under the bound it still works.
+    const fits = await runTool(editTool, ctx, { path: 'edits/many.txt', old_string: 'a', new_string: 'bb', replace_all: true });
+    expect(fits).toMatchObject({ is_error: false, content: 'replaced 2000000 occurrence(s) in edits/many.txt' });
+    expect((await driver.exec(sandbox, ['wc', '-c', 'edits/many.txt'])).stdout.trim()).toBe('4000000 edits/many.txt');
+  });
+
+  it('edit reads no more than one byte past its bound of a file that is larger (or endless)', async () => {
+    const made = await driver.exec(sandbox, { script: 'mkdir -p edits && ln -sf /dev/zero edits/endless' });
+    expect(made.exitCode).toBe(0);
+    const results: ExecResult[] = [];
+    const tapped: ToolContext = {
+      sandbox,
+      driver: {
+        exec: async (...args: Parameters<typeof driver.exec>) => {
+          const r = await driver.exec(...args);
+          results.push(r);
+          return r;
+        },
+      },
+    };
+    const res = await runTool(editTool, tapped, { path: 'edits/endless', old_string: 'a', new_string: 'b' });
+    expect(res).toMatchObject({ is_error: true, content: `edits/endless is larger than ${TOOL_LIMITS.maxFileBytes} bytes; edit it with bash instead` });
+    // The read ended by itself: it was not a runaway writer the driver had to stop.
+    expect(results).toHaveLength(1);
+    expect(results[0]).toMatchObject({ exitCode: 0, truncated: true, timedOut: false, killed: false });
+    expect(results[0]?.stderr).toBe('');
   });
 
   it('bash reports output, exit codes and timeouts', async () => {

@@ -175,7 +175,9 @@ export const editTool: BuiltinTool = {
     });
     if (args.old_string === '') throw new ToolInputError('edit', "'old_string' must not be empty");
     if (args.old_string === args.new_string) throw new ToolInputError('edit', "'new_string' must differ from 'old_string'");
-    const res = await ctx.driver.exec(ctx.sandbox, ['cat', '--', resolvePath(ctx, args.path)], {
+    // At most one byte past the cap leaves the sandbox: a larger file (or a device such as
+    // /dev/zero behind a symlink) is refused without streaming it through the runner.
+    const res = await ctx.driver.exec(ctx.sandbox, ['bash', '-c', 'head -c "$2" -- "$1"', 'edit', resolvePath(ctx, args.path), String(TOOL_LIMITS.maxFileBytes + 1)], {
       timeoutMs: clampTimeout(ctx, 30_000),
       signal: ctx.signal,
       maxOutputBytes: TOOL_LIMITS.maxFileBytes,
@@ -188,9 +190,16 @@ export const editTool: BuiltinTool = {
     if (found > 1 && !args.replace_all) {
       return error(`old_string matches ${found} times in ${args.path}; include more surrounding context to make it unique, or set replace_all`);
     }
+    // The edited file is held in memory here before it is written: it obeys the same bound as the
+    // file read, checked before it is built (replace_all of a short string by a long one multiplies).
+    const replaced = args.replace_all ? found : 1;
+    const size = Buffer.byteLength(res.stdout) + replaced * (Buffer.byteLength(args.new_string) - Buffer.byteLength(args.old_string));
+    if (size > TOOL_LIMITS.maxFileBytes) {
+      return error(`the edited ${args.path} would be ${size} bytes, larger than ${TOOL_LIMITS.maxFileBytes}; edit it with bash instead`);
+    }
     const updated = args.replace_all ? res.stdout.split(args.old_string).join(args.new_string) : res.stdout.replace(args.old_string, () => args.new_string);
     const failed = await writeFile(ctx, args.path, updated);
-    return failed ?? { content: `replaced ${args.replace_all ? found : 1} occurrence(s) in ${args.path}`, is_error: false };
+    return failed ?? { content: `replaced ${replaced} occurrence(s) in ${args.path}`, is_error: false };
   },
 };
 
