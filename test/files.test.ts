@@ -1,5 +1,8 @@
 import { createHash, randomBytes } from 'node:crypto';
+import { existsSync, mkdtempSync } from 'node:fs';
 import { request as httpRequest } from 'node:http';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Redis } from 'ioredis';
 import { HttpClient } from '@agentplane/client';
@@ -157,6 +160,13 @@ describe('Files API', () => {
     expect(r.status, JSON.stringify(r.body)).toBe(201);
     // RFC 7578: a part without a usable type is text/plain.
     expect(r.body).toMatchObject({ filename: 'passwd', content_type: 'text/plain' });
+    // A type the multipart parser reads but that is not a plain `type/subtype` (or is too long) is text/plain too.
+    for (const odd of ['application/x!y', `application/${'x'.repeat(300)}`]) {
+      const m = multipart([{ name: 'file', filename: 'odd.bin', type: odd, data: 'x' }]);
+      const u = await rawUpload(api, m.body, m.type);
+      expect(u.status, JSON.stringify(u.body)).toBe(201);
+      expect(u.body, odd.slice(0, 20)).toMatchObject({ content_type: 'text/plain' });
+    }
   });
 
   it('names the download with RFC 8187 filename*: only attr-char is left unescaped', async () => {
@@ -374,4 +384,47 @@ describe('Files API', () => {
     const upload = doc.paths['/v1/files']?.post as { requestBody: { content: Record<string, unknown> } };
     expect(Object.keys(upload.requestBody.content)).toEqual(['multipart/form-data']);
   });
+});
+
+describe('a crash between making an upload\'s bytes permanent and creating its head', () => {
+  let q: Platform | undefined;
+  let qRedis: Redis | undefined;
+  afterAll(async () => {
+    qRedis?.disconnect();
+    await q?.stop();
+  });
+
+  it('leaves no File, and the orphaned bytes are reclaimed by a later commit once their grace has passed', async () => {
+    const markers = mkdtempSync(join(tmpdir(), 'files-crash-'));
+    q = await startPlatform({ env: { LOG_LEVEL: 'warn', AGENTPLANE_CRASH_AT: `file-content-sealed:${join(markers, 'sealed')}` } });
+    qRedis = new Redis(q.redisUrl());
+    const r = qRedis;
+    const scan = async () => (await r.keys('ap:{f:*}:content')).sort();
+    const writer = q.root;
+    const apiBefore = q.pids().api;
+    // The API dies inside the commit: the request gets no answer.
+    await expect(writer.uploadFile('lost.bin', new Uint8Array(3 * MiB).fill(5))).rejects.toThrow();
+    expect(existsSync(join(markers, 'sealed'))).toBe(true);
+    await waitFor('the API restarted', () => (q?.pids().api !== undefined && q.pids().api !== apiBefore ? true : undefined), 30_000);
+    await waitFor('the API answering', async () => ((await writer.request('GET', '/v1/files').catch(() => null))?.status === 200 ? true : undefined), 30_000);
+
+    // No File; the bytes are permanent (no TTL), and the commit in flight is on record.
+    expect((await writer.get<{ data: unknown[] }>('/v1/files')).data).toEqual([]);
+    const orphans = await scan();
+    expect(orphans).toHaveLength(1);
+    const orphan = orphans[0] as string;
+    const lostId = /\{f:(file_[0-9a-f]{32})\}/.exec(orphan)?.[1] as string;
+    expect(await r.ttl(orphan)).toBe(-1);
+    const journal = 'ap:{g:file_commits}:file_commits';
+    const pending = await r.zrange(journal, 0, -1);
+    expect(pending).toEqual([`${q.bootstrap.workspace_id} ${lostId}`]);
+
+    // Its grace passes (moved back rather than waited for); the next commit sweeps it.
+    await r.zadd(journal, 0, pending[0] as string);
+    const kept = await writer.uploadFile<FileHead>('kept.bin', new Uint8Array(2 * MiB).fill(6));
+    expect(kept.status).toBe(201);
+    expect(await scan()).toEqual([`ap:{f:${kept.body.id}}:content`]);
+    expect(await r.zcard(journal)).toBe(0);
+    expect((await writer.downloadFile(kept.body.id)).length).toBe(2 * MiB);
+  }, 120_000);
 });

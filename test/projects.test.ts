@@ -1,6 +1,10 @@
+import { existsSync, mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Redis } from 'ioredis';
 import type { HttpClient } from '@agentplane/client';
-import type { Platform } from './harness/platform.js';
+import { startPlatform, waitFor, type Platform } from './harness/platform.js';
 import { idleCount, SCRIPT, startTurnPlatform, untilEvents, type Json, type TurnPlatform } from './harness/turns.js';
 import { errType } from './harness/governance.js';
 
@@ -167,4 +171,46 @@ describe('a Project mounted in a Session', () => {
     });
     expect(missing.status).toBe(404);
   }, 180_000);
+});
+
+describe('a crash after a new Project\'s contents and revision 1 are written, before its head', () => {
+  let q: Platform | undefined;
+  let qRedis: Redis | undefined;
+  afterAll(async () => {
+    qRedis?.disconnect();
+    await q?.stop();
+  });
+
+  it('leaves no Project, and what was written is reclaimed by a later creation once its grace has passed', async () => {
+    const markers = mkdtempSync(join(tmpdir(), 'projects-crash-'));
+    q = await startPlatform({ env: { LOG_LEVEL: 'warn', AGENTPLANE_CRASH_AT: `project-revision-committed:${join(markers, 'committed')}` } });
+    qRedis = new Redis(q.redisUrl());
+    const r = qRedis;
+    const writer = q.root;
+    const projectKeys = async () => (await r.keys('ap:{p:*')).sort();
+    const apiBefore = q.pids().api;
+    // The API dies inside the creation: the request gets no answer.
+    await expect(writer.post('/v1/projects', { name: 'lost', files: [file('big.bin', Buffer.alloc(MiB, 3)), file('a.txt', 'a')] })).rejects.toThrow();
+    expect(existsSync(join(markers, 'committed'))).toBe(true);
+    await waitFor('the API restarted', () => (q?.pids().api !== undefined && q.pids().api !== apiBefore ? true : undefined), 30_000);
+    await waitFor('the API answering', async () => ((await writer.request('GET', '/v1/projects').catch(() => null))?.status === 200 ? true : undefined), 30_000);
+
+    // No Project, but its marker, revision and contents are there, and the creation is on record.
+    expect((await writer.get<{ data: unknown[] }>('/v1/projects')).data).toEqual([]);
+    const orphaned = await projectKeys();
+    const lostId = /\{p:(proj_[0-9a-f]{32})\}/.exec(orphaned[0] ?? '')?.[1] as string;
+    expect(orphaned.length).toBeGreaterThanOrEqual(4);
+    const journal = 'ap:{g:project_creations}:project_creations';
+    const pending = await r.zrange(journal, 0, -1);
+    expect(pending).toEqual([`${q.bootstrap.workspace_id} ${lostId}`]);
+
+    // Its grace passes (moved back rather than waited for); the next creation sweeps it.
+    await r.zadd(journal, 0, pending[0] as string);
+    const kept = await writer.request<{ id: string }>('POST', '/v1/projects', { body: { name: 'kept', files: [file('b.txt', 'b')] } });
+    expect(kept.status).toBe(201);
+    const left = await projectKeys();
+    expect(left.filter((k) => k.includes(lostId))).toEqual([]);
+    expect(left.every((k) => k.includes(kept.body.id))).toBe(true);
+    expect(await r.zcard(journal)).toBe(0);
+  }, 120_000);
 });

@@ -93,7 +93,8 @@ export function receiveFileUpload(req: IncomingMessage, store: FileStore): Promi
         stream.resume();
         return fail(err as ApiError);
       }
-      const contentType = /^[\w.+-]+\/[\w.+-]+$/.test(info.mimeType) && info.mimeType.length <= 255 ? info.mimeType.toLowerCase() : 'application/octet-stream';
+      // RFC 7578: a part without a usable type is text/plain (what the parser itself falls back to).
+      const contentType = /^[\w.+-]+\/[\w.+-]+$/.test(info.mimeType) && info.mimeType.length <= 255 ? info.mimeType.toLowerCase() : 'text/plain';
       const id = newId('file');
       fileStream = stream;
       staged = store.stage(id, stream as AsyncIterable<Buffer>, FILE_LIMITS.maxContentBytes).then(

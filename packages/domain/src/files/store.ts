@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { ApiError } from '@agentplane/core';
+import { ApiError, crashPoint } from '@agentplane/core';
 import { keys, LuaScript, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
 import type { FileDoc } from './model.js';
 
@@ -10,6 +10,15 @@ const STAGED_TTL_SECONDS = 3600;
 const INDEX = 'files';
 /** Longest a single Redis write of an upload may take before the upload is refused (503). */
 const WRITE_TIMEOUT_MS = 30_000;
+/**
+ * Commits in flight: a sorted set of `<workspace_id> <file_id>`, scored by the time after which a
+ * commit that has not finished is taken for dead (its process crashed between making the bytes
+ * permanent and creating the head). Far longer than a commit takes (two bounded writes).
+ */
+const COMMITS = keys.global('file_commits');
+export const COMMIT_GRACE_MS = 10 * 60_000;
+/** Dead commits reclaimed by one sweep (each sweep runs after a commit). */
+const SWEEP_BATCH = 32;
 
 /**
  * One chunk in, TTL refreshed: one command, so a write caught by a dropped connection is simply
@@ -119,8 +128,12 @@ export class FileStore {
    */
   async commit(file: FileDoc): Promise<FileDoc> {
     const key = this.contentKey(file.id);
+    const entry = `${file.workspace_id} ${file.id}`;
     let chunks: number;
     try {
+      // Recorded before the bytes lose their TTL: a crash before the head exists leaves the entry,
+      // and a later sweep drops the bytes no head names.
+      await bounded(this.redis.zadd(COMMITS, Date.now() + COMMIT_GRACE_MS, entry));
       chunks = Number(await bounded(SEAL.run(this.redis, [key], [])));
     } catch (err) {
       throw new StorageError(err);
@@ -128,10 +141,34 @@ export class FileStore {
     const expected = Math.ceil(file.size_bytes / CHUNK_BYTES);
     if (chunks !== expected) {
       await this.discard(file.id).catch(() => undefined);
+      await this.redis.zrem(COMMITS, entry).catch(() => undefined);
       throw new StorageError(`${chunks} of ${expected} chunks were stored`);
     }
+    crashPoint('file-content-sealed');
     await this.docs.create(tags.workspace(file.workspace_id), file, [INDEX]);
+    await this.redis.zrem(COMMITS, entry);
+    await this.sweep().catch(() => undefined);
     return file;
+  }
+
+  /**
+   * Reclaims the bytes of commits that never finished (their process died between making the
+   * bytes permanent and creating the head): past their grace, bytes whose head does not exist
+   * are dropped. A head that exists keeps its bytes; either way the entry goes.
+   */
+  async sweep(now = Date.now()): Promise<number> {
+    const dead = await this.redis.zrangebyscore(COMMITS, '-inf', String(now), 'LIMIT', 0, SWEEP_BATCH);
+    let dropped = 0;
+    for (const entry of dead) {
+      const [workspaceId = '', fileId = ''] = entry.split(' ');
+      const head = workspaceId && fileId ? await this.docs.get<FileDoc>(tags.workspace(workspaceId), fileId) : null;
+      if (!head && fileId) {
+        await this.discard(fileId);
+        dropped += 1;
+      }
+      await this.redis.zrem(COMMITS, entry);
+    }
+    return dropped;
   }
 
   /** Drops staged (or orphaned) content. */
