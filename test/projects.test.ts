@@ -97,6 +97,10 @@ describe('Projects (REST)', () => {
     const cleared = await push([{ path: 'run.sh', content_base64: b64('#!/bin/sh\necho 3\n'), executable: false }, { path: 'notes.txt', content_base64: b64('m'), executable: true }], 2);
     expect(modes(cleared)).toEqual({ 'run.sh': false, 'notes.txt': true, 'new.sh': false });
     expect(modes(await push([{ path: 'notes.txt', content_base64: b64('o') }], 3))).toMatchObject({ 'notes.txt': true, 'run.sh': false });
+    // A deletion says nothing else: an executable flag on it is refused, and nothing is pushed.
+    const both = await push([{ path: 'new.sh', delete: true, executable: true }], 4);
+    expect([both.status, errType(both)]).toEqual([400, 'validation.malformed']);
+    expect(modes(await push([{ path: 'new.sh', delete: true }], 4))).toEqual({ 'run.sh': false, 'notes.txt': true });
   });
 
   it('refuses paths and names that are not well-formed Unicode (a lone surrogate)', async () => {

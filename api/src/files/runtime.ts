@@ -1,6 +1,6 @@
 import type Koa from 'koa';
 import { ApiError, Counter, isId, newId, nowIso } from '@agentplane/core';
-import type { FileDoc } from '@agentplane/domain';
+import { ContentTooLarge, StorageError, type FileDoc } from '@agentplane/domain';
 import type { ApiDeps } from '../deps.js';
 import { runtimeGrant } from '../http/runtime-route.js';
 import type { RuntimeBearerVerifier } from '@agentplane/domain';
@@ -67,8 +67,12 @@ async function storeOutput(ctx: Koa.Context, deps: ApiDeps, verifier: RuntimeBea
   const declared = Number(ctx.get('content-length') || 0);
   if (declared > RUNTIME_OUTPUT_MAX_BYTES) throw new ApiError('validation.payload_too_large', `a stored output is at most ${RUNTIME_OUTPUT_MAX_BYTES} bytes`);
   const id = newId('file');
+  // Too large is the runner's mistake (413); a request cut short is a malformed one (400); a
+  // storage failure is ours and goes on to the error boundary (500 `runtime.internal`).
   const staged = await deps.files.stage(id, ctx.req as AsyncIterable<Buffer>, RUNTIME_OUTPUT_MAX_BYTES).catch((err: unknown) => {
-    throw err instanceof ApiError ? err : new ApiError('validation.payload_too_large', `a stored output is at most ${RUNTIME_OUTPUT_MAX_BYTES} bytes`);
+    if (err instanceof ApiError || err instanceof StorageError) throw err;
+    if (err instanceof ContentTooLarge) throw new ApiError('validation.payload_too_large', `a stored output is at most ${RUNTIME_OUTPUT_MAX_BYTES} bytes`);
+    throw new ApiError('validation.malformed', 'the output could not be read (the request was cut short)');
   });
   const now = nowIso();
   const file: FileDoc = {

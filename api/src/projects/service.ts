@@ -224,7 +224,7 @@ export class ProjectService {
       if (seen.has(c.path)) throw new ApiError('validation.malformed', `${field}.path: '${c.path.slice(0, 80)}' appears twice`);
       seen.add(c.path);
       if (c.delete === true) {
-        if (c.content_base64 !== undefined) throw new ApiError('validation.malformed', `${field}: a deletion carries no content`);
+        if (c.content_base64 !== undefined || c.executable !== undefined) throw new ApiError('validation.malformed', `${field}: a deletion carries no content and no executable flag`);
         if (!tree.delete(c.path)) throw new ApiError('validation.malformed', `${field}.path: '${c.path.slice(0, 80)}' is not in revision ${base}`);
         return;
       }
