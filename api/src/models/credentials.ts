@@ -51,6 +51,8 @@ export class ModelCredentialService {
       }
       if (u.protocol !== 'http:' && u.protocol !== 'https:') throw new ApiError('validation.malformed', 'body.base_url: must be http or https');
       if (u.username || u.password) throw new ApiError('validation.malformed', 'body.base_url: must not carry credentials; use secret');
+      // Request paths are appended to the base URL: a query or fragment would swallow them.
+      if (u.search !== '' || u.hash !== '' || /[?#]/.test(baseUrl)) throw new ApiError('validation.malformed', 'body.base_url: must not carry a query or a fragment');
     }
     if (provider === 'scripted' && (secret !== undefined || baseUrl !== null)) {
       throw new ApiError('validation.malformed', 'the scripted provider takes neither a secret nor a base_url');

@@ -360,7 +360,7 @@ export class ModelGatewayService {
             [ATTR.genAiResponseModel]: ev.model, [ATTR.genAiUsageInputTokens]: ev.usage.input_tokens, [ATTR.genAiUsageOutputTokens]: ev.usage.output_tokens,
             [ATTR.genAiResponseFinishReasons]: [ev.stop_reason],
           });
-          await this.recordUsage(plan, stepId, credential.provider_key, ev.model, ev.usage);
+          await this.recordUsage(plan, stepId, credential.provider_key, candidate.provider_model, ev.usage, ev.model);
           this.log.debug({ step_id: stepId, model_credential_id: credential.id, provider: credential.provider_key, model: ev.model, ms: Math.round(performance.now() - started) }, 'model step served');
           yield { ...ev, provider: credential.provider_key };
           return null;
@@ -414,10 +414,15 @@ export class ModelGatewayService {
     return failures;
   }
 
-  /** Price and record one step's usage (idempotent by step id); a failure is logged, never thrown. */
-  private async recordUsage(plan: StepPlan, stepId: string, provider: string, model: string, usage: TokenUsage): Promise<void> {
+  /**
+   * Price and record one step's usage (idempotent by step id); a failure is logged, never thrown.
+   * The price is the routing candidate's model's (the one its budget reservation and price
+   * ceilings were judged by), so a provider that names its model otherwise cannot make a step
+   * free; the model the provider reported prices it only when the candidate's has no price.
+   */
+  private async recordUsage(plan: StepPlan, stepId: string, provider: string, model: string, usage: TokenUsage, reportedModel?: string): Promise<void> {
     const { context, workspaceId } = plan;
-    const price = findPrice(this.options.prices, provider, model);
+    const price = findPrice(this.options.prices, provider, model) ?? (reportedModel === undefined ? null : findPrice(this.options.prices, provider, reportedModel));
     const cost = price ? listCostNanoUsd(price, usage) : null;
     try {
       await this.usage.record({ workspace_id: workspaceId, session_id: context.session_id, thread_id: context.thread_id, run_id: context.run_id, step_id: stepId }, usage, cost);

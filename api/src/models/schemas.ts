@@ -2,7 +2,11 @@ import { Cursor, Id, LogicalKey, Nullable, Obj, Timestamp, Type } from '@agentpl
 import { PROVIDER_KEYS } from '@agentplane/models';
 
 export const ProviderKeySchema = Type.Union(PROVIDER_KEYS.map((k) => Type.Literal(k)));
-const Secret = Type.String({ minLength: 1, maxLength: 8192, description: 'The provider API key; sealed at rest, never returned' });
+/**
+ * Visible ASCII, inner spaces allowed: the key travels in an HTTP header, where a line break or
+ * a character outside Latin-1 cannot go (such a key would fail every call as "unreachable").
+ */
+const Secret = Type.String({ minLength: 1, maxLength: 8192, pattern: '^[!-~](?:[ -~]*[!-~])?$', description: 'The provider API key (visible ASCII); sealed at rest, never returned' });
 const BaseUrl = Type.String({ minLength: 8, maxLength: 2048, pattern: '^https?://', description: 'e.g. http://127.0.0.1:11434/v1 for Ollama' });
 
 export const ModelCredentialSchema = Obj({

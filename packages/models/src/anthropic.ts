@@ -1,7 +1,7 @@
 import { ZERO_USAGE, type ModelRequest, type ModelStreamEvent, type StopReason, type TokenUsage } from '@agentplane/protocol';
 import type { ProviderAdapter, ProviderCall } from './adapter.js';
-import { ProviderError } from './errors.js';
-import { getJson, joinUrl, parseToolInput, postSse } from './http.js';
+import { ProviderError, type ProviderErrorKind } from './errors.js';
+import { getJson, joinUrl, parseToolInput, postSse, toolCallBudget } from './http.js';
 
 export const ANTHROPIC_DEFAULT_BASE_URL = 'https://api.anthropic.com';
 export const ANTHROPIC_VERSION = '2023-06-01';
@@ -60,6 +60,21 @@ interface StreamEvent {
   error?: { type?: string; message?: string };
 }
 
+/**
+ * A stream `error` event's type, classified as the same failure over HTTP would be (its status
+ * in parentheses); `overloaded_error` (529), `api_error` (500) and unknown types are `server`.
+ */
+const STREAM_ERROR_KINDS: Record<string, ProviderErrorKind> = {
+  invalid_request_error: 'bad_request', // 400
+  authentication_error: 'auth', // 401
+  billing_error: 'bad_request', // 402
+  permission_error: 'auth', // 403
+  not_found_error: 'bad_request', // 404
+  request_too_large: 'bad_request', // 413
+  rate_limit_error: 'rate_limited', // 429
+  timeout_error: 'timeout', // 504
+};
+
 const STOP: Record<string, StopReason> = {
   end_turn: 'end_turn',
   stop_sequence: 'end_turn',
@@ -67,6 +82,7 @@ const STOP: Record<string, StopReason> = {
   max_tokens: 'max_tokens',
   refusal: 'refusal',
   pause_turn: 'end_turn',
+  model_context_window_exceeded: 'max_tokens',
 };
 
 /**
@@ -99,6 +115,7 @@ export class AnthropicMessagesAdapter implements ProviderAdapter {
   async *stream(call: ProviderCall, signal: AbortSignal): AsyncGenerator<ModelStreamEvent> {
     const url = joinUrl(call.baseUrl ?? ANTHROPIC_DEFAULT_BASE_URL, 'v1/messages');
     const blocks = new Map<number, { type: string; id: string; name: string; json: string }>();
+    const countTools = toolCallBudget(this.provider);
     let raw: AnthropicUsage = {};
     let stop: string | null = null;
     let model = call.model;
@@ -129,6 +146,9 @@ export class AnthropicMessagesAdapter implements ProviderAdapter {
         case 'content_block_start': {
           const b = ev.content_block;
           if (!b) break;
+          countTools(true);
+          countTools(b.id);
+          countTools(b.name);
           blocks.set(ev.index ?? 0, { type: b.type, id: b.id ?? '', name: b.name ?? '', json: '' });
           if (b.type === 'text' && b.text) yield { type: 'text_delta', text: b.text };
           if (b.type === 'thinking' && b.thinking) yield { type: 'thinking_delta', text: b.thinking };
@@ -140,6 +160,7 @@ export class AnthropicMessagesAdapter implements ProviderAdapter {
           else if (d.type === 'thinking_delta' && d.thinking) yield { type: 'thinking_delta', text: d.thinking };
           else if (d.type === 'input_json_delta' && d.partial_json) {
             const b = blocks.get(ev.index ?? 0);
+            countTools(d.partial_json);
             if (b) b.json += d.partial_json;
           }
           break;
@@ -160,7 +181,7 @@ export class AnthropicMessagesAdapter implements ProviderAdapter {
           break;
         case 'error': {
           const t = ev.error?.type ?? 'error';
-          const kind = t === 'rate_limit_error' ? 'rate_limited' : t === 'invalid_request_error' ? 'bad_request' : t === 'authentication_error' ? 'auth' : 'server';
+          const kind = STREAM_ERROR_KINDS[t] ?? 'server';
           throw new ProviderError(kind, `${this.provider} stream error ${t}: ${ev.error?.message ?? ''}`.trim());
         }
         default:

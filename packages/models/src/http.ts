@@ -21,11 +21,11 @@ export interface PostSseOptions {
 }
 
 /**
- * A response body as text, at most `maxBytes` of it (an error body can be anything a server
- * sends: only its beginning is read, the rest of the body is cancelled).
+ * At most `maxBytes` of a response body (the rest is cancelled unread), and whether that many
+ * were read (`full`: the body may have had more).
  */
-export async function boundedText(res: Response, maxBytes = ERROR_BODY_MAX_BYTES): Promise<string> {
-  if (!res.body) return '';
+async function boundedBody(res: Response, maxBytes: number): Promise<{ text: string; full: boolean }> {
+  if (!res.body) return { text: '', full: false };
   const reader = res.body.getReader();
   const chunks: Uint8Array[] = [];
   let size = 0;
@@ -40,7 +40,15 @@ export async function boundedText(res: Response, maxBytes = ERROR_BODY_MAX_BYTES
   } finally {
     await reader.cancel().catch(() => undefined);
   }
-  return new TextDecoder().decode(Buffer.concat(chunks));
+  return { text: new TextDecoder().decode(Buffer.concat(chunks)), full: size >= maxBytes };
+}
+
+/**
+ * A response body as text, at most `maxBytes` of it (an error body can be anything a server
+ * sends: only its beginning is read, the rest of the body is cancelled).
+ */
+export async function boundedText(res: Response, maxBytes = ERROR_BODY_MAX_BYTES): Promise<string> {
+  return (await boundedBody(res, maxBytes)).text;
 }
 
 /**
@@ -127,6 +135,9 @@ export async function* postSse(
   }
 }
 
+/** The most of a JSON answer (a health probe's model list) read; a larger one is a `bad_request`. */
+export const JSON_BODY_MAX_BYTES = 8 * 1024 * 1024;
+
 /** GET a JSON endpoint (health probes). */
 export async function getJson(provider: string, url: string, headers: Record<string, string>, signal: AbortSignal, timeoutMs = 10_000): Promise<unknown> {
   const timeout = AbortSignal.timeout(timeoutMs);
@@ -140,7 +151,17 @@ export async function getJson(provider: string, url: string, headers: Record<str
     throw new ProviderError('network', `${provider} is unreachable${code ? ` (${code})` : ''}`);
   }
   if (!res.ok) throw httpError(provider, res.status, res.headers, await boundedText(res).catch(() => ''));
-  const text = await res.text();
+  // Read only so far: a body that is larger (or never ends) is not kept in memory.
+  let body: { text: string; full: boolean };
+  try {
+    body = await boundedBody(res, JSON_BODY_MAX_BYTES + 1);
+  } catch {
+    if (signal.aborted) throw new ProviderError('canceled', 'the probe was canceled');
+    if (timeout.aborted) throw new ProviderError('timeout', `${provider} did not answer within ${timeoutMs} ms`);
+    throw new ProviderError('network', `${provider} closed the connection mid-answer`);
+  }
+  const text = body.text;
+  if (body.full) throw new ProviderError('bad_request', `${provider} answered with more than ${JSON_BODY_MAX_BYTES} bytes`);
   try {
     return JSON.parse(text) as unknown;
   } catch {
@@ -150,6 +171,28 @@ export async function getJson(provider: string, url: string, headers: Record<str
 
 export function joinUrl(base: string, path: string): string {
   return `${base.replace(/\/+$/, '')}/${path.replace(/^\/+/, '')}`;
+}
+
+/**
+ * The most characters of tool calls (ids, names and streamed arguments together) one provider
+ * call may assemble: a provider that keeps streaming argument fragments is cut off instead of
+ * being buffered in memory until the step's deadline.
+ */
+export const TOOL_CALLS_MAX_CHARS = 4 * 1024 * 1024;
+
+/** What one more assembled tool call (or content block) counts against `TOOL_CALLS_MAX_CHARS`, besides its text. */
+export const TOOL_CALL_OVERHEAD_CHARS = 64;
+
+/**
+ * Counts the characters of tool calls a provider call assembles (`true` for a new call or block:
+ * its overhead); throws `bad_request` past `max`.
+ */
+export function toolCallBudget(provider: string, max = TOOL_CALLS_MAX_CHARS): (text: string | undefined | true) => void {
+  let used = 0;
+  return (text) => {
+    used += text === true ? TOOL_CALL_OVERHEAD_CHARS : text?.length ?? 0;
+    if (used > max) throw new ProviderError('bad_request', `${provider} streamed tool calls larger than ${max} characters`);
+  };
 }
 
 /** Parse streamed tool arguments; a model that produced broken JSON gets its raw text back. */

@@ -1,7 +1,7 @@
 import { ZERO_USAGE, type ModelRequest, type ModelStreamEvent, type StopReason, type TokenUsage } from '@agentplane/protocol';
 import type { ProviderAdapter, ProviderCall } from './adapter.js';
 import { ProviderError } from './errors.js';
-import { getJson, joinUrl, parseToolInput, postSse } from './http.js';
+import { getJson, joinUrl, parseToolInput, postSse, toolCallBudget } from './http.js';
 
 export const OPENAI_DEFAULT_BASE_URL = 'https://api.openai.com/v1';
 
@@ -113,6 +113,7 @@ export class OpenAiChatAdapter implements ProviderAdapter {
   async *stream(call: ProviderCall, signal: AbortSignal): AsyncGenerator<ModelStreamEvent> {
     const url = joinUrl(call.baseUrl ?? OPENAI_DEFAULT_BASE_URL, 'chat/completions');
     const tools = new Map<number, { id: string; name: string; args: string }>();
+    const countTools = toolCallBudget(this.provider);
     let finish: string | null = null;
     let usage: TokenUsage | null = null;
     let model = call.model;
@@ -150,10 +151,17 @@ export class OpenAiChatAdapter implements ProviderAdapter {
       if (thinking) yield { type: 'thinking_delta', text: thinking };
       if (d.content) yield { type: 'text_delta', text: d.content };
       for (const tc of d.tool_calls ?? []) {
-        const index = tc.index ?? 0;
+        // A server that leaves out `index` sends each call whole: a new id is a new call.
+        let index = tc.index ?? Math.max(0, tools.size - 1);
+        if (tc.index === undefined && tc.id && tools.get(index)?.id && tools.get(index)?.id !== tc.id) index = tools.size;
+        if (!tools.has(index)) countTools(true);
         const cur = tools.get(index) ?? { id: '', name: '', args: '' };
+        countTools(tc.id);
+        countTools(tc.function?.name);
+        countTools(tc.function?.arguments);
         if (tc.id) cur.id = tc.id;
-        if (tc.function?.name) cur.name += tc.function.name;
+        // The name comes whole (servers that repeat it in every fragment repeat the same name).
+        if (tc.function?.name) cur.name = tc.function.name;
         if (tc.function?.arguments) cur.args += tc.function.arguments;
         tools.set(index, cur);
       }

@@ -82,7 +82,42 @@ export function parseScript(system: string | undefined): Script | null {
   if (!Array.isArray(rules) || !rules.every((r) => r && typeof r === 'object' && Array.isArray((r as ScriptRule).then))) {
     throw new ProviderError('bad_request', 'the scripted block must be {"rules": [{"when": {...}, "then": [...]}]}');
   }
+  for (const [i, r] of (rules as ScriptRule[]).entries()) {
+    if (r.when !== undefined && (r.when === null || typeof r.when !== 'object' || Array.isArray(r.when))) {
+      throw new ProviderError('bad_request', `scripted rule #${i + 1}: "when" must be an object`);
+    }
+    for (const [j, step] of r.then.entries()) {
+      const why = stepProblem(step);
+      if (why !== null) throw new ProviderError('bad_request', `scripted rule #${i + 1}, step #${j + 1}: ${why}`);
+    }
+  }
   return { rules: rules as ScriptRule[] };
+}
+
+const FAIL_KINDS: ReadonlySet<unknown> = new Set(['rate_limited', 'server', 'bad_request', 'auth']);
+const VERDICTS: ReadonlySet<unknown> = new Set(['satisfied', 'needs_revision', 'failed']);
+/** The longest `sleep_ms` a script may ask for (a timer's range; the step deadline ends it sooner). */
+const MAX_SLEEP_MS = 2_147_483_647;
+
+/** Why a `then` step is malformed, or null when it is one of the documented steps. */
+function stepProblem(step: unknown): string | null {
+  if (step === null || typeof step !== 'object' || Array.isArray(step)) return 'a step must be an object';
+  const o = step as Record<string, unknown>;
+  const isNum = (v: unknown) => typeof v === 'number' && Number.isFinite(v) && v >= 0;
+  if ('sleep_ms' in o) return isNum(o.sleep_ms) && (o.sleep_ms as number) <= MAX_SLEEP_MS ? null : `sleep_ms must be a number of milliseconds from 0 to ${MAX_SLEEP_MS}`;
+  if ('fail' in o) {
+    if (!FAIL_KINDS.has(o.fail)) return 'fail must be "rate_limited", "server", "bad_request" or "auth"';
+    return o.retry_after === undefined || isNum(o.retry_after) ? null : 'retry_after must be a number of seconds';
+  }
+  if ('think' in o) return typeof o.think === 'string' ? null : 'think must be a string';
+  if ('reply' in o) return typeof o.reply === 'string' ? null : 'reply must be a string';
+  if ('verdict' in o) {
+    if (!VERDICTS.has(o.verdict)) return 'verdict must be "satisfied", "needs_revision" or "failed"';
+    if (o.explanation !== undefined && typeof o.explanation !== 'string') return 'explanation must be a string';
+    return o.criteria === undefined || Array.isArray(o.criteria) ? null : 'criteria must be an array';
+  }
+  if ('tool' in o) return typeof o.tool === 'string' && o.tool !== '' ? null : 'tool must be a tool name';
+  return 'unknown step (expected think, reply, tool, verdict, sleep_ms or fail)';
 }
 
 interface Situation {
@@ -223,9 +258,16 @@ export class ScriptedAdapter implements ProviderAdapter {
     let thinking = '';
     let toolCalls = 0;
     let emitted = false;
+    // The step's deadline bounds a scripted call as it bounds a provider's.
+    const deadlineAt = call.deadlineMs === undefined ? Infinity : performance.now() + Math.max(1, call.deadlineMs);
     for (const step of steps) {
       if (signal.aborted) throw new ProviderError('canceled', 'the model step was canceled');
       if ('sleep_ms' in step) {
+        const left = deadlineAt - performance.now();
+        if (step.sleep_ms >= left) {
+          await sleep(Math.max(0, left), signal);
+          throw new ProviderError('timeout', `scripted did not finish within the step deadline of ${call.deadlineMs} ms`);
+        }
         await sleep(step.sleep_ms, signal);
       } else if ('fail' in step) {
         if (emitted) throw new ProviderError('server', 'scripted failure after output');
