@@ -324,6 +324,10 @@ export class ThreadRuntime {
       if (!ended && now._active_run_id !== null && now._active_run_id !== asked && (now.status === 'running' || now.status === 'rescheduling')) {
         await this.scheduler().interruptRequested(session.id, threadId, now._active_run_id, trace);
       }
+    } else if (asked === null && startable(t) && session.archived_at === null) {
+      // A thread with nothing to stop: messages still queued for it (an earlier interrupt's end
+      // written, the process gone before it started them) start now; none queued, nothing changes.
+      await this.submitUserMessage(session, threadId, null, { thread: t, trace });
     }
     if (threadId !== session._primary_thread_id || !session.agent.multiagent) return;
     const { ids } = await this.store.threadIds(session.id, 0, 1000);
@@ -392,6 +396,7 @@ export class ThreadRuntime {
       return { ...t, _active_run_id: null, _stop_reason: stop, _wait_generation: gen + 1, _waits: waits };
     }, () => events, trace);
     if (!moved) return { thread: next, ended: false };
+    crashPoint('interrupt-wait-written');
     if (session.agent.multiagent || next.parent_thread_id !== null) await this.coordinator.turnEnded(session, next);
     if (this.turnEnded && (await this.turnEnded(session, threadId, endedRunId, stop, trace, activeOutcome))) return { thread: next, ended: true };
     if (session.archived_at === null) await this.submitUserMessage(session, threadId, null, { thread: next, trace, ...(queued ? { queue: queued } : {}) });

@@ -1,0 +1,100 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { waitFor } from './harness/platform.js';
+import { idleCount, SCRIPT, startTurnPlatform, untilEvents, type Json, type TurnPlatform } from './harness/turns.js';
+
+/**
+ * The API dies inside a drive event, after its write and before the work that write calls for
+ * (named crash points, `AGENTPLANE_CRASH_AT`); the client's retry of the same event finishes
+ * that work. Without it the Session stalled for good: a recorded answer whose turn never
+ * continued, or an interrupt whose queued messages never started.
+ */
+const markers = mkdtempSync(join(tmpdir(), 'drive-crash-'));
+const marker = (point: string) => join(markers, point);
+let t: TurnPlatform;
+beforeAll(async () => {
+  t = await startTurnPlatform({
+    name: 'drive-crash',
+    env: { AGENTPLANE_CRASH_AT: ['answer-recorded', 'interrupt-wait-written'].map((p) => `${p}:${marker(p)}`).join(',') },
+  });
+}, 180_000);
+afterAll(async () => {
+  await t?.p.stop();
+  rmSync(markers, { recursive: true, force: true });
+});
+
+/** A Session whose first turn ends waiting on a custom tool; returns the Session and the tool use. */
+async function waitingSession(): Promise<{ id: string; toolUseId: string }> {
+  const s = await t.api.post<{ id: string }>('/v1/sessions', {
+    agent: {
+      name: 'a', model: 'default',
+      tools: [{ type: 'custom', name: 'get_weather', description: 'Weather for a city', input_schema: { type: 'object', properties: { city: { type: 'string' } } } }],
+      system: SCRIPT([
+        { when: { user_contains: 'weather' }, then: [{ tool: 'get_weather', input: { city: 'Paris' } }] },
+        { when: { after_tool: 'get_weather' }, then: [{ reply: 'Forecast: {{tool_result}}' }] },
+        { when: { user_contains: 'meanwhile' }, then: [{ reply: 'queued reply' }] },
+      ]),
+    },
+    environment_id: t.envId,
+  });
+  await t.api.post(`/v1/sessions/${s.id}/events`, t.msg('what is the weather?'));
+  const first = await untilEvents(t.api, s.id, (e) => idleCount(e) >= 1);
+  expect(first.find((e) => e.type === 'session.status_idle')?.payload.stop_reason).toMatchObject({ type: 'requires_action' });
+  return { id: s.id, toolUseId: String(first.find((e) => e.type === 'agent.tool_use')?.payload.id) };
+}
+
+/** Sends `body`, which the API dies answering, and waits for the restarted API. */
+async function crashOn(point: string, sessionId: string, body: Json): Promise<void> {
+  const apiBefore = t.p.pids().api;
+  const lost = await t.api.request('POST', `/v1/sessions/${sessionId}/events`, { body }).catch(() => null);
+  expect(lost === null || lost.status >= 500).toBe(true);
+  await waitFor('the API back', async () => (await t.api.request('GET', `/v1/sessions/${sessionId}`).catch(() => null))?.status === 200 || undefined, 60_000);
+  expect(existsSync(marker(point))).toBe(true);
+  expect(t.p.pids().api).not.toBe(apiBefore);
+}
+
+describe('a crash inside a drive event', () => {
+  it('after an answer marked its wait answered, before the turn continued: the exact retry replays the answer and the turn continues once', async () => {
+    const { api, principal } = t;
+    const s = await waitingSession();
+    const answer = { type: 'user.custom_tool_result', payload: { tool_use_id: s.toolUseId, result: 'sunny, 21C', authored_by: principal, caused_by: { kind: 'api' } } };
+    await crashOn('answer-recorded', s.id, answer);
+
+    const retry = await api.request<{ id: string; type: string }>('POST', `/v1/sessions/${s.id}/events`, { body: answer });
+    expect([retry.status, retry.body.type]).toEqual([200, 'user.custom_tool_result']);
+    const all = await untilEvents(api, s.id, (e) => idleCount(e) >= 2, 90_000);
+    expect(all.filter((e) => e.type === 'session.status_idle').map((e) => (e.payload.stop_reason as { type: string }).type)).toEqual(['requires_action', 'end_turn']);
+    expect(all.filter((e) => e.type === 'agent.message').map((e) => JSON.stringify(e.payload)).join(' ')).toContain('sunny, 21C');
+    // One answer in the log, one continuation Run.
+    expect(all.filter((e) => e.type === 'user.custom_tool_result').map((e) => e.id)).toEqual([retry.body.id]);
+    expect(all.filter((e) => e.type === 'session.status_running')).toHaveLength(2);
+    expect(new Set(all.map((e) => e.seq)).size).toBe(all.length);
+    // Sent once more, it changes nothing.
+    const again = await api.request<{ id: string }>('POST', `/v1/sessions/${s.id}/events`, { body: answer });
+    expect([again.status, again.body.id]).toEqual([200, retry.body.id]);
+    const runs = await api.get<{ data: { status: string }[] }>(`/v1/sessions/${s.id}/runs`);
+    expect(runs.data.map((r) => r.status)).toEqual(['succeeded', 'succeeded']);
+  }, 240_000);
+
+  it('after an interrupt ended a wait, before the messages queued during it started: the retried interrupt starts them, once', async () => {
+    const { api, principal } = t;
+    const s = await waitingSession();
+    const queued = await api.post<{ id: string }>(`/v1/sessions/${s.id}/events`, t.msg('meanwhile'));
+    const interrupt = { type: 'user.interrupt', payload: { authored_by: principal, caused_by: { kind: 'api' } } };
+    await crashOn('interrupt-wait-written', s.id, interrupt);
+
+    // The wait was ended by the interrupt's one write; the queued message waits for a turn.
+    const retry = await api.request<{ type: string }>('POST', `/v1/sessions/${s.id}/events`, { body: interrupt });
+    expect([retry.status, retry.body.type]).toEqual([201, 'user.interrupt']);
+    const all = await untilEvents(api, s.id, (e) => idleCount(e) >= 3, 90_000);
+    expect(all.filter((e) => e.type === 'session.status_idle').map((e) => (e.payload.stop_reason as { type: string }).type)).toEqual(['requires_action', 'interrupted', 'end_turn']);
+    const starts = all.filter((e) => e.type === 'session.status_running');
+    expect(starts).toHaveLength(2);
+    expect(starts[1]?.payload.input_event_ids).toEqual([queued.id]);
+    expect(all.filter((e) => e.type === 'agent.message').map((e) => JSON.stringify(e.payload)).join(' ')).toContain('queued reply');
+    expect(new Set(all.map((e) => e.seq)).size).toBe(all.length);
+  }, 240_000);
+});
+
