@@ -2,6 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { HttpClient } from '@agentplane/client';
 import { startPlatform, type Platform } from './harness/platform.js';
 import { mcpCall, toolBody } from './harness/mcp-call.js';
+import { createCredential, createPrincipal } from './harness/governance.js';
 
 interface AuditRecord {
   id: number; workspace_id: string; actor: { id: string; credential_id: string | null }; action: string;
@@ -141,6 +142,30 @@ describe('audit log', () => {
     expect(byActor.records.length).toBe(since.records.filter((r) => r.actor.id === rootActor).length);
     const nobody = await exportAll(p.root, 0, 50, { actor: 'prin_00000000000000000000000000000000' });
     expect(nobody.records).toEqual([]);
+  });
+
+  it('records a mutation a Principal credential is refused over MCP, as over REST', async () => {
+    const prin = await createPrincipal(p.root, ws, 'mcp-refused');
+    const cred = await createCredential(p.root, prin);
+    const body = { principal_id: prin, target: { type: 'workspace', id: ws }, actions: ['manage'] };
+    // Outside the Principal catalog over MCP (a mutation the credential is not admitted to).
+    const viaMcp = await mcpCall(p.baseUrl, cred.secret, 'permissionAssignments_createPermissionAssignment', { body, idempotency_key: `pa-${Math.random()}` });
+    expect(viaMcp.result?.isError).toBe(true);
+    expect((toolBody(viaMcp.result).error as { type: string }).type).toBe('policy.denied');
+    // One the credential is admitted to over REST, but not through the closed MCP catalog.
+    const viaMcpSend = await mcpCall(p.baseUrl, cred.secret, 'sessions_archiveSession', { path: { session_id: 'sess_00000000000000000000000000000000' }, body: {}, idempotency_key: `ar-${Math.random()}` });
+    expect(viaMcpSend.result?.isError).toBe(true);
+    const viaRest = await new HttpClient({ baseUrl: p.baseUrl, token: cred.secret }).request('POST', '/v1/permission-assignments', { body });
+    expect(viaRest.status).toBe(403);
+    const { records } = await exportAll(p.root, 0, 1000, { actor: cred.id });
+    expect(records.map((r) => [r.action, r.outcome, r.status, r.detail, r.actor.id])).toEqual([
+      ['permissionAssignments.createPermissionAssignment', 'denied', 403, 'policy.denied', prin],
+      ['sessions.archiveSession', 'denied', 403, 'policy.denied', prin],
+      ['permissionAssignments.createPermissionAssignment', 'denied', 403, 'policy.denied', prin],
+    ]);
+    // Nothing was granted.
+    const held = await p.root.get<{ data: unknown[] }>(`/v1/permission-assignments?principal_id=${prin}`);
+    expect(held.data).toEqual([]);
   });
 
   it('keeps Workspaces apart and rejects bad requests', async () => {

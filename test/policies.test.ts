@@ -88,6 +88,23 @@ describe('ActionPolicies', () => {
     for (const r of [broad, narrow, denyAll]) await p.root.request('DELETE', `/v1/action-policies/${r.id}`);
   });
 
+  it('a path_glob holds however the path is spelled: dot segments, repeated slashes and `..` neither escape a deny nor widen an allow', async () => {
+    const deny = await policy({ effect: 'deny', tool: { kind: 'builtin', name: 'read' }, arguments: { path_glob: '/workspace/secrets/**' } });
+    const allow = await policy({ effect: 'allow', tool: { kind: 'builtin', name: 'write' }, arguments: { path_glob: '/workspace/**' } });
+    const gate = await policy({ effect: 'require_approval', tool: { kind: 'builtin', name: 'write' } });
+    const ev = (name: string, path: string) => p.root.post<{ decision: string; rule_id: string | null }>('/v1/action-policies/evaluate', { tool: { kind: 'builtin', name }, input: { path } });
+    for (const path of ['/workspace/secrets/key', '/workspace/./secrets/key', '/workspace//secrets/key', '/workspace/notes/../secrets/key', '/workspace/secrets/./a/../key']) {
+      expect(await ev('read', path), path).toMatchObject({ decision: 'deny', rule_id: deny.id });
+    }
+    expect(await ev('read', '/workspace/notes/key')).toMatchObject({ decision: 'allow', rule_id: null });
+    expect(await ev('write', '/workspace/out/report.md')).toMatchObject({ decision: 'allow', rule_id: allow.id });
+    // Out of the allowed tree by `..`: the allow rule does not match, the broader gate decides.
+    for (const path of ['/workspace/../etc/passwd', '/workspace/out/../../etc/passwd']) {
+      expect(await ev('write', path), path).toMatchObject({ decision: 'require_approval', rule_id: gate.id });
+    }
+    for (const r of [deny, allow, gate]) await p.root.request('DELETE', `/v1/action-policies/${r.id}`);
+  });
+
   it('a rule may name a MemoryStore: its memory tools are MCP tools of that store', async () => {
     const store = (await p.root.post<{ id: string }>('/v1/memory-stores', { name: 'governed-notes' })).id;
     const other = (await p.root.post<{ id: string }>('/v1/memory-stores', { name: 'other-notes' })).id;

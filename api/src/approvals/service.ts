@@ -7,6 +7,7 @@ import type { ToolKind } from '../governance/policy-eval.js';
 import type { WaitKind } from '@agentplane/domain';
 import type { SessionStore } from '@agentplane/domain';
 import type { TurnScheduler } from '@agentplane/domain';
+import { notCovered } from './coverage.js';
 import { RunAuthors } from './run-authors.js';
 
 export const APPROVAL_STATUSES = ['pending', 'approved', 'denied', 'expired'] as const;
@@ -158,8 +159,15 @@ export class ApprovalService {
       { actor: { id: ctx.run_id, credential_id: ctx.runner_id }, target: ctx.session_id },
     );
     if (decision.decision === 'deny') return { decision: 'deny', rule_id: decision.rule_id, message: decision.explanation };
-    if (existing?.status === 'approved') {
+    // The approval of a tool use covers that very call (same tool and input), for the Run that
+    // asked or the one that continues after the use's wait; never another call under the same
+    // tool use id, nor a later Run of the Session.
+    const covered = existing ? await notCovered(this.d, existing, ctx.run_id, q.tool, q.input) : null;
+    if (existing?.status === 'approved' && covered === null) {
       return { decision: 'allow', rule_id: existing.rule_id, message: `approved in ActionApproval ${existing.id} by ${existing.resolved_by?.id ?? 'an approver'}` };
+    }
+    if (existing && covered !== null && decision.decision === 'require_approval') {
+      return { decision: 'deny', rule_id: decision.rule_id, message: `${decision.explanation}; ActionApproval ${existing.id} of ${q.tool_use_id} does not cover this call: ${covered}` };
     }
     if (decision.decision === 'require_approval') {
       const a = existing ?? (await this.request(ctx, q, principals, decision.rule_id));

@@ -3,6 +3,7 @@
  * compiled once per policy-set version with the linear-time glob matcher; no RegExp is ever built
  * from a user's pattern). docs/GOVERNANCE.md, "ActionPolicies", states the precedence.
  */
+import { posix } from 'node:path';
 import { compileGlob, type CompiledGlob } from '@agentplane/core';
 
 export const POLICY_EFFECTS = ['allow', 'deny', 'require_approval'] as const;
@@ -119,6 +120,16 @@ function argString(input: unknown, field: string): string | undefined {
   return typeof v === 'string' ? v : undefined;
 }
 
+/**
+ * The path a file tool reaches, as a rule's `path_glob` is matched against it: `.` segments,
+ * repeated `/` and `..` segments resolved lexically (`/w/x/../secrets/k` is `/w/secrets/k`), so
+ * spelling a path differently neither escapes a deny rule nor widens an allow rule (`**` would
+ * otherwise cross a `..`). An empty path is kept as it is.
+ */
+function lexicalPath(path: string): string {
+  return path === '' ? path : posix.normalize(path);
+}
+
 function commandMatches(prefix: string, command: string | undefined, effect: PolicyEffect): boolean {
   if (command === undefined) return false;
   const c = command.trimStart();
@@ -165,7 +176,11 @@ export class PolicySet {
     if (c.pathGlob) {
       if (!(call.kind === 'builtin' && FILE_TOOLS.has(call.name))) return false;
       const path = argString(call.input, 'path');
-      if (path === undefined || !c.pathGlob.test(path)) return false;
+      if (path === undefined) return false;
+      // An allow rule must match the path the tool reaches; a deny or an approval rule matches
+      // either spelling (a rule written as `./secrets/**` still catches `./secrets/key`).
+      const reached = c.pathGlob.test(lexicalPath(path));
+      if (!(reached || (r.effect !== 'allow' && c.pathGlob.test(path)))) return false;
     }
     return true;
   }

@@ -1,8 +1,9 @@
 import { ApiError, canonicalJson } from '@agentplane/core';
-import { normalizeUrl, type RunDoc, type RuntimeGrant, type ThreadDoc, type ToolPermission } from '@agentplane/domain';
+import { normalizeUrl, type RunDoc, type RuntimeGrant, type ToolPermission } from '@agentplane/domain';
 import { keys, tags, type LogEvent } from '@agentplane/store';
 import type { ApiDeps } from '../deps.js';
 import { bySession, type ActionApproval } from '../approvals/service.js';
+import { answeredWait, notCovered, sameCall } from '../approvals/coverage.js';
 import type { PolicyDecision } from './policy-eval.js';
 
 /**
@@ -118,17 +119,16 @@ export async function requireRuntimeToolCall(
 /**
  * Whether an approved ActionApproval of the grant's Session covers exactly this call. The approval
  * of a named tool use counts for the Run that obtained it, or for the Run that continues after
- * the use's wait (`continuesAfterWait`); a later Run of the Session (one a message started, or one
+ * the use's wait (`notCovered`, docs in approvals/coverage.ts); a later Run of the Session (one a message started, or one
  * past an interrupt or a later wait) cannot replay it.
  */
 async function approvedCall(deps: GateDeps, grant: RuntimeGrant, call: RuntimeToolCall): Promise<boolean> {
-  const input = canonicalJson(call.input ?? {});
-  const covers = (a: ActionApproval | null | undefined): a is ActionApproval => !!a && a.status === 'approved' && a.session_id === grant.session_id
-    && a.tool.kind === 'mcp' && a.tool.name === call.name && a.tool.connection_id === call.connection_id && canonicalJson(a.input ?? {}) === input;
+  const tool = { kind: 'mcp' as const, name: call.name, connection_id: call.connection_id };
+  const coverage = { docs: deps.docs, sessions: deps.sessions.store };
+  const approved = (a: ActionApproval | null | undefined): a is ActionApproval => !!a && a.status === 'approved' && a.session_id === grant.session_id;
   if (call.tool_use_id !== undefined) {
     const a = await deps.approvals.forToolUse(grant.workspace_id, grant.session_id, call.tool_use_id);
-    if (!covers(a)) return false;
-    return a.run_id === grant.run_id || (await continuesAfterWait(deps, grant, call.tool_use_id, a.session_thread_id));
+    return approved(a) && (await notCovered(coverage, a, grant.run_id, tool, call.input)) === null;
   }
   // No tool use named (an agent inside the sandbox calls through the runner's proxy, which checked
   // the call under an id of its own): an approval this Run obtained for this very call.
@@ -136,31 +136,7 @@ async function approvedCall(deps: GateDeps, grant: RuntimeGrant, call: RuntimeTo
   const ids = await deps.redis.zrevrange(keys.index(tag, bySession(grant.session_id)), 0, RECENT_APPROVALS - 1);
   if (ids.length === 0) return false;
   const approvals = await deps.docs.getMany<ActionApproval>(tag, ids);
-  return approvals.some((a) => a.run_id === grant.run_id && covers(a));
-}
-
-/**
- * Whether the calling Run is the one that continues after the wait of `toolUseId`: the Run
- * continues after answered waits, on `threadId`, and the use is an answered wait of that thread's
- * current wait generation (an interrupt or a later wait moves the generation on).
- */
-async function continuesAfterWait(deps: GateDeps, grant: RuntimeGrant, toolUseId: string, threadId: string): Promise<boolean> {
-  const run = await deps.sessions.store.run(grant.session_id, grant.run_id);
-  if (!run?.continues_run_id || run.session_thread_id !== threadId) return false;
-  return (await answeredWait(deps, grant.session_id, threadId, toolUseId)).wait !== null;
-}
-
-type ThreadWait = ThreadDoc['_waits'][string];
-
-/**
- * The wait of `toolUseId` on the thread if it is answered and of the thread's current wait
- * generation (an interrupt or a later wait moves the generation on), else null and why.
- */
-async function answeredWait(deps: GateDeps, sessionId: string, threadId: string, toolUseId: string): Promise<{ wait: ThreadWait | null; stale: boolean }> {
-  const thread = await deps.docs.get<ThreadDoc>(tags.session(sessionId), threadId);
-  const wait = thread?.type === 'session_thread' ? thread._waits[toolUseId] : undefined;
-  if (!thread || !wait || wait.answered_event_id === null) return { wait: null, stale: false };
-  return wait.generation === thread._wait_generation ? { wait, stale: false } : { wait: null, stale: true };
+  return approvals.some((a) => approved(a) && a.run_id === grant.run_id && sameCall(a, tool, call.input));
 }
 
 /** Events read back from a confirmation, at most, for the tool use it answers. */
@@ -252,7 +228,7 @@ async function requireConfirmedUse(deps: GateDeps, grant: RuntimeGrant, call: Ru
   if (!run) return refuse(`run ${grant.run_id} has no record to check the confirmation against`);
   if (!run.continues_run_id) return refuse(`run ${grant.run_id} does not continue after answered waits, so no confirmed use is its to run`);
   const sessionId = grant.session_id;
-  const { wait, stale } = await answeredWait(deps, sessionId, run.session_thread_id, toolUseId);
+  const { wait, stale } = await answeredWait(deps.docs, sessionId, run.session_thread_id, toolUseId);
   if (stale) return refuse(`the confirmation of ${toolUseId} answered an earlier wait of the thread, not the one this Run continues`);
   if (!wait || wait.kind !== 'confirmation' || wait.answered_seq === undefined) {
     return refuse(`no user.tool_confirmation answered ${toolUseId} on the Run's thread`);

@@ -95,7 +95,9 @@ export class ToolDispatcher {
       throw new McpProtocolError(ErrorCode.InvalidParams, `unknown tool '${name}'`);
     }
     if (principal && !ToolCatalog.principalAdmits(p)) {
-      return apiErrorResult(new ApiError('policy.denied', `the principal catalog does not include '${name}'`), this.deps);
+      // Refused by the same pipeline as any call (after the role check, with nothing of its
+      // arguments passed on), so a refused mutation is its audit record, as over REST.
+      return this.dispatch(p, undefined, ctx, new ApiError('policy.denied', `the principal catalog does not include '${name}'`));
     }
     return this.dispatch(p, args, ctx);
   }
@@ -123,11 +125,11 @@ export class ToolDispatcher {
     return { content: [{ type: 'text', text: JSON.stringify({ data }) }], isError: false };
   }
 
-  private async dispatch(p: ProjectedTool, args: unknown, ctx: CallContext): Promise<ToolResult> {
+  private async dispatch(p: ProjectedTool, args: unknown, ctx: CallContext, denied?: ApiError): Promise<ToolResult> {
     const given = args === undefined ? {} : args;
-    // A malformed envelope still goes through the pipeline (refused there, after authorisation,
-    // and recorded), with nothing of it passed on.
-    const refused = argumentsProblem(p, given);
+    // A malformed envelope (or a call refused before its arguments are read) still goes through
+    // the pipeline (refused there, after authorisation, and recorded), with nothing of it passed on.
+    const refused = denied ?? argumentsProblem(p, given);
     const a: Record<string, unknown> = refused || !isPlainObject(given) ? {} : given;
     const key = typeof a.idempotency_key === 'string' ? a.idempotency_key : undefined;
 
