@@ -9,7 +9,8 @@ import { idleCount, SCRIPT, startTurnPlatform, untilEvents, type Json, type Turn
  * The API dies inside a drive event, after its write and before the work that write calls for
  * (named crash points, `AGENTPLANE_CRASH_AT`); the client's retry of the same event finishes
  * that work. Without it the Session stalled for good: a recorded answer whose turn never
- * continued, or an interrupt whose queued messages never started.
+ * continued, or an interrupt whose queued messages never started. Likewise an ActionApproval
+ * resolved by a request whose process died before the resolution reached the Session.
  */
 const markers = mkdtempSync(join(tmpdir(), 'drive-crash-'));
 const marker = (point: string) => join(markers, point);
@@ -17,7 +18,7 @@ let t: TurnPlatform;
 beforeAll(async () => {
   t = await startTurnPlatform({
     name: 'drive-crash',
-    env: { AGENTPLANE_CRASH_AT: ['answer-recorded', 'interrupt-wait-written'].map((p) => `${p}:${marker(p)}`).join(',') },
+    env: { AGENTPLANE_CRASH_AT: ['answer-recorded', 'interrupt-wait-written', 'approval-resolved'].map((p) => `${p}:${marker(p)}`).join(',') },
   });
 }, 180_000);
 afterAll(async () => {
@@ -98,3 +99,42 @@ describe('a crash inside a drive event', () => {
   }, 240_000);
 });
 
+describe('a crash inside an approval\'s resolution', () => {
+  it('after the approval was marked approved, before its wait was answered: the refused retry finishes it, and the call runs once', async () => {
+    const { api, p } = t;
+    await p.root.post('/v1/action-policies', { effect: 'require_approval', tool: { kind: 'builtin', name: 'bash' }, arguments: { command_prefix: 'echo crash-approved' } });
+    const s = await api.post<{ id: string }>('/v1/sessions', {
+      agent: {
+        name: 'a', model: 'default', tools: [{ type: 'builtin', name: 'bash' }],
+        system: SCRIPT([
+          { when: { user_contains: 'run' }, then: [{ tool: 'bash', input: { command: 'echo crash-approved >> /workspace/ran.log; cat /workspace/ran.log' } }] },
+          { when: { on: 'tool_result' }, then: [{ reply: 'Result: {{tool_result}}' }] },
+        ]),
+      },
+      environment_id: t.envId,
+    });
+    await api.post(`/v1/sessions/${s.id}/events`, t.msg('run it'));
+    const first = await untilEvents(api, s.id, (e) => idleCount(e) >= 1);
+    expect(first.find((e) => e.type === 'session.status_idle')?.payload.stop_reason).toMatchObject({ type: 'requires_action' });
+    const approvalId = String(first.find((e) => e.type === 'session.action_approval_requested')?.payload.approval_id);
+    expect(approvalId).toMatch(/^approval_/);
+
+    const apiBefore = p.pids().api;
+    const lost = await p.root.request('POST', `/v1/action-approvals/${approvalId}/approve`, { body: {} }).catch(() => null);
+    expect(lost === null || lost.status >= 500).toBe(true);
+    await waitFor('the API back', async () => (await api.request('GET', `/v1/sessions/${s.id}`).catch(() => null))?.status === 200 || undefined, 60_000);
+    expect(existsSync(marker('approval-resolved'))).toBe(true);
+    expect(p.pids().api).not.toBe(apiBefore);
+
+    // Resolved once: the retry is refused, and finishes what the lost request left undone.
+    const retry = await p.root.request('POST', `/v1/action-approvals/${approvalId}/approve`, { body: {} });
+    expect(retry.status).toBe(409);
+    const all = await untilEvents(api, s.id, (e) => idleCount(e) >= 2, 90_000);
+    expect(all.filter((e) => e.type === 'session.status_idle').map((e) => (e.payload.stop_reason as { type: string }).type)).toEqual(['requires_action', 'end_turn']);
+    expect(all.filter((e) => e.type === 'session.action_approval_resolved')).toHaveLength(1);
+    const ran = all.filter((e) => e.type === 'agent.tool_result').map((e) => JSON.stringify(e.payload.content));
+    expect(ran).toHaveLength(1);
+    expect(ran[0]?.match(/crash-approved/g)).toHaveLength(1);
+    expect(new Set(all.map((e) => e.seq)).size).toBe(all.length);
+  }, 240_000);
+});

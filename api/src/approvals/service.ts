@@ -1,4 +1,4 @@
-import { ApiError, newId, nowIso, type Context, type Logger } from '@agentplane/core';
+import { ApiError, crashPoint, newId, nowIso, type Context, type Logger } from '@agentplane/core';
 import type { DelayedJobs } from '@agentplane/lease';
 import { keys, tags, type DocumentStore, type LogEvent, type Redis, type StoredDoc } from '@agentplane/store';
 import type { AuditActor, AuditLog } from '../audit/store.js';
@@ -230,10 +230,20 @@ export class ApprovalService {
       await this.expire(ws, id);
       throw new ApiError('runtime.invalid_transition', `action approval ${id} expired at ${current.expires_at}; it can no longer be resolved`);
     }
+    let settled: ActionApproval | null = null;
     const next = await this.d.docs.update<ActionApproval>(tags.workspace(ws), id, (a) => {
-      if (a.status !== 'pending') throw new ApiError('runtime.invalid_transition', `action approval ${id} is already ${a.status}; it can be resolved once`);
+      if (a.status !== 'pending') {
+        settled = a;
+        throw new ApiError('runtime.invalid_transition', `action approval ${id} is already ${a.status}; it can be resolved once`);
+      }
       return { ...a, status: verdict === 'approve' ? 'approved' : 'denied', resolved_at: nowIso(), resolved_by: actor, reason: opts.reason ?? null };
-    }, { expectedVersion: opts.expectedVersion, notFound: 'action approval', current });
+    }, { expectedVersion: opts.expectedVersion, notFound: 'action approval', current }).catch(async (err: unknown) => {
+      // Resolved already, perhaps by a request whose process died before it settled: settling is
+      // idempotent, so the refused retry finishes that work (the wait answered, the turn on) first.
+      if (settled !== null) await this.settle(settled, opts.trace);
+      throw err;
+    });
+    crashPoint('approval-resolved');
     await this.settle(next, opts.trace);
     return next;
   }
@@ -272,19 +282,22 @@ export class ApprovalService {
     }], { trace });
     if (!r.ok) return; // the Session was deleted: nothing waits any more
     const event = r.events[0] as LogEvent;
-    let resolved = false;
+    let ours = false;
     const thread = await this.d.sessions.updateThread(a.session_id, a.session_thread_id, (t) => {
-      resolved = false;
       const w = t._waits[a.tool_use_id];
-      if (!w || w.answered_event_id !== null || w.generation !== t._wait_generation || w.kind !== 'approval') return null;
+      ours = !!w && w.generation === t._wait_generation && w.kind === 'approval';
+      if (!w || w.answered_event_id !== null || !ours) return null;
       const waits = { ...t._waits, [a.tool_use_id]: { ...w, answered_event_id: event.id, answered_seq: event.seq, answer_fingerprint: null } };
-      resolved = Object.values(waits).every((x) => x.generation !== t._wait_generation || x.answered_event_id !== null);
       return { ...t, _waits: waits };
     }).catch((err: unknown) => {
       if (err instanceof ApiError && err.type === 'validation.not_found') return null;
       throw err;
     });
-    if (!thread || !resolved) return;
+    // The turn continues when this answered the last open wait of the thread's current generation,
+    // and also when it was answered already (a settle cut off by a crash, done again): starting the
+    // continuation is a compare-and-swap from the waiting Run, so it happens once.
+    if (!thread || !ours || thread.status !== 'idle' || thread._active_run_id === null) return;
+    if (Object.values(thread._waits).some((x) => x.generation === thread._wait_generation && x.answered_event_id === null)) return;
     // An archived Session takes no new work: the wait is answered, but no turn continues.
     const session = await this.d.sessions.get(a.workspace_id, a.session_id).catch(() => null);
     if (session && session.archived_at === null) await this.d.scheduler().waitsResolved(a.session_id, a.session_thread_id, thread._active_run_id);
