@@ -101,8 +101,9 @@ describe('a crash inside a turn end', () => {
 
   it('after the completion\'s fence was checked, before the job moved to completed: the runner sends the completion again, and the turn ends once without running again', async () => {
     // The lease outlives the API's restart and the runner's reconnect (its backoff can reach
-    // seconds), as a production lease does: the lease is kept, not lost and run again.
-    await crashInsideTurnEnd([{ point: 'lease-complete-checked', process: 'api' }], { LEASE_MS: '20000' });
+    // seconds, and a loaded machine restarts the API slowly), as a production lease does: the
+    // lease is kept, not lost and run again.
+    await crashInsideTurnEnd([{ point: 'lease-complete-checked', process: 'api' }], { LEASE_MS: '60000' });
   }, 180_000);
 
   it('after the Run is succeeded and the thread idle with session.status_idle appended, before the queued message: it starts once', async () => {

@@ -92,6 +92,11 @@ export const DEFAULT_GATEWAY_OPTIONS: Omit<GatewayOptions, 'nodeId'> = {
 export type ConnectedListener = (conn: RunnerConnection, heldLeases: readonly LeaseRef[]) => Promise<void>;
 /** Called once when a connection this node held is gone (closed, lost or replaced). */
 export type ClosedListener = (conn: RunnerConnection) => void;
+/**
+ * Which of the leases a connecting runner's hello names the control plane still recognises as
+ * that runner's (they go back in `welcome.resumed_leases`; the runner abandons the rest).
+ */
+export type ResumedLeases = (identity: RunnerIdentity, heldLeases: readonly LeaseRef[]) => Promise<LeaseRef[]>;
 
 /** One live runner socket as handlers see it. */
 export interface RunnerConnection {
@@ -128,6 +133,8 @@ interface Conn extends RunnerConnection {
   /** The upgraded connection under `ws`: its frames of one turn leave in one write (`corkForTurn` before each `ws.send`). */
   socket: Duplex;
   state: 'hello' | 'live' | 'closed';
+  /** Its hello arrived (the welcome may still be on its way): another hello is a protocol violation. */
+  helloSeen: boolean;
   capabilities: Payload<'hello'>['capabilities'] | null;
   availableSlots: number;
   placement: 'local' | 'managed';
@@ -142,6 +149,19 @@ interface Conn extends RunnerConnection {
 
 /** Close codes counted by value: the protocol's and the standard ones; anything a peer makes up is `other`. */
 const CLOSE_CODES: ReadonlySet<string> = new Set([...Object.values(CLOSE), 1002, 1003, 1005, 1006, 1007, 1008, 1011].map(String));
+
+/**
+ * An upgrading socket is the server's no more (the HTTP server drops its error listener before
+ * it emits `upgrade`) and not yet the WebSocket library's: while its credential is checked, and
+ * after a refusal was written, a peer that resets the connection would raise an `error` nobody
+ * listens to, which ends the process. Until `release` (the library then listens itself), an
+ * error destroys the socket and goes no further.
+ */
+function guardUpgradeSocket(socket: Duplex): { release(): void } {
+  const onError = (): void => void socket.destroy();
+  socket.on('error', onError);
+  return { release: () => void socket.removeListener('error', onError) };
+}
 
 const truncate = (s: string): string => (Buffer.byteLength(s) <= 120 ? s : `${Buffer.from(s).subarray(0, 117).toString('utf8')}...`);
 
@@ -161,6 +181,7 @@ export class Gateway {
   private msgSeq = 0;
   private readonly connectedListeners: ConnectedListener[] = [];
   private readonly closedListeners: ClosedListener[] = [];
+  private resumedLeases: ResumedLeases | null = null;
   /** Open node links (senders' direct sockets), and the reply channels each one named. */
   private readonly links = new Set<WebSocket>();
   /** Link frames carry a runner frame as a JSON string (escaping makes it larger). */
@@ -239,6 +260,14 @@ export class Gateway {
     this.closedListeners.push(listener);
   }
 
+  /**
+   * How a hello's `held_leases` are checked: only the leases `judge` recognises are resumed in
+   * the welcome. Without one (a gateway with no lease owner) they are echoed back.
+   */
+  onResume(judge: ResumedLeases): void {
+    this.resumedLeases = judge;
+  }
+
   /** Add or replace the handler of one runner→gateway frame type. */
   on<T extends RunnerToGatewayType>(type: T, handler: FrameHandler<T>): void {
     (this.handlers as Record<string, unknown>)[type] = handler;
@@ -258,12 +287,14 @@ export class Gateway {
     const url = new URL(req.url ?? '/', 'http://gateway');
     if (url.pathname === GATEWAY_LINK_PATH) return this.upgradeLink(req, socket, head);
     if (url.pathname !== this.options.path) return false;
+    const guarded = guardUpgradeSocket(socket);
     if (this.closing) {
       this.reject(socket, new ApiError('runtime.internal', 'the gateway is shutting down; reconnect to another instance or retry'));
       return true;
     }
     authenticateRunner(this.deps.redis, bearerFrom(req.headers.authorization)).then(
       (identity) => {
+        guarded.release();
         this.wss.handleUpgrade(req, socket, head, (ws) => this.accept(ws, identity, socket));
       },
       (err: unknown) => {
@@ -291,6 +322,7 @@ export class Gateway {
 
   /** A sender's link upgrade: accepted only with a one-time ticket written for this node. */
   private upgradeLink(req: IncomingMessage, socket: Duplex, head: Buffer): boolean {
+    const guarded = guardUpgradeSocket(socket);
     if (this.closing) {
       this.reject(socket, new ApiError('runtime.internal', 'the gateway is shutting down'));
       return true;
@@ -298,6 +330,7 @@ export class Gateway {
     takeLinkTicket(this.deps.redis, this.options.nodeId, bearerFrom(req.headers.authorization) ?? undefined).then(
       (ok) => {
         if (!ok) return this.reject(socket, new ApiError('auth.invalid_key', 'unknown, used or expired link ticket'));
+        guarded.release();
         this.linkWss.handleUpgrade(req, socket, head, (ws) => this.acceptLink(ws, socket));
       },
       (err: unknown) => {
@@ -376,6 +409,7 @@ export class Gateway {
       ws,
       socket,
       state: 'hello',
+      helloSeen: false,
       status: 'starting',
       capabilities: null,
       availableSlots: 0,
@@ -467,7 +501,8 @@ export class Gateway {
 
   private async dispatch(conn: Conn, msg: RunnerMessage, trace: Context): Promise<void> {
     if (msg.type === 'hello') {
-      if (conn.state !== 'hello') return this.closeConn(conn, CLOSE.PROTOCOL_VIOLATION, 'hello sent twice');
+      if (conn.state !== 'hello' || conn.helloSeen) return this.closeConn(conn, CLOSE.PROTOCOL_VIOLATION, 'hello sent twice');
+      conn.helloSeen = true;
       return this.onHello(conn, msg);
     }
     if (conn.state !== 'live') return this.closeConn(conn, CLOSE.PROTOCOL_VIOLATION, `'${msg.type}' before hello`);
@@ -532,7 +567,10 @@ export class Gateway {
     conn.capabilities = p.capabilities;
     conn.availableSlots = p.capabilities.available_slots;
     conn.status = p.status;
-    const { generation, doc: poolDoc } = await this.presence.nextGenerationWithDoc(id.workspaceId, id.runnerId, poolDocKey(id.workspaceId, id.runnerPoolId));
+    const [{ generation, doc: poolDoc }, resumed] = await Promise.all([
+      this.presence.nextGenerationWithDoc(id.workspaceId, id.runnerId, poolDocKey(id.workspaceId, id.runnerPoolId)),
+      this.resumable(id, p.held_leases),
+    ]);
     conn.generationValue = generation;
     if (conn.state === 'closed') return;
     // One live socket per runner: an older one (here or on another node) is closed.
@@ -560,8 +598,7 @@ export class Gateway {
         presence_ttl_ms: this.options.presenceTtlMs,
         max_frame_bytes: this.options.maxFrameBytes,
         server_time: new Date().toISOString(),
-        // Lease authority lives with the scheduler; until it claims them, held leases are echoed back.
-        resumed_leases: p.held_leases,
+        resumed_leases: resumed,
         ...(drain ? { drain } : {}),
       },
       msg.id,
@@ -569,6 +606,21 @@ export class Gateway {
     this.log.info({ runner: id.runnerId, generation: conn.generationValue, version }, 'runner connected');
     for (const listener of this.connectedListeners) {
       listener(conn, p.held_leases).catch((err: unknown) => this.log.warn({ err: err instanceof Error ? err.message : String(err), runner: id.runnerId }, 'runner connect listener failed'));
+    }
+  }
+
+  /**
+   * The held leases the lease owner still recognises as this runner's. Lease authority is the
+   * lease owner's: a lease it cannot judge now (Redis failing) is resumed, and the lease's next
+   * frame finds out.
+   */
+  private async resumable(id: RunnerIdentity, held: readonly LeaseRef[]): Promise<LeaseRef[]> {
+    if (held.length === 0 || !this.resumedLeases) return [...held];
+    try {
+      return await this.resumedLeases(id, held);
+    } catch (err) {
+      this.log.warn({ err: err instanceof Error ? err.message : String(err), runner: id.runnerId }, 'cannot check the leases a runner resumes; all are resumed');
+      return [...held];
     }
   }
 

@@ -34,6 +34,7 @@ function harness(over: { keeper?: Partial<LeaseKeeper>; lifecycle?: Partial<RunL
   const gw = {
     on: (type: RunnerToGatewayType, handler: FrameHandler) => void handlers.set(type, handler),
     onConnected: () => undefined,
+    onResume: () => undefined,
     onDisconnected: (listener: (conn: RunnerConnection) => void) => void disconnected.push(listener),
     sendToChannel: async (channel: string, message: string) => void replies.push({ channel, answer: JSON.parse(message) }),
   } as unknown as Gateway;

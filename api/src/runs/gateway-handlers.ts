@@ -34,6 +34,43 @@ export interface RunHandlerDeps {
 const FIRST_EVENTS_KEPT = 10_000;
 const FIRST_EVENT_KEPT_MS = 10 * 60_000;
 
+/** The kinds of wait a runner reports in a turn's end (`lease.complete` `result.waits`). */
+const RUNNER_WAIT_KINDS: ReadonlySet<string> = new Set(['custom_tool', 'confirmation', 'question']);
+/** The largest stop reason a runner may report, serialized (it is written into the Session log). */
+const STOP_REASON_MAX_BYTES = 8 * 1024;
+
+const isRecord = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
+const isId = (v: unknown): v is string => typeof v === 'string' && v.length >= 1 && v.length <= 128;
+
+/**
+ * What is wrong with the parts of a turn's end the control plane records as the runner sent
+ * them (the stop reason goes into `session.status_idle`, the waits onto the thread), or null.
+ * The frame's schema leaves the result open (executors add fields of their own), so these parts
+ * are checked here, before anything of the end is written.
+ */
+function resultProblem(result: Record<string, unknown>): string | null {
+  const stop = result.stop_reason;
+  if (stop !== undefined) {
+    if (!isRecord(stop) || typeof stop.type !== 'string' || stop.type.length < 1 || stop.type.length > 64) {
+      return 'result.stop_reason must be an object with a type (1 to 64 characters)';
+    }
+    if (Buffer.byteLength(JSON.stringify(stop)) > STOP_REASON_MAX_BYTES) return `result.stop_reason is larger than ${STOP_REASON_MAX_BYTES} bytes`;
+    if (stop.tool_use_ids !== undefined && (!Array.isArray(stop.tool_use_ids) || stop.tool_use_ids.length > 1024 || !stop.tool_use_ids.every(isId))) {
+      return 'result.stop_reason.tool_use_ids must list the waiting tool use ids';
+    }
+  }
+  const waits = result.waits;
+  if (waits !== undefined) {
+    if (!Array.isArray(waits) || waits.length > 1024) return 'result.waits must be an array of at most 1024 waits';
+    for (const w of waits as unknown[]) {
+      if (!isRecord(w) || !isId(w.tool_use_id) || typeof w.kind !== 'string' || !RUNNER_WAIT_KINDS.has(w.kind) || Object.keys(w).length !== 2) {
+        return `result.waits: each wait is {tool_use_id, kind} with kind one of ${[...RUNNER_WAIT_KINDS].join(', ')}`;
+      }
+    }
+  }
+  return null;
+}
+
 const leaseOf = (rec: LeaseRecord): Lease => ({
   lease_id: rec.lease_id, run_id: rec.run_id, session_id: rec.session_id, pool_id: rec.pool_id, attempt: rec.attempt, runner_id: rec.runner_id,
 });
@@ -170,6 +207,24 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     }
   });
 
+  // The leases a reconnecting runner names are resumed only while they are still its own: the
+  // record names this runner, attempt and Workspace, and the lease was not lost meanwhile. One
+  // that cannot be judged now (a read failed) is resumed: its next frame is fenced anyway.
+  gw.onResume(async (identity, held) => {
+    const judged = await Promise.all(held.map(async (ref) => {
+      try {
+        await accepting.get(ref.lease_id);
+        const rec = known.get(ref.lease_id) ?? await d.records.get(ref.lease_id);
+        if (!rec || rec.attempt !== ref.attempt || rec.runner_id !== identity.runnerId || rec.workspace_id !== identity.workspaceId) return null;
+        return (await d.keeper.resumable(leaseOf(rec))) ? ref : null;
+      } catch (err) {
+        d.logger.warn({ err: err instanceof Error ? err.message : String(err), lease: ref.lease_id }, 'cannot tell whether a held lease is still the runner\'s; resumed');
+        return ref;
+      }
+    }));
+    return judged.filter((ref): ref is LeaseRef => ref !== null);
+  });
+
   gw.on('lease.reject', async (conn, msg) => {
     const rec = await recordFor(conn, msg.payload);
     if (rec) await reply(rec, { lease_id: rec.lease_id, outcome: 'rejected', reason: msg.payload.reason });
@@ -209,9 +264,15 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
   gw.on('lease.complete', async (conn, msg, trace) => {
     const rec = await recordFor(conn, msg.payload);
     if (!rec) return void revoke(conn, msg.payload, 'unknown lease');
+    // A result the turn's end cannot record as sent is refused before anything is written (sent
+    // again, it would be refused again): the lease stays as it is, and is lost if the runner
+    // gives it up.
+    const result = msg.payload.result ?? {};
+    const problem = resultProblem(result);
+    if (problem) return void conn.send('error', { code: 'invalid_result', message: problem, retryable: false }, msg.id);
     // The job carries the end as recorded here, so the scheduler's replay of a completed job
     // (after a crash below) ends the turn the same way.
-    const end = await turnEnd(rec, (msg.payload.result ?? {}) as Partial<TurnResult>);
+    const end = await turnEnd(rec, result as Partial<TurnResult>);
     if ((await d.keeper.complete(leaseOf(rec), end)) === 'lost') return void revoke(conn, msg.payload, 'the lease was lost before completion');
     // The job is completed, and neither the Run nor the thread records it yet: the scheduler's
     // reconciliation of completed jobs ends the turn if this process dies here.
@@ -232,6 +293,10 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
   gw.on('lease.fail', async (conn, msg, trace) => {
     const rec = await recordFor(conn, msg.payload);
     if (!rec) return void revoke(conn, msg.payload, 'unknown lease');
+    // Only the attempt that holds the lease ends it: an offer never accepted (its job's lock is
+    // still the offering scheduler's, under the same token) or a lease lost since is not failed
+    // here (an offer is declined with lease.reject).
+    if (!(await d.keeper.holds(leaseOf(rec)))) return void revoke(conn, msg.payload, 'the lease is not held: never accepted, or lost');
     const cls = msg.payload.failure_class === 'work' ? 'agent' : 'infrastructure';
     const verdict = await d.keeper.fail(leaseOf(rec), { class: cls, code: cls === 'agent' ? 'work_failed' : 'runner_failure', message: msg.payload.reason });
     firstEventSeen.delete(rec.lease_id);

@@ -99,6 +99,17 @@ export class LeaseKeeper {
   }
 
   /**
+   * Whether a runner that comes back naming this lease in its hello may go on with it: its fence
+   * is live, or this very attempt completed the Run's job already (the answer to its completion
+   * was lost; the completion sent again is answered `ok`). A lease lost meanwhile (it expired,
+   * or a newer attempt claimed the Run) is not.
+   */
+  async resumable(lease: Lease): Promise<boolean> {
+    if (await this.fence.holds(lease.session_id, lease.lease_id)) return true;
+    return this.completedBy(lease);
+  }
+
+  /**
    * Renew the lease. 'lost' means the runner must stop the Run at once; 'canceled' that the
    * lease was renewed but the Run carries a cancel mark (an interrupt): the runner is to stop it
    * and report the attempt's end, as on `lease.cancel`.
