@@ -144,4 +144,32 @@ describe('the runner edge', () => {
     const runner = await connect(await pairedRunnerSecret(p, principal, 'after-reset'));
     expect(runner.frames.some((f) => f.type === 'welcome')).toBe(true);
   }, 60_000);
+
+  it('a refused upgrade whose peer never closes its side is let go all the same', async () => {
+    const closedBy = await new Promise<{ refusal: string; ended: boolean }>((resolve, reject) => {
+      let refusal = '';
+      let ended = false;
+      // allowHalfOpen: this client reads the refusal and its end, and never ends its own side.
+      const c = net.connect({ port: p.port, host: '127.0.0.1', allowHalfOpen: true }, () => {
+        c.write('GET /v1/runners/connect HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\nAuthorization: Bearer ap_runner_unknown_credential\r\n\r\n');
+      });
+      c.on('data', (d) => void (refusal += d.toString()));
+      // Once the refusal has ended, the client keeps its side open and probes it: the server's
+      // socket, once let go, answers a probe with a reset.
+      let probe: NodeJS.Timeout | undefined;
+      c.on('end', () => {
+        ended = true;
+        probe = setInterval(() => c.write('.'), 250);
+      });
+      c.on('close', () => {
+        clearInterval(probe);
+        resolve({ refusal, ended });
+      });
+      c.on('error', (err) => {
+        if ((err as NodeJS.ErrnoException).code !== 'ECONNRESET' && (err as NodeJS.ErrnoException).code !== 'EPIPE') reject(err);
+      });
+    });
+    expect(closedBy.refusal).toMatch(/^HTTP\/1\.1 401 /);
+    expect(closedBy.ended).toBe(true);
+  }, 30_000);
 });

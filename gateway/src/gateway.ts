@@ -163,6 +163,9 @@ function guardUpgradeSocket(socket: Duplex): { release(): void } {
   return { release: () => void socket.removeListener('error', onError) };
 }
 
+/** How long a refused upgrade's socket is kept for its peer to read the refusal and close. */
+const REFUSED_SOCKET_MS = 5_000;
+
 const truncate = (s: string): string => (Buffer.byteLength(s) <= 120 ? s : `${Buffer.from(s).subarray(0, 117).toString('utf8')}...`);
 
 export class Gateway {
@@ -394,6 +397,8 @@ export class Gateway {
     const body = JSON.stringify({ error: { type: err.type, message: err.message } });
     const text = STATUS_CODES[status] ?? 'Error';
     socket.end(`HTTP/1.1 ${status} ${text}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`);
+    // A peer that never closes its side does not keep the socket.
+    setTimeout(() => socket.destroy(), REFUSED_SOCKET_MS).unref();
   }
 
   private nextId(): string {

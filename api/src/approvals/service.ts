@@ -231,16 +231,24 @@ export class ApprovalService {
       throw new ApiError('runtime.invalid_transition', `action approval ${id} expired at ${current.expires_at}; it can no longer be resolved`);
     }
     let settled: ActionApproval | null = null;
+    let lapsed = false;
     const next = await this.d.docs.update<ActionApproval>(tags.workspace(ws), id, (a) => {
       if (a.status !== 'pending') {
         settled = a;
         throw new ApiError('runtime.invalid_transition', `action approval ${id} is already ${a.status}; it can be resolved once`);
+      }
+      // Checked again in the compare-and-swap: a request slow to get here does not resolve an
+      // approval past its expiry.
+      if (Date.parse(a.expires_at) <= Date.now()) {
+        lapsed = true;
+        throw new ApiError('runtime.invalid_transition', `action approval ${id} expired at ${a.expires_at}; it can no longer be resolved`);
       }
       return { ...a, status: verdict === 'approve' ? 'approved' : 'denied', resolved_at: nowIso(), resolved_by: actor, reason: opts.reason ?? null };
     }, { expectedVersion: opts.expectedVersion, notFound: 'action approval', current }).catch(async (err: unknown) => {
       // Resolved already, perhaps by a request whose process died before it settled: settling is
       // idempotent, so the refused retry finishes that work (the wait answered, the turn on) first.
       if (settled !== null) await this.settle(settled, opts.trace);
+      if (lapsed) await this.expire(ws, id);
       throw err;
     });
     crashPoint('approval-resolved');

@@ -171,4 +171,24 @@ describe('the run handlers', () => {
     await Promise.race([served, new Promise((r) => setTimeout(r, 200))]);
     expect(signals.every((s) => s.aborted)).toBe(true);
   });
+
+  it('a model request whose Session cannot be read (its budget unknown) is not served: a retryable error, no provider request', async () => {
+    let started = 0;
+    const h = harness({
+      keeper: { holds: async () => true },
+      store: { get: async () => { throw new Error('redis went away'); } },
+      models: {
+        gateway: {
+          async *runModelStep() {
+            started++;
+            yield { type: 'end', stop_reason: 'end_turn' };
+          },
+        } as unknown as ModelsModule['gateway'],
+      },
+    });
+    await h.frame('model.request', 'm1', { lease_id: REC.lease_id, attempt: 1, stream_id: 'stream-1', request: {} });
+    expect(started).toBe(0);
+    expect(h.sent).toEqual([{ type: 'model.end', payload: { stream_id: 'stream-1', event: { type: 'error', error: expect.objectContaining({ type: 'runtime.internal', retryable: true }) } }, re: undefined }]);
+  });
 });
+

@@ -383,9 +383,13 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     const wasKnown = known.has(rec.lease_id);
     const [live, session] = await Promise.all([
       d.keeper.holds(leaseOf(rec)).catch(() => false),
-      d.store.get(rec.workspace_id, rec.session_id).catch(() => null),
+      d.store.get(rec.workspace_id, rec.session_id).catch(() => undefined),
     ]);
     if (!live || (wasKnown && !known.has(rec.lease_id))) return void deny();
+    // The Session's budget bounds the step: unread, the step is not served without it (retried).
+    if (session === undefined) {
+      return void conn.send('model.end', { stream_id: p.stream_id, event: { type: 'error', error: { type: 'runtime.internal', message: 'the Session could not be read to check its budget; retry the step', retryable: true } } });
+    }
     // The socket went while the lease was read: no one is left to stream to.
     if (gone.has(conn)) return;
     const streams = streamsOf(conn);
