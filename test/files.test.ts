@@ -1,5 +1,5 @@
 import { createHash, randomBytes } from 'node:crypto';
-import { existsSync, mkdtempSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { request as httpRequest } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -389,13 +389,15 @@ describe('Files API', () => {
 describe('a crash between making an upload\'s bytes permanent and creating its head', () => {
   let q: Platform | undefined;
   let qRedis: Redis | undefined;
+  let markers: string | undefined;
   afterAll(async () => {
     qRedis?.disconnect();
     await q?.stop();
+    if (markers) rmSync(markers, { recursive: true, force: true });
   });
 
   it('leaves no File, and the orphaned bytes are reclaimed by a later commit once their grace has passed', async () => {
-    const markers = mkdtempSync(join(tmpdir(), 'files-crash-'));
+    markers = mkdtempSync(join(tmpdir(), 'files-crash-'));
     q = await startPlatform({ env: { LOG_LEVEL: 'warn', AGENTPLANE_CRASH_AT: `file-content-sealed:${join(markers, 'sealed')}` } });
     qRedis = new Redis(q.redisUrl());
     const r = qRedis;

@@ -1,4 +1,4 @@
-import { existsSync, mkdtempSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -180,13 +180,15 @@ describe('a Project mounted in a Session', () => {
 describe('a crash after a new Project\'s contents and revision 1 are written, before its head', () => {
   let q: Platform | undefined;
   let qRedis: Redis | undefined;
+  let markers: string | undefined;
   afterAll(async () => {
     qRedis?.disconnect();
     await q?.stop();
+    if (markers) rmSync(markers, { recursive: true, force: true });
   });
 
   it('leaves no Project, and what was written is reclaimed by a later creation once its grace has passed', async () => {
-    const markers = mkdtempSync(join(tmpdir(), 'projects-crash-'));
+    markers = mkdtempSync(join(tmpdir(), 'projects-crash-'));
     q = await startPlatform({ env: { LOG_LEVEL: 'warn', AGENTPLANE_CRASH_AT: `project-revision-committed:${join(markers, 'committed')}` } });
     qRedis = new Redis(q.redisUrl());
     const r = qRedis;
