@@ -1,4 +1,4 @@
-import { BUCKETS, Counter, crashPoint, Histogram, type Logger, type Metrics } from '@agentplane/core';
+import { ApiError, BUCKETS, Counter, crashPoint, Histogram, type Logger, type Metrics } from '@agentplane/core';
 import type { Gateway, RunnerConnection } from '@agentplane/gateway';
 import { leaseRecordTtlMs, type Lease, type LeaseConfig, type LeaseKeeper, type LeaseRecord, type LeaseRecords, type OfferReply } from '@agentplane/lease';
 import type { LeaseRef } from '@agentplane/protocol';
@@ -383,10 +383,11 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     const wasKnown = known.has(rec.lease_id);
     const [live, session] = await Promise.all([
       d.keeper.holds(leaseOf(rec)).catch(() => false),
-      d.store.get(rec.workspace_id, rec.session_id).catch(() => undefined),
+      // No such Session: no Session budget (the Workspace's still holds). Unread (Redis failing):
+      // undefined, and the step is not served without the budget it may have (retried).
+      d.store.get(rec.workspace_id, rec.session_id).catch((err: unknown) => (err instanceof ApiError && err.type === 'validation.not_found' ? null : undefined)),
     ]);
     if (!live || (wasKnown && !known.has(rec.lease_id))) return void deny();
-    // The Session's budget bounds the step: unread, the step is not served without it (retried).
     if (session === undefined) {
       return void conn.send('model.end', { stream_id: p.stream_id, event: { type: 'error', error: { type: 'runtime.internal', message: 'the Session could not be read to check its budget; retry the step', retryable: true } } });
     }
