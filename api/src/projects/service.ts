@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { ApiError, crashPoint, newId, nowIso } from '@agentplane/core';
-import { keys, LuaScript, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
+import { InFlightWrites, keys, LuaScript, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
 import { checkWellFormed } from '../memory/model.js';
 import { checkProjectPath, decodeContent, PROJECT_LIMITS, type ManifestEntry, type ProjectDoc, type ProjectRevision } from './model.js';
 
@@ -12,8 +12,6 @@ const INDEX = 'projects';
  */
 const CREATIONS = keys.global('project_creations');
 const CREATION_GRACE_MS = 10 * 60_000;
-/** Dead creations reclaimed by one sweep (each sweep runs after a creation). */
-const SWEEP_BATCH = 32;
 
 /**
  * Appends revision `ARGV[1]` only if the project still exists (its `alive` marker: -1 otherwise)
@@ -97,10 +95,14 @@ function checkBudget(entries: readonly ManifestEntry[], field: string): number {
  * revision that holds the same bytes; their digests in `:blobs`).
  */
 export class ProjectService {
+  private readonly creations: InFlightWrites;
+
   constructor(
     private readonly redis: Redis,
     private readonly docs: DocumentStore,
-  ) {}
+  ) {
+    this.creations = new InFlightWrites(redis, CREATIONS, CREATION_GRACE_MS);
+  }
 
   async create(workspaceId: string, name: string, files: readonly TreeFileInput[]): Promise<{ project: ProjectDoc; revision: ProjectRevision }> {
     checkWellFormed(name, 'body.name');
@@ -108,22 +110,21 @@ export class ProjectService {
     const now = nowIso();
     const project: ProjectDoc = { id: newId('project'), type: 'project', workspace_id: workspaceId, name, version: 1, created_at: now, updated_at: now };
     const k = projectKeys(project.id);
-    const entry = `${workspaceId} ${project.id}`;
     // On record before anything of the project is written: a crash before its head exists leaves
     // the entry, and a later sweep drops what was written.
-    await this.redis.zadd(CREATIONS, Date.now() + CREATION_GRACE_MS, entry);
+    await this.creations.begin(workspaceId, project.id);
     await this.redis.set(k.alive, '1');
     try {
       const revision = await this.commit(workspaceId, project.id, 1, staged, 'create', null);
       crashPoint('project-revision-committed');
       await this.docs.create(tags.workspace(workspaceId), project, [INDEX]);
-      await this.redis.zrem(CREATIONS, entry);
+      await this.creations.end(workspaceId, project.id);
       await this.sweep().catch(() => undefined);
       return { project, revision };
     } catch (err) {
       // Nobody knows the id yet: what was written of it goes.
       await this.clear(project.id);
-      await this.redis.zrem(CREATIONS, entry);
+      await this.creations.end(workspaceId, project.id);
       throw err;
     }
   }
@@ -133,19 +134,8 @@ export class ProjectService {
    * revision but before the head): past their grace, a project whose head does not exist loses
    * every key. A head that exists keeps them; either way the entry goes.
    */
-  async sweep(now = Date.now()): Promise<number> {
-    const dead = await this.redis.zrangebyscore(CREATIONS, '-inf', String(now), 'LIMIT', 0, SWEEP_BATCH);
-    let dropped = 0;
-    for (const entry of dead) {
-      const [workspaceId = '', projectId = ''] = entry.split(' ');
-      const head = workspaceId && projectId ? await this.docs.get<ProjectDoc>(tags.workspace(workspaceId), projectId) : null;
-      if (!head && projectId) {
-        await this.clear(projectId);
-        dropped += 1;
-      }
-      await this.redis.zrem(CREATIONS, entry);
-    }
-    return dropped;
+  sweep(now = Date.now()): Promise<number> {
+    return this.creations.sweep(async (ws, id) => (await this.docs.get<ProjectDoc>(tags.workspace(ws), id)) !== null, (id) => this.clear(id), now);
   }
 
   async get(workspaceId: string, projectId: string): Promise<ProjectDoc> {

@@ -10,4 +10,5 @@ export * from './subscriber.js';
 export * from './cache.js';
 export * from './read-cache.js';
 export * from './joiner.js';
+export * from './in-flight.js';
 export { corkForTurn, flushTickWrites, type Corkable } from './tick-writes.js';

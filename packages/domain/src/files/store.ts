@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { ApiError, crashPoint } from '@agentplane/core';
-import { keys, LuaScript, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
+import { InFlightWrites, keys, LuaScript, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
 import type { FileDoc } from './model.js';
 
 /** Content is stored in chunks of this size, one hash field per chunk. */
@@ -17,8 +17,6 @@ const WRITE_TIMEOUT_MS = 30_000;
  */
 const COMMITS = keys.global('file_commits');
 export const COMMIT_GRACE_MS = 10 * 60_000;
-/** Dead commits reclaimed by one sweep (each sweep runs after a commit). */
-const SWEEP_BATCH = 32;
 
 /**
  * One chunk in, TTL refreshed: one command, so a write caught by a dropped connection is simply
@@ -71,10 +69,14 @@ export class StorageError extends Error {
  * staged bytes, which expire.
  */
 export class FileStore {
+  private readonly commits: InFlightWrites;
+
   constructor(
     private readonly redis: Redis,
     private readonly docs: DocumentStore,
-  ) {}
+  ) {
+    this.commits = new InFlightWrites(redis, COMMITS, COMMIT_GRACE_MS);
+  }
 
   private contentKey(fileId: string): string {
     return keys.scoped(tags.file(fileId), 'content');
@@ -128,12 +130,11 @@ export class FileStore {
    */
   async commit(file: FileDoc): Promise<FileDoc> {
     const key = this.contentKey(file.id);
-    const entry = `${file.workspace_id} ${file.id}`;
     let chunks: number;
     try {
       // Recorded before the bytes lose their TTL: a crash before the head exists leaves the entry,
       // and a later sweep drops the bytes no head names.
-      await bounded(this.redis.zadd(COMMITS, Date.now() + COMMIT_GRACE_MS, entry));
+      await bounded(this.commits.begin(file.workspace_id, file.id));
       chunks = Number(await bounded(SEAL.run(this.redis, [key], [])));
     } catch (err) {
       throw new StorageError(err);
@@ -141,12 +142,12 @@ export class FileStore {
     const expected = Math.ceil(file.size_bytes / CHUNK_BYTES);
     if (chunks !== expected) {
       await this.discard(file.id).catch(() => undefined);
-      await this.redis.zrem(COMMITS, entry).catch(() => undefined);
+      await this.commits.end(file.workspace_id, file.id).catch(() => undefined);
       throw new StorageError(`${chunks} of ${expected} chunks were stored`);
     }
     crashPoint('file-content-sealed');
     await this.docs.create(tags.workspace(file.workspace_id), file, [INDEX]);
-    await this.redis.zrem(COMMITS, entry);
+    await this.commits.end(file.workspace_id, file.id);
     await this.sweep().catch(() => undefined);
     return file;
   }
@@ -156,19 +157,8 @@ export class FileStore {
    * bytes permanent and creating the head): past their grace, bytes whose head does not exist
    * are dropped. A head that exists keeps its bytes; either way the entry goes.
    */
-  async sweep(now = Date.now()): Promise<number> {
-    const dead = await this.redis.zrangebyscore(COMMITS, '-inf', String(now), 'LIMIT', 0, SWEEP_BATCH);
-    let dropped = 0;
-    for (const entry of dead) {
-      const [workspaceId = '', fileId = ''] = entry.split(' ');
-      const head = workspaceId && fileId ? await this.docs.get<FileDoc>(tags.workspace(workspaceId), fileId) : null;
-      if (!head && fileId) {
-        await this.discard(fileId);
-        dropped += 1;
-      }
-      await this.redis.zrem(COMMITS, entry);
-    }
-    return dropped;
+  sweep(now = Date.now()): Promise<number> {
+    return this.commits.sweep(async (ws, id) => (await this.docs.get<FileDoc>(tags.workspace(ws), id)) !== null, (id) => this.discard(id), now);
   }
 
   /** Drops staged (or orphaned) content. */

@@ -1,0 +1,44 @@
+import type { Redis } from 'ioredis';
+
+/**
+ * Writes in flight that leave data behind if their process dies before they finish (a File's
+ * bytes made permanent before its head exists, a Project's contents before its head): a sorted
+ * set of `<workspace_id> <id>` scored by a deadline far past the write's own duration. `begin`
+ * records an entry before the point of no return, `end` removes it once the head exists, and
+ * `sweep` (run after each finished write) hands the entries past their deadline whose head never
+ * came to `reclaim`; either way their entries go.
+ */
+export class InFlightWrites {
+  constructor(
+    private readonly redis: Redis,
+    private readonly key: string,
+    private readonly graceMs: number,
+    private readonly batch = 32,
+  ) {}
+
+  begin(workspaceId: string, id: string): Promise<unknown> {
+    return this.redis.zadd(this.key, Date.now() + this.graceMs, `${workspaceId} ${id}`);
+  }
+
+  end(workspaceId: string, id: string): Promise<unknown> {
+    return this.redis.zrem(this.key, `${workspaceId} ${id}`);
+  }
+
+  /**
+   * Entries past their deadline: those `finished` says have no head are `reclaim`ed. Returns how
+   * many were reclaimed.
+   */
+  async sweep(finished: (workspaceId: string, id: string) => Promise<boolean>, reclaim: (id: string) => Promise<void>, now = Date.now()): Promise<number> {
+    const dead = await this.redis.zrangebyscore(this.key, '-inf', String(now), 'LIMIT', 0, this.batch);
+    let reclaimed = 0;
+    for (const entry of dead) {
+      const [workspaceId = '', id = ''] = entry.split(' ');
+      if (id && !(workspaceId && (await finished(workspaceId, id)))) {
+        await reclaim(id);
+        reclaimed += 1;
+      }
+      await this.redis.zrem(this.key, entry);
+    }
+    return reclaimed;
+  }
+}
