@@ -3,7 +3,7 @@ import { createHash } from 'node:crypto';
 import { Redis } from 'ioredis';
 import { HttpClient, streamEvents, type SseFrame } from '@agentplane/client';
 import { EnqueueOutbox, SessionStore, ThreadRuntime, recordOnlyTurnScheduler, sessionTag, type RunDoc, type SessionDoc, type WaitKind } from '@agentplane/domain';
-import { startPlatform, type Platform } from './harness/platform.js';
+import { startPlatform, waitFor, type Platform } from './harness/platform.js';
 import { createCredential, createPrincipal } from './harness/governance.js';
 
 let p: Platform;
@@ -993,12 +993,16 @@ describe('fan-out and shutdown', () => {
     await store.log.append(s2.id, [{ type: 'agent.message', payload: {} }]);
     const got = await Promise.all(its.map((it) => collect(it, 1)));
     expect(got.every((f) => f.length === 1 && f[0]?.id === '1')).toBe(true);
-    const clients = (await redis.client('LIST')) as string;
-    const hubConnections = clients.split('\n').filter((l) => l.includes('name=agentplane:api:events'));
-    expect(hubConnections).toHaveLength(1);
     // The hub's connection holds one pattern subscription (every Session's live channel), which
-    // also feeds the api's event tap: no other api connection subscribes to a pattern.
-    expect(hubConnections[0]).toMatch(/ sub=0 psub=1 /);
+    // also feeds the api's event tap: no other api connection subscribes to a pattern. Its plain
+    // channels are previews (`event_deltas`) of earlier tests' viewers, left in a batch shortly
+    // after those viewers went: waited for, none is this test's.
+    const clients = await waitFor('the hub to hold its pattern subscription alone', async () => {
+      const list = (await redis.client('LIST')) as string;
+      const hub = list.split('\n').filter((l) => l.includes('name=agentplane:api:events'));
+      expect(hub).toHaveLength(1);
+      return / sub=0 psub=1 /.test(hub[0] ?? '') ? list : undefined;
+    }, 10_000);
     expect(clients.split('\n').filter((l) => / psub=[1-9]/.test(l) && l.includes('name=agentplane:api'))).toHaveLength(1);
     const numsub = (await redis.pubsub('NUMSUB', `ap:{s:${s1.id}}:live`, `ap:{s:${s2.id}}:live`)) as (string | number)[];
     expect(numsub.map(String)).toEqual([`ap:{s:${s1.id}}:live`, '0', `ap:{s:${s2.id}}:live`, '0']);
@@ -1050,6 +1054,21 @@ describe('fan-out and shutdown', () => {
       let cut = false;
       while (!cut && Date.now() < cutAt) cut = (await viewer?.read())?.done ?? true;
       expect(cut).toBe(true);
+      // So does a key's stream once its role no longer admits the read (a new request is refused too).
+      const reRoled = await q.root.post<{ id: string; secret: string }>(`/v1/organizations/${q.bootstrap.organization_id}/api-keys`, {
+        display_name: 're-roled', role: 'viewer', scope: { type: 'workspace', workspace_id: q.bootstrap.workspace_id },
+      }, { idempotencyKey: 'sse-re-roled' });
+      const reRoledHeaders = { ...q.root.headers(), authorization: `Bearer ${reRoled.secret}` };
+      const before = await fetch(q.root.url(`/v1/sessions/${s.id}/events/stream`), { headers: reRoledHeaders });
+      expect(before.status).toBe(200);
+      const reader2 = before.body?.getReader();
+      expect((await reader2?.read())?.done).toBe(false);
+      expect((await q.root.request('PATCH', `/v1/api-keys/${reRoled.id}`, { body: { role: 'runner' } })).status).toBe(200);
+      expect((await fetch(q.root.url(`/v1/sessions/${s.id}`), { headers: reRoledHeaders })).status).toBe(403);
+      const droppedAt = Date.now() + 10_000;
+      let dropped = false;
+      while (!dropped && Date.now() < droppedAt) dropped = (await reader2?.read())?.done ?? true;
+      expect(dropped).toBe(true);
       // Several streams at once: every one of them ends.
       const streams = await Promise.all([1, 2, 3].map(() => open(`/v1/sessions/${s.id}/events/stream`, {}, q.root)));
       const firsts = streams.map((st) => st.next());

@@ -185,11 +185,13 @@ export class DockerDriver implements SandboxDriver {
   private async canary(runtime: string | undefined): Promise<void> {
     const image = await this.resolveImage({});
     const opts = this.containerOptions(`agentplane-canary-${randomBytes(6).toString('hex')}`, image, {}, undefined, runtime);
+    const labels = canaryLabels(this.runnerId, this.extraLabels);
     const container = await this.docker.createContainer({
-      ...opts, Labels: canaryLabels(this.runnerId, this.extraLabels),
+      ...opts, Labels: labels,
       // An anonymous volume, like a Session's workspace volume (seeded from the image, owned by the
-      // sandbox user), that goes with the container.
-      HostConfig: { ...opts.HostConfig, AutoRemove: false, Mounts: [{ Type: 'volume', Source: '', Target: SANDBOX_DEFAULTS.workspace }] },
+      // sandbox user), that goes with the container; labelled as the container is, so one left by
+      // a runner killed mid-canary is found (and reaped) as its own.
+      HostConfig: { ...opts.HostConfig, AutoRemove: false, Mounts: [{ Type: 'volume', Source: '', Target: SANDBOX_DEFAULTS.workspace, VolumeOptions: { Labels: labels } as Docker.MountSettings['VolumeOptions'] }] }, // (the engine's defaults for the other volume options)
     });
     try {
       await withTimeout(container.start(), this.startTimeoutMs, () => new Error('canary start timed out'));

@@ -5,7 +5,7 @@ import { CANARY_STEPS, DockerDriver } from './docker-driver.js';
 import { ensureSandboxImage } from './image.js';
 import { createTar } from './tar.js';
 import { gvisorRuntimeOf } from './tiers.js';
-import { attributionLabels, canaryLabels, SANDBOX_SCOPE_ENV } from '@agentplane/sandbox';
+import { attributionLabels, canaryLabels, SANDBOX_LABELS, SANDBOX_SCOPE_ENV } from '@agentplane/sandbox';
 
 /**
  * A tier is claimed only once its canary ran what a Run needs: coreutils that a runtime may break
@@ -75,11 +75,23 @@ describe('the tier canary', () => {
 
   it('runs every step as the sandbox user in a writable workspace, and claims the tier', async () => {
     expect(CANARY_STEPS).toEqual(expect.arrayContaining(['ls /', 'stat /']));
-    const volumes = (await docker.listVolumes()).Volumes?.length ?? 0;
-    const driver = new DockerDriver({ runnerId, docker, tiers: ['container'] });
+    // The canary's container options, as the driver asks the engine for them.
+    const created: Docker.ContainerCreateOptions[] = [];
+    const watched = new Proxy(docker, {
+      get(target, key) {
+        if (key === 'createContainer') return (o: Docker.ContainerCreateOptions) => (created.push(o), target.createContainer(o));
+        const v: unknown = Reflect.get(target, key);
+        return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(target) : v;
+      },
+    });
+    const driver = new DockerDriver({ runnerId, docker: watched, tiers: ['container'] });
     expect(await driver.verifyTiers()).toEqual([expect.objectContaining({ tier: 'container', ok: true })]);
     expect(driver.capabilities().tiers).toEqual(['container']);
-    expect((await docker.listVolumes()).Volumes?.length ?? 0).toBe(volumes);
+    expect(created.flatMap((o) => o.HostConfig?.Mounts ?? []).map((m) => m.VolumeOptions?.Labels?.[SANDBOX_LABELS.runner])).toEqual([runnerId]);
+    // Its workspace volume went with it (counted by this runner's canary labels: other tests
+    // make and remove volumes on the same engine meanwhile).
+    const filters = JSON.stringify({ label: ['dev.agentplane.canary=true', `${SANDBOX_LABELS.runner}=${runnerId}`] });
+    expect((await docker.listVolumes({ filters })).Volumes ?? []).toEqual([]);
   }, 60_000);
 
   // This machine's runsc cannot run coreutils' `ls` (too old for its statx flags): gvisor is not claimed.
