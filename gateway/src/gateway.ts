@@ -9,7 +9,7 @@ import {
   parseFrame, type GatewayToRunnerType, type LeaseRef, type Payload, type RunnerMessage, type RunnerPresence,
   type RunnerStatus, type RunnerToGatewayType, type Envelope,
 } from '@agentplane/protocol';
-import { AuthFailure, authenticateRunner, bearerFrom, currentStanding, poolDocKey, poolDrainOf, stillAuthorized, type RunnerIdentity } from './auth.js';
+import { AuthFailure, authenticateRunner, bearerFrom, currentStanding, stillAuthorized, type RunnerIdentity } from './auth.js';
 import { GATEWAY_CONTROL_CHANNEL, gatewayNodeChannel, PresenceStore } from './presence.js';
 import { advertiseLink, GATEWAY_LINK_PATH, takeLinkTicket, type LinkFrame, type NodeLinks } from './link.js';
 
@@ -75,8 +75,22 @@ export interface GatewayOptions {
   maxFramesPerSecond: number;
   /** Re-check the credential and owner every this often (backstop to pub/sub). */
   revalidateMs: number;
+  /** A runner socket with more than this many bytes waiting to be sent is closed 4413 (`RUNNER_SEND_BACKLOG_BYTES`). */
+  maxBacklogBytes: number;
   nodeId: string;
 }
+
+/**
+ * The send bound of one runner socket: frames the gateway has written for the runner that its
+ * socket has not yet handed to the kernel (the WebSocket's `bufferedAmount`; the kernel's own
+ * buffers come on top). A runner that stops reading (hung, or its host overloaded) would otherwise
+ * make the gateway hold every frame sent to it: a model step streams as fast as its provider
+ * answers. Past the bound the connection is closed (4413), never a frame dropped: a lost lease
+ * frame would lose work, while a closed runner reconnects and resumes its leases. Eight frames of
+ * the largest size fit, so the frames of one turn, held until the turn ends (`corkForTurn`), do not
+ * reach it on their own; the Session streams bound a viewer that stops reading the same way.
+ */
+export const RUNNER_SEND_BACKLOG_BYTES = 8 * 1024 * 1024;
 
 export const DEFAULT_GATEWAY_OPTIONS: Omit<GatewayOptions, 'nodeId'> = {
   path: RUNNER_CONNECT_PATH,
@@ -86,6 +100,7 @@ export const DEFAULT_GATEWAY_OPTIONS: Omit<GatewayOptions, 'nodeId'> = {
   maxFrameBytes: RUNNER_DEFAULTS.maxFrameBytes,
   maxFramesPerSecond: 200,
   revalidateMs: 30_000,
+  maxBacklogBytes: RUNNER_SEND_BACKLOG_BYTES,
 };
 
 /** Told when a runner's socket goes live, with the leases its hello names as still held. */
@@ -235,13 +250,17 @@ export class Gateway {
       this.log.warn({ err: err instanceof Error ? err.message : String(err) }, 'gateway could not re-subscribe; the connections are checked at their next revalidation');
       return;
     }
-    const live = [...this.conns.values()].filter((c) => c.state === 'live');
-    this.log.info({ connections: live.length }, 'gateway subscriber replaced: checking live connections against stored state');
-    await Promise.all(live.map(async (conn) => {
+    // Connections still between their upgrade and their welcome too: one whose registration read
+    // the credential before a revocation this subscriber missed would otherwise go live with it.
+    const open = [...this.conns.values()].filter((c) => c.state !== 'closed');
+    this.log.info({ connections: open.length }, 'gateway subscriber replaced: checking open connections against stored state');
+    await Promise.all(open.map(async (conn) => {
       const standing = await currentStanding(this.deps.redis, conn.identity).catch(() => null);
-      if (!standing || conn.state !== 'live') return;
+      if (!standing || conn.state === 'closed') return;
       conn.lastRevalidate = Date.now();
-      if (standing.verdict !== 'ok') return this.closeConn(conn, standing.verdict === 401 ? CLOSE.UNAUTHORIZED : CLOSE.FORBIDDEN);
+      if (standing.verdict !== 'ok') return this.refuse(conn, standing.verdict);
+      // A connection not yet live gets the drain in force in its welcome.
+      if (conn.state !== 'live') return;
       if (standing.drain) conn.send('drain', standing.drain);
       else if (conn.status === 'draining') conn.send('resume', { reason: 'no drain is in force (rechecked after the control plane reconnected)' });
     }));
@@ -443,6 +462,7 @@ export class Gateway {
         corkForTurn(socket);
         ws.send(frame(type, gw.nextId(), payload, re));
         gw.metricFrames.inc({ direction: 'out', type });
+        gw.checkBacklog(conn);
         return true;
       },
       cancelLease(lease, reason, graceMs) {
@@ -492,6 +512,18 @@ export class Gateway {
     announceLeaseEnded(this.deps.redis, workspaceId, p.lease_id, p.reason).catch((err: unknown) => {
       this.log.warn({ err: err instanceof Error ? err.message : String(err), lease: p.lease_id }, 'cannot announce a revoked lease');
     });
+  }
+
+  /**
+   * After a frame was written for a runner: a runner with more than the send bound waiting for it
+   * is closed 4413 (`RUNNER_SEND_BACKLOG_BYTES`). The frame just written stays queued before the
+   * close frame; a runner that reads again gets both, one that does not is cut off with the rest.
+   */
+  private checkBacklog(conn: Conn): void {
+    const waiting = conn.ws.bufferedAmount;
+    if (waiting <= this.options.maxBacklogBytes || conn.state === 'closed') return;
+    this.log.warn({ runner: conn.identity.runnerId, generation: conn.generationValue, waiting_bytes: waiting, bound_bytes: this.options.maxBacklogBytes }, 'runner is not reading its socket; closed');
+    this.closeConn(conn, CLOSE.BACKLOGGED);
   }
 
   private takeToken(conn: Conn): boolean {
@@ -572,12 +604,19 @@ export class Gateway {
     conn.capabilities = p.capabilities;
     conn.availableSlots = p.capabilities.available_slots;
     conn.status = p.status;
-    const [{ generation, doc: poolDoc }, resumed] = await Promise.all([
-      this.presence.nextGenerationWithDoc(id.workspaceId, id.runnerId, poolDocKey(id.workspaceId, id.runnerPoolId)),
+    // The credential and its owner are read again now that this connection is registered (a
+    // revocation announced from here on closes it): one revoked after the upgrade's check, its
+    // announcement sent before the connection was there to hear it, is refused here, not left
+    // to the standing re-check. The same read gives the drain in force (its own, else its pool's).
+    const [generation, standing, resumed] = await Promise.all([
+      this.presence.nextGeneration(id.workspaceId, id.runnerId),
+      currentStanding(this.deps.redis, id),
       this.resumable(id, p.held_leases),
     ]);
     conn.generationValue = generation;
     if (conn.state === 'closed') return;
+    conn.lastRevalidate = Date.now();
+    if (standing.verdict !== 'ok') return this.refuse(conn, standing.verdict);
     // One live socket per runner: an older one (here or on another node) is closed.
     const prior = this.byRunner.get(id.runnerId);
     if (prior && prior !== conn) this.closeConn(prior, CLOSE.SUPERSEDED);
@@ -588,8 +627,7 @@ export class Gateway {
       GATEWAY_CONTROL_CHANNEL,
       JSON.stringify({ kind: 'supersede', workspace_id: id.workspaceId, runner_id: id.runnerId, generation: conn.generationValue, node_id: this.options.nodeId } satisfies GatewayControlMessage),
     );
-    // The credential's drain document carries more than the frame does (requested_at).
-    const drain = id.drain ? { deadline: id.drain.deadline, reason: id.drain.reason } : poolDrainOf(poolDoc);
+    const drain = standing.drain;
     await this.writePresence(conn);
     conn.send(
       'welcome',
@@ -640,7 +678,7 @@ export class Gateway {
     if (now - conn.lastRevalidate >= this.options.revalidateMs) {
       conn.lastRevalidate = now;
       const verdict = await stillAuthorized(this.deps.redis, conn.identity);
-      if (verdict !== 'ok') return this.closeConn(conn, verdict === 401 ? CLOSE.UNAUTHORIZED : CLOSE.FORBIDDEN);
+      if (verdict !== 'ok') return this.refuse(conn, verdict);
     }
     const presence = await this.writePresence(conn);
     conn.send(
@@ -652,6 +690,11 @@ export class Gateway {
       },
       msg.id,
     );
+  }
+
+  /** Close a connection its credential no longer allows: revoked (4401), or its owner or tenancy not active (4403). */
+  private refuse(conn: Conn, verdict: 401 | 403): void {
+    this.closeConn(conn, verdict === 401 ? CLOSE.UNAUTHORIZED : CLOSE.FORBIDDEN);
   }
 
   private closeConn(conn: Conn, code: number, reason?: string): void {
@@ -751,6 +794,7 @@ export class Gateway {
     corkForTurn(c.socket);
     c.ws.send(d.frame);
     this.metricFrames.inc({ direction: 'out', type: 'delivered' });
+    this.checkBacklog(c);
   }
 
   /** A hinted delivery for a runner connected elsewhere: once to the node of its presence. */

@@ -82,14 +82,6 @@ export class PresenceStore {
     return this.redis.incr(presenceKeys.generation(ws, runnerId));
   }
 
-  /** One round trip: the next generation and a document of the same Workspace (e.g. the runner's pool). */
-  async nextGenerationWithDoc(ws: string, runnerId: string, docKey: string): Promise<{ generation: number; doc: string | null }> {
-    const res = await this.redis.pipeline().incr(presenceKeys.generation(ws, runnerId)).get(docKey).exec();
-    const [incr, get] = res ?? [];
-    if (!incr || incr[0] || !get || get[0]) throw (incr?.[0] ?? get?.[0] ?? new Error('pipeline failed'));
-    return { generation: Number(incr[1]), doc: (get[1] as string | null) ?? null };
-  }
-
   /** Write (or refresh) a presence. False when a newer generation owns it. */
   async write(ws: string, stored: StoredPresence, ttlMs: number): Promise<boolean> {
     const p = stored.presence;

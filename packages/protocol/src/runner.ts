@@ -52,6 +52,11 @@ export const CLOSE = Object.freeze({
   HELLO_TIMEOUT: 4408,
   /** A newer connection of the same runner replaced this one. */
   SUPERSEDED: 4409,
+  /**
+   * The runner stopped taking frames off its socket: more than the gateway's send bound waits for
+   * it (docs/PROTOCOL.md, "Timing"). It reconnects and resumes its leases as after any lost socket.
+   */
+  BACKLOGGED: 4413,
   /** A frame out of sequence (e.g. a second hello, work before hello). */
   PROTOCOL_VIOLATION: 4422,
   /** Too many frames per second. */
@@ -74,6 +79,7 @@ export const CLOSE_REASON: Readonly<Record<number, string>> = Object.freeze({
   4406: 'no common protocol version',
   4408: 'hello timeout',
   4409: 'superseded by a newer connection',
+  4413: 'send backlog over the bound: the runner is not reading',
   4422: 'protocol violation',
   4429: 'rate limited',
 });
