@@ -272,6 +272,35 @@ describe('PermissionAssignments', () => {
   });
 });
 
+describe('an update racing a delete at the same expected_version', () => {
+  it('never both succeed: the delete is one compare-and-delete, so it never erases an update it did not see', async () => {
+    const prin = await principal('racer');
+    const ids: string[] = [];
+    for (let i = 0; i < 200; i++) ids.push((await grant(prin, { type: 'agent', id: agentA }, ['read'])).id);
+    // The delete starts a few milliseconds after the update, at random, so that some land inside the other's read-to-write window.
+    const outcomes = await Promise.all(ids.map(async (id) => {
+      const [u, d] = await Promise.all([
+        p.root.request('POST', `/v1/permission-assignments/${id}`, { body: { actions: ['observe', 'read'], expected_version: 1 } }),
+        new Promise((r) => setTimeout(r, Math.random() * 6)).then(() => p.root.request('DELETE', `/v1/permission-assignments/${id}`, { query: { expected_version: 1 } })),
+      ]);
+      const after = await p.root.request<{ version: number; actions: string[] }>('GET', `/v1/permission-assignments/${id}`);
+      return { id, update: u.status, del: d.status, after: after.status === 200 ? `${after.body.version}:${after.body.actions.join(',')}` : String(after.status) };
+    }));
+    // Either the update came first (the delete is 409 and version 2 stands) or the delete did (the update is 404).
+    const wrong = outcomes.filter((o) => !((o.update === 200 && o.del === 409 && o.after === '2:observe,read') || (o.del === 200 && o.update === 404 && o.after === '404')));
+    expect(wrong).toEqual([]);
+    // The Principal's listing holds exactly the assignments that stood.
+    const listed: string[] = [];
+    let page: string | undefined;
+    do {
+      const r = await p.root.get<{ data: { id: string }[]; next_page: string | null }>('/v1/permission-assignments', { principal_id: prin, limit: 100, page });
+      listed.push(...r.data.map((a) => a.id));
+      page = r.next_page ?? undefined;
+    } while (page);
+    expect(listed.sort()).toEqual(outcomes.filter((o) => o.del === 409).map((o) => o.id).sort());
+  }, 120_000);
+});
+
 function s32(prefix: string): string {
   return `${prefix}_${'0'.repeat(32)}`;
 }

@@ -151,3 +151,24 @@ describe('ActionPolicies', () => {
     expect((await p.root.request('POST', `/v1/sessions/${s}/events`, { body: drive(alice) })).status).toBe(201);
   });
 });
+
+describe('an update racing a delete at the same expected_version', () => {
+  it('never both succeed: the delete is one compare-and-delete, so it never erases an update it did not see', async () => {
+    const probe = (effect: string) => ({ effect, tool: { kind: 'builtin', name: 'bash' }, arguments: { command_prefix: 'race-probe' } });
+    const ids: string[] = [];
+    for (let i = 0; i < 200; i++) ids.push((await policy(probe('deny'))).id);
+    // The delete starts a few milliseconds after the update, at random, so that some land inside the other's read-to-write window.
+    const outcomes = await Promise.all(ids.map(async (id) => {
+      const [u, d] = await Promise.all([
+        p.root.request('POST', `/v1/action-policies/${id}`, { body: { ...probe('allow'), expected_version: 1 } }),
+        new Promise((r) => setTimeout(r, Math.random() * 6)).then(() => p.root.request('DELETE', `/v1/action-policies/${id}`, { query: { expected_version: 1 } })),
+      ]);
+      const after = await p.root.request<{ version: number; effect: string }>('GET', `/v1/action-policies/${id}`);
+      return { id, update: u.status, del: d.status, after: after.status === 200 ? `${after.body.version}:${after.body.effect}` : String(after.status) };
+    }));
+    // Either the update came first (the delete is 409 and version 2 stands) or the delete did (the update is 404).
+    const wrong = outcomes.filter((o) => !((o.update === 200 && o.del === 409 && o.after === '2:allow') || (o.del === 200 && o.update === 404 && o.after === '404')));
+    expect(wrong).toEqual([]);
+    for (const o of outcomes.filter((x) => x.del === 409)) expect((await p.root.request('DELETE', `/v1/action-policies/${o.id}`, { query: { expected_version: 2 } })).status).toBe(200);
+  }, 120_000);
+});

@@ -69,12 +69,19 @@ export class PermissionStore {
     }), { expectedVersion, notFound: 'permission assignment' });
   }
 
+  /**
+   * Revokes the assignment, with `expectedVersion` as one compare-and-delete: an update that
+   * lands after the caller's read makes the delete 409 instead of being erased unseen. (Its
+   * Principal, which names one of its indexes, never changes.)
+   */
   async remove(workspaceId: string, id: string, expectedVersion: number | undefined): Promise<void> {
     const a = await this.get(workspaceId, id);
-    if (expectedVersion !== undefined && a.version !== expectedVersion) {
-      throw new ApiError('validation.conflict', `expected_version ${expectedVersion} is stale; the assignment is at version ${a.version}`);
+    const r = await this.docs.removeIfVersion(tags.workspace(workspaceId), id, expectedVersion, [ASSIGNMENTS, byPrincipal(a.principal_id)]);
+    if (r.kind === 'missing') throw new ApiError('validation.not_found', 'permission assignment not found');
+    if (r.kind === 'stale') {
+      const at = (JSON.parse(r.current) as PermissionAssignment).version;
+      throw new ApiError('validation.conflict', `expected_version ${expectedVersion ?? ''} is stale; the assignment is at version ${at}`);
     }
-    await this.docs.remove(tags.workspace(workspaceId), id, [ASSIGNMENTS, byPrincipal(a.principal_id)]);
   }
 
   /** Every live assignment of a Principal (read fresh on each call: a revoke counts from the next request). */

@@ -96,12 +96,18 @@ export class PolicyStore {
     return next;
   }
 
+  /**
+   * Deletes the rule, with `expectedVersion` as one compare-and-delete: an update that lands
+   * after the caller's read makes the delete 409 instead of being erased unseen.
+   */
   async remove(ws: string, id: string, expectedVersion: number | undefined): Promise<void> {
-    const p = await this.get(ws, id);
-    if (expectedVersion !== undefined && p.version !== expectedVersion) {
-      throw new ApiError('validation.conflict', `expected_version ${expectedVersion} is stale; the policy is at version ${p.version}`);
+    await this.get(ws, id);
+    const r = await this.docs.removeIfVersion(tags.workspace(ws), id, expectedVersion, [POLICIES]);
+    if (r.kind === 'missing') throw new ApiError('validation.not_found', 'action policy not found');
+    if (r.kind === 'stale') {
+      const at = (JSON.parse(r.current) as ActionPolicy).version;
+      throw new ApiError('validation.conflict', `expected_version ${expectedVersion ?? ''} is stale; the policy is at version ${at}`);
     }
-    await this.docs.remove(tags.workspace(ws), id, [POLICIES]);
     await this.bump(ws);
   }
 

@@ -2,7 +2,7 @@ import { beforeAll, describe, expect, it } from 'vitest';
 import { useEmbeddedRedis } from '@agentplane/store/testing';
 import { newId } from '@agentplane/core';
 import { DocumentStore, type Redis } from '@agentplane/store';
-import { memoryKeys, MemoryStores } from './store.js';
+import { MARKER_GRACE_MS, memoryKeys, MemoryStores } from './store.js';
 import type { MemoryAuthor } from './model.js';
 
 /**
@@ -77,6 +77,38 @@ describe('deleting a MemoryStore while documents are written', () => {
     expect(r.document.version).toBe(1);
     expect(await redis.exists(memoryKeys(store.id).alive)).toBe(1);
     await stores.removeStore(ws, store.id);
+    expect(await storeKeys(store.id)).toEqual([]);
+  });
+});
+
+describe('creating a MemoryStore', () => {
+  it('sets its marker to expire until the head exists, then makes it permanent', async () => {
+    const ws = newId('workspace');
+    const conn = testRedis.connect(`creating-${newId('event')}`);
+    const persist = conn.persist.bind(conn);
+    let beforeConfirm: number | undefined;
+    (conn as unknown as { persist: (key: string) => Promise<number> }).persist = async (key: string) => {
+      beforeConfirm = await redis.pttl(key);
+      return persist(key);
+    };
+    const store = await new MemoryStores(conn, new DocumentStore(conn)).createStore(ws, { name: 'timed' });
+    expect(beforeConfirm).toBeGreaterThan(0);
+    expect(beforeConfirm).toBeLessThanOrEqual(MARKER_GRACE_MS);
+    expect(await redis.pttl(memoryKeys(store.id).alive)).toBe(-1);
+  });
+
+  it('a store deleted between its head and the confirmation of its marker is given none back', async () => {
+    const ws = newId('workspace');
+    const conn = testRedis.connect(`creating-${newId('event')}`);
+    const persist = conn.persist.bind(conn);
+    (conn as unknown as { persist: (key: string) => Promise<number> }).persist = async (key: string) => {
+      const id = /\{m:(memstore_[0-9a-f]{32})\}/.exec(key)?.[1] as string;
+      await stores.removeStore(ws, id);
+      return persist(key);
+    };
+    const store = await new MemoryStores(conn, new DocumentStore(conn)).createStore(ws, { name: 'brief' });
+    expect(await storeKeys(store.id)).toEqual([]);
+    await expect(stores.write(store.id, { path: 'a.md', content: 'late' }, author, ws)).rejects.toMatchObject({ type: 'validation.not_found' });
     expect(await storeKeys(store.id)).toEqual([]);
   });
 });

@@ -1,10 +1,15 @@
-import { ApiError, Cursor, newId, nowIso, sha256Hex } from '@agentplane/core';
+import { ApiError, crashPoint, Cursor, newId, nowIso, sha256Hex } from '@agentplane/core';
 import { keys, LuaScript, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
 import { checkContent, checkMetadata, checkPath, checkWellFormed, type MemoryAuthor, type MemoryDocument, type MemoryStoreDoc, type MemoryVersion } from './model.js';
 
 const INDEX = 'memory_stores';
 /** Entries of a store's change log kept for search indexes to catch up from (older: full rebuild). */
 export const CHANGE_LOG_LENGTH = 10_000;
+/**
+ * How long a new store's `alive` marker lives unless its creation confirms it (PERSIST) once the
+ * head exists: far longer than a creation takes.
+ */
+export const MARKER_GRACE_MS = 10 * 60_000;
 
 /**
  * One document write (or delete) of one store, all in the store's slot: the store must still
@@ -147,14 +152,23 @@ export class MemoryStores {
       id: newId('memoryStore'), type: 'memory_store', workspace_id: workspaceId, name: input.name,
       description: input.description ?? null, metadata: input.metadata ?? {}, version: 1, created_at: now, updated_at: now,
     };
-    // The marker first: a store is writable as soon as its head can be read.
-    await this.redis.set(memoryKeys(doc.id).alive, '1');
+    // The marker first, so a store is writable as soon as its head can be read. It lives only
+    // until its grace ends unless confirmed once the head exists: a process that dies before the
+    // head leaves nothing for good, and a store whose marker lapsed because its process died
+    // after the head gets one from its next write (`adopt`). The two keys are in different
+    // slots, so one script cannot write both.
+    const alive = memoryKeys(doc.id).alive;
+    await this.redis.set(alive, '1', 'PX', MARKER_GRACE_MS);
+    crashPoint('memory-store-marker-set');
     try {
       await this.docs.create(tags.workspace(workspaceId), doc, [INDEX]);
     } catch (err) {
-      await this.redis.unlink(memoryKeys(doc.id).alive);
+      await this.redis.unlink(alive);
       throw err;
     }
+    crashPoint('memory-store-created');
+    // A store deleted meanwhile has lost its marker: PERSIST then finds no key and sets none.
+    await this.redis.persist(alive);
     return doc;
   }
 
@@ -264,7 +278,7 @@ export class MemoryStores {
    * Creates or replaces a document under compare-and-swap. A stale `expectedVersion` (or 0 for
    * an existing document) is 409 `validation.conflict`; without one, a lost race is retried. A
    * store deleted meanwhile is 404 `validation.not_found` (nothing written). `workspaceId` lets a
-   * store created before stores carried their `alive` marker be given one (adopt).
+   * store whose head exists without its `alive` marker be given one (adopt).
    */
   async write(storeId: string, input: WriteInput, author: MemoryAuthor, workspaceId?: string): Promise<{ document: MemoryDocument; created: boolean }> {
     checkPath(input.path, 'body.path');
@@ -326,7 +340,8 @@ export class MemoryStores {
 
   /**
    * A store without its `alive` marker whose head still exists was created before stores carried
-   * one: it gets it now. A store being deleted has lost its head before its marker, so it is not
+   * one, or its creation died after writing the head and before confirming the marker, which then
+   * lapsed: it gets it now. A store being deleted has lost its head before its marker, so it is not
    * given one again.
    */
   private async adopt(workspaceId: string, storeId: string): Promise<boolean> {

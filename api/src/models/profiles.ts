@@ -1,5 +1,5 @@
-import { ApiError, newId, nowIso } from '@agentplane/core';
-import { keys, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
+import { ApiError, crashPoint, newId, nowIso } from '@agentplane/core';
+import { DOC_SWAP_LUA, docSwapResult, keys, LuaScript, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
 import { SCRIPTED_DEFAULT_MODEL } from '@agentplane/models';
 import type { ModelCredentialService } from './credentials.js';
 import { profileView, type RoutingCandidate, type RoutingProfileDoc, type RoutingProfileView, type RoutingRevision } from './model.js';
@@ -7,6 +7,31 @@ import { profileView, type RoutingCandidate, type RoutingProfileDoc, type Routin
 const COLLECTION = 'model_routing_profiles';
 /** The logical key of the routing profile (and credential) every workspace starts with. */
 export const DEFAULT_MODEL_KEY = 'default';
+
+/**
+ * Publishes a revision in one step: the head (KEYS[1]) is written only if its version is still
+ * ARGV[1], and then, in the same script, the revision (KEYS[2]). A revision number is taken only
+ * with the head that names it, so no publish can leave one behind that the head never reached
+ * (a revision document above the head's latest, which a publish that died between two separate
+ * writes could leave, is replaced by the next publish). ARGV: expected version, head JSON,
+ * revision JSON. Answers as `doc_swap`.
+ */
+const PUBLISH = new LuaScript('mrp_publish', `${DOC_SWAP_LUA}
+local r = doc_swap(KEYS[1], ARGV[1], ARGV[2])
+if r[1] == 1 then redis.call('SET', KEYS[2], ARGV[3]) end
+return r`);
+
+/**
+ * Creates a profile in one step: its key claimed (KEYS[1], field ARGV[1] = ARGV[2]; 0 when
+ * taken), revision 1 (KEYS[3]), the head (KEYS[2]) and its listing entry (KEYS[4], score ARGV[5]),
+ * so a key is never claimed by a profile that does not exist. ARGV[3] head JSON, ARGV[4] revision JSON.
+ */
+const CREATE = new LuaScript('mrp_create', `
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
+redis.call('SET', KEYS[3], ARGV[4])
+redis.call('SET', KEYS[2], ARGV[3])
+redis.call('ZADD', KEYS[4], ARGV[5], ARGV[2])
+return 1`);
 
 /**
  * Model routing profiles (`mrp_`), addressed by logical key. Every change is a new immutable
@@ -36,11 +61,10 @@ export class RoutingProfileService {
       type: 'model_routing_profile_revision', model_routing_profile_id: doc.id, workspace_id: ws, revision_number: 1,
       candidates: input.candidates, created_at: now,
     };
-    if ((await this.redis.hsetnx(keys.unique(tag, COLLECTION), doc.key, doc.id)) !== 1) {
-      throw new ApiError('validation.conflict', `a model routing profile with key '${doc.key}' exists in this workspace`);
-    }
-    await this.redis.set(this.revKey(ws, doc.id, 1), JSON.stringify(rev));
-    await this.docs.create(tag, doc, [COLLECTION]);
+    const created = await CREATE.run(this.redis, [keys.unique(tag, COLLECTION), keys.doc(tag, doc.id), this.revKey(ws, doc.id, 1), keys.index(tag, COLLECTION)],
+      [doc.key, doc.id, JSON.stringify(doc), JSON.stringify(rev), Date.parse(now)]);
+    if (created !== 1) throw new ApiError('validation.conflict', `a model routing profile with key '${doc.key}' exists in this workspace`);
+    crashPoint('model-routing-profile-created');
     return profileView(doc, rev);
   }
 
@@ -91,20 +115,27 @@ export class RoutingProfileService {
     return { data, next_page: page.next_page };
   }
 
-  /** Publish a new revision; `expected_revision_number` fences concurrent editors (409 when stale). */
+  /**
+   * Publish a new revision; `expected_revision_number` fences concurrent editors (409 when stale).
+   * The revision and the head that names it are one script, fenced on the head's version: of two
+   * racing publishers one wins, the other is 409.
+   */
   async addRevision(ws: string, id: string, candidates: RoutingCandidate[], expected?: number): Promise<RoutingProfileView> {
     const cur = await this.getDoc(ws, id);
     if (expected !== undefined && cur.latest_revision_number !== expected) {
       throw new ApiError('validation.conflict', `revision ${expected} is stale; the latest revision is ${cur.latest_revision_number}`);
     }
     const n = cur.latest_revision_number + 1;
+    const now = nowIso();
     const rev: RoutingRevision = {
-      type: 'model_routing_profile_revision', model_routing_profile_id: id, workspace_id: ws, revision_number: n, candidates, created_at: nowIso(),
+      type: 'model_routing_profile_revision', model_routing_profile_id: id, workspace_id: ws, revision_number: n, candidates, created_at: now,
     };
-    // The revision is written only if its number is free, so two racing publishers cannot both win.
-    const ok = await this.redis.set(this.revKey(ws, id, n), JSON.stringify(rev), 'NX');
-    if (ok !== 'OK') throw new ApiError('validation.conflict', `revision ${n} was published concurrently`);
-    const next = await this.docs.update<RoutingProfileDoc>(tags.workspace(ws), id, (d) => ({ ...d, latest_revision_number: Math.max(d.latest_revision_number, n) }), { notFound: 'model routing profile' });
+    const next: RoutingProfileDoc = { ...cur, latest_revision_number: n, version: cur.version + 1, updated_at: now };
+    const r = docSwapResult((await PUBLISH.run(this.redis, [keys.doc(tags.workspace(ws), id), this.revKey(ws, id, n)],
+      [String(cur.version), JSON.stringify(next), JSON.stringify(rev)])) as unknown[]).outcome;
+    if (r.kind === 'missing') throw new ApiError('validation.not_found', 'model routing profile not found');
+    if (r.kind === 'stale') throw new ApiError('validation.conflict', `revision ${n} was published concurrently`);
+    crashPoint('model-routing-revision-written');
     return profileView(next, rev);
   }
 

@@ -57,14 +57,31 @@ export function docSwapResult(r: readonly unknown[]): { outcome: SwapOutcome; al
 const CAS_LUA = `${DOC_SWAP_LUA}
 return doc_swap(KEYS[1], ARGV[1], ARGV[2], KEYS[2], ARGV[3], ARGV[4])`;
 
+/*
+ * Compare-and-delete: KEYS[1] deleted, and ARGV[2] removed from the indexes KEYS[2..], only if the
+ * stored version is still ARGV[1] ('' = any version). Returns {1} deleted, {0, current JSON}
+ * stale, {-1} missing.
+ */
+const CAS_DELETE_LUA = `
+local cur = redis.call('GET', KEYS[1])
+if not cur then return {-1} end
+if ARGV[1] ~= '' and tostring(cjson.decode(cur)['version']) ~= ARGV[1] then return {0, cur} end
+redis.call('DEL', KEYS[1])
+for i = 2, #KEYS do redis.call('ZREM', KEYS[i], ARGV[2]) end
+return {1}`;
+
 const createScript = new LuaScript('doc_create', CREATE_LUA);
 const casScript = new LuaScript('doc_cas_v2', CAS_LUA);
+const casDeleteScript = new LuaScript('doc_cas_delete', CAS_DELETE_LUA);
 
 /**
  * Outcome of one compare-and-swap attempt: written, the document is gone, or the version was
  * stale (with the document's current JSON).
  */
 export type SwapOutcome = { kind: 'written' } | { kind: 'missing' } | { kind: 'stale'; current: string };
+
+/** Outcome of one compare-and-delete (`DocumentStore.removeIfVersion`): deleted, already gone, or stale (with the current JSON). */
+export type RemoveOutcome = { kind: 'removed' } | { kind: 'missing' } | { kind: 'stale'; current: string };
 
 export interface UpdateOptions<T> {
   /** A stale version is a 409 `validation.conflict` instead of a retry. */
@@ -235,6 +252,22 @@ export class DocumentStore {
     for (const c of indexes) multi.zrem(keys.index(tag, c), id);
     await multi.exec();
     forgetWritten(this.redis, [keys.doc(tag, id)]);
+  }
+
+  /**
+   * Compare-and-delete in one script: the document is deleted, and taken out of `indexes`, only
+   * if its stored version is still `expected` (undefined: whatever its version). A write that
+   * lands between the caller's read and the delete makes it stale instead of being erased.
+   */
+  async removeIfVersion(tag: Tag, id: string, expected: number | undefined, indexes: readonly string[] = []): Promise<RemoveOutcome> {
+    const r = (await casDeleteScript.run(this.redis, [keys.doc(tag, id), ...indexes.map((c) => keys.index(tag, c))],
+      [expected === undefined ? '' : String(expected), id])) as unknown[];
+    if (r[0] === 1) {
+      forgetWritten(this.redis, [keys.doc(tag, id)]);
+      return { kind: 'removed' };
+    }
+    if (r[0] === 0 && typeof r[1] === 'string') return { kind: 'stale', current: r[1] };
+    return { kind: 'missing' };
   }
 
   /** Keyset pagination over an index; cursors are stable under concurrent inserts. */

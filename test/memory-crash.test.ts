@@ -1,0 +1,77 @@
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { Redis } from 'ioredis';
+import { afterAll, describe, expect, it } from 'vitest';
+import type { HttpClient } from '@agentplane/client';
+import { startPlatform, waitFor, type Platform } from './harness/platform.js';
+
+type Store = { id: string; name: string };
+
+/**
+ * The API killed while a MemoryStore is created: between its `alive` marker and its head (crash
+ * point `memory-store-marker-set`), and between its head and the marker's confirmation
+ * (`memory-store-created`). The first leaves only a marker that expires; the second a store that
+ * stays writable once that marker has lapsed.
+ */
+describe('a crash while a MemoryStore is created', () => {
+  let q: Platform | undefined;
+  let qRedis: Redis | undefined;
+  let markers: string | undefined;
+  afterAll(async () => {
+    qRedis?.disconnect();
+    await q?.stop();
+    if (markers) rmSync(markers, { recursive: true, force: true });
+  });
+
+  async function restarted(c: HttpClient, before: number | undefined): Promise<void> {
+    await waitFor('the API restarted', () => (q?.pids().api !== undefined && q.pids().api !== before ? true : undefined), 30_000);
+    await waitFor('the API answering', async () => ((await c.request('GET', '/v1/memory-stores').catch(() => null))?.status === 200 ? true : undefined), 30_000);
+  }
+
+  it('leaves no marker for good, and a store whose head was written stays writable', async () => {
+    markers = mkdtempSync(join(tmpdir(), 'memory-crash-'));
+    const markerSet = join(markers, 'marker-set');
+    const created = join(markers, 'created');
+    q = await startPlatform({ env: { LOG_LEVEL: 'warn', AGENTPLANE_CRASH_AT: `memory-store-marker-set:${markerSet},memory-store-created:${created}` } });
+    qRedis = new Redis(q.redisUrl());
+    const r = qRedis;
+    const c = q.root;
+    const storeKeys = async () => (await r.keys('ap:{m:*')).sort();
+    const list = async () => (await c.get<{ data: Store[] }>('/v1/memory-stores')).data;
+
+    // Dead before the head: no store, and its marker is the only key left, expiring.
+    let before = q.pids().api;
+    await expect(c.request('POST', '/v1/memory-stores', { body: { name: 'notes' } })).rejects.toThrow();
+    expect(existsSync(markerSet)).toBe(true);
+    await restarted(c, before);
+    expect(await list()).toEqual([]);
+    const orphans = await storeKeys();
+    expect(orphans).toEqual([expect.stringMatching(/^ap:\{m:memstore_[0-9a-f]{32}\}:alive$/)]);
+    const ttl = await r.pttl(orphans[0] as string);
+    expect(ttl).toBeGreaterThan(0);
+    expect(ttl).toBeLessThanOrEqual(10 * 60_000);
+
+    // Dead after the head, with the same name (names are not unique): the store exists.
+    before = q.pids().api;
+    await expect(c.request('POST', '/v1/memory-stores', { body: { name: 'notes' } })).rejects.toThrow();
+    expect(existsSync(created)).toBe(true);
+    await restarted(c, before);
+    const [store] = await list();
+    expect(store).toMatchObject({ name: 'notes' });
+    const id = (store as Store).id;
+    const alive = `ap:{m:${id}}:alive`;
+    expect(await r.pttl(alive)).toBeGreaterThan(0);
+    // Its marker lapses (as its expiry would make it); its next write gives it one for good.
+    await r.del(alive);
+    const put = await c.request('PUT', `/v1/memory-stores/${id}/document`, { body: { path: 'a.md', content: 'still writable' } });
+    expect(put.status).toBe(201);
+    expect(await r.pttl(alive)).toBe(-1);
+
+    // A creation that finishes confirms its marker at once; a deletion takes every key of the store.
+    const kept = await c.post<Store>('/v1/memory-stores', { name: 'kept' });
+    expect(await r.pttl(`ap:{m:${kept.id}}:alive`)).toBe(-1);
+    expect((await c.request('DELETE', `/v1/memory-stores/${id}`)).status).toBe(200);
+    expect((await storeKeys()).filter((k) => k.includes(id))).toEqual([]);
+  }, 180_000);
+});
