@@ -276,6 +276,14 @@ export class ModelGatewayService {
    */
   async *execute(plan: StepPlan, signal: AbortSignal): AsyncGenerator<ModelStreamEvent> {
     try {
+      if (signal.aborted) {
+        // The caller left before the step started (a REST client gone while the step was
+        // planned): no provider call, the step ends canceled and its reservation goes below.
+        const first = plan.candidates[0];
+        this.metricSteps?.inc({ provider: first?.credential.provider_key ?? 'none', outcome: 'canceled' });
+        yield { type: 'end', stop_reason: 'canceled', usage: { ...ZERO_USAGE }, provider: first?.credential.provider_key ?? 'none', model: first?.candidate.provider_model ?? '' };
+        return;
+      }
       yield* this.executeInner(plan, signal);
     } finally {
       await plan.reservation?.release();

@@ -48,6 +48,9 @@ function streamStep(deps: ApiDeps, plan: StepPlan) {
       const stop = () => ac.abort();
       outer.addEventListener('abort', () => { if (!res.writableEnded) stop(); }, { once: true });
       res.on('close', () => { if (!res.writableEnded) stop(); });
+      // A client that left while the step was planned closed the response before these listeners
+      // were there: the step ends at once (no provider call) and its budget reservation goes.
+      if (outer.aborted || res.destroyed || !res.socket || res.socket.destroyed) stop();
       res.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', 'x-accel-buffering': 'no' });
       res.flushHeaders();
       for await (const ev of deps.models.gateway.execute(plan, ac.signal)) {

@@ -62,6 +62,17 @@ export function authoringRequest(p: Pick<SkillProposalDoc, 'instructions' | '_sk
   };
 }
 
+/**
+ * The authoring model step's id, under which the usage ledger records (and dedupes) its cost:
+ * one per attempt of the `author` job (BullMQ's `attemptsMade` counts the attempts that ended,
+ * so a retry after a failed attempt is a new step and is charged), and the same for a replay of
+ * one attempt (a stalled job run again), which is charged once. The job's creation time tells a
+ * job queued again later (by the sweep, once an earlier one is gone) from the first.
+ */
+export function authoringStepId(proposalId: string, job: { timestamp: number; attemptsMade: number }): string {
+  return `skill-proposal:${proposalId}:author:${job.timestamp}:${job.attemptsMade + 1}`;
+}
+
 export interface AuthoredSkill {
   name: string | null;
   description: string;

@@ -15,7 +15,7 @@ import type { SessionEventTap, TappedAppend } from '../events/tap.js';
 import { Scratch, remoteHead, type GitRemote } from '../skill-sources/git.js';
 import { isBranchName, type SkillSourceService } from '../skill-sources/service.js';
 import { consistencyViolation, publicProposal, type ProposalError, type SkillProposalDoc, type SubmissionAttempt, type VerificationResult } from './model.js';
-import { authoringRequest, parseAuthoredSkill, renderTranscript, TRANSCRIPT_LIMIT_CHARS } from './authoring.js';
+import { authoringRequest, authoringStepId, parseAuthoredSkill, renderTranscript, TRANSCRIPT_LIMIT_CHARS } from './authoring.js';
 
 export const SKILL_PROPOSAL_QUEUE_PREFIX = 'ap:{q:skill_proposals}';
 const QUEUE = 'skill_proposals';
@@ -138,9 +138,12 @@ export class SkillProposalService {
     });
   }
 
-  /** The authoring job: every source log once, one model step, the drafted artifact. Safe to run again. */
-  private async author(data: AuthorJob): Promise<void> {
-    const { workspace_id: ws, proposal_id: id } = data;
+  /**
+   * The authoring job: every source log once, one model step, the drafted artifact. Safe to run
+   * again; each attempt's model step is its own (charged once per attempt: `authoringStepId`).
+   */
+  private async author(job: Job<AuthorJob>): Promise<void> {
+    const { workspace_id: ws, proposal_id: id } = job.data;
     const p = await this.d.docs.get<SkillProposalDoc>(tags.workspace(ws), id);
     if (!p || p.status !== 'authoring') return;
     const transcripts: string[] = [];
@@ -158,7 +161,7 @@ export class SkillProposalService {
     let text = '';
     let usage: Partial<TokenUsage> = {};
     const abort = new AbortController();
-    for await (const ev of this.d.models.gateway.runModelStep(ws, request, abort.signal, { step_id: `skill-proposal:${id}` })) {
+    for await (const ev of this.d.models.gateway.runModelStep(ws, request, abort.signal, { step_id: authoringStepId(id, job) })) {
       if (ev.type === 'text_delta') text += ev.text;
       else if (ev.type === 'end') usage = ev.usage;
       else if (ev.type === 'error') {
@@ -586,7 +589,7 @@ export class SkillProposalService {
 
   start(): void {
     const worker = this.host.startWorker(async (job: Job, token?: string) => {
-      if (job.name === 'author') return this.author(job.data as AuthorJob);
+      if (job.name === 'author') return this.author(job as Job<AuthorJob>);
       if (job.name === 'watch') return this.watch(job as Job<WatchJob>, token);
       if (job.name === 'adopt') return this.adopt(job as Job<AdoptJob>);
     }, { concurrency: 8 });

@@ -120,6 +120,8 @@ export class AnthropicMessagesAdapter implements ProviderAdapter {
     let stop: string | null = null;
     let model = call.model;
     let stopped = false;
+    // Finished tool_use blocks wait for the stop reason: a reply cut by the output limit calls none.
+    const calls: ModelStreamEvent[] = [];
     // Each message is parsed once, by the watchdog's question (does it carry content? a `ping`
     // does not, so a provider that only pings still times out), and used below.
     let parsed: StreamEvent | null = null;
@@ -167,7 +169,7 @@ export class AnthropicMessagesAdapter implements ProviderAdapter {
         }
         case 'content_block_stop': {
           const b = blocks.get(ev.index ?? 0);
-          if (b?.type === 'tool_use') yield { type: 'tool_use', id: b.id, name: b.name, input: parseToolInput(b.json) };
+          if (b?.type === 'tool_use') calls.push({ type: 'tool_use', id: b.id, name: b.name, input: parseToolInput(b.json) });
           break;
         }
         case 'message_delta':
@@ -191,7 +193,11 @@ export class AnthropicMessagesAdapter implements ProviderAdapter {
     }
     if (signal.aborted) throw new ProviderError('canceled', 'the model step was canceled');
     if (!stopped) throw new ProviderError('server', `${this.provider} ended the stream before message_stop`);
-    yield { type: 'end', stop_reason: STOP[stop ?? 'end_turn'] ?? 'end_turn', usage: raw ? anthropicUsage(raw) : { ...ZERO_USAGE }, provider: this.provider, model };
+    const reason = STOP[stop ?? 'end_turn'] ?? 'end_turn';
+    // At `max_tokens` the last tool_use block was cut (Anthropic closes it with content_block_stop
+    // all the same): no tool call of the reply is callable, as with Chat Completions' `length`.
+    if (reason !== 'max_tokens') yield* calls;
+    yield { type: 'end', stop_reason: reason, usage: raw ? anthropicUsage(raw) : { ...ZERO_USAGE }, provider: this.provider, model };
   }
 
   async probe(call: Omit<ProviderCall, 'request' | 'model'>, signal: AbortSignal): Promise<void> {

@@ -171,6 +171,12 @@ export class OpenAiChatAdapter implements ProviderAdapter {
     if (finish === null && tools.size === 0 && usage === null) {
       throw new ProviderError('server', `${this.provider} ended the stream without a finish reason`);
     }
+    // A reply cut by the output limit ends `max_tokens` with no tool calls: the ones it was
+    // streaming are unfinished (even arguments that parse may be a prefix), so none is callable.
+    if (finish !== null && FINISH[finish] === 'max_tokens') {
+      yield { type: 'end', stop_reason: 'max_tokens', usage: usage ?? { ...ZERO_USAGE }, provider: this.provider, model };
+      return;
+    }
     const ordered = [...tools.entries()].sort((a, b) => a[0] - b[0]);
     for (const [i, t] of ordered) {
       yield { type: 'tool_use', id: t.id || `call_${i}`, name: t.name, input: parseToolInput(t.args) };
