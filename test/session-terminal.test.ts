@@ -7,14 +7,15 @@ import { HttpClient } from '@agentplane/client';
 import { frame, MODEL_GATEWAY_PROTOCOL } from '@agentplane/protocol';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
 import { connectRawRunner, dockerHello, pairedRunnerSecret, type RawRunner, type RunnerFrame } from './harness/raw-runner.js';
-import { developerWorkspace, untilEvents, type TurnEvent } from './harness/turns.js';
+import { developerWorkspace, SCRIPT, startTurnPlatform, untilEvents, type TurnEvent } from './harness/turns.js';
 
 /**
  * An archived Session's terminal status event (`session.status_completed`, `_canceled` or
  * `_failed`, by how its primary thread's last turn ended): written once, when no turn is under
  * way any more (at the archive, or at the end of its last turn), and always the Session's last
  * status event. The runner is a protocol client written here, so each turn ends when the test
- * says. A crash between the archive and its close leaves the close to the scheduler's sweep.
+ * says. A crash between the archive and its close leaves the close to the scheduler's sweep, and
+ * a wait answered in between continues no turn.
  */
 let p: Platform;
 let api: HttpClient;
@@ -145,4 +146,49 @@ describe('an archived Session\'s terminal status event', () => {
     expect(events.filter((e) => TERMINAL.includes(e.type)).map((e) => e.type)).toEqual(['session.status_completed']);
     expect((await on.api.get<{ archived_at: string | null }>(`/v1/sessions/${s.id}`)).archived_at).not.toBeNull();
   }, 120_000);
+
+  it('the API killed between the archive and its close, a coordinator\'s wait answered before the sweep: no turn continues, the Session ends session.status_canceled', async () => {
+    const marker = join(markers, 'session-archived-coordinator');
+    // The sweep waits long enough for the wait to be answered first (the close would end it).
+    const q = await startTurnPlatform({ name: 'terminal-coordinator', env: { LOG_LEVEL: 'warn', AGENTPLANE_CRASH_AT: `session-archived:${marker}`, ENQUEUE_REPAIR_AFTER_MS: '120000' } });
+    others.push(q.p);
+    const asker = await q.api.post<{ id: string; version: number }>('/v1/agents', {
+      name: 'asker', model: 'default',
+      tools: [{ type: 'custom', name: 'lookup', description: 'Ask the client', input_schema: { type: 'object', properties: { q: { type: 'string' } } } }],
+      system: SCRIPT([{ when: { on: 'user' }, then: [{ tool: 'lookup', input: { q: 'x' } }] }, { when: { after_tool: 'lookup' }, then: [{ reply: 'got {{tool_result}}' }] }]),
+    });
+    const lead = await q.api.post<{ id: string }>('/v1/agents', {
+      name: 'lead', model: 'default', multiagent: { roster: [{ agent_id: asker.id, version: asker.version }] },
+      system: SCRIPT([
+        { when: { on: 'user' }, then: [{ tool: 'start_thread', input: { agent: 'asker', task: 'ask' } }, { tool: 'wait_threads', input: {} }] },
+        { when: { after_tool: 'wait_threads' }, then: [{ reply: 'combined: {{tool_result}}' }] },
+      ]),
+    });
+    const s = await q.api.post<{ id: string }>('/v1/sessions', { agent: lead.id, environment_id: q.envId });
+    await q.api.post(`/v1/sessions/${s.id}/events`, q.msg('go'));
+    const threadEvents = async (thread: string) => (await q.api.get<{ data: TurnEvent[] }>(`/v1/sessions/${s.id}/threads/${thread}/events`, { limit: 1000 })).data;
+    const waiting = (events: TurnEvent[], thread: string) => events.some((e) => e.type === 'session.status_idle' && e.session_thread_id === thread && (e.payload.stop_reason as { type: string }).type === 'requires_action');
+    // The coordinator waits on wait_threads, its child on its client's answer.
+    const { primary, child } = await waitFor('both threads waiting', async () => {
+      const threads = (await q.api.get<{ data: { id: string; parent_thread_id: string | null }[] }>(`/v1/sessions/${s.id}/threads`)).data;
+      const [p0, c0] = [threads.find((x) => x.parent_thread_id === null)?.id, threads.find((x) => x.parent_thread_id !== null)?.id];
+      if (!p0 || !c0) return undefined;
+      return waiting(await threadEvents(p0), p0) && waiting(await threadEvents(c0), c0) ? { primary: p0, child: c0 } : undefined;
+    }, 90_000);
+
+    // The API dies after the archive's write, before the close.
+    const apiBefore = q.p.pids().api;
+    await expect(q.api.post(`/v1/sessions/${s.id}/archive`, {})).rejects.toThrow();
+    await waitFor('the API restarted', async () => (q.p.pids().api !== apiBefore && (await q.api.request('GET', `/v1/sessions/${s.id}`).catch(() => null))?.status === 200) || undefined, 60_000);
+    // Interrupting the child settles it: the coordinator's wait_threads is answered, and its turn
+    // would continue, but the Session is archived: it takes no new work.
+    await q.api.post(`/v1/sessions/${s.id}/events`, { type: 'user.interrupt', payload: { session_thread_id: child, authored_by: q.principal, caused_by: { kind: 'api' } } });
+    const events = await untilEvents(q.api, s.id, (e) => e.some((x) => TERMINAL.includes(x.type)), 30_000);
+    expect(events.filter((e) => TERMINAL.includes(e.type)).map((e) => e.type)).toEqual(['session.status_canceled']);
+    const coordinator = await threadEvents(primary);
+    expect(coordinator.some((e) => e.type === 'agent.tool_result' && e.payload.delegation === true && String(e.payload.content).includes(child))).toBe(true);
+    expect(coordinator.filter((e) => e.type === 'session.status_running' && e.session_thread_id === primary)).toHaveLength(1);
+    const runs = (await q.api.get<{ data: { session_thread_id: string }[] }>(`/v1/sessions/${s.id}/runs`, { limit: 100 })).data;
+    expect(runs.filter((r) => r.session_thread_id === primary)).toHaveLength(1);
+  }, 240_000);
 });

@@ -274,9 +274,10 @@ export class ApprovalService {
 
   /**
    * A resolved approval answers its tool use's wait: the resolution event is appended (once, by
-   * producer key) and the wait marked answered; when it was the last open wait of the thread's
-   * generation, the turn continues. Idempotent: called after every resolution and again after
-   * the Run that asked registers its waits (the approval may be resolved before the Run ended).
+   * producer key) and the wait marked answered and reported to the scheduler, which continues the
+   * turn when it was the last open wait of the thread's generation. Idempotent: called after every
+   * resolution and again after the Run that asked registers its waits (the approval may be
+   * resolved before the Run ended).
    */
   async settle(a: ActionApproval, trace?: Context): Promise<void> {
     if (a.status === 'pending') return;
@@ -290,25 +291,25 @@ export class ApprovalService {
     }], { trace });
     if (!r.ok) return; // the Session was deleted: nothing waits any more
     const event = r.events[0] as LogEvent;
-    let ours = false;
-    const thread = await this.d.sessions.updateThread(a.session_id, a.session_thread_id, (t) => {
-      const w = t._waits[a.tool_use_id];
-      ours = !!w && w.generation === t._wait_generation && w.kind === 'approval';
-      if (!w || w.answered_event_id !== null || !ours) return null;
-      const waits = { ...t._waits, [a.tool_use_id]: { ...w, answered_event_id: event.id, answered_seq: event.seq, answer_fingerprint: null } };
-      return { ...t, _waits: waits };
-    }).catch((err: unknown) => {
+    // The generation of the use's wait when it is the thread's current one and waits for this approval.
+    const ours: { generation: number | null } = { generation: null };
+    const gone = (err: unknown) => {
       if (err instanceof ApiError && err.type === 'validation.not_found') return null;
       throw err;
-    });
-    // The turn continues when this answered the last open wait of the thread's current generation,
-    // and also when it was answered already (a settle cut off by a crash, done again): starting the
-    // continuation is a compare-and-swap from the waiting Run, so it happens once.
-    if (!thread || !ours || thread.status !== 'idle' || thread._active_run_id === null) return;
-    if (Object.values(thread._waits).some((x) => x.generation === thread._wait_generation && x.answered_event_id === null)) return;
-    // An archived Session takes no new work: the wait is answered, but no turn continues.
-    const session = await this.d.sessions.get(a.workspace_id, a.session_id).catch(() => null);
-    if (session && session.archived_at === null) await this.d.scheduler().waitsResolved(a.session_id, a.session_thread_id, thread._active_run_id);
+    };
+    const thread = await this.d.sessions.updateThread(a.session_id, a.session_thread_id, (t) => {
+      const w = t._waits[a.tool_use_id];
+      ours.generation = w && w.generation === t._wait_generation && w.kind === 'approval' ? w.generation : null;
+      if (!w || w.answered_event_id !== null || ours.generation === null) return null;
+      const waits = { ...t._waits, [a.tool_use_id]: { ...w, answered_event_id: event.id, answered_seq: event.seq, answer_fingerprint: null } };
+      return { ...t, _waits: waits };
+    }).catch(gone);
+    // The use's wait, answered now or already (a settle cut off by a crash, done again), is
+    // reported: the scheduler continues the turn when it was the last open wait of its generation
+    // and the Session is not archived (an archived Session takes no new work: the wait is
+    // answered, but no turn continues), once (its start is a compare-and-swap from the waiting Run).
+    if (!thread || ours.generation === null) return;
+    await this.d.scheduler().waitsResolved(a.session_id, a.session_thread_id, thread._active_run_id, ours.generation).catch(gone);
   }
 
   /** Session delete: its approvals (which hold tool inputs) are removed with it; retry-safe. */

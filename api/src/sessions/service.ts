@@ -491,11 +491,11 @@ export class SessionService {
     const fp = this.answerFingerprint(input);
     if (wait.answered_event_id !== null) {
       const replay = await this.replayAnswer(session.id, wait, fp);
-      // The answer that completed the wait was recorded, but its request may have ended before the
-      // turn continued (the process died, the continuation's start failed): the exact retry
-      // continues it. Starting the continuation is a compare-and-swap from the waiting Run, so a
-      // turn that continued already is left as it is.
-      await this.continueAnswered(session, thread, wait.generation);
+      // The answer was recorded, but its request may have ended before the turn continued (the
+      // process died, the continuation's start failed): the exact retry reports it again, and the
+      // scheduler continues a turn that has not continued yet (once: its start is a
+      // compare-and-swap from the waiting Run).
+      await this.d.scheduler().waitsResolved(session.id, thread.id, thread._active_run_id, wait.generation);
       return replay;
     }
     if (wait.generation !== thread._wait_generation) throw new ApiError('runtime.invalid_transition', `the wait on ${toolUseId} is no longer current`);
@@ -505,32 +505,18 @@ export class SessionService {
     if (sha256Hex(canonicalJson({ type: event.type, payload: stored })) !== fp) {
       throw new ApiError('validation.conflict', `${toolUseId} was already answered with another result`);
     }
-    let resolved = false;
     const next = await this.d.store.updateThread(session.id, thread.id, (t) => {
       const w = t._waits[toolUseId];
       if (!w || w.answered_event_id !== null) return null;
       // The wait ended (an interrupt) or a newer one began after this answer's checks.
       if (w.generation !== t._wait_generation) throw new ApiError('runtime.invalid_transition', `the wait on ${toolUseId} is no longer current`);
-      const waits = { ...t._waits, [toolUseId]: { ...w, answered_event_id: event.id, answered_seq: event.seq, answer_fingerprint: fp } };
-      resolved = Object.values(waits).every((x) => x.generation !== t._wait_generation || x.answered_event_id !== null);
-      return { ...t, _waits: waits };
+      return { ...t, _waits: { ...t._waits, [toolUseId]: { ...w, answered_event_id: event.id, answered_seq: event.seq, answer_fingerprint: fp } } };
     });
     crashPoint('answer-recorded');
-    if (resolved) await this.d.scheduler().waitsResolved(session.id, thread.id, next._active_run_id);
-    // Answered already (an earlier attempt of this answer recorded it and ended there): as a replay does.
-    else await this.continueAnswered(session, next, wait.generation);
+    // Answered now, or already by an earlier attempt of this answer that ended here: the scheduler
+    // continues the turn when this was the generation's last open wait (`TurnScheduler.waitsResolved`).
+    await this.d.scheduler().waitsResolved(session.id, thread.id, next._active_run_id, wait.generation);
     return { status: 201, event };
-  }
-
-  /**
-   * A thread whose wait of `generation` is still its current one, fully answered, and not
-   * continued yet (idle, still holding the Run that waited): its next Run starts now.
-   */
-  private async continueAnswered(session: Readonly<SessionDoc>, thread: Readonly<ThreadDoc>, generation: number): Promise<void> {
-    if (session.archived_at !== null || thread._closed === true || thread._archived === true) return;
-    if (thread.status !== 'idle' || thread._active_run_id === null || generation !== thread._wait_generation) return;
-    const open = Object.values(thread._waits).some((w) => w.generation === thread._wait_generation && w.answered_event_id === null);
-    if (!open) await this.d.scheduler().waitsResolved(session.id, thread.id, thread._active_run_id);
   }
 
   private async replayAnswer(sessionId: string, wait: { answer_fingerprint: string | null; answered_seq?: number }, fp: string): Promise<DriveOutcome> {

@@ -8,7 +8,7 @@ import { sandboxProfileStore, sandboxVersion, type SandboxProfile } from '../dep
 import type { RunnerService } from '../runners/service.js';
 import type { RunDoc, SessionDoc } from '../sessions/model.js';
 import type { SessionStore } from '../sessions/store.js';
-import type { JobBehind, TurnScheduler } from '../sessions/turns.js';
+import { continuable, type JobBehind, type TurnScheduler } from '../sessions/turns.js';
 import { withEnqueue, type RunLifecycle } from './lifecycle.js';
 import { requirementsOf } from './spec.js';
 import { runSessionsKey } from './keys.js';
@@ -322,12 +322,25 @@ export class RunEngine implements TurnScheduler {
     return true;
   }
 
-  async waitsResolved(sessionId: string, threadId: string, runId: string | null): Promise<void> {
-    const session = await this.d.store.get((await this.d.store.thread(sessionId, threadId)).workspace_id, sessionId);
+  /**
+   * A wait of generation `generation`, opened by `runId`'s turn end, was answered: the turn
+   * continues in a new Run when the thread can (`continuable`: still idle on that Run at that
+   * generation, no wait of it open, not closed or archived) and its Session is not archived. The
+   * rule is applied here only: to the thread as read after the caller's answer was written (a
+   * report that cannot start anything writes nothing; a later answer makes its own report), then
+   * again in the compare-and-swap that starts the Run, so of the reports of one generation
+   * (concurrent answers, a retry after a crash) the Run starts once.
+   */
+  async waitsResolved(sessionId: string, threadId: string, runId: string | null, generation: number): Promise<void> {
+    const read = await this.d.store.thread(sessionId, threadId);
+    if (!continuable(read, runId, generation)) return;
+    // An archived Session takes no new work: the wait is answered, but no turn continues.
+    const session = await this.d.store.get(read.workspace_id, sessionId);
+    if (session.archived_at !== null) return;
     const nextRunId = newId('run');
     await this.runStarting(sessionId, nextRunId);
     const { run } = await this.d.store.startTurn(session, threadId, (t) =>
-      t.status !== 'idle' || t._active_run_id !== runId ? null : {
+      !continuable(t, runId, generation) ? null : {
         thread: { ...t, status: 'running', _active_run_id: nextRunId, _running_since_ms: Date.now(), _stop_reason: null },
         start: { runId: nextRunId, inputs: [], continuesRunId: runId },
       });

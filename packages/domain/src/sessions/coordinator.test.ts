@@ -6,7 +6,7 @@ import { VersionedStore } from '../versioned.js';
 import type { RunDoc, SessionDoc } from './model.js';
 import { SessionStore } from './store.js';
 import { idleSession } from './fixtures.test-support.js';
-import { ThreadRuntime, type TurnScheduler } from './turns.js';
+import { continuable, ThreadRuntime, type TurnScheduler } from './turns.js';
 
 let redis: Redis;
 
@@ -15,14 +15,18 @@ beforeAll(async () => {
   redis = testRedis();
 });
 
+/** `resolved`: the threads whose turn a report of an answered wait would continue (the scheduler's rule). */
 function recording() {
   const queued: RunDoc[] = [];
   const resolved: string[] = [];
   const interrupted: string[] = [];
+  const store = new SessionStore(redis);
   const scheduler: TurnScheduler = {
     runQueued: async (run) => void queued.push(run),
     interruptRequested: async (_s, threadId) => void interrupted.push(threadId),
-    waitsResolved: async (_s, threadId) => void resolved.push(threadId),
+    waitsResolved: async (sessionId, threadId, runId, generation) => {
+      if (continuable(await store.thread(sessionId, threadId), runId, generation)) resolved.push(threadId);
+    },
   };
   return { scheduler, queued, resolved, interrupted };
 }

@@ -317,7 +317,8 @@ export class Coordinator {
 
   /**
    * Answers one delegation use: its `agent.tool_result` on the coordinator's thread, then the wait
-   * is marked answered; the caller that answers the generation's last wait continues the turn.
+   * is marked answered and reported to the scheduler, which continues the turn once no wait of
+   * the generation is open (`TurnScheduler.waitsResolved`).
    */
   private answer(session: SessionDoc, threadId: string, toolUseId: string, generation: number, a: Answer): Promise<void> {
     return this.answerMany(session, threadId, [{ toolUseId, generation, answer: a }]);
@@ -333,22 +334,20 @@ export class Coordinator {
     })));
     if (!r.ok) return;
     const events = new Map(items.map((x, i) => [x.toolUseId, { ev: r.events[i] as LogEvent, generation: x.generation }]));
-    let resolved = false;
+    const answered = new Set<number>();
     const next = await this.store.updateThread(session.id, threadId, (t) => {
-      resolved = false;
+      answered.clear();
       const waits = { ...t._waits };
-      let changed = false;
       for (const [id, { ev, generation }] of events) {
         const w = waits[id];
         if (!w || w.answered_event_id !== null || w.generation !== generation) continue;
         waits[id] = { ...w, answered_event_id: ev.id, answered_seq: ev.seq, answer_fingerprint: null };
-        changed = true;
+        answered.add(generation);
       }
-      if (!changed) return null;
-      resolved = Object.values(waits).every((x) => x.generation !== t._wait_generation || x.answered_event_id !== null);
-      return { ...t, _waits: waits };
+      return answered.size === 0 ? null : { ...t, _waits: waits };
     });
-    if (resolved && next.status === 'idle') await this.scheduler().waitsResolved(session.id, threadId, next._active_run_id);
+    // Whether the turn continues (this was the generation's last open wait) is the scheduler's to decide.
+    for (const generation of answered) await this.scheduler().waitsResolved(session.id, threadId, next._active_run_id, generation);
   }
 }
 

@@ -5,7 +5,7 @@ import { keys, tags, type Redis } from '@agentplane/store';
 import type { RunDoc } from './model.js';
 import { SessionStore } from './store.js';
 import { idleSession } from './fixtures.test-support.js';
-import { ThreadRuntime, type TurnScheduler } from './turns.js';
+import { continuable, ThreadRuntime, type TurnScheduler } from './turns.js';
 import { SessionCloser } from './closing.js';
 
 let redis: Redis;
@@ -322,5 +322,29 @@ describe('an archive during a turn', () => {
     expect(types).toEqual(['session.status_running', 'session.status_idle', 'session.status_completed']);
     expect(rec.queued).toHaveLength(1);
     expect(await store.thread(session.id, threadId)).toMatchObject({ status: 'idle', _closed: true });
+  });
+});
+
+describe('the continuation rule (continuable)', () => {
+  it('continues a thread idle on the Run that waited, at the answered generation, with no wait of it open, and nothing else', async () => {
+    const store = new SessionStore(redis);
+    const { session, threadId } = await idleSession(store);
+    const base = await store.thread(session.id, threadId);
+    const answered = { kind: 'custom_tool' as const, answered_event_id: 'evt_a', answer_fingerprint: null };
+    const open = { kind: 'confirmation' as const, answered_event_id: null, answer_fingerprint: null };
+    // Idle on run_1 at generation 2; a wait of generation 1 left open does not count.
+    const waiting = { ...base, status: 'idle' as const, _active_run_id: 'run_1', _wait_generation: 2, _waits: { a: { ...answered, generation: 2 }, old: { ...open, generation: 1 } } };
+    expect(continuable(waiting, 'run_1', 2)).toBe(true);
+    expect(continuable({ ...waiting, _waits: { ...waiting._waits, b: { ...open, generation: 2 } } }, 'run_1', 2)).toBe(false);
+    // Another Run, no Run, a generation that is no longer current (an interrupt moved it on).
+    expect(continuable(waiting, 'run_2', 2)).toBe(false);
+    expect(continuable(waiting, null, 2)).toBe(false);
+    expect(continuable({ ...waiting, _active_run_id: null }, null, 2)).toBe(false);
+    expect(continuable(waiting, 'run_1', 1)).toBe(false);
+    // Continued already, terminated, or the Session closed or archived under a turn.
+    expect(continuable({ ...waiting, status: 'running' }, 'run_1', 2)).toBe(false);
+    expect(continuable({ ...waiting, status: 'terminated' }, 'run_1', 2)).toBe(false);
+    expect(continuable({ ...waiting, _closed: true }, 'run_1', 2)).toBe(false);
+    expect(continuable({ ...waiting, _archived: true }, 'run_1', 2)).toBe(false);
   });
 });

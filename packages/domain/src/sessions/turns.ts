@@ -43,8 +43,15 @@ export interface TurnScheduler {
   /** `user.interrupt` on a thread whose turn is active. */
   /** `trace`: the interrupt's context (the parent of the Run's end records when it ends here). */
   interruptRequested(sessionId: string, threadId: string, runId: string, trace?: Context): Promise<void>;
-  /** Every wait of the thread's current generation is answered: the waiting Run may continue. */
-  waitsResolved(sessionId: string, threadId: string, runId: string | null): Promise<void>;
+  /**
+   * A wait of wait generation `generation` on the thread, opened when `runId`'s turn ended
+   * `requires_action`, was answered (or was found answered already: a retry after a crash).
+   * Whoever answers a wait reports it here and decides nothing more: the scheduler continues the
+   * turn in a new Run only when the thread can continue (`continuable`: no wait of that
+   * generation is open any more) and its Session is not archived, checked in the compare-and-swap
+   * that starts the Run. A report made again, or for a wait that was not the last, starts nothing.
+   */
+  waitsResolved(sessionId: string, threadId: string, runId: string | null, generation: number): Promise<void>;
 }
 
 /** A turn start's intent recorded ahead of the start (`ThreadRuntime.intendStart`). */
@@ -76,6 +83,18 @@ export interface JobBehind {
 export function startable(t: Readonly<ThreadDoc>): boolean {
   if (t.status !== 'idle' || t._active_run_id !== null || t._closed === true || t._archived === true) return false;
   return !Object.values(t._waits).some((w) => w.generation === t._wait_generation && w.answered_event_id === null);
+}
+
+/**
+ * A thread whose turn continues now in a new Run (`TurnScheduler.waitsResolved`): still idle on
+ * `runId`, the Run whose turn ended `requires_action`, still at wait generation `generation`
+ * (an interrupt ended the wait, or a later turn opened others, when it is not), every wait of that
+ * generation answered, and the Session neither closed nor archived as far as the thread knows.
+ */
+export function continuable(t: Readonly<ThreadDoc>, runId: string | null, generation: number): boolean {
+  if (runId === null || t.status !== 'idle' || t._active_run_id !== runId || t._wait_generation !== generation) return false;
+  if (t._closed === true || t._archived === true) return false;
+  return !Object.values(t._waits).some((w) => w.generation === generation && w.answered_event_id === null);
 }
 
 /**
