@@ -74,7 +74,8 @@ async function listAll(params: Json = {}): Promise<{ tasks: Json[]; totalSize: n
 }
 
 beforeAll(async () => {
-  p = await startPlatform();
+  // Requests that follow a task's log check their caller again at each keep-alive period.
+  p = await startPlatform({ env: { SSE_KEEPALIVE_MS: '300' } });
   ws = p.bootstrap.workspace_id;
   redis = new Redis(p.redisUrl());
   const key = await p.root.post<{ secret: string }>(`/v1/organizations/${p.bootstrap.organization_id}/api-keys`, {
@@ -363,5 +364,56 @@ describe('A2A stream audit', () => {
     expect([r.status, errorOf(r)?.code], r.text).toEqual([200, -32603]);
     expect(errorOf(r)?.message).toMatch(/^runtime\.invalid_transition: /);
     expect(await auditOf(r.requestId)).toEqual([{ action: 'a2a.SendStreamingMessage', outcome: 'failed', status: 200, detail: 'runtime.invalid_transition' }]);
+  });
+});
+
+describe('requests that follow a task', () => {
+  /** A Principal of its own with every grant a task needs, and its a2a credential. */
+  async function caller(name: string): Promise<{ principal: string; onAgent: string; secret: string }> {
+    const principal = await createPrincipal(p.root, ws, name);
+    const a = await p.root.post<{ id: string }>('/v1/permission-assignments', { principal_id: principal, target: { type: 'agent', id: agentId }, actions: ['invoke', 'steer', 'observe'] });
+    await grant(principal, { type: 'surface_scope', id: rootId }, ['invoke', 'steer', 'observe']);
+    return { principal, onAgent: a.id, secret: (await createCredential(p.root, principal, 'a2a')).secret };
+  }
+  const post = (token: string, body: unknown, signal?: AbortSignal) => fetch(endpoint, {
+    method: 'POST', headers: { authorization: `Bearer ${token}`, 'a2a-version': '1.0', 'content-type': 'application/json' }, body: JSON.stringify(body), ...(signal ? { signal } : {}),
+  });
+
+  it('a stream ends once its grant is revoked, its last event naming the refusal, and is recorded denied', async () => {
+    const c = await caller('stream-revoked');
+    // No runner: the task stays working and the stream would follow it indefinitely.
+    const r = await post(c.secret, call('SendStreamingMessage', { message: message('keep streaming') }));
+    expect(r.headers.get('content-type')).toContain('text/event-stream');
+    const reader = r.body?.getReader();
+    const decoder = new TextDecoder();
+    let text = decoder.decode((await reader?.read())?.value);
+    expect(text).toContain('"task"');
+    expect((await p.root.request('DELETE', `/v1/permission-assignments/${c.onAgent}`)).status).toBe(200);
+    const until = Date.now() + 10_000;
+    let ended = false;
+    while (!ended && Date.now() < until) {
+      const chunk = await Promise.race([reader?.read(), new Promise<'idle'>((res) => setTimeout(() => res('idle'), 1000))]);
+      if (chunk === 'idle') continue;
+      if (!chunk || chunk.done) ended = true;
+      else text += decoder.decode(chunk.value);
+    }
+    expect(ended).toBe(true);
+    await reader?.cancel();
+    const last = JSON.parse(text.trim().split('\n').filter((l) => l.startsWith('data: ')).at(-1)?.slice('data: '.length) ?? 'null') as { error?: { message: string } };
+    expect(last.error?.message).toMatch(/^policy\.denied: /);
+    expect(await auditOf(r.headers.get('request-id'))).toEqual([{ action: 'a2a.SendStreamingMessage', outcome: 'denied', status: 200, detail: 'policy.denied' }]);
+  });
+
+  it('a blocking send answers the refusal once its Principal is suspended, not the task as it then stands', async () => {
+    const c = await caller('blocking-suspended');
+    const answer = post(c.secret, call('SendMessage', { message: message('wait for me') }));
+    // The send is admitted and waits for the task to settle (it never does here).
+    await new Promise((res) => setTimeout(res, 1000));
+    expect((await p.root.request('POST', `/v1/principals/${c.principal}/suspend`, { body: {} })).status).toBe(200);
+    const r = await Promise.race([answer, new Promise<null>((res) => setTimeout(() => res(null), 10_000))]);
+    expect(r).not.toBeNull();
+    const body = (await r?.json()) as { error: { type: string } };
+    expect([r?.status, body.error.type]).toEqual([401, 'auth.invalid_key']);
+    expect(await auditOf(r?.headers.get('request-id') ?? null)).toEqual([{ action: 'a2a.SendMessage', outcome: 'denied', status: 401, detail: 'auth.invalid_key' }]);
   });
 });

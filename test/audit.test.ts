@@ -168,6 +168,31 @@ describe('audit log', () => {
     expect(held.data).toEqual([]);
   });
 
+  it('records a mutation refused for the key\'s rate limit over MCP, as over REST', async () => {
+    // Fixed one-minute windows: start early enough in one that the three requests share it.
+    const second = new Date().getUTCSeconds();
+    if (second > 45) await new Promise((r) => setTimeout(r, (61 - second) * 1000));
+    const key = await p.root.post<{ id: string; secret: string }>(`/v1/organizations/${org}/api-keys`, {
+      display_name: 'audit limited', role: 'developer', scope: { type: 'workspace', workspace_id: ws }, rate_limit_per_minute: 1,
+    }, { idempotencyKey: 'audit-limited-key' });
+    const dev = new HttpClient({ baseUrl: p.baseUrl, token: key.secret });
+    expect((await dev.request('POST', '/v1/agents', { body: { name: 'limited-1', model: 'default' } })).status).toBe(201);
+    const viaRest = await dev.request('POST', '/v1/agents', { body: { name: 'limited-2', model: 'default' } });
+    expect(viaRest.status).toBe(429);
+    const viaMcp = await mcpCall(p.baseUrl, key.secret, 'agents_createAgent', { body: { name: 'limited-3', model: 'default' } });
+    expect(viaMcp.result?.isError).toBe(true);
+    expect((toolBody(viaMcp.result).error as { type: string }).type).toBe('budget.exceeded');
+    const { records } = await exportAll(p.root, 0, 1000, { actor: key.id });
+    expect(records.map((r) => [r.action, r.outcome, r.status, r.detail])).toEqual([
+      ['agents.createAgent', 'succeeded', 201, null],
+      ['agents.createAgent', 'failed', 429, 'budget.exceeded'],
+      ['agents.createAgent', 'failed', 429, 'budget.exceeded'],
+    ]);
+    // Nothing was created by the refused calls.
+    const agents = await p.root.get<{ data: { name: string }[] }>('/v1/agents', { limit: 100 });
+    expect(agents.data.map((a) => a.name).filter((n) => n.startsWith('limited-'))).toEqual(['limited-1']);
+  });
+
   it('keeps Workspaces apart and rejects bad requests', async () => {
     const other = await p.root.post<{ id: string }>(`/v1/organizations/${org}/workspaces`, { name: 'audit-other' });
     const inOther = p.root.with({ workspaceId: other.id });

@@ -379,6 +379,44 @@ describe('Files API', () => {
     expect((await get(granted.id)).status).toBe(401);
   });
 
+  it('every attempt to store a Session output past the bearer is one audit record, as the Run, naming the request', async () => {
+    const run = `run_${randomBytes(16).toString('hex')}`;
+    const fence = new LeaseFence(redis);
+    /** A live lease of the Run on a Session of its own, and its runtime bearer. */
+    const mint = async (outputs: boolean): Promise<{ bearer: string; session: string }> => {
+      const session = `sess_${randomBytes(16).toString('hex')}`;
+      const leaseId = `lease_${randomBytes(8).toString('hex')}`;
+      expect(await fence.claim({ sessionId: session, token: leaseId, runnerId: 'runner_test', attempt: 1, runId: run }, 60_000)).toBe('ok');
+      const bearer = await new RedisRuntimeBearers(redis, fence).mint({
+        run_id: run, session_id: session, workspace_id: p.bootstrap.workspace_id, organization_id: p.bootstrap.organization_id,
+        lease_id: leaseId, expires_at: new Date(Date.now() + 60_000).toISOString(), connections: {}, outputs,
+      });
+      return { bearer, session };
+    };
+    const store = (bearer: string, type: string, body: string | Buffer) => fetch(`${p.baseUrl}/v1/runtime/files?filename=shot.png`, {
+      method: 'POST', headers: { authorization: `Bearer ${bearer}`, 'content-type': type }, body,
+    });
+    const png = Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]);
+    const ungranted = await mint(false);
+    const denied = await store(ungranted.bearer, 'image/png', png);
+    expect(denied.status).toBe(403);
+    const granted = await mint(true);
+    const malformed = await store(granted.bearer, 'text/plain', 'not an image');
+    expect(malformed.status).toBe(400);
+    const ok = await store(granted.bearer, 'image/png', png);
+    expect(ok.status).toBe(201);
+    const file = (await ok.json()) as { id: string };
+    const records = (await p.root.post<{ data: Array<{ actor: Json; target: string; outcome: string; status: number; detail: string | null; request_id: string | null }> }>(
+      '/v1/audit/export', { action: 'files.storeSessionOutput', actor: run, limit: 100 },
+    )).data;
+    const actor = { id: run, credential_id: null };
+    expect(records.map((r) => [r.actor, r.target, r.outcome, r.status, r.detail, r.request_id])).toEqual([
+      [actor, ungranted.session, 'denied', 403, 'policy.denied', denied.headers.get('request-id')],
+      [actor, granted.session, 'failed', 400, 'validation.malformed', malformed.headers.get('request-id')],
+      [actor, file.id, 'succeeded', 201, null, ok.headers.get('request-id')],
+    ]);
+  });
+
   it('is described in OpenAPI as multipart and kept off the MCP tool list', async () => {
     const doc = await api.get<{ paths: Record<string, Record<string, Json>> }>('/v1/openapi.json');
     const upload = doc.paths['/v1/files']?.post as { requestBody: { content: Record<string, unknown> } };

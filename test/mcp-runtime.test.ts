@@ -322,6 +322,31 @@ describe('/v1/runtime/mcp/{connection_id}', () => {
     expect((await post(`/v1/runtime/mcp/${connectionId}`, mine)).status).toBe(401);
   });
 
+  it('a tool call refused because the Run has no such resource is an audit record of the Run, on every runtime tool endpoint', async () => {
+    const run = randomBytes(16).toString('hex');
+    const bearer = await bearers.mint(await grant({}, 60_000, run));
+    const store = `memstore_${hex('8')}`;
+    const source = `tsrc_${hex('7')}`;
+    const call = (path: string, name: string) => post(path, bearer, { jsonrpc: '2.0', id: 1, method: 'tools/call', params: { name, arguments: { path: 'a.md', content: 'x' } } });
+    const refusals = [
+      await call(`/v1/runtime/mcp/${connectionId}`, 'echo'),
+      await call(`/v1/runtime/memory/${store}`, 'create'),
+      await call(`/v1/runtime/toolsource/${source}`, 'ask_peer'),
+      // Reads (a listing, a memory view) are not recorded, as when they are served.
+      await post(`/v1/runtime/mcp/${connectionId}`, bearer),
+      await call(`/v1/runtime/memory/${store}`, 'view'),
+    ];
+    expect(refusals.map((r) => r.status)).toEqual([403, 403, 403, 403, 403]);
+    const records = (await p.root.post<{ data: Array<{ action: string; actor: { id: string; credential_id: string | null }; target: string | null; outcome: string; status: number; detail: string | null; request_id: string | null }> }>(
+      '/v1/audit/export', { actor: `run_${run}`, limit: 100 },
+    )).data;
+    expect(records.map((r) => [r.action, r.actor.credential_id, r.target, r.outcome, r.status, r.detail, r.request_id])).toEqual([
+      ['connections.runtimeCallTool:echo', null, connectionId, 'denied', 403, 'policy.denied', refusals[0]?.headers.get('request-id')],
+      ['memoryStores.runtimeCreate', null, store, 'denied', 403, 'policy.denied', refusals[1]?.headers.get('request-id')],
+      ['toolSources.runtimeCallTool:ask_peer', null, source, 'denied', 403, 'policy.denied', refusals[2]?.headers.get('request-id')],
+    ]);
+  });
+
   it('a runtime bearer never works on /v1/mcp, and an API key never works here', async () => {
     const bearer = await bearers.mint(await grant({ [connectionId]: { default: 'allow' } }));
     expect((await post('/v1/mcp', bearer)).status).toBe(401);

@@ -1,6 +1,8 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Client, StreamableHTTPClientTransport } from '@modelcontextprotocol/client';
 import { startPlatform, type Platform } from './harness/platform.js';
+import { createCredential, createPrincipal } from './harness/governance.js';
+import { mcpCall, mcpToolNames, toolBody } from './harness/mcp-call.js';
 
 let p: Platform;
 beforeAll(async () => {
@@ -379,6 +381,26 @@ describe('callers', () => {
       expect(errType(unknown)).toBe('policy.denied');
     } finally {
       await client.close();
+    }
+  });
+
+  it('the Principal catalog lists the ActionApproval reads an `approve` on a Session or its Agent reaches', async () => {
+    const prin = await createPrincipal(p.root, ws(), 'session-approver');
+    const cred = await createCredential(p.root, prin);
+    const env = await p.root.post<{ id: string }>('/v1/environments', { name: 'approver-env', image: 'agentplane/sandbox:1' });
+    const agent = await p.root.post<{ id: string }>('/v1/agents', { name: 'approver-agent', model: 'default' });
+    const session = await p.root.post<{ id: string }>('/v1/sessions', { agent: agent.id, environment_id: env.id });
+    // An approval is governed as its Session: `approve` on the Session (or on its Agent) reaches
+    // one by id as it reaches the Session's queue, so both reads are listed; the Workspace's
+    // queue needs `approve` on the Workspace.
+    for (const target of [{ type: 'session', id: session.id }, { type: 'agent', id: agent.id }]) {
+      const a = await p.root.post<{ id: string }>('/v1/permission-assignments', { principal_id: prin, target, actions: ['approve'] });
+      expect((await mcpToolNames(p.baseUrl, cred.secret)).sort(), target.type).toEqual(['approvals_getActionApproval', 'approvals_listSessionActionApprovals']);
+      const listed = await mcpCall(p.baseUrl, cred.secret, 'approvals_listSessionActionApprovals', { path: { session_id: session.id } });
+      expect(listed.result?.isError, target.type).toBe(false);
+      expect(toolBody(listed.result).data).toEqual([]);
+      expect((await p.root.request('DELETE', `/v1/permission-assignments/${a.id}`)).status).toBe(200);
+      expect(await mcpToolNames(p.baseUrl, cred.secret)).toEqual([]);
     }
   });
 

@@ -1,4 +1,8 @@
+import { randomBytes } from 'node:crypto';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Redis } from 'ioredis';
+import { RedisRuntimeBearers } from '@agentplane/domain';
+import { LeaseFence } from '@agentplane/lease';
 import { startPlatform, type Platform } from './harness/platform.js';
 import { errType } from './harness/governance.js';
 
@@ -10,10 +14,13 @@ type Json = Record<string, unknown>;
 interface VaultView { id: string; version: number; secrets: Json[] }
 
 let p: Platform;
+let redis: Redis;
 beforeAll(async () => {
   p = await startPlatform();
+  redis = new Redis(p.redisUrl());
 }, 120_000);
 afterAll(async () => {
+  redis?.disconnect();
   await p?.stop();
 });
 
@@ -57,5 +64,43 @@ describe('peer credential values', () => {
     expect(r.body.error.message).toContain('body.value');
     expect(JSON.stringify(r.body)).not.toContain(misplaced);
     expect(JSON.stringify(r.body)).not.toContain('a-token-value');
+  });
+});
+
+describe('git credentials for a Run', () => {
+  it('each answer past the runtime bearer is an audit record of the Run naming the request', async () => {
+    const origin = 'https://git.example.com';
+    const vault = (await p.root.post<{ id: string }>('/v1/vaults', { name: 'git-release' })).id;
+    expect((await putSecret(vault, 'git', { kind: 'git_https', match: origin, value: 'git-token-0123456789' })).status).toBe(200);
+    const env = await p.root.post<{ id: string }>('/v1/environments', { name: 'git-env', image: 'agentplane/sandbox:1' });
+    const repo = `${origin}/org/repo.git`;
+    const session = (await p.root.post<{ id: string }>('/v1/sessions', {
+      agent: { name: 'git-agent', model: 'default' }, environment_id: env.id, vault_ids: [vault], resources: [{ type: 'repository', url: repo }],
+    })).id;
+    const run = `run_${randomBytes(16).toString('hex')}`;
+    const leaseId = `lease_${randomBytes(8).toString('hex')}`;
+    const fence = new LeaseFence(redis);
+    expect(await fence.claim({ sessionId: session, token: leaseId, runnerId: 'runner_test', attempt: 1, runId: run }, 60_000)).toBe('ok');
+    const bearer = await new RedisRuntimeBearers(redis, fence).mint({
+      run_id: run, session_id: session, workspace_id: p.bootstrap.workspace_id, organization_id: p.bootstrap.organization_id,
+      lease_id: leaseId, expires_at: new Date(Date.now() + 60_000).toISOString(), connections: {}, repositories: [repo],
+    });
+    const ask = (url: string) => fetch(`${p.baseUrl}/v1/runtime/git-credentials`, {
+      method: 'POST', headers: { authorization: `Bearer ${bearer}`, 'content-type': 'application/json' }, body: JSON.stringify({ url }),
+    });
+    const released = await ask(repo);
+    expect(released.status).toBe(200);
+    expect(await released.json()).toMatchObject({ password: 'git-token-0123456789', vault_id: vault });
+    const refused = await ask(`${origin}/org/other.git`);
+    expect([refused.status, errType({ body: await refused.json() })]).toEqual([404, 'validation.not_found']);
+    const records = (await p.root.post<{ data: Array<{ actor: Json; target: string; outcome: string; status: number; request_id: string | null }> }>(
+      '/v1/audit/export', { action: 'vaults.releaseGitCredential', actor: run, limit: 100 },
+    )).data;
+    expect(records.map((r) => [r.actor, r.target, r.outcome, r.status, r.request_id])).toEqual([
+      [{ id: run, credential_id: null }, vault, 'succeeded', 200, released.headers.get('request-id')],
+      [{ id: run, credential_id: null }, session, 'failed', 404, refused.headers.get('request-id')],
+    ]);
+    // The record holds ids only, never the secret.
+    expect(JSON.stringify(records)).not.toContain('git-token-0123456789');
   });
 });

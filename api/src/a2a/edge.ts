@@ -46,6 +46,12 @@ function actionsFor(method: A2aMethod, continuing: boolean): PermissionAction[] 
   }
 }
 
+/**
+ * Methods that follow a task's log until it settles (a stream, a blocking send): while they last,
+ * their credential and grants are checked again at each keep-alive period, as a REST stream's are.
+ */
+const FOLLOWING: ReadonlySet<A2aMethod> = new Set(['SendMessage', 'SendStreamingMessage', 'SubscribeToTask']);
+
 /** JSON-RPC and A2A error codes by name (A2A 1.0, section 8): an audit record's `detail`. */
 const RPC_ERROR_NAMES: Readonly<Record<number, string>> = {
   [-32700]: 'JSONParseError', [-32600]: 'InvalidRequestError', [-32601]: 'MethodNotFoundError', [-32602]: 'InvalidParamsError',
@@ -162,6 +168,35 @@ export function a2aEdge(deps: ApiDeps): Koa.Middleware {
     }
   }
 
+  /** The PermissionAssignments a method needs, live, on the installed Agent and on the SurfaceScope (403 `policy.denied`). */
+  async function requireGrants(placement: Placement, principalId: string, method: A2aMethod, continuing: boolean): Promise<void> {
+    const ws = placement.workspaceId;
+    const chain = (await deps.surfaceScopes.inheritanceChain(ws, placement.scope.id)).map((s) => s.id);
+    for (const action of actionsFor(method, continuing)) {
+      await deps.permissions.require(ws, principalId, action, { type: 'agent', id: placement.agent.id });
+      await deps.permissions.require(ws, principalId, action, { type: 'surface_scope', id: placement.scope.id, inheritsFrom: chain });
+    }
+  }
+
+  /**
+   * For a request that outlives its admission: the refusal its credential or grants meet now
+   * (a revoked credential, a suspended Principal, a revoked or narrowed assignment), or null while
+   * they still admit it. A check that fails for another reason keeps the request going, as a REST
+   * stream's keep-alive does.
+   */
+  async function nowRefused(headers: Readonly<Record<string, string | undefined>>, placement: Placement, principalId: string, method: A2aMethod, continuing: boolean): Promise<ApiError | null> {
+    try {
+      const again = await authenticate(headers, deps);
+      if (again.kind !== 'principal_credential' || again.audience !== 'a2a' || again.principalId !== principalId || again.workspaceId !== placement.workspaceId) {
+        throw new ApiError('auth.invalid_key', 'A2A takes a Principal access credential with audience a2a');
+      }
+      await requireGrants(placement, principalId, method, continuing);
+      return null;
+    } catch (err) {
+      return err instanceof ApiError ? err : null;
+    }
+  }
+
   async function rpc(ctx: Koa.Context, p: { workspaceId: string; installationId: string; scopeId: string }): Promise<void> {
     const headers = flatten(ctx.headers);
     const requestId = String(ctx.state.requestId ?? '');
@@ -273,6 +308,7 @@ export function a2aEdge(deps: ApiDeps): Koa.Middleware {
       return refuse(new RequestMalformedError(err.message));
     }
     // 8. Governance: never agent to agent inside one Workspace; PermissionAssignments; ActionPolicies.
+    let continuing = false;
     if (known) {
       try {
         if (await deps.installations.installationOfPrincipal(p.workspaceId, principalId)) {
@@ -283,12 +319,8 @@ export function a2aEdge(deps: ApiDeps): Koa.Middleware {
         // their schema: the decoding cannot trip on them.
         const sends = known === 'SendMessage' || known === 'SendStreamingMessage';
         const message = sends ? Message.fromJSON(params.message as Json) : null;
-        const continuing = message !== null && (message.taskId !== '' || message.contextId !== '');
-        const chain = (await deps.surfaceScopes.inheritanceChain(p.workspaceId, placement.scope.id)).map((s) => s.id);
-        for (const action of actionsFor(known, continuing)) {
-          await deps.permissions.require(p.workspaceId, principalId, action, { type: 'agent', id: placement.agent.id });
-          await deps.permissions.require(p.workspaceId, principalId, action, { type: 'surface_scope', id: placement.scope.id, inheritsFrom: chain });
-        }
+        continuing = message !== null && (message.taskId !== '' || message.contextId !== '');
+        await requireGrants(placement, principalId, known, continuing);
         const actor = { id: principalId, credential_id: caller.credentialId };
         const calls: ToolCall[] = [{ kind: 'a2a', name: known, principal_id: principalId, input: params }];
         if (sends) calls.push({ kind: 'drive', name: 'user.message', principal_id: principalId, input: params });
@@ -317,9 +349,30 @@ export function a2aEdge(deps: ApiDeps): Koa.Middleware {
       requestedVersion: version, user: { isAuthenticated: true, userName: principalId }, state: new Map([[CALL_STATE_KEY, call]]),
     });
     const target = () => call.target ?? placement.installation.id;
+    // A request that follows a task's log ends once its credential or grants no longer admit it:
+    // the refusal is its answer (or, once a stream has begun, its last event) and its record.
+    const cut: { refused: ApiError | null; finished: boolean } = { refused: null, finished: false };
+    // Read through a call: the refusal arrives from the timer, between the awaits below.
+    const refusal = (): ApiError | null => cut.refused;
+    const following = known !== null && FOLLOWING.has(known) ? known : null;
+    const recheck = following === null ? undefined : setInterval(() => {
+      void nowRefused(headers, placement, principalId, following, continuing).then((err) => {
+        if (err === null || cut.finished || cut.refused !== null) return;
+        cut.refused = err;
+        abort.abort();
+      });
+    }, deps.config.sseKeepaliveMs);
+    recheck?.unref();
+    const deny = async (err: ApiError): Promise<void> => {
+      count(method, 'denied');
+      await audit(base, method, target(), 'denied', err.status, err.type);
+      wire(ctx, err, err.status === 401 ? { 'WWW-Authenticate': 'Bearer' } : {});
+    };
     try {
       const out = await transport.handle(body as Json, context);
       if (!(Symbol.asyncIterator in out)) {
+        const refused = refusal();
+        if (refused !== null) return deny(refused);
         const failed = 'error' in out && out.error !== undefined;
         count(method, failed ? 'rpc_error' : 'ok');
         await audit(base, method, target(), failed ? 'failed' : 'succeeded', 200, failed ? rpcErrorDetail(out.error as { code?: unknown; message?: unknown }) : null);
@@ -334,6 +387,8 @@ export function a2aEdge(deps: ApiDeps): Koa.Middleware {
       try {
         first = await it.next();
       } catch (err) {
+        const refused = refusal();
+        if (refused !== null) return deny(refused);
         // A platform error keeps its type (its message starts with it), as in a non-stream answer.
         const error = JsonRpcTransportHandler.mapToJSONRPCError(err);
         count(method, 'rpc_error');
@@ -342,6 +397,11 @@ export function a2aEdge(deps: ApiDeps): Koa.Middleware {
         ctx.type = 'application/json';
         ctx.body = JSON.stringify({ jsonrpc: '2.0', id, error });
         return;
+      }
+      const refusedEarly = refusal();
+      if (refusedEarly !== null) {
+        await it.return?.(undefined);
+        return deny(refusedEarly);
       }
       ctx.respond = false;
       const res = ctx.res;
@@ -365,11 +425,21 @@ export function a2aEdge(deps: ApiDeps): Koa.Middleware {
         }
       } finally {
         await it.return?.(undefined);
+        const refused = refusal();
+        if (refused !== null && outcome === 'succeeded') {
+          // The stream ended because its caller is no longer admitted: its last event says why.
+          outcome = 'denied';
+          detail = refused.type;
+          const error = JsonRpcTransportHandler.mapToJSONRPCError(new Error(`${refused.type}: ${refused.message}`));
+          if (!res.writableEnded && !res.destroyed) res.write(formatSSEErrorEvent({ jsonrpc: '2.0', id, error }));
+        }
         if (!res.writableEnded) res.end();
       }
-      count(method, outcome === 'succeeded' ? 'ok' : 'rpc_error');
+      count(method, outcome === 'succeeded' ? 'ok' : outcome === 'denied' ? 'denied' : 'rpc_error');
       await audit(base, method, target(), outcome, 200, detail);
     } finally {
+      cut.finished = true;
+      clearInterval(recheck);
       ctx.res.off('close', onClose);
       abort.abort();
     }

@@ -3,7 +3,8 @@ import { ApiError, Counter, isId, newId, nowIso } from '@agentplane/core';
 import { ContentTooLarge, StorageError, type FileDoc } from '@agentplane/domain';
 import type { ApiDeps } from '../deps.js';
 import { runtimeGrant } from '../http/runtime-route.js';
-import type { RuntimeBearerVerifier } from '@agentplane/domain';
+import type { RuntimeBearerVerifier, RuntimeGrant } from '@agentplane/domain';
+import { requestIdOf } from '../http/router.js';
 import { sendFileContent } from './operations.js';
 
 export const RUNTIME_FILE_PATH = /^\/v1\/runtime\/files\/([^/]+)$/;
@@ -48,14 +49,32 @@ export function runtimeFiles(deps: ApiDeps, verifier: RuntimeBearerVerifier): Ko
  * browser screenshot). The body is the content, its `Content-Type` one of `image/png` or
  * `image/jpeg`; the File records the Session (`session_id`) and is answered 201 with the File.
  * The lease's runtime bearer must carry the `outputs` grant (given to Runs whose Environment has
- * the browser) and its lease must still hold the Session. Audited as `files.storeSessionOutput`.
+ * the browser) and its lease must still hold the Session. Every attempt past the bearer is
+ * audited as `files.storeSessionOutput` (actor the Run, `request_id` the request's): succeeded
+ * (target the File), or denied, failed or error (target the Session) with its status and type.
  */
 async function storeOutput(ctx: Koa.Context, deps: ApiDeps, verifier: RuntimeBearerVerifier, outputs: Counter<'outcome'>): Promise<void> {
   const grant = await runtimeGrant(ctx, 'POST', verifier, () => outputs.inc({ outcome: 'unauthorized' }));
-  const actor = { id: grant.run_id, credential_id: null };
+  const record = (target: string, outcome: 'succeeded' | 'failed' | 'denied' | 'error', status: number, detail: string | null) => deps.audit.append(grant.workspace_id, {
+    actor: { id: grant.run_id, credential_id: null }, action: 'files.storeSessionOutput', target, outcome, status, detail, request_id: requestIdOf(ctx),
+  }).catch((err: unknown) => deps.log.error({ err, run: grant.run_id }, 'audit append failed'));
+  let stored: FileDoc;
+  try {
+    stored = await storeGranted(ctx, deps, grant, outputs);
+  } catch (err) {
+    const status = err instanceof ApiError ? err.status : 500;
+    await record(grant.session_id, status === 401 || status === 403 ? 'denied' : status >= 500 ? 'error' : 'failed', status, err instanceof ApiError ? err.type : 'runtime.internal');
+    throw err;
+  }
+  await record(stored.id, 'succeeded', 201, null);
+  ctx.status = 201;
+  ctx.body = stored;
+}
+
+/** The checks and the store of `storeOutput`, once the bearer is known. */
+async function storeGranted(ctx: Koa.Context, deps: ApiDeps, grant: RuntimeGrant, outputs: Counter<'outcome'>): Promise<FileDoc> {
   if (!grant.outputs) {
     outputs.inc({ outcome: 'not_granted' });
-    await deps.audit.append(grant.workspace_id, { actor, action: 'files.storeSessionOutput', target: grant.session_id, outcome: 'denied', status: 403, detail: 'policy.denied', request_id: null });
     throw new ApiError('policy.denied', `the runtime bearer of run ${grant.run_id} may not store Files (its Environment has no browser)`);
   }
   const type = String(ctx.get('content-type') ?? '').split(';')[0]?.trim().toLowerCase() ?? '';
@@ -81,7 +100,5 @@ async function storeOutput(ctx: Koa.Context, deps: ApiDeps, verifier: RuntimeBea
   };
   const stored = await deps.files.commit(file);
   outputs.inc({ outcome: 'ok' });
-  await deps.audit.append(grant.workspace_id, { actor, action: 'files.storeSessionOutput', target: id, outcome: 'succeeded', status: 201, detail: null, request_id: null });
-  ctx.status = 201;
-  ctx.body = stored;
+  return stored;
 }

@@ -246,14 +246,16 @@ export class HandlerRequest {
 
   /**
    * Whether the caller may still do what it began, for work that outlives the request's checks
-   * (a stream asks at each keep-alive): its credential still authenticates and, for a Principal,
-   * the PermissionAssignment the operation declares still holds. A function, to pass along.
+   * (a stream asks at each keep-alive): its credential still authenticates and is still admitted
+   * to the operation (an API key's role) and, for a Principal, the PermissionAssignment the
+   * operation declares still holds. A function, to pass along.
    */
   get stillAllowed(): () => Promise<boolean> {
     return async () => {
       try {
         const caller = await authenticate(this.raw.headers, this.deps);
         if (actsInDisabledDefault(caller) && this.caller.workspaceId === caller.workspaceId) return false;
+        if (this.op.auth.kind === 'bearer') authorize(caller, this.op.auth);
         if (caller.kind === 'principal_credential' && this.op.permission) {
           await checkPermission(this.op.permission, caller, this.params as Record<string, unknown>, this.body, [], this.deps);
         }

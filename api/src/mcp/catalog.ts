@@ -132,8 +132,13 @@ export const SEARCH_TOOL_DEF: McpTool = {
  * The projection of the operation table, computed once at start-up: every MCP-exposable
  * operation as a tool, indexed by tool name.
  */
-/** Target types whose assignments can satisfy an operation's permission (an Agent's covers its Sessions). */
-const COVERING: Record<string, readonly string[]> = { agent_id: ['agent'], session_id: ['session', 'agent'], memory_store_id: ['memory_store'], surface_scope_id: ['surface_scope'] };
+/**
+ * Target types whose assignments can satisfy an operation's permission (an Agent's covers its
+ * Sessions; an ActionApproval is governed as its Session).
+ */
+const COVERING: Record<string, readonly string[]> = {
+  agent_id: ['agent'], session_id: ['session', 'agent'], approval_id: ['session', 'agent'], memory_store_id: ['memory_store'], surface_scope_id: ['surface_scope'],
+};
 
 function holdsFor(held: ReadonlySet<string> | undefined, decl: { action: string; target: string }): boolean {
   if (!held) return false;

@@ -86,20 +86,26 @@ export class ToolDispatcher {
     private readonly deps: ApiDeps,
   ) {}
 
-  async call(name: string, args: unknown, ctx: CallContext): Promise<ToolResult> {
+  /**
+   * `limited`: the edge found the caller over its rate limit. The call is then refused by the
+   * pipeline where a REST request over its limit is (after authorisation, with nothing of its
+   * arguments passed on), so a limited mutation is its audit record, as over REST.
+   */
+  async call(name: string, args: unknown, ctx: CallContext, limited?: ApiError): Promise<ToolResult> {
     const principal = ctx.caller.kind === 'principal_credential';
-    if (name === SEARCH_TOOL && !principal) return this.search(args, ctx.caller);
+    if (name === SEARCH_TOOL && !principal) return limited ? apiErrorResult(limited, this.deps) : this.search(args, ctx.caller);
     const p = this.catalog.tools.get(name);
     if (!p) {
+      if (limited) return apiErrorResult(limited, this.deps);
       if (principal || name === SEARCH_TOOL) return apiErrorResult(new ApiError('policy.denied', `the principal catalog does not include '${name}'`), this.deps);
       throw new McpProtocolError(ErrorCode.InvalidParams, `unknown tool '${name}'`);
     }
     if (principal && !ToolCatalog.principalAdmits(p)) {
       // Refused by the same pipeline as any call (after the role check, with nothing of its
       // arguments passed on), so a refused mutation is its audit record, as over REST.
-      return this.dispatch(p, undefined, ctx, new ApiError('policy.denied', `the principal catalog does not include '${name}'`));
+      return this.dispatch(p, undefined, ctx, limited ?? new ApiError('policy.denied', `the principal catalog does not include '${name}'`));
     }
-    return this.dispatch(p, args, ctx);
+    return limited ? this.dispatch(p, undefined, ctx, limited) : this.dispatch(p, args, ctx);
   }
 
   private search(args: unknown, caller: Caller): ToolResult {

@@ -258,7 +258,12 @@ export function mcpEdge(operations: readonly Operation[], prepared: ReadonlyMap<
         if (!(err instanceof ApiError)) throw err;
         requests.inc({ method, outcome: 'rate_limited' });
         if (msg.method === 'tools/call') {
-          const limited = apiErrorResult(err, deps);
+          // Refused by the pipeline, as a REST request over its limit is: a limited mutation is
+          // its audit record (a call naming no tool has no operation to record).
+          const name = msg.params?.name;
+          const limited = typeof name === 'string' && name.length > 0
+            ? await dispatcher.call(name, undefined, { caller, headers, requestId: requestIdOf(ctx), trace: traceOf(ctx) }, err)
+            : apiErrorResult(err, deps);
           send(ctx, 200, rpcResult(id, era.kind === 'modern' ? { ...limited, resultType: 'complete' } : { ...limited }));
           return;
         }

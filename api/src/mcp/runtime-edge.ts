@@ -5,8 +5,9 @@ import { ApiError, reportIncident, type Logger } from '@agentplane/core';
 import type { RuntimeBearerVerifier, RuntimeGrant } from '@agentplane/domain';
 import type { ApiDeps } from '../deps.js';
 import { bearerToken } from '../http/authenticate.js';
+import { readJsonBody } from '../http/body.js';
 import { requestIdOf } from '../http/router.js';
-import { ErrorCode, MAX_MESSAGE_BYTES, rpcError } from './protocol.js';
+import { ErrorCode, isPlainObject, MAX_MESSAGE_BYTES, rpcError } from './protocol.js';
 
 /**
  * A refusal of a runtime MCP request: the JSON-RPC code, and the catalog error whose status
@@ -43,6 +44,37 @@ export const runtimeRefusals = {
   internal: (message: string): RuntimeRefusal => ({ code: ErrorCode.InternalError, error: new ApiError('runtime.internal', message) }),
 };
 
+/**
+ * The tool a refused runtime request calls, when it is a JSON-RPC `tools/call` naming one; null
+ * for anything else (another method, a body that is not one). Read only for the refusal's audit
+ * record: a request that is served is read by the SDK.
+ */
+export async function refusedToolCall(ctx: Koa.Context): Promise<string | null> {
+  let body: unknown;
+  try {
+    body = await readJsonBody(ctx.req, MAX_MESSAGE_BYTES);
+  } catch {
+    return null;
+  }
+  if (!isPlainObject(body) || body.method !== 'tools/call' || !isPlainObject(body.params)) return null;
+  const name = body.params.name;
+  return typeof name === 'string' && name.length > 0 ? name : null;
+}
+
+/**
+ * The audit record of a runtime tool call refused before it reached anything (the Run's grant does
+ * not reach the resource, or the resource is gone): as the Run, `action` with the call's target
+ * (the path's id, when it is an id of the resource's kind), denied (401, 403) or failed.
+ */
+export async function recordRefusedCall(
+  deps: ApiDeps, grant: RuntimeGrant, action: string, target: string | null, refusal: ApiError, requestId: string,
+): Promise<void> {
+  await deps.audit.append(grant.workspace_id, {
+    actor: { id: grant.run_id, credential_id: null }, action, target,
+    outcome: refusal.status === 401 || refusal.status === 403 ? 'denied' : 'failed', status: refusal.status, detail: refusal.type, request_id: requestId,
+  }).catch((err: unknown) => deps.log.error({ err, action, run: grant.run_id }, 'audit append failed'));
+}
+
 export interface RuntimeMcpEdge<C> {
   /** `POST <path>`: the first capture group is the resource id. */
   path: RegExp;
@@ -55,6 +87,11 @@ export interface RuntimeMcpEdge<C> {
   authorize(grant: RuntimeGrant, id: string, requestId: string): Promise<C | RuntimeRefusal>;
   /** A stateless MCP server for one request. */
   buildServer(context: C): Server;
+  /**
+   * A `tools/call` that `authorize` refused: its audit record, for an endpoint whose tool calls
+   * are recorded (`id` the path's resource id, `tool` the name the call gives).
+   */
+  recordRefused?(grant: RuntimeGrant, id: string, tool: string, refusal: ApiError, requestId: string): Promise<void>;
 }
 
 const isRefusal = (v: unknown): v is RuntimeRefusal => typeof v === 'object' && v !== null && 'code' in v && 'error' in v && v.error instanceof ApiError;
@@ -87,7 +124,11 @@ export function runtimeMcpEdge<C>(deps: ApiDeps, verifier: RuntimeBearerVerifier
       const grant = token ? await verifier.verify(token) : null;
       if (!grant) return fail(ctx, runtimeRefusals.bearer());
       const context = await edge.authorize(grant, m[1] ?? '', requestIdOf(ctx));
-      if (isRefusal(context)) return fail(ctx, context);
+      if (isRefusal(context)) {
+        const tool = edge.recordRefused ? await refusedToolCall(ctx) : null;
+        if (tool !== null) await edge.recordRefused?.(grant, m[1] ?? '', tool, context.error, requestIdOf(ctx));
+        return fail(ctx, context);
+      }
       const req = ctx.req as typeof ctx.req & { auth?: AuthInfo };
       req.auth = { token: token ?? '', clientId: grant.run_id, scopes: [], expiresAt: Math.floor(Date.parse(grant.expires_at) / 1000), extra: { context } };
       ctx.respond = false;

@@ -12,7 +12,7 @@ import { ConnectionService } from '@agentplane/domain';
 import { MAX_MESSAGE_BYTES } from './protocol.js';
 import { guardedFetch } from './egress.js';
 import type { EgressPolicy } from '../webhooks/ssrf.js';
-import { refuseRuntimeRequest, runtimeMethodNotAllowed, runtimeRefusals, sdkConsoleToLog, type RuntimeRefusal } from './runtime-edge.js';
+import { recordRefusedCall, refusedToolCall, refuseRuntimeRequest, runtimeMethodNotAllowed, runtimeRefusals, sdkConsoleToLog, type RuntimeRefusal } from './runtime-edge.js';
 import { refusedUnconfirmed, requireRuntimeToolCall, toolUseIdOf } from '../governance/run-tool-gate.js';
 import { argumentsOutsideSchema, exposedName, permissionOf, upstreamName, type ConnectionGrant, type RuntimeBearerVerifier, type RuntimeGrant } from '@agentplane/domain';
 
@@ -314,11 +314,19 @@ export function runtimeMcp(deps: ApiDeps, options: RuntimeMcpOptions): Koa.Middl
     const grant: RuntimeGrant | null = token ? await options.verifier.verify(token) : null;
     if (!grant) return fail(ctx, runtimeRefusals.bearer());
     const connectionId = m[1] ?? '';
+    /** A refusal before the server is reached: a tool call it refuses is recorded like any other. */
+    const refuseCall = async (r: RuntimeRefusal): Promise<void> => {
+      const tool = await refusedToolCall(ctx);
+      if (tool !== null) {
+        await recordRefusedCall(deps, grant, `connections.runtimeCallTool:${tool}`, isId('connection', connectionId) ? connectionId : null, r.error, requestIdOf(ctx));
+      }
+      fail(ctx, r);
+    };
     const cg = isId('connection', connectionId) ? grant.connections[connectionId] : undefined;
-    if (!cg) return fail(ctx, runtimeRefusals.denied(`run ${grant.run_id} has no connection ${connectionId}`));
+    if (!cg) return refuseCall(runtimeRefusals.denied(`run ${grant.run_id} has no connection ${connectionId}`));
     const connection = await deps.docs.get<Connection>(tags.workspace(grant.workspace_id), connectionId);
     if (!connection || connection.workspace_id !== grant.workspace_id || connection.status !== 'active') {
-      return fail(ctx, runtimeRefusals.notFound(`connection ${connectionId}`));
+      return refuseCall(runtimeRefusals.notFound(`connection ${connectionId}`));
     }
     const context: RequestContext = { grant, connectionGrant: cg, connection, headers: await upstreamHeaders(grant, connection), requestId: requestIdOf(ctx) };
     const req = ctx.req as typeof ctx.req & { auth?: AuthInfo };

@@ -2,7 +2,7 @@ import type Koa from 'koa';
 import { Server, type CallToolResult, type Tool } from '@modelcontextprotocol/server';
 import { ApiError, closedLabel, Counter, isId } from '@agentplane/core';
 import type { ApiDeps } from '../deps.js';
-import { runtimeMcpEdge, runtimeRefusals } from '../mcp/runtime-edge.js';
+import { recordRefusedCall, runtimeMcpEdge, runtimeRefusals } from '../mcp/runtime-edge.js';
 import type { RuntimeBearerVerifier, RuntimeGrant } from '@agentplane/domain';
 import { requireRuntimeToolCall, toolUseIdOf } from '../governance/run-tool-gate.js';
 import { checkPath, MEMORY_LIMITS, type MemoryAuthor } from './model.js';
@@ -184,5 +184,10 @@ export function runtimeMemory(deps: ApiDeps, verifier: RuntimeBearerVerifier): K
       return { grant, storeId, access, requestId };
     },
     buildServer,
+    // A write to a store the Run's grant does not hold is recorded as any refused write is.
+    recordRefused: async (grant, id, tool, refusal, requestId) => {
+      if (!TOOLS.some((t) => t.write && t.name === tool)) return;
+      await recordRefusedCall(deps, grant, `memoryStores.runtime${tool.charAt(0).toUpperCase()}${tool.slice(1)}`, isId('memoryStore', id) ? id : null, refusal, requestId);
+    },
   });
 }

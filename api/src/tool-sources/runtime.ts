@@ -3,7 +3,7 @@ import { Server, type CallToolResult } from '@modelcontextprotocol/server';
 import { ApiError, Counter, isId } from '@agentplane/core';
 import type { RuntimeBearerVerifier, RuntimeGrant } from '@agentplane/domain';
 import type { ApiDeps } from '../deps.js';
-import { runtimeMcpEdge, runtimeRefusals } from '../mcp/runtime-edge.js';
+import { recordRefusedCall, runtimeMcpEdge, runtimeRefusals } from '../mcp/runtime-edge.js';
 import { requireRuntimeToolCall, TOOL_USE_META } from '../governance/run-tool-gate.js';
 import { PeerCustodian, type PeerCustody } from './custody.js';
 import type { ToolSourceDoc } from './service.js';
@@ -116,5 +116,7 @@ export function runtimeToolSource(deps: ApiDeps, verifier: RuntimeBearerVerifier
       return { grant, source, requestId };
     },
     buildServer,
+    recordRefused: (grant, id, tool, refusal, requestId) =>
+      recordRefusedCall(deps, grant, `toolSources.runtimeCallTool:${tool}`, isId('toolSource', id) ? id : null, refusal, requestId),
   });
 }

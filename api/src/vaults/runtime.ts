@@ -3,6 +3,7 @@ import { ApiError, Counter } from '@agentplane/core';
 import type { ApiDeps } from '../deps.js';
 import { runtimeGrant } from '../http/runtime-route.js';
 import { readJsonBody } from '../http/body.js';
+import { requestIdOf } from '../http/router.js';
 import type { RuntimeBearerVerifier } from '@agentplane/domain';
 
 export const RUNTIME_GIT_PATH = '/v1/runtime/git-credentials';
@@ -24,7 +25,7 @@ export function runtimeGitCredentials(deps: ApiDeps, verifier: RuntimeBearerVeri
     if (ctx.path !== RUNTIME_GIT_PATH) return next();
     const grant = await runtimeGrant(ctx, 'POST', verifier, () => served.inc({ outcome: 'unauthorized' }));
     const record = (target: string, outcome: 'succeeded' | 'failed', status: number, detail: string | null) => deps.audit.append(grant.workspace_id, {
-      actor: { id: grant.run_id, credential_id: null }, action: 'vaults.releaseGitCredential', target, outcome, status, detail, request_id: null,
+      actor: { id: grant.run_id, credential_id: null }, action: 'vaults.releaseGitCredential', target, outcome, status, detail, request_id: requestIdOf(ctx),
     });
     let secret: Awaited<ReturnType<ApiDeps['vaults']['resolve']>>;
     try {
