@@ -1,9 +1,9 @@
 /**
  * The web console in a real headless Chromium against a platform started like `npm start`
  * (scheduler and local runner): sign in, create a Session, send a message and watch the turn
- * stream in and end, interrupt a long turn, drain and resume a runner pool, create a pairing
- * code, and a dropped stream that resumes with Last-Event-ID and no duplicate. Screenshots of
- * every page land in test-output/console/.
+ * stream in and end, interrupt a long turn, answer an ask_user question, drain and resume a
+ * runner pool, create a pairing code, and a dropped stream that resumes with Last-Event-ID and
+ * no duplicate. Screenshots of every page land in test-output/console/.
  */
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
@@ -198,6 +198,44 @@ describe('in the browser', () => {
     await interrupt.click();
     await page.locator('[data-stop-reason="interrupted"]').waitFor({ timeout: 30_000 });
     await page.locator('li[data-type="user.interrupt"]').waitFor();
+  }, 120_000);
+
+  it('answers an ask_user question from its form, and drops the form of a wait an interrupt ended', async () => {
+    const question = { questions: [{ question: 'Which colour?', options: ['red', 'blue'], allow_other: true }, { question: 'Why?' }] };
+    const s = await t.api.post<{ id: string }>('/v1/sessions', {
+      agent: {
+        name: 'asker', model: 'default', tools: [{ type: 'builtin', name: 'ask_user' }],
+        system: SCRIPT([
+          { when: { user_contains: 'colour' }, then: [{ tool: 'ask_user', input: question }] },
+          { when: { after_tool: 'ask_user' }, then: [{ reply: 'Noted. {{tool_result}}' }] },
+        ]),
+      },
+      environment_id: t.envId, title: 'question',
+    });
+    await page.goto(`${proxy.url}/console/#/sessions/${s.id}`);
+    await page.locator('[data-stream-state="live"]').waitFor();
+    await page.getByLabel('Message').fill('pick a colour');
+    await page.getByRole('button', { name: 'Send' }).click();
+    const form = page.locator('li[data-type="agent.tool_use"] [data-testid="question-form"]');
+    await form.waitFor({ timeout: 60_000 });
+    await shot('session-question');
+    // A choice and a free-text answer, sent as user.question_answer (a custom tool result is refused for a question).
+    await form.getByRole('group', { name: 'Which colour?' }).getByLabel('blue').check();
+    await form.getByRole('group', { name: 'Why?' }).getByLabel('Answer').fill('calm');
+    await form.getByRole('button', { name: 'Send answers' }).click();
+    await page.locator('li[data-type="user.question_answer"]').filter({ hasText: 'blue · calm' }).waitFor();
+    // The agent read the answers and the form is gone.
+    await page.locator('li[data-type="agent.message"]').filter({ hasText: 'Noted.' }).filter({ hasText: 'blue' }).filter({ hasText: 'calm' }).waitFor();
+    expect(await form.count()).toBe(0);
+    expect(await page.locator('form.composer [role="alert"]').count()).toBe(0);
+
+    // A second question that an interrupt ends (its tool use gets an interrupted result): no form stays behind.
+    await page.getByLabel('Message').fill('another colour');
+    await page.getByRole('button', { name: 'Send' }).click();
+    await form.waitFor({ timeout: 60_000 });
+    await t.api.post(`/v1/sessions/${s.id}/events`, { type: 'user.interrupt', payload: { authored_by: t.principal, caused_by: { kind: 'api' } } });
+    await page.locator('li[data-type="agent.tool_result"]').nth(1).waitFor();
+    await expect.poll(() => form.count()).toBe(0);
   }, 120_000);
 
   it('lists runners live, drains and resumes the pool and a single runner', async () => {

@@ -1,7 +1,7 @@
 import './styles.css';
 import { render } from 'preact';
 import { useEffect, useState } from 'preact/hooks';
-import { clearAuth, describeError, loadAuth, makeClient, ok, saveAuth, type ApiClient, type Auth } from './api';
+import { ApiProblem, clearAuth, describeError, loadAuth, makeClient, ok, saveAuth, type ApiClient, type Auth } from './api';
 import { SessionsPage } from './pages/sessions';
 import { SessionPage } from './pages/session';
 import { RunPage } from './pages/run';
@@ -21,6 +21,15 @@ const NAV: { path: string; label: string }[] = [
   { path: 'runners', label: 'Runners' },
   { path: 'models', label: 'Models' },
 ];
+
+/** A route segment as typed: one that is not valid percent-encoding stays as it is (decodeURIComponent would throw). */
+function decodePart(part: string): string {
+  try {
+    return decodeURIComponent(part);
+  } catch {
+    return part;
+  }
+}
 
 function useHash(): string {
   const [hash, setHash] = useState(location.hash);
@@ -82,22 +91,48 @@ function App() {
   const [checking, setChecking] = useState(true);
   const hash = useHash();
 
+  // Why the saved credential could not be checked this time (the API unreachable or failing):
+  // it is kept, and the check can be tried again.
+  const [unreachable, setUnreachable] = useState<string | null>(null);
+  const [attempt, setAttempt] = useState(0);
+
   useEffect(() => {
     const saved = loadAuth();
     if (!saved) {
       setChecking(false);
       return;
     }
+    setChecking(true);
+    setUnreachable(null);
     probe(saved).then(
       (ws) => { setCtx({ api: makeClient(saved), auth: saved, workspaceId: ws }); setChecking(false); },
-      () => { clearAuth(); setChecking(false); },
+      (err: unknown) => {
+        // Only the API's refusal of the credential (a client error) forgets it; a failure that
+        // may heal (no answer, 5xx, 408, 429) keeps it for another try.
+        if (err instanceof ApiProblem && err.status >= 400 && err.status < 500 && err.status !== 408 && err.status !== 429) clearAuth();
+        else setUnreachable(describeError(err));
+        setChecking(false);
+      },
     );
-  }, []);
+  }, [attempt]);
 
   if (checking) return <main class="signin" id="main"><p aria-live="polite">Loading…</p></main>;
+  if (!ctx && unreachable !== null) {
+    return (
+      <main class="signin" id="main">
+        <div class="card stack" data-testid="unreachable">
+          <p class="error" role="alert">The credential could not be checked: {unreachable}</p>
+          <div class="row">
+            <button type="button" class="primary" onClick={() => setAttempt((n) => n + 1)}>Try again</button>
+            <button type="button" onClick={() => { clearAuth(); setUnreachable(null); }}>Sign out</button>
+          </div>
+        </div>
+      </main>
+    );
+  }
   if (!ctx) return <SignIn onSignedIn={(auth, ws) => setCtx({ api: makeClient(auth), auth, workspaceId: ws })} />;
 
-  const parts = hash.replace(/^#\/?/, '').split('/').filter(Boolean).map(decodeURIComponent);
+  const parts = hash.replace(/^#\/?/, '').split('/').filter(Boolean).map(decodePart);
   const [area = 'sessions', id] = parts;
   let page;
   if (area === 'sessions' && id) page = <SessionPage ctx={ctx} id={id} />;

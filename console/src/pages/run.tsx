@@ -19,8 +19,14 @@ export const PHASES: { key: string; label: string }[] = [
   { key: 'ended_at', label: 'Ended' },
 ];
 
+/** A Run id as the API writes it: a page for anything else (`..` would leave /v1/runs/) asks the API nothing. */
+const RUN_ID = /^run_[0-9a-f]{32}$/;
+
 export function RunPage({ ctx, id }: { ctx: Ctx; id: string }) {
-  const run = useAsync(async () => (await ok(ctx.api.GET('/v1/runs/{run_id}', { params: { path: { run_id: id } } }))) as unknown as RunDoc, [id]);
+  const run = useAsync(async () => {
+    if (!RUN_ID.test(id)) throw new Error(`'${id}' is not a Run id (run_ and 32 hex digits)`);
+    return (await ok(ctx.api.GET('/v1/runs/{run_id}', { params: { path: { run_id: id } } }))) as unknown as RunDoc;
+  }, [id]);
   const r = run.data;
   const ts = r?.timestamps ?? {};
   const points = PHASES.map((p) => ({ ...p, at: ts[p.key] ? Date.parse(ts[p.key] as string) : null }));

@@ -29,18 +29,32 @@ export function contentText(content: unknown): string {
   return JSON.stringify(content, null, 2);
 }
 
+/** A `user.question_answer` in one line: each answer's choices and text, or the decline. */
+function questionAnswerText(p: Record<string, unknown>): string {
+  if (p.declined) return typeof p.reason === 'string' && p.reason ? `declined (${p.reason})` : 'declined';
+  const answers = Array.isArray(p.answers) ? (p.answers as { text?: unknown; selected?: unknown }[]) : [];
+  return answers.map((a) => {
+    const parts = [...(Array.isArray(a.selected) ? a.selected.map(String) : []), ...(typeof a.text === 'string' && a.text ? [a.text] : [])];
+    return parts.length > 0 ? parts.join(', ') : '—';
+  }).join(' · ');
+}
+
 function stopReason(p: Record<string, unknown>): string {
   const s = p.stop_reason as { type?: string } | undefined;
   return s?.type ?? '';
 }
 
+/** An `ask_user` answer: one entry per question, in order, or the decline. */
+type QuestionReply = { answers: { text?: string; selected?: string[] }[] } | { declined: true; reason?: string };
+
 interface ItemProps {
   ev: StreamEvent;
   pending: boolean;
   onAnswer(ev: StreamEvent, kind: 'custom' | 'confirm', value: string, allow: boolean): Promise<void>;
+  onQuestion(ev: StreamEvent, reply: QuestionReply): Promise<void>;
 }
 
-const EventItem = memo(function EventItem({ ev, pending, onAnswer }: ItemProps) {
+const EventItem = memo(function EventItem({ ev, pending, onAnswer, onQuestion }: ItemProps) {
   const p = ev.payload;
   const common = { 'data-seq': ev.seq, 'data-type': ev.type } as const;
   switch (ev.type) {
@@ -59,7 +73,7 @@ const EventItem = memo(function EventItem({ ev, pending, onAnswer }: ItemProps) 
         <li {...common} class="tool">
           <div class="tool-head"><span class="tag">tool call</span> <strong class="mono">{String(p.name)}</strong> {p.awaiting ? <Badge value={pending ? `awaiting ${String(p.awaiting)}` : 'answered'} /> : null}</div>
           <details open={pending}><summary>Arguments</summary><Json value={p.input} /></details>
-          {pending ? <AnswerForm ev={ev} onAnswer={onAnswer} /> : null}
+          {pending ? (p.awaiting === 'question_answer' ? <QuestionForm ev={ev} onQuestion={onQuestion} /> : <AnswerForm ev={ev} onAnswer={onAnswer} />) : null}
         </li>
       );
     case 'agent.tool_result':
@@ -73,6 +87,8 @@ const EventItem = memo(function EventItem({ ev, pending, onAnswer }: ItemProps) 
     case 'user.custom_tool_result':
     case 'user.tool_confirmation':
       return <li {...common} class="note">Answered <span class="mono">{String(p.tool_use_id)}</span>: {ev.type === 'user.tool_confirmation' ? String(p.result) : contentText(p.result)}</li>;
+    case 'user.question_answer':
+      return <li {...common} class="note">Answered <span class="mono">{String(p.tool_use_id)}</span>: {questionAnswerText(p)}</li>;
     case 'user.interrupt':
       return <li {...common} class="note">Interrupt requested</li>;
     case 'session.status_running':
@@ -120,6 +136,76 @@ function AnswerForm({ ev, onAnswer }: { ev: StreamEvent; onAnswer: ItemProps['on
   );
 }
 
+interface Question { question: string; options: string[] | null; multiple: boolean; allowOther: boolean }
+
+/** The questions of an `ask_user` use (its input, as the platform checked it). */
+function questionsOf(input: unknown): Question[] {
+  const qs = input && typeof input === 'object' ? (input as { questions?: unknown }).questions : undefined;
+  if (!Array.isArray(qs)) return [];
+  return qs.flatMap((q: unknown) => {
+    if (!q || typeof q !== 'object' || typeof (q as { question?: unknown }).question !== 'string') return [];
+    const o = q as { question: string; options?: unknown; multiple?: unknown; allow_other?: unknown };
+    const options = Array.isArray(o.options) ? o.options.filter((x): x is string => typeof x === 'string') : null;
+    return [{ question: o.question, options: options && options.length > 0 ? options : null, multiple: o.multiple === true, allowOther: o.allow_other === true }];
+  });
+}
+
+/** Answers an `ask_user` wait (`user.question_answer`): per question a choice and/or free text, or a decline. */
+function QuestionForm({ ev, onQuestion }: { ev: StreamEvent; onQuestion: ItemProps['onQuestion'] }) {
+  const questions = useMemo(() => questionsOf(ev.payload.input), [ev]);
+  const [selected, setSelected] = useState<string[][]>(() => questions.map(() => []));
+  const [texts, setTexts] = useState<string[]>(() => questions.map(() => ''));
+  const [reason, setReason] = useState('');
+  const [busy, setBusy] = useState(false);
+  const id = `answer-${ev.seq}`;
+  const go = async (reply: QuestionReply) => {
+    setBusy(true);
+    try {
+      await onQuestion(ev, reply);
+    } finally {
+      setBusy(false);
+    }
+  };
+  const pick = (i: number, option: string, on: boolean, multiple: boolean) =>
+    setSelected((all) => all.map((sel, j) => (j !== i ? sel : multiple ? (on ? [...sel, option] : sel.filter((x) => x !== option)) : on ? [option] : [])));
+  const setText = (i: number, value: string) => setTexts((all) => all.map((t, j) => (j === i ? value : t)));
+  // Every question gets an entry (the agent reads them in order); one left blank is an empty text.
+  const answers = questions.map((_, i) => {
+    const sel = selected[i] ?? [];
+    const text = texts[i] ?? '';
+    return { ...(sel.length > 0 ? { selected: sel } : {}), ...(text !== '' || sel.length === 0 ? { text } : {}) };
+  });
+  const anything = answers.some((a) => (a.selected?.length ?? 0) > 0 || (a.text ?? '').trim() !== '');
+  return (
+    <form class="answer" data-testid="question-form" onSubmit={(e) => { e.preventDefault(); void go({ answers }); }}>
+      {questions.map((q, i) => (
+        <fieldset key={i} class="question">
+          <legend>{q.question}</legend>
+          {(q.options ?? []).map((o, j) => (
+            <div key={j} class="field check">
+              <input id={`${id}-${i}-${j}`} type={q.multiple ? 'checkbox' : 'radio'} name={`${id}-${i}`} checked={(selected[i] ?? []).includes(o)}
+                onChange={(e) => pick(i, o, e.currentTarget.checked, q.multiple)} />
+              <label for={`${id}-${i}-${j}`}>{o}</label>
+            </div>
+          ))}
+          {q.options === null || q.allowOther ? (
+            <div class="field">
+              <label for={`${id}-${i}-text`}>{q.options === null ? 'Answer' : 'Other'}</label>
+              <input id={`${id}-${i}-text`} value={texts[i] ?? ''} onInput={(e) => setText(i, e.currentTarget.value)} />
+            </div>
+          ) : null}
+        </fieldset>
+      ))}
+      <label for={`${id}-reason`}>Reason if declined (optional)</label>
+      <input id={`${id}-reason`} value={reason} onInput={(e) => setReason(e.currentTarget.value)} />
+      <div class="row">
+        <button type="submit" class="primary" disabled={busy || !anything}>Send answers</button>
+        <button type="button" disabled={busy} onClick={() => void go({ declined: true, ...(reason.trim() ? { reason: reason.trim() } : {}) })}>Decline</button>
+      </div>
+    </form>
+  );
+}
+
 export function SessionPage({ ctx, id }: { ctx: Ctx; id: string }) {
   const [events, setEvents] = useState<StreamEvent[]>([]);
   const [stream, setStream] = useState<{ state: StreamState; reconnects: number; message?: string }>({ state: 'connecting', reconnects: 0 });
@@ -145,8 +231,10 @@ export function SessionPage({ ctx, id }: { ctx: Ctx; id: string }) {
   const usage = useAsync(async () => (known ? (await ok(ctx.api.GET('/v1/sessions/{session_id}/usage', { params: { path: { session_id: id } } }))) as UsageView : undefined), [id, idleCount, known]);
   const principals = useAsync(async () => ((await ok(ctx.api.GET('/v1/organizations/workspaces/{workspace_id}/principals', { params: { path: { workspace_id: ctx.workspaceId } } }))) as { data: Principal[] }).data, [ctx.workspaceId]);
 
+  // The author is one of the Workspace's Principals: a remembered one that is not (it came from a
+  // credential of another Workspace in this tab, or was deleted) is replaced by the first.
   useEffect(() => {
-    if (!author && principals.data?.[0]) setAuthor(principals.data[0].id);
+    if (principals.data && !principals.data.some((pr) => pr.id === author)) setAuthor(principals.data[0]?.id ?? '');
   }, [principals.data, author]);
   useEffect(() => {
     if (author) sessionStorage.setItem(AUTHOR_KEY, author);
@@ -200,7 +288,10 @@ export function SessionPage({ ctx, id }: { ctx: Ctx; id: string }) {
   const answered = useMemo(() => {
     const s = new Set<string>();
     for (const e of events) {
-      if (e.type === 'user.custom_tool_result' || e.type === 'user.tool_confirmation' || e.type === 'session.action_approval_resolved' || e.type === 'session.action_approval_expired') {
+      // An answer of any kind, or a result the platform recorded for the use (an interrupt that
+      // ended the wait), ends its wait.
+      if (e.type === 'user.custom_tool_result' || e.type === 'user.tool_confirmation' || e.type === 'user.question_answer' || e.type === 'agent.tool_result'
+        || e.type === 'session.action_approval_resolved' || e.type === 'session.action_approval_expired') {
         s.add(String(e.payload.tool_use_id));
       }
     }
@@ -271,6 +362,10 @@ export function SessionPage({ ctx, id }: { ctx: Ctx; id: string }) {
       ? { type: 'user.custom_tool_result', payload: { tool_use_id: ev.payload.id, result: value, ...t } }
       : { type: 'user.tool_confirmation', payload: { tool_use_id: ev.payload.id, result: allow ? 'allow' : 'deny', ...(allow || !value ? {} : { deny_message: value }), ...t } }).catch(() => undefined);
   };
+  const onQuestion = async (ev: StreamEvent, reply: QuestionReply) => {
+    const t = ev.session_thread_id ? { session_thread_id: ev.session_thread_id } : {};
+    await drive({ type: 'user.question_answer', payload: { tool_use_id: ev.payload.id, ...reply, ...t } }).catch(() => undefined);
+  };
   async function archive() {
     if (!confirm('Archive this session? It takes no more messages.')) return;
     setActionError(null);
@@ -318,7 +413,7 @@ export function SessionPage({ ctx, id }: { ctx: Ctx; id: string }) {
         <ol class="conversation" aria-label="Conversation" aria-live="polite" aria-relevant="additions"
           onScroll={(e) => { const el = e.currentTarget; follow.current = el.scrollHeight - el.scrollTop - el.clientHeight < 80; }}>
           {shown.map((ev) => (
-            <EventItem key={ev.seq} ev={ev} pending={!!ev.payload.awaiting && !answered.has(String(ev.payload.id))} onAnswer={onAnswer} />
+            <EventItem key={ev.seq} ev={ev} pending={!!ev.payload.awaiting && !answered.has(String(ev.payload.id))} onAnswer={onAnswer} onQuestion={onQuestion} />
           ))}
           {shown.length === 0 && stream.state === 'live' ? <li class="note">No events yet.</li> : null}
           <div ref={endRef} />
