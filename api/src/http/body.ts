@@ -24,7 +24,7 @@ export async function readJsonBody(req: IncomingMessage, limit: number): Promise
   }
   const whole = bufferedBody(req);
   if (whole !== undefined && whole.length > limit) throw tooLarge(limit);
-  const text = whole !== undefined ? whole.toString('utf8') : await streamedBody(req, limit, declared);
+  const text = utf8Text(whole !== undefined ? whole : await streamedBody(req, limit, declared));
   if (text.length === 0) return undefined;
   if (jsonDepth(text) > MAX_JSON_NESTING) throw new ApiError('validation.malformed', `the request body's JSON nests deeper than ${MAX_JSON_NESTING} levels`);
   let value: unknown;
@@ -42,6 +42,22 @@ export async function readJsonBody(req: IncomingMessage, limit: number): Promise
 }
 
 const SURROGATE_ESCAPE = /\\u[dD][89a-fA-F]/;
+
+/** Strict UTF-8: a byte sequence that is not UTF-8 throws instead of becoming U+FFFD; a leading byte order mark is dropped. */
+const UTF8 = new TextDecoder('utf-8', { fatal: true });
+
+/**
+ * The body's text. JSON text is UTF-8 (RFC 8259): a body that is not is refused, never decoded
+ * with replacement characters, which would store something other than what was sent (two
+ * different names claiming one key), as a lone surrogate would (see `illFormedAt`).
+ */
+function utf8Text(bytes: Buffer): string {
+  try {
+    return UTF8.decode(bytes);
+  } catch (err) {
+    throw new ApiError('validation.malformed', 'the request body is not JSON text: it is not valid UTF-8', { cause: err });
+  }
+}
 const wellFormed = (s: string): boolean => (s as string & { isWellFormed(): boolean }).isWellFormed();
 
 /**
@@ -73,9 +89,9 @@ export function isUnparseableJson(err: unknown): boolean {
   return err instanceof ApiError && err.cause instanceof SyntaxError;
 }
 
-async function streamedBody(req: IncomingMessage, limit: number, declared: string | undefined): Promise<string> {
+async function streamedBody(req: IncomingMessage, limit: number, declared: string | undefined): Promise<Buffer> {
   try {
-    return await getRawBody(req, { limit, encoding: 'utf8', length: declared });
+    return await getRawBody(req, { limit, length: declared });
   } catch (err) {
     const e = err as { type?: string };
     if (e.type === 'entity.too.large') throw tooLarge(limit);

@@ -165,6 +165,12 @@ export interface Operation<P extends TSchema = TSchema, Q extends TSchema = TSch
   response?: TSchema;
   successStatus?: number;
   idempotency?: IdempotencyMode;
+  /**
+   * Where an Idempotency-Key's record is kept: the Workspace the request acts in (the default), or
+   * `organization` for an operation on the Organization itself (its Workspaces, its API keys),
+   * whose request is the same whichever Workspace an organization key has selected.
+   */
+  idempotencyScope?: 'organization';
   /** The response carries a secret: replays are sealed at rest and the operation is REST-only. */
   sensitive?: boolean;
   mcp?: McpExposure;

@@ -373,7 +373,7 @@ async function run(
     }
   }
 
-  const tag = caller.workspaceId ? tags.workspace(caller.workspaceId) : tags.org(caller.organizationId);
+  const tag = caller.workspaceId && op.idempotencyScope !== 'organization' ? tags.workspace(caller.workspaceId) : tags.org(caller.organizationId);
   const fpBody = upload ? upload.fingerprint(body as Record<string, unknown>) : body;
   const fp = fingerprint(op.operationId, { params, query, body: fpBody, credential: caller.credentialId });
   let begun;
@@ -399,7 +399,9 @@ async function run(
     result = await op.handler(req as never);
   } catch (err) {
     await discard();
-    if (err instanceof ApiError && err.status < 500) {
+    // A client error is the request's answer, replayed; a 429 is not: its limit clears (and a
+    // retry then runs), like an unexpected failure, which frees the key too.
+    if (err instanceof ApiError && err.status < 500 && err.status !== 429) {
       await deps.idempotency.complete(begun, { status: err.status, body: err.toWire(deps.config.docsUrl), headers: err.headers }, false);
     } else {
       await deps.idempotency.abandon(begun);

@@ -37,7 +37,7 @@ export const identityOperations: Operation[] = [
     audit: { target: 'response' },
     summary: 'Create a Workspace in the Organization', auth: orgRoot, params: OrgPath,
     body: Obj({ name: Type.String({ minLength: 1, maxLength: 200 }) }), response: WorkspaceSchema, successStatus: 201,
-    idempotency: 'optional', mcp: 'full',
+    idempotency: 'optional', idempotencyScope: 'organization', mcp: 'full',
     async handler({ caller, params, body, deps }) {
       requireOrganization(caller, params.organization_id);
       return json(201, await deps.identity.createWorkspace(params.organization_id, body.name));
@@ -87,7 +87,7 @@ export const identityOperations: Operation[] = [
     operationId: 'apiKeys.createApiKey', method: 'POST', path: '/v1/organizations/{organization_id}/api-keys',
     audit: { target: 'response' },
     summary: 'Create an API key; the secret is returned once', auth: orgRoot, params: OrgPath, body: CreateApiKeyBody,
-    response: ApiKeySchema, successStatus: 201, idempotency: 'required', sensitive: true, mcp: 'never',
+    response: ApiKeySchema, successStatus: 201, idempotency: 'required', idempotencyScope: 'organization', sensitive: true, mcp: 'never',
     replayable: apiKeyReplayable,
     async handler({ caller, params, body, deps }) {
       requireOrganization(caller, params.organization_id);
@@ -125,7 +125,7 @@ export const identityOperations: Operation[] = [
     operationId: 'apiKeys.rotateApiKey', method: 'POST', path: '/v1/api-keys/{api_key_id}/rotate',
     audit: { target: 'api_key_id' },
     summary: 'Replace the secret of an API key; the old secret stops working at once', auth: orgRoot, params: KeyPath,
-    body: VersionFenceBody, response: ApiKeySchema, idempotency: 'required', sensitive: true, mcp: 'never',
+    body: VersionFenceBody, response: ApiKeySchema, idempotency: 'required', idempotencyScope: 'organization', sensitive: true, mcp: 'never',
     replayable: apiKeyReplayable,
     async handler({ caller, params, body, deps }) {
       const { key, secret } = await deps.identity.rotateApiKey(caller.organizationId, params.api_key_id, body.expected_version);
@@ -136,7 +136,7 @@ export const identityOperations: Operation[] = [
     operationId: 'apiKeys.revokeApiKey', method: 'POST', path: '/v1/api-keys/{api_key_id}/revoke',
     audit: { target: 'api_key_id' },
     summary: 'Revoke an API key (irreversible, retry-safe)', auth: orgRoot, params: KeyPath, body: VersionFenceBody,
-    response: ApiKeySchema, idempotency: 'optional', mcp: 'never',
+    response: ApiKeySchema, idempotency: 'optional', idempotencyScope: 'organization', mcp: 'never',
     async handler({ caller, params, body, deps }) {
       return json(200, await deps.identity.revokeApiKey(caller.organizationId, params.api_key_id, body.expected_version));
     },
