@@ -294,7 +294,11 @@ describe('schedules (BullMQ Job Schedulers)', () => {
     await waitFor('two scheduled firings', async () => ((await list()).data.length >= 2 ? true : undefined), 30_000);
     // Each firing carries the time its tick was due: the first is the next_fire_at the create
     // answered, the next ones a whole number of intervals later.
-    const ticks = (await list()).data.map((f) => Date.parse(String(f.source.scheduled_at))).reverse();
+    // Oldest first by default (the spec's default order); `order=desc` lists them newest first.
+    const listed = (await list()).data;
+    const ticks = listed.map((f) => Date.parse(String(f.source.scheduled_at)));
+    const newest = await api.get<{ data: Firing[] }>(`/v1/automations/${a.id}/firings`, { source: 'schedule', limit: 100, order: 'desc' });
+    expect(newest.data.slice(-listed.length).map((f) => f.id)).toEqual(listed.map((f) => f.id).reverse());
     expect(ticks[0]).toBeGreaterThanOrEqual(Date.parse(a.created_at) + 1000);
     expect(new Date(ticks[0]!).toISOString()).toBe(a.next_fire_at);
     for (const t of ticks.slice(1)) expect((t - ticks[0]!) % 1000).toBe(0);

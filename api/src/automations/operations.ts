@@ -209,7 +209,7 @@ export const automationOperations: Operation[] = [
   }),
   workspaceRead({
     operationId: 'automations.listAutomationFirings', path: '/v1/automations/{automation_id}/firings',
-    summary: 'List the firings of an Automation, newest first (also once it is deleted); filter by status and source',
+    summary: 'List the firings of an Automation, oldest first unless order=desc (also once it is deleted); filter by status and source',
     auth: { kind: 'bearer', roles: READERS }, params: AutomationPath,
     query: PageQuery({
       status: Type.Optional(Type.Union(['pending', 'running', 'completed', 'refused', 'skipped', 'failed'].map((s) => Type.Literal(s)))),
@@ -224,7 +224,7 @@ export const automationOperations: Operation[] = [
     // one's firings stay listed: the Workspace's firings index of that Automation says it was here.
     const [found, page] = await Promise.all([
       deps.automations.store.docs.get<AutomationDoc>(tags.workspace(ws), params.automation_id),
-      deps.docs.list<FiringDoc>(tags.workspace(ws), firingsOf(params.automation_id), { limit: query.limit ?? 20, page: query.page, order: query.order ?? 'desc' }, filter),
+      deps.docs.list<FiringDoc>(tags.workspace(ws), firingsOf(params.automation_id), { limit: query.limit ?? 20, page: query.page, order: query.order ?? 'asc' }, filter),
     ]);
     if (!found && (await deps.redis.exists(keys.index(tags.workspace(ws), firingsOf(params.automation_id)))) === 0) {
       throw new ApiError('validation.not_found', `automation ${params.automation_id} not found`);
