@@ -15,29 +15,54 @@ beforeAll(async () => {
   redis = testRedis();
 });
 
-/** `resolved`: the threads whose turn a report of an answered wait would continue (the scheduler's rule). */
+/**
+ * `resolved`: the threads whose turn a report of an answered wait would continue (the scheduler's
+ * rule); `reports`: every report, continuing or not.
+ */
 function recording() {
   const queued: RunDoc[] = [];
   const resolved: string[] = [];
+  const reports: string[] = [];
   const interrupted: string[] = [];
   const store = new SessionStore(redis);
   const scheduler: TurnScheduler = {
     runQueued: async (run) => void queued.push(run),
     interruptRequested: async (_s, threadId) => void interrupted.push(threadId),
     waitsResolved: async (sessionId, threadId, runId, generation) => {
+      reports.push(threadId);
       if (continuable(await store.thread(sessionId, threadId), runId, generation)) resolved.push(threadId);
     },
   };
-  return { scheduler, queued, resolved, interrupted };
+  return { scheduler, queued, resolved, reports, interrupted };
+}
+
+/**
+ * Like `recording`, but `dieAtNextReport()` makes the next report throw before it reaches the
+ * scheduler: a process that died between answering a wait and reporting it.
+ */
+function dying(store: SessionStore) {
+  const rec = recording();
+  let die = false;
+  const scheduler: TurnScheduler = {
+    ...rec.scheduler,
+    waitsResolved: async (...args) => {
+      if (die) {
+        die = false;
+        throw new Error('died before the report');
+      }
+      await rec.scheduler.waitsResolved(...args);
+    },
+  };
+  return { ...rec, scheduler, runtime: new ThreadRuntime(store, () => scheduler), dieAtNextReport: () => void (die = true) };
 }
 
 /** A coordinator Session over one member, its first turn running. */
-async function coordinatorSession(store: SessionStore, runtime: ThreadRuntime): Promise<{ session: SessionDoc; primary: string; member: Agent }> {
+async function coordinatorSession(store: SessionStore, runtime: ThreadRuntime): Promise<{ session: SessionDoc; primary: string; member: Agent; run: string }> {
   const { session: base, threadId } = await idleSession(store);
   const member = await new VersionedStore<Agent>(redis, 'agents', 'agent').create(base.workspace_id, newAgent(base.workspace_id, { name: 'worker', model: 'default' }));
   const session = await store.update(base.workspace_id, base.id, (s) => ({ ...s, agent: { ...s.agent, multiagent: { roster: [{ agent_id: member.id, version: 1 }] } } }));
-  await runtime.submitUserMessage(session, threadId, 'evt_first');
-  return { session, primary: threadId, member };
+  const { run } = await runtime.submitUserMessage(session, threadId, 'evt_first');
+  return { session, primary: threadId, member, run: run?.id ?? '' };
 }
 
 async function modelUses(store: SessionStore, session: SessionDoc, thread: string, uses: { id: string; name: string; input: unknown }[]) {
@@ -160,5 +185,72 @@ describe('coordinator', () => {
     const answer = (await store.log.range(session.id, 0, 200)).find((e) => e.type === 'agent.tool_result' && (e.payload as { tool_use_id: string }).tool_use_id === 'toolu_w4');
     const { results } = JSON.parse(String((answer?.payload as { content: string }).content)) as { results: { session_thread_id: string; stop_reason: unknown }[] };
     expect(results).toEqual([expect.objectContaining({ session_thread_id: child, stop_reason: { type: 'interrupted' } })]);
+  });
+
+  it('a child\'s turn end repeated after the process died between answering wait_threads and reporting it continues the coordinator', async () => {
+    const store = new SessionStore(redis);
+    const rec = dying(store);
+    const { session, primary, run } = await coordinatorSession(store, rec.runtime);
+    const waits = await modelUses(store, session, primary, [
+      { id: 'toolu_s5', name: 'start_thread', input: { agent: 'worker', task: 'five' } },
+      { id: 'toolu_w5', name: 'wait_threads', input: {} },
+    ]);
+    await rec.runtime.endTurn(session, primary, { type: 'requires_action', tool_use_ids: waits.map((w) => w.tool_use_id) }, waits, { runId: run });
+    const childRun = rec.queued.find((r) => r.session_thread_id !== primary);
+    const child = childRun?.session_thread_id ?? '';
+    rec.dieAtNextReport();
+    await expect(rec.runtime.endTurn(session, child, { type: 'end_turn' }, [], { runId: childRun?.id ?? '' })).rejects.toThrow('died before the report');
+    expect((await store.thread(session.id, primary))._waits.toolu_w5?.answered_event_id).not.toBeNull();
+    expect(rec.resolved).toEqual([]);
+
+    // The runner's completion (or the scheduler's replay of it) ends the child's turn again.
+    await rec.runtime.endTurn(session, child, { type: 'end_turn' }, [], { runId: childRun?.id ?? '' });
+    expect(rec.resolved).toEqual([primary]);
+    const answers = (await store.log.range(session.id, 0, 200)).filter((e) => e.type === 'agent.tool_result' && e.session_thread_id === primary);
+    expect(answers.map((e) => (e.payload as { tool_use_id: string }).tool_use_id).sort()).toEqual(['toolu_s5', 'toolu_w5']);
+  });
+
+  it('the coordinator\'s turn end repeated after the process died between answering its last use and reporting it continues it', async () => {
+    const store = new SessionStore(redis);
+    const rec = dying(store);
+    const { session, primary, run } = await coordinatorSession(store, rec.runtime);
+    const waits = await modelUses(store, session, primary, [{ id: 'toolu_s6', name: 'start_thread', input: { agent: 'worker', task: 'six' } }]);
+    const stop = { type: 'requires_action', tool_use_ids: ['toolu_s6'] };
+    rec.dieAtNextReport();
+    await expect(rec.runtime.endTurn(session, primary, stop, waits, { runId: run })).rejects.toThrow('died before the report');
+    expect(rec.resolved).toEqual([]);
+
+    await rec.runtime.endTurn(session, primary, stop, waits, { runId: run });
+    expect(rec.resolved).toEqual([primary]);
+    // Carried out once: one child, one answer.
+    expect((await store.threadIds(session.id, 0, 10)).ids).toHaveLength(1);
+    const answers = (await store.log.range(session.id, 0, 200)).filter((e) => e.type === 'agent.tool_result' && e.session_thread_id === primary);
+    expect(answers).toHaveLength(1);
+  });
+
+  it('a turn end with the coordinator\'s wait still open, or already continued, reports nothing more', async () => {
+    const store = new SessionStore(redis);
+    const rec = recording();
+    const runtime = new ThreadRuntime(store, () => rec.scheduler);
+    const { session, primary, run } = await coordinatorSession(store, runtime);
+    const waits = await modelUses(store, session, primary, [
+      { id: 'toolu_s7', name: 'start_thread', input: { agent: 'worker', task: 'seven' } },
+      { id: 'toolu_s8', name: 'start_thread', input: { agent: 'worker', task: 'eight' } },
+      { id: 'toolu_w7', name: 'wait_threads', input: {} },
+    ]);
+    await runtime.endTurn(session, primary, { type: 'requires_action', tool_use_ids: waits.map((w) => w.tool_use_id) }, waits, { runId: run });
+    // The starts' answer was reported (the wait still open: nothing continued).
+    expect([rec.reports, rec.resolved]).toEqual([[primary], []]);
+    const [one, two] = rec.queued.filter((r) => r.session_thread_id !== primary);
+    await runtime.endTurn(session, one!.session_thread_id, { type: 'end_turn' }, [], { runId: one!.id });
+    await runtime.endTurn(session, one!.session_thread_id, { type: 'end_turn' }, [], { runId: one!.id });
+    expect([rec.reports, rec.resolved]).toEqual([[primary], []]);
+    await runtime.endTurn(session, two!.session_thread_id, { type: 'end_turn' }, [], { runId: two!.id });
+    expect([rec.reports, rec.resolved]).toEqual([[primary, primary], [primary]]);
+    // The coordinator continued: a repeat of either end finds no Run waiting, and reports nothing.
+    await store.updateThread(session.id, primary, (t) => ({ ...t, status: 'running', _active_run_id: 'run_next', _running_since_ms: Date.now() }));
+    await runtime.endTurn(session, two!.session_thread_id, { type: 'end_turn' }, [], { runId: two!.id });
+    await runtime.endTurn(session, one!.session_thread_id, { type: 'end_turn' }, [], { runId: one!.id });
+    expect(rec.reports).toEqual([primary, primary]);
   });
 });

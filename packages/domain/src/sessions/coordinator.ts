@@ -1,3 +1,4 @@
+import { crashPoint } from '@agentplane/core';
 import { BoundedCache, keys, tags, type LogEvent } from '@agentplane/store';
 import { snapshotOf, type Agent, type AgentSnapshot } from '../agents/model.js';
 import {
@@ -6,7 +7,7 @@ import {
 import { VersionedStore } from '../versioned.js';
 import type { PendingWait, SessionDoc, ThreadDoc, WaitKind } from './model.js';
 import type { SessionStore } from './store.js';
-import type { TurnScheduler } from './turns.js';
+import { continuable, type TurnScheduler } from './turns.js';
 
 /** How far back the log is read for a Run's delegation tool uses and children's results. */
 const SCAN_LIMIT = 50_000;
@@ -126,10 +127,13 @@ export class Coordinator {
   /**
    * A thread's turn ended. The coordinator's: its delegation waits are carried out. A child's
    * (other than `requires_action`): the coordinator's `wait_threads` uses it settles are answered.
+   * Either, repeated after a crash, also reports a coordinator's waits found all answered while
+   * its turn has not continued (`reportAnswered`).
    */
   async turnEnded(session: SessionDoc, thread: ThreadDoc): Promise<void> {
     if (thread.parent_thread_id === null) {
       if (pendingNow(thread).some(([, w]) => w.kind === 'delegation')) await this.carryOut(session, thread);
+      else await this.reportAnswered(session, thread);
       return;
     }
     if (!settled(thread)) return;
@@ -139,6 +143,25 @@ export class Coordinator {
       const answer = await this.waitAnswer(session, w.delegation.input);
       if (answer) await this.answer(session, primary.id, id, w.generation, answer);
     }
+    // As read before the answers above: a wait answered here was reported by its answer.
+    await this.reportAnswered(session, primary);
+  }
+
+  /**
+   * The coordinator's wait generation, reported to the scheduler when it holds delegation uses,
+   * every wait of it is answered and the turn has not continued (`continuable`): the process that
+   * answered the last one died before its report (`answerMany`), and nothing else reports it. A
+   * repeated turn end (the coordinator's, or a child's) gets here; the scheduler's start of the
+   * continuation is a compare-and-swap from the waiting Run, so a report made twice starts one
+   * Run. On the normal path the thread document at hand says no (a wait still open, or no Run
+   * waiting): nothing is read or written.
+   */
+  private async reportAnswered(session: SessionDoc, coordinator: ThreadDoc): Promise<void> {
+    const generation = coordinator._wait_generation;
+    const runId = coordinator._active_run_id;
+    if (!Object.values(coordinator._waits).some((w) => w.generation === generation && w.kind === 'delegation')) return;
+    if (!continuable(coordinator, runId, generation)) return;
+    await this.scheduler().waitsResolved(session.id, coordinator.id, runId, generation);
   }
 
   /**
@@ -346,6 +369,8 @@ export class Coordinator {
       }
       return answered.size === 0 ? null : { ...t, _waits: waits };
     });
+    // Answered and not reported yet: a repeated turn end reports it (`turnEnded`).
+    if (answered.size > 0) crashPoint('delegation-answered');
     // Whether the turn continues (this was the generation's last open wait) is the scheduler's to decide.
     for (const generation of answered) await this.scheduler().waitsResolved(session.id, threadId, next._active_run_id, generation);
   }
