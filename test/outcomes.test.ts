@@ -178,6 +178,82 @@ describe('outcomes', () => {
     expect(outcomeEnd(evs)).toMatchObject({ result: 'interrupted', evaluation_count: 1, revision_count: 1 });
   });
 
+  it('after max_iterations_reached, the next turn does not read the last evaluation as a revision request', async () => {
+    const id = await session(envId, SCRIPT([
+      { when: { user_contains: 'asks for a revision' }, then: [{ reply: 'Revising as the grader asked.' }] },
+      { then: [{ reply: 'A plain answer.' }] },
+    ]));
+    await api.post(`/v1/sessions/${id}/events`, define({ max_iterations: 1, rubric: rubric([{ then: [{ verdict: 'needs_revision', explanation: 'Not good enough yet.' }] }]) }));
+    const evs = await untilEvents(api, id, ended, 90_000);
+    expect(outcomeEnd(evs)).toMatchObject({ result: 'max_iterations_reached', evaluation_count: 1, revision_count: 0 });
+    await api.post(`/v1/sessions/${id}/events`, { type: 'user.message', payload: { content: 'hello', authored_by: principal, caused_by: { kind: 'api' } } });
+    const all = await untilEvents(api, id, (e) => e.filter((x) => x.type === 'agent.message').length >= 2, 60_000);
+    const replies = all.filter((e) => e.type === 'agent.message').map((e) => JSON.stringify(e.payload.content));
+    expect(replies[1]).toContain('A plain answer.');
+  });
+
+  it('archive while the grader Run runs: the evaluation is recorded, no revision starts, the outcome ends interrupted', async () => {
+    const id = await session(envId, SCRIPT([{ then: [{ reply: 'A first draft.' }] }]));
+    await api.post(`/v1/sessions/${id}/events`, define({ rubric: rubric([{ then: [{ sleep_ms: 3000 }, { verdict: 'needs_revision', explanation: 'More.' }] }]) }));
+    const started = await untilEvents(api, id, (e) => e.some((x) => x.type === 'session.outcome_evaluation_started'), 90_000);
+    const runId = String((started.find((x) => x.type === 'session.outcome_evaluation_started')?.payload as Json).run_id);
+    await waitFor('the grader Run running', async () => ((await api.get<{ status: string }>(`/v1/runs/${runId}`)).status === 'running' ? true : undefined), 60_000);
+    expect((await api.request('POST', `/v1/sessions/${id}/archive`, { body: {} })).status).toBe(200);
+    const evs = await untilEvents(api, id, (e) => e.some((x) => ['session.status_completed', 'session.status_canceled', 'session.status_failed'].includes(x.type)), 60_000);
+    const evaluation = evs.find((e) => e.type === 'session.outcome_evaluation_ended')?.payload as Json | undefined;
+    expect(evaluation).toMatchObject({ run_id: runId, iteration: 1, result: 'needs_revision', explanation: 'More.', evaluation_count: 1, revision_count: 0 });
+    expect(outcomeEnd(evs)).toMatchObject({ result: 'interrupted', evaluation_count: 1, revision_count: 0, reason: 'the session was archived' });
+    const s = await api.get<{ outcome_evaluations: Json[] }>(`/v1/sessions/${id}`);
+    expect(s.outcome_evaluations.map((e) => [e.run_id, e.result])).toEqual([[runId, 'needs_revision']]);
+    // No revision turn: the agent's turn and the grader Run only.
+    expect((await api.get<{ data: Json[] }>(`/v1/sessions/${id}/runs`)).data).toHaveLength(2);
+  });
+
+  it('a question inside an outcome\'s turn: graded once answered; archived while it waits, the outcome ends interrupted', async () => {
+    const question = { questions: [{ question: 'Which colour?', options: ['red', 'blue'] }] };
+    const asker = SCRIPT([
+      { when: { after_tool: 'ask_user' }, then: [{ reply: 'Done in {{tool_result}}' }] },
+      { then: [{ tool: 'ask_user', input: question }] },
+    ]);
+    const asking = async () => (await api.post<{ id: string }>('/v1/sessions', {
+      agent: { name: 'asker', model: 'default', system: asker, tools: [{ type: 'builtin', name: 'ask_user' }] }, environment_id: envId,
+    })).id;
+    const waiting = async (id: string) => {
+      const evs = await untilEvents(api, id, (e) => e.some((x) => x.type === 'session.status_idle'), 60_000);
+      expect(evs.find((e) => e.type === 'session.status_idle')?.payload.stop_reason).toMatchObject({ type: 'requires_action' });
+      return String(evs.find((e) => e.type === 'agent.tool_use')?.payload.id);
+    };
+    const satisfiedOnBlue = rubric([{ when: { user_contains: 'blue' }, then: [{ verdict: 'satisfied' }] }, { then: [{ verdict: 'failed', explanation: 'no colour' }] }]);
+
+    // Answered: the turn continues, and its end is graded.
+    const id = await asking();
+    await api.post(`/v1/sessions/${id}/events`, define({ rubric: satisfiedOnBlue }));
+    const toolUseId = await waiting(id);
+    const busy = await api.request('POST', `/v1/sessions/${id}/events`, { body: define({ rubric: '- ok' }) });
+    expect([busy.status, errType(busy)]).toEqual([409, 'runtime.invalid_transition']);
+    const answered = await api.request('POST', `/v1/sessions/${id}/events`, {
+      body: { type: 'user.question_answer', payload: { tool_use_id: toolUseId, answers: [{ selected: ['blue'] }], authored_by: principal, caused_by: { kind: 'api' } } },
+    });
+    expect(answered.status).toBe(201);
+    const evs = await untilEvents(api, id, ended, 90_000);
+    expect(outcomeEnd(evs)).toMatchObject({ result: 'satisfied', evaluation_count: 1, revision_count: 0 });
+
+    // Archived while the question waits: no answer can come, so the outcome ends now, before the Session's terminal event.
+    const other = await asking();
+    await api.post(`/v1/sessions/${other}/events`, define({ rubric: satisfiedOnBlue }));
+    await waiting(other);
+    expect((await api.request('POST', `/v1/sessions/${other}/archive`, { body: {} })).status).toBe(200);
+    const closed = await untilEvents(api, other, (e) => e.some((x) => x.type === 'session.status_canceled'), 30_000);
+    const types = closed.map((e) => e.type);
+    expect(outcomeEnd(closed)).toMatchObject({ result: 'interrupted', evaluation_count: 0, revision_count: 0, reason: 'the session was archived' });
+    expect(types.indexOf('session.outcome_ended')).toBeLessThan(types.indexOf('session.status_canceled'));
+    // An archive sent again ends nothing twice.
+    expect((await api.request('POST', `/v1/sessions/${other}/archive`, { body: {} })).status).toBe(200);
+    const thread = (await api.get<{ data: { id: string }[] }>(`/v1/sessions/${other}/threads`)).data[0]?.id ?? '';
+    const log = (await api.get<{ data: TurnEvent[] }>(`/v1/sessions/${other}/threads/${thread}/events`, { limit: 1000 })).data;
+    expect(log.filter((e) => e.type === 'session.outcome_ended')).toHaveLength(1);
+  });
+
   it('of defines sent together on an idle thread, one starts an outcome; the others are 409 and write nothing', async () => {
     const id = await session(envId, SCRIPT([{ then: [{ reply: 'Done.' }] }]));
     const satisfied = rubric([{ then: [{ verdict: 'satisfied' }] }]);

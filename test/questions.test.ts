@@ -68,6 +68,10 @@ describe('questions', () => {
     const both = await send(id, answer(toolUseId, { answers: [{ text: 'x' }], declined: true }));
     expect(both.status).toBe(400);
     expect(errType(both)).toBe('validation.malformed');
+    // A reason is a decline's: beside answers it is refused, not dropped unread.
+    const reasonWithAnswers = await send(id, answer(toolUseId, { answers: [{ selected: ['blue'] }, { text: 'calm' }], reason: 'because' }));
+    expect([reasonWithAnswers.status, errType(reasonWithAnswers)]).toEqual([400, 'validation.malformed']);
+    expect(errMsg(reasonWithAnswers)).toContain('reason');
 
     const body = answer(toolUseId, { answers: [{ selected: ['blue'] }, { text: 'calm' }] });
     const ok = await send(id, body);

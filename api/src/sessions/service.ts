@@ -64,6 +64,11 @@ export interface OutcomeDriver {
    * commit already did both (an outcome with `first_run_id`: then nothing is left to do).
    */
   defined(session: SessionDoc, threadId: string, event: LogEvent, trace?: Context): Promise<unknown>;
+  /**
+   * The Session was archived: an outcome whose thread waits on an answer (which an archived
+   * Session no longer takes) ends `interrupted` now, before the Session's terminal status event.
+   */
+  sessionArchived?(session: SessionDoc): Promise<void>;
 }
 
 /** The create body; `agent` and `environment_id` are absent only for a Session created against a deployment. */
@@ -239,13 +244,16 @@ export class SessionService {
   /**
    * Archive (one-way, retry-safe). Its terminal status event follows once no turn is under way
    * (now, or at the end of its last turn); the Session is written down for the scheduler's sweep
-   * before the archive, so a crash in between leaves the close to the sweep.
+   * before the archive, so a crash in between leaves the close to the sweep. An outcome whose
+   * turn waits on an answer ends `interrupted` before that event (an archive sent again ends one
+   * a crash left open).
    */
   async archive(workspaceId: string, id: string): Promise<SessionDoc> {
     await this.d.store.getShared(workspaceId, id);
     await this.d.runtime.closer.archiving(id);
     const s = await this.d.store.archive(workspaceId, id);
     crashPoint('session-archived');
+    await this.d.outcomes?.sessionArchived?.(s);
     await this.d.runtime.closer.settle(id);
     return s;
   }
@@ -363,6 +371,9 @@ export class SessionService {
     }
     if (input.type === 'user.question_answer' && (p.answers === undefined) === (p.declined === undefined)) {
       throw new ApiError('validation.malformed', 'body.payload: a user.question_answer carries exactly one of answers and declined');
+    }
+    if (input.type === 'user.question_answer' && p.reason !== undefined && p.declined === undefined) {
+      throw new ApiError('validation.malformed', 'body.payload.reason: the reason of a decline, only with declined: true');
     }
     const threadId = p.session_thread_id ?? session._primary_thread_id;
     const queue = input.type === 'user.message';

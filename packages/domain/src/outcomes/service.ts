@@ -379,8 +379,10 @@ export class OutcomeService {
   async turnEnded(session: SessionDoc, threadId: string, endedRunId: string | null, stop: StopReason, trace?: Context, activeOutcome?: string | null): Promise<boolean> {
     const o = await this.active(session.id, threadId, activeOutcome);
     if (!o) return false;
-    if (session.archived_at !== null) {
-      // An archived Session takes no new work: no grading, no revision.
+    const gradingEnded = o.status === 'grading' && endedRunId === o.grader_run_id;
+    if (session.archived_at !== null && !gradingEnded) {
+      // An archived Session takes no new work: no grading, no revision. (A grader Run that ran
+      // to its end is recorded all the same: `graded` starts no revision on an archived Session.)
       await this.finish(o, 'interrupted', 'the session was archived', undefined, trace);
       return false;
     }
@@ -396,6 +398,25 @@ export class OutcomeService {
       this.d.log.warn({ err: err instanceof Error ? err.message : String(err), outcome: o.id }, 'outcome step failed; the outcome ends failed');
       await this.finish(o, 'failed', 'the platform could not continue the outcome', undefined, trace).catch(() => undefined);
       return false;
+    }
+  }
+
+  /**
+   * The Session was archived. An outcome whose thread has no Run under way ends `interrupted`
+   * now: its turn waits on an answer (a question, a custom tool result, a confirmation) that an
+   * archived Session no longer takes, so no turn end would ever end it. One whose thread runs (an
+   * agent turn, a grader Run) ends at that Run's end (`turnEnded`). Retry-safe: an outcome that
+   * ended already is left as it is.
+   */
+  async sessionArchived(session: SessionDoc, trace?: Context): Promise<void> {
+    const claims = await this.d.store.redis.hgetall(this.activeKey(session.id));
+    for (const [threadId, outcomeId] of Object.entries(claims)) {
+      const o = await this.active(session.id, threadId, outcomeId);
+      // A grader Run under way: its end records the evaluation, then ends the outcome.
+      if (!o || o.status === 'grading') continue;
+      const thread = await this.d.store.thread(session.id, threadId).catch(() => null);
+      if (thread && (thread.status === 'running' || thread.status === 'rescheduling')) continue;
+      await this.finish(o, 'interrupted', 'the session was archived', undefined, trace, true);
     }
   }
 
@@ -442,10 +463,13 @@ export class OutcomeService {
       explanation: verdict ? verdict.explanation : `The grader Run gave no verdict (${stop.type === 'end_turn' ? 'its answer was not one' : `it ended with ${stop.type}`}).`,
       run_id: runId, usage, started_at: ev.started_at, ended_at: nowIso(),
     };
-    const revise = record.result === 'needs_revision' && ev.iteration < o.max_iterations;
+    const evaluationsLeft = record.result === 'needs_revision' && ev.iteration < o.max_iterations;
+    // An archived Session takes no new work: the evaluation is recorded, but no revision starts.
+    const revise = evaluationsLeft && session.archived_at === null;
     const event = await this.record(session, o, record, revise ? o.revision_count + 1 : o.revision_count, trace);
     if (record.result === 'satisfied') await this.finish(o, 'satisfied', null, ev.iteration, trace);
     else if (record.result === 'failed') await this.finish(o, 'failed', record.explanation, ev.iteration, trace);
+    else if (evaluationsLeft && !revise) await this.finish(o, 'interrupted', 'the session was archived', ev.iteration, trace);
     else if (!revise) await this.finish(o, 'max_iterations_reached', null, ev.iteration, trace);
     else {
       // Only the call that moves the outcome from this evaluation to `working` starts the
@@ -474,11 +498,13 @@ export class OutcomeService {
     }, `outcome:${o.id}:evaluation:${e.iteration}:ended`, trace);
   }
 
-  private async finish(o: OutcomeDoc, result: OutcomeResult, reason: string | null, evaluations: number | undefined, trace: Context | undefined): Promise<void> {
-    const done = await this.update(o, (c) => (c.status === 'ended' ? null : {
+  /** `unlessGrading`: an outcome whose grader Run started meanwhile is left to that Run's end. */
+  private async finish(o: OutcomeDoc, result: OutcomeResult, reason: string | null, evaluations: number | undefined, trace: Context | undefined, unlessGrading = false): Promise<void> {
+    const done = await this.update(o, (c) => (c.status === 'ended' || (unlessGrading && c.status === 'grading') ? null : {
       ...c, status: 'ended', result, grader_run_id: null, current_evaluation: null, ended_at: nowIso(),
       evaluation_count: evaluations ?? c.evaluation_count,
     }));
+    if (done.status !== 'ended') return;
     await CLEAR_ACTIVE.run(this.d.store.redis, [this.activeKey(o.session_id)], [o.thread_id, o.id]);
     await this.append(o.session_id, o.thread_id, 'session.outcome_ended', {
       outcome_id: o.id, result: done.result, evaluation_count: done.evaluation_count, revision_count: done.revision_count,

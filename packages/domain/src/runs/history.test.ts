@@ -25,8 +25,36 @@ describe('conversationOf', () => {
     expect(texts(log, [third.id])).toEqual(['user: first', 'assistant: echo first', 'user: second']);
   });
 
+  it('reads an evaluation as a revision request only when it starts the revision turn', () => {
+    const define = ev('user.define_outcome', { description: 'Write it.' });
+    const evaluation = (iteration: number, revisions: number) =>
+      ev('session.outcome_evaluation_ended', { result: 'needs_revision', iteration, evaluation_count: iteration, revision_count: revisions, explanation: `fix ${iteration}` });
+    const first = evaluation(1, 1);
+    const last = evaluation(2, 1);
+    const hello = ev('user.message', { content: 'hello' });
+    const log = [
+      define, ev('session.status_running', { run_id: 'run_1', input_event_ids: [define.id] }),
+      ev('agent.message', { content: 'draft 1' }), ev('session.status_idle', { stop_reason: { type: 'end_turn' } }),
+      first, ev('session.status_running', { run_id: 'run_2', input_event_ids: [first.id] }),
+      ev('agent.message', { content: 'draft 2' }), ev('session.status_idle', { stop_reason: { type: 'end_turn' } }),
+      // The last evaluation of an outcome that ran out of iterations: no turn takes it.
+      last, ev('session.outcome_ended', { result: 'max_iterations_reached' }),
+      hello, ev('session.status_running', { run_id: 'run_3', input_event_ids: [hello.id] }),
+    ];
+    expect(texts(log)).toEqual([
+      'user: Write it.', 'assistant: draft 1', 'user: The outcome grader asks for a revision (evaluation 1):\nfix 1', 'assistant: draft 2', 'user: hello',
+    ]);
+    // A revision still waiting in the thread's queue is not part of the conversation yet.
+    expect(texts(log.slice(0, 5), [first.id])).toEqual(['user: Write it.', 'assistant: draft 1']);
+  });
+
   it('keeps a log written before turn starts named their inputs as it is', () => {
     const log = [ev('user.message', { content: 'a' }), ev('session.status_running', { run_id: 'run_1' }), ev('agent.message', { content: 'b' })];
     expect(texts(log)).toEqual(['user: a', 'assistant: b']);
+    const revision = [
+      ev('user.define_outcome', { description: 'd' }), ev('session.status_running', { run_id: 'run_1' }), ev('agent.message', { content: 'one' }),
+      ev('session.outcome_evaluation_ended', { result: 'needs_revision', iteration: 1, explanation: 'more' }), ev('session.status_running', { run_id: 'run_2' }),
+    ];
+    expect(texts(revision)).toEqual(['user: d', 'assistant: one', 'user: The outcome grader asks for a revision (evaluation 1):\nmore']);
   });
 });

@@ -86,11 +86,17 @@ export function conversationOf(
       case 'user.define_outcome':
         push('user', { type: 'text', text: String(p.description ?? '') });
         break;
-      case 'session.outcome_evaluation_ended':
-        if (p.result === 'needs_revision') {
-          push('user', { type: 'text', text: `The outcome grader asks for a revision (evaluation ${String(p.iteration)}):\n${String(p.explanation ?? '')}` });
-        }
+      // Only an evaluation that starts a revision turn is that turn's input: the last one of an
+      // outcome that ran out of iterations (or whose Session was archived) asks for nothing.
+      case 'session.outcome_evaluation_ended': {
+        if (p.result !== 'needs_revision' || queued.has(e.id)) break;
+        const text = `The outcome grader asks for a revision (evaluation ${String(p.iteration)}):\n${String(p.explanation ?? '')}`;
+        if (takenByATurn.has(e.id)) waiting.set(e.id, text);
+        // A log written before turn starts named their inputs: an evaluation that started a
+        // revision counts it (its `revision_count` equals its `evaluation_count`).
+        else if (p.revision_count === undefined || p.revision_count === p.evaluation_count) push('user', { type: 'text', text });
         break;
+      }
       case 'agent.message':
         push('assistant', { type: 'text', text: textOf(p.content) });
         break;
