@@ -3,7 +3,7 @@ import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterAll, describe, expect, it } from 'vitest';
+import { afterAll, describe, expect, it, vi } from 'vitest';
 import { WebSocketServer, type WebSocket } from 'ws';
 import type Docker from 'dockerode';
 import { createLogger } from '@agentplane/core';
@@ -366,5 +366,155 @@ describe('a control plane that refuses the credential', () => {
     expect(said).toHaveLength(1);
     expect(said[0]).toMatchObject({ level: 50, http_status: 401, refusals: 2, held: 1 });
     expect(loadState(dir)).toMatchObject({ status: 'stopped', connected: false, drain: 'local', credential_refused: { http_status: 401, error_message: 'refused with 401' } });
+  });
+});
+
+const within = <T>(p: Promise<T>, ms: number): Promise<T | 'still waiting'> =>
+  Promise.race([p, new Promise<'still waiting'>((r) => setTimeout(() => r('still waiting'), ms).unref())]);
+
+describe('a local drain asked while the daemon connects', () => {
+  it('stops the daemon once the upgrade completes, instead of at the drain deadline', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'runner-agent-'));
+    dirs.push(dir);
+    // The control plane takes the upgrade only when told: the signal comes while it is under way.
+    const upgrading = deferred<void>();
+    const answer = deferred<void>();
+    const drained = deferred<void>();
+    const server = createServer((_req, res) => res.writeHead(404).end());
+    const wss = new WebSocketServer({ noServer: true });
+    server.on('upgrade', (req, socket, head) => {
+      upgrading.resolve();
+      void answer.promise.then(() => wss.handleUpgrade(req, socket, head, (ws) => {
+        ws.on('message', (data) => {
+          const msg = parseFrame(data.toString(), 'runner');
+          const now = new Date().toISOString();
+          if (msg.type === 'hello') {
+            ws.send(frame('welcome', 'g1', {
+              protocol_version: 1, runner_id: 'runner_t', runner_pool_id: 'rpool_t', workspace_id: 'wrkspc_t', generation: 1, heartbeat_interval_ms: 100,
+              presence_ttl_ms: 1000, max_frame_bytes: 1 << 20, server_time: now, resumed_leases: [],
+            }, msg.id));
+          } else if (msg.type === 'heartbeat') {
+            ws.send(frame('heartbeat.ack', `g${Math.random()}`, { server_time: now, presence_expires_at: now, cancellations: [] }, msg.id));
+          } else if (msg.type === 'drained') {
+            drained.resolve();
+            ws.close(CLOSE.DRAINED, 'drained');
+          }
+        });
+      }));
+    });
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+    const config = loadDaemonConfig({}, { 'config-dir': dir, 'heartbeat-ms': '100', 'reconnect-base-ms': '10', 'reconnect-cap-ms': '20' });
+    const agent = new RunnerAgent(credFor(url), config, createLogger({ name: 'test', level: 'silent' }), noDocker);
+    agent.executor = { refuse: () => null, run: async () => undefined };
+    const done = agent.run();
+    try {
+      await upgrading.promise;
+      agent.beginDrain(Date.now() + 3_600_000, 'SIGTERM received'); // the default deadline: an hour
+      answer.resolve();
+      expect(await within(done, 10_000)).toBeUndefined();
+      await drained.promise; // said goodbye on the socket it got, so its presence goes at once
+      expect(loadState(dir)).toMatchObject({ status: 'stopped', drain: 'local' });
+    } finally {
+      agent.cancelAll('test over');
+      await done;
+      for (const c of wss.clients) c.terminate();
+      server.closeAllConnections();
+      await new Promise<void>((r) => server.close(() => r()));
+    }
+  });
+});
+
+describe('work canceled because the runner stops, with the control plane away', () => {
+  it('does not wait for the control plane to come back: the daemon stops at once', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'runner-agent-'));
+    dirs.push(dir);
+    const accepted = deferred<WebSocket>();
+    let offered = false;
+    const gw = await fakeGateway((ws, msg) => {
+      if (msg.type === 'heartbeat' && !offered) {
+        offered = true;
+        ws.send(frame('lease.offer', 'o1', OFFER));
+      } else if (msg.type === 'lease.accept') {
+        accepted.resolve(ws);
+      }
+    });
+    const config = loadDaemonConfig({}, { 'config-dir': dir, 'heartbeat-ms': '100', 'reconnect-base-ms': '10', 'reconnect-cap-ms': '20' });
+    const agent = new RunnerAgent(credFor(gw.url), config, createLogger({ name: 'test', level: 'silent' }), noDocker);
+    let delivery: unknown;
+    agent.executor = {
+      refuse: () => null,
+      // Runs until stopped, then reports its last moments as the harness does (an interrupted
+      // tool's result), each event acknowledged before the work ends.
+      run: async (h) => {
+        await new Promise((r) => h.signal.addEventListener('abort', r, { once: true }));
+        delivery = await h.deliverEvents('sess_t', [{ producer_key: `${h.lease.lease_id}:0`, type: 'agent.tool_result', payload: { tool_use_id: 'toolu_1', content: 'interrupted', is_error: true } }])
+          .catch((err: unknown) => err);
+        throw new Error('interrupted');
+      },
+    };
+    const done = agent.run();
+    try {
+      const ws = await accepted.promise;
+      // The control plane goes away (stopped, or its host unreachable): reconnects are refused.
+      ws.terminate();
+      await gw.close();
+      await vi.waitFor(() => expect(agent.connected).toBe(false));
+      agent.beginDrain(Date.now() + 3_600_000, 'SIGTERM received');
+      agent.cancelAll('SIGTERM received twice');
+      expect(await within(done, 10_000)).toBeUndefined();
+      expect((delivery as Error).message).toBe('the runner stopped before these events were acknowledged');
+      expect(agent.heldCount).toBe(0);
+    } finally {
+      agent.cancelAll('test over');
+      await within(done, 1_000);
+    }
+  });
+});
+
+describe('a model step under way when the connection to the control plane drops', () => {
+  it('ends at once with a retryable error, and the Run fails as infrastructure (retried), not as the agent\'s work', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'runner-agent-'));
+    dirs.push(dir);
+    let offered = false;
+    const reconnected = deferred<LeaseRef[]>();
+    const failed = deferred<{ failure_class: string; reason: string }>();
+    const gw = await fakeGateway((ws, msg, connection) => {
+      if (msg.type === 'heartbeat' && !offered) {
+        offered = true;
+        ws.send(frame('lease.offer', 'o1', OFFER));
+      } else if (msg.type === 'model.request' && connection === 1) {
+        // The control plane restarts while it streams the step: it never answers on this socket.
+        ws.terminate();
+      } else if (msg.type === 'hello' && connection === 2) {
+        reconnected.resolve(msg.payload.held_leases);
+      } else if (msg.type === 'lease.fail') {
+        failed.resolve(msg.payload);
+      }
+    });
+    const config = loadDaemonConfig({}, { 'config-dir': dir, 'heartbeat-ms': '100', 'reconnect-base-ms': '10', 'reconnect-cap-ms': '20' });
+    const agent = new RunnerAgent(credFor(gw.url), config, createLogger({ name: 'test', level: 'silent' }), noDocker);
+    const seen: unknown[] = [];
+    agent.executor = {
+      refuse: () => null,
+      run: async (h) => {
+        for await (const ev of h.model.stream({ routing_key: 'default', messages: [{ role: 'user', content: [{ type: 'text', text: 'hi' }] }], tools: [] }, h.signal)) seen.push(ev);
+        // The resumed lease is still this runner's to fail: the failure is said on the new socket.
+        await reconnected.promise;
+        throw new Error('model step failed: the connection to the control plane was lost');
+      },
+    };
+    const done = agent.run();
+    try {
+      const fail = await within(failed.promise, 10_000);
+      expect(seen).toEqual([{ type: 'error', error: { type: 'runtime.internal', message: 'the connection to the control plane was lost during the model step', retryable: true } }]);
+      expect(await reconnected.promise).toEqual([LEASE]);
+      expect(fail).toMatchObject({ failure_class: 'infrastructure' });
+    } finally {
+      agent.beginDrain(Date.now(), 'test over');
+      agent.cancelAll('test over');
+      await done;
+      await gw.close();
+    }
   });
 });

@@ -75,10 +75,23 @@ interface HeldLease {
   settleEnd: ((answer: EndAnswer) => void) | null;
   /** Set when the runner stops waiting for the end's answer. */
   endGivenUp: boolean;
+  /**
+   * A model step of this lease could not be served because the connection to the control plane
+   * was down or went down under it: a failure that follows is the machinery's, not the agent's.
+   */
+  stepLost: boolean;
 }
 
 /** How a sent lease.complete was answered: recorded, refused for good, to be sent again, or not (yet). */
 type EndAnswer = 'acked' | 'refused' | 'retry' | 'none';
+
+/**
+ * The runner stopping canceled this lease's work (a second signal, the drain deadline, a refused
+ * credential): the lease fails as `infrastructure` whatever comes of it, so what the work still
+ * sends (the events of its last moments, a policy check) is given one try and no more. Waiting
+ * out a reconnect that may never come (the control plane away) would hold the stop for minutes.
+ */
+const stoppedWork = (h: HeldLease): boolean => h.abort.signal.reason instanceof InfrastructureFailure;
 
 /** Early heartbeats (a slot freed while the control plane counts the runner full) are at least this far apart. */
 const EARLY_BEAT_MIN_MS = 250;
@@ -170,8 +183,8 @@ export class RunnerAgent {
   browserSource: (() => Promise<{ accessibility_tree: boolean; screenshot: boolean }>) | null = null;
   /** Prometheus metrics (set by `start`). */
   metrics: RunnerMetrics | null = null;
-  /** Open model streams: stream id → where their frames go. */
-  private readonly modelStreams = new Map<string, (event: ModelStreamEvent | null, end: boolean) => void>();
+  /** Open model streams: stream id → where their frames go, and how the stream ends when the socket goes. */
+  private readonly modelStreams = new Map<string, { frame: (event: ModelStreamEvent | null, end: boolean) => void; lost: (reason: string) => void }>();
   private streamSeq = 0;
   /** Event batches waiting for their events.ack, by frame id. */
   private readonly eventAcks = new Map<string, (seqs: number[]) => void>();
@@ -353,6 +366,8 @@ export class RunnerAgent {
       this.log.warn({ err }, 'capability detection failed');
       return { welcomed: false, refusal: null };
     }
+    // A local drain finished while the capabilities were read: there is nothing to connect for.
+    if (this.stopped) return { welcomed: false, refusal: null };
     return new Promise<ConnectOutcome>((resolve) => {
       let welcomed = false;
       let refusal: CredentialRefusal | null = null;
@@ -420,6 +435,9 @@ export class RunnerAgent {
       ws.on('close', (code, reason) => {
         this.live = false;
         this.resendEnds();
+        // The control plane ends the model streams of a closed socket: none of their frames comes
+        // on the next connection, so a step still streaming ends now instead of at the Run's end.
+        for (const s of [...this.modelStreams.values()]) s.lost('the connection to the control plane was lost during the model step');
         this.stopHeartbeat();
         this.metrics?.connected.set(0);
         if (this.ws === ws) this.ws = null;
@@ -453,10 +471,13 @@ export class RunnerAgent {
 
   private async deliverEvents(key: string, ref: LeaseRef, sessionId: string, events: Payload<'events.batch'>['events'], giveUpMs: number): Promise<number[]> {
     const deadline = Date.now() + giveUpMs;
+    let tried = false;
     for (;;) {
       const held = this.held.get(key);
       if (held?.revoked) throw new Error(`lease revoked: ${held.revoked}`);
       if (Date.now() > deadline) throw new Error('events were not acknowledged in time');
+      if (tried && held && stoppedWork(held)) throw new Error('the runner stopped before these events were acknowledged');
+      tried = true;
       const id = `r${(++this.msgSeq).toString(36)}`;
       const acked = new Promise<number[]>((resolve) => this.eventAcks.set(id, resolve));
       const sent = this.sendWithId('events.batch', id, { ...ref, session_id: sessionId, events });
@@ -470,10 +491,13 @@ export class RunnerAgent {
 
   private async checkTool(key: string, ref: LeaseRef, check: Omit<Payload<'tool.check'>, 'lease_id' | 'attempt'>, giveUpMs: number): Promise<ToolDecision> {
     const deadline = Date.now() + giveUpMs;
+    let tried = false;
     for (;;) {
       const held = this.held.get(key);
       if (held?.revoked) return { decision: 'deny', rule_id: null, message: `not run: the lease was revoked (${held.revoked})` };
       if (Date.now() > deadline) return { decision: 'deny', rule_id: null, message: 'not run: the control plane did not answer the policy check in time (fail closed)' };
+      if (tried && held && stoppedWork(held)) return { decision: 'deny', rule_id: null, message: 'not run: the runner stopped (fail closed)' };
+      tried = true;
       const id = `t${(++this.msgSeq).toString(36)}`;
       const answered = new Promise<ToolDecision>((resolve) => this.toolDecisions.set(id, resolve));
       const sent = this.sendWithId('tool.check', id, { ...ref, ...check });
@@ -509,6 +533,10 @@ export class RunnerAgent {
         this.startHeartbeat();
         this.startSandboxReports();
         this.writeState(true);
+        // A local drain that finished while this connection was being made (a signal during the
+        // upgrade) found no open socket to say `drained` on: it is said now, and the daemon leaves
+        // instead of staying connected until the drain deadline.
+        if (this.stopped) this.maybeFinishDrain();
         return;
       }
       case 'heartbeat.ack': {
@@ -560,7 +588,7 @@ export class RunnerAgent {
         return;
       case 'model.delta':
       case 'model.end':
-        this.modelStreams.get(msg.payload.stream_id)?.(msg.payload.event as ModelStreamEvent, msg.type === 'model.end');
+        this.modelStreams.get(msg.payload.stream_id)?.frame(msg.payload.event as ModelStreamEvent, msg.type === 'model.end');
         return;
       case 'ack':
         if (msg.re) this.endAnswers.get(msg.re)?.('acked');
@@ -597,7 +625,7 @@ export class RunnerAgent {
   }
 
   /** A ModelClient whose steps travel as model.request frames fenced by this lease. */
-  private modelClientFor(ref: LeaseRef): ModelClient {
+  private modelClientFor(ref: LeaseRef, key: string): ModelClient {
     const agent = this;
     const client = {
       async *stream(request: ModelRequest, signal: AbortSignal): AsyncIterable<ModelStreamEvent> {
@@ -631,10 +659,24 @@ export class RunnerAgent {
         const queue: ModelStreamEvent[] = [];
         let ended = false;
         let wake: (() => void) | null = null;
-        agent.modelStreams.set(streamId, (event, end) => {
-          if (event) queue.push(event);
-          if (end) ended = true;
-          wake?.();
+        // Without the control plane the step cannot be served: the Run is retried rather than failed.
+        const markLost = (): void => {
+          const held = agent.held.get(key);
+          if (held) held.stepLost = true;
+        };
+        agent.modelStreams.set(streamId, {
+          frame: (event, end) => {
+            if (event) queue.push(event);
+            if (end) ended = true;
+            wake?.();
+          },
+          lost: (reason) => {
+            if (ended) return;
+            markLost();
+            queue.push({ type: 'error', error: { type: 'runtime.internal', message: reason, retryable: true } });
+            ended = true;
+            wake?.();
+          },
         });
         const onAbort = () => {
           agent.send('model.cancel', { stream_id: streamId });
@@ -645,9 +687,13 @@ export class RunnerAgent {
         signal.addEventListener('abort', onAbort, { once: true });
         try {
           if (!inSpan(() => agent.send('model.request', { ...ref, stream_id: streamId, request }))) {
+            markLost();
             yield { type: 'error', error: { type: 'runtime.internal', message: 'not connected to the control plane', retryable: true } };
             return;
           }
+          // A step served again (a harness that retries its model calls) outlives one that was lost.
+          const held = agent.held.get(key);
+          if (held) held.stepLost = false;
           for (;;) {
             while (queue.length > 0) {
               const ev = queue.shift() as ModelStreamEvent;
@@ -714,7 +760,7 @@ export class RunnerAgent {
     const handleFor = (full: LeaseOffer): LeaseHandle => ({
       lease: ref, offer: full, signal: abort.signal,
       sendEvents: (sessionId, events) => void this.send('events.batch', { ...ref, session_id: sessionId, events }),
-      model: this.modelClientFor(ref),
+      model: this.modelClientFor(ref, key),
       deliverEvents: (sessionId, events, giveUpMs = 120_000) => this.deliverEvents(key, ref, sessionId, events, giveUpMs),
       checkTool: (check, giveUpMs = 60_000) => this.checkTool(key, ref, check, giveUpMs),
     });
@@ -739,7 +785,8 @@ export class RunnerAgent {
         return this.sendEnd(key, { ...ref, ...(result ? { result } : {}) });
       },
       (err: unknown) => {
-        const failureClass: 'infrastructure' | 'work' = abort.signal.aborted || err instanceof InfrastructureFailure ? 'infrastructure' : 'work';
+        const failureClass: 'infrastructure' | 'work' = abort.signal.aborted || err instanceof InfrastructureFailure || this.held.get(key)?.stepLost
+          ? 'infrastructure' : 'work';
         this.metrics?.leases.inc({ outcome: failureClass === 'work' ? 'failed_work' : 'failed_infrastructure' });
         if (span) {
           failSpan(span, err);
@@ -755,7 +802,7 @@ export class RunnerAgent {
       this.slotFreed();
       this.maybeFinishDrain();
     });
-    this.held.set(key, { ref, sessionId: offer.session_id, abort, done, revoked: null, ending: false, settleEnd: null, endGivenUp: false });
+    this.held.set(key, { ref, sessionId: offer.session_id, abort, done, revoked: null, ending: false, settleEnd: null, endGivenUp: false, stepLost: false });
   }
 
   /**

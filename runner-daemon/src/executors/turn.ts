@@ -7,7 +7,7 @@ import { connectMcpTools, type RuntimeMcp } from '../harness/mcp-tools.js';
 import type { SandboxManager } from '../sandbox/manager.js';
 import { isOfferedResource, isOfferedSkill, offeredSources, skillSources, type OfferedResource, type OfferedSkill } from '../sandbox/sources.js';
 import { SKILL_TOOL_NAME, skillsPrompt } from '../harness/tools/builtin.js';
-import { driverSatisfies, type SandboxDriver, type SandboxEnvironment, type SandboxTier } from '../sandbox/types.js';
+import { driverSatisfies, SandboxError, type SandboxDriver, type SandboxEnvironment, type SandboxErrorReason, type SandboxTier } from '../sandbox/types.js';
 import { colocatedHarnessAvailable, runColocated } from './colocated.js';
 import { LeaseSink } from './lease-sink.js';
 import { isGraderTurn, runGrader } from './grader.js';
@@ -95,6 +95,17 @@ export function runtimeFileStore(baseUrl: string, bearer: string | undefined, si
 /** What the control plane calls each kind of wait (the thread's `_waits`). */
 const waitKind = (a: string | undefined): 'confirmation' | 'question' | 'custom_tool' =>
   a === 'tool_confirmation' ? 'confirmation' : a === 'question_answer' ? 'question' : 'custom_tool';
+
+/** Why a sandbox could not be had that lie with the engine, not with the Run: not answering, too slow, refusing the container. */
+const ENGINE_FAILURES: ReadonlySet<SandboxErrorReason> = new Set(['docker_unavailable', 'start_timeout', 'start_failed']);
+
+/**
+ * A sandbox the engine did not start is the machine's failure, not the agent's work: the lease
+ * fails as `infrastructure` and the Run is retried (docs/RUNS.md), instead of ending the turn.
+ */
+function engineFailure(err: unknown): unknown {
+  return err instanceof SandboxError && ENGINE_FAILURES.has(err.reason) ? new InfrastructureFailure(err.message, { cause: err }) : err;
+}
 
 const tierOf = (spec: TurnSpec): SandboxTier => (spec.environment.tier === 'process' || spec.environment.tier === 'gvisor' ? spec.environment.tier : 'container');
 
@@ -203,7 +214,9 @@ async function runTurn(o: TurnExecutorOptions, handle: LeaseHandle): Promise<Rec
   const skills = (spec.skills ?? []) as OfferedSkill[];
   const sources = [...offeredSources((spec.resources ?? []) as OfferedResource[], sourceOptions), ...skillSources(skills, sourceOptions)];
   const endStart = o.metrics?.sandboxStartSeconds.startTimer({ driver: o.sandboxes.driver.name === 'docker' ? 'docker' : 'process' });
-  const { sandbox, materialized } = await o.sandboxes.prepare({ id: spec.sandbox_id ?? spec.session_id }, env, sources, handle.signal);
+  const { sandbox, materialized } = await o.sandboxes.prepare({ id: spec.sandbox_id ?? spec.session_id }, env, sources, handle.signal).catch((err: unknown) => {
+    throw engineFailure(err);
+  });
   endStart?.();
   try {
     if (spec.kind === 'outcome_grader' && isGraderTurn(spec.grader)) return await runGrader({ driver: o.sandboxes.driver, log }, handle, spec.grader, sandbox);

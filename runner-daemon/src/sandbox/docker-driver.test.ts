@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto';
 import Docker from 'dockerode';
 import { createLogger } from '@agentplane/core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { DockerDriver } from './docker-driver.js';
+import { DockerDriver, SANDBOX_DEFAULTS, scratchSizes } from './docker-driver.js';
 import { runawayBytes } from './output.js';
 import { ensureSandboxImage } from './image.js';
 import { materializeResources } from './resources.js';
@@ -96,6 +96,23 @@ describe('docker sandbox driver', () => {
     // The sandbox is still usable afterwards.
     expect((await driver.exec(sb, ['echo', 'alive'])).stdout).toBe('alive\n');
     await driver.destroy(session.id);
+  });
+
+  it('bounds /tmp and the home directory below the memory limit: filling them fails the write, and the sandbox goes on', async () => {
+    const session = { id: sid() };
+    // tmpfs pages count against the memory limit: /tmp as large as the limit would leave no
+    // memory to start any later command (not even the `rm` that would free it).
+    const sb = await driver.ensure(session, { memory_mib: 128 });
+    const full = await driver.exec(sb, { script: 'cat /dev/zero > /tmp/big; echo rc=$?; cat /dev/zero > ~/big; echo rc=$?; du -m /tmp/big ~/big' }, { timeoutMs: 30_000 });
+    expect(full.exitCode).toBe(0);
+    expect(full.stderr).toContain('No space left on device');
+    expect(full.stdout).toBe('rc=1\nrc=1\n32\t/tmp/big\n8\t/home/agent/big\n');
+    expect((await driver.exec(sb, ['echo', 'alive'])).stdout).toBe('alive\n');
+    expect((await driver.exec(sb, { script: 'rm /tmp/big ~/big && echo freed' })).stdout).toBe('freed\n');
+    await driver.destroy(session.id);
+    // The default memory limit keeps the documented sizes.
+    expect(scratchSizes(SANDBOX_DEFAULTS.memory_mib)).toEqual({ tmpMib: 256, homeMib: 64 });
+    expect(scratchSizes(64)).toEqual({ tmpMib: 16, homeMib: 4 });
   });
 
   it('enforces the pids limit', async () => {

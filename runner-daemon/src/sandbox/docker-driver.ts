@@ -66,6 +66,7 @@ export const SANDBOX_DEFAULTS = {
   memory_mib: 1024,
   pids_limit: 256,
   tmp_mib: 256,
+  home_mib: 64,
   uid: 10001,
   gid: 10001,
   workspace: '/workspace',
@@ -87,6 +88,20 @@ export const CANARY_STEPS: readonly string[] = [
 /** The canary's script: runs each step; the first that fails writes its command, then its stderr, and exits 3. */
 export function canaryScript(steps: readonly string[] = CANARY_STEPS): string {
   return steps.map((step) => `if ! err=$(${step} 2>&1 >/dev/null); then printf '%s\\n%s\\n' '${step}' "$err" >&2; exit 3; fi`).join('\n');
+}
+
+/**
+ * The tmpfs sizes of `/tmp` and the home directory for a memory limit. Their pages count against
+ * the sandbox's memory and cannot be reclaimed: were they as large as the limit, a command that
+ * fills `/tmp` would leave no memory to start any other (not even `rm`), until the container is
+ * stopped. At most a quarter and a sixteenth of the limit, a full `/tmp` is a write that fails
+ * with "No space left on device" and the sandbox goes on.
+ */
+export function scratchSizes(memoryMib: number, tmpMib: number = SANDBOX_DEFAULTS.tmp_mib): { tmpMib: number; homeMib: number } {
+  return {
+    tmpMib: Math.max(1, Math.min(tmpMib, Math.floor(memoryMib / 4))),
+    homeMib: Math.max(1, Math.min(SANDBOX_DEFAULTS.home_mib, Math.floor(memoryMib / 16))),
+  };
 }
 
 /** Runs `"$@"` as the leader of a new process group whose id is recorded in a pid file. */
@@ -320,8 +335,9 @@ export class DockerDriver implements SandboxDriver {
 
   /** The sandbox container: no network, non-root, read-only root, no capabilities, limits. */
   private containerOptions(name: string, image: string, environment: SandboxEnvironment, volume: string | undefined, runtime: string | undefined): Docker.ContainerCreateOptions & { HostConfig: Docker.HostConfig } {
-    const memory = (environment.memory_mib ?? SANDBOX_DEFAULTS.memory_mib) * 1024 * 1024;
-    const tmpMib = environment.tmp_mib ?? SANDBOX_DEFAULTS.tmp_mib;
+    const memoryMib = environment.memory_mib ?? SANDBOX_DEFAULTS.memory_mib;
+    const memory = memoryMib * 1024 * 1024;
+    const { tmpMib, homeMib } = scratchSizes(memoryMib, environment.tmp_mib);
     const { uid, gid } = SANDBOX_DEFAULTS;
     const env = Object.entries(environment.env ?? {}).map(([k, v]) => `${k}=${v}`);
     return {
@@ -350,7 +366,7 @@ export class DockerDriver implements SandboxDriver {
         PidsLimit: environment.pids_limit ?? SANDBOX_DEFAULTS.pids_limit,
         Tmpfs: {
           '/tmp': `rw,nosuid,nodev,size=${tmpMib}m,mode=1777`,
-          [SANDBOX_DEFAULTS.home]: `rw,nosuid,nodev,size=64m,uid=${uid},gid=${gid},mode=0700`,
+          [SANDBOX_DEFAULTS.home]: `rw,nosuid,nodev,size=${homeMib}m,uid=${uid},gid=${gid},mode=0700`,
         },
         Mounts: volume ? [{ Type: 'volume', Source: volume, Target: SANDBOX_DEFAULTS.workspace }] : [],
         RestartPolicy: { Name: 'no' },
