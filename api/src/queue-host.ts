@@ -1,4 +1,4 @@
-import { Queue, Worker, type Processor, type WorkerOptions } from 'bullmq';
+import { Queue, Worker, type Processor, type QueueOptions, type WorkerOptions } from 'bullmq';
 import type { Logger } from '@agentplane/core';
 import { connectRedis, type Redis } from '@agentplane/store';
 
@@ -11,6 +11,8 @@ export interface QueueHostOptions {
   prefix: string;
   redisUrl: string;
   log: Logger;
+  /** The queue's advanced settings (a Job Scheduler's repeat strategy, say). */
+  settings?: QueueOptions['settings'];
 }
 
 /**
@@ -28,7 +30,7 @@ export class QueueHost {
   constructor(private readonly o: QueueHostOptions) {
     this.bull = connectRedis(o.redisUrl, { name: `api:${o.name}`, blocking: true });
     this.bull.on('error', (err: Error) => o.log.warn({ err: err.message }, `${o.label} queue connection error`));
-    this.queue = new Queue(o.queue, { connection: this.bull, prefix: o.prefix });
+    this.queue = new Queue(o.queue, { connection: this.bull, prefix: o.prefix, ...(o.settings ? { settings: o.settings } : {}) });
   }
 
   /** Starts the worker; null when it already runs (the caller then has nothing to start). */

@@ -1,4 +1,3 @@
-import { getNextMillis } from 'bullmq';
 import { ApiError, Id, newId, nowIso, Obj, Page, PageQuery, Type } from '@agentplane/core';
 import { keys, tags } from '@agentplane/store';
 import { READERS, WRITERS } from '../http/caller.js';
@@ -6,6 +5,7 @@ import { defineOperation, json, type Operation } from '../http/operation.js';
 import { listWorkspaceDocs, workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
 import type { ApiDeps } from '../deps.js';
+import { checkCron } from './cron.js';
 import { MAX_PROMPT_BYTES } from './prompt.js';
 import { acceptDelivery, deliveryBody, deliveryText, verifyDelivery } from './ingest.js';
 import { parseLimitedJson } from './json-limits.js';
@@ -39,16 +39,7 @@ function checkTrigger(input: Static<typeof CreateAutomationBody>['trigger']): Tr
   const on_missed = input.on_missed ?? 'fire_once';
   if ('interval_seconds' in input) return { type: 'schedule', interval_seconds: input.interval_seconds, on_missed };
   const timezone = input.timezone ?? 'UTC';
-  try {
-    new Intl.DateTimeFormat('en-US', { timeZone: timezone });
-  } catch {
-    throw new ApiError('validation.malformed', `body.trigger.timezone: '${timezone}' is not an IANA time zone`);
-  }
-  try {
-    if (getNextMillis(Date.now(), { pattern: input.cron, tz: timezone }) === undefined) throw new Error('no next time');
-  } catch (err) {
-    throw new ApiError('validation.malformed', `body.trigger.cron: not a cron expression (${err instanceof Error ? err.message : String(err)})`);
-  }
+  checkCron(input.cron, timezone);
   return { type: 'schedule', cron: input.cron, timezone, on_missed };
 }
 

@@ -89,6 +89,30 @@ describe('ticks of an interval schedule', () => {
   });
 });
 
+describe('ticks of a cron schedule', () => {
+  it('come at the expression\'s times in its time zone, each next one made by the worker', async () => {
+    const a = await automation({ type: 'schedule', cron: '*/2 * * * * *', timezone: 'America/Santiago', on_missed: 'fire_once' });
+    await service.syncSchedule(a.workspace_id, a.id);
+    const first = Date.parse(String(await service.nextScheduledAt(a.id)));
+    expect(first % 2000).toBe(0);
+    service.start();
+    const firings = await until('three ticks', async () => {
+      const page = await store.docs.list<FiringDoc>(tags.workspace(a.workspace_id), firingsOf(a.id), { limit: 10, order: 'asc' });
+      return page.data.length >= 3 ? page.data : undefined;
+    });
+    // On the expression's even seconds, the first at the time the scheduler named (a tick taken
+    // late on a loaded machine may let the next one fall on a later even second).
+    const due = firings.map((f) => Date.parse(String(f.source.scheduled_at)));
+    expect(due[0]).toBe(first);
+    for (const [i, t] of due.entries()) {
+      expect(t % 2000).toBe(0);
+      if (i > 0) expect(t).toBeGreaterThan(due[i - 1]!);
+    }
+    await store.update(a.workspace_id, a.id, (cur) => ({ ...cur, status: 'paused' }));
+    await service.syncSchedule(a.workspace_id, a.id);
+  });
+});
+
 describe('a tick run again', () => {
   it('(its worker died mid-tick, its job stalled) finds the firing it made: one firing per due time', async () => {
     const a = await automation({ type: 'schedule', interval_seconds: 3600, on_missed: 'fire_once' });

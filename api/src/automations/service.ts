@@ -7,6 +7,7 @@ import type { PermissionStore } from '../governance/permissions.js';
 import type { PolicyStore } from '../governance/policies.js';
 import type { SessionService } from '../sessions/service.js';
 import type { RunDoc, SessionDoc, ThreadDoc } from '@agentplane/domain';
+import { cronRepeatStrategy } from './cron.js';
 import { expandPrompt } from './prompt.js';
 import type { SessionEventTap, TappedAppend } from '../events/tap.js';
 import { CachedMemberSet } from '../events/member-set.js';
@@ -62,7 +63,11 @@ export class AutomationService {
   private readonly firings: Counter<'source' | 'status'>;
 
   constructor(private readonly d: AutomationServiceDeps) {
-    this.host = new QueueHost({ name: 'automations', label: 'automations', queue: QUEUE, prefix: AUTOMATION_QUEUE_PREFIX, redisUrl: d.redisUrl, log: d.log });
+    // Cron times come from the zone's wall clock (`cron.ts`), for the first tick (the queue) and each following one (the worker).
+    this.host = new QueueHost({
+      name: 'automations', label: 'automations', queue: QUEUE, prefix: AUTOMATION_QUEUE_PREFIX, redisUrl: d.redisUrl, log: d.log,
+      settings: { repeatStrategy: cronRepeatStrategy },
+    });
     this.queue = this.host.queue;
     this.subWorkspaces = new CachedMemberSet(d.store.redis, automationKeys.subscribers());
     this.firings = new Counter({ name: 'agentplane_automation_firings_total', help: 'Automation firings by source and final status', labelNames: ['source', 'status'], registers: [d.metrics] });
@@ -496,7 +501,7 @@ export class AutomationService {
       if (job.name === 'tick') return this.tick(job as Job<TickData>);
       if (job.name === 'fire') return this.startFiring(job.data as FiringJobData);
       if (job.name === 'watch') return this.watch(job as Job<FiringJobData>, token);
-    }, { concurrency: 16 });
+    }, { concurrency: 16, settings: { repeatStrategy: cronRepeatStrategy } });
     if (!worker) return;
     worker.on('failed', (job, err) => {
       if (!job || job.name !== 'fire' || job.attemptsMade < FIRE_ATTEMPTS) return;
