@@ -2,6 +2,7 @@ import { spawnSync, type ChildProcess } from 'node:child_process';
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { HttpClient, type ApiResponse } from '@agentplane/client';
 import { RUNNER_CLI, startDaemon } from './harness/daemon.js';
@@ -222,6 +223,20 @@ describe('revisions', () => {
       const r = await post(body);
       expect([r.status, errType(r)], JSON.stringify(body)).toEqual([status, type]);
     }
+    // A routing revision document above its profile's latest revision (left by an older two-step
+    // publish) is no revision: a pin of it is 404.
+    const routing = await admin.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/model-routing-profiles`, { key: 'pinned-above', candidates: [{ credential_key: 'default', provider_model: 'one' }] });
+    const redis = new Redis(p.redisUrl());
+    try {
+      await redis.set(`ap:{w:${ws}}:mrp_rev:${routing.id}:2`, JSON.stringify({
+        type: 'model_routing_profile_revision', model_routing_profile_id: routing.id, workspace_id: ws, revision_number: 2,
+        candidates: [{ credential_key: 'default', provider_model: 'orphan' }], created_at: new Date().toISOString(),
+      }));
+    } finally {
+      redis.disconnect();
+    }
+    const above = await post(revisionBody(1, { model_routing: { model_routing_profile_id: routing.id, model_routing_profile_revision_number: 2 } }));
+    expect([above.status, errType(above)]).toEqual([404, 'validation.not_found']);
     // An unknown target type is named as such, with the types there are.
     const remote = await post(revisionBody(1, { execution_target: { ...target, type: 'remote' } }));
     expect(errMessage(remote)).toBe("body.execution_target.type: must be one of 'managed', 'connected'");

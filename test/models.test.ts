@@ -326,6 +326,26 @@ describe('routing, fallback and eligibility', () => {
     const dup = await req('POST', `/v1/organizations/workspaces/${ws}/model-routing-profiles`, { key: 'revised', candidates: [{ credential_key: 'default', provider_model: 'x' }] });
     expect(dup.status).toBe(409);
   });
+
+  it('a revision document above the head is no revision: 404 until a publish takes its number', async () => {
+    const prof = await profile('orphan-above', [{ credential_key: 'default', provider_model: 'scripted-1' }]);
+    // What a publish that died between two separate writes left before they were one script.
+    const redis = connectRedis(p.redisUrl(), { name: 'models-orphan-revision' });
+    try {
+      await redis.set(`ap:{w:${ws}}:mrp_rev:${prof.id}:2`, JSON.stringify({
+        type: 'model_routing_profile_revision', model_routing_profile_id: prof.id, workspace_id: ws, revision_number: 2,
+        candidates: [{ credential_key: 'default', provider_model: 'orphan' }], created_at: new Date().toISOString(),
+      }));
+    } finally {
+      await redis.quit();
+    }
+    const above = await req('GET', `/v1/model-routing-profiles/${prof.id}/revisions/2`);
+    expect([above.status, errType(above)]).toEqual([404, 'validation.not_found']);
+    expect((await req('GET', `/v1/model-routing-profiles/${prof.id}`)).body).toMatchObject({ latest_revision_number: 1, candidates: [{ provider_model: 'scripted-1' }] });
+    const published = await req('POST', `/v1/model-routing-profiles/${prof.id}/revisions`, { expected_revision_number: 1, candidates: [{ credential_key: 'default', provider_model: 'scripted-2' }] });
+    expect(published.status).toBe(201);
+    expect((await req('GET', `/v1/model-routing-profiles/${prof.id}/revisions/2`)).body).toMatchObject({ revision_number: 2, candidates: [{ provider_model: 'scripted-2' }] });
+  });
 });
 
 describe('rotation and revocation', () => {

@@ -1,8 +1,7 @@
-import { ApiError, canonicalJson, newId, nowIso, sha256Hex } from '@agentplane/core';
+import { ApiError, canonicalJson, crashPoint, newId, nowIso, sha256Hex } from '@agentplane/core';
 import {
   ConnectionService, exposedNameClash, harnessProfileStore, sandboxProfileStore, snapshotOf, type Agent, type DeploymentPin, type HarnessProfile, type SandboxProfile, type VersionedStore,
 } from '@agentplane/domain';
-import { keys, tags, type Redis } from '@agentplane/store';
 import type { ApiDeps } from '../deps.js';
 import { deploymentId, HeadStore, revisionId, type HeadDoc } from './store.js';
 import type { ExecutionTargetT, PublishRevisionInput } from './schemas.js';
@@ -97,10 +96,7 @@ export class DeploymentService {
   readonly harnessProfiles: VersionedStore<HarnessProfile>;
   readonly sandboxProfiles: VersionedStore<SandboxProfile>;
 
-  private readonly redis: Redis;
-
   constructor(private readonly d: ApiDeps) {
-    this.redis = d.redis;
     this.heads = new HeadStore(d.redis, d.docs);
     this.harnessProfiles = harnessProfileStore(d.redis);
     this.sandboxProfiles = sandboxProfileStore(d.redis);
@@ -166,8 +162,8 @@ export class DeploymentService {
     const release = await d.agents.getVersion(head._agent_workspace_id, head.agent_id, body.agent_release_number);
     const roster_snapshot = await this.rosterSnapshot(ws, release, body.roster_snapshot);
     const mrp = body.model_routing;
-    await d.models.profiles.getDoc(ws, mrp.model_routing_profile_id);
-    await d.models.profiles.revision(ws, mrp.model_routing_profile_id, mrp.model_routing_profile_revision_number);
+    const routing = await d.models.profiles.getDoc(ws, mrp.model_routing_profile_id);
+    await d.models.profiles.revision(ws, mrp.model_routing_profile_id, mrp.model_routing_profile_revision_number, routing);
     const target = body.execution_target;
     let execution_target: ExecutionTargetT;
     if (target.type === 'managed') {
@@ -493,24 +489,26 @@ export class DeploymentService {
 
   // ---- profiles ------------------------------------------------------------------------------
 
-  /** Claim the profile's Workspace-unique key, then write revision 1. */
+  /**
+   * Revision 1 and the head, with the profile's Workspace-unique key claimed in the same script
+   * (409 `validation.conflict` when another profile holds it): a creation that dies midway leaves
+   * no key claimed by a profile that does not exist.
+   */
   async createProfile<T extends HarnessProfile | SandboxProfile>(store: VersionedStore<T>, uniq: string, doc: T): Promise<T> {
-    const claimed = await this.redis.hsetnx(uniqKey(doc.workspace_id, uniq), doc.key, doc.id);
-    if (claimed !== 1) throw new ApiError('validation.conflict', `the key '${doc.key}' is taken by another profile of this workspace`);
-    return store.create(doc.workspace_id, doc);
+    await store.create(doc.workspace_id, doc, { collection: uniq, key: doc.key });
+    crashPoint(doc.type === 'harness_profile' ? 'harness-profile-key-claimed' : 'sandbox-profile-key-claimed');
+    return doc;
   }
 
   async listProfiles<T extends HarnessProfile | SandboxProfile>(store: VersionedStore<T>, uniq: string, ws: string, q: { limit?: number | undefined; page?: string | undefined; key?: string | undefined }) {
     if (q.key !== undefined) {
-      const id = await this.redis.hget(uniqKey(ws, uniq), q.key);
+      const id = await store.idByKey(ws, { collection: uniq, key: q.key });
       const doc = id ? await store.get(ws, id).catch(() => null) : null;
       return { data: doc ? [doc] : [], next_page: null };
     }
     return store.list(ws, { limit: q.limit ?? 20, page: q.page, includeArchived: false });
   }
 }
-
-const uniqKey = (ws: string, collection: string) => keys.unique(tags.workspace(ws), collection);
 
 /** The resolved configuration of a snapshot (what its digest covers), from its checked parts. */
 function snapshotConfig(head: DeploymentDoc, body: PublishRevisionInput, execution_target: ExecutionTargetT, roster_snapshot: RevisionDoc['roster_snapshot']) {

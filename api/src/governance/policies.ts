@@ -1,5 +1,7 @@
-import { ApiError, GlobError, newId, nowIso, type Logger } from '@agentplane/core';
-import { cachedGet, forgetWritten, keys, tags, type DocumentStore, type Redis, type StoredDoc } from '@agentplane/store';
+import { ApiError, crashPoint, GlobError, newId, nowIso, type Logger } from '@agentplane/core';
+import {
+  cachedGet, DOC_REMOVE_LUA, DOC_SWAP_LUA, docRemoveResult, docSwapResult, keys, LuaScript, tags, type DocumentStore, type Redis, type StoredDoc, type SwapOutcome,
+} from '@agentplane/store';
 import type { AuditLog } from '../audit/store.js';
 import { compileRule, PolicySet, type PolicyDecision, type PolicyEffect, type PolicyRule, type ToolCall, type ToolKind } from './policy-eval.js';
 
@@ -54,10 +56,39 @@ export interface PendingDecision {
 /** Of several decisions on one call, the strictest stands. */
 const STRICTNESS: Record<PolicyDecision['decision'], number> = { allow: 0, require_approval: 1, deny: 2 };
 
+/*
+ * Each policy write and the bump of the Workspace's policy-set version (`apol:version`, same slot)
+ * are one script, so no write, however its process ends, leaves other processes on a compiled set
+ * from before it.
+ *
+ * Create: KEYS doc, listing, version; ARGV doc JSON, score, id. 1 written, 0 the id exists.
+ */
+const CREATE = new LuaScript('apol_create', `
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX') then return 0 end
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
+redis.call('INCR', KEYS[3])
+return 1`);
+
+/** Update (compare-and-swap, as `doc_swap`): KEYS doc, version; ARGV expected version, doc JSON. */
+const UPDATE = new LuaScript('apol_update', `${DOC_SWAP_LUA}
+local r = doc_swap(KEYS[1], ARGV[1], ARGV[2])
+if r[1] == 1 then redis.call('INCR', KEYS[2]) end
+return r`);
+
+/** Compare-and-delete (as `doc_remove`): KEYS doc, listing, version; ARGV expected version ('' = any), id. */
+const REMOVE = new LuaScript('apol_remove', `${DOC_REMOVE_LUA}
+local r = doc_remove(KEYS[1], ARGV[1])
+if r[1] == 1 then
+  redis.call('ZREM', KEYS[2], ARGV[2])
+  redis.call('INCR', KEYS[3])
+end
+return r`);
+
 /**
  * ActionPolicies of each Workspace, plus the compiled set per policy-set version: every write
- * bumps `ap:{w:<ws>}:apol:version`, every decision reads it (through the process's read cache,
- * which Redis invalidates on the bump), so a change governs the very next call; the compiled set is rebuilt only when the version moved.
+ * bumps `ap:{w:<ws>}:apol:version` in the script that writes the policy, every decision reads it
+ * (through the process's read cache, which Redis invalidates on the bump), so a change governs the
+ * very next call; the compiled set is rebuilt only when the version moved.
  */
 export class PolicyStore {
   private readonly cache = new Map<string, { version: string; set: PolicySet }>();
@@ -68,17 +99,21 @@ export class PolicyStore {
     return keys.scoped(tags.workspace(ws), 'apol:version');
   }
 
-  private async bump(ws: string): Promise<void> {
-    await this.redis.incr(this.versionKey(ws));
-    forgetWritten(this.redis, [this.versionKey(ws)]);
+  private docKey(ws: string, id: string): string {
+    return keys.doc(tags.workspace(ws), id);
+  }
+
+  private listingKey(ws: string): string {
+    return keys.index(tags.workspace(ws), POLICIES);
   }
 
   async create(ws: string, input: ActionPolicyInput): Promise<ActionPolicy> {
     checkPatterns(input);
     const now = nowIso();
     const doc: ActionPolicy = { id: newId('actionPolicy'), type: 'action_policy', workspace_id: ws, ...input, version: 1, created_at: now, updated_at: now };
-    await this.docs.create(tags.workspace(ws), doc, [POLICIES]);
-    await this.bump(ws);
+    const created = await CREATE.run(this.redis, [this.docKey(ws, doc.id), this.listingKey(ws), this.versionKey(ws)], [JSON.stringify(doc), Date.parse(now), doc.id]);
+    if (created !== 1) throw new ApiError('validation.conflict', `action policy ${doc.id} already exists`);
+    crashPoint('action-policy-created');
     return doc;
   }
 
@@ -91,8 +126,10 @@ export class PolicyStore {
   async update(ws: string, id: string, input: ActionPolicyInput, expectedVersion: number | undefined): Promise<ActionPolicy> {
     checkPatterns(input);
     await this.get(ws, id);
-    const next = await this.docs.update<ActionPolicy>(tags.workspace(ws), id, (p) => ({ ...p, ...input }), { expectedVersion, notFound: 'action policy' });
-    await this.bump(ws);
+    const write = async (next: ActionPolicy, expected: number): Promise<SwapOutcome> =>
+      docSwapResult((await UPDATE.run(this.redis, [this.docKey(ws, id), this.versionKey(ws)], [String(expected), JSON.stringify(next)])) as unknown[]).outcome;
+    const next = await this.docs.update<ActionPolicy>(tags.workspace(ws), id, (p) => ({ ...p, ...input }), { expectedVersion, notFound: 'action policy', write });
+    crashPoint('action-policy-updated');
     return next;
   }
 
@@ -102,13 +139,14 @@ export class PolicyStore {
    */
   async remove(ws: string, id: string, expectedVersion: number | undefined): Promise<void> {
     await this.get(ws, id);
-    const r = await this.docs.removeIfVersion(tags.workspace(ws), id, expectedVersion, [POLICIES]);
+    const r = docRemoveResult((await REMOVE.run(this.redis, [this.docKey(ws, id), this.listingKey(ws), this.versionKey(ws)],
+      [expectedVersion === undefined ? '' : String(expectedVersion), id])) as unknown[]);
     if (r.kind === 'missing') throw new ApiError('validation.not_found', 'action policy not found');
     if (r.kind === 'stale') {
       const at = (JSON.parse(r.current) as ActionPolicy).version;
       throw new ApiError('validation.conflict', `expected_version ${expectedVersion ?? ''} is stale; the policy is at version ${at}`);
     }
-    await this.bump(ws);
+    crashPoint('action-policy-deleted');
   }
 
   /** The Workspace's compiled policy set as of now. */

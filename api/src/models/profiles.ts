@@ -74,15 +74,31 @@ export class RoutingProfileService {
     return d;
   }
 
-  async revision(ws: string, id: string, n: number): Promise<RoutingRevision> {
-    const raw = await this.redis.get(this.revKey(ws, id, n));
-    if (raw === null) throw new ApiError('validation.not_found', `revision ${n} not found`);
+  /**
+   * Revision `n`, only when the head has reached it (`n` up to its `latest_revision_number`): a
+   * revision document above the head's latest (left by an older version's publish that died
+   * between its two writes) is not a revision, and its number is 404 until a publish takes it.
+   * `head` is the profile as the caller just read it; without it, the head is read with the
+   * revision (one round trip).
+   */
+  async revision(ws: string, id: string, n: number, head?: RoutingProfileDoc): Promise<RoutingRevision> {
+    let latest: number;
+    let raw: string | null;
+    if (head) {
+      latest = head.latest_revision_number;
+      raw = n <= latest ? await this.redis.get(this.revKey(ws, id, n)) : null;
+    } else {
+      const [headRaw, revRaw] = await this.redis.mget(keys.doc(tags.workspace(ws), id), this.revKey(ws, id, n));
+      latest = headRaw ? (JSON.parse(headRaw) as RoutingProfileDoc).latest_revision_number : 0;
+      raw = revRaw ?? null;
+    }
+    if (raw === null || n > latest) throw new ApiError('validation.not_found', `revision ${n} not found`);
     return JSON.parse(raw) as RoutingRevision;
   }
 
   async get(ws: string, id: string): Promise<RoutingProfileView> {
     const d = await this.getDoc(ws, id);
-    return profileView(d, await this.revision(ws, id, d.latest_revision_number));
+    return profileView(d, await this.revision(ws, id, d.latest_revision_number, d));
   }
 
   /** The latest revision of the profile holding `key`, or null. */
@@ -91,7 +107,7 @@ export class RoutingProfileService {
     if (!id) return null;
     const profile = await this.docs.get<RoutingProfileDoc>(tags.workspace(ws), id);
     if (!profile) return null;
-    return { profile, revision: await this.revision(ws, id, profile.latest_revision_number) };
+    return { profile, revision: await this.revision(ws, id, profile.latest_revision_number, profile) };
   }
 
   /**
@@ -111,7 +127,7 @@ export class RoutingProfileService {
     const want = opts.key;
     const page = await this.docs.list<RoutingProfileDoc>(tags.workspace(ws), COLLECTION, { limit: opts.limit, page: opts.page, order: 'asc' },
       want === undefined ? undefined : (d) => d.key === want);
-    const data = await Promise.all(page.data.map(async (d) => profileView(d, await this.revision(ws, d.id, d.latest_revision_number))));
+    const data = await Promise.all(page.data.map(async (d) => profileView(d, await this.revision(ws, d.id, d.latest_revision_number, d))));
     return { data, next_page: page.next_page };
   }
 

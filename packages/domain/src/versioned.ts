@@ -2,7 +2,8 @@ import { ApiError, nowIso } from '@agentplane/core';
 import { BoundedCache, cachedGet, decodeCursor, encodeCursor, keys, LuaScript, tags, type Redis, type StoredDoc } from '@agentplane/store';
 
 /**
- * Workspace-owned resources with immutable versions (Agents, Environments).
+ * Workspace-owned resources with immutable versions (Agents, Environments, harness and sandbox
+ * profiles).
  *
  *   ap:{w:<ws>}:doc:<id>             head: the latest version plus `archived_at`
  *   ap:{w:<ws>}:doc:<id>:v<n>        version n, written once and never changed
@@ -11,14 +12,22 @@ import { BoundedCache, cachedGet, decodeCursor, encodeCursor, keys, LuaScript, t
  *
  * `version` is both the version number and the compare-and-swap counter of the head: a new
  * version is written with the head in one script, so a version exists iff the head reached it.
+ * A resource with a Workspace-unique key (harness and sandbox profiles) claims it in the script
+ * that creates the head:
+ *
+ *   ap:{w:<ws>}:uniq:<collection>    key → id
+ *
+ * so a key is never claimed by a resource that does not exist.
  */
 export interface VersionedDoc extends StoredDoc {
   archived_at: string | null;
 }
 
 /*
- * KEYS: head, version doc ('' marker handled by ARGV), heads index, versions index
- * ARGV: expected version ('' = create), head JSON, version JSON ('' = head-only change), n, created ms, id
+ * KEYS: head, version doc, heads index, versions index[, uniqueness hash]
+ * ARGV: expected version ('' = create), head JSON, version JSON ('' = head-only change), n, created ms, id[, unique key]
+ * With a unique key (a create), the key is claimed for the id in the same script: -5 when another
+ * id holds it. Every check comes before the first write, so a refused write leaves nothing.
  */
 const WRITE = new LuaScript(
   'versioned_write',
@@ -30,14 +39,39 @@ else
   if not cur then return -1 end
   if tostring(cjson.decode(cur)['version']) ~= ARGV[1] then return -2 end
 end
+if ARGV[7] then
+  local owner = redis.call('HGET', KEYS[5], ARGV[7])
+  if owner and owner ~= ARGV[6] then return -5 end
+end
 if ARGV[3] ~= '' then
   if redis.call('SET', KEYS[2], ARGV[3], 'NX') == false then return -2 end
   redis.call('ZADD', KEYS[4], ARGV[4], ARGV[4])
 end
+if ARGV[7] then redis.call('HSET', KEYS[5], ARGV[7], ARGV[6]) end
 redis.call('SET', KEYS[1], ARGV[2])
 if ARGV[1] == '' then redis.call('ZADD', KEYS[3], ARGV[5], ARGV[6]) end
 return 1`,
 );
+
+/*
+ * Releases a unique key (KEYS[1] field ARGV[1]) still claimed for id ARGV[2] whose head (KEYS[2])
+ * does not exist: a claim an older version made in a step before the head and never followed by it.
+ * 1 released, 0 not (the claim moved, or its head exists).
+ */
+const RELEASE_ORPHAN_CLAIM = new LuaScript(
+  'versioned_release_orphan_claim',
+  `
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+redis.call('HDEL', KEYS[1], ARGV[1])
+return 1`,
+);
+
+/** A Workspace-unique key: field `key` of the Workspace's `uniq:<collection>` hash. */
+export interface UniqueKey {
+  collection: string;
+  key: string;
+}
 
 export class VersionedStore<T extends VersionedDoc> {
   /** Version texts read before (versions never change once written); only when asked for. */
@@ -56,20 +90,52 @@ export class VersionedStore<T extends VersionedDoc> {
   private versionKey = (ws: string, id: string, n: number) => keys.doc(tags.workspace(ws), `${id}:v${n}`);
   private versionsIndex = (ws: string, id: string) => keys.index(tags.workspace(ws), `${this.collection}:versions:${id}`);
 
+  private uniqueKey = (ws: string, collection: string) => keys.unique(tags.workspace(ws), collection);
+
   private async write(ws: string, doc: T, expected: number | null, withVersion: boolean): Promise<void> {
-    const r = await WRITE.run(
-      this.redis,
-      [this.headKey(ws, doc.id), this.versionKey(ws, doc.id, doc.version), keys.index(tags.workspace(ws), this.collection), this.versionsIndex(ws, doc.id)],
-      [expected === null ? '' : String(expected), JSON.stringify(doc), withVersion ? JSON.stringify({ ...doc, archived_at: null }) : '', doc.version, Date.parse(doc.created_at), doc.id],
-    );
+    this.check(await this.run(ws, doc, expected, withVersion), expected);
+  }
+
+  private async run(ws: string, doc: T, expected: number | null, withVersion: boolean, unique?: UniqueKey): Promise<unknown> {
+    const keyList = [this.headKey(ws, doc.id), this.versionKey(ws, doc.id, doc.version), keys.index(tags.workspace(ws), this.collection), this.versionsIndex(ws, doc.id)];
+    const args: (string | number)[] = [expected === null ? '' : String(expected), JSON.stringify(doc), withVersion ? JSON.stringify({ ...doc, archived_at: null }) : '', doc.version, Date.parse(doc.created_at), doc.id];
+    if (unique) {
+      keyList.push(this.uniqueKey(ws, unique.collection));
+      args.push(unique.key);
+    }
+    return WRITE.run(this.redis, keyList, args);
+  }
+
+  private check(r: unknown, expected: number | null, unique?: UniqueKey): void {
     if (r === -1) throw new ApiError('validation.not_found', `${this.what} not found`);
     if (r === -2) throw new ApiError('validation.conflict', `${this.what} version ${expected ?? 0} is stale`);
     if (r === -3) throw new ApiError('validation.conflict', `${this.what} already exists`);
+    if (r === -5) throw new ApiError('validation.conflict', `the key '${unique?.key ?? ''}' is taken by another ${this.what} of this workspace`);
   }
 
-  async create(ws: string, doc: T): Promise<T> {
-    await this.write(ws, doc, null, true);
+  /**
+   * Version 1 and its head, in one script; with `unique`, the key claimed for the resource in that
+   * same script (409 `validation.conflict` when another resource holds it), so no creation, however
+   * it ends, leaves the key claimed by a resource that does not exist. A key claimed for a
+   * resource whose head does not exist (an older version claimed it in a step of its own, and its
+   * process died before the head) is released, and the creation takes it.
+   */
+  async create(ws: string, doc: T, unique?: UniqueKey): Promise<T> {
+    let r = await this.run(ws, doc, null, true, unique);
+    if (r === -5 && unique && (await this.releaseOrphanClaim(ws, unique))) r = await this.run(ws, doc, null, true, unique);
+    this.check(r, null, unique);
     return doc;
+  }
+
+  /** The id holding a unique key, or null. */
+  async idByKey(ws: string, unique: UniqueKey): Promise<string | null> {
+    return this.redis.hget(this.uniqueKey(ws, unique.collection), unique.key);
+  }
+
+  private async releaseOrphanClaim(ws: string, unique: UniqueKey): Promise<boolean> {
+    const owner = await this.idByKey(ws, unique);
+    if (owner === null) return false;
+    return (await RELEASE_ORPHAN_CLAIM.run(this.redis, [this.uniqueKey(ws, unique.collection), this.headKey(ws, owner)], [unique.key, owner])) === 1;
   }
 
   /**

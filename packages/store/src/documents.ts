@@ -57,6 +57,28 @@ export function docSwapResult(r: readonly unknown[]): { outcome: SwapOutcome; al
 const CAS_LUA = `${DOC_SWAP_LUA}
 return doc_swap(KEYS[1], ARGV[1], ARGV[2], KEYS[2], ARGV[3], ARGV[4])`;
 
+/**
+ * Lua: `doc_remove(key, expected)`, the compare-and-delete of `removeIfVersion` (its index updates
+ * left to the caller) for other scripts of the document's slot: `key` deleted only if its stored
+ * version is still `expected` ('' = any version). Returns {1} deleted, {0, current JSON} stale,
+ * {-1} missing (`docRemoveResult`).
+ */
+export const DOC_REMOVE_LUA = `
+local function doc_remove(key, expected)
+  local cur = redis.call('GET', key)
+  if not cur then return {-1} end
+  if expected ~= '' and tostring(cjson.decode(cur)['version']) ~= expected then return {0, cur} end
+  redis.call('DEL', key)
+  return {1}
+end`;
+
+/** What `doc_remove` (DOC_REMOVE_LUA) answered. */
+export function docRemoveResult(r: readonly unknown[]): RemoveOutcome {
+  if (r[0] === 1) return { kind: 'removed' };
+  if (r[0] === 0 && typeof r[1] === 'string') return { kind: 'stale', current: r[1] };
+  return { kind: 'missing' };
+}
+
 /*
  * Compare-and-delete: KEYS[1] deleted, and ARGV[2] removed from the indexes KEYS[2..], only if the
  * stored version is still ARGV[1] ('' = any version). Returns {1} deleted, {0, current JSON}

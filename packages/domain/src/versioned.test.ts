@@ -1,0 +1,76 @@
+import { beforeAll, describe, expect, it } from 'vitest';
+import { keys, tags, type Redis } from '@agentplane/store';
+import { useEmbeddedRedis } from '@agentplane/store/testing';
+import { VersionedStore, type VersionedDoc } from './versioned.js';
+
+interface Keyed extends VersionedDoc {
+  workspace_id: string;
+  key: string;
+}
+
+let redis: Redis;
+const testRedis = useEmbeddedRedis('versioned');
+beforeAll(() => {
+  redis = testRedis();
+});
+
+const UNIQ = 'thing_keys';
+let seq = 0;
+function doc(ws: string, key: string): Keyed {
+  const now = new Date().toISOString();
+  seq += 1;
+  return { id: `thing_${String(seq).padStart(32, '0')}`, workspace_id: ws, key, version: 1, created_at: now, updated_at: now, archived_at: null };
+}
+
+describe('VersionedStore creation under a Workspace-unique key', () => {
+  const store = () => new VersionedStore<Keyed>(redis, 'things', 'thing');
+  const uniq = (ws: string) => keys.unique(tags.workspace(ws), UNIQ);
+
+  it('claims the key in the script that writes the head and version 1', async () => {
+    const ws = 'wrkspc_unique_a';
+    const d = doc(ws, 'alpha');
+    await store().create(ws, d, { collection: UNIQ, key: 'alpha' });
+    expect(await redis.hget(uniq(ws), 'alpha')).toBe(d.id);
+    expect(await store().idByKey(ws, { collection: UNIQ, key: 'alpha' })).toBe(d.id);
+    expect((await store().get(ws, d.id)).key).toBe('alpha');
+    expect((await store().getVersion(ws, d.id, 1)).key).toBe('alpha');
+  });
+
+  it('a key another resource holds is 409 and writes nothing: no head, no version, no listing entry', async () => {
+    const ws = 'wrkspc_unique_b';
+    const first = doc(ws, 'beta');
+    await store().create(ws, first, { collection: UNIQ, key: 'beta' });
+    const second = doc(ws, 'beta');
+    await expect(store().create(ws, second, { collection: UNIQ, key: 'beta' })).rejects.toMatchObject({ type: 'validation.conflict' });
+    expect(await redis.hget(uniq(ws), 'beta')).toBe(first.id);
+    expect(await redis.exists(keys.doc(tags.workspace(ws), second.id), keys.doc(tags.workspace(ws), `${second.id}:v1`))).toBe(0);
+    expect((await store().list(ws, { limit: 10, includeArchived: true })).data.map((x) => x.id)).toEqual([first.id]);
+  });
+
+  it('a refused creation (the id exists) claims no key', async () => {
+    const ws = 'wrkspc_unique_c';
+    const d = doc(ws, 'gamma');
+    await store().create(ws, d, { collection: UNIQ, key: 'gamma' });
+    await expect(store().create(ws, { ...d, key: 'delta' }, { collection: UNIQ, key: 'delta' })).rejects.toMatchObject({ type: 'validation.conflict' });
+    expect(await redis.hexists(uniq(ws), 'delta')).toBe(0);
+  });
+
+  it('a key claimed for a resource whose head was never written is released and taken', async () => {
+    const ws = 'wrkspc_unique_d';
+    await redis.hset(uniq(ws), 'epsilon', `thing_${'9'.repeat(32)}`);
+    const d = doc(ws, 'epsilon');
+    await store().create(ws, d, { collection: UNIQ, key: 'epsilon' });
+    expect(await redis.hget(uniq(ws), 'epsilon')).toBe(d.id);
+    // A holder whose head exists keeps its key.
+    await expect(store().create(ws, doc(ws, 'epsilon'), { collection: UNIQ, key: 'epsilon' })).rejects.toMatchObject({ type: 'validation.conflict' });
+    expect(await redis.hget(uniq(ws), 'epsilon')).toBe(d.id);
+  });
+
+  it('a creation without a key claims nothing', async () => {
+    const ws = 'wrkspc_unique_e';
+    const d = doc(ws, 'zeta');
+    await store().create(ws, d);
+    expect(await redis.exists(uniq(ws))).toBe(0);
+    expect((await store().get(ws, d.id)).id).toBe(d.id);
+  });
+});
