@@ -325,8 +325,10 @@ describe('in the browser', () => {
   it('made no request to another origin and logged no error', () => {
     const foreign = b.requests.filter((u) => !u.startsWith(`${proxy.url}/`));
     expect(foreign).toEqual([]);
-    // The Principal credential's refusals answer 403, the deliberate wrong key 401, and the deliberately cut stream ends incomplete;
-    // nothing else may have failed (CSP violations included).
-    expect(b.errors.filter((e) => !/\b(401|403)\b/.test(e) && !e.includes('ERR_INCOMPLETE_CHUNKED_ENCODING'))).toEqual([]);
+    // The Principal credential's refusals answer 403, the deliberate wrong key 401, and the
+    // connections the proxy deliberately dropped end incomplete (the stream) or empty (a request
+    // the page had in flight at that moment); nothing else may have failed
+    // (CSP violations included).
+    expect(b.errors.filter((e) => !/\b(401|403)\b/.test(e) && !/ERR_(INCOMPLETE_CHUNKED_ENCODING|EMPTY_RESPONSE)/.test(e))).toEqual([]);
   });
 });
