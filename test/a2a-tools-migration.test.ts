@@ -1,8 +1,7 @@
 import { readFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { startPlatform, waitFor, type Platform } from './harness/platform.js';
+import { waitFor, type Platform } from './harness/platform.js';
+import { useCrashPlatforms } from './harness/crash-platform.js';
 import { errMsg, errType } from './harness/governance.js';
 import { cardJson, signCard, signingKey, startCardPeer, type CardPeer, type SigningKey } from './harness/a2a-peer.js';
 
@@ -17,6 +16,7 @@ type Json = Record<string, unknown>;
 interface Conn { id: string; version: number; source_revision: number; provider_package: { package_version: number }; kind: string }
 interface Source { id: string; revision: number; version: number; provider_package: Json; migration: { revision: number; state: string } | null }
 
+const crash = useCrashPlatforms('migration-crash');
 let p: Platform;
 let peer: CardPeer;
 let key: SigningKey;
@@ -26,14 +26,14 @@ const identity = (pkg: Json) => ({ id: pkg.id, package_version: pkg.package_vers
 
 beforeAll(async () => {
   [p, peer, key] = await Promise.all([
-    startPlatform({ env: { AGENTPLANE_MODE: 'development', AGENTPLANE_CRASH_AT: `tool-source-migration-step:${join(tmpdir(), `migration-crash-${process.pid}-${Date.now()}`)}`, A2A_TOOLS_MIGRATION_LOCK_MS: '2000', A2A_TOOLS_MIGRATION_SWEEP_MS: '500' } }),
+    crash.start(['tool-source-migration-step'], { env: { AGENTPLANE_MODE: 'development', A2A_TOOLS_MIGRATION_LOCK_MS: '2000', A2A_TOOLS_MIGRATION_SWEEP_MS: '500' } }).then((c) => c.p),
     startCardPeer(),
     signingKey('k1'),
   ]);
   peer.card = await signCard(cardJson(peer.rpcUrl), key);
 }, 120_000);
 afterAll(async () => {
-  await Promise.all([p?.stop(), peer?.close()]);
+  await peer?.close();
 });
 
 describe('tool source Connections and their migration on rotation', () => {

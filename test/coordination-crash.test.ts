@@ -1,9 +1,8 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { beforeAll, describe, expect, it } from 'vitest';
+import { existsSync, rmSync } from 'node:fs';
 import { waitFor } from './harness/platform.js';
-import { SCRIPT, startTurnPlatform, type TurnEvent, type TurnPlatform } from './harness/turns.js';
+import { useCrashPlatforms, type CrashTurnPlatform } from './harness/crash-platform.js';
+import { SCRIPT, type TurnEvent } from './harness/turns.js';
 
 /**
  * The process answering a coordinator's delegation use dies after it marked the wait answered and
@@ -15,16 +14,14 @@ import { SCRIPT, startTurnPlatform, type TurnEvent, type TurnPlatform } from './
  * coordinator's own turn end answers its `start_thread` use, once where a child's turn end answers
  * the coordinator's `wait_threads` use.
  */
-const markers = mkdtempSync(join(tmpdir(), 'coordination-crash-'));
-const marker = join(markers, 'delegation-answered');
-let t: TurnPlatform;
+const crash = useCrashPlatforms('coordination-crash');
+let t: CrashTurnPlatform;
+let marker: string;
 let worker: { id: string; version: number };
 
 beforeAll(async () => {
-  t = await startTurnPlatform({
-    name: 'coordination-crash',
-    env: { RUNNER_MAX_SLOTS: '4', AGENTPLANE_CRASH_AT: `delegation-answered:${marker}` },
-  });
+  t = await crash.startTurn(['delegation-answered'], { name: 'coordination-crash', env: { RUNNER_MAX_SLOTS: '4' } });
+  marker = t.marker('delegation-answered');
   worker = await t.api.post<{ id: string; version: number }>('/v1/agents', {
     name: 'worker', model: 'default',
     system: SCRIPT([
@@ -33,10 +30,6 @@ beforeAll(async () => {
     ]),
   });
 }, 180_000);
-afterAll(async () => {
-  await t?.p.stop();
-  rmSync(markers, { recursive: true, force: true });
-});
 
 interface Thread { id: string; parent_thread_id: string | null; status: string }
 interface Run { id: string; session_thread_id: string; status: string }

@@ -1,14 +1,13 @@
 import { createHash, randomBytes } from 'node:crypto';
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { existsSync } from 'node:fs';
 import { request as httpRequest } from 'node:http';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Redis } from 'ioredis';
 import { HttpClient } from '@agentplane/client';
 import { RedisRuntimeBearers } from '@agentplane/domain';
 import { LeaseFence } from '@agentplane/lease';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
+import { useCrashPlatforms } from './harness/crash-platform.js';
 
 let p: Platform;
 let redis: Redis;
@@ -425,28 +424,18 @@ describe('Files API', () => {
 });
 
 describe('a crash between making an upload\'s bytes permanent and creating its head', () => {
-  let q: Platform | undefined;
-  let qRedis: Redis | undefined;
-  let markers: string | undefined;
-  afterAll(async () => {
-    qRedis?.disconnect();
-    await q?.stop();
-    if (markers) rmSync(markers, { recursive: true, force: true });
-  });
+  const crash = useCrashPlatforms('files-crash');
 
   it('leaves no File, and the orphaned bytes are reclaimed by a later commit once their grace has passed', async () => {
-    markers = mkdtempSync(join(tmpdir(), 'files-crash-'));
-    q = await startPlatform({ env: { LOG_LEVEL: 'warn', AGENTPLANE_CRASH_AT: `file-content-sealed:${join(markers, 'sealed')}` } });
-    qRedis = new Redis(q.redisUrl());
-    const r = qRedis;
+    const q = await crash.start(['file-content-sealed'], { env: { LOG_LEVEL: 'warn' } });
+    const r = q.redis();
     const scan = async () => (await r.keys('ap:{f:*}:content')).sort();
-    const writer = q.root;
-    const apiBefore = q.pids().api;
+    const writer = q.p.root;
+    const apiBefore = q.p.pids().api;
     // The API dies inside the commit: the request gets no answer.
     await expect(writer.uploadFile('lost.bin', new Uint8Array(3 * MiB).fill(5))).rejects.toThrow();
-    expect(existsSync(join(markers, 'sealed'))).toBe(true);
-    await waitFor('the API restarted', () => (q?.pids().api !== undefined && q.pids().api !== apiBefore ? true : undefined), 30_000);
-    await waitFor('the API answering', async () => ((await writer.request('GET', '/v1/files').catch(() => null))?.status === 200 ? true : undefined), 30_000);
+    expect(existsSync(q.marker('file-content-sealed'))).toBe(true);
+    await q.apiRestarted(apiBefore, { client: writer, path: '/v1/files' });
 
     // No File; the bytes are permanent (no TTL), and the commit in flight is on record.
     expect((await writer.get<{ data: unknown[] }>('/v1/files')).data).toEqual([]);
@@ -457,7 +446,7 @@ describe('a crash between making an upload\'s bytes permanent and creating its h
     expect(await r.ttl(orphan)).toBe(-1);
     const journal = 'ap:{g:file_commits}:file_commits';
     const pending = await r.zrange(journal, 0, -1);
-    expect(pending).toEqual([`${q.bootstrap.workspace_id} ${lostId}`]);
+    expect(pending).toEqual([`${q.p.bootstrap.workspace_id} ${lostId}`]);
 
     // Its grace passes (moved back rather than waited for); the next commit sweeps it.
     await r.zadd(journal, 0, pending[0] as string);

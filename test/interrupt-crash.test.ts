@@ -1,12 +1,11 @@
-import { afterAll, describe, expect, it } from 'vitest';
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { describe, expect, it } from 'vitest';
+import { existsSync } from 'node:fs';
 import { Job, Queue } from 'bullmq';
 import { Redis } from 'ioredis';
 import type { HttpClient } from '@agentplane/client';
 import { queuePrefix, RUN_QUEUE } from '@agentplane/lease';
-import { startPlatform, waitFor, type Platform } from './harness/platform.js';
+import { waitFor } from './harness/platform.js';
+import { useCrashPlatforms } from './harness/crash-platform.js';
 import { developerWorkspace, FAST_LEASES, SCRIPT, type TurnEvent } from './harness/turns.js';
 
 /**
@@ -16,12 +15,7 @@ import { developerWorkspace, FAST_LEASES, SCRIPT, type TurnEvent } from './harne
  * first, the job was gone while the Run stayed queued and its thread running, and nothing, not
  * even a second interrupt, ended them.)
  */
-const markers = mkdtempSync(join(tmpdir(), 'interrupt-crash-'));
-let p: Platform | undefined;
-afterAll(async () => {
-  await p?.stop();
-  rmSync(markers, { recursive: true, force: true });
-});
+const crash = useCrashPlatforms('interrupt-crash');
 
 type Json = Record<string, unknown>;
 
@@ -32,9 +26,10 @@ async function log(api: HttpClient, sessionId: string): Promise<TurnEvent[]> {
 
 describe('a crash inside the interrupt of a queued Run', () => {
   it('after the Run is cancelled, before its job is removed: the turn has ended interrupted, and the Run never runs', async () => {
-    const marker = join(markers, 'interrupt-run-canceled');
     // No runner: the Run stays queued until it is interrupted.
-    p = await startPlatform({ runner: false, scheduler: true, env: { ...FAST_LEASES, AGENTPLANE_CRASH_AT: `interrupt-run-canceled:${marker}` } });
+    const q = await crash.start(['interrupt-run-canceled'], { runner: false, scheduler: true, env: FAST_LEASES });
+    const { p } = q;
+    const marker = q.marker('interrupt-run-canceled');
     const { api, principal, envId } = await developerWorkspace(p, 'interrupt-crash');
     const pidsBefore = p.pids();
     const s = await api.post<{ id: string }>('/v1/sessions', { agent: { name: 'a', model: 'default', system: SCRIPT([{ then: [{ reply: 'must not run' }] }]) }, environment_id: envId });

@@ -1,10 +1,6 @@
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { Redis } from 'ioredis';
-import { afterAll, describe, expect, it } from 'vitest';
-import type { HttpClient } from '@agentplane/client';
-import { startPlatform, waitFor, type Platform } from './harness/platform.js';
+import { existsSync } from 'node:fs';
+import { describe, expect, it } from 'vitest';
+import { useCrashPlatforms } from './harness/crash-platform.js';
 
 type Store = { id: string; name: string };
 
@@ -15,36 +11,23 @@ type Store = { id: string; name: string };
  * stays writable once that marker has lapsed.
  */
 describe('a crash while a MemoryStore is created', () => {
-  let q: Platform | undefined;
-  let qRedis: Redis | undefined;
-  let markers: string | undefined;
-  afterAll(async () => {
-    qRedis?.disconnect();
-    await q?.stop();
-    if (markers) rmSync(markers, { recursive: true, force: true });
-  });
-
-  async function restarted(c: HttpClient, before: number | undefined): Promise<void> {
-    await waitFor('the API restarted', () => (q?.pids().api !== undefined && q.pids().api !== before ? true : undefined), 30_000);
-    await waitFor('the API answering', async () => ((await c.request('GET', '/v1/memory-stores').catch(() => null))?.status === 200 ? true : undefined), 30_000);
-  }
+  const crash = useCrashPlatforms('memory-crash');
 
   it('leaves no marker for good, and a store whose head was written stays writable', async () => {
-    markers = mkdtempSync(join(tmpdir(), 'memory-crash-'));
-    const markerSet = join(markers, 'marker-set');
-    const created = join(markers, 'created');
-    q = await startPlatform({ env: { LOG_LEVEL: 'warn', AGENTPLANE_CRASH_AT: `memory-store-marker-set:${markerSet},memory-store-created:${created}` } });
-    qRedis = new Redis(q.redisUrl());
-    const r = qRedis;
-    const c = q.root;
+    const q = await crash.start(['memory-store-marker-set', 'memory-store-created'], { env: { LOG_LEVEL: 'warn' } });
+    const markerSet = q.marker('memory-store-marker-set');
+    const created = q.marker('memory-store-created');
+    const r = q.redis();
+    const c = q.p.root;
+    const restarted = (before: number | undefined) => q.apiRestarted(before, { client: c, path: '/v1/memory-stores' });
     const storeKeys = async () => (await r.keys('ap:{m:*')).sort();
     const list = async () => (await c.get<{ data: Store[] }>('/v1/memory-stores')).data;
 
     // Dead before the head: no store, and its marker is the only key left, expiring.
-    let before = q.pids().api;
+    let before = q.p.pids().api;
     await expect(c.request('POST', '/v1/memory-stores', { body: { name: 'notes' } })).rejects.toThrow();
     expect(existsSync(markerSet)).toBe(true);
-    await restarted(c, before);
+    await restarted(before);
     expect(await list()).toEqual([]);
     const orphans = await storeKeys();
     expect(orphans).toEqual([expect.stringMatching(/^ap:\{m:memstore_[0-9a-f]{32}\}:alive$/)]);
@@ -53,10 +36,10 @@ describe('a crash while a MemoryStore is created', () => {
     expect(ttl).toBeLessThanOrEqual(10 * 60_000);
 
     // Dead after the head, with the same name (names are not unique): the store exists.
-    before = q.pids().api;
+    before = q.p.pids().api;
     await expect(c.request('POST', '/v1/memory-stores', { body: { name: 'notes' } })).rejects.toThrow();
     expect(existsSync(created)).toBe(true);
-    await restarted(c, before);
+    await restarted(before);
     const [store] = await list();
     expect(store).toMatchObject({ name: 'notes' });
     const id = (store as Store).id;

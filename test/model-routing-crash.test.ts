@@ -1,10 +1,6 @@
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { Redis } from 'ioredis';
-import { afterAll, describe, expect, it } from 'vitest';
-import type { HttpClient } from '@agentplane/client';
-import { startPlatform, waitFor, type Platform } from './harness/platform.js';
+import { existsSync } from 'node:fs';
+import { describe, expect, it } from 'vitest';
+import { useCrashPlatforms } from './harness/crash-platform.js';
 import { errType } from './harness/governance.js';
 
 type Profile = { id: string; key: string; latest_revision_number: number; candidates: { provider_model: string }[] };
@@ -16,37 +12,24 @@ type Profile = { id: string; key: string; latest_revision_number: number; candid
  * revision its head names.
  */
 describe('a crash while a model routing profile is created or revised', () => {
-  let q: Platform | undefined;
-  let qRedis: Redis | undefined;
-  let markers: string | undefined;
-  afterAll(async () => {
-    qRedis?.disconnect();
-    await q?.stop();
-    if (markers) rmSync(markers, { recursive: true, force: true });
-  });
-
-  /** Waits for the API that `before` named to be replaced and answering. */
-  async function restarted(c: HttpClient, before: number | undefined, probe: string): Promise<void> {
-    await waitFor('the API restarted', () => (q?.pids().api !== undefined && q.pids().api !== before ? true : undefined), 30_000);
-    await waitFor('the API answering', async () => ((await c.request('GET', probe).catch(() => null))?.status === 200 ? true : undefined), 30_000);
-  }
+  const crash = useCrashPlatforms('mrp-crash');
 
   it('leaves a whole profile whose next publish succeeds', async () => {
-    markers = mkdtempSync(join(tmpdir(), 'mrp-crash-'));
-    const created = join(markers, 'created');
-    const written = join(markers, 'written');
-    q = await startPlatform({ env: { LOG_LEVEL: 'warn', AGENTPLANE_CRASH_AT: `model-routing-profile-created:${created},model-routing-revision-written:${written}` } });
-    qRedis = new Redis(q.redisUrl());
-    const c = q.root;
-    const ws = q.bootstrap.workspace_id;
+    const q = await crash.start(['model-routing-profile-created', 'model-routing-revision-written'], { env: { LOG_LEVEL: 'warn' } });
+    const created = q.marker('model-routing-profile-created');
+    const written = q.marker('model-routing-revision-written');
+    const c = q.p.root;
+    /** Waits for the API that `before` named to be replaced and answering `probe`. */
+    const restarted = (before: number | undefined, probe: string) => q.apiRestarted(before, { client: c, path: probe });
+    const ws = q.p.bootstrap.workspace_id;
     const profiles = `/v1/organizations/workspaces/${ws}/model-routing-profiles`;
     const candidates = (model: string) => [{ credential_key: 'default', provider_model: model }];
 
     // The Workspace's first models request seeds its `default` profile: the API dies as it is created.
-    let before = q.pids().api;
+    let before = q.p.pids().api;
     await expect(c.request('GET', profiles)).rejects.toThrow();
     expect(existsSync(created)).toBe(true);
-    await restarted(c, before, '/v1/agents');
+    await restarted(before, '/v1/agents');
     const seeded = await c.get<{ data: Profile[] }>(profiles, { key: 'default' });
     expect(seeded.data).toEqual([expect.objectContaining({ key: 'default', latest_revision_number: 1, candidates: [expect.objectContaining({ credential_key: 'default' })] })]);
     expect((await c.request('POST', profiles, { body: { key: 'default', candidates: candidates('x') } })).status).toBe(409);
@@ -54,10 +37,10 @@ describe('a crash while a model routing profile is created or revised', () => {
     // The API dies right after a revision is published: the head names it, and publishing goes on.
     const prof = await c.post<Profile>(profiles, { key: 'crashy', candidates: candidates('one') });
     const revisions = `/v1/model-routing-profiles/${prof.id}/revisions`;
-    before = q.pids().api;
+    before = q.p.pids().api;
     await expect(c.request('POST', revisions, { body: { expected_revision_number: 1, candidates: candidates('two') } })).rejects.toThrow();
     expect(existsSync(written)).toBe(true);
-    await restarted(c, before, `/v1/model-routing-profiles/${prof.id}`);
+    await restarted(before, `/v1/model-routing-profiles/${prof.id}`);
     expect(await c.get<Profile>(`/v1/model-routing-profiles/${prof.id}`)).toMatchObject({ latest_revision_number: 2, candidates: [{ provider_model: 'two' }] });
     // The client's retry learns its publish landed (stale), and the next one builds on it.
     const retry = await c.request('POST', revisions, { body: { expected_revision_number: 1, candidates: candidates('two') } });
@@ -69,7 +52,7 @@ describe('a crash while a model routing profile is created or revised', () => {
     // A revision document above the head (what a publish that died between two separate writes
     // left before they were one script) does not block the number: the next publish replaces it.
     const orphanKey = `ap:{w:${ws}}:mrp_rev:${prof.id}:4`;
-    await qRedis.set(orphanKey, JSON.stringify({ type: 'model_routing_profile_revision', model_routing_profile_id: prof.id, workspace_id: ws, revision_number: 4, candidates: candidates('orphan'), created_at: new Date().toISOString() }));
+    await q.redis().set(orphanKey, JSON.stringify({ type: 'model_routing_profile_revision', model_routing_profile_id: prof.id, workspace_id: ws, revision_number: 4, candidates: candidates('orphan'), created_at: new Date().toISOString() }));
     const fourth = await c.request<Profile>('POST', revisions, { body: { expected_revision_number: 3, candidates: candidates('four') } });
     expect([fourth.status, fourth.body.latest_revision_number]).toEqual([201, 4]);
     expect(await c.get(`${revisions}/4`)).toMatchObject({ revision_number: 4, candidates: [{ provider_model: 'four' }] });

@@ -1,13 +1,12 @@
-import { afterAll, describe, expect, it } from 'vitest';
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { describe, expect, it } from 'vitest';
+import { existsSync } from 'node:fs';
 import { Job, Queue } from 'bullmq';
 import { Redis } from 'ioredis';
 import type { HttpClient } from '@agentplane/client';
 import { queuePrefix, RUN_QUEUE } from '@agentplane/lease';
-import { startPlatform, waitFor, type Platform } from './harness/platform.js';
-import { developerWorkspace, FAST_LEASES, SCRIPT, startTurnPlatform, untilEvents, type Json, type TurnEvent } from './harness/turns.js';
+import { waitFor } from './harness/platform.js';
+import { useCrashPlatforms } from './harness/crash-platform.js';
+import { developerWorkspace, FAST_LEASES, SCRIPT, untilEvents, type Json, type TurnEvent } from './harness/turns.js';
 
 /**
  * The API dies inside a `user.define_outcome` (crash point `outcome-define-committed`): after the
@@ -22,16 +21,7 @@ import { developerWorkspace, FAST_LEASES, SCRIPT, startTurnPlatform, untilEvents
  * the same way (before, it appended them and wrote the outcome after, so a crash between the two
  * left a define with no outcome).
  */
-const markers = mkdtempSync(join(tmpdir(), 'outcomes-crash-'));
-let p: Platform | undefined;
-let q: Platform | undefined;
-let r: Platform | undefined;
-afterAll(async () => {
-  await p?.stop();
-  await q?.stop();
-  await r?.stop();
-  rmSync(markers, { recursive: true, force: true });
-});
+const crash = useCrashPlatforms('outcomes-crash');
 
 async function log(api: HttpClient, sessionId: string): Promise<TurnEvent[]> {
   const thread = (await api.get<{ data: { id: string }[] }>(`/v1/sessions/${sessionId}/threads`)).data[0]?.id ?? '';
@@ -40,8 +30,9 @@ async function log(api: HttpClient, sessionId: string): Promise<TurnEvent[]> {
 
 describe('a crash inside a user.define_outcome', () => {
   it('after its commit, before its Run is queued: the outcome\'s first turn reaches its queue by itself', async () => {
-    const marker = join(markers, 'outcome-define-committed');
-    p = await startPlatform({ runner: false, scheduler: true, env: { ...FAST_LEASES, LOG_LEVEL: 'warn', AGENTPLANE_CRASH_AT: `outcome-define-committed:${marker}`, ENQUEUE_REPAIR_AFTER_MS: '500' } });
+    const c = await crash.start(['outcome-define-committed'], { runner: false, scheduler: true, env: { ...FAST_LEASES, LOG_LEVEL: 'warn', ENQUEUE_REPAIR_AFTER_MS: '500' } });
+    const { p } = c;
+    const marker = c.marker('outcome-define-committed');
     const { api, principal, envId } = await developerWorkspace(p, 'outcome-crash');
     const s = await api.post<{ id: string }>('/v1/sessions', { agent: { name: 'a', model: 'default', system: SCRIPT([{ then: [{ reply: 'Done.' }] }]) }, environment_id: envId });
     const apiBefore = p.pids().api;
@@ -53,7 +44,7 @@ describe('a crash inside a user.define_outcome', () => {
     };
     await expect(api.post(`/v1/sessions/${s.id}/events`, define)).rejects.toThrow();
     expect(existsSync(marker)).toBe(true);
-    await waitFor('the API restarted', () => (p?.pids().api !== undefined && p.pids().api !== apiBefore ? true : undefined), 30_000);
+    await c.apiRestarted(apiBefore);
 
     // The repair enqueues the outcome's first Run: it gets its pool.
     const runs = () => api.get<{ data: (Json & { id: string; status: string; runner_pool_id?: string; input_event_ids?: string[] })[] }>(`/v1/sessions/${s.id}/runs`);
@@ -94,17 +85,16 @@ describe('a crash inside a user.define_outcome', () => {
   }, 180_000);
 
   it('with a runner: the outcome runs its turn, is graded and ends satisfied', async () => {
-    const marker = join(markers, 'outcome-define-committed-runner');
-    const t = await startTurnPlatform({ name: 'outcome-crash-runner', env: { LOG_LEVEL: 'warn', AGENTPLANE_CRASH_AT: `outcome-define-committed:${marker}`, ENQUEUE_REPAIR_AFTER_MS: '500' } });
-    q = t.p;
+    const t = await crash.startTurn(['outcome-define-committed'], { name: 'outcome-crash-runner', env: { LOG_LEVEL: 'warn', ENQUEUE_REPAIR_AFTER_MS: '500' } });
+    const marker = t.marker('outcome-define-committed');
     const s = await t.api.post<{ id: string }>('/v1/sessions', { agent: { name: 'a', model: 'default', system: SCRIPT([{ then: [{ reply: 'Done.' }] }]) }, environment_id: t.envId });
-    const apiBefore = q.pids().api;
+    const apiBefore = t.p.pids().api;
     const rubric = `- The report exists\n\n\`\`\`scripted\n${JSON.stringify({ rules: [{ then: [{ verdict: 'satisfied' }] }] })}\n\`\`\`\n`;
     await expect(t.api.post(`/v1/sessions/${s.id}/events`, {
       type: 'user.define_outcome', payload: { description: 'Write the report.', rubric, authored_by: t.principal, caused_by: { kind: 'api' } },
     })).rejects.toThrow();
     expect(existsSync(marker)).toBe(true);
-    await waitFor('the API restarted', () => (q?.pids().api !== undefined && q.pids().api !== apiBefore ? true : undefined), 30_000);
+    await t.apiRestarted(apiBefore);
     const events = await waitFor('the outcome\'s end', () => untilEvents(t.api, s.id, (e) => e.some((x) => x.type === 'session.outcome_ended'), 5_000).catch(() => undefined), 120_000);
     expect(events.find((e) => e.type === 'session.outcome_ended')?.payload).toMatchObject({ result: 'satisfied', evaluation_count: 1, revision_count: 0 });
     // One agent turn (the define's) and one grader Run.
@@ -114,10 +104,9 @@ describe('a crash inside a user.define_outcome', () => {
   }, 240_000);
 
   it('in a new Session\'s initial_events: the create\'s one commit holds the events, the outcome and its turn, which goes on by itself', async () => {
-    const marker = join(markers, 'outcome-define-committed-create');
-    const t = await startTurnPlatform({ name: 'outcome-crash-create', env: { LOG_LEVEL: 'warn', AGENTPLANE_CRASH_AT: `outcome-define-committed:${marker}`, ENQUEUE_REPAIR_AFTER_MS: '500' } });
-    r = t.p;
-    const apiBefore = r.pids().api;
+    const t = await crash.startTurn(['outcome-define-committed'], { name: 'outcome-crash-create', env: { LOG_LEVEL: 'warn', ENQUEUE_REPAIR_AFTER_MS: '500' } });
+    const marker = t.marker('outcome-define-committed');
+    const apiBefore = t.p.pids().api;
     const rubric = `- The report exists\n\n\`\`\`scripted\n${JSON.stringify({ rules: [{ then: [{ verdict: 'satisfied' }] }] })}\n\`\`\`\n`;
     const by = { authored_by: t.principal, caused_by: { kind: 'api' } };
     // The API dies while it answers the create: the request gets no answer.
@@ -126,7 +115,7 @@ describe('a crash inside a user.define_outcome', () => {
       initial_events: [{ type: 'user.message', payload: { content: 'Some context first.', ...by } }, { type: 'user.define_outcome', payload: { description: 'Write the report.', rubric, ...by } }],
     }, { idempotencyKey: 'outcome-crash-create' })).rejects.toThrow();
     expect(existsSync(marker)).toBe(true);
-    await waitFor('the API restarted', () => (r?.pids().api !== undefined && r.pids().api !== apiBefore ? true : undefined), 30_000);
+    await t.apiRestarted(apiBefore);
     // The Session was listed before its commit: found without the lost answer.
     const listed = await waitFor('the Session listed', async () => (await t.api.get<{ data: { id: string }[] }>('/v1/sessions').catch(() => ({ data: [] }))).data[0], 30_000);
     const events = await waitFor('the outcome\'s end', () => untilEvents(t.api, listed.id, (e) => e.some((x) => x.type === 'session.outcome_ended'), 5_000).catch(() => undefined), 120_000);

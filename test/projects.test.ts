@@ -1,10 +1,8 @@
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { existsSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { Redis } from 'ioredis';
 import type { HttpClient } from '@agentplane/client';
-import { startPlatform, waitFor, type Platform } from './harness/platform.js';
+import type { Platform } from './harness/platform.js';
+import { useCrashPlatforms } from './harness/crash-platform.js';
 import { idleCount, SCRIPT, startTurnPlatform, untilEvents, type Json, type TurnPlatform } from './harness/turns.js';
 import { errType } from './harness/governance.js';
 
@@ -178,28 +176,18 @@ describe('a Project mounted in a Session', () => {
 });
 
 describe('a crash after a new Project\'s contents and revision 1 are written, before its head', () => {
-  let q: Platform | undefined;
-  let qRedis: Redis | undefined;
-  let markers: string | undefined;
-  afterAll(async () => {
-    qRedis?.disconnect();
-    await q?.stop();
-    if (markers) rmSync(markers, { recursive: true, force: true });
-  });
+  const crash = useCrashPlatforms('projects-crash');
 
   it('leaves no Project, and what was written is reclaimed by a later creation once its grace has passed', async () => {
-    markers = mkdtempSync(join(tmpdir(), 'projects-crash-'));
-    q = await startPlatform({ env: { LOG_LEVEL: 'warn', AGENTPLANE_CRASH_AT: `project-revision-committed:${join(markers, 'committed')}` } });
-    qRedis = new Redis(q.redisUrl());
-    const r = qRedis;
-    const writer = q.root;
+    const q = await crash.start(['project-revision-committed'], { env: { LOG_LEVEL: 'warn' } });
+    const r = q.redis();
+    const writer = q.p.root;
     const projectKeys = async () => (await r.keys('ap:{p:*')).sort();
-    const apiBefore = q.pids().api;
+    const apiBefore = q.p.pids().api;
     // The API dies inside the creation: the request gets no answer.
     await expect(writer.post('/v1/projects', { name: 'lost', files: [file('big.bin', Buffer.alloc(MiB, 3)), file('a.txt', 'a')] })).rejects.toThrow();
-    expect(existsSync(join(markers, 'committed'))).toBe(true);
-    await waitFor('the API restarted', () => (q?.pids().api !== undefined && q.pids().api !== apiBefore ? true : undefined), 30_000);
-    await waitFor('the API answering', async () => ((await writer.request('GET', '/v1/projects').catch(() => null))?.status === 200 ? true : undefined), 30_000);
+    expect(existsSync(q.marker('project-revision-committed'))).toBe(true);
+    await q.apiRestarted(apiBefore, { client: writer, path: '/v1/projects' });
 
     // No Project, but its marker, revision and contents are there, and the creation is on record.
     expect((await writer.get<{ data: unknown[] }>('/v1/projects')).data).toEqual([]);
@@ -208,7 +196,7 @@ describe('a crash after a new Project\'s contents and revision 1 are written, be
     expect(orphaned.length).toBeGreaterThanOrEqual(4);
     const journal = 'ap:{g:project_creations}:project_creations';
     const pending = await r.zrange(journal, 0, -1);
-    expect(pending).toEqual([`${q.bootstrap.workspace_id} ${lostId}`]);
+    expect(pending).toEqual([`${q.p.bootstrap.workspace_id} ${lostId}`]);
 
     // Its grace passes (moved back rather than waited for); the next creation sweeps it.
     await r.zadd(journal, 0, pending[0] as string);

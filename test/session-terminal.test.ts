@@ -1,13 +1,11 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import type { WebSocket } from 'ws';
 import { HttpClient } from '@agentplane/client';
 import { frame, MODEL_GATEWAY_PROTOCOL } from '@agentplane/protocol';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
+import { useCrashPlatforms } from './harness/crash-platform.js';
 import { connectRawRunner, dockerHello, pairedRunnerSecret, type RawRunner, type RunnerFrame } from './harness/raw-runner.js';
-import { developerWorkspace, SCRIPT, startTurnPlatform, untilEvents, type TurnEvent } from './harness/turns.js';
+import { developerWorkspace, SCRIPT, untilEvents, type TurnEvent } from './harness/turns.js';
 
 /**
  * An archived Session's terminal status event (`session.status_completed`, `_canceled` or
@@ -23,8 +21,7 @@ let runner: RawRunner<Frame>;
 let principal = '';
 let envId = '';
 const sockets: WebSocket[] = [];
-const markers = mkdtempSync(join(tmpdir(), 'session-terminal-'));
-const others: Platform[] = [];
+const crash = useCrashPlatforms('session-terminal');
 
 type Frame = RunnerFrame<Record<string, unknown>>;
 const TERMINAL = ['session.status_completed', 'session.status_canceled', 'session.status_failed'];
@@ -88,8 +85,6 @@ beforeAll(async () => {
 afterAll(async () => {
   for (const s of sockets) s.terminate();
   await p?.stop();
-  for (const o of others) await o.stop();
-  rmSync(markers, { recursive: true, force: true });
 });
 
 describe('an archived Session\'s terminal status event', () => {
@@ -133,25 +128,21 @@ describe('an archived Session\'s terminal status event', () => {
   }, 30_000);
 
   it('the API killed between the archive and its close: the scheduler\'s sweep writes the terminal event', async () => {
-    const marker = join(markers, 'session-archived');
-    const q = await startPlatform({ scheduler: true, runner: false, env: { LOG_LEVEL: 'warn', AGENTPLANE_CRASH_AT: `session-archived:${marker}`, ENQUEUE_REPAIR_AFTER_MS: '500' } });
-    others.push(q);
-    const on = await developerWorkspace(q, 'terminal-crash');
+    const q = await crash.start(['session-archived'], { scheduler: true, runner: false, env: { LOG_LEVEL: 'warn', ENQUEUE_REPAIR_AFTER_MS: '500' } });
+    const on = await developerWorkspace(q.p, 'terminal-crash');
     const s = await on.api.post<{ id: string }>('/v1/sessions', { agent: { name: 'a', model: 'default' }, environment_id: on.envId });
-    const apiBefore = q.pids().api;
+    const apiBefore = q.p.pids().api;
     // The API dies after the archive's write, before the close: the request gets no answer.
     await expect(on.api.post(`/v1/sessions/${s.id}/archive`, {})).rejects.toThrow();
-    await waitFor('the API restarted', () => (q.pids().api !== undefined && q.pids().api !== apiBefore ? true : undefined), 30_000);
+    await q.apiRestarted(apiBefore);
     const events = await waitFor('the terminal event', () => untilEvents(on.api, s.id, (e) => e.some((x) => TERMINAL.includes(x.type)), 5_000).catch(() => undefined), 60_000);
     expect(events.filter((e) => TERMINAL.includes(e.type)).map((e) => e.type)).toEqual(['session.status_completed']);
     expect((await on.api.get<{ archived_at: string | null }>(`/v1/sessions/${s.id}`)).archived_at).not.toBeNull();
   }, 120_000);
 
   it('the API killed between the archive and its close, a coordinator\'s wait answered before the sweep: no turn continues, the Session ends session.status_canceled', async () => {
-    const marker = join(markers, 'session-archived-coordinator');
     // The sweep waits long enough for the wait to be answered first (the close would end it).
-    const q = await startTurnPlatform({ name: 'terminal-coordinator', env: { LOG_LEVEL: 'warn', AGENTPLANE_CRASH_AT: `session-archived:${marker}`, ENQUEUE_REPAIR_AFTER_MS: '120000' } });
-    others.push(q.p);
+    const q = await crash.startTurn(['session-archived'], { name: 'terminal-coordinator', env: { LOG_LEVEL: 'warn', ENQUEUE_REPAIR_AFTER_MS: '120000' } });
     const asker = await q.api.post<{ id: string; version: number }>('/v1/agents', {
       name: 'asker', model: 'default',
       tools: [{ type: 'custom', name: 'lookup', description: 'Ask the client', input_schema: { type: 'object', properties: { q: { type: 'string' } } } }],
@@ -179,7 +170,7 @@ describe('an archived Session\'s terminal status event', () => {
     // The API dies after the archive's write, before the close.
     const apiBefore = q.p.pids().api;
     await expect(q.api.post(`/v1/sessions/${s.id}/archive`, {})).rejects.toThrow();
-    await waitFor('the API restarted', async () => (q.p.pids().api !== apiBefore && (await q.api.request('GET', `/v1/sessions/${s.id}`).catch(() => null))?.status === 200) || undefined, 60_000);
+    await q.apiRestarted(apiBefore, { client: q.api, path: `/v1/sessions/${s.id}` }, 60_000);
     // Interrupting the child settles it: the coordinator's wait_threads is answered, and its turn
     // would continue, but the Session is archived: it takes no new work.
     await q.api.post(`/v1/sessions/${s.id}/events`, { type: 'user.interrupt', payload: { session_thread_id: child, authored_by: q.principal, caused_by: { kind: 'api' } } });

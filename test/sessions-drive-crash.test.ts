@@ -1,9 +1,8 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { beforeAll, describe, expect, it } from 'vitest';
+import { existsSync } from 'node:fs';
 import { waitFor } from './harness/platform.js';
-import { idleCount, SCRIPT, startTurnPlatform, untilEvents, type Json, type TurnPlatform } from './harness/turns.js';
+import { useCrashPlatforms, type CrashTurnPlatform } from './harness/crash-platform.js';
+import { idleCount, SCRIPT, untilEvents, type Json } from './harness/turns.js';
 
 /**
  * The API dies inside a drive event, after its write and before the work that write calls for
@@ -12,19 +11,12 @@ import { idleCount, SCRIPT, startTurnPlatform, untilEvents, type Json, type Turn
  * continued, or an interrupt whose queued messages never started. Likewise an ActionApproval
  * resolved by a request whose process died before the resolution reached the Session.
  */
-const markers = mkdtempSync(join(tmpdir(), 'drive-crash-'));
-const marker = (point: string) => join(markers, point);
-let t: TurnPlatform;
+const crash = useCrashPlatforms('drive-crash');
+let t: CrashTurnPlatform;
+const marker = (point: string) => t.marker(point);
 beforeAll(async () => {
-  t = await startTurnPlatform({
-    name: 'drive-crash',
-    env: { AGENTPLANE_CRASH_AT: ['answer-recorded', 'interrupt-wait-written', 'approval-resolved'].map((p) => `${p}:${marker(p)}`).join(',') },
-  });
+  t = await crash.startTurn(['answer-recorded', 'interrupt-wait-written', 'approval-resolved'], { name: 'drive-crash' });
 }, 180_000);
-afterAll(async () => {
-  await t?.p.stop();
-  rmSync(markers, { recursive: true, force: true });
-});
 
 /** A Session whose first turn ends waiting on a custom tool; returns the Session and the tool use. */
 async function waitingSession(): Promise<{ id: string; toolUseId: string }> {

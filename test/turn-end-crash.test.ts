@@ -1,10 +1,9 @@
-import { afterAll, describe, expect, it } from 'vitest';
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { describe, expect, it } from 'vitest';
+import { existsSync } from 'node:fs';
 import type { HttpClient } from '@agentplane/client';
 import { waitFor } from './harness/platform.js';
-import { SCRIPT, startTurnPlatform, untilEvents, type TurnEvent, type TurnPlatform } from './harness/turns.js';
+import { useCrashPlatforms } from './harness/crash-platform.js';
+import { SCRIPT, untilEvents, type TurnEvent } from './harness/turns.js';
 
 /**
  * A process dies inside a turn's end, at the points recovery must repair (named crash points,
@@ -19,12 +18,7 @@ import { SCRIPT, startTurnPlatform, untilEvents, type TurnEvent, type TurnPlatfo
  * reconciliation replays a finished job, and the turn end completes: one `session.status_idle`
  * per turn, the queued message runs, no event twice, and the finished turn never runs again.
  */
-const markers = mkdtempSync(join(tmpdir(), 'turn-end-crash-'));
-const platforms: TurnPlatform[] = [];
-afterAll(async () => {
-  for (const t of platforms) await t.p.stop();
-  rmSync(markers, { recursive: true, force: true });
-});
+const crash = useCrashPlatforms('turn-end-crash');
 
 const AGENT = {
   name: 'a', model: 'default', tools: [{ type: 'builtin', name: 'bash' }],
@@ -51,9 +45,7 @@ type CrashedIn = 'api' | 'scheduler' | 'api or scheduler';
 
 async function crashInsideTurnEnd(points: { point: string; process: CrashedIn }[], env: Record<string, string> = {}): Promise<void> {
   const name = points.map((p) => p.point).join('+');
-  const marker = (point: string) => join(markers, `${name}-${point}`);
-  const t = await startTurnPlatform({ name: `crash-${name}`, env: { ...env, AGENTPLANE_CRASH_AT: points.map((p) => `${p.point}:${marker(p.point)}`).join(',') } });
-  platforms.push(t);
+  const t = await crash.startTurn(points.map((p) => p.point), { name: `crash-${name}`, env });
   const pidsBefore = t.p.pids();
   const s = await t.api.post<{ id: string }>('/v1/sessions', { agent: AGENT, environment_id: t.envId });
   await t.api.post(`/v1/sessions/${s.id}/events`, t.msg('first'));
@@ -66,7 +58,7 @@ async function crashInsideTurnEnd(points: { point: string; process: CrashedIn }[
     return e.filter((x) => x.type === 'session.status_idle').length >= 2 ? e : undefined;
   }, 90_000);
   for (const p of points) {
-    expect(existsSync(marker(p.point))).toBe(true);
+    expect(existsSync(t.marker(p.point))).toBe(true);
     const processes = p.process === 'api or scheduler' ? ['api', 'scheduler'] : [p.process];
     expect(processes.some((name) => t.p.pids()[name] !== pidsBefore[name])).toBe(true);
   }

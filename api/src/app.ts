@@ -289,6 +289,9 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
   deps.eventTap.start();
   deps.a2aCalls.start((err) => deps.log.warn({ err }, 'A2A tool call sweep failed'));
   deps.toolSourceMigrations.start();
+  // What File commits and Project creations whose process died left behind (docs/FILES.md, docs/MEMORY.md).
+  deps.files.startSweeping((err) => deps.log.warn({ err }, 'File commit sweep failed'));
+  deps.projects.startSweeping((err) => deps.log.warn({ err }, 'Project creation sweep failed'));
   // Scratch repositories of skill-source reads a killed process left behind (docs/SKILLS.md).
   removeStaleScratch().then(
     (n) => n > 0 && log.info({ removed: n }, 'removed scratch directories of skill-source reads left by an earlier process'),
@@ -319,6 +322,8 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
       await deps.skillProposals.close();
       deps.a2aCalls.close();
       await deps.toolSourceMigrations.close();
+      deps.files.stopSweeping();
+      deps.projects.stopSweeping();
       await deps.webhooks.close();
       await deps.eventTap.close();
       await new Promise<void>((resolve) => {

@@ -1,4 +1,4 @@
-import { beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it, vi } from 'vitest';
 import { useEmbeddedRedis } from '@agentplane/store/testing';
 import { newId } from '@agentplane/core';
 import { DocumentStore, type Redis } from '@agentplane/store';
@@ -7,6 +7,7 @@ import { ProjectService } from './service.js';
 /**
  * A Project deleted while a revision is written, and a revision read while its contents go: the
  * racing orders are made deterministic by running the deletion from inside the writer's calls.
+ * Last, a creation whose process died before its head, swept on a timer with no later creation.
  */
 const testRedis = useEmbeddedRedis('projects');
 let redis: Redis;
@@ -83,5 +84,50 @@ describe('reading a revision whose contents are gone', () => {
     const digest = revision.files[1]?.sha256.slice('sha256:'.length) ?? '';
     await redis.del(`ap:{p:${project.id}}:blob:${digest}`);
     await expect(projects.readFiles(project.id, 1)).rejects.toMatchObject({ type: 'validation.not_found', status: 404 });
+  });
+});
+
+describe('the periodic sweep of dead Project creations', () => {
+  const JOURNAL = 'ap:{g:project_creations}:project_creations';
+
+  /**
+   * A creation whose process dies before its head exists (the head's write never returns): its
+   * marker, revision and contents are written and it is on record. Its deadline is then moved
+   * back, as if its grace had passed.
+   */
+  async function deadCreation(): Promise<string> {
+    const docs = new DocumentStore(redis);
+    docs.create = () => new Promise<never>(() => undefined);
+    const ws = newId('workspace');
+    void new ProjectService(redis, docs).create(ws, 'lost', [file('a.txt', 'a'), file('b.txt', 'x'.repeat(100_000))]);
+    const entry = await vi.waitFor(async () => {
+      const [found] = (await redis.zrange(JOURNAL, 0, -1)).filter((e) => e.startsWith(`${ws} `));
+      expect(found).toBeDefined();
+      expect(await projectKeys(found!.split(' ')[1]!)).toHaveLength(5);
+      return found!;
+    }, { timeout: 5_000, interval: 20 });
+    await redis.zadd(JOURNAL, 0, entry);
+    return entry.split(' ')[1]!;
+  }
+
+  it('clears what a creation whose process died wrote, with no later creation, and stops when told', async () => {
+    const sweeping = new ProjectService(redis, new DocumentStore(redis));
+    const failures: unknown[] = [];
+    sweeping.startSweeping((err) => failures.push(err), 50);
+    try {
+      const lost = await deadCreation();
+      await vi.waitFor(async () => expect(await projectKeys(lost)).toEqual([]), { timeout: 5_000, interval: 20 });
+      expect(await redis.zcard(JOURNAL)).toBe(0);
+    } finally {
+      sweeping.stopSweeping();
+    }
+
+    // Stopped: a dead creation past its grace stays until a sweep runs.
+    const kept = await deadCreation();
+    await new Promise((r) => setTimeout(r, 300));
+    expect(await projectKeys(kept)).toHaveLength(5);
+    expect(await sweeping.sweep()).toBe(1);
+    expect(await projectKeys(kept)).toEqual([]);
+    expect(failures).toEqual([]);
   });
 });

@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { ApiError, crashPoint, newId, nowIso } from '@agentplane/core';
-import { InFlightWrites, keys, LuaScript, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
+import { InFlightWrites, keys, LuaScript, sweepPeriodically, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
 import { checkWellFormed } from '../memory/model.js';
 import { checkProjectPath, decodeContent, PROJECT_LIMITS, type ManifestEntry, type ProjectDoc, type ProjectRevision } from './model.js';
 
@@ -12,6 +12,12 @@ const INDEX = 'projects';
  */
 const CREATIONS = keys.global('project_creations');
 const CREATION_GRACE_MS = 10 * 60_000;
+/**
+ * How often an api process sweeps dead creations on its own (`startSweeping`), besides the sweep
+ * after each finished creation: once per grace period, so what a dead creation wrote is reclaimed
+ * within about two grace periods even if no Project is ever created again.
+ */
+const CREATION_SWEEP_MS = CREATION_GRACE_MS;
 
 /**
  * Appends revision `ARGV[1]` only if the project still exists (its `alive` marker: -1 otherwise)
@@ -96,6 +102,7 @@ function checkBudget(entries: readonly ManifestEntry[], field: string): number {
  */
 export class ProjectService {
   private readonly creations: InFlightWrites;
+  private stopSweeps: (() => void) | null = null;
 
   constructor(
     private readonly redis: Redis,
@@ -136,6 +143,20 @@ export class ProjectService {
    */
   sweep(now = Date.now()): Promise<number> {
     return this.creations.sweep(async (ws, id) => (await this.docs.get<ProjectDoc>(tags.workspace(ws), id)) !== null, (id) => this.clear(id), now);
+  }
+
+  /**
+   * Sweeps now and every `intervalMs` (CREATION_SWEEP_MS; a test passes a shorter one) until
+   * `stopSweeping`, so dead creations are reclaimed with no later creation; a failure goes to
+   * `onError`. The timer does not hold the process open.
+   */
+  startSweeping(onError: (err: unknown) => void, intervalMs = CREATION_SWEEP_MS): void {
+    this.stopSweeps ??= sweepPeriodically(intervalMs, () => this.sweep(), onError);
+  }
+
+  stopSweeping(): void {
+    this.stopSweeps?.();
+    this.stopSweeps = null;
   }
 
   async get(workspaceId: string, projectId: string): Promise<ProjectDoc> {

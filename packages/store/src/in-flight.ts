@@ -6,7 +6,9 @@ import type { Redis } from 'ioredis';
  * set of `<workspace_id> <id>` scored by a deadline far past the write's own duration. `begin`
  * records an entry before the point of no return, `end` removes it once the head exists, and
  * `sweep` (run after each finished write) hands the entries past their deadline whose head never
- * came to `reclaim`; either way their entries go.
+ * came to `reclaim`; either way their entries go. A process that serves such writes also runs the
+ * sweep on a timer (`sweepPeriodically`), so entries whose process died are reclaimed even when
+ * no write of their kind ever finishes again.
  */
 export class InFlightWrites {
   constructor(
@@ -41,4 +43,16 @@ export class InFlightWrites {
     }
     return reclaimed;
   }
+}
+
+/**
+ * Runs `sweep` now and then every `intervalMs` until the returned function is called; the timer
+ * does not hold the process open, and a failure goes to `onError`, never thrown.
+ */
+export function sweepPeriodically(intervalMs: number, sweep: () => Promise<unknown>, onError: (err: unknown) => void): () => void {
+  const run = (): void => void Promise.resolve().then(sweep).catch(onError);
+  const timer = setInterval(run, intervalMs);
+  timer.unref();
+  run();
+  return () => clearInterval(timer);
 }

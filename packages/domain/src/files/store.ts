@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { ApiError, crashPoint } from '@agentplane/core';
-import { InFlightWrites, keys, LuaScript, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
+import { InFlightWrites, keys, LuaScript, sweepPeriodically, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
 import type { FileDoc } from './model.js';
 
 /** Content is stored in chunks of this size, one hash field per chunk. */
@@ -17,6 +17,12 @@ const WRITE_TIMEOUT_MS = 30_000;
  */
 const COMMITS = keys.global('file_commits');
 export const COMMIT_GRACE_MS = 10 * 60_000;
+/**
+ * How often an api process sweeps dead commits on its own (`startSweeping`), besides the sweep
+ * after each finished commit: once per grace period, so orphaned bytes are reclaimed within about
+ * two grace periods of their commit even if no File is ever committed again.
+ */
+export const COMMIT_SWEEP_MS = COMMIT_GRACE_MS;
 
 /**
  * One chunk in, TTL refreshed: one command, so a write caught by a dropped connection is simply
@@ -70,6 +76,7 @@ export class StorageError extends Error {
  */
 export class FileStore {
   private readonly commits: InFlightWrites;
+  private stopSweeps: (() => void) | null = null;
 
   constructor(
     private readonly redis: Redis,
@@ -159,6 +166,20 @@ export class FileStore {
    */
   sweep(now = Date.now()): Promise<number> {
     return this.commits.sweep(async (ws, id) => (await this.docs.get<FileDoc>(tags.workspace(ws), id)) !== null, (id) => this.discard(id), now);
+  }
+
+  /**
+   * Sweeps now and every `intervalMs` (COMMIT_SWEEP_MS; a test passes a shorter one) until
+   * `stopSweeping`, so dead commits are reclaimed with no later commit; a failure goes to
+   * `onError`. The timer does not hold the process open.
+   */
+  startSweeping(onError: (err: unknown) => void, intervalMs = COMMIT_SWEEP_MS): void {
+    this.stopSweeps ??= sweepPeriodically(intervalMs, () => this.sweep(), onError);
+  }
+
+  stopSweeping(): void {
+    this.stopSweeps?.();
+    this.stopSweeps = null;
   }
 
   /** Drops staged (or orphaned) content. */
