@@ -94,6 +94,29 @@ class Upstream {
     return scrubSecrets(text, sent.filter((v) => v.length >= 8));
   }
 
+  /**
+   * A tool result without the credential this upstream was sent: a server may quote it in what it
+   * answers (an error result saying which token it refused), and the result reaches the Run and
+   * the event log. Every string is scrubbed but base64 payloads (an image's or audio's `data`, a
+   * resource's `blob`), which hold no quoted text.
+   */
+  scrubResult(result: CallToolResult): CallToolResult {
+    if (Object.keys(this.headers).length === 0) return result;
+    const walk = (v: unknown, key: string | null, parent: Record<string, unknown> | null): unknown => {
+      if (typeof v === 'string') {
+        const binary = key === 'blob' || (key === 'data' && (parent?.type === 'image' || parent?.type === 'audio'));
+        return binary ? v : this.scrub(v);
+      }
+      if (Array.isArray(v)) return v.map((x) => walk(x, null, null));
+      if (v !== null && typeof v === 'object') {
+        const o = v as Record<string, unknown>;
+        return Object.fromEntries(Object.entries(o).map(([k, x]) => [k, walk(x, k, o)]));
+      }
+      return v;
+    };
+    return walk(result, null, null) as CallToolResult;
+  }
+
   async close(): Promise<void> {
     const c = this.client;
     this.client = null;
@@ -106,12 +129,21 @@ function errorResult(err: ApiError, deps: ApiDeps): CallToolResult {
   return { content: [{ type: 'text', text: JSON.stringify(err.toWire(deps.config.docsUrl)) }], isError: true };
 }
 
-/** Every upstream tool. */
+/**
+ * Every upstream tool. A failure is rethrown with the credential sent upstream taken out of its
+ * message (an upstream's HTTP error body or JSON-RPC error may quote it), keeping the code of an
+ * upstream protocol error: callers answer it to the Run, or log it.
+ */
 async function upstreamTools(up: Upstream, timeoutMs: number): Promise<Tool[]> {
   const client = await up.get();
-  // Without a cursor the client walks every page and returns them all; past LIST_MAX_PAGES (a
-  // server whose cursor never ends) it throws, and the list fails rather than come back cut.
-  return (await client.listTools(undefined, { timeout: timeoutMs })).tools;
+  try {
+    // Without a cursor the client walks every page and returns them all; past LIST_MAX_PAGES (a
+    // server whose cursor never ends) it throws, and the list fails rather than come back cut.
+    return (await client.listTools(undefined, { timeout: timeoutMs })).tools;
+  } catch (err) {
+    if (err instanceof ProtocolError) throw new ProtocolError(err.code, up.scrub(err.message));
+    throw new ProtocolError(ProtocolErrorCode.InternalError, up.scrub(`the upstream tools/list failed: ${(err as Error).message}`));
+  }
 }
 
 /**
@@ -267,6 +299,8 @@ export function runtimeMcp(deps: ApiDeps, options: RuntimeMcpOptions): Koa.Middl
         const bytes = Buffer.byteLength(JSON.stringify(result));
         if (bytes > MAX_MESSAGE_BYTES) {
           result = { content: [{ type: 'text', text: `the upstream result is ${bytes} bytes, over the ${MAX_MESSAGE_BYTES}-byte limit` }], isError: true };
+        } else {
+          result = up.scrubResult(result);
         }
       } catch (err) {
         const message = err instanceof ProtocolError ? err.message : `the upstream call failed: ${(err as Error).message}`;

@@ -1,6 +1,6 @@
 import { randomBytes, timingSafeEqual } from 'node:crypto';
 import type { Redis } from 'ioredis';
-import { ApiError, nowIso, sha256Hex } from '@agentplane/core';
+import { ApiError, nowIso, scrubSecrets, sha256Hex } from '@agentplane/core';
 import { keys, tags, type EventLog, type LogEvent } from '@agentplane/store';
 import { callPeer, type CallOutcome, type ClientTls, type PollPolicy } from './invoke.js';
 import type { EgressPolicy } from '../webhooks/ssrf.js';
@@ -65,6 +65,12 @@ export interface A2aCallSettings {
 const recordKey = (sessionId: string, callId: string) => keys.scoped(tags.session(sessionId), `a2acall:${callId}`);
 const DUE = keys.global('a2a_calls_due');
 const WAKE_CHANNEL = keys.global('a2a_call_wake');
+/**
+ * The credential values a call sent the peer in its headers, whole and without their scheme
+ * (`Bearer …`): what a peer's answer is scrubbed of (values shorter than 8 characters are not).
+ */
+const sentCredentials = (headers: Readonly<Record<string, string>>): string[] =>
+  Object.values(headers).flatMap((v) => [v, v.replace(/^\s*\S+\s+/, '')]).filter((v) => v.length >= 8);
 const callbackUrl = (base: string, r: A2aCallRecord) => `${base.replace(/\/+$/, '')}/v1/a2a-tool-callbacks/${r.session_id}/${r.call_id}`;
 /** The producer key of the call's one `exec.tool_invocation` event. */
 export const invocationProducerKey = (callId: string) => `a2a:${callId}:invocation`;
@@ -114,7 +120,9 @@ export class A2aToolCalls {
         await this.redis.set(key, JSON.stringify(record), 'KEEPTTL');
       },
     }).finally(() => this.watched.delete(record.call_id));
-    return this.settle(record, outcome);
+    // A peer's answer may quote the credential it was sent (an HTTP error body the client quotes
+    // in its message, a task's text): it is taken out before the event log keeps the text.
+    return this.settle(record, outcome.status === 'indeterminate' ? outcome : { ...outcome, text: scrubSecrets(outcome.text, sentCredentials(input.headers)) });
   }
 
   /**

@@ -1,4 +1,4 @@
-import { ApiError } from '@agentplane/core';
+import { ApiError, scrubSecrets } from '@agentplane/core';
 import { checkEndpointUrl, type EgressPolicy } from '../webhooks/ssrf.js';
 import { egressFetch } from '../webhooks/egress-fetch.js';
 import { parseMtlsCredential, parseOAuth2Credential, type OAuth2PeerCredential } from '../vaults/peer-credentials.js';
@@ -123,18 +123,26 @@ export class PeerCustodian {
     if (cred.client_id !== null && cred.client_secret !== null) {
       headers.authorization = `Basic ${Buffer.from(`${encodeURIComponent(cred.client_id)}:${encodeURIComponent(cred.client_secret)}`).toString('base64')}`;
     } else if (cred.client_id !== null) form.set('client_id', cred.client_id);
+    // What the endpoint answers is quoted in errors (a tool result the event log keeps) without
+    // anything of the credential: an endpoint may echo the refresh token or client secret it got.
+    const sent: unknown[] = [cred.refresh_token, cred.client_secret, cred.access_token, headers.authorization?.replace(/^Basic /, '')];
+    const quote = (text: string) => scrubSecrets(text, sent.filter((v): v is string => typeof v === 'string' && v.length > 0));
     let res: Response;
     try {
       res = await send(url, { method: 'POST', headers, body: form.toString(), redirect: 'error', signal: AbortSignal.timeout(this.settings.refreshTimeoutMs ?? 10_000) });
     } catch (err) {
-      throw new ApiError('validation.conflict', `the OAuth2 token endpoint could not be reached: ${(err as Error).message}`);
+      throw new ApiError('validation.conflict', quote(`the OAuth2 token endpoint could not be reached: ${(err as Error).message}`));
     }
     const body = (await res.json().catch(() => null)) as Record<string, unknown> | null;
     if (!res.ok || !body || typeof body.access_token !== 'string' || body.access_token === '') {
       const reason = body && typeof body.error === 'string' ? body.error : `status ${res.status}`;
-      throw new ApiError('validation.conflict', `the OAuth2 token refresh was refused (${reason})`);
+      throw new ApiError('validation.conflict', quote(`the OAuth2 token refresh was refused (${reason})`));
     }
-    if (typeof body.token_type === 'string' && body.token_type.toLowerCase() !== 'bearer') throw new ApiError('validation.conflict', `the OAuth2 token endpoint issued a ${body.token_type} token, not Bearer`);
+    if (typeof body.token_type === 'string' && body.token_type.toLowerCase() !== 'bearer') {
+      // Nor of the tokens it issued, which are not used.
+      sent.push(body.access_token, body.refresh_token);
+      throw new ApiError('validation.conflict', quote(`the OAuth2 token endpoint issued a ${body.token_type} token, not Bearer`));
+    }
     const expiresIn = typeof body.expires_in === 'number' && body.expires_in > 0 ? body.expires_in : null;
     return {
       ...cred,

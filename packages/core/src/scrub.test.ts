@@ -17,4 +17,10 @@ describe('scrubSecret', () => {
     expect(scrubSecret('x', null)).toBe('x');
     expect(scrubSecrets('a TOKEN-one and TOKEN-two', ['TOKEN-one', 'TOKEN-two'])).toBe('a [redacted] and [redacted]');
   });
+  it('takes time linear in the text: a long word without mask characters (an upstream error body) is read once', () => {
+    const long = 'x'.repeat(1 << 20);
+    const started = performance.now();
+    expect(scrubSecret(`${long} sk-tes*****abcdef`, key)).toBe(`${long} [redacted]`);
+    expect(performance.now() - started).toBeLessThan(2_000);
+  });
 });

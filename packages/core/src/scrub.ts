@@ -3,7 +3,14 @@ export const REDACTED = '[redacted]';
 
 /** Shortest run of a secret's characters that counts as an echo of it. */
 const RUN = 8;
-const MASKED = /[^\s"'`,;()<>[\]{}]*[*•…]{3,}[^\s"'`,;()<>[\]{}]*/g;
+/**
+ * A word (a run of characters other than white space, quotes and brackets), and a run of mask
+ * characters inside one. Masked echoes are looked for word by word, each word read once: a
+ * pattern looking for the mask run from every position of a long word (an upstream's error body
+ * without white space) takes time quadratic in the word's length.
+ */
+const WORD = /[^\s"'`,;()<>[\]{}]+/g;
+const MASK_RUN = /[*•…]{3,}/;
 
 /**
  * `text` with every echo of `secret` taken out: the secret itself, any run of 8 or more of its
@@ -33,7 +40,8 @@ export function scrubSecret(text: string, secret: string | null | undefined): st
     }
     out = kept;
   }
-  const masked = out.replace(MASKED, (word) => {
+  const masked = out.replace(WORD, (word) => {
+    if (!MASK_RUN.test(word)) return word;
     const m = /^([^*•…]*)[*•…]+([^*•…]*)$/.exec(word);
     if (!m) return word;
     const head = m[1] ?? '';
