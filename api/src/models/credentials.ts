@@ -1,9 +1,22 @@
-import { ApiError, newId, nowIso, type Logger, type SecretBox } from '@agentplane/core';
-import { keys, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
+import { ApiError, crashPoint, newId, nowIso, type Logger, type SecretBox } from '@agentplane/core';
+import { keys, LuaScript, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
 import { KEYLESS_PROVIDERS, ProviderError, type ProviderAdapter, type ProviderKey } from '@agentplane/models';
 import { credentialHead, type ModelCredentialDoc, type ModelCredentialHead } from './model.js';
 
 const COLLECTION = 'model_credentials';
+
+/**
+ * Creates a credential in one step: its key claimed (KEYS[1], field ARGV[1] = ARGV[2]; 0 when
+ * taken), its sealed secret (KEYS[4], ARGV[5], when given), the document (KEYS[2]) and its listing
+ * entry (KEYS[3], score ARGV[4]), so a key is never claimed by a credential that does not exist.
+ * ARGV[3] document JSON.
+ */
+const CREATE = new LuaScript('mcred_create', `
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
+if KEYS[4] then redis.call('SET', KEYS[4], ARGV[5]) end
+redis.call('SET', KEYS[2], ARGV[3])
+redis.call('ZADD', KEYS[3], ARGV[4], ARGV[2])
+return 1`);
 
 export interface CreateModelCredentialInput {
   key: string;
@@ -74,15 +87,16 @@ export class ModelCredentialService {
       health_status: KEYLESS_PROVIDERS.has(input.provider_key) ? 'healthy' : 'unknown', active_generation_number: 1,
       has_secret: input.secret !== undefined, revoked_at: null, version: 1, created_at: now, updated_at: now,
     };
-    const claimed = await this.redis.hsetnx(keys.unique(tag, COLLECTION), doc.key, doc.id);
-    if (claimed !== 1) throw new ApiError('validation.conflict', `a model credential with key '${doc.key}' exists in this workspace`);
-    try {
-      if (input.secret !== undefined) await this.redis.set(this.secretKey(ws, doc.id, 1), this.box.seal(input.secret, this.aad(ws, doc.id, 1)));
-      await this.docs.create(tag, doc, [COLLECTION]);
-    } catch (err) {
-      await this.redis.hdel(keys.unique(tag, COLLECTION), doc.key);
-      throw err;
+    const keyList = [keys.unique(tag, COLLECTION), keys.doc(tag, doc.id), keys.index(tag, COLLECTION)];
+    const args: string[] = [doc.key, doc.id, JSON.stringify(doc), String(Date.parse(now))];
+    if (input.secret !== undefined) {
+      keyList.push(this.secretKey(ws, doc.id, 1));
+      args.push(this.box.seal(input.secret, this.aad(ws, doc.id, 1)));
     }
+    if ((await CREATE.run(this.redis, keyList, args)) !== 1) {
+      throw new ApiError('validation.conflict', `a model credential with key '${doc.key}' exists in this workspace`);
+    }
+    crashPoint('model-credential-created');
     return credentialHead(doc);
   }
 

@@ -1,6 +1,6 @@
 import { randomInt } from 'node:crypto';
-import { ApiError, constantTimeEqual, newId, nowIso, secretDigest, sleep } from '@agentplane/core';
-import { keys, tags, type DocumentStore, type Redis, type Tag } from '@agentplane/store';
+import { ApiError, constantTimeEqual, crashPoint, newId, nowIso, secretDigest, sleep } from '@agentplane/core';
+import { keys, LuaScript, tags, type DocumentStore, type Redis, type Tag } from '@agentplane/store';
 import { GATEWAY_CONTROL_CHANNEL, type GatewayControlMessage } from '@agentplane/gateway';
 import { CredentialIndex, issueSecret } from '../identity/credentials.js';
 import type { AuthRecord, Principal, Workspace } from '../identity/model.js';
@@ -10,6 +10,17 @@ import type { DrainState, PoolPlacement, RunnerCredential, RunnerOwner, RunnerPa
 /** Crockford base32 without I, L, O, U: readable, typable, unambiguous. */
 const CODE_ALPHABET = '0123456789ABCDEFGHJKMNPQRSTVWXYZ';
 const CODE_CHARS = 16; // 80 bits
+
+/**
+ * Creates a runner pool in one step: its name claimed (KEYS[1], field ARGV[1] = ARGV[2]; 0 when
+ * taken), the pool (KEYS[2]) and its listing entry (KEYS[3], score ARGV[4]), so a name is never
+ * claimed by a pool that does not exist. ARGV[3] pool JSON.
+ */
+const CREATE_POOL = new LuaScript('runner_pool_create', `
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
+redis.call('SET', KEYS[2], ARGV[3])
+redis.call('ZADD', KEYS[3], ARGV[4], ARGV[2])
+return 1`);
 
 /** `XXXX-XXXX-XXXX-XXXX`. */
 export function newPairingCode(): string {
@@ -60,17 +71,15 @@ export class RunnerService {
       if (existing) {
         const pool = await this.docs.get<RunnerPool>(tag, existing);
         if (pool) return pool;
-        await sleep(20); // another request is creating it
+        await sleep(20); // a name without its pool: only an older version, which wrote them apart, leaves one
         continue;
       }
-      const id = newId('runnerPool');
-      if ((await this.redis.hsetnx(uniq, 'default', id)) === 1) {
-        const now = nowIso();
-        const pool: RunnerPool = {
-          id, type: 'runner_pool', workspace_id: workspaceId, name: 'default', placement: 'byoc', is_default: true,
-          status: 'active', drain: null, version: 1, created_at: now, updated_at: now,
-        };
-        await this.docs.create(tag, pool, ['runner_pools']);
+      const now = nowIso();
+      const pool: RunnerPool = {
+        id: newId('runnerPool'), type: 'runner_pool', workspace_id: workspaceId, name: 'default', placement: 'byoc', is_default: true,
+        status: 'active', drain: null, version: 1, created_at: now, updated_at: now,
+      };
+      if ((await CREATE_POOL.run(this.redis, [uniq, keys.doc(tag, pool.id), keys.index(tag, 'runner_pools')], [pool.name, pool.id, JSON.stringify(pool), Date.parse(now)])) === 1) {
         return pool;
       }
     }
@@ -85,10 +94,10 @@ export class RunnerService {
       id: newId('runnerPool'), type: 'runner_pool', workspace_id: workspaceId, name: input.name, placement: input.placement,
       is_default: false, status: 'active', drain: null, version: 1, created_at: now, updated_at: now,
     };
-    if ((await this.redis.hsetnx(keys.unique(tag, 'runner_pool_names'), input.name, pool.id)) === 0) {
-      throw new ApiError('validation.conflict', `a runner pool named '${input.name}' already exists`);
-    }
-    await this.docs.create(tag, pool, ['runner_pools']);
+    const created = await CREATE_POOL.run(this.redis, [keys.unique(tag, 'runner_pool_names'), keys.doc(tag, pool.id), keys.index(tag, 'runner_pools')],
+      [pool.name, pool.id, JSON.stringify(pool), Date.parse(now)]);
+    if (created !== 1) throw new ApiError('validation.conflict', `a runner pool named '${input.name}' already exists`);
+    crashPoint('runner-pool-created');
     return pool;
   }
 
