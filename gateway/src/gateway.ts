@@ -11,7 +11,7 @@ import {
 } from '@agentplane/protocol';
 import { AuthFailure, authenticateRunner, bearerFrom, currentStanding, stillAuthorized, type RunnerIdentity } from './auth.js';
 import { GATEWAY_CONTROL_CHANNEL, gatewayNodeChannel, PresenceStore } from './presence.js';
-import { advertiseLink, GATEWAY_LINK_PATH, takeLinkTicket, type LinkFrame, type NodeLinks } from './link.js';
+import { advertiseLink, GATEWAY_LINK_PATH, LINK_SEND_BACKLOG_BYTES, takeLinkTicket, type LinkFrame, type NodeLinks } from './link.js';
 
 /** Principal suspensions and deletions, published by the identity service. */
 export const PRINCIPAL_CHANGES_CHANNEL = 'ap:principal-changes';
@@ -400,7 +400,11 @@ export class Gateway {
    */
   async sendToChannel(channel: string, message: string): Promise<void> {
     const ws = this.linkByChannel.get(channel);
-    if (ws && ws.readyState === ws.OPEN) {
+    if (ws && ws.readyState === ws.OPEN && ws.bufferedAmount > LINK_SEND_BACKLOG_BYTES) {
+      // The sender is not reading its link: closed, and this message and later ones published.
+      this.log.warn({ channel, waiting_bytes: ws.bufferedAmount, bound_bytes: LINK_SEND_BACKLOG_BYTES }, 'a link\'s sender is not reading it; closed, replies go by pub/sub');
+      ws.terminate();
+    } else if (ws && ws.readyState === ws.OPEN) {
       this.metricLinkFrames.inc({ direction: 'out' });
       const socket = this.linkSockets.get(ws);
       if (socket) corkForTurn(socket);

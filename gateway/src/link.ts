@@ -32,6 +32,15 @@ const TICKET_TTL_MS = 10_000;
 const RETRY_AFTER_MS = 5_000;
 const PING_EVERY_MS = 15_000;
 const MAX_LINKS = 1_024;
+/**
+ * A link with more than this many bytes waiting to be sent (its WebSocket's `bufferedAmount`: what
+ * the kernel would not take yet) is closed: its peer is not reading. Its frames go by pub/sub from
+ * then on, where Redis's own output-buffer limit bounds what a subscriber that does not read can
+ * hold; the sender links again after `RETRY_AFTER_MS`. Frames still queued on the closed link are
+ * lost, as a subscriber's are when Redis cuts it off (an offer's answer is then recovered from the
+ * Session fence, an offer is withdrawn when its window ends).
+ */
+export const LINK_SEND_BACKLOG_BYTES = 8 * 1024 * 1024;
 
 const advertiseKey = (nodeId: string): string => keys.global(`gw_link:${nodeId}`);
 const ticketKey = (digest: string): string => keys.global(`gw_link_ticket:${digest}`);
@@ -146,10 +155,25 @@ export class NodeLinks {
       this.sends.inc({ route: 'pubsub' });
       return false;
     }
+    if (link.ws.bufferedAmount > LINK_SEND_BACKLOG_BYTES) {
+      this.o.log.warn({ node: nodeId, waiting_bytes: link.ws.bufferedAmount, bound_bytes: LINK_SEND_BACKLOG_BYTES }, 'gateway node is not reading its link; closed, frames go by pub/sub');
+      this.cutOff(link);
+      this.sends.inc({ route: 'pubsub' });
+      return false;
+    }
     const text = JSON.stringify({ k: 'd', d } satisfies LinkFrame);
     link.ws.send(text);
     this.sends.inc({ route: 'link' });
     return true;
+  }
+
+  /** A link whose node stopped reading: closed at once, tried again after `RETRY_AFTER_MS`. */
+  private cutOff(link: Link): void {
+    const ws = link.ws;
+    link.open = false;
+    link.ws = null;
+    link.retryAt = Date.now() + RETRY_AFTER_MS;
+    ws?.terminate();
   }
 
   private open(nodeId: string): void {
