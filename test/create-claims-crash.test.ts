@@ -64,5 +64,21 @@ describe('a crash right after a keyed create', () => {
     const dupPool = await c.request('POST', '/v1/runner-pools', { body: { name: 'crashy', placement: 'byoc' } });
     expect([dupPool.status, errType(dupPool)]).toEqual([409, 'validation.conflict']);
     expect(await held('runner_pool_names', 'crashy')).toBe(pool.id);
+
+    // A key or name claimed for a resource that was never written (what a create that died
+    // between two separate steps left before they were one script) is released by the next create.
+    await redis.hset(`ap:{w:${ws}}:uniq:model_credentials`, 'orphaned', `mcred_${'0'.repeat(32)}`);
+    await redis.hset(`ap:{w:${ws}}:uniq:runner_pool_names`, 'orphaned', `rpool_${'0'.repeat(32)}`);
+    const takenCred = await c.request<Credential>('POST', credentials, { body: { key: 'orphaned', provider_key: 'scripted' } });
+    expect([takenCred.status, takenCred.body.key]).toEqual([201, 'orphaned']);
+    expect(await held('model_credentials', 'orphaned')).toBe(takenCred.body.id);
+    const takenPool = await c.request<Pool>('POST', '/v1/runner-pools', { body: { name: 'orphaned', placement: 'managed' } });
+    expect([takenPool.status, takenPool.body.name]).toEqual([201, 'orphaned']);
+    expect(await held('runner_pool_names', 'orphaned')).toBe(takenPool.body.id);
+    // Held by them now: the next create with the key is 409.
+    const credAgain = await c.request('POST', credentials, { body: { key: 'orphaned', provider_key: 'scripted' } });
+    expect([credAgain.status, errType(credAgain)]).toEqual([409, 'validation.conflict']);
+    const poolAgain = await c.request('POST', '/v1/runner-pools', { body: { name: 'orphaned', placement: 'managed' } });
+    expect([poolAgain.status, errType(poolAgain)]).toEqual([409, 'validation.conflict']);
   }, 180_000);
 });

@@ -1,6 +1,7 @@
 import { ApiError, crashPoint, newId, nowIso, type Logger, type SecretBox } from '@agentplane/core';
 import { keys, LuaScript, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
 import { KEYLESS_PROVIDERS, ProviderError, type ProviderAdapter, type ProviderKey } from '@agentplane/models';
+import { releaseOrphanClaim } from '@agentplane/domain';
 import { credentialHead, type ModelCredentialDoc, type ModelCredentialHead } from './model.js';
 
 const COLLECTION = 'model_credentials';
@@ -93,7 +94,10 @@ export class ModelCredentialService {
       keyList.push(this.secretKey(ws, doc.id, 1));
       args.push(this.box.seal(input.secret, this.aad(ws, doc.id, 1)));
     }
-    if ((await CREATE.run(this.redis, keyList, args)) !== 1) {
+    let created = await CREATE.run(this.redis, keyList, args);
+    // The key held by no credential (an older version wrote them apart): released, then claimed here.
+    if (created !== 1 && (await releaseOrphanClaim(this.redis, keys.unique(tag, COLLECTION), doc.key, (owner) => keys.doc(tag, owner)))) created = await CREATE.run(this.redis, keyList, args);
+    if (created !== 1) {
       throw new ApiError('validation.conflict', `a model credential with key '${doc.key}' exists in this workspace`);
     }
     crashPoint('model-credential-created');

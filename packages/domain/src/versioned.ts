@@ -67,6 +67,17 @@ redis.call('HDEL', KEYS[1], ARGV[1])
 return 1`,
 );
 
+/**
+ * Releases field `field` of the unique-key hash `hashKey` when the resource claiming it does not
+ * exist (its document key, `docKey(owner)`, is absent): a claim an older version made in a step
+ * before the resource and never followed by it. True when released (a create may claim it now).
+ */
+export async function releaseOrphanClaim(redis: Redis, hashKey: string, field: string, docKey: (owner: string) => string): Promise<boolean> {
+  const owner = await redis.hget(hashKey, field);
+  if (owner === null) return false;
+  return (await RELEASE_ORPHAN_CLAIM.run(redis, [hashKey, docKey(owner)], [field, owner])) === 1;
+}
+
 /** A Workspace-unique key: field `key` of the Workspace's `uniq:<collection>` hash. */
 export interface UniqueKey {
   collection: string;
@@ -132,10 +143,8 @@ export class VersionedStore<T extends VersionedDoc> {
     return this.redis.hget(this.uniqueKey(ws, unique.collection), unique.key);
   }
 
-  private async releaseOrphanClaim(ws: string, unique: UniqueKey): Promise<boolean> {
-    const owner = await this.idByKey(ws, unique);
-    if (owner === null) return false;
-    return (await RELEASE_ORPHAN_CLAIM.run(this.redis, [this.uniqueKey(ws, unique.collection), this.headKey(ws, owner)], [unique.key, owner])) === 1;
+  private releaseOrphanClaim(ws: string, unique: UniqueKey): Promise<boolean> {
+    return releaseOrphanClaim(this.redis, this.uniqueKey(ws, unique.collection), unique.key, (owner) => this.headKey(ws, owner));
   }
 
   /**

@@ -5,6 +5,7 @@ import { GATEWAY_CONTROL_CHANNEL, type GatewayControlMessage } from '@agentplane
 import { CredentialIndex, issueSecret } from '../identity/credentials.js';
 import type { AuthRecord, Principal, Workspace } from '../identity/model.js';
 import type { IdentityService } from '../identity/service.js';
+import { releaseOrphanClaim } from '../versioned.js';
 import type { DrainState, PoolPlacement, RunnerCredential, RunnerOwner, RunnerPairing, RunnerPool } from './model.js';
 
 /** Crockford base32 without I, L, O, U: readable, typable, unambiguous. */
@@ -71,7 +72,8 @@ export class RunnerService {
       if (existing) {
         const pool = await this.docs.get<RunnerPool>(tag, existing);
         if (pool) return pool;
-        await sleep(20); // a name without its pool: only an older version, which wrote them apart, leaves one
+        // A name without its pool: only an older version, which wrote them apart, leaves one.
+        if (!(await releaseOrphanClaim(this.redis, uniq, 'default', (owner) => keys.doc(tag, owner)))) await sleep(20);
         continue;
       }
       const now = nowIso();
@@ -94,8 +96,11 @@ export class RunnerService {
       id: newId('runnerPool'), type: 'runner_pool', workspace_id: workspaceId, name: input.name, placement: input.placement,
       is_default: false, status: 'active', drain: null, version: 1, created_at: now, updated_at: now,
     };
-    const created = await CREATE_POOL.run(this.redis, [keys.unique(tag, 'runner_pool_names'), keys.doc(tag, pool.id), keys.index(tag, 'runner_pools')],
-      [pool.name, pool.id, JSON.stringify(pool), Date.parse(now)]);
+    const uniq = keys.unique(tag, 'runner_pool_names');
+    const create = () => CREATE_POOL.run(this.redis, [uniq, keys.doc(tag, pool.id), keys.index(tag, 'runner_pools')], [pool.name, pool.id, JSON.stringify(pool), Date.parse(now)]);
+    let created = await create();
+    // The name held by no pool (an older version wrote them apart): released, then claimed here.
+    if (created !== 1 && (await releaseOrphanClaim(this.redis, uniq, pool.name, (owner) => keys.doc(tag, owner)))) created = await create();
     if (created !== 1) throw new ApiError('validation.conflict', `a runner pool named '${input.name}' already exists`);
     crashPoint('runner-pool-created');
     return pool;
