@@ -143,3 +143,29 @@ describe('console author across Workspaces', () => {
     expect(b.errors.filter((e) => !/\b(401|503)\b/.test(e) && !e.includes('ERR_CONNECTION_REFUSED') && !e.includes('Failed to fetch'))).toEqual([]);
   });
 });
+
+describe('console pickers', () => {
+  it('offer every Principal of the Workspace, past the first page of the list', async () => {
+    const ws = (await p.root.post<{ id: string }>(`/v1/organizations/${p.bootstrap.organization_id}/workspaces`, { name: 'many' })).id;
+    const s = await sessionIn(ws, 'first-author');
+    // More than one page of the list at its largest limit (100), created in order.
+    const made: string[] = [];
+    for (let i = 0; i < 120; i += 20) {
+      made.push(...(await Promise.all(Array.from({ length: 20 }, (_, k) => p.root.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/principals`, {
+        external_subject_id: `many-${i + k}`, principal_type: 'service', display_name: `many-${i + k}`,
+      }).then((x) => x.id)))));
+    }
+    const last = made[made.length - 1] as string;
+    const { page } = b;
+    await signIn(p.bootstrap.root_key, ws);
+    await page.goto(`${p.baseUrl}/console/#/sessions/${s}`);
+    await page.locator('[data-stream-state="live"]').waitFor();
+    await expect.poll(() => page.locator('#author option').count()).toBe(121);
+    await page.locator('#author').selectOption(last);
+    expect(await page.locator('#author').inputValue()).toBe(last);
+    await page.goto(`${p.baseUrl}/console/#/runners`);
+    await expect.poll(() => page.locator('#pair-principal option').count()).toBe(121);
+    await page.locator('#pair-principal').selectOption(last);
+    expect(await page.locator('#pair-principal').inputValue()).toBe(last);
+  });
+});

@@ -88,3 +88,24 @@ export function describeError(err: unknown): string {
 export function idempotencyKey(): string {
   return `console-${crypto.randomUUID()}`;
 }
+
+/** A page of a list as the API answers it: `next_page` is passed back as `page` for the next. */
+export interface ListPage<T> {
+  data: T[];
+  next_page?: string | null;
+}
+
+/**
+ * Every item of a list, page after page, for a picker that must offer them all (a list's default
+ * page is 20 items): at most `max` items, so a huge list costs a bounded number of requests.
+ */
+export async function everyPage<T>(page: (cursor: string | undefined) => Promise<ListPage<T>>, max = 2_000): Promise<T[]> {
+  const all: T[] = [];
+  let cursor: string | undefined;
+  do {
+    const r = await page(cursor);
+    all.push(...r.data);
+    cursor = r.next_page ?? undefined;
+  } while (cursor && all.length < max);
+  return all;
+}

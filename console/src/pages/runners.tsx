@@ -1,5 +1,5 @@
 import { useEffect, useState } from 'preact/hooks';
-import { describeError, idempotencyKey, ok } from '../api';
+import { describeError, everyPage, idempotencyKey, ok, type ListPage } from '../api';
 import type { Ctx } from '../main';
 import { Badge, ErrorBanner, fmtAgo, fmtTime, Section, useAsync, useTicker } from '../ui';
 
@@ -118,7 +118,7 @@ function Capabilities({ caps }: { caps: Record<string, unknown> }) {
 }
 
 function Pairing({ ctx }: { ctx: Ctx }) {
-  const principals = useAsync(async () => ((await ok(ctx.api.GET('/v1/organizations/workspaces/{workspace_id}/principals', { params: { path: { workspace_id: ctx.workspaceId } } }))) as { data: Principal[] }).data, [ctx.workspaceId]);
+  const principals = useAsync(() => everyPage(async (page) => (await ok(ctx.api.GET('/v1/organizations/workspaces/{workspace_id}/principals', { params: { path: { workspace_id: ctx.workspaceId }, query: { limit: 100, ...(page ? { page } : {}) } } }))) as ListPage<Principal>), [ctx.workspaceId]);
   const [principal, setPrincipal] = useState('');
   const [label, setLabel] = useState('');
   const [minutes, setMinutes] = useState(10);

@@ -1,6 +1,6 @@
 import { memo } from 'preact/compat';
 import { useEffect, useMemo, useRef, useState } from 'preact/hooks';
-import { describeError, idempotencyKey, ok } from '../api';
+import { describeError, everyPage, idempotencyKey, ok, type ListPage } from '../api';
 import type { Ctx } from '../main';
 import { Markdown } from '../markdown';
 import { openSessionStream, type StreamEvent, type StreamState } from '../sse';
@@ -229,7 +229,7 @@ export function SessionPage({ ctx, id }: { ctx: Ctx; id: string }) {
   const threads = useAsync(async () => (known ? ((await ok(ctx.api.GET('/v1/sessions/{session_id}/threads', { params: { path: { session_id: id } } }))) as unknown as { data: Thread[] }).data : undefined), [id, idleCount, known]);
   const runs = useAsync(async () => (known ? ((await ok(ctx.api.GET('/v1/sessions/{session_id}/runs', { params: { path: { session_id: id } } }))) as { data: RunView[] }).data : undefined), [id, idleCount, known]);
   const usage = useAsync(async () => (known ? (await ok(ctx.api.GET('/v1/sessions/{session_id}/usage', { params: { path: { session_id: id } } }))) as UsageView : undefined), [id, idleCount, known]);
-  const principals = useAsync(async () => ((await ok(ctx.api.GET('/v1/organizations/workspaces/{workspace_id}/principals', { params: { path: { workspace_id: ctx.workspaceId } } }))) as { data: Principal[] }).data, [ctx.workspaceId]);
+  const principals = useAsync(() => everyPage(async (page) => (await ok(ctx.api.GET('/v1/organizations/workspaces/{workspace_id}/principals', { params: { path: { workspace_id: ctx.workspaceId }, query: { limit: 100, ...(page ? { page } : {}) } } }))) as ListPage<Principal>), [ctx.workspaceId]);
 
   // The author is one of the Workspace's Principals: a remembered one that is not (it came from a
   // credential of another Workspace in this tab, or was deleted) is replaced by the first.

@@ -1,5 +1,5 @@
 import { useState } from 'preact/hooks';
-import { describeError, idempotencyKey, ok } from '../api';
+import { describeError, everyPage, idempotencyKey, ok, type ListPage } from '../api';
 import type { Ctx } from '../main';
 import { Badge, ErrorBanner, fmtTime, Section, useAsync } from '../ui';
 
@@ -27,7 +27,7 @@ export function SessionsPage({ ctx }: { ctx: Ctx }) {
   const [archived, setArchived] = useState(false);
   const [creating, setCreating] = useState(false);
 
-  const agents = useAsync(async () => (await ok(ctx.api.GET('/v1/agents', { params: { query: { limit: 100 } } })) as { data: Named[] }).data, []);
+  const agents = useAsync(() => everyPage(async (page) => (await ok(ctx.api.GET('/v1/agents', { params: { query: { limit: 100, ...(page ? { page } : {}) } } }))) as ListPage<Named>), []);
   const list = useAsync(async () => {
     const query: Record<string, string | number | boolean> = { limit: 100, order: 'desc' };
     if (agent) query.agent_id = agent;
@@ -95,7 +95,7 @@ export function SessionsPage({ ctx }: { ctx: Ctx }) {
 }
 
 function NewSession({ ctx, agents }: { ctx: Ctx; agents: Named[] }) {
-  const envs = useAsync(async () => (await ok(ctx.api.GET('/v1/environments', { params: { query: { limit: 100 } } })) as { data: Named[] }).data, []);
+  const envs = useAsync(() => everyPage(async (page) => (await ok(ctx.api.GET('/v1/environments', { params: { query: { limit: 100, ...(page ? { page } : {}) } } }))) as ListPage<Named>), []);
   const [agentId, setAgentId] = useState('');
   const [name, setName] = useState('assistant');
   const [model, setModel] = useState('default');
