@@ -168,4 +168,25 @@ describe('console pickers', () => {
     await page.locator('#pair-principal').selectOption(last);
     expect(await page.locator('#pair-principal').inputValue()).toBe(last);
   });
+
+  it('the Sessions list reads older pages on demand', async () => {
+    const ws = (await p.root.post<{ id: string }>(`/v1/organizations/${p.bootstrap.organization_id}/workspaces`, { name: 'older' })).id;
+    const opts = { headers: { 'service-workspace-id': ws } };
+    const env = (await p.root.post<{ id: string }>('/v1/environments', { name: 'default', image: 'agentplane/sandbox:1' }, opts)).id;
+    const agent = (await p.root.post<{ id: string }>('/v1/agents', { name: 'a', model: 'default' }, opts)).id;
+    const made: string[] = [];
+    for (let i = 0; i < 120; i += 20) {
+      made.push(...(await Promise.all(Array.from({ length: 20 }, () => p.root.post<{ id: string }>('/v1/sessions', { agent, environment_id: env }, opts).then((x) => x.id)))));
+    }
+    const { page } = b;
+    await signIn(p.bootstrap.root_key, ws);
+    const rows = page.locator('table[aria-label="Sessions"] tr[data-session-id]');
+    await expect.poll(() => rows.count()).toBe(100);
+    await page.getByRole('button', { name: 'Show older sessions' }).click();
+    await expect.poll(() => rows.count()).toBe(120);
+    // Every Session once, and the last page read: nothing older to show.
+    const shown = await rows.evaluateAll((trs) => trs.map((tr) => tr.getAttribute('data-session-id')));
+    expect(new Set(shown)).toEqual(new Set(made));
+    expect(await page.getByRole('button', { name: 'Show older sessions' }).count()).toBe(0);
+  });
 });

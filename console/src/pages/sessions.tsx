@@ -1,4 +1,4 @@
-import { useState } from 'preact/hooks';
+import { useEffect, useRef, useState } from 'preact/hooks';
 import { describeError, everyPage, idempotencyKey, ok, type ListPage } from '../api';
 import type { Ctx } from '../main';
 import { Badge, ErrorBanner, fmtTime, Section, useAsync } from '../ui';
@@ -28,16 +28,40 @@ export function SessionsPage({ ctx }: { ctx: Ctx }) {
   const [creating, setCreating] = useState(false);
 
   const agents = useAsync(() => everyPage(async (page) => (await ok(ctx.api.GET('/v1/agents', { params: { query: { limit: 100, ...(page ? { page } : {}) } } }))) as ListPage<Named>), []);
-  const list = useAsync(async () => {
-    const query: Record<string, string | number | boolean> = { limit: 100, order: 'desc' };
-    if (agent) query.agent_id = agent;
-    if (automation.trim()) query.automation_id = automation.trim();
-    if (archived) query.include_archived = true;
-    const page = (await ok(ctx.api.GET('/v1/sessions', { params: { query } }))) as unknown as { data: SessionView[] };
-    return page.data;
-  }, [agent, automation, archived]);
+  const query = (page?: string): Record<string, string | number | boolean> => {
+    const q: Record<string, string | number | boolean> = { limit: 100, order: 'desc' };
+    if (agent) q.agent_id = agent;
+    if (automation.trim()) q.automation_id = automation.trim();
+    if (archived) q.include_archived = true;
+    if (page) q.page = page;
+    return q;
+  };
+  const list = useAsync(async () => (await ok(ctx.api.GET('/v1/sessions', { params: { query: query() } }))) as unknown as ListPage<SessionView>, [agent, automation, archived]);
+  // Older pages, read on demand after the first (they go when the first page is read again).
+  const [older, setOlder] = useState<{ rows: SessionView[]; next: string | null }>({ rows: [], next: null });
+  const [olderError, setOlderError] = useState<string | null>(null);
+  const [loadingOlder, setLoadingOlder] = useState(false);
+  const first = useRef(list.data);
+  useEffect(() => {
+    first.current = list.data;
+    setOlder({ rows: [], next: list.data?.next_page ?? null });
+    setOlderError(null);
+  }, [list.data]);
+  async function showOlder() {
+    const from = first.current;
+    setLoadingOlder(true);
+    try {
+      const page = (await ok(ctx.api.GET('/v1/sessions', { params: { query: query(older.next ?? undefined) } }))) as unknown as ListPage<SessionView>;
+      // A page of a list read again since is dropped.
+      if (first.current === from) setOlder((o) => ({ rows: [...o.rows, ...page.data], next: page.next_page ?? null }));
+    } catch (err) {
+      setOlderError(describeError(err));
+    } finally {
+      setLoadingOlder(false);
+    }
+  }
 
-  const rows = (list.data ?? []).filter((s) => !status || s.status === status);
+  const rows = [...(list.data?.data ?? []), ...older.rows].filter((s) => !status || s.status === status);
 
   return (
     <>
@@ -72,7 +96,7 @@ export function SessionsPage({ ctx }: { ctx: Ctx }) {
           <button type="button" onClick={list.reload}>Refresh</button>
         </form>
       </Section>
-      <ErrorBanner error={list.error} />
+      <ErrorBanner error={list.error ?? olderError} />
       <div class="table-wrap">
         <table class="list" aria-label="Sessions" aria-busy={list.loading}>
           <thead><tr><th scope="col">Session</th><th scope="col">Agent</th><th scope="col">Status</th><th scope="col">Created</th><th scope="col">Updated</th></tr></thead>
@@ -90,6 +114,7 @@ export function SessionsPage({ ctx }: { ctx: Ctx }) {
           </tbody>
         </table>
       </div>
+      {older.next ? <button type="button" onClick={() => void showOlder()} disabled={loadingOlder}>Show older sessions</button> : null}
     </>
   );
 }
