@@ -245,3 +245,60 @@ describe('OutcomeService.graded', () => {
     expect((await store.get(session.workspace_id, session.id)).outcome_evaluations).toHaveLength(1);
   });
 });
+
+describe('OutcomeService.turnEnded: another turn takes the thread before the grader Run', () => {
+  /** An outcome at work on an idle Session's thread, which now runs another Run (`other`). */
+  async function taken(store: SessionStore): Promise<{ session: SessionDoc; threadId: string; outcomeId: string; other: string }> {
+    const { session, threadId } = await idleSession(store);
+    const now = nowIso();
+    const outcomeId = `outc_${newId('run').slice(4)}`;
+    const working: OutcomeDoc = {
+      id: outcomeId, type: 'outcome', session_id: session.id, workspace_id: session.workspace_id, thread_id: threadId, define_event_id: newId('event'),
+      description: 'Write the report.', rubric: '- The report exists', max_iterations: 3, grader_model: 'default', status: 'working', result: null,
+      evaluation_count: 0, revision_count: 0, grader_run_id: null, current_evaluation: null, ended_at: null, version: 1, created_at: now, updated_at: now,
+    };
+    await store.docs.create(tags.session(session.id), working, ['outcomes']);
+    await redis.hset(activeOutcomesKey(session.id), threadId, outcomeId);
+    // A message sent as the agent's turn ended found the thread idle and started a turn.
+    const other = newId('run');
+    await store.updateThread(session.id, threadId, (t) => ({ ...t, status: 'running', _active_run_id: other, _running_since_ms: Date.now(), _stop_reason: null }));
+    return { session, threadId, outcomeId, other };
+  }
+  const ended = (store: SessionStore, sessionId: string, threadId: string, runId: string) =>
+    store.updateThread(sessionId, threadId, (t) => ({ ...t, status: 'idle', _active_run_id: null, _running_since_ms: null, _ended_run_id: runId, _stop_reason: { type: 'end_turn' } }));
+
+  it('the outcome keeps working, and the end of the turn that took the thread grades it', async () => {
+    const store = new SessionStore(redis);
+    const { svc, scheduler, queued } = service(store);
+    const { session, threadId, outcomeId, other } = await taken(store);
+    expect(await svc.turnEnded(session, threadId, newId('run'), { type: 'end_turn' })).toBe(false);
+    const kept = await svc.get(session.id, outcomeId);
+    expect(kept).toMatchObject({ status: 'working', result: null, grader_run_id: null, current_evaluation: null });
+    // The grader Run announced to the scheduler was called off; nothing was queued.
+    expect(scheduler.map((x) => x.split(':')[0])).toEqual(['starting', 'not']);
+    expect(queued).toEqual([]);
+    // The other turn ends: its end grades the outcome.
+    await ended(store, session.id, threadId, other);
+    expect(await svc.turnEnded(session, threadId, other, { type: 'end_turn' })).toBe(true);
+    expect(await svc.get(session.id, outcomeId)).toMatchObject({ status: 'grading', grader_run_id: queued[0]?.id });
+    expect((await events(store, session.id)).filter((e) => e.type === 'session.outcome_evaluation_started')).toHaveLength(1);
+  });
+
+  it('a turn that ended while the grading held the outcome (its end left the outcome alone) is taken up', async () => {
+    const store = new SessionStore(redis);
+    const { svc, queued } = service(store);
+    const { session, threadId, outcomeId, other } = await taken(store);
+    // The other turn ends right after the grader Run was refused the thread, before the outcome
+    // went back to working: its own end found the outcome grading and did nothing.
+    const startTurn = store.startTurn.bind(store);
+    store.startTurn = async (...a: Parameters<SessionStore['startTurn']>) => {
+      store.startTurn = startTurn;
+      const r = await startTurn(...a);
+      await ended(store, session.id, threadId, other);
+      return r;
+    };
+    expect(await svc.turnEnded(session, threadId, newId('run'), { type: 'end_turn' })).toBe(true);
+    expect(queued).toHaveLength(1);
+    expect(await svc.get(session.id, outcomeId)).toMatchObject({ status: 'grading', grader_run_id: queued[0]?.id });
+  });
+});

@@ -430,12 +430,17 @@ export class OutcomeService {
     }));
     if (cur.grader_run_id !== runId) return false;
     await this.d.scheduler().runStarting?.(session.id, runId);
-    const { run } = await this.d.store.startTurn(session, o.thread_id, (t) =>
-      t.status !== 'idle' || t._active_run_id !== null ? null : {
+    let taken = false;
+    const { run } = await this.d.store.startTurn(session, o.thread_id, (t) => {
+      taken = t.status === 'running' || t.status === 'rescheduling';
+      return t.status !== 'idle' || t._active_run_id !== null ? null : {
         thread: { ...t, status: 'running', _active_run_id: runId, _running_since_ms: Date.now(), _stop_reason: null },
         start: { runId, inputs: [], grader: { outcome_id: o.id, evaluation_id: evaluationId, iteration, routing_key: o.grader_model } },
-      }, trace);
+      };
+    }, trace);
     if (!run) {
+      this.d.scheduler().runNotStarting?.(runId);
+      if (taken) return this.gradingDeferred(session, cur, runId, trace);
       await this.finish(cur, 'failed', 'the thread was not free for grading', undefined, trace);
       return false;
     }
@@ -445,6 +450,24 @@ export class OutcomeService {
     }, `outcome:${o.id}:evaluation:${iteration}:started`, trace);
     await this.d.scheduler().runQueued(run, trace);
     return true;
+  }
+
+  /**
+   * The agent's turn ended, but another turn took the thread before the grader Run could (a
+   * message sent in the instant between the two found the thread idle): the outcome goes back to
+   * `working`, and that turn's end grades it (or ends it, as any turn end of the outcome would).
+   * Should that turn have ended already (its end found the outcome grading, and left it to this
+   * grading), its end is taken up here.
+   */
+  private async gradingDeferred(session: SessionDoc, o: OutcomeDoc, runId: string, trace: Context | undefined): Promise<boolean> {
+    const back = await this.update(o, (c) => (c.status !== 'grading' || c.grader_run_id !== runId ? null : {
+      ...c, status: 'working', grader_run_id: null, current_evaluation: null,
+    }));
+    if (back.status !== 'working') return false;
+    const t = await this.d.store.thread(session.id, o.thread_id);
+    const ended = t._ended_run_id ?? null;
+    if (t.status !== 'idle' || t._active_run_id !== null || ended === null || t._stop_reason === null || (t._stop_reason as StopReason).type === 'requires_action') return false;
+    return this.turnEnded(session, o.thread_id, ended, t._stop_reason as StopReason, trace, o.id);
   }
 
   private async graded(session: SessionDoc, o: OutcomeDoc, runId: string | null, stop: StopReason, trace: Context | undefined): Promise<boolean> {
