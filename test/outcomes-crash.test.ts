@@ -131,3 +131,30 @@ describe('a crash inside a user.define_outcome', () => {
     expect((await t.api.get<{ data: unknown[] }>('/v1/sessions')).data).toHaveLength(1);
   }, 240_000);
 });
+
+describe('a crash inside an archive', () => {
+  it('after the archive\'s write, before its outcome ended: the close sweep ends the outcome, then closes the Session', async () => {
+    const t = await crash.startTurn(['session-archived'], { name: 'outcome-crash-archive', env: { LOG_LEVEL: 'warn', ENQUEUE_REPAIR_AFTER_MS: '500' } });
+    const question = { questions: [{ question: 'Which colour?', options: ['red', 'blue'] }] };
+    const s = await t.api.post<{ id: string }>('/v1/sessions', {
+      agent: { name: 'asker', model: 'default', tools: [{ type: 'builtin', name: 'ask_user' }], system: SCRIPT([{ then: [{ tool: 'ask_user', input: question }] }]) },
+      environment_id: t.envId,
+    });
+    const rubric = `- The report exists\n\n\`\`\`scripted\n${JSON.stringify({ rules: [{ then: [{ verdict: 'satisfied' }] }] })}\n\`\`\`\n`;
+    await t.api.post(`/v1/sessions/${s.id}/events`, {
+      type: 'user.define_outcome', payload: { description: 'Pick a colour.', rubric, authored_by: t.principal, caused_by: { kind: 'api' } },
+    });
+    // The outcome's turn waits on the question.
+    await untilEvents(t.api, s.id, (e) => e.some((x) => x.type === 'session.status_idle'), 60_000);
+    // The API dies after the archive's write, before the outcome's end: the request gets no answer.
+    const apiBefore = t.p.pids().api;
+    await expect(t.api.post(`/v1/sessions/${s.id}/archive`, {})).rejects.toThrow();
+    expect(existsSync(t.marker('session-archived'))).toBe(true);
+    await t.apiRestarted(apiBefore);
+    // No archive is sent again: the scheduler's sweep ends the outcome, then writes the terminal event.
+    const events = await waitFor('the terminal event', () => untilEvents(t.api, s.id, (e) => e.some((x) => x.type === 'session.status_canceled'), 5_000).catch(() => undefined), 60_000);
+    const types = events.map((e) => e.type);
+    expect(events.filter((e) => e.type === 'session.outcome_ended').map((e) => e.payload)).toEqual([expect.objectContaining({ result: 'interrupted', reason: 'the session was archived' })]);
+    expect(types.indexOf('session.outcome_ended')).toBeLessThan(types.indexOf('session.status_canceled'));
+  }, 240_000);
+});

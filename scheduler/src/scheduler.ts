@@ -102,6 +102,8 @@ export class Scheduler {
     // Turns this scheduler ends (retries exhausted, interrupted while queued) move their outcome on too.
     const outcomes = new OutcomeService({ store: this.store, runtime, scheduler: () => this.engine, log, files: this.files });
     runtime.onTurnEnded((session, threadId, runId, stop, _trace, activeOutcome) => outcomes.turnEnded(session, threadId, runId, stop, undefined, activeOutcome));
+    // An archive that died before it ended its outcomes: the close sweep ends them first.
+    runtime.closer.beforeRepair((session) => outcomes.sessionArchived(session));
     this.bearers = new RedisRuntimeBearers(this.redis, new LeaseFence(this.redis));
     this.connections = config.masterKey ? new ConnectionService(docs, new SecretBox(config.masterKey)) : undefined;
     this.offers = new RedisOfferChannel(this.redis, this.sub, this.instanceId, new LeaseRecords(this.redis), (o) => this.spec(o), log, config.gatewayLinks ? { metrics: this.metrics.registry } : undefined);

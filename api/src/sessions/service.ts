@@ -245,8 +245,8 @@ export class SessionService {
    * Archive (one-way, retry-safe). Its terminal status event follows once no turn is under way
    * (now, or at the end of its last turn); the Session is written down for the scheduler's sweep
    * before the archive, so a crash in between leaves the close to the sweep. An outcome whose
-   * turn waits on an answer ends `interrupted` before that event (an archive sent again ends one
-   * a crash left open).
+   * turn waits on an answer ends `interrupted` before that event (one a crash left open is ended
+   * by the sweep before it closes the Session, or by an archive sent again).
    */
   async archive(workspaceId: string, id: string): Promise<SessionDoc> {
     await this.d.store.getShared(workspaceId, id);

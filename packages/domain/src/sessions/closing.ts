@@ -1,7 +1,7 @@
 import type { AppendEvent, Redis } from '@agentplane/store';
 import { Outbox } from '../outbox.js';
-import type { ThreadDoc } from './model.js';
-import type { SessionStore } from './store.js';
+import type { SessionDoc, ThreadDoc } from './model.js';
+import { sessionTag, type SessionStore } from './store.js';
 
 type TerminalType = 'session.status_completed' | 'session.status_canceled' | 'session.status_failed';
 
@@ -35,9 +35,19 @@ export function terminalEvent(primary: Readonly<ThreadDoc> | undefined): AppendE
  */
 export class SessionCloser {
   private readonly outbox: Outbox;
+  private beforeSweptClose: ((session: SessionDoc) => Promise<void>) | undefined;
 
   constructor(private readonly store: SessionStore, redis: Redis) {
     this.outbox = new Outbox(redis, 'close_outbox');
+  }
+
+  /**
+   * What an archive does between its own write and the close, done again by the sweep for a
+   * Session whose archive died in between (the outcomes module: an outcome waiting on an answer
+   * ends). It must be retry-safe; a Session whose hook fails stays for the next sweep.
+   */
+  beforeRepair(hook: (session: SessionDoc) => Promise<void>): void {
+    this.beforeSweptClose = hook;
   }
 
   /** Before the archive's own write: the sweep finds the Session if nothing after it happens. */
@@ -56,6 +66,10 @@ export class SessionCloser {
   async repair(olderThanMs: number): Promise<string[]> {
     const closed: string[] = [];
     for (const { member } of await this.outbox.due(olderThanMs)) {
+      if (this.beforeSweptClose) {
+        const session = await this.store.docs.get<SessionDoc>(sessionTag(member), member);
+        if (session?.type === 'session' && session.archived_at !== null && !(await this.beforeSweptClose(session).then(() => true, () => false))) continue;
+      }
       if ((await this.settle(member)) === 'closed') closed.push(member);
     }
     return closed;
