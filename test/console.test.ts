@@ -229,11 +229,15 @@ describe('in the browser', () => {
     expect(await form.count()).toBe(0);
     expect(await page.locator('form.composer [role="alert"]').count()).toBe(0);
 
-    // A second question that an interrupt ends (its tool use gets an interrupted result): no form stays behind.
+    // A second question that the console's Interrupt ends while it waits (its tool use gets an
+    // interrupted result): no form stays behind.
     await page.getByLabel('Message').fill('another colour');
     await page.getByRole('button', { name: 'Send' }).click();
     await form.waitFor({ timeout: 60_000 });
-    await t.api.post(`/v1/sessions/${s.id}/events`, { type: 'user.interrupt', payload: { authored_by: t.principal, caused_by: { kind: 'api' } } });
+    const interrupt = page.waitForResponse((r) => r.request().method() === 'POST' && new URL(r.url()).pathname === `/v1/sessions/${s.id}/events`);
+    await page.getByRole('button', { name: 'Interrupt' }).click();
+    const sent = await interrupt;
+    expect([sent.status(), (sent.request().postDataJSON() as { type: string }).type]).toEqual([201, 'user.interrupt']);
     await page.locator('li[data-type="agent.tool_result"]').nth(1).waitFor();
     await expect.poll(() => form.count()).toBe(0);
   }, 120_000);

@@ -316,6 +316,8 @@ export function SessionPage({ ctx, id }: { ctx: Ctx; id: string }) {
   }, [events, session.data]);
 
   const shown = threadFilter ? events.filter((e) => e.session_thread_id === threadFilter || e.session_thread_id === null) : events;
+  // A tool use still waiting on its answer: an interrupt ends the wait (and its turn) too.
+  const waiting = useMemo(() => events.some((e) => !!e.payload.awaiting && !answered.has(String(e.payload.id))), [events, answered]);
 
   async function drive(body: { type: string; payload: Record<string, unknown> }) {
     setActionError(null);
@@ -425,7 +427,7 @@ export function SessionPage({ ctx, id }: { ctx: Ctx; id: string }) {
             onKeyDown={(e) => { if (e.key === 'Enter' && (e.ctrlKey || e.metaKey)) { e.preventDefault(); (e.currentTarget.form as HTMLFormElement).requestSubmit(); } }} />
           <div class="row">
             <button type="submit" class="primary" disabled={busy || archived || !text.trim() || !author}>Send</button>
-            <button type="button" disabled={busy || archived || status.state !== 'running'} onClick={() => void drive({ type: 'user.interrupt', payload: { ...thread } }).catch(() => undefined)}>Interrupt</button>
+            <button type="button" disabled={busy || archived || (status.state !== 'running' && !waiting)} onClick={() => void drive({ type: 'user.interrupt', payload: { ...thread } }).catch(() => undefined)}>Interrupt</button>
             <span class="grow" />
             <label for="author" class="small muted">As</label>
             {principals.data ? (
