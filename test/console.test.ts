@@ -72,6 +72,10 @@ describe('serving', () => {
     expect(asset.headers.get('cache-control')).toContain('immutable');
     const again = await fetch(`${base}/console/${js}`, { headers: { 'if-none-match': asset.headers.get('etag') ?? '' } });
     expect(again.status).toBe(304);
+    // A cache holding several versions sends them all (RFC 9110): one of them matching is enough.
+    const listed = await fetch(`${base}/console/${js}`, { headers: { 'if-none-match': `"stale", W/${asset.headers.get('etag') ?? ''}` } });
+    expect(listed.status).toBe(304);
+    expect((await fetch(`${base}/console/${js}`, { headers: { 'if-none-match': '"stale"' } })).status).toBe(200);
     expect((await fetch(`${base}/console/nope.js`)).status).toBe(404);
     expect((await fetch(`${base}/console/`, { method: 'POST' })).status).toBe(405);
   });

@@ -10,6 +10,7 @@ import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
 import { extname, join, relative, resolve, sep } from 'node:path';
 import type { Middleware } from 'koa';
 import type { Logger } from '@agentplane/core';
+import { ifNoneMatchHits } from '../http/conditional.js';
 
 export const CONSOLE_PREFIX = '/console';
 
@@ -107,7 +108,7 @@ export function consoleStatic(options: { dir: string | undefined; log: Logger })
     ctx.set('Cache-Control', asset.immutable ? 'public, max-age=31536000, immutable' : 'no-cache');
     ctx.set('ETag', asset.etag);
     ctx.type = asset.type;
-    if (ctx.get('If-None-Match') === asset.etag) {
+    if (ifNoneMatchHits(ctx.get('If-None-Match'), asset.etag)) {
       ctx.status = 304;
       return;
     }
