@@ -19,6 +19,7 @@ import type { ApiDeps } from '../deps.js';
 import { authenticate } from '../http/authenticate.js';
 import { readJsonBody } from '../http/body.js';
 import type { Caller } from '../http/caller.js';
+import { ifNoneMatchHits } from '../http/conditional.js';
 import { enforceRateLimit } from '../http/rate-limit.js';
 import type { PermissionAction } from '../governance/permissions.js';
 import type { AuditOutcome } from '../audit/store.js';
@@ -145,8 +146,7 @@ export function a2aEdge(deps: ApiDeps): Koa.Middleware {
     const { json, etag } = buildCard(placement, deps.config.publicBaseUrl);
     ctx.set('Cache-Control', `public, max-age=${CARD_MAX_AGE_SECONDS}`);
     ctx.set('ETag', etag);
-    const inm = ctx.get('If-None-Match');
-    if (inm && inm.split(',').map((t) => t.trim().replace(/^W\//, '')).some((t) => t === etag || t === '*')) {
+    if (ifNoneMatchHits(ctx.get('If-None-Match'), etag)) {
       count('card', 'not_modified');
       ctx.status = 304;
       return;
