@@ -457,3 +457,36 @@ describe('a crash between making an upload\'s bytes permanent and creating its h
     expect((await writer.downloadFile(kept.body.id)).length).toBe(2 * MiB);
   }, 120_000);
 });
+
+describe('a crash between deleting a File\'s head and its bytes', () => {
+  const crash = useCrashPlatforms('files-delete-crash');
+
+  it('leaves the deletion on record, and the bytes are reclaimed by a later commit once its grace has passed', async () => {
+    const q = await crash.start(['file-head-removed'], { env: { LOG_LEVEL: 'warn' } });
+    const r = q.redis();
+    const writer = q.p.root;
+    const gone = await writer.uploadFile<FileHead>('gone.bin', new Uint8Array(3 * MiB).fill(4));
+    expect(gone.status).toBe(201);
+    const content = `ap:{f:${gone.body.id}}:content`;
+    const apiBefore = q.p.pids().api;
+    // The API dies inside the deletion, after the head is gone: the request gets no answer.
+    await expect(writer.request('DELETE', `/v1/files/${gone.body.id}`)).rejects.toThrow();
+    expect(existsSync(q.marker('file-head-removed'))).toBe(true);
+    await q.apiRestarted(apiBefore, { client: writer, path: '/v1/files' });
+
+    // The File is gone for readers; its bytes are still there, and the deletion is on record.
+    expect((await writer.request('GET', `/v1/files/${gone.body.id}`)).status).toBe(404);
+    expect(await r.exists(content)).toBe(1);
+    const journal = 'ap:{g:file_commits}:file_commits';
+    const pending = await r.zrange(journal, 0, -1);
+    expect(pending).toEqual([`${q.p.bootstrap.workspace_id} ${gone.body.id}`]);
+
+    // Its grace passes (moved back rather than waited for); the next commit sweeps the bytes.
+    await r.zadd(journal, 0, pending[0] as string);
+    const kept = await writer.uploadFile<FileHead>('kept.bin', new Uint8Array(MiB).fill(6));
+    expect(kept.status).toBe(201);
+    expect(await r.exists(content)).toBe(0);
+    expect(await r.zcard(journal)).toBe(0);
+    expect((await writer.downloadFile(kept.body.id)).length).toBe(MiB);
+  }, 120_000);
+});

@@ -58,3 +58,39 @@ describe('a crash while a MemoryStore is created', () => {
     expect((await storeKeys()).filter((k) => k.includes(id))).toEqual([]);
   }, 180_000);
 });
+
+describe('a crash between deleting a MemoryStore\'s head and its documents', () => {
+  const crash = useCrashPlatforms('memory-delete-crash');
+
+  it('leaves the deletion on record, and the documents and their history are reclaimed by a later deletion once its grace has passed', async () => {
+    const q = await crash.start(['memory-store-head-removed'], { env: { LOG_LEVEL: 'warn' } });
+    const r = q.redis();
+    const c = q.p.root;
+    const keysOf = async (id: string) => (await r.keys(`ap:{m:${id}}:*`)).sort();
+    const gone = await c.post<Store>('/v1/memory-stores', { name: 'gone' });
+    for (const path of ['a.md', 'b/c.md', 'a.md']) {
+      expect((await c.request('PUT', `/v1/memory-stores/${gone.id}/document`, { body: { path, content: `text of ${path}` } })).status).toBeLessThan(300);
+    }
+    expect((await keysOf(gone.id)).length).toBeGreaterThanOrEqual(6);
+    const before = q.p.pids().api;
+    // The API dies inside the deletion, after the head is gone: the request gets no answer.
+    await expect(c.request('DELETE', `/v1/memory-stores/${gone.id}`)).rejects.toThrow();
+    expect(existsSync(q.marker('memory-store-head-removed'))).toBe(true);
+    await q.apiRestarted(before, { client: c, path: '/v1/memory-stores' });
+
+    // The store is gone for readers; its keys are still there, and the deletion is on record.
+    expect((await c.request('GET', `/v1/memory-stores/${gone.id}`)).status).toBe(404);
+    expect((await keysOf(gone.id)).length).toBeGreaterThanOrEqual(6);
+    const journal = 'ap:{g:memory_store_deletions}:memory_store_deletions';
+    const pending = await r.zrange(journal, 0, -1);
+    expect(pending).toEqual([`${q.p.bootstrap.workspace_id} ${gone.id}`]);
+
+    // Its grace passes (moved back rather than waited for); the next deletion sweeps it.
+    await r.zadd(journal, 0, pending[0] as string);
+    const other = await c.post<Store>('/v1/memory-stores', { name: 'other' });
+    expect((await c.request('DELETE', `/v1/memory-stores/${other.id}`)).status).toBe(200);
+    expect(await keysOf(gone.id)).toEqual([]);
+    expect(await keysOf(other.id)).toEqual([]);
+    expect(await r.zcard(journal)).toBe(0);
+  }, 120_000);
+});

@@ -203,8 +203,8 @@ describe('MemoryStore cursors and path validation', () => {
 
     // Not a number, a number past any version, zero, and another path's cursor.
     const bad = [
-      cursor('version:abc'), cursor('version:1e400'), cursor(`version:${binding('h/a.md')}:abc`), cursor(`version:${binding('h/a.md')}:1e400`),
-      cursor(`version:${binding('h/a.md')}:0`), cursor(`version:${binding('h/a.md')}:99999999999999999999`), cursor(`version:${binding('h/a.md')}:2.5`),
+      cursor('version:abc'), cursor('version:1e400'), cursor(`version:${binding(store, 'h/a.md')}:abc`), cursor(`version:${binding(store, 'h/a.md')}:1e400`),
+      cursor(`version:${binding(store, 'h/a.md')}:0`), cursor(`version:${binding(store, 'h/a.md')}:99999999999999999999`), cursor(`version:${binding(store, 'h/a.md')}:2.5`),
     ];
     for (const page of bad) {
       const r = await versions({ path: 'h/a.md', page });
@@ -243,10 +243,35 @@ describe('MemoryStore cursors and path validation', () => {
       expect(errType(r)).toBe('validation.malformed');
     }
     // A cursor bound to the prefix but naming a path below it starts at the prefix; one past it is an empty page.
-    expect((await list({ path_prefix: 'idem/', page: cursor(`path:${binding('idem/')}:a`) })).body.data.map((d) => d.path)).toEqual(['idem/1.md', 'idem/2.md', 'idem/\u{10FFFF}.md']);
-    const past = await list({ path_prefix: 'idem/', page: cursor(`path:${binding('idem/')}:zzz`) });
+    expect((await list({ path_prefix: 'idem/', page: cursor(`path:${binding(store, 'idem/')}:a`) })).body.data.map((d) => d.path)).toEqual(['idem/1.md', 'idem/2.md', 'idem/\u{10FFFF}.md']);
+    const past = await list({ path_prefix: 'idem/', page: cursor(`path:${binding(store, 'idem/')}:zzz`) });
     expect(past.status).toBe(200);
     expect(past.body.data).toEqual([]);
+  });
+
+  it('a cursor continues only the store it was issued for: another store\'s listing, history or search cursor is 400', async () => {
+    const stores = [await newStore('cursor-store-a'), await newStore('cursor-store-b')];
+    for (const store of stores) {
+      for (const path of ['n/1.md', 'n/2.md', 'n/3.md']) await put(store, { path, content: `carrot ${path}` });
+      for (let i = 0; i < 2; i++) await put(store, { path: 'n/1.md', content: `carrot again ${i}` });
+    }
+    const [a, b] = stores as [string, string];
+    const listing = (store: string, query: Record<string, string | number>) => api.request<Listing>('GET', `/v1/memory-stores/${store}/documents`, { query });
+    const history = (store: string, query: Record<string, string | number>) => api.request<Listing>('GET', `/v1/memory-stores/${store}/document/versions`, { query: { path: 'n/1.md', ...query } });
+    const search = (store: string, query: Record<string, string | number>) => api.request<{ next_cursor: string | null }>('GET', `/v1/memory-stores/${store}/search`, { query: { query: 'carrot', ...query } });
+
+    const listed = (await listing(a, { path_prefix: 'n/', limit: 1 })).body.next_page ?? '';
+    const versions = (await history(a, { limit: 1 })).body.next_page ?? '';
+    const searched = (await search(a, { limit: 1 })).body.next_cursor ?? '';
+    // Each continues its own store's listing.
+    expect((await listing(a, { path_prefix: 'n/', page: listed })).status).toBe(200);
+    expect((await history(a, { page: versions })).status).toBe(200);
+    expect((await search(a, { cursor: searched })).status).toBe(200);
+    // And none of them another store's, where the same paths and query are.
+    for (const r of [await listing(b, { path_prefix: 'n/', page: listed }), await history(b, { page: versions }), await search(b, { cursor: searched })]) {
+      expect(r.status).toBe(400);
+      expect(errType(r)).toBe('validation.malformed');
+    }
   });
 
   it('refuses paths, contents and names that are not well-formed Unicode (a lone surrogate)', async () => {

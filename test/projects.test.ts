@@ -113,6 +113,25 @@ describe('Projects (REST)', () => {
     expect(errType(push)).toBe('validation.malformed');
   });
 
+  it('refuses a file or directory name longer than 255 bytes of UTF-8, which no sandbox file system could hold; 255 are taken', async () => {
+    const at = (name: string) => [`d/${name}`, `${name}/f.txt`];
+    const over = ['x'.repeat(256), '\u8a9e'.repeat(86), `${'x'.repeat(254)}\u00e9`];
+    for (const path of over.flatMap(at)) {
+      const r = await api.request('POST', '/v1/projects', { body: { name: 'long', files: [file(path, 'x')] } });
+      expect([r.status, errType(r)], path.slice(0, 20)).toEqual([400, 'validation.malformed']);
+    }
+    const id = (await api.post<{ id: string }>('/v1/projects', { name: 'long', files: [file('a.txt', 'a')] })).id;
+    for (const [path] of over.map(at)) {
+      const revision = await api.request('POST', `/v1/projects/${id}/revisions`, { body: { files: [file(path as string, 'x')] } });
+      expect([revision.status, errType(revision)]).toEqual([400, 'validation.malformed']);
+      const push = await api.request('POST', `/v1/projects/${id}/push`, { body: { base_revision_number: 1, changes: [{ path, content_base64: b64('x') }] } });
+      expect([push.status, errType(push)]).toEqual([400, 'validation.malformed']);
+    }
+    const fits = ['x'.repeat(255), '\u8a9e'.repeat(85), `${'x'.repeat(253)}\u00e9`].flatMap(at);
+    const ok = await api.request('POST', '/v1/projects', { body: { name: 'fits', files: fits.map((path) => file(path, 'x')) } });
+    expect(ok.status).toBe(201);
+  });
+
   it('enforces 1,024 files, 10 MiB per file and 20 MiB per revision (400), and the JSON envelope (413)', async () => {
     const files = (n: number) => Array.from({ length: n }, (_, i) => file(`f/${i}.txt`, String(i)));
     expect((await api.request('POST', '/v1/projects', { body: { name: 'max', files: files(1024) } })).status).toBe(201);
@@ -205,6 +224,41 @@ describe('a crash after a new Project\'s contents and revision 1 are written, be
     const left = await projectKeys();
     expect(left.filter((k) => k.includes(lostId))).toEqual([]);
     expect(left.every((k) => k.includes(kept.body.id))).toBe(true);
+    expect(await r.zcard(journal)).toBe(0);
+  }, 120_000);
+});
+
+describe('a crash between deleting a Project\'s head and its revisions and contents', () => {
+  const crash = useCrashPlatforms('projects-delete-crash');
+
+  it('leaves the deletion on record, and what the Project held is reclaimed by a later creation once its grace has passed', async () => {
+    const q = await crash.start(['project-head-removed'], { env: { LOG_LEVEL: 'warn' } });
+    const r = q.redis();
+    const writer = q.p.root;
+    const keysOf = async (id: string) => (await r.keys(`ap:{p:${id}}:*`)).sort();
+    const gone = await writer.request<{ id: string }>('POST', '/v1/projects', { body: { name: 'gone', files: [file('big.bin', Buffer.alloc(MiB, 3)), file('a.txt', 'a')] } });
+    expect(gone.status).toBe(201);
+    const id = gone.body.id;
+    expect((await keysOf(id)).length).toBeGreaterThanOrEqual(4);
+    const apiBefore = q.p.pids().api;
+    // The API dies inside the deletion, after the head is gone: the request gets no answer.
+    await expect(writer.request('DELETE', `/v1/projects/${id}`)).rejects.toThrow();
+    expect(existsSync(q.marker('project-head-removed'))).toBe(true);
+    await q.apiRestarted(apiBefore, { client: writer, path: '/v1/projects' });
+
+    // The Project is gone for readers; its keys are still there, and the deletion is on record.
+    expect((await writer.request('GET', `/v1/projects/${id}`)).status).toBe(404);
+    expect((await keysOf(id)).length).toBeGreaterThanOrEqual(4);
+    const journal = 'ap:{g:project_creations}:project_creations';
+    const pending = await r.zrange(journal, 0, -1);
+    expect(pending).toEqual([`${q.p.bootstrap.workspace_id} ${id}`]);
+
+    // Its grace passes (moved back rather than waited for); the next creation sweeps it.
+    await r.zadd(journal, 0, pending[0] as string);
+    const kept = await writer.request<{ id: string }>('POST', '/v1/projects', { body: { name: 'kept', files: [file('b.txt', 'b')] } });
+    expect(kept.status).toBe(201);
+    expect(await keysOf(id)).toEqual([]);
+    expect((await keysOf(kept.body.id)).length).toBeGreaterThan(0);
     expect(await r.zcard(journal)).toBe(0);
   }, 120_000);
 });

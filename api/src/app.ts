@@ -289,9 +289,10 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
   deps.eventTap.start();
   deps.a2aCalls.start((err) => deps.log.warn({ err }, 'A2A tool call sweep failed'));
   deps.toolSourceMigrations.start();
-  // What File commits and Project creations whose process died left behind (docs/FILES.md, docs/MEMORY.md).
+  // What File commits and deletions, Project creations and deletions and MemoryStore deletions whose process died left behind (docs/FILES.md, docs/MEMORY.md).
   deps.files.startSweeping((err) => deps.log.warn({ err }, 'File commit sweep failed'));
   deps.projects.startSweeping((err) => deps.log.warn({ err }, 'Project creation sweep failed'));
+  deps.memory.stores.startSweeping((err) => deps.log.warn({ err }, 'MemoryStore deletion sweep failed'));
   // Scratch repositories of skill-source reads a killed process left behind (docs/SKILLS.md).
   removeStaleScratch().then(
     (n) => n > 0 && log.info({ removed: n }, 'removed scratch directories of skill-source reads left by an earlier process'),
@@ -324,6 +325,7 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
       await deps.toolSourceMigrations.close();
       deps.files.stopSweeping();
       deps.projects.stopSweeping();
+      deps.memory.stores.stopSweeping();
       await deps.webhooks.close();
       await deps.eventTap.close();
       await new Promise<void>((resolve) => {

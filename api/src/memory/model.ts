@@ -37,6 +37,9 @@ export interface MemoryDocument {
   updated_by: MemoryAuthor;
 }
 
+/** What a listing shows of a document: everything but its content. */
+export type MemoryDocumentEntry = Pick<MemoryDocument, 'path' | 'version' | 'size_bytes' | 'metadata' | 'updated_at'>;
+
 /** A history entry: a version of the document, or the marker of its deletion. */
 export type MemoryVersion = MemoryDocument | (Omit<MemoryDocument, 'type' | 'content' | 'metadata' | 'size_bytes'> & { type: 'memory_document_deleted' });
 

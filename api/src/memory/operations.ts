@@ -5,7 +5,7 @@ import { pageOf, workspaceRead, workspaceWrite } from '../http/workspace-operati
 import { requireWorkspace } from '../http/workspace-scope.js';
 import {
   checkPath, MEMORY_LIMITS, MemoryDocumentEntrySchema, MemoryDocumentSchema, MemoryPath, MemorySearchResultSchema, MemoryStoreSchema, MemoryVersionSchema,
-  type MemoryAuthor, type MemoryDocument,
+  type MemoryAuthor,
 } from './model.js';
 import { cursorBinding, decodeBoundCursor, decodeListingCursor, encodeBoundCursor, encodeListingCursor } from './store.js';
 
@@ -21,14 +21,13 @@ export function authorOf(caller: Caller): MemoryAuthor {
   return { kind: caller.kind === 'principal_credential' ? 'principal_credential' : 'api_key', id: caller.credentialId, principal_id: caller.principalId };
 }
 
-const entry = (d: MemoryDocument) => ({ path: d.path, version: d.version, size_bytes: d.size_bytes, metadata: d.metadata, updated_at: d.updated_at });
-
 /**
- * The version a history cursor continues below, from a cursor bound to the path it was issued
- * for: 400 for another path's cursor or a version that is not a safe integer of at least 1.
+ * The version a history cursor continues below, from a cursor bound to the store and path it was
+ * issued for: 400 for another store's or path's cursor or a version that is not a safe integer of
+ * at least 1.
  */
-export function decodeVersionCursor(cursor: string, path: string, field: string): number {
-  const value = decodeBoundCursor('version', cursor, field, cursorBinding(path), 'path\'s history');
+export function decodeVersionCursor(cursor: string, storeId: string, path: string, field: string): number {
+  const value = decodeBoundCursor('version', cursor, field, cursorBinding(storeId, path), 'path\'s history');
   const version = /^[1-9][0-9]*$/.test(value) ? Number(value) : NaN;
   if (!Number.isSafeInteger(version)) throw new ApiError('validation.malformed', `${field}: not a cursor of this path's history`);
   return version;
@@ -92,16 +91,16 @@ export const memoryOperations: Operation[] = [
     response: Page(MemoryDocumentEntrySchema),
   }, async (ws, { params, query, deps }) => {
     await deps.memory.getStore(ws, params.memory_store_id);
-    // The cursor is bound to the prefix it was issued under (another prefix's cursor is 400). It
+    // The cursor is bound to the store and prefix it was issued under (another's cursor is 400). It
     // names the page's last path, or, for a path too long to fit a cursor, that path's digest,
     // resolved through the path's history (a digest no path of this store has is 400).
     const what = 'listing (path_prefix)';
-    const binding = cursorBinding(query.path_prefix ?? '');
+    const binding = cursorBinding(params.memory_store_id, query.path_prefix ?? '');
     const at = query.page !== undefined ? decodeListingCursor(query.page, 'query.page', binding, what) : undefined;
     const after = at === undefined || 'path' in at ? at?.path : await deps.memory.stores.pathOf(params.memory_store_id, at.digest);
     if (after === null) throw new ApiError('validation.malformed', `query.page: not a cursor of this ${what}`);
     const r = await deps.memory.stores.list(params.memory_store_id, { prefix: query.path_prefix, limit: query.limit ?? 100, after });
-    return { data: r.data.map(entry), next_page: r.next !== null ? encodeListingCursor(binding, r.next) : null };
+    return { data: r.data, next_page: r.next !== null ? encodeListingCursor(binding, r.next) : null };
   }),
   workspaceRead({
     operationId: 'memoryStores.getDocument', path: '/v1/memory-stores/{memory_store_id}/document',
@@ -154,10 +153,10 @@ export const memoryOperations: Operation[] = [
     response: Page(MemoryVersionSchema),
   }, async (ws, { params, query, deps }) => {
     await deps.memory.getStore(ws, params.memory_store_id);
-    const before = query.page !== undefined ? decodeVersionCursor(query.page, query.path, 'query.page') : undefined;
+    const before = query.page !== undefined ? decodeVersionCursor(query.page, params.memory_store_id, query.path, 'query.page') : undefined;
     const r = await deps.memory.stores.history(params.memory_store_id, query.path, query.limit ?? 20, before);
     if (r.data.length === 0 && before === undefined) throw new ApiError('validation.not_found', `no document was ever written at ${query.path}`);
-    return { data: r.data, next_page: r.next_version !== null ? encodeBoundCursor('version', cursorBinding(query.path), String(r.next_version)) : null };
+    return { data: r.data, next_page: r.next_version !== null ? encodeBoundCursor('version', cursorBinding(params.memory_store_id, query.path), String(r.next_version)) : null };
   }),
   workspaceRead({
     operationId: 'memoryStores.searchMemory', path: '/v1/memory-stores/{memory_store_id}/search',

@@ -62,8 +62,9 @@ const REBUILD_SLICE = 100;
  * log (`{m:<id>}:changes`, one entry per write): before each search the process reads the log
  * after the position its index reflects and re-indexes those paths, so every process answers
  * from the same data and a search sees every write acknowledged before it. An index whose
- * position the log no longer holds (trimmed past it) or that was evicted is rebuilt from the
- * documents. At most `maxStores` indexes are kept (least recently used evicted). docs/MEMORY.md.
+ * position the log no longer holds (trimmed past it, or gone back past it) or that was evicted
+ * is rebuilt from the documents. At most `maxStores` indexes are kept (least recently used
+ * evicted). docs/MEMORY.md.
  */
 export class MemorySearch {
   private readonly cache = new Map<string, Entry>();
@@ -105,9 +106,11 @@ export class MemorySearch {
     const k = memoryKeys(storeId);
     if (e.lastId !== '') {
       const log = await this.position(k.changes);
-      if (log.added === e.added && log.added >= 0) return;
+      if (log.added === e.added && log.added >= 0 && log.lastId === e.lastId) return;
       // Every entry after ours, up to the position just read. Fewer than were added since means
-      // the log was trimmed past our position: some writes are no longer in it, so rebuild.
+      // the log was trimmed past our position: some writes are no longer in it, so rebuild. More
+      // (or a count that went down) means the log went back past our position (a replica
+      // promoted without the last writes): what we indexed from it may be gone, so rebuild too.
       const paths = new Set<string>();
       let from = `(${e.lastId}`;
       let read = 0;
@@ -118,7 +121,7 @@ export class MemorySearch {
         if (entries.length < 1000) break;
         from = `(${entries.at(-1)?.[0] ?? log.lastId}`;
       }
-      if (log.added < 0 || read >= log.added - e.added) {
+      if (log.added < 0 || read === log.added - e.added) {
         const list = [...paths];
         for (let i = 0; i < list.length; i += 1000) {
           const slice = list.slice(i, i + 1000);

@@ -11,16 +11,46 @@ export interface MemorySearchPage {
 
 const SNIPPET_CHARS = 240;
 
-/** Up to 240 characters of `content` around the first occurrence of a matched term. */
-export function snippetOf(content: string, terms: readonly string[]): string {
+const isLowSurrogate = (unit: number) => unit >= 0xdc00 && unit <= 0xdfff;
+
+/**
+ * `content` in lower case, and where in `content` each of its code units comes from: lower case
+ * can be longer than the text (a dotted capital I becomes two code units), so an index into it
+ * is mapped back before it is used on `content`. Null for the map when the lengths agree.
+ */
+function lowered(content: string): { lower: string; origin: number[] | null } {
   const lower = content.toLowerCase();
+  if (lower.length === content.length) return { lower, origin: null };
+  let text = '';
+  const origin: number[] = [];
+  for (let i = 0; i < content.length;) {
+    const ch = String.fromCodePoint(content.codePointAt(i) as number);
+    const low = ch.toLowerCase();
+    for (let j = 0; j < low.length; j++) origin.push(i);
+    text += low;
+    i += ch.length;
+  }
+  return { lower: text, origin };
+}
+
+/**
+ * Up to 240 characters of `content` around the first occurrence of a matched term (found in
+ * lower case). Neither end cuts a character outside the Basic Multilingual Plane in half (the
+ * content is well-formed, and so is every snippet of it).
+ */
+export function snippetOf(content: string, terms: readonly string[]): string {
+  const { lower, origin } = lowered(content);
   let at = -1;
   for (const t of terms) {
     const i = lower.indexOf(t.toLowerCase());
     if (i >= 0 && (at < 0 || i < at)) at = i;
   }
-  const start = Math.max(0, Math.min(at < 0 ? 0 : at - 60, content.length - SNIPPET_CHARS));
-  return content.slice(start, start + SNIPPET_CHARS);
+  if (at >= 0 && origin) at = origin[at] ?? at;
+  let start = Math.max(0, Math.min(at < 0 ? 0 : at - 60, content.length - SNIPPET_CHARS));
+  if (start > 0 && isLowSurrogate(content.charCodeAt(start))) start += 1;
+  let end = Math.min(content.length, start + SNIPPET_CHARS);
+  if (end < content.length && isLowSurrogate(content.charCodeAt(end))) end -= 1;
+  return content.slice(start, end);
 }
 
 /** MemoryStores (heads and documents) and their full-text search; what operations and the runtime memory tools use. */
@@ -43,14 +73,14 @@ export class MemoryService {
 
   /**
    * Ranked results, `limit` per page. `next_cursor` holds the offset of the next page bound to the
-   * query (a cursor of another query is refused); ranks are recomputed per page, so writes
-   * between pages can shift results across the boundary.
+   * store, query and prefix (a cursor of another store or query is refused); ranks are recomputed
+   * per page, so writes between pages can shift results across the boundary.
    */
   async search(storeId: string, input: { query: string; limit: number; cursor?: string | undefined; path_prefix?: string | undefined }, field = 'query'): Promise<MemorySearchPage> {
     const query = input.query.trim();
     if (query === '') throw new ApiError('validation.malformed', `${field}.query: empty`);
     if (query.length > MEMORY_LIMITS.maxQueryChars) throw new ApiError('validation.malformed', `${field}.query: at most ${MEMORY_LIMITS.maxQueryChars} characters`);
-    const binding = cursorBinding(query, input.path_prefix ?? '');
+    const binding = cursorBinding(storeId, query, input.path_prefix ?? '');
     let offset = 0;
     if (input.cursor !== undefined) {
       const at = decodeBoundCursor('search', input.cursor, `${field}.cursor`, binding, 'query');

@@ -1,6 +1,8 @@
 import { ApiError, crashPoint, Cursor, newId, nowIso, sha256Hex } from '@agentplane/core';
-import { keys, LuaScript, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
-import { checkContent, checkMetadata, checkPath, checkWellFormed, type MemoryAuthor, type MemoryDocument, type MemoryStoreDoc, type MemoryVersion } from './model.js';
+import { InFlightWrites, keys, LuaScript, sweepPeriodically, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
+import {
+  checkContent, checkMetadata, checkPath, checkWellFormed, type MemoryAuthor, type MemoryDocument, type MemoryDocumentEntry, type MemoryStoreDoc, type MemoryVersion,
+} from './model.js';
 
 const INDEX = 'memory_stores';
 /** Entries of a store's change log kept for search indexes to catch up from (older: full rebuild). */
@@ -10,25 +12,46 @@ export const CHANGE_LOG_LENGTH = 10_000;
  * head exists: far longer than a creation takes.
  */
 export const MARKER_GRACE_MS = 10 * 60_000;
+/**
+ * Store deletions in flight: `<workspace_id> <memstore_id>` scored by the time after which one
+ * that has not finished is taken for dead (its process crashed after removing the head but before
+ * clearing the store's keys). Far longer than a deletion takes.
+ */
+const DELETIONS = keys.global('memory_store_deletions');
+const DELETION_GRACE_MS = 10 * 60_000;
+/**
+ * How often an api process sweeps dead deletions on its own (`startSweeping`), besides the sweep
+ * after each finished deletion: once per grace period, so what a dead deletion left is reclaimed
+ * within about two grace periods even if no store is ever deleted again.
+ */
+const DELETION_SWEEP_MS = DELETION_GRACE_MS;
 
 /**
  * One document write (or delete) of one store, all in the store's slot: the store must still
  * exist (its `alive` marker, which its deletion removes before clearing its keys: -1 otherwise),
  * then compare-and-swap on the path's version counter (the version the caller read), then the
- * current document, the path listing, the version history and the change log.
+ * current document and its listing entry, the path listing, the version history and the change
+ * log. The same write run again (the client sends a command again when its connection dropped
+ * before the reply) finds the path at its version with its own history entry last, and answers 1
+ * without writing again.
  *
- * KEYS: docs, ver, paths, hist, changes, alive. ARGV: path, seen version, doc JSON ('' = delete),
- * new version, history entry JSON, change-log length.
+ * KEYS: docs, ver, paths, hist, changes, alive, entries. ARGV: path, seen version, doc JSON
+ * ('' = delete), new version, history entry JSON, change-log length, listing entry JSON.
  */
 const WRITE = new LuaScript('memory_write', `
 if redis.call('EXISTS', KEYS[6]) == 0 then return -1 end
 local seen = redis.call('HGET', KEYS[2], ARGV[1]) or '0'
-if seen ~= ARGV[2] then return 0 end
+if seen ~= ARGV[2] then
+  if seen == ARGV[4] and redis.call('LINDEX', KEYS[4], -1) == ARGV[5] then return 1 end
+  return 0
+end
 if ARGV[3] == '' then
   redis.call('HDEL', KEYS[1], ARGV[1])
+  redis.call('HDEL', KEYS[7], ARGV[1])
   redis.call('ZREM', KEYS[3], ARGV[1])
 else
   redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+  redis.call('HSET', KEYS[7], ARGV[1], ARGV[7])
   redis.call('ZADD', KEYS[3], 0, ARGV[1])
 end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[4])
@@ -51,6 +74,8 @@ export function memoryKeys(storeId: string) {
     /** Set while the store exists: document writes check it in their script. */
     alive: keys.scoped(tag, 'alive'),
     docs: keys.scoped(tag, 'docs'),
+    /** Path → the current document's listing entry (no content): what a listing reads. */
+    entries: keys.scoped(tag, 'entries'),
     ver: keys.scoped(tag, 'ver'),
     paths: keys.scoped(tag, 'paths'),
     changes: keys.scoped(tag, 'changes'),
@@ -63,6 +88,11 @@ export function memoryKeys(storeId: string) {
 /** What names a path's history key: 32 hex of the SHA-256 of the path's UTF-8. */
 export function pathDigest(path: string): string {
   return sha256Hex(path).slice(0, 32);
+}
+
+/** A document's listing entry: what a listing shows of it (no content). */
+export function entryOf(d: MemoryDocument): MemoryDocumentEntry {
+  return { path: d.path, version: d.version, size_bytes: d.size_bytes, metadata: d.metadata, updated_at: d.updated_at };
 }
 
 function sameMetadata(a: Record<string, string>, b: Record<string, string>): boolean {
@@ -140,10 +170,15 @@ export function decodeListingCursor(cursor: string, field: string, binding: stri
  * everything of one store's documents lives under its own tag `{m:<memstore_id>}` (docs/MEMORY.md).
  */
 export class MemoryStores {
+  private readonly deletions: InFlightWrites;
+  private stopSweeps: (() => void) | null = null;
+
   constructor(
     private readonly redis: Redis,
     private readonly docs: DocumentStore,
-  ) {}
+  ) {
+    this.deletions = new InFlightWrites(redis, DELETIONS, DELETION_GRACE_MS);
+  }
 
   async createStore(workspaceId: string, input: { name: string; description?: string | null | undefined; metadata?: Record<string, string> | undefined }): Promise<MemoryStoreDoc> {
     checkHead(input, 'body');
@@ -198,18 +233,54 @@ export class MemoryStores {
   }
 
   /**
-   * The head goes first (the store is gone for readers at once), then its `alive` marker (from
-   * then on the write script refuses every write, including one whose existence check passed
-   * before), then every key of its tag: the paths of `:ver` are complete once no write can land.
+   * The head goes first (the store is gone for readers at once), then its keys (`clear`). The
+   * deletion is on record before the head goes: a crash before the keys are cleared leaves the
+   * entry, and a later sweep clears them.
    */
   async removeStore(workspaceId: string, storeId: string): Promise<void> {
     await this.getStore(workspaceId, storeId);
+    await this.deletions.begin(workspaceId, storeId);
     await this.docs.remove(tags.workspace(workspaceId), storeId, [INDEX]);
+    crashPoint('memory-store-head-removed');
+    await this.clear(storeId);
+    await this.deletions.end(workspaceId, storeId);
+    await this.sweep().catch(() => undefined);
+  }
+
+  /**
+   * Every key of a store: its `alive` marker first (from then on the write script refuses every
+   * write, including one whose existence check passed before), then every key of its tag: the
+   * paths of `:ver` are complete once no write can land.
+   */
+  private async clear(storeId: string): Promise<void> {
     const k = memoryKeys(storeId);
     await this.redis.del(k.alive);
     const paths = await this.redis.hkeys(k.ver);
     for (let i = 0; i < paths.length; i += 500) await this.redis.unlink(...paths.slice(i, i + 500).map((p) => k.hist(p)));
-    await this.redis.unlink(k.docs, k.ver, k.paths, k.changes);
+    await this.redis.unlink(k.docs, k.entries, k.ver, k.paths, k.changes);
+  }
+
+  /**
+   * Reclaims deletions that never finished (their process died after removing the head but
+   * before clearing the keys): past their grace, a store whose head does not exist loses every
+   * key. A head that exists keeps them; either way the entry goes.
+   */
+  sweep(now = Date.now()): Promise<number> {
+    return this.deletions.sweep(async (ws, id) => (await this.docs.get<MemoryStoreDoc>(tags.workspace(ws), id)) !== null, (id) => this.clear(id), now);
+  }
+
+  /**
+   * Sweeps now and every `intervalMs` (DELETION_SWEEP_MS; a test passes a shorter one) until
+   * `stopSweeping`, so dead deletions are reclaimed with no later deletion; a failure goes to
+   * `onError`. The timer does not hold the process open.
+   */
+  startSweeping(onError: (err: unknown) => void, intervalMs = DELETION_SWEEP_MS): void {
+    this.stopSweeps ??= sweepPeriodically(intervalMs, () => this.sweep(), onError);
+  }
+
+  stopSweeping(): void {
+    this.stopSweeps?.();
+    this.stopSweeps = null;
   }
 
   documentCount(storeId: string): Promise<number> {
@@ -257,12 +328,14 @@ export class MemoryStores {
   }
 
   /**
-   * Current documents by path in lexical order (no content), optionally under a prefix. `after`
+   * Current documents' listing entries by path in lexical order, optionally under a prefix. `after`
    * (the last path of the previous page) never reaches below the prefix: the range starts at the
    * later of the two. Redis orders members by their UTF-8 bytes, and no UTF-8 string holds the
-   * byte 0xFF, so `prefix` + 0xFF bounds every path under the prefix.
+   * byte 0xFF, so `prefix` + 0xFF bounds every path under the prefix. Entries are read from
+   * `:entries`, never with the documents' content (up to 100 kB each); a document written before
+   * stores kept entries is read whole once and its entry taken from it.
    */
-  async list(storeId: string, options: { prefix?: string | undefined; limit: number; after?: string | undefined }): Promise<{ data: MemoryDocument[]; next: string | null }> {
+  async list(storeId: string, options: { prefix?: string | undefined; limit: number; after?: string | undefined }): Promise<{ data: MemoryDocumentEntry[]; next: string | null }> {
     const k = memoryKeys(storeId);
     const prefix = options.prefix ?? '';
     const after = options.after !== undefined && Buffer.compare(Buffer.from(options.after, 'utf8'), Buffer.from(prefix, 'utf8')) >= 0 ? options.after : undefined;
@@ -270,8 +343,15 @@ export class MemoryStores {
     const max = prefix === '' ? '+' : Buffer.concat([Buffer.from(`(${prefix}`, 'utf8'), Buffer.from([0xff])]);
     const paths = await this.redis.zrangebylex(k.paths, min, max, 'LIMIT', 0, options.limit + 1);
     const page = paths.slice(0, options.limit);
-    const docs = (await this.readMany(storeId, page)).filter((d): d is MemoryDocument => d !== null);
-    return { data: docs, next: paths.length > options.limit ? (page.at(-1) ?? null) : null };
+    const entries: (MemoryDocumentEntry | null)[] = page.length === 0 ? [] : (await this.redis.hmget(k.entries, ...page)).map((r) => (r === null ? null : (JSON.parse(r) as MemoryDocumentEntry)));
+    const older = page.filter((_, i) => entries[i] === null);
+    if (older.length > 0) {
+      const docs = new Map((await this.readMany(storeId, older)).flatMap((d) => (d ? [[d.path, entryOf(d)] as const] : [])));
+      page.forEach((path, i) => {
+        if (entries[i] === null) entries[i] = docs.get(path) ?? null;
+      });
+    }
+    return { data: entries.filter((e): e is MemoryDocumentEntry => e !== null), next: paths.length > options.limit ? (page.at(-1) ?? null) : null };
   }
 
   /**
@@ -294,7 +374,7 @@ export class MemoryStores {
         created_at: current?.created_at ?? now, updated_at: now, updated_by: author,
       };
       const json = JSON.stringify(doc);
-      if (await this.apply(storeId, input.path, seen, json, doc.version, json, workspaceId)) return { document: doc, created: current === null };
+      if (await this.apply(storeId, input.path, seen, json, doc.version, json, JSON.stringify(entryOf(doc)), workspaceId)) return { document: doc, created: current === null };
     }
     throw new ApiError('validation.conflict', `too many concurrent writers on ${input.path}; retry`);
   }
@@ -309,7 +389,7 @@ export class MemoryStores {
       const marker: MemoryVersion = {
         type: 'memory_document_deleted', memory_store_id: storeId, path, version: seen + 1, created_at: current.created_at, updated_at: now, updated_by: author,
       };
-      if (await this.apply(storeId, path, seen, '', marker.version, JSON.stringify(marker), workspaceId)) return marker;
+      if (await this.apply(storeId, path, seen, '', marker.version, JSON.stringify(marker), '', workspaceId)) return marker;
     }
     throw new ApiError('validation.conflict', `too many concurrent writers on ${path}; retry`);
   }
@@ -329,9 +409,9 @@ export class MemoryStores {
   }
 
   /** One run of the write script: true when written, false when the path moved on (retry); 404 when the store is gone. */
-  private async apply(storeId: string, path: string, seen: number, json: string, version: number, history: string, workspaceId: string | undefined): Promise<boolean> {
+  private async apply(storeId: string, path: string, seen: number, json: string, version: number, history: string, entry: string, workspaceId: string | undefined): Promise<boolean> {
     const k = memoryKeys(storeId);
-    const run = () => WRITE.run(this.redis, [k.docs, k.ver, k.paths, k.hist(path), k.changes, k.alive], [path, String(seen), json, String(version), history, String(CHANGE_LOG_LENGTH)]);
+    const run = () => WRITE.run(this.redis, [k.docs, k.ver, k.paths, k.hist(path), k.changes, k.alive, k.entries], [path, String(seen), json, String(version), history, String(CHANGE_LOG_LENGTH), entry]);
     let r = await run();
     if (r === -1 && workspaceId !== undefined && (await this.adopt(workspaceId, storeId))) r = await run();
     if (r === -1) throw new ApiError('validation.not_found', `memory store ${storeId} not found`);

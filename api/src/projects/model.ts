@@ -11,6 +11,8 @@ export const PROJECT_LIMITS = Object.freeze({
   maxRevisionBytes: 20 * MiB,
   maxPushFiles: 64,
   maxPathChars: 1024,
+  /** Longest name of one file or directory, in UTF-8 bytes: what a file system holds (NAME_MAX). */
+  maxSegmentBytes: 255,
 });
 
 /**
@@ -85,12 +87,18 @@ export const ProjectSchema = Obj({
 
 /**
  * A relative path inside the tree: no leading `/`, no empty, `.` or `..` segment, no control
- * character or backslash, well-formed Unicode (a lone surrogate would become U+FFFD on disk).
+ * character or backslash, well-formed Unicode (a lone surrogate would become U+FFFD on disk), and
+ * no segment longer than a file system's name limit (the tree is mounted as files in a sandbox).
  */
 export function checkProjectPath(path: string, field: string): void {
   checkWellFormed(path, field);
-  if (path.startsWith('/') || /[\0-\x1f\x7f\\]/.test(path) || path.split('/').some((s) => s === '' || s === '.' || s === '..')) {
+  const segments = path.split('/');
+  if (path.startsWith('/') || /[\0-\x1f\x7f\\]/.test(path) || segments.some((s) => s === '' || s === '.' || s === '..')) {
     throw new ApiError('validation.malformed', `${field}: '${path.slice(0, 80)}' is not a relative path (no leading '/', empty, '.' or '..' segment, backslash or control character)`);
+  }
+  const long = segments.find((s) => Buffer.byteLength(s, 'utf8') > PROJECT_LIMITS.maxSegmentBytes);
+  if (long !== undefined) {
+    throw new ApiError('validation.malformed', `${field}: '${long.slice(0, 80)}…' is ${Buffer.byteLength(long, 'utf8')} bytes of UTF-8; a file or directory name is at most ${PROJECT_LIMITS.maxSegmentBytes}`);
   }
 }
 

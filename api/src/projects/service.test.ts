@@ -7,7 +7,8 @@ import { ProjectService } from './service.js';
 /**
  * A Project deleted while a revision is written, and a revision read while its contents go: the
  * racing orders are made deterministic by running the deletion from inside the writer's calls.
- * Last, a creation whose process died before its head, swept on a timer with no later creation.
+ * Then a creation whose process died before its head, swept on a timer with no later creation,
+ * and a revision append sent again after its reply was lost.
  */
 const testRedis = useEmbeddedRedis('projects');
 let redis: Redis;
@@ -129,5 +130,28 @@ describe('the periodic sweep of dead Project creations', () => {
     expect(await sweeping.sweep()).toBe(1);
     expect(await projectKeys(kept)).toEqual([]);
     expect(failures).toEqual([]);
+  });
+});
+
+describe('a revision write sent again after its reply was lost', () => {
+  it('is applied once and answered as written, not as a concurrent revision', async () => {
+    const ws = newId('workspace');
+    const { project } = await projects.create(ws, 'resent', [file('a.txt', 'a')]);
+    // Every append of a manifest (the script whose first key is `:revs`) runs twice, the first
+    // answer lost: what the client does when the connection drops after Redis ran a command but
+    // before its reply arrived.
+    const conn = testRedis.connect(`resending-${newId('event')}`);
+    const evalsha = conn.evalsha.bind(conn) as (...args: unknown[]) => Promise<unknown>;
+    (conn as unknown as { evalsha: (...args: unknown[]) => Promise<unknown> }).evalsha = async (...args: unknown[]) => {
+      if (String(args[2]).endsWith(':revs')) await evalsha(...args);
+      return evalsha(...args);
+    };
+    const resending = new ProjectService(conn, new DocumentStore(conn));
+    const two = await resending.addRevision(ws, project.id, [file('a.txt', 'b')], 1);
+    expect(two.revision_number).toBe(2);
+    const three = await resending.push(ws, project.id, 2, [{ path: 'c.txt', content_base64: Buffer.from('c').toString('base64') }]);
+    expect(three.revision_number).toBe(3);
+    expect(await projects.latestNumber(project.id)).toBe(3);
+    expect((await projects.revision(project.id, 3)).files.map((f) => f.path)).toEqual(['a.txt', 'c.txt']);
   });
 });

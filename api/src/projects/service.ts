@@ -6,9 +6,10 @@ import { checkProjectPath, decodeContent, PROJECT_LIMITS, type ManifestEntry, ty
 
 const INDEX = 'projects';
 /**
- * Creations in flight: `<workspace_id> <project_id>` scored by the time after which one that has
- * not finished is taken for dead (its process crashed after writing contents and revision 1 but
- * before the head). Far longer than a creation takes.
+ * Creations and deletions in flight: `<workspace_id> <project_id>` scored by the time after which
+ * one that has not finished is taken for dead (its process crashed after writing contents and
+ * revision 1 but before the head, or after removing the head but before its keys). Far longer
+ * than either takes.
  */
 const CREATIONS = keys.global('project_creations');
 const CREATION_GRACE_MS = 10 * 60_000;
@@ -21,10 +22,13 @@ const CREATION_SWEEP_MS = CREATION_GRACE_MS;
 
 /**
  * Appends revision `ARGV[1]` only if the project still exists (its `alive` marker: -1 otherwise)
- * and holds exactly `ARGV[1] - 1` revisions (0 otherwise). KEYS: revs, alive.
+ * and holds exactly `ARGV[1] - 1` revisions (0 otherwise). The same append run again (the client
+ * sends a command again when its connection dropped before the reply) finds its own manifest at
+ * `ARGV[1]` and answers 1 without writing again. KEYS: revs, alive.
  */
 const APPEND = new LuaScript('project_append_revision', `
 if redis.call('EXISTS', KEYS[2]) == 0 then return -1 end
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return 1 end
 if redis.call('HLEN', KEYS[1]) ~= tonumber(ARGV[1]) - 1 then return 0 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 return 1`);
@@ -137,9 +141,10 @@ export class ProjectService {
   }
 
   /**
-   * Reclaims creations that never finished (their process died after writing contents and a
-   * revision but before the head): past their grace, a project whose head does not exist loses
-   * every key. A head that exists keeps them; either way the entry goes.
+   * Reclaims creations and deletions that never finished (their process died after writing
+   * contents and a revision but before the head, or after removing the head but before its keys):
+   * past their grace, a project whose head does not exist loses every key. A head that exists
+   * keeps them; either way the entry goes.
    */
   sweep(now = Date.now()): Promise<number> {
     return this.creations.sweep(async (ws, id) => (await this.docs.get<ProjectDoc>(tags.workspace(ws), id)) !== null, (id) => this.clear(id), now);
@@ -187,12 +192,16 @@ export class ProjectService {
    * The head goes first (the project is gone for readers at once), then its keys: the `alive`
    * marker first, so no content or revision is written after it (a commit whose existence check
    * passed before the deletion is refused by its scripts), then the revisions and every content
-   * `:blobs` lists, which is complete from then on.
+   * `:blobs` lists, which is complete from then on. The deletion is on record before the head
+   * goes: a crash before its keys are cleared leaves the entry, and a later sweep clears them.
    */
   async remove(workspaceId: string, projectId: string): Promise<void> {
     await this.get(workspaceId, projectId);
+    await this.creations.begin(workspaceId, projectId);
     await this.docs.remove(tags.workspace(workspaceId), projectId, [INDEX]);
+    crashPoint('project-head-removed');
     await this.clear(projectId);
+    await this.creations.end(workspaceId, projectId);
   }
 
   private async clear(projectId: string): Promise<void> {

@@ -11,9 +11,10 @@ const INDEX = 'files';
 /** Longest a single Redis write of an upload may take before the upload is refused (503). */
 const WRITE_TIMEOUT_MS = 30_000;
 /**
- * Commits in flight: a sorted set of `<workspace_id> <file_id>`, scored by the time after which a
- * commit that has not finished is taken for dead (its process crashed between making the bytes
- * permanent and creating the head). Far longer than a commit takes (two bounded writes).
+ * Commits and deletions in flight: a sorted set of `<workspace_id> <file_id>`, scored by the time
+ * after which one that has not finished is taken for dead (its process crashed between making the
+ * bytes permanent and creating the head, or between removing the head and dropping the bytes).
+ * Far longer than either takes (two bounded writes).
  */
 const COMMITS = keys.global('file_commits');
 export const COMMIT_GRACE_MS = 10 * 60_000;
@@ -160,9 +161,10 @@ export class FileStore {
   }
 
   /**
-   * Reclaims the bytes of commits that never finished (their process died between making the
-   * bytes permanent and creating the head): past their grace, bytes whose head does not exist
-   * are dropped. A head that exists keeps its bytes; either way the entry goes.
+   * Reclaims the bytes of commits and deletions that never finished (their process died between
+   * making the bytes permanent and creating the head, or between removing the head and dropping
+   * the bytes): past their grace, bytes whose head does not exist are dropped. A head that exists
+   * keeps its bytes; either way the entry goes.
    */
   sweep(now = Date.now()): Promise<number> {
     return this.commits.sweep(async (ws, id) => (await this.docs.get<FileDoc>(tags.workspace(ws), id)) !== null, (id) => this.discard(id), now);
@@ -198,11 +200,18 @@ export class FileStore {
     return this.docs.list<FileDoc>(tags.workspace(workspaceId), INDEX, { ...options, order: 'desc' });
   }
 
-  /** Deletes the head first (the File is gone for readers at once), then its bytes. */
+  /**
+   * Deletes the head first (the File is gone for readers at once), then its bytes. The deletion
+   * is on record before the head goes: a crash before the bytes are dropped leaves the entry, and
+   * a later sweep drops the bytes no head names.
+   */
   async remove(workspaceId: string, fileId: string): Promise<void> {
     await this.get(workspaceId, fileId);
+    await this.commits.begin(workspaceId, fileId);
     await this.docs.remove(tags.workspace(workspaceId), fileId, [INDEX]);
+    crashPoint('file-head-removed');
     await this.discard(fileId);
+    await this.commits.end(workspaceId, fileId);
   }
 
   /** The content, chunk by chunk. Throws if a chunk is missing (content lost). */
