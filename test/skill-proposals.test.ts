@@ -214,6 +214,10 @@ describe('skill proposals', () => {
     const sessionsOfAgent = await api.get<{ data: Json[] }>(`/v1/sessions?agent_id=${agentId}&limit=100`);
     expect(sessionsOfAgent.data.filter((s) => (s.metadata as Json).skill_proposal_id === id)).toHaveLength(1);
 
+    // Submit acts as an active Principal of this Workspace: an unknown one is 404 and records nothing.
+    const stranger = await api.request('POST', `/v1/skill-proposals/${id}/submit`, { body: { expected_version: verified.version, skill_source: src.id, principal: `prin_${'0'.repeat(32)}` } });
+    expect([stranger.status, errType(stranger)]).toEqual([404, 'validation.not_found']);
+    expect(await read(id)).toMatchObject({ status: 'verified', version: verified.version });
     // Submit: the base must be what the caller expects (compare-and-swap).
     const head = gitIn(dir, '--git-dir', bare, 'rev-parse', 'refs/heads/main');
     const wrongBase = await api.request('POST', `/v1/skill-proposals/${id}/submit`, {

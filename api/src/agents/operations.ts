@@ -42,6 +42,10 @@ export const agentOperations: Operation[] = [
       if (patch.multiagent) {
         const tools = patch.tools ?? (await deps.agents.get(ws, params.agent_id)).tools;
         await checkMultiagent(patch.multiagent, tools, (id, v) => deps.agents.getVersion(ws, id, v));
+      } else if (patch.tools !== undefined && patch.multiagent === undefined) {
+        // New tools of a coordinator that stays one: its roster is carried over, its tools checked against it.
+        const { multiagent } = await deps.agents.get(ws, params.agent_id);
+        if (multiagent) await checkMultiagent(multiagent, patch.tools, (id, v) => deps.agents.getVersion(ws, id, v));
       }
       return json(200, await deps.agents.newVersion(ws, params.agent_id, expected_version, (cur) => ({
         ...cur,

@@ -1,5 +1,5 @@
 import { Cursor, DIGEST_PATTERN, Id, LogicalKey, Metadata, Nullable, Obj, Timestamp, Type, type Static } from '@agentplane/core';
-import { Network, Packages, Resources, Retention, HarnessKind, ManagedTopology } from '@agentplane/domain';
+import { ImageReference, Network, Packages, Resources, Retention, HarnessKind, ManagedTopology } from '@agentplane/domain';
 import { CreateSessionBody } from '../sessions/schemas.js';
 
 const Digest = () => Type.String({ pattern: DIGEST_PATTERN });
@@ -149,7 +149,7 @@ export const HarnessProfileSchema = Obj({
 
 const SandboxConfig = {
   display_name: Type.Optional(Nullable(DisplayName())),
-  image: Type.String({ minLength: 1, maxLength: 512, pattern: '^[a-z0-9][a-z0-9._/:@-]*$' }),
+  image: ImageReference(),
   resources: Type.Optional(Resources),
   network: Type.Optional(Network),
   retention_mode: Type.Optional(Retention),

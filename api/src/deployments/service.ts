@@ -327,6 +327,15 @@ export class DeploymentService {
     if (!routing) missing.push(`model_routing_profile:${agent.model}`);
     if (!harness || harness.archived_at !== null || harness.kind !== 'builtin') missing.push(`harness_profile:${harnessKey}`);
     if (!sandbox || sandbox.archived_at !== null) missing.push(`sandbox_profile:${sandboxKey}`);
+    // The skills the release selects, by name and version in the target Workspace: a revision's
+    // selections take the place of the release's own, so leaving them out would run without them.
+    const skillSelections: PublishRevisionInput['skill_selections'] = [];
+    for (const sel of agent.skills ?? []) {
+      const skill = await d.skills.reader.byName(targetWs, sel.name);
+      const version = skill && skill.archived_at === null ? await d.skills.reader.version(skill.id, sel.version) : null;
+      if (skill && version) skillSelections.push({ skill_id: skill.id, skill_revision_number: version.version });
+      else missing.push(`skill:${sel.name}@${sel.version}`);
+    }
     if (coordinator || missing.length > 0 || !routing || !harness || !sandbox) return { outcome: 'head_only', agent_deployment: head, revision: null, missing_profiles: missing };
 
     const bindings = await this.heads.list<BindingDoc>(targetWs, BINDINGS(id), { limit: 64 }, (b) => b.status === 'active' && b.current_revision_number > 0);
@@ -340,7 +349,7 @@ export class DeploymentService {
           sandbox_profile_revision_number: sandbox.version, runner_pool_id: null,
           harness_topology: harness.supported_topologies.includes('split') ? 'split' : 'colocated',
         },
-        skill_selections: [],
+        skill_selections: skillSelections,
         // The oldest active binding of each Connection (a revision selects one per Connection).
         connection_binding_selections: bindings.data
           .filter((b, i, all) => all.findIndex((x) => x.integration_connection_id === b.integration_connection_id) === i)

@@ -3,13 +3,13 @@ import { READERS, WRITERS } from '../http/caller.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
 import { pageOf, workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
-import { AcpHarness, DEFAULT_RESOURCES, Driver, Network, Packages, Resources, Retention, Tier, Topology, type Environment } from '@agentplane/domain';
+import { AcpHarness, DEFAULT_RESOURCES, Driver, ImageReference, Network, Packages, Resources, Retention, Tier, Topology, type Environment } from '@agentplane/domain';
 
 
 const ConfigFields = {
   name: Type.String({ minLength: 1, maxLength: 200 }),
   description: Type.Optional(Nullable(Type.String({ maxLength: 2048 }))),
-  image: Type.String({ minLength: 1, maxLength: 512, pattern: '^[a-z0-9][a-z0-9._/:@-]*$' }),
+  image: ImageReference(),
   driver: Type.Optional(Driver),
   tier: Type.Optional(Tier),
   resources: Type.Optional(Resources),

@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { DelayedError, type Queue, type Job } from 'bullmq';
-import { ApiError, newId, nowIso, type Logger } from '@agentplane/core';
+import { ApiError, crashPoint, newId, nowIso, type Logger } from '@agentplane/core';
 import { keys, tags, type DocumentStore, type LogEvent, type Redis, type StoredDoc } from '@agentplane/store';
 import { QueueHost } from '../queue-host.js';
 import { ZERO_USAGE, type TokenUsage } from '@agentplane/protocol';
@@ -124,8 +124,12 @@ export class SkillProposalService {
       verifications: [], usage: { ...ZERO_USAGE }, _skill_name: body.skill_name ?? null, _environment_id: first.environment_id,
       version: 1, created_at: now, updated_at: now,
     };
-    await this.d.docs.create(tags.workspace(ws), p, [INDEX]);
+    // The outbox entry goes first: a process that dies once the proposal is written, before its
+    // job is queued, leaves the sweep an entry to queue it from (one for a proposal never
+    // written is dropped by the sweep).
     await this.d.redis.zadd(OUTBOX, Date.now(), `${ws}/${p.id}`);
+    await this.d.docs.create(tags.workspace(ws), p, [INDEX]);
+    crashPoint('skill-proposal-created');
     await this.queue.add('author', { workspace_id: ws, proposal_id: p.id } satisfies AuthorJob, {
       jobId: `author-${p.id}`, attempts: AUTHOR_ATTEMPTS, backoff: { type: 'exponential', delay: 500 }, removeOnComplete: true, removeOnFail: { age: 24 * 3600 },
     });
@@ -211,12 +215,15 @@ export class SkillProposalService {
       await this.d.identity.activePrincipal(ws, body.principal, 'principal');
       await this.d.models.profiles.requireKey(ws, p.model_routing_profile_key, 'model_routing_profile_key');
       const session = newId('session');
+      // The outbox entry before the attempt is recorded: a process that dies in between leaves
+      // the sweep an entry to launch the attempt from (it drops one whose proposal is not verifying).
+      await this.d.redis.zadd(OUTBOX, Date.now(), `${ws}/${id}`);
       try {
         p = await this.update(ws, id, (cur) => {
           if (cur.status !== 'drafted' && cur.status !== 'verification_failed') throw invalid(cur, 'verify');
           return { ...cur, status: 'verifying', _through: 0, verifications: [...cur.verifications, { session, started_at: nowIso(), launched_at: null, source_version: body.expected_version, principal: body.principal, result: null }] };
         }, { expectedVersion: body.expected_version });
-        await this.d.redis.zadd(OUTBOX, Date.now(), `${ws}/${id}`);
+        crashPoint('skill-verification-recorded');
       } catch (err) {
         // The same request, arriving twice at once: the one that lost the race resumes the winner's attempt.
         const now = await this.load(ws, id);
@@ -399,6 +406,8 @@ export class SkillProposalService {
     if (!resuming) {
       if (p.status !== 'verified') throw invalid(p, 'submit');
       if (p.version !== body.expected_version) throw new ApiError('validation.conflict', `expected_version ${body.expected_version} is stale; the current version is ${p.version}`);
+      // The submission is recorded as acted by this Principal (`acted_as`): one of this Workspace, active.
+      await this.d.identity.activePrincipal(ws, body.principal, 'principal');
       const branch = body.branch ?? `skills/${name}-${id.slice(-8)}`;
       if (!isBranchName(branch) || branch === source.default_branch) throw new ApiError('validation.malformed', 'body.branch: a new branch name (not the default branch)');
       const remote = await this.d.sources.remote(source);
@@ -455,11 +464,14 @@ export class SkillProposalService {
       throw invalid(p, 'submit');
     }
     const attempt = p.submission_attempt as SubmissionAttempt;
+    // The adoption watch is queued before the proposal is recorded submitted, so a process that
+    // dies in between leaves it queued (it keeps polling while the proposal is still submitting).
+    await this.enqueueAdopt(ws, id, this.d.adoptionPollMs);
     p = await this.update(ws, id, (cur) => cur.status !== 'submitting' ? null : {
       ...cur, status: 'submitted',
       submission: { skill_source: attempt.skill_source, branch: attempt.branch, commit_sha: attempt.prepared_commit_sha, submitted_at: nowIso() },
     });
-    await this.enqueueAdopt(ws, id, this.d.adoptionPollMs);
+    crashPoint('skill-proposal-submitted');
     return p;
   }
 
@@ -548,8 +560,9 @@ export class SkillProposalService {
       this.d.log.warn({ proposal: id, err: (err as Error).message }, 'checking a skill source for adoption failed');
     }
     const p = await this.d.docs.get<SkillProposalDoc>(tags.workspace(ws), id);
-    // A week of polls at most; `POST /v1/skill-sources/{id}/sync` checks at any time.
-    if (!done && p?.status === 'submitted' && polls * this.d.adoptionPollMs < 7 * 24 * 3600_000) await this.enqueueAdopt(ws, id, this.d.adoptionPollMs, polls + 1);
+    // A week of polls at most; `POST /v1/skill-sources/{id}/sync` checks at any time. A proposal
+    // still submitting is one whose push is being made or recovered: it is watched on.
+    if (!done && (p?.status === 'submitted' || p?.status === 'submitting') && polls * this.d.adoptionPollMs < 7 * 24 * 3600_000) await this.enqueueAdopt(ws, id, this.d.adoptionPollMs, polls + 1);
   }
 
   // ---- sweep ---------------------------------------------------------------------------------

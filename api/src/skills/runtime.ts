@@ -15,7 +15,12 @@ export const RUNTIME_SKILL_PATH = /^\/v1\/runtime\/skills\/([^/]+)$/;
  */
 export function runtimeSkills(deps: ApiDeps, verifier: RuntimeBearerVerifier): Koa.Middleware {
   return runtimeFilesRoute(RUNTIME_SKILL_PATH, verifier, async (grant, m): Promise<SkillFile[]> => {
-    const ref = decodeURIComponent(m[1] ?? '');
+    let ref: string;
+    try {
+      ref = decodeURIComponent(m[1] ?? '');
+    } catch {
+      throw new ApiError('validation.malformed', 'path: not a skill reference (malformed percent-encoding)');
+    }
     if (!(grant.skills ?? []).includes(ref)) throw new ApiError('validation.not_found', `skill ${ref} is not a skill of this run`);
     const at = /^(skill_[0-9a-f]{32})@([0-9]{1,9})$/.exec(ref);
     if (at) {

@@ -27,7 +27,9 @@ export interface VersionedDoc extends StoredDoc {
  * KEYS: head, version doc, heads index, versions index[, uniqueness hash]
  * ARGV: expected version ('' = create), head JSON, version JSON ('' = head-only change), n, created ms, id[, unique key]
  * With a unique key (a create), the key is claimed for the id in the same script: -5 when another
- * id holds it. Every check comes before the first write, so a refused write leaves nothing.
+ * id holds it. A new version of an archived head is -4 (an archive keeps the version number, so
+ * a version that read the head live must not pass on the number alone). Every check comes before
+ * the first write, so a refused write leaves nothing.
  */
 const WRITE = new LuaScript(
   'versioned_write',
@@ -37,7 +39,9 @@ if ARGV[1] == '' then
   if cur then return -3 end
 else
   if not cur then return -1 end
-  if tostring(cjson.decode(cur)['version']) ~= ARGV[1] then return -2 end
+  local d = cjson.decode(cur)
+  if tostring(d['version']) ~= ARGV[1] then return -2 end
+  if ARGV[3] ~= '' and type(d['archived_at']) == 'string' then return -4 end
 end
 if ARGV[7] then
   local owner = redis.call('HGET', KEYS[5], ARGV[7])
@@ -121,6 +125,7 @@ export class VersionedStore<T extends VersionedDoc> {
     if (r === -1) throw new ApiError('validation.not_found', `${this.what} not found`);
     if (r === -2) throw new ApiError('validation.conflict', `${this.what} version ${expected ?? 0} is stale`);
     if (r === -3) throw new ApiError('validation.conflict', `${this.what} already exists`);
+    if (r === -4) throw new ApiError('runtime.invalid_transition', `an archived ${this.what} takes no new versions`);
     if (r === -5) throw new ApiError('validation.conflict', `the key '${unique?.key ?? ''}' is taken by another ${this.what} of this workspace`);
   }
 

@@ -1,4 +1,4 @@
-import { newId, nowIso } from '@agentplane/core';
+import { ApiError, newId, nowIso } from '@agentplane/core';
 import type { McpServerT, ToolT } from './tools.js';
 import type { VersionedDoc } from '../versioned.js';
 import type { SkillSelection } from '../skills/model.js';
@@ -48,8 +48,18 @@ export interface AgentConfigInput {
   multiagent?: MultiagentT | null | undefined;
 }
 
-/** Defaults: built-in tools always_allow, custom tools always_allow (the caller answers them), MCP tools always_ask. */
+/**
+ * Defaults: built-in tools always_allow, custom tools always_allow (the caller answers them), MCP tools always_ask.
+ * Each name once (400 otherwise): the model is offered the tools by name, and a model provider
+ * refuses a request naming one tool twice, so a version declaring that could never run.
+ */
 export function normaliseTools(tools: ToolT[]): ToolT[] {
+  const seen = new Map<string, number>();
+  tools.forEach((t, i) => {
+    const first = seen.get(t.name);
+    if (first !== undefined) throw new ApiError('validation.malformed', `tools[${i}].name: '${t.name}' is the name of tools[${first}] too; each tool name once`);
+    seen.set(t.name, i);
+  });
   return tools.map((t) => ({ ...t, permission: t.permission ?? 'always_allow' }));
 }
 export function normaliseMcp(servers: McpServerT[]): McpServerT[] {

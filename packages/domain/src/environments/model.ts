@@ -34,6 +34,20 @@ export const AcpHarness = Obj({
 });
 export type AcpHarnessSetting = Static<typeof AcpHarness>;
 
+/**
+ * A container image reference as the engine parses it (`[registry[:port]/]path[:tag][@digest]`):
+ * lowercase path components joined by `.`, `_`, `__` or dashes; a first component that names a
+ * registry (a dot, a port or `localhost`); a tag of word characters, dots and dashes; an
+ * `algorithm:hex` digest. A reference the engine refuses as malformed could never start a
+ * sandbox, and its refusal would read as the runner's failure.
+ */
+const IMAGE_PATH = '[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*';
+const IMAGE_HOST_PART = '(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])';
+const IMAGE_REGISTRY = `(?:(?:localhost|${IMAGE_HOST_PART}(?:\\.${IMAGE_HOST_PART})+)(?::[0-9]{1,5})?|${IMAGE_HOST_PART}:[0-9]{1,5})`;
+export const IMAGE_REFERENCE_PATTERN =
+  `^(?:${IMAGE_REGISTRY}/)?${IMAGE_PATH}(?:/${IMAGE_PATH})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$`;
+export const ImageReference = () => Type.String({ minLength: 1, maxLength: 512, pattern: IMAGE_REFERENCE_PATTERN });
+
 export const DEFAULT_RESOURCES = { cpu_millis: 1000, memory_mib: 1024, disk_mib: 4096, max_duration_seconds: 3600 };
 
 

@@ -84,6 +84,25 @@ export function checkSkillPath(path: string, field: string): void {
 }
 
 /**
+ * A front matter value as YAML reads a quoted scalar: double quotes with their escapes (`\"`,
+ * `\\`, `\uXXXX`, which `renderSkillMd` writes), single quotes with `''` for a quote; anything
+ * else as written.
+ */
+function unquote(v: string): string {
+  if (v.length >= 2 && v.startsWith('"') && v.endsWith('"')) {
+    try {
+      const parsed: unknown = JSON.parse(v);
+      if (typeof parsed === 'string') return parsed;
+    } catch {
+      // Not JSON's subset of the YAML escapes: the text between the quotes.
+    }
+    return v.slice(1, -1);
+  }
+  if (v.length >= 2 && v.startsWith("'") && v.endsWith("'")) return v.slice(1, -1).replace(/''/g, "'");
+  return v;
+}
+
+/**
  * The `name` and `description` of a `SKILL.md` front matter block (`---` lines around
  * `key: value` lines; values may be quoted). Anything else in the block is kept in the file
  * but not read here.
@@ -95,9 +114,7 @@ export function parseFrontMatter(text: string): { name: string; description: str
   for (const line of (m[1] ?? '').split(/\r?\n/)) {
     const kv = /^([A-Za-z_][A-Za-z0-9_-]*)\s*:\s*(.*)$/.exec(line);
     if (!kv) continue;
-    let v = (kv[2] ?? '').trim();
-    if ((v.startsWith('"') && v.endsWith('"') && v.length >= 2) || (v.startsWith("'") && v.endsWith("'") && v.length >= 2)) v = v.slice(1, -1);
-    fields.set(kv[1] ?? '', v);
+    fields.set(kv[1] ?? '', unquote((kv[2] ?? '').trim()));
   }
   const name = fields.get('name') ?? '';
   const description = fields.get('description') ?? '';
