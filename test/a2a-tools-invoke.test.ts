@@ -1,5 +1,6 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import { backoffDelay, callPeer, parseRetryAfter, peerClient, type PollPolicy } from '@agentplane/api';
+import type { ServerResponse } from 'node:http';
 import { startSdkPeer, type SdkPeer } from './harness/a2a-peer.js';
 
 const POLICY: PollPolicy = { initialMs: 20, factor: 2, maxMs: 80, jitter: 0.25, maxRetryAfterMs: 5_000, requestTimeoutMs: 2_000 };
@@ -7,6 +8,35 @@ const peers: SdkPeer[] = [];
 afterEach(async () => {
   await Promise.all(peers.splice(0).map((p) => p.close()));
 });
+
+/** The most of one peer answer read: 4 MiB and its framing. */
+const ANSWER_CEILING = 4 * 1024 * 1024 + 64 * 1024;
+
+/**
+ * Writes `prefix`, then 32 MiB of `a` as fast as it is read, then holds the answer open. Settles
+ * when the connection closes: whether all 32 MiB were written before it did.
+ */
+function flood(res: ServerResponse, prefix: string): Promise<{ wroteAll: boolean }> {
+  const offered = 32 * 1024 * 1024;
+  return new Promise((resolve) => {
+    let written = 0;
+    let wroteAll = false;
+    res.on('close', () => resolve({ wroteAll }));
+    res.write(prefix);
+    const chunk = Buffer.alloc(64 * 1024, 'a');
+    const pump = () => {
+      while (written < offered && !res.destroyed) {
+        written += chunk.length;
+        if (!res.write(chunk)) {
+          res.once('drain', pump);
+          return;
+        }
+      }
+      if (written >= offered) wroteAll = true;
+    };
+    pump();
+  });
+}
 
 const discoveryOf = (peer: SdkPeer) => ({ interface: { url: peer.rpcUrl, protocol_binding: 'JSONRPC' as const, protocol_version: '1.0' }, agent_name: 'peer', agent_version: '1' });
 
@@ -132,6 +162,21 @@ describe('one consumed call against a loopback A2A peer', () => {
     expect(peer.calls.map((c) => c.method)).toContain('SendMessage');
   });
 
+  it('an answer past the size ceiling is not read on: the call fails at once and the peer connection is closed', async () => {
+    let flooded: Promise<{ wroteAll: boolean }> | undefined;
+    const peer = await startSdkPeer((method, _n, res) => {
+      if (method !== 'SendMessage') return false;
+      res.writeHead(200, { 'content-type': 'application/json' });
+      flooded = flood(res, '{"jsonrpc":"2.0","id":1,"result":{"message":{"messageId":"m","role":"ROLE_AGENT","parts":[{"text":"');
+      return true;
+    });
+    peers.push(peer);
+    const out = await callPeer({ discovery: discoveryOf(peer), headers: {}, text: 'x', messageId: 'msg-big', deadlineAt: Date.now() + 30_000, policy: { ...POLICY, requestTimeoutMs: 20_000 } });
+    expect(out.status).toBe('error');
+    expect(out.text).toContain(`${ANSWER_CEILING}-byte`);
+    expect(await flooded).toEqual({ wroteAll: false });
+  });
+
   it('a deadline already past calls nothing', async () => {
     const peer = await startSdkPeer();
     peers.push(peer);
@@ -162,6 +207,26 @@ describe('streaming', () => {
     expect(methods).toContain('SubscribeToTask');
     expect(methods).not.toContain('GetTask');
     expect(seenStates).toContain('TASK_STATE_COMPLETED');
+  });
+
+  it('a streamed result that grows past 4 Mi characters in appended chunks ends the call as an error, not a result of any size', async () => {
+    const sse = (result: unknown) => `data: ${JSON.stringify({ jsonrpc: '2.0', id: 1, result })}\n\n`;
+    const peer = await startSdkPeer((method, _n, res) => {
+      if (method !== 'SendStreamingMessage') return false;
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      const chunk = 'c'.repeat(16 * 1024);
+      let out = sse({ task: { id: 't-grow', contextId: 't-grow', status: { state: 'TASK_STATE_WORKING' } } });
+      // 5 MiB of one artifact, 16 KiB an event, each event well under any per-event limit.
+      for (let i = 0; i < 320; i++) out += sse({ artifactUpdate: { taskId: 't-grow', contextId: 't-grow', artifact: { artifactId: 'r', parts: [{ text: chunk }] }, append: i > 0 } });
+      out += sse({ statusUpdate: { taskId: 't-grow', contextId: 't-grow', status: { state: 'TASK_STATE_COMPLETED' } } });
+      res.end(out);
+      return true;
+    });
+    peers.push(peer);
+    const out = await callPeer({ discovery: discoveryOf(peer), headers: {}, text: 'x', messageId: 'msg-grow', deadlineAt: Date.now() + 30_000, policy: POLICY, streaming: true });
+    expect(out.status).toBe('error');
+    expect(out.task_id).toBe('t-grow');
+    expect(out.text).toContain(`${4 * 1024 * 1024} characters`);
   });
 
   it('a stream that never settles loses to the hard deadline', async () => {

@@ -129,6 +129,30 @@ describe('Connections (REST)', () => {
     // Nothing was written by the refused PATCHes.
     expect(await p.root.get<{ version: number; name: string }>(`/v1/connections/${ok.body.id}`)).toMatchObject({ version: 1, name: 'good-token' });
   });
+  it('a Connection holding an upstream token is re-pointed to another origin only with its auth in the same PATCH: the token never follows the URL', async () => {
+    const c = await p.root.post<{ id: string; version: number }>('/v1/connections', { name: 'repoint', url: upstream.url, auth: { type: 'bearer', token: UPSTREAM_TOKEN } });
+    const origin = new URL(upstream.url);
+    const elsewhere = `http://localhost:${origin.port}/mcp`;
+    for (const body of [{ url: elsewhere }, { url: 'https://mcp.example.com/mcp', name: 'moved' }]) {
+      const r = await p.root.request<{ error: { type: string; message: string } }>('PATCH', `/v1/connections/${c.id}`, { body });
+      expect(r.status, JSON.stringify(body)).toBe(400);
+      expect(r.body.error.type).toBe('validation.malformed');
+      expect(r.body.error.message).toContain('body.auth');
+      expect(r.body.error.message).not.toContain(UPSTREAM_TOKEN);
+    }
+    // Nothing was written by the refused PATCHes.
+    expect(await p.root.get<{ version: number; url: string; name: string }>(`/v1/connections/${c.id}`)).toMatchObject({ version: c.version, url: upstream.url, name: 'repoint' });
+    // Another path on the same origin keeps the token; a new origin with its own auth (or none) is taken.
+    const samePath = await p.root.request<{ url: string; auth: { type: string } }>('PATCH', `/v1/connections/${c.id}`, { body: { url: `${origin.origin}/other/mcp` } });
+    expect([samePath.status, samePath.body.url, samePath.body.auth.type]).toEqual([200, `${origin.origin}/other/mcp`, 'bearer']);
+    const withAuth = await p.root.request<{ url: string; auth: { type: string; secret_hint?: string } }>('PATCH', `/v1/connections/${c.id}`, { body: { url: elsewhere, auth: { type: 'bearer', token: 'another-upstream-token-42' } } });
+    expect([withAuth.status, withAuth.body.url, withAuth.body.auth]).toEqual([200, elsewhere, { type: 'bearer', secret_hint: '…n-42' }]);
+    const without = await p.root.request<{ url: string; auth: { type: string } }>('PATCH', `/v1/connections/${c.id}`, { body: { url: 'https://mcp.example.com/mcp', auth: { type: 'none' } } });
+    expect([without.status, without.body.url, without.body.auth.type]).toEqual([200, 'https://mcp.example.com/mcp', 'none']);
+    // A Connection without a token moves freely.
+    const moved = await p.root.request<{ url: string }>('PATCH', `/v1/connections/${c.id}`, { body: { url: 'https://mcp.example.org/mcp' } });
+    expect([moved.status, moved.body.url]).toEqual([200, 'https://mcp.example.org/mcp']);
+  });
 });
 
 describe('/v1/runtime/mcp/{connection_id}', () => {

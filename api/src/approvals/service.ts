@@ -1,6 +1,6 @@
 import { ApiError, crashPoint, newId, nowIso, type Context, type Logger } from '@agentplane/core';
 import type { DelayedJobs } from '@agentplane/lease';
-import { keys, tags, type DocumentStore, type LogEvent, type Redis, type StoredDoc } from '@agentplane/store';
+import { keys, PRODUCER_KEY_TTL_MS, tags, type AppendResult, type DocumentStore, type Redis, type StoredDoc } from '@agentplane/store';
 import type { AuditActor, AuditLog } from '../audit/store.js';
 import type { PolicyStore } from '../governance/policies.js';
 import type { ToolKind } from '../governance/policy-eval.js';
@@ -36,6 +36,12 @@ export interface ActionApproval extends StoredDoc {
 }
 
 export const APPROVALS = 'action_approvals';
+
+/** The `session.action_approval_requested` event of an approval (appended once, by producer key). */
+const requestedEvent = (a: ActionApproval) => ({
+  type: 'session.action_approval_requested', session_thread_id: a.session_thread_id, producer_key: `approval:${a.id}:requested`,
+  payload: { approval_id: a.id, tool_use_id: a.tool_use_id, tool: { kind: a.tool.kind, name: a.tool.name }, rule_id: a.rule_id, expires_at: a.expires_at },
+});
 export const bySession = (sessionId: string): string => `action_approvals:session:${sessionId}`;
 /** `ap:{s:<sess>}:approvals`: tool_use_id → approval id (one approval per tool use). */
 const toolUseKey = (sessionId: string): string => keys.scoped(tags.session(sessionId), 'approvals');
@@ -170,6 +176,9 @@ export class ApprovalService {
       return { decision: 'deny', rule_id: decision.rule_id, message: `${decision.explanation}; ActionApproval ${existing.id} of ${q.tool_use_id} does not cover this call: ${covered}` };
     }
     if (decision.decision === 'require_approval') {
+      // An approval already written may lack what follows its write (its process died there):
+      // the check of its use, asked again, completes it.
+      if (existing?.status === 'pending') await this.announce(existing, ctx);
       const a = existing ?? (await this.request(ctx, q, principals, decision.rule_id));
       if (a.status !== 'pending') return this.checkToolUse(ctx, q);
       return { decision: 'require_approval', rule_id: decision.rule_id, message: `${decision.explanation}; waiting for ActionApproval ${a.id} (expires ${a.expires_at})` };
@@ -177,14 +186,20 @@ export class ApprovalService {
     return { decision: 'allow', rule_id: decision.rule_id, message: decision.explanation };
   }
 
-  /** Creates the approval of a tool use (once: a concurrent second request gets the first). */
+  /**
+   * Creates the approval of a tool use (once: a concurrent second request gets the first). The
+   * tool use's claim names the approval's id first; a claim whose holder died before it wrote the
+   * approval is written now, under the id it names (a holder that was only slow finds it written).
+   */
   private async request(ctx: ToolUseContext, q: ToolUseCheck, principals: string[], ruleId: string | null): Promise<ActionApproval> {
-    const id = newId('approval');
+    let id = newId('approval');
     const claimed = await this.d.redis.hsetnx(toolUseKey(ctx.session_id), q.tool_use_id, id);
     if (!claimed) {
       const first = await this.forToolUse(ctx.workspace_id, ctx.session_id, q.tool_use_id);
-      if (!first) throw new ApiError('runtime.internal', `the approval of ${q.tool_use_id} is claimed but absent`);
-      return first;
+      if (first) return first;
+      const held = await this.d.redis.hget(toolUseKey(ctx.session_id), q.tool_use_id);
+      if (!held) throw new ApiError('runtime.internal', `the approval of ${q.tool_use_id} is claimed but absent`);
+      id = held;
     }
     let expiry = this.d.config.defaultExpirySeconds;
     if (ruleId) {
@@ -201,14 +216,38 @@ export class ApprovalService {
       expires_at: new Date(now + expiry * 1000).toISOString(), resolved_at: null, resolved_by: null, reason: null,
       version: 1, created_at: new Date(now).toISOString(), updated_at: new Date(now).toISOString(),
     };
-    await this.d.docs.create(tags.workspace(ctx.workspace_id), doc, [APPROVALS, bySession(ctx.session_id)]);
-    await this.d.jobs.schedule(id, Date.parse(doc.expires_at), { workspace_id: ctx.workspace_id, approval_id: id });
-    await this.d.sessions.log.append(ctx.session_id, [{
-      type: 'session.action_approval_requested', session_thread_id: ctx.thread_id, producer_key: `approval:${id}:requested`,
-      payload: { approval_id: id, tool_use_id: q.tool_use_id, tool: { kind: doc.tool.kind, name: doc.tool.name }, rule_id: ruleId, expires_at: doc.expires_at },
-    }], { trace: ctx.trace });
-    await this.record(ctx.workspace_id, { id: principals[0] ?? ctx.run_id, credential_id: ctx.runner_id }, 'action_approval.requested', id, 'requested', ruleId);
+    // The expiry job before the approval: a written approval always has one (a job whose approval
+    // was never written finds nothing to expire).
+    await this.scheduleExpiry(doc);
+    if (!(await this.d.docs.create(tags.workspace(ctx.workspace_id), doc, [APPROVALS, bySession(ctx.session_id)]))) {
+      const written = await this.forToolUse(ctx.workspace_id, ctx.session_id, q.tool_use_id);
+      if (!written) throw new ApiError('runtime.internal', `the approval of ${q.tool_use_id} is claimed but absent`);
+      return written;
+    }
+    crashPoint('approval-written');
+    await this.announce(doc, ctx);
     return doc;
+  }
+
+  private async scheduleExpiry(a: ActionApproval): Promise<void> {
+    await this.d.jobs.schedule(a.id, Date.parse(a.expires_at), { workspace_id: a.workspace_id, approval_id: a.id });
+  }
+
+  /**
+   * What follows a pending approval's write, idempotently: its expiry job (scheduled once per
+   * id), its `session.action_approval_requested` event (once, by producer key) and, with that
+   * event's first append, its audit record.
+   */
+  private async announce(a: ActionApproval, ctx: ToolUseContext): Promise<void> {
+    await this.scheduleExpiry(a);
+    const r = await this.d.sessions.log.append(a.session_id, [requestedEvent(a)], { trace: ctx.trace });
+    await this.recordRequested(a, r, ctx.runner_id);
+  }
+
+  /** The `action_approval.requested` audit record, when `r` (an append) wrote the request event first. */
+  private async recordRequested(a: ActionApproval, r: AppendResult, credentialId: string | null): Promise<void> {
+    if (r.ok && !r.events.some((e, i) => e.type === 'session.action_approval_requested' && r.duplicate[i] === false)) return;
+    await this.record(a.workspace_id, { id: a.principal_ids[0] ?? a.run_id, credential_id: credentialId }, 'action_approval.requested', a.id, 'requested', a.rule_id);
   }
 
   /**
@@ -282,7 +321,12 @@ export class ApprovalService {
   async settle(a: ActionApproval, trace?: Context): Promise<void> {
     if (a.status === 'pending') return;
     const type = a.status === 'expired' ? 'session.action_approval_expired' : 'session.action_approval_resolved';
-    const r = await this.d.sessions.log.append(a.session_id, [{
+    // The request event goes first (a no-op once appended, while its producer key is remembered):
+    // an approval whose requesting process died before announcing it still has its request in the
+    // log before its resolution. An approval older than a day short of that memory was announced
+    // long ago, or never will be: its request is not appended again.
+    const recent = Date.now() - Date.parse(a.created_at) < PRODUCER_KEY_TTL_MS - 24 * 3600 * 1000;
+    const r = await this.d.sessions.log.append(a.session_id, [...(recent ? [requestedEvent(a)] : []), {
       type, session_thread_id: a.session_thread_id, producer_key: `approval:${a.id}:${a.status}`,
       payload: {
         approval_id: a.id, tool_use_id: a.tool_use_id, status: a.status,
@@ -290,7 +334,9 @@ export class ApprovalService {
       },
     }], { trace });
     if (!r.ok) return; // the Session was deleted: nothing waits any more
-    const event = r.events[0] as LogEvent;
+    await this.recordRequested(a, r, null);
+    const event = r.events.find((e) => e.type === type);
+    if (!event) return; // its body fell out of retention: the wait was answered long ago
     // The generation of the use's wait when it is the thread's current one and waits for this approval.
     const ours: { generation: number | null } = { generation: null };
     const gone = (err: unknown) => {

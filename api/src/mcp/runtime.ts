@@ -206,7 +206,14 @@ export function runtimeMcp(deps: ApiDeps, options: RuntimeMcpOptions): Koa.Middl
     server.onclose = () => void up.close();
     server.setRequestHandler('tools/list', async () => {
       try {
-        return { tools: await listTools(up, cg, timeoutMs) };
+        const tools = await listTools(up, cg, timeoutMs);
+        // Every page within the limit of one answer, the whole list may still not be: it is
+        // refused as a whole (as an oversized call result is), never served cut.
+        const bytes = Buffer.byteLength(JSON.stringify(tools));
+        if (bytes > MAX_MESSAGE_BYTES) {
+          throw new ProtocolError(ProtocolErrorCode.InternalError, `the upstream's tool list is ${bytes} bytes, over the ${MAX_MESSAGE_BYTES}-byte limit of one answer`);
+        }
+        return { tools };
       } catch (err) {
         if (err instanceof ProtocolError) throw err;
         throw new ProtocolError(ProtocolErrorCode.InternalError, up.scrub(`the upstream tools/list failed: ${(err as Error).message}`));

@@ -112,4 +112,48 @@ describe('OAuth2 custody', () => {
     await expect(new PeerCustodian(elsewhere as unknown as VaultService).resolve('ws', ['vlt_1'], discovery())).rejects.toThrow(/signed token endpoint/);
     expect(requests).toHaveLength(0);
   });
+
+  it('a token endpoint answer past 64 KiB is not read on: the refresh fails at once and the connection is closed', async () => {
+    let wroteAll: Promise<boolean> | undefined;
+    const flood = createServer((req, res) => {
+      req.resume();
+      req.on('end', () => {
+        wroteAll = new Promise((resolve) => {
+          let written = 0;
+          let all = false;
+          res.on('close', () => resolve(all));
+          res.writeHead(200, { 'content-type': 'application/json' });
+          res.write('{"access_token":"');
+          const chunk = Buffer.alloc(64 * 1024, 'a');
+          const pump = () => {
+            while (written < 32 * 1024 * 1024 && !res.destroyed) {
+              written += chunk.length;
+              if (!res.write(chunk)) {
+                res.once('drain', pump);
+                return;
+              }
+            }
+            if (written >= 32 * 1024 * 1024) all = true;
+          };
+          pump();
+        });
+      });
+    });
+    await new Promise<void>((r) => flood.listen(0, '127.0.0.1', r));
+    try {
+      const floodUrl = `http://127.0.0.1:${(flood.address() as AddressInfo).port}/token`;
+      const vault = new FakeVault(expired());
+      const c = new PeerCustodian(vault as unknown as VaultService, { refreshTimeoutMs: 20_000 });
+      const d = discovery();
+      const started = Date.now();
+      await expect(c.resolve('ws', ['vlt_1'], { ...d, security: { ...d.security, token_url: floodUrl } as Discovery['security'] }))
+        .rejects.toThrow(/OAuth2 token refresh failed: the response exceeds the 65536-byte limit/);
+      expect(Date.now() - started).toBeLessThan(10_000);
+      expect(await wroteAll).toBe(false);
+      expect(vault.writes).toBe(0);
+    } finally {
+      flood.closeAllConnections();
+      await new Promise<void>((r) => flood.close(() => r()));
+    }
+  });
 });

@@ -1,6 +1,7 @@
 import { ApiError, scrubSecrets } from '@agentplane/core';
 import { checkEndpointUrl, type EgressPolicy } from '../webhooks/ssrf.js';
 import { egressFetch } from '../webhooks/egress-fetch.js';
+import { capResponseBody } from '../mcp/egress.js';
 import { parseMtlsCredential, parseOAuth2Credential, type OAuth2PeerCredential } from '../vaults/peer-credentials.js';
 import type { ResolvedSecret, VaultService } from '../vaults/service.js';
 import type { Discovery } from './card.js';
@@ -24,6 +25,8 @@ export interface CustodySettings {
 }
 
 const EXPIRED_SKEW_MS = 30_000;
+/** The most of a token endpoint's answer read (a token response is a few hundred bytes). */
+const MAX_TOKEN_RESPONSE_BYTES = 64 * 1024;
 
 /**
  * Peer credential custody adapters (docs/A2A_TOOLS.md, "Peer credential custody"): the card's
@@ -133,7 +136,20 @@ export class PeerCustodian {
     } catch (err) {
       throw new ApiError('validation.conflict', quote(`the OAuth2 token endpoint could not be reached: ${(err as Error).message}`));
     }
-    const body = (await res.json().catch(() => null)) as Record<string, unknown> | null;
+    // Read up to MAX_TOKEN_RESPONSE_BYTES: an endpoint that answers more is cut off there.
+    let text: string;
+    try {
+      text = await capResponseBody(res, MAX_TOKEN_RESPONSE_BYTES).text();
+    } catch (err) {
+      throw new ApiError('validation.conflict', quote(`the OAuth2 token refresh failed: ${(err as Error).message}`));
+    }
+    let body: Record<string, unknown> | null = null;
+    try {
+      const parsed: unknown = JSON.parse(text);
+      if (typeof parsed === 'object' && parsed !== null && !Array.isArray(parsed)) body = parsed as Record<string, unknown>;
+    } catch {
+      body = null;
+    }
     if (!res.ok || !body || typeof body.access_token !== 'string' || body.access_token === '') {
       const reason = body && typeof body.error === 'string' ? body.error : `status ${res.status}`;
       throw new ApiError('validation.conflict', quote(`the OAuth2 token refresh was refused (${reason})`));

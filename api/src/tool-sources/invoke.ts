@@ -5,6 +5,7 @@ import { sha256Hex } from '@agentplane/core';
 import type { Discovery } from './card.js';
 import { egressFetch, type EgressFetch } from '../webhooks/egress-fetch.js';
 import type { EgressPolicy } from '../webhooks/ssrf.js';
+import { capResponseBody, MAX_UPSTREAM_RESPONSE_BYTES } from '../mcp/egress.js';
 
 /**
  * Polling for an external A2A task (docs/A2A_TOOLS.md, "Invocation"). Delays grow from
@@ -148,7 +149,10 @@ const requestUrl = (input: Parameters<typeof fetch>[0]) => (typeof input === 'st
 
 /**
  * A fetch inside the egress ceiling that turns 429 and 503 into `PeerBusy` (with the
- * response's Retry-After), and never follows redirects. With a client certificate (the mTLS
+ * response's Retry-After), and never follows redirects. A peer's JSON answer is read up to
+ * MAX_UPSTREAM_RESPONSE_BYTES: one past it fails the request, and its connection is closed (a
+ * stream's events are limited one by one by the SDK's SSE parser, a stream itself only by the
+ * deadline). With a client certificate (the mTLS
  * custody adapter) the requests go over one TLS agent per call, never pooled with other
  * credentials (plain `fetch` cannot present a client certificate).
  */
@@ -167,7 +171,8 @@ function guardedFetch(ceiling: EgressCeiling | undefined, tls?: ClientTls): type
       await res.body?.cancel().catch(() => undefined);
       throw new PeerBusy(res.status, res.headers.get('retry-after'));
     }
-    return res;
+    const stream = /^\s*text\/event-stream\s*(;|$)/i.test(res.headers.get('content-type') ?? '');
+    return stream ? res : capResponseBody(res, MAX_UPSTREAM_RESPONSE_BYTES);
   };
 }
 
@@ -264,11 +269,25 @@ export async function callPeer(input: CallInput, client?: Client): Promise<CallO
   }
 }
 
+/**
+ * The most of a streamed task's result held (characters of its artifacts' text): a peer whose
+ * appended chunks grow past it ends the call as an error (a polled task's answer is bounded by the
+ * size of one answer).
+ */
+const MAX_RESULT_CHARS = 4 * 1024 * 1024;
+
 /** Folds stream events into one task view (artifacts by id, appended chunks joined). */
 class TaskView {
   state: TaskState = TaskState.TASK_STATE_UNSPECIFIED;
   statusText = '';
   private readonly artifacts = new Map<string, string>();
+  /** The characters of the artifacts' text held. */
+  size = 0;
+
+  private setArtifact(id: string, text: string): void {
+    this.size += text.length - (this.artifacts.get(id)?.length ?? 0);
+    this.artifacts.set(id, text);
+  }
 
   apply(ev: StreamResponse): { taskId?: string; message?: string } {
     const p = ev.payload;
@@ -279,7 +298,8 @@ class TaskView {
       case 'task': {
         this.state = p.value.status?.state ?? this.state;
         this.artifacts.clear();
-        for (const a of p.value.artifacts) this.artifacts.set(a.artifactId, partsText(a.parts));
+        this.size = 0;
+        for (const a of p.value.artifacts) this.setArtifact(a.artifactId, partsText(a.parts));
         if (p.value.status?.message) this.statusText = partsText(p.value.status.message.parts);
         return { taskId: p.value.id };
       }
@@ -289,7 +309,7 @@ class TaskView {
         return { taskId: p.value.taskId };
       case 'artifactUpdate': {
         const a = p.value.artifact;
-        if (a) this.artifacts.set(a.artifactId, (p.value.append ? (this.artifacts.get(a.artifactId) ?? '') : '') + partsText(a.parts));
+        if (a) this.setArtifact(a.artifactId, (p.value.append ? (this.artifacts.get(a.artifactId) ?? '') : '') + partsText(a.parts));
         return { taskId: p.value.taskId };
       }
     }
@@ -325,6 +345,9 @@ async function streamTask(
           taskId = seen.taskId;
           known(taskId);
           await input.onTask?.(taskId);
+        }
+        if (view.size > MAX_RESULT_CHARS) {
+          return { status: 'error', task_id: taskId, text: `the peer's result grew past ${MAX_RESULT_CHARS} characters`, polls: resumes };
         }
         input.onPoll?.(TaskState[view.state], attempt);
         const settled = TERMINAL[view.state];

@@ -87,13 +87,21 @@ export class ConnectionService {
   ): Promise<Connection> {
     if (patch.url !== undefined) ConnectionService.checkUrl(patch.url);
     await this.get(workspaceId, id);
-    return this.docs.update<Connection>(tags.workspace(workspaceId), id, (c) => ({
-      ...c,
-      ...(patch.name !== undefined ? { name: patch.name } : {}),
-      ...(patch.url !== undefined ? { url: patch.url } : {}),
-      ...(patch.auth !== undefined ? { auth: this.seal(id, patch.auth) } : {}),
-      ...(patch.status !== undefined ? { status: patch.status, archived_at: patch.status === 'archived' ? (c.archived_at ?? nowIso()) : null } : {}),
-    }), { expectedVersion, notFound: 'connection' });
+    return this.docs.update<Connection>(tags.workspace(workspaceId), id, (c) => {
+      // The stored token was written for the server at the Connection's origin: re-pointed to
+      // another origin, the token is written again (or removed) in the same request, never sent
+      // on to a server it was not written for.
+      if (patch.url !== undefined && patch.auth === undefined && c.auth.type === 'bearer' && new URL(patch.url).origin !== new URL(c.url).origin) {
+        throw new ApiError('validation.malformed', `body.auth: the Connection holds an upstream token for ${new URL(c.url).origin}; re-pointing it to ${new URL(patch.url).origin} takes its auth in the same request (the token for that server, or {"type": "none"})`);
+      }
+      return {
+        ...c,
+        ...(patch.name !== undefined ? { name: patch.name } : {}),
+        ...(patch.url !== undefined ? { url: patch.url } : {}),
+        ...(patch.auth !== undefined ? { auth: this.seal(id, patch.auth) } : {}),
+        ...(patch.status !== undefined ? { status: patch.status, archived_at: patch.status === 'archived' ? (c.archived_at ?? nowIso()) : null } : {}),
+      };
+    }, { expectedVersion, notFound: 'connection' });
   }
 
   /**
