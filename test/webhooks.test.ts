@@ -1,9 +1,10 @@
-import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
+import { createServer, type IncomingHttpHeaders, type Server, type ServerResponse } from 'node:http';
 import { createServer as createTcpServer, type Server as TcpServer, type Socket } from 'node:net';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Redis } from 'ioredis';
 import { Webhook } from 'standardwebhooks';
 import { HttpClient } from '@agentplane/client';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
@@ -14,7 +15,7 @@ import { errType } from './harness/governance.js';
  * retries with backoff (a receiver failing twice then succeeding, one throttling with
  * Retry-After), order per Session, the
  * delivery log, permanent-failure disable and re-enable, the test delivery, the egress guard,
- * and a platform restart in the middle of a retry.
+ * deletes (once, and with nothing left behind by a delivery in flight), and a platform restart in the middle of a retry.
  */
 interface Received { headers: IncomingHttpHeaders; body: string; status: number; /** When it was answered (ms since the epoch). */ at: number }
 /** One answer of the receiver: a status, or a status with response headers (made when it answers, if a function). */
@@ -387,6 +388,46 @@ describe('webhook endpoints', () => {
       endless.closeAllConnections();
       endless.close();
     }
+  });
+
+  it('an endpoint deleted while a delivery is in flight keeps no delivery log, cursor or secret behind', async () => {
+    const held: ServerResponse[] = [];
+    const holding = createServer((req, res) => {
+      req.resume();
+      req.on('end', () => held.push(res));
+    });
+    await new Promise<void>((r) => holding.listen(0, '127.0.0.1', () => r()));
+    const redis = new Redis(p.redisUrl());
+    try {
+      const e = await api.post<Endpoint>('/v1/webhook-endpoints', { url: `http://127.0.0.1:${(holding.address() as { port: number }).port}/hook`, event_types: ['user.message'] });
+      const s = await newSession('in-flight');
+      const answer = await waitFor('the delivery to arrive', () => held[0], 15_000);
+      const d = await api.request('DELETE', `/v1/webhook-endpoints/${e.id}`);
+      expect(d.status).toBe(200);
+      answer.writeHead(200).end();
+      // The lane's step ends (its job is removed) once it has handled the answer.
+      await waitFor('the lane step to end', async () => ((await redis.keys(`ap:{q:webhooks}:webhooks:lane-${e.id}-${s}-*`)).length === 0 ? true : undefined), 15_000);
+      expect(await redis.keys(`ap:{w:${p.bootstrap.workspace_id}}:*${e.id}*`)).toEqual([]);
+    } finally {
+      for (const r of held) r.destroy();
+      holding.closeAllConnections();
+      holding.close();
+      redis.disconnect();
+    }
+  });
+
+  it('an endpoint is deleted once: of two deletes one answers and the other is 404; a stale expected_version is 409', async () => {
+    for (let i = 0; i < 5; i++) {
+      const e = await api.post<Endpoint>('/v1/webhook-endpoints', { url: rx.url });
+      const both = await Promise.all([api.request('DELETE', `/v1/webhook-endpoints/${e.id}`), api.request('DELETE', `/v1/webhook-endpoints/${e.id}`)]);
+      expect(both.map((r) => [r.status, errType(r) ?? null]).sort()).toEqual([[200, null], [404, 'validation.not_found']]);
+    }
+    const e = await api.post<Endpoint>('/v1/webhook-endpoints', { url: rx.url });
+    await api.post(`/v1/webhook-endpoints/${e.id}`, { expected_version: e.version, description: 'changed' });
+    const stale = await api.request('DELETE', `/v1/webhook-endpoints/${e.id}`, { query: { expected_version: String(e.version) } });
+    expect([stale.status, errType(stale)]).toEqual([409, 'validation.conflict']);
+    expect((await api.get<{ description: string }>(`/v1/webhook-endpoints/${e.id}`)).description).toBe('changed');
+    expect((await api.request('DELETE', `/v1/webhook-endpoints/${e.id}`, { query: { expected_version: String(e.version + 1) } })).status).toBe(200);
   });
 
   it('a platform restart in the middle of a retry loses no delivery', async () => {

@@ -59,6 +59,27 @@ async function checkRefs(deps: ApiDeps, ws: string, r: { principal_id?: string |
   if (r.environment_id) await deps.environments.get(ws, r.environment_id);
 }
 
+/**
+ * The ids a subscription's filter names must be of this Workspace: an Agent or endpoint of another
+ * one (or none) could never match, so the Automation would never fire. 404 `validation.not_found`.
+ */
+async function checkFilterRefs(deps: ApiDeps, ws: string, trigger: Trigger | undefined): Promise<void> {
+  if (trigger?.type !== 'subscription') return;
+  const named = async (field: string, what: string, id: string, get: () => Promise<unknown>): Promise<void> => {
+    try {
+      await get();
+    } catch (err) {
+      if (err instanceof ApiError && err.type === 'validation.not_found') throw new ApiError('validation.not_found', `body.trigger.filter.${field}: ${what} ${id} not found`);
+      throw err;
+    }
+  };
+  if (trigger.event === 'session.turn_ended') {
+    for (const id of trigger.filter.agent_ids) await named('agent_ids', 'agent', id, () => deps.agents.get(ws, id));
+  } else {
+    for (const id of trigger.filter.webhook_endpoint_ids) await named('webhook_endpoint_ids', 'webhook endpoint', id, () => deps.webhooks.store.get(ws, id));
+  }
+}
+
 const agentRef = (a: string | { id: string; version?: number | null | undefined }): AutomationDoc['agent'] =>
   typeof a === 'string' ? { id: a, version: null } : { id: a.id, version: a.version ?? null };
 
@@ -85,6 +106,7 @@ export const automationOperations: Operation[] = [
     const trigger = checkTrigger(body.trigger);
     const agent = agentRef(body.agent);
     await checkRefs(deps, ws, { principal_id: body.principal_id, agent, environment_id: body.environment_id });
+    await checkFilterRefs(deps, ws, trigger);
     const now = nowIso();
     const id = newId('automation');
     const a: AutomationDoc = {
@@ -125,6 +147,7 @@ export const automationOperations: Operation[] = [
       const trigger = body.trigger ? checkTrigger(body.trigger) : undefined;
       const agent = body.agent ? agentRef(body.agent) : undefined;
       await checkRefs(deps, ws, { principal_id: body.principal_id, agent, environment_id: body.environment_id });
+      await checkFilterRefs(deps, ws, trigger);
       const next = await deps.automations.store.update(ws, params.automation_id, (cur) => {
         if (trigger && trigger.type !== cur.trigger.type) {
           throw new ApiError('validation.malformed', 'body.trigger: the kind of trigger (schedule, webhook or subscription) is fixed when the Automation is created');
@@ -151,14 +174,10 @@ export const automationOperations: Operation[] = [
     audit: { target: 'automation_id' }, params: AutomationPath, query: Obj({ expected_version: Type.Optional(Type.Integer({ minimum: 1 })) }),
     response: Obj({ id: Id('automation'), type: Type.Literal('automation_deleted') }), mcp: 'full',
   }, async (ws, { params, query, deps }) => {
-    const a = await deps.automations.store.get(ws, params.automation_id);
-    if (query.expected_version !== undefined && a.version !== query.expected_version) {
-      throw new ApiError('validation.conflict', `version ${query.expected_version} is stale; the current version is ${a.version}`);
-    }
     // The document first: a crash after it leaves a scheduler the reconciliation removes.
-    await deps.automations.store.remove(ws, a.id);
-    await deps.automations.syncSchedule(ws, a.id);
-    return { id: a.id, type: 'automation_deleted' };
+    await deps.automations.store.remove(ws, params.automation_id, query.expected_version);
+    await deps.automations.syncSchedule(ws, params.automation_id);
+    return { id: params.automation_id, type: 'automation_deleted' };
   }),
   ...(['pause', 'resume'] as const).map((verb) => defineOperation({
     operationId: `automations.${verb}Automation`, method: 'POST', path: `/v1/automations/{automation_id}/${verb}`,
@@ -253,14 +272,11 @@ export const automationOperations: Operation[] = [
     const f = await firingOf(deps, ws, params.firing_id);
     if (!TERMINAL_FIRING.has(f.status)) throw new ApiError('runtime.invalid_transition', `the firing is ${f.status}: feedback is for finished firings`);
     await deps.identity.activePrincipal(ws, body.authored_by, 'authored_by');
-    const claim = await deps.redis.hsetnx(keys.unique(tags.workspace(ws), `firing_feedback:${f.id}`), body.authored_by, 'x');
-    if (claim === 0) throw new ApiError('validation.conflict', `Principal ${body.authored_by} already labelled this firing; update that label instead`);
     const now = nowIso();
     const doc: FeedbackDoc = {
       id: newId('firingFeedback'), type: 'automation_firing_feedback', workspace_id: ws, automation_id: f.automation_id, firing_id: f.id,
       authored_by: body.authored_by, disposition: body.disposition, version: 1, created_at: now, updated_at: now,
     };
-    await deps.redis.hset(keys.unique(tags.workspace(ws), `firing_feedback:${f.id}`), body.authored_by, doc.id);
     await deps.automations.store.createFeedback(doc);
     return publicFeedback(doc);
   }),

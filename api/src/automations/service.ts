@@ -1,4 +1,4 @@
-import { DelayedError, type Queue, type Job, type JobSchedulerJson, type RepeatOptions } from 'bullmq';
+import { DelayedError, type Queue, type Job, type JobSchedulerJson, type JobsOptions, type RepeatOptions } from 'bullmq';
 import { ApiError, Counter, ID_PREFIXES, newId, nowIso, sha256Hex, type Logger, type Metrics } from '@agentplane/core';
 import { eventLogKeys, keys, tags, type LogEvent } from '@agentplane/store';
 import { QueueHost } from '../queue-host.js';
@@ -31,7 +31,14 @@ const RECONCILE_EVERY_MS = 60_000;
  */
 export const MAX_AUTOMATION_CHAIN = 5;
 
-interface TickData { workspace_id: string; automation_id: string }
+interface TickData {
+  workspace_id: string;
+  automation_id: string;
+  /** A tick run again after its work threw (`retryTick`): when the scheduler's tick was due. */
+  due_ms?: number;
+}
+/** A schedule tick whose work throws is run this many times in all (`retryTick`). */
+const TICK_ATTEMPTS = 3;
 interface FiringJobData { workspace_id: string; firing_id: string; polls?: number }
 
 export interface AutomationServiceDeps {
@@ -183,16 +190,32 @@ export class AutomationService {
   }
 
   private async enqueueFire(ws: string, firingId: string): Promise<void> {
-    await this.queue.add('fire', { workspace_id: ws, firing_id: firingId } satisfies FiringJobData, {
+    const old = await this.queue.getJob(firingId);
+    // Its attempts are spent: the firing could not start. The worker's `failed` handler records
+    // that; this records it when that handler never ran (its api died first).
+    if (old && old.attemptsMade >= FIRE_ATTEMPTS && (await old.isFailed())) return this.startFailed(ws, firingId);
+    await this.addOnce('fire', { workspace_id: ws, firing_id: firingId } satisfies FiringJobData, {
       jobId: firingId, attempts: FIRE_ATTEMPTS, backoff: { type: 'exponential', delay: 500 },
       removeOnComplete: true, removeOnFail: { age: 24 * 3600 },
     });
   }
 
   private async enqueueWatch(ws: string, firingId: string, delayMs = 100): Promise<void> {
-    await this.queue.add('watch', { workspace_id: ws, firing_id: firingId, polls: 0 } satisfies FiringJobData, {
+    await this.addOnce('watch', { workspace_id: ws, firing_id: firingId, polls: 0 } satisfies FiringJobData, {
       jobId: `watch-${firingId}`, delay: delayMs, removeOnComplete: true, removeOnFail: { age: 24 * 3600 },
     });
+  }
+
+  /**
+   * Queues a firing's job under its fixed id (never twice). A failed job of that id (its work
+   * threw, e.g. while Redis restarted, or its worker died twice) is removed first: kept, it would
+   * make the add do nothing, and a receipt that is not settled would wait for the failed job to
+   * expire (a day), a `running` one holding its Automation's concurrency slot all that time.
+   */
+  private async addOnce(name: 'fire' | 'watch', data: FiringJobData, opts: JobsOptions & { jobId: string }): Promise<void> {
+    const old = await this.queue.getJob(opts.jobId);
+    if (old && (await old.isFailed())) await this.queue.remove(opts.jobId);
+    await this.queue.add(name, data, opts);
   }
 
   private finalMetric(source: FiringSourceKind, status: string): void {
@@ -308,6 +331,14 @@ export class AutomationService {
     await this.d.store.settled(f);
   }
 
+  /** A firing whose `fire` job spent its attempts: its slot is released and its receipt `failed` (`start_failed`). */
+  private async startFailed(ws: string, firingId: string): Promise<void> {
+    const f = await this.d.store.docs.get<FiringDoc>(tags.workspace(ws), firingId);
+    if (!f) return;
+    await this.d.store.release(f.workspace_id, f.automation_id, f.id);
+    await this.fail(f, 'start_failed');
+  }
+
   /**
    * A Session made by a firing appended a turn-ending event: its watcher runs now instead of at
    * its next poll (the poll stays as the backstop for a missed message).
@@ -364,7 +395,7 @@ export class AutomationService {
     const { workspace_id: ws, automation_id: id } = job.data;
     const a = await this.d.store.docs.get<AutomationDoc>(tags.workspace(ws), id);
     if (!a || a.status !== 'active' || a.trigger.type !== 'schedule') return;
-    const dueMs = tickDueMs(job, id);
+    const dueMs = job.data.due_ms ?? tickDueMs(job, id);
     // Due before the current schedule began: a tick of an earlier one (queued before a pause and
     // run after the resume, or made under times since changed). The new scheduler makes its own.
     if (a._schedule_since_ms !== undefined && dueMs < a._schedule_since_ms) return;
@@ -375,6 +406,23 @@ export class AutomationService {
     const firingId = tickFiringId(id, scheduledAt);
     if (await this.d.store.docs.get<FiringDoc>(tags.workspace(ws), firingId)) return;
     await this.fire(a, { kind: 'schedule', scheduled_at: scheduledAt }, { scheduled_at: scheduledAt }, { id: firingId, status: late && a.trigger.on_missed === 'skip' ? 'skipped' : 'pending' });
+  }
+
+  /**
+   * A scheduler's tick whose work threw (Redis restarting, say) is not lost: it is queued again as
+   * a one-off job carrying its due time, which BullMQ retries with backoff, up to TICK_ATTEMPTS
+   * runs in all. Its firing keeps the tick's due time and id, so it is made late rather than
+   * never, and still once; a pause or a new schedule meanwhile drops it as it would the tick.
+   */
+  private async retryTick(job: Job<TickData>): Promise<void> {
+    if (job.data.due_ms !== undefined) return; // already the retry: BullMQ's attempts are spent
+    const { workspace_id: ws, automation_id: id } = job.data;
+    const dueMs = tickDueMs(job, id);
+    this.d.log.warn({ automation_id: id, due_at: new Date(dueMs).toISOString(), err: job.failedReason }, 'a schedule tick failed; it runs again');
+    await this.queue.add('tick', { workspace_id: ws, automation_id: id, due_ms: dueMs } satisfies TickData, {
+      jobId: `tick-again-${id}-${dueMs}`, delay: 1000, attempts: TICK_ATTEMPTS - 1, backoff: { type: 'exponential', delay: 1000 },
+      removeOnComplete: true, removeOnFail: { age: 24 * 3600 },
+    });
   }
 
   // ---- subscriptions -------------------------------------------------------------------------
@@ -504,14 +552,14 @@ export class AutomationService {
     }, { concurrency: 16, settings: { repeatStrategy: cronRepeatStrategy } });
     if (!worker) return;
     worker.on('failed', (job, err) => {
+      if (job?.name === 'tick') {
+        void this.retryTick(job as Job<TickData>).catch((e: unknown) => this.d.log.error({ err: e }, 'queueing a failed schedule tick again failed'));
+        return;
+      }
       if (!job || job.name !== 'fire' || job.attemptsMade < FIRE_ATTEMPTS) return;
       const data = job.data as FiringJobData;
       this.d.log.warn({ firing_id: data.firing_id, err: err.message }, 'automation firing could not start');
-      void this.d.store.docs.get<FiringDoc>(tags.workspace(data.workspace_id), data.firing_id).then(async (f) => {
-        if (!f) return;
-        await this.d.store.release(f.workspace_id, f.automation_id, f.id);
-        await this.fail(f, 'start_failed');
-      }).catch((e: unknown) => this.d.log.error({ err: e }, 'recording a failed firing failed'));
+      void this.startFailed(data.workspace_id, data.firing_id).catch((e: unknown) => this.d.log.error({ err: e }, 'recording a failed firing failed'));
     });
     this.d.tap.on({ wants: (f) => this.wantsWorkspace(f.workspace_id) }, (t) => this.onAppend(t));
     // A firing's Session, and only the appends that may end its turn.

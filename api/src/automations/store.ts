@@ -23,6 +23,21 @@ if redis.call('SCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
 redis.call('SADD', KEYS[1], ARGV[1])
 return 1`);
 
+/**
+ * A feedback label and its claim (Principal → label id, one per firing) in one script, so no
+ * failure between them can leave a claim without its label (the Principal could never label the
+ * firing). A claim whose label is not in the firing's label index (left by a release that wrote
+ * them apart) is taken over. KEYS: the claims hash, the label's document, the firing's label
+ * index. ARGV: Principal, label id, label JSON, score. Answers the label id already held, or nil.
+ */
+const CREATE_FEEDBACK = new LuaScript('automation_feedback_create', `
+local held = redis.call('HGET', KEYS[1], ARGV[1])
+if held and redis.call('ZSCORE', KEYS[3], held) then return held end
+if not redis.call('SET', KEYS[2], ARGV[3], 'NX') then return redis.error_reply('feedback label id taken') end
+redis.call('ZADD', KEYS[3], ARGV[4], ARGV[2])
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return false`);
+
 /** Redis keys of the automations area (docs/ARCHITECTURE.md lists them). */
 export const automationKeys = {
   secret: (ws: string, id: string) => keys.scoped(tags.workspace(ws), `automation_secret:${id}`),
@@ -78,8 +93,18 @@ export class AutomationStore {
     }, { expectedVersion, notFound: `automation ${id}` });
   }
 
-  async remove(ws: string, id: string): Promise<void> {
-    await this.docs.remove(tags.workspace(ws), id, [AUTOMATIONS]);
+  /**
+   * Deletes the Automation, with `expectedVersion` as one compare-and-delete: of two deletes one
+   * answers and the other is 404, and a change that lands after the caller's read makes the
+   * delete 409 `validation.conflict` instead of being erased unseen. Then its secret, home and metrics.
+   */
+  async remove(ws: string, id: string, expectedVersion?: number): Promise<void> {
+    const r = await this.docs.removeIfVersion(tags.workspace(ws), id, expectedVersion, [AUTOMATIONS]);
+    if (r.kind === 'missing') throw new ApiError('validation.not_found', `automation ${id} not found`);
+    if (r.kind === 'stale') {
+      const at = (JSON.parse(r.current) as AutomationDoc).version;
+      throw new ApiError('validation.conflict', `version ${expectedVersion ?? ''} is stale; the current version is ${at}`);
+    }
     await this.redis.del(automationKeys.secret(ws, id), automationKeys.home(id), automationKeys.metrics(ws, id));
   }
 
@@ -190,8 +215,16 @@ export class AutomationStore {
 
   // ---- feedback ------------------------------------------------------------------------------
 
+  /**
+   * Writes the label unless its Principal already labelled the firing (one script with the
+   * claim: see CREATE_FEEDBACK); 409 `validation.conflict` then.
+   */
   async createFeedback(doc: FeedbackDoc): Promise<void> {
-    await this.docs.create(tags.workspace(doc.workspace_id), doc, [feedbackOf(doc.firing_id)]);
+    const tag = tags.workspace(doc.workspace_id);
+    const held = await CREATE_FEEDBACK.run(this.redis, [keys.unique(tag, feedbackOf(doc.firing_id)), keys.doc(tag, doc.id), keys.index(tag, feedbackOf(doc.firing_id))], [
+      doc.authored_by, doc.id, JSON.stringify(doc), Date.parse(doc.created_at),
+    ]);
+    if (typeof held === 'string') throw new ApiError('validation.conflict', `Principal ${doc.authored_by} already labelled this firing; update that label instead`);
   }
 
   async feedbackCounts(ws: string, firingId: string): Promise<FeedbackDoc[]> {

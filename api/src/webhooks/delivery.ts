@@ -165,8 +165,9 @@ export class WebhookDispatcher {
 
   /**
    * One signed POST to the endpoint: the egress guard on the resolved address, no redirects
-   * followed, and one deadline (`timeoutMs`) for the whole exchange: the status must arrive within
-   * it, and the response body is read for no longer than that and no further than 64 KiB.
+   * followed, and one deadline (`timeoutMs`) for the whole exchange, the host's lookup included:
+   * the status must arrive within it, and the response body is read for no longer than that and
+   * no further than 64 KiB.
    */
   async send(endpoint: EndpointDoc, messageId: string, body: string): Promise<SendResult> {
     const started = performance.now();
@@ -180,18 +181,29 @@ export class WebhookDispatcher {
       this.latency.observe(latency_ms / 1000);
       return { status_code, latency_ms, error, retry_after_ms };
     };
+    const timeoutMs = this.d.settings.timeoutMs;
     let target: { address: string; family: 4 | 6 };
+    // A name server that never answers ends the attempt at the deadline too (the lookup itself
+    // cannot be called off; its late answer is dropped).
+    let lookupDeadline: NodeJS.Timeout | undefined;
     try {
-      target = await resolveAllowed(url.hostname, this.d.settings.egress);
+      const late = new Promise<null>((resolve) => {
+        lookupDeadline = setTimeout(() => resolve(null), timeoutMs);
+      });
+      const found = await Promise.race([resolveAllowed(url.hostname, this.d.settings.egress), late]);
+      if (found === null) return done(0, 'timeout');
+      target = found;
     } catch (err) {
       return done(0, err instanceof EgressRefused ? 'egress_refused' : 'dns_failed');
+    } finally {
+      clearTimeout(lookupDeadline);
     }
     const lookup: LookupFunction = (_host, opts, cb) => {
       if ((opts as { all?: boolean }).all) (cb as unknown as (e: null, a: { address: string; family: number }[]) => void)(null, [target]);
       else cb(null, target.address, target.family);
     };
     const requestFn = url.protocol === 'https:' ? httpsRequest : httpRequest;
-    const timeoutMs = this.d.settings.timeoutMs;
+    const remainingMs = Math.max(0, timeoutMs - (performance.now() - started));
     return new Promise<SendResult>((resolve) => {
       let status: number | null = null;
       let retryAfterMs: number | null = null;
@@ -226,7 +238,7 @@ export class WebhookDispatcher {
         res.on('end', () => finish('connection_failed'));
         res.on('error', () => finish('connection_failed'));
       });
-      deadline = setTimeout(() => finish('timeout'), timeoutMs);
+      deadline = setTimeout(() => finish('timeout'), remainingMs);
       req.on('error', () => finish('connection_failed'));
       req.end(body);
     });
@@ -351,7 +363,7 @@ export class WebhookDispatcher {
         if (!(await a.events()).some((x) => e.event_types.includes(x.type))) continue;
       }
       const cur = await this.d.store.initCursor(a.workspace_id, e.id, a.session_id, a.from - 1);
-      await this.enqueueLane(a.workspace_id, e.id, a.session_id, cur);
+      if (cur !== null) await this.enqueueLane(a.workspace_id, e.id, a.session_id, cur);
     }
   }
 

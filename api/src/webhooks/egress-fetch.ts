@@ -20,6 +20,24 @@ export interface EgressFetchOptions {
   tls?: { cert: string; key: string } | undefined;
 }
 
+/**
+ * `p`, or the signal's reason as soon as it aborts: the caller's deadline holds while the host is
+ * looked up too (a lookup cannot be called off; a name server that never answers would otherwise
+ * hold the request past it, and its late answer is dropped).
+ */
+function untilAborted<T>(p: Promise<T>, signal: AbortSignal | null | undefined): Promise<T> {
+  if (!signal) return p;
+  if (signal.aborted) return Promise.reject(signal.reason as Error);
+  return new Promise<T>((resolve, reject) => {
+    const onAbort = (): void => reject(signal.reason as Error);
+    signal.addEventListener('abort', onAbort, { once: true });
+    p.then(
+      (v) => { signal.removeEventListener('abort', onAbort); resolve(v); },
+      (err: unknown) => { signal.removeEventListener('abort', onAbort); reject(err as Error); },
+    );
+  });
+}
+
 const urlOf = (input: string | URL | Request): URL => new URL(typeof input === 'string' ? input : input instanceof URL ? input.href : input.url);
 
 function bodyOf(body: RequestInit['body']): string | Uint8Array | undefined {
@@ -38,7 +56,8 @@ function bodyOf(body: RequestInit['body']): string | Uint8Array | undefined {
  * connects), and the request connects to exactly the address that was checked, so a DNS answer
  * that changes between the check and the connection (rebinding) cannot redirect it. TLS still
  * verifies the certificate against the host name of the URL. A redirect is never followed: the
- * response goes back to the caller as it came.
+ * response goes back to the caller as it came. The request's signal ends the wait for the
+ * lookup as well as for the answer.
  */
 export function egressFetch(options: EgressFetchOptions = {}): EgressFetch {
   const { policy, tls } = options;
@@ -49,7 +68,7 @@ export function egressFetch(options: EgressFetchOptions = {}): EgressFetch {
     if (tls && url.protocol !== 'https:') throw new Error('a client certificate is presented over https only');
     let lookup: LookupFunction | undefined;
     if (policy) {
-      const target = await resolveAllowed(url.hostname, policy);
+      const target = await untilAborted(resolveAllowed(url.hostname, policy), init?.signal);
       lookup = (_host, opts, cb) => {
         if ((opts as { all?: boolean }).all) (cb as unknown as (e: null, a: { address: string; family: number }[]) => void)(null, [target]);
         else cb(null, target.address, target.family);

@@ -96,13 +96,9 @@ export const webhookOperations: Operation[] = [
     audit: { target: 'webhook_endpoint_id' }, params: EndpointPath, query: Obj({ expected_version: Type.Optional(Type.Integer({ minimum: 1 })) }),
     response: Obj({ id: Id('webhookEndpoint'), type: Type.Literal('webhook_endpoint_deleted') }), mcp: 'full',
   }, async (ws, { params, query, deps }) => {
-    const e = await deps.webhooks.store.get(ws, params.webhook_endpoint_id);
-    if (query.expected_version !== undefined && e.version !== query.expected_version) {
-      throw new ApiError('validation.conflict', `version ${query.expected_version} is stale; the current version is ${e.version}`);
-    }
-    await deps.webhooks.store.remove(ws, e.id);
+    await deps.webhooks.store.remove(ws, params.webhook_endpoint_id, query.expected_version);
     deps.webhooks.forget(ws);
-    return { id: e.id, type: 'webhook_endpoint_deleted' };
+    return { id: params.webhook_endpoint_id, type: 'webhook_endpoint_deleted' };
   }),
   workspaceWrite('POST', {
     operationId: 'webhookEndpoints.rotateWebhookEndpointSecret', path: '/v1/webhook-endpoints/{webhook_endpoint_id}/rotate-secret',

@@ -3,7 +3,8 @@ import { beforeAll, describe, expect, it } from 'vitest';
 import { useEmbeddedRedis } from '@agentplane/store/testing';
 import { newId, SecretBox } from '@agentplane/core';
 import { DocumentStore, type Redis } from '@agentplane/store';
-import { parseDeliveryCursor, WebhookStore } from './store.js';
+import { parseDeliveryCursor, WebhookStore, webhookKeys } from './store.js';
+import type { EndpointDoc } from './model.js';
 
 /** The delivery log's cursors against a real stream: issued ones page it, forged ones are a 400, never a Redis error. */
 const testRedis = useEmbeddedRedis('webhook-store');
@@ -15,14 +16,26 @@ beforeAll(() => {
   store = new WebhookStore(redis, new DocumentStore(redis), new SecretBox(randomBytes(32)));
 });
 
+/** A stored endpoint of a new Workspace: its Workspace and id. */
+async function endpoint(): Promise<{ ws: string; id: string }> {
+  const ws = newId('workspace');
+  const id = newId('webhookEndpoint');
+  const now = new Date().toISOString();
+  const e: EndpointDoc = {
+    id, type: 'webhook_endpoint', workspace_id: ws, url: 'https://hooks.example.com/x', description: null, event_types: [], status: 'enabled',
+    disabled_reason: null, disabled_at: null, secret_generation: 1, previous_secret_expires_at: null, version: 1, created_at: now, updated_at: now,
+  };
+  await store.create(e);
+  return { ws, id };
+}
+
 const record = (seq: number) => ({
   message_id: `evt_${seq}`, event_type: 'user.message', session_id: null, seq, attempt: 1, status_code: 200, latency_ms: 1, outcome: 'succeeded' as const, error: null, retry_after_ms: null, test: false,
 });
 
 describe('the delivery log\'s cursor', () => {
   it('pages newest first with the cursors it issues', async () => {
-    const ws = newId('workspace');
-    const id = newId('webhookEndpoint');
+    const { ws, id } = await endpoint();
     for (let i = 1; i <= 5; i++) await store.record(ws, id, record(i));
     const first = await store.deliveries(ws, id, 2);
     expect(first.data.map((r) => r.seq)).toEqual([5, 4]);
@@ -33,8 +46,7 @@ describe('the delivery log\'s cursor', () => {
   });
 
   it('refuses forged cursors with 400 validation.malformed; the first possible id ends the list', async () => {
-    const ws = newId('workspace');
-    const id = newId('webhookEndpoint');
+    const { ws, id } = await endpoint();
     await store.record(ws, id, record(1));
     for (const page of ['c1_99999999999999999999999s0', 'c1_1s99999999999999999999999', 'c1_9007199254740992s0', 'c1_1s9007199254740992', 'c1_1-2', 'c1_s1', 'x', 'c1_1s2 ']) {
       await expect(store.deliveries(ws, id, 10, page), page).rejects.toMatchObject({ type: 'validation.malformed', status: 400 });
@@ -48,5 +60,28 @@ describe('the delivery log\'s cursor', () => {
   it('parses a cursor into the stream id it names', () => {
     expect(parseDeliveryCursor('c1_1700000000000s3')).toBe('1700000000000-3');
     expect(parseDeliveryCursor('c1_0s0')).toBe('start');
+  });
+});
+
+describe('a deleted endpoint', () => {
+  it('keeps no delivery log and starts no lane when a delivery or an append outlives the delete', async () => {
+    const { ws, id } = await endpoint();
+    expect(await store.initCursor(ws, id, 'sess_a', 4)).toBe(4);
+    await store.record(ws, id, record(5));
+    await store.remove(ws, id);
+    // A step that was sending when the endpoint was deleted records its attempt; the tap that
+    // read the endpoint list before the delete starts a lane of another Session.
+    await store.record(ws, id, record(5));
+    expect(await store.initCursor(ws, id, 'sess_b', 7)).toBeNull();
+    expect(await redis.exists(webhookKeys.log(ws, id), webhookKeys.cursors(ws, id), webhookKeys.secret(ws, id))).toBe(0);
+  });
+
+  it('is deleted once: a second delete is 404, a delete at a stale version 409 changing nothing', async () => {
+    const { ws, id } = await endpoint();
+    await store.update(ws, id, (e) => ({ ...e, description: 'changed' }), 1);
+    await expect(store.remove(ws, id, 1)).rejects.toMatchObject({ type: 'validation.conflict', status: 409 });
+    expect((await store.get(ws, id)).description).toBe('changed');
+    await store.remove(ws, id, 2);
+    await expect(store.remove(ws, id)).rejects.toMatchObject({ type: 'validation.not_found', status: 404 });
   });
 });

@@ -22,6 +22,26 @@ if (cur or '') ~= ARGV[2] then return 0 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
 return 1`);
 
+/**
+ * Starts a lane (HSETNX) only while the endpoint's document exists, and answers the lane's cursor
+ * (nil without the endpoint): a step that ran on after a delete cannot leave a cursor behind.
+ * KEYS: the endpoint's document, its cursors. ARGV: Session id, seq.
+ */
+const INIT_CURSOR = new LuaScript('webhook_cursor_init', `
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2])
+return redis.call('HGET', KEYS[2], ARGV[1])`);
+
+/**
+ * Appends one delivery record only while the endpoint's document exists: a delivery that was in
+ * flight when its endpoint was deleted leaves no log behind. KEYS: the document, the log. ARGV:
+ * the log's cap, the record's JSON.
+ */
+const RECORD = new LuaScript('webhook_delivery_record', `
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[1], '*', 'r', ARGV[2])
+return 1`);
+
 export class WebhookStore {
   constructor(readonly redis: Redis, readonly docs: DocumentStore, private readonly box: SecretBox) {}
 
@@ -43,8 +63,18 @@ export class WebhookStore {
     return this.docs.update<EndpointDoc>(tags.workspace(ws), id, mutate, { expectedVersion, notFound: `webhook endpoint ${id}` });
   }
 
-  async remove(ws: string, id: string): Promise<void> {
-    await this.docs.remove(tags.workspace(ws), id, [ENDPOINTS]);
+  /**
+   * Deletes the endpoint, with `expectedVersion` as one compare-and-delete: of two deletes one
+   * answers and the other is 404, and an update that lands after the caller's read makes the
+   * delete 409 `validation.conflict` instead of being erased unseen. Then its secret, cursors and log.
+   */
+  async remove(ws: string, id: string, expectedVersion?: number): Promise<void> {
+    const r = await this.docs.removeIfVersion(tags.workspace(ws), id, expectedVersion, [ENDPOINTS]);
+    if (r.kind === 'missing') throw new ApiError('validation.not_found', `webhook endpoint ${id} not found`);
+    if (r.kind === 'stale') {
+      const at = (JSON.parse(r.current) as EndpointDoc).version;
+      throw new ApiError('validation.conflict', `version ${expectedVersion ?? ''} is stale; the current version is ${at}`);
+    }
     await this.redis.del(webhookKeys.secret(ws, id), webhookKeys.cursors(ws, id), webhookKeys.log(ws, id));
   }
 
@@ -87,10 +117,10 @@ export class WebhookStore {
     return v === null ? null : Number(v);
   }
 
-  /** A lane starts just before the first append the tap saw for it. */
-  async initCursor(ws: string, id: string, sessionId: string, seq: number): Promise<number> {
-    await this.redis.hsetnx(webhookKeys.cursors(ws, id), sessionId, String(seq));
-    return Number(await this.redis.hget(webhookKeys.cursors(ws, id), sessionId));
+  /** A lane starts just before the first append the tap saw for it; null when the endpoint is gone. */
+  async initCursor(ws: string, id: string, sessionId: string, seq: number): Promise<number | null> {
+    const v = await INIT_CURSOR.run(this.redis, [keys.doc(tags.workspace(ws), id), webhookKeys.cursors(ws, id)], [sessionId, String(seq)]);
+    return v === null || v === undefined ? null : Number(v);
   }
 
   async advance(ws: string, id: string, sessionId: string, from: number, to: number): Promise<boolean> {
@@ -108,8 +138,11 @@ export class WebhookStore {
 
   // ---- delivery log -----------------------------------------------------------------------------
 
+  /** One record in the endpoint's delivery log; none once the endpoint is deleted. */
   async record(ws: string, endpointId: string, r: Omit<DeliveryRecord, 'at'>): Promise<void> {
-    await this.redis.xadd(webhookKeys.log(ws, endpointId), 'MAXLEN', '~', String(DELIVERY_LOG_MAX), '*', 'r', JSON.stringify({ ...r, at: new Date().toISOString() }));
+    await RECORD.run(this.redis, [keys.doc(tags.workspace(ws), endpointId), webhookKeys.log(ws, endpointId)], [
+      String(DELIVERY_LOG_MAX), JSON.stringify({ ...r, at: new Date().toISOString() }),
+    ]);
   }
 
   /** Newest first. The cursor is the last entry's stream id, written `c1_<ms>s<n>`. */
