@@ -90,6 +90,19 @@ describe('session resources', () => {
     expect(third.reply).toContain('late arrival');
   }, 240_000);
 
+  it('a File whose name is more than a file system takes in UTF-8 bytes is mounted under its name cut to fit', async () => {
+    // 200 CJK characters: a filename the API takes (255 characters at most), 600 bytes of UTF-8.
+    const long = `${'報'.repeat(200)}.txt`;
+    const file = (await api.uploadFile<{ id: string; filename: string }>(long, new TextEncoder().encode('long name'))).body;
+    expect(file.filename).toBe(long);
+    const s = await api.post<{ id: string }>('/v1/sessions', {
+      agent: shellAgent(`cat ${'報'.repeat(83)}.txt`), environment_id: envId, resources: [{ type: 'file', file_id: file.id }],
+    });
+    const first = await turn(s.id, 1);
+    expect(first.idle.stop_reason).toMatchObject({ type: 'end_turn' });
+    expect(first.reply).toContain('long name');
+  }, 240_000);
+
   it('a repository that cannot be fetched ends the turn with an error that says why', async () => {
     const s = await api.post<{ id: string }>('/v1/sessions', {
       agent: shellAgent('true'), environment_id: envId, resources: [{ type: 'repository', url: git.url('no-such-repo') }],

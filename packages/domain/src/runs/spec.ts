@@ -54,6 +54,29 @@ export class ProjectHeadReader implements ProjectHeads {
   }
 }
 
+/** The longest name of one file a sandbox's file system holds, in UTF-8 bytes (NAME_MAX). */
+const MAX_NAME_BYTES = 255;
+
+/**
+ * A File's default mount name: its filename, which may be up to 255 characters and so more than
+ * the 255 bytes of UTF-8 a file system takes in one name (CJK text, say), cut to fit: the stem
+ * shortened at a character boundary, an extension of up to 32 bytes kept.
+ */
+export function fileMountName(filename: string): string {
+  if (Buffer.byteLength(filename, 'utf8') <= MAX_NAME_BYTES) return filename;
+  const dot = filename.lastIndexOf('.');
+  const ext = dot > 0 && Buffer.byteLength(filename.slice(dot), 'utf8') <= 32 ? filename.slice(dot) : '';
+  let used = Buffer.byteLength(ext, 'utf8');
+  let stem = '';
+  for (const ch of filename.slice(0, filename.length - ext.length)) {
+    const n = Buffer.byteLength(ch, 'utf8');
+    if (used + n > MAX_NAME_BYTES) break;
+    stem += ch;
+    used += n;
+  }
+  return stem + ext;
+}
+
 /** The Session's materialisable resources (memory stores are not mounted). */
 export async function specResources(resources: readonly SessionResource[], workspaceId: string, files?: FileStore, projects?: ProjectHeads): Promise<SpecResource[]> {
   const out: SpecResource[] = [];
@@ -70,7 +93,7 @@ export async function specResources(resources: readonly SessionResource[], works
       const head = files ? await files.get(workspaceId, r.file_id).catch(() => null) : null;
       out.push(
         head
-          ? { type: 'file', id: r.id, file_id: r.file_id, mount_path: r.mount_path ?? `/${head.filename}`, sha256: head.sha256, size_bytes: head.size_bytes }
+          ? { type: 'file', id: r.id, file_id: r.file_id, mount_path: r.mount_path ?? `/${fileMountName(head.filename)}`, sha256: head.sha256, size_bytes: head.size_bytes }
           : { type: 'file', id: r.id, file_id: r.file_id, mount_path: r.mount_path ?? `/${r.file_id}`, sha256: null, size_bytes: 0, missing: true },
       );
     }
