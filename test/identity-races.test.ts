@@ -1,5 +1,6 @@
 import { request as httpRequest } from 'node:http';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Redis } from 'ioredis';
 import { HttpClient, SERVICE_VERSION } from '@agentplane/client';
 import { startPlatform, type Platform } from './harness/platform.js';
 
@@ -184,5 +185,44 @@ describe('runner pairing redemption', () => {
     expect(refusedAt).toBeLessThanOrEqual(121);
     // Another source is not refused.
     expect(await redeemFrom('127.0.0.3')).toBe(401);
+  });
+});
+
+describe('Principal external subjects', () => {
+  it('a subject held by no live Principal (a create or a deletion that died half-way) is released by the next create', async () => {
+    const redis = new Redis(p.redisUrl());
+    try {
+      const subjects = `ap:{w:${wsA}}:uniq:principal_subjects`;
+      const create = (subject: string) => p.root.request<{ id: string; external_subject_id: string }>('POST', `/v1/organizations/workspaces/${wsA}/principals`, {
+        body: { external_subject_id: subject, principal_type: 'person', display_name: 'claimed' },
+      });
+
+      // Claimed for a Principal that was never written.
+      await redis.hset(subjects, 'orphaned-subject', `prin_${'0'.repeat(32)}`);
+      const taken = await create('orphaned-subject');
+      expect([taken.status, taken.body.external_subject_id]).toEqual([201, 'orphaned-subject']);
+      expect(await redis.hget(subjects, 'orphaned-subject')).toBe(taken.body.id);
+
+      // Still claimed by a Principal whose deletion died before it released the subject.
+      const gone = await create('deleted-subject');
+      expect(gone.status).toBe(201);
+      expect((await p.root.request('DELETE', `/v1/principals/${gone.body.id}`)).status).toBe(200);
+      await redis.hset(subjects, 'deleted-subject', gone.body.id);
+      const again = await create('deleted-subject');
+      expect(again.status).toBe(201);
+      expect(again.body.id).not.toBe(gone.body.id);
+      expect(await redis.hget(subjects, 'deleted-subject')).toBe(again.body.id);
+
+      // Held by a live (or suspended) Principal: 409, and the claim stays its.
+      expect((await p.root.request('POST', `/v1/principals/${again.body.id}/suspend`, { body: {} })).status).toBe(200);
+      for (const subject of ['orphaned-subject', 'deleted-subject']) {
+        const dup = await create(subject);
+        expect([dup.status, errType(dup)]).toEqual([409, 'validation.conflict']);
+      }
+      expect(await redis.hget(subjects, 'deleted-subject')).toBe(again.body.id);
+      expect(await redis.hget(subjects, 'orphaned-subject')).toBe(taken.body.id);
+    } finally {
+      redis.disconnect();
+    }
   });
 });

@@ -6,7 +6,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { WebSocket } from 'ws';
 import { connectRedis, freePort, keys, tags, type Redis } from '@agentplane/store';
 import { frame, type RunnerPresence } from '@agentplane/protocol';
-import { deliverToRunner, PresenceStore } from '@agentplane/gateway';
+import { deliverToRunner, GATEWAY_CONTROL_CHANNEL, PresenceStore } from '@agentplane/gateway';
 import { ROOT_DIR, startPlatform, waitFor, type Platform } from './harness/platform.js';
 import { DAEMON_READY_MS, RUNNER_CLI as CLI, startDaemon as startHarnessDaemon, WITH_DAEMON_MS } from './harness/daemon.js';
 import { spawnOwned } from './harness/spawn.js';
@@ -497,6 +497,75 @@ describe('leases through the gateway (delivery interface) and SIGTERM drain', ()
     expect(Date.now() - t0).toBeLessThan(5000);
     expect(await frameCount('in', 'lease.fail')).toBe(fails + 1);
   }, WITH_DAEMON_MS);
+});
+
+describe('drain and resume races', () => {
+  type Control = { kind: string; runner_pool_id?: string; runner_id?: string; except_runner_ids?: string[]; mark?: string };
+
+  /**
+   * Every control message published from now on, and `settled()`: resolves once every message
+   * published before it was called has been seen (a marker of the test's own goes through the
+   * same channel after them).
+   */
+  async function watchControl(): Promise<{ seen: Control[]; settled(): Promise<void>; stop(): Promise<void> }> {
+    const sub = connectRedis(p.redisUrl(), { name: 'test-control' });
+    const seen: Control[] = [];
+    const marks = new Map<string, () => void>();
+    sub.on('message', (_channel: string, raw: string) => {
+      const m = JSON.parse(raw) as Control;
+      if (m.mark) marks.get(m.mark)?.();
+      else seen.push(m);
+    });
+    await sub.subscribe(GATEWAY_CONTROL_CHANNEL);
+    return {
+      seen,
+      async settled() {
+        const mark = `mark-${Math.random()}`;
+        const arrived = new Promise<void>((resolve) => marks.set(mark, resolve));
+        // `lease_ended` is the one kind the gateways leave to others; a marker of it closes no socket.
+        await redis.publish(GATEWAY_CONTROL_CHANNEL, JSON.stringify({ kind: 'lease_ended', mark }));
+        await arrived;
+      },
+      async stop() {
+        await sub.quit();
+      },
+    };
+  }
+
+  it('the last drain or resume the gateways receive for a pool, or a runner, states what is stored', async () => {
+    const issued = await managedCredential();
+    const pool = issued.runner_credential.runner_pool_id;
+    const runner = issued.runner_credential.runner_id;
+    const control = await watchControl();
+    try {
+      const drained = (m: Control) => m.kind === 'drain';
+      const race = async (round: number, writes: Array<() => Promise<{ status: number }>>) => {
+        for (const w of await Promise.all(writes.map((f) => f()))) expect(w.status).toBe(200);
+        await control.settled();
+        const stored = await p.root.get<{ status: string }>(`/v1/runner-pools/${pool}`);
+        const own = await p.root.get<{ drain: unknown }>(`/v1/runner-credentials/${issued.runner_credential.id}`);
+        // What a gateway did last for this runner: the last message naming its pool (and not
+        // leaving it out) or the runner itself.
+        const last = control.seen.filter((m) => (m.runner_pool_id === pool && !m.except_runner_ids?.includes(runner)) || m.runner_id === runner).at(-1);
+        expect(last !== undefined && drained(last), `round ${round}: pool ${stored.status}, own drain ${JSON.stringify(own.drain)}`)
+          .toBe(stored.status === 'draining' || own.drain !== null);
+        control.seen.length = 0;
+      };
+      for (let round = 0; round < 20; round++) {
+        await race(round, [
+          () => p.root.request('POST', `/v1/runner-pools/${pool}/drain`, { body: { reason: `round ${round}` } }),
+          () => p.root.request('POST', `/v1/runner-pools/${pool}/resume`),
+        ]);
+        await race(round, [
+          () => p.root.request('POST', `/v1/runners/${runner}/drain`, { body: {} }),
+          () => p.root.request('POST', `/v1/runners/${runner}/resume`),
+          () => p.root.request('POST', `/v1/runner-pools/${pool}/resume`),
+        ]);
+      }
+    } finally {
+      await control.stop();
+    }
+  });
 });
 
 describe('npm start', () => {

@@ -45,8 +45,10 @@ export class AgentInstallationStore {
   async update(ws: string, id: string, patch: { agent?: { id: string; version: number }; surface_scope_ids?: string[]; display_name?: string | null }, expectedVersion: number | undefined): Promise<AgentInstallation> {
     const cur = await this.get(ws, id);
     const tag = tags.workspace(ws);
+    let replaced = cur;
     const next = await this.docs.update<AgentInstallation>(tag, id, (d) => {
       if (d.status !== 'active') throw new ApiError('runtime.invalid_transition', `agent installation ${id} is archived`);
+      replaced = d;
       return {
         ...d,
         ...(patch.agent ? { agent: patch.agent } : {}),
@@ -56,9 +58,12 @@ export class AgentInstallationStore {
       };
     }, { expectedVersion, notFound: 'agent installation', current: cur });
     if (patch.surface_scope_ids) {
+      // The per-scope listings follow the version this update replaced. Two updates racing may
+      // still leave an entry for a scope the installation left: `list` reads the document's own
+      // scopes, never the listing alone.
       const score = Date.parse(next.created_at);
       const multi = this.redis.multi();
-      for (const s of cur.surface_scope_ids) if (!next.surface_scope_ids.includes(s)) multi.zrem(keys.index(tag, byScope(s)), id);
+      for (const s of replaced.surface_scope_ids) if (!next.surface_scope_ids.includes(s)) multi.zrem(keys.index(tag, byScope(s)), id);
       for (const s of next.surface_scope_ids) multi.zadd(keys.index(tag, byScope(s)), score, id);
       await multi.exec();
     }
@@ -74,9 +79,12 @@ export class AgentInstallationStore {
   }
 
   async list(ws: string, q: { limit: number; page?: string | undefined; surface_scope_id?: string | undefined; status?: 'active' | 'archived' | undefined }) {
-    const status = q.status;
-    return this.docs.list<AgentInstallation>(tags.workspace(ws), q.surface_scope_id ? byScope(q.surface_scope_id) : AGENT_INSTALLATIONS,
-      { limit: q.limit, page: q.page, order: 'asc' }, status ? (d) => d.status === status : undefined);
+    const { status, surface_scope_id: scope } = q;
+    const filter = status || scope
+      ? (d: AgentInstallation) => (!status || d.status === status) && (!scope || d.surface_scope_ids.includes(scope))
+      : undefined;
+    return this.docs.list<AgentInstallation>(tags.workspace(ws), scope ? byScope(scope) : AGENT_INSTALLATIONS,
+      { limit: q.limit, page: q.page, order: 'asc' }, filter);
   }
 
   /** Is this Principal the one some installed agent of the Workspace executes as? */

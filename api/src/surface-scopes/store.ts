@@ -1,5 +1,6 @@
 import { ApiError, newId, nowIso } from '@agentplane/core';
-import { keys, tags, type DocumentStore, type Redis, type StoredDoc } from '@agentplane/store';
+import { releaseOrphanClaim } from '@agentplane/domain';
+import { DOC_SWAP_LUA, docSwapResult, keys, LuaScript, tags, type DocumentStore, type Redis, type StoredDoc, type SwapOutcome } from '@agentplane/store';
 import type { INHERITANCES, MEMBERSHIPS, ScopeKind, SCOPE_STATES, VISIBILITIES } from './schemas.js';
 
 export interface AmbientPolicy {
@@ -61,6 +62,64 @@ const roots = 'surface_scope_roots';
 export const INSTALLATIONS = 'external_installations';
 const installationKeys = 'external_installation_keys';
 
+/**
+ * Creates an external installation in one step: its `(provider, external_id)` claimed (KEYS[1],
+ * field ARGV[1] = ARGV[2]; 0 when taken), the document (KEYS[2]) and its listing entry (KEYS[3],
+ * score ARGV[4]), so a key is never claimed by an installation that does not exist. ARGV[3] JSON.
+ */
+const CREATE_INSTALLATION = new LuaScript('external_installation_create', `
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
+redis.call('SET', KEYS[2], ARGV[3])
+redis.call('ZADD', KEYS[3], ARGV[4], ARGV[2])
+return 1`);
+
+/**
+ * Creates a scope in one step, so that what it checks still holds when it is written:
+ * KEYS[1] the scope, KEYS[2] its external installation (checked active when ARGV[4] is '1'),
+ * KEYS[3] its parent (checked active when ARGV[5] is '1'), KEYS[4] the root claims (field ARGV[6]
+ * claimed when not ''), KEYS[5] the external id claims (field ARGV[7] claimed when not ''),
+ * KEYS[6..] the listings (score ARGV[2]). ARGV[1] the scope's JSON, ARGV[3] its id.
+ * Returns {1} created; {-1} installation archived or gone; {-2} parent archived or gone;
+ * {-3, owner} root taken; {-4, owner} external id taken.
+ * The parent's children listing is among KEYS[6..]: a parent's archive (ARCHIVE_SCOPE) sees a child
+ * written here, and this script sees the parent archived.
+ */
+const CREATE_SCOPE = new LuaScript('surface_scope_create', `
+local function active(key)
+  local cur = redis.call('GET', key)
+  if not cur then return false end
+  local ok, doc = pcall(cjson.decode, cur)
+  return ok and type(doc) == 'table' and doc.state == 'active'
+end
+if ARGV[4] == '1' and not active(KEYS[2]) then return {-1} end
+if ARGV[5] == '1' and not active(KEYS[3]) then return {-2} end
+if ARGV[6] ~= '' then
+  local owner = redis.call('HGET', KEYS[4], ARGV[6])
+  if owner then return {-3, owner} end
+end
+if ARGV[7] ~= '' then
+  local owner = redis.call('HGET', KEYS[5], ARGV[7])
+  if owner then return {-4, owner} end
+end
+if ARGV[6] ~= '' then redis.call('HSET', KEYS[4], ARGV[6], ARGV[3]) end
+if ARGV[7] ~= '' then redis.call('HSET', KEYS[5], ARGV[7], ARGV[3]) end
+redis.call('SET', KEYS[1], ARGV[1])
+for i = 6, #KEYS do redis.call('ZADD', KEYS[i], ARGV[2], ARGV[3]) end
+return {1}`);
+
+/**
+ * A scope's archive: the compare-and-swap of `doc_swap` on KEYS[1] (ARGV[1] expected version,
+ * ARGV[2] JSON), written only while its children listing (KEYS[2]) still holds exactly ARGV[3]
+ * children, the ones the caller found archived (a child is never taken out of it, and an archived
+ * child stays archived). Returns as `doc_swap`, or {-5} when a child was created meanwhile.
+ */
+const ARCHIVE_SCOPE = new LuaScript('surface_scope_archive', `${DOC_SWAP_LUA}
+if redis.call('ZCARD', KEYS[2]) ~= tonumber(ARGV[3]) then return {-5} end
+return doc_swap(KEYS[1], ARGV[1], ARGV[2], nil, nil, nil)`);
+
+/** A child created while its parent's archive was checking the children: the check runs again. */
+class ChildrenChanged extends Error {}
+
 export interface CreateScopeInput {
   kind: ScopeKind;
   parent_id?: string | null | undefined;
@@ -97,9 +156,14 @@ export class SurfaceScopeStore {
       external_id: input.external_id, display_name: input.display_name, state: 'active', archived_at: null,
       version: 1, created_at: now, updated_at: now,
     };
-    const claimed = await this.redis.hsetnx(keys.unique(tag, installationKeys), `${input.provider}\u0000${input.external_id}`, doc.id);
-    if (claimed === 0) throw new ApiError('validation.conflict', `an external installation of ${input.provider} '${input.external_id}' already exists in this Workspace`);
-    await this.docs.create(tag, doc, [INSTALLATIONS]);
+    const claims = keys.unique(tag, installationKeys);
+    const field = `${input.provider}\u0000${input.external_id}`;
+    const create = () => CREATE_INSTALLATION.run(this.redis, [claims, keys.doc(tag, doc.id), keys.index(tag, INSTALLATIONS)],
+      [field, doc.id, JSON.stringify(doc), Date.parse(now)]);
+    let created = await create();
+    // The key held by no installation (an older version claimed it in a step of its own): released, then claimed here.
+    if (created !== 1 && (await releaseOrphanClaim(this.redis, claims, field, (owner) => keys.doc(tag, owner)))) created = await create();
+    if (created !== 1) throw new ApiError('validation.conflict', `an external installation of ${input.provider} '${input.external_id}' already exists in this Workspace`);
     return doc;
   }
 
@@ -167,22 +231,27 @@ export class SurfaceScopeStore {
       ambient_policy: { ...DEFAULT_AMBIENT_POLICY, ...input.ambient_policy },
       archived_at: null, version: 1, created_at: now, updated_at: now,
     };
-    // Claims: one root per installation (or native Workspace), one scope per external id.
-    const claims: { key: string; field: string }[] = [];
-    if (doc.kind === 'root') claims.push({ key: keys.unique(tag, roots), field: exti ?? 'native' });
-    if (doc.external_id !== null) claims.push({ key: keys.unique(tag, externalIds(exti)), field: doc.external_id });
-    const taken: typeof claims = [];
-    for (const c of claims) {
-      if ((await this.redis.hsetnx(c.key, c.field, doc.id)) === 0) {
-        for (const t of taken) await this.redis.hdel(t.key, t.field);
-        throw new ApiError('validation.conflict', c.key.endsWith(roots)
-          ? `this ${exti ? `external installation (${exti})` : 'Workspace'} already has a root scope`
-          : `a scope with external_id '${doc.external_id ?? ''}' already exists under ${exti ?? 'the native tree'}`);
-      }
-      taken.push(c);
+    // Claims: one root per installation (or native Workspace), one scope per external id; the
+    // installation and the parent are checked active in the script that writes the scope.
+    const rootField = doc.kind === 'root' ? exti ?? 'native' : '';
+    const externalField = doc.external_id ?? '';
+    const keyList = [
+      keys.doc(tag, doc.id), keys.doc(tag, exti ?? doc.id), keys.doc(tag, parentId ?? doc.id), keys.unique(tag, roots), keys.unique(tag, externalIds(exti)),
+      ...[SCOPES, byInstallation(exti), ...(parentId ? [children(parentId)] : [])].map((c) => keys.index(tag, c)),
+    ];
+    const args = [JSON.stringify(doc), Date.parse(now), doc.id, exti ? '1' : '0', parentId ? '1' : '0', rootField, externalField];
+    for (let attempt = 0; ; attempt++) {
+      const [r, owner] = (await CREATE_SCOPE.run(this.redis, keyList, args)) as [number, string | undefined];
+      if (r === 1) return doc;
+      if (r === -1) throw new ApiError('runtime.invalid_transition', `external installation ${exti ?? ''} is archived`);
+      if (r === -2) throw new ApiError('runtime.invalid_transition', `parent scope ${parentId ?? ''} is archived`);
+      const claim = r === -3 ? { key: keys.unique(tag, roots), field: rootField } : { key: keys.unique(tag, externalIds(exti)), field: externalField };
+      // A claim held by no scope (an older version claimed in steps of their own): released, then claimed here.
+      if (attempt < 2 && owner !== undefined && (await releaseOrphanClaim(this.redis, claim.key, claim.field, (o) => keys.doc(tag, o)))) continue;
+      throw new ApiError('validation.conflict', r === -3
+        ? `this ${exti ? `external installation (${exti})` : 'Workspace'} already has a root scope`
+        : `a scope with external_id '${doc.external_id ?? ''}' already exists under ${exti ?? 'the native tree'}`);
     }
-    await this.docs.create(tag, doc, [SCOPES, byInstallation(exti), ...(parentId ? [children(parentId)] : [])]);
-    return doc;
   }
 
   async update(ws: string, id: string, input: UpdateScopeInput & { expected_version?: number | undefined }, principalActive: (id: string) => Promise<void>): Promise<SurfaceScope> {
@@ -218,14 +287,30 @@ export class SurfaceScopeStore {
 
   /** Archive (one-way, retry-safe). A scope with active children is archived after them, not before. */
   async archive(ws: string, id: string, expectedVersion: number | undefined): Promise<SurfaceScope> {
-    const cur = await this.get(ws, id);
-    if (cur.state === 'archived') return cur;
-    const kids = await this.docs.getMany<SurfaceScope>(tags.workspace(ws), await this.redis.zrange(keys.index(tags.workspace(ws), children(id)), 0, -1));
-    const live = kids.filter((k) => k.state === 'active');
-    if (live.length > 0) throw new ApiError('runtime.invalid_transition', `surface scope ${id} has ${live.length} active child scope(s); archive them first`);
-    return this.docs.update<SurfaceScope>(tags.workspace(ws), id, (s) => s.state === 'archived' ? null : {
-      ...s, state: 'archived', archived_at: nowIso(), version: s.version + 1, updated_at: nowIso(),
-    }, { expectedVersion, notFound: 'surface scope', current: cur }).then(async (d) => d ?? this.get(ws, id));
+    const tag = tags.workspace(ws);
+    const childList = keys.index(tag, children(id));
+    for (let attempt = 0; attempt < 16; attempt++) {
+      const cur = await this.get(ws, id);
+      if (cur.state === 'archived') return cur;
+      const kidIds = await this.redis.zrange(childList, 0, -1);
+      const kids = await this.docs.getMany<SurfaceScope>(tag, kidIds);
+      const live = kids.filter((k) => k.state === 'active');
+      if (live.length > 0) throw new ApiError('runtime.invalid_transition', `surface scope ${id} has ${live.length} active child scope(s); archive them first`);
+      // Written only while the children are still the ones just found archived (ARCHIVE_SCOPE).
+      const write = async (next: SurfaceScope, expected: number): Promise<SwapOutcome> => {
+        const r = (await ARCHIVE_SCOPE.run(this.redis, [keys.doc(tag, id), childList], [String(expected), JSON.stringify(next), kidIds.length])) as unknown[];
+        if (r[0] === -5) throw new ChildrenChanged();
+        return docSwapResult(r).outcome;
+      };
+      try {
+        return await this.docs.update<SurfaceScope>(tag, id, (s) => s.state === 'archived' ? null : {
+          ...s, state: 'archived', archived_at: nowIso(), version: s.version + 1, updated_at: nowIso(),
+        }, { expectedVersion, notFound: 'surface scope', current: cur, write });
+      } catch (err) {
+        if (!(err instanceof ChildrenChanged)) throw err;
+      }
+    }
+    throw new ApiError('validation.conflict', `too many scopes are being created under surface scope ${id}; nothing was archived, retry`);
   }
 
   async list(ws: string, q: { limit: number; page?: string | undefined; external_installation_id?: string | undefined; external_id?: string | undefined }) {

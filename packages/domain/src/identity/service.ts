@@ -1,8 +1,35 @@
-import { ApiError, newId, nowIso } from '@agentplane/core';
-import { keys, tags, type DocumentStore, type Redis } from '@agentplane/store';
+import { ApiError, crashPoint, newId, nowIso } from '@agentplane/core';
+import { keys, LuaScript, tags, type DocumentStore, type Redis } from '@agentplane/store';
 import type { Role } from './roles.js';
 import { CredentialIndex, issueSecret } from './credentials.js';
 import type { ApiKey, AuthRecord, KeyScope, Organization, Principal, PrincipalAccessCredential, Workspace } from './model.js';
+
+/**
+ * Creates a Principal in one step: its external subject claimed (KEYS[1], field ARGV[1] = ARGV[2];
+ * 0 when taken), the document (KEYS[2]) and its listing entry (KEYS[3], score ARGV[4]), so a
+ * subject is never claimed by a Principal that does not exist. ARGV[3] the document's JSON.
+ */
+const CREATE_PRINCIPAL = new LuaScript('principal_create', `
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
+redis.call('SET', KEYS[2], ARGV[3])
+redis.call('ZADD', KEYS[3], ARGV[4], ARGV[2])
+return 1`);
+
+/**
+ * Releases the subject claim (KEYS[1] field ARGV[1]) still held by Principal ARGV[2] when that
+ * Principal (KEYS[2]) is absent or deleted: a create that died between its claim and its document
+ * (an older version wrote them apart), or a deletion that died before it released the subject.
+ * 1 released, 0 not (the claim moved, or its Principal lives).
+ */
+const RELEASE_DEAD_SUBJECT = new LuaScript('principal_release_dead_subject', `
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+local cur = redis.call('GET', KEYS[2])
+if cur then
+  local ok, doc = pcall(cjson.decode, cur)
+  if not ok or type(doc) ~= 'table' or doc.status ~= 'deleted' then return 0 end
+end
+redis.call('HDEL', KEYS[1], ARGV[1])
+return 1`);
 
 export interface CreateApiKeyInput {
   display_name: string;
@@ -167,14 +194,22 @@ export class IdentityService {
 
   async revokeApiKey(orgId: string, id: string, expectedVersion?: number): Promise<ApiKey> {
     await this.keepOneRoot(orgId, id, () => true);
-    const next = await this.docs.update<ApiKey>(
+    const cur = await this.getApiKey(orgId, id);
+    if (expectedVersion !== undefined && cur.version !== expectedVersion) {
+      throw new ApiError('validation.conflict', `expected version ${expectedVersion} does not match the current version ${cur.version}`);
+    }
+    // The secret dies before the document says so: a process killed in between leaves a key whose
+    // secret is refused (and a retry records the revocation), never a revoked key that still works.
+    await this.credentials.swap(id, null);
+    crashPoint('credential-secret-revoked');
+    if (cur.status === 'revoked') return cur;
+    // The revocation has happened: the document follows whatever changed it meanwhile.
+    return this.docs.update<ApiKey>(
       tags.org(orgId),
       id,
       (k) => (k.status === 'revoked' ? null : { ...k, status: 'revoked', revoked_at: nowIso() }),
-      { expectedVersion, notFound: 'API key' },
+      { notFound: 'API key', current: cur },
     );
-    await this.credentials.swap(id, null);
-    return next;
   }
 
   // ---- Principals ----------------------------------------------------------------------------
@@ -190,9 +225,19 @@ export class IdentityService {
       principal_type: input.principal_type, display_name: input.display_name, status: 'active',
       suspended_at: null, deleted_at: null, version: 1, created_at: now, updated_at: now,
     };
-    const claimed = await this.redis.hsetnx(keys.unique(tag, 'principal_subjects'), input.external_subject_id, p.id);
-    if (claimed === 0) throw new ApiError('validation.conflict', `a Principal with external_subject_id '${input.external_subject_id}' already exists`);
-    await this.docs.create(tag, p, ['principals']);
+    const subjects = keys.unique(tag, 'principal_subjects');
+    const create = () => CREATE_PRINCIPAL.run(this.redis, [subjects, keys.doc(tag, p.id), keys.index(tag, 'principals')],
+      [input.external_subject_id, p.id, JSON.stringify(p), Date.parse(now)]);
+    let created = await create();
+    if (created !== 1) {
+      // The subject held by no live Principal (a create or a deletion that died half-way): released, then claimed here.
+      const owner = await this.redis.hget(subjects, input.external_subject_id);
+      if (owner !== null && owner !== p.id
+        && (await RELEASE_DEAD_SUBJECT.run(this.redis, [subjects, keys.doc(tag, owner)], [input.external_subject_id, owner])) === 1) {
+        created = await create();
+      }
+    }
+    if (created !== 1) throw new ApiError('validation.conflict', `a Principal with external_subject_id '${input.external_subject_id}' already exists`);
     return p;
   }
 
@@ -233,7 +278,8 @@ export class IdentityService {
       { expectedVersion, notFound: 'principal' },
     );
     if (status === 'deleted') {
-      await this.redis.hdel(keys.unique(tag, 'principal_subjects'), next.external_subject_id);
+      // Only while the subject is still this Principal's: a create may already have taken it over.
+      await RELEASE_DEAD_SUBJECT.run(this.redis, [keys.unique(tag, 'principal_subjects'), keys.doc(tag, id)], [next.external_subject_id, id]);
       await this.redis.publish(PRINCIPAL_CHANGES_CHANNEL, JSON.stringify({ workspace_id: workspaceId, principal_id: id, status }));
     } else if (status === 'suspended') {
       await this.redis.publish(PRINCIPAL_CHANGES_CHANNEL, JSON.stringify({ workspace_id: workspaceId, principal_id: id, status }));
@@ -305,11 +351,20 @@ export class IdentityService {
   }
 
   async revokePrincipalCredential(workspaceId: string, id: string, expectedGeneration: number) {
-    const next = await this.updateCredential(workspaceId, id, expectedGeneration, (c) =>
-      c.status === 'revoked' ? null : { ...c, status: 'revoked', revoked_at: nowIso() },
-    );
+    const cur = await this.getPrincipalCredential(workspaceId, id);
+    if (cur.generation_number !== expectedGeneration) {
+      throw new ApiError('validation.conflict', `expected_generation_number ${expectedGeneration} is stale; the current generation is ${cur.generation_number}`);
+    }
+    // The secret dies first, as an API key's does (revokeApiKey).
     await this.credentials.swap(id, null);
-    return next;
+    crashPoint('credential-secret-revoked');
+    if (cur.status === 'revoked') return cur;
+    return this.docs.update<PrincipalAccessCredential>(
+      tags.workspace(workspaceId),
+      id,
+      (c) => (c.status === 'revoked' ? null : { ...c, status: 'revoked', revoked_at: nowIso() }),
+      { notFound: 'principal access credential', current: cur },
+    );
   }
 }
 

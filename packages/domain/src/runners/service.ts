@@ -3,7 +3,7 @@ import { ApiError, constantTimeEqual, crashPoint, newId, nowIso, secretDigest, s
 import { keys, LuaScript, tags, type DocumentStore, type Redis, type Tag } from '@agentplane/store';
 import { GATEWAY_CONTROL_CHANNEL, type GatewayControlMessage } from '@agentplane/gateway';
 import { CredentialIndex, issueSecret } from '../identity/credentials.js';
-import type { AuthRecord, Principal, Workspace } from '../identity/model.js';
+import type { AuthRecord, Organization, Principal, Workspace } from '../identity/model.js';
 import type { IdentityService } from '../identity/service.js';
 import { releaseOrphanClaim } from '../versioned.js';
 import type { DrainState, PoolPlacement, RunnerCredential, RunnerOwner, RunnerPairing, RunnerPool } from './model.js';
@@ -21,6 +21,25 @@ const CREATE_POOL = new LuaScript('runner_pool_create', `
 if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
 redis.call('SET', KEYS[2], ARGV[3])
 redis.call('ZADD', KEYS[3], ARGV[4], ARGV[2])
+return 1`);
+
+/**
+ * Writes a runner credential in one step: its owner's machine label claimed (KEYS[1], field
+ * ARGV[1] = ARGV[2] when ARGV[1] is not ''; 0 when taken), the credential (KEYS[3]), its runner
+ * (KEYS[2], field ARGV[5]) and its listings (KEYS[4..], score ARGV[4]), so a label is never
+ * claimed by a credential that does not exist. ARGV[3] the credential's JSON.
+ */
+const MINT_CREDENTIAL = new LuaScript('runner_credential_mint', `
+if ARGV[1] ~= '' and redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
+redis.call('SET', KEYS[3], ARGV[3])
+redis.call('HSET', KEYS[2], ARGV[5], ARGV[2])
+for i = 4, #KEYS do redis.call('ZADD', KEYS[i], ARGV[4], ARGV[2]) end
+return 1`);
+
+/** Releases a machine label (KEYS[1] field ARGV[1]) only while credential ARGV[2] holds it. 1 when released. */
+const RELEASE_LABEL = new LuaScript('runner_owner_label_release', `
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+redis.call('HDEL', KEYS[1], ARGV[1])
 return 1`);
 
 /** `XXXX-XXXX-XXXX-XXXX`. */
@@ -121,7 +140,7 @@ export class RunnerService {
       { notFound: 'runner pool' },
     );
     if (next.workspace_id !== workspaceId) throw new ApiError('validation.not_found', 'runner pool not found');
-    await this.publish({ kind: 'drain', workspace_id: workspaceId, runner_pool_id: id, deadline: drain.deadline, reason });
+    await this.announcePool(workspaceId, id);
     return next;
   }
 
@@ -133,7 +152,20 @@ export class RunnerService {
       { notFound: 'runner pool' },
     );
     if (next.workspace_id !== workspaceId) throw new ApiError('validation.not_found', 'runner pool not found');
-    // Connected runners the drain left idle take work again, except those drained on their own.
+    await this.announcePool(workspaceId, id);
+    return next;
+  }
+
+  /**
+   * The gateway message stating a pool's drain as stored now: its drain while it drains; else
+   * a resume of its connected runners, except those drained on their own (with their drains).
+   */
+  private async poolMessage(workspaceId: string, id: string): Promise<GatewayControlMessage | null> {
+    const pool = await this.docs.get<RunnerPool>(tags.workspace(workspaceId), id);
+    if (!pool || pool.workspace_id !== workspaceId) return null;
+    if (pool.status === 'draining' && pool.drain) {
+      return { kind: 'drain', workspace_id: workspaceId, runner_pool_id: id, deadline: pool.drain.deadline, reason: pool.drain.reason };
+    }
     const except: string[] = [];
     let page: string | undefined;
     do {
@@ -141,8 +173,32 @@ export class RunnerService {
       for (const c of res.data) if (c.drain) except.push(c.runner_id);
       page = res.next_page ?? undefined;
     } while (page);
-    await this.publish({ kind: 'resume', workspace_id: workspaceId, runner_pool_id: id, except_runner_ids: except, reason: 'pool resumed' });
-    return next;
+    return { kind: 'resume', workspace_id: workspaceId, runner_pool_id: id, except_runner_ids: except, reason: 'pool resumed' };
+  }
+
+  /**
+   * Tell the gateways a pool's drain state after a write of it (see `announce`).
+   */
+  private announcePool(workspaceId: string, id: string): Promise<void> {
+    return this.announce(() => this.poolMessage(workspaceId, id));
+  }
+
+  /**
+   * Publish the message `current` computes from what is stored, then compute it again, and
+   * publish again while it changed. Concurrent drains and resumes reach the gateways in the order
+   * of their publishes, not of their writes: a drain published after a resume that overtook it
+   * would otherwise leave runners drained under an active pool. With every writer publishing
+   * until what it read after its last publish is what that publish stated, the last message the
+   * gateways receive states what is stored.
+   */
+  private async announce(current: () => Promise<GatewayControlMessage | null>): Promise<void> {
+    let msg = await current();
+    for (let i = 0; i < 8 && msg; i++) {
+      await this.publish(msg);
+      const now = await current();
+      if (!now || JSON.stringify(now) === JSON.stringify(msg)) return;
+      msg = now;
+    }
   }
 
   // ---- pairing ---------------------------------------------------------------------------------
@@ -163,7 +219,11 @@ export class RunnerService {
     const tag = tags.workspace(workspaceId);
     await this.identity.activePrincipal(workspaceId, input.principal_id);
     const pool = await this.defaultPool(workspaceId);
-    const ownerClaim = await this.redis.hget(keys.unique(tag, 'runner_owner_labels'), `${input.principal_id}\0${input.machine_label}`);
+    const labels = keys.unique(tag, 'runner_owner_labels');
+    const labelField = `${input.principal_id}\0${input.machine_label}`;
+    let ownerClaim = await this.redis.hget(labels, labelField);
+    // A label held by no credential (an older version claimed it in a step of its own) is released.
+    if (ownerClaim && (await releaseOrphanClaim(this.redis, labels, labelField, (owner) => keys.doc(tag, owner)))) ownerClaim = await this.redis.hget(labels, labelField);
     if (ownerClaim) {
       throw new ApiError('validation.conflict', `machine '${input.machine_label}' is already paired for this Principal (runner credential ${ownerClaim}); revoke it first`);
     }
@@ -227,6 +287,15 @@ export class RunnerService {
       });
       if (pool.placement !== 'byoc') throw new ApiError('validation.malformed', 'runner_enrollment.runner_pool_id: a pairing code can only join a BYOC pool');
     }
+    // The code is the redeemer's only credential: the tenancy behind it is checked as a key's
+    // would be, and a disabled one mints nothing (the code stays redeemable until it expires).
+    const [org, ws] = await Promise.all([
+      this.docs.get<Organization>(tags.org(pairing.organization_id), pairing.organization_id),
+      this.docs.get<Workspace>(tags.workspace(pairing.workspace_id), pairing.workspace_id),
+    ]);
+    if (!org || !ws) throw invalidCode();
+    if (org.status === 'disabled') throw new ApiError('auth.disabled_tenancy', 'the organization is disabled');
+    if (ws.status === 'disabled') throw new ApiError('auth.disabled_tenancy', 'the workspace is disabled');
     const principal = await this.docs.get<Principal>(tags.workspace(pairing.workspace_id), pairing.principal_id);
     if (!principal || principal.status !== 'active') throw new ApiError('policy.denied', 'the Principal that created this pairing is no longer active');
     // Single use: only the caller whose GETDEL returns the value goes on.
@@ -260,12 +329,14 @@ export class RunnerService {
       issued_via: input.issued_via, pairing_id: input.pairing_id, status: 'active', secret_hint: issued.hint,
       revoked_at: null, drain: null, version: 1, created_at: now, updated_at: now,
     };
-    if (input.owner) {
-      const ok = await this.redis.hsetnx(keys.unique(tag, 'runner_owner_labels'), `${input.owner.principal}\0${input.owner.machine_label}`, cred.id);
-      if (ok === 0) throw new ApiError('validation.conflict', `machine '${input.owner.machine_label}' is already paired for this Principal`);
-    }
-    await this.docs.create(tag, cred, ['runner_credentials', `runner_credentials:${pool.id}`]);
-    await this.redis.hset(keys.unique(tag, 'runners'), cred.runner_id, cred.id);
+    const labels = keys.unique(tag, 'runner_owner_labels');
+    const labelField = input.owner ? `${input.owner.principal}\0${input.owner.machine_label}` : '';
+    const write = () => MINT_CREDENTIAL.run(this.redis,
+      [labels, keys.unique(tag, 'runners'), keys.doc(tag, cred.id), ...['runner_credentials', `runner_credentials:${pool.id}`].map((c) => keys.index(tag, c))],
+      [labelField, cred.id, JSON.stringify(cred), Date.parse(now), cred.runner_id]);
+    let written = await write();
+    if (written !== 1 && (await releaseOrphanClaim(this.redis, labels, labelField, (owner) => keys.doc(tag, owner)))) written = await write();
+    if (written !== 1) throw new ApiError('validation.conflict', `machine '${input.owner?.machine_label ?? ''}' is already paired for this Principal`);
     const record: AuthRecord = {
       kind: 'runner_credential', credential_id: cred.id, organization_id: organizationId, workspace_id: workspaceId,
       role: null, principal_id: input.owner?.principal ?? null, audience: null, rate_limit_per_minute: null, generation_number: 1,
@@ -308,7 +379,9 @@ export class RunnerService {
       notFound: 'runner credential',
     });
     await this.credentials.swap(id, null);
-    if (next.owner) await this.redis.hdel(keys.unique(tag, 'runner_owner_labels'), `${next.owner.principal}\0${next.owner.machine_label}`);
+    // The machine's label is released only while this credential holds it: a repeated revocation
+    // never frees the label of a credential the machine was paired with since.
+    if (next.owner) await RELEASE_LABEL.run(this.redis, [keys.unique(tag, 'runner_owner_labels')], [`${next.owner.principal}\0${next.owner.machine_label}`, id]);
     await this.publish({ kind: 'credential_revoked', workspace_id: workspaceId, credential_id: id });
     return next;
   }
@@ -317,7 +390,7 @@ export class RunnerService {
     const cred = await this.credentialOfRunner(workspaceId, runnerId);
     const drain = drainState(deadlineSeconds, reason);
     const next = await this.docs.update<RunnerCredential>(tags.workspace(workspaceId), cred.id, (c) => ({ ...c, drain }), { notFound: 'runner' });
-    await this.publish({ kind: 'drain', workspace_id: workspaceId, runner_id: runnerId, deadline: drain.deadline, reason });
+    await this.announceRunner(workspaceId, next);
     return next;
   }
 
@@ -330,9 +403,24 @@ export class RunnerService {
     const next = cred.drain
       ? await this.docs.update<RunnerCredential>(tags.workspace(workspaceId), cred.id, (c) => (c.drain ? { ...c, drain: null } : null), { notFound: 'runner' })
       : cred;
-    const pool = await this.getPool(workspaceId, cred.runner_pool_id);
-    if (pool.status !== 'draining') await this.publish({ kind: 'resume', workspace_id: workspaceId, runner_id: runnerId, reason: 'runner resumed' });
+    await this.announceRunner(workspaceId, next);
     return next;
+  }
+
+  /**
+   * Tell the gateways one runner's drain state after a write of it (see `announce`): drained on
+   * its own or by its draining pool (its own deadline first), else resumed.
+   */
+  private announceRunner(workspaceId: string, cred: RunnerCredential): Promise<void> {
+    const tag = tags.workspace(workspaceId);
+    return this.announce(async () => {
+      const [c, pool] = await Promise.all([this.docs.get<RunnerCredential>(tag, cred.id), this.docs.get<RunnerPool>(tag, cred.runner_pool_id)]);
+      if (!c) return null;
+      const drain = c.drain ?? (pool?.status === 'draining' ? pool.drain : null);
+      return drain
+        ? { kind: 'drain', workspace_id: workspaceId, runner_id: c.runner_id, deadline: drain.deadline, reason: drain.reason }
+        : { kind: 'resume', workspace_id: workspaceId, runner_id: c.runner_id, reason: 'runner resumed' };
+    });
   }
 
   private async publish(msg: GatewayControlMessage): Promise<void> {
