@@ -58,8 +58,11 @@ export interface LeaseExecutor {
   sandboxes?(): string[];
   /** The Session was archived or deleted: remove its sandbox and workspace. */
   releaseSandbox?(sessionId: string, reason: string): Promise<void>;
-  /** A lease of this Session was lost (revoked, not resumed): stop its processes now. */
-  leaseLost?(sessionId: string): Promise<void>;
+  /**
+   * A lease of this Session was lost (revoked, not resumed): stop the processes of the sandbox its
+   * work runs in (the Session's, or a child thread's own) now.
+   */
+  leaseLost?(sessionId: string, lease: LeaseRef): Promise<void>;
 }
 
 interface HeldLease {
@@ -608,7 +611,7 @@ export class RunnerAgent {
     // may serve its next turn by now), so nothing is stopped.
     if (h.ending) return this.giveUpEnd(h);
     h.abort.abort(new Error(reason));
-    this.executor?.leaseLost?.(h.sessionId).catch((err: unknown) =>
+    this.executor?.leaseLost?.(h.sessionId, h.ref).catch((err: unknown) =>
       this.log.warn({ session: h.sessionId, err: err instanceof Error ? err.message : String(err) }, 'stopping the sandbox of a lost lease failed'));
   }
 

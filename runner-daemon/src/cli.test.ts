@@ -440,3 +440,17 @@ describe('a control-plane URL with a base path', { timeout: 240_000 }, () => {
     expect(human.stderr).toContain('pair failed: HTTP 401 auth.invalid_key');
   });
 });
+
+describe('prune without a Docker engine', () => {
+  it('says the engine does not answer (error type docker_unavailable, exit code 4), with or without --dry-run', async () => {
+    const socket = join(tmp(), 'no-docker.sock');
+    for (const args of [['prune'], ['prune', '--dry-run']]) {
+      const json = await cli([...args, '--json', '--config-dir', tmp()], 30_000, { DOCKER_SOCKET: socket });
+      expect(json.code).toBe(4);
+      expect(JSON.parse(json.stdout)).toMatchObject({ ok: false, error: { type: 'docker_unavailable', message: expect.stringContaining(`the Docker engine (${socket}) does not answer`) } });
+      const human = await cli([...args, '--config-dir', tmp()], 30_000, { DOCKER_SOCKET: socket });
+      expect(human.code).toBe(4);
+      expect(human.stderr).toContain('start Docker (or fix DOCKER_SOCKET)');
+    }
+  });
+});

@@ -6,7 +6,7 @@ import { parseArgs } from 'node:util';
 import { hostname } from 'node:os';
 import { ConfigError, createLogger, envInt, startTracing } from '@agentplane/core';
 import { credentialPath, loadCredential, loadState, RUNNER_EXIT, type CredentialRefusal } from '@agentplane/protocol';
-import { dockerClient, planReap, reapItems, type ReapPlan } from '@agentplane/sandbox';
+import { dockerAvailable, dockerClient, planReap, reapItems, type ReapPlan } from '@agentplane/sandbox';
 import { RunnerAgent } from './agent.js';
 import { classify, CliError, credentialRefused, UsageError } from './cli-errors.js';
 import { loadDaemonConfig, type DaemonConfig } from './config.js';
@@ -26,7 +26,7 @@ Common options:
                        with type usage or config (exit code 2; config includes a disk that is full,
                        read-only or not writable), network, api (the control plane refused; its own
                        error in error.api_error), not_running (drain: no daemon), already_running
-                       (exit code 3), docker_unavailable (start --require-docker: exit code 4),
+                       (exit code 3), docker_unavailable (start --require-docker, prune: exit code 4),
                        credential_refused (start: the control plane refused the runner credential
                        for good: exit code 5) or internal (exit code 1)
   -h, --help           this help`;
@@ -163,7 +163,8 @@ ${COMMON}`,
 
 Checks, each with pass/fail and the fix: paired, control plane reachable, runner credential
 accepted (failed as unknown when the control plane cannot be reached), Docker engine answers,
-sandbox image present, canary container starts and is torn down, git available (repository
+sandbox image present, canary container starts (with the sandbox's isolation, each part proved
+from inside it) and is torn down, git available (repository
 resources are cloned on this machine). Then lists the sandboxes and workspace volumes \`prune\`
 would remove (never fails a check).
 Exit code 0 when every check passes.
@@ -205,7 +206,8 @@ The running daemon does the same by itself after a grace period (--sandbox-reap-
 Options:
   --dry-run   list what would be removed, remove nothing
 Environment: AGENTPLANE_SANDBOX_SCOPE (only that scope's sandboxes), DOCKER_SOCKET.
-Exit code 0 when everything planned was removed.
+Exit code 0 when everything planned was removed, 1 when an item could not be, 4 (error type
+docker_unavailable) when the Docker engine does not answer.
 ${COMMON}`,
 };
 
@@ -549,6 +551,12 @@ async function plan(config: DaemonConfig): Promise<ReapPlan> {
   return planReap({ docker: dockerClient(config.dockerSocket), scope: config.sandboxScope, selfRunnerId: cred?.runner_id });
 }
 
+/** `prune` lists and removes through the engine: one that does not answer is said so, not taken for a file error. */
+async function requireDocker(config: DaemonConfig, command: string): Promise<void> {
+  if (await dockerAvailable(dockerClient(config.dockerSocket))) return;
+  throw new CliError('docker_unavailable', `the Docker engine (${config.dockerSocket ?? 'Docker\'s default socket'}) does not answer: ${command} lists and removes sandboxes through it; start Docker (or fix DOCKER_SOCKET) and run it again`, RUNNER_EXIT.dockerUnavailable);
+}
+
 const describeItem = (i: ReapPlan['reapable'][number]): string =>
   `${i.kind === 'container' ? 'container' : 'volume   '}  ${i.name}  (runner ${i.runner}, session ${i.session}: ${i.reason.replace('_', ' ')})`;
 
@@ -570,6 +578,7 @@ async function doctor(flags: Flags): Promise<number> {
 
 async function prune(flags: Flags): Promise<number> {
   const config = loadDaemonConfig(process.env, flags);
+  await requireDocker(config, 'prune');
   const p = await plan(config);
   const dry = !!flags['dry-run'];
   if (dry) {

@@ -17,6 +17,7 @@ import type { RunnerMetrics } from './metrics.js';
 import { dockerAvailable, SandboxReaper } from '@agentplane/sandbox';
 import { DockerDriver, ensureSandboxImageIfDocker, SandboxManager, selectDriver } from './sandbox/index.js';
 import type { SandboxDriver } from './sandbox/types.js';
+import { removeStaleCheckouts } from './sandbox/repository.js';
 
 /** Docker did not answer at start and the process driver is refused (`--require-docker`). */
 export class DockerUnavailableError extends Error {}
@@ -72,6 +73,9 @@ export class DaemonSandboxes {
    */
   async start(step: Step): Promise<void> {
     const { config, log } = this.o;
+    // Repository checkouts (and their git processes) of a runner process killed mid-fetch.
+    const checkouts = await step(removeStaleCheckouts());
+    if (checkouts.length > 0) log.info({ checkouts: checkouts.length }, 'removed the repository checkouts of runner processes that died mid-fetch');
     const image = await step(this.ensureImage());
     const driver = await step(this.select(!config.requireDocker));
     if (!driver) {

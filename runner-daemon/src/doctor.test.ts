@@ -1,8 +1,11 @@
+import { randomBytes } from 'node:crypto';
 import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import Docker from 'dockerode';
 import { describe, expect, it } from 'vitest';
 import type { RunnerCredentialFile } from '@agentplane/protocol';
-import { canaryOptions, checkControlPlane } from './doctor.js';
+import { canaryOptions, checkControlPlane, checkDocker } from './doctor.js';
+import { ensureSandboxImage } from './sandbox/image.js';
 import { SANDBOX_LABELS } from '@agentplane/sandbox';
 
 /** A local port nothing listens on (a server's, once closed). */
@@ -47,4 +50,37 @@ describe('doctor: the canary container', () => {
     // Unpaired: no runner yet, but still managed and attributed to this config directory.
     expect(canaryOptions('agentplane/sandbox:latest', config, null).Labels).toMatchObject({ [SANDBOX_LABELS.managed]: 'true', [SANDBOX_LABELS.home]: config.configDir });
   });
+});
+
+/**
+ * The canary reports isolation only where it proved it from inside: an engine that does not apply
+ * a flag (here: the flag left out of the options) fails the check, naming what does not hold.
+ */
+describe('doctor: the canary proves what it reports', () => {
+  const docker = new Docker();
+  const config = { configDir: `/tmp/doctor-${randomBytes(4).toString('hex')}`, sandboxScope: `doctor-${randomBytes(4).toString('hex')}` };
+  const canaryCheck = async (tweak: (o: Docker.ContainerCreateOptions) => Docker.ContainerCreateOptions) => {
+    const image = (await ensureSandboxImage({ docker })).tag;
+    const checks = await checkDocker(docker, image, tweak(canaryOptions(image, config, null)));
+    return checks.find((c) => c.name === 'canary container starts and is torn down');
+  };
+  const host = (o: Docker.ContainerCreateOptions, h: Docker.HostConfig): Docker.ContainerCreateOptions => ({ ...o, HostConfig: { ...o.HostConfig, ...h } });
+
+  it('passes with the sandbox flags', async () => {
+    expect(await canaryCheck((o) => o)).toMatchObject({ ok: true, detail: expect.stringContaining('proved inside') });
+  }, 120_000);
+
+  it.each([
+    ['a writable root', (o: Docker.ContainerCreateOptions) => host(o, { ReadonlyRootfs: false }), 'root filesystem writable'],
+    ['capabilities', (o: Docker.ContainerCreateOptions) => host(o, { CapDrop: [] }), 'capabilities not dropped'],
+    ['no no-new-privileges', (o: Docker.ContainerCreateOptions) => host(o, { SecurityOpt: [] }), 'no-new-privileges not set'],
+    ['root', (o: Docker.ContainerCreateOptions) => ({ ...o, User: '0:0' }), 'runs as root'],
+    ['a network', (o: Docker.ContainerCreateOptions) => ({ ...host(o, { NetworkMode: 'bridge' }), NetworkDisabled: false }), 'network interface eth0 present'],
+  ])('fails when the container has %s', async (_what, tweak, why) => {
+    const check = await canaryCheck(tweak);
+    expect(check).toMatchObject({ ok: false });
+    expect(check?.detail).toContain(why);
+    const left = await docker.listContainers({ all: true, filters: JSON.stringify({ label: [`agentplane.scope=${config.sandboxScope}`] }) });
+    expect(left).toEqual([]);
+  }, 120_000);
 });

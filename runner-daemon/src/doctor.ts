@@ -56,9 +56,29 @@ export async function checkControlPlane(cred: RunnerCredentialFile | null): Prom
 }
 
 /**
- * The doctor's canary container: no network, read-only root, no capabilities. Labelled like the
- * runner's own sandboxes, so that a doctor killed before removing it leaves nothing the reapers
- * would not find.
+ * What the canary proves from inside, with shell built-ins only (any image has a shell): not root,
+ * no capabilities (effective or bounding), no-new-privileges, a root mounted read-only, no network
+ * interface but `lo`. The first that does not hold is printed and the canary exits 3: an engine
+ * that ignores a flag is caught here rather than reported as isolation.
+ */
+export const CANARY_PROOF = [
+  'fail() { echo "$1"; exit 3; }',
+  'uid=; eff=; bnd=; nnp=',
+  'while read -r k v _; do case "$k" in Uid:) uid=$v;; CapEff:) eff=$v;; CapBnd:) bnd=$v;; NoNewPrivs:) nnp=$v;; esac; done < /proc/self/status',
+  '[ -n "$uid" ] && [ "$uid" != 0 ] || fail "runs as root"',
+  // The bounding set: a non-root process has no effective capabilities either way.
+  'case "$eff$bnd" in \'\'|*[!0]*) fail "capabilities not dropped (CapEff $eff, CapBnd $bnd)";; esac',
+  '[ "$nnp" = 1 ] || fail "no-new-privileges not set"',
+  // The mount, not a write: the root directory is not the sandbox user's to write anyway.
+  'while read -r _ mnt _ opts _; do [ "$mnt" = / ] && case ",$opts," in *,ro,*) ;; *) fail "root filesystem writable";; esac; done < /proc/mounts',
+  'for i in /sys/class/net/*; do [ "${i##*/}" = lo ] || fail "network interface ${i##*/} present"; done',
+  'exit 0',
+].join('\n');
+
+/**
+ * The doctor's canary container: the sandbox user, no network, read-only root, no capabilities,
+ * no-new-privileges, each proved from inside (`CANARY_PROOF`). Labelled like the runner's own
+ * sandboxes, so that a doctor killed before removing it leaves nothing the reapers would not find.
  */
 export function canaryOptions(image: string, config: Pick<DaemonConfig, 'configDir' | 'sandboxScope'>, cred: RunnerCredentialFile | null): Docker.ContainerCreateOptions {
   const attribution = attributionLabels({
@@ -68,14 +88,15 @@ export function canaryOptions(image: string, config: Pick<DaemonConfig, 'configD
   });
   return {
     Image: image,
-    Cmd: ['/bin/sh', '-c', 'exit 0'],
+    Cmd: ['/bin/sh', '-c', CANARY_PROOF],
+    User: '10001:10001',
     Labels: canaryLabels(cred?.runner_id, attribution),
     NetworkDisabled: true,
     HostConfig: { NetworkMode: 'none', ReadonlyRootfs: true, CapDrop: ['ALL'], SecurityOpt: ['no-new-privileges'], PidsLimit: 64, Memory: 64 * 1024 * 1024, AutoRemove: false },
   };
 }
 
-async function checkDocker(docker: Docker, image: string, canary: Docker.ContainerCreateOptions): Promise<Check[]> {
+export async function checkDocker(docker: Docker, image: string, canary: Docker.ContainerCreateOptions): Promise<Check[]> {
   const facts = await dockerFacts(docker);
   if (!facts) {
     return [{ name: 'docker engine answers', ok: false, detail: 'no answer from the Docker engine', fix: 'start dockerd and make its socket readable by this user (e.g. add the user to the docker group), or set DOCKER_SOCKET' }];
@@ -98,16 +119,33 @@ async function checkDocker(docker: Docker, image: string, canary: Docker.Contain
     );
     await timeout(container.start(), 15000, 'canary start');
     const res = (await timeout(container.wait(), 15000, 'canary wait')) as { StatusCode?: number };
-    if (res.StatusCode !== 0) throw new Error(`canary exited with ${res.StatusCode}`);
+    if (res.StatusCode !== 0) {
+      // What the canary found (its output; not readable under every log driver).
+      const c = container;
+      const said = await timeout(c.logs({ stdout: true, stderr: true }), 5000, 'canary logs').then((b) => demuxedText(b as unknown as Buffer), () => '');
+      throw new Error(res.StatusCode === 3 && said ? `the canary's isolation does not hold: ${said}` : `canary exited with ${res.StatusCode}${said ? `: ${said}` : ''}`);
+    }
     await container.remove({ force: true });
     container = undefined;
-    out.push({ name: 'canary container starts and is torn down', ok: true, detail: `no network, read-only root, all capabilities dropped; ${Date.now() - started} ms` });
+    out.push({ name: 'canary container starts and is torn down', ok: true, detail: `no network, read-only root, all capabilities dropped, no-new-privileges, not root (proved inside); ${Date.now() - started} ms` });
   } catch (err) {
     out.push({ name: 'canary container starts and is torn down', ok: false, detail: err instanceof Error ? err.message : String(err), fix: 'check `docker run --rm --network none ' + image + " /bin/sh -c 'exit 0'` by hand; look at dockerd logs and the storage driver" });
   } finally {
     if (container) await container.remove({ force: true }).catch(() => undefined);
   }
   return out;
+}
+
+/** The text of a non-TTY container's log (8-byte frame headers stripped), trimmed and bounded. */
+function demuxedText(buf: Buffer): string {
+  const parts: Buffer[] = [];
+  let i = 0;
+  while (i + 8 <= buf.length) {
+    const size = buf.readUInt32BE(i + 4);
+    parts.push(buf.subarray(i + 8, i + 8 + size));
+    i += 8 + size;
+  }
+  return Buffer.concat(parts).toString('utf8').trim().slice(0, 500);
 }
 
 /** Repository resources are cloned on this machine (the sandbox has no network). */

@@ -33,6 +33,7 @@ import type { Sandbox, SandboxDriver, SandboxProcess } from '../sandbox/types.js
 import type { FileStore } from '../harness/tools/types.js';
 import { pngSize } from '../harness/tools/browser-session.js';
 import { OutputTail } from '../sandbox/output.js';
+import { InfrastructureFailure } from '../failures.js';
 
 /** The bundle `npm run build` writes (runner-daemon/dist/colocated/harness.mjs; the same path from src/ and dist/). */
 export const HARNESS_BUNDLE_URL = new URL('../../dist/colocated/harness.mjs', import.meta.url);
@@ -256,7 +257,11 @@ class Relay {
       for (const t of this.timers) clearTimeout(t);
       for (const s of this.streams.values()) s.abort();
     }
+    // A harness cut off because its container was removed from outside the runner failed for the
+    // machine's sake: asked before `shutDown`, which takes the sandbox down itself.
+    const lost = (ending.kind === 'exit' || ending.kind === 'relay') && !o.signal.aborted && (await o.driver.lost?.(o.sandbox).catch(() => false));
     await this.shutDown(ending);
+    if (lost) throw new InfrastructureFailure(`the sandbox went away during the Run: its container was removed while the colocated harness ran`);
     if (o.browser) await this.endBrowser();
     return this.outcome(ending);
   }

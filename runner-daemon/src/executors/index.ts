@@ -21,8 +21,8 @@ export function firstWilling(...executors: LeaseExecutor[]): LeaseExecutor {
     releaseSandbox: async (sessionId, reason) => {
       for (const e of executors) await e.releaseSandbox?.(sessionId, reason);
     },
-    leaseLost: async (sessionId) => {
-      for (const e of executors) await e.leaseLost?.(sessionId);
+    leaseLost: async (sessionId, lease) => {
+      for (const e of executors) await e.leaseLost?.(sessionId, lease);
     },
   };
 }

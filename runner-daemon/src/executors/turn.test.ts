@@ -2,6 +2,7 @@ import { randomBytes } from 'node:crypto';
 import Docker from 'dockerode';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createLogger } from '@agentplane/core';
+import type { ModelRequest, ModelStreamEvent } from '@agentplane/protocol';
 import type { LeaseHandle, LeaseOffer } from '../agent.js';
 import { InfrastructureFailure } from '../failures.js';
 import { DockerDriver } from '../sandbox/docker-driver.js';
@@ -82,5 +83,144 @@ describe('a sandbox that does not start', () => {
     const err = await executor.run(handle).then(() => undefined, (e: unknown) => e);
     expect(err).toBeInstanceOf(SandboxError);
     expect(err).toMatchObject({ reason: 'image_missing' });
+  }, 60_000);
+});
+
+const usage = { input_tokens: 1, cached_input_tokens: 0, cache_write_input_tokens: 0, output_tokens: 1, reasoning_output_tokens: 0, total_tokens: 2 };
+
+/**
+ * A Run whose model asks for one bash command per step (`commands`), then ends the turn;
+ * `beforeStep(i)` runs before step i is answered. Its events are collected in `events`.
+ */
+function scriptedRun(sessionId: string, commands: string[], beforeStep: (i: number) => Promise<void> = async () => {}, topology: 'split' | 'colocated' = 'split', sandboxId?: string) {
+  const events: Array<{ type: string; payload: unknown }> = [];
+  const abort = new AbortController();
+  const offer: LeaseOffer = {
+    lease_id: `lease_${randomBytes(4).toString('hex')}`, attempt: 1, run_id: 'run_t', session_id: sessionId, accept_within_ms: 5000, lease_ttl_ms: 30_000,
+    spec: {
+      run_id: 'run_t', session_id: sessionId, thread_id: 'sthr_t', agent: { routing_key: 'default', tools: [{ type: 'builtin', name: 'bash' }] },
+      environment: {
+        image: 'agentplane/sandbox:latest', resources: { cpu_millis: 1000, memory_mib: 256, disk_mib: 512, max_duration_seconds: 60 },
+        network_mode: 'none', retention_mode: 'durable', harness_topology: topology,
+      },
+      history: [{ role: 'user', content: [{ type: 'text', text: 'go' }] }],
+      ...(sandboxId ? { sandbox_id: sandboxId } : {}),
+    },
+  };
+  let step = 0;
+  const handle: LeaseHandle = {
+    lease: { lease_id: offer.lease_id, attempt: 1 }, offer, signal: abort.signal,
+    sendEvents: () => undefined,
+    deliverEvents: async (_session, batch) => {
+      events.push(...batch.map((e) => ({ type: e.type, payload: e.payload })));
+      return batch.map((_, i) => events.length - batch.length + i + 1);
+    },
+    model: {
+      async *stream(_request: ModelRequest): AsyncIterable<ModelStreamEvent> {
+        const i = step++;
+        await beforeStep(i);
+        if (i < commands.length) {
+          yield { type: 'tool_use', id: `toolu_${i}`, name: 'bash', input: { command: commands[i] } };
+          yield { type: 'end', stop_reason: 'tool_use', usage, provider: 'scripted', model: 's' };
+        } else {
+          yield { type: 'text_delta', text: 'done' };
+          yield { type: 'end', stop_reason: 'end_turn', usage, provider: 'scripted', model: 's' };
+        }
+      },
+    },
+    checkTool: async () => ({ decision: 'allow', rule_id: null, message: 'ok' }),
+  };
+  return { handle, events, abort };
+}
+
+/**
+ * A Session's container removed from outside the runner during a Run (`docker rm -f` by hand,
+ * another tool) is the machine's failure: the lease fails as `infrastructure` and the Run is
+ * retried, and the retry gets a new container, instead of the turn ending as the agent's work or
+ * the model being shown a command "killed" with exit code 137.
+ */
+describe('a sandbox removed from outside the runner during a Run', () => {
+  const setup = () => {
+    const driver = new DockerDriver({ runnerId, docker, logger: log });
+    const executor = turnExecutor({ sandboxes: new SandboxManager({ driver, runnerId, logger: log }), log, baseUrl: 'http://127.0.0.1:9' });
+    return { driver, executor };
+  };
+  const removeContainer = (driver: DockerDriver, sessionId: string) => docker.getContainer(driver.containerName(sessionId)).remove({ force: true });
+
+  it('between two tool calls fails the lease as infrastructure; the retry runs in a new container', async () => {
+    const { driver, executor } = setup();
+    const sessionId = `sess_${randomBytes(8).toString('hex')}`;
+    const first = scriptedRun(sessionId, ['echo one', 'echo two'], async (i) => {
+      if (i === 1) await removeContainer(driver, sessionId);
+    });
+    const err = await executor.run(first.handle).then(() => undefined, (e: unknown) => e);
+    expect(err).toBeInstanceOf(InfrastructureFailure);
+    expect((err as Error).message).toMatch(/the sandbox went away during the Run/);
+    const retry = scriptedRun(sessionId, ['echo again']);
+    await expect(executor.run(retry.handle)).resolves.toMatchObject({ stop_reason: { type: 'end_turn' } });
+    expect(retry.events.find((e) => e.type === 'agent.tool_result')?.payload).toMatchObject({ content: expect.stringContaining('again'), exit_code: 0 });
+    await driver.destroy(sessionId);
+  }, 60_000);
+
+  it('while a command runs fails the lease as infrastructure; the model is not shown the command as killed', async () => {
+    const { driver, executor } = setup();
+    const sessionId = `sess_${randomBytes(8).toString('hex')}`;
+    const run = scriptedRun(sessionId, ['touch /workspace/.started; sleep 60']);
+    const result = executor.run(run.handle).then(() => undefined, (e: unknown) => e);
+    const started = async (): Promise<boolean> => (await driver.exec(await driver.ensure({ id: sessionId }), ['test', '-e', '/workspace/.started'])).exitCode === 0;
+    await expect.poll(() => run.events.some((e) => e.type === 'agent.tool_use') && started(), { timeout: 30_000, interval: 100 }).toBe(true);
+    await removeContainer(driver, sessionId);
+    const err = await result;
+    expect(err).toBeInstanceOf(InfrastructureFailure);
+    expect((err as Error).message).toMatch(/removed while the command ran/);
+    expect(run.events.filter((e) => e.type === 'agent.tool_result')).toEqual([]);
+    await driver.destroy(sessionId);
+  }, 60_000);
+
+  it('under a colocated harness fails the lease as infrastructure', async () => {
+    const { driver, executor } = setup();
+    const sessionId = `sess_${randomBytes(8).toString('hex')}`;
+    const run = scriptedRun(sessionId, ['echo one', 'echo two'], async (i) => {
+      if (i === 1) await removeContainer(driver, sessionId);
+    }, 'colocated');
+    const err = await executor.run(run.handle).then(() => undefined, (e: unknown) => e);
+    expect(err).toBeInstanceOf(InfrastructureFailure);
+    await driver.destroy(sessionId);
+  }, 60_000);
+});
+
+/**
+ * A child thread of a coordinator Session runs in its own sandbox (`sandbox_id`). Its lease lost
+ * stops that sandbox's processes, never those of the Session's primary thread (or of another
+ * child), whose Runs this runner still holds.
+ */
+describe('a lost lease of a child thread', () => {
+  it('stops the child\'s sandbox; the primary thread\'s command of the same Session runs on', async () => {
+    const driver = new DockerDriver({ runnerId, docker, logger: log });
+    const executor = turnExecutor({ sandboxes: new SandboxManager({ driver, runnerId, logger: log }), log, baseUrl: 'http://127.0.0.1:9' });
+    const sessionId = `sess_${randomBytes(8).toString('hex')}`;
+    const childSandbox = `${sessionId}.${randomBytes(12).toString('hex')}`;
+    const primary = scriptedRun(sessionId, ['touch /workspace/.started; while [ ! -e /workspace/.go ]; do sleep 0.1; done; echo primary went on']);
+    const child = scriptedRun(sessionId, ['touch /workspace/.started; sleep 600 & wait'], undefined, 'split', childSandbox);
+    const primaryDone = executor.run(primary.handle);
+    const childDone = executor.run(child.handle).then(() => undefined, () => undefined);
+    const started = async (id: string): Promise<boolean> => {
+      const info = await docker.getContainer(driver.containerName(id)).inspect().catch(() => undefined);
+      if (!info?.State.Running) return false;
+      return (await driver.exec(await driver.ensure({ id }), ['test', '-e', '/workspace/.started'])).exitCode === 0;
+    };
+    await expect.poll(async () => (await started(sessionId)) && (await started(childSandbox)), { timeout: 30_000, interval: 100 }).toBe(true);
+    // What the runner does with a lost lease: abort its work, then stop its sandbox.
+    child.abort.abort(new Error('lease revoked'));
+    await executor.leaseLost?.(sessionId, child.handle.lease);
+    await childDone;
+    expect((await docker.getContainer(driver.containerName(childSandbox)).inspect()).State.Running).toBe(false);
+    expect((await docker.getContainer(driver.containerName(sessionId)).inspect()).State.Running).toBe(true);
+    const go = await docker.getContainer(driver.containerName(sessionId)).exec({ Cmd: ['touch', '/workspace/.go'] });
+    await go.start({});
+    await expect(primaryDone).resolves.toMatchObject({ stop_reason: { type: 'end_turn' } });
+    expect(primary.events.find((e) => e.type === 'agent.tool_result')?.payload).toMatchObject({ content: expect.stringContaining('primary went on'), exit_code: 0 });
+    await driver.destroy(childSandbox);
+    await driver.destroy(sessionId);
   }, 60_000);
 });

@@ -129,6 +129,8 @@ export interface TurnExecutorOptions {
  */
 export function turnExecutor(o: TurnExecutorOptions): LeaseExecutor {
   const driver = o.sandboxes.driver;
+  /** The sandbox each running lease's work uses (`<lease id>#<attempt>` → sandbox id). */
+  const sandboxOfLease = new Map<string, string>();
   return {
     refuse(offer) {
       try {
@@ -152,13 +154,27 @@ export function turnExecutor(o: TurnExecutorOptions): LeaseExecutor {
         return err instanceof Error ? err.message : 'not a turn spec';
       }
     },
-    run: (handle) => runTurn(o, handle),
+    run: async (handle) => {
+      const key = `${handle.lease.lease_id}#${handle.lease.attempt}`;
+      try {
+        return await runTurn(o, handle, (sandboxId) => sandboxOfLease.set(key, sandboxId));
+      } finally {
+        sandboxOfLease.delete(key);
+      }
+    },
     sandboxes: () => o.sandboxes.sessions(),
     releaseSandbox: async (sessionId, reason) => {
       o.log.info({ session: sessionId, reason }, 'removing the sandbox of an ended Session');
       await o.sandboxes.sessionEnded(sessionId);
     },
-    leaseLost: (sessionId) => o.sandboxes.leaseLost(sessionId),
+    // The lease's own sandbox: a child thread's is not its Session's, whose primary thread (or
+    // another child) may be running here under a lease that is not lost. A lease whose work never
+    // reached its sandbox has nothing to stop.
+    leaseLost: async (sessionId, lease) => {
+      if (!lease) return o.sandboxes.leaseLost(sessionId);
+      const sandboxId = sandboxOfLease.get(`${lease.lease_id}#${lease.attempt}`);
+      if (sandboxId !== undefined) await o.sandboxes.leaseLost(sandboxId);
+    },
   };
 }
 
@@ -193,8 +209,9 @@ const traceTool: ToolTracer = (tool, run, failed) =>
     return result;
   });
 
-async function runTurn(o: TurnExecutorOptions, handle: LeaseHandle): Promise<Record<string, unknown>> {
+async function runTurn(o: TurnExecutorOptions, handle: LeaseHandle, usesSandbox: (sandboxId: string) => void): Promise<Record<string, unknown>> {
   const spec = asSpec(handle.offer.spec);
+  usesSandbox(spec.sandbox_id ?? spec.session_id);
   const log = o.log.child({ run: spec.run_id, lease: handle.lease.lease_id });
   const acpSetting = spec.environment.harness;
   const acpHarness = acpSetting ? o.acp?.find(acpSetting.package) : undefined;
@@ -292,6 +309,13 @@ async function runTurn(o: TurnExecutorOptions, handle: LeaseHandle): Promise<Rec
       // A spent budget ends the turn with its own stop reason instead of failing the Run.
       if (err instanceof HarnessError && err.modelError?.type === 'budget.exceeded') {
         return { stop_reason: { type: 'budget_exceeded', message: err.modelError.message } };
+      }
+      // The sandbox went away under the Run (its container removed from outside the runner, the
+      // engine gone): whatever the harness made of it, the Run is retried rather than its turn ended.
+      // The driver (split) and the colocated relay waited for a removal under way already; an ACP
+      // agent cut off by one is given the driver's grace here.
+      if (!handle.signal.aborted && (await o.sandboxes.driver.lost?.(sandbox, acpSetting ? undefined : 0).catch(() => false))) {
+        throw new InfrastructureFailure(`the sandbox went away during the Run: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
       }
       throw err;
     } finally {

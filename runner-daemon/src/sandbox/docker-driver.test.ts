@@ -111,8 +111,25 @@ describe('docker sandbox driver', () => {
     expect((await driver.exec(sb, { script: 'rm /tmp/big ~/big && echo freed' })).stdout).toBe('freed\n');
     await driver.destroy(session.id);
     // The default memory limit keeps the documented sizes.
-    expect(scratchSizes(SANDBOX_DEFAULTS.memory_mib)).toEqual({ tmpMib: 256, homeMib: 64 });
-    expect(scratchSizes(64)).toEqual({ tmpMib: 16, homeMib: 4 });
+    expect(scratchSizes(SANDBOX_DEFAULTS.memory_mib)).toEqual({ tmpMib: 256, homeMib: 64, shmMib: 64 });
+    expect(scratchSizes(64)).toEqual({ tmpMib: 16, homeMib: 4, shmMib: 4 });
+  });
+
+  it('bounds /dev/shm below the memory limit: at the smallest limit, filling it fails the write and the container lives on', async () => {
+    const session = { id: sid() };
+    // Docker's default /dev/shm (64 MiB) is the whole of the smallest memory limit: filling it
+    // would OOM-kill the sandbox, every process of the Session with it.
+    const sb = await driver.ensure(session, { memory_mib: 64 });
+    const startedAt = (await docker.getContainer(sb.ref).inspect()).State.StartedAt;
+    const full = await driver.exec(sb, { script: 'cat /dev/zero > /dev/shm/big; echo rc=$?; du -m /dev/shm/big' }, { timeoutMs: 30_000 });
+    expect(full).toMatchObject({ exitCode: 0, oomKilled: false, stdout: 'rc=1\n4\t/dev/shm/big\n' });
+    expect(full.stderr).toContain('No space left on device');
+    expect((await driver.exec(sb, { script: 'rm /dev/shm/big && echo freed' })).stdout).toBe('freed\n');
+    // The container was never stopped (and restarted) on the way.
+    const info = await docker.getContainer(sb.ref).inspect();
+    expect(info.State.StartedAt).toBe(startedAt);
+    expect(info.HostConfig.ShmSize).toBe(4 * 1024 * 1024);
+    await driver.destroy(session.id);
   });
 
   it('enforces the pids limit', async () => {
@@ -124,6 +141,22 @@ describe('docker sandbox driver', () => {
     expect(Number(count.stdout.trim())).toBeLessThanOrEqual(20);
     await driver.destroy(session.id);
   });
+
+  it('a sandbox whose process limit is held by processes left running is restarted: the next command runs, the workspace kept', async () => {
+    const session = { id: sid() };
+    const sb = await driver.ensure(session, { pids_limit: 32 });
+    await driver.exec(sb, { script: 'echo kept > /workspace/kept' });
+    // Escapes the command's process group and takes every process the sandbox may have, for good.
+    const bomb = await driver.exec(sb, { script: 'setsid bash -c "while true; do sleep 1000 & done" >/dev/null 2>&1 </dev/null & echo started' });
+    expect(bomb.stdout).toBe('started\n');
+    await expect.poll(async () => (await docker.getContainer(sb.ref).top()).Processes.length, { timeout: 20_000, interval: 100 }).toBeGreaterThanOrEqual(30);
+    // Without a restart every later command fails to start ("setsid: fork: Resource temporarily unavailable").
+    const res = await driver.exec(sb, { script: 'cat /workspace/kept' });
+    expect(res).toMatchObject({ exitCode: 0, stdout: 'kept\n' });
+    expect(res.stderr).toContain('process limit was exhausted');
+    expect((await driver.exec(sb, ['echo', 'alive'])).stdout).toBe('alive\n');
+    await driver.destroy(session.id);
+  }, 60_000);
 
   it('interrupt kills a sleep 600 and its whole process group within bounded time', async () => {
     const session = { id: sid() };

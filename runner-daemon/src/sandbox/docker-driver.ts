@@ -67,6 +67,7 @@ export const SANDBOX_DEFAULTS = {
   pids_limit: 256,
   tmp_mib: 256,
   home_mib: 64,
+  shm_mib: 64,
   uid: 10001,
   gid: 10001,
   workspace: '/workspace',
@@ -91,16 +92,18 @@ export function canaryScript(steps: readonly string[] = CANARY_STEPS): string {
 }
 
 /**
- * The tmpfs sizes of `/tmp` and the home directory for a memory limit. Their pages count against
+ * The tmpfs sizes of `/tmp`, the home directory and `/dev/shm` for a memory limit. Their pages count against
  * the sandbox's memory and cannot be reclaimed: were they as large as the limit, a command that
  * fills `/tmp` would leave no memory to start any other (not even `rm`), until the container is
- * stopped. At most a quarter and a sixteenth of the limit, a full `/tmp` is a write that fails
- * with "No space left on device" and the sandbox goes on.
+ * stopped. At most a quarter, a sixteenth and a sixteenth of the limit, a full `/tmp` is a write
+ * that fails with "No space left on device" and the sandbox goes on.
  */
-export function scratchSizes(memoryMib: number, tmpMib: number = SANDBOX_DEFAULTS.tmp_mib): { tmpMib: number; homeMib: number } {
+export function scratchSizes(memoryMib: number, tmpMib: number = SANDBOX_DEFAULTS.tmp_mib): { tmpMib: number; homeMib: number; shmMib: number } {
   return {
     tmpMib: Math.max(1, Math.min(tmpMib, Math.floor(memoryMib / 4))),
     homeMib: Math.max(1, Math.min(SANDBOX_DEFAULTS.home_mib, Math.floor(memoryMib / 16))),
+    // /dev/shm is a tmpfs too (Docker's default 64 MiB, as large as the smallest memory limit).
+    shmMib: Math.max(1, Math.min(SANDBOX_DEFAULTS.shm_mib, Math.floor(memoryMib / 16))),
   };
 }
 
@@ -109,6 +112,9 @@ const WRAPPER = 'f=/tmp/.agentplane-exec-$1; shift; echo $$ > "$f"; "$@"; rc=$?;
 const KILLER =
   'f=/tmp/.agentplane-exec-$1; for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do [ -s "$f" ] && break; sleep 0.05; done; ' +
   'pg=$(cat "$f" 2>/dev/null); [ -n "$pg" ] && kill -KILL -- "-$pg" 2>/dev/null; rm -f "$f"; exit 0';
+
+/** How long `lost` waits, by default, for a container that still reads `running` to show its removal. */
+const LOST_GRACE_MS = 2_000;
 
 interface Tracked {
   sandbox: Sandbox;
@@ -337,7 +343,7 @@ export class DockerDriver implements SandboxDriver {
   private containerOptions(name: string, image: string, environment: SandboxEnvironment, volume: string | undefined, runtime: string | undefined): Docker.ContainerCreateOptions & { HostConfig: Docker.HostConfig } {
     const memoryMib = environment.memory_mib ?? SANDBOX_DEFAULTS.memory_mib;
     const memory = memoryMib * 1024 * 1024;
-    const { tmpMib, homeMib } = scratchSizes(memoryMib, environment.tmp_mib);
+    const { tmpMib, homeMib, shmMib } = scratchSizes(memoryMib, environment.tmp_mib);
     const { uid, gid } = SANDBOX_DEFAULTS;
     const env = Object.entries(environment.env ?? {}).map(([k, v]) => `${k}=${v}`);
     return {
@@ -357,6 +363,7 @@ export class DockerDriver implements SandboxDriver {
         ReadonlyRootfs: true,
         Init: true,
         IpcMode: 'private',
+        ShmSize: shmMib * 1024 * 1024,
         Privileged: false,
         // Under host memory pressure the kernel picks sandbox processes before the daemon.
         OomScoreAdj: 500,
@@ -468,6 +475,41 @@ export class DockerDriver implements SandboxDriver {
   }
 
   async exec(sandbox: Sandbox, command: Command, options: ExecOptions = {}): Promise<ExecResult> {
+    const first = await this.execOnce(sandbox, command, options);
+    if (options.signal?.aborted || !(await this.processLimitExhausted(sandbox, first))) return first;
+    // Processes left running by earlier commands hold every process the sandbox may have: nothing
+    // starts in it any more (not this command, not a kill), in this Run or the next, until the
+    // container stops. It is restarted (the workspace stays) and the command, which never
+    // started, runs once more, with what remains of its time.
+    const tracked = this.container(sandbox);
+    this.log.warn({ session: sandbox.sessionId }, 'the sandbox\'s process limit is exhausted by processes left running: restarting its container');
+    await tracked.container.kill({ signal: 'SIGKILL' }).catch(() => undefined);
+    await withTimeout(tracked.container.wait({ condition: 'not-running' }), this.cancelTimeoutMs, () => new Error('stop timeout')).catch(() => undefined);
+    const timeoutMs = Math.max(1, (options.timeoutMs ?? EXEC_DEFAULTS.timeoutMs) - first.durationMs);
+    const again = await this.execOnce(sandbox, command, { ...options, timeoutMs });
+    const note = '[the sandbox\'s process limit was exhausted by processes left running: they were stopped and the sandbox restarted; the workspace is kept]';
+    return { ...again, stderr: again.stderr ? `${note}\n${again.stderr}` : `${note}\n`, durationMs: first.durationMs + again.durationMs };
+  }
+
+  /**
+   * Whether a command could not start because the sandbox has no process left to give (its pids
+   * limit): the wrapper's own fork failed, or the engine could not start the exec's first process
+   * while the container's process count is at its limit. Nothing of the command ran.
+   */
+  private async processLimitExhausted(sandbox: Sandbox, r: ExecResult): Promise<boolean> {
+    if (r.exitCode === 0 || r.timedOut || r.killed) return false;
+    if (r.stdout === '' && /^setsid: fork: Resource temporarily unavailable\n?$/.test(r.stderr)) return true;
+    // The engine's own failures to start the exec (runc's init could not fork or start a thread).
+    const engine = (r.exitCode === 126 && r.stderr === '' && /^OCI runtime exec failed: /.test(r.stdout))
+      || (r.stdout === '' && r.stderr.startsWith('runtime/cgo: pthread_create failed: Resource temporarily unavailable\n'));
+    if (!engine) return false;
+    const tracked = this.live.get(sandbox.sessionId);
+    const stats = (await tracked?.container.stats({ stream: false, 'one-shot': true } as { stream: false }).catch(() => undefined)) as { pids_stats?: { current?: number; limit?: number } } | undefined;
+    const { current, limit } = stats?.pids_stats ?? {};
+    return current !== undefined && limit !== undefined && limit > 0 && current >= limit - 1;
+  }
+
+  private async execOnce(sandbox: Sandbox, command: Command, options: ExecOptions): Promise<ExecResult> {
     const tracked = this.container(sandbox);
     const started = Date.now();
     const execId = randomBytes(8).toString('hex');
@@ -560,6 +602,12 @@ export class DockerDriver implements SandboxDriver {
       const count = await this.readOomKills(tracked);
       oomKilled = count > tracked.oomKills;
       tracked.oomKills = Math.max(count, tracked.oomKills);
+      // Killed by nothing of this runner nor the kernel: the container may have been removed from
+      // outside the runner while the command ran. There is then no result to report (the command
+      // did not fail): the caller gets an error, as for an exec that could not start.
+      if (!oomKilled && (await this.lost(sandbox))) {
+        throw new SandboxError('exec_failed', `the sandbox container of ${sandbox.sessionId} was removed while the command ran`);
+      }
     }
     return {
       exitCode,
@@ -788,6 +836,23 @@ export class DockerDriver implements SandboxDriver {
     }
     // The kill is asynchronous: an `ensure` right after must not find it still running and keep it.
     await withTimeout(container.wait({ condition: 'not-running' }), this.cancelTimeoutMs, () => new Error('stop timeout')).catch(() => undefined);
+  }
+
+  async lost(sandbox: Sandbox, graceMs: number = LOST_GRACE_MS): Promise<boolean> {
+    const tracked = this.live.get(sandbox.sessionId);
+    // Suspended or removed by this runner (a lost lease, the Session's end): not lost.
+    if (!tracked || tracked.sandbox.ref !== sandbox.ref) return false;
+    // A forced removal kills the container's processes first and shows as `removing` only once the
+    // engine has seen it stop: a command it cut off can end while the container still reads
+    // `running`. A container that keeps running for the grace is there.
+    const deadline = Date.now() + graceMs;
+    for (;;) {
+      const info = await tracked.container.inspect().catch(() => undefined);
+      if (!info) return true;
+      if (info.State.Status === 'removing' || info.State.Status === 'dead') return true;
+      if (!info.State.Running || Date.now() >= deadline) return false;
+      await sleep(50);
+    }
   }
 
   async sandboxSessions(runnerId: string): Promise<string[]> {

@@ -7,10 +7,11 @@
  * Git runs hardened: argv only (never a shell), https and ssh transports only, no hooks, no
  * submodules, no prompts (no askpass, no terminal: every git runs in its own session), one overall
  * deadline, and its whole process group is killed on timeout, abort or a size overrun. The
- * temporary directory is removed whatever happens.
+ * temporary directory is removed whatever happens; after a crash of the runner, by its next start
+ * (`removeStaleCheckouts`).
  */
 import { spawn } from 'node:child_process';
-import { mkdtemp, readdir, rm, stat } from 'node:fs/promises';
+import { mkdtemp, readdir, readFile, readlink, rm, stat } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
@@ -183,6 +184,60 @@ interface RunOptions {
  * Runs `cmd` as the leader of a new session and process group (so it has no controlling terminal
  * to prompt on); the abort signal kills the whole group. Resolves when the leader exits.
  */
+/** Temporary checkouts are `<temp dir>/agentplane-repo-<pid of the fetching process>-<random>`. */
+const CHECKOUT_PREFIX = 'agentplane-repo-';
+const CHECKOUT_NAME = /^agentplane-repo-(\d+)-[A-Za-z0-9]{6}$/;
+
+/**
+ * Removes the temporary checkouts of runner processes that died mid-fetch (a kill -9 runs none of
+ * their cleanup), with the git processes still working in them: git runs detached, in its own
+ * session, and outlives the runner (on a stalled server, for good). A checkout whose process still
+ * lives is kept. Returns the removed directories.
+ */
+export async function removeStaleCheckouts(tempDir: string = tmpdir()): Promise<string[]> {
+  const names = await readdir(tempDir).catch(() => [] as string[]);
+  const stale = names.filter((name) => {
+    const pid = CHECKOUT_NAME.exec(name)?.[1];
+    return pid !== undefined && !processAlive(Number(pid));
+  }).map((name) => join(tempDir, name));
+  if (stale.length === 0) return [];
+  await killProcessesIn(stale);
+  const removed: string[] = [];
+  for (const dir of stale) {
+    await rm(dir, { recursive: true, force: true, maxRetries: 5, retryDelay: 50 }).then(() => removed.push(dir), () => undefined);
+  }
+  return removed;
+}
+
+function processAlive(pid: number): boolean {
+  if (pid === process.pid) return true;
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    // Another user's process: alive.
+    return (err as NodeJS.ErrnoException).code === 'EPERM';
+  }
+}
+
+/** Kills, with their process groups, the processes whose working directory or an argument lies in one of `dirs`. */
+async function killProcessesIn(dirs: readonly string[]): Promise<void> {
+  const inside = (path: string): boolean => dirs.some((d) => path === d || path.startsWith(`${d}/`));
+  for (const name of await readdir('/proc').catch(() => [] as string[])) {
+    if (!/^\d+$/.test(name) || Number(name) === process.pid) continue;
+    const cwd = await readlink(`/proc/${name}/cwd`).catch(() => '');
+    const argv = await readFile(`/proc/${name}/cmdline`, 'utf8').catch(() => '');
+    if (!inside(cwd) && !argv.split('\0').some(inside)) continue;
+    for (const target of [-Number(name), Number(name)]) {
+      try {
+        process.kill(target, 'SIGKILL');
+      } catch {
+        // Not a group leader, or gone already.
+      }
+    }
+  }
+}
+
 function runProcess(cmd: string, args: readonly string[], options: RunOptions): Promise<Exit> {
   return new Promise((resolve, reject) => {
     if (options.signal.aborted) {
@@ -285,7 +340,8 @@ export async function fetchRepositorySnapshot(opts: FetchRepositoryOptions): Pro
   const tooLarge = (): RepositoryFetchError => new RepositoryFetchError('too_large', `${what} is larger than ${maxBytes} bytes`);
   const env = hardenedEnv(opts.env ?? process.env);
 
-  const root = await mkdtemp(join(opts.tempDir ?? tmpdir(), 'agentplane-repo-')).catch((err: unknown) => {
+  // Named after this process: a checkout whose process died mid-fetch is found and removed (`removeStaleCheckouts`).
+  const root = await mkdtemp(join(opts.tempDir ?? tmpdir(), `${CHECKOUT_PREFIX}${process.pid}-`)).catch((err: unknown) => {
     clearTimeout(timer);
     opts.signal?.removeEventListener('abort', onAbort);
     throw new RepositoryFetchError('failed', `no temporary directory for ${what}: ${err instanceof Error ? err.message : String(err)}`);

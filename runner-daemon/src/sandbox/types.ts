@@ -150,6 +150,13 @@ export interface SandboxDriver {
   sandboxSessions(runnerId: string): Promise<string[]>;
   /** Stops the sandbox's processes to free resources; the workspace stays and `ensure` resumes it. */
   suspend(sessionId: string): Promise<void>;
+  /**
+   * Whether a sandbox the runner still holds went away from outside it (docker: its container was
+   * removed, or the engine no longer answers for it). A Run that failed meanwhile failed for the
+   * machine's sake, not its work. A sandbox the runner itself suspended or removed is not lost.
+   * Right after a process of it ended, `graceMs` gives a removal under way time to show.
+   */
+  lost?(sandbox: Sandbox, graceMs?: number): Promise<boolean>;
   usage(sandbox: Sandbox): Promise<ComputeUsage | undefined>;
   assurances(): RuntimeAssurance[];
   /** `tiers` lists only what the driver verified (Docker: a canary sandbox per tier, see `verifyTiers`). */

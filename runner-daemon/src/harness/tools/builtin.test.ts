@@ -82,8 +82,25 @@ describe('built-in tools inside a docker sandbox', () => {
     expect(res).toMatchObject({ is_error: true, content: `edits/endless is larger than ${TOOL_LIMITS.maxFileBytes} bytes; edit it with bash instead` });
     // The read ended by itself: it was not a runaway writer the driver had to stop.
     expect(results).toHaveLength(1);
-    expect(results[0]).toMatchObject({ exitCode: 0, truncated: true, timedOut: false, killed: false });
+    expect(results[0]).toMatchObject({ exitCode: 0, timedOut: false, killed: false });
     expect(results[0]?.stderr).toBe('');
+    expect(Buffer.from(results[0]?.stdout ?? '', 'base64').length).toBe(TOOL_LIMITS.maxFileBytes + 1);
+  });
+
+  it('edit changes only what it replaces: a file that is not UTF-8 is refused and left as it was, a byte order mark kept', async () => {
+    // Latin-1 "café": its 0xE9 byte does not decode as UTF-8, and writing the decoded text back
+    // would turn it into U+FFFD (three other bytes).
+    const latin1 = Buffer.from('/* caf\xe9 */\nint x = 1;\n', 'latin1');
+    await driver.writeFiles(sandbox, [{ path: 'edits/legacy.c', data: latin1 }]);
+    const refused = await runTool(editTool, ctx, { path: 'edits/legacy.c', old_string: 'int x = 1;', new_string: 'int x = 2;' });
+    expect(refused).toMatchObject({ is_error: true, content: 'edits/legacy.c is not UTF-8 text; edit it with bash instead' });
+    expect((await driver.exec(sandbox, ['base64', '-w', '0', 'edits/legacy.c'])).stdout).toBe(latin1.toString('base64'));
+
+    const bom = Buffer.concat([Buffer.from([0xef, 0xbb, 0xbf]), Buffer.from('caf\u00e9 = 1\n', 'utf8')]);
+    await driver.writeFiles(sandbox, [{ path: 'edits/bom.txt', data: bom }]);
+    expect(await runTool(editTool, ctx, { path: 'edits/bom.txt', old_string: '= 1', new_string: '= 2' })).toMatchObject({ is_error: false });
+    const after = Buffer.from((await driver.exec(sandbox, ['base64', '-w', '0', 'edits/bom.txt'])).stdout, 'base64');
+    expect(after.equals(Buffer.concat([Buffer.from([0xef, 0xbb, 0xbf]), Buffer.from('caf\u00e9 = 2\n', 'utf8')]))).toBe(true);
   });
 
   it('bash reports output, exit codes and timeouts', async () => {
@@ -125,6 +142,16 @@ describe('built-in tools inside a docker sandbox', () => {
     expect(none).toMatchObject({ is_error: false, content: 'no matches' });
     const limited = await runTool(grepTool, ctx, { pattern: 'needle', path: 'proj', ignore_case: true, max_results: 1 });
     expect(limited.content.trim().split('\n')).toHaveLength(1);
+  });
+
+  it('grep that times out returns the matches it found so far and says it is incomplete', async () => {
+    // One match, then lines on which a back-reference pattern backtracks (about 0.3 ms each here,
+    // 20 s for the file): the search ends at its timeout, long after the first line matched.
+    const made = await driver.exec(sandbox, { script: 'mkdir -p slow && { echo "c first"; yes "aaaaaaaaaaaaaaaaaaaaaaaab c" | head -c 2000000; } > slow/b.txt' });
+    expect(made.exitCode).toBe(0);
+    const res = await runTool(grepTool, { ...ctx, maxTimeoutMs: 1500 }, { pattern: '^(a*)*\\1c', path: 'slow/b.txt' });
+    expect(res).toMatchObject({ is_error: false, meta: { timedOut: true, truncated: true } });
+    expect(res.content).toBe('1:c first\n[incomplete: the search timed out after 1500 ms; search a narrower path, add a glob or use a simpler pattern]');
   });
 
   it('glob: shell classes, braces and escapes; malformed patterns are the model\'s error', async () => {

@@ -143,6 +143,9 @@ export const writeTool: BuiltinTool = {
   },
 };
 
+/** Characters of the base64 of `bytes` bytes. */
+const base64Length = (bytes: number): number => 4 * Math.ceil(bytes / 3);
+
 function occurrences(haystack: string, needle: string): number {
   let count = 0;
   for (let i = haystack.indexOf(needle); i !== -1; i = haystack.indexOf(needle, i + needle.length)) count++;
@@ -176,16 +179,25 @@ export const editTool: BuiltinTool = {
     if (args.old_string === '') throw new ToolInputError('edit', "'old_string' must not be empty");
     if (args.old_string === args.new_string) throw new ToolInputError('edit', "'new_string' must differ from 'old_string'");
     // At most one byte past the cap leaves the sandbox: a larger file (or a device such as
-    // /dev/zero behind a symlink) is refused without streaming it through the runner.
-    const res = await ctx.driver.exec(ctx.sandbox, ['bash', '-c', 'head -c "$2" -- "$1"', 'edit', resolvePath(ctx, args.path), String(TOOL_LIMITS.maxFileBytes + 1)], {
+    // /dev/zero behind a symlink) is refused without streaming it through the runner. The bytes
+    // come as base64: the file is rewritten whole, so it must be read exactly, not as text.
+    const res = await ctx.driver.exec(ctx.sandbox, ['bash', '-c', 'set -o pipefail; head -c "$2" -- "$1" | base64 -w 0', 'edit', resolvePath(ctx, args.path), String(TOOL_LIMITS.maxFileBytes + 1)], {
       timeoutMs: clampTimeout(ctx, 30_000),
       signal: ctx.signal,
-      maxOutputBytes: TOOL_LIMITS.maxFileBytes,
+      maxOutputBytes: base64Length(TOOL_LIMITS.maxFileBytes + 1),
     });
-    // Before the exit code: output cut at the cap may have ended the command.
-    if (res.truncated) return error(`${args.path} is larger than ${TOOL_LIMITS.maxFileBytes} bytes; edit it with bash instead`);
-    if (res.exitCode !== 0) return error(res.stderr.trim() || `cannot read ${args.path}`, metaOf(res));
-    const found = occurrences(res.stdout, args.old_string);
+    if (res.exitCode !== 0 && !res.truncated) return error(res.stderr.trim() || `cannot read ${args.path}`, metaOf(res));
+    const bytes = Buffer.from(res.stdout, 'base64');
+    if (res.truncated || bytes.length > TOOL_LIMITS.maxFileBytes) return error(`${args.path} is larger than ${TOOL_LIMITS.maxFileBytes} bytes; edit it with bash instead`);
+    // A file that is not UTF-8 (Latin-1, binary) cannot be edited as text without rewriting every
+    // byte that does not decode: it is refused and left as it was.
+    let text: string;
+    try {
+      text = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true }).decode(bytes);
+    } catch {
+      return error(`${args.path} is not UTF-8 text; edit it with bash instead`);
+    }
+    const found = occurrences(text, args.old_string);
     if (found === 0) return error(`old_string was not found in ${args.path}`);
     if (found > 1 && !args.replace_all) {
       return error(`old_string matches ${found} times in ${args.path}; include more surrounding context to make it unique, or set replace_all`);
@@ -193,11 +205,11 @@ export const editTool: BuiltinTool = {
     // The edited file is held in memory here before it is written: it obeys the same bound as the
     // file read, checked before it is built (replace_all of a short string by a long one multiplies).
     const replaced = args.replace_all ? found : 1;
-    const size = Buffer.byteLength(res.stdout) + replaced * (Buffer.byteLength(args.new_string) - Buffer.byteLength(args.old_string));
+    const size = bytes.length + replaced * (Buffer.byteLength(args.new_string) - Buffer.byteLength(args.old_string));
     if (size > TOOL_LIMITS.maxFileBytes) {
       return error(`the edited ${args.path} would be ${size} bytes, larger than ${TOOL_LIMITS.maxFileBytes}; edit it with bash instead`);
     }
-    const updated = args.replace_all ? res.stdout.split(args.old_string).join(args.new_string) : res.stdout.replace(args.old_string, () => args.new_string);
+    const updated = args.replace_all ? text.split(args.old_string).join(args.new_string) : text.replace(args.old_string, () => args.new_string);
     const failed = await writeFile(ctx, args.path, updated);
     return failed ?? { content: `replaced ${replaced} occurrence(s) in ${args.path}`, is_error: false };
   },
@@ -376,14 +388,26 @@ export const grepTool: BuiltinTool = {
       max_results: { kind: 'number' },
     });
     const max = Math.min(5000, Math.max(1, Math.floor(args.max_results ?? 200)));
-    const flags = ['-rnIE', '--exclude-dir=.git', ...(args.ignore_case ? ['-i'] : []), ...(args.glob ? [`--include=${args.glob}`] : [])];
-    const script = 'cd -- "$1" && shift && n="$1" && shift && { grep "$@" | head -n "$n"; exit "${PIPESTATUS[0]}"; }';
+    // Line by line, grep's and the cut's output flushed as it comes: the matches found before a
+    // timeout reach the runner instead of dying in a pipe buffer (at most `max` lines either way).
+    const flags = ['-rnIE', '--line-buffered', '--exclude-dir=.git', ...(args.ignore_case ? ['-i'] : []), ...(args.glob ? [`--include=${args.glob}`] : [])];
+    const script = 'cd -- "$1" && shift && n="$1" && shift && { grep "$@" | awk -v n="$n" \'{ print; fflush() } NR >= n { exit }\'; exit "${PIPESTATUS[0]}"; }';
+    const timeoutMs = clampTimeout(ctx, 60_000);
     const res = await ctx.driver.exec(ctx.sandbox, ['bash', '-c', script, 'grep', ctx.sandbox.workspace, String(max), ...flags, '-e', args.pattern, '--', args.path ?? '.'], {
-      timeoutMs: clampTimeout(ctx, 60_000),
+      timeoutMs,
       signal: ctx.signal,
       maxOutputBytes: TOOL_LIMITS.maxResultChars * 4,
     });
-    // grep: 0 = matches, 1 = none, 2 = error; 141 = head closed the pipe after max results.
+    if (res.killed) return error('The grep was interrupted.', metaOf(res));
+    if (res.oomKilled) return error(failureNote(res, timeoutMs) ?? 'grep was killed', metaOf(res));
+    if (res.timedOut) {
+      // A search of a huge tree (or a pattern that backtracks) ends at its timeout with what it found so far.
+      const found = res.stdout.replace(/^\.\//gm, '').replace(/\n$/, '');
+      const note = `[incomplete: the search timed out after ${timeoutMs} ms; search a narrower path, add a glob or use a simpler pattern]`;
+      const out = capText(`${found || 'no matches so far'}\n${note}`);
+      return { content: out.text, is_error: false, meta: { ...metaOf(res), truncated: true } };
+    }
+    // grep: 0 = matches, 1 = none, 2 = error; 141 = the cut closed the pipe after max results.
     if (res.exitCode === 1) return { content: 'no matches', is_error: false, meta: metaOf(res) };
     if (res.exitCode !== 0 && res.exitCode !== 141 && !res.truncated) return error(res.stderr.trim() || `grep failed (exit ${res.exitCode})`, metaOf(res));
     const out = capText(res.stdout.replace(/^\.\//gm, ''));
