@@ -208,6 +208,30 @@ describe('sessions', () => {
     expect(after.data).toEqual([]);
   });
 
+  it('a list cursor continues only the query that issued it: another order or other filters is 400', async () => {
+    const agent3 = (await api.post<{ id: string }>('/v1/agents', { name: 'cursor-lister', model: 'default' })).id;
+    const made: string[] = [];
+    for (let i = 0; i < 3; i++) made.push((await api.post<{ id: string }>('/v1/sessions', { agent: agent3, environment_id: envId })).id);
+    const first = await api.get<{ next_page: string }>('/v1/sessions', { agent_id: agent3, limit: 1 });
+    expect(first.next_page).toEqual(expect.any(String));
+    // The query that issued it continues with it (limit may change).
+    const more = await api.get<{ data: Json[] }>('/v1/sessions', { agent_id: agent3, limit: 5, page: first.next_page });
+    expect(more.data).toHaveLength(2);
+    // So does the same query with its defaults spelled out.
+    const spelled = await api.get<{ data: Json[] }>('/v1/sessions', { agent_id: agent3, order: 'desc', include_archived: false, page: first.next_page });
+    expect(spelled.data.map((x) => x.id)).toEqual(more.data.map((x) => x.id));
+    for (const query of [
+      { agent_id: agent3, order: 'asc' },
+      { agent_id: agentId },
+      {},
+      { agent_id: agent3, include_archived: true },
+      { agent_id: agent3, created_after: '2000-01-01T00:00:00Z' },
+    ]) {
+      const r = await api.request('GET', '/v1/sessions', { query: { ...query, page: first.next_page } });
+      expect([query, r.status, errType(r)]).toEqual([query, 400, 'validation.malformed']);
+    }
+  });
+
   it('update replaces collections; agent changes govern later Runs only', async () => {
     const vault = (await p.root.post<{ id: string }>('/v1/vaults', { name: 'session-vault' })).id;
     const s = await newSession({ metadata: { a: '1', b: '2' }, vault_ids: [vault] });
@@ -310,6 +334,45 @@ describe('sessions', () => {
     // And their principals cannot author here.
     const r = await api.request('POST', `/v1/sessions/${mine.id}/events`, { body: msg('x') });
     expect(r.status).toBe(201);
+  });
+
+  it('a child thread spawned while the Session is deleted is refused: nothing of it outlives the erase', async () => {
+    const s = await newSession();
+    const doc = await sessionDoc(s.id);
+    const before = await store.spawnChild(doc);
+    expect((await api.request('DELETE', `/v1/sessions/${s.id}`)).status).toBe(200);
+    // The coordinator's spawn, racing the delete, lands after the erase.
+    const late = await store.spawnChild(doc).then((t) => t.id, (e: unknown) => e as Error & { type?: string });
+    expect(late).toMatchObject({ type: 'validation.not_found' });
+    // The Session's tombstone and its log's erased marker stay, and nothing else.
+    const left = await redis.keys(`*{s:${s.id}}*`);
+    expect(left.some((k) => k.includes(before.id))).toBe(false);
+    expect(left).toHaveLength(2);
+  });
+
+  it('a keyed replay of an archive, a thread archive or a Resource write answers as it is now: after delete it is 404, never the erased content', async () => {
+    const s = await newSession({ title: 'erase-me title' });
+    const child = await store.spawnChild(await sessionDoc(s.id));
+    const add = () => api.request('POST', `/v1/sessions/${s.id}/resources`, { body: { type: 'repository', url: 'https://example.com/erase-me.git' }, idempotencyKey: `add-${s.id}` });
+    const added = await add();
+    expect(added.status).toBe(201);
+    const rid = (added.body as { id: string }).id;
+    const update = () => api.request('POST', `/v1/sessions/${s.id}/resources/${rid}`, { body: { ref: 'erase-me-branch' }, idempotencyKey: `update-${s.id}` });
+    const archiveThread = () => api.request('POST', `/v1/sessions/${s.id}/threads/${child.id}/archive`, { body: {}, idempotencyKey: `thread-${s.id}` });
+    const archive = () => api.request('POST', `/v1/sessions/${s.id}/archive`, { body: {}, idempotencyKey: `archive-${s.id}` });
+    const calls = [['add', add, 201], ['update', update, 200], ['archive thread', archiveThread, 200], ['archive', archive, 200]] as const;
+    for (const [, call, status] of calls.slice(1)) expect((await call()).status).toBe(status);
+    // Before the delete a replay answers as the first call did.
+    for (const [name, call, status] of calls) {
+      const r = await call();
+      expect([name, r.status, (r.body as { id?: string }).id]).toEqual([name, status, name === 'archive thread' ? child.id : name === 'archive' ? s.id : rid]);
+    }
+    expect((await api.request('DELETE', `/v1/sessions/${s.id}`)).status).toBe(200);
+    for (const [name, call] of calls) {
+      const r = await call();
+      expect([name, r.status, errType(r)]).toEqual([name, 404, 'validation.not_found']);
+      expect(JSON.stringify(r.body)).not.toMatch(/erase-me/);
+    }
   });
 
   it('delete erases the log: session_deleted, retry-safe, stream reports a gap and never old content', async () => {
@@ -568,6 +631,20 @@ describe('drive events', () => {
     expect(errType(stale)).toBe('runtime.invalid_transition');
   });
 
+  it('the same answer sent several times at once is one event: one 201, every other the original with 200; a different one is 409', async () => {
+    const s = await newSession({ initial_events: [msg('go')] });
+    const doc = await sessionDoc(s.id);
+    const primary = doc._primary_thread_id;
+    await runtime.endTurn(doc, primary, { type: 'requires_action', tool_use_ids: ['toolu_same'] }, [{ tool_use_id: 'toolu_same', kind: 'confirmation' }]);
+    const answer = (result: string) => ({ type: 'user.tool_confirmation', payload: { tool_use_id: 'toolu_same', result, authored_by: principal, caused_by: { kind: 'api' } } });
+    const rs = await Promise.all(Array.from({ length: 6 }, () => api.request<Json>('POST', `/v1/sessions/${s.id}/events`, { body: answer('allow') })));
+    expect(rs.map((r) => r.status).sort()).toEqual([200, 200, 200, 200, 200, 201]);
+    for (const r of rs) expect(r.body).toEqual(rs[0]?.body);
+    const other = await api.request('POST', `/v1/sessions/${s.id}/events`, { body: answer('deny') });
+    expect([other.status, errType(other)]).toEqual([409, 'validation.conflict']);
+    expect((await store.log.range(s.id, 0, 100)).filter((e) => e.type === 'user.tool_confirmation')).toHaveLength(1);
+  });
+
   it('session_thread_id is required when several children wait on the same tool_use_id', async () => {
     const s = await newSession();
     const doc = await sessionDoc(s.id);
@@ -753,6 +830,32 @@ describe('threads', () => {
     for (const huge of ['1e21', '18446744073709551615', '9007199254740993']) {
       const r = await api.request('GET', `/v1/sessions/${s.id}/threads/${child.id}/events`, { query: { after: huge } });
       expect([huge, r.status, errType(r)]).toEqual([huge, 400, 'validation.malformed']);
+    }
+  });
+
+  it('a page cursor continues only the list that issued it: another thread\'s or Session\'s cursor is 400', async () => {
+    const [a, b] = await Promise.all([newSession(), newSession()]);
+    const [da, db] = await Promise.all([sessionDoc(a.id), sessionDoc(b.id)]);
+    const [ca, cb] = [await store.spawnChild(da), await store.spawnChild(db)];
+    await store.spawnChild(da);
+    await store.spawnChild(db);
+    for (const [s, t] of [[a.id, ca.id], [b.id, cb.id]] as const) {
+      await store.log.append(s, [1, 2, 3].map((i) => ({ type: 'agent.message', payload: { content: `m${i}` }, session_thread_id: t })));
+    }
+    const events = await api.get<{ next_page: string }>(`/v1/sessions/${a.id}/threads/${ca.id}/events`, { limit: 1 });
+    const threads = await api.get<{ next_page: string }>(`/v1/sessions/${a.id}/threads`, { limit: 1 });
+    // The issuing lists continue with them.
+    expect((await api.get<{ data: Json[] }>(`/v1/sessions/${a.id}/threads/${ca.id}/events`, { limit: 1, page: events.next_page })).data[0]?.payload).toEqual({ content: 'm2' });
+    expect((await api.get<{ data: Json[] }>(`/v1/sessions/${a.id}/threads`, { limit: 1, page: threads.next_page })).data[0]?.id).toBe(ca.id);
+    for (const [path, page] of [
+      [`/v1/sessions/${b.id}/threads/${cb.id}/events`, events.next_page],
+      [`/v1/sessions/${a.id}/threads/${da._primary_thread_id}/events`, events.next_page],
+      [`/v1/sessions/${b.id}/threads`, threads.next_page],
+      [`/v1/sessions/${a.id}/threads/${ca.id}/events`, threads.next_page],
+      [`/v1/sessions/${a.id}/threads`, events.next_page],
+    ] as const) {
+      const r = await api.request('GET', path, { query: { limit: 1, page } });
+      expect([path, r.status, errType(r)]).toEqual([path, 400, 'validation.malformed']);
     }
   });
 

@@ -44,6 +44,20 @@ export const sessionReplay: NonNullable<Operation['erasureSafe']> = {
   rehydrate: async (kept, { caller, deps }) => deps.sessions.view(await liveSession(deps, requireWorkspace(caller), (kept as { id: string }).id)),
 };
 
+/**
+ * A Session Resource's answer, kept as its id only and replayed as the Resource is now (once the
+ * Session is erased, or the Resource removed, its 404, never the erased content).
+ */
+const resourceReplay: NonNullable<Operation['erasureSafe']> = {
+  keep: (body) => ({ id: (body as { id: string }).id }),
+  rehydrate: async (kept, { caller, params, deps }) => {
+    const s = await liveSession(deps, requireWorkspace(caller), (params as { session_id: string }).session_id);
+    const r = s.resources.find((x) => x.id === (kept as { id: string }).id);
+    if (!r) throw new ApiError('validation.not_found', 'resource not found');
+    return r;
+  },
+};
+
 /** A drive event's answer, kept as its place in the log and replayed from the log (404 once erased). */
 const eventReplay: NonNullable<Operation['erasureSafe']> = {
   keep: (body) => {
@@ -116,7 +130,7 @@ export const sessionOperations: Operation[] = [
     operationId: 'sessions.archiveSession', path: '/v1/sessions/{session_id}/archive',
     audit: { target: 'session_id' },
     summary: 'Archive a Session (one-way, retry-safe): no new work, reads stay', auth: writers, params: SessionPath,
-    response: SessionSchema, idempotency: 'optional', mcp: 'compact',
+    response: SessionSchema, idempotency: 'optional', mcp: 'compact', erasureSafe: sessionReplay,
   }, async (ws, { params, deps }) => deps.sessions.view(await deps.sessions.archive(ws, params.session_id))),
   workspaceWrite('DELETE', {
     operationId: 'sessions.deleteSession', path: '/v1/sessions/{session_id}',
@@ -143,6 +157,7 @@ export const sessionOperations: Operation[] = [
     operationId: 'sessions.addResource', method: 'POST', path: '/v1/sessions/{session_id}/resources', summary: 'Add a Resource to a Session',
     audit: { target: 'response' },
     auth: writers, params: SessionPath, body: ResourceInput, response: ResourceSchema, successStatus: 201, idempotency: 'optional', mcp: 'full',
+    erasureSafe: resourceReplay,
     async handler({ caller, params, body, deps }) {
       await deps.sessions.checkResources(requireWorkspace(caller), [body as { type: string; file_id?: string }]);
       const r = deps.sessions.newResource(body as Record<string, unknown>);
@@ -168,6 +183,7 @@ export const sessionOperations: Operation[] = [
     operationId: 'sessions.updateResource', method: 'POST', path: '/v1/sessions/{session_id}/resources/{resource_id}', summary: 'Update a Session Resource',
     audit: { target: 'resource_id' },
     auth: writers, params: ResourcePath, body: ResourceUpdate, response: ResourceSchema, idempotency: 'optional', mcp: 'full',
+    erasureSafe: resourceReplay,
     async handler({ caller, params, body, deps }) {
       let out: unknown = null;
       await deps.sessions.store.update(requireWorkspace(caller), params.session_id, (cur) => {

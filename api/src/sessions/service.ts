@@ -91,14 +91,29 @@ interface Position {
   member: string;
 }
 
-function encodePos(dir: 'n' | 'p', pos: Position): string {
-  return `c1_${Buffer.from(`${dir}|${pos.score}|${pos.member}`, 'utf8').toString('hex')}`;
+/**
+ * A Session list cursor: `c1_` and the hex of `<dir>|<binding>|<score>|<member>`. The binding
+ * (16 hex digits of a SHA-256 of the Workspace, the order and the filters) names the list that
+ * issued it: the same cursor sent with another order or other filters is 400, not a position
+ * read in a list it does not belong to (which would skip or repeat Sessions).
+ */
+function listBinding(ws: string, q: Record<string, unknown>): string {
+  // Defaults as the list applies them: the same list asked with or without them is the same list.
+  const instant = (v: unknown) => (typeof v === 'string' ? Date.parse(v) : null);
+  const fields = [q.order ?? 'desc', q.include_archived === true, q.agent_id ?? null, q.automation_id ?? null, instant(q.created_after), instant(q.created_before)];
+  return sha256Hex(canonicalJson(['sessions', ws, ...fields])).slice(0, 16);
 }
-function decodePos(cursor: string): { dir: 'n' | 'p'; pos: Position } {
+function encodePos(dir: 'n' | 'p', bound: string, pos: Position): string {
+  return `c1_${Buffer.from(`${dir}|${bound}|${pos.score}|${pos.member}`, 'utf8').toString('hex')}`;
+}
+function decodePos(cursor: string, bound: string): { dir: 'n' | 'p'; pos: Position } {
   const m = /^c1_([0-9a-f]+)$/.exec(cursor);
   const parts = m?.[1] && m[1].length % 2 === 0 ? Buffer.from(m[1], 'hex').toString('utf8').split('|') : [];
-  const [dir, score, member] = parts;
-  if ((dir === 'n' || dir === 'p') && score !== undefined && Number.isFinite(Number(score)) && member) return { dir, pos: { score: Number(score), member } };
+  const [dir, binding, score, member] = parts;
+  if (parts.length === 4 && (dir === 'n' || dir === 'p') && binding && score !== undefined && score !== '' && Number.isFinite(Number(score)) && member) {
+    if (binding !== bound) throw new ApiError('validation.malformed', 'query.page: a cursor of this list with another order or other filters; send the query it was issued for');
+    return { dir, pos: { score: Number(score), member } };
+  }
   throw new ApiError('validation.malformed', 'query.page: not a cursor issued by this list');
 }
 
@@ -297,7 +312,8 @@ export class SessionService {
     const max = q.created_before ? Date.parse(q.created_before) : Infinity;
     const desc = (q.order ?? 'desc') === 'desc';
     const residual = q.agent_id && q.automation_id ? (s: SessionDoc) => s.automation_id === q.automation_id : null;
-    const cursor = q.page ? decodePos(q.page) : null;
+    const bound = listBinding(ws, q);
+    const cursor = q.page ? decodePos(q.page, bound) : null;
 
     // A `p` cursor walks backwards from the first item of the page the client saw.
     const forward = cursor?.dir !== 'p';
@@ -310,11 +326,11 @@ export class SessionService {
     let next_page: string | null = null;
     let prev_page: string | null = null;
     if (forward) {
-      if (more && last) next_page = encodePos('n', pos(last));
-      if (cursor && first) prev_page = (await this.scan(key, !desc, pos(first), min, max, 1, residual)).docs.length ? encodePos('p', pos(first)) : null;
+      if (more && last) next_page = encodePos('n', bound, pos(last));
+      if (cursor && first) prev_page = (await this.scan(key, !desc, pos(first), min, max, 1, residual)).docs.length ? encodePos('p', bound, pos(first)) : null;
     } else {
-      if (more && first) prev_page = encodePos('p', pos(first));
-      if (last) next_page = (await this.scan(key, desc, pos(last), min, max, 1, residual)).docs.length ? encodePos('n', pos(last)) : null;
+      if (more && first) prev_page = encodePos('p', bound, pos(first));
+      if (last) next_page = (await this.scan(key, desc, pos(last), min, max, 1, residual)).docs.length ? encodePos('n', bound, pos(last)) : null;
     }
     return { data: await Promise.all(page.map((s) => this.view(s))), next_page, prev_page };
   }
@@ -427,7 +443,7 @@ export class SessionService {
   }
 
   /** Appends the drive event; with `queue`, the same script queues it for the thread's next turn and reads the thread. */
-  private async appendOne(sessionId: string, input: DriveInput, threadId: string, producerKey: string | undefined, queue: boolean, trace: Context | undefined): Promise<{ event: LogEvent; thread: ThreadDoc | null; queued?: string[] }> {
+  private async appendOne(sessionId: string, input: DriveInput, threadId: string, producerKey: string | undefined, queue: boolean, trace: Context | undefined): Promise<{ event: LogEvent; duplicate: boolean; thread: ThreadDoc | null; queued?: string[] }> {
     const r = await this.d.store.log.append(
       sessionId,
       [{ type: input.type, payload: input.payload, session_thread_id: threadId, ...(producerKey ? { producer_key: producerKey } : {}) }],
@@ -443,7 +459,7 @@ export class SessionService {
     }
     const ev = r.events[0];
     if (!ev) throw new ApiError('validation.not_found', 'the original event is no longer retained');
-    return { event: ev, thread: r.peeked ? this.d.store.rememberedThread(r.peeked) : null, ...(r.queued ? { queued: r.queued } : {}) };
+    return { event: ev, duplicate: r.duplicate[0] === true, thread: r.peeked ? this.d.store.rememberedThread(r.peeked) : null, ...(r.queued ? { queued: r.queued } : {}) };
   }
 
   /** The thread an answer is for: the one it names, else the one waiting on its tool use (else one that waited on it). */
@@ -511,7 +527,9 @@ export class SessionService {
     }
     if (wait.generation !== thread._wait_generation) throw new ApiError('runtime.invalid_transition', `the wait on ${toolUseId} is no longer current`);
 
-    const { event } = await this.appendOne(session.id, input, thread.id, `answer:${thread.id}:${toolUseId}:${wait.generation}`, false, trace);
+    // Of the same answer sent several times at once, one appends it: the others find it under
+    // the answer's producer key and answer as a replay does (the original event, 200).
+    const { event, duplicate } = await this.appendOne(session.id, input, thread.id, `answer:${thread.id}:${toolUseId}:${wait.generation}`, false, trace);
     const { caused_by: _c2, ...stored } = event.payload as DrivePayload;
     if (sha256Hex(canonicalJson({ type: event.type, payload: stored })) !== fp) {
       throw new ApiError('validation.conflict', `${toolUseId} was already answered with another result`);
@@ -527,7 +545,7 @@ export class SessionService {
     // Answered now, or already by an earlier attempt of this answer that ended here: the scheduler
     // continues the turn when this was the generation's last open wait (`TurnScheduler.waitsResolved`).
     await this.d.scheduler().waitsResolved(session.id, thread.id, next._active_run_id, wait.generation);
-    return { status: 201, event };
+    return { status: duplicate ? 200 : 201, event };
   }
 
   private async replayAnswer(sessionId: string, wait: { answer_fingerprint: string | null; answered_seq?: number }, fp: string): Promise<DriveOutcome> {

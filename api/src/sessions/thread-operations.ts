@@ -1,4 +1,4 @@
-import { ApiError, Cursor, Nullable, Obj, Type } from '@agentplane/core';
+import { ApiError, Cursor, Nullable, Obj, sha256Hex, Type } from '@agentplane/core';
 import type { LogEvent } from '@agentplane/store';
 import { READERS, WRITERS } from '../http/caller.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
@@ -24,28 +24,43 @@ export function threadFilter(session: Pick<SessionDoc, '_primary_thread_id'>, th
   return (e) => e.session_thread_id === threadId || e.session_thread_id === null || e.type.startsWith('session.');
 }
 
-const encodeSeq = (seq: number) => `c1_${Buffer.from(`e|${seq}`, 'utf8').toString('hex')}`;
-function decodeSeq(cursor: string): number {
+/**
+ * Cursors of this module's lists: `c1_` and the hex of `<kind>|<binding>|<position>`, where the
+ * binding (16 hex digits of a SHA-256) names the list that issued it: a thread's events, a
+ * Session's threads. A cursor of another kind, or of the same kind from another list, is 400:
+ * it would otherwise be read as a position in this list and skip or repeat what it holds.
+ */
+const binding = (...parts: string[]) => sha256Hex(parts.join('\0')).slice(0, 16);
+const encodeCursor = (kind: 'e' | 't', bound: string, n: number) => `c1_${Buffer.from(`${kind}|${bound}|${n}`, 'utf8').toString('hex')}`;
+function decodeCursor(kind: 'e' | 't', bound: string, cursor: string): number {
   const hex = cursor.slice(3);
   const text = /^[0-9a-f]+$/.test(hex) && hex.length % 2 === 0 ? Buffer.from(hex, 'hex').toString('utf8') : '';
-  const m = /^e\|(\d{1,15})$/.exec(text);
-  if (!m?.[1]) throw new ApiError('validation.malformed', 'query.page: not a cursor issued by this list');
-  return Number(m[1]);
+  const m = /^([a-z])\|([0-9a-f]{16})\|(\d{1,15})$/.exec(text);
+  if (!m?.[3] || m[1] !== kind) throw new ApiError('validation.malformed', 'query.page: not a cursor issued by this list');
+  if (m[2] !== bound) throw new ApiError('validation.malformed', `query.page: a cursor of another ${kind === 'e' ? "thread's events" : "Session's threads"}, not of this list`);
+  return Number(m[3]);
 }
-const encodeSpawn = (n: number) => `c1_${Buffer.from(`t|${n}`, 'utf8').toString('hex')}`;
-function decodeSpawn(cursor: string): number {
-  const hex = cursor.slice(3);
-  const text = /^[0-9a-f]+$/.test(hex) && hex.length % 2 === 0 ? Buffer.from(hex, 'hex').toString('utf8') : '';
-  const m = /^t\|(\d{1,15})$/.exec(text);
-  if (!m?.[1]) throw new ApiError('validation.malformed', 'query.page: not a cursor issued by this list');
-  return Number(m[1]);
-}
+const eventsBinding = (sessionId: string, threadId: string) => binding('thread-events', sessionId, threadId);
+const threadsBinding = (sessionId: string) => binding('threads', sessionId);
 
 async function sessionAndThread(deps: ApiDeps, ws: string, sessionId: string, threadId: string): Promise<{ session: SessionDoc; thread: ThreadDoc }> {
   const session = await deps.sessions.store.get(ws, sessionId);
   const thread = await deps.sessions.store.thread(sessionId, threadId);
   return { session, thread };
 }
+
+/**
+ * A thread's answer, kept as its id only and replayed as the thread is now (once the Session is
+ * erased, its 404, never the erased content).
+ */
+const threadReplay: NonNullable<Operation['erasureSafe']> = {
+  keep: (body) => ({ id: (body as { id: string }).id }),
+  rehydrate: async (_kept, { caller, params, deps }) => {
+    const p = params as { session_id: string; thread_id: string };
+    const { thread } = await sessionAndThread(deps, requireWorkspace(caller), p.session_id, p.thread_id);
+    return deps.sessions.threadView(thread);
+  },
+};
 
 export const threadOperations: Operation[] = [
   workspaceRead({
@@ -55,13 +70,13 @@ export const threadOperations: Operation[] = [
   }, async (ws, { params, query, deps }) => {
     await deps.sessions.store.get(ws, params.session_id);
     const limit = query.limit ?? 1000;
-    const after = query.page ? decodeSpawn(query.page) : -1;
+    const after = query.page ? decodeCursor('t', threadsBinding(params.session_id), query.page) : -1;
     const { ids, scores } = await deps.sessions.store.threadIds(params.session_id, after, limit + 1);
     const page = ids.slice(0, limit);
     const [docs, counters] = await Promise.all([deps.sessions.store.threads(params.session_id, page), deps.sessions.store.log.counters(params.session_id)]);
     const data = await Promise.all(docs.map((t) => deps.sessions.threadView(t, counters)));
     const lastScore = scores[page.length - 1];
-    return { data, next_page: ids.length > limit && lastScore !== undefined ? encodeSpawn(lastScore) : null };
+    return { data, next_page: ids.length > limit && lastScore !== undefined ? encodeCursor('t', threadsBinding(params.session_id), lastScore) : null };
   }),
   workspaceRead({
     operationId: 'threads.getThread', path: '/v1/sessions/{session_id}/threads/{thread_id}', summary: 'Read a SessionThread',
@@ -74,7 +89,7 @@ export const threadOperations: Operation[] = [
     operationId: 'threads.archiveThread', method: 'POST', path: '/v1/sessions/{session_id}/threads/{thread_id}/archive',
     audit: { target: 'thread_id' },
     summary: 'Archive an idle child thread (terminates it, freezes its stats)', auth: writers, params: ThreadPath, response: ThreadSchema,
-    idempotency: 'optional', mcp: 'full',
+    idempotency: 'optional', mcp: 'full', erasureSafe: threadReplay,
     async handler({ caller, params, deps }) {
       const { session } = await sessionAndThread(deps, requireWorkspace(caller), params.session_id, params.thread_id);
       const now = new Date().toISOString();
@@ -101,14 +116,15 @@ export const threadOperations: Operation[] = [
       const { session } = await sessionAndThread(deps, requireWorkspace(caller), params.session_id, params.thread_id);
       const limit = query.limit ?? 100;
       const filter = threadFilter(session, params.thread_id);
-      let cursor = query.page !== undefined ? decodeSeq(query.page) : (query.after ?? 0);
+      const bound = eventsBinding(params.session_id, params.thread_id);
+      let cursor = query.page !== undefined ? decodeCursor('e', bound, query.page) : (query.after ?? 0);
       const data: LogEvent[] = [];
       const log = deps.sessions.store.log;
       for (;;) {
         const batch = await log.range(params.session_id, cursor, 500);
         for (const e of batch) {
           if (filter(e)) {
-            if (data.length === limit) return json(200, { data, next_page: encodeSeq(cursor) });
+            if (data.length === limit) return json(200, { data, next_page: encodeCursor('e', bound, cursor) });
             data.push(e);
           }
           cursor = e.seq;

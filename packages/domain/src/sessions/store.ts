@@ -1,5 +1,5 @@
 import { ApiError, newId, nowIso, type Context } from '@agentplane/core';
-import { BoundedCache, DocumentStore, EventLog, forgetWritten, keys, LuaScript, newEventId, primeCache, tags, type AppendEvent, type CommitClaim, type CommitDoc, type CommitResult, type SwapOutcome, type Tag, type EventLogDurability, type LogEvent, type Redis } from '@agentplane/store';
+import { BoundedCache, DocumentStore, EventLog, eventLogKeys, forgetWritten, keys, LuaScript, newEventId, primeCache, tags, type AppendEvent, type CommitClaim, type CommitDoc, type CommitResult, type SwapOutcome, type Tag, type EventLogDurability, type LogEvent, type Redis } from '@agentplane/store';
 import type { AgentSnapshot } from '../agents/model.js';
 import type { GraderRunInfo, RunDoc, SessionDoc, SessionTombstone, ThreadDoc } from './model.js';
 
@@ -80,6 +80,25 @@ export class RideRefused extends Error {
 const ENQUEUE_INPUT = new LuaScript('thread_enqueue_input', `
 if not redis.call('LPOS', KEYS[1], ARGV[1]) then redis.call('RPUSH', KEYS[1], ARGV[1]) end
 return redis.call('GET', KEYS[2])`);
+
+/**
+ * A child thread's document and its place in the Session's thread index, in one script, unless
+ * the Session's log was erased: a spawn that races the Session's delete writes nothing (the
+ * erase lists the threads it deletes after it marks the log erased, so every child written
+ * before the mark is deleted with it, and none is written after it).
+ * The spawn counter its spawn number was taken from goes too then (the erase deleted it; the
+ * reservation made it again).
+ * KEYS: the log's meta hash, the thread document, the thread index, the spawn counter.
+ * ARGV: JSON, spawn, id. Returns 1 (written), 0 (erased) or -1 (a document of that id exists).
+ */
+const CREATE_CHILD = new LuaScript('thread_create_child', `
+if redis.call('HEXISTS', KEYS[1], 'erased') == 1 then
+  redis.call('DEL', KEYS[4])
+  return 0
+end
+if not redis.call('SET', KEYS[2], ARGV[1], 'NX') then return -1 end
+redis.call('ZADD', KEYS[3], ARGV[2], ARGV[3])
+return 1`);
 
 /**
  * Thread documents this process read or wrote last, as JSON, by `<session>/<thread>`: the first
@@ -562,8 +581,9 @@ export class SessionStore {
     const tag = sessionTag(session.id);
     const t = newThreadDoc(session, agent, session._primary_thread_id);
     t._spawn = spawn;
-    await this.docs.create(tag, t);
-    await this.redis.zadd(keys.index(tag, 'threads'), spawn, t.id);
+    const r = await CREATE_CHILD.run(this.redis, [eventLogKeys.meta(session.id), keys.doc(tag, t.id), keys.index(tag, 'threads'), keys.scoped(tag, 'spawn')], [JSON.stringify(t), spawn, t.id]);
+    if (r === 0) throw new ApiError('validation.not_found', 'the session was deleted and its event log erased');
+    if (r !== 1) throw new Error(`thread ${t.id} exists already`);
     return t;
   }
 
