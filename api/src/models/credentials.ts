@@ -1,5 +1,5 @@
 import { ApiError, crashPoint, newId, nowIso, type Logger, type SecretBox } from '@agentplane/core';
-import { keys, LuaScript, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
+import { DOC_SWAP_LUA, docSwapResult, keys, LuaScript, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
 import { KEYLESS_PROVIDERS, ProviderError, type ProviderAdapter, type ProviderKey } from '@agentplane/models';
 import { releaseOrphanClaim } from '@agentplane/domain';
 import { credentialHead, type ModelCredentialDoc, type ModelCredentialHead } from './model.js';
@@ -18,6 +18,33 @@ if KEYS[4] then redis.call('SET', KEYS[4], ARGV[5]) end
 redis.call('SET', KEYS[2], ARGV[3])
 redis.call('ZADD', KEYS[3], ARGV[4], ARGV[2])
 return 1`);
+
+/**
+ * Rotates in one step: the document (KEYS[1]) is written with its new generation only if its
+ * version is still ARGV[1] (ARGV[2] its JSON), and in the same script the new generation's sealed
+ * secret (KEYS[2], ARGV[3]) is stored and the old generation's (KEYS[3]) erased. Answers as `doc_swap`.
+ */
+const ROTATE = new LuaScript('mcred_rotate', `${DOC_SWAP_LUA}
+local r = doc_swap(KEYS[1], ARGV[1], ARGV[2])
+if r[1] == 1 then
+  redis.call('SET', KEYS[2], ARGV[3])
+  redis.call('DEL', KEYS[3])
+end
+return r`);
+
+/**
+ * Revokes in one step: the document (KEYS[1]) is written revoked only if its version is still
+ * ARGV[1] (ARGV[2] its JSON), and in the same script the sealed secret of its active generation
+ * (KEYS[2]) is erased and its key's claim (KEYS[3], field ARGV[3]) released while this credential
+ * (ARGV[4]) holds it, so a revoked credential never keeps its secret or its key. Answers as `doc_swap`.
+ */
+const REVOKE = new LuaScript('mcred_revoke', `${DOC_SWAP_LUA}
+local r = doc_swap(KEYS[1], ARGV[1], ARGV[2])
+if r[1] == 1 then
+  redis.call('DEL', KEYS[2])
+  if redis.call('HGET', KEYS[3], ARGV[3]) == ARGV[4] then redis.call('HDEL', KEYS[3], ARGV[3]) end
+end
+return r`);
 
 export interface CreateModelCredentialInput {
   key: string;
@@ -131,7 +158,7 @@ export class ModelCredentialService {
     return { data: page.data.map(credentialHead), next_page: page.next_page };
   }
 
-  /** New generation: the new secret is sealed first, then the generation moves; the old one is erased. */
+  /** New generation: the new secret is stored, the generation moves and the old secret is erased, in one script. */
   async rotate(ws: string, id: string, secret: string, expectedGeneration?: number): Promise<ModelCredentialHead> {
     const cur = await this.getDoc(ws, id);
     if (cur.provider_key === 'scripted') throw new ApiError('runtime.invalid_transition', 'a scripted credential has no secret to rotate');
@@ -140,33 +167,44 @@ export class ModelCredentialService {
       throw new ApiError('validation.conflict', `generation ${expectedGeneration} is stale; the active generation is ${cur.active_generation_number}`);
     }
     const gen = cur.active_generation_number + 1;
-    // NX: of two concurrent rotations only one may write generation `gen` (the loser must not erase it).
-    const written = await this.redis.set(this.secretKey(ws, id, gen), this.box.seal(secret, this.aad(ws, id, gen)), 'NX');
-    if (written !== 'OK') throw new ApiError('validation.conflict', 'the credential is being rotated concurrently');
-    let next: ModelCredentialDoc;
-    try {
-      next = await this.docs.update<ModelCredentialDoc>(tags.workspace(ws), id, (d) => {
-        if (d.status === 'revoked') throw new ApiError('runtime.invalid_transition', 'a revoked credential cannot be rotated');
-        if (d.active_generation_number !== cur.active_generation_number) throw new ApiError('validation.conflict', 'the credential was rotated concurrently');
-        return { ...d, active_generation_number: gen, has_secret: true, health_status: 'unknown' };
-      }, { notFound: 'model credential' });
-    } catch (err) {
-      await this.redis.del(this.secretKey(ws, id, gen));
-      throw err;
-    }
-    await this.redis.del(this.secretKey(ws, id, cur.active_generation_number));
+    const tag = tags.workspace(ws);
+    const sealed = this.box.seal(secret, this.aad(ws, id, gen));
+    // The new generation's secret, the document naming it and the old secret's erasure are one
+    // script fenced on the document's version: of two concurrent rotations one wins, and no crash
+    // leaves a secret that no generation names.
+    const next = await this.docs.update<ModelCredentialDoc>(tag, id, (d) => {
+      if (d.status === 'revoked') throw new ApiError('runtime.invalid_transition', 'a revoked credential cannot be rotated');
+      if (d.active_generation_number !== cur.active_generation_number) throw new ApiError('validation.conflict', 'the credential was rotated concurrently');
+      return { ...d, active_generation_number: gen, has_secret: true, health_status: 'unknown' };
+    }, {
+      notFound: 'model credential',
+      write: async (doc, expected) => docSwapResult((await ROTATE.run(this.redis,
+        [keys.doc(tag, id), this.secretKey(ws, id, gen), this.secretKey(ws, id, cur.active_generation_number)],
+        [String(expected), JSON.stringify(doc), sealed])) as unknown[]).outcome,
+    });
+    crashPoint('model-credential-rotated');
     return credentialHead(next);
   }
 
-  /** Irreversible: the secret is erased and the key is free for a new credential. Retry-safe. */
+  /**
+   * Irreversible: the secret is erased and the key is free for a new credential, with the
+   * revocation itself (one script). Retry-safe.
+   */
   async revoke(ws: string, id: string, expectedVersion?: number): Promise<ModelCredentialHead> {
-    const next = await this.docs.update<ModelCredentialDoc>(
-      tags.workspace(ws), id,
-      (d) => (d.status === 'revoked' ? null : { ...d, status: 'revoked', revoked_at: nowIso(), has_secret: false }),
-      { expectedVersion, notFound: 'model credential' },
-    );
-    await this.redis.del(this.secretKey(ws, id, next.active_generation_number));
     const tag = tags.workspace(ws);
+    const next = await this.docs.update<ModelCredentialDoc>(
+      tag, id,
+      (d) => (d.status === 'revoked' ? null : { ...d, status: 'revoked', revoked_at: nowIso(), has_secret: false }),
+      {
+        expectedVersion, notFound: 'model credential',
+        write: async (doc, expected) => docSwapResult((await REVOKE.run(this.redis,
+          [keys.doc(tag, id), this.secretKey(ws, id, doc.active_generation_number), keys.unique(tag, COLLECTION)],
+          [String(expected), JSON.stringify(doc), doc.key, id])) as unknown[]).outcome,
+      },
+    );
+    crashPoint('model-credential-revoked');
+    // A credential revoked before (a retry): what an older version's revoke may have left goes now.
+    await this.redis.del(this.secretKey(ws, id, next.active_generation_number));
     const holder = await this.redis.hget(keys.unique(tag, COLLECTION), next.key);
     if (holder === id) await this.redis.hdel(keys.unique(tag, COLLECTION), next.key);
     return credentialHead(next);
@@ -176,7 +214,15 @@ export class ModelCredentialService {
   async unseal(doc: ModelCredentialDoc): Promise<UnsealedCredential> {
     let d = doc;
     for (let attempt = 0; attempt < 3; attempt++) {
-      if (!d.has_secret) return { doc: d, secret: null };
+      if (!d.has_secret) {
+        // No secret whose erasure would show a revocation: the live document says whether it still holds.
+        const live = await this.docs.get<ModelCredentialDoc>(tags.workspace(d.workspace_id), d.id);
+        if (!live || live.status !== 'active') throw new ApiError('model.no_eligible_model', 'the model credential was revoked during the call; no eligible model remains for this step');
+        if (!live.has_secret) return { doc: live, secret: null };
+        // Given a secret since `doc` was read (rotated): the sealed secret of its live generation.
+        d = live;
+        continue;
+      }
       const sealed = await this.redis.get(this.secretKey(d.workspace_id, d.id, d.active_generation_number));
       if (sealed !== null) return { doc: d, secret: this.box.open(sealed, this.aad(d.workspace_id, d.id, d.active_generation_number)) };
       // Rotated (or revoked) since `doc` was read: use the live generation.
@@ -204,9 +250,12 @@ export class ModelCredentialService {
     return credentialHead(next);
   }
 
-  /** Record what a real call showed (auth failures make a credential unhealthy). */
+  /**
+   * Record what a real call showed (auth failures make a credential unhealthy): about the
+   * generation `doc` names, so a call made with a secret rotated out since says nothing of the new one.
+   */
   async markHealth(doc: ModelCredentialDoc, health: ModelCredentialDoc['health_status']): Promise<void> {
-    if (doc.health_status === health) return;
-    await this.docs.update<ModelCredentialDoc>(tags.workspace(doc.workspace_id), doc.id, (d) => (d.health_status === health ? null : { ...d, health_status: health })).catch(() => undefined);
+    await this.docs.update<ModelCredentialDoc>(tags.workspace(doc.workspace_id), doc.id,
+      (d) => (d.health_status === health || d.status !== 'active' || d.active_generation_number !== doc.active_generation_number ? null : { ...d, health_status: health })).catch(() => undefined);
   }
 }

@@ -95,9 +95,26 @@ function outputChars(ev: ModelStreamEvent): number {
  */
 export function earlyUsage(request: ModelRequest, reported: TokenUsage | null, emittedChars: number): TokenUsage {
   const outputEstimate = Math.ceil(emittedChars / CHARS_PER_TOKEN);
-  const base = reported ?? { ...ZERO_USAGE, input_tokens: estimateRequestTokens(request) };
+  const base = reported ?? ZERO_USAGE;
+  // Counts reported without the input (a `message_start` with no usage) leave it to the estimate.
+  const input = base.input_tokens > 0 ? base.input_tokens : estimateRequestTokens(request);
   const output = Math.max(base.output_tokens, outputEstimate);
-  return { ...base, output_tokens: output, total_tokens: base.input_tokens + output };
+  return { ...base, input_tokens: input, output_tokens: output, total_tokens: input + output };
+}
+
+/**
+ * The usage charged to a served step: the provider's counts, with what it left out estimated
+ * as for `earlyUsage` (a compatible server that ignores `stream_options.include_usage`, a proxy
+ * that drops `usage`). A real request has input, and output that reached the caller has
+ * tokens: a zero there means the provider did not count it, and the step is not free.
+ */
+export function servedUsage(request: ModelRequest, usage: TokenUsage, emittedChars: number): TokenUsage {
+  const noInput = usage.input_tokens <= 0;
+  const noOutput = usage.output_tokens <= 0 && emittedChars > 0;
+  if (!noInput && !noOutput) return usage;
+  const input = noInput ? estimateRequestTokens(request) : usage.input_tokens;
+  const output = noOutput ? Math.ceil(emittedChars / CHARS_PER_TOKEN) : usage.output_tokens;
+  return { ...usage, input_tokens: input, output_tokens: output, total_tokens: input + output };
 }
 
 const KEY_RE = new RegExp(LOGICAL_KEY_PATTERN);
@@ -321,6 +338,8 @@ export class ModelGatewayService {
   private async *pass(plan: StepPlan, stepId: string, signal: AbortSignal, deadlineAt: number): AsyncGenerator<ModelStreamEvent, ProviderError[] | null> {
     const { request, context } = plan;
     const failures: ProviderError[] = [];
+    // Candidates whose credential was revoked since the plan: skipped, as the plan skips them.
+    const revoked: string[] = [];
     for (const { candidate, credential } of plan.candidates) {
       const left = Math.floor(deadlineAt - performance.now());
       if (left < MIN_CALL_MS) {
@@ -333,6 +352,8 @@ export class ModelGatewayService {
       let emittedChars = 0;
       let reported: TokenUsage | null = null;
       let secret: string | null = null;
+      // The credential as its secret was unsealed (its live generation, which the plan's copy may predate).
+      let used: ModelCredentialDoc = credential;
       // Providers echo (parts of) a rejected key in their messages; none of it leaves the gateway.
       const scrub = (text: string) => scrubSecret(text, secret);
       // One CLIENT span per provider call (GenAI semantic conventions): names and counts only.
@@ -349,7 +370,14 @@ export class ModelGatewayService {
         const adapter = this.adapters[credential.provider_key];
         const started = performance.now();
         // The secret lives in this scope for the duration of one provider call only.
-        secret = (await this.credentials.unseal(credential)).secret;
+        try {
+          ({ secret, doc: used } = await this.credentials.unseal(credential));
+        } catch (err) {
+          if (!(err instanceof ApiError && err.type === 'model.no_eligible_model')) throw err;
+          span?.setAttribute('error.type', 'credential_revoked');
+          revoked.push(`${credential.key}/${candidate.provider_model}`);
+          continue;
+        }
         const stream = adapter.stream({
           request, model: candidate.provider_model, baseUrl: credential.base_url, apiKey: secret, timeoutMs: this.options.providerTimeoutMs,
           deadlineMs: left, onUsage: (u) => { reported = u; },
@@ -368,9 +396,11 @@ export class ModelGatewayService {
             [ATTR.genAiResponseModel]: ev.model, [ATTR.genAiUsageInputTokens]: ev.usage.input_tokens, [ATTR.genAiUsageOutputTokens]: ev.usage.output_tokens,
             [ATTR.genAiResponseFinishReasons]: [ev.stop_reason],
           });
-          await this.recordUsage(plan, stepId, credential.provider_key, candidate.provider_model, ev.usage, ev.model);
+          // What the provider left uncounted is estimated; the `end` tells the caller what was charged.
+          const charged = servedUsage(request, ev.usage, emittedChars);
+          await this.recordUsage(plan, stepId, credential.provider_key, candidate.provider_model, charged, ev.model);
           this.log.debug({ step_id: stepId, model_credential_id: credential.id, provider: credential.provider_key, model: ev.model, ms: Math.round(performance.now() - started) }, 'model step served');
-          yield { ...ev, provider: credential.provider_key };
+          yield { ...ev, usage: charged, provider: credential.provider_key };
           return null;
         }
         throw new ProviderError('server', `${credential.provider_key} ended without an end event`);
@@ -396,7 +426,7 @@ export class ModelGatewayService {
           step_id: stepId, model_credential_id: credential.id, credential_key: credential.key, provider: credential.provider_key,
           model: candidate.provider_model, failure: err.kind, status: err.status, retry_after_seconds: err.retryAfterSeconds, after_output: emitted,
         }, 'model provider call failed');
-        if (err.kind === 'auth') await this.credentials.markHealth(credential, 'unhealthy');
+        if (err.kind === 'auth') await this.credentials.markHealth(used, 'unhealthy');
         if (!err.retryable) {
           this.metricSteps?.inc({ provider: credential.provider_key, outcome: 'provider_rejected' });
           yield { type: 'error', error: { type: 'model.no_eligible_model', message: scrub(`${credential.key}/${candidate.provider_model}: ${err.message}`), retryable: false } };
@@ -418,6 +448,11 @@ export class ModelGatewayService {
           await this.recordUsage(plan, stepId, credential.provider_key, candidate.provider_model, earlyUsage(request, reported, emittedChars));
         }
       }
+    }
+    if (failures.length === 0 && revoked.length > 0) {
+      this.metricSteps?.inc({ provider: 'none', outcome: 'no_eligible_model' });
+      yield { type: 'error', error: { type: 'model.no_eligible_model', message: `the model credential of every candidate was revoked during the step: ${revoked.join(', ')}`, retryable: false } };
+      return null;
     }
     return failures;
   }

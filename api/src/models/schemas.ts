@@ -77,12 +77,14 @@ export const KeyFilterQuery = {
 };
 
 // ---- model steps (model-gateway-v1 over REST) ----
+/** An image's bytes, in padded base64 (what the providers take): anything else is the caller's mistake, refused here. */
+const ImageData = Type.String({ minLength: 4, contentEncoding: 'base64', pattern: '^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$' });
 const Block = Type.Union([
   Obj({ type: Type.Literal('text'), text: Type.String() }),
   Obj({ type: Type.Literal('thinking'), text: Type.String() }),
   Obj({ type: Type.Literal('tool_use'), id: Type.String({ minLength: 1, maxLength: 256 }), name: Type.String({ minLength: 1, maxLength: 128 }), input: Type.Unknown() }),
   Obj({ type: Type.Literal('tool_result'), tool_use_id: Type.String({ minLength: 1, maxLength: 256 }), content: Type.String(), is_error: Type.Optional(Type.Boolean()),
-    images: Type.Optional(Type.Array(Obj({ type: Type.Literal('image'), media_type: Type.Union([Type.Literal('image/png'), Type.Literal('image/jpeg')]), data: Type.String({ contentEncoding: 'base64' }) }), { maxItems: 8 })),
+    images: Type.Optional(Type.Array(Obj({ type: Type.Literal('image'), media_type: Type.Union([Type.Literal('image/png'), Type.Literal('image/jpeg')]), data: ImageData }), { maxItems: 8 })),
   }),
 ]);
 export const ModelRequestBody = Obj({

@@ -142,8 +142,10 @@ export class AnthropicMessagesAdapter implements ProviderAdapter {
       switch (ev.type) {
         case 'message_start':
           if (ev.message?.model) model = ev.message.model;
-          raw = { ...raw, ...ev.message?.usage };
-          call.onUsage?.(anthropicUsage(raw));
+          if (ev.message?.usage) {
+            raw = { ...raw, ...ev.message.usage };
+            call.onUsage?.(anthropicUsage(raw));
+          }
           break;
         case 'content_block_start': {
           const b = ev.content_block;

@@ -224,8 +224,28 @@ export function splitDeltas(text: string): string[] {
 /** Deterministic token estimate: one token per 4 characters, rounded up. */
 export const estimateTokens = (text: string): number => Math.ceil(text.length / 4);
 
+/**
+ * The tokens one image is estimated at: what the providers charge for the largest image they
+ * take in without scaling it down (Anthropic about 1,600 for 1.15 megapixels; OpenAI's tiles
+ * less), whatever its encoded size.
+ */
+export const IMAGE_TOKENS = 1600;
+
+/**
+ * Deterministic estimate of a request's input tokens: its text (system, messages, tools) at one
+ * token per 4 characters, and each image at `IMAGE_TOKENS` (its base64 bytes are not text the
+ * model reads).
+ */
 export function estimateRequestTokens(request: ModelRequest): number {
-  return estimateTokens((request.system ?? '') + JSON.stringify(request.messages) + (request.tools.length ? JSON.stringify(request.tools) : ''));
+  let images = 0;
+  const messages = JSON.stringify(request.messages, function (this: unknown, key, value: unknown) {
+    if (key === 'images' && Array.isArray(value) && (this as { type?: unknown }).type === 'tool_result') {
+      images += value.length;
+      return undefined;
+    }
+    return value;
+  });
+  return estimateTokens((request.system ?? '') + messages + (request.tools.length ? JSON.stringify(request.tools) : '')) + images * IMAGE_TOKENS;
 }
 
 function sleep(ms: number, signal: AbortSignal): Promise<void> {
