@@ -103,7 +103,10 @@ export const DEFAULT_GATEWAY_OPTIONS: Omit<GatewayOptions, 'nodeId'> = {
   maxBacklogBytes: RUNNER_SEND_BACKLOG_BYTES,
 };
 
-/** Told when a runner's socket goes live, with the leases its hello names as still held. */
+/**
+ * Told when a runner's socket goes live, with the leases its hello names as still held: before its
+ * welcome is sent, which waits for it (nothing reaches the runner meanwhile).
+ */
 export type ConnectedListener = (conn: RunnerConnection, heldLeases: readonly LeaseRef[]) => Promise<void>;
 /** Called once when a connection this node held is gone (closed, lost or replaced). */
 export type ClosedListener = (conn: RunnerConnection) => void;
@@ -150,6 +153,15 @@ interface Conn extends RunnerConnection {
   state: 'hello' | 'live' | 'closed';
   /** Its hello arrived (the welcome may still be on its way): another hello is a protocol violation. */
   helloSeen: boolean;
+  /** Its welcome was sent: frames for the runner go out only from then on. */
+  welcomed: boolean;
+  /**
+   * A drain or resume was announced before the welcome was sent (or while a re-check of one ran):
+   * the welcome may carry a drain state read before it, so the state is read again once welcomed.
+   */
+  controlMissed: boolean;
+  /** That re-check is under way (`recheckControl`). */
+  controlChecking: boolean;
   capabilities: Payload<'hello'>['capabilities'] | null;
   availableSlots: number;
   placement: 'local' | 'managed';
@@ -259,16 +271,18 @@ export class Gateway {
       if (!standing || conn.state === 'closed') return;
       conn.lastRevalidate = Date.now();
       if (standing.verdict !== 'ok') return this.refuse(conn, standing.verdict);
-      // A connection not yet live gets the drain in force in its welcome.
-      if (conn.state !== 'live') return;
+      // A connection not yet welcomed reads the drain in force again once it is (its welcome may
+      // carry what its hello read before).
+      if (!conn.welcomed || conn.controlChecking) return void (conn.controlMissed = true);
       if (standing.drain) conn.send('drain', standing.drain);
       else if (conn.status === 'draining') conn.send('resume', { reason: 'no drain is in force (rechecked after the control plane reconnected)' });
     }));
   }
 
   /**
-   * Called once a runner's socket is live (after welcome) with the leases its hello says it still
-   * holds; the lease owner uses it to end at once the leases the runner no longer has.
+   * Called once a runner's socket is live, before its welcome (which waits for it), with the leases
+   * its hello says it still holds; the lease owner uses it to end at once the leases the runner no
+   * longer has.
    */
   onConnected(listener: ConnectedListener): void {
     this.connectedListeners.push(listener);
@@ -438,6 +452,9 @@ export class Gateway {
       socket,
       state: 'hello',
       helloSeen: false,
+      welcomed: false,
+      controlMissed: false,
+      controlChecking: false,
       status: 'starting',
       capabilities: null,
       availableSlots: 0,
@@ -587,6 +604,11 @@ export class Gateway {
 
   private async writePresence(conn: Conn): Promise<RunnerPresence> {
     const p = this.presenceOf(conn, Date.now());
+    // A connection that closed while its handler was reading (a heartbeat's standing re-check, a
+    // hello's generation announcement) writes nothing: a graceful close has removed its presence
+    // already, and this write would bring it back for a TTL, offered work, to a runner that left.
+    // A close that comes after this write removes it behind it, on the same connection and slot.
+    if (conn.state === 'closed') return p;
     const ok = await this.presence.write(
       conn.identity.workspaceId,
       { presence: p, route: { node_id: this.options.nodeId, connection_id: conn.id, credential_id: conn.identity.credentialId } },
@@ -633,6 +655,13 @@ export class Gateway {
     );
     const drain = standing.drain;
     await this.writePresence(conn);
+    // The lease owner settles the leases the hello no longer names before the welcome: nothing
+    // reaches the runner until then (`deliver`), so an offer it accepts on this connection is never
+    // taken for one its previous process held, and abandoned as it starts.
+    await Promise.all(this.connectedListeners.map((listener) => listener(conn, p.held_leases).catch((err: unknown) => {
+      this.log.warn({ err: err instanceof Error ? err.message : String(err), runner: id.runnerId }, 'runner connect listener failed');
+    })));
+    if (conn.state !== 'live') return;
     conn.send(
       'welcome',
       {
@@ -650,10 +679,9 @@ export class Gateway {
       },
       msg.id,
     );
+    conn.welcomed = true;
+    if (conn.controlMissed) void this.recheckControl(conn, drain !== null);
     this.log.info({ runner: id.runnerId, generation: conn.generationValue, version }, 'runner connected');
-    for (const listener of this.connectedListeners) {
-      listener(conn, p.held_leases).catch((err: unknown) => this.log.warn({ err: err instanceof Error ? err.message : String(err), runner: id.runnerId }, 'runner connect listener failed'));
-    }
   }
 
   /**
@@ -694,6 +722,31 @@ export class Gateway {
       },
       msg.id,
     );
+  }
+
+  /**
+   * A drain or resume announced while a connection was being welcomed: the drain state is read
+   * again and the runner told what its welcome (`draining`: it carried a drain) got wrong, a
+   * drain in force or a drain lifted. Announcements meanwhile make it read once more.
+   */
+  private async recheckControl(conn: Conn, draining: boolean): Promise<void> {
+    conn.controlChecking = true;
+    try {
+      while (conn.controlMissed && conn.state === 'live') {
+        conn.controlMissed = false;
+        const standing = await currentStanding(this.deps.redis, conn.identity);
+        if (conn.state !== 'live') return;
+        conn.lastRevalidate = Date.now();
+        if (standing.verdict !== 'ok') return this.refuse(conn, standing.verdict);
+        if (standing.drain) conn.send('drain', standing.drain);
+        else if (draining) conn.send('resume', { reason: 'no drain is in force (rechecked after a drain or resume announced while the runner connected)' });
+        draining = standing.drain !== null;
+      }
+    } catch (err) {
+      this.log.warn({ err: err instanceof Error ? err.message : String(err), runner: conn.identity.runnerId }, 'cannot read the drain state again after a drain or resume announced while the runner connected');
+    } finally {
+      conn.controlChecking = false;
+    }
   }
 
   /** Close a connection its credential no longer allows: revoked (4401), or its owner or tenancy not active (4403). */
@@ -773,10 +826,13 @@ export class Gateway {
         const id = c.identity;
         if (id.workspaceId !== m.workspace_id) continue;
         if (m.kind === 'credential_revoked' && id.credentialId === m.credential_id) this.closeConn(c, CLOSE.UNAUTHORIZED, 'runner credential revoked');
-        else if (m.kind === 'drain' && (m.runner_id === id.runnerId || m.runner_pool_id === id.runnerPoolId) && c.state === 'live') {
-          c.send('drain', { deadline: m.deadline, reason: m.reason });
-        } else if (m.kind === 'resume' && (m.runner_id === id.runnerId || m.runner_pool_id === id.runnerPoolId) && c.state === 'live' && !m.except_runner_ids?.includes(id.runnerId)) {
-          c.send('resume', { reason: m.reason });
+        else if ((m.kind === 'drain' || m.kind === 'resume') && (m.runner_id === id.runnerId || m.runner_pool_id === id.runnerPoolId) && c.state !== 'closed') {
+          // Not welcomed yet: its welcome carries the drain state its hello read, which may be from
+          // before this announcement, so the state is read again once the welcome is sent (a
+          // frame sent now would go ahead of the welcome, which then undoes it).
+          if (!c.welcomed || c.controlChecking) c.controlMissed = true;
+          else if (m.kind === 'drain') c.send('drain', { deadline: m.deadline, reason: m.reason });
+          else if (!m.except_runner_ids?.includes(id.runnerId)) c.send('resume', { reason: m.reason });
         }
       }
       return;
@@ -788,7 +844,9 @@ export class Gateway {
   /** A frame for one of our runners (from our node channel or a node link). */
   private deliver(d: NodeDelivery): void {
     const c = this.byRunner.get(d.runner_id);
-    if (!c || c.state !== 'live' || (d.generation !== undefined && d.generation !== c.generationValue)) {
+    // Nothing goes ahead of the welcome: the runner would take an offer before it, and the welcome
+    // (whose resumed leases do not name it) would then make it drop the lease it just accepted.
+    if (!c || c.state !== 'live' || !c.welcomed || (d.generation !== undefined && d.generation !== c.generationValue)) {
       if (d.forward_in !== undefined && !c) return void this.forward(d, d.forward_in);
       this.log.debug({ runner: d.runner_id }, 'delivery for a runner not connected here; dropped');
       void this.undelivered(d);

@@ -41,9 +41,9 @@ export interface LeaseOffer extends Omit<LeaseRecord, 'reply_to'> {
 /**
  * `recorded`: accepted, and the Run already records the lease (the gateway wrote it before
  * answering). `withdrawn`: never sent, its body was withdrawn (the Run was interrupted meanwhile).
- * `timeout` is final: that runner can no longer take the lease (a timed-out offer is withdrawn in
- * one script with the runner's claim, and counts as `accepted` when the claim came first), so the
- * lease id may go to the next runner or back to the queue.
+ * `timeout` and `rejected` are final: that runner can no longer take the lease (an offer not taken
+ * is withdrawn in one script with the runner's claim, and counts as `accepted` when the claim came
+ * first), so the lease id may go to the next runner or back to the queue.
  */
 export type OfferOutcome = 'accepted' | 'recorded' | 'rejected' | 'timeout' | 'withdrawn';
 

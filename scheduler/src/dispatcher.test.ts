@@ -401,3 +401,54 @@ describe('lease engine (BullMQ)', () => {
     });
   });
 });
+
+describe('a dispatcher stopped while it places a Run', () => {
+  it('offers the Run to no other runner, gives it back to the queue, and has stopped only then', async () => {
+    const s = setup();
+    const d = dispatchers.at(-1) as PoolDispatcher;
+    // Both decline; runner_a (more free slots) is offered first and answers once the stop began.
+    s.fleet.add('runner_a', 2, false);
+    s.fleet.add('runner_b', 1, false);
+    let stopping: Promise<void> | undefined;
+    let answer!: () => void;
+    const answered = new Promise<void>((r) => (answer = r));
+    let offeredAfterStop = 0;
+    s.fleet.onOffer = async (o) => {
+      if (stopping) {
+        offeredAfterStop++;
+        await stopping;
+        return;
+      }
+      if (o.runner_id === 'runner_a') await answered;
+    };
+    const { run_id: run } = await s.enqueue(4001);
+    await until('offered', () => s.fleet.offers === 1);
+    stopping = d.stop();
+    answer();
+    await stopping;
+    expect(offeredAfterStop).toBe(0);
+    // Back in the queue for another scheduler, not held under a lock until it expires (a lost lease).
+    expect(['wait', 'prioritized', 'delayed']).toContain(await (await s.queues.job(s.poolId, run))?.getState());
+    expect(s.events.some((e) => e.kind === 'leased')).toBe(false);
+  });
+});
+
+describe('an offer window longer than the lease', () => {
+  it('the Run stays held while its offer is out, and a runner that answers late in the window takes it', async () => {
+    // Settings the lease configuration accepts (LEASE_MS at its least, OFFER_TIMEOUT_MS above it).
+    const cfg: LeaseConfig = { ...config, leaseMs: 2000, offerTimeoutMs: 8000, stalledIntervalMs: 250 };
+    const s = setup(1, cfg);
+    s.fleet.add('runner_a');
+    // The runner answers once the lock the take started with would have expired unrenewed, and
+    // BullMQ's stalled check has run since.
+    s.fleet.onOffer = async () => {
+      const offeredAt = Date.now();
+      await until('a lease period passed', () => Date.now() - offeredAt > cfg.leaseMs + 2 * cfg.stalledIntervalMs);
+    };
+    const { run_id: run } = await s.enqueue(5001);
+    await until('leased', () => s.events.some((e) => e.kind === 'leased' || e.kind === 'waiting'));
+    expect(s.events.filter((e) => e.kind === 'leased')).toEqual([{ kind: 'leased', run, detail: 'runner_a' }]);
+    expect(s.events.some((e) => e.kind === 'stalled')).toBe(false);
+    expect(s.fleet.offers).toBe(1);
+  });
+});

@@ -79,6 +79,8 @@ export class PoolDispatcher {
    */
   private readonly granted = new Map<string, { seen: string | undefined; n: number }>();
   private inFlight = 0;
+  /** Called when the last placement under way ends (`stop` waits for it). */
+  private onIdle: (() => void) | undefined;
   /** Runs already reported as waiting for capacity (so the report is made once per wait). */
   private readonly markedWaiting = new Set<string>();
   /** Which runners could serve which Runs, per presence view (see StaticFit). */
@@ -119,10 +121,16 @@ export class PoolDispatcher {
     return this.inFlight === 0;
   }
 
+  /**
+   * Stop taking Runs. Placements under way end first (each makes no further offer and gives its
+   * Run back unless the offer out is taken), so no job is left held under this dispatcher's
+   * lock until it expires: that would delay the Run by a lease and count as a lost lease.
+   */
   async stop(): Promise<void> {
     this.stopped = true;
     this.poke();
     await this.loopDone;
+    if (this.inFlight > 0) await new Promise<void>((resolve) => (this.onIdle = resolve));
     await this.worker.close();
   }
 
@@ -216,7 +224,7 @@ export class PoolDispatcher {
         void this.tracedPlace(job, token)
           .catch((err: unknown) => this.o.log.error({ err, run: job.id }, 'placing a run failed'))
           .finally(() => {
-            this.inFlight--;
+            if (--this.inFlight === 0) this.onIdle?.();
           });
       } catch (err) {
         if (this.stopped) break;
@@ -312,7 +320,10 @@ export class PoolDispatcher {
 
     const body = withheldUntil(checked, early ?? checked.then((marked) => (marked ? null : this.o.offers.prepare(plan))));
     // Keep the lock while offers are out; the runner's acceptance replaces it with a full lease.
-    const keep = setInterval(() => void job.extendLock(token, this.o.config.leaseMs).catch(() => undefined), Math.max(500, this.o.config.offerTimeoutMs / 2));
+    // Renewed well inside the lock's length too: an offer window longer than the lease (settings
+    // allow it) would otherwise let the lock expire, and the stalled check take the Run back.
+    const keepMs = Math.max(500, Math.min(this.o.config.offerTimeoutMs / 2, this.o.config.leaseMs / 3));
+    const keep = setInterval(() => void job.extendLock(token, this.o.config.leaseMs).catch(() => undefined), keepMs);
     try {
       for (const runner of candidates) {
         this.reserved.set(runner.runner_id, (this.reserved.get(runner.runner_id) ?? 0) + 1);
@@ -349,6 +360,8 @@ export class PoolDispatcher {
         // ended Run (found by the checks, or since: the gateway refused the lease's claim): the
         // Run ends here.
         if ((await checked) || (await this.o.cancels.barred(job.data.session_id, job.data.run_id))) return this.cancelTaken(job, token, trace);
+        // Stopping: the Run goes back to the queue at once, for another scheduler to place.
+        if (this.stopped) return this.giveBack(job, token, 0, trace);
       }
     } finally {
       clearInterval(keep);

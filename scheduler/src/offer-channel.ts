@@ -12,9 +12,9 @@ import type { LeaseOffer, LeasePlan, OfferBody, OfferChannel, OfferOutcome } fro
  * published on the node's channel. The gateway answers on this scheduler's reply channel (over
  * the same link when there is one) once the runner accepted (and the lock was extended to a
  * full lease) or declined. A lost answer is recovered from the Session fence: if the lease id
- * holds it, the offer was accepted. An offer not answered in time is withdrawn in one script
- * with the claim it races (`LeaseFence.withdrawOffer`): either the runner's claim came first
- * and the offer was accepted, or the runner can no longer claim the lease.
+ * holds it, the offer was accepted. An offer not answered in time, or refused, is withdrawn in
+ * one script with the claim it races (`LeaseFence.withdrawOffer`): either the runner's claim came
+ * first and the offer was accepted, or the runner can no longer claim the lease.
  */
 const FENCE_POLL_MS = 250;
 /** Offers out (sent, not answered) at or above which offers are published rather than sent on a link. */
@@ -219,18 +219,22 @@ export class RedisOfferChannel implements OfferChannel {
       this.waiters.get(o.lease_id)?.(notConnected);
     }
     const outcome = await answer;
-    if (outcome === 'timeout' && (await this.withdraw(o)) === 'claimed') return 'accepted';
+    // An offer not taken is withdrawn before the lease id moves on: a refusal may have been made
+    // for the runner while its acceptance was on its way (the gateway refuses the offers a
+    // reconnecting runner does not name), or the runner may accept after declining.
+    if ((outcome === 'timeout' || outcome === 'rejected') && (await this.withdraw(o)) === 'claimed') return 'accepted';
     if (outcome !== 'accepted' && outcome !== 'recorded') await this.records.remove(o.lease_id, o.runner_id);
     return outcome;
   }
 
   /**
-   * An offer not answered in time is withdrawn, in one script with the runner's claim, which may
-   * be on its way (its acceptance claims with the lock token this scheduler still holds and is
-   * about to offer to the next runner or give back): `claimed` when the claim came first (the
-   * offer was accepted, its answer late or lost). Else that runner's claim of this lease is
-   * refused from now on (the gateway revokes it), while the next runner's claim of the same lease
-   * id is not. Only timeouts pay this round trip. The claim may have gone alone, or its Run's
+   * An offer not answered in time, or refused, is withdrawn, in one script with the runner's
+   * claim, which may be on its way (its acceptance claims with the lock token this scheduler still
+   * holds and is about to offer to the next runner or give back): `claimed` when the claim came
+   * first (the offer was accepted, its answer late or lost, or overtaken by a refusal made for
+   * the runner). Else that runner's claim of this lease is refused from now on (the gateway
+   * revokes it), while the next runner's claim of the same lease id is not. Only offers not
+   * taken pay this round trip. The claim may have gone alone, or its Run's
    * move may have gone stale: the Run may not record the lease yet (`accepted`, not `recorded`).
    */
   private withdraw(o: LeaseOffer): Promise<'claimed' | 'withdrawn'> {

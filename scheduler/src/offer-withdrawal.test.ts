@@ -273,3 +273,121 @@ describe('an offer that timed out while its acceptance was on its way', () => {
     expect(s.journal.of('error')).toEqual([]);
   }, 20_000);
 });
+
+describe('an offer refused for its runner while the runner\'s acceptance was on its way', () => {
+  /**
+   * The gateway answers for a runner that connects again without naming an offer it was sent (its
+   * connect check finds the offer's fence unclaimed, and refuses it so that the scheduler offers it
+   * elsewhere), while the runner's acceptance of that offer is on its way: the gateway read the
+   * offer's record as the acceptance came, and claims once the scheduler moved on.
+   */
+  const refusedFor = async (s: { channelRedis: Redis }, runner: string, lease: string) => {
+    const reply: OfferReply = { lease_id: lease, runner_id: runner, outcome: 'rejected', reason: 'the runner restarted without this lease' };
+    const replyTo = (await new LeaseRecords(s.channelRedis).get(lease))?.reply_to ?? '';
+    await s.channelRedis.publish(replyTo, JSON.stringify(reply));
+  };
+
+  it('the acceptance comes as the next runner is offered the same lease: it is refused, and the next runner takes the lease', async () => {
+    const s = await setup({
+      runner_a: {
+        slots: 2,
+        answer: async (lease, accept) => {
+          await refusedFor(s, 'runner_a', lease);
+          await s.journal.next(isOffer('runner_b'));
+          await accept();
+        },
+      },
+      runner_b: {
+        slots: 1,
+        answer: async (_lease, accept) => {
+          await s.journal.next(isAccept('runner_a'));
+          await accept();
+        },
+      },
+    });
+    await s.start();
+    const settled = await s.journal.next(isSettled);
+    const late = s.journal.of('accept').find((e) => e.runner === 'runner_a');
+    expect(late?.outcome).toBe('taken');
+    const lease = late?.lease ?? '';
+    expect(settled).toEqual({ kind: 'leased', runner: 'runner_b', lease });
+    expect(await s.journal.next(isAccept('runner_b'))).toMatchObject({ lease, outcome: 'ok' });
+    expect(s.journal.of('leased')).toHaveLength(1);
+    expect(await s.fence.current(s.sessionId, s.runId)).toMatchObject({ token: lease, runner_id: 'runner_b' });
+    expect(s.journal.of('error')).toEqual([]);
+  }, 20_000);
+
+  it('the acceptance comes as the Run goes back to the queue: it is refused, and the Run is leased once, on a later take', async () => {
+    let offers = 0;
+    const s = await setup({
+      runner_a: {
+        slots: 1,
+        answer: async (lease, accept) => {
+          if (++offers === 1) {
+            await refusedFor(s, 'runner_a', lease);
+            await s.journal.next((e) => e.kind === 'waiting' && e.reason === LATE);
+          }
+          await accept();
+        },
+      },
+    });
+    const waiting = s.hooks.waiting;
+    s.hooks.waiting = async (job, reason, trace) => {
+      await waiting(job, reason, trace);
+      if (reason === LATE && s.journal.of('accept').length === 0) await s.journal.next(isAccept('runner_a'));
+    };
+    await s.start();
+    const late = await s.journal.next(isAccept('runner_a'));
+    expect(late.outcome).toBe('taken');
+    const leased = await s.journal.next((e): e is Extract<Entry, { kind: 'leased' }> => e.kind === 'leased');
+    expect(leased.runner).toBe('runner_a');
+    expect(leased.lease).not.toBe(late.lease);
+    expect(s.journal.of('accept').map((e) => e.outcome)).toEqual(['taken', 'ok']);
+    expect(s.journal.of('leased')).toHaveLength(1);
+    expect(await s.fence.current(s.sessionId, s.runId)).toMatchObject({ token: leased.lease, runner_id: 'runner_a' });
+    expect(s.journal.of('error')).toEqual([]);
+  }, 20_000);
+
+  it('the acceptance\'s claim lands before the refusal is settled: the offer counts as accepted, and no other runner is offered the Run', async () => {
+    const s = await setup({
+      runner_a: {
+        slots: 2,
+        answer: async (lease, accept) => {
+          await refusedFor(s, 'runner_a', lease);
+          // Claims as the scheduler settles the refusal (below), or, should it not, once it moved on.
+          await s.journal.next((e) => (e.kind === 'withdrawing' && e.lease === lease) || isOffer('runner_b')(e));
+          await accept();
+        },
+      },
+      runner_b: {
+        slots: 1,
+        answer: async (_lease, accept) => {
+          await s.journal.next(isAccept('runner_a'));
+          await accept();
+        },
+      },
+    });
+    // The withdrawal's script, on its way from the scheduler, is held until the acceptance claimed.
+    const evalsha = s.channelRedis.evalsha.bind(s.channelRedis) as (...args: unknown[]) => Promise<unknown>;
+    Object.assign(s.channelRedis, {
+      evalsha: async (...args: unknown[]) => {
+        const withdrawing = args.find((a) => typeof a === 'string' && a.includes(':offer_withdrawn:')) as string | undefined;
+        if (withdrawing && args.includes('runner_a')) {
+          const lease = withdrawing.slice(withdrawing.indexOf(':offer_withdrawn:') + ':offer_withdrawn:'.length);
+          s.journal.push({ kind: 'withdrawing', runner: 'runner_a', lease });
+          await s.journal.next(isAccept('runner_a', lease));
+        }
+        return evalsha(...args);
+      },
+    });
+    await s.start();
+    const settled = await s.journal.next(isSettled);
+    const accepted = await s.journal.next(isAccept('runner_a'));
+    expect(accepted.outcome).toBe('ok');
+    expect(settled).toEqual({ kind: 'leased', runner: 'runner_a', lease: accepted.lease });
+    expect(s.journal.of('offer').map((e) => e.runner)).toEqual(['runner_a']);
+    expect(s.journal.of('leased')).toHaveLength(1);
+    expect(await s.fence.current(s.sessionId, s.runId)).toMatchObject({ token: accepted.lease, runner_id: 'runner_a' });
+    expect(s.journal.of('error')).toEqual([]);
+  }, 20_000);
+});

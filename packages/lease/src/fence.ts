@@ -90,7 +90,10 @@ const EXTEND = new LuaScript(
   'lease_extend_multi',
   `${NOW}
 local exp = tonumber(redis.call('HGET', KEYS[1], 't:' .. ARGV[1]) or '0')
-if exp < now then return 'lost' end
+if exp < now then
+  if exp > 0 then return 'expired' end
+  return 'lost'
+end
 redis.call('HSET', KEYS[1], 't:' .. ARGV[1], now + tonumber(ARGV[2]))
 local ttl = redis.call('PTTL', KEYS[1])
 if ttl >= 0 and ttl < tonumber(ARGV[2]) + 86400000 then redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]) + 86400000) end
@@ -197,11 +200,13 @@ export class LeaseFence {
   /**
    * Extend a live fence. Given the Run, a cancel mark on it answers `canceled` (the fence is
    * extended all the same: the runner ends the attempt and reports it under this lease), so a
-   * heartbeat repairs a `lease.cancel` that never reached the runner.
+   * heartbeat repairs a `lease.cancel` that never reached the runner. A fence not live is
+   * `expired` when this token's claim is still there, run out (nothing renewed it in time), else
+   * `lost` (released, dropped by a newer attempt's claim, or never claimed).
    */
-  async extend(sessionId: string, token: string, ttlMs: number, runId?: string): Promise<'ok' | 'lost' | 'canceled'> {
+  async extend(sessionId: string, token: string, ttlMs: number, runId?: string): Promise<'ok' | 'lost' | 'expired' | 'canceled'> {
     const keyList = runId ? [fenceKey(sessionId), cancelMarkKey(sessionId, runId)] : [fenceKey(sessionId)];
-    return (await EXTEND.run(this.redis, keyList, [token, ttlMs])) as 'ok' | 'lost' | 'canceled';
+    return (await EXTEND.run(this.redis, keyList, [token, ttlMs])) as 'ok' | 'lost' | 'expired' | 'canceled';
   }
 
   async release(sessionId: string, token: string): Promise<boolean> {

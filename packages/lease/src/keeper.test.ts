@@ -3,7 +3,7 @@ import { Worker, type Job } from 'bullmq';
 import { describe, expect, it } from 'vitest';
 import { CancelMarks } from './cancels.js';
 import { DEFAULT_LEASE_CONFIG } from './config.js';
-import { LeaseFence } from './fence.js';
+import { fenceKey, LeaseFence } from './fence.js';
 import { LeaseKeeper, type Lease } from './keeper.js';
 import { queuePrefix, RUN_QUEUE, RunQueues, type RunJobData } from './queues.js';
 import { useEmbeddedRedis } from '@agentplane/store/testing';
@@ -136,6 +136,34 @@ describe('lease keeper', () => {
         expect(await keeper.complete(late, {})).toBe('lost');
       }
       expect(keeper.jobsKept).toBe(0);
+    } finally {
+      await worker.close();
+      await queues.close();
+    }
+  });
+
+  it('a heartbeat that finds the fence expired (the lock still held, in the margin the fence expires ahead of it) leaves the lock to expire now, not a lease later', async () => {
+    const redis = redisOf();
+    const pool = 'rpool_keeper_margin';
+    const queues = new RunQueues(redis, DEFAULT_LEASE_CONFIG);
+    const fence = new LeaseFence(redis);
+    const keeper = new LeaseKeeper(queues, fence, DEFAULT_LEASE_CONFIG);
+    const worker = new Worker<RunJobData>(RUN_QUEUE, null, { connection: redis.duplicate({ maxRetriesPerRequest: null }), prefix: queuePrefix(pool), autorun: false, lockDuration: DEFAULT_LEASE_CONFIG.leaseMs });
+    try {
+      await queues.enqueue({ run_id: 'run_margin', session_id: SESSION, thread_id: 'sthr_k', workspace_id: 'wrkspc_k', pool_id: pool, requirements: {} as RunRequirements, accepted_at_ms: Date.now() });
+      const token = randomUUID();
+      const job = (await worker.getNextJob(token, { block: false })) as Job<RunJobData> | undefined;
+      if (!job) throw new Error('no job to take');
+      const lease: Lease = { lease_id: token, run_id: 'run_margin', session_id: SESSION, pool_id: pool, attempt: job.attemptsStarted, runner_id: 'runner_a' };
+      expect(await keeper.accept(lease)).toBe('ok');
+      // The runner went quiet: its fence expired, the job's lock (a margin longer) not yet.
+      await redis.hset(fenceKey(SESSION), `t:${token}`, Date.now() - 1);
+      const lock = `${queuePrefix(pool)}:${RUN_QUEUE}:run_margin:lock`;
+      expect(await redis.pttl(lock)).toBeGreaterThan(0);
+      expect(await keeper.heartbeat(lease)).toBe('lost');
+      // Not renewed for a lease nobody holds: the stalled check takes the Run back at once.
+      expect(await redis.pttl(lock)).toBeLessThan(1000);
+      expect(await fence.holds(SESSION, token)).toBe(false);
     } finally {
       await worker.close();
       await queues.close();

@@ -124,8 +124,14 @@ export class LeaseKeeper {
       return 'lost';
     }
     const fenced = await this.fence.extend(lease.session_id, lease.lease_id, this.fenceTtl, lease.run_id);
-    if (fenced === 'lost') this.forget(lease);
-    return fenced;
+    if (fenced === 'ok' || fenced === 'canceled') return fenced;
+    this.forget(lease);
+    // The fence ran out in the margin it expires ahead of the lock, and the lock was just renewed
+    // for a full lease nobody holds (the runner is told the lease is lost): it is cut back, so the
+    // stalled check returns the Run now instead of a lease later. Only a claim of this token that
+    // ran out: a lock this token holds without one is the offering scheduler's.
+    if (fenced === 'expired') await job.extendLock(lease.lease_id, 1).catch(() => 0);
+    return 'lost';
   }
 
   /**
