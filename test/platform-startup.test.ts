@@ -44,7 +44,9 @@ function run(script: string, env: Record<string, string>): Promise<Ended> {
 
 describe('npm start that cannot start', () => {
   it.each([
-    ['PORT', 'abc', "agentplane failed to start: PORT must be an integer in [0, 65535], got 'abc'"],
+    ['PORT', 'abc', "agentplane failed to start: PORT must be an integer in [1, 65535], got 'abc'"],
+    // An ephemeral port cannot be handed to the local runner and the bootstrap file before the API listens.
+    ['PORT', '0', "agentplane failed to start: PORT must be an integer in [1, 65535], got '0'"],
     ['LOG_LEVEL', 'loud', "agentplane failed to start: LOG_LEVEL must be one of fatal, error, warn, info, debug, trace, silent, got 'loud'"],
     ['START_RUNNER', 'maybe', "agentplane failed to start: START_RUNNER must be a boolean, got 'maybe'"],
   ])('%s=%s: the message alone, one line, exit code 2', async (name, value, message) => {

@@ -86,7 +86,9 @@ export function loadPlatformConfig(env: Env): PlatformConfig {
   checkEgressAlias(env);
   return Object.freeze({
     dataDir: resolve(envString(env, 'DATA_DIR', './.data')),
-    port: envInt(env, 'PORT', 8080, 0, 65535),
+    // Not 0 (an ephemeral port): the local runner, the bootstrap file and PUBLIC_BASE_URL are given
+    // the API's address before it listens.
+    port: envInt(env, 'PORT', 8080, 1, 65535),
     host: envString(env, 'HOST', '127.0.0.1'),
     redisUrl: envOptional(env, 'REDIS_URL'),
     redisHz: envInt(env, 'REDIS_HZ', 100, 1, 500),

@@ -9,6 +9,8 @@ import { RUNNER_EXIT } from '@agentplane/protocol';
 import { ensureLocalRunner } from './local-runner.js';
 import { reportEarlierSandboxes, stopRunnerSandboxes } from './leftovers.js';
 import { loadPlatformConfig } from './config.js';
+import { acquirePlatformLock, PlatformRunningError } from './lock.js';
+import { awaitEarlierChildren } from './earlier.js';
 import { Supervisor, type FatalExit } from './supervisor.js';
 
 const HELP = `agentplane: start the whole platform on this machine
@@ -62,9 +64,13 @@ line naming it and its last error. The local runner exiting with code 5 (its cre
 is not restarted: an error line says so, the rest runs on, and the next start gives the runner a
 new credential.
 
-Exit codes: 0 stopped by a signal; 1 a process could not start or kept crashing, or another
-failure; 2 a bad setting (one line on stderr: PORT=abc, LOG_LEVEL=loud, START_RUNNER=maybe), an
-unknown option, redis-server missing, --bootstrap-only without REDIS_URL.
+One platform runs per DATA_DIR: a second start on one a live platform uses exits with code 1.
+A start after a platform killed outright first waits for its processes still stopping.
+
+Exit codes: 0 stopped by a signal; 1 a process could not start or kept crashing, another
+platform runs on DATA_DIR, or another failure; 2 a bad setting (one line on stderr: PORT=abc,
+LOG_LEVEL=loud, START_RUNNER=maybe), an unknown option, redis-server missing, --bootstrap-only
+without REDIS_URL.
 `;
 
 
@@ -87,9 +93,16 @@ async function main(): Promise<void> {
   // the platform's line saying why (a stop stage signals its children right after logging).
   const log = createLogger({ name: 'platform', level: config.logLevel, sync: true });
   mkdirSync(config.dataDir, { recursive: true, mode: 0o700 });
+  // Before anything under DATA_DIR is touched: a second platform on it would stop the first's
+  // redis-server and share its AOF directory.
+  acquirePlatformLock(config.dataDir);
 
   const masterKeyFile = join(config.dataDir, 'master.key');
   if (!existsSync(masterKeyFile)) writeFileSync(masterKeyFile, randomBytes(32).toString('hex'), { mode: 0o600 });
+
+  // Children of an earlier platform here killed outright stop within their bounds, still holding
+  // the API's port and the runner's config dir: this start waits for them rather than fail on them.
+  await awaitEarlierChildren(config.dataDir, log);
 
   let stopping = false;
   let embedded: EmbeddedRedis | undefined;
@@ -281,6 +294,11 @@ main().catch((err: unknown) => {
   if (err instanceof RedisServerMissingError) {
     process.stderr.write(`${err.message}\n`);
     process.exit(2);
+  }
+  // Another platform runs on this data directory: one line, and it is left alone.
+  if (err instanceof PlatformRunningError) {
+    process.stderr.write(`agentplane failed to start: ${err.message}\n`);
+    process.exit(1);
   }
   // A bad setting is one line and exit code 2, as an unknown option is (and as the runner CLI says it).
   if (err instanceof ConfigError) {

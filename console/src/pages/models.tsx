@@ -1,4 +1,4 @@
-import { ok } from '../api';
+import { everyPage, ok } from '../api';
 import type { Ctx } from '../main';
 import { Badge, ErrorBanner, fmtTime, fmtUsd, Section, useAsync } from '../ui';
 
@@ -34,8 +34,14 @@ function UsageChart({ days }: { days: Day[] }) {
 export function ModelsPage({ ctx }: { ctx: Ctx }) {
   const ws = ctx.workspaceId;
   const path = { params: { path: { workspace_id: ws } } };
-  const creds = useAsync(async () => (await ok(ctx.api.GET('/v1/organizations/workspaces/{workspace_id}/model-credentials', path))).data, [ws]);
-  const profiles = useAsync(async () => (await ok(ctx.api.GET('/v1/organizations/workspaces/{workspace_id}/model-routing-profiles', path))).data, [ws]);
+  // Every page of each list (a list's default page is 20 items): a workspace's credentials and
+  // profiles are few, and one left off would look as if it did not exist.
+  const creds = useAsync(() => everyPage(async (page) => ok(ctx.api.GET('/v1/organizations/workspaces/{workspace_id}/model-credentials', {
+    params: { path: { workspace_id: ws }, query: { limit: 100, ...(page ? { page } : {}) } },
+  }))), [ws]);
+  const profiles = useAsync(() => everyPage(async (page) => ok(ctx.api.GET('/v1/organizations/workspaces/{workspace_id}/model-routing-profiles', {
+    params: { path: { workspace_id: ws }, query: { limit: 100, ...(page ? { page } : {}) } },
+  }))), [ws]);
   const usage = useAsync(async () => ok(ctx.api.GET('/v1/organizations/workspaces/{workspace_id}/usage', path)), [ws]);
   const series = useAsync(async () => {
     const r = await ok(ctx.api.GET('/v1/organizations/workspaces/{workspace_id}/usage/daily', { params: { path: { workspace_id: ws }, query: { days: 30 } } }));

@@ -337,13 +337,19 @@ export function SessionPage({ ctx, id }: { ctx: Ctx; id: string }) {
   }
 
   const thread = threadFilter ? { session_thread_id: threadFilter } : {};
+  // Ctrl+Enter submits the form even while the Send button is disabled: a message being sent is
+  // not sent again (a ref, set at once, since a second key press can come before the re-render).
+  const sending = useRef(false);
   async function send(e: Event) {
     e.preventDefault();
-    if (!text.trim()) return;
+    if (sending.current || busy || archived || !author || !text.trim()) return;
+    sending.current = true;
     try {
       await drive({ type: 'user.message', payload: { content: text, ...thread } });
       setText('');
-    } catch { /* shown */ }
+    } catch { /* shown */ } finally {
+      sending.current = false;
+    }
   }
   const onAnswer = async (ev: StreamEvent, kind: 'custom' | 'confirm', value: string, allow: boolean) => {
     const approval = approvals.get(String(ev.payload.id));
