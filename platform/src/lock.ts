@@ -7,46 +7,12 @@
  * lock before it touches anything under DATA_DIR and refuses to start while a live platform holds
  * it. The lock survives `kill -9` as a stale entry, which the next start removes.
  */
-import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-
-/** A process as the OS knows it: its pid and, on Linux, when it started (tells a reused pid apart). */
-interface ProcessIdentity {
-  pid: number;
-  start: string | null;
-}
-
-const HAS_PROC = existsSync('/proc/self/stat');
-
-/** Linux: state and start time (clock ticks after boot) from /proc/<pid>/stat; null when gone. */
-function procStat(pid: number): { state: string; start: string } | null {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    // After "pid (comm) ": field 3 (state) is first, field 22 (starttime) the 20th.
-    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-    return fields[0] && fields[19] ? { state: fields[0], start: fields[19] } : null;
-  } catch {
-    return null;
-  }
-}
-
-/** True while that very process runs: the pid exists, is not a zombie and (Linux) started then. */
-function processLive(id: ProcessIdentity): boolean {
-  if (!Number.isInteger(id.pid) || id.pid <= 0) return false;
-  try {
-    process.kill(id.pid, 0);
-  } catch (err) {
-    // EPERM: it exists, as another user.
-    if ((err as NodeJS.ErrnoException).code !== 'EPERM') return false;
-  }
-  if (!HAS_PROC) return true;
-  const stat = procStat(id.pid);
-  if (!stat || stat.state === 'Z' || stat.state === 'X') return false;
-  return id.start === null || stat.start === id.start;
-}
+import { processLive, selfIdentity, startToken } from '@agentplane/core';
 
 /** `<pid>-<start>.json`: whose entry it is, readable from the name alone (even while being written). */
-const ENTRY = /^(\d+)(?:-(\d+))?\.json$/;
+const ENTRY = /^(\d+)(?:-([A-Za-z0-9_]+))?\.json$/;
 
 /** Another platform runs (or is starting) on this data directory. */
 export class PlatformRunningError extends Error {
@@ -72,8 +38,8 @@ export class PlatformRunningError extends Error {
 export function acquirePlatformLock(dataDir: string): void {
   const dir = join(dataDir, 'platform.lock');
   mkdirSync(dir, { recursive: true, mode: 0o700 });
-  const start = HAS_PROC ? (procStat(process.pid)?.start ?? null) : null;
-  const name = `${process.pid}${start === null ? '' : `-${start}`}.json`;
+  const { start } = selfIdentity();
+  const name = `${process.pid}${start === null ? '' : `-${startToken(start)}`}.json`;
   const path = join(dir, name);
   writeFileSync(path, `${JSON.stringify({ pid: process.pid, start, started_at: new Date().toISOString() })}\n`, { mode: 0o600 });
   for (const other of readdirSync(dir)) {

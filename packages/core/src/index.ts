@@ -14,3 +14,4 @@ export * from './url.js';
 export * from './request-context.js';
 export * from './tracing.js';
 export * from './crash-points.js';
+export * from './process-identity.js';
