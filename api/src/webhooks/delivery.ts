@@ -262,7 +262,8 @@ export class WebhookDispatcher {
   async enqueueLane(ws: string, endpointId: string, sessionId: string, cursor: number): Promise<void> {
     const jobId = laneJobId(endpointId, sessionId, cursor);
     const old = await this.queue.getJob(jobId);
-    if (old && (await old.isFailed())) await old.remove();
+    // `queue.remove`, not the job's own: another process may have removed it since (no error then).
+    if (old && (await old.isFailed())) await this.queue.remove(jobId);
     await this.queue.add('deliver', { workspace_id: ws, endpoint_id: endpointId, session_id: sessionId, cursor } satisfies LaneData, {
       jobId, attempts: this.d.settings.maxAttempts, backoff: { type: 'jittered' }, removeOnComplete: true, removeOnFail: { age: 7 * 24 * 3600 },
     });

@@ -85,3 +85,24 @@ describe('a deleted endpoint', () => {
     await expect(store.remove(ws, id)).rejects.toMatchObject({ type: 'validation.not_found', status: 404 });
   });
 });
+
+describe('the enabled endpoints of a Workspace', () => {
+  it('are every one, past the first 1,000, and only the enabled', async () => {
+    const ws = newId('workspace');
+    const now = new Date().toISOString();
+    const made: string[] = [];
+    for (let i = 0; i < 1005; i += 67) {
+      await Promise.all(Array.from({ length: Math.min(67, 1005 - i) }, async (_, k) => {
+        const id = newId('webhookEndpoint');
+        const status = (i + k) % 2 === 0 ? 'enabled' : 'disabled';
+        await store.create({
+          id, type: 'webhook_endpoint', workspace_id: ws, url: 'https://hooks.example.com/x', description: null, event_types: [], status,
+          disabled_reason: null, disabled_at: null, secret_generation: 1, previous_secret_expires_at: null, version: 1, created_at: now, updated_at: now,
+        });
+        if (status === 'enabled') made.push(id);
+      }));
+    }
+    const enabled = await store.enabled(ws);
+    expect(enabled.map((e) => e.id).sort()).toEqual(made.sort());
+  });
+});

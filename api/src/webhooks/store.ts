@@ -78,9 +78,14 @@ export class WebhookStore {
     await this.redis.del(webhookKeys.secret(ws, id), webhookKeys.cursors(ws, id), webhookKeys.log(ws, id));
   }
 
+  /** Every enabled endpoint of the Workspace (read 1,000 at a time: none past the first 1,000 is left out). */
   async enabled(ws: string): Promise<EndpointDoc[]> {
-    const ids = await this.redis.zrange(keys.index(tags.workspace(ws), ENDPOINTS), 0, 999);
-    return (await this.docs.getMany<EndpointDoc>(tags.workspace(ws), ids)).filter((e) => e.status === 'enabled');
+    const out: EndpointDoc[] = [];
+    for (let from = 0; ; from += 1000) {
+      const ids = await this.redis.zrange(keys.index(tags.workspace(ws), ENDPOINTS), from, from + 999);
+      out.push(...(await this.docs.getMany<EndpointDoc>(tags.workspace(ws), ids)).filter((e) => e.status === 'enabled'));
+      if (ids.length < 1000) return out;
+    }
   }
 
   private seal(id: string, secret: string): string {
