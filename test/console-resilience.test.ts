@@ -189,4 +189,17 @@ describe('console pickers', () => {
     expect(new Set(shown)).toEqual(new Set(made));
     expect(await page.getByRole('button', { name: 'Show older sessions' }).count()).toBe(0);
   });
+
+  it('the Runners page lists every pool, past the first page of the list', async () => {
+    const ws = (await p.root.post<{ id: string }>(`/v1/organizations/${p.bootstrap.organization_id}/workspaces`, { name: 'pools' })).id;
+    const opts = { headers: { 'service-workspace-id': ws } };
+    for (let i = 0; i < 105; i += 21) {
+      await Promise.all(Array.from({ length: 21 }, (_, k) => p.root.post('/v1/runner-pools', { name: `pool-${i + k}`, placement: 'managed' }, opts)));
+    }
+    const { page } = b;
+    await signIn(p.bootstrap.root_key, ws);
+    await page.goto(`${p.baseUrl}/console/#/runners`);
+    // The 105 made and the Workspace's default pool.
+    await expect.poll(() => page.locator('table[aria-label="Runner pools"] tr[data-pool-id]').count()).toBe(106);
+  });
 });

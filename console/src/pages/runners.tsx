@@ -13,7 +13,7 @@ interface Principal { id: string; display_name?: string | null; external_subject
 const PRESENCE_POLL_MS = 2000;
 
 export function RunnersPage({ ctx }: { ctx: Ctx }) {
-  const pools = useAsync(async () => ((await ok(ctx.api.GET('/v1/runner-pools', { params: { query: { limit: 100 } } }))) as { data: Pool[] }).data, []);
+  const pools = useAsync(() => everyPage(async (page) => (await ok(ctx.api.GET('/v1/runner-pools', { params: { query: { limit: 100, ...(page ? { page } : {}) } } }))) as ListPage<Pool>), []);
   const [presences, setPresences] = useState<Presence[] | null>(null);
   const [presenceError, setPresenceError] = useState<string | null>(null);
   const [actionError, setActionError] = useState<string | null>(null);
