@@ -3,6 +3,7 @@ import { Redis } from 'ioredis';
 import type { HttpClient } from '@agentplane/client';
 import { startPlatform, type Platform } from './harness/platform.js';
 import { errType } from './harness/governance.js';
+import { connectRawRunner } from './harness/raw-runner.js';
 
 // Pairing redemption against the tenancy behind its code, and machine labels claimed for
 // credentials that were never written, black-box against a real platform.
@@ -102,4 +103,22 @@ describe('runner credential revocation', () => {
     expect((await revoke(second)).status).toBe(200);
     expect((await pair(client, principal, 'workstation')).status).toBe(201);
   });
+});
+
+describe('a Workspace disabled while its runners are connected', () => {
+  it('closes their sockets 4403 at once, not at their next standing re-check (every 30 s)', async () => {
+    const { ws, client, principal } = await workspaceWithPrincipal('disabled-live');
+    const { code } = (await pair(client, principal, 'live-machine')).body;
+    const { secret } = (await redeem(code)).body;
+    const r = await connectRawRunner(p, secret);
+    try {
+      expect((await p.root.request('PATCH', `/v1/organizations/workspaces/${ws}`, { body: { status: 'disabled' } })).status).toBe(200);
+      const closed = await Promise.race([r.closed, new Promise<string>((resolve) => setTimeout(() => resolve('still open after 10 s'), 10_000))]);
+      expect(closed).toBe(4403);
+      // A reconnect is refused while the Workspace stays disabled.
+      await expect(connectRawRunner(p, secret)).rejects.toThrow();
+    } finally {
+      r.sock.terminate();
+    }
+  }, 30_000);
 });

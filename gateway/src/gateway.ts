@@ -23,6 +23,8 @@ export type GatewayControlMessage =
   /** Lift a drain of one runner or of a pool (except the runners that carry a drain of their own). */
   | { kind: 'resume'; workspace_id: string; runner_id?: string; runner_pool_id?: string; except_runner_ids?: string[]; reason: string }
   | { kind: 'supersede'; workspace_id: string; runner_id: string; generation: number; node_id: string }
+  /** The Workspace was disabled: its runners' sockets close (4403), as its keys stop working. */
+  | { kind: 'workspace_disabled'; workspace_id: string }
   /**
    * A lease ended for its runner: its Run was cancelled (`cancelOnRunner`), or the lease was
    * revoked (a `lease.revoked` frame: lost, fenced, unknown). Not for runner sockets: every API
@@ -826,6 +828,7 @@ export class Gateway {
         const id = c.identity;
         if (id.workspaceId !== m.workspace_id) continue;
         if (m.kind === 'credential_revoked' && id.credentialId === m.credential_id) this.closeConn(c, CLOSE.UNAUTHORIZED, 'runner credential revoked');
+        else if (m.kind === 'workspace_disabled') this.closeConn(c, CLOSE.FORBIDDEN, 'workspace disabled');
         else if ((m.kind === 'drain' || m.kind === 'resume') && (m.runner_id === id.runnerId || m.runner_pool_id === id.runnerPoolId) && c.state !== 'closed') {
           // Not welcomed yet: its welcome carries the drain state its hello read, which may be from
           // before this announcement, so the state is read again once the welcome is sent (a

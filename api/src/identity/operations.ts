@@ -4,7 +4,8 @@ import { ADMINS, READERS, ROOT } from '../http/caller.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
 import { namedWorkspaceWrite } from '../http/workspace-operation.js';
 import { requireOrganization, workspaceInBoundary } from '../http/workspace-scope.js';
-import type { ApiKey, PrincipalAccessCredential } from '@agentplane/domain';
+import type { ApiKey, PrincipalAccessCredential, Workspace } from '@agentplane/domain';
+import { GATEWAY_CONTROL_CHANNEL, type GatewayControlMessage } from '@agentplane/gateway';
 import {
   ApiKeySchema, Audience, CreateApiKeyBody, CreatePrincipalBody, GenerationFenceBody, PatchApiKeyBody,
   PrincipalCredentialSchema, PrincipalSchema, VersionFenceBody, WorkspaceSchema,
@@ -75,11 +76,15 @@ export const identityOperations: Operation[] = [
     ),
     response: WorkspaceSchema, mcp: 'full',
   }, async (ws, { body, deps }) => {
-    return deps.docs.update(tags.workspace(ws), ws, (w) => ({
+    const next = await deps.docs.update<Workspace>(tags.workspace(ws), ws, (w) => ({
       ...w,
       ...(body.name !== undefined ? { name: body.name } : {}),
       ...(body.status !== undefined ? { status: body.status } : {}),
     }), { expectedVersion: body.expected_version, notFound: 'workspace' });
+    // Its keys stop working at once (the read cache is told by Redis); its runners' sockets are
+    // closed now too, not at their next standing re-check.
+    if (next.status === 'disabled') await deps.redis.publish(GATEWAY_CONTROL_CHANNEL, JSON.stringify({ kind: 'workspace_disabled', workspace_id: ws } satisfies GatewayControlMessage));
+    return next;
   }),
 
   // ---- API keys ----
