@@ -1,5 +1,5 @@
 import { ApiError, crashPoint, Cursor, newId, nowIso, sha256Hex } from '@agentplane/core';
-import { InFlightWrites, keys, LuaScript, sweepPeriodically, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
+import { InFlightWrites, keys, LuaScript, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
 import {
   checkContent, checkMetadata, checkPath, checkWellFormed, type MemoryAuthor, type MemoryDocument, type MemoryDocumentEntry, type MemoryStoreDoc, type MemoryVersion,
 } from './model.js';
@@ -171,7 +171,6 @@ export function decodeListingCursor(cursor: string, field: string, binding: stri
  */
 export class MemoryStores {
   private readonly deletions: InFlightWrites;
-  private stopSweeps: (() => void) | null = null;
 
   constructor(
     private readonly redis: Redis,
@@ -275,12 +274,11 @@ export class MemoryStores {
    * `onError`. The timer does not hold the process open.
    */
   startSweeping(onError: (err: unknown) => void, intervalMs = DELETION_SWEEP_MS): void {
-    this.stopSweeps ??= sweepPeriodically(intervalMs, () => this.sweep(), onError);
+    this.deletions.startSweeping(() => this.sweep(), onError, intervalMs);
   }
 
   stopSweeping(): void {
-    this.stopSweeps?.();
-    this.stopSweeps = null;
+    this.deletions.stopSweeping();
   }
 
   documentCount(storeId: string): Promise<number> {

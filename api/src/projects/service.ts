@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { ApiError, crashPoint, newId, nowIso } from '@agentplane/core';
-import { InFlightWrites, keys, LuaScript, sweepPeriodically, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
+import { InFlightWrites, keys, LuaScript, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
 import { checkWellFormed } from '../memory/model.js';
 import { checkProjectPath, decodeContent, PROJECT_LIMITS, type ManifestEntry, type ProjectDoc, type ProjectRevision } from './model.js';
 
@@ -106,7 +106,6 @@ function checkBudget(entries: readonly ManifestEntry[], field: string): number {
  */
 export class ProjectService {
   private readonly creations: InFlightWrites;
-  private stopSweeps: (() => void) | null = null;
 
   constructor(
     private readonly redis: Redis,
@@ -156,12 +155,11 @@ export class ProjectService {
    * `onError`. The timer does not hold the process open.
    */
   startSweeping(onError: (err: unknown) => void, intervalMs = CREATION_SWEEP_MS): void {
-    this.stopSweeps ??= sweepPeriodically(intervalMs, () => this.sweep(), onError);
+    this.creations.startSweeping(() => this.sweep(), onError, intervalMs);
   }
 
   stopSweeping(): void {
-    this.stopSweeps?.();
-    this.stopSweeps = null;
+    this.creations.stopSweeping();
   }
 
   async get(workspaceId: string, projectId: string): Promise<ProjectDoc> {

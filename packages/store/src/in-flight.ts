@@ -7,10 +7,12 @@ import type { Redis } from 'ioredis';
  * records an entry before the point of no return, `end` removes it once the head exists, and
  * `sweep` (run after each finished write) hands the entries past their deadline whose head never
  * came to `reclaim`; either way their entries go. A process that serves such writes also runs the
- * sweep on a timer (`sweepPeriodically`), so entries whose process died are reclaimed even when
+ * sweep on a timer (`startSweeping`), so entries whose process died are reclaimed even when
  * no write of their kind ever finishes again.
  */
 export class InFlightWrites {
+  private stopTimer: (() => void) | null = null;
+
   constructor(
     private readonly redis: Redis,
     private readonly key: string,
@@ -42,6 +44,19 @@ export class InFlightWrites {
       await this.redis.zrem(this.key, entry);
     }
     return reclaimed;
+  }
+
+  /**
+   * Runs `sweep` (its owner's, which calls `sweep` above with what it knows of heads) now and every
+   * `intervalMs` until `stopSweeping` (`sweepPeriodically`); a call while one runs does nothing.
+   */
+  startSweeping(sweep: () => Promise<unknown>, onError: (err: unknown) => void, intervalMs: number): void {
+    this.stopTimer ??= sweepPeriodically(intervalMs, sweep, onError);
+  }
+
+  stopSweeping(): void {
+    this.stopTimer?.();
+    this.stopTimer = null;
   }
 }
 

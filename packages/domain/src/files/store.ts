@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { ApiError, crashPoint } from '@agentplane/core';
-import { InFlightWrites, keys, LuaScript, sweepPeriodically, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
+import { InFlightWrites, keys, LuaScript, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
 import type { FileDoc } from './model.js';
 
 /** Content is stored in chunks of this size, one hash field per chunk. */
@@ -77,7 +77,6 @@ export class StorageError extends Error {
  */
 export class FileStore {
   private readonly commits: InFlightWrites;
-  private stopSweeps: (() => void) | null = null;
 
   constructor(
     private readonly redis: Redis,
@@ -176,12 +175,11 @@ export class FileStore {
    * `onError`. The timer does not hold the process open.
    */
   startSweeping(onError: (err: unknown) => void, intervalMs = COMMIT_SWEEP_MS): void {
-    this.stopSweeps ??= sweepPeriodically(intervalMs, () => this.sweep(), onError);
+    this.commits.startSweeping(() => this.sweep(), onError, intervalMs);
   }
 
   stopSweeping(): void {
-    this.stopSweeps?.();
-    this.stopSweeps = null;
+    this.commits.stopSweeping();
   }
 
   /** Drops staged (or orphaned) content. */
