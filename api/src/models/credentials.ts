@@ -1,23 +1,10 @@
 import { ApiError, crashPoint, newId, nowIso, type Logger, type SecretBox } from '@agentplane/core';
 import { DOC_SWAP_LUA, docSwapResult, keys, LuaScript, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
 import { KEYLESS_PROVIDERS, ProviderError, type ProviderAdapter, type ProviderKey } from '@agentplane/models';
-import { releaseOrphanClaim } from '@agentplane/domain';
+import { createClaimed, releaseOrphanClaim } from '@agentplane/domain';
 import { credentialHead, type ModelCredentialDoc, type ModelCredentialHead } from './model.js';
 
 const COLLECTION = 'model_credentials';
-
-/**
- * Creates a credential in one step: its key claimed (KEYS[1], field ARGV[1] = ARGV[2]; 0 when
- * taken), its sealed secret (KEYS[4], ARGV[5], when given), the document (KEYS[2]) and its listing
- * entry (KEYS[3], score ARGV[4]), so a key is never claimed by a credential that does not exist.
- * ARGV[3] document JSON.
- */
-const CREATE = new LuaScript('mcred_create', `
-if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
-if KEYS[4] then redis.call('SET', KEYS[4], ARGV[5]) end
-redis.call('SET', KEYS[2], ARGV[3])
-redis.call('ZADD', KEYS[3], ARGV[4], ARGV[2])
-return 1`);
 
 /**
  * Rotates in one step: the document (KEYS[1]) is written with its new generation only if its
@@ -115,16 +102,13 @@ export class ModelCredentialService {
       health_status: KEYLESS_PROVIDERS.has(input.provider_key) ? 'healthy' : 'unknown', active_generation_number: 1,
       has_secret: input.secret !== undefined, revoked_at: null, version: 1, created_at: now, updated_at: now,
     };
-    const keyList = [keys.unique(tag, COLLECTION), keys.doc(tag, doc.id), keys.index(tag, COLLECTION)];
-    const args: string[] = [doc.key, doc.id, JSON.stringify(doc), String(Date.parse(now))];
-    if (input.secret !== undefined) {
-      keyList.push(this.secretKey(ws, doc.id, 1));
-      args.push(this.box.seal(input.secret, this.aad(ws, doc.id, 1)));
-    }
-    let created = await CREATE.run(this.redis, keyList, args);
-    // The key held by no credential (an older version wrote them apart): released, then claimed here.
-    if (created !== 1 && (await releaseOrphanClaim(this.redis, keys.unique(tag, COLLECTION), doc.key, (owner) => keys.doc(tag, owner)))) created = await CREATE.run(this.redis, keyList, args);
-    if (created !== 1) {
+    const unique = keys.unique(tag, COLLECTION);
+    // A key held by no credential (an older version wrote them apart) is released and claimed here.
+    const created = await createClaimed(this.redis, {
+      unique, field: doc.key, id: doc.id, docKey: keys.doc(tag, doc.id), json: JSON.stringify(doc), index: keys.index(tag, COLLECTION), score: Date.parse(now),
+      ...(input.secret !== undefined ? { extra: { key: this.secretKey(ws, doc.id, 1), value: this.box.seal(input.secret, this.aad(ws, doc.id, 1)) } } : {}),
+    }, () => releaseOrphanClaim(this.redis, unique, doc.key, (owner) => keys.doc(tag, owner)));
+    if (!created) {
       throw new ApiError('validation.conflict', `a model credential with key '${doc.key}' exists in this workspace`);
     }
     crashPoint('model-credential-created');

@@ -82,6 +82,42 @@ export async function releaseOrphanClaim(redis: Redis, hashKey: string, field: s
   return (await RELEASE_ORPHAN_CLAIM.run(redis, [hashKey, docKey(owner)], [field, owner])) === 1;
 }
 
+/**
+ * Creates a document and claims its unique key in one script: field ARGV[1] of the unique-key hash
+ * KEYS[1] set to the id ARGV[2] (0 when another holds it), the document KEYS[2] (ARGV[3]), its
+ * listing entry in KEYS[3] (score ARGV[4]) and, when given, a key written beside it (KEYS[4] =
+ * ARGV[5], say a sealed secret), so a key is never claimed by a document that does not exist.
+ */
+const CLAIMED_CREATE = new LuaScript('claimed_create', `
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
+redis.call('SET', KEYS[2], ARGV[3])
+redis.call('ZADD', KEYS[3], ARGV[4], ARGV[2])
+if KEYS[4] then redis.call('SET', KEYS[4], ARGV[5]) end
+return 1`);
+
+/** A keyed create for `createClaimed`: the key's hash and field, the document, its listing, and what is written beside it. */
+export interface ClaimedCreate {
+  unique: string;
+  field: string;
+  id: string;
+  docKey: string;
+  json: string;
+  index: string;
+  score: number;
+  extra?: { key: string; value: string };
+}
+
+/**
+ * Writes `c` with its key claimed (CLAIMED_CREATE): false when the key is held by another. A key
+ * held by nothing live (`release` says whether it let such a claim go, e.g. `releaseOrphanClaim`)
+ * is released and the create tried once more.
+ */
+export async function createClaimed(redis: Redis, c: ClaimedCreate, release?: () => Promise<boolean>): Promise<boolean> {
+  const run = async () => (await CLAIMED_CREATE.run(redis, [c.unique, c.docKey, c.index, ...(c.extra ? [c.extra.key] : [])], [c.field, c.id, c.json, c.score, ...(c.extra ? [c.extra.value] : [])])) === 1;
+  if (await run()) return true;
+  return release !== undefined && (await release()) && run();
+}
+
 /** A Workspace-unique key: field `key` of the Workspace's `uniq:<collection>` hash. */
 export interface UniqueKey {
   collection: string;

@@ -3,17 +3,7 @@ import { keys, LuaScript, tags, type DocumentStore, type Redis } from '@agentpla
 import type { Role } from './roles.js';
 import { CredentialIndex, issueSecret } from './credentials.js';
 import type { ApiKey, AuthRecord, KeyScope, Organization, Principal, PrincipalAccessCredential, Workspace } from './model.js';
-
-/**
- * Creates a Principal in one step: its external subject claimed (KEYS[1], field ARGV[1] = ARGV[2];
- * 0 when taken), the document (KEYS[2]) and its listing entry (KEYS[3], score ARGV[4]), so a
- * subject is never claimed by a Principal that does not exist. ARGV[3] the document's JSON.
- */
-const CREATE_PRINCIPAL = new LuaScript('principal_create', `
-if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
-redis.call('SET', KEYS[2], ARGV[3])
-redis.call('ZADD', KEYS[3], ARGV[4], ARGV[2])
-return 1`);
+import { createClaimed } from '../versioned.js';
 
 /**
  * Releases the subject claim (KEYS[1] field ARGV[1]) still held by Principal ARGV[2] when that
@@ -226,18 +216,14 @@ export class IdentityService {
       suspended_at: null, deleted_at: null, version: 1, created_at: now, updated_at: now,
     };
     const subjects = keys.unique(tag, 'principal_subjects');
-    const create = () => CREATE_PRINCIPAL.run(this.redis, [subjects, keys.doc(tag, p.id), keys.index(tag, 'principals')],
-      [input.external_subject_id, p.id, JSON.stringify(p), Date.parse(now)]);
-    let created = await create();
-    if (created !== 1) {
-      // The subject held by no live Principal (a create or a deletion that died half-way): released, then claimed here.
+    // A subject held by no live Principal (a create or a deletion that died half-way) is released and claimed here.
+    const created = await createClaimed(this.redis, {
+      unique: subjects, field: input.external_subject_id, id: p.id, docKey: keys.doc(tag, p.id), json: JSON.stringify(p), index: keys.index(tag, 'principals'), score: Date.parse(now),
+    }, async () => {
       const owner = await this.redis.hget(subjects, input.external_subject_id);
-      if (owner !== null && owner !== p.id
-        && (await RELEASE_DEAD_SUBJECT.run(this.redis, [subjects, keys.doc(tag, owner)], [input.external_subject_id, owner])) === 1) {
-        created = await create();
-      }
-    }
-    if (created !== 1) throw new ApiError('validation.conflict', `a Principal with external_subject_id '${input.external_subject_id}' already exists`);
+      return owner !== null && owner !== p.id && (await RELEASE_DEAD_SUBJECT.run(this.redis, [subjects, keys.doc(tag, owner)], [input.external_subject_id, owner])) === 1;
+    });
+    if (!created) throw new ApiError('validation.conflict', `a Principal with external_subject_id '${input.external_subject_id}' already exists`);
     return p;
   }
 

@@ -5,23 +5,12 @@ import { GATEWAY_CONTROL_CHANNEL, type GatewayControlMessage } from '@agentplane
 import { CredentialIndex, issueSecret } from '../identity/credentials.js';
 import type { AuthRecord, Organization, Principal, Workspace } from '../identity/model.js';
 import type { IdentityService } from '../identity/service.js';
-import { releaseOrphanClaim } from '../versioned.js';
+import { createClaimed, releaseOrphanClaim, type ClaimedCreate } from '../versioned.js';
 import type { DrainState, PoolPlacement, RunnerCredential, RunnerOwner, RunnerPairing, RunnerPool } from './model.js';
 
 /** Crockford base32 without I, L, O, U: readable, typable, unambiguous. */
 const CODE_ALPHABET = '0123456789ABCDEFGHJKMNPQRSTVWXYZ';
 const CODE_CHARS = 16; // 80 bits
-
-/**
- * Creates a runner pool in one step: its name claimed (KEYS[1], field ARGV[1] = ARGV[2]; 0 when
- * taken), the pool (KEYS[2]) and its listing entry (KEYS[3], score ARGV[4]), so a name is never
- * claimed by a pool that does not exist. ARGV[3] pool JSON.
- */
-const CREATE_POOL = new LuaScript('runner_pool_create', `
-if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
-redis.call('SET', KEYS[2], ARGV[3])
-redis.call('ZADD', KEYS[3], ARGV[4], ARGV[2])
-return 1`);
 
 /**
  * Writes a runner credential in one step: its owner's machine label claimed (KEYS[1], field
@@ -41,6 +30,11 @@ const RELEASE_LABEL = new LuaScript('runner_owner_label_release', `
 if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
 redis.call('HDEL', KEYS[1], ARGV[1])
 return 1`);
+
+/** A runner pool's create with its name claimed in `uniq` (`createClaimed`). */
+const poolCreate = (uniq: string, tag: Tag, pool: RunnerPool): ClaimedCreate => ({
+  unique: uniq, field: pool.name, id: pool.id, docKey: keys.doc(tag, pool.id), json: JSON.stringify(pool), index: keys.index(tag, 'runner_pools'), score: Date.parse(pool.created_at),
+});
 
 /** `XXXX-XXXX-XXXX-XXXX`. */
 export function newPairingCode(): string {
@@ -100,9 +94,7 @@ export class RunnerService {
         id: newId('runnerPool'), type: 'runner_pool', workspace_id: workspaceId, name: 'default', placement: 'byoc', is_default: true,
         status: 'active', drain: null, version: 1, created_at: now, updated_at: now,
       };
-      if ((await CREATE_POOL.run(this.redis, [uniq, keys.doc(tag, pool.id), keys.index(tag, 'runner_pools')], [pool.name, pool.id, JSON.stringify(pool), Date.parse(now)])) === 1) {
-        return pool;
-      }
+      if (await createClaimed(this.redis, poolCreate(uniq, tag, pool))) return pool;
     }
     throw new ApiError('validation.conflict', 'the default runner pool is being created concurrently; retry');
   }
@@ -116,11 +108,9 @@ export class RunnerService {
       is_default: false, status: 'active', drain: null, version: 1, created_at: now, updated_at: now,
     };
     const uniq = keys.unique(tag, 'runner_pool_names');
-    const create = () => CREATE_POOL.run(this.redis, [uniq, keys.doc(tag, pool.id), keys.index(tag, 'runner_pools')], [pool.name, pool.id, JSON.stringify(pool), Date.parse(now)]);
-    let created = await create();
-    // The name held by no pool (an older version wrote them apart): released, then claimed here.
-    if (created !== 1 && (await releaseOrphanClaim(this.redis, uniq, pool.name, (owner) => keys.doc(tag, owner)))) created = await create();
-    if (created !== 1) throw new ApiError('validation.conflict', `a runner pool named '${input.name}' already exists`);
+    // A name held by no pool (an older version wrote them apart) is released and claimed here.
+    const created = await createClaimed(this.redis, poolCreate(uniq, tag, pool), () => releaseOrphanClaim(this.redis, uniq, pool.name, (owner) => keys.doc(tag, owner)));
+    if (!created) throw new ApiError('validation.conflict', `a runner pool named '${input.name}' already exists`);
     crashPoint('runner-pool-created');
     return pool;
   }
