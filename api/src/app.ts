@@ -2,7 +2,7 @@ import { OutcomeService } from '@agentplane/domain';
 import { createServer, type Server } from 'node:http';
 import type { Duplex } from 'node:stream';
 import Koa from 'koa';
-import { ApiError, createLogger, createMetrics, Gauge, LISTEN_BACKLOG, METRICS_CONTENT_TYPE, newRequestId, SecretBox, type Logger } from '@agentplane/core';
+import { ApiError, createLogger, createMetrics, Counter, Gauge, LISTEN_BACKLOG, METRICS_CONTENT_TYPE, newRequestId, SecretBox, type Logger } from '@agentplane/core';
 import { connectRedis, DocumentStore, EventHub, ReadCache, type Redis } from '@agentplane/store';
 import type { Agent } from '@agentplane/domain';
 import { VersionedStore } from '@agentplane/domain';
@@ -30,7 +30,7 @@ import { runtimeFiles } from './files/runtime.js';
 import { SessionService } from './sessions/service.js';
 import { SessionStore } from '@agentplane/domain';
 import { recordOnlyTurnScheduler, ThreadRuntime, type TurnScheduler } from '@agentplane/domain';
-import { activeStreams } from './sessions/stream.js';
+import { activeStreams, queuedStreamBytes, streamCutOffs } from './sessions/stream.js';
 import type { ApiConfig } from './config.js';
 import type { ApiDeps } from './deps.js';
 import { IdempotencyStore } from './http/idempotency.js';
@@ -142,6 +142,14 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
     redisUrl: config.redisUrl, redis, docs, sessions, models, skills, sources: skillSources, tap, identity, log, adoptionPollMs: config.skillAdoptionPollMs,
   });
   new Gauge({ name: 'agentplane_sse_streams', help: 'Session SSE streams open in this process', registers: [metrics], collect() { this.set(activeStreams()); } });
+  new Gauge({ name: 'agentplane_sse_queued_bytes', help: 'Bytes written to this process\'s SSE streams and not yet sent (at most 8 MiB per viewer)', registers: [metrics], collect() { this.set(queuedStreamBytes()); } });
+  new Counter({
+    name: 'agentplane_sse_cut_off_total', help: 'SSE streams this process cut off, by reason (behind: 8 MiB due to the viewer; stalled: nothing read for 30 s)', labelNames: ['reason'] as const, registers: [metrics],
+    collect() {
+      this.reset();
+      for (const [reason, n] of Object.entries(streamCutOffs())) this.inc({ reason }, n);
+    },
+  });
   registerRedisMetrics(metrics, redis, log);
   new Gauge({ name: 'agentplane_event_hub_channels', help: 'Session channels some viewer of this process watches', registers: [metrics], collect() { this.set(eventHub.channelCount); } });
   return {

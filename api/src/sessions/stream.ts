@@ -52,9 +52,25 @@ function whenShutDown(signal: AbortSignal, fn: () => void): () => void {
   return () => void fns.delete(fn);
 }
 
-let openStreams = 0;
+/** The responses of the SSE streams open in this process. */
+const open = new Set<ServerResponse>();
 /** SSE streams currently open in this process (metrics). */
-export const activeStreams = (): number => openStreams;
+export const activeStreams = (): number => open.size;
+/**
+ * Bytes written to open streams and not yet taken by the kernel (metrics): what this process
+ * holds for its viewers, bounded by `MAX_BUFFERED_BYTES` per viewer (a viewer past it is cut off).
+ */
+export function queuedStreamBytes(): number {
+  let n = 0;
+  for (const res of open) n += res.writableLength;
+  return n;
+}
+
+/** Why a stream was cut off: too much due to its viewer, or nothing taken off its socket for `STALL_MS`. */
+export type CutOffReason = 'behind' | 'stalled';
+const cutOffs: Record<CutOffReason, number> = { behind: 0, stalled: 0 };
+/** Streams this process cut off since it started, by reason (metrics). */
+export const streamCutOffs = (): Readonly<Record<CutOffReason, number>> => cutOffs;
 
 /** One serialised frame per event, shared by every viewer of the process (fan-out writes one string). */
 const frames = new WeakMap<LogEvent, string>();
@@ -147,7 +163,7 @@ export function sseStream(spec: StreamSpec): StreamResult {
       // The headers leave with the replay's first frames, in one write, once the subscription is
       // confirmed and the first page read (at the latest when the stream goes live): a client that
       // has the headers knows the stream is subscribed.
-      openStreams++;
+      open.add(res);
       let last = spec.cursor;
       let ended = false;
       let finish: () => void = () => undefined;
@@ -164,7 +180,11 @@ export function sseStream(spec: StreamSpec): StreamResult {
         for (const w of [...waiters]) w();
         finish();
       };
-      const cutOff = () => end(true);
+      const cutOff = (reason: CutOffReason) => {
+        if (ended) return;
+        cutOffs[reason]++;
+        end(true);
+      };
       const waiters = new Set<() => void>();
       const stallMs = spec.stallMs ?? STALL_MS;
       /** Until the socket drained; a viewer that takes nothing off it for `stallMs` is cut off. */
@@ -173,7 +193,7 @@ export function sseStream(spec: StreamSpec): StreamResult {
           let queued = res.writableLength;
           const stall = setInterval(() => {
             const now = res.writableLength;
-            if (now >= queued) cutOff();
+            if (now >= queued) cutOff('stalled');
             queued = now;
           }, stallMs);
           stall.unref();
@@ -195,7 +215,7 @@ export function sseStream(spec: StreamSpec): StreamResult {
         if (ended) return;
         started = true;
         res.write(chunk);
-        if (res.writableLength > MAX_BUFFERED_BYTES) cutOff();
+        if (res.writableLength > MAX_BUFFERED_BYTES) cutOff('behind');
       };
       const gap = (from: number, to: number, reason: string) => {
         if (to < from) return;
@@ -336,7 +356,7 @@ export function sseStream(spec: StreamSpec): StreamResult {
             if (m.events) {
               for (const e of m.events) if (spec.filter(e)) owed += frameOf(e).length;
             } else owed += LIVE_INLINE_MAX_BYTES;
-            if (res.writableLength + owed > MAX_BUFFERED_BYTES) cutOff();
+            if (res.writableLength + owed > MAX_BUFFERED_BYTES) cutOff('behind');
             return;
           case 'erased':
             erased(m.through);
@@ -416,7 +436,7 @@ export function sseStream(spec: StreamSpec): StreamResult {
         watch?.close();
         signal.removeEventListener('abort', onAbort);
         forgetShutdown();
-        openStreams--;
+        open.delete(res);
         end();
       }
     },
