@@ -7,7 +7,9 @@ import { errType } from './harness/governance.js';
 /**
  * The tools an Agent version declares are offered to the model by name: each name once (a model
  * provider refuses two tools of one name, so such a version could never run), and a
- * coordinator's own tools never take a delegation tool's name, on a new version as on the first.
+ * coordinator's own tools never take a delegation tool's name, on a new version as on the first;
+ * nor does a custom tool take the name of the built-in `skill` tool a Run offers beside them to
+ * open its skills.
  */
 let p: Platform;
 let api: HttpClient;
@@ -57,5 +59,24 @@ describe('agent tool names', () => {
     const plain = await api.post<{ id: string; version: number }>('/v1/agents', { name: 'plain', model: 'default', tools: [custom('start_thread')] });
     const promoted = await api.request('POST', `/v1/agents/${plain.id}`, { body: { expected_version: plain.version, multiagent: { roster: [{ agent_id: member.id, version: member.version }] } } });
     expect([promoted.status, errType(promoted)]).toEqual([400, 'validation.malformed']);
+  });
+
+  it('refuses a custom tool named skill (the built-in tool skills are opened with) on create, on a new version and on a Session\'s agent', async () => {
+    const tools = [custom('lookup'), custom('skill')];
+    const created = await api.request('POST', '/v1/agents', { body: { name: 'skilled', model: 'default', tools } });
+    expect([created.status, errType(created)]).toEqual([400, 'validation.malformed']);
+    expect((created.body as { error: { message: string } }).error.message).toMatch(/tools\[1\]\.name: 'skill'/);
+    const inline = await api.request('POST', '/v1/sessions', { body: { agent: { name: 'skilled', model: 'default', tools }, environment_id: envId } });
+    expect([inline.status, errType(inline)]).toEqual([400, 'validation.malformed']);
+    const agent = await api.post<{ id: string; version: number }>('/v1/agents', { name: 'skilled', model: 'default', tools: [custom('lookup')] });
+    const next = await api.request('POST', `/v1/agents/${agent.id}`, { body: { expected_version: agent.version, tools } });
+    expect([next.status, errType(next)]).toEqual([400, 'validation.malformed']);
+    expect((await api.get<{ version: number }>(`/v1/agents/${agent.id}`)).version).toBe(1);
+    const session = await api.post<{ id: string }>('/v1/sessions', { agent: agent.id, environment_id: envId });
+    const changed = await api.request('POST', `/v1/sessions/${session.id}`, { body: { agent: { tools } } });
+    expect([changed.status, errType(changed)]).toEqual([400, 'validation.malformed']);
+    // Names that only resemble it are the Agent's own.
+    const ok = await api.request<{ version: number }>('POST', `/v1/agents/${agent.id}`, { body: { expected_version: agent.version, tools: [custom('skills'), custom('skill_lookup')] } });
+    expect([ok.status, ok.body.version]).toEqual([200, 2]);
   });
 });

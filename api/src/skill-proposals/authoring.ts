@@ -1,5 +1,5 @@
 import type { ModelRequest } from '@agentplane/protocol';
-import type { LogEvent } from '@agentplane/store';
+import type { EventLog, LogEvent } from '@agentplane/store';
 import { SKILL_LIMITS } from '@agentplane/domain';
 import type { SkillProposalDoc } from './model.js';
 
@@ -19,6 +19,17 @@ function textOf(content: unknown): string {
   return '';
 }
 
+/** One event's line of a transcript, or null for an event the author does not read. */
+function transcriptLine(e: LogEvent): string | null {
+  const p = (e.payload ?? {}) as Record<string, unknown>;
+  if (e.type === 'user.message') return `[user] ${textOf(p.content)}`;
+  if (e.type === 'user.define_outcome') return `[user outcome] ${String(p.description ?? '')}`;
+  if (e.type === 'agent.message') return `[agent] ${textOf(p.content)}`;
+  if (e.type === 'agent.tool_use') return `[tool call ${String(p.name ?? '')}] ${clip(JSON.stringify(p.input ?? null), TOOL_TEXT_CHARS)}`;
+  if (e.type === 'agent.tool_result') return `[tool result${p.is_error === true ? ' (error)' : ''}] ${clip(textOf(p.content), TOOL_TEXT_CHARS)}`;
+  return null;
+}
+
 /**
  * One source Session as the author reads it: what the user asked, what the agent said, which
  * tools it used with what and what came back (clipped). Thinking, status events and
@@ -27,14 +38,39 @@ function textOf(content: unknown): string {
 export function renderTranscript(sessionId: string, events: readonly LogEvent[]): string {
   const lines = [`<session id="${sessionId}">`];
   for (const e of events) {
-    const p = (e.payload ?? {}) as Record<string, unknown>;
-    if (e.type === 'user.message') lines.push(`[user] ${textOf(p.content)}`);
-    else if (e.type === 'user.define_outcome') lines.push(`[user outcome] ${String(p.description ?? '')}`);
-    else if (e.type === 'agent.message') lines.push(`[agent] ${textOf(p.content)}`);
-    else if (e.type === 'agent.tool_use') lines.push(`[tool call ${String(p.name ?? '')}] ${clip(JSON.stringify(p.input ?? null), TOOL_TEXT_CHARS)}`);
-    else if (e.type === 'agent.tool_result') lines.push(`[tool result${p.is_error === true ? ' (error)' : ''}] ${clip(textOf(p.content), TOOL_TEXT_CHARS)}`);
+    const line = transcriptLine(e);
+    if (line !== null) lines.push(line);
   }
   lines.push('</session>');
+  return lines.join('\n');
+}
+
+/** Events read from a source log at a time while its transcript is rendered. */
+const TRANSCRIPT_PAGE_EVENTS = 100;
+
+/**
+ * A source Session's transcript (`renderTranscript`) read a page of events at a time, or null as
+ * soon as it passes `budget` characters: a long log is never held whole, only one page and at
+ * most `budget` characters of transcript.
+ */
+export async function readTranscript(log: Pick<EventLog, 'range'>, sessionId: string, budget: number): Promise<string | null> {
+  const lines = [`<session id="${sessionId}">`];
+  const end = '</session>';
+  let size = (lines[0] as string).length + 1 + end.length;
+  if (size > budget) return null;
+  for (let after = 0; ;) {
+    const page = await log.range(sessionId, after, TRANSCRIPT_PAGE_EVENTS);
+    for (const e of page) {
+      const line = transcriptLine(e);
+      if (line === null) continue;
+      size += line.length + 1;
+      if (size > budget) return null;
+      lines.push(line);
+    }
+    if (page.length < TRANSCRIPT_PAGE_EVENTS) break;
+    after = (page[page.length - 1] as LogEvent).seq;
+  }
+  lines.push(end);
   return lines.join('\n');
 }
 

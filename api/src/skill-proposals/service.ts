@@ -5,7 +5,7 @@ import { keys, tags, type DocumentStore, type LogEvent, type Redis, type StoredD
 import { QueueHost } from '../queue-host.js';
 import { ZERO_USAGE, type TokenUsage } from '@agentplane/protocol';
 import {
-  checkSkillFiles, parseFrontMatter, readAll, renderSkillMd, SKILL_ENTRY, SKILL_NAME_RE, SKILLS_DIR, type SessionDoc, type SkillFile, type SpecSkill,
+  checkSkillFiles, parseFrontMatter, renderSkillMd, SKILL_ENTRY, SKILL_NAME_RE, SKILLS_DIR, type SessionDoc, type SkillFile, type SpecSkill,
 } from '@agentplane/domain';
 import type { SessionService } from '../sessions/service.js';
 import type { IdentityService } from '@agentplane/domain';
@@ -15,7 +15,7 @@ import type { SessionEventTap, TappedAppend } from '../events/tap.js';
 import { Scratch, remoteHead, type GitRemote } from '../skill-sources/git.js';
 import { isBranchName, type SkillSourceService } from '../skill-sources/service.js';
 import { consistencyViolation, publicProposal, type ProposalError, type SkillProposalDoc, type SubmissionAttempt, type VerificationResult } from './model.js';
-import { authoringRequest, authoringStepId, parseAuthoredSkill, renderTranscript, TRANSCRIPT_LIMIT_CHARS } from './authoring.js';
+import { authoringRequest, authoringStepId, parseAuthoredSkill, readTranscript, TRANSCRIPT_LIMIT_CHARS } from './authoring.js';
 
 export const SKILL_PROPOSAL_QUEUE_PREFIX = 'ap:{q:skill_proposals}';
 const QUEUE = 'skill_proposals';
@@ -156,9 +156,10 @@ export class SkillProposalService {
       const s = await this.d.docs.get<SessionDoc>(tags.session(sid), sid);
       const state = await this.d.sessions.store.log.state(sid);
       if (!s || s.type !== 'session' || state.erased) return this.failAuthoring(ws, id, 'input_session_unavailable');
-      const text = renderTranscript(sid, await readAll(this.d.sessions.store.log, sid));
+      // Read a page at a time, given up as soon as the transcripts pass their limit.
+      const text = await readTranscript(this.d.sessions.store.log, sid, TRANSCRIPT_LIMIT_CHARS - size);
+      if (text === null) return this.failAuthoring(ws, id, 'input_sessions_too_large');
       size += text.length;
-      if (size > TRANSCRIPT_LIMIT_CHARS) return this.failAuthoring(ws, id, 'input_sessions_too_large');
       transcripts.push(text);
     }
     const request = authoringRequest(p, transcripts);

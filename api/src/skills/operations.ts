@@ -93,17 +93,17 @@ export const skillOperations: Operation[] = [
     audit: { target: 'response' }, auth: writers, idempotency: 'optional', mcp: 'never', successStatus: 201,
     body: Obj({ files: Type.Array(SkillFileInput, { minItems: 1, maxItems: SKILL_LIMITS.maxFiles }) }),
     response: SkillSchema,
-  }, async (ws, { body, deps }) => {
-    const { skill, version } = await deps.skills.publish(ws, decodeFiles(body.files), 'api', 'body.files');
+  }, async (ws, { body, idempotencyKey, deps }) => {
+    const { skill, version } = await deps.skills.publish(ws, decodeFiles(body.files), 'api', 'body.files', undefined, idempotencyKey);
     return view(skill, version);
   }),
   defineOperation({
     operationId: 'skills.importSkill', method: 'POST', path: '/v1/skills/import', summary: 'Publish a skill directory from a tar archive (application/x-tar) as a new immutable version',
     audit: { target: 'response' }, auth: writers, idempotency: 'optional', mcp: 'never', successStatus: 201, upload: tarUpload,
     response: SkillSchema,
-    async handler({ caller, body, deps }) {
+    async handler({ caller, body, idempotencyKey, deps }) {
       const files = (body as unknown as { files: SkillFile[] }).files;
-      const { skill, version } = await deps.skills.publish(requireWorkspace(caller), files, 'import', 'tar');
+      const { skill, version } = await deps.skills.publish(requireWorkspace(caller), files, 'import', 'tar', undefined, idempotencyKey);
       return json(201, view(skill, version));
     },
   }),

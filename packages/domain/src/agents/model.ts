@@ -1,7 +1,7 @@
 import { ApiError, newId, nowIso } from '@agentplane/core';
 import type { McpServerT, ToolT } from './tools.js';
 import type { VersionedDoc } from '../versioned.js';
-import type { SkillSelection } from '../skills/model.js';
+import { SKILL_TOOL_NAME, type SkillSelection } from '../skills/model.js';
 import type { MultiagentT } from './multiagent.js';
 
 export interface Agent extends VersionedDoc {
@@ -51,11 +51,17 @@ export interface AgentConfigInput {
 /**
  * Defaults: built-in tools always_allow, custom tools always_allow (the caller answers them), MCP tools always_ask.
  * Each name once (400 otherwise): the model is offered the tools by name, and a model provider
- * refuses a request naming one tool twice, so a version declaring that could never run.
+ * refuses a request naming one tool twice, so a version declaring that could never run. For the
+ * same reason no custom tool is named `skill`: that is the built-in tool a Run offers beside
+ * them to open its skills (docs/SKILLS.md), whether the Agent selects skills now or a later
+ * version or deployment revision does.
  */
 export function normaliseTools(tools: ToolT[]): ToolT[] {
   const seen = new Map<string, number>();
   tools.forEach((t, i) => {
+    if (t.type === 'custom' && t.name === SKILL_TOOL_NAME) {
+      throw new ApiError('validation.malformed', `tools[${i}].name: '${SKILL_TOOL_NAME}' is the built-in tool skills are opened with; name the custom tool otherwise`);
+    }
     const first = seen.get(t.name);
     if (first !== undefined) throw new ApiError('validation.malformed', `tools[${i}].name: '${t.name}' is the name of tools[${first}] too; each tool name once`);
     seen.set(t.name, i);

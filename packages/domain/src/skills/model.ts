@@ -20,6 +20,12 @@ export const SKILL_LIMITS = Object.freeze({
 /** The file every Skill directory has: front matter (`name`, `description`) then the instructions. */
 export const SKILL_ENTRY = 'SKILL.md';
 
+/**
+ * The built-in tool a Run's model opens a skill with (`{name}` → its `SKILL.md`), offered
+ * beside the Agent's tools whenever the Run places skills: no custom tool may take its name.
+ */
+export const SKILL_TOOL_NAME = 'skill';
+
 /** Where a Run places its skills, relative to the sandbox workspace (read-only). */
 export const SKILLS_DIR = '.agentplane/skills';
 
