@@ -73,7 +73,11 @@ describe('metrics after a turn', () => {
   }, 120_000);
 
   it('the API (with its gateway) serves valid exposition text with the turn\'s counters and runtime metrics', async () => {
-    const text = await metricsOf(t.p.baseUrl);
+    // One runner: a socket it replaced (a reconnect on a loaded machine) is counted until its close is seen.
+    const text = await waitFor('one runner socket', async () => {
+      const t2 = await metricsOf(t.p.baseUrl);
+      return sample(t2, 'agentplane_gateway_connected_runners') === 1 ? t2 : undefined;
+    }, 30_000);
     if (promtoolPresent) checkMetrics(text);
     expect(sample(text, 'agentplane_http_requests_total', { operation: 'sessions.sendEvent', status: '200' }) + sample(text, 'agentplane_http_requests_total', { operation: 'sessions.sendEvent', status: '201' })).toBeGreaterThanOrEqual(1);
     expect(sample(text, 'agentplane_model_steps_total', { provider: 'scripted', outcome: 'served' })).toBeGreaterThanOrEqual(2);
