@@ -1,3 +1,4 @@
+import { randomUUID } from 'node:crypto';
 import { ApiError } from '@agentplane/core';
 import { cachedGet, forgetWritten, keys, LuaScript, tags, type Redis } from '@agentplane/store';
 import { usdToNano } from '@agentplane/models';
@@ -34,7 +35,8 @@ export function secondsToReset(period: 'day' | 'month', now = new Date()): numbe
 /**
  * Lua: reserve one step's estimated cost against a limit, in one script with the check.
  * KEYS: the usage counter hash the limit is about | the sorted set of reservations (member
- * `<step>|<nano-USD>`, score: when it expires). ARGV: limit (nano-USD) | amount | step | ttl ms.
+ * `<step>:<reservation>|<nano-USD>`, score: when it expires). ARGV: limit (nano-USD) | amount |
+ * member (without the amount) | ttl ms.
  * Expired reservations (a process that died mid-step) are pruned first. A step is admitted while
  * the recorded spend plus what the steps still running reserved is under the limit: 'ok' (its
  * estimate is added), else 'spent' (the recorded spend alone reaches it) or 'held'.
@@ -55,8 +57,23 @@ redis.call('ZADD', KEYS[2], now + tonumber(ARGV[4]), ARGV[3] .. '|' .. ARGV[2])
 redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[4]) + 60000)
 return 'ok'`);
 
-/** One step's reservations (Session and workspace); `release` is idempotent and never throws. */
+/** One reservation entry: the sorted set it is in (one budget's) and its member. */
+export interface ReservationEntry {
+  scope: 'session' | 'workspace';
+  key: string;
+  member: string;
+}
+
+/**
+ * One step's reservations (Session and workspace). Each entry is its own (the member names the
+ * step and an id of its own), so two reservations under one step id (a retried step)
+ * are held side by side and released each once. `release` is idempotent and never throws; a
+ * charge that removed the entries in its own script (`UsageAccumulator.record`) calls `settled`,
+ * after which `release` has nothing left to do.
+ */
 export interface BudgetReservation {
+  readonly entries: readonly ReservationEntry[];
+  settled(): void;
   release(): Promise<void>;
 }
 
@@ -136,10 +153,13 @@ export class BudgetGuard {
     if (!session && !wb) return null;
     const amount = String(Math.max(0, Math.round(req.amount_nano_usd)));
     const ttl = Math.max(1000, Math.round(req.ttl_ms));
-    const sides: { key: string; member: string }[] = [];
-    const reserveOn = async (usageKey: string, key: string, limitNano: number): Promise<string> => {
-      const answer = String(await RESERVE.run(this.redis, [usageKey, key], [limitNano, amount, req.step_id, ttl]));
-      if (answer === 'ok') sides.push({ key, member: `${req.step_id}|${amount}` });
+    const sides: ReservationEntry[] = [];
+    // A member of this reservation's own: another reservation under the same step id (a retried
+    // step, a second caller naming the same id) neither merges with it nor releases it.
+    const own = `${req.step_id}:${randomUUID()}`;
+    const reserveOn = async (scope: ReservationEntry['scope'], usageKey: string, key: string, limitNano: number): Promise<string> => {
+      const answer = String(await RESERVE.run(this.redis, [usageKey, key], [limitNano, amount, own, ttl]));
+      if (answer === 'ok') sides.push({ scope, key, member: `${own}|${amount}` });
       return answer;
     };
     const release = async (): Promise<void> => {
@@ -147,8 +167,8 @@ export class BudgetGuard {
       await Promise.all(taken.map((s) => this.redis.zrem(s.key, s.member).catch(() => undefined)));
     };
     const settled = await Promise.allSettled([
-      session ? reserveOn(UsageAccumulator.key({ kind: 'session', session_id: session }), this.reservedKey('session', session), usdToNano(limit as number)) : 'ok',
-      wb ? reserveOn(UsageAccumulator.key(this.workspaceScope(req.workspace_id, wb, now)), this.reservedKey('workspace', req.workspace_id), usdToNano(wb.max_list_cost.amount)) : 'ok',
+      session ? reserveOn('session', UsageAccumulator.key({ kind: 'session', session_id: session }), this.reservedKey('session', session), usdToNano(limit as number)) : 'ok',
+      wb ? reserveOn('workspace', UsageAccumulator.key(this.workspaceScope(req.workspace_id, wb, now)), this.reservedKey('workspace', req.workspace_id), usdToNano(wb.max_list_cost.amount)) : 'ok',
     ]);
     const failed = settled.find((r): r is PromiseRejectedResult => r.status === 'rejected');
     if (failed) {
@@ -164,7 +184,8 @@ export class BudgetGuard {
       await release();
       throw this.workspaceExceeded(wb, now, wAnswer === 'spent' ? 'is spent' : 'is spent or held by the steps running now');
     }
-    return { release };
+    const entries = [...sides];
+    return { entries, settled: () => void sides.splice(0), release };
   }
 
   /** Throws `budget.exceeded` when a limit is reached; resolves otherwise. */

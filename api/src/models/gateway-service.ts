@@ -1,6 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import {
-  ApiError, ATTR, BUCKETS, check, context as otelContext, Counter, Histogram, incident, LOGICAL_KEY_PATTERN, scrubSecret, SpanKind, SpanStatusCode, tracer, tracingEnabled, type Logger, type Metrics, type Span, type Context,
+  ApiError, ATTR, BUCKETS, check, context as otelContext, Counter, crashPoint, Histogram, incident, LOGICAL_KEY_PATTERN, scrubSecret, SpanKind, SpanStatusCode, tracer, tracingEnabled, type Logger, type Metrics, type Span, type Context,
 } from '@agentplane/core';
 import { tags, type DocumentStore, type StoredDoc } from '@agentplane/store';
 import { ZERO_USAGE, type ModelError, type ModelRequest, type ModelStreamEvent, type TokenUsage } from '@agentplane/protocol';
@@ -118,6 +118,19 @@ export function servedUsage(request: ModelRequest, usage: TokenUsage, emittedCha
 }
 
 const KEY_RE = new RegExp(LOGICAL_KEY_PATTERN);
+
+/**
+ * What a candidate's step is reserved at for `usage` (nano-USD): its model's list price, or, for
+ * a model the table does not price, the dearest price its provider has in the table. An unpriced
+ * candidate's step is charged at the price of the model its provider reports, when the table has
+ * one (`recordUsage`), and that is one of its provider's entries: so no step is charged more
+ * than it reserved (for the usage estimated), and a budget is overshot by one step at most.
+ */
+export function reservedCostNanoUsd(prices: PriceTable, provider: string, model: string, usage: TokenUsage): number {
+  const price = findPrice(prices, provider, model);
+  if (price) return listCostNanoUsd(price, usage);
+  return Math.max(0, ...Object.values(prices[provider] ?? {}).map((p) => listCostNanoUsd(p, usage)));
+}
 
 /**
  * The model gateway: one model step = resolve the routing profile, pick the first eligible
@@ -251,10 +264,7 @@ export class ModelGatewayService {
     // dearest eligible candidate's price) is reserved against its budgets until it ends.
     const worst: TokenUsage = { ...ZERO_USAGE, input_tokens: inputEstimate, output_tokens: request.max_output_tokens ?? RESERVED_OUTPUT_TOKENS };
     worst.total_tokens = worst.input_tokens + worst.output_tokens;
-    const estimate = Math.max(0, ...eligible.map((e) => {
-      const price = findPrice(this.options.prices, e.credential.provider_key, e.candidate.provider_model);
-      return price ? listCostNanoUsd(price, worst) : 0;
-    }));
+    const estimate = Math.max(0, ...eligible.map((e) => reservedCostNanoUsd(this.options.prices, e.credential.provider_key, e.candidate.provider_model, worst)));
     const reservation = await this.budgets.reserve({ ...subject, workspace_budget: workspaceBudget, step_id: stepId, amount_nano_usd: estimate, ttl_ms: this.reservationTtlMs });
     return { workspaceId, request, context, candidates: eligible, stepId, reservation };
   }
@@ -289,9 +299,37 @@ export class ModelGatewayService {
   /**
    * Stream the plan's candidates in order until one serves the step, within the step deadline.
    * Never throws. The plan's budget reservation is released when the step ends (its cost is
-   * recorded by then), also when the caller leaves early.
+   * recorded by then), also when the caller leaves early, and at once when the caller gives the
+   * stream up (`return` or `throw`) before reading its first event: a generator that never ran
+   * would keep it until it expires.
    */
-  async *execute(plan: StepPlan, signal: AbortSignal): AsyncGenerator<ModelStreamEvent> {
+  execute(plan: StepPlan, signal: AbortSignal): AsyncGenerator<ModelStreamEvent> {
+    const steps = this.executeSteps(plan, signal);
+    let started = false;
+    const unstarted = async (): Promise<void> => {
+      if (started) return;
+      started = true;
+      await plan.reservation?.release();
+    };
+    const stream: AsyncGenerator<ModelStreamEvent> = {
+      next: (...args) => {
+        started = true;
+        return steps.next(...args);
+      },
+      return: async (value) => {
+        await unstarted();
+        return steps.return(value);
+      },
+      throw: async (err: unknown) => {
+        await unstarted();
+        return steps.throw(err);
+      },
+      [Symbol.asyncIterator]: () => stream,
+    };
+    return stream;
+  }
+
+  private async *executeSteps(plan: StepPlan, signal: AbortSignal): AsyncGenerator<ModelStreamEvent> {
     try {
       if (signal.aborted) {
         // The caller left before the step started (a REST client gone while the step was
@@ -373,6 +411,9 @@ export class ModelGatewayService {
         try {
           ({ secret, doc: used } = await this.credentials.unseal(credential));
         } catch (err) {
+          // A secret that cannot be read now (rotated over and over meanwhile, or missing): this
+          // candidate fails as a provider that cannot be reached does, and the next one is tried.
+          if (err instanceof ApiError && err.type === 'validation.conflict') throw new ProviderError('server', `the credential's secret could not be read: ${err.message}`);
           if (!(err instanceof ApiError && err.type === 'model.no_eligible_model')) throw err;
           span?.setAttribute('error.type', 'credential_revoked');
           revoked.push(`${credential.key}/${candidate.provider_model}`);
@@ -399,6 +440,8 @@ export class ModelGatewayService {
           // What the provider left uncounted is estimated; the `end` tells the caller what was charged.
           const charged = servedUsage(request, ev.usage, emittedChars);
           await this.recordUsage(plan, stepId, credential.provider_key, candidate.provider_model, charged, ev.model);
+          // Charged and released (one script per budget): a crash here leaves neither held.
+          crashPoint('model-step-charged');
           this.log.debug({ step_id: stepId, model_credential_id: credential.id, provider: credential.provider_key, model: ev.model, ms: Math.round(performance.now() - started) }, 'model step served');
           yield { ...ev, usage: charged, provider: credential.provider_key };
           return null;
@@ -462,13 +505,15 @@ export class ModelGatewayService {
    * The price is the routing candidate's model's (the one its budget reservation and price
    * ceilings were judged by), so a provider that names its model otherwise cannot make a step
    * free; the model the provider reported prices it only when the candidate's has no price.
+   * The step's budget reservation is released by the same scripts that charge it.
    */
   private async recordUsage(plan: StepPlan, stepId: string, provider: string, model: string, usage: TokenUsage, reportedModel?: string): Promise<void> {
-    const { context, workspaceId } = plan;
+    const { context, workspaceId, reservation } = plan;
     const price = findPrice(this.options.prices, provider, model) ?? (reportedModel === undefined ? null : findPrice(this.options.prices, provider, reportedModel));
     const cost = price ? listCostNanoUsd(price, usage) : null;
     try {
-      await this.usage.record({ workspace_id: workspaceId, session_id: context.session_id, thread_id: context.thread_id, run_id: context.run_id, step_id: stepId }, usage, cost);
+      await this.usage.record({ workspace_id: workspaceId, session_id: context.session_id, thread_id: context.thread_id, run_id: context.run_id, step_id: stepId }, usage, cost, new Date(), reservation?.entries);
+      reservation?.settled();
     } catch (err) {
       this.log.error({ err: (err as Error).message, step_id: stepId }, 'model usage was not recorded');
     }

@@ -51,15 +51,21 @@ function streamStep(deps: ApiDeps, plan: StepPlan) {
       // A client that left while the step was planned closed the response before these listeners
       // were there: the step ends at once (no provider call) and its budget reservation goes.
       if (outer.aborted || res.destroyed || !res.socket || res.socket.destroyed) stop();
-      res.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', 'x-accel-buffering': 'no' });
-      res.flushHeaders();
-      for await (const ev of deps.models.gateway.execute(plan, ac.signal)) {
-        if (ac.signal.aborted) break;
-        // A client that reads slowly (or not at all) holds the stream back: the next event waits
-        // until the socket drains, instead of piling up in memory.
-        if (!res.write(`event: ${ev.type}\ndata: ${JSON.stringify(ev)}\n\n`)) await drained(res, ac.signal);
+      try {
+        res.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', 'x-accel-buffering': 'no' });
+        res.flushHeaders();
+        for await (const ev of deps.models.gateway.execute(plan, ac.signal)) {
+          if (ac.signal.aborted) break;
+          // A client that reads slowly (or not at all) holds the stream back: the next event waits
+          // until the socket drains, instead of piling up in memory.
+          if (!res.write(`event: ${ev.type}\ndata: ${JSON.stringify(ev)}\n\n`)) await drained(res, ac.signal);
+        }
+        res.end();
+      } finally {
+        // Whatever stopped the stream before its step ran, the reservation goes now (a no-op once
+        // the step released it).
+        await plan.reservation?.release();
       }
-      res.end();
     },
   };
 }

@@ -1,22 +1,32 @@
 import { keys, LuaScript, tags, type Redis } from '@agentplane/store';
 import { ZERO_USAGE, type TokenUsage } from '@agentplane/protocol';
 import { nanoToUsd } from '@agentplane/models';
+import type { ReservationEntry } from './budget.js';
 
 const COUNTERS = ['input_tokens', 'cached_input_tokens', 'cache_write_input_tokens', 'output_tokens', 'reasoning_output_tokens', 'total_tokens'] as const;
 
 /**
- * Adds one step to several counter hashes at most once: KEYS[1] is the step marker (SET NX,
- * expires after ARGV[1] seconds), KEYS[2..] the hashes; ARGV[2..] are field/increment pairs,
- * then ARGV[#] a TTL for the period hashes (0 = none) applied to KEYS[3..] when `ARGV[3]` says so.
+ * Adds one step to several counter hashes at most once, and releases the step's budget
+ * reservation in the same script (so a step is never both charged and still held, nor released
+ * and not yet charged, whatever dies when): KEYS[1] is the step marker (SET NX, expires after
+ * ARGV[1] seconds), KEYS[2..] the hashes, then, when ARGV[5] is not empty, the sorted set of
+ * reservations whose member ARGV[5] is removed (also when the step was counted before). ARGV[2]
+ * is the number of field/increment pairs that follow ARGV[5]; a TTL ARGV[4] (0 = none) is
+ * applied to the hashes from KEYS[ARGV[3]] onwards.
  */
 const RECORD_LUA = `
+local last = #KEYS
+if ARGV[5] ~= '' then
+  redis.call('ZREM', KEYS[last], ARGV[5])
+  last = last - 1
+end
 if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', tonumber(ARGV[1])) then return 0 end
 local nfields = tonumber(ARGV[2])
 local ttl_from = tonumber(ARGV[3])
 local ttl = tonumber(ARGV[4])
-for k = 2, #KEYS do
+for k = 2, last do
   for i = 0, nfields - 1 do
-    redis.call('HINCRBY', KEYS[k], ARGV[5 + i * 2], ARGV[6 + i * 2])
+    redis.call('HINCRBY', KEYS[k], ARGV[6 + i * 2], ARGV[7 + i * 2])
   end
   if ttl > 0 and k >= ttl_from then redis.call('EXPIRE', KEYS[k], ttl) end
 end
@@ -81,7 +91,11 @@ export class UsageAccumulator {
     }
   }
 
-  async record(who: UsageAttribution, usage: TokenUsage, costNanoUsd: number | null, at = new Date()): Promise<void> {
+  /**
+   * Count one step (once per step id). `release`: the step's budget reservation entries
+   * (`BudgetReservation.entries`), each removed in the script of its side (same hash tag).
+   */
+  async record(who: UsageAttribution, usage: TokenUsage, costNanoUsd: number | null, at = new Date(), release: readonly ReservationEntry[] = []): Promise<void> {
     const fields: (string | number)[] = [];
     for (const c of COUNTERS) fields.push(c, Math.max(0, Math.round(usage[c])));
     fields.push('list_cost_nano_usd', Math.max(0, Math.round(costNanoUsd ?? 0)), 'steps', 1, 'unpriced_steps', costNanoUsd === null ? 1 : 0);
@@ -93,13 +107,19 @@ export class UsageAccumulator {
       UsageAccumulator.key({ kind: 'workspace', workspace_id: who.workspace_id, period: { kind: 'day', at } }),
       UsageAccumulator.key({ kind: 'workspace', workspace_id: who.workspace_id, period: { kind: 'month', at } }),
     ];
-    const jobs: Promise<unknown>[] = [recordScript.run(this.redis, wsKeys, [STEP_MARKER_TTL, nfields, 3, PERIOD_TTL, ...fields])];
+    const held = (scope: ReservationEntry['scope'], keys: string[]): string => {
+      const entry = release.find((e) => e.scope === scope);
+      if (!entry) return '';
+      keys.push(entry.key);
+      return entry.member;
+    };
+    const jobs: Promise<unknown>[] = [recordScript.run(this.redis, wsKeys, [STEP_MARKER_TTL, nfields, 3, PERIOD_TTL, held('workspace', wsKeys), ...fields])];
     if (who.session_id) {
       const s = who.session_id;
       const sKeys = [keys.scoped(tags.session(s), `model_usage_step:${who.step_id}`), UsageAccumulator.key({ kind: 'session', session_id: s })];
       if (who.thread_id) sKeys.push(UsageAccumulator.key({ kind: 'thread', session_id: s, thread_id: who.thread_id }));
       if (who.run_id) sKeys.push(UsageAccumulator.key({ kind: 'run', session_id: s, run_id: who.run_id }));
-      jobs.push(recordScript.run(this.redis, sKeys, [STEP_MARKER_TTL, nfields, 0, 0, ...fields]));
+      jobs.push(recordScript.run(this.redis, sKeys, [STEP_MARKER_TTL, nfields, 0, 0, held('session', sKeys), ...fields]));
       // Which workspace a Session's counters belong to (the read route checks the boundary).
       jobs.push(this.redis.hset(UsageAccumulator.key({ kind: 'session', session_id: s }), 'workspace_id', who.workspace_id));
     }

@@ -1,0 +1,103 @@
+import { randomBytes } from 'node:crypto';
+import { createServer, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { ApiError, createLogger, SecretBox } from '@agentplane/core';
+import { DocumentStore, keys, tags } from '@agentplane/store';
+import { useEmbeddedRedis } from '@agentplane/store/testing';
+import { createModelsModule, type ModelsModule } from './module.js';
+
+/**
+ * Budget reservations: each is its own, whatever step id it is made under, and a candidate
+ * without a list price reserves what its step can be charged.
+ */
+const testRedis = useEmbeddedRedis('budget-reservations');
+let models: ModelsModule;
+let server: Server;
+let baseUrl: string;
+
+beforeAll(async () => {
+  const redis = testRedis();
+  models = createModelsModule({
+    redis, docs: new DocumentStore(redis), secretBox: new SecretBox(randomBytes(32)), log: createLogger({ name: 'budget-reservations', level: 'silent' }),
+    config: { providerTimeoutMs: 30_000 },
+  });
+  // An OpenAI-compatible server that serves any model as `gpt-4o` (a priced model), with a thousand output tokens.
+  server = createServer((req, res) => {
+    req.resume();
+    req.on('end', () => {
+      const data = (o: unknown) => `data: ${JSON.stringify(o)}\n\n`;
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.write(data({ model: 'gpt-4o', choices: [{ delta: { content: 'hello' } }] }));
+      res.end(data({ model: 'gpt-4o', choices: [{ delta: {}, finish_reason: 'stop' }], usage: { prompt_tokens: 1, completion_tokens: 1000 } }) + 'data: [DONE]\n\n');
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  baseUrl = `http://127.0.0.1:${(server.address() as AddressInfo).port}/v1`;
+});
+afterAll(() => {
+  server?.closeAllConnections();
+  server?.close();
+});
+
+/** What a workspace's reservations hold now (nano-USD). */
+async function held(ws: string): Promise<number> {
+  const members = await testRedis().zrange(keys.scoped(tags.workspace(ws), 'model_budget_reserved'), 0, -1);
+  return members.reduce((n, m) => n + Number(m.slice(m.lastIndexOf('|') + 1)), 0);
+}
+
+describe('budget reservations', () => {
+  it('two reservations under one step id (a retried step) are both held, and each release frees its own', async () => {
+    const ws = `wrkspc_${'c'.repeat(32)}`;
+    await models.budgets.setWorkspaceBudget(ws, 1, 'lifetime');
+    const reserve = () => models.budgets.reserve({ workspace_id: ws, step_id: 'step-1', amount_nano_usd: 500_000_000, ttl_ms: 60_000 });
+    const first = await reserve();
+    const second = await reserve();
+    expect(await held(ws)).toBe(1_000_000_000);
+    // Spend plus what is held reaches the limit: a third step is refused.
+    await expect(reserve()).rejects.toSatisfy((e: unknown) => e instanceof ApiError && e.type === 'budget.exceeded');
+    await first?.release();
+    await first?.release();
+    expect(await held(ws)).toBe(500_000_000);
+    await second?.release();
+    expect(await held(ws)).toBe(0);
+  });
+
+  it('a candidate without a list price reserves at least what its step is charged when its provider reports a priced model', async () => {
+    const ws = `wrkspc_${'d'.repeat(32)}`;
+    await models.credentials.create(ws, { key: 'compat', provider_key: 'openai', base_url: baseUrl });
+    await models.profiles.create(ws, { key: 'unpriced', candidates: [{ credential_key: 'compat', provider_model: 'local-unpriced' }] });
+    await models.budgets.setWorkspaceBudget(ws, 0.000001, 'lifetime');
+    const request = { routing_key: 'unpriced', messages: [{ role: 'user' as const, content: [{ type: 'text' as const, text: 'hi' }] }], tools: [], max_output_tokens: 1000 };
+    const first = await models.gateway.plan(ws, request);
+    const reserved = await held(ws);
+    expect(reserved).toBeGreaterThan(0);
+    // The first step holds the budget: a second one running beside it is refused, not charged after.
+    await expect(models.gateway.plan(ws, request)).rejects.toSatisfy((e: unknown) => e instanceof ApiError && e.type === 'budget.exceeded');
+    for await (const ev of models.gateway.execute(first, new AbortController().signal)) void ev;
+    const total = await models.usage.read({ kind: 'workspace', workspace_id: ws });
+    expect(total).toMatchObject({ steps: 1, unpriced_steps: 0 });
+    expect(total.list_cost.amount).toBeGreaterThan(0);
+    expect(reserved / 1e9).toBeGreaterThanOrEqual(total.list_cost.amount);
+    expect(await held(ws)).toBe(0);
+  });
+
+  it('a caller that gives the step up after its plan, before its stream starts, frees its reservation at once', async () => {
+    const ws = `wrkspc_${'e'.repeat(32)}`;
+    await models.credentials.create(ws, { key: 'compat', provider_key: 'openai', base_url: baseUrl });
+    await models.profiles.create(ws, { key: 'priced', candidates: [{ credential_key: 'compat', provider_model: 'gpt-4o' }] });
+    await models.budgets.setWorkspaceBudget(ws, 100, 'lifetime');
+    const request = { routing_key: 'priced', messages: [{ role: 'user' as const, content: [{ type: 'text' as const, text: 'hi' }] }], tools: [], max_output_tokens: 1000 };
+    // Its stream given up (`return`), as a `for await` left before its first event does.
+    const given = await models.gateway.plan(ws, request);
+    expect(await held(ws)).toBeGreaterThan(0);
+    await models.gateway.execute(given, new AbortController().signal).return(undefined);
+    expect(await held(ws)).toBe(0);
+    // Its stream failed (`throw`) before it started.
+    const failed = await models.gateway.plan(ws, request);
+    expect(await held(ws)).toBeGreaterThan(0);
+    await expect(models.gateway.execute(failed, new AbortController().signal).throw(new Error('the response could not start'))).rejects.toThrow('could not start');
+    expect(await held(ws)).toBe(0);
+    expect((await models.usage.read({ kind: 'workspace', workspace_id: ws })).steps).toBe(0);
+  });
+});
