@@ -15,6 +15,7 @@ export { AuditLog, type AuditRecord } from './audit/store.js';
 export { PolicySet, type PolicyRule, type ToolCall, type PolicyDecision } from './governance/policy-eval.js';
 export { PolicyStore, type ActionPolicy, type ActionPolicyInput } from './governance/policies.js';
 export { verifyCard, CardRejected, type Discovery, type VerificationKey } from './tool-sources/card.js';
+export { PeerCustodian, oauth2RefreshLockKey, type PeerCustody, type CustodySettings } from './tool-sources/custody.js';
 export { callPeer, peerClient, backoffDelay, parseRetryAfter, DEFAULT_POLL_POLICY, type PollPolicy, type CallOutcome } from './tool-sources/invoke.js';
 export { A2aToolCalls, invocationProducerKey, type A2aCallInput, type A2aCallSettings } from './tool-sources/calls.js';
 export type { ToolSourceDoc } from './tool-sources/service.js';

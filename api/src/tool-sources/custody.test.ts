@@ -2,6 +2,7 @@ import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { ApiError } from '@agentplane/core';
+import { useEmbeddedRedis } from '@agentplane/store/testing';
 import type { ResolvedSecret, VaultService } from '../vaults/service.js';
 import type { Discovery } from './card.js';
 import { PeerCustodian } from './custody.js';
@@ -9,8 +10,10 @@ import { PeerCustodian } from './custody.js';
 /**
  * OAuth2 refresh under concurrency: the token endpoint takes each refresh token once (rotating
  * it, as authorization servers with refresh-token rotation do). Calls of one process share one
- * refresh; calls of two processes both end up with the token the first refresh stored.
+ * refresh; two processes share one refresh through the Redis lock, and both end up with the
+ * token it stored.
  */
+const testRedis = useEmbeddedRedis('custody');
 let server: Server;
 let tokenUrl: string;
 let issued = 0;
@@ -80,14 +83,14 @@ beforeEach(() => {
 describe('OAuth2 custody', () => {
   it('a valid token is used as it is; no refresh', async () => {
     const vault = new FakeVault({ access_token: 'good', expires_at: new Date(Date.now() + 3_600_000).toISOString(), refresh_token: 'refresh-1' });
-    const c = new PeerCustodian(vault as unknown as VaultService);
+    const c = new PeerCustodian(vault as unknown as VaultService, testRedis());
     expect(await c.resolve('ws', ['vlt_1'], discovery())).toEqual({ headers: { Authorization: 'Bearer good' } });
     expect(requests).toHaveLength(0);
   });
 
   it('concurrent calls of one process share one refresh (exact card scopes, client_id) and one write-back', async () => {
     const vault = new FakeVault(expired());
-    const c = new PeerCustodian(vault as unknown as VaultService);
+    const c = new PeerCustodian(vault as unknown as VaultService, testRedis());
     const got = await Promise.all([1, 2, 3].map(() => c.resolve('ws', ['vlt_1'], discovery())));
     expect(got.map((g) => g.headers.Authorization)).toEqual(['Bearer access-1', 'Bearer access-1', 'Bearer access-1']);
     expect(requests).toHaveLength(1);
@@ -96,20 +99,51 @@ describe('OAuth2 custody', () => {
     expect(JSON.parse(vault.value)).toMatchObject({ access_token: 'access-1', refresh_token: 'refresh-2' });
   });
 
-  it('two processes: the one whose single-use refresh is refused uses the token the other stored', async () => {
+  it('two processes (own Redis connections): one refresh under the shared lock; the other waits and uses the token it stored', async () => {
     const vault = new FakeVault(expired());
-    const [a, b] = [new PeerCustodian(vault as unknown as VaultService), new PeerCustodian(vault as unknown as VaultService)];
+    const [a, b] = [new PeerCustodian(vault as unknown as VaultService, testRedis.connect('custody-a')), new PeerCustodian(vault as unknown as VaultService, testRedis.connect('custody-b'))];
     const got = await Promise.all([a.resolve('ws', ['vlt_1'], discovery()), b.resolve('ws', ['vlt_1'], discovery())]);
     expect(got.map((g) => g.headers.Authorization)).toEqual(['Bearer access-1', 'Bearer access-1']);
-    expect(requests).toHaveLength(2);
+    expect(requests).toHaveLength(1);
     expect(vault.writes).toBe(1);
+  });
+
+  it('expires_in as a string of digits, or past any valid time, still gives the stored token an expiry (and the rotated refresh token is kept)', async () => {
+    let expiresIn: unknown = null;
+    const idp = createServer((req, res) => {
+      req.resume();
+      req.on('end', () => res.writeHead(200, { 'content-type': 'application/json' })
+        .end(JSON.stringify({ access_token: 'access-x', token_type: 'Bearer', refresh_token: 'refresh-x', expires_in: expiresIn })));
+    });
+    await new Promise<void>((r) => idp.listen(0, '127.0.0.1', r));
+    try {
+      const d = discovery();
+      const at = { ...d, security: { ...d.security, token_url: `http://127.0.0.1:${(idp.address() as AddressInfo).port}/token` } as Discovery['security'] };
+      const stored = async (value: unknown) => {
+        expiresIn = value;
+        const vault = new FakeVault(expired());
+        const before = Date.now();
+        expect(await new PeerCustodian(vault as unknown as VaultService, testRedis()).resolve('ws', ['vlt_1'], at)).toEqual({ headers: { Authorization: 'Bearer access-x' } });
+        const cred = JSON.parse(vault.value) as { expires_at: string | null; refresh_token: string };
+        expect([vault.writes, cred.refresh_token]).toEqual([1, 'refresh-x']);
+        expect(cred.expires_at).not.toBeNull();
+        return Date.parse(cred.expires_at!) - before;
+      };
+      // A string: an hour, not "never expires" (which would never be refreshed again).
+      expect(await stored('3600')).toBeGreaterThanOrEqual(3_600_000);
+      expect(await stored('3600')).toBeLessThan(3_700_000);
+      // Past any valid time: cut to a year, not a failure after the endpoint already rotated the refresh token.
+      expect(await stored(1e300)).toBeLessThanOrEqual(366 * 86_400_000);
+    } finally {
+      await new Promise<void>((r) => idp.close(() => r()));
+    }
   });
 
   it('an expired token without a refresh token, or a token endpoint other than the card\'s, is refused', async () => {
     const none = new FakeVault({ access_token: 'old', expires_at: new Date(Date.now() - 1000).toISOString() });
-    await expect(new PeerCustodian(none as unknown as VaultService).resolve('ws', ['vlt_1'], discovery())).rejects.toThrow(/no refresh token/);
+    await expect(new PeerCustodian(none as unknown as VaultService, testRedis()).resolve('ws', ['vlt_1'], discovery())).rejects.toThrow(/no refresh token/);
     const elsewhere = new FakeVault({ ...expired(), token_url: 'http://127.0.0.1:1/token' });
-    await expect(new PeerCustodian(elsewhere as unknown as VaultService).resolve('ws', ['vlt_1'], discovery())).rejects.toThrow(/signed token endpoint/);
+    await expect(new PeerCustodian(elsewhere as unknown as VaultService, testRedis()).resolve('ws', ['vlt_1'], discovery())).rejects.toThrow(/signed token endpoint/);
     expect(requests).toHaveLength(0);
   });
 
@@ -143,7 +177,7 @@ describe('OAuth2 custody', () => {
     try {
       const floodUrl = `http://127.0.0.1:${(flood.address() as AddressInfo).port}/token`;
       const vault = new FakeVault(expired());
-      const c = new PeerCustodian(vault as unknown as VaultService, { refreshTimeoutMs: 20_000 });
+      const c = new PeerCustodian(vault as unknown as VaultService, testRedis(), { refreshTimeoutMs: 20_000 });
       const d = discovery();
       const started = Date.now();
       await expect(c.resolve('ws', ['vlt_1'], { ...d, security: { ...d.security, token_url: floodUrl } as Discovery['security'] }))

@@ -1,10 +1,14 @@
+import { randomBytes } from 'node:crypto';
 import { ApiError, scrubSecrets } from '@agentplane/core';
+import { keys, LuaScript, tags, type Redis } from '@agentplane/store';
 import { checkEndpointUrl, type EgressPolicy } from '../webhooks/ssrf.js';
 import { egressFetch } from '../webhooks/egress-fetch.js';
 import { capResponseBody } from '../mcp/egress.js';
 import { parseMtlsCredential, parseOAuth2Credential, type OAuth2PeerCredential } from '../vaults/peer-credentials.js';
 import type { ResolvedSecret, VaultService } from '../vaults/service.js';
 import type { Discovery } from './card.js';
+
+type OAuth2Security = Extract<Discovery['security'], { kind: 'oauth2_authorization_code' }>;
 
 /**
  * What one call presents to the peer: headers (Bearer, OAuth2 access token) and, for mTLS, the
@@ -22,11 +26,50 @@ export interface CustodySettings {
   refreshSkewMs: number;
   /** Time limit of the token endpoint POST. */
   refreshTimeoutMs: number;
+  /**
+   * How long a call waits for another process's refresh of the same credential (a holder that
+   * died leaves its lock until it expires, `refreshTimeoutMs` plus a margin: the wait outlasts it).
+   */
+  refreshWaitMs: number;
 }
 
 const EXPIRED_SKEW_MS = 30_000;
 /** The most of a token endpoint's answer read (a token response is a few hundred bytes). */
 const MAX_TOKEN_RESPONSE_BYTES = 64 * 1024;
+/**
+ * The longest access token lifetime taken from a token response's `expires_in` (a year): a longer
+ * one is cut to it, so the expiry written back is always a valid time.
+ */
+const MAX_EXPIRES_IN_S = 365 * 86_400;
+
+/**
+ * A token response's `expires_in` in seconds (RFC 6749 §5.1: a number; some servers send it as a
+ * string of digits), at most MAX_EXPIRES_IN_S; null when absent or not a positive number.
+ */
+function expiresInSeconds(value: unknown): number | null {
+  const n = typeof value === 'number' ? value : typeof value === 'string' && /^\s*\d{1,15}\s*$/.test(value) ? Number(value) : Number.NaN;
+  return Number.isFinite(n) && n > 0 ? Math.min(n, MAX_EXPIRES_IN_S) : null;
+}
+
+/** What the refresh lock outlives the token endpoint POST by: the re-read before it and the write-back after it. */
+const LOCK_MARGIN_MS = 5_000;
+/** How often a call waiting for another process's refresh looks again. */
+const WAIT_POLL_MS = 50;
+
+/**
+ * The lock of one credential's refresh, shared by every process: in the Workspace's slot, one
+ * per vault secret (docs/A2A_TOOLS.md, "Peer credential custody").
+ */
+export const oauth2RefreshLockKey = (ws: string, vaultId: string, name: string): string =>
+  keys.scoped(tags.workspace(ws), `oauth2-refresh:${vaultId}:${name}`);
+
+/** Deletes the lock only while it still names its owner: a holder whose lock expired cannot free the next holder's. */
+const releaseLock = new LuaScript('oauth2-refresh-release', `
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0`);
+
+/** A refresh's outcome: the access token it stored, or the secret another writer stored first (to be looked at again). */
+type RefreshOutcome = { access_token: string } | { secret: ResolvedSecret | null };
 
 /**
  * Peer credential custody adapters (docs/A2A_TOOLS.md, "Peer credential custody"): the card's
@@ -35,9 +78,21 @@ const MAX_TOKEN_RESPONSE_BYTES = 64 * 1024;
  * `grant_type=refresh_token` POST to the card's signed token endpoint, asking for exactly the
  * scopes the card requires, and the rotated token is written back with a compare-and-swap on
  * the secret's generation.
+ *
+ * A refresh token is used once across every process: an authorization server that rotates
+ * refresh tokens with reuse detection revokes the whole grant when one is presented twice. The
+ * calls of one process share one refresh per secret; across processes the refresh is done under
+ * a Redis lock (owner-checked, expiring: a holder that died frees it), its holder re-reads the
+ * secret under the lock and sends the POST only if it is still the expired generation, bounded
+ * to end before the lock does; the other processes wait, bounded, for the secret's generation to
+ * move (or the lock to be free) and use what the holder stored.
  */
 export class PeerCustodian {
-  constructor(private readonly vaults: VaultService, private readonly settings: Partial<CustodySettings> = {}) {}
+  constructor(
+    private readonly vaults: VaultService,
+    private readonly redis: Redis,
+    private readonly settings: Partial<CustodySettings> = {},
+  ) {}
 
   async resolve(ws: string, vaultIds: readonly string[], discovery: Pick<Discovery, 'interface' | 'security'>): Promise<PeerCustody> {
     const url = discovery.interface.url;
@@ -60,50 +115,79 @@ export class PeerCustodian {
       if (!this.expired(cred)) return { headers: { Authorization: `Bearer ${cred.access_token}` } };
       if (!cred.refresh_token) throw new ApiError('validation.conflict', `the OAuth2 access token in vault ${secret.vault_id} secret ${secret.name} expired and no refresh token is held`);
       if (attempt >= 3) throw new ApiError('validation.conflict', 'the OAuth2 token was rotated concurrently; try again');
-      const read: ResolvedSecret = secret;
-      let refreshed: { stored: boolean; access_token: string };
-      try {
-        refreshed = await this.refreshOnce(ws, read, cred, security);
-      } catch (err) {
-        // A refresh token is often single-use: a refresh refused because another process
-        // rotated the token first is answered by what that process stored.
-        // Its write-back may land just after our refusal: look again a few times.
-        let again: ResolvedSecret | null = null;
-        for (let look = 0; look < 5; look++) {
-          again = await this.vaults.resolve(ws, vaultIds, ['a2a_oauth2'], url);
-          if (!again || again.generation !== read.generation) break;
-          await new Promise((r) => setTimeout(r, 100));
-        }
-        if (again && again.generation !== read.generation) {
-          secret = again;
-          continue;
-        }
-        throw err;
-      }
-      if (refreshed.stored) return { headers: { Authorization: `Bearer ${refreshed.access_token}` } };
-      // The CAS lost: another call stored a rotated token first; use what it stored.
-      const again = await this.vaults.resolve(ws, vaultIds, ['a2a_oauth2'], url);
-      if (!again) throw new ApiError('validation.conflict', `the OAuth2 credential in vault ${read.vault_id} was removed`);
-      secret = again;
+      const out = await this.refreshShared(ws, secret, url, security);
+      if ('access_token' in out) return { headers: { Authorization: `Bearer ${out.access_token}` } };
+      if (!out.secret) throw new ApiError('validation.conflict', `the OAuth2 credential in vault ${secret.vault_id} was removed`);
+      secret = out.secret;
     }
   }
 
-  /** Calls of this process refreshing the same secret generation share one refresh. */
-  private readonly inflight = new Map<string, Promise<{ stored: boolean; access_token: string }>>();
+  /** The refreshes under way in this process, one per secret: every call of the process that finds the token expired joins it. */
+  private readonly inflight = new Map<string, Promise<RefreshOutcome>>();
 
-  private refreshOnce(
-    ws: string, secret: ResolvedSecret, cred: OAuth2PeerCredential, security: Extract<Discovery['security'], { kind: 'oauth2_authorization_code' }>,
-  ): Promise<{ stored: boolean; access_token: string }> {
-    const key = `${ws}/${secret.vault_id}/${secret.name}/${secret.generation}`;
+  private refreshShared(ws: string, read: ResolvedSecret, url: string, security: OAuth2Security): Promise<RefreshOutcome> {
+    const key = `${ws}/${read.vault_id}/${read.name}`;
     let p = this.inflight.get(key);
     if (!p) {
-      p = (async () => {
-        const next = await this.refresh(cred, security);
-        return { stored: await this.writeBack(ws, secret, next), access_token: next.access_token };
-      })().finally(() => this.inflight.delete(key));
+      p = this.refreshLocked(ws, read, url, security).finally(() => this.inflight.delete(key));
       this.inflight.set(key, p);
     }
     return p;
+  }
+
+  /** The secret `read` names, read again from Redis (null when it is gone or no longer the one for `url`). */
+  private async reread(ws: string, read: ResolvedSecret, url: string): Promise<ResolvedSecret | null> {
+    const again = await this.vaults.resolve(ws, [read.vault_id], ['a2a_oauth2'], url);
+    return again && again.name === read.name ? again : null;
+  }
+
+  /** One refresh of `read` across every process: under the secret's lock, or waiting for the process that holds it. */
+  private async refreshLocked(ws: string, read: ResolvedSecret, url: string, security: OAuth2Security): Promise<RefreshOutcome> {
+    const timeoutMs = this.settings.refreshTimeoutMs ?? 10_000;
+    const lockMs = timeoutMs + LOCK_MARGIN_MS;
+    const deadline = Date.now() + (this.settings.refreshWaitMs ?? lockMs + LOCK_MARGIN_MS);
+    const lock = oauth2RefreshLockKey(ws, read.vault_id, read.name);
+    const owner = randomBytes(16).toString('hex');
+    for (;;) {
+      const lockedAt = Date.now();
+      if ((await this.redis.set(lock, owner, 'PX', lockMs, 'NX')) === 'OK') {
+        try {
+          // Under the lock: another process may have stored a rotated token since `read`.
+          const current = await this.reread(ws, read, url);
+          if (!current || current.generation !== read.generation) return { secret: current };
+          const cred = parseOAuth2Credential(current.value, `vault ${current.vault_id} secret ${current.name}`);
+          // The POST ends (or is aborted) before the lock expires, so no other process can
+          // take the lock and send the same refresh token while this one is still in flight.
+          const bound = Math.min(timeoutMs, lockedAt + lockMs - LOCK_MARGIN_MS - Date.now());
+          // The owner check just before the POST: a lock lost meanwhile (expired, a failover) sends nothing.
+          if (bound <= 0 || (await this.redis.get(lock)) !== owner) throw new ApiError('validation.conflict', 'the OAuth2 token refresh ran out of time; try again');
+          const { next, unusable, quote } = await this.refresh(cred, security, bound);
+          let refused = unusable;
+          if (refused === null) {
+            try {
+              if (await this.writeBack(ws, current, next)) return { access_token: next.access_token };
+              // Another write came first (a rotation by hand, a removal): what is stored now counts.
+              return { secret: await this.reread(ws, read, url) };
+            } catch (err) {
+              if (!(err instanceof ApiError) || err.type !== 'validation.malformed') throw err;
+              refused = quote(`the OAuth2 token endpoint's answer cannot be stored in vault ${current.vault_id} secret ${current.name}: ${err.message}`);
+            }
+          }
+          // The access token cannot be used, but the endpoint may have rotated the refresh token,
+          // spending the old one: the new one is kept, or the next refresh would present a spent
+          // token (which an endpoint with reuse detection answers by revoking the grant).
+          if (next.refresh_token !== cred.refresh_token) await this.writeBack(ws, current, { ...cred, refresh_token: next.refresh_token }).catch(() => false);
+          throw new ApiError('validation.conflict', refused);
+        } finally {
+          await releaseLock.run(this.redis, [lock], [owner]).catch(() => undefined);
+        }
+      }
+      // Another process holds the lock: wait for its write-back (or for the lock to be free).
+      await new Promise((r) => setTimeout(r, WAIT_POLL_MS));
+      const current = await this.reread(ws, read, url);
+      if (!current || current.generation !== read.generation) return { secret: current };
+      if (Date.now() >= deadline) throw new ApiError('validation.conflict', 'another refresh of the OAuth2 token did not finish in time; try again');
+    }
   }
 
   private expired(cred: OAuth2PeerCredential): boolean {
@@ -111,8 +195,13 @@ export class PeerCustodian {
     return Date.parse(cred.expires_at) - (this.settings.refreshSkewMs ?? EXPIRED_SKEW_MS) <= Date.now();
   }
 
-  /** The standard refresh (RFC 6749 §6) at the card's token endpoint, for exactly the card's scopes. */
-  private async refresh(cred: OAuth2PeerCredential, security: Extract<Discovery['security'], { kind: 'oauth2_authorization_code' }>): Promise<OAuth2PeerCredential> {
+  /**
+   * The standard refresh (RFC 6749 §6) at the card's token endpoint, for exactly the card's
+   * scopes: the credential the answer makes (`next`), and why its access token cannot be used
+   * when it cannot (`unusable`; the refresh token it rotated still counts). `quote` scrubs a
+   * text of every token sent or received.
+   */
+  private async refresh(cred: OAuth2PeerCredential, security: OAuth2Security, timeoutMs: number): Promise<{ next: OAuth2PeerCredential; unusable: string | null; quote: (text: string) => string }> {
     const tokenUrl = security.token_url;
     if (cred.token_url !== null && new URL(cred.token_url).href !== new URL(tokenUrl).href) {
       throw new ApiError('validation.conflict', `the credential's token endpoint is not the card's signed token endpoint ${tokenUrl}`);
@@ -132,7 +221,7 @@ export class PeerCustodian {
     const quote = (text: string) => scrubSecrets(text, sent.filter((v): v is string => typeof v === 'string' && v.length > 0));
     let res: Response;
     try {
-      res = await send(url, { method: 'POST', headers, body: form.toString(), redirect: 'error', signal: AbortSignal.timeout(this.settings.refreshTimeoutMs ?? 10_000) });
+      res = await send(url, { method: 'POST', headers, body: form.toString(), redirect: 'error', signal: AbortSignal.timeout(timeoutMs) });
     } catch (err) {
       throw new ApiError('validation.conflict', quote(`the OAuth2 token endpoint could not be reached: ${(err as Error).message}`));
     }
@@ -154,19 +243,20 @@ export class PeerCustodian {
       const reason = body && typeof body.error === 'string' ? body.error : `status ${res.status}`;
       throw new ApiError('validation.conflict', quote(`the OAuth2 token refresh was refused (${reason})`));
     }
-    if (typeof body.token_type === 'string' && body.token_type.toLowerCase() !== 'bearer') {
-      // Nor of the tokens it issued, which are not used.
-      sent.push(body.access_token, body.refresh_token);
-      throw new ApiError('validation.conflict', quote(`the OAuth2 token endpoint issued a ${body.token_type} token, not Bearer`));
-    }
-    const expiresIn = typeof body.expires_in === 'number' && body.expires_in > 0 ? body.expires_in : null;
-    return {
+    const expiresIn = expiresInSeconds(body.expires_in);
+    const next: OAuth2PeerCredential = {
       ...cred,
       access_token: body.access_token,
       // A rotated refresh token replaces the old one; otherwise the old one stays.
       refresh_token: typeof body.refresh_token === 'string' && body.refresh_token !== '' ? body.refresh_token : cred.refresh_token,
       expires_at: expiresIn === null ? null : new Date(Date.now() + expiresIn * 1000).toISOString(),
     };
+    // Nor of the tokens it issued, should they not be used.
+    sent.push(body.access_token, body.refresh_token);
+    if (typeof body.token_type === 'string' && body.token_type.toLowerCase() !== 'bearer') {
+      return { next, unusable: quote(`the OAuth2 token endpoint issued a ${body.token_type} token, not Bearer`), quote };
+    }
+    return { next, unusable: null, quote };
   }
 
   /** Stores the rotated credential if the secret is still at the generation read (CAS); false when another write came first. */

@@ -35,7 +35,7 @@ const text = (t: string, isError = false): CallToolResult => ({ content: [{ type
 export function runtimeToolSource(deps: ApiDeps, verifier: RuntimeBearerVerifier): Koa.Middleware {
   const calls = new Counter({ name: 'agentplane_runtime_a2a_tool_calls_total', help: 'A2A tool calls through the runtime endpoint by outcome (the task status: completed, failed, indeterminate, ...; denied, rejected, error)', labelNames: ['outcome'] as const, registers: [deps.metrics] });
 
-  const custodian = new PeerCustodian(deps.vaults, { egress: deps.config.webhooks.egress });
+  const custodian = new PeerCustodian(deps.vaults, deps.redis, { egress: deps.config.webhooks.egress });
   /** The peer credential from the Session's vaults, by the card's security alternative; it stays in this process. */
   async function peerCustody(grant: RuntimeGrant, discovery: NonNullable<ToolSourceDoc['discovery']>): Promise<PeerCustody> {
     const session = await deps.sessions.store.get(grant.workspace_id, grant.session_id).catch(() => null);

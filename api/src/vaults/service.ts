@@ -1,12 +1,19 @@
 import { ApiError, newId, nowIso, type SecretBox } from '@agentplane/core';
 import { tags, type DocumentStore, type ListPage } from '@agentplane/store';
 import { checkWellFormed } from '../memory/model.js';
-import { checkPeerCredential } from './peer-credentials.js';
+import { checkPeerCredential, parseOAuth2Credential } from './peer-credentials.js';
 import { lastGeneration, VAULT_LIMITS, type SecretKind, type VaultDoc, type VaultSecret } from './model.js';
 
 const INDEX = 'vaults';
 /** The value's last 4 characters (whole code points), for a value longer than 8. */
 const hint = (value: string) => (value.length <= 8 ? '…' : `…${Array.from(value.slice(-8)).slice(-4).join('')}`);
+/**
+ * The hint of a secret of `kind`: its value's, but for a peer credential (a JSON value, whose
+ * tail is the end of whichever member comes last: a client secret, a refresh token) the access
+ * token's for `a2a_oauth2` and none for `a2a_mtls`. The value is checked before.
+ */
+const hintOf = (kind: SecretKind, value: string): string =>
+  kind === 'a2a_oauth2' ? hint(parseOAuth2Credential(value).access_token) : kind === 'a2a_mtls' ? '…' : hint(value);
 const aad = (vaultId: string, name: string, generation: number) => `vault:${vaultId}:${name}:${generation}`;
 /**
  * The deleted names whose last generation a vault keeps (the most recently deleted): a name
@@ -166,7 +173,7 @@ export class VaultService {
       const secret: VaultSecret = {
         name, kind: input.kind, match, header_name: input.header_name ?? null,
         username: input.kind === 'git_https' ? (input.username ?? 'x-access-token') : null,
-        generation, secret_hint: hint(input.value), updated_at: nowIso(), sealed: this.box.seal(input.value, aad(vaultId, name, generation)),
+        generation, secret_hint: hintOf(input.kind, input.value), updated_at: nowIso(), sealed: this.box.seal(input.value, aad(vaultId, name, generation)),
       };
       const secrets = cur ? v.secrets.map((s) => (s.name === name ? secret : s)) : [...v.secrets, secret];
       return { ...v, secrets, ...(v.retired_generations ? { retired_generations: withoutName(v.retired_generations, name) } : {}) };
