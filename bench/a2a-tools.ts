@@ -13,6 +13,9 @@ import { A2aToolCalls, peerClient, type ToolSourceDoc } from '@agentplane/api';
 import { startPlatform } from '../test/harness/platform.js';
 import { cardJson, signCard, signingKey, startSdkPeer } from '../test/harness/a2a-peer.js';
 import { printTable, summarize } from './lib/report.js';
+import { benchHelp } from './lib/help.js';
+
+benchHelp(import.meta.url);
 
 const CALLS = Number(process.env.BENCH_CALLS ?? 200);
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3);

@@ -11,6 +11,9 @@ import { ClientFactory, ClientFactoryOptions, DefaultAgentCardResolver, JsonRpcT
 import { HttpClient, streamEvents, type SseFrame } from '@agentplane/client';
 import { startPlatform, waitFor } from '../test/harness/platform.js';
 import { printTable, summarize, type Row } from './lib/report.js';
+import { benchHelp } from './lib/help.js';
+
+benchHelp(import.meta.url);
 
 const CLIENTS = Number(process.env.BENCH_CLIENTS ?? 32);
 const SECONDS = Number(process.env.BENCH_SECONDS ?? 20);

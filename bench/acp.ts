@@ -19,6 +19,9 @@ import { startPlatform, waitFor, type Platform } from '../test/harness/platform.
 import { pairDaemon, RUNNER_CLI } from '../test/harness/daemon.js';
 import { FIXTURE_COMMAND, FIXTURE_PACKAGE, packFixtureAgent } from '../test/harness/acp-fixture.js';
 import { printTable, summarize, type Row } from './lib/report.js';
+import { benchHelp } from './lib/help.js';
+
+benchHelp(import.meta.url);
 
 const TURNS = Number(process.env.BENCH_TURNS ?? 30);
 const STEPS = Number(process.env.BENCH_STEPS ?? 50);

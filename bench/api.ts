@@ -12,6 +12,9 @@ import { startPlatform, ROOT_DIR } from '../test/harness/platform.js';
 import { loadHttp } from './lib/http-load.js';
 import { printTable, type HttpLoad } from './lib/report.js';
 import { costMeter, cpuMicros, formatCost } from './lib/cost.js';
+import { benchHelp } from './lib/help.js';
+
+benchHelp(import.meta.url);
 
 const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 64);
 const DURATION = Number(process.env.BENCH_SECONDS ?? 5);

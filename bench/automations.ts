@@ -11,6 +11,9 @@ import { singleRedis } from '@agentplane/store';
 import { Webhook } from 'standardwebhooks';
 import { startPlatform, waitFor, ROOT_DIR } from '../test/harness/platform.js';
 import { printTable, summarize } from './lib/report.js';
+import { benchHelp } from './lib/help.js';
+
+benchHelp(import.meta.url);
 
 const RATE = Number(process.env.BENCH_RATE ?? 100);
 const COUNT = Number(process.env.BENCH_DELIVERIES ?? 300);

@@ -17,6 +17,9 @@ import { startPlatform, type Platform } from '../test/harness/platform.js';
 import { startApiNode } from '../test/harness/cluster-platform.js';
 import { startRedisCluster } from '../test/harness/redis-cluster.js';
 import { level, setup, startSimulatedRunners, type Level } from './dispatch.js';
+import { benchHelp } from './lib/help.js';
+
+benchHelp(import.meta.url);
 
 const RATES = (process.env.BENCH_RATES ?? '50,200').split(',').map(Number);
 const SECONDS = Number(process.env.BENCH_SECONDS ?? 2);

@@ -14,6 +14,9 @@ import { EventLog, type AppendEvent } from '@agentplane/store';
 import { startPlatform } from '../test/harness/platform.js';
 import { launchBrowser } from '../test/harness/browser.js';
 import { printTable, summarize, type Row } from './lib/report.js';
+import { benchHelp } from './lib/help.js';
+
+benchHelp(import.meta.url);
 
 const OPEN_RUNS = Number(process.env.BENCH_OPEN_RUNS ?? 9);
 const LIVE_EVENTS = Number(process.env.BENCH_LIVE_EVENTS ?? 1000);

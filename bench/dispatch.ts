@@ -15,6 +15,7 @@ import { singleRedis } from '@agentplane/store';
 import { startPlatform, ROOT_DIR, type Platform } from '../test/harness/platform.js';
 import { LightClient } from './lib/light-client.js';
 import { printTable, summarize, wallMs } from './lib/report.js';
+import { benchHelp } from './lib/help.js';
 
 const RUNNERS = Number(process.env.BENCH_RUNNERS ?? 100);
 const RATES = (process.env.BENCH_RATES ?? '50,200,500,1000').split(',').map(Number).filter((r) => r > 0);
@@ -362,6 +363,7 @@ export async function startSimulatedRunners(p: Platform, secrets: string[]): Pro
 
 // Run as a script (bench:dispatch); other benches import the pieces above.
 if (process.argv[1] && import.meta.url === pathToFileURL(resolve(process.argv[1])).href) {
+  benchHelp(import.meta.url);
   main().catch((err: unknown) => {
     process.stderr.write(`${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
     process.exit(1);

@@ -17,6 +17,9 @@ import { EventLog, singleRedis } from '@agentplane/store';
 import { startPlatform, ROOT_DIR, type Platform } from '../test/harness/platform.js';
 import { printTable, summarize, type Row } from './lib/report.js';
 import { costMeter, formatCost } from './lib/cost.js';
+import { benchHelp } from './lib/help.js';
+
+benchHelp(import.meta.url);
 
 const SECONDS = Number(process.env.BENCH_SECONDS ?? 2);
 /** Timed runs of the drive events over HTTP; their median is reported. */

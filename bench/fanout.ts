@@ -10,6 +10,9 @@ import { streamEvents, type HttpClient, type SseFrame } from '@agentplane/client
 import { startPlatform, ROOT_DIR, type Platform } from '../test/harness/platform.js';
 import { printTable, type Row } from './lib/report.js';
 import { setup } from './dispatch.js';
+import { benchHelp } from './lib/help.js';
+
+benchHelp(import.meta.url);
 
 const SIZES = (process.env.BENCH_FANOUT ?? '1,4,16').split(',').map(Number);
 const REPS = Number(process.env.BENCH_REPS ?? 5);

@@ -15,6 +15,9 @@ import { join, resolve } from 'node:path';
 
 import { connectRedis, DocumentStore, freePort, startEmbeddedRedis, waitForRedis } from '@agentplane/store';
 import { CredentialIndex, IdentityService, RunnerService } from '@agentplane/domain';
+import { benchHelp } from './lib/help.js';
+
+benchHelp(import.meta.url);
 
 const ROOT = resolve(import.meta.dirname, '..');
 const SIZES = (process.env.FLEET_SIZES ?? '1000,5000').split(',').map(Number);

@@ -22,6 +22,9 @@ import { createModelsModule } from '@agentplane/api';
 import type { ModelRequest } from '@agentplane/protocol';
 import { ROOT_DIR, startPlatform } from '../test/harness/platform.js';
 import { printTable, summarize } from './lib/report.js';
+import { benchHelp } from './lib/help.js';
+
+benchHelp(import.meta.url);
 
 const STEPS = Number(process.env.BENCH_STEPS ?? 200);
 const TOKENS = Number(process.env.BENCH_TOKENS ?? 100);

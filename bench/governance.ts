@@ -22,6 +22,9 @@ import autocannon from 'autocannon';
 import { HttpClient } from '@agentplane/client';
 import { startPlatform, type Platform } from '../test/harness/platform.js';
 import { printTable, summarize, type Row } from './lib/report.js';
+import { benchHelp } from './lib/help.js';
+
+benchHelp(import.meta.url);
 
 const ITER = Number(process.env.BENCH_ITERATIONS ?? 20_000);
 const SIZES = [1, 100, 10_000];

@@ -5,6 +5,9 @@
 import autocannon from 'autocannon';
 import { startPlatform } from '../test/harness/platform.js';
 import { printTable, type HttpLoad } from './lib/report.js';
+import { benchHelp } from './lib/help.js';
+
+benchHelp(import.meta.url);
 
 const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 32);
 const DURATION = Number(process.env.BENCH_SECONDS ?? 8);

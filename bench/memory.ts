@@ -18,6 +18,9 @@ import { DocumentStore } from '@agentplane/store';
 import { startPlatform } from '../test/harness/platform.js';
 import { printTable, summarize } from './lib/report.js';
 import { progress } from './lib/progress.js';
+import { benchHelp } from './lib/help.js';
+
+benchHelp(import.meta.url);
 
 const DOCS = Number(process.env.BENCH_MEMORY_DOCS ?? 100_000);
 const SEARCHES = Number(process.env.BENCH_MEMORY_SEARCHES ?? 1_000);

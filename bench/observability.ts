@@ -19,6 +19,9 @@ import { startPlatform, ROOT_DIR, type Platform } from '../test/harness/platform
 import { loadHttp } from './lib/http-load.js';
 import { printTable, summarize, type HttpLoad, type Row } from './lib/report.js';
 import { cpuMs, level, setup, startSimulatedRunners, type Level } from './dispatch.js';
+import { benchHelp } from './lib/help.js';
+
+benchHelp(import.meta.url);
 
 const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 64);
 const DURATION = Number(process.env.BENCH_SECONDS ?? 5);

@@ -12,6 +12,9 @@ import { streamEvents, type HttpClient, type SseFrame } from '@agentplane/client
 import { startPlatform, waitFor } from '../test/harness/platform.js';
 import { progress } from './lib/progress.js';
 import { printTable, summarize } from './lib/report.js';
+import { benchHelp } from './lib/help.js';
+
+benchHelp(import.meta.url);
 
 const N = Number(process.env.BENCH_OUTCOMES ?? 50);
 const SCRIPT = (rules: unknown[]): string => `Be brief.\n\`\`\`scripted\n${JSON.stringify({ rules })}\n\`\`\``;

@@ -26,6 +26,9 @@ import { HarnessLoop } from '../runner-daemon/src/harness/loop.js';
 import type { AgentConfig, SessionEventSink } from '../runner-daemon/src/harness/events.js';
 import type { Sandbox } from '../runner-daemon/src/sandbox/types.js';
 import { progress } from './lib/progress.js';
+import { benchHelp } from './lib/help.js';
+
+benchHelp(import.meta.url);
 
 const RUNS = Number(process.env.BENCH_RUNS ?? 50);
 const docker = new Docker();

@@ -21,6 +21,9 @@ import { createTar, type TarEntry } from '../runner-daemon/src/sandbox/tar.js';
 import { startPlatform } from '../test/harness/platform.js';
 import { progress } from './lib/progress.js';
 import { printTable, summarize } from './lib/report.js';
+import { benchHelp } from './lib/help.js';
+
+benchHelp(import.meta.url);
 
 const RUNS = Number(process.env.BENCH_RUNS ?? 30);
 const FILES = 256;

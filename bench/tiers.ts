@@ -28,6 +28,9 @@ import { BrowserSession, CHROMIUM_FLAGS, VIEWPORT } from '../runner-daemon/src/h
 import { browserNavigateTool, browserScreenshotTool, browserSnapshotTool } from '../runner-daemon/src/harness/tools/browser.js';
 import { runTool } from '../runner-daemon/src/harness/tools/builtin.js';
 import type { ToolContext } from '../runner-daemon/src/harness/tools/types.js';
+import { benchHelp } from './lib/help.js';
+
+benchHelp(import.meta.url);
 
 const RUNS = Number(process.env.BENCH_RUNS ?? 20);
 const EXECS = Number(process.env.BENCH_EXECS ?? 50);

@@ -1,7 +1,8 @@
-import { spawnSync } from 'node:child_process';
+import { execFile, spawnSync } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir, userInfo } from 'node:os';
 import { join } from 'node:path';
+import { promisify } from 'node:util';
 import { describe, expect, it } from 'vitest';
 import { RUNNER_CLI } from './harness/daemon.js';
 
@@ -10,6 +11,7 @@ import { RUNNER_CLI } from './harness/daemon.js';
  * `systemd-analyze verify` accepts. CI installs systemd-analyze (.ci/run sets
  * REQUIRE_SYSTEMD_ANALYZE=1): there a missing one fails instead of skipping.
  */
+const run = promisify(execFile);
 const analyzePresent = spawnSync('systemd-analyze', ['--version'], { encoding: 'utf8' }).status === 0;
 const analyzeRequired = process.env.REQUIRE_SYSTEMD_ANALYZE === '1';
 
@@ -55,6 +57,26 @@ describe('agentplane-runner service', () => {
     expect(existsSync(path)).toBe(false);
     expect(cli(['service', 'status', ...common]).status).toBe(1);
   });
+
+  it('service --help names every start option install takes, and install writes each into the unit', async () => {
+    const help = cli(['service', '--help']).out;
+    // The start options with a value (`--slots <n>`), each given one the start command accepts.
+    const values: Record<string, string> = { '<list>': 'container', '<level>': 'warn', '<image>': 'agentplane/sandbox:test', '<specs>': 'x@1' };
+    const startOptions = [...cli(['start', '--help']).out.matchAll(/^\s+(--[a-z-]+) (<[a-z]+>)/gm)].map((m) => ({ flag: m[1] as string, value: values[m[2] as string] ?? '600' }));
+    expect(startOptions.length).toBeGreaterThan(10);
+    const unitDir = mkdtempSync(join(tmpdir(), 'units-'));
+    // Each alone, at once: the ones service install takes.
+    const installs = await Promise.all(startOptions.map(({ flag, value }) =>
+      run(process.execPath, [RUNNER_CLI, 'service', 'install', '--config-dir', pairedDir(), '--unit-dir', mkdtempSync(join(tmpdir(), 'units-')), '--no-systemctl', flag, value], { env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: process.env.HOME ?? '/tmp' } })
+        .then(() => true, () => false)));
+    const taken = startOptions.filter((_, i) => installs[i]);
+    expect(taken.map((o) => o.flag)).toContain('--slots');
+    expect(taken.filter(({ flag }) => !help.includes(`[${flag} `)).map((o) => o.flag)).toEqual([]);
+    const all = taken.flatMap(({ flag, value }) => [flag, value]);
+    expect(cli(['service', 'install', '--config-dir', pairedDir(), '--unit-dir', unitDir, '--no-systemctl', ...all]).status).toBe(0);
+    const exec = /^ExecStart=.*$/m.exec(readFileSync(join(unitDir, 'agentplane-runner.service'), 'utf8'))?.[0] ?? '';
+    expect(taken.filter(({ flag, value }) => !exec.includes(`${flag} ${value}`)).map((o) => o.flag)).toEqual([]);
+  }, 180_000);
 
   it('refuses to install an unpaired runner, a bad unit name or an unknown action', () => {
     const unitDir = mkdtempSync(join(tmpdir(), 'units-'));

@@ -46,7 +46,7 @@ export interface ApiConfig {
   runnerHeartbeatIntervalMs: number;
   runnerPresenceTtlMs: number;
   runnerMaxFrameBytes: number;
-  /** Pairing-code redemptions accepted per minute, platform-wide (guessing defence). */
+  /** Pairing-code redemptions accepted per minute per client address; the platform as a whole takes ten times that (guessing defence). */
   pairingRedeemPerMinute: number;
   /** JSON price table laid over the shipped one (USD per million tokens per provider and model). */
   modelPricesFile: string | undefined;

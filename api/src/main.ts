@@ -10,8 +10,8 @@ Environment:
   REDIS_URL          Redis to use (required)
   PORT, HOST         listen address (default 8080, 127.0.0.1)
   MASTER_KEY[_FILE]  32-byte key that seals secrets at rest (required)
-  DOCS_URL           documentation base used in error bodies
-  PUBLIC_BASE_URL    URL clients use to reach this API
+  DOCS_URL           documentation base used in error bodies (default https://docs.agentplane.dev)
+  PUBLIC_BASE_URL    URL clients use to reach this API (default http://HOST:PORT)
   LOG_LEVEL          fatal|error|warn|info|debug|trace|silent (default info)
   GATEWAY_EMBEDDED   host the runner WebSocket gateway on /v1/runners/connect (default true)
   GATEWAY_LINK_URL   where schedulers reach this node's link (ws://host:port; default: the listen
@@ -23,7 +23,8 @@ Environment:
                      the process exits 10 s after it regardless (default 10000)
   OTEL_*             OpenTelemetry tracing, off by default: OTEL_TRACES_EXPORTER=otlp or
                      OTEL_EXPORTER_OTLP_ENDPOINT turns on OTLP/HTTP export (docs/OPERATIONS.md)
-  (more settings: docs/OPERATIONS.md)
+  More settings (leases, models, automations, webhooks, audit, memory, limits): the README's
+  settings table and docs/OPERATIONS.md ("Other settings").
 
 Exit codes: 0 stopped by a signal; 1 it could not start (e.g. its port in use) or its stop failed;
 2 a bad setting (one line on stderr naming it) or an unknown option.

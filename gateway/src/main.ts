@@ -1,9 +1,10 @@
 import { createServer } from 'node:http';
-import { ApiError, ConfigError, createLogger, readSettings, createMetrics, envEnum, envInt, envString, LISTEN_BACKLOG, METRICS_CONTENT_TYPE, startTracing, strictCommandLine, type Env } from '@agentplane/core';
+import { ApiError, ConfigError, createLogger, readSettings, createMetrics, LISTEN_BACKLOG, METRICS_CONTENT_TYPE, startTracing, strictCommandLine } from '@agentplane/core';
 import { connectRedis } from '@agentplane/store';
 import { RUNNER_DEFAULTS } from '@agentplane/protocol';
 import { attachGateway } from './gateway.js';
-import { gatewayLinkUrlFrom, linkUrlFor } from './link.js';
+import { loadGatewayConfig } from './config.js';
+import { linkUrlFor } from './link.js';
 
 const HELP = `agentplane runner gateway (standalone)
 
@@ -18,31 +19,12 @@ Environment:
   GATEWAY_LINK_URL                 where schedulers reach this node's link (ws://host:port; default: the
                                    listen address, 127.0.0.1 for 0.0.0.0); off: frames come by pub/sub
   LOG_LEVEL                        fatal|error|warn|info|debug|trace|silent (default info)
+  DOCS_URL                         documentation base used in error bodies (default https://docs.agentplane.dev)
   SHUTDOWN_GRACE_MS                graceful stop on SIGTERM/SIGINT; the process exits after it regardless (default 10000)
 
-Exit codes: 0 stopped by a signal; 1 it could not start (e.g. its port in use); 2 a bad setting
-(one line on stderr naming it) or an unknown option.
+Exit codes: 0 stopped by a signal; 1 it could not start (e.g. its port in use) or its stop did not
+finish in time; 2 a bad setting (one line on stderr naming it) or an unknown option.
 `;
-
-
-/** The standalone gateway's settings, all read before anything starts. */
-function loadGatewayConfig(env: Env) {
-  return {
-    graceMs: envInt(env, 'SHUTDOWN_GRACE_MS', 10_000, 0),
-    linkUrl: gatewayLinkUrlFrom(env),
-    logLevel: envEnum(env, 'LOG_LEVEL', ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const, 'info'),
-    redisUrl: envString(env, 'REDIS_URL'),
-    docsUrl: envString(env, 'DOCS_URL', 'https://docs.agentplane.dev'),
-    runners: {
-      // The same ranges as the api's (api/src/config.ts).
-      heartbeatIntervalMs: envInt(env, 'RUNNER_HEARTBEAT_INTERVAL_MS', RUNNER_DEFAULTS.heartbeatIntervalMs, 100, 600_000),
-      presenceTtlMs: envInt(env, 'RUNNER_PRESENCE_TTL_MS', RUNNER_DEFAULTS.presenceTtlMs, 300, 3_600_000),
-      maxFrameBytes: envInt(env, 'RUNNER_MAX_FRAME_BYTES', RUNNER_DEFAULTS.maxFrameBytes, 1024, 64 * 1024 * 1024),
-    },
-    port: envInt(env, 'PORT', 8081, 0, 65535),
-    host: envString(env, 'HOST', '127.0.0.1'),
-  };
-}
 
 
 /** How long `/readyz` waits for Redis to answer a PING before it reports Redis not ready. */

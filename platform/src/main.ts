@@ -39,6 +39,9 @@ Environment:
   RUNNER_DRAIN_DEADLINE_MS  on a stop, how long the local runner finishes held work before it
                     cancels the rest (default 10000)
   SHUTDOWN_GRACE_MS on a stop, the api's and the scheduler's graceful stop (default 10000)
+  RESTART_CHILDREN  restart a crashed api, scheduler or runner (default true)
+  API_SEMI_SPACE_MIB  the api's young-generation semi-space, MiB (default 64; 0: V8's own)
+  DOCS_URL          documentation base used in error bodies (default https://docs.agentplane.dev)
   CONSOLE_ENABLED   serve the web console at /console (default true)
   CONSOLE_DIR       the built console to serve (default the repository's console/dist)
   PUBLIC_BASE_URL   the address clients reach the API at (default http://HOST:PORT)

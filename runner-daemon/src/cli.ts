@@ -171,7 +171,8 @@ Exit code 0 when every check passes.
 ${COMMON}`,
   service: `Usage: agentplane-runner service install|uninstall|status [--name <unit>] [--user <user>]
                                 [--unit-dir <dir>] [--no-start] [--no-systemctl]
-                                [--slots <n>] [--tiers <list>] [--drain-deadline-ms <ms>] [--log-level <level>]
+                                [--slots <n>] [--tiers <list>] [--slot-memory-mib <mib>] [--heartbeat-ms <ms>]
+                                [--drain-deadline-ms <ms>] [--log-level <level>]
 
 install writes a systemd unit (<unit-dir>/<name>.service; default /etc/systemd/system/
 agentplane-runner.service, so run it as root) that runs \`agentplane-runner start\` on this config
@@ -192,6 +193,10 @@ Options:
   --unit-dir <dir>    where the unit file goes (default /etc/systemd/system)
   --no-start          write and load the unit, do not enable or start it
   --no-systemctl      only write (or remove) the file; no systemctl calls (image builds, checks)
+  --slots, --tiers, --slot-memory-mib, --heartbeat-ms, --log-level
+                      written into the unit's start command (see start --help)
+  --drain-deadline-ms the daemon's drain deadline on stop (default 3600000), and with it the unit's
+                      TimeoutStopSec
 Exit code 0 on success (2 for an unknown --user). status: 0 when the service is active, 1 otherwise;
 with --no-systemctl systemd is not asked: 0 when the unit file is installed ("active": null).
 ${COMMON}`,

@@ -33,7 +33,13 @@ export interface SchedulerConfig {
 
 function masterKeyFrom(env: Env): Buffer | undefined {
   const file = envOptional(env, 'MASTER_KEY_FILE');
-  const text = envOptional(env, 'MASTER_KEY') ?? (file ? readFileSync(file, 'utf8').trim() : undefined);
+  let text: string | undefined;
+  try {
+    text = envOptional(env, 'MASTER_KEY') ?? (file ? readFileSync(file, 'utf8').trim() : undefined);
+  } catch (err) {
+    // Named as the api names it: the one line on stderr says which setting is wrong.
+    throw new ConfigError(`MASTER_KEY_FILE cannot be read: ${err instanceof Error ? err.message : String(err)}`);
+  }
   if (!text) return undefined;
   const key = /^[0-9a-f]{64}$/i.test(text) ? Buffer.from(text, 'hex') : Buffer.from(text, 'base64');
   if (key.length !== 32) throw new ConfigError('the master key must decode to exactly 32 bytes');

@@ -18,6 +18,8 @@ Environment:
   RUN_BACKOFF_MS       first retry delay, doubling (default 1000)
   RUN_MAX_LOST_LEASES  lost leases a Run survives (default 3)
   STALLED_INTERVAL_MS  how often expired leases are detected (default 5000)
+  POOL_IDLE_MS         a pool with no Run queued for this long and an empty queue is no longer
+                       dispatched (default 300000; set the same value on the API)
   POOL_SCAN_MS         how often pools, finished jobs and interrupted enqueues are swept (default 1000)
   CAPACITY_RETRY_MS    how long a Run no runner can take now waits before it is tried again (default 1000)
   ENQUEUE_REPAIR_AFTER_MS  a started Run not in its queue after this long is enqueued (default 10000)

@@ -1,0 +1,48 @@
+import { execFile } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
+import { describe, expect, it } from 'vitest';
+import { benchHelpText } from '../bench/lib/help.js';
+import { ROOT_DIR } from './harness/platform.js';
+
+/**
+ * Every `npm run bench:*` script answers `--help` with what it measures and the settings it reads,
+ * and exits without starting anything (a bench given `--help` used to ignore it and run for minutes).
+ */
+const run = promisify(execFile);
+const TSX = join(ROOT_DIR, 'node_modules/.bin/tsx');
+const scripts = (JSON.parse(readFileSync(join(ROOT_DIR, 'package.json'), 'utf8')) as { scripts: Record<string, string> }).scripts;
+const benches = Object.entries(scripts)
+  .filter(([name]) => name.startsWith('bench:'))
+  .map(([name, command]) => ({ name, file: /tsx (bench\/[\w-]+\.ts)/.exec(command)?.[1] ?? '' }));
+
+/** The variables a bench's own file reads. */
+const readBy = (file: string): string[] =>
+  [...new Set([...readFileSync(join(ROOT_DIR, file), 'utf8').matchAll(/process\.env\.([A-Z][A-Z0-9_]*)/g)].map((m) => m[1] as string))].filter((v) => v !== 'PATH' && v !== 'HOME');
+
+describe('bench --help', () => {
+  it('every bench script names its file, which answers --help', () => {
+    expect(benches.length).toBeGreaterThan(15);
+    expect(benches.filter((b) => b.file === '').map((b) => b.name)).toEqual([]);
+    expect(benches.filter((b) => !readFileSync(join(ROOT_DIR, b.file), 'utf8').includes('benchHelp(import.meta.url);')).map((b) => b.name)).toEqual([]);
+  });
+
+  it("each bench's help names every variable its file reads", () => {
+    for (const { name, file } of benches) {
+      const help = benchHelpText(join(ROOT_DIR, file));
+      expect(help, name).toContain(`${name}: npm run ${name}`);
+      expect(readBy(file).filter((v) => !new RegExp(`^  ${v}\\b`, 'm').test(help)), name).toEqual([]);
+    }
+  });
+
+  // A bench that runs its work at once (api) and one that other benches import (dispatch).
+  for (const file of ['bench/api.ts', 'bench/dispatch.ts']) {
+    it(`${file} --help prints the help and exits 0 before starting anything`, async () => {
+      // No Redis, no Docker, no port given: a bench that started its work would fail or outlive the bound.
+      const { stdout } = await run(TSX, [file, '--help'], { cwd: ROOT_DIR, timeout: 60_000, env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: process.env.HOME ?? '/tmp' } });
+      expect(stdout).toBe(benchHelpText(join(ROOT_DIR, file)));
+      expect(stdout).toContain('Environment:\n  BENCH_');
+    }, 90_000);
+  }
+});
