@@ -186,7 +186,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
     approvals,
     surfaceScopes: new SurfaceScopeStore(redis, docs),
     installations: new AgentInstallationStore(redis, docs),
-    idempotency: new IdempotencyStore(redis, secretBox, config.idempotencyTtlSeconds),
+    idempotency: new IdempotencyStore(redis, secretBox, config.idempotencyTtlSeconds, config.masterKey),
     identity,
     runners,
     gatewayPresence: new PresenceStore(redis),

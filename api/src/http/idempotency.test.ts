@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { useEmbeddedRedis } from '@agentplane/store/testing';
-import { ApiError, SecretBox } from '@agentplane/core';
+import { ApiError, SecretBox, sha256Hex } from '@agentplane/core';
 import { type Redis } from '@agentplane/store';
 import { fingerprint, IdempotencyStore } from './idempotency.js';
 
@@ -11,7 +11,7 @@ let store: IdempotencyStore;
 const testRedis = useEmbeddedRedis('idem');
 beforeAll(async () => {
   redis = testRedis();
-  store = new IdempotencyStore(redis, new SecretBox(randomBytes(32)), 3600);
+  store = new IdempotencyStore(redis, new SecretBox(randomBytes(32)), 3600, randomBytes(32));
 });
 
 const typeOf = async (p: Promise<unknown>) => {
@@ -66,5 +66,29 @@ describe('fingerprint', () => {
     expect(fingerprint('agents.createAgent', parts('{"name":"a","metadata":{"team":"x","__proto__":"y"}}'))).not.toBe(plain);
     expect(fingerprint('agents.createAgent', parts('{"__proto__":{"team":"x"},"name":"a","metadata":{"team":"x"}}'))).not.toBe(plain);
     expect(fingerprint('agents.createAgent', parts('{"metadata":{"team":"x"},"name":"a"}'))).toBe(plain);
+  });
+
+  it('derives ids from the key that are stable, well formed, scoped and unguessable without the master key', () => {
+    const master = randomBytes(32);
+    const a = new IdempotencyStore(redis, new SecretBox(randomBytes(32)), 3600, master);
+    const again = new IdempotencyStore(redis, new SecretBox(randomBytes(32)), 3600, Buffer.from(master));
+    const keyed = a.keyed('w:x', 'sessions.createSession', 'key-1', 'fp-a');
+    const id = keyed.id('session');
+    expect(id).toMatch(/^sess_[0-9a-f]{32}$/);
+    expect([keyed.fingerprint, keyed.keptMs]).toEqual(['fp-a', 3_600_000]);
+    // The same key, operation and Workspace: the same id, in any process that has the master key, whatever the body.
+    expect(again.keyed('w:x', 'sessions.createSession', 'key-1', 'fp-b').id('session')).toBe(id);
+    // Each of them, the kind and the name tell ids apart.
+    const others = [
+      a.keyed('w:y', 'sessions.createSession', 'key-1', 'fp-a').id('session'),
+      a.keyed('w:x', 'agentDeployments.createDeploymentSession', 'key-1', 'fp-a').id('session'),
+      a.keyed('w:x', 'sessions.createSession', 'key-2', 'fp-a').id('session'),
+      keyed.id('session', 'second'),
+      new IdempotencyStore(redis, new SecretBox(master), 3600, randomBytes(32)).keyed('w:x', 'sessions.createSession', 'key-1', 'fp-a').id('session'),
+    ];
+    expect(new Set([id, ...others]).size).toBe(6);
+    expect(keyed.id('thread')).toMatch(/^sthr_[0-9a-f]{32}$/);
+    // Nothing of the key's own digest shows.
+    expect(sha256Hex('key-1')).not.toContain(id.slice(5, 13));
   });
 });

@@ -1,5 +1,5 @@
-import { randomBytes } from 'node:crypto';
-import { ApiError, canonicalJson, sha256Hex, type SecretBox } from '@agentplane/core';
+import { createHmac, randomBytes } from 'node:crypto';
+import { ApiError, canonicalJson, ID_PREFIXES, sha256Hex, type IdKind, type SecretBox } from '@agentplane/core';
 import { keys, LuaScript, type Redis, type Tag } from '@agentplane/store';
 import type { JsonResult } from './operation.js';
 
@@ -48,6 +48,24 @@ export type IdempotencyBegin =
   | { kind: 'new'; owner: string; recordKey: string; fingerprint: string }
   | { kind: 'replay'; result: JsonResult };
 
+/**
+ * What a keyed create makes its resources from, so that a retry whose first attempt died after
+ * writing (its key's pending record gone with it) finds what that attempt wrote instead of
+ * making it again (docs/API.md, "Idempotency").
+ */
+export interface KeyedRequest {
+  /**
+   * The id of kind `kind` that this request's key derives: the same for every attempt under the
+   * key (its Workspace, operation and key), unguessable without the server's secret and telling
+   * nothing of the key. `name` tells several ids of one kind apart.
+   */
+  id(kind: IdKind, name?: string): string;
+  /** The request's fingerprint: a resource found under a derived id answers only the same request. */
+  fingerprint: string;
+  /** How long the key's record is kept (ms): a resource under a derived id older than that was made by an earlier use of the key. */
+  keptMs: number;
+}
+
 export function fingerprint(operationId: string, parts: unknown): string {
   return sha256Hex(`${operationId}\0${canonicalJson(parts)}`);
 }
@@ -58,11 +76,30 @@ export function fingerprint(operationId: string, parts: unknown): string {
  * Errors raised before the handler (auth, validation) never reach here, so they are not stored.
  */
 export class IdempotencyStore {
+  /** The secret derived ids are made under (from the master key, for this use only). */
+  private readonly idSecret: Buffer;
+
   constructor(
     private readonly redis: Redis,
     private readonly box: SecretBox,
     private readonly ttlSeconds: number,
-  ) {}
+    masterKey: Buffer,
+  ) {
+    this.idSecret = createHmac('sha256', masterKey).update('agentplane.idempotency.derived-ids.v1').digest();
+  }
+
+  /** The derived ids and fingerprint of a request begun under `idemKey` in `tag` (see `KeyedRequest`). */
+  keyed(tag: Tag, operationId: string, idemKey: string, fp: string): KeyedRequest {
+    const keyDigest = sha256Hex(idemKey);
+    return {
+      id: (kind, name = '') => {
+        const mac = createHmac('sha256', this.idSecret).update(canonicalJson([tag, operationId, keyDigest, kind, name])).digest('hex');
+        return `${ID_PREFIXES[kind]}_${mac.slice(0, 32)}`;
+      },
+      fingerprint: fp,
+      keptMs: this.ttlSeconds * 1000,
+    };
+  }
 
   async begin(tag: Tag, idemKey: string, fp: string): Promise<IdempotencyBegin> {
     const recordKey = keys.idempotency(tag, sha256Hex(idemKey));

@@ -5,6 +5,7 @@ import type { Caller } from './caller.js';
 import type { ApiDeps } from '../deps.js';
 import type { Context, Logger } from '@agentplane/core';
 import type { PermissionAction } from '../governance/permissions.js';
+import type { KeyedRequest } from './idempotency.js';
 
 export type HttpMethod = 'GET' | 'POST' | 'PATCH' | 'PUT' | 'DELETE';
 
@@ -115,6 +116,12 @@ export interface OperationRequest<P, Q, B> {
    */
   trace: Context | undefined;
   idempotencyKey: string | undefined;
+  /**
+   * With an Idempotency-Key, once the key is taken for this request: the ids a create derives
+   * from the key and the request's fingerprint, so a retry whose first attempt died after
+   * writing finds what it wrote (`KeyedRequest`). Undefined without a key.
+   */
+  keyed: KeyedRequest | undefined;
   deps: ApiDeps;
   /** The request's logger: its lines carry `request_id`. */
   log: Logger;

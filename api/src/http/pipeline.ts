@@ -5,7 +5,7 @@ import type { ApiDeps } from '../deps.js';
 import { ANONYMOUS, type Caller } from './caller.js';
 import { actsInDisabledDefault, authenticate, authorize, disabledWorkspace } from './authenticate.js';
 import { enforceRateLimit } from './rate-limit.js';
-import { fingerprint, IDEMPOTENCY_KEY_RE } from './idempotency.js';
+import { fingerprint, IDEMPOTENCY_KEY_RE, type KeyedRequest } from './idempotency.js';
 import type { AuditOutcome } from '../audit/store.js';
 import { targetTypeOf, type CheckTarget } from '../governance/permissions.js';
 import type { ToolCall } from '../governance/policy-eval.js';
@@ -229,6 +229,8 @@ export class HandlerRequest {
   private requestLog: Logger | undefined;
   readonly headers: Readonly<Record<string, string | undefined>>;
   readonly requestId: string;
+  /** Set once the request's Idempotency-Key is taken for it (`OperationRequest.keyed`). */
+  keyed: KeyedRequest | undefined = undefined;
 
   constructor(
     private readonly op: Operation,
@@ -394,14 +396,17 @@ async function run(
     }
     return { caller, result: begun.result };
   }
+  req.keyed = deps.idempotency.keyed(tag, op.operationId, idemKey, fp);
   let result: OperationResult;
   try {
     result = await op.handler(req as never);
   } catch (err) {
     await discard();
     // A client error is the request's answer, replayed; a 429 is not: its limit clears (and a
-    // retry then runs), like an unexpected failure, which frees the key too.
-    if (err instanceof ApiError && err.status < 500 && err.status !== 429) {
+    // retry then runs), like an unexpected failure, which frees the key too. Nor is the handler's
+    // `idempotency.conflict` (what an earlier request under the key wrote is not this request's):
+    // the key stays that earlier request's, whose retry is then answered.
+    if (err instanceof ApiError && err.status < 500 && err.status !== 429 && err.type !== 'idempotency.conflict') {
       await deps.idempotency.complete(begun, { status: err.status, body: err.toWire(deps.config.docsUrl), headers: err.headers }, false);
     } else {
       await deps.idempotency.abandon(begun);

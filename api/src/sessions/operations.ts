@@ -1,4 +1,4 @@
-import { ApiError, Cursor, Id, Nullable, Obj, Type } from '@agentplane/core';
+import { ApiError, crashPoint, Cursor, Id, Nullable, Obj, Type } from '@agentplane/core';
 import type { LogEvent } from '@agentplane/store';
 import { READERS, WRITERS } from '../http/caller.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
@@ -73,6 +73,16 @@ const eventReplay: NonNullable<Operation['erasureSafe']> = {
   },
 };
 
+/** The request fingerprints of keyed Resource adds, of the Resources still there (and `added`'s). */
+function keptFingerprints(kept: Record<string, string> | undefined, resources: readonly { id: string }[], added?: string, fingerprint?: string): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const r of resources) {
+    const fp = r.id === added ? fingerprint : kept?.[r.id];
+    if (fp !== undefined) out[r.id] = fp;
+  }
+  return out;
+}
+
 export const sessionOperations: Operation[] = [
   workspaceWrite('POST', {
     operationId: 'sessions.createSession', path: '/v1/sessions', summary: 'Create a Session',
@@ -80,7 +90,9 @@ export const sessionOperations: Operation[] = [
     auth: { ...writers, principal: true }, permission: { action: 'invoke', target: 'body.agent', authorIsCaller: true, attachments: true }, actionPolicy: 'initial_events',
     body: CreateSessionBody, response: SessionSchema, successStatus: 201, idempotency: 'optional', mcp: 'compact',
     erasureSafe: sessionReplay,
-  }, (ws, { body, idempotencyKey, deps, trace }) => deps.sessions.create(ws, body, idempotencyKey, { trace })),
+  }, (ws, { body, idempotencyKey, keyed, deps, trace }) => deps.sessions.create(ws, body, idempotencyKey, {
+    trace, ...(keyed ? { keyed: { id: keyed.id('session'), agentId: keyed.id('agent', keyed.fingerprint), fingerprint: keyed.fingerprint, keptMs: keyed.keptMs } } : {}),
+  })),
   defineOperation({
     operationId: 'sessions.listSessions', method: 'GET', path: '/v1/sessions',
     summary: 'List Sessions, newest first; archived ones only when asked', auth: readers, query: ListSessionsQuery,
@@ -158,16 +170,35 @@ export const sessionOperations: Operation[] = [
     audit: { target: 'response' },
     auth: writers, params: SessionPath, body: ResourceInput, response: ResourceSchema, successStatus: 201, idempotency: 'optional', mcp: 'full',
     erasureSafe: resourceReplay,
-    async handler({ caller, params, body, deps }) {
+    async handler({ caller, params, body, keyed, deps }) {
       await deps.sessions.checkResources(requireWorkspace(caller), [body as { type: string; file_id?: string }]);
-      const r = deps.sessions.newResource(body as Record<string, unknown>);
+      // Keyed: its id derived from the key, so the retry of an add whose first attempt died after
+      // writing it (its key's pending record gone with it) finds it and answers it (201, as the
+      // first would have), and another request under the key is 409.
+      let r = deps.sessions.newResource(body as Record<string, unknown>, keyed?.id('resource'));
+      let out = r;
       await deps.sessions.store.update(requireWorkspace(caller), params.session_id, (cur) => {
+        const earlier = keyed ? cur.resources.find((x) => x.id === r.id) : undefined;
+        if (keyed && earlier) {
+          if (Date.parse(earlier.created_at) + keyed.keptMs > Date.now()) {
+            if (cur._keyed_resources?.[earlier.id] !== keyed.fingerprint) {
+              throw new ApiError('idempotency.conflict', 'this Idempotency-Key was already used with a different request');
+            }
+            out = earlier;
+            return null;
+          }
+          // Made by an earlier use of the key whose record has lapsed: the key is free again.
+          r = { ...r, id: deps.sessions.newResource({}).id };
+        }
         if (cur.archived_at !== null) throw new ApiError('runtime.invalid_transition', 'an archived session cannot be changed');
         if (cur.resources.length >= 64) throw new ApiError('validation.malformed', 'a session holds at most 64 resources');
         refuseSecondMemoryStore(cur.resources, r, 'body');
-        return { ...cur, resources: [...cur.resources, r] };
+        out = r;
+        const resources = [...cur.resources, r];
+        return { ...cur, resources, ...(keyed || cur._keyed_resources ? { _keyed_resources: keptFingerprints(cur._keyed_resources, resources, keyed && r.id, keyed?.fingerprint) } : {}) };
       });
-      return json(201, r);
+      crashPoint('session-resource-added');
+      return json(201, out);
     },
   }),
   workspaceRead({
@@ -209,7 +240,8 @@ export const sessionOperations: Operation[] = [
       await deps.sessions.store.update(requireWorkspace(caller), params.session_id, (cur) => {
         if (cur.archived_at !== null) throw new ApiError('runtime.invalid_transition', 'an archived session cannot be changed');
         if (!cur.resources.some((x) => x.id === params.resource_id)) throw new ApiError('validation.not_found', 'resource not found');
-        return { ...cur, resources: cur.resources.filter((x) => x.id !== params.resource_id) };
+        const resources = cur.resources.filter((x) => x.id !== params.resource_id);
+        return { ...cur, resources, ...(cur._keyed_resources ? { _keyed_resources: keptFingerprints(cur._keyed_resources, resources) } : {}) };
       });
       return json(200, { id: params.resource_id, type: 'session_resource_deleted' });
     },

@@ -6,7 +6,7 @@ import type { VersionedStore } from '@agentplane/domain';
 import type { Environment } from '@agentplane/domain';
 import type { IdentityService } from '@agentplane/domain';
 import {
-  publicDoc, sessionStats, threadStats, usageFrom, type SessionDoc, type Usage, type SessionResource, type ThreadDoc, type WaitKind,
+  publicDoc, sessionStats, threadStats, usageFrom, type SessionDoc, type SessionTombstone, type Usage, type SessionResource, type ThreadDoc, type WaitKind,
 } from '@agentplane/domain';
 import { checkDrivePayload, type CreateSessionInput, type DriveEventType, type DrivePayload } from './schemas.js';
 import { inputQueueKey, newThreadDoc, SessionStore } from '@agentplane/domain';
@@ -32,7 +32,7 @@ export interface SessionServiceDeps {
   runtime: ThreadRuntime;
   scheduler: () => TurnScheduler;
   /** Refuses a new turn when a budget (Session or workspace) is spent: 429 `budget.exceeded`. */
-  admitTurn?: (session: SessionDoc) => Promise<void>;
+  admitTurn?: (session: Pick<SessionDoc, 'id' | 'workspace_id' | 'budget'>) => Promise<void>;
   /** Refuses an inline agent whose `model` names no routing profile of the workspace (422 `model.no_eligible_model`). */
   requireModel?: (ws: string, key: string, field: string) => Promise<void>;
   /** An inline agent's skill selections must name Skills of the Workspace (404 otherwise). */
@@ -73,6 +73,15 @@ export interface OutcomeDriver {
 
 /** The create body; `agent` and `environment_id` are absent only for a Session created against a deployment. */
 export type SessionCreateBody = Omit<CreateSessionInput, 'agent' | 'environment_id'> & Partial<Pick<CreateSessionInput, 'agent' | 'environment_id'>>;
+
+/** A keyed create's derived Session id, request fingerprint and the key's record lifetime (`KeyedRequest`). */
+export interface KeyedSession {
+  id: string;
+  /** The id of an inline configuration's Agent: derived from the key and the request's fingerprint (another request under the key names another). */
+  agentId: string;
+  fingerprint: string;
+  keptMs: number;
+}
 
 export interface DriveInput {
   type: DriveEventType;
@@ -126,7 +135,12 @@ export class SessionService {
 
   // ---- create --------------------------------------------------------------------------------
 
-  private async resolveAgent(ws: string, input: CreateSessionInput['agent']): Promise<AgentSnapshot> {
+  /**
+   * `keyedId`: a keyed create's id for an inline configuration's Agent, derived from its key and
+   * request: the retry of a create that died after writing that Agent takes it (version 1, as
+   * that same request wrote it) instead of writing a second one.
+   */
+  private async resolveAgent(ws: string, input: CreateSessionInput['agent'], keyedId?: string): Promise<AgentSnapshot> {
     if (typeof input === 'string' || 'id' in input) {
       const id = typeof input === 'string' ? input : input.id;
       const version = typeof input === 'string' ? undefined : input.version;
@@ -138,7 +152,16 @@ export class SessionService {
     await this.d.requireModel?.(ws, input.model, 'body.agent.model');
     if (input.skills) await this.d.checkSkills?.(ws, input.skills, 'body.agent.skills');
     if (input.multiagent) await checkMultiagent(input.multiagent, input.tools ?? [], (id, v) => this.d.agents.getVersion(ws, id, v), 'body.agent.multiagent');
-    return snapshotOf(await this.d.agents.create(ws, newAgent(ws, input)));
+    if (keyedId) {
+      const earlier = await this.d.agents.getVersion(ws, keyedId, 1).catch((err: unknown) => {
+        if (err instanceof ApiError && err.type === 'validation.not_found') return null;
+        throw err;
+      });
+      if (earlier) return snapshotOf(earlier);
+    }
+    const agent = await this.d.agents.create(ws, { ...newAgent(ws, input), ...(keyedId ? { id: keyedId } : {}) });
+    crashPoint('session-agent-created');
+    return snapshotOf(agent);
   }
 
   /**
@@ -154,6 +177,13 @@ export class SessionService {
       automationId?: string; deployment?: { agent: AgentSnapshot; sandbox: { id: string; version: number }; pin: DeploymentPin };
       /** An id reserved before the create (a skill verification): a Session that already has it is returned as it is. */
       id?: string;
+      /**
+       * A create under an Idempotency-Key: the Session's id derived from the key and the request's
+       * fingerprint (`KeyedRequest`). A Session that an earlier attempt under the key wrote (its
+       * process died before it answered) is that attempt's answer: its initial events are
+       * appended if they were not, and it is returned; another request under the key is 409.
+       */
+      keyed?: KeyedSession;
       /** Skills every Run of the Session places beside the Agent's (a skill verification's drafted skill). */
       skills?: SpecSkill[];
       /** The trace context of the request creating it (the parent of its initial events' spans). */
@@ -162,7 +192,11 @@ export class SessionService {
   ): Promise<Record<string, unknown>> {
     if (options.id) {
       const existing = await this.d.store.docs.get<SessionDoc>(tags.session(options.id), options.id);
-      if (existing) return this.view(existing);
+      if (existing) {
+        // Listed again: its create may have died between its documents and the Workspace's lists.
+        if (existing.type === 'session') await this.d.store.listed(existing);
+        return this.view(existing);
+      }
     }
     const initial = (body.initial_events ?? []).map((e, i) => ({ type: e.type, payload: checkDrivePayload(e.type, e.payload, `body.initial_events.${i}`) }));
     for (const e of initial) {
@@ -171,9 +205,24 @@ export class SessionService {
       }
       if (e.payload.session_thread_id !== undefined) throw new ApiError('validation.malformed', 'initial_events: session_thread_id is not accepted (the primary thread does not exist yet)');
     }
+    const outcomes = initial.filter((e) => e.type === 'user.define_outcome');
+    if (outcomes.length > 1) throw new ApiError('validation.malformed', 'initial_events: at most one user.define_outcome');
+    const producerKey = idemKey ? `create:${sha256Hex(idemKey)}` : undefined;
+    let keyed = options.id ? undefined : options.keyed;
+    if (keyed) {
+      const found = await this.d.store.docs.get<SessionDoc | SessionTombstone>(tags.session(keyed.id), keyed.id);
+      const earlier = found ? this.keyedEarlier(ws, found, keyed) : null;
+      if (earlier === 'stale') keyed = undefined;
+      else if (earlier) return this.resume(earlier, initial, producerKey, options.trace);
+    }
     await Promise.all([...new Set(initial.map((e) => e.payload.authored_by))].map((p) => this.d.identity.activePrincipal(ws, p, 'authored_by')));
     await this.checkResources(ws, body.resources ?? []);
     await this.d.vaults?.requireAll(ws, body.vault_ids ?? []);
+    const id = options.id ?? keyed?.id ?? newId('session');
+    const budget: SessionDoc['budget'] = body.budget ? { max_list_cost: { amount: body.budget.max_list_cost.amount, currency: 'USD' } } : null;
+    // A first user.message starts a turn: a spent Session or Workspace budget refuses the create,
+    // before anything is written (an inline agent's Agent among them).
+    if (initial.some((e) => e.type === 'user.message' || e.type === 'user.define_outcome')) await this.d.admitTurn?.({ id, workspace_id: ws, budget });
     let env: { id: string; version: number };
     let agent: AgentSnapshot;
     if (options.deployment) {
@@ -184,42 +233,89 @@ export class SessionService {
       const current = await this.d.environments.get(ws, body.environment_id);
       if (current.archived_at !== null) throw new ApiError('runtime.invalid_transition', 'the environment is archived');
       env = current;
-      agent = await this.resolveAgent(ws, body.agent);
+      agent = await this.resolveAgent(ws, body.agent, keyed ? keyed.agentId : undefined);
     }
     const now = nowIso();
-    const id = options.id ?? newId('session');
     const primary = newThreadDoc({ id, workspace_id: ws, created_at: now }, agent, null);
     const session: SessionDoc = {
       id, type: 'session', workspace_id: ws, agent, environment_id: env.id, environment_version: env.version,
-      title: body.title ?? null, budget: body.budget ? { max_list_cost: { amount: body.budget.max_list_cost.amount, currency: 'USD' } } : null,
+      title: body.title ?? null, budget,
       metadata: body.metadata ?? {}, resources: (body.resources ?? []).map((r) => this.newResource(r)), vault_ids: body.vault_ids ?? [],
       outcome_evaluations: [], archived_at: null, _primary_thread_id: primary.id, version: 1, created_at: now, updated_at: now,
       ...(options.automationId ? { automation_id: options.automationId } : {}),
       ...(options.deployment ? { agent_deployment: options.deployment.pin } : {}),
       ...(options.skills && options.skills.length > 0 ? { _skills: options.skills } : {}),
+      ...(keyed ? { _keyed_fingerprint: keyed.fingerprint } : {}),
     };
-    // A first user.message starts a turn: a spent Session or Workspace budget refuses the create.
-    if (initial.some((e) => e.type === 'user.message' || e.type === 'user.define_outcome')) await this.d.admitTurn?.(session);
-    const outcomes = initial.filter((e) => e.type === 'user.define_outcome');
-    if (outcomes.length > 1) throw new ApiError('validation.malformed', 'initial_events: at most one user.define_outcome');
     if (outcomes[0] && this.d.outcomes) await this.d.outcomes.admit(session, primary, outcomes[0].payload);
-    await this.d.store.create(session, primary);
-    const producerKey = idemKey ? `create:${sha256Hex(idemKey)}` : undefined;
-    if (outcomes[0] && this.d.outcomes) {
-      // The initial events, the outcome and its first turn in one commit (docs/OUTCOMES.md): never
-      // a define without its outcome, whatever the process meets after it.
-      await this.d.outcomes.defineInNewSession(session, primary, initial, producerKey, options.trace);
-    } else if (initial.length > 0) {
-      const r = await this.d.store.log.append(session.id, initial.map((e) => ({ type: e.type, payload: e.payload, session_thread_id: primary.id })), {
-        producerKey, trace: options.trace,
-      });
-      if (r.ok) {
-        for (const ev of r.events) {
-          if (ev.type === 'user.message') await this.d.runtime.submitUserMessage(session, primary.id, ev.id, { trace: options.trace });
-        }
-      }
+    const existing = await this.d.store.create(session, primary);
+    if (existing) {
+      // The same keyed create, still running in a process whose key's pending record lapsed, wrote it first.
+      const earlier = keyed ? this.keyedEarlier(ws, existing, keyed) : null;
+      if (earlier && earlier !== 'stale') return this.resume(earlier, initial, producerKey, options.trace);
+      // A reserved id's Session, written meanwhile by the same reservation's other attempt.
+      if (options.id && existing.type === 'session') return this.view(existing);
+      throw new ApiError('validation.conflict', `a session with id ${id} exists already`);
+    }
+    crashPoint('session-created');
+    await this.appendInitial(session, primary, initial, producerKey, options.trace, false);
+    return this.view(session);
+  }
+
+  /**
+   * What a document found under a keyed create's derived id is to that create: the Session an
+   * earlier attempt of the same request wrote (its answer); `stale` when it was written by an
+   * earlier use of the key whose record has lapsed (the key is free again: this create takes a
+   * new id). Another request under the key is 409 `idempotency.conflict`; an erased Session of the
+   * same request is its 404, as the replay of its first answer would be.
+   */
+  private keyedEarlier(ws: string, found: SessionDoc | SessionTombstone, keyed: KeyedSession): SessionDoc | 'stale' {
+    if (found.workspace_id !== ws || Date.parse(found.created_at) + keyed.keptMs <= Date.now()) return 'stale';
+    if (found._keyed_fingerprint !== keyed.fingerprint) {
+      throw new ApiError('idempotency.conflict', 'this Idempotency-Key was already used with a different request');
+    }
+    if (found.type === 'session_tombstone') throw new ApiError('validation.not_found', 'the session was deleted and its event log erased');
+    return found;
+  }
+
+  /**
+   * A keyed create's retry that found the Session its earlier attempt wrote: what that attempt may
+   * not have done after the Session's documents (its places in the Workspace's lists, its initial
+   * events and the turn they start) is done now, once; the Session is the answer.
+   */
+  private async resume(session: SessionDoc, initial: ReadonlyArray<{ type: string; payload: DrivePayload }>, producerKey: string | undefined, trace: Context | undefined): Promise<Record<string, unknown>> {
+    await this.d.store.listed(session);
+    if (initial.length > 0 && session.archived_at === null) {
+      const primary = await this.d.store.thread(session.id, session._primary_thread_id);
+      await this.appendInitial(session, primary, initial, producerKey, trace, true);
     }
     return this.view(session);
+  }
+
+  /**
+   * A new Session's initial events: with a define, appended with the outcome and its first turn
+   * in one commit; else appended in one batch, each user.message then queued for the primary
+   * thread (the first starts a turn, the rest wait for theirs). `again`: a keyed create's retry,
+   * whose earlier attempt may have appended and queued some (the producer key answers those
+   * events): a message a Run already took is not queued again.
+   */
+  private async appendInitial(
+    session: SessionDoc, primary: ThreadDoc, initial: ReadonlyArray<{ type: string; payload: DrivePayload }>, producerKey: string | undefined,
+    trace: Context | undefined, again: boolean,
+  ): Promise<void> {
+    if (initial.some((e) => e.type === 'user.define_outcome') && this.d.outcomes) {
+      // The initial events, the outcome and its first turn in one commit (docs/OUTCOMES.md): never
+      // a define without its outcome, whatever the process meets after it.
+      await this.d.outcomes.defineInNewSession(session, primary, initial, producerKey, trace);
+      return;
+    }
+    if (initial.length === 0) return;
+    const r = await this.d.store.log.append(session.id, initial.map((e) => ({ type: e.type, payload: e.payload, session_thread_id: primary.id })), { producerKey, trace });
+    if (!r.ok) return;
+    const taken = again ? await this.d.store.takenInputs(session.id) : new Set<string>();
+    for (const ev of r.events) {
+      if (ev.type === 'user.message' && !taken.has(ev.id)) await this.d.runtime.submitUserMessage(session, primary.id, ev.id, { trace });
+    }
   }
 
   /** A `file` resource must name a File, a `memory` resource a MemoryStore, of this Workspace (404 otherwise, as for any other id). */
@@ -239,9 +335,10 @@ export class SessionService {
     }
   }
 
-  newResource(r: Record<string, unknown>): SessionResource {
+  /** `id`: the new Resource's id (a keyed add's, derived from its key); a new one otherwise. */
+  newResource(r: Record<string, unknown>, id = newId('resource')): SessionResource {
     const now = nowIso();
-    const base = { id: newId('resource'), version: 1, created_at: now, updated_at: now };
+    const base = { id, version: 1, created_at: now, updated_at: now };
     switch (r.type) {
       case 'repository':
         return { ...base, type: 'repository', url: r.url as string, ref: (r.ref as string | null | undefined) ?? null, mount_path: (r.mount_path as string | null | undefined) ?? null };

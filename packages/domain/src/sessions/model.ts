@@ -45,6 +45,16 @@ export interface SessionDoc extends StoredDoc {
   /** A skill proposal's verification Session: the drafted skill its Runs place beside the Agent's (docs/SKILLS.md). */
   _skills?: SpecSkill[];
   _primary_thread_id: string;
+  /**
+   * A Session created with an Idempotency-Key (its id derived from the key): the create's request
+   * fingerprint, which a retry under the key must match to be answered with this Session.
+   */
+  _keyed_fingerprint?: string;
+  /**
+   * Resources added with an Idempotency-Key (their ids derived from the key): each one's request
+   * fingerprint, which a retry under the key must match to be answered with it.
+   */
+  _keyed_resources?: Record<string, string>;
 }
 
 /** What is left after DELETE: enough to answer `session_deleted` again and report the gap. */
@@ -52,6 +62,8 @@ export interface SessionTombstone extends StoredDoc {
   type: 'session_tombstone';
   workspace_id: string;
   erased_at: string;
+  /** The erased Session's `_keyed_fingerprint`: a retry of its create is still told apart from another request under the key. */
+  _keyed_fingerprint?: string;
 }
 
 /**

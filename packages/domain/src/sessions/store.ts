@@ -74,6 +74,20 @@ export class RideRefused extends Error {
 }
 
 /**
+ * A new Session's documents in its slot, unless a document of its id exists: the primary thread,
+ * the thread's place in the thread index, the Session. KEYS: the Session's document, the thread's
+ * document, the thread index. ARGV: the Session's JSON, the thread's JSON, the thread's id.
+ * Returns the existing document's JSON (nothing written), or nil (written).
+ */
+const CREATE_SESSION = new LuaScript('session_create', `
+local cur = redis.call('GET', KEYS[1])
+if cur then return cur end
+redis.call('SET', KEYS[2], ARGV[2])
+redis.call('ZADD', KEYS[3], 0, ARGV[3])
+redis.call('SET', KEYS[1], ARGV[1])
+return false`);
+
+/**
  * Lua: queue a user.message for the thread's next turn unless it is queued already, and return the
  * thread document. KEYS: the input queue, the thread document. ARGV: the event id.
  */
@@ -129,21 +143,48 @@ export class SessionStore {
     this.log = new EventLog(redis, durability);
   }
 
-  async create(session: SessionDoc, primary: ThreadDoc): Promise<void> {
+  /**
+   * Writes a new Session: its primary thread, the thread's place in the Session's thread index and
+   * the Session's document in one script (a Session is never found without its primary thread),
+   * then its places in the Workspace's lists. When a document of that id exists already (a
+   * Session, or the tombstone of one, that an earlier attempt of the same keyed create wrote),
+   * nothing is written and that document is returned; null when this call wrote the Session.
+   */
+  async create(session: SessionDoc, primary: ThreadDoc): Promise<SessionDoc | SessionTombstone | null> {
     const tag = sessionTag(session.id);
-    await this.docs.create(tag, primary);
-    // Spawn order, not creation time, orders threads: primary first.
-    await this.redis.zadd(keys.index(tag, 'threads'), 0, primary.id);
-    await this.docs.create(tag, session);
+    const existing = (await CREATE_SESSION.run(this.redis, [keys.doc(tag, session.id), keys.doc(tag, primary.id), keys.index(tag, 'threads')], [
+      JSON.stringify(session), JSON.stringify(primary), primary.id,
+    ])) as string | null;
+    if (existing !== null) return JSON.parse(existing) as SessionDoc | SessionTombstone;
     // Its stream and its first message read it next: read it into the cache now, off their path.
     primeCache(this.redis, [keys.doc(tag, session.id)]);
+    await this.listed(session);
+    // A new Session's first message usually follows at once: its thread is known without a read.
+    this.rememberThread(primary);
+    return null;
+  }
+
+  /**
+   * The Session's places in the Workspace's lists (another slot than its documents, so written
+   * after them): written again by a keyed create's retry, whose first attempt may have died
+   * between the two. An archived Session is in the lists of all Sessions only.
+   */
+  async listed(session: Pick<SessionDoc, 'id' | 'workspace_id' | 'created_at' | 'agent' | 'automation_id' | 'archived_at'>): Promise<void> {
     const ws = tags.workspace(session.workspace_id);
     const score = Date.parse(session.created_at);
     const multi = this.redis.multi();
-    for (const idx of listIndexes(session, true)) multi.zadd(keys.index(ws, idx), score, session.id);
+    for (const idx of listIndexes(session, session.archived_at === null)) multi.zadd(keys.index(ws, idx), score, session.id);
     await multi.exec();
-    // A new Session's first message usually follows at once: its thread is known without a read.
-    this.rememberThread(primary);
+  }
+
+  /** The events the Runs of the Session took as their input (a keyed create's retry queues only the others). */
+  async takenInputs(sessionId: string): Promise<Set<string>> {
+    const tag = sessionTag(sessionId);
+    const ids = await this.redis.zrange(keys.index(tag, 'runs'), 0, -1);
+    const raw = ids.length > 0 ? await this.redis.mget(ids.map((id) => keys.doc(tag, id))) : [];
+    const taken = new Set<string>();
+    for (const r of raw) if (r) for (const e of (JSON.parse(r) as Partial<RunDoc>).input_event_ids ?? []) taken.add(e);
+    return taken;
   }
 
   /** The live Session of this workspace, or 404 (another workspace's Session looks absent; an erased one too, with a message saying so). */
@@ -207,7 +248,9 @@ export class SessionStore {
     const threadIds = await this.redis.zrange(keys.index(tag, 'threads'), 0, -1);
     const runIds = await this.redis.zrange(keys.index(tag, 'runs'), 0, -1);
     const now = nowIso();
-    const tomb: SessionTombstone = { id, type: 'session_tombstone', workspace_id: workspaceId, erased_at: now, version: doc.version + 1, created_at: doc.created_at, updated_at: now };
+    const tomb: SessionTombstone = { id, type: 'session_tombstone', workspace_id: workspaceId, erased_at: now, version: doc.version + 1, created_at: doc.created_at, updated_at: now,
+      ...(doc._keyed_fingerprint !== undefined ? { _keyed_fingerprint: doc._keyed_fingerprint } : {}),
+    };
     const m = this.redis.multi();
     for (const t of [...threadIds, ...runIds]) m.del(keys.doc(tag, t));
     for (const t of threadIds) m.del(inputQueueKey(id, t));
