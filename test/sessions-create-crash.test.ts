@@ -134,4 +134,27 @@ describe('a crash inside a keyed Session create', () => {
     expect(await agents()).toEqual(all);
     expect(existsSync(q.marker('session-agent-created'))).toBe(false);
   }, 180_000);
+  it("makes a deployment's Session once across a crash, answered to the retry", async () => {
+    await start(['session-created']);
+    const root = q.p.root;
+    const agent = await api.post<{ id: string; version: number }>('/v1/agents', { name: 'deployed', model: 'default', system: 'hi' });
+    const hprof = (await root.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/harness-profiles`, { key: 'crash', kind: 'builtin' })).id;
+    const sprof = (await root.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/sandbox-profiles`, { key: 'crash', image: 'agentplane/sandbox:latest' })).id;
+    const mrp = (await root.get<{ data: { id: string }[] }>(`/v1/organizations/workspaces/${ws}/model-routing-profiles`, { key: 'default' })).data[0]?.id;
+    const head = (await root.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/agent-deployments`, { agent_id: agent.id, key: 'crash' })).id;
+    await root.post(`/v1/agent-deployments/${head}/revisions`, {
+      expected_resource_version: 1, agent_release_number: agent.version, model_routing: { model_routing_profile_id: mrp, model_routing_profile_revision_number: 1 },
+      execution_target: { type: 'managed', harness_profile_id: hprof, harness_profile_revision_number: 1, sandbox_profile_id: sprof, sandbox_profile_revision_number: 1, harness_topology: 'split' },
+      skill_selections: [], connection_binding_selections: [],
+    });
+    const path = `/v1/agent-deployments/${head}/sessions`;
+    const body = { initial_events: [msg('deployed')] };
+    const before = await sessions();
+    await crashing('k-deployed', body, 'session-created', path);
+    const retry = await api.request<Session>('POST', path, { body, idempotencyKey: 'k-deployed' });
+    expect(retry.status).toBe(201);
+    expect((await sessions()).filter((id) => !before.includes(id))).toEqual([retry.body.id]);
+    expect(await messages(retry.body.id)).toHaveLength(1);
+    expect(await runs(retry.body.id)).toHaveLength(1);
+  }, 180_000);
 });

@@ -14,6 +14,7 @@ import {
   PublishBindingRevisionBody, PublishRevisionBody, RevisionSchema, SandboxProfileSchema, SandboxRevisionBody,
 } from './schemas.js';
 import { DeploymentService, HARNESS_PROFILE_KEYS, headView, profileView, SANDBOX_PROFILE_KEYS, type RevisionDoc } from './service.js';
+import { keyedSession } from '../sessions/service.js';
 
 const svc = (deps: ApiDeps) => new DeploymentService(deps);
 
@@ -131,9 +132,9 @@ export const deploymentOperations: Operation[] = [
     auth: { kind: 'bearer', roles: WRITERS }, actionPolicy: 'initial_events', params: DeploymentPath, body: DeploymentSessionBody,
     response: Type.Unsafe<Record<string, unknown>>({ type: 'object', description: 'Session (docs/API.md)' }), successStatus: 201, idempotency: 'optional', mcp: 'full',
     erasureSafe: sessionReplay,
-  }, async (ws, { params, body, idempotencyKey, deps, trace }) => {
+  }, async (ws, { params, body, idempotencyKey, keyed, deps, trace }) => {
     const deployment = await svc(deps).sessionPin(ws, params.agent_deployment_id);
-    return deps.sessions.create(ws, body, idempotencyKey, { deployment, trace });
+    return deps.sessions.create(ws, body, idempotencyKey, { deployment, trace, ...keyedSession(keyed) });
   }),
 
   // ---- Deploy ----

@@ -12,7 +12,7 @@ import {
   SessionPath, StreamQuery, UpdateSessionBody,
 } from './schemas.js';
 import { checkedCursor, sseStream } from './stream.js';
-import { checkMountPath, refuseSecondMemoryStore } from './service.js';
+import { checkMountPath, keyedSession, refuseSecondMemoryStore } from './service.js';
 import { a2aTaskListings } from '../a2a/task-index.js';
 
 const readers = { kind: 'bearer', roles: READERS } as const;
@@ -91,7 +91,7 @@ export const sessionOperations: Operation[] = [
     body: CreateSessionBody, response: SessionSchema, successStatus: 201, idempotency: 'optional', mcp: 'compact',
     erasureSafe: sessionReplay,
   }, (ws, { body, idempotencyKey, keyed, deps, trace }) => deps.sessions.create(ws, body, idempotencyKey, {
-    trace, ...(keyed ? { keyed: { id: keyed.id('session'), agentId: keyed.id('agent', keyed.fingerprint), fingerprint: keyed.fingerprint, keptMs: keyed.keptMs } } : {}),
+    trace, ...keyedSession(keyed),
   })),
   defineOperation({
     operationId: 'sessions.listSessions', method: 'GET', path: '/v1/sessions',

@@ -15,6 +15,7 @@ import type { FileStore } from '@agentplane/domain';
 import type { MemoryStores } from '../memory/store.js';
 import type { VaultService } from '../vaults/service.js';
 import type { ProjectService } from '../projects/service.js';
+import type { KeyedRequest } from '../http/idempotency.js';
 
 export interface SessionServiceDeps {
   store: SessionStore;
@@ -81,6 +82,11 @@ export interface KeyedSession {
   agentId: string;
   fingerprint: string;
   keptMs: number;
+}
+
+/** What a keyed Session create (`POST /v1/sessions`, a deployment's Session) makes its ids from. */
+export function keyedSession(keyed: KeyedRequest | undefined): { keyed?: KeyedSession } {
+  return keyed ? { keyed: { id: keyed.id('session'), agentId: keyed.id('agent', keyed.fingerprint), fingerprint: keyed.fingerprint, keptMs: keyed.keptMs } } : {};
 }
 
 export interface DriveInput {
