@@ -91,4 +91,15 @@ describe('fingerprint', () => {
     // Nothing of the key's own digest shows.
     expect(sha256Hex('key-1')).not.toContain(id.slice(5, 13));
   });
+  it('is stored keyed by a secret from the master key: a body carrying a secret cannot be guessed from it', () => {
+    const master = randomBytes(32);
+    const body = parts('{"name":"token","value":"1234"}');
+    const stored = new IdempotencyStore(redis, new SecretBox(randomBytes(32)), 3600, master).fingerprint('vaults.addSecret', body);
+    expect(stored).toMatch(/^[0-9a-f]{64}$/);
+    // Not the bare digest a reader of Redis could test guesses of the value against …
+    expect(stored).not.toBe(fingerprint('vaults.addSecret', body));
+    // … the same in every process with the master key, and another under another key.
+    expect(new IdempotencyStore(redis, new SecretBox(randomBytes(32)), 3600, Buffer.from(master)).fingerprint('vaults.addSecret', body)).toBe(stored);
+    expect(new IdempotencyStore(redis, new SecretBox(randomBytes(32)), 3600, randomBytes(32)).fingerprint('vaults.addSecret', body)).not.toBe(stored);
+  });
 });

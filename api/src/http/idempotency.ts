@@ -66,8 +66,14 @@ export interface KeyedRequest {
   keptMs: number;
 }
 
-export function fingerprint(operationId: string, parts: unknown): string {
-  return sha256Hex(`${operationId}\0${canonicalJson(parts)}`);
+/**
+ * A request's fingerprint: its operation and parts (path, query, body, credential). Keyed with
+ * `secret` (`IdempotencyStore.fingerprint`) when stored: a body may carry a secret (a vault
+ * value), and a bare digest of it kept in Redis would let a reader test guesses against it.
+ */
+export function fingerprint(operationId: string, parts: unknown, secret?: Buffer): string {
+  const text = `${operationId}\0${canonicalJson(parts)}`;
+  return secret ? createHmac('sha256', secret).update(text).digest('hex') : sha256Hex(text);
 }
 
 /**
@@ -78,6 +84,8 @@ export function fingerprint(operationId: string, parts: unknown): string {
 export class IdempotencyStore {
   /** The secret derived ids are made under (from the master key, for this use only). */
   private readonly idSecret: Buffer;
+  /** The secret stored fingerprints are keyed with (from the master key, for this use only). */
+  private readonly fpSecret: Buffer;
 
   constructor(
     private readonly redis: Redis,
@@ -86,6 +94,12 @@ export class IdempotencyStore {
     masterKey: Buffer,
   ) {
     this.idSecret = createHmac('sha256', masterKey).update('agentplane.idempotency.derived-ids.v1').digest();
+    this.fpSecret = createHmac('sha256', masterKey).update('agentplane.idempotency.fingerprints.v1').digest();
+  }
+
+  /** A request's fingerprint as stored: keyed, so that it tells nothing of the body it was made from. */
+  fingerprint(operationId: string, parts: unknown): string {
+    return fingerprint(operationId, parts, this.fpSecret);
   }
 
   /** The derived ids and fingerprint of a request begun under `idemKey` in `tag` (see `KeyedRequest`). */

@@ -5,7 +5,7 @@ import type { ApiDeps } from '../deps.js';
 import { ANONYMOUS, type Caller } from './caller.js';
 import { actsInDisabledDefault, authenticate, authorize, disabledWorkspace } from './authenticate.js';
 import { enforceRateLimit } from './rate-limit.js';
-import { fingerprint, IDEMPOTENCY_KEY_RE, type KeyedRequest } from './idempotency.js';
+import { IDEMPOTENCY_KEY_RE, type KeyedRequest } from './idempotency.js';
 import type { AuditOutcome } from '../audit/store.js';
 import { targetTypeOf, type CheckTarget } from '../governance/permissions.js';
 import type { ToolCall } from '../governance/policy-eval.js';
@@ -377,7 +377,7 @@ async function run(
 
   const tag = caller.workspaceId && op.idempotencyScope !== 'organization' ? tags.workspace(caller.workspaceId) : tags.org(caller.organizationId);
   const fpBody = upload ? upload.fingerprint(body as Record<string, unknown>) : body;
-  const fp = fingerprint(op.operationId, { params, query, body: fpBody, credential: caller.credentialId });
+  const fp = deps.idempotency.fingerprint(op.operationId, { params, query, body: fpBody, credential: caller.credentialId });
   let begun;
   try {
     begun = await deps.idempotency.begin(tag, idemKey, fp);
