@@ -1,5 +1,5 @@
 import { DelayedError, type Queue, type Job, type JobSchedulerJson, type JobsOptions, type RepeatOptions } from 'bullmq';
-import { ApiError, Counter, ID_PREFIXES, newId, nowIso, sha256Hex, type Logger, type Metrics } from '@agentplane/core';
+import { ApiError, crashPoint, Counter, ID_PREFIXES, newId, nowIso, sha256Hex, type Logger, type Metrics } from '@agentplane/core';
 import { eventLogKeys, keys, tags, type LogEvent } from '@agentplane/store';
 import { QueueHost } from '../queue-host.js';
 import type { IdentityService } from '@agentplane/domain';
@@ -13,7 +13,7 @@ import type { SessionEventTap, TappedAppend } from '../events/tap.js';
 import { CachedMemberSet } from '../events/member-set.js';
 import { automationKeys, type AutomationStore } from './store.js';
 import {
-  AUTOMATIONS, TERMINAL_FIRING, type AdmissionDisposition, type AutomationDoc, type FiringDoc, type FiringOutcome, type FiringSourceKind, type ScheduleTrigger,
+  AUTOMATIONS, TERMINAL_FIRING, firingsOf, type AdmissionDisposition, type AutomationDoc, type FiringDoc, type FiringOutcome, type FiringSourceKind, type ScheduleTrigger,
 } from './model.js';
 
 /** The automations queue: its prefix carries a hash tag, so every key of the queue is in one slot. */
@@ -40,6 +40,19 @@ interface TickData {
 /** A schedule tick whose work throws is run this many times in all (`retryTick`). */
 const TICK_ATTEMPTS = 3;
 interface FiringJobData { workspace_id: string; firing_id: string; polls?: number }
+/** A subscription event to turn into a firing of one Automation (an `event` job; docs/AUTOMATIONS.md, "Subscriptions"). */
+interface EventJobData {
+  workspace_id: string;
+  automation_id: string;
+  /** What identifies the event (a Session event id, an endpoint and its disable time). */
+  event_key: string;
+  source: FiringDoc['source'];
+  payload: Record<string, unknown>;
+  filters: string[];
+  chain: string[];
+}
+/** An `event` job whose work throws runs this many times in all; its last failure is a `failed` firing. */
+export const EVENT_ATTEMPTS = 5;
 
 export interface AutomationServiceDeps {
   redisUrl: string;
@@ -178,7 +191,9 @@ export class AutomationService {
       ...(opts.filtering ? { _filtering: opts.filtering } : {}),
       ...(opts.chain && opts.chain.length > 0 ? { _chain: opts.chain } : {}),
     };
-    await this.d.store.createFiring(f);
+    // A receipt named ahead (a tick, an event, an ingest delivery) already written by an earlier
+    // run of the same work is that run's: it is neither written nor counted again.
+    if (!(await this.d.store.createFiring(f))) return (await this.d.store.docs.get<FiringDoc>(tags.workspace(a.workspace_id), id)) ?? f;
     await this.d.store.count(a.workspace_id, a.id, status === 'skipped' ? 'skipped' : 'fires');
     if (status === 'skipped') {
       await this.d.store.settled(f);
@@ -391,7 +406,20 @@ export class AutomationService {
     throw new DelayedError();
   }
 
+  /**
+   * A scheduler's tick: its work, and when that throws, its run again queued before the job is
+   * failed (`retryTick`), so no crash between the failure and the retry loses the tick.
+   */
   private async tick(job: Job<TickData>): Promise<void> {
+    try {
+      await this.tickWork(job);
+    } catch (err) {
+      await this.retryTick(job, err);
+      throw err;
+    }
+  }
+
+  private async tickWork(job: Job<TickData>): Promise<void> {
     const { workspace_id: ws, automation_id: id } = job.data;
     const a = await this.d.store.docs.get<AutomationDoc>(tags.workspace(ws), id);
     if (!a || a.status !== 'active' || a.trigger.type !== 'schedule') return;
@@ -413,12 +441,23 @@ export class AutomationService {
    * a one-off job carrying its due time, which BullMQ retries with backoff, up to TICK_ATTEMPTS
    * runs in all. Its firing keeps the tick's due time and id, so it is made late rather than
    * never, and still once; a pause or a new schedule meanwhile drops it as it would the tick.
+   * The retry is queued while the tick's job is still active, before BullMQ fails it: a crash
+   * before the retry is queued leaves the job active, and BullMQ's stalled check runs it again;
+   * a crash after leaves the retry (a tick run twice finds the firing the first run made).
    */
-  private async retryTick(job: Job<TickData>): Promise<void> {
-    if (job.data.due_ms !== undefined) return; // already the retry: BullMQ's attempts are spent
+  private async retryTick(job: Job<TickData>, err: unknown): Promise<void> {
+    if (job.data.due_ms !== undefined) return; // already the retry: BullMQ retries it
+    const id = job.data.automation_id;
+    const dueMs = tickDueMs(job, id);
+    this.d.log.warn({ automation_id: id, due_at: new Date(dueMs).toISOString(), err: err instanceof Error ? err.message : String(err) }, 'a schedule tick failed; it runs again');
+    await this.queueTickAgain(job);
+  }
+
+  /** The one-off run again of a failed scheduler tick (its id names the tick, so it is queued once while it waits). */
+  private async queueTickAgain(job: Job<TickData>): Promise<void> {
+    if (job.data.due_ms !== undefined) return;
     const { workspace_id: ws, automation_id: id } = job.data;
     const dueMs = tickDueMs(job, id);
-    this.d.log.warn({ automation_id: id, due_at: new Date(dueMs).toISOString(), err: job.failedReason }, 'a schedule tick failed; it runs again');
     await this.queue.add('tick', { workspace_id: ws, automation_id: id, due_ms: dueMs } satisfies TickData, {
       jobId: `tick-again-${id}-${dueMs}`, delay: 1000, attempts: TICK_ATTEMPTS - 1, backoff: { type: 'exponential', delay: 1000 },
       removeOnComplete: true, removeOnFail: { age: 24 * 3600 },
@@ -451,10 +490,57 @@ export class AutomationService {
     return list;
   }
 
-  /** Fires once per Automation and event, whichever api heard it first. */
+  /**
+   * Fires once per Automation and event, whichever api heard it first: the event becomes one
+   * `event` job (its id follows from the Automation and the event, so every api that heard it
+   * queues the same one), whose work makes the firing (`fireEvent`).
+   */
   private async fireOnce(a: AutomationDoc, eventKey: string, source: FiringDoc['source'], payload: Record<string, unknown>, filters: string[], chain: string[] = []): Promise<void> {
-    if (!(await this.d.store.claimEvent(a.workspace_id, a.id, eventKey))) return;
-    await this.fire(a, source, payload, { filtering: { event_type: String(payload.type), filters }, chain });
+    await this.queue.add('event', { workspace_id: a.workspace_id, automation_id: a.id, event_key: eventKey, source, payload, filters, chain } satisfies EventJobData, {
+      jobId: eventJobId(a.id, eventKey), attempts: EVENT_ATTEMPTS, backoff: { type: 'exponential', delay: 500 },
+      removeOnComplete: true, removeOnFail: { age: 24 * 3600 },
+    });
+  }
+
+  /**
+   * An event's firing. Its id follows from the Automation and the event, so a run of the job
+   * again (it threw, or its api died and BullMQ's stalled check ran it again), or a second job of
+   * the same event queued after the first was removed, finds the firing made and makes no other.
+   * A failure is retried by BullMQ (EVENT_ATTEMPTS runs, exponential backoff); the last one, and
+   * a refusal that no retry changes (a prompt too long once expanded), is recorded as a `failed`
+   * firing, so no event is dropped unseen.
+   */
+  private async fireEvent(job: Job<EventJobData>): Promise<void> {
+    const d = job.data;
+    const id = eventFiringId(d.automation_id, d.event_key);
+    if (await this.d.store.docs.get<FiringDoc>(tags.workspace(d.workspace_id), id)) return;
+    crashPoint('automation-event-claimed');
+    const a = await this.d.store.docs.get<AutomationDoc>(tags.workspace(d.workspace_id), d.automation_id);
+    if (!a || a.trigger.type !== 'subscription') return;
+    try {
+      await this.fire(a, d.source, d.payload, { id, filtering: { event_type: String(d.payload.type), filters: d.filters }, chain: d.chain });
+    } catch (err) {
+      const final = err instanceof ApiError && err.status < 500;
+      if (!final && job.attemptsMade + 1 < (job.opts.attempts ?? 1)) throw err;
+      this.d.log.warn({ automation_id: a.id, firing_id: id, err: err instanceof Error ? err.message : String(err) }, 'a subscription event could not fire');
+      await this.eventFailed(a, d, id, final ? (err as ApiError).type : 'fire_failed');
+    }
+  }
+
+  /** The receipt of an event that could not fire: `failed`, with its error, never run. */
+  private async eventFailed(a: AutomationDoc, d: EventJobData, id: string, error: string): Promise<void> {
+    const now = nowIso();
+    const f: FiringDoc = {
+      id, type: 'automation_firing', workspace_id: d.workspace_id, automation_id: a.id, source: d.source, status: 'failed', attempt_count: 0,
+      outcome: null, session_id: null, run_id: null, error, admission: { disposition: 'not_applicable', check_configured: checkConfigured(a) },
+      started_at: null, ended_at: now, through_sequence: 0, stop_reason: null, _prompt: '', _attempts: [], version: 1, created_at: now, updated_at: now,
+      _filtering: { event_type: String(d.payload.type), filters: d.filters },
+      ...(d.chain.length > 0 ? { _chain: d.chain } : {}),
+    };
+    if (!(await this.d.store.docs.create(tags.workspace(d.workspace_id), f, [firingsOf(a.id)]))) return;
+    await this.d.store.count(d.workspace_id, a.id, 'fires');
+    await this.d.store.count(d.workspace_id, a.id, 'failures');
+    this.finalMetric(d.source.kind, 'failed');
   }
 
   /**
@@ -548,12 +634,17 @@ export class AutomationService {
     const worker = this.host.startWorker(async (job: Job, token?: string) => {
       if (job.name === 'tick') return this.tick(job as Job<TickData>);
       if (job.name === 'fire') return this.startFiring(job.data as FiringJobData);
+      if (job.name === 'event') return this.fireEvent(job as Job<EventJobData>);
       if (job.name === 'watch') return this.watch(job as Job<FiringJobData>, token);
     }, { concurrency: 16, settings: { repeatStrategy: cronRepeatStrategy } });
     if (!worker) return;
     worker.on('failed', (job, err) => {
       if (job?.name === 'tick') {
-        void this.retryTick(job as Job<TickData>).catch((e: unknown) => this.d.log.error({ err: e }, 'queueing a failed schedule tick again failed'));
+        crashPoint('automation-tick-failed');
+        // Its run again was queued before the job failed (`tick`); when that add itself failed
+        // (the error the job failed with), this queues it. A second run of the tick finds the
+        // firing the first made, so queuing it twice fires nothing twice.
+        void this.queueTickAgain(job as Job<TickData>).catch((e: unknown) => this.d.log.error({ err: e }, 'queueing a failed schedule tick again failed'));
         return;
       }
       if (!job || job.name !== 'fire' || job.attemptsMade < FIRE_ATTEMPTS) return;
@@ -637,6 +728,16 @@ export function schedulerMatches(s: JobSchedulerJson, t: ScheduleTrigger): boole
 function scheduleKey(a: AutomationDoc | null): string {
   if (!a || a.status !== 'active' || a.trigger.type !== 'schedule') return 'none';
   return JSON.stringify(a.trigger);
+}
+
+/** The job of a subscription event of an Automation: the same for every api that heard it. */
+export function eventJobId(automationId: string, eventKey: string): string {
+  return `event-${automationId}-${sha256Hex(eventKey).slice(0, 40)}`;
+}
+
+/** The id of the firing of a subscription event of an Automation: the same for every run of its job. */
+export function eventFiringId(automationId: string, eventKey: string): string {
+  return `${ID_PREFIXES.automationFiring}_${sha256Hex(`${automationId}\0event\0${eventKey}`).slice(0, 32)}`;
 }
 
 /**

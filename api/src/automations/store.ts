@@ -50,8 +50,6 @@ export const automationKeys = {
   subscribers: () => keys.global('automation_subscribers'),
   /** `<ws>/<auto>` of every schedule Automation: what the schedule reconciliation walks. */
   schedules: () => keys.global('automation_schedules'),
-  /** A subscription event already turned into a firing of this Automation. */
-  event: (ws: string, id: string, eventKey: string) => keys.scoped(tags.workspace(ws), `automation_event:${id}:${sha256Hex(eventKey)}`),
   /** Firings whose receipt exists but whose work may not be queued yet (swept by every api). */
   outbox: () => keys.global('firing_outbox'),
 };
@@ -159,10 +157,13 @@ export class AutomationStore {
 
   // ---- firings -------------------------------------------------------------------------------
 
-  /** The durable receipt: the outbox entry first (so a crash after it is swept), then the document. */
-  async createFiring(f: FiringDoc): Promise<void> {
+  /**
+   * The durable receipt: the outbox entry first (so a crash after it is swept), then the
+   * document. False when a receipt of that id exists already (it is left as it is).
+   */
+  async createFiring(f: FiringDoc): Promise<boolean> {
     await this.redis.zadd(automationKeys.outbox(), Date.now(), `${f.workspace_id}/${f.id}`);
-    await this.docs.create(tags.workspace(f.workspace_id), f, [firingsOf(f.automation_id)]);
+    return this.docs.create(tags.workspace(f.workspace_id), f, [firingsOf(f.automation_id)]);
   }
 
   async firing(ws: string, id: string): Promise<FiringDoc> {
@@ -184,11 +185,6 @@ export class AutomationStore {
     const key = automationKeys.delivery(ws, automationId, deliveryId);
     const ok = await this.redis.set(key, firingId, 'EX', DELIVERY_ID_TTL_SECONDS, 'NX');
     return ok === 'OK' ? null : await this.redis.get(key);
-  }
-
-  /** True for the first claim of (Automation, event) within a day. */
-  async claimEvent(ws: string, automationId: string, eventKey: string): Promise<boolean> {
-    return (await this.redis.set(automationKeys.event(ws, automationId, eventKey), '1', 'EX', 86_400, 'NX')) === 'OK';
   }
 
   async forgetDelivery(ws: string, automationId: string, deliveryId: string): Promise<void> {

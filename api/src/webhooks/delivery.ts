@@ -3,7 +3,7 @@ import { request as httpsRequest } from 'node:https';
 import type { LookupFunction } from 'node:net';
 import type { Job, Queue } from 'bullmq';
 import { Webhook } from 'standardwebhooks';
-import { BUCKETS, Counter, Histogram, type Logger, type Metrics } from '@agentplane/core';
+import { BUCKETS, crashPoint, Counter, Histogram, type Logger, type Metrics } from '@agentplane/core';
 import { tags, type EventLog, type LogEvent, type Redis } from '@agentplane/store';
 import { QueueHost } from '../queue-host.js';
 import type { SessionEventTap, TappedAppend } from '../events/tap.js';
@@ -272,7 +272,15 @@ export class WebhookDispatcher {
   private async lane(job: Job<LaneData>): Promise<void> {
     const { workspace_id: ws, endpoint_id: id, session_id: sid, cursor } = job.data;
     const endpoint = await this.d.store.docs.get<EndpointDoc>(tags.workspace(ws), id);
-    if (!endpoint || endpoint.status !== 'enabled') return;
+    if (!endpoint) return;
+    if (endpoint.status !== 'enabled') {
+      // The step that disabled the endpoint (its lane's cursor is still on the event), run again:
+      // its api may have died, or the announcement failed, after the disable was written and
+      // before it was announced. Announcing again fires no subscription twice (one firing per
+      // endpoint and disable time).
+      if (endpoint.disabled_reason === 'delivery_failed' && (await this.d.store.cursor(ws, id, sid)) === cursor) await this.d.onDisabled?.(endpoint, 'a delivery failed');
+      return;
+    }
     if ((await this.d.store.cursor(ws, id, sid)) !== cursor) return; // a stale step: the lane moved on
     let at = cursor;
     for (;;) {
@@ -321,6 +329,13 @@ export class WebhookDispatcher {
     }
   }
 
+  /**
+   * Disables the endpoint (`delivery_failed`) and announces it (`onDisabled`: the
+   * `webhook_endpoint.disabled` subscriptions). An endpoint this step finds disabled for a failed
+   * delivery already is announced again: the earlier announcement may have failed, and a repeat
+   * fires nothing twice. A crash between the write and the announcement is repaired by the step
+   * run again (`lane`).
+   */
   private async disable(data: LaneData, reason: string): Promise<void> {
     let changed = false;
     const e = await this.d.store.update(data.workspace_id, data.endpoint_id, (cur) => {
@@ -328,8 +343,11 @@ export class WebhookDispatcher {
       return changed ? { ...cur, status: 'disabled', disabled_reason: 'delivery_failed', disabled_at: new Date().toISOString() } : null;
     });
     this.endpointCache.delete(data.workspace_id);
-    if (changed) await this.d.onDisabled?.(e, reason);
-    this.d.logger.warn({ endpoint_id: e.id, session_id: data.session_id, reason }, 'webhook endpoint disabled: a delivery exhausted its attempts or was answered 410 Gone');
+    if (changed) {
+      crashPoint('webhook-endpoint-disabled');
+      this.d.logger.warn({ endpoint_id: e.id, session_id: data.session_id, reason }, 'webhook endpoint disabled: a delivery exhausted its attempts or was answered 410 Gone');
+    }
+    if (e.status === 'disabled' && e.disabled_reason === 'delivery_failed') await this.d.onDisabled?.(e, reason);
   }
 
   /** After an endpoint is enabled again: every lane whose Session has events past its cursor resumes. */
