@@ -6,7 +6,7 @@ import { Webhook } from 'standardwebhooks';
 import { useEmbeddedRedis } from '@agentplane/store/testing';
 import { ApiError, newId, nowIso, SecretBox } from '@agentplane/core';
 import { DocumentStore, tags, type Redis } from '@agentplane/store';
-import { acceptDelivery, deliveryBody, deliveryText, verifyDelivery } from './ingest.js';
+import { acceptDelivery, deliveryBody, deliveryFiringId, deliveryText, verifyDelivery } from './ingest.js';
 import { parseLimitedJson } from './json-limits.js';
 import { AutomationStore } from './store.js';
 import { firingsOf, type FiringDoc } from './model.js';
@@ -66,7 +66,7 @@ describe('signed deliveries are verified over their exact bytes', () => {
   });
 });
 
-describe('a delivery whose firing fails after its receipt is written', () => {
+describe('deliveries are deduplicated on their webhook-id', () => {
   const testRedis = useEmbeddedRedis('ingest-deliveries');
   let redis: Redis;
   let store: AutomationStore;
@@ -114,5 +114,59 @@ describe('a delivery whose firing fails after its receipt is written', () => {
       return f;
     });
     expect(later.duplicate).toBe(false);
+  });
+
+  /** What the service's `fire` does with a named receipt id: writes the receipt unless it exists, else answers that one. */
+  const firer = (ws: string, automationId: string, deliveryId: string, fired: string[], gate?: Promise<void>) => async (firingId: string): Promise<FiringDoc> => {
+    fired.push(firingId);
+    await gate;
+    const f = receipt(ws, automationId, firingId, deliveryId);
+    if (await store.createFiring(f)) return f;
+    return (await store.docs.get<FiringDoc>(tags.workspace(ws), firingId)) ?? f;
+  };
+  const receipts = async (ws: string, automationId: string) => (await store.docs.list<FiringDoc>(tags.workspace(ws), firingsOf(automationId), { limit: 10, order: 'asc' })).data.map((f) => f.id);
+
+  it('completes a claim whose claimant died before its receipt: the retry fires at once, under the claimed id, once', async () => {
+    const ws = newId('workspace');
+    const automationId = newId('automation');
+    // The claim a request made before its process died.
+    expect(await store.claimDelivery(ws, automationId, 'msg_dead', deliveryFiringId(automationId, 'msg_dead'))).toBeNull();
+    const fired: string[] = [];
+    const retry = await acceptDelivery(store, ws, automationId, 'msg_dead', firer(ws, automationId, 'msg_dead', fired));
+    expect([retry.duplicate, retry.firing.id]).toEqual([false, deliveryFiringId(automationId, 'msg_dead')]);
+    const again = await acceptDelivery(store, ws, automationId, 'msg_dead', firer(ws, automationId, 'msg_dead', fired));
+    expect([again.duplicate, again.firing.id]).toEqual([true, retry.firing.id]);
+    expect(fired).toEqual([retry.firing.id]);
+    expect(await receipts(ws, automationId)).toEqual([retry.firing.id]);
+  });
+
+  it('completes a claim that names a random receipt id under that id', async () => {
+    const ws = newId('workspace');
+    const automationId = newId('automation');
+    const named = newId('automationFiring');
+    await store.claimDelivery(ws, automationId, 'msg_named', named);
+    const retry = await acceptDelivery(store, ws, automationId, 'msg_named', firer(ws, automationId, 'msg_named', []));
+    expect([retry.duplicate, retry.firing.id]).toEqual([false, named]);
+    expect(await receipts(ws, automationId)).toEqual([named]);
+  });
+
+  it('two requests with one webhook-id at once write one receipt, and both answer it', async () => {
+    const ws = newId('workspace');
+    const automationId = newId('automation');
+    let open!: () => void;
+    const gate = new Promise<void>((r) => { open = r; });
+    let entered!: () => void;
+    const firing = new Promise<void>((r) => { entered = r; });
+    const fired: string[] = [];
+    // The first has claimed the id and is firing (held at the gate) when the second arrives.
+    const first = acceptDelivery(store, ws, automationId, 'msg_twice', async (id) => {
+      entered();
+      return firer(ws, automationId, 'msg_twice', fired, gate)(id);
+    });
+    await firing;
+    const second = await acceptDelivery(store, ws, automationId, 'msg_twice', firer(ws, automationId, 'msg_twice', fired)).finally(open);
+    const one = await first;
+    expect(second.firing.id).toBe(one.firing.id);
+    expect(await receipts(ws, automationId)).toEqual([one.firing.id]);
   });
 });

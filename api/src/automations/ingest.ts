@@ -1,7 +1,7 @@
 import { createHmac, timingSafeEqual } from 'node:crypto';
 import type { IncomingMessage } from 'node:http';
 import getRawBody from 'raw-body';
-import { ApiError, newId, sha256Hex, Type } from '@agentplane/core';
+import { ApiError, crashPoint, ID_PREFIXES, sha256Hex, Type } from '@agentplane/core';
 import { tags } from '@agentplane/store';
 import type { UploadBody } from '../http/operation.js';
 import type { FiringDoc } from './model.js';
@@ -79,22 +79,32 @@ export function deliveryText(raw: Buffer): string {
 }
 
 /**
- * Deduplicates a verified delivery on its `webhook-id` and fires it: the id is claimed for the new
- * receipt first, so a repeat answers the receipt the first delivery made (`duplicate`). When
- * firing fails, the id is released only if no receipt was written: a receipt that exists runs
- * (the outbox sweep queues its work), so the id keeps naming it and a retry answers it instead of
- * firing a second time.
+ * The id of the receipt of a delivery: the same for every request carrying its `webhook-id`, so
+ * however many of them fire (a retry, two at once, one after the claim expired) they write one
+ * receipt (it is created only where none exists).
+ */
+export function deliveryFiringId(automationId: string, deliveryId: string): string {
+  return `${ID_PREFIXES.automationFiring}_${sha256Hex(`${automationId}\0webhook\0${deliveryId}`).slice(0, 32)}`;
+}
+
+/**
+ * Deduplicates a verified delivery on its `webhook-id` and fires it: the id is claimed naming the
+ * receipt, so a repeat answers the receipt the first delivery made (`duplicate`). A claim without
+ * its receipt (its request is still firing, or its api died before the receipt was written) is
+ * completed by the repeat: it fires under the id the claim names, and of two requests firing one
+ * id only one writes the receipt (the other answers it). When firing fails, the id is released
+ * only if no receipt was written: a receipt that exists runs (the outbox sweep queues its work),
+ * so the id keeps naming it and a retry answers it instead of firing a second time.
  */
 export async function acceptDelivery(
   store: AutomationStore, ws: string, automationId: string, deliveryId: string, fire: (firingId: string) => Promise<FiringDoc>,
 ): Promise<{ firing: FiringDoc; duplicate: boolean }> {
-  const firingId = newId('automationFiring');
-  const earlier = await store.claimDelivery(ws, automationId, deliveryId, firingId);
-  if (earlier) {
-    const f = await store.docs.get<FiringDoc>(tags.workspace(ws), earlier);
-    if (f) return { firing: f, duplicate: true };
-    throw new ApiError('validation.conflict', 'a delivery with this webhook-id is being processed');
-  }
+  const derived = deliveryFiringId(automationId, deliveryId);
+  // A claim made before receipt ids were derived from the webhook-id names a random one.
+  const firingId = (await store.claimDelivery(ws, automationId, deliveryId, derived)) ?? derived;
+  crashPoint('automation-delivery-claimed');
+  const earlier = await store.docs.get<FiringDoc>(tags.workspace(ws), firingId);
+  if (earlier) return { firing: earlier, duplicate: true };
   try {
     return { firing: await fire(firingId), duplicate: false };
   } catch (err) {
