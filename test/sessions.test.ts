@@ -158,6 +158,25 @@ describe('sessions', () => {
     expect(inline).toMatchObject({ agent: { name: 'inline', version: 1 } });
   });
 
+  it("a create refused for its initial define writes no inline agent's Agent, keyed or not", async () => {
+    const agents = async () => (await api.get<{ data: { id: string }[] }>('/v1/agents', { limit: 100 })).data.map((a) => a.id);
+    const define = (payload: Json) => ({ type: 'user.define_outcome', payload: { description: 'Do it.', authored_by: principal, caused_by: { kind: 'api' }, ...payload } });
+    const before = await agents();
+    const refusals = [
+      [{ rubric: '- ok', grader_model: 'no-such-profile' }, 422, 'model.no_eligible_model'],
+      [{ rubric: { type: 'file', file_id: `file_${'0'.repeat(32)}` } }, 404, 'validation.not_found'],
+    ] as const;
+    for (const [payload, status, type] of refusals) {
+      const body = { agent: { name: 'inline-refused', model: 'default' }, environment_id: envId, initial_events: [define(payload)] };
+      // Unkeyed, then keyed twice (the retry takes the Agent its first attempt would have written, were there one).
+      for (const key of [undefined, `refused-${type}`, `refused-${type}`]) {
+        const r = await api.request('POST', '/v1/sessions', { body, ...(key ? { idempotencyKey: key } : {}) });
+        expect([r.status, errType(r)]).toEqual([status, type]);
+      }
+    }
+    expect(await agents()).toEqual(before);
+  });
+
   it('rejects principal and unknown fields; limits: initial_events 50, metadata 16', async () => {
     const r1 = await api.request('POST', '/v1/sessions', { body: { agent: agentId, environment_id: envId, principal: principal } });
     expect(r1.status).toBe(400);

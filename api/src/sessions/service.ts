@@ -142,32 +142,56 @@ export class SessionService {
   // ---- create --------------------------------------------------------------------------------
 
   /**
-   * `keyedId`: a keyed create's id for an inline configuration's Agent, derived from its key and
+   * The Agent snapshot a create pins. An inline configuration is checked and made a new Agent
+   * (version 1) here but not written: `pending` is that Agent, which the create writes
+   * (`writeAgent`) only once every other check passed, so a refused create leaves no Agent.
+   * `keyedId`: a keyed create's id for the inline configuration's Agent, derived from its key and
    * request: the retry of a create that died after writing that Agent takes it (version 1, as
    * that same request wrote it) instead of writing a second one.
    */
-  private async resolveAgent(ws: string, input: CreateSessionInput['agent'], keyedId?: string): Promise<AgentSnapshot> {
+  private async resolveAgent(ws: string, input: CreateSessionInput['agent'], keyedId?: string): Promise<{ snapshot: AgentSnapshot; pending?: Agent }> {
     if (typeof input === 'string' || 'id' in input) {
       const id = typeof input === 'string' ? input : input.id;
       const version = typeof input === 'string' ? undefined : input.version;
       const agent = version !== undefined ? await this.d.agents.getVersion(ws, id, version) : await this.d.agents.get(ws, id);
       if (version === undefined && agent.archived_at !== null) throw new ApiError('runtime.invalid_transition', 'the agent is archived');
-      return snapshotOf(agent);
+      return { snapshot: snapshotOf(agent) };
     }
     // Inline configuration: recorded as a new Agent (version 1) so the snapshot is addressable.
     await this.d.requireModel?.(ws, input.model, 'body.agent.model');
     if (input.skills) await this.d.checkSkills?.(ws, input.skills, 'body.agent.skills');
     if (input.multiagent) await checkMultiagent(input.multiagent, input.tools ?? [], (id, v) => this.d.agents.getVersion(ws, id, v), 'body.agent.multiagent');
     if (keyedId) {
-      const earlier = await this.d.agents.getVersion(ws, keyedId, 1).catch((err: unknown) => {
-        if (err instanceof ApiError && err.type === 'validation.not_found') return null;
-        throw err;
-      });
-      if (earlier) return snapshotOf(earlier);
+      const earlier = await this.keyedAgent(ws, keyedId);
+      if (earlier) return { snapshot: snapshotOf(earlier) };
     }
-    const agent = await this.d.agents.create(ws, { ...newAgent(ws, input), ...(keyedId ? { id: keyedId } : {}) });
+    const pending = { ...newAgent(ws, input), ...(keyedId ? { id: keyedId } : {}) };
+    return { snapshot: snapshotOf(pending), pending };
+  }
+
+  /** Version 1 of a keyed create's inline Agent, as an earlier attempt of the same request wrote it; null when none did. */
+  private keyedAgent(ws: string, keyedId: string): Promise<Agent | null> {
+    return this.d.agents.getVersion(ws, keyedId, 1).catch((err: unknown) => {
+      if (err instanceof ApiError && err.type === 'validation.not_found') return null;
+      throw err;
+    });
+  }
+
+  /**
+   * Writes an inline configuration's Agent, after the create's last check. A keyed create whose
+   * other attempt (the same request) wrote it meanwhile takes that one: its snapshot is the same
+   * configuration under the same id.
+   */
+  private async writeAgent(ws: string, pending: Agent, keyed: boolean): Promise<AgentSnapshot> {
+    try {
+      await this.d.agents.create(ws, pending);
+    } catch (err) {
+      const earlier = keyed && err instanceof ApiError && err.type === 'validation.conflict' ? await this.keyedAgent(ws, pending.id) : null;
+      if (!earlier) throw err;
+      return snapshotOf(earlier);
+    }
     crashPoint('session-agent-created');
-    return snapshotOf(agent);
+    return snapshotOf(pending);
   }
 
   /**
@@ -231,6 +255,8 @@ export class SessionService {
     if (initial.some((e) => e.type === 'user.message' || e.type === 'user.define_outcome')) await this.d.admitTurn?.({ id, workspace_id: ws, budget });
     let env: { id: string; version: number };
     let agent: AgentSnapshot;
+    // An inline configuration's Agent: written after the last check below, never by a refused create.
+    let pendingAgent: Agent | undefined;
     if (options.deployment) {
       env = options.deployment.sandbox;
       agent = options.deployment.agent;
@@ -239,7 +265,7 @@ export class SessionService {
       const current = await this.d.environments.get(ws, body.environment_id);
       if (current.archived_at !== null) throw new ApiError('runtime.invalid_transition', 'the environment is archived');
       env = current;
-      agent = await this.resolveAgent(ws, body.agent, keyed ? keyed.agentId : undefined);
+      ({ snapshot: agent, pending: pendingAgent } = await this.resolveAgent(ws, body.agent, keyed ? keyed.agentId : undefined));
     }
     const now = nowIso();
     const primary = newThreadDoc({ id, workspace_id: ws, created_at: now }, agent, null);
@@ -254,6 +280,7 @@ export class SessionService {
       ...(keyed ? { _keyed_fingerprint: keyed.fingerprint } : {}),
     };
     if (outcomes[0] && this.d.outcomes) await this.d.outcomes.admit(session, primary, outcomes[0].payload);
+    if (pendingAgent) session.agent = primary.agent = await this.writeAgent(ws, pendingAgent, keyed !== undefined);
     const existing = await this.d.store.create(session, primary);
     if (existing) {
       // The same keyed create, still running in a process whose key's pending record lapsed, wrote it first.

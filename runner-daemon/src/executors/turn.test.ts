@@ -1,4 +1,6 @@
 import { randomBytes } from 'node:crypto';
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import Docker from 'dockerode';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createLogger } from '@agentplane/core';
@@ -9,7 +11,8 @@ import { DockerDriver } from '../sandbox/docker-driver.js';
 import { ensureSandboxImage } from '../sandbox/image.js';
 import { SandboxManager } from '../sandbox/manager.js';
 import { SandboxError } from '../sandbox/types.js';
-import { turnExecutor } from './turn.js';
+import type { AgentTool } from '../harness/index.js';
+import { offeredTools, turnExecutor } from './turn.js';
 
 /**
  * A sandbox the engine does not start is the machine's failure: the lease fails as
@@ -222,5 +225,99 @@ describe('a lost lease of a child thread', () => {
     expect(primary.events.find((e) => e.type === 'agent.tool_result')?.payload).toMatchObject({ content: expect.stringContaining('primary went on'), exit_code: 0 });
     await driver.destroy(childSandbox);
     await driver.destroy(sessionId);
+  }, 60_000);
+});
+
+/**
+ * An Agent stored before custom tools named `skill` were refused may hold one. A Run that places
+ * skills offers the model one tool under that name, the built-in one (the skills prompt tells the
+ * model to open skills with it): a request naming a tool twice is refused by providers, which
+ * would fail every step of the turn.
+ */
+describe("an Agent's custom tool named like the built-in skill tool", () => {
+  const custom = (name: string): AgentTool => ({ type: 'custom', spec: { name, description: `custom ${name}`, input_schema: { type: 'object' } } });
+  const warnings = () => {
+    const seen: unknown[] = [];
+    return { seen, log: { warn: (o: unknown) => void seen.push(o) } };
+  };
+  const named = (tools: AgentTool[]) => tools.map((t) => (t.type === 'builtin' ? `builtin:${t.name}` : `${t.type}:${t.spec.name}`));
+
+  it('is left out of a Run with skills for the built-in one, with a warning; kept when the Run has none', () => {
+    const w = warnings();
+    const tools = [{ type: 'builtin', name: 'bash' }, custom('skill'), custom('lookup')] satisfies AgentTool[];
+    expect(named(offeredTools(tools, true, [], w.log))).toEqual(['builtin:bash', 'custom:lookup', 'builtin:skill']);
+    expect(w.seen).toEqual([{ tool: 'skill', left_out: 'custom', offered: 'builtin' }]);
+    // The Agent naming the built-in itself, after the custom one: the built-in still wins, once.
+    const both = [custom('skill'), { type: 'builtin', name: 'skill' }] satisfies AgentTool[];
+    expect(named(offeredTools(both, true, [], warnings().log))).toEqual(['builtin:skill']);
+    const none = warnings();
+    expect(named(offeredTools(tools, false, [], none.log))).toEqual(['builtin:bash', 'custom:skill', 'custom:lookup']);
+    expect(none.seen).toEqual([]);
+  });
+
+  it('of other tools sharing a name, offers the first (the Agent\'s before an MCP tool)', () => {
+    const w = warnings();
+    const mcp: AgentTool = { type: 'external', spec: { name: 'ops__deploy', description: 'mcp', input_schema: { type: 'object' } }, call: async () => ({ content: '', is_error: false }) };
+    expect(named(offeredTools([custom('ops__deploy'), custom('lookup')], false, [mcp], w.log))).toEqual(['custom:ops__deploy', 'custom:lookup']);
+    expect(w.seen).toEqual([{ tool: 'ops__deploy', left_out: 'external', offered: 'custom' }]);
+  });
+
+  it('a Run with skills offers one `skill` tool, the built-in, and a use of it opens the skill', async () => {
+    const skillBody = `# Review ${randomBytes(4).toString('hex')}`;
+    const server = createServer((_req, res) => {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end(JSON.stringify({ files: [{ path: 'SKILL.md', content_base64: Buffer.from(skillBody).toString('base64') }] }));
+    });
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    try {
+      const sessionId = `sess_${randomBytes(8).toString('hex')}`;
+      const requests: ModelRequest[] = [];
+      const events: Array<{ type: string; payload: unknown }> = [];
+      const offer: LeaseOffer = {
+        lease_id: `lease_${randomBytes(4).toString('hex')}`, attempt: 1, run_id: 'run_t', session_id: sessionId, accept_within_ms: 5000, lease_ttl_ms: 30_000,
+        spec: {
+          run_id: 'run_t', session_id: sessionId, thread_id: 'sthr_t', agent: { routing_key: 'default', tools: [custom('skill')] },
+          environment: { image: 'agentplane/sandbox:latest', resources: { cpu_millis: 1000, memory_mib: 256, disk_mib: 512, max_duration_seconds: 60 }, network_mode: 'none', retention_mode: 'durable' },
+          history: [{ role: 'user', content: [{ type: 'text', text: 'go' }] }],
+          runtime_files: { bearer: 'runtime-bearer' },
+          skills: [{ ref: 'skv_1', name: 'review', description: 'Reviews a change.', mount_path: '.agentplane/skills/review' }],
+        },
+      };
+      const handle: LeaseHandle = {
+        lease: { lease_id: offer.lease_id, attempt: 1 }, offer, signal: new AbortController().signal,
+        sendEvents: () => undefined,
+        deliverEvents: async (_session, batch) => {
+          events.push(...batch.map((e) => ({ type: e.type, payload: e.payload })));
+          return batch.map((_, i) => events.length - batch.length + i + 1);
+        },
+        model: {
+          async *stream(request: ModelRequest): AsyncIterable<ModelStreamEvent> {
+            requests.push(request);
+            if (requests.length === 1) {
+              yield { type: 'tool_use', id: 'toolu_0', name: 'skill', input: { name: 'review' } };
+              yield { type: 'end', stop_reason: 'tool_use', usage, provider: 'scripted', model: 's' };
+            } else {
+              yield { type: 'text_delta', text: 'done' };
+              yield { type: 'end', stop_reason: 'end_turn', usage, provider: 'scripted', model: 's' };
+            }
+          },
+        },
+        checkTool: async () => ({ decision: 'allow', rule_id: null, message: 'ok' }),
+      };
+      const driver = new DockerDriver({ runnerId, docker, logger: log });
+      const baseUrl = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+      const executor = turnExecutor({ sandboxes: new SandboxManager({ driver, runnerId, logger: log }), log, baseUrl });
+      await expect(executor.run(handle)).resolves.toMatchObject({ stop_reason: { type: 'end_turn' } });
+      expect(requests).toHaveLength(2);
+      for (const r of requests) {
+        const skillTools = (r.tools ?? []).filter((t) => t.name === 'skill');
+        expect(skillTools).toHaveLength(1);
+        expect(skillTools[0]?.description).not.toBe('custom skill');
+      }
+      expect(events.find((e) => e.type === 'agent.tool_result')?.payload).toMatchObject({ content: expect.stringContaining(skillBody), is_error: false });
+      await driver.destroy(sessionId);
+    } finally {
+      await new Promise((resolve) => server.close(resolve));
+    }
   }, 60_000);
 });

@@ -199,6 +199,38 @@ function tracedDriver(driver: SandboxDriver): SandboxDriver {
   });
 }
 
+/**
+ * The tools a turn offers the model: the Agent's, the built-in `skill` when the Run places skills
+ * (unless the Agent names it already), then the Run's MCP tools; never two under one name, which
+ * providers refuse (every model step of the turn would fail) and of which the harness could not
+ * tell which one a use means. Of tools sharing a name, the built-in `skill` wins: the skills
+ * prompt tells the model to open skills with it, and an Agent stored before custom tools named
+ * `skill` were refused may still hold one. Otherwise the first one wins, the one the harness
+ * runs a use of that name with (the Agent's own tools before the MCP tools). Each tool left out
+ * is logged.
+ */
+export function offeredTools(agentTools: readonly AgentTool[], withSkills: boolean, mcpTools: readonly AgentTool[], log: Pick<Logger, 'warn'>): AgentTool[] {
+  const hasSkillTool = agentTools.some((t) => t.type === 'builtin' && t.name === SKILL_TOOL_NAME);
+  const skillTool: AgentTool[] = withSkills && !hasSkillTool ? [{ type: 'builtin', name: SKILL_TOOL_NAME, permission: 'always_allow' }] : [];
+  const all = [...agentTools, ...skillTool, ...mcpTools];
+  // The name the model sees, as the harness offers it (none: a built-in this runner does not offer).
+  const names = all.map((t) => HarnessLoop.toolSpecs({ routing_key: '', tools: [t] })[0]?.name);
+  const wins = (t: AgentTool) => t.type === 'builtin' && t.name === SKILL_TOOL_NAME;
+  const chosen = new Map<string, number>();
+  names.forEach((name, i) => {
+    if (name === undefined) return;
+    const held = chosen.get(name);
+    if (held === undefined || (wins(all[i]!) && !wins(all[held]!))) chosen.set(name, i);
+  });
+  return all.filter((t, i) => {
+    const name = names[i];
+    const kept = name === undefined ? i : chosen.get(name);
+    if (kept === i || kept === undefined) return true;
+    log.warn({ tool: name, left_out: t.type, offered: all[kept]!.type }, 'two tools under one name: one is offered, the other left out of this turn');
+    return false;
+  });
+}
+
 /** Each tool use of the split harness as a GenAI `execute_tool` span (name and call id; never input or result). */
 const traceTool: ToolTracer = (tool, run, failed) =>
   inSpan(`execute_tool ${tool.name}`, {
@@ -242,9 +274,7 @@ async function runTurn(o: TurnExecutorOptions, handle: LeaseHandle, usesSandbox:
     const mcp = spec.runtime_mcp && !acpSetting ? await connectMcpTools(o.baseUrl, spec.runtime_mcp, log, handle.signal) : undefined;
     // Skills: the system prompt names them (name and description), the `skill` tool opens one.
     const system = skills.length > 0 ? [spec.agent.system, skillsPrompt(skills)].filter(Boolean).join('\n\n') : spec.agent.system;
-    const skillTools: AgentTool[] = skills.length > 0 && !spec.agent.tools.some((t) => t.type === 'builtin' && t.name === SKILL_TOOL_NAME)
-      ? [{ type: 'builtin', name: SKILL_TOOL_NAME, permission: 'always_allow' }] : [];
-    const agent = { routing_key: spec.agent.routing_key, ...(system ? { system } : {}), tools: [...spec.agent.tools, ...skillTools, ...(mcp?.tools ?? [])] };
+    const agent = { routing_key: spec.agent.routing_key, ...(system ? { system } : {}), tools: offeredTools(spec.agent.tools, skills.length > 0, mcp?.tools ?? [], log) };
     type Outcome = { stop_reason: IdleStopReason; usage: TokenUsage; awaiting?: Map<string, Awaiting> };
     let outcome: Outcome;
     const driver = tracedDriver(o.sandboxes.driver);
