@@ -1,11 +1,10 @@
 import { randomBytes } from 'node:crypto';
-import { createServer, type Server } from 'node:http';
-import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ApiError, createLogger, SecretBox } from '@agentplane/core';
 import { DocumentStore, keys, tags } from '@agentplane/store';
 import { useEmbeddedRedis } from '@agentplane/store/testing';
 import { createModelsModule, type ModelsModule } from './module.js';
+import { startReportingServer } from '../../../test/fixtures/provider-servers.js';
 
 /**
  * Budget reservations: each is its own, whatever step id it is made under, and a candidate
@@ -13,7 +12,7 @@ import { createModelsModule, type ModelsModule } from './module.js';
  */
 const testRedis = useEmbeddedRedis('budget-reservations');
 let models: ModelsModule;
-let server: Server;
+let server: { url: string; close(): void };
 let baseUrl: string;
 
 beforeAll(async () => {
@@ -23,22 +22,10 @@ beforeAll(async () => {
     config: { providerTimeoutMs: 30_000 },
   });
   // An OpenAI-compatible server that serves any model as `gpt-4o` (a priced model), with a thousand output tokens.
-  server = createServer((req, res) => {
-    req.resume();
-    req.on('end', () => {
-      const data = (o: unknown) => `data: ${JSON.stringify(o)}\n\n`;
-      res.writeHead(200, { 'content-type': 'text/event-stream' });
-      res.write(data({ model: 'gpt-4o', choices: [{ delta: { content: 'hello' } }] }));
-      res.end(data({ model: 'gpt-4o', choices: [{ delta: {}, finish_reason: 'stop' }], usage: { prompt_tokens: 1, completion_tokens: 1000 } }) + 'data: [DONE]\n\n');
-    });
-  });
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-  baseUrl = `http://127.0.0.1:${(server.address() as AddressInfo).port}/v1`;
+  server = await startReportingServer('gpt-4o', { prompt_tokens: 1, completion_tokens: 1000 });
+  baseUrl = server.url;
 });
-afterAll(() => {
-  server?.closeAllConnections();
-  server?.close();
-});
+afterAll(() => server?.close());
 
 /** What a workspace's reservations hold now (nano-USD). */
 async function held(ws: string): Promise<number> {

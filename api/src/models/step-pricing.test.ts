@@ -1,12 +1,11 @@
 import { randomBytes } from 'node:crypto';
-import { createServer, type Server } from 'node:http';
-import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createLogger, SecretBox } from '@agentplane/core';
 import type { ModelStreamEvent } from '@agentplane/protocol';
 import { DocumentStore } from '@agentplane/store';
 import { useEmbeddedRedis } from '@agentplane/store/testing';
 import { createModelsModule, type ModelsModule } from './module.js';
+import { startReportingServer } from '../../../test/fixtures/provider-servers.js';
 
 /**
  * A step is priced by its routing candidate's model: the model name a provider reports (an
@@ -16,7 +15,7 @@ import { createModelsModule, type ModelsModule } from './module.js';
 const testRedis = useEmbeddedRedis('step-pricing');
 const ws = `wrkspc_${'b'.repeat(32)}`;
 let models: ModelsModule;
-let server: Server;
+let server: { url: string; close(): void };
 let baseUrl: string;
 
 beforeAll(async () => {
@@ -26,22 +25,10 @@ beforeAll(async () => {
     config: { providerTimeoutMs: 30_000 },
   });
   // An OpenAI-compatible server that reports a model name of its own, with a million tokens each way.
-  server = createServer((req, res) => {
-    req.resume();
-    req.on('end', () => {
-      const data = (o: unknown) => `data: ${JSON.stringify(o)}\n\n`;
-      res.writeHead(200, { 'content-type': 'text/event-stream' });
-      res.write(data({ model: 'served-under-another-name', choices: [{ delta: { content: 'hello' } }] }));
-      res.end(data({ model: 'served-under-another-name', choices: [{ delta: {}, finish_reason: 'stop' }], usage: { prompt_tokens: 1_000_000, completion_tokens: 1_000_000 } }) + 'data: [DONE]\n\n');
-    });
-  });
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-  baseUrl = `http://127.0.0.1:${(server.address() as AddressInfo).port}/v1`;
+  server = await startReportingServer('served-under-another-name', { prompt_tokens: 1_000_000, completion_tokens: 1_000_000 });
+  baseUrl = server.url;
 });
-afterAll(() => {
-  server?.closeAllConnections();
-  server?.close();
-});
+afterAll(() => server?.close());
 
 describe('model step pricing', () => {
   it("is the candidate's model's list price, whatever model name the provider reports", async () => {
