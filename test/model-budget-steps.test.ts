@@ -7,6 +7,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { HttpClient } from '@agentplane/client';
 import type { ModelStreamEvent } from '@agentplane/protocol';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
+import { postModelStep, stepEvents } from './harness/model-steps.js';
 import { startAnthropicServer, startOpenAiServer, type ProviderServer } from './fixtures/provider-servers.js';
 
 /**
@@ -38,12 +39,9 @@ const user = (text: string) => [{ role: 'user', content: [{ type: 'text', text }
 const script = (rules: unknown) => '```scripted\n' + JSON.stringify({ rules }) + '\n```';
 
 async function step(body: unknown): Promise<{ status: number; events: ModelStreamEvent[] }> {
-  const res = await fetch(`${p.baseUrl}/v1/organizations/workspaces/${ws}/model-steps`, {
-    method: 'POST', headers: c.headers({ accept: 'text/event-stream' }, true), body: JSON.stringify(body),
-  });
-  const text = await res.text();
-  if (res.status !== 200) return { status: res.status, events: [] };
-  return { status: 200, events: text.split('\n\n').filter((f) => f.includes('data: ')).map((f) => JSON.parse(f.slice(f.indexOf('data: ') + 6)) as ModelStreamEvent) };
+  const r = await postModelStep(p.baseUrl, c, ws, body);
+  if (r.status !== 200) return { status: r.status, events: [] };
+  return { status: 200, events: stepEvents(r.text) };
 }
 
 type Totals = { steps: number; list_cost: { amount: number }; usage: { input_tokens: number; output_tokens: number } };

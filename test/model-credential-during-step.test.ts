@@ -5,6 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { HttpClient } from '@agentplane/client';
 import type { ModelStreamEvent } from '@agentplane/protocol';
 import { startPlatform, type Platform } from './harness/platform.js';
+import { postModelStep, stepEvents } from './harness/model-steps.js';
 import { startOpenAiServer, type ProviderServer } from './fixtures/provider-servers.js';
 
 /**
@@ -63,12 +64,9 @@ function heldProvider(): Promise<HeldProvider> {
 const user = (text: string) => [{ role: 'user', content: [{ type: 'text', text }] }];
 
 async function step(body: unknown): Promise<ModelStreamEvent[]> {
-  const res = await fetch(`${p.baseUrl}/v1/organizations/workspaces/${ws}/model-steps`, {
-    method: 'POST', headers: c.headers({ accept: 'text/event-stream' }, true), body: JSON.stringify(body),
-  });
-  const text = await res.text();
-  expect(res.status).toBe(200);
-  return text.split('\n\n').filter((f) => f.includes('data: ')).map((f) => JSON.parse(f.slice(f.indexOf('data: ') + 6)) as ModelStreamEvent);
+  const r = await postModelStep(p.baseUrl, c, ws, body);
+  expect(r.status).toBe(200);
+  return stepEvents(r.text);
 }
 
 async function credential(body: Record<string, unknown>): Promise<string> {

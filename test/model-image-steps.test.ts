@@ -1,8 +1,8 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { HttpClient } from '@agentplane/client';
 import { IMAGE_TOKENS } from '@agentplane/models';
-import type { ModelStreamEvent } from '@agentplane/protocol';
 import { startPlatform, type Platform } from './harness/platform.js';
+import { postModelStep, stepEvents } from './harness/model-steps.js';
 
 /**
  * An image a tool returned (a browser screenshot) costs the model a bounded number of tokens,
@@ -38,12 +38,9 @@ describe('images in a model step', () => {
         { type: 'tool_result', tool_use_id: 'toolu_2', content: 'stored as File file_2', images: [screenshot] },
       ] },
     ];
-    const res = await fetch(`${p.baseUrl}/v1/organizations/workspaces/${ws}/model-steps`, {
-      method: 'POST', headers: c.headers({ accept: 'text/event-stream' }, true), body: JSON.stringify({ routing_key: 'vision', messages }),
-    });
-    const text = await res.text();
-    expect(res.status, text).toBe(200);
-    const events = text.split('\n\n').filter((f) => f.includes('data: ')).map((f) => JSON.parse(f.slice(f.indexOf('data: ') + 6)) as ModelStreamEvent);
+    const r = await postModelStep(p.baseUrl, c, ws, { routing_key: 'vision', messages });
+    expect(r.status, r.text).toBe(200);
+    const events = stepEvents(r.text);
     const end = events.at(-1);
     expect(end?.type).toBe('end');
     const input = end?.type === 'end' ? end.usage.input_tokens : -1;

@@ -9,6 +9,7 @@ import { connectRedis, DocumentStore, type Redis } from '@agentplane/store';
 import type { ModelStreamEvent } from '@agentplane/protocol';
 import { createModelsModule } from '@agentplane/api';
 import { startPlatform, type Platform } from './harness/platform.js';
+import { postModelStep, stepEvents } from './harness/model-steps.js';
 
 /**
  * Limits of a model step's stream: keep-alives do not keep a silent provider alive, a step has
@@ -58,12 +59,9 @@ async function setup(key: string, provider: string, base_url: string, model: str
 
 async function step(key: string, signal?: AbortSignal): Promise<{ events: ModelStreamEvent[]; ms: number }> {
   const started = performance.now();
-  const res = await fetch(`${p.baseUrl}/v1/organizations/workspaces/${ws}/model-steps`, {
-    method: 'POST', headers: c.headers({ accept: 'text/event-stream' }, true), body: JSON.stringify({ routing_key: key, messages: user('hi') }), signal: signal ?? null,
-  });
-  expect(res.status).toBe(200);
-  const text = await res.text();
-  return { events: text.split('\n\n').filter((f) => f.includes('data: ')).map((f) => JSON.parse(f.slice(f.indexOf('data: ') + 6)) as ModelStreamEvent), ms: performance.now() - started };
+  const r = await postModelStep(p.baseUrl, c, ws, { routing_key: key, messages: user('hi') }, signal);
+  expect(r.status).toBe(200);
+  return { events: stepEvents(r.text), ms: performance.now() - started };
 }
 
 beforeAll(async () => {

@@ -7,6 +7,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { HttpClient } from '@agentplane/client';
 import type { ModelStreamEvent } from '@agentplane/protocol';
 import { startPlatform, type Platform } from './harness/platform.js';
+import { postModelStep, stepEvents } from './harness/model-steps.js';
 
 /**
  * A provider that serves a step without reporting its usage (an OpenAI-compatible server that
@@ -36,12 +37,9 @@ const user = (text: string) => [{ role: 'user', content: [{ type: 'text', text }
 const WORDS = ['one ', 'two ', 'three ', 'four'];
 
 async function step(body: unknown): Promise<ModelStreamEvent[]> {
-  const res = await fetch(`${p.baseUrl}/v1/organizations/workspaces/${ws}/model-steps`, {
-    method: 'POST', headers: c.headers({ accept: 'text/event-stream' }, true), body: JSON.stringify(body),
-  });
-  const text = await res.text();
-  expect(res.status).toBe(200);
-  return text.split('\n\n').filter((f) => f.includes('data: ')).map((f) => JSON.parse(f.slice(f.indexOf('data: ') + 6)) as ModelStreamEvent);
+  const r = await postModelStep(p.baseUrl, c, ws, body);
+  expect(r.status).toBe(200);
+  return stepEvents(r.text);
 }
 
 type Totals = { steps: number; unpriced_steps: number; list_cost: { amount: number }; usage: { input_tokens: number; output_tokens: number; total_tokens: number } };

@@ -7,6 +7,7 @@ import { connectRedis, DocumentStore, type Redis } from '@agentplane/store';
 import type { ModelRequest, ModelStreamEvent, TokenUsage } from '@agentplane/protocol';
 import { createModelsModule, ModelStreams, type ModelFrame, type ModelsModule } from '@agentplane/api';
 import { startPlatform, type Platform } from './harness/platform.js';
+import { postModelStep, stepEvents } from './harness/model-steps.js';
 import { startAnthropicServer, startOpenAiServer, type ProviderServer } from './fixtures/provider-servers.js';
 
 const OPENAI_SECRET = 'sk-openai-TESTSECRET-0123456789abcdef';
@@ -34,13 +35,11 @@ async function req(method: string, path: string, body?: unknown, client: HttpCli
 
 /** POST a model step and collect the SSE events (or the JSON error). */
 async function step(request: Omit<ModelRequest, 'tools'> & { tools?: ModelRequest['tools'] }, workspace = ws, signal?: AbortSignal): Promise<{ status: number; events: ModelStreamEvent[]; body: unknown; retryAfter: string | null }> {
-  const res = await fetch(`${p.baseUrl}/v1/organizations/workspaces/${workspace}/model-steps`, {
-    method: 'POST', headers: c.headers({ accept: 'text/event-stream' }, true), body: JSON.stringify(request), signal: signal ?? null,
-  });
-  const text = await res.text();
+  const r = await postModelStep(p.baseUrl, c, workspace, request, signal);
+  const text = r.text;
   seenBodies.push(text);
-  if (res.status !== 200) return { status: res.status, events: [], body: JSON.parse(text) as unknown, retryAfter: res.headers.get('retry-after') };
-  const events = text.split('\n\n').filter((f) => f.includes('data: ')).map((f) => JSON.parse(f.slice(f.indexOf('data: ') + 6)) as ModelStreamEvent);
+  if (r.status !== 200) return { status: r.status, events: [], body: JSON.parse(text) as unknown, retryAfter: r.headers.get('retry-after') };
+  const events = stepEvents(text);
   return { status: 200, events, body: null, retryAfter: null };
 }
 
