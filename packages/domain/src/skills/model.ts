@@ -1,6 +1,7 @@
 import { createHash } from 'node:crypto';
 import { ApiError, LOGICAL_KEY_PATTERN } from '@agentplane/core';
 import { keys, tags, type DocumentStore, type Redis, type StoredDoc } from '@agentplane/store';
+import { SKILL_TOOL_NAME, SKILLS_DIR } from '@agentplane/protocol';
 
 const MiB = 1024 * 1024;
 
@@ -20,14 +21,8 @@ export const SKILL_LIMITS = Object.freeze({
 /** The file every Skill directory has: front matter (`name`, `description`) then the instructions. */
 export const SKILL_ENTRY = 'SKILL.md';
 
-/**
- * The built-in tool a Run's model opens a skill with (`{name}` → its `SKILL.md`), offered
- * beside the Agent's tools whenever the Run places skills: no custom tool may take its name.
- */
-export const SKILL_TOOL_NAME = 'skill';
-
-/** Where a Run places its skills, relative to the sandbox workspace (read-only). */
-export const SKILLS_DIR = '.agentplane/skills';
+/** Where a Run places its skills, and the built-in tool it opens them with: the runner protocol's. */
+export { SKILL_TOOL_NAME, SKILLS_DIR };
 
 export const SKILL_NAME_RE = new RegExp(LOGICAL_KEY_PATTERN);
 

@@ -16,6 +16,7 @@ import {
 } from './types.js';
 import { compileGlob, GlobError, type CompiledGlob } from '@agentplane/core/glob';
 import { BROWSER_TOOLS } from './browser.js';
+import { SKILL_TOOL_NAME, SKILLS_DIR } from '@agentplane/protocol';
 
 function error(content: string, meta?: ToolOutcome['meta']): ToolOutcome {
   return { content, is_error: true, meta };
@@ -417,9 +418,7 @@ export const grepTool: BuiltinTool = {
 
 export const BUILTIN_TOOLS: readonly BuiltinTool[] = [bashTool, readTool, writeTool, editTool, listTool, globTool, grepTool];
 
-/** Where a Run places its skills (relative to the workspace; the domain's `SKILLS_DIR`). */
-export const SKILLS_DIR = '.agentplane/skills';
-export const SKILL_TOOL_NAME = 'skill';
+export { SKILL_TOOL_NAME, SKILLS_DIR };
 
 /**
  * `skill`: opens one of the Run's skills (progressive disclosure: the system prompt names each
