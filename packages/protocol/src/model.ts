@@ -107,3 +107,14 @@ export type ModelStreamEvent =
 export interface ModelClient {
   stream(request: ModelRequest, signal: AbortSignal): AsyncIterable<ModelStreamEvent>;
 }
+
+/**
+ * Where a Run places its skills, relative to the sandbox workspace (read-only). Here, in the
+ * module the in-sandbox harness bundles, for the runner and the domain alike.
+ */
+export const SKILLS_DIR = '.agentplane/skills';
+/**
+ * The built-in tool a Run's model opens a skill with (`{name}` → its `SKILL.md`), offered
+ * beside the Agent's tools whenever the Run places skills: no custom tool may take its name.
+ */
+export const SKILL_TOOL_NAME = 'skill';

@@ -20,14 +20,6 @@ export function runnerConnectUrl(baseUrl: string): URL {
  * `lease.spec` frame (docs/PROTOCOL.md, "Offers whose spec follows").
  */
 export const LEASE_SPEC_PROTOCOL = 'lease-spec-v1';
-
-/** Where a Run places its skills, relative to the sandbox workspace (read-only). */
-export const SKILLS_DIR = '.agentplane/skills';
-/**
- * The built-in tool a Run's model opens a skill with (`{name}` → its `SKILL.md`), offered
- * beside the Agent's tools whenever the Run places skills: no custom tool may take its name.
- */
-export const SKILL_TOOL_NAME = 'skill';
 /** WebSocket subprotocol token; the version itself is negotiated in hello/welcome. */
 export const RUNNER_SUBPROTOCOL = 'agentplane.runner';
 
