@@ -1,20 +1,16 @@
 import { randomBytes } from 'node:crypto';
 import type { Logger } from '@agentplane/core';
 import {
-  bindingShapings, buildTurnSpec, ConnectionService, readAll, CredentialIndex, FileStore, IdentityService, OutcomeService, ProjectHeadReader, RedisRuntimeBearers, SkillReader, RunEngine, RunLifecycle, RunnerService,
-  SessionStore, ThreadRuntime, VersionedStore, type SessionCloser, sandboxProfileStore, type ConnectionGrant, type Environment, type SandboxProfile, type ToolShaping,
+  ConnectionService, CredentialIndex, FileStore, IdentityService, OutcomeService, ProjectHeadReader, RedisRuntimeBearers, SkillReader, RunEngine, RunLifecycle, RunnerService,
+  SessionStore, ThreadRuntime, VersionedStore, type SessionCloser, sandboxProfileStore, type Environment,
 } from '@agentplane/domain';
 import { activePools, CancelMarks, LeaseFence, LeaseRecords, POOL_WAKE_CHANNEL, poolWorkspace, recentPools, RunQueues } from '@agentplane/lease';
 import { SecretBox } from '@agentplane/core';
-import { connectRedis, DocumentStore, tags, type Redis, type StoredDoc } from '@agentplane/store';
+import { connectRedis, DocumentStore, type Redis } from '@agentplane/store';
 import type { SchedulerConfig } from './config.js';
-import { PoolDispatcher, type DispatchHooks } from './dispatcher.js';
-import type { LeasePlan } from './directory.js';
-import { runHooks } from './hooks.js';
+import { LeaseSpecBuilder, PoolDispatcher, PresenceDirectory, RedisOfferChannel, runHooks, type DispatchHooks } from '@agentplane/dispatch';
 import { reconcilePool, repairStalls } from './reconciler.js';
 import { SchedulerMetrics } from './metrics.js';
-import { RedisOfferChannel } from './offer-channel.js';
-import { PresenceDirectory } from './presence-directory.js';
 
 /** How often each pool's fair-share ranks are pruned of Runs that never got a job. */
 const RANK_PRUNE_EVERY_MS = 60_000;
@@ -49,14 +45,6 @@ export class Scheduler {
   private readonly engine: RunEngine;
   private readonly closer: SessionCloser;
   private readonly store: SessionStore;
-  private readonly environments: VersionedStore<Environment>;
-  private readonly sandboxProfiles: VersionedStore<SandboxProfile>;
-  private readonly docs: DocumentStore;
-  private readonly files: FileStore;
-  private readonly projects: ProjectHeadReader;
-  private readonly skills: SkillReader;
-  private readonly bearers: RedisRuntimeBearers;
-  private readonly connections: ConnectionService | undefined;
   private scanTimer: NodeJS.Timeout | undefined;
   private scanning = false;
   /** When (Redis's clock) the whole pool registry was last looked through for queued Runs. */
@@ -80,10 +68,8 @@ export class Scheduler {
     this.store = new SessionStore(this.redis, config.appendDurability);
     // Every turn spec reads its Environment (or SandboxProfile) version: versions never change, so
     // the scheduler keeps the ones it read.
-    this.environments = new VersionedStore<Environment>(this.redis, 'environments', 'environment', { cacheVersions: true });
-    this.sandboxProfiles = sandboxProfileStore(this.redis, { cacheVersions: true });
+    const environments = new VersionedStore<Environment>(this.redis, 'environments', 'environment', { cacheVersions: true });
     const docs = new DocumentStore(this.redis);
-    this.docs = docs;
     const credentials = new CredentialIndex(this.redis);
     const runners = new RunnerService(docs, this.redis, credentials, new IdentityService(docs, this.redis, credentials));
     let engine: RunEngine | undefined;
@@ -91,80 +77,23 @@ export class Scheduler {
     this.lifecycle = new RunLifecycle(this.store, runtime, log);
     this.closer = runtime.closer;
     engine = new RunEngine({
-      redis: this.redis, queues: this.queues, lifecycle: this.lifecycle, store: this.store, environments: this.environments, runners, log,
+      redis: this.redis, queues: this.queues, lifecycle: this.lifecycle, store: this.store, environments, runners, log,
       interruptGraceMs: config.interruptGraceMs, poolIdleMs: config.lease.poolIdleMs,
     });
     this.engine = engine;
     this.directory = new PresenceDirectory(this.redis, (pool) => this.pools.get(pool));
-    this.files = new FileStore(this.redis, docs);
-    this.projects = new ProjectHeadReader(docs);
-    this.skills = new SkillReader(this.redis, docs);
+    const files = new FileStore(this.redis, docs);
     // Turns this scheduler ends (retries exhausted, interrupted while queued) move their outcome on too.
-    const outcomes = new OutcomeService({ store: this.store, runtime, scheduler: () => this.engine, log, files: this.files });
+    const outcomes = new OutcomeService({ store: this.store, runtime, scheduler: () => this.engine, log, files });
     runtime.onTurnEnded((session, threadId, runId, stop, _trace, activeOutcome) => outcomes.turnEnded(session, threadId, runId, stop, undefined, activeOutcome));
     // An archive that died before it ended its outcomes: the close sweep ends them first.
     runtime.closer.beforeRepair((session) => outcomes.sessionArchived(session));
-    this.bearers = new RedisRuntimeBearers(this.redis, new LeaseFence(this.redis));
-    this.connections = config.masterKey ? new ConnectionService(docs, new SecretBox(config.masterKey)) : undefined;
-    this.offers = new RedisOfferChannel(this.redis, this.sub, this.instanceId, new LeaseRecords(this.redis), (o) => this.spec(o), log, config.gatewayLinks ? { metrics: this.metrics.registry } : undefined);
-  }
-
-  private async spec(o: LeasePlan): Promise<Record<string, unknown>> {
-    // The Run, its Session and the Session's event log in one round trip (the Session is read
-    // once, for the spec and the vaults; the log needs only the Session's id, not the Run).
-    const events = readAll(this.store.log, o.session_id);
-    events.catch(() => undefined);
-    const [run, session] = await Promise.all([this.store.run(o.session_id, o.run_id), this.store.get(o.workspace_id, o.session_id).catch(() => null)]);
-    if (!run) throw new Error(`run ${o.run_id} not found`);
-    const sources = { store: this.store, environments: this.environments, sandboxProfiles: this.sandboxProfiles, files: this.files, projects: this.projects, skills: this.skills };
-    const spec = await buildTurnSpec(sources, run, undefined, { ...(session ? { session } : {}), events });
-    const resolved = this.connections && run.agent.mcp_servers.some((s) => s.type !== 'a2a_tool_source')
-      ? await this.connections.resolveAgentServers(run.workspace_id, run.agent.mcp_servers)
-      : undefined;
-    const files = spec.resources.flatMap((r) => (r.type === 'file' && !r.missing ? [r.file_id] : []));
-    const memory = spec.memory ?? [];
-    const projects = spec.resources.flatMap((r) => (r.type === 'uploaded_project' ? [`${r.project_id}@${r.revision_number}`] : []));
-    const skills = (spec.skills ?? []).map((k) => k.ref);
-    // Repositories fetched over HTTPS may need a vault credential: only when the Session names vaults.
-    const repositories = (session?.vault_ids.length ?? 0) > 0
-      ? spec.resources.flatMap((r) => (r.type === 'repository' && r.url.startsWith('https://') ? [r.url] : []))
-      : [];
-    // A browser Environment's screenshots are stored as Files of the Session through the bearer.
-    const outputs = spec.environment.browser === true;
-    // Synced A2A tool sources the agent attaches: served by the api's runtime tool source endpoint.
-    const toolSources = run.agent.mcp_servers.flatMap((s) => (s.type === 'a2a_tool_source' ? [{ name: s.name, id: s.tool_source_id }] : []));
-    if (!resolved && toolSources.length === 0 && files.length === 0 && memory.length === 0 && repositories.length === 0 && projects.length === 0 && skills.length === 0 && !outputs) return spec as unknown as Record<string, unknown>;
-    // One runtime bearer for this lease: it works only while the lease holds the Session fence,
-    // for the agent's Connections, the Session's Files and its MemoryStores.
-    const ws = await this.docs.get<{ organization_id: string } & StoredDoc>(tags.workspace(run.workspace_id), run.workspace_id);
-    // The built-in harness asks through user.tool_confirmation before it calls an always_ask
-    // tool, so the grant itself allows the call.
-    // A Session on a deployment: the binding revisions its deployment revision selected shape
-    // the tools of the Connections they bind (docs/DEPLOYMENTS.md).
-    const selections = run.agent_deployment?.connection_binding_selections ?? [];
-    const shapings = resolved && selections.length > 0 ? await bindingShapings(this.redis, this.docs, run.workspace_id, selections) : new Map<string, ToolShaping>();
-    const grants = Object.fromEntries(Object.keys(resolved?.grants ?? {}).map((id): [string, ConnectionGrant] => {
-      const shaping = shapings.get(id);
-      return [id, { default: 'allow', ...(shaping ? { shaping } : {}) }];
-    }));
-    const bearer = await this.bearers.mint({
-      run_id: run.id, session_id: run.session_id, session_thread_id: run.session_thread_id, workspace_id: run.workspace_id, organization_id: ws?.organization_id ?? '',
-      lease_id: o.lease_id, expires_at: new Date(Date.now() + spec.environment.resources.max_duration_seconds * 1000 + o.lease_ms).toISOString(),
-      connections: grants, files, ...(repositories.length > 0 ? { repositories } : {}), ...(projects.length > 0 ? { projects } : {}), ...(skills.length > 0 ? { skills } : {}), ...(outputs ? { outputs: true } : {}), ...(toolSources.length > 0 ? { tool_sources: toolSources.map((t) => t.id) } : {}), ...(memory.length > 0 ? { memory: Object.fromEntries(memory.map((m) => [m.memory_store_id, m.access])) } : {}),
+    const specs = new LeaseSpecBuilder({
+      redis: this.redis, store: this.store, environments, sandboxProfiles: sandboxProfileStore(this.redis, { cacheVersions: true }), docs, files,
+      projects: new ProjectHeadReader(docs), skills: new SkillReader(this.redis, docs), bearers: new RedisRuntimeBearers(this.redis, new LeaseFence(this.redis)),
+      connections: config.masterKey ? new ConnectionService(docs, new SecretBox(config.masterKey)) : undefined,
     });
-    const servers: NonNullable<typeof spec.runtime_mcp>['servers'] = [];
-    if (resolved) {
-      const permission = new Map(run.agent.mcp_servers.map((s) => [s.name, s.permission ?? 'always_ask']));
-      servers.push(...resolved.servers.map((s) => ({ ...s, permission: permission.get(s.name) ?? 'always_ask' })));
-    }
-    for (const t of toolSources) servers.push({ name: t.name, connection_id: t.id, permission: 'always_ask', path: `/v1/runtime/toolsource/${t.id}` });
-    // Memory tools are the platform's own: allowed without a confirmation (ActionPolicies still decide each use).
-    memory.forEach((m, i) => servers.push({
-      name: i === 0 ? 'memory' : `memory_${i + 1}`, connection_id: m.memory_store_id, permission: 'always_allow', path: `/v1/runtime/memory/${m.memory_store_id}`,
-    }));
-    if (servers.length > 0) spec.runtime_mcp = { bearer, servers };
-    if (files.length > 0 || repositories.length > 0 || projects.length > 0 || skills.length > 0 || outputs) spec.runtime_files = { bearer };
-    return spec as unknown as Record<string, unknown>;
+    this.offers = new RedisOfferChannel(this.redis, this.sub, this.instanceId, new LeaseRecords(this.redis), (o) => specs.build(o), log, config.gatewayLinks ? { metrics: this.metrics.registry } : undefined);
   }
 
   async start(): Promise<void> {

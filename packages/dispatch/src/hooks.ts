@@ -5,7 +5,7 @@ import type { Redis } from '@agentplane/store';
 import type { RunJobData, RunQueues } from '@agentplane/lease';
 import type { RunLifecycle } from '@agentplane/domain';
 import type { DispatchHooks } from './dispatcher.js';
-import type { SchedulerMetrics } from './metrics.js';
+import type { DispatchMetrics } from './metrics.js';
 
 const LEASE_LOST = 'lease lost: the runner stopped renewing it';
 
@@ -27,7 +27,7 @@ async function settledBelow(job: Job<RunJobData>): Promise<number | null> {
 
 /** What placing a Run means for the Run document, the thread and the metrics. */
 export function runHooks(d: {
-  poolId: string; queues: RunQueues; lifecycle: RunLifecycle; metrics: SchedulerMetrics; log: Logger;
+  poolId: string; queues: RunQueues; lifecycle: RunLifecycle; metrics: DispatchMetrics; log: Logger;
   /** Where lease.cancel frames are routed from, and the grace a cancelled Run gets to stop. */
   redis: Redis; interruptGraceMs: number;
 }): DispatchHooks {
