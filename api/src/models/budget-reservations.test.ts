@@ -4,6 +4,8 @@ import { ApiError, createLogger, SecretBox } from '@agentplane/core';
 import { DocumentStore, keys, tags } from '@agentplane/store';
 import { useEmbeddedRedis } from '@agentplane/store/testing';
 import { createModelsModule, type ModelsModule } from './module.js';
+import { BudgetGuard } from './budget.js';
+import { UsageAccumulator } from './usage.js';
 import { startReportingServer } from '../../../test/fixtures/provider-servers.js';
 
 /**
@@ -86,5 +88,36 @@ describe('budget reservations', () => {
     await expect(models.gateway.execute(failed, new AbortController().signal).throw(new Error('the response could not start'))).rejects.toThrow('could not start');
     expect(await held(ws)).toBe(0);
     expect((await models.usage.read({ kind: 'workspace', workspace_id: ws })).steps).toBe(0);
+  });
+
+  it('a reservation holds while its process renews it, up to its step\'s ttl; one its process stopped renewing goes within a hold', async () => {
+    const redis = testRedis();
+    const ws = `wrkspc_${'e'.repeat(32)}`;
+    const HOLD = 1500;
+    // Two processes' guards: `dead` stops renewing (its process died mid-step), `alive` renews.
+    const dead = new BudgetGuard(redis, new UsageAccumulator(redis), HOLD);
+    const alive = new BudgetGuard(redis, new UsageAccumulator(redis), HOLD);
+    await alive.setWorkspaceBudget(ws, 1, 'lifetime');
+    const step = (g: BudgetGuard, id: string, ttl = 60_000) => g.reserve({ workspace_id: ws, step_id: id, amount_nano_usd: 500_000_000, ttl_ms: ttl });
+    const refused = (id: string) => expect(step(alive, id)).rejects.toSatisfy((e: unknown) => e instanceof ApiError && e.type === 'budget.exceeded');
+    await step(dead, 'dies');
+    dead.close();
+    const running = await step(alive, 'runs');
+    await refused('third');
+    // Past one hold (and more): the dead step's reservation is gone, the running one's is not.
+    await new Promise((r) => setTimeout(r, 2.5 * HOLD));
+    const next = await step(alive, 'next');
+    await refused('fourth');
+    await running?.release();
+    await next?.release();
+    expect(await held(ws)).toBe(0);
+    // A step past its own ttl is no longer renewed: its reservation goes a hold later.
+    await step(alive, 'overdue', HOLD);
+    await new Promise((r) => setTimeout(r, 2.5 * HOLD));
+    const again = await step(alive, 'again');
+    const another = await step(alive, 'another');
+    await again?.release();
+    await another?.release();
+    alive.close();
   });
 });

@@ -36,7 +36,7 @@ export function secondsToReset(period: 'day' | 'month', now = new Date()): numbe
  * Lua: reserve one step's estimated cost against a limit, in one script with the check.
  * KEYS: the usage counter hash the limit is about | the sorted set of reservations (member
  * `<step>:<reservation>|<nano-USD>`, score: when it expires). ARGV: limit (nano-USD) | amount |
- * member (without the amount) | ttl ms.
+ * member (without the amount) | hold ms (renewed by `RENEW` while the step runs).
  * Expired reservations (a process that died mid-step) are pruned first. A step is admitted while
  * the recorded spend plus what the steps still running reserved is under the limit: 'ok' (its
  * estimate is added), else 'spent' (the recorded spend alone reaches it) or 'held'.
@@ -56,6 +56,25 @@ if spent + held >= limit then return 'held' end
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[4]), ARGV[3] .. '|' .. ARGV[2])
 redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[4]) + 60000)
 return 'ok'`);
+
+/**
+ * Lua: hold a reservation longer, while its step runs. KEYS: its sorted set. ARGV: member |
+ * hold ms. Only an entry still there is renewed (one pruned meanwhile, its process stalled
+ * past its hold, is not brought back); the set lives as long as its longest hold.
+ */
+const RENEW = new LuaScript('model_budget_renew', `
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if redis.call('ZADD', KEYS[1], 'XX', 'GT', 'CH', now + tonumber(ARGV[2]), ARGV[1]) == 1 and redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) + 60000 then
+  redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]) + 60000)
+end
+return 1`);
+
+/**
+ * How long a reservation holds unless its process renews it (every third of that while its step
+ * runs, up to the step's `ttl_ms`): a process that dies mid-step holds no budget for longer.
+ */
+export const RESERVATION_HOLD_MS = 30_000;
 
 /** One reservation entry: the sorted set it is in (one budget's) and its member. */
 export interface ReservationEntry {
@@ -99,7 +118,35 @@ export interface ReserveRequest extends BudgetSubject {
  * still under the limit).
  */
 export class BudgetGuard {
-  constructor(private readonly redis: Redis, private readonly usage: UsageAccumulator) {}
+  /** The reservations of the steps running in this process, renewed together (`renew`). */
+  private readonly held = new Set<{ sides: ReservationEntry[]; until: number }>();
+  private renewer: NodeJS.Timeout | undefined;
+
+  constructor(private readonly redis: Redis, private readonly usage: UsageAccumulator, private readonly holdMs = RESERVATION_HOLD_MS) {}
+
+  /** Every held reservation's hold starts again; those past their step's `ttl_ms` are let go (they expire). */
+  private renew(): void {
+    const now = Date.now();
+    for (const h of this.held) {
+      if (now >= h.until) {
+        this.held.delete(h);
+        continue;
+      }
+      for (const s of h.sides) void RENEW.run(this.redis, [s.key], [s.member, this.holdMs]).catch(() => undefined);
+    }
+    if (this.held.size === 0) this.stopRenewing();
+  }
+
+  private stopRenewing(): void {
+    if (this.renewer) clearInterval(this.renewer);
+    this.renewer = undefined;
+  }
+
+  /** Stop renewing (the process is stopping: its reservations expire within a hold). */
+  close(): void {
+    this.held.clear();
+    this.stopRenewing();
+  }
 
   private key(ws: string): string {
     return keys.scoped(tags.workspace(ws), 'model_budget');
@@ -143,8 +190,9 @@ export class BudgetGuard {
    * Reserve a step's estimated cost against the Session budget and the workspace budget, each
    * in one script with its check (the two live in different slots: two scripts, sent at once;
    * one refused releases the other). Throws `budget.exceeded` as `check` does. Null, with no
-   * Redis round trip, when neither budget is set. The reservation expires after `ttl_ms`, so a
-   * process that dies mid-step holds no budget for long.
+   * Redis round trip, when neither budget is set. The reservation holds for `RESERVATION_HOLD_MS`
+   * and is renewed while the step runs, up to `ttl_ms`: a process that dies mid-step holds no
+   * budget past one hold.
    */
   async reserve(req: ReserveRequest, now = new Date()): Promise<BudgetReservation | null> {
     const limit = req.session_budget?.max_list_cost.amount;
@@ -152,17 +200,19 @@ export class BudgetGuard {
     const wb = req.workspace_budget !== undefined ? req.workspace_budget : await this.getWorkspaceBudget(req.workspace_id);
     if (!session && !wb) return null;
     const amount = String(Math.max(0, Math.round(req.amount_nano_usd)));
-    const ttl = Math.max(1000, Math.round(req.ttl_ms));
+    const hold = Math.max(1000, Math.min(this.holdMs, Math.round(req.ttl_ms)));
     const sides: ReservationEntry[] = [];
     // A member of this reservation's own: another reservation under the same step id (a retried
     // step, a second caller naming the same id) neither merges with it nor releases it.
     const own = `${req.step_id}:${randomUUID()}`;
     const reserveOn = async (scope: ReservationEntry['scope'], usageKey: string, key: string, limitNano: number): Promise<string> => {
-      const answer = String(await RESERVE.run(this.redis, [usageKey, key], [limitNano, amount, own, ttl]));
+      const answer = String(await RESERVE.run(this.redis, [usageKey, key], [limitNano, amount, own, hold]));
       if (answer === 'ok') sides.push({ scope, key, member: `${own}|${amount}` });
       return answer;
     };
+    const live = { sides, until: Date.now() + Math.max(1000, Math.round(req.ttl_ms)) };
     const release = async (): Promise<void> => {
+      this.held.delete(live);
       const taken = sides.splice(0);
       await Promise.all(taken.map((s) => this.redis.zrem(s.key, s.member).catch(() => undefined)));
     };
@@ -185,7 +235,21 @@ export class BudgetGuard {
       throw this.workspaceExceeded(wb, now, wAnswer === 'spent' ? 'is spent' : 'is spent or held by the steps running now');
     }
     const entries = [...sides];
-    return { entries, settled: () => void sides.splice(0), release };
+    if (sides.length > 0) {
+      this.held.add(live);
+      if (!this.renewer) {
+        this.renewer = setInterval(() => this.renew(), Math.max(100, Math.floor(this.holdMs / 3)));
+        this.renewer.unref();
+      }
+    }
+    return {
+      entries,
+      settled: () => {
+        this.held.delete(live);
+        sides.splice(0);
+      },
+      release,
+    };
   }
 
   /** Throws `budget.exceeded` when a limit is reached; resolves otherwise. */
