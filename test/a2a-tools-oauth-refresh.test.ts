@@ -140,6 +140,17 @@ describe('OAuth2 refresh across API processes', () => {
     expect(requests).toHaveLength(1);
   });
 
+  it('a token issued for less than the refresh margin is used while it lasts, not refreshed on every call (in any process)', async () => {
+    const vault = await expiredVault('short-lived');
+    const ws = p.bootstrap.workspace_id;
+    // 20 s of life: under the 30 s margin from the moment it is issued.
+    answerAs = () => ({ expires_in: 20 });
+    const [a, b] = [apiProcess('api-short-a'), apiProcess('api-short-b')];
+    expect((await a.custodian.resolve(ws, [vault], discovery())).headers.Authorization).toBe('Bearer issued-access-1');
+    for (const x of [a, b, a, b]) expect((await x.custodian.resolve(ws, [vault], discovery())).headers.Authorization).toBe('Bearer issued-access-1');
+    expect(requests.map((r) => r.refresh_token)).toEqual(['refresh-1']);
+  });
+
   it('a lock left by a process that died expires: a waiting call then refreshes once, under a lock of its own', async () => {
     const vault = await expiredVault('dead-holder');
     // What a holder killed between taking the lock and writing back leaves behind.

@@ -34,6 +34,8 @@ export interface CustodySettings {
 }
 
 const EXPIRED_SKEW_MS = 30_000;
+/** Secret generations whose first-seen token life a process keeps (the oldest go first). */
+const FIRST_SIGHTS_KEPT = 10_000;
 /** The most of a token endpoint's answer read (a token response is a few hundred bytes). */
 const MAX_TOKEN_RESPONSE_BYTES = 64 * 1024;
 /**
@@ -112,7 +114,7 @@ export class PeerCustodian {
     if (!secret) return { headers: {} };
     for (let attempt = 0; ; attempt++) {
       const cred = parseOAuth2Credential(secret.value, `vault ${secret.vault_id} secret ${secret.name}`);
-      if (!this.expired(cred)) return { headers: { Authorization: `Bearer ${cred.access_token}` } };
+      if (!this.expired(cred, secret)) return { headers: { Authorization: `Bearer ${cred.access_token}` } };
       if (!cred.refresh_token) throw new ApiError('validation.conflict', `the OAuth2 access token in vault ${secret.vault_id} secret ${secret.name} expired and no refresh token is held`);
       if (attempt >= 3) throw new ApiError('validation.conflict', 'the OAuth2 token was rotated concurrently; try again');
       const out = await this.refreshShared(ws, secret, url, security);
@@ -124,6 +126,8 @@ export class PeerCustodian {
 
   /** The refreshes under way in this process, one per secret: every call of the process that finds the token expired joins it. */
   private readonly inflight = new Map<string, Promise<RefreshOutcome>>();
+  /** Per secret generation: how long its access token had left when this process first read it. */
+  private readonly lifeAtFirstSight = new Map<string, number>();
 
   private refreshShared(ws: string, read: ResolvedSecret, url: string, security: OAuth2Security): Promise<RefreshOutcome> {
     const key = `${ws}/${read.vault_id}/${read.name}`;
@@ -190,9 +194,24 @@ export class PeerCustodian {
     }
   }
 
-  private expired(cred: OAuth2PeerCredential): boolean {
+  /**
+   * Whether a stored access token is to be refreshed before use: past its expiry, or within the
+   * refresh margin of it. The margin is at most half the life the token had when this process
+   * first saw it (its secret's generation): a token issued for less than the margin is used
+   * while it lasts, not refreshed on every call.
+   */
+  private expired(cred: OAuth2PeerCredential, secret: ResolvedSecret): boolean {
     if (cred.expires_at === null) return false;
-    return Date.parse(cred.expires_at) - (this.settings.refreshSkewMs ?? EXPIRED_SKEW_MS) <= Date.now();
+    const left = Date.parse(cred.expires_at) - Date.now();
+    if (!(left > 0)) return true;
+    const key = `${secret.vault_id}/${secret.name}@${secret.generation}`;
+    let life = this.lifeAtFirstSight.get(key);
+    if (life === undefined) {
+      life = left;
+      this.lifeAtFirstSight.set(key, life);
+      if (this.lifeAtFirstSight.size > FIRST_SIGHTS_KEPT) this.lifeAtFirstSight.delete(this.lifeAtFirstSight.keys().next().value as string);
+    }
+    return left <= Math.min(this.settings.refreshSkewMs ?? EXPIRED_SKEW_MS, life / 2);
   }
 
   /**
