@@ -120,4 +120,24 @@ describe('budget reservations', () => {
     await another?.release();
     alive.close();
   });
+
+  it('a daily budget refused for what running steps hold answers no Retry-After; one refused for what was spent answers the reset', async () => {
+    const redis = testRedis();
+    const ws = `wrkspc_${'f'.repeat(32)}`;
+    const guard = new BudgetGuard(redis, new UsageAccumulator(redis));
+    await guard.setWorkspaceBudget(ws, 1, 'day');
+    const step = (id: string) => guard.reserve({ workspace_id: ws, step_id: id, amount_nano_usd: 1_000_000_000, ttl_ms: 60_000 });
+    const running = await step('running');
+    const held = await step('held').then(() => null, (e: unknown) => e);
+    expect(held).toBeInstanceOf(ApiError);
+    expect((held as ApiError).type).toBe('budget.exceeded');
+    expect((held as ApiError).headers['Retry-After']).toBeUndefined();
+    await running?.release();
+    // Spent: the recorded spend reaches the limit, which resets at the next UTC day.
+    await redis.hset(UsageAccumulator.key({ kind: 'workspace', workspace_id: ws, period: { kind: 'day', at: new Date() } }), 'list_cost_nano_usd', 1_000_000_000);
+    const spent = await step('spent').then(() => null, (e: unknown) => e);
+    expect((spent as ApiError).type).toBe('budget.exceeded');
+    expect(Number((spent as ApiError).headers['Retry-After'])).toBeGreaterThanOrEqual(1);
+    guard.close();
+  });
 });

@@ -181,8 +181,13 @@ export class BudgetGuard {
       : { kind: 'workspace' as const, workspace_id: ws, period: { kind: wb.period, at: now } };
   }
 
-  private workspaceExceeded(wb: WorkspaceBudget, now: Date, why = 'is spent'): ApiError {
-    const headers = wb.period === 'lifetime' ? undefined : { 'Retry-After': String(secondsToReset(wb.period, now)) };
+  /**
+   * `held`: refused for what the steps running now reserved, not for what was spent: they free it
+   * when they end, at no known time, so no `Retry-After` (the contract gives one only for a known
+   * release or reset; the reset would tell the caller to wait hours for what may free in seconds).
+   */
+  private workspaceExceeded(wb: WorkspaceBudget, now: Date, why = 'is spent', held = false): ApiError {
+    const headers = wb.period === 'lifetime' || held ? undefined : { 'Retry-After': String(secondsToReset(wb.period, now)) };
     return new ApiError('budget.exceeded', `the workspace ${wb.period === 'lifetime' ? '' : wb.period === 'day' ? 'daily ' : 'monthly '}budget of ${wb.max_list_cost.amount} USD (list cost) ${why}`, headers ? { headers } : {});
   }
 
@@ -232,7 +237,7 @@ export class BudgetGuard {
     }
     if (wAnswer !== 'ok' && wb) {
       await release();
-      throw this.workspaceExceeded(wb, now, wAnswer === 'spent' ? 'is spent' : 'is spent or held by the steps running now');
+      throw this.workspaceExceeded(wb, now, wAnswer === 'spent' ? 'is spent' : 'is spent or held by the steps running now', wAnswer !== 'spent');
     }
     const entries = [...sides];
     if (sides.length > 0) {
