@@ -13,7 +13,7 @@ import type { SessionEventTap, TappedAppend } from '../events/tap.js';
 import { CachedMemberSet } from '../events/member-set.js';
 import { automationKeys, type AutomationStore } from './store.js';
 import {
-  AUTOMATIONS, TERMINAL_FIRING, firingsOf, type AdmissionDisposition, type AutomationDoc, type FiringDoc, type FiringOutcome, type FiringSourceKind, type ScheduleTrigger,
+  TERMINAL_FIRING, firingsOf, type AdmissionDisposition, type AutomationDoc, type FiringDoc, type FiringOutcome, type FiringSourceKind, type ScheduleTrigger,
 } from './model.js';
 
 /** The automations queue: its prefix carries a hash tag, so every key of the queue is in one slot. */
@@ -484,7 +484,7 @@ export class AutomationService {
   private async subscriptionsOf(ws: string): Promise<AutomationDoc[]> {
     const c = this.subsCache.get(ws);
     if (c && Date.now() - c.at < 1000) return c.list;
-    const ids = await this.d.store.redis.zrange(keys.index(tags.workspace(ws), AUTOMATIONS), 0, 9999);
+    const ids = await this.d.store.subscriptionIds(ws);
     const list = (await this.d.store.docs.getMany<AutomationDoc>(tags.workspace(ws), ids)).filter((a) => a.status === 'active' && a.trigger.type === 'subscription');
     this.subsCache.set(ws, { at: Date.now(), list });
     return list;

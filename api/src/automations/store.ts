@@ -48,13 +48,21 @@ export const automationKeys = {
   home: (id: string) => keys.global(`automation_home:${id}`),
   /** Workspaces with subscription Automations (the event tap looks only at these). */
   subscribers: () => keys.global('automation_subscribers'),
+  /** Set once a Workspace's subscription index holds the subscription Automations made before it existed. */
+  subscriptionsIndexed: (ws: string) => keys.scoped(tags.workspace(ws), 'automation_subscriptions_indexed'),
   /** `<ws>/<auto>` of every schedule Automation: what the schedule reconciliation walks. */
   schedules: () => keys.global('automation_schedules'),
   /** Firings whose receipt exists but whose work may not be queued yet (swept by every api). */
   outbox: () => keys.global('firing_outbox'),
 };
 
+/** The index of a Workspace's subscription Automations (those the event tap fires). */
+export const SUBSCRIPTIONS = 'automation_subscriptions';
+
 export class AutomationStore {
+  /** Workspaces whose subscription index this process found built. */
+  private readonly indexed = new Set<string>();
+
   constructor(
     readonly redis: Redis,
     readonly docs: DocumentStore,
@@ -68,7 +76,29 @@ export class AutomationStore {
     // Before the document: a crash after it leaves a schedule the reconciliation finds.
     if (a.trigger.type === 'schedule') await this.redis.sadd(automationKeys.schedules(), `${a.workspace_id}/${a.id}`);
     await this.redis.set(automationKeys.home(a.id), a.workspace_id);
-    await this.docs.create(tags.workspace(a.workspace_id), a, [AUTOMATIONS]);
+    // A subscription is listed in its Workspace's subscription index too, in the same script as
+    // its document (the kind of trigger never changes): the event tap reads only those.
+    await this.docs.create(tags.workspace(a.workspace_id), a, a.trigger.type === 'subscription' ? [AUTOMATIONS, SUBSCRIPTIONS] : [AUTOMATIONS]);
+  }
+
+  /**
+   * The ids of the Workspace's subscription Automations (and, after a crash, of one whose create
+   * did not finish: its document is missing). A Workspace whose subscriptions were made before
+   * the index existed has them indexed first, once.
+   */
+  async subscriptionIds(ws: string): Promise<string[]> {
+    const tag = tags.workspace(ws);
+    if (!this.indexed.has(ws)) {
+      if (!(await this.redis.exists(automationKeys.subscriptionsIndexed(ws)))) {
+        const ids = await this.redis.zrange(keys.index(tag, AUTOMATIONS), 0, -1);
+        const subs = (await this.docs.getMany<AutomationDoc>(tag, ids)).filter((a) => a.trigger.type === 'subscription');
+        if (subs.length > 0) await this.redis.zadd(keys.index(tag, SUBSCRIPTIONS), ...subs.flatMap((a) => [Date.parse(a.created_at), a.id]));
+        await this.redis.set(automationKeys.subscriptionsIndexed(ws), '1');
+      }
+      if (this.indexed.size >= 100_000) this.indexed.clear();
+      this.indexed.add(ws);
+    }
+    return this.redis.zrange(keys.index(tag, SUBSCRIPTIONS), 0, -1);
   }
 
   async get(ws: string, id: string): Promise<AutomationDoc> {
@@ -97,7 +127,7 @@ export class AutomationStore {
    * delete 409 `validation.conflict` instead of being erased unseen. Then its secret, home and metrics.
    */
   async remove(ws: string, id: string, expectedVersion?: number): Promise<void> {
-    const r = await this.docs.removeIfVersion(tags.workspace(ws), id, expectedVersion, [AUTOMATIONS]);
+    const r = await this.docs.removeIfVersion(tags.workspace(ws), id, expectedVersion, [AUTOMATIONS, SUBSCRIPTIONS]);
     if (r.kind === 'missing') throw new ApiError('validation.not_found', `automation ${id} not found`);
     if (r.kind === 'stale') {
       const at = (JSON.parse(r.current) as AutomationDoc).version;
