@@ -229,6 +229,27 @@ describe('streaming', () => {
     expect(out.text).toContain(`${4 * 1024 * 1024} characters`);
   });
 
+  it('the hard deadline wins over a transport whose stream does not end when aborted: indeterminate at the deadline', async () => {
+    let closed = false;
+    // A client whose stream names a working task, then waits for ever, deaf to its abort signal.
+    const deaf = {
+      sendMessageStream: () => (async function* () {
+        try {
+          yield { payload: { $case: 'task', value: { id: 't-deaf', contextId: '', status: { state: 2, message: undefined, timestamp: undefined }, artifacts: [], history: [], metadata: undefined } } };
+          await new Promise(() => undefined);
+        } finally {
+          closed = true;
+        }
+      })(),
+    } as unknown as Parameters<typeof callPeer>[1];
+    const started = Date.now();
+    const out = await callPeer({ discovery: { interface: { url: 'http://peer.invalid/a2a', protocol_binding: 'JSONRPC', protocol_version: '1.0' }, agent_name: 'p', agent_version: '1' }, headers: {}, text: 'x', messageId: 'msg-deaf', deadlineAt: Date.now() + 300, policy: POLICY, streaming: true }, deaf);
+    expect(out).toMatchObject({ status: 'indeterminate', task_id: 't-deaf' });
+    expect(Date.now() - started).toBeLessThan(10_000);
+    // The generator is suspended in its endless wait: asked to close, not yet closed.
+    expect(closed).toBe(false);
+  });
+
   it('a stream that never settles loses to the hard deadline', async () => {
     const peer = await startSdkPeer();
     peers.push(peer);

@@ -321,6 +321,9 @@ class TaskView {
   }
 }
 
+/** What a stream's next event loses to once the call's deadline passed. */
+const DEADLINE = Symbol('deadline');
+
 async function streamTask(
   peer: Client, input: CallInput, message: Message, deadline: AbortSignal, remaining: () => number,
   options: () => { signal: AbortSignal; serviceParameters: Record<string, string> }, known: (taskId: string) => void,
@@ -331,15 +334,31 @@ async function streamTask(
   if (taskId) known(taskId);
   // A stream has no per-request time limit; only the deadline ends it.
   const streamOptions = () => ({ ...options(), signal: deadline });
+  // The deadline wins even over a transport that does not end its stream when told to (each
+  // event is awaited against it): the call is then indeterminate, and its stream closed.
+  const lapsed = new Promise<typeof DEADLINE>((resolve) => {
+    if (deadline.aborted) resolve(DEADLINE);
+    else deadline.addEventListener('abort', () => resolve(DEADLINE), { once: true });
+  });
   for (let attempt = 0; ; attempt++) {
     const stream = taskId === null
       ? peer.sendMessageStream({ tenant: '', message, metadata: undefined, configuration: { acceptedOutputModes: ['text/plain'], taskPushNotificationConfig: undefined, returnImmediately: false } }, streamOptions())
       : peer.resubscribeTask({ tenant: '', id: taskId }, streamOptions());
     if (taskId !== null && attempt > 0) resumes += 1;
     const sent = attempt === 0 && taskId === null;
+    const events = stream[Symbol.asyncIterator]();
+    let ended = false;
     try {
-      for await (const ev of stream) {
-        const seen = view.apply(ev);
+      for (;;) {
+        const next = events.next();
+        next.catch(() => undefined);
+        const step = await Promise.race([next, lapsed]);
+        if (step === DEADLINE) return { status: 'indeterminate', task_id: taskId, text: '', polls: resumes };
+        if (step.done) {
+          ended = true;
+          break;
+        }
+        const seen = view.apply(step.value);
         if (seen.message !== undefined && taskId === null) return { status: 'completed', task_id: null, text: seen.message, polls: resumes };
         if (seen.taskId && taskId === null) {
           taskId = seen.taskId;
@@ -354,8 +373,12 @@ async function streamTask(
         if (settled) return { status: settled, task_id: taskId, text: view.text(), polls: resumes };
       }
     } catch (err) {
+      ended = true;
       if (deadline.aborted || remaining() <= 0) return { status: 'indeterminate', task_id: taskId, text: '', polls: resumes };
       if (sent && taskId === null) return { status: 'error', task_id: null, text: `the peer did not accept the message: ${(err as Error).message}`, polls: resumes };
+    } finally {
+      // Left before its end (a result, the deadline): the stream is closed, as `for await` would.
+      if (!ended) void events.return?.(undefined).catch(() => undefined);
     }
     if (taskId === null) return { status: 'error', task_id: null, text: 'the peer ended the stream before naming a task', polls: resumes };
     // The stream dropped before a final state: resume the same task after a backoff.
