@@ -172,6 +172,25 @@ describe('peer credential custody', () => {
     expect(tokenRequests).toHaveLength(1);
   });
 
+  it('OAuth2: a token the peer refuses before its expiry (revoked) is refreshed once, and the message sent again with the new one', async () => {
+    const vault = (await p.root.post<{ id: string }>('/v1/vaults', { name: 'oauth-revoked' })).id;
+    // Not expired by its own account, but no longer taken by the peer.
+    const value = JSON.stringify({ access_token: STALE, expires_at: new Date(Date.now() + 3_600_000).toISOString(), refresh_token: REFRESH_1, token_url: `${tokenBase}/token`, client_id: 'agentplane', client_secret: CLIENT_SECRET });
+    await p.root.request('PUT', `/v1/vaults/${vault}/secrets/peer`, { body: { kind: 'a2a_oauth2', match: oauthPeer.rpcUrl, value } });
+    const refreshes = tokenRequests.length;
+    const calls = oauthPeer.calls.length;
+
+    const { events } = await allowedCall(oauthSource, 'oauthpeer', [vault]);
+    expect(invocation(events).payload).toMatchObject({ status: 'completed', tool_source_id: oauthSource });
+    expect(tokenRequests.length - refreshes).toBe(1);
+    const sent = oauthPeer.calls.slice(calls).map((c) => c.authorization);
+    expect(sent[0]).toBe(`Bearer ${STALE}`);
+    expect(sent.slice(1)).toEqual(sent.slice(1).map(() => `Bearer ${FRESH}`));
+    expect(sent.length).toBeGreaterThan(1);
+    const stored = await p.root.get<{ secrets: { name: string; generation: number }[] }>(`/v1/vaults/${vault}`);
+    expect(stored.secrets.find((s) => s.name === 'peer')?.generation).toBe(2);
+  });
+
   it('mTLS: the peer refuses a connection without its client certificate; the vault\'s certificate is presented on the TLS connection', async () => {
     mtlsSource = await source('mtlspeer', mtlsPeer, {
       securitySchemes: { m: { mtlsSecurityScheme: {} } }, securityRequirements: [{ schemes: { m: { list: [] } } }],

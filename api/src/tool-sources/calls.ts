@@ -43,6 +43,12 @@ export interface A2aCallInput {
   headers: Record<string, string>;
   /** mTLS: the client certificate and key, resolved in this process; never stored. */
   tls?: ClientTls | undefined;
+  /**
+   * The peer refused the message's credential (401), so nothing was started there: a credential
+   * to send it once more with (an OAuth2 token refreshed in place of the refused one), or null
+   * when there is none other to try.
+   */
+  reauthorize?: () => Promise<{ headers: Record<string, string>; tls?: ClientTls | undefined } | null>;
 }
 
 export interface InvocationResult {
@@ -106,23 +112,46 @@ export class A2aToolCalls {
     }
     const push = bearer && created ? { url: callbackUrl(pushBase!, record), bearer, wait: (ms: number, signal: AbortSignal) => this.waitWake(record.call_id, ms, signal) } : undefined;
     if (push) await this.watch(record.call_id);
-    const outcome = await callPeer({
-      discovery: input.source.discovery, headers: input.headers, tls: input.tls, text: input.text, messageId: record.message_id, deadlineAt: record.deadline_at,
+    const discovery = input.source.discovery;
+    const call = (headers: Record<string, string>, tls: ClientTls | undefined) => callPeer({
+      discovery, headers, tls, text: input.text, messageId: record.message_id, deadlineAt: record.deadline_at,
       policy: this.settings.policy, taskId: record.task_id,
       // A resumed call polls: only the attempt that registered the callback holds its Bearer.
       push,
       // The outbound address guard, on the very address each request connects to.
-      egress: { rpcUrl: input.source.discovery.interface.url, policy: this.settings.egress },
+      egress: { rpcUrl: discovery.interface.url, policy: this.settings.egress },
       // Only the Bearer custody adapter holds a stream open; other alternatives poll.
-      streaming: input.source.discovery.streaming && input.source.discovery.security.kind === 'bearer',
+      streaming: discovery.streaming && discovery.security.kind === 'bearer',
       onTask: async (taskId) => {
         record.task_id = taskId;
         await this.redis.set(key, JSON.stringify(record), 'KEEPTTL');
       },
-    }).finally(() => this.watched.delete(record.call_id));
+    });
+    const sent = [input.headers];
+    let outcome: CallOutcome;
+    try {
+      outcome = await call(input.headers, input.tls);
+      // The credential was refused before anything started at the peer (a token revoked or
+      // rotated before its expiry): sent once more, with the one that replaces it, if any.
+      if (outcome.status === 'error' && outcome.unauthorized && record.task_id === null && input.reauthorize) {
+        const first = outcome;
+        const again = await input.reauthorize().catch((err: unknown) => {
+          // No other credential (the refresh refused, none held): the refusal stands, with why.
+          outcome = { ...first, text: `${first.text}; the credential could not be renewed: ${err instanceof Error ? err.message : String(err)}` };
+          return null;
+        });
+        if (again) {
+          sent.push(again.headers);
+          outcome = await call(again.headers, again.tls);
+        }
+      }
+    } finally {
+      this.watched.delete(record.call_id);
+    }
     // A peer's answer may quote the credential it was sent (an HTTP error body the client quotes
     // in its message, a task's text): it is taken out before the event log keeps the text.
-    return this.settle(record, outcome.status === 'indeterminate' ? outcome : { ...outcome, text: scrubSecrets(outcome.text, sentCredentials(input.headers)) });
+    const text = outcome.text;
+    return this.settle(record, outcome.status === 'indeterminate' ? outcome : { ...outcome, text: scrubSecrets(text, sent.flatMap(sentCredentials)) });
   }
 
   /**

@@ -84,7 +84,7 @@ describe('OAuth2 custody', () => {
   it('a valid token is used as it is; no refresh', async () => {
     const vault = new FakeVault({ access_token: 'good', expires_at: new Date(Date.now() + 3_600_000).toISOString(), refresh_token: 'refresh-1' });
     const c = new PeerCustodian(vault as unknown as VaultService, testRedis());
-    expect(await c.resolve('ws', ['vlt_1'], discovery())).toEqual({ headers: { Authorization: 'Bearer good' } });
+    expect((await c.resolve('ws', ['vlt_1'], discovery())).headers).toEqual({ Authorization: 'Bearer good' });
     expect(requests).toHaveLength(0);
   });
 
@@ -123,7 +123,7 @@ describe('OAuth2 custody', () => {
         expiresIn = value;
         const vault = new FakeVault(expired());
         const before = Date.now();
-        expect(await new PeerCustodian(vault as unknown as VaultService, testRedis()).resolve('ws', ['vlt_1'], at)).toEqual({ headers: { Authorization: 'Bearer access-x' } });
+        expect((await new PeerCustodian(vault as unknown as VaultService, testRedis()).resolve('ws', ['vlt_1'], at)).headers).toEqual({ Authorization: 'Bearer access-x' });
         const cred = JSON.parse(vault.value) as { expires_at: string | null; refresh_token: string };
         expect([vault.writes, cred.refresh_token]).toEqual([1, 'refresh-x']);
         expect(cred.expires_at).not.toBeNull();

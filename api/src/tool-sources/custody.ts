@@ -18,6 +18,12 @@ type OAuth2Security = Extract<Discovery['security'], { kind: 'oauth2_authorizati
 export interface PeerCustody {
   headers: Record<string, string>;
   tls?: { cert: string; key: string } | undefined;
+  /**
+   * OAuth2: the peer refused this access token (401) before its expiry (revoked, rotated): the
+   * credential that replaces it (refreshed once across every process, as an expired one is),
+   * or null when the stored token is still the refused one and cannot be refreshed.
+   */
+  renew?: () => Promise<PeerCustody | null>;
 }
 
 export interface CustodySettings {
@@ -96,7 +102,7 @@ export class PeerCustodian {
     private readonly settings: Partial<CustodySettings> = {},
   ) {}
 
-  async resolve(ws: string, vaultIds: readonly string[], discovery: Pick<Discovery, 'interface' | 'security'>): Promise<PeerCustody> {
+  async resolve(ws: string, vaultIds: readonly string[], discovery: Pick<Discovery, 'interface' | 'security'>, refused?: string): Promise<PeerCustody> {
     const url = discovery.interface.url;
     const security = discovery.security;
     if (security.kind === 'bearer') {
@@ -112,13 +118,21 @@ export class PeerCustodian {
     }
     let secret = await this.vaults.resolve(ws, vaultIds, ['a2a_oauth2'], url);
     if (!secret) return { headers: {} };
+    const custody = (token: string): PeerCustody => ({
+      headers: { Authorization: `Bearer ${token}` },
+      renew: async () => (token === refused ? null : this.resolve(ws, vaultIds, discovery, token)),
+    });
     for (let attempt = 0; ; attempt++) {
       const cred = parseOAuth2Credential(secret.value, `vault ${secret.vault_id} secret ${secret.name}`);
-      if (!this.expired(cred, secret)) return { headers: { Authorization: `Bearer ${cred.access_token}` } };
-      if (!cred.refresh_token) throw new ApiError('validation.conflict', `the OAuth2 access token in vault ${secret.vault_id} secret ${secret.name} expired and no refresh token is held`);
+      // A token the peer refused is refreshed like an expired one (unless another call did already).
+      const stale = cred.access_token === refused;
+      if (!stale && !this.expired(cred, secret)) return custody(cred.access_token);
+      if (!cred.refresh_token) {
+        throw new ApiError('validation.conflict', `the OAuth2 access token in vault ${secret.vault_id} secret ${secret.name} ${stale ? 'was refused by the peer' : 'expired'} and no refresh token is held`);
+      }
       if (attempt >= 3) throw new ApiError('validation.conflict', 'the OAuth2 token was rotated concurrently; try again');
       const out = await this.refreshShared(ws, secret, url, security);
-      if ('access_token' in out) return { headers: { Authorization: `Bearer ${out.access_token}` } };
+      if ('access_token' in out) return custody(out.access_token);
       if (!out.secret) throw new ApiError('validation.conflict', `the OAuth2 credential in vault ${secret.vault_id} was removed`);
       secret = out.secret;
     }

@@ -60,12 +60,25 @@ export class PeerBusy extends Error {
   }
 }
 
+/** A 401 from the peer: the credential the request carried was refused (the body's start quoted). */
+export class PeerUnauthorized extends Error {
+  constructor(body: string) {
+    super(`the peer answered 401${body ? `: ${body}` : ''}`);
+  }
+}
+
+/** How much of a 401's body its error quotes. */
+const UNAUTHORIZED_QUOTE_CHARS = 1024;
+
 export type CallOutcome =
   | { status: 'completed' | 'failed' | 'canceled' | 'rejected' | 'input_required' | 'auth_required'; task_id: string | null; text: string; polls: number }
   /** The hard deadline passed before the peer settled the task: nothing is known of its result. */
   | { status: 'indeterminate'; task_id: string | null; text: ''; polls: number }
-  /** The peer could not be reached or refused the request (the send was not accepted). */
-  | { status: 'error'; task_id: string | null; text: string; polls: number };
+  /**
+   * The peer could not be reached or refused the request (the send was not accepted).
+   * `unauthorized`: it refused the message's credential (401), so nothing was started there.
+   */
+  | { status: 'error'; task_id: string | null; text: string; polls: number; unauthorized?: true };
 
 export interface CallInput {
   discovery: Pick<Discovery, 'interface' | 'agent_name' | 'agent_version'>;
@@ -167,6 +180,10 @@ function guardedFetch(ceiling: EgressCeiling | undefined, tls?: ClientTls): type
       if (url.href !== new URL(ceiling.rpcUrl).href || method !== 'POST') throw new Error(`egress refused: ${method} ${url.href} is outside the provider package`);
     }
     const res = await send(input, init);
+    if (res.status === 401) {
+      const text = await res.text().then((t) => t.slice(0, UNAUTHORIZED_QUOTE_CHARS), () => '');
+      throw new PeerUnauthorized(text);
+    }
     if (res.status === 429 || res.status === 503) {
       await res.body?.cancel().catch(() => undefined);
       throw new PeerBusy(res.status, res.headers.get('retry-after'));
@@ -190,6 +207,16 @@ export async function peerClient(discovery: CallInput['discovery'], streaming = 
 function findBusy(err: unknown): PeerBusy | null {
   for (let e: unknown = err, i = 0; e && i < 5; e = (e as { cause?: unknown }).cause, i++) if (e instanceof PeerBusy) return e;
   return null;
+}
+
+function isUnauthorized(err: unknown): boolean {
+  for (let e: unknown = err, i = 0; e && i < 5; e = (e as { cause?: unknown }).cause, i++) if (e instanceof PeerUnauthorized) return true;
+  return false;
+}
+
+/** The send's refusal: `unauthorized` when the peer refused its credential. */
+function notAccepted(err: unknown, polls: number): CallOutcome {
+  return { status: 'error', task_id: null, text: `the peer did not accept the message: ${(err as Error).message}`, polls, ...(isUnauthorized(err) ? { unauthorized: true as const } : {}) };
 }
 
 /**
@@ -235,7 +262,7 @@ export async function callPeer(input: CallInput, client?: Client): Promise<CallO
       task = sent;
     } catch (err) {
       if (deadline.signal.aborted || remaining() <= 0) return { status: 'indeterminate', task_id: null, text: '', polls };
-      return { status: 'error', task_id: null, text: `the peer did not accept the message: ${(err as Error).message}`, polls };
+      return notAccepted(err, polls);
     }
     if (taskId === null) {
       taskId = task.id;
@@ -375,7 +402,7 @@ async function streamTask(
     } catch (err) {
       ended = true;
       if (deadline.aborted || remaining() <= 0) return { status: 'indeterminate', task_id: taskId, text: '', polls: resumes };
-      if (sent && taskId === null) return { status: 'error', task_id: null, text: `the peer did not accept the message: ${(err as Error).message}`, polls: resumes };
+      if (sent && taskId === null) return notAccepted(err, resumes);
     } finally {
       // Left before its end (a result, the deadline): the stream is closed, as `for await` would.
       if (!ended) void events.return?.(undefined).catch(() => undefined);

@@ -90,6 +90,7 @@ export function runtimeToolSource(deps: ApiDeps, verifier: RuntimeBearerVerifier
         const r = await deps.a2aCalls.invoke({
           workspace_id: ctx.grant.workspace_id, session_id: ctx.grant.session_id, session_thread_id: ctx.grant.session_thread_id ?? null, call_id: toolUseId,
           source: ctx.source, tool, text: message, headers: custody.headers, tls: custody.tls,
+          ...(custody.renew ? { reauthorize: custody.renew } : {}),
         });
         calls.inc({ outcome: r.outcome.status });
         const completed = r.outcome.status === 'completed';
