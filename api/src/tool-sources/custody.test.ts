@@ -190,4 +190,17 @@ describe('OAuth2 custody', () => {
       await new Promise<void>((r) => flood.close(() => r()));
     }
   });
+
+  it('a credential without token_url keeps the endpoint of its first refresh: a card naming another one later is refused, not sent the refresh token', async () => {
+    const vault = new FakeVault(expired());
+    const c = new PeerCustodian(vault as unknown as VaultService, testRedis());
+    expect((await c.resolve('ws', ['vlt_1'], discovery())).headers).toEqual({ Authorization: 'Bearer access-1' });
+    expect((JSON.parse(vault.value) as { token_url: string }).token_url).toBe(tokenUrl);
+    // The token expires; another tool source's card matching the same peer names its own endpoint.
+    vault.value = JSON.stringify({ ...(JSON.parse(vault.value) as object), expires_at: new Date(Date.now() - 1000).toISOString() });
+    const other = discovery();
+    other.security = { ...(other.security as Extract<Discovery['security'], { kind: 'oauth2_authorization_code' }>), token_url: 'http://127.0.0.1:9/elsewhere' };
+    await expect(c.resolve('ws', ['vlt_1'], other)).rejects.toSatisfy((e: unknown) => e instanceof ApiError && /not the card's signed token endpoint/.test(e.message));
+    expect(requests).toHaveLength(1);
+  });
 });

@@ -194,7 +194,7 @@ export class PeerCustodian {
           // The access token cannot be used, but the endpoint may have rotated the refresh token,
           // spending the old one: the new one is kept, or the next refresh would present a spent
           // token (which an endpoint with reuse detection answers by revoking the grant).
-          if (next.refresh_token !== cred.refresh_token) await this.writeBack(ws, current, { ...cred, refresh_token: next.refresh_token }).catch(() => false);
+          if (next.refresh_token !== cred.refresh_token) await this.writeBack(ws, current, { ...cred, refresh_token: next.refresh_token, token_url: next.token_url }).catch(() => false);
           throw new ApiError('validation.conflict', refused);
         } finally {
           await releaseLock.run(this.redis, [lock], [owner]).catch(() => undefined);
@@ -279,6 +279,9 @@ export class PeerCustodian {
     const expiresIn = expiresInSeconds(body.expires_in);
     const next: OAuth2PeerCredential = {
       ...cred,
+      // The endpoint the first refresh went to is kept: a card naming another one later (another
+      // tool source matching the secret) is refused above, not sent the refresh token.
+      token_url: cred.token_url ?? tokenUrl,
       access_token: body.access_token,
       // A rotated refresh token replaces the old one; otherwise the old one stays.
       refresh_token: typeof body.refresh_token === 'string' && body.refresh_token !== '' ? body.refresh_token : cred.refresh_token,
