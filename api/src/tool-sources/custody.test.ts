@@ -203,4 +203,17 @@ describe('OAuth2 custody', () => {
     await expect(c.resolve('ws', ['vlt_1'], other)).rejects.toSatisfy((e: unknown) => e instanceof ApiError && /not the card's signed token endpoint/.test(e.message));
     expect(requests).toHaveLength(1);
   });
+
+  it('a token the peer refused is renewed once; a peer that refuses the new one too gets no second refresh from this process within a minute', async () => {
+    const vault = new FakeVault({ access_token: 'good', expires_at: new Date(Date.now() + 3_600_000).toISOString(), refresh_token: 'refresh-1' });
+    const c = new PeerCustodian(vault as unknown as VaultService, testRedis());
+    const first = await c.resolve('ws', ['vlt_1'], discovery());
+    const renewed = await first.renew?.();
+    expect(renewed?.headers).toEqual({ Authorization: 'Bearer access-1' });
+    expect(requests).toHaveLength(1);
+    // Refused again: nothing more to try for now.
+    expect(await renewed?.renew?.()).toBeNull();
+    expect(await (await c.resolve('ws', ['vlt_1'], discovery())).renew?.()).toBeNull();
+    expect(requests).toHaveLength(1);
+  });
 });

@@ -40,6 +40,8 @@ export interface CustodySettings {
 }
 
 const EXPIRED_SKEW_MS = 30_000;
+/** How soon after renewing a secret's token for a peer's refusal a process renews it for one again. */
+const RENEW_AFTER_REFUSAL_MS = 60_000;
 /** Secret generations whose first-seen token life a process keeps (the oldest go first). */
 const FIRST_SIGHTS_KEPT = 10_000;
 /** The most of a token endpoint's answer read (a token response is a few hundred bytes). */
@@ -118,9 +120,17 @@ export class PeerCustodian {
     }
     let secret = await this.vaults.resolve(ws, vaultIds, ['a2a_oauth2'], url);
     if (!secret) return { headers: {} };
+    const renewKey = `${ws}/${secret.vault_id}/${secret.name}`;
     const custody = (token: string): PeerCustody => ({
       headers: { Authorization: `Bearer ${token}` },
-      renew: async () => (token === refused ? null : this.resolve(ws, vaultIds, discovery, token)),
+      renew: async () => {
+        // A peer that refuses every token (a scope it will never grant, a misconfigured peer)
+        // gets one refresh a minute from this process, not one per call.
+        if (token === refused || Date.now() - (this.renewedAt.get(renewKey) ?? 0) < RENEW_AFTER_REFUSAL_MS) return null;
+        this.renewedAt.set(renewKey, Date.now());
+        if (this.renewedAt.size > FIRST_SIGHTS_KEPT) this.renewedAt.delete(this.renewedAt.keys().next().value as string);
+        return this.resolve(ws, vaultIds, discovery, token);
+      },
     });
     for (let attempt = 0; ; attempt++) {
       const cred = parseOAuth2Credential(secret.value, `vault ${secret.vault_id} secret ${secret.name}`);
@@ -142,6 +152,8 @@ export class PeerCustodian {
   private readonly inflight = new Map<string, Promise<RefreshOutcome>>();
   /** Per secret generation: how long its access token had left when this process first read it. */
   private readonly lifeAtFirstSight = new Map<string, number>();
+  /** Per secret: when this process last renewed its token for a peer's refusal (`PeerCustody.renew`). */
+  private readonly renewedAt = new Map<string, number>();
 
   private refreshShared(ws: string, read: ResolvedSecret, url: string, security: OAuth2Security): Promise<RefreshOutcome> {
     const key = `${ws}/${read.vault_id}/${read.name}`;
