@@ -5,6 +5,7 @@ import { pageOf, workspaceRead, workspaceWrite } from '../http/workspace-operati
 import { requireWorkspace } from '../http/workspace-scope.js';
 import { checkMultiagent, newAgent, normaliseMcp, normaliseTools } from '@agentplane/domain';
 import { AgentPath, AgentSchema, AgentVersionPath, CreateAgentBody, UpdateAgentBody } from './schemas.js';
+import { createVersioned } from '../http/keyed-create.js';
 
 const readers = { kind: 'bearer', roles: READERS } as const;
 const writers = { kind: 'bearer', roles: WRITERS } as const;
@@ -14,11 +15,11 @@ export const agentOperations: Operation[] = [
     operationId: 'agents.createAgent', path: '/v1/agents', summary: 'Create an Agent (version 1)',
     audit: { target: 'response' },
     auth: writers, body: CreateAgentBody, response: AgentSchema, successStatus: 201, idempotency: 'optional', mcp: 'compact',
-  }, async (ws, { body, deps }) => {
+  }, async (ws, { body, keyed, deps }) => {
     await deps.models.profiles.requireKey(ws, body.model, 'body.model');
     if (body.skills) await deps.skills.checkSelections(ws, body.skills, 'body.skills');
     if (body.multiagent) await checkMultiagent(body.multiagent, body.tools ?? [], (id, v) => deps.agents.getVersion(ws, id, v));
-    return deps.agents.create(ws, newAgent(ws, body));
+    return createVersioned(deps.agents, ws, newAgent(ws, body), 'agent', keyed, 'agent-created');
   }),
   workspaceRead({
     operationId: 'agents.listAgents', path: '/v1/agents', summary: 'List the Agents of the Workspace (latest versions)',

@@ -4,6 +4,7 @@ import { defineOperation, json, type Operation } from '../http/operation.js';
 import { pageOf, workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
 import { AcpHarness, DEFAULT_RESOURCES, Driver, ImageReference, Network, Packages, Resources, Retention, Tier, Topology, type Environment } from '@agentplane/domain';
+import { createVersioned } from '../http/keyed-create.js';
 
 
 const ConfigFields = {
@@ -85,7 +86,7 @@ export const environmentOperations: Operation[] = [
     audit: { target: 'response' },
     summary: 'Create an execution Environment (version 1)', auth: writers, body: CreateBody, response: EnvironmentSchema,
     successStatus: 201, idempotency: 'optional', mcp: 'full',
-  }, async (ws, { body, deps }) => {
+  }, async (ws, { body, keyed, deps }) => {
     const now = nowIso();
     browserTier(body.browser, body.tier, body.harness);
     const env: Environment = {
@@ -95,7 +96,7 @@ export const environmentOperations: Operation[] = [
       harness_topology: body.harness_topology ?? 'split', harness: body.harness ?? null, packages: body.packages ?? {},
       browser: body.browser ?? false, metadata: body.metadata ?? {}, version: 1, archived_at: null, created_at: now, updated_at: now,
     };
-    return deps.environments.create(ws, env);
+    return createVersioned(deps.environments, ws, env, 'environment', keyed, 'environment-created');
   }),
   workspaceRead({
     operationId: 'environments.listEnvironments', path: '/v1/environments', summary: 'List Environments (latest versions)',
