@@ -15,20 +15,16 @@ import type { KeyedRequest } from './idempotency.js';
 export async function createVersioned<T extends VersionedDoc>(
   store: VersionedStore<T>, ws: string, doc: T, kind: IdKind, keyed: KeyedRequest | undefined, point: string,
 ): Promise<T> {
-  if (!keyed) {
-    const made = await store.create(ws, doc);
-    crashPoint(point);
-    return made;
-  }
-  const id = keyed.id(kind, keyed.fingerprint);
+  const id = keyed ? keyed.id(kind, keyed.fingerprint) : doc.id;
+  let made: T;
   try {
-    const made = await store.create(ws, { ...doc, id });
-    crashPoint(point);
-    return made;
+    made = await store.create(ws, { ...doc, id });
   } catch (err) {
-    if (!(err instanceof ApiError && err.type === 'validation.conflict')) throw err;
+    if (!keyed || !(err instanceof ApiError && err.type === 'validation.conflict')) throw err;
     const earlier = await store.getVersion(ws, id, 1).catch(() => null);
     if (earlier && Date.parse(earlier.created_at) + keyed.keptMs > Date.now()) return earlier;
     throw new ApiError('idempotency.conflict', 'this Idempotency-Key was used for this request longer ago than keys are kept; use a new key');
   }
+  crashPoint(point);
+  return made;
 }

@@ -150,8 +150,7 @@ export class A2aToolCalls {
     }
     // A peer's answer may quote the credential it was sent (an HTTP error body the client quotes
     // in its message, a task's text): it is taken out before the event log keeps the text.
-    const text = outcome.text;
-    return this.settle(record, outcome.status === 'indeterminate' ? outcome : { ...outcome, text: scrubSecrets(text, sent.flatMap(sentCredentials)) });
+    return this.settle(record, outcome.status === 'indeterminate' ? outcome : { ...outcome, text: scrubSecrets(outcome.text, sent.flatMap(sentCredentials)) });
   }
 
   /**
