@@ -36,6 +36,12 @@ describe('bench --help', () => {
     }
   });
 
+  it('a variable only a comment names is not listed (bench:events reads no BENCH_ROUNDS; the help module\'s own comment shows it)', () => {
+    const help = benchHelpText(join(ROOT_DIR, 'bench/events.ts'));
+    expect(help).toContain('  BENCH_DRIVE_ROUNDS (default 3)');
+    expect(help).not.toMatch(/^  BENCH_ROUNDS\b/m);
+  });
+
   // A bench that runs its work at once (api) and one that other benches import (dispatch).
   for (const file of ['bench/api.ts', 'bench/dispatch.ts']) {
     it(`${file} --help prints the help and exits 0 before starting anything`, async () => {

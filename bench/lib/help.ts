@@ -21,7 +21,9 @@ export function benchSettings(file: string): BenchSetting[] {
   const files = [file];
   for (let i = 0; i < files.length; i++) {
     const source = readFileSync(files[i] as string, 'utf8');
-    for (const m of source.matchAll(/process\.env\.([A-Z][A-Z0-9_]*)(?:\s*\?\?\s*('[^']*'|[\d_]+))?/g)) {
+    // Only code reads a setting: a comment that shows one (as this file's do) is not a read.
+    const code = source.split('\n').filter((line) => !/^\s*(\/\/|\/\*|\*)/.test(line)).join('\n');
+    for (const m of code.matchAll(/process\.env\.([A-Z][A-Z0-9_]*)(?:\s*\?\?\s*('[^']*'|[\d_]+))?/g)) {
       const name = m[1] as string;
       if (name === 'PATH' || name === 'HOME') continue;
       if (!seen.has(name) || seen.get(name) === undefined) seen.set(name, m[2]?.replace(/^'|'$/g, '').replaceAll('_', ''));

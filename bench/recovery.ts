@@ -1,0 +1,175 @@
+// bench:recovery — how soon an interrupted Run runs again after a whole-platform crash: every
+// process (supervisor, embedded Redis, API, scheduler, local runner) killed with SIGKILL while a
+// Run's tool call is in its sandbox, then the platform started again on the same data, as
+// `npm start` would. Default settings (a 30 s lease, renewed every 10 s), so only the restarted
+// runner's report of the leases it no longer holds can end the lost attempt early.
+//
+// Reported per round: restart → the runner ready; the runner ready → the Run rescheduled (the
+// `session.thread_status_rescheduled` event); restart → the Run's second attempt running.
+// Floor, measured in the same run on the same Redis: a raw BullMQ Worker (default settings: a
+// 30 s lock) killed with SIGKILL while it processes a job, and a new Worker started: how long
+// until the new Worker processes the job again (its stalled-job check, then the job's lock lapse).
+// Needs Docker (the Run's tool call runs in a sandbox). Takes two to three minutes.
+import { spawn } from 'node:child_process';
+import { rmSync } from 'node:fs';
+import { resolve } from 'node:path';
+import { Queue, Worker } from 'bullmq';
+import { Redis } from 'ioredis';
+import type { HttpClient } from '@agentplane/client';
+import { startPlatform, waitFor, type Platform } from '../test/harness/platform.js';
+import { printTable, summarize, wallMs } from './lib/report.js';
+import { benchHelp } from './lib/help.js';
+
+benchHelp(import.meta.url);
+
+const ROUNDS = Math.max(1, Number(process.env.BENCH_RECOVERY_ROUNDS ?? 3));
+const ROOT = resolve(import.meta.dirname, '..');
+const out = (s: string) => process.stdout.write(`${s}\n`);
+const SCRIPT = (rules: unknown[]) => `\`\`\`scripted\n${JSON.stringify({ rules })}\n\`\`\``;
+/** The supervisor first, so that it restarts nothing; then every process it started. */
+const KILL_ORDER = ['platform', 'api', 'scheduler', 'runner', 'redis'];
+
+interface Ev { seq: number; type: string; created_at: string; payload: Record<string, unknown> }
+
+async function threadEvents(api: HttpClient, sessionId: string): Promise<Ev[]> {
+  const thread = (await api.get<{ data: { id: string }[] }>(`/v1/sessions/${sessionId}/threads`)).data[0]?.id ?? '';
+  return (await api.get<{ data: Ev[] }>(`/v1/sessions/${sessionId}/threads/${thread}/events`, { limit: 1000 })).data;
+}
+
+const until = (api: HttpClient, id: string, pred: (e: Ev[]) => boolean, ms: number) => waitFor('events', async () => {
+  const e = await threadEvents(api, id);
+  return pred(e) ? e : undefined;
+}, ms);
+
+function killAll(p: Platform): Promise<unknown> {
+  const pids = p.pids();
+  for (const name of KILL_ORDER) {
+    const pid = pids[name];
+    if (pid) try { process.kill(pid, 'SIGKILL'); } catch { /* already gone */ }
+  }
+  const gone = (pid: number | undefined) => {
+    if (!pid) return true;
+    try { process.kill(pid, 0); return false; } catch { return true; }
+  };
+  return waitFor('every process gone', () => (KILL_ORDER.every((n) => gone(pids[n])) ? true : undefined), 20_000);
+}
+
+interface Round { runnerReady: number; rescheduled: number; running: number; done: boolean }
+
+async function ourRound(i: number): Promise<{ round: Round; redisUrl: string; stop: () => Promise<void> }> {
+  const first = await startPlatform({ runner: true, scheduler: true, env: { LOG_LEVEL: 'warn' } });
+  const p = first;
+  const owner = (await p.root.post<{ id: string }>(`/v1/organizations/workspaces/${p.bootstrap.workspace_id}/principals`, {
+    external_subject_id: 'owner', principal_type: 'person', display_name: 'Owner',
+  })).id;
+  const envId = (await p.root.post<{ id: string }>('/v1/environments', { name: 'sb', image: 'agentplane/sandbox:latest' })).id;
+  const s = await p.root.post<{ id: string }>('/v1/sessions', {
+    agent: {
+      name: 'a', model: 'default', tools: [{ type: 'builtin', name: 'bash' }],
+      system: SCRIPT([
+        { when: { user_contains: 'go' }, then: [{ tool: 'bash', input: { command: 'sleep 2; echo finished' } }] },
+        { when: { on: 'tool_result' }, then: [{ reply: 'ok: {{tool_result}}' }] },
+      ]),
+    },
+    environment_id: envId,
+  });
+  await p.root.post(`/v1/sessions/${s.id}/events`, { type: 'user.message', payload: { content: 'go', authored_by: owner, caused_by: { kind: 'api' } } });
+  await until(p.root, s.id, (e) => e.some((x) => x.type === 'agent.tool_use'), 120_000);
+  await killAll(p);
+
+  const restart = wallMs();
+  const second = await startPlatform({ runner: true, scheduler: true, env: { LOG_LEVEL: 'warn' }, dataDir: p.dataDir, port: p.port });
+  const api = second.root;
+  const ready = await waitFor('the local runner back', async () => {
+    const r = (await api.get<{ data: { status: string }[] }>('/v1/runner-pools/presences')).data.some((x) => x.status === 'ready');
+    return r ? wallMs() : undefined;
+  }, 60_000);
+  const evs = await until(api, s.id, (e) => e.filter((x) => x.type === 'session.status_running').length >= 2, 120_000);
+  const at = (type: string, nth = 0) => Date.parse(evs.filter((x) => x.type === type)[nth]?.created_at ?? '');
+  const end = await until(api, s.id, (e) => e.some((x) => x.type === 'session.status_idle'), 120_000).catch(() => []);
+  const round = {
+    runnerReady: ready - restart,
+    rescheduled: at('session.thread_status_rescheduled') - ready,
+    running: at('session.status_running', 1) - restart,
+    done: end.some((x) => x.type === 'session.status_idle'),
+  };
+  out(`  round ${i + 1}: runner ready ${round.runnerReady.toFixed(0)} ms after the restart, Run rescheduled ${round.rescheduled.toFixed(0)} ms after that, running again ${round.running.toFixed(0)} ms after the restart${round.done ? '' : ' (the Run did not finish)'}`);
+  return {
+    round,
+    redisUrl: second.redisUrl(),
+    stop: async () => {
+      await second.stop();
+      rmSync(p.dataDir, { recursive: true, force: true });
+    },
+  };
+}
+
+/** A Worker in a child process with BullMQ's defaults; says `active` once it processes a job, then holds it. */
+const HOLDER = `
+import { Worker } from 'bullmq';
+import { Redis } from 'ioredis';
+const [, url, queue] = process.argv;
+const connection = new Redis(url, { maxRetriesPerRequest: null });
+new Worker(queue, async () => { process.send('active'); await new Promise(() => {}); }, { connection });
+`;
+
+async function floorRound(url: string): Promise<number> {
+  const name = `{bench-recovery-floor}-${Date.now()}`;
+  const connection = new Redis(url, { maxRetriesPerRequest: null });
+  const queue = new Queue(name, { connection });
+  const child = spawn(process.execPath, ['--input-type=module', '-e', HOLDER, url, name], {
+    cwd: ROOT, stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+  });
+  await queue.add('job', {});
+  await new Promise<void>((res, rej) => {
+    child.once('message', () => res());
+    child.once('exit', (code) => rej(new Error(`the holding worker exited (${code})`)));
+  });
+  child.kill('SIGKILL');
+  await new Promise((r) => child.once('exit', r));
+  const start = wallMs();
+  let taken = 0;
+  const again = new Promise<void>((res) => {
+    const w = new Worker(name, async () => {
+      taken = wallMs() - start;
+      res();
+      await w.close(true).catch(() => undefined);
+    }, { connection: new Redis(url, { maxRetriesPerRequest: null }) });
+  });
+  await again;
+  await queue.obliterate({ force: true }).catch(() => undefined);
+  await queue.close();
+  connection.disconnect();
+  return taken;
+}
+
+async function main(): Promise<void> {
+  out(`bench:recovery  (${ROUNDS} rounds of a whole-platform kill -9 mid-Run; default settings: 30 s lease)`);
+  const rounds: Round[] = [];
+  let last: Awaited<ReturnType<typeof ourRound>> | undefined;
+  for (let i = 0; i < ROUNDS; i++) {
+    if (last) await last.stop();
+    last = await ourRound(i);
+    rounds.push(last.round);
+  }
+  if (!last) return;
+  out('floor: a raw BullMQ Worker killed mid-job, a new one started (defaults: 30 s lock) …');
+  let floor = Number.NaN;
+  try {
+    floor = await floorRound(last.redisUrl);
+    out(`  the new Worker processed the job ${floor.toFixed(0)} ms after it started`);
+  } finally {
+    await last.stop();
+  }
+  const med = (k: keyof Omit<Round, 'done'>) => summarize(rounds.map((r) => r[k])).p50;
+  printTable('recovery after a whole-platform crash (medians of the rounds) vs a raw BullMQ worker\'s restart', [
+    { metric: 'restart → Run running again', ours: med('running'), floor, unit: 'ms' },
+    { metric: 'runner ready → Run rescheduled', ours: med('rescheduled'), floor, unit: 'ms' },
+  ]);
+  out(`restart → runner ready: ${rounds.map((r) => r.runnerReady.toFixed(0)).join(', ')} ms; Runs finished once: ${rounds.filter((r) => r.done).length} of ${rounds.length}`);
+}
+
+main().then(() => process.exit(0), (err: unknown) => {
+  process.stderr.write(`${err instanceof Error ? err.stack ?? err.message : String(err)}\n`);
+  process.exit(1);
+});
