@@ -54,7 +54,7 @@ function killAll(p: Platform): Promise<unknown> {
   return waitFor('every process gone', () => (KILL_ORDER.every((n) => gone(pids[n])) ? true : undefined), 20_000);
 }
 
-interface Round { runnerReady: number; rescheduled: number; running: number; done: boolean }
+interface Round { runnerReady: number; rescheduled: number; running: number; once: boolean }
 
 async function ourRound(i: number): Promise<{ round: Round; redisUrl: string; stop: () => Promise<void> }> {
   const first = await startPlatform({ runner: true, scheduler: true, env: { LOG_LEVEL: 'warn' } });
@@ -87,13 +87,17 @@ async function ourRound(i: number): Promise<{ round: Round; redisUrl: string; st
   const evs = await until(api, s.id, (e) => e.filter((x) => x.type === 'session.status_running').length >= 2, 120_000);
   const at = (type: string, nth = 0) => Date.parse(evs.filter((x) => x.type === type)[nth]?.created_at ?? '');
   const end = await until(api, s.id, (e) => e.some((x) => x.type === 'session.status_idle'), 120_000).catch(() => []);
+  // Done once: one Run, its lost attempt and the one that succeeded, and one reply.
+  const runs = (await api.get<{ data: { status: string; attempts: { outcome: string }[] }[] }>(`/v1/sessions/${s.id}/runs`)).data;
+  const once = end.filter((x) => x.type === 'agent.message').length === 1 && runs.length === 1 && runs[0]?.status === 'succeeded'
+    && runs[0].attempts.map((a) => a.outcome).join() === 'lost,succeeded';
   const round = {
     runnerReady: ready - restart,
     rescheduled: at('session.thread_status_rescheduled') - ready,
     running: at('session.status_running', 1) - restart,
-    done: end.some((x) => x.type === 'session.status_idle'),
+    once,
   };
-  out(`  round ${i + 1}: runner ready ${round.runnerReady.toFixed(0)} ms after the restart, Run rescheduled ${round.rescheduled.toFixed(0)} ms after that, running again ${round.running.toFixed(0)} ms after the restart${round.done ? '' : ' (the Run did not finish)'}`);
+  out(`  round ${i + 1}: runner ready ${round.runnerReady.toFixed(0)} ms after the restart, Run rescheduled ${round.rescheduled.toFixed(0)} ms after that, running again ${round.running.toFixed(0)} ms after the restart${once ? '' : ' (the Run did not finish exactly once)'}`);
   return {
     round,
     redisUrl: second.redisUrl(),
@@ -161,12 +165,12 @@ async function main(): Promise<void> {
   } finally {
     await last.stop();
   }
-  const med = (k: keyof Omit<Round, 'done'>) => summarize(rounds.map((r) => r[k])).p50;
+  const med = (k: keyof Omit<Round, 'once'>) => summarize(rounds.map((r) => r[k])).p50;
   printTable('recovery after a whole-platform crash (medians of the rounds) vs a raw BullMQ worker\'s restart', [
     { metric: 'restart → Run running again', ours: med('running'), floor, unit: 'ms' },
     { metric: 'runner ready → Run rescheduled', ours: med('rescheduled'), floor, unit: 'ms' },
   ]);
-  out(`restart → runner ready: ${rounds.map((r) => r.runnerReady.toFixed(0)).join(', ')} ms; Runs finished once: ${rounds.filter((r) => r.done).length} of ${rounds.length}`);
+  out(`restart → runner ready: ${rounds.map((r) => r.runnerReady.toFixed(0)).join(', ')} ms; Runs done exactly once (one Run: a lost attempt, then one that succeeded; one reply): ${rounds.filter((r) => r.once).length} of ${rounds.length}`);
 }
 
 main().then(() => process.exit(0), (err: unknown) => {
