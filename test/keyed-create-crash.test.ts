@@ -1,8 +1,27 @@
 import { existsSync, rmSync } from 'node:fs';
+import { createServer, type IncomingHttpHeaders } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { Webhook } from 'standardwebhooks';
 import { describe, expect, it } from 'vitest';
 import { sha256Hex } from '@agentplane/core';
-import { useCrashPlatforms } from './harness/crash-platform.js';
+import { useCrashPlatforms, type CrashPlatform } from './harness/crash-platform.js';
 import type { Json } from './harness/turns.js';
+
+/**
+ * Sends a keyed create that kills the api at `point` once it has written, waits for the api that
+ * replaces it, and removes the key's pending record (as its expiry would, its owner being dead).
+ */
+async function crashedCreate(q: CrashPlatform, point: string, path: string, body: Json, key: string): Promise<void> {
+  const api = q.p.root;
+  rmSync(q.marker(point), { force: true });
+  const before = q.p.pids().api;
+  await expect(api.request('POST', path, { body, idempotencyKey: key })).rejects.toThrow();
+  expect(existsSync(q.marker(point))).toBe(true);
+  await q.apiRestarted(before, { client: api, path });
+  const record = `ap:{w:${q.p.bootstrap.workspace_id}}:idem:${sha256Hex(key)}`;
+  expect(await q.redis().get(record)).toContain('"pending"');
+  expect(await q.redis().del(record)).toBe(1);
+}
 
 /**
  * The API killed right after a keyed create of an Agent or an Environment wrote it (crash points
@@ -20,17 +39,9 @@ describe('a crash inside a keyed Agent or Environment create', () => {
   ])('an $what is made once, answered to the retry', async ({ path, point, id, body }) => {
     const q = await crash.start([point], { env: { LOG_LEVEL: 'warn' } });
     const api = q.p.root;
-    const ws = q.p.bootstrap.workspace_id;
     const named = async (name: string) => (await api.get<{ data: { id: string; name: string }[] }>(path, { limit: 100 })).data.filter((x) => x.name === name).map((x) => x.id);
 
-    rmSync(q.marker(point), { force: true });
-    const before = q.p.pids().api;
-    await expect(api.request('POST', path, { body: body('one'), idempotencyKey: 'k-one' })).rejects.toThrow();
-    expect(existsSync(q.marker(point))).toBe(true);
-    await q.apiRestarted(before, { client: api, path });
-    const record = `ap:{w:${ws}}:idem:${sha256Hex('k-one')}`;
-    expect(await q.redis().get(record)).toContain('"pending"');
-    expect(await q.redis().del(record)).toBe(1);
+    await crashedCreate(q, point, path, body('one'), 'k-one');
     // What the first attempt wrote is there, under its derived id.
     const written = await named('one');
     expect(written).toHaveLength(1);
@@ -46,5 +57,83 @@ describe('a crash inside a keyed Agent or Environment create', () => {
     const b = await api.request<{ id: string }>('POST', path, { body: body('two') });
     expect([a.status, b.status]).toEqual([201, 201]);
     expect(a.body.id).not.toBe(b.body.id);
+  }, 180_000);
+});
+
+/**
+ * The same for the creates whose answer shows a signing secret once (crash points
+ * `automation-created`, `webhook-endpoint-created`): the retry answers the resource its first
+ * attempt wrote, with a new first secret (the first attempt's was never shown), and that secret is
+ * the one the resource signs or verifies with.
+ */
+describe('a crash inside a keyed create that shows a signing secret', () => {
+  const crash = useCrashPlatforms('keyed-secret-create-crash');
+  interface Made { id: string; version: number; signing_secret?: string }
+
+  it('an Automation with a webhook trigger is made once; the retry\'s secret verifies its deliveries', async () => {
+    const q = await crash.start(['automation-created'], { env: { LOG_LEVEL: 'warn' } });
+    const api = q.p.root;
+    const principal = (await api.post<{ id: string }>(`/v1/organizations/workspaces/${q.p.bootstrap.workspace_id}/principals`, {
+      external_subject_id: 'robot', principal_type: 'service', display_name: 'Robot',
+    })).id;
+    const agent = (await api.post<{ id: string }>('/v1/agents', { name: 'a', model: 'default' })).id;
+    const environment = (await api.post<{ id: string }>('/v1/environments', { name: 'e', image: 'agentplane/sandbox:latest' })).id;
+    const body: Json = { name: 'keyed-hook', principal_id: principal, agent, environment_id: environment, prompt: 'handle {{event}}', trigger: { type: 'webhook' } };
+    const named = async () => (await api.get<{ data: { id: string; name: string }[] }>('/v1/automations', { limit: 100 })).data.filter((x) => x.name === 'keyed-hook').map((x) => x.id);
+
+    await crashedCreate(q, 'automation-created', '/v1/automations', body, 'k-hook');
+    const written = await named();
+    expect(written).toHaveLength(1);
+    const retry = await api.request<Made & { webhook: { ingest_path: string } }>('POST', '/v1/automations', { body, idempotencyKey: 'k-hook' });
+    expect([retry.status, retry.body.id, retry.body.version]).toEqual([201, written[0], 1]);
+    expect(retry.body.signing_secret).toMatch(/^whsec_/);
+    expect(await named()).toEqual(written);
+
+    const delivery = JSON.stringify({ ticket: 1 });
+    const deliver = (secret: string, msgId: string) => {
+      const at = new Date();
+      return fetch(`${q.p.baseUrl}${retry.body.webhook.ingest_path}`, {
+        method: 'POST', body: delivery,
+        headers: { 'content-type': 'application/json', 'webhook-id': msgId, 'webhook-timestamp': String(Math.floor(at.getTime() / 1000)), 'webhook-signature': new Webhook(secret).sign(msgId, at, delivery) },
+      });
+    };
+    expect((await deliver(`whsec_${Buffer.alloc(32, 7).toString('base64')}`, 'msg_other')).status).toBe(401);
+    expect((await deliver(String(retry.body.signing_secret), 'msg_retry')).status).toBe(202);
+    const replay = await api.request<Made>('POST', '/v1/automations', { body, idempotencyKey: 'k-hook' });
+    expect([replay.status, replay.body.id, replay.body.signing_secret, replay.headers.get('idempotent-replayed')]).toEqual([201, written[0], retry.body.signing_secret, 'true']);
+  }, 180_000);
+
+  it('a webhook endpoint is made once; the retry\'s secret signs its deliveries', async () => {
+    const got: { headers: IncomingHttpHeaders; body: string }[] = [];
+    const rx = createServer((req, res) => {
+      const chunks: Buffer[] = [];
+      req.on('data', (c: Buffer) => chunks.push(c));
+      req.on('end', () => {
+        got.push({ headers: req.headers, body: Buffer.concat(chunks).toString('utf8') });
+        res.writeHead(200).end();
+      });
+    });
+    await new Promise<void>((r) => rx.listen(0, '127.0.0.1', () => r()));
+    try {
+      const q = await crash.start(['webhook-endpoint-created'], { env: { LOG_LEVEL: 'warn', AGENTPLANE_MODE: 'development' } });
+      const api = q.p.root;
+      const body: Json = { url: `http://127.0.0.1:${(rx.address() as AddressInfo).port}/hook`, description: 'keyed-endpoint' };
+      const named = async () => (await api.get<{ data: { id: string; description: string | null }[] }>('/v1/webhook-endpoints', { limit: 100 })).data.filter((x) => x.description === 'keyed-endpoint').map((x) => x.id);
+
+      await crashedCreate(q, 'webhook-endpoint-created', '/v1/webhook-endpoints', body, 'k-endpoint');
+      const written = await named();
+      expect(written).toHaveLength(1);
+      const retry = await api.request<Made>('POST', '/v1/webhook-endpoints', { body, idempotencyKey: 'k-endpoint' });
+      expect([retry.status, retry.body.id, retry.body.version]).toEqual([201, written[0], 1]);
+      expect(await named()).toEqual(written);
+
+      expect(await api.post(`/v1/webhook-endpoints/${written[0]}/test`, { expected_version: 1 })).toEqual({ delivered: true, status_code: 200 });
+      const sent = got.at(-1);
+      const headers = { 'webhook-id': String(sent?.headers['webhook-id']), 'webhook-timestamp': String(sent?.headers['webhook-timestamp']), 'webhook-signature': String(sent?.headers['webhook-signature']) };
+      expect(() => new Webhook(String(retry.body.signing_secret)).verify(String(sent?.body), headers)).not.toThrow();
+      expect(() => new Webhook(`whsec_${Buffer.alloc(32, 7).toString('base64')}`).verify(String(sent?.body), headers)).toThrow();
+    } finally {
+      await new Promise((r) => rx.close(r));
+    }
   }, 180_000);
 });

@@ -1,6 +1,7 @@
-import { ApiError, Id, newId, nowIso, Obj, Page, PageQuery, Type } from '@agentplane/core';
+import { ApiError, crashPoint, Id, newId, nowIso, Obj, Page, PageQuery, Type } from '@agentplane/core';
 import { keys, tags } from '@agentplane/store';
 import { READERS, WRITERS } from '../http/caller.js';
+import { createdId, earlierAttempt } from '../http/keyed-create.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
 import { listWorkspaceDocs, workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
@@ -101,15 +102,18 @@ export const automationOperations: Operation[] = [
     summary: 'Create an Automation (schedule or signed-webhook trigger); a webhook trigger returns its signing secret once',
     auth: { kind: 'bearer', roles: WRITERS }, audit: { target: 'response' },
     body: CreateAutomationBody, response: AutomationSchema, successStatus: 201, idempotency: 'optional', sensitive: true, mcp: 'never',
-  }, async (ws, { body, deps }) => {
+  }, async (ws, { body, deps, keyed }) => {
     checkPrompt(body.prompt);
     const trigger = checkTrigger(body.trigger);
     const agent = agentRef(body.agent);
     await checkRefs(deps, ws, { principal_id: body.principal_id, agent, environment_id: body.environment_id });
     await checkFilterRefs(deps, ws, trigger);
     const now = nowIso();
-    const id = newId('automation');
-    const a: AutomationDoc = {
+    const id = createdId('automation', keyed);
+    // A keyed retry whose first attempt died after writing takes what it wrote, and finishes its
+    // create (the steps below are idempotent). That attempt's signing secret was never shown: a new
+    // one replaces it (generation 1, as the unchanged Automation says) and is shown once here.
+    const a: AutomationDoc = (keyed ? earlierAttempt(await deps.automations.store.find(ws, id), keyed) : null) ?? {
       id, type: 'automation', workspace_id: ws, name: body.name, status: 'active', principal_id: body.principal_id, agent,
       environment_id: body.environment_id, prompt: body.prompt,
       budget: body.budget ? { max_list_cost: { amount: body.budget.max_list_cost.amount, currency: 'USD' } } : null,
@@ -119,6 +123,7 @@ export const automationOperations: Operation[] = [
     };
     const secret = trigger.type === 'webhook' ? newSigningSecret() : null;
     await deps.automations.store.create(a, secret);
+    crashPoint('automation-created');
     if (trigger.type === 'subscription') await deps.automations.subscribed(ws);
     await deps.automations.syncSchedule(ws, a.id);
     return view(deps, a, secret ? { signing_secret: secret } : {});

@@ -71,6 +71,11 @@ export class AutomationStore {
 
   // ---- automations ---------------------------------------------------------------------------
 
+  /**
+   * Writes a new Automation, its first signing secret (webhook triggers) first. Every step may be
+   * repeated: for an Automation already written (a keyed create's retry) it writes `secret` as its
+   * first one again and leaves the document as it is.
+   */
   async create(a: AutomationDoc, secret: string | null): Promise<void> {
     if (secret) await this.writeSecret(a.workspace_id, a.id, { generation: 1, current: this.seal(a.id, secret), previous: null, previous_expires_ms: 0 });
     // Before the document: a crash after it leaves a schedule the reconciliation finds.
@@ -102,9 +107,13 @@ export class AutomationStore {
   }
 
   async get(ws: string, id: string): Promise<AutomationDoc> {
-    const a = await this.docs.get<AutomationDoc>(tags.workspace(ws), id);
+    const a = await this.find(ws, id);
     if (!a) throw new ApiError('validation.not_found', `automation ${id} not found`);
     return a;
+  }
+
+  find(ws: string, id: string): Promise<AutomationDoc | null> {
+    return this.docs.get<AutomationDoc>(tags.workspace(ws), id);
   }
 
   /** The Automation an ingest delivery names, wherever it lives; null when none. */

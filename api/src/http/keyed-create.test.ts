@@ -2,7 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { ApiError, newId, nowIso } from '@agentplane/core';
 import { VersionedStore, type Environment } from '@agentplane/domain';
 import { useEmbeddedRedis } from '@agentplane/store/testing';
-import { createVersioned } from './keyed-create.js';
+import { createdId, createVersioned, earlierAttempt } from './keyed-create.js';
 import type { KeyedRequest } from './idempotency.js';
 
 /**
@@ -36,5 +36,36 @@ describe('createVersioned', () => {
     expect((late as ApiError).type).toBe('idempotency.conflict');
     expect((late as ApiError).status).toBe(409);
     expect((await store.getVersion(ws, first.id, 1)).name).toBe('one');
+  });
+});
+
+describe('earlierAttempt', () => {
+  const refused = (f: () => unknown): unknown => {
+    try {
+      f();
+      return null;
+    } catch (err) {
+      return err;
+    }
+  };
+
+  it('nothing under the derived id: create it; the first attempt\'s resource, unchanged and young: answer it', () => {
+    expect(earlierAttempt(null, keyed(60_000))).toBeNull();
+    const found = { id: 'x', version: 1, created_at: nowIso() };
+    expect(earlierAttempt(found, keyed(60_000))).toBe(found);
+  });
+
+  it('a resource changed since its create, or older than the key\'s record lifetime, refuses the request as a reused key', () => {
+    for (const found of [{ version: 2, created_at: nowIso() }, { version: 1, created_at: new Date(Date.now() - 120_000).toISOString() }]) {
+      const err = refused(() => earlierAttempt(found, keyed(60_000)));
+      expect(err).toBeInstanceOf(ApiError);
+      expect([(err as ApiError).type, (err as ApiError).status]).toEqual(['idempotency.conflict', 409]);
+    }
+  });
+
+  it('createdId: derived from the key and the request with a key, a new id without one', () => {
+    expect(createdId('environment', keyed(60_000))).toBe(keyed(60_000).id('environment', 'fp'));
+    expect(createdId('environment', undefined)).toMatch(/^env_[0-9a-f]{32}$/);
+    expect(createdId('environment', undefined)).not.toBe(createdId('environment', undefined));
   });
 });

@@ -1,4 +1,4 @@
-import { ApiError, crashPoint, type IdKind } from '@agentplane/core';
+import { ApiError, crashPoint, newId, type IdKind } from '@agentplane/core';
 import type { VersionedDoc, VersionedStore } from '@agentplane/domain';
 import type { KeyedRequest } from './idempotency.js';
 
@@ -27,4 +27,26 @@ export async function createVersioned<T extends VersionedDoc>(
   }
   crashPoint(point);
   return made;
+}
+
+/**
+ * The id of a resource a create makes: with an Idempotency-Key, derived from the key and the
+ * request's fingerprint (as `createVersioned` derives it), so that a retry whose first attempt
+ * died after writing finds what that attempt wrote (`earlierAttempt`); else a new one.
+ */
+export function createdId(kind: IdKind, keyed: KeyedRequest | undefined): string {
+  return keyed ? keyed.id(kind, keyed.fingerprint) : newId(kind);
+}
+
+/**
+ * What an earlier attempt of this keyed create wrote under its derived id (`createdId`), when it
+ * answers this request: found, made within the key's record lifetime and unchanged since (version
+ * 1). Null when nothing is there (create it). A resource made longer ago was made by an earlier use
+ * of the key, and one changed since is no longer what the first attempt would have answered: the
+ * request is refused as a reused key (409 `idempotency.conflict`), nothing written.
+ */
+export function earlierAttempt<T extends { created_at: string; version: number }>(found: T | null, keyed: KeyedRequest): T | null {
+  if (found === null) return null;
+  if (found.version === 1 && Date.parse(found.created_at) + keyed.keptMs > Date.now()) return found;
+  throw new ApiError('idempotency.conflict', 'this Idempotency-Key was used for this request before, and what it made has changed or is older than keys are kept; use a new key');
 }

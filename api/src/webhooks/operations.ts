@@ -1,6 +1,7 @@
-import { ApiError, Id, newId, nowIso, Nullable, Obj, Page, PageQuery, Timestamp, Type } from '@agentplane/core';
+import { ApiError, crashPoint, Id, nowIso, Nullable, Obj, Page, PageQuery, Timestamp, Type } from '@agentplane/core';
 import { WEBHOOK_EVENT_TYPES } from '../events/catalog.js';
 import { ADMINS, READERS } from '../http/caller.js';
+import { createdId, earlierAttempt } from '../http/keyed-create.js';
 import type { Operation } from '../http/operation.js';
 import { listWorkspaceDocs, workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { ENDPOINTS, publicEndpoint, type EndpointDoc } from './model.js';
@@ -46,15 +47,19 @@ export const webhookOperations: Operation[] = [
     summary: 'Create an outbound webhook endpoint; its signing secret is returned once', auth: { kind: 'bearer', roles: ADMINS },
     audit: { target: 'response' }, body: Obj({ url: Url, event_types: Type.Optional(EventTypes), description: Type.Optional(Description) }),
     response: EndpointSchema, successStatus: 201, idempotency: 'optional', sensitive: true, mcp: 'never',
-  }, async (ws, { body, deps }) => {
+  }, async (ws, { body, deps, keyed }) => {
     const url = endpointUrl(body.url, deps.config.webhooks.egress);
     const now = nowIso();
-    const e: EndpointDoc = {
-      id: newId('webhookEndpoint'), type: 'webhook_endpoint', workspace_id: ws, url, description: body.description ?? null,
+    const id = createdId('webhookEndpoint', keyed);
+    // A keyed retry whose first attempt died after writing takes what it wrote; that attempt's
+    // signing secret was never shown: a new one replaces it (generation 1) and is shown once here.
+    const e: EndpointDoc = (keyed ? earlierAttempt(await deps.webhooks.store.find(ws, id), keyed) : null) ?? {
+      id, type: 'webhook_endpoint', workspace_id: ws, url, description: body.description ?? null,
       event_types: body.event_types ?? [], status: 'enabled', disabled_reason: null, disabled_at: null, secret_generation: 1,
       previous_secret_expires_at: null, version: 1, created_at: now, updated_at: now,
     };
     const secret = await deps.webhooks.store.create(e);
+    crashPoint('webhook-endpoint-created');
     deps.webhooks.forget(ws);
     return { ...publicEndpoint(e), signing_secret: secret };
   }),

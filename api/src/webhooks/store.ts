@@ -45,6 +45,11 @@ return 1`);
 export class WebhookStore {
   constructor(readonly redis: Redis, readonly docs: DocumentStore, private readonly box: SecretBox) {}
 
+  /**
+   * Writes a new endpoint, its first signing secret first; answers the secret. Every step may be
+   * repeated: for an endpoint already written (a keyed create's retry) it writes a new first secret
+   * and leaves the document as it is.
+   */
   async create(e: EndpointDoc): Promise<string> {
     const secret = newSigningSecret();
     await this.redis.set(webhookKeys.secret(e.workspace_id, e.id), JSON.stringify({ generation: 1, current: this.seal(e.id, secret), previous: null, previous_expires_ms: 0 } satisfies SecretRecord));
@@ -53,8 +58,12 @@ export class WebhookStore {
     return secret;
   }
 
+  find(ws: string, id: string): Promise<EndpointDoc | null> {
+    return this.docs.get<EndpointDoc>(tags.workspace(ws), id);
+  }
+
   async get(ws: string, id: string): Promise<EndpointDoc> {
-    const e = await this.docs.get<EndpointDoc>(tags.workspace(ws), id);
+    const e = await this.find(ws, id);
     if (!e) throw new ApiError('validation.not_found', `webhook endpoint ${id} not found`);
     return e;
   }
