@@ -15,8 +15,8 @@ import { rmSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { Queue, Worker } from 'bullmq';
 import { Redis } from 'ioredis';
-import type { HttpClient } from '@agentplane/client';
-import { startPlatform, waitFor, type Platform } from '../test/harness/platform.js';
+import { startPlatform, waitFor } from '../test/harness/platform.js';
+import { killWholePlatform, startToolCallTurn, waitThreadEvents } from '../test/harness/whole-crash.js';
 import { printTable, summarize, wallMs } from './lib/report.js';
 import { benchHelp } from './lib/help.js';
 
@@ -24,58 +24,13 @@ benchHelp(import.meta.url);
 
 const ROUNDS = Math.max(1, Number(process.env.BENCH_RECOVERY_ROUNDS ?? 3));
 const ROOT = resolve(import.meta.dirname, '..');
-const out = (s: string) => process.stdout.write(`${s}\n`);
-const SCRIPT = (rules: unknown[]) => `\`\`\`scripted\n${JSON.stringify({ rules })}\n\`\`\``;
-/** The supervisor first, so that it restarts nothing; then every process it started. */
-const KILL_ORDER = ['platform', 'api', 'scheduler', 'runner', 'redis'];
-
-interface Ev { seq: number; type: string; created_at: string; payload: Record<string, unknown> }
-
-async function threadEvents(api: HttpClient, sessionId: string): Promise<Ev[]> {
-  const thread = (await api.get<{ data: { id: string }[] }>(`/v1/sessions/${sessionId}/threads`)).data[0]?.id ?? '';
-  return (await api.get<{ data: Ev[] }>(`/v1/sessions/${sessionId}/threads/${thread}/events`, { limit: 1000 })).data;
-}
-
-const until = (api: HttpClient, id: string, pred: (e: Ev[]) => boolean, ms: number) => waitFor('events', async () => {
-  const e = await threadEvents(api, id);
-  return pred(e) ? e : undefined;
-}, ms);
-
-function killAll(p: Platform): Promise<unknown> {
-  const pids = p.pids();
-  for (const name of KILL_ORDER) {
-    const pid = pids[name];
-    if (pid) try { process.kill(pid, 'SIGKILL'); } catch { /* already gone */ }
-  }
-  const gone = (pid: number | undefined) => {
-    if (!pid) return true;
-    try { process.kill(pid, 0); return false; } catch { return true; }
-  };
-  return waitFor('every process gone', () => (KILL_ORDER.every((n) => gone(pids[n])) ? true : undefined), 20_000);
-}
-
+const out = (line: string) => process.stdout.write(`${line}\n`);
 interface Round { runnerReady: number; rescheduled: number; running: number; once: boolean }
 
 async function ourRound(i: number): Promise<{ round: Round; redisUrl: string; stop: () => Promise<void> }> {
-  const first = await startPlatform({ runner: true, scheduler: true, env: { LOG_LEVEL: 'warn' } });
-  const p = first;
-  const owner = (await p.root.post<{ id: string }>(`/v1/organizations/workspaces/${p.bootstrap.workspace_id}/principals`, {
-    external_subject_id: 'owner', principal_type: 'person', display_name: 'Owner',
-  })).id;
-  const envId = (await p.root.post<{ id: string }>('/v1/environments', { name: 'sb', image: 'agentplane/sandbox:latest' })).id;
-  const s = await p.root.post<{ id: string }>('/v1/sessions', {
-    agent: {
-      name: 'a', model: 'default', tools: [{ type: 'builtin', name: 'bash' }],
-      system: SCRIPT([
-        { when: { user_contains: 'go' }, then: [{ tool: 'bash', input: { command: 'sleep 2; echo finished' } }] },
-        { when: { on: 'tool_result' }, then: [{ reply: 'ok: {{tool_result}}' }] },
-      ]),
-    },
-    environment_id: envId,
-  });
-  await p.root.post(`/v1/sessions/${s.id}/events`, { type: 'user.message', payload: { content: 'go', authored_by: owner, caused_by: { kind: 'api' } } });
-  await until(p.root, s.id, (e) => e.some((x) => x.type === 'agent.tool_use'), 120_000);
-  await killAll(p);
+  const p = await startPlatform({ runner: true, scheduler: true, env: { LOG_LEVEL: 'warn' } });
+  const sessionId = await startToolCallTurn(p, 2);
+  await killWholePlatform(p);
 
   const restart = wallMs();
   const second = await startPlatform({ runner: true, scheduler: true, env: { LOG_LEVEL: 'warn' }, dataDir: p.dataDir, port: p.port });
@@ -84,11 +39,11 @@ async function ourRound(i: number): Promise<{ round: Round; redisUrl: string; st
     const r = (await api.get<{ data: { status: string }[] }>('/v1/runner-pools/presences')).data.some((x) => x.status === 'ready');
     return r ? wallMs() : undefined;
   }, 60_000);
-  const evs = await until(api, s.id, (e) => e.filter((x) => x.type === 'session.status_running').length >= 2, 120_000);
+  const evs = await waitThreadEvents(api, sessionId, (e) => e.filter((x) => x.type === 'session.status_running').length >= 2, 120_000);
   const at = (type: string, nth = 0) => Date.parse(evs.filter((x) => x.type === type)[nth]?.created_at ?? '');
-  const end = await until(api, s.id, (e) => e.some((x) => x.type === 'session.status_idle'), 120_000).catch(() => []);
+  const end = await waitThreadEvents(api, sessionId, (e) => e.some((x) => x.type === 'session.status_idle'), 120_000).catch(() => []);
   // Done once: one Run, its lost attempt and the one that succeeded, and one reply.
-  const runs = (await api.get<{ data: { status: string; attempts: { outcome: string }[] }[] }>(`/v1/sessions/${s.id}/runs`)).data;
+  const runs = (await api.get<{ data: { status: string; attempts: { outcome: string }[] }[] }>(`/v1/sessions/${sessionId}/runs`)).data;
   const once = end.filter((x) => x.type === 'agent.message').length === 1 && runs.length === 1 && runs[0]?.status === 'succeeded'
     && runs[0].attempts.map((a) => a.outcome).join() === 'lost,succeeded';
   const round = {

@@ -1,7 +1,7 @@
 import { afterAll, describe, expect, it } from 'vitest';
 import { rmSync } from 'node:fs';
-import type { HttpClient } from '@agentplane/client';
 import { startPlatform, waitFor, type Platform } from './harness/platform.js';
+import { killWholePlatform, startToolCallTurn, waitThreadEvents } from './harness/whole-crash.js';
 
 /**
  * A whole-platform crash: every process (platform supervisor, embedded Redis, API, scheduler,
@@ -9,9 +9,6 @@ import { startPlatform, waitFor, type Platform } from './harness/platform.js';
  * lasts 60 s here, so only the restarted runner's report (it holds no lease any more) can get the
  * interrupted Run rescheduled within the test's bound; it then completes exactly once.
  */
-type Json = Record<string, unknown>;
-interface Ev { seq: number; type: string; payload: Json }
-const SCRIPT = (rules: unknown[]) => `\`\`\`scripted\n${JSON.stringify({ rules })}\n\`\`\``;
 const ENV = { LEASE_MS: '60000', RUN_BACKOFF_MS: '100', RUNNER_HEARTBEAT_INTERVAL_MS: '1000' };
 
 let first: Platform | undefined;
@@ -21,48 +18,13 @@ afterAll(async () => {
   if (first) rmSync(first.dataDir, { recursive: true, force: true });
 });
 
-async function events(api: HttpClient, sessionId: string): Promise<Ev[]> {
-  const thread = (await api.get<{ data: { id: string }[] }>(`/v1/sessions/${sessionId}/threads`)).data[0]?.id ?? '';
-  return (await api.get<{ data: Ev[] }>(`/v1/sessions/${sessionId}/threads/${thread}/events`, { limit: 1000 })).data;
-}
-const waitEvents = (api: HttpClient, id: string, pred: (e: Ev[]) => boolean, ms: number) => waitFor('events', async () => {
-  const e = await events(api, id);
-  return pred(e) ? e : undefined;
-}, ms);
-
 describe('whole-platform crash', () => {
   it('kill -9 of every process mid-Run, then a restart on the same data: the Run is rescheduled within seconds of the runner reconnecting and completes once', async () => {
     first = await startPlatform({ runner: true, scheduler: true, env: ENV });
     const p = first;
-    const owner = (await p.root.post<{ id: string }>(`/v1/organizations/workspaces/${p.bootstrap.workspace_id}/principals`, {
-      external_subject_id: 'owner', principal_type: 'person', display_name: 'Owner',
-    })).id;
-    const envId = (await p.root.post<{ id: string }>('/v1/environments', { name: 'sb', image: 'agentplane/sandbox:latest' })).id;
-    const s = await p.root.post<{ id: string }>('/v1/sessions', {
-      agent: {
-        name: 'a', model: 'default', tools: [{ type: 'builtin', name: 'bash' }],
-        system: SCRIPT([
-          { when: { user_contains: 'go' }, then: [{ tool: 'bash', input: { command: 'sleep 3; echo finished' } }] },
-          { when: { on: 'tool_result' }, then: [{ reply: 'ok: {{tool_result}}' }] },
-        ]),
-      },
-      environment_id: envId,
-    });
-    await p.root.post(`/v1/sessions/${s.id}/events`, { type: 'user.message', payload: { content: 'go', authored_by: owner, caused_by: { kind: 'api' } } });
-    await waitEvents(p.root, s.id, (e) => e.some((x) => x.type === 'agent.tool_use'), 60_000);
-
+    const sessionId = await startToolCallTurn(p, 3);
     // Everything dies at once, the supervisor first so that it restarts nothing.
-    const pids = p.pids();
-    const order = ['platform', 'api', 'scheduler', 'runner', 'redis'];
-    for (const name of order) {
-      const pid = pids[name];
-      if (pid) try { process.kill(pid, 'SIGKILL'); } catch { /* already gone */ }
-    }
-    await waitFor('every process gone', () => (order.every((n) => {
-      const pid = pids[n];
-      if (!pid) return true;
-      try { process.kill(pid, 0); return false; } catch { return true; }
-    }) ? true : undefined), 20_000);
+    await killWholePlatform(p);
 
     second = await startPlatform({ runner: true, scheduler: true, env: ENV, dataDir: p.dataDir, port: p.port });
     const api = second.root;
@@ -70,18 +32,18 @@ describe('whole-platform crash', () => {
       const ready = (await api.get<{ data: { runner: string; status: string }[] }>('/v1/runner-pools/presences')).data.find((x) => x.status === 'ready');
       return ready ? Date.now() : undefined;
     }, 60_000);
-    const resched = await waitEvents(api, s.id, (e) => e.some((x) => x.type === 'session.thread_status_rescheduled'), 30_000);
+    const resched = await waitThreadEvents(api, sessionId, (e) => e.some((x) => x.type === 'session.thread_status_rescheduled'), 30_000);
     // Far inside the 60 s lease: only the runner's report on reconnect could have ended it.
     expect(Date.now() - runner).toBeLessThan(20_000);
     expect(resched.filter((e) => e.type === 'session.thread_status_rescheduled')).toHaveLength(1);
 
-    const evs = await waitEvents(api, s.id, (e) => e.some((x) => x.type === 'session.status_idle'), 60_000);
+    const evs = await waitThreadEvents(api, sessionId, (e) => e.some((x) => x.type === 'session.status_idle'), 60_000);
     expect(evs.find((e) => e.type === 'session.status_idle')?.payload.stop_reason).toMatchObject({ type: 'end_turn' });
     expect(JSON.stringify(evs.filter((e) => e.type === 'agent.message'))).toContain('finished');
     const seqs = evs.map((e) => e.seq);
     expect(new Set(seqs).size).toBe(seqs.length);
     expect(seqs).toEqual([...seqs].sort((a, b) => a - b));
-    const runs = (await api.get<{ data: { id: string; status: string; attempts: { attempt: number; outcome: string }[] }[] }>(`/v1/sessions/${s.id}/runs`)).data;
+    const runs = (await api.get<{ data: { id: string; status: string; attempts: { attempt: number; outcome: string }[] }[] }>(`/v1/sessions/${sessionId}/runs`)).data;
     expect(runs).toHaveLength(1);
     expect(runs[0]?.status).toBe('succeeded');
     expect(runs[0]?.attempts.map((a) => a.outcome)).toEqual(['lost', 'succeeded']);
