@@ -24,20 +24,23 @@ async function crashedCreate(q: CrashPlatform, point: string, path: string, body
 }
 
 /**
- * The API killed right after a keyed create of an Agent or an Environment wrote it (crash points
- * `agent-created`, `environment-created`), and the key's pending record gone as it goes once its
+ * The API killed right after a keyed create of an Agent, an Environment, a Vault or a Connection
+ * wrote it (crash points `agent-created`, `environment-created`, `vault-created`,
+ * `connection-created`), and the key's pending record gone as it goes once its
  * owner is dead (here removed, as its expiry would): the retry of the same request under the key
  * finds what its first attempt wrote (its id is derived from the key and the request) and answers
  * it, 201 as the first attempt would have; there is one of it, not two.
  */
-describe('a crash inside a keyed Agent or Environment create', () => {
+describe('a crash inside a keyed create of an Agent, Environment, Vault or Connection', () => {
   const crash = useCrashPlatforms('keyed-create-crash');
 
   it.each([
     { what: 'Agent', path: '/v1/agents', point: 'agent-created', id: /^agent_[0-9a-f]{32}$/, body: (name: string): Json => ({ name, model: 'default', system: 'hi' }) },
     { what: 'Environment', path: '/v1/environments', point: 'environment-created', id: /^env_[0-9a-f]{32}$/, body: (name: string): Json => ({ name, image: 'agentplane/sandbox:latest' }) },
-  ])('an $what is made once, answered to the retry', async ({ path, point, id, body }) => {
-    const q = await crash.start([point], { env: { LOG_LEVEL: 'warn' } });
+    { what: 'Vault', path: '/v1/vaults', point: 'vault-created', id: /^vlt_[0-9a-f]{32}$/, body: (name: string): Json => ({ name, description: 'kept secrets' }) },
+    { what: 'Connection', path: '/v1/connections', point: 'connection-created', id: /^conn_[0-9a-f]{32}$/, body: (name: string): Json => ({ name, url: 'http://127.0.0.1:9/mcp', auth: { type: 'bearer', token: 'upstream-token' } }) },
+  ])('$what: made once, answered to the retry', async ({ path, point, id, body }) => {
+    const q = await crash.start([point], { env: { LOG_LEVEL: 'warn', AGENTPLANE_MODE: 'development' } });
     const api = q.p.root;
     const named = async (name: string) => (await api.get<{ data: { id: string; name: string }[] }>(path, { limit: 100 })).data.filter((x) => x.name === name).map((x) => x.id);
 

@@ -1,6 +1,7 @@
 import { Id, Obj, Page, PageQuery, Type } from '@agentplane/core';
 import { tags } from '@agentplane/store';
 import { ADMINS, READERS } from '../http/caller.js';
+import { createOnce } from '../http/keyed-create.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
 import { workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
@@ -23,10 +24,10 @@ export const connectionOperations: Operation[] = [
     response: ConnectionSchema, successStatus: 201, idempotency: 'optional',
     // Accepts a credential: REST-only.
     mcp: 'never',
-  }, async (ws, { body, deps }) => {
+  }, async (ws, { body, deps, keyed }) => {
     checkConnectionFields(body);
     checkConnectionUrl(body.url, deps.config.webhooks.egress);
-    return view(await service(deps).create(ws, body));
+    return view(await createOnce('connection', keyed, (id) => service(deps).find(ws, id), (id) => service(deps).create(ws, body, id), 'connection-created'));
   }),
   workspaceRead({
     operationId: 'connections.listConnections', path: '/v1/connections',

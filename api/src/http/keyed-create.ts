@@ -15,7 +15,7 @@ import type { KeyedRequest } from './idempotency.js';
 export async function createVersioned<T extends VersionedDoc>(
   store: VersionedStore<T>, ws: string, doc: T, kind: IdKind, keyed: KeyedRequest | undefined, point: string,
 ): Promise<T> {
-  const id = keyed ? keyed.id(kind, keyed.fingerprint) : doc.id;
+  const id = keyed ? createdId(kind, keyed) : doc.id;
   let made: T;
   try {
     made = await store.create(ws, { ...doc, id });
@@ -49,4 +49,21 @@ export function earlierAttempt<T extends { created_at: string; version: number }
   if (found === null) return null;
   if (found.version === 1 && Date.parse(found.created_at) + keyed.keptMs > Date.now()) return found;
   throw new ApiError('idempotency.conflict', 'this Idempotency-Key was used for this request before, and what it made has changed or is older than keys are kept; use a new key');
+}
+
+/**
+ * A create whose resource is written in one step, made once per keyed request however many times
+ * the request is sent: its id derived from the key and the request (`createdId`), what an earlier
+ * attempt wrote answered (`earlierAttempt`), else `make(id)`. `point` names the crash point right
+ * after the write (crash tests).
+ */
+export async function createOnce<T extends { created_at: string; version: number }>(
+  kind: IdKind, keyed: KeyedRequest | undefined, find: (id: string) => Promise<T | null>, make: (id: string) => Promise<T>, point: string,
+): Promise<T> {
+  const id = createdId(kind, keyed);
+  const earlier = keyed ? earlierAttempt(await find(id), keyed) : null;
+  if (earlier) return earlier;
+  const made = await make(id);
+  crashPoint(point);
+  return made;
 }

@@ -1,5 +1,6 @@
 import { Id, Nullable, Obj, Page, PageQuery, Type } from '@agentplane/core';
 import { ADMINS, READERS } from '../http/caller.js';
+import { createOnce } from '../http/keyed-create.js';
 import type { Operation } from '../http/operation.js';
 import { pageOf, workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { publicVault, SecretInput, SecretName, VaultSchema } from './model.js';
@@ -20,7 +21,7 @@ export const vaultOperations: Operation[] = [
     audit: { target: 'response' }, auth: admins, idempotency: 'optional', mcp: 'never', successStatus: 201,
     body: Obj({ name: Type.String({ minLength: 1, maxLength: 200 }), description: Type.Optional(Nullable(Type.String({ maxLength: 2000 }))) }),
     response: VaultSchema,
-  }, async (ws, { body, deps }) => publicVault(await deps.vaults.create(ws, body))),
+  }, async (ws, { body, deps, keyed }) => publicVault(await createOnce('vault', keyed, (id) => deps.vaults.find(ws, id), (id) => deps.vaults.create(ws, body, id), 'vault-created'))),
   workspaceRead({
     operationId: 'vaults.listVaults', path: '/v1/vaults', summary: 'List the Vaults of the Workspace (no secret values)',
     auth: readers, query: PageQuery({}), response: Page(VaultSchema), mcp: 'full',

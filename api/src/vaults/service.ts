@@ -117,20 +117,24 @@ export class VaultService {
     private readonly box: SecretBox,
   ) {}
 
-  async create(workspaceId: string, input: { name: string; description?: string | null | undefined }): Promise<VaultDoc> {
+  async create(workspaceId: string, input: { name: string; description?: string | null | undefined }, id = newId('vault')): Promise<VaultDoc> {
     checkWellFormed(input.name, 'body.name');
     if (typeof input.description === 'string') checkWellFormed(input.description, 'body.description');
     const now = nowIso();
     const doc: VaultDoc = {
-      id: newId('vault'), type: 'vault', workspace_id: workspaceId, name: input.name, description: input.description ?? null, secrets: [],
+      id, type: 'vault', workspace_id: workspaceId, name: input.name, description: input.description ?? null, secrets: [],
       version: 1, created_at: now, updated_at: now,
     };
     await this.docs.create(tags.workspace(workspaceId), doc, [INDEX]);
     return doc;
   }
 
+  find(workspaceId: string, vaultId: string): Promise<VaultDoc | null> {
+    return this.docs.get<VaultDoc>(tags.workspace(workspaceId), vaultId);
+  }
+
   async get(workspaceId: string, vaultId: string): Promise<VaultDoc> {
-    const doc = await this.docs.get<VaultDoc>(tags.workspace(workspaceId), vaultId);
+    const doc = await this.find(workspaceId, vaultId);
     if (!doc || doc.type !== 'vault' || doc.workspace_id !== workspaceId) throw new ApiError('validation.not_found', `vault ${vaultId} not found`);
     return doc;
   }

@@ -58,9 +58,8 @@ export class ConnectionService {
     if (u.username || u.password) throw new ApiError('validation.malformed', 'body.url: must not carry credentials; put the token in auth');
   }
 
-  async create(workspaceId: string, input: { name: string; url: string; auth?: ConnectionAuthInput | undefined }): Promise<Connection> {
+  async create(workspaceId: string, input: { name: string; url: string; auth?: ConnectionAuthInput | undefined }, id = newId('connection')): Promise<Connection> {
     ConnectionService.checkUrl(input.url);
-    const id = newId('connection');
     const now = nowIso();
     const c: Connection = {
       id, type: 'connection', workspace_id: workspaceId, name: input.name, kind: 'mcp_server', transport: 'streamable_http',
@@ -71,8 +70,13 @@ export class ConnectionService {
     return c;
   }
 
+  /** The Connection stored under `id` in the Workspace, of any kind; null when there is none. */
+  find(workspaceId: string, id: string): Promise<Connection | null> {
+    return this.docs.get<Connection>(tags.workspace(workspaceId), id);
+  }
+
   async get(workspaceId: string, id: string): Promise<Connection> {
-    const c = await this.docs.get<Connection>(tags.workspace(workspaceId), id);
+    const c = await this.find(workspaceId, id);
     if (!c || c.workspace_id !== workspaceId) throw new ApiError('validation.not_found', 'connection not found');
     // Connections of kind a2a_tool_source are read through their tool source (docs/A2A_TOOLS.md).
     if (c.kind !== 'mcp_server') throw new ApiError('validation.not_found', `connection ${id} is not an MCP server Connection; read it at /v1/tool-sources/{tool_source_id}/connections`);
