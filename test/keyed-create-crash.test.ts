@@ -64,6 +64,37 @@ describe('a crash inside a keyed create of an Agent, Environment, Vault or Conne
 });
 
 /**
+ * A grant or a rule made twice would outlive the revocation of the other: a keyed
+ * PermissionAssignment or ActionPolicy whose first attempt died after writing (crash points
+ * `permission-assignment-created`, `action-policy-created`) is answered to the retry, one of it.
+ */
+describe('a crash inside a keyed governance create', () => {
+  const crash = useCrashPlatforms('keyed-governance-create-crash');
+
+  it('a PermissionAssignment and an ActionPolicy are each made once, answered to the retry', async () => {
+    const q = await crash.start(['permission-assignment-created', 'action-policy-created'], { env: { LOG_LEVEL: 'warn' } });
+    const api = q.p.root;
+    const principal = (await api.post<{ id: string }>(`/v1/organizations/workspaces/${q.p.bootstrap.workspace_id}/principals`, {
+      external_subject_id: 'granted', principal_type: 'service', display_name: 'Granted',
+    })).id;
+    const agent = (await api.post<{ id: string }>('/v1/agents', { name: 'a', model: 'default' })).id;
+    const cases = [
+      { path: '/v1/permission-assignments', point: 'permission-assignment-created', body: { principal_id: principal, target: { type: 'agent', id: agent }, actions: ['invoke'] } },
+      { path: '/v1/action-policies', point: 'action-policy-created', body: { effect: 'deny', tool: { kind: 'drive', name: 'user.message' }, principal_id: principal } },
+    ];
+    for (const { path, point, body } of cases) {
+      const mine = async () => (await api.get<{ data: { id: string; principal_id: string }[] }>(path, { limit: 100 })).data.filter((x) => x.principal_id === principal).map((x) => x.id);
+      await crashedCreate(q, point, path, body, `k-${point}`);
+      const written = await mine();
+      expect(written, path).toHaveLength(1);
+      const retry = await api.request<{ id: string; version: number }>('POST', path, { body, idempotencyKey: `k-${point}` });
+      expect([path, retry.status, retry.body.id, retry.body.version]).toEqual([path, 201, written[0], 1]);
+      expect(await mine()).toEqual(written);
+    }
+  }, 180_000);
+});
+
+/**
  * The same for the creates whose answer shows a signing secret once (crash points
  * `automation-created`, `webhook-endpoint-created`): the retry answers the resource its first
  * attempt wrote, with a new first secret (the first attempt's was never shown), and that secret is

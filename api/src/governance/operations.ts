@@ -1,6 +1,7 @@
 import { ApiError, Id, Obj, PageQuery, Page, Timestamp, Type } from '@agentplane/core';
 import { tags } from '@agentplane/store';
 import { ADMINS, READERS } from '../http/caller.js';
+import { createOnce } from '../http/keyed-create.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
 import { workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
@@ -46,11 +47,12 @@ export const governanceOperations: Operation[] = [
     summary: 'Grant a Principal actions on a target (an Agent, a Session or the Workspace)', auth: { kind: 'bearer', roles: ADMINS },
     body: Obj({ principal_id: Id('principal'), target: TargetSchema, actions: Actions }),
     response: PermissionAssignmentSchema, successStatus: 201, idempotency: 'optional', mcp: 'full',
-  }, async (ws, { body, deps }) => {
+  }, async (ws, { body, deps, keyed }) => {
     const p = await deps.docs.get<Principal>(tags.workspace(ws), body.principal_id);
     if (!p || p.status === 'deleted') throw new ApiError('validation.not_found', `principal ${body.principal_id} not found`);
     await checkTarget(deps, ws, body.target);
-    return deps.permissions.create(ws, body);
+    // Made once per keyed request: a duplicate grant would outlive the revocation of the other.
+    return createOnce('permissionAssignment', keyed, (id) => deps.permissions.find(ws, id), (id) => deps.permissions.create(ws, body, id), 'permission-assignment-created');
   }),
   defineOperation({
     operationId: 'permissionAssignments.listPermissionAssignments', method: 'GET', path: '/v1/permission-assignments',

@@ -43,10 +43,10 @@ export interface CheckTarget {
 export class PermissionStore {
   constructor(private readonly redis: Redis, private readonly docs: DocumentStore) {}
 
-  async create(workspaceId: string, input: { principal_id: string; target: PermissionTarget; actions: PermissionAction[] }): Promise<PermissionAssignment> {
+  async create(workspaceId: string, input: { principal_id: string; target: PermissionTarget; actions: PermissionAction[] }, id = newId('permissionAssignment')): Promise<PermissionAssignment> {
     const now = nowIso();
     const doc: PermissionAssignment = {
-      id: newId('permissionAssignment'), type: 'permission_assignment', workspace_id: workspaceId,
+      id, type: 'permission_assignment', workspace_id: workspaceId,
       principal_id: input.principal_id, target: input.target, actions: normalise(input.actions),
       version: 1, created_at: now, updated_at: now,
     };
@@ -54,8 +54,12 @@ export class PermissionStore {
     return doc;
   }
 
+  find(workspaceId: string, id: string): Promise<PermissionAssignment | null> {
+    return this.docs.get<PermissionAssignment>(tags.workspace(workspaceId), id);
+  }
+
   async get(workspaceId: string, id: string): Promise<PermissionAssignment> {
-    const doc = await this.docs.get<PermissionAssignment>(tags.workspace(workspaceId), id);
+    const doc = await this.find(workspaceId, id);
     if (!doc || doc.type !== 'permission_assignment' || doc.workspace_id !== workspaceId) {
       throw new ApiError('validation.not_found', 'permission assignment not found');
     }

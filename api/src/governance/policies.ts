@@ -107,18 +107,22 @@ export class PolicyStore {
     return keys.index(tags.workspace(ws), POLICIES);
   }
 
-  async create(ws: string, input: ActionPolicyInput): Promise<ActionPolicy> {
+  async create(ws: string, input: ActionPolicyInput, id = newId('actionPolicy')): Promise<ActionPolicy> {
     checkPatterns(input);
     const now = nowIso();
-    const doc: ActionPolicy = { id: newId('actionPolicy'), type: 'action_policy', workspace_id: ws, ...input, version: 1, created_at: now, updated_at: now };
+    const doc: ActionPolicy = { id, type: 'action_policy', workspace_id: ws, ...input, version: 1, created_at: now, updated_at: now };
     const created = await CREATE.run(this.redis, [this.docKey(ws, doc.id), this.listingKey(ws), this.versionKey(ws)], [JSON.stringify(doc), Date.parse(now), doc.id]);
     if (created !== 1) throw new ApiError('validation.conflict', `action policy ${doc.id} already exists`);
     crashPoint('action-policy-created');
     return doc;
   }
 
+  find(ws: string, id: string): Promise<ActionPolicy | null> {
+    return this.docs.get<ActionPolicy>(tags.workspace(ws), id);
+  }
+
   async get(ws: string, id: string): Promise<ActionPolicy> {
-    const doc = await this.docs.get<ActionPolicy>(tags.workspace(ws), id);
+    const doc = await this.find(ws, id);
     if (!doc || doc.type !== 'action_policy' || doc.workspace_id !== ws) throw new ApiError('validation.not_found', 'action policy not found');
     return doc;
   }

@@ -1,6 +1,7 @@
 import { ApiError, Id, Nullable, Obj, Page, PageQuery, Timestamp, Type } from '@agentplane/core';
 import { tags } from '@agentplane/store';
 import { ADMINS, READERS } from '../http/caller.js';
+import { createOnce } from '../http/keyed-create.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
 import { listWorkspaceDocs, workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
@@ -114,7 +115,11 @@ export const policyOperations: Operation[] = [
     audit: { target: 'response' },
     summary: 'Add an ActionPolicy rule (allow, deny or require_approval a tool, optionally by argument pattern and Principal)',
     auth: { kind: 'bearer', roles: ADMINS }, body: Obj(PolicyBody), response: ActionPolicySchema, successStatus: 201, idempotency: 'optional', mcp: 'full',
-  }, async (ws, { body, deps }) => deps.policies.create(ws, await input(deps, ws, body))),
+  }, async (ws, { body, deps, keyed }) => {
+    const rule = await input(deps, ws, body);
+    // Made once per keyed request: a duplicate rule would go on deciding after the other is deleted.
+    return createOnce('actionPolicy', keyed, (id) => deps.policies.find(ws, id), (id) => deps.policies.create(ws, rule, id));
+  }),
   workspaceRead({
     operationId: 'actionPolicies.listActionPolicies', path: '/v1/action-policies',
     summary: 'List the ActionPolicies of the Workspace, oldest first', auth: { kind: 'bearer', roles: READERS },

@@ -55,15 +55,15 @@ export function earlierAttempt<T extends { created_at: string; version: number }
  * A create whose resource is written in one step, made once per keyed request however many times
  * the request is sent: its id derived from the key and the request (`createdId`), what an earlier
  * attempt wrote answered (`earlierAttempt`), else `make(id)`. `point` names the crash point right
- * after the write (crash tests).
+ * after the write (crash tests), unless `make` names its own.
  */
 export async function createOnce<T extends { created_at: string; version: number }>(
-  kind: IdKind, keyed: KeyedRequest | undefined, find: (id: string) => Promise<T | null>, make: (id: string) => Promise<T>, point: string,
+  kind: IdKind, keyed: KeyedRequest | undefined, find: (id: string) => Promise<T | null>, make: (id: string) => Promise<T>, point?: string,
 ): Promise<T> {
   const id = createdId(kind, keyed);
   const earlier = keyed ? earlierAttempt(await find(id), keyed) : null;
   if (earlier) return earlier;
   const made = await make(id);
-  crashPoint(point);
+  if (point !== undefined) crashPoint(point);
   return made;
 }
