@@ -24,14 +24,14 @@ async function crashedCreate(q: CrashPlatform, point: string, path: string, body
 }
 
 /**
- * The API killed right after a keyed create of an Agent, an Environment, a Vault or a Connection
- * wrote it (crash points `agent-created`, `environment-created`, `vault-created`,
- * `connection-created`), and the key's pending record gone as it goes once its
+ * The API killed right after a keyed create of an Agent, an Environment, a Vault, a Connection or
+ * a runner pool wrote it (crash points `agent-created`, `environment-created`, `vault-created`,
+ * `connection-created`, `runner-pool-created`), and the key's pending record gone as it goes once its
  * owner is dead (here removed, as its expiry would): the retry of the same request under the key
  * finds what its first attempt wrote (its id is derived from the key and the request) and answers
  * it, 201 as the first attempt would have; there is one of it, not two.
  */
-describe('a crash inside a keyed create of an Agent, Environment, Vault or Connection', () => {
+describe('a crash inside a keyed create of an Agent, Environment, Vault, Connection or runner pool', () => {
   const crash = useCrashPlatforms('keyed-create-crash');
 
   it.each([
@@ -39,6 +39,8 @@ describe('a crash inside a keyed create of an Agent, Environment, Vault or Conne
     { what: 'Environment', path: '/v1/environments', point: 'environment-created', id: /^env_[0-9a-f]{32}$/, body: (name: string): Json => ({ name, image: 'agentplane/sandbox:latest' }) },
     { what: 'Vault', path: '/v1/vaults', point: 'vault-created', id: /^vlt_[0-9a-f]{32}$/, body: (name: string): Json => ({ name, description: 'kept secrets' }) },
     { what: 'Connection', path: '/v1/connections', point: 'connection-created', id: /^conn_[0-9a-f]{32}$/, body: (name: string): Json => ({ name, url: 'http://127.0.0.1:9/mcp', auth: { type: 'bearer', token: 'upstream-token' } }) },
+    // A name is unique among runner pools: the retry was refused 409 before, now it is answered.
+    { what: 'RunnerPool', path: '/v1/runner-pools', point: 'runner-pool-created', id: /^rpool_[0-9a-f]{32}$/, body: (name: string): Json => ({ name, placement: 'managed' }) },
   ])('$what: made once, answered to the retry', async ({ path, point, id, body }) => {
     const q = await crash.start([point], { env: { LOG_LEVEL: 'warn', AGENTPLANE_MODE: 'development' } });
     const api = q.p.root;
@@ -57,7 +59,7 @@ describe('a crash inside a keyed create of an Agent, Environment, Vault or Conne
     expect([replay.status, replay.body.id, replay.headers.get('idempotent-replayed')]).toEqual([201, written[0], 'true']);
     // Without a key, each create makes its own.
     const a = await api.request<{ id: string }>('POST', path, { body: body('two') });
-    const b = await api.request<{ id: string }>('POST', path, { body: body('two') });
+    const b = await api.request<{ id: string }>('POST', path, { body: body('three') });
     expect([a.status, b.status]).toEqual([201, 201]);
     expect(a.body.id).not.toBe(b.body.id);
   }, 180_000);
@@ -66,30 +68,35 @@ describe('a crash inside a keyed create of an Agent, Environment, Vault or Conne
 /**
  * A grant or a rule made twice would outlive the revocation of the other: a keyed
  * PermissionAssignment or ActionPolicy whose first attempt died after writing (crash points
- * `permission-assignment-created`, `action-policy-created`) is answered to the retry, one of it.
+ * `permission-assignment-created`, `action-policy-created`) is answered to the retry, one of it;
+ * so is a Principal (`principal-created`), whose retry was refused as a taken subject before.
  */
-describe('a crash inside a keyed governance create', () => {
+describe('a crash inside a keyed governance or identity create', () => {
   const crash = useCrashPlatforms('keyed-governance-create-crash');
 
-  it('a PermissionAssignment and an ActionPolicy are each made once, answered to the retry', async () => {
-    const q = await crash.start(['permission-assignment-created', 'action-policy-created'], { env: { LOG_LEVEL: 'warn' } });
+  it('a PermissionAssignment, an ActionPolicy and a Principal are each made once, answered to the retry', async () => {
+    const q = await crash.start(['principal-created', 'permission-assignment-created', 'action-policy-created'], { env: { LOG_LEVEL: 'warn' } });
     const api = q.p.root;
-    const principal = (await api.post<{ id: string }>(`/v1/organizations/workspaces/${q.p.bootstrap.workspace_id}/principals`, {
-      external_subject_id: 'granted', principal_type: 'service', display_name: 'Granted',
-    })).id;
+    const principals = `/v1/organizations/workspaces/${q.p.bootstrap.workspace_id}/principals`;
     const agent = (await api.post<{ id: string }>('/v1/agents', { name: 'a', model: 'default' })).id;
+    // In this order: the first Principal create after the start is the one that dies.
     const cases = [
-      { path: '/v1/permission-assignments', point: 'permission-assignment-created', body: { principal_id: principal, target: { type: 'agent', id: agent }, actions: ['invoke'] } },
-      { path: '/v1/action-policies', point: 'action-policy-created', body: { effect: 'deny', tool: { kind: 'drive', name: 'user.message' }, principal_id: principal } },
+      // A subject is unique among Principals: the retry was refused 409 before, now it is answered.
+      { path: principals, point: 'principal-created', body: (): Json => ({ external_subject_id: 'keyed', principal_type: 'service', display_name: 'Keyed' }), field: 'external_subject_id', value: () => 'keyed' },
+      { path: '/v1/permission-assignments', point: 'permission-assignment-created', body: (): Json => ({ principal_id: principal, target: { type: 'agent', id: agent }, actions: ['invoke'] }), field: 'principal_id', value: () => principal },
+      { path: '/v1/action-policies', point: 'action-policy-created', body: (): Json => ({ effect: 'deny', tool: { kind: 'drive', name: 'user.message' }, principal_id: principal }), field: 'principal_id', value: () => principal },
     ];
-    for (const { path, point, body } of cases) {
-      const mine = async () => (await api.get<{ data: { id: string; principal_id: string }[] }>(path, { limit: 100 })).data.filter((x) => x.principal_id === principal).map((x) => x.id);
+    let principal = '';
+    for (const { path, point, body: bodyOf, field, value } of cases) {
+      const body = bodyOf();
+      const mine = async () => (await api.get<{ data: Record<string, string>[] }>(path, { limit: 100 })).data.filter((x) => x[field] === value()).map((x) => x.id);
       await crashedCreate(q, point, path, body, `k-${point}`);
       const written = await mine();
       expect(written, path).toHaveLength(1);
       const retry = await api.request<{ id: string; version: number }>('POST', path, { body, idempotencyKey: `k-${point}` });
       expect([path, retry.status, retry.body.id, retry.body.version]).toEqual([path, 201, written[0], 1]);
       expect(await mine()).toEqual(written);
+      if (path === principals) principal = retry.body.id;
     }
   }, 180_000);
 });

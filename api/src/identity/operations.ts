@@ -1,6 +1,7 @@
 import { Id, Obj, Page, PageQuery, Type } from '@agentplane/core';
 import { tags } from '@agentplane/store';
 import { ADMINS, READERS, ROOT } from '../http/caller.js';
+import { createOnce } from '../http/keyed-create.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
 import { namedWorkspaceWrite } from '../http/workspace-operation.js';
 import { requireOrganization, workspaceInBoundary } from '../http/workspace-scope.js';
@@ -153,7 +154,7 @@ export const identityOperations: Operation[] = [
     audit: { target: 'response' },
     summary: 'Create a Principal (a person or service identity) in the Workspace', auth: { kind: 'bearer', roles: ADMINS },
     params: WsPath, body: CreatePrincipalBody, response: PrincipalSchema, successStatus: 201, idempotency: 'optional', mcp: 'full',
-  }, (ws, { body, deps }) => deps.identity.createPrincipal(ws, body)),
+  }, (ws, { body, deps, keyed }) => createOnce('principal', keyed, (id) => deps.identity.findPrincipal(ws, id), (id) => deps.identity.createPrincipal(ws, body, id), 'principal-created')),
   defineOperation({
     operationId: 'principals.listPrincipals', method: 'GET', path: '/v1/organizations/workspaces/{workspace_id}/principals',
     summary: 'List the Principals of the Workspace', auth: { kind: 'bearer', roles: READERS }, params: WsPath,

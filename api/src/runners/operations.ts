@@ -1,6 +1,7 @@
 import { Id, Nullable, Obj, Page, PageQuery, Timestamp, Type } from '@agentplane/core';
 import { tags } from '@agentplane/store';
 import { ADMINS, READERS } from '../http/caller.js';
+import { createOnce } from '../http/keyed-create.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
 import { listWorkspaceDocs, workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { enforceRateLimit } from '../http/rate-limit.js';
@@ -104,7 +105,7 @@ export const runnerOperations: Operation[] = [
     summary: 'Create a runner pool in the Workspace', auth: { kind: 'bearer', roles: ADMINS },
     body: Obj({ name: Type.String({ minLength: 1, maxLength: 100, pattern: '^[a-z0-9](?:[a-z0-9._-]{0,99})$' }), placement: Type.Union([Type.Literal('byoc'), Type.Literal('managed')]) }),
     response: RunnerPoolSchema, successStatus: 201, idempotency: 'optional', mcp: 'full',
-  }, (ws, { body, deps }) => deps.runners.createPool(ws, body)),
+  }, (ws, { body, deps, keyed }) => createOnce('runnerPool', keyed, (id) => deps.runners.findPool(ws, id), (id) => deps.runners.createPool(ws, body, id))),
   workspaceRead({
     operationId: 'runnerPools.listRunnerPools', path: '/v1/runner-pools',
     summary: 'List the runner pools of the Workspace (the default pool included)', auth: { kind: 'bearer', roles: READERS },

@@ -207,11 +207,12 @@ export class IdentityService {
   async createPrincipal(
     workspaceId: string,
     input: { external_subject_id: string; principal_type: 'person' | 'service'; display_name: string },
+    id = newId('principal'),
   ): Promise<Principal> {
     const tag = tags.workspace(workspaceId);
     const now = nowIso();
     const p: Principal = {
-      id: newId('principal'), type: 'principal', workspace_id: workspaceId, external_subject_id: input.external_subject_id,
+      id, type: 'principal', workspace_id: workspaceId, external_subject_id: input.external_subject_id,
       principal_type: input.principal_type, display_name: input.display_name, status: 'active',
       suspended_at: null, deleted_at: null, version: 1, created_at: now, updated_at: now,
     };
@@ -225,6 +226,11 @@ export class IdentityService {
     });
     if (!created) throw new ApiError('validation.conflict', `a Principal with external_subject_id '${input.external_subject_id}' already exists`);
     return p;
+  }
+
+  /** The Principal stored under `id` in the Workspace, whatever its status; null when there is none. */
+  findPrincipal(workspaceId: string, id: string): Promise<Principal | null> {
+    return this.docs.get<Principal>(tags.workspace(workspaceId), id);
   }
 
   /** A Principal to read (shared with other readers: never change it). */

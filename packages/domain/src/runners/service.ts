@@ -99,12 +99,12 @@ export class RunnerService {
     throw new ApiError('validation.conflict', 'the default runner pool is being created concurrently; retry');
   }
 
-  async createPool(workspaceId: string, input: { name: string; placement: PoolPlacement }): Promise<RunnerPool> {
+  async createPool(workspaceId: string, input: { name: string; placement: PoolPlacement }, id = newId('runnerPool')): Promise<RunnerPool> {
     await this.defaultPool(workspaceId);
     const tag = tags.workspace(workspaceId);
     const now = nowIso();
     const pool: RunnerPool = {
-      id: newId('runnerPool'), type: 'runner_pool', workspace_id: workspaceId, name: input.name, placement: input.placement,
+      id, type: 'runner_pool', workspace_id: workspaceId, name: input.name, placement: input.placement,
       is_default: false, status: 'active', drain: null, version: 1, created_at: now, updated_at: now,
     };
     const uniq = keys.unique(tag, 'runner_pool_names');
@@ -115,8 +115,13 @@ export class RunnerService {
     return pool;
   }
 
+  /** The runner pool stored under `id` in the Workspace; null when there is none. */
+  findPool(workspaceId: string, id: string): Promise<RunnerPool | null> {
+    return this.docs.get<RunnerPool>(tags.workspace(workspaceId), id);
+  }
+
   async getPool(workspaceId: string, id: string): Promise<RunnerPool> {
-    const pool = await this.docs.get<RunnerPool>(tags.workspace(workspaceId), id);
+    const pool = await this.findPool(workspaceId, id);
     if (!pool || pool.workspace_id !== workspaceId) throw new ApiError('validation.not_found', 'runner pool not found');
     return pool;
   }
