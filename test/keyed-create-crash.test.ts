@@ -63,6 +63,28 @@ describe('a crash inside a keyed create of an Agent, Environment, Vault, Connect
     expect([a.status, b.status]).toEqual([201, 201]);
     expect(a.body.id).not.toBe(b.body.id);
   }, 180_000);
+
+  it('a resource changed since its first attempt is not answered to the retry (409); an Agent answers its version 1', async () => {
+    const q = await crash.start(['connection-created', 'agent-created'], { env: { LOG_LEVEL: 'warn', AGENTPLANE_MODE: 'development' } });
+    const api = q.p.root;
+    const body: Json = { name: 'changed', url: 'http://127.0.0.1:9/mcp', auth: { type: 'bearer', token: 'upstream-token' } };
+    await crashedCreate(q, 'connection-created', '/v1/connections', body, 'k-changed');
+    const [conn] = (await api.get<{ data: { id: string; name: string }[] }>('/v1/connections', { limit: 100 })).data.filter((x) => x.name === 'changed');
+    const patched = await api.request<{ version: number }>('PATCH', `/v1/connections/${conn!.id}`, { body: { expected_version: 1, name: 'renamed' } });
+    expect([patched.status, patched.body]).toMatchObject([200, { version: 2 }]);
+    const retry = await api.request<{ error: { type: string } }>('POST', '/v1/connections', { body, idempotencyKey: 'k-changed' });
+    expect([retry.status, retry.body.error.type]).toEqual([409, 'idempotency.conflict']);
+    const after = await api.get<{ data: { id: string; name: string; version: number }[] }>('/v1/connections', { limit: 100 });
+    expect(after.data.filter((x) => x.name === 'changed' || x.name === 'renamed').map((x) => [x.id, x.version])).toEqual([[conn!.id, 2]]);
+
+    // An Agent's versions never change: the retry answers version 1, as its first attempt would have.
+    const agentBody: Json = { name: 'versioned', model: 'default', system: 'one' };
+    await crashedCreate(q, 'agent-created', '/v1/agents', agentBody, 'k-agent');
+    const [agent] = (await api.get<{ data: { id: string; name: string }[] }>('/v1/agents', { limit: 100 })).data.filter((x) => x.name === 'versioned');
+    expect((await api.request<{ version: number }>('POST', `/v1/agents/${agent!.id}`, { body: { expected_version: 1, system: 'two' } })).body.version).toBe(2);
+    const again = await api.request<{ id: string; version: number; system: string }>('POST', '/v1/agents', { body: agentBody, idempotencyKey: 'k-agent' });
+    expect([again.status, again.body.id, again.body.version, again.body.system]).toEqual([201, agent!.id, 1, 'one']);
+  }, 180_000);
 });
 
 /**

@@ -21,9 +21,11 @@ export async function createVersioned<T extends VersionedDoc>(
     made = await store.create(ws, { ...doc, id });
   } catch (err) {
     if (!keyed || !(err instanceof ApiError && err.type === 'validation.conflict')) throw err;
-    const earlier = await store.getVersion(ws, id, 1).catch(() => null);
-    if (earlier && Date.parse(earlier.created_at) + keyed.keptMs > Date.now()) return earlier;
-    throw new ApiError('idempotency.conflict', 'this Idempotency-Key was used for this request longer ago than keys are kept; use a new key');
+    // Version 1 as the first attempt answered it (later versions do not change what it said);
+    // the same age rule as every keyed create's.
+    const earlier = earlierAttempt(await store.getVersion(ws, id, 1).catch(() => null), keyed);
+    if (earlier) return earlier;
+    throw err;
   }
   crashPoint(point);
   return made;
