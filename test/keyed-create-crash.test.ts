@@ -1,9 +1,10 @@
-import { existsSync, rmSync } from 'node:fs';
+import { existsSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer, type IncomingHttpHeaders } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { Webhook } from 'standardwebhooks';
 import { describe, expect, it } from 'vitest';
 import { sha256Hex } from '@agentplane/core';
+import { signingKey } from './harness/a2a-peer.js';
 import { useCrashPlatforms, type CrashPlatform } from './harness/crash-platform.js';
 import type { Json } from './harness/turns.js';
 
@@ -24,14 +25,17 @@ async function crashedCreate(q: CrashPlatform, point: string, path: string, body
 }
 
 /**
- * The API killed right after a keyed create of an Agent, an Environment, a Vault, a Connection or
- * a runner pool wrote it (crash points `agent-created`, `environment-created`, `vault-created`,
- * `connection-created`, `runner-pool-created`), and the key's pending record gone as it goes once its
+ * The API killed right after a keyed create of an Agent, an Environment, a Vault, a Connection, a
+ * runner pool, a MemoryStore, a skill source, a tool source, a ModelCredential, an external
+ * installation or a SurfaceScope wrote it (crash points `agent-created`, `environment-created`,
+ * `vault-created`, `connection-created`, `runner-pool-created`, `memory-store-created`,
+ * `skill-source-created`, `tool-source-created`, `model-credential-created`,
+ * `external-installation-created`, `surface-scope-created`), and the key's pending record gone as it goes once its
  * owner is dead (here removed, as its expiry would): the retry of the same request under the key
  * finds what its first attempt wrote (its id is derived from the key and the request) and answers
  * it, 201 as the first attempt would have; there is one of it, not two.
  */
-describe('a crash inside a keyed create of an Agent, Environment, Vault, Connection or runner pool', () => {
+describe('a crash inside a keyed create of a resource written in one step', () => {
   const crash = useCrashPlatforms('keyed-create-crash');
 
   it.each([
@@ -41,6 +45,8 @@ describe('a crash inside a keyed create of an Agent, Environment, Vault, Connect
     { what: 'Connection', path: '/v1/connections', point: 'connection-created', id: /^conn_[0-9a-f]{32}$/, body: (name: string): Json => ({ name, url: 'http://127.0.0.1:9/mcp', auth: { type: 'bearer', token: 'upstream-token' } }) },
     // A name is unique among runner pools: the retry was refused 409 before, now it is answered.
     { what: 'RunnerPool', path: '/v1/runner-pools', point: 'runner-pool-created', id: /^rpool_[0-9a-f]{32}$/, body: (name: string): Json => ({ name, placement: 'managed' }) },
+    { what: 'MemoryStore', path: '/v1/memory-stores', point: 'memory-store-created', id: /^memstore_[0-9a-f]{32}$/, body: (name: string): Json => ({ name, description: 'notes' }) },
+    { what: 'SkillSource', path: '/v1/skill-sources', point: 'skill-source-created', id: /^sksrc_[0-9a-f]{32}$/, body: (name: string): Json => ({ name, url: 'https://git.example.com/team/skills.git' }) },
   ])('$what: made once, answered to the retry', async ({ path, point, id, body }) => {
     const q = await crash.start([point], { env: { LOG_LEVEL: 'warn', AGENTPLANE_MODE: 'development' } });
     const api = q.p.root;
@@ -62,6 +68,35 @@ describe('a crash inside a keyed create of an Agent, Environment, Vault, Connect
     const b = await api.request<{ id: string }>('POST', path, { body: body('three') });
     expect([a.status, b.status]).toEqual([201, 201]);
     expect(a.body.id).not.toBe(b.body.id);
+  }, 180_000);
+
+  it('a tool source, a ModelCredential, an external installation and a SurfaceScope are each made once, answered to the retry', async () => {
+    const q = await crash.start(['tool-source-created', 'model-credential-created', 'external-installation-created', 'surface-scope-created'], { env: { LOG_LEVEL: 'warn', AGENTPLANE_MODE: 'development' } });
+    const api = q.p.root;
+    const credentials = `/v1/organizations/workspaces/${q.p.bootstrap.workspace_id}/model-credentials`;
+    const { jwk } = await signingKey('keyed');
+    await api.post('/v1/provider-packages', { name: 'peer', package_version: 1, card_url: 'http://127.0.0.1:9/card', rpc_url: 'http://127.0.0.1:9/a2a' });
+    // The Workspace's first models request seeds its `default` credential: past the point (its
+    // marker made first), so that the point is reached by the create below.
+    writeFileSync(q.marker('model-credential-created'), '');
+    await api.get(credentials);
+    const cases = [
+      { path: '/v1/tool-sources', point: 'tool-source-created', body: { name: 'peer', provider: 'peer', source: { kind: 'a2a', card_url: 'http://127.0.0.1:9/card', verification_keys: [jwk] } }, field: 'name', value: 'peer' },
+      // A key is unique among ModelCredentials: the retry was refused 409 before, now it is answered.
+      { path: credentials, point: 'model-credential-created', body: { key: 'keyed', provider_key: 'openai', base_url: 'http://127.0.0.1:9/v1', secret: 'sk-test-keyed' }, field: 'key', value: 'keyed' },
+      // So is a (provider, external_id) among installations, and a root among the native tree's scopes.
+      { path: '/v1/external-installations', point: 'external-installation-created', body: { provider: 'slack', external_id: 'T-KEYED', display_name: 'Keyed' }, field: 'external_id', value: 'T-KEYED' },
+      { path: '/v1/surface-scopes', point: 'surface-scope-created', body: { kind: 'root', display_name: 'Keyed root' }, field: 'display_name', value: 'Keyed root' },
+    ];
+    for (const { path, point, body, field, value } of cases) {
+      const mine = async () => (await api.get<{ data: Record<string, unknown>[] }>(path, { limit: 100 })).data.filter((x) => x[field] === value).map((x) => x.id);
+      await crashedCreate(q, point, path, body, `k-${point}`);
+      const written = await mine();
+      expect(written, path).toHaveLength(1);
+      const retry = await api.request<{ id: string }>('POST', path, { body, idempotencyKey: `k-${point}` });
+      expect([path, retry.status, retry.body.id]).toEqual([path, 201, written[0]]);
+      expect(await mine()).toEqual(written);
+    }
   }, 180_000);
 
   it('a resource changed since its first attempt is not answered to the retry (409); an Agent answers its version 1', async () => {

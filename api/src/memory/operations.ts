@@ -1,5 +1,6 @@
 import { ApiError, Cursor, Id, Metadata, Nullable, Obj, Page, PageQuery, Type } from '@agentplane/core';
 import { READERS, WRITERS, type Caller } from '../http/caller.js';
+import { createOnce } from '../http/keyed-create.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
 import { pageOf, workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
@@ -45,8 +46,12 @@ export const memoryOperations: Operation[] = [
     permission: { action: 'manage', target: 'workspace' },
     body: Obj({ name: Type.String({ minLength: 1, maxLength: 200 }), description: Type.Optional(Nullable(Type.String({ maxLength: 2000 }))), metadata: Type.Optional(Metadata()) }),
     response: MemoryStoreSchema,
-  }, async (ws, { body, deps }) => {
-    const store = await deps.memory.stores.createStore(ws, body);
+  }, async (ws, { body, deps, keyed }) => {
+    // Made once per keyed request (`memory-store-created` names the point after its head is
+    // written); a store whose creation died before confirming its marker gets one from its next
+    // write. Answered as its first attempt would have answered it.
+    const stores = deps.memory.stores;
+    const store = await createOnce('memoryStore', keyed, (id) => stores.findStore(ws, id), (id) => stores.createStore(ws, body, id));
     return { ...store, document_count: 0 };
   }),
   workspaceRead({

@@ -179,11 +179,11 @@ export class MemoryStores {
     this.deletions = new InFlightWrites(redis, DELETIONS, DELETION_GRACE_MS);
   }
 
-  async createStore(workspaceId: string, input: { name: string; description?: string | null | undefined; metadata?: Record<string, string> | undefined }): Promise<MemoryStoreDoc> {
+  async createStore(workspaceId: string, input: { name: string; description?: string | null | undefined; metadata?: Record<string, string> | undefined }, id = newId('memoryStore')): Promise<MemoryStoreDoc> {
     checkHead(input, 'body');
     const now = nowIso();
     const doc: MemoryStoreDoc = {
-      id: newId('memoryStore'), type: 'memory_store', workspace_id: workspaceId, name: input.name,
+      id, type: 'memory_store', workspace_id: workspaceId, name: input.name,
       description: input.description ?? null, metadata: input.metadata ?? {}, version: 1, created_at: now, updated_at: now,
     };
     // The marker first, so a store is writable as soon as its head can be read. It lives only
@@ -206,8 +206,13 @@ export class MemoryStores {
     return doc;
   }
 
+  /** The store whose head is stored under `storeId` in the Workspace; null when there is none. */
+  findStore(workspaceId: string, storeId: string): Promise<MemoryStoreDoc | null> {
+    return this.docs.get<MemoryStoreDoc>(tags.workspace(workspaceId), storeId);
+  }
+
   async getStore(workspaceId: string, storeId: string): Promise<MemoryStoreDoc> {
-    const doc = await this.docs.get<MemoryStoreDoc>(tags.workspace(workspaceId), storeId);
+    const doc = await this.findStore(workspaceId, storeId);
     if (!doc || doc.type !== 'memory_store' || doc.workspace_id !== workspaceId) throw new ApiError('validation.not_found', `memory store ${storeId} not found`);
     return doc;
   }

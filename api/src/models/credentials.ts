@@ -91,13 +91,18 @@ export class ModelCredentialService {
     }
   }
 
-  async create(ws: string, input: CreateModelCredentialInput): Promise<ModelCredentialHead> {
+  async create(ws: string, input: CreateModelCredentialInput, id = newId('modelCredential')): Promise<ModelCredentialHead> {
+    return credentialHead(await this.createDoc(ws, input, id));
+  }
+
+  /** `create`, answering the document written (its head is what the API shows). */
+  async createDoc(ws: string, input: CreateModelCredentialInput, id: string): Promise<ModelCredentialDoc> {
     const baseUrl = input.base_url ?? null;
     this.checkInput(input.provider_key, baseUrl, input.secret);
     const tag = tags.workspace(ws);
     const now = nowIso();
     const doc: ModelCredentialDoc = {
-      id: newId('modelCredential'), workspace_id: ws, key: input.key, display_name: input.display_name ?? input.key,
+      id, workspace_id: ws, key: input.key, display_name: input.display_name ?? input.key,
       provider_key: input.provider_key, base_url: baseUrl, custody_policy: 'workspace_vault', status: 'active',
       health_status: KEYLESS_PROVIDERS.has(input.provider_key) ? 'healthy' : 'unknown', active_generation_number: 1,
       has_secret: input.secret !== undefined, revoked_at: null, version: 1, created_at: now, updated_at: now,
@@ -112,11 +117,16 @@ export class ModelCredentialService {
       throw new ApiError('validation.conflict', `a model credential with key '${doc.key}' exists in this workspace`);
     }
     crashPoint('model-credential-created');
-    return credentialHead(doc);
+    return doc;
+  }
+
+  /** The credential stored under `id` in the Workspace, whatever its status; null when there is none. */
+  find(ws: string, id: string): Promise<ModelCredentialDoc | null> {
+    return this.docs.get<ModelCredentialDoc>(tags.workspace(ws), id);
   }
 
   async getDoc(ws: string, id: string): Promise<ModelCredentialDoc> {
-    const d = await this.docs.get<ModelCredentialDoc>(tags.workspace(ws), id);
+    const d = await this.find(ws, id);
     if (!d || d.workspace_id !== ws) throw new ApiError('validation.not_found', 'model credential not found');
     return d;
   }

@@ -3,9 +3,11 @@ import { ApiError, Id, Obj, Page, Type } from '@agentplane/core';
 import type { ModelRequest } from '@agentplane/protocol';
 import { tags, type StoredDoc } from '@agentplane/store';
 import { ADMINS, READERS, WRITERS } from '../http/caller.js';
+import { createOnce } from '../http/keyed-create.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
 import { namedWorkspaceRead, namedWorkspaceWrite, workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { workspaceInBoundary } from '../http/workspace-scope.js';
+import { credentialHead } from './model.js';
 import { dayKey, monthKey } from './usage.js';
 import {
   CreateModelCredentialBody, CreateRevisionBody, CreateRoutingProfileBody, KeyFilterQuery, ModelCredentialSchema, ModelRequestBody,
@@ -78,9 +80,12 @@ export const modelOperations: Operation[] = [
     summary: 'Store a provider credential (custody workspace_vault); the secret is sealed and never returned',
     auth: { kind: 'bearer', roles: ADMINS }, params: WsPath, body: CreateModelCredentialBody, response: ModelCredentialSchema,
     successStatus: 201, idempotency: 'optional', mcp: 'never',
-  }, async (ws, { body, deps }) => {
+  }, async (ws, { body, deps, keyed }) => {
     await deps.models.profiles.ensureDefaults(ws);
-    return deps.models.credentials.create(ws, body);
+    // Made once per keyed request: the retry of a create that died after writing (crash point
+    // `model-credential-created`) is answered the credential it wrote, not refused for its key.
+    const credentials = deps.models.credentials;
+    return credentialHead(await createOnce('modelCredential', keyed, (id) => credentials.find(ws, id), (id) => credentials.createDoc(ws, body, id)));
   }),
   namedWorkspaceRead({
     operationId: 'models.listModelCredentials', path: '/v1/organizations/workspaces/{workspace_id}/model-credentials',

@@ -1,5 +1,6 @@
 import { Id, Obj, Page, PageQuery, Timestamp, Type } from '@agentplane/core';
 import { READERS, WRITERS } from '../http/caller.js';
+import { createOnce } from '../http/keyed-create.js';
 import type { Operation } from '../http/operation.js';
 import { pageOf, workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 
@@ -33,7 +34,7 @@ export const skillSourceOperations: Operation[] = [
       path: Type.Optional(Type.String({ minLength: 1, maxLength: 200 })),
     }),
     response: SkillSourceSchema,
-  }, (ws, { body, deps }) => deps.skillSources.create(ws, body)),
+  }, (ws, { body, deps, keyed }) => createOnce('skillSource', keyed, (id) => deps.skillSources.find(ws, id), (id) => deps.skillSources.create(ws, body, id), 'skill-source-created')),
   workspaceRead({
     operationId: 'skillSources.listSkillSources', path: '/v1/skill-sources', summary: 'List the skill sources of the Workspace',
     auth: readers, query: PageQuery({}), response: Page(SkillSourceSchema), mcp: 'full',

@@ -105,7 +105,7 @@ function gitConfigEnv(pairs: ReadonlyArray<readonly [string, string]>): Record<s
 export class SkillSourceService {
   constructor(private readonly docs: DocumentStore, private readonly allowLocal: boolean, private readonly egress: EgressPolicy) {}
 
-  async create(ws: string, input: { name: string; url: string; default_branch?: string | undefined; path?: string | undefined }): Promise<SkillSourceDoc> {
+  async create(ws: string, input: { name: string; url: string; default_branch?: string | undefined; path?: string | undefined }, id = newId('skillSource')): Promise<SkillSourceDoc> {
     checkSourceUrl(input.url, this.allowLocal, this.egress);
     const branch = input.default_branch ?? 'main';
     if (!isBranchName(branch)) throw new ApiError('validation.malformed', 'body.default_branch: not a branch name');
@@ -115,7 +115,7 @@ export class SkillSourceService {
     }
     const now = nowIso();
     const doc: SkillSourceDoc = {
-      id: newId('skillSource'), type: 'skill_source', workspace_id: ws, name: input.name, url: input.url, default_branch: branch, path,
+      id, type: 'skill_source', workspace_id: ws, name: input.name, url: input.url, default_branch: branch, path,
       version: 1, created_at: now, updated_at: now,
     };
     await this.docs.create(tags.workspace(ws), doc, [INDEX]);
@@ -160,8 +160,13 @@ export class SkillSourceService {
     return { url: source.url, env: gitConfigEnv([['core.sshCommand', `${ssh} -o HostName=${target.address} -o HostKeyAlias=${bare}`]]) };
   }
 
+  /** The skill source stored under `id` in the Workspace; null when there is none. */
+  find(ws: string, id: string): Promise<SkillSourceDoc | null> {
+    return this.docs.get<SkillSourceDoc>(tags.workspace(ws), id);
+  }
+
   async get(ws: string, id: string): Promise<SkillSourceDoc> {
-    const doc = await this.docs.get<SkillSourceDoc>(tags.workspace(ws), id);
+    const doc = await this.find(ws, id);
     if (!doc || doc.type !== 'skill_source' || doc.workspace_id !== ws) throw new ApiError('validation.not_found', `skill source ${id} not found`);
     return doc;
   }

@@ -1,5 +1,6 @@
 import { Id, Obj, Page, PageQuery, Type } from '@agentplane/core';
 import { ADMINS, READERS } from '../http/caller.js';
+import { createOnce } from '../http/keyed-create.js';
 import { CURRENT_VERSION, type Operation } from '../http/operation.js';
 import { listWorkspaceDocs, workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import type { ApiDeps } from '../deps.js';
@@ -26,7 +27,8 @@ export const surfaceScopeOperations: Operation[] = [
     summary: 'Record an external installation (a chat workspace or similar) that SurfaceScopes are created under',
     auth: admins, body: CreateExternalInstallationBody, response: ExternalInstallationSchema,
     successStatus: 201, idempotency: 'optional', mcp: 'full',
-  }, (ws, { body, deps }) => deps.surfaceScopes.createInstallation(ws, body)),
+  }, (ws, { body, deps, keyed }) => createOnce('externalInstallation', keyed, (id) => deps.surfaceScopes.findInstallation(ws, id),
+    (id) => deps.surfaceScopes.createInstallation(ws, body, id), 'external-installation-created')),
   workspaceRead({
     operationId: 'externalInstallations.listExternalInstallations', path: '/v1/external-installations',
     summary: 'List external installations, oldest first', auth: readers,
@@ -50,7 +52,8 @@ export const surfaceScopeOperations: Operation[] = [
     summary: 'Create a SurfaceScope (root, team, channel or personal), natively or under an external installation',
     auth: admins, body: CreateSurfaceScopeBody, response: SurfaceScopeSchema,
     successStatus: 201, idempotency: 'optional', mcp: 'full',
-  }, (ws, { body, deps }) => deps.surfaceScopes.create(ws, body, activePrincipal(deps, ws))),
+  }, (ws, { body, deps, keyed }) => createOnce('surfaceScope', keyed, (id) => deps.surfaceScopes.find(ws, id),
+    (id) => deps.surfaceScopes.create(ws, body, activePrincipal(deps, ws), id), 'surface-scope-created')),
   workspaceRead({
     operationId: 'surfaceScopes.listSurfaceScopes', path: '/v1/surface-scopes', versions: LIST_VERSIONS,
     summary: 'List SurfaceScopes, oldest first; filters: external_installation_id, external_id (exact, 1 to 512 characters)',

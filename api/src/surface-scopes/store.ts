@@ -148,11 +148,11 @@ export class SurfaceScopeStore {
 
   // ---- external installations ------------------------------------------------------------
 
-  async createInstallation(ws: string, input: { provider: string; external_id: string; display_name: string }): Promise<ExternalInstallation> {
+  async createInstallation(ws: string, input: { provider: string; external_id: string; display_name: string }, id = newId('externalInstallation')): Promise<ExternalInstallation> {
     const tag = tags.workspace(ws);
     const now = nowIso();
     const doc: ExternalInstallation = {
-      id: newId('externalInstallation'), type: 'external_installation', workspace_id: ws, provider: input.provider,
+      id, type: 'external_installation', workspace_id: ws, provider: input.provider,
       external_id: input.external_id, display_name: input.display_name, state: 'active', archived_at: null,
       version: 1, created_at: now, updated_at: now,
     };
@@ -167,8 +167,13 @@ export class SurfaceScopeStore {
     return doc;
   }
 
+  /** The external installation stored under `id` in the Workspace; null when there is none. */
+  findInstallation(ws: string, id: string): Promise<ExternalInstallation | null> {
+    return this.docs.get<ExternalInstallation>(tags.workspace(ws), id);
+  }
+
   async getInstallation(ws: string, id: string): Promise<ExternalInstallation> {
-    const doc = await this.docs.get<ExternalInstallation>(tags.workspace(ws), id);
+    const doc = await this.findInstallation(ws, id);
     if (!doc || doc.type !== 'external_installation' || doc.workspace_id !== ws) throw new ApiError('validation.not_found', `external installation ${id} not found`);
     return doc;
   }
@@ -182,13 +187,18 @@ export class SurfaceScopeStore {
 
   // ---- scopes ----------------------------------------------------------------------------
 
+  /** The scope stored under `id` in the Workspace; null when there is none. */
+  find(ws: string, id: string): Promise<SurfaceScope | null> {
+    return this.docs.get<SurfaceScope>(tags.workspace(ws), id);
+  }
+
   async get(ws: string, id: string): Promise<SurfaceScope> {
-    const doc = await this.docs.get<SurfaceScope>(tags.workspace(ws), id);
+    const doc = await this.find(ws, id);
     if (!doc || doc.type !== 'surface_scope' || doc.workspace_id !== ws) throw new ApiError('validation.not_found', `surface scope ${id} not found`);
     return doc;
   }
 
-  async create(ws: string, input: CreateScopeInput, principalActive: (id: string) => Promise<void>): Promise<SurfaceScope> {
+  async create(ws: string, input: CreateScopeInput, principalActive: (id: string) => Promise<void>, id = newId('surfaceScope')): Promise<SurfaceScope> {
     const tag = tags.workspace(ws);
     const exti = input.external_installation_id ?? null;
     if (exti !== null) {
@@ -217,7 +227,7 @@ export class SurfaceScopeStore {
     if (input.verified_member) await principalActive(input.verified_member.principal_id);
     const now = nowIso();
     const doc: SurfaceScope = {
-      id: newId('surfaceScope'), type: 'surface_scope', workspace_id: ws, external_installation_id: exti,
+      id, type: 'surface_scope', workspace_id: ws, external_installation_id: exti,
       external_id: input.external_id ?? null, kind: input.kind, parent_id: parentId, display_name: input.display_name,
       visibility: input.visibility ?? (input.kind === 'personal' ? 'private' : 'public'),
       membership: input.membership ?? (input.kind === 'personal' ? 'verified' : 'public'),

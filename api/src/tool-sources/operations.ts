@@ -1,5 +1,6 @@
 import { Id, Nullable, Obj, Page, PageQuery, Timestamp, Type } from '@agentplane/core';
 import { ADMINS, READERS } from '../http/caller.js';
+import { createOnce } from '../http/keyed-create.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
 import { pageOf, workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
@@ -136,7 +137,7 @@ export const toolSourceOperations: Operation[] = [
       source: SourceInput,
     }),
     response: ToolSourceSchema,
-  }, (ws, { body, deps }) => deps.toolSources.createSource(ws, body)),
+  }, (ws, { body, deps, keyed }) => createOnce('toolSource', keyed, (id) => deps.toolSources.findSource(ws, id), (id) => deps.toolSources.createSource(ws, body, id), 'tool-source-created')),
   workspaceRead({
     operationId: 'toolSources.listToolSources', path: '/v1/tool-sources', summary: 'List the tool sources of the Workspace',
     auth: readers, query: PageQuery({}), response: Page(ToolSourceSchema), mcp: 'full',

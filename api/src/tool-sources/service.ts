@@ -176,12 +176,12 @@ export class ToolSourceService {
 
   // --- tool sources ------------------------------------------------------------------------
 
-  async createSource(ws: string, input: SourceInput): Promise<ToolSourceDoc> {
+  async createSource(ws: string, input: SourceInput, id = newId('toolSource')): Promise<ToolSourceDoc> {
     const pkg = await this.resolvePackage(ws, input.provider, input.provider_package_version);
     checkSourceAgainstPackage(input.source, pkg, 'body.source');
     const now = nowIso();
     const doc: ToolSourceDoc = {
-      id: newId('toolSource'), type: 'tool_source', workspace_id: ws, name: input.name, provider: pkg.name,
+      id, type: 'tool_source', workspace_id: ws, name: input.name, provider: pkg.name,
       provider_package: { id: pkg.id, package_version: pkg.package_version, digest: pkg.digest },
       source: { kind: 'a2a', card_url: input.source.card_url, verification_keys: input.source.verification_keys.map(publicKey) },
       revision: 1, sync: { state: 'pending', checked_at: null, rejection: null }, discovery: null, tools: [], migration: null,
@@ -191,8 +191,13 @@ export class ToolSourceService {
     return doc;
   }
 
+  /** The tool source stored under `id` in the Workspace; null when there is none. */
+  findSource(ws: string, id: string): Promise<ToolSourceDoc | null> {
+    return this.docs.get<ToolSourceDoc>(tags.workspace(ws), id);
+  }
+
   async getSource(ws: string, id: string): Promise<ToolSourceDoc> {
-    const doc = await this.docs.get<ToolSourceDoc>(tags.workspace(ws), id);
+    const doc = await this.findSource(ws, id);
     if (!doc || doc.type !== 'tool_source' || doc.workspace_id !== ws) throw new ApiError('validation.not_found', `tool source ${id} not found`);
     return doc;
   }
