@@ -80,7 +80,8 @@ beforeAll(async () => {
   // The runner's connections go to C while C lives, then to B, then to A.
   proxy = await startFailoverProxy([c.port, b.port, p.port]);
   ({ dir: runnerDir, runnerId } = await pairThrough(proxy.url, 'cluster-box'));
-  daemon = startDaemon(runnerDir);
+  // Its log beside the platform's (CLUSTER_TEST_LOGS keeps both).
+  daemon = startDaemon(runnerDir, [], join(p.dataDir, 'runner.log'));
   await readyRunner();
 }, 150_000);
 
@@ -188,6 +189,17 @@ describe('the platform on a Redis Cluster with several API nodes and schedulers'
   const bashSession = async (): Promise<string> => (await onA.post<{ id: string }>('/v1/sessions', {
     agent: { name: 'a', model: 'default', tools: [{ type: 'builtin', name: 'bash' }], system: SLOW_TOOL }, environment_id: envId,
   })).id;
+  /** Where a turn that did not end stands: its Runs, their jobs, the runner's presence (a failure's message). */
+  const stuckTurn = async (id: string): Promise<string> => {
+    const read = (f: () => Promise<unknown>) => f().then((v) => JSON.stringify(v), (err: unknown) => `(${String(err)})`);
+    const runs = await onB.get<{ data: { id: string; runner_pool_id?: string | null }[] }>(`/v1/sessions/${id}/runs`).catch(() => ({ data: [] }));
+    const jobs = await Promise.all(runs.data.map((r) => read(async () => {
+      const pool = r.runner_pool_id ?? (await onA.get<{ data: { id: string }[] }>('/v1/runner-pools', { limit: 100 })).data[0]?.id;
+      const { data: _data, ...job } = await redis.hgetall(`ap:{q:${pool}}:runs:${r.id}`);
+      return job;
+    })));
+    return `runs ${JSON.stringify(runs.data)}; jobs ${jobs.join(', ')}; threads ${await read(() => onB.get(`/v1/sessions/${id}/threads`))}; presences ${await read(() => onB.get('/v1/runner-pools/presences'))}; at ${Date.now()}`;
+  };
   const runsOf = async (id: string) => (await onB.get<{ data: { status: string; attempts: { outcome: string }[] }[] }>(`/v1/sessions/${id}/runs`)).data;
 
   it('delivers an interrupt and a drain posted on node A to the runner whose socket is on node C', async () => {
@@ -323,7 +335,7 @@ describe('the platform on a Redis Cluster with several API nodes and schedulers'
     await cluster.restart(master);
     const all = await stream;
     const idle = all.find((e) => e.type === 'session.status_idle');
-    expect(idle, `no end of turn ${Date.now() - killedAt} ms after the kill; the stream showed ${all.map((e) => e.type).join(', ')}`).toBeDefined();
+    expect(idle, `no end of turn ${Date.now() - killedAt} ms after the kill; the stream showed ${all.map((e) => e.type).join(', ')}; ${idle ? '' : await stuckTurn(id)}`).toBeDefined();
     expect(idle?.payload.stop_reason).toMatchObject({ type: 'end_turn' });
     // Read back from the promoted master: every event a reader saw before the kill is still
     // there, same id and seq; the sequence has no holes.

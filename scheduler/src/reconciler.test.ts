@@ -6,7 +6,7 @@ import { createLogger } from '@agentplane/core';
 import type { RunLifecycle, TurnResult } from '@agentplane/domain';
 import { DEFAULT_LEASE_CONFIG, queuePrefix, RUN_QUEUE, RunQueues, type RunJobData, type RunRequirements } from '@agentplane/lease';
 import { type Redis } from '@agentplane/store';
-import { reconcilePool } from './reconciler.js';
+import { reconcilePool, repairStalls, STALLS_FROM_START } from './reconciler.js';
 
 const log = createLogger({ name: 'test', level: 'silent' });
 const POOL = 'rpool_reconcile';
@@ -66,5 +66,36 @@ describe('the reconciliation of completed jobs', () => {
       await worker.close();
       await queues.close();
     }
+  });
+});
+
+describe('the replay of stalls', () => {
+  it('records each stalled Run once; one whose record fails is tried again at the next scan, the others not held back', async () => {
+    const pool = 'rpool_stalls';
+    const queues = new RunQueues(redis, DEFAULT_LEASE_CONFIG);
+    // As BullMQ's stalled check writes them, in the script that moves the job back.
+    const events = `${queuePrefix(pool)}:${RUN_QUEUE}:events`;
+    await redis.xadd(events, '*', 'event', 'stalled', 'jobId', 'run_a');
+    await redis.xadd(events, '*', 'event', 'waiting', 'jobId', 'run_a');
+    await redis.xadd(events, '*', 'event', 'stalled', 'jobId', 'run_b');
+    const recorded: string[] = [];
+    let failing = true;
+    const stalled = async (runId: string): Promise<void> => {
+      if (runId === 'run_a' && failing) throw new Error('the append reached 0 of 1 replicas in time');
+      recorded.push(runId);
+    };
+    const first = await repairStalls(pool, queues, stalled, STALLS_FROM_START, log);
+    expect(recorded).toEqual(['run_b']);
+    expect([...first.retry]).toEqual(['run_a']);
+    // Still failing: kept, nothing else replayed.
+    const second = await repairStalls(pool, queues, stalled, first, log);
+    expect([recorded, [...second.retry], second.at]).toEqual([['run_b'], ['run_a'], first.at]);
+    failing = false;
+    const third = await repairStalls(pool, queues, stalled, second, log);
+    expect([recorded, [...third.retry]]).toEqual([['run_b', 'run_a'], []]);
+    await redis.xadd(events, '*', 'event', 'stalled', 'jobId', 'run_c');
+    await repairStalls(pool, queues, stalled, third, log);
+    expect(recorded).toEqual(['run_b', 'run_a', 'run_c']);
+    await queues.close();
   });
 });

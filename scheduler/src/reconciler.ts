@@ -66,21 +66,41 @@ export async function reconcilePool(poolId: string, queues: RunQueues, lifecycle
   return done;
 }
 
+/** Where the replay of a pool's stalls stands: the stream entry read last, and losses to record again. */
+export interface StallCursor {
+  at: string;
+  /** Runs whose loss could not be recorded (Redis failing over, say): tried again at the next scan. */
+  retry: ReadonlySet<string>;
+}
+
+export const STALLS_FROM_START: StallCursor = { at: '-', retry: new Set() };
+
 /**
  * Crash safety for lost leases: BullMQ's stalled check records every Run it moves back to wait in
  * the queue's event stream, in the same script as the move. The worker's in-memory `stalled`
  * event is only the fast path; if the process that ran the check died before handling it, this
- * replay of the durable record reaches the same hook, which records each loss once. Returns the
- * cursor to continue from.
+ * replay of the durable record reaches the same hook, which records each loss once. A loss whose
+ * record fails (its append not acknowledged by a replica while a master fails over) is tried
+ * again at the next scan, not passed over with the stream: otherwise the attempt would stay open
+ * on the Run with its thread rescheduling, until a later attempt happened to record it. Returns
+ * where to continue from.
  */
-export async function repairStalls(poolId: string, queues: RunQueues, stalled: (runId: string) => Promise<void>, cursor: string, log: Logger): Promise<string> {
-  let at = cursor;
+export async function repairStalls(poolId: string, queues: RunQueues, stalled: (runId: string) => Promise<void>, from: StallCursor, log: Logger): Promise<StallCursor> {
+  const retry = new Set<string>();
+  const record = async (runId: string): Promise<void> => {
+    try {
+      await stalled(runId);
+    } catch (err) {
+      retry.add(runId);
+      log.warn({ err, pool: poolId, run: runId }, 'recording a lost lease failed; trying again at the next scan');
+    }
+  };
+  for (const runId of from.retry) await record(runId);
+  let at = from.at;
   for (;;) {
     const page = await queues.stalledAfter(poolId, at);
-    for (const runId of page.runIds) {
-      await stalled(runId).catch((err: unknown) => log.warn({ err, pool: poolId, run: runId }, 'recording a lost lease failed'));
-    }
+    for (const runId of page.runIds) if (!retry.has(runId)) await record(runId);
     at = page.cursor;
-    if (!page.more) return at;
+    if (!page.more) return { at, retry };
   }
 }

@@ -9,7 +9,7 @@ import { SecretBox } from '@agentplane/core';
 import { connectRedis, DocumentStore, type Redis } from '@agentplane/store';
 import type { SchedulerConfig } from './config.js';
 import { LeaseSpecBuilder, PoolDispatcher, PresenceDirectory, RedisOfferChannel, runHooks, type DispatchHooks } from '@agentplane/dispatch';
-import { reconcilePool, repairStalls } from './reconciler.js';
+import { reconcilePool, repairStalls, STALLS_FROM_START, type StallCursor } from './reconciler.js';
 import { SchedulerMetrics } from './metrics.js';
 
 /** How often each pool's fair-share ranks are pruned of Runs that never got a job. */
@@ -33,7 +33,7 @@ export class Scheduler {
   private readonly pools = new Map<string, string>();
   private readonly dispatchers = new Map<string, PoolDispatcher>();
   /** Per pool: its hooks and how far BullMQ's stalled records have been replayed. */
-  private readonly served = new Map<string, { hooks: DispatchHooks; stalls: string; prunedAt?: number }>();
+  private readonly served = new Map<string, { hooks: DispatchHooks; stalls: StallCursor; prunedAt?: number }>();
   private readonly directory: PresenceDirectory;
   private readonly offers: RedisOfferChannel;
   private readonly lifecycle: RunLifecycle;
@@ -163,7 +163,7 @@ export class Scheduler {
     });
     d.start();
     this.dispatchers.set(pool, d);
-    this.served.set(pool, { hooks, stalls: '-' });
+    this.served.set(pool, { hooks, stalls: STALLS_FROM_START });
     // Its queue depths are on /metrics from now on, not only after the next scan.
     void this.metrics.refresh(this.queues, [pool]).catch((err: unknown) => this.log.warn({ err, pool }, 'reading a pool\'s queue depth failed'));
     this.log.info({ pool, workspace: workspaceId }, 'dispatching pool');

@@ -1,5 +1,5 @@
 import { spawnSync, type ChildProcess } from 'node:child_process';
-import { mkdtempSync } from 'node:fs';
+import { closeSync, mkdtempSync, openSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { ROOT_DIR, waitFor, type Platform } from './platform.js';
@@ -29,11 +29,18 @@ export async function pairDaemon(p: Platform, principal: string, label: string):
   return { dir, runnerId: (JSON.parse(out.stdout) as { runner_id: string }).runner_id };
 }
 
-/** `runner-daemon start` on a paired dir, reconnecting fast (tests restart things). */
-export function startDaemon(configDir: string, extraArgs: string[] = []): ChildProcess {
-  return spawnOwned(process.execPath, [RUNNER_CLI, 'start', '--config-dir', configDir, '--reconnect-base-ms', '200', '--reconnect-cap-ms', '1000', '--log-level', 'warn', ...extraArgs], {
-    stdio: ['ignore', 'ignore', 'inherit'],
+/**
+ * `runner-daemon start` on a paired dir, reconnecting fast (tests restart things). `logFile`: its
+ * log (info and up) is appended there, for a test that keeps its processes' logs; else warnings
+ * and errors only, and only those on stderr show.
+ */
+export function startDaemon(configDir: string, extraArgs: string[] = [], logFile?: string): ChildProcess {
+  const out = logFile === undefined ? 'ignore' : openSync(logFile, 'a');
+  const child = spawnOwned(process.execPath, [RUNNER_CLI, 'start', '--config-dir', configDir, '--reconnect-base-ms', '200', '--reconnect-cap-ms', '1000', '--log-level', logFile === undefined ? 'warn' : 'info', ...extraArgs], {
+    stdio: ['ignore', out, logFile === undefined ? 'inherit' : out],
   });
+  if (typeof out === 'number') closeSync(out);
+  return child;
 }
 
 /** A person Principal in the platform's bootstrap Workspace (a runner's owner); returns its id. */
