@@ -11,15 +11,16 @@ import type { Json } from './harness/turns.js';
 /**
  * Sends a keyed create that kills the api at `point` once it has written, waits for the api that
  * replaces it, and removes the key's pending record (as its expiry would, its owner being dead).
+ * `scope`: the key's hash tag (the Workspace's, or `o:<organization>` for an Organization's operation).
  */
-async function crashedCreate(q: CrashPlatform, point: string, path: string, body: Json, key: string): Promise<void> {
+async function crashedCreate(q: CrashPlatform, point: string, path: string, body: Json, key: string, scope = `w:${q.p.bootstrap.workspace_id}`): Promise<void> {
   const api = q.p.root;
   rmSync(q.marker(point), { force: true });
   const before = q.p.pids().api;
   await expect(api.request('POST', path, { body, idempotencyKey: key })).rejects.toThrow();
   expect(existsSync(q.marker(point))).toBe(true);
   await q.apiRestarted(before, { client: api, path });
-  const record = `ap:{w:${q.p.bootstrap.workspace_id}}:idem:${sha256Hex(key)}`;
+  const record = `ap:{${scope}}:idem:${sha256Hex(key)}`;
   expect(await q.redis().get(record)).toContain('"pending"');
   expect(await q.redis().del(record)).toBe(1);
 }
@@ -97,6 +98,33 @@ describe('a crash inside a keyed create of a resource written in one step', () =
       expect([path, retry.status, retry.body.id]).toEqual([path, 201, written[0]]);
       expect(await mine()).toEqual(written);
     }
+  }, 180_000);
+
+  it('a Workspace cut off between its document and its place in the Organization\'s list is answered to the retry, listed, one of it', async () => {
+    const q = await crash.start(['workspace-created'], { env: { LOG_LEVEL: 'warn' } });
+    const api = q.p.root;
+    const org = q.p.bootstrap.organization_id;
+    const path = `/v1/organizations/${org}/workspaces`;
+    const named = async () => (await api.get<{ data: { id: string; name: string }[] }>(path, { limit: 100 })).data.filter((x) => x.name === 'keyed-ws').map((x) => x.id);
+    await crashedCreate(q, 'workspace-created', path, { name: 'keyed-ws' }, 'k-ws', `o:${org}`);
+    // Written, but not listed: the api died before its place in the list.
+    expect(await named()).toEqual([]);
+    const written = async () => {
+      const found: string[] = [];
+      for (const k of await q.redis().keys('ap:{w:wrkspc_*}:doc:wrkspc_*')) {
+        const doc = JSON.parse(String(await q.redis().get(k))) as { id: string; name: string };
+        if (doc.name === 'keyed-ws') found.push(doc.id);
+      }
+      return found;
+    };
+    const first = await written();
+    expect(first).toHaveLength(1);
+    const retry = await api.request<{ id: string; version: number }>('POST', path, { body: { name: 'keyed-ws' }, idempotencyKey: 'k-ws' });
+    expect([retry.status, retry.body.id, retry.body.version]).toEqual([201, expect.stringMatching(/^wrkspc_[0-9a-f]{32}$/), 1]);
+    expect(retry.body.id).toBe(first[0]);
+    expect(await named()).toEqual(first);
+    expect(await written()).toEqual(first);
+    expect((await api.request<{ id: string }>('GET', `/v1/organizations/workspaces/${retry.body.id}`)).body.id).toBe(retry.body.id);
   }, 180_000);
 
   it('a resource changed since its first attempt is not answered to the retry (409); an Agent answers its version 1', async () => {

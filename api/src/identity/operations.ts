@@ -40,9 +40,12 @@ export const identityOperations: Operation[] = [
     summary: 'Create a Workspace in the Organization', auth: orgRoot, params: OrgPath,
     body: Obj({ name: Type.String({ minLength: 1, maxLength: 200 }) }), response: WorkspaceSchema, successStatus: 201,
     idempotency: 'optional', idempotencyScope: 'organization', mcp: 'full',
-    async handler({ caller, params, body, deps }) {
-      requireOrganization(caller, params.organization_id);
-      return json(201, await deps.identity.createWorkspace(params.organization_id, body.name));
+    async handler({ caller, params, body, deps, keyed }) {
+      const org = params.organization_id;
+      requireOrganization(caller, org);
+      // Made once per keyed request: the retry of a create that died after writing (crash point
+      // `workspace-created`, before its place in the list) answers that Workspace, listed.
+      return json(201, await createOnce('workspace', keyed, (id) => deps.identity.findWorkspace(org, id), (id) => deps.identity.createWorkspace(org, body.name, id)));
     },
   }),
   defineOperation({

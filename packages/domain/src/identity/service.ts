@@ -52,14 +52,31 @@ export class IdentityService {
     return { org, workspace };
   }
 
-  private async newWorkspaceDoc(orgId: string, name: string, now: string): Promise<Workspace> {
-    return { id: newId('workspace'), type: 'workspace', organization_id: orgId, name, status: 'active', version: 1, created_at: now, updated_at: now };
+  private async newWorkspaceDoc(orgId: string, name: string, now: string, id = newId('workspace')): Promise<Workspace> {
+    return { id, type: 'workspace', organization_id: orgId, name, status: 'active', version: 1, created_at: now, updated_at: now };
   }
 
-  async createWorkspace(orgId: string, name: string): Promise<Workspace> {
-    const ws = await this.newWorkspaceDoc(orgId, name, nowIso());
+  /** The document first, then its place in the Organization's list (`findWorkspace` finishes a create cut off in between). */
+  async createWorkspace(orgId: string, name: string, id?: string): Promise<Workspace> {
+    const ws = await this.newWorkspaceDoc(orgId, name, nowIso(), id);
     await this.docs.create(tags.workspace(ws.id), ws);
-    await this.redis.zadd(keys.index(tags.org(orgId), 'workspaces'), Date.parse(ws.created_at), ws.id);
+    crashPoint('workspace-created');
+    await this.listWorkspace(ws);
+    return ws;
+  }
+
+  private async listWorkspace(ws: Workspace): Promise<void> {
+    await this.redis.zadd(keys.index(tags.org(ws.organization_id), 'workspaces'), Date.parse(ws.created_at), ws.id);
+  }
+
+  /**
+   * The Workspace of the Organization stored under `id`, null when there is none. One found is
+   * listed in the Organization (again: a no-op unless the create that wrote it died before).
+   */
+  async findWorkspace(orgId: string, id: string): Promise<Workspace | null> {
+    const ws = await this.docs.get<Workspace>(tags.workspace(id), id);
+    if (!ws || ws.organization_id !== orgId) return null;
+    await this.listWorkspace(ws);
     return ws;
   }
 
