@@ -3,6 +3,7 @@ import { createServer, type IncomingHttpHeaders } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { Webhook } from 'standardwebhooks';
 import { describe, expect, it } from 'vitest';
+import { HttpClient } from '@agentplane/client';
 import { sha256Hex } from '@agentplane/core';
 import { signingKey } from './harness/a2a-peer.js';
 import { useCrashPlatforms, type CrashPlatform } from './harness/crash-platform.js';
@@ -125,6 +126,26 @@ describe('a crash inside a keyed create of a resource written in one step', () =
     expect(await named()).toEqual(first);
     expect(await written()).toEqual(first);
     expect((await api.request<{ id: string }>('GET', `/v1/organizations/workspaces/${retry.body.id}`)).body.id).toBe(retry.body.id);
+  }, 180_000);
+
+  it('an API key cut off before its secret was live is answered to the retry with a new first secret that works, one of it', async () => {
+    const q = await crash.start(['api-key-created'], { env: { LOG_LEVEL: 'warn' } });
+    const api = q.p.root;
+    const org = q.p.bootstrap.organization_id;
+    const path = `/v1/organizations/${org}/api-keys`;
+    const body: Json = { display_name: 'keyed-key', role: 'admin', scope: { type: 'workspace', workspace_id: q.p.bootstrap.workspace_id } };
+    const named = async () => (await api.get<{ data: { id: string; display_name: string }[] }>(path, { limit: 100 })).data.filter((x) => x.display_name === 'keyed-key').map((x) => x.id);
+    await crashedCreate(q, 'api-key-created', path, body, 'k-key', `o:${org}`);
+    const written = await named();
+    expect(written).toHaveLength(1);
+    const retry = await api.request<{ id: string; version: number; generation_number: number; secret: string }>('POST', path, { body, idempotencyKey: 'k-key' });
+    expect([retry.status, retry.body.id, retry.body.generation_number]).toEqual([201, written[0], 1]);
+    expect(await named()).toEqual(written);
+    const asKey = new HttpClient({ baseUrl: q.p.baseUrl, token: retry.body.secret });
+    expect((await asKey.request('GET', '/v1/agents')).status).toBe(200);
+    // The replay shows the same secret while it lives.
+    const replay = await api.request<{ id: string; secret: string }>('POST', path, { body, idempotencyKey: 'k-key' });
+    expect([replay.status, replay.body.secret, replay.headers.get('idempotent-replayed')]).toEqual([201, retry.body.secret, 'true']);
   }, 180_000);
 
   it('a resource changed since its first attempt is not answered to the retry (409); an Agent answers its version 1', async () => {

@@ -1,7 +1,7 @@
 import { Id, Obj, Page, PageQuery, Type } from '@agentplane/core';
 import { tags } from '@agentplane/store';
 import { ADMINS, READERS, ROOT } from '../http/caller.js';
-import { createOnce } from '../http/keyed-create.js';
+import { createdId, createOnce, earlierAttempt } from '../http/keyed-create.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
 import { namedWorkspaceWrite } from '../http/workspace-operation.js';
 import { requireOrganization, workspaceInBoundary } from '../http/workspace-scope.js';
@@ -98,9 +98,15 @@ export const identityOperations: Operation[] = [
     summary: 'Create an API key; the secret is returned once', auth: orgRoot, params: OrgPath, body: CreateApiKeyBody,
     response: ApiKeySchema, successStatus: 201, idempotency: 'required', idempotencyScope: 'organization', sensitive: true, mcp: 'never',
     replayable: apiKeyReplayable,
-    async handler({ caller, params, body, deps }) {
-      requireOrganization(caller, params.organization_id);
-      const { key, secret } = await deps.identity.createApiKey(params.organization_id, body);
+    async handler({ caller, params, body, deps, keyed }) {
+      const org = params.organization_id;
+      requireOrganization(caller, org);
+      // Made once per request under its (required) key: the retry of a create that died after
+      // writing the key (crash point `api-key-created`, before its secret is live) answers that
+      // key with a new first secret, the first attempt's never having been shown.
+      const id = createdId('apiKey', keyed);
+      const earlier = keyed ? earlierAttempt(await deps.identity.findApiKey(org, id), keyed) : null;
+      const { key, secret } = earlier ? await deps.identity.reissueFirstApiKeySecret(org, earlier) : await deps.identity.createApiKey(org, body, id, 'api-key-created');
       return json(201, { ...key, secret });
     },
   }),

@@ -101,7 +101,31 @@ export class IdentityService {
     };
   }
 
-  async createApiKey(orgId: string, input: CreateApiKeyInput): Promise<{ key: ApiKey; secret: string }> {
+  /** The API key of the Organization stored under `id`; null when there is none. */
+  findApiKey(orgId: string, id: string): Promise<ApiKey | null> {
+    return this.docs.get<ApiKey>(tags.org(orgId), id);
+  }
+
+  /**
+   * A new first secret for a key whose create died before its answer (`key`, as found unchanged,
+   * version 1): that attempt's secret was never shown, so it is replaced, and shown once by the
+   * retry. The key stays generation 1; its hint changes (version 2). A key changed meanwhile is
+   * left alone (409 `idempotency.conflict`).
+   */
+  async reissueFirstApiKeySecret(orgId: string, key: ApiKey): Promise<{ key: ApiKey; secret: string }> {
+    const issued = issueSecret('api_key');
+    const next = await this.docs.update<ApiKey>(tags.org(orgId), key.id, (k) => {
+      if (k.version !== 1 || k.generation_number !== 1 || k.status !== 'active') {
+        throw new ApiError('idempotency.conflict', 'this Idempotency-Key was used for this request before, and the key it made has changed since; use a new key');
+      }
+      return { ...k, secret_hint: issued.hint };
+    }, { expectedVersion: 1, notFound: 'API key' });
+    await this.credentials.swap(key.id, { digest: issued.digest, record: this.apiKeyRecord(next) });
+    return { key: next, secret: issued.secret };
+  }
+
+  /** `point`: the crash point between the key's document and its live secret (crash tests; the API's creates name it, the first boot's does not). */
+  async createApiKey(orgId: string, input: CreateApiKeyInput, id = newId('apiKey'), point?: string): Promise<{ key: ApiKey; secret: string }> {
     if (input.scope.type === 'workspace') {
       const ws = await this.docs.get<Workspace>(tags.workspace(input.scope.workspace_id), input.scope.workspace_id);
       if (!ws || ws.organization_id !== orgId) throw new ApiError('validation.not_found', 'workspace not found');
@@ -109,12 +133,13 @@ export class IdentityService {
     const now = nowIso();
     const issued = issueSecret('api_key');
     const key: ApiKey = {
-      id: newId('apiKey'), type: 'api_key', organization_id: orgId, display_name: input.display_name,
+      id, type: 'api_key', organization_id: orgId, display_name: input.display_name,
       role: input.role, scope: input.scope, rate_limit_per_minute: input.rate_limit_per_minute ?? null,
       status: 'active', generation_number: 1, secret_hint: issued.hint, revoked_at: null,
       version: 1, created_at: now, updated_at: now,
     };
     await this.docs.create(tags.org(orgId), key, ['api_keys']);
+    if (point !== undefined) crashPoint(point);
     await this.credentials.swap(key.id, { digest: issued.digest, record: this.apiKeyRecord(key) });
     return { key, secret: issued.secret };
   }
