@@ -148,6 +148,25 @@ describe('a crash inside a keyed create of a resource written in one step', () =
     expect([replay.status, replay.body.secret, replay.headers.get('idempotent-replayed')]).toEqual([201, retry.body.secret, 'true']);
   }, 180_000);
 
+  it('a Principal access credential cut off before its secret was live is answered to the retry with a new first secret that works, one of it', async () => {
+    const q = await crash.start(['principal-credential-created'], { env: { LOG_LEVEL: 'warn' } });
+    const api = q.p.root;
+    const principal = (await api.post<{ id: string }>(`/v1/organizations/workspaces/${q.p.bootstrap.workspace_id}/principals`, {
+      external_subject_id: 'holder', principal_type: 'service', display_name: 'Holder',
+    })).id;
+    const path = `/v1/principals/${principal}/access-credentials`;
+    const mine = async () => (await api.get<{ data: { id: string }[] }>(path, { limit: 100 })).data.map((x) => x.id);
+    await crashedCreate(q, 'principal-credential-created', path, { audience: 'api_mcp' }, 'k-cred');
+    const written = await mine();
+    expect(written).toHaveLength(1);
+    const retry = await api.request<{ id: string; generation_number: number; secret: string }>('POST', path, { body: { audience: 'api_mcp' }, idempotencyKey: 'k-cred' });
+    expect([retry.status, retry.body.id, retry.body.generation_number]).toEqual([201, written[0], 1]);
+    expect(await mine()).toEqual(written);
+    // The secret authenticates as the Principal (its Workspace's read, allowed or refused by its grants, not 401).
+    const asPrincipal = await new HttpClient({ baseUrl: q.p.baseUrl, token: retry.body.secret }).request('GET', '/v1/agents');
+    expect(asPrincipal.status).not.toBe(401);
+  }, 180_000);
+
   it('a resource changed since its first attempt is not answered to the retry (409); an Agent answers its version 1', async () => {
     const q = await crash.start(['connection-created', 'agent-created'], { env: { LOG_LEVEL: 'warn', AGENTPLANE_MODE: 'development' } });
     const api = q.p.root;

@@ -221,9 +221,15 @@ export const identityOperations: Operation[] = [
     summary: 'Issue an audience-bound bearer for a Principal; the secret is returned once', auth: { kind: 'bearer', roles: ADMINS },
     params: PrincipalPath, body: Obj({ audience: Type.Optional(Audience) }), response: PrincipalCredentialSchema, successStatus: 201,
     idempotency: 'required', sensitive: true, mcp: 'never', replayable: credentialReplayable,
-    async handler({ caller, params, body, deps }) {
-      const { credential, secret } = await deps.identity.createPrincipalCredential(
-        caller.organizationId, caller.workspaceId ?? '', params.principal_id, body.audience ?? 'api_mcp');
+    async handler({ caller, params, body, deps, keyed }) {
+      // Made once per request under its (required) key, as an API key is (crash point
+      // `principal-credential-created`): the retry answers it with a new first secret.
+      const ws = caller.workspaceId ?? '';
+      const id = createdId('principalCredential', keyed);
+      const earlier = keyed ? earlierAttempt(await deps.identity.findPrincipalCredential(ws, id), keyed) : null;
+      const { credential, secret } = earlier
+        ? await deps.identity.reissueFirstCredentialSecret(caller.organizationId, earlier)
+        : await deps.identity.createPrincipalCredential(caller.organizationId, ws, params.principal_id, body.audience ?? 'api_mcp', id, 'principal-credential-created');
       return json(201, { ...credential, secret });
     },
   }),

@@ -1,5 +1,5 @@
 import { ApiError, crashPoint, newId, nowIso } from '@agentplane/core';
-import { keys, LuaScript, tags, type DocumentStore, type Redis } from '@agentplane/store';
+import { keys, LuaScript, tags, type DocumentStore, type Redis, type Tag } from '@agentplane/store';
 import type { Role } from './roles.js';
 import { CredentialIndex, issueSecret } from './credentials.js';
 import type { ApiKey, AuthRecord, KeyScope, Organization, Principal, PrincipalAccessCredential, Workspace } from './model.js';
@@ -113,15 +113,28 @@ export class IdentityService {
    * left alone (409 `idempotency.conflict`).
    */
   async reissueFirstApiKeySecret(orgId: string, key: ApiKey): Promise<{ key: ApiKey; secret: string }> {
-    const issued = issueSecret('api_key');
-    const next = await this.docs.update<ApiKey>(tags.org(orgId), key.id, (k) => {
-      if (k.version !== 1 || k.generation_number !== 1 || k.status !== 'active') {
-        throw new ApiError('idempotency.conflict', 'this Idempotency-Key was used for this request before, and the key it made has changed since; use a new key');
+    const { doc, secret } = await this.reissueFirstSecret<ApiKey>(tags.org(orgId), key.id, 'api_key', 'API key', (next) => this.apiKeyRecord(next));
+    return { key: doc, secret };
+  }
+
+  /** `reissueFirstApiKeySecret` for a Principal access credential (`principal-credential-created`). */
+  async reissueFirstCredentialSecret(orgId: string, credential: PrincipalAccessCredential): Promise<{ credential: PrincipalAccessCredential; secret: string }> {
+    const { doc, secret } = await this.reissueFirstSecret<PrincipalAccessCredential>(tags.workspace(credential.workspace_id), credential.id, 'principal_credential', 'principal access credential', (next) => this.credentialRecord(next, orgId));
+    return { credential: doc, secret };
+  }
+
+  private async reissueFirstSecret<T extends ApiKey | PrincipalAccessCredential>(
+    tag: Tag, id: string, kind: 'api_key' | 'principal_credential', what: string, record: (next: T) => AuthRecord & { document_version: number },
+  ): Promise<{ doc: T; secret: string }> {
+    const issued = issueSecret(kind);
+    const next = await this.docs.update<T>(tag, id, (d) => {
+      if (d.version !== 1 || d.generation_number !== 1 || d.status !== 'active') {
+        throw new ApiError('idempotency.conflict', `this Idempotency-Key was used for this request before, and the ${what} it made has changed since; use a new key`);
       }
-      return { ...k, secret_hint: issued.hint };
-    }, { expectedVersion: 1, notFound: 'API key' });
-    await this.credentials.swap(key.id, { digest: issued.digest, record: this.apiKeyRecord(next) });
-    return { key: next, secret: issued.secret };
+      return { ...d, secret_hint: issued.hint };
+    }, { expectedVersion: 1, notFound: what });
+    await this.credentials.swap(id, { digest: issued.digest, record: record(next) });
+    return { doc: next, secret: issued.secret };
   }
 
   /** `point`: the crash point between the key's document and its live secret (crash tests; the API's creates name it, the first boot's does not). */
@@ -331,17 +344,24 @@ export class IdentityService {
     };
   }
 
-  async createPrincipalCredential(orgId: string, workspaceId: string, principalId: string, audience: 'api_mcp' | 'a2a') {
+  /** The Principal access credential of the Workspace stored under `id`; null when there is none. */
+  findPrincipalCredential(workspaceId: string, id: string): Promise<PrincipalAccessCredential | null> {
+    return this.docs.get<PrincipalAccessCredential>(tags.workspace(workspaceId), id);
+  }
+
+  /** `point`: the crash point between the credential's document and its live secret (crash tests). */
+  async createPrincipalCredential(orgId: string, workspaceId: string, principalId: string, audience: 'api_mcp' | 'a2a', id = newId('principalCredential'), point?: string) {
     await this.activePrincipal(workspaceId, principalId);
     const now = nowIso();
     const issued = issueSecret('principal_credential');
     const c: PrincipalAccessCredential = {
-      id: newId('principalCredential'), type: 'principal_access_credential', workspace_id: workspaceId,
+      id, type: 'principal_access_credential', workspace_id: workspaceId,
       principal_id: principalId, audience, status: 'active', generation_number: 1, secret_hint: issued.hint,
       rotated_at: null, revoked_at: null, version: 1, created_at: now, updated_at: now,
     };
     const tag = tags.workspace(workspaceId);
     await this.docs.create(tag, c, [`principal_credentials:${principalId}`]);
+    if (point !== undefined) crashPoint(point);
     await this.credentials.swap(c.id, { digest: issued.digest, record: this.credentialRecord(c, orgId) });
     return { credential: c, secret: issued.secret };
   }
