@@ -29,10 +29,13 @@ async function crashedCreate(q: CrashPlatform, point: string, path: string, body
 /**
  * The API killed right after a keyed create of an Agent, an Environment, a Vault, a Connection, a
  * runner pool, a MemoryStore, a skill source, a tool source, a ModelCredential, an external
- * installation or a SurfaceScope wrote it (crash points `agent-created`, `environment-created`,
+ * installation, a SurfaceScope, a ConnectedHarness, a harness, sandbox or model routing profile or
+ * an AgentInstallation wrote it (crash points `agent-created`, `environment-created`,
  * `vault-created`, `connection-created`, `runner-pool-created`, `memory-store-created`,
  * `skill-source-created`, `tool-source-created`, `model-credential-created`,
- * `external-installation-created`, `surface-scope-created`), and the key's pending record gone as it goes once its
+ * `external-installation-created`, `surface-scope-created`, `connected-harness-created`,
+ * `harness-profile-key-claimed`, `sandbox-profile-key-claimed`, `model-routing-profile-created`,
+ * `agent-installation-created`), and the key's pending record gone as it goes once its
  * owner is dead (here removed, as its expiry would): the retry of the same request under the key
  * finds what its first attempt wrote (its id is derived from the key and the request) and answers
  * it, 201 as the first attempt would have; there is one of it, not two.
@@ -99,6 +102,71 @@ describe('a crash inside a keyed create of a resource written in one step', () =
       expect([path, retry.status, retry.body.id]).toEqual([path, 201, written[0]]);
       expect(await mine()).toEqual(written);
     }
+  }, 180_000);
+
+  it('a harness, a sandbox and a model routing profile, whose key is unique in the Workspace, are each made once, answered to the retry', async () => {
+    const points = ['harness-profile-key-claimed', 'sandbox-profile-key-claimed', 'model-routing-profile-created'];
+    const q = await crash.start(points, { env: { LOG_LEVEL: 'warn' } });
+    const api = q.p.root;
+    const ws = `/v1/organizations/workspaces/${q.p.bootstrap.workspace_id}`;
+    // The Workspace's first models request seeds its `default` routing profile: past the point (its
+    // marker made first), so that the point is reached by the create below.
+    writeFileSync(q.marker('model-routing-profile-created'), '');
+    await api.get(`${ws}/model-routing-profiles`);
+    // The retry was refused 409 for the key its first attempt had claimed; now it is answered.
+    const cases = [
+      { path: `${ws}/harness-profiles`, point: 'harness-profile-key-claimed', body: { key: 'keyed', kind: 'builtin' }, revision: 'revision_number' },
+      { path: `${ws}/sandbox-profiles`, point: 'sandbox-profile-key-claimed', body: { key: 'keyed', image: 'agentplane/sandbox:latest' }, revision: 'revision_number' },
+      { path: `${ws}/model-routing-profiles`, point: 'model-routing-profile-created', body: { key: 'keyed', candidates: [{ credential_key: 'default', provider_model: 'one' }] }, revision: 'latest_revision_number' },
+    ];
+    for (const { path, point, body, revision } of cases) {
+      const mine = async () => (await api.get<{ data: { id: string }[] }>(path, { key: 'keyed' })).data.map((x) => x.id);
+      await crashedCreate(q, point, path, body, `k-${point}`);
+      const written = await mine();
+      expect(written, path).toHaveLength(1);
+      const retry = await api.request<Record<string, unknown>>('POST', path, { body, idempotencyKey: `k-${point}` });
+      expect([path, retry.status, retry.body.id, retry.body[revision]]).toEqual([path, 201, written[0], 1]);
+      expect(await mine()).toEqual(written);
+      // Another key's create of the same key is still refused for it.
+      const other = await api.request<{ error: { type: string } }>('POST', path, { body, idempotencyKey: `k-other-${point}` });
+      expect([other.status, other.body.error?.type]).toEqual([409, 'validation.conflict']);
+    }
+  }, 180_000);
+
+  it('a ConnectedHarness, whose key is unique in the Workspace, is made once, answered to the retry', async () => {
+    const q = await crash.start(['connected-harness-created'], { env: { LOG_LEVEL: 'warn' } });
+    const api = q.p.root;
+    const path = `/v1/organizations/workspaces/${q.p.bootstrap.workspace_id}/connected-harnesses`;
+    const body: Json = { key: 'keyed', capability_set_digest: `sha256:${'b'.repeat(64)}` };
+    const mine = async () => (await api.get<{ data: { id: string; key: string }[] }>(path, { limit: 100 })).data.filter((x) => x.key === 'keyed').map((x) => x.id);
+    await crashedCreate(q, 'connected-harness-created', path, body, 'k-harness');
+    const written = await mine();
+    expect(written).toHaveLength(1);
+    // The retry was refused 409 for the key its first attempt had claimed; now it is answered.
+    const retry = await api.request<{ id: string; resource_version: number }>('POST', path, { body, idempotencyKey: 'k-harness' });
+    expect([retry.status, retry.body.id, retry.body.resource_version]).toEqual([201, written[0], 1]);
+    expect(await mine()).toEqual(written);
+  }, 180_000);
+
+  it('an AgentInstallation is made once, with one service Principal, answered to the retry', async () => {
+    const q = await crash.start(['agent-installation-created'], { env: { LOG_LEVEL: 'warn' } });
+    const api = q.p.root;
+    const agent = (await api.post<{ id: string }>('/v1/agents', { name: 'installed', model: 'default' })).id;
+    const environment = (await api.post<{ id: string }>('/v1/environments', { name: 'e', image: 'agentplane/sandbox:latest' })).id;
+    const scope = (await api.post<{ id: string }>('/v1/surface-scopes', { kind: 'root', display_name: 'Installed root' })).id;
+    const path = '/v1/agent-installations';
+    const body: Json = { agent: { id: agent }, environment_id: environment, surface_scope_ids: [scope], display_name: 'keyed-install' };
+    const mine = async () => (await api.get<{ data: { id: string; display_name: string | null }[] }>(path, { limit: 100 })).data.filter((x) => x.display_name === 'keyed-install').map((x) => x.id);
+    const installed = async () => (await api.get<{ data: { external_subject_id: string }[] }>(`/v1/organizations/workspaces/${q.p.bootstrap.workspace_id}/principals`, { limit: 100 }))
+      .data.filter((x) => x.external_subject_id.startsWith('agent-installation:')).map((x) => x.external_subject_id);
+
+    await crashedCreate(q, 'agent-installation-created', path, body, 'k-install');
+    const written = await mine();
+    expect(written).toHaveLength(1);
+    const retry = await api.request<{ id: string; version: number; principal_id: string }>('POST', path, { body, idempotencyKey: 'k-install' });
+    expect([retry.status, retry.body.id, retry.body.version]).toEqual([201, written[0], 1]);
+    expect(await mine()).toEqual(written);
+    expect(await installed()).toEqual([`agent-installation:${written[0]}`]);
   }, 180_000);
 
   it('a Workspace cut off between its document and its place in the Organization\'s list is answered to the retry, listed, one of it', async () => {

@@ -1,6 +1,7 @@
 import { ApiError, Id, newId, nowIso, Obj, Page, Type } from '@agentplane/core';
 import { DEFAULT_RESOURCES, type HarnessProfile, type SandboxProfile } from '@agentplane/domain';
 import { ADMINS, READERS, WRITERS, type Caller } from '../http/caller.js';
+import { createOnce } from '../http/keyed-create.js';
 import { CURRENT_VERSION, defineOperation, json, type Operation } from '../http/operation.js';
 import { namedWorkspaceRead, namedWorkspaceWrite, workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { requireWorkspace, workspaceInBoundary } from '../http/workspace-scope.js';
@@ -196,7 +197,12 @@ export const deploymentOperations: Operation[] = [
     operationId: 'connectedHarnesses.createConnectedHarness', path: '/v1/organizations/workspaces/{workspace_id}/connected-harnesses',
     audit: { target: 'response' }, summary: 'Register a customer-operated harness with its non-secret capability-set digest',
     auth: admins, params: WsPath, body: CreateConnectedHarnessBody, response: ConnectedHarnessSchema, successStatus: 201, idempotency: 'optional', mcp: 'full',
-  }, async (ws, { body, deps }) => headView(await svc(deps).createConnectedHarness(ws, body))),
+  }, async (ws, { body, deps, keyed }) => {
+    // Made once per keyed request: the retry of a create that died after writing (crash point
+    // `connected-harness-created`) is answered the harness it wrote, not refused for its key.
+    const s = svc(deps);
+    return headView(await createOnce('connectedHarness', keyed, (id) => s.findConnectedHarness(ws, id), (id) => s.createConnectedHarness(ws, body, id), 'connected-harness-created'));
+  }),
   namedWorkspaceRead({
     operationId: 'connectedHarnesses.listConnectedHarnesses', path: '/v1/organizations/workspaces/{workspace_id}/connected-harnesses',
     summary: 'List ConnectedHarnesses', auth: readers, params: WsPath, query: PageOnly, response: Page(ConnectedHarnessSchema), mcp: 'full',
@@ -214,14 +220,14 @@ export const deploymentOperations: Operation[] = [
     operationId: 'harnessProfiles.createHarnessProfile', path: '/v1/organizations/workspaces/{workspace_id}/harness-profiles',
     audit: { target: 'response' }, summary: 'Create a HarnessProfile (revision 1) under a Workspace-unique key',
     auth: admins, params: WsPath, body: CreateHarnessProfileBody, response: HarnessProfileSchema, successStatus: 201, idempotency: 'optional', mcp: 'full',
-  }, async (ws, { body, deps }) => {
+  }, async (ws, { body, deps, keyed }) => {
     const s = svc(deps);
     const now = nowIso();
     const doc: HarnessProfile = {
       id: newId('harnessProfile'), type: 'harness_profile', workspace_id: ws, key: body.key,
       ...(await harnessConfig(deps, ws, body)), version: 1, archived_at: null, created_at: now, updated_at: now,
     };
-    return profileView(await s.createProfile(s.harnessProfiles, HARNESS_PROFILE_KEYS, doc));
+    return profileView(await s.createProfile(s.harnessProfiles, HARNESS_PROFILE_KEYS, doc, keyed));
   }),
   namedWorkspaceRead({
     operationId: 'harnessProfiles.listHarnessProfiles', path: '/v1/organizations/workspaces/{workspace_id}/harness-profiles',
@@ -249,14 +255,14 @@ export const deploymentOperations: Operation[] = [
     operationId: 'sandboxProfiles.createSandboxProfile', path: '/v1/organizations/workspaces/{workspace_id}/sandbox-profiles',
     audit: { target: 'response' }, summary: 'Create a SandboxProfile (revision 1) under a Workspace-unique key',
     auth: admins, params: WsPath, body: CreateSandboxProfileBody, response: SandboxProfileSchema, successStatus: 201, idempotency: 'optional', mcp: 'full',
-  }, async (ws, { body, deps }) => {
+  }, async (ws, { body, deps, keyed }) => {
     const s = svc(deps);
     const now = nowIso();
     const doc: SandboxProfile = {
       id: newId('sandboxProfile'), type: 'sandbox_profile', workspace_id: ws, key: body.key,
       ...sandboxConfig(body), version: 1, archived_at: null, created_at: now, updated_at: now,
     };
-    return profileView(await s.createProfile(s.sandboxProfiles, SANDBOX_PROFILE_KEYS, doc));
+    return profileView(await s.createProfile(s.sandboxProfiles, SANDBOX_PROFILE_KEYS, doc, keyed));
   }),
   namedWorkspaceRead({
     operationId: 'sandboxProfiles.listSandboxProfiles', path: '/v1/organizations/workspaces/{workspace_id}/sandbox-profiles',

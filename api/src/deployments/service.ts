@@ -1,8 +1,10 @@
-import { ApiError, canonicalJson, crashPoint, newId, nowIso, sha256Hex } from '@agentplane/core';
+import { ApiError, canonicalJson, newId, nowIso, sha256Hex } from '@agentplane/core';
 import {
   ConnectionService, exposedNameClash, harnessProfileStore, sandboxProfileStore, snapshotOf, type Agent, type DeploymentPin, type HarnessProfile, type SandboxProfile, type VersionedStore,
 } from '@agentplane/domain';
 import type { ApiDeps } from '../deps.js';
+import { createVersioned } from '../http/keyed-create.js';
+import type { KeyedRequest } from '../http/idempotency.js';
 import { deploymentId, HeadStore, revisionId, type HeadDoc } from './store.js';
 import type { ExecutionTargetT, PublishRevisionInput } from './schemas.js';
 
@@ -478,14 +480,19 @@ export class DeploymentService {
 
   // ---- connected harnesses -------------------------------------------------------------------
 
-  async createConnectedHarness(ws: string, input: { key: string; display_name?: string | null | undefined; capability_set_digest: string }): Promise<ConnectedHarnessDoc> {
+  async createConnectedHarness(ws: string, input: { key: string; display_name?: string | null | undefined; capability_set_digest: string }, id = newId('connectedHarness')): Promise<ConnectedHarnessDoc> {
     const now = nowIso();
     const doc: ConnectedHarnessDoc = {
-      id: newId('connectedHarness'), workspace_id: ws, key: input.key, display_name: input.display_name ?? null,
+      id, workspace_id: ws, key: input.key, display_name: input.display_name ?? null,
       capability_set_digest: input.capability_set_digest, status: 'active', current_revision_number: 0, version: 1, created_at: now, updated_at: now,
     };
     await this.heads.create(ws, doc, { collection: HARNESS_KEYS, key: doc.key }, HARNESSES, 'connected harness');
     return doc;
+  }
+
+  /** The ConnectedHarness stored under `id` in the Workspace; null when there is none. */
+  findConnectedHarness(ws: string, id: string): Promise<ConnectedHarnessDoc | null> {
+    return this.heads.find<ConnectedHarnessDoc>(ws, id);
   }
 
   getConnectedHarness(ws: string, id: string): Promise<ConnectedHarnessDoc> {
@@ -501,12 +508,14 @@ export class DeploymentService {
   /**
    * Revision 1 and the head, with the profile's Workspace-unique key claimed in the same script
    * (409 `validation.conflict` when another profile holds it): a creation that dies midway leaves
-   * no key claimed by a profile that does not exist.
+   * no key claimed by a profile that does not exist. With an Idempotency-Key, made once however many
+   * times the request is sent (`createVersioned`): a retry whose first attempt died after writing is
+   * answered that profile, not refused for its key.
    */
-  async createProfile<T extends HarnessProfile | SandboxProfile>(store: VersionedStore<T>, uniq: string, doc: T): Promise<T> {
-    await store.create(doc.workspace_id, doc, { collection: uniq, key: doc.key });
-    crashPoint(doc.type === 'harness_profile' ? 'harness-profile-key-claimed' : 'sandbox-profile-key-claimed');
-    return doc;
+  createProfile<T extends HarnessProfile | SandboxProfile>(store: VersionedStore<T>, uniq: string, doc: T, keyed: KeyedRequest | undefined): Promise<T> {
+    const harness = doc.type === 'harness_profile';
+    return createVersioned(store, doc.workspace_id, doc, harness ? 'harnessProfile' : 'sandboxProfile', keyed,
+      harness ? 'harness-profile-key-claimed' : 'sandbox-profile-key-claimed', { collection: uniq, key: doc.key });
   }
 
   async listProfiles<T extends HarnessProfile | SandboxProfile>(store: VersionedStore<T>, uniq: string, ws: string, q: { limit?: number | undefined; page?: string | undefined; key?: string | undefined }) {

@@ -1,5 +1,5 @@
 import { ApiError, crashPoint, newId, type IdKind } from '@agentplane/core';
-import type { VersionedDoc, VersionedStore } from '@agentplane/domain';
+import type { UniqueKey, VersionedDoc, VersionedStore } from '@agentplane/domain';
 import type { KeyedRequest } from './idempotency.js';
 
 /**
@@ -10,15 +10,17 @@ import type { KeyedRequest } from './idempotency.js';
  * id and answers it, 201 as the first attempt would have, instead of making a second one. A
  * resource under that id older than the key's record lifetime was made by an earlier use of the
  * key: the request is then refused as a reused key. `point` names the crash point right after the
- * write (crash tests).
+ * write (crash tests). `unique`: the Workspace-unique key the resource claims in the same write (a
+ * harness or sandbox profile's); the retry's resource holds it already, so the retry is answered,
+ * not refused for the key.
  */
 export async function createVersioned<T extends VersionedDoc>(
-  store: VersionedStore<T>, ws: string, doc: T, kind: IdKind, keyed: KeyedRequest | undefined, point: string,
+  store: VersionedStore<T>, ws: string, doc: T, kind: IdKind, keyed: KeyedRequest | undefined, point: string, unique?: UniqueKey,
 ): Promise<T> {
   const id = keyed ? createdId(kind, keyed) : doc.id;
   let made: T;
   try {
-    made = await store.create(ws, { ...doc, id });
+    made = await store.create(ws, { ...doc, id }, unique);
   } catch (err) {
     if (!keyed || !(err instanceof ApiError && err.type === 'validation.conflict')) throw err;
     // Version 1 as the first attempt answered it (later versions do not change what it said);

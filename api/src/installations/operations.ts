@@ -1,5 +1,6 @@
-import { ApiError, Id, newId, Nullable, Obj, Page, PageQuery, Timestamp, Type } from '@agentplane/core';
+import { ApiError, Id, Nullable, Obj, Page, PageQuery, Timestamp, Type } from '@agentplane/core';
 import { ADMINS, READERS } from '../http/caller.js';
+import { createOnce } from '../http/keyed-create.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
 import { workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
@@ -50,19 +51,23 @@ export const installationOperations: Operation[] = [
     auth: { kind: 'bearer', roles: ADMINS },
     body: Obj({ agent: AgentPin, environment_id: Id('environment'), surface_scope_ids: ScopeIds, display_name: Type.Optional(DisplayName) }),
     response: AgentInstallationSchema, successStatus: 201, idempotency: 'optional', mcp: 'full',
-    async handler({ caller, body, deps }) {
+    async handler({ caller, body, deps, keyed }) {
       const ws = requireWorkspace(caller);
-      const agent = await pin(deps, ws, body.agent);
-      const env = await deps.environments.get(ws, body.environment_id);
-      if (env.archived_at !== null) throw new ApiError('runtime.invalid_transition', `environment ${env.id} is archived`);
-      await activeScopes(deps, ws, body.surface_scope_ids);
-      const id = newId('agentInstallation');
-      const principal = await deps.identity.createPrincipal(ws, {
-        external_subject_id: `agent-installation:${id}`, principal_type: 'service', display_name: `Installed agent ${agent.id} v${agent.version}`,
-      });
-      return json(201, await deps.installations.create(ws, {
-        agent, environment_id: env.id, surface_scope_ids: body.surface_scope_ids, principal_id: principal.id, display_name: body.display_name ?? null,
-      }, id));
+      // Made once per keyed request: the retry of a create that died after writing (crash point
+      // `agent-installation-created`) is answered the installation it wrote; one that died between
+      // the Principal and the installation takes that Principal (its id and subject derived the same way).
+      return json(201, await createOnce('agentInstallation', keyed, (id) => deps.installations.find(ws, id), async (id) => {
+        const agent = await pin(deps, ws, body.agent);
+        const env = await deps.environments.get(ws, body.environment_id);
+        if (env.archived_at !== null) throw new ApiError('runtime.invalid_transition', `environment ${env.id} is archived`);
+        await activeScopes(deps, ws, body.surface_scope_ids);
+        const principal = await createOnce('principal', keyed, (pid) => deps.identity.findPrincipal(ws, pid), (pid) => deps.identity.createPrincipal(ws, {
+          external_subject_id: `agent-installation:${id}`, principal_type: 'service', display_name: `Installed agent ${agent.id} v${agent.version}`,
+        }, pid));
+        return deps.installations.create(ws, {
+          agent, environment_id: env.id, surface_scope_ids: body.surface_scope_ids, principal_id: principal.id, display_name: body.display_name ?? null,
+        }, id);
+      }, 'agent-installation-created'));
     },
   }),
   workspaceRead({

@@ -36,6 +36,12 @@ export class AgentInstallationStore {
     return doc;
   }
 
+  /** The installation stored under `id` in the Workspace, whatever its status; null when there is none. */
+  async find(ws: string, id: string): Promise<AgentInstallation | null> {
+    const doc = await this.docs.get<AgentInstallation>(tags.workspace(ws), id);
+    return doc && doc.type === 'agent_installation' && doc.workspace_id === ws ? doc : null;
+  }
+
   async get(ws: string, id: string): Promise<AgentInstallation> {
     const doc = await this.docs.get<AgentInstallation>(tags.workspace(ws), id);
     if (!doc || doc.type !== 'agent_installation' || doc.workspace_id !== ws) throw new ApiError('validation.not_found', `agent installation ${id} not found`);

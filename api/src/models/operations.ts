@@ -125,9 +125,12 @@ export const modelOperations: Operation[] = [
     audit: { target: 'response' },
     summary: 'Create a model routing profile (revision 1) addressed by a logical key', auth: { kind: 'bearer', roles: ADMINS },
     params: WsPath, body: CreateRoutingProfileBody, response: RoutingProfileSchema, successStatus: 201, idempotency: 'optional', mcp: 'full',
-  }, async (ws, { body, deps }) => {
-    await deps.models.profiles.ensureDefaults(ws);
-    return deps.models.profiles.create(ws, body);
+  }, async (ws, { body, deps, keyed }) => {
+    const profiles = deps.models.profiles;
+    await profiles.ensureDefaults(ws);
+    // Made once per keyed request: the retry of a create that died after writing (crash point
+    // `model-routing-profile-created`) is answered the profile it wrote, not refused for its key.
+    return (await createOnce('modelRoutingProfile', keyed, (id) => profiles.findCreated(ws, id), (id) => profiles.createAs(ws, body, id))).view;
   }),
   namedWorkspaceRead({
     operationId: 'models.listRoutingProfiles', path: '/v1/organizations/workspaces/{workspace_id}/model-routing-profiles',

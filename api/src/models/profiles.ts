@@ -33,6 +33,11 @@ redis.call('SET', KEYS[2], ARGV[3])
 redis.call('ZADD', KEYS[4], ARGV[5], ARGV[2])
 return 1`);
 
+type RoutingProfileInput = { key: string; display_name?: string | undefined; candidates: RoutingCandidate[] };
+
+/** A profile as its create answers it, with its head's version and creation time (`createOnce`). */
+export interface CreatedProfile { view: RoutingProfileView; version: number; created_at: string }
+
 /**
  * Model routing profiles (`mrp_`), addressed by logical key. Every change is a new immutable
  * revision (an ordered candidate list); the head points at the latest.
@@ -50,11 +55,16 @@ export class RoutingProfileService {
     return keys.scoped(tags.workspace(ws), `mrp_rev:${id}:${n}`);
   }
 
-  async create(ws: string, input: { key: string; display_name?: string | undefined; candidates: RoutingCandidate[] }): Promise<RoutingProfileView> {
+  async create(ws: string, input: RoutingProfileInput): Promise<RoutingProfileView> {
+    return (await this.createAs(ws, input, newId('modelRoutingProfile'))).view;
+  }
+
+  /** `create` under `id`, answering the profile as `findCreated` does (a keyed create, `createOnce`). */
+  async createAs(ws: string, input: RoutingProfileInput, id: string): Promise<CreatedProfile> {
     const tag = tags.workspace(ws);
     const now = nowIso();
     const doc: RoutingProfileDoc = {
-      id: newId('modelRoutingProfile'), type: 'model_routing_profile', workspace_id: ws, key: input.key,
+      id, type: 'model_routing_profile', workspace_id: ws, key: input.key,
       display_name: input.display_name ?? input.key, latest_revision_number: 1, version: 1, created_at: now, updated_at: now,
     };
     const rev: RoutingRevision = {
@@ -65,7 +75,17 @@ export class RoutingProfileService {
       [doc.key, doc.id, JSON.stringify(doc), JSON.stringify(rev), Date.parse(now)]);
     if (created !== 1) throw new ApiError('validation.conflict', `a model routing profile with key '${doc.key}' exists in this workspace`);
     crashPoint('model-routing-profile-created');
-    return profileView(doc, rev);
+    return { view: profileView(doc, rev), version: doc.version, created_at: doc.created_at };
+  }
+
+  /**
+   * The profile stored under `id` in the Workspace (its latest revision) with its head's version,
+   * as a keyed create's retry answers it (`createOnce`); null when there is none.
+   */
+  async findCreated(ws: string, id: string): Promise<CreatedProfile | null> {
+    const d = await this.docs.get<RoutingProfileDoc>(tags.workspace(ws), id);
+    if (!d || d.workspace_id !== ws) return null;
+    return { view: profileView(d, await this.revision(ws, id, d.latest_revision_number, d)), version: d.version, created_at: d.created_at };
   }
 
   async getDoc(ws: string, id: string): Promise<RoutingProfileDoc> {
