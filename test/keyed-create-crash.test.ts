@@ -214,6 +214,16 @@ describe('a crash inside a keyed create of a resource written in one step', () =
     // The replay shows the same secret while it lives.
     const replay = await api.request<{ id: string; secret: string }>('POST', path, { body, idempotencyKey: 'k-key' });
     expect([replay.status, replay.body.secret, replay.headers.get('idempotent-replayed')]).toEqual([201, retry.body.secret, 'true']);
+
+    // A key changed since its crashed create is not given a new secret: 409, nothing written.
+    const changedBody: Json = { ...body, display_name: 'keyed-key-2' };
+    await crashedCreate(q, 'api-key-created', path, changedBody, 'k-key-2', `o:${org}`);
+    const [changed] = (await api.get<{ data: { id: string; display_name: string }[] }>(path, { limit: 100 })).data.filter((x) => x.display_name === 'keyed-key-2');
+    expect((await api.request<{ version: number }>('PATCH', `/v1/api-keys/${changed!.id}`, { body: { expected_version: 1, rate_limit_per_minute: 60 } })).body.version).toBe(2);
+    const refused = await api.request<{ error: { type: string } }>('POST', path, { body: changedBody, idempotencyKey: 'k-key-2' });
+    expect([refused.status, refused.body.error.type]).toEqual([409, 'idempotency.conflict']);
+    const after = (await api.get<{ data: { id: string; display_name: string; version: number }[] }>(path, { limit: 100 })).data.filter((x) => x.display_name === 'keyed-key-2');
+    expect(after.map((x) => [x.id, x.version])).toEqual([[changed!.id, 2]]);
   }, 180_000);
 
   it('a Principal access credential cut off before its secret was live is answered to the retry with a new first secret that works, one of it', async () => {
