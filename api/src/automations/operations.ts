@@ -1,7 +1,7 @@
-import { ApiError, crashPoint, Id, newId, nowIso, Obj, Page, PageQuery, Type } from '@agentplane/core';
+import { ApiError, crashPoint, Id, nowIso, Obj, Page, PageQuery, Type } from '@agentplane/core';
 import { keys, tags } from '@agentplane/store';
 import { READERS, WRITERS } from '../http/caller.js';
-import { createdId, earlierAttempt } from '../http/keyed-create.js';
+import { createOnce, priorAttempt } from '../http/keyed-create.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
 import { listWorkspaceDocs, workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
@@ -109,11 +109,11 @@ export const automationOperations: Operation[] = [
     await checkRefs(deps, ws, { principal_id: body.principal_id, agent, environment_id: body.environment_id });
     await checkFilterRefs(deps, ws, trigger);
     const now = nowIso();
-    const id = createdId('automation', keyed);
     // A keyed retry whose first attempt died after writing takes what it wrote, and finishes its
     // create (the steps below are idempotent). That attempt's signing secret was never shown: a new
     // one replaces it (generation 1, as the unchanged Automation says) and is shown once here.
-    const a: AutomationDoc = (keyed ? earlierAttempt(await deps.automations.store.find(ws, id), keyed) : null) ?? {
+    const { id, earlier } = await priorAttempt('automation', keyed, (id) => deps.automations.store.find(ws, id));
+    const a: AutomationDoc = earlier ?? {
       id, type: 'automation', workspace_id: ws, name: body.name, status: 'active', principal_id: body.principal_id, agent,
       environment_id: body.environment_id, prompt: body.prompt,
       budget: body.budget ? { max_list_cost: { amount: body.budget.max_list_cost.amount, currency: 'USD' } } : null,
@@ -273,17 +273,26 @@ export const automationOperations: Operation[] = [
     summary: 'Label a finished firing (useful, noisy, incorrect, too_late, already_handled); one label per Principal, no free text',
     auth: { kind: 'bearer', roles: WRITERS }, audit: { target: 'response' }, params: FiringPath,
     body: Obj({ authored_by: Id('principal'), disposition: Disposition }), response: FeedbackSchema, successStatus: 201, idempotency: 'optional', mcp: 'full',
-  }, async (ws, { params, body, deps }) => {
+  }, async (ws, { params, body, deps, keyed }) => {
     const f = await firingOf(deps, ws, params.firing_id);
     if (!TERMINAL_FIRING.has(f.status)) throw new ApiError('runtime.invalid_transition', `the firing is ${f.status}: feedback is for finished firings`);
-    await deps.identity.activePrincipal(ws, body.authored_by, 'authored_by');
-    const now = nowIso();
-    const doc: FeedbackDoc = {
-      id: newId('firingFeedback'), type: 'automation_firing_feedback', workspace_id: ws, automation_id: f.automation_id, firing_id: f.id,
-      authored_by: body.authored_by, disposition: body.disposition, version: 1, created_at: now, updated_at: now,
+    // Made once per keyed request: the retry of a create that died after writing (crash point
+    // `firing-feedback-created`) is answered the label it wrote, not refused for the Principal's
+    // label (one per firing; another request for it is still refused).
+    const find = async (id: string) => {
+      const d = await deps.docs.get<FeedbackDoc>(tags.workspace(ws), id);
+      return d && d.type === 'automation_firing_feedback' && d.firing_id === f.id ? d : null;
     };
-    await deps.automations.store.createFeedback(doc);
-    return publicFeedback(doc);
+    return publicFeedback(await createOnce('firingFeedback', keyed, find, async (id) => {
+      await deps.identity.activePrincipal(ws, body.authored_by, 'authored_by');
+      const now = nowIso();
+      const doc: FeedbackDoc = {
+        id, type: 'automation_firing_feedback', workspace_id: ws, automation_id: f.automation_id, firing_id: f.id,
+        authored_by: body.authored_by, disposition: body.disposition, version: 1, created_at: now, updated_at: now,
+      };
+      await deps.automations.store.createFeedback(doc);
+      return doc;
+    }, 'firing-feedback-created'));
   }),
   defineOperation({
     operationId: 'automationFirings.updateAutomationFiringFeedback', method: 'POST', path: '/v1/automation-firings/{firing_id}/feedback/{feedback_id}',

@@ -2,7 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { ApiError, newId, nowIso } from '@agentplane/core';
 import { VersionedStore, type Environment } from '@agentplane/domain';
 import { useEmbeddedRedis } from '@agentplane/store/testing';
-import { createdId, createVersioned, earlierAttempt } from './keyed-create.js';
+import { createdId, createVersioned, earlierAttempt, priorAttempt } from './keyed-create.js';
 import type { KeyedRequest } from './idempotency.js';
 
 /**
@@ -67,5 +67,21 @@ describe('earlierAttempt', () => {
     expect(createdId('environment', keyed(60_000))).toBe(keyed(60_000).id('environment', 'fp'));
     expect(createdId('environment', undefined)).toMatch(/^env_[0-9a-f]{32}$/);
     expect(createdId('environment', undefined)).not.toBe(createdId('environment', undefined));
+  });
+
+  it('priorAttempt: with a key, looks under the derived id and applies the same rule; without one, a new id and no read', async () => {
+    const found = { id: 'x', version: 1, created_at: nowIso() };
+    const looked: string[] = [];
+    const find = async (id: string) => {
+      looked.push(id);
+      return id === createdId('environment', keyed(60_000)) ? found : null;
+    };
+    expect(await priorAttempt('environment', keyed(60_000), find)).toEqual({ id: keyed(60_000).id('environment', 'fp'), earlier: found });
+    const changed = await priorAttempt('environment', keyed(60_000), async () => ({ ...found, version: 2 })).then(() => null, (e: unknown) => e);
+    expect([(changed as ApiError).type, (changed as ApiError).status]).toEqual(['idempotency.conflict', 409]);
+    const unkeyed = await priorAttempt('environment', undefined, find);
+    expect(unkeyed.earlier).toBeNull();
+    expect(unkeyed.id).toMatch(/^env_[0-9a-f]{32}$/);
+    expect(looked).toEqual([keyed(60_000).id('environment', 'fp')]);
   });
 });

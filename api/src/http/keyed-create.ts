@@ -56,16 +56,28 @@ export function earlierAttempt<T extends { created_at: string; version: number }
 }
 
 /**
+ * The id a create makes its resource under (`createdId`) and what an earlier attempt of the same
+ * keyed request wrote there, when it answers this one (`earlierAttempt`: null when nothing is
+ * there, 409 `idempotency.conflict` when it changed since or is older than keys are kept). Without
+ * a key, a new id and nothing earlier (no read). For a create whose retry answers more than the
+ * found resource (a new first secret in place of the one its first attempt never showed).
+ */
+export async function priorAttempt<T extends { created_at: string; version: number }>(
+  kind: IdKind, keyed: KeyedRequest | undefined, find: (id: string) => Promise<T | null>,
+): Promise<{ id: string; earlier: T | null }> {
+  const id = createdId(kind, keyed);
+  return { id, earlier: keyed ? earlierAttempt(await find(id), keyed) : null };
+}
+
+/**
  * A create whose resource is written in one step, made once per keyed request however many times
- * the request is sent: its id derived from the key and the request (`createdId`), what an earlier
- * attempt wrote answered (`earlierAttempt`), else `make(id)`. `point` names the crash point right
- * after the write (crash tests), unless `make` names its own.
+ * the request is sent: what an earlier attempt wrote answered (`priorAttempt`), else `make(id)`.
+ * `point` names the crash point right after the write (crash tests), unless `make` names its own.
  */
 export async function createOnce<T extends { created_at: string; version: number }>(
   kind: IdKind, keyed: KeyedRequest | undefined, find: (id: string) => Promise<T | null>, make: (id: string) => Promise<T>, point?: string,
 ): Promise<T> {
-  const id = createdId(kind, keyed);
-  const earlier = keyed ? earlierAttempt(await find(id), keyed) : null;
+  const { id, earlier } = await priorAttempt(kind, keyed, find);
   if (earlier) return earlier;
   const made = await make(id);
   if (point !== undefined) crashPoint(point);

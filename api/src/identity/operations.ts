@@ -1,7 +1,7 @@
 import { Id, Obj, Page, PageQuery, Type } from '@agentplane/core';
 import { tags } from '@agentplane/store';
 import { ADMINS, READERS, ROOT } from '../http/caller.js';
-import { createdId, createOnce, earlierAttempt } from '../http/keyed-create.js';
+import { createOnce, priorAttempt } from '../http/keyed-create.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
 import { namedWorkspaceWrite } from '../http/workspace-operation.js';
 import { requireOrganization, workspaceInBoundary } from '../http/workspace-scope.js';
@@ -104,8 +104,7 @@ export const identityOperations: Operation[] = [
       // Made once per request under its (required) key: the retry of a create that died after
       // writing the key (crash point `api-key-created`, before its secret is live) answers that
       // key with a new first secret, the first attempt's never having been shown.
-      const id = createdId('apiKey', keyed);
-      const earlier = keyed ? earlierAttempt(await deps.identity.findApiKey(org, id), keyed) : null;
+      const { id, earlier } = await priorAttempt('apiKey', keyed, (id) => deps.identity.findApiKey(org, id));
       const { key, secret } = earlier ? await deps.identity.reissueFirstApiKeySecret(org, earlier) : await deps.identity.createApiKey(org, body, id, 'api-key-created');
       return json(201, { ...key, secret });
     },
@@ -225,8 +224,7 @@ export const identityOperations: Operation[] = [
       // Made once per request under its (required) key, as an API key is (crash point
       // `principal-credential-created`): the retry answers it with a new first secret.
       const ws = caller.workspaceId ?? '';
-      const id = createdId('principalCredential', keyed);
-      const earlier = keyed ? earlierAttempt(await deps.identity.findPrincipalCredential(ws, id), keyed) : null;
+      const { id, earlier } = await priorAttempt('principalCredential', keyed, (id) => deps.identity.findPrincipalCredential(ws, id));
       const { credential, secret } = earlier
         ? await deps.identity.reissueFirstCredentialSecret(caller.organizationId, earlier)
         : await deps.identity.createPrincipalCredential(caller.organizationId, ws, params.principal_id, body.audience ?? 'api_mcp', id, 'principal-credential-created');

@@ -1,7 +1,7 @@
 import { ApiError, crashPoint, Id, nowIso, Nullable, Obj, Page, PageQuery, Timestamp, Type } from '@agentplane/core';
 import { WEBHOOK_EVENT_TYPES } from '../events/catalog.js';
 import { ADMINS, READERS } from '../http/caller.js';
-import { createdId, earlierAttempt } from '../http/keyed-create.js';
+import { priorAttempt } from '../http/keyed-create.js';
 import type { Operation } from '../http/operation.js';
 import { listWorkspaceDocs, workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { ENDPOINTS, publicEndpoint, type EndpointDoc } from './model.js';
@@ -50,10 +50,10 @@ export const webhookOperations: Operation[] = [
   }, async (ws, { body, deps, keyed }) => {
     const url = endpointUrl(body.url, deps.config.webhooks.egress);
     const now = nowIso();
-    const id = createdId('webhookEndpoint', keyed);
     // A keyed retry whose first attempt died after writing takes what it wrote; that attempt's
     // signing secret was never shown: a new one replaces it (generation 1) and is shown once here.
-    const e: EndpointDoc = (keyed ? earlierAttempt(await deps.webhooks.store.find(ws, id), keyed) : null) ?? {
+    const { id, earlier } = await priorAttempt('webhookEndpoint', keyed, (id) => deps.webhooks.store.find(ws, id));
+    const e: EndpointDoc = earlier ?? {
       id, type: 'webhook_endpoint', workspace_id: ws, url, description: body.description ?? null,
       event_types: body.event_types ?? [], status: 'enabled', disabled_reason: null, disabled_at: null, secret_generation: 1,
       previous_secret_expires_at: null, version: 1, created_at: now, updated_at: now,
