@@ -196,8 +196,8 @@ describe('a crash inside a keyed create of a resource written in one step', () =
     expect((await api.request<{ id: string }>('GET', `/v1/organizations/workspaces/${retry.body.id}`)).body.id).toBe(retry.body.id);
   }, 180_000);
 
-  it('an API key cut off before its secret was live is answered to the retry with a new first secret that works, one of it', async () => {
-    const q = await crash.start(['api-key-created'], { env: { LOG_LEVEL: 'warn' } });
+  it('an API key cut off before or after its secret went live is answered to the retry with a new first secret that works, one of it', async () => {
+    const q = await crash.start(['api-key-created', 'api-key-secret-live'], { env: { LOG_LEVEL: 'warn' } });
     const api = q.p.root;
     const org = q.p.bootstrap.organization_id;
     const path = `/v1/organizations/${org}/api-keys`;
@@ -224,10 +224,20 @@ describe('a crash inside a keyed create of a resource written in one step', () =
     expect([refused.status, refused.body.error.type]).toEqual([409, 'idempotency.conflict']);
     const after = (await api.get<{ data: { id: string; display_name: string; version: number }[] }>(path, { limit: 100 })).data.filter((x) => x.display_name === 'keyed-key-2');
     expect(after.map((x) => [x.id, x.version])).toEqual([[changed!.id, 2]]);
+
+    // Cut off after its secret went live, before its answer was kept: that secret was never
+    // shown; the retry replaces it with one of the same generation (it was refused 409 before).
+    const liveBody: Json = { ...body, display_name: 'keyed-key-3' };
+    await crashedCreate(q, 'api-key-secret-live', path, liveBody, 'k-key-3', `o:${org}`);
+    const third = (await api.get<{ data: { id: string; display_name: string }[] }>(path, { limit: 100 })).data.filter((x) => x.display_name === 'keyed-key-3').map((x) => x.id);
+    expect(third).toHaveLength(1);
+    const reissued = await api.request<{ id: string; generation_number: number; secret: string }>('POST', path, { body: liveBody, idempotencyKey: 'k-key-3' });
+    expect([reissued.status, reissued.body.id, reissued.body.generation_number]).toEqual([201, third[0], 1]);
+    expect((await new HttpClient({ baseUrl: q.p.baseUrl, token: reissued.body.secret }).request('GET', '/v1/agents')).status).toBe(200);
   }, 180_000);
 
-  it('a Principal access credential cut off before its secret was live is answered to the retry with a new first secret that works, one of it', async () => {
-    const q = await crash.start(['principal-credential-created'], { env: { LOG_LEVEL: 'warn' } });
+  it('a Principal access credential cut off before or after its secret went live is answered to the retry with a new first secret that works, one of it', async () => {
+    const q = await crash.start(['principal-credential-created', 'principal-credential-secret-live'], { env: { LOG_LEVEL: 'warn' } });
     const api = q.p.root;
     const principal = (await api.post<{ id: string }>(`/v1/organizations/workspaces/${q.p.bootstrap.workspace_id}/principals`, {
       external_subject_id: 'holder', principal_type: 'service', display_name: 'Holder',
@@ -243,6 +253,14 @@ describe('a crash inside a keyed create of a resource written in one step', () =
     // The secret authenticates as the Principal (its Workspace's read, allowed or refused by its grants, not 401).
     const asPrincipal = await new HttpClient({ baseUrl: q.p.baseUrl, token: retry.body.secret }).request('GET', '/v1/agents');
     expect(asPrincipal.status).not.toBe(401);
+
+    // Cut off after its secret went live: the retry replaces that never-shown secret.
+    await crashedCreate(q, 'principal-credential-secret-live', path, { audience: 'a2a' }, 'k-cred-2');
+    const second = (await mine()).filter((id) => !written.includes(id));
+    expect(second).toHaveLength(1);
+    const reissued = await api.request<{ id: string; generation_number: number; secret: string }>('POST', path, { body: { audience: 'a2a' }, idempotencyKey: 'k-cred-2' });
+    expect([reissued.status, reissued.body.id, reissued.body.generation_number]).toEqual([201, second[0], 1]);
+    expect((await mine()).filter((id) => !written.includes(id))).toEqual(second);
   }, 180_000);
 
   it('a resource changed since its first attempt is not answered to the retry (409); an Agent answers its version 1', async () => {

@@ -43,14 +43,16 @@ end
 `;
 
 /**
- * KEYS[1] the pointer; ARGV[1] generation, ARGV[2] digest. Moves the pointer to the digest when
- * the generation is newer than the live one: returns {1, displaced digest or ''}; else
+ * KEYS[1] the pointer; ARGV[1] generation, ARGV[2] digest, ARGV[3] 'same' to also replace a live
+ * secret of the same generation. Moves the pointer to the digest when the generation is newer
+ * than the live one (or, with 'same', as new): returns {1, displaced digest or ''}; else
  * {0, 'revoked' | 'superseded'} and nothing changes.
  */
 const INSTALL = new LuaScript('credential-install', `${POINTER_PARSE}
 local gen, digest = parse(redis.call('GET', KEYS[1]))
 if gen == nil then return {0, 'revoked'} end
-if gen >= tonumber(ARGV[1]) and digest ~= '' then return {0, 'superseded'} end
+local g = tonumber(ARGV[1])
+if digest ~= '' and (gen > g or (gen == g and ARGV[3] ~= 'same')) then return {0, 'superseded'} end
 redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. ARGV[2])
 return {1, digest}
 `);
@@ -132,8 +134,10 @@ export class CredentialIndex {
    * concurrent swaps: an older generation than the live one loses), or with null revoke whatever
    * secret is live, for good. A losing swap leaves nothing of its secret and throws 409: a
    * revoked credential `runtime.invalid_transition`, a newer rotation `validation.conflict`.
+   * `sameGeneration`: a live secret of the record's own generation is replaced too (a first
+   * secret re-issued in place of one never shown), where a rotation of that generation loses.
    */
-  async swap(credentialId: string, next: { digest: string; record: AuthRecord } | null): Promise<void> {
+  async swap(credentialId: string, next: { digest: string; record: AuthRecord } | null, options: { sameGeneration?: boolean } = {}): Promise<void> {
     const pointer = CredentialIndex.digestKey(credentialId);
     if (!next) {
       const old = String(await TOMBSTONE.run(this.redis, [pointer], [TOMBSTONE_SECONDS]));
@@ -141,7 +145,7 @@ export class CredentialIndex {
       return;
     }
     await this.put(next.digest, next.record);
-    const [won, other] = (await INSTALL.run(this.redis, [pointer], [next.record.generation_number, next.digest])) as [number, string];
+    const [won, other] = (await INSTALL.run(this.redis, [pointer], [next.record.generation_number, next.digest, options.sameGeneration ? 'same' : ''])) as [number, string];
     if (Number(won) !== 1) {
       await this.forget(next.digest);
       if (other === REVOKED) throw new ApiError('runtime.invalid_transition', `${credentialId} was revoked; the new secret was not issued`);

@@ -108,9 +108,10 @@ export class IdentityService {
 
   /**
    * A new first secret for a key whose create died before its answer (`key`, as found unchanged,
-   * version 1): that attempt's secret was never shown, so it is replaced, and shown once by the
-   * retry. The key stays generation 1; its hint changes (version 2). A key changed meanwhile is
-   * left alone (409 `idempotency.conflict`).
+   * version 1): that attempt's secret was never shown (whether or not it was live yet), so it is
+   * replaced, and shown once by the retry. The key stays generation 1; its hint changes (version
+   * 2). A key changed meanwhile, even between the retry's read and this write, is left alone with
+   * its secret (409 `idempotency.conflict`).
    */
   async reissueFirstApiKeySecret(orgId: string, key: ApiKey): Promise<{ key: ApiKey; secret: string }> {
     const { doc, secret } = await this.reissueFirstSecret<ApiKey>(tags.org(orgId), key.id, 'api_key', 'API key', (next) => this.apiKeyRecord(next));
@@ -127,13 +128,17 @@ export class IdentityService {
     tag: Tag, id: string, kind: 'api_key' | 'principal_credential', what: string, record: (next: T) => AuthRecord & { document_version: number },
   ): Promise<{ doc: T; secret: string }> {
     const issued = issueSecret(kind);
+    // Checked on the stored document inside the compare-and-swap (a lost race re-reads it), so a
+    // change made since the retry's read is refused as the reused key it now is.
     const next = await this.docs.update<T>(tag, id, (d) => {
       if (d.version !== 1 || d.generation_number !== 1 || d.status !== 'active') {
         throw new ApiError('idempotency.conflict', `this Idempotency-Key was used for this request before, and the ${what} it made has changed since; use a new key`);
       }
       return { ...d, secret_hint: issued.hint };
-    }, { expectedVersion: 1, notFound: what });
-    await this.credentials.swap(id, { digest: issued.digest, record: record(next) });
+    }, { notFound: what });
+    // The first attempt may have died after its secret went live (before its answer was kept):
+    // that secret, never shown, is replaced in the same generation.
+    await this.credentials.swap(id, { digest: issued.digest, record: record(next) }, { sameGeneration: true });
     return { doc: next, secret: issued.secret };
   }
 
@@ -154,6 +159,8 @@ export class IdentityService {
     await this.docs.create(tags.org(orgId), key, ['api_keys']);
     if (point !== undefined) crashPoint(point);
     await this.credentials.swap(key.id, { digest: issued.digest, record: this.apiKeyRecord(key) });
+    // Live but not yet shown (crash tests: the API's creates only): the retry replaces it.
+    if (point !== undefined) crashPoint('api-key-secret-live');
     return { key, secret: issued.secret };
   }
 
@@ -363,6 +370,7 @@ export class IdentityService {
     await this.docs.create(tag, c, [`principal_credentials:${principalId}`]);
     if (point !== undefined) crashPoint(point);
     await this.credentials.swap(c.id, { digest: issued.digest, record: this.credentialRecord(c, orgId) });
+    if (point !== undefined) crashPoint('principal-credential-secret-live');
     return { credential: c, secret: issued.secret };
   }
 
