@@ -148,8 +148,8 @@ describe('a crash inside a keyed create of a resource written in one step', () =
     expect(await mine()).toEqual(written);
   }, 180_000);
 
-  it('an AgentInstallation is made once, with one service Principal, answered to the retry', async () => {
-    const q = await crash.start(['agent-installation-created'], { env: { LOG_LEVEL: 'warn' } });
+  it('an AgentInstallation is made once, with one service Principal, answered to the retry (also one cut off between the two)', async () => {
+    const q = await crash.start(['agent-installation-created', 'agent-installation-principal-created'], { env: { LOG_LEVEL: 'warn' } });
     const api = q.p.root;
     const agent = (await api.post<{ id: string }>('/v1/agents', { name: 'installed', model: 'default' })).id;
     const environment = (await api.post<{ id: string }>('/v1/environments', { name: 'e', image: 'agentplane/sandbox:latest' })).id;
@@ -160,6 +160,8 @@ describe('a crash inside a keyed create of a resource written in one step', () =
     const installed = async () => (await api.get<{ data: { external_subject_id: string }[] }>(`/v1/organizations/workspaces/${q.p.bootstrap.workspace_id}/principals`, { limit: 100 }))
       .data.filter((x) => x.external_subject_id.startsWith('agent-installation:')).map((x) => x.external_subject_id);
 
+    // Passed until its own case below (a point fires only while its marker is absent).
+    writeFileSync(q.marker('agent-installation-principal-created'), '');
     await crashedCreate(q, 'agent-installation-created', path, body, 'k-install');
     const written = await mine();
     expect(written).toHaveLength(1);
@@ -167,6 +169,18 @@ describe('a crash inside a keyed create of a resource written in one step', () =
     expect([retry.status, retry.body.id, retry.body.version]).toEqual([201, written[0], 1]);
     expect(await mine()).toEqual(written);
     expect(await installed()).toEqual([`agent-installation:${written[0]}`]);
+
+    // Cut off between its service Principal and itself: the retry takes that Principal.
+    const second: Json = { ...body, display_name: 'keyed-install-2' };
+    await crashedCreate(q, 'agent-installation-principal-created', path, second, 'k-install-2');
+    expect(await installed()).toHaveLength(2);
+    const finished = await api.request<{ id: string; version: number; principal_id: string }>('POST', path, { body: second, idempotencyKey: 'k-install-2' });
+    expect([finished.status, finished.body.version]).toEqual([201, 1]);
+    const listed = (await api.get<{ data: { id: string; display_name: string | null }[] }>(path, { limit: 100 })).data.filter((x) => x.display_name === 'keyed-install-2');
+    expect(listed.map((x) => x.id)).toEqual([finished.body.id]);
+    expect((await installed()).sort()).toEqual([`agent-installation:${written[0]}`, `agent-installation:${finished.body.id}`].sort());
+    const principal = await api.request<{ external_subject_id: string }>('GET', `/v1/principals/${finished.body.principal_id}`);
+    expect(principal.body.external_subject_id).toBe(`agent-installation:${finished.body.id}`);
   }, 180_000);
 
   it('a Workspace cut off between its document and its place in the Organization\'s list is answered to the retry, listed, one of it', async () => {

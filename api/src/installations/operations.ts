@@ -55,7 +55,8 @@ export const installationOperations: Operation[] = [
       const ws = requireWorkspace(caller);
       // Made once per keyed request: the retry of a create that died after writing (crash point
       // `agent-installation-created`) is answered the installation it wrote; one that died between
-      // the Principal and the installation takes that Principal (its id and subject derived the same way).
+      // the Principal and the installation (`agent-installation-principal-created`) takes that
+      // Principal (its id and subject derived the same way).
       return json(201, await createOnce('agentInstallation', keyed, (id) => deps.installations.find(ws, id), async (id) => {
         const agent = await pin(deps, ws, body.agent);
         const env = await deps.environments.get(ws, body.environment_id);
@@ -63,7 +64,7 @@ export const installationOperations: Operation[] = [
         await activeScopes(deps, ws, body.surface_scope_ids);
         const principal = await createOnce('principal', keyed, (pid) => deps.identity.findPrincipal(ws, pid), (pid) => deps.identity.createPrincipal(ws, {
           external_subject_id: `agent-installation:${id}`, principal_type: 'service', display_name: `Installed agent ${agent.id} v${agent.version}`,
-        }, pid));
+        }, pid), 'agent-installation-principal-created');
         return deps.installations.create(ws, {
           agent, environment_id: env.id, surface_scope_ids: body.surface_scope_ids, principal_id: principal.id, display_name: body.display_name ?? null,
         }, id);
