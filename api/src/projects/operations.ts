@@ -1,5 +1,6 @@
 import { Id, Obj, Page, PageQuery, Type } from '@agentplane/core';
 import { READERS, WRITERS } from '../http/caller.js';
+import { createdId, earlierAttempt } from '../http/keyed-create.js';
 import type { Operation } from '../http/operation.js';
 import { pageOf, workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { PROJECT_ENVELOPE_BYTES, PROJECT_LIMITS, ProjectPath, ProjectSchema, RevisionSchema, TreeFile } from './model.js';
@@ -21,8 +22,17 @@ export const projectOperations: Operation[] = [
     audit: { target: 'response' }, auth: writers, idempotency: 'optional', mcp: 'never', successStatus: 201, bodyLimitBytes: PROJECT_ENVELOPE_BYTES,
     body: Obj({ name: Type.String({ minLength: 1, maxLength: 200 }), files: Files }),
     response: ProjectSchema,
-  }, async (ws, { body, deps }) => {
-    const { project, revision } = await deps.projects.create(ws, body.name, body.files);
+  }, async (ws, { body, deps, keyed }) => {
+    // Made once per keyed request: the retry of a create that died after writing its head (crash
+    // point `project-created`) answers that Project; one that died before it (after revision 1,
+    // `project-revision-committed`) finishes it under the same id, keeping that revision. Only the
+    // Project as the first attempt made it is answered: a later revision changed it, even one whose
+    // head did not move on (its process died in between), as a new version of the head does.
+    const id = createdId('project', keyed);
+    const found = keyed ? await deps.projects.findCreated(ws, id) : null;
+    // Refused (409 `idempotency.conflict`) when changed or older than keys are kept.
+    if (keyed && found) earlierAttempt({ created_at: found.project.created_at, version: found.revisions > 1 ? Math.max(found.project.version, 2) : found.project.version }, keyed);
+    const { project, revision } = found ?? await deps.projects.create(ws, body.name, body.files, id);
     return { ...project, latest_revision_number: revision.revision_number, latest_revision: revision };
   }),
   workspaceRead({

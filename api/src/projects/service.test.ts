@@ -8,7 +8,8 @@ import { ProjectService } from './service.js';
  * A Project deleted while a revision is written, and a revision read while its contents go: the
  * racing orders are made deterministic by running the deletion from inside the writer's calls.
  * Then a creation whose process died before its head, swept on a timer with no later creation,
- * and a revision append sent again after its reply was lost.
+ * a revision append sent again after its reply was lost, and a keyed create's retry that finishes
+ * such a creation under its id, whichever step of a racing sweep it takes the id over before.
  */
 const testRedis = useEmbeddedRedis('projects');
 let redis: Redis;
@@ -153,5 +154,95 @@ describe('a revision write sent again after its reply was lost', () => {
     expect(three.revision_number).toBe(3);
     expect(await projects.latestNumber(project.id)).toBe(3);
     expect((await projects.revision(project.id, 3)).files.map((f) => f.path)).toEqual(['a.txt', 'c.txt']);
+  });
+});
+
+describe('a keyed create\'s retry under the id of a creation whose process died before its head', () => {
+  const JOURNAL = 'ap:{g:project_creations}:project_creations';
+  const tree = [file('a.txt', 'a'), file('b.txt', 'x'.repeat(100_000))];
+
+  /** A creation under `id` whose process dies before its head (its write never returns), its grace passed. */
+  async function deadCreation(ws: string, id: string): Promise<void> {
+    const docs = new DocumentStore(redis);
+    docs.create = () => new Promise<never>(() => undefined);
+    void new ProjectService(redis, docs).create(ws, 'lost', tree, id);
+    await vi.waitFor(async () => expect(await projectKeys(id)).toHaveLength(5), { timeout: 5_000, interval: 20 });
+    expect(await redis.zadd(JOURNAL, 0, `${ws} ${id}`)).toBe(0);
+  }
+
+  async function finished(ws: string, id: string, firstCreatedAt: string): Promise<void> {
+    expect((await projects.get(ws, id)).version).toBe(1);
+    expect(await projects.latestNumber(id)).toBe(1);
+    expect((await projects.revision(id, 1)).created_at).toBe(firstCreatedAt);
+    expect((await projects.readFiles(id, 1)).map((f) => f.content.toString())).toEqual(['a', 'x'.repeat(100_000)]);
+    expect(await projectKeys(id)).toHaveLength(5);
+    expect((await redis.zrange(JOURNAL, 0, -1)).filter((e) => e.startsWith(`${ws} `))).toEqual([]);
+  }
+
+  it('finishes it under the same id, keeping its revision 1; a later sweep keeps it', async () => {
+    const ws = newId('workspace');
+    const id = newId('project');
+    await deadCreation(ws, id);
+    const first = await projects.revision(id, 1);
+    const { project, revision } = await projects.create(ws, 'lost', tree, id);
+    expect([project.id, revision.created_at]).toEqual([id, first.created_at]);
+    await finished(ws, id, first.created_at);
+    expect(await projects.sweep(Date.now() + 3_600_000)).toBe(0);
+    await finished(ws, id, first.created_at);
+  });
+
+  it('another tree under the id (not the same request) is refused 409, and what this attempt wrote goes', async () => {
+    const ws = newId('workspace');
+    const id = newId('project');
+    await deadCreation(ws, id);
+    await expect(projects.create(ws, 'lost', [file('a.txt', 'other')], id)).rejects.toMatchObject({ type: 'idempotency.conflict', status: 409 });
+    expect(await projectKeys(id)).toEqual([]);
+  });
+
+  /**
+   * A sweep that took the dead creation's entry as due, on a connection of its own whose first
+   * call matching `at` first lets the retry take the id over (begin the entry again, set its
+   * marker) and holds it there until the sweep is done: whichever step of the sweep the retry
+   * comes before, the sweep leaves the retry's entry and keys, and the retry finishes the Project.
+   */
+  it.each([
+    { step: 'the marker read', at: (cmd: string, args: unknown[]) => cmd === 'get' && String(args[0]).endsWith(':alive') },
+    { step: 'the entry checked again', at: (cmd: string) => cmd === 'zscore' },
+    { step: 'the marker claimed', at: (cmd: string, args: unknown[]) => cmd === 'evalsha' && args[1] === 1 && String(args[2]).endsWith(':alive') },
+    { step: 'the contents removed', at: (cmd: string, args: unknown[]) => cmd === 'evalsha' && Number(args[1]) > 1 && String(args[2]).endsWith(':alive') },
+    { step: 'the manifests removed', at: (cmd: string, args: unknown[]) => cmd === 'evalsha' && String(args[2]).endsWith(':alive') && String(args[3]).endsWith(':revs') },
+  ])('a sweep racing the retry, the retry taking the id over before $step: the Project is kept', async ({ at }) => {
+    const ws = newId('workspace');
+    const id = newId('project');
+    await deadCreation(ws, id);
+    const first = await projects.revision(id, 1);
+    // The retry's first script (its first content, after its entry and marker) waits for the sweep.
+    let tookOver!: () => void;
+    const takenOver = new Promise<void>((r) => { tookOver = r; });
+    let release!: () => void;
+    const released = new Promise<void>((r) => { release = r; });
+    const retrier = racingService(1, async () => {
+      tookOver();
+      await released;
+    });
+    let retrying: Promise<unknown> | undefined;
+    const conn = testRedis.connect(`sweeping-${newId('event')}`);
+    for (const cmd of ['get', 'zscore', 'evalsha'] as const) {
+      const original = (conn[cmd] as (...args: unknown[]) => Promise<unknown>).bind(conn);
+      (conn as unknown as Record<string, (...args: unknown[]) => Promise<unknown>>)[cmd] = async (...args: unknown[]) => {
+        if (!retrying && at(cmd, args)) {
+          retrying = retrier.create(ws, 'lost', tree, id);
+          await takenOver;
+        }
+        return original(...args);
+      };
+    }
+    await new ProjectService(conn, new DocumentStore(conn)).sweep();
+    expect(retrying).toBeDefined();
+    // The retry's entry stays on record while it runs.
+    expect(Number(await redis.zscore(JOURNAL, `${ws} ${id}`))).toBeGreaterThan(Date.now());
+    release();
+    await retrying;
+    await finished(ws, id, first.created_at);
   });
 });

@@ -1,4 +1,4 @@
-import { createHash } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import { ApiError, crashPoint, newId, nowIso } from '@agentplane/core';
 import { InFlightWrites, keys, LuaScript, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
 import { checkWellFormed } from '../memory/model.js';
@@ -34,6 +34,28 @@ redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 return 1`);
 
 /**
+ * The first step of clearing what a creation or deletion that never finished left (its process
+ * died): its marker goes, only while it is still `ARGV[1]` (the value read before the sweep
+ * checked the entry again, or this attempt's own; '' for none). A later attempt of the same keyed
+ * create takes the project's id over by setting a marker of its own before it writes anything:
+ * what it finds and writes is then kept. KEYS: alive.
+ */
+const CLAIM_LEFTOVERS = new LuaScript('project_claim_leftovers', `
+if (redis.call('GET', KEYS[1]) or '') ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+return 1`);
+
+/**
+ * The next steps: the contents (in batches), then the manifests and the contents' list, each only
+ * while no marker has been set since the first step (no attempt took the id over). KEYS: alive,
+ * then the keys to remove.
+ */
+const UNLINK_UNCLAIMED = new LuaScript('project_unlink_unclaimed', `
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+for i = 2, #KEYS do redis.call('UNLINK', KEYS[i]) end
+return 1`);
+
+/**
  * Stores one file content by digest (kept if present) and lists the digest in `:blobs`, only if
  * the project still exists (-1 otherwise): a content written after the project's deletion began
  * would be listed nowhere its deletion looks. KEYS: blob, blobs, alive. ARGV: content, digest.
@@ -66,7 +88,11 @@ function projectKeys(projectId: string) {
   const tag = tags.project(projectId);
   return {
     revs: keys.scoped(tag, 'revs'), blobs: keys.scoped(tag, 'blobs'), blob: (digest: string) => keys.scoped(tag, `blob:${digest}`),
-    /** Set while the project exists: the scripts that write its contents and revisions check it. */
+    /**
+     * Set while the project exists: the scripts that write its contents and revisions check it.
+     * Its value is the creation attempt's own (random), so that what a dead attempt left is cleared
+     * only while no later attempt under the same id has taken it over (`clearCreation`).
+     */
     alive: keys.scoped(tag, 'alive'),
   };
 }
@@ -114,39 +140,87 @@ export class ProjectService {
     this.creations = new InFlightWrites(redis, CREATIONS, CREATION_GRACE_MS);
   }
 
-  async create(workspaceId: string, name: string, files: readonly TreeFileInput[]): Promise<{ project: ProjectDoc; revision: ProjectRevision }> {
+  /**
+   * `id`: a keyed create's, derived from its key and request (`createdId`), the same for every
+   * attempt; the retry of one whose first attempt died before its head existed finishes it under
+   * that id, keeping the revision 1 that attempt appended (the same tree: the same request).
+   */
+  async create(workspaceId: string, name: string, files: readonly TreeFileInput[], id = newId('project')): Promise<{ project: ProjectDoc; revision: ProjectRevision }> {
     checkWellFormed(name, 'body.name');
     const staged = this.stageTree(files, 'body.files');
     const now = nowIso();
-    const project: ProjectDoc = { id: newId('project'), type: 'project', workspace_id: workspaceId, name, version: 1, created_at: now, updated_at: now };
+    const project: ProjectDoc = { id, type: 'project', workspace_id: workspaceId, name, version: 1, created_at: now, updated_at: now };
     const k = projectKeys(project.id);
     // On record before anything of the project is written: a crash before its head exists leaves
-    // the entry, and a later sweep drops what was written.
+    // the entry, and a later sweep drops what was written. A retry under the same id begins the
+    // entry again (a new deadline) before it sets its own marker, which takes over what the dead
+    // attempt wrote: a sweep clears that only while the marker is still the dead attempt's.
+    const marker = randomBytes(16).toString('hex');
     await this.creations.begin(workspaceId, project.id);
-    await this.redis.set(k.alive, '1');
+    await this.redis.set(k.alive, marker);
+    let headWritten = false;
     try {
       const revision = await this.commit(workspaceId, project.id, 1, staged, 'create', null);
       crashPoint('project-revision-committed');
-      await this.docs.create(tags.workspace(workspaceId), project, [INDEX]);
+      headWritten = await this.docs.create(tags.workspace(workspaceId), project, [INDEX]);
+      if (!headWritten) {
+        // Only a keyed create's id can be taken: another attempt of the same request wrote the
+        // head meanwhile (its first, slower than its key's pending record). That one is answered.
+        const head = await this.find(workspaceId, project.id);
+        if (!head) throw new ApiError('idempotency.conflict', `project ${project.id} is being created by another attempt of this request; retry it`);
+        headWritten = true;
+        await this.creations.end(workspaceId, project.id);
+        return { project: head, revision: await this.revision(project.id, 1) };
+      }
+      crashPoint('project-created');
       await this.creations.end(workspaceId, project.id);
       await this.sweep().catch(() => undefined);
       return { project, revision };
     } catch (err) {
-      // Nobody knows the id yet: what was written of it goes.
-      await this.clear(project.id);
+      // Nobody knows the id yet: what this attempt wrote of it goes (not what a later attempt of
+      // the same keyed create took over, nor a project whose head was written).
+      if (!headWritten) await this.clearCreation(project.id, marker);
       await this.creations.end(workspaceId, project.id);
       throw err;
     }
+  }
+
+  /** The Project of the Workspace stored under `id`, null when there is none. */
+  async find(workspaceId: string, projectId: string): Promise<ProjectDoc | null> {
+    const doc = await this.docs.get<ProjectDoc>(tags.workspace(workspaceId), projectId);
+    return doc && doc.type === 'project' && doc.workspace_id === workspaceId ? doc : null;
+  }
+
+  /**
+   * What a keyed create's earlier attempt made under `id` (`createdId`): the head, its revision 1
+   * and how many revisions it holds (a revision beyond the first changed it, even one whose head
+   * was not moved on: its process died in between). Null when its head does not exist.
+   */
+  async findCreated(workspaceId: string, projectId: string): Promise<{ project: ProjectDoc; revision: ProjectRevision; revisions: number } | null> {
+    const project = await this.find(workspaceId, projectId);
+    if (!project) return null;
+    const [revisions, revision] = await Promise.all([this.latestNumber(projectId), this.revision(projectId, 1)]);
+    return { project, revision, revisions };
   }
 
   /**
    * Reclaims creations and deletions that never finished (their process died after writing
    * contents and a revision but before the head, or after removing the head but before its keys):
    * past their grace, a project whose head does not exist loses every key. A head that exists
-   * keeps them; either way the entry goes.
+   * keeps them; either way the entry goes. An entry begun again meanwhile (a keyed create's retry
+   * under the same id) is left to that retry: its marker is read before the entry is checked again
+   * (the retry begins the entry before it sets its marker), and the keys are cleared in one step
+   * only while the marker is the one read, so nothing the retry finds or writes is cleared.
    */
-  sweep(now = Date.now()): Promise<number> {
-    return this.creations.sweep(async (ws, id) => (await this.docs.get<ProjectDoc>(tags.workspace(ws), id)) !== null, (id) => this.clear(id), now);
+  async sweep(now = Date.now()): Promise<number> {
+    const markers = new Map<string, string>();
+    return this.creations.sweep(async (ws, id) => {
+      const marker = (await this.redis.get(projectKeys(id).alive)) ?? '';
+      if (!(await this.creations.due(ws, id, now))) return true;
+      if ((await this.docs.get<ProjectDoc>(tags.workspace(ws), id)) !== null) return true;
+      markers.set(id, marker);
+      return false;
+    }, (id) => this.clearCreation(id, markers.get(id) ?? ''), now);
   }
 
   /**
@@ -163,8 +237,8 @@ export class ProjectService {
   }
 
   async get(workspaceId: string, projectId: string): Promise<ProjectDoc> {
-    const doc = await this.docs.get<ProjectDoc>(tags.workspace(workspaceId), projectId);
-    if (!doc || doc.type !== 'project' || doc.workspace_id !== workspaceId) throw new ApiError('validation.not_found', `project ${projectId} not found`);
+    const doc = await this.find(workspaceId, projectId);
+    if (!doc) throw new ApiError('validation.not_found', `project ${projectId} not found`);
     return doc;
   }
 
@@ -209,6 +283,23 @@ export class ProjectService {
     const digests = await this.redis.smembers(k.blobs);
     for (let i = 0; i < digests.length; i += 500) await this.redis.unlink(...digests.slice(i, i + 500).map((d) => k.blob(d)));
     await this.redis.unlink(k.blobs);
+  }
+
+  /**
+   * What a creation or deletion that never finished left, cleared only while its marker is
+   * `marker` ('' for none) and then while no attempt has set one since (`CLAIM_LEFTOVERS`,
+   * `UNLINK_UNCLAIMED`): a keyed create's retry that took the id over keeps what it found. The
+   * contents listed once the marker is gone are all there are (each is written by a script that
+   * checks the marker), unless an attempt took the id over, which stops the clearing.
+   */
+  private async clearCreation(projectId: string, marker: string): Promise<void> {
+    const k = projectKeys(projectId);
+    if ((await CLAIM_LEFTOVERS.run(this.redis, [k.alive], [marker])) !== 1) return;
+    const digests = await this.redis.smembers(k.blobs);
+    for (let i = 0; i < digests.length; i += 500) {
+      if ((await UNLINK_UNCLAIMED.run(this.redis, [k.alive, ...digests.slice(i, i + 500).map((d) => k.blob(d))], [])) !== 1) return;
+    }
+    await UNLINK_UNCLAIMED.run(this.redis, [k.alive, k.revs, k.blobs], []);
   }
 
   /** A complete new tree. `expected` (the revision number the caller last saw) makes a concurrent revision a 409. */
@@ -318,8 +409,24 @@ export class ProjectService {
     };
     const json = JSON.stringify(revision);
     const ok = await run(() => APPEND.run(this.redis, [k.revs, k.alive], [String(n), json]));
+    if (ok !== 1 && source === 'create') return this.firstRevision(projectId, files);
     if (ok !== 1) throw new ApiError('validation.conflict', `another revision of project ${projectId} was written at the same time; fetch the latest and retry`);
     return revision;
+  }
+
+  /**
+   * Revision 1 already there when a create appends it: only a keyed create's id can hold one, that
+   * an earlier attempt of the same request appended before it died (its head never written). Its
+   * tree is this one (the same request), so it is kept, and its contents are all there (written
+   * before it, and cleared only with it). Anything else under the id (more revisions: a project
+   * made and deleted since, its keys not yet cleared) is no longer what the request made: 409.
+   */
+  private async firstRevision(projectId: string, files: readonly ManifestEntry[]): Promise<ProjectRevision> {
+    const k = projectKeys(projectId);
+    const [count, raw] = await Promise.all([this.redis.hlen(k.revs), this.redis.hget(k.revs, '1')]);
+    const found = raw === null ? null : (JSON.parse(raw) as ProjectRevision);
+    if (count === 1 && found && found.source === 'create' && JSON.stringify(found.files) === JSON.stringify(files)) return found;
+    throw new ApiError('idempotency.conflict', `project ${projectId} was made by an earlier use of this Idempotency-Key and has changed since; use a new key`);
   }
 
   /**

@@ -1,4 +1,14 @@
 import type { Redis } from 'ioredis';
+import { LuaScript } from './script.js';
+
+/**
+ * Removes entry `ARGV[1]` only while it is still past its deadline (its score at most `ARGV[2]`):
+ * an entry begun again meanwhile (a keyed create's retry under the same id) stays. KEYS: the set.
+ */
+const REMOVE_DUE = new LuaScript('in_flight_remove_due', `
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if score and tonumber(score) <= tonumber(ARGV[2]) then return redis.call('ZREM', KEYS[1], ARGV[1]) end
+return 0`);
 
 /**
  * Writes in flight that leave data behind if their process dies before they finish (a File's
@@ -29,8 +39,18 @@ export class InFlightWrites {
   }
 
   /**
+   * Whether the entry of `id` is on record and still past its deadline at `now`: not begun again
+   * since a sweep read it (a write that takes over the same id begins it again before writing).
+   */
+  async due(workspaceId: string, id: string, now: number): Promise<boolean> {
+    const score = await this.redis.zscore(this.key, `${workspaceId} ${id}`);
+    return score !== null && Number(score) <= now;
+  }
+
+  /**
    * Entries past their deadline: those `finished` says have no head are `reclaim`ed. Returns how
-   * many were reclaimed.
+   * many were reclaimed. An entry is removed only while still past its deadline: one begun again
+   * meanwhile stays on record for the write that began it.
    */
   async sweep(finished: (workspaceId: string, id: string) => Promise<boolean>, reclaim: (id: string) => Promise<void>, now = Date.now()): Promise<number> {
     const dead = await this.redis.zrangebyscore(this.key, '-inf', String(now), 'LIMIT', 0, this.batch);
@@ -41,7 +61,7 @@ export class InFlightWrites {
         await reclaim(id);
         reclaimed += 1;
       }
-      await this.redis.zrem(this.key, entry);
+      await REMOVE_DUE.run(this.redis, [this.key], [entry, now]);
     }
     return reclaimed;
   }
