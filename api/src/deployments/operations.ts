@@ -159,9 +159,15 @@ export const deploymentOperations: Operation[] = [
     operationId: 'agentDeployments.createConnectionBinding', method: 'POST', path: '/v1/agent-deployments/{agent_deployment_id}/connection-bindings',
     audit: { target: 'response' }, summary: 'Bind a Connection to the deployment (a head; its snapshots are revisions)',
     auth: admins, params: DeploymentPath, body: CreateBindingBody, response: BindingSchema, successStatus: 201, idempotency: 'optional', mcp: 'full',
-    async handler({ caller, params, body, deps }) {
+    async handler({ caller, params, body, deps, keyed }) {
       if (body.agent_deployment_id !== params.agent_deployment_id) throw new ApiError('validation.malformed', 'body.agent_deployment_id differs from the path');
-      return json(201, headView(await svc(deps).createBinding(requireWorkspace(caller), params.agent_deployment_id, body)));
+      // Made once per keyed request: the retry of a create that died after writing (crash point
+      // `connection-binding-created`) is answered the binding it wrote, not refused for its key
+      // (unique among the deployment's bindings; another request for that key is still refused).
+      const ws = requireWorkspace(caller);
+      const adep = params.agent_deployment_id;
+      const s = svc(deps);
+      return json(201, headView(await createOnce('agentDeploymentConnectionBinding', keyed, (id) => s.findBinding(ws, adep, id), (id) => s.createBinding(ws, adep, body, id), 'connection-binding-created')));
     },
   }),
   workspaceRead({

@@ -405,17 +405,25 @@ export class DeploymentService {
 
   // ---- connection bindings -------------------------------------------------------------------
 
-  async createBinding(ws: string, adep: string, input: { integration_connection_id: string; key: string; display_name?: string | null | undefined }): Promise<BindingDoc> {
+  async createBinding(
+    ws: string, adep: string, input: { integration_connection_id: string; key: string; display_name?: string | null | undefined }, id = newId('agentDeploymentConnectionBinding'),
+  ): Promise<BindingDoc> {
     const head = await this.get(ws, adep);
     if (head.status === 'archived') throw new ApiError('runtime.invalid_transition', 'the deployment is archived (terminal)');
     await new ConnectionService(this.d.docs, this.d.secretBox).get(ws, input.integration_connection_id);
     const now = nowIso();
     const doc: BindingDoc = {
-      id: newId('agentDeploymentConnectionBinding'), workspace_id: ws, agent_deployment_id: adep, integration_connection_id: input.integration_connection_id,
+      id, workspace_id: ws, agent_deployment_id: adep, integration_connection_id: input.integration_connection_id,
       key: input.key, display_name: input.display_name ?? null, status: 'active', current_revision_number: 0, version: 1, created_at: now, updated_at: now,
     };
     await this.heads.create(ws, doc, { collection: BINDING_KEYS(adep), key: doc.key, within: `agent deployment ${adep}` }, BINDINGS(adep), 'connection binding');
     return doc;
+  }
+
+  /** The connection binding of deployment `adep` stored under `id` in the Workspace; null when there is none. */
+  async findBinding(ws: string, adep: string, id: string): Promise<BindingDoc | null> {
+    const d = await this.heads.find<BindingDoc>(ws, id);
+    return d && d.agent_deployment_id === adep ? d : null;
   }
 
   getBinding(ws: string, id: string): Promise<BindingDoc> {

@@ -69,7 +69,10 @@ export const skillProposalOperations: Operation[] = [
       skill_name: Type.Optional(LogicalKey()),
     }),
     response: SkillProposalSchema,
-  }, async (ws, { body, deps }) => deps.skillProposals.view(await deps.skillProposals.create(ws, body))),
+  }, async (ws, { body, deps, keyed }) =>
+    // Made once per keyed request: the retry of a create that died after writing (crash point
+    // `skill-proposal-created`) is answered the proposal it wrote, its authoring queued if need be.
+    deps.skillProposals.view(await deps.skillProposals.create(ws, body, keyed))),
   workspaceRead({
     operationId: 'skillProposals.listSkillProposals', path: '/v1/skill-proposals', summary: 'List the skill proposals of the Workspace',
     auth: readers, query: PageQuery({}), response: Page(SkillProposalSchema), mcp: 'full',

@@ -3,6 +3,8 @@ import { DelayedError, type Queue, type Job } from 'bullmq';
 import { ApiError, crashPoint, newId, nowIso, type Logger } from '@agentplane/core';
 import { keys, tags, type DocumentStore, type LogEvent, type Redis, type StoredDoc } from '@agentplane/store';
 import { QueueHost } from '../queue-host.js';
+import { createdId, earlierAttempt } from '../http/keyed-create.js';
+import type { KeyedRequest } from '../http/idempotency.js';
 import { ZERO_USAGE, type TokenUsage } from '@agentplane/protocol';
 import {
   checkSkillFiles, parseFrontMatter, renderSkillMd, SKILL_ENTRY, SKILL_NAME_RE, SKILLS_DIR, type SessionDoc, type SkillFile, type SpecSkill,
@@ -100,7 +102,22 @@ export class SkillProposalService {
 
   // ---- create and authoring ------------------------------------------------------------------
 
-  async create(ws: string, body: { source_session_ids: string[]; model_routing_profile_key: string; instructions?: string | undefined; skill_name?: string | undefined }): Promise<SkillProposalDoc> {
+  /**
+   * With an Idempotency-Key the proposal's id is derived from the key and the request
+   * (`createdId`): a retry whose first attempt died after writing it is answered that proposal as
+   * it is now (its authoring may have moved it on), and its authoring job is queued again if it is
+   * still authoring (the same job id, and a job finds a proposal out of `authoring` nothing to do).
+   */
+  async create(
+    ws: string, body: { source_session_ids: string[]; model_routing_profile_key: string; instructions?: string | undefined; skill_name?: string | undefined },
+    keyed?: KeyedRequest,
+  ): Promise<SkillProposalDoc> {
+    const id = createdId('skillProposal', keyed);
+    const earlier = keyed ? await this.earlierCreate(ws, id, keyed) : null;
+    if (earlier) {
+      if (earlier.status === 'authoring') await this.queueAuthoring(ws, id);
+      return earlier;
+    }
     if (new Set(body.source_session_ids).size !== body.source_session_ids.length) {
       throw new ApiError('validation.malformed', 'body.source_session_ids: each Session at most once');
     }
@@ -119,7 +136,7 @@ export class SkillProposalService {
     await this.d.models.profiles.requireKey(ws, body.model_routing_profile_key, 'body.model_routing_profile_key');
     const now = nowIso();
     const p: SkillProposalDoc = {
-      id: newId('skillProposal'), type: 'skill_proposal', workspace_id: ws, status: 'authoring', source_session_ids: body.source_session_ids,
+      id, type: 'skill_proposal', workspace_id: ws, status: 'authoring', source_session_ids: body.source_session_ids,
       agent: first.agent.id, model_routing_profile_key: body.model_routing_profile_key, instructions: body.instructions ?? null,
       verifications: [], usage: { ...ZERO_USAGE }, _skill_name: body.skill_name ?? null, _environment_id: first.environment_id,
       version: 1, created_at: now, updated_at: now,
@@ -130,10 +147,28 @@ export class SkillProposalService {
     await this.d.redis.zadd(OUTBOX, Date.now(), `${ws}/${p.id}`);
     await this.d.docs.create(tags.workspace(ws), p, [INDEX]);
     crashPoint('skill-proposal-created');
-    await this.queue.add('author', { workspace_id: ws, proposal_id: p.id } satisfies AuthorJob, {
-      jobId: `author-${p.id}`, attempts: AUTHOR_ATTEMPTS, backoff: { type: 'exponential', delay: 500 }, removeOnComplete: true, removeOnFail: { age: 24 * 3600 },
-    });
+    await this.queueAuthoring(ws, p.id);
     return p;
+  }
+
+  /**
+   * What an earlier attempt of this keyed create wrote under `id`, when it answers this request
+   * (`earlierAttempt`). Only the proposal's own authoring moves it to `drafted` or
+   * `authoring_failed`: that is no change by a client, so the proposal is answered as it is now.
+   * One a client moved on since (verify, discard, submit) is refused as a reused key.
+   */
+  private async earlierCreate(ws: string, id: string, keyed: KeyedRequest): Promise<SkillProposalDoc | null> {
+    const p = await this.d.docs.get<SkillProposalDoc>(tags.workspace(ws), id);
+    if (!p || p.type !== 'skill_proposal' || p.workspace_id !== ws) return null;
+    const untouched = p.status === 'authoring' || ((p.status === 'drafted' || p.status === 'authoring_failed') && p.verifications.length === 0);
+    return earlierAttempt({ created_at: p.created_at, version: untouched ? 1 : p.version }, keyed) ? p : null;
+  }
+
+  /** Queues the proposal's authoring job: one job id per proposal, so never twice at once. */
+  private async queueAuthoring(ws: string, id: string): Promise<void> {
+    await this.queue.add('author', { workspace_id: ws, proposal_id: id } satisfies AuthorJob, {
+      jobId: `author-${id}`, attempts: AUTHOR_ATTEMPTS, backoff: { type: 'exponential', delay: 500 }, removeOnComplete: true, removeOnFail: { age: 24 * 3600 },
+    });
   }
 
   private async failAuthoring(ws: string, id: string, error: ProposalError, usage?: Partial<TokenUsage>): Promise<void> {
@@ -586,9 +621,7 @@ export class SkillProposalService {
       await this.d.redis.zadd(OUTBOX, Date.now(), m);
       try {
         if (p.status === 'authoring') {
-          await this.queue.add('author', { workspace_id: ws, proposal_id: id } satisfies AuthorJob, {
-            jobId: `author-${id}`, attempts: AUTHOR_ATTEMPTS, backoff: { type: 'exponential', delay: 500 }, removeOnComplete: true, removeOnFail: { age: 24 * 3600 },
-          });
+          await this.queueAuthoring(ws, id);
         } else {
           const a = p.verifications.at(-1);
           if (a) await this.verify(ws, id, { expected_version: a.source_version, principal: a.principal });

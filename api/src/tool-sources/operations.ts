@@ -170,7 +170,11 @@ export const toolSourceOperations: Operation[] = [
     audit: { target: 'response' }, auth: admins, params: SourcePath, idempotency: 'optional', mcp: 'full', successStatus: 201,
     body: Obj({ name: Type.String({ minLength: 1, maxLength: 200 }) }),
     response: ToolSourceConnectionSchema,
-  }, (ws, { params, body, deps }) => deps.toolSources.createConnection(ws, params.tool_source_id, body)),
+  }, (ws, { params, body, deps, keyed }) =>
+    // Made once per keyed request: the retry of a create that died after writing (crash point
+    // `tool-source-connection-created`) is answered the Connection it wrote, not a second one.
+    createOnce('connection', keyed, (id) => deps.toolSources.findConnection(ws, params.tool_source_id, id),
+      (id) => deps.toolSources.createConnection(ws, params.tool_source_id, body, id), 'tool-source-connection-created')),
   workspaceRead({
     operationId: 'toolSources.listToolSourceConnections', path: '/v1/tool-sources/{tool_source_id}/connections',
     summary: 'List the Connections that depend on a tool source, with their versions and pinned revisions',

@@ -282,17 +282,23 @@ export class ToolSourceService {
   // --- Connections of kind a2a_tool_source ---------------------------------------------------
 
   /** A Connection using the source, pinned to its current (synced) revision. */
-  async createConnection(ws: string, sourceId: string, input: { name: string }): Promise<ToolSourceConnectionDoc> {
+  async createConnection(ws: string, sourceId: string, input: { name: string }, id = newId('connection')): Promise<ToolSourceConnectionDoc> {
     const src = await this.getSource(ws, sourceId);
     if (!src.discovery) throw new ApiError('validation.conflict', `tool source ${sourceId} is not synced; sync it before connecting it`);
     const now = nowIso();
     const doc: ToolSourceConnectionDoc = {
-      id: newId('connection'), type: 'connection', workspace_id: ws, name: input.name, kind: 'a2a_tool_source', tool_source_id: sourceId,
+      id, type: 'connection', workspace_id: ws, name: input.name, kind: 'a2a_tool_source', tool_source_id: sourceId,
       source_revision: src.revision, provider_package: src.provider_package, status: 'active', archived_at: null,
       version: 1, created_at: now, updated_at: now,
     };
     await this.docs.create(tags.workspace(ws), doc, [connIndex(sourceId)]);
     return doc;
+  }
+
+  /** The Connection of tool source `sourceId` stored under `id` in the Workspace; null when there is none. */
+  async findConnection(ws: string, sourceId: string, id: string): Promise<ToolSourceConnectionDoc | null> {
+    const d = await this.docs.get<ToolSourceConnectionDoc>(tags.workspace(ws), id);
+    return d && d.type === 'connection' && d.kind === 'a2a_tool_source' && d.tool_source_id === sourceId ? d : null;
   }
 
   listConnections(ws: string, sourceId: string, options: { limit: number; page?: string | undefined }): Promise<ListPage<ToolSourceConnectionDoc>> {
