@@ -1,7 +1,7 @@
 import { Id, Nullable, Obj, Page, PageQuery, Timestamp, Type } from '@agentplane/core';
 import { tags } from '@agentplane/store';
 import { ADMINS, READERS } from '../http/caller.js';
-import { createOnce } from '../http/keyed-create.js';
+import { createOnce, priorAttempt } from '../http/keyed-create.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
 import { listWorkspaceDocs, workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { enforceRateLimit } from '../http/rate-limit.js';
@@ -136,8 +136,16 @@ export const runnerOperations: Operation[] = [
     summary: 'Enroll a managed-pool runner with a runner-role API key; the credential is returned once (no owner)',
     auth: { kind: 'bearer', roles: ['root', 'admin', 'runner'] }, params: PoolPath, body: Obj({ machine_label: Label() }),
     response: IssuedSchema, successStatus: 201, idempotency: 'required', sensitive: true, mcp: 'never', replayable: issuedReplayable,
-    async handler({ caller, params, body, deps }) {
-      const issued = await deps.runners.enroll(caller.organizationId, requireWorkspace(caller), params.runner_pool_id, body.machine_label);
+    async handler({ caller, params, body, deps, keyed }) {
+      // Made once per request under its (required) key, as an API key is: the retry of an
+      // enrollment that died after writing the runner's credential (crash point `runner-enrolled`,
+      // before its secret is live) answers that runner with a new first secret, the first
+      // attempt's never having been shown.
+      const ws = requireWorkspace(caller);
+      const { id, earlier } = await priorAttempt('runnerCredential', keyed, (id) => deps.runners.findCredential(ws, id));
+      const issued = earlier
+        ? await deps.runners.reissueFirstRunnerSecret(caller.organizationId, earlier)
+        : await deps.runners.enroll(caller.organizationId, ws, params.runner_pool_id, body.machine_label, id, 'runner-enrolled');
       return json(201, { ...issued, connect_path: connectPath });
     },
   }),
@@ -156,11 +164,17 @@ export const runnerOperations: Operation[] = [
     response: Obj({ id: Id('runnerPairing'), code: Type.String(), expires_at: Timestamp() }),
     successStatus: 201, idempotency: 'required', sensitive: true, mcp: 'never',
     replayable: pairingReplayable,
-    async handler({ caller, body, deps }) {
+    async handler({ caller, body, deps, keyed }) {
       const ws = requireWorkspace(caller);
-      const { pairing, code } = await deps.runners.createPairing(caller.organizationId, ws, {
+      // Made once per request under its (required) key: the retry of a create that died after
+      // writing the pairing (crash point `runner-pairing-created`, before its code is live)
+      // answers that pairing with a new code, the first attempt's never having been shown; only
+      // while it is still pending and unexpired, as a stored answer's code is replayed only then
+      // (`pairingReplayable`), else 409 `idempotency.conflict`.
+      const { id, earlier } = await priorAttempt('runnerPairing', keyed, (id) => deps.runners.getPairing(ws, id));
+      const { pairing, code } = earlier ? await deps.runners.reissueFirstPairingCode(earlier) : await deps.runners.createPairing(caller.organizationId, ws, {
         principal_id: body.principal_id, machine_label: body.machine_label, expires_in_seconds: body.expires_in_seconds ?? 600,
-      });
+      }, id, 'runner-pairing-created');
       return json(201, { id: pairing.id, code, expires_at: pairing.expires_at });
     },
   }),

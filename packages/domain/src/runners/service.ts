@@ -16,9 +16,11 @@ const CODE_CHARS = 16; // 80 bits
  * Writes a runner credential in one step: its owner's machine label claimed (KEYS[1], field
  * ARGV[1] = ARGV[2] when ARGV[1] is not ''; 0 when taken), the credential (KEYS[3]), its runner
  * (KEYS[2], field ARGV[5]) and its listings (KEYS[4..], score ARGV[4]), so a label is never
- * claimed by a credential that does not exist. ARGV[3] the credential's JSON.
+ * claimed by a credential that does not exist. ARGV[3] the credential's JSON. -1, nothing
+ * written, when a credential is stored under its id already (a keyed enrollment's derived id).
  */
 const MINT_CREDENTIAL = new LuaScript('runner_credential_mint', `
+if redis.call('EXISTS', KEYS[3]) == 1 then return -1 end
 if ARGV[1] ~= '' and redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
 redis.call('SET', KEYS[3], ARGV[3])
 redis.call('HSET', KEYS[2], ARGV[5], ARGV[2])
@@ -54,6 +56,8 @@ export function normalizePairingCode(code: string): string | null {
 const codeDigest = (normalized: string): string => secretDigest(`runner-pairing\0${normalized}`);
 
 const invalidCode = () => new ApiError('auth.invalid_key', 'the pairing code is unknown, expired or already used');
+
+const changedSince = (what: string) => new ApiError('idempotency.conflict', `this Idempotency-Key was used for this request before, and the ${what} it made has changed since; use a new key`);
 
 export interface RedeemInput {
   code: string;
@@ -206,10 +210,16 @@ export class RunnerService {
     return keys.scoped(tags.global(`rpcode:${digest}`), 'runner_pairing_code');
   }
 
+  /**
+   * `id`: the pairing's id (a keyed create's derived one); `point`: the crash point between the
+   * pairing's document and its live code (crash tests).
+   */
   async createPairing(
     organizationId: string,
     workspaceId: string,
     input: { principal_id: string; machine_label: string; expires_in_seconds: number },
+    id = newId('runnerPairing'),
+    point?: string,
   ): Promise<{ pairing: RunnerPairing; code: string }> {
     const tag = tags.workspace(workspaceId);
     await this.identity.activePrincipal(workspaceId, input.principal_id);
@@ -223,9 +233,12 @@ export class RunnerService {
       throw new ApiError('validation.conflict', `machine '${input.machine_label}' is already paired for this Principal (runner credential ${ownerClaim}); revoke it first`);
     }
     const ttlMs = input.expires_in_seconds * 1000;
-    const id = newId('runnerPairing');
-    const claimed = await this.redis.set(this.pendingClaimKey(tag, input.principal_id, input.machine_label), id, 'PX', ttlMs, 'NX');
-    if (claimed !== 'OK') {
+    const claimKey = this.pendingClaimKey(tag, input.principal_id, input.machine_label);
+    let claimed = (await this.redis.set(claimKey, id, 'PX', ttlMs, 'NX')) === 'OK';
+    // A claim under this very id was left by an attempt of the same keyed request that died
+    // before writing its pairing: it is this request's, taken over with this attempt's expiry.
+    if (!claimed && (await this.redis.get(claimKey)) === id) claimed = (await this.redis.set(claimKey, id, 'PX', ttlMs, 'XX')) === 'OK';
+    if (!claimed) {
       throw new ApiError('validation.conflict', `a pairing for machine '${input.machine_label}' of this Principal is already pending`);
     }
     const code = newPairingCode();
@@ -237,9 +250,31 @@ export class RunnerService {
       expires_at: new Date(Date.now() + ttlMs).toISOString(), redeemed_at: null, runner_credential_id: null,
       version: 1, created_at: now, updated_at: now,
     };
-    await this.docs.create(tag, pairing, ['runner_pairings']);
+    if (!(await this.docs.create(tag, pairing, ['runner_pairings']))) throw new ApiError('validation.conflict', `runner pairing ${id} was made concurrently; retry`);
+    if (point !== undefined) crashPoint(point);
     await this.redis.set(RunnerService.codeKey(digest), JSON.stringify({ workspace_id: workspaceId, pairing_id: id }), 'PX', ttlMs);
     return { pairing, code };
+  }
+
+  /**
+   * A new code for a pairing whose keyed create died before its answer (`pairing`, as found
+   * unchanged, version 1): that attempt's code was never shown, so it is replaced, and shown once
+   * by the retry. Only while the pairing is still pending and unexpired (as a stored answer's code
+   * is replayed only then); else, or if it changed meanwhile, 409 `idempotency.conflict`, nothing
+   * written. The pairing keeps its expiry; its code digest changes (version 2), so the dead
+   * attempt's code, had it been made live, no longer redeems (its entry is deleted too).
+   */
+  async reissueFirstPairingCode(pairing: RunnerPairing): Promise<{ pairing: RunnerPairing; code: string }> {
+    const code = newPairingCode();
+    const digest = codeDigest(normalizePairingCode(code)!);
+    const next = await this.docs.update<RunnerPairing>(tags.workspace(pairing.workspace_id), pairing.id, (p) => {
+      if (p.version !== 1 || p.status !== 'pending' || Date.parse(p.expires_at) <= Date.now()) throw changedSince('runner pairing');
+      return { ...p, code_digest: digest };
+    }, { notFound: 'runner pairing' });
+    const ttlMs = Math.max(1, Date.parse(next.expires_at) - Date.now());
+    await this.redis.set(RunnerService.codeKey(digest), JSON.stringify({ workspace_id: next.workspace_id, pairing_id: next.id }), 'PX', ttlMs);
+    await this.redis.del(RunnerService.codeKey(pairing.code_digest));
+    return { pairing: next, code };
   }
 
   /** Is the pairing behind this code still redeemable (pending, unexpired)? */
@@ -309,17 +344,29 @@ export class RunnerService {
 
   // ---- credentials -------------------------------------------------------------------------------
 
+  /** The auth record of a runner credential's live secret (runner credentials have one generation). */
+  private static runnerRecord(organizationId: string, cred: RunnerCredential): AuthRecord {
+    return {
+      kind: 'runner_credential', credential_id: cred.id, organization_id: organizationId, workspace_id: cred.workspace_id,
+      role: null, principal_id: cred.owner?.principal ?? null, audience: null, rate_limit_per_minute: null, generation_number: 1,
+    };
+  }
+
+  /**
+   * `input.id`: the credential's id (a keyed enrollment's derived one); `input.point`: the crash
+   * point between the credential's document and its live secret (crash tests).
+   */
   private async mint(
     organizationId: string,
     workspaceId: string,
     pool: RunnerPool,
-    input: { owner: RunnerOwner | null; display_name: string; issued_via: RunnerCredential['issued_via']; pairing_id: string | null },
+    input: { owner: RunnerOwner | null; display_name: string; issued_via: RunnerCredential['issued_via']; pairing_id: string | null; id?: string; point?: string },
   ): Promise<IssuedRunnerCredential> {
     const tag = tags.workspace(workspaceId);
     const issued = issueSecret('runner_credential');
     const now = nowIso();
     const cred: RunnerCredential = {
-      id: newId('runnerCredential'), type: 'runner_credential', workspace_id: workspaceId, runner_pool_id: pool.id,
+      id: input.id ?? newId('runnerCredential'), type: 'runner_credential', workspace_id: workspaceId, runner_pool_id: pool.id,
       runner_id: newId('runner'), placement: pool.placement, owner: input.owner, display_name: input.display_name,
       issued_via: input.issued_via, pairing_id: input.pairing_id, status: 'active', secret_hint: issued.hint,
       revoked_at: null, drain: null, version: 1, created_at: now, updated_at: now,
@@ -329,22 +376,49 @@ export class RunnerService {
     const write = () => MINT_CREDENTIAL.run(this.redis,
       [labels, keys.unique(tag, 'runners'), keys.doc(tag, cred.id), ...['runner_credentials', `runner_credentials:${pool.id}`].map((c) => keys.index(tag, c))],
       [labelField, cred.id, JSON.stringify(cred), Date.parse(now), cred.runner_id]);
-    let written = await write();
-    if (written !== 1 && (await releaseOrphanClaim(this.redis, labels, labelField, (owner) => keys.doc(tag, owner)))) written = await write();
+    let written = Number(await write());
+    if (written === 0 && (await releaseOrphanClaim(this.redis, labels, labelField, (owner) => keys.doc(tag, owner)))) written = Number(await write());
+    if (written === -1) throw new ApiError('validation.conflict', `runner credential ${cred.id} was made concurrently; retry`);
     if (written !== 1) throw new ApiError('validation.conflict', `machine '${input.owner?.machine_label ?? ''}' is already paired for this Principal`);
-    const record: AuthRecord = {
-      kind: 'runner_credential', credential_id: cred.id, organization_id: organizationId, workspace_id: workspaceId,
-      role: null, principal_id: input.owner?.principal ?? null, audience: null, rate_limit_per_minute: null, generation_number: 1,
-    };
-    await this.credentials.swap(cred.id, { digest: issued.digest, record });
+    if (input.point !== undefined) crashPoint(input.point);
+    await this.credentials.swap(cred.id, { digest: issued.digest, record: RunnerService.runnerRecord(organizationId, cred) });
     return { runner_credential: cred, secret: issued.secret };
   }
 
-  /** Managed pools: an operator's runner-role key enrolls a runner with no owner. */
-  async enroll(organizationId: string, workspaceId: string, poolId: string, machineLabel: string): Promise<IssuedRunnerCredential> {
+  /**
+   * Managed pools: an operator's runner-role key enrolls a runner with no owner. `id`: the
+   * credential's id (a keyed enrollment's derived one); `point`: the crash point between the
+   * credential's document and its live secret (crash tests).
+   */
+  async enroll(organizationId: string, workspaceId: string, poolId: string, machineLabel: string, id?: string, point?: string): Promise<IssuedRunnerCredential> {
     const pool = await this.getPool(workspaceId, poolId);
     if (pool.placement !== 'managed') throw new ApiError('validation.conflict', 'enrollment by API key is for managed pools; pair BYOC machines with a pairing code');
-    return this.mint(organizationId, workspaceId, pool, { owner: null, display_name: machineLabel, issued_via: 'enrollment', pairing_id: null });
+    return this.mint(organizationId, workspaceId, pool, {
+      owner: null, display_name: machineLabel, issued_via: 'enrollment', pairing_id: null, ...(id !== undefined ? { id } : {}), ...(point !== undefined ? { point } : {}),
+    });
+  }
+
+  /**
+   * A new first secret for a runner whose keyed enrollment died before its answer (`cred`, as
+   * found unchanged, version 1): that attempt's secret was never shown, so it is replaced, and
+   * shown once by the retry. The credential and its runner stay; its hint changes (version 2),
+   * and the new secret displaces any the dead attempt made live. A credential changed meanwhile
+   * (revoked, drained) is left alone: 409 `idempotency.conflict`.
+   */
+  async reissueFirstRunnerSecret(organizationId: string, cred: RunnerCredential): Promise<IssuedRunnerCredential> {
+    const issued = issueSecret('runner_credential');
+    const next = await this.docs.update<RunnerCredential>(tags.workspace(cred.workspace_id), cred.id, (c) => {
+      if (c.version !== 1 || c.status !== 'active') throw changedSince('runner credential');
+      return { ...c, secret_hint: issued.hint };
+    }, { notFound: 'runner credential' });
+    // Replaces the dead attempt's secret, had it gone live (same generation: see CredentialIndex.swap).
+    await this.credentials.swap(next.id, { digest: issued.digest, record: RunnerService.runnerRecord(organizationId, next) }, { sameGeneration: true });
+    return { runner_credential: next, secret: issued.secret };
+  }
+
+  /** The runner credential stored under `id` in the Workspace; null when there is none. */
+  findCredential(workspaceId: string, id: string): Promise<RunnerCredential | null> {
+    return this.docs.get<RunnerCredential>(tags.workspace(workspaceId), id);
   }
 
   /** The platform launcher's own local runner: Workspace-scoped, default pool, no owner. */
