@@ -15,7 +15,9 @@ import { authorInstructions, type Json } from './harness/turns.js';
  * the key finds what its first attempt wrote (its id derived from the key and the request) and
  * answers it, 201 as the first attempt would have; there is one of it, not two. A binding's key
  * and a Principal's label of a firing are unique: the retry was refused 409 before; another
- * request for them still is.
+ * request for them still is. So is an agent deployment's id (fixed by its Workspace and Agent:
+ * `agent-deployment-created`): the retry is answered the one its first attempt made, another
+ * request's create is refused.
  */
 const POINTS = ['connection-binding-created', 'tool-source-connection-created', 'skill-proposal-created', 'firing-feedback-created'];
 /** The skill proposal create's service version. */
@@ -153,6 +155,29 @@ describe('a crash inside a keyed create of a dependent resource', () => {
       expect(await mine()).toEqual(written);
       // Another request for the Principal's label is still refused.
       const other = await api.request<{ error: { type: string } }>('POST', path, { body: { authored_by: person, disposition: 'noisy' }, idempotencyKey: 'k-feedback-other' });
+      expect([other.status, other.body.error?.type]).toEqual([409, 'validation.conflict']);
+    }
+  }, 240_000);
+
+  // A platform of its own: the platform gives up on an api that crashed five times within a minute.
+  it('an agent deployment, whose id is fixed by its Workspace and Agent, is answered to the retry; another request\'s create is refused', async () => {
+    const q = await crash.start(['agent-deployment-created'], { env: { LOG_LEVEL: 'warn' } });
+    const api = q.p.root;
+    const ws = q.p.bootstrap.workspace_id;
+    {
+      const deployed = (await api.post<{ id: string }>('/v1/agents', { name: 'deployed', model: 'default' })).id;
+      const path = `/v1/organizations/workspaces/${ws}/agent-deployments`;
+      const body = { agent_id: deployed, key: 'keyed-deployment' };
+      const mine = async () => (await api.get<{ data: { id: string }[] }>(path, { limit: 100, key: 'keyed-deployment' })).data.map((x) => x.id);
+      await crashedCreate(q, 'agent-deployment-created', path, body, 'k-deployment');
+      const written = await mine();
+      expect(written).toHaveLength(1);
+      // The retry was refused 409 for the id its first attempt had taken; now it is answered.
+      const retry = await api.request<{ id: string; resource_version: number; current_revision_number: number }>('POST', path, { body, idempotencyKey: 'k-deployment' });
+      expect([retry.status, retry.body.id, retry.body.resource_version, retry.body.current_revision_number]).toEqual([201, written[0], 1, 0]);
+      expect(await mine()).toEqual(written);
+      // Another request's create of the same deployment is still refused.
+      const other = await api.request<{ error: { type: string } }>('POST', path, { body, idempotencyKey: 'k-deployment-other' });
       expect([other.status, other.body.error?.type]).toEqual([409, 'validation.conflict']);
     }
   }, 240_000);

@@ -1,7 +1,7 @@
 import { ApiError, Id, newId, nowIso, Obj, Page, Type } from '@agentplane/core';
 import { DEFAULT_RESOURCES, type HarnessProfile, type SandboxProfile } from '@agentplane/domain';
 import { ADMINS, READERS, WRITERS, type Caller } from '../http/caller.js';
-import { createOnce } from '../http/keyed-create.js';
+import { createdId, createOnce, earlierAttempt } from '../http/keyed-create.js';
 import { CURRENT_VERSION, defineOperation, json, type Operation } from '../http/operation.js';
 import { namedWorkspaceRead, namedWorkspaceWrite, workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { requireWorkspace, workspaceInBoundary } from '../http/workspace-scope.js';
@@ -85,7 +85,14 @@ export const deploymentOperations: Operation[] = [
     operationId: 'agentDeployments.createAgentDeployment', path: '/v1/organizations/workspaces/{workspace_id}/agent-deployments',
     audit: { target: 'response' }, summary: 'Create the deployment head of an Agent (current_revision_number 0; the id is deterministic over Workspace and Agent)',
     auth: admins, params: WsPath, body: CreateDeploymentBody, response: AgentDeploymentSchema, successStatus: 201, idempotency: 'optional', mcp: 'full',
-  }, async (ws, { body, deps }) => headView(await svc(deps).create(ws, body))),
+  }, async (ws, { body, deps, keyed }) => {
+    // Made once per keyed request: its id is fixed by Workspace and Agent, so the retry of a create
+    // that died after writing (crash point `agent-deployment-created`) finds it taken; the one its
+    // first attempt made is answered (unchanged and young, `earlierAttempt`), another's refused.
+    const { doc, earlier } = await svc(deps).create(ws, body, ws, keyed ? createdId('agentDeployment', keyed) : undefined);
+    if (earlier && keyed) earlierAttempt(doc, keyed); // 409 `idempotency.conflict` when changed since or too old
+    return headView(doc);
+  }),
   namedWorkspaceRead({
     operationId: 'agentDeployments.listAgentDeployments', path: '/v1/organizations/workspaces/{workspace_id}/agent-deployments',
     summary: 'List deployment heads (cursor; exact `key` and `status` filters)', auth: readers, params: WsPath, query: ListDeploymentsQuery,

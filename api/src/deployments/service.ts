@@ -1,4 +1,4 @@
-import { ApiError, canonicalJson, newId, nowIso, sha256Hex } from '@agentplane/core';
+import { ApiError, canonicalJson, crashPoint, newId, nowIso, sha256Hex } from '@agentplane/core';
 import {
   ConnectionService, exposedNameClash, harnessProfileStore, sandboxProfileStore, snapshotOf, type Agent, type DeploymentPin, type HarnessProfile, type SandboxProfile, type VersionedStore,
 } from '@agentplane/domain';
@@ -25,6 +25,8 @@ export interface DeploymentDoc extends HeadDoc {
   archived_at: string | null;
   /** The Workspace holding the Agent (another Workspace of the Organization after a cross-workspace deploy). */
   _agent_workspace_id: string;
+  /** A keyed create's request (derived from its key and body; never shown): tells its retry's deployment from another's. */
+  _request?: string;
 }
 
 export interface RevisionDoc {
@@ -110,16 +112,32 @@ export class DeploymentService {
 
   // ---- heads ---------------------------------------------------------------------------------
 
-  async create(ws: string, input: { agent_id: string; key: string; display_name?: string | null | undefined }, agentWs = ws): Promise<DeploymentDoc> {
+  /**
+   * A deployment's id is fixed by its Workspace and Agent, so a second create of it is refused
+   * (409 `validation.conflict`). `request`: a keyed create's (derived from its key and request,
+   * the same for every attempt), kept on the head; the retry of one whose first attempt died after
+   * writing finds the deployment that attempt made and gets it back, as `earlier`, to answer
+   * (another request's deployment is still refused).
+   */
+  async create(ws: string, input: { agent_id: string; key: string; display_name?: string | null | undefined }, agentWs = ws, request?: string): Promise<{ doc: DeploymentDoc; earlier: boolean }> {
     const agent = await this.deps().agents.get(agentWs, input.agent_id);
     if (agent.archived_at !== null) throw new ApiError('runtime.invalid_transition', 'the agent is archived');
     const now = nowIso();
     const doc: DeploymentDoc = {
       id: deploymentId(ws, input.agent_id), workspace_id: ws, agent_id: input.agent_id, key: input.key, display_name: input.display_name ?? null,
       status: 'active', current_revision_number: 0, version: 1, created_at: now, updated_at: now, archived_at: null, _agent_workspace_id: agentWs,
+      ...(request !== undefined ? { _request: request } : {}),
     };
-    await this.heads.create(ws, doc, { collection: DEPLOYMENT_KEYS, key: doc.key }, DEPLOYMENTS, 'agent deployment');
-    return doc;
+    try {
+      await this.heads.create(ws, doc, { collection: DEPLOYMENT_KEYS, key: doc.key }, DEPLOYMENTS, 'agent deployment');
+    } catch (err) {
+      if (request === undefined || !(err instanceof ApiError && err.type === 'validation.conflict')) throw err;
+      const found = await this.heads.find<DeploymentDoc>(ws, doc.id);
+      if (found?._request !== request) throw err;
+      return { doc: found, earlier: true };
+    }
+    crashPoint('agent-deployment-created');
+    return { doc, earlier: false };
   }
 
   get(ws: string, id: string): Promise<DeploymentDoc> {
@@ -307,7 +325,7 @@ export class DeploymentService {
     let head = await this.heads.find<DeploymentDoc>(targetWs, id);
     if (!head) {
       try {
-        head = await this.create(targetWs, { agent_id: agentId, key: `agent-${agentId}` }, sourceWs);
+        head = (await this.create(targetWs, { agent_id: agentId, key: `agent-${agentId}` }, sourceWs)).doc;
       } catch (err) {
         head = await this.heads.find<DeploymentDoc>(targetWs, id);
         if (!head) throw err;
