@@ -11,6 +11,8 @@ import type { Json } from './harness/turns.js';
  * would): the retry of the same request under the key answers the Project its first attempt
  * made, or finishes it under the same id, keeping that attempt's revision 1; one Project, its
  * files readable, nothing of another id left. A Project changed since is not answered (409).
+ * Likewise a keyed revision (`POST …/revisions`, `POST …/push`) whose api died right after
+ * appending it (`project-revision-appended`): its retry is answered that revision, no second one.
  */
 const JOURNAL = 'ap:{g:project_creations}:project_creations';
 const PATH = '/v1/projects';
@@ -24,12 +26,15 @@ const tree = (tag: string): Json[] => [
 interface Revision { revision_number: number; files: { path: string; sha256: string; size_bytes: number }[] }
 interface Made { id: string; name: string; version: number; latest_revision_number: number; latest_revision: Revision }
 
-/** Sends the keyed create that kills the api at `point`, waits for its replacement and removes the key's pending record. */
-async function crashedCreate(q: CrashPlatform, point: string, body: Json, key: string): Promise<void> {
+/**
+ * Sends the keyed create (to `path`: a Project's, or a revision's) that kills the api at `point`,
+ * waits for its replacement and removes the key's pending record.
+ */
+async function crashedCreate(q: CrashPlatform, point: string, body: Json, key: string, path = PATH): Promise<void> {
   const api = q.p.root;
   rmSync(q.marker(point), { force: true });
   const before = q.p.pids().api;
-  await expect(api.request('POST', PATH, { body, idempotencyKey: key })).rejects.toThrow();
+  await expect(api.request('POST', path, { body, idempotencyKey: key })).rejects.toThrow();
   expect(existsSync(q.marker(point))).toBe(true);
   await q.apiRestarted(before, { client: api, path: PATH });
   const record = `ap:{w:${q.p.bootstrap.workspace_id}}:idem:${sha256Hex(key)}`;
@@ -137,5 +142,60 @@ describe('a crash inside a keyed Project create', () => {
     const refused = await api.request<{ error: { type: string } }>('POST', PATH, { body: changedBody, idempotencyKey: 'k-changed' });
     expect([refused.status, refused.body.error.type]).toEqual([409, 'idempotency.conflict']);
     expect((await named('changed')).map((x) => [x.id, x.version, x.latest_revision_number])).toEqual([[changed!.id, 2, 2]]);
+  }, 180_000);
+
+  it('after a revision is appended: the keyed retry of createRevision or push answers that revision, with no second one', async () => {
+    const q = await crash.start(['project-revision-appended'], { env: { LOG_LEVEL: 'warn' } });
+    const api = q.p.root;
+    type Appended = Revision & { created_at: string; source: string; base_revision_number: number | null };
+    const made = await api.request<Made>('POST', PATH, { body: { name: 'revised', files: tree('revised') } });
+    expect(made.status).toBe(201);
+    const id = made.body.id;
+    const revisions = `${PATH}/${id}/revisions`;
+    const revs = `ap:{p:${id}}:revs`;
+    const stored = async (n: number) => JSON.parse(String(await q.redis().hget(revs, String(n)))) as Appended;
+    const head = () => api.get<Made>(`${PATH}/${id}`);
+
+    // A complete tree without expected_revision_number: appended (revision 2) before the crash;
+    // the retry is answered it, not given revision 3 with the same tree.
+    const body: Json = { files: tree('revised-2') };
+    await crashedCreate(q, 'project-revision-appended', body, 'k-revision', revisions);
+    expect(await q.redis().hlen(revs)).toBe(2);
+    const second = await stored(2);
+    const retry = await api.request<Appended>('POST', revisions, { body, idempotencyKey: 'k-revision' });
+    expect([retry.status, retry.body.revision_number, retry.body.created_at, retry.body.source]).toEqual([201, 2, second.created_at, 'revision']);
+    expect(await q.redis().hlen(revs)).toBe(2);
+    // The head, which the dead attempt did not move on, is moved on once.
+    expect([(await head()).latest_revision_number, (await head()).version]).toEqual([2, 2]);
+    const replay = await api.request<Appended>('POST', revisions, { body, idempotencyKey: 'k-revision' });
+    expect([replay.status, replay.body.revision_number, replay.headers.get('idempotent-replayed')]).toEqual([201, 2, 'true']);
+    // The same tree under another key is a revision of its own.
+    const other = await api.request<Appended>('POST', revisions, { body, idempotencyKey: 'k-other' });
+    expect([other.status, other.body.revision_number]).toEqual([201, 3]);
+
+    // A push, whose base is stale for the retry (its own revision is the latest): answered its revision, not 409.
+    const pushBody: Json = { base_revision_number: 3, changes: [{ path: 'NOTES.md', content_base64: b64('notes') }] };
+    await crashedCreate(q, 'project-revision-appended', pushBody, 'k-push', `${PATH}/${id}/push`);
+    expect(await q.redis().hlen(revs)).toBe(4);
+    const fourth = await stored(4);
+    const pushed = await api.request<Appended>('POST', `${PATH}/${id}/push`, { body: pushBody, idempotencyKey: 'k-push' });
+    expect([pushed.status, pushed.body.revision_number, pushed.body.created_at, pushed.body.source, pushed.body.base_revision_number])
+      .toEqual([201, 4, fourth.created_at, 'push', 3]);
+    expect(await q.redis().hlen(revs)).toBe(4);
+
+    // With expected_revision_number, stale for the retry as well: answered its revision, not 409.
+    const expected: Json = { files: tree('revised-5'), expected_revision_number: 4 };
+    await crashedCreate(q, 'project-revision-appended', expected, 'k-expected', revisions);
+    const fifth = await stored(5);
+    const answered = await api.request<Appended>('POST', revisions, { body: expected, idempotencyKey: 'k-expected' });
+    expect([answered.status, answered.body.revision_number, answered.body.created_at]).toEqual([201, 5, fifth.created_at]);
+    expect(await q.redis().hlen(revs)).toBe(5);
+    expect((await head()).latest_revision_number).toBe(5);
+    expect((await api.get<{ files: { path: string }[] }>(`${revisions}/4`)).files.map((f) => f.path)).toEqual(['NOTES.md', 'README.md', 'run.sh', 'src/main.py']);
+
+    // Deleting the Project clears its keys, the keyed requests' record with them.
+    expect(await q.redis().exists(`ap:{p:${id}}:reqs`)).toBe(1);
+    expect((await api.request('DELETE', `${PATH}/${id}`)).status).toBe(200);
+    expect(await q.redis().keys(`ap:{p:${id}}:*`)).toEqual([]);
   }, 180_000);
 });

@@ -1,9 +1,23 @@
 import { Id, Obj, Page, PageQuery, Type } from '@agentplane/core';
 import { READERS, WRITERS } from '../http/caller.js';
+import type { KeyedRequest } from '../http/idempotency.js';
 import { createdId, earlierAttempt } from '../http/keyed-create.js';
 import type { Operation } from '../http/operation.js';
 import { pageOf, workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
+import type { KeyedRevision } from './service.js';
 import { PROJECT_ENVELOPE_BYTES, PROJECT_LIMITS, ProjectPath, ProjectSchema, RevisionSchema, TreeFile } from './model.js';
+
+/**
+ * A keyed revision's token (`KeyedRevision`): derived from the Workspace, the operation, the key
+ * and the request's fingerprint (which holds the project's id), so a createRevision and a push, or
+ * two requests, never share one. The retry of one whose first attempt died after appending its
+ * revision (crash point `project-revision-appended`), its key's pending record lapsed, is answered
+ * that revision (201, the same `revision_number`) instead of appending the tree again or being
+ * refused as stale (409 `validation.conflict`).
+ */
+function keyedRevision(keyed: KeyedRequest | undefined): KeyedRevision | undefined {
+  return keyed && { token: keyed.id('project', keyed.fingerprint), keptMs: keyed.keptMs };
+}
 
 const ProjectIdPath = Obj({ project_id: Id('project') });
 const readers = { kind: 'bearer', roles: READERS } as const;
@@ -60,7 +74,7 @@ export const projectOperations: Operation[] = [
     bodyLimitBytes: PROJECT_ENVELOPE_BYTES,
     body: Obj({ files: Files, expected_revision_number: Type.Optional(Type.Integer({ minimum: 1 })) }),
     response: RevisionSchema,
-  }, (ws, { params, body, deps }) => deps.projects.addRevision(ws, params.project_id, body.files, body.expected_revision_number)),
+  }, (ws, { params, body, deps, keyed }) => deps.projects.addRevision(ws, params.project_id, body.files, body.expected_revision_number, keyedRevision(keyed))),
   workspaceRead({
     operationId: 'projects.getRevision', path: '/v1/projects/{project_id}/revisions/{revision_number}', summary: 'Read a revision\'s manifest (paths, sizes, digests)',
     auth: readers, params: Obj({ project_id: Id('project'), revision_number: Type.Integer({ minimum: 1 }) }), response: RevisionSchema, mcp: 'full',
@@ -80,5 +94,5 @@ export const projectOperations: Operation[] = [
       }), { minItems: 1 }),
     }),
     response: RevisionSchema,
-  }, (ws, { params, body, deps }) => deps.projects.push(ws, params.project_id, body.base_revision_number, body.changes)),
+  }, (ws, { params, body, deps, keyed }) => deps.projects.push(ws, params.project_id, body.base_revision_number, body.changes, keyedRevision(keyed))),
 ];

@@ -1,7 +1,7 @@
 import { beforeAll, describe, expect, it, vi } from 'vitest';
 import { useEmbeddedRedis } from '@agentplane/store/testing';
 import { newId } from '@agentplane/core';
-import { DocumentStore, type Redis } from '@agentplane/store';
+import { DocumentStore, tags, type Redis } from '@agentplane/store';
 import { ProjectService } from './service.js';
 
 /**
@@ -244,5 +244,77 @@ describe('a keyed create\'s retry under the id of a creation whose process died 
     release();
     await retrying;
     await finished(ws, id, first.created_at);
+  });
+});
+
+describe('a keyed revision\'s later attempts', () => {
+  const b64 = (text: string) => Buffer.from(text).toString('base64');
+  const reqs = (id: string) => `ap:{p:${id}}:reqs`;
+  const keyed = (token: string, keptMs = 60_000) => ({ token, keptMs });
+
+  it('are answered the revision its first attempt appended, unchecked against a base it made stale; another token appends its own', async () => {
+    const ws = newId('workspace');
+    const { project } = await projects.create(ws, 'keyed', [file('a.txt', 'a')]);
+    const two = await projects.addRevision(ws, project.id, [file('a.txt', 'b')], undefined, keyed('rev'));
+    const again = await projects.addRevision(ws, project.id, [file('a.txt', 'b')], undefined, keyed('rev'));
+    const stale = await projects.addRevision(ws, project.id, [file('a.txt', 'b')], 1, keyed('rev'));
+    expect([two, stale]).toEqual([again, again]);
+    expect([again.revision_number, await projects.latestNumber(project.id), (await projects.get(ws, project.id)).version]).toEqual([2, 2, 2]);
+
+    const push = [{ path: 'c.txt', content_base64: b64('c') }];
+    const three = await projects.push(ws, project.id, 2, push, keyed('push'));
+    expect(await projects.push(ws, project.id, 2, push, keyed('push'))).toEqual(three);
+    // A token is the request's own: another one appends, the same tree or not.
+    expect((await projects.addRevision(ws, project.id, [file('a.txt', 'b')], undefined, keyed('other'))).revision_number).toBe(4);
+    expect((await projects.addRevision(ws, project.id, [file('a.txt', 'b')], undefined)).revision_number).toBe(5);
+    expect([await projects.latestNumber(project.id), (await projects.get(ws, project.id)).version]).toEqual([5, 5]);
+    expect(await redis.hgetall(reqs(project.id))).toMatchObject({ 't:rev': '2', 't:push': '3', 't:other': '4', low: '2' });
+
+    await projects.remove(ws, project.id);
+    expect(await projectKeys(project.id)).toEqual([]);
+  });
+
+  it('racing it past its lookup: the append finds the token and answers that revision, nothing appended', async () => {
+    const ws = newId('workspace');
+    const { project } = await projects.create(ws, 'racing-keyed', [file('a.txt', 'a')]);
+    let first: unknown;
+    // The racing attempt's first script (its content) comes after the other attempt's whole append.
+    const racing = racingService(1, async () => {
+      first = await projects.addRevision(ws, project.id, [file('a.txt', 'b')], undefined, keyed('same'));
+    });
+    const answered = await racing.addRevision(ws, project.id, [file('a.txt', 'b')], undefined, keyed('same'));
+    expect(answered).toEqual(first);
+    expect([answered.revision_number, await projects.latestNumber(project.id), (await projects.get(ws, project.id)).version]).toEqual([2, 2, 2]);
+  });
+
+  it('once older than keys are kept append a revision of their own; expired records are pruned by later appends and the hash goes', async () => {
+    const ws = newId('workspace');
+    const { project } = await projects.create(ws, 'expiring', [file('a.txt', 'a')]);
+    const tick = () => new Promise((r) => setTimeout(r, 5));
+    expect((await projects.addRevision(ws, project.id, [file('a.txt', 'b')], undefined, keyed('old', 1))).revision_number).toBe(2);
+    await tick();
+    expect((await projects.addRevision(ws, project.id, [file('a.txt', 'b')], undefined, keyed('old', 1))).revision_number).toBe(3);
+    expect(await redis.hgetall(reqs(project.id))).toMatchObject({ 't:old': '3', low: '3' });
+    expect(await redis.hexists(reqs(project.id), 'n:2')).toBe(0);
+    // A record not expired stops the pruning: it and those after it stay.
+    expect((await projects.addRevision(ws, project.id, [file('a.txt', 'c')], undefined, keyed('kept'))).revision_number).toBe(4);
+    await tick();
+    expect((await projects.addRevision(ws, project.id, [file('a.txt', 'd')], undefined)).revision_number).toBe(5);
+    expect(await redis.hgetall(reqs(project.id))).toMatchObject({ 't:kept': '4', low: '4' });
+    expect(await redis.hexists(reqs(project.id), 't:old')).toBe(0);
+    // Once none is left, the hash goes.
+    await redis.hset(reqs(project.id), 'n:4', `${Date.now() - 1} kept`);
+    expect((await projects.addRevision(ws, project.id, [file('a.txt', 'e')], undefined)).revision_number).toBe(6);
+    expect(await redis.exists(reqs(project.id))).toBe(0);
+  });
+
+  it('a deletion whose process died before its keys went: the sweep clears the record too', async () => {
+    const ws = newId('workspace');
+    const { project } = await projects.create(ws, 'deleted', [file('a.txt', 'a')]);
+    await projects.addRevision(ws, project.id, [file('a.txt', 'b')], undefined, keyed('gone'));
+    await redis.zadd('ap:{g:project_creations}:project_creations', 0, `${ws} ${project.id}`);
+    await new DocumentStore(redis).remove(tags.workspace(ws), project.id, ['projects']);
+    expect(await projects.sweep()).toBe(1);
+    expect(await projectKeys(project.id)).toEqual([]);
   });
 });

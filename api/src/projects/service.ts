@@ -24,13 +24,51 @@ const CREATION_SWEEP_MS = CREATION_GRACE_MS;
  * Appends revision `ARGV[1]` only if the project still exists (its `alive` marker: -1 otherwise)
  * and holds exactly `ARGV[1] - 1` revisions (0 otherwise). The same append run again (the client
  * sends a command again when its connection dropped before the reply) finds its own manifest at
- * `ARGV[1]` and answers 1 without writing again. KEYS: revs, alive.
+ * `ARGV[1]` and answers 1 without writing again.
+ *
+ * A keyed request's append (`ARGV[3]`, its token: `KeyedRevision`) is recorded in `:reqs` in the
+ * same step: `t:<token>` → its revision number and `n:<number>` → `<expiry ms> <token>` (the
+ * revision's `created_at` plus how long keys are kept, `ARGV[5]`). A token recorded and not
+ * expired (against `ARGV[4]`, this revision's `created_at` in ms) answers that revision's number
+ * (a string), nothing written: an attempt of the same request appended it. Every append first
+ * drops up to 8 expired records from `low`, the lowest revision number not yet looked at
+ * (records expire in the order their revisions were appended; one not expired stops it), so
+ * the hash holds about the keyed appends of the last `IDEMPOTENCY_TTL_SECONDS` before the
+ * project's latest append, and goes once it holds none. KEYS: revs, alive, reqs.
  */
 const APPEND = new LuaScript('project_append_revision', `
 if redis.call('EXISTS', KEYS[2]) == 0 then return -1 end
 if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return 1 end
-if redis.call('HLEN', KEYS[1]) ~= tonumber(ARGV[1]) - 1 then return 0 end
+local n, now, token = tonumber(ARGV[1]), tonumber(ARGV[4]), ARGV[3]
+if token ~= '' then
+  local had = redis.call('HGET', KEYS[3], 't:' .. token)
+  local rec = had and redis.call('HGET', KEYS[3], 'n:' .. had)
+  if rec and tonumber(string.match(rec, '^%d+')) > now then return had end
+end
+if redis.call('HLEN', KEYS[1]) ~= n - 1 then return 0 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+local low = tonumber(redis.call('HGET', KEYS[3], 'low') or ARGV[1])
+local steps = 0
+while low < n and steps < 8 do
+  local rec = redis.call('HGET', KEYS[3], 'n:' .. low)
+  if rec then
+    local sp = string.find(rec, ' ', 1, true)
+    if tonumber(string.sub(rec, 1, sp - 1)) > now then break end
+    local t = 't:' .. string.sub(rec, sp + 1)
+    if redis.call('HGET', KEYS[3], t) == tostring(low) then redis.call('HDEL', KEYS[3], t) end
+    redis.call('HDEL', KEYS[3], 'n:' .. low)
+  end
+  low = low + 1
+  steps = steps + 1
+end
+if token ~= '' then
+  redis.call('HSET', KEYS[3], 't:' .. token, ARGV[1], 'n:' .. ARGV[1], tostring(now + tonumber(ARGV[5])) .. ' ' .. token)
+end
+if redis.call('HLEN', KEYS[3]) - redis.call('HEXISTS', KEYS[3], 'low') == 0 then
+  redis.call('DEL', KEYS[3])
+else
+  redis.call('HSET', KEYS[3], 'low', tostring(low))
+end
 return 1`);
 
 /**
@@ -79,6 +117,17 @@ export interface PushChange {
   delete?: boolean | undefined;
 }
 
+/**
+ * A keyed request's append (`projects.createRevision`, `projects.pushProject`): `token` derived
+ * from its key and fingerprint (the same for every attempt of the request, another for any other
+ * request, key or operation), `keptMs` how long keys are kept. The revision an attempt appended
+ * answers the request's later attempts while younger than that, whatever they would check.
+ */
+export interface KeyedRevision {
+  token: string;
+  keptMs: number;
+}
+
 interface Staged {
   entry: ManifestEntry;
   content?: Buffer;
@@ -94,6 +143,8 @@ function projectKeys(projectId: string) {
      * only while no later attempt under the same id has taken it over (`clearCreation`).
      */
     alive: keys.scoped(tag, 'alive'),
+    /** The keyed requests that appended a revision, kept as long as keys are (`APPEND`). */
+    reqs: keys.scoped(tag, 'reqs'),
   };
 }
 
@@ -128,7 +179,8 @@ function checkBudget(entries: readonly ManifestEntry[], field: string): number {
  * Uploaded Projects: a head in the Workspace (`{w:<ws>}:doc:<proj>`, listed in `:idx:projects`)
  * and, under the project's own tag `{p:<proj>}`, its immutable revisions (`:revs`, a hash
  * revision number → manifest JSON) and file contents by digest (`:blob:<sha256>`, shared by every
- * revision that holds the same bytes; their digests in `:blobs`).
+ * revision that holds the same bytes; their digests in `:blobs`), and the keyed requests that
+ * appended a revision (`:reqs`, see `APPEND`).
  */
 export class ProjectService {
   private readonly creations: InFlightWrites;
@@ -160,7 +212,7 @@ export class ProjectService {
     await this.redis.set(k.alive, marker);
     let headWritten = false;
     try {
-      const revision = await this.commit(workspaceId, project.id, 1, staged, 'create', null);
+      const { revision } = await this.commit(workspaceId, project.id, 1, staged, 'create', null);
       crashPoint('project-revision-committed');
       headWritten = await this.docs.create(tags.workspace(workspaceId), project, [INDEX]);
       if (!headWritten) {
@@ -279,7 +331,7 @@ export class ProjectService {
   private async clear(projectId: string): Promise<void> {
     const k = projectKeys(projectId);
     await this.redis.del(k.alive);
-    await this.redis.unlink(k.revs);
+    await this.redis.unlink(k.revs, k.reqs);
     const digests = await this.redis.smembers(k.blobs);
     for (let i = 0; i < digests.length; i += 500) await this.redis.unlink(...digests.slice(i, i + 500).map((d) => k.blob(d)));
     await this.redis.unlink(k.blobs);
@@ -299,27 +351,61 @@ export class ProjectService {
     for (let i = 0; i < digests.length; i += 500) {
       if ((await UNLINK_UNCLAIMED.run(this.redis, [k.alive, ...digests.slice(i, i + 500).map((d) => k.blob(d))], [])) !== 1) return;
     }
-    await UNLINK_UNCLAIMED.run(this.redis, [k.alive, k.revs, k.blobs], []);
+    await UNLINK_UNCLAIMED.run(this.redis, [k.alive, k.revs, k.reqs, k.blobs], []);
   }
 
-  /** A complete new tree. `expected` (the revision number the caller last saw) makes a concurrent revision a 409. */
-  async addRevision(workspaceId: string, projectId: string, files: readonly TreeFileInput[], expected: number | undefined): Promise<ProjectRevision> {
+  /**
+   * A complete new tree. `expected` (the revision number the caller last saw) makes a concurrent
+   * revision a 409. `keyed`: the revision an earlier attempt of the same keyed request appended
+   * answers it (`appended`), unchecked against `expected`.
+   */
+  async addRevision(workspaceId: string, projectId: string, files: readonly TreeFileInput[], expected: number | undefined, keyed?: KeyedRevision): Promise<ProjectRevision> {
     await this.get(workspaceId, projectId);
+    const earlier = keyed ? await this.appended(workspaceId, projectId, keyed) : null;
+    if (earlier) return earlier;
     const staged = this.stageTree(files, 'body.files');
     const latest = await this.latestNumber(projectId);
     if (expected !== undefined && expected !== latest) throw new ApiError('validation.conflict', `expected_revision_number ${expected} is stale; the latest revision is ${latest}`);
-    return this.touched(workspaceId, projectId, await this.commit(workspaceId, projectId, latest + 1, staged, 'revision', latest));
+    return this.committed(workspaceId, projectId, await this.commit(workspaceId, projectId, latest + 1, staged, 'revision', latest, keyed));
   }
 
-  /** A new revision changes the head: its `version` and `updated_at` move on (compare-and-swap). */
-  private async touched(workspaceId: string, projectId: string, revision: ProjectRevision): Promise<ProjectRevision> {
-    await this.docs.update<ProjectDoc>(tags.workspace(workspaceId), projectId, (cur) => ({ ...cur }), { notFound: `project ${projectId}` });
+  /**
+   * The revision an earlier attempt of this keyed request appended (`APPEND` recorded its token),
+   * while younger than keys are kept; null when there is none (append it). One older was appended
+   * by an earlier use of the key, whose record has lapsed: the key is free, and the request
+   * appends a revision of its own (as the record of that one is pruned; `APPEND`). The head is
+   * moved on if that attempt died before moving it (`committed`).
+   */
+  private async appended(workspaceId: string, projectId: string, keyed: KeyedRevision): Promise<ProjectRevision | null> {
+    const n = await this.redis.hget(projectKeys(projectId).reqs, `t:${keyed.token}`);
+    if (n === null) return null;
+    const revision = await this.revision(projectId, Number(n));
+    if (Date.parse(revision.created_at) + keyed.keptMs <= Date.now()) return null;
+    return this.committed(workspaceId, projectId, { revision, fresh: false });
+  }
+
+  /**
+   * A new revision changes the head: its `version` and `updated_at` move on (compare-and-swap).
+   * A revision appended by an earlier attempt of the same keyed request (`fresh` false) moves it
+   * on only if it has not moved since that revision was made (the attempt died in between).
+   */
+  private async committed(workspaceId: string, projectId: string, { revision, fresh }: { revision: ProjectRevision; fresh: boolean }): Promise<ProjectRevision> {
+    const made = Date.parse(revision.created_at);
+    await this.docs.update<ProjectDoc>(tags.workspace(workspaceId), projectId, (cur) => (fresh || Date.parse(cur.updated_at) < made ? { ...cur } : null), {
+      notFound: `project ${projectId}`,
+    });
     return revision;
   }
 
-  /** Up to 64 changed or deleted files on top of `base`, which must be the latest revision. */
-  async push(workspaceId: string, projectId: string, base: number, changes: readonly PushChange[]): Promise<ProjectRevision> {
+  /**
+   * Up to 64 changed or deleted files on top of `base`, which must be the latest revision.
+   * `keyed`: as `addRevision`'s (the revision an earlier attempt appended answers it, whatever
+   * the latest revision is now).
+   */
+  async push(workspaceId: string, projectId: string, base: number, changes: readonly PushChange[], keyed?: KeyedRevision): Promise<ProjectRevision> {
     await this.get(workspaceId, projectId);
+    const earlier = keyed ? await this.appended(workspaceId, projectId, keyed) : null;
+    if (earlier) return earlier;
     if (changes.length > PROJECT_LIMITS.maxPushFiles) {
       throw new ApiError('validation.malformed', `body.changes: ${changes.length} files; a push carries at most ${PROJECT_LIMITS.maxPushFiles}`);
     }
@@ -344,7 +430,7 @@ export class ProjectService {
     const staged = [...tree.values()];
     checkTree(staged.map((s) => s.entry.path), 'body.changes');
     checkBudget(staged.map((s) => s.entry), 'the pushed revision');
-    return this.touched(workspaceId, projectId, await this.commit(workspaceId, projectId, latest + 1, staged, 'push', base));
+    return this.committed(workspaceId, projectId, await this.commit(workspaceId, projectId, latest + 1, staged, 'push', base, keyed));
   }
 
   /**
@@ -387,8 +473,13 @@ export class ProjectService {
   /**
    * Contents first (by digest, idempotent), then the manifest, appended only if `n` is next; each
    * by a script that refuses once the project's deletion began (404, nothing more written).
+   * `keyed`: the request's token is recorded with the revision in the same step; when an attempt
+   * of the same request appended one meanwhile, that one is answered (`fresh` false), nothing
+   * appended. Crash point `project-revision-appended` right after the append.
    */
-  private async commit(workspaceId: string, projectId: string, n: number, staged: readonly Staged[], source: ProjectRevision['source'], base: number | null): Promise<ProjectRevision> {
+  private async commit(
+    workspaceId: string, projectId: string, n: number, staged: readonly Staged[], source: ProjectRevision['source'], base: number | null, keyed?: KeyedRevision,
+  ): Promise<{ revision: ProjectRevision; fresh: boolean }> {
     const k = projectKeys(projectId);
     const run = async (write: () => Promise<unknown>): Promise<unknown> => {
       let r = await write();
@@ -408,10 +499,14 @@ export class ProjectService {
       file_count: files.length, total_bytes: checkBudget(files, 'the revision'), created_at: nowIso(),
     };
     const json = JSON.stringify(revision);
-    const ok = await run(() => APPEND.run(this.redis, [k.revs, k.alive], [String(n), json]));
-    if (ok !== 1 && source === 'create') return this.firstRevision(projectId, files);
+    const ok = await run(() => APPEND.run(
+      this.redis, [k.revs, k.alive, k.reqs], [String(n), json, keyed?.token ?? '', Date.parse(revision.created_at), keyed?.keptMs ?? 0],
+    ));
+    if (typeof ok === 'string') return { revision: await this.revision(projectId, Number(ok)), fresh: false };
+    if (ok !== 1 && source === 'create') return { revision: await this.firstRevision(projectId, files), fresh: true };
     if (ok !== 1) throw new ApiError('validation.conflict', `another revision of project ${projectId} was written at the same time; fetch the latest and retry`);
-    return revision;
+    if (source !== 'create') crashPoint('project-revision-appended');
+    return { revision, fresh: true };
   }
 
   /**
