@@ -84,3 +84,62 @@ describe('the periodic sweep of dead File commits', () => {
     expect(failures.map((e) => (e as Error).message)).toEqual(['Redis away', 'Redis away']);
   });
 });
+
+describe('a keyed commit', () => {
+  const keyed = { token: 'file_0123456789abcdef0123456789abcdef', keptMs: 60_000 };
+  const upload = async (files: FileStore, ws: string, size = CHUNK_BYTES + 5): Promise<FileDoc> => {
+    const id = newId('file');
+    const { sha256 } = await files.stage(id, bytes(size), 2 * CHUNK_BYTES);
+    const now = nowIso();
+    return { id, type: 'file', workspace_id: ws, filename: 'kept.bin', content_type: 'application/octet-stream', size_bytes: size, sha256, version: 1, created_at: now, updated_at: now };
+  };
+  const listed = async (files: FileStore, ws: string) => (await files.list(ws, { limit: 10 })).data.map((f) => f.id);
+
+  it('records the request with its File; a later attempt is answered that File, its own bytes dropped', async () => {
+    const files = new FileStore(redis, new DocumentStore(redis));
+    const ws = newId('workspace');
+    const first = await files.commit(await upload(files, ws), keyed);
+    const record = `ap:{w:${ws}}:file_req:${keyed.token}`;
+    expect(await redis.get(record)).toBe(first.id);
+    const ttl = await redis.pttl(record);
+    expect(ttl).toBeGreaterThan(50_000);
+    expect(ttl).toBeLessThanOrEqual(60_000);
+
+    const again = await upload(files, ws);
+    expect(await files.commit(again, keyed)).toEqual(first);
+    expect(await redis.exists(contentKey(again.id))).toBe(0);
+    expect(await redis.exists(contentKey(first.id))).toBe(1);
+    expect(await listed(files, ws)).toEqual([first.id]);
+    expect(await redis.zscore(JOURNAL, `${ws} ${again.id}`)).toBeNull();
+
+    // Another request (another token) makes its own; so does one without a key.
+    const other = await files.commit(await upload(files, ws), { ...keyed, token: 'file_ffffffffffffffffffffffffffffffff' });
+    const plain = await files.commit(await upload(files, ws));
+    expect(new Set([first.id, other.id, plain.id]).size).toBe(3);
+    expect((await listed(files, ws)).sort()).toEqual([first.id, other.id, plain.id].sort());
+  });
+
+  it('that finds the request committed only in its own write answers that File, its bytes sealed and dropped', async () => {
+    const files = new FileStore(redis, new DocumentStore(redis));
+    const ws = newId('workspace');
+    const first = await files.commit(await upload(files, ws), keyed);
+    // The lookup before the commit missed it (an attempt that committed meanwhile).
+    (files as unknown as { earlier: () => Promise<null> }).earlier = () => Promise.resolve(null);
+    const racing = await upload(files, ws);
+    expect(await files.commit(racing, keyed)).toEqual(first);
+    expect(await redis.exists(contentKey(racing.id))).toBe(0);
+    expect(await redis.zscore(JOURNAL, `${ws} ${racing.id}`)).toBeNull();
+    expect(await listed(files, ws)).toEqual([first.id]);
+  });
+
+  it('whose File was deleted since is 404, nothing made again', async () => {
+    const files = new FileStore(redis, new DocumentStore(redis));
+    const ws = newId('workspace');
+    const first = await files.commit(await upload(files, ws), keyed);
+    await files.remove(ws, first.id);
+    const again = await upload(files, ws);
+    await expect(files.commit(again, keyed)).rejects.toMatchObject({ type: 'validation.not_found' });
+    expect(await redis.exists(contentKey(again.id))).toBe(0);
+    expect(await listed(files, ws)).toEqual([]);
+  });
+});

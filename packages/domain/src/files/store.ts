@@ -40,6 +40,32 @@ local n = redis.call('HLEN', KEYS[1])
 redis.call('PERSIST', KEYS[1])
 return n`);
 
+/**
+ * A keyed upload's head: created (with its index entry) only if no attempt of the same keyed
+ * request committed a File already, and then recorded under the request's token in the same
+ * step. Returns 1 created, 0 the id is taken, or the File id the token's record names (nothing
+ * written). KEYS: the head, the files index, the token's record. ARGV: the head's JSON, its
+ * score, its id, how long the record is kept (ms).
+ */
+const CREATE_KEYED = new LuaScript('file_create_keyed', `
+local had = redis.call('GET', KEYS[3])
+if had then return had end
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX') then return 0 end
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
+redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[4])
+return 1`);
+
+/**
+ * A keyed upload (`POST /v1/files` with an Idempotency-Key): `token`, derived from the key and
+ * the request's fingerprint (the same for every attempt of the request, another for any other
+ * request or key); `keptMs`, how long keys are kept. The File an attempt committed answers the
+ * request's later attempts while its record lasts (that long).
+ */
+export interface KeyedUpload {
+  token: string;
+  keptMs: number;
+}
+
 async function bounded<T>(what: Promise<T>): Promise<T> {
   let timer: NodeJS.Timeout | undefined;
   try {
@@ -73,7 +99,9 @@ export class StorageError extends Error {
  *
  * Upload is two steps: `stage` streams the bytes in under a TTL while the digest is computed;
  * `commit` makes them permanent and creates the head. A crash between the two leaves only
- * staged bytes, which expire.
+ * staged bytes, which expire. A keyed upload's head is recorded under its request's token
+ * (`{w:<ws>}:file_req:<token>` → file id, expiring when keys do), so that a retry whose first
+ * attempt committed is answered that File (`KeyedUpload`).
  */
 export class FileStore {
   private readonly commits: InFlightWrites;
@@ -130,12 +158,26 @@ export class FileStore {
     return { size_bytes: size, sha256: `sha256:${hash.digest('hex')}` };
   }
 
+  /** The record of a keyed upload's File (`KeyedUpload`): its id, kept as long as keys are. */
+  private requestKey(workspaceId: string, token: string): string {
+    return keys.scoped(tags.workspace(workspaceId), `file_req:${token}`);
+  }
+
   /**
    * Makes staged content permanent and creates the File's head. Every chunk must still be there
    * (a Redis that restarted mid-upload may have lost the last ones): otherwise StorageError and
-   * no head.
+   * no head. Crash point `file-committed` right after the head is written.
+   *
+   * `keyed`: the head is written only if no attempt of the same request committed a File, and
+   * the request's token is recorded with it in the same step (`CREATE_KEYED`). When one did, its
+   * File answers this attempt (`earlier`) and this attempt's staged content is dropped: one
+   * File per keyed request.
    */
-  async commit(file: FileDoc): Promise<FileDoc> {
+  async commit(file: FileDoc, keyed?: KeyedUpload): Promise<FileDoc> {
+    if (keyed) {
+      const earlier = await this.earlier(file, keyed);
+      if (earlier) return earlier;
+    }
     const key = this.contentKey(file.id);
     let chunks: number;
     try {
@@ -153,10 +195,49 @@ export class FileStore {
       throw new StorageError(`${chunks} of ${expected} chunks were stored`);
     }
     crashPoint('file-content-sealed');
-    await this.docs.create(tags.workspace(file.workspace_id), file, [INDEX]);
+    if (!keyed) {
+      await this.docs.create(tags.workspace(file.workspace_id), file, [INDEX]);
+    } else {
+      const tag = tags.workspace(file.workspace_id);
+      const made = await CREATE_KEYED.run(
+        this.redis, [keys.doc(tag, file.id), keys.index(tag, INDEX), this.requestKey(file.workspace_id, keyed.token)],
+        [JSON.stringify(file), Date.parse(file.created_at), file.id, keyed.keptMs],
+      );
+      if (typeof made === 'string') {
+        // An attempt of the same request committed its File meanwhile: that one answers, this one's bytes go.
+        await this.discard(file.id);
+        await this.commits.end(file.workspace_id, file.id);
+        return this.answered(file.workspace_id, made);
+      }
+    }
+    crashPoint('file-committed');
     await this.commits.end(file.workspace_id, file.id);
     await this.sweep().catch(() => undefined);
     return file;
+  }
+
+  /**
+   * The File an earlier attempt of this keyed upload committed (its token's record), with this
+   * attempt's staged content dropped; null when there is none (commit this one).
+   */
+  private async earlier(file: FileDoc, keyed: KeyedUpload): Promise<FileDoc | null> {
+    const id = await this.redis.get(this.requestKey(file.workspace_id, keyed.token));
+    if (id === null) return null;
+    await this.discard(file.id);
+    return this.answered(file.workspace_id, id);
+  }
+
+  /**
+   * The File a keyed upload's earlier attempt committed, as the answer to a later one. Deleted
+   * since: 404, not made again (the request took effect once, and its File was then deleted; a
+   * new File needs a new key).
+   */
+  private async answered(workspaceId: string, id: string): Promise<FileDoc> {
+    const doc = await this.docs.get<FileDoc>(tags.workspace(workspaceId), id);
+    if (!doc || doc.type !== 'file') {
+      throw new ApiError('validation.not_found', `file ${id}, uploaded by an earlier attempt of this request, was deleted since; upload it under a new Idempotency-Key`);
+    }
+    return doc;
   }
 
   /**
