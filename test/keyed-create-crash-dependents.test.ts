@@ -1,8 +1,7 @@
-import { existsSync, rmSync } from 'node:fs';
 import { afterAll, describe, expect, it } from 'vitest';
 import { sha256Hex } from '@agentplane/core';
 import { cardJson, signCard, signingKey, startCardPeer, type CardPeer } from './harness/a2a-peer.js';
-import { useCrashPlatforms, type CrashPlatform } from './harness/crash-platform.js';
+import { crashedKeyed, useCrashPlatforms, type CrashPlatform } from './harness/crash-platform.js';
 import { waitFor } from './harness/platform.js';
 import { authorInstructions, type Json } from './harness/turns.js';
 
@@ -30,20 +29,9 @@ afterAll(async () => {
   await peer?.close();
 });
 
-/**
- * Sends a keyed create that kills the api at `point` once it has written, waits for the api that
- * replaces it, and removes the key's pending record (as its expiry would, its owner being dead).
- */
-async function crashedCreate(q: CrashPlatform, point: string, path: string, body: Json, key: string, headers: Record<string, string> = {}): Promise<void> {
-  const api = q.p.root;
-  rmSync(q.marker(point), { force: true });
-  const before = q.p.pids().api;
-  await expect(api.request('POST', path, { body, idempotencyKey: key, headers })).rejects.toThrow();
-  expect(existsSync(q.marker(point))).toBe(true);
-  await q.apiRestarted(before, { client: api, path: '/v1/agents' });
-  const record = `ap:{w:${q.p.bootstrap.workspace_id}}:idem:${sha256Hex(key)}`;
-  expect(await q.redis().get(record)).toContain('"pending"');
-  expect(await q.redis().del(record)).toBe(1);
+/** `crashedKeyed` for a JSON create at `path`. */
+function crashedCreate(q: CrashPlatform, point: string, path: string, body: Json, key: string, headers: Record<string, string> = {}): Promise<void> {
+  return crashedKeyed(q, point, key, () => q.p.root.request('POST', path, { body, idempotencyKey: key, headers }), { probePath: '/v1/agents' });
 }
 
 describe('a crash inside a keyed create of a dependent resource', () => {

@@ -1,8 +1,7 @@
 import { createHash } from 'node:crypto';
-import { existsSync, rmSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
 import { sha256Hex } from '@agentplane/core';
-import { useCrashPlatforms, type CrashPlatform } from './harness/crash-platform.js';
+import { crashedKeyed, useCrashPlatforms, type CrashPlatform } from './harness/crash-platform.js';
 
 /**
  * A keyed `POST /v1/files` whose api died right after committing its File (crash point
@@ -20,17 +19,9 @@ const MiB = 1024 * 1024;
 const JOURNAL = 'ap:{g:file_commits}:file_commits';
 const digest = (b: Uint8Array) => `sha256:${createHash('sha256').update(b).digest('hex')}`;
 
-/** Sends the keyed upload that kills the api at `point`, waits for its replacement and removes the key's pending record. */
-async function crashedUpload(q: CrashPlatform, point: string, filename: string, content: Uint8Array, key: string): Promise<void> {
-  const api = q.p.root;
-  rmSync(q.marker(point), { force: true });
-  const before = q.p.pids().api;
-  await expect(api.uploadFile(filename, content, { idempotencyKey: key })).rejects.toThrow();
-  expect(existsSync(q.marker(point))).toBe(true);
-  await q.apiRestarted(before, { client: api, path: '/v1/files' });
-  const record = `ap:{w:${q.p.bootstrap.workspace_id}}:idem:${sha256Hex(key)}`;
-  expect(await q.redis().get(record)).toContain('"pending"');
-  expect(await q.redis().del(record)).toBe(1);
+/** `crashedKeyed` for an upload. */
+function crashedUpload(q: CrashPlatform, point: string, filename: string, content: Uint8Array, key: string): Promise<void> {
+  return crashedKeyed(q, point, key, () => q.p.root.uploadFile(filename, content, { idempotencyKey: key }), { probePath: '/v1/files' });
 }
 
 async function contentKeys(q: CrashPlatform): Promise<string[]> {

@@ -1,7 +1,5 @@
-import { existsSync, rmSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
-import { sha256Hex } from '@agentplane/core';
-import { useCrashPlatforms, type CrashPlatform } from './harness/crash-platform.js';
+import { crashedKeyed, useCrashPlatforms, type CrashPlatform } from './harness/crash-platform.js';
 import type { Json } from './harness/turns.js';
 
 /**
@@ -26,20 +24,9 @@ const tree = (tag: string): Json[] => [
 interface Revision { revision_number: number; files: { path: string; sha256: string; size_bytes: number }[] }
 interface Made { id: string; name: string; version: number; latest_revision_number: number; latest_revision: Revision }
 
-/**
- * Sends the keyed create (to `path`: a Project's, or a revision's) that kills the api at `point`,
- * waits for its replacement and removes the key's pending record.
- */
-async function crashedCreate(q: CrashPlatform, point: string, body: Json, key: string, path = PATH): Promise<void> {
-  const api = q.p.root;
-  rmSync(q.marker(point), { force: true });
-  const before = q.p.pids().api;
-  await expect(api.request('POST', path, { body, idempotencyKey: key })).rejects.toThrow();
-  expect(existsSync(q.marker(point))).toBe(true);
-  await q.apiRestarted(before, { client: api, path: PATH });
-  const record = `ap:{w:${q.p.bootstrap.workspace_id}}:idem:${sha256Hex(key)}`;
-  expect(await q.redis().get(record)).toContain('"pending"');
-  expect(await q.redis().del(record)).toBe(1);
+/** `crashedKeyed` for a JSON request at `path` (a Project's create by default). */
+function crashedCreate(q: CrashPlatform, point: string, body: Json, key: string, path = PATH): Promise<void> {
+  return crashedKeyed(q, point, key, () => q.p.root.request('POST', path, { body, idempotencyKey: key }), { probePath: PATH });
 }
 
 /** The ids of the projects that have keys of their own (`ap:{p:<id>}:…`). */

@@ -1,26 +1,13 @@
-import { existsSync, rmSync } from 'node:fs';
 import { beforeAll, describe, expect, it } from 'vitest';
-import { newSecret, secretDigest, sha256Hex } from '@agentplane/core';
+import { newSecret, secretDigest } from '@agentplane/core';
 import { keys, tags } from '@agentplane/store';
 import { connectRawRunner, welcomeOf } from './harness/raw-runner.js';
-import { useCrashPlatforms, type CrashPlatform } from './harness/crash-platform.js';
+import { crashedKeyed, useCrashPlatforms, type CrashPlatform } from './harness/crash-platform.js';
 import type { Json } from './harness/turns.js';
 
-/**
- * Sends a keyed create that kills the api at `point` once it has written, waits for the api that
- * replaces it (answering `GET /v1/runner-pools`: neither create has a GET of its own path), and
- * removes the key's pending record (as its expiry would, its owner being dead).
- */
-async function crashedCreate(q: CrashPlatform, point: string, path: string, body: Json, key: string): Promise<void> {
-  const api = q.p.root;
-  rmSync(q.marker(point), { force: true });
-  const before = q.p.pids().api;
-  await expect(api.request('POST', path, { body, idempotencyKey: key })).rejects.toThrow();
-  expect(existsSync(q.marker(point))).toBe(true);
-  await q.apiRestarted(before, { client: api, path: '/v1/runner-pools' });
-  const record = `ap:{w:${q.p.bootstrap.workspace_id}}:idem:${sha256Hex(key)}`;
-  expect(await q.redis().get(record)).toContain('"pending"');
-  expect(await q.redis().del(record)).toBe(1);
+/** `crashedKeyed` for a JSON create at `path` (neither create has a GET of its own path: the pools' list is the probe). */
+function crashedCreate(q: CrashPlatform, point: string, path: string, body: Json, key: string): Promise<void> {
+  return crashedKeyed(q, point, key, () => q.p.root.request('POST', path, { body, idempotencyKey: key }), { probePath: '/v1/runner-pools' });
 }
 
 interface Pairing { id: string; code: string; expires_at: string }

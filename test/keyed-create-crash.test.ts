@@ -1,29 +1,16 @@
-import { existsSync, rmSync, writeFileSync } from 'node:fs';
+import { writeFileSync } from 'node:fs';
 import { createServer, type IncomingHttpHeaders } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { Webhook } from 'standardwebhooks';
 import { describe, expect, it } from 'vitest';
 import { HttpClient } from '@agentplane/client';
-import { sha256Hex } from '@agentplane/core';
 import { signingKey } from './harness/a2a-peer.js';
-import { useCrashPlatforms, type CrashPlatform } from './harness/crash-platform.js';
+import { crashedKeyed, useCrashPlatforms, type CrashPlatform } from './harness/crash-platform.js';
 import type { Json } from './harness/turns.js';
 
-/**
- * Sends a keyed create that kills the api at `point` once it has written, waits for the api that
- * replaces it, and removes the key's pending record (as its expiry would, its owner being dead).
- * `scope`: the key's hash tag (the Workspace's, or `o:<organization>` for an Organization's operation).
- */
-async function crashedCreate(q: CrashPlatform, point: string, path: string, body: Json, key: string, scope = `w:${q.p.bootstrap.workspace_id}`): Promise<void> {
-  const api = q.p.root;
-  rmSync(q.marker(point), { force: true });
-  const before = q.p.pids().api;
-  await expect(api.request('POST', path, { body, idempotencyKey: key })).rejects.toThrow();
-  expect(existsSync(q.marker(point))).toBe(true);
-  await q.apiRestarted(before, { client: api, path });
-  const record = `ap:{${scope}}:idem:${sha256Hex(key)}`;
-  expect(await q.redis().get(record)).toContain('"pending"');
-  expect(await q.redis().del(record)).toBe(1);
+/** `crashedKeyed` for a JSON create at `path`, whose list (`GET path`) is the probe. */
+function crashedCreate(q: CrashPlatform, point: string, path: string, body: Json, key: string, scope?: string): Promise<void> {
+  return crashedKeyed(q, point, key, () => q.p.root.request('POST', path, { body, idempotencyKey: key }), { probePath: path, ...(scope ? { scope } : {}) });
 }
 
 /**

@@ -4,11 +4,12 @@
  * time it reaches one; the marker files of those points in one folder of the test's; a Redis
  * client on a platform's Redis; and the wait for the api that replaced the one that died.
  */
-import { mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
-import { afterAll } from 'vitest';
+import { afterAll, expect } from 'vitest';
+import { sha256Hex } from '@agentplane/core';
 import type { HttpClient } from '@agentplane/client';
 import { startPlatform, waitFor, type Platform, type StartOptions } from './platform.js';
 import { startTurnPlatform, type Json, type TurnPlatform } from './turns.js';
@@ -27,6 +28,26 @@ export interface CrashPlatform {
    * before the crash) and, given a `probe`, for that api to answer `GET probe.path` with 200.
    */
   apiRestarted(before: number | undefined, probe?: { client: HttpClient; path: string }, timeoutMs?: number): Promise<void>;
+}
+
+/**
+ * A keyed create that kills the api at `point` once it has written: `send` (the request under
+ * `key`) fails, the point's marker shows the api died there, the api that replaces it answers
+ * `GET probePath`, and the key's pending record, left by the dead api, is removed (as its expiry
+ * would, its owner being dead), so the request's retry runs it again. `scope`: the key's hash tag
+ * (default the Workspace's; `o:<organization>` for an Organization's operation).
+ */
+export async function crashedKeyed(
+  q: CrashPlatform, point: string, key: string, send: () => Promise<unknown>, options: { probePath: string; scope?: string },
+): Promise<void> {
+  rmSync(q.marker(point), { force: true });
+  const before = q.p.pids().api;
+  await expect(send()).rejects.toThrow();
+  expect(existsSync(q.marker(point))).toBe(true);
+  await q.apiRestarted(before, { client: q.p.root, path: options.probePath });
+  const record = `ap:{${options.scope ?? `w:${q.p.bootstrap.workspace_id}`}}:idem:${sha256Hex(key)}`;
+  expect(await q.redis().get(record)).toContain('"pending"');
+  expect(await q.redis().del(record)).toBe(1);
 }
 
 /** A crash platform started as `startTurnPlatform` starts one: its scheduler, runner and developer Workspace. */
