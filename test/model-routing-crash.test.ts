@@ -1,6 +1,7 @@
 import { existsSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
-import { useCrashPlatforms } from './harness/crash-platform.js';
+import { sha256Hex } from '@agentplane/core';
+import { crashedKeyed, useCrashPlatforms } from './harness/crash-platform.js';
 import { errType } from './harness/governance.js';
 
 type Profile = { id: string; key: string; latest_revision_number: number; candidates: { provider_model: string }[] };
@@ -56,5 +57,27 @@ describe('a crash while a model routing profile is created or revised', () => {
     const fourth = await c.request<Profile>('POST', revisions, { body: { expected_revision_number: 3, candidates: candidates('four') } });
     expect([fourth.status, fourth.body.latest_revision_number]).toEqual([201, 4]);
     expect(await c.get(`${revisions}/4`)).toMatchObject({ revision_number: 4, candidates: [{ provider_model: 'four' }] });
+  }, 180_000);
+
+  it('a keyed publish is answered to its retry the revision its first attempt published, not a second one', async () => {
+    const q = await crash.start(['model-routing-revision-written'], { env: { LOG_LEVEL: 'warn' } });
+    const c = q.p.root;
+    const profiles = `/v1/organizations/workspaces/${q.p.bootstrap.workspace_id}/model-routing-profiles`;
+    const candidates = (model: string) => [{ credential_key: 'default', provider_model: model }];
+    const prof = await c.post<Profile>(profiles, { key: 'keyed', candidates: candidates('one') });
+    const revisions = `/v1/model-routing-profiles/${prof.id}/revisions`;
+    // No expected revision: the retry used to publish the same candidates again, as revision 3.
+    const body = { candidates: candidates('two') };
+    await crashedKeyed(q, 'model-routing-revision-written', 'k-publish', () => c.request('POST', revisions, { body, idempotencyKey: 'k-publish' }), { probePath: `/v1/model-routing-profiles/${prof.id}` });
+    const retry = await c.request<Profile>('POST', revisions, { body, idempotencyKey: 'k-publish' });
+    expect([retry.status, retry.body.latest_revision_number, retry.body.candidates[0]?.provider_model]).toEqual([201, 2, 'two']);
+    expect((await c.request('GET', `${revisions}/3`)).status).toBe(404);
+    // Another publish since: the first attempt's revision is no longer the latest, so a retry
+    // (its stored answer gone as well) is refused, nothing written.
+    expect((await c.request<Profile>('POST', revisions, { body: { candidates: candidates('three') } })).body.latest_revision_number).toBe(3);
+    await q.redis().del(`ap:{w:${q.p.bootstrap.workspace_id}}:idem:${sha256Hex('k-publish')}`);
+    const late = await c.request('POST', revisions, { body, idempotencyKey: 'k-publish' });
+    expect([late.status, errType(late)]).toEqual([409, 'idempotency.conflict']);
+    expect((await c.get<Profile>(`/v1/model-routing-profiles/${prof.id}`)).latest_revision_number).toBe(3);
   }, 180_000);
 });

@@ -150,7 +150,11 @@ export const modelOperations: Operation[] = [
     audit: { target: 'response' },
     summary: 'Publish a new immutable revision (complete candidate list, not a patch)', auth: { kind: 'bearer', roles: ADMINS },
     params: ProfilePath, body: CreateRevisionBody, response: RoutingProfileSchema, successStatus: 201, idempotency: 'optional', mcp: 'full',
-  }, (ws, { params, body, deps }) => deps.models.profiles.addRevision(ws, params.model_routing_profile_id, body.candidates, body.expected_revision_number)),
+  }, (ws, { params, body, deps, keyed }) =>
+    // Published once per keyed request: the retry of one whose first attempt died after publishing
+    // (crash point `model-routing-revision-written`) is answered that revision, not a second one.
+    deps.models.profiles.addRevision(ws, params.model_routing_profile_id, body.candidates, body.expected_revision_number,
+    keyed && { token: keyed.id('modelRoutingProfile', keyed.fingerprint), keptMs: keyed.keptMs })),
   workspaceRead({
     operationId: 'models.getRoutingProfileRevision', path: '/v1/model-routing-profiles/{model_routing_profile_id}/revisions/{revision_number}',
     summary: 'Read one immutable revision of a routing profile', auth: { kind: 'bearer', roles: READERS }, params: RevisionPath,

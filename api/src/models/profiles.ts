@@ -16,10 +16,28 @@ export const DEFAULT_MODEL_KEY = 'default';
  * writes could leave, is replaced by the next publish). ARGV: expected version, head JSON,
  * revision JSON. Answers as `doc_swap`.
  */
+/**
+ * Publishes a revision: the head swapped from version ARGV[1] to ARGV[2] (KEYS[1]), the revision
+ * (KEYS[2], ARGV[3]) and, for a keyed request, its record (KEYS[3]: the revision number ARGV[4],
+ * kept ARGV[5] ms, as long as keys are), in one step.
+ */
 const PUBLISH = new LuaScript('mrp_publish', `${DOC_SWAP_LUA}
 local r = doc_swap(KEYS[1], ARGV[1], ARGV[2])
-if r[1] == 1 then redis.call('SET', KEYS[2], ARGV[3]) end
+if r[1] == 1 then
+  redis.call('SET', KEYS[2], ARGV[3])
+  if KEYS[3] then redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[5]) end
+end
 return r`);
+
+/**
+ * A keyed revision's request (`POST .../revisions` with an Idempotency-Key): `token` derived from
+ * its key and request, `keptMs` how long keys are kept. The revision an attempt published answers
+ * the request's later attempts while that is the profile's latest.
+ */
+export interface KeyedPublish {
+  token: string;
+  keptMs: number;
+}
 
 /**
  * Creates a profile in one step: its key claimed (KEYS[1], field ARGV[1] = ARGV[2]; 0 when
@@ -156,8 +174,22 @@ export class RoutingProfileService {
    * The revision and the head that names it are one script, fenced on the head's version: of two
    * racing publishers one wins, the other is 409.
    */
-  async addRevision(ws: string, id: string, candidates: RoutingCandidate[], expected?: number): Promise<RoutingProfileView> {
-    const cur = await this.getDoc(ws, id);
+  /**
+   * `keyed`: the revision an earlier attempt of the same keyed request published (its process died
+   * before the answer was kept) answers it, whatever `expected` now says, while it is still the
+   * latest; one published over since is no longer what that attempt answered: 409
+   * `idempotency.conflict`, nothing written.
+   */
+  async addRevision(ws: string, id: string, candidates: RoutingCandidate[], expected?: number, keyed?: KeyedPublish): Promise<RoutingProfileView> {
+    const reqKey = keyed ? keys.scoped(tags.workspace(ws), `mrp_req:${keyed.token}`) : undefined;
+    const [cur, published] = await Promise.all([this.getDoc(ws, id), reqKey ? this.redis.get(reqKey) : null]);
+    if (published !== null) {
+      const n = Number(published);
+      if (cur.latest_revision_number !== n) {
+        throw new ApiError('idempotency.conflict', `this Idempotency-Key published revision ${n}, and the profile has had revision ${cur.latest_revision_number} since; use a new key`);
+      }
+      return profileView(cur, await this.revision(ws, id, n, cur));
+    }
     if (expected !== undefined && cur.latest_revision_number !== expected) {
       throw new ApiError('validation.conflict', `revision ${expected} is stale; the latest revision is ${cur.latest_revision_number}`);
     }
@@ -167,8 +199,8 @@ export class RoutingProfileService {
       type: 'model_routing_profile_revision', model_routing_profile_id: id, workspace_id: ws, revision_number: n, candidates, created_at: now,
     };
     const next: RoutingProfileDoc = { ...cur, latest_revision_number: n, version: cur.version + 1, updated_at: now };
-    const r = docSwapResult((await PUBLISH.run(this.redis, [keys.doc(tags.workspace(ws), id), this.revKey(ws, id, n)],
-      [String(cur.version), JSON.stringify(next), JSON.stringify(rev)])) as unknown[]).outcome;
+    const r = docSwapResult((await PUBLISH.run(this.redis, [keys.doc(tags.workspace(ws), id), this.revKey(ws, id, n), ...(reqKey ? [reqKey] : [])],
+      [String(cur.version), JSON.stringify(next), JSON.stringify(rev), ...(keyed ? [String(n), String(keyed.keptMs)] : [])])) as unknown[]).outcome;
     if (r.kind === 'missing') throw new ApiError('validation.not_found', 'model routing profile not found');
     if (r.kind === 'stale') throw new ApiError('validation.conflict', `revision ${n} was published concurrently`);
     crashPoint('model-routing-revision-written');
