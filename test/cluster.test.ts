@@ -323,7 +323,12 @@ describe('the platform on a Redis Cluster with several API nodes and schedulers'
     // Awaited below; a test that fails before must not leave it unhandled.
     stream.catch(() => undefined);
     await onA.post(`/v1/sessions/${id}/events`, msg('go'));
-    await waitFor('the tool call', () => (seen.some((e) => e.type === 'agent.tool_use') ? true : undefined), 60_000);
+    await waitFor('the tool call', () => (seen.some((e) => e.type === 'agent.tool_use') ? true : undefined), 60_000).catch(async (err: unknown) => {
+      // Whether the turn stalled or only the stream did: the log as a plain read sees it, and where the turn stands.
+      const logged = await redis.xrange(eventLogKeys.stream(id), '-', '+').then(
+        (entries) => entries.map(([, fields]) => /"type":"([^"]+)"/.exec(fields.join(' '))?.[1] ?? '?').join(', '), (e: unknown) => `(${String(e)})`);
+      throw new Error(`${(err as Error).message}; the stream showed ${seen.map((e) => e.type).join(', ') || 'nothing'}; the log holds ${logged}; ${await stuckTurn(id)}`);
+    });
     const beforeKill = [...seen];
     const killedAt = Date.now();
     await cluster.kill(master);
