@@ -27,7 +27,8 @@ const CREATION_SWEEP_MS = CREATION_GRACE_MS;
  * `ARGV[1]` and answers 1 without writing again.
  *
  * A keyed request's append (`ARGV[3]`, its token: `KeyedRevision`) is recorded in `:reqs` in the
- * same step: `t:<token>` → its revision number and `n:<number>` → `<expiry ms> <token>` (the
+ * same step (and looked up before the resend check: two attempts of one request made in the same
+ * millisecond build the same manifest, and the later one must not pass for the first's resend): `t:<token>` → its revision number and `n:<number>` → `<expiry ms> <token>` (the
  * revision's `created_at` plus how long keys are kept, `ARGV[5]`). A token recorded and not
  * expired (against `ARGV[4]`, this revision's `created_at` in ms) answers that revision's number
  * (a string), nothing written: an attempt of the same request appended it. Every append first
@@ -38,13 +39,13 @@ const CREATION_SWEEP_MS = CREATION_GRACE_MS;
  */
 const APPEND = new LuaScript('project_append_revision', `
 if redis.call('EXISTS', KEYS[2]) == 0 then return -1 end
-if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return 1 end
 local n, now, token = tonumber(ARGV[1]), tonumber(ARGV[4]), ARGV[3]
 if token ~= '' then
   local had = redis.call('HGET', KEYS[3], 't:' .. token)
   local rec = had and redis.call('HGET', KEYS[3], 'n:' .. had)
   if rec and tonumber(string.match(rec, '^%d+')) > now then return had end
 end
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return 1 end
 if redis.call('HLEN', KEYS[1]) ~= n - 1 then return 0 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 local low = tonumber(redis.call('HGET', KEYS[3], 'low') or ARGV[1])
@@ -387,11 +388,12 @@ export class ProjectService {
   /**
    * A new revision changes the head: its `version` and `updated_at` move on (compare-and-swap).
    * A revision appended by an earlier attempt of the same keyed request (`fresh` false) moves it
-   * on only if it has not moved since that revision was made (the attempt died in between).
+   * on only while the head's version is below that revision's number (only revisions move a head,
+   * one step each, from version 1 with revision 1), that is when the attempt died before moving
+   * it: decided by counts, not by comparing clocks (which a machine may step back).
    */
   private async committed(workspaceId: string, projectId: string, { revision, fresh }: { revision: ProjectRevision; fresh: boolean }): Promise<ProjectRevision> {
-    const made = Date.parse(revision.created_at);
-    await this.docs.update<ProjectDoc>(tags.workspace(workspaceId), projectId, (cur) => (fresh || Date.parse(cur.updated_at) < made ? { ...cur } : null), {
+    await this.docs.update<ProjectDoc>(tags.workspace(workspaceId), projectId, (cur) => (fresh || cur.version < revision.revision_number ? { ...cur } : null), {
       notFound: `project ${projectId}`,
     });
     return revision;
