@@ -3,23 +3,11 @@ import { pipeline } from 'node:stream/promises';
 import { Readable } from 'node:stream';
 import { Id, nowIso, Obj, Page, PageQuery, Type } from '@agentplane/core';
 import { READERS, WRITERS } from '../http/caller.js';
-import type { KeyedRequest } from '../http/idempotency.js';
 import { defineOperation, type Operation, type UploadBody } from '../http/operation.js';
 import { pageOf, workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
-import { FILE_LIMITS, FileSchema, publicFile, type FileDoc, type KeyedUpload } from '@agentplane/domain';
+import { FILE_LIMITS, FileSchema, publicFile, type FileDoc } from '@agentplane/domain';
 import { receiveFileUpload, type StagedUpload } from './upload.js';
-
-/**
- * A keyed upload's token (`KeyedUpload`): derived from the Workspace, the operation, the key and
- * the request's fingerprint (the content's digest, size, name and type), so two requests never
- * share one. The retry of one whose first attempt died after committing its File (crash point
- * `file-committed`), its key's pending record lapsed, is answered that File (201, the same id),
- * its own staged content dropped, instead of storing the upload again as a second File.
- */
-function keyedUpload(keyed: KeyedRequest | undefined): KeyedUpload | undefined {
-  return keyed && { token: keyed.id('file', keyed.fingerprint), keptMs: keyed.keptMs };
-}
 
 const FilePath = Obj({ file_id: Id('file') });
 const readers = { kind: 'bearer', roles: READERS } as const;
@@ -53,7 +41,11 @@ export const fileOperations: Operation[] = [
       size_bytes: staged.size_bytes, sha256: staged.sha256, version: 1, created_at: now, updated_at: now,
     };
     // A StorageError here reaches the error boundary: 500 `runtime.internal` with an incident reference.
-    return publicFile(await deps.files.commit(file, keyedUpload(keyed)));
+    // Committed once per keyed request (its fingerprint holds the content's digest, size, name and
+    // type): the retry of one whose first attempt died after committing (crash point
+    // `file-committed`), its key's pending record lapsed, is answered that File (201, the same id),
+    // its own staged content dropped, not stored again as a second File.
+    return publicFile(await deps.files.commit(file, keyed?.write('file')));
   }),
   workspaceRead({
     operationId: 'files.listFiles', path: '/v1/files', summary: 'List Files, newest first', auth: readers,

@@ -1,6 +1,6 @@
 import { createHmac, randomBytes } from 'node:crypto';
 import { ApiError, canonicalJson, ID_PREFIXES, sha256Hex, type IdKind, type SecretBox } from '@agentplane/core';
-import { keys, LuaScript, type Redis, type Tag } from '@agentplane/store';
+import { keys, LuaScript, type KeyedWrite, type Redis, type Tag } from '@agentplane/store';
 import type { JsonResult } from './operation.js';
 
 /** `Idempotency-Key`: 1 to 255 printable, non-space ASCII characters. */
@@ -64,6 +64,12 @@ export interface KeyedRequest {
   fingerprint: string;
   /** How long the key's record is kept (ms): a resource under a derived id older than that was made by an earlier use of the key. */
   keptMs: number;
+  /**
+   * This request as a write recorded once (`KeyedWrites`, for the creates whose retry cannot find
+   * its first attempt's result under a derived id: a File, a revision): its token is the derived
+   * id of kind `kind` named by the request's fingerprint, so two requests never share one.
+   */
+  write(kind: IdKind): KeyedWrite;
 }
 
 /**
@@ -105,14 +111,12 @@ export class IdempotencyStore {
   /** The derived ids and fingerprint of a request begun under `idemKey` in `tag` (see `KeyedRequest`). */
   keyed(tag: Tag, operationId: string, idemKey: string, fp: string): KeyedRequest {
     const keyDigest = sha256Hex(idemKey);
-    return {
-      id: (kind, name = '') => {
-        const mac = createHmac('sha256', this.idSecret).update(canonicalJson([tag, operationId, keyDigest, kind, name])).digest('hex');
-        return `${ID_PREFIXES[kind]}_${mac.slice(0, 32)}`;
-      },
-      fingerprint: fp,
-      keptMs: this.ttlSeconds * 1000,
+    const id = (kind: IdKind, name = ''): string => {
+      const mac = createHmac('sha256', this.idSecret).update(canonicalJson([tag, operationId, keyDigest, kind, name])).digest('hex');
+      return `${ID_PREFIXES[kind]}_${mac.slice(0, 32)}`;
     };
+    const keptMs = this.ttlSeconds * 1000;
+    return { id, fingerprint: fp, keptMs, write: (kind) => ({ token: id(kind, fp), keptMs }) };
   }
 
   async begin(tag: Tag, idemKey: string, fp: string): Promise<IdempotencyBegin> {

@@ -20,7 +20,10 @@ const env = (ws: string, name: string): Environment => {
     harness_topology: 'split', harness: null, packages: {}, browser: false, metadata: {}, version: 1, archived_at: null, created_at: now, updated_at: now,
   } as Environment;
 };
-const keyed = (keptMs: number): KeyedRequest => ({ id: (kind, name = '') => `env_${Buffer.from(`${kind}${name}`).toString('hex').padEnd(32, '0').slice(0, 32)}`, fingerprint: 'fp', keptMs });
+const keyed = (keptMs: number): KeyedRequest => {
+  const id = (kind: string, name = ''): string => `env_${Buffer.from(`${kind}${name}`).toString('hex').padEnd(32, '0').slice(0, 32)}`;
+  return { id, fingerprint: 'fp', keptMs, write: (kind) => ({ token: id(kind, 'fp'), keptMs }) };
+};
 
 describe('createVersioned', () => {
   it('answers the first attempt\'s resource to the same keyed request; past the key\'s lifetime the key is refused as reused', async () => {

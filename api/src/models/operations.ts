@@ -153,8 +153,7 @@ export const modelOperations: Operation[] = [
   }, (ws, { params, body, deps, keyed }) =>
     // Published once per keyed request: the retry of one whose first attempt died after publishing
     // (crash point `model-routing-revision-written`) is answered that revision, not a second one.
-    deps.models.profiles.addRevision(ws, params.model_routing_profile_id, body.candidates, body.expected_revision_number,
-    keyed && { token: keyed.id('modelRoutingProfile', keyed.fingerprint), keptMs: keyed.keptMs })),
+    deps.models.profiles.addRevision(ws, params.model_routing_profile_id, body.candidates, body.expected_revision_number, keyed?.write('modelRoutingProfile'))),
   workspaceRead({
     operationId: 'models.getRoutingProfileRevision', path: '/v1/model-routing-profiles/{model_routing_profile_id}/revisions/{revision_number}',
     summary: 'Read one immutable revision of a routing profile', auth: { kind: 'bearer', roles: READERS }, params: RevisionPath,

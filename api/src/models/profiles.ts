@@ -1,5 +1,5 @@
 import { ApiError, crashPoint, newId, nowIso } from '@agentplane/core';
-import { DOC_SWAP_LUA, docSwapResult, keys, LuaScript, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
+import { DOC_SWAP_LUA, docSwapResult, KEYED_WRITES_LUA, KeyedWrites, keys, LuaScript, tags, type DocumentStore, type KeyedWrite, type ListPage, type Redis } from '@agentplane/store';
 import { SCRIPTED_DEFAULT_MODEL } from '@agentplane/models';
 import type { ModelCredentialService } from './credentials.js';
 import { profileView, type RoutingCandidate, type RoutingProfileDoc, type RoutingProfileView, type RoutingRevision } from './model.js';
@@ -9,35 +9,24 @@ const COLLECTION = 'model_routing_profiles';
 export const DEFAULT_MODEL_KEY = 'default';
 
 /**
- * Publishes a revision in one step: the head (KEYS[1]) is written only if its version is still
- * ARGV[1], and then, in the same script, the revision (KEYS[2]). A revision number is taken only
- * with the head that names it, so no publish can leave one behind that the head never reached
- * (a revision document above the head's latest, which a publish that died between two separate
- * writes could leave, is replaced by the next publish). ARGV: expected version, head JSON,
- * revision JSON. Answers as `doc_swap`.
+ * Publishes a revision in one step: the head (KEYS[1]) swapped from version ARGV[1] to ARGV[2],
+ * then the revision (KEYS[2], ARGV[3]) and, for a keyed request, its record (KEYS[3],
+ * `KeyedWrites`: the revision number ARGV[4], kept ARGV[5] ms). A revision number is taken only
+ * with the head that names it, so no publish can leave one behind that the head never reached.
+ * A keyed request whose record is already there (an attempt of it published meanwhile) answers
+ * {2, that revision's number}, nothing written; otherwise as `doc_swap`.
  */
-/**
- * Publishes a revision: the head swapped from version ARGV[1] to ARGV[2] (KEYS[1]), the revision
- * (KEYS[2], ARGV[3]) and, for a keyed request, its record (KEYS[3]: the revision number ARGV[4],
- * kept ARGV[5] ms, as long as keys are), in one step.
- */
-const PUBLISH = new LuaScript('mrp_publish', `${DOC_SWAP_LUA}
+const PUBLISH = new LuaScript('mrp_publish', `${DOC_SWAP_LUA}${KEYED_WRITES_LUA}
+if KEYS[3] then
+  local had = recorded_keyed(KEYS[3])
+  if had then return {2, had} end
+end
 local r = doc_swap(KEYS[1], ARGV[1], ARGV[2])
 if r[1] == 1 then
   redis.call('SET', KEYS[2], ARGV[3])
-  if KEYS[3] then redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[5]) end
+  if KEYS[3] then record_keyed(KEYS[3], ARGV[4], ARGV[5]) end
 end
 return r`);
-
-/**
- * A keyed revision's request (`POST .../revisions` with an Idempotency-Key): `token` derived from
- * its key and request, `keptMs` how long keys are kept. The revision an attempt published answers
- * the request's later attempts while that is the profile's latest.
- */
-export interface KeyedPublish {
-  token: string;
-  keptMs: number;
-}
 
 /**
  * Creates a profile in one step: its key claimed (KEYS[1], field ARGV[1] = ARGV[2]; 0 when
@@ -63,11 +52,16 @@ export interface CreatedProfile { view: RoutingProfileView; version: number; cre
 export class RoutingProfileService {
   private readonly seeded = new Set<string>();
 
+  /** Keyed revision requests, each with the revision number it published (`addRevision`). */
+  private readonly requests: KeyedWrites;
+
   constructor(
     private readonly docs: DocumentStore,
     private readonly redis: Redis,
     private readonly credentials: ModelCredentialService,
-  ) {}
+  ) {
+    this.requests = new KeyedWrites(redis, 'mrp_req');
+  }
 
   private revKey(ws: string, id: string, n: number): string {
     return keys.scoped(tags.workspace(ws), `mrp_rev:${id}:${n}`);
@@ -173,23 +167,16 @@ export class RoutingProfileService {
    * Publish a new revision; `expected_revision_number` fences concurrent editors (409 when stale).
    * The revision and the head that names it are one script, fenced on the head's version: of two
    * racing publishers one wins, the other is 409.
+   *
+   * `keyed`: published once per keyed request. The revision an earlier attempt of the request
+   * published (its process died before the answer was kept) answers it, whatever `expected` now
+   * says, while it is still the latest (`published`); an attempt racing another of the same
+   * request is answered the other's revision, not refused as stale.
    */
-  /**
-   * `keyed`: the revision an earlier attempt of the same keyed request published (its process died
-   * before the answer was kept) answers it, whatever `expected` now says, while it is still the
-   * latest; one published over since is no longer what that attempt answered: 409
-   * `idempotency.conflict`, nothing written.
-   */
-  async addRevision(ws: string, id: string, candidates: RoutingCandidate[], expected?: number, keyed?: KeyedPublish): Promise<RoutingProfileView> {
-    const reqKey = keyed ? keys.scoped(tags.workspace(ws), `mrp_req:${keyed.token}`) : undefined;
-    const [cur, published] = await Promise.all([this.getDoc(ws, id), reqKey ? this.redis.get(reqKey) : null]);
-    if (published !== null) {
-      const n = Number(published);
-      if (cur.latest_revision_number !== n) {
-        throw new ApiError('idempotency.conflict', `this Idempotency-Key published revision ${n}, and the profile has had revision ${cur.latest_revision_number} since; use a new key`);
-      }
-      return profileView(cur, await this.revision(ws, id, n, cur));
-    }
+  async addRevision(ws: string, id: string, candidates: RoutingCandidate[], expected?: number, keyed?: KeyedWrite): Promise<RoutingProfileView> {
+    const tag = tags.workspace(ws);
+    const [cur, earlier] = await Promise.all([this.getDoc(ws, id), keyed ? this.requests.find(tag, keyed) : null]);
+    if (earlier !== null) return this.published(ws, cur, Number(earlier));
     if (expected !== undefined && cur.latest_revision_number !== expected) {
       throw new ApiError('validation.conflict', `revision ${expected} is stale; the latest revision is ${cur.latest_revision_number}`);
     }
@@ -199,12 +186,26 @@ export class RoutingProfileService {
       type: 'model_routing_profile_revision', model_routing_profile_id: id, workspace_id: ws, revision_number: n, candidates, created_at: now,
     };
     const next: RoutingProfileDoc = { ...cur, latest_revision_number: n, version: cur.version + 1, updated_at: now };
-    const r = docSwapResult((await PUBLISH.run(this.redis, [keys.doc(tags.workspace(ws), id), this.revKey(ws, id, n), ...(reqKey ? [reqKey] : [])],
-      [String(cur.version), JSON.stringify(next), JSON.stringify(rev), ...(keyed ? [String(n), String(keyed.keptMs)] : [])])) as unknown[]).outcome;
+    const raw = (await PUBLISH.run(this.redis, [keys.doc(tag, id), this.revKey(ws, id, n), ...(keyed ? [this.requests.key(tag, keyed)] : [])],
+      [String(cur.version), JSON.stringify(next), JSON.stringify(rev), ...(keyed ? [String(n), String(keyed.keptMs)] : [])])) as unknown[];
+    if (raw[0] === 2) return this.published(ws, await this.getDoc(ws, id), Number(raw[1]));
+    const r = docSwapResult(raw).outcome;
     if (r.kind === 'missing') throw new ApiError('validation.not_found', 'model routing profile not found');
     if (r.kind === 'stale') throw new ApiError('validation.conflict', `revision ${n} was published concurrently`);
     crashPoint('model-routing-revision-written');
     return profileView(next, rev);
+  }
+
+  /**
+   * The answer to a keyed request one of whose attempts published revision `n`: the profile with
+   * that revision while it is still the latest; one published over it since is no longer what
+   * that attempt answered: 409 `idempotency.conflict`, nothing written.
+   */
+  private async published(ws: string, cur: RoutingProfileDoc, n: number): Promise<RoutingProfileView> {
+    if (cur.latest_revision_number !== n) {
+      throw new ApiError('idempotency.conflict', `this Idempotency-Key published revision ${n}, and the profile has had revision ${cur.latest_revision_number} since; use a new key`);
+    }
+    return profileView(cur, await this.revision(ws, cur.id, n, cur));
   }
 
   /**

@@ -1,23 +1,9 @@
 import { Id, Obj, Page, PageQuery, Type } from '@agentplane/core';
 import { READERS, WRITERS } from '../http/caller.js';
-import type { KeyedRequest } from '../http/idempotency.js';
 import { createdId, earlierAttempt } from '../http/keyed-create.js';
 import type { Operation } from '../http/operation.js';
 import { pageOf, workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
-import type { KeyedRevision } from './service.js';
 import { PROJECT_ENVELOPE_BYTES, PROJECT_LIMITS, ProjectPath, ProjectSchema, RevisionSchema, TreeFile } from './model.js';
-
-/**
- * A keyed revision's token (`KeyedRevision`): derived from the Workspace, the operation, the key
- * and the request's fingerprint (which holds the project's id), so a createRevision and a push, or
- * two requests, never share one. The retry of one whose first attempt died after appending its
- * revision (crash point `project-revision-appended`), its key's pending record lapsed, is answered
- * that revision (201, the same `revision_number`) instead of appending the tree again or being
- * refused as stale (409 `validation.conflict`).
- */
-function keyedRevision(keyed: KeyedRequest | undefined): KeyedRevision | undefined {
-  return keyed && { token: keyed.id('project', keyed.fingerprint), keptMs: keyed.keptMs };
-}
 
 const ProjectIdPath = Obj({ project_id: Id('project') });
 const readers = { kind: 'bearer', roles: READERS } as const;
@@ -29,6 +15,13 @@ const Files = Type.Array(TreeFile, { maxItems: PROJECT_LIMITS.maxFiles });
  * mounted into a Session's sandbox as an `uploaded_project` resource (docs/MEMORY.md, "Projects").
  * The tree routes take bodies up to the computed envelope (413 past it, while streaming); the
  * revision limits (1,024 files, 10 MiB per file, 20 MiB per revision, 64 files per push) are 400.
+ *
+ * A keyed revision (`createRevision`, `pushProject`) is appended once per request (its token
+ * derived from the request's fingerprint, which holds the project's id, so a createRevision and a
+ * push, or two requests, never share one): the retry of one whose first attempt died after
+ * appending (crash point `project-revision-appended`), its key's pending record lapsed, is answered
+ * that revision (201, the same `revision_number`) instead of appending the tree again or being
+ * refused as stale (409 `validation.conflict`).
  */
 export const projectOperations: Operation[] = [
   workspaceWrite('POST', {
@@ -74,7 +67,7 @@ export const projectOperations: Operation[] = [
     bodyLimitBytes: PROJECT_ENVELOPE_BYTES,
     body: Obj({ files: Files, expected_revision_number: Type.Optional(Type.Integer({ minimum: 1 })) }),
     response: RevisionSchema,
-  }, (ws, { params, body, deps, keyed }) => deps.projects.addRevision(ws, params.project_id, body.files, body.expected_revision_number, keyedRevision(keyed))),
+  }, (ws, { params, body, deps, keyed }) => deps.projects.addRevision(ws, params.project_id, body.files, body.expected_revision_number, keyed?.write('project'))),
   workspaceRead({
     operationId: 'projects.getRevision', path: '/v1/projects/{project_id}/revisions/{revision_number}', summary: 'Read a revision\'s manifest (paths, sizes, digests)',
     auth: readers, params: Obj({ project_id: Id('project'), revision_number: Type.Integer({ minimum: 1 }) }), response: RevisionSchema, mcp: 'full',
@@ -94,5 +87,5 @@ export const projectOperations: Operation[] = [
       }), { minItems: 1 }),
     }),
     response: RevisionSchema,
-  }, (ws, { params, body, deps, keyed }) => deps.projects.push(ws, params.project_id, body.base_revision_number, body.changes, keyedRevision(keyed))),
+  }, (ws, { params, body, deps, keyed }) => deps.projects.push(ws, params.project_id, body.base_revision_number, body.changes, keyed?.write('project'))),
 ];

@@ -1,6 +1,6 @@
 import { createHash, randomBytes } from 'node:crypto';
 import { ApiError, crashPoint, newId, nowIso } from '@agentplane/core';
-import { InFlightWrites, keys, LuaScript, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
+import { InFlightWrites, KEYED_WRITES_LUA, KeyedWrites, keys, LuaScript, tags, type DocumentStore, type KeyedWrite, type ListPage, type Redis } from '@agentplane/store';
 import { checkWellFormed } from '../memory/model.js';
 import { checkProjectPath, decodeContent, PROJECT_LIMITS, type ManifestEntry, type ProjectDoc, type ProjectRevision } from './model.js';
 
@@ -26,50 +26,23 @@ const CREATION_SWEEP_MS = CREATION_GRACE_MS;
  * sends a command again when its connection dropped before the reply) finds its own manifest at
  * `ARGV[1]` and answers 1 without writing again.
  *
- * A keyed request's append (`ARGV[3]`, its token: `KeyedRevision`) is recorded in `:reqs` in the
- * same step (and looked up before the resend check: two attempts of one request made in the same
- * millisecond build the same manifest, and the later one must not pass for the first's resend): `t:<token>` → its revision number and `n:<number>` → `<expiry ms> <token>` (the
- * revision's `created_at` plus how long keys are kept, `ARGV[5]`). A token recorded and not
- * expired (against `ARGV[4]`, this revision's `created_at` in ms) answers that revision's number
- * (a string), nothing written: an attempt of the same request appended it. Every append first
- * drops up to 8 expired records from `low`, the lowest revision number not yet looked at
- * (records expire in the order their revisions were appended; one not expired stops it), so
- * the hash holds about the keyed appends of the last `IDEMPOTENCY_TTL_SECONDS` before the
- * project's latest append, and goes once it holds none. KEYS: revs, alive, reqs.
+ * A keyed request's append is recorded for it (KEYS[3], `KeyedWrites`: the revision number, kept
+ * `ARGV[3]` ms) in the same step. A request already recorded answers the number it appended (a
+ * string), nothing written: an attempt of the same request appended it. The record is looked up
+ * before the resend check: two attempts of one request made in the same millisecond build the
+ * same manifest, and the later one must not pass for the first's resend. KEYS: revs, alive, and
+ * the request's record for a keyed append.
  */
-const APPEND = new LuaScript('project_append_revision', `
+const APPEND = new LuaScript('project_append_revision', `${KEYED_WRITES_LUA}
 if redis.call('EXISTS', KEYS[2]) == 0 then return -1 end
-local n, now, token = tonumber(ARGV[1]), tonumber(ARGV[4]), ARGV[3]
-if token ~= '' then
-  local had = redis.call('HGET', KEYS[3], 't:' .. token)
-  local rec = had and redis.call('HGET', KEYS[3], 'n:' .. had)
-  if rec and tonumber(string.match(rec, '^%d+')) > now then return had end
+if KEYS[3] then
+  local had = recorded_keyed(KEYS[3])
+  if had then return had end
 end
 if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return 1 end
-if redis.call('HLEN', KEYS[1]) ~= n - 1 then return 0 end
+if redis.call('HLEN', KEYS[1]) ~= tonumber(ARGV[1]) - 1 then return 0 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-local low = tonumber(redis.call('HGET', KEYS[3], 'low') or ARGV[1])
-local steps = 0
-while low < n and steps < 8 do
-  local rec = redis.call('HGET', KEYS[3], 'n:' .. low)
-  if rec then
-    local sp = string.find(rec, ' ', 1, true)
-    if tonumber(string.sub(rec, 1, sp - 1)) > now then break end
-    local t = 't:' .. string.sub(rec, sp + 1)
-    if redis.call('HGET', KEYS[3], t) == tostring(low) then redis.call('HDEL', KEYS[3], t) end
-    redis.call('HDEL', KEYS[3], 'n:' .. low)
-  end
-  low = low + 1
-  steps = steps + 1
-end
-if token ~= '' then
-  redis.call('HSET', KEYS[3], 't:' .. token, ARGV[1], 'n:' .. ARGV[1], tostring(now + tonumber(ARGV[5])) .. ' ' .. token)
-end
-if redis.call('HLEN', KEYS[3]) - redis.call('HEXISTS', KEYS[3], 'low') == 0 then
-  redis.call('DEL', KEYS[3])
-else
-  redis.call('HSET', KEYS[3], 'low', tostring(low))
-end
+if KEYS[3] then record_keyed(KEYS[3], ARGV[1], ARGV[3]) end
 return 1`);
 
 /**
@@ -118,17 +91,6 @@ export interface PushChange {
   delete?: boolean | undefined;
 }
 
-/**
- * A keyed request's append (`projects.createRevision`, `projects.pushProject`): `token` derived
- * from its key and fingerprint (the same for every attempt of the request, another for any other
- * request, key or operation), `keptMs` how long keys are kept. The revision an attempt appended
- * answers the request's later attempts while younger than that, whatever they would check.
- */
-export interface KeyedRevision {
-  token: string;
-  keptMs: number;
-}
-
 interface Staged {
   entry: ManifestEntry;
   content?: Buffer;
@@ -144,8 +106,8 @@ function projectKeys(projectId: string) {
      * only while no later attempt under the same id has taken it over (`clearCreation`).
      */
     alive: keys.scoped(tag, 'alive'),
-    /** The keyed requests that appended a revision, kept as long as keys are (`APPEND`). */
-    reqs: keys.scoped(tag, 'reqs'),
+    /** What earlier versions kept of keyed appends (a hash): removed with the project. */
+    legacyReqs: keys.scoped(tag, 'reqs'),
   };
 }
 
@@ -180,17 +142,21 @@ function checkBudget(entries: readonly ManifestEntry[], field: string): number {
  * Uploaded Projects: a head in the Workspace (`{w:<ws>}:doc:<proj>`, listed in `:idx:projects`)
  * and, under the project's own tag `{p:<proj>}`, its immutable revisions (`:revs`, a hash
  * revision number → manifest JSON) and file contents by digest (`:blob:<sha256>`, shared by every
- * revision that holds the same bytes; their digests in `:blobs`), and the keyed requests that
- * appended a revision (`:reqs`, see `APPEND`).
+ * revision that holds the same bytes; their digests in `:blobs`), and the record of each keyed
+ * request that appended a revision (`:rev_req:<token>`, `KeyedWrites`: it outlives the project's
+ * deletion until it expires, and is never read once the project is gone: `APPEND` checks first).
  */
 export class ProjectService {
   private readonly creations: InFlightWrites;
+  /** Keyed revision requests (creates and pushes), each with the revision number it appended. */
+  private readonly appends: KeyedWrites;
 
   constructor(
     private readonly redis: Redis,
     private readonly docs: DocumentStore,
   ) {
     this.creations = new InFlightWrites(redis, CREATIONS, CREATION_GRACE_MS);
+    this.appends = new KeyedWrites(redis, 'rev_req');
   }
 
   /**
@@ -332,7 +298,7 @@ export class ProjectService {
   private async clear(projectId: string): Promise<void> {
     const k = projectKeys(projectId);
     await this.redis.del(k.alive);
-    await this.redis.unlink(k.revs, k.reqs);
+    await this.redis.unlink(k.revs, k.legacyReqs);
     const digests = await this.redis.smembers(k.blobs);
     for (let i = 0; i < digests.length; i += 500) await this.redis.unlink(...digests.slice(i, i + 500).map((d) => k.blob(d)));
     await this.redis.unlink(k.blobs);
@@ -352,7 +318,7 @@ export class ProjectService {
     for (let i = 0; i < digests.length; i += 500) {
       if ((await UNLINK_UNCLAIMED.run(this.redis, [k.alive, ...digests.slice(i, i + 500).map((d) => k.blob(d))], [])) !== 1) return;
     }
-    await UNLINK_UNCLAIMED.run(this.redis, [k.alive, k.revs, k.reqs, k.blobs], []);
+    await UNLINK_UNCLAIMED.run(this.redis, [k.alive, k.revs, k.legacyReqs, k.blobs], []);
   }
 
   /**
@@ -360,7 +326,7 @@ export class ProjectService {
    * revision a 409. `keyed`: the revision an earlier attempt of the same keyed request appended
    * answers it (`appended`), unchecked against `expected`.
    */
-  async addRevision(workspaceId: string, projectId: string, files: readonly TreeFileInput[], expected: number | undefined, keyed?: KeyedRevision): Promise<ProjectRevision> {
+  async addRevision(workspaceId: string, projectId: string, files: readonly TreeFileInput[], expected: number | undefined, keyed?: KeyedWrite): Promise<ProjectRevision> {
     await this.get(workspaceId, projectId);
     const earlier = keyed ? await this.appended(workspaceId, projectId, keyed) : null;
     if (earlier) return earlier;
@@ -371,18 +337,15 @@ export class ProjectService {
   }
 
   /**
-   * The revision an earlier attempt of this keyed request appended (`APPEND` recorded its token),
-   * while younger than keys are kept; null when there is none (append it). One older was appended
-   * by an earlier use of the key, whose record has lapsed: the key is free, and the request
-   * appends a revision of its own (as the record of that one is pruned; `APPEND`). The head is
-   * moved on if that attempt died before moving it (`committed`).
+   * The revision an earlier attempt of this keyed request appended (`APPEND` recorded it, for as
+   * long as keys are kept); null when there is none (append it: a record of an earlier use of the
+   * key has expired with the key). The head is moved on if that attempt died before moving it
+   * (`committed`).
    */
-  private async appended(workspaceId: string, projectId: string, keyed: KeyedRevision): Promise<ProjectRevision | null> {
-    const n = await this.redis.hget(projectKeys(projectId).reqs, `t:${keyed.token}`);
+  private async appended(workspaceId: string, projectId: string, keyed: KeyedWrite): Promise<ProjectRevision | null> {
+    const n = await this.appends.find(tags.project(projectId), keyed);
     if (n === null) return null;
-    const revision = await this.revision(projectId, Number(n));
-    if (Date.parse(revision.created_at) + keyed.keptMs <= Date.now()) return null;
-    return this.committed(workspaceId, projectId, { revision, fresh: false });
+    return this.committed(workspaceId, projectId, { revision: await this.revision(projectId, Number(n)), fresh: false });
   }
 
   /**
@@ -404,7 +367,7 @@ export class ProjectService {
    * `keyed`: as `addRevision`'s (the revision an earlier attempt appended answers it, whatever
    * the latest revision is now).
    */
-  async push(workspaceId: string, projectId: string, base: number, changes: readonly PushChange[], keyed?: KeyedRevision): Promise<ProjectRevision> {
+  async push(workspaceId: string, projectId: string, base: number, changes: readonly PushChange[], keyed?: KeyedWrite): Promise<ProjectRevision> {
     await this.get(workspaceId, projectId);
     const earlier = keyed ? await this.appended(workspaceId, projectId, keyed) : null;
     if (earlier) return earlier;
@@ -480,7 +443,7 @@ export class ProjectService {
    * appended. Crash point `project-revision-appended` right after the append.
    */
   private async commit(
-    workspaceId: string, projectId: string, n: number, staged: readonly Staged[], source: ProjectRevision['source'], base: number | null, keyed?: KeyedRevision,
+    workspaceId: string, projectId: string, n: number, staged: readonly Staged[], source: ProjectRevision['source'], base: number | null, keyed?: KeyedWrite,
   ): Promise<{ revision: ProjectRevision; fresh: boolean }> {
     const k = projectKeys(projectId);
     const run = async (write: () => Promise<unknown>): Promise<unknown> => {
@@ -502,7 +465,7 @@ export class ProjectService {
     };
     const json = JSON.stringify(revision);
     const ok = await run(() => APPEND.run(
-      this.redis, [k.revs, k.alive, k.reqs], [String(n), json, keyed?.token ?? '', Date.parse(revision.created_at), keyed?.keptMs ?? 0],
+      this.redis, [k.revs, k.alive, ...(keyed ? [this.appends.key(tags.project(projectId), keyed)] : [])], [String(n), json, String(keyed?.keptMs ?? 0)],
     ));
     if (typeof ok === 'string') return { revision: await this.revision(projectId, Number(ok)), fresh: false };
     if (ok !== 1 && source === 'create') return { revision: await this.firstRevision(projectId, files), fresh: true };

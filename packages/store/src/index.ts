@@ -12,3 +12,4 @@ export * from './read-cache.js';
 export * from './joiner.js';
 export * from './in-flight.js';
 export { corkForTurn, flushTickWrites, type Corkable } from './tick-writes.js';
+export * from './keyed-writes.js';

@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { ApiError, crashPoint } from '@agentplane/core';
-import { InFlightWrites, keys, LuaScript, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
+import { InFlightWrites, KEYED_WRITES_LUA, KeyedWrites, keys, LuaScript, tags, type DocumentStore, type KeyedWrite, type ListPage, type Redis } from '@agentplane/store';
 import type { FileDoc } from './model.js';
 
 /** Content is stored in chunks of this size, one hash field per chunk. */
@@ -42,29 +42,18 @@ return n`);
 
 /**
  * A keyed upload's head: created (with its index entry) only if no attempt of the same keyed
- * request committed a File already, and then recorded under the request's token in the same
- * step. Returns 1 created, 0 the id is taken, or the File id the token's record names (nothing
- * written). KEYS: the head, the files index, the token's record. ARGV: the head's JSON, its
+ * request committed a File already, and then recorded for the request (`KeyedWrites`) in the same
+ * step. Returns 1 created, 0 the id is taken, or the File id the request's record names (nothing
+ * written). KEYS: the head, the files index, the request's record. ARGV: the head's JSON, its
  * score, its id, how long the record is kept (ms).
  */
-const CREATE_KEYED = new LuaScript('file_create_keyed', `
-local had = redis.call('GET', KEYS[3])
+const CREATE_KEYED = new LuaScript('file_create_keyed', `${KEYED_WRITES_LUA}
+local had = recorded_keyed(KEYS[3])
 if had then return had end
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX') then return 0 end
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
-redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[4])
+record_keyed(KEYS[3], ARGV[3], ARGV[4])
 return 1`);
-
-/**
- * A keyed upload (`POST /v1/files` with an Idempotency-Key): `token`, derived from the key and
- * the request's fingerprint (the same for every attempt of the request, another for any other
- * request or key); `keptMs`, how long keys are kept. The File an attempt committed answers the
- * request's later attempts while its record lasts (that long).
- */
-export interface KeyedUpload {
-  token: string;
-  keptMs: number;
-}
 
 async function bounded<T>(what: Promise<T>): Promise<T> {
   let timer: NodeJS.Timeout | undefined;
@@ -101,16 +90,18 @@ export class StorageError extends Error {
  * `commit` makes them permanent and creates the head. A crash between the two leaves only
  * staged bytes, which expire. A keyed upload's head is recorded under its request's token
  * (`{w:<ws>}:file_req:<token>` → file id, expiring when keys do), so that a retry whose first
- * attempt committed is answered that File (`KeyedUpload`).
+ * attempt committed is answered that File (`KeyedWrites`, kind `file_req`).
  */
 export class FileStore {
   private readonly commits: InFlightWrites;
+  private readonly requests: KeyedWrites;
 
   constructor(
     private readonly redis: Redis,
     private readonly docs: DocumentStore,
   ) {
     this.commits = new InFlightWrites(redis, COMMITS, COMMIT_GRACE_MS);
+    this.requests = new KeyedWrites(redis, 'file_req');
   }
 
   private contentKey(fileId: string): string {
@@ -158,11 +149,6 @@ export class FileStore {
     return { size_bytes: size, sha256: `sha256:${hash.digest('hex')}` };
   }
 
-  /** The record of a keyed upload's File (`KeyedUpload`): its id, kept as long as keys are. */
-  private requestKey(workspaceId: string, token: string): string {
-    return keys.scoped(tags.workspace(workspaceId), `file_req:${token}`);
-  }
-
   /**
    * Makes staged content permanent and creates the File's head. Every chunk must still be there
    * (a Redis that restarted mid-upload may have lost the last ones): otherwise StorageError and
@@ -173,7 +159,7 @@ export class FileStore {
    * File answers this attempt (`earlier`) and this attempt's staged content is dropped: one
    * File per keyed request.
    */
-  async commit(file: FileDoc, keyed?: KeyedUpload): Promise<FileDoc> {
+  async commit(file: FileDoc, keyed?: KeyedWrite): Promise<FileDoc> {
     if (keyed) {
       const earlier = await this.earlier(file, keyed);
       if (earlier) return earlier;
@@ -200,7 +186,7 @@ export class FileStore {
     } else {
       const tag = tags.workspace(file.workspace_id);
       const made = await CREATE_KEYED.run(
-        this.redis, [keys.doc(tag, file.id), keys.index(tag, INDEX), this.requestKey(file.workspace_id, keyed.token)],
+        this.redis, [keys.doc(tag, file.id), keys.index(tag, INDEX), this.requests.key(tags.workspace(file.workspace_id), keyed)],
         [JSON.stringify(file), Date.parse(file.created_at), file.id, keyed.keptMs],
       );
       if (typeof made === 'string') {
@@ -220,8 +206,8 @@ export class FileStore {
    * The File an earlier attempt of this keyed upload committed (its token's record), with this
    * attempt's staged content dropped; null when there is none (commit this one).
    */
-  private async earlier(file: FileDoc, keyed: KeyedUpload): Promise<FileDoc | null> {
-    const id = await this.redis.get(this.requestKey(file.workspace_id, keyed.token));
+  private async earlier(file: FileDoc, keyed: KeyedWrite): Promise<FileDoc | null> {
+    const id = await this.requests.find(tags.workspace(file.workspace_id), keyed);
     if (id === null) return null;
     await this.discard(file.id);
     return this.answered(file.workspace_id, id);
