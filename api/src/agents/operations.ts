@@ -35,7 +35,7 @@ export const agentOperations: Operation[] = [
     audit: { target: 'agent_id' },
     summary: 'Publish a new immutable version of an Agent; earlier versions never change', auth: writers, params: AgentPath,
     body: UpdateAgentBody, response: AgentSchema, idempotency: 'optional', mcp: 'compact',
-    async handler({ caller, params, body, deps }) {
+    async handler({ caller, params, body, deps, keyed }) {
       const { expected_version, ...patch } = body;
       const ws = requireWorkspace(caller);
       if (patch.model !== undefined) await deps.models.profiles.requireKey(ws, patch.model, 'body.model');
@@ -59,7 +59,7 @@ export const agentOperations: Operation[] = [
         ...(patch.skills !== undefined ? { skills: patch.skills } : {}),
         ...(patch.metadata !== undefined ? { metadata: patch.metadata } : {}),
         ...(patch.multiagent !== undefined ? { multiagent: patch.multiagent ?? undefined } : {}),
-      })));
+      }), keyed?.write('agent')));
     },
   }),
   workspaceWrite('POST', {

@@ -191,8 +191,8 @@ export const deploymentOperations: Operation[] = [
     audit: { target: 'agent_deployment_connection_binding_id' },
     summary: 'Publish an immutable binding snapshot; new Sessions use it only after a new deployment revision selects it',
     auth: admins, params: BindingPath, body: PublishBindingRevisionBody, response: BindingRevisionSchema, successStatus: 201, idempotency: 'optional', mcp: 'full',
-    async handler({ caller, params, body, deps }) {
-      const r = await svc(deps).publishBinding(requireWorkspace(caller), params.agent_deployment_connection_binding_id, body);
+    async handler({ caller, params, body, deps, keyed }) {
+      const r = await svc(deps).publishBinding(requireWorkspace(caller), params.agent_deployment_connection_binding_id, body, keyed?.write('agentDeploymentConnectionBinding'));
       return json(r.status, r.revision);
     },
   }),
@@ -254,9 +254,9 @@ export const deploymentOperations: Operation[] = [
     operationId: 'harnessProfiles.publishHarnessProfileRevision', path: '/v1/harness-profiles/{harness_profile_id}/revisions',
     audit: { target: 'harness_profile_id' }, summary: 'Publish the next immutable revision (complete, fenced on expected_revision_number)',
     auth: admins, params: HprofPath, body: HarnessRevisionBody, response: HarnessProfileSchema, successStatus: 201, idempotency: 'optional', mcp: 'full',
-  }, async (ws, { params, body, deps }) => {
+  }, async (ws, { params, body, deps, keyed }) => {
     const config = await harnessConfig(deps, ws, body);
-    return profileView(await svc(deps).harnessProfiles.newVersion(ws, params.harness_profile_id, body.expected_revision_number, (cur) => ({ ...cur, ...config })));
+    return profileView(await svc(deps).harnessProfiles.newVersion(ws, params.harness_profile_id, body.expected_revision_number, (cur) => ({ ...cur, ...config }), keyed?.write('harnessProfile')));
   }),
   workspaceRead({
     operationId: 'harnessProfiles.getHarnessProfileRevision', path: '/v1/harness-profiles/{harness_profile_id}/revisions/{revision_number}',
@@ -289,9 +289,9 @@ export const deploymentOperations: Operation[] = [
     operationId: 'sandboxProfiles.publishSandboxProfileRevision', path: '/v1/sandbox-profiles/{sandbox_profile_id}/revisions',
     audit: { target: 'sandbox_profile_id' }, summary: 'Publish the next immutable revision (complete, fenced on expected_revision_number)',
     auth: admins, params: SprofPath, body: SandboxRevisionBody, response: SandboxProfileSchema, successStatus: 201, idempotency: 'optional', mcp: 'full',
-  }, async (ws, { params, body, deps }) => {
+  }, async (ws, { params, body, deps, keyed }) => {
     const config = sandboxConfig(body);
-    return profileView(await svc(deps).sandboxProfiles.newVersion(ws, params.sandbox_profile_id, body.expected_revision_number, (cur) => ({ ...cur, ...config })));
+    return profileView(await svc(deps).sandboxProfiles.newVersion(ws, params.sandbox_profile_id, body.expected_revision_number, (cur) => ({ ...cur, ...config }), keyed?.write('sandboxProfile')));
   }),
   workspaceRead({
     operationId: 'sandboxProfiles.getSandboxProfileRevision', path: '/v1/sandbox-profiles/{sandbox_profile_id}/revisions/{revision_number}',

@@ -5,6 +5,7 @@ import {
 import type { ApiDeps } from '../deps.js';
 import { createVersioned } from '../http/keyed-create.js';
 import type { KeyedRequest } from '../http/idempotency.js';
+import type { KeyedWrite } from '@agentplane/store';
 import { deploymentId, HeadStore, revisionId, type HeadDoc } from './store.js';
 import type { ExecutionTargetT, PublishRevisionInput } from './schemas.js';
 
@@ -461,7 +462,18 @@ export class DeploymentService {
     }, 'connection binding');
   }
 
-  async publishBinding(ws: string, id: string, body: { expected_resource_version?: number | undefined; tool_selection: string[]; tool_aliases: Record<string, string>; argument_policy: 'default' | 'strict' }): Promise<{ status: 200 | 201; revision: BindingRevisionDoc }> {
+  /**
+   * The next binding revision. `expected_resource_version` fences it (an identical replay of the
+   * publish that moved the head from it answers that revision, 200); without it, the head as read.
+   * `keyed`: published once per keyed request: the revision an earlier attempt of the request
+   * published (its process died before the answer was kept) answers it (201), whatever the head
+   * now says, and is not published again as the next revision.
+   */
+  async publishBinding(
+    ws: string, id: string,
+    body: { expected_resource_version?: number | undefined; tool_selection: string[]; tool_aliases: Record<string, string>; argument_policy: 'default' | 'strict' },
+    keyed?: KeyedWrite,
+  ): Promise<{ status: 200 | 201; revision: BindingRevisionDoc }> {
     for (const name of Object.keys(body.tool_aliases)) {
       if (!body.tool_selection.includes(name)) throw new ApiError('validation.malformed', `body.tool_aliases.${name}: aliases only name selected tools`);
     }
@@ -469,6 +481,8 @@ export class DeploymentService {
     if (clash !== null) throw new ApiError('validation.malformed', `body.tool_aliases: two selected tools would both be offered as '${clash}'`);
     const content = { tool_selection: body.tool_selection, tool_aliases: body.tool_aliases, argument_policy: body.argument_policy };
     const same = (r: BindingRevisionDoc | null) => r !== null && canonicalJson({ tool_selection: r.tool_selection, tool_aliases: r.tool_aliases, argument_policy: r.argument_policy }) === canonicalJson(content);
+    const earlier = keyed ? await this.heads.published(ws, keyed) : null;
+    if (earlier !== null) return { status: 201, revision: await this.bindingRevision(ws, id, earlier) };
     for (let attempt = 0; attempt < 8; attempt++) {
       const head = await this.getBinding(ws, id);
       const expected = body.expected_resource_version ?? head.version;
@@ -483,8 +497,12 @@ export class DeploymentService {
       const n = head.current_revision_number + 1;
       const now = nowIso();
       const revision: BindingRevisionDoc = { agent_deployment_connection_binding_id: id, workspace_id: ws, binding_revision_number: n, ...content, published_at: now };
-      const r = await this.heads.publish(ws, head, n, revision, { ...head, current_revision_number: n, version: head.version + 1, updated_at: now });
-      if (r === 'written') return { status: 201, revision };
+      const r = await this.heads.publish(ws, head, n, revision, { ...head, current_revision_number: n, version: head.version + 1, updated_at: now }, keyed);
+      if (typeof r === 'object') return { status: 201, revision: await this.bindingRevision(ws, id, r.earlier) };
+      if (r === 'written') {
+        crashPoint('connection-binding-revision-published');
+        return { status: 201, revision };
+      }
       if (r === 'missing') throw new ApiError('validation.not_found', 'connection binding not found');
       if (r === 'archived') throw new ApiError('runtime.invalid_transition', 'the connection binding is archived (terminal)');
       if (body.expected_resource_version !== undefined) continue; // re-read: replay or 409 above

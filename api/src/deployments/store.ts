@@ -1,5 +1,5 @@
 import { ApiError, sha256Hex } from '@agentplane/core';
-import { keys, LuaScript, tags, type DocumentStore, type ListPage, type Redis, type StoredDoc } from '@agentplane/store';
+import { KEYED_WRITES_LUA, KeyedWrites, keys, LuaScript, tags, type DocumentStore, type KeyedWrite, type ListPage, type Redis, type StoredDoc } from '@agentplane/store';
 import { headRevisionKey } from '@agentplane/domain';
 
 /**
@@ -16,6 +16,7 @@ import { headRevisionKey } from '@agentplane/domain';
  *   rev:<head id>:<n>                          revision n of a deployment or binding (immutable)
  *   idx:revisions:<head id>                    revision numbers (score = n)
  *   rev_base:<head id>                         hash: resource_version a publish started from → n (replay)
+ *   rev_req:<token>                            a keyed publish's revision number (`KeyedWrites`, expiring)
  */
 
 export interface HeadDoc extends StoredDoc {
@@ -42,13 +43,19 @@ return 1`,
 
 /*
  * Publish revision n and advance the head in one step, only from the expected resource_version.
- * KEYS: head, revision, revisions index, base hash
- * ARGV: expected version, n, revision JSON, next head JSON
- * -1 head missing; -2 stale (or the number is taken); -4 archived.
+ * KEYS: head, revision, revisions index, base hash[, keyed request's record]
+ * ARGV: expected version, n, revision JSON, next head JSON[, how long the record is kept in ms]
+ * -1 head missing; -2 stale (or the number is taken); -4 archived. A keyed request's revision is
+ * recorded for it (`KeyedWrites`) in the same step; one already recorded answers that revision's
+ * number (a string), nothing written.
  */
 const PUBLISH = new LuaScript(
   'adep_publish',
-  `
+  `${KEYED_WRITES_LUA}
+if KEYS[5] then
+  local had = recorded_keyed(KEYS[5])
+  if had then return had end
+end
 local cur = redis.call('GET', KEYS[1])
 if not cur then return -1 end
 local d = cjson.decode(cur)
@@ -58,6 +65,7 @@ if redis.call('SET', KEYS[2], ARGV[3], 'NX') == false then return -2 end
 redis.call('ZADD', KEYS[3], ARGV[2], ARGV[2])
 redis.call('HSET', KEYS[4], ARGV[1], ARGV[2])
 redis.call('SET', KEYS[1], ARGV[4])
+if KEYS[5] then record_keyed(KEYS[5], ARGV[2], ARGV[5]) end
 return 1`,
 );
 
@@ -71,10 +79,15 @@ export function revisionId(deploymentIdValue: string, n: number): string {
 }
 
 export class HeadStore {
+  /** Keyed publishes, each with the revision number it wrote (`publish`). */
+  private readonly requests: KeyedWrites;
+
   constructor(
     private readonly redis: Redis,
     private readonly docs: DocumentStore,
-  ) {}
+  ) {
+    this.requests = new KeyedWrites(redis, 'rev_req');
+  }
 
   /** Shared with the scheduler, which reads pinned binding revisions when it offers a Run. */
   private revKey = (ws: string, id: string, n: number) => headRevisionKey(ws, id, n);
@@ -136,11 +149,23 @@ export class HeadStore {
     return { data, last: page[page.length - 1] ?? null, more: ns.length > opts.limit };
   }
 
-  /** Publish revision `n` from `head` (at resource_version `head.version`); `next` is the head afterwards. */
-  async publish(ws: string, head: HeadDoc, n: number, revision: unknown, next: HeadDoc): Promise<'written' | 'stale' | 'archived' | 'missing'> {
+  /** The revision number an attempt of this keyed publish wrote, if any (`publish`). */
+  async published(ws: string, keyed: KeyedWrite): Promise<number | null> {
+    const n = await this.requests.find(tags.workspace(ws), keyed);
+    return n === null ? null : Number(n);
+  }
+
+  /**
+   * Publish revision `n` from `head` (at resource_version `head.version`); `next` is the head
+   * afterwards. `keyed`: recorded for the request in the same step; when an attempt of the same
+   * request published meanwhile, its revision number answers (`{ earlier }`), nothing written.
+   */
+  async publish(ws: string, head: HeadDoc, n: number, revision: unknown, next: HeadDoc, keyed?: KeyedWrite): Promise<'written' | 'stale' | 'archived' | 'missing' | { earlier: number }> {
     const tag = tags.workspace(ws);
-    const r = await PUBLISH.run(this.redis, [keys.doc(tag, head.id), this.revKey(ws, head.id, n), this.revIndex(ws, head.id), this.baseKey(ws, head.id)],
-      [String(head.version), n, JSON.stringify(revision), JSON.stringify(next)]);
+    const r = await PUBLISH.run(this.redis,
+      [keys.doc(tag, head.id), this.revKey(ws, head.id, n), this.revIndex(ws, head.id), this.baseKey(ws, head.id), ...(keyed ? [this.requests.key(tag, keyed)] : [])],
+      [String(head.version), n, JSON.stringify(revision), JSON.stringify(next), ...(keyed ? [keyed.keptMs] : [])]);
+    if (typeof r === 'string') return { earlier: Number(r) };
     return r === 1 ? 'written' : r === -1 ? 'missing' : r === -4 ? 'archived' : 'stale';
   }
 }

@@ -111,7 +111,7 @@ export const environmentOperations: Operation[] = [
     audit: { target: 'environment_id' },
     summary: 'Publish a new version of an Environment; Sessions already created keep theirs', auth: writers, params: EnvPath,
     body: UpdateBody, response: EnvironmentSchema, idempotency: 'optional', mcp: 'full',
-    async handler({ caller, params, body, deps }) {
+    async handler({ caller, params, body, deps, keyed }) {
       const { expected_version, ...patch } = body;
       return json(200, await deps.environments.newVersion(requireWorkspace(caller), params.environment_id, expected_version, (cur) => {
         const next: Environment = { ...present(cur) };
@@ -119,7 +119,7 @@ export const environmentOperations: Operation[] = [
         browserTier(next.browser, next.tier, next.harness);
         next.description = patch.description !== undefined ? patch.description : cur.description;
         return next;
-      }));
+      }, keyed?.write('environment')));
     },
   }),
   workspaceWrite('POST', {

@@ -74,3 +74,37 @@ describe('VersionedStore creation under a Workspace-unique key', () => {
     expect((await store().get(ws, d.id)).id).toBe(d.id);
   });
 });
+
+describe('VersionedStore: a keyed new version', () => {
+  const store = () => new VersionedStore<Keyed>(redis, 'things', 'thing');
+  const keyed = (token: string) => ({ token, keptMs: 60_000 });
+
+  it('is written once per request: a later attempt, however it is fenced, is answered the version the first wrote', async () => {
+    const ws = 'wrkspc_keyed_a';
+    const d = doc(ws, 'one');
+    await store().create(ws, d);
+    const two = await store().newVersion(ws, d.id, 1, (cur) => ({ ...cur, key: 'two' }), keyed('req'));
+    // The retry, fenced on the version the first attempt moved on from, is answered it, not refused as stale.
+    expect(await store().newVersion(ws, d.id, 1, (cur) => ({ ...cur, key: 'two' }), keyed('req'))).toEqual(two);
+    // Unfenced, it is not written again as version 3.
+    expect(await store().newVersion(ws, d.id, undefined, (cur) => ({ ...cur, key: 'two' }), keyed('req'))).toEqual(two);
+    expect((await store().get(ws, d.id)).version).toBe(2);
+    // Another request writes its own.
+    expect((await store().newVersion(ws, d.id, undefined, (cur) => ({ ...cur, key: 'three' }), keyed('other'))).version).toBe(3);
+    const ttl = await redis.pttl(keys.scoped(tags.workspace(ws), 'things_req:req'));
+    expect(ttl).toBeGreaterThan(50_000);
+  });
+
+  it('racing another attempt of the same request past its lookup: both are answered the one version written', async () => {
+    const ws = 'wrkspc_keyed_b';
+    const d = doc(ws, 'one');
+    await store().create(ws, d);
+    const [a, b] = await Promise.all([
+      store().newVersion(ws, d.id, undefined, (cur) => ({ ...cur, key: 'two' }), keyed('same')),
+      store().newVersion(ws, d.id, undefined, (cur) => ({ ...cur, key: 'two' }), keyed('same')),
+    ]);
+    expect([a.version, b.version]).toEqual([2, 2]);
+    expect((await store().get(ws, d.id)).version).toBe(2);
+    expect((await store().listVersions(ws, d.id, { limit: 10 })).data.map((v) => v.version)).toEqual([1, 2]);
+  });
+});

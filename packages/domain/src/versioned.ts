@@ -1,5 +1,5 @@
-import { ApiError, nowIso } from '@agentplane/core';
-import { BoundedCache, cachedGet, decodeCursor, encodeCursor, keys, LuaScript, tags, type Redis, type StoredDoc } from '@agentplane/store';
+import { ApiError, crashPoint, nowIso } from '@agentplane/core';
+import { BoundedCache, cachedGet, decodeCursor, encodeCursor, KEYED_WRITES_LUA, KeyedWrites, keys, LuaScript, tags, type KeyedWrite, type Redis, type StoredDoc } from '@agentplane/store';
 
 /**
  * Workspace-owned resources with immutable versions (Agents, Environments, harness and sandbox
@@ -24,16 +24,25 @@ export interface VersionedDoc extends StoredDoc {
 }
 
 /*
- * KEYS: head, version doc, heads index, versions index[, uniqueness hash]
- * ARGV: expected version ('' = create), head JSON, version JSON ('' = head-only change), n, created ms, id[, unique key]
+ * KEYS: head, version doc, heads index, versions index[, uniqueness hash][, keyed request's record]
+ * ARGV: expected version ('' = create), head JSON, version JSON ('' = head-only change), n, created ms, id,
+ *       unique key ('' = none), how long the keyed request's record is kept in ms ('' = not keyed)
  * With a unique key (a create), the key is claimed for the id in the same script: -5 when another
  * id holds it. A new version of an archived head is -4 (an archive keeps the version number, so
  * a version that read the head live must not pass on the number alone). Every check comes before
- * the first write, so a refused write leaves nothing.
+ * the first write, so a refused write leaves nothing. A keyed request's version is recorded for it
+ * (`KeyedWrites`, the last key) in the same step; one already recorded answers that version's
+ * number (a string), nothing written: an attempt of the same request wrote it.
  */
 const WRITE = new LuaScript(
   'versioned_write',
-  `
+  `${KEYED_WRITES_LUA}
+local rec = (ARGV[8] and ARGV[8] ~= '') and KEYS[#KEYS] or nil
+if rec then
+  local had = recorded_keyed(rec)
+  if had then return had end
+end
+local unique = ARGV[7] and ARGV[7] ~= '' and ARGV[7] or nil
 local cur = redis.call('GET', KEYS[1])
 if ARGV[1] == '' then
   if cur then return -3 end
@@ -43,17 +52,18 @@ else
   if tostring(d['version']) ~= ARGV[1] then return -2 end
   if ARGV[3] ~= '' and type(d['archived_at']) == 'string' then return -4 end
 end
-if ARGV[7] then
-  local owner = redis.call('HGET', KEYS[5], ARGV[7])
+if unique then
+  local owner = redis.call('HGET', KEYS[5], unique)
   if owner and owner ~= ARGV[6] then return -5 end
 end
 if ARGV[3] ~= '' then
   if redis.call('SET', KEYS[2], ARGV[3], 'NX') == false then return -2 end
   redis.call('ZADD', KEYS[4], ARGV[4], ARGV[4])
 end
-if ARGV[7] then redis.call('HSET', KEYS[5], ARGV[7], ARGV[6]) end
+if unique then redis.call('HSET', KEYS[5], unique, ARGV[6]) end
 redis.call('SET', KEYS[1], ARGV[2])
 if ARGV[1] == '' then redis.call('ZADD', KEYS[3], ARGV[5], ARGV[6]) end
+if rec then record_keyed(rec, ARGV[4], ARGV[8]) end
 return 1`,
 );
 
@@ -127,6 +137,8 @@ export interface UniqueKey {
 export class VersionedStore<T extends VersionedDoc> {
   /** Version texts read before (versions never change once written); only when asked for. */
   private readonly versions: BoundedCache<string, string> | undefined;
+  /** Keyed new-version requests, each with the version number it wrote (`newVersion`). */
+  private readonly requests: KeyedWrites;
 
   constructor(
     private readonly redis: Redis,
@@ -134,6 +146,7 @@ export class VersionedStore<T extends VersionedDoc> {
     private readonly what: string,
     options: { cacheVersions?: boolean } = {},
   ) {
+    this.requests = new KeyedWrites(redis, `${collection}_req`);
     this.versions = options.cacheVersions ? new BoundedCache<string, string>(2_000, { maxWeight: 8 * 1024 * 1024, weigh: (t) => t.length }) : undefined;
   }
 
@@ -147,12 +160,14 @@ export class VersionedStore<T extends VersionedDoc> {
     this.check(await this.run(ws, doc, expected, withVersion), expected);
   }
 
-  private async run(ws: string, doc: T, expected: number | null, withVersion: boolean, unique?: UniqueKey): Promise<unknown> {
+  private async run(ws: string, doc: T, expected: number | null, withVersion: boolean, unique?: UniqueKey, keyed?: KeyedWrite): Promise<unknown> {
     const keyList = [this.headKey(ws, doc.id), this.versionKey(ws, doc.id, doc.version), keys.index(tags.workspace(ws), this.collection), this.versionsIndex(ws, doc.id)];
     const args: (string | number)[] = [expected === null ? '' : String(expected), JSON.stringify(doc), withVersion ? JSON.stringify({ ...doc, archived_at: null }) : '', doc.version, Date.parse(doc.created_at), doc.id];
-    if (unique) {
-      keyList.push(this.uniqueKey(ws, unique.collection));
-      args.push(unique.key);
+    if (unique) keyList.push(this.uniqueKey(ws, unique.collection));
+    args.push(unique ? unique.key : '');
+    if (keyed) {
+      keyList.push(this.requests.key(tags.workspace(ws), keyed));
+      args.push(keyed.keptMs);
     }
     return WRITE.run(this.redis, keyList, args);
   }
@@ -222,8 +237,19 @@ export class VersionedStore<T extends VersionedDoc> {
     return JSON.parse(raw) as T;
   }
 
-  /** A new immutable version from the head. `expectedVersion` fences against concurrent writers. */
-  async newVersion(ws: string, id: string, expectedVersion: number | undefined, mutate: (cur: T) => T): Promise<T> {
+  /**
+   * A new immutable version from the head. `expectedVersion` fences against concurrent writers.
+   *
+   * `keyed`: written once per keyed request. The version an earlier attempt of the request wrote
+   * (its process died before the answer was kept, and the key's pending record lapsed) answers it,
+   * whatever `expectedVersion` now says (the head moved on by that very version), and an attempt
+   * racing another of the same request is answered the other's version.
+   */
+  async newVersion(ws: string, id: string, expectedVersion: number | undefined, mutate: (cur: T) => T, keyed?: KeyedWrite): Promise<T> {
+    if (keyed) {
+      const earlier = await this.requests.find(tags.workspace(ws), keyed);
+      if (earlier !== null) return this.getVersion(ws, id, Number(earlier));
+    }
     for (let attempt = 0; attempt < 8; attempt++) {
       const cur = await this.current(ws, id);
       if (cur.archived_at !== null) throw new ApiError('runtime.invalid_transition', `an archived ${this.what} takes no new versions`);
@@ -231,12 +257,12 @@ export class VersionedStore<T extends VersionedDoc> {
         throw new ApiError('validation.conflict', `version ${expectedVersion} is stale; the current version is ${cur.version}`);
       }
       const next = { ...mutate(cur), id: cur.id, created_at: cur.created_at, version: cur.version + 1, updated_at: nowIso(), archived_at: null };
-      try {
-        await this.write(ws, next, cur.version, true);
-        return next;
-      } catch (err) {
-        if (expectedVersion !== undefined || !(err instanceof ApiError) || err.type !== 'validation.conflict') throw err;
-      }
+      const r = await this.run(ws, next, cur.version, true, undefined, keyed);
+      if (typeof r === 'string') return this.getVersion(ws, id, Number(r));
+      if (r === -2 && expectedVersion === undefined) continue; // lost a race: read the head again
+      this.check(r, cur.version);
+      crashPoint('new-version-written');
+      return next;
     }
     throw new ApiError('validation.conflict', 'too much contention on this resource; nothing was written, retry');
   }
