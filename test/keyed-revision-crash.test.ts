@@ -1,17 +1,27 @@
-import { describe, expect, it } from 'vitest';
+import { afterAll, describe, expect, it } from 'vitest';
+import { cardJson, signCard, signingKey, startCardPeer, type CardPeer } from './harness/a2a-peer.js';
 import { crashedKeyed, useCrashPlatforms, type CrashPlatform } from './harness/crash-platform.js';
+import { waitFor } from './harness/platform.js';
 import type { Json } from './harness/turns.js';
 
 /**
  * The API killed right after a keyed request wrote a new version or revision of a resource that
  * already exists (crash points `new-version-written`: an Agent's update, a harness profile's
- * revision; `connection-binding-revision-published`), the key's pending record gone as it goes
+ * revision; `connection-binding-revision-published`; `tool-source-rotated`), the key's pending record gone as it goes
  * once its owner is dead (here removed, as its expiry would). The retry of the same request is
  * answered what its first attempt wrote: not refused as stale when it was fenced on the version
  * that attempt moved on from (an Agent, a harness profile), not written again as the next revision
- * when it was not fenced (a binding revision without `expected_resource_version`).
+ * when it was not fenced (a binding revision without `expected_resource_version`), not refused
+ * for what the first attempt changed (a tool source rotation: its package no longer higher, its
+ * dependents' versions moved by the migration).
  */
-const POINTS = ['new-version-written', 'connection-binding-revision-published'];
+const POINTS = ['new-version-written', 'connection-binding-revision-published', 'tool-source-rotated'];
+
+let peer: CardPeer | undefined;
+afterAll(async () => {
+  await peer?.close();
+});
+const identity = (pkg: Json) => ({ id: pkg.id, package_version: pkg.package_version, digest: pkg.digest });
 
 /** `crashedKeyed` for a JSON POST at `path`. */
 function crashedPost(q: CrashPlatform, point: string, path: string, body: Json, key: string): Promise<void> {
@@ -21,8 +31,10 @@ function crashedPost(q: CrashPlatform, point: string, path: string, body: Json, 
 describe('a crash inside a keyed new version or revision', () => {
   const crash = useCrashPlatforms('keyed-revision-crash');
 
-  it('an Agent update, a harness profile revision and a connection binding revision are each written once, answered to the retry', async () => {
-    const q = await crash.start(POINTS, { env: { LOG_LEVEL: 'warn' } });
+  it('an Agent update, a harness profile revision, a connection binding revision and a tool source rotation are each written once, answered to the retry', async () => {
+    const [q, key] = await Promise.all([crash.start(POINTS, { env: { LOG_LEVEL: 'warn', AGENTPLANE_MODE: 'development' } }), signingKey('rotation')]);
+    peer = await startCardPeer();
+    peer.card = await signCard(cardJson(peer.rpcUrl), key);
     const api = q.p.root;
     const ws = q.p.bootstrap.workspace_id;
 
@@ -71,6 +83,31 @@ describe('a crash inside a keyed new version or revision', () => {
       // Another request publishes its own.
       const other = await api.request<{ binding_revision_number: number }>('POST', path, { body, idempotencyKey: 'k-binding-rev-other' });
       expect([other.status, other.body.binding_revision_number]).toEqual([201, 2]);
+    }
+
+    // ---- A tool source rotation with a dependent Connection: the retry was refused 409 (its package
+    // no longer higher than the current one, its dependent's version moved by the migration).
+    {
+      const v1 = await api.post<Json>('/v1/provider-packages', { name: 'peer', package_version: 1, card_url: peer.cardUrl, rpc_url: peer.rpcUrl });
+      const source = { kind: 'a2a', card_url: peer.cardUrl, verification_keys: [key.jwk] };
+      const id = (await api.post<{ id: string }>('/v1/tool-sources', { name: 'peer', provider: 'peer', provider_package_version: v1.package_version, source })).id;
+      expect((await api.request('POST', `/v1/tool-sources/${id}/sync`, { body: {} })).status).toBe(200);
+      const conn = await api.post<{ id: string; version: number }>(`/v1/tool-sources/${id}/connections`, { name: 'team' });
+      const v2 = await api.post<Json>('/v1/provider-packages', { name: 'peer', package_version: 2, card_url: peer.cardUrl, rpc_url: peer.rpcUrl });
+      const path = `/v1/tool-sources/${id}/source-revisions`;
+      const body = { source, provider_package: identity(v2), dependent_connections: [{ id: conn.id, version: conn.version }] };
+      await crashedPost(q, 'tool-source-rotated', path, body, 'k-rotate');
+      // The migration the first attempt intended runs (the sweep finds it): the dependent moves on.
+      const migrated = await waitFor('the rotation\'s migration to complete', async () => {
+        const r = await api.get<{ revision: number; migration: { state: string } | null }>(`/v1/tool-sources/${id}`);
+        return r.migration?.state === 'completed' ? r : undefined;
+      }, 60_000);
+      expect(migrated.revision).toBe(2);
+      const retry = await api.request<{ id: string; revision: number; provider_package: Json }>('POST', path, { body, idempotencyKey: 'k-rotate' });
+      expect([retry.status, retry.body.id, retry.body.revision, retry.body.provider_package]).toEqual([201, id, 2, identity(v2)]);
+      // Another request for the same rotation is refused: the package is no longer higher.
+      const other = await api.request<{ error: { type: string } }>('POST', path, { body, idempotencyKey: 'k-rotate-other' });
+      expect([other.status, other.body.error?.type]).toEqual([409, 'validation.conflict']);
     }
   }, 240_000);
 });

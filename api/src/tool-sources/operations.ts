@@ -163,7 +163,7 @@ export const toolSourceOperations: Operation[] = [
       dependent_connections: Type.Array(Obj({ id: Id('connection'), version: Type.Integer({ minimum: 1 }) }), { maxItems: 1000 }),
     }),
     response: ToolSourceSchema,
-  }, (ws, { params, body, deps }) => deps.toolSources.rotate(ws, params.tool_source_id, body)),
+  }, (ws, { params, body, deps, keyed }) => deps.toolSources.rotate(ws, params.tool_source_id, body, keyed?.write('toolSource'))),
   workspaceWrite('POST', {
     operationId: 'toolSources.createToolSourceConnection', path: '/v1/tool-sources/{tool_source_id}/connections',
     summary: 'Create a Connection of kind a2a_tool_source, pinned to the source\'s current revision (a dependent that rotation migrates)',

@@ -1,8 +1,8 @@
 import { request as httpRequest, type IncomingMessage } from 'node:http';
 import { request as httpsRequest } from 'node:https';
 import type { LookupFunction } from 'node:net';
-import { ApiError, canonicalJson, newId, nowIso, sha256Hex } from '@agentplane/core';
-import { tags, type DocumentStore, type ListPage, type StoredDoc } from '@agentplane/store';
+import { ApiError, canonicalJson, crashPoint, newId, nowIso, sha256Hex } from '@agentplane/core';
+import { tags, type DocumentStore, type KeyedWrite, type KeyedWrites, type ListPage, type StoredDoc } from '@agentplane/store';
 import { checkEndpointUrl, resolveAllowed, type EgressPolicy } from '../webhooks/ssrf.js';
 import { CardRejected, verifyCard, type CardSkillTool, type Discovery, type VerificationKey } from './card.js';
 
@@ -107,8 +107,12 @@ export interface ToolSourceSettings {
 
 export class ToolSourceService {
   private migrations: MigrationQueue | undefined;
+  /** Keyed rotations, each with the source revision it published (`rotate`). */
+  private readonly rotations: KeyedWrites;
 
-  constructor(private readonly docs: DocumentStore, private readonly settings: ToolSourceSettings) {}
+  constructor(private readonly docs: DocumentStore, private readonly settings: ToolSourceSettings) {
+    this.rotations = docs.keyedWrites('tsrc_rot_req');
+  }
 
   useMigrations(queue: MigrationQueue): void {
     this.migrations = queue;
@@ -232,9 +236,23 @@ export class ToolSourceService {
    * dependent Connections with their versions; a list that is not exactly the current one is
    * refused. Discovery (the credential-free card GET, nothing else) must verify before the
    * revision is published; the publish is fenced on the source's version.
+   *
+   * `keyed` (the route requires a key): the revision is recorded for the request in the publish's
+   * own script. The retry of a rotation whose first attempt died after publishing (its key's
+   * pending record lapsed), which would now be refused (its package no longer higher, its
+   * dependents' versions moved by the migration), is answered the source while that revision is
+   * still its current one; one rotated again since is no longer what that attempt answered: 409
+   * `idempotency.conflict`, nothing written.
    */
-  async rotate(ws: string, id: string, input: RotationInput): Promise<ToolSourceDoc> {
-    const src = await this.getSource(ws, id);
+  async rotate(ws: string, id: string, input: RotationInput, keyed?: KeyedWrite): Promise<ToolSourceDoc> {
+    const tag = tags.workspace(ws);
+    const [src, earlier] = await Promise.all([this.getSource(ws, id), keyed ? this.rotations.find(tag, keyed) : null]);
+    if (earlier !== null) {
+      if (src.revision !== Number(earlier)) {
+        throw new ApiError('idempotency.conflict', `this Idempotency-Key published source revision ${earlier}, and the tool source has had revision ${src.revision} since; use a new key`);
+      }
+      return src;
+    }
     if (input.expected_version !== undefined && input.expected_version !== src.version) {
       throw new ApiError('validation.conflict', `version ${input.expected_version} is stale; the current version is ${src.version}`);
     }
@@ -274,7 +292,11 @@ export class ToolSourceService {
       sync: { state: 'synced', checked_at: checked, rejection: null },
       discovery, tools,
       migration: { revision, state: actual.length > 0 ? 'running' : 'completed', started_at: checked, completed_at: actual.length > 0 ? null : checked },
-    }), { expectedVersion: src.version });
+    }), {
+      expectedVersion: src.version,
+      ...(keyed ? { write: (next: ToolSourceDoc, expected: number) => this.docs.swapRecorded(tag, id, next, expected, this.rotations, keyed, String(revision)) } : {}),
+    });
+    crashPoint('tool-source-rotated');
     if (actual.length > 0) await this.migrations?.enqueue(ws, id, revision);
     return published;
   }

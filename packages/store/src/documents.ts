@@ -3,6 +3,7 @@ import type { Redis } from 'ioredis';
 import { keys, type Tag } from './keys.js';
 import { decodeCursor, encodeCursor } from './cursor.js';
 import { LuaScript } from './script.js';
+import { KEYED_WRITES_LUA, KeyedWrites, type KeyedWrite } from './keyed-writes.js';
 import { cachedGet, cachedPeek, cachedPeekShared, forgetWritten } from './read-cache.js';
 
 /** Fields every stored resource has. `version` is the compare-and-swap counter. */
@@ -94,6 +95,14 @@ return {1}`;
 
 const createScript = new LuaScript('doc_create', CREATE_LUA);
 const casScript = new LuaScript('doc_cas_v2', CAS_LUA);
+/**
+ * DOC_SWAP_LUA on KEYS[1] and, once written, a keyed request's record (KEYS[2], `KeyedWrites`:
+ * ARGV[3] kept ARGV[4] ms). ARGV: expected | JSON | record value | kept ms.
+ */
+const casRecordScript = new LuaScript('doc_cas_record', `${DOC_SWAP_LUA}${KEYED_WRITES_LUA}
+local r = doc_swap(KEYS[1], ARGV[1], ARGV[2])
+if r[1] == 1 then record_keyed(KEYS[2], ARGV[3], ARGV[4]) end
+return r`);
 const casDeleteScript = new LuaScript('doc_cas_delete', CAS_DELETE_LUA);
 
 /**
@@ -198,6 +207,22 @@ export class DocumentStore {
   /** One compare-and-swap attempt: store `next` if the stored version is `expected`. */
   async swap(tag: Tag, id: string, next: StoredDoc, expected: number): Promise<SwapOutcome> {
     return docSwapResult((await casScript.run(this.redis, [keys.doc(tag, id)], [String(expected), JSON.stringify(next)])) as unknown[]).outcome;
+  }
+
+  /** Records of keyed writes of `kind` (`KeyedWrites`) on this store's connection. */
+  keyedWrites(kind: string): KeyedWrites {
+    return new KeyedWrites(this.redis, kind);
+  }
+
+  /**
+   * `swap`, and in the same script, once `next` is written, `keyed`'s record in `records`
+   * (`value`: what the request wrote, say a revision number), so a later attempt of the same keyed
+   * request finds it (`KeyedWrites.find`) instead of writing again.
+   */
+  async swapRecorded(tag: Tag, id: string, next: StoredDoc, expected: number, records: KeyedWrites, keyed: KeyedWrite, value: string): Promise<SwapOutcome> {
+    return docSwapResult((await casRecordScript.run(this.redis, [keys.doc(tag, id), records.key(tag, keyed)], [
+      String(expected), JSON.stringify(next), value, String(keyed.keptMs),
+    ])) as unknown[]).outcome;
   }
 
   /**
