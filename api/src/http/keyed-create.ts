@@ -44,14 +44,18 @@ export function createdId(kind: IdKind, keyed: KeyedRequest | undefined): string
 
 /**
  * What an earlier attempt of this keyed create wrote under its derived id (`createdId`), when it
- * answers this request: found, made within the key's record lifetime and unchanged since (version
- * 1). Null when nothing is there (create it). A resource made longer ago was made by an earlier use
- * of the key, and one changed since is no longer what the first attempt would have answered: the
- * request is refused as a reused key (409 `idempotency.conflict`), nothing written.
+ * answers this request: found, made within the key's record lifetime and unchanged since. Null
+ * when nothing is there (create it). A resource made longer ago was made by an earlier use of the
+ * key, and one changed since is no longer what the first attempt would have answered: the request
+ * is refused as a reused key (409 `idempotency.conflict`), nothing written. `unchanged`: whether
+ * the resource is still as the first attempt made it; by default, still at version 1 (a resource
+ * whose own processing moves it on, or whose changes live beside its head, says otherwise).
  */
-export function earlierAttempt<T extends { created_at: string; version: number }>(found: T | null, keyed: KeyedRequest): T | null {
+export function earlierAttempt<T extends { created_at: string; version: number }>(
+  found: T | null, keyed: KeyedRequest, unchanged: (found: T) => boolean = (f) => f.version === 1,
+): T | null {
   if (found === null) return null;
-  if (found.version === 1 && Date.parse(found.created_at) + keyed.keptMs > Date.now()) return found;
+  if (unchanged(found) && Date.parse(found.created_at) + keyed.keptMs > Date.now()) return found;
   throw new ApiError('idempotency.conflict', 'this Idempotency-Key was used for this request before, and what it made has changed or is older than keys are kept; use a new key');
 }
 

@@ -38,7 +38,7 @@ export const projectOperations: Operation[] = [
     const id = createdId('project', keyed);
     const found = keyed ? await deps.projects.findCreated(ws, id) : null;
     // Refused (409 `idempotency.conflict`) when changed or older than keys are kept.
-    if (keyed && found) earlierAttempt({ created_at: found.project.created_at, version: found.revisions > 1 ? Math.max(found.project.version, 2) : found.project.version }, keyed);
+    if (keyed && found) earlierAttempt(found.project, keyed, (p) => p.version === 1 && found.revisions <= 1);
     const { project, revision } = found ?? await deps.projects.create(ws, body.name, body.files, id);
     return { ...project, latest_revision_number: revision.revision_number, latest_revision: revision };
   }),

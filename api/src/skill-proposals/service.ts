@@ -160,8 +160,8 @@ export class SkillProposalService {
   private async earlierCreate(ws: string, id: string, keyed: KeyedRequest): Promise<SkillProposalDoc | null> {
     const p = await this.d.docs.get<SkillProposalDoc>(tags.workspace(ws), id);
     if (!p || p.type !== 'skill_proposal' || p.workspace_id !== ws) return null;
-    const untouched = p.status === 'authoring' || ((p.status === 'drafted' || p.status === 'authoring_failed') && p.verifications.length === 0);
-    return earlierAttempt({ created_at: p.created_at, version: untouched ? 1 : p.version }, keyed) ? p : null;
+    const untouched = (d: SkillProposalDoc) => d.status === 'authoring' || ((d.status === 'drafted' || d.status === 'authoring_failed') && d.verifications.length === 0);
+    return earlierAttempt(p, keyed, (d) => d.version === 1 || untouched(d));
   }
 
   /** Queues the proposal's authoring job: one job id per proposal, so never twice at once. */
