@@ -1,6 +1,10 @@
 import { createHash } from 'node:crypto';
 import { describe, expect, it } from 'vitest';
+import { randomBytes } from 'node:crypto';
+import { existsSync, rmSync } from 'node:fs';
 import { sha256Hex } from '@agentplane/core';
+import { RedisRuntimeBearers } from '@agentplane/domain';
+import { LeaseFence } from '@agentplane/lease';
 import { crashedKeyed, useCrashPlatforms, type CrashPlatform } from './harness/crash-platform.js';
 
 /**
@@ -119,4 +123,44 @@ describe('a crash inside a keyed File upload', () => {
     expect(await contentKeys(q)).toEqual(before);
     expect((await files()).filter((f) => f.filename === 'twice.bin')).toEqual([]);
   }, 180_000);
+
+  it('a Run\'s stored output sent under an Idempotency-Key, after its commit: the runner\'s retry is answered the same File; another content under the key is 409', async () => {
+    const q = await crash.start(['file-committed'], { env: { LOG_LEVEL: 'warn' } });
+    const api = q.p.root;
+    const redis = q.redis();
+    const run = `run_${randomBytes(16).toString('hex')}`;
+    const session = `sess_${randomBytes(16).toString('hex')}`;
+    const leaseId = `lease_${randomBytes(8).toString('hex')}`;
+    const fence = new LeaseFence(redis);
+    expect(await fence.claim({ sessionId: session, token: leaseId, runnerId: 'runner_test', attempt: 1, runId: run }, 120_000)).toBe('ok');
+    const bearer = await new RedisRuntimeBearers(redis, fence).mint({
+      run_id: run, session_id: session, workspace_id: q.p.bootstrap.workspace_id, organization_id: q.p.bootstrap.organization_id,
+      lease_id: leaseId, expires_at: new Date(Date.now() + 120_000).toISOString(), connections: {}, outputs: true,
+    });
+    const png = Buffer.concat([Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]), randomBytes(1024)]);
+    const store = (body: Buffer, key: string) => fetch(`${q.p.baseUrl}/v1/runtime/files?filename=shot.png`, {
+      method: 'POST', headers: { authorization: `Bearer ${bearer}`, 'content-type': 'image/png', 'idempotency-key': key }, body,
+    });
+    const ofSession = async () => (await api.get<{ data: (FileHead & { session_id?: string })[] }>('/v1/files', { limit: 100 })).data.filter((f) => f.session_id === session);
+
+    rmSync(q.marker('file-committed'), { force: true });
+    const before = q.p.pids().api;
+    await expect(store(png, 'shot-1')).rejects.toThrow();
+    expect(existsSync(q.marker('file-committed'))).toBe(true);
+    await q.apiRestarted(before, { client: api, path: '/v1/files' });
+    const written = await ofSession();
+    expect(written).toHaveLength(1);
+
+    const retry = await store(png, 'shot-1');
+    expect(retry.status).toBe(201);
+    expect(((await retry.json()) as FileHead).id).toBe(written[0]!.id);
+    expect((await ofSession()).map((f) => f.id)).toEqual([written[0]!.id]);
+    const other = await store(Buffer.concat([png, Buffer.from('more')]), 'shot-1');
+    expect(other.status).toBe(409);
+    expect(((await other.json()) as { error: { type: string } }).error.type).toBe('idempotency.conflict');
+    expect((await ofSession())).toHaveLength(1);
+    // Another key stores another File.
+    expect((await store(png, 'shot-2')).status).toBe(201);
+    expect((await ofSession())).toHaveLength(2);
+  }, 120_000);
 });

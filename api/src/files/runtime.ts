@@ -1,9 +1,10 @@
 import type Koa from 'koa';
-import { ApiError, Counter, isId, newId, nowIso } from '@agentplane/core';
+import { ApiError, Counter, isId, newId, nowIso, sha256Hex } from '@agentplane/core';
 import { ContentTooLarge, StorageError, type FileDoc } from '@agentplane/domain';
 import type { ApiDeps } from '../deps.js';
 import { runtimeGrant } from '../http/runtime-route.js';
 import type { RuntimeBearerVerifier, RuntimeGrant } from '@agentplane/domain';
+import { IDEMPOTENCY_KEY_RE } from '../http/idempotency.js';
 import { requestIdOf } from '../http/router.js';
 import { sendFileContent } from './operations.js';
 
@@ -48,6 +49,10 @@ export function runtimeFiles(deps: ApiDeps, verifier: RuntimeBearerVerifier): Ko
  * `POST /v1/runtime/files?filename=…`: the runner stores a File a Session's tool produced (a
  * browser screenshot). The body is the content, its `Content-Type` one of `image/png` or
  * `image/jpeg`; the File records the Session (`session_id`) and is answered 201 with the File.
+ * An `Idempotency-Key` makes the store once per key and Run (the runner sends one and retries
+ * under it when the control plane did not answer): an attempt whose earlier one committed is
+ * answered that File (201), its own bytes dropped; the same key with another content, name or
+ * type is 409 `idempotency.conflict`.
  * The lease's runtime bearer must carry the `outputs` grant (given to Runs whose Environment has
  * the browser) and its lease must still hold the Session. Every attempt past the bearer is
  * audited as `files.storeSessionOutput` (actor the Run, `request_id` the request's): succeeded
@@ -83,6 +88,11 @@ async function storeGranted(ctx: Koa.Context, deps: ApiDeps, grant: RuntimeGrant
     outputs.inc({ outcome: 'invalid' });
     throw new ApiError('validation.malformed', 'POST /v1/runtime/files takes an image/png or image/jpeg body and a ?filename= of letters, digits, ".", "_" and "-"');
   }
+  const idemKey = ctx.get('idempotency-key') || undefined;
+  if (idemKey !== undefined && !IDEMPOTENCY_KEY_RE.test(idemKey)) {
+    outputs.inc({ outcome: 'invalid' });
+    throw new ApiError('validation.malformed', 'Idempotency-Key must be 1 to 255 printable non-space ASCII characters');
+  }
   const declared = Number(ctx.get('content-length') || 0);
   if (declared > RUNTIME_OUTPUT_MAX_BYTES) throw new ApiError('validation.payload_too_large', `a stored output is at most ${RUNTIME_OUTPUT_MAX_BYTES} bytes`);
   const id = newId('file');
@@ -98,7 +108,12 @@ async function storeGranted(ctx: Koa.Context, deps: ApiDeps, grant: RuntimeGrant
     id, type: 'file', workspace_id: grant.workspace_id, filename: rawName, content_type: type, size_bytes: staged.size_bytes, sha256: staged.sha256,
     session_id: grant.session_id, version: 1, created_at: now, updated_at: now,
   };
-  const stored = await deps.files.commit(file);
+  // The key's record is the Run's own (its id in the token), so no other Run can reach it.
+  const keyed = idemKey === undefined ? undefined : { token: sha256Hex(`runtime-output\0${grant.run_id}\0${idemKey}`), keptMs: deps.config.idempotencyTtlSeconds * 1000 };
+  const stored = await deps.files.commit(file, keyed);
+  if (stored.id !== file.id && (stored.sha256 !== file.sha256 || stored.filename !== file.filename || stored.content_type !== file.content_type || stored.session_id !== file.session_id)) {
+    throw new ApiError('idempotency.conflict', 'this Idempotency-Key already stored another output of this Run; use a new key');
+  }
   outputs.inc({ outcome: 'ok' });
   return stored;
 }

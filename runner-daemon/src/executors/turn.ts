@@ -1,3 +1,4 @@
+import { randomUUID } from 'node:crypto';
 import { ATTR, inSpan, tracingEnabled, type Logger } from '@agentplane/core';
 import type { LeaseExecutor, LeaseHandle } from '../agent.js';
 import type { TokenUsage } from '@agentplane/protocol';
@@ -75,16 +76,35 @@ function browserOffered(driver: SandboxDriver): boolean {
   return v !== undefined && v.accessibility_tree && v.screenshot;
 }
 
+/** How often a store the control plane did not answer is sent again, and the wait before each. */
+const STORE_RETRY_DELAYS_MS = [250, 1_000, 3_000];
+
 /**
  * Stores a File of the Session through the control plane's runtime file route (the lease's
- * runtime bearer carries the `outputs` grant on browser Runs).
+ * runtime bearer carries the `outputs` grant on browser Runs). Sent under an Idempotency-Key of
+ * its own, and sent again under it when the control plane did not answer or answered 5xx (an api
+ * restarting): stored once, however many times it is sent.
  */
-export function runtimeFileStore(baseUrl: string, bearer: string | undefined, signal?: AbortSignal): FileStore {
+export function runtimeFileStore(baseUrl: string, bearer: string | undefined, signal?: AbortSignal, retryDelaysMs: readonly number[] = STORE_RETRY_DELAYS_MS): FileStore {
   return async (file) => {
     if (!bearer) throw new Error('this Run has no runtime bearer to store Files with');
-    const res = await fetch(apiUrl(baseUrl, `/v1/runtime/files?filename=${encodeURIComponent(file.filename)}`), {
-      method: 'POST', headers: { authorization: `Bearer ${bearer}`, 'content-type': file.content_type }, body: new Uint8Array(file.data), signal: signal ?? null,
+    const key = `runtime-output-${randomUUID()}`;
+    const send = () => fetch(apiUrl(baseUrl, `/v1/runtime/files?filename=${encodeURIComponent(file.filename)}`), {
+      method: 'POST', headers: { authorization: `Bearer ${bearer}`, 'content-type': file.content_type, 'idempotency-key': key }, body: new Uint8Array(file.data), signal: signal ?? null,
     });
+    let res: Response | undefined;
+    for (let attempt = 0; ; attempt++) {
+      const failure = await send().then((r) => {
+        res = r;
+        return r.status >= 500 ? new Error(`HTTP ${r.status}`) : null;
+      }, (err: unknown) => err);
+      const delay = retryDelaysMs[attempt];
+      if (failure === null || delay === undefined || signal?.aborted) break;
+      await res?.body?.cancel().catch(() => undefined);
+      res = undefined;
+      await new Promise((r) => setTimeout(r, delay));
+    }
+    if (!res) throw new Error('the control plane did not answer the File store');
     if (res.status !== 201) throw new Error(`the control plane did not store the File (HTTP ${res.status}: ${(await res.text()).slice(0, 200)})`);
     const body = (await res.json()) as { id?: unknown };
     if (typeof body.id !== 'string') throw new Error('the control plane answered without a File id');
