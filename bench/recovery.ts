@@ -15,6 +15,7 @@ import { rmSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { Queue, Worker } from 'bullmq';
 import { Redis } from 'ioredis';
+import scopeSandboxes from '../test/harness/global-teardown.js';
 import { startPlatform, waitFor } from '../test/harness/platform.js';
 import { killWholePlatform, startToolCallTurn, waitThreadEvents } from '../test/harness/whole-crash.js';
 import { printTable, summarize, wallMs } from './lib/report.js';
@@ -88,14 +89,17 @@ async function floorRound(url: string): Promise<number> {
   await new Promise((r) => child.once('exit', r));
   const start = wallMs();
   let taken = 0;
+  // The Worker's own connection, closed here: a Worker does not close a connection it was given.
+  const workerConnection = new Redis(url, { maxRetriesPerRequest: null });
   const again = new Promise<void>((res) => {
     const w = new Worker(name, async () => {
       taken = wallMs() - start;
       res();
       await w.close(true).catch(() => undefined);
-    }, { connection: new Redis(url, { maxRetriesPerRequest: null }) });
+    }, { connection: workerConnection });
   });
   await again;
+  workerConnection.disconnect();
   await queue.obliterate({ force: true }).catch(() => undefined);
   await queue.close();
   connection.disconnect();
@@ -103,6 +107,17 @@ async function floorRound(url: string): Promise<number> {
 }
 
 async function main(): Promise<void> {
+  // The sandboxes of the runners each round kills (and their workspaces) are labelled with a scope
+  // of this run's own and removed at the end, as the test suite removes its own; so is its temp root.
+  const removeScoped = scopeSandboxes();
+  try {
+    await measure();
+  } finally {
+    await removeScoped();
+  }
+}
+
+async function measure(): Promise<void> {
   out(`bench:recovery  (${ROUNDS} rounds of a whole-platform kill -9 mid-Run; default settings: 30 s lease)`);
   const rounds: Round[] = [];
   let last: Awaited<ReturnType<typeof ourRound>> | undefined;
