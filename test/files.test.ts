@@ -402,6 +402,10 @@ describe('Files API', () => {
     const granted = await mint(true);
     const malformed = await store(granted.bearer, 'text/plain', 'not an image');
     expect(malformed.status).toBe(400);
+    const badKey = await fetch(`${p.baseUrl}/v1/runtime/files?filename=shot.png`, {
+      method: 'POST', headers: { authorization: `Bearer ${granted.bearer}`, 'content-type': 'image/png', 'idempotency-key': 'has space' }, body: png,
+    });
+    expect([badKey.status, ((await badKey.json()) as { error: { type: string } }).error.type]).toEqual([400, 'validation.malformed']);
     const ok = await store(granted.bearer, 'image/png', png);
     expect(ok.status).toBe(201);
     const file = (await ok.json()) as { id: string };
@@ -412,6 +416,7 @@ describe('Files API', () => {
     expect(records.map((r) => [r.actor, r.target, r.outcome, r.status, r.detail, r.request_id])).toEqual([
       [actor, ungranted.session, 'denied', 403, 'policy.denied', denied.headers.get('request-id')],
       [actor, granted.session, 'failed', 400, 'validation.malformed', malformed.headers.get('request-id')],
+      [actor, granted.session, 'failed', 400, 'validation.malformed', badKey.headers.get('request-id')],
       [actor, file.id, 'succeeded', 201, null, ok.headers.get('request-id')],
     ]);
   });

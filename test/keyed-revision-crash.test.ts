@@ -1,4 +1,5 @@
 import { afterAll, describe, expect, it } from 'vitest';
+import { sha256Hex } from '@agentplane/core';
 import { cardJson, signCard, signingKey, startCardPeer, type CardPeer } from './harness/a2a-peer.js';
 import { crashedKeyed, useCrashPlatforms, type CrashPlatform } from './harness/crash-platform.js';
 import { waitFor } from './harness/platform.js';
@@ -108,6 +109,14 @@ describe('a crash inside a keyed new version or revision', () => {
       // Another request for the same rotation is refused: the package is no longer higher.
       const other = await api.request<{ error: { type: string } }>('POST', path, { body, idempotencyKey: 'k-rotate-other' });
       expect([other.status, other.body.error?.type]).toEqual([409, 'validation.conflict']);
+      // Once rotated again, the first request's key no longer answers: 409 idempotency.conflict, nothing written.
+      const moved = (await api.get<{ data: { id: string; version: number }[] }>(`/v1/tool-sources/${id}/connections`)).data.map((c) => ({ id: c.id, version: c.version }));
+      const v3 = await api.post<Json>('/v1/provider-packages', { name: 'peer', package_version: 3, card_url: peer.cardUrl, rpc_url: peer.rpcUrl });
+      expect((await api.request('POST', path, { body: { ...body, provider_package: identity(v3), dependent_connections: moved }, idempotencyKey: 'k-rotate-3' })).status).toBe(201);
+      await q.redis().del(`ap:{w:${ws}}:idem:${sha256Hex('k-rotate')}`);
+      const stale = await api.request<{ error: { type: string } }>('POST', path, { body, idempotencyKey: 'k-rotate' });
+      expect([stale.status, stale.body.error?.type]).toEqual([409, 'idempotency.conflict']);
+      expect((await api.get<{ revision: number }>(`/v1/tool-sources/${id}`)).revision).toBe(3);
     }
   }, 240_000);
 });
