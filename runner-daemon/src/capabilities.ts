@@ -148,7 +148,8 @@ export function buildCapabilities(facts: HostFacts, policy: SlotPolicy, held: nu
   // Docker is claimed only with the tiers a canary sandbox proved (docs/SANDBOX.md).
   if (d && facts.tiers.length > 0) {
     const networkModes = [
-      ...(d.networkDrivers.includes('null') ? ['none'] : []),
+      // `allowlist` is `none` plus the runner's egress proxy (docs/SANDBOX.md).
+      ...(d.networkDrivers.includes('null') ? ['none', 'allowlist'] : []),
       ...(d.networkDrivers.includes('bridge') ? ['bridge'] : []),
     ];
     providers.push({

@@ -116,6 +116,9 @@ Options:
                              only once a canary browser opened a page, read its accessibility tree and
                              took a screenshot
   --browser-image <image>    the browser image to offer it with (implies --browser)
+  --egress-allow-private-networks   let sandboxes of allowlist Environments reach listed hosts on private
+                             and reserved addresses (this machine's loopback and LAN included); by
+                             default the egress proxy connects to public addresses only
   --reconnect-base-ms, --reconnect-cap-ms   backoff bounds (default 1000, 64000) of reconnects, and of
                              Docker retries after a start without it
   --sandbox-idle-suspend-seconds <s>   stop an idle Session sandbox's processes (default 600; 0 never)
@@ -128,7 +131,8 @@ Options:
 Environment (each the same as its option): AGENTPLANE_RUNNER_HOME, SANDBOX_IMAGE, RUNNER_MAX_SLOTS,
 RUNNER_SLOT_MEMORY_MIB, RUNNER_HEARTBEAT_INTERVAL_MS, RUNNER_DRAIN_DEADLINE_MS, RUNNER_RECONNECT_BASE_MS,
 RUNNER_RECONNECT_CAP_MS, RUNNER_EXIT_WHEN_DRAINED (true|false), RUNNER_REQUIRE_DOCKER (true|false),
-RUNNER_TIERS, RUNNER_ACP_HARNESSES, RUNNER_BROWSER (true|false), RUNNER_BROWSER_IMAGE, SANDBOX_IDLE_SUSPEND_SECONDS,
+RUNNER_TIERS, RUNNER_ACP_HARNESSES, RUNNER_BROWSER (true|false), RUNNER_BROWSER_IMAGE,
+RUNNER_EGRESS_ALLOW_PRIVATE_NETWORKS (true|false), SANDBOX_IDLE_SUSPEND_SECONDS,
 SANDBOX_IDLE_EXPIRE_SECONDS, SANDBOX_REPORT_SECONDS, SANDBOX_REAP_INTERVAL_SECONDS,
 SANDBOX_REAP_GRACE_SECONDS, AGENTPLANE_SANDBOX_SCOPE, REPOSITORY_MAX_MIB, DOCKER_SOCKET, LOG_LEVEL,
 RUNNER_METRICS_ADDR (host:port serving Prometheus /metrics and /healthz; unset: not served), OTEL_* (OpenTelemetry
@@ -244,6 +248,7 @@ const OPTIONS = {
   'acp-harness': { type: 'string' },
   browser: { type: 'boolean' },
   'browser-image': { type: 'string' },
+  'egress-allow-private-networks': { type: 'boolean' },
   'reconnect-base-ms': { type: 'string' },
   'reconnect-cap-ms': { type: 'string' },
   'sandbox-idle-suspend-seconds': { type: 'string' },
@@ -263,7 +268,7 @@ const OPTIONS = {
 type Option = keyof typeof OPTIONS;
 const START_OPTIONS: readonly Option[] = [
   'image', 'heartbeat-ms', 'slots', 'slot-memory-mib', 'drain-deadline-ms', 'exit-when-drained', 'require-docker', 'tiers', 'acp-harness', 'browser',
-  'browser-image', 'reconnect-base-ms', 'reconnect-cap-ms', 'sandbox-idle-suspend-seconds', 'sandbox-idle-expire-seconds',
+  'browser-image', 'egress-allow-private-networks', 'reconnect-base-ms', 'reconnect-cap-ms', 'sandbox-idle-suspend-seconds', 'sandbox-idle-expire-seconds',
   'sandbox-report-seconds', 'repository-max-mib', 'sandbox-reap-interval-seconds', 'sandbox-reap-grace-seconds', 'log-level',
 ];
 /** What each command takes besides --help, --json and --config-dir, and how many words after its name. */

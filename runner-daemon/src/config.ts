@@ -29,6 +29,8 @@ export interface DaemonConfig {
    * browser variant, built offline from the host's Chromium when missing); undefined: none.
    */
   browserImage: string | undefined;
+  /** The egress proxy of allowlist sandboxes may connect to private and reserved addresses. */
+  egressAllowPrivate: boolean;
   reconnectBaseMs: number;
   reconnectCapMs: number;
   /** Stop an idle Session sandbox's processes (workspace kept) after this long; 0 never. */
@@ -89,6 +91,7 @@ export function loadDaemonConfig(env: Env, flags: Record<string, string | boolea
     tiers: parseTiers(flag('tiers') ?? envOptional(env, 'RUNNER_TIERS')),
     browserImage: flag('browser-image') ?? envOptional(env, 'RUNNER_BROWSER_IMAGE')
       ?? (flags.browser === true || envEnum(env, 'RUNNER_BROWSER', ['true', 'false'] as const, 'false') === 'true' ? `${BROWSER_REPOSITORY}:latest` : undefined),
+    egressAllowPrivate: flags['egress-allow-private-networks'] === true || envEnum(env, 'RUNNER_EGRESS_ALLOW_PRIVATE_NETWORKS', ['true', 'false'] as const, 'false') === 'true',
     exitWhenDrained: flags['exit-when-drained'] === true || envEnum(env, 'RUNNER_EXIT_WHEN_DRAINED', ['true', 'false'] as const, 'false') === 'true',
     requireDocker: flags['require-docker'] === true || envEnum(env, 'RUNNER_REQUIRE_DOCKER', ['true', 'false'] as const, 'false') === 'true',
     reconnectBaseMs: int('reconnect-base-ms', 'RUNNER_RECONNECT_BASE_MS', 1_000, 10),

@@ -17,6 +17,7 @@ import type { RunnerMetrics } from './metrics.js';
 import { dockerAvailable, SandboxReaper } from '@agentplane/sandbox';
 import { DockerDriver, ensureSandboxImageIfDocker, SandboxManager, selectDriver } from './sandbox/index.js';
 import type { SandboxDriver } from './sandbox/types.js';
+import type { EgressDecision } from './sandbox/egress.js';
 import { removeStaleCheckouts } from './sandbox/repository.js';
 
 /** Docker did not answer at start and the process driver is refused (`--require-docker`). */
@@ -135,6 +136,10 @@ export class DaemonSandboxes {
       attribution: { workspaceId: cred.workspace_id, home: config.configDir, ...(config.sandboxScope ? { scope: config.sandboxScope } : {}) },
       ...(config.tiers ? { tiers: config.tiers } : {}),
       ...(config.browserImage ? { browserImage: config.browserImage } : {}),
+      egress: {
+        allowPrivate: config.egressAllowPrivate,
+        onDecision: (d: EgressDecision) => this.o.metrics.egressConnections.inc({ outcome: d.outcome }),
+      },
     });
   }
 

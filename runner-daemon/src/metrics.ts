@@ -19,6 +19,7 @@ export class RunnerMetrics {
   readonly dockerUp: Gauge;
   readonly tierVerified: Gauge<'tier'>;
   readonly sandboxDriver: Gauge<'driver'>;
+  readonly egressConnections: Counter<'outcome'>;
 
   constructor(held: () => number, options: { served: boolean } = { served: true }) {
     const registry = (this.registry = createMetrics({ runtime: options.served }));
@@ -43,6 +44,11 @@ export class RunnerMetrics {
     this.sandboxDriver = new Gauge({
       name: 'agentplane_runner_sandbox_driver_info', help: 'The sandbox driver in use (docker, process): 1 for it, 0 for the other',
       labelNames: ['driver'] as const, registers: [registry],
+    });
+    this.egressConnections = new Counter({
+      name: 'agentplane_runner_egress_connections_total',
+      help: 'Connections sandboxes of allowlist Environments made through the egress proxy, by outcome (connected, refused: not listed or a private address, failed: listed and not reachable)',
+      labelNames: ['outcome'] as const, registers: [registry],
     });
     new Gauge({ name: 'agentplane_runner_held_leases', help: 'Leases this runner holds now', registers: [registry], collect() { this.set(held()); } });
   }

@@ -1,4 +1,4 @@
-import { checkHost, type EgressPolicy } from '../webhooks/ssrf.js';
+import { checkHost, type EgressPolicy } from '@agentplane/core';
 
 /**
  * A Connection's URL as written, inside the outbound address guard (docs/MCP.md,

@@ -1,6 +1,6 @@
 import type { FetchLike } from '@modelcontextprotocol/client';
 import { egressFetch } from '../webhooks/egress-fetch.js';
-import type { EgressPolicy } from '../webhooks/ssrf.js';
+import type { EgressPolicy } from '@agentplane/core';
 import { MAX_MESSAGE_BYTES } from './protocol.js';
 
 /**

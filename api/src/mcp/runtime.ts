@@ -11,7 +11,7 @@ import type { Connection } from '@agentplane/domain';
 import { ConnectionService } from '@agentplane/domain';
 import { MAX_MESSAGE_BYTES } from './protocol.js';
 import { guardedFetch } from './egress.js';
-import type { EgressPolicy } from '../webhooks/ssrf.js';
+import type { EgressPolicy } from '@agentplane/core';
 import { recordRefusedCall, refusedToolCall, refuseRuntimeRequest, runtimeMethodNotAllowed, runtimeRefusals, sdkConsoleToLog, type RuntimeRefusal } from './runtime-edge.js';
 import { refusedUnconfirmed, requireRuntimeToolCall, toolUseIdOf } from '../governance/run-tool-gate.js';
 import { argumentsOutsideSchema, exposedName, permissionOf, upstreamName, type ConnectionGrant, type RuntimeBearerVerifier, type RuntimeGrant } from '@agentplane/domain';

@@ -1,7 +1,7 @@
 import { isIP } from 'node:net';
 import { ApiError, newId, nowIso } from '@agentplane/core';
 import { tags, type DocumentStore, type ListPage, type StoredDoc } from '@agentplane/store';
-import { checkHost, EgressRefused, resolveAllowed, type EgressPolicy } from '../webhooks/ssrf.js';
+import { checkHost, EgressRefused, resolveAllowed, type EgressPolicy } from '@agentplane/core';
 import type { GitRemote } from './git.js';
 
 /** A git repository skills are read from (adoption) and submitted to (skill proposals). */

@@ -3,7 +3,7 @@ import type { Redis } from 'ioredis';
 import { ApiError, nowIso, scrubSecrets, sha256Hex } from '@agentplane/core';
 import { keys, tags, type EventLog, type LogEvent } from '@agentplane/store';
 import { callPeer, type CallOutcome, type ClientTls, type PollPolicy } from './invoke.js';
-import type { EgressPolicy } from '../webhooks/ssrf.js';
+import type { EgressPolicy } from '@agentplane/core';
 import type { ToolSourceDoc } from './service.js';
 
 /**

@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { ApiError, scrubSecrets } from '@agentplane/core';
 import { keys, LuaScript, tags, type Redis } from '@agentplane/store';
-import { checkEndpointUrl, type EgressPolicy } from '../webhooks/ssrf.js';
+import { checkEndpointUrl, type EgressPolicy } from '@agentplane/core';
 import { egressFetch } from '../webhooks/egress-fetch.js';
 import { capResponseBody } from '../mcp/egress.js';
 import { parseMtlsCredential, parseOAuth2Credential, type OAuth2PeerCredential } from '../vaults/peer-credentials.js';

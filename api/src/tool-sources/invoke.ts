@@ -4,7 +4,7 @@ import { ClientFactory, ClientFactoryOptions, JsonRpcTransportFactory, type Clie
 import { sha256Hex } from '@agentplane/core';
 import type { Discovery } from './card.js';
 import { egressFetch, type EgressFetch } from '../webhooks/egress-fetch.js';
-import type { EgressPolicy } from '../webhooks/ssrf.js';
+import type { EgressPolicy } from '@agentplane/core';
 import { capResponseBody, MAX_UPSTREAM_RESPONSE_BYTES } from '../mcp/egress.js';
 
 /**

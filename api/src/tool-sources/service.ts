@@ -3,7 +3,7 @@ import { request as httpsRequest } from 'node:https';
 import type { LookupFunction } from 'node:net';
 import { ApiError, canonicalJson, crashPoint, newId, nowIso, sha256Hex } from '@agentplane/core';
 import { tags, type DocumentStore, type KeyedWrite, type KeyedWrites, type ListPage, type StoredDoc } from '@agentplane/store';
-import { checkEndpointUrl, resolveAllowed, type EgressPolicy } from '../webhooks/ssrf.js';
+import { checkEndpointUrl, resolveAllowed, type EgressPolicy } from '@agentplane/core';
 import { CardRejected, verifyCard, type CardSkillTool, type Discovery, type VerificationKey } from './card.js';
 
 /**

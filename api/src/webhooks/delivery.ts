@@ -8,7 +8,7 @@ import { tags, type EventLog, type LogEvent, type Redis } from '@agentplane/stor
 import { QueueHost } from '../queue-host.js';
 import type { SessionEventTap, TappedAppend } from '../events/tap.js';
 import { CachedMemberSet } from '../events/member-set.js';
-import { EgressRefused, resolveAllowed, type EgressPolicy } from './ssrf.js';
+import { EgressRefused, resolveAllowed, type EgressPolicy } from '@agentplane/core';
 import { webhookKeys, type WebhookStore } from './store.js';
 import type { EndpointDoc } from './model.js';
 

@@ -2,7 +2,7 @@ import { request as httpRequest, type IncomingMessage } from 'node:http';
 import { Agent as HttpsAgent, request as httpsRequest } from 'node:https';
 import type { LookupFunction } from 'node:net';
 import { Readable } from 'node:stream';
-import { resolveAllowed, type EgressPolicy } from './ssrf.js';
+import { resolveAllowed, type EgressPolicy } from '@agentplane/core';
 
 /** The fetch of an outbound request: what `egressFetch` returns. */
 export type EgressFetch = (input: string | URL | Request, init?: RequestInit) => Promise<Response>;
@@ -51,7 +51,7 @@ function bodyOf(body: RequestInit['body']): string | Uint8Array | undefined {
 /**
  * The fetch of the control plane's outbound requests to servers a Workspace chooses (an MCP
  * Connection's server, an A2A tool source's peer), over node's http and https, inside the
- * outbound address guard (`ssrf.ts`): for every request the host is resolved, every address it
+ * outbound address guard (`@agentplane/core` `egress.ts`): for every request the host is resolved, every address it
  * resolves to must be one the policy allows (`egress to … is refused` otherwise, before anything
  * connects), and the request connects to exactly the address that was checked, so a DNS answer
  * that changes between the check and the connection (rebinding) cannot redirect it. TLS still

@@ -5,8 +5,8 @@ import { priorAttempt } from '../http/keyed-create.js';
 import type { Operation } from '../http/operation.js';
 import { listWorkspaceDocs, workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { ENDPOINTS, publicEndpoint, type EndpointDoc } from './model.js';
-import { checkEndpointUrl } from './ssrf.js';
-import type { EgressPolicy } from './ssrf.js';
+import { checkEndpointUrl } from '@agentplane/core';
+import type { EgressPolicy } from '@agentplane/core';
 
 const EndpointPath = Obj({ webhook_endpoint_id: Id('webhookEndpoint') });
 /** One name of the event catalog; any other is 400 `validation.malformed` listing the allowed ones. */

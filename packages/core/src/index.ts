@@ -15,3 +15,4 @@ export * from './request-context.js';
 export * from './tracing.js';
 export * from './crash-points.js';
 export * from './process-identity.js';
+export * from './egress.js';

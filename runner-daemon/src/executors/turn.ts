@@ -8,7 +8,7 @@ import { connectMcpTools, type RuntimeMcp } from '../harness/mcp-tools.js';
 import type { SandboxManager } from '../sandbox/manager.js';
 import { isOfferedResource, isOfferedSkill, offeredSources, skillSources, type OfferedResource, type OfferedSkill } from '../sandbox/sources.js';
 import { SKILL_TOOL_NAME, skillsPrompt } from '../harness/tools/builtin.js';
-import { driverSatisfies, SandboxError, type SandboxDriver, type SandboxEnvironment, type SandboxErrorReason, type SandboxTier } from '../sandbox/types.js';
+import { driverSatisfies, SandboxError, type SandboxDriver, type SandboxEnvironment, type SandboxErrorReason, type SandboxTier, type NetworkMode } from '../sandbox/types.js';
 import { colocatedHarnessAvailable, runColocated } from './colocated.js';
 import { LeaseSink } from './lease-sink.js';
 import { isGraderTurn, runGrader } from './grader.js';
@@ -31,6 +31,8 @@ interface TurnSpec {
     image: string;
     resources: { cpu_millis: number; memory_mib: number; disk_mib: number; max_duration_seconds: number };
     network_mode: string;
+    /** With `network_mode` `allowlist`: the hosts the sandbox's egress proxy connects to. */
+    allowed_hosts?: string[];
     retention_mode: string;
     tier?: string;
     /** Where the agent loop runs: in the runner (`split`, the default) or inside the sandbox. */
@@ -127,6 +129,12 @@ function engineFailure(err: unknown): unknown {
   return err instanceof SandboxError && ENGINE_FAILURES.has(err.reason) ? new InfrastructureFailure(err.message, { cause: err }) : err;
 }
 
+/** The sandbox network a turn asks for: `none`, or `allowlist` with hosts; undefined for a mode this runner does not know. */
+const networkOf = (spec: TurnSpec): 'none' | 'allowlist' | undefined => {
+  const mode = spec.environment.network_mode;
+  if (mode === 'allowlist') return Array.isArray(spec.environment.allowed_hosts) && spec.environment.allowed_hosts.length > 0 ? 'allowlist' : undefined;
+  return mode === 'none' || mode === undefined ? 'none' : undefined;
+};
 const tierOf = (spec: TurnSpec): SandboxTier => (spec.environment.tier === 'process' || spec.environment.tier === 'gvisor' ? spec.environment.tier : 'container');
 
 export interface TurnExecutorOptions {
@@ -156,7 +164,10 @@ export function turnExecutor(o: TurnExecutorOptions): LeaseExecutor {
       try {
         const spec = asSpec(offer.spec);
         const tier = tierOf(spec);
+        const network = networkOf(spec);
+        if (!network) return `unknown network mode '${String(spec.environment.network_mode)}'`;
         if (!driverSatisfies(driver, { tier, network_mode: 'none' })) return `the ${driver.name} driver does not offer tier '${tier}'`;
+        if (!driverSatisfies(driver, { tier, network_mode: network })) return `the ${driver.name} driver does not offer network mode '${network}'`;
         const topology = spec.environment.harness_topology ?? 'split';
         if (topology !== 'split' && topology !== 'colocated') return `unknown harness topology '${String(topology)}'`;
         if (topology === 'colocated' && !colocatedHarnessAvailable()) return 'this runner build has no colocated harness bundle';
@@ -268,16 +279,18 @@ async function runTurn(o: TurnExecutorOptions, handle: LeaseHandle, usesSandbox:
   const acpSetting = spec.environment.harness;
   const acpHarness = acpSetting ? o.acp?.find(acpSetting.package) : undefined;
   if (acpSetting && !acpHarness) throw new InfrastructureFailure(`the ACP harness ${acpSetting.package} is not installed on this runner`);
-  const env: SandboxEnvironment & { requirements: { tier: SandboxTier; network_mode: 'none' } } = {
+  const network = networkOf(spec) ?? 'none';
+  const env: SandboxEnvironment & { requirements: { tier: SandboxTier; network_mode: NetworkMode } } = {
     // An ACP harness runs from its own image layer over the Environment's image.
     image: acpHarness && o.acp ? await o.acp.imageFor(spec.environment.image, acpHarness) : spec.environment.image,
     tier: tierOf(spec),
-    network_mode: 'none',
+    network_mode: network,
+    ...(network === 'allowlist' ? { allowed_hosts: spec.environment.allowed_hosts ?? [] } : {}),
     cpu_millis: spec.environment.resources.cpu_millis,
     memory_mib: spec.environment.resources.memory_mib,
     max_duration_seconds: spec.environment.resources.max_duration_seconds,
     ...(spec.environment.browser ? { browser: true } : {}),
-    requirements: { tier: tierOf(spec), network_mode: 'none' },
+    requirements: { tier: tierOf(spec), network_mode: network },
   };
   const sourceOptions = { baseUrl: o.baseUrl, bearer: spec.runtime_files?.bearer, ...(o.repositoryMaxBytes ? { repositoryMaxBytes: o.repositoryMaxBytes } : {}) };
   const skills = (spec.skills ?? []) as OfferedSkill[];

@@ -16,6 +16,7 @@ import { BrowserProbe, type BrowserVerdict } from './browser-probe.js';
 import { TierProbe, type IsolationTier, type TierVerdict } from './tiers.js';
 import { CappedBuffer, runawayBytes, runawayNote, sleep, withNote, withTimeout } from './output.js';
 import { createTar, type TarEntry } from './tar.js';
+import { EGRESS_PROXY_ENV, EGRESS_PROXY_PORT, EgressTunnel, RELAY_SCRIPT, relayReady, type EgressDecision } from './egress.js';
 import {
   EXEC_DEFAULTS,
   SandboxError,
@@ -59,6 +60,13 @@ export interface DockerDriverOptions {
    * Undefined: no browser; `browser_observation` is never claimed.
    */
   browserImage?: string;
+  /** Egress of `allowlist` sandboxes (docs/SANDBOX.md, "Egress allowlist"). */
+  egress?: {
+    /** Connections may reach private and reserved ranges, loopback included. Default false. */
+    allowPrivate?: boolean;
+    /** Each connection's decision (metrics). */
+    onDecision?: (decision: EgressDecision) => void;
+  };
 }
 
 export const SANDBOX_DEFAULTS = {
@@ -120,7 +128,12 @@ interface Tracked {
   sandbox: Sandbox;
   container: Docker.Container;
   oomKills: number;
+  /** An `allowlist` sandbox's egress: its hosts and the relay's tunnel (started again when it ended). */
+  egress?: { hosts: readonly string[]; tunnel: EgressTunnel | undefined; starting: Promise<void> | undefined };
 }
+
+/** How long a relay has to answer `ready`. */
+const RELAY_START_MS = 10_000;
 
 function statusCode(err: unknown): number | undefined {
   return (err as { statusCode?: number } | null)?.statusCode;
@@ -143,8 +156,10 @@ export class DockerDriver implements SandboxDriver {
   /** The browser variant's image, when this runner offers a browser. */
   readonly browserImage: string | undefined;
   private readonly browserProbe: BrowserProbe | undefined;
+  private readonly egressOptions: NonNullable<DockerDriverOptions['egress']>;
 
   constructor(options: DockerDriverOptions) {
+    this.egressOptions = options.egress ?? {};
     this.runnerId = options.runnerId;
     this.docker = options.docker ?? new Docker();
     this.defaultImage = options.defaultImage ?? `${loadManifest().repository}:latest`;
@@ -248,7 +263,7 @@ export class DockerDriver implements SandboxDriver {
       drivers: ['docker'],
       launch_kinds: ['sandboxed'],
       tiers: this.verifiedTiers(),
-      network_modes: ['none'],
+      network_modes: ['none', 'allowlist'],
       retention_modes: ['durable'],
       session_sandbox: true,
       mount_kinds: ['uploaded_project'],
@@ -269,6 +284,70 @@ export class DockerDriver implements SandboxDriver {
   }
 
   async ensure(session: SandboxSession, environment: SandboxEnvironment = {}): Promise<Sandbox> {
+    const sandbox = await this.ensureContainer(session, environment);
+    await this.configureEgress(sandbox, environment);
+    return sandbox;
+  }
+
+  /**
+   * An `allowlist` sandbox gets its relay (started, or given the Environment's hosts as they now
+   * are); one no longer `allowlist` loses it. A relay that cannot start fails the start: the
+   * Run would otherwise go without the network its Environment names.
+   */
+  private async configureEgress(sandbox: Sandbox, environment: SandboxEnvironment): Promise<void> {
+    const tracked = this.container(sandbox);
+    if (environment.network_mode !== 'allowlist') {
+      const tunnel = tracked.egress?.tunnel;
+      tracked.egress = undefined;
+      await tunnel?.close();
+      return;
+    }
+    const hosts = [...(environment.allowed_hosts ?? [])];
+    if (hosts.length === 0) throw new SandboxError('start_failed', 'an allowlist sandbox needs at least one allowed host');
+    tracked.egress ??= { hosts, tunnel: undefined, starting: undefined };
+    tracked.egress.hosts = hosts;
+    tracked.egress.tunnel?.setAllowed(hosts);
+    try {
+      await this.egressUp(tracked);
+    } catch (err) {
+      throw new SandboxError('start_failed', `the sandbox's egress proxy did not start: ${(err as Error).message}`, { cause: err });
+    }
+  }
+
+  /** Starts the sandbox's relay unless it runs (it ends with the container, or when the agent kills it). */
+  private async egressUp(tracked: Tracked): Promise<void> {
+    const egress = tracked.egress;
+    if (!egress || egress.tunnel?.alive) return;
+    egress.starting ??= (async () => {
+      const relay = await this.spawnWrapped(tracked, ['node', '-e', RELAY_SCRIPT, String(EGRESS_PROXY_PORT)], {});
+      const tunnel = new EgressTunnel(relay, egress.hosts, {
+        allowPrivate: this.egressOptions.allowPrivate ?? false,
+        log: this.log.child({ session: tracked.sandbox.sessionId }),
+        ...(this.egressOptions.onDecision ? { onDecision: this.egressOptions.onDecision } : {}),
+      });
+      try {
+        await relayReady(relay, RELAY_START_MS);
+      } catch (err) {
+        await tunnel.close();
+        throw err;
+      }
+      egress.tunnel = tunnel;
+    })().finally(() => {
+      egress.starting = undefined;
+    });
+    await egress.starting;
+  }
+
+  /** A command's environment in an `allowlist` sandbox: the proxy first (the relay started again if it ended), the caller's after. */
+  private async commandEnv(tracked: Tracked, env: Record<string, string> | undefined): Promise<Record<string, string> | undefined> {
+    if (!tracked.egress) return env;
+    await this.egressUp(tracked).catch((err: unknown) => {
+      this.log.warn({ session: tracked.sandbox.sessionId, err: (err as Error).message }, 'the sandbox\'s egress relay did not start again: the command runs without network');
+    });
+    return { ...EGRESS_PROXY_ENV, ...(env ?? {}) };
+  }
+
+  private async ensureContainer(session: SandboxSession, environment: SandboxEnvironment): Promise<Sandbox> {
     const tracked = this.live.get(session.id);
     if (tracked) {
       const running = await tracked.container.inspect().then((i) => i.State.Running, () => false);
@@ -475,6 +554,8 @@ export class DockerDriver implements SandboxDriver {
   }
 
   async exec(sandbox: Sandbox, command: Command, options: ExecOptions = {}): Promise<ExecResult> {
+    const env = await this.commandEnv(this.container(sandbox), options.env);
+    if (env) options = { ...options, env };
     const first = await this.execOnce(sandbox, command, options);
     if (options.signal?.aborted || !(await this.processLimitExhausted(sandbox, first))) return first;
     // Processes left running by earlier commands hold every process the sandbox may have: nothing
@@ -652,9 +733,14 @@ export class DockerDriver implements SandboxDriver {
    */
   async spawn(sandbox: Sandbox, command: Command, options: SpawnOptions = {}): Promise<SandboxProcess> {
     const tracked = this.container(sandbox);
-    const execId = randomBytes(8).toString('hex');
     const argv = Array.isArray(command) ? command : ['bash', '-c', command.script];
-    const { exec, stream } = await this.startWrapped(tracked, sandbox, execId, argv, options, true);
+    const env = await this.commandEnv(tracked, options.env);
+    return this.spawnWrapped(tracked, argv, env ? { ...options, env } : options);
+  }
+
+  private async spawnWrapped(tracked: Tracked, argv: string[], options: SpawnOptions): Promise<SandboxProcess> {
+    const execId = randomBytes(8).toString('hex');
+    const { exec, stream } = await this.startWrapped(tracked, tracked.sandbox, execId, argv, options, true);
     const stdout = new PassThrough();
     const stderr = new PassThrough();
     this.docker.modem.demuxStream(stream, stdout, stderr);

@@ -5,7 +5,7 @@
 import Docker from 'dockerode';
 import type { Logger } from '@agentplane/core';
 import { dockerAvailable, type SandboxAttribution } from '@agentplane/sandbox';
-import { DockerDriver } from './docker-driver.js';
+import { DockerDriver, type DockerDriverOptions } from './docker-driver.js';
 import { ProcessDriver } from './process-driver.js';
 import type { IsolationTier } from './tiers.js';
 import type { SandboxDriver } from './types.js';
@@ -23,6 +23,8 @@ export interface SelectDriverOptions {
   tiers?: readonly IsolationTier[];
   /** Offer browser observation with this image (docker driver). */
   browserImage?: string;
+  /** Egress of allowlist sandboxes (docker driver). */
+  egress?: DockerDriverOptions['egress'];
 }
 
 export async function selectDriver(options: SelectDriverOptions): Promise<SandboxDriver | undefined> {
@@ -32,6 +34,7 @@ export async function selectDriver(options: SelectDriverOptions): Promise<Sandbo
       runnerId: options.runnerId, docker, logger: options.logger,
       ...(options.attribution ? { attribution: options.attribution } : {}), ...(options.tiers ? { tiers: options.tiers } : {}),
       ...(options.browserImage ? { browserImage: options.browserImage } : {}),
+      ...(options.egress ? { egress: options.egress } : {}),
     });
   }
   if (options.allowProcess === false) return undefined;

@@ -9,8 +9,12 @@ import type { Readable, Writable } from 'node:stream';
 export type SandboxTier = 'container' | 'gvisor' | 'process';
 /** `sandboxed`: isolated container; `trusted`: runs with the daemon's own rights (process driver). */
 export type LaunchKind = 'sandboxed' | 'trusted';
-/** `host` is reported by the process driver only: it shares the host network. */
-export type NetworkMode = 'none' | 'host';
+/**
+ * `none`: no network; `allowlist`: no network but the runner's egress proxy, which connects only
+ * to the Environment's `allowed_hosts` (docker driver); `host` is reported by the process driver
+ * only: it shares the host network.
+ */
+export type NetworkMode = 'none' | 'allowlist' | 'host';
 export type RetentionMode = 'durable';
 
 export type RuntimeAssurance = 'network_isolation' | 'bounded_start' | 'bounded_cancel' | 'teardown' | 'compute_accounting';
@@ -22,6 +26,8 @@ export interface SandboxEnvironment {
   /** Tier the Environment requires; `container` excludes the process driver. */
   tier?: SandboxTier;
   network_mode?: NetworkMode;
+  /** With `allowlist`: `host[:port]` entries (`*.` for subdomains) the egress proxy connects to. */
+  allowed_hosts?: readonly string[];
   cpu_millis?: number;
   memory_mib?: number;
   /** Limit on processes/threads inside the sandbox. */

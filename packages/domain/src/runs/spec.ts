@@ -118,6 +118,8 @@ export interface TurnSpec {
     image: string;
     resources: { cpu_millis: number; memory_mib: number; disk_mib: number; max_duration_seconds: number };
     network_mode: string;
+    /** With `network_mode` `allowlist`: the hosts (`host[:port]`, `*.` for subdomains) the sandbox may reach through the runner's egress proxy. */
+    allowed_hosts?: string[];
     retention_mode: string;
     /** Isolation tier the Environment requires (`container`): a runner never runs it with less. */
     tier: string;
@@ -192,6 +194,11 @@ export function splitPackage(spec: string): { name: string; version?: string } {
   return at > 0 ? { name: spec.slice(0, at), version: spec.slice(at + 1) } : { name: spec };
 }
 
+/** The turn spec's `allowed_hosts`: an allowlist Environment's hosts, nothing for `none`. */
+function allowedHostsOf(env: Environment): { allowed_hosts?: string[] } {
+  return env.network.mode === 'allowlist' ? { allowed_hosts: [...env.network.allowed_hosts] } : {};
+}
+
 export function requirementsOf(env: Environment): RunRequirements {
   return {
     ...(env.harness?.kind === 'acp' ? { acp_harness: splitPackage(env.harness.package) } : {}),
@@ -252,7 +259,7 @@ export async function buildTurnSpec(src: SpecSources, run: RunDoc, maxHistoryByt
       run_id: run.id, session_id: run.session_id, thread_id: run.session_thread_id, workspace_id: run.workspace_id,
       agent: { id: run.agent.id, version: run.agent.version, routing_key: grader.routing_key, tools: [] },
       environment: {
-        id: env.id, version: env.version, image: env.image, resources: { ...env.resources }, network_mode: env.network.mode,
+        id: env.id, version: env.version, image: env.image, resources: { ...env.resources }, network_mode: env.network.mode, ...allowedHostsOf(env),
         retention_mode: env.retention_mode, tier: env.tier, harness_topology: env.harness_topology ?? 'split',
       },
       resources: await specResources(session.resources, run.workspace_id, src.files),
@@ -295,6 +302,7 @@ export async function buildTurnSpec(src: SpecSources, run: RunDoc, maxHistoryByt
       image: env.image,
       resources: { ...env.resources },
       network_mode: env.network.mode,
+      ...allowedHostsOf(env),
       retention_mode: env.retention_mode,
       tier: env.tier,
       harness_topology: run.agent_deployment?.harness_topology ?? env.harness_topology ?? 'split',

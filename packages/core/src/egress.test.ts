@@ -1,10 +1,10 @@
 import { describe, expect, it } from 'vitest';
-import { addressAllowed, checkEndpointUrl, classify, resolveAllowed } from './ssrf.js';
+import { addressAllowed, checkEndpointUrl, classify, resolveAllowed } from './egress.js';
 
 const prod = { development: false, allowPrivate: false };
 const dev = { development: true, allowPrivate: false };
 
-describe('webhook egress guard', () => {
+describe('egress guard', () => {
   it('classifies addresses, including IPv4-mapped IPv6', () => {
     expect(['127.0.0.1', '::1', '::ffff:127.0.0.1'].map(classify)).toEqual(['loopback', 'loopback', 'loopback']);
     expect(['10.1.2.3', '172.20.0.1', '192.168.1.1', '169.254.169.254', '100.64.0.1', 'fd00::1', 'fe80::1', '::ffff:10.0.0.1', '0.0.0.0'].map(classify))

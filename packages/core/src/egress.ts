@@ -1,6 +1,6 @@
 import { isIP, BlockList } from 'node:net';
 import { lookup } from 'node:dns/promises';
-import { ApiError } from '@agentplane/core';
+import { ApiError } from './errors.js';
 
 /**
  * The SSRF guard of the control plane's outbound requests to addresses a Workspace chooses

@@ -1,0 +1,423 @@
+/**
+ * Egress for the sandboxes of `network.mode: allowlist` Environments (docs/SANDBOX.md, "Egress
+ * allowlist"). The sandbox keeps no network of its own: a relay inside it (Node, started by the
+ * driver like any command) listens on 127.0.0.1:3128 and carries each connection made to it over
+ * its stdio to the runner. Here the runner reads the connection's HTTP proxy request (`CONNECT
+ * host:port`, or a plain-HTTP request in absolute form), lets it through only to a host the
+ * Environment lists, resolved by the runner to addresses the egress guard allows (public ones;
+ * private ranges only where the runner's operator allows them), and connects it to the very
+ * address it checked. The relay is the sandbox's and is not trusted: everything is decided here.
+ */
+import { lookup as dnsLookup } from 'node:dns/promises';
+import { isIP, Socket } from 'node:net';
+import { addressAllowed, type Logger } from '@agentplane/core';
+import type { SandboxProcess } from './types.js';
+
+/** Where the relay listens inside the sandbox; commands get it as their HTTP(S)_PROXY. */
+export const EGRESS_PROXY_PORT = 3128;
+export const EGRESS_PROXY_URL = `http://127.0.0.1:${EGRESS_PROXY_PORT}`;
+
+/** The environment every command of an allowlist sandbox gets (the sandbox's own loopback stays direct). */
+export const EGRESS_PROXY_ENV: Readonly<Record<string, string>> = Object.freeze({
+  HTTP_PROXY: EGRESS_PROXY_URL,
+  HTTPS_PROXY: EGRESS_PROXY_URL,
+  http_proxy: EGRESS_PROXY_URL,
+  https_proxy: EGRESS_PROXY_URL,
+  NO_PROXY: 'localhost,127.0.0.1,::1',
+  no_proxy: 'localhost,127.0.0.1,::1',
+});
+
+/** Frame kinds on the relay's stdio: a 9-byte header (kind, connection id, payload length), then the payload. */
+const OPEN = 1;
+const DATA = 2;
+const END = 3;
+const CLOSE = 4;
+const HEADER = 9;
+
+/**
+ * The relay, run as `node -e`. It trusts nothing it reads from its connections; it only frames
+ * bytes. Its one argument is the port (default 3128; 0 for any, in tests). It writes `ready <port>` on stderr once listening and exits when its stdin ends (the runner
+ * went away or closed the tunnel). A connection whose socket cannot take more pauses the
+ * runner's stream until it drains; the runner's stream that cannot take more pauses every
+ * connection's reads.
+ */
+export const RELAY_SCRIPT = `
+const net = require('net');
+const out = process.stdout;
+const conns = new Map();
+let next = 1;
+let outFull = false;
+function frame(kind, id, data) {
+  const h = Buffer.alloc(${HEADER});
+  h[0] = kind; h.writeUInt32BE(id, 1); h.writeUInt32BE(data ? data.length : 0, 5);
+  if (!out.write(data ? Buffer.concat([h, data]) : h) && !outFull) {
+    outFull = true;
+    for (const s of conns.values()) s.pause();
+  }
+}
+out.on('drain', () => { outFull = false; for (const s of conns.values()) s.resume(); });
+out.on('error', () => process.exit(0));
+const server = net.createServer({ allowHalfOpen: true }, (s) => {
+  const id = next++;
+  conns.set(id, s);
+  if (outFull) s.pause();
+  frame(${OPEN}, id);
+  s.on('data', (d) => frame(${DATA}, id, d));
+  s.on('end', () => { if (conns.has(id)) frame(${END}, id); });
+  s.on('close', () => { if (conns.delete(id)) frame(${CLOSE}, id); });
+  s.on('error', () => {});
+});
+server.on('error', (e) => { process.stderr.write('egress relay: ' + e.message + '\\n'); process.exit(1); });
+server.listen(Number(process.argv[1] || ${EGRESS_PROXY_PORT}), '127.0.0.1', () => process.stderr.write('ready ' + server.address().port + '\\n'));
+let buf = Buffer.alloc(0);
+process.stdin.on('data', (d) => {
+  buf = buf.length ? Buffer.concat([buf, d]) : d;
+  while (buf.length >= ${HEADER}) {
+    const len = buf.readUInt32BE(5);
+    if (buf.length < ${HEADER} + len) break;
+    const kind = buf[0], id = buf.readUInt32BE(1), p = buf.subarray(${HEADER}, ${HEADER} + len);
+    buf = buf.subarray(${HEADER} + len);
+    const s = conns.get(id);
+    if (!s) continue;
+    if (kind === ${DATA}) { if (!s.write(p)) { process.stdin.pause(); s.once('drain', () => process.stdin.resume()); } }
+    else if (kind === ${END}) s.end();
+    else if (kind === ${CLOSE}) { conns.delete(id); s.destroy(); }
+  }
+});
+process.stdin.on('end', () => process.exit(0));
+`;
+
+/** One entry of `allowed_hosts`: a host (or `*.` and a domain, for its subdomains) and a port, or any of 80 and 443. */
+export interface AllowRule {
+  host: string;
+  wildcard: boolean;
+  port: number | null;
+}
+
+/** Reads `host[:port]` as the Environment's schema admits it (lower case; `*.` prefix for subdomains). */
+export function parseAllowRule(entry: string): AllowRule {
+  const m = /^(\*\.)?(.+?)(?::(\d{1,5}))?$/.exec(entry.trim().toLowerCase());
+  if (!m || !m[2]) throw new Error(`not a host[:port]: ${entry}`);
+  return { wildcard: m[1] !== undefined, host: m[2].replace(/\.$/, ''), port: m[3] !== undefined ? Number(m[3]) : null };
+}
+
+/** Whether a request to `host:port` is one the rules list. A rule without a port admits 80 and 443 only. */
+export function allowedBy(rules: readonly AllowRule[], host: string, port: number): boolean {
+  const h = host.toLowerCase().replace(/^\[|\]$/g, '').replace(/\.$/, '');
+  return rules.some((r) => {
+    const portOk = r.port === null ? port === 80 || port === 443 : r.port === port;
+    if (!portOk) return false;
+    return r.wildcard ? h.endsWith(`.${r.host}`) : h === r.host;
+  });
+}
+
+/** What a connection asked for, read from its HTTP proxy request's head. */
+export type ProxyRequest =
+  | { kind: 'connect'; host: string; port: number; rest: Buffer }
+  | { kind: 'forward'; host: string; port: number; head: Buffer; rest: Buffer }
+  | { kind: 'bad'; status: number; reason: string };
+
+const MAX_HEAD = 16 * 1024;
+const HOP_HEADERS = new Set(['proxy-connection', 'proxy-authorization', 'connection', 'keep-alive']);
+
+function hostPort(authority: string, defaultPort: number | null): { host: string; port: number } | null {
+  let url: URL;
+  try {
+    url = new URL(`http://${authority}`);
+  } catch {
+    return null;
+  }
+  if (url.username || url.password || url.pathname !== '/' || url.search || url.hash) return null;
+  const explicit = /:(\d+)$/.exec(authority)?.[1];
+  const port = explicit !== undefined ? Number(explicit) : defaultPort;
+  if (port === null || !Number.isInteger(port) || port < 1 || port > 65535) return null;
+  return { host: url.hostname.replace(/^\[|\]$/g, ''), port };
+}
+
+/**
+ * Reads a proxy request from the bytes a connection sent so far: undefined while its head is
+ * incomplete. A plain-HTTP request is rewritten to origin form and made the connection's only
+ * request (`Connection: close`): a second request on it would be checked by nobody.
+ */
+export function readProxyRequest(bytes: Buffer): ProxyRequest | undefined {
+  const end = bytes.indexOf('\r\n\r\n');
+  if (end < 0) return bytes.length > MAX_HEAD ? { kind: 'bad', status: 431, reason: 'request head too large' } : undefined;
+  if (end > MAX_HEAD) return { kind: 'bad', status: 431, reason: 'request head too large' };
+  const lines = bytes.subarray(0, end).toString('latin1').split('\r\n');
+  const rest = bytes.subarray(end + 4);
+  const m = /^([A-Z]+) (\S+) (HTTP\/1\.[01])$/.exec(lines[0] ?? '');
+  if (!m) return { kind: 'bad', status: 400, reason: 'not an HTTP/1.x proxy request' };
+  const [, method, target, version] = m as unknown as [string, string, string, string];
+  if (method === 'CONNECT') {
+    const hp = hostPort(target, null);
+    if (!hp) return { kind: 'bad', status: 400, reason: 'CONNECT needs host:port' };
+    return { kind: 'connect', ...hp, rest };
+  }
+  if (!target.startsWith('http://')) {
+    return { kind: 'bad', status: 400, reason: 'only CONNECT (for https) and absolute http:// requests go through this proxy' };
+  }
+  let url: URL;
+  try {
+    url = new URL(target);
+  } catch {
+    return { kind: 'bad', status: 400, reason: 'not a URL' };
+  }
+  const hp = hostPort(url.host, 80);
+  if (!hp) return { kind: 'bad', status: 400, reason: 'not a host and port' };
+  const headers = lines.slice(1).filter((l) => !HOP_HEADERS.has(l.slice(0, l.indexOf(':')).trim().toLowerCase()));
+  if (!headers.some((l) => /^host\s*:/i.test(l))) headers.unshift(`Host: ${url.host}`);
+  const head = Buffer.from([`${method} ${url.pathname}${url.search} ${version}`, ...headers, 'Connection: close', '', ''].join('\r\n'), 'latin1');
+  return { kind: 'forward', ...hp, head, rest };
+}
+
+export interface EgressDecision {
+  host: string;
+  port: number;
+  /** `connected`: allowed and connected; `refused`: not allowed here; `failed`: allowed, and the connection could not be made. */
+  outcome: 'connected' | 'refused' | 'failed';
+  /** Why it was refused or failed. */
+  reason?: string;
+}
+
+export interface EgressTunnelOptions {
+  /** Let connections reach private and reserved ranges, loopback included (the runner's operator allows it). */
+  allowPrivate: boolean;
+  log: Logger;
+  /** Each connection's decision (metrics). */
+  onDecision?: (decision: EgressDecision) => void;
+  /** Resolver (tests): every address a name has. */
+  lookup?: (host: string) => Promise<Array<{ address: string; family: number }>>;
+  connectTimeoutMs?: number;
+  /** Connections open at once through one sandbox's relay. Default 256. */
+  maxConnections?: number;
+}
+
+interface Conn {
+  id: number;
+  /** `head`: reading the request head; `deciding`: checking and connecting; `open`: bytes flow; `closed`. */
+  state: 'head' | 'deciding' | 'open' | 'closed';
+  /** Bytes of the request head read so far. */
+  head: Buffer;
+  upstream: Socket | undefined;
+  /** Bytes the sandbox sent after the head while the connection was being decided. */
+  pending: Buffer[];
+  sandboxEnded: boolean;
+}
+
+function reply(status: number, reason: string, body: string): Buffer {
+  const text = `agentplane egress: ${body}\n`;
+  return Buffer.from(`HTTP/1.1 ${status} ${reason}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(text)}\r\nConnection: close\r\n\r\n${text}`);
+}
+
+const STATUS_TEXT: Record<number, string> = { 400: 'Bad Request', 403: 'Forbidden', 431: 'Request Header Fields Too Large', 502: 'Bad Gateway', 503: 'Service Unavailable', 504: 'Gateway Timeout' };
+
+/**
+ * The runner's end of one sandbox's relay: decides and connects the relay's connections. The
+ * relay process ending (the container stopped, the agent killed it) ends the tunnel: `alive`
+ * turns false and the driver starts a new relay before the next command.
+ */
+export class EgressTunnel {
+  private rules: AllowRule[];
+  private readonly conns = new Map<number, Conn>();
+  private inbound: Buffer = Buffer.alloc(0);
+  private ended = false;
+  private readonly lookup: (host: string) => Promise<Array<{ address: string; family: number }>>;
+
+  constructor(private readonly relay: SandboxProcess, allowedHosts: readonly string[], private readonly o: EgressTunnelOptions) {
+    this.rules = allowedHosts.map(parseAllowRule);
+    this.lookup = o.lookup ?? ((host) => dnsLookup(host, { all: true, verbatim: true }));
+    relay.stdout.on('data', (d: Buffer) => this.onRelayData(d));
+    relay.stdin.on('drain', () => {
+      for (const c of this.conns.values()) c.upstream?.resume();
+    });
+    relay.stdin.on('error', () => this.shut());
+    void relay.wait().then(() => this.shut());
+  }
+
+  get alive(): boolean {
+    return !this.ended;
+  }
+
+  /** The Environment's list as the latest Run has it (a Session's sandbox is reused between Runs). */
+  setAllowed(allowedHosts: readonly string[]): void {
+    this.rules = allowedHosts.map(parseAllowRule);
+  }
+
+  /** Ends every connection and the relay. */
+  async close(): Promise<void> {
+    this.shut();
+    await this.relay.kill().catch(() => undefined);
+  }
+
+  private shut(): void {
+    if (this.ended) return;
+    this.ended = true;
+    for (const c of this.conns.values()) {
+      c.state = 'closed';
+      c.upstream?.destroy();
+    }
+    this.conns.clear();
+  }
+
+  private send(kind: number, id: number, data?: Buffer): void {
+    if (this.ended) return;
+    const h = Buffer.alloc(HEADER);
+    h[0] = kind;
+    h.writeUInt32BE(id, 1);
+    h.writeUInt32BE(data ? data.length : 0, 5);
+    if (!this.relay.stdin.write(data ? Buffer.concat([h, data]) : h)) {
+      // The sandbox reads slower than upstreams send: hold every upstream until it drains.
+      for (const c of this.conns.values()) c.upstream?.pause();
+    }
+  }
+
+  private onRelayData(d: Buffer): void {
+    this.inbound = this.inbound.length ? Buffer.concat([this.inbound, d]) : d;
+    while (this.inbound.length >= HEADER) {
+      const len = this.inbound.readUInt32BE(5);
+      if (this.inbound.length < HEADER + len) break;
+      const kind = this.inbound[0] ?? 0;
+      const id = this.inbound.readUInt32BE(1);
+      const payload = this.inbound.subarray(HEADER, HEADER + len);
+      this.inbound = this.inbound.subarray(HEADER + len);
+      this.onFrame(kind, id, payload);
+    }
+  }
+
+  private onFrame(kind: number, id: number, payload: Buffer): void {
+    if (kind === OPEN) {
+      if (this.conns.size >= (this.o.maxConnections ?? 256)) {
+        this.send(DATA, id, reply(503, STATUS_TEXT[503]!, 'too many connections open through this sandbox\'s proxy'));
+        this.send(END, id);
+        this.send(CLOSE, id);
+        return;
+      }
+      this.conns.set(id, { id, state: 'head', head: Buffer.alloc(0), upstream: undefined, pending: [], sandboxEnded: false });
+      return;
+    }
+    const c = this.conns.get(id);
+    if (!c) return;
+    if (kind === DATA) {
+      if (c.state === 'head') {
+        c.head = Buffer.concat([c.head, payload]);
+        const req = readProxyRequest(c.head);
+        if (req) {
+          c.state = 'deciding';
+          c.head = Buffer.alloc(0);
+          void this.decide(c, req);
+        }
+      } else if (c.state === 'open') {
+        c.upstream?.write(payload);
+      } else if (c.state === 'deciding') {
+        c.pending.push(payload);
+      }
+    } else if (kind === END) {
+      c.sandboxEnded = true;
+      if (c.state === 'open') c.upstream?.end();
+      else if (c.state === 'head') this.finish(c, 400, 'the connection ended before its request head');
+    } else if (kind === CLOSE) {
+      c.state = 'closed';
+      this.conns.delete(id);
+      c.upstream?.destroy();
+    }
+  }
+
+  /** Answers the sandbox with an error and ends the connection. */
+  private finish(c: Conn, status: number, body: string): void {
+    if (c.state === 'closed') return;
+    this.send(DATA, c.id, reply(status, STATUS_TEXT[status] ?? 'Error', body));
+    this.send(END, c.id);
+    this.send(CLOSE, c.id);
+    c.state = 'closed';
+    this.conns.delete(c.id);
+    c.upstream?.destroy();
+  }
+
+  private async decide(c: Conn, req: ProxyRequest): Promise<void> {
+    if (req.kind === 'bad') return this.finish(c, req.status, req.reason);
+    const target = `${req.host}:${req.port}`;
+    const answer = (outcome: 'refused' | 'failed', status: number, reason: string): void => {
+      this.o.onDecision?.({ host: req.host, port: req.port, outcome, reason });
+      this.o.log.warn({ host: req.host, port: req.port, outcome, reason }, 'sandbox egress not connected');
+      this.finish(c, status, `${target}: ${reason}`);
+    };
+    if (!allowedBy(this.rules, req.host, req.port)) return answer('refused', 403, 'not in the Environment\'s allowed_hosts');
+    let address: string;
+    try {
+      const literal = isIP(req.host) !== 0;
+      const addrs = literal ? [{ address: req.host, family: isIP(req.host) }] : await this.lookup(req.host);
+      if (addrs.length === 0) return answer('failed', 502, 'the name has no address');
+      // Every address must pass: a name that also resolves to a private address is refused outright.
+      const policy = { development: false, allowPrivate: this.o.allowPrivate };
+      if (addrs.some((a) => !addressAllowed(a.address, policy))) return answer('refused', 403, 'it resolves to a private or reserved address, which this runner does not allow');
+      address = addrs[0]!.address;
+    } catch (err) {
+      return answer('failed', 502, `the name did not resolve (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`);
+    }
+    if (c.state !== 'deciding') return;
+    const upstream = new Socket({ allowHalfOpen: true });
+    c.upstream = upstream;
+    let connected = false;
+    const timer = setTimeout(() => upstream.destroy(Object.assign(new Error('connect timed out'), { code: 'ETIMEDOUT' })), this.o.connectTimeoutMs ?? 10_000);
+    upstream.once('connect', () => {
+      clearTimeout(timer);
+      connected = true;
+      if (c.state !== 'deciding') return void upstream.destroy();
+      c.state = 'open';
+      this.o.onDecision?.({ host: req.host, port: req.port, outcome: 'connected' });
+      this.o.log.info({ host: req.host, port: req.port, address }, 'sandbox egress connected');
+      upstream.on('data', (d: Buffer) => this.send(DATA, c.id, d));
+      upstream.on('end', () => {
+        if (c.state === 'open') this.send(END, c.id);
+      });
+      if (req.kind === 'connect') this.send(DATA, c.id, Buffer.from('HTTP/1.1 200 Connection Established\r\n\r\n'));
+      else upstream.write(req.head);
+      if (req.rest.length > 0) upstream.write(req.rest);
+      for (const p of c.pending.splice(0)) upstream.write(p);
+      if (c.sandboxEnded) upstream.end();
+    });
+    upstream.on('error', (err: NodeJS.ErrnoException) => {
+      clearTimeout(timer);
+      if (!connected && c.state === 'deciding') answer('failed', err.code === 'ETIMEDOUT' ? 504 : 502, `connecting failed (${err.code ?? err.message})`);
+    });
+    upstream.on('close', () => {
+      clearTimeout(timer);
+      if (c.state === 'closed') return;
+      c.state = 'closed';
+      this.conns.delete(c.id);
+      this.send(CLOSE, c.id);
+    });
+    upstream.connect({ host: address, port: req.port });
+  }
+}
+
+/**
+ * Waits for a relay's `ready <port>` (its port), at most `timeoutMs`. A relay that ends first
+ * (no `node` in the image, the port taken) or does not answer in time is killed and the error
+ * names what it wrote.
+ */
+export async function relayReady(relay: SandboxProcess, timeoutMs: number): Promise<number> {
+  let text = '';
+  let timer: NodeJS.Timeout | undefined;
+  let onData: ((d: Buffer) => void) | undefined;
+  try {
+    return await new Promise<number>((resolve, reject) => {
+      onData = (d: Buffer) => {
+        text = (text + d.toString('utf8')).slice(-2048);
+        const m = /(?:^|\n)ready (\d+)\n/.exec(text);
+        if (m) resolve(Number(m[1]));
+      };
+      relay.stderr.on('data', onData);
+      void relay.wait().then(({ exitCode }) => reject(new Error(`the egress relay ended (exit ${exitCode})${text.trim() ? `: ${text.trim()}` : ''}`)));
+      timer = setTimeout(() => reject(new Error(`the egress relay did not start within ${timeoutMs} ms`)), timeoutMs);
+    });
+  } catch (err) {
+    await relay.kill().catch(() => undefined);
+    throw err;
+  } finally {
+    clearTimeout(timer);
+    if (onData) relay.stderr.off('data', onData);
+    // The relay's later stderr is not read: keep it flowing.
+    relay.stderr.resume();
+  }
+}
