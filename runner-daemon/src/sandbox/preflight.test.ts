@@ -15,6 +15,7 @@ describe('sandbox preflight', () => {
       ['non-root, no capabilities, no-new-privileges', true],
       ['read-only root, writable workspace', true],
       ['bounded cancel', true],
+      ['egress allowlist relay', true],
       ['teardown', true],
     ]);
     expect(report.ok).toBe(true);

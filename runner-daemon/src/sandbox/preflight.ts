@@ -89,6 +89,18 @@ export async function sandboxPreflight(options: { docker?: Docker; runnerId?: st
       if (!r.killed || took > 5_000) throw new Error(`cancel took ${took} ms`);
       return `sleep 600 killed in ${took} ms`;
     });
+    await check('egress allowlist relay', async () => {
+      // The same sandbox as an allowlist Environment's: the relay starts and the runner's proxy
+      // answers it. The host asked for is not listed, so nothing leaves this machine.
+      const allowlisted = await driver.ensure(session, { memory_mib: 128, pids_limit: 64, network_mode: 'allowlist', allowed_hosts: ['preflight.invalid'] });
+      const script = "const u=new URL(process.env.HTTPS_PROXY);const s=require('net').connect(u.port,u.hostname,()=>s.write('CONNECT elsewhere.invalid:443 HTTP/1.1\\r\\n\\r\\n'));" +
+        "let b='';s.on('data',d=>b+=d);s.on('close',()=>console.log(b.split('\\r\\n')[0]));s.on('error',e=>console.log('ERR '+e.code))";
+      const r = await driver.exec(allowlisted, ['node', '-e', script], { timeoutMs: 10_000 });
+      if (r.stdout.trim() !== 'HTTP/1.1 403 Forbidden') throw new Error(`the egress proxy answered ${JSON.stringify(r.stdout.trim() || r.stderr.trim())}, not a refusal of an unlisted host`);
+      const net = await driver.exec(allowlisted, { script: 'ls /sys/class/net' }, { timeoutMs: 10_000 });
+      if (net.stdout.trim() !== 'lo') throw new Error(`an allowlist sandbox has a network device (${net.stdout.trim()})`);
+      return 'relay started; an unlisted host refused (403); only loopback';
+    });
   } finally {
     await check('teardown', async () => {
       await driver.destroy(session.id);
