@@ -11,9 +11,16 @@
  * - colocated: one Run of the agent loop with N bash tool calls (model answered in-process) with
  *   the loop inside the sandbox (bundle placed, node started, stdio relay)
  *   floor: the same Run with the loop in the runner (split: one docker exec per tool call)
+ * - egress: in an allowlist sandbox, a command (node) GETs a small body from a listed host on
+ *   this machine through the egress proxy (relay in the sandbox, runner's proxy, upstream)
+ *   floor: the same command without the request (`node -e 0`)
+ * - egress bulk: 16 MiB downloaded through the proxy by a command in the sandbox
+ *   floor: 16 MiB written to the command's own stdout (the exec stream the relay rides on)
  */
 import { randomBytes } from 'node:crypto';
 import { mkdirSync, writeFileSync } from 'node:fs';
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import Docker from 'dockerode';
 import { DockerDriver } from '../runner-daemon/src/sandbox/docker-driver.js';
 import { ensureSandboxImage } from '../runner-daemon/src/sandbox/image.js';
@@ -33,7 +40,8 @@ benchHelp(import.meta.url);
 const RUNS = Number(process.env.BENCH_RUNS ?? 50);
 const docker = new Docker();
 const runnerId = `bench-${randomBytes(4).toString('hex')}`;
-const driver = new DockerDriver({ runnerId, docker });
+// The egress rows' upstream listens on this machine's loopback: private addresses allowed here.
+const driver = new DockerDriver({ runnerId, docker, egress: { allowPrivate: true } });
 
 function percentile(sorted: number[], p: number): number {
   const idx = Math.min(sorted.length - 1, Math.max(0, Math.ceil((p / 100) * sorted.length) - 1));
@@ -184,6 +192,37 @@ async function main(): Promise<void> {
     topologiesProgress.tick(i + 1);
   }
   topologiesProgress.end();
+
+  const BULK = 16 * 1024 * 1024;
+  const bulkBody = Buffer.alloc(BULK, 'x');
+  const upstream = createServer((req, res) => res.end(req.url === '/bulk' ? bulkBody : 'ok'));
+  await new Promise<void>((resolve) => upstream.listen(0, '127.0.0.1', resolve));
+  const port = (upstream.address() as AddressInfo).port;
+  const esb = await driver.ensure({ id: `sess_${randomBytes(8).toString('hex')}` }, { network_mode: 'allowlist', allowed_hosts: [`127.0.0.1:${port}`] });
+  const get = (path: string): string[] => ['node', '-e',
+    "const u=new URL(process.env.HTTP_PROXY);require('http').get({host:u.hostname,port:u.port,path:process.argv[1]},r=>{let n=0;r.on('data',d=>n+=d.length);r.on('end',()=>console.log(r.statusCode+' '+n))})",
+    `http://127.0.0.1:${port}${path}`];
+  const timed = async (argv: string[], expect: RegExp): Promise<number> => {
+    const t = performance.now();
+    const r = await driver.exec(esb, argv, { maxOutputBytes: BULK * 2 });
+    const took = performance.now() - t;
+    if (r.exitCode !== 0 || !expect.test(r.stdout)) throw new Error(`egress command failed: ${r.stdout.slice(0, 200)} ${r.stderr.slice(0, 200)}`);
+    return took;
+  };
+  const egress: number[] = [];
+  const egressFloor: number[] = [];
+  const bulk: number[] = [];
+  const bulkFloor: number[] = [];
+  const egressProgress = progress('egress', RUNS);
+  for (let i = 0; i < RUNS; i++) {
+    egressFloor.push(await timed(['node', '-e', '0'], /^$/));
+    egress.push(await timed(get('/small'), /^200 2\n$/));
+    bulkFloor.push(await timed(['node', '-e', `process.stdout.write(Buffer.alloc(${BULK}, 'x'))`], /^x/));
+    bulk.push(await timed(get('/bulk'), new RegExp(`^200 ${BULK}\\n$`)));
+    egressProgress.tick(i + 1);
+  }
+  egressProgress.end();
+  await new Promise((resolve) => upstream.close(resolve));
   await driver.reapOrphans(runnerId, []);
 
   const rows = [
@@ -192,6 +231,8 @@ async function main(): Promise<void> {
     { name: 'cold + 4 MiB File + 200-file repo placed', ours: summary(withResources), floorName: 'docker run + putArchive', floor: summary(withResourcesFloor) },
     { name: 'Run, 1 bash call: colocated loop', ours: summary(colocated1), floorName: 'split loop', floor: summary(split1) },
     { name: 'Run, 10 bash calls: colocated loop', ours: summary(colocated10), floorName: 'split loop', floor: summary(split10) },
+    { name: 'egress: node GET via allowlist proxy', ours: summary(egress), floorName: 'node -e 0', floor: summary(egressFloor) },
+    { name: 'egress: 16 MiB via allowlist proxy', ours: summary(bulk), floorName: '16 MiB on exec stdout', floor: summary(bulkFloor) },
   ];
   console.log('');
   console.log(`${'measure'.padEnd(44)}${'ours p50'.padStart(10)}${'ours p99'.padStart(10)}  ${'floor'.padEnd(22)}${'p50'.padStart(10)}${'p99'.padStart(10)}  ratio p50  ratio p99`);
