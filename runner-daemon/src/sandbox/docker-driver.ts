@@ -132,8 +132,9 @@ interface Tracked {
   egress?: { hosts: readonly string[]; tunnel: EgressTunnel | undefined; starting: Promise<void> | undefined };
 }
 
-/** How long a relay has to answer `ready`. */
+/** How long a relay has to answer `ready`, and a ping before each command. */
 const RELAY_START_MS = 10_000;
+const RELAY_PING_MS = 2_000;
 
 function statusCode(err: unknown): number | undefined {
   return (err as { statusCode?: number } | null)?.statusCode;
@@ -317,9 +318,15 @@ export class DockerDriver implements SandboxDriver {
   /** Starts the sandbox's relay unless it runs (it ends with the container, or when the agent kills it). */
   private async egressUp(tracked: Tracked): Promise<void> {
     const egress = tracked.egress;
-    if (!egress || egress.tunnel?.alive) return;
+    if (!egress) return;
+    if (!egress.starting && egress.tunnel?.alive) {
+      if (await egress.tunnel.ping(RELAY_PING_MS)) return;
+      // Killed a moment ago (its end not seen yet) or stuck: a new one takes its place.
+      await egress.tunnel.close();
+    }
     egress.starting ??= (async () => {
-      const relay = await this.spawnWrapped(tracked, ['node', '-e', RELAY_SCRIPT, String(EGRESS_PROXY_PORT)], {});
+      // Held: an upstream slower than the sandbox's sends holds the relay, not this process's memory.
+      const relay = await this.spawnWrapped(tracked, ['node', '-e', RELAY_SCRIPT, String(EGRESS_PROXY_PORT)], {}, true);
       const tunnel = new EgressTunnel(relay, egress.hosts, {
         allowPrivate: this.egressOptions.allowPrivate ?? false,
         log: this.log.child({ session: tracked.sandbox.sessionId }),
@@ -738,12 +745,14 @@ export class DockerDriver implements SandboxDriver {
     return this.spawnWrapped(tracked, argv, env ? { ...options, env } : options);
   }
 
-  private async spawnWrapped(tracked: Tracked, argv: string[], options: SpawnOptions): Promise<SandboxProcess> {
+  /** `held`: output the reader does not take holds the command back (`demuxHeld`); else it is buffered here. */
+  private async spawnWrapped(tracked: Tracked, argv: string[], options: SpawnOptions, held = false): Promise<SandboxProcess> {
     const execId = randomBytes(8).toString('hex');
     const { exec, stream } = await this.startWrapped(tracked, tracked.sandbox, execId, argv, options, true);
     const stdout = new PassThrough();
     const stderr = new PassThrough();
-    this.docker.modem.demuxStream(stream, stdout, stderr);
+    if (held) demuxHeld(stream, stdout, stderr);
+    else this.docker.modem.demuxStream(stream, stdout, stderr);
     const stdin = new PassThrough();
     // Ending stdin half-closes the exec stream: the command reads end of file.
     stdin.pipe(stream as unknown as NodeJS.WritableStream);
@@ -985,6 +994,36 @@ export class DockerDriver implements SandboxDriver {
 
 
 /** Resolves when an exec stream has ended, closed or failed. */
+/**
+ * Splits a multiplexed exec stream (8-byte headers: stream kind, payload length) into stdout and
+ * stderr, pausing it while either cannot take more, so a reader that falls behind (the egress
+ * tunnel waiting on a slow upstream) holds the command back through the engine instead of its
+ * output piling up in this process. The reader must read both streams.
+ */
+export function demuxHeld(stream: NodeJS.ReadableStream, stdout: NodeJS.WritableStream, stderr: NodeJS.WritableStream): void {
+  let buffered: Buffer = Buffer.alloc(0);
+  let waiting = 0;
+  const hold = (target: NodeJS.WritableStream): void => {
+    waiting += 1;
+    stream.pause();
+    target.once('drain', () => {
+      waiting -= 1;
+      if (waiting === 0) stream.resume();
+    });
+  };
+  stream.on('data', (chunk: Buffer) => {
+    buffered = buffered.length ? Buffer.concat([buffered, chunk]) : chunk;
+    while (buffered.length >= 8) {
+      const length = buffered.readUInt32BE(4);
+      if (buffered.length < 8 + length) break;
+      const target = buffered[0] === 2 ? stderr : stdout;
+      const payload = buffered.subarray(8, 8 + length);
+      buffered = buffered.subarray(8 + length);
+      if (!target.write(payload)) hold(target);
+    }
+  });
+}
+
 function streamEnd(stream: NodeJS.ReadableStream): Promise<void> {
   return new Promise<void>((resolve) => {
     stream.on('end', resolve);

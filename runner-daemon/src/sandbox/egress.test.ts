@@ -1,10 +1,13 @@
 import { spawn } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { PassThrough, Writable } from 'node:stream';
 import { createServer, request, type Server } from 'node:http';
 import { connect, type AddressInfo } from 'node:net';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { createLogger } from '@agentplane/core';
 import { allowedBy, EgressTunnel, parseAllowRule, readProxyRequest, relayReady, RELAY_SCRIPT, type EgressDecision, type EgressTunnelOptions } from './egress.js';
 import type { SandboxProcess } from './types.js';
+import { demuxHeld } from './docker-driver.js';
 
 /** The relay as the sandbox runs it, here as a child process of the test (port 0: any free one). */
 function startRelay(): SandboxProcess {
@@ -54,7 +57,7 @@ async function tunnelWith(allowed: string[], o: Partial<EgressTunnelOptions> = {
 }
 
 /** A plain-HTTP request through the proxy (absolute form), as curl or pip send it with HTTP_PROXY. */
-function viaProxy(proxyPort: number, url: string, init: { method?: string; body?: string; headers?: Record<string, string> } = {}): Promise<{ status: number; body: string }> {
+function viaProxy(proxyPort: number, url: string, init: { method?: string; body?: string | Buffer; headers?: Record<string, string> } = {}): Promise<{ status: number; body: string }> {
   return new Promise((resolve, reject) => {
     const req = request({ host: '127.0.0.1', port: proxyPort, method: init.method ?? 'GET', path: url, headers: { host: new URL(url).host, ...(init.headers ?? {}) } }, (res) => {
       let body = '';
@@ -184,6 +187,11 @@ describe('egress tunnel through a real relay', () => {
     tunnel.setAllowed([`127.0.0.1:${upstreamPort}`]);
     expect((await viaProxy(port, `http://127.0.0.1:${upstreamPort}/`)).status).toBe(200);
     expect(tunnel.alive).toBe(true);
+    expect(await tunnel.ping(5_000)).toBe(true);
+    // A relay that reads no more (stopped, not yet seen to end) does not answer.
+    relay.stdout.pause();
+    (relay.stdin as NodeJS.WritableStream & { cork(): void }).cork();
+    expect(await tunnel.ping(200)).toBe(false);
     await relay.kill();
     await new Promise<void>((resolve) => setImmediate(resolve));
     expect(tunnel.alive).toBe(false);
@@ -204,5 +212,132 @@ describe('egress tunnel through a real relay', () => {
     } finally {
       await new Promise((resolve) => big.close(resolve));
     }
+  });
+});
+
+describe('what a sandbox cannot make the runner hold', () => {
+  it('closes the tunnel on a frame longer than the relay ever writes, reading no further', async () => {
+    const stdout = new PassThrough();
+    let killed = false;
+    let end: (v: { exitCode: number; killed: boolean }) => void = () => undefined;
+    const ended = new Promise<{ exitCode: number; killed: boolean }>((resolve) => (end = resolve));
+    const fake: SandboxProcess = {
+      stdin: new PassThrough(), stdout, stderr: new PassThrough(), wait: () => ended,
+      kill: async () => {
+        killed = true;
+        end({ exitCode: 137, killed: true });
+      },
+    };
+    const tunnel = new EgressTunnel(fake, ['example.com'], { allowPrivate: false, log });
+    const header = Buffer.alloc(9);
+    header[0] = 2;
+    header.writeUInt32BE(1, 1);
+    header.writeUInt32BE(0x7fffffff, 5);
+    stdout.write(header);
+    await new Promise<void>((resolve) => setImmediate(resolve));
+    expect(tunnel.alive).toBe(false);
+    expect(killed).toBe(true);
+  });
+
+  it('refuses a connection that sends more than 1 MiB while it is being decided', async () => {
+    let release: () => void = () => undefined;
+    const gate = new Promise<void>((resolve) => (release = resolve));
+    const { port, decisions } = await tunnelWith([`slow.example:${upstreamPort}`], {
+      lookup: async () => {
+        await gate;
+        return [{ address: '127.0.0.1', family: 4 }];
+      },
+    });
+    const answer = await new Promise<string>((resolve, reject) => {
+      const s = connect(port, '127.0.0.1');
+      let text = '';
+      s.on('connect', () => {
+        s.write(`POST http://slow.example:${upstreamPort}/up HTTP/1.1\r\nHost: slow.example\r\nContent-Length: ${2 * 1024 * 1024}\r\n\r\n`);
+        s.write(Buffer.alloc(2 * 1024 * 1024, 'u'));
+      });
+      s.on('data', (d: Buffer) => (text += d.toString('latin1')));
+      s.on('close', () => resolve(text));
+      s.on('error', reject);
+    });
+    release();
+    expect(answer).toMatch(/^HTTP\/1\.1 400 Bad Request/);
+    expect(answer).toContain('more than 1 MiB sent before the connection was made');
+    expect(decisions).toEqual([]);
+  });
+
+  it('carries a 16 MiB upload intact to an upstream that reads slowly', async () => {
+    let resolveReceived: (v: { bytes: number; digest: string }) => void = () => undefined;
+    const received = new Promise<{ bytes: number; digest: string }>((resolve) => (resolveReceived = resolve));
+    const slow = createServer((req, res) => {
+      const hash = createHash('sha256');
+      let bytes = 0;
+      // Reads a chunk, then waits a millisecond: the upload outpaces it, so the tunnel holds the relay.
+      const pump = (): void => {
+        const chunk = req.read() as Buffer | null;
+        if (chunk) {
+          hash.update(chunk);
+          bytes += chunk.length;
+        }
+        if (!req.readableEnded) setTimeout(pump, 1);
+      };
+      req.on('end', () => {
+        res.end('stored');
+        resolveReceived({ bytes, digest: hash.digest('hex') });
+      });
+      pump();
+    });
+    await new Promise<void>((resolve) => slow.listen(0, '127.0.0.1', resolve));
+    try {
+      const slowPort = (slow.address() as AddressInfo).port;
+      const { port, tunnel } = await tunnelWith([`127.0.0.1:${slowPort}`]);
+      const body = Buffer.alloc(16 * 1024 * 1024);
+      for (let i = 0; i < body.length; i += 4096) body.writeUInt32BE(i, i);
+      const [r, got] = await Promise.all([
+        viaProxy(port, `http://127.0.0.1:${slowPort}/upload`, { method: 'POST', body, headers: { 'content-type': 'application/octet-stream' } }),
+        received,
+      ]);
+      expect(r).toEqual({ status: 200, body: 'stored' });
+      expect(got.bytes).toBe(body.length);
+      expect(got.digest).toBe(createHash('sha256').update(body).digest('hex'));
+      // The relay was held while the upstream lagged: the runner never had the upload waiting in memory.
+      expect(tunnel.stats.holds).toBeGreaterThan(0);
+      expect(tunnel.stats.maxUpstreamBuffered).toBeLessThan(2 * 1024 * 1024);
+    } finally {
+      await new Promise((resolve) => slow.close(resolve));
+    }
+  });
+
+  it('demuxHeld pauses the exec stream while a reader lags, and loses nothing', async () => {
+    const source = new PassThrough();
+    const chunks: Buffer[] = [];
+    let pending: (() => void) | undefined;
+    // A stdout that takes one chunk at a time, on demand.
+    const slowOut = new Writable({
+      highWaterMark: 1024,
+      write(chunk: Buffer, _enc, done) {
+        chunks.push(chunk);
+        pending = done;
+      },
+    });
+    const errOut = new PassThrough();
+    demuxHeld(source, slowOut, errOut);
+    const frame = (kind: number, data: Buffer): Buffer => {
+      const h = Buffer.alloc(8);
+      h[0] = kind;
+      h.writeUInt32BE(data.length, 4);
+      return Buffer.concat([h, data]);
+    };
+    source.write(Buffer.concat([frame(1, Buffer.alloc(4096, 'a')), frame(2, Buffer.from('err')), frame(1, Buffer.alloc(4096, 'b'))]));
+    await new Promise<void>((resolve) => setImmediate(resolve));
+    expect(source.isPaused()).toBe(true);
+    while (pending) {
+      const done = pending;
+      pending = undefined;
+      done();
+      await new Promise<void>((resolve) => setImmediate(resolve));
+    }
+    expect(source.isPaused()).toBe(false);
+    expect(Buffer.concat(chunks).toString()).toBe('a'.repeat(4096) + 'b'.repeat(4096));
+    expect(errOut.read()?.toString()).toBe('err');
   });
 });

@@ -32,7 +32,13 @@ const OPEN = 1;
 const DATA = 2;
 const END = 3;
 const CLOSE = 4;
+/** Runner → relay, answered in kind with the same id: the relay still reads and writes. */
+const PING = 5;
 const HEADER = 9;
+/** The relay frames what one socket read gives (at most 64 KiB): a longer frame is a relay not to be read further. */
+const MAX_FRAME = 1024 * 1024;
+/** What a connection may send while it is being decided (the name resolved, the upstream connected). */
+const MAX_PENDING = 1024 * 1024;
 
 /**
  * The relay, run as `node -e`. It trusts nothing it reads from its connections; it only frames
@@ -77,6 +83,7 @@ process.stdin.on('data', (d) => {
     if (buf.length < ${HEADER} + len) break;
     const kind = buf[0], id = buf.readUInt32BE(1), p = buf.subarray(${HEADER}, ${HEADER} + len);
     buf = buf.subarray(${HEADER} + len);
+    if (kind === ${PING}) { frame(${PING}, id); continue; }
     const s = conns.get(id);
     if (!s) continue;
     if (kind === ${DATA}) { if (!s.write(p)) { process.stdin.pause(); s.once('drain', () => process.stdin.resume()); } }
@@ -201,6 +208,7 @@ interface Conn {
   upstream: Socket | undefined;
   /** Bytes the sandbox sent after the head while the connection was being decided. */
   pending: Buffer[];
+  pendingBytes: number;
   sandboxEnded: boolean;
 }
 
@@ -221,6 +229,12 @@ export class EgressTunnel {
   private readonly conns = new Map<number, Conn>();
   private inbound: Buffer = Buffer.alloc(0);
   private ended = false;
+  /** Upstreams waiting to drain (the relay's stream is paused while any is). */
+  private held = 0;
+  /** How often the relay was held for a slow upstream, and the most bytes an upstream socket had waiting. */
+  readonly stats = { holds: 0, maxUpstreamBuffered: 0 };
+  private nextPing = 0;
+  private readonly pings = new Map<number, () => void>();
   private readonly lookup: (host: string) => Promise<Array<{ address: string; family: number }>>;
 
   constructor(private readonly relay: SandboxProcess, allowedHosts: readonly string[], private readonly o: EgressTunnelOptions) {
@@ -236,6 +250,31 @@ export class EgressTunnel {
 
   get alive(): boolean {
     return !this.ended;
+  }
+
+  /**
+   * Whether the relay answers: its process may be gone before its end shows here (killed by the
+   * agent a moment ago). A relay held for a slow upstream is busy, not gone.
+   */
+  async ping(timeoutMs: number): Promise<boolean> {
+    if (this.ended) return false;
+    if (this.held > 0) return true;
+    const id = (this.nextPing = (this.nextPing + 1) >>> 0);
+    let timer: NodeJS.Timeout | undefined;
+    try {
+      return await Promise.race([
+        new Promise<boolean>((resolve) => {
+          this.pings.set(id, () => resolve(true));
+          this.send(PING, id);
+        }),
+        new Promise<boolean>((resolve) => {
+          timer = setTimeout(() => resolve(false), timeoutMs);
+        }),
+      ]);
+    } finally {
+      clearTimeout(timer);
+      this.pings.delete(id);
+    }
   }
 
   /** The Environment's list as the latest Run has it (a Session's sandbox is reused between Runs). */
@@ -272,9 +311,16 @@ export class EgressTunnel {
   }
 
   private onRelayData(d: Buffer): void {
+    if (this.ended) return;
     this.inbound = this.inbound.length ? Buffer.concat([this.inbound, d]) : d;
     while (this.inbound.length >= HEADER) {
       const len = this.inbound.readUInt32BE(5);
+      if (len > MAX_FRAME) {
+        // Not what the relay writes: whatever sent it is not read any further.
+        this.o.log.warn({ len }, 'the sandbox\'s egress relay sent a malformed frame: closing its tunnel');
+        void this.close();
+        return;
+      }
       if (this.inbound.length < HEADER + len) break;
       const kind = this.inbound[0] ?? 0;
       const id = this.inbound.readUInt32BE(1);
@@ -285,14 +331,17 @@ export class EgressTunnel {
   }
 
   private onFrame(kind: number, id: number, payload: Buffer): void {
+    if (kind === PING) {
+      this.pings.get(id)?.();
+      return;
+    }
     if (kind === OPEN) {
       if (this.conns.size >= (this.o.maxConnections ?? 256)) {
         this.send(DATA, id, reply(503, STATUS_TEXT[503]!, 'too many connections open through this sandbox\'s proxy'));
         this.send(END, id);
-        this.send(CLOSE, id);
         return;
       }
-      this.conns.set(id, { id, state: 'head', head: Buffer.alloc(0), upstream: undefined, pending: [], sandboxEnded: false });
+      this.conns.set(id, { id, state: 'head', head: Buffer.alloc(0), upstream: undefined, pending: [], pendingBytes: 0, sandboxEnded: false });
       return;
     }
     const c = this.conns.get(id);
@@ -306,10 +355,14 @@ export class EgressTunnel {
           c.head = Buffer.alloc(0);
           void this.decide(c, req);
         }
-      } else if (c.state === 'open') {
-        c.upstream?.write(payload);
+      } else if (c.state === 'open' && c.upstream) {
+        const ok = c.upstream.write(payload);
+        this.stats.maxUpstreamBuffered = Math.max(this.stats.maxUpstreamBuffered, c.upstream.writableLength);
+        if (!ok) this.holdRelay(c.upstream);
       } else if (c.state === 'deciding') {
         c.pending.push(payload);
+        c.pendingBytes += payload.length;
+        if (c.pendingBytes > MAX_PENDING) this.finish(c, 400, 'more than 1 MiB sent before the connection was made');
       }
     } else if (kind === END) {
       c.sandboxEnded = true;
@@ -322,12 +375,33 @@ export class EgressTunnel {
     }
   }
 
-  /** Answers the sandbox with an error and ends the connection. */
+  /**
+   * An upstream that takes bytes slower than the sandbox sends them holds the relay's stream (every
+   * connection's sends) until it drains: the runner buffers no more than the streams' own windows.
+   */
+  private holdRelay(upstream: Socket): void {
+    this.held += 1;
+    this.stats.holds += 1;
+    this.relay.stdout.pause();
+    const release = (): void => {
+      upstream.off('drain', release);
+      upstream.off('close', release);
+      this.held -= 1;
+      if (this.held === 0 && !this.ended) this.relay.stdout.resume();
+    };
+    upstream.on('drain', release);
+    upstream.on('close', release);
+  }
+
+  /**
+   * Answers the sandbox with an error and ends the connection. The relay's socket is ended, not
+   * destroyed: a client still sending (an upload refused before it was read) reads the answer
+   * instead of a reset. What it sends after is not read here.
+   */
   private finish(c: Conn, status: number, body: string): void {
     if (c.state === 'closed') return;
     this.send(DATA, c.id, reply(status, STATUS_TEXT[status] ?? 'Error', body));
     this.send(END, c.id);
-    this.send(CLOSE, c.id);
     c.state = 'closed';
     this.conns.delete(c.id);
     c.upstream?.destroy();
@@ -374,6 +448,8 @@ export class EgressTunnel {
       else upstream.write(req.head);
       if (req.rest.length > 0) upstream.write(req.rest);
       for (const p of c.pending.splice(0)) upstream.write(p);
+      c.pendingBytes = 0;
+      if (upstream.writableNeedDrain) this.holdRelay(upstream);
       if (c.sandboxEnded) upstream.end();
     });
     upstream.on('error', (err: NodeJS.ErrnoException) => {
