@@ -111,6 +111,8 @@ describe('allowed_hosts rules', () => {
     const f = readProxyRequest(Buffer.from('GET http://a.example/x?y=1 HTTP/1.1\r\nHost: a.example\r\nProxy-Authorization: Basic eA==\r\nConnection: keep-alive\r\n\r\n'));
     expect(f).toMatchObject({ kind: 'forward', host: 'a.example', port: 80 });
     expect(f?.kind === 'forward' && f.head.toString()).toBe('GET /x?y=1 HTTP/1.1\r\nHost: a.example\r\nConnection: close\r\n\r\n');
+    const spoofed = readProxyRequest(Buffer.from('GET http://a.example:8080/ HTTP/1.1\r\nhost: other.example\r\nAccept: */*\r\n\r\n'));
+    expect(spoofed?.kind === 'forward' && spoofed.head.toString()).toBe('GET / HTTP/1.1\r\nHost: a.example:8080\r\nAccept: */*\r\nConnection: close\r\n\r\n');
     expect(readProxyRequest(Buffer.from('CONNECT a.example HTTP/1.1\r\n\r\n'))).toMatchObject({ kind: 'bad', status: 400 });
     expect(readProxyRequest(Buffer.from('GET /relative HTTP/1.1\r\n\r\n'))).toMatchObject({ kind: 'bad', status: 400 });
     expect(readProxyRequest(Buffer.from('CONNECT user:pw@a.example:443 HTTP/1.1\r\n\r\n'))).toMatchObject({ kind: 'bad', status: 400 });

@@ -144,7 +144,8 @@ function hostPort(authority: string, defaultPort: number | null): { host: string
 /**
  * Reads a proxy request from the bytes a connection sent so far: undefined while its head is
  * incomplete. A plain-HTTP request is rewritten to origin form and made the connection's only
- * request (`Connection: close`): a second request on it would be checked by nobody.
+ * request (`Connection: close`): a second request on it would be checked by nobody. Its Host
+ * header is the checked host's, whatever the client wrote.
  */
 export function readProxyRequest(bytes: Buffer): ProxyRequest | undefined {
   const end = bytes.indexOf('\r\n\r\n');
@@ -171,8 +172,13 @@ export function readProxyRequest(bytes: Buffer): ProxyRequest | undefined {
   }
   const hp = hostPort(url.host, 80);
   if (!hp) return { kind: 'bad', status: 400, reason: 'not a host and port' };
-  const headers = lines.slice(1).filter((l) => !HOP_HEADERS.has(l.slice(0, l.indexOf(':')).trim().toLowerCase()));
-  if (!headers.some((l) => /^host\s*:/i.test(l))) headers.unshift(`Host: ${url.host}`);
+  // The Host header names the host that was checked: another name would reach another site
+  // served from the same address (a shared CDN), past the list.
+  const headers = lines.slice(1).filter((l) => {
+    const name = l.slice(0, l.indexOf(':')).trim().toLowerCase();
+    return !HOP_HEADERS.has(name) && name !== 'host';
+  });
+  headers.unshift(`Host: ${url.host}`);
   const head = Buffer.from([`${method} ${url.pathname}${url.search} ${version}`, ...headers, 'Connection: close', '', ''].join('\r\n'), 'latin1');
   return { kind: 'forward', ...hp, head, rest };
 }
