@@ -165,7 +165,8 @@ describe('egress tunnel through a real relay', () => {
     const literal = await viaProxy(strict.port, `http://127.0.0.1:${upstreamPort}/`);
     expect(literal.status).toBe(403);
 
-    const loose = await tunnelWith([`internal.example:${upstreamPort}`], { allowPrivate: true, lookup: async () => [{ address: '127.0.0.1', family: 4 }] });
+    // Both families: IPv4 is tried (an IPv6 address no server here listens on comes first).
+    const loose = await tunnelWith([`internal.example:${upstreamPort}`], { allowPrivate: true, lookup: async () => [{ address: '::1', family: 6 }, { address: '127.0.0.1', family: 4 }] });
     const ok = await viaProxy(loose.port, `http://internal.example:${upstreamPort}/via-name`);
     expect(ok.status).toBe(200);
     expect(ok.body).toContain('GET /via-name host=internal.example');

@@ -430,7 +430,8 @@ export class EgressTunnel {
       // Every address must pass: a name that also resolves to a private address is refused outright.
       const policy = { development: false, allowPrivate: this.o.allowPrivate };
       if (addrs.some((a) => !addressAllowed(a.address, policy))) return answer('refused', 403, 'it resolves to a private or reserved address, which this runner does not allow');
-      address = addrs[0]!.address;
+      // IPv4 first where the name has both: a runner without an IPv6 route would fail otherwise.
+      address = (addrs.find((a) => a.family === 4) ?? addrs[0]!).address;
     } catch (err) {
       return answer('failed', 502, `the name did not resolve (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`);
     }
