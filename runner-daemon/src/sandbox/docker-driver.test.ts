@@ -379,8 +379,9 @@ describe('docker sandbox driver', () => {
     const verdicts = await driver.verifyTiers();
     expect(verdicts.find((v) => v.tier === 'container')).toMatchObject({ ok: true, runtime: undefined });
     expect(driver.capabilities().tiers).toContain('container');
-    expect(driver.capabilities()).toMatchObject({ network_modes: ['none'], session_sandbox: true });
+    expect(driver.capabilities()).toMatchObject({ network_modes: ['none', 'allowlist'], session_sandbox: true });
     expect(driverSatisfies(driver, { tier: 'container', network_mode: 'none' })).toBe(true);
+    expect(driverSatisfies(driver, { tier: 'container', network_mode: 'allowlist' })).toBe(true);
     expect(driverSatisfies(driver, { tier: 'container', network_mode: 'host' })).toBe(false);
     expect(assuranceFlags(driver.assurances())).toEqual({
       network_isolation: true, bounded_start: true, bounded_cancel: true, teardown: true, compute_accounting: true,

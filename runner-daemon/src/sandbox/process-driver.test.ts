@@ -30,6 +30,8 @@ describe('process driver (no Docker)', () => {
     expect(driverSatisfies(driver!, {})).toBe(false); // container is the default requirement
     expect(driverSatisfies(driver!, { tier: 'process' })).toBe(true);
     expect(driverSatisfies(driver!, { tier: 'process', network_mode: 'none' })).toBe(false);
+    // No egress proxy without isolation to put it in front of.
+    expect(driverSatisfies(driver!, { tier: 'process', network_mode: 'allowlist' })).toBe(false);
     expect(await selectDriver({ runnerId: 'r-proc', dataDir, docker: bogusDocker, allowProcess: false })).toBeUndefined();
   });
 
