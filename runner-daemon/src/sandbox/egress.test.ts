@@ -219,6 +219,41 @@ describe('egress tunnel through a real relay', () => {
 });
 
 describe('what a sandbox cannot make the runner hold', () => {
+  it('answers 503 to a connection past the open-connection bound', async () => {
+    const { port } = await tunnelWith(['example.com'], { maxConnections: 2 });
+    // Two connections held open mid-head: neither is decided, both count.
+    const held = await Promise.all([0, 1].map(() => new Promise<ReturnType<typeof connect>>((resolve) => {
+      const s = connect(port, '127.0.0.1', () => {
+        s.write('CONNECT example.com:443 HTTP/1.1\r\n');
+        resolve(s);
+      });
+    })));
+    const third = await new Promise<string>((resolve, reject) => {
+      const s = connect(port, '127.0.0.1');
+      let text = '';
+      s.on('data', (d: Buffer) => (text += d.toString('latin1')));
+      s.on('end', () => {
+        s.end();
+        resolve(text);
+      });
+      s.on('error', reject);
+    });
+    expect(third).toMatch(/^HTTP\/1\.1 503 Service Unavailable/);
+    expect(third).toContain('too many connections open');
+    for (const s of held) s.destroy();
+  });
+
+  it('names what a relay that cannot start wrote (an image without node)', async () => {
+    const stderr = new PassThrough();
+    const fake: SandboxProcess = {
+      stdin: new PassThrough(), stdout: new PassThrough(), stderr,
+      wait: () => new Promise((resolve) => setImmediate(() => resolve({ exitCode: 127, killed: false }))),
+      kill: async () => undefined,
+    };
+    stderr.write('bash: line 1: node: command not found\n');
+    await expect(relayReady(fake, 5_000)).rejects.toThrow('the egress relay ended (exit 127): bash: line 1: node: command not found');
+  });
+
   it('closes the tunnel on a frame longer than the relay ever writes, reading no further', async () => {
     const stdout = new PassThrough();
     let killed = false;
