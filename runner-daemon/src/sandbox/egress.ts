@@ -218,12 +218,13 @@ interface Conn {
   sandboxEnded: boolean;
 }
 
-function reply(status: number, reason: string, body: string): Buffer {
-  const text = `agentplane egress: ${body}\n`;
-  return Buffer.from(`HTTP/1.1 ${status} ${reason}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(text)}\r\nConnection: close\r\n\r\n${text}`);
-}
-
 const STATUS_TEXT: Record<number, string> = { 400: 'Bad Request', 403: 'Forbidden', 431: 'Request Header Fields Too Large', 502: 'Bad Gateway', 503: 'Service Unavailable', 504: 'Gateway Timeout' };
+
+/** The proxy's own answer: a status and a one-line reason, the connection closing after it. */
+function reply(status: number, body: string): Buffer {
+  const text = `agentplane egress: ${body}\n`;
+  return Buffer.from(`HTTP/1.1 ${status} ${STATUS_TEXT[status] ?? 'Error'}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(text)}\r\nConnection: close\r\n\r\n${text}`);
+}
 
 /**
  * The runner's end of one sandbox's relay: decides and connects the relay's connections. The
@@ -343,8 +344,7 @@ export class EgressTunnel {
     }
     if (kind === OPEN) {
       if (this.conns.size >= (this.o.maxConnections ?? 256)) {
-        this.send(DATA, id, reply(503, STATUS_TEXT[503]!, 'too many connections open through this sandbox\'s proxy'));
-        this.send(END, id);
+        this.answer(id, 503, 'too many connections open through this sandbox\'s proxy');
         return;
       }
       this.conns.set(id, { id, state: 'head', head: Buffer.alloc(0), upstream: undefined, pending: [], pendingBytes: 0, sandboxEnded: false });
@@ -399,6 +399,12 @@ export class EgressTunnel {
     upstream.on('close', release);
   }
 
+  /** Writes the proxy's answer on a relay connection and ends it (ended, not destroyed: see `finish`). */
+  private answer(id: number, status: number, body: string): void {
+    this.send(DATA, id, reply(status, body));
+    this.send(END, id);
+  }
+
   /**
    * Answers the sandbox with an error and ends the connection. The relay's socket is ended, not
    * destroyed: a client still sending (an upload refused before it was read) reads the answer
@@ -406,8 +412,7 @@ export class EgressTunnel {
    */
   private finish(c: Conn, status: number, body: string): void {
     if (c.state === 'closed') return;
-    this.send(DATA, c.id, reply(status, STATUS_TEXT[status] ?? 'Error', body));
-    this.send(END, c.id);
+    this.answer(c.id, status, body);
     c.state = 'closed';
     this.conns.delete(c.id);
     c.upstream?.destroy();
@@ -416,24 +421,24 @@ export class EgressTunnel {
   private async decide(c: Conn, req: ProxyRequest): Promise<void> {
     if (req.kind === 'bad') return this.finish(c, req.status, req.reason);
     const target = `${req.host}:${req.port}`;
-    const answer = (outcome: 'refused' | 'failed', status: number, reason: string): void => {
+    const notConnected = (outcome: 'refused' | 'failed', status: number, reason: string): void => {
       this.o.onDecision?.({ host: req.host, port: req.port, outcome, reason });
       this.o.log.warn({ host: req.host, port: req.port, outcome, reason }, 'sandbox egress not connected');
       this.finish(c, status, `${target}: ${reason}`);
     };
-    if (!allowedBy(this.rules, req.host, req.port)) return answer('refused', 403, 'not in the Environment\'s allowed_hosts');
+    if (!allowedBy(this.rules, req.host, req.port)) return notConnected('refused', 403, 'not in the Environment\'s allowed_hosts');
     let address: string;
     try {
       const literal = isIP(req.host) !== 0;
       const addrs = literal ? [{ address: req.host, family: isIP(req.host) }] : await this.lookup(req.host);
-      if (addrs.length === 0) return answer('failed', 502, 'the name has no address');
+      if (addrs.length === 0) return notConnected('failed', 502, 'the name has no address');
       // Every address must pass: a name that also resolves to a private address is refused outright.
       const policy = { development: false, allowPrivate: this.o.allowPrivate };
-      if (addrs.some((a) => !addressAllowed(a.address, policy))) return answer('refused', 403, 'it resolves to a private or reserved address, which this runner does not allow');
+      if (addrs.some((a) => !addressAllowed(a.address, policy))) return notConnected('refused', 403, 'it resolves to a private or reserved address, which this runner does not allow');
       // IPv4 first where the name has both: a runner without an IPv6 route would fail otherwise.
       address = (addrs.find((a) => a.family === 4) ?? addrs[0]!).address;
     } catch (err) {
-      return answer('failed', 502, `the name did not resolve (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`);
+      return notConnected('failed', 502, `the name did not resolve (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`);
     }
     if (c.state !== 'deciding') return;
     const upstream = new Socket({ allowHalfOpen: true });
@@ -461,7 +466,7 @@ export class EgressTunnel {
     });
     upstream.on('error', (err: NodeJS.ErrnoException) => {
       clearTimeout(timer);
-      if (!connected && c.state === 'deciding') answer('failed', err.code === 'ETIMEDOUT' ? 504 : 502, `connecting failed (${err.code ?? err.message})`);
+      if (!connected && c.state === 'deciding') notConnected('failed', err.code === 'ETIMEDOUT' ? 504 : 502, `connecting failed (${err.code ?? err.message})`);
     });
     upstream.on('close', () => {
       clearTimeout(timer);
