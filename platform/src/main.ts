@@ -176,9 +176,12 @@ async function main(): Promise<void> {
     return;
   }
   if (boot.root_key) {
-    // A first boot on a machine that still has sandboxes of an earlier platform says so, once.
-    reportEarlierSandboxes({ runnerDir, dockerSocket: process.env.DOCKER_SOCKET, scope: config.localRunnerEnv.AGENTPLANE_SANDBOX_SCOPE, log }).catch((err: unknown) =>
+    // A first boot on a machine that still has sandboxes of an earlier platform says so, once:
+    // counted before the local runner starts (its reaper may remove some of them soon after),
+    // waiting at most 10 s for the engine.
+    const looked = reportEarlierSandboxes({ runnerDir, dockerSocket: process.env.DOCKER_SOCKET, scope: config.localRunnerEnv.AGENTPLANE_SANDBOX_SCOPE, log }).catch((err: unknown) =>
       log.debug({ err: err instanceof Error ? err.message : String(err) }, 'could not look for sandboxes of an earlier platform'));
+    await Promise.race([looked, new Promise<void>((resolve) => setTimeout(resolve, 10_000).unref())]);
   }
 
   const common: Record<string, string> = {
