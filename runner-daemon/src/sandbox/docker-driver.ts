@@ -16,7 +16,7 @@ import { BrowserProbe, type BrowserVerdict } from './browser-probe.js';
 import { TierProbe, type IsolationTier, type TierVerdict } from './tiers.js';
 import { CappedBuffer, runawayBytes, runawayNote, sleep, withNote, withTimeout } from './output.js';
 import { createTar, type TarEntry } from './tar.js';
-import { EGRESS_PROXY_ENV, EGRESS_PROXY_PORT, EgressTunnel, RELAY_SCRIPT, relayReady, type EgressDecision } from './egress.js';
+import { EGRESS_PROXY_ENV, EGRESS_PROXY_PORT, EgressTunnel, RELAY_SCRIPT, RelayEnded, relayReady, type EgressDecision } from './egress.js';
 import {
   EXEC_DEFAULTS,
   SandboxError,
@@ -311,6 +311,10 @@ export class DockerDriver implements SandboxDriver {
     try {
       await this.egressUp(tracked);
     } catch (err) {
+      // An image without `node` would fail the same way on every runner: the Run's fault, not a retry's.
+      if (err instanceof RelayEnded && err.nodeMissing) {
+        throw new SandboxError('image_unsuitable', `the Environment's image has no \`node\` on its PATH, which network mode 'allowlist' needs to run its egress relay: ${err.output.slice(-500)}`, { cause: err });
+      }
       throw new SandboxError('start_failed', `the sandbox's egress proxy did not start: ${(err as Error).message}`, { cause: err });
     }
   }

@@ -6,7 +6,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DockerDriver } from './docker-driver.js';
 import type { EgressDecision } from './egress.js';
 import { ensureSandboxImage } from './image.js';
-import type { Sandbox } from './types.js';
+import { SandboxError, type Sandbox } from './types.js';
 
 /**
  * `network.mode: allowlist` in a real Docker sandbox: the container still has no network device
@@ -74,6 +74,27 @@ describe('allowlist egress in a docker sandbox', () => {
     const none = await driver.ensure(session, { network_mode: 'none', memory_mib: 256 });
     expect(await getViaProxy(driver, none, `http://127.0.0.1:${port}/w`)).toBe('NO_PROXY_ENV');
     expect((await driver.exec(none, { script: 'ps -eo args | grep -c "[n]ode -e" || true' })).stdout.trim()).toBe('0');
+  }, 120_000);
+
+  it("fails the start as the image's fault, not the machine's, when the image has no node for the relay", async () => {
+    // The sandbox image with node removed: committed from a container of it (no registry, no build).
+    const base = await docker.createContainer({ Image: 'agentplane/sandbox:latest', User: '0', Cmd: ['sh', '-c', 'rm -f "$(command -v node)"'], NetworkDisabled: true });
+    await base.start();
+    await base.wait();
+    const tag = `no-node-${randomBytes(4).toString('hex')}`;
+    await base.commit({ repo: 'agentplane-test/sandbox', tag });
+    await base.remove({ force: true });
+    const image = `agentplane-test/sandbox:${tag}`;
+    const session = { id: sid() };
+    try {
+      const err = await driver.ensure(session, { image, network_mode: 'allowlist', allowed_hosts: ['example.com'], memory_mib: 256 }).then(() => undefined, (e: unknown) => e);
+      expect(err).toBeInstanceOf(SandboxError);
+      expect(err).toMatchObject({ reason: 'image_unsuitable' });
+      expect((err as Error).message).toMatch(/has no `node` on its PATH, which network mode 'allowlist' needs.*node/);
+    } finally {
+      await driver.destroy(session.id);
+      await docker.getImage(image).remove({ force: true });
+    }
   }, 120_000);
 
   it('refuses private addresses unless the runner allows them', async () => {

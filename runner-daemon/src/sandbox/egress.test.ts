@@ -5,7 +5,7 @@ import { createServer, request, type Server } from 'node:http';
 import { connect, type AddressInfo } from 'node:net';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { createLogger } from '@agentplane/core';
-import { allowedBy, EgressTunnel, parseAllowRule, readProxyRequest, relayReady, RELAY_SCRIPT, type EgressDecision, type EgressTunnelOptions } from './egress.js';
+import { allowedBy, EgressTunnel, parseAllowRule, readProxyRequest, RelayEnded, relayReady, RELAY_SCRIPT, type EgressDecision, type EgressTunnelOptions } from './egress.js';
 import type { SandboxProcess } from './types.js';
 import { demuxHeld } from './docker-driver.js';
 
@@ -251,7 +251,12 @@ describe('what a sandbox cannot make the runner hold', () => {
       kill: async () => undefined,
     };
     stderr.write('bash: line 1: node: command not found\n');
-    await expect(relayReady(fake, 5_000)).rejects.toThrow('the egress relay ended (exit 127): bash: line 1: node: command not found');
+    const err = await relayReady(fake, 5_000).then(() => undefined, (e: unknown) => e);
+    expect(err).toBeInstanceOf(RelayEnded);
+    expect((err as RelayEnded).message).toBe('the egress relay ended (exit 127): bash: line 1: node: command not found');
+    expect((err as RelayEnded).nodeMissing).toBe(true);
+    // Any other end (the port taken, a crash) is not the image's fault.
+    expect(new RelayEnded(1, 'Error: listen EADDRINUSE: address already in use 127.0.0.1:3128').nodeMissing).toBe(false);
   });
 
   it('closes the tunnel on a frame longer than the relay ever writes, reading no further', async () => {

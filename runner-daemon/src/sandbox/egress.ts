@@ -479,10 +479,23 @@ export class EgressTunnel {
   }
 }
 
+/** A relay that ended before it was ready: its exit code and the tail of what it wrote. */
+export class RelayEnded extends Error {
+  constructor(readonly exitCode: number, readonly output: string) {
+    super(`the egress relay ended (exit ${exitCode})${output ? `: ${output}` : ''}`);
+    this.name = 'RelayEnded';
+  }
+
+  /** The image has no `node` to run the relay on (the shell's "command not found"): the Environment's fault, not the machine's. */
+  get nodeMissing(): boolean {
+    return this.exitCode === 127 && /node/.test(this.output);
+  }
+}
+
 /**
  * Waits for a relay's `ready <port>` (its port), at most `timeoutMs`. A relay that ends first
- * (no `node` in the image, the port taken) or does not answer in time is killed and the error
- * names what it wrote.
+ * (no `node` in the image, the port taken: a {@link RelayEnded}) or does not answer in time is
+ * killed and the error names what it wrote.
  */
 export async function relayReady(relay: SandboxProcess, timeoutMs: number): Promise<number> {
   let text = '';
@@ -496,7 +509,7 @@ export async function relayReady(relay: SandboxProcess, timeoutMs: number): Prom
         if (m) resolve(Number(m[1]));
       };
       relay.stderr.on('data', onData);
-      void relay.wait().then(({ exitCode }) => reject(new Error(`the egress relay ended (exit ${exitCode})${text.trim() ? `: ${text.trim()}` : ''}`)));
+      void relay.wait().then(({ exitCode }) => reject(new RelayEnded(exitCode, text.trim())));
       timer = setTimeout(() => reject(new Error(`the egress relay did not start within ${timeoutMs} ms`)), timeoutMs);
     });
   } catch (err) {

@@ -181,6 +181,8 @@ export interface ReapOptions {
 export type SandboxErrorReason =
   | 'docker_unavailable'
   | 'image_missing'
+  /** The Environment's image lacks what the Environment asks of it (e.g. `node` for an allowlist's relay): the Run's fault, not the machine's. */
+  | 'image_unsuitable'
   | 'start_timeout'
   | 'start_failed'
   | 'not_found'
