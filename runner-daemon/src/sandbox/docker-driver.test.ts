@@ -1,4 +1,5 @@
 import { randomBytes } from 'node:crypto';
+import { Writable } from 'node:stream';
 import Docker from 'dockerode';
 import { createLogger } from '@agentplane/core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -206,6 +207,47 @@ describe('docker sandbox driver', () => {
     expect(ps.stdout).not.toContain('sleep 600');
     await driver.destroy(session.id);
   });
+
+  it('holds a command whose output nobody reads instead of buffering it, loses none of it, and kills it without the container', async () => {
+    const warnings: string[] = [];
+    const sink = new Writable({ write: (line: Buffer, _enc, done) => { warnings.push(line.toString()); done(); } });
+    const driver = new DockerDriver({ runnerId, docker, logger: createLogger({ name: 'sandbox', level: 'warn', destination: sink }) });
+    const session = { id: sid() };
+    const sb = await driver.ensure(session, {});
+    const total = 64 * 1024 * 1024;
+    const flood = await driver.spawn(sb, { script: `head -c ${total} /dev/zero; echo flooded >&2` });
+    let said = '';
+    flood.stderr.on('data', (d: Buffer) => (said += d.toString()));
+    // Nobody reads stdout: `head` ends up blocked writing its pipe (the kernel says so), having written some.
+    const blocked = async (): Promise<boolean> => {
+      const r = await driver.exec(sb, { script: 'for p in /proc/[0-9]*; do grep -qx head $p/comm 2>/dev/null && echo "$(cat $p/wchan) $(sed -n "s/^wchar: //p" $p/io)"; done; true' });
+      const [wchan, written] = r.stdout.trim().split(' ');
+      return /pipe_write/.test(wchan ?? '') && Number(written) >= 64 * 1024;
+    };
+    const until = Date.now() + 20_000;
+    while (!(await blocked())) {
+      if (Date.now() > until) throw new Error('head was never seen blocked on its pipe (its output was taken as it came)');
+    }
+    // …while the runner holds at most a frame or two of it.
+    const held = flood.stdout as unknown as { readableLength: number; writableLength: number };
+    expect(held.readableLength + held.writableLength).toBeLessThan(1024 * 1024);
+    let got = 0;
+    flood.stdout.on('data', (d: Buffer) => (got += d.length));
+    expect(await flood.wait()).toEqual({ exitCode: 0, killed: false });
+    await waitUntil(() => said.includes('flooded'));
+    expect(got).toBe(total);
+
+    // A command nobody reads, killed: its end is seen at once, the container is not killed to bound it.
+    const endless = await driver.spawn(sb, { script: 'cat /dev/zero' });
+    endless.stderr.resume();
+    while (!/pipe_write/.test((await driver.exec(sb, { script: 'for p in /proc/[0-9]*; do grep -qx cat $p/comm 2>/dev/null && cat $p/wchan; done; true' })).stdout)) {
+      if (Date.now() > until + 20_000) throw new Error('cat was never seen blocked on its pipe');
+    }
+    await endless.kill();
+    expect((await endless.wait()).killed).toBe(true);
+    expect(warnings.join('')).not.toContain('killing the sandbox container to bound a cancel');
+    await driver.destroy(session.id);
+  }, 90_000);
 
   it('a command the engine is slow to start still ends at its timeout or interrupt, and is killed when it does start', async () => {
     // The real engine, except that creating an exec waits for `release` while `stall` is set.

@@ -16,6 +16,7 @@ import { BrowserProbe, type BrowserVerdict } from './browser-probe.js';
 import { TierProbe, type IsolationTier, type TierVerdict } from './tiers.js';
 import { CappedBuffer, runawayBytes, runawayNote, sleep, withNote, withTimeout } from './output.js';
 import { createTar, type TarEntry } from './tar.js';
+import { demuxHeld } from './demux.js';
 import { EGRESS_PROXY_ENV, EGRESS_PROXY_PORT, EgressTunnel, RELAY_SCRIPT, RelayEnded, relayReady, type EgressDecision } from './egress.js';
 import {
   EXEC_DEFAULTS,
@@ -329,8 +330,8 @@ export class DockerDriver implements SandboxDriver {
       await egress.tunnel.close();
     }
     egress.starting ??= (async () => {
-      // Held: an upstream slower than the sandbox's sends holds the relay, not this process's memory.
-      const relay = await this.spawnWrapped(tracked, ['node', '-e', RELAY_SCRIPT, String(EGRESS_PROXY_PORT)], {}, true);
+      // An upstream slower than the sandbox's sends holds the relay, not this process's memory.
+      const relay = await this.spawnWrapped(tracked, ['node', '-e', RELAY_SCRIPT, String(EGRESS_PROXY_PORT)], {});
       const tunnel = new EgressTunnel(relay, egress.hosts, {
         allowPrivate: this.egressOptions.allowPrivate ?? false,
         log: this.log.child({ session: tracked.sandbox.sessionId }),
@@ -749,23 +750,22 @@ export class DockerDriver implements SandboxDriver {
     return this.spawnWrapped(tracked, argv, env ? { ...options, env } : options);
   }
 
-  /** `held`: output the reader does not take holds the command back (`demuxHeld`); else it is buffered here. */
-  private async spawnWrapped(tracked: Tracked, argv: string[], options: SpawnOptions, held = false): Promise<SandboxProcess> {
+  /**
+   * Output the reader does not take holds the command back (`demuxHeld`) instead of piling up
+   * here: the reader reads both streams. Once killed, what nobody reads is dropped, so the
+   * command's end is seen however its reader left its streams.
+   */
+  private async spawnWrapped(tracked: Tracked, argv: string[], options: SpawnOptions): Promise<SandboxProcess> {
     const execId = randomBytes(8).toString('hex');
     const { exec, stream } = await this.startWrapped(tracked, tracked.sandbox, execId, argv, options, true);
     const stdout = new PassThrough();
     const stderr = new PassThrough();
-    if (held) demuxHeld(stream, stdout, stderr);
-    else this.docker.modem.demuxStream(stream, stdout, stderr);
+    const demux = demuxHeld(stream, stdout, stderr);
     const stdin = new PassThrough();
     // Ending stdin half-closes the exec stream: the command reads end of file.
     stdin.pipe(stream as unknown as NodeJS.WritableStream);
     stdin.on('error', () => {});
-    const ended = new Promise<void>((resolve) => {
-      stream.on('end', resolve);
-      stream.on('close', resolve);
-      stream.on('error', () => resolve());
-    }).then(() => {
+    const ended = streamEnd(stream).then(() => {
       stdout.end();
       stderr.end();
     });
@@ -787,6 +787,7 @@ export class DockerDriver implements SandboxDriver {
       stderr,
       wait: () => result,
       kill: async () => {
+        demux.release();
         killing ??= this.killTree(tracked, execId, ended, stream);
         await killing;
         await result;
@@ -998,36 +999,6 @@ export class DockerDriver implements SandboxDriver {
 
 
 /** Resolves when an exec stream has ended, closed or failed. */
-/**
- * Splits a multiplexed exec stream (8-byte headers: stream kind, payload length) into stdout and
- * stderr, pausing it while either cannot take more, so a reader that falls behind (the egress
- * tunnel waiting on a slow upstream) holds the command back through the engine instead of its
- * output piling up in this process. The reader must read both streams.
- */
-export function demuxHeld(stream: NodeJS.ReadableStream, stdout: NodeJS.WritableStream, stderr: NodeJS.WritableStream): void {
-  let buffered: Buffer = Buffer.alloc(0);
-  let waiting = 0;
-  const hold = (target: NodeJS.WritableStream): void => {
-    waiting += 1;
-    stream.pause();
-    target.once('drain', () => {
-      waiting -= 1;
-      if (waiting === 0) stream.resume();
-    });
-  };
-  stream.on('data', (chunk: Buffer) => {
-    buffered = buffered.length ? Buffer.concat([buffered, chunk]) : chunk;
-    while (buffered.length >= 8) {
-      const length = buffered.readUInt32BE(4);
-      if (buffered.length < 8 + length) break;
-      const target = buffered[0] === 2 ? stderr : stdout;
-      const payload = buffered.subarray(8, 8 + length);
-      buffered = buffered.subarray(8 + length);
-      if (!target.write(payload)) hold(target);
-    }
-  });
-}
-
 function streamEnd(stream: NodeJS.ReadableStream): Promise<void> {
   return new Promise<void>((resolve) => {
     stream.on('end', resolve);

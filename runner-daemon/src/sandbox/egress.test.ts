@@ -1,13 +1,12 @@
 import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { PassThrough, Writable } from 'node:stream';
+import { PassThrough } from 'node:stream';
 import { createServer, request, type Server } from 'node:http';
 import { connect, type AddressInfo } from 'node:net';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { createLogger } from '@agentplane/core';
 import { allowedBy, EgressTunnel, parseAllowRule, readProxyRequest, RelayEnded, relayReady, RELAY_SCRIPT, type EgressDecision, type EgressTunnelOptions } from './egress.js';
 import type { SandboxProcess } from './types.js';
-import { demuxHeld } from './docker-driver.js';
 
 /** The relay as the sandbox runs it, here as a child process of the test (port 0: any free one). */
 function startRelay(): SandboxProcess {
@@ -348,39 +347,5 @@ describe('what a sandbox cannot make the runner hold', () => {
     } finally {
       await new Promise((resolve) => slow.close(resolve));
     }
-  });
-
-  it('demuxHeld pauses the exec stream while a reader lags, and loses nothing', async () => {
-    const source = new PassThrough();
-    const chunks: Buffer[] = [];
-    let pending: (() => void) | undefined;
-    // A stdout that takes one chunk at a time, on demand.
-    const slowOut = new Writable({
-      highWaterMark: 1024,
-      write(chunk: Buffer, _enc, done) {
-        chunks.push(chunk);
-        pending = done;
-      },
-    });
-    const errOut = new PassThrough();
-    demuxHeld(source, slowOut, errOut);
-    const frame = (kind: number, data: Buffer): Buffer => {
-      const h = Buffer.alloc(8);
-      h[0] = kind;
-      h.writeUInt32BE(data.length, 4);
-      return Buffer.concat([h, data]);
-    };
-    source.write(Buffer.concat([frame(1, Buffer.alloc(4096, 'a')), frame(2, Buffer.from('err')), frame(1, Buffer.alloc(4096, 'b'))]));
-    await new Promise<void>((resolve) => setImmediate(resolve));
-    expect(source.isPaused()).toBe(true);
-    while (pending) {
-      const done = pending;
-      pending = undefined;
-      done();
-      await new Promise<void>((resolve) => setImmediate(resolve));
-    }
-    expect(source.isPaused()).toBe(false);
-    expect(Buffer.concat(chunks).toString()).toBe('a'.repeat(4096) + 'b'.repeat(4096));
-    expect(errOut.read()?.toString()).toBe('err');
   });
 });

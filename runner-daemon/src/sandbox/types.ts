@@ -98,6 +98,11 @@ export interface SpawnOptions {
  * A long-lived command with open stdio (the colocated harness). Unlike `exec` nothing is
  * buffered or capped here: the caller reads the streams and bounds what it keeps.
  */
+/**
+ * A command started with its stdio open. Its reader reads both `stdout` and `stderr` (or
+ * `resume()`s one it does not want): output nobody takes holds the command back, as a full pipe
+ * does, rather than piling up in the runner.
+ */
 export interface SandboxProcess {
   readonly stdin: Writable;
   readonly stdout: Readable;
