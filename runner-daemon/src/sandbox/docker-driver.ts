@@ -997,7 +997,6 @@ export class DockerDriver implements SandboxDriver {
   }
 }
 
-
 /** Resolves when an exec stream has ended, closed or failed. */
 function streamEnd(stream: NodeJS.ReadableStream): Promise<void> {
   return new Promise<void>((resolve) => {
