@@ -8,6 +8,7 @@ import type { ModelRequest, ModelStreamEvent } from '@agentplane/protocol';
 import type { LeaseHandle, LeaseOffer } from '../agent.js';
 import { InfrastructureFailure } from '../failures.js';
 import { DockerDriver } from '../sandbox/docker-driver.js';
+import { sandboxImageWithout } from '../sandbox/fixtures/images.js';
 import { ensureSandboxImage } from '../sandbox/image.js';
 import { SandboxManager } from '../sandbox/manager.js';
 import { SandboxError } from '../sandbox/types.js';
@@ -30,12 +31,12 @@ afterAll(async () => {
   await new DockerDriver({ runnerId, docker }).reapOrphans(runnerId, []);
 });
 
-function handleFor(sessionId: string, image: string): LeaseHandle {
+function handleFor(sessionId: string, image: string, network: { network_mode: 'none' | 'allowlist'; allowed_hosts?: string[] } = { network_mode: 'none' }): LeaseHandle {
   const offer: LeaseOffer = {
     lease_id: `lease_${randomBytes(4).toString('hex')}`, attempt: 1, run_id: 'run_t', session_id: sessionId, accept_within_ms: 5000, lease_ttl_ms: 30_000,
     spec: {
       run_id: 'run_t', session_id: sessionId, thread_id: 'sthr_t', agent: { routing_key: 'default', tools: [] },
-      environment: { image, resources: { cpu_millis: 1000, memory_mib: 256, disk_mib: 512, max_duration_seconds: 60 }, network_mode: 'none', retention_mode: 'durable' },
+      environment: { image, resources: { cpu_millis: 1000, memory_mib: 256, disk_mib: 512, max_duration_seconds: 60 }, ...network, retention_mode: 'durable' },
       history: [],
     },
   };
@@ -86,6 +87,22 @@ describe('a sandbox that does not start', () => {
     const err = await executor.run(handle).then(() => undefined, (e: unknown) => e);
     expect(err).toBeInstanceOf(SandboxError);
     expect(err).toMatchObject({ reason: 'image_missing' });
+  }, 60_000);
+
+  it('stays the Run\'s own failure when its allowlist Environment names an image without node for the egress relay', async () => {
+    const { image, remove } = await sandboxImageWithout(docker, 'node');
+    const driver = new DockerDriver({ runnerId, docker, logger: log });
+    const executor = turnExecutor({ sandboxes: new SandboxManager({ driver, runnerId, logger: log }), log, baseUrl: 'http://127.0.0.1:9' });
+    const handle = handleFor(`sess_${randomBytes(8).toString('hex')}`, image, { network_mode: 'allowlist', allowed_hosts: ['example.com'] });
+    try {
+      const err = await executor.run(handle).then(() => undefined, (e: unknown) => e);
+      expect(err).not.toBeInstanceOf(InfrastructureFailure);
+      expect(err).toMatchObject({ name: 'SandboxError', reason: 'image_unsuitable' });
+      expect((err as Error).message).toMatch(/has no `node` on its PATH/);
+    } finally {
+      await driver.destroy(handle.offer.session_id);
+      await remove();
+    }
   }, 60_000);
 });
 

@@ -5,6 +5,7 @@ import Docker from 'dockerode';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DockerDriver } from './docker-driver.js';
 import type { EgressDecision } from './egress.js';
+import { sandboxImageWithout } from './fixtures/images.js';
 import { ensureSandboxImage } from './image.js';
 import { SandboxError, type Sandbox } from './types.js';
 
@@ -77,14 +78,7 @@ describe('allowlist egress in a docker sandbox', () => {
   }, 120_000);
 
   it("fails the start as the image's fault, not the machine's, when the image has no node for the relay", async () => {
-    // The sandbox image with node removed: committed from a container of it (no registry, no build).
-    const base = await docker.createContainer({ Image: 'agentplane/sandbox:latest', User: '0', Cmd: ['sh', '-c', 'rm -f "$(command -v node)"'], NetworkDisabled: true });
-    await base.start();
-    await base.wait();
-    const tag = `no-node-${randomBytes(4).toString('hex')}`;
-    await base.commit({ repo: 'agentplane-test/sandbox', tag });
-    await base.remove({ force: true });
-    const image = `agentplane-test/sandbox:${tag}`;
+    const { image, remove } = await sandboxImageWithout(docker, 'node');
     const session = { id: sid() };
     try {
       const err = await driver.ensure(session, { image, network_mode: 'allowlist', allowed_hosts: ['example.com'], memory_mib: 256 }).then(() => undefined, (e: unknown) => e);
@@ -93,7 +87,7 @@ describe('allowlist egress in a docker sandbox', () => {
       expect((err as Error).message).toMatch(/has no `node` on its PATH, which network mode 'allowlist' needs.*node/);
     } finally {
       await driver.destroy(session.id);
-      await docker.getImage(image).remove({ force: true });
+      await remove();
     }
   }, 120_000);
 
