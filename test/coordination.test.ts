@@ -8,8 +8,9 @@ import { pairDaemon, startDaemon } from './harness/daemon.js';
  * Coordinator Sessions (docs/COORDINATION.md) end to end, with the scripted model on two real
  * runners (two slots each): fan-out to three children running at the same time and combined,
  * a child blocking on a custom tool answered by `session_thread_id` (and the ambiguity refused
- * without it), interrupt during a fan-out, condensed vs complete listings and thread streams
- * resumed with Last-Event-ID, then kill -9 of one child's runner.
+ * without it), interrupt during a fan-out, `stop_thread` on a waiting child, condensed vs
+ * complete listings and thread streams resumed with Last-Event-ID, then kill -9 of one child's
+ * runner.
  */
 let p: Platform;
 let api: HttpClient;
@@ -334,6 +335,38 @@ describe('coordinator sessions', () => {
     expect(late.status).toBe(409);
     const archived = await api.post<Thread>(`/v1/sessions/${c.session}/threads/${child.id}/archive`, {});
     expect(archived.status).toBe('terminated');
+  }, 120_000);
+
+  it('stop_thread ends the wait of a child blocked on a client\'s answer, and says it interrupted it', async () => {
+    // Turn 1 starts the child and ends; turn 2 (the message is the child's id) stops it.
+    const c = await coordinator([
+      { when: { on: 'user', user_contains: 'sthr_' }, then: [{ tool: 'stop_thread', input: { session_thread_id: '{{user}}' } }] },
+      { when: { after_tool: 'stop_thread' }, then: [{ reply: 'stopped {{tool_result}}' }] },
+      { when: { on: 'user' }, then: [{ tool: 'start_thread', input: { agent: 'asker', task: 'blocked task' } }] },
+      { when: { after_tool: 'start_thread' }, then: [{ reply: 'started' }] },
+    ]);
+    await say(c.session, 'ask');
+    const child = await waitFor('the child to wait on its custom tool', async () => {
+      const t = (await threads(c.session))[1];
+      return t && idleStops(await threadEvents(c.session, t.id), t.id).includes('requires_action') ? t : undefined;
+    }, 60_000);
+    await waitFor('the first coordinator turn to end', async () => (idleStops(await threadEvents(c.session, c.primary), c.primary).includes('end_turn') ? true : undefined), 60_000);
+    const use = (await threadEvents(c.session, child.id)).find((e) => e.type === 'agent.tool_use');
+    await say(c.session, child.id);
+    const evs = await waitFor('the second coordinator turn to end', async () => {
+      const e = await threadEvents(c.session, c.primary);
+      return idleStops(e, c.primary).filter((x) => x === 'end_turn').length >= 2 ? e : undefined;
+    }, 60_000);
+    const reply = evs.filter((e) => e.type === 'agent.message' && e.session_thread_id === c.primary).map((e) => JSON.stringify(e.payload)).join(' ');
+    expect(reply).toContain('stopped');
+    expect(reply).toContain('\\"interrupted\\":true');
+    const childEvs = await waitFor('the child\'s wait to end', async () => {
+      const e = await threadEvents(c.session, child.id);
+      return idleStops(e, child.id).length >= 2 ? e : undefined;
+    }, 30_000);
+    expect(idleStops(childEvs, child.id)).toEqual(['requires_action', 'interrupted']);
+    expect(childEvs.find((e) => e.type === 'agent.tool_result' && e.payload.tool_use_id === use?.payload.id)?.payload).toMatchObject({ is_error: true, interrupted: true });
+    expect((await threads(c.session)).find((t) => t.id === child.id)?.status).toBe('idle');
   }, 120_000);
 
   it('delegation tools pass the ActionPolicy gate: a denied start_thread starts nothing', async () => {

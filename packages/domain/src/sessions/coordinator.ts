@@ -7,7 +7,7 @@ import {
 import { VersionedStore } from '../versioned.js';
 import type { PendingWait, SessionDoc, ThreadDoc, WaitKind } from './model.js';
 import type { SessionStore } from './store.js';
-import { continuable, type TurnScheduler } from './turns.js';
+import { continuable, waitsOnAction, type TurnScheduler } from './turns.js';
 
 /** How far back the log is read for a Run's delegation tool uses and children's results. */
 const SCAN_LIMIT = 50_000;
@@ -32,6 +32,8 @@ interface ChildResult {
 /** What the runtime side asks of the coordinator (implemented by `ThreadRuntime`). */
 export interface CoordinatorHost {
   submitUserMessage(session: SessionDoc, threadId: string, eventId: string | null): Promise<unknown>;
+  /** `user.interrupt` on one thread: a running Run asked to stop, a wait on an action ended. */
+  interrupt(session: SessionDoc, threadId: string): Promise<void>;
 }
 
 const textOf = (content: unknown): string =>
@@ -203,8 +205,10 @@ export class Coordinator {
             const child = await this.child(session, d.input.session_thread_id);
             if (typeof child === 'string') answer = err(child);
             else {
-              const busy = child.status === 'running' || child.status === 'rescheduling';
-              if (child._active_run_id && busy) await this.scheduler().interruptRequested(session.id, child.id, child._active_run_id);
+              // A running child's Run is asked to stop; one waiting on a client's answer (or an
+              // approval) ends its wait, as a user.interrupt naming it would.
+              const busy = (child._active_run_id !== null && (child.status === 'running' || child.status === 'rescheduling')) || waitsOnAction(child);
+              if (busy) await this.host.interrupt(session, child.id);
               answer = ok({ session_thread_id: child.id, interrupted: busy });
             }
             break;

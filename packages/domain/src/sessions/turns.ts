@@ -101,7 +101,7 @@ export function continuable(t: Readonly<ThreadDoc>, runId: string | null, genera
  * A thread that waits on an action: its turn ended `requires_action` and keeps its Run (the
  * continuation starts from it) until the waits are answered and the next Run starts.
  */
-function waitsOnAction(t: Readonly<ThreadDoc>): boolean {
+export function waitsOnAction(t: Readonly<ThreadDoc>): boolean {
   return t.status === 'idle' && t._active_run_id !== null;
 }
 
