@@ -7,6 +7,7 @@ import type { RunDoc, SessionDoc } from './model.js';
 import { SessionStore } from './store.js';
 import { idleSession } from './fixtures.test-support.js';
 import { continuable, ThreadRuntime, type TurnScheduler } from './turns.js';
+import { CancelMarks } from '@agentplane/lease';
 
 let redis: Redis;
 
@@ -252,5 +253,73 @@ describe('coordinator', () => {
     await runtime.endTurn(session, two!.session_thread_id, { type: 'end_turn' }, [], { runId: two!.id });
     await runtime.endTurn(session, one!.session_thread_id, { type: 'end_turn' }, [], { runId: one!.id });
     expect(rec.reports).toEqual([primary, primary]);
+  });
+});
+
+/**
+ * A user.interrupt that meets a turn's end: it marks the Run, then looks for waits to end; the
+ * turn's end writes its waits, then looks for a mark. Whichever looks second sees the other's
+ * write, so the interrupt is never lost and no child the coordinator asked for runs on.
+ */
+describe('an interrupt that meets a turn ending on waits', () => {
+  const toolResults = async (store: SessionStore, session: SessionDoc) =>
+    (await store.log.range(session.id, 0, 200)).filter((e) => e.type === 'agent.tool_result').map((e) => e.payload as { tool_use_id: string; interrupted?: boolean });
+
+  it('a Run marked before its end was written ends interrupted: its custom tool wait is answered as interrupted', async () => {
+    const store = new SessionStore(redis);
+    const rec = recording();
+    const runtime = new ThreadRuntime(store, () => rec.scheduler);
+    const { session, threadId } = await idleSession(store);
+    const { run } = await runtime.submitUserMessage(session, threadId, 'evt_first');
+    const waits = await modelUses(store, session, threadId, [{ id: 'toolu_lookup', name: 'lookup', input: {} }]);
+    await new CancelMarks(redis).mark(session.id, run?.id ?? '');
+    await runtime.endTurn(session, threadId, { type: 'requires_action', tool_use_ids: ['toolu_lookup'] }, waits, { runId: run?.id ?? '' });
+    const t = await store.thread(session.id, threadId);
+    expect(t).toMatchObject({ status: 'idle', _active_run_id: null, _stop_reason: { type: 'interrupted' } });
+    expect(await toolResults(store, session)).toEqual([expect.objectContaining({ tool_use_id: 'toolu_lookup', interrupted: true })]);
+  });
+
+  it('a coordinator\'s Run marked before its end was written starts no child', async () => {
+    const store = new SessionStore(redis);
+    const rec = recording();
+    const runtime = new ThreadRuntime(store, () => rec.scheduler);
+    const { session, primary, run } = await coordinatorSession(store, runtime);
+    const waits = await modelUses(store, session, primary, [
+      { id: 'toolu_s1', name: 'start_thread', input: { agent: 'worker', task: 'one' } },
+      { id: 'toolu_w', name: 'wait_threads', input: {} },
+    ]);
+    await new CancelMarks(redis).mark(session.id, run);
+    await runtime.endTurn(session, primary, { type: 'requires_action', tool_use_ids: waits.map((w) => w.tool_use_id) }, waits);
+    expect((await store.threadIds(session.id, 0, 10)).ids).toEqual([]);
+    expect(rec.queued.filter((r) => r.session_thread_id !== primary)).toEqual([]);
+    expect(await store.thread(session.id, primary)).toMatchObject({ status: 'idle', _active_run_id: null, _stop_reason: { type: 'interrupted' } });
+    expect((await toolResults(store, session)).map((r) => [r.tool_use_id, r.interrupted])).toEqual(expect.arrayContaining([['toolu_s1', true], ['toolu_w', true]]));
+  });
+
+  it('a child made while an interrupt ended the coordinator\'s wait (after it looked at the children) is interrupted too', async () => {
+    const rec = recording();
+    let runtime: ThreadRuntime | undefined;
+    let interruptOnce: (() => Promise<void>) | undefined;
+    // The interrupt runs in full just before the child is made: it ends the coordinator's wait
+    // and finds no child to stop.
+    class Racing extends SessionStore {
+      override async reserveSpawn(sessionId: string, limit: number): Promise<number | null> {
+        const race = interruptOnce;
+        interruptOnce = undefined;
+        await race?.();
+        return super.reserveSpawn(sessionId, limit);
+      }
+    }
+    const store = new Racing(redis);
+    runtime = new ThreadRuntime(store, () => rec.scheduler);
+    const { session, primary } = await coordinatorSession(store, runtime);
+    const waits = await modelUses(store, session, primary, [{ id: 'toolu_s1', name: 'start_thread', input: { agent: 'worker', task: 'one' } }]);
+    interruptOnce = () => (runtime as ThreadRuntime).interrupt(session, primary);
+    await runtime.endTurn(session, primary, { type: 'requires_action', tool_use_ids: ['toolu_s1'] }, waits);
+    expect(interruptOnce).toBeUndefined();
+    const { ids } = await store.threadIds(session.id, 0, 10);
+    expect(ids).toHaveLength(1);
+    expect(rec.interrupted).toEqual([ids[0]]);
+    expect(await store.thread(session.id, primary)).toMatchObject({ _stop_reason: { type: 'interrupted' } });
   });
 });

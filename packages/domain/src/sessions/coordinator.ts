@@ -286,6 +286,12 @@ export class Coordinator {
     const ev = r.events[0] as LogEvent;
     await this.store.redis.hset(delegationsKey(session.id), useKey, child.id);
     await this.host.submitUserMessage(session, child.id, ev.id);
+    // A user.interrupt that ended the coordinator's wait while this child was being made looked
+    // at the children before it existed: the child is stopped here instead (the interrupt ends
+    // the wait, then looks at the children; this starts the child, then looks at the wait).
+    if ((await this.store.thread(session.id, coordinator.id))._wait_generation !== use.generation) {
+      await this.host.interrupt(session, child.id);
+    }
     return ok({ session_thread_id: child.id, agent: member.name, status: 'running' });
   }
 

@@ -3,6 +3,7 @@ import type { RunDoc, SessionDoc, ThreadDoc, WaitKind } from './model.js';
 import { InputQueueMoved, RideRefused, sessionTag, type RunRide, type SessionStore } from './store.js';
 import { SessionCloser } from './closing.js';
 import { newEventId, type AppendEvent, type LogEvent } from '@agentplane/store';
+import { CancelMarks } from '@agentplane/lease';
 import { Coordinator } from './coordinator.js';
 
 /**
@@ -155,6 +156,8 @@ export class ThreadRuntime {
   readonly coordinator: Coordinator;
   /** An archived Session's terminal status event, once its last turn is over. */
   readonly closer: SessionCloser;
+  /** The interrupts' marks on Runs: a turn that ends waiting on an action after one reached its Run ends interrupted. */
+  private readonly cancels: CancelMarks;
 
   constructor(
     private readonly store: SessionStore,
@@ -162,6 +165,7 @@ export class ThreadRuntime {
   ) {
     this.coordinator = new Coordinator(store, this, scheduler);
     this.closer = new SessionCloser(store, store.redis);
+    this.cancels = new CancelMarks(store.redis);
   }
 
   /** Installs the one turn-end hook (the outcomes module). */
@@ -522,6 +526,14 @@ export class ThreadRuntime {
     // written says so (`_archived`).
     const read = options.fresh ? session : await this.store.docs.get<SessionDoc>(sessionTag(session.id), session.id);
     const live = read?.type === 'session' && read.archived_at === null && next._archived === true ? { ...read, archived_at: next.updated_at } : read;
+    // A user.interrupt that reached this Run while its end was on the way marked the Run, then
+    // looked for waits before they were written: it found none to end. Its mark is seen here
+    // (mark then look, write then check: one side sees the other), so the waits just written end
+    // as interrupted, and a coordinator's delegation uses start no child.
+    if (stop.type === 'requires_action' && endedRunId !== null && live?.type === 'session' && (await this.cancels.marked(session.id, endedRunId))) {
+      await this.interruptWait(live, threadId, options.trace);
+      return this.store.thread(session.id, threadId);
+    }
     if (live?.type === 'session' && (live.agent.multiagent || next.parent_thread_id !== null)) await this.coordinator.turnEnded(live, next);
     if (stop.type !== 'requires_action' && this.turnEnded && live?.type === 'session' && next.status !== 'terminated') {
       if (await this.turnEnded(live, threadId, endedRunId, stop, options.trace, activeOutcome)) return this.store.thread(session.id, threadId);
