@@ -530,7 +530,7 @@ export class ThreadRuntime {
     // looked for waits before they were written: it found none to end. Its mark is seen here
     // (mark then look, write then check: one side sees the other), so the waits just written end
     // as interrupted, and a coordinator's delegation uses start no child.
-    if (stop.type === 'requires_action' && endedRunId !== null && live?.type === 'session' && (await this.cancels.marked(session.id, endedRunId))) {
+    if (stop.type === 'requires_action' && endedRunId !== null && waitsOnAction(next) && live?.type === 'session' && (await this.cancels.marked(session.id, endedRunId))) {
       await this.interruptWait(live, threadId, options.trace);
       return this.store.thread(session.id, threadId);
     }
