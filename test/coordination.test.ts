@@ -108,6 +108,22 @@ const turnOver = (session: string, primary: string, ms = 90_000) => waitFor('the
   return idleStops(evs, primary).some((t) => t !== 'requires_action') ? evs : undefined;
 }, ms);
 
+/** The Session's one child once it waits on its custom tool. */
+const childWaiting = (session: string) => waitFor('the child to wait on its custom tool', async () => {
+  const t = (await threads(session))[1];
+  return t && idleStops(await threadEvents(session, t.id), t.id).includes('requires_action') ? t : undefined;
+}, 60_000);
+
+/** The child's wait ended by an interrupt: its turn ended interrupted, its open use answered as interrupted. */
+async function childWaitInterrupted(session: string, child: string, toolUseId: unknown): Promise<void> {
+  const evs = await waitFor('the child\'s wait to end', async () => {
+    const e = await threadEvents(session, child);
+    return idleStops(e, child).length >= 2 ? e : undefined;
+  }, 30_000);
+  expect(idleStops(evs, child)).toEqual(['requires_action', 'interrupted']);
+  expect(evs.find((e) => e.type === 'agent.tool_result' && e.payload.tool_use_id === toolUseId)?.payload).toMatchObject({ is_error: true, interrupted: true });
+}
+
 const fanOut = (tasks: string[], member = 'researcher') => [
   { when: { on: 'user' }, then: [...tasks.map((task) => ({ tool: 'start_thread', input: { agent: member, task } })), { tool: 'wait_threads', input: {} }] },
   { when: { after_tool: 'wait_threads' }, then: [{ reply: 'combined: {{tool_result}}' }] },
@@ -314,20 +330,12 @@ describe('coordinator sessions', () => {
   it('user.interrupt on the Session also ends the wait of a child blocked on a client\'s answer', async () => {
     const c = await coordinator(fanOut(['blocked task'], 'asker'));
     await say(c.session, 'ask');
-    const child = await waitFor('the child to wait on its custom tool', async () => {
-      const t = (await threads(c.session))[1];
-      return t && idleStops(await threadEvents(c.session, t.id), t.id).includes('requires_action') ? t : undefined;
-    }, 60_000);
+    const child = await childWaiting(c.session);
     const use = (await threadEvents(c.session, child.id)).find((e) => e.type === 'agent.tool_use');
     await api.post(`/v1/sessions/${c.session}/events`, { type: 'user.interrupt', payload: { authored_by: owner, caused_by: { kind: 'api' } } });
     const evs = await turnOver(c.session, c.primary, 30_000);
     expect(idleStops(evs, c.primary)).toEqual(['requires_action', 'interrupted']);
-    const childEvs = await waitFor('the child\'s wait to end', async () => {
-      const e = await threadEvents(c.session, child.id);
-      return idleStops(e, child.id).length >= 2 ? e : undefined;
-    }, 30_000);
-    expect(idleStops(childEvs, child.id)).toEqual(['requires_action', 'interrupted']);
-    expect(childEvs.find((e) => e.type === 'agent.tool_result' && e.payload.tool_use_id === use?.payload.id)?.payload).toMatchObject({ is_error: true, interrupted: true });
+    await childWaitInterrupted(c.session, child.id, use?.payload.id);
     // The cancelled wait takes no late answer, and the child can now be archived.
     const late = await api.request('POST', `/v1/sessions/${c.session}/events`, {
       body: { type: 'user.custom_tool_result', payload: { tool_use_id: String(use?.payload.id), result: 'late', session_thread_id: child.id, authored_by: owner, caused_by: { kind: 'api' } } },
@@ -346,10 +354,7 @@ describe('coordinator sessions', () => {
       { when: { after_tool: 'start_thread' }, then: [{ reply: 'started' }] },
     ]);
     await say(c.session, 'ask');
-    const child = await waitFor('the child to wait on its custom tool', async () => {
-      const t = (await threads(c.session))[1];
-      return t && idleStops(await threadEvents(c.session, t.id), t.id).includes('requires_action') ? t : undefined;
-    }, 60_000);
+    const child = await childWaiting(c.session);
     await waitFor('the first coordinator turn to end', async () => (idleStops(await threadEvents(c.session, c.primary), c.primary).includes('end_turn') ? true : undefined), 60_000);
     const use = (await threadEvents(c.session, child.id)).find((e) => e.type === 'agent.tool_use');
     await say(c.session, child.id);
@@ -360,12 +365,7 @@ describe('coordinator sessions', () => {
     const reply = evs.filter((e) => e.type === 'agent.message' && e.session_thread_id === c.primary).map((e) => JSON.stringify(e.payload)).join(' ');
     expect(reply).toContain('stopped');
     expect(reply).toContain('\\"interrupted\\":true');
-    const childEvs = await waitFor('the child\'s wait to end', async () => {
-      const e = await threadEvents(c.session, child.id);
-      return idleStops(e, child.id).length >= 2 ? e : undefined;
-    }, 30_000);
-    expect(idleStops(childEvs, child.id)).toEqual(['requires_action', 'interrupted']);
-    expect(childEvs.find((e) => e.type === 'agent.tool_result' && e.payload.tool_use_id === use?.payload.id)?.payload).toMatchObject({ is_error: true, interrupted: true });
+    await childWaitInterrupted(c.session, child.id, use?.payload.id);
     expect((await threads(c.session)).find((t) => t.id === child.id)?.status).toBe('idle');
   }, 120_000);
 
