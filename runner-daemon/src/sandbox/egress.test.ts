@@ -2,7 +2,8 @@ import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { PassThrough } from 'node:stream';
 import { createServer, request, type Server } from 'node:http';
-import { connect, type AddressInfo } from 'node:net';
+import { connect, createServer as createNetServer, type AddressInfo, type Socket } from 'node:net';
+import { connect as tlsConnect } from 'node:tls';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { createLogger } from '@agentplane/core';
 import { allowedBy, EgressTunnel, parseAllowRule, readProxyRequest, RelayEnded, relayReady, RELAY_SCRIPT, type EgressDecision, type EgressTunnelOptions } from './egress.js';
@@ -213,6 +214,121 @@ describe('egress tunnel through a real relay', () => {
       results.slice(1).forEach((r, i) => expect(r.body).toContain(`GET /n${i} `));
     } finally {
       await new Promise((resolve) => big.close(resolve));
+    }
+  });
+});
+
+/**
+ * A CONNECT through the proxy: the socket, paused, once the proxy answered 200 (what came after
+ * the answer in the same read pushed back), or the answer's text as the error when it did not.
+ */
+function tunnelTo(proxyPort: number, target: string): Promise<Socket> {
+  return new Promise((resolve, reject) => {
+    const s = connect(proxyPort, '127.0.0.1', () => s.write(`CONNECT ${target} HTTP/1.1\r\nHost: ${target}\r\n\r\n`));
+    let got = Buffer.alloc(0);
+    const onData = (d: Buffer): void => {
+      got = Buffer.concat([got, d]);
+      const end = got.indexOf('\r\n\r\n');
+      if (end < 0) return;
+      s.off('data', onData);
+      s.pause();
+      const after = got.subarray(end + 4);
+      if (after.length > 0) s.unshift(after);
+      if (got.toString('latin1').startsWith('HTTP/1.1 200 ')) resolve(s);
+      else reject(new Error(got.toString('latin1')));
+    };
+    s.on('data', onData);
+    s.on('error', reject);
+  });
+}
+
+describe('the server name inside a CONNECT tunnel', () => {
+  /** A plain TCP upstream that records what reaches it, and says hello first when `banner` is set. */
+  async function recordingUpstream(banner?: string): Promise<{ port: number; received: () => Buffer; reached: Promise<Buffer>; close(): Promise<void> }> {
+    let got = Buffer.alloc(0);
+    let reachedResolve: (b: Buffer) => void = () => undefined;
+    const reached = new Promise<Buffer>((resolve) => (reachedResolve = resolve));
+    const sockets = new Set<Socket>();
+    const server = createNetServer((s) => {
+      sockets.add(s);
+      if (banner) s.write(banner);
+      s.on('data', (d: Buffer) => {
+        got = Buffer.concat([got, d]);
+        reachedResolve(got);
+      });
+      s.on('error', () => undefined);
+    });
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    return {
+      port: (server.address() as AddressInfo).port,
+      received: () => got,
+      reached,
+      close: () => new Promise((resolve) => {
+        server.close(() => resolve());
+        for (const s of sockets) s.destroy();
+      }),
+    };
+  }
+  const lookup = async (): Promise<Array<{ address: string; family: number }>> => [{ address: '127.0.0.1', family: 4 }];
+
+  it('lets a TLS client through that names the host it asked for, and refuses one naming another', async () => {
+    const up = await recordingUpstream();
+    try {
+      const { port, decisions } = await tunnelWith([`upstream.test:${up.port}`], { lookup });
+      // The listed name: its ClientHello reaches the upstream.
+      const ok = await tunnelTo(port, `upstream.test:${up.port}`);
+      const client = tlsConnect({ socket: ok, servername: 'Upstream.Test', rejectUnauthorized: false });
+      client.on('error', () => undefined);
+      const first = await up.reached;
+      expect(first[0]).toBe(22);
+      expect(first.includes(Buffer.from('Upstream.Test'))).toBe(true);
+      client.destroy();
+      expect(decisions).toEqual([{ host: 'upstream.test', port: up.port, outcome: 'connected' }]);
+
+      // Another name, on the same checked address: nothing goes upstream; the client reads a TLS alert.
+      const before = up.received().length;
+      const fronted = await tunnelTo(port, `upstream.test:${up.port}`);
+      const err = await new Promise<Error>((resolve) => {
+        const c = tlsConnect({ socket: fronted, servername: 'elsewhere.test', rejectUnauthorized: false });
+        c.on('error', resolve);
+        c.on('secureConnect', () => resolve(new Error('connected')));
+      });
+      expect(err.message).toMatch(/unrecognized name/);
+      expect(up.received().length).toBe(before);
+      expect(decisions[1]).toEqual({ host: 'upstream.test', port: up.port, outcome: 'refused', reason: 'its TLS server name elsewhere.test is not the host it asked to CONNECT to' });
+      expect(decisions).toHaveLength(2);
+    } finally {
+      await up.close();
+    }
+  });
+
+  it('passes a protocol that is not TLS, one whose server speaks first included, and refuses a ClientHello cut short', async () => {
+    const up = await recordingUpstream('SSH-2.0-upstream\r\n');
+    try {
+      const { port, decisions } = await tunnelWith([`upstream.test:${up.port}`], { lookup });
+      const s = await tunnelTo(port, `upstream.test:${up.port}`);
+      const banner = await new Promise<string>((resolve) => s.once('data', (d: Buffer) => resolve(d.toString())).resume());
+      expect(banner).toBe('SSH-2.0-upstream\r\n');
+      s.write('SSH-2.0-client\r\n');
+      expect((await up.reached).toString()).toBe('SSH-2.0-client\r\n');
+      s.destroy();
+      expect(decisions.map((d) => d.outcome)).toEqual(['connected']);
+
+      // Half a ClientHello, then the end: never sent on.
+      const before = up.received().length;
+      const cut = await tunnelTo(port, `upstream.test:${up.port}`);
+      await new Promise<void>((resolve) => cut.once('data', () => resolve()).resume()); // the banner
+      const answer = new Promise<Buffer>((resolve) => {
+        const parts: Buffer[] = [];
+        cut.on('data', (d: Buffer) => parts.push(d));
+        cut.on('end', () => resolve(Buffer.concat(parts)));
+      });
+      cut.end(Buffer.from([22, 3, 1, 0, 200, 1, 0, 0, 196]));
+      expect([...(await answer)]).toEqual([21, 3, 3, 0, 2, 2, 112]);
+      expect(up.received().length).toBe(before);
+      expect(decisions[1]).toMatchObject({ outcome: 'refused', reason: 'the connection ended inside its TLS ClientHello' });
+    } finally {
+      await up.close();
     }
   });
 });

@@ -11,6 +11,7 @@
 import { lookup as dnsLookup } from 'node:dns/promises';
 import { isIP, Socket } from 'node:net';
 import { addressAllowed, type Logger } from '@agentplane/core';
+import { readClientHello, UNRECOGNIZED_NAME_ALERT } from './tls-hello.js';
 import type { SandboxProcess } from './types.js';
 
 /** Where the relay listens inside the sandbox; commands get it as their HTTP(S)_PROXY. */
@@ -207,15 +208,25 @@ export interface EgressTunnelOptions {
 
 interface Conn {
   id: number;
-  /** `head`: reading the request head; `deciding`: checking and connecting; `open`: bytes flow; `closed`. */
-  state: 'head' | 'deciding' | 'open' | 'closed';
-  /** Bytes of the request head read so far. */
+  /**
+   * `head`: reading the request head; `deciding`: checking and connecting; `hello`: a `CONNECT`'s
+   * tunnel is up and the sandbox's first bytes are read (a TLS ClientHello's server name is
+   * checked) before any goes upstream; `open`: bytes flow; `closed`.
+   */
+  state: 'head' | 'deciding' | 'hello' | 'open' | 'closed';
+  /** Bytes of the request head read so far; in `hello`, the sandbox's first bytes read so far. */
   head: Buffer;
   upstream: Socket | undefined;
   /** Bytes the sandbox sent after the head while the connection was being decided. */
   pending: Buffer[];
   pendingBytes: number;
   sandboxEnded: boolean;
+  /** What the connection asked for, once its head is read. */
+  target: { host: string; port: number } | undefined;
+  /** The address it was connected to, once chosen. */
+  address: string | undefined;
+  /** Its outcome was reported (once per connection). */
+  settled: boolean;
 }
 
 const STATUS_TEXT: Record<number, string> = { 400: 'Bad Request', 403: 'Forbidden', 431: 'Request Header Fields Too Large', 502: 'Bad Gateway', 503: 'Service Unavailable', 504: 'Gateway Timeout' };
@@ -347,7 +358,7 @@ export class EgressTunnel {
         this.answer(id, 503, 'too many connections open through this sandbox\'s proxy');
         return;
       }
-      this.conns.set(id, { id, state: 'head', head: Buffer.alloc(0), upstream: undefined, pending: [], pendingBytes: 0, sandboxEnded: false });
+      this.conns.set(id, { id, state: 'head', head: Buffer.alloc(0), upstream: undefined, pending: [], pendingBytes: 0, sandboxEnded: false, target: undefined, address: undefined, settled: false });
       return;
     }
     const c = this.conns.get(id);
@@ -362,9 +373,10 @@ export class EgressTunnel {
           void this.decide(c, req);
         }
       } else if (c.state === 'open' && c.upstream) {
-        const ok = c.upstream.write(payload);
-        this.stats.maxUpstreamBuffered = Math.max(this.stats.maxUpstreamBuffered, c.upstream.writableLength);
-        if (!ok) this.holdRelay(c.upstream);
+        this.toUpstream(c.upstream, payload);
+      } else if (c.state === 'hello') {
+        c.head = c.head.length ? Buffer.concat([c.head, payload]) : payload;
+        this.checkHello(c);
       } else if (c.state === 'deciding') {
         c.pending.push(payload);
         c.pendingBytes += payload.length;
@@ -373,12 +385,64 @@ export class EgressTunnel {
     } else if (kind === END) {
       c.sandboxEnded = true;
       if (c.state === 'open') c.upstream?.end();
+      else if (c.state === 'hello') this.checkHello(c);
       else if (c.state === 'head') this.finish(c, 400, 'the connection ended before its request head');
     } else if (kind === CLOSE) {
+      if (c.state === 'hello') this.settle(c, 'connected');
       c.state = 'closed';
       this.conns.delete(id);
       c.upstream?.destroy();
     }
+  }
+
+  private toUpstream(upstream: Socket, bytes: Buffer): void {
+    const ok = upstream.write(bytes);
+    this.stats.maxUpstreamBuffered = Math.max(this.stats.maxUpstreamBuffered, upstream.writableLength);
+    if (!ok) this.holdRelay(upstream);
+  }
+
+  /** Reports a connection's outcome, once. */
+  private settle(c: Conn, outcome: EgressDecision['outcome'], reason?: string): void {
+    if (c.settled || !c.target) return;
+    c.settled = true;
+    const { host, port } = c.target;
+    this.o.onDecision?.({ host, port, outcome, ...(reason !== undefined ? { reason } : {}) });
+    if (outcome === 'connected') this.o.log.info({ host, port, address: c.address }, 'sandbox egress connected');
+    else this.o.log.warn({ host, port, outcome, reason }, 'sandbox egress not connected');
+  }
+
+  /**
+   * A `CONNECT` tunnel's first bytes from the sandbox, before any goes upstream. A TLS ClientHello
+   * must name the host the `CONNECT` named, or none: another name would reach another site served
+   * from the checked address (a shared CDN), past the list. A protocol that is not TLS goes through
+   * as it is (its host and port were checked).
+   */
+  private checkHello(c: Conn): void {
+    const upstream = c.upstream;
+    if (c.state !== 'hello' || !upstream || !c.target) return;
+    if (c.head.length === 0 && !c.sandboxEnded) return;
+    const read = c.head.length === 0 ? { kind: 'not_tls' as const } : readClientHello(c.head);
+    if (read.kind === 'incomplete' && !c.sandboxEnded) return;
+    const refused = read.kind === 'incomplete' ? 'the connection ended inside its TLS ClientHello'
+      : read.kind === 'bad' ? `its TLS ClientHello is malformed (${read.reason})`
+      : read.kind === 'hello' && read.serverName !== null && !sameHost(read.serverName, c.target.host) ? `its TLS server name ${read.serverName} is not the host it asked to CONNECT to`
+      : undefined;
+    if (refused !== undefined) {
+      this.settle(c, 'refused', refused);
+      // What a server says to a name it does not serve: the client's TLS error names it.
+      this.send(DATA, c.id, UNRECOGNIZED_NAME_ALERT);
+      this.send(END, c.id);
+      c.state = 'closed';
+      this.conns.delete(c.id);
+      upstream.destroy();
+      return;
+    }
+    c.state = 'open';
+    this.settle(c, 'connected');
+    const first = c.head;
+    c.head = Buffer.alloc(0);
+    if (first.length > 0) this.toUpstream(upstream, first);
+    if (c.sandboxEnded) upstream.end();
   }
 
   /**
@@ -421,9 +485,9 @@ export class EgressTunnel {
   private async decide(c: Conn, req: ProxyRequest): Promise<void> {
     if (req.kind === 'bad') return this.finish(c, req.status, req.reason);
     const target = `${req.host}:${req.port}`;
+    c.target = { host: req.host, port: req.port };
     const notConnected = (outcome: 'refused' | 'failed', status: number, reason: string): void => {
-      this.o.onDecision?.({ host: req.host, port: req.port, outcome, reason });
-      this.o.log.warn({ host: req.host, port: req.port, outcome, reason }, 'sandbox egress not connected');
+      this.settle(c, outcome, reason);
       this.finish(c, status, `${target}: ${reason}`);
     };
     if (!allowedBy(this.rules, req.host, req.port)) return notConnected('refused', 403, 'not in the Environment\'s allowed_hosts');
@@ -441,6 +505,7 @@ export class EgressTunnel {
       return notConnected('failed', 502, `the name did not resolve (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`);
     }
     if (c.state !== 'deciding') return;
+    c.address = address;
     const upstream = new Socket({ allowHalfOpen: true });
     c.upstream = upstream;
     let connected = false;
@@ -449,18 +514,24 @@ export class EgressTunnel {
       clearTimeout(timer);
       connected = true;
       if (c.state !== 'deciding') return void upstream.destroy();
-      c.state = 'open';
-      this.o.onDecision?.({ host: req.host, port: req.port, outcome: 'connected' });
-      this.o.log.info({ host: req.host, port: req.port, address }, 'sandbox egress connected');
+      // What the upstream sends flows from now on (a protocol whose server speaks first included).
       upstream.on('data', (d: Buffer) => this.send(DATA, c.id, d));
       upstream.on('end', () => {
-        if (c.state === 'open') this.send(END, c.id);
+        if (c.state === 'open' || c.state === 'hello') this.send(END, c.id);
       });
-      if (req.kind === 'connect') this.send(DATA, c.id, Buffer.from('HTTP/1.1 200 Connection Established\r\n\r\n'));
-      else upstream.write(req.head);
-      if (req.rest.length > 0) upstream.write(req.rest);
-      for (const p of c.pending.splice(0)) upstream.write(p);
+      const rest = c.pending.length > 0 ? Buffer.concat([req.rest, ...c.pending.splice(0)]) : req.rest;
       c.pendingBytes = 0;
+      if (req.kind === 'connect') {
+        this.send(DATA, c.id, Buffer.from('HTTP/1.1 200 Connection Established\r\n\r\n'));
+        c.state = 'hello';
+        c.head = rest;
+        this.checkHello(c);
+        return;
+      }
+      c.state = 'open';
+      this.settle(c, 'connected');
+      upstream.write(req.head);
+      if (rest.length > 0) upstream.write(rest);
       if (upstream.writableNeedDrain) this.holdRelay(upstream);
       if (c.sandboxEnded) upstream.end();
     });
@@ -470,6 +541,7 @@ export class EgressTunnel {
     });
     upstream.on('close', () => {
       clearTimeout(timer);
+      if (c.state === 'hello') this.settle(c, 'connected');
       if (c.state === 'closed') return;
       c.state = 'closed';
       this.conns.delete(c.id);
@@ -477,6 +549,12 @@ export class EgressTunnel {
     });
     upstream.connect({ host: address, port: req.port });
   }
+}
+
+/** Whether two host names are one (case and a final dot aside). */
+function sameHost(a: string, b: string): boolean {
+  const norm = (h: string): string => h.toLowerCase().replace(/^\[|\]$/g, '').replace(/\.$/, '');
+  return norm(a) === norm(b);
 }
 
 /** A relay that ended before it was ready: its exit code and the tail of what it wrote. */
