@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto';
 import type { Logger } from '@agentplane/core';
 import {
   ConnectionService, CredentialIndex, FileStore, IdentityService, OutcomeService, ProjectHeadReader, RedisRuntimeBearers, SkillReader, RunEngine, RunLifecycle, RunnerService,
-  SessionStore, ThreadRuntime, VersionedStore, type SessionCloser, sandboxProfileStore, type Environment,
+  SessionStore, ThreadRuntime, VersionedStore, type Coordinator, type SessionCloser, sandboxProfileStore, type Environment,
 } from '@agentplane/domain';
 import { activePools, CancelMarks, LeaseFence, LeaseRecords, POOL_WAKE_CHANNEL, poolWorkspace, recentPools, RunQueues } from '@agentplane/lease';
 import { SecretBox } from '@agentplane/core';
@@ -44,6 +44,7 @@ export class Scheduler {
    */
   private readonly engine: RunEngine;
   private readonly closer: SessionCloser;
+  private readonly coordinator: Coordinator;
   private readonly store: SessionStore;
   private scanTimer: NodeJS.Timeout | undefined;
   private scanning = false;
@@ -76,6 +77,7 @@ export class Scheduler {
     const runtime = new ThreadRuntime(this.store, () => engine as RunEngine);
     this.lifecycle = new RunLifecycle(this.store, runtime, log);
     this.closer = runtime.closer;
+    this.coordinator = runtime.coordinator;
     engine = new RunEngine({
       redis: this.redis, queues: this.queues, lifecycle: this.lifecycle, store: this.store, environments, runners, log,
       interruptGraceMs: config.interruptGraceMs, poolIdleMs: config.lease.poolIdleMs,
@@ -231,6 +233,9 @@ export class Scheduler {
     // archive writes its own within a round trip or two of its entry).
     const closed = await this.closer.repair(this.config.enqueueRepairAfterMs);
     if (closed.length > 0) this.log.info({ sessions: closed }, 'wrote the terminal status event of archived Sessions');
+    // Coordinators whose turn end died before it carried out their delegation uses.
+    const carried = await this.coordinator.repair(this.config.enqueueRepairAfterMs, this.log);
+    if (carried.length > 0) this.log.info({ sessions: carried }, 'carried out the delegation uses of coordinators whose turn end was cut short');
   }
 
   /**

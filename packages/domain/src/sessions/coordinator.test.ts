@@ -8,6 +8,7 @@ import { SessionStore } from './store.js';
 import { idleSession } from './fixtures.test-support.js';
 import { continuable, ThreadRuntime, type TurnScheduler } from './turns.js';
 import { CancelMarks } from '@agentplane/lease';
+import { createLogger } from '@agentplane/core';
 
 let redis: Redis;
 
@@ -227,6 +228,48 @@ describe('coordinator', () => {
     expect((await store.threadIds(session.id, 0, 10)).ids).toHaveLength(1);
     const answers = (await store.log.range(session.id, 0, 200)).filter((e) => e.type === 'agent.tool_result' && e.session_thread_id === primary);
     expect(answers).toHaveLength(1);
+  });
+
+  it('a coordinator\'s turn end cut short before it carried out its delegation uses, with no repeat to come: the scheduler\'s sweep carries them out, once', async () => {
+    const log = createLogger({ name: 'coordinator-test', level: 'silent' });
+    let dieOnce = false;
+    // The process dies right after the waits were written, before the first start (its slot count).
+    class Dying extends SessionStore {
+      override async threadIds(...args: Parameters<SessionStore['threadIds']>): ReturnType<SessionStore['threadIds']> {
+        if (dieOnce) {
+          dieOnce = false;
+          throw new Error('died before carrying out');
+        }
+        return super.threadIds(...args);
+      }
+    }
+    const store = new Dying(redis);
+    const rec = recording();
+    const runtime = new ThreadRuntime(store, () => rec.scheduler);
+    const { session, primary, run } = await coordinatorSession(store, runtime);
+    const waits = await modelUses(store, session, primary, [{ id: 'toolu_s9', name: 'start_thread', input: { agent: 'worker', task: 'nine' } }]);
+    dieOnce = true;
+    await expect(runtime.endTurn(session, primary, { type: 'requires_action', tool_use_ids: ['toolu_s9'] }, waits, { runId: run })).rejects.toThrow('died before carrying out');
+    expect((await store.thread(session.id, primary))._waits.toolu_s9).toMatchObject({ kind: 'delegation', answered_event_id: null });
+    expect((await store.threadIds(session.id, 0, 10)).ids).toEqual([]);
+
+    // Not before its time (a turn end still under way elsewhere is left to finish)...
+    expect(await runtime.coordinator.repair(60_000, log)).not.toContain(session.id);
+    expect((await store.threadIds(session.id, 0, 10)).ids).toEqual([]);
+    // ...then carried out: one child, the start answered, the coordinator continued.
+    expect(await runtime.coordinator.repair(0, log)).toContain(session.id);
+    expect((await store.threadIds(session.id, 0, 10)).ids).toHaveLength(1);
+    expect((await store.thread(session.id, primary))._waits.toolu_s9?.answered_event_id).not.toBeNull();
+    // (The sweep sees to every coordinator left in the outbox, earlier tests' included.)
+    expect(rec.resolved.filter((t) => t === primary)).toEqual([primary]);
+    // Struck out: the next sweep does not see it again.
+    expect(await runtime.coordinator.repair(0, log)).not.toContain(session.id);
+
+    // A turn end that carried its uses out leaves nothing for the sweep.
+    const other = await coordinatorSession(store, runtime);
+    const otherWaits = await modelUses(store, other.session, other.primary, [{ id: 'toolu_s10', name: 'start_thread', input: { agent: 'worker', task: 'ten' } }]);
+    await runtime.endTurn(other.session, other.primary, { type: 'requires_action', tool_use_ids: ['toolu_s10'] }, otherWaits, { runId: other.run });
+    expect(await runtime.coordinator.repair(0, log)).not.toContain(other.session.id);
   });
 
   it('a turn end with the coordinator\'s wait still open, or already continued, reports nothing more', async () => {

@@ -1,12 +1,13 @@
-import { crashPoint } from '@agentplane/core';
+import { crashPoint, type Logger } from '@agentplane/core';
 import { BoundedCache, keys, tags, type LogEvent } from '@agentplane/store';
 import { snapshotOf, type Agent, type AgentSnapshot } from '../agents/model.js';
 import {
   delegationToolSpecs, isDelegationTool, MULTIAGENT_LIMITS, rosterMembers, type DelegationTool, type MultiagentT, type RosterMember,
 } from '../agents/multiagent.js';
+import { Outbox } from '../outbox.js';
 import { VersionedStore } from '../versioned.js';
 import type { PendingWait, SessionDoc, ThreadDoc, WaitKind } from './model.js';
-import type { SessionStore } from './store.js';
+import { sessionTag, type SessionStore } from './store.js';
 import { continuable, waitsOnAction, type TurnScheduler } from './turns.js';
 
 /** How far back the log is read for a Run's delegation tool uses and children's results. */
@@ -63,6 +64,13 @@ export class Coordinator {
   private readonly agents: VersionedStore<Agent>;
   /** `<ws>/<agent>/<version>` → the member's Agent version (immutable). */
   private readonly members = new BoundedCache<string, Agent>(1024);
+  /**
+   * Coordinators whose turn end is writing delegation uses: written down before the waits are, struck
+   * out once they were carried out, so the scheduler's sweep (`repair`) carries out what a process
+   * that died in between left, where no repeat of the turn end comes.
+   * `ap:{g:delegation_outbox:<n>}:delegation_outbox:<n>`: zset, member: the Session id, score: ms.
+   */
+  private readonly outbox: Outbox;
 
   constructor(
     private readonly store: SessionStore,
@@ -70,6 +78,36 @@ export class Coordinator {
     private readonly scheduler: () => TurnScheduler,
   ) {
     this.agents = new VersionedStore<Agent>(store.redis, 'agents', 'agent');
+    this.outbox = new Outbox(store.redis, 'delegation_outbox');
+  }
+
+  /** Before a coordinator's turn end writes waits that hold delegation uses. */
+  carrying(sessionId: string): Promise<void> {
+    return this.outbox.add(sessionId, sessionId);
+  }
+
+  /**
+   * Coordinators written down by `carrying` more than `olderThanMs` ago: their turn end is done
+   * again from the thread as it is (`turnEnded`: open delegation uses carried out, a generation
+   * answered in full reported), then struck out. Every step is one a repeat may take (a started
+   * child is found by its use, an answer by its producer key, a continuation is a compare-and-swap);
+   * one that fails stays for the next sweep. Returns the Sessions seen to.
+   */
+  async repair(olderThanMs: number, log: Logger): Promise<string[]> {
+    const done: string[] = [];
+    for (const { member } of await this.outbox.due(olderThanMs)) {
+      try {
+        const session = await this.store.docs.get<SessionDoc>(sessionTag(member), member);
+        // A Session or thread deleted since has nothing left to carry out.
+        const primary = session?.type === 'session' && session.agent.multiagent ? await this.store.thread(session.id, session._primary_thread_id).catch(() => null) : null;
+        if (session && primary) await this.turnEnded(session, primary);
+        await this.outbox.remove(member, member);
+        done.push(member);
+      } catch (err) {
+        log.warn({ err, session: member }, 'could not carry out a coordinator\'s delegation uses: the next sweep tries again');
+      }
+    }
+    return done;
   }
 
   private async member(ws: string, agentId: string, version: number): Promise<Agent> {
@@ -134,8 +172,10 @@ export class Coordinator {
    */
   async turnEnded(session: SessionDoc, thread: ThreadDoc): Promise<void> {
     if (thread.parent_thread_id === null) {
-      if (pendingNow(thread).some(([, w]) => w.kind === 'delegation')) await this.carryOut(session, thread);
-      else await this.reportAnswered(session, thread);
+      if (pendingNow(thread).some(([, w]) => w.kind === 'delegation')) {
+        await this.carryOut(session, thread);
+        await this.outbox.remove(session.id, session.id);
+      } else await this.reportAnswered(session, thread);
       return;
     }
     if (!settled(thread)) return;

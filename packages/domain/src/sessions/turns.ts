@@ -487,6 +487,9 @@ export class ThreadRuntime {
     let moved = false;
     // A coordinator's delegation tool uses wait for the control plane, not for a client.
     const delegations = stop.type === 'requires_action' ? await this.coordinator.classify(session, threadId, waits) : new Map<string, never>();
+    // Written down before the waits are: if this process dies before it carries them out and no
+    // repeat of this end comes (the runner gone too), the scheduler's sweep does.
+    if (delegations.size > 0) await this.coordinator.carrying(session.id);
     const idle: AppendEvent = {
       type: 'session.status_idle', payload: { stop_reason: stop }, session_thread_id: threadId, ...(runId !== null ? { producer_key: `run:${runId}:idle` } : {}),
     };
