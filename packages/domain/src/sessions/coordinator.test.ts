@@ -58,6 +58,13 @@ function dying(store: SessionStore) {
   return { ...rec, scheduler, runtime: new ThreadRuntime(store, () => scheduler), dieAtNextReport: () => void (die = true) };
 }
 
+/** A store, a recording scheduler and a runtime over them, and a coordinator Session with its first turn running. */
+async function coordinatorRig(store = new SessionStore(redis)) {
+  const rec = recording();
+  const runtime = new ThreadRuntime(store, () => rec.scheduler);
+  return { store, rec, runtime, ...(await coordinatorSession(store, runtime)) };
+}
+
 /** A coordinator Session over one member, its first turn running. */
 async function coordinatorSession(store: SessionStore, runtime: ThreadRuntime): Promise<{ session: SessionDoc; primary: string; member: Agent; run: string }> {
   const { session: base, threadId } = await idleSession(store);
@@ -76,10 +83,7 @@ async function modelUses(store: SessionStore, session: SessionDoc, thread: strin
 
 describe('coordinator', () => {
   it('starts children from the roster, answers the starts at once and the wait once every child settled (retries exhausted included)', async () => {
-    const store = new SessionStore(redis);
-    const rec = recording();
-    const runtime = new ThreadRuntime(store, () => rec.scheduler);
-    const { session, primary, member } = await coordinatorSession(store, runtime);
+    const { store, rec, runtime, session, primary, member } = await coordinatorRig();
     const waits = await modelUses(store, session, primary, [
       { id: 'toolu_s1', name: 'start_thread', input: { agent: 'worker', task: 'one' } },
       { id: 'toolu_s2', name: 'start_thread', input: { agent: 'worker', task: 'two' } },
@@ -125,10 +129,7 @@ describe('coordinator', () => {
   });
 
   it('user.interrupt while the coordinator waits: the waits are answered as interrupted, its turn ends and busy children are interrupted', async () => {
-    const store = new SessionStore(redis);
-    const rec = recording();
-    const runtime = new ThreadRuntime(store, () => rec.scheduler);
-    const { session, primary } = await coordinatorSession(store, runtime);
+    const { store, rec, runtime, session, primary } = await coordinatorRig();
     const waits = await modelUses(store, session, primary, [
       { id: 'toolu_a', name: 'start_thread', input: { agent: 'worker', task: 'a' } },
       { id: 'toolu_w2', name: 'wait_threads', input: {} },
@@ -144,10 +145,7 @@ describe('coordinator', () => {
     expect(idles.map((e) => (e.payload as { stop_reason: { type: string } }).stop_reason.type)).toEqual(['requires_action', 'interrupted']);
   });
   it('user.interrupt of a coordinator whose waits mix delegation and client uses ends them all', async () => {
-    const store = new SessionStore(redis);
-    const rec = recording();
-    const runtime = new ThreadRuntime(store, () => rec.scheduler);
-    const { session, primary } = await coordinatorSession(store, runtime);
+    const { store, rec, runtime, session, primary } = await coordinatorRig();
     const waits = await modelUses(store, session, primary, [
       { id: 'toolu_a', name: 'start_thread', input: { agent: 'worker', task: 'a' } },
       { id: 'toolu_w3', name: 'wait_threads', input: {} },
@@ -168,10 +166,7 @@ describe('coordinator', () => {
   });
 
   it('user.interrupt of a child that waits on its client settles it: the coordinator\'s wait_threads is answered', async () => {
-    const store = new SessionStore(redis);
-    const rec = recording();
-    const runtime = new ThreadRuntime(store, () => rec.scheduler);
-    const { session, primary } = await coordinatorSession(store, runtime);
+    const { store, rec, runtime, session, primary } = await coordinatorRig();
     const waits = await modelUses(store, session, primary, [
       { id: 'toolu_b', name: 'start_thread', input: { agent: 'worker', task: 'b' } },
       { id: 'toolu_w4', name: 'wait_threads', input: {} },
@@ -243,10 +238,7 @@ describe('coordinator', () => {
         return super.threadIds(...args);
       }
     }
-    const store = new Dying(redis);
-    const rec = recording();
-    const runtime = new ThreadRuntime(store, () => rec.scheduler);
-    const { session, primary, run } = await coordinatorSession(store, runtime);
+    const { store, rec, runtime, session, primary, run } = await coordinatorRig(new Dying(redis));
     const waits = await modelUses(store, session, primary, [{ id: 'toolu_s9', name: 'start_thread', input: { agent: 'worker', task: 'nine' } }]);
     dieOnce = true;
     await expect(runtime.endTurn(session, primary, { type: 'requires_action', tool_use_ids: ['toolu_s9'] }, waits, { runId: run })).rejects.toThrow('died before carrying out');
@@ -273,10 +265,7 @@ describe('coordinator', () => {
   });
 
   it('a turn end with the coordinator\'s wait still open, or already continued, reports nothing more', async () => {
-    const store = new SessionStore(redis);
-    const rec = recording();
-    const runtime = new ThreadRuntime(store, () => rec.scheduler);
-    const { session, primary, run } = await coordinatorSession(store, runtime);
+    const { store, rec, runtime, session, primary, run } = await coordinatorRig();
     const waits = await modelUses(store, session, primary, [
       { id: 'toolu_s7', name: 'start_thread', input: { agent: 'worker', task: 'seven' } },
       { id: 'toolu_s8', name: 'start_thread', input: { agent: 'worker', task: 'eight' } },
@@ -323,10 +312,7 @@ describe('an interrupt that meets a turn ending on waits', () => {
   });
 
   it('a coordinator\'s Run marked before its end was written starts no child', async () => {
-    const store = new SessionStore(redis);
-    const rec = recording();
-    const runtime = new ThreadRuntime(store, () => rec.scheduler);
-    const { session, primary, run } = await coordinatorSession(store, runtime);
+    const { store, rec, runtime, session, primary, run } = await coordinatorRig();
     const waits = await modelUses(store, session, primary, [
       { id: 'toolu_s1', name: 'start_thread', input: { agent: 'worker', task: 'one' } },
       { id: 'toolu_w', name: 'wait_threads', input: {} },
