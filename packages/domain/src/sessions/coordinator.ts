@@ -91,7 +91,8 @@ export class Coordinator {
    * again from the thread as it is (`turnEnded`: open delegation uses carried out, a generation
    * answered in full reported), then struck out. Every step is one a repeat may take (a started
    * child is found by its use, an answer by its producer key, a continuation is a compare-and-swap);
-   * one that fails stays for the next sweep. Returns the Sessions seen to.
+   * one that fails stays for the next sweep. Returns the Sessions whose open uses it carried out
+   * (an entry whose turn end had nothing left open, one cut short by an interrupt say, just goes).
    */
   async repair(olderThanMs: number, log: Logger): Promise<string[]> {
     const done: string[] = [];
@@ -100,9 +101,10 @@ export class Coordinator {
         const session = await this.store.docs.get<SessionDoc>(sessionTag(member), member);
         // A Session or thread deleted since has nothing left to carry out.
         const primary = session?.type === 'session' && session.agent.multiagent ? await this.store.thread(session.id, session._primary_thread_id).catch(() => null) : null;
+        const open = primary !== null && pendingNow(primary).some(([, w]) => w.kind === 'delegation');
         if (session && primary) await this.turnEnded(session, primary);
         await this.outbox.remove(member, member);
-        done.push(member);
+        if (open) done.push(member);
       } catch (err) {
         log.warn({ err, session: member }, 'could not carry out a coordinator\'s delegation uses: the next sweep tries again');
       }
