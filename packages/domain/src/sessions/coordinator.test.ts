@@ -272,6 +272,50 @@ describe('coordinator', () => {
     expect(await inDelegationOutbox(other.session.id)).toBe(false);
   });
 
+  it('a start_thread whose process died mid-start, carried out again, makes one child and starts it once', async () => {
+    // A death is a step that never returns: nothing after it runs in that process.
+    const hang = new Promise<never>(() => undefined);
+    for (const diesAt of ['the task\'s append', 'the child\'s start'] as const) {
+      const store = new SessionStore(redis);
+      const rec = recording();
+      const dying = new ThreadRuntime(store, () => rec.scheduler);
+      const { session, primary, run } = await coordinatorSession(store, dying);
+      let reached: () => void = () => undefined;
+      const died = new Promise<void>((resolve) => (reached = resolve));
+      if (diesAt === 'the task\'s append') {
+        const append = store.log.append.bind(store.log);
+        store.log.append = (sessionId, events, o) => {
+          if (!events.some((e) => e.producer_key?.endsWith(':task'))) return append(sessionId, events, o);
+          reached();
+          return hang;
+        };
+      } else {
+        const submit = dying.submitUserMessage.bind(dying);
+        dying.submitUserMessage = (s, threadId, eventId, o) => {
+          if (threadId === primary) return submit(s, threadId, eventId, o);
+          reached();
+          return hang;
+        };
+      }
+      const waits = await modelUses(store, session, primary, [{ id: 'toolu_s11', name: 'start_thread', input: { agent: 'worker', task: 'eleven' } }]);
+      const stop = { type: 'requires_action', tool_use_ids: ['toolu_s11'] };
+      void dying.endTurn(session, primary, stop, waits, { runId: run });
+      await died;
+
+      // The restarted process: the runner's completion ends the turn again.
+      const again = new ThreadRuntime(new SessionStore(redis), () => rec.scheduler);
+      await again.endTurn(session, primary, stop, waits, { runId: run });
+      const { ids } = await store.threadIds(session.id, 0, 10);
+      expect(ids, diesAt).toHaveLength(1);
+      const log = await store.log.range(session.id, 0, 200);
+      expect(log.filter((e) => e.type === 'user.message' && e.session_thread_id === ids[0]), diesAt).toHaveLength(1);
+      expect(rec.queued.filter((r) => r.session_thread_id === ids[0]), diesAt).toHaveLength(1);
+      const answers = log.filter((e) => e.type === 'agent.tool_result' && e.session_thread_id === primary);
+      expect(answers.map((e) => JSON.parse(String((e.payload as { content: string }).content)) as unknown), diesAt)
+        .toEqual([expect.objectContaining({ session_thread_id: ids[0], status: 'running' })]);
+    }
+  });
+
   it('a turn end with the coordinator\'s wait still open, or already continued, reports nothing more', async () => {
     const { store, rec, runtime, session, primary, run } = await coordinatorRig();
     const waits = await modelUses(store, session, primary, [

@@ -1,4 +1,5 @@
-import { crashPoint, type Logger } from '@agentplane/core';
+import { createHash } from 'node:crypto';
+import { crashPoint, ID_PREFIXES, type Logger } from '@agentplane/core';
 import { BoundedCache, keys, tags, type LogEvent } from '@agentplane/store';
 import { snapshotOf, type Agent, type AgentSnapshot } from '../agents/model.js';
 import {
@@ -303,17 +304,19 @@ export class Coordinator {
     const member = roster.find((m) => m.name === input.agent || m.agent_id === input.agent);
     if (!member) return err(`'${String(input.agent)}' is not a roster member; members: ${roster.map((m) => m.name).join(', ')}`);
 
-    // A retried delivery of the same use finds the child it already started.
-    const existing = await this.startedBy(session, useKey);
-    if (existing) return ok({ session_thread_id: existing.id, agent: member.name, status: existing.status });
-
-    if (!takeSlot()) return err(`the busy child threads reached max_concurrent_threads (${limit}); wait for one to finish first`);
-    const spawn = await this.store.reserveSpawn(session.id, MULTIAGENT_LIMITS.threadsPerSession);
-    if (spawn === null) return err(`this Session has spawned ${MULTIAGENT_LIMITS.threadsPerSession} child threads, its limit`);
-
-    const agent = await this.member(session.workspace_id, member.agent_id, member.version);
-    const { multiagent: _none, ...snapshot }: AgentSnapshot = snapshotOf(agent);
-    const child = await this.store.createChild(session, snapshot, spawn);
+    // A repeat of the same use (a retried turn end, the sweep) finds the child an earlier attempt
+    // made, under the id the use gives it, and takes what that attempt did not get to: the task's
+    // append (once, by its producer key) and the child's start (once: only a child that never ran).
+    const childId = delegatedThreadId(session.id, useKey);
+    let child = await this.startedBy(session, useKey, childId);
+    if (!child) {
+      if (!takeSlot()) return err(`the busy child threads reached max_concurrent_threads (${limit}); wait for one to finish first`);
+      const spawn = await this.store.reserveSpawn(session.id, MULTIAGENT_LIMITS.threadsPerSession);
+      if (spawn === null) return err(`this Session has spawned ${MULTIAGENT_LIMITS.threadsPerSession} child threads, its limit`);
+      const agent = await this.member(session.workspace_id, member.agent_id, member.version);
+      const { multiagent: _none, ...snapshot }: AgentSnapshot = snapshotOf(agent);
+      child = await this.store.createChild(session, snapshot, spawn, childId);
+    }
     const r = await this.store.log.append(session.id, [{
       type: 'user.message',
       payload: {
@@ -327,7 +330,9 @@ export class Coordinator {
     if (!r.ok) return err('the Session log refused the task');
     const ev = r.events[0] as LogEvent;
     await this.store.redis.hset(delegationsKey(session.id), useKey, child.id);
-    await this.host.submitUserMessage(session, child.id, ev.id);
+    const now = await this.store.thread(session.id, child.id);
+    if (neverRan(now)) await this.host.submitUserMessage(session, child.id, ev.id);
+    else return ok({ session_thread_id: child.id, agent: member.name, status: now.status });
     // A user.interrupt that ended the coordinator's wait while this child was being made looked
     // at the children before it existed: the child is stopped here instead (the interrupt ends
     // the wait, then looks at the children; this starts the child, then looks at the wait).
@@ -337,9 +342,10 @@ export class Coordinator {
     return ok({ session_thread_id: child.id, agent: member.name, status: 'running' });
   }
 
-  private async startedBy(session: SessionDoc, useKey: string): Promise<ThreadDoc | null> {
-    const id = await this.store.redis.hget(delegationsKey(session.id), useKey);
-    return id ? this.store.thread(session.id, id).catch(() => null) : null;
+  /** The child a use started: as recorded (children made before their ids were derived), else under the use's id. */
+  private async startedBy(session: SessionDoc, useKey: string, childId: string): Promise<ThreadDoc | null> {
+    const id = (await this.store.redis.hget(delegationsKey(session.id), useKey)) ?? childId;
+    return this.store.thread(session.id, id).catch(() => null);
   }
 
   /** A child thread of this Session named by the model, or why not. */
@@ -448,6 +454,19 @@ export async function coordinatorToolSpecs(store: SessionStore, ws: string, conf
 
 const ok = (value: unknown): Answer => ({ content: JSON.stringify(value), is_error: false });
 const err = (message: string): Answer => ({ content: message, is_error: true });
+
+/**
+ * The id of the child thread a `start_thread` use makes, from the Session and the use
+ * (`<wait generation>/<tool_use_id>`): every attempt of the same start names the same thread.
+ */
+export function delegatedThreadId(sessionId: string, useKey: string): string {
+  return `${ID_PREFIXES.thread}_${createHash('sha256').update(`agentplane.delegation.v1\n${sessionId}\n${useKey}`).digest('hex').slice(0, 32)}`;
+}
+
+/** A thread no turn has started on yet (nothing ran, nothing runs). */
+function neverRan(t: Readonly<ThreadDoc>): boolean {
+  return t.status === 'idle' && t._active_run_id === null && t._stop_reason === null && (t._ended_run_id ?? null) === null;
+}
 
 /** `<wait generation>/<tool_use_id>` → the child thread it started (`ap:{s:<sess>}:delegations`). */
 export const delegationsKey = (sessionId: string): string => keys.scoped(tags.session(sessionId), 'delegations');

@@ -619,14 +619,22 @@ export class SessionStore {
     return n;
   }
 
-  /** A child thread with a spawn number from `reserveSpawn` (or `spawnChild`). */
-  async createChild(session: SessionDoc, agent: AgentSnapshot, spawn: number): Promise<ThreadDoc> {
+  /**
+   * A child thread with a spawn number from `reserveSpawn` (or `spawnChild`). `id`: the thread's
+   * id when its maker derives it (a coordinator's start, from the tool use): a thread of that id
+   * made already (an earlier attempt of the same start) is returned as it is, nothing written.
+   */
+  async createChild(session: SessionDoc, agent: AgentSnapshot, spawn: number, id?: string): Promise<ThreadDoc> {
     const tag = sessionTag(session.id);
     const t = newThreadDoc(session, agent, session._primary_thread_id);
+    if (id !== undefined) t.id = id;
     t._spawn = spawn;
     const r = await CREATE_CHILD.run(this.redis, [eventLogKeys.meta(session.id), keys.doc(tag, t.id), keys.index(tag, 'threads'), keys.scoped(tag, 'spawn')], [JSON.stringify(t), spawn, t.id]);
     if (r === 0) throw new ApiError('validation.not_found', 'the session was deleted and its event log erased');
-    if (r !== 1) throw new Error(`thread ${t.id} exists already`);
+    if (r !== 1) {
+      if (id !== undefined) return this.thread(session.id, id);
+      throw new Error(`thread ${t.id} exists already`);
+    }
     return t;
   }
 
