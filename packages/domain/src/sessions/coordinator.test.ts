@@ -316,6 +316,28 @@ describe('coordinator', () => {
     }
   });
 
+  it('two attempts of one start_thread interleaved: the child takes its task once', async () => {
+    const { store, rec, runtime, session, primary, run } = await coordinatorRig();
+    // Attempt A (another process) starts the child right after this attempt decided to start it.
+    const other = new ThreadRuntime(new SessionStore(redis), () => rec.scheduler);
+    const submit = runtime.submitUserMessage.bind(runtime);
+    let raced = false;
+    runtime.submitUserMessage = async (s, threadId, eventId, o) => {
+      if (threadId !== primary && !raced && eventId !== null) {
+        raced = true;
+        await other.submitUserMessage(s, threadId, eventId);
+      }
+      return submit(s, threadId, eventId, o);
+    };
+    const waits = await modelUses(store, session, primary, [{ id: 'toolu_s12', name: 'start_thread', input: { agent: 'worker', task: 'twelve' } }]);
+    await runtime.endTurn(session, primary, { type: 'requires_action', tool_use_ids: ['toolu_s12'] }, waits, { runId: run });
+    expect(raced).toBe(true);
+    const [child] = (await store.threadIds(session.id, 0, 10)).ids;
+    expect(rec.queued.filter((r) => r.session_thread_id === child)).toHaveLength(1);
+    // Nothing left queued for a second turn.
+    expect(await store.queuedInputs(session.id, child ?? '')).toEqual([]);
+  });
+
   it('a turn end with the coordinator\'s wait still open, or already continued, reports nothing more', async () => {
     const { store, rec, runtime, session, primary, run } = await coordinatorRig();
     const waits = await modelUses(store, session, primary, [

@@ -33,7 +33,8 @@ interface ChildResult {
 
 /** What the runtime side asks of the coordinator (implemented by `ThreadRuntime`). */
 export interface CoordinatorHost {
-  submitUserMessage(session: SessionDoc, threadId: string, eventId: string | null): Promise<unknown>;
+  /** `queued`: the message is in the thread's input queue already, `thread` as the queueing left it. */
+  submitUserMessage(session: SessionDoc, threadId: string, eventId: string | null, options?: { queued?: boolean; thread?: ThreadDoc | null }): Promise<unknown>;
   /** `user.interrupt` on one thread: a running Run asked to stop, a wait on an action ended. */
   interrupt(session: SessionDoc, threadId: string): Promise<void>;
 }
@@ -330,9 +331,14 @@ export class Coordinator {
     if (!r.ok) return err('the Session log refused the task');
     const ev = r.events[0] as LogEvent;
     await this.store.redis.hset(delegationsKey(session.id), useKey, child.id);
-    const now = await this.store.thread(session.id, child.id);
-    if (neverRan(now)) await this.host.submitUserMessage(session, child.id, ev.id);
-    else return ok({ session_thread_id: child.id, agent: member.name, status: now.status });
+    // Queued only while no turn has started on the child (one script), then started: two attempts
+    // of the same start never give the child its task twice.
+    const fresh = await this.store.enqueueFirstInput(session.id, child.id, ev.id);
+    if (fresh) await this.host.submitUserMessage(session, child.id, ev.id, { queued: true, thread: fresh });
+    else {
+      const now = await this.store.thread(session.id, child.id);
+      return ok({ session_thread_id: child.id, agent: member.name, status: now.status });
+    }
     // A user.interrupt that ended the coordinator's wait while this child was being made looked
     // at the children before it existed: the child is stopped here instead (the interrupt ends
     // the wait, then looks at the children; this starts the child, then looks at the wait).
@@ -461,11 +467,6 @@ const err = (message: string): Answer => ({ content: message, is_error: true });
  */
 export function delegatedThreadId(sessionId: string, useKey: string): string {
   return `${ID_PREFIXES.thread}_${createHash('sha256').update(`agentplane.delegation.v1\n${sessionId}\n${useKey}`).digest('hex').slice(0, 32)}`;
-}
-
-/** A thread no turn has started on yet (nothing ran, nothing runs). */
-function neverRan(t: Readonly<ThreadDoc>): boolean {
-  return t.status === 'idle' && t._active_run_id === null && t._stop_reason === null && (t._ended_run_id ?? null) === null;
 }
 
 /** `<wait generation>/<tool_use_id>` → the child thread it started (`ap:{s:<sess>}:delegations`). */

@@ -96,6 +96,21 @@ if not redis.call('LPOS', KEYS[1], ARGV[1]) then redis.call('RPUSH', KEYS[1], AR
 return redis.call('GET', KEYS[2])`);
 
 /**
+ * Lua: queue a thread's first input, only while no turn has started on it (idle, no Run, no stop
+ * reason, none ended): a start repeated after another attempt started the thread queues nothing,
+ * so the input is never taken twice. KEYS and ARGV as `ENQUEUE_INPUT`'s. Returns the thread
+ * document when the input is queued, false when the thread ran already (or is gone).
+ */
+const ENQUEUE_FIRST_INPUT = new LuaScript('thread_enqueue_first_input', `
+local raw = redis.call('GET', KEYS[2])
+if not raw then return false end
+local t = cjson.decode(raw)
+local function none(v) return v == nil or v == cjson.null end
+if t.status ~= 'idle' or not none(t._active_run_id) or not none(t._stop_reason) or not none(t._ended_run_id) then return false end
+if not redis.call('LPOS', KEYS[1], ARGV[1]) then redis.call('RPUSH', KEYS[1], ARGV[1]) end
+return raw`);
+
+/**
  * A child thread's document and its place in the Session's thread index, in one script, unless
  * the Session's log was erased: a spawn that races the Session's delete writes nothing (the
  * erase lists the threads it deletes after it marks the log erased, so every child written
@@ -275,6 +290,15 @@ export class SessionStore {
   /** Queue an appended user.message for the thread's next turn (once); returns the thread as read then. */
   async enqueueInput(sessionId: string, threadId: string, eventId: string): Promise<ThreadDoc | null> {
     const raw = (await ENQUEUE_INPUT.run(this.redis, [inputQueueKey(sessionId, threadId), keys.doc(sessionTag(sessionId), threadId)], [eventId])) as string | null;
+    return raw ? this.rememberedThread(raw) : null;
+  }
+
+  /**
+   * Queues a thread's first input (`ENQUEUE_FIRST_INPUT`): the thread as it was when queued, or null
+   * when a turn has started on it already (nothing queued).
+   */
+  async enqueueFirstInput(sessionId: string, threadId: string, eventId: string): Promise<ThreadDoc | null> {
+    const raw = (await ENQUEUE_FIRST_INPUT.run(this.redis, [inputQueueKey(sessionId, threadId), keys.doc(sessionTag(sessionId), threadId)], [eventId])) as string | null;
     return raw ? this.rememberedThread(raw) : null;
   }
 
