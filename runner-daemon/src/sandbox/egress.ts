@@ -109,9 +109,14 @@ export function parseAllowRule(entry: string): AllowRule {
   return { wildcard: m[1] !== undefined, host: m[2].replace(/\.$/, ''), port: m[3] !== undefined ? Number(m[3]) : null };
 }
 
+/** A host name as the rules compare it: lower case, without IPv6 brackets or a final dot. */
+function normalHost(host: string): string {
+  return host.toLowerCase().replace(/^\[|\]$/g, '').replace(/\.$/, '');
+}
+
 /** Whether a request to `host:port` is one the rules list. A rule without a port admits 80 and 443 only. */
 export function allowedBy(rules: readonly AllowRule[], host: string, port: number): boolean {
-  const h = host.toLowerCase().replace(/^\[|\]$/g, '').replace(/\.$/, '');
+  const h = normalHost(host);
   return rules.some((r) => {
     const portOk = r.port === null ? port === 80 || port === 443 : r.port === port;
     if (!portOk) return false;
@@ -425,7 +430,7 @@ export class EgressTunnel {
     if (read.kind === 'incomplete' && !c.sandboxEnded) return;
     const refused = read.kind === 'incomplete' ? 'the connection ended inside its TLS ClientHello'
       : read.kind === 'bad' ? `its TLS ClientHello is malformed (${read.reason})`
-      : read.kind === 'hello' && read.serverName !== null && !sameHost(read.serverName, c.target.host) ? `its TLS server name ${read.serverName} is not the host it asked to CONNECT to`
+      : read.kind === 'hello' && read.serverName !== null && normalHost(read.serverName) !== normalHost(c.target.host) ? `its TLS server name ${read.serverName} is not the host it asked to CONNECT to`
       : undefined;
     if (refused !== undefined) {
       this.settle(c, 'refused', refused);
@@ -549,12 +554,6 @@ export class EgressTunnel {
     });
     upstream.connect({ host: address, port: req.port });
   }
-}
-
-/** Whether two host names are one (case and a final dot aside). */
-function sameHost(a: string, b: string): boolean {
-  const norm = (h: string): string => h.toLowerCase().replace(/^\[|\]$/g, '').replace(/\.$/, '');
-  return norm(a) === norm(b);
 }
 
 /** A relay that ended before it was ready: its exit code and the tail of what it wrote. */
