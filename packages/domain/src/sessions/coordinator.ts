@@ -330,7 +330,6 @@ export class Coordinator {
     }]);
     if (!r.ok) return err('the Session log refused the task');
     const ev = r.events[0] as LogEvent;
-    await this.store.redis.hset(delegationsKey(session.id), useKey, child.id);
     // Queued only while no turn has started on the child (one script), then started: two attempts
     // of the same start never give the child its task twice.
     const fresh = await this.store.enqueueFirstInput(session.id, child.id, ev.id);
@@ -348,7 +347,10 @@ export class Coordinator {
     return ok({ session_thread_id: child.id, agent: member.name, status: 'running' });
   }
 
-  /** The child a use started: as recorded (children made before their ids were derived), else under the use's id. */
+  /**
+   * The child a use started: under the use's id, or as recorded against the use for a child made
+   * before ids were derived from uses (a Session of an earlier version; nothing records it now).
+   */
   private async startedBy(session: SessionDoc, useKey: string, childId: string): Promise<ThreadDoc | null> {
     const id = (await this.store.redis.hget(delegationsKey(session.id), useKey)) ?? childId;
     return this.store.thread(session.id, id).catch(() => null);
