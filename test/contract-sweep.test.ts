@@ -224,8 +224,9 @@ function invalidQueryValues(name: string, schema: Json): string[] {
   const s = deref(schema);
   const out: string[] = [];
   if (s.type === 'integer' || s.type === 'number') {
-    out.push('abc', '', '1.5x');
-    if (s.type === 'integer') out.push('1.5');
+    // Text JavaScript's `+` reads as a number: none is a number written in decimal digits.
+    out.push('abc', '', '1.5x', 'Infinity', '-Infinity', '1e400', '0x10', ' 5', '+5');
+    if (s.type === 'integer') out.push('1.5', '1e2', '05');
     if (typeof s.minimum === 'number') out.push(String(s.minimum - 1), '-1');
     if (typeof s.maximum === 'number') out.push('1e9', String(s.maximum + 1));
     out.push('99999999999999999999999');
@@ -339,7 +340,8 @@ function probesOf(op: Op): Probe[] {
       bad.push(['a wrong prefix', zeros(prefix === 'sess' ? 'agent' : 'sess')], ['the bare prefix', `${prefix}_`],
         ['upper-case hex', `${prefix}_${'A'.repeat(32)}`], ['a short id', `${prefix}_${'0'.repeat(31)}`]);
     } else if (param.schema.type === 'integer') {
-      bad.push(['a word for a number', 'abc'], ['zero', '0'], ['a negative number', '-1'], ['a fraction', '1.5'], ['a huge number', '99999999999999999999999']);
+      bad.push(['a word for a number', 'abc'], ['zero', '0'], ['a negative number', '-1'], ['a fraction', '1.5'], ['a huge number', '99999999999999999999999'],
+        ['infinity', 'Infinity'], ['an exponent', '1e0'], ['hexadecimal', '0x1'], ['a leading zero', '01']);
     }
     for (const [what, value] of bad) {
       add(`path ${param.name}: ${what}`, { path: `${fill(op, { [param.name]: value }).path}${requiredQuery(op)}`, body: bodyFor(), expect: MALFORMED });

@@ -81,9 +81,35 @@ describe('validation messages', () => {
   it('takes only safe integers, even where the schema sets no bound', () => {
     const query = validator(Obj({ after: Type.Optional(Type.Integer({ minimum: 0 })), n: Type.Optional(Type.Integer({ maximum: 10 })) }), 'query');
     expect(message(query, { after: '9007199254740991' })).toBe('accepted');
-    expect(message(query, { after: '1e21' })).toBe('query.after: must be <= 9007199254740991');
+    expect(message(query, { after: '1e21' })).toBe('query.after: must be an integer in decimal digits');
     expect(message(query, { after: '18446744073709551615' })).toBe('query.after: must be <= 9007199254740991');
     expect(message(query, { n: '11' })).toBe('query.n: must be <= 10');
     expect(message(query, { n: '-9007199254740993' })).toBe('query.n: must be >= -9007199254740991');
+  });
+
+  it('reads a number in a parameter only as decimal digits, which is how ajv alone would not', () => {
+    const query = validator(Obj({
+      limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 100 })),
+      ratio: Type.Optional(Type.Number()),
+      ids: Type.Optional(Type.Array(Type.Integer())),
+      name: Type.Optional(Type.String()),
+    }), 'query');
+    for (const text of ['Infinity', '-Infinity', '1e400', '1e2', '0x10', '0b1', ' 5', '5 ', '+5', '05', '1.0', '', 'NaN']) {
+      expect(message(query, { limit: text }), text).toBe('query.limit: must be an integer in decimal digits');
+    }
+    expect(message(query, { limit: '5' })).toBe('accepted');
+    expect(message(query, { limit: '0' })).toBe('query.limit: must be >= 1');
+    expect(message(query, { limit: '-0' })).toBe('query.limit: must be >= 1');
+    expect(message(query, { ratio: '0.5' })).toBe('accepted');
+    expect(message(query, { ratio: '-Infinity' })).toBe('query.ratio: must be a number in decimal digits');
+    expect(message(query, { ratio: '.5' })).toBe('query.ratio: must be a number in decimal digits');
+    expect(message(query, { ids: ['1', '2'] })).toBe('accepted');
+    expect(message(query, { ids: '3' })).toBe('accepted');
+    expect(message(query, { ids: ['1', 'Infinity'] })).toBe('query.ids.1: must be an integer in decimal digits');
+    expect(message(query, { name: 'Infinity' })).toBe('accepted');
+    const path = validator(Obj({ version: Type.Integer({ minimum: 1 }) }), 'path');
+    expect(message(path, { version: '0x1' })).toBe('path.version: must be an integer in decimal digits');
+    // A body is JSON: its numbers are numbers, never text to read.
+    expect(message(validator(Obj({ n: Type.Integer() })), { n: 'Infinity' })).toBe('body.n: must be integer');
   });
 });

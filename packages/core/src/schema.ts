@@ -177,6 +177,48 @@ function withSafeIntegers(schema: unknown): unknown {
   return out;
 }
 
+/** A number as a parameter may write it: decimal digits, no sign but `-`, no padding, exponent or radix. */
+const INTEGER_TEXT = /^-?(?:0|[1-9][0-9]*)$/;
+const NUMBER_TEXT = /^-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?$/;
+
+type NumeralCheck = (value: unknown, where: string) => void;
+const numeralChecks = new WeakMap<TSchema, NumeralCheck | undefined>();
+
+/**
+ * For a schema whose values arrive as text (query, path, headers, settings): a check that each
+ * number is written as one, before ajv's coercion reads it with `+text`, which also takes
+ * `Infinity`, `1e400`, `0x10` and ` 5`. Undefined where the schema takes no number. Numbers
+ * inside a union are not reached (no parameter schema has one).
+ */
+function numeralCheck(schema: unknown): NumeralCheck | undefined {
+  if (!isObject(schema)) return undefined;
+  const types = Array.isArray(schema.type) ? schema.type : [schema.type];
+  if (!types.includes('string') && (types.includes('integer') || types.includes('number'))) {
+    const [pattern, noun] = types.includes('integer') ? [INTEGER_TEXT, 'an integer'] : [NUMBER_TEXT, 'a number'];
+    return (value, where) => {
+      if (typeof value === 'string' && !pattern.test(value)) throw new ApiError('validation.malformed', `${where}: must be ${noun} in decimal digits`);
+    };
+  }
+  const checks: Array<[string, NumeralCheck]> = [];
+  if (isObject(schema.properties)) {
+    for (const [key, sub] of Object.entries(schema.properties)) {
+      const check = numeralCheck(sub);
+      if (check) checks.push([key, check]);
+    }
+  }
+  const items = numeralCheck(schema.items);
+  if (checks.length === 0 && !items) return undefined;
+  return (value, where) => {
+    if (items) {
+      // A parameter given once arrives as a scalar that ajv wraps into the array.
+      if (Array.isArray(value)) value.forEach((v, i) => items(v, `${where}.${i}`));
+      else items(value, where);
+    }
+    if (!isObject(value)) return;
+    for (const [key, check] of checks) if (value[key] !== undefined) check(value[key], `${where}.${key}`);
+  };
+}
+
 /**
  * Compile once, validate many; rejects with `validation.malformed` naming the problem (where it
  * is: `label`, default the part's name, then the JSON path; of a failed union, the alternative
@@ -192,7 +234,13 @@ export function validator<S extends TSchema>(schema: S, part: RequestPart = 'bod
   }
   const compiled = fn;
   const compiledSchema = compiled.schema;
+  let numerals: NumeralCheck | undefined;
+  if (coerce) {
+    if (!numeralChecks.has(schema)) numeralChecks.set(schema, numeralCheck(schema));
+    numerals = numeralChecks.get(schema);
+  }
   return (value: unknown): Static<S> => {
+    numerals?.(value, label);
     if (compiled(value)) return value as Static<S>;
     let first = explainErrors(compiled.errors ?? [], compiledSchema, value);
     if (first?.keyword === 'minProperties') first = minPropertiesError(first, compiledSchema, value);
