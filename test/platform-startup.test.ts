@@ -49,6 +49,7 @@ describe('npm start that cannot start', () => {
     ['PORT', '0', "agentplane failed to start: PORT must be an integer in [1, 65535], got '0'"],
     ['LOG_LEVEL', 'loud', "agentplane failed to start: LOG_LEVEL must be one of fatal, error, warn, info, debug, trace, silent, got 'loud'"],
     ['START_RUNNER', 'maybe', "agentplane failed to start: START_RUNNER must be a boolean, got 'maybe'"],
+    ['REDIS_URL', 'redis://127.0.0.1:abc', 'agentplane failed to start: REDIS_URL is not a URL: redis://[:password@]host:port, unix:///path/to/redis.sock or redis+cluster://host:port,host:port'],
   ])('%s=%s: the message alone, one line, exit code 2', async (name, value, message) => {
     const r = await platform({ [name]: value });
     expect(r.code).toBe(2);
@@ -95,13 +96,17 @@ describe('the api, the scheduler and the gateway run on their own, with a bad se
   it.each([
     ['api', 'PORT=abc', { PORT: 'abc' }, "PORT must be an integer in [0, 65535], got 'abc'"],
     ['api', 'LOG_LEVEL=loud', { ...redis, ...key, LOG_LEVEL: 'loud' }, "LOG_LEVEL must be one of fatal, error, warn, info, debug, trace, silent, got 'loud'"],
-    ['api', 'LEASE_MS=soon', { ...redis, ...key, LEASE_MS: 'soon' }, 'LEASE_MS must be an integer from'],
+    ['api', 'LEASE_MS=soon', { ...redis, ...key, LEASE_MS: 'soon' }, "LEASE_MS must be an integer in [2000, 2147483647], got 'soon'"],
     ['api', 'a MASTER_KEY_FILE that is not there', { ...redis, MASTER_KEY_FILE: '/nonexistent/master.key' }, 'MASTER_KEY_FILE cannot be read: ENOENT'],
     ['api', 'EGRESS_ALLOW_PRIVATE_NETWORKS and its alias disagreeing', { ...redis, ...key, EGRESS_ALLOW_PRIVATE_NETWORKS: 'true', WEBHOOK_ALLOW_PRIVATE_NETWORKS: 'no' },
       "EGRESS_ALLOW_PRIVATE_NETWORKS='true' and its deprecated alias WEBHOOK_ALLOW_PRIVATE_NETWORKS='no' disagree; set EGRESS_ALLOW_PRIVATE_NETWORKS only"],
     ['scheduler', 'SCHEDULER_PORT=abc', { ...redis, SCHEDULER_PORT: 'abc' }, "SCHEDULER_PORT must be an integer in [0, 65535], got 'abc'"],
-    ['scheduler', 'LEASE_MS=soon', { ...redis, LEASE_MS: 'soon' }, 'LEASE_MS must be an integer from'],
+    ['scheduler', 'LEASE_MS=soon', { ...redis, LEASE_MS: 'soon' }, "LEASE_MS must be an integer in [2000, 2147483647], got 'soon'"],
     ['gateway', 'PORT=abc', { ...redis, PORT: 'abc' }, "PORT must be an integer in [0, 65535], got 'abc'"],
+    ['api', 'REDIS_URL that is not a URL', { REDIS_URL: 'redis://127.0.0.1:abc', ...key }, 'REDIS_URL is not a URL: redis://[:password@]host:port'],
+    ['scheduler', 'REDIS_URL of another scheme', { REDIS_URL: 'http://127.0.0.1:6379' }, "REDIS_URL: unknown scheme 'http:'"],
+    ['scheduler', 'REDIS_URL=unix://', { REDIS_URL: 'unix://' }, 'REDIS_URL: a Unix socket URL needs an absolute path'],
+    ['gateway', 'REDIS_URL with a word for its database', { REDIS_URL: 'redis://127.0.0.1:6379/zero' }, 'REDIS_URL: the path is a database number'],
     ['gateway', 'LOG_LEVEL=loud', { ...redis, LOG_LEVEL: 'loud' }, "LOG_LEVEL must be one of fatal, error, warn, info, debug, trace, silent, got 'loud'"],
   ] as const)('%s with %s: one line naming the setting, exit code 2', async (name, _label, env, message) => {
     const r = await run(`${name}/dist/main.js`, env);

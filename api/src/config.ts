@@ -4,7 +4,7 @@ import type { MigrationSettings } from './tool-sources/migrations.js';
 import type { DeliverySettings } from './webhooks/delivery.js';
 import { gatewayLinkUrlFrom } from '@agentplane/gateway';
 import { leaseConfigFrom, type LeaseConfig } from '@agentplane/lease';
-import { appendDurabilityFrom, type EventLogDurability } from '@agentplane/store';
+import { appendDurabilityFrom, checkedRedisUrl, type EventLogDurability } from '@agentplane/store';
 import { DEFAULT_APPROVAL_EXPIRY_SECONDS, MAX_APPROVAL_EXPIRY_SECONDS } from './approvals/limits.js';
 import { envBool, envBoolAliased, envEnum, envInt, envOptional, envString, type Env, ConfigError } from '@agentplane/core';
 
@@ -109,7 +109,7 @@ export function loadApiConfig(env: Env): ApiConfig {
   return Object.freeze({
     port,
     host,
-    redisUrl: envString(env, 'REDIS_URL'),
+    redisUrl: checkedRedisUrl(envString(env, 'REDIS_URL')),
     appendDurability: appendDurabilityFrom(env),
     docsUrl: envString(env, 'DOCS_URL', 'https://docs.agentplane.dev'),
     publicBaseUrl: envString(env, 'PUBLIC_BASE_URL', `http://${host === '0.0.0.0' ? '127.0.0.1' : host}:${port}`),

@@ -1,4 +1,5 @@
 import { envEnum, envInt, envString, type Env } from '@agentplane/core';
+import { checkedRedisUrl } from '@agentplane/store';
 import { RUNNER_DEFAULTS } from '@agentplane/protocol';
 import { gatewayLinkUrlFrom } from './link.js';
 
@@ -8,7 +9,7 @@ export function loadGatewayConfig(env: Env) {
     graceMs: envInt(env, 'SHUTDOWN_GRACE_MS', 10_000, 0),
     linkUrl: gatewayLinkUrlFrom(env),
     logLevel: envEnum(env, 'LOG_LEVEL', ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const, 'info'),
-    redisUrl: envString(env, 'REDIS_URL'),
+    redisUrl: checkedRedisUrl(envString(env, 'REDIS_URL')),
     docsUrl: envString(env, 'DOCS_URL', 'https://docs.agentplane.dev'),
     runners: {
       // The same ranges as the api's (api/src/config.ts).

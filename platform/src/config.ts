@@ -1,5 +1,5 @@
 import { LEASE_ENV } from '@agentplane/lease';
-import { APPEND_DURABILITY_ENV } from '@agentplane/store';
+import { APPEND_DURABILITY_ENV, checkedRedisUrl } from '@agentplane/store';
 import { resolve } from 'node:path';
 import { envBool, envBoolAliased, envEnum, envInt, envOptional, envString, type Env } from '@agentplane/core';
 
@@ -90,7 +90,7 @@ export function loadPlatformConfig(env: Env): PlatformConfig {
     // the API's address before it listens.
     port: envInt(env, 'PORT', 8080, 1, 65535),
     host: envString(env, 'HOST', '127.0.0.1'),
-    redisUrl: envOptional(env, 'REDIS_URL'),
+    redisUrl: redisUrlOf(envOptional(env, 'REDIS_URL')),
     redisHz: envInt(env, 'REDIS_HZ', 100, 1, 500),
     redisSocket: envBool(env, 'REDIS_SOCKET', true),
     logLevel: envEnum(env, 'LOG_LEVEL', ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const, 'info'),
@@ -118,4 +118,8 @@ export function loadPlatformConfig(env: Env): PlatformConfig {
       }),
     ),
   });
+}
+
+function redisUrlOf(url: string | undefined): string | undefined {
+  return url === undefined ? undefined : checkedRedisUrl(url);
 }

@@ -56,11 +56,24 @@ describe('agentplane-runner: usage and configuration errors', { timeout: 240_000
     expect(r.stderr).toContain("--slots must be an integer in [1, 1024], got 'lots'");
     expect(r.stderr).not.toMatch(/\bv must/);
     expect(hb.code).toBe(2);
-    expect(json(hb.stdout).error).toEqual({ type: 'config', message: "--heartbeat-ms must be an integer in [100, 9007199254740991], got '5'" });
+    expect(json(hb.stdout).error).toEqual({ type: 'config', message: "--heartbeat-ms must be an integer in [100, 2147483647], got '5'" });
     expect(reap.stderr).toContain('--sandbox-reap-grace-seconds must be an integer');
     const tiers = await cli(['start', '--tiers', 'container,kata', '--config-dir', tmp(), '--json']);
     expect(tiers.code).toBe(2);
     expect(json(tiers.stdout).error).toEqual({ type: 'config', message: "--tiers / RUNNER_TIERS: unknown tier 'kata' (known: container, gvisor)" });
+  });
+
+  it("refuses a duration past a timer's reach, which Node would fire after 1 ms, and numbers not written in digits", async () => {
+    const [drain, report, slots, service] = await Promise.all([
+      cli(['start', '--drain-deadline-ms', '2592000000', '--config-dir', tmp(), '--json']),
+      cli(['start', '--sandbox-report-seconds', '3000000', '--config-dir', tmp(), '--json']),
+      cli(['start', '--slots', '0x10', '--config-dir', tmp(), '--json']),
+      cli(['service', 'install', '--drain-deadline-ms', '9007199254740991', '--no-systemctl', '--config-dir', tmp(), '--json']),
+    ]);
+    expect([drain.code, json(drain.stdout).error]).toEqual([2, { type: 'config', message: "--drain-deadline-ms must be an integer in [0, 2147483647], got '2592000000'" }]);
+    expect([report.code, json(report.stdout).error]).toEqual([2, { type: 'config', message: "--sandbox-report-seconds must be an integer in [1, 2147483], got '3000000'" }]);
+    expect([slots.code, json(slots.stdout).error]).toEqual([2, { type: 'config', message: "--slots must be an integer in [1, 1024], got '0x10'" }]);
+    expect([service.code, json(service.stdout).error?.message]).toEqual([2, "--drain-deadline-ms must be an integer in [0, 2147483647], got '9007199254740991'"]);
   });
 
   it.each(['toString', '__proto__', 'nonsense'])('refuses the unknown command %s with a message and exit code 2', async (name) => {

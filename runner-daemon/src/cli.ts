@@ -626,8 +626,8 @@ function service(flags: Flags): number {
     if (known === null) throw new ConfigError(`--user: could not check that user '${user}' exists (the id command failed)`);
     const startArgs: string[] = [];
     for (const f of ['slots', 'tiers', 'slot-memory-mib', 'heartbeat-ms', 'log-level'] as const) if (typeof flags[f] === 'string') startArgs.push(`--${f}`, flags[f]);
-    const deadline = typeof flags['drain-deadline-ms'] === 'string' ? Number(flags['drain-deadline-ms']) : 3_600_000;
-    if (!Number.isInteger(deadline) || deadline < 0) throw new UsageError('--drain-deadline-ms must be a non-negative integer');
+    // Read as `start` reads it (a timer's bound included), so the unit never holds a value its daemon refuses.
+    const deadline = envInt({ '--drain-deadline-ms': typeof flags['drain-deadline-ms'] === 'string' ? flags['drain-deadline-ms'] : undefined }, '--drain-deadline-ms', 3_600_000, 0);
     const environment = Object.fromEntries(Object.entries(process.env).filter((e): e is [string, string] => SERVICE_ENV.test(e[0]) && typeof e[1] === 'string'));
     r = installService(ctx, {
       ...defaultUnitOptions(config.configDir), name, drainDeadlineMs: deadline, startArgs, environment, user,

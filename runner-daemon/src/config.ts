@@ -1,6 +1,6 @@
 import { homedir } from 'node:os';
 import { join, resolve } from 'node:path';
-import { ConfigError, envEnum, envInt, envOptional, envString, type Env } from '@agentplane/core';
+import { ConfigError, envEnum, envInt, envOptional, envString, MAX_TIMER_MS, MAX_TIMER_SECONDS, type Env } from '@agentplane/core';
 import { SANDBOX_SCOPE_ENV } from '@agentplane/sandbox';
 
 /** Process-level settings of the daemon (flags win over environment, environment over defaults). */
@@ -74,7 +74,7 @@ function parseTiers(raw: string | undefined): ('container' | 'gvisor')[] | undef
 export function loadDaemonConfig(env: Env, flags: Record<string, string | boolean>): DaemonConfig {
   const flag = (name: string): string | undefined => (typeof flags[name] === 'string' ? (flags[name] as string) : undefined);
   // Errors name what the operator typed: the flag (`--slots`) or the environment variable.
-  const int = (name: string, envName: string, fallback: number, min = 0, max = Number.MAX_SAFE_INTEGER): number => {
+  const int = (name: string, envName: string, fallback: number, min = 0, max = MAX_TIMER_MS): number => {
     const f = flag(name);
     return f !== undefined ? envInt({ [`--${name}`]: f }, `--${name}`, fallback, min, max) : envInt(env, envName, fallback, min, max);
   };
@@ -96,12 +96,12 @@ export function loadDaemonConfig(env: Env, flags: Record<string, string | boolea
     requireDocker: flags['require-docker'] === true || envEnum(env, 'RUNNER_REQUIRE_DOCKER', ['true', 'false'] as const, 'false') === 'true',
     reconnectBaseMs: int('reconnect-base-ms', 'RUNNER_RECONNECT_BASE_MS', 1_000, 10),
     reconnectCapMs: int('reconnect-cap-ms', 'RUNNER_RECONNECT_CAP_MS', 64_000, 10),
-    sandboxIdleSuspendMs: int('sandbox-idle-suspend-seconds', 'SANDBOX_IDLE_SUSPEND_SECONDS', 600, 0) * 1000,
-    sandboxIdleExpireMs: int('sandbox-idle-expire-seconds', 'SANDBOX_IDLE_EXPIRE_SECONDS', 86_400, 0) * 1000,
-    sandboxReportMs: int('sandbox-report-seconds', 'SANDBOX_REPORT_SECONDS', 30, 1) * 1000,
+    sandboxIdleSuspendMs: int('sandbox-idle-suspend-seconds', 'SANDBOX_IDLE_SUSPEND_SECONDS', 600, 0, MAX_TIMER_SECONDS) * 1000,
+    sandboxIdleExpireMs: int('sandbox-idle-expire-seconds', 'SANDBOX_IDLE_EXPIRE_SECONDS', 86_400, 0, MAX_TIMER_SECONDS) * 1000,
+    sandboxReportMs: int('sandbox-report-seconds', 'SANDBOX_REPORT_SECONDS', 30, 1, MAX_TIMER_SECONDS) * 1000,
     repositoryMaxBytes: int('repository-max-mib', 'REPOSITORY_MAX_MIB', 256, 1) * 1024 * 1024,
-    sandboxReapIntervalMs: int('sandbox-reap-interval-seconds', 'SANDBOX_REAP_INTERVAL_SECONDS', 300, 0) * 1000,
-    sandboxReapGraceMs: int('sandbox-reap-grace-seconds', 'SANDBOX_REAP_GRACE_SECONDS', 900, 0) * 1000,
+    sandboxReapIntervalMs: int('sandbox-reap-interval-seconds', 'SANDBOX_REAP_INTERVAL_SECONDS', 300, 0, MAX_TIMER_SECONDS) * 1000,
+    sandboxReapGraceMs: int('sandbox-reap-grace-seconds', 'SANDBOX_REAP_GRACE_SECONDS', 900, 0, MAX_TIMER_SECONDS) * 1000,
     sandboxScope: envOptional(env, SANDBOX_SCOPE_ENV),
     metricsAddr: envOptional(env, 'RUNNER_METRICS_ADDR'),
     acpHarnesses: (flag('acp-harness') ?? envOptional(env, 'RUNNER_ACP_HARNESSES') ?? '').split(',').map((x) => x.trim()).filter(Boolean),

@@ -1,7 +1,7 @@
 import { readFileSync } from 'node:fs';
 import { ConfigError, envBool, envEnum, envInt, envOptional, envString, type Env } from '@agentplane/core';
 import { leaseConfigFrom, type LeaseConfig } from '@agentplane/lease';
-import { appendDurabilityFrom, type EventLogDurability } from '@agentplane/store';
+import { appendDurabilityFrom, checkedRedisUrl, type EventLogDurability } from '@agentplane/store';
 
 export interface SchedulerConfig {
   redisUrl: string;
@@ -49,7 +49,7 @@ function masterKeyFrom(env: Env): Buffer | undefined {
 export function loadSchedulerConfig(env: Env): SchedulerConfig {
   const port = envOptional(env, 'SCHEDULER_PORT');
   return Object.freeze({
-    redisUrl: envString(env, 'REDIS_URL'),
+    redisUrl: checkedRedisUrl(envString(env, 'REDIS_URL')),
     appendDurability: appendDurabilityFrom(env),
     logLevel: envEnum(env, 'LOG_LEVEL', ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const, 'info'),
     lease: leaseConfigFrom(env),

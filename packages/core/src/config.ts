@@ -39,11 +39,23 @@ export function envOptional(env: Env, name: string): string | undefined {
   return v === undefined || v === '' ? undefined : v;
 }
 
-export function envInt(env: Env, name: string, fallback: number, min = 0, max = Number.MAX_SAFE_INTEGER): number {
+/**
+ * The longest delay a Node timer takes (2^31 − 1 ms, about 24.8 days): a longer one fires after
+ * 1 ms. Every integer setting is at most this by default, since most are durations or become one.
+ */
+export const MAX_TIMER_MS = 2_147_483_647;
+/** The same bound for a setting in seconds. */
+export const MAX_TIMER_SECONDS = Math.floor(MAX_TIMER_MS / 1000);
+
+/**
+ * An integer setting, written in decimal digits (not `1e3`, `0x10` or ` 5`, which `Number` would
+ * also read), from `min` to `max`.
+ */
+export function envInt(env: Env, name: string, fallback: number, min = 0, max = MAX_TIMER_MS): number {
   const raw = env[name];
   if (raw === undefined || raw === '') return fallback;
-  const n = Number(raw);
-  if (!Number.isInteger(n) || n < min || n > max) throw new ConfigError(`${name} must be an integer in [${min}, ${max}], got '${raw}'`);
+  const n = /^-?(?:0|[1-9][0-9]*)$/.test(raw) ? Number(raw) : NaN;
+  if (!Number.isSafeInteger(n) || n < min || n > max) throw new ConfigError(`${name} must be an integer in [${min}, ${max}], got '${raw}'`);
   return n;
 }
 

@@ -1,3 +1,4 @@
+import { envInt } from '@agentplane/core';
 /** Lease timing. Defaults follow the field's convergence (docs/ARCHITECTURE.md, "Leases"). */
 export interface LeaseConfig {
   /** Lease length: the BullMQ job lock of an accepted Run attempt. */
@@ -41,13 +42,7 @@ export const DEFAULT_LEASE_CONFIG: LeaseConfig = Object.freeze({
 
 /** Parse the lease settings (shared by the API/gateway and the scheduler config modules). */
 export function leaseConfigFrom(env: Readonly<Record<string, string | undefined>>): LeaseConfig {
-  const int = (name: string, fallback: number, min: number, max = Number.MAX_SAFE_INTEGER): number => {
-    const raw = env[name];
-    if (raw === undefined || raw === '') return fallback;
-    const n = Number(raw);
-    if (!Number.isInteger(n) || n < min || n > max) throw new Error(`${name} must be an integer from ${min} to ${max}, got '${raw}'`);
-    return n;
-  };
+  const int = (name: string, fallback: number, min: number, max?: number): number => envInt(env, name, fallback, min, max);
   const leaseMs = int('LEASE_MS', DEFAULT_LEASE_CONFIG.leaseMs, 2000);
   return Object.freeze({
     leaseMs,

@@ -1,3 +1,4 @@
+import { ConfigError } from '@agentplane/core';
 import { Cluster, Redis, type ClusterNode, type ClusterOptions, type RedisOptions } from 'ioredis';
 import { installLeanPipelines } from './lean-pipeline.js';
 import { coalesceTickWrites } from './tick-writes.js';
@@ -56,7 +57,7 @@ export function isUnixSocketUrl(url: string): boolean {
   return /^unix:\/\//i.test(url.trim());
 }
 
-/** Parse a `REDIS_URL` (single or cluster form). Throws a plain Error naming what is wrong. */
+/** Parse a `REDIS_URL` (single or cluster form). Throws a ConfigError naming what is wrong (never the URL: it may hold a password). */
 export function parseRedisUrl(url: string): RedisTarget {
   const raw = url.trim();
   const scheme = /^([a-z+]+:)\/\//i.exec(raw)?.[1]?.toLowerCase();
@@ -65,21 +66,24 @@ export function parseRedisUrl(url: string): RedisTarget {
     const at = rest.lastIndexOf('@');
     const auth = at >= 0 ? rest.slice(0, at) : '';
     const hostPart = rest.slice(at + 1).replace(/\/+$/, '');
-    if (hostPart.includes('/')) throw new Error('REDIS_URL: a Redis Cluster has no database number (redis+cluster://host:port,host:port)');
+    if (hostPart.includes('/')) throw new ConfigError('REDIS_URL: a Redis Cluster has no database number (redis+cluster://host:port,host:port)');
     const nodes = hostPart.split(',').map((s) => s.trim()).filter(Boolean).map((hp) => {
       const m = /^(\[[^\]]+\]|[^:]+):(\d{1,5})$/.exec(hp);
-      if (!m) throw new Error(`REDIS_URL: '${hp}' is not host:port`);
+      if (!m) throw new ConfigError(`REDIS_URL: '${hp}' is not host:port`);
       return { host: m[1]!.replace(/^\[|\]$/g, ''), port: Number(m[2]) };
     });
-    if (nodes.length === 0) throw new Error('REDIS_URL: a cluster URL needs at least one host:port');
+    if (nodes.length === 0) throw new ConfigError('REDIS_URL: a cluster URL needs at least one host:port');
     const colon = auth.indexOf(':');
     const username = colon >= 0 ? decodeURIComponent(auth.slice(0, colon)) : '';
     const password = colon >= 0 ? decodeURIComponent(auth.slice(colon + 1)) : decodeURIComponent(auth);
     return { cluster: true, nodes, tls: CLUSTER_SCHEMES[scheme]!, ...(username ? { username } : {}), ...(password ? { password } : {}) };
   }
   if (isUnixSocketUrl(raw)) return unixTarget(raw);
-  const u = new URL(raw);
+  const u = urlOf(raw);
+  if (u.protocol !== 'redis:' && u.protocol !== 'rediss:') throw new ConfigError(`REDIS_URL: unknown scheme '${u.protocol}' (redis:, rediss:, unix:, redis+cluster:, rediss+cluster:)`);
+  if (u.hostname === '') throw new ConfigError('REDIS_URL: no host (redis://[:password@]host:port)');
   const db = u.pathname.replace(/^\//, '');
+  if (db !== '' && !/^\d{1,5}$/.test(db)) throw new ConfigError('REDIS_URL: the path is a database number (redis://host:port/0)');
   return {
     cluster: false,
     nodes: [{ host: u.hostname.replace(/^\[|\]$/g, ''), port: Number(u.port || 6379) }],
@@ -90,16 +94,30 @@ export function parseRedisUrl(url: string): RedisTarget {
   };
 }
 
+function urlOf(raw: string): URL {
+  try {
+    return new URL(raw);
+  } catch {
+    throw new ConfigError('REDIS_URL is not a URL: redis://[:password@]host:port, unix:///path/to/redis.sock or redis+cluster://host:port,host:port');
+  }
+}
+
+/** A `REDIS_URL` setting checked as a process reads its settings (a ConfigError at start, not a crash at the first connect), kept as written. */
+export function checkedRedisUrl(url: string): string {
+  parseRedisUrl(url);
+  return url;
+}
+
 function unixTarget(raw: string): RedisTarget {
-  const u = new URL(raw);
-  if (u.host !== '') throw new Error('REDIS_URL: a Unix socket URL has no host (unix:///path/to/redis.sock)');
+  const u = urlOf(raw);
+  if (u.host !== '') throw new ConfigError('REDIS_URL: a Unix socket URL has no host (unix:///path/to/redis.sock)');
   const path = decodeURIComponent(u.pathname);
-  if (!path.startsWith('/') || path.length < 2) throw new Error('REDIS_URL: a Unix socket URL needs an absolute path (unix:///path/to/redis.sock)');
+  if (!path.startsWith('/') || path.length < 2) throw new ConfigError('REDIS_URL: a Unix socket URL needs an absolute path (unix:///path/to/redis.sock)');
   for (const key of u.searchParams.keys()) {
-    if (!['password', 'username', 'db'].includes(key)) throw new Error(`REDIS_URL: unknown parameter '${key}' (password, username, db)`);
+    if (!['password', 'username', 'db'].includes(key)) throw new ConfigError(`REDIS_URL: unknown parameter '${key}' (password, username, db)`);
   }
   const db = u.searchParams.get('db');
-  if (db !== null && !/^\d{1,5}$/.test(db)) throw new Error('REDIS_URL: db is a database number');
+  if (db !== null && !/^\d{1,5}$/.test(db)) throw new ConfigError('REDIS_URL: db is a database number');
   const username = u.searchParams.get('username');
   const password = u.searchParams.get('password');
   return {
