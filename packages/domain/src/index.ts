@@ -26,6 +26,7 @@ export * from './sessions/turns.js';
 export * from './runs/keys.js';
 export * from './runs/history.js';
 export * from './runs/spec.js';
+export * from './runs/spec-budget.js';
 export * from './runs/outbox.js';
 export * from './runs/lifecycle.js';
 export * from './runs/engine.js';

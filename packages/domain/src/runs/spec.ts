@@ -9,6 +9,7 @@ import { tags, type DocumentStore, type LogEvent } from '@agentplane/store';
 import type { RunDoc, SessionDoc, SessionResource } from '../sessions/model.js';
 import type { SessionStore } from '../sessions/store.js';
 import { conversationOf, readAll, type Responses } from './history.js';
+import { checkSpecSize, fitHistory, fitResponses, SPEC_BUDGET } from './spec-budget.js';
 import type { GraderSpec } from '../outcomes/grader.js';
 import { graderTurnSpec } from '../outcomes/spec.js';
 import type { SkillReader, SpecSkill } from '../skills/model.js';
@@ -211,21 +212,6 @@ export function requirementsOf(env: Environment): RunRequirements {
   };
 }
 
-/** Keep the newest messages under a byte budget so the offer frame stays within the protocol limit. */
-function fitHistory(history: ModelMessage[], maxBytes: number): ModelMessage[] {
-  let size = 0;
-  const kept: ModelMessage[] = [];
-  for (let i = history.length - 1; i >= 0; i--) {
-    const m = history[i] as ModelMessage;
-    size += Buffer.byteLength(JSON.stringify(m));
-    if (size > maxBytes && kept.length > 0) break;
-    kept.unshift(m);
-  }
-  // A conversation must start with a user turn.
-  while (kept.length > 1 && kept[0]?.role !== 'user') kept.shift();
-  return kept;
-}
-
 export interface SpecSources {
   store: SessionStore;
   environments: VersionedStore<Environment>;
@@ -243,7 +229,11 @@ export interface SpecPrefetch {
   events?: Promise<LogEvent[]>;
 }
 
-export async function buildTurnSpec(src: SpecSources, run: RunDoc, maxHistoryBytes = 512 * 1024, prefetched: SpecPrefetch = {}): Promise<TurnSpec> {
+/**
+ * A Run's turn spec, its conversation fitted to what a runner frame takes (`spec-budget.ts`);
+ * throws `SpecTooLarge` when the rest of it (a huge system prompt) does not fit either.
+ */
+export async function buildTurnSpec(src: SpecSources, run: RunDoc, maxHistoryBytes: number = SPEC_BUDGET.historyBytes, prefetched: SpecPrefetch = {}): Promise<TurnSpec> {
   // Independent reads, all at once.
   const [s, env, events] = await Promise.all([
     prefetched.session ?? src.store.get(run.workspace_id, run.session_id),
@@ -255,7 +245,7 @@ export async function buildTurnSpec(src: SpecSources, run: RunDoc, maxHistoryByt
   if (run.grader) {
     // A grader Run sees none of the thread's conversation: only its own context (docs/OUTCOMES.md).
     const grader = await graderTurnSpec(src, run, events);
-    return {
+    return checked({
       run_id: run.id, session_id: run.session_id, thread_id: run.session_thread_id, workspace_id: run.workspace_id,
       agent: { id: run.agent.id, version: run.agent.version, routing_key: grader.routing_key, tools: [] },
       environment: {
@@ -267,7 +257,7 @@ export async function buildTurnSpec(src: SpecSources, run: RunDoc, maxHistoryByt
       responses: { custom_tool_results: {}, confirmations: {}, question_answers: {} },
       kind: 'outcome_grader',
       grader,
-    };
+    });
   }
   // Read after the log: a message in the log and still queued is a later turn's (the append and
   // the queueing are one script, and only a turn start, never during this one, takes the queue).
@@ -284,7 +274,7 @@ export async function buildTurnSpec(src: SpecSources, run: RunDoc, maxHistoryByt
   const delegation = isPrimary && run.agent.multiagent
     ? (await coordinatorToolSpecs(src.store, run.workspace_id, run.agent.multiagent)).map((spec): SpecTool => ({ type: 'custom', spec }))
     : [];
-  return {
+  return checked({
     run_id: run.id,
     session_id: run.session_id,
     thread_id: run.session_thread_id,
@@ -313,7 +303,12 @@ export async function buildTurnSpec(src: SpecSources, run: RunDoc, maxHistoryByt
     ...(specMemory(session.resources).length > 0 ? { memory: specMemory(session.resources) } : {}),
     ...(skills.length > 0 ? { skills } : {}),
     history: fitHistory(history, maxHistoryBytes),
-    responses,
+    responses: fitResponses(responses),
     ...(isPrimary ? {} : { sandbox_id: childSandboxId(run.session_id, run.session_thread_id) }),
-  };
+  });
+}
+
+function checked(spec: TurnSpec): TurnSpec {
+  checkSpecSize(spec);
+  return spec;
 }
