@@ -51,3 +51,17 @@ describe('image references', () => {
     }
   });
 });
+
+describe('allowed hosts', () => {
+  it('takes a port from 1 to 65535 written in digits, and refuses any other', async () => {
+    const allowlist = (host: string) => ({ name: 'net', image: 'agentplane/sandbox:latest', network: { mode: 'allowlist', allowed_hosts: [host] } });
+    for (const host of ['x.com:99999', 'x.com:0', 'x.com:65536', 'x.com:00443', 'x.com:', 'x.com:-1']) {
+      const r = await api.request('POST', '/v1/environments', { body: allowlist(host) });
+      expect([r.status, errType(r)], host).toEqual([400, 'validation.malformed']);
+    }
+    for (const host of ['x.com', 'x.com:1', 'x.com:443', 'x.com:8080', '*.x.com:65535']) {
+      const r = await api.request('POST', '/v1/environments', { body: allowlist(host) });
+      expect(r.status, host).toBe(201);
+    }
+  });
+});

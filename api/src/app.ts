@@ -277,6 +277,8 @@ export function createApi(config: ApiConfig, log: Logger = createLogger({ name: 
 
   const server = createServer({ keepAliveTimeout: 65_000, requestTimeout: 0, headersTimeout: 30_000 }, app.callback());
   server.on('clientError', (err: NodeJS.ErrnoException, socket: Duplex) => answerUnparsed(err, socket, config.docsUrl));
+  // Node hands a CONNECT to its own event (unheard, the socket is dropped without an answer).
+  server.on('connect', (_req: unknown, socket: Duplex) => refuseRaw(socket, config.docsUrl, 'CONNECT is not served: this API is not a proxy'));
   const gateway: Gateway | null = config.gatewayEmbedded
     ? attachGateway(server, {
         redis, log, metrics: deps.metrics,
@@ -366,12 +368,18 @@ function answerUnparsed(err: NodeJS.ErrnoException, socket: Duplex, docsUrl: str
     socket.destroy();
     return;
   }
-  const requestId = newRequestId();
-  if (err.code === 'HPE_HEADER_OVERFLOW' || err.code === 'ERR_HTTP_REQUEST_TIMEOUT') {
-    const status = err.code === 'HPE_HEADER_OVERFLOW' ? '431 Request Header Fields Too Large' : '408 Request Timeout';
-    socket.end(`HTTP/1.1 ${status}\r\nRequest-Id: ${requestId}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n`);
+  if (err.code === 'ERR_HTTP_REQUEST_TIMEOUT') {
+    // The head never arrived whole: there is no request to answer with an error body.
+    socket.end(`HTTP/1.1 408 Request Timeout\r\nRequest-Id: ${newRequestId()}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n`);
     return;
   }
-  const body = JSON.stringify(new ApiError('validation.malformed', 'the request could not be parsed as HTTP/1.1 (unknown method, or a malformed request line or header)').toWire(docsUrl));
-  socket.end(`HTTP/1.1 400 Bad Request\r\nRequest-Id: ${requestId}\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`);
+  refuseRaw(socket, docsUrl, err.code === 'HPE_HEADER_OVERFLOW'
+    ? 'the request line and headers are over the 16 KiB this API reads'
+    : 'the request could not be parsed as HTTP/1.1 (unknown method, or a malformed request line or header)');
+}
+
+/** A 400 `validation.malformed` written on a socket the API's router never saw, which then closes. */
+function refuseRaw(socket: Duplex, docsUrl: string, message: string): void {
+  const body = JSON.stringify(new ApiError('validation.malformed', message).toWire(docsUrl));
+  socket.end(`HTTP/1.1 400 Bad Request\r\nRequest-Id: ${newRequestId()}\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`);
 }

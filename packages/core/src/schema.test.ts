@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { ApiError } from './errors.js';
-import { Nullable, Obj, Type, validator } from './schema.js';
+import { Metadata, Nullable, Obj, Type, validator } from './schema.js';
 
 const message = (fn: (v: unknown) => unknown, value: unknown): string => {
   try {
@@ -85,6 +85,14 @@ describe('validation messages', () => {
     expect(message(query, { after: '18446744073709551615' })).toBe('query.after: must be <= 9007199254740991');
     expect(message(query, { n: '11' })).toBe('query.n: must be <= 10');
     expect(message(query, { n: '-9007199254740993' })).toBe('query.n: must be >= -9007199254740991');
+  });
+
+  it('bounds the keys of metadata, which a record schema alone would not', () => {
+    const body = validator(Obj({ metadata: Type.Optional(Metadata()) }));
+    expect(message(body, { metadata: { team: 'core' } })).toBe('accepted');
+    expect(message(body, { metadata: { ['k'.repeat(200_000)]: 'v' } })).toBe(`body.metadata: the key '${'k'.repeat(40)}…' must NOT have more than 64 characters`);
+    expect(message(body, { metadata: { '': 'v' } })).toBe("body.metadata: the key '' must NOT have fewer than 1 characters");
+    expect(message(body, { metadata: { team: 'x'.repeat(513) } })).toBe('body.metadata.team: must NOT have more than 512 characters');
   });
 
   it('reads a number in a parameter only as decimal digits, which is how ajv alone would not', () => {

@@ -42,6 +42,10 @@ const literal = (v: unknown): string => (typeof v === 'string' ? `'${v}'` : JSON
 
 function describe(part: string, e: ErrorObject): string {
   const where = `${part}${e.instancePath.replace(/\//g, '.')}`;
+  if (e.propertyName !== undefined) {
+    const name = e.propertyName.length > 40 ? `${e.propertyName.slice(0, 40)}…` : e.propertyName;
+    return `${where}: the key '${name}' ${e.message ?? 'is invalid'}`;
+  }
   if (e.keyword === 'one_of_literals') return `${where}: must be one of ${(e.params as { allowed: unknown[] }).allowed.map(literal).join(', ')}`;
   if (e.keyword === 'enum') return `${where}: must be one of ${((e.params as { allowedValues?: unknown[] }).allowedValues ?? []).map(literal).join(', ')}`;
   if (e.keyword === 'const') return `${where}: must be ${literal((e.params as { allowedValue?: unknown }).allowedValue)}`;
@@ -266,8 +270,12 @@ export const LogicalKey = () => Type.String({ pattern: LOGICAL_KEY_PATTERN });
 export const Cursor = () => Type.String({ pattern: CURSOR_PATTERN, maxLength: 512 });
 export const Timestamp = () => Type.String({ format: 'date-time' });
 export const Nullable = <S extends TSchema>(s: S) => Type.Union([s, Type.Null()]);
+/**
+ * Up to 16 string pairs: keys of 1 to 64 characters, values up to 512. (A record's key schema
+ * becomes a pattern that takes any key: the keys' bounds are `propertyNames`.)
+ */
 export const Metadata = () =>
-  Type.Record(Type.String({ minLength: 1, maxLength: 64 }), Type.String({ maxLength: 512 }), { maxProperties: 16 });
+  Type.Record(Type.String(), Type.String({ maxLength: 512 }), { maxProperties: 16, propertyNames: { type: 'string', minLength: 1, maxLength: 64 } });
 
 /** Standard list query: `limit` (1..max) and `page`. */
 export function PageQuery<P extends TProperties>(extra: P, maxLimit = 100, defaultLimit = 20) {

@@ -7,7 +7,11 @@ export const Resources = Obj({
   disk_mib: Type.Integer({ minimum: 64, maximum: 10_485_760 }),
   max_duration_seconds: Type.Integer({ minimum: 10, maximum: 7 * 24 * 3600 }),
 });
-const Host = Type.String({ pattern: '^(\\*\\.)?[a-z0-9]([a-z0-9-]{0,62}\\.)*[a-z0-9-]{1,63}(:[0-9]{1,5})?$', maxLength: 260 });
+/** `host[:port]`: lower case, `*.` for subdomains, a port from 1 to 65535 written without leading zeros. */
+const Host = Type.String({
+  pattern: '^(\\*\\.)?[a-z0-9]([a-z0-9-]{0,62}\\.)*[a-z0-9-]{1,63}(:(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3}))?$',
+  maxLength: 260,
+});
 export const Network = Type.Union([
   Obj({ mode: Type.Literal('none') }),
   Obj({ mode: Type.Literal('allowlist'), allowed_hosts: Type.Array(Host, { minItems: 1, maxItems: 64, uniqueItems: true }) }),
