@@ -2,7 +2,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { HttpClient } from '@agentplane/client';
 import type { Platform } from './harness/platform.js';
 import { startMcpUpstream } from './harness/mcp-upstream.js';
-import { customToolRoundTrip, idleCount, SCRIPT, startTurnPlatform, untilEvents, type Json, type TurnEvent, type TurnPlatform } from './harness/turns.js';
+import { idleCount, SCRIPT, startTurnPlatform, untilEvents, type Json, type TurnEvent, type TurnPlatform } from './harness/turns.js';
+import { customToolRoundTrip } from './harness/round-trip.js';
 
 /**
  * The colocated topology end to end: an Environment with `harness_topology: colocated` makes the

@@ -57,10 +57,16 @@ export function benchHelpText(file: string): string {
 
 /**
  * `--help` (or `-h`) on a bench's command line prints its help and exits, before anything starts:
- * a bench takes no options, only the settings its help lists.
+ * a bench takes no options, only the settings its help lists, so anything else on its command
+ * line (a mistyped option) is one line on stderr and exit code 2, not a run of minutes.
  */
 export function benchHelp(moduleUrl: string, argv: readonly string[] = process.argv.slice(2)): void {
-  if (!argv.includes('--help') && !argv.includes('-h')) return;
-  process.stdout.write(benchHelpText(fileURLToPath(moduleUrl)));
-  process.exit(0);
+  if (argv.includes('--help') || argv.includes('-h')) {
+    process.stdout.write(benchHelpText(fileURLToPath(moduleUrl)));
+    process.exit(0);
+  }
+  if (argv.length > 0) {
+    process.stderr.write(`unknown argument '${argv[0]}': this bench takes only --help, and its settings from the environment (see --help)\n`);
+    process.exit(2);
+  }
 }
