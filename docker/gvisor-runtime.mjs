@@ -17,6 +17,12 @@ Needs runsc on PATH (Debian: apt-get install runsc) and write access to the file
 `);
   process.exit(0);
 }
+// It changes the machine's Docker configuration: nothing else on its command line is taken as nothing.
+const extra = process.argv.slice(2);
+if (extra.length > 0) {
+  process.stderr.write(`unknown argument '${extra[0]}': this script takes only --help (see --help)\n`);
+  process.exit(2);
+}
 let runsc;
 try {
   runsc = execFileSync('sh', ['-c', 'command -v runsc'], { encoding: 'utf8' }).trim();
@@ -24,7 +30,19 @@ try {
   process.stderr.write('runsc is not on PATH (Debian: apt-get install runsc)\n');
   process.exit(1);
 }
-const config = existsSync(FILE) ? JSON.parse(readFileSync(FILE, 'utf8') || '{}') : {};
+let config = {};
+if (existsSync(FILE)) {
+  try {
+    config = JSON.parse(readFileSync(FILE, 'utf8') || '{}');
+  } catch (err) {
+    process.stderr.write(`${FILE} is not JSON (${err.message}): fix it first; nothing was changed\n`);
+    process.exit(1);
+  }
+  if (typeof config !== 'object' || config === null || Array.isArray(config)) {
+    process.stderr.write(`${FILE} does not hold a JSON object: fix it first; nothing was changed\n`);
+    process.exit(1);
+  }
+}
 const want = { path: runsc, runtimeArgs: ['--network=none'] };
 if (JSON.stringify(config.runtimes?.runsc) === JSON.stringify(want)) {
   process.stdout.write(`${FILE}: runsc runtime already registered\n`);

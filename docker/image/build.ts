@@ -56,6 +56,8 @@ Options:
 `;
 
 class ImageBuildError extends Error {}
+/** A mistake on the command line (exit code 2). */
+class UsageError extends ImageBuildError {}
 
 function locate(command: string): string | undefined {
   for (const dir of ['/usr/local/bin', '/usr/bin', '/bin', '/usr/sbin', '/sbin']) {
@@ -236,9 +238,13 @@ async function main(): Promise<void> {
     process.stdout.write(HELP);
     return;
   }
+  for (let i = 0; i < args.length; i++) {
+    if (args[i] === '--tag') i++;
+    else if (args[i] !== '--force') throw new UsageError(`unknown argument '${args[i]}' (options: --tag <name:tag>, --force, --help)`);
+  }
   const tagIndex = args.indexOf('--tag');
   const tag = tagIndex >= 0 ? args[tagIndex + 1] : 'agentplane:local';
-  if (!tag || !/^[a-z0-9][a-z0-9._/-]*:[\w.-]+$/.test(tag)) throw new ImageBuildError('--tag needs name:tag');
+  if (!tag || !/^[a-z0-9][a-z0-9._/-]*:[\w.-]+$/.test(tag)) throw new UsageError('--tag needs name:tag');
   const force = args.includes('--force');
   const started = Date.now();
   const progress = (line: string): void => void process.stdout.write(`${line}\n`);
@@ -277,5 +283,5 @@ async function main(): Promise<void> {
 
 main().catch((err: unknown) => {
   process.stderr.write(`build:image: ${err instanceof Error ? err.message : String(err)}\n`);
-  process.exit(1);
+  process.exit(err instanceof UsageError ? 2 : 1);
 });
