@@ -291,7 +291,13 @@ describe('coordinator sessions', () => {
     // The second still waits; the coordinator too.
     expect(idleStops(await threadEvents(c.session, c.primary), c.primary)).toEqual(['requires_action']);
     // Now unambiguous: the only pending use is the second child's.
-    expect((await answer('second answer')).status).toBe(201);
+    const second = await answer('second answer');
+    expect(second.status).toBe(201);
+    // Its exact retry, when no thread waits on the use any more, finds the answer it recorded (not
+    // the first child's, another answer): the original event again, nothing appended.
+    const retried = await answer('second answer');
+    expect([retried.status, (retried.body as { id: string }).id]).toEqual([200, (second.body as { id: string }).id]);
+    expect((await answer('a third answer')).status).toBe(409);
     const evs = await turnOver(c.session, c.primary);
     const combined = evs.filter((e) => e.type === 'agent.message' && e.session_thread_id === c.primary).map((e) => JSON.stringify(e.payload)).join(' ');
     expect(combined).toContain('asker got first answer');

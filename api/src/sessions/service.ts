@@ -592,8 +592,11 @@ export class SessionService {
     return { event: ev, duplicate: r.duplicate[0] === true, thread: r.peeked ? this.d.store.rememberedThread(r.peeked) : null, ...(r.queued ? { queued: r.queued } : {}) };
   }
 
-  /** The thread an answer is for: the one it names, else the one waiting on its tool use (else one that waited on it). */
-  private async answerThread(session: SessionDoc, p: DrivePayload): Promise<ThreadDoc> {
+  /**
+   * The thread an answer is for: the one it names, else the one waiting on its tool use, else the
+   * one whose recorded answer is this one (`fp`: an exact retry), else one that waited on it.
+   */
+  private async answerThread(session: SessionDoc, p: DrivePayload, fp: string): Promise<ThreadDoc> {
     const toolUseId = p.tool_use_id as string;
     let thread: ThreadDoc;
     if (p.session_thread_id) {
@@ -606,7 +609,7 @@ export class SessionService {
         return w && w.answered_event_id === null && w.generation === t._wait_generation;
       });
       if (pending.length > 1) throw new ApiError('validation.malformed', `body.payload.session_thread_id is required: ${pending.length} threads wait on ${toolUseId}`);
-      const found = pending[0] ?? all[0];
+      const found = pending[0] ?? all.find((t) => t._waits[toolUseId]?.answer_fingerprint === fp) ?? all[0];
       if (!found) throw new ApiError('runtime.invalid_transition', `no thread waits on ${toolUseId}`);
       thread = found;
     }
@@ -622,10 +625,10 @@ export class SessionService {
   /** An exact replay of a recorded answer: the original event (200); null when `input` is not one. */
   private async replayedAnswer(session: SessionDoc, input: DriveInput): Promise<DriveOutcome | null> {
     const toolUseId = input.payload.tool_use_id as string;
-    const thread = await this.answerThread(session, input.payload).catch(() => null);
+    const fp = this.answerFingerprint(input);
+    const thread = await this.answerThread(session, input.payload, fp).catch(() => null);
     const wait = thread?._waits[toolUseId];
     if (!wait || wait.answered_event_id === null || ANSWER_TYPE[wait.kind as keyof typeof ANSWER_TYPE] !== input.type) return null;
-    const fp = this.answerFingerprint(input);
     return wait.answer_fingerprint === fp ? this.replayAnswer(session.id, wait, fp) : null;
   }
 
@@ -634,7 +637,8 @@ export class SessionService {
     const p = input.payload;
     const toolUseId = p.tool_use_id as string;
     const kind: WaitKind = input.type === 'user.custom_tool_result' ? 'custom_tool' : input.type === 'user.question_answer' ? 'question' : 'confirmation';
-    const thread = await this.answerThread(session, p);
+    const fp = this.answerFingerprint(input);
+    const thread = await this.answerThread(session, p, fp);
     const wait = thread._waits[toolUseId];
     if (thread.status === 'terminated' && wait?.answered_event_id === null) throw new ApiError('runtime.invalid_transition', 'the thread is terminated');
     if (!wait) throw new ApiError('runtime.invalid_transition', `the thread does not wait on ${toolUseId}`);
@@ -645,7 +649,6 @@ export class SessionService {
       throw new ApiError('runtime.invalid_transition', `${toolUseId} is a delegation tool use: the platform answers it when its child threads are done; a drive event cannot answer it`);
     }
     if (wait.kind !== kind) throw new ApiError('runtime.invalid_transition', `${toolUseId} waits for a ${ANSWER_TYPE[wait.kind]}`);
-    const fp = this.answerFingerprint(input);
     if (wait.answered_event_id !== null) {
       const replay = await this.replayAnswer(session.id, wait, fp);
       // The answer was recorded, but its request may have ended before the turn continued (the
