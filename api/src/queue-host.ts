@@ -31,6 +31,8 @@ export class QueueHost {
     this.bull = connectRedis(o.redisUrl, { name: `api:${o.name}`, blocking: true });
     this.bull.on('error', (err: Error) => o.log.warn({ err: err.message }, `${o.label} queue connection error`));
     this.queue = new Queue(o.queue, { connection: this.bull, prefix: o.prefix, ...(o.settings ? { settings: o.settings } : {}) });
+    // The Queue re-emits its connection's errors, logged just above; unheard, BullMQ prints each raw.
+    this.queue.on('error', () => undefined);
   }
 
   /** Starts the worker; null when it already runs (the caller then has nothing to start). */

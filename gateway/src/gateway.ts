@@ -239,7 +239,12 @@ export class Gateway {
     this.metricRejects = new Counter({ name: 'agentplane_gateway_upgrade_rejections_total', help: 'Refused runner upgrades by HTTP status', labelNames: ['status'] as const, registers: [deps.metrics] });
     this.sub = deps.redis.duplicate({ connectionName: 'agentplane:gateway:control' });
     this.sub.on('error', (err: Error) => this.log.warn({ err: err.message }, 'gateway subscriber error'));
-    void this.sub.subscribe(...this.channels());
+    this.sub.subscribe(...this.channels()).catch((err: unknown) => {
+      // Redis did not answer at start (its commands give up after a few retries): the
+      // subscriptions are made once it does, by the same path a replaced subscriber takes.
+      this.log.warn({ err: err instanceof Error ? err.message : String(err) }, 'gateway not subscribed yet: subscribing once Redis answers');
+      this.sub.once('ready', () => void this.resync());
+    });
     this.sub.on('message', (channel: string, message: string) => this.onBroadcast(channel, message));
     onSubscriberReplaced(this.sub, () => void this.resync());
   }

@@ -16,6 +16,8 @@ export class DelayedJobs<T extends Record<string, unknown>> {
     private readonly connection: Redis,
   ) {
     this.queue = new Queue(name, { connection, prefix: DelayedJobs.prefix(name) });
+    // Its connection's errors, which the worker's listener (or the connection's owner) logs.
+    this.queue.on('error', () => undefined);
   }
 
   static prefix(name: string): string {

@@ -125,6 +125,9 @@ function poolQueue(made: Map<string, Queue>, connection: Redis, poolId: string):
   let q = made.get(poolId);
   if (!q) {
     q = new Queue(RUN_QUEUE, { connection, prefix: queuePrefix(poolId) });
+    // A Queue re-emits its connection's errors, which the connection's owner logs; unheard, BullMQ
+    // prints each to stderr raw (hundreds of lines a second while Redis is away).
+    q.on('error', () => undefined);
     made.set(poolId, q);
   }
   return q;
