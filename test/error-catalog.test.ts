@@ -122,6 +122,10 @@ describe('error types: the catalog and nothing else', () => {
       // Nested past 256 levels: refused before any recursive code (the key's fingerprint, storage) overflowed into a 500.
       ['a body nested 5,000 levels deep, with an Idempotency-Key', '/v1/agents', { method: 'POST', body: deepAgent(5000), headers: { 'content-type': 'application/json', 'idempotency-key': 'deep-1' } }, 400, 'validation.malformed'],
       ['a tool schema nested 10,000 levels deep', '/v1/agents', { method: 'POST', body: deepAgent(10_000), headers: { 'content-type': 'application/json' } }, 400, 'validation.malformed'],
+      // Read as it came, a compressed body or one in another charset would be refused as bad JSON, or read as another.
+      ['a gzip-encoded body', '/v1/agents', { method: 'POST', body: '{"name":"z","model":"default"}', headers: { 'content-type': 'application/json', 'content-encoding': 'gzip' } }, 400, 'validation.malformed'],
+      ['a UTF-16 charset', '/v1/agents', { method: 'POST', body: '{"name":"z","model":"default"}', headers: { 'content-type': 'application/json; charset=utf-16' } }, 400, 'validation.malformed'],
+      ['a UTF-8 charset, named', '/v1/agents', { method: 'POST', body: '{"name":"utf8-named","model":"default"}', headers: { 'content-type': 'application/json; charset=UTF-8', 'content-encoding': 'identity' } }, 201, ''],
     ];
     for (const [what, path, init, status, type] of cases) {
       const r = await fetch(`${p.baseUrl}${path}`, {
@@ -129,6 +133,10 @@ describe('error types: the catalog and nothing else', () => {
         headers: { authorization: `Bearer ${p.bootstrap.root_key}`, 'service-version': '2026-08-27', ...(init.headers as Record<string, string> | undefined) },
       });
       const body = (await r.json()) as unknown;
+      if (status < 300) {
+        expect(r.status, what).toBe(status);
+        continue;
+      }
       expect([r.status, errType(body)], what).toEqual([status, type]);
       expect(CATALOG[errType(body) ?? '']).toBe(r.status);
     }

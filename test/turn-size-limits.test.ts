@@ -63,4 +63,12 @@ describe('inputs heavier than a runner frame', () => {
     expect(replies(done)).toEqual(['the answer was cut']);
     expect(await generations()).toEqual(before);
   }, 180_000);
+
+  it('an empty text block is refused, as an empty message is (a provider refuses one)', async () => {
+    const id = (await t.api.post<{ id: string }>('/v1/sessions', { agent: { name: 'empty', model: 'default', system: SCRIPT(RULES) }, environment_id: t.envId })).id;
+    for (const content of ['', [{ type: 'text', text: '' }], [{ type: 'text', text: 'a' }, { type: 'text', text: '' }]]) {
+      const r = await t.api.request('POST', `/v1/sessions/${id}/events`, { body: { type: 'user.message', payload: { content, authored_by: t.principal, caused_by: { kind: 'api' } } } });
+      expect([r.status, (r.body as { error?: { type: string } }).error?.type], JSON.stringify(content)).toEqual([400, 'validation.malformed']);
+    }
+  });
 });

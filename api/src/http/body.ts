@@ -22,6 +22,18 @@ export async function readJsonBody(req: IncomingMessage, limit: number): Promise
     req.resume();
     throw new ApiError('validation.malformed', `request bodies must be application/json (got '${type || 'none'}')`);
   }
+  // JSON text is UTF-8 (RFC 8259): a body declared as another charset would be read as what it is not.
+  const charset = /;\s*charset\s*=\s*"?([^";\s]+)/i.exec(type)?.[1];
+  if (charset !== undefined && !/^utf-?8$/i.test(charset)) {
+    req.resume();
+    throw new ApiError('validation.malformed', `request bodies are UTF-8 JSON (got charset '${charset}')`);
+  }
+  // A compressed body is not read: taken as it came, it would be refused as bad JSON or, worse, read as another.
+  const encoding = req.headers['content-encoding'];
+  if (encoding !== undefined && encoding.trim().toLowerCase() !== 'identity' && encoding.trim() !== '') {
+    req.resume();
+    throw new ApiError('validation.malformed', `Content-Encoding '${encoding}' is not accepted: send the body uncompressed`);
+  }
   const whole = bufferedBody(req);
   if (whole !== undefined && whole.length > limit) throw tooLarge(limit);
   const text = utf8Text(whole !== undefined ? whole : await streamedBody(req, limit, declared));

@@ -17,7 +17,11 @@ const Common = { authored_by: Id('principal'), caused_by: CausedBy };
 const ThreadRef = Type.Optional(Id('thread'));
 const ToolUseId = Type.String({ pattern: '^toolu_[0-9A-Za-z]{1,64}$' });
 const TextBlock = Obj({ type: Type.Literal('text'), text: Type.String({ maxLength: 1_000_000 }) });
-const Content = Type.Union([Type.String({ minLength: 1, maxLength: 1_000_000 }), Type.Array(TextBlock, { minItems: 1, maxItems: 100 })]);
+/** A message's text, as a string or blocks: never empty, as a block or as the whole (providers refuse an empty text block). */
+const Content = Type.Union([
+  Type.String({ minLength: 1, maxLength: 1_000_000 }),
+  Type.Array(Obj({ type: Type.Literal('text'), text: Type.String({ minLength: 1, maxLength: 1_000_000 }) }), { minItems: 1, maxItems: 100 }),
+]);
 const AnyJson = Type.Unsafe<unknown>({});
 /** One answer to one question of `ask_user`: free text, chosen options, or both (an "other" answer). */
 const QuestionAnswer = Obj({
