@@ -103,6 +103,7 @@ describe('the api, the scheduler and the gateway run on their own, with a bad se
     ['scheduler', 'SCHEDULER_PORT=abc', { ...redis, SCHEDULER_PORT: 'abc' }, "SCHEDULER_PORT must be an integer in [0, 65535], got 'abc'"],
     ['scheduler', 'LEASE_MS=soon', { ...redis, LEASE_MS: 'soon' }, "LEASE_MS must be an integer in [2000, 2147483647], got 'soon'"],
     ['gateway', 'PORT=abc', { ...redis, PORT: 'abc' }, "PORT must be an integer in [0, 65535], got 'abc'"],
+    ['api', 'PUBLIC_BASE_URL that is not a URL', { ...redis, ...key, PUBLIC_BASE_URL: 'notaurl' }, "PUBLIC_BASE_URL must be an http or https URL without query, fragment or credentials (e.g. https://agents.example.com), got 'notaurl'"],
     ['api', 'REDIS_URL that is not a URL', { REDIS_URL: 'redis://127.0.0.1:abc', ...key }, 'REDIS_URL is not a URL: redis://[:password@]host:port'],
     ['scheduler', 'REDIS_URL of another scheme', { REDIS_URL: 'http://127.0.0.1:6379' }, "REDIS_URL: unknown scheme 'http:'"],
     ['scheduler', 'REDIS_URL=unix://', { REDIS_URL: 'unix://' }, 'REDIS_URL: a Unix socket URL needs an absolute path'],

@@ -112,7 +112,7 @@ export function loadApiConfig(env: Env): ApiConfig {
     redisUrl: checkedRedisUrl(envString(env, 'REDIS_URL')),
     appendDurability: appendDurabilityFrom(env),
     docsUrl: envString(env, 'DOCS_URL', 'https://docs.agentplane.dev'),
-    publicBaseUrl: envString(env, 'PUBLIC_BASE_URL', `http://${host === '0.0.0.0' ? '127.0.0.1' : host}:${port}`),
+    publicBaseUrl: publicBaseUrl(envString(env, 'PUBLIC_BASE_URL', `http://${host === '0.0.0.0' ? '127.0.0.1' : host}:${port}`)),
     masterKey: loadMasterKey(env),
     bodyLimitBytes: envInt(env, 'BODY_LIMIT_BYTES', 4 * 1024 * 1024, 1024),
     logLevel: envEnum(env, 'LOG_LEVEL', ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const, 'info'),
@@ -172,4 +172,18 @@ export function loadApiConfig(env: Env): ApiConfig {
     consoleEnabled: envBool(env, 'CONSOLE_ENABLED', true),
     consoleDir: envOptional(env, 'CONSOLE_DIR'),
   });
+}
+
+/** The address clients reach the API at (OpenAPI `servers`, A2A cards, MCP URLs): an http(s) URL, a base path allowed. */
+function publicBaseUrl(raw: string): string {
+  let url: URL | undefined;
+  try {
+    url = new URL(raw);
+  } catch {
+    url = undefined;
+  }
+  if (!url || (url.protocol !== 'http:' && url.protocol !== 'https:') || url.search !== '' || url.hash !== '' || url.username !== '' || url.password !== '') {
+    throw new ConfigError(`PUBLIC_BASE_URL must be an http or https URL without query, fragment or credentials (e.g. https://agents.example.com), got '${raw}'`);
+  }
+  return raw;
 }

@@ -76,6 +76,17 @@ describe('agentplane-runner: usage and configuration errors', { timeout: 240_000
     expect([service.code, json(service.stdout).error?.message]).toEqual([2, "--drain-deadline-ms must be an integer in [0, 2147483647], got '9007199254740991'"]);
   });
 
+  it('pair and enroll explain every option their usage line names', async () => {
+    for (const command of ['pair', 'enroll']) {
+      const r = await cli([command, '--help']);
+      expect(r.code).toBe(0);
+      const usage = r.stdout.split('\n\n')[0] ?? '';
+      const named = [...new Set([...usage.matchAll(/--[a-z-]+/g)].map((m) => m[0]))];
+      expect(named.length, command).toBeGreaterThan(3);
+      expect(named.filter((flag) => !new RegExp(`^  ${flag}\\b`, 'm').test(r.stdout)), command).toEqual([]);
+    }
+  });
+
   it.each(['toString', '__proto__', 'nonsense'])('refuses the unknown command %s with a message and exit code 2', async (name) => {
     const [r, j] = await Promise.all([cli([name]), cli([name, '--json'])]);
     expect(r.code).toBe(2);

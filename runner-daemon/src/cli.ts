@@ -60,6 +60,12 @@ may be running on it (exit code 3), and it must not hold a credential already.
 If the credential cannot be stored after all, its id is printed so that it can be revoked
 (POST /v1/runner-credentials/{id}/revoke); on a terminal its secret is shown once.
 Options:
+  --code <code>        the pairing code (XXXX-XXXX-XXXX-XXXX), single-use
+  --url <base url>     the control plane's address (a base path allowed: https://host/agentplane)
+  --label <name>       the runner's display name in the control plane (default: this machine's
+                       host name); the pairing's machine_label names the machine it was made for
+  --pool <rpool_id>    another BYOC pool of the pairing's Workspace to join (default: the pool
+                       the pairing was made for)
   --force              replace the credential the config dir holds (the old one stays active
                        until revoked: its id is printed)
   --timeout <seconds>  how long to wait for the control plane's answer (default 30)
@@ -72,6 +78,13 @@ ${COMMON}`,
 Managed pools: mints a runner credential with no owner using a runner-role API key
 (POST /v1/runner-pools/{id}/enrollments) and stores it like pair does, with the same checks
 first and the same --force and --timeout.
+Options:
+  --api-key <key>      an API key with the runner role, used for this request only (not stored)
+  --pool <rpool_id>    the managed pool the runner joins
+  --url <base url>     the control plane's address (a base path allowed)
+  --label <name>       the runner's machine label (default: this machine's host name)
+  --force              replace the credential the config dir holds (as for pair)
+  --timeout <seconds>  how long to wait for the control plane's answer (default 30)
 ${COMMON}`,
   start: `Usage: agentplane-runner start [--image <image>] [--slots <n>] [--drain-deadline-ms <ms>] [options below]
 
