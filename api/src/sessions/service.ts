@@ -610,7 +610,7 @@ export class SessionService {
       });
       if (pending.length > 1) throw new ApiError('validation.malformed', `body.payload.session_thread_id is required: ${pending.length} threads wait on ${toolUseId}`);
       const found = pending[0] ?? all.find((t) => t._waits[toolUseId]?.answer_fingerprint === fp) ?? all[0];
-      if (!found) throw new ApiError('runtime.invalid_transition', `no thread waits on ${toolUseId}`);
+      if (!found) throw new ApiError('runtime.invalid_transition', `no thread waits on ${toolUseId} yet: a wait begins when the session.status_idle whose stop_reason.tool_use_ids names it is in the log`);
       thread = found;
     }
     return thread;

@@ -14,6 +14,8 @@ export interface SessionView {
   created_at: string;
   updated_at: string;
   usage?: { input_tokens?: number; output_tokens?: number };
+  /** `last_event_at`: the newest event in its log (a turn changes it; the Session's own fields, `updated_at`, are not rewritten per turn). */
+  stats?: { last_event_at?: string | null };
 }
 
 interface Named { id: string; name: string }
@@ -99,7 +101,7 @@ export function SessionsPage({ ctx }: { ctx: Ctx }) {
       <ErrorBanner error={list.error ?? olderError} />
       <div class="table-wrap">
         <table class="list" aria-label="Sessions" aria-busy={list.loading}>
-          <thead><tr><th scope="col">Session</th><th scope="col">Agent</th><th scope="col">Status</th><th scope="col">Created</th><th scope="col">Updated</th></tr></thead>
+          <thead><tr><th scope="col">Session</th><th scope="col">Agent</th><th scope="col">Status</th><th scope="col">Created</th><th scope="col">Last activity</th></tr></thead>
           <tbody>
             {rows.map((s) => (
               <tr key={s.id} data-session-id={s.id}>
@@ -107,7 +109,7 @@ export function SessionsPage({ ctx }: { ctx: Ctx }) {
                 <td>{s.agent?.name ?? '—'}</td>
                 <td><Badge value={s.archived_at ? 'archived' : s.status} /></td>
                 <td>{fmtTime(s.created_at)}</td>
-                <td>{fmtTime(s.updated_at)}</td>
+                <td>{fmtTime(s.stats?.last_event_at ?? s.updated_at)}</td>
               </tr>
             ))}
             {!list.loading && rows.length === 0 ? <tr><td colSpan={5} class="muted">No sessions match.</td></tr> : null}
