@@ -42,6 +42,18 @@ describe('the other setup scripts refuse what they do not know before changing a
     expect([r.code, r.err]).toEqual([2, "build:image: unknown argument '--tga' (options: --tag <name:tag>, --force, --help)\n"]);
   }, 60_000);
 
+  it('the cluster load balancer: --help, and a bad setting as one line with exit 2', async () => {
+    const [help, port, upstream] = await Promise.all([
+      run(['--help'], 'docker/cluster/lb.mjs'),
+      run([], 'docker/cluster/lb.mjs', { LB_PORT: 'abc', LB_UPSTREAMS: 'api-1:8080' }),
+      run([], 'docker/cluster/lb.mjs', { LB_PORT: '8080', LB_UPSTREAMS: '127.0.0.1:abc' }),
+    ]);
+    expect([help.code, help.err]).toEqual([0, '']);
+    expect(help.out).toContain('LB_UPSTREAMS');
+    expect([port.code, port.err]).toEqual([2, "lb: LB_PORT must be a port from 1 to 65535, got 'abc'\n"]);
+    expect([upstream.code, upstream.err]).toEqual([2, "lb: LB_UPSTREAMS: the port of '127.0.0.1:abc' must be a port from 1 to 65535, got 'abc'\n"]);
+  }, 60_000);
+
   it('gvisor-runtime: an unknown option is exit 2 and Docker\'s configuration is not written; a configuration that is not JSON is left as it is', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'gvisor-runtime-'));
     try {

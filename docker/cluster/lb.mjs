@@ -4,15 +4,35 @@
 //   LB_PORT=8080 LB_UPSTREAMS=api-1:8080,api-2:8080 node lb.mjs
 import { connect, createServer } from 'node:net';
 
-const port = Number(process.env.LB_PORT ?? 8080);
+const HELP = `Usage: LB_PORT=8080 LB_UPSTREAMS=api-1:8080,api-2:8080 node lb.mjs
+
+A TCP load balancer for the API nodes: each new connection goes to the next upstream in turn,
+skipping one that refuses or does not connect within 3 s.
+Environment:
+  LB_PORT        the port to listen on, on every address (default 8080)
+  LB_UPSTREAMS   the API nodes, host:port separated by commas (required)
+`;
+const fail = (message) => {
+  process.stderr.write(`lb: ${message}\n`);
+  process.exit(2);
+};
+const args = process.argv.slice(2);
+if (args.includes('--help') || args.includes('-h')) {
+  process.stdout.write(HELP);
+  process.exit(0);
+}
+if (args.length > 0) fail(`unknown argument '${args[0]}' (settings come from the environment: see --help)`);
+const portOf = (text, what) => {
+  if (!/^[1-9][0-9]{0,4}$/.test(text) || Number(text) > 65535) fail(`${what} must be a port from 1 to 65535, got '${text}'`);
+  return Number(text);
+};
+const port = portOf(process.env.LB_PORT ?? '8080', 'LB_PORT');
 const upstreams = (process.env.LB_UPSTREAMS ?? '').split(',').map((s) => s.trim()).filter(Boolean).map((hp) => {
   const i = hp.lastIndexOf(':');
-  return { host: hp.slice(0, i), port: Number(hp.slice(i + 1)) };
+  if (i <= 0) fail(`LB_UPSTREAMS: '${hp}' is not host:port`);
+  return { host: hp.slice(0, i), port: portOf(hp.slice(i + 1), `LB_UPSTREAMS: the port of '${hp}'`) };
 });
-if (upstreams.length === 0) {
-  process.stderr.write('LB_UPSTREAMS is empty (host:port,host:port)\n');
-  process.exit(2);
-}
+if (upstreams.length === 0) fail('LB_UPSTREAMS is empty (host:port,host:port; see --help)');
 let next = 0;
 
 createServer((client) => {
