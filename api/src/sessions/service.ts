@@ -1,6 +1,6 @@
 import type { TokenUsage } from '@agentplane/protocol';
 import { ApiError, canonicalJson, crashPoint, newId, nowIso, sha256Hex, type Context } from '@agentplane/core';
-import { getEach, keys, tags, type LogEvent } from '@agentplane/store';
+import { getEach, keys, newEventId, SEQ_PLACEHOLDER, tags, type LogEvent } from '@agentplane/store';
 import { checkMultiagent, newAgent, snapshotOf, type Agent, type AgentSnapshot, type DeploymentPin, type SpecSkill } from '@agentplane/domain';
 import type { VersionedStore } from '@agentplane/domain';
 import type { Environment } from '@agentplane/domain';
@@ -660,25 +660,51 @@ export class SessionService {
     }
     if (wait.generation !== thread._wait_generation) throw new ApiError('runtime.invalid_transition', `the wait on ${toolUseId} is no longer current`);
 
-    // Of the same answer sent several times at once, one appends it: the others find it under
-    // the answer's producer key and answer as a replay does (the original event, 200).
-    const { event, duplicate } = await this.appendOne(session.id, input, thread.id, `answer:${thread.id}:${toolUseId}:${wait.generation}`, false, trace);
-    const { caused_by: _c2, ...stored } = event.payload as DrivePayload;
-    if (sha256Hex(canonicalJson({ type: event.type, payload: stored })) !== fp) {
-      throw new ApiError('validation.conflict', `${toolUseId} was already answered with another result`);
-    }
-    const next = await this.d.store.updateThread(session.id, thread.id, (t) => {
+    // The answer's event and its record on the wait in one script: an interrupt that ended the
+    // wait after this answer's checks refuses both (409, nothing logged). Of the same answer sent
+    // several times at once, one is written; the others find it recorded and answer as a replay
+    // does (the original event, 200); another answer meanwhile is a conflict.
+    const id = newEventId();
+    const producerKey = `answer:${thread.id}:${toolUseId}:${wait.generation}`;
+    const { thread: next, event, logged } = await this.d.store.answerWait(session.id, thread.id, toolUseId, (t) => {
       const w = t._waits[toolUseId];
       if (!w || w.answered_event_id !== null) return null;
       // The wait ended (an interrupt) or a newer one began after this answer's checks.
       if (w.generation !== t._wait_generation) throw new ApiError('runtime.invalid_transition', `the wait on ${toolUseId} is no longer current`);
+      return { ...t, _waits: { ...t._waits, [toolUseId]: { ...w, answered_event_id: id, answered_seq: SEQ_PLACEHOLDER, answer_fingerprint: fp } } };
+    }, { id, type: input.type, payload: input.payload, session_thread_id: thread.id, producer_key: producerKey }, trace);
+    if (logged) return this.recordLoggedAnswer(session, input, thread.id, toolUseId, producerKey, fp, trace);
+    if (!event) {
+      const recorded = next._waits[toolUseId];
+      if (!recorded || recorded.answered_event_id === null) throw new ApiError('runtime.invalid_transition', `the wait on ${toolUseId} is no longer current`);
+      const replay = await this.replayAnswer(session.id, recorded, fp);
+      await this.d.scheduler().waitsResolved(session.id, thread.id, next._active_run_id, recorded.generation);
+      return replay;
+    }
+    crashPoint('answer-recorded');
+    // Answered now: the scheduler continues the turn when this was the generation's last open
+    // wait (`TurnScheduler.waitsResolved`); an exact retry after a death here does it again.
+    await this.d.scheduler().waitsResolved(session.id, thread.id, next._active_run_id, wait.generation);
+    return { status: 201, event };
+  }
+
+  /**
+   * An answer an earlier version logged before recording it on the wait (and died between): its
+   * event is found by its producer key (an append that writes nothing) and recorded now, as that
+   * version would have.
+   */
+  private async recordLoggedAnswer(session: SessionDoc, input: DriveInput, threadId: string, toolUseId: string, producerKey: string, fp: string, trace: Context | undefined): Promise<DriveOutcome> {
+    const { event } = await this.appendOne(session.id, input, threadId, producerKey, false, trace);
+    const { caused_by: _c, ...stored } = event.payload as DrivePayload;
+    if (sha256Hex(canonicalJson({ type: event.type, payload: stored })) !== fp) throw new ApiError('validation.conflict', `${toolUseId} was already answered with another result`);
+    const next = await this.d.store.updateThread(session.id, threadId, (t) => {
+      const w = t._waits[toolUseId];
+      if (!w || w.answered_event_id !== null) return null;
+      if (w.generation !== t._wait_generation) throw new ApiError('runtime.invalid_transition', `the wait on ${toolUseId} is no longer current`);
       return { ...t, _waits: { ...t._waits, [toolUseId]: { ...w, answered_event_id: event.id, answered_seq: event.seq, answer_fingerprint: fp } } };
     });
-    crashPoint('answer-recorded');
-    // Answered now, or already by an earlier attempt of this answer that ended here: the scheduler
-    // continues the turn when this was the generation's last open wait (`TurnScheduler.waitsResolved`).
-    await this.d.scheduler().waitsResolved(session.id, thread.id, next._active_run_id, wait.generation);
-    return { status: duplicate ? 200 : 201, event };
+    await this.d.scheduler().waitsResolved(session.id, threadId, next._active_run_id, next._waits[toolUseId]?.generation ?? 0);
+    return { status: 200, event };
   }
 
   private async replayAnswer(sessionId: string, wait: { answer_fingerprint: string | null; answered_seq?: number }, fp: string): Promise<DriveOutcome> {

@@ -3,7 +3,7 @@ import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { useEmbeddedRedis } from './testing.js';
 import { Redis } from 'ioredis';
 import { connectRedis } from './redis.js';
-import { EventLog, eventLogKeys, ISO_LUA, newEventId, QUEUE_HEAD, type LiveMessage } from './event-log.js';
+import { EventLog, eventLogKeys, ISO_LUA, newEventId, QUEUE_HEAD, SEQ_PLACEHOLDER, type LiveMessage } from './event-log.js';
 import { DocumentStore } from './documents.js';
 import { keys, tags } from './keys.js';
 import { EventHub, type HubMessage } from './event-hub.js';
@@ -211,6 +211,26 @@ describe('event log', () => {
     await log.erase(s);
     expect(await write(4)).toEqual({ ok: false, reason: 'erased' });
     expect(await redis.get(threadKey)).toBe(JSON.stringify({ id: 'sthr_1', version: 4, list: [] }));
+  });
+
+  it('commit with seqInto: the event\'s seq is written into the document in place of its placeholder, with a claim beside it', async () => {
+    const s = sess();
+    const doc = keys.doc(tags.session(s), 'sthr_1');
+    await log.append(s, [{ type: 'a', payload: {} }, { type: 'b', payload: {} }]);
+    const body = (version: number) => JSON.stringify({ id: 'sthr_1', version, _waits: { toolu_1: { answered_seq: SEQ_PLACEHOLDER } } });
+    const r = await log.commit(s, [{ key: doc, body: body(1), expectedVersion: null }], [{ type: 'answer', payload: {}, producer_key: 'answer:1' }],
+      { fresh: true, seqInto: { doc: 0, field: 'answered_seq' }, claim: { key: keys.doc(tags.session(s), 'claims'), field: 'f', value: 'v' } });
+    expect(r).toMatchObject({ ok: true, last_seq: 3 });
+    expect(JSON.parse((await redis.get(doc)) ?? '{}')).toEqual({ id: 'sthr_1', version: 1, _waits: { toolu_1: { answered_seq: 3 } } });
+    // The same producer key again: nothing is written (fresh), the document as it was.
+    expect(await log.commit(s, [{ key: doc, body: body(2), expectedVersion: 1 }], [{ type: 'answer', payload: {}, producer_key: 'answer:1' }], { fresh: true, seqInto: { doc: 0, field: 'answered_seq' } }))
+      .toEqual({ ok: false, reason: 'replay' });
+    expect(JSON.parse((await redis.get(doc)) ?? '{}')).toMatchObject({ version: 1, _waits: { toolu_1: { answered_seq: 3 } } });
+    // A document without the placeholder is a mistake of the caller's: refused, nothing written.
+    await expect(log.commit(s, [{ key: doc, body: JSON.stringify({ id: 'sthr_1', version: 2 }), expectedVersion: 1 }], [{ type: 'answer', payload: {} }], { fresh: true, seqInto: { doc: 0, field: 'answered_seq' } }))
+      .rejects.toThrow(/no placeholder/);
+    expect((await log.state(s)).seq).toBe(3);
+    await expect(log.commit(s, [{ key: doc, body: body(2), expectedVersion: 1 }], [{ type: 'answer', payload: {} }], { seqInto: { doc: 0, field: 'answered_seq' } })).rejects.toThrow(RangeError);
   });
 
   it('commit with something sent behind it: it runs after the commit; a script the server lost is refused, not resent after it', async () => {

@@ -149,7 +149,18 @@ export interface CommitOptions extends Pick<AppendOptions, 'fence' | 'producerKe
    * under way: docs/OUTCOMES.md). Checked after `fresh`: a replay is answered as such.
    */
   claim?: CommitClaim;
+  /**
+   * The event's sequence number written into a document of the same commit: document `doc`
+   * (0-based) holds `SEQ_PLACEHOLDER` as the value of `field` (a top-level or nested key, the
+   * first occurrence), replaced by the seq the event gets. Needs `fresh` and one event (so the
+   * seq is the next one). A document that refers to its own event by seq (a wait's answer) is
+   * then written with it in one script, where it would otherwise need a write after the append.
+   */
+  seqInto?: { doc: number; field: string };
 }
+
+/** What a document committed with `seqInto` holds in place of its event's seq (a number no seq is). */
+export const SEQ_PLACEHOLDER = Number.MIN_SAFE_INTEGER;
 
 /** Commit option: take the field `field` of the hash `key` for `value` (see `CommitOptions.claim`). */
 export interface CommitClaim {
@@ -449,10 +460,22 @@ if ARGV[pf] == '1' then rk = pk + 1 end
 local nr = tonumber(ARGV[pf + 1] or '0')
 local cf = pf + 2 + nr
 local claim = nil
+local sf = cf + 1
 if ARGV[cf] == '1' then
   claim = {key = KEYS[rk + nr], field = ARGV[cf + 1], value = ARGV[cf + 2]}
   local held = redis.call('HGET', claim.key, claim.field)
   if held and held ~= ARGV[cf + 3] then return {'claimed', held} end
+  sf = cf + 4
+end
+-- seqInto: the first new event's sequence number written into a document, in place of the
+-- placeholder its field holds (as JSON.stringify writes it: the key in quotes, no space).
+if ARGV[sf] and ARGV[sf] ~= '' then
+  local d = docs[tonumber(ARGV[sf])]
+  local token = '"' .. ARGV[sf + 1] .. '":${SEQ_PLACEHOLDER}'
+  local s, e = string.find(d.body, token, 1, true)
+  if not s then return redis.error_reply('seqInto: the document has no placeholder') end
+  local nxt = tonumber(redis.call('HGET', KEYS[2], 'seq') or '0') + 1
+  d.body = string.sub(d.body, 1, s - 1) .. '"' .. ARGV[sf + 1] .. '":' .. nxt .. string.sub(d.body, e + 1)
 end
 for i = 1, m do
   local d = docs[i]
@@ -769,6 +792,12 @@ export class EventLog {
     if (options.claim) {
       keyList.push(options.claim.key);
       args.push('1', options.claim.field, options.claim.value, options.claim.replaces ?? '');
+    } else {
+      args.push('');
+    }
+    if (options.seqInto) {
+      if (!options.fresh || events.length !== 1) throw new RangeError('seqInto needs a fresh commit of one event');
+      args.push(options.seqInto.doc + 1, options.seqInto.field);
     } else {
       args.push('');
     }

@@ -489,6 +489,53 @@ export class SessionStore {
   }
 
   /**
+   * An answer to a thread's wait, in one script: `mutate` records it on the thread (the wait's
+   * `answered_seq` holding `SEQ_PLACEHOLDER`) and `event` is appended, both or neither, the
+   * event's seq written into the wait. So an answer refused by the thread's compare-and-swap (an
+   * interrupt ended the wait meanwhile) leaves nothing in the log. `event` null: `mutate` left
+   * the thread as it was (answered meanwhile). An erased Session takes no answer (404).
+   */
+  async answerWait(
+    sessionId: string, threadId: string, toolUseId: string, mutate: (t: ThreadDoc) => ThreadDoc | null, event: AppendEvent, trace?: Context,
+  ): Promise<{ thread: ThreadDoc; event: LogEvent | null; logged?: true }> {
+    const tag = sessionTag(sessionId);
+    const hint = this.recentThreads.take(`${sessionId}/${threadId}`);
+    let appended: LogEvent | null = null;
+    const logged = new Error('logged apart');
+    const written = await this.docs.update<ThreadDoc>(tag, threadId, (t) => {
+      appended = null;
+      return mutate(t);
+    }, {
+      notFound: 'thread',
+      ...(hint !== undefined ? { current: JSON.parse(hint.raw) as ThreadDoc } : {}),
+      write: async (next, expected) => {
+        const r = await this.log.commit(sessionId, [{ key: keys.doc(tag, threadId), body: JSON.stringify(next), expectedVersion: expected }], [event], {
+          trace, fresh: true, seqInto: { doc: 0, field: 'answered_seq' },
+        });
+        if (r.ok) {
+          appended = r.events[0] ?? null;
+          return { kind: 'written' };
+        }
+        if (r.reason === 'erased') throw new ApiError('validation.not_found', 'the session was deleted and its event log erased');
+        // Its producer key is known: an answer an earlier version logged apart from its record
+        // (and died before the record). Nothing is written: the caller records that one.
+        if (r.reason === 'replay') throw logged;
+        return this.threadNotCommitted(r, tag, threadId, next, expected, `thread ${threadId} could not be written with its answer`);
+      },
+    }).catch((err: unknown) => {
+      if (err === logged) return null;
+      throw err;
+    });
+    if (written === null) return { thread: await this.thread(sessionId, threadId), event: null, logged: true };
+    const ev = appended as LogEvent | null;
+    const w = written._waits[toolUseId];
+    // The thread as stored: the seq in place of the placeholder.
+    const thread = ev && w ? { ...written, _waits: { ...written._waits, [toolUseId]: { ...w, answered_seq: ev.seq } } } : written;
+    this.rememberThread(thread);
+    return { thread, event: ev };
+  }
+
+  /**
    * A message that starts its thread's turn, in one script: the message, the thread's
    * compare-and-swap from `known` (as the caller knows it) to `next`, the Run (its one input: the
    * message) and `session.status_running`. Nothing is written, and null comes back, when the
