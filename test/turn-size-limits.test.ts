@@ -71,4 +71,12 @@ describe('inputs heavier than a runner frame', () => {
       expect([r.status, (r.body as { error?: { type: string } }).error?.type], JSON.stringify(content)).toEqual([400, 'validation.malformed']);
     }
   });
+
+  it('a confirmation that allows takes no deny_message (it would be stored and never read)', async () => {
+    const id = (await t.api.post<{ id: string }>('/v1/sessions', { agent: { name: 'confirm', model: 'default', system: SCRIPT(RULES) }, environment_id: t.envId })).id;
+    const r = await t.api.request('POST', `/v1/sessions/${id}/events`, {
+      body: { type: 'user.tool_confirmation', payload: { tool_use_id: 'toolu_1', result: 'allow', deny_message: 'no', authored_by: t.principal, caused_by: { kind: 'api' } } },
+    });
+    expect([r.status, (r.body as { error?: { message: string } }).error?.message]).toEqual([400, "body.payload.deny_message: only a 'deny' result takes one"]);
+  });
 });

@@ -77,7 +77,12 @@ export interface DrivePayload {
 /** Validate a drive event's payload against its type, naming the field as `<where>.payload.<field>`. */
 export function checkDrivePayload(type: DriveEventType, payload: unknown, where = 'body'): DrivePayload {
   try {
-    return check(DRIVE_PAYLOADS[type], payload) as DrivePayload;
+    const checked = check(DRIVE_PAYLOADS[type], payload) as DrivePayload;
+    // A reason for a denial given with an allow would be stored and never read.
+    if (type === 'user.tool_confirmation' && checked.result === 'allow' && checked.deny_message !== undefined) {
+      throw new ApiError('validation.malformed', "body.deny_message: only a 'deny' result takes one");
+    }
+    return checked;
   } catch (err) {
     if (err instanceof ApiError) throw new ApiError(err.type, err.message.replace(/^body/, `${where}.payload`));
     throw err;
