@@ -121,8 +121,8 @@ export class ToolSourceService {
   // --- provider packages -------------------------------------------------------------------
 
   async publishPackage(ws: string, reviewer: string, input: PackageInput): Promise<ProviderPackageDoc> {
-    const card = checkEndpointUrl(input.card_url, this.settings.egress);
-    const rpc = checkEndpointUrl(input.rpc_url, this.settings.egress);
+    const card = checkEndpointUrl(input.card_url, this.settings.egress, 'body.card_url');
+    const rpc = checkEndpointUrl(input.rpc_url, this.settings.egress, 'body.rpc_url');
     if (card.origin !== rpc.origin) throw new ApiError('validation.malformed', 'body.rpc_url: the card GET and the JSON-RPC POST must be on one origin');
     if (card.search || rpc.search) throw new ApiError('validation.malformed', 'body: egress URLs take no query string');
     const existing = await this.packagesNamed(ws, input.name);

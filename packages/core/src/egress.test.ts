@@ -21,6 +21,9 @@ describe('egress guard', () => {
     expect(() => checkEndpointUrl('https://user:pw@hooks.example.com/', prod)).toThrow(/credentials/);
     expect(() => checkEndpointUrl('https://127.0.0.1/', prod)).toThrow(/loopback/);
     expect(() => checkEndpointUrl('https://localhost/', prod)).toThrow(/loopback/);
+    // The message names the field the URL came in.
+    expect(() => checkEndpointUrl('https://[::1', prod, 'body.card_url')).toThrow(/^body\.card_url: not a URL$/);
+    expect(() => checkEndpointUrl('https://localhost/', prod, 'body.rpc_url')).toThrow(/^body\.rpc_url: /);
     // The root dot names the same host.
     expect(() => checkEndpointUrl('https://localhost./x', prod)).toThrow(/loopback/);
     expect(() => checkEndpointUrl('https://foo.localhost./x', prod)).toThrow(/loopback/);

@@ -78,20 +78,20 @@ export function checkHost(hostname: string, policy: EgressPolicy, field = 'body.
 }
 
 /** Checks an endpoint URL as written: 400 `validation.malformed` when it can never be delivered to. */
-export function checkEndpointUrl(raw: string, policy: EgressPolicy): URL {
+export function checkEndpointUrl(raw: string, policy: EgressPolicy, field = 'body.url'): URL {
   let url: URL;
   try {
     url = new URL(raw);
   } catch {
-    throw new ApiError('validation.malformed', 'body.url: not a URL');
+    throw new ApiError('validation.malformed', `${field}: not a URL`);
   }
-  if (url.username || url.password) throw new ApiError('validation.malformed', 'body.url: credentials in the URL are not accepted');
-  if (url.hash) throw new ApiError('validation.malformed', 'body.url: a fragment is not accepted');
+  if (url.username || url.password) throw new ApiError('validation.malformed', `${field}: credentials in the URL are not accepted`);
+  if (url.hash) throw new ApiError('validation.malformed', `${field}: a fragment is not accepted`);
   const { loopback } = readHost(url.hostname);
   if (url.protocol !== 'https:' && !(url.protocol === 'http:' && (policy.allowPrivate || (policy.development && loopback)))) {
-    throw new ApiError('validation.malformed', 'body.url: https is required (plain http only for loopback receivers in development mode)');
+    throw new ApiError('validation.malformed', `${field}: https is required (plain http only for loopback receivers in development mode)`);
   }
-  checkHost(url.hostname, policy);
+  checkHost(url.hostname, policy, field);
   return url;
 }
 
