@@ -363,10 +363,9 @@ export class SessionStore {
     trace?: Context,
   ): Promise<{ thread: ThreadDoc; run: RunDoc | null }> {
     const tag = sessionTag(sessionId);
-    const hint = this.recentThreads.take(`${sessionId}/${threadId}`);
     let start: TurnStart | undefined;
     let run: RunDoc | null = null;
-    const thread = await this.docs.update<ThreadDoc>(tag, threadId, (t) => {
+    const thread = await this.swapThread(sessionId, threadId, (t) => {
       start = undefined;
       run = null;
       const out = mutate(t);
@@ -376,25 +375,21 @@ export class SessionStore {
       if (out.start && !session) throw new Error('startTurn needs the Session');
       start = out.start;
       return out.thread;
-    }, {
-      notFound: 'thread',
-      ...(hint !== undefined ? { current: JSON.parse(hint.raw) as ThreadDoc } : {}),
-      write: async (next, expected) => {
-        if (!start || !session) return this.docs.swap(tag, threadId, next, expected);
-        const candidate = turnRun(session, next, start);
-        const { docs, running } = turnStartWrites(next, expected, candidate);
-        const r = await this.log.commit(sessionId, docs, [running],
-          start.dequeue && start.dequeue.length > 0 ? { dequeue: { list: inputQueueKey(sessionId, threadId), ids: start.dequeue }, trace } : { trace });
-        if (r.ok) {
-          run = candidate;
-          return { kind: 'written' };
-        }
-        if (r.reason === 'erased') throw new ApiError('validation.not_found', 'the session was deleted and its event log erased');
-        if (r.reason === 'stale' && r.index === 0) return { kind: 'stale', current: r.current };
-        if (r.reason === 'missing' && r.index === 0) return { kind: 'missing' };
-        if (r.reason === 'queue') throw new InputQueueMoved();
-        throw new Error(`run ${candidate.id} could not be recorded: ${r.reason}`);
-      },
+    }, async (next, expected) => {
+      if (!start || !session) return this.docs.swap(tag, threadId, next, expected);
+      const candidate = turnRun(session, next, start);
+      const { docs, running } = turnStartWrites(next, expected, candidate);
+      const r = await this.log.commit(sessionId, docs, [running],
+        start.dequeue && start.dequeue.length > 0 ? { dequeue: { list: inputQueueKey(sessionId, threadId), ids: start.dequeue }, trace } : { trace });
+      if (r.ok) {
+        run = candidate;
+        return { kind: 'written' };
+      }
+      if (r.reason === 'erased') throw new ApiError('validation.not_found', 'the session was deleted and its event log erased');
+      if (r.reason === 'stale' && r.index === 0) return { kind: 'stale', current: r.current };
+      if (r.reason === 'missing' && r.index === 0) return { kind: 'missing' };
+      if (r.reason === 'queue') throw new InputQueueMoved();
+      throw new Error(`run ${candidate.id} could not be recorded: ${r.reason}`);
     });
     this.rememberThread(thread);
     return { thread, run };
@@ -415,30 +410,25 @@ export class SessionStore {
     sessionId: string, threadId: string, mutate: (t: ThreadDoc) => ThreadDoc | null, idle: AppendEvent | (() => AppendEvent[]), trace?: Context, ride?: RunRide,
   ): Promise<{ thread: ThreadDoc; appended: boolean; queued?: string[]; activeOutcome?: string | null }> {
     const tag = sessionTag(sessionId);
-    const hint = this.recentThreads.take(`${sessionId}/${threadId}`);
     let appended = false;
     let queued: string[] | undefined;
     let activeOutcome: string | null | undefined;
-    const thread = await this.docs.update<ThreadDoc>(tag, threadId, (t) => {
+    const thread = await this.swapThread(sessionId, threadId, (t) => {
       appended = false;
       return mutate(t);
-    }, {
-      notFound: 'thread',
-      ...(hint !== undefined ? { current: JSON.parse(hint.raw) as ThreadDoc } : {}),
-      write: async (next, expected) => {
-        const thread = { key: keys.doc(tag, threadId), body: JSON.stringify(next), expectedVersion: expected };
-        const r = await this.log.commit(sessionId, ride ? [thread, ride] : [thread], typeof idle === 'function' ? idle() : [idle],
-          { trace, peekList: inputQueueKey(sessionId, threadId), reads: [{ key: activeOutcomesKey(sessionId), field: threadId }] });
-        if (r.ok) {
-          appended = true;
-          queued = r.queued;
-          activeOutcome = r.read?.[0] ?? null;
-          if (ride) ride.written = true;
-          return { kind: 'written' };
-        }
-        if (ride && (r.reason === 'erased' || ((r.reason === 'stale' || r.reason === 'missing') && r.index === 1))) throw new RideRefused(r.reason);
-        return this.threadNotCommitted(r, tag, threadId, next, expected, `the turn end of thread ${threadId} could not be recorded`);
-      },
+    }, async (next, expected) => {
+      const thread = { key: keys.doc(tag, threadId), body: JSON.stringify(next), expectedVersion: expected };
+      const r = await this.log.commit(sessionId, ride ? [thread, ride] : [thread], typeof idle === 'function' ? idle() : [idle],
+        { trace, peekList: inputQueueKey(sessionId, threadId), reads: [{ key: activeOutcomesKey(sessionId), field: threadId }] });
+      if (r.ok) {
+        appended = true;
+        queued = r.queued;
+        activeOutcome = r.read?.[0] ?? null;
+        if (ride) ride.written = true;
+        return { kind: 'written' };
+      }
+      if (ride && (r.reason === 'erased' || ((r.reason === 'stale' || r.reason === 'missing') && r.index === 1))) throw new RideRefused(r.reason);
+      return this.threadNotCommitted(r, tag, threadId, next, expected, `the turn end of thread ${threadId} could not be recorded`);
     });
     this.rememberThread(thread);
     return { thread, appended, ...(queued ? { queued } : {}), ...(appended && activeOutcome !== undefined ? { activeOutcome } : {}) };
@@ -467,25 +457,33 @@ export class SessionStore {
     sessionId: string, threadId: string, mutate: (t: ThreadDoc) => ThreadDoc | null, event: AppendEvent, trace?: Context,
   ): Promise<{ thread: ThreadDoc; appended: boolean }> {
     const tag = sessionTag(sessionId);
-    const hint = this.recentThreads.take(`${sessionId}/${threadId}`);
     let appended = false;
-    const thread = await this.docs.update<ThreadDoc>(tag, threadId, (t) => {
+    const thread = await this.swapThread(sessionId, threadId, (t) => {
       appended = false;
       return mutate(t);
-    }, {
-      notFound: 'thread',
-      ...(hint !== undefined ? { current: JSON.parse(hint.raw) as ThreadDoc } : {}),
-      write: async (next, expected) => {
-        const r = await this.log.commit(sessionId, [{ key: keys.doc(tag, threadId), body: JSON.stringify(next), expectedVersion: expected }], [event], { trace });
-        if (r.ok) {
-          appended = true;
-          return { kind: 'written' };
-        }
-        return this.threadNotCommitted(r, tag, threadId, next, expected, `thread ${threadId} could not be written with its event`);
-      },
+    }, async (next, expected) => {
+      const r = await this.log.commit(sessionId, [{ key: keys.doc(tag, threadId), body: JSON.stringify(next), expectedVersion: expected }], [event], { trace });
+      if (r.ok) {
+        appended = true;
+        return { kind: 'written' };
+      }
+      return this.threadNotCommitted(r, tag, threadId, next, expected, `thread ${threadId} could not be written with its event`);
     });
     this.rememberThread(thread);
     return { thread, appended };
+  }
+
+  /**
+   * A compare-and-swap on a thread, from the copy this process remembers when it has one (else
+   * read), written by `write` (a commit that writes the thread with events).
+   */
+  private swapThread(sessionId: string, threadId: string, mutate: (t: ThreadDoc) => ThreadDoc | null, write: (next: ThreadDoc, expected: number) => Promise<SwapOutcome>): Promise<ThreadDoc> {
+    const hint = this.recentThreads.take(`${sessionId}/${threadId}`);
+    return this.docs.update<ThreadDoc>(sessionTag(sessionId), threadId, mutate, {
+      notFound: 'thread',
+      ...(hint !== undefined ? { current: JSON.parse(hint.raw) as ThreadDoc } : {}),
+      write,
+    });
   }
 
   /**
@@ -499,29 +497,24 @@ export class SessionStore {
     sessionId: string, threadId: string, toolUseId: string, mutate: (t: ThreadDoc) => ThreadDoc | null, event: AppendEvent, trace?: Context,
   ): Promise<{ thread: ThreadDoc; event: LogEvent | null; logged?: true }> {
     const tag = sessionTag(sessionId);
-    const hint = this.recentThreads.take(`${sessionId}/${threadId}`);
     let appended: LogEvent | null = null;
     const logged = new Error('logged apart');
-    const written = await this.docs.update<ThreadDoc>(tag, threadId, (t) => {
+    const written = await this.swapThread(sessionId, threadId, (t) => {
       appended = null;
       return mutate(t);
-    }, {
-      notFound: 'thread',
-      ...(hint !== undefined ? { current: JSON.parse(hint.raw) as ThreadDoc } : {}),
-      write: async (next, expected) => {
-        const r = await this.log.commit(sessionId, [{ key: keys.doc(tag, threadId), body: JSON.stringify(next), expectedVersion: expected }], [event], {
-          trace, fresh: true, seqInto: { doc: 0, field: 'answered_seq' },
-        });
-        if (r.ok) {
-          appended = r.events[0] ?? null;
-          return { kind: 'written' };
-        }
-        if (r.reason === 'erased') throw new ApiError('validation.not_found', 'the session was deleted and its event log erased');
-        // Its producer key is known: an answer an earlier version logged apart from its record
-        // (and died before the record). Nothing is written: the caller records that one.
-        if (r.reason === 'replay') throw logged;
-        return this.threadNotCommitted(r, tag, threadId, next, expected, `thread ${threadId} could not be written with its answer`);
-      },
+    }, async (next, expected) => {
+      const r = await this.log.commit(sessionId, [{ key: keys.doc(tag, threadId), body: JSON.stringify(next), expectedVersion: expected }], [event], {
+        trace, fresh: true, seqInto: { doc: 0, field: 'answered_seq' },
+      });
+      if (r.ok) {
+        appended = r.events[0] ?? null;
+        return { kind: 'written' };
+      }
+      if (r.reason === 'erased') throw new ApiError('validation.not_found', 'the session was deleted and its event log erased');
+      // Its producer key is known: an answer an earlier version logged apart from its record
+      // (and died before the record). Nothing is written: the caller records that one.
+      if (r.reason === 'replay') throw logged;
+      return this.threadNotCommitted(r, tag, threadId, next, expected, `thread ${threadId} could not be written with its answer`);
     }).catch((err: unknown) => {
       if (err === logged) return null;
       throw err;
