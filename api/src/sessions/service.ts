@@ -666,13 +666,7 @@ export class SessionService {
     // does (the original event, 200); another answer meanwhile is a conflict.
     const id = newEventId();
     const producerKey = `answer:${thread.id}:${toolUseId}:${wait.generation}`;
-    const { thread: next, event, logged } = await this.d.store.answerWait(session.id, thread.id, toolUseId, (t) => {
-      const w = t._waits[toolUseId];
-      if (!w || w.answered_event_id !== null) return null;
-      // The wait ended (an interrupt) or a newer one began after this answer's checks.
-      if (w.generation !== t._wait_generation) throw new ApiError('runtime.invalid_transition', `the wait on ${toolUseId} is no longer current`);
-      return { ...t, _waits: { ...t._waits, [toolUseId]: { ...w, answered_event_id: id, answered_seq: SEQ_PLACEHOLDER, answer_fingerprint: fp } } };
-    }, { id, type: input.type, payload: input.payload, session_thread_id: thread.id, producer_key: producerKey }, trace);
+    const { thread: next, event, logged } = await this.d.store.answerWait(session.id, thread.id, toolUseId, (t) => withAnswer(t, toolUseId, id, SEQ_PLACEHOLDER, fp), { id, type: input.type, payload: input.payload, session_thread_id: thread.id, producer_key: producerKey }, trace);
     if (logged) return this.recordLoggedAnswer(session, input, thread.id, toolUseId, producerKey, fp, trace);
     if (!event) {
       const recorded = next._waits[toolUseId];
@@ -697,12 +691,7 @@ export class SessionService {
     const { event } = await this.appendOne(session.id, input, threadId, producerKey, false, trace);
     const { caused_by: _c, ...stored } = event.payload as DrivePayload;
     if (sha256Hex(canonicalJson({ type: event.type, payload: stored })) !== fp) throw new ApiError('validation.conflict', `${toolUseId} was already answered with another result`);
-    const next = await this.d.store.updateThread(session.id, threadId, (t) => {
-      const w = t._waits[toolUseId];
-      if (!w || w.answered_event_id !== null) return null;
-      if (w.generation !== t._wait_generation) throw new ApiError('runtime.invalid_transition', `the wait on ${toolUseId} is no longer current`);
-      return { ...t, _waits: { ...t._waits, [toolUseId]: { ...w, answered_event_id: event.id, answered_seq: event.seq, answer_fingerprint: fp } } };
-    });
+    const next = await this.d.store.updateThread(session.id, threadId, (t) => withAnswer(t, toolUseId, event.id, event.seq, fp));
     await this.d.scheduler().waitsResolved(session.id, threadId, next._active_run_id, next._waits[toolUseId]?.generation ?? 0);
     return { status: 200, event };
   }
@@ -714,6 +703,18 @@ export class SessionService {
     if (!event) throw new ApiError('validation.not_found', 'the original answer is no longer retained');
     return { status: 200, event };
   }
+}
+
+/**
+ * The thread with its current wait on `toolUseId` answered by event `eventId` (`seq`); null when
+ * it is answered already (by another attempt); 409 when the wait ended (an interrupt) or a newer
+ * one began after the answer's checks.
+ */
+function withAnswer(t: ThreadDoc, toolUseId: string, eventId: string, seq: number, fp: string): ThreadDoc | null {
+  const w = t._waits[toolUseId];
+  if (!w || w.answered_event_id !== null) return null;
+  if (w.generation !== t._wait_generation) throw new ApiError('runtime.invalid_transition', `the wait on ${toolUseId} is no longer current`);
+  return { ...t, _waits: { ...t._waits, [toolUseId]: { ...w, answered_event_id: eventId, answered_seq: seq, answer_fingerprint: fp } } };
 }
 
 /** Usage counted on the log plus what the model gateway metered for the same scope. */

@@ -47,6 +47,9 @@ export const MAX_TIMER_MS = 2_147_483_647;
 /** The same bound for a setting in seconds. */
 export const MAX_TIMER_SECONDS = Math.floor(MAX_TIMER_MS / 1000);
 
+/** An integer as text that is read as one: decimal digits, no sign but `-`, no padding, exponent or radix. */
+export const INTEGER_TEXT = /^-?(?:0|[1-9][0-9]*)$/;
+
 /**
  * An integer setting, written in decimal digits (not `1e3`, `0x10` or ` 5`, which `Number` would
  * also read), from `min` to `max`.
@@ -54,7 +57,7 @@ export const MAX_TIMER_SECONDS = Math.floor(MAX_TIMER_MS / 1000);
 export function envInt(env: Env, name: string, fallback: number, min = 0, max = MAX_TIMER_MS): number {
   const raw = env[name];
   if (raw === undefined || raw === '') return fallback;
-  const n = /^-?(?:0|[1-9][0-9]*)$/.test(raw) ? Number(raw) : NaN;
+  const n = INTEGER_TEXT.test(raw) ? Number(raw) : NaN;
   if (!Number.isSafeInteger(n) || n < min || n > max) throw new ConfigError(`${name} must be an integer in [${min}, ${max}], got '${raw}'`);
   return n;
 }

@@ -1,6 +1,7 @@
 import { Ajv, type ErrorObject, type ValidateFunction } from 'ajv';
 import addFormatsImport from 'ajv-formats';
 import { Type, type TSchema, type Static, type TProperties, type ObjectOptions, type TObject } from '@sinclair/typebox';
+import { INTEGER_TEXT } from './config.js';
 import { ApiError } from './errors.js';
 import { idPattern, type IdKind, LOGICAL_KEY_PATTERN, CURSOR_PATTERN } from './ids.js';
 
@@ -181,8 +182,7 @@ function withSafeIntegers(schema: unknown): unknown {
   return out;
 }
 
-/** A number as a parameter may write it: decimal digits, no sign but `-`, no padding, exponent or radix. */
-const INTEGER_TEXT = /^-?(?:0|[1-9][0-9]*)$/;
+/** A number as a parameter may write it: an integer as a setting is written, with an optional fraction. */
 const NUMBER_TEXT = /^-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?$/;
 
 type NumeralCheck = (value: unknown, where: string) => void;
