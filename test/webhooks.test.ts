@@ -183,14 +183,13 @@ describe('webhook endpoints', () => {
 
     // The log pages with the cursors it issues; a forged one is a 400, never a server error.
     const first = await api.get<{ data: { status_code: number }[]; next_page: string | null }>(`/v1/webhook-endpoints/${e.id}/deliveries`, { limit: 1 });
-    expect(first.next_page).toMatch(/^c1_\d+s\d+$/);
+    expect(first.next_page).toMatch(/^c1_[0-9a-z]+$/);
     const second = await api.get<{ data: { status_code: number }[]; next_page: string | null }>(`/v1/webhook-endpoints/${e.id}/deliveries`, { limit: 1, page: String(first.next_page) });
     expect([...first.data, ...second.data].map((d) => d.status_code)).toEqual([503, 200]);
-    for (const page of ['c1_99999999999999999999999s0', 'c1_1s99999999999999999999999', 'c1_1s', 'c1_12-3']) {
+    for (const page of ['c1_99999999999999999999999s0', 'c1_1s99999999999999999999999', 'c1_1s', 'c1_12-3', 'c1_0s0']) {
       const forged = await api.request('GET', `/v1/webhook-endpoints/${e.id}/deliveries`, { query: { page } });
       expect([page, forged.status, errType(forged)]).toEqual([page, 400, 'validation.malformed']);
     }
-    expect(await api.get(`/v1/webhook-endpoints/${e.id}/deliveries`, { page: 'c1_0s0' })).toEqual({ data: [], next_page: null });
     await api.request('DELETE', `/v1/webhook-endpoints/${e.id}`);
   });
 

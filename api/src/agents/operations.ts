@@ -23,7 +23,7 @@ export const agentOperations: Operation[] = [
   }),
   workspaceRead({
     operationId: 'agents.listAgents', path: '/v1/agents', summary: 'List the Agents of the Workspace (latest versions)',
-    auth: readers, query: PageQuery({ include_archived: Type.Optional(Type.Boolean()) }), response: Page(AgentSchema), mcp: 'compact',
+    auth: readers, query: PageQuery({ include_archived: Type.Optional(Type.Boolean({ default: false })) }), response: Page(AgentSchema), mcp: 'compact',
   }, (ws, { query, deps }) => deps.agents.list(ws, { limit: query.limit ?? 20, page: query.page, includeArchived: query.include_archived ?? false })),
   workspaceRead({
     operationId: 'agents.getAgent', path: '/v1/agents/{agent_id}', summary: 'Read the latest version of an Agent',

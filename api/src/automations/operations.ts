@@ -229,7 +229,7 @@ export const automationOperations: Operation[] = [
     query: PageQuery({
       status: Type.Optional(Type.Union(['pending', 'running', 'completed', 'refused', 'skipped', 'failed'].map((s) => Type.Literal(s)))),
       source: Type.Optional(Type.Union([Type.Literal('manual'), Type.Literal('schedule'), Type.Literal('webhook'), Type.Literal('subscription')])),
-      order: Type.Optional(Type.Union([Type.Literal('asc'), Type.Literal('desc')])),
+      order: Type.Optional(Type.Union([Type.Literal('asc'), Type.Literal('desc')], { default: 'asc' })),
     }),
     response: Page(FiringSchema), mcp: 'full',
   }, async (ws, { params, query, deps }) => {

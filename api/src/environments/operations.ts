@@ -100,7 +100,7 @@ export const environmentOperations: Operation[] = [
   }),
   workspaceRead({
     operationId: 'environments.listEnvironments', path: '/v1/environments', summary: 'List Environments (latest versions)',
-    auth: readers, query: PageQuery({ include_archived: Type.Optional(Type.Boolean()) }), response: Page(EnvironmentSchema), mcp: 'full',
+    auth: readers, query: PageQuery({ include_archived: Type.Optional(Type.Boolean({ default: false })) }), response: Page(EnvironmentSchema), mcp: 'full',
   }, async (ws, { query, deps }) => presentPage(await deps.environments.list(ws, { limit: query.limit ?? 20, page: query.page, includeArchived: query.include_archived ?? false }))),
   workspaceRead({
     operationId: 'environments.getEnvironment', path: '/v1/environments/{environment_id}',

@@ -11,6 +11,7 @@ import { targetTypeOf, type CheckTarget } from '../governance/permissions.js';
 import type { ToolCall } from '../governance/policy-eval.js';
 import { CURRENT_VERSION, type AuditDeclaration, type PermissionDeclaration, type HttpMethod, type Operation, type OperationResult } from './operation.js';
 import { workspaceInBoundary } from './workspace-scope.js';
+import { bindPage, pageBinding, unbindCursor } from './page-binding.js';
 
 /** One request as the pipeline sees it, whichever edge it came in on (REST or MCP). */
 export interface RawRequest {
@@ -87,6 +88,8 @@ export interface PreparedOperation {
   validatePath?: ((v: unknown) => unknown) | undefined;
   validateQuery?: ((v: unknown) => unknown) | undefined;
   validateBody?: ((v: unknown) => unknown) | undefined;
+  /** A list (its query takes `page`): its cursors are bound to it (page-binding.ts). */
+  pages?: boolean;
 }
 
 export function prepare(op: Operation): PreparedOperation {
@@ -95,6 +98,7 @@ export function prepare(op: Operation): PreparedOperation {
     validatePath: compiled(op.params, 'path'),
     validateQuery: compiled(op.query, 'query'),
     validateBody: compiled(op.body, 'body'),
+    pages: (op.query as { properties?: Record<string, unknown> } | undefined)?.properties?.['page'] !== undefined,
   };
 }
 
@@ -364,11 +368,18 @@ async function run(
     if (upload) await upload.discard(body as Record<string, unknown>, deps).catch(() => undefined);
   };
 
+  // A list's cursor is bound to the list, path and filters that issued it (lists are reads: no key).
+  const binding = prepared.pages ? pageBinding(op.operationId, caller.workspaceId ?? null, params, query as Record<string, unknown>) : undefined;
+  if (binding !== undefined && typeof (query as { page?: unknown }).page === 'string') {
+    (query as { page: string }).page = unbindCursor((query as { page: string }).page, binding);
+  }
+
   const req = new HandlerRequest(op, caller, params, query, body, raw, mode === 'none' ? undefined : idemKey, deps);
 
   if (mode === 'none' || idemKey === undefined) {
     try {
-      return { caller, result: await op.handler(req as never) };
+      const result = await op.handler(req as never);
+      return { caller, result: binding !== undefined && result.kind !== 'stream' ? { ...result, body: bindPage(result.body, binding) } : result };
     } catch (err) {
       await discard();
       throw err;

@@ -140,12 +140,12 @@ export const UpdateSessionBody = Obj(
 export const ListSessionsQuery = Obj({
   limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 100, default: 20 })),
   page: Type.Optional(Cursor()),
-  order: Type.Optional(Type.Union([Type.Literal('desc'), Type.Literal('asc')])),
+  order: Type.Optional(Type.Union([Type.Literal('desc'), Type.Literal('asc')], { default: 'desc' })),
   agent_id: Type.Optional(Id('agent')),
   automation_id: Type.Optional(Id('automation')),
   created_after: Type.Optional(Type.String({ format: 'date-time' })),
   created_before: Type.Optional(Type.String({ format: 'date-time' })),
-  include_archived: Type.Optional(Type.Boolean()),
+  include_archived: Type.Optional(Type.Boolean({ default: false })),
 });
 
 export const SessionPath = Obj({ session_id: Id('session') });

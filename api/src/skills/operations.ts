@@ -109,7 +109,7 @@ export const skillOperations: Operation[] = [
   }),
   workspaceRead({
     operationId: 'skills.listSkills', path: '/v1/skills', summary: 'List the Skills of the Workspace',
-    auth: readers, query: PageQuery({ include_archived: Type.Optional(Type.Boolean()) }), response: Page(SkillSchema), mcp: 'full',
+    auth: readers, query: PageQuery({ include_archived: Type.Optional(Type.Boolean({ default: false })) }), response: Page(SkillSchema), mcp: 'full',
   }, async (ws, { query, deps }) => {
     const page = await deps.skills.list(ws, { limit: query.limit ?? 20, page: query.page, includeArchived: query.include_archived ?? false });
     return page;

@@ -267,7 +267,8 @@ export const Id = (kind: IdKind, description?: string) =>
   Type.String({ pattern: idPattern(kind), ...(description ? { description } : {}) });
 
 export const LogicalKey = () => Type.String({ pattern: LOGICAL_KEY_PATTERN });
-export const Cursor = () => Type.String({ pattern: CURSOR_PATTERN, maxLength: 512 });
+/** A list cursor: up to 512 characters of the list's own, and the 8 that bind it to its list. */
+export const Cursor = () => Type.String({ pattern: CURSOR_PATTERN, maxLength: 520 });
 export const Timestamp = () => Type.String({ format: 'date-time' });
 export const Nullable = <S extends TSchema>(s: S) => Type.Union([s, Type.Null()]);
 /**
