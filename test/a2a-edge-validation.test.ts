@@ -226,6 +226,30 @@ describe('A2A envelope', () => {
 });
 
 describe('A2A tasks', () => {
+  it('a task belongs to the Principal the platform recorded: REST cannot write or replace whose task a Session is', async () => {
+    const other = await createPrincipal(p.root, ws, 'forger');
+    await grant(other, { type: 'agent', id: agentId }, ['invoke']);
+    const forged = { a2a_installation_id: installationId, a2a_surface_scope_id: channelId, a2a_principal_id: prin };
+    // A Session labelled as the Principal's task by another caller: refused, nothing created.
+    const before = (await api.get<{ data: Json[] }>('/v1/sessions', { limit: 100 })).data.length;
+    for (const metadata of [forged, { a2a_principal_id: prin }, { automation_firing_id: 'afir_00000000000000000000000000000000' }]) {
+      const r = await api.request('POST', '/v1/sessions', { body: { agent: agentId, environment_id: envId, metadata } });
+      expect([r.status, (r.body as { error?: { type?: string; message?: string } }).error?.type], JSON.stringify(r.body)).toEqual([400, 'validation.malformed']);
+      expect(JSON.stringify(r.body)).toContain('written by the platform only');
+    }
+    expect((await api.get<{ data: Json[] }>('/v1/sessions', { limit: 100 })).data.length).toBe(before);
+    // The Principal's own task: another caller's update cannot hand it over, and replacing its
+    // metadata keeps whose task it is (the owner still reads it; the forger's label is refused).
+    const task = taskOf(await rpc(send('mine'))).id as string;
+    const handOver = await api.request('POST', `/v1/sessions/${task}`, { body: { metadata: { ...forged, a2a_principal_id: other } } });
+    expect(handOver.status).toBe(400);
+    const replaced = await api.post<{ metadata: Json }>(`/v1/sessions/${task}`, { metadata: { team: 'x' } });
+    expect(replaced.metadata).toEqual({ ...forged, team: 'x' });
+    const got = await rpc(call('GetTask', { id: task }));
+    expect(errorOf(got), got.text).toBeUndefined();
+    expect(((got.body.result as Json).id)).toBe(task);
+  });
+
   it('ListTasks counts and pages only tasks whose Session exists', async () => {
     // Its own placement: the other tests' tasks are not in its list.
     const scope = (await p.root.post<{ id: string }>('/v1/surface-scopes', { kind: 'channel', parent_id: rootId, external_installation_id: exti, display_name: '#list' })).id;

@@ -12,6 +12,7 @@ import { expandPrompt } from './prompt.js';
 import type { SessionEventTap, TappedAppend } from '../events/tap.js';
 import { CachedMemberSet } from '../events/member-set.js';
 import { automationKeys, type AutomationStore } from './store.js';
+import { AUTOMATION_FIRING_KEY } from '../sessions/metadata.js';
 import {
   TERMINAL_FIRING, firingsOf, type AdmissionDisposition, type AutomationDoc, type FiringDoc, type FiringOutcome, type FiringSourceKind, type ScheduleTrigger,
 } from './model.js';
@@ -311,7 +312,7 @@ export class AutomationService {
     const ids = await this.d.store.redis.zrevrange(keys.index(tags.workspace(ws), `sessions:automation:${automationId}:all`), 0, 49);
     for (const id of ids) {
       const s = await this.d.sessions.store.docs.get<SessionDoc>(tags.session(id), id);
-      if (s?.metadata.automation_firing_id === firingId) return id;
+      if (s?.metadata[AUTOMATION_FIRING_KEY] === firingId) return id;
     }
     return null;
   }
@@ -322,7 +323,7 @@ export class AutomationService {
       environment_id: a.environment_id,
       ...(a.budget ? { budget: { max_list_cost: { amount: a.budget.max_list_cost.amount } } } : {}),
       title: `${a.name} (${f.source.kind})`,
-      metadata: { automation_firing_id: f.id },
+      metadata: { [AUTOMATION_FIRING_KEY]: f.id },
       initial_events: [{ type: 'user.message', payload: { content: f._prompt, authored_by: a.principal_id, caused_by: { kind: 'automation', id: f.id } } }],
     }, `automation-firing:${f.id}`, { automationId: a.id });
     return String(s.id);

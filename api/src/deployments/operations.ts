@@ -16,6 +16,7 @@ import {
 } from './schemas.js';
 import { DeploymentService, HARNESS_PROFILE_KEYS, headView, profileView, SANDBOX_PROFILE_KEYS, type RevisionDoc } from './service.js';
 import { keyedSession } from '../sessions/service.js';
+import { refusePlatformMetadata } from '../sessions/metadata.js';
 
 const svc = (deps: ApiDeps) => new DeploymentService(deps);
 
@@ -141,6 +142,7 @@ export const deploymentOperations: Operation[] = [
     response: Type.Unsafe<Record<string, unknown>>({ type: 'object', description: 'Session (docs/API.md)' }), successStatus: 201, idempotency: 'optional', mcp: 'full',
     erasureSafe: sessionReplay,
   }, async (ws, { params, body, idempotencyKey, keyed, deps, trace }) => {
+    refusePlatformMetadata(body.metadata);
     const deployment = await svc(deps).sessionPin(ws, params.agent_deployment_id);
     return deps.sessions.create(ws, body, idempotencyKey, { deployment, trace, ...keyedSession(keyed) });
   }),

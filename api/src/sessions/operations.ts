@@ -14,6 +14,7 @@ import {
 import { checkedCursor, sseStream } from './stream.js';
 import { checkMountPath, keyedSession, refuseSecondMemoryStore } from './service.js';
 import { a2aTaskListings } from '../a2a/task-index.js';
+import { refusePlatformMetadata, replacedMetadata } from './metadata.js';
 
 const readers = { kind: 'bearer', roles: READERS } as const;
 const writers = { kind: 'bearer', roles: WRITERS } as const;
@@ -90,9 +91,10 @@ export const sessionOperations: Operation[] = [
     auth: { ...writers, principal: true }, permission: { action: 'invoke', target: 'body.agent', authorIsCaller: true, attachments: true }, actionPolicy: 'initial_events',
     body: CreateSessionBody, response: SessionSchema, successStatus: 201, idempotency: 'optional', mcp: 'compact',
     erasureSafe: sessionReplay,
-  }, (ws, { body, idempotencyKey, keyed, deps, trace }) => deps.sessions.create(ws, body, idempotencyKey, {
-    trace, ...keyedSession(keyed),
-  })),
+  }, (ws, { body, idempotencyKey, keyed, deps, trace }) => {
+    refusePlatformMetadata(body.metadata);
+    return deps.sessions.create(ws, body, idempotencyKey, { trace, ...keyedSession(keyed) });
+  }),
   defineOperation({
     operationId: 'sessions.listSessions', method: 'GET', path: '/v1/sessions',
     summary: 'List Sessions, newest first; archived ones only when asked', auth: readers, query: ListSessionsQuery,
@@ -117,6 +119,7 @@ export const sessionOperations: Operation[] = [
     erasureSafe: sessionReplay,
     async handler({ caller, params, body, deps }) {
       const ws = requireWorkspace(caller);
+      refusePlatformMetadata(body.metadata);
       if (body.vault_ids !== undefined) await deps.vaults.requireAll(ws, body.vault_ids);
       const s = await deps.sessions.store.update(ws, params.session_id, (cur) => {
         if (cur.archived_at !== null) throw new ApiError('runtime.invalid_transition', 'an archived session cannot be changed');
@@ -130,7 +133,7 @@ export const sessionOperations: Operation[] = [
             },
           } : {}),
           ...(body.budget !== undefined ? { budget: body.budget ? { max_list_cost: { amount: body.budget.max_list_cost.amount, currency: 'USD' as const } } : null } : {}),
-          ...(body.metadata !== undefined ? { metadata: body.metadata } : {}),
+          ...(body.metadata !== undefined ? { metadata: replacedMetadata(body.metadata, cur.metadata) } : {}),
           ...(body.title !== undefined ? { title: body.title } : {}),
           ...(body.vault_ids !== undefined ? { vault_ids: body.vault_ids } : {}),
         };
