@@ -121,6 +121,35 @@ describe('audit log', () => {
     expect(records.at(-1)?.request_id).toBe(rid);
   });
 
+  it('names a refused request\'s target only when its path holds a well-formed id of that kind', async () => {
+    const s = await p.root.post<{ id: string }>(`/v1/organizations/workspaces/${ws}/principals`, {
+      external_subject_id: `tgt-${Math.random()}`, principal_type: 'service', display_name: 'tgt',
+    });
+    const sent = [
+      [`/v1/sessions/${encodeURIComponent(`FORGED by admin sess_${'0'.repeat(32)}`)}/archive`, null],
+      [`/v1/sessions/${s.id}/archive`, null],
+      [`/v1/sessions/sess_${'0'.repeat(32)}/archive`, `sess_${'0'.repeat(32)}`],
+    ] as const;
+    for (const [path, target] of sent) {
+      const r = await p.root.request('POST', path, { body: {} });
+      expect(r.status).toBeGreaterThanOrEqual(400);
+      const rid = r.headers.get('request-id');
+      const { records } = await exportAll(p.root, 0, 1000, { action: 'sessions.archiveSession' });
+      expect(records.filter((x) => x.request_id === rid).map((x) => [x.outcome, x.target])).toEqual([['failed', target]]);
+    }
+    // Refused before its path is read (no credential's right to act), a well-formed id is named.
+    const viewer = await p.root.post<{ secret: string }>(`/v1/organizations/${org}/api-keys`, {
+      display_name: 'tgt viewer', role: 'viewer', scope: { type: 'workspace', workspace_id: ws },
+    }, { idempotencyKey: `tv-${Math.random()}` });
+    const client = new HttpClient({ baseUrl: p.baseUrl, token: viewer.secret });
+    for (const [id, target] of [[`sess_${'1'.repeat(32)}`, `sess_${'1'.repeat(32)}`], ['not an id at all', null]] as const) {
+      const r = await client.request('POST', `/v1/sessions/${encodeURIComponent(id)}/archive`, { body: {} });
+      expect(r.status).toBe(403);
+      const { records } = await exportAll(p.root, 0, 1000, { action: 'sessions.archiveSession' });
+      expect(records.filter((x) => x.request_id === r.headers.get('request-id')).map((x) => [x.outcome, x.target])).toEqual([['denied', target]]);
+    }
+  });
+
   it('filters by actor, target, action and time range', async () => {
     const before = new Date().toISOString();
     const prin = await p.root.request<{ id: string }>('POST', `/v1/organizations/workspaces/${ws}/principals`, {

@@ -56,6 +56,8 @@ export { newRequestId };
 interface Progress {
   caller: Caller;
   params: Record<string, unknown>;
+  /** `params` passed the path's schema (before, they are the request's raw segments). */
+  paramsChecked: boolean;
   replayed: boolean;
   /**
    * ActionPolicy decisions of an operation whose target is the resource it creates: recorded once
@@ -133,7 +135,7 @@ function checkVersion(op: Operation, headers: RawRequest['headers']): void {
  */
 export function execute(prepared: PreparedOperation, raw: RawRequest, deps: ApiDeps): Promise<{ caller: Caller; result: OperationResult }> {
   const { requestId } = raw;
-  const progress: Progress = { caller: ANONYMOUS, params: raw.params, replayed: false, decisions: [] };
+  const progress: Progress = { caller: ANONYMOUS, params: raw.params, paramsChecked: false, replayed: false, decisions: [] };
   const audit = prepared.op.audit;
   // Nothing to record (reads): no wrapper around the run, so no extra promises per request.
   if (!audit) return run(prepared, raw, deps, requestId, progress);
@@ -151,7 +153,7 @@ async function audited(
     }
     if (!progress.replayed && !(out.result.kind !== 'stream' && out.result.replay)) {
       const status = out.result.kind === 'stream' ? 200 : out.result.status;
-      await writeAudit(deps, prepared.op.operationId, audit, progress, requestId, {
+      await writeAudit(deps, prepared.op, audit, progress, requestId, {
         outcome: status < 400 ? 'succeeded' : status === 403 ? 'denied' : 'failed', status, detail: null,
         body: out.result.kind === 'stream' ? undefined : out.result.body,
       });
@@ -161,7 +163,7 @@ async function audited(
     await recordDecisions(progress, null);
     if (progress.caller.kind !== 'anonymous') {
       const status = err instanceof ApiError ? err.status : 500;
-      await writeAudit(deps, prepared.op.operationId, audit, progress, requestId, {
+      await writeAudit(deps, prepared.op, audit, progress, requestId, {
         outcome: status === 403 || status === 401 ? 'denied' : status >= 500 ? 'error' : 'failed', status,
         detail: err instanceof ApiError ? err.type : 'runtime.internal', body: undefined,
       });
@@ -186,9 +188,10 @@ function str(v: unknown): string | null {
 }
 
 async function writeAudit(
-  deps: ApiDeps, action: string, audit: Exclude<AuditDeclaration, false>, progress: Progress, requestId: string,
+  deps: ApiDeps, op: Operation, audit: Exclude<AuditDeclaration, false>, progress: Progress, requestId: string,
   r: { outcome: AuditOutcome; status: number; detail: string | null; body: unknown },
 ): Promise<void> {
+  const action = op.operationId;
   // The resource a `response` target names: the response itself, or the property the declaration
   // names (only its `id` and `workspace_id` are read: nothing else of the response, a secret
   // beside it included, reaches the record).
@@ -201,7 +204,7 @@ async function writeAudit(
     if (r.outcome === 'succeeded') deps.log.error({ action, request_id: requestId }, 'audit record dropped: no workspace in the response (check the operation\'s audit declaration)');
     return;
   }
-  const target = audit.target === 'response' ? str(body.id) : str(progress.params[audit.target]);
+  const target = audit.target === 'response' ? str(body.id) : pathTarget(op, audit.target, progress);
   if (audit.target === 'response' && target === null && r.outcome === 'succeeded') {
     deps.log.error({ action, request_id: requestId }, 'audit record without its target: no id in the response (check the operation\'s audit declaration)');
   }
@@ -221,6 +224,24 @@ async function writeAudit(
   } catch (err) {
     // The mutation has happened; a failed audit append is logged loudly rather than undoing it.
     deps.log.error({ err, action, request_id: requestId }, 'audit append failed');
+  }
+}
+
+/**
+ * The path parameter an audit record names. A request refused before its path was checked (its
+ * credential, its version header, or the path itself) names it only if it is well formed for that
+ * parameter: the record holds ids, never text a caller chose.
+ */
+function pathTarget(op: Operation, name: string, progress: Progress): string | null {
+  const value = str(progress.params[name]);
+  if (value === null || progress.paramsChecked) return value;
+  const schema = (op.params as { properties?: Record<string, TSchema> } | undefined)?.properties?.[name];
+  if (schema === undefined) return null;
+  try {
+    validator(schema, 'path')(value);
+    return value;
+  } catch {
+    return null;
   }
 }
 
@@ -318,6 +339,7 @@ async function run(
   if (raw.refused) throw raw.refused;
   const params = prepared.validatePath ? prepared.validatePath({ ...raw.params }) : EMPTY;
   progress.params = params as Record<string, unknown>;
+  progress.paramsChecked = true;
   const query = prepared.validateQuery ? prepared.validateQuery({ ...raw.query }) : rejectUnexpectedQuery(raw.query);
   let body: unknown = EMPTY;
   if (op.upload) {
