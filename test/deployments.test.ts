@@ -460,6 +460,11 @@ describe('POST /v1/agents/{id}/deploy', () => {
     const disabled = await deploy();
     expect([disabled.status, errType(disabled)]).toEqual([403, 'auth.disabled_tenancy']);
     expect((await p.root.request('PATCH', `/v1/organizations/workspaces/${target}`, { body: { status: 'active' } })).status).toBe(200);
+    // The target Workspace's audit log holds every deploy into it, naming the deployment made
+    // there; the attempts it never saw (a key of another Workspace, an unknown target) are not in it.
+    const records = await p.root.with({ workspaceId: target }).post<{ data: { action: string; target: string | null; outcome: string; status: number }[] }>('/v1/audit/export', { action: 'agents.deployAgent', limit: 100 });
+    const dep = first.body.agent_deployment.id;
+    expect(records.data.map((r) => [r.target, r.outcome, r.status])).toEqual([[dep, 'succeeded', 200], [dep, 'succeeded', 200], [dep, 'succeeded', 200], [dep, 'succeeded', 200], [null, 'denied', 403]]);
   });
 });
 

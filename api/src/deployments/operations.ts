@@ -150,7 +150,7 @@ export const deploymentOperations: Operation[] = [
   // ---- Deploy ----
   defineOperation({
     operationId: 'agents.deployAgent', method: 'POST', path: '/v1/agents/{agent_id}/deploy',
-    audit: { target: 'agent_id' },
+    audit: { target: 'agent_id', alsoIn: { workspaceField: 'target_workspace_id', resource: 'agent_deployment' } },
     summary: "Ensure the target Workspace's deployment of this Agent and publish an exact-pin revision when the target holds every profile the release names",
     auth: { kind: 'bearer', roles: ADMINS, organizationScope: true }, params: Obj({ agent_id: Id('agent') }), body: DeployBody, response: DeployResult,
     idempotency: 'optional', mcp: 'full',

@@ -43,6 +43,13 @@ export type AuditDeclaration =
        * Nothing else of the response is recorded.
        */
       resource?: string;
+      /**
+       * The operation also acts in another Workspace, named by this top-level body field (a
+       * deploy into a target Workspace): that Workspace gets the record too, when it is another
+       * one inside the caller's boundary, with as target the `id` of the response's `resource`
+       * property (what was made there), else the same target.
+       */
+      alsoIn?: { workspaceField: string; resource?: string };
     };
 
 /**

@@ -58,6 +58,8 @@ interface Progress {
   params: Record<string, unknown>;
   /** `params` passed the path's schema (before, they are the request's raw segments). */
   paramsChecked: boolean;
+  /** The request's body once it passed its schema. */
+  body?: unknown;
   replayed: boolean;
   /**
    * ActionPolicy decisions of an operation whose target is the resource it creates: recorded once
@@ -209,21 +211,40 @@ async function writeAudit(
     deps.log.error({ action, request_id: requestId }, 'audit record without its target: no id in the response (check the operation\'s audit declaration)');
   }
   const { caller } = progress;
+  const record = (t: string | null) => ({
+    actor: caller.kind === 'anonymous'
+      ? { id: 'anonymous', credential_id: null }
+      : { id: caller.principalId ?? caller.credentialId, credential_id: caller.credentialId },
+    action,
+    target: t,
+    outcome: r.outcome,
+    status: r.status,
+    detail: r.detail,
+    request_id: requestId,
+  });
   try {
-    await deps.audit.append(workspaceId, {
-      actor: caller.kind === 'anonymous'
-        ? { id: 'anonymous', credential_id: null }
-        : { id: caller.principalId ?? caller.credentialId, credential_id: caller.credentialId },
-      action,
-      target,
-      outcome: r.outcome,
-      status: r.status,
-      detail: r.detail,
-      request_id: requestId,
-    });
+    await deps.audit.append(workspaceId, record(target));
+    const elsewhere = audit.alsoIn ? await otherWorkspace(deps, audit.alsoIn.workspaceField, workspaceId, progress) : null;
+    if (elsewhere !== null) {
+      const made = audit.alsoIn?.resource === undefined ? target : str(responseResource(r.body, audit.alsoIn.resource).id);
+      await deps.audit.append(elsewhere, record(made));
+    }
   } catch (err) {
     // The mutation has happened; a failed audit append is logged loudly rather than undoing it.
     deps.log.error({ err, action, request_id: requestId }, 'audit append failed');
+  }
+}
+
+/** The other Workspace a request's body names (`alsoIn`), when it is inside the caller's boundary. */
+async function otherWorkspace(deps: ApiDeps, field: string, recordedIn: string, progress: Progress): Promise<string | null> {
+  const named = typeof progress.body === 'object' && progress.body !== null ? str((progress.body as Record<string, unknown>)[field]) : null;
+  if (named === null || named === recordedIn || progress.caller.kind === 'anonymous') return null;
+  try {
+    await workspaceInBoundary(progress.caller, named, deps);
+    return named;
+  } catch (err) {
+    if (err instanceof ApiError) return null;
+    throw err;
   }
 }
 
@@ -346,6 +367,7 @@ async function run(
     if (!raw.stream) throw new ApiError('validation.malformed', `${op.operationId} takes a ${op.upload.contentType} body, on the REST API only`);
   } else if (prepared.validateBody) {
     body = prepared.validateBody(raw.body === undefined ? {} : raw.body);
+    progress.body = body;
   } else if (raw.body !== undefined && !isEmptyObject(raw.body)) {
     // An empty JSON object is the only body it takes (a client that always sends one); an empty
     // array is not an object, and is refused like any other body.
