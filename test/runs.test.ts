@@ -272,6 +272,10 @@ describe('runner drain with held work (SIGTERM)', () => {
       daemon.kill('SIGTERM');
       expect(await exited).toBe(0);
       expect(Date.now() - t0).toBeLessThan(5000);
+      // The runner stopping is not the tool's outcome: no result is recorded for the killed command
+      // (its retry runs it again), the Run is rescheduled as the runner's failure.
+      const evs = await waitEvents(id, (e) => e.some((x) => x.type === 'session.thread_status_rescheduled'));
+      expect(evs.filter((e) => e.type === 'agent.tool_result')).toEqual([]);
     } finally {
       daemon.kill('SIGKILL');
     }

@@ -9,6 +9,7 @@ import { addUsage, ZERO_USAGE, type ContentBlock, type ModelClient, type ModelMe
 import type { Logger } from '@agentplane/core';
 import type { CommandRunner, Sandbox } from '../sandbox/types.js';
 import { SandboxError } from '../sandbox/types.js';
+import { InfrastructureFailure } from '../failures.js';
 import { builtinTool, runTool } from './tools/builtin.js';
 import { QUESTION_TOOL_NAME, questionInputError, questionToolSpec } from './tools/question.js';
 import type { BuiltinTool, FileStore, ToolOutcome } from './tools/types.js';
@@ -459,6 +460,9 @@ export class HarnessLoop {
         throw err;
       }
     }
+    // Killed because the runner stops (a second signal, the drain deadline): not the tool's outcome.
+    // Nothing is recorded for it, so the Run's retry runs the tool again (as after a crash).
+    if (signal.aborted && signal.reason instanceof InfrastructureFailure) throw signal.reason;
     const m = outcome.meta;
     await emit({
       type: 'agent.tool_result',
