@@ -24,8 +24,8 @@ afterAll(async () => {
 
 /** The path limit of the contract, in UTF-16 code units (JavaScript string length). */
 const MAX_PATH = 512;
-/** The input limit of every cursor (`page`, `next_page`). */
-const MAX_CURSOR = 512;
+/** The input limit of every cursor (`page`, `next_page`): a listing's own 512 and the API's 8-character binding. */
+const MAX_CURSOR = 520;
 const CURSOR = /^c1_[0-9a-z]+$/;
 
 /** `head` + `fill` repeated + `tail`, exactly `MAX_PATH` code units long (`fill` is one or two units). */
@@ -111,6 +111,8 @@ const PATHS = [
   longPath(wide, wide, ''),
   'm.md',
   'z.md',
+  // Around the longest path a cursor holds inline (232 bytes): the cursor's widest forms.
+  ...Array.from({ length: 13 }, (_, i) => `edge/${'e'.repeat(223 + i)}`),
 ].sort(byteOrder);
 
 describe('MemoryStore listings ending on long paths', () => {

@@ -1,4 +1,4 @@
-import { ApiError, sha256Hex } from '@agentplane/core';
+import { ApiError, CURSOR_TAG_LENGTH, sha256Hex } from '@agentplane/core';
 
 /**
  * Every list's cursors are bound to the list that issued them. A list's own cursor (`c1_…`, in
@@ -8,7 +8,7 @@ import { ApiError, sha256Hex } from '@agentplane/core';
  * filters, is refused (400 `validation.malformed`) instead of read as a position in a list it
  * never came from. The tag is taken off before the handler sees the cursor.
  */
-const TAG_LENGTH = 8;
+const TAG_LENGTH = CURSOR_TAG_LENGTH;
 
 /** Query parameters that move through a list rather than choose one (left out of the binding). */
 const POSITIONAL = new Set(['page', 'limit', 'after']);

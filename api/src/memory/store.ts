@@ -1,4 +1,4 @@
-import { ApiError, crashPoint, Cursor, newId, nowIso, sha256Hex } from '@agentplane/core';
+import { ApiError, crashPoint, LIST_CURSOR_MAX, newId, nowIso, sha256Hex } from '@agentplane/core';
 import { InFlightWrites, keys, LuaScript, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
 import {
   checkContent, checkMetadata, checkPath, checkWellFormed, type MemoryAuthor, type MemoryDocument, type MemoryDocumentEntry, type MemoryStoreDoc, type MemoryVersion,
@@ -136,7 +136,8 @@ export function decodeBoundCursor(kind: string, cursor: string, field: string, b
 }
 
 /** The longest cursor the API takes back: the `Cursor` schema of every `page` and `next_page`. */
-export const MAX_CURSOR_CHARS = Cursor().maxLength ?? 512;
+/** A listing's own cursor leaves room for the tag the API binds it with. */
+export const MAX_CURSOR_CHARS = LIST_CURSOR_MAX;
 
 /** Where a document listing continues: after `path`, or after the path whose history key `digest` names. */
 export type ListingPosition = { path: string } | { digest: string };

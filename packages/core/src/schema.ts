@@ -267,8 +267,12 @@ export const Id = (kind: IdKind, description?: string) =>
   Type.String({ pattern: idPattern(kind), ...(description ? { description } : {}) });
 
 export const LogicalKey = () => Type.String({ pattern: LOGICAL_KEY_PATTERN });
-/** A list cursor: up to 512 characters of the list's own, and the 8 that bind it to its list. */
-export const Cursor = () => Type.String({ pattern: CURSOR_PATTERN, maxLength: 520 });
+/** The most characters a list's own cursor may have (what its store writes). */
+export const LIST_CURSOR_MAX = 512;
+/** The characters the API appends to a list's own cursor to bind it to its list (api/src/http/page-binding.ts). */
+export const CURSOR_TAG_LENGTH = 8;
+/** A list cursor as the client sees it: the list's own and the tag that binds it to its list. */
+export const Cursor = () => Type.String({ pattern: CURSOR_PATTERN, maxLength: LIST_CURSOR_MAX + CURSOR_TAG_LENGTH });
 export const Timestamp = () => Type.String({ format: 'date-time' });
 export const Nullable = <S extends TSchema>(s: S) => Type.Union([s, Type.Null()]);
 /**
