@@ -381,6 +381,28 @@ describe('signed webhook deliveries', () => {
     expect(audit.data.filter((r) => r.request_id === replay.headers['request-id'])).toEqual([]);
   });
 
+  it('a keyed create or rotation that showed a secret is replayed only while that secret is current', async () => {
+    const body = { name: 'keyed', principal_id: service, agent: agentId, environment_id: envId, prompt: `${MARKER} {{event}}`, trigger: { type: 'webhook' } };
+    const key = `auto-secret-${Math.random()}`;
+    const made = await api.request<Automation>('POST', '/v1/automations', { body, idempotencyKey: key });
+    expect(made.status).toBe(201);
+    const replay = await api.request<Automation>('POST', '/v1/automations', { body, idempotencyKey: key });
+    expect([replay.status, replay.body.signing_secret]).toEqual([201, made.body.signing_secret]);
+    const rotKey = `auto-rot-${Math.random()}`;
+    const rot = await api.request<Automation>('POST', `/v1/automations/${made.body.id}/rotate-secret`, { body: { expected_version: made.body.version, overlap_seconds: 0 }, idempotencyKey: rotKey });
+    expect(rot.status).toBe(200);
+    // The create's secret is no longer current: its replay is 409 and shows no secret.
+    const stale = await api.request('POST', '/v1/automations', { body, idempotencyKey: key });
+    expect([stale.status, errType(stale)]).toEqual([409, 'idempotency.conflict']);
+    expect(JSON.stringify(stale.body)).not.toContain(String(made.body.signing_secret));
+    const rotReplay = await api.request<Automation>('POST', `/v1/automations/${made.body.id}/rotate-secret`, { body: { expected_version: made.body.version, overlap_seconds: 0 }, idempotencyKey: rotKey });
+    expect([rotReplay.status, rotReplay.body.signing_secret]).toEqual([200, rot.body.signing_secret]);
+    expect((await api.request('DELETE', `/v1/automations/${made.body.id}`)).status).toBeLessThan(300);
+    const gone = await api.request('POST', `/v1/automations/${made.body.id}/rotate-secret`, { body: { expected_version: made.body.version, overlap_seconds: 0 }, idempotencyKey: rotKey });
+    expect([gone.status, errType(gone)]).toEqual([409, 'idempotency.conflict']);
+    expect(JSON.stringify(gone.body)).not.toContain(String(rot.body.signing_secret));
+  });
+
   it('rotating the secret keeps the previous one valid during the overlap, and not after', async () => {
     const a = await createAutomation({ max_concurrent_firings: 10, trigger: { type: 'webhook' } });
     const path = `/v1/ingest/automations/${a.id}`;

@@ -130,6 +130,28 @@ describe('webhook endpoints', () => {
     }
   });
 
+  it('a keyed create or rotation that showed a signing secret is replayed only while that secret is current', async () => {
+    const body = { url: rx.url };
+    const key = `whe-secret-${Math.random()}`;
+    const made = await api.request<Endpoint>('POST', '/v1/webhook-endpoints', { body, idempotencyKey: key });
+    expect(made.status).toBe(201);
+    const replay = await api.request<Endpoint>('POST', '/v1/webhook-endpoints', { body, idempotencyKey: key });
+    expect([replay.status, replay.body.signing_secret]).toEqual([201, made.body.signing_secret]);
+    const rotKey = `whe-rot-${Math.random()}`;
+    const rotate = () => api.request<Endpoint>('POST', `/v1/webhook-endpoints/${made.body.id}/rotate-secret`, { body: { expected_version: made.body.version, overlap_seconds: 0 }, idempotencyKey: rotKey });
+    const rot = await rotate();
+    expect(rot.status).toBe(200);
+    const stale = await api.request('POST', '/v1/webhook-endpoints', { body, idempotencyKey: key });
+    expect([stale.status, errType(stale)]).toEqual([409, 'idempotency.conflict']);
+    expect(JSON.stringify(stale.body)).not.toContain(String(made.body.signing_secret));
+    const rotReplay = await rotate();
+    expect([rotReplay.status, rotReplay.body.signing_secret]).toEqual([200, rot.body.signing_secret]);
+    expect((await api.request('DELETE', `/v1/webhook-endpoints/${made.body.id}`)).status).toBe(200);
+    const gone = await rotate();
+    expect([gone.status, errType(gone)]).toEqual([409, 'idempotency.conflict']);
+    expect(JSON.stringify(gone.body)).not.toContain(String(rot.body.signing_secret));
+  });
+
   it('refuses port 0 (no port a delivery can reach), on create and on update', async () => {
     const zero = rx.url.replace(/:\d+\//, ':0/');
     for (const url of ['https://hooks.example.com:0/hook', 'https://hooks.example.com:00/hook', zero]) {
@@ -178,8 +200,8 @@ describe('webhook endpoints', () => {
     } finally {
       rx.fallback = 200;
     }
-    const log = await api.get<{ data: { event_type: string; status_code: number; test: boolean }[] }>(`/v1/webhook-endpoints/${e.id}/deliveries`);
-    expect(log.data.slice(0, 2).map((d) => [d.event_type, d.status_code, d.test])).toEqual([['webhook.test', 503, true], ['webhook.test', 200, true]]);
+    const log = await api.get<{ data: { event_type: string; status_code: number; test: boolean; outcome: string; error: string | null }[] }>(`/v1/webhook-endpoints/${e.id}/deliveries`);
+    expect(log.data.slice(0, 2).map((d) => [d.event_type, d.status_code, d.test, d.outcome, d.error])).toEqual([['webhook.test', 503, true, 'failed', 'status_503'], ['webhook.test', 200, true, 'succeeded', null]]);
 
     // The log pages with the cursors it issues; a forged one is a 400, never a server error.
     const first = await api.get<{ data: { status_code: number }[]; next_page: string | null }>(`/v1/webhook-endpoints/${e.id}/deliveries`, { limit: 1 });

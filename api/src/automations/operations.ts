@@ -96,12 +96,24 @@ async function firingOf(deps: ApiDeps, ws: string, id: string): Promise<FiringDo
   return deps.automations.store.firing(ws, id);
 }
 
+/**
+ * A response that shows a webhook trigger's signing secret is replayed only while the Automation
+ * lives at that secret's generation (a rotation or a delete since: 409, no secret), as for every
+ * secret the API shows once (docs/API.md, "Idempotency"). One without a secret replays as stored.
+ */
+async function automationSecretReplayable(stored: unknown, deps: ApiDeps): Promise<boolean> {
+  const s = stored as { id: string; workspace_id: string; signing_secret?: string; webhook: { secret_generation: number } | null };
+  if (s.signing_secret === undefined) return true;
+  const live = await deps.automations.store.find(s.workspace_id, s.id);
+  return live !== null && live.webhook !== null && live.webhook.secret_generation === s.webhook?.secret_generation;
+}
+
 export const automationOperations: Operation[] = [
   workspaceWrite('POST', {
     operationId: 'automations.createAutomation', path: '/v1/automations',
     summary: 'Create an Automation (schedule or signed-webhook trigger); a webhook trigger returns its signing secret once',
     auth: { kind: 'bearer', roles: WRITERS }, audit: { target: 'response' },
-    body: CreateAutomationBody, response: AutomationSchema, successStatus: 201, idempotency: 'optional', sensitive: true, mcp: 'never',
+    body: CreateAutomationBody, response: AutomationSchema, successStatus: 201, idempotency: 'optional', sensitive: true, mcp: 'never', replayable: automationSecretReplayable,
   }, async (ws, { body, deps, keyed }) => {
     checkPrompt(body.prompt);
     const trigger = checkTrigger(body.trigger);
@@ -204,7 +216,7 @@ export const automationOperations: Operation[] = [
     summary: 'Issue a new webhook signing secret (returned once); the previous one keeps verifying for overlap_seconds',
     auth: { kind: 'bearer', roles: WRITERS }, audit: { target: 'automation_id' }, params: AutomationPath,
     body: Obj({ expected_version: Type.Integer({ minimum: 1 }), overlap_seconds: Type.Optional(Type.Integer({ minimum: 0, maximum: 7 * 24 * 3600 })) }),
-    response: AutomationSchema, idempotency: 'optional', sensitive: true, mcp: 'never',
+    response: AutomationSchema, idempotency: 'optional', sensitive: true, mcp: 'never', replayable: automationSecretReplayable,
   }, async (ws, { params, body, deps }) => {
     const overlapMs = (body.overlap_seconds ?? DEFAULT_OVERLAP_SECONDS) * 1000;
     const r = await deps.automations.store.rotateSecret(ws, params.automation_id, body.expected_version, overlapMs);

@@ -252,7 +252,7 @@ export class WebhookDispatcher {
     const delivered = r.status_code >= 200 && r.status_code < 300;
     await this.d.store.record(endpoint.workspace_id, endpoint.id, {
       message_id: id, event_type: 'webhook.test', session_id: null, seq: 0, attempt: 1, status_code: r.status_code, latency_ms: r.latency_ms,
-      outcome: delivered ? 'succeeded' : 'failed', error: r.error, retry_after_ms: r.retry_after_ms, test: true,
+      outcome: delivered ? 'succeeded' : 'failed', error: failure(r, delivered), retry_after_ms: r.retry_after_ms, test: true,
     });
     return { delivered, status_code: r.status_code };
   }
@@ -302,7 +302,7 @@ export class WebhookDispatcher {
       const ok = r.status_code >= 200 && r.status_code < 300;
       await this.d.store.record(ws, id, {
         message_id: next.id, event_type: next.type, session_id: sid, seq: next.seq, attempt: job.attemptsMade + 1, status_code: r.status_code,
-        latency_ms: r.latency_ms, outcome: ok ? 'succeeded' : 'failed', error: r.error ?? (ok ? null : `status_${r.status_code}`),
+        latency_ms: r.latency_ms, outcome: ok ? 'succeeded' : 'failed', error: failure(r, ok),
         retry_after_ms: r.retry_after_ms, test: false,
       });
       if (r.status_code === 410) {
@@ -414,4 +414,9 @@ export class WebhookDispatcher {
   close(): Promise<void> {
     return this.host.close();
   }
+}
+
+/** A delivery record's `error`: what the send found (a timeout, no connection), else the receiver's status. */
+function failure(r: { status_code: number; error: string | null }, ok: boolean): string | null {
+  return r.error ?? (ok ? null : `status_${r.status_code}`);
 }

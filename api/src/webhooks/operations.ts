@@ -7,6 +7,7 @@ import { listWorkspaceDocs, workspaceRead, workspaceWrite } from '../http/worksp
 import { ENDPOINTS, publicEndpoint, type EndpointDoc } from './model.js';
 import { checkEndpointUrl } from '@agentplane/core';
 import type { EgressPolicy } from '@agentplane/core';
+import type { ApiDeps } from '../deps.js';
 
 const EndpointPath = Obj({ webhook_endpoint_id: Id('webhookEndpoint') });
 /** One name of the event catalog; any other is 400 `validation.malformed` listing the allowed ones. */
@@ -41,12 +42,23 @@ const DeliverySchema = Obj({
   test: Type.Boolean(), at: Timestamp(),
 });
 
+/**
+ * A response that shows a signing secret is replayed only while its endpoint lives at that
+ * secret's generation (a rotation or a delete since: 409, no secret), as for every secret the API
+ * shows once (docs/API.md, "Idempotency").
+ */
+async function endpointSecretReplayable(stored: unknown, deps: ApiDeps): Promise<boolean> {
+  const s = stored as { id: string; workspace_id: string; secret_generation: number };
+  const live = await deps.webhooks.store.find(s.workspace_id, s.id);
+  return live !== null && live.secret_generation === s.secret_generation;
+}
+
 export const webhookOperations: Operation[] = [
   workspaceWrite('POST', {
     operationId: 'webhookEndpoints.createWebhookEndpoint', path: '/v1/webhook-endpoints',
     summary: 'Create an outbound webhook endpoint; its signing secret is returned once', auth: { kind: 'bearer', roles: ADMINS },
     audit: { target: 'response' }, body: Obj({ url: Url, event_types: Type.Optional(EventTypes), description: Type.Optional(Description) }),
-    response: EndpointSchema, successStatus: 201, idempotency: 'optional', sensitive: true, mcp: 'never',
+    response: EndpointSchema, successStatus: 201, idempotency: 'optional', sensitive: true, mcp: 'never', replayable: endpointSecretReplayable,
   }, async (ws, { body, deps, keyed }) => {
     const url = endpointUrl(body.url, deps.config.webhooks.egress);
     const now = nowIso();
@@ -110,7 +122,7 @@ export const webhookOperations: Operation[] = [
     summary: 'Issue a new signing secret (returned once); deliveries carry both signatures for overlap_seconds',
     auth: { kind: 'bearer', roles: ADMINS }, audit: { target: 'webhook_endpoint_id' }, params: EndpointPath,
     body: Obj({ expected_version: Type.Integer({ minimum: 1 }), overlap_seconds: Type.Optional(Type.Integer({ minimum: 0, maximum: 7 * 24 * 3600 })) }),
-    response: EndpointSchema, idempotency: 'optional', sensitive: true, mcp: 'never',
+    response: EndpointSchema, idempotency: 'optional', sensitive: true, mcp: 'never', replayable: endpointSecretReplayable,
   }, async (ws, { params, body, deps }) => {
     const r = await deps.webhooks.store.rotateSecret(ws, params.webhook_endpoint_id, body.expected_version, (body.overlap_seconds ?? 24 * 3600) * 1000);
     return { ...publicEndpoint(r.doc), signing_secret: r.secret };
