@@ -159,6 +159,19 @@ describe('docker sandbox driver', () => {
     await driver.destroy(session.id);
   }, 60_000);
 
+  it('a sandbox left a few processes short of its limit (too few for the engine to start a command) is restarted too', async () => {
+    const session = { id: sid() };
+    const sb = await driver.ensure(session, { pids_limit: 32 });
+    await driver.exec(sb, { script: 'echo kept > /workspace/kept' });
+    // More detached sleeps than the limit takes: the loop stops where forks fail, a few short of it.
+    await driver.exec(sb, { script: 'for i in $(seq 1 40); do setsid sleep 1000 >/dev/null 2>&1 </dev/null & done; true' });
+    await expect.poll(async () => (await docker.getContainer(sb.ref).top()).Processes.length, { timeout: 20_000, interval: 100 }).toBeGreaterThanOrEqual(24);
+    const res = await driver.exec(sb, { script: 'cat /workspace/kept' });
+    expect(res).toMatchObject({ exitCode: 0, stdout: 'kept\n' });
+    expect((await driver.exec(sb, ['echo', 'alive'])).stdout).toBe('alive\n');
+    await driver.destroy(session.id);
+  }, 60_000);
+
   it('interrupt kills a sleep 600 and its whole process group within bounded time', async () => {
     const session = { id: sid() };
     const sb = await driver.ensure(session, {});

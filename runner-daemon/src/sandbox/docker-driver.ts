@@ -141,6 +141,13 @@ function statusCode(err: unknown): number | undefined {
   return (err as { statusCode?: number } | null)?.statusCode;
 }
 
+/**
+ * The processes the engine needs free in a container to start an exec (runc's init, its threads,
+ * the command): a sandbox with fewer left than this below its pids limit cannot start a command
+ * (seen: 253 of 256 held, every exec refused).
+ */
+const EXEC_PROCESS_HEADROOM = 8;
+
 export class DockerDriver implements SandboxDriver {
   readonly name = 'docker' as const;
   readonly tier = 'container' as const;
@@ -599,7 +606,7 @@ export class DockerDriver implements SandboxDriver {
     const tracked = this.live.get(sandbox.sessionId);
     const stats = (await tracked?.container.stats({ stream: false, 'one-shot': true } as { stream: false }).catch(() => undefined)) as { pids_stats?: { current?: number; limit?: number } } | undefined;
     const { current, limit } = stats?.pids_stats ?? {};
-    return current !== undefined && limit !== undefined && limit > 0 && current >= limit - 1;
+    return current !== undefined && limit !== undefined && limit > 0 && current >= limit - EXEC_PROCESS_HEADROOM;
   }
 
   private async execOnce(sandbox: Sandbox, command: Command, options: ExecOptions): Promise<ExecResult> {
