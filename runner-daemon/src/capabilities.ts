@@ -147,11 +147,9 @@ export function buildCapabilities(facts: HostFacts, policy: SlotPolicy, held: nu
   const d = facts.docker;
   // Docker is claimed only with the tiers a canary sandbox proved (docs/SANDBOX.md).
   if (d && facts.tiers.length > 0) {
-    const networkModes = [
-      // `allowlist` is `none` plus the runner's egress proxy (docs/SANDBOX.md).
-      ...(d.networkDrivers.includes('null') ? ['none', 'allowlist'] : []),
-      ...(d.networkDrivers.includes('bridge') ? ['bridge'] : []),
-    ];
+    // `allowlist` is `none` plus the runner's egress proxy (docs/SANDBOX.md). Those are the only
+    // modes a sandbox is created with: an engine's other network drivers are not claimed.
+    const networkModes = d.networkDrivers.includes('null') ? ['none', 'allowlist'] : [];
     providers.push({
       id: 'docker',
       provider_revision: `docker-${d.version}`,

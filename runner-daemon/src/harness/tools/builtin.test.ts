@@ -50,6 +50,21 @@ describe('built-in tools inside a docker sandbox', () => {
     expect((await driver.exec(sandbox, ['stat', '-c', '%u', 'src/app.ts'])).stdout.trim()).toBe('10001');
   });
 
+  it('bash: a long stdout never hides the stderr, the exit code, or why output was cut', async () => {
+    const long = await runTool(bashTool, ctx, { command: 'seq 1 40000; echo IMPORTANT-ERR >&2; exit 3' });
+    expect(long.is_error).toBe(true);
+    expect(long.content).toContain('[truncated');
+    expect(long.content).toContain('[stderr]\nIMPORTANT-ERR');
+    expect(long.content.endsWith('[exit code 3]')).toBe(true);
+    expect(long.content.length).toBeLessThan(TOOL_LIMITS.maxResultChars + 200);
+    // Both streams long: each keeps a share, the exit code closes the result.
+    const both = await runTool(bashTool, ctx, { command: 'seq 1 40000; seq 1 40000 | sed s/^/E/ >&2; exit 4' });
+    expect(both.content).toMatch(/^1\n2\n/);
+    expect(both.content).toContain('[stderr]\nE1\nE2\n');
+    expect(both.content.endsWith('[exit code 4]')).toBe(true);
+    expect(both.content.length).toBeLessThan(TOOL_LIMITS.maxResultChars + 200);
+  });
+
   it('edit refuses a result larger than its file bound before building it, and leaves the file as it was', async () => {
     const made = await driver.exec(sandbox, { script: 'mkdir -p edits && head -c 2000000 /dev/zero | tr "\\0" a > edits/many.txt' });
     expect(made.exitCode).toBe(0);

@@ -4,6 +4,7 @@
  */
 import {
   capText,
+  capStreams,
   clampTimeout,
   failureNote,
   fields,
@@ -55,11 +56,12 @@ export const bashTool: BuiltinTool = {
     const parts: string[] = [];
     const note = failureNote(res, timeoutMs);
     if (note) parts.push(note);
-    if (res.stdout) parts.push(res.stdout.replace(/\n$/, ''));
-    if (res.stderr) parts.push(`[stderr]\n${res.stderr.replace(/\n$/, '')}`);
+    // Each stream is cut on its own, so a long stdout never hides the stderr, the note or the exit code.
+    const streams = capStreams(res.stdout.replace(/\n$/, ''), res.stderr.replace(/\n$/, ''));
+    if (streams.stdout) parts.push(streams.stdout);
+    if (streams.stderr) parts.push(`[stderr]\n${streams.stderr}`);
     parts.push(`[exit code ${res.exitCode}]`);
-    const out = capText(parts.join('\n'));
-    return { content: out.text, is_error: res.exitCode !== 0 || note !== undefined, meta: { ...metaOf(res), truncated: res.truncated || out.truncated } };
+    return { content: parts.join('\n'), is_error: res.exitCode !== 0 || note !== undefined, meta: { ...metaOf(res), truncated: res.truncated || streams.truncated } };
   },
 };
 

@@ -102,6 +102,18 @@ export function capText(text: string, max: number = TOOL_LIMITS.maxResultChars):
   return { text: `${text.slice(0, max)}\n… [truncated ${text.length - max} characters]`, truncated: true };
 }
 
+/**
+ * A command's stdout and stderr within `max` characters together, each cut on its own: stderr
+ * keeps up to a quarter (more when stdout leaves it room), stdout the rest.
+ */
+export function capStreams(stdout: string, stderr: string, max: number = TOOL_LIMITS.maxResultChars): { stdout: string; stderr: string; truncated: boolean } {
+  if (stdout.length + stderr.length <= max) return { stdout, stderr, truncated: false };
+  const errRoom = Math.max(Math.floor(max / 4), max - stdout.length);
+  const err = capText(stderr, errRoom);
+  const out = capText(stdout, Math.max(0, max - Math.min(stderr.length, errRoom)));
+  return { stdout: out.text, stderr: err.text, truncated: out.truncated || err.truncated };
+}
+
 export function metaOf(res: ExecResult): NonNullable<ToolOutcome['meta']> {
   return {
     exitCode: res.exitCode,
