@@ -146,6 +146,11 @@ describe('ActionPolicies', () => {
     const held = await p.root.request('POST', `/v1/sessions/${s}/events`, { body: drive(bob) });
     expect(held.status).toBe(403);
     expect(errMsg(held)).toContain('approval');
+    // No approval was asked for (none can be waited for here): the decision's record says denied.
+    const records = await p.root.post<{ data: { action: string; outcome: string; detail: string | null; request_id: string | null }[] }>('/v1/audit/export', { limit: 1000 });
+    expect(records.data.filter((r) => r.request_id === held.headers.get('request-id')).map((r) => [r.action, r.outcome, r.detail])).toEqual([
+      ['policy.drive:user.message', 'denied', approval.id], ['sessions.sendEvent', 'denied', 'policy.denied'],
+    ]);
     await p.root.request('DELETE', `/v1/action-policies/${rule.id}`);
     await p.root.request('DELETE', `/v1/action-policies/${approval.id}`);
     expect((await p.root.request('POST', `/v1/sessions/${s}/events`, { body: drive(alice) })).status).toBe(201);

@@ -326,7 +326,7 @@ export function a2aEdge(deps: ApiDeps): Koa.Middleware {
         if (sends) calls.push({ kind: 'drive', name: 'user.message', principal_id: principalId, input: params });
         if (known === 'CancelTask') calls.push({ kind: 'drive', name: 'user.interrupt', principal_id: principalId, input: params });
         for (const call of calls) {
-          const d = await deps.policies.decide(p.workspaceId, call, { actor, target: placement.installation.id, request_id: requestId });
+          const d = await deps.policies.decide(p.workspaceId, call, { actor, target: placement.installation.id, request_id: requestId, refusesApproval: true });
           if (d.decision === 'deny') throw new ApiError('policy.denied', d.explanation);
           if (d.decision === 'require_approval') throw new ApiError('policy.denied', `${d.explanation}; an approval cannot be waited for at this boundary, so the request is refused`);
         }

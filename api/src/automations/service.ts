@@ -278,7 +278,7 @@ export class AutomationService {
     // The same ActionPolicy decision a REST drive gets (the pipeline's `drive` check): only
     // `allow` passes; nobody can approve at this boundary, so `require_approval` refuses too.
     const decision = await this.d.policies.decide(ws, { kind: 'drive', name: 'user.message', principal_id: a.principal_id }, {
-      actor: { id: a.principal_id, credential_id: null }, target: a.agent.id, request_id: f.id,
+      actor: { id: a.principal_id, credential_id: null }, target: a.agent.id, request_id: f.id, refusesApproval: true,
     });
     if (decision.decision !== 'allow') return this.refuse(f, 'refused_governance', 'policy.denied');
     if (!(await this.d.store.admit(ws, a.id, f.id, a.max_concurrent_firings))) return this.refuse(f, 'refused_concurrency', 'concurrency_limit');

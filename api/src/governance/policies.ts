@@ -44,6 +44,12 @@ export interface DecisionContext {
   /** What the decision guards, for the audit record (e.g. the Session). */
   target: string | null;
   request_id?: string | null;
+  /**
+   * Where it is decided, no ActionApproval can be waited for (a request's boundary, an
+   * Automation's admission): a `require_approval` refuses the call, and its record says `denied`
+   * (the rule's id as detail), not `requested`, since no approval was asked for.
+   */
+  refusesApproval?: boolean;
 }
 
 /** A decision whose audit record waits for its target (`PolicyStore.decideUnrecorded`). */
@@ -210,7 +216,7 @@ export class PolicyStore {
         try {
           await this.audit.append(ws, {
             actor: ctx.actor, action: `policy.${call.kind}:${call.name}`, target,
-            outcome: failed ? 'error' : decision.decision === 'allow' ? 'allowed' : decision.decision === 'deny' ? 'denied' : 'requested',
+            outcome: failed ? 'error' : decision.decision === 'allow' ? 'allowed' : decision.decision === 'deny' || ctx.refusesApproval === true ? 'denied' : 'requested',
             status: null, detail: failed ? 'evaluation_failed' : decision.rule_id ?? 'default_allow', request_id: ctx.request_id ?? null,
           });
         } catch (err) {

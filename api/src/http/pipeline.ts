@@ -572,7 +572,7 @@ async function checkPolicies(
     calls.push({ kind: 'drive', name: d.type, principal_id: author, input: d.payload });
   }
   for (const call of calls) {
-    const pending = await deps.policies.decideUnrecorded(ws, call, { actor, request_id: requestId });
+    const pending = await deps.policies.decideUnrecorded(ws, call, { actor, request_id: requestId, refusesApproval: true });
     const d = pending.decision;
     if (creates && d.decision === 'allow') progress.decisions.push(pending.record);
     else await pending.record(target);
