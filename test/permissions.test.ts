@@ -81,6 +81,27 @@ describe('PermissionAssignments', () => {
     expect((await as(cred.secret).request('GET', `/v1/agents/${agentB}`)).status).toBe(200);
   });
 
+  it('an id absent from the Principal\'s Workspace is 404 for every kind, as for an API key', async () => {
+    const other = (await p.root.post<{ id: string }>(`/v1/organizations/${org}/workspaces`, { name: 'perm-other' })).id;
+    const theirs = p.root.with({ workspaceId: other });
+    const foreign = {
+      agent: (await theirs.post<{ id: string }>('/v1/agents', { name: 'their-agent', model: 'default' })).id,
+      store: (await theirs.post<{ id: string }>('/v1/memory-stores', { name: 'their-store' })).id,
+    };
+    const prin = await principal('wanderer');
+    const cred = await credential(prin);
+    const paths = [
+      `/v1/agents/${foreign.agent}`, `/v1/agents/agent_${'0'.repeat(32)}`,
+      `/v1/memory-stores/${foreign.store}`, `/v1/memory-stores/memstore_${'0'.repeat(32)}`,
+    ];
+    for (const path of paths) {
+      const r = await as(cred.secret).request('GET', path);
+      expect([path, r.status, errType(r)]).toEqual([path, 404, 'validation.not_found']);
+    }
+    // An id of its own Workspace it holds nothing on is still 403.
+    expect((await as(cred.secret).request('GET', `/v1/agents/${agentA}`)).status).toBe(403);
+  });
+
   it('drive needs `steer` on the Session (or its Agent); losing it mid-Session denies the next drive', async () => {
     const prin = await principal('driver');
     const cred = await credential(prin);

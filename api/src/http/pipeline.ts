@@ -515,6 +515,10 @@ async function checkPermission(decl: PermissionDeclaration, caller: Caller, para
       // An assignment on an ancestor the scope inherits from covers it (docs/SURFACE_SCOPES.md).
       target = { type, id, inheritsFrom: (await deps.surfaceScopes.inheritanceChain(ws, id)).map((s) => s.id) };
     } else if (type) {
+      // A resource absent from the caller's Workspace is 404 whatever the assignments say, as for
+      // an API key (and a Session above): the check does not answer for ids it cannot find.
+      if (type === 'agent') await deps.agents.get(ws, id);
+      else if (type === 'memory_store') await deps.memory.getStore(ws, id);
       target = { type, id };
     }
   }
