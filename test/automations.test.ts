@@ -257,6 +257,21 @@ describe('manual fire, receipt, Session and trace', () => {
     expect(accepted.status).toBe(202);
   });
 
+  it('refuses an Automation that could never fire: an archived Agent at its current version, an archived Environment', async () => {
+    const gone = (await api.post<{ id: string; version: number }>('/v1/agents', { name: 'retired', model: 'default' }));
+    expect((await api.request('POST', `/v1/agents/${gone.id}/archive`, { body: {} })).status).toBe(200);
+    const oldEnv = (await api.post<{ id: string }>('/v1/environments', { name: 'retired-env', image: 'agentplane/sandbox:latest' })).id;
+    expect((await api.request('POST', `/v1/environments/${oldEnv}/archive`, { body: {} })).status).toBe(200);
+    const base = { name: 'never', principal_id: service, environment_id: envId, prompt: 'p', trigger: { type: 'webhook' } };
+    for (const body of [{ ...base, agent: gone.id }, { ...base, agent: { id: gone.id, version: null } }, { ...base, agent: agentId, environment_id: oldEnv }]) {
+      const r = await api.request('POST', '/v1/automations', { body });
+      expect([r.status, errType(r)], JSON.stringify(r.body)).toEqual([409, 'runtime.invalid_transition']);
+    }
+    // Pinned to a version, an archived Agent's Sessions still start.
+    const pinned = await api.request('POST', '/v1/automations', { body: { ...base, agent: { id: gone.id, version: gone.version } } });
+    expect(pinned.status).toBe(201);
+  });
+
   it('refuses a prompt whose {{event}} expansion passes 64 KiB with 400 and writes no receipt', async () => {
     const a = await createAutomation({ trigger: { type: 'webhook' } });
     const r = await api.request('POST', `/v1/automations/${a.id}/fire`, { body: { event: 'x'.repeat(70_000) } });

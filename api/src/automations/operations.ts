@@ -54,10 +54,19 @@ async function checkRefs(deps: ApiDeps, ws: string, r: { principal_id?: string |
     if (p.principal_type !== 'service') throw new ApiError('validation.malformed', 'body.principal_id: an Automation executes as a service Principal');
   }
   if (r.agent) {
-    if (r.agent.version === null) await deps.agents.get(ws, r.agent.id);
-    else await deps.agents.getVersion(ws, r.agent.id, r.agent.version);
+    if (r.agent.version === null) {
+      // Each firing starts a Session of the Agent's current version, which an archived Agent
+      // refuses: such an Automation could never fire (409, as a Session's create says).
+      const agent = await deps.agents.get(ws, r.agent.id);
+      if (agent.archived_at !== null) throw new ApiError('runtime.invalid_transition', `body.agent: agent ${r.agent.id} is archived; its Sessions start only at a pinned version`);
+    } else {
+      await deps.agents.getVersion(ws, r.agent.id, r.agent.version);
+    }
   }
-  if (r.environment_id) await deps.environments.get(ws, r.environment_id);
+  if (r.environment_id) {
+    const env = await deps.environments.get(ws, r.environment_id);
+    if (env.archived_at !== null) throw new ApiError('runtime.invalid_transition', `body.environment_id: environment ${r.environment_id} is archived`);
+  }
 }
 
 /**
