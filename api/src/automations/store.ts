@@ -127,7 +127,7 @@ export class AutomationStore {
     return this.docs.update<AutomationDoc>(tags.workspace(ws), id, (cur) => {
       const next = mutate(cur);
       return next === null ? null : stampScheduleStart(cur, next, Date.now());
-    }, { expectedVersion, notFound: `automation ${id}` });
+    }, { expectedVersion, notFound: `automation ${id}`, unchangedKeepsVersion: true });
   }
 
   /**

@@ -84,7 +84,7 @@ export const identityOperations: Operation[] = [
       ...w,
       ...(body.name !== undefined ? { name: body.name } : {}),
       ...(body.status !== undefined ? { status: body.status } : {}),
-    }), { expectedVersion: body.expected_version, notFound: 'workspace' });
+    }), { expectedVersion: body.expected_version, notFound: 'workspace', unchangedKeepsVersion: true });
     // Its keys stop working at once (the read cache is told by Redis); its runners' sockets are
     // closed now too, not at their next standing re-check.
     if (next.status === 'disabled') await deps.redis.publish(GATEWAY_CONTROL_CHANNEL, JSON.stringify({ kind: 'workspace_disabled', workspace_id: ws } satisfies GatewayControlMessage));

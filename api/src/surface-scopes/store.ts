@@ -292,7 +292,7 @@ export class SurfaceScopeStore {
         ...(input.ambient_policy !== undefined ? { ambient_policy: { ...s.ambient_policy, ...input.ambient_policy } } : {}),
         version: s.version + 1, updated_at: now,
       };
-    }, { expectedVersion: input.expected_version, notFound: 'surface scope', current: cur });
+    }, { expectedVersion: input.expected_version, notFound: 'surface scope', current: cur, unchangedKeepsVersion: true });
   }
 
   /** Archive (one-way, retry-safe). A scope with active children is archived after them, not before. */

@@ -130,6 +130,25 @@ export interface UpdateOptions<T> {
    * A custom write may add writes of its own to the same script, all in the document's slot.
    */
   write?: (next: T, expected: number) => Promise<SwapOutcome>;
+  /**
+   * A `next` that equals the current document but for `version` and `updated_at` writes nothing
+   * and answers the current document: an update that changes nothing keeps the version (a client's
+   * retry, or a PATCH repeating what is there, does not move it).
+   */
+  unchangedKeepsVersion?: boolean;
+}
+
+/** Every field but `version` and `updated_at`, keys sorted at every depth: equal for equal documents. */
+function contentOf(doc: StoredDoc): string {
+  const canonical = (v: unknown): unknown => {
+    if (Array.isArray(v)) return v.map(canonical);
+    if (typeof v !== 'object' || v === null) return v;
+    const out: Record<string, unknown> = {};
+    for (const k of Object.keys(v).sort()) if ((v as Record<string, unknown>)[k] !== undefined) out[k] = canonical((v as Record<string, unknown>)[k]);
+    return out;
+  };
+  const { version: _v, updated_at: _u, ...rest } = doc as StoredDoc & Record<string, unknown>;
+  return JSON.stringify(canonical(rest));
 }
 
 export interface ListOptions {
@@ -276,6 +295,11 @@ export class DocumentStore {
         continue;
       }
       if (next === null) {
+        if (!guessed) return current;
+        current = null;
+        continue;
+      }
+      if (options.unchangedKeepsVersion && contentOf(next) === contentOf(current)) {
         if (!guessed) return current;
         current = null;
         continue;

@@ -105,7 +105,7 @@ export class ConnectionService {
         ...(patch.auth !== undefined ? { auth: this.seal(id, patch.auth) } : {}),
         ...(patch.status !== undefined ? { status: patch.status, archived_at: patch.status === 'archived' ? (c.archived_at ?? nowIso()) : null } : {}),
       };
-    }, { expectedVersion, notFound: 'connection' });
+    }, { expectedVersion, notFound: 'connection', unchangedKeepsVersion: true });
   }
 
   /**

@@ -215,7 +215,7 @@ export class IdentityService {
           ...(patch.rate_limit_per_minute !== undefined ? { rate_limit_per_minute: patch.rate_limit_per_minute } : {}),
         };
       },
-      { expectedVersion, notFound: 'API key' },
+      { expectedVersion, notFound: 'API key', unchangedKeepsVersion: true },
     );
     // Only the live secret of this generation is rewritten, and only while it lives: a rotation
     // that displaced it rewrites its own record from the document after it wins (rotateApiKey).
