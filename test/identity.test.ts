@@ -299,7 +299,7 @@ describe('Principals and access credentials', () => {
 
   it('suspending or deleting the Principal denies its bearer on the next request', async () => {
     const prin = await newPrincipal(p.root, wsA, 'to-suspend');
-    const c = await p.root.post<{ secret: string }>(`/v1/principals/${prin}/access-credentials`, {}, { idempotencyKey: 'cred-s' });
+    const c = await p.root.post<{ id: string; secret: string }>(`/v1/principals/${prin}/access-credentials`, {}, { idempotencyKey: 'cred-s' });
     const bearer = new HttpClient({ baseUrl: p.baseUrl, token: c.secret });
     expect((await bearer.request('GET', '/v1/support/capabilities')).status).toBe(200);
     // Read twice (the second answered from the read cache's shared copy as stored), then changed:
@@ -318,6 +318,8 @@ describe('Principals and access credentials', () => {
     expect(del.body.type).toBe('principal_deleted');
     expect((await bearer.request('GET', '/v1/support/capabilities')).status).toBe(401);
     expect((await p.root.request('GET', `/v1/principals/${prin}`)).status).toBe(404);
+    // Its credential reads as it works: revoked with the Principal.
+    expect(await p.root.get(`/v1/principal-access-credentials/${c.id}`)).toMatchObject({ status: 'revoked', revoked_at: expect.any(String) });
   });
 
   it('an a2a bearer is refused on REST', async () => {

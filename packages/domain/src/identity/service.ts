@@ -335,6 +335,7 @@ export class IdentityService {
       // Only while the subject is still this Principal's: a create may already have taken it over.
       await RELEASE_DEAD_SUBJECT.run(this.redis, [keys.unique(tag, 'principal_subjects'), keys.doc(tag, id)], [next.external_subject_id, id]);
       await this.redis.publish(PRINCIPAL_CHANGES_CHANNEL, JSON.stringify({ workspace_id: workspaceId, principal_id: id, status }));
+      await this.revokeCredentialsOf(workspaceId, id);
     } else if (status === 'suspended') {
       await this.redis.publish(PRINCIPAL_CHANGES_CHANNEL, JSON.stringify({ workspace_id: workspaceId, principal_id: id, status }));
     }
@@ -410,6 +411,24 @@ export class IdentityService {
     });
     await this.credentials.swap(id, { digest: issued.digest, record: this.credentialRecord(next, orgId) });
     return { credential: next, secret: issued.secret };
+  }
+
+  /**
+   * A deleted Principal's access credentials, revoked: they stopped authenticating with the
+   * Principal, and now read so too. A delete retried after a crash here revokes the rest.
+   */
+  private async revokeCredentialsOf(workspaceId: string, principalId: string): Promise<void> {
+    let page: string | undefined;
+    do {
+      const r = await this.docs.list<PrincipalAccessCredential>(tags.workspace(workspaceId), `principal_credentials:${principalId}`, { limit: 100, page, order: 'asc' });
+      for (const c of r.data) {
+        if (c.status === 'revoked') continue;
+        await this.credentials.swap(c.id, null);
+        await this.docs.update<PrincipalAccessCredential>(tags.workspace(workspaceId), c.id,
+          (cur) => (cur.status === 'revoked' ? null : { ...cur, status: 'revoked', revoked_at: nowIso() }), { notFound: 'principal access credential', current: c });
+      }
+      page = r.next_page ?? undefined;
+    } while (page);
   }
 
   async revokePrincipalCredential(workspaceId: string, id: string, expectedGeneration: number) {
