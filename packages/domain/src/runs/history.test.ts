@@ -25,6 +25,19 @@ describe('conversationOf', () => {
     expect(texts(log, [third.id])).toEqual(['user: first', 'assistant: echo first', 'user: second']);
   });
 
+  it('keeps a message\'s text blocks apart, and a tool result\'s a line apart', () => {
+    const msg = ev('user.message', { content: [{ type: 'text', text: 'Hello' }, { type: 'text', text: 'World' }] });
+    const log = [
+      msg, ev('session.status_running', { run_id: 'run_1', input_event_ids: [msg.id] }),
+      ev('agent.message', { content: [{ type: 'text', text: 'one' }, { type: 'text', text: 'two' }] }),
+      ev('agent.tool_use', { id: 'toolu_1', name: 'bash', input: {} }),
+      ev('agent.tool_result', { tool_use_id: 'toolu_1', content: [{ type: 'text', text: 'out' }, { type: 'text', text: 'err' }] }),
+    ];
+    expect(texts(log)).toEqual(['user: Hello|World', 'assistant: one|two|tool_use', 'user: tool_result']);
+    const result = conversationOf(log, 'th_1', true).history[2]?.content[0];
+    expect(result).toMatchObject({ type: 'tool_result', content: 'out\nerr' });
+  });
+
   it('reads an evaluation as a revision request only when it starts the revision turn', () => {
     const define = ev('user.define_outcome', { description: 'Write it.' });
     const evaluation = (iteration: number, revisions: number) =>

@@ -11,13 +11,21 @@ export interface Responses {
 
 type Payload = Record<string, unknown>;
 
+const blockTexts = (content: unknown[]): string[] =>
+  content.flatMap((b) => (b && typeof b === 'object' && typeof (b as Payload).text === 'string' ? [(b as Payload).text as string] : []));
+
+/** Content as one string (a tool result's): text blocks a line apart, never run together. */
 const textOf = (content: unknown): string => {
   if (typeof content === 'string') return content;
-  if (Array.isArray(content)) {
-    return content.map((b) => (b && typeof b === 'object' && typeof (b as Payload).text === 'string' ? ((b as Payload).text as string) : '')).join('');
-  }
+  if (Array.isArray(content)) return blockTexts(content).join('\n');
   if (content && typeof content === 'object') return JSON.stringify(content);
   return '';
+};
+
+/** A message's content as text blocks: one per block it was written with. */
+const textBlocksOf = (content: unknown): ContentBlock[] => {
+  const texts = Array.isArray(content) ? blockTexts(content) : [textOf(content)];
+  return (texts.length > 0 ? texts : ['']).map((text) => ({ type: 'text', text }));
 };
 
 /** A `user.question_answer` as the agent reads it: one line per answer, or the decline. */
@@ -62,23 +70,23 @@ export function conversationOf(
     const ids = (e.payload as Payload | null)?.input_event_ids;
     if (Array.isArray(ids)) for (const id of ids) takenByATurn.add(String(id));
   }
-  const waiting = new Map<string, string>();
+  const waiting = new Map<string, ContentBlock[]>();
   for (const e of events) {
     if (!mine(e)) continue;
     const p = (e.payload ?? {}) as Payload;
     switch (e.type) {
       case 'user.message':
         if (queued.has(e.id)) break;
-        if (takenByATurn.has(e.id)) waiting.set(e.id, textOf(p.content));
-        else push('user', { type: 'text', text: textOf(p.content) });
+        if (takenByATurn.has(e.id)) waiting.set(e.id, textBlocksOf(p.content));
+        else for (const block of textBlocksOf(p.content)) push('user', block);
         break;
       case 'session.status_running':
         if (Array.isArray(p.input_event_ids)) {
           for (const id of p.input_event_ids) {
-            const text = waiting.get(String(id));
-            if (text === undefined) continue;
+            const blocks = waiting.get(String(id));
+            if (blocks === undefined) continue;
             waiting.delete(String(id));
-            push('user', { type: 'text', text });
+            for (const block of blocks) push('user', block);
           }
         }
         break;
@@ -91,14 +99,14 @@ export function conversationOf(
       case 'session.outcome_evaluation_ended': {
         if (p.result !== 'needs_revision' || queued.has(e.id)) break;
         const text = `The outcome grader asks for a revision (evaluation ${String(p.iteration)}):\n${String(p.explanation ?? '')}`;
-        if (takenByATurn.has(e.id)) waiting.set(e.id, text);
+        if (takenByATurn.has(e.id)) waiting.set(e.id, [{ type: 'text', text }]);
         // A log written before turn starts named their inputs: an evaluation that started a
         // revision counts it (its `revision_count` equals its `evaluation_count`).
         else if (p.revision_count === undefined || p.revision_count === p.evaluation_count) push('user', { type: 'text', text });
         break;
       }
       case 'agent.message':
-        push('assistant', { type: 'text', text: textOf(p.content) });
+        for (const block of textBlocksOf(p.content)) push('assistant', block);
         break;
       case 'agent.tool_use':
         push('assistant', { type: 'tool_use', id: String(p.id), name: String(p.name), input: p.input ?? {} });
