@@ -116,6 +116,40 @@ describe('API key rotation races', () => {
   });
 });
 
+describe('the last live root key', () => {
+  it('two root keys taking each other away at once: one change is refused, a root key stays live', async () => {
+    const q = await startPlatform({ runner: false, scheduler: false });
+    try {
+      const o = q.bootstrap.organization_id;
+      const as = (secret: string) => new HttpClient({ baseUrl: q.baseUrl, token: secret });
+      const mint = async (by: HttpClient) => (await by.post<{ id: string; secret: string }>(`/v1/organizations/${o}/api-keys`, {
+        display_name: 'root', role: 'root', scope: { type: 'organization' },
+      }, { idempotencyKey: `root-${Math.random()}` }));
+      const liveRoots = async (by: HttpClient) => (await by.get<{ data: { id: string; role: string; status: string; scope: { type: string } }[] }>(`/v1/organizations/${o}/api-keys`, { limit: 100 }))
+        .data.filter((k) => k.status === 'active' && k.role === 'root' && k.scope.type === 'organization').map((k) => k.id);
+      let a = await mint(q.root);
+      let b = await mint(q.root);
+      const bootstrapKey = (await liveRoots(q.root)).find((id) => id !== a.id && id !== b.id) ?? '';
+      expect((await as(a.secret).request('POST', `/v1/api-keys/${bootstrapKey}/revoke`, { body: {} })).status).toBe(200);
+      for (let round = 0; round < 4; round++) {
+        const revoke = round % 2 === 0;
+        const [ra, rb] = await Promise.all([
+          revoke ? as(a.secret).request('POST', `/v1/api-keys/${b.id}/revoke`, { body: {} }) : as(a.secret).request('PATCH', `/v1/api-keys/${b.id}`, { body: { role: 'admin' } }),
+          revoke ? as(b.secret).request('POST', `/v1/api-keys/${a.id}/revoke`, { body: {} }) : as(b.secret).request('PATCH', `/v1/api-keys/${a.id}`, { body: { role: 'admin' } }),
+        ]);
+        expect([ra.status, rb.status].sort(), JSON.stringify([ra.body, rb.body])).toEqual([200, 409]);
+        const survivor = ra.status === 200 ? a : b;
+        expect(await liveRoots(as(survivor.secret))).toEqual([survivor.id]);
+        // A new second root key for the next round.
+        a = survivor;
+        b = await mint(as(survivor.secret));
+      }
+    } finally {
+      await q.stop();
+    }
+  }, 120_000);
+});
+
 describe('disabled default Workspace', () => {
   it('an organization key without a selector is refused in a disabled default Workspace; organization-level calls still answer', async () => {
     const orgAdmin = await newKey('admin', null);

@@ -21,6 +21,14 @@ end
 redis.call('HDEL', KEYS[1], ARGV[1])
 return 1`);
 
+/** How long a root-key change may hold its organization's root guard (a crashed holder's lapses). */
+const ROOT_GUARD_MS = 10_000;
+
+/** Deletes the guard (KEYS[1]) only while it holds this holder's token (ARGV[1]). */
+const RELEASE_GUARD = new LuaScript('root_guard_release', `
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0`);
+
 export interface CreateApiKeyInput {
   display_name: string;
   role: Role;
@@ -187,12 +195,30 @@ export class IdentityService {
     }
   }
 
-  /** Refuses a change that takes the organization's last live root key away (see `otherLiveRoot`). */
-  private async keepOneRoot(orgId: string, id: string, losesRoot: (k: ApiKey) => boolean): Promise<void> {
+  /**
+   * Runs `change` unless it takes the organization's last live root key away (409, see
+   * `otherLiveRoot`). A change that takes a root key away holds the organization's root guard
+   * while it checks and writes: two such changes at once (each revoking the other of the last two
+   * root keys) are one after the other, and the second finds the first's result.
+   */
+  private async keepOneRoot<T>(orgId: string, id: string, losesRoot: (k: ApiKey) => boolean, change: () => Promise<T>): Promise<T> {
     const k = await this.getApiKey(orgId, id);
-    if (k.status !== 'active' || k.role !== 'root' || k.scope.type !== 'organization' || !losesRoot(k)) return;
-    if (!(await this.otherLiveRoot(orgId, id))) {
-      throw new ApiError('runtime.invalid_transition', `${id} is the organization's last live root key: create another root key before re-roling or revoking it`);
+    if (k.status !== 'active' || k.role !== 'root' || k.scope.type !== 'organization' || !losesRoot(k)) return change();
+    const guard = keys.scoped(tags.org(orgId), 'root_guard');
+    const token = newId('apiKey');
+    for (let tries = 0; ; tries++) {
+      if ((await this.redis.set(guard, token, 'PX', ROOT_GUARD_MS, 'NX')) === 'OK') break;
+      if (tries >= 100) throw new ApiError('validation.conflict', 'another change of a root key is in progress; nothing was written, retry');
+      await new Promise((r) => setTimeout(r, 10 + Math.floor(Math.random() * 20)));
+    }
+    try {
+      const now = await this.getApiKey(orgId, id);
+      if (now.status === 'active' && now.role === 'root' && now.scope.type === 'organization' && losesRoot(now) && !(await this.otherLiveRoot(orgId, id))) {
+        throw new ApiError('runtime.invalid_transition', `${id} is the organization's last live root key: create another root key before re-roling or revoking it`);
+      }
+      return await change();
+    } finally {
+      await RELEASE_GUARD.run(this.redis, [guard], [token]).catch(() => undefined);
     }
   }
 
@@ -202,7 +228,16 @@ export class IdentityService {
     patch: { display_name?: string | undefined; role?: Role | undefined; rate_limit_per_minute?: number | null | undefined },
     expectedVersion?: number,
   ): Promise<ApiKey> {
-    if (patch.role !== undefined) await this.keepOneRoot(orgId, id, () => patch.role !== 'root');
+    if (patch.role !== undefined) return this.keepOneRoot(orgId, id, () => patch.role !== 'root', () => this.writePatch(orgId, id, patch, expectedVersion));
+    return this.writePatch(orgId, id, patch, expectedVersion);
+  }
+
+  private async writePatch(
+    orgId: string,
+    id: string,
+    patch: { display_name?: string | undefined; role?: Role | undefined; rate_limit_per_minute?: number | null | undefined },
+    expectedVersion?: number,
+  ): Promise<ApiKey> {
     const next = await this.docs.update<ApiKey>(
       tags.org(orgId),
       id,
@@ -245,7 +280,10 @@ export class IdentityService {
   }
 
   async revokeApiKey(orgId: string, id: string, expectedVersion?: number): Promise<ApiKey> {
-    await this.keepOneRoot(orgId, id, () => true);
+    return this.keepOneRoot(orgId, id, () => true, () => this.writeRevoke(orgId, id, expectedVersion));
+  }
+
+  private async writeRevoke(orgId: string, id: string, expectedVersion?: number): Promise<ApiKey> {
     const cur = await this.getApiKey(orgId, id);
     if (expectedVersion !== undefined && cur.version !== expectedVersion) {
       throw new ApiError('validation.conflict', `expected version ${expectedVersion} does not match the current version ${cur.version}`);
