@@ -2,6 +2,7 @@ import { ZERO_USAGE, type ModelRequest, type ModelStreamEvent, type StopReason, 
 import type { ProviderAdapter, ProviderCall } from './adapter.js';
 import { ProviderError, type ProviderErrorKind } from './errors.js';
 import { getJson, joinUrl, parseToolInput, postSse, toolCallBudget } from './http.js';
+import { tokenCount, wireString } from './wire-values.js';
 
 export const ANTHROPIC_DEFAULT_BASE_URL = 'https://api.anthropic.com';
 export const ANTHROPIC_VERSION = '2023-06-01';
@@ -90,10 +91,11 @@ const STOP: Record<string, StopReason> = {
  * (like OpenAI's) include them, so cached and cache-write tokens are subsets of input.
  */
 export function anthropicUsage(u: AnthropicUsage): TokenUsage {
-  const cacheRead = u.cache_read_input_tokens ?? 0;
-  const cacheWrite = u.cache_creation_input_tokens ?? 0;
-  const input = (u.input_tokens ?? 0) + cacheRead + cacheWrite;
-  const output = u.output_tokens ?? 0;
+  // Counts of another type (a string, a negative or fractional number) are read as 0.
+  const cacheRead = tokenCount(u.cache_read_input_tokens);
+  const cacheWrite = tokenCount(u.cache_creation_input_tokens);
+  const input = tokenCount(u.input_tokens) + cacheRead + cacheWrite;
+  const output = tokenCount(u.output_tokens);
   return {
     input_tokens: input,
     cached_input_tokens: cacheRead,
@@ -141,8 +143,8 @@ export class AnthropicMessagesAdapter implements ProviderAdapter {
       if (!ev || m.data === '') throw new ProviderError('bad_request', `${this.provider} sent a stream event that is not JSON`);
       switch (ev.type) {
         case 'message_start':
-          if (ev.message?.model) model = ev.message.model;
-          if (ev.message?.usage) {
+          model = wireString(ev.message?.model) || model;
+          if (ev.message?.usage && typeof ev.message.usage === 'object') {
             raw = { ...raw, ...ev.message.usage };
             call.onUsage?.(anthropicUsage(raw));
           }
@@ -153,16 +155,16 @@ export class AnthropicMessagesAdapter implements ProviderAdapter {
           countTools(true);
           countTools(b.id);
           countTools(b.name);
-          blocks.set(ev.index ?? 0, { type: b.type, id: b.id ?? '', name: b.name ?? '', json: '' });
-          if (b.type === 'text' && b.text) yield { type: 'text_delta', text: b.text };
-          if (b.type === 'thinking' && b.thinking) yield { type: 'thinking_delta', text: b.thinking };
+          blocks.set(ev.index ?? 0, { type: b.type, id: wireString(b.id) ?? '', name: wireString(b.name) ?? '', json: '' });
+          const text = b.type === 'text' ? wireString(b.text) : b.type === 'thinking' ? wireString(b.thinking) : undefined;
+          if (text) yield { type: b.type === 'text' ? 'text_delta' : 'thinking_delta', text };
           break;
         }
         case 'content_block_delta': {
           const d = ev.delta ?? {};
-          if (d.type === 'text_delta' && d.text) yield { type: 'text_delta', text: d.text };
-          else if (d.type === 'thinking_delta' && d.thinking) yield { type: 'thinking_delta', text: d.thinking };
-          else if (d.type === 'input_json_delta' && d.partial_json) {
+          const text = d.type === 'text_delta' ? wireString(d.text) : d.type === 'thinking_delta' ? wireString(d.thinking) : undefined;
+          if (text) yield { type: d.type === 'text_delta' ? 'text_delta' : 'thinking_delta', text };
+          else if (d.type === 'input_json_delta' && typeof d.partial_json === 'string' && d.partial_json) {
             const b = blocks.get(ev.index ?? 0);
             countTools(d.partial_json);
             if (b) b.json += d.partial_json;
@@ -175,7 +177,7 @@ export class AnthropicMessagesAdapter implements ProviderAdapter {
           break;
         }
         case 'message_delta':
-          if (ev.delta?.stop_reason) stop = ev.delta.stop_reason;
+          stop = wireString(ev.delta?.stop_reason) || stop;
           // message_delta usage is cumulative; non-null fields replace the message_start values.
           for (const [k, v] of Object.entries(ev.usage ?? {})) if (typeof v === 'number') (raw as Record<string, number>)[k] = v;
           if (ev.usage) call.onUsage?.(anthropicUsage(raw));

@@ -2,6 +2,7 @@ import { ZERO_USAGE, type ModelRequest, type ModelStreamEvent, type StopReason, 
 import type { ProviderAdapter, ProviderCall } from './adapter.js';
 import { ProviderError } from './errors.js';
 import { getJson, joinUrl, parseToolInput, postSse, toolCallBudget } from './http.js';
+import { tokenCount, wireObjects, wireString } from './wire-values.js';
 
 export const OPENAI_DEFAULT_BASE_URL = 'https://api.openai.com/v1';
 
@@ -78,15 +79,17 @@ const FINISH: Record<string, StopReason> = {
 
 /** Token counters of a Chat Completions `usage` object (cached and reasoning tokens are subsets). */
 export function openAiUsage(u: NonNullable<Chunk['usage']>): TokenUsage {
-  const input = u.prompt_tokens ?? 0;
-  const output = u.completion_tokens ?? 0;
+  // Counts of another type (a string, a negative or fractional number) are read as 0; cached and
+  // reasoning tokens are parts of input and output, the total their sum (docs/MODELS.md).
+  const input = tokenCount(u.prompt_tokens);
+  const output = tokenCount(u.completion_tokens);
   return {
     input_tokens: input,
-    cached_input_tokens: u.prompt_tokens_details?.cached_tokens ?? 0,
+    cached_input_tokens: Math.min(input, tokenCount(u.prompt_tokens_details?.cached_tokens)),
     cache_write_input_tokens: 0,
     output_tokens: output,
-    reasoning_output_tokens: u.completion_tokens_details?.reasoning_tokens ?? 0,
-    total_tokens: u.total_tokens ?? input + output,
+    reasoning_output_tokens: Math.min(output, tokenCount(u.completion_tokens_details?.reasoning_tokens)),
+    total_tokens: input + output,
   };
 }
 
@@ -139,33 +142,38 @@ export class OpenAiChatAdapter implements ProviderAdapter {
       parsed = null;
       if (!chunk || typeof chunk !== 'object') throw new ProviderError('bad_request', `${this.provider} sent a stream chunk that is not JSON`);
       if (chunk.error) throw new ProviderError('server', `${this.provider} stream error: ${chunk.error.message ?? 'unknown'}`);
-      if (chunk.model) model = chunk.model;
-      if (chunk.usage) {
+      model = wireString(chunk.model) || model;
+      if (chunk.usage && typeof chunk.usage === 'object') {
         usage = openAiUsage(chunk.usage);
         call.onUsage?.(usage);
       }
-      const choice = chunk.choices?.[0];
+      const choice = wireObjects<NonNullable<Chunk['choices']>[number]>(chunk.choices)[0];
       if (!choice) continue;
-      const d = choice.delta ?? {};
-      const thinking = d.reasoning_content ?? d.reasoning;
+      const d = typeof choice.delta === 'object' && choice.delta !== null ? choice.delta : {};
+      const thinking = wireString(d.reasoning_content) ?? wireString(d.reasoning);
       if (thinking) yield { type: 'thinking_delta', text: thinking };
-      if (d.content) yield { type: 'text_delta', text: d.content };
-      for (const tc of d.tool_calls ?? []) {
+      const text = wireString(d.content);
+      if (text) yield { type: 'text_delta', text };
+      for (const tc of wireObjects<ChunkToolCall>(d.tool_calls)) {
         // A server that leaves out `index` sends each call whole: a new id is a new call.
-        let index = tc.index ?? Math.max(0, tools.size - 1);
-        if (tc.index === undefined && tc.id && tools.get(index)?.id && tools.get(index)?.id !== tc.id) index = tools.size;
+        const at = typeof tc.index === 'number' && Number.isSafeInteger(tc.index) && tc.index >= 0 ? tc.index : undefined;
+        let index = at ?? Math.max(0, tools.size - 1);
+        if (at === undefined && tc.id && tools.get(index)?.id && tools.get(index)?.id !== tc.id) index = tools.size;
         if (!tools.has(index)) countTools(true);
         const cur = tools.get(index) ?? { id: '', name: '', args: '' };
         countTools(tc.id);
         countTools(tc.function?.name);
         countTools(tc.function?.arguments);
-        if (tc.id) cur.id = tc.id;
+        const id = wireString(tc.id);
+        if (id) cur.id = id;
         // The name comes whole (servers that repeat it in every fragment repeat the same name).
-        if (tc.function?.name) cur.name = tc.function.name;
-        if (tc.function?.arguments) cur.args += tc.function.arguments;
+        const name = wireString(tc.function?.name);
+        if (name) cur.name = name;
+        const args = wireString(tc.function?.arguments);
+        if (args) cur.args += args;
         tools.set(index, cur);
       }
-      if (choice.finish_reason) finish = choice.finish_reason;
+      finish = wireString(choice.finish_reason) || finish;
     }
     if (signal.aborted) throw new ProviderError('canceled', 'the model step was canceled');
     if (finish === null && tools.size === 0 && usage === null) {

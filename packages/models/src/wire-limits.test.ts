@@ -197,3 +197,43 @@ describe('the scripted provider', () => {
     }
   });
 });
+
+describe('types: a provider cannot put values of another type into events or usage', () => {
+  it('OpenAI: usage counts that are not counts are 0, text and names that are not strings are left out, odd chunks do not throw', async () => {
+    const url = await serve((res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.end(
+        oai({ model: { evil: 1 }, choices: [{ delta: { content: 5, tool_calls: 5 } }] })
+        + oai({ choices: [{ delta: { tool_calls: [null, { index: 0, id: 'call_1', function: { name: { x: 1 }, arguments: '{}' } }] } }] })
+        + oai({ choices: [{ delta: { tool_calls: [{ index: 0, function: { name: 'bash' } }] } }] })
+        + oai({ choices: [{ delta: { content: 'ok' }, finish_reason: 'tool_calls' }], usage: { prompt_tokens: 'n/a', completion_tokens: 1.5, total_tokens: -4, prompt_tokens_details: { cached_tokens: 50 } } })
+        + 'data: [DONE]\n\n');
+    });
+    const events = await openAi(url);
+    expect(events).not.toBeInstanceOf(ProviderError);
+    const list = events as ModelStreamEvent[];
+    expect(list.filter((e) => e.type === 'text_delta')).toEqual([{ type: 'text_delta', text: 'ok' }]);
+    const end = list.at(-1);
+    expect(end).toMatchObject({ type: 'end', model: 'm', usage: { input_tokens: 0, cached_input_tokens: 0, output_tokens: 0, total_tokens: 0 } });
+    expect(list.filter((e) => e.type === 'tool_use')).toEqual([{ type: 'tool_use', id: 'call_1', name: 'bash', input: {} }]);
+  });
+
+  it('Anthropic: usage counts that are not counts are 0, text that is not a string is left out', async () => {
+    const url = await serve((res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.end(
+        ant('message_start', { message: { model: { evil: 1 }, usage: { input_tokens: 'zz', output_tokens: 0 } } })
+        + ant('content_block_start', { index: 0, content_block: { type: 'text', text: '' } })
+        + ant('content_block_delta', { index: 0, delta: { type: 'text_delta', text: { a: 1 } } })
+        + ant('content_block_delta', { index: 0, delta: { type: 'text_delta', text: 'fine' } })
+        + ant('content_block_stop', { index: 0 })
+        + ant('message_delta', { delta: { stop_reason: 'end_turn' }, usage: { output_tokens: -7 } })
+        + ant('message_stop'));
+    });
+    const events = await anthropic(url);
+    expect(events).not.toBeInstanceOf(ProviderError);
+    const list = events as ModelStreamEvent[];
+    expect(list.filter((e) => e.type === 'text_delta')).toEqual([{ type: 'text_delta', text: 'fine' }]);
+    expect(list.at(-1)).toMatchObject({ type: 'end', model: 'm', usage: { input_tokens: 0, output_tokens: 0, total_tokens: 0 } });
+  });
+});
