@@ -108,3 +108,21 @@ describe('VersionedStore: a keyed new version', () => {
     expect((await store().listVersions(ws, d.id, { limit: 10 })).data.map((v) => v.version)).toEqual([1, 2]);
   });
 });
+
+describe('VersionedStore archive', () => {
+  const store = () => new VersionedStore<Keyed>(redis, 'things', 'thing');
+
+  it('an archive that read the head before another archived it is stale: the first archived_at stays', async () => {
+    const ws = 'wrkspc_archive_race';
+    const d = doc(ws, 'archived-twice');
+    await store().create(ws, d, { collection: UNIQ, key: 'archived-twice' });
+    const first = await store().archive(ws, d.id);
+    // The other archive's write, made from the head it read before the first archive landed.
+    const late = { ...d, archived_at: '2099-01-01T00:00:00.000Z', updated_at: '2099-01-01T00:00:00.000Z' };
+    const write = (store() as unknown as { write(ws: string, doc: Keyed, expected: number | null, withVersion: boolean): Promise<void> }).write.bind(store());
+    await expect(write(ws, late, d.version, false)).rejects.toMatchObject({ type: 'validation.conflict' });
+    expect((await store().get(ws, d.id)).archived_at).toBe(first.archived_at);
+    // And archive() itself, retried on that conflict, answers the head as archived.
+    expect(await store().archive(ws, d.id)).toEqual(first);
+  });
+});

@@ -51,6 +51,12 @@ else
   local d = cjson.decode(cur)
   if tostring(d['version']) ~= ARGV[1] then return -2 end
   if ARGV[3] ~= '' and type(d['archived_at']) == 'string' then return -4 end
+  -- An archive does not move the version: one that finds the head archived by another since its
+  -- read is stale, never a second archived_at over the first.
+  if ARGV[3] == '' and type(d['archived_at']) == 'string' then
+    local n = cjson.decode(ARGV[2])
+    if type(n['archived_at']) == 'string' and n['archived_at'] ~= d['archived_at'] then return -2 end
+  end
 end
 if unique then
   local owner = redis.call('HGET', KEYS[5], unique)
