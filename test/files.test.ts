@@ -245,6 +245,13 @@ describe('Files API', () => {
       expect(r.status, what).toBe(status);
       expect(errType(r), what).toBe('validation.malformed');
     }
+    // A file part whose filename cannot be read says so, whichever way the parser took it.
+    for (const disposition of ['form-data; name="file"; filename=""', `form-data; name="file"; filename="x.txt"; filename*=UTF-8''%ZZ`]) {
+      const { body, type } = multipart([{ name: 'file', disposition, type: 'text/plain', data: 'a' }]);
+      const r = await rawUpload(api, body, type);
+      expect([disposition, r.status, errType(r)]).toEqual([disposition, 400, 'validation.malformed']);
+      expect(JSON.stringify(r.body), disposition).toContain('filename');
+    }
     expect(await contentKeys()).toEqual(before);
   });
 

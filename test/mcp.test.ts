@@ -226,6 +226,11 @@ describe('legacy shape, raw', () => {
     expect((await rpc({ jsonrpc: '2.0', id: 5, method: 'resources/list' }, h)).body.error.code).toBe(-32601);
     expect((await rpc([{ jsonrpc: '2.0', id: 6, method: 'ping' }], h)).body.error.code).toBe(-32600);
     expect((await rpc('{not json', h)).body.error.code).toBe(-32700);
+    // Params by position (or a scalar) are invalid params, answered under the request's own id.
+    for (const params of ['x', [1]]) {
+      const r = await rpc({ jsonrpc: '2.0', id: 7, method: 'tools/list', params }, h);
+      expect([r.body.id, r.body.error.code]).toEqual([7, -32602]);
+    }
   });
 });
 

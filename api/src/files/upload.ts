@@ -110,12 +110,14 @@ export function receiveFileUpload(req: IncomingMessage, store: FileStore): Promi
       });
     });
     bb.on('field', (name) => fail(new ApiError('validation.malformed', `multipart: unknown field '${name}'; the only part is 'file'`)));
-    bb.on('fieldsLimit', () => fail(new ApiError('validation.malformed', "multipart: fields are not accepted; the only part is 'file'")));
+    // A part without a readable filename (none, an empty one, or an `filename*` that is not RFC 5987)
+    // is a field to the parser.
+    bb.on('fieldsLimit', () => fail(new ApiError('validation.malformed', "multipart: a part without a readable filename (none, empty, or a malformed filename*) is a field, and fields are not accepted; the only part is 'file', with a filename")));
     bb.on('filesLimit', () => fail(new ApiError('validation.malformed', 'multipart: exactly one file part is accepted')));
     bb.on('error', (err: Error) => fail(new ApiError('validation.malformed', `multipart: ${err.message}`)));
     bb.on('close', () => {
       if (settled) return;
-      if (!staged) return fail(new ApiError('validation.malformed', "multipart: the part 'file' is required"));
+      if (!staged) return fail(new ApiError('validation.malformed', "multipart: the part 'file' is required, with a readable filename (a malformed filename* makes it unreadable)"));
       staged.then(
         (upload) => {
           if (settled) return;

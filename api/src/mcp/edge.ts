@@ -13,7 +13,7 @@ import { requestIdOf, traceOf } from '../http/router.js';
 import {
   decodeHeaderValue, ErrorCode, HEADER_METHOD, HEADER_NAME, HEADER_PROTOCOL_VERSION, isPlainObject,
   LEGACY_FALLBACK_VERSION, LEGACY_VERSIONS, MAX_MESSAGE_BYTES, McpProtocolError, META_CLIENT_CAPABILITIES,
-  META_CLIENT_INFO, META_PROTOCOL_VERSION, META_SERVER_INFO, MODERN_VERSION, parseMessage, rpcError, rpcResult,
+  META_CLIENT_INFO, META_PROTOCOL_VERSION, META_SERVER_INFO, MODERN_VERSION, parseMessage, checkParams, rpcError, rpcResult,
   SUPPORTED_VERSIONS, type JsonRpcId, type JsonRpcRequest, type JsonRpcResponse,
 } from './protocol.js';
 
@@ -242,6 +242,7 @@ export function mcpEdge(operations: readonly Operation[], prepared: ReadonlyMap<
       const msg = parseMessage(body);
       id = msg.id ?? null;
       method = closedLabel(msg.method, MCP_METHODS);
+      checkParams(msg);
       const era = classify(msg, headers);
       if (msg.id === undefined) {
         // Notifications (notifications/initialized, cancellations) are acknowledged and dropped.

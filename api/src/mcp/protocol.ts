@@ -93,10 +93,13 @@ export function parseMessage(body: unknown): JsonRpcRequest {
   if (id !== undefined && typeof id !== 'string' && !(typeof id === 'number' && Number.isInteger(id))) {
     throw new McpProtocolError(ErrorCode.InvalidRequest, 'the JSON-RPC id must be a string or an integer', 400);
   }
-  if (body.params !== undefined && !isPlainObject(body.params)) {
-    throw new McpProtocolError(ErrorCode.InvalidRequest, 'params must be an object', 400);
-  }
   return body as unknown as JsonRpcRequest;
+}
+
+/** A request's params are named (an object); by-position params are invalid params (-32602), answered under its id. */
+export function checkParams(msg: JsonRpcRequest): void {
+  const params: unknown = msg.params;
+  if (params !== undefined && !isPlainObject(params)) throw new McpProtocolError(ErrorCode.InvalidParams, 'params must be an object (named parameters)', 400);
 }
 
 /** `Mcp-Name` may carry a Base64 sentinel (`=?base64?...?=`) for values that are not plain header text. */
