@@ -250,6 +250,21 @@ describe('A2A tasks', () => {
     expect(((got.body.result as Json).id)).toBe(task);
   });
 
+  it('a refused call that names a task is recorded with the task as target', async () => {
+    const task = taskOf(await rpc(send('cancel me'))).id as string;
+    const rule = await p.root.post<{ id: string }>('/v1/action-policies', { effect: 'deny', tool: { kind: 'drive', name: 'user.interrupt' }, principal_id: prin });
+    try {
+      const r = await rpc(call('CancelTask', { id: task }));
+      expect(errorOf(r)).toBeDefined();
+      const records = (await p.root.post<{ data: (AuditRecord & { target: string | null })[] }>('/v1/audit/export', { limit: 1000 })).data.filter((x) => x.request_id === r.requestId);
+      expect(records.map((x) => [x.action, x.outcome, x.target])).toEqual([
+        ['policy.drive:user.interrupt', 'denied', task], ['a2a.CancelTask', 'denied', task],
+      ]);
+    } finally {
+      await p.root.request('DELETE', `/v1/action-policies/${rule.id}`);
+    }
+  });
+
   it('ListTasks counts and pages only tasks whose Session exists', async () => {
     // Its own placement: the other tests' tasks are not in its list.
     const scope = (await p.root.post<{ id: string }>('/v1/surface-scopes', { kind: 'channel', parent_id: rootId, external_installation_id: exti, display_name: '#list' })).id;

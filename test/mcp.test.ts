@@ -43,6 +43,7 @@ async function sdkClient(version: '2025-06-18' | '2025-11-25', token = p.bootstr
 
 /** The parts of a JSON-RPC response these tests read. */
 interface RpcBody {
+  id?: string | number | null;
   result: {
     protocolVersion?: string;
     resultType?: string;

@@ -13,7 +13,7 @@ import {
   VersionNotSupportedError,
 } from '@a2a-js/sdk/errors';
 import { JsonRpcTransportHandler, ServerCallContext, validateVersion, type A2ARequestHandler } from '@a2a-js/sdk/server';
-import { ApiError, closedLabel, Counter, ERROR_STATUS, reportIncident, type Logger } from '@agentplane/core';
+import { ApiError, closedLabel, Counter, ERROR_STATUS, isId, reportIncident, type Logger } from '@agentplane/core';
 import { traceOf } from '../http/router.js';
 import type { ApiDeps } from '../deps.js';
 import { authenticate } from '../http/authenticate.js';
@@ -309,6 +309,7 @@ export function a2aEdge(deps: ApiDeps): Koa.Middleware {
     }
     // 8. Governance: never agent to agent inside one Workspace; PermissionAssignments; ActionPolicies.
     let continuing = false;
+    let recordTarget = placement.installation.id;
     if (known) {
       try {
         if (await deps.installations.installationOfPrincipal(p.workspaceId, principalId)) {
@@ -320,20 +321,23 @@ export function a2aEdge(deps: ApiDeps): Koa.Middleware {
         const sends = known === 'SendMessage' || known === 'SendStreamingMessage';
         const message = sends ? Message.fromJSON(params.message as Json) : null;
         continuing = message !== null && (message.taskId !== '' || message.contextId !== '');
+        // The task a call names (a well-formed Session id), which its records name (docs/A2A.md).
+        const named = message !== null ? message.taskId || message.contextId : (params as { id?: unknown }).id;
+        if (typeof named === 'string' && isId('session', named)) recordTarget = named;
         await requireGrants(placement, principalId, known, continuing);
         const actor = { id: principalId, credential_id: caller.credentialId };
         const calls: ToolCall[] = [{ kind: 'a2a', name: known, principal_id: principalId, input: params }];
         if (sends) calls.push({ kind: 'drive', name: 'user.message', principal_id: principalId, input: params });
         if (known === 'CancelTask') calls.push({ kind: 'drive', name: 'user.interrupt', principal_id: principalId, input: params });
         for (const call of calls) {
-          const d = await deps.policies.decide(p.workspaceId, call, { actor, target: placement.installation.id, request_id: requestId, refusesApproval: true });
+          const d = await deps.policies.decide(p.workspaceId, call, { actor, target: recordTarget, request_id: requestId, refusesApproval: true });
           if (d.decision === 'deny') throw new ApiError('policy.denied', d.explanation);
           if (d.decision === 'require_approval') throw new ApiError('policy.denied', `${d.explanation}; an approval cannot be waited for at this boundary, so the request is refused`);
         }
       } catch (err) {
         if (!(err instanceof ApiError)) throw err;
         count(method, 'denied');
-        await audit(base, method, placement.installation.id, 'denied', err.status, err.type);
+        await audit(base, method, recordTarget, 'denied', err.status, err.type);
         return wire(ctx, err);
       }
     }
