@@ -288,6 +288,9 @@ describe('runner daemon, gateway and presence', () => {
       s.on('open', () => resolve(101));
     });
     expect(refused).toBe(401);
+    // A revoked runner takes no work: a drain of it is refused, and changes nothing.
+    const drained = await p.root.request<{ error: { type: string } }>('POST', `/v1/runners/${issued.runner_credential.runner_id}/drain`, { body: {} });
+    expect([drained.status, drained.body.error.type]).toEqual([409, 'runtime.invalid_transition']);
 
     const r2 = await createPairing(principal, 'owner-suspended');
     const issued2 = (await redeem((r2.body as { code: string }).code)).body as Issued;

@@ -458,7 +458,11 @@ export class RunnerService {
   async drainRunner(workspaceId: string, runnerId: string, deadlineSeconds: number, reason: string): Promise<RunnerCredential> {
     const cred = await this.credentialOfRunner(workspaceId, runnerId);
     const drain = drainState(deadlineSeconds, reason);
-    const next = await this.docs.update<RunnerCredential>(tags.workspace(workspaceId), cred.id, (c) => ({ ...c, drain }), { notFound: 'runner' });
+    const next = await this.docs.update<RunnerCredential>(tags.workspace(workspaceId), cred.id, (c) => {
+      // A revoked runner takes no work and cannot connect: there is nothing for a drain to stop.
+      if (c.status === 'revoked') throw new ApiError('runtime.invalid_transition', `runner ${runnerId}'s credential is revoked: it takes no work to drain`);
+      return { ...c, drain };
+    }, { notFound: 'runner' });
     await this.announceRunner(workspaceId, next);
     return next;
   }
