@@ -301,6 +301,11 @@ describe('stateless shape 2026-07-28, raw JSON-RPC', () => {
     const r = await modern('tools/list', {}, { 'mcp-protocol-version': '2027-01-01' }, '2027-01-01');
     expect(r.body.error.code).toBe(-32022);
     expect(r.body.error.data.supported).toEqual(['2026-07-28', '2025-11-25', '2025-06-18']);
+    expect(r.body.error.message).toBe('unsupported protocol version 2027-01-01');
+    // A version served in the legacy shape, sent in _meta: told how it is spoken, not called unsupported.
+    const legacy = await modern('tools/list', {}, { 'mcp-protocol-version': '2025-06-18' }, '2025-06-18');
+    expect(legacy.body.error.code).toBe(-32022);
+    expect(legacy.body.error.message).toContain('MCP-Protocol-Version header alone');
   });
 
   it('an Origin header is refused before authentication', async () => {

@@ -61,7 +61,11 @@ export function classify(msg: JsonRpcRequest, headers: Headers): Era {
       throw mismatch(`MCP-Protocol-Version must equal _meta ${META_PROTOCOL_VERSION} (${metaVersion})`, headerVersion ?? '(missing)', metaVersion);
     }
     if (metaVersion !== MODERN_VERSION) {
-      throw new McpProtocolError(ErrorCode.UnsupportedProtocolVersion, `unsupported protocol version ${metaVersion}`, 400, {
+      // A version this edge speaks in the legacy shape (no per-request _meta) is told so, not called unsupported.
+      const legacy = (SUPPORTED_VERSIONS as readonly string[]).includes(metaVersion);
+      throw new McpProtocolError(ErrorCode.UnsupportedProtocolVersion, legacy
+        ? `protocol version ${metaVersion} is served without a per-request _meta ${META_PROTOCOL_VERSION} (only ${MODERN_VERSION} carries one): send it in the MCP-Protocol-Version header alone`
+        : `unsupported protocol version ${metaVersion}`, 400, {
         supported: [...SUPPORTED_VERSIONS], requested: metaVersion,
       });
     }
