@@ -71,10 +71,13 @@ describe('sandbox manager', () => {
     const again = await manager.prepare(other, {});
     expect((await driver.exec(again.sandbox, ['cat', 'kept.txt'])).stdout).toBe('kept');
 
-    // The Session ends while a Run still uses the sandbox: removed when that Run ends.
+    // The Session ends while a Run still uses the sandbox: the Run's commands go on (an archived
+    // Session's turn runs to its end); no new Run is prepared; removed when that Run ends.
     await manager.sessionEnded(other.id);
     expect(manager.sessions()).toContain(other.id);
     await expect(manager.prepare(other, {})).rejects.toMatchObject({ reason: 'not_found' });
+    expect((await docker.getContainer(again.sandbox.ref).inspect()).State.Running).toBe(true);
+    expect((await driver.exec(again.sandbox, ['cat', 'kept.txt'])).stdout).toBe('kept');
     manager.runEnded(other.id);
     await expect.poll(() => manager.sessions(), { timeout: 20_000 }).not.toContain(other.id);
     await expect.poll(() => driver.sandboxSessions(runnerId), { timeout: 20_000 }).not.toContain(other.id);

@@ -169,12 +169,15 @@ export class SandboxManager {
     await this.driver.suspend(sessionId);
   }
 
-  /** Session archived or deleted: the sandbox and its workspace go (after a Run still using it). */
+  /**
+   * Session archived or deleted: the sandbox and its workspace go. A Run still using it finishes
+   * first (an archived Session's turn under way runs to its end, or until it is interrupted: its
+   * commands are not killed under it); no new Run is prepared here meanwhile.
+   */
   async sessionEnded(sessionId: string): Promise<void> {
     const entry = this.entries.get(sessionId);
     if (entry && entry.activeRuns > 0) {
       entry.ended = true;
-      await this.driver.suspend(sessionId).catch(() => undefined);
       return;
     }
     const ending = entry ?? { activeRuns: 0, lastUsed: this.now(), suspended: true, ended: true };
