@@ -71,6 +71,10 @@ beforeAll(async () => {
   c = p.root.with({ workspaceId: ws });
   // Anthropic: some output, then `ping` forever.
   await setup('pinger', 'anthropic', await serve((res) => every100ms(res, ANT_START, () => antEvent('ping'))), 'claude-x');
+  // Anthropic: some output, then events of no type, or of a type not read, forever.
+  await setup('typeless', 'anthropic', await serve((res) => every100ms(res, ANT_START, () => `data: {}\n\nevent: future_kind\ndata: {"type":"future_kind"}\n\n`)), 'claude-x');
+  // OpenAI-compatible: some output, then chunks whose choices are not a list, forever.
+  await setup('oddchoices', 'openai', `${await serve((res) => every100ms(res, [oaiData({ model: 'm', choices: [{ delta: { content: 'thinking...' } }] })], () => oaiData({ model: 'm', choices: { delta: { content: 'x' } } })))}/v1`, 'm');
   // OpenAI-compatible: some output, then chunks with no choices forever.
   await setup('emptychunks', 'openai', `${await serve((res) => every100ms(res, [oaiData({ model: 'm', choices: [{ delta: { content: 'thinking...' } }] })], () => oaiData({ model: 'm', choices: [] })))}/v1`, 'm');
   // Anthropic: real output forever (only a deadline ends it).
@@ -116,6 +120,21 @@ describe('keep-alives and the step deadline', () => {
     const r = await step('pinger');
     expect(r.events[0]).toMatchObject({ type: 'text_delta', text: 'thinking...' });
     expect(r.events.at(-1)).toMatchObject({ type: 'error', error: { type: 'runtime.internal', retryable: true } });
+  }, 30_000);
+
+  it('events of no type, or of a type the adapter does not read, are no progress: the step times out', async () => {
+    const r = await step('typeless');
+    expect(r.events[0]).toMatchObject({ type: 'text_delta', text: 'thinking...' });
+    expect(r.events.at(-1)).toMatchObject({ type: 'error', error: { type: 'runtime.internal', retryable: true } });
+    expect(r.events.filter((e) => e.type === 'text_delta')).toHaveLength(1);
+  }, 30_000);
+
+  it('OpenAI-compatible chunks whose choices are not a list are no progress either (and nothing throws)', async () => {
+    const r = await step('oddchoices');
+    expect(r.events[0]).toMatchObject({ type: 'text_delta', text: 'thinking...' });
+    expect(r.events.at(-1)).toMatchObject({ type: 'error', error: { type: 'runtime.internal', retryable: true } });
+    // Ended by the idle timeout (a lower bound: the chunks were read, not thrown on at once).
+    expect(r.ms).toBeGreaterThanOrEqual(1400);
   }, 30_000);
 
   it('an OpenAI-compatible provider sending chunks with no choices times out too', async () => {

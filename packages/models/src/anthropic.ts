@@ -107,6 +107,9 @@ export function anthropicUsage(u: AnthropicUsage): TokenUsage {
 }
 
 /** Anthropic Messages (`POST {base_url}/v1/messages`, `stream: true`). */
+/** The stream events whose content this adapter reads: the progress the idle timeout counts. */
+const CONTENT_EVENTS: ReadonlySet<string> = new Set(['message_start', 'content_block_start', 'content_block_delta', 'content_block_stop', 'message_delta', 'message_stop', 'error']);
+
 export class AnthropicMessagesAdapter implements ProviderAdapter {
   readonly provider = 'anthropic';
 
@@ -124,23 +127,25 @@ export class AnthropicMessagesAdapter implements ProviderAdapter {
     let stopped = false;
     // Finished tool_use blocks wait for the stop reason: a reply cut by the output limit calls none.
     const calls: ModelStreamEvent[] = [];
-    // Each message is parsed once, by the watchdog's question (does it carry content? a `ping`
-    // does not, so a provider that only pings still times out), and used below.
+    // Each message is parsed once, by the watchdog's question (does it carry content? only an
+    // event of a type this adapter reads does: a provider that only pings, or only sends events
+    // of no type or of types not read here, still times out), and used below. What is not a JSON
+    // object is answered at once by the loop (a refused stream), so it counts as progress here.
     let parsed: StreamEvent | null = null;
     const isContent = (m: { event?: string | undefined; data: string }): boolean => {
       try {
-        parsed = JSON.parse(m.data) as StreamEvent;
+        const value: unknown = JSON.parse(m.data);
+        parsed = typeof value === 'object' && value !== null && !Array.isArray(value) ? (value as StreamEvent) : null;
       } catch {
         parsed = null;
-        return true;
       }
-      return m.event !== 'ping' && parsed.type !== 'ping';
+      return parsed === null || (m.event !== 'ping' && typeof parsed.type === 'string' && CONTENT_EVENTS.has(parsed.type));
     };
     const sse = postSse(this.provider, url, this.headers(call.apiKey), toMessagesBody(call.request, call.model), signal, { timeoutMs: call.timeoutMs, deadlineMs: call.deadlineMs, isContent });
     for await (const m of sse) {
       const ev = parsed as StreamEvent | null;
       parsed = null;
-      if (!ev || m.data === '') throw new ProviderError('bad_request', `${this.provider} sent a stream event that is not JSON`);
+      if (!ev || m.data === '') throw new ProviderError('bad_request', `${this.provider} sent a stream event that is not a JSON object`);
       switch (ev.type) {
         case 'message_start':
           model = wireString(ev.message?.model) || model;

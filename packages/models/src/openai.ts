@@ -96,7 +96,7 @@ export function openAiUsage(u: NonNullable<Chunk['usage']>): TokenUsage {
 /** A chunk with output, a finish reason, usage or an error (not a keep-alive). */
 function chunkHasContent(chunk: Chunk | null): boolean {
   if (!chunk || typeof chunk !== 'object' || chunk.error || chunk.usage) return true;
-  return (chunk.choices ?? []).some((c) => {
+  return wireObjects<NonNullable<Chunk['choices']>[number]>(chunk.choices).some((c) => {
     const d = c.delta ?? {};
     return Boolean(c.finish_reason || d.content || d.reasoning_content || d.reasoning || (d.tool_calls && d.tool_calls.length > 0));
   });
