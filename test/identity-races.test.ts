@@ -98,6 +98,33 @@ describe('API key rotation races', () => {
     }
   });
 
+  it('a rotation racing a revocation: either made before it, or refused and the key reads as before', async () => {
+    let refused = 0;
+    for (let round = 0; round < 20; round++) {
+      const k = await newKey('admin', wsA);
+      const before = (await p.root.request<{ generation_number: number; secret_hint: string }>('GET', `/v1/api-keys/${k.id}`)).body;
+      const [rot, rev] = await Promise.all([
+        p.root.request<{ secret: string; generation_number: number; secret_hint: string }>('POST', `/v1/api-keys/${k.id}/rotate`, { body: {}, idempotencyKey: `rr-${round}-${Math.random()}` }),
+        p.root.request('POST', `/v1/api-keys/${k.id}/revoke`, { body: {} }),
+      ]);
+      expect(rev.status).toBe(200);
+      const after = (await p.root.request<{ status: string; generation_number: number; secret_hint: string }>('GET', `/v1/api-keys/${k.id}`)).body;
+      expect(after.status).toBe('revoked');
+      if (rot.status === 200) {
+        // Made first: the revocation ended the new secret, and the document names it.
+        expect(after).toMatchObject({ generation_number: rot.body.generation_number, secret_hint: rot.body.secret_hint });
+        expect(await readStatus(rot.body.secret)).toBe(401);
+      } else {
+        refused++;
+        expect(rot.status).toBe(409);
+        expect(errType(rot)).toBe('runtime.invalid_transition');
+        expect(after).toMatchObject({ generation_number: before.generation_number, secret_hint: before.secret_hint });
+      }
+      expect(await readStatus(k.secret)).toBe(401);
+    }
+    expect(refused).toBeGreaterThan(0);
+  });
+
   it('a patch racing rotations reaches the secret that survives', async () => {
     for (let round = 0; round < 5; round++) {
       const k = await newKey('admin', wsA);

@@ -1,5 +1,5 @@
 import { ApiError, crashPoint, newId, nowIso } from '@agentplane/core';
-import { keys, LuaScript, tags, type DocumentStore, type Redis, type Tag } from '@agentplane/store';
+import { keys, LuaScript, tags, type DocumentStore, type Redis, type StoredDoc, type Tag } from '@agentplane/store';
 import type { Role } from './roles.js';
 import { CredentialIndex, issueSecret } from './credentials.js';
 import type { ApiKey, AuthRecord, KeyScope, Organization, Principal, PrincipalAccessCredential, Workspace } from './model.js';
@@ -260,16 +260,18 @@ export class IdentityService {
 
   async rotateApiKey(orgId: string, id: string, expectedVersion?: number): Promise<{ key: ApiKey; secret: string }> {
     const issued = issueSecret('api_key');
+    let before: Pick<ApiKey, 'generation_number' | 'secret_hint'> | undefined;
     const next = await this.docs.update<ApiKey>(
       tags.org(orgId),
       id,
       (k) => {
         if (k.status === 'revoked') throw new ApiError('runtime.invalid_transition', 'a revoked key cannot be rotated');
+        before = { generation_number: k.generation_number, secret_hint: k.secret_hint };
         return { ...k, generation_number: k.generation_number + 1, secret_hint: issued.hint };
       },
       { expectedVersion, notFound: 'API key' },
     );
-    await this.credentials.swap(id, { digest: issued.digest, record: this.apiKeyRecord(next) });
+    await this.installRotated(tags.org(orgId), id, next, before, 'API key', () => this.credentials.swap(id, { digest: issued.digest, record: this.apiKeyRecord(next) }));
     // A patch whose document write came after this rotation's may have found the old secret still
     // live and rewritten only that one: carry its change over to the new secret.
     const now = await this.docs.get<ApiKey>(tags.org(orgId), id);
@@ -443,12 +445,35 @@ export class IdentityService {
     // as its credential list is). A suspended Principal's may be rotated (it may be resumed).
     await this.getPrincipal(workspaceId, (await this.getPrincipalCredential(workspaceId, id)).principal_id);
     const issued = issueSecret('principal_credential');
+    let before: Pick<PrincipalAccessCredential, 'generation_number' | 'secret_hint' | 'rotated_at'> | undefined;
     const next = await this.updateCredential(workspaceId, id, expectedGeneration, (c) => {
       if (c.status === 'revoked') throw new ApiError('runtime.invalid_transition', 'a revoked credential cannot be rotated');
+      before = { generation_number: c.generation_number, secret_hint: c.secret_hint, rotated_at: c.rotated_at };
       return { ...c, generation_number: c.generation_number + 1, secret_hint: issued.hint, rotated_at: nowIso() };
     });
-    await this.credentials.swap(id, { digest: issued.digest, record: this.credentialRecord(next, orgId) });
+    await this.installRotated(tags.workspace(workspaceId), id, next, before, 'principal access credential', () =>
+      this.credentials.swap(id, { digest: issued.digest, record: this.credentialRecord(next, orgId) }));
     return { credential: next, secret: issued.secret };
+  }
+
+  /**
+   * A rotation's new secret installed after its document was written. A revocation that won the
+   * race refuses the secret: the document then goes back to the generation and hint (and rotation
+   * time) it had, so a revoked credential does not name a secret that never lived.
+   */
+  private async installRotated<T extends StoredDoc & { generation_number: number; secret_hint: string }>(
+    tag: Tag, id: string, rotated: T, before: Partial<T> | undefined, notFound: string, install: () => Promise<void>,
+  ): Promise<void> {
+    try {
+      await install();
+    } catch (err) {
+      if (before && err instanceof ApiError && err.type === 'runtime.invalid_transition') {
+        await this.docs.update<T>(tag, id, (d) => (d.generation_number === rotated.generation_number && d.secret_hint === rotated.secret_hint ? { ...d, ...before } : null), { notFound })
+          // The refusal is what the caller gets either way; a document not put back only names a dead secret.
+          .catch(() => undefined);
+      }
+      throw err;
+    }
   }
 
   /**
