@@ -203,6 +203,31 @@ describe('PermissionAssignments', () => {
     expect([withVault.status, errType(withVault)]).toEqual([403, 'policy.denied']);
   });
 
+  it('an outcome whose rubric is a File is governed as that File attached: `manage` on the Workspace', async () => {
+    const prin = await principal('rubric-reader');
+    const client = as((await credential(prin)).secret);
+    await grant(prin, { type: 'agent', id: agentA }, ['invoke', 'steer', 'observe']);
+    const upload = await p.root.uploadFile<{ id: string }>('secret.md', new TextEncoder().encode('- the password is hunter2\n'), { contentType: 'text/markdown' });
+    expect(upload.status).toBe(201);
+    const file = upload.body.id;
+    const define = (rubric: unknown) => ({
+      type: 'user.define_outcome', payload: { description: 'done', rubric, max_iterations: 1, authored_by: prin, caused_by: { kind: 'api' } },
+    });
+    const s = await session();
+    const byDrive = await client.request('POST', `/v1/sessions/${s}/events`, { body: define({ type: 'file', file_id: file }) });
+    expect([byDrive.status, errType(byDrive)]).toEqual([403, 'policy.denied']);
+    expect(errMsg(byDrive)).toContain("'manage'");
+    const byCreate = await client.request('POST', '/v1/sessions', { body: { agent: agentA, environment_id: envId, initial_events: [define({ type: 'file', file_id: file })] } });
+    expect([byCreate.status, errType(byCreate)]).toEqual([403, 'policy.denied']);
+    // Nothing was defined by the refusals; a rubric written out is the Principal's own text.
+    expect((await p.root.get<{ outcome_evaluations: unknown[] }>(`/v1/sessions/${s}`)).outcome_evaluations).toEqual([]);
+    expect((await client.request('POST', `/v1/sessions/${s}/events`, { body: define('- says hello') })).status).toBe(201);
+    // With `manage` on the Workspace, the File is the Principal's to use.
+    await grant(prin, { type: 'workspace', id: ws }, ['manage']);
+    const s2 = await session();
+    expect((await client.request('POST', `/v1/sessions/${s2}/events`, { body: define({ type: 'file', file_id: file }) })).status).toBe(201);
+  });
+
   it('rejects unknown actions, malformed targets and other Workspaces\' targets, writing nothing', async () => {
     const prin = await principal('bad-input');
     const count = async () => (await p.root.get<{ data: unknown[] }>('/v1/permission-assignments', { principal_id: prin, limit: 100 })).data.length;

@@ -524,6 +524,9 @@ async function checkPermission(decl: PermissionDeclaration, caller: Caller, para
   }
   await deps.permissions.require(ws, principal, decl.action, target);
   if (decl.attachments) await checkAttachments(ws, principal, body, deps);
+  // A drive naming a File (an outcome's rubric) has the Session's grader read it and its
+  // verdicts quote it back: governed as a `file` resource attached to the Session is.
+  if (drives.some(namesFile)) await deps.permissions.require(ws, principal, 'manage', { type: 'workspace', id: ws });
   if (decl.authorIsCaller) {
     for (const d of drives) {
       const author = d.payload?.authored_by;
@@ -532,6 +535,13 @@ async function checkPermission(decl: PermissionDeclaration, caller: Caller, para
       }
     }
   }
+}
+
+/** A `user.define_outcome` whose rubric is a File of the Workspace. */
+function namesFile(d: DriveCall): boolean {
+  if (d.type !== 'user.define_outcome') return false;
+  const rubric = (d.payload as { rubric?: unknown } | undefined)?.rubric;
+  return typeof rubric === 'object' && rubric !== null && (rubric as { type?: unknown }).type === 'file';
 }
 
 /**
