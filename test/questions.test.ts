@@ -79,6 +79,10 @@ describe('questions', () => {
     const replay = await send(id, body);
     expect(replay.status).toBe(200);
     expect(replay.body).toEqual(ok.body);
+    // The same answer naming the thread it answered (left implicit the first time) is the same answer.
+    const thread = (await api.get<{ data: { id: string }[] }>(`/v1/sessions/${id}/threads`)).data[0]?.id;
+    const named = await send(id, { ...body, payload: { ...body.payload, session_thread_id: thread } });
+    expect([named.status, named.body]).toEqual([200, ok.body]);
     const other = await send(id, answer(toolUseId, { answers: [{ selected: ['red'] }, { text: 'calm' }] }));
     expect(other.status).toBe(409);
     expect(errType(other)).toBe('validation.conflict');

@@ -616,9 +616,12 @@ export class SessionService {
     return thread;
   }
 
-  /** What an answer is compared by to the one recorded (its payload without `caused_by`). */
+  /**
+   * What an answer is compared by to the one recorded: its payload without `caused_by` and without
+   * `session_thread_id` (which only says where the wait is, found the same way when left out).
+   */
   private answerFingerprint(input: DriveInput): string {
-    const { caused_by: _c, ...exact } = input.payload;
+    const { caused_by: _c, session_thread_id: _t, ...exact } = input.payload;
     return sha256Hex(canonicalJson({ type: input.type, payload: exact }));
   }
 
