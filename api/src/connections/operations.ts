@@ -1,4 +1,4 @@
-import { Id, Obj, Page, PageQuery, Type } from '@agentplane/core';
+import { Id, Obj, Page, PageQuery, Type, Patch } from '@agentplane/core';
 import { tags } from '@agentplane/store';
 import { ADMINS, READERS } from '../http/caller.js';
 import { createOnce } from '../http/keyed-create.js';
@@ -48,16 +48,13 @@ export const connectionOperations: Operation[] = [
     operationId: 'connections.updateConnection', method: 'PATCH', path: '/v1/connections/{connection_id}',
     audit: { target: 'connection_id' },
     summary: 'Rename, re-point, re-key, archive or restore a Connection', auth: { kind: 'bearer', roles: ADMINS }, params: ConnPath,
-    body: Obj(
-      {
-        expected_version: Type.Optional(Type.Integer({ minimum: 1 })),
-        name: Type.Optional(ConnectionName),
-        url: Type.Optional(ConnectionUrl),
-        auth: Type.Optional(ConnectionAuthInput),
-        status: Type.Optional(Type.Union([Type.Literal('active'), Type.Literal('archived')])),
-      },
-      { minProperties: 1 },
-    ),
+    body: Patch({
+      expected_version: Type.Optional(Type.Integer({ minimum: 1 })),
+      name: Type.Optional(ConnectionName),
+      url: Type.Optional(ConnectionUrl),
+      auth: Type.Optional(ConnectionAuthInput),
+      status: Type.Optional(Type.Union([Type.Literal('active'), Type.Literal('archived')])),
+    }),
     response: ConnectionSchema,
     // May accept a credential: REST-only.
     mcp: 'never',

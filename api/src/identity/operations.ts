@@ -1,4 +1,4 @@
-import { Id, Obj, Page, PageQuery, Type } from '@agentplane/core';
+import { Id, Obj, Page, PageQuery, Type, Patch } from '@agentplane/core';
 import { tags } from '@agentplane/store';
 import { ADMINS, READERS, ROOT } from '../http/caller.js';
 import { createOnce, priorAttempt } from '../http/keyed-create.js';
@@ -70,14 +70,11 @@ export const identityOperations: Operation[] = [
     operationId: 'organizations.updateWorkspace', path: '/v1/organizations/workspaces/{workspace_id}',
     audit: { target: 'workspace_id' },
     summary: 'Rename, disable or re-enable a Workspace', auth: orgRoot, params: WsPath,
-    body: Obj(
-      {
-        expected_version: Type.Optional(Type.Integer({ minimum: 1 })),
-        name: Type.Optional(Type.String({ minLength: 1, maxLength: 200 })),
-        status: Type.Optional(Type.Union([Type.Literal('active'), Type.Literal('disabled')])),
-      },
-      { minProperties: 1 },
-    ),
+    body: Patch({
+      expected_version: Type.Optional(Type.Integer({ minimum: 1 })),
+      name: Type.Optional(Type.String({ minLength: 1, maxLength: 200 })),
+      status: Type.Optional(Type.Union([Type.Literal('active'), Type.Literal('disabled')])),
+    }),
     response: WorkspaceSchema, mcp: 'full',
   }, async (ws, { body, deps }) => {
     const next = await deps.docs.update<Workspace>(tags.workspace(ws), ws, (w) => ({

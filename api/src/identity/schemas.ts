@@ -1,4 +1,4 @@
-import { Id, Nullable, Obj, Timestamp, Type } from '@agentplane/core';
+import { Id, Nullable, Obj, Timestamp, Type, Patch } from '@agentplane/core';
 
 export const RoleSchema = Type.Union([
   Type.Literal('root'), Type.Literal('admin'), Type.Literal('developer'), Type.Literal('runner'), Type.Literal('viewer'),
@@ -25,15 +25,12 @@ export const CreateApiKeyBody = Obj({
   rate_limit_per_minute: Type.Optional(RateLimit),
 });
 
-export const PatchApiKeyBody = Obj(
-  {
-    expected_version: Type.Optional(Type.Integer({ minimum: 1 })),
-    display_name: Type.Optional(Type.String({ minLength: 1, maxLength: 200 })),
-    role: Type.Optional(RoleSchema),
-    rate_limit_per_minute: Type.Optional(RateLimit),
-  },
-  { minProperties: 1 },
-);
+export const PatchApiKeyBody = Patch({
+  expected_version: Type.Optional(Type.Integer({ minimum: 1 })),
+  display_name: Type.Optional(Type.String({ minLength: 1, maxLength: 200 })),
+  role: Type.Optional(RoleSchema),
+  rate_limit_per_minute: Type.Optional(RateLimit),
+});
 
 export const VersionFenceBody = Obj({ expected_version: Type.Optional(Type.Integer({ minimum: 1 })) });
 

@@ -1,4 +1,4 @@
-import { ApiError, Cursor, Id, Metadata, Nullable, Obj, Page, PageQuery, Type } from '@agentplane/core';
+import { ApiError, Cursor, Id, Metadata, Nullable, Obj, Page, PageQuery, Type, Patch } from '@agentplane/core';
 import { READERS, WRITERS, type Caller } from '../http/caller.js';
 import { createOnce } from '../http/keyed-create.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
@@ -68,10 +68,10 @@ export const memoryOperations: Operation[] = [
   defineOperation({
     operationId: 'memoryStores.updateMemoryStore', method: 'POST', path: '/v1/memory-stores/{memory_store_id}', summary: 'Update a MemoryStore\'s name, description or metadata',
     audit: { target: 'memory_store_id' }, auth: writers, permission: managePermission, params: StorePath, mcp: 'full',
-    body: Obj({
+    body: Patch({
       expected_version: Type.Optional(Type.Integer({ minimum: 1 })), name: Type.Optional(Type.String({ minLength: 1, maxLength: 200 })),
       description: Type.Optional(Nullable(Type.String({ maxLength: 2000 }))), metadata: Type.Optional(Metadata()),
-    }, { minProperties: 1 }),
+    }),
     response: MemoryStoreSchema,
     async handler({ caller, params, body, deps }) {
       const { expected_version, ...patch } = body;

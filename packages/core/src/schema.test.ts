@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { ApiError } from './errors.js';
-import { Metadata, Nullable, Obj, Type, validator } from './schema.js';
+import { Metadata, Nullable, Obj, Patch, Type, validator } from './schema.js';
 
 const message = (fn: (v: unknown) => unknown, value: unknown): string => {
   try {
@@ -76,6 +76,15 @@ describe('validation messages', () => {
     expect(message(patch, { expected_version: 1, name: 'x' })).toBe('accepted');
     const optional = validator(Obj({ name: Type.Optional(Type.String()) }, { minProperties: 1 }));
     expect(message(optional, {})).toBe("body: nothing to change: set at least one of 'name'");
+  });
+
+  it('a Patch setting only its compare-and-swap field, or nothing, changes nothing and says what it may set', () => {
+    const patch = validator(Patch({ expected_version: Type.Optional(Type.Integer({ minimum: 1 })), name: Type.Optional(Type.String()), status: Type.Optional(Type.String()) }));
+    expect(message(patch, {})).toBe("body: nothing to change: set at least one of 'name', 'status'");
+    expect(message(patch, { expected_version: 1 })).toBe("body: nothing to change: set at least one of 'name', 'status'");
+    expect(message(patch, { name: 'x' })).toBe('accepted');
+    expect(message(patch, { expected_version: 1, status: 'y' })).toBe('accepted');
+    expect(message(patch, { expected_version: 1, other: 'y' })).toBe("body: unknown field 'other'");
   });
 
   it('takes only safe integers, even where the schema sets no bound', () => {

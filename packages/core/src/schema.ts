@@ -28,6 +28,8 @@ function makeAjv(coerce: boolean): Ajv {
   ajv.addFormat('date-time', { type: 'string', validate: (s: string) => rfc3339.validate(s) && Number.isFinite(Date.parse(s)), ...(rfc3339.compare ? { compare: rfc3339.compare } : {}) });
   ajv.addKeyword('kind').addKeyword('modifier'); // TypeBox's symbols-as-keywords when serialised
   ajv.addKeyword('x-internal');
+  // `Patch`'s fields that change something: at least one of them is set.
+  ajv.addKeyword({ keyword: 'x-changes', type: 'object', schemaType: 'array', validate: (fields: string[], data: Record<string, unknown>) => fields.some((f) => Object.hasOwn(data, f)) });
   return ajv;
 }
 
@@ -248,6 +250,7 @@ export function validator<S extends TSchema>(schema: S, part: RequestPart = 'bod
     if (compiled(value)) return value as Static<S>;
     let first = explainErrors(compiled.errors ?? [], compiledSchema, value);
     if (first?.keyword === 'minProperties') first = minPropertiesError(first, compiledSchema, value);
+    else if (first?.keyword === 'x-changes') first = { ...first, keyword: 'at_least_one_of', params: { fields: at(compiledSchema, first.schemaPath) } };
     throw new ApiError('validation.malformed', first ? describe(label, first) : `${label} is invalid`);
   };
 }
@@ -261,6 +264,14 @@ export function check<S extends TSchema>(schema: S, value: unknown, part: Reques
 /** A closed object: unknown fields are rejected. */
 export function Obj<P extends TProperties>(properties: P, options: ObjectOptions = {}): TObject<P> {
   return Type.Object(properties, { additionalProperties: false, ...options });
+}
+
+/**
+ * A closed object that must change something: a body setting only its compare-and-swap fields
+ * (`expected_…`), or nothing, is refused as changing nothing, naming the fields it may set.
+ */
+export function Patch<P extends TProperties>(properties: P, options: ObjectOptions = {}): TObject<P> {
+  return Obj(properties, { ...options, 'x-changes': Object.keys(properties).filter((k) => !k.startsWith('expected_')) });
 }
 
 export const Id = (kind: IdKind, description?: string) =>
