@@ -27,7 +27,7 @@ async function newKey(role: string, workspaceId: string | null) {
 }
 
 /** POST a junk pairing code from a chosen local address (the API sees it as the client address). */
-function redeemFrom(localAddress: string): Promise<number> {
+function redeemFrom(localAddress: string): Promise<{ status: number; text: string }> {
   const url = new URL('/v1/runner-pairings/redeem', p.baseUrl);
   const payload = JSON.stringify({ code: `junk-${Math.random().toString(36).slice(2)}` });
   return new Promise((resolve, reject) => {
@@ -35,8 +35,10 @@ function redeemFrom(localAddress: string): Promise<number> {
       host: url.hostname, port: url.port, path: url.pathname, method: 'POST', localAddress, agent: false,
       headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(payload), 'service-version': SERVICE_VERSION },
     }, (res) => {
-      res.resume();
-      res.on('end', () => resolve(res.statusCode ?? 0));
+      let text = '';
+      res.setEncoding('utf8');
+      res.on('data', (d: string) => (text += d));
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, text }));
     });
     req.on('error', reject);
     req.end(payload);
@@ -241,15 +243,20 @@ describe('runner pairing redemption', () => {
     // A source's default limit is 60 a minute, the platform's 600: within two fixed windows a
     // source is refused by its 121st code at the latest, while the platform-wide bucket still has room.
     let refusedAt = 0;
+    let refusal = '';
     for (let i = 1; i <= 121 && refusedAt === 0; i++) {
-      const status = await redeemFrom('127.0.0.2');
-      if (status === 429) refusedAt = i;
-      else expect(status).toBe(401);
+      const { status, text } = await redeemFrom('127.0.0.2');
+      if (status === 429) {
+        refusedAt = i;
+        refusal = text;
+      } else expect(status).toBe(401);
     }
     expect(refusedAt).toBeGreaterThan(0);
     expect(refusedAt).toBeLessThanOrEqual(121);
+    // The refusal says what was counted (the endpoint takes no key).
+    expect((JSON.parse(refusal) as Err & { error: { message: string } }).error).toMatchObject({ type: 'budget.exceeded', message: expect.stringContaining('from this client address') });
     // Another source is not refused.
-    expect(await redeemFrom('127.0.0.3')).toBe(401);
+    expect((await redeemFrom('127.0.0.3')).status).toBe(401);
   });
 });
 

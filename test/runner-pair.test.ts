@@ -134,6 +134,42 @@ describe('agentplane-runner pair', { timeout: 120_000 }, () => {
     expect(forced.stdout).toContain(`replaced the credential ${old.runner_credential_id} of runner ${old.runner_id}; it stays active until revoked: POST /v1/runner-credentials/${old.runner_credential_id}/revoke`);
   });
 
+  it('a credential the control plane refused is replaced without sending its user off to revoke it, and its refusal goes with it', async () => {
+    const dir = tmp();
+    expect((await cli(['pair', '--code', 'AAAA', '--url', base, '--config-dir', dir])).code).toBe(0);
+    const old = JSON.parse(readFileSync(join(dir, 'runner.json'), 'utf8')) as { runner_id: string; runner_credential_id: string };
+    // What a daemon records when the control plane refuses its credential (it then exits 5).
+    const refusal = { http_status: 401, error_type: 'auth.invalid_key', error_message: 'revoked', at: '2026-12-07T10:00:00.000Z' };
+    writeFileSync(join(dir, 'state.json'), `${JSON.stringify({ pid: 1, status: 'stopped', connected: false, generation: null, base_url: base, runner_id: old.runner_id, last_heartbeat_ack_at: null, reconnect_attempt: 0, credential_refused: refusal })}\n`);
+    expect((await cli(['status', '--config-dir', dir])).stdout).toContain('the control plane refused this runner\'s credential');
+    const forced = await cli(['pair', '--code', 'BBBB', '--url', base, '--config-dir', dir, '--force']);
+    expect(forced.code, forced.stderr).toBe(0);
+    expect(forced.stdout).toContain(`replaced the credential ${old.runner_credential_id} of runner ${old.runner_id}, which the control plane had refused (HTTP 401 at ${refusal.at})`);
+    expect(forced.stdout).not.toContain('stays active until revoked');
+    expect((await cli(['status', '--config-dir', dir])).stdout).not.toContain('refused');
+  });
+
+  it('an empty --config-dir, or one that is a file, is a usage or config error that touches nothing', async () => {
+    const cwd = tmp();
+    chmodSync(cwd, 0o755);
+    const before = redeems;
+    const empty = await new Promise<Ran>((done) => {
+      const child = spawn(process.execPath, [RUNNER_CLI, 'pair', '--code', 'AAAA', '--url', base, '--config-dir', '', '--json'], { cwd, env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: tmp() }, stdio: ['ignore', 'pipe', 'pipe'] });
+      let stdout = '';
+      child.stdout.setEncoding('utf8').on('data', (d: string) => (stdout += d));
+      child.on('close', (code) => done({ code, stdout, stderr: '' }));
+    });
+    expect(empty.code).toBe(2);
+    expect(json(empty.stdout).error?.message).toContain('--config-dir: must not be empty');
+    expect(statSync(cwd).mode & 0o777).toBe(0o755);
+    expect(redeems).toBe(before);
+    const file = join(tmp(), 'not-a-dir');
+    writeFileSync(file, 'x');
+    const status = await cli(['status', '--config-dir', file, '--json']);
+    expect(status.code).toBe(2);
+    expect(json(status.stdout).error).toMatchObject({ type: 'config', message: expect.stringContaining(`the runner config dir ${file} is not a directory`) });
+  });
+
   it('while a daemon runs on the config dir: refused (exit code 3), --force or not, before the code is used', async () => {
     const dir = tmp();
     const holder = spawn(process.execPath, ['-e', 'setInterval(() => {}, 1000)'], { stdio: 'ignore' });

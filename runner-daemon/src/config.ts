@@ -72,7 +72,12 @@ function parseTiers(raw: string | undefined): ('container' | 'gvisor')[] | undef
 }
 
 export function loadDaemonConfig(env: Env, flags: Record<string, string | boolean>): DaemonConfig {
-  const flag = (name: string): string | undefined => (typeof flags[name] === 'string' ? (flags[name] as string) : undefined);
+  // A flag given an empty value names nothing (`--config-dir ""` would be the working directory).
+  const flag = (name: string): string | undefined => {
+    const v = flags[name];
+    if (v === '') throw new ConfigError(`--${name}: must not be empty`);
+    return typeof v === 'string' ? v : undefined;
+  };
   // Errors name what the operator typed: the flag (`--slots`) or the environment variable.
   const int = (name: string, envName: string, fallback: number, min = 0, max = MAX_TIMER_MS): number => {
     const f = flag(name);

@@ -5,7 +5,7 @@
  * running on it, and a credential already there is replaced only with --force.
  */
 import { apiUrl } from '@agentplane/core';
-import { checkWritableConfigDir, credentialPath, loadCredential, RUNNER_EXIT, saveCredential, type RunnerCredentialFile } from '@agentplane/protocol';
+import { checkWritableConfigDir, credentialPath, loadCredential, loadState, RUNNER_EXIT, saveCredential, saveState, type RunnerCredentialFile } from '@agentplane/protocol';
 import { CliError, errnoOf, requestFailure, UsageError } from './cli-errors.js';
 import { acquireDaemonLock, DaemonRunningError, type DaemonLock } from './lock.js';
 
@@ -93,9 +93,16 @@ export async function redeemOrEnroll(o: RedeemOptions): Promise<RedeemResult> {
         ...(o.tty ? { secret: file.secret } : {}),
       }, { code: errnoOf(err) ?? null });
     }
-    const replaced = existing
-      ? `\nreplaced the credential ${existing.runner_credential_id} of runner ${existing.runner_id}; it stays active until revoked: ${revokeHint(existing.runner_credential_id)}`
-      : '';
+    // A credential the control plane already refused (the daemon recorded it) is not live there:
+    // nothing to revoke. The record was of the credential replaced, so it goes with it.
+    const state = existing ? loadState(dir) : null;
+    const refused = state?.credential_refused ?? null;
+    if (state && refused) saveState(dir, { ...state, credential_refused: null });
+    const replaced = !existing
+      ? ''
+      : refused
+        ? `\nreplaced the credential ${existing.runner_credential_id} of runner ${existing.runner_id}, which the control plane had refused (HTTP ${refused.http_status} at ${refused.at})`
+        : `\nreplaced the credential ${existing.runner_credential_id} of runner ${existing.runner_id}; it stays active until revoked: ${revokeHint(existing.runner_credential_id)}`;
     return {
       human: `paired: runner ${rc.runner_id} in pool ${rc.runner_pool_id}\ncredential stored in ${path} (mode 0600)${replaced}\nnext: agentplane-runner start`,
       data: {

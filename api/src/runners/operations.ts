@@ -198,8 +198,8 @@ export const runnerOperations: Operation[] = [
       // ten times that: a single client guessing codes cannot use up the platform-wide bucket
       // that every tenant's pairing shares, and one host pairing a pool is not held back.
       const perSource = deps.config.pairingRedeemPerMinute;
-      await enforceRateLimit(deps.redis, `runner-pairing-redeem:${redeemSource(clientAddress)}`, perSource);
-      await enforceRateLimit(deps.redis, 'runner-pairing-redeem', perSource * 10);
+      await enforceRateLimit(deps.redis, `runner-pairing-redeem:${redeemSource(clientAddress)}`, perSource, Date.now(), 'pairing redemptions from this client address');
+      await enforceRateLimit(deps.redis, 'runner-pairing-redeem', perSource * 10, Date.now(), 'pairing redemptions on this platform');
       const issued = await deps.runners.redeem(body);
       return json(201, { ...issued, connect_path: connectPath });
     },

@@ -5,7 +5,7 @@
  * whether the sandboxes labelled with this directory still have a runner), and `state.json`, what
  * a running daemon publishes about itself (read by `status` and `drain`).
  */
-import { chmodSync, closeSync, existsSync, fsyncSync, mkdirSync, openSync, readFileSync, renameSync, rmSync, writeFileSync, writeSync } from 'node:fs';
+import { chmodSync, closeSync, existsSync, fsyncSync, mkdirSync, openSync, readFileSync, renameSync, rmSync, statSync, writeFileSync, writeSync } from 'node:fs';
 import { join } from 'node:path';
 import { ConfigError } from '@agentplane/core';
 
@@ -111,6 +111,8 @@ const CREDENTIAL_FIELDS = ['base_url', 'secret', 'runner_id', 'runner_credential
 
 /** The stored credential; null when the dir holds none. A damaged file is a ConfigError naming it. */
 export function loadCredential(dir: string): RunnerCredentialFile | null {
+  // A config dir that is a file is a mistake to name, not a runner that is not paired yet.
+  if (existsSync(dir) && !statSync(dir).isDirectory()) throw new ConfigError(`the runner config dir ${dir} is not a directory (--config-dir / AGENTPLANE_RUNNER_HOME)`);
   const path = credentialPath(dir);
   if (!existsSync(path)) return null;
   const fix = 'restore it, or pair again into this config dir with --force (the credential it held stays active until revoked)';
