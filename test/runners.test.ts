@@ -122,6 +122,15 @@ describe('runner pairing', () => {
     expect(extra.status).toBe(400);
   });
 
+  it('a runner pool\'s name is a logical key: up to 94 characters', async () => {
+    const name = (n: number) => `p${'a'.repeat(n - 1)}`;
+    const long = await p.root.request('POST', '/v1/runner-pools', { body: { name: name(95), placement: 'managed' } });
+    expect([long.status, errType(long)]).toEqual([400, 'validation.malformed']);
+    const upper = await p.root.request('POST', '/v1/runner-pools', { body: { name: 'Pool', placement: 'managed' } });
+    expect([upper.status, errType(upper)]).toEqual([400, 'validation.malformed']);
+    expect((await p.root.request('POST', '/v1/runner-pools', { body: { name: name(94), placement: 'managed' } })).status).toBe(201);
+  });
+
   it('creates a single-use code, replays it for the same key, and conflicts on a second pending pairing', async () => {
     const principal = await newPrincipal();
     const before = Date.now();

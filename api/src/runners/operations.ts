@@ -1,4 +1,4 @@
-import { Id, Nullable, Obj, Page, PageQuery, Timestamp, Type } from '@agentplane/core';
+import { Id, LogicalKey, Nullable, Obj, Page, PageQuery, Timestamp, Type } from '@agentplane/core';
 import { tags } from '@agentplane/store';
 import { ADMINS, READERS } from '../http/caller.js';
 import { createOnce, priorAttempt } from '../http/keyed-create.js';
@@ -103,7 +103,7 @@ export const runnerOperations: Operation[] = [
     operationId: 'runnerPools.createRunnerPool', path: '/v1/runner-pools',
     audit: { target: 'response' },
     summary: 'Create a runner pool in the Workspace', auth: { kind: 'bearer', roles: ADMINS },
-    body: Obj({ name: Type.String({ minLength: 1, maxLength: 100, pattern: '^[a-z0-9](?:[a-z0-9._-]{0,99})$' }), placement: Type.Union([Type.Literal('byoc'), Type.Literal('managed')]) }),
+    body: Obj({ name: LogicalKey(), placement: Type.Union([Type.Literal('byoc'), Type.Literal('managed')]) }),
     response: RunnerPoolSchema, successStatus: 201, idempotency: 'optional', mcp: 'full',
   }, (ws, { body, deps, keyed }) => createOnce('runnerPool', keyed, (id) => deps.runners.findPool(ws, id), (id) => deps.runners.createPool(ws, body, id))),
   workspaceRead({
