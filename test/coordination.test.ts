@@ -145,6 +145,12 @@ describe('coordinator sessions', () => {
       },
     });
     expect(reserved.status).toBe(400);
+    // Nor by a Session's update: a coordinator Session's tools keep the delegation names free.
+    const s = await api.post<{ id: string }>('/v1/sessions', { agent: lead.id, environment_id: envId });
+    const custom = (name: string) => ({ agent: { tools: [{ type: 'custom', name, description: 'd', input_schema: { type: 'object' } }] } });
+    const updated = await api.request('POST', `/v1/sessions/${s.id}`, { body: custom('wait_threads') });
+    expect([updated.status, (updated.body as { error: { type: string; message: string } }).error?.message]).toEqual([400, "body.agent.tools: 'wait_threads' is reserved for the delegation tools of a coordinator"]);
+    expect((await api.request('POST', `/v1/sessions/${s.id}`, { body: custom('lookup') })).status).toBe(200);
   });
 
   it('a coordinator release publishes a deployment revision only with its roster snapshot', async () => {
@@ -389,6 +395,26 @@ describe('coordinator sessions', () => {
       await p.root.delete(`/v1/action-policies/${policy.id}`);
     }
   }, 60_000);
+
+  it('wait_threads holds to its schema: another mode, or ids that are not a list, is an error the model reads', async () => {
+    const c = await coordinator([
+      { when: { on: 'user' }, then: [
+        { tool: 'start_thread', input: { agent: 'researcher', task: 'odd waits' } },
+        { tool: 'wait_threads', input: { mode: 'some' } },
+        { tool: 'wait_threads', input: { session_thread_ids: 'notarray' } },
+      ] },
+      { then: [{ reply: 'read {{tool_results}}' }] },
+    ]);
+    await say(c.session, 'go');
+    const evs = await turnOver(c.session, c.primary);
+    const waits = evs.filter((e) => e.type === 'agent.tool_use' && e.payload.name === 'wait_threads').map((e) => e.payload.id);
+    const results = waits.map((id) => evs.find((e) => e.type === 'agent.tool_result' && e.payload.tool_use_id === id)?.payload);
+    expect(results).toHaveLength(2);
+    expect(results[0]).toMatchObject({ is_error: true });
+    expect(JSON.stringify(results[0])).toContain("mode must be 'all' or 'any'");
+    expect(results[1]).toMatchObject({ is_error: true });
+    expect(JSON.stringify(results[1])).toContain('session_thread_ids must be a list of child thread ids');
+  }, 90_000);
 
   it('kill -9 the runner of one child: only the children it ran reschedule, and the fan-out still completes', async () => {
     const c = await coordinator(fanOut(['one', 'two', 'three'].map((x) => `${x} sleepy`)));

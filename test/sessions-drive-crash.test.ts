@@ -1,8 +1,8 @@
 import { beforeAll, describe, expect, it } from 'vitest';
-import { existsSync } from 'node:fs';
+import { existsSync, rmSync } from 'node:fs';
 import { waitFor } from './harness/platform.js';
 import { useCrashPlatforms, type CrashTurnPlatform } from './harness/crash-platform.js';
-import { idleCount, SCRIPT, untilEvents, type Json } from './harness/turns.js';
+import { idleCount, SCRIPT, untilEvents, type Json, type TurnEvent } from './harness/turns.js';
 
 /**
  * The API dies inside a drive event, after its write and before the work that write calls for
@@ -15,7 +15,7 @@ const crash = useCrashPlatforms('drive-crash');
 let t: CrashTurnPlatform;
 const marker = (point: string) => t.marker(point);
 beforeAll(async () => {
-  t = await crash.startTurn(['answer-recorded', 'interrupt-wait-written', 'approval-resolved'], { name: 'drive-crash' });
+  t = await crash.startTurn(['answer-recorded', 'interrupt-wait-written', 'approval-resolved', 'message-queued'], { name: 'drive-crash' });
 }, 180_000);
 
 /** A Session whose first turn ends waiting on a custom tool; returns the Session and the tool use. */
@@ -128,5 +128,86 @@ describe('a crash inside an approval\'s resolution', () => {
     expect(ran).toHaveLength(1);
     expect(ran[0]?.match(/crash-approved/g)).toHaveLength(1);
     expect(new Set(all.map((e) => e.seq)).size).toBe(all.length);
+  }, 240_000);
+});
+
+describe('a child thread\'s archive and the work it has taken', () => {
+  /** A coordinator Session whose one child (of `member`, given `task`) is started by the first message. */
+  async function withChild(member: { name: string; system: string; tools?: unknown[] }, task: string): Promise<{ session: string; primary: string; child: () => Promise<string> }> {
+    const m = await t.api.post<{ id: string; version: number }>('/v1/agents', { name: member.name, model: 'default', system: member.system, ...(member.tools ? { tools: member.tools } : {}) });
+    const lead = await t.api.post<{ id: string }>('/v1/agents', {
+      name: 'lead', model: 'default', multiagent: { roster: [{ agent_id: m.id, version: m.version }] },
+      system: SCRIPT([
+        { when: { on: 'user' }, then: [{ tool: 'start_thread', input: { agent: member.name, task } }, { tool: 'wait_threads', input: {} }] },
+        { when: { after_tool: 'wait_threads' }, then: [{ reply: 'combined: {{tool_result}}' }] },
+      ]),
+    });
+    const s = await t.api.post<{ id: string }>('/v1/sessions', { agent: lead.id, environment_id: t.envId });
+    const threads = async () => (await t.api.get<{ data: { id: string; parent_thread_id: string | null }[] }>(`/v1/sessions/${s.id}/threads`)).data;
+    const primary = (await threads())[0]?.id ?? '';
+    await t.api.post(`/v1/sessions/${s.id}/events`, t.msg('go'));
+    const child = () => waitFor('the child thread', async () => (await threads()).find((x) => x.parent_thread_id !== null)?.id, 60_000);
+    return { session: s.id, primary, child };
+  }
+  const threadEvents = async (session: string, thread: string) =>
+    (await t.api.get<{ data: TurnEvent[] }>(`/v1/sessions/${session}/threads/${thread}/events`, { limit: 1000 })).data.filter((e) => e.session_thread_id === thread);
+  const stops = (evs: TurnEvent[]) => evs.filter((e) => e.type === 'session.status_idle').map((e) => (e.payload.stop_reason as { type: string }).type);
+  const turnsEnded = (session: string, thread: string, n: number) => waitFor(`${n} turns of ${thread}`, async () => {
+    const evs = await threadEvents(session, thread).catch(() => []);
+    return stops(evs).length >= n ? evs : undefined;
+  }, 90_000);
+  const archive = (session: string, thread: string) => t.api.request<{ status: string; error?: { type: string; message: string } }>('POST', `/v1/sessions/${session}/threads/${thread}/archive`);
+  /** Kills the API at `point` (re-armed) with `body`, and waits for the one that replaces it. */
+  async function crashDriving(point: string, session: string, body: Json): Promise<void> {
+    rmSync(marker(point), { force: true });
+    await crashOn(point, session, body);
+  }
+
+  it('a child whose answer was recorded, its turn not continued yet (the API died): refused until that turn is over', async () => {
+    const c = await withChild({
+      name: 'asker',
+      tools: [{ type: 'custom', name: 'lookup', description: 'Ask the client', input_schema: { type: 'object', properties: { q: { type: 'string' } } } }],
+      system: SCRIPT([{ when: { on: 'user' }, then: [{ tool: 'lookup', input: { q: 'x' } }] }, { when: { after_tool: 'lookup' }, then: [{ reply: 'asker got {{tool_result}}' }] }]),
+    }, 'ask');
+    const child = await c.child();
+    const waiting = await turnsEnded(c.session, child, 1);
+    expect(stops(waiting)).toEqual(['requires_action']);
+    const use = waiting.find((e) => e.type === 'agent.tool_use');
+    const answer = { type: 'user.custom_tool_result', payload: { tool_use_id: String(use?.payload.id), result: 'forty-two', session_thread_id: child, authored_by: t.principal, caused_by: { kind: 'api' } } };
+    await crashDriving('answer-recorded', c.session, answer);
+
+    // Idle, every wait answered, its continuation not started: the turn is not over.
+    const refused = await archive(c.session, child);
+    expect([refused.status, refused.body.error?.type]).toEqual([409, 'runtime.invalid_transition']);
+    expect(refused.body.error?.message).toContain('continues with the answers');
+    // The retry continues the turn; the answer reaches the coordinator; then the child archives.
+    expect((await t.api.request('POST', `/v1/sessions/${c.session}/events`, { body: answer })).status).toBe(200);
+    const lead = await turnsEnded(c.session, c.primary, 2);
+    expect(lead.filter((e) => e.type === 'agent.message').map((e) => JSON.stringify(e.payload)).join(' ')).toContain('asker got forty-two');
+    await turnsEnded(c.session, child, 2);
+    expect((await archive(c.session, child)).body.status).toBe('terminated');
+  }, 240_000);
+
+  it('an idle child with a message queued (the API died before its turn started): refused, and the message runs', async () => {
+    const c = await withChild({ name: 'echo', system: SCRIPT([{ when: { on: 'user' }, then: [{ reply: 'echo {{user}}' }] }]) }, 'first task');
+    const child = await c.child();
+    await turnsEnded(c.session, c.primary, 2);
+    expect(stops(await threadEvents(c.session, child))).toEqual(['end_turn']);
+    // An API that has not read the thread since it started queues the message and starts its
+    // turn in two steps: it dies between them.
+    const before = t.p.pids().api;
+    process.kill(before as number, 'SIGKILL');
+    await waitFor('the API back', async () => (t.p.pids().api !== before && (await t.api.request('GET', `/v1/sessions/${c.session}`).catch(() => null))?.status === 200) || undefined, 60_000);
+    const message = (text: string) => ({ type: 'user.message', payload: { content: text, session_thread_id: child, authored_by: t.principal, caused_by: { kind: 'api' } } });
+    await crashDriving('message-queued', c.session, message('queued one'));
+
+    const refused = await archive(c.session, child);
+    expect([refused.status, refused.body.error?.type]).toEqual([409, 'runtime.invalid_transition']);
+    expect(refused.body.error?.message).toContain('message(s) queued');
+    // The next message starts the turn with both; then the child archives.
+    expect((await t.api.request('POST', `/v1/sessions/${c.session}/events`, { body: message('and another') })).status).toBe(201);
+    const evs = await turnsEnded(c.session, child, 2);
+    expect(evs.filter((e) => e.type === 'agent.message').map((e) => JSON.stringify(e.payload)).join(' ')).toContain('queued one');
+    expect((await archive(c.session, child)).body.status).toBe('terminated');
   }, 240_000);
 });

@@ -4,7 +4,7 @@ import { READERS, WRITERS } from '../http/caller.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
 import { workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
-import { normaliseMcp, normaliseTools } from '@agentplane/domain';
+import { checkCoordinatorTools, normaliseMcp, normaliseTools } from '@agentplane/domain';
 import type { ApiDeps } from '../deps.js';
 import type { SessionDoc } from '@agentplane/domain';
 import {
@@ -123,6 +123,7 @@ export const sessionOperations: Operation[] = [
       if (body.vault_ids !== undefined) await deps.vaults.requireAll(ws, body.vault_ids);
       const s = await deps.sessions.store.update(ws, params.session_id, (cur) => {
         if (cur.archived_at !== null) throw new ApiError('runtime.invalid_transition', 'an archived session cannot be changed');
+        if (cur.agent.multiagent && body.agent?.tools) checkCoordinatorTools(body.agent.tools, 'body.agent.tools');
         return {
           ...cur,
           ...(body.agent ? {

@@ -566,6 +566,7 @@ export class SessionService {
       if (started) return { status: 201, event: started.event };
     }
     const { event, thread: seen, queued } = await this.appendOne(session.id, input, threadId, producerKey, queue, trace);
+    if (queue) crashPoint('message-queued');
     // The append script queued the message, read the thread and returned the queue: a busy thread is not written.
     if (queue) await this.d.runtime.submitUserMessage(session, threadId, event.id, { queued: true, thread: seen, ...(queued ? { queue: queued } : {}), ...(intent ? { intent } : {}), trace });
     if (input.type === 'user.interrupt') await this.d.runtime.interrupt(session, threadId, trace);

@@ -93,7 +93,9 @@ export const threadOperations: Operation[] = [
     async handler({ caller, params, deps }) {
       const { session } = await sessionAndThread(deps, requireWorkspace(caller), params.session_id, params.thread_id);
       const now = new Date().toISOString();
-      const t = await deps.sessions.store.updateThread(params.session_id, params.thread_id, (cur) => {
+      // Terminated only while no message is queued for the thread (one script): a message the
+      // append took before the archive starts the thread's next turn, and is never left behind it.
+      const t = await deps.sessions.store.terminateThreadIfNoInput(params.session_id, params.thread_id, (cur) => {
         if (cur.parent_thread_id === null || cur.id === session._primary_thread_id) {
           throw new ApiError('runtime.primary_thread', 'the primary thread cannot be archived; archive the Session instead');
         }
@@ -101,7 +103,10 @@ export const threadOperations: Operation[] = [
         if (cur.status !== 'idle') throw new ApiError('runtime.invalid_transition', `the thread is ${cur.status}; interrupt it with user.interrupt first`);
         const waiting = Object.values(cur._waits).some((w) => w.generation === cur._wait_generation && w.answered_event_id === null);
         if (waiting) throw new ApiError('runtime.invalid_transition', 'the thread waits on an action; answer or interrupt it first');
-        return { ...cur, status: 'terminated', archived_at: now, _frozen_stats: threadStats(cur), _active_run_id: null };
+        // Idle on a Run whose turn ended requires_action, every wait answered: the turn continues
+        // with those answers (its next Run is starting), so it is not over yet.
+        if (cur._active_run_id !== null) throw new ApiError('runtime.invalid_transition', 'the thread\'s turn continues with the answers it got; archive it once that turn is over, or interrupt it with user.interrupt first');
+        return { ...cur, status: 'terminated', archived_at: now, _frozen_stats: threadStats(cur) };
       });
       return json(200, await deps.sessions.threadView(t));
     },

@@ -103,7 +103,12 @@ export async function checkMultiagent(
       throw new ApiError('validation.malformed', `${field}.roster.${i}: ${m.agent_id} is a coordinator; child threads do not spawn children (depth 1)`);
     }
   }
+  checkCoordinatorTools(tools);
+}
+
+/** A coordinator's own tools (`field`) do not use the delegation tool names (400). */
+export function checkCoordinatorTools(tools: readonly ToolT[], field = 'body.tools'): void {
   for (const t of tools) {
-    if (t.type === 'custom' && isDelegationTool(t.name)) throw new ApiError('validation.malformed', `body.tools: '${t.name}' is reserved for the delegation tools of a coordinator`);
+    if (t.type === 'custom' && isDelegationTool(t.name)) throw new ApiError('validation.malformed', `${field}: '${t.name}' is reserved for the delegation tools of a coordinator`);
   }
 }

@@ -366,9 +366,13 @@ export class Coordinator {
 
   /** `wait_threads`: the answer once the named children have settled (all, or any), else null. */
   private async waitAnswer(session: SessionDoc, input: Input): Promise<Answer | null> {
+    // The tool's schema, held to: a value of another shape is an error the model reads, not the default.
+    if (input.mode !== undefined && input.mode !== 'all' && input.mode !== 'any') return err(`mode must be 'all' or 'any', not ${JSON.stringify(input.mode)}`);
+    const named = input.session_thread_ids;
+    if (named !== undefined && (!Array.isArray(named) || named.some((x) => typeof x !== 'string'))) return err('session_thread_ids must be a list of child thread ids');
     let ids: string[];
-    if (Array.isArray(input.session_thread_ids)) {
-      ids = input.session_thread_ids.map(String);
+    if (Array.isArray(named)) {
+      ids = named as string[];
     } else {
       ids = (await this.store.threadIds(session.id, 0, MULTIAGENT_LIMITS.threadsPerSession + 1)).ids;
     }
@@ -382,7 +386,7 @@ export class Coordinator {
       threads.push(t);
     }
     const done = threads.filter(settled);
-    const mode = input.mode === 'any' ? 'any' : 'all';
+    const mode = input.mode ?? 'all';
     if (mode === 'all' ? done.length < threads.length : done.length === 0) return null;
     return ok({ results: await this.results(session, done) });
   }

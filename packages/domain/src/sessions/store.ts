@@ -1,5 +1,5 @@
 import { ApiError, newId, nowIso, type Context } from '@agentplane/core';
-import { BoundedCache, DocumentStore, EventLog, eventLogKeys, forgetWritten, keys, LuaScript, newEventId, primeCache, tags, type AppendEvent, type CommitClaim, type CommitDoc, type CommitResult, type SwapOutcome, type Tag, type EventLogDurability, type LogEvent, type Redis } from '@agentplane/store';
+import { BoundedCache, DOC_SWAP_LUA, docSwapResult, DocumentStore, EventLog, eventLogKeys, forgetWritten, keys, LuaScript, newEventId, primeCache, tags, type AppendEvent, type CommitClaim, type CommitDoc, type CommitResult, type SwapOutcome, type Tag, type EventLogDurability, type LogEvent, type Redis } from '@agentplane/store';
 import type { AgentSnapshot } from '../agents/model.js';
 import type { GraderRunInfo, RunDoc, SessionDoc, SessionTombstone, ThreadDoc } from './model.js';
 
@@ -120,6 +120,15 @@ return raw`);
  * KEYS: the log's meta hash, the thread document, the thread index, the spawn counter.
  * ARGV: JSON, spawn, id. Returns 1 (written), 0 (erased) or -1 (a document of that id exists).
  */
+/**
+ * A thread's compare-and-swap (DOC_SWAP_LUA on KEYS[1]) made only while its input queue
+ * (KEYS[2]) is empty: {2, n} with n messages queued, else doc_swap's answer.
+ */
+const SWAP_IF_NO_INPUT = new LuaScript('thread_swap_if_no_input', `${DOC_SWAP_LUA}
+local queued = redis.call('LLEN', KEYS[2])
+if queued > 0 then return {2, queued} end
+return doc_swap(KEYS[1], ARGV[1], ARGV[2])`);
+
 const CREATE_CHILD = new LuaScript('thread_create_child', `
 if redis.call('HEXISTS', KEYS[1], 'erased') == 1 then
   redis.call('DEL', KEYS[4])
@@ -338,6 +347,32 @@ export class SessionStore {
       const next = mutate(t);
       return next === null ? null : { thread: next };
     }).then((r) => r.thread);
+  }
+
+  /**
+   * A compare-and-swap on a thread that, when it terminates the thread, is made only while no
+   * message waits in its input queue (an archive: a message the append script queued while the
+   * thread was not terminated starts its next turn and must not be left behind a terminated
+   * thread). With messages queued: 409 `runtime.invalid_transition`, nothing written.
+   */
+  terminateThreadIfNoInput(sessionId: string, threadId: string, mutate: (t: ThreadDoc) => ThreadDoc | null): Promise<ThreadDoc> {
+    const tag = sessionTag(sessionId);
+    let terminates = false;
+    return this.swapThread(sessionId, threadId, (t) => {
+      const next = mutate(t);
+      terminates = next !== null && t.status !== 'terminated' && next.status === 'terminated';
+      return next;
+    }, async (next, expected) => {
+      if (!terminates) return this.docs.swap(tag, threadId, next, expected);
+      const r = (await SWAP_IF_NO_INPUT.run(this.redis, [keys.doc(tag, threadId), inputQueueKey(sessionId, threadId)], [String(expected), JSON.stringify(next)])) as unknown[];
+      if (r[0] === 2) {
+        throw new ApiError('runtime.invalid_transition', `the thread has ${Number(r[1])} message(s) queued that start its next turn; archive it once that turn is over, or interrupt it with user.interrupt first`);
+      }
+      return docSwapResult(r).outcome;
+    }).then((thread) => {
+      this.rememberThread(thread);
+      return thread;
+    });
   }
 
   /**
