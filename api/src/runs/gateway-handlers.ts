@@ -190,7 +190,7 @@ export function registerRunHandlers(gw: Gateway, d: RunHandlerDeps): void {
     for (const rec of orphans) {
       if (rec.workspace_id !== conn.identity.workspaceId) continue;
       await accepting.get(rec.lease_id);
-      const reason = 'the runner restarted without this lease';
+      const reason = 'the runner reconnected without this lease';
       const verdict = await d.keeper.abandon(leaseOf(rec), reason);
       if (verdict === 'not_accepted') {
         await reply(rec, { lease_id: rec.lease_id, outcome: 'rejected', reason });
