@@ -468,6 +468,23 @@ describe('POST /v1/agents/{id}/deploy', () => {
   });
 });
 
+describe('concurrent deploys of one release', () => {
+  it('one publishes; the others find that revision and answer unchanged', async () => {
+    const target = (await p.root.post<{ id: string }>(`/v1/organizations/${org}/workspaces`, { name: 'deploy-race' })).id;
+    await p.root.request('POST', `/v1/organizations/workspaces/${target}/harness-profiles`, { body: { key: 'default', kind: 'builtin' } });
+    await p.root.request('POST', `/v1/organizations/workspaces/${target}/sandbox-profiles`, { body: { key: 'default', image: 'agentplane/sandbox:latest' } });
+    const b = await agent('raced');
+    const rs = await Promise.all(Array.from({ length: 6 }, () => p.root.request<{ outcome: string; revision: Rev | null }>('POST', `/v1/agents/${b}/deploy`, {
+      body: { agent_release_number: 1, target_workspace_id: target },
+    })));
+    for (const r of rs) expect(r.status).toBe(200);
+    const outcomes = rs.map((r) => r.body.outcome);
+    expect(outcomes.filter((o) => o === 'published')).toHaveLength(1);
+    expect(outcomes.filter((o) => o === 'unchanged')).toHaveLength(5);
+    expect(new Set(rs.map((r) => r.body.revision?.id)).size).toBe(1);
+  });
+});
+
 describe("ActionPolicies on a deployment Session's first messages", () => {
   it('each decision is an audit record naming the Session the request created', async () => {
     const head = await admin.post<Head>(`/v1/organizations/workspaces/${ws}/agent-deployments`, { agent_id: await agent('governed'), key: 'governed' });

@@ -383,7 +383,9 @@ export class DeploymentService {
       }
       try {
         const r = await this.publish(targetWs, id, body, { kind: 'system' });
-        return { outcome: 'published', agent_deployment: await this.get(targetWs, id), revision: r.revision, missing_profiles: [] };
+        // 200: a concurrent deploy published this same configuration from the same head; this
+        // one wrote nothing.
+        return { outcome: r.status === 201 ? 'published' : 'unchanged', agent_deployment: await this.get(targetWs, id), revision: r.revision, missing_profiles: [] };
       } catch (err) {
         if (!(err instanceof ApiError) || err.type !== 'validation.conflict') throw err;
         head = await this.get(targetWs, id);
