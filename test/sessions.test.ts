@@ -125,6 +125,10 @@ describe('agents and environments', () => {
     const stale = await api.request('POST', `/v1/agents/${a.id}`, { body: { expected_version: 1, system: 'x' } });
     expect(stale.status).toBe(409);
     expect(errType(stale)).toBe('validation.conflict');
+    expect(errMsg(stale)).toBe('version 1 is stale; the current version is 3');
+    // A version never written is not called stale.
+    const ahead = await api.request('POST', `/v1/agents/${a.id}`, { body: { expected_version: 9, system: 'x' } });
+    expect([ahead.status, errMsg(ahead)]).toEqual([409, 'version 9 is ahead of the current one (never written); the current version is 3']);
     expect(await api.get(`/v1/agents/${a.id}/versions/1`)).toMatchObject({ version: 1, system: null });
     const versions = await api.get<{ data: Json[] }>(`/v1/agents/${a.id}/versions`);
     expect(versions.data.map((v) => v.version)).toEqual([1, 2, 3]);

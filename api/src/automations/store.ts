@@ -1,4 +1,4 @@
-import { ApiError, sha256Hex, type SecretBox } from '@agentplane/core';
+import { ApiError, sha256Hex, type SecretBox, staleOrAhead } from '@agentplane/core';
 import { keys, LuaScript, tags, type DocumentStore, type Redis } from '@agentplane/store';
 import type { Organization, Workspace } from '@agentplane/domain';
 import {
@@ -140,7 +140,7 @@ export class AutomationStore {
     if (r.kind === 'missing') throw new ApiError('validation.not_found', `automation ${id} not found`);
     if (r.kind === 'stale') {
       const at = (JSON.parse(r.current) as AutomationDoc).version;
-      throw new ApiError('validation.conflict', `version ${expectedVersion ?? ''} is stale; the current version is ${at}`);
+      throw new ApiError('validation.conflict', `version ${expectedVersion ?? ''} ${staleOrAhead(expectedVersion, at)}; the current version is ${at}`);
     }
     await this.redis.del(automationKeys.secret(ws, id), automationKeys.home(id), automationKeys.metrics(ws, id));
   }

@@ -1,4 +1,4 @@
-import { ApiError, canonicalJson, crashPoint, newId, nowIso, sha256Hex } from '@agentplane/core';
+import { ApiError, canonicalJson, crashPoint, newId, nowIso, sha256Hex, staleOrAhead } from '@agentplane/core';
 import {
   ConnectionService, exposedNameClash, harnessProfileStore, sandboxProfileStore, snapshotOf, type Agent, type DeploymentPin, type HarnessProfile, type SandboxProfile, type VersionedStore,
 } from '@agentplane/domain';
@@ -283,7 +283,7 @@ export class DeploymentService {
       // binding, a Skill) must not turn the replay into an error.
       const prior = await replay(configurationDigest(requestedConfig(head, body)));
       if (prior) return { status: 200, revision: prior };
-      throw new ApiError('validation.conflict', `resource_version ${body.expected_resource_version} is stale; the current resource_version is ${head.version}`);
+      throw new ApiError('validation.conflict', `resource_version ${body.expected_resource_version} ${staleOrAhead(body.expected_resource_version, head.version)}; the current resource_version is ${head.version}`);
     }
     const resolved = await this.resolve(ws, head, body);
     if (head.status === 'archived') throw new ApiError('runtime.invalid_transition', 'the deployment is archived (terminal)');
@@ -492,7 +492,7 @@ export class DeploymentService {
         const n = await this.heads.revisionFromBase(ws, id, expected);
         const prior = n === null ? null : await this.heads.revision<BindingRevisionDoc>(ws, id, n);
         if (prior && same(prior)) return { status: 200, revision: prior };
-        throw new ApiError('validation.conflict', `resource_version ${expected} is stale; the current resource_version is ${head.version}`);
+        throw new ApiError('validation.conflict', `resource_version ${expected} ${staleOrAhead(expected, head.version)}; the current resource_version is ${head.version}`);
       }
       if (head.status === 'archived') throw new ApiError('runtime.invalid_transition', 'the connection binding is archived (terminal)');
       if ((await this.bindingDeployment(ws, head)).status === 'archived') throw deploymentArchived();

@@ -1,4 +1,4 @@
-import { ApiError, isId, newId, nowIso } from '@agentplane/core';
+import { ApiError, isId, newId, nowIso, staleOrAhead } from '@agentplane/core';
 import { keys, tags, type DocumentStore, type Redis, type StoredDoc } from '@agentplane/store';
 
 /** What a PermissionAssignment can grant (docs/GOVERNANCE.md, "Which boundary checks which action"). */
@@ -84,7 +84,7 @@ export class PermissionStore {
     if (r.kind === 'missing') throw new ApiError('validation.not_found', 'permission assignment not found');
     if (r.kind === 'stale') {
       const at = (JSON.parse(r.current) as PermissionAssignment).version;
-      throw new ApiError('validation.conflict', `expected_version ${expectedVersion ?? ''} is stale; the assignment is at version ${at}`);
+      throw new ApiError('validation.conflict', `expected_version ${expectedVersion ?? ''} ${staleOrAhead(expectedVersion, at)}; the assignment is at version ${at}`);
     }
   }
 

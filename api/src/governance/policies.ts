@@ -1,4 +1,4 @@
-import { ApiError, crashPoint, GlobError, newId, nowIso, type Logger } from '@agentplane/core';
+import { ApiError, crashPoint, GlobError, newId, nowIso, type Logger, staleOrAhead } from '@agentplane/core';
 import {
   cachedGet, DOC_REMOVE_LUA, DOC_SWAP_LUA, docRemoveResult, docSwapResult, keys, LuaScript, tags, type DocumentStore, type Redis, type StoredDoc, type SwapOutcome,
 } from '@agentplane/store';
@@ -154,7 +154,7 @@ export class PolicyStore {
     if (r.kind === 'missing') throw new ApiError('validation.not_found', 'action policy not found');
     if (r.kind === 'stale') {
       const at = (JSON.parse(r.current) as ActionPolicy).version;
-      throw new ApiError('validation.conflict', `expected_version ${expectedVersion ?? ''} is stale; the policy is at version ${at}`);
+      throw new ApiError('validation.conflict', `expected_version ${expectedVersion ?? ''} ${staleOrAhead(expectedVersion, at)}; the policy is at version ${at}`);
     }
     crashPoint('action-policy-deleted');
   }

@@ -1,4 +1,4 @@
-import { ApiError, crashPoint, newId, nowIso, type Logger, type SecretBox } from '@agentplane/core';
+import { ApiError, crashPoint, newId, nowIso, type Logger, type SecretBox, staleOrAhead } from '@agentplane/core';
 import { DOC_SWAP_LUA, docSwapResult, keys, LuaScript, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
 import { KEYLESS_PROVIDERS, ProviderError, type ProviderAdapter, type ProviderKey } from '@agentplane/models';
 import { createClaimed, releaseOrphanClaim } from '@agentplane/domain';
@@ -158,7 +158,7 @@ export class ModelCredentialService {
     if (cur.provider_key === 'scripted') throw new ApiError('runtime.invalid_transition', 'a scripted credential has no secret to rotate');
     if (cur.status === 'revoked') throw new ApiError('runtime.invalid_transition', 'a revoked credential cannot be rotated');
     if (expectedGeneration !== undefined && cur.active_generation_number !== expectedGeneration) {
-      throw new ApiError('validation.conflict', `generation ${expectedGeneration} is stale; the active generation is ${cur.active_generation_number}`);
+      throw new ApiError('validation.conflict', `generation ${expectedGeneration} ${staleOrAhead(expectedGeneration, cur.active_generation_number)}; the active generation is ${cur.active_generation_number}`);
     }
     const gen = cur.active_generation_number + 1;
     const tag = tags.workspace(ws);

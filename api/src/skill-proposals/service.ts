@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { DelayedError, type Queue, type Job } from 'bullmq';
-import { ApiError, crashPoint, newId, nowIso, type Logger } from '@agentplane/core';
+import { ApiError, crashPoint, newId, nowIso, type Logger, staleOrAhead } from '@agentplane/core';
 import { keys, tags, type DocumentStore, type LogEvent, type Redis, type StoredDoc } from '@agentplane/store';
 import { QueueHost } from '../queue-host.js';
 import { createdId, earlierAttempt } from '../http/keyed-create.js';
@@ -247,7 +247,7 @@ export class SkillProposalService {
     };
     if (!isRetry(p)) {
       if (p.status !== 'drafted' && p.status !== 'verification_failed') throw invalid(p, 'verify');
-      if (p.version !== body.expected_version) throw new ApiError('validation.conflict', `expected_version ${body.expected_version} is stale; the current version is ${p.version}`);
+      if (p.version !== body.expected_version) throw new ApiError('validation.conflict', `expected_version ${body.expected_version} ${staleOrAhead(body.expected_version, p.version)}; the current version is ${p.version}`);
       await this.d.identity.activePrincipal(ws, body.principal, 'principal');
       await this.d.models.profiles.requireKey(ws, p.model_routing_profile_key, 'model_routing_profile_key');
       const session = newId('session');
@@ -441,7 +441,7 @@ export class SkillProposalService {
     const dir = `${source.path}/${name}`;
     if (!resuming) {
       if (p.status !== 'verified') throw invalid(p, 'submit');
-      if (p.version !== body.expected_version) throw new ApiError('validation.conflict', `expected_version ${body.expected_version} is stale; the current version is ${p.version}`);
+      if (p.version !== body.expected_version) throw new ApiError('validation.conflict', `expected_version ${body.expected_version} ${staleOrAhead(body.expected_version, p.version)}; the current version is ${p.version}`);
       // The submission is recorded as acted by this Principal (`acted_as`): one of this Workspace, active.
       await this.d.identity.activePrincipal(ws, body.principal, 'principal');
       const branch = body.branch ?? `skills/${name}-${id.slice(-8)}`;

@@ -1,7 +1,7 @@
 import { request as httpRequest, type IncomingMessage } from 'node:http';
 import { request as httpsRequest } from 'node:https';
 import type { LookupFunction } from 'node:net';
-import { ApiError, canonicalJson, crashPoint, newId, nowIso, sha256Hex } from '@agentplane/core';
+import { ApiError, canonicalJson, crashPoint, newId, nowIso, sha256Hex, staleOrAhead } from '@agentplane/core';
 import { tags, type DocumentStore, type KeyedWrite, type KeyedWrites, type ListPage, type StoredDoc } from '@agentplane/store';
 import { checkEndpointUrl, resolveAllowed, type EgressPolicy } from '@agentplane/core';
 import { CardRejected, verifyCard, type CardSkillTool, type Discovery, type VerificationKey } from './card.js';
@@ -254,7 +254,7 @@ export class ToolSourceService {
       return src;
     }
     if (input.expected_version !== undefined && input.expected_version !== src.version) {
-      throw new ApiError('validation.conflict', `version ${input.expected_version} is stale; the current version is ${src.version}`);
+      throw new ApiError('validation.conflict', `version ${input.expected_version} ${staleOrAhead(input.expected_version, src.version)}; the current version is ${src.version}`);
     }
     const pkg = await this.getPackage(ws, input.provider_package.id);
     if (pkg.package_version !== input.provider_package.package_version || pkg.digest !== input.provider_package.digest) {

@@ -1,4 +1,4 @@
-import { ApiError, newId, nowIso, type SecretBox } from '@agentplane/core';
+import { ApiError, newId, nowIso, type SecretBox, staleOrAhead } from '@agentplane/core';
 import { tags, type DocumentStore, type ListPage } from '@agentplane/store';
 import { checkWellFormed } from '../memory/model.js';
 import { checkPeerCredential, parseOAuth2Credential } from './peer-credentials.js';
@@ -170,7 +170,7 @@ export class VaultService {
       // Absent, the secret is at generation 0 (create only); written again after a delete, it
       // continues from the deleted one's generation, which a stale expectation still names.
       if (expected !== undefined && (cur?.generation ?? 0) !== expected) {
-        throw new ApiError('validation.conflict', `expected_generation ${expected} is stale; secret ${name} is at generation ${cur?.generation ?? 0}`);
+        throw new ApiError('validation.conflict', `expected_generation ${expected} ${staleOrAhead(expected, cur?.generation ?? 0)}; secret ${name} is at generation ${cur?.generation ?? 0}`);
       }
       if (!cur && v.secrets.length >= VAULT_LIMITS.maxSecrets) throw new ApiError('validation.malformed', `a vault holds at most ${VAULT_LIMITS.maxSecrets} secrets`);
       const generation = lastGeneration(v, name) + 1;

@@ -1,4 +1,4 @@
-import { ApiError, crashPoint, Id, nowIso, Nullable, Obj, Page, PageQuery, Timestamp, Type } from '@agentplane/core';
+import { ApiError, crashPoint, Id, nowIso, Nullable, Obj, Page, PageQuery, Timestamp, Type, staleOrAhead } from '@agentplane/core';
 import { WEBHOOK_EVENT_TYPES } from '../events/catalog.js';
 import { ADMINS, READERS } from '../http/caller.js';
 import { priorAttempt } from '../http/keyed-create.js';
@@ -135,7 +135,7 @@ export const webhookOperations: Operation[] = [
     response: Obj({ delivered: Type.Boolean(), status_code: Type.Integer() }), idempotency: 'optional', mcp: 'full',
   }, async (ws, { params, body, deps }) => {
     const e = await deps.webhooks.store.get(ws, params.webhook_endpoint_id);
-    if (e.version !== body.expected_version) throw new ApiError('validation.conflict', `version ${body.expected_version} is stale; the current version is ${e.version}`);
+    if (e.version !== body.expected_version) throw new ApiError('validation.conflict', `version ${body.expected_version} ${staleOrAhead(body.expected_version, e.version)}; the current version is ${e.version}`);
     return deps.webhooks.test(e);
   }),
   workspaceRead({

@@ -1,4 +1,4 @@
-import { ApiError, type SecretBox } from '@agentplane/core';
+import { ApiError, type SecretBox, staleOrAhead } from '@agentplane/core';
 import { keys, LuaScript, tags, type DocumentStore, type Redis } from '@agentplane/store';
 import { newSigningSecret, rotateSigningSecret, type SecretRecord } from '../automations/signing-secret.js';
 import { ENDPOINTS, type DeliveryRecord, type EndpointDoc } from './model.js';
@@ -82,7 +82,7 @@ export class WebhookStore {
     if (r.kind === 'missing') throw new ApiError('validation.not_found', `webhook endpoint ${id} not found`);
     if (r.kind === 'stale') {
       const at = (JSON.parse(r.current) as EndpointDoc).version;
-      throw new ApiError('validation.conflict', `version ${expectedVersion ?? ''} is stale; the current version is ${at}`);
+      throw new ApiError('validation.conflict', `version ${expectedVersion ?? ''} ${staleOrAhead(expectedVersion, at)}; the current version is ${at}`);
     }
     await this.redis.del(webhookKeys.secret(ws, id), webhookKeys.cursors(ws, id), webhookKeys.log(ws, id));
   }

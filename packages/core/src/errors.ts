@@ -97,6 +97,14 @@ export class ApiError extends Error {
 }
 
 /** `{docs_url}/reference/errors#<type with . and _ written as ->`. */
+/**
+ * How a compare-and-swap's expected version (or generation) that is not the current one is
+ * told: `is stale` when it is behind, and as a version never written when it is ahead.
+ */
+export function staleOrAhead(expected: number | undefined, current: number): string {
+  return expected !== undefined && expected > current ? 'is ahead of the current one (never written)' : 'is stale';
+}
+
 export function errorDocsUrl(docsUrl: string, type: string): string {
   return `${docsUrl.replace(/\/+$/, '')}/reference/errors#${type.replace(/[._]/g, '-')}`;
 }

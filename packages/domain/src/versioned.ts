@@ -1,4 +1,4 @@
-import { ApiError, crashPoint, nowIso } from '@agentplane/core';
+import { ApiError, crashPoint, nowIso, staleOrAhead } from '@agentplane/core';
 import { BoundedCache, cachedGet, decodeCursor, encodeCursor, KEYED_WRITES_LUA, KeyedWrites, keys, LuaScript, tags, type KeyedWrite, type Redis, type StoredDoc } from '@agentplane/store';
 
 /**
@@ -260,7 +260,7 @@ export class VersionedStore<T extends VersionedDoc> {
       const cur = await this.current(ws, id);
       if (cur.archived_at !== null) throw new ApiError('runtime.invalid_transition', `an archived ${this.what} takes no new versions`);
       if (expectedVersion !== undefined && cur.version !== expectedVersion) {
-        throw new ApiError('validation.conflict', `version ${expectedVersion} is stale; the current version is ${cur.version}`);
+        throw new ApiError('validation.conflict', `version ${expectedVersion} ${staleOrAhead(expectedVersion, cur.version)}; the current version is ${cur.version}`);
       }
       const next = { ...mutate(cur), id: cur.id, created_at: cur.created_at, version: cur.version + 1, updated_at: nowIso(), archived_at: null };
       const r = await this.run(ws, next, cur.version, true, undefined, keyed);

@@ -1,4 +1,4 @@
-import { ApiError, crashPoint, newId, nowIso } from '@agentplane/core';
+import { ApiError, crashPoint, newId, nowIso, staleOrAhead } from '@agentplane/core';
 import { keys, LuaScript, tags, type DocumentStore, type Redis, type StoredDoc, type Tag } from '@agentplane/store';
 import type { Role } from './roles.js';
 import { CredentialIndex, issueSecret } from './credentials.js';
@@ -432,7 +432,7 @@ export class IdentityService {
       id,
       (c) => {
         if (c.generation_number !== expectedGeneration) {
-          throw new ApiError('validation.conflict', `expected_generation_number ${expectedGeneration} is stale; the current generation is ${c.generation_number}`);
+          throw new ApiError('validation.conflict', `expected_generation_number ${expectedGeneration} ${staleOrAhead(expectedGeneration, c.generation_number)}; the current generation is ${c.generation_number}`);
         }
         return change(c);
       },
@@ -497,7 +497,7 @@ export class IdentityService {
   async revokePrincipalCredential(workspaceId: string, id: string, expectedGeneration: number) {
     const cur = await this.getPrincipalCredential(workspaceId, id);
     if (cur.generation_number !== expectedGeneration) {
-      throw new ApiError('validation.conflict', `expected_generation_number ${expectedGeneration} is stale; the current generation is ${cur.generation_number}`);
+      throw new ApiError('validation.conflict', `expected_generation_number ${expectedGeneration} ${staleOrAhead(expectedGeneration, cur.generation_number)}; the current generation is ${cur.generation_number}`);
     }
     // The secret dies first, as an API key's does (revokeApiKey).
     await this.credentials.swap(id, null);
