@@ -326,16 +326,24 @@ describe('A2A tasks', () => {
     // listing's repair is for): the deleted Session's id is back, once as the oldest entry.
     await redis.zadd(index, 1, ghost);
     // The first page reads its one task: the gone one, past the page, is not read (and still counted).
-    expect(await list({ pageSize: 1 })).toEqual({ ids: [newest], total: 3, next: 'c1_1' });
+    const first = await list({ pageSize: 1 });
+    expect(first).toMatchObject({ ids: [newest], total: 3 });
     expect(await redis.zscore(index, ghost)).not.toBeNull();
-    expect(await list({ pageSize: 1, pageToken: 'c1_1' })).toEqual({ ids: [oldest], total: 3, next: 'c1_2' });
+    // A task sent between two pages is on no later page, and moves nothing on them.
+    const between = taskOf(await rpc(send('between pages'), url)).id as string;
+    const second = await list({ pageSize: 1, pageToken: first.next });
+    expect(second).toMatchObject({ ids: [oldest], total: 4 });
     // The page that meets it takes it out, then counts and pages what is left: nothing.
-    expect(await list({ pageSize: 1, pageToken: 'c1_2' })).toEqual({ ids: [], total: 2, next: '' });
-    expect(await redis.zrevrange(index, 0, -1)).toEqual([newest, oldest]);
+    expect(await list({ pageSize: 1, pageToken: second.next })).toEqual({ ids: [], total: 3, next: '' });
+    expect(await redis.zrevrange(index, 0, -1)).toEqual([between, newest, oldest]);
+    expect((await p.root.request('DELETE', `/v1/sessions/${between}`)).status).toBe(200);
     // Met on the first page (now the newest entry): the page is read again without it.
     await redis.zadd(index, Date.now() + 60_000, ghost);
-    expect(await list({ pageSize: 1 })).toEqual({ ids: [newest], total: 2, next: 'c1_1' });
+    expect(await list({ pageSize: 1 })).toMatchObject({ ids: [newest], total: 2 });
     expect(await redis.zscore(index, ghost)).toBeNull();
+    // A token this list did not issue is refused, not read as a position.
+    const forged = await rpc(call('ListTasks', { pageSize: 1, pageToken: 'c1_zzzzzzzz' }), url);
+    expect(errorOf(forged)?.code).toBe(-32602);
     // A listing by contextId of the gone task: nothing, and the id leaves the index.
     await redis.zadd(index, 1, ghost);
     expect(await list({ contextId: ghost })).toEqual({ ids: [], total: 0, next: '' });

@@ -59,6 +59,14 @@ const asTask = (r: unknown): Task => {
   expect(r).toHaveProperty('status');
   return r as Task;
 };
+/** The types of a task's (Session's) log, oldest first. */
+async function logTypes(sessionId: string): Promise<string[]> {
+  const primary = (await t.api.get<{ data: { id: string }[] }>(`/v1/sessions/${sessionId}/threads`)).data[0]?.id;
+  return (await t.api.get<{ data: { type: string }[] }>(`/v1/sessions/${sessionId}/threads/${primary}/events`, { limit: 1000 })).data.map((e) => e.type);
+}
+const rejected = async (p: Promise<unknown>, name: string) => {
+  await expect(p).rejects.toMatchObject({ name });
+};
 const textOf = (t: Task): string => t.artifacts.flatMap((a) => a.parts.map((p) => (p.content?.$case === 'text' ? p.content.value : ''))).join('');
 
 async function grant(prin: string, target: { type: string; id: string }, actions: string[]): Promise<void> {
@@ -132,6 +140,17 @@ describe('Agent Card', () => {
     await t.p.root.post(`/v1/agent-installations/${inst2}/archive`, {});
     expect((await fetch(url2)).status).toBe(404);
   });
+
+  it('is 404 once the external installation its scope lives under is archived', async () => {
+    const exti = (await t.p.root.post<{ id: string }>('/v1/external-installations', { provider: 'slack', external_id: `T-${Date.now()}`, display_name: 'Uninstalled' })).id;
+    const root = (await t.p.root.post<{ id: string }>('/v1/surface-scopes', { kind: 'root', external_installation_id: exti, display_name: 'ws' })).id;
+    const scope = (await t.p.root.post<{ id: string }>('/v1/surface-scopes', { kind: 'channel', parent_id: root, external_installation_id: exti, display_name: '#gone' })).id;
+    const inst = (await t.p.root.post<{ id: string }>('/v1/agent-installations', { agent: { id: agentId }, environment_id: t.envId, surface_scope_ids: [scope] })).id;
+    const url = `${t.p.baseUrl}/a2a/v1/workspaces/${ws}/agent-installations/${inst}/surface-scopes/${scope}/agent-card.json`;
+    expect((await fetch(url)).status).toBe(200);
+    await t.p.root.post(`/v1/external-installations/${exti}/archive`, {});
+    expect((await fetch(url)).status).toBe(404);
+  });
 });
 
 describe('A2A JSON-RPC', () => {
@@ -189,6 +208,76 @@ describe('A2A JSON-RPC', () => {
     // Nothing runs while the task waits on its caller: CancelTask (user.interrupt) ends the wait itself.
     const canceled = await client.cancelTask({ tenant: '', id: task.id, metadata: undefined });
     expect(canceled.status?.state).toBe(TaskState.TASK_STATE_CANCELED);
+  });
+
+  it('input-required: the status says what is asked; a reply answers it (a custom tool, a question) and the turn goes on', async () => {
+    const agent = (await t.api.post<{ id: string }>('/v1/agents', {
+      name: 'a2a-inputs', model: 'default',
+      system: SCRIPT([
+        { when: { user_contains: 'look' }, then: [{ tool: 'lookup', input: { q: 'the capital' } }] },
+        { when: { user_contains: 'twice' }, then: [{ tool: 'ask_user', input: { questions: [{ question: 'One?' }, { question: 'Two?' }] } }] },
+        { when: { user_contains: 'ask' }, then: [{ tool: 'ask_user', input: { questions: [{ question: 'Which city?' }] } }] },
+        { when: { after_tool: 'lookup' }, then: [{ reply: 'Looked up: {{tool_result}}' }] },
+        { when: { after_tool: 'ask_user' }, then: [{ reply: 'You said: {{tool_result}}' }] },
+      ]),
+      tools: [{ type: 'custom', name: 'lookup', description: 'Looks a thing up', input_schema: { type: 'object' } }, { type: 'builtin', name: 'ask_user' }],
+    })).id;
+    await grant(userPrincipal, { type: 'agent', id: agent }, ['invoke', 'steer', 'observe']);
+    const inst = (await t.p.root.post<{ id: string }>('/v1/agent-installations', { agent: { id: agent }, environment_id: t.envId, surface_scope_ids: [channelId] })).id;
+    const url = `${t.p.baseUrl}/a2a/v1/workspaces/${ws}/agent-installations/${inst}/surface-scopes/${channelId}/agent-card.json`;
+    const fetchImpl = authFetch(userSecret);
+    const client = await new ClientFactory(ClientFactoryOptions.createFrom(ClientFactoryOptions.default, {
+      transports: [new JsonRpcTransportFactory({ fetchImpl })], cardResolver: new DefaultAgentCardResolver({ fetchImpl }),
+    })).createFromUrl(url, '');
+    const said = (task: Task) => task.status?.message?.parts.map((p) => (p.content?.$case === 'text' ? p.content.value : '')).join('') ?? '';
+
+    // A custom tool: the status names the call; the reply is its result.
+    const tool = asTask(await client.sendMessage(msg('look it up')));
+    expect(tool.status?.state).toBe(TaskState.TASK_STATE_INPUT_REQUIRED);
+    expect(said(tool)).toContain('The agent calls lookup with {"q":"the capital"}');
+    // Subscribing to a task that waits on its caller shows it and ends (it is settled).
+    const seen: StreamResponse[] = [];
+    for await (const ev of client.resubscribeTask({ tenant: '', id: tool.id })) seen.push(ev);
+    expect(seen.map((e) => e.payload?.$case)).toEqual(['task']);
+    const answered = asTask(await client.sendMessage(msg('Paris', { contextId: tool.id })));
+    expect(answered.status?.state).toBe(TaskState.TASK_STATE_COMPLETED);
+    expect(textOf(answered)).toContain('Looked up: Paris');
+    expect(answered.history.map((m) => m.parts[0]?.content)).toContainEqual({ $case: 'text', value: 'Paris' });
+
+    // A question: the status asks it; the reply answers it.
+    const question = asTask(await client.sendMessage(msg('ask me')));
+    expect([question.status?.state, said(question)]).toEqual([TaskState.TASK_STATE_INPUT_REQUIRED, 'Which city?']);
+    const reply = asTask(await client.sendMessage(msg('Lyon', { taskId: question.id })));
+    expect(reply.status?.state).toBe(TaskState.TASK_STATE_COMPLETED);
+    expect(textOf(reply)).toContain('Lyon');
+
+    // Two questions at once cannot be answered by one text: refused, saying so; nothing queued.
+    const two = asTask(await client.sendMessage(msg('ask twice')));
+    expect(two.status?.state).toBe(TaskState.TASK_STATE_INPUT_REQUIRED);
+    await rejected(client.sendMessage(msg('both', { contextId: two.id })), 'UnsupportedOperationError');
+    expect((await logTypes(two.id)).filter((x) => x === 'user.message')).toHaveLength(1);
+  });
+
+  it('a messageId sent again returns its task as it is now; CancelTask with a message queued behind the turn is refused', async () => {
+    const client = await clientFor(userSecret);
+    const first = msg('first of many');
+    const task = asTask(await client.sendMessage(first));
+    expect(task.status?.state).toBe(TaskState.TASK_STATE_COMPLETED);
+    // A slow turn, and a message queued behind it.
+    asTask(await client.sendMessage(msg('slow one', { contextId: task.id }, { configuration: { returnImmediately: true } })));
+    asTask(await client.sendMessage(msg('queued behind', { contextId: task.id }, { configuration: { returnImmediately: true } })));
+    const again = asTask(await client.sendMessage(first));
+    expect(again.id).toBe(task.id);
+    expect(again.status?.state).not.toBe(TaskState.TASK_STATE_COMPLETED);
+    expect(again.history.length).toBeGreaterThan(2);
+    await rejected(client.cancelTask({ tenant: '', id: task.id, metadata: undefined }), 'TaskNotCancelableError');
+    // Nothing was interrupted: the turns run to their ends.
+    const states: TaskState[] = [];
+    for await (const ev of client.resubscribeTask({ tenant: '', id: task.id })) {
+      if (ev.payload?.$case === 'statusUpdate') states.push(ev.payload.value.status?.state ?? TaskState.TASK_STATE_UNSPECIFIED);
+    }
+    expect(states.at(-1)).toBe(TaskState.TASK_STATE_COMPLETED);
+    expect(await logTypes(task.id)).not.toContain('user.interrupt');
   });
 
   it('returnImmediately returns the submitted or working task', async () => {
@@ -282,9 +371,6 @@ describe('A2A JSON-RPC', () => {
 });
 
 describe('A2A rejections', () => {
-  const rejected = async (p: Promise<unknown>, name: string) => {
-    await expect(p).rejects.toMatchObject({ name });
-  };
 
   it('continuing a task needs steer however the message names it (contextId or context_id)', async () => {
     const invoker = await createPrincipal(t.p.root, ws, 'invoke-only');
@@ -360,6 +446,12 @@ describe('A2A rejections', () => {
     };
     const madeUp = await send('My secret note: hunter2', {});
     expect(madeUp.body.error?.code).toBe(-32601);
+    // JSON-RPC lets a request leave its params out: an unknown method is still -32601.
+    const bare = await fetch(endpoint, {
+      method: 'POST', headers: { authorization: `Bearer ${userSecret}`, 'a2a-version': '1.0', 'content-type': 'application/json' },
+      body: JSON.stringify({ jsonrpc: '2.0', id: 12, method: 'Foo' }),
+    });
+    expect(await bare.json()).toEqual({ jsonrpc: '2.0', id: 12, error: { code: -32601, message: 'Method not found: Foo' } });
     const missing = await send('GetTask', { id: 'secret-content hunter2' });
     expect(missing.body.error?.code).toBe(-32001);
     const records = (await t.p.root.post<{ data: { action: string; detail: string | null; request_id: string }[] }>('/v1/audit/export', {})).data;
@@ -376,7 +468,8 @@ describe('A2A rejections', () => {
     type Answer = { jsonrpc: string; id: unknown; error?: { code: number; message: string } };
     const cut = await post('{"jsonrpc":"2.0","id":5,"method":"GetTask","params":{"id":');
     expect(cut.status).toBe(200);
-    expect(await cut.json() as Answer).toMatchObject({ jsonrpc: '2.0', id: null, error: { code: -32700, message: 'the request body is not valid JSON' } });
+    // The envelope error alone: no A2A error detail (whose reason would name invalid params).
+    expect(await cut.json() as Answer).toEqual({ jsonrpc: '2.0', id: null, error: { code: -32700, message: 'the request body is not valid JSON' } });
     const empty = await post('');
     expect(empty.status).toBe(200);
     expect(await empty.json() as Answer).toMatchObject({ id: null, error: { code: -32700 } });
@@ -385,10 +478,11 @@ describe('A2A rejections', () => {
     expect(await badParams.json() as Answer).toMatchObject({ id: 6, error: { code: -32602 } });
     // Admission comes first: without a credential it is still 401, whatever the body.
     expect((await post('{not json', 'Bearer nope')).status).toBe(401);
-    const records = (await t.p.root.post<{ data: { action: string; outcome: string; detail: string | null; request_id: string }[] }>('/v1/audit/export', { action: 'a2a.other', limit: 1000 })).data;
+    // Refused before a method could be read: `a2a.request`.
+    const records = (await t.p.root.post<{ data: { action: string; outcome: string; detail: string | null; request_id: string }[] }>('/v1/audit/export', { action: 'a2a.request', limit: 1000 })).data;
     const of = (r: Response) => records.filter((x) => x.request_id === r.headers.get('request-id')).map((x) => ({ action: x.action, outcome: x.outcome, detail: x.detail }));
-    expect(of(cut)).toEqual([{ action: 'a2a.other', outcome: 'failed', detail: 'JSONParseError' }]);
-    expect(of(empty)).toEqual([{ action: 'a2a.other', outcome: 'failed', detail: 'JSONParseError' }]);
+    expect(of(cut)).toEqual([{ action: 'a2a.request', outcome: 'failed', detail: 'JSONParseError' }]);
+    expect(of(empty)).toEqual([{ action: 'a2a.request', outcome: 'failed', detail: 'JSONParseError' }]);
   });
 
   it('refuses a missing or wrong A2A-Version with VersionNotSupportedError', async () => {

@@ -9,7 +9,7 @@
 import type Koa from 'koa';
 import { formatSSEErrorEvent, formatSSEEvent, Message, SSE_HEADERS } from '@a2a-js/sdk';
 import {
-  A2A_ERROR_CODE, A2AError, JsonRpcRequestMalformedError, PushNotificationNotSupportedError, RequestMalformedError, UnsupportedOperationError,
+  A2A_ERROR_CODE, A2AError, JsonRpcTransportError, PushNotificationNotSupportedError, RequestMalformedError, UnsupportedOperationError,
   VersionNotSupportedError,
 } from '@a2a-js/sdk/errors';
 import { JsonRpcTransportHandler, ServerCallContext, validateVersion, type A2ARequestHandler } from '@a2a-js/sdk/server';
@@ -35,6 +35,12 @@ const METRIC_METHODS = [...A2A_METHODS, 'card', 'other'] as const;
 /** An audit record's action names a method from a closed set: a made-up method is `a2a.other`. */
 const AUDIT_METHODS = [...A2A_METHODS, 'request'] as const;
 const auditMethod = (method: string): string => closedLabel(method, AUDIT_METHODS);
+
+/**
+ * A JSON-RPC envelope error (parse error, invalid request, method not found) as its code and
+ * message alone: no A2A error detail, whose reason would name another error.
+ */
+const envelopeError = (code: number, message: string): A2AError => new JsonRpcTransportError({ jsonrpc: '2.0', id: null, error: { code, message } });
 const OUTCOMES = ['ok', 'rpc_error', 'unauthenticated', 'denied', 'not_found', 'rate_limited', 'not_modified'] as const;
 
 /** What each method needs on the installed agent and on the SurfaceScope (docs/A2A.md, "Governance"). */
@@ -257,7 +263,8 @@ export function a2aEdge(deps: ApiDeps): Koa.Middleware {
       notJson = err.message;
     }
     const msg = isObj(body) ? body : null;
-    const method = typeof msg?.method === 'string' ? msg.method : 'invalid';
+    // A request whose method cannot be read is recorded as `a2a.request` (docs/A2A.md, step 9).
+    const method = typeof msg?.method === 'string' ? msg.method : 'request';
     // The id answered until the envelope is checked: one JSON-RPC allows, else null.
     let id: string | number | null = msg && (typeof msg.id === 'string' || Number.isInteger(msg.id)) ? (msg.id as string | number) : null;
     const refuse = async (err: A2AError) => {
@@ -283,7 +290,7 @@ export function a2aEdge(deps: ApiDeps): Koa.Middleware {
     // null (JSON-RPC 2.0, section 5): a parse error, else an invalid request; nothing runs.
     if (notJson !== null) {
       id = null;
-      return refuse(new JsonRpcRequestMalformedError({ message: notJson, envelopeCode: A2A_ERROR_CODE.PARSE_ERROR }));
+      return refuse(envelopeError(A2A_ERROR_CODE.PARSE_ERROR, notJson));
     }
     let params: Json;
     let known: A2aMethod | null;
@@ -297,13 +304,20 @@ export function a2aEdge(deps: ApiDeps): Koa.Middleware {
       if ((known === 'SendMessage' || known === 'SendStreamingMessage') && namesPushConfig(params)) {
         return refuse(new PushNotificationNotSupportedError('push notifications are not supported'));
       }
+      // A method this endpoint does not serve, whatever its params (which JSON-RPC lets a
+      // request leave out): -32601, before any params are read and before any grant is checked.
+      if (!known) {
+        // The push methods are A2A's, refused as push notifications are (-32003).
+        if (/PushNotificationConfigs?$/.test(method)) return refuse(new PushNotificationNotSupportedError('push notifications are not supported'));
+        return refuse(envelopeError(A2A_ERROR_CODE.METHOD_NOT_FOUND, `Method not found: ${method.slice(0, 64)}`));
+      }
       // 7. The method's params against its closed schema, before anything decodes them.
-      if (known) checkParams(known, envelope.params);
+      checkParams(known, envelope.params);
     } catch (err) {
       if (!(err instanceof ParamsError)) throw err;
       if (err.kind === 'request') {
         id = null;
-        return refuse(new JsonRpcRequestMalformedError({ message: err.message, envelopeCode: A2A_ERROR_CODE.INVALID_REQUEST }));
+        return refuse(envelopeError(A2A_ERROR_CODE.INVALID_REQUEST, err.message));
       }
       return refuse(new RequestMalformedError(err.message));
     }

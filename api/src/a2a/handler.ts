@@ -18,8 +18,8 @@ import type { SessionDoc } from '@agentplane/domain';
 import type { ApiDeps } from '../deps.js';
 import type { Caller } from '../http/caller.js';
 import type { Placement } from './placement.js';
-import { checkDrivePayload, type DrivePayload } from '../sessions/schemas.js';
-import { settles, TaskTracker, TERMINAL_STATES } from './tasks.js';
+import { checkDrivePayload, type DriveEventType, type DrivePayload } from '../sessions/schemas.js';
+import { questionsOf, settles, TaskTracker, TERMINAL_STATES, type WaitingUse } from './tasks.js';
 import { TEXT_PLAIN } from './card.js';
 import { META, tasksIndexName } from './task-index.js';
 
@@ -242,11 +242,11 @@ export class SessionTaskHandler implements A2ARequestHandler {
    * messageId is claimed first, on a new task and a continuation alike: of concurrent sends of
    * one messageId, one creates the Session or appends the message, and the others return its task.
    */
-  private async submit(c: A2aCall, params: SendMessageRequest, ctx: ServerCallContext): Promise<{ session: SessionDoc; messageId: string }> {
+  private async submit(c: A2aCall, params: SendMessageRequest, ctx: ServerCallContext): Promise<{ session: SessionDoc; messageId: string; known: boolean }> {
     const { message, text } = checkMessage(params, ctx);
     const key = messagesKey(c);
     const held = await this.claim(c, message.messageId);
-    if ('task' in held) return { session: await this.session(c, held.task), messageId: message.messageId };
+    if ('task' in held) return { session: await this.session(c, held.task), messageId: message.messageId, known: true };
     let id: string;
     try {
       id = await this.start(c, message, text);
@@ -256,7 +256,7 @@ export class SessionTaskHandler implements A2ARequestHandler {
       throw err;
     }
     await c.deps.redis.hset(key, message.messageId, id);
-    return { session: await this.session(c, id), messageId: message.messageId };
+    return { session: await this.session(c, id), messageId: message.messageId, known: false };
   }
 
   /** Under a claim on its messageId: appends the message to its task, or creates the task. Returns the task id. */
@@ -277,13 +277,14 @@ export class SessionTaskHandler implements A2ARequestHandler {
     if (target) {
       const s = await this.session(c, target);
       if (s.archived_at !== null) throw new UnsupportedOperationError(`task ${s.id} is archived and takes no messages`);
-      if (message.taskId) {
-        const { tracker } = await this.replay(c, s);
-        if (TERMINAL_STATES.has(tracker.state)) {
-          throw new UnsupportedOperationError(`task ${s.id} is in a terminal state (${TaskState[tracker.state]}); continue the conversation by contextId`);
-        }
+      const { tracker } = await this.replay(c, s);
+      if (message.taskId && TERMINAL_STATES.has(tracker.state)) {
+        throw new UnsupportedOperationError(`task ${s.id} is in a terminal state (${TaskState[tracker.state]}); continue the conversation by contextId`);
       }
-      await c.deps.sessions.drive(s, { type: 'user.message', payload }, idem, c.trace);
+      // Input required: the reply is the input (A2A's way), the answer to what the turn waits on.
+      // Queued as a message instead, it would wait behind a turn that never continues.
+      const answer = tracker.state === TaskState.TASK_STATE_INPUT_REQUIRED ? await this.answerFor(c, s, tracker.waiting, text, message.messageId) : null;
+      await c.deps.sessions.drive(s, answer ?? { type: 'user.message', payload }, idem, c.trace);
       return s.id;
     }
     const { installation, scope, agent } = c.placement;
@@ -301,16 +302,59 @@ export class SessionTaskHandler implements A2ARequestHandler {
     return id;
   }
 
-  /** Has the tracker seen the user.message that carries this messageId? */
+  /**
+   * The drive event a reply to an `INPUT_REQUIRED` task is: the answer to the one blocking use its
+   * turn waits on (a question of `ask_user` asking one thing, a custom tool's result). Another
+   * wait (a tool confirmation, an ActionApproval, several uses at once) is not answered by text:
+   * refused, saying why, rather than queued behind a turn that does not continue.
+   */
+  private async answerFor(c: A2aCall, s: SessionDoc, waiting: readonly WaitingUse[], text: string, messageId: string): Promise<{ type: DriveEventType; payload: DrivePayload } | null> {
+    const thread = await c.deps.sessions.store.thread(s.id, s._primary_thread_id);
+    const open = waiting.filter((w) => {
+      const wait = thread._waits[w.id];
+      return wait !== undefined && wait.generation === thread._wait_generation && wait.answered_event_id === null;
+    });
+    if (open.length === 0) return null;
+    const refuse = (why: string) => new UnsupportedOperationError(`task ${s.id} waits on ${why}; a reply cannot give it (CancelTask ends the task)`);
+    if (open.length > 1) throw refuse(`${open.length} tool uses at once`);
+    const w = open[0] as WaitingUse;
+    const kind = thread._waits[w.id]?.kind;
+    const common = { tool_use_id: w.id, authored_by: c.caller.principalId, caused_by: { kind: 'a2a', id: messageId } };
+    const checked = async (type: DriveEventType, payload: Record<string, unknown>) => {
+      let event: { type: DriveEventType; payload: DrivePayload };
+      try {
+        event = { type, payload: checkDrivePayload(type, payload, 'params.message') };
+      } catch (err) {
+        if (err instanceof ApiError) throw new RequestMalformedError(err.message);
+        throw err;
+      }
+      // The edge checked the send as a user.message; an answer is its own drive call, and meets
+      // the ActionPolicies for it as a REST drive of that type does (a refusal keeps its type).
+      const d = await c.deps.policies.decide(c.placement.workspaceId, { kind: 'drive', name: type, principal_id: c.caller.principalId, input: event.payload }, {
+        actor: { id: c.caller.principalId, credential_id: c.caller.credentialId }, target: s.id, request_id: c.requestId, refusesApproval: true,
+      });
+      if (d.decision !== 'allow') throw new ApiError('policy.denied', d.decision === 'deny' ? d.explanation : `${d.explanation}; an approval cannot be waited for at this boundary, so the request is refused`);
+      return event;
+    };
+    if (kind === 'question') {
+      const asked = questionsOf(w.input)?.length ?? 0;
+      if (asked !== 1) throw refuse(`answers to ${asked} questions at once`);
+      return checked('user.question_answer', { ...common, answers: [{ text }] });
+    }
+    if (kind === 'custom_tool') return checked('user.custom_tool_result', { ...common, result: text });
+    throw refuse(kind === 'approval' ? `an ActionApproval of ${w.name}` : `a confirmation of ${w.name}`);
+  }
+
+  /** Has the tracker seen the user.message (or the answer) that carries this messageId? */
   private static carries(e: LogEvent, messageId: string): boolean {
-    if (e.type !== 'user.message') return false;
+    if (e.type !== 'user.message' && e.type !== 'user.question_answer' && e.type !== 'user.custom_tool_result') return false;
     const cause = (e.payload as { caused_by?: { kind?: unknown; id?: unknown } }).caused_by;
     return cause?.kind === 'a2a' && cause.id === messageId;
   }
 
   async sendMessage(params: SendMessageRequest, ctx: ServerCallContext): Promise<Message | Task> {
     const c = callOf(ctx);
-    const { session, messageId } = await this.submit(c, params, ctx);
+    const { session, messageId, known } = await this.submit(c, params, ctx);
     const historyLength = params.configuration?.historyLength;
     const tracker = new TaskTracker(session.id, session._primary_thread_id);
     if (params.configuration?.returnImmediately) {
@@ -321,7 +365,8 @@ export class SessionTaskHandler implements A2ARequestHandler {
     for await (const e of this.follow(c, session.id, 0)) {
       tracker.apply(e);
       if (SessionTaskHandler.carries(e, messageId)) seen = true;
-      if (seen && settles(tracker.state)) return tracker.task(historyLength);
+      // A message sent again returns its task as it is now, not as it was when that turn settled.
+      if (seen && settles(tracker.state)) return known ? (await this.replay(c, session)).tracker.task(historyLength) : tracker.task(historyLength);
     }
     // The client went away or the process is stopping: what is known so far.
     return tracker.task(historyLength);
@@ -339,7 +384,7 @@ export class SessionTaskHandler implements A2ARequestHandler {
     const { tracker, seq } = replayed;
     let seen = messageId === null || replayed.seen;
     yield { payload: { $case: 'task', value: tracker.task() } };
-    if (seen && settles(tracker.state) && messageId !== null) return;
+    if (seen && settles(tracker.state)) return;
     for await (const e of this.follow(c, session.id, seq)) {
       if (!seen && SessionTaskHandler.carries(e, messageId as string)) seen = true;
       for (const u of tracker.apply(e)) {
@@ -376,12 +421,17 @@ export class SessionTaskHandler implements A2ARequestHandler {
     if (params.status !== undefined && (params.status < 0 || TaskState[params.status] === undefined)) throw new RequestMalformedError('status is not a TaskState');
     if (params.statusTimestampAfter && Number.isNaN(Date.parse(params.statusTimestampAfter))) throw new RequestMalformedError('statusTimestampAfter must be an RFC 3339 timestamp');
     const pageSize = Math.min(Math.max(params.pageSize ?? 50, 1), MAX_LIST_PAGE);
-    let offset = 0;
+    // A page token names the last task of the page before (its index score and id), not an
+    // offset: a task sent between two pages neither repeats one nor skips one.
+    let from: { score: number; id: string } | null = null;
     if (params.pageToken) {
-      const m = /^c1_([0-9a-z]+)$/.exec(params.pageToken);
+      const m = /^c2_([0-9a-z]{1,12})_(sess_[0-9a-f]{32})$/.exec(params.pageToken);
       if (!m) throw new RequestMalformedError('pageToken is not a token issued by this list');
-      offset = parseInt(m[1] as string, 36);
+      from = { score: parseInt(m[1] as string, 36), id: m[2] as string };
     }
+    const token = (t: { score: number; id: string }) => `c2_${t.score.toString(36)}_${t.id}`;
+    // Newest first (score desc, then id desc): what comes after `from` in that order.
+    const after = (x: { score: number; id: string }) => from === null || x.score < from.score || (x.score === from.score && x.id < from.id);
     // Newest first; a task's identity is scoped to this Principal on this placement. A Session's
     // deletion takes it out of the index (`a2aTaskListings`), so the index is what exists: an
     // unfiltered page reads its own tasks only, and the index counts them.
@@ -399,36 +449,50 @@ export class SessionTaskHandler implements A2ARequestHandler {
       if (gone.length > 0) await c.deps.redis.zrem(index, ...gone);
       return { sessions: docs.filter((s): s is Readonly<SessionDoc> => s !== null), pruned: gone.length > 0 };
     };
-    const after = params.statusTimestampAfter ? Date.parse(params.statusTimestampAfter) : null;
-    const filtered = params.status !== TaskState.TASK_STATE_UNSPECIFIED || after !== null;
+    const since = params.statusTimestampAfter ? Date.parse(params.statusTimestampAfter) : null;
+    const filtered = params.status !== TaskState.TASK_STATE_UNSPECIFIED || since !== null;
     const load = async (s: Readonly<SessionDoc>): Promise<Task> => (await this.replay(c, s)).tracker.task(params.historyLength);
     const keep = (t: Task) => (params.status === TaskState.TASK_STATE_UNSPECIFIED || t.status?.state === params.status)
-      && (after === null || (t.status?.timestamp !== undefined && Date.parse(t.status.timestamp) > after));
+      && (since === null || (t.status?.timestamp !== undefined && Date.parse(t.status.timestamp) > since));
+    // The index in listing order, each id with its score (ties: id descending).
+    const ordered = async (): Promise<Array<{ score: number; id: string }>> => {
+      const raw = await c.deps.redis.zrevrange(index, 0, -1, 'WITHSCORES');
+      const rows: Array<{ score: number; id: string }> = [];
+      for (let i = 0; i + 1 < raw.length; i += 2) rows.push({ id: raw[i] as string, score: Number(raw[i + 1]) });
+      return rows.filter((r) => !params.contextId || r.id === params.contextId);
+    };
     let tasks: Task[];
     let total: number;
+    let last: { score: number; id: string } | null = null;
+    let more = false;
     if (filtered) {
       // A task's state is in its log: a filtered listing reads every task of the index.
-      let ids = await c.deps.redis.zrevrange(index, 0, -1);
-      if (params.contextId) ids = ids.filter((id) => id === params.contextId);
-      const all = (await Promise.all((await existing(ids)).sessions.map(load))).filter(keep);
+      const rows = await ordered();
+      const sessions = new Map((await existing(rows.map((r) => r.id))).sessions.map((s) => [s.id, s]));
+      const all: Array<{ row: { score: number; id: string }; task: Task }> = [];
+      for (const row of rows) {
+        const s = sessions.get(row.id);
+        if (!s) continue;
+        const task = await load(s);
+        if (keep(task)) all.push({ row, task });
+      }
       total = all.length;
-      tasks = all.slice(offset, offset + pageSize);
+      const rest = all.filter((x) => after(x.row));
+      tasks = rest.slice(0, pageSize).map((x) => x.task);
+      last = rest[Math.min(pageSize, rest.length) - 1]?.row ?? null;
+      more = rest.length > pageSize;
     } else {
       // The page's ids and the index's count; read again when the page met a deleted Session
       // (each round takes at least one id out of the index, so the rounds end).
       let page: Array<Readonly<SessionDoc>>;
       for (;;) {
-        let ids: string[];
-        if (params.contextId) {
-          const indexed = (await c.deps.redis.zscore(index, params.contextId)) !== null;
-          total = indexed ? 1 : 0;
-          ids = indexed ? [params.contextId].slice(offset, offset + pageSize) : [];
-        } else {
-          const [range, count] = await Promise.all([c.deps.redis.zrevrange(index, offset, offset + pageSize - 1), c.deps.redis.zcard(index)]);
-          ids = range;
-          total = count;
-        }
-        const found = await existing(ids);
+        const [rows, count] = params.contextId ? [await ordered(), null] : await Promise.all([this.pageFrom(c, index, from, after, pageSize + 1), c.deps.redis.zcard(index)]);
+        total = count ?? rows.length;
+        const rest = rows.filter(after);
+        const slice = rest.slice(0, pageSize);
+        last = slice[slice.length - 1] ?? null;
+        more = rest.length > pageSize;
+        const found = await existing(slice.map((r) => r.id));
         if (!found.pruned) {
           page = found.sessions;
           break;
@@ -437,8 +501,26 @@ export class SessionTaskHandler implements A2ARequestHandler {
       tasks = await Promise.all(page.map(load));
     }
     if (params.includeArtifacts !== true) tasks = tasks.map((t) => ({ ...t, artifacts: [] }));
-    const next = offset + pageSize < total ? `c1_${(offset + pageSize).toString(36)}` : '';
-    return { tasks, nextPageToken: next, pageSize, totalSize: total };
+    return { tasks, nextPageToken: more && last ? token(last) : '', pageSize, totalSize: total };
+  }
+
+  /**
+   * Up to `want` ids of the index after `from` (listing order), read from `from`'s score down, a
+   * chunk at a time: only the ids of equal score that came before it are read twice.
+   */
+  private async pageFrom(c: A2aCall, index: string, from: { score: number; id: string } | null, after: (x: { score: number; id: string }) => boolean, want: number): Promise<Array<{ score: number; id: string }>> {
+    const redis = c.deps.redis;
+    const out: Array<{ score: number; id: string }> = [];
+    const chunk = want + 16;
+    for (let skip = 0; ; skip += chunk) {
+      const raw = await redis.zrevrangebyscore(index, from ? String(from.score) : '+inf', '-inf', 'WITHSCORES', 'LIMIT', skip, chunk);
+      for (let i = 0; i + 1 < raw.length; i += 2) {
+        const row = { id: raw[i] as string, score: Number(raw[i + 1]) };
+        if (after(row)) out.push(row);
+        if (out.length === want) return out;
+      }
+      if (raw.length < chunk * 2) return out;
+    }
   }
 
   // ---- cancel ----------------------------------------------------------------------------
@@ -449,6 +531,11 @@ export class SessionTaskHandler implements A2ARequestHandler {
     const s = await this.session(c, params.id);
     const { tracker, seq } = await this.replay(c, s);
     if (TERMINAL_STATES.has(tracker.state)) throw new TaskNotCancelableError(`task ${s.id} is already ${TaskState[tracker.state]}`);
+    // The interrupt ends the turn under way; messages queued behind it would start the next one,
+    // and the task would not stay canceled: refused, saying so, before anything is interrupted.
+    if (tracker.queued > 0) {
+      throw new TaskNotCancelableError(`task ${s.id} has ${tracker.queued} message(s) queued behind its running turn, which would start its next turn after a cancel`);
+    }
     // CancelTask is the Session's user.interrupt; the task is canceled when the turn ends interrupted.
     await c.deps.sessions.drive(s, {
       type: 'user.interrupt', payload: { authored_by: c.caller.principalId, caused_by: { kind: 'a2a', id: `cancel:${s.id}` } },

@@ -18,8 +18,8 @@ const notFound = (what: string) => new ApiError('validation.not_found', `no A2A 
 
 /**
  * Resolves (and rechecks, on every request) a placement. An archived Agent, an archived or
- * disabled Workspace, an inactive installation, an archived scope, or a scope the installation is
- * not placed on all look alike: 404.
+ * disabled Workspace, an inactive installation, an archived scope (or one whose external
+ * installation is archived), or a scope the installation is not placed on all look alike: 404.
  */
 export async function resolvePlacement(deps: ApiDeps, workspaceId: string, installationId: string, scopeId: string): Promise<Placement> {
   if (!isId('workspace', workspaceId) || !isId('agentInstallation', installationId) || !isId('surfaceScope', scopeId)) throw notFound('malformed path');
@@ -30,6 +30,12 @@ export async function resolvePlacement(deps: ApiDeps, workspaceId: string, insta
   if (!installation.surface_scope_ids.includes(scopeId)) throw notFound('the installation is not placed on this surface scope');
   const scope = await deps.surfaceScopes.get(workspaceId, scopeId).catch(() => null);
   if (!scope || scope.state !== 'active') throw notFound('surface scope');
+  // A scope of an external installation (a chat workspace the platform was installed into) is
+  // served while that installation is: archived (uninstalled), its scopes' agents are not.
+  if (scope.external_installation_id !== null) {
+    const ext = await deps.surfaceScopes.getInstallation(workspaceId, scope.external_installation_id).catch(() => null);
+    if (!ext || ext.state !== 'active') throw notFound('external installation');
+  }
   const head = await deps.agents.get(workspaceId, installation.agent.id).catch(() => null);
   if (!head || head.archived_at !== null) throw notFound('agent');
   const agent = head.version === installation.agent.version ? head : await deps.agents.getVersion(workspaceId, installation.agent.id, installation.agent.version).catch(() => null);

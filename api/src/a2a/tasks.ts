@@ -53,11 +53,25 @@ export function stateAfter(e: LogEvent): TaskState | null {
  * the next one: the task is `submitted` until that turn runs. Messages queued while a turn runs
  * are taken by the next turn, so a turn that ends with messages still queued does not settle it.
  */
+/** A blocking tool use of the task's turn: what `INPUT_REQUIRED` waits on. */
+export interface WaitingUse {
+  id: string;
+  name: string;
+  input: unknown;
+  /** What answers it: `question_answer`, `custom_tool_result` or `tool_confirmation`. */
+  awaiting: string;
+}
+
+/** The answers a drive event gives a blocking use, as the text the task's history shows. */
+const ANSWER_TYPES: ReadonlySet<string> = new Set(['user.question_answer', 'user.custom_tool_result']);
+
 export class TaskTracker {
   state: TaskState = TaskState.TASK_STATE_SUBMITTED;
   timestamp: string | undefined;
   /** Messages sent since the last turn started. */
   private pending = 0;
+  /** The blocking uses of the turn under way (cleared when a turn starts or continues). */
+  waiting: WaitingUse[] = [];
   readonly history: Message[] = [];
   readonly artifacts: Artifact[] = [];
   lastAgentMessage: Message | undefined;
@@ -83,6 +97,27 @@ export class TaskTracker {
       }
       return out;
     }
+    if (ANSWER_TYPES.has(e.type)) {
+      // An answer to a blocking use, shown as what the user said (an A2A reply carries its messageId).
+      const cause = (p.caused_by ?? {}) as Payload;
+      const messageId = cause.kind === 'a2a' && typeof cause.id === 'string' ? cause.id : e.id;
+      this.history.push(this.message(messageId, Role.ROLE_USER, answerText(e.type, p)));
+      // The last input the turn waited on: it continues (submitted until its next Run starts).
+      const before = this.waiting.length;
+      this.waiting = this.waiting.filter((w) => w.id !== p.tool_use_id);
+      if (this.state === TaskState.TASK_STATE_INPUT_REQUIRED && before > 0 && this.waiting.length === 0) {
+        this.state = TaskState.TASK_STATE_SUBMITTED;
+        this.timestamp = e.created_at;
+        out.push({ kind: 'status', value: this.statusEvent() });
+      }
+      return out;
+    }
+    if (e.type === 'agent.tool_use') {
+      if (p.blocking === true && typeof p.awaiting === 'string' && typeof p.id === 'string') {
+        this.waiting.push({ id: p.id, name: typeof p.name === 'string' ? p.name : '', input: p.input, awaiting: p.awaiting });
+      }
+      return out;
+    }
     if (e.type === 'agent.message') {
       const text = textOf(p.content);
       const m = this.message(e.id, Role.ROLE_AGENT, text);
@@ -99,6 +134,7 @@ export class TaskTracker {
     // (`attempt` set: the one before was lost) takes none.
     if (e.type === 'session.status_running') {
       if (p.attempt === undefined) this.pending = 0;
+      this.waiting = [];
     } else if (this.pending > 0 && next !== TaskState.TASK_STATE_FAILED) next = TaskState.TASK_STATE_SUBMITTED;
     if (next === this.state) return out;
     this.state = next;
@@ -107,11 +143,20 @@ export class TaskTracker {
     return out;
   }
 
+  /** Messages queued behind the turn under way (they start the next turn when it ends). */
+  get queued(): number {
+    return this.state === TaskState.TASK_STATE_WORKING ? this.pending : 0;
+  }
+
   private message(messageId: string, role: Role, text: string): Message {
     return { messageId, contextId: this.taskId, taskId: this.taskId, role, parts: [textPart(text)], metadata: undefined, extensions: [], referenceTaskIds: [] };
   }
 
   private statusMessage(): Message | undefined {
+    // Input required: what the agent asks for, and how a reply is taken.
+    if (this.state === TaskState.TASK_STATE_INPUT_REQUIRED && this.waiting.length > 0) {
+      return this.message(`input-${this.waiting[0]?.id ?? ''}`, Role.ROLE_AGENT, this.waiting.map(describeWait).join('\n'));
+    }
     return TERMINAL_STATES.has(this.state) || INTERRUPTED_STATES.has(this.state) ? this.lastAgentMessage : undefined;
   }
 
@@ -128,4 +173,28 @@ export class TaskTracker {
       artifacts: [...this.artifacts], history, metadata: undefined,
     };
   }
+}
+
+/** An answer drive event's text (a question's answers, a custom tool's result). */
+function answerText(type: string, p: Payload): string {
+  if (type === 'user.question_answer') {
+    if (p.declined === true) return typeof p.reason === 'string' ? `(declined: ${p.reason})` : '(declined)';
+    const answers = Array.isArray(p.answers) ? p.answers as Payload[] : [];
+    return answers.map((a) => [...(Array.isArray(a.selected) ? a.selected.map(String) : []), ...(typeof a.text === 'string' ? [a.text] : [])].join(', ')).join('\n');
+  }
+  return typeof p.result === 'string' ? p.result : textOf(p.result) || JSON.stringify(p.result ?? null);
+}
+
+/** The questions of an `ask_user` use (their text), or null when its input has none. */
+export function questionsOf(input: unknown): string[] | null {
+  const qs = typeof input === 'object' && input !== null ? (input as Payload).questions : undefined;
+  if (!Array.isArray(qs)) return null;
+  return qs.map((q) => (typeof q === 'object' && q !== null && typeof (q as Payload).question === 'string' ? (q as Payload).question as string : ''));
+}
+
+/** What a blocking use asks the task's client, as the status message's text says it. */
+function describeWait(w: WaitingUse): string {
+  if (w.awaiting === 'question_answer') return (questionsOf(w.input) ?? []).join('\n');
+  if (w.awaiting === 'custom_tool_result') return `The agent calls ${w.name} with ${JSON.stringify(w.input ?? null).slice(0, 2000)}: reply with its result.`;
+  return `The agent waits for a confirmation of ${w.name}, which is given outside A2A (or CancelTask ends the task).`;
 }
