@@ -280,6 +280,32 @@ describe('outcomes', () => {
     expect(after.filter((e) => e.type === 'session.outcome_ended').map((e) => (e.payload as Json).result)).toEqual(['satisfied', 'satisfied']);
   });
 
+  it('a revision turn acts for the Principal who defined the outcome: that Principal\'s ActionPolicies hold in it', async () => {
+    // Only the revision's command is denied, and only for the outcome's author.
+    const rule = (await p.root.post<{ id: string }>('/v1/action-policies', {
+      effect: 'deny', tool: { kind: 'builtin', name: 'bash' }, arguments: { command_prefix: 'echo report-v2-body' }, principal_id: principal,
+    })).id;
+    try {
+      const id = await session();
+      await api.post(`/v1/sessions/${id}/events`, define({
+        max_iterations: 2,
+        rubric: rubric([
+          { when: { user_contains: 'report-v2-body' }, then: [{ verdict: 'satisfied' }] },
+          { then: [{ verdict: 'needs_revision', explanation: 'Bring the report to version 2.' }] },
+        ]),
+      }));
+      const evs = await untilEvents(api, id, ended, 120_000);
+      const results = evs.filter((e) => e.type === 'agent.tool_result').map((e) => e.payload as Json);
+      expect(results).toHaveLength(2);
+      // The first turn's command ran; the revision's was refused by the author's rule.
+      expect(results[0]?.denied).toBeUndefined();
+      expect(results[1]).toMatchObject({ denied: true, is_error: true, policy_rule_id: rule });
+      expect(outcomeEnd(evs).result).not.toBe('satisfied');
+    } finally {
+      await p.root.request('DELETE', `/v1/action-policies/${rule}`);
+    }
+  });
+
   it('takes its rubric from a File', async () => {
     const text = rubric([{ then: [{ verdict: 'satisfied', criteria: [{ criterion: 'Cites the file rubric', verdict: 'pass', explanation: 'it does' }] }] }], ['Cites the file rubric']);
     const up = await api.uploadFile<{ id: string }>('rubric.md', new TextEncoder().encode(text), { contentType: 'text/markdown' });

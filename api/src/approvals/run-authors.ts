@@ -1,5 +1,5 @@
-import type { LogEvent } from '@agentplane/store';
-import type { SessionStore } from '@agentplane/domain';
+import { tags, type LogEvent } from '@agentplane/store';
+import type { OutcomeDoc, SessionStore } from '@agentplane/domain';
 
 const MAX_CACHED = 10_000;
 /** How far back the log is read for a Run's input messages (they precede the Run's own events). */
@@ -8,7 +8,9 @@ const MAX_HOPS = 1000;
 
 /**
  * The Principals a Run acts for: the `authored_by` of the user messages that started its turn
- * (a continuation Run, started by answered waits, acts for the Run it continues). Principal-scoped
+ * (a continuation Run, started by answered waits, acts for the Run it continues; an outcome's
+ * revision turn, started by the grader's verdict, acts for the Principal who defined the
+ * outcome: its `user.define_outcome`'s author). Principal-scoped
  * ActionPolicies match tool uses of the Run for these Principals. Cached per Run that took the
  * inputs (a Run's inputs never change; its continuations share the entry). Throws when an input
  * message cannot be found (the caller fails closed).
@@ -36,10 +38,21 @@ export class RunAuthors {
     for (let scanned = 0; wanted.size > 0 && scanned < MAX_SCANNED;) {
       const page: LogEvent[] = await this.store.log.rangeBackward(sessionId, before, 500);
       if (page.length === 0) break;
-      for (const e of page) {
-        if (!wanted.delete(e.id)) continue;
-        const author = (e.payload as { authored_by?: unknown } | null)?.authored_by;
-        if (typeof author === 'string') authors.add(author);
+      // An input may name another event to read the author from (an outcome's define), which
+      // may be in this page too: the page is gone through until it names nothing new.
+      for (let named = true; named;) {
+        named = false;
+        for (const e of page) {
+          if (!wanted.delete(e.id)) continue;
+          const payload = e.payload as { authored_by?: unknown; outcome_id?: unknown } | null;
+          if (typeof payload?.authored_by === 'string') authors.add(payload.authored_by);
+          else if (e.type.startsWith('session.outcome_') && typeof payload?.outcome_id === 'string') {
+            const outcome = await this.store.docs.get<OutcomeDoc>(tags.session(sessionId), payload.outcome_id);
+            if (!outcome) throw new Error(`outcome ${payload.outcome_id} of run ${root}'s input was not found`);
+            wanted.add(outcome.define_event_id);
+            named = true;
+          }
+        }
       }
       scanned += page.length;
       before = Math.min(...page.map((e) => e.seq));

@@ -49,6 +49,42 @@ describe('ActionPolicy evaluation', () => {
     expect(new PolicySet([denyRm]).evaluate(bash('rm -rf / && echo')).decision).toBe('deny');
   });
 
+  it('a deny or approval prefix matches every simple command of the line, wherever a shell ends the word', () => {
+    const denyRm = new PolicySet([rule({ effect: 'deny', command_prefix: 'rm' })]);
+    for (const c of ['rm;ls', 'rm${IFS}/workspace/victim;ls', 'rm&&x', 'rm|x', 'rm>x', 'rm$x', 'rm(', ';rm x', 'ls && rm -rf /', 'echo $(rm x)', 'echo `rm x`', 'a | rm', '(rm x)', 'rm"" x', "rm'' x", 'x\nrm y']) {
+      expect(denyRm.evaluate(bash(c)).decision, c).toBe('deny');
+    }
+    for (const c of ['rmdir x', 'echo rm', 'ls -la', 'firm x']) expect(denyRm.evaluate(bash(c)).decision, c).toBe('allow');
+    const approveEcho = new PolicySet([rule({ effect: 'require_approval', command_prefix: 'echo' })]);
+    expect(approveEcho.evaluate(bash('echo;id')).decision).toBe('require_approval');
+    expect(approveEcho.evaluate(bash('echo${IFS}x')).decision).toBe('require_approval');
+    // An allow prefix is as strict as before.
+    const allowLs = new PolicySet([rule({ effect: 'allow', command_prefix: 'ls' }), rule({ effect: 'require_approval' })]);
+    expect(allowLs.evaluate(bash('ls -la')).decision).toBe('allow');
+    expect(allowLs.evaluate(bash('ls;rm x')).decision).toBe('require_approval');
+  });
+
+  it('a path rule sees relative paths as the workspace\'s, and a search above the paths a deny names', () => {
+    const secrets = rule({ effect: 'deny', tool_kind: 'builtin', tool_name: '*', path_glob: '/workspace/secrets/**' });
+    const set = new PolicySet([secrets]);
+    const file = (name: string, input: Record<string, unknown>) => set.evaluate({ kind: 'builtin', name, input }).decision;
+    for (const p of ['/workspace/secrets/k', 'secrets/k', './secrets/k', 'x/../secrets/k', '/workspace//secrets/./k']) expect(file('read', { path: p }), p).toBe('deny');
+    expect(file('read', { path: 'public/k' })).toBe('allow');
+    // A search of the workspace (its default) or of a directory above the secrets reaches them.
+    expect(file('grep', { pattern: 'key' })).toBe('deny');
+    expect(file('grep', { pattern: 'key', path: '/workspace' })).toBe('deny');
+    expect(file('glob', { pattern: '**/*', path: '.' })).toBe('deny');
+    expect(file('grep', { pattern: 'key', path: 'public' })).toBe('allow');
+    // A listing names what a directory holds, not what its files say: only its own path matches.
+    expect(file('list', {})).toBe('allow');
+    expect(file('list', { path: 'secrets' })).toBe('allow');
+    expect(file('list', { path: 'secrets/inner' })).toBe('deny');
+    // An allow rule is matched by the path reached, and never by a search above it.
+    const allowPublic = new PolicySet([rule({ effect: 'allow', tool_kind: 'builtin', tool_name: '*', path_glob: '/workspace/public/**' }), rule({ effect: 'require_approval', tool_kind: 'builtin', tool_name: '*' })]);
+    expect(allowPublic.evaluate({ kind: 'builtin', name: 'read', input: { path: 'public/a' } }).decision).toBe('allow');
+    expect(allowPublic.evaluate({ kind: 'builtin', name: 'grep', input: { pattern: 'x' } }).decision).toBe('require_approval');
+  });
+
   it('matches names by glob, kinds, connections, Principals and file paths', () => {
     const mcp = rule({ effect: 'deny', tool_kind: 'mcp', tool_name: 'github_*', connection_id: 'conn_1' });
     const files = rule({ effect: 'deny', tool_kind: 'builtin', tool_name: '{write,edit}', path_glob: '/etc/**' });

@@ -59,6 +59,11 @@ interface Compiled {
   head: string;
   tail: string;
   pathGlob: CompiledGlob | null;
+  /**
+   * The directory every path the rule's `path_glob` names lies under (its literal head, resolved
+   * against the workspace): a search (`grep`, `glob`) of a directory above it can reach them.
+   */
+  globRoot: string | null;
   specificity: number;
   order: number;
 }
@@ -69,6 +74,10 @@ const EFFECT_RANK: Record<PolicyEffect, number> = { deny: 3, require_approval: 2
 /** The builtin tools whose `path` argument a rule's `path_glob` matches. */
 export const FILE_TOOL_NAMES: readonly string[] = ['read', 'write', 'edit', 'glob', 'list', 'grep'];
 const FILE_TOOLS = new Set(FILE_TOOL_NAMES);
+/** The file tools that read below a directory: their `path` (default the workspace) is where they search. */
+const SEARCH_TOOLS: ReadonlySet<string> = new Set(['grep', 'glob']);
+/** Where the builtin file tools resolve a relative `path` (the sandbox's workspace, as the agent sees it). */
+const WORKSPACE = '/workspace';
 
 const isPattern = (name: string): boolean => /[*?[{\\]/.test(name);
 
@@ -111,7 +120,7 @@ export function compileRule(rule: PolicyRule, order: number): Compiled {
     (rule.connection_id ? 4 : 0) +
     (exactName !== null ? 2 : rule.tool_name === '*' ? 0 : 1) +
     (rule.tool_kind !== 'any' ? 1 : 0);
-  return { rule, exactName, nameGlob, head, tail, pathGlob, specificity, order };
+  return { rule, exactName, nameGlob, head, tail, pathGlob, globRoot: rule.path_glob ? globRootOf(rule.path_glob) : null, specificity, order };
 }
 
 function argString(input: unknown, field: string): string | undefined {
@@ -130,13 +139,53 @@ function lexicalPath(path: string): string {
   return path === '' ? path : posix.normalize(path);
 }
 
+/** A tool's `path` as the tool reaches it: relative to the workspace unless absolute, resolved lexically. */
+function reachedPath(path: string): string {
+  return lexicalPath(path.startsWith('/') ? path : `${WORKSPACE}/${path}`);
+}
+
+/** The directory a glob's literal head names (see `Compiled.globRoot`). */
+function globRootOf(glob: string): string {
+  const special = glob.search(/[*?[{\\]/);
+  const literal = special < 0 ? glob : glob.slice(0, special);
+  const dir = literal.includes('/') ? literal.slice(0, literal.lastIndexOf('/')) : '';
+  return reachedPath(dir === '' && glob.startsWith('/') ? '/' : dir === '' ? '.' : dir);
+}
+
+/** Whether `dir` is `root` or a directory above it. */
+function contains(dir: string, root: string): boolean {
+  return dir === root || dir === '/' || root.startsWith(`${dir}/`);
+}
+
+/**
+ * Shell separators and openings after which a new simple command begins: a deny or approval
+ * prefix is matched at the start of each.
+ */
+const COMMAND_BREAK = /[;&|\n\r(){}`]|\$\(/;
+/** What ends a command's first word for a shell: a blank, an operator, a quote or an expansion. */
+const WORD_END = /[\s;&|<>(){}`$'"\\]/;
+
+/**
+ * An allow prefix matches a command that starts with it at a blank (or its end) and holds no shell
+ * control character. A deny or approval prefix matches any simple command of the line (after a
+ * separator, a subshell's or a substitution's opening) that starts with it where a shell ends
+ * the word: `rm;ls`, `rm${IFS}/x`, `x && rm -rf /`, `$(rm x)` all match a deny of `rm`.
+ */
 function commandMatches(prefix: string, command: string | undefined, effect: PolicyEffect): boolean {
   if (command === undefined) return false;
   const c = command.trimStart();
-  if (!c.startsWith(prefix)) return false;
-  const next = c.charAt(prefix.length);
-  if (next !== '' && !/\s/.test(next) && !/\s$/.test(prefix)) return false;
-  return !(effect === 'allow' && SHELL_CONTROL.test(c));
+  if (effect === 'allow') {
+    if (!c.startsWith(prefix)) return false;
+    const next = c.charAt(prefix.length);
+    if (next !== '' && !/\s/.test(next) && !/\s$/.test(prefix)) return false;
+    return !SHELL_CONTROL.test(c);
+  }
+  return c.split(COMMAND_BREAK).some((part) => {
+    const p = part.trimStart();
+    if (!p.startsWith(prefix)) return false;
+    const next = p.charAt(prefix.length);
+    return next === '' || WORD_END.test(next) || /\s$/.test(prefix);
+  });
 }
 
 /** A compiled policy set: built once per version, evaluated per call. */
@@ -175,12 +224,18 @@ export class PolicySet {
     if (r.command_prefix && !(call.kind === 'builtin' && call.name === 'bash' && commandMatches(r.command_prefix, argString(call.input, 'command'), r.effect))) return false;
     if (c.pathGlob) {
       if (!(call.kind === 'builtin' && FILE_TOOLS.has(call.name))) return false;
-      const path = argString(call.input, 'path');
-      if (path === undefined) return false;
-      // An allow rule must match the path the tool reaches; a deny or an approval rule matches
-      // either spelling (a rule written as `./secrets/**` still catches `./secrets/key`).
-      const reached = c.pathGlob.test(lexicalPath(path));
-      if (!(reached || (r.effect !== 'allow' && c.pathGlob.test(path)))) return false;
+      const given = argString(call.input, 'path');
+      const searches = SEARCH_TOOLS.has(call.name);
+      // A search with no path searches the workspace; another file tool with none reaches nothing.
+      if (given === undefined && !searches) return false;
+      const path = given ?? WORKSPACE;
+      // An allow rule must match the path the tool reaches (relative paths are the workspace's); a
+      // deny or an approval rule matches either spelling (a rule written as `./secrets/**` still
+      // catches `./secrets/key`), and a search of a directory above the paths it names.
+      const reached = reachedPath(path);
+      const hit = c.pathGlob.test(reached)
+        || (r.effect !== 'allow' && (c.pathGlob.test(path) || c.pathGlob.test(lexicalPath(path)) || (searches && c.globRoot !== null && contains(reached, c.globRoot))));
+      if (!hit) return false;
     }
     return true;
   }
