@@ -9,11 +9,15 @@ describe('scrubSecret', () => {
     expect(scrubSecret('Incorrect API key provided: sk-tes*****abcdef', key)).toBe('Incorrect API key provided: [redacted]');
     expect(scrubSecret('Incorrect API key provided: sk-proj-ABCD********************2345', 'sk-proj-ABCDxyzxyzxyzxyzxyz2345')).toBe('Incorrect API key provided: [redacted]');
     expect(scrubSecret('request had Authorization: Bearer UPSTREAM-TOKEN-abcdef0123456789', 'UPSTREAM-TOKEN-abcdef0123456789')).toBe('request had Authorization: Bearer [redacted]');
+    // ASCII dots mask as the ellipsis does, a sentence's period after it or not.
+    expect(scrubSecret('invalid key (prefix sk-te...cdef)', key)).toBe('invalid key (prefix [redacted])');
+    expect(scrubSecret('invalid key sk-tes...abcdef.', key)).toBe('invalid key [redacted]');
   });
   it('leaves what is not the key', () => {
     expect(scrubSecret('nothing here', key)).toBe('nothing here');
     expect(scrubSecret('a password: ******** was masked', key)).toBe('a password: ******** was masked');
     expect(scrubSecret('test-SU is short', key)).toBe('test-SU is short');
+    expect(scrubSecret('wait... then sk-other...9999 failed', key)).toBe('wait... then sk-other...9999 failed');
     expect(scrubSecret('x', null)).toBe('x');
     expect(scrubSecrets('a TOKEN-one and TOKEN-two', ['TOKEN-one', 'TOKEN-two'])).toBe('a [redacted] and [redacted]');
   });

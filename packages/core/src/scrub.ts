@@ -16,7 +16,7 @@ const MASK_RUN = /[*•…]{3,}/;
  * `text` with every echo of `secret` taken out: the secret itself, any run of 8 or more of its
  * characters (a key quoted without its prefix, or cut short), and a masked echo, a word whose
  * visible ends are the secret's own around a run of mask characters (`sk-ab*****wxyz`,
- * `sk-proj-****…2345`). For messages that came from elsewhere (a provider's error, an MCP
+ * `sk-proj-****…2345`, `sk-ab...wxyz`). For messages that came from elsewhere (a provider's error, an MCP
  * server's error) and may quote the credential sent to it.
  */
 export function scrubSecret(text: string, secret: string | null | undefined): string {
@@ -40,14 +40,16 @@ export function scrubSecret(text: string, secret: string | null | undefined): st
     }
     out = kept;
   }
-  const masked = out.replace(WORD, (word) => {
-    if (!MASK_RUN.test(word)) return word;
+  const masked = out.replace(WORD, (found) => {
+    // Three or more ASCII dots mask as `…` does (`sk-ab...wxyz`).
+    const word = found.replace(/\.{3,}/g, '***');
+    if (!MASK_RUN.test(word)) return found;
     const m = /^([^*•…]*)[*•…]+([^*•…]*)$/.exec(word);
-    if (!m) return word;
+    if (!m) return found;
     const head = m[1] ?? '';
     const tail = m[2] ?? '';
     const echoes = (head.length >= 3 && secret.startsWith(head)) || (tail.length >= 4 && secret.endsWith(tail));
-    return echoes ? REDACTED : word;
+    return echoes ? REDACTED : found;
   });
   // Parts of one echo taken out in turn (a run, then its masked rest) read as one.
   return masked.replace(/(?:\[redacted\]){2,}/g, REDACTED);
