@@ -500,5 +500,15 @@ describe('callers', () => {
     // Nothing was created by any of them.
     const principals = await p.root.get<{ data: { external_subject_id: string }[] }>(`/v1/organizations/workspaces/${ws()}/principals`, { limit: 100 });
     expect(principals.data.filter((x) => x.external_subject_id === 'audit-me')).toEqual([]);
+    // A call on a resource named by its path is recorded naming it, as over REST; a path value
+    // that is not a well-formed id is not written into the record.
+    const approval = `approval_${'a'.repeat(32)}`;
+    for (const [path, target] of [[{ approval_id: approval }, approval], [{ approval_id: 'not an id' }, null]] as const) {
+      const r = await rpc({ jsonrpc: '2.0', id: 10, method: 'tools/call', params: { name: 'approvals_approveActionApproval', arguments: { path, body: {} } } }, { 'mcp-protocol-version': '2025-11-25' });
+      expect(errorType(r).message).toContain('requires idempotency_key');
+      const records = (await p.root.post<{ data: { target: string | null; request_id: string; status: number }[] }>('/v1/audit/export', { action: 'approvals.approveActionApproval' })).data
+        .filter((x) => x.request_id === r.headers.get('request-id'));
+      expect(records).toEqual([expect.objectContaining({ target, status: 400 })]);
+    }
   });
 });

@@ -136,7 +136,12 @@ export class ToolDispatcher {
     // A malformed envelope (or a call refused before its arguments are read) still goes through
     // the pipeline (refused there, after authorisation, and recorded), with nothing of it passed on.
     const refused = denied ?? argumentsProblem(p, given);
-    const a: Record<string, unknown> = refused || !isPlainObject(given) ? {} : given;
+    // Refused for its envelope (not before its arguments are read), the call keeps its path
+    // parameters, which name its audit record's target (checked as well-formed ids there), as a
+    // REST request refused for its body does.
+    const a: Record<string, unknown> = !refused && isPlainObject(given)
+      ? given
+      : !denied && isPlainObject(given) && isPlainObject(given.path) ? { path: given.path } : {};
     const key = typeof a.idempotency_key === 'string' ? a.idempotency_key : undefined;
 
     const headers: Record<string, string | undefined> = { authorization: ctx.headers.authorization };
