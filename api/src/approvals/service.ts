@@ -269,6 +269,17 @@ export class ApprovalService {
       await this.expire(ws, id);
       throw new ApiError('runtime.invalid_transition', `action approval ${id} expired at ${current.expires_at}; it can no longer be resolved`);
     }
+    // A tool use whose wait was ended (its turn interrupted, its thread terminated) never runs:
+    // the approval lapses instead of recording a resolution for a call that cannot happen. (A
+    // wait not registered yet, the Run that asked still reporting its waits, is not ended.)
+    if (current.status === 'pending') {
+      const thread = await this.d.sessions.thread(current.session_id, current.session_thread_id).catch(() => null);
+      const wait = thread?._waits[current.tool_use_id];
+      if (thread && (thread.status === 'terminated' || (wait !== undefined && wait.generation !== thread._wait_generation))) {
+        await this.expire(ws, id);
+        throw new ApiError('runtime.invalid_transition', `the wait of ${current.tool_use_id} was ended (its turn was interrupted): action approval ${id} lapsed and can no longer be resolved`);
+      }
+    }
     let settled: ActionApproval | null = null;
     let lapsed = false;
     const next = await this.d.docs.update<ActionApproval>(tags.workspace(ws), id, (a) => {
