@@ -122,6 +122,9 @@ describe('ActionApprovals', () => {
       ['approvals.denyActionApproval', 'failed'],
     ]);
     expect(audit.data[0]?.detail).toBe(rule);
+    // The rule's decisions on the call: an approval asked for, then the approved call allowed.
+    const decisions = await p.root.post<{ data: { outcome: string; detail: string | null }[] }>('/v1/audit/export', { target: id, action: 'policy.builtin:bash' });
+    expect(decisions.data.map((r) => [r.outcome, r.detail])).toEqual([['requested', rule], ['allowed', rule]]);
     await p.root.request('DELETE', `/v1/action-policies/${rule}`);
   });
 
@@ -143,6 +146,9 @@ describe('ActionApprovals', () => {
     expect(content).not.toContain('output-text');
     // The model was handed the refusal as the tool's result.
     expect(JSON.stringify(events.filter((e) => e.type === 'agent.message'))).toContain('Not run');
+    // The rule's decisions on the call: an approval asked for, then the call refused.
+    const decisions = await p.root.post<{ data: { outcome: string; detail: string | null }[] }>('/v1/audit/export', { target: id, action: 'policy.builtin:bash' });
+    expect(decisions.data.map((r) => [r.outcome, r.detail])).toEqual([['requested', rule], ['denied', rule]]);
 
     // Deleting the Session erases its approvals (they hold tool inputs).
     expect((await api.request('DELETE', `/v1/sessions/${id}`)).status).toBe(200);

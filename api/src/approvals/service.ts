@@ -144,11 +144,13 @@ export class ApprovalService {
    */
   async checkToolUse(ctx: ToolUseContext, q: ToolUseCheck): Promise<ToolUseDecision> {
     const existing = await this.forToolUse(ctx.workspace_id, ctx.session_id, q.tool_use_id);
-    if (existing?.status === 'denied') {
-      const by = existing.resolved_by?.id ?? 'an approver';
-      return { decision: 'deny', rule_id: existing.rule_id, message: `ActionApproval ${existing.id} was denied by ${by}${existing.reason ? `: ${existing.reason}` : ''}` };
-    }
-    if (existing?.status === 'expired') {
+    if (existing?.status === 'denied' || existing?.status === 'expired') {
+      // The refusal of the call is a decision of its own, recorded as such.
+      await this.d.policies.recordSettled(ctx.workspace_id, existing, { id: ctx.run_id, credential_id: ctx.runner_id }, ctx.session_id);
+      if (existing.status === 'denied') {
+        const by = existing.resolved_by?.id ?? 'an approver';
+        return { decision: 'deny', rule_id: existing.rule_id, message: `ActionApproval ${existing.id} was denied by ${by}${existing.reason ? `: ${existing.reason}` : ''}` };
+      }
       return { decision: 'deny', rule_id: existing.rule_id, message: `ActionApproval ${existing.id} expired at ${existing.expires_at} without a decision` };
     }
     let principals: string[];
@@ -159,16 +161,16 @@ export class ApprovalService {
       this.d.log.error({ err, run: ctx.run_id }, 'could not read the Run author Principals; denying');
       return { decision: 'deny', rule_id: null, message: "the Run's author Principals could not be determined, so its ActionPolicies cannot be applied; denied (fail closed)" };
     }
-    // The authors are read above whatever the rules (the approval names them): each is decided.
-    const decision = await this.d.policies.decideForPrincipals(
-      ctx.workspace_id, { kind: q.tool.kind, name: q.tool.name, connection_id: q.tool.connection_id, input: q.input }, principals,
-      { actor: { id: ctx.run_id, credential_id: ctx.runner_id }, target: ctx.session_id },
-    );
-    if (decision.decision === 'deny') return { decision: 'deny', rule_id: decision.rule_id, message: decision.explanation };
     // The approval of a tool use covers that very call (same tool and input), for the Run that
     // asked or the one that continues after the use's wait; never another call under the same
     // tool use id, nor a later Run of the Session.
     const covered = existing ? await notCovered(this.d, existing, ctx.run_id, q.tool, q.input) : null;
+    // The authors are read above whatever the rules (the approval names them): each is decided.
+    const decision = await this.d.policies.decideForPrincipals(
+      ctx.workspace_id, { kind: q.tool.kind, name: q.tool.name, connection_id: q.tool.connection_id, input: q.input }, principals,
+      { actor: { id: ctx.run_id, credential_id: ctx.runner_id }, target: ctx.session_id, ...(existing?.status === 'approved' && covered === null ? { settledApproval: 'approved' as const } : {}) },
+    );
+    if (decision.decision === 'deny') return { decision: 'deny', rule_id: decision.rule_id, message: decision.explanation };
     if (existing?.status === 'approved' && covered === null) {
       return { decision: 'allow', rule_id: existing.rule_id, message: `approved in ActionApproval ${existing.id} by ${existing.resolved_by?.id ?? 'an approver'}` };
     }

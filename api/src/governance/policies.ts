@@ -50,6 +50,12 @@ export interface DecisionContext {
    * (the rule's id as detail), not `requested`, since no approval was asked for.
    */
   refusesApproval?: boolean;
+  /**
+   * How an ActionApproval already settled this very call (the Run's re-check of an approved,
+   * denied or expired use): a `require_approval` decision is then recorded as what happened to
+   * the call (`allowed` once approved, `denied` otherwise), not as another approval `requested`.
+   */
+  settledApproval?: 'approved' | 'denied';
 }
 
 /** A decision whose audit record waits for its target (`PolicyStore.decideUnrecorded`). */
@@ -173,6 +179,20 @@ export class PolicyStore {
     return set;
   }
 
+  /**
+   * The refusal of a tool use whose ActionApproval was denied or expired (the Run's re-check of
+   * it): a decision of its own, recorded as the rule's decisions are (`denied`, the rule's id).
+   */
+  async recordSettled(ws: string, approval: { tool: { kind: string; name: string }; rule_id: string | null }, actor: DecisionContext['actor'], target: string): Promise<void> {
+    try {
+      await this.audit.append(ws, {
+        actor, action: `policy.${approval.tool.kind}:${approval.tool.name}`, target, outcome: 'denied', status: null, detail: approval.rule_id ?? 'action_approval', request_id: null,
+      });
+    } catch (err) {
+      this.log.error({ err, workspace: ws }, 'audit append of a policy decision failed');
+    }
+  }
+
   /** Evaluate without recording (the dry run). */
   async explain(ws: string, call: ToolCall): Promise<PolicyDecision> {
     return (await this.current(ws)).evaluate(call);
@@ -216,7 +236,10 @@ export class PolicyStore {
         try {
           await this.audit.append(ws, {
             actor: ctx.actor, action: `policy.${call.kind}:${call.name}`, target,
-            outcome: failed ? 'error' : decision.decision === 'allow' ? 'allowed' : decision.decision === 'deny' || ctx.refusesApproval === true ? 'denied' : 'requested',
+            outcome: failed ? 'error'
+              : decision.decision === 'allow' ? 'allowed'
+                : decision.decision === 'deny' || ctx.refusesApproval === true ? 'denied'
+                  : ctx.settledApproval === 'approved' ? 'allowed' : ctx.settledApproval === 'denied' ? 'denied' : 'requested',
             status: null, detail: failed ? 'evaluation_failed' : decision.rule_id ?? 'default_allow', request_id: ctx.request_id ?? null,
           });
         } catch (err) {
