@@ -368,4 +368,26 @@ describe('crash paths', () => {
     const evs = await waitEvents(id, (e) => e.some((x) => x.type === 'session.status_idle'), 40_000);
     expect(JSON.stringify(evs.filter((e) => e.type === 'agent.message'))).toContain('redis came back');
   }, WITH_DAEMON_MS);
+
+  it('kill -9 the runner mid-tool call, then interrupt with no runner left: the turn ends at once, its tool use answered as interrupted', async () => {
+    // One runner only: once it is killed, nothing takes the Run again before the interrupt.
+    for (const d of daemons) d.kill('SIGKILL');
+    await waitFor('no live runner', async () => ((await api.get<{ data: unknown[] }>('/v1/runner-pools/presences')).data.length === 0 ? true : undefined), 20_000);
+    const only = await daemon('box-only');
+    const id = await turn([
+      { when: { user_contains: 'go' }, then: [{ tool: 'bash', input: { command: 'sleep 30; echo finished' } }] },
+      { when: { on: 'tool_result' }, then: [{ reply: 'ok: {{tool_result}}' }] },
+    ]);
+    const use = (await waitEvents(id, (e) => e.some((x) => x.type === 'agent.tool_use'))).find((x) => x.type === 'agent.tool_use');
+    await waitFor('the sandbox running the tool call', async () => ((await sandboxOf(only.runnerId, id)).running === 1 ? true : undefined), 20_000);
+    only.proc.kill('SIGKILL');
+    await api.post(`/v1/sessions/${id}/events`, { type: 'user.interrupt', payload: { authored_by: owner, caused_by: { kind: 'api' } } });
+    const evs = await waitEvents(id, (e) => e.some((x) => x.type === 'session.status_idle'), 40_000);
+    expect(evs.find((e) => e.type === 'session.status_idle')?.payload.stop_reason).toMatchObject({ type: 'interrupted' });
+    // The use its runner never answered is answered by the turn's end, before it, once.
+    const results = evs.filter((e) => e.type === 'agent.tool_result');
+    expect(results.map((e) => e.payload)).toEqual([expect.objectContaining({ tool_use_id: use?.payload.id, is_error: true, interrupted: true })]);
+    expect(evs.findIndex((e) => e.type === 'agent.tool_result')).toBeLessThan(evs.findIndex((e) => e.type === 'session.status_idle'));
+    expect((await runsOf(id))[0]?.status).toBe('canceled');
+  }, WITH_DAEMON_MS + DAEMON_READY_MS);
 });

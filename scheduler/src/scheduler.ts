@@ -158,7 +158,7 @@ export class Scheduler {
   private serve(pool: string, workspaceId: string): void {
     this.pools.set(pool, workspaceId);
     if (this.stopped || this.dispatchers.has(pool)) return;
-    const hooks = runHooks({ poolId: pool, queues: this.queues, lifecycle: this.lifecycle, metrics: this.metrics, log: this.log, redis: this.redis, interruptGraceMs: this.config.interruptGraceMs });
+    const hooks = runHooks({ poolId: pool, queues: this.queues, lifecycle: this.lifecycle, metrics: this.metrics, log: this.log, redis: this.redis, interruptGraceMs: this.config.interruptGraceMs, cancels: this.cancels });
     const d = new PoolDispatcher({
       poolId: pool, queues: this.queues, connection: this.bull, directory: this.directory, offers: this.offers,
       hooks, config: this.config.lease, log: this.log, capacityRetryMs: this.config.capacityRetryMs, cancels: this.cancels,

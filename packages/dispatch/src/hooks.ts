@@ -2,7 +2,7 @@ import type { Job } from 'bullmq';
 import { extractTrace, newId, type Context, type Logger } from '@agentplane/core';
 import { cancelOnRunner } from '@agentplane/gateway';
 import type { Redis } from '@agentplane/store';
-import type { RunJobData, RunQueues } from '@agentplane/lease';
+import type { CancelMarks, RunJobData, RunQueues } from '@agentplane/lease';
 import type { RunLifecycle } from '@agentplane/domain';
 import type { DispatchHooks } from './dispatcher.js';
 import type { DispatchMetrics } from './metrics.js';
@@ -30,6 +30,8 @@ export function runHooks(d: {
   poolId: string; queues: RunQueues; lifecycle: RunLifecycle; metrics: DispatchMetrics; log: Logger;
   /** Where lease.cancel frames are routed from, and the grace a cancelled Run gets to stop. */
   redis: Redis; interruptGraceMs: number;
+  /** Interrupts of Runs (see `CancelMarks`): a lost lease of an interrupted Run ends it. */
+  cancels: CancelMarks;
 }): DispatchHooks {
   const data = async (runId: string): Promise<RunJobData | undefined> => (await d.queues.job(d.poolId, runId))?.data;
   const exhausted = async (runId: string, reason: string): Promise<void> => {
@@ -65,6 +67,16 @@ export function runHooks(d: {
       const below = await settledBelow(job);
       if (below === null) return;
       lost(await d.lifecycle.leaseLost(job.data.session_id, runId, below, LEASE_LOST, traceOf(job.data)));
+      // Interrupted while its runner held it, then lost with that runner: the interrupt ends it
+      // now, not when a runner next takes it (none may come). The end is recorded first, then
+      // the job goes (one a dispatcher took meanwhile is dropped there: the mark bars it).
+      if (below > job.attemptsStarted && (await d.cancels.marked(job.data.session_id, runId))) {
+        await d.queues.dequeued(d.poolId, job.data.workspace_id, runId);
+        if (await d.lifecycle.canceled(job.data.session_id, runId, 'interrupted while its runner was lost', traceOf(job.data), { onlyQueued: true })) {
+          await d.queues.cancelQueued(d.poolId, runId);
+          await d.cancels.clear(job.data.session_id, runId);
+        }
+      }
     },
     async retaken(job: Job<RunJobData>, trace?: Context) {
       // The first attempt has nothing before it; a later one may follow a loss nobody recorded.

@@ -25,6 +25,22 @@ describe('conversationOf', () => {
     expect(texts(log, [third.id])).toEqual(['user: first', 'assistant: echo first', 'user: second']);
   });
 
+  it('answers a tool use its turn ended without (a lost runner, then an interrupt), before the next message; a wait is left to its answers', () => {
+    const msg = ev('user.message', { content: 'run it' });
+    const next = ev('user.message', { content: 'again' });
+    const log = [
+      msg, ev('session.status_running', { run_id: 'run_1', input_event_ids: [msg.id] }),
+      ev('agent.tool_use', { id: 'toolu_lost', name: 'bash', input: {} }),
+      ev('session.status_idle', { stop_reason: { type: 'interrupted' } }),
+      next, ev('session.status_running', { run_id: 'run_2', input_event_ids: [next.id] }),
+      ev('agent.tool_use', { id: 'toolu_wait', name: 'lookup', input: {} }),
+      ev('session.status_idle', { stop_reason: { type: 'requires_action', tool_use_ids: ['toolu_wait'] } }),
+    ];
+    expect(texts(log)).toEqual(['user: run it', 'assistant: tool_use', 'user: tool_result|again', 'assistant: tool_use']);
+    const closed = conversationOf(log, 'th_1', true).history[2]?.content[0];
+    expect(closed).toMatchObject({ type: 'tool_result', tool_use_id: 'toolu_lost', is_error: true, content: expect.stringContaining('interrupted') });
+  });
+
   it('keeps a message\'s text blocks apart, and a tool result\'s a line apart', () => {
     const msg = ev('user.message', { content: [{ type: 'text', text: 'Hello' }, { type: 'text', text: 'World' }] });
     const log = [

@@ -71,6 +71,10 @@ export function conversationOf(
     if (Array.isArray(ids)) for (const id of ids) takenByATurn.add(String(id));
   }
   const waiting = new Map<string, ContentBlock[]>();
+  // Tool uses of the turn under way without a result yet: a turn that ends otherwise than
+  // waiting on them (a log written before ended turns answered them) answers them here, so no
+  // provider is sent a tool call without its result.
+  const open = new Set<string>();
   for (const e of events) {
     if (!mine(e)) continue;
     const p = (e.payload ?? {}) as Payload;
@@ -110,10 +114,19 @@ export function conversationOf(
         break;
       case 'agent.tool_use':
         push('assistant', { type: 'tool_use', id: String(p.id), name: String(p.name), input: p.input ?? {} });
+        open.add(String(p.id));
         break;
       case 'agent.tool_result':
         push('user', { type: 'tool_result', tool_use_id: String(p.tool_use_id), content: textOf(p.content), ...(p.is_error ? { is_error: true } : {}) });
+        open.delete(String(p.tool_use_id));
         break;
+      case 'session.status_idle': {
+        const stop = (p.stop_reason ?? {}) as Payload;
+        if (stop.type === 'requires_action') break;
+        for (const id of open) push('user', { type: 'tool_result', tool_use_id: id, content: `The tool call did not return: the turn ended (${String(stop.type)}) before its result.`, is_error: true });
+        open.clear();
+        break;
+      }
       case 'user.custom_tool_result':
         responses.custom_tool_results[String(p.tool_use_id)] = { content: textOf(p.result), ...(p.is_error ? { is_error: true } : {}) };
         break;

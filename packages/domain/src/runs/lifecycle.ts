@@ -421,7 +421,10 @@ export class RunLifecycle {
     if (!res || (!res.moved && res.run.status !== 'failed')) return;
     const session = await this.store.get(res.run.workspace_id, sessionId);
     const stop: StopReason = failure.code === 'retries_exhausted' ? { type: 'retries_exhausted' } : { type: 'error', error: { code: failure.code, message: failure.message } } as StopReason;
-    await this.runtime.endTurn(session, res.run.session_thread_id, stop, [], { runId, fresh: true, trace });
+    // A tool use its lost runner never answered is answered as not done, with the end.
+    await this.runtime.endTurn(session, res.run.session_thread_id, stop, [], {
+      runId, fresh: true, trace, closeOpenUses: { content: `The tool call did not return: the Run failed (${failure.code}) before its result.`, interrupted: false },
+    });
   }
 
   /**
@@ -435,7 +438,11 @@ export class RunLifecycle {
       !movable(r) ? null : { ...r, status: 'canceled', attempts: this.endAttempt(r, null, 'canceled', reason), timestamps: { ...this.ts(r), ended_at: nowIso() } });
     if (!res || (!res.moved && res.run.status !== 'canceled')) return false;
     const session = await this.store.get(res.run.workspace_id, sessionId);
-    await this.runtime.endTurn(session, res.run.session_thread_id, { type: 'interrupted' }, [], { runId, fresh: true, trace });
+    // Canceled where no runner holds it (queued again after a lost runner): the runner that would
+    // have answered its open tool uses as interrupted is gone, so the end does.
+    await this.runtime.endTurn(session, res.run.session_thread_id, { type: 'interrupted' }, [], {
+      runId, fresh: true, trace, closeOpenUses: { content: 'Interrupted by user.interrupt before the tool call returned.', interrupted: true },
+    });
     return true;
   }
 }

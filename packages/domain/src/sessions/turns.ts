@@ -458,6 +458,31 @@ export class ThreadRuntime {
   }
 
   /**
+   * The tool uses of the thread's turn under way (since its start, `session.status_running`
+   * without `attempt`) that have no `agent.tool_result` in the log yet, oldest first.
+   */
+  private async openUsesOfTurn(sessionId: string, threadId: string, isPrimary: boolean): Promise<string[]> {
+    const mine = (e: LogEvent) => e.session_thread_id === threadId || (isPrimary && e.session_thread_id === null);
+    const results = new Set<string>();
+    const open: string[] = [];
+    let before: number | null = null;
+    for (let scanned = 0; scanned < 100_000;) {
+      const page = await this.store.log.rangeBackward(sessionId, before, 500);
+      if (page.length === 0) break;
+      for (const e of page) {
+        if (!mine(e)) continue;
+        const p = (e.payload ?? {}) as { tool_use_id?: unknown; id?: unknown; attempt?: unknown };
+        if (e.type === 'agent.tool_result' && typeof p.tool_use_id === 'string') results.add(p.tool_use_id);
+        else if (e.type === 'agent.tool_use' && typeof p.id === 'string' && !results.has(p.id)) open.push(p.id);
+        else if ((e.type === 'session.status_running' && p.attempt === undefined) || e.type === 'session.status_idle') return open.reverse();
+      }
+      scanned += page.length;
+      before = (page[page.length - 1] as LogEvent).seq;
+    }
+    return open.reverse();
+  }
+
+  /**
    * Runtime side: the turn ended. `requires_action` registers the waits of a new generation;
    * any other stop reason frees the thread and starts the next turn if messages were queued.
    *
@@ -479,7 +504,15 @@ export class ThreadRuntime {
    */
   async endTurn(
     session: SessionDoc, threadId: string, stop: StopReason, waits: { tool_use_id: string; kind: WaitKind }[] = [],
-    options: { runId?: string; fresh?: boolean; trace?: Context | undefined; run?: RunRide } = {},
+    options: {
+      runId?: string; fresh?: boolean; trace?: Context | undefined; run?: RunRide;
+      /**
+       * The turn ends without its runner (canceled while rescheduling, retries exhausted): each
+       * tool use of the turn left without a result gets one saying so (`is_error`; `interrupted`
+       * when interrupted), with the end, so the conversation stays well formed.
+       */
+      closeOpenUses?: { content: string; interrupted: boolean };
+    } = {},
   ): Promise<ThreadDoc> {
     const runId = options.runId ?? null;
     const now = Date.now();
@@ -493,6 +526,14 @@ export class ThreadRuntime {
     const idle: AppendEvent = {
       type: 'session.status_idle', payload: { stop_reason: stop }, session_thread_id: threadId, ...(runId !== null ? { producer_key: `run:${runId}:idle` } : {}),
     };
+    const close = options.closeOpenUses;
+    const closing: AppendEvent[] = close && runId !== null
+      ? (await this.openUsesOfTurn(session.id, threadId, threadId === session._primary_thread_id)).map((id) => ({
+        type: 'agent.tool_result', session_thread_id: threadId, producer_key: `run:${runId}:closed:${id}`,
+        payload: { tool_use_id: id, content: close.content, is_error: true, ...(close.interrupted ? { interrupted: true } : {}) },
+      }))
+      : [];
+    const ending = closing.length > 0 ? () => [...closing, idle] : idle;
     const { thread: next, appended, queued, activeOutcome } = await this.store.endTurnWith(session.id, threadId, (t) => {
       endedRunId = t._active_run_id;
       moved = false;
@@ -513,7 +554,7 @@ export class ThreadRuntime {
         return { ...base, _wait_generation: gen, _waits: w };
       }
       return { ...base, _active_run_id: null };
-    }, idle, options.trace, options.run);
+    }, ending, options.trace, options.run);
     if (options.run && !options.run.written) throw new RideRefused('the thread did not move');
     if (runId !== null && !moved && next.status !== 'terminated') {
       // Already ended: repair the later steps only while this Run's end is the thread's last move.
@@ -523,7 +564,7 @@ export class ThreadRuntime {
     crashPoint('turn-end-written');
     // The end's own write appended the event; a repeated end (or one that did not move the
     // thread) appends it here, once per Run (its producer key).
-    if (!appended) await this.store.log.append(session.id, [idle], { trace: options.trace });
+    if (!appended) await this.store.log.append(session.id, [...closing, idle], { trace: options.trace });
     // An archived Session takes no new work: queued messages stay in the log but start no turn.
     // A Session handed in fresh may predate an archive made during the turn: the thread just
     // written says so (`_archived`).
