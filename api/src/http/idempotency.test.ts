@@ -30,6 +30,12 @@ describe('IdempotencyStore', () => {
     expect(await typeOf(store.begin('w:x', 'k1', 'fp-a'))).toBe('idempotency.conflict');
   });
 
+  it('the same begin sent again (its answer lost with a connection) finds its own record, not a request in flight', async () => {
+    expect((await store.begin('w:x', 'k-resent', 'fp-a', 'owner-1')).kind).toBe('new');
+    expect((await store.begin('w:x', 'k-resent', 'fp-a', 'owner-1')).kind).toBe('new');
+    expect(await typeOf(store.begin('w:x', 'k-resent', 'fp-a', 'owner-2'))).toBe('idempotency.conflict');
+  });
+
   it('replays the stored response for the same fingerprint and rejects another', async () => {
     const b = await store.begin('w:x', 'k2', 'fp-a');
     if (b.kind !== 'new') throw new Error('expected new');

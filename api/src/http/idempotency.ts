@@ -19,6 +19,9 @@ if not cur then
 end
 local rec = cjson.decode(cur)
 if rec.fp ~= ARGV[1] then return {'mismatch'} end
+-- This very begin again (the client re-sent it after a dropped connection, its first answer
+-- lost): its own record, not another request in flight.
+if rec.state == 'pending' and rec.owner == ARGV[2] then return {'new'} end
 if rec.state == 'pending' then return {'in_flight'} end
 return {'done', cur}`,
 );
@@ -119,9 +122,13 @@ export class IdempotencyStore {
     return { id, fingerprint: fp, keptMs, write: (kind) => ({ token: id(kind, fp), keptMs }) };
   }
 
-  async begin(tag: Tag, idemKey: string, fp: string): Promise<IdempotencyBegin> {
+  /**
+   * `owner`: this begin's own token (new per call). The script sent again with it (ioredis
+   * re-sends a command whose answer a dropped connection cut off) finds its own pending record
+   * and proceeds, where another request's begin is refused as in flight.
+   */
+  async begin(tag: Tag, idemKey: string, fp: string, owner = randomBytes(8).toString('hex')): Promise<IdempotencyBegin> {
     const recordKey = keys.idempotency(tag, sha256Hex(idemKey));
-    const owner = randomBytes(8).toString('hex');
     const r = (await BEGIN.run(this.redis, [recordKey], [fp, owner, PENDING_TTL_MS])) as [string, string?];
     switch (r[0]) {
       case 'new':
