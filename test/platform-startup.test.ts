@@ -1,5 +1,5 @@
 import { spawn } from 'node:child_process';
-import { mkdtempSync } from 'node:fs';
+import { mkdtempSync, writeFileSync } from 'node:fs';
 import { createServer, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -62,6 +62,16 @@ describe('npm start that cannot start', () => {
     expect(r.code).toBe(2);
     expect(r.stderr).toBe("agentplane failed to start: EGRESS_ALLOW_PRIVATE_NETWORKS='false' and its deprecated alias WEBHOOK_ALLOW_PRIVATE_NETWORKS='true' disagree; set EGRESS_ALLOW_PRIVATE_NETWORKS only\n");
     expect(r.stdout).toBe('');
+  }, 30_000);
+
+  it('a data directory it cannot write: one line naming the path and why, exit code 1, no stack', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'agentplane-startup-'));
+    left.dirs.push(dir);
+    const file = join(dir, 'a-file');
+    writeFileSync(file, 'x');
+    const r = await platform({ DATA_DIR: join(file, 'data') });
+    expect(r.code).toBe(1);
+    expect(r.stderr).toBe(`agentplane failed to start: cannot write ${join(file, 'data')} (ENOTDIR: a part of the path is not a directory); fix that and start again\n`);
   }, 30_000);
 
   it('the API\'s port in use: the platform stops, with a fatal line naming the api and its error, exit code 1', async () => {

@@ -41,7 +41,13 @@ export function acquirePlatformLock(dataDir: string): void {
   const { start } = selfIdentity();
   const name = `${process.pid}${start === null ? '' : `-${startToken(start)}`}.json`;
   const path = join(dir, name);
-  writeFileSync(path, `${JSON.stringify({ pid: process.pid, start, started_at: new Date().toISOString() })}\n`, { mode: 0o600 });
+  try {
+    writeFileSync(path, `${JSON.stringify({ pid: process.pid, start, started_at: new Date().toISOString() })}\n`, { mode: 0o600 });
+  } catch (err) {
+    // A disk that is full (or read-only) leaves no half-written entry behind.
+    rmSync(path, { force: true });
+    throw err;
+  }
   for (const other of readdirSync(dir)) {
     const m = ENTRY.exec(other);
     if (other === name || !m) continue;

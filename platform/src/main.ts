@@ -296,6 +296,12 @@ async function main(): Promise<void> {
   log.info({ url: baseUrl, dataDir: config.dataDir }, 'agentplane is starting');
 }
 
+/** File-system errors a start meets in its data directory, as a person reads them. */
+const FS_CODES: ReadonlyMap<string, string> = new Map([
+  ['ENOSPC', 'no space left on the device'], ['EDQUOT', 'disk quota exceeded'], ['EROFS', 'the file system is read-only'],
+  ['EACCES', 'permission denied'], ['EPERM', 'operation not permitted'], ['ENOTDIR', 'a part of the path is not a directory'],
+]);
+
 main().catch((err: unknown) => {
   if (err instanceof RedisServerMissingError) {
     process.stderr.write(`${err.message}\n`);
@@ -310,6 +316,12 @@ main().catch((err: unknown) => {
   if (err instanceof ConfigError) {
     process.stderr.write(`agentplane failed to start: ${err.message}\n`);
     process.exit(2);
+  }
+  // The data directory cannot be written (full, read-only, not ours): one line naming it.
+  const fsErr = err as NodeJS.ErrnoException;
+  if (fsErr instanceof Error && typeof fsErr.code === 'string' && FS_CODES.has(fsErr.code)) {
+    process.stderr.write(`agentplane failed to start: cannot write ${fsErr.path ?? 'the data directory'} (${fsErr.code}: ${FS_CODES.get(fsErr.code)}); fix that and start again\n`);
+    process.exit(1);
   }
   process.stderr.write(`agentplane failed to start: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
   process.exit(1);
