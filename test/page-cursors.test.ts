@@ -1,8 +1,8 @@
 /**
  * A list's cursor continues that list only: the list, its path and its filters. Black-box against
  * a real platform (no runner): a page walked to the end returns every item once; another list's
- * cursor, this list's under another filter, path or Workspace, or a cursor with its tag altered,
- * is 400 `validation.malformed` naming `query.page`.
+ * cursor, this list's under another filter, path or Workspace, a cursor with its tag altered, or
+ * one whose position was altered under its tag, is 400 `validation.malformed` naming `query.page`.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startPlatform, type Platform } from './harness/platform.js';
@@ -57,6 +57,8 @@ describe('list cursors are bound to their list', () => {
       await p.root.request('GET', '/v1/environments', { query: { limit: '1', page: String(cursor) } }),
       await p.root.request('GET', `/v1/organizations/${p.bootstrap.organization_id}/api-keys`, { query: { limit: '1', page: String(cursor) } }),
       await p.root.request('GET', principals(ws), { query: { limit: '1', page: `${String(cursor).slice(0, -1)}${String(cursor).endsWith('0') ? '1' : '0'}` } }),
+      // A position written by hand under the list's own tag: the tag covers the position too.
+      await p.root.request('GET', principals(ws), { query: { limit: '1', page: `${String(cursor).slice(0, -9)}${String(cursor).at(-9) === '0' ? '1' : '0'}${String(cursor).slice(-8)}` } }),
     ];
     for (const r of refusals) {
       expect(r.status, JSON.stringify(r.body)).toBe(400);

@@ -413,7 +413,7 @@ async function run(
   };
 
   // A list's cursor is bound to the list, path and filters that issued it (lists are reads: no key).
-  const binding = prepared.pages ? pageBinding(op.operationId, caller.workspaceId ?? null, params, query as Record<string, unknown>) : undefined;
+  const binding = prepared.pages ? pageBinding(deps.config.masterKey, op.operationId, caller.workspaceId ?? null, params, query as Record<string, unknown>) : undefined;
   if (binding !== undefined && typeof (query as { page?: unknown }).page === 'string') {
     (query as { page: string }).page = unbindCursor((query as { page: string }).page, binding);
   }
