@@ -62,6 +62,9 @@ describe('tenancy', () => {
     expect(inA.status).toBe(404);
     const unknown = await p.root.with({ workspaceId: `wrkspc_${'0'.repeat(32)}` }).request('GET', '/v1/support/capabilities');
     expect(unknown.status).toBe(404);
+    // A Workspace-bound key may not select one: refused, the answer naming its own Workspace.
+    const bound = await keyB.with({ workspaceId: wsB }).request('GET', '/v1/support/capabilities');
+    expect([bound.status, bound.headers.get('service-workspace-id')]).toEqual([400, wsB]);
   });
 
   it('403 auth.disabled_tenancy while the workspace is disabled', async () => {

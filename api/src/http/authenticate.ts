@@ -79,7 +79,8 @@ async function readCaller(digest: string, selector: string | undefined, deps: Ap
 /** The Workspace a request acts in: the credential's own, else the selector header's (organization keys only). */
 function workspaceOf(record: Readonly<AuthRecord>, selector: string | undefined): string | null {
   if (record.workspace_id !== null && selector !== undefined) {
-    throw new ApiError('validation.malformed', 'workspace selector headers are rejected for workspace-bound credentials');
+    // The bearer is resolved: the refusal names the Workspace, as every authenticated answer does.
+    throw new ApiError('validation.malformed', 'workspace selector headers are rejected for workspace-bound credentials', { headers: { 'Service-Workspace-Id': record.workspace_id } });
   }
   if (selector !== undefined && !isId('workspace', selector)) {
     throw new ApiError('validation.malformed', `${WORKSPACE_SELECTOR_HEADER} must be a Workspace id (wrkspc_…)`);
