@@ -23,7 +23,7 @@ import { ifNoneMatchHits } from '../http/conditional.js';
 import { enforceRateLimit } from '../http/rate-limit.js';
 import type { PermissionAction } from '../governance/permissions.js';
 import type { AuditOutcome } from '../audit/store.js';
-import type { ToolCall } from '../governance/policy-eval.js';
+import { boundaryRefusal, type ToolCall } from '../governance/policy-eval.js';
 import { A2A_PREFIX, parseA2aPath, resolvePlacement, type Placement } from './placement.js';
 import { buildCard, CARD_MAX_AGE_SECONDS, cardFor } from './card.js';
 import { CALL_STATE_KEY, SessionTaskHandler, type A2aCall } from './handler.js';
@@ -345,8 +345,8 @@ export function a2aEdge(deps: ApiDeps): Koa.Middleware {
         if (known === 'CancelTask') calls.push({ kind: 'drive', name: 'user.interrupt', principal_id: principalId, input: params });
         for (const call of calls) {
           const d = await deps.policies.decide(p.workspaceId, call, { actor, target: recordTarget, request_id: requestId, refusesApproval: true });
-          if (d.decision === 'deny') throw new ApiError('policy.denied', d.explanation);
-          if (d.decision === 'require_approval') throw new ApiError('policy.denied', `${d.explanation}; an approval cannot be waited for at this boundary, so the request is refused`);
+          const refused = boundaryRefusal(d);
+          if (refused) throw refused;
         }
       } catch (err) {
         if (!(err instanceof ApiError)) throw err;

@@ -14,13 +14,14 @@ import {
 import type { A2ARequestHandler, ServerCallContext } from '@a2a-js/sdk/server';
 import { ApiError, isId, type Context } from '@agentplane/core';
 import { keys, LuaScript, tags, type LogEvent } from '@agentplane/store';
-import type { SessionDoc } from '@agentplane/domain';
+import type { SessionDoc, ThreadDoc } from '@agentplane/domain';
 import type { ApiDeps } from '../deps.js';
 import type { Caller } from '../http/caller.js';
 import type { Placement } from './placement.js';
 import { checkDrivePayload, type DriveEventType, type DrivePayload } from '../sessions/schemas.js';
 import { questionsOf, settles, TaskTracker, TERMINAL_STATES, type WaitingUse } from './tasks.js';
 import { TEXT_PLAIN } from './card.js';
+import { boundaryRefusal } from '../governance/policy-eval.js';
 import { META, tasksIndexName } from './task-index.js';
 
 /** What one A2A request carries into the handler (ServerCallContext state). */
@@ -277,13 +278,18 @@ export class SessionTaskHandler implements A2ARequestHandler {
     if (target) {
       const s = await this.session(c, target);
       if (s.archived_at !== null) throw new UnsupportedOperationError(`task ${s.id} is archived and takes no messages`);
-      const { tracker } = await this.replay(c, s);
-      if (message.taskId && TERMINAL_STATES.has(tracker.state)) {
+      // The waits of the task's turn, from its thread (one read); the log is replayed only when
+      // the task's state decides something: a send by taskId (no terminal task takes one), or a
+      // turn that waits on its caller (what it waits on is in the log).
+      const thread = await c.deps.sessions.store.thread(s.id, s._primary_thread_id);
+      const open = Object.values(thread._waits).some((w) => w.generation === thread._wait_generation && w.answered_event_id === null);
+      const tracker = message.taskId || open ? (await this.replay(c, s)).tracker : null;
+      if (message.taskId && tracker && TERMINAL_STATES.has(tracker.state)) {
         throw new UnsupportedOperationError(`task ${s.id} is in a terminal state (${TaskState[tracker.state]}); continue the conversation by contextId`);
       }
       // Input required: the reply is the input (A2A's way), the answer to what the turn waits on.
       // Queued as a message instead, it would wait behind a turn that never continues.
-      const answer = tracker.state === TaskState.TASK_STATE_INPUT_REQUIRED ? await this.answerFor(c, s, tracker.waiting, text, message.messageId) : null;
+      const answer = tracker?.state === TaskState.TASK_STATE_INPUT_REQUIRED ? await this.answerFor(c, s, thread, tracker.waiting, text, message.messageId) : null;
       await c.deps.sessions.drive(s, answer ?? { type: 'user.message', payload }, idem, c.trace);
       return s.id;
     }
@@ -308,8 +314,9 @@ export class SessionTaskHandler implements A2ARequestHandler {
    * wait (a tool confirmation, an ActionApproval, several uses at once) is not answered by text:
    * refused, saying why, rather than queued behind a turn that does not continue.
    */
-  private async answerFor(c: A2aCall, s: SessionDoc, waiting: readonly WaitingUse[], text: string, messageId: string): Promise<{ type: DriveEventType; payload: DrivePayload } | null> {
-    const thread = await c.deps.sessions.store.thread(s.id, s._primary_thread_id);
+  private async answerFor(
+    c: A2aCall, s: SessionDoc, thread: Readonly<ThreadDoc>, waiting: readonly WaitingUse[], text: string, messageId: string,
+  ): Promise<{ type: DriveEventType; payload: DrivePayload } | null> {
     const open = waiting.filter((w) => {
       const wait = thread._waits[w.id];
       return wait !== undefined && wait.generation === thread._wait_generation && wait.answered_event_id === null;
@@ -333,7 +340,8 @@ export class SessionTaskHandler implements A2ARequestHandler {
       const d = await c.deps.policies.decide(c.placement.workspaceId, { kind: 'drive', name: type, principal_id: c.caller.principalId, input: event.payload }, {
         actor: { id: c.caller.principalId, credential_id: c.caller.credentialId }, target: s.id, request_id: c.requestId, refusesApproval: true,
       });
-      if (d.decision !== 'allow') throw new ApiError('policy.denied', d.decision === 'deny' ? d.explanation : `${d.explanation}; an approval cannot be waited for at this boundary, so the request is refused`);
+      const refused = boundaryRefusal(d);
+      if (refused) throw refused;
       return event;
     };
     if (kind === 'question') {

@@ -4,7 +4,7 @@
  * from a user's pattern). docs/GOVERNANCE.md, "ActionPolicies", states the precedence.
  */
 import { posix } from 'node:path';
-import { compileGlob, type CompiledGlob } from '@agentplane/core';
+import { ApiError, compileGlob, type CompiledGlob } from '@agentplane/core';
 
 export const POLICY_EFFECTS = ['allow', 'deny', 'require_approval'] as const;
 export type PolicyEffect = (typeof POLICY_EFFECTS)[number];
@@ -66,6 +66,15 @@ interface Compiled {
   globRoot: string | null;
   specificity: number;
   order: number;
+}
+
+/**
+ * A decision made where no ActionApproval can be waited for (a request's boundary, an A2A call):
+ * anything but `allow` refuses the call (403 `policy.denied`, naming the rule); null when allowed.
+ */
+export function boundaryRefusal(d: PolicyDecision): ApiError | null {
+  if (d.decision === 'allow') return null;
+  return new ApiError('policy.denied', d.decision === 'deny' ? d.explanation : `${d.explanation}; an approval cannot be waited for at this boundary, so the request is refused`);
 }
 
 /** Shell control characters: a command holding them can still match deny/approval prefixes, never an allow prefix. */

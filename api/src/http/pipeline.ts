@@ -8,7 +8,7 @@ import { enforceRateLimit } from './rate-limit.js';
 import { IDEMPOTENCY_KEY_RE, type KeyedRequest } from './idempotency.js';
 import type { AuditOutcome } from '../audit/store.js';
 import { targetTypeOf, type CheckTarget } from '../governance/permissions.js';
-import type { ToolCall } from '../governance/policy-eval.js';
+import { boundaryRefusal, type ToolCall } from '../governance/policy-eval.js';
 import { CURRENT_VERSION, type AuditDeclaration, type PermissionDeclaration, type HttpMethod, type Operation, type OperationResult } from './operation.js';
 import { workspaceInBoundary } from './workspace-scope.js';
 import { bindPage, pageBinding, unbindCursor } from './page-binding.js';
@@ -590,10 +590,8 @@ async function checkPolicies(
     const d = pending.decision;
     if (creates && d.decision === 'allow') progress.decisions.push(pending.record);
     else await pending.record(target);
-    if (d.decision === 'deny') throw new ApiError('policy.denied', d.explanation);
-    if (d.decision === 'require_approval') {
-      throw new ApiError('policy.denied', `${d.explanation}; an approval cannot be waited for at this boundary, so the request is refused`);
-    }
+    const refused = boundaryRefusal(d);
+    if (refused) throw refused;
   }
 }
 
