@@ -13,7 +13,7 @@ import {
 } from '@a2a-js/sdk/errors';
 import type { A2ARequestHandler, ServerCallContext } from '@a2a-js/sdk/server';
 import { ApiError, isId, type Context } from '@agentplane/core';
-import { keys, LuaScript, tags, type LogEvent } from '@agentplane/store';
+import { keys, tags, type LogEvent } from '@agentplane/store';
 import type { SessionDoc, ThreadDoc } from '@agentplane/domain';
 import type { ApiDeps } from '../deps.js';
 import type { Caller } from '../http/caller.js';
@@ -23,6 +23,7 @@ import { questionsOf, settles, TaskTracker, TERMINAL_STATES, type WaitingUse } f
 import { TEXT_PLAIN } from './card.js';
 import { boundaryRefusal } from '../governance/policy-eval.js';
 import { META, tasksIndexName } from './task-index.js';
+import { claimMessage, releaseMessage } from './message-claims.js';
 
 /** What one A2A request carries into the handler (ServerCallContext state). */
 export interface A2aCall {
@@ -64,42 +65,6 @@ function callOf(ctx: ServerCallContext): A2aCall {
 const scopeKey = (c: A2aCall) => `${c.placement.installation.id}:${c.placement.scope.id}:${c.caller.principalId}`;
 const tasksIndex = (c: A2aCall) => tasksIndexName(c.placement.installation.id, c.placement.scope.id, c.caller.principalId);
 const messagesKey = (c: A2aCall) => keys.unique(tags.workspace(c.placement.workspaceId), `a2a_messages:${scopeKey(c)}`);
-
-/**
- * Claims a messageId in the messages hash (KEYS[1]), field ARGV[1], for the send holding token
- * ARGV[2]: `{1, claim}` when this send now holds it (the field was free, or held by a claim older
- * than ARGV[3] ms, by the server's clock); else `{0, value}`, the task id it maps to or `pending`
- * while another send holds it. A claim is `pending:<ms>:<token>`; an undated `pending` (written
- * before claims were dated) is dated now, so it expires too.
- */
-const CLAIM = new LuaScript('a2a_claim_message', `
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local v = redis.call('HGET', KEYS[1], ARGV[1])
-local mine = 'pending:' .. now .. ':' .. ARGV[2]
-if not v then
-  redis.call('HSET', KEYS[1], ARGV[1], mine)
-  return {1, mine}
-end
-if v == 'pending' then
-  redis.call('HSET', KEYS[1], ARGV[1], 'pending:' .. now .. ':')
-  return {0, 'pending'}
-end
-if string.sub(v, 1, 8) == 'pending:' then
-  local at = tonumber(string.match(v, '^pending:(%d+)'))
-  if at == nil or now - at >= tonumber(ARGV[3]) then
-    redis.call('HSET', KEYS[1], ARGV[1], mine)
-    return {1, mine}
-  end
-  return {0, 'pending'}
-end
-return {0, v}
-`);
-/** Releases a claim (KEYS[1], field ARGV[1]) if it is still ARGV[2]: a send that failed leaves the messageId free. */
-const RELEASE = new LuaScript('a2a_release_message', `
-if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return redis.call('HDEL', KEYS[1], ARGV[1]) end
-return 0
-`);
 
 const URI_KEY = /^[a-z][a-z0-9+.-]*:\/\//i;
 function rejectExtensionKeys(meta: Record<string, unknown> | undefined, where: string): void {
@@ -230,9 +195,9 @@ export class SessionTaskHandler implements A2ARequestHandler {
     const token = randomUUID();
     const deadline = Date.now() + CLAIM_WAIT_MS;
     for (;;) {
-      const [won, value] = await CLAIM.run(c.deps.redis, [key], [messageId, token, CLAIM_STALE_MS]) as [number, string];
-      if (won === 1) return { claim: value };
-      if (value !== 'pending') return { task: value };
+      const held = await claimMessage(c.deps.redis, key, messageId, token, CLAIM_STALE_MS);
+      if (held.won) return { claim: held.claim };
+      if (held.value !== 'pending') return { task: held.value };
       if (Date.now() > deadline || c.signal.aborted) throw new UnsupportedOperationError(`message ${messageId} is still being submitted; retry`);
       await new Promise((r) => setTimeout(r, 50));
     }
@@ -253,7 +218,7 @@ export class SessionTaskHandler implements A2ARequestHandler {
       id = await this.start(c, message, text);
     } catch (err) {
       // Not released (Redis failing too): the claim goes stale and is taken over then.
-      await RELEASE.run(c.deps.redis, [key], [message.messageId, held.claim]).catch(() => undefined);
+      await releaseMessage(c.deps.redis, key, message.messageId, held.claim).catch(() => undefined);
       throw err;
     }
     await c.deps.redis.hset(key, message.messageId, id);
