@@ -205,6 +205,32 @@ describe('revisions', () => {
     expect([missing.status, errType(missing)]).toEqual([404, 'validation.not_found']);
   });
 
+  it('a publish of the configuration the current revision has answers that revision and writes nothing', async () => {
+    const a = await agent('same-again');
+    const head = await admin.post<Head>(`/v1/organizations/workspaces/${ws}/agent-deployments`, { agent_id: a, key: 'same-again' });
+    const first = await admin.request<Rev>('POST', `/v1/agent-deployments/${head.id}/revisions`, { body: revisionBody(1) });
+    expect(first.status).toBe(201);
+    const again = await admin.request<Rev>('POST', `/v1/agent-deployments/${head.id}/revisions`, { body: revisionBody(2) });
+    expect([again.status, again.body]).toEqual([200, first.body]);
+    expect(await admin.get<Head>(`/v1/agent-deployments/${head.id}`)).toMatchObject({ current_revision_number: 1, resource_version: 2 });
+    // A different configuration is a new revision, and going back to the first one is one more.
+    const colocated = revisionBody(2, { execution_target: { ...(revisionBody(2).execution_target as Json), harness_topology: 'colocated' } });
+    expect((await admin.request<Rev>('POST', `/v1/agent-deployments/${head.id}/revisions`, { body: colocated })).status).toBe(201);
+    const back = await admin.request<Rev>('POST', `/v1/agent-deployments/${head.id}/revisions`, { body: revisionBody(3) });
+    expect([back.status, back.body.revision_number, back.body.resolved_configuration_sha256]).toEqual([201, 3, first.body.resolved_configuration_sha256]);
+  });
+
+  it('an archived deployment refuses a publish as archived, whatever the publish names', async () => {
+    const a = await agent('archived-pub');
+    const head = await admin.post<Head>(`/v1/organizations/workspaces/${ws}/agent-deployments`, { agent_id: a, key: 'archived-pub' });
+    expect((await admin.request('PATCH', `/v1/agent-deployments/${head.id}`, { body: { expected_resource_version: 1, status: 'archived' } })).status).toBe(200);
+    const target = revisionBody(2).execution_target as Json;
+    for (const body of [revisionBody(2), revisionBody(2, { agent_release_number: 99 }), revisionBody(2, { execution_target: { ...target, runner_pool_id: `rpool_${'0'.repeat(32)}` } })]) {
+      const r = await admin.request('POST', `/v1/agent-deployments/${head.id}/revisions`, { body });
+      expect([r.status, errType(r)], JSON.stringify(body)).toEqual([409, 'runtime.invalid_transition']);
+    }
+  });
+
   it('validates the snapshot: closed execution_target union, pins that exist, topology the harness supports', async () => {
     const a = await agent('valid');
     const head = await admin.post<Head>(`/v1/organizations/workspaces/${ws}/agent-deployments`, { agent_id: a, key: 'valid' });
@@ -276,11 +302,16 @@ describe('revisions', () => {
     const a = await agent('race');
     const head = await admin.post<Head>(`/v1/organizations/workspaces/${ws}/agent-deployments`, { agent_id: a, key: 'race' });
     const target = revisionBody(1).execution_target as Json;
+    // Each round's two configurations differ from each other and from the current revision's
+    // (a publish of the current configuration changes nothing): they alternate between pools.
+    const pool = (await admin.get<{ data: { id: string; name: string }[] }>('/v1/runner-pools')).data.find((x) => x.name === 'default')?.id;
+    expect(pool).toBeDefined();
     for (let round = 0; round < 5; round++) {
       const cur = await admin.get<Head>(`/v1/agent-deployments/${head.id}`);
+      const runner_pool_id = round % 2 === 0 ? null : pool;
       const [x, y] = await Promise.all([
-        admin.request('POST', `/v1/agent-deployments/${head.id}/revisions`, { body: revisionBody(cur.resource_version, { execution_target: { ...target, harness_topology: 'split' } }) }),
-        admin.request('POST', `/v1/agent-deployments/${head.id}/revisions`, { body: revisionBody(cur.resource_version, { execution_target: { ...target, harness_topology: 'colocated' } }) }),
+        admin.request('POST', `/v1/agent-deployments/${head.id}/revisions`, { body: revisionBody(cur.resource_version, { execution_target: { ...target, runner_pool_id, harness_topology: 'split' } }) }),
+        admin.request('POST', `/v1/agent-deployments/${head.id}/revisions`, { body: revisionBody(cur.resource_version, { execution_target: { ...target, runner_pool_id, harness_topology: 'colocated' } }) }),
       ]);
       expect([x.status, y.status].sort()).toEqual([201, 409]);
       expect(errType(x.status === 409 ? x : y)).toBe('validation.conflict');

@@ -325,6 +325,11 @@ describe('sessions', () => {
       [{ type: 'repository', url: repo, mount_path: '/../../etc' }, 'resources[0].mount_path'],
       [{ type: 'repository', url: repo, mount_path: '/workspace/.agentplane/materialized.json' }, 'resources[0].mount_path'],
       [{ type: 'repository', url: repo, mount_path: '/a/./b' }, 'resources[0].mount_path'],
+      // A NUL ends a name where the runner's archive reads it: `/..\0` would be the sandbox's root.
+      [{ type: 'repository', url: repo, mount_path: '/..\u0000' }, 'resources[0].mount_path'],
+      [{ type: 'repository', url: repo, mount_path: '/.agentplane\u0000' }, 'resources[0].mount_path'],
+      [{ type: 'repository', url: repo, mount_path: '/x\ny' }, 'resources[0].mount_path'],
+      [{ type: 'repository', url: repo, mount_path: `/${'a'.repeat(256)}` }, 'resources[0].mount_path'],
     ] as const) {
       const r = await api.request('POST', '/v1/sessions', { body: { agent: agentId, environment_id: envId, resources: [resource] } });
       expect([resource.mount_path, r.status, errType(r)]).toEqual([resource.mount_path, 400, 'validation.malformed']);
@@ -334,6 +339,10 @@ describe('sessions', () => {
     expect(root.status).toBe(201);
     const moved = await api.request('POST', `/v1/sessions/${s.id}/resources/${(root.body as { id: string }).id}`, { body: { mount_path: '/x/../../y' } });
     expect([moved.status, errType(moved)]).toEqual([400, 'validation.malformed']);
+    const nul = await api.request('POST', `/v1/sessions/${s.id}/resources/${(root.body as { id: string }).id}`, { body: { mount_path: '/..\u0000' } });
+    expect([nul.status, errType(nul)]).toEqual([400, 'validation.malformed']);
+    // A name a file system takes (255 bytes, here in two-byte characters) is accepted.
+    expect((await api.request('POST', '/v1/sessions', { body: { agent: agentId, environment_id: envId, resources: [{ type: 'repository', url: repo, mount_path: `/${'é'.repeat(127)}` }] } })).status).toBe(201);
   });
 
   it('two workspaces cannot see each other’s sessions', async () => {

@@ -285,8 +285,15 @@ export class DeploymentService {
       if (prior) return { status: 200, revision: prior };
       throw new ApiError('validation.conflict', `resource_version ${body.expected_resource_version} ${staleOrAhead(body.expected_resource_version, head.version)}; the current resource_version is ${head.version}`);
     }
-    const resolved = await this.resolve(ws, head, body);
+    // A terminal head refuses before its references are checked: no reference makes it publishable.
     if (head.status === 'archived') throw new ApiError('runtime.invalid_transition', 'the deployment is archived (terminal)');
+    const resolved = await this.resolve(ws, head, body);
+    // A revision that repeats the current one changes nothing: the current revision is answered
+    // as it is (200), the head's resource_version kept, as any update that changes nothing is.
+    if (head.current_revision_number > 0) {
+      const current = await this.heads.revision<RevisionDoc>(ws, id, head.current_revision_number);
+      if (current && current.resolved_configuration_sha256 === resolved.resolved_configuration_sha256) return { status: 200, revision: current };
+    }
     const n = head.current_revision_number + 1;
     const now = nowIso();
     const revision: RevisionDoc = {

@@ -739,16 +739,24 @@ function threadKnown(t: Readonly<ThreadDoc> | null | undefined): Promise<Readonl
   return Promise.resolve(t);
 }
 
+/** The most bytes a file system takes in one name (a path segment). */
+const MAX_NAME_BYTES = 255;
+
 /**
  * Where a resource is placed in the sandbox workspace (`/workspace` or `/`, then a path): checked
- * when it is written (400), not when a Run first places it. No `.` or `..` segment (a path that
- * would leave the workspace), nothing under `/.agentplane` (the platform's own marker files), and
- * a file needs a path of its own, not the workspace root.
+ * when it is written (400), not when a Run first places it. No control character (a NUL ends the
+ * name where the runner's archive and the kernel read it: `/..\0` would be `/..`), no segment
+ * longer than a file system's name, no `.` or `..` segment (a path that would leave the
+ * workspace), nothing under `/.agentplane` (the platform's own marker files), and a file needs a
+ * path of its own, not the workspace root.
  */
 export function checkMountPath(type: string, mountPath: string | null | undefined, field = 'mount_path'): void {
   if (mountPath === null || mountPath === undefined) return;
+  // eslint-disable-next-line no-control-regex
+  if (/[\u0000-\u001f\u007f]/.test(mountPath)) throw new ApiError('validation.malformed', `${field}: no control characters (a NUL or a line break is no part of a path)`);
   const rel = mountPath === '/workspace' || mountPath.startsWith('/workspace/') ? mountPath.slice('/workspace'.length) : mountPath;
   const segments = rel.split('/').filter((x) => x !== '');
+  if (segments.some((x) => Buffer.byteLength(x) > MAX_NAME_BYTES)) throw new ApiError('validation.malformed', `${field}: each name in the path is at most ${MAX_NAME_BYTES} bytes`);
   if (segments.some((x) => x === '.' || x === '..')) throw new ApiError('validation.malformed', `${field}: no '.' or '..' segment (the path must stay inside the workspace)`);
   if (segments[0] === '.agentplane') throw new ApiError('validation.malformed', `${field}: /.agentplane is reserved for the platform`);
   if (type === 'file' && segments.length === 0) throw new ApiError('validation.malformed', `${field}: a file needs a path of its own, not the workspace root`);

@@ -363,6 +363,17 @@ describe('docker sandbox driver', () => {
     await driver.destroy(session.id);
   });
 
+  it('refuses a resource path with a NUL (the archive would read `..\\0` as `..`, the sandbox root) and keeps the root', async () => {
+    const session = { id: sid() };
+    const sb = await driver.ensure(session, {});
+    for (const mount_path of ['/..\0', 'x\0y']) {
+      await expect(materializeResources(driver, sb, [{ type: 'file' as const, id: 'res_nul', mount_path, content: Buffer.from('x') }])).rejects.toMatchObject({ name: 'SandboxError', reason: 'invalid_path' });
+    }
+    const ls = await driver.exec(sb, { script: 'ls /bin/sh /etc/passwd && ls -A /workspace' });
+    expect([ls.exitCode, ls.stdout]).toEqual([0, '/bin/sh\n/etc/passwd\n']);
+    await driver.destroy(session.id);
+  });
+
   it('reaps orphans labelled for this runner and keeps the rest', async () => {
     const other = new DockerDriver({ runnerId: `${runnerId}-reap`, docker });
     const keep = { id: sid() };

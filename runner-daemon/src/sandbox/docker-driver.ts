@@ -1019,6 +1019,8 @@ export function normaliseRelative(path: string): string {
   for (const part of path.replace(/^\/+/, '').split('/')) {
     if (part === '' || part === '.') continue;
     if (part === '..') throw new SandboxError('invalid_path', `path escapes the workspace: ${path}`);
+    // A NUL ends a name where an archive header and the kernel read it (`..\0` is `..`).
+    if (part.includes('\0')) throw new SandboxError('invalid_path', `a NUL is no part of a path: ${JSON.stringify(path)}`);
     parts.push(part);
   }
   if (parts.length === 0) throw new SandboxError('invalid_path', `empty path: ${path}`);
