@@ -752,7 +752,6 @@ const MAX_NAME_BYTES = 255;
  */
 export function checkMountPath(type: string, mountPath: string | null | undefined, field = 'mount_path'): void {
   if (mountPath === null || mountPath === undefined) return;
-  // eslint-disable-next-line no-control-regex
   if (/[\u0000-\u001f\u007f]/.test(mountPath)) throw new ApiError('validation.malformed', `${field}: no control characters (a NUL or a line break is no part of a path)`);
   const rel = mountPath === '/workspace' || mountPath.startsWith('/workspace/') ? mountPath.slice('/workspace'.length) : mountPath;
   const segments = rel.split('/').filter((x) => x !== '');

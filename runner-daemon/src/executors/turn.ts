@@ -288,6 +288,7 @@ async function runTurn(o: TurnExecutorOptions, handle: LeaseHandle, usesSandbox:
     ...(network === 'allowlist' ? { allowed_hosts: spec.environment.allowed_hosts ?? [] } : {}),
     cpu_millis: spec.environment.resources.cpu_millis,
     memory_mib: spec.environment.resources.memory_mib,
+    disk_mib: spec.environment.resources.disk_mib,
     max_duration_seconds: spec.environment.resources.max_duration_seconds,
     ...(spec.environment.browser ? { browser: true } : {}),
     requirements: { tier: tierOf(spec), network_mode: network },

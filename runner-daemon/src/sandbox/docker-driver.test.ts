@@ -342,6 +342,33 @@ describe('docker sandbox driver', () => {
     await driver.destroy(session.id);
   }, 30_000);
 
+  it('no one file grows past the Environment\'s disk size: the writer gets SIGXFSZ there', async () => {
+    const session = { id: sid() };
+    const sb = await driver.ensure(session, { disk_mib: 64 });
+    const r = await driver.exec(sb, { script: 'head -c 100000000 /dev/zero > /workspace/big; echo rc=$? >&2; stat -c %s /workspace/big' });
+    expect(r.stdout.trim()).toBe(String(64 * 1024 * 1024));
+    expect(r.stderr).toContain('rc=153'); // 128 + SIGXFSZ
+    // Files below the bound, in all above it, are written.
+    const many = await driver.exec(sb, { script: 'head -c 40000000 /dev/zero > /workspace/a && head -c 40000000 /dev/zero > /workspace/b && echo ok' });
+    expect([many.exitCode, many.stdout]).toEqual([0, 'ok\n']);
+    await driver.destroy(session.id);
+  });
+
+  it('ends a running command once the host disk is under the reserve the runner keeps free, and says why', async () => {
+    // A reserve above any disk's free space: every command that runs past the first look is ended.
+    const guarded = new DockerDriver({ runnerId, docker, diskReserveMib: 2 ** 40 });
+    const session = { id: sid() };
+    const sb = await guarded.ensure(session, {});
+    const quick = await guarded.exec(sb, { script: 'echo done' });
+    expect([quick.exitCode, quick.stdout]).toEqual([0, 'done\n']);
+    const r = await guarded.exec(sb, { script: 'sleep 60' }, { timeoutMs: 50_000 });
+    expect([r.exitCode, r.timedOut, r.killed]).toEqual([137, false, false]);
+    expect(r.stderr).toMatch(/the command was ended: the runner's disk has \d+ MiB free, under the \d+ MiB it keeps free/);
+    expect(r.durationMs).toBeLessThan(30_000);
+    expect((await guarded.exec(sb, ['ps', '-eo', 'args'])).stdout).not.toContain('sleep 60');
+    await guarded.destroy(session.id);
+  }, 60_000);
+
   it('materialises file and repository resources once, owned by the sandbox user', async () => {
     const session = { id: sid() };
     const sb = await driver.ensure(session, {});

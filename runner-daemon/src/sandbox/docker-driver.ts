@@ -15,6 +15,7 @@ import { browserRepository, ensureBrowserImage } from './browser-image.js';
 import { BrowserProbe, type BrowserVerdict } from './browser-probe.js';
 import { TierProbe, type IsolationTier, type TierVerdict } from './tiers.js';
 import { CappedBuffer, runawayBytes, runawayNote, sleep, withNote, withTimeout } from './output.js';
+import { DISK_CHECK_MS, DiskGuard, diskLowNote, type DiskLow } from './disk-guard.js';
 import { createTar, type TarEntry } from './tar.js';
 import { demuxHeld } from './demux.js';
 import { EGRESS_PROXY_ENV, EGRESS_PROXY_PORT, EgressTunnel, RELAY_SCRIPT, RelayEnded, relayReady, type EgressDecision } from './egress.js';
@@ -61,6 +62,12 @@ export interface DockerDriverOptions {
    * Undefined: no browser; `browser_observation` is never claimed.
    */
   browserImage?: string;
+  /**
+   * MiB kept free on the file system of the engine's data root: a running command is ended once
+   * the free space is under it (docs/SANDBOX.md, "Disk"). 0 turns this off. Default: a twentieth
+   * of the file system, at least 256 MiB and at most 2 GiB.
+   */
+  diskReserveMib?: number;
   /** Egress of `allowlist` sandboxes (docs/SANDBOX.md, "Egress allowlist"). */
   egress?: {
     /** Connections may reach private and reserved ranges, loopback included. Default false. */
@@ -70,10 +77,17 @@ export interface DockerDriverOptions {
   };
 }
 
+/** RLIMIT_FSIZE of a sandbox's processes: the Environment's `disk_mib`, in bytes. */
+function fileBytes(environment: SandboxEnvironment): number {
+  return (environment.disk_mib ?? SANDBOX_DEFAULTS.disk_mib) * 1024 * 1024;
+}
+
 export const SANDBOX_DEFAULTS = {
   cpu_millis: 1000,
   memory_mib: 1024,
   pids_limit: 256,
+  /** The most one file may hold (RLIMIT_FSIZE), when the Environment names no `disk_mib`. */
+  disk_mib: 4096,
   tmp_mib: 256,
   home_mib: 64,
   shm_mib: 64,
@@ -166,6 +180,7 @@ export class DockerDriver implements SandboxDriver {
   readonly browserImage: string | undefined;
   private readonly browserProbe: BrowserProbe | undefined;
   private readonly egressOptions: NonNullable<DockerDriverOptions['egress']>;
+  private readonly disk: DiskGuard;
 
   constructor(options: DockerDriverOptions) {
     this.egressOptions = options.egress ?? {};
@@ -176,6 +191,7 @@ export class DockerDriver implements SandboxDriver {
     this.startTimeoutMs = options.startTimeoutMs ?? 30_000;
     this.cancelTimeoutMs = options.cancelTimeoutMs ?? 3_000;
     this.log = options.logger ?? createLogger({ name: 'sandbox', level: 'warn' });
+    this.disk = new DiskGuard(async () => (await this.docker.info() as { DockerRootDir?: string }).DockerRootDir, this.log, options.diskReserveMib);
     const scope = options.attribution?.scope ?? (process.env[SANDBOX_SCOPE_ENV] || undefined);
     this.extraLabels = attributionLabels({ ...options.attribution, ...(scope ? { scope } : {}) });
     this.tierProbe = new TierProbe(
@@ -469,6 +485,9 @@ export class DockerDriver implements SandboxDriver {
         MemorySwap: memory,
         NanoCpus: Math.round((environment.cpu_millis ?? SANDBOX_DEFAULTS.cpu_millis) * 1e6),
         PidsLimit: environment.pids_limit ?? SANDBOX_DEFAULTS.pids_limit,
+        // No one file past the Environment's disk size (a command that writes without bound gets
+        // SIGXFSZ there); the workspace in all is watched through the host's free space.
+        Ulimits: [{ Name: 'fsize', Soft: fileBytes(environment), Hard: fileBytes(environment) }],
         Tmpfs: {
           '/tmp': `rw,nosuid,nodev,size=${tmpMib}m,mode=1777`,
           [SANDBOX_DEFAULTS.home]: `rw,nosuid,nodev,size=${homeMib}m,uid=${uid},gid=${gid},mode=0700`,
@@ -653,14 +672,25 @@ export class DockerDriver implements SandboxDriver {
     let timedOut = false;
     let killed = false;
     let capped = false;
+    let diskLow: DiskLow | null = null;
     let killing: Promise<void> | undefined;
-    const kill = (why: 'timeout' | 'abort' | 'cap'): void => {
+    const kill = (why: 'timeout' | 'abort' | 'cap' | 'disk'): void => {
       if (killing) return;
       if (why === 'timeout') timedOut = true;
       else if (why === 'abort') killed = true;
-      else capped = true;
+      else if (why === 'cap') capped = true;
       killing = this.killTree(tracked, execId, ended, stream);
     };
+    // The host disk under its reserve: the command is ended (one that removes files is done
+    // before the first look).
+    let over = false;
+    const diskTimer = setInterval(() => {
+      void this.disk.low().then((low) => {
+        if (!low || killing || over) return;
+        diskLow = low;
+        kill('disk');
+      });
+    }, DISK_CHECK_MS);
     // Output past the cap is only discarded, and a chatty command (a build, an install) runs on to
     // its end. One that writes without bound (`cat /dev/zero`, `yes`) would burn CPU here and in
     // the sandbox until its timeout: it is ended once a stream passes the runaway bound.
@@ -676,7 +706,9 @@ export class DockerDriver implements SandboxDriver {
     try {
       await ended;
     } finally {
+      over = true;
       clearTimeout(timer);
+      clearInterval(diskTimer);
       options.signal?.removeEventListener('abort', onAbort);
     }
     if (killing) await killing;
@@ -695,10 +727,11 @@ export class DockerDriver implements SandboxDriver {
       errText = errText.replace(setsidNote, '');
       exitCode = 137;
     }
-    if (timedOut || killed || capped) exitCode = 137;
+    if (timedOut || killed || capped || diskLow) exitCode = 137;
     if (capped) errText = withNote(errText, runawayNote(maxOutput));
+    if (diskLow) errText = withNote(errText, diskLowNote(diskLow));
     let oomKilled = false;
-    if (exitCode === 137 && !timedOut && !killed && !capped) {
+    if (exitCode === 137 && !timedOut && !killed && !capped && !diskLow) {
       const count = await this.readOomKills(tracked);
       oomKilled = count > tracked.oomKills;
       tracked.oomKills = Math.max(count, tracked.oomKills);

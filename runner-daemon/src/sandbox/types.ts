@@ -30,6 +30,8 @@ export interface SandboxEnvironment {
   allowed_hosts?: readonly string[];
   cpu_millis?: number;
   memory_mib?: number;
+  /** The most one file written in the sandbox may hold (RLIMIT_FSIZE). */
+  disk_mib?: number;
   /** Limit on processes/threads inside the sandbox. */
   pids_limit?: number;
   /** Size of the tmpfs at /tmp. */
