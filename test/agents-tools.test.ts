@@ -47,6 +47,15 @@ describe('agent tool names', () => {
     expect([ok.status, ok.body.version]).toEqual([200, 2]);
   });
 
+  it('takes the built-in tools a runner offers, list among them, and refuses web tools no runner has', async () => {
+    const offered = ['bash', 'read', 'write', 'edit', 'list', 'glob', 'grep', 'ask_user'].map((name) => ({ type: 'builtin', name }));
+    expect((await api.request('POST', '/v1/agents', { body: { name: 'builtins', model: 'default', tools: offered } })).status).toBe(201);
+    for (const name of ['web_fetch', 'web_search']) {
+      const r = await api.request('POST', '/v1/agents', { body: { name: 'web', model: 'default', tools: [{ type: 'builtin', name }] } });
+      expect([name, r.status, errType(r)]).toEqual([name, 400, 'validation.malformed']);
+    }
+  });
+
   it("refuses a delegation tool's name among a coordinator's tools on a new version", async () => {
     const member = await api.post<{ id: string; version: number }>('/v1/agents', { name: 'member', model: 'default' });
     const coordinator = await api.post<{ id: string; version: number }>('/v1/agents', {

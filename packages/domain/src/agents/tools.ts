@@ -2,8 +2,9 @@
 import { Id, Obj, Type, type Static } from '@agentplane/core';
 
 export const Permission = Type.Union([Type.Literal('always_allow'), Type.Literal('always_ask')]);
+/** The built-in tools a runner offers (runner-daemon/src/harness/tools/), and `ask_user`. */
 export const BUILTIN_TOOLS = [
-  'bash', 'read', 'write', 'edit', 'glob', 'grep', 'web_fetch', 'web_search', 'ask_user',
+  'bash', 'read', 'write', 'edit', 'list', 'glob', 'grep', 'ask_user',
   // Browser observation (an Environment with `browser: true`; docs/SANDBOX.md).
   'browser_navigate', 'browser_snapshot', 'browser_click', 'browser_type', 'browser_press_key', 'browser_wait_for', 'browser_screenshot',
 ] as const;
