@@ -208,8 +208,10 @@ describe('runner daemon, gateway and presence', () => {
     expect(pres.owner).toEqual({ principal, machine_label: 'workstation' });
     expect(pres.capabilities.protocol_versions).toEqual([1]);
     expect(pres.capabilities.plane_protocols).toEqual(['model-gateway-v1', 'lease-spec-v1']);
-    expect(pres.capabilities.drivers).toContain('docker'); // dockerd answers on this machine
-    expect(pres.capabilities.drivers).toContain('process');
+    // dockerd answers on this machine: the runner runs every sandbox under Docker and claims no
+    // unisolated process provider beside it.
+    expect(pres.capabilities.drivers).toEqual(['docker']);
+    expect(pres.capabilities.providers.map((x) => x.id)).toEqual(['docker']);
     const docker = pres.capabilities.providers.find((x) => x.id === 'docker')!;
     // Tiers a canary proved: runc always here; gvisor too where runsc is configured.
     expect(docker.tiers).toContain('container');

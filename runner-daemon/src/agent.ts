@@ -182,6 +182,11 @@ export class RunnerAgent {
   tierSource: (() => Promise<string[]>) | null = null;
   /** The ACP harnesses installed and probed (docs/ACP.md). */
   acpSource: (() => NonNullable<HostFacts['acp']>) | null = null;
+  /**
+   * Whether the unisolated process driver serves Runs here (the runner started without Docker, or
+   * switched away from it and keeps serving what only it can). Null: claimed.
+   */
+  processSource: (() => boolean) | null = null;
   /** What the browser canary proved (re-probed on every facts refresh; absent: no browser). */
   browserSource: (() => Promise<{ accessibility_tree: boolean; screenshot: boolean }>) | null = null;
   /** Prometheus metrics (set by `start`). */
@@ -328,7 +333,10 @@ export class RunnerAgent {
         this.tierSource ? this.tierSource().catch(() => []) : Promise.resolve([]),
         this.browserSource ? this.browserSource().catch(() => undefined) : Promise.resolve(undefined),
       ]);
-      this.facts = { ...facts, tiers, ...(browser ? { browser } : {}), ...(this.acpSource ? { acp: this.acpSource() } : {}) };
+      this.facts = {
+        ...facts, tiers, ...(browser ? { browser } : {}), ...(this.acpSource ? { acp: this.acpSource() } : {}),
+        ...(this.processSource ? { processDriver: this.processSource() } : {}),
+      };
       this.factsAt = Date.now();
       this.noteIsolationChange(before, this.facts);
     }

@@ -22,6 +22,11 @@ export interface HostFacts {
   tiers: string[];
   /** ACP agent harnesses installed and probed, and the driver whose sandboxes run them. */
   acp?: { driver: 'docker' | 'process'; harnesses: { package: string; version: string; harness_release_digest: string }[] };
+  /**
+   * Whether the process driver serves Runs here; false: no `process` provider is claimed (a
+   * runner that started with Docker runs nothing unisolated). Absent: claimed.
+   */
+  processDriver?: boolean;
   /** What the browser canary proved (absent: the runner offers no browser). */
   browser?: { accessibility_tree: boolean; screenshot: boolean };
 }
@@ -183,7 +188,7 @@ export function buildCapabilities(facts: HostFacts, policy: SlotPolicy, held: nu
       } : {}),
     });
   }
-  providers.push({
+  if (facts.processDriver !== false) providers.push({
     id: 'process',
     drivers: ['process'],
     launch_kinds: ['trusted'],

@@ -182,6 +182,7 @@ export class DaemonSandboxes {
     this.executors.unshift(turnExecutor({ sandboxes, log, baseUrl: cred.base_url, repositoryMaxBytes: config.repositoryMaxBytes, metrics, ...(acp ? { acp } : {}) }));
     agent.executor = firstWilling(...this.executors, noopExecutor);
     this.current = driver;
+    agent.processSource = () => this.managers.some((m) => m.driver.name === 'process');
     metrics.sandboxDriver.set({ driver: 'docker' }, driver.name === 'docker' ? 1 : 0);
     metrics.sandboxDriver.set({ driver: 'process' }, driver.name === 'process' ? 1 : 0);
     log.info({ driver: driver.name, tiers: driver.capabilities().tiers, image }, 'sandbox driver ready');
