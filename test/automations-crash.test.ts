@@ -135,6 +135,22 @@ describe('subscription events', () => {
 });
 
 describe('schedule ticks', () => {
+  it('a tick whose prompt is empty once expanded is recorded as a failed firing at once, not retried unseen', async () => {
+    const a = await api.post<{ id: string }>('/v1/automations', {
+      name: 'empty ticks', principal_id: service, agent: agentId, environment_id: envId, prompt: '{{event.nothing}}', trigger: { type: 'schedule', interval_seconds: 2 },
+    });
+    const f = await waitFor('the failed firing', async () => (await firingsOf(a.id))[0], 60_000);
+    await api.request('POST', `/v1/automations/${a.id}`, { body: { expected_version: 1, status: 'paused' } });
+    expect([f.status, f.error, f.source.kind]).toEqual(['failed', 'validation.malformed', 'schedule']);
+    const metrics = (await api.get<{ metrics: Record<string, number> }>(`/v1/automations/${a.id}`)).metrics;
+    expect(metrics.failures).toBeGreaterThanOrEqual(1);
+    expect(metrics.failures).toBe(metrics.fires);
+    // No run again of the tick was queued for a refusal no run again changes.
+    const again = await c.redis().keys(`ap:{q:automations}:automations:tick-again-${a.id}-*`);
+    expect(again).toEqual([]);
+    await api.request('DELETE', `/v1/automations/${a.id}`);
+  }, 120_000);
+
   it('a tick whose work failed as its api died still fires, late, once, with its due time', async () => {
     const a = await api.post<{ id: string }>('/v1/automations', {
       name: 'ticks', principal_id: service, agent: agentId, environment_id: envId, prompt: 'look at {{event}}', trigger: { type: 'schedule', interval_seconds: 2 },

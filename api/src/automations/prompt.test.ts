@@ -10,6 +10,13 @@ describe('prompt expansion', () => {
   });
   it('refuses an expansion past 64 KiB', () => {
     expect(() => expandPrompt('{{event}}', { ...ctx, event: 'x'.repeat(MAX_PROMPT_BYTES + 1) })).toThrow(expect.objectContaining({ type: 'validation.malformed' }));
-    expect(expandPrompt('{{event}}', { ...ctx, event: 'x'.repeat(MAX_PROMPT_BYTES) })).toHaveLength(MAX_PROMPT_BYTES);
+    // The whole payload goes in as JSON: a string payload takes its two quotes.
+    expect(expandPrompt('{{event}}', { ...ctx, event: 'x'.repeat(MAX_PROMPT_BYTES - 2) })).toHaveLength(MAX_PROMPT_BYTES);
+    expect(() => expandPrompt('{{event}}', { ...ctx, event: 'x'.repeat(MAX_PROMPT_BYTES - 1) })).toThrow(expect.objectContaining({ type: 'validation.malformed' }));
+  });
+  it('writes the whole payload as JSON whatever it is, and a member that is a string as it is', () => {
+    expect(expandPrompt('hello {{event}}', { ...ctx, event: 'disk full' })).toBe('hello "disk full"');
+    expect(expandPrompt('{{event}} {{event.s}}', { ...ctx, event: { s: 'as is' } })).toBe('{"s":"as is"} as is');
+    expect(expandPrompt('n={{event}}', { ...ctx, event: 7 })).toBe('n=7');
   });
 });

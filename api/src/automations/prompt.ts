@@ -34,7 +34,8 @@ export function expandPrompt(template: string, ctx: PromptContext): string {
     if (name === 'event') {
       const v = lookup(ctx.event, path);
       if (v === undefined) return '';
-      return typeof v === 'string' ? v : JSON.stringify(v);
+      // The whole payload is JSON whatever it is (a string payload quoted); one member that is a string goes in as it is.
+      return typeof v === 'string' && path.length > 0 ? v : JSON.stringify(v);
     }
     if (path.length > 0) return whole;
     if (name === 'firing_id') return ctx.firing_id;

@@ -415,6 +415,16 @@ export class AutomationService {
     try {
       await this.tickWork(job);
     } catch (err) {
+      // The last run of a tick run again: its firing is recorded failed, not dropped unseen.
+      if (job.data.due_ms !== undefined && job.attemptsMade + 1 >= (job.opts.attempts ?? 1)) {
+        const a = await this.d.store.docs.get<AutomationDoc>(tags.workspace(job.data.workspace_id), job.data.automation_id);
+        if (a && a.trigger.type === 'schedule') {
+          const scheduledAt = new Date(job.data.due_ms).toISOString();
+          this.d.log.warn({ automation_id: a.id, due_at: scheduledAt, err: err instanceof Error ? err.message : String(err) }, 'a schedule tick could not fire');
+          await this.unfired(a, tickFiringId(a.id, scheduledAt), { kind: 'schedule', scheduled_at: scheduledAt }, 'fire_failed');
+          return;
+        }
+      }
       await this.retryTick(job, err);
       throw err;
     }
@@ -434,7 +444,16 @@ export class AutomationService {
     // firing per due time. A firing made but not yet queued is the outbox's to queue.
     const firingId = tickFiringId(id, scheduledAt);
     if (await this.d.store.docs.get<FiringDoc>(tags.workspace(ws), firingId)) return;
-    await this.fire(a, { kind: 'schedule', scheduled_at: scheduledAt }, { scheduled_at: scheduledAt }, { id: firingId, status: late && a.trigger.on_missed === 'skip' ? 'skipped' : 'pending' });
+    const source = { kind: 'schedule' as const, scheduled_at: scheduledAt };
+    try {
+      await this.fire(a, source, { scheduled_at: scheduledAt }, { id: firingId, status: late && a.trigger.on_missed === 'skip' ? 'skipped' : 'pending' });
+    } catch (err) {
+      // A refusal no run again changes (the prompt empty or over 64 KiB once expanded): the
+      // tick's firing is recorded failed with the error's type, at once.
+      if (!(err instanceof ApiError && err.status < 500)) throw err;
+      this.d.log.warn({ automation_id: a.id, firing_id: firingId, err: err.message }, 'a schedule tick could not fire');
+      await this.unfired(a, firingId, source, err.type);
+    }
   }
 
   /**
@@ -524,24 +543,24 @@ export class AutomationService {
       const final = err instanceof ApiError && err.status < 500;
       if (!final && job.attemptsMade + 1 < (job.opts.attempts ?? 1)) throw err;
       this.d.log.warn({ automation_id: a.id, firing_id: id, err: err instanceof Error ? err.message : String(err) }, 'a subscription event could not fire');
-      await this.eventFailed(a, d, id, final ? (err as ApiError).type : 'fire_failed');
+      await this.unfired(a, id, d.source, final ? (err as ApiError).type : 'fire_failed', { filtering: { event_type: String(d.payload.type), filters: d.filters }, chain: d.chain });
     }
   }
 
-  /** The receipt of an event that could not fire: `failed`, with its error, never run. */
-  private async eventFailed(a: AutomationDoc, d: EventJobData, id: string, error: string): Promise<void> {
+  /** The receipt of a tick or an event that could not fire: `failed`, with its error, never run. */
+  private async unfired(a: AutomationDoc, id: string, source: FiringDoc['source'], error: string, opts: Pick<FireOptions, 'filtering' | 'chain'> = {}): Promise<void> {
     const now = nowIso();
     const f: FiringDoc = {
-      id, type: 'automation_firing', workspace_id: d.workspace_id, automation_id: a.id, source: d.source, status: 'failed', attempt_count: 0,
+      id, type: 'automation_firing', workspace_id: a.workspace_id, automation_id: a.id, source, status: 'failed', attempt_count: 0,
       outcome: null, session_id: null, run_id: null, error, admission: { disposition: 'not_applicable', check_configured: checkConfigured(a) },
       started_at: null, ended_at: now, through_sequence: 0, stop_reason: null, _prompt: '', _attempts: [], version: 1, created_at: now, updated_at: now,
-      _filtering: { event_type: String(d.payload.type), filters: d.filters },
-      ...(d.chain.length > 0 ? { _chain: d.chain } : {}),
+      ...(opts.filtering ? { _filtering: opts.filtering } : {}),
+      ...(opts.chain && opts.chain.length > 0 ? { _chain: opts.chain } : {}),
     };
-    if (!(await this.d.store.docs.create(tags.workspace(d.workspace_id), f, [firingsOf(a.id)]))) return;
-    await this.d.store.count(d.workspace_id, a.id, 'fires');
-    await this.d.store.count(d.workspace_id, a.id, 'failures');
-    this.finalMetric(d.source.kind, 'failed');
+    if (!(await this.d.store.docs.create(tags.workspace(a.workspace_id), f, [firingsOf(a.id)]))) return;
+    await this.d.store.count(a.workspace_id, a.id, 'fires');
+    await this.d.store.count(a.workspace_id, a.id, 'failures');
+    this.finalMetric(source.kind, 'failed');
   }
 
   /**
