@@ -297,6 +297,10 @@ describe('automation bodies', () => {
     } });
     expect([zero.status, errType(zero)]).toEqual([400, 'validation.malformed']);
     expect((zero.body as { error: { message: string } }).error.message).toMatch(/interval_seconds: must be >= 1/);
+    // An update that sets nothing but its version is refused, naming what it may set.
+    const nothing = await api.request<{ error: { message: string } }>('POST', `/v1/automations/${a.id}`, { body: { expected_version: a.version } });
+    expect([nothing.status, errType(nothing)]).toEqual([400, 'validation.malformed']);
+    expect(nothing.body.error.message).toContain('prompt');
   });
 });
 

@@ -165,6 +165,23 @@ describe('webhook endpoints', () => {
     await api.request('DELETE', `/v1/webhook-endpoints/${e.id}`);
   });
 
+  it('an update that sets nothing is refused naming what it may set; one that changes nothing keeps the version', async () => {
+    const e = await api.post<Endpoint & { description: string | null; updated_at: string }>('/v1/webhook-endpoints', { url: rx.url, description: 'kept' });
+    const nothing = await api.request<{ error: { message: string } }>('POST', `/v1/webhook-endpoints/${e.id}`, { body: { expected_version: e.version } });
+    expect([nothing.status, errType(nothing)]).toEqual([400, 'validation.malformed']);
+    expect(nothing.body.error.message).toContain('description');
+    for (const body of [{ description: 'kept' }, { status: 'enabled' }, { url: rx.url }]) {
+      const same = await api.request<Endpoint & { updated_at: string }>('POST', `/v1/webhook-endpoints/${e.id}`, { body: { expected_version: e.version, ...body } });
+      expect([JSON.stringify(body), same.status, same.body.version, same.body.updated_at]).toEqual([JSON.stringify(body), 200, e.version, e.updated_at]);
+    }
+    const changed = await api.post<Endpoint>(`/v1/webhook-endpoints/${e.id}`, { expected_version: e.version, description: 'changed' });
+    expect(changed.version).toBe(e.version + 1);
+    const ahead = await api.request<{ error: { message: string } }>('POST', `/v1/webhook-endpoints/${e.id}`, { body: { expected_version: e.version + 5, description: 'x' } });
+    expect([ahead.status, errType(ahead)]).toEqual([409, 'validation.conflict']);
+    expect(ahead.body.error.message).toContain('ahead of the current one');
+    await api.request('DELETE', `/v1/webhook-endpoints/${e.id}`);
+  });
+
   it('accepts only event types of the catalog, on create and on update', async () => {
     for (const event_types of [['session.status_idel'], ['user.message', 'session.turn_ended'], ['custom.event']]) {
       const r = await api.request<{ error: { message: string } }>('POST', '/v1/webhook-endpoints', { body: { url: rx.url, event_types } });

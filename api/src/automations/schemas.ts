@@ -1,4 +1,4 @@
-import { Id, Nullable, Obj, Timestamp, Type } from '@agentplane/core';
+import { Id, Nullable, Obj, Patch, Timestamp, Type } from '@agentplane/core';
 import { FEEDBACK_DISPOSITIONS } from './model.js';
 import { MAX_PROMPT_BYTES } from './prompt.js';
 
@@ -38,7 +38,7 @@ export const CreateAutomationBody = Obj({
   trigger: TriggerInput,
 });
 
-export const UpdateAutomationBody = Obj({
+export const UpdateAutomationBody = Patch({
   expected_version: Type.Integer({ minimum: 1 }),
   name: Type.Optional(Name),
   principal_id: Type.Optional(Id('principal')),

@@ -1,4 +1,4 @@
-import { ApiError, crashPoint, Id, nowIso, Nullable, Obj, Page, PageQuery, Timestamp, Type, staleOrAhead } from '@agentplane/core';
+import { ApiError, crashPoint, Id, nowIso, Nullable, Obj, Page, PageQuery, Patch, Timestamp, Type, staleOrAhead } from '@agentplane/core';
 import { WEBHOOK_EVENT_TYPES } from '../events/catalog.js';
 import { ADMINS, READERS } from '../http/caller.js';
 import { priorAttempt } from '../http/keyed-create.js';
@@ -87,7 +87,7 @@ export const webhookOperations: Operation[] = [
     operationId: 'webhookEndpoints.updateWebhookEndpoint', path: '/v1/webhook-endpoints/{webhook_endpoint_id}',
     summary: 'Change a webhook endpoint (compare-and-swap); `status: enabled` resumes deliveries where they stopped',
     auth: { kind: 'bearer', roles: ADMINS }, audit: { target: 'webhook_endpoint_id' }, params: EndpointPath,
-    body: Obj({
+    body: Patch({
       expected_version: Type.Integer({ minimum: 1 }), url: Type.Optional(Url), event_types: Type.Optional(EventTypes), description: Type.Optional(Description),
       status: Type.Optional(Type.Union([Type.Literal('enabled'), Type.Literal('disabled')])),
     }),
@@ -102,7 +102,7 @@ export const webhookOperations: Operation[] = [
       ...(body.description !== undefined ? { description: body.description } : {}),
       ...(body.status === 'enabled' ? { status: 'enabled' as const, disabled_reason: null, disabled_at: null } : {}),
       ...(body.status === 'disabled' && cur.status !== 'disabled' ? { status: 'disabled' as const, disabled_reason: 'operator' as const, disabled_at: nowIso() } : {}),
-    }), body.expected_version);
+    }), body.expected_version, true);
     deps.webhooks.forget(ws);
     if (before.status === 'disabled' && next.status === 'enabled') await deps.webhooks.resume(ws, next.id);
     return publicEndpoint(next);

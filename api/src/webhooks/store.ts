@@ -68,8 +68,9 @@ export class WebhookStore {
     return e;
   }
 
-  update(ws: string, id: string, mutate: (e: EndpointDoc) => EndpointDoc | null, expectedVersion?: number): Promise<EndpointDoc> {
-    return this.docs.update<EndpointDoc>(tags.workspace(ws), id, mutate, { expectedVersion, notFound: `webhook endpoint ${id}` });
+  /** `unchangedKeepsVersion`: a change that leaves the endpoint as it is answers it as it is (no write, its version kept). */
+  update(ws: string, id: string, mutate: (e: EndpointDoc) => EndpointDoc | null, expectedVersion?: number, unchangedKeepsVersion = false): Promise<EndpointDoc> {
+    return this.docs.update<EndpointDoc>(tags.workspace(ws), id, mutate, { expectedVersion, notFound: `webhook endpoint ${id}`, unchangedKeepsVersion });
   }
 
   /**

@@ -1,4 +1,4 @@
-import { ApiError } from '@agentplane/core';
+import { ApiError, staleOrAhead } from '@agentplane/core';
 import type { Redis } from 'ioredis';
 import { keys, type Tag } from './keys.js';
 import { decodeCursor, encodeCursor } from './cursor.js';
@@ -282,7 +282,7 @@ export class DocumentStore {
         }
         throw new ApiError(
           'validation.conflict',
-          `expected version ${options.expectedVersion} does not match the current version ${current.version}`,
+          `expected version ${options.expectedVersion} ${staleOrAhead(options.expectedVersion, current.version)}; the current version is ${current.version}`,
         );
       }
       let next: T | null;
@@ -310,7 +310,7 @@ export class DocumentStore {
       if (r.kind === 'written') return next;
       if (r.kind === 'missing') throw notFound();
       if (options.expectedVersion !== undefined) {
-        throw new ApiError('validation.conflict', `expected version ${options.expectedVersion} does not match the current version`);
+        throw new ApiError('validation.conflict', `expected version ${options.expectedVersion} is stale: another write landed first`);
       }
       current = JSON.parse(r.current) as T;
       guessed = false;

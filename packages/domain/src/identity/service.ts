@@ -288,7 +288,7 @@ export class IdentityService {
   private async writeRevoke(orgId: string, id: string, expectedVersion?: number): Promise<ApiKey> {
     const cur = await this.getApiKey(orgId, id);
     if (expectedVersion !== undefined && cur.version !== expectedVersion) {
-      throw new ApiError('validation.conflict', `expected version ${expectedVersion} does not match the current version ${cur.version}`);
+      throw new ApiError('validation.conflict', `expected version ${expectedVersion} ${staleOrAhead(expectedVersion, cur.version)}; the current version is ${cur.version}`);
     }
     // The secret dies before the document says so: a process killed in between leaves a key whose
     // secret is refused (and a retry records the revocation), never a revoked key that still works.
