@@ -400,7 +400,7 @@ class Relay {
         return;
       }
       for await (const event of this.o.model.stream(req, signal)) {
-        this.audit.modelEvent(event);
+        this.audit.modelEvent(event, id);
         if (event.type === 'end') this.usage = addUsage(this.usage, event.usage);
         if (event.type === 'error') this.lastModelError = event.error;
         this.send({ type: 'model.event', id, event });
@@ -412,6 +412,7 @@ class Relay {
       this.send({ type: 'model.event', id, event: { type: 'error', error } });
     } finally {
       this.streams.delete(id);
+      this.audit.modelStreamClosed(id);
       this.send({ type: 'model.end', id });
     }
   }

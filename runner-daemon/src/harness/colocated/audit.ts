@@ -1,6 +1,7 @@
 /**
  * What the runner holds a colocated harness to beyond well-formed lines: the runner sees every
- * model step it relays, so a harness can only report tool uses the model actually made (with
+ * model step it relays, so a harness can only report what the model said (each step's text and
+ * thinking, as the split loop reports them, once) and tool uses the model actually made (with
  * the name the model gave), classified as blocking exactly as the runner's own policy says, each
  * answered at most once; it can call an MCP tool (which leaves the sandbox) only for such a tool
  * use, and an `always_ask` one only after `user.tool_confirmation` allowed it; it can stop with
@@ -44,6 +45,13 @@ export class RunAudit {
   /** Files stored for browser_screenshot uses: tool use id → File id. */
   private readonly stored = new Map<string, string>();
   private steps = 0;
+  /** The blocks of each model stream under way, as the split loop gathers them (text and thinking merged while they run on). */
+  private readonly streaming = new Map<string, { type: 'text' | 'thinking' | 'tool_use'; text: string }[]>();
+  /**
+   * What finished model steps said and the harness has not reported yet: per kind, each step's
+   * blocks' texts (JSON of the list), as `agent.message` and `agent.thinking` must carry them.
+   */
+  private readonly said: Record<'text' | 'thinking', string[]> = { text: [], thinking: [] };
 
   constructor(
     private readonly tools: readonly RelayTool[],
@@ -141,11 +149,32 @@ export class RunAudit {
     if (this.steps > this.maxSteps) violation(`the harness asked for more than ${this.maxSteps} model steps in one Run`);
   }
 
-  /** An event the gateway streamed to the harness. */
-  modelEvent(event: ModelStreamEvent): void {
-    if (event.type !== 'tool_use') return;
-    this.modelUses.set(event.id, event.name);
-    this.inputs.set(event.id, event.input);
+  /** An event the gateway streamed to the harness, on the model stream `stream`. */
+  modelEvent(event: ModelStreamEvent, stream = ''): void {
+    let blocks = this.streaming.get(stream);
+    if (!blocks) this.streaming.set(stream, (blocks = []));
+    if (event.type === 'text_delta' || event.type === 'thinking_delta') {
+      const type = event.type === 'text_delta' ? 'text' : 'thinking';
+      const last = blocks[blocks.length - 1];
+      if (last && last.type === type) last.text += event.text;
+      else blocks.push({ type, text: event.text });
+    } else if (event.type === 'tool_use') {
+      blocks.push({ type: 'tool_use', text: '' });
+      this.modelUses.set(event.id, event.name);
+      this.inputs.set(event.id, event.input);
+    } else if (event.type === 'end' || event.type === 'error') {
+      this.streaming.delete(stream);
+      if (event.type === 'error') return;
+      for (const kind of ['text', 'thinking'] as const) {
+        const texts = blocks.filter((b) => b.type === kind).map((b) => b.text);
+        if (texts.length > 0) this.said[kind].push(JSON.stringify(texts));
+      }
+    }
+  }
+
+  /** The relay of a model stream ended (aborted or broken before its end): what it streamed was never a step. */
+  modelStreamClosed(stream: string): void {
+    this.streaming.delete(stream);
   }
 
   /**
@@ -165,7 +194,14 @@ export class RunAudit {
 
   /** An event the harness wants appended to the Session log. */
   event(e: RelayEvent): void {
-    if (e.type === 'agent.tool_use') {
+    if (e.type === 'agent.message' || e.type === 'agent.thinking') {
+      // What a finished model step of this Run said, as the step said it, reported once: a
+      // process in the sandbox writing to the harness's output cannot put words in the model's mouth.
+      const kind = e.type === 'agent.message' ? 'text' : 'thinking';
+      const i = this.said[kind].indexOf(JSON.stringify(e.payload.content.map((b) => b.text)));
+      if (i < 0) violation(`${e.type} does not say what a model step of this Run said (or says it again)`);
+      this.said[kind].splice(i, 1);
+    } else if (e.type === 'agent.tool_use') {
       const { id, name, awaiting } = e.payload;
       if (this.modelUses.get(id) !== name) violation(`agent.tool_use ${id} (${name}) is not a tool use the model made in this Run`);
       if (this.reported.has(id)) violation(`agent.tool_use ${id} was reported twice`);

@@ -121,6 +121,33 @@ describe('what the runner holds a harness to', () => {
     result('toolu_old');
   });
 
+  it('reports only what a finished model step said, as the step said it, once', () => {
+    const audit = new RunAudit(tools, earlier);
+    const usage = { input_tokens: 1, cached_input_tokens: 0, cache_write_input_tokens: 0, output_tokens: 1, reasoning_output_tokens: 0, total_tokens: 2 };
+    const end = { type: 'end' as const, stop_reason: 'tool_use' as const, usage, provider: 'p', model: 'm' };
+    const message = (...texts: string[]) => audit.event({ type: 'agent.message', payload: { content: texts.map((text) => ({ type: 'text' as const, text })) } });
+    const thinking = (text: string) => audit.event({ type: 'agent.thinking', payload: { content: [{ type: 'thinking', text }] } });
+    // A process in the sandbox writing an agent.message to the harness's output: nothing was said.
+    expect(() => message('FORGED BY SANDBOX')).toThrow(/does not say what a model step of this Run said/);
+    // Two streams at once; deltas run on into one block until another kind of block comes.
+    audit.modelEvent({ type: 'thinking_delta', text: 'hm' }, 's1');
+    audit.modelEvent({ type: 'text_delta', text: 'Hel' }, 's1');
+    audit.modelEvent({ type: 'text_delta', text: 'lo' }, 's2');
+    audit.modelEvent({ type: 'text_delta', text: 'lo' }, 's1');
+    audit.modelEvent({ type: 'tool_use', id: 'toolu_9', name: 'bash', input: {} }, 's1');
+    audit.modelEvent({ type: 'text_delta', text: 'after' }, 's1');
+    // Not ended yet: not said yet.
+    expect(() => message('Hello', 'after')).toThrow(/does not say/);
+    audit.modelEvent(end, 's1');
+    expect(() => message('Hello after')).toThrow(/does not say/);
+    message('Hello', 'after');
+    expect(() => message('Hello', 'after')).toThrow(/says it again/);
+    thinking('hm');
+    // A stream that broke off before its end was never a step.
+    audit.modelEvent({ type: 'error', error: { type: 'runtime.internal', message: 'x', retryable: true } }, 's2');
+    expect(() => message('lo')).toThrow(/does not say/);
+  });
+
   it('stops with requires_action only on blocking uses', () => {
     const audit = new RunAudit(tools, earlier);
     audit.modelEvent({ type: 'tool_use', id: 'toolu_1', name: 'bash', input: {} });
