@@ -2,7 +2,7 @@ import { createServer, type Server } from 'node:http';
 import { connect, type AddressInfo } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
 import type { EventHub, EventLog, HubListener, LogEvent } from '@agentplane/store';
-import { activeStreams, sseStream } from './stream.js';
+import { activeStreams, sseStream, type StreamSpec } from './stream.js';
 
 const event = (seq: number): LogEvent => ({
   id: `evt_${seq}`, seq, created_at: new Date(0).toISOString(), session_id: 'sess_x', session_thread_id: null, type: 'agent.message', payload: { n: seq },
@@ -35,12 +35,12 @@ function manualHub(): { hub: EventHub; send: (m: Parameters<HubListener>[0]) => 
 let server: Server | undefined;
 afterEach(() => server?.close());
 
-async function open(log: EventLog, hub: EventHub, readRetryMs?: number): Promise<{ ids: () => number[]; reader: ReadableStreamDefaultReader<Uint8Array>; ended: Promise<void> }> {
+async function open(log: EventLog, hub: EventHub, readRetryMs?: number, extra: Partial<StreamSpec> = {}): Promise<{ ids: () => number[]; reader: ReadableStreamDefaultReader<Uint8Array>; ended: Promise<void> }> {
   const shutdown = new AbortController();
   server = createServer((req, res) => {
     const ac = new AbortController();
     req.on('close', () => ac.abort());
-    void sseStream({ sessionId: 'sess_x', cursor: 0, filter: () => true, deltas: null, erased: false, log, hub, shutdown: shutdown.signal, ...(readRetryMs !== undefined ? { readRetryMs } : {}) }).write(res, ac.signal);
+    void sseStream({ sessionId: 'sess_x', cursor: 0, filter: () => true, deltas: null, erased: false, log, hub, shutdown: shutdown.signal, ...(readRetryMs !== undefined ? { readRetryMs } : {}), ...extra }).write(res, ac.signal);
   });
   await new Promise<void>((r) => server!.listen(0, '127.0.0.1', r));
   const res = await fetch(`http://127.0.0.1:${(server.address() as AddressInfo).port}/`);
@@ -100,6 +100,37 @@ describe('SSE stream reads that fail', () => {
     await s.ended;
     expect(s.ids()).toEqual([1]);
     expect(st.reads).toBeGreaterThan(2);
+  });
+});
+
+describe('SSE stream whose live messages or reads go missing', () => {
+  it('a live message that never came: the log is read at the next keep-alive, each event once', async () => {
+    const events = [event(1)];
+    const st = { failing: 0, reads: 0 };
+    const { hub } = manualHub(); // announces nothing
+    const s = await open(flakyLog(events, st), hub, undefined, { keepaliveMs: 100 });
+    await until('the replay', () => s.ids().length === 1);
+    events.push(event(2), event(3));
+    await until('the events no live message announced', () => s.ids().length === 3);
+    expect(s.ids()).toEqual([1, 2, 3]);
+    await s.reader.cancel();
+  });
+
+  it('a read of the log never answered ends the stream (the viewer resumes with Last-Event-ID)', async () => {
+    const events = [event(1)];
+    let hang = false;
+    const log = {
+      state: async () => ({ seq: events.length, low: 1, erased: false }),
+      range: (_s: string, after: number, limit: number) => (hang ? new Promise<never>(() => undefined) : Promise.resolve(events.filter((e) => e.seq > after).slice(0, limit))),
+    } as unknown as EventLog;
+    const { hub, send } = manualHub();
+    const s = await open(log, hub, undefined, { keepaliveMs: 50, stuckReadMs: 300 });
+    await until('the replay', () => s.ids().length === 1);
+    hang = true;
+    events.push(event(2));
+    send({ kind: 'events', from: 2, to: 2 });
+    await s.ended;
+    expect(s.ids()).toEqual([1]);
   });
 });
 

@@ -25,6 +25,11 @@ const MAX_LATE_DELTAS = 1024;
  * outlives it (each read resumes from the last delivered event, so a retry repeats nothing).
  */
 const READ_RETRY_MS = 20_000;
+/**
+ * A read of the log not answered this long (a command lost with its connection, never to be
+ * answered) ends the stream: the viewer resumes with Last-Event-ID rather than wait for good.
+ */
+export const STUCK_READ_MS = 60_000;
 const READ_RETRY_BASE_MS = 100;
 const READ_RETRY_CAP_MS = 2_000;
 
@@ -101,6 +106,8 @@ export interface StreamSpec {
   readRetryMs?: number;
   /** How long a viewer may take nothing off its socket while data waits for it (`STALL_MS`). */
   stallMs?: number;
+  /** How long one read of the log may go unanswered before the stream ends (`STUCK_READ_MS`). */
+  stuckReadMs?: number;
   /**
    * Whether the caller may still watch, asked at every keep-alive: a stream whose credential was
    * revoked (or whose Principal was suspended) since it opened ends there.
@@ -135,7 +142,11 @@ export function resumeCursor(header: string | undefined, query: number | undefin
  *     highest seq they announce (and previews, up to `MAX_LATE_DELTAS`);
  *  3. read the log on from the last delivered event up to that seq, then stay live: a live
  *     message with its events inline is written at once, one that jumps ahead (or a resync) has
- *     the log read again the same way, live messages meanwhile again only remembered.
+ *     the log read again the same way, live messages meanwhile again only remembered;
+ *  4. at every keep-alive, a live stream looks at the log's end: one past what it delivered with
+ *     no live message to say so (a message lost between Redis and this process) is read then, so
+ *     nothing waits for the next append; a read of the log unanswered for `STUCK_READ_MS` ends
+ *     the stream (the viewer resumes with Last-Event-ID).
  * The log is the source of truth, so what a stream holds for a viewer is bounded (a page of the
  * log and what waits in its socket) whatever is appended while it reads or waits. A viewer that
  * stops reading is cut off once `MAX_BUFFERED_BYTES` are due to it (queued, or announced while
@@ -291,11 +302,21 @@ export function sseStream(spec: StreamSpec): StreamResult {
           }
         }
       };
+      /** When the read of the log under way was sent (0: none under way). */
+      let readSentAt = 0;
+      const range = async (to?: number): Promise<LogEvent[]> => {
+        readSentAt = Date.now();
+        try {
+          return await spec.log.range(spec.sessionId, last, READ_PAGE, to);
+        } finally {
+          readSentAt = 0;
+        }
+      };
       /** Read the log from `last` until `to` (or its end). */
       const backfill = async (to?: number) => {
         for (;;) {
           if (ended || (to !== undefined && last >= to)) return;
-          const batch = await spec.log.range(spec.sessionId, last, READ_PAGE, to);
+          const batch = await range(to);
           if (ended) return;
           if (batch.length === 0) {
             if (to !== undefined && last < to) gap(last + 1, to, 'retention');
@@ -399,7 +420,24 @@ export function sseStream(spec: StreamSpec): StreamResult {
       signal.addEventListener('abort', onAbort);
       const forgetShutdown = whenShutDown(spec.shutdown, onAbort);
       const allowed = spec.stillAllowed;
+      let looking = false;
+      /** Step 4: a read that never answers ends the stream; a log past what was delivered is read. */
+      const lookAtTheLog = () => {
+        if (ended) return;
+        if (readSentAt !== 0 && Date.now() - readSentAt > (spec.stuckReadMs ?? STUCK_READ_MS)) return end();
+        if (reading || looking) return;
+        looking = true;
+        spec.log.state(spec.sessionId).then((st) => {
+          if (ended || reading || st.erased || st.seq <= last) return;
+          reading = true;
+          if (st.seq > wantTo) wantTo = st.seq;
+          void catchUp();
+        }, () => undefined).finally(() => {
+          looking = false;
+        });
+      };
       const keepalive = setInterval(() => {
+        lookAtTheLog();
         if (!allowed) return write(': keep-alive\n\n');
         void allowed().then((ok) => (ok ? write(': keep-alive\n\n') : end()), () => write(': keep-alive\n\n'));
       }, spec.keepaliveMs ?? KEEPALIVE_MS);
@@ -414,7 +452,7 @@ export function sseStream(spec: StreamSpec): StreamResult {
           watch = await spec.hub.watch(spec.sessionId, onMessage, { deltas: spec.deltas !== null });
           // The log's state and the replay's first page in one round trip (both read after the
           // subscription is confirmed; a page that misses what retention trimmed meanwhile is a gap).
-          const [st, first] = await Promise.all([spec.log.state(spec.sessionId), spec.log.range(spec.sessionId, last, READ_PAGE)]);
+          const [st, first] = await Promise.all([spec.log.state(spec.sessionId), range()]);
           if (st.erased) {
             erased(st.seq);
           } else if (!ended) {

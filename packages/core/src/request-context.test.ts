@@ -26,6 +26,8 @@ describe('request ids', () => {
     expect(traceIdOf('ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01')).toBeUndefined();
     expect(traceIdOf('00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01')).toBeUndefined();
     expect(traceIdOf(undefined)).toBeUndefined();
+    // Uppercase hex is not a valid traceparent (W3C Trace Context): ignored, not lowered.
+    expect(traceIdOf('00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01')).toBeUndefined();
   });
 
   it('names the request in an incident message when given its id', () => {

@@ -26,7 +26,8 @@ const TRACEPARENT = /^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$
 
 /** The trace id of a W3C `traceparent` header, when it is well formed (all-zero ids are invalid). */
 export function traceIdOf(traceparent: string | undefined): string | undefined {
-  const m = TRACEPARENT.exec((traceparent ?? '').trim().toLowerCase());
+  // W3C Trace Context: lowercase hex only (an uppercase id is invalid, not another spelling).
+  const m = TRACEPARENT.exec((traceparent ?? '').trim());
   if (!m || m[1] === 'ff' || /^0+$/.test(m[2] as string) || /^0+$/.test(m[3] as string)) return undefined;
   return m[2];
 }
