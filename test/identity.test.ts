@@ -75,8 +75,20 @@ describe('tenancy', () => {
     const r = await client.request('GET', '/v1/support/capabilities');
     expect(r.status).toBe(403);
     expect(errType(r)).toBe('auth.disabled_tenancy');
-    await p.root.patch(`/v1/organizations/workspaces/${ws.id}`, { status: 'active' });
+    // The refusal names the Workspace, and a refused mutation is recorded there, denied.
+    expect(r.headers.get('service-workspace-id')).toBe(ws.id);
+    const selected = p.root.with({ workspaceId: ws.id });
+    const write = await client.request('POST', `/v1/organizations/workspaces/${ws.id}/principals`, { body: { external_subject_id: 'refused', principal_type: 'person', display_name: 'r' } });
+    expect([write.status, errType(write), write.headers.get('service-workspace-id')]).toEqual([403, 'auth.disabled_tenancy', ws.id]);
+    const bySelector = await selected.request('POST', '/v1/agents', { body: { name: 'refused', model: 'default' } });
+    expect([bySelector.status, errType(bySelector), bySelector.headers.get('service-workspace-id')]).toEqual([403, 'auth.disabled_tenancy', ws.id]);
+    // An organization key selecting it still reaches organization-level operations, and re-enables it.
+    expect((await selected.request('GET', `/v1/organizations/${org}/workspaces`)).status).toBe(200);
+    expect((await selected.request('PATCH', `/v1/organizations/workspaces/${ws.id}`, { body: { status: 'active' } })).status).toBe(200);
     expect((await client.request('GET', '/v1/support/capabilities')).status).toBe(200);
+    const audit = await p.root.with({ workspaceId: ws.id }).post<{ data: { action: string; outcome: string; status: number | null }[] }>('/v1/audit/export', {});
+    const denied = audit.data.filter((x) => x.outcome === 'denied' && x.status === 403).map((x) => x.action);
+    expect(denied).toEqual(expect.arrayContaining(['principals.createPrincipal', 'agents.createAgent']));
   });
 
   it('only an organization-scoped root key manages keys', async () => {

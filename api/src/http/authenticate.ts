@@ -99,12 +99,13 @@ function callerOf(
 
   let resolvedWorkspace: string | null = workspaceId;
   let defaultDisabled = false;
+  let disabledSelected = false;
   if (workspaceId !== null) {
     if (!ws || ws.organization_id !== org.id) {
       if (record.workspace_id !== null) throw invalidKey();
       throw new ApiError('validation.not_found', 'workspace not found');
     }
-    if (ws.status === 'disabled') throw disabledWorkspace();
+    if (ws.status === 'disabled') disabledSelected = true;
   } else {
     resolvedWorkspace = org.default_workspace_id;
     if (ws && ws.id === resolvedWorkspace && ws.status === 'disabled') defaultDisabled = true;
@@ -127,7 +128,23 @@ function callerOf(
     rateLimitPerMinute: record.rate_limit_per_minute,
   };
   if (defaultDisabled) inDisabledDefault.add(caller);
+  // The credential is resolved: the refusal carries the caller, for the response's Workspace
+  // header and the audit record, and an organization-level operation may still go on.
+  if (disabledSelected) throw new DisabledWorkspaceError(caller);
   return caller;
+}
+
+/**
+ * 403 `auth.disabled_tenancy` for a credential whose Workspace (its own, or the one an
+ * organization key selects) is disabled, carrying the caller it resolved to: the pipeline names
+ * that Workspace in the answer, records the attempt, and lets an organization key's
+ * organization-level operations (and the re-enabling PATCH) through, as for a disabled default
+ * Workspace. Every other edge refuses it as it is.
+ */
+export class DisabledWorkspaceError extends ApiError {
+  constructor(readonly caller: Caller) {
+    super('auth.disabled_tenancy', 'the workspace is disabled', caller.workspaceId ? { headers: { 'Service-Workspace-Id': caller.workspaceId } } : {});
+  }
 }
 
 /** Callers whose Workspace is their organization's default one, found disabled (see `actsInDisabledDefault`). */

@@ -3,7 +3,7 @@ import { ApiError, isId, newRequestId, validator, type Context, type Logger, typ
 import { tags } from '@agentplane/store';
 import type { ApiDeps } from '../deps.js';
 import { ANONYMOUS, type Caller } from './caller.js';
-import { actsInDisabledDefault, authenticate, authorize, disabledWorkspace } from './authenticate.js';
+import { actsInDisabledDefault, authenticate, authorize, DisabledWorkspaceError, disabledWorkspace } from './authenticate.js';
 import { enforceRateLimit } from './rate-limit.js';
 import { IDEMPOTENCY_KEY_RE, type KeyedRequest } from './idempotency.js';
 import type { AuditOutcome } from '../audit/store.js';
@@ -74,6 +74,19 @@ const EMPTY = Object.freeze({}) as Record<string, never>;
 
 /** The operations that still reach a disabled Workspace their path names: the one that re-enables it. */
 const REACHES_DISABLED_WORKSPACE: ReadonlySet<string> = new Set(['organizations.updateWorkspace']);
+
+/**
+ * Whether an organization key whose selected Workspace is disabled may still call `op`: an
+ * organization-level operation, the PATCH that re-enables that Workspace, or an operation on a
+ * path that names another Workspace (whose own status then decides, in `run`).
+ */
+function reachesDisabledWorkspace(op: Operation, caller: Caller, params: Readonly<Record<string, string>>): boolean {
+  if (caller.scope !== 'organization') return false;
+  if (op.auth.kind === 'bearer' && op.auth.organizationScope) return true;
+  const named = params.workspace_id;
+  if (named !== undefined && named !== caller.workspaceId) return true;
+  return REACHES_DISABLED_WORKSPACE.has(op.operationId) && named === caller.workspaceId;
+}
 
 /**
  * A validator compiled on its first use: the API answers its first request (after a start or a
@@ -345,8 +358,18 @@ async function run(
       caller = raw.admitted;
     } else {
       // Answered from the read cache without a promise on the hot path.
-      const known = authenticate(raw.headers, deps, raw.connection);
-      caller = known instanceof Promise ? await known : known;
+      try {
+        const known = authenticate(raw.headers, deps, raw.connection);
+        caller = known instanceof Promise ? await known : known;
+      } catch (err) {
+        if (!(err instanceof DisabledWorkspaceError)) throw err;
+        // A disabled Workspace refuses the resolved caller (named in the answer, recorded), but
+        // for an organization key's organization-level operations and the re-enabling PATCH.
+        progress.caller = err.caller;
+        raw.authenticated?.(err.caller);
+        if (!reachesDisabledWorkspace(op, err.caller, raw.params)) throw err;
+        caller = err.caller;
+      }
     }
     progress.caller = caller;
     raw.authenticated?.(caller);
@@ -383,10 +406,10 @@ async function run(
   const reachesDisabled = REACHES_DISABLED_WORKSPACE.has(op.operationId);
   if (caller.scope === 'organization' && caller.kind !== 'anonymous' && typeof named === 'string' && named !== caller.workspaceId) {
     const ws = await workspaceInBoundary(caller, named, deps);
-    if (ws.status === 'disabled' && !reachesDisabled) throw disabledWorkspace();
     caller = { ...caller, workspaceId: named };
     progress.caller = caller;
     raw.authenticated?.(caller);
+    if (ws.status === 'disabled' && !reachesDisabled) throw disabledWorkspace();
   } else if (actsInDisabledDefault(caller) && !(op.auth.kind === 'bearer' && op.auth.organizationScope) && !(reachesDisabled && named === caller.workspaceId)) {
     // An organization key without a selector, whose default Workspace is disabled: organization-
     // level operations still answer, nothing acts in that Workspace.
