@@ -76,7 +76,7 @@ const EMPTY = Object.freeze({}) as Record<string, never>;
 const REACHES_DISABLED_WORKSPACE: ReadonlySet<string> = new Set(['organizations.updateWorkspace']);
 
 /**
- * Whether an organization key whose selected Workspace is disabled may still call `op`: an
+ * Whether an organization key whose Workspace (selected, or its default one) is disabled may still call `op`: an
  * organization-level operation, the PATCH that re-enables that Workspace, or an operation on a
  * path that names another Workspace (whose own status then decides, in `run`).
  */
@@ -410,7 +410,7 @@ async function run(
     progress.caller = caller;
     raw.authenticated?.(caller);
     if (ws.status === 'disabled' && !reachesDisabled) throw disabledWorkspace();
-  } else if (actsInDisabledDefault(caller) && !(op.auth.kind === 'bearer' && op.auth.organizationScope) && !(reachesDisabled && named === caller.workspaceId)) {
+  } else if (actsInDisabledDefault(caller) && !reachesDisabledWorkspace(op, caller, params as Readonly<Record<string, string>>)) {
     // An organization key without a selector, whose default Workspace is disabled: organization-
     // level operations still answer, nothing acts in that Workspace.
     throw disabledWorkspace();

@@ -146,6 +146,17 @@ export function withinFrame(request: ModelRequest): ModelRequest {
 export const policyRefusal = (d: GateDecision): string =>
   `Not run: refused by the workspace's ActionPolicy${d.rule_id ? ` ${d.rule_id}` : ''} (${d.message}).`;
 
+/**
+ * A model step's content as its stream arrives: text (or thinking) that runs on is one block, a
+ * block of another kind between them starts a new one. The loop builds its steps with it, and the
+ * colocated runner's audit the steps it relayed, so both read a step alike.
+ */
+export function appendStreamedText(content: ContentBlock[], type: 'text' | 'thinking', text: string): void {
+  const last = content[content.length - 1];
+  if (last && last.type === type) last.text += text;
+  else content.push({ type, text });
+}
+
 export class HarnessLoop {
   constructor(private readonly deps: HarnessDeps) {}
 
@@ -490,11 +501,7 @@ export class HarnessLoop {
   private async modelStep(request: ModelRequest, signal: AbortSignal, index: number): Promise<{ content: ContentBlock[]; record: StepRecord } | undefined> {
     const started = Date.now();
     const content: ContentBlock[] = [];
-    const appendText = (type: 'text' | 'thinking', text: string): void => {
-      const last = content[content.length - 1];
-      if (last && last.type === type) last.text += text;
-      else content.push({ type, text });
-    };
+    const appendText = (type: 'text' | 'thinking', text: string): void => appendStreamedText(content, type, text);
     try {
       for await (const event of this.deps.model.stream(request, signal)) {
         if (signal.aborted) return undefined;

@@ -1,5 +1,6 @@
 import { statfs } from 'node:fs/promises';
 import type { Logger } from '@agentplane/core';
+import { diskFreeMib } from '../capabilities.js';
 
 /** How often a running command's host disk is looked at. */
 export const DISK_CHECK_MS = 1_000;
@@ -32,6 +33,8 @@ export function diskLowNote(low: DiskLow): string {
  */
 export class DiskGuard {
   private state: Promise<{ path: string; reserveMib: number } | null> | undefined;
+  /** The last reading, shared by every command running meanwhile (one statfs a period, not one per command). */
+  private reading: { at: number; low: Promise<DiskLow | null> } | undefined;
 
   constructor(
     private readonly locate: () => Promise<string | undefined>,
@@ -56,12 +59,15 @@ export class DiskGuard {
   }
 
   /** The disk's free space when it is under the reserve; null when above it or not watched. */
-  async low(): Promise<DiskLow | null> {
-    const s = await this.resolve();
-    if (!s) return null;
-    const st = await statfs(s.path).catch(() => undefined);
-    if (!st) return null;
-    const freeMib = Math.floor((st.bavail * st.bsize) / 1048576);
-    return freeMib < s.reserveMib ? { freeMib, reserveMib: s.reserveMib } : null;
+  low(): Promise<DiskLow | null> {
+    const now = Date.now();
+    if (this.reading && now - this.reading.at < DISK_CHECK_MS / 2) return this.reading.low;
+    const low = (async () => {
+      const s = await this.resolve();
+      const freeMib = s ? await diskFreeMib(s.path) : null;
+      return s && freeMib !== null && freeMib < s.reserveMib ? { freeMib, reserveMib: s.reserveMib } : null;
+    })();
+    this.reading = { at: now, low };
+    return low;
   }
 }

@@ -14,9 +14,9 @@
  * policy requires approval is blocking and is not run in this Run (its ActionApproval is resolved
  * in the control plane; a later Run's check of the use says allow or deny).
  */
-import type { ModelMessage, ModelStreamEvent } from '@agentplane/protocol';
+import type { ContentBlock, ModelMessage, ModelStreamEvent } from '@agentplane/protocol';
 import type { IdleStopReason, ToolUsePayload } from '../events.js';
-import { policyRefusal, type GateDecision, type GateQuery, type PendingResponses } from '../loop.js';
+import { appendStreamedText, policyRefusal, type GateDecision, type GateQuery, type PendingResponses } from '../loop.js';
 import { builtinTool } from '../tools/builtin.js';
 import { QUESTION_TOOL_NAME, questionInputError } from '../tools/question.js';
 import { RelayError, STOPPED_DECISION, type RelayEvent, type RelayTool } from './protocol.js';
@@ -46,7 +46,7 @@ export class RunAudit {
   private readonly stored = new Map<string, string>();
   private steps = 0;
   /** The blocks of each model stream under way, as the split loop gathers them (text and thinking merged while they run on). */
-  private readonly streaming = new Map<string, { type: 'text' | 'thinking' | 'tool_use'; text: string }[]>();
+  private readonly streaming = new Map<string, ContentBlock[]>();
   /**
    * What finished model steps said and the harness has not reported yet: per kind, each step's
    * blocks' texts (JSON of the list), as `agent.message` and `agent.thinking` must carry them.
@@ -154,19 +154,16 @@ export class RunAudit {
     let blocks = this.streaming.get(stream);
     if (!blocks) this.streaming.set(stream, (blocks = []));
     if (event.type === 'text_delta' || event.type === 'thinking_delta') {
-      const type = event.type === 'text_delta' ? 'text' : 'thinking';
-      const last = blocks[blocks.length - 1];
-      if (last && last.type === type) last.text += event.text;
-      else blocks.push({ type, text: event.text });
+      appendStreamedText(blocks, event.type === 'text_delta' ? 'text' : 'thinking', event.text);
     } else if (event.type === 'tool_use') {
-      blocks.push({ type: 'tool_use', text: '' });
+      blocks.push({ type: 'tool_use', id: event.id, name: event.name, input: event.input });
       this.modelUses.set(event.id, event.name);
       this.inputs.set(event.id, event.input);
     } else if (event.type === 'end' || event.type === 'error') {
       this.streaming.delete(stream);
       if (event.type === 'error') return;
       for (const kind of ['text', 'thinking'] as const) {
-        const texts = blocks.filter((b) => b.type === kind).map((b) => b.text);
+        const texts = blocks.flatMap((b) => (b.type === kind ? [b.text] : []));
         if (texts.length > 0) this.said[kind].push(JSON.stringify(texts));
       }
     }
