@@ -272,7 +272,7 @@ export class AutomationService {
       await this.d.identity.activePrincipal(ws, a.principal_id);
       await this.d.permissions.require(ws, a.principal_id, 'invoke', { type: 'agent', id: a.agent.id });
     } catch (err) {
-      if (err instanceof ApiError && err.status < 500) return this.refuse(f, 'refused_governance', err.type);
+      if (ApiError.isRefusal(err)) return this.refuse(f, 'refused_governance', err.type);
       throw err;
     }
     // The same ActionPolicy decision a REST drive gets (the pipeline's `drive` check): only
@@ -291,7 +291,7 @@ export class AutomationService {
         await this.d.store.release(ws, a.id, f.id);
         return this.refuse(f, 'refused_budget', err.type);
       }
-      if (err instanceof ApiError && err.status < 500) {
+      if (ApiError.isRefusal(err)) {
         // The Agent or Environment is gone or archived: retrying will not help.
         await this.d.store.release(ws, a.id, f.id);
         await this.fail(f, err.type);
@@ -450,7 +450,7 @@ export class AutomationService {
     } catch (err) {
       // A refusal no run again changes (the prompt empty or over 64 KiB once expanded): the
       // tick's firing is recorded failed with the error's type, at once.
-      if (!(err instanceof ApiError && err.status < 500)) throw err;
+      if (!ApiError.isRefusal(err)) throw err;
       this.d.log.warn({ automation_id: a.id, firing_id: firingId, err: err.message }, 'a schedule tick could not fire');
       await this.unfired(a, firingId, source, err.type);
     }
@@ -540,10 +540,10 @@ export class AutomationService {
     try {
       await this.fire(a, d.source, d.payload, { id, filtering: { event_type: String(d.payload.type), filters: d.filters }, chain: d.chain });
     } catch (err) {
-      const final = err instanceof ApiError && err.status < 500;
+      const final = ApiError.isRefusal(err);
       if (!final && job.attemptsMade + 1 < (job.opts.attempts ?? 1)) throw err;
       this.d.log.warn({ automation_id: a.id, firing_id: id, err: err instanceof Error ? err.message : String(err) }, 'a subscription event could not fire');
-      await this.unfired(a, id, d.source, final ? (err as ApiError).type : 'fire_failed', { filtering: { event_type: String(d.payload.type), filters: d.filters }, chain: d.chain });
+      await this.unfired(a, id, d.source, final ? err.type : 'fire_failed', { filtering: { event_type: String(d.payload.type), filters: d.filters }, chain: d.chain });
     }
   }
 

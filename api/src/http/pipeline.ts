@@ -484,7 +484,7 @@ async function run(
     // retry then runs), like an unexpected failure, which frees the key too. Nor is the handler's
     // `idempotency.conflict` (what an earlier request under the key wrote is not this request's):
     // the key stays that earlier request's, whose retry is then answered.
-    if (err instanceof ApiError && err.status < 500 && err.status !== 429 && err.type !== 'idempotency.conflict') {
+    if (ApiError.isRefusal(err) && err.status !== 429 && err.type !== 'idempotency.conflict') {
       await deps.idempotency.complete(begun, { status: err.status, body: err.toWire(deps.config.docsUrl), headers: err.headers }, false);
     } else {
       await deps.idempotency.abandon(begun);

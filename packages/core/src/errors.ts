@@ -94,6 +94,11 @@ export class ApiError extends Error {
   static is(value: unknown): value is ApiError {
     return value instanceof ApiError;
   }
+
+  /** A refusal of the request itself (a 4xx): running it again unchanged gets the same answer. */
+  static isRefusal(value: unknown): value is ApiError {
+    return value instanceof ApiError && value.status < 500;
+  }
 }
 
 /** `{docs_url}/reference/errors#<type with . and _ written as ->`. */
