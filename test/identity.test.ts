@@ -2,6 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import http from 'node:http';
 import { HttpClient } from '@agentplane/client';
 import { startPlatform, type Platform } from './harness/platform.js';
+import { mcpCall, toolBody } from './harness/mcp-call.js';
 import { startApiNode, type ApiNode } from './harness/cluster-platform.js';
 
 let p: Platform;
@@ -69,7 +70,7 @@ describe('tenancy', () => {
 
   it('403 auth.disabled_tenancy while the workspace is disabled', async () => {
     const ws = await p.root.post<{ id: string }>(`/v1/organizations/${org}/workspaces`, { name: 'to-disable' });
-    const { client } = await newKey('developer', ws.id);
+    const { client, secret } = await newKey('developer', ws.id);
     expect((await client.request('GET', '/v1/support/capabilities')).status).toBe(200);
     await p.root.patch(`/v1/organizations/workspaces/${ws.id}`, { status: 'disabled' });
     const r = await client.request('GET', '/v1/support/capabilities');
@@ -82,13 +83,30 @@ describe('tenancy', () => {
     expect([write.status, errType(write), write.headers.get('service-workspace-id')]).toEqual([403, 'auth.disabled_tenancy', ws.id]);
     const bySelector = await selected.request('POST', '/v1/agents', { body: { name: 'refused', model: 'default' } });
     expect([bySelector.status, errType(bySelector), bySelector.headers.get('service-workspace-id')]).toEqual([403, 'auth.disabled_tenancy', ws.id]);
-    // An organization key selecting it still reaches organization-level operations, and re-enables it.
+    // Over MCP the same: a tool call is refused by the pipeline (a tool result naming the
+    // Workspace, the mutation recorded), any other method at the edge (403, naming it).
+    const viaMcp = await mcpCall(p.baseUrl, secret, 'agents_createAgent', { body: { name: 'refused-mcp', model: 'default' }, idempotency_key: 'mcp-disabled' });
+    expect([viaMcp.status, viaMcp.result?.isError, (toolBody(viaMcp.result).error as { type?: string } | undefined)?.type, viaMcp.headers.get('service-workspace-id')])
+      .toEqual([200, true, 'auth.disabled_tenancy', ws.id]);
+    const search = await mcpCall(p.baseUrl, p.bootstrap.root_key, 'agentplane_search_operations', { query: 'agents' }, { 'service-workspace-id': ws.id });
+    expect((toolBody(search.result).error as { type?: string } | undefined)?.type).toBe('auth.disabled_tenancy');
+    const listed = await fetch(`${p.baseUrl}/v1/mcp`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', authorization: `Bearer ${secret}`, 'mcp-protocol-version': '2025-06-18' },
+      body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tools/list' }),
+    });
+    expect([listed.status, listed.headers.get('service-workspace-id')]).toEqual([403, ws.id]);
+    // An organization key selecting it still reaches organization-level operations, and re-enables
+    // it (over MCP too: the list of Workspaces answers).
+    const orgOverMcp = await mcpCall(p.baseUrl, p.bootstrap.root_key, 'organizations_listWorkspaces', { path: { organization_id: org } }, { 'service-workspace-id': ws.id });
+    expect([orgOverMcp.status, orgOverMcp.result?.isError]).toEqual([200, false]);
     expect((await selected.request('GET', `/v1/organizations/${org}/workspaces`)).status).toBe(200);
     expect((await selected.request('PATCH', `/v1/organizations/workspaces/${ws.id}`, { body: { status: 'active' } })).status).toBe(200);
     expect((await client.request('GET', '/v1/support/capabilities')).status).toBe(200);
     const audit = await p.root.with({ workspaceId: ws.id }).post<{ data: { action: string; outcome: string; status: number | null }[] }>('/v1/audit/export', {});
     const denied = audit.data.filter((x) => x.outcome === 'denied' && x.status === 403).map((x) => x.action);
     expect(denied).toEqual(expect.arrayContaining(['principals.createPrincipal', 'agents.createAgent']));
+    expect(denied.filter((a) => a === 'agents.createAgent')).toHaveLength(2);
   });
 
   it('only an organization-scoped root key manages keys', async () => {

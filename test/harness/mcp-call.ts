@@ -4,7 +4,9 @@ export interface McpToolResult {
   content: { type: string; text: string }[];
 }
 
-export async function mcpCall(baseUrl: string, token: string, name: string, args: Record<string, unknown> = {}): Promise<{ status: number; result: McpToolResult | undefined; error: { code: number; message: string } | undefined }> {
+export async function mcpCall(
+  baseUrl: string, token: string, name: string, args: Record<string, unknown> = {}, extraHeaders: Record<string, string> = {},
+): Promise<{ status: number; result: McpToolResult | undefined; error: { code: number; message: string } | undefined; headers: Headers }> {
   const version = '2026-07-28';
   const r = await fetch(`${baseUrl}/v1/mcp`, {
     method: 'POST',
@@ -15,6 +17,7 @@ export async function mcpCall(baseUrl: string, token: string, name: string, args
       'mcp-protocol-version': version,
       'mcp-method': 'tools/call',
       'mcp-name': name,
+      ...extraHeaders,
     },
     body: JSON.stringify({
       jsonrpc: '2.0', id: 1, method: 'tools/call',
@@ -26,7 +29,7 @@ export async function mcpCall(baseUrl: string, token: string, name: string, args
   });
   const text = await r.text();
   const body = (text ? JSON.parse(text) : {}) as { result?: McpToolResult; error?: { code: number; message: string } };
-  return { status: r.status, result: body.result, error: body.error };
+  return { status: r.status, result: body.result, error: body.error, headers: r.headers };
 }
 
 /** The JSON body a tool result carries. */

@@ -31,6 +31,11 @@ export interface RawRequest {
    * not counted twice; authorisation, version, validation and idempotency still run.
    */
   admitted?: Caller;
+  /**
+   * The edge that admitted the caller found its Workspace disabled: refused here as a REST
+   * request's bearer would be (named, recorded), but for the operations that still reach it.
+   */
+  admittedDisabled?: DisabledWorkspaceError;
   /** The connection (socket) the request came on: a bearer is digested once per connection. */
   connection?: object;
   /** The edge's id for this request (the `Request-Id` it answers with). */
@@ -356,6 +361,11 @@ async function run(
   if (op.auth.kind === 'bearer') {
     if (raw.admitted) {
       caller = raw.admitted;
+      if (raw.admittedDisabled && !reachesDisabledWorkspace(op, caller, raw.params)) {
+        progress.caller = caller;
+        raw.authenticated?.(caller);
+        throw raw.admittedDisabled;
+      }
     } else {
       // Answered from the read cache without a promise on the hot path.
       try {

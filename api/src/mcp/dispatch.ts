@@ -1,7 +1,7 @@
 import { ApiError, reportIncident, type Context, type WireError } from '@agentplane/core';
 import type { ApiDeps } from '../deps.js';
 import type { Caller } from '../http/caller.js';
-import { WORKSPACE_SELECTOR_HEADER } from '../http/authenticate.js';
+import { WORKSPACE_SELECTOR_HEADER, type DisabledWorkspaceError } from '../http/authenticate.js';
 import { CURRENT_VERSION, type Operation } from '../http/operation.js';
 import { execute, VERSION_HEADER, type PreparedOperation, type RawRequest } from '../http/pipeline.js';
 import { SEARCH_TOOL, ToolCatalog, type ProjectedTool } from './catalog.js';
@@ -72,6 +72,8 @@ export interface CallContext {
   requestId: string;
   /** The HTTP request's trace context (tracing on): the parent of the spans the call makes. */
   trace?: Context | undefined;
+  /** The caller's Workspace is disabled: the pipeline refuses the call unless its operation still reaches it. */
+  disabled?: DisabledWorkspaceError | undefined;
 }
 
 /**
@@ -93,7 +95,10 @@ export class ToolDispatcher {
    */
   async call(name: string, args: unknown, ctx: CallContext, limited?: ApiError): Promise<ToolResult> {
     const principal = ctx.caller.kind === 'principal_credential';
-    if (name === SEARCH_TOOL && !principal) return limited ? apiErrorResult(limited, this.deps) : this.search(args, ctx.caller);
+    if (name === SEARCH_TOOL && !principal) {
+      const refusal = limited ?? ctx.disabled;
+      return refusal ? apiErrorResult(refusal, this.deps) : this.search(args, ctx.caller);
+    }
     const p = this.catalog.tools.get(name);
     if (!p) {
       if (limited) return apiErrorResult(limited, this.deps);
@@ -162,6 +167,7 @@ export class ToolDispatcher {
       query: { ...((a.query as Record<string, unknown> | undefined) ?? {}) },
       body: a.body,
       admitted: ctx.caller,
+      ...(ctx.disabled ? { admittedDisabled: ctx.disabled } : {}),
       mcpTool: p.tool.name,
       requestId: ctx.requestId,
       trace: ctx.trace,

@@ -1,7 +1,7 @@
 import type Koa from 'koa';
 import { ApiError, BUCKETS, closedLabel, Counter, Histogram, reportIncident, type Context } from '@agentplane/core';
 import type { ApiDeps } from '../deps.js';
-import { authenticate } from '../http/authenticate.js';
+import { authenticate, DisabledWorkspaceError } from '../http/authenticate.js';
 import { readJsonBody } from '../http/body.js';
 import type { Caller } from '../http/caller.js';
 import type { Operation } from '../http/operation.js';
@@ -148,12 +148,15 @@ export function mcpEdge(operations: readonly Operation[], prepared: ReadonlyMap<
 
   /** Authentication failures at the edge: HTTP status of the ApiError, JSON-RPC body carrying the wire error. */
   const authFailure = (ctx: Koa.Context, err: ApiError, invalidToken = false) => {
-    const extra: Record<string, string> = {};
+    const extra: Record<string, string> = { ...err.headers };
     if (err.status === 401) extra['WWW-Authenticate'] = challenge(invalidToken ? 'invalid_token' : undefined);
     send(ctx, err.status, rpcError(null, { code: ErrorCode.Unauthorized, message: err.message, data: err.toWire(deps.config.docsUrl) }), extra);
   };
 
-  async function handleMessage(msg: JsonRpcRequest, era: Era, caller: Caller, headers: Headers, catalogChoice: 'compact' | 'full', requestId: string, trace: Context | undefined): Promise<Record<string, unknown>> {
+  async function handleMessage(
+    msg: JsonRpcRequest, era: Era, caller: Caller, headers: Headers, catalogChoice: 'compact' | 'full', requestId: string, trace: Context | undefined,
+    disabled: DisabledWorkspaceError | undefined,
+  ): Promise<Record<string, unknown>> {
     const params = msg.params ?? {};
     const modern = era.kind === 'modern';
     const stamp = (r: Record<string, unknown>) => (modern ? { ...r, resultType: 'complete' } : r);
@@ -189,7 +192,7 @@ export function mcpEdge(operations: readonly Operation[], prepared: ReadonlyMap<
       }
       case 'tools/call': {
         if (typeof params.name !== 'string' || params.name.length === 0) throw new McpProtocolError(ErrorCode.InvalidParams, 'tools/call: name must be a string');
-        const result = await dispatcher.call(params.name, params.arguments, { caller, headers, requestId, trace });
+        const result = await dispatcher.call(params.name, params.arguments, { caller, headers, requestId, trace, disabled });
         return stamp({ ...result });
       }
       default:
@@ -216,11 +219,19 @@ export function mcpEdge(operations: readonly Operation[], prepared: ReadonlyMap<
     }
     // 3. Bearer: API keys with their full role, api_mcp Principal credentials; nothing else.
     let caller: Caller;
+    // A caller whose Workspace is disabled is known (named in the refusal): its `tools/call` goes
+    // to the pipeline, which refuses and records it as the REST request (or lets through the
+    // organization-level operations that still reach a disabled Workspace); any other method is
+    // refused here.
+    let disabled: DisabledWorkspaceError | undefined;
     try {
       caller = await authenticate(headers, deps, ctx.req.socket);
     } catch (err) {
-      if (err instanceof ApiError) return authFailure(ctx, err);
-      throw err;
+      if (err instanceof DisabledWorkspaceError) {
+        caller = err.caller;
+        disabled = err;
+      } else if (err instanceof ApiError) return authFailure(ctx, err);
+      else throw err;
     }
     if (caller.kind === 'principal_credential' && caller.audience !== 'api_mcp') {
       return authFailure(ctx, new ApiError('auth.invalid_key', `a credential with audience '${caller.audience ?? 'none'}' is not accepted by ${MCP_PATH}`), true);
@@ -248,6 +259,10 @@ export function mcpEdge(operations: readonly Operation[], prepared: ReadonlyMap<
       method = closedLabel(msg.method, MCP_METHODS);
       checkParams(msg);
       const era = classify(msg, headers);
+      if (disabled && msg.method !== 'tools/call') {
+        authFailure(ctx, disabled);
+        return;
+      }
       if (msg.id === undefined) {
         // Notifications (notifications/initialized, cancellations) are acknowledged and dropped.
         requests.inc({ method: 'notification', outcome: 'accepted' });
@@ -267,7 +282,7 @@ export function mcpEdge(operations: readonly Operation[], prepared: ReadonlyMap<
           // its audit record (a call naming no tool has no operation to record).
           const name = msg.params?.name;
           const limited = typeof name === 'string' && name.length > 0
-            ? await dispatcher.call(name, undefined, { caller, headers, requestId: requestIdOf(ctx), trace: traceOf(ctx) }, err)
+            ? await dispatcher.call(name, undefined, { caller, headers, requestId: requestIdOf(ctx), trace: traceOf(ctx), disabled }, err)
             : apiErrorResult(err, deps);
           send(ctx, 200, rpcResult(id, era.kind === 'modern' ? { ...limited, resultType: 'complete' } : { ...limited }));
           return;
@@ -275,7 +290,7 @@ export function mcpEdge(operations: readonly Operation[], prepared: ReadonlyMap<
         send(ctx, err.status, rpcError(id, { code: ErrorCode.RateLimited, message: err.message, data: err.toWire(deps.config.docsUrl) }), err.headers);
         return;
       }
-      const result = await handleMessage(msg, era, caller, headers, catalogChoice, requestIdOf(ctx), traceOf(ctx));
+      const result = await handleMessage(msg, era, caller, headers, catalogChoice, requestIdOf(ctx), traceOf(ctx), disabled);
       requests.inc({ method, outcome: result.isError === true ? 'tool_error' : 'ok' });
       send(ctx, 200, rpcResult(id, result), caller.workspaceId ? { 'Service-Workspace-Id': caller.workspaceId } : {});
     } catch (err) {
