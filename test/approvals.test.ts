@@ -373,17 +373,19 @@ describe('ActionApprovals', () => {
     await p.root.request('DELETE', `/v1/action-policies/${rule}`);
   });
 
-  it('an approval whose wait an interrupt ended lapses: resolving it is 409, it reads expired, nothing runs', async () => {
+  it('an approval whose wait an interrupt ended lapses then: it reads expired, resolving it is 409, nothing runs', async () => {
     const rule = await gate('echo interrupted');
     const { id, approval } = await waitingTurn('echo interrupted now');
     await api.post(`/v1/sessions/${id}/events`, { type: 'user.interrupt', payload: { authored_by: principal, caused_by: { kind: 'api' } } });
-    const ended = await untilEvents(api, id, (e) => idleCount(e) >= 2);
-    expect(stopOf(ended, 1)).toMatchObject({ type: 'interrupted' });
+    // The interrupt itself lapses the approval: no one has to try to resolve it first.
+    const after = await untilEvents(api, id, (e) => idleCount(e) >= 2 && e.some((x) => x.type === 'session.action_approval_expired'));
+    expect(stopOf(after, 1)).toMatchObject({ type: 'interrupted' });
+    expect((await p.root.get<Approval>(`/v1/action-approvals/${approval.id}`)).status).toBe('expired');
+    const pending = await p.root.get<{ data: Approval[] }>(`/v1/sessions/${id}/action-approvals`, { status: 'pending' });
+    expect(pending.data.map((a) => a.id)).not.toContain(approval.id);
     const refused = await resolve(approval.id, 'approve');
     expect([refused.status, errType(refused)]).toEqual([409, 'runtime.invalid_transition']);
-    expect(errMsg(refused)).toContain('was ended');
-    expect((await p.root.get<Approval>(`/v1/action-approvals/${approval.id}`)).status).toBe('expired');
-    const after = await untilEvents(api, id, (e) => e.some((x) => x.type === 'session.action_approval_expired'));
+    expect(errMsg(refused)).toContain('expired');
     expect(after.filter((e) => e.type === 'session.action_approval_resolved')).toEqual([]);
     expect(results(after, approval.tool_use_id).map((e) => e.payload.interrupted)).toEqual([true]);
     await p.root.request('DELETE', `/v1/action-policies/${rule}`);

@@ -118,6 +118,7 @@ export function buildDeps(config: ApiConfig, log: Logger, redis: Redis, shutdown
   const approvals = new ApprovalService({
     redis, docs, audit, policies, sessions: sessionStore, scheduler: () => turns.scheduler, jobs: approvalJobs, config: config.approvals, log,
   });
+  threadRuntime.onWaitsEnded((session, _threadId, toolUseIds) => approvals.lapse(session.workspace_id, session.id, toolUseIds));
   const sessions = new SessionService({
     store: sessionStore, agents, environments, identity, files, memory: memory.stores, vaults, projects, runtime: threadRuntime, scheduler: () => turns.scheduler, outcomes,
     requireModel: (ws, key, field) => models.profiles.requireKey(ws, key, field),

@@ -308,6 +308,18 @@ export class ApprovalService {
     return next;
   }
 
+  /**
+   * The waits of these tool uses were ended (their turn interrupted, their thread terminated):
+   * their approvals lapse now (pending → expired, the event appended, the expiry recorded), not
+   * at their expiry or at the next try to resolve them.
+   */
+  async lapse(ws: string, sessionId: string, toolUseIds: readonly string[]): Promise<void> {
+    for (const toolUseId of toolUseIds) {
+      const a = await this.forToolUse(ws, sessionId, toolUseId);
+      if (a?.status === 'pending') await this.expire(ws, a.id);
+    }
+  }
+
   /** The expiry job: pending → expired (anything else is left as it is). */
   async expire(ws: string, id: string): Promise<void> {
     const doc = await this.d.docs.get<ActionApproval>(tags.workspace(ws), id);

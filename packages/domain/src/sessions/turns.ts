@@ -137,6 +137,14 @@ export const recordOnlyTurnScheduler: TurnScheduler = {
  */
 export type TurnEndHook = (session: SessionDoc, threadId: string, endedRunId: string | null, stop: StopReason, trace?: Context, activeOutcome?: string | null) => Promise<boolean>;
 
+/**
+ * Called with the ActionApproval waits an interrupt or a thread's termination ended (tool use
+ * ids): their approvals lapse then (the api's approvals module). Not installed in a process
+ * without that module: an approval whose wait was ended lapses there when someone tries to
+ * resolve it, or at its expiry.
+ */
+export type WaitsEndedHook = (session: SessionDoc, threadId: string, approvalToolUseIds: string[]) => Promise<void>;
+
 export type StopReason = { type: 'end_turn' } | { type: 'requires_action'; tool_use_ids: string[] } | { type: 'retries_exhausted' } | { type: 'interrupted' } | { type: string };
 
 /**
@@ -152,6 +160,8 @@ export type StopReason = { type: 'end_turn' } | { type: 'requires_action'; tool_
 export class ThreadRuntime {
   /** Called when a turn ends other than `requires_action` (outcomes grade it); true = it started the thread's next Run. */
   private turnEnded: TurnEndHook | undefined;
+  /** Called with the approval waits an interrupt or a termination ended. */
+  private waitsEnded: WaitsEndedHook | undefined;
   /** Coordinator Sessions: delegation tool uses and child threads (docs/COORDINATION.md). */
   readonly coordinator: Coordinator;
   /** An archived Session's terminal status event, once its last turn is over. */
@@ -171,6 +181,16 @@ export class ThreadRuntime {
   /** Installs the one turn-end hook (the outcomes module). */
   onTurnEnded(hook: TurnEndHook): void {
     this.turnEnded = hook;
+  }
+
+  /** Installs the one hook told of ended approval waits (the approvals module). */
+  onWaitsEnded(hook: WaitsEndedHook): void {
+    this.waitsEnded = hook;
+  }
+
+  /** The approval waits of the thread's current generation (those an interrupt or a termination ends). */
+  private static approvalWaits(t: ThreadDoc): string[] {
+    return Object.entries(t._waits).filter(([, w]) => w.generation === t._wait_generation && w.kind === 'approval').map(([id]) => id);
   }
 
   /**
@@ -385,12 +405,14 @@ export class ThreadRuntime {
     let events: AppendEvent[] = [];
     let endedRunId: string | null = null;
     let moved = false;
+    let approvals: string[] = [];
     const { thread: next, queued, activeOutcome } = await this.store.endTurnWith(session.id, threadId, (t) => {
       moved = false;
       // A closed Session's terminal status event is its last: its waits stay as they are.
       if (!waitsOnAction(t) || t._closed === true) return null;
       moved = true;
       endedRunId = t._active_run_id;
+      approvals = ThreadRuntime.approvalWaits(t);
       const gen = t._wait_generation;
       const waits = { ...t._waits };
       events = [];
@@ -420,6 +442,7 @@ export class ThreadRuntime {
     }, () => events, trace);
     if (!moved) return { thread: next, ended: false };
     crashPoint('interrupt-wait-written');
+    if (approvals.length > 0 && this.waitsEnded) await this.waitsEnded(session, threadId, approvals);
     if (session.agent.multiagent || next.parent_thread_id !== null) await this.coordinator.turnEnded(session, next);
     if (this.turnEnded && (await this.turnEnded(session, threadId, endedRunId, stop, trace, activeOutcome))) return { thread: next, ended: true };
     if (session.archived_at === null) await this.submitUserMessage(session, threadId, null, { thread: next, trace, ...(queued ? { queue: queued } : {}) });
@@ -628,11 +651,17 @@ export class ThreadRuntime {
   /** Runtime side: unrecoverable terminal error. */
   async terminate(session: SessionDoc, threadId: string, reason = 'error'): Promise<ThreadDoc> {
     const now = Date.now();
-    const t = await this.store.updateThread(session.id, threadId, (cur) => cur.status === 'terminated' ? null : ({
-      ...cur, status: 'terminated', _active_run_id: null,
-      _running_ms_total: cur._running_ms_total + (cur._running_since_ms !== null ? now - cur._running_since_ms : 0), _running_since_ms: null,
-    }));
+    let approvals: string[] = [];
+    const t = await this.store.updateThread(session.id, threadId, (cur) => {
+      if (cur.status === 'terminated') return null;
+      approvals = ThreadRuntime.approvalWaits(cur);
+      return {
+        ...cur, status: 'terminated', _active_run_id: null,
+        _running_ms_total: cur._running_ms_total + (cur._running_since_ms !== null ? now - cur._running_since_ms : 0), _running_since_ms: null,
+      };
+    });
     await this.store.log.append(session.id, [{ type: 'session.thread_status_terminated', payload: { reason }, session_thread_id: threadId }]);
+    if (approvals.length > 0 && this.waitsEnded) await this.waitsEnded(session, threadId, approvals);
     return t;
   }
 }
