@@ -131,11 +131,17 @@ describe('wire conventions', () => {
     expect(await send([broken], { 'content-length': String(broken.length) })).toMatchObject({ status: 400, body: { error: { type: 'validation.malformed' } } });
   });
 
-  it('413 validation.payload_too_large over 4 MiB', async () => {
+  it('413 validation.payload_too_large over 4 MiB, after the bearer: recorded for a known caller, 401 for a bad key', async () => {
     const big = JSON.stringify({ display_name: 'x'.repeat(4 * 1024 * 1024 + 10) });
-    const r = await p.root.request('POST', `/v1/organizations/workspaces/${p.bootstrap.workspace_id}/principals`, { rawBody: big });
+    const path = `/v1/organizations/workspaces/${p.bootstrap.workspace_id}/principals`;
+    const r = await p.root.request('POST', path, { rawBody: big });
     expect(r.status).toBe(413);
     expect(errType(r)).toBe('validation.payload_too_large');
+    expect(r.headers.get('service-workspace-id')).toBe(p.bootstrap.workspace_id);
+    const audit = await p.root.post<{ data: { request_id: string; action: string; outcome: string; status: number | null }[] }>('/v1/audit/export', {});
+    expect(audit.data.filter((x) => x.request_id === r.headers.get('request-id')).map((x) => [x.action, x.outcome, x.status])).toEqual([['principals.createPrincipal', 'failed', 413]]);
+    const badKey = await new HttpClient({ baseUrl: p.baseUrl, token: 'ap_key_bad' }).request('POST', path, { rawBody: big });
+    expect([badKey.status, errType(badKey)]).toEqual([401, 'auth.invalid_key']);
   });
 
   it('rejects unknown fields and wrong id prefixes', async () => {

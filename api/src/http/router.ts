@@ -285,9 +285,10 @@ export function buildRouter(operations: readonly Operation[], deps: ApiDeps): Op
           try {
             body = await readJsonBody(ctx.req, op.bodyLimitBytes ?? deps.config.bodyLimitBytes);
           } catch (err) {
-            // A body that is not JSON is refused where the pipeline validates, after the caller is
-            // known: a bad key with a bad body is a 401, not a lesson in JSON. (Too large: at once.)
-            if (!(err instanceof ApiError) || err.status !== 400) throw err;
+            // A body that is not JSON, or too large (left unread), is refused where the pipeline
+            // validates, after the caller is known: a bad key with a bad body is a 401, not a
+            // lesson in JSON, and a refused mutation of a known caller is its audit record.
+            if (!(err instanceof ApiError) || (err.status !== 400 && err.status !== 413)) throw err;
             unreadable = err;
           }
         }
@@ -316,8 +317,9 @@ export function buildRouter(operations: readonly Operation[], deps: ApiDeps): Op
         if (result.status !== 204) ctx.body = result.body ?? null;
       } catch (err) {
         status = err instanceof ApiError ? err.status : 500;
-        // A refused upload may still be streaming in: read it off so the client gets the answer.
-        if (op.upload) drainRequest(ctx.req);
+        // A refused upload, or a body too large to read, may still be streaming in: read it off
+        // so the client gets the answer.
+        if (op.upload || status === 413) drainRequest(ctx.req);
         throw err;
       } finally {
         countRequest(status);
