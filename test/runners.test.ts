@@ -120,6 +120,11 @@ describe('runner pairing', () => {
     expect(unknown.status).toBe(404);
     const extra = await p.root.request('POST', '/v1/runner-pairings', { idempotencyKey: 'x1', body: { principal_id: principal, machine_label: 'm', surprise: 1 } });
     expect(extra.status).toBe(400);
+    // No control character in a label: C0, DEL and C1 alike.
+    for (const [i, label] of ['m\u0007x', 'm\u007fx', 'm\u0085x'].entries()) {
+      const r = await createPairing(principal, label, `ctl-${i}`);
+      expect([r.status, errType(r)]).toEqual([400, 'validation.malformed']);
+    }
   });
 
   it('a runner pool\'s name is a logical key: up to 94 characters', async () => {

@@ -9,7 +9,8 @@ import { requireWorkspace } from '../http/workspace-scope.js';
 import type { ApiDeps } from '../deps.js';
 import type { RunnerCredential, RunnerPool } from '@agentplane/domain';
 
-const Label = () => Type.String({ minLength: 1, maxLength: 200, pattern: '^[^\\x00-\\x1f]+$' });
+/** A machine label: 1–200 characters, none of them a control character (C0, DEL or C1). */
+const Label = () => Type.String({ minLength: 1, maxLength: 200, pattern: '^[^\\x00-\\x1f\\x7f-\\x9f]+$' });
 const DrainBody = Obj({
   deadline_seconds: Type.Optional(Type.Integer({ minimum: 0, maximum: 7 * 24 * 3600, default: 3600 })),
   reason: Type.Optional(Type.String({ minLength: 1, maxLength: 512 })),
