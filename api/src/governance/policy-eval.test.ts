@@ -75,10 +75,20 @@ describe('ActionPolicy evaluation', () => {
     expect(file('grep', { pattern: 'key', path: '/workspace' })).toBe('deny');
     expect(file('glob', { pattern: '**/*', path: '.' })).toBe('deny');
     expect(file('grep', { pattern: 'key', path: 'public' })).toBe('allow');
-    // A listing names what a directory holds, not what its files say: only its own path matches.
+    // A listing shows names: one that can show a name the deny covers is denied (the directory
+    // itself, or one above it listed deep enough), one that shows only names outside is not.
     expect(file('list', {})).toBe('allow');
-    expect(file('list', { path: 'secrets' })).toBe('allow');
+    expect(file('list', { path: '/workspace', depth: 1 })).toBe('allow');
+    expect(file('list', { path: 'secrets' })).toBe('deny');
+    expect(file('list', { path: '/workspace/secrets/' })).toBe('deny');
     expect(file('list', { path: 'secrets/inner' })).toBe('deny');
+    expect(file('list', { depth: 2 })).toBe('deny');
+    expect(file('list', { path: '/', depth: 2 })).toBe('allow');
+    expect(file('list', { path: '/', depth: 3 })).toBe('deny');
+    expect(file('list', { path: 'public', depth: 5 })).toBe('allow');
+    const rootWide = new PolicySet([rule({ effect: 'deny', tool_kind: 'builtin', tool_name: 'list', path_glob: '/workspace/*.key' })]);
+    expect(rootWide.evaluate({ kind: 'builtin', name: 'list', input: {} }).decision).toBe('deny');
+    expect(rootWide.evaluate({ kind: 'builtin', name: 'list', input: { path: '/' } }).decision).toBe('allow');
     // An allow rule is matched by the path reached, and never by a search above it.
     const allowPublic = new PolicySet([rule({ effect: 'allow', tool_kind: 'builtin', tool_name: '*', path_glob: '/workspace/public/**' }), rule({ effect: 'require_approval', tool_kind: 'builtin', tool_name: '*' })]);
     expect(allowPublic.evaluate({ kind: 'builtin', name: 'read', input: { path: 'public/a' } }).decision).toBe('allow');

@@ -166,6 +166,24 @@ function contains(dir: string, root: string): boolean {
   return dir === root || dir === '/' || root.startsWith(`${dir}/`);
 }
 
+/** How many levels a `list` shows (its `depth`, 1 to 5, default 1), as the runner's tool reads it. */
+function listDepth(input: unknown): number {
+  const d = typeof input === 'object' && input !== null ? (input as Record<string, unknown>).depth : undefined;
+  return Math.min(5, Math.max(1, Math.floor(typeof d === 'number' && Number.isFinite(d) ? d : 1)));
+}
+
+/**
+ * Whether a listing of `dir`, `depth` levels deep, can show a name inside `root` (a glob's
+ * literal directory): `root` is `dir` or below it, fewer than `depth` levels down (a name the
+ * glob matches lies at least one level below `root`), or `dir` is inside `root`.
+ */
+function listingReaches(dir: string, depth: number, root: string): boolean {
+  if (dir === root || dir.startsWith(`${root}/`) || root === '/') return true;
+  if (!contains(dir, root)) return false;
+  const below = (dir === '/' ? root.slice(1) : root.slice(dir.length + 1)).split('/').length;
+  return below < depth;
+}
+
 /**
  * Shell separators and openings after which a new simple command begins: a deny or approval
  * prefix is matched at the start of each.
@@ -235,15 +253,18 @@ export class PolicySet {
       if (!(call.kind === 'builtin' && FILE_TOOLS.has(call.name))) return false;
       const given = argString(call.input, 'path');
       const searches = SEARCH_TOOLS.has(call.name);
-      // A search with no path searches the workspace; another file tool with none reaches nothing.
-      if (given === undefined && !searches) return false;
+      const lists = call.name === 'list';
+      // A search or a listing with no path reaches the workspace; another file tool with none reaches nothing.
+      if (given === undefined && !searches && !lists) return false;
       const path = given ?? WORKSPACE;
       // An allow rule must match the path the tool reaches (relative paths are the workspace's); a
       // deny or an approval rule matches either spelling (a rule written as `./secrets/**` still
       // catches `./secrets/key`), and a search of a directory above the paths it names.
       const reached = reachedPath(path);
       const hit = c.pathGlob.test(reached)
-        || (r.effect !== 'allow' && (c.pathGlob.test(path) || c.pathGlob.test(lexicalPath(path)) || (searches && c.globRoot !== null && contains(reached, c.globRoot))));
+        || (r.effect !== 'allow' && (c.pathGlob.test(path) || c.pathGlob.test(lexicalPath(path))
+          || (searches && c.globRoot !== null && contains(reached, c.globRoot))
+          || (lists && c.globRoot !== null && listingReaches(reached, listDepth(call.input), c.globRoot))));
       if (!hit) return false;
     }
     return true;
