@@ -146,6 +146,15 @@ describe('agents and environments', () => {
     expect(await api.post(`/v1/environments/${e.id}`, { expected_version: 1, resources: { cpu_millis: 2000, memory_mib: 512, disk_mib: 1024, max_duration_seconds: 60 } })).toMatchObject({ version: 2 });
     const bad = await api.request('POST', '/v1/environments', { body: { name: 'x', image: 'img', network: { mode: 'open' } } });
     expect(bad.status).toBe(400);
+    // Resources may be given in part: the rest are the defaults on a create, the current version's on an update.
+    const some = await api.post<Json & { id: string }>('/v1/environments', { name: 'part', image: 'img:1', resources: { memory_mib: 2048 } });
+    expect(some.resources).toEqual({ cpu_millis: 1000, memory_mib: 2048, disk_mib: 4096, max_duration_seconds: 3600 });
+    expect((await api.post<Json>(`/v1/environments/${e.id}`, { expected_version: 2, resources: { cpu_millis: 500 } })).resources)
+      .toEqual({ cpu_millis: 500, memory_mib: 512, disk_mib: 1024, max_duration_seconds: 60 });
+    for (const resources of [{}, { memory_mib: 1 }, { gpu: 1 }]) {
+      const r = await api.request('POST', '/v1/environments', { body: { name: 'x', image: 'img', resources } });
+      expect(r.status, JSON.stringify(resources)).toBe(400);
+    }
   });
 });
 

@@ -1,5 +1,5 @@
 import { ApiError, Id, newId, nowIso, Obj, Page, Type } from '@agentplane/core';
-import { DEFAULT_RESOURCES, type HarnessProfile, type SandboxProfile } from '@agentplane/domain';
+import { DEFAULT_RESOURCES, withResources, type HarnessProfile, type SandboxProfile } from '@agentplane/domain';
 import { ADMINS, READERS, WRITERS, type Caller } from '../http/caller.js';
 import { createdId, createOnce, earlierAttempt } from '../http/keyed-create.js';
 import { CURRENT_VERSION, defineOperation, json, type Operation } from '../http/operation.js';
@@ -70,12 +70,12 @@ async function harnessConfig(deps: ApiDeps, ws: string, b: HarnessInput) {
 }
 
 type SandboxInput = Omit<SandboxProfile, 'id' | 'type' | 'workspace_id' | 'key' | 'driver' | 'tier' | 'version' | 'archived_at' | 'created_at' | 'updated_at' | 'display_name' | 'resources' | 'network' | 'retention_mode' | 'packages' | 'metadata'> & {
-  display_name?: string | null | undefined; resources?: SandboxProfile['resources'] | undefined; network?: SandboxProfile['network'] | undefined;
+  display_name?: string | null | undefined; resources?: Partial<SandboxProfile['resources']> | undefined; network?: SandboxProfile['network'] | undefined;
   retention_mode?: SandboxProfile['retention_mode'] | undefined; packages?: SandboxProfile['packages'] | undefined; metadata?: Record<string, string> | undefined;
 };
 function sandboxConfig(b: SandboxInput) {
   return {
-    display_name: b.display_name ?? null, image: b.image, driver: 'docker' as const, tier: 'container' as const, resources: b.resources ?? DEFAULT_RESOURCES,
+    display_name: b.display_name ?? null, image: b.image, driver: 'docker' as const, tier: 'container' as const, resources: withResources(DEFAULT_RESOURCES, b.resources),
     network: b.network ?? { mode: 'none' as const }, retention_mode: b.retention_mode ?? 'durable', packages: b.packages ?? {}, metadata: b.metadata ?? {},
   };
 }

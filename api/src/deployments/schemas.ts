@@ -1,5 +1,5 @@
 import { Cursor, DIGEST_PATTERN, Id, LogicalKey, Metadata, Nullable, Obj, Timestamp, Type, type Static } from '@agentplane/core';
-import { ImageReference, Network, Packages, Resources, Retention, HarnessKind, ManagedTopology } from '@agentplane/domain';
+import { ImageReference, Network, Packages, Resources, ResourcesInput, Retention, HarnessKind, ManagedTopology } from '@agentplane/domain';
 import { CreateSessionBody } from '../sessions/schemas.js';
 
 const Digest = () => Type.String({ pattern: DIGEST_PATTERN });
@@ -150,7 +150,7 @@ export const HarnessProfileSchema = Obj({
 const SandboxConfig = {
   display_name: Type.Optional(Nullable(DisplayName())),
   image: ImageReference(),
-  resources: Type.Optional(Resources),
+  resources: Type.Optional(ResourcesInput),
   network: Type.Optional(Network),
   retention_mode: Type.Optional(Retention),
   packages: Type.Optional(Packages),

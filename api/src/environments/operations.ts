@@ -3,7 +3,7 @@ import { READERS, WRITERS } from '../http/caller.js';
 import { defineOperation, json, type Operation } from '../http/operation.js';
 import { pageOf, workspaceRead, workspaceWrite } from '../http/workspace-operation.js';
 import { requireWorkspace } from '../http/workspace-scope.js';
-import { AcpHarness, DEFAULT_RESOURCES, Driver, ImageReference, Network, Packages, Resources, Retention, Tier, Topology, type Environment } from '@agentplane/domain';
+import { AcpHarness, DEFAULT_RESOURCES, Driver, ImageReference, Network, Packages, Resources, ResourcesInput, Retention, Tier, Topology, withResources, type Environment } from '@agentplane/domain';
 import { createVersioned } from '../http/keyed-create.js';
 
 
@@ -13,7 +13,7 @@ const ConfigFields = {
   image: ImageReference(),
   driver: Type.Optional(Driver),
   tier: Type.Optional(Tier),
-  resources: Type.Optional(Resources),
+  resources: Type.Optional(ResourcesInput),
   network: Type.Optional(Network),
   retention_mode: Type.Optional(Retention),
   harness_topology: Type.Optional(Topology),
@@ -91,7 +91,7 @@ export const environmentOperations: Operation[] = [
     browserTier(body.browser, body.tier, body.harness);
     const env: Environment = {
       id: newId('environment'), type: 'environment', workspace_id: ws, name: body.name, description: body.description ?? null,
-      image: body.image, driver: 'docker', tier: body.tier ?? 'container', resources: body.resources ?? DEFAULT_RESOURCES,
+      image: body.image, driver: 'docker', tier: body.tier ?? 'container', resources: withResources(DEFAULT_RESOURCES, body.resources),
       network: body.network ?? { mode: 'none' }, retention_mode: body.retention_mode ?? 'durable',
       harness_topology: body.harness_topology ?? 'split', harness: body.harness ?? null, packages: body.packages ?? {},
       browser: body.browser ?? false, metadata: body.metadata ?? {}, version: 1, archived_at: null, created_at: now, updated_at: now,
@@ -116,6 +116,7 @@ export const environmentOperations: Operation[] = [
       return json(200, await deps.environments.newVersion(requireWorkspace(caller), params.environment_id, expected_version, (cur) => {
         const next: Environment = { ...present(cur) };
         for (const [k, v] of Object.entries(patch)) if (v !== undefined) (next as unknown as Record<string, unknown>)[k] = v;
+        next.resources = withResources(cur.resources, patch.resources);
         browserTier(next.browser, next.tier, next.harness);
         next.description = patch.description !== undefined ? patch.description : cur.description;
         return next;

@@ -1,12 +1,25 @@
 import { Obj, Type, type Static } from '@agentplane/core';
 import type { VersionedDoc } from '../versioned.js';
 
-export const Resources = Obj({
+const ResourceFields = {
   cpu_millis: Type.Integer({ minimum: 100, maximum: 256_000 }),
   memory_mib: Type.Integer({ minimum: 64, maximum: 1_048_576 }),
   disk_mib: Type.Integer({ minimum: 64, maximum: 10_485_760 }),
   max_duration_seconds: Type.Integer({ minimum: 10, maximum: 7 * 24 * 3600 }),
-});
+};
+/** A sandbox's limits, as stored and answered: every field. */
+export const Resources = Obj(ResourceFields);
+/**
+ * The limits a request sets: any of the fields (at least one); the others are the defaults on a
+ * create, or what the current version has on an update (`withResources`).
+ */
+export const ResourcesInput = Obj({
+  cpu_millis: Type.Optional(ResourceFields.cpu_millis),
+  memory_mib: Type.Optional(ResourceFields.memory_mib),
+  disk_mib: Type.Optional(ResourceFields.disk_mib),
+  max_duration_seconds: Type.Optional(ResourceFields.max_duration_seconds),
+}, { minProperties: 1 });
+export type ResourceLimits = Static<typeof Resources>;
 /** `host[:port]`: lower case, `*.` for subdomains, a port from 1 to 65535 written without leading zeros. */
 const Host = Type.String({
   pattern: '^(\\*\\.)?[a-z0-9]([a-z0-9-]{0,62}\\.)*[a-z0-9-]{1,63}(:(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3}))?$',
@@ -52,7 +65,18 @@ export const IMAGE_REFERENCE_PATTERN =
   `^(?:${IMAGE_REGISTRY}/)?${IMAGE_PATH}(?:/${IMAGE_PATH})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$`;
 export const ImageReference = () => Type.String({ minLength: 1, maxLength: 512, pattern: IMAGE_REFERENCE_PATTERN });
 
-export const DEFAULT_RESOURCES = { cpu_millis: 1000, memory_mib: 1024, disk_mib: 4096, max_duration_seconds: 3600 };
+export const DEFAULT_RESOURCES: ResourceLimits = { cpu_millis: 1000, memory_mib: 1024, disk_mib: 4096, max_duration_seconds: 3600 };
+
+/** The limits a request's (partial) `resources` make over `base` (the defaults, or the current version's). */
+export function withResources(base: ResourceLimits, given: Partial<ResourceLimits> | undefined): ResourceLimits {
+  if (!given) return base;
+  const out = { ...base };
+  for (const k of Object.keys(base) as (keyof ResourceLimits)[]) {
+    const v = given[k];
+    if (v !== undefined) out[k] = v;
+  }
+  return out;
+}
 
 
 /** An execution Environment version: the image, limits and network a Session's sandboxes get. */
