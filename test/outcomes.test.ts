@@ -344,6 +344,13 @@ describe('outcomes', () => {
     const missing = await api.request('POST', `/v1/sessions/${id}/events`, { body: define({ rubric: { type: 'file', file_id: `file_${'0'.repeat(32)}` } }) });
     expect(missing.status).toBe(404);
     expect(errType(missing)).toBe('validation.not_found');
+    // A File rubric is text, as an inline one: not empty, UTF-8.
+    for (const [name, bytes] of [['empty.md', new Uint8Array(0)], ['binary.md', new Uint8Array([0xff, 0xfe, 0x00, 0x80])]] as const) {
+      const up = await api.uploadFile<{ id: string }>(name, bytes, { contentType: 'text/markdown' });
+      expect(up.status).toBe(201);
+      const r = await api.request('POST', `/v1/sessions/${id}/events`, { body: define({ rubric: { type: 'file', file_id: up.body.id } }) });
+      expect([r.status, errType(r)], name).toEqual([400, 'validation.malformed']);
+    }
     const noProfile = await api.request('POST', `/v1/sessions/${id}/events`, { body: define({ rubric: '- ok', grader_model: 'no-such-profile' }) });
     expect(noProfile.status).toBe(422);
     expect(errType(noProfile)).toBe('model.no_eligible_model');

@@ -156,6 +156,14 @@ export class OutcomeService {
       if (!this.d.files) throw new ApiError('validation.malformed', 'body.payload.rubric: File rubrics are not served here');
       const file = await this.d.files.get(session.workspace_id, rubric.file_id);
       if (file.size_bytes > GRADER_LIMITS.rubricBytes) throw new ApiError('validation.malformed', `body.payload.rubric: the File holds more than ${GRADER_LIMITS.rubricBytes} bytes`);
+      // As an inline rubric: text of at least one character (UTF-8), never graded against nothing.
+      if (file.size_bytes === 0) throw new ApiError('validation.malformed', 'body.payload.rubric: the File is empty');
+      const bytes = await rubricBytes(this.d.files, session.workspace_id, rubric.file_id);
+      try {
+        new TextDecoder('utf-8', { fatal: true }).decode(bytes);
+      } catch {
+        throw new ApiError('validation.malformed', 'body.payload.rubric: the File is not UTF-8 text');
+      }
     }
     await this.graderModel(session, p.grader_model as string | undefined);
   }
@@ -550,7 +558,12 @@ export async function readOutcome(store: SessionStore, sessionId: string, id: st
 export async function rubricText(files: FileStore | undefined, o: Pick<OutcomeDoc, 'rubric' | 'workspace_id'>): Promise<string> {
   if (typeof o.rubric === 'string') return o.rubric;
   if (!files) return '';
-  const file = await files.get(o.workspace_id, o.rubric.file_id);
+  return (await rubricBytes(files, o.workspace_id, o.rubric.file_id)).toString('utf8');
+}
+
+/** A rubric File's content, up to what a rubric may hold. */
+async function rubricBytes(files: FileStore, workspaceId: string, fileId: string): Promise<Buffer> {
+  const file = await files.get(workspaceId, fileId);
   const chunks: Buffer[] = [];
   let size = 0;
   for await (const c of files.read(file)) {
@@ -558,5 +571,5 @@ export async function rubricText(files: FileStore | undefined, o: Pick<OutcomeDo
     size += c.length;
     if (size >= GRADER_LIMITS.rubricBytes) break;
   }
-  return Buffer.concat(chunks).subarray(0, GRADER_LIMITS.rubricBytes).toString('utf8');
+  return Buffer.concat(chunks).subarray(0, GRADER_LIMITS.rubricBytes);
 }
