@@ -1,3 +1,4 @@
+import { randomBytes } from 'node:crypto';
 import { ApiError, crashPoint, LIST_CURSOR_MAX, newId, nowIso, sha256Hex } from '@agentplane/core';
 import { InFlightWrites, keys, LuaScript, tags, type DocumentStore, type ListPage, type Redis } from '@agentplane/store';
 import {
@@ -31,18 +32,21 @@ const DELETION_SWEEP_MS = DELETION_GRACE_MS;
  * exist (its `alive` marker, which its deletion removes before clearing its keys: -1 otherwise),
  * then compare-and-swap on the path's version counter (the version the caller read), then the
  * current document and its listing entry, the path listing, the version history and the change
- * log. The same write run again (the client sends a command again when its connection dropped
- * before the reply) finds the path at its version with its own history entry last, and answers 1
- * without writing again.
+ * log, and the write's own id as the path's last writer. The same write run again (the client
+ * sends a command again when its connection dropped before the reply) finds the path at its
+ * version with its own id as the last writer, and answers 1 without writing again. The id, not
+ * the history entry, tells it apart: another request writing the same content in the same
+ * millisecond builds the same entry, and must lose the compare-and-swap.
  *
- * KEYS: docs, ver, paths, hist, changes, alive, entries. ARGV: path, seen version, doc JSON
- * ('' = delete), new version, history entry JSON, change-log length, listing entry JSON.
+ * KEYS: docs, ver, paths, hist, changes, alive, entries, writers. ARGV: path, seen version, doc
+ * JSON ('' = delete), new version, history entry JSON, change-log length, listing entry JSON,
+ * write id.
  */
 const WRITE = new LuaScript('memory_write', `
 if redis.call('EXISTS', KEYS[6]) == 0 then return -1 end
 local seen = redis.call('HGET', KEYS[2], ARGV[1]) or '0'
 if seen ~= ARGV[2] then
-  if seen == ARGV[4] and redis.call('LINDEX', KEYS[4], -1) == ARGV[5] then return 1 end
+  if seen == ARGV[4] and redis.call('HGET', KEYS[8], ARGV[1]) == ARGV[8] then return 1 end
   return 0
 end
 if ARGV[3] == '' then
@@ -55,6 +59,7 @@ else
   redis.call('ZADD', KEYS[3], 0, ARGV[1])
 end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[4])
+redis.call('HSET', KEYS[8], ARGV[1], ARGV[8])
 redis.call('RPUSH', KEYS[4], ARGV[5])
 redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[6], '*', 'p', ARGV[1])
 return 1`);
@@ -77,6 +82,8 @@ export function memoryKeys(storeId: string) {
     /** Path → the current document's listing entry (no content): what a listing reads. */
     entries: keys.scoped(tag, 'entries'),
     ver: keys.scoped(tag, 'ver'),
+    /** Path → the id of the write that made its current version (what tells a resent write from another). */
+    writers: keys.scoped(tag, 'writers'),
     paths: keys.scoped(tag, 'paths'),
     changes: keys.scoped(tag, 'changes'),
     hist: (path: string) => keys.scoped(tag, `hist:${pathDigest(path)}`),
@@ -240,12 +247,19 @@ export class MemoryStores {
   /**
    * The head goes first (the store is gone for readers at once), then its keys (`clear`). The
    * deletion is on record before the head goes: a crash before the keys are cleared leaves the
-   * entry, and a later sweep clears them.
+   * entry, and a later sweep clears them. Of concurrent deletions only the one that removed the
+   * head goes on; the others are 404 `validation.not_found`, as a deletion after it is.
    */
   async removeStore(workspaceId: string, storeId: string): Promise<void> {
     await this.getStore(workspaceId, storeId);
     await this.deletions.begin(workspaceId, storeId);
-    await this.docs.remove(tags.workspace(workspaceId), storeId, [INDEX]);
+    const removed = await this.docs.removeIfVersion(tags.workspace(workspaceId), storeId, undefined, [INDEX]);
+    if (removed.kind !== 'removed') {
+      // The entry is left as it is: the deletion that removed the head ends it once the keys are
+      // gone, and ending it here could drop it while that one still clears. Begun again after
+      // that ended, it stays until a sweep, which finds no head and clears keys already gone.
+      throw new ApiError('validation.not_found', `memory store ${storeId} not found`);
+    }
     crashPoint('memory-store-head-removed');
     await this.clear(storeId);
     await this.deletions.end(workspaceId, storeId);
@@ -262,7 +276,7 @@ export class MemoryStores {
     await this.redis.del(k.alive);
     const paths = await this.redis.hkeys(k.ver);
     for (let i = 0; i < paths.length; i += 500) await this.redis.unlink(...paths.slice(i, i + 500).map((p) => k.hist(p)));
-    await this.redis.unlink(k.docs, k.entries, k.ver, k.paths, k.changes);
+    await this.redis.unlink(k.docs, k.entries, k.ver, k.writers, k.paths, k.changes);
   }
 
   /**
@@ -415,7 +429,11 @@ export class MemoryStores {
   /** One run of the write script: true when written, false when the path moved on (retry); 404 when the store is gone. */
   private async apply(storeId: string, path: string, seen: number, json: string, version: number, history: string, entry: string, workspaceId: string | undefined): Promise<boolean> {
     const k = memoryKeys(storeId);
-    const run = () => WRITE.run(this.redis, [k.docs, k.ver, k.paths, k.hist(path), k.changes, k.alive, k.entries], [path, String(seen), json, String(version), history, String(CHANGE_LOG_LENGTH), entry]);
+    // This attempt's own id: only a resend of this very script run may pass for it.
+    const writeId = randomBytes(12).toString('hex');
+    const run = () => WRITE.run(this.redis, [k.docs, k.ver, k.paths, k.hist(path), k.changes, k.alive, k.entries, k.writers], [
+      path, String(seen), json, String(version), history, String(CHANGE_LOG_LENGTH), entry, writeId,
+    ]);
     let r = await run();
     if (r === -1 && workspaceId !== undefined && (await this.adopt(workspaceId, storeId))) r = await run();
     if (r === -1) throw new ApiError('validation.not_found', `memory store ${storeId} not found`);

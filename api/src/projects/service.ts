@@ -22,27 +22,31 @@ const CREATION_SWEEP_MS = CREATION_GRACE_MS;
 
 /**
  * Appends revision `ARGV[1]` only if the project still exists (its `alive` marker: -1 otherwise)
- * and holds exactly `ARGV[1] - 1` revisions (0 otherwise). The same append run again (the client
- * sends a command again when its connection dropped before the reply) finds its own manifest at
- * `ARGV[1]` and answers 1 without writing again.
+ * and holds exactly `ARGV[1] - 1` revisions (0 otherwise), and notes `<number> <append id>`
+ * (`ARGV[4]`, this attempt's own; '' for a create, which notes nothing) as the last append
+ * (KEYS[3]). The same append run again (the client sends a command again when its connection
+ * dropped before the reply) finds itself noted as the last append and answers 1 without writing
+ * again. The id, not the manifest, tells it apart: another request with the same tree made in the
+ * same millisecond builds the same manifest, and must lose the race. A create's resend is answered
+ * by `firstRevision`.
  *
- * A keyed request's append is recorded for it (KEYS[3], `KeyedWrites`: the revision number, kept
+ * A keyed request's append is recorded for it (KEYS[4], `KeyedWrites`: the revision number, kept
  * `ARGV[3]` ms) in the same step. A request already recorded answers the number it appended (a
- * string), nothing written: an attempt of the same request appended it. The record is looked up
- * before the resend check: two attempts of one request made in the same millisecond build the
- * same manifest, and the later one must not pass for the first's resend. KEYS: revs, alive, and
- * the request's record for a keyed append.
+ * string), nothing written: an attempt of the same request appended it. KEYS: revs, alive, last
+ * append, and the request's record for a keyed append.
  */
 const APPEND = new LuaScript('project_append_revision', `${KEYED_WRITES_LUA}
 if redis.call('EXISTS', KEYS[2]) == 0 then return -1 end
-if KEYS[3] then
-  local had = recorded_keyed(KEYS[3])
+if KEYS[4] then
+  local had = recorded_keyed(KEYS[4])
   if had then return had end
 end
-if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return 1 end
+local mine = ARGV[1] .. ' ' .. ARGV[4]
+if ARGV[4] ~= '' and redis.call('GET', KEYS[3]) == mine then return 1 end
 if redis.call('HLEN', KEYS[1]) ~= tonumber(ARGV[1]) - 1 then return 0 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-if KEYS[3] then record_keyed(KEYS[3], ARGV[1], ARGV[3]) end
+if ARGV[4] ~= '' then redis.call('SET', KEYS[3], mine) end
+if KEYS[4] then record_keyed(KEYS[4], ARGV[1], ARGV[3]) end
 return 1`);
 
 /**
@@ -106,6 +110,8 @@ function projectKeys(projectId: string) {
      * only while no later attempt under the same id has taken it over (`clearCreation`).
      */
     alive: keys.scoped(tag, 'alive'),
+    /** `<revision number> <append id>` of the last revision appended (not by a create): `APPEND`'s resend check. */
+    lastAppend: keys.scoped(tag, 'last_append'),
     /** What earlier versions kept of keyed appends (a hash): removed with the project. */
     legacyReqs: keys.scoped(tag, 'reqs'),
   };
@@ -285,11 +291,17 @@ export class ProjectService {
    * passed before the deletion is refused by its scripts), then the revisions and every content
    * `:blobs` lists, which is complete from then on. The deletion is on record before the head
    * goes: a crash before its keys are cleared leaves the entry, and a later sweep clears them.
+   * Of concurrent deletions only the one that removed the head goes on; the others are 404
+   * `validation.not_found`, as a deletion after it is.
    */
   async remove(workspaceId: string, projectId: string): Promise<void> {
     await this.get(workspaceId, projectId);
     await this.creations.begin(workspaceId, projectId);
-    await this.docs.remove(tags.workspace(workspaceId), projectId, [INDEX]);
+    const removed = await this.docs.removeIfVersion(tags.workspace(workspaceId), projectId, undefined, [INDEX]);
+    // The entry is left as it is: the deletion that removed the head ends it once the keys are
+    // gone, and ending it here could drop it while that one still clears. Begun again after that
+    // ended, it stays until a sweep, which finds no head and clears keys already gone.
+    if (removed.kind !== 'removed') throw new ApiError('validation.not_found', `project ${projectId} not found`);
     crashPoint('project-head-removed');
     await this.clear(projectId);
     await this.creations.end(workspaceId, projectId);
@@ -298,7 +310,7 @@ export class ProjectService {
   private async clear(projectId: string): Promise<void> {
     const k = projectKeys(projectId);
     await this.redis.del(k.alive);
-    await this.redis.unlink(k.revs, k.legacyReqs);
+    await this.redis.unlink(k.revs, k.lastAppend, k.legacyReqs);
     const digests = await this.redis.smembers(k.blobs);
     for (let i = 0; i < digests.length; i += 500) await this.redis.unlink(...digests.slice(i, i + 500).map((d) => k.blob(d)));
     await this.redis.unlink(k.blobs);
@@ -318,13 +330,14 @@ export class ProjectService {
     for (let i = 0; i < digests.length; i += 500) {
       if ((await UNLINK_UNCLAIMED.run(this.redis, [k.alive, ...digests.slice(i, i + 500).map((d) => k.blob(d))], [])) !== 1) return;
     }
-    await UNLINK_UNCLAIMED.run(this.redis, [k.alive, k.revs, k.legacyReqs, k.blobs], []);
+    await UNLINK_UNCLAIMED.run(this.redis, [k.alive, k.revs, k.lastAppend, k.legacyReqs, k.blobs], []);
   }
 
   /**
    * A complete new tree. `expected` (the revision number the caller last saw) makes a concurrent
-   * revision a 409. `keyed`: the revision an earlier attempt of the same keyed request appended
-   * answers it (`appended`), unchecked against `expected`.
+   * revision a 409; without it, a revision that lost the race to a concurrent one is appended
+   * after it instead (`commit`). `keyed`: the revision an earlier attempt of the same keyed
+   * request appended answers it (`appended`), unchecked against `expected`.
    */
   async addRevision(workspaceId: string, projectId: string, files: readonly TreeFileInput[], expected: number | undefined, keyed?: KeyedWrite): Promise<ProjectRevision> {
     await this.get(workspaceId, projectId);
@@ -333,7 +346,7 @@ export class ProjectService {
     const staged = this.stageTree(files, 'body.files');
     const latest = await this.latestNumber(projectId);
     if (expected !== undefined && expected !== latest) throw new ApiError('validation.conflict', `expected_revision_number ${expected} is stale; the latest revision is ${latest}`);
-    return this.committed(workspaceId, projectId, await this.commit(workspaceId, projectId, latest + 1, staged, 'revision', latest, keyed));
+    return this.committed(workspaceId, projectId, await this.commit(workspaceId, projectId, latest + 1, staged, 'revision', latest, keyed, expected === undefined));
   }
 
   /**
@@ -440,10 +453,13 @@ export class ProjectService {
    * by a script that refuses once the project's deletion began (404, nothing more written).
    * `keyed`: the request's token is recorded with the revision in the same step; when an attempt
    * of the same request appended one meanwhile, that one is answered (`fresh` false), nothing
-   * appended. Crash point `project-revision-appended` right after the append.
+   * appended. `onLatest`: a revision that lost the race for `n` to a concurrent one is built again
+   * on top of the latest revision and appended after it (no fence was asked for); else 409.
+   * Crash point `project-revision-appended` right after the append.
    */
   private async commit(
     workspaceId: string, projectId: string, n: number, staged: readonly Staged[], source: ProjectRevision['source'], base: number | null, keyed?: KeyedWrite,
+    onLatest = false,
   ): Promise<{ revision: ProjectRevision; fresh: boolean }> {
     const k = projectKeys(projectId);
     const run = async (write: () => Promise<unknown>): Promise<unknown> => {
@@ -459,19 +475,28 @@ export class ProjectService {
       await run(() => PUT_BLOB.run(this.redis, [k.blob(digest), k.blobs, k.alive], [content, digest]));
     }
     const files = staged.map((s) => s.entry).sort((a, b) => (a.path < b.path ? -1 : a.path > b.path ? 1 : 0));
-    const revision: ProjectRevision = {
-      type: 'project_revision', project_id: projectId, revision_number: n, source, base_revision_number: base, files,
-      file_count: files.length, total_bytes: checkBudget(files, 'the revision'), created_at: nowIso(),
-    };
-    const json = JSON.stringify(revision);
-    const ok = await run(() => APPEND.run(
-      this.redis, [k.revs, k.alive, ...(keyed ? [this.appends.key(tags.project(projectId), keyed)] : [])], [String(n), json, String(keyed?.keptMs ?? 0)],
-    ));
-    if (typeof ok === 'string') return { revision: await this.revision(projectId, Number(ok)), fresh: false };
-    if (ok !== 1 && source === 'create') return { revision: await this.firstRevision(projectId, files), fresh: true };
-    if (ok !== 1) throw new ApiError('validation.conflict', `another revision of project ${projectId} was written at the same time; fetch the latest and retry`);
-    if (source !== 'create') crashPoint('project-revision-appended');
-    return { revision, fresh: true };
+    const totalBytes = checkBudget(files, 'the revision');
+    const record = keyed ? [this.appends.key(tags.project(projectId), keyed)] : [];
+    for (let attempt = 0; attempt < 16; attempt++) {
+      const revision: ProjectRevision = {
+        type: 'project_revision', project_id: projectId, revision_number: n, source, base_revision_number: base, files,
+        file_count: files.length, total_bytes: totalBytes, created_at: nowIso(),
+      };
+      const json = JSON.stringify(revision);
+      const appendId = source === 'create' ? '' : randomBytes(12).toString('hex');
+      const ok = await run(() => APPEND.run(this.redis, [k.revs, k.alive, k.lastAppend, ...record], [String(n), json, String(keyed?.keptMs ?? 0), appendId]));
+      if (typeof ok === 'string') return { revision: await this.revision(projectId, Number(ok)), fresh: false };
+      if (ok === 1) {
+        if (source !== 'create') crashPoint('project-revision-appended');
+        return { revision, fresh: true };
+      }
+      if (source === 'create') return { revision: await this.firstRevision(projectId, files), fresh: true };
+      if (!onLatest) throw new ApiError('validation.conflict', `another revision of project ${projectId} was written at the same time; fetch the latest and retry`);
+      const latest = await this.latestNumber(projectId);
+      n = latest + 1;
+      base = latest;
+    }
+    throw new ApiError('validation.conflict', `too many concurrent revisions of project ${projectId}; nothing was written, retry`);
   }
 
   /**

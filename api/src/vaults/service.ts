@@ -148,9 +148,11 @@ export class VaultService {
     return this.docs.list<VaultDoc>(tags.workspace(workspaceId), INDEX, { ...options, order: 'asc' });
   }
 
+  /** Of concurrent deletions one removes the vault; the others are 404, as a later one is. */
   async remove(workspaceId: string, vaultId: string): Promise<void> {
     await this.get(workspaceId, vaultId);
-    await this.docs.remove(tags.workspace(workspaceId), vaultId, [INDEX]);
+    const removed = await this.docs.removeIfVersion(tags.workspace(workspaceId), vaultId, undefined, [INDEX]);
+    if (removed.kind !== 'removed') throw new ApiError('validation.not_found', `vault ${vaultId} not found`);
   }
 
   /** Creates or rotates a secret. `expected_generation` 0 creates only; n rotates only generation n. */
@@ -184,16 +186,27 @@ export class VaultService {
     }, { notFound: 'vault' });
   }
 
+  /**
+   * 404 when the vault holds no secret `name`, including when a concurrent deletion removed it
+   * first: of concurrent deletions of one secret exactly one answers the vault without it.
+   */
   async deleteSecret(workspaceId: string, vaultId: string, name: string): Promise<VaultDoc> {
+    const missing = () => new ApiError('validation.not_found', `vault ${vaultId} holds no secret ${name}`);
     const v = await this.get(workspaceId, vaultId);
-    if (!v.secrets.some((s) => s.name === name)) throw new ApiError('validation.not_found', `vault ${vaultId} holds no secret ${name}`);
-    return this.docs.update<VaultDoc>(tags.workspace(workspaceId), vaultId, (cur) => {
+    if (!v.secrets.some((s) => s.name === name)) throw missing();
+    // Whether the last run of the change (it runs again after a lost race) found the secret: a
+    // run that did not writes nothing, and `update` answers the vault as it is.
+    let found = false;
+    const updated = await this.docs.update<VaultDoc>(tags.workspace(workspaceId), vaultId, (cur) => {
       const gone = cur.secrets.find((s) => s.name === name);
+      found = gone !== undefined;
       if (!gone) return null;
       // Its generation is kept, so the name written again continues from it (see `putSecret`).
       const retired = Object.entries({ ...withoutName(cur.retired_generations ?? {}, name), [name]: gone.generation }).slice(-MAX_RETIRED_NAMES);
       return { ...cur, secrets: cur.secrets.filter((s) => s.name !== name), retired_generations: Object.fromEntries(retired) };
     }, { notFound: 'vault' });
+    if (!found) throw missing();
+    return updated;
   }
 
   /**
