@@ -9,14 +9,14 @@
 import type Koa from 'koa';
 import { formatSSEErrorEvent, formatSSEEvent, Message, SSE_HEADERS } from '@a2a-js/sdk';
 import {
-  A2A_ERROR_CODE, A2AError, JsonRpcTransportError, PushNotificationNotSupportedError, RequestMalformedError, UnsupportedOperationError,
-  VersionNotSupportedError,
+  A2A_ERROR_CODE, A2AError, ExtendedAgentCardNotConfiguredError, JsonRpcTransportError, PushNotificationNotSupportedError,
+  RequestMalformedError, UnsupportedOperationError, VersionNotSupportedError,
 } from '@a2a-js/sdk/errors';
 import { JsonRpcTransportHandler, ServerCallContext, validateVersion, type A2ARequestHandler } from '@a2a-js/sdk/server';
 import { ApiError, closedLabel, Counter, ERROR_STATUS, isId, reportIncident, type Logger } from '@agentplane/core';
 import { traceOf } from '../http/router.js';
 import type { ApiDeps } from '../deps.js';
-import { authenticate } from '../http/authenticate.js';
+import { authenticate, DisabledWorkspaceError } from '../http/authenticate.js';
 import { readJsonBody } from '../http/body.js';
 import type { Caller } from '../http/caller.js';
 import { ifNoneMatchHits } from '../http/conditional.js';
@@ -64,7 +64,7 @@ const RPC_ERROR_NAMES: Readonly<Record<number, string>> = {
   [-32700]: 'JSONParseError', [-32600]: 'InvalidRequestError', [-32601]: 'MethodNotFoundError', [-32602]: 'InvalidParamsError',
   [-32603]: 'InternalError', [-32001]: 'TaskNotFoundError', [-32002]: 'TaskNotCancelableError',
   [-32003]: 'PushNotificationNotSupportedError', [-32004]: 'UnsupportedOperationError', [-32005]: 'ContentTypeNotSupportedError',
-  [-32006]: 'InvalidAgentResponseError', [-32007]: 'AuthenticatedExtendedCardNotConfiguredError',
+  [-32006]: 'InvalidAgentResponseError', [-32007]: 'ExtendedAgentCardNotConfiguredError',
   [-32008]: 'ExtensionSupportRequiredError', [-32009]: 'VersionNotSupportedError',
 };
 
@@ -208,14 +208,33 @@ export function a2aEdge(deps: ApiDeps): Koa.Middleware {
     const requestId = String(ctx.state.requestId ?? '');
     // 1. A Principal credential with audience a2a: nothing else (an api_mcp bearer is refused here).
     let caller: Caller;
+    // A credential whose Workspace is disabled is known (the refusal carries it): it is refused
+    // (403 `auth.disabled_tenancy`, naming the Workspace) once it is an a2a credential, and that
+    // refusal is recorded in the Workspace, as a REST request's is.
+    let disabled: DisabledWorkspaceError | null = null;
     try {
-      caller = await authenticate(headers, deps, ctx.req.socket);
+      try {
+        caller = await authenticate(headers, deps, ctx.req.socket);
+      } catch (err) {
+        if (!(err instanceof DisabledWorkspaceError)) throw err;
+        caller = err.caller;
+        disabled = err;
+      }
       if (caller.kind !== 'principal_credential') throw new ApiError('auth.invalid_key', 'A2A takes a Principal access credential with audience a2a');
       if (caller.audience !== 'a2a') throw new ApiError('auth.invalid_key', `a credential with audience '${caller.audience ?? 'none'}' is not accepted by the A2A endpoint`);
     } catch (err) {
       if (!(err instanceof ApiError)) throw err;
       count('other', 'unauthenticated');
       return wire(ctx, err, err.status === 401 ? { 'WWW-Authenticate': 'Bearer' } : {});
+    }
+    if (disabled !== null) {
+      count('other', 'denied');
+      // The body is not read: no method to name. The record is the credential's Workspace's.
+      if (caller.workspaceId) {
+        const target = caller.workspaceId === p.workspaceId ? p.installationId : null;
+        await audit({ caller, workspaceId: caller.workspaceId, requestId }, 'request', target, 'denied', disabled.status, disabled.type);
+      }
+      return wire(ctx, disabled);
     }
     const principalId = caller.principalId ?? '';
     const base = { caller, workspaceId: p.workspaceId, requestId };
@@ -309,6 +328,8 @@ export function a2aEdge(deps: ApiDeps): Koa.Middleware {
       if (!known) {
         // The push methods are A2A's, refused as push notifications are (-32003).
         if (/PushNotificationConfigs?$/.test(method)) return refuse(new PushNotificationNotSupportedError('push notifications are not supported'));
+        // So is the extended card, which is not offered (the card says so): -32007.
+        if (method === 'GetExtendedAgentCard') return refuse(new ExtendedAgentCardNotConfiguredError('no extended Agent Card is configured'));
         return refuse(envelopeError(A2A_ERROR_CODE.METHOD_NOT_FOUND, `Method not found: ${method.slice(0, 64)}`));
       }
       // 7. The method's params against its closed schema, before anything decodes them.
@@ -370,8 +391,9 @@ export function a2aEdge(deps: ApiDeps): Koa.Middleware {
     // A request that follows a task's log ends once its credential or grants no longer admit it:
     // the refusal is its answer (or, once a stream has begun, its last event) and its record.
     const cut: { refused: ApiError | null; finished: boolean } = { refused: null, finished: false };
-    // Read through a call: the refusal arrives from the timer, between the awaits below.
-    const refusal = (): ApiError | null => cut.refused;
+    // Read through a call: the refusal arrives from the timer, between the awaits below, or from
+    // the handler (an answer's ActionPolicies), which the SDK would turn into an internal error.
+    const refusal = (): ApiError | null => cut.refused ?? call.denied ?? null;
     const following = known !== null && FOLLOWING.has(known) ? known : null;
     const recheck = following === null ? undefined : setInterval(() => {
       void nowRefused(headers, placement, principalId, following, continuing).then((err) => {

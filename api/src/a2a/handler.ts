@@ -39,6 +39,11 @@ export interface A2aCall {
   requestId: string;
   /** The HTTP request's trace context (tracing on): the parent of the spans made for it. */
   trace?: Context | undefined;
+  /**
+   * A governance refusal met inside the handler (the ActionPolicies of a reply's answer): the
+   * edge answers and records it as its own refusals (403, `denied`), not as a JSON-RPC error.
+   */
+  denied?: ApiError;
 }
 
 export const CALL_STATE_KEY = 'agentplane.a2a';
@@ -301,12 +306,16 @@ export class SessionTaskHandler implements A2ARequestHandler {
         throw err;
       }
       // The edge checked the send as a user.message; an answer is its own drive call, and meets
-      // the ActionPolicies for it as a REST drive of that type does (a refusal keeps its type).
+      // the ActionPolicies for it as a REST drive of that type does (a refusal is answered as the
+      // edge's own: 403 `policy.denied`, recorded `denied`).
       const d = await c.deps.policies.decide(c.placement.workspaceId, { kind: 'drive', name: type, principal_id: c.caller.principalId, input: event.payload }, {
         actor: { id: c.caller.principalId, credential_id: c.caller.credentialId }, target: s.id, request_id: c.requestId, refusesApproval: true,
       });
       const refused = boundaryRefusal(d);
-      if (refused) throw refused;
+      if (refused) {
+        c.denied = refused;
+        throw refused;
+      }
       return event;
     };
     if (kind === 'question') {
