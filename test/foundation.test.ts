@@ -100,11 +100,11 @@ describe('wire conventions', () => {
 
   it('reads a body sent whole, sent chunked, or trickled in pieces; refuses JSON it cannot parse', async () => {
     const path = `/v1/organizations/workspaces/${p.bootstrap.workspace_id}/principals`;
-    const send = (chunks: string[], headers: Record<string, string>): Promise<{ status: number; body: { id?: string; error?: { type: string } } }> =>
+    const send = (chunks: string[], headers: Record<string, string>, method = 'POST', to = path): Promise<{ status: number; body: { id?: string; error?: { type: string } } }> =>
       new Promise((resolve, reject) => {
         const url = new URL(p.baseUrl);
         const req = httpRequest({
-          host: url.hostname, port: url.port, method: 'POST', path,
+          host: url.hostname, port: url.port, method, path: to,
           headers: { authorization: `Bearer ${p.bootstrap.root_key}`, 'service-version': '2026-08-27', 'content-type': 'application/json', ...headers },
         }, (res) => {
           let text = '';
@@ -129,6 +129,10 @@ describe('wire conventions', () => {
     expect(await send([pieces.slice(0, 10), pieces.slice(10, 30), pieces.slice(30)], { 'content-length': String(Buffer.byteLength(pieces)) })).toMatchObject({ status: 201 });
     const broken = '{"external_subject_id": "x", ';
     expect(await send([broken], { 'content-length': String(broken.length) })).toMatchObject({ status: 400, body: { error: { type: 'validation.malformed' } } });
+    // A GET takes no body: one sent is refused (an empty object aside), not ignored.
+    const stray = '{"unknown":1}';
+    expect(await send([stray], { 'content-length': String(stray.length) }, 'GET')).toMatchObject({ status: 400, body: { error: { type: 'validation.malformed' } } });
+    expect(await send(['{}'], { 'content-length': '2' }, 'GET')).toMatchObject({ status: 200 });
   });
 
   it('413 validation.payload_too_large over 4 MiB, after the bearer: recorded for a known caller, 401 for a bad key', async () => {

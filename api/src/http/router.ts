@@ -16,7 +16,12 @@ import type { Caller } from './caller.js';
 /** `/v1/sessions/{session_id}` → `/v1/sessions/:session_id` */
 export const koaPath = (path: string): string => path.replace(/\{([a-z_]+)\}/g, ':$1');
 
-const METHODS_WITH_BODY = new Set(['POST', 'PATCH', 'PUT', 'DELETE']);
+/**
+ * The methods whose body is read (and checked: an operation that takes none refuses any but
+ * `{}`). A GET's too: HTTP gives it no meaning, so one sent is a client's mistake, refused rather
+ * than ignored. (A request without a body costs a look at its headers.)
+ */
+const METHODS_WITH_BODY = new Set(['POST', 'PATCH', 'PUT', 'DELETE', 'GET']);
 
 /**
  * The request's headers with one string per name. Node already gives one string per name for a
