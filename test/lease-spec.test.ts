@@ -106,6 +106,37 @@ describe('offers whose spec follows (lease-spec-v1)', () => {
     await closeRunner(r);
   }, 60_000);
 
+  it('a turn that takes thousands of queued message parts gets a spec within a frame: the newest parts, one note for the rest', async () => {
+    const r = await pairedRunner('spec-fitted', [MODEL_GATEWAY_PROTOCOL]);
+    const sessionId = await sessionWithMessage();
+    const first = await nextFrame(r, 'lease.offer');
+    const ref = { lease_id: String(first.payload.lease_id), attempt: Number(first.payload.attempt) };
+    r.sock.send(frame('lease.accept', 'a1', ref));
+    await waitFor('the Run running', async () => ((await api.get<{ status: string }>(`/v1/runs/${String(first.payload.run_id)}`)).status === 'running' ? true : undefined), 10_000);
+    // Queued while the turn runs: 60 messages of 100 parts each, all the next turn's input.
+    for (let m = 0; m < 60; m++) {
+      await api.post(`/v1/sessions/${sessionId}/events`, {
+        type: 'user.message',
+        payload: { content: Array.from({ length: 100 }, (_, i) => ({ type: 'text', text: `m${m} p${i} ${'x'.repeat(80)}` })), authored_by: principal, caused_by: { kind: 'api' } },
+      });
+    }
+    const before = r.frames.length;
+    r.sock.send(frame('lease.complete', 'c1', { ...ref, result: { stop_reason: { type: 'end_turn' } } }));
+    const next = await nextFrame(r, 'lease.offer', before);
+    const spec = next.payload.spec as { history: { role: string; content: { type: string; text?: string }[] }[] };
+    expect(Buffer.byteLength(JSON.stringify(next.payload))).toBeLessThan(1024 * 1024);
+    const last = spec.history.at(-1);
+    expect(last?.role).toBe('user');
+    const texts = (last?.content ?? []).map((b) => b.text ?? '');
+    expect(texts.some((t) => /^\[agentplane: the first \d+ parts of this message \(\d+ bytes\) were left out/.test(t))).toBe(true);
+    expect(texts.at(-1)).toBe(`m59 p99 ${'x'.repeat(80)}`);
+    const ref2 = { lease_id: String(next.payload.lease_id), attempt: Number(next.payload.attempt) };
+    r.sock.send(frame('lease.accept', 'a2', ref2));
+    r.sock.send(frame('lease.complete', 'c2', { ...ref2, result: { stop_reason: { type: 'end_turn' } } }));
+    await untilEvents(api, sessionId, (evs) => idleCount(evs) >= 2, 15_000);
+    await closeRunner(r);
+  }, 90_000);
+
   it('a Run interrupted while its offer is out is never leased: the acceptance is refused and the turn ends interrupted', async () => {
     const r = await pairedRunner('spec-interrupted', [MODEL_GATEWAY_PROTOCOL, LEASE_SPEC_PROTOCOL]);
     const sessionId = await sessionWithMessage();

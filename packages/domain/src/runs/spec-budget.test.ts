@@ -33,6 +33,29 @@ describe('a turn spec fitted to a runner frame', () => {
     expect(texts.filter((x) => x.includes('was cut so that the turn fits'))).toHaveLength(2);
   });
 
+  it('a newest message of thousands of parts keeps its newest parts whole, one note for the rest, within the budget', () => {
+    // A turn that took thousands of queued messages: a share each would be only its note.
+    const many = user(...Array.from({ length: 12_000 }, (_, i) => `part ${i} ${'x'.repeat(120)}`));
+    const [only] = fitHistory([many], 512 * 1024);
+    expect(size(only)).toBeLessThanOrEqual(512 * 1024);
+    const texts = only!.content.map((b) => (b.type === 'text' ? b.text : ''));
+    expect(texts[0]).toMatch(/^\[agentplane: the first \d+ parts of this message \(\d+ bytes\) were left out so that the turn fits its size limit\]$/);
+    expect(texts.at(-1)).toBe(`part 11999 ${'x'.repeat(120)}`);
+    expect(texts.filter((t) => t.includes('was cut so that'))).toEqual([]);
+    const dropped = Number(/first (\d+) parts/.exec(texts[0]!)?.[1]);
+    expect(dropped + texts.length - 1).toBe(12_000);
+    // Its tool results are kept, cut short; a part that does not fit whole is cut to what is left.
+    const mixed: ModelMessage = {
+      role: 'user',
+      content: [{ type: 'tool_result', tool_use_id: 'toolu_1', content: 'r'.repeat(400_000) }, ...Array.from({ length: 3_000 }, () => ({ type: 'text' as const, text: 'y'.repeat(300) })), { type: 'text', text: 'z'.repeat(600_000) }],
+    };
+    const [fit] = fitHistory([mixed], 512 * 1024);
+    expect(size(fit)).toBeLessThanOrEqual(512 * 1024);
+    expect(fit!.content[0]).toMatchObject({ type: 'tool_result', tool_use_id: 'toolu_1' });
+    const last = fit!.content.at(-1);
+    expect(last?.type === 'text' && last.text.startsWith('zzz') && last.text.includes('was cut so that the turn fits')).toBe(true);
+  });
+
   it('older messages left out are named in the first message kept, after its tool results', () => {
     const history: ModelMessage[] = [user('x'.repeat(300_000)), assistant('y'.repeat(300_000)), user('hello'), assistant('hi'), user('again')];
     const kept = fitHistory(history, 512 * 1024);

@@ -69,15 +69,66 @@ function shareOut(m: ModelMessage, maxBytes: number): ModelMessage {
   return { ...m, content };
 }
 
-/** A message of more than `maxBytes` cut to fit, each of its texts noting what was left out. */
+/** Below this share a cut text would be mostly its note: the message keeps whole parts instead. */
+const MIN_SHARE_BYTES = 1024;
+
+/**
+ * A message of more than `maxBytes` cut to fit. Each of its texts keeps a share, noting what was
+ * left out; when the shares would be too small to say anything (many parts: a turn that took
+ * thousands of queued messages), the message keeps its newest parts whole instead, the newest
+ * that does not fit cut to what is left, and one note says how many earlier parts were left
+ * out. Its tool results are always kept (a provider pairs each with its tool use), cut short when
+ * needed. What comes back never weighs more than `maxBytes` unless its tool results alone do.
+ */
 function cutMessage(m: ModelMessage, maxBytes: number): ModelMessage {
-  let budget = maxBytes;
-  for (;;) {
-    const cut = shareOut(m, budget);
-    // The notes and the escapes' rounding weigh a little: a tighter share until it fits.
-    if (jsonBytes(cut) <= maxBytes || budget < 4096) return cut;
-    budget = Math.floor(budget * 0.9);
+  const parts = m.content.filter((b) => b.type === 'text' || b.type === 'thinking' || b.type === 'tool_result').length;
+  if (parts > 0 && maxBytes / parts >= MIN_SHARE_BYTES) {
+    let budget = maxBytes;
+    for (;;) {
+      const cut = shareOut(m, budget);
+      // The notes and the escapes' rounding weigh a little: a tighter share until it fits.
+      if (jsonBytes(cut) <= maxBytes) return cut;
+      if (budget / parts < MIN_SHARE_BYTES) break;
+      budget = Math.floor(budget * 0.9);
+    }
   }
+  return newestParts(m, maxBytes);
+}
+
+/** The note that stands for the first `n` parts of a message, left out. */
+const partsLeftOut = (n: number, size: number): ContentBlock => ({
+  type: 'text',
+  text: `[agentplane: the first ${n} part${n === 1 ? '' : 's'} of this message (${size} bytes) ${n === 1 ? 'was' : 'were'} left out so that the turn fits its size limit]`,
+});
+
+/** `m`'s newest parts within `maxBytes` (see `cutMessage`). */
+function newestParts(m: ModelMessage, maxBytes: number): ModelMessage {
+  const results = m.content.flatMap((b) => (b.type === 'tool_result' ? [b] : []));
+  const others = m.content.filter((b) => b.type !== 'tool_result');
+  const resultShare = results.length > 0 ? Math.max(MIN_SHARE_BYTES / 4, Math.floor(maxBytes / 4 / results.length)) : 0;
+  const kept: ContentBlock[] = results.map((b) => ({ ...b, content: cutText(b.content, resultShare, 'tool result') }));
+  // What the message weighs without its other parts, its note written with the largest numbers it can hold.
+  let left = maxBytes - jsonBytes({ ...m, content: [...kept, partsLeftOut(others.length, Number.MAX_SAFE_INTEGER)] });
+  const newest: ContentBlock[] = [];
+  let i = others.length - 1;
+  for (; i >= 0 && left > 0; i--) {
+    const b = others[i] as ContentBlock;
+    const n = jsonBytes(b) + 1; // and its comma
+    if (n <= left) {
+      newest.unshift(b);
+      left -= n;
+      continue;
+    }
+    // The newest part that does not fit whole keeps what is left of the budget, when that says something.
+    if ((b.type === 'text' || b.type === 'thinking') && left - 64 >= MIN_SHARE_BYTES) {
+      newest.unshift({ ...b, text: cutText(b.text, left - 64, 'message') });
+      i--;
+    }
+    break;
+  }
+  const dropped = others.slice(0, i + 1);
+  const note = dropped.length > 0 ? [partsLeftOut(dropped.length, dropped.reduce((n, b) => n + jsonBytes(b), 0))] : [];
+  return { ...m, content: [...kept, ...note, ...newest] };
 }
 
 /**
@@ -135,7 +186,11 @@ export class SpecTooLarge extends Error {
 }
 
 /** The spec itself, checked against what a frame takes (one serialisation of a few KiB per Run in the usual case). */
-export function checkSpecSize(spec: unknown): void {
-  const size = jsonBytes(spec);
+export function checkSpecSize(spec: unknown, size: number = specBytesOf(spec)): void {
   if (size > SPEC_BUDGET.specBytes) throw new SpecTooLarge(size);
+}
+
+/** What a spec weighs in a frame (its JSON's UTF-8 bytes). */
+export function specBytesOf(spec: unknown): number {
+  return jsonBytes(spec);
 }

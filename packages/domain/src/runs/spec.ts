@@ -9,7 +9,7 @@ import { tags, type DocumentStore, type LogEvent } from '@agentplane/store';
 import type { RunDoc, SessionDoc, SessionResource } from '../sessions/model.js';
 import type { SessionStore } from '../sessions/store.js';
 import { conversationOf, readAll, type Responses } from './history.js';
-import { checkSpecSize, fitHistory, fitResponses, SPEC_BUDGET } from './spec-budget.js';
+import { checkSpecSize, fitHistory, fitResponses, SPEC_BUDGET, specBytesOf } from './spec-budget.js';
 import type { GraderSpec } from '../outcomes/grader.js';
 import { graderTurnSpec } from '../outcomes/spec.js';
 import type { SkillReader, SpecSkill } from '../skills/model.js';
@@ -274,7 +274,8 @@ export async function buildTurnSpec(src: SpecSources, run: RunDoc, maxHistoryByt
   const delegation = isPrimary && run.agent.multiagent
     ? (await coordinatorToolSpecs(src.store, run.workspace_id, run.agent.multiagent)).map((spec): SpecTool => ({ type: 'custom', spec }))
     : [];
-  return checked({
+  const specResourceList = await specResources(session.resources, run.workspace_id, src.files, src.projects);
+  const whole = (historyBytes: number): TurnSpec => ({
     run_id: run.id,
     session_id: run.session_id,
     thread_id: run.session_thread_id,
@@ -299,14 +300,25 @@ export async function buildTurnSpec(src: SpecSources, run: RunDoc, maxHistoryByt
       ...(env.harness?.kind === 'acp' ? { harness: { kind: 'acp' as const, package: env.harness.package, command: env.harness.command, ...(env.harness.args ? { args: env.harness.args } : {}) } } : {}),
       ...(env.browser ? { browser: true } : {}),
     },
-    resources: await specResources(session.resources, run.workspace_id, src.files, src.projects),
+    resources: specResourceList,
     ...(specMemory(session.resources).length > 0 ? { memory: specMemory(session.resources) } : {}),
     ...(skills.length > 0 ? { skills } : {}),
-    history: fitHistory(history, maxHistoryBytes),
+    history: fitHistory(history, historyBytes),
     responses: fitResponses(responses),
     ...(isPrimary ? {} : { sandbox_id: childSandboxId(run.session_id, run.session_thread_id) }),
   });
+  const spec = whole(maxHistoryBytes);
+  // A heavy system prompt, tools and answers leave the conversation less than its budget: it
+  // gives up what the rest takes beyond a frame (down to a floor), before the spec is refused.
+  const size = specBytesOf(spec);
+  const excess = size - SPEC_BUDGET.specBytes;
+  if (excess > 0 && maxHistoryBytes - excess - 4096 >= MIN_HISTORY_BYTES) return checked(whole(maxHistoryBytes - excess - 4096));
+  checkSpecSize(spec, size);
+  return spec;
 }
+
+/** The least a conversation is fitted to when the rest of a spec crowds it. */
+const MIN_HISTORY_BYTES = 16 * 1024;
 
 function checked(spec: TurnSpec): TurnSpec {
   checkSpecSize(spec);
