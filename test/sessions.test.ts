@@ -874,6 +874,26 @@ describe('threads', () => {
     }
   });
 
+  it('a page of thread events ends early at 4 MiB of events; walking the pages reads each event once', async () => {
+    const s = await newSession();
+    const child = await store.spawnChild(await sessionDoc(s.id));
+    const big = (i: number) => ({ type: 'agent.message', payload: { content: `${i}${'b'.repeat(1_500_000)}` }, session_thread_id: child.id });
+    await store.log.append(s.id, [big(1), big(2), big(3), big(4), big(5)]);
+    const seen: number[] = [];
+    let page: string | null = null;
+    let pages = 0;
+    do {
+      const r: { data: { seq: number }[]; next_page: string | null } = await api.get(`/v1/sessions/${s.id}/threads/${child.id}/events`, { limit: 100, ...(page ? { page } : {}) });
+      expect(r.data.length).toBeLessThanOrEqual(2);
+      seen.push(...r.data.map((e) => e.seq));
+      page = r.next_page;
+      pages++;
+    } while (page !== null);
+    expect(seen).toHaveLength(5);
+    expect(new Set(seen).size).toBe(5);
+    expect(pages).toBe(3);
+  });
+
   it('a page cursor continues only the list that issued it: another thread\'s or Session\'s cursor is 400', async () => {
     const [a, b] = await Promise.all([newSession(), newSession()]);
     const [da, db] = await Promise.all([sessionDoc(a.id), sessionDoc(b.id)]);

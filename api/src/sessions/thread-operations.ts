@@ -62,6 +62,9 @@ const threadReplay: NonNullable<Operation['erasureSafe']> = {
   },
 };
 
+/** What one page of a thread's events may weigh (its events' stored JSON): it ends early past it, `next_page` set. */
+const PAGE_BYTES = 4 * 1024 * 1024;
+
 export const threadOperations: Operation[] = [
   workspaceRead({
     operationId: 'threads.listThreads', path: '/v1/sessions/{session_id}/threads',
@@ -125,16 +128,21 @@ export const threadOperations: Operation[] = [
       let cursor = query.page !== undefined ? decodeCursor('e', bound, query.page) : (query.after ?? 0);
       const data: LogEvent[] = [];
       const log = deps.sessions.store.log;
+      // Read in batches no larger than the page needs; a page also ends once its events weigh
+      // PAGE_BYTES (a log of large events is read a few MiB at a time, never whole).
+      const batchSize = Math.min(500, limit + 1);
+      let bytes = 0;
       for (;;) {
-        const batch = await log.range(params.session_id, cursor, 500);
-        for (const e of batch) {
+        const batch = await log.rangeSized(params.session_id, cursor, batchSize);
+        for (const { event: e, bytes: size } of batch) {
           if (filter(e)) {
-            if (data.length === limit) return json(200, { data, next_page: encodeCursor('e', bound, cursor) });
+            if (data.length === limit || (data.length > 0 && bytes + size > PAGE_BYTES)) return json(200, { data, next_page: encodeCursor('e', bound, cursor) });
             data.push(e);
+            bytes += size;
           }
           cursor = e.seq;
         }
-        if (batch.length < 500) return json(200, { data, next_page: null });
+        if (batch.length < batchSize) return json(200, { data, next_page: null });
       }
     },
   }),

@@ -835,6 +835,18 @@ export class EventLog {
     return parseEntries(rows);
   }
 
+  /** `range`, each event with the bytes of its stored JSON (a page bounded by size, not only by count). */
+  async rangeSized(sessionId: string, afterSeq: number, limit: number): Promise<{ event: LogEvent; bytes: number }[]> {
+    const rows = (await this.redis.xrange(eventLogKeys.stream(sessionId), `${afterSeq + 1}-0`, '+', 'COUNT', limit)) as [string, string[]][];
+    const out: { event: LogEvent; bytes: number }[] = [];
+    for (const [, fields] of rows) {
+      const i = fields.indexOf('e');
+      const body = i >= 0 ? fields[i + 1] : undefined;
+      if (body !== undefined) out.push({ event: JSON.parse(body) as LogEvent, bytes: body.length });
+    }
+    return out;
+  }
+
   /** Events with `seq < beforeSeq`, newest first, at most `limit`. */
   async rangeBackward(sessionId: string, beforeSeq: number | null, limit: number): Promise<LogEvent[]> {
     const end = beforeSeq === null ? '+' : `${beforeSeq - 1}-0`;
