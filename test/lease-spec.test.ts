@@ -137,6 +137,22 @@ describe('offers whose spec follows (lease-spec-v1)', () => {
     await closeRunner(r);
   }, 90_000);
 
+  it('a turn spec no runner frame can take fails the Run at once, saying why, instead of offering it again and again', async () => {
+    const r = await pairedRunner('spec-too-large', [MODEL_GATEWAY_PROTOCOL]);
+    // A custom tool whose schema alone is heavier than a frame.
+    const tool = { type: 'custom', name: 'huge', description: 'h', input_schema: { type: 'object', description: 'd'.repeat(1_200_000) } };
+    const s = await api.post<{ id: string }>('/v1/sessions', { agent: { name: 'heavy', model: 'default', tools: [tool] }, environment_id: envId });
+    await api.post(`/v1/sessions/${s.id}/events`, { type: 'user.message', payload: { content: 'hi', authored_by: principal, caused_by: { kind: 'api' } } });
+    const evs = await untilEvents(api, s.id, (e) => idleCount(e) >= 1, 20_000);
+    const stop = evs.find((e) => e.type === 'session.status_idle')?.payload.stop_reason as { type: string; error?: { code: string; message: string } };
+    expect(stop).toMatchObject({ type: 'error', error: { code: 'spec_too_large' } });
+    expect(stop.error?.message).toMatch(/the turn spec is \d+ bytes/);
+    const runId = String(evs.find((e) => e.type === 'session.status_running')?.payload.run_id);
+    expect((await api.get<{ status: string }>(`/v1/runs/${runId}`)).status).toBe('failed');
+    expect(r.frames.some((f) => f.type === 'lease.offer' && f.payload.run_id === runId)).toBe(false);
+    await closeRunner(r);
+  }, 60_000);
+
   it('a Run interrupted while its offer is out is never leased: the acceptance is refused and the turn ends interrupted', async () => {
     const r = await pairedRunner('spec-interrupted', [MODEL_GATEWAY_PROTOCOL, LEASE_SPEC_PROTOCOL]);
     const sessionId = await sessionWithMessage();

@@ -2,6 +2,7 @@ import { randomUUID } from 'node:crypto';
 import { UnrecoverableError, Worker, type Job } from 'bullmq';
 import { ATTR, extractTrace, inSpan, SpanKind, type Context, type Logger } from '@agentplane/core';
 import { matchCapabilities, queuePrefix, RUN_QUEUE, type CancelMarks, type LeaseConfig, type RunJobData, type RunQueues } from '@agentplane/lease';
+import { SpecTooLarge } from '@agentplane/domain';
 import { LEASE_SPEC_PROTOCOL } from '@agentplane/protocol';
 import type { Redis } from '@agentplane/store';
 import { StaticFit } from './static-fit.js';
@@ -24,8 +25,11 @@ export interface DispatchHooks {
    * that saw the stall died) is recorded ahead of the new attempt's events.
    */
   retaken(job: Job<RunJobData>, trace?: Context): Promise<void>;
-  /** The Run lost more leases than allowed (`RUN_MAX_LOST_LEASES`): it fails for good. */
-  exhausted(runId: string, reason: string): Promise<void>;
+  /**
+   * The Run lost more leases than allowed (`RUN_MAX_LOST_LEASES`), or its turn spec cannot be
+   * built whatever runner takes it (`code` then says why): it fails for good.
+   */
+  exhausted(runId: string, reason: string, code?: string): Promise<void>;
   /** The Run was interrupted while this dispatcher held it, and its job is gone: the turn ends. */
   interrupted(job: Job<RunJobData>, trace?: Context): Promise<void>;
   /** The Run was interrupted while its offer was out, and the runner took it: cancel it there. */
@@ -319,6 +323,12 @@ export class PoolDispatcher {
     }
 
     const body = withheldUntil(checked, early ?? checked.then((marked) => (marked ? null : this.o.offers.prepare(plan))));
+    // A spec that no runner could take (heavier than a frame even fitted) fails the Run at once:
+    // offered again, it would be built and refused again, for good.
+    const built: { unbuildable: SpecTooLarge | null } = { unbuildable: null };
+    body.catch((err: unknown) => {
+      if (err instanceof SpecTooLarge) built.unbuildable = err;
+    });
     // Keep the lock while offers are out; the runner's acceptance replaces it with a full lease.
     // Renewed well inside the lock's length too: an offer window longer than the lease (settings
     // allow it) would otherwise let the lock expire, and the stalled check take the Run back.
@@ -344,6 +354,12 @@ export class PoolDispatcher {
         }
         // Withdrawn: a cancel mark was found, and the offer was never sent.
         if (outcome === 'withdrawn') return this.cancelTaken(job, token, trace);
+        const failure = built.unbuildable;
+        if (failure !== null && outcome !== 'accepted' && outcome !== 'recorded') {
+          await job.moveToFailed(new UnrecoverableError(failure.message), token, false).catch(() => undefined);
+          await this.o.hooks.exhausted(job.data.run_id, failure.message, 'spec_too_large');
+          return;
+        }
         this.o.hooks.offerAnswered?.(outcome);
         if (outcome === 'accepted' || outcome === 'recorded') {
           const g = this.granted.get(runner.runner_id);

@@ -34,11 +34,11 @@ export function runHooks(d: {
   cancels: CancelMarks;
 }): DispatchHooks {
   const data = async (runId: string): Promise<RunJobData | undefined> => (await d.queues.job(d.poolId, runId))?.data;
-  const exhausted = async (runId: string, reason: string): Promise<void> => {
+  const exhausted = async (runId: string, reason: string, code = 'retries_exhausted'): Promise<void> => {
     const job = await data(runId);
     if (!job) return;
     await d.queues.dequeued(d.poolId, job.workspace_id, runId);
-    await d.lifecycle.failed(job.session_id, runId, null, { class: 'infrastructure', code: 'retries_exhausted', message: reason }, traceOf(job));
+    await d.lifecycle.failed(job.session_id, runId, null, { class: 'infrastructure', code, message: reason }, traceOf(job));
   };
   const lost = (n: number) => {
     if (n > 0) d.metrics.rescheduled(d.poolId, 'lease_lost', n);
