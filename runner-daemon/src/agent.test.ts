@@ -114,6 +114,76 @@ describe('a lease\'s end', () => {
   });
 });
 
+describe('work held across a reconnect', () => {
+  it('sends nothing but its hello before the welcome: events resent after a reconnect wait for it', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'runner-agent-'));
+    dirs.push(dir);
+    const beforeWelcome: string[] = [];
+    const delivered = deferred<number>();
+    let offered = false;
+    const wss = new WebSocketServer({ port: 0, host: '127.0.0.1' });
+    let connections = 0;
+    // After the first connection is cut, connections are refused until the runner's resend of
+    // the unanswered batch is due (3 s after it was sent), and the next hello is answered late:
+    // the resend falls between that hello and its welcome.
+    let refuseUntil = 0;
+    wss.on('connection', (ws) => {
+      if (Date.now() < refuseUntil) return void ws.terminate();
+      const n = ++connections;
+      let welcomed = false;
+      ws.on('message', (data) => {
+        const msg = parseFrame(data.toString(), 'runner');
+        const now = new Date().toISOString();
+        if (!welcomed && msg.type !== 'hello') beforeWelcome.push(`${n}:${msg.type}`);
+        if (msg.type === 'hello') {
+          // The second connection's hello is answered late: the runner's resends run meanwhile.
+          setTimeout(() => {
+            welcomed = true;
+            ws.send(frame('welcome', `w${n}`, {
+              protocol_version: 1, runner_id: 'runner_t', runner_pool_id: 'rpool_t', workspace_id: 'wrkspc_t', generation: n, heartbeat_interval_ms: 100,
+              presence_ttl_ms: 1000, max_frame_bytes: 1 << 20, server_time: now, resumed_leases: msg.payload.held_leases,
+            }, msg.id));
+          }, n === 1 ? 0 : 1500);
+        } else if (msg.type === 'heartbeat') {
+          ws.send(frame('heartbeat.ack', `h${n}`, { server_time: now, presence_expires_at: now, cancellations: [] }, msg.id));
+          if (!offered) {
+            offered = true;
+            ws.send(frame('lease.offer', 'o1', { ...LEASE, run_id: 'run_t', session_id: 'sess_t', accept_within_ms: 5000, lease_ttl_ms: 30_000, spec: { driver: 'test' } }));
+          }
+        } else if (msg.type === 'events.batch' && n === 1) {
+          refuseUntil = Date.now() + 2500;
+          ws.terminate(); // the control plane goes away with the batch unanswered
+        } else if (msg.type === 'events.batch') {
+          ws.send(frame('events.ack', 'e1', { ...LEASE, seqs: [7] }, msg.id));
+          delivered.resolve(n);
+        } else if (msg.type === 'lease.complete') {
+          ws.send(frame('ack', 'a1', {}, msg.id));
+        }
+      });
+    });
+    await new Promise<void>((r) => wss.on('listening', () => r()));
+    const url = `http://127.0.0.1:${(wss.address() as AddressInfo).port}`;
+    const config = loadDaemonConfig({}, { 'config-dir': dir, 'heartbeat-ms': '100', slots: '2', 'reconnect-base-ms': '10', 'reconnect-cap-ms': '20' });
+    const agent = new RunnerAgent(credFor(url), config, createLogger({ name: 'test', level: 'silent' }), noDocker);
+    agent.executor = {
+      refuse: () => null,
+      run: async (h) => {
+        await h.deliverEvents('sess_t', [{ producer_key: 'k1', type: 'agent.message', payload: { content: [{ type: 'text', text: 'hi' }] } }], 20_000);
+        return { stop_reason: { type: 'end_turn' } };
+      },
+    };
+    const done = agent.run();
+    try {
+      expect(await delivered.promise).toBe(2);
+      expect(beforeWelcome).toEqual([]);
+    } finally {
+      agent.beginDrain(Date.now(), 'test over');
+      await done;
+      await new Promise<void>((r) => wss.close(() => r()));
+    }
+  });
+});
+
 /** A logger whose lines (parsed) the test reads. */
 function recordingLogger(): { log: ReturnType<typeof createLogger>; lines: Array<Record<string, unknown> & { msg: string; level: number }> } {
   const lines: Array<Record<string, unknown> & { msg: string; level: number }> = [];

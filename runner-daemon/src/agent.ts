@@ -472,9 +472,25 @@ export class RunnerAgent {
     return this.sendWithId(type, `r${(++this.msgSeq).toString(36)}`, payload, re);
   }
 
+  /**
+   * A frame sent once (a lease's failure): on a socket that is open but not welcomed yet (its
+   * hello sent), it waits for the welcome (up to `waitMs`) instead of being dropped; with no
+   * socket at all it is not sent, as before (the lease is then ended by its expiry).
+   */
+  private async sendWhenLive<T extends RunnerToGatewayType>(type: T, payload: Payload<T>, waitMs = 10_000): Promise<void> {
+    const deadline = Date.now() + waitMs;
+    const opening = (): boolean => !this.live && this.ws !== null && this.ws.readyState === this.ws.OPEN;
+    while (opening() && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+    this.send(type, payload);
+  }
+
   private sendWithId<T extends RunnerToGatewayType>(type: T, id: string, payload: Payload<T>, re?: string): boolean {
     const ws = this.ws;
     if (!ws || ws.readyState !== ws.OPEN) return false;
+    // Nothing but the hello goes out before the welcome: the gateway closes a connection whose
+    // frame comes first (4422), and a retry of work held across a reconnect (events, a policy
+    // check) would otherwise race the hello's answer. Not sent: the caller tries again.
+    if (!this.live && type !== 'hello') return false;
     // Inside a span (a lease, a model call, a tool), the frame carries its W3C context.
     ws.send(frame(type, id, payload, re, injectTrace()));
     return true;
@@ -803,7 +819,7 @@ export class RunnerAgent {
           failSpan(span, err);
           span.setAttribute('agentplane.lease.outcome', `failed_${failureClass}`);
         }
-        this.send('lease.fail', { ...ref, failure_class: failureClass, reason: String(err instanceof Error ? err.message : err).slice(0, 2000) || 'failed' });
+        return this.sendWhenLive('lease.fail', { ...ref, failure_class: failureClass, reason: String(err instanceof Error ? err.message : err).slice(0, 2000) || 'failed' });
       },
     ).finally(() => {
       endTimer?.();
