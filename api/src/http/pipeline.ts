@@ -385,6 +385,9 @@ async function run(
     raw.authenticated?.(caller);
     authorize(caller, op.auth);
   }
+  // A body too large was left unread: refused once the caller is known, before anything else of
+  // the request is looked at (its version included).
+  if (raw.refused?.type === 'validation.payload_too_large') throw raw.refused;
   checkVersion(op, raw.headers);
   if (caller.kind !== 'anonymous' && !raw.admitted && caller.rateLimitPerMinute !== null && caller.rateLimitPerMinute > 0) {
     await enforceRateLimit(deps.redis, caller.credentialId, caller.rateLimitPerMinute);
