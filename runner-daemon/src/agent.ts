@@ -270,7 +270,7 @@ export class RunnerAgent {
     this.refusal = refusal;
     this.log.error({
       http_status: refusal.http_status, error_type: refusal.error_type, error_message: refusal.error_message, refusals, held: this.held.size,
-    }, 'the control plane refused this runner\'s credential (revoked or deleted?): stopping; pair this machine again (agentplane-runner pair --force)');
+    }, 'the control plane refused this runner\'s credential (revoked or deleted?): stopping; pair this machine again (agentplane-runner pair --force; a managed pool\'s runner: enroll --force)');
     const reason = `the control plane refused this runner's credential (HTTP ${refusal.http_status})`;
     // A local drain takes no new work and leaves once idle; what is held is cancelled now.
     this.beginDrain(Date.now() + this.config.drainDeadlineMs, reason);

@@ -472,7 +472,7 @@ function statusLine(d: { running: boolean; status: string; connected: boolean; g
   const refused = d.credential_refused;
   if (refused) {
     return `${d.running ? 'stopping' : 'stopped'}: the control plane refused this runner's credential (HTTP ${refused.http_status}, at ${refused.at}); ` +
-      'pair this machine again: agentplane-runner pair --force';
+      'pair this machine again: agentplane-runner pair --force (a managed pool\'s runner: agentplane-runner enroll --force)';
   }
   if (!d.running) return d.status;
   if (d.connected) return `${d.status}, connected (generation ${d.generation})`;

@@ -15,7 +15,7 @@ import type { DaemonConfig } from './config.js';
 import { firstWilling, noopExecutor, turnExecutor } from './executors/index.js';
 import type { RunnerMetrics } from './metrics.js';
 import { dockerAvailable, SandboxReaper } from '@agentplane/sandbox';
-import { DockerDriver, ensureSandboxImageIfDocker, SandboxManager, selectDriver } from './sandbox/index.js';
+import { DockerDriver, ensureSandboxImageIfDocker, loadManifest, SandboxManager, selectDriver } from './sandbox/index.js';
 import type { SandboxDriver } from './sandbox/types.js';
 import type { EgressDecision } from './sandbox/egress.js';
 import { removeStaleCheckouts } from './sandbox/repository.js';
@@ -122,7 +122,17 @@ export class DaemonSandboxes {
   }
 
   private ensureImage(): Promise<string | undefined> {
-    const { docker, log } = this.o;
+    const { config, docker, log } = this.o;
+    // An image of the operator's own (--image, SANDBOX_IMAGE) is used as it is, never built: one
+    // that is missing fails the tier canaries, and the daemon takes no work (said, and /healthz 503).
+    if (config.sandboxImage !== `${loadManifest().repository}:latest`) {
+      return docker.getImage(config.sandboxImage).inspect().then(() => config.sandboxImage, (err: unknown) => {
+        if ((err as { statusCode?: unknown }).statusCode === 404) {
+          log.warn({ image: config.sandboxImage }, 'the sandbox image is not present on this machine (pull or load it): no isolation tier can be verified');
+        }
+        return config.sandboxImage;
+      });
+    }
     return ensureSandboxImageIfDocker({ docker, onProgress: (line: string) => log.info(line) }).then((i) => i?.latest, (err: unknown) => {
       log.warn({ err: err instanceof Error ? err.message : String(err) }, 'sandbox image could not be built');
       return undefined;
@@ -136,6 +146,7 @@ export class DaemonSandboxes {
       attribution: { workspaceId: cred.workspace_id, home: config.configDir, ...(config.sandboxScope ? { scope: config.sandboxScope } : {}) },
       ...(config.tiers ? { tiers: config.tiers } : {}),
       ...(config.browserImage ? { browserImage: config.browserImage } : {}),
+      defaultImage: config.sandboxImage,
       egress: {
         allowPrivate: config.egressAllowPrivate,
         onDecision: (d: EgressDecision) => this.o.metrics.egressConnections.inc({ outcome: d.outcome }),

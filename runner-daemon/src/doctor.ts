@@ -46,7 +46,7 @@ export async function checkControlPlane(cred: RunnerCredentialFile | null): Prom
     : {
         name: 'runner credential accepted', ok: false, detail: probe.detail,
         fix: probe.verdict === 'rejected'
-          ? 'the credential is revoked: pair this machine again'
+          ? 'the credential is revoked: pair this machine again (agentplane-runner pair --force; a managed pool\'s runner: enroll --force)'
           : probe.status === 403
             ? 'the owner Principal or the Workspace of this runner is not active'
             : probe.status ? 'check that the API hosts the runner gateway (GATEWAY_EMBEDDED)' : 'check proxies: WebSocket upgrades must pass through',

@@ -14,6 +14,8 @@ describe('runner /healthz', () => {
     expect(runnerHealth({ ...healthy, started: false, connected: false, driver: null })).toMatchObject({ code: 503, body: { status: 'starting', driver: null } });
     expect(runnerHealth({ ...healthy, connected: false })).toMatchObject({ code: 503, body: { status: 'disconnected', connected: false } });
     expect(runnerHealth({ ...healthy, dockerOk: false, tiers: [] })).toMatchObject({ code: 503, body: { status: 'docker_unavailable', docker_ok: false } });
+    // Docker answering with no tier verified (every canary failed, or the tiers were lost) takes no work.
+    expect(runnerHealth({ ...healthy, tiers: [] })).toMatchObject({ code: 503, body: { status: 'no_tiers', docker_ok: true, tiers: [] } });
     // The process driver needs no Docker; draining is still healthy (it finishes held work).
     expect(runnerHealth({ ...healthy, driver: 'process', dockerOk: false, tiers: [] })).toMatchObject({ code: 200, body: { status: 'ok', driver: 'process' } });
     expect(runnerHealth({ ...healthy, draining: true })).toMatchObject({ code: 200, body: { status: 'ok', draining: true } });

@@ -10,9 +10,10 @@ export interface RunnerHealth {
    * `ok`; or why the daemon cannot take work: `starting` (image check, tier canaries),
    * `disconnected` (no live connection to the control plane), `credential_refused` (the control
    * plane refused its credential for good: it stops), `docker_unavailable` (its sandbox driver is
-   * Docker and the engine does not answer).
+   * Docker and the engine does not answer), `no_tiers` (Docker answers, but no isolation tier's
+   * canary sandbox ran: no Run can be placed on it).
    */
-  status: 'ok' | 'starting' | 'disconnected' | 'credential_refused' | 'docker_unavailable';
+  status: 'ok' | 'starting' | 'disconnected' | 'credential_refused' | 'docker_unavailable' | 'no_tiers';
   connected: boolean;
   /** The sandbox driver in use: `docker`, `process` (unisolated), or null while starting. */
   driver: 'docker' | 'process' | null;
@@ -40,7 +41,8 @@ export function runnerHealth(i: HealthInput): { code: 200 | 503; body: RunnerHea
     : i.credentialRefused ? 'credential_refused'
       : !i.connected ? 'disconnected'
         : i.driver === 'docker' && !i.dockerOk ? 'docker_unavailable'
-          : 'ok';
+          : i.driver === 'docker' && i.tiers.length === 0 ? 'no_tiers'
+            : 'ok';
   return {
     code: status === 'ok' ? 200 : 503,
     body: { status, connected: i.connected, driver: i.driver, docker_ok: i.dockerOk, draining: i.draining, tiers: [...i.tiers] },

@@ -6,6 +6,7 @@ import Docker from 'dockerode';
 import type { Logger } from '@agentplane/core';
 import { dockerAvailable, type SandboxAttribution } from '@agentplane/sandbox';
 import { DockerDriver, type DockerDriverOptions } from './docker-driver.js';
+import { loadManifest } from './image.js';
 import { ProcessDriver } from './process-driver.js';
 import type { IsolationTier } from './tiers.js';
 import type { SandboxDriver } from './types.js';
@@ -23,6 +24,12 @@ export interface SelectDriverOptions {
   tiers?: readonly IsolationTier[];
   /** Offer browser observation with this image (docker driver). */
   browserImage?: string;
+  /**
+   * The sandbox image of Environments that name none, and of the tier canaries (docker driver;
+   * default the built-in image, built offline when missing). Another image is used as it is: it
+   * must be present.
+   */
+  defaultImage?: string;
   /** Egress of allowlist sandboxes (docker driver). */
   egress?: DockerDriverOptions['egress'];
 }
@@ -35,6 +42,7 @@ export async function selectDriver(options: SelectDriverOptions): Promise<Sandbo
       ...(options.attribution ? { attribution: options.attribution } : {}), ...(options.tiers ? { tiers: options.tiers } : {}),
       ...(options.browserImage ? { browserImage: options.browserImage } : {}),
       ...(options.egress ? { egress: options.egress } : {}),
+      ...(options.defaultImage ? { defaultImage: options.defaultImage, buildDefaultImage: options.defaultImage === `${loadManifest().repository}:latest` } : {}),
     });
   }
   if (options.allowProcess === false) return undefined;
