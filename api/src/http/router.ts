@@ -13,6 +13,12 @@ import { execute, prepare, type PreparedOperation, type RawRequest } from './pip
 import type { HttpMethod, Operation } from './operation.js';
 import type { Caller } from './caller.js';
 
+/** A request whose headers announce a body (a length above zero, or a transfer coding). */
+const saysItHasBody = (req: IncomingMessage): boolean => {
+  const length = req.headers['content-length'];
+  return req.headers['transfer-encoding'] !== undefined || (length !== undefined && length !== '0');
+};
+
 /** `/v1/sessions/{session_id}` → `/v1/sessions/:session_id` */
 export const koaPath = (path: string): string => path.replace(/\{([a-z_]+)\}/g, ':$1');
 
@@ -286,7 +292,8 @@ export function buildRouter(operations: readonly Operation[], deps: ApiDeps): Op
       try {
         let body: unknown;
         let unreadable: ApiError | undefined;
-        if (!op.upload && METHODS_WITH_BODY.has(ctx.method)) {
+        // A GET is read only when it says it has a body (no promise on the reads' hot path).
+        if (!op.upload && METHODS_WITH_BODY.has(ctx.method) && (ctx.method !== 'GET' || saysItHasBody(ctx.req))) {
           try {
             body = await readJsonBody(ctx.req, op.bodyLimitBytes ?? deps.config.bodyLimitBytes);
           } catch (err) {
